@@ -1,0 +1,55 @@
+"""Privacy accounting: mechanisms, transformers, accountants and calibration.
+
+Pure NumPy/SciPy; never imports torch or the models.
+
+>>> from privlearn.accounting import Gaussian, compose, subsample
+>>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14063)
+>>> eps = m.epsilon(delta=1e-5)            # certified upper bound, PLD accountant
+"""
+
+from privlearn.accounting.accountants import (
+    AccountingError,
+    PrivacyBound,
+    UnsupportedMechanismError,
+    available_accountants,
+    get_accountant,
+    register_accountant,
+)
+from privlearn.accounting.calibration import CalibrationError, calibrate
+from privlearn.accounting.mechanisms import (
+    Composed,
+    Gaussian,
+    Laplace,
+    Mechanism,
+    Neighbouring,
+    PureDP,
+    RandomizedResponse,
+    RDPMechanism,
+    Sampling,
+    Subsampled,
+    compose,
+    subsample,
+)
+
+__all__ = [
+    "AccountingError",
+    "CalibrationError",
+    "Composed",
+    "Gaussian",
+    "Laplace",
+    "Mechanism",
+    "Neighbouring",
+    "PrivacyBound",
+    "PureDP",
+    "RDPMechanism",
+    "RandomizedResponse",
+    "Sampling",
+    "Subsampled",
+    "UnsupportedMechanismError",
+    "available_accountants",
+    "calibrate",
+    "compose",
+    "get_accountant",
+    "register_accountant",
+    "subsample",
+]

@@ -1,0 +1,175 @@
+"""Calibration: find the parameter of a mechanism family that meets a privacy budget.
+
+One routine serves every parameter and every accountant: it takes a factory
+``parameter -> Mechanism`` and a target (epsilon, delta), detects whether epsilon grows or
+shrinks with the parameter, and bisects. The result is rounded on the safe side, so the
+mechanism built from the returned parameter has ``epsilon(delta) <= target``:
+
+* a noise multiplier (epsilon decreasing in it) is rounded up;
+* a number of steps or a sampling rate (epsilon increasing in it) is rounded down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from privlearn.accounting._validation import check_delta, check_positive, check_real
+from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
+
+__all__ = ["calibrate", "CalibrationError"]
+
+
+class CalibrationError(ValueError):
+    """The target cannot be met within the parameter bounds."""
+
+
+def calibrate(
+    factory: Callable[[float], Mechanism],
+    epsilon: float,
+    delta: float,
+    *,
+    bounds: tuple[float, float] | None = None,
+    accountant: str = DEFAULT_ACCOUNTANT,
+    integer: bool = False,
+    rtol: float = 1e-6,
+    max_evaluations: int = 200,
+) -> float:
+    """Parameter ``x`` such that ``factory(x).epsilon(delta) <= epsilon``, as tight as
+    ``rtol`` allows.
+
+    Parameters
+    ----------
+    factory : callable
+        Maps the parameter (noise multiplier, number of steps, sampling rate, ...) to a
+        :class:`~privlearn.accounting.mechanisms.Mechanism`. Epsilon must be monotone in
+        the parameter (increasing or decreasing; the direction is detected).
+    epsilon : float > 0
+        Target epsilon.
+    delta : float in [0, 1)
+        Target delta.
+    bounds : (float, float), optional
+        Search interval for the parameter. Default: the positive reals, searched
+        geometrically outward from 1 (use explicit bounds for a rate, e.g. ``(1e-9, 1)``).
+    accountant : str
+        Accountant used for every evaluation (default ``"pld"``).
+    integer : bool
+        Restrict the parameter to integers (e.g. number of steps).
+    rtol : float
+        Relative width of the final bracket (ignored when ``integer``).
+
+    Returns
+    -------
+    float (or int when ``integer``)
+        The parameter on the feasible side of the bracket: when epsilon decreases with
+        the parameter, the smallest feasible value found (rounded up); when it increases,
+        the largest (rounded down).
+
+    Raises
+    ------
+    CalibrationError
+        If no value in ``bounds`` meets the target.
+
+    Examples
+    --------
+    >>> from privlearn.accounting import Gaussian, calibrate, compose, subsample
+    >>> q, T = 256 / 60000, 14063
+    >>> sigma = calibrate(lambda x: compose(subsample(Gaussian(x), rate=q), steps=T),
+    ...                   epsilon=3.0, delta=1e-5)
+    """
+    target = check_positive("epsilon", epsilon)
+    delta = check_delta("delta", delta)
+    if not callable(factory):
+        raise TypeError(f"factory must be callable, got {factory!r}")
+    cache: dict[float, float] = {}
+    n_eval = 0
+
+    def eps_of(x: float) -> float:
+        nonlocal n_eval
+        if x not in cache:
+            n_eval += 1
+            if n_eval > max_evaluations:
+                raise CalibrationError(
+                    f"calibration did not converge in {max_evaluations} evaluations"
+                )
+            cache[x] = float(factory(int(x) if integer else x).epsilon(delta, accountant))
+        return cache[x]
+
+    def feasible(x: float) -> bool:
+        return eps_of(x) <= target
+
+    if bounds is not None:
+        lo, hi = (check_real("bounds[0]", bounds[0]), check_real("bounds[1]", bounds[1]))
+        if not lo < hi:
+            raise ValueError(f"bounds must satisfy lower < upper, got {bounds!r}")
+        if integer:
+            lo, hi = math.ceil(lo), math.floor(hi)
+        e_lo, e_hi = eps_of(lo), eps_of(hi)
+        decreasing = e_lo >= e_hi
+        if decreasing:
+            if not feasible(hi):
+                raise CalibrationError(
+                    f"target epsilon={target} unreachable: epsilon at the upper bound "
+                    f"{hi} is {e_hi}"
+                )
+            if feasible(lo):
+                return lo
+        else:
+            if not feasible(lo):
+                raise CalibrationError(
+                    f"target epsilon={target} unreachable: epsilon at the lower bound "
+                    f"{lo} is {e_lo}"
+                )
+            if feasible(hi):
+                return hi
+    else:
+        # Detect the direction around 1, then expand geometrically.
+        a, b = 1.0, 2.0
+        decreasing = eps_of(a) >= eps_of(b)
+        if decreasing:
+            hi = 1.0
+            while not feasible(hi):
+                hi *= 2.0
+                if hi > 1e12:
+                    raise CalibrationError(f"target epsilon={target} unreachable (param > 1e12)")
+            lo = hi / 2.0
+            while feasible(lo):
+                lo /= 2.0
+                if lo < (1.0 if integer else 1e-12):
+                    return lo if not integer else max(1, int(lo))
+        else:
+            lo = 1.0
+            if not feasible(lo):
+                while not feasible(lo):
+                    lo /= 2.0
+                    if lo < (1.0 if integer else 1e-12):
+                        raise CalibrationError(
+                            f"target epsilon={target} unreachable for any positive parameter"
+                        )
+                hi = lo * 2.0
+            else:
+                hi = 2.0
+                while feasible(hi):
+                    lo = hi
+                    hi *= 2.0
+                    if hi > 1e15:
+                        return lo
+        if integer:
+            lo, hi = math.floor(lo), math.ceil(hi)
+
+    # Invariant: exactly one of lo/hi is feasible (hi if decreasing, lo otherwise).
+    while True:
+        if integer:
+            if hi - lo <= 1:
+                break
+            mid = (lo + hi) // 2
+        else:
+            if hi - lo <= rtol * abs(hi):
+                break
+            mid = math.sqrt(lo * hi) if lo > 0 else 0.5 * (lo + hi)
+        if feasible(mid) == decreasing:
+            hi = mid
+        else:
+            lo = mid
+    result = hi if decreasing else lo
+    return int(result) if integer else float(result)

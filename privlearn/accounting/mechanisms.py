@@ -1,0 +1,417 @@
+"""Mechanisms as small immutable descriptions, and the transformers that combine them.
+
+A mechanism object says *what ran* (a Gaussian with noise multiplier 1.1, subsampled at
+rate q, composed T times); accountants (:mod:`privlearn.accounting.accountants`) say
+*what it costs*. The description is separate from the arithmetic, so adding an accountant
+requires no change here.
+
+Compatibility contract: the public fields of these classes are never removed and never
+change meaning; new optional fields may be added with defaults that keep old behaviour.
+
+Conventions
+-----------
+* ``noise_multiplier`` of :class:`Gaussian` is the noise standard deviation divided by the
+  L2 sensitivity; of :class:`Laplace` it is the Laplace scale ``b`` divided by the L1
+  sensitivity. Sensitivity is measured under the neighbouring relation the user states.
+* Subsampling (:func:`subsample`) carries the neighbouring relation explicitly:
+  add/remove-one (the default, natural for Poisson sampling) or replace-one.
+
+References
+----------
+.. [1] Dwork & Roth (2014), The Algorithmic Foundations of Differential Privacy.
+.. [2] Balle, Barthe & Gaboardi (2018), Privacy Amplification by Subsampling: Tight
+       Analyses via Couplings and Divergences, NeurIPS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from privlearn.accounting._validation import (
+    check_count,
+    check_delta,
+    check_enum,
+    check_epsilon,
+    check_positive,
+    check_probability_open,
+    check_rate,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privlearn.accounting.accountants import PrivacyBound
+
+__all__ = [
+    "Neighbouring",
+    "Sampling",
+    "Mechanism",
+    "Gaussian",
+    "Laplace",
+    "RandomizedResponse",
+    "PureDP",
+    "RDPMechanism",
+    "Composed",
+    "Subsampled",
+    "compose",
+    "subsample",
+]
+
+DEFAULT_ACCOUNTANT = "pld"
+
+
+class Neighbouring(Enum):
+    """Neighbouring relation between datasets."""
+
+    ADD_REMOVE = "add_remove"
+    """Datasets differ by adding or removing one record (default)."""
+    REPLACE_ONE = "replace_one"
+    """Datasets of equal size differ by replacing one record."""
+
+
+class Sampling(Enum):
+    """Subsampling scheme."""
+
+    POISSON = "poisson"
+    """Each record is included independently with probability ``rate``."""
+    FIXED = "fixed"
+    """A batch of fixed size ``rate * n`` drawn uniformly without replacement."""
+
+
+class Mechanism:
+    """Base class of all mechanism descriptions.
+
+    Subclasses are frozen dataclasses validated at construction. The methods below
+    evaluate the description with a named accountant (default ``"pld"``).
+    """
+
+    __slots__ = ()
+
+    # -- evaluation ------------------------------------------------------------------
+    def epsilon(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
+        """Certified upper bound on epsilon such that the mechanism is (epsilon, delta)-DP.
+
+        Parameters
+        ----------
+        delta : float in [0, 1)
+        accountant : {"pld", "rdp", "analytic"}
+            ``"pld"`` (default) composes privacy loss distributions with a pessimistic
+            discretisation; ``"rdp"`` uses Renyi DP; ``"analytic"`` is exact for
+            compositions of (non-subsampled) Gaussians only.
+        """
+        return self.epsilon_bounds(delta, accountant).upper
+
+    def delta(self, epsilon: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
+        """Certified upper bound on delta such that the mechanism is (epsilon, delta)-DP."""
+        return self.delta_bounds(epsilon, accountant).upper
+
+    def epsilon_bounds(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
+        """Upper bound and (where the accountant has one) lower bound on epsilon(delta)."""
+        from privlearn.accounting.accountants import get_accountant
+
+        delta = check_delta("delta", delta)
+        return get_accountant(accountant).epsilon(self, delta)
+
+    def delta_bounds(self, epsilon: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
+        """Upper bound and (where the accountant has one) lower bound on delta(epsilon)."""
+        from privlearn.accounting.accountants import get_accountant
+
+        epsilon = check_epsilon("epsilon", epsilon)
+        return get_accountant(accountant).delta(self, epsilon)
+
+    def rdp(self, orders: float | Sequence[float]):
+        """Renyi-DP upper bound ``eps_RDP(alpha)`` at the given order(s) alpha > 1.
+
+        Returns a float for a scalar order, else a NumPy array.
+        """
+        from privlearn.accounting.rdp import rdp_epsilon
+
+        return rdp_epsilon(self, orders)
+
+    # -- convenience ------------------------------------------------------------------
+    def compose(self, steps: int) -> Composed:
+        """``compose(self, steps)``."""
+        return compose(self, steps=steps)
+
+    def subsample(self, rate: float, **kwargs) -> Subsampled:
+        """``subsample(self, rate, ...)``."""
+        return subsample(self, rate, **kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Gaussian(Mechanism):
+    """Gaussian mechanism: adds N(0, (noise_multiplier * sensitivity)^2 I).
+
+    Parameters
+    ----------
+    noise_multiplier : float > 0
+        Noise standard deviation divided by the L2 sensitivity.
+
+    References
+    ----------
+    Balle & Wang (2018), Improving the Gaussian Mechanism for Differential Privacy:
+    Analytical Calibration and Optimal Denoising, ICML, Theorem 8.
+    """
+
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", check_positive("noise_multiplier", self.noise_multiplier)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Laplace(Mechanism):
+    """Laplace mechanism: adds Lap(noise_multiplier * sensitivity) noise per coordinate.
+
+    Parameters
+    ----------
+    noise_multiplier : float > 0
+        Laplace scale ``b`` divided by the L1 sensitivity. The mechanism is
+        (1/noise_multiplier, 0)-DP.
+
+    References
+    ----------
+    Dwork, McSherry, Nissim & Smith (2006), Calibrating Noise to Sensitivity.
+    """
+
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", check_positive("noise_multiplier", self.noise_multiplier)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RandomizedResponse(Mechanism):
+    """k-ary randomized response.
+
+    Reports the true category with probability ``truth_probability`` and otherwise one
+    of the other ``num_categories - 1`` categories uniformly. It is
+    (log(p (k-1) / (1-p)), 0)-DP for p >= 1/k.
+
+    Parameters
+    ----------
+    truth_probability : float in [1/num_categories, 1)
+    num_categories : int >= 2
+
+    References
+    ----------
+    Warner (1965); Kairouz, Oh & Viswanath (2016), Extremal Mechanisms for Local DP.
+    """
+
+    truth_probability: float
+    num_categories: int = 2
+
+    def __post_init__(self) -> None:
+        k = check_count("num_categories", self.num_categories, minimum=2)
+        p = check_probability_open("truth_probability", self.truth_probability)
+        if not (1.0 / k <= p < 1.0):
+            raise ValueError(
+                f"truth_probability must be in [1/num_categories, 1) = [{1.0 / k:g}, 1), "
+                f"got {self.truth_probability!r}"
+            )
+        object.__setattr__(self, "num_categories", k)
+        object.__setattr__(self, "truth_probability", p)
+
+    @property
+    def pure_epsilon(self) -> float:
+        p, k = self.truth_probability, self.num_categories
+        return math.log(p * (k - 1) / (1.0 - p))
+
+
+@dataclass(frozen=True, slots=True)
+class PureDP(Mechanism):
+    """A generic (epsilon, 0)-DP mechanism, analysed through its worst-case pair
+    (randomized response with the same epsilon, which dominates every epsilon-DP
+    mechanism; Kairouz, Oh & Viswanath 2015, Theorem 2.1).
+
+    Parameters
+    ----------
+    epsilon : float > 0
+    """
+
+    pure_epsilon: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pure_epsilon", check_positive("epsilon", self.pure_epsilon))
+
+
+@dataclass(frozen=True)
+class RDPMechanism(Mechanism):
+    """A mechanism known only through a user-supplied Renyi-DP function.
+
+    Only the ``"rdp"`` accountant can evaluate it.
+
+    Parameters
+    ----------
+    rdp_function : callable alpha -> eps_RDP(alpha)
+        Must be a valid RDP upper bound for every order alpha > 1 (non-negative,
+        non-decreasing in alpha); ``inf`` is allowed where no bound is known.
+    name : str
+    pure_epsilon : float, optional
+        A known pure-DP epsilon (used for delta = 0 and as the alpha -> inf limit).
+    """
+
+    rdp_function: Callable[[float], float] = field(compare=True)
+    name: str = "custom"
+    pure_epsilon: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not callable(self.rdp_function):
+            raise TypeError(f"rdp_function must be callable, got {self.rdp_function!r}")
+        check_positive("pure_epsilon", self.pure_epsilon, allow_inf=True)
+
+    def __hash__(self) -> int:
+        return hash((id(self.rdp_function), self.name, self.pure_epsilon))
+
+
+@dataclass(frozen=True, slots=True)
+class Subsampled(Mechanism):
+    """``base`` run on a random subsample of the data (privacy amplification).
+
+    Use :func:`subsample` to build one.
+    """
+
+    base: Mechanism
+    rate: float
+    scheme: Sampling = Sampling.POISSON
+    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, Mechanism):
+            raise TypeError(f"base must be a Mechanism, got {self.base!r}")
+        object.__setattr__(self, "rate", check_rate("rate", self.rate))
+        object.__setattr__(self, "scheme", check_enum("scheme", self.scheme, Sampling))
+        object.__setattr__(
+            self, "neighbouring", check_enum("neighbouring", self.neighbouring, Neighbouring)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Composed(Mechanism):
+    """Adaptive composition: each ``(mechanism, count)`` part runs ``count`` times.
+
+    Use :func:`compose` to build one; it flattens nested compositions and merges equal
+    parts, so ``compose(m, steps=k) == compose([m] * k)``.
+    """
+
+    parts: tuple[tuple[Mechanism, int], ...]
+
+    def __post_init__(self) -> None:
+        for m, k in self.parts:
+            if not isinstance(m, Mechanism) or isinstance(m, Composed):
+                raise TypeError(f"parts must hold non-composed Mechanisms, got {m!r}")
+            check_count("steps", k, minimum=1)
+
+    @property
+    def total_steps(self) -> int:
+        return sum(k for _, k in self.parts)
+
+
+def _as_mechanism(m: object, name: str) -> Mechanism:
+    if not isinstance(m, Mechanism):
+        raise TypeError(f"{name} must be a privlearn Mechanism, got {m!r}")
+    return m
+
+
+def compose(
+    mechanisms: Mechanism | Iterable[Mechanism],
+    steps: int | Sequence[int] | None = None,
+) -> Composed:
+    """Compose mechanisms (adaptive composition).
+
+    Parameters
+    ----------
+    mechanisms : Mechanism or iterable of Mechanism
+        One mechanism (repeated ``steps`` times) or a heterogeneous list.
+    steps : int or sequence of int, optional
+        Number of repetitions: an int for a single mechanism (default 1), or one count per
+        list entry (default 1 each).
+
+    Returns
+    -------
+    Composed
+        Nested compositions are flattened and equal parts merged (composition is
+        commutative), so ``compose(m, steps=k) == compose([m] * k)``.
+
+    Examples
+    --------
+    >>> from privlearn.accounting import Gaussian, compose, subsample
+    >>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14063)
+    """
+    if isinstance(mechanisms, Mechanism):
+        mlist: list[Mechanism] = [mechanisms]
+        if steps is None:
+            counts = [1]
+        elif isinstance(steps, Sequence) and not isinstance(steps, str):
+            counts = [check_count("steps", s) for s in steps]
+            if len(counts) != 1:
+                raise ValueError(f"steps must be one integer for one mechanism, got {steps!r}")
+        else:
+            counts = [check_count("steps", steps)]
+    else:
+        mlist = [_as_mechanism(m, "mechanisms[i]") for m in mechanisms]
+        if steps is None:
+            counts = [1] * len(mlist)
+        elif isinstance(steps, Sequence) and not isinstance(steps, str):
+            counts = [check_count("steps", s) for s in steps]
+            if len(counts) != len(mlist):
+                raise ValueError(
+                    f"steps must have one entry per mechanism ({len(mlist)}), "
+                    f"got {len(counts)} entries"
+                )
+        else:
+            k = check_count("steps", steps)
+            counts = [k] * len(mlist)
+    merged: dict[Mechanism, int] = {}
+    order: list[Mechanism] = []
+    for m, k in zip(mlist, counts, strict=True):
+        inner = m.parts if isinstance(m, Composed) else ((m, 1),)
+        for mm, kk in inner:
+            total = kk * k
+            if total == 0:
+                continue
+            if mm not in merged:
+                merged[mm] = 0
+                order.append(mm)
+            merged[mm] += total
+    return Composed(tuple((m, merged[m]) for m in order))
+
+
+def subsample(
+    mechanism: Mechanism,
+    rate: float,
+    scheme: Sampling | str = Sampling.POISSON,
+    neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+) -> Subsampled:
+    """Privacy amplification by subsampling.
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+        The mechanism run on the subsample (not itself a composition).
+    rate : float in (0, 1]
+        Poisson inclusion probability, or batch size / dataset size for ``"fixed"``.
+    scheme : {"poisson", "fixed"}
+        Poisson sampling (default) or a fixed-size batch drawn without replacement.
+    neighbouring : {"add_remove", "replace_one"}
+        Neighbouring relation under which the amplified guarantee is stated.
+
+    References
+    ----------
+    Balle, Barthe & Gaboardi (2018), Theorems 8 and 9; Zhu, Dong & Wang (2022), Optimal
+    Accounting of Differential Privacy via Characteristic Function, AISTATS.
+    """
+    mechanism = _as_mechanism(mechanism, "mechanism")
+    if isinstance(mechanism, Composed):
+        raise ValueError(
+            "mechanism must not be a composition: subsample each step, then compose "
+            "(subsample(m, rate) composed T times)"
+        )
+    return Subsampled(mechanism, rate, scheme, neighbouring)
+
