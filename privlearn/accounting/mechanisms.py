@@ -280,16 +280,19 @@ class Subsampled(Mechanism):
     base: Mechanism
     rate: float
     scheme: Sampling = Sampling.POISSON
-    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
+    neighbouring: Neighbouring | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, Mechanism):
             raise TypeError(f"base must be a Mechanism, got {self.base!r}")
         object.__setattr__(self, "rate", check_rate("rate", self.rate))
-        object.__setattr__(self, "scheme", check_enum("scheme", self.scheme, Sampling))
-        object.__setattr__(
-            self, "neighbouring", check_enum("neighbouring", self.neighbouring, Neighbouring)
-        )
+        scheme = check_enum("scheme", self.scheme, Sampling)
+        object.__setattr__(self, "scheme", scheme)
+        if self.neighbouring is None:  # the relation natural to the scheme
+            nb = Neighbouring.ADD_REMOVE if scheme is Sampling.POISSON else Neighbouring.REPLACE_ONE
+        else:
+            nb = check_enum("neighbouring", self.neighbouring, Neighbouring)
+        object.__setattr__(self, "neighbouring", nb)
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +390,7 @@ def subsample(
     mechanism: Mechanism,
     rate: float,
     scheme: Sampling | str = Sampling.POISSON,
-    neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+    neighbouring: Neighbouring | str | None = None,
 ) -> Subsampled:
     """Privacy amplification by subsampling.
 
@@ -399,8 +402,10 @@ def subsample(
         Poisson inclusion probability, or batch size / dataset size for ``"fixed"``.
     scheme : {"poisson", "fixed"}
         Poisson sampling (default) or a fixed-size batch drawn without replacement.
-    neighbouring : {"add_remove", "replace_one"}
-        Neighbouring relation under which the amplified guarantee is stated.
+    neighbouring : {"add_remove", "replace_one"}, optional
+        Neighbouring relation under which the amplified guarantee is stated. Default:
+        the relation natural to the scheme -- add/remove for Poisson sampling,
+        replace-one for fixed-size sampling without replacement.
 
     References
     ----------
