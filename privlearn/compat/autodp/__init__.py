@@ -1,0 +1,18 @@
+"""autodp-compatible facade backed by :mod:`privlearn.accounting`.
+
+Code written for autodp (``autodp.autodp_core``, ``autodp.mechanism_zoo``,
+``autodp.transformer_zoo``, ``autodp.calibrator_zoo``) runs after changing only its
+import lines::
+
+    from privlearn.compat.autodp.autodp_core import Mechanism
+    from privlearn.compat.autodp import mechanism_zoo, transformer_zoo
+    from privlearn.compat.autodp.calibrator_zoo import eps_delta_calibrator
+
+Every epsilon is a certified upper bound from privlearn's accountants (exact for
+compositions of Gaussians, PLD otherwise, RDP for user-supplied RDP functions); see
+:mod:`privlearn.compat.autodp.autodp_core` for the differences from autodp.
+"""
+
+from privlearn.compat.autodp import autodp_core, calibrator_zoo, mechanism_zoo, transformer_zoo
+
+__all__ = ["autodp_core", "calibrator_zoo", "mechanism_zoo", "transformer_zoo"]

@@ -1,0 +1,186 @@
+"""autodp-compatible ``calibrator_zoo``: choose a parameter to meet an (eps, delta) budget.
+
+Unlike autodp's calibrators, which minimise ``|eps - eps(x)|`` and may return a parameter
+whose epsilon slightly *exceeds* the budget, these use
+:func:`privlearn.accounting.calibrate` (bisection with the result on the feasible side):
+the returned mechanism always has ``get_approxDP(delta) <= eps``, and is tight to the
+relative tolerance ``rtol`` of the parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from privlearn.accounting import calibrate as _calibrate
+from privlearn.accounting._validation import check_delta, check_positive
+from privlearn.accounting.analytic import gaussian_epsilon
+from privlearn.compat.autodp.autodp_core import Calibrator, Mechanism, as_float
+
+__all__ = ["eps_delta_calibrator", "generalized_eps_delta_calibrator", "ana_gaussian_calibrator"]
+
+
+class _Evaluated:
+    """Adapter giving a facade mechanism the ``epsilon(delta, accountant)`` method that
+    :func:`privlearn.accounting.calibrate` calls (the facade chooses its own accountant)."""
+
+    __slots__ = ("mech",)
+
+    def __init__(self, mech: Any) -> None:
+        if not isinstance(mech, Mechanism):
+            raise TypeError(
+                "mech_class must return a privlearn.compat.autodp Mechanism, got "
+                f"{type(mech).__name__}"
+            )
+        self.mech = mech
+
+    def epsilon(self, delta: float, accountant: str | None = None) -> float:
+        return float(self.mech.get_approxDP(delta))
+
+
+def _bounds(bounds: Any) -> tuple[float, float]:
+    try:
+        lo_raw, hi_raw = bounds
+    except (TypeError, ValueError):
+        raise ValueError(f"bounds must be a pair [lower, upper], got {bounds!r}") from None
+    lo, hi = as_float("bounds[0]", lo_raw), as_float("bounds[1]", hi_raw)
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0.0 <= lo < hi):
+        raise ValueError(f"bounds must satisfy 0 <= lower < upper < inf, got {bounds!r}")
+    return lo, hi
+
+
+def _search(
+    build: Callable[[float], Any], eps: float, delta: float, bounds: Any, rtol: float
+) -> float:
+    """Largest/smallest feasible parameter in ``bounds`` (see
+    :func:`privlearn.accounting.calibrate`).
+
+    A lower bound of 0 (autodp's usual ``[0, hi]``) is not a valid parameter for most
+    mechanisms (sigma = 0, zero compositions); it is replaced by ``hi * 1e-12``. If the
+    accountant cannot evaluate the mechanism at the lower end (an ``ArithmeticError``,
+    e.g. epsilon beyond 1e12 for almost no noise), the lower end is raised geometrically
+    until it can: such points are never feasible, so no solution is lost.
+    """
+    target = check_positive("eps", as_float("eps", eps))
+    delta = check_delta("delta", as_float("delta", delta))
+    lo, hi = _bounds(bounds)
+    if lo == 0.0:
+        lo = hi * 1e-12
+
+    def factory(x: float) -> _Evaluated:
+        return _Evaluated(build(x))
+
+    for _ in range(60):
+        try:
+            factory(lo).epsilon(delta)
+            break
+        except ArithmeticError:
+            lo = math.sqrt(lo * hi)
+            if hi - lo <= rtol * hi:
+                break
+    return float(_calibrate(factory, target, delta, bounds=(lo, hi), rtol=rtol))
+
+
+class eps_delta_calibrator(Calibrator):  # noqa: N801 (autodp's name)
+    """Calibrate the single parameter of ``mech_class`` to an (eps, delta) budget.
+
+    ``eps_delta_calibrator()(mech_class, eps, delta, [lo, hi], name=None)`` returns
+    ``mech_class(x)`` (or ``mech_class(x, name=name)``) where ``x`` in ``[lo, hi]`` is the
+    parameter on the feasible side of the budget, ``|x - x*| <= rtol * x``: the smallest
+    feasible value when epsilon decreases in ``x`` (noise scales), the largest when it
+    increases (numbers of compositions, sampling rates).
+
+    Raises
+    ------
+    privlearn.accounting.CalibrationError
+        (a ``ValueError``) if no parameter in ``bounds`` meets the budget.
+    """
+
+    def __init__(self, rtol: float = 1e-7) -> None:
+        Calibrator.__init__(self)
+        self.name = "eps_delta_calibrator"
+        self.rtol = rtol
+        self.calibrate = self.param_from_eps_delta
+
+    def param_from_eps_delta(
+        self,
+        mech_class: Callable[..., Mechanism],
+        eps: float,
+        delta: float,
+        bounds: Any,
+        name: str | None = None,
+    ) -> Mechanism:
+        x = _search(mech_class, eps, delta, bounds, self.rtol)
+        return mech_class(x, name=name) if name else mech_class(x)
+
+
+class generalized_eps_delta_calibrator(Calibrator):  # noqa: N801 (autodp's name)
+    """Calibrate one named entry of a parameter dictionary.
+
+    ``generalized_eps_delta_calibrator()(mech_class, eps, delta, bounds, params=None,
+    para_name=None, name=None)``: with ``params`` (a dict holding the fixed parameters)
+    and ``para_name`` (the key to tune), each candidate is ``mech_class({**params,
+    para_name: x})``; without ``params``, as :class:`eps_delta_calibrator`. ``params`` is
+    not modified (autodp modifies it in place).
+    """
+
+    def __init__(self, rtol: float = 1e-7) -> None:
+        Calibrator.__init__(self)
+        self.name = "generalized_eps_delta_calibrator"
+        self.rtol = rtol
+        self.calibrate = self.param_from_eps_delta
+
+    def param_from_eps_delta(
+        self,
+        mech_class: Callable[..., Mechanism],
+        eps: float,
+        delta: float,
+        bounds: Any,
+        params: dict[str, Any] | None = None,
+        para_name: str | None = None,
+        name: str | None = None,
+    ) -> Mechanism:
+        if params is None:
+            return eps_delta_calibrator(self.rtol)(mech_class, eps, delta, bounds, name=name)
+        if para_name is None:
+            raise ValueError("para_name must name the entry of params to calibrate, got None")
+
+        def build(x: float) -> Mechanism:
+            return mech_class({**params, para_name: x})
+
+        x = _search(build, eps, delta, bounds, self.rtol)
+        final = {**params, para_name: x}
+        return mech_class(final, name=name) if name else mech_class(final)
+
+
+class ana_gaussian_calibrator(Calibrator):  # noqa: N801 (autodp's name)
+    """Smallest Gaussian noise multiplier with epsilon(delta) <= eps, from the exact
+    analytic curve (Balle & Wang 2018, Theorem 8 and Algorithm 1); returns
+    ``mech_class(sigma)``. Rounded up (relative tolerance ``tol``)."""
+
+    def __init__(self) -> None:
+        Calibrator.__init__(self)
+        self.name = "ana_gaussian_calibrator"
+        self.calibrate = self.param_from_eps_delta
+
+    def param_from_eps_delta(
+        self,
+        mech_class: Callable[..., Mechanism],
+        eps: float,
+        delta: float,
+        name: str | None = None,
+        tol: float = 1e-12,
+    ) -> Mechanism:
+        target = check_positive("eps", as_float("eps", eps))
+        delta = check_positive("delta", check_delta("delta", as_float("delta", delta)))
+
+        class _G:
+            def __init__(self, s: float) -> None:
+                self.s = s
+
+            def epsilon(self, d: float, accountant: str | None = None) -> float:
+                return gaussian_epsilon(self.s, d)
+
+        sigma = float(_calibrate(_G, target, delta, rtol=max(tol, 1e-15)))
+        return mech_class(sigma, name=name) if name else mech_class(sigma)
