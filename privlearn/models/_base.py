@@ -1,0 +1,114 @@
+"""Shared validation and helpers for the private estimators.
+
+Parameters are only stored by ``__init__`` (scikit-learn convention) and validated when
+``fit`` starts; every problem is a :class:`ValueError` naming the parameter, the valid
+range and the value received.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from privlearn.accounting import Mechanism
+
+__all__ = [
+    "check_privacy_budget",
+    "check_positive_param",
+    "clip_rows",
+    "make_rng",
+    "spent_epsilon",
+]
+
+
+def _real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+
+def check_privacy_budget(
+    epsilon: object, delta: object, *, noise: str | None = None
+) -> tuple[float, float]:
+    """Validate a privacy budget: ``epsilon`` in (0, inf), ``delta`` in [0, 1).
+
+    If ``noise == "gaussian"`` also reject ``delta == 0``: the Gaussian mechanism has no
+    pure-DP guarantee, and the message points to the Laplace option.
+    """
+    eps = _real("epsilon", epsilon)
+    if math.isnan(eps) or eps <= 0 or math.isinf(eps):
+        raise ValueError(f"epsilon must be in (0, inf) (finite, > 0), got {epsilon!r}")
+    dlt = _real("delta", delta)
+    if math.isnan(dlt) or not 0.0 <= dlt < 1.0:
+        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    if noise == "gaussian" and dlt == 0.0:
+        raise ValueError(
+            "delta=0 is impossible with Gaussian noise: the Gaussian mechanism satisfies "
+            "no pure (epsilon, 0)-DP guarantee. Use noise='laplace' (L1 clipping, pure DP) "
+            "for delta=0, or pass delta > 0."
+        )
+    return eps, dlt
+
+
+def check_positive_param(name: str, value: object, *, allow_none: bool = False) -> float | None:
+    """A finite number > 0 (or None when ``allow_none``)."""
+    if value is None and allow_none:
+        return None
+    x = _real(name, value)
+    if math.isnan(x) or math.isinf(x) or x <= 0:
+        raise ValueError(f"{name} must be in (0, inf) (finite), got {value!r}")
+    return x
+
+
+def check_int_param(name: str, value: object, minimum: int = 1, allow_none: bool = False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value.lower()
+
+
+def clip_rows(X: np.ndarray, bound: float, ord: int | float = 2) -> tuple[np.ndarray, int]:
+    """Scale every row whose ``ord``-norm exceeds ``bound`` down to norm ``bound``.
+
+    Returns the clipped copy and the number of rows that were clipped. Rows within the
+    bound are unchanged, so data that already satisfies the bound is never altered.
+    """
+    norms = np.linalg.norm(X, ord=ord, axis=1)
+    over = norms > bound
+    if not np.any(over):
+        return X, 0
+    Xc = np.array(X, dtype=float, copy=True)
+    Xc[over] *= (bound / norms[over])[:, None]
+    return Xc, int(np.count_nonzero(over))
+
+
+def make_rng(random_state: object) -> np.random.Generator:
+    """A NumPy Generator from ``None``, an int seed, a Generator or a RandomState."""
+    if random_state is None or isinstance(random_state, numbers.Integral | np.integer):
+        if random_state is not None and int(random_state) < 0:
+            raise ValueError(f"random_state must be a non-negative int, got {random_state!r}")
+        return np.random.default_rng(random_state)
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(0, 2**32 - 1, dtype=np.uint64))
+    raise ValueError(
+        f"random_state must be None, an int, a numpy Generator or RandomState, "
+        f"got {random_state!r}"
+    )
+
+
+def spent_epsilon(mechanism: Mechanism, delta: float, accountant: str) -> float:
+    """Certified epsilon of ``mechanism`` at ``delta`` (upper bound from the accountant)."""
+    return float(mechanism.epsilon(delta, accountant))

@@ -1,0 +1,365 @@
+"""DP-SGD for logistic and linear regression (seed 002, seed 001 section 2).
+
+One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in seed 001):
+
+1. **sample**: every record joins the batch independently with probability
+   ``q = sampling_rate`` (``q = 1``: full batch);
+2. **clip**: each per-example gradient is scaled to norm at most ``max_grad_norm = C``
+   (L2 norm for Gaussian noise, L1 norm for Laplace noise);
+3. **noise**: the *sum* of clipped gradients gets ``N(0, (sigma C)^2 I)`` or
+   ``Laplace(b C)`` per coordinate;
+4. **scale**: divide by the *expected* batch size ``q n`` -- never by the realised batch
+   size, which is private (seed 001's cautionary note);
+5. **step**: ``theta <- theta - lr (g + l2_regularization * theta)`` (seed 002's update);
+6. **account**: after ``T`` steps the mechanism is
+   ``compose(subsample(Gaussian(sigma), q), steps=T)`` (or ``compose(Gaussian(sigma), T)``
+   when ``q = 1``), resp. the same with ``Laplace(b)``; under add/remove neighbouring the
+   clipped sum has L2 (resp. L1) sensitivity ``C``.
+
+``sigma`` (resp. ``b``) is calibrated to (epsilon, delta) with the chosen accountant,
+rounded up (safe side). Laplace noise with ``delta = 0`` gives pure DP (seed 002's
+scenarios 1a/1b); ``delta > 0`` with subsampling (the case seed 002 leaves open) is
+accounted with the PLD accountant of :mod:`privlearn.accounting`.
+
+References
+----------
+.. [1] M. Abadi et al. (2016), Deep learning with differential privacy, CCS, Alg. 1.
+.. [2] R. Bassily, A. Smith, A. Thakurta (2014), Private ERM, FOCS (noisy (S)GD).
+.. [3] Y. Zhu, Y.-X. Wang (2019), Poisson subsampled Renyi differential privacy, ICML.
+.. [4] S. Yildirim, seed 002 (DP-SGD tutorial): scenarios and update rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from privlearn.accounting import Gaussian, Laplace, calibrate, compose, subsample
+from privlearn.models._base import (
+    check_choice,
+    check_int_param,
+    check_positive_param,
+    check_privacy_budget,
+    make_rng,
+    spent_epsilon,
+)
+
+__all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
+
+
+def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, steps: int):
+    """The mechanism DP-SGD runs: ``steps`` compositions of the (Poisson-subsampled, if
+    ``sampling_rate < 1``) Gaussian or Laplace mechanism with the given multiplier."""
+    base = Gaussian(noise_multiplier) if noise == "gaussian" else Laplace(noise_multiplier)
+    if sampling_rate < 1.0:
+        base = subsample(base, sampling_rate, scheme="poisson")
+    return compose(base, steps=steps)
+
+
+class _DPSGDBase(BaseEstimator):
+    _loss = "logistic"
+
+    def __init__(
+        self,
+        epsilon: float = 1.0,
+        delta: float = 1e-5,
+        noise: str = "gaussian",
+        sampling_rate: float = 1.0,
+        n_iter: int = 1000,
+        learning_rate: float = 1.0,
+        max_grad_norm: float = 1.0,
+        l2_regularization: float = 1e-3,
+        fit_intercept: bool = True,
+        noise_multiplier: float | None = None,
+        accountant: str = "pld",
+        trajectory_points: int = 20,
+        trajectory_accountant: str | None = None,
+        record_path: bool = False,
+        random_state=None,
+    ):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.noise = noise
+        self.sampling_rate = sampling_rate
+        self.n_iter = n_iter
+        self.learning_rate = learning_rate
+        self.max_grad_norm = max_grad_norm
+        self.l2_regularization = l2_regularization
+        self.fit_intercept = fit_intercept
+        self.noise_multiplier = noise_multiplier
+        self.accountant = accountant
+        self.trajectory_points = trajectory_points
+        self.trajectory_accountant = trajectory_accountant
+        self.record_path = record_path
+        self.random_state = random_state
+
+    # -- validation ------------------------------------------------------------------
+    def _validate_params_dp(self):
+        noise = check_choice("noise", self.noise, ("gaussian", "laplace"))
+        eps, delta = check_privacy_budget(self.epsilon, self.delta, noise=noise)
+        q = self.sampling_rate
+        if isinstance(q, bool) or not isinstance(q, int | float | np.floating) or not (
+            0.0 < float(q) <= 1.0
+        ):
+            raise ValueError(f"sampling_rate must be in (0, 1], got {q!r}")
+        steps = check_int_param("n_iter", self.n_iter, 1)
+        check_positive_param("learning_rate", self.learning_rate)
+        check_positive_param("max_grad_norm", self.max_grad_norm)
+        lam = self.l2_regularization
+        if isinstance(lam, bool) or not isinstance(lam, int | float | np.floating) or not (
+            np.isfinite(lam) and lam >= 0
+        ):
+            raise ValueError(f"l2_regularization must be in [0, inf), got {lam!r}")
+        check_positive_param("noise_multiplier", self.noise_multiplier, allow_none=True)
+        check_int_param("trajectory_points", self.trajectory_points, 1)
+        if not isinstance(self.fit_intercept, bool | np.bool_):
+            raise ValueError(f"fit_intercept must be a bool, got {self.fit_intercept!r}")
+        return noise, eps, delta, float(q), steps
+
+    def _calibrate(self, noise: str, eps: float, delta: float, q: float, steps: int) -> float:
+        if self.noise_multiplier is not None:
+            sigma = float(self.noise_multiplier)
+            spent = spent_epsilon(dpsgd_mechanism(noise, sigma, q, steps), delta, self.accountant)
+            if spent > eps:
+                raise ValueError(
+                    f"noise_multiplier={sigma} spends epsilon={spent:.6g} > epsilon={eps} at "
+                    f"delta={delta} over n_iter={steps} steps at sampling_rate={q}; "
+                    "leave noise_multiplier=None to calibrate it"
+                )
+            return sigma
+        return float(
+            calibrate(
+                lambda s: dpsgd_mechanism(noise, s, q, steps),
+                eps,
+                delta,
+                accountant=self.accountant,
+            )
+        )
+
+    # -- the algorithm ---------------------------------------------------------------
+    def _residual(self, Z: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
+        """Per-example gradients of these GLM losses are ``r_i z_i``; return ``r``."""
+        z = Z @ theta
+        return expit(z) - y if self._loss == "logistic" else z - y
+
+    def _run(self, Z: np.ndarray, y: np.ndarray):
+        noise, eps, delta, q, steps = self._validate_params_dp()
+        rng = make_rng(self.random_state)
+        sigma = self._calibrate(noise, eps, delta, q, steps)
+        n, d = Z.shape
+        C = float(self.max_grad_norm)
+        lr = float(self.learning_rate)
+        lam = float(self.l2_regularization)
+        ord_ = 2 if noise == "gaussian" else 1
+        denom = q * n
+        theta = np.zeros(d)
+        path = np.zeros((steps, d)) if self.record_path else None
+        # Per-example gradient g_i = r_i z_i, so ||g_i|| = |r_i| ||z_i|| (any norm): the
+        # clipping factor needs only the row norms, computed once.
+        znorm = np.linalg.norm(Z, ord=ord_, axis=1)
+        for t in range(steps):
+            # 1. sample (Poisson)
+            if q < 1.0:
+                idx = np.flatnonzero(rng.random(n) < q)
+                Zb, yb, nb = Z[idx], y[idx], znorm[idx]
+            else:
+                Zb, yb, nb = Z, y, znorm
+            # 2. clip per example: g_i * min(1, C / ||g_i||), summed
+            r = self._residual(Zb, yb, theta)
+            gnorm = np.abs(r) * nb
+            r = r * np.minimum(1.0, C / np.maximum(gnorm, 1e-300))
+            total = Zb.T @ r
+            # 3. noise on the sum
+            if noise == "gaussian":
+                total = total + rng.normal(scale=sigma * C, size=d)
+            else:
+                total = total + rng.laplace(scale=sigma * C, size=d)
+            # 4. scale by the expected batch size; 5. step
+            g = total / denom
+            theta = theta - lr * (g + lam * theta)
+            if path is not None:
+                path[t] = theta
+        if not np.all(np.isfinite(theta)):
+            raise FloatingPointError("DP-SGD diverged; use a smaller learning_rate")
+        mech = dpsgd_mechanism(noise, sigma, q, steps)
+        self.noise_multiplier_ = sigma
+        self.mechanism_ = mech
+        self.n_iter_ = steps
+        self.delta_ = delta
+        self.epsilon_ = spent_epsilon(mech, delta, self.accountant)
+        k = min(int(self.trajectory_points), steps)
+        ts = np.unique(np.round(np.linspace(1, steps, k)).astype(np.int64))
+        acc = self.trajectory_accountant or self.accountant
+        self.trajectory_steps_ = ts
+        self.epsilon_trajectory_ = np.array(
+            [spent_epsilon(dpsgd_mechanism(noise, sigma, q, int(t)), delta, acc) for t in ts]
+        )
+        self.path_ = path
+        return theta
+
+    def _design(self, X: np.ndarray) -> np.ndarray:
+        if self.fit_intercept:
+            return np.hstack([X, np.ones((X.shape[0], 1))])
+        return X
+
+    def _set_theta(self, theta: np.ndarray) -> None:
+        if self.fit_intercept:
+            self.coef_, self.intercept_ = theta[:-1].copy(), float(theta[-1])
+        else:
+            self.coef_, self.intercept_ = theta.copy(), 0.0
+        path = self.__dict__.pop("path_", None)
+        if path is not None and self.fit_intercept:
+            self.coef_path_, self.intercept_path_ = path[:, :-1], path[:, -1]
+        elif path is not None:
+            self.coef_path_, self.intercept_path_ = path, np.zeros(len(path))
+
+    def _decision(self, X) -> np.ndarray:
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        return X @ self.coef_ + self.intercept_
+
+
+_DOC_PARAMS = """
+    Parameters
+    ----------
+    epsilon : float > 0
+    delta : float in [0, 1)
+        Must be > 0 with Gaussian noise; 0 with ``noise="laplace"`` gives pure DP.
+    noise : {"gaussian", "laplace"}
+        Gaussian noise with L2 clipping, or Laplace noise with L1 clipping.
+    sampling_rate : float in (0, 1]
+        Poisson sampling rate ``q`` (1 = full-batch noisy gradient descent).
+    n_iter : int
+        Number of steps ``T``.
+    learning_rate : float
+    max_grad_norm : float
+        Clipping norm ``C`` (L2 for Gaussian, L1 for Laplace noise).
+    l2_regularization : float >= 0
+        ``lambda`` in the update ``theta - lr (g + lambda theta)`` (seed 002).
+    fit_intercept : bool
+        Append a constant 1 feature (its gradient is clipped with the rest).
+    noise_multiplier : float or None
+        ``sigma`` (std / C) or Laplace ``b`` (scale / C). None (default): calibrated.
+    accountant : str
+        Accountant for calibration and ``epsilon_`` (default ``"pld"``).
+    trajectory_points : int
+        Number of points of ``epsilon_trajectory_`` (evenly spaced steps in [1, T]).
+    trajectory_accountant : str or None
+        Accountant for the trajectory (default: ``accountant``; ``"rdp"`` is cheaper).
+    record_path : bool
+        Keep every iterate in ``coef_path_`` / ``intercept_path_`` (seed 002's plots).
+    random_state : None, int, Generator or RandomState
+
+    Attributes
+    ----------
+    coef_, intercept_
+    noise_multiplier_ : float
+    mechanism_ : Mechanism
+        What ran, e.g. ``compose(subsample(Gaussian(sigma), q), steps=T)``.
+    epsilon_, delta_ : certified epsilon spent at ``delta_``
+    trajectory_steps_, epsilon_trajectory_ : epsilon spent after each listed step count
+"""
+
+
+class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
+    __doc__ = (
+        "Binary logistic regression trained by DP-SGD (seed 002).\n" + _DOC_PARAMS
+    )
+
+    _loss = "logistic"
+
+    def fit(self, X, y):
+        """Train with DP-SGD; validates everything before any privacy is spent."""
+        self._validate_params_dp()
+        X, y = validate_data(self, X, y, dtype=np.float64)
+        kind = type_of_target(y)
+        classes = np.unique(y)
+        if classes.size < 2:
+            raise ValueError(
+                f"DPSGDClassifier needs binary labels; y has only one class: {classes.tolist()}"
+            )
+        if classes.size > 2 or kind not in ("binary",):
+            raise ValueError(
+                "DPSGDClassifier supports binary labels only; y has "
+                f"{classes.size} classes (type {kind!r}): {classes[:10].tolist()}"
+            )
+        self.classes_ = classes
+        y01 = (y == classes[1]).astype(np.float64)
+        theta = self._run(self._design(X), y01)
+        self._set_theta(theta)
+        return self
+
+    def decision_function(self, X) -> np.ndarray:
+        return self._decision(X)
+
+    def predict_proba(self, X) -> np.ndarray:
+        p = expit(self._decision(X))
+        return np.column_stack([1.0 - p, p])
+
+    def predict(self, X) -> np.ndarray:
+        return self.classes_[(self._decision(X) > 0).astype(int)]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        return tags
+
+
+class DPSGDRegressor(RegressorMixin, _DPSGDBase):
+    __doc__ = (
+        "Least-squares linear regression trained by DP-SGD "
+        "(per-example loss ``(x^T theta - y)^2 / 2``).\n" + _DOC_PARAMS
+    )
+
+    _loss = "squared"
+
+    def __init__(
+        self,
+        epsilon: float = 1.0,
+        delta: float = 1e-5,
+        noise: str = "gaussian",
+        sampling_rate: float = 1.0,
+        n_iter: int = 1000,
+        learning_rate: float = 0.5,
+        max_grad_norm: float = 1.0,
+        l2_regularization: float = 1e-3,
+        fit_intercept: bool = True,
+        noise_multiplier: float | None = None,
+        accountant: str = "pld",
+        trajectory_points: int = 20,
+        trajectory_accountant: str | None = None,
+        record_path: bool = False,
+        random_state=None,
+    ):
+        super().__init__(
+            epsilon=epsilon,
+            delta=delta,
+            noise=noise,
+            sampling_rate=sampling_rate,
+            n_iter=n_iter,
+            learning_rate=learning_rate,
+            max_grad_norm=max_grad_norm,
+            l2_regularization=l2_regularization,
+            fit_intercept=fit_intercept,
+            noise_multiplier=noise_multiplier,
+            accountant=accountant,
+            trajectory_points=trajectory_points,
+            trajectory_accountant=trajectory_accountant,
+            record_path=record_path,
+            random_state=random_state,
+        )
+
+    def fit(self, X, y):
+        """Train with DP-SGD; validates everything before any privacy is spent."""
+        self._validate_params_dp()
+        X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
+        theta = self._run(self._design(X), y.astype(np.float64))
+        self._set_theta(theta)
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        return self._decision(X)
+
