@@ -1,0 +1,74 @@
+"""Shared helpers for the experiments: output paths, CSV, progress bars, plotting."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from tqdm.auto import tqdm  # noqa: E402
+
+__all__ = ["ExperimentResult", "write_csv", "progress", "prepare_out_dir", "format_table"]
+
+
+@dataclass
+class ExperimentResult:
+    """What an experiment produced: the files written and the rows of its table."""
+
+    name: str
+    csv_path: Path | None
+    png_path: Path | None
+    rows: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+    extra_paths: list[Path] = field(default_factory=list)
+
+    @property
+    def paths(self) -> list[Path]:
+        return [p for p in (self.csv_path, self.png_path, *self.extra_paths) if p is not None]
+
+
+def prepare_out_dir(out_dir) -> Path:
+    path = Path(out_dir if out_dir is not None else "results")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    if not rows:
+        raise ValueError("no rows to write")
+    keys: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def progress(iterable=None, *, total=None, desc: str = "", enabled: bool | None = None):
+    """A tqdm progress bar, shown only on a terminal (or when ``enabled`` is True)."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    return tqdm(iterable, total=total, desc=desc, disable=not enabled, leave=False)
+
+
+def format_table(rows: list[dict], columns: list[str], floatfmt: str = ".4f") -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return format(v, floatfmt)
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)

@@ -1,0 +1,268 @@
+"""Seed 000: SSP vs AdaSSP vs NoisyGD on California housing, and NoisyGD's learning rate.
+
+The data pipeline is the seed's: scikit-learn's California housing matrix, features
+divided by fixed "natural ranges", rows L2-normalised (x_bound = 1), labels clipped to
+[0, 5] (y_bound = 5), no intercept, training MSE. Repetitions are vectorised: all
+repetitions at one epsilon are drawn and solved in one batched call, and training MSEs
+are computed from the sufficient statistics,
+``MSE(theta) = (y^T y - 2 theta^T X^T y + theta^T X^T X theta) / n``.
+
+Calibration goes through :mod:`privlearn.accounting` (exact composition of Gaussians);
+the NoisyGD epsilon log uses the analytic accountant, O(1) per logged point.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from privlearn.accounting import Gaussian, calibrate, compose
+from privlearn.datasets import load_california_housing
+from privlearn.experiments._common import (
+    ExperimentResult,
+    format_table,
+    prepare_out_dir,
+    progress,
+    write_csv,
+)
+from privlearn.models.linear import (
+    adassp_coefficients,
+    calibrate_ssp_scale,
+    noisy_gd_paths,
+    ssp_coefficients,
+    theoretical_learning_rate,
+)
+
+__all__ = [
+    "SeedProblem",
+    "run_linear_regression",
+    "run_noisygd_learning_rate",
+    "compute_linear_regression",
+]
+
+X_BOUND = 1.0
+Y_BOUND = 5.0
+DELTA = 1e-6
+
+
+class SeedProblem:
+    """Seed 000's preprocessed data and its sufficient statistics."""
+
+    def __init__(self) -> None:
+        b = load_california_housing(preprocessing="seed", x_bound=X_BOUND, y_bound=Y_BOUND)
+        self.X, self.y = b.data, b.target
+        self.n, self.dim = self.X.shape
+        self.XTX = self.X.T @ self.X
+        self.XTy = self.X.T @ self.y
+        self.yty = float(self.y @ self.y)
+        eig = np.linalg.eigvalsh(self.XTX)
+        self.lambda_min, self.lambda_max = float(eig[0]), float(eig[-1])
+        self.theta_nonprivate = np.linalg.solve(self.XTX, self.XTy)
+        self.mse_nonprivate = float(np.linalg.norm(self.y - self.X @ self.theta_nonprivate) ** 2
+                                    / self.n)
+        self.mse_trivial = float(np.linalg.norm(self.y - np.mean(self.y)) ** 2 / self.n)
+
+    def mse(self, theta: np.ndarray) -> np.ndarray:
+        """Training MSE of each row of ``theta`` (..., dim), from sufficient statistics."""
+        theta = np.asarray(theta, dtype=float)
+        quad = np.einsum("...i,ij,...j->...", theta, self.XTX, theta)
+        out = (self.yty - 2.0 * theta @ self.XTy + quad) / self.n
+        return np.maximum(out, 0.0)
+
+    def noisy_gd(self, sigma: float, epsilon: float, delta: float, rng, reps: int,
+                 log_every: int, lr_factor: float = 1.0, n_iter: int | None = None):
+        """Seed 000's NoisyGD run: niter calibrated (rounded down) unless given, the
+        theoretical learning rate with the data's lambda_max (as the seed), epsilon
+        logged at each log point."""
+        if n_iter is None:
+            n_iter = int(calibrate(lambda k: compose(Gaussian(sigma), steps=int(k)), epsilon,
+                                   delta, bounds=(1, 10**7), integer=True))
+        gs = X_BOUND**2 * 1.0 + X_BOUND * Y_BOUND
+        lr = lr_factor * theoretical_learning_rate(self.lambda_max, self.dim, sigma * gs, n_iter)
+        with np.errstate(over="ignore", invalid="ignore"):
+            _, path, iters = noisy_gd_paths(self.XTX, self.XTy, sigma, lr, n_iter, X_BOUND,
+                                            Y_BOUND, rng, reps=reps, log_every=log_every)
+            mse = self.mse(path)  # (n_logs, reps)
+        mse = np.where(np.isfinite(mse), mse, np.inf)
+        eps = np.array([compose(Gaussian(sigma), steps=int(t)).epsilon(delta, "analytic")
+                        for t in iters])
+        return dict(n_iter=n_iter, lr=lr, iters=iters, mse=mse, eps=eps)
+
+
+def compute_linear_regression(
+    *,
+    reps: int = 20,
+    seed: int = 0,
+    epsilons=None,
+    noisygd: bool = True,
+    noisygd_reps: int | None = None,
+    show_progress: bool | None = None,
+    problem: SeedProblem | None = None,
+) -> dict:
+    """The numbers of seed 000's figure (no files, no plot)."""
+    if epsilons is None:
+        epsilons = np.linspace(0.1, 2.0, 50)
+    epsilons = np.asarray(epsilons, dtype=float)
+    P = problem or SeedProblem()
+    rng = np.random.default_rng(seed)
+    mse = np.zeros((len(epsilons), reps, 2))
+    scales = np.zeros((len(epsilons), 2))
+    for i, eps in enumerate(progress(epsilons, desc="SSP/AdaSSP", enabled=show_progress)):
+        s = calibrate_ssp_scale(eps, DELTA, adaptive=False)
+        sa = calibrate_ssp_scale(eps, DELTA, adaptive=True)
+        scales[i] = s, sa
+        th = ssp_coefficients(P.XTX, P.XTy, 2 * s, 3 * s, X_BOUND, Y_BOUND, rng, reps)
+        tha, _ = adassp_coefficients(P.XTX, P.XTy, 2 * sa, 3 * sa, 5 * sa, X_BOUND, Y_BOUND,
+                                     rng, reps, lambda_min=P.lambda_min)
+        mse[i, :, 0] = P.mse(th)
+        mse[i, :, 1] = P.mse(tha)
+    out = dict(problem=P, epsilons=epsilons, mse=mse, scales=scales, gd={})
+    if noisygd:
+        gd_reps = noisygd_reps if noisygd_reps is not None else 1
+        for name, sigma, gap in (("NoisyGD-large-noise", 500.0, 100),
+                                 ("NoisyGD-small-noise", 50.0, 10)):
+            out["gd"][name] = P.noisy_gd(sigma, 2.0, DELTA, rng, gd_reps, gap)
+    return out
+
+
+def _rows(res: dict) -> list[dict]:
+    P = res["problem"]
+    rows = []
+    for i, eps in enumerate(res["epsilons"]):
+        for j, method in enumerate(("SSP", "AdaSSP")):
+            m = res["mse"][i, :, j]
+            rows.append(dict(method=method, epsilon=float(eps), delta=DELTA,
+                             median_mse=float(np.median(m)), mean_mse=float(np.mean(m)),
+                             q25_mse=float(np.quantile(m, 0.25)),
+                             q75_mse=float(np.quantile(m, 0.75)),
+                             noise_scale=float(res["scales"][i, j]), reps=m.size, n_iter=""))
+    for name, g in res["gd"].items():
+        for k, t in enumerate(g["iters"]):
+            m = g["mse"][k]
+            rows.append(dict(method=name, epsilon=float(g["eps"][k]), delta=DELTA,
+                             median_mse=float(np.median(m)), mean_mse=float(np.mean(m)),
+                             q25_mse=float(np.quantile(m, 0.25)),
+                             q75_mse=float(np.quantile(m, 0.75)), noise_scale="",
+                             reps=m.size, n_iter=int(t)))
+    rows.append(dict(method="Nonprivate", epsilon=float("inf"), median_mse=P.mse_nonprivate))
+    rows.append(dict(method="trivial", epsilon=0.0, median_mse=P.mse_trivial))
+    return rows
+
+
+def _plot(res: dict, path: Path, *, include_gd: bool = True) -> Path:
+    import matplotlib.pyplot as plt
+
+    P, eps = res["problem"], res["epsilons"]
+    med = np.median(res["mse"], axis=1)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.plot(eps, med[:, 0], "o-", label="SSP")
+    ax.plot(eps, med[:, 1], "s-", label="AdaSSP")
+    styles = {"NoisyGD-large-noise": "g.-", "NoisyGD-small-noise": "c.-"}
+    if include_gd:
+        for name, g in res["gd"].items():
+            ax.plot(g["eps"], np.median(g["mse"], axis=1), styles.get(name, ".-"),
+                    label=f"{name} (niter={g['n_iter']})")
+    ax.axhline(P.mse_nonprivate, color="k", ls="--", label="Nonprivate")
+    ax.axhline(P.mse_trivial, color="r", ls="--", label="trivial")
+    ax.set_ylim(0.6, 1.4)
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel("median-MSE")
+    ax.set_title(f"California housing, delta={DELTA:g}")
+    ax.legend()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def summary_table(res: dict, epsilons=(0.1, 0.5, 1.0, 2.0)) -> list[dict]:
+    """Median MSE at the grid points nearest to ``epsilons`` and the NoisyGD end points."""
+    P, grid = res["problem"], res["epsilons"]
+    rows = []
+    for e in epsilons:
+        i = int(np.argmin(np.abs(grid - e)))
+        if abs(grid[i] - e) > 0.05:
+            continue
+        rows.append(dict(method="SSP", epsilon=float(grid[i]),
+                         median_mse=float(np.median(res["mse"][i, :, 0]))))
+        rows.append(dict(method="AdaSSP", epsilon=float(grid[i]),
+                         median_mse=float(np.median(res["mse"][i, :, 1]))))
+    for name, g in res["gd"].items():
+        rows.append(dict(method=f"{name} (T={g['n_iter']})", epsilon=float(g["eps"][-1]),
+                         median_mse=float(np.median(g["mse"][-1]))))
+    rows.append(dict(method="Nonprivate", epsilon=float("inf"), median_mse=P.mse_nonprivate))
+    rows.append(dict(method="trivial", epsilon=0.0, median_mse=P.mse_trivial))
+    return rows
+
+
+def run_linear_regression(out_dir=None, reps: int | None = None, seed: int = 0, *,
+                          epsilons=None, noisygd: bool = True, noisygd_reps: int | None = None,
+                          plot: bool = True, show_progress: bool | None = None,
+                          verbose: bool = False) -> ExperimentResult:
+    """Seed 000's figure: median training MSE vs epsilon (delta = 1e-6) for SSP, AdaSSP,
+    NoisyGD in both regimes, non-private and trivial baselines. Default grid: 50
+    epsilons in [0.1, 2] x 20 repetitions (the seed's)."""
+    out = prepare_out_dir(out_dir)
+    t0 = time.perf_counter()
+    res = compute_linear_regression(reps=reps or 20, seed=seed, epsilons=epsilons,
+                                    noisygd=noisygd, noisygd_reps=noisygd_reps,
+                                    show_progress=show_progress)
+    elapsed = time.perf_counter() - t0
+    csv_path = write_csv(out / "linear_regression.csv", _rows(res))
+    png = _plot(res, out / "linear_regression.png") if plot else None
+    table = summary_table(res)
+    if verbose:
+        print(format_table(table, ["method", "epsilon", "median_mse"]))
+    return ExperimentResult("linear-regression", csv_path, png, rows=table,
+                            summary=dict(compute_seconds=elapsed, raw=res))
+
+
+def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int = 0, *,
+                              n_iter: int = 50000, sigma: float = 500.0, log_every: int = 100,
+                              factors=(1.0, 10.0, 0.1), plot: bool = True,
+                              show_progress: bool | None = None,
+                              verbose: bool = False) -> ExperimentResult:
+    """Seed 000's learning-rate sensitivity figure: NoisyGD (sigma = 500) with the
+    calibrated number of iterations at the theoretical learning rate, and with
+    ``n_iter = 50000`` at 10x and 0.1x that rate (as the seed). Median over ``reps``
+    chains (default 5; the seed runs one)."""
+    out = prepare_out_dir(out_dir)
+    P = SeedProblem()
+    rng = np.random.default_rng(seed)
+    reps = reps or 5
+    runs = {}
+    for f in progress(factors, desc="NoisyGD lr", enabled=show_progress):
+        label = "NoisyGD" if f == 1.0 else f"NoisyGD-lr*{f:g}"
+        runs[label] = P.noisy_gd(sigma, 2.0, DELTA, rng, reps, log_every, lr_factor=f,
+                                 n_iter=None if f == 1.0 else n_iter)
+    rows, table = [], []
+    for label, g in runs.items():
+        for k, t in enumerate(g["iters"]):
+            m = g["mse"][k]
+            rows.append(dict(method=label, lr=g["lr"], n_iter=int(t), epsilon=float(g["eps"][k]),
+                             median_mse=float(np.median(m)), reps=m.size))
+        table.append(dict(method=label, lr=g["lr"], n_iter=g["n_iter"],
+                          epsilon=float(g["eps"][-1]), median_mse=float(np.median(g["mse"][-1]))))
+    rows.append(dict(method="Nonprivate", median_mse=P.mse_nonprivate))
+    rows.append(dict(method="trivial", median_mse=P.mse_trivial))
+    csv_path = write_csv(out / "noisygd_learning_rate.csv", rows)
+    png = None
+    if plot:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for (label, g), st in zip(runs.items(), ("g.-", "c--", "m:"), strict=False):
+            ax.plot(g["eps"], np.median(g["mse"], axis=1), st, label=label)
+        ax.axhline(P.mse_nonprivate, color="k", ls="--", label="Nonprivate")
+        ax.axhline(P.mse_trivial, color="r", ls="--", label="trivial")
+        ax.set_ylim(0.6, 1.4)
+        ax.set_xlabel("epsilon")
+        ax.set_ylabel("median-MSE")
+        ax.legend()
+        png = out / "noisygd_learning_rate.png"
+        fig.savefig(png, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+    if verbose:
+        print(format_table(table, ["method", "lr", "n_iter", "epsilon", "median_mse"], ".4g"))
+    return ExperimentResult("noisygd-learning-rate", csv_path, png, rows=table)
