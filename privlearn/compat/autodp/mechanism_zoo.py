@@ -23,7 +23,7 @@ from privlearn.accounting import (
     compose,
     subsample,
 )
-from privlearn.accounting._validation import check_count, check_nonnegative
+from privlearn.accounting._validation import check_count, check_nonnegative, check_positive
 from privlearn.compat.autodp.autodp_core import (
     NO_PRIVACY_LOSS,
     Mechanism,
@@ -74,7 +74,7 @@ use_fDP_based_RDP_to_approxDP_conversion, phi_off
         self.name = name
         self.params = {"sigma": sigma}
         self.delta0 = 0
-        self._set_description(Gaussian(as_float("sigma", sigma)))
+        self._set_description(Gaussian(check_positive("sigma", as_float("sigma", sigma))))
 
 
 class ExactGaussianMechanism(Mechanism):
@@ -95,7 +95,7 @@ class ExactGaussianMechanism(Mechanism):
         self.name = name
         self.params = {"sigma": sigma}
         self.delta0 = 0
-        self._set_description(Gaussian(as_float("sigma", sigma)))
+        self._set_description(Gaussian(check_positive("sigma", as_float("sigma", sigma))))
 
 
 class LaplaceMechanism(Mechanism):
@@ -127,7 +127,7 @@ class LaplaceMechanism(Mechanism):
         self.name = name
         self.params = {"b": b}
         self.delta0 = 0
-        self._set_description(Laplace(as_float("b", b)))
+        self._set_description(Laplace(check_positive("b", as_float("b", b))))
 
 
 class RandresponseMechanism(Mechanism):
@@ -247,7 +247,8 @@ class SubsampleGaussianMechanism(Mechanism):
         if steps == 0 or prob == 0:
             self._set_description(NO_PRIVACY_LOSS)
         else:
-            base = subsample(Gaussian(as_float("sigma", params["sigma"])), prob)
+            sigma = check_positive("sigma", as_float("sigma", params["sigma"]))
+            base = subsample(Gaussian(sigma), prob)
             self._set_description(compose(base, steps=steps))
 
 
@@ -265,7 +266,7 @@ class ComposedGaussianMechanism(Mechanism):
         Mechanism.__init__(self)
         self.name = name
         self.params = {"sigma": params["sigma"], "coeff": params["coeff"]}
-        sigma = as_float("sigma", params["sigma"])
+        sigma = check_positive("sigma", as_float("sigma", params["sigma"]))
         coeff = check_nonnegative("coeff", as_float("coeff", params["coeff"]))
         if coeff == 0:
             self._set_description(NO_PRIVACY_LOSS)
