@@ -285,7 +285,9 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
         kwargs["reps"] = check_count("--reps", reps, minimum=1)
     if seed is not None:
         kwargs["seed"] = seed
-    run_experiment(name, **kwargs)
+    result = run_experiment(name, **kwargs)
+    for path in getattr(result, "paths", None) or ():
+        click.echo(f"wrote {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

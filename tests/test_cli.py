@@ -303,3 +303,24 @@ def test_python_dash_m() -> None:
     )
     assert p.returncode == 0
     assert __version__ in p.stdout
+
+
+def test_reproduce_forwards_options(runner: CliRunner, monkeypatch, tmp_path) -> None:
+    experiments = pytest.importorskip("privlearn.experiments")
+    calls = []
+
+    class Result:
+        paths = [tmp_path / "x.csv"]
+
+    def fake(name, **kwargs):
+        calls.append((name, kwargs))
+        return Result()
+
+    monkeypatch.setattr(experiments, "run_experiment", fake)
+    name = sorted(experiments.EXPERIMENTS)[0]
+    r = invoke(runner, ["reproduce", name, "--out", str(tmp_path), "--reps", "3", "--seed", "7"])
+    assert r.exit_code == 0, r.output
+    assert calls == [(name, {"out_dir": str(tmp_path), "reps": 3, "seed": 7})]
+    assert f"wrote {tmp_path / 'x.csv'}" in r.stdout
+    r = invoke(runner, ["reproduce", name])
+    assert calls[-1] == (name, {})
