@@ -183,7 +183,12 @@ def epsilon(
     accountant: str,
     as_json: bool,
 ) -> None:
-    """Certified epsilon of a (subsampled) mechanism composed STEPS times."""
+    """Certified epsilon of a (subsampled) mechanism composed STEPS times.
+
+    With --json: one object with epsilon (certified upper bound), epsilon_lower (null
+    when the accountant has no lower bound), delta, accountant and the mechanism's
+    parameters; an infinite epsilon is written as the string "inf".
+    """
     nm = check_positive("--noise-multiplier", noise_multiplier)
     rate, t, d = _validated(sampling_rate, steps, delta)
     mech = build_mechanism(mechanism.lower(), nm, rate, sampling.lower(), t)
