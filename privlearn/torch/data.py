@@ -1,0 +1,202 @@
+"""Data loading that matches the accounting: Poisson and fixed-size batch samplers,
+empty-batch collation, and virtual (logical vs physical) batches.
+
+* :class:`PoissonBatchSampler` includes every example independently with probability
+  ``q`` at every step (``round(1 / q)`` steps per epoch). Batch sizes vary and a batch
+  can be empty; this is the sampling analysed by the Poisson-subsampled Gaussian
+  accountants (Abadi et al. 2016; Mironov et al. 2019 "Renyi Differential Privacy of the
+  Sampled Gaussian Mechanism"; Zhu, Dong & Wang 2022 for the PLD).
+* :class:`FixedSizeBatchSampler` draws ``B`` distinct examples uniformly at every step
+  (sampling without replacement), accounted with ``scheme="fixed"`` under the
+  replace-one relation (Wang, Balle & Kasiviswanathan 2019).
+* An empty Poisson batch is collated into tensors with a leading dimension of 0 (same
+  trailing shapes and dtypes as a real batch), so the user's loop runs unchanged; the
+  optimizer still adds noise and steps (the mechanism releases a noisy zero sum).
+* :class:`VirtualBatchLoader` splits each logical batch into physical chunks of at most
+  ``max_physical_batch_size`` examples; the optimizer accumulates the clipped sums and
+  adds noise and updates only after the last chunk of a logical batch.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.dataloader import default_collate
+from torch.utils.data.dataset import IterableDataset
+
+__all__ = [
+    "PoissonBatchSampler",
+    "FixedSizeBatchSampler",
+    "EmptyAwareCollate",
+    "VirtualBatchLoader",
+    "make_dp_loader",
+]
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(secrets.randbits(63) if seed is None else int(seed))
+    return g
+
+
+class PoissonBatchSampler(Sampler[list[int]]):
+    """Batches in which each index is included independently with probability
+    ``sample_rate``.
+
+    Parameters
+    ----------
+    num_samples : int
+        Size of the (global) dataset; ``indices`` restricts sampling to a shard (used
+        per rank in distributed training; every example still has inclusion probability
+        ``sample_rate``).
+    sample_rate : float in (0, 1]
+    steps : int, optional
+        Batches per epoch; default ``round(1 / sample_rate)``.
+    seed : int, optional
+        Seed of the sampling generator (default: fresh OS entropy).
+    """
+
+    def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
+                 seed: int | None = None, indices=None):
+        if not 0 < sample_rate <= 1:
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        self.num_samples = int(num_samples)
+        self.sample_rate = float(sample_rate)
+        self.steps = max(1, round(1 / sample_rate)) if steps is None else int(steps)
+        self.indices = None if indices is None else torch.as_tensor(list(indices))
+        self.generator = _generator(seed)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        n = self.num_samples if self.indices is None else len(self.indices)
+        for _ in range(self.steps):
+            mask = torch.rand(n, generator=self.generator) < self.sample_rate
+            idx = mask.nonzero().flatten()
+            if self.indices is not None:
+                idx = self.indices[idx]
+            yield idx.tolist()
+
+
+class FixedSizeBatchSampler(Sampler[list[int]]):
+    """Batches of exactly ``batch_size`` distinct indices drawn uniformly at each step
+    (independently across steps): sampling without replacement, ``scheme="fixed"``."""
+
+    def __init__(self, num_samples: int, batch_size: int, steps: int | None = None,
+                 seed: int | None = None):
+        if not 0 < batch_size <= num_samples:
+            raise ValueError(f"batch_size must be in [1, {num_samples}], got {batch_size!r}")
+        self.num_samples, self.batch_size = int(num_samples), int(batch_size)
+        self.sample_rate = batch_size / num_samples
+        self.steps = max(1, round(num_samples / batch_size)) if steps is None else int(steps)
+        self.generator = _generator(seed)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            yield torch.randperm(self.num_samples, generator=self.generator)[
+                : self.batch_size].tolist()
+
+
+class EmptyAwareCollate:
+    """Wraps a collate function so that an empty batch becomes zero-length tensors shaped
+    like a real batch (built once from ``dataset[0]``)."""
+
+    def __init__(self, dataset, collate_fn=None):
+        self.dataset = dataset
+        self.collate_fn = collate_fn or default_collate
+        self._empty = None
+
+    def __call__(self, batch):
+        if len(batch) > 0:
+            return self.collate_fn(batch)
+        if self._empty is None:
+            from torch.utils._pytree import tree_map
+
+            one = self.collate_fn([self.dataset[0]])
+            self._empty = tree_map(
+                lambda t: t[:0].clone() if isinstance(t, torch.Tensor) else t, one)
+        return self._empty
+
+
+def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float,
+                   batch_size: int, steps: int | None, seed: int | None,
+                   rank: int = 0, world_size: int = 1) -> DataLoader:
+    """A loader over the same dataset with the DP batch sampler (keeps workers, pinning,
+    the collate function and the worker settings of ``data_loader``)."""
+    ds = data_loader.dataset
+    if isinstance(ds, IterableDataset):
+        raise ValueError("data_loader wraps an IterableDataset; DP sampling needs a "
+                         "map-style dataset (random access by index)")
+    n = len(ds)
+    if sampling == "poisson":
+        indices = None if world_size == 1 else range(rank, n, world_size)
+        bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, indices=indices)
+    else:
+        bs = FixedSizeBatchSampler(n, batch_size, steps=steps, seed=seed)
+    return DataLoader(
+        ds,
+        batch_sampler=bs,
+        collate_fn=EmptyAwareCollate(ds, data_loader.collate_fn),
+        num_workers=data_loader.num_workers,
+        pin_memory=data_loader.pin_memory,
+        timeout=data_loader.timeout,
+        worker_init_fn=data_loader.worker_init_fn,
+        multiprocessing_context=data_loader.multiprocessing_context,
+        persistent_workers=data_loader.persistent_workers if data_loader.num_workers else False,
+    )
+
+
+class VirtualBatchLoader:
+    """Iterate physical chunks of the logical batches of ``loader``.
+
+    Each logical batch (a collated structure whose tensors share a leading batch
+    dimension) is split into chunks of at most ``max_physical_batch_size`` examples. Before
+    yielding a chunk it tells ``optimizer`` whether the chunk ends its logical batch; the
+    optimizer then only accumulates clipped sums on the other chunks, and adds noise,
+    updates the parameters and counts one privacy step after the last one. Peak memory is
+    bounded by the physical size; the result equals one step on the whole logical batch.
+    ``len()`` is the number of logical steps.
+    """
+
+    def __init__(self, loader: DataLoader, max_physical_batch_size: int, optimizer):
+        if int(max_physical_batch_size) < 1:
+            raise ValueError("max_physical_batch_size must be >= 1, got "
+                             f"{max_physical_batch_size!r}")
+        self.loader = loader
+        self.max_physical_batch_size = int(max_physical_batch_size)
+        self.optimizer = optimizer
+
+    @property
+    def dataset(self):
+        return self.loader.dataset
+
+    @property
+    def batch_sampler(self):
+        return self.loader.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
+        m = self.max_physical_batch_size
+        for batch in self.loader:
+            flat, spec = tree_flatten(batch)
+            sizes = {t.shape[0] for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
+            if len(sizes) > 1:
+                raise ValueError(f"batch tensors have different leading sizes {sorted(sizes)}")
+            n = sizes.pop() if sizes else 0
+            chunks = max(1, math.ceil(n / m))
+            for k in range(chunks):
+                part = [t[k * m:(k + 1) * m] if isinstance(t, torch.Tensor) and t.dim() > 0
+                        else t for t in flat]
+                self.optimizer.signal_final_chunk(k == chunks - 1)
+                yield tree_unflatten(part, spec)

@@ -1,0 +1,50 @@
+"""Distributed helpers (``torch.distributed``; gloo on CPU, NCCL on GPUs).
+
+Usage: initialise the process group, build the model (optionally wrapped in
+``DistributedDataParallel``), an optimizer and an ordinary ``DataLoader`` whose
+``batch_size`` is the *per-rank* batch size, and call
+:func:`privlearn.torch.make_private` on every rank (same arguments, same initial
+weights). The engine then
+
+* samples each rank's shard (indices ``rank, rank + W, ...``) with Poisson rate
+  ``q = W * batch_size / len(dataset)``: every example of the dataset is included
+  independently with probability ``q``, so the global batch is exactly the
+  single-process Poisson sample and is accounted as such;
+* clips per example on each rank, adds ``N(0, (sigma C)^2 / W)`` per rank and all-reduces
+  the sums, so the global noise is ``N(0, (sigma C)^2)`` as in the single-process
+  mechanism, normalised by the global expected batch size ``q N``;
+* gives every rank the same gradient, so the replicas stay identical.
+
+Wrapping in DDP is optional (the engine does its own all-reduce); with DDP, DDP's own
+gradient all-reduce still runs and its result is overwritten.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["world_info", "all_reduce_sum"]
+
+
+def world_info(process_group=None) -> tuple[int, int]:
+    """``(rank, world_size)``; ``(0, 1)`` when torch.distributed is not initialised."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(process_group), dist.get_world_size(process_group)
+    return 0, 1
+
+
+def all_reduce_sum(tensors: list[torch.Tensor], process_group=None) -> list[torch.Tensor]:
+    """Sum ``tensors`` over ranks with one flat all-reduce."""
+    import torch.distributed as dist
+
+    if not tensors:
+        return tensors
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=process_group)
+    out, k = [], 0
+    for t in tensors:
+        out.append(flat[k:k + t.numel()].view_as(t))
+        k += t.numel()
+    return out

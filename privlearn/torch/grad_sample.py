@@ -1,0 +1,535 @@
+"""Per-layer rules for per-example gradient norms and clipped gradient sums.
+
+A *rule* maps a layer, the inputs it received and the gradient of the loss with respect
+to its outputs (recorded by hooks during the user's ordinary ``loss.backward()``) to a
+:class:`Contribution`: an object that answers the per-example squared gradient norms of
+the layer's parameters and, given per-example weights ``c`` (the clip factors), the
+weighted sum ``sum_i c_i grad_i`` for every parameter. No loop over examples is run.
+
+Two representations are used, chosen per layer by cost:
+
+* **ghost** (:class:`OuterProduct` with ``ghost=True``): for a layer whose weight
+  gradient is ``sum_t g_t a_t^T`` (Linear on sequences, convolutions after im2col, RNN
+  gates), the per-example squared Frobenius norm is
+  ``sum_{t,s} (a_t . a_s)(g_t . g_s)`` (Li et al. 2022, "Large Language Models Can Be
+  Strong Differentially Private Learners", Sec. 4, "ghost clipping"), and the clipped sum
+  is one matmul ``(c * g)^T a`` (Bu et al. 2023, "Differentially Private Optimization on
+  Large Model at Small Cost", Sec. 3, book-keeping): no per-example gradient is stored.
+  Cost ``B T^2 (d + p)`` for the norm. For ``T == 1`` the norm is ``|a|^2 |g|^2``.
+* **materialised**: the per-example gradients ``(B, *param.shape)`` are formed with
+  batched matmuls (cost ``B T d p``), their norms and the weighted sum follow.
+
+The choice (:func:`use_ghost`) follows the book-keeping paper's rule: ghost when
+``T^2 (d + p) < d p`` or when materialising would exceed a memory budget.
+
+Registered rules: ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Embedding``,
+``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.RNN``/``nn.LSTM``/``nn.GRU`` (see
+:mod:`privlearn.torch.rnn`), and a generic :mod:`torch.func` fallback (vmap of a vjp of
+``functional_call``) for any other layer, multi-input ones (``nn.MultiheadAttention``)
+included. :func:`register_rule` adds a rule for a new layer type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "Contribution",
+    "Materialized",
+    "OuterProduct",
+    "Compound",
+    "Record",
+    "register_rule",
+    "get_rule",
+    "RULES",
+    "fallback_rule",
+    "use_ghost",
+    "GHOST_MEMORY_BUDGET_BYTES",
+]
+
+#: Materialising per-example gradients of one layer above this many bytes switches the
+#: layer to ghost norms (no per-example gradient stored).
+GHOST_MEMORY_BUDGET_BYTES = 64 * 2**20
+
+
+@dataclass
+class Record:
+    """What one call of a layer left behind: its inputs and the output gradients.
+
+    ``args``/``kwargs`` are the call's arguments (tensors detached); ``grad_outputs`` holds
+    one slot per tensor in the flattened output (``None`` until / unless autograd fills
+    it); ``out_spec`` is the pytree spec of the output; ``outputs_meta`` the flattened
+    outputs' (shape, dtype) for zero-filling gradients of unused outputs.
+    """
+
+    args: tuple
+    kwargs: dict
+    grad_outputs: list
+    outputs_meta: list
+    out_spec: object = None
+    scale: float = 1.0  # loss-reduction factor, set by the tracker
+
+    def has_grad(self) -> bool:
+        return any(g is not None for g in self.grad_outputs)
+
+    def grad(self, i: int) -> torch.Tensor:
+        g = self.grad_outputs[i]
+        if g is None:
+            shape, dtype, device = self.outputs_meta[i]
+            return torch.zeros(shape, dtype=dtype, device=device)
+        return g
+
+
+class Contribution:
+    """Per-example gradient information of one layer call (see module docstring)."""
+
+    params: tuple[nn.Parameter, ...]
+
+    def sq_norms(self) -> torch.Tensor:  # (B,)
+        raise NotImplementedError
+
+    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
+        """``sum_i c_i grad_i`` for each parameter, aligned with ``params``."""
+        raise NotImplementedError
+
+    def per_sample(self) -> list[torch.Tensor]:
+        """Per-example gradients ``(B, *p.shape)`` aligned with ``params``."""
+        raise NotImplementedError
+
+
+class Materialized(Contribution):
+    """Per-example gradients held explicitly."""
+
+    def __init__(self, params: Sequence[nn.Parameter], grads: Sequence[torch.Tensor]):
+        self.params = tuple(params)
+        self.grads = list(grads)
+
+    def sq_norms(self) -> torch.Tensor:
+        out = None
+        for g in self.grads:
+            s = g.reshape(g.shape[0], -1).pow(2).sum(1)
+            out = s if out is None else out + s
+        return out
+
+    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
+        return [(c.to(g.dtype) @ g.reshape(g.shape[0], -1)).view(g.shape[1:]) for g in self.grads]
+
+    def per_sample(self) -> list[torch.Tensor]:
+        return self.grads
+
+
+class Compound(Contribution):
+    """Several contributions over disjoint parameters (e.g. the gates of an LSTM)."""
+
+    def __init__(self, parts: Sequence[Contribution]):
+        self.parts = list(parts)
+        self.params = tuple(p for part in self.parts for p in part.params)
+
+    def sq_norms(self) -> torch.Tensor:
+        out = None
+        for part in self.parts:
+            s = part.sq_norms()
+            out = s if out is None else out + s
+        return out
+
+    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
+        return [w for part in self.parts for w in part.weighted_sum(c)]
+
+    def per_sample(self) -> list[torch.Tensor]:
+        return [w for part in self.parts for w in part.per_sample()]
+
+
+def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4) -> bool:
+    """Whether ghost norms beat materialisation for an outer-product layer.
+
+    Ghost adds ``T^2 (d + p)`` work per example and group on top of the weighted matmul;
+    materialising adds ``d p`` (the weighted sum over stored per-example gradients) and
+    ``B G d p`` memory (Bu et al. 2023, Sec. 3.2, layerwise choice).
+    """
+    if t * t * (d + p) < d * p:
+        return True
+    return batch * groups * d * p * itemsize > GHOST_MEMORY_BUDGET_BYTES
+
+
+class OuterProduct(Contribution):
+    """Layer whose weight gradient per example is ``sum_t g_t a_t^T`` (per group).
+
+    Parameters
+    ----------
+    weight : parameter whose gradient, viewed as ``(G * p, d)``, is the outer-product sum.
+    bias : parameter with per-example gradient ``sum_t g_t`` (shape ``G * p``) or None.
+    a : tensor ``(B, G, T, d)``; g : tensor ``(B, G, T, p)``.
+    ghost : bool or None (choose by :func:`use_ghost`).
+    """
+
+    def __init__(self, weight, bias, a, g, ghost: bool | None = None):
+        self.weight, self.bias = weight, bias
+        self.params = (weight,) if bias is None else (weight, bias)
+        self.a, self.g = a, g
+        b, G, t, d = a.shape
+        p = g.shape[-1]
+        self.dims = (b, G, t, d, p)
+        if ghost is None:
+            ghost = use_ghost(b, G, t, d, p, a.element_size())
+        self.ghost = ghost
+        self._ps = None
+        if not ghost:
+            # (B, G, p, d) per-example weight gradients via batched matmul
+            self._ps = torch.matmul(g.transpose(-1, -2), a)
+
+    def _bias_ps(self) -> torch.Tensor:
+        b, G, t, d, p = self.dims
+        return self.g.sum(2).reshape(b, G * p)
+
+    def sq_norms(self) -> torch.Tensor:
+        b, G, t, d, p = self.dims
+        if self._ps is not None:
+            w = self._ps.reshape(b, -1).pow(2).sum(1)
+        elif t == 1:
+            w = (self.a.pow(2).sum(-1) * self.g.pow(2).sum(-1)).reshape(b, -1).sum(1)
+        else:
+            aa = torch.matmul(self.a, self.a.transpose(-1, -2))  # (B, G, T, T)
+            gg = torch.matmul(self.g, self.g.transpose(-1, -2))
+            w = (aa * gg).reshape(b, -1).sum(1)
+        if self.bias is not None:
+            w = w + self._bias_ps().pow(2).sum(1)
+        return w
+
+    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
+        b, G, t, d, p = self.dims
+        c = c.to(self.g.dtype)
+        gc = None
+        if self._ps is not None:
+            w = (c @ self._ps.reshape(b, -1)).view(G * p, d)
+        else:
+            gc = self.g * c.view(b, 1, 1, 1)
+            if G == 1:
+                w = gc.reshape(b * t, p).t().mm(self.a.reshape(b * t, d))
+            else:
+                w = torch.einsum("bgtp,bgtd->gpd", gc, self.a).reshape(G * p, d)
+        out = [w.view(self.weight.shape)]
+        if self.bias is not None:
+            if gc is not None and G == 1:  # same summation order as autograd's Linear
+                out.append(gc.reshape(b * t, p).sum(0).view(self.bias.shape))
+            else:
+                out.append((c @ self._bias_ps()).view(self.bias.shape))
+        return out
+
+    def per_sample(self) -> list[torch.Tensor]:
+        b, G, t, d, p = self.dims
+        ps = self._ps if self._ps is not None else torch.matmul(self.g.transpose(-1, -2), self.a)
+        out = [ps.reshape(b, *self.weight.shape)]
+        if self.bias is not None:
+            out.append(self._bias_ps().reshape(b, *self.bias.shape))
+        return out
+
+
+# --------------------------------------------------------------------------- registry
+
+Rule = Callable[[nn.Module, Record, Sequence[nn.Parameter]], Contribution]
+RULES: dict[type, Rule] = {}
+
+
+def register_rule(*layer_types: type) -> Callable[[Rule], Rule]:
+    """Decorator registering ``rule(module, record, params) -> Contribution``.
+
+    ``params`` are the module's trainable parameters (recursive), in
+    ``named_parameters`` order; the contribution must cover exactly these. The rule
+    receives output gradients already multiplied by the loss-reduction factor.
+    """
+
+    def deco(fn: Rule) -> Rule:
+        for t in layer_types:
+            RULES[t] = fn
+        return fn
+
+    return deco
+
+
+def get_rule(module: nn.Module) -> Rule | None:
+    """The rule registered for ``type(module)`` (exact type first, then MRO)."""
+    for t in type(module).__mro__:
+        if t in RULES:
+            return RULES[t]
+    return None
+
+
+def _scaled(record: Record, i: int = 0) -> torch.Tensor:
+    g = record.grad(i)
+    return g * record.scale if record.scale != 1.0 else g
+
+
+@register_rule(nn.Linear)
+def linear_rule(module: nn.Linear, record: Record, params) -> Contribution:
+    a = record.args[0]
+    g = _scaled(record)
+    b = a.shape[0]
+    d, p = a.shape[-1], g.shape[-1]
+    a = a.reshape(b, 1, -1, d)
+    g = g.reshape(b, 1, -1, p)
+    ps = set(params)
+    w = module.weight if module.weight in ps else None
+    bias = module.bias if module.bias is not None and module.bias in ps else None
+    if w is None:  # frozen weight, trainable bias
+        return Materialized([bias], [g.sum(2).reshape(b, p)])
+    return OuterProduct(w, bias, a.to(g.dtype), g)
+
+
+def _conv_patches(module, x: torch.Tensor, nd: int) -> torch.Tensor:
+    """im2col of the (padded) input: ``(B, C_in * prod(kernel), L)``."""
+    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+    pad = module._reversed_padding_repeated_twice
+    if any(pad):
+        x = F.pad(x, pad, mode=mode)
+    if nd == 1:
+        x = x.unsqueeze(2)
+        k, s, dl = (1, module.kernel_size[0]), (1, module.stride[0]), (1, module.dilation[0])
+    else:
+        k, s, dl = module.kernel_size, module.stride, module.dilation
+    return F.unfold(x, k, dilation=dl, padding=0, stride=s)
+
+
+def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
+    x = record.args[0]
+    g = _scaled(record)
+    if x.dim() == nd + 1:  # unbatched input
+        raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
+                         f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
+    b, G = x.shape[0], module.groups
+    cols = _conv_patches(module, x, nd)  # (B, Cin*k, L)
+    L = cols.shape[-1]
+    d = cols.shape[1] // G
+    p = module.out_channels // G
+    a = cols.view(b, G, d, L).transpose(-1, -2)  # (B, G, L, d)
+    gg = g.reshape(b, G, p, L).transpose(-1, -2)  # (B, G, L, p)
+    ps = set(params)
+    w = module.weight if module.weight in ps else None
+    bias = module.bias if module.bias is not None and module.bias in ps else None
+    if w is None:
+        return Materialized([bias], [gg.sum(2).reshape(b, G * p)])
+    return OuterProduct(w, bias, a.to(gg.dtype), gg)
+
+
+@register_rule(nn.Conv1d)
+def conv1d_rule(module, record, params):
+    return _conv_rule(module, record, params, 1)
+
+
+@register_rule(nn.Conv2d)
+def conv2d_rule(module, record, params):
+    return _conv_rule(module, record, params, 2)
+
+
+class EmbeddingContribution(Contribution):
+    """Embedding: per-example gradient rows are sums of output gradients per token id.
+
+    The squared norm is ``sum_v |sum_{t: id_t = v} g_t|^2``, computed by aggregating over
+    the distinct (example, token) pairs (``B T D`` work; equals the ghost form
+    ``sum_{t,s} [id_t = id_s] g_t . g_s``). The clipped sum is one ``index_add``.
+    """
+
+    def __init__(self, weight, ids, g, padding_idx):
+        self.params = (weight,)
+        self.weight = weight
+        b = ids.shape[0]
+        ids = ids.reshape(b, -1)  # copies expanded (stride-0) views: never written in place
+        g = g.reshape(b, ids.shape[1], -1)
+        if padding_idx is not None:
+            g = g * (ids != padding_idx).unsqueeze(-1).to(g.dtype)
+        self.b, self.ids, self.g = b, ids, g
+
+    def sq_norms(self) -> torch.Tensor:
+        b, ids, g = self.b, self.ids, self.g
+        V, D = self.weight.shape
+        if b == 0:
+            return g.new_zeros(0)
+        if ids.shape[1] == 1:
+            return g.pow(2).sum((1, 2))
+        keys = torch.arange(b, device=ids.device).unsqueeze(1) * V + ids
+        uniq, inv = torch.unique(keys.reshape(-1), return_inverse=True)
+        agg = g.new_zeros(uniq.shape[0], D).index_add_(0, inv, g.reshape(-1, D))
+        return g.new_zeros(b).index_add_(0, uniq // V, agg.pow(2).sum(1))
+
+    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
+        D = self.weight.shape[1]
+        gc = (self.g * c.to(self.g.dtype).view(-1, 1, 1)).reshape(-1, D)
+        out = self.g.new_zeros(self.weight.shape).index_add_(0, self.ids.reshape(-1), gc)
+        return [out]
+
+    def per_sample(self) -> list[torch.Tensor]:
+        b, ids, g = self.b, self.ids, self.g
+        V, D = self.weight.shape
+        out = g.new_zeros(b * V, D)
+        keys = (torch.arange(b, device=ids.device).unsqueeze(1) * V + ids).reshape(-1)
+        out.index_add_(0, keys, g.reshape(-1, D))
+        return [out.view(b, V, D)]
+
+
+@register_rule(nn.Embedding)
+def embedding_rule(module: nn.Embedding, record: Record, params) -> Contribution:
+    ids = record.args[0]
+    return EmbeddingContribution(module.weight, ids, _scaled(record), module.padding_idx)
+
+
+def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
+    ps = set(params)
+    out_p, out_g = [], []
+    if module.weight is not None and module.weight in ps:
+        out_p.append(module.weight)
+        out_g.append((g * xhat).sum(reduce_dims) if reduce_dims else g * xhat)
+    if module.bias is not None and module.bias in ps:
+        out_p.append(module.bias)
+        out_g.append(g.sum(reduce_dims) if reduce_dims else g)
+    return Materialized(out_p, out_g)
+
+
+@register_rule(nn.LayerNorm)
+def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution:
+    x = record.args[0]
+    g = _scaled(record)
+    xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
+    k = len(module.normalized_shape)
+    reduce_dims = tuple(range(1, x.dim() - k))
+    return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
+
+
+@register_rule(nn.GroupNorm)
+def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution:
+    x = record.args[0]
+    g = _scaled(record)
+    xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
+    reduce_dims = tuple(range(2, x.dim()))
+    return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
+
+
+# --------------------------------------------------------------------------- fallback
+
+
+def _batch_dims(module: nn.Module, record: Record, batch: int):
+    """Batch dimension of every tensor argument and output (None: not batched)."""
+    batch_first = getattr(module, "batch_first", True)
+    if isinstance(module, nn.MultiheadAttention):
+        names = ["query", "key", "value"]
+        arg_dims = []
+        for i, a in enumerate(record.args):
+            arg_dims.append(_mha_dim(names[i] if i < 3 else "", a, batch_first))
+        kw_dims = {k: _mha_dim(k, v, batch_first) for k, v in record.kwargs.items()}
+        out_dims = [0 if batch_first else 1, 0]  # attn output, attn weights (B, L, S)
+        out_dims = out_dims[: len(record.outputs_meta)]
+        return arg_dims, kw_dims, out_dims
+
+    def dim(t):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return None
+        return 0 if t.shape[0] == batch else None
+
+    arg_dims = [dim(a) for a in record.args]
+    kw_dims = {k: dim(v) for k, v in record.kwargs.items()}
+    out_dims = [0 if (len(s) > 0 and s[0] == batch) else None for s, _, _ in record.outputs_meta]
+    return arg_dims, kw_dims, out_dims
+
+
+def _mha_dim(name, t, batch_first):
+    if not isinstance(t, torch.Tensor):
+        return None
+    if name in ("query", "key", "value"):
+        return 0 if batch_first else 1
+    if name == "key_padding_mask":
+        return 0
+    if name == "attn_mask":
+        if t.dim() == 3:
+            raise ValueError("MultiheadAttention with a 3-D (per-example) attn_mask is not "
+                             "supported by per-example clipping; use key_padding_mask")
+        return None
+    return None
+
+
+_IN_RULE = [False]
+
+
+@contextlib.contextmanager
+def rule_evaluation():
+    """Context in which hooks do not record (rules may call modules internally)."""
+    prev = _IN_RULE[0]
+    _IN_RULE[0] = True
+    try:
+        yield
+    finally:
+        _IN_RULE[0] = prev
+
+
+def recording_disabled() -> bool:
+    return _IN_RULE[0]
+
+
+def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """Generic rule: per-example gradients by ``vmap`` of a ``vjp`` of ``functional_call``.
+
+    Each example is passed through the layer on its own (batch of one, inside ``vmap``, so
+    no Python loop runs) and the vector-Jacobian product with that example's output
+    gradient gives its parameter gradient. Correct for any layer that treats examples
+    independently; all positional and keyword tensor inputs are handled.
+    """
+    from torch.func import functional_call, vjp, vmap
+    from torch.utils._pytree import tree_flatten
+
+    names = [n for n, p in module.named_parameters() if p in set(params)]
+    pvals = {n: p.detach() for n, p in module.named_parameters() if p in set(params)}
+    outputs_n = len(record.outputs_meta)
+    b = _record_batch(module, record)
+    arg_dims, kw_dims, out_dims = _batch_dims(module, record, b)
+    if all(d is None for d in out_dims):
+        raise ValueError(f"cannot find the batch dimension of the outputs of {module!r}")
+    gouts = [_scaled(record, i) for i in range(outputs_n)]
+    args, kwargs = record.args, record.kwargs
+    kw_keys = list(kwargs)
+    kw_vals = [kwargs[k] for k in kw_keys]
+    kw_in = [kw_dims[k] for k in kw_keys]
+    n_args = len(args)
+
+    def per_example(pv, *flat):
+        a_i = list(flat[:n_args])
+        k_i = list(flat[n_args: n_args + len(kw_keys)])
+        g_i = list(flat[n_args + len(kw_keys):])
+        a_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(a_i, arg_dims, strict=True)]
+        k_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(k_i, kw_in, strict=True)]
+        g_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(g_i, out_dims, strict=True)]
+
+        def f(p):
+            out = functional_call(module, p, tuple(a_i), dict(zip(kw_keys, k_i, strict=True)))
+            flat_out, _ = tree_flatten(out)
+            return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
+
+        outs, fn = vjp(f, pv)
+        g_use = tuple(
+            gi if gi is not None and o.is_floating_point() else torch.zeros_like(o)
+            for o, gi in zip(outs, g_i, strict=True)
+        )
+        return fn(g_use)[0]
+
+    in_dims = (None, *arg_dims, *kw_in, *out_dims)
+    with rule_evaluation(), torch.enable_grad():
+        grads = vmap(per_example, in_dims=in_dims)(pvals, *args, *kw_vals, *gouts)
+    by_name = dict(zip(names, [grads[n] for n in names], strict=True))
+    return Materialized([p for n, p in module.named_parameters() if n in by_name],
+                        [by_name[n] for n, p in module.named_parameters() if n in by_name])
+
+
+def _record_batch(module: nn.Module, record: Record) -> int:
+    x = record.args[0] if record.args else next(iter(record.kwargs.values()))
+    if isinstance(module, nn.MultiheadAttention | nn.RNNBase) and not getattr(
+        module, "batch_first", False
+    ):
+        return x.shape[1]
+    return x.shape[0]
+
+
+# nn.MultiheadAttention takes (query, key, value, masks) and uses its out_proj child's
+# parameters functionally: one unit with all its parameters, through the fallback.
+register_rule(nn.MultiheadAttention)(fallback_rule)

@@ -1,0 +1,156 @@
+"""The DP optimizer: clip and accumulate, add noise, scale, step, account.
+
+Wraps any ``torch.optim.Optimizer``. One logical step is (Abadi et al. 2016, "Deep
+Learning with Differential Privacy", Algorithm 1):
+
+1. **clip and accumulate**: per-example gradients ``g_i`` (norm over all parameters) are
+   scaled by ``c_i = min(1, C / ||g_i||)`` and summed (:class:`GradSampleTracker`);
+2. **noise**: ``N(0, (sigma C)^2)`` is added to every coordinate of the sum, once per
+   logical step (after the last physical chunk of a virtual batch);
+3. **scale**: the noisy sum is divided by the *expected* batch size ``q N`` (Poisson) or
+   the fixed batch size: the realised size of a Poisson batch is private and is never
+   used for normalisation;
+4. **step**: the wrapped optimizer updates the parameters from ``p.grad``;
+5. **account**: the accountant records one step.
+
+In distributed training (``world_size > 1``) each rank clips its own examples and adds
+``N(0, (sigma C)^2 / world_size)``; the sums are all-reduced, so the total noise is
+``N(0, (sigma C)^2)`` on the global sum, exactly the single-process mechanism.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from privlearn.torch.accountant import PrivacyAccountant
+from privlearn.torch.noise import NoiseSource
+from privlearn.torch.tracker import GradSampleTracker
+
+__all__ = ["DPOptimizer"]
+
+
+class DPOptimizer:
+    """Drop-in wrapper of a torch optimizer performing DP-SGD steps.
+
+    Use ``zero_grad()``, ``step()``, ``param_groups``, ``state``, ``state_dict()`` as with
+    the wrapped optimizer. Built by :func:`privlearn.torch.make_private`.
+
+    Attributes
+    ----------
+    original_optimizer : torch.optim.Optimizer
+    noise_multiplier, max_grad_norm, expected_batch_size : float
+    last_grad_norms : tensor or None
+        Per-example gradient norms (before clipping) of the last physical batch.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, tracker: GradSampleTracker, *,
+                 noise_multiplier: float, max_grad_norm: float, expected_batch_size: float,
+                 accountant: PrivacyAccountant, noise: NoiseSource,
+                 world_size: int = 1, process_group=None):
+        self.original_optimizer = optimizer
+        self.tracker = tracker
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self.expected_batch_size = float(expected_batch_size)
+        self.accountant = accountant
+        self.noise = noise
+        self.world_size = int(world_size)
+        self.process_group = process_group
+        self._accum: dict[int, torch.Tensor] = {}
+        self._final_chunk = True
+        self.last_grad_norms = None
+
+    # ------------------------------------------------------------------ delegation
+    @property
+    def param_groups(self):
+        return self.original_optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.original_optimizer.state
+
+    @property
+    def defaults(self):
+        return self.original_optimizer.defaults
+
+    def state_dict(self):
+        return self.original_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.original_optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, group) -> None:
+        raise ValueError("adding parameter groups after make_private is not supported: the "
+                         "new parameters would escape per-example clipping")
+
+    def __repr__(self) -> str:
+        return (f"DPOptimizer({self.original_optimizer.__class__.__name__}, "
+                f"noise_multiplier={self.noise_multiplier}, max_grad_norm={self.max_grad_norm})")
+
+    # ------------------------------------------------------------------ DP step
+    def signal_final_chunk(self, final: bool) -> None:
+        """Tell the optimizer whether the next ``step()`` ends a logical batch (used by
+        :class:`~privlearn.torch.data.VirtualBatchLoader`)."""
+        self._final_chunk = bool(final)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear ``p.grad`` and the recorded activations (accumulated clipped sums of a
+        virtual batch in progress are kept)."""
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+        for p in self.tracker.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+        self.tracker.clear()
+
+    def clip_and_accumulate(self) -> None:
+        """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
+        ``1 / expected_batch_size``) to the accumulator."""
+        sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm)
+        self.last_grad_norms = norms
+        inv = 1.0 / self.expected_batch_size
+        for p in self.tracker.params:
+            s = sums.get(id(p))
+            if s is None:
+                continue
+            s = s * inv if inv != 1.0 else s
+            k = id(p)
+            self._accum[k] = s if k not in self._accum else self._accum[k] + s
+
+    def add_noise(self) -> None:
+        """Steps 2-3: ``p.grad = accumulated + N(0, (sigma C)^2 / world) / expected``,
+        all-reduced over ranks when distributed."""
+        std = self.noise_multiplier * self.max_grad_norm
+        if self.world_size > 1:
+            std = std / self.world_size ** 0.5
+        std_scaled = std / self.expected_batch_size
+        grads = []
+        for p in self.tracker.params:
+            g = self._accum.get(id(p))
+            g = torch.zeros_like(p) if g is None else g.to(p.dtype)
+            if std_scaled > 0:
+                g = g + self.noise.normal(std_scaled, g)
+            grads.append(g)
+        if self.world_size > 1:
+            from privlearn.torch.distributed import all_reduce_sum
+
+            grads = all_reduce_sum(grads, self.process_group)
+        for p, g in zip(self.tracker.params, grads, strict=True):
+            p.grad = g
+        self._accum = {}
+
+    def step(self, closure=None):
+        """One DP-SGD step (no parameter update on a non-final virtual chunk)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.clip_and_accumulate()
+        if not self._final_chunk:
+            self._final_chunk = True
+            return loss
+        self.add_noise()
+        self.original_optimizer.step()
+        self.accountant.step()
+        return loss

@@ -1,0 +1,265 @@
+"""Hooks that record layer inputs and output gradients, and the clipping computation.
+
+:class:`GradSampleTracker` attaches one forward hook per *unit* (a layer with a
+registered rule, or any other module owning trainable parameters directly, handled by
+the :mod:`torch.func` fallback). During the user's ordinary forward pass the hook stores
+the layer's inputs; a tensor hook on each output stores the gradient autograd computes
+for it during ``loss.backward()``. :meth:`GradSampleTracker.clipped_sum` then evaluates
+the rules, the per-example norms over *all* parameters and the clip factors, and returns
+the sum of clipped per-example gradients.
+
+Autograd's own parameter gradients are not needed (the clipped sum replaces them), so by
+default the tracker turns ``requires_grad`` off for the parameters it handles while it is
+attached (the non-private weight-gradient matmul is then never computed) and makes the
+layer outputs differentiable through a zero-cost autograd node; :meth:`detach` restores
+the flags. Under ``DistributedDataParallel`` the flags are left on (DDP needs them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from privlearn.torch import rnn as _rnn  # noqa: F401  (registers the recurrent rules)
+from privlearn.torch.grad_sample import (
+    Contribution,
+    Materialized,
+    Record,
+    fallback_rule,
+    get_rule,
+    recording_disabled,
+    rule_evaluation,
+)
+
+__all__ = ["GradSampleTracker", "Unit", "discover_units"]
+
+
+@dataclass
+class Unit:
+    name: str
+    module: nn.Module
+    params: tuple  # trainable parameters handled by this unit
+    rule: object
+
+
+def discover_units(model: nn.Module) -> list[Unit]:
+    """Units of ``model``: registered layer types (with all their parameters) and, for
+    any other module, its directly owned trainable parameters (fallback rule)."""
+    units: list[Unit] = []
+    covered: set[str] = set()
+    for name, mod in model.named_modules():
+        if any(name == c or name.startswith(c + ".") for c in covered if c != ""):
+            continue
+        if "" in covered:
+            break
+        rule = get_rule(mod)
+        if rule is not None:
+            params = tuple(p for p in mod.parameters() if p.requires_grad)
+            covered.add(name)
+            if params:
+                units.append(Unit(name, mod, params, rule))
+            continue
+        params = tuple(p for p in mod.parameters(recurse=False) if p.requires_grad)
+        if params:
+            units.append(Unit(name, mod, params, fallback_rule))
+    return units
+
+
+class _MakeDifferentiable(torch.autograd.Function):
+    """Identity on a tensor that does not require grad, made differentiable via ``dummy``.
+
+    The tensor is returned in place (``mark_dirty``); since it required no grad, autograd
+    saved it nowhere, so this is safe, and the gradient reaching it is caught by a hook.
+    """
+
+    @staticmethod
+    def forward(ctx, dummy, x):
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g
+
+
+class GradSampleTracker:
+    """Records what the rules need and computes clipped per-example gradient sums.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model (unwrapped from DDP).
+    loss_reduction : {"mean", "sum"}
+        How the user's loss reduces over the batch. With ``"mean"`` the recorded output
+        gradients are multiplied by the realised batch size of the forward pass, so the
+        rules see true per-example gradients.
+    skip_param_grads : bool
+        Turn off ``requires_grad`` of handled parameters while attached (see module
+        docstring).
+    """
+
+    def __init__(self, model: nn.Module, loss_reduction: str = "mean",
+                 skip_param_grads: bool = True):
+        self.model = model
+        self.loss_reduction = loss_reduction
+        self.units = discover_units(model)
+        self.records: dict[int, list[Record]] = {}
+        self._handles = []
+        self._dummy = torch.zeros((), requires_grad=True)
+        seen: dict[int, int] = {}
+        for u in self.units:
+            for p in u.params:
+                seen[id(p)] = seen.get(id(p), 0) + 1
+        self.shared = {k for k, v in seen.items() if v > 1}
+        self.params = []
+        ids = set()
+        for u in self.units:
+            for p in u.params:
+                if id(p) not in ids:
+                    ids.add(id(p))
+                    self.params.append(p)
+        for i, u in enumerate(self.units):
+            h = u.module.register_forward_hook(self._make_hook(i), with_kwargs=True)
+            self._handles.append(h)
+        self._frozen = []
+        if skip_param_grads:
+            for p in self.params:
+                p.requires_grad_(False)
+                self._frozen.append(p)
+
+    # ------------------------------------------------------------------ recording
+    def _make_hook(self, index: int):
+        def hook(module, args, kwargs, output):
+            if recording_disabled() or not module.training or not torch.is_grad_enabled():
+                return None
+            flat, spec = tree_flatten(output)
+            rec = Record(
+                args=tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args),
+                kwargs={k: (v.detach() if isinstance(v, torch.Tensor) else v)
+                        for k, v in kwargs.items()},
+                grad_outputs=[],
+                outputs_meta=[],
+                out_spec=spec,
+            )
+            changed = False
+            new_flat = []
+            for o in flat:
+                if isinstance(o, torch.Tensor):
+                    j = len(rec.outputs_meta)
+                    rec.outputs_meta.append((tuple(o.shape), o.dtype, o.device))
+                    rec.grad_outputs.append(None)
+                    if o.is_floating_point():
+                        if not o.requires_grad:
+                            o = _MakeDifferentiable.apply(self._dummy, o)
+                            changed = True
+                        o.register_hook(self._grad_hook(rec, j))
+                new_flat.append(o)
+            self.records.setdefault(index, []).append(rec)
+            return tree_unflatten(new_flat, spec) if changed else None
+
+        return hook
+
+    @staticmethod
+    def _grad_hook(rec: Record, j: int):
+        def fn(g):
+            prev = rec.grad_outputs[j]
+            rec.grad_outputs[j] = g if prev is None else prev + g
+        return fn
+
+    def clear(self) -> None:
+        self.records = {}
+
+    def detach(self) -> None:
+        """Remove the hooks and restore ``requires_grad`` of the handled parameters."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for p in self._frozen:
+            p.requires_grad_(True)
+        self._frozen = []
+        self.records = {}
+
+    # ------------------------------------------------------------------ clipping
+    def _scale(self, rec: Record, unit: Unit) -> float:
+        if self.loss_reduction == "sum":
+            return 1.0
+        from privlearn.torch.grad_sample import _record_batch
+
+        return float(_record_batch(unit.module, rec))
+
+    def contributions(self) -> tuple[list[Contribution], int | None]:
+        """Evaluate the rules on the recorded calls. Returns (contributions, batch size)."""
+        contribs = []
+        batch = None
+        per_unit = []
+        with rule_evaluation():
+            for i, recs in self.records.items():
+                unit = self.units[i]
+                recs = [r for r in recs if r.has_grad()]
+                if not recs:
+                    continue
+                cs = []
+                for r in recs:
+                    r.scale = self._scale(r, unit)
+                    c = unit.rule(unit.module, r, unit.params)
+                    cs.append(c)
+                per_unit.append(cs)
+        for cs in per_unit:
+            contribs.extend(cs)
+        for c in contribs:
+            n = c.sq_norms().shape[0]
+            if batch is None:
+                batch = n
+            elif n != batch:
+                raise ValueError(
+                    f"layers saw different batch sizes in one step ({batch} and {n}); "
+                    "per-example clipping needs every layer to see the same examples")
+        shared = self.shared or any(len(cs) > 1 for cs in per_unit)
+        if shared:
+            contribs = _merge(contribs)
+        return contribs, batch
+
+    def clipped_sum(self, max_grad_norm: float):
+        """Sum over examples of clipped per-example gradients.
+
+        Returns ``(sums, batch, norms)`` with ``sums`` a dict ``id(param) -> tensor`` (zero
+        for parameters whose layers did not run), ``batch`` the realised batch size and
+        ``norms`` the per-example gradient norms before clipping. The clip factor is
+        ``min(1, C / ||g_i||)`` with the norm over all parameters (Abadi et al. 2016,
+        "Deep Learning with Differential Privacy", Algorithm 1).
+        """
+        contribs, batch = self.contributions()
+        sums = {}
+        norms = None
+        if contribs:
+            sq = None
+            for c in contribs:
+                s = c.sq_norms()
+                sq = s if sq is None else sq + s
+            norms = sq.sqrt()
+            if max_grad_norm == float("inf"):
+                factors = torch.ones_like(norms)
+            else:
+                factors = torch.where(norms > max_grad_norm,
+                                      max_grad_norm / norms.clamp_min(1e-30),
+                                      torch.ones_like(norms))
+            for c in contribs:
+                for p, w in zip(c.params, c.weighted_sum(factors), strict=True):
+                    k = id(p)
+                    sums[k] = w if k not in sums else sums[k] + w
+        self.clear()
+        return sums, (batch or 0), norms
+
+
+def _merge(contribs: list[Contribution]) -> list[Contribution]:
+    """Sum per-example gradients of parameters that appear in several contributions
+    (repeated calls of a layer, tied weights)."""
+    by_param: dict[int, tuple] = {}
+    for c in contribs:
+        for p, g in zip(c.params, c.per_sample(), strict=True):
+            k = id(p)
+            by_param[k] = (p, g) if k not in by_param else (p, by_param[k][1] + g)
+    return [Materialized([p for p, _ in by_param.values()], [g for _, g in by_param.values()])]
