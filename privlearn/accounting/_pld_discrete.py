@@ -1,0 +1,394 @@
+"""Certified discretisation and FFT composition of privacy loss distributions (private).
+
+Discretisation (one step)
+-------------------------
+On the uniform loss grid ``e_i = (i0 + i) h`` (``X_i = exp(e_i)``) the exact single-step
+profile ``delta(x) = P(L > log x) - x Q(L > log x)`` is convex in ``x = e^eps``.
+
+* **Upper (dominating) pair** -- "connect the dots" (Doroshenko, Ghazi, Kamath, Kumar &
+  Manurangsi 2022, PETS, Theorem 4.1 / Algorithm 1): the piecewise-linear interpolation
+  of the exact profile at the ``X_i`` lies above the profile, and is the profile of the
+  discrete pair obtained by splitting the mass of every loss interval ``(e_i, e_{i+1}]``
+  between its two end points so that the mean likelihood ratio is preserved. The P-mass
+  sent to ``X_{i+1}`` is ``e^h theta / rho`` of the interval's P-mass, where
+  ``rho = P(I) / (Q(I) X_i)`` and ``theta = (rho - 1) / (e^h - 1)``. Mass beyond the last
+  grid point is split between ``X_n`` and ``+inf`` the same way; mass left of the first
+  point goes to ``X_0`` (its Q-remainder to loss ``-inf``, which never counts).
+
+* **Lower (dominated) pair**. Coarsening the output to "which loss interval" is a
+  post-processing, so its pair C is dominated by the true one (data processing). The
+  profile of C agrees with the exact profile at every ``X_i`` and on each interval lies
+  below the chord by a tent of height ``G_i = Q(I) dX theta (1 - theta)``. Lowering each
+  grid value by the larger adjacent ``G`` and interpolating gives a function below the
+  profile of C; its greatest convex minorant (pool-adjacent-violators on the slopes) and
+  its maximum with ``1 - x`` is a valid privacy profile below C's, hence the profile of a
+  grid-supported pair dominated by C (Blackwell; Dong, Roth & Su 2022, Proposition 2.12
+  and Theorem 2.10). The single off-grid atom created by the ``max`` with ``1 - x`` and
+  all mass above the truncation point are *dropped*: removing outcomes of a (product)
+  pair can only decrease ``sum (p - e^eps q)_+``, so the sub-probability composition is
+  still a lower bound. Composition preserves both orders (Dong, Roth & Su 2022,
+  Theorem 3.2 / Lemma C.3), which makes the composed upper and lower bounds certified.
+
+Composition
+-----------
+Distributions of the total loss are composed by one real FFT per part, a power per part
+and one inverse FFT on a window ``[a, a + N h)``. The window is chosen from Chernoff
+bounds computed from the discrete PMFs themselves (block-aggregated, which only
+increases the moment generating function), so the mass wrapped around the circle is
+certified to be below ``tail_tol`` on each side. Floating-point error of the FFT and of
+the power is bounded per Fourier coefficient and converted to the time domain with
+Parseval's identity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import fft as sfft
+from scipy import signal
+from scipy.optimize import isotonic_regression
+
+from privlearn.accounting._pld_pairs import Pair
+from privlearn.accounting.accountants import AccountingError
+
+U = float(np.finfo(float).eps)  # unit roundoff (x2, conservative)
+MAX_STEP_POINTS = 4_000_000
+_CAND = np.concatenate([-np.geomspace(1e4, 1e-9, 160), [0.0], np.geomspace(1e-9, 1e4, 160)])
+
+
+@dataclass
+class StepPMF:
+    """P-masses of a discrete single-step pair at losses ``(k0 + i) * h``."""
+
+    k0: int
+    p: np.ndarray
+    inf: float  # P-mass at +inf loss
+
+
+def _right_point(pair: Pair, tol: float) -> float:
+    """A loss x with P(L > x) <= tol (scanned on a geometric grid)."""
+    pg, _, _, _ = pair.tails(_CAND)
+    ok = np.nonzero(pg <= tol)[0]
+    if ok.size == 0:
+        raise AccountingError("pld: privacy loss tail does not vanish below loss 1e4")
+    return float(_CAND[ok[0]])
+
+
+def _left_point(pair: Pair, tol: float) -> float:
+    """A loss x with P(L <= x) <= tol."""
+    _, pl, _, _ = pair.tails(_CAND)
+    ok = np.nonzero(pl <= tol)[0]
+    if ok.size == 0:
+        raise AccountingError("pld: privacy loss lower tail does not vanish above -1e4")
+    return float(_CAND[ok[-1]])
+
+
+def loss_range(pair: Pair, tol: float) -> tuple[float, float]:
+    lo = pair.loss_min if math.isfinite(pair.loss_min) else _left_point(pair, tol)
+    hi = pair.loss_max if math.isfinite(pair.loss_max) else _right_point(pair, tol)
+    return lo, hi
+
+
+def _safe_ratio_log(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(num) - np.log(den)
+
+
+def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
+    """Upper (dominating) and lower (dominated) grid PMFs of one step; see module doc."""
+    lo, hi = loss_range(pair, tol)
+    if lo < -700.0 or hi > 700.0:
+        raise AccountingError(
+            f"pld: single-step privacy loss range [{lo:.4g}, {hi:.4g}] exceeds +-700 "
+            "(the mechanism is essentially non-private); use a smaller epsilon target"
+        )
+    i0 = math.floor(lo / h) - 1
+    i1 = math.ceil(hi / h) + 1
+    n = i1 - i0
+    if n > MAX_STEP_POINTS:
+        raise AccountingError(f"pld: single-step grid too large ({n} points)")
+    e = (i0 + np.arange(n + 1)) * h
+    pg, pl, qg, ql = (np.asarray(a, dtype=float) for a in pair.tails(e))
+    # interval masses of (e_i, e_{i+1}], each from the side with less cancellation
+    P_I = np.where(pl[1:] < 0.5, pl[1:] - pl[:-1], pg[:-1] - pg[1:])
+    Q_I = np.where(ql[1:] < 0.5, ql[1:] - ql[:-1], qg[:-1] - qg[1:])
+    P_I = np.maximum(P_I, 0.0)
+    Q_I = np.maximum(Q_I, 0.0)
+    eh = math.expm1(h)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rho = np.exp(_safe_ratio_log(P_I, Q_I) - e[:-1])
+    rho = np.where(P_I > 0, np.where(Q_I > 0, rho, math.inf), 1.0)
+    rho = np.clip(np.nan_to_num(rho, nan=1.0, posinf=math.exp(h)), 1.0, math.exp(h))
+    theta = np.clip((rho - 1.0) / eh, 0.0, 1.0)
+    w_right = np.clip(math.exp(h) * theta / rho, 0.0, 1.0)
+
+    # ---------------- upper: connect the dots ----------------
+    p_up = np.zeros(n + 1)
+    p_up[:-1] += (1.0 - w_right) * P_I
+    p_up[1:] += w_right * P_I
+    P_L, Q_L, P_R, Q_R = float(pl[0]), float(ql[0]), float(pg[-1]), float(qg[-1])
+    p_up[0] += P_L
+    if P_R > 0:
+        frac = math.exp(min(0.0, math.log(Q_R) + e[-1] - math.log(P_R))) if Q_R > 0 else 0.0
+        inf_up = P_R * (1.0 - frac)
+        p_up[-1] += P_R * frac
+    else:
+        inf_up = 0.0
+    up = StepPMF(i0, p_up, inf_up)
+
+    # ---------------- lower: dominated grid pair ----------------
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        frac_d = np.exp(np.minimum(0.0, np.log(qg) + e - np.log(pg)))
+    delta = np.where(pg > 0, pg * (1.0 - np.nan_to_num(frac_d, nan=0.0)), 0.0)
+    delta = np.maximum(delta, 0.0)
+    base = P_I * eh / rho  # = Q(I) * dX_i
+    G = base * theta * (1.0 - theta)
+    G_last = base * theta
+    X0 = math.exp(e[0])
+    d_left = max(Q_L * X0 - P_L, 0.0)
+    d = np.empty(n + 1)
+    d[0] = max(d_left, G[0])
+    d[1:-1] = np.maximum(G[:-1], G[1:])
+    d[-1] = G[-1]
+    w = delta - d
+    # truncation index m: w_i >= 0 for i < m-1 (interior) and the last kept point obeys
+    # the stronger condition with G_last; g = 0 from X_m on.
+    bad = np.nonzero(w[: n] < 0)[0]
+    m = int(bad[0]) if bad.size else n
+    while m >= 1:
+        dl = max(G[m - 2] if m >= 2 else d_left, G_last[m - 1])
+        if delta[m - 1] - dl >= 0:
+            d_last = dl
+            break
+        m -= 1
+    if m < 1:
+        return up, StepPMF(i0, np.zeros(1), 0.0)
+    d = d[: m + 1].copy()
+    d[m - 1] = d_last if m - 1 > 0 else max(d_left, d_last)
+    X = np.exp(e[: m + 1])
+    dX = X[:-1] * eh
+    # slopes of g(x) - (1 - x) on segments [0, X_0], [X_0, X_1], ..., [X_{m-1}, X_m]
+    t = np.empty(m + 1)
+    t[0] = ql[0] - (pl[0] + d[0]) / X[0]
+    if m >= 2:
+        t_delta = ql[1:m] - theta[: m - 1] * Q_I[: m - 1]
+        t[1:m] = t_delta - (d[1:m] - d[: m - 1]) / dX[: m - 1]
+    w_last = delta[m - 1] - d[m - 1]
+    t[m] = 1.0 - w_last / dX[m - 1]
+    widths = np.concatenate([[X[0]], dX])
+    t = isotonic_regression(t, weights=widths).x
+    F = np.cumsum(t * widths)  # F(X_k) = g(X_k) - (1 - X_k), k = 0..m
+    tt = np.concatenate([t, [1.0]])  # slope of F right of X_m is 1 (g = 0 there)
+    jumps = np.maximum(np.diff(tt), 0.0)  # Q-mass at the vertices X_0 .. X_m
+    p_low = np.zeros(m + 1)
+    if t[0] < 0:
+        # max(g, 1 - x) has one off-grid kink c where F returns to 0, carrying Q-mass
+        # t[k]; it is moved down to the grid point X_{k-1} keeping its Q-mass and
+        # lowering its P-mass (this can only decrease sum (p - e^eps q)_+), or dropped.
+        pos = np.nonzero(F >= 0)[0]
+        if pos.size == 0:
+            return up, StepPMF(i0, np.zeros(1), 0.0)
+        k = int(pos[0])
+        x_prev = 0.0 if k == 0 else X[k - 1]
+        F_prev = 0.0 if k == 0 else F[k - 1]
+        c = x_prev - F_prev / t[k] if t[k] > 0 else X[k]
+        if c >= X[k]:
+            p_low[k] = X[k] * max(tt[k + 1], 0.0)
+            first_kept = k + 1
+        else:
+            if k >= 1:
+                p_low[k - 1] = X[k - 1] * t[k]
+            first_kept = k
+    else:
+        first_kept = 0
+    p_low[first_kept:] += X[first_kept:] * jumps[first_kept:]
+    return up, StepPMF(i0, p_low, 0.0)
+
+
+# ----------------------------------------------------------------------------------
+# composition
+# ----------------------------------------------------------------------------------
+
+_LAMBDAS = np.geomspace(1e-3, 3e3, 48)
+
+
+def log_mgf(pmfs: list[tuple[StepPMF, int]], h: float, lam: np.ndarray,
+            upper_tail: bool) -> np.ndarray:
+    """Upper bound on ``log E[exp(lam S)]`` (``upper_tail``) or ``log E[exp(-lam S)]`` of
+    the finite part of ``S = sum of independent losses`` (rounded up)."""
+    tot = np.zeros_like(lam)
+    for pmf, count in pmfs:
+        keep = pmf.p > 0
+        if not np.any(keep):
+            return np.full_like(lam, -np.inf)
+        ls = np.log(pmf.p[keep])
+        loss = (pmf.k0 + np.nonzero(keep)[0]) * h
+        if not upper_tail:
+            loss = -loss
+        a = ls[None, :] + lam[:, None] * loss[None, :]
+        mx = a.max(1)
+        k = mx + np.log(np.exp(a - mx[:, None]).sum(1))
+        tot += count * (k + 8 * U * (np.abs(k) + np.abs(mx) + 1.0))
+    return tot
+
+
+def chernoff_window(pmfs, h: float, tol: float) -> tuple[float, float, float, float]:
+    """(a, b, lam_a, lam_b) with P(S < a) <= tol and P(S > b) <= tol (Chernoff bound
+    ``P(S > b) <= exp(K(lam) - lam b)``, finite parts only)."""
+    lt = math.log(tol)
+    K_up = log_mgf(pmfs, h, _LAMBDAS, True)
+    vb = (K_up - lt) / _LAMBDAS
+    ib = int(np.argmin(vb))
+    K_lo = log_mgf(pmfs, h, _LAMBDAS, False)
+    va = (K_lo - lt) / _LAMBDAS
+    ia = int(np.argmin(va))
+    lo_sup = sum(c * pmf.k0 for pmf, c in pmfs) * h
+    hi_sup = sum(c * (pmf.k0 + pmf.p.size - 1) for pmf, c in pmfs) * h
+    return max(-float(va[ia]), lo_sup), min(float(vb[ib]), hi_sup), _LAMBDAS[ia], _LAMBDAS[ib]
+
+
+def tail_bounds(pmfs, h: float, lo: float, hi: float, lam_a: float, lam_b: float):
+    """Certified ``P(S < lo)`` and ``P(S > hi)`` from a few Chernoff exponents."""
+    lo_sup = sum(c * pmf.k0 for pmf, c in pmfs) * h
+    hi_sup = sum(c * (pmf.k0 + pmf.p.size - 1) for pmf, c in pmfs) * h
+    mult = np.array([0.25, 0.5, 0.7, 1.0, 1.4, 2.0, 4.0])
+    if hi >= hi_sup:
+        t_hi = 0.0
+    else:
+        lam = lam_b * mult
+        t_hi = float(np.exp(min(0.0, float(np.min(log_mgf(pmfs, h, lam, True) - lam * hi)))))
+    if lo <= lo_sup:
+        t_lo = 0.0
+    else:
+        lam = lam_a * mult
+        t_lo = float(np.exp(min(0.0, float(np.min(log_mgf(pmfs, h, lam, False) + lam * lo)))))
+    return t_lo * (1 + 1e-12), t_hi * (1 + 1e-12)
+
+
+@dataclass
+class ComposedPLD:
+    """Distribution of the composed loss on the window ``(j0 + j) h``, j = 0..N-1."""
+
+    h: float
+    j0: int
+    pi: np.ndarray
+    inf: float  # composed mass at +inf (upper only)
+    tails: float  # certified P(S < window) + P(S > window)
+    slack_up: float  # added to every upper delta
+    slack_low: float  # subtracted from every lower delta
+    A: np.ndarray | None = None  # A_j = sum_{k > j} pi_k
+    C: np.ndarray | None = None  # C_j = sum_{k > j} pi_k exp(-(l_k - l_j))
+
+    def prepare(self) -> None:
+        pi = self.pi
+        rev = pi[::-1]
+        A = np.concatenate([np.cumsum(rev)[::-1][1:], [0.0]])
+        # C_j = e^{-h} (C_{j+1} + pi_{j+1}) via a first-order recursive filter
+        eh = math.exp(-self.h)
+        shifted = np.concatenate([pi[1:], [0.0]])[::-1]
+        C = signal.lfilter([eh], [1.0, -eh], shifted)[::-1]
+        self.A, self.C = A, C
+
+    def losses(self) -> np.ndarray:
+        return (self.j0 + np.arange(self.pi.size)) * self.h
+
+
+def compose_fft(pmfs: list[tuple[StepPMF, int]], h: float, a: float, b: float,
+                lam_a: float, lam_b: float, upper: bool) -> ComposedPLD:
+    """Compose the parts on the circular window of losses ``(j0 + j) h``, j < N, with
+    ``j0 = floor(a / h)``; error terms are certified (see module docstring)."""
+    j0 = math.floor(a / h)
+    N = sfft.next_fast_len(max(math.ceil(b / h) - j0 + 1, 16), real=True)
+    top = (j0 + N - 1) * h
+    t_lo, t_hi = tail_bounds(pmfs, h, j0 * h, top, lam_a, lam_b)
+    total_offset = 0
+    T_tot = sum(c for _, c in pmfs)
+    fin_mass = 1.0
+    log2n = math.log2(N)
+    spec = None
+    logr_tot = None
+    logrs = []
+    for pmf, count in pmfs:
+        p = pmf.p
+        if p.size <= N:
+            x = np.zeros(N)
+            x[: p.size] = p
+        else:
+            x = np.zeros(N)
+            np.add.at(x, np.arange(p.size) % N, p)
+        total_offset += count * pmf.k0
+        phi = sfft.rfft(x)
+        part = phi**count if count <= 4 else np.exp(count * np.log(phi))
+        spec = part if spec is None else spec * part
+        with np.errstate(divide="ignore"):
+            logr = np.log(np.abs(phi))
+        logrs.append((logr, count, float(np.abs(p).sum())))
+        logr_tot = count * logr if logr_tot is None else logr_tot + count * logr
+        fin_mass *= (1.0 - pmf.inf) ** count
+    # per-coefficient error bound: forward-FFT error (<= 5 u log2 N ||p||_1 per
+    # coefficient) amplified by the power (|d phi^T| <= T |phi|^(T-1) |d phi|), plus the
+    # error of exp(T log phi) (<= |Phi| T u (|log phi| + 4)); Parseval converts the
+    # spectrum error to an l2 bound in time, and sum_{k in S} |e_k| <= sqrt(N) ||e||_2.
+    absP = np.exp(logr_tot)
+    err = 8 * U * absP
+    for logr, count, l1 in logrs:
+        with np.errstate(invalid="ignore"):
+            mrel = np.exp(np.minimum(logr_tot - logr, 0.0))
+        mrel = np.where(np.isfinite(mrel), mrel, 0.0)
+        err += count * 5.0 * U * log2n * l1 * mrel
+        lr = np.where(np.isfinite(logr), np.abs(logr), 0.0)
+        err += absP * count * U * (lr + 4.0)
+    l2_err = math.sqrt(2.0 * float(np.dot(err, err)))
+    l2_spec = math.sqrt(2.0 * float(np.dot(absP, absP)))
+    fft_allow = (l2_err + 5.0 * U * log2n * l2_spec)  # = sqrt(N) * ||e||_2
+    pi = sfft.irfft(spec, n=N)
+    pi = np.roll(pi, -((j0 - total_offset) % N))
+    single_allow = 64.0 * U * T_tot
+    if upper:
+        return ComposedPLD(h, j0, pi, 1.0 - fin_mass, t_lo + t_hi,
+                           t_hi + fft_allow + single_allow, 0.0)
+    return ComposedPLD(h, j0, pi, 0.0, t_lo + t_hi, 0.0, t_lo + t_hi + fft_allow + single_allow)
+
+
+def discretize_symmetrised(pa: Pair, pb: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
+    """Pair whose profile is ``max(delta_a, delta_b)`` (a valid, convex profile: the
+    profile of the trade-off function ``min{f_a, f_b}**``; Dong, Roth & Su 2022,
+    Theorem 9 for sampling without replacement).
+
+    Upper: connect-the-dots of the max profile, masses from its slope changes. Lower: the
+    dominated grid pair of ``pa`` alone (``delta_a <= max(delta_a, delta_b)``).
+    """
+    lo_a, hi_a = loss_range(pa, tol)
+    lo_b, hi_b = loss_range(pb, tol)
+    lo, hi = min(lo_a, lo_b), max(hi_a, hi_b)
+    if lo < -700.0 or hi > 700.0:
+        raise AccountingError("pld: single-step privacy loss range exceeds +-700")
+    i0 = math.floor(lo / h) - 1
+    i1 = math.ceil(hi / h) + 1
+    n = i1 - i0
+    if n > MAX_STEP_POINTS:
+        raise AccountingError(f"pld: single-step grid too large ({n} points)")
+    e = (i0 + np.arange(n + 1)) * h
+    X = np.exp(e)
+    vals = []
+    for pr in (pa, pb):
+        pg, pl, qg, ql = pr.tails(e)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            fr = np.exp(np.minimum(0.0, np.log(qg) + e - np.log(pg)))
+        dl = np.where(pg > 0, pg * (1.0 - np.nan_to_num(fr, nan=0.0)), 0.0)
+        one_minus = pl + X * qg  # 1 - delta, without cancellation
+        vals.append((np.maximum(dl, 0.0), one_minus))
+    delta = np.maximum(vals[0][0], vals[1][0])
+    om = np.minimum(vals[0][1], vals[1][1])
+    dX = X[:-1] * math.expm1(h)
+    # slope on each segment, from the representation with less cancellation
+    s = np.where(delta[:-1] < 0.5, (delta[1:] - delta[:-1]) / dX, -(om[1:] - om[:-1]) / dX)
+    s0 = -om[0] / X[0]
+    s_all = np.concatenate([[s0], s, [0.0]])
+    q_mass = np.maximum(np.diff(s_all), 0.0)
+    p_up = X * q_mass
+    up = StepPMF(i0, p_up, float(delta[-1]))
+    _, low = discretize(pa, h, tol)
+    return up, low

@@ -1,0 +1,227 @@
+"""Exact single-step privacy-loss pairs used by the PLD accountant (private helper).
+
+A *pair* ``(P, Q)`` is a dominating pair of distributions for one step of a mechanism
+(Zhu, Dong & Wang 2022, Definition 7): the mechanism's privacy profile is bounded by the
+hockey-stick divergence ``delta(eps) = sup_S P(S) - e^eps Q(S)``. All pairs here have a
+scalar privacy loss ``L = log dP/dQ``, and expose its exact tail probabilities
+
+``tails(x) -> (P(L > x), P(L <= x), Q(L > x), Q(L <= x))``
+
+evaluated separately on both sides so that small interval masses are obtained without
+cancellation. Then (e.g. Balle & Wang 2018, Lemma 1; Sommer, Meiser & Mohammadi 2019,
+Lemma 5) ``delta(eps) = P(L > eps) - e^eps Q(L > eps)``.
+
+References
+----------
+.. [BW18] Balle & Wang (2018), Improving the Gaussian Mechanism for Differential Privacy,
+       ICML, Theorem 8 (Gaussian profile).
+.. [BBG18] Balle, Barthe & Gaboardi (2018), Privacy Amplification by Subsampling: Tight
+       Analyses via Couplings and Divergences, NeurIPS, Theorems 2 (advanced joint
+       convexity), 8 (Poisson) and 9 (sampling without replacement).
+.. [ZDW22] Zhu, Dong & Wang (2022), Optimal Accounting of Differential Privacy via
+       Characteristic Function, AISTATS, Section 3 and Theorem 9 (Poisson subsampling:
+       the pairs ((1-q)Q+qP, Q) and (Q, (1-q)Q+qP) for remove and add).
+.. [DRS22] Dong, Roth & Su (2022), Gaussian Differential Privacy, JRSS-B, Theorem 9
+       (sampling without replacement: the symmetrised trade-off C_q(f)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+Tails = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _sf(z: np.ndarray) -> np.ndarray:
+    """Standard normal survival function, accurate in both tails."""
+    return special.ndtr(-z)
+
+
+class Pair:
+    """Base class: a dominating pair with scalar privacy loss."""
+
+    #: smallest / largest privacy loss in the support (may be -inf / +inf)
+    loss_min: float = -math.inf
+    loss_max: float = math.inf
+    #: pure-DP epsilon of the pair (sup of the loss), inf when unbounded
+    pure_epsilon: float = math.inf
+
+    def tails(self, x: np.ndarray) -> Tails:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def delta(self, eps: np.ndarray) -> np.ndarray:
+        """Exact hockey-stick divergence ``P(L > eps) - e^eps Q(L > eps)``."""
+        eps = np.asarray(eps, dtype=float)
+        pg, _, qg, _ = self.tails(eps)
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = pg - np.exp(eps) * qg
+        return np.clip(np.where(np.isfinite(d), d, 0.0), 0.0, 1.0)
+
+
+class GaussianPair(Pair):
+    """``P = N(mu, 1)``, ``Q = N(0, 1)``: loss ``mu*y - mu^2/2`` is increasing in y
+    ([BW18], Theorem 8). ``mu = sensitivity / sigma``."""
+
+    def __init__(self, mu: float) -> None:
+        self.mu = float(mu)
+
+    def tails(self, x: np.ndarray) -> Tails:
+        mu = self.mu
+        y = (np.asarray(x, dtype=float) + 0.5 * mu * mu) / mu  # L > x  <=>  Y > y
+        return _sf(y - mu), special.ndtr(y - mu), _sf(y), special.ndtr(y)
+
+
+class LaplacePair(Pair):
+    """``P = Lap(mu, 1)``, ``Q = Lap(0, 1)`` with ``mu = sensitivity / scale``.
+
+    The loss ``|y| - |y - mu|`` is non-decreasing in y, equals ``2y - mu`` on ``[0, mu]``
+    and has atoms at ``-mu`` (y <= 0) and ``+mu`` (y >= mu) (Koskela et al. 2021,
+    Section 5; dp_accounting ``LaplacePrivacyLoss``).
+    """
+
+    def __init__(self, mu: float) -> None:
+        self.mu = float(mu)
+        self.loss_min, self.loss_max, self.pure_epsilon = -self.mu, self.mu, self.mu
+
+    def tails(self, x: np.ndarray) -> Tails:
+        mu = self.mu
+        x = np.asarray(x, dtype=float)
+        y = np.clip((x + mu) / 2.0, 0.0, mu)  # threshold in [0, mu]
+        below = x < -mu
+        above = x >= mu
+        # P = Lap(mu): P(Y > y) = 1 - e^{(y-mu)}/2 for y <= mu;  P(Y <= y) = e^{(y-mu)}/2
+        p_le = 0.5 * np.exp(y - mu)
+        p_gt = 1.0 - p_le
+        # Q = Lap(0): Q(Y > y) = e^{-y}/2 for y >= 0
+        q_gt = 0.5 * np.exp(-y)
+        q_le = 1.0 - q_gt
+        one, zero = np.ones_like(x), np.zeros_like(x)
+        p_gt = np.where(below, one, np.where(above, zero, p_gt))
+        p_le = np.where(below, zero, np.where(above, one, p_le))
+        q_gt = np.where(below, one, np.where(above, zero, q_gt))
+        q_le = np.where(below, zero, np.where(above, one, q_le))
+        return p_gt, p_le, q_gt, q_le
+
+
+class DiscretePair(Pair):
+    """A pair on finitely many outcomes, given by atoms ``(loss_j, p_j, q_j)``."""
+
+    def __init__(self, p: np.ndarray, q: np.ndarray) -> None:
+        p = np.asarray(p, dtype=float)
+        q = np.asarray(q, dtype=float)
+        keep = (p > 0) | (q > 0)
+        p, q = p[keep], q[keep]
+        if np.any(q <= 0) or np.any(p <= 0):
+            raise ValueError("DiscretePair needs atoms with p > 0 and q > 0")
+        loss = np.log(p) - np.log(q)
+        order = np.argsort(loss)
+        self.loss, self.p, self.q = loss[order], p[order], q[order]
+        self.loss_min, self.loss_max = float(self.loss[0]), float(self.loss[-1])
+        self.pure_epsilon = max(self.loss_max, 0.0)
+
+    def tails(self, x: np.ndarray) -> Tails:
+        x = np.asarray(x, dtype=float)
+        gt = self.loss[None, :] > x[..., None]
+        p_gt = (gt * self.p).sum(-1)
+        q_gt = (gt * self.q).sum(-1)
+        p_le = ((~gt) * self.p).sum(-1)
+        q_le = ((~gt) * self.q).sum(-1)
+        return p_gt, p_le, q_gt, q_le
+
+
+def randomized_response_pair(p: float, k: int) -> DiscretePair:
+    """Dominating pair of k-ary randomized response: the outputs 'true value x',
+    'true value x'' and 'another category' (Kairouz, Oh & Viswanath 2016, Section 2)."""
+    r = (1.0 - p) / (k - 1)
+    other = (k - 2) * r
+    ps = [p, r] + ([other] if k > 2 else [])
+    qs = [r, p] + ([other] if k > 2 else [])
+    return DiscretePair(np.array(ps), np.array(qs))
+
+
+def pure_dp_pair(eps: float) -> DiscretePair:
+    """Binary randomized response with parameter eps, which dominates every
+    (eps, 0)-DP mechanism (Kairouz, Oh & Viswanath 2015, Theorem 2.1)."""
+    p = 1.0 / (1.0 + math.exp(-eps))  # e^eps / (1 + e^eps)
+    return DiscretePair(np.array([p, 1.0 - p]), np.array([1.0 - p, p]))
+
+
+class RemovePair(Pair):
+    """``(P_s, Q_s) = ((1-q) Q + q P, Q)``: the 'remove' direction of Poisson subsampling
+    ([ZDW22] Theorem 9; [BBG18] Theorem 8 for the resulting amplification).
+
+    Loss ``L_s = log(1 - q + q e^L)`` is an increasing function of the base loss, so
+    ``L_s > x  <=>  L > g(x)`` with ``g(x) = log((e^x - 1 + q) / q)``.
+    """
+
+    def __init__(self, base: Pair, q: float) -> None:
+        self.base, self.qr = base, float(q)
+        self.loss_min = math.log1p(-q) if q < 1 else base.loss_min
+        if base.loss_min > -math.inf:
+            self.loss_min = self._fwd(base.loss_min)
+        self.loss_max = self._fwd(base.loss_max)
+        self.pure_epsilon = max(self.loss_max, 0.0)
+
+    def _fwd(self, lo: float) -> float:
+        q = self.qr
+        if lo == math.inf:
+            return math.inf
+        if lo == -math.inf:
+            return math.log1p(-q) if q < 1 else -math.inf
+        # log(1 - q + q e^lo), stable
+        return float(np.logaddexp(math.log1p(-q) if q < 1 else -np.inf, math.log(q) + lo))
+
+    def _inv(self, x: np.ndarray) -> np.ndarray:
+        """g(x) = log((e^x - (1-q)) / q); -inf where e^x <= 1 - q."""
+        q = self.qr
+        x = np.asarray(x, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            # e^x - (1-q) = expm1(x) + q
+            v = np.expm1(x) + q
+            big = x > 30.0
+            g = np.where(v > 0, np.log(np.where(v > 0, v, 1.0)) - math.log(q), -np.inf)
+            g = np.where(big, x + np.log1p(-(1.0 - q) * np.exp(-np.where(big, x, 0.0)))
+                         - math.log(q), g)
+        return g
+
+    def tails(self, x: np.ndarray) -> Tails:
+        q = self.qr
+        g = self._inv(x)
+        pg, pl, qg, ql = self.base.tails(g)
+        return (1 - q) * qg + q * pg, (1 - q) * ql + q * pl, qg, ql
+
+
+class AddPair(Pair):
+    """``(P_a, Q_a) = (Q, (1-q) Q + q P)``: the 'add' direction of Poisson subsampling
+    ([ZDW22] Theorem 9). ``L_a = -log(1 - q + q e^L)``, decreasing in the base loss."""
+
+    def __init__(self, base: Pair, q: float) -> None:
+        self.rem = RemovePair(base, q)
+        self.qr = float(q)
+        self.loss_min = -self.rem.loss_max
+        self.loss_max = -self.rem.loss_min
+        self.pure_epsilon = max(self.loss_max, 0.0)
+
+    def tails(self, x: np.ndarray) -> Tails:
+        q = self.qr
+        g = self.rem._inv(-np.asarray(x, dtype=float))  # L_a > x <=> L < g  (ties: <=)
+        pg, pl, qg, ql = self.rem.base.tails(g)
+        # P_a = Q;  Q_a = (1-q) Q + q P. 'L < g' is taken as 'L <= g' (an atom exactly on a
+        # grid point then lands on the grid point itself, which changes nothing below).
+        return ql, qg, (1 - q) * ql + q * pl, (1 - q) * qg + q * pg
+
+
+class SwappedPair(Pair):
+    """``(Q, P)``: loss negated."""
+
+    def __init__(self, base: Pair) -> None:
+        self.base = base
+        self.loss_min, self.loss_max = -base.loss_max, -base.loss_min
+        self.pure_epsilon = max(self.loss_max, 0.0)
+
+    def tails(self, x: np.ndarray) -> Tails:
+        pg, pl, qg, ql = self.base.tails(-np.asarray(x, dtype=float))
+        return ql, qg, pl, pg
