@@ -6,6 +6,7 @@ Each estimator takes ``epsilon`` and ``delta``, calibrates its own noise through
 """
 
 from privlearn.models.dpsgd import DPSGDClassifier, DPSGDRegressor
+from privlearn.models.label_release import PATE, PrivateKNN
 from privlearn.models.linear import AdaSSPRegressor, NoisyGDRegressor, SSPRegressor
 
 __all__ = [
@@ -14,4 +15,6 @@ __all__ = [
     "NoisyGDRegressor",
     "DPSGDClassifier",
     "DPSGDRegressor",
+    "PATE",
+    "PrivateKNN",
 ]

@@ -275,7 +275,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         """Train with DP-SGD; validates everything before any privacy is spent."""
         self._validate_params_dp()
         X, y = validate_data(self, X, y, dtype=np.float64)
-        kind = type_of_target(y)
+        kind = type_of_target(y, input_name="y", raise_unknown=True)
         classes = np.unique(y)
         if classes.size < 2:
             raise ValueError(
@@ -283,8 +283,9 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             )
         if classes.size > 2 or kind not in ("binary",):
             raise ValueError(
-                "DPSGDClassifier supports binary labels only; y has "
-                f"{classes.size} classes (type {kind!r}): {classes[:10].tolist()}"
+                "Only binary classification is supported. The type of the target is "
+                f"{kind!r}: DPSGDClassifier needs binary labels y, got {classes.size} "
+                f"classes {classes[:10].tolist()}"
             )
         self.classes_ = classes
         y01 = (y == classes[1]).astype(np.float64)
@@ -300,7 +301,8 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         return np.column_stack([1.0 - p, p])
 
     def predict(self, X) -> np.ndarray:
-        return self.classes_[(self._decision(X) > 0).astype(int)]
+        scores = self._decision(X)
+        return self.classes_[(scores > 0).astype(int)]
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
