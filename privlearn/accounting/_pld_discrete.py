@@ -85,6 +85,17 @@ def _left_point(pair: Pair, tol: float) -> float:
     return float(_CAND[ok[-1]])
 
 
+def loss_scale(pair: Pair) -> float:
+    """Distance between the 10% and 90% quantiles of the loss under P (a grid-scale
+    heuristic only; it affects speed and tightness, never certification)."""
+    _, pl, _, _ = pair.tails(_CAND)
+    i1 = int(np.searchsorted(pl, 0.1))
+    i9 = int(np.searchsorted(pl, 0.9))
+    i1 = min(max(i1, 0), _CAND.size - 1)
+    i9 = min(max(i9, i1 + 1), _CAND.size - 1)
+    return float(_CAND[i9] - _CAND[max(i1 - 1, 0)])
+
+
 def loss_range(pair: Pair, tol: float) -> tuple[float, float]:
     lo = pair.loss_min if math.isfinite(pair.loss_min) else _left_point(pair, tol)
     hi = pair.loss_max if math.isfinite(pair.loss_max) else _right_point(pair, tol)
@@ -144,29 +155,27 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     delta = np.where(pg > 0, pg * (1.0 - np.nan_to_num(frac_d, nan=0.0)), 0.0)
     delta = np.maximum(delta, 0.0)
     base = P_I * eh / rho  # = Q(I) * dX_i
-    G = base * theta * (1.0 - theta)
-    G_last = base * theta
+    # On interval i the profile of C is the chord minus a tent of height
+    # base_i theta_i (1 - theta_i) peaking at X_i + theta_i dX_i. The chord falls below
+    # the tent if the left end point is lowered by L_i = base_i theta_i = P(I) - X_i Q(I)
+    # or the right one by R_i = base_i (1 - theta_i) = X_{i+1} Q(I) - P(I). Intervals
+    # left of eps = 0 lower their right end (then every value stays >= 1 - x, because
+    # delta(X) - (1 - X) = E_Q[(X - e^L)_+] >= R), intervals right of it lower their
+    # left end (then every value stays >= 0, because delta(X_i) >= L_i). Left of X_0
+    # (segment from (0, 1)) the left tail needs X_0 lowered by Q_L X_0 - P_L; right of
+    # X_n, g = 0 <= profile of C.
     X0 = math.exp(e[0])
     d_left = max(Q_L * X0 - P_L, 0.0)
-    d = np.empty(n + 1)
-    d[0] = max(d_left, G[0])
-    d[1:-1] = np.maximum(G[:-1], G[1:])
-    d[-1] = G[-1]
-    w = delta - d
-    # truncation index m: w_i >= 0 for i < m-1 (interior) and the last kept point obeys
-    # the stronger condition with G_last; g = 0 from X_m on.
-    bad = np.nonzero(w[: n] < 0)[0]
-    m = int(bad[0]) if bad.size else n
-    while m >= 1:
-        dl = max(G[m - 2] if m >= 2 else d_left, G_last[m - 1])
-        if delta[m - 1] - dl >= 0:
-            d_last = dl
-            break
-        m -= 1
-    if m < 1:
-        return up, StepPMF(i0, np.zeros(1), 0.0)
-    d = d[: m + 1].copy()
-    d[m - 1] = d_last if m - 1 > 0 else max(d_left, d_last)
+    L_low = base * theta
+    R_low = base * (1.0 - theta)
+    s0 = -i0  # grid index of eps = 0 (1 <= s0 <= n - 1)
+    m = n
+    d = np.zeros(n + 1)
+    d[0] = d_left
+    d[1 : s0 + 1] = R_low[:s0]
+    d[s0] = max(d[s0], L_low[s0])
+    d[s0 + 1 : n] = L_low[s0 + 1 : n]
+    d[n] = delta[n]  # g(X_n) = 0
     X = np.exp(e[: m + 1])
     dX = X[:-1] * eh
     # slopes of g(x) - (1 - x) on segments [0, X_0], [X_0, X_1], ..., [X_{m-1}, X_m]
@@ -175,7 +184,7 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     if m >= 2:
         t_delta = ql[1:m] - theta[: m - 1] * Q_I[: m - 1]
         t[1:m] = t_delta - (d[1:m] - d[: m - 1]) / dX[: m - 1]
-    w_last = delta[m - 1] - d[m - 1]
+    w_last = max(delta[m - 1] - d[m - 1], 0.0)
     t[m] = 1.0 - w_last / dX[m - 1]
     widths = np.concatenate([[X[0]], dX])
     t = isotonic_regression(t, weights=widths).x

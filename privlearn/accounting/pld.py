@@ -312,7 +312,7 @@ class PLDAccountant:
         n_target: int = 1 << 16,
         max_points: int = 1 << 21,
         tail_tol: float = 1e-18,
-        rel_gap: float = 0.005,
+        rel_gap: float = 0.008,
         cache_size: int = 16,
     ) -> None:
         self.n_target = int(n_target)
@@ -410,7 +410,9 @@ class PLDAccountant:
             pad = 0.05 * (b - a) + 4 * h0
             windows.append([a - pad, b + pad, la, lb])
         width = max(w[1] - w[0] for w in windows)
-        h = max(width / self.n_target, 1e-7) * h_scale
+        scale = min(dsc.loss_scale(pr) for s, _ in steps
+                    for pr in ((s.a,) if s.b is None else (s.a, s.b)))
+        h = max(min(width / self.n_target, scale / 8.0), 1e-7) * h_scale
         if width / h > self.max_points:
             if h_scale < 1.0:
                 raise _TooLarge
