@@ -1,0 +1,354 @@
+"""Tests of the PLD accountant (privlearn/accounting/pld.py).
+
+References used as independent ground truth: the analytic Gaussian curve, closed forms of
+pure-DP composition and amplification, numerical quadrature of the hockey-stick integral,
+and Google's dp_accounting (imported inside tests, skipped when absent).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy import integrate, stats
+
+from privlearn.accounting import (
+    Gaussian,
+    Laplace,
+    PureDP,
+    RandomizedResponse,
+    RDPMechanism,
+    UnsupportedMechanismError,
+    compose,
+    subsample,
+)
+from privlearn.accounting import _pld_discrete as dsc
+from privlearn.accounting._pld_pairs import (
+    AddPair,
+    GaussianPair,
+    LaplacePair,
+    RemovePair,
+    randomized_response_pair,
+)
+from privlearn.accounting.accountants import get_accountant
+from privlearn.accounting.analytic import gaussian_epsilon
+from privlearn.accounting.pld import PLDAccountant
+
+MNIST_Q, MNIST_SIGMA, MNIST_T = 256 / 60000, 1.1, 14063
+
+
+def _pld() -> PLDAccountant:
+    return PLDAccountant()
+
+
+# ---------------------------------------------------------------------------------
+# exact cases
+# ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sigma=st.floats(0.5, 500.0),
+    k=st.integers(1, 10_000),
+    log10_delta=st.floats(-9.0, -5.0),
+)
+def test_gaussian_composition_matches_analytic(sigma, k, log10_delta):
+    delta = 10.0**log10_delta
+    b = _pld().epsilon(compose(Gaussian(sigma), steps=k), delta)
+    exact = gaussian_epsilon(sigma / math.sqrt(k), delta)
+    assert b.upper == pytest.approx(exact, rel=1e-6, abs=1e-12)
+    assert b.lower <= b.upper
+
+
+def test_registered_as_default():
+    assert isinstance(get_accountant("pld"), PLDAccountant)
+    m = compose(Gaussian(2.0), steps=3)
+    assert m.epsilon(1e-5) == get_accountant("pld").epsilon(m, 1e-5).upper
+
+
+@pytest.mark.parametrize("b,k", [(1.0, 1), (0.5, 7), (3.0, 1000), (10.0, 100_000)])
+def test_laplace_pure_composition_is_exact(b, k):
+    bound = _pld().epsilon(compose(Laplace(b), steps=k), 0.0)
+    assert bound.upper >= k / b >= bound.lower
+    assert bound.upper == pytest.approx(k / b, rel=1e-12)
+
+
+@pytest.mark.parametrize("q,b,k", [(0.01, 1.0, 100), (0.3, 0.2, 10), (1e-3, 2.0, 10_000)])
+def test_subsampled_laplace_pure_epsilon_closed_form(q, b, k):
+    # Balle, Barthe & Gaboardi 2018, Theorem 8: log(1 + q (e^eps - 1)) per step
+    closed = k * math.log1p(q * math.expm1(1.0 / b))
+    bound = _pld().epsilon(compose(subsample(Laplace(b), q), steps=k), 0.0)
+    assert bound.upper >= closed >= bound.lower
+    assert bound.upper == pytest.approx(closed, rel=1e-12)
+
+
+def test_pure_epsilon_heterogeneous_and_gaussian_inf():
+    m = compose([Laplace(2.0), RandomizedResponse(0.75), PureDP(0.3)], steps=[3, 2, 5])
+    closed = 3 * 0.5 + 2 * math.log(3.0) + 5 * 0.3
+    assert _pld().epsilon(m, 0.0).upper == pytest.approx(closed, rel=1e-12)
+    m2 = compose([Laplace(2.0), subsample(Gaussian(1.0), 0.1)], steps=[3, 2])
+    assert math.isinf(_pld().epsilon(m2, 0.0).upper)
+
+
+def test_rdp_mechanism_unsupported():
+    m = RDPMechanism(lambda a: a / 2.0, name="toy")
+    with pytest.raises(UnsupportedMechanismError, match="rdp"):
+        _pld().epsilon(m, 1e-5)
+    with pytest.raises(UnsupportedMechanismError):
+        _pld().delta(compose([Laplace(1.0), m]), 1.0)
+
+
+# ---------------------------------------------------------------------------------
+# single-step profiles against quadrature
+# ---------------------------------------------------------------------------------
+
+
+def _hockey_quad(p_pdf, q_pdf, eps, lo=-40.0, hi=40.0, breaks=()):
+    f = lambda y: max(p_pdf(y) - math.exp(eps) * q_pdf(y), 0.0)  # noqa: E731
+    pts = sorted(set([lo, hi, *breaks]))
+    return sum(
+        integrate.quad(f, a, b, epsabs=1e-14, epsrel=1e-10, limit=400)[0]
+        for a, b in zip(pts[:-1], pts[1:], strict=False)
+    )
+
+
+@pytest.mark.parametrize("q,sigma", [(0.01, 1.0), (0.2, 0.7), (1.0, 2.0)])
+@pytest.mark.parametrize("eps", [-0.5, 0.0, 0.05, 0.5, 2.0])
+def test_subsampled_gaussian_profile_vs_quadrature(q, sigma, eps):
+    base = GaussianPair(1.0 / sigma)
+    n0 = stats.norm(0, sigma).pdf
+    n1 = stats.norm(1, sigma).pdf
+    mix = lambda y: (1 - q) * n0(y) + q * n1(y)  # noqa: E731
+    br = np.linspace(-5, 6, 45)
+    rem = RemovePair(base, q) if q < 1 else base
+    add = AddPair(base, q) if q < 1 else base
+    assert float(rem.delta(np.array([eps]))[0]) == pytest.approx(
+        _hockey_quad(mix, n0, eps, breaks=br), rel=1e-7, abs=1e-13
+    )
+    expected_add = _hockey_quad(n0, mix, eps, breaks=br) if q < 1 else _hockey_quad(
+        n1, n0, eps, breaks=br
+    )
+    assert float(add.delta(np.array([eps]))[0]) == pytest.approx(expected_add, rel=1e-7, abs=1e-13)
+
+
+@pytest.mark.parametrize("q,b", [(1.0, 1.0), (0.1, 0.5), (0.5, 2.0)])
+@pytest.mark.parametrize("eps", [-0.3, 0.0, 0.04, 0.3, 1.5])
+def test_subsampled_laplace_profile_vs_quadrature(q, b, eps):
+    l0 = stats.laplace(0, b).pdf
+    l1 = stats.laplace(1, b).pdf
+    mix = lambda y: (1 - q) * l0(y) + q * l1(y)  # noqa: E731
+    base = LaplacePair(1.0 / b)
+    br = [-1.0, 0.0, 0.5, 1.0, 2.0]
+    rem = RemovePair(base, q) if q < 1 else base
+    add = AddPair(base, q) if q < 1 else base
+    # the Laplace pair is defined in units of the scale: loss of Lap(1/b,1) vs Lap(0,1)
+    assert float(rem.delta(np.array([eps]))[0]) == pytest.approx(
+        _hockey_quad(mix, l0, eps, breaks=br), rel=1e-7, abs=1e-13
+    )
+    exp_add = _hockey_quad(l0, mix, eps, breaks=br) if q < 1 else _hockey_quad(l1, l0, eps, breaks=br)
+    assert float(add.delta(np.array([eps]))[0]) == pytest.approx(exp_add, rel=1e-7, abs=1e-13)
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        RemovePair(GaussianPair(1 / 1.1), 0.01),
+        AddPair(GaussianPair(1 / 0.8), 0.05),
+        GaussianPair(0.5),
+        LaplacePair(0.7),
+        RemovePair(LaplacePair(1.0), 0.2),
+        AddPair(randomized_response_pair(0.8, 3), 0.3),
+    ],
+    ids=["rem-gauss", "add-gauss", "gauss", "laplace", "rem-laplace", "add-rr"],
+)
+@pytest.mark.parametrize("h", [1e-3, 2e-2])
+def test_single_step_grid_pairs_bracket_exact_profile(pair, h):
+    """The discrete upper pair dominates and the lower pair is dominated, at every eps."""
+    up, low = dsc.discretize(pair, h, 1e-16)
+    eps = np.linspace(-1.5, 3.0, 301)
+    exact = pair.delta(eps)
+
+    def profile(pmf):
+        loss = (pmf.k0 + np.arange(pmf.p.size)) * h
+        w = np.clip(1.0 - np.exp(eps[:, None] - loss[None, :]), 0.0, None)
+        return (w * pmf.p[None, :]).sum(1) + pmf.inf
+
+    pu, pl = profile(up), profile(low)
+    assert np.all(pu >= exact - 1e-13)
+    assert np.all(pl <= exact + 1e-13)
+    assert up.p.sum() + up.inf == pytest.approx(1.0, abs=1e-12)
+    # connect-the-dots bias is second order in h: tight at the grid scale
+    assert np.max(pu - exact) < 5 * h * h + 1e-12 or np.max(pu - exact) < 0.05 * h
+
+
+# ---------------------------------------------------------------------------------
+# DP-SGD regime
+# ---------------------------------------------------------------------------------
+
+
+def _mnist():
+    return compose(subsample(Gaussian(MNIST_SIGMA), MNIST_Q), steps=MNIST_T)
+
+
+def test_mnist_setting_certified_interval():
+    b = _pld().epsilon(_mnist(), 1e-5)
+    # the tight value lies in [2.3715, 2.3818]
+    assert 2.3715 <= b.upper <= 2.3818 * 1.001
+    assert b.lower <= 2.3818
+    assert b.lower >= b.upper / 1.01
+
+
+def _dp_accounting_eps(q, sigma, steps, delta, interval=1e-4):
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)
+    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+    acc.compose(event, steps)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize(
+    "q,sigma,steps,delta",
+    [
+        (MNIST_Q, MNIST_SIGMA, MNIST_T, 1e-5),
+        (0.01, 1.0, 1000, 1e-6),
+        (0.1, 2.0, 100, 1e-5),
+        (0.001, 0.6, 1000, 1e-6),
+    ],
+)
+def test_against_dp_accounting(q, sigma, steps, delta):
+    ref = _dp_accounting_eps(q, sigma, steps, delta)
+    acc = _pld()
+    m = compose(subsample(Gaussian(sigma), q), steps=steps)
+    b = acc.epsilon(m, delta)
+    assert b.upper <= ref * 1.001
+    assert b.lower >= b.upper / 1.01
+    assert b.upper >= b.lower
+    d = acc.delta(m, b.upper)
+    assert d.upper <= delta * (1 + 1e-9)
+    assert d.lower <= d.upper
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q", [0.001, 256 / 60000, 0.01, 0.1])
+@pytest.mark.parametrize("sigma", [0.6, 1.0, 2.0, 5.0])
+@pytest.mark.parametrize("steps", [100, 1000, 10_000, 100_000])
+@pytest.mark.parametrize("delta", [1e-5, 1e-6])
+def test_dpsgd_grid_against_dp_accounting(q, sigma, steps, delta):
+    ref = _dp_accounting_eps(q, sigma, steps, delta)
+    b = _pld().epsilon(compose(subsample(Gaussian(sigma), q), steps=steps), delta)
+    assert math.isfinite(b.upper)
+    assert b.upper <= ref * 1.001
+    assert b.lower >= b.upper / 1.01
+
+
+def test_delta_epsilon_consistency_and_bounds():
+    acc = _pld()
+    m = compose(subsample(Gaussian(0.9), 0.02), steps=500)
+    for delta in (1e-4, 1e-6, 1e-8):
+        e = acc.epsilon(m, delta)
+        d = acc.delta(m, e.upper)
+        assert d.upper <= delta * (1 + 1e-9)
+        # the lower bound on delta at the lower epsilon must be at least the target
+        d_low = acc.delta(m, e.lower)
+        assert d_low.upper >= delta * (1 - 1e-9)
+    for eps in (0.5, 2.0, 5.0):
+        d = acc.delta(m, eps)
+        assert 0.0 <= d.lower <= d.upper <= 1.0
+
+
+# ---------------------------------------------------------------------------------
+# properties
+# ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    q=st.floats(0.001, 0.2),
+    sigma=st.floats(0.7, 3.0),
+    steps=st.integers(10, 3000),
+    log10_delta=st.floats(-7.0, -4.0),
+)
+def test_monotonicity(q, sigma, steps, log10_delta):
+    acc = _pld()
+    delta = 10.0**log10_delta
+
+    def eps(qq=q, s=sigma, t=steps, d=delta):
+        return acc.epsilon(compose(subsample(Gaussian(s), qq), steps=t), d)
+
+    base = eps()
+    # compare certified bounds: lower of the larger must not exceed... the ordering of the
+    # true values implies upper(larger) >= lower(smaller)
+    assert eps(qq=min(1.0, q * 1.5)).upper >= base.lower
+    assert eps(t=steps * 2).upper >= base.lower
+    assert eps(s=sigma * 1.3).lower <= base.upper
+    assert eps(d=delta * 10).lower <= base.upper
+    # and the (tight) upper bounds themselves move in the right direction
+    assert eps(qq=min(1.0, q * 1.5)).upper >= base.upper * 0.999
+    assert eps(s=sigma * 1.3).upper <= base.upper * 1.001
+
+
+# ---------------------------------------------------------------------------------
+# robustness
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mech",
+    [
+        compose(Laplace(1.0), steps=1000),
+        compose(subsample(Laplace(0.5), 0.01), steps=10_000),
+        compose(Laplace(0.05), steps=10),
+        compose(subsample(Gaussian(0.5), 1.0), steps=10_000),
+        compose(RandomizedResponse(0.9, 4), steps=50),
+        compose(subsample(PureDP(1.0), 0.05), steps=2000),
+        compose([subsample(Gaussian(1.0), 0.01), Laplace(5.0)], steps=[1000, 10]),
+    ],
+    ids=["laplace", "sub-laplace", "laplace-large-eps", "gauss-q1", "rr", "sub-pure", "mixed"],
+)
+@pytest.mark.parametrize("delta", [0.0, 1e-6])
+def test_robust_finite_certified(mech, delta):
+    b = _pld().epsilon(mech, delta)
+    assert b.lower <= b.upper
+    if delta == 0.0 and any(isinstance(getattr(m, "base", m), Gaussian) for m, _ in mech.parts):
+        assert math.isinf(b.upper)
+        return
+    assert math.isfinite(b.upper) and b.upper > 0
+    assert b.lower > 0
+
+
+def test_large_epsilon_regime():
+    b = _pld().epsilon(compose(subsample(Gaussian(0.6), 0.1), steps=100_000), 1e-5)
+    assert math.isfinite(b.upper) and b.upper > 100
+    assert b.lower <= b.upper
+
+
+@pytest.mark.parametrize("scheme,nb", [("fixed", "replace_one"), ("poisson", "replace_one"),
+                                       ("fixed", "add_remove")])
+def test_other_subsampling_relations(scheme, nb):
+    acc = _pld()
+    m = compose(subsample(Gaussian(1.0), 0.01, scheme=scheme, neighbouring=nb), steps=1000)
+    b = acc.epsilon(m, 1e-5)
+    assert 0 < b.lower <= b.upper < math.inf
+    # symmetrised / doubled pairs are never more private than Poisson add/remove
+    ref = acc.epsilon(compose(subsample(Gaussian(1.0), 0.01), steps=1000), 1e-5)
+    assert b.upper >= ref.lower
+    lap = compose(subsample(Laplace(1.0), 0.05, scheme=scheme, neighbouring=nb), steps=10)
+    factor = 2.0 if (scheme, nb) == ("fixed", "add_remove") else 1.0
+    closed = 10 * math.log1p(0.05 * math.expm1(factor))
+    assert acc.epsilon(lap, 0.0).upper == pytest.approx(closed, rel=1e-12)
+    bl = acc.epsilon(lap, 1e-6)
+    assert bl.lower <= bl.upper <= closed * (1 + 1e-9)
+
+
+def test_cache_reuse_between_epsilon_and_delta():
+    acc = _pld()
+    m = compose(subsample(Gaussian(1.2), 0.01), steps=2000)
+    acc.epsilon(m, 1e-5)
+    n = len(acc._cache)
+    acc.delta(m, 1.0)
+    assert len(acc._cache) == n
