@@ -229,9 +229,9 @@ def test_version(runner: CliRunner) -> None:
 
 
 def test_demo_prints_table_fast(runner: CliRunner) -> None:
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: robust to a loaded shared machine
     r = invoke(runner, ["demo", "--no-experiment"])
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     assert r.exit_code == 0, r.output
     for name in (
         "NoisyGD",
@@ -244,7 +244,7 @@ def test_demo_prints_table_fast(runner: CliRunner) -> None:
         assert name in r.stdout
     for printed in ("2.06774", "0.271056", "10.9972", "10.8503", "0.256933"):
         assert printed in r.stdout
-    assert elapsed < 10.0
+    assert elapsed < 5.0
 
 
 def test_demo_table_values() -> None:
