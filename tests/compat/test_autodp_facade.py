@@ -314,3 +314,12 @@ def test_autodp_gaussian_and_laplace_agree() -> None:
     theirs = autodp_tz.Composition()([autodp_zoo.LaplaceMechanism(b=2.0)], [20]).get_approxDP(1e-5)
     ours = transformer_zoo.Composition()([mechanism_zoo.LaplaceMechanism(b=2.0)], [20])
     assert ours.get_approxDP(1e-5) <= theirs * (1 + 1e-9)
+
+
+def test_from_privlearn_roundtrip() -> None:
+    desc = compose(subsample(Laplace(3.0), 0.1), steps=5)
+    m = Mechanism.from_privlearn(desc, name="wrapped")
+    assert m.privlearn_mechanism == desc and m.name == "wrapped"
+    assert m.get_approxDP(DELTA) == desc.epsilon(DELTA, "pld")
+    with pytest.raises(TypeError):
+        Mechanism.from_privlearn("not a mechanism")  # type: ignore[arg-type]

@@ -310,6 +310,17 @@ class Mechanism:
         self._approxdp_bounds: list[Callable[[float], float]] = []
         self._pure_eps_bound = math.inf
 
+    @classmethod
+    def from_privlearn(cls, mechanism: PrivlearnMechanism, name: str = "privlearn") -> Mechanism:
+        """A facade mechanism wrapping a privlearn description (e.g. to hand a mechanism
+        built with :mod:`privlearn.accounting` to autodp-style code)."""
+        if not isinstance(mechanism, PrivlearnMechanism):
+            raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+        out = cls()
+        out.name = name
+        out._set_description(mechanism)
+        return out
+
     # -- the description ----------------------------------------------------------------
     @property
     def privlearn_mechanism(self) -> PrivlearnMechanism | None:
