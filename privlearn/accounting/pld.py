@@ -178,7 +178,13 @@ def _step_pure_epsilon(m: Mechanism) -> float:
 
 def pure_epsilon(mechanism: Mechanism) -> float:
     """Epsilon at ``delta = 0`` of the modelled pairs, summed over the composition."""
-    return math.fsum(k * _step_pure_epsilon(m) for m, k in _parts(mechanism))
+    terms = []
+    for m, k in _parts(mechanism):
+        if isinstance(m, Laplace):
+            terms.append(k / m.noise_multiplier)  # k / b in one rounding
+        else:
+            terms.append(k * _step_pure_epsilon(m))
+    return math.fsum(terms)
 
 
 @dataclass(frozen=True)
@@ -312,7 +318,7 @@ class PLDAccountant:
         n_target: int = 1 << 16,
         max_points: int = 1 << 21,
         tail_tol: float = 1e-18,
-        rel_gap: float = 0.008,
+        rel_gap: float = 0.003,
         cache_size: int = 16,
     ) -> None:
         self.n_target = int(n_target)
@@ -334,14 +340,14 @@ class PLDAccountant:
             e = pure_epsilon(mechanism)
             if math.isinf(e):
                 return PrivacyBound(math.inf, math.inf, self.name)
-            n = sum(k for _, k in parts)
-            return PrivacyBound(e * (1 + 4e-16 * n) + 1e-300, max(0.0, e * (1 - 4e-16 * n)),
-                                self.name)
+            # the exact value, correctly rounded per term and summed with fsum (lower and
+            # upper coincide up to that rounding)
+            return PrivacyBound(e, e, self.name)
         res = self._composed(mechanism, parts, h_scale=1.0)
         up, lo = self._eps_bounds(res, delta)
         h_scale = 1.0
         while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
-            h_scale /= 4.0
+            h_scale /= 2.0
             try:
                 res2 = self._composed(mechanism, parts, h_scale=h_scale)
             except _TooLarge:
@@ -365,7 +371,7 @@ class PLDAccountant:
         lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
         h_scale = 1.0
         while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
-            h_scale /= 4.0
+            h_scale /= 2.0
             try:
                 res2 = self._composed(mechanism, parts, h_scale=h_scale)
             except _TooLarge:
@@ -395,7 +401,7 @@ class PLDAccountant:
         steps = [(_step(m), k) for m, k in parts]
         T = sum(k for _, k in parts)
         step_tol = self.tail_tol / max(T, 1)
-        directional = any(s.kind == "dir" for s, _ in steps)
+        directional = any(s.kind in ("dir", "max") for s, _ in steps)
         # 1. a coarse pass sizes the window (Chernoff bounds of the coarse PMFs)
         lo_sum = hi_sum = 0.0
         for s, _ in steps:
@@ -454,11 +460,14 @@ class PLDAccountant:
                 add_up.append((u, k))
                 add_low.append((lw, k))
             elif s.kind == "max":
+                # upper: the symmetrised pair; lower: either direction's dominated pair
+                # (each profile is below the symmetrised one), one per composition
                 u, lw = disc(id(s), lambda s=s: dsc.discretize_symmetrised(s.a, s.b, h, tol))
+                _, lw_b = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
                 rem_up.append((u, k))
                 rem_low.append((lw, k))
                 add_up.append((u, k))
-                add_low.append((lw, k))
+                add_low.append((lw_b, k))
             else:
                 u, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
                 rem_up.append((u, k))
