@@ -645,9 +645,7 @@ def _sg_frac(q: float, sigma: float, alpha: float) -> float | None:
             return None
         n_terms *= 4
     # add the tail bound, then the floating-point error of the sums and the cancellation
-    log_a = (
-        float(np.logaddexp(log_a, tail)) if neg > -math.inf else float(np.logaddexp(log_a, tail))
-    )
+    log_a = float(np.logaddexp(log_a, tail))
     r = math.exp(neg - pos)
     log_a += _ULP * (2.0 * math.log2(n_terms) + 8.0) * (1.0 + r) / (1.0 - r) + 4 * _ULP * abs(log_a)
     if not math.isfinite(log_a):
