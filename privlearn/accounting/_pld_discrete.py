@@ -186,6 +186,14 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
         t[1:m] = t_delta - (d[1:m] - d[: m - 1]) / dX[: m - 1]
     w_last = max(delta[m - 1] - d[m - 1], 0.0)
     t[m] = 1.0 - w_last / dX[m - 1]
+    return up, _lower_pmf(t, X, dX, i0)
+
+
+def _lower_pmf(t: np.ndarray, X: np.ndarray, dX: np.ndarray, i0: int) -> StepPMF:
+    """Grid P-masses of ``max(gcm(g), 1 - x)`` from the slopes ``t`` of ``g - (1 - x)``
+    on the segments ``[0, X_0], [X_0, X_1], ..., [X_{m-1}, X_m]`` (g = 0 right of X_m).
+    ``gcm`` is the greatest convex minorant (pool-adjacent-violators on the slopes)."""
+    m = X.size - 1
     widths = np.concatenate([[X[0]], dX])
     t = isotonic_regression(t, weights=widths).x
     F = np.cumsum(t * widths)  # F(X_k) = g(X_k) - (1 - X_k), k = 0..m
@@ -198,7 +206,7 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
         # lowering its P-mass (this can only decrease sum (p - e^eps q)_+), or dropped.
         pos = np.nonzero(F >= 0)[0]
         if pos.size == 0:
-            return up, StepPMF(i0, np.zeros(1), 0.0)
+            return StepPMF(i0, np.zeros(1), 0.0)
         k = int(pos[0])
         x_prev = 0.0 if k == 0 else X[k - 1]
         F_prev = 0.0 if k == 0 else F[k - 1]
@@ -213,7 +221,7 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     else:
         first_kept = 0
     p_low[first_kept:] += X[first_kept:] * jumps[first_kept:]
-    return up, StepPMF(i0, p_low, 0.0)
+    return StepPMF(i0, p_low, 0.0)
 
 
 # ----------------------------------------------------------------------------------
@@ -223,8 +231,9 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
 _LAMBDAS = np.geomspace(1e-3, 3e3, 48)
 
 
-def log_mgf(pmfs: list[tuple[StepPMF, int]], h: float, lam: np.ndarray,
-            upper_tail: bool) -> np.ndarray:
+def log_mgf(
+    pmfs: list[tuple[StepPMF, int]], h: float, lam: np.ndarray, upper_tail: bool
+) -> np.ndarray:
     """Upper bound on ``log E[exp(lam S)]`` (``upper_tail``) or ``log E[exp(-lam S)]`` of
     the finite part of ``S = sum of independent losses`` (rounded up)."""
     tot = np.zeros_like(lam)
@@ -304,8 +313,15 @@ class ComposedPLD:
         return (self.j0 + np.arange(self.pi.size)) * self.h
 
 
-def compose_fft(pmfs: list[tuple[StepPMF, int]], h: float, a: float, b: float,
-                lam_a: float, lam_b: float, upper: bool) -> ComposedPLD:
+def compose_fft(
+    pmfs: list[tuple[StepPMF, int]],
+    h: float,
+    a: float,
+    b: float,
+    lam_a: float,
+    lam_b: float,
+    upper: bool,
+) -> ComposedPLD:
     """Compose the parts on the circular window of losses ``(j0 + j) h``, j < N, with
     ``j0 = floor(a / h)``; error terms are certified (see module docstring)."""
     j0 = math.floor(a / h)
@@ -357,9 +373,41 @@ def compose_fft(pmfs: list[tuple[StepPMF, int]], h: float, a: float, b: float,
     pi = np.roll(pi, -((j0 - total_offset) % N))
     single_allow = 64.0 * U * T_tot
     if upper:
-        return ComposedPLD(h, j0, pi, 1.0 - fin_mass, t_lo + t_hi,
-                           t_hi + fft_allow + single_allow, 0.0)
+        return ComposedPLD(
+            h, j0, pi, 1.0 - fin_mass, t_lo + t_hi, t_hi + fft_allow + single_allow, 0.0
+        )
     return ComposedPLD(h, j0, pi, 0.0, t_lo + t_hi, 0.0, t_lo + t_hi + fft_allow + single_allow)
+
+
+def _interval_quantities(pair: Pair, e: np.ndarray, h: float):
+    pg, pl, qg, ql = (np.asarray(a, dtype=float) for a in pair.tails(e))
+    P_I = np.maximum(np.where(pl[1:] < 0.5, pl[1:] - pl[:-1], pg[:-1] - pg[1:]), 0.0)
+    Q_I = np.maximum(np.where(ql[1:] < 0.5, ql[1:] - ql[:-1], qg[:-1] - qg[1:]), 0.0)
+    eh = math.expm1(h)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rho = np.exp(_safe_ratio_log(P_I, Q_I) - e[:-1])
+    rho = np.where(P_I > 0, np.where(Q_I > 0, rho, math.inf), 1.0)
+    rho = np.clip(np.nan_to_num(rho, nan=1.0, posinf=math.exp(h)), 1.0, math.exp(h))
+    theta = np.clip((rho - 1.0) / eh, 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        frac_d = np.exp(np.minimum(0.0, np.log(qg) + e - np.log(pg)))
+    delta = np.maximum(np.where(pg > 0, pg * (1.0 - np.nan_to_num(frac_d, nan=0.0)), 0.0), 0.0)
+    base = P_I * eh / rho
+    i0 = int(round(e[0] / h))
+    n = e.size - 1
+    s0 = -i0
+    X0 = math.exp(e[0])
+    d = np.zeros(n + 1)
+    d[0] = max(float(ql[0]) * X0 - float(pl[0]), 0.0)
+    R_low = base * (1.0 - theta)
+    L_low = base * theta
+    d[1 : s0 + 1] = R_low[:s0]
+    d[s0] = max(d[s0], L_low[s0])
+    d[s0 + 1 : n] = L_low[s0 + 1 : n]
+    d[n] = delta[n]
+    w = np.maximum(delta - d, 0.0)
+    om = pl + np.exp(e) * qg + d  # 1 - w without cancellation
+    return w, om
 
 
 def discretize_symmetrised(pa: Pair, pb: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
@@ -400,5 +448,19 @@ def discretize_symmetrised(pa: Pair, pb: Pair, h: float, tol: float) -> tuple[St
     q_mass = np.maximum(np.diff(s_all), 0.0)
     p_up = X * q_mass
     up = StepPMF(i0, p_up, float(delta[-1]))
-    _, low = discretize(pa, h, tol)
-    return up, low
+    # lower: on each interval take the lowered interpolant of one pair (the one larger at
+    # both ends, or pair a where they cross); at a grid point shared by intervals with
+    # different choices take the smaller value. Each chord then lies below the profile
+    # of one coarsened pair, hence below max(delta_a, delta_b).
+    wa, oma = _interval_quantities(pa, e, h)
+    wb, omb = _interval_quantities(pb, e, h)
+    use_b = (wb[:-1] > wa[:-1]) & (wb[1:] > wa[1:])  # choice per interval
+    ch_left = np.concatenate([[use_b[0]], use_b])  # choice of the interval left of point
+    ch_right = np.concatenate([use_b, [use_b[-1]]])
+    w = np.minimum(np.where(ch_left, wb, wa), np.where(ch_right, wb, wa))
+    om = np.maximum(np.where(ch_left, omb, oma), np.where(ch_right, omb, oma))
+    t = np.empty(n + 1)
+    t[0] = 1.0 - om[0] / X[0]
+    dw = np.where(w[:-1] < 0.5, w[1:] - w[:-1], om[:-1] - om[1:])
+    t[1:] = 1.0 + dw / dX
+    return up, _lower_pmf(t, X, dX, i0)

@@ -183,8 +183,9 @@ class RemovePair(Pair):
             v = np.expm1(x) + q
             big = x > 30.0
             g = np.where(v > 0, np.log(np.where(v > 0, v, 1.0)) - math.log(q), -np.inf)
-            g = np.where(big, x + np.log1p(-(1.0 - q) * np.exp(-np.where(big, x, 0.0)))
-                         - math.log(q), g)
+            g = np.where(
+                big, x + np.log1p(-(1.0 - q) * np.exp(-np.where(big, x, 0.0))) - math.log(q), g
+            )
         return g
 
     def tails(self, x: np.ndarray) -> Tails:

@@ -162,7 +162,8 @@ def _base_pure(m: Mechanism, factor: float = 1.0) -> float:
 
 
 def _factor(m: Subsampled) -> float:
-    return 2.0 if (m.scheme is Sampling.FIXED and m.neighbouring is Neighbouring.ADD_REMOVE) else 1.0
+    fixed_add_remove = m.scheme is Sampling.FIXED and m.neighbouring is Neighbouring.ADD_REMOVE
+    return 2.0 if fixed_add_remove else 1.0
 
 
 def _step_pure_epsilon(m: Mechanism) -> float:
@@ -199,8 +200,7 @@ def _step(m: Mechanism) -> _Step:
         base = _base_pair(m.base, _factor(m))
         q = m.rate
         if q >= 1.0:
-            return _Step("sym", base) if not isinstance(m.base, RandomizedResponse) \
-                else _Step("sym", base)
+            return _Step("sym", base)
         rem, add = RemovePair(base, q), AddPair(base, q)
         if m.neighbouring is Neighbouring.REPLACE_ONE:
             return _Step("max", rem, add)
@@ -369,8 +369,10 @@ class PLDAccountant:
         res = self._composed(mechanism, parts, h_scale=1.0)
         up = max(_delta_at(u, epsilon, True) for u, _ in res.directions)
         lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
+        # delta is far more sensitive than epsilon to the grid: refine only while the
+        # relative gap exceeds 10 x rel_gap, at most twice
         h_scale = 1.0
-        while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
+        while up > 0 and (up - lo) > 10 * self.rel_gap * up and h_scale > 1 / 4:
             h_scale /= 2.0
             try:
                 res2 = self._composed(mechanism, parts, h_scale=h_scale)
@@ -416,8 +418,9 @@ class PLDAccountant:
             pad = 0.05 * (b - a) + 4 * h0
             windows.append([a - pad, b + pad, la, lb])
         width = max(w[1] - w[0] for w in windows)
-        scale = min(dsc.loss_scale(pr) for s, _ in steps
-                    for pr in ((s.a,) if s.b is None else (s.a, s.b)))
+        scale = min(
+            dsc.loss_scale(pr) for s, _ in steps for pr in ((s.a,) if s.b is None else (s.a, s.b))
+        )
         h = max(min(width / self.n_target, scale / 8.0), 1e-7) * h_scale
         if width / h > self.max_points:
             if h_scale < 1.0:

