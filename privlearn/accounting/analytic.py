@@ -10,8 +10,10 @@ composes as mu = sqrt(sum mu_i^2)), and the curve of a single Gaussian is (Balle
 
 Both directions are evaluated in log space (``scipy.special.log_ndtr``) so that neither
 overflow nor cancellation occurs for mu from 1e-4 to 1e3. ``epsilon(delta)`` is found by
-bracketing and bisection on this monotone function and rounded *up*: the returned
-epsilon always satisfies ``delta(epsilon) <= delta`` as evaluated.
+bracketing and bisection on this monotone function and rounded *up*: every evaluation
+carries a bound on its floating-point error, and the returned epsilon satisfies
+``delta(epsilon) <= delta`` even after adding that error (certified, not merely as
+evaluated). ``*_bounds`` functions return certified (lower, upper) pairs.
 
 References
 ----------
@@ -37,57 +39,132 @@ from privlearn.accounting.mechanisms import Composed, Gaussian, Mechanism
 
 __all__ = [
     "gaussian_delta",
+    "gaussian_delta_bounds",
     "gaussian_epsilon",
+    "gaussian_epsilon_bounds",
     "effective_noise_multiplier",
     "AnalyticGaussianAccountant",
 ]
 
 
-def gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
-    """Exact delta(epsilon) of the Gaussian mechanism (Balle & Wang 2018, Thm 8).
+_ULP = float(np.finfo(float).eps)
+_TINY = float(np.finfo(float).smallest_normal)
 
-    Computed as ``Phi(a) * (1 - exp(eps + log Phi(b) - log Phi(a)))`` with
-    ``a = -eps/mu + mu/2``, ``b = -eps/mu - mu/2``, in log space.
+
+def _gaussian_delta_and_error(
+    noise_multiplier: float, epsilon: float
+) -> tuple[float, float, float]:
+    """Balle & Wang (2018), Theorem 8, as evaluated in floating point, together with a
+    bound on the relative error of that evaluation.
+
+    ``delta = Phi(a) * (1 - exp(r))`` with ``a = -eps/mu + mu/2``, ``b = -eps/mu - mu/2``,
+    ``r = eps + log Phi(b) - log Phi(a) <= 0``. The error bound propagates the rounding of
+    ``a`` and ``b`` through ``d log Phi(x) / dx <= |x| + 1`` (Mills-ratio bound), a few ulps
+    for each ``log_ndtr``/``exp``, and the conditioning ``e^r / (1 - e^r) <= 1/|r|`` of
+    ``1 - e^r``; it is then multiplied by 4 for safety.
+
+    Returns ``(delta, relative_error, upper)`` where ``upper >= Phi(a) >= delta`` is a
+    cruder certified bound that stays valid when the relative error is large.
     """
-    if math.isinf(epsilon):
-        return 0.0
     mu = 1.0 / noise_multiplier
     a = -epsilon / mu + mu / 2.0
     b = -epsilon / mu - mu / 2.0
     log_pa = float(special.log_ndtr(a))
     log_pb = float(special.log_ndtr(b))
     r = epsilon + log_pb - log_pa  # log of the ratio of the two terms, <= 0
-    if r >= 0.0:
-        return 0.0
-    return float(math.exp(log_pa) * -math.expm1(r))
+    da = 2.0 * _ULP * (abs(epsilon / mu) + mu + abs(a))  # rounding of a and b
+    err_a = 4.0 * _ULP * (abs(log_pa) + 1.0) + (abs(a) + 1.0) * da
+    crude = math.exp(min(log_pa + 4.0 * err_a, 0.0))
+    if r >= 0.0:  # impossible in exact arithmetic (delta > 0): rounding dominates
+        return 0.0, math.inf, crude
+    err_b = 4.0 * _ULP * (abs(log_pb) + 1.0) + (abs(b) + 1.0) * da
+    err_r = 2.0 * _ULP * (abs(epsilon) + abs(log_pa) + abs(log_pb)) + err_a + err_b
+    rel = 4.0 * (err_a + err_r / abs(r) + 4.0 * _ULP)
+    return float(math.exp(log_pa) * -math.expm1(r)), rel, crude
 
 
-def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
-    """Smallest epsilon with ``gaussian_delta(noise_multiplier, epsilon) <= delta``.
+def gaussian_delta_bounds(noise_multiplier: float, epsilon: float) -> tuple[float, float]:
+    """Certified ``(lower, upper)`` bounds on the exact delta(epsilon) of the Gaussian
+    mechanism (Balle & Wang 2018, Thm 8), bracketing the floating-point evaluation by its
+    error bound."""
+    if math.isinf(epsilon):
+        return 0.0, 0.0
+    d, rel, crude = _gaussian_delta_and_error(noise_multiplier, epsilon)
+    if rel < 1.0:
+        lower, upper = d * (1.0 - rel), min(1.0, crude, d * (1.0 + rel))
+    else:  # the fine evaluation is unreliable: fall back on delta <= Phi(a)
+        lower, upper = 0.0, min(1.0, crude)
+    if upper < _TINY:
+        # the exact value is positive but below the normal floating-point range: round
+        # up to the smallest normal float rather than returning an optimistic zero
+        upper = _TINY
+    return lower, upper
 
-    Rounded up: the result satisfies the inequality as evaluated in floating point.
-    Returns ``inf`` for ``delta == 0`` (the Gaussian mechanism has no pure-DP guarantee).
+
+def gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
+    """Exact delta(epsilon) of the Gaussian mechanism (Balle & Wang 2018, Thm 8), rounded
+    up by a bound on the floating-point error (a certified upper bound).
+
+    Computed as ``Phi(a) * (1 - exp(eps + log Phi(b) - log Phi(a)))`` with
+    ``a = -eps/mu + mu/2``, ``b = -eps/mu - mu/2``, in log space.
+    """
+    return gaussian_delta_bounds(noise_multiplier, epsilon)[1]
+
+
+def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[float, float]:
+    """Certified ``(lower, upper)`` bounds on the exact epsilon(delta) of the Gaussian
+    mechanism: ``upper`` satisfies ``delta_upper(upper) <= delta`` and ``lower`` satisfies
+    ``delta_lower(lower) > delta`` (or is 0), with the bounds of
+    :func:`gaussian_delta_bounds`. Returns ``(inf, inf)`` for ``delta == 0``.
     """
     if delta <= 0.0:
-        return math.inf
+        return math.inf, math.inf
     if gaussian_delta(noise_multiplier, 0.0) <= delta:
-        return 0.0
+        return 0.0, 0.0
     mu = 1.0 / noise_multiplier
     hi = max(1.0, mu * mu / 2.0 + mu * 10.0)
     while gaussian_delta(noise_multiplier, hi) > delta:
         hi *= 2.0
         if hi > 1e12:
             raise AccountingError("analytic Gaussian: epsilon bracket exceeded 1e12")
-    f = lambda e: math.log(max(gaussian_delta(noise_multiplier, e), 1e-300)) - math.log(delta)  # noqa: E731
+
+    def f(e: float) -> float:
+        d = _gaussian_delta_and_error(noise_multiplier, e)[0]
+        return math.log(max(d, 1e-300)) - math.log(delta)
+
     eps = optimize.brentq(f, 0.0, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
     # round up until the certified inequality holds
-    step = max(abs(eps), 1.0) * 1e-15
+    upper = eps
+    step = max(abs(eps), 1e-3) * 1e-14
     for _ in range(200):
-        if gaussian_delta(noise_multiplier, eps) <= delta:
-            return float(eps)
-        eps += step
+        if gaussian_delta_bounds(noise_multiplier, upper)[1] <= delta:
+            break
+        upper += step
         step *= 2.0
-    raise AccountingError("analytic Gaussian: could not certify epsilon")  # pragma: no cover
+    else:  # pragma: no cover
+        raise AccountingError("analytic Gaussian: could not certify epsilon")
+    lower = eps
+    step = max(abs(eps), 1e-3) * 1e-14
+    for _ in range(200):
+        if lower <= 0.0:
+            lower = 0.0
+            break
+        if gaussian_delta_bounds(noise_multiplier, lower)[0] > delta:
+            break
+        lower -= step
+        step *= 2.0
+    else:  # pragma: no cover
+        raise AccountingError("analytic Gaussian: could not certify a lower epsilon")
+    return float(max(lower, 0.0)), float(upper)
+
+
+def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+    """Smallest epsilon whose certified delta (:func:`gaussian_delta`, an upper bound on
+    the exact value) is at most ``delta``; hence a certified upper bound on the exact
+    epsilon(delta). Returns ``inf`` for ``delta == 0`` (the Gaussian mechanism has no
+    pure-DP guarantee).
+    """
+    return gaussian_epsilon_bounds(noise_multiplier, delta)[1]
 
 
 def effective_noise_multiplier(mechanism: Mechanism) -> float | None:
@@ -117,12 +194,12 @@ class AnalyticGaussianAccountant:
         return sigma
 
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
-        eps = gaussian_epsilon(self._sigma(mechanism), delta)
-        return PrivacyBound(upper=eps, lower=eps, accountant=self.name)
+        lo, hi = gaussian_epsilon_bounds(self._sigma(mechanism), delta)
+        return PrivacyBound(upper=hi, lower=lo, accountant=self.name)
 
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
-        d = gaussian_delta(self._sigma(mechanism), epsilon)
-        return PrivacyBound(upper=d, lower=d, accountant=self.name)
+        lo, hi = gaussian_delta_bounds(self._sigma(mechanism), epsilon)
+        return PrivacyBound(upper=hi, lower=lo, accountant=self.name)
 
 
 register_accountant(AnalyticGaussianAccountant())

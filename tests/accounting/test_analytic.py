@@ -1,0 +1,112 @@
+"""Analytic Gaussian accountant against high-precision evaluation of Balle & Wang (2018)."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from privlearn.accounting import (
+    Gaussian,
+    Laplace,
+    UnsupportedMechanismError,
+    compose,
+    subsample,
+)
+from privlearn.accounting.analytic import (
+    effective_noise_multiplier,
+    gaussian_delta,
+    gaussian_delta_bounds,
+    gaussian_epsilon,
+    gaussian_epsilon_bounds,
+)
+
+
+def _delta_mp(sigma: float, eps: float) -> mp.mpf:
+    """Balle & Wang (2018), Theorem 8, in 60-digit arithmetic."""
+    with mp.workdps(60):
+        mu = 1 / mp.mpf(sigma)
+        e = mp.mpf(eps)
+        return mp.ncdf(-e / mu + mu / 2) - mp.exp(e) * mp.ncdf(-e / mu - mu / 2)
+
+
+SIGMAS = [0.005, 0.05, 0.5, 1.0, 3.0, 30.0, 500.0]
+DELTAS = [1e-9, 1e-7, 1e-5]
+
+
+@pytest.mark.parametrize("sigma", SIGMAS)
+@pytest.mark.parametrize("delta", DELTAS)
+def test_epsilon_is_certified_and_tight_against_mpmath(sigma, delta):
+    eps = gaussian_epsilon(sigma, delta)
+    assert math.isfinite(eps) and eps > 0
+    # certified: the exact delta at the returned epsilon does not exceed the target
+    assert _delta_mp(sigma, eps) <= delta
+    # tight: a slightly smaller epsilon violates the target
+    assert _delta_mp(sigma, eps * (1 - 1e-9)) > delta
+    # the certified lower bound is below the exact epsilon
+    lo, hi = gaussian_epsilon_bounds(sigma, delta)
+    assert hi == eps and lo <= hi * (1 + 1e-15)
+    assert lo == 0.0 or _delta_mp(sigma, lo) > delta
+
+
+@pytest.mark.parametrize("sigma", SIGMAS)
+def test_delta_matches_mpmath(sigma):
+    for eps in [0.0, 0.01, 0.5, 3.0, 40.0]:
+        exact = _delta_mp(sigma, eps)
+        lo, hi = gaussian_delta_bounds(sigma, eps)
+        assert gaussian_delta(sigma, eps) == hi
+        assert lo <= exact <= hi
+        if exact > 1e-290:
+            assert hi == pytest.approx(float(exact), rel=1e-9)
+
+
+@pytest.mark.parametrize("sigma", [0.05, 1.0, 20.0])
+def test_round_trip(sigma):
+    for delta in DELTAS:
+        eps = Gaussian(sigma).epsilon(delta, accountant="analytic")
+        assert Gaussian(sigma).delta(eps, accountant="analytic") <= delta
+
+
+def test_seed_noisy_gd_value():
+    # tutorial 001: autodp's exact value for sigmas (5, 3, 4) at delta = 1e-6
+    m = compose([Gaussian(5.0), Gaussian(3.0), Gaussian(4.0)])
+    assert m.epsilon(1e-6, accountant="analytic") == pytest.approx(2.0677358464697515, rel=1e-7)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sigma=st.floats(0.05, 50.0),
+    k=st.integers(1, 10_000),
+    delta=st.sampled_from(DELTAS),
+)
+def test_composition_of_k_gaussians_is_one_gaussian(sigma, k, delta):
+    composed = compose(Gaussian(sigma), steps=k).epsilon(delta, accountant="analytic")
+    single = Gaussian(sigma / math.sqrt(k)).epsilon(delta, accountant="analytic")
+    assert composed == pytest.approx(single, rel=1e-9)
+
+
+def test_heterogeneous_effective_noise():
+    sig = np.array([5.0, 3.0, 4.0])
+    m = compose([Gaussian(s) for s in sig], steps=[1, 2, 3])
+    expected = 1 / math.sqrt(1 / 25 + 2 / 9 + 3 / 16)
+    assert effective_noise_multiplier(m) == pytest.approx(expected, rel=1e-14)
+    assert effective_noise_multiplier(Laplace(1.0)) is None
+
+
+def test_delta_zero_and_unsupported():
+    assert math.isinf(Gaussian(1.0).epsilon(0.0, accountant="analytic"))
+    assert gaussian_delta(1.0, math.inf) == 0.0
+    with pytest.raises(UnsupportedMechanismError, match="analytic"):
+        subsample(Gaussian(1.0), 0.1).epsilon(1e-5, accountant="analytic")
+    with pytest.raises(UnsupportedMechanismError):
+        Laplace(1.0).epsilon(1e-5, accountant="analytic")
+
+
+def test_bounds_are_exact():
+    b = Gaussian(1.3).epsilon_bounds(1e-6, accountant="analytic")
+    assert b.accountant == "analytic"
+    assert b.lower <= b.upper <= b.lower * (1 + 1e-9)
