@@ -1,0 +1,97 @@
+"""Calibration: the result meets the target, is tight, and rounds on the safe side."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from privlearn.accounting import (
+    CalibrationError,
+    Gaussian,
+    Laplace,
+    calibrate,
+    compose,
+    subsample,
+)
+from privlearn.accounting.analytic import gaussian_epsilon
+
+
+def test_noise_multiplier_meets_target_and_is_tight_analytic():
+    k, eps, delta = 50, 1.0, 1e-5
+    x = calibrate(lambda s: compose(Gaussian(s), k), eps, delta, accountant="analytic", rtol=1e-7)
+    assert compose(Gaussian(x), k).epsilon(delta, "analytic") <= eps
+    assert compose(Gaussian(x * (1 - 1e-5)), k).epsilon(delta, "analytic") > eps
+    # composition of k Gaussians = one Gaussian with sigma / sqrt(k)
+    assert gaussian_epsilon(x / math.sqrt(k), delta) <= eps
+
+
+def test_noise_multiplier_rdp_subsampled():
+    q, T, eps, delta = 256 / 60000, 1000, 1.0, 1e-5
+
+    def f(s):
+        return compose(subsample(Gaussian(s), q), T)
+
+    x = calibrate(f, eps, delta, accountant="rdp")
+    assert f(x).epsilon(delta, "rdp") <= eps
+    assert f(x * (1 - 1e-5)).epsilon(delta, "rdp") > eps
+
+
+def test_steps_integer_rounded_down():
+    eps, delta = 2.0, 1e-5
+
+    def f(t):
+        return compose(subsample(Gaussian(1.0), 0.01), int(t))
+
+    t = calibrate(f, eps, delta, accountant="rdp", integer=True)
+    assert isinstance(t, int)
+    assert f(t).epsilon(delta, "rdp") <= eps
+    assert f(t + 1).epsilon(delta, "rdp") > eps
+
+
+def test_steps_with_bounds():
+    def f(t):
+        return compose(Laplace(10.0), int(t))
+
+    # pure DP: T / b <= 1.05 -> T = 10
+    t = calibrate(f, 1.05, 0.0, accountant="rdp", integer=True, bounds=(1, 1000))
+    assert t == 10
+
+
+def test_rate_with_bounds_rounded_down():
+    eps, delta, T = 1.5, 1e-6, 500
+
+    def f(q):
+        return compose(subsample(Gaussian(1.2), q), T)
+
+    q = calibrate(f, eps, delta, accountant="rdp", bounds=(1e-6, 1.0), rtol=1e-7)
+    assert 1e-6 < q < 1.0
+    assert f(q).epsilon(delta, "rdp") <= eps
+    assert f(min(1.0, q * (1 + 1e-5))).epsilon(delta, "rdp") > eps
+
+
+def test_rate_upper_bound_feasible_returns_bound():
+    def f(q):
+        return subsample(Gaussian(50.0), q)
+
+    assert calibrate(f, 1.0, 1e-5, accountant="rdp", bounds=(1e-3, 1.0)) == 1.0
+
+
+def test_unreachable_target_raises():
+    def f(q):
+        return compose(subsample(Gaussian(0.5), q), 10_000)
+
+    with pytest.raises(CalibrationError, match="unreachable"):
+        calibrate(f, 0.01, 1e-5, accountant="rdp", bounds=(0.5, 1.0))
+    # Laplace cannot reach epsilon below T / b at delta = 0 with b <= 10
+    with pytest.raises(CalibrationError, match="unreachable"):
+        calibrate(lambda b: compose(Laplace(b), 100), 1.0, 0.0, accountant="rdp", bounds=(1, 10))
+
+
+def test_calibration_input_validation():
+    with pytest.raises(ValueError, match=r"epsilon must be in \(0, inf\).*-1"):
+        calibrate(lambda s: Gaussian(s), -1.0, 1e-5)
+    with pytest.raises(ValueError, match=r"delta must be in \[0, 1\).*2"):
+        calibrate(lambda s: Gaussian(s), 1.0, 2.0)
+    with pytest.raises(ValueError, match="bounds"):
+        calibrate(lambda s: Gaussian(s), 1.0, 1e-5, bounds=(2.0, 1.0))
