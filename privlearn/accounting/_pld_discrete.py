@@ -18,16 +18,19 @@ profile ``delta(x) = P(L > log x) - x Q(L > log x)`` is convex in ``x = e^eps``.
 * **Lower (dominated) pair**. Coarsening the output to "which loss interval" is a
   post-processing, so its pair C is dominated by the true one (data processing). The
   profile of C agrees with the exact profile at every ``X_i`` and on each interval lies
-  below the chord by a tent of height ``G_i = Q(I) dX theta (1 - theta)``. Lowering each
-  grid value by the larger adjacent ``G`` and interpolating gives a function below the
-  profile of C; its greatest convex minorant (pool-adjacent-violators on the slopes) and
-  its maximum with ``1 - x`` is a valid privacy profile below C's, hence the profile of a
-  grid-supported pair dominated by C (Blackwell; Dong, Roth & Su 2022, Proposition 2.12
-  and Theorem 2.10). The single off-grid atom created by the ``max`` with ``1 - x`` and
-  all mass above the truncation point are *dropped*: removing outcomes of a (product)
-  pair can only decrease ``sum (p - e^eps q)_+``, so the sub-probability composition is
-  still a lower bound. Composition preserves both orders (Dong, Roth & Su 2022,
-  Theorem 3.2 / Lemma C.3), which makes the composed upper and lower bounds certified.
+  below the chord by a tent of height ``dX Q(I) theta (1 - theta)``. Lowering the left
+  end point of the interval by ``L = P(I) - X_i Q(I)`` or its right end point by
+  ``R = X_{i+1} Q(I) - P(I)`` puts the chord below that tent; we lower right end points
+  left of ``eps = 0`` (values stay above ``1 - x``) and left end points right of it
+  (values stay above 0). The greatest convex minorant of the lowered interpolant
+  (pool-adjacent-violators on the slopes) is then a valid privacy profile below C's,
+  i.e. the profile of a grid-supported pair dominated by C (Blackwell; Dong, Roth & Su
+  2022, Proposition 2.12 and Theorem 2.10). Mass above the last grid point is dropped;
+  removing outcomes, or lowering an outcome's P-mass at fixed Q-mass, can only decrease
+  ``sum (p - e^eps q)_+`` of every product outcome, so such sub-probability PMFs still
+  give lower bounds after composition. Composition preserves both orders (Dong, Roth &
+  Su 2022, Theorem 3.2), so the composed upper and lower bounds are certified. The
+  bias of both constructions is second order in ``h`` per step.
 
 Composition
 -----------

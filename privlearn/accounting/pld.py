@@ -226,9 +226,10 @@ def _delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
             val = 0.0
         else:
             val = float(c.A[j] - math.exp(eps - (j0 + j) * h) * c.C[j])
+    rnd = 4.0 * N * dsc.U * float(np.sum(np.abs(pi)))  # roundoff of the cumulative sums
     if upper:
-        return min(1.0, max(val, 0.0) + c.inf + c.slack_up)
-    return max(0.0, val - c.slack_low)
+        return min(1.0, max(val, 0.0) + rnd + c.inf + c.slack_up)
+    return max(0.0, val - rnd - c.slack_low)
 
 
 def _eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
@@ -244,7 +245,9 @@ def _eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
             )
     else:
         extra = -c.slack_low
-    vals = A - C + extra
+    # summation roundoff of the cumulative sums: relative <= N u (terms summed from the top)
+    rnd = (4.0 * N * dsc.U) * A * (1.0 if upper else -1.0)  # absolute, per grid point
+    vals = A - C + rnd + extra
     above = np.nonzero(vals > delta)[0]
     if above.size == 0:
         # the crossing is at or below the first grid loss l0
@@ -257,6 +260,7 @@ def _eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
         if tot <= 0 or B <= 0:
             return 0.0
         eps = l0 + math.log(tot / B)
+        eps += (1.0 if upper else -1.0) * 4e-15 * max(1.0, abs(eps))
         return max(0.0, min(eps, l0))
     k = int(above[-1])
     if k >= N - 1:
@@ -264,7 +268,7 @@ def _eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
             raise AccountingError("pld: epsilon lies beyond the composition window")
         return (j0 + N - 1) * h
     lk = (j0 + k) * h
-    num = A[k] + extra - delta
+    num = A[k] + rnd[k] + extra - delta
     if C[k] > 0 and num > 0:
         t = math.log(num / C[k])
         t = min(max(t, 0.0), h)
