@@ -219,14 +219,16 @@ def _delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
     l0 = j0 * h
     if eps <= l0:
         lk = (j0 + np.arange(N)) * h
+        tail = float(np.sum(np.abs(pi)))
         val = float(np.sum(pi) - np.sum(pi * np.exp(eps - lk)))
     else:
         j = math.ceil(eps / h - j0) - 1  # l_j < eps <= l_{j+1}
         if j >= N - 1:
-            val = 0.0
+            val, tail = 0.0, 0.0
         else:
+            tail = float(c.A[j])
             val = float(c.A[j] - math.exp(eps - (j0 + j) * h) * c.C[j])
-    rnd = 4.0 * N * dsc.U * float(np.sum(np.abs(pi)))  # roundoff of the cumulative sums
+    rnd = 4.0 * N * dsc.U * abs(tail)  # summation roundoff of the cumulative sums
     if upper:
         return min(1.0, max(val, 0.0) + rnd + c.inf + c.slack_up)
     return max(0.0, val - rnd - c.slack_low)
