@@ -31,8 +31,8 @@ orders are extended to real orders with the convexity of ``(alpha - 1) D_alpha``
 neighbouring integers is a valid upper bound -- and with monotonicity in alpha (their
 Theorem 3) on (1, 2].
 
-All sums run in log space (``scipy.special.logsumexp``); each result is rounded up by a
-margin covering the floating-point error of the sum.
+All sums run in log space (log-sum-exp with the maximum factored out); each result is
+rounded up by a margin covering the floating-point error of the sum.
 
 References
 ----------
@@ -233,6 +233,20 @@ def _segments(n: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray, np
     return n_rep, k, starts
 
 
+def _logsumexp(x: np.ndarray, axis: int | None = None) -> np.ndarray | float:
+    """``log(sum(exp(x)))`` with the maximum factored out (``-inf`` for no terms)."""
+    x = np.asarray(x, dtype=float)
+    if x.size == 0:
+        return -math.inf
+    m = np.max(x, axis=axis, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = np.log(np.sum(np.exp(x - m_safe), axis=axis, keepdims=True)) + m_safe
+    out = np.where(np.isposinf(m), np.inf, out)
+    out = np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
+    return float(out) if out.ndim == 0 else out
+
+
 def _segment_logsumexp(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
     m = np.maximum.reduceat(x, starts)
     lengths = np.diff(np.concatenate([starts, [len(x)]]))
@@ -302,7 +316,7 @@ def _(mechanism: RandomizedResponse, alphas: np.ndarray) -> np.ndarray:
     terms = [a * lp + (1 - a) * lr, a * lr + (1 - a) * lp]
     if k > 2:
         terms.append(np.full_like(a, math.log((k - 2) * r)))
-    val = special.logsumexp(np.stack(terms), axis=0) / (a - 1)
+    val = _logsumexp(np.stack(terms), axis=0) / (a - 1)
     val = val + 8 * _ULP * (np.abs(terms[0]) + np.abs(terms[1]) + 1.0) / (a - 1)
     return np.minimum(np.maximum(val, 0.0), mechanism.pure_epsilon)
 
@@ -632,8 +646,8 @@ def _sg_frac(q: float, sigma: float, alpha: float) -> float | None:
             return None
         body, sg, tail = lc[:-1], sign[:-1], float(lc[-1])
         decreasing = bool(lc[-1] <= lc[-2] <= lc[-3])
-        pos = special.logsumexp(body[sg > 0]) if (sg > 0).any() else -math.inf
-        neg = special.logsumexp(body[sg < 0]) if (sg < 0).any() else -math.inf
+        pos = _logsumexp(body[sg > 0])
+        neg = _logsumexp(body[sg < 0])
         if neg >= pos - 1e-3:  # heavy cancellation: do not trust the difference
             return None
         log_a = pos + math.log1p(-math.exp(neg - pos)) if neg > -math.inf else pos
