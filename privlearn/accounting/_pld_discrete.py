@@ -369,8 +369,8 @@ def compose_fft(
         err += count * (5.0 * U * log2n * l1) * mrel
         lra = np.where(np.isfinite(lr), -lr, 0.0)
         err += (count * U) * absP * (np.abs(lra) + 8.0)
-    l2_err = math.sqrt(2.0 * float(np.dot(err, err)))
-    l2_spec = math.sqrt(2.0 * float(np.dot(absP, absP)))
+    l2_err = math.sqrt(2.0 * float(np.sum(err * err)))
+    l2_spec = math.sqrt(2.0 * float(np.sum(absP * absP)))
     fft_allow = l2_err + 5.0 * U * log2n * l2_spec  # = sqrt(N) * ||e||_2
     pi = sfft.irfft(spec, n=N)
     pi = np.roll(pi, -((j0 - total_offset) % N))
