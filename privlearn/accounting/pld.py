@@ -349,18 +349,20 @@ class PLDAccountant:
             # the exact value, correctly rounded per term and summed with fsum (lower and
             # upper coincide up to that rounding)
             return PrivacyBound(e, e, self.name)
+        pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
         res = self._composed(mechanism, parts, h_scale=1.0)
         up, lo = self._eps_bounds(res, delta)
+        up, lo = min(up, pe), min(lo, pe)
         h_scale = 1.0
         while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
             h_scale /= 2.0
             try:
                 res2 = self._composed(mechanism, parts, h_scale=h_scale)
-            except _TooLarge:
+                up2, lo2 = self._eps_bounds(res2, delta)
+            except (_TooLarge, AccountingError):
                 break
-            up2, lo2 = self._eps_bounds(res2, delta)
             up, lo = min(up, up2), max(lo, lo2)
-        return PrivacyBound(up, min(lo, up), self.name)
+        return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
 
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon."""
@@ -382,7 +384,7 @@ class PLDAccountant:
             h_scale /= 2.0
             try:
                 res2 = self._composed(mechanism, parts, h_scale=h_scale)
-            except _TooLarge:
+            except (_TooLarge, AccountingError):
                 break
             up = min(up, max(_delta_at(u, epsilon, True) for u, _ in res2.directions))
             lo = max(lo, max(_delta_at(low, epsilon, False) for _, low in res2.directions))
