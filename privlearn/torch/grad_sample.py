@@ -103,19 +103,28 @@ class Contribution:
         raise NotImplementedError
 
 
+def _rowdot(x: torch.Tensor) -> torch.Tensor:
+    """Squared norm of each row of a 2-D tensor (one batched dot product)."""
+    x = x.contiguous()
+    return torch.bmm(x.unsqueeze(1), x.unsqueeze(2)).view(x.shape[0])
+
+
 class Materialized(Contribution):
     """Per-example gradients held explicitly."""
 
     def __init__(self, params: Sequence[nn.Parameter], grads: Sequence[torch.Tensor]):
         self.params = tuple(params)
         self.grads = list(grads)
+        self._sq = None
 
     def sq_norms(self) -> torch.Tensor:
-        out = None
-        for g in self.grads:
-            s = g.reshape(g.shape[0], -1).pow(2).sum(1)
-            out = s if out is None else out + s
-        return out
+        if self._sq is None:
+            out = None
+            for g in self.grads:
+                s = _rowdot(g.reshape(g.shape[0], -1))
+                out = s if out is None else out + s
+            self._sq = out
+        return self._sq
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         return [(c.to(g.dtype) @ g.reshape(g.shape[0], -1)).view(g.shape[1:]) for g in self.grads]
@@ -179,18 +188,29 @@ class OuterProduct(Contribution):
             ghost = use_ghost(b, G, t, d, p, a.element_size())
         self.ghost = ghost
         self._ps = None
+        self._sq = None
+        self._bias_cache = None
         if not ghost:
             # (B, G, p, d) per-example weight gradients via batched matmul
             self._ps = torch.matmul(g.transpose(-1, -2), a)
 
     def _bias_ps(self) -> torch.Tensor:
-        b, G, t, d, p = self.dims
-        return self.g.sum(2).reshape(b, G * p)
+        if self._bias_cache is None:
+            b, G, t, d, p = self.dims
+            self._bias_cache = self.g.sum(2).reshape(b, G * p)
+        return self._bias_cache
 
     def sq_norms(self) -> torch.Tensor:
+        if self._sq is None:
+            self._sq = self._sq_norms()
+        return self._sq
+
+    def _sq_norms(self) -> torch.Tensor:
         b, G, t, d, p = self.dims
         if self._ps is not None:
-            w = self._ps.reshape(b, -1).pow(2).sum(1)
+            w = _rowdot(self._ps.reshape(b, -1))
+        elif t == 1 and G == 1:
+            w = _rowdot(self.a.reshape(b, d)) * _rowdot(self.g.reshape(b, p))
         elif t == 1:
             w = (self.a.pow(2).sum(-1) * self.g.pow(2).sum(-1)).reshape(b, -1).sum(1)
         else:
@@ -198,7 +218,7 @@ class OuterProduct(Contribution):
             gg = torch.matmul(self.g, self.g.transpose(-1, -2))
             w = (aa * gg).reshape(b, -1).sum(1)
         if self.bias is not None:
-            w = w + self._bias_ps().pow(2).sum(1)
+            w = w + _rowdot(self._bias_ps())
         return w
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -240,8 +260,9 @@ def register_rule(*layer_types: type) -> Callable[[Rule], Rule]:
     """Decorator registering ``rule(module, record, params) -> Contribution``.
 
     ``params`` are the module's trainable parameters (recursive), in
-    ``named_parameters`` order; the contribution must cover exactly these. The rule
-    receives output gradients already multiplied by the loss-reduction factor.
+    ``named_parameters`` order; the contribution must cover exactly these. The rule must
+    be linear in the recorded output gradients (the tracker applies the loss-reduction
+    factor to its results).
     """
 
     def deco(fn: Rule) -> Rule:
@@ -261,8 +282,10 @@ def get_rule(module: nn.Module) -> Rule | None:
 
 
 def _scaled(record: Record, i: int = 0) -> torch.Tensor:
-    g = record.grad(i)
-    return g * record.scale if record.scale != 1.0 else g
+    """Output gradient ``i`` as recorded. Rules are linear in it: the tracker applies the
+    loss-reduction factor to the norms and sums afterwards (one multiply per step, not
+    per layer)."""
+    return record.grad(i)
 
 
 @register_rule(nn.Linear)
@@ -282,7 +305,11 @@ def linear_rule(module: nn.Linear, record: Record, params) -> Contribution:
 
 
 def _conv_patches(module, x: torch.Tensor, nd: int) -> torch.Tensor:
-    """im2col of the (padded) input: ``(B, C_in * prod(kernel), L)``."""
+    """Patches of the (padded) input as rows: ``(B, G, L, C_in / G * prod(kernel))``.
+
+    Built with ``as_strided`` and one copy (several times faster on CPU than
+    ``F.unfold``/im2col for the usual small images).
+    """
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
     pad = module._reversed_padding_repeated_twice
     if any(pad):
@@ -292,7 +319,15 @@ def _conv_patches(module, x: torch.Tensor, nd: int) -> torch.Tensor:
         k, s, dl = (1, module.kernel_size[0]), (1, module.stride[0]), (1, module.dilation[0])
     else:
         k, s, dl = module.kernel_size, module.stride, module.dilation
-    return F.unfold(x, k, dilation=dl, padding=0, stride=s)
+    x = x.contiguous()
+    b, c, h, w = x.shape
+    ho = (h - dl[0] * (k[0] - 1) - 1) // s[0] + 1
+    wo = (w - dl[1] * (k[1] - 1) - 1) // s[1] + 1
+    G = module.groups
+    sb, sc, sh, sw = x.stride()
+    v = x.as_strided((b, G, ho, wo, c // G, k[0], k[1]),
+                     (sb, sc * (c // G), sh * s[0], sw * s[1], sc, sh * dl[0], sw * dl[1]))
+    return v.reshape(b, G, ho * wo, (c // G) * k[0] * k[1])
 
 
 def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
@@ -302,18 +337,15 @@ def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
         raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
                          f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
     b, G = x.shape[0], module.groups
-    cols = _conv_patches(module, x, nd)  # (B, Cin*k, L)
-    L = cols.shape[-1]
-    d = cols.shape[1] // G
     p = module.out_channels // G
-    a = cols.view(b, G, d, L).transpose(-1, -2)  # (B, G, L, d)
-    gg = g.reshape(b, G, p, L).transpose(-1, -2)  # (B, G, L, p)
     ps = set(params)
     w = module.weight if module.weight in ps else None
     bias = module.bias if module.bias is not None and module.bias in ps else None
+    gg = g.reshape(b, G, p, -1).transpose(-1, -2)  # (B, G, L, p)
     if w is None:
         return Materialized([bias], [gg.sum(2).reshape(b, G * p)])
-    return OuterProduct(w, bias, a.to(gg.dtype), gg)
+    a = _conv_patches(module, x.to(g.dtype), nd)  # (B, G, L, d)
+    return OuterProduct(w, bias, a, gg)
 
 
 @register_rule(nn.Conv1d)

@@ -107,14 +107,15 @@ class DPOptimizer:
     def clip_and_accumulate(self) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
         ``1 / expected_batch_size``) to the accumulator."""
-        sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm)
+        sums, scale, _, norms = self.tracker.clipped_sum(self.max_grad_norm)
         self.last_grad_norms = norms
-        inv = 1.0 / self.expected_batch_size
+        factor = scale / self.expected_batch_size
         for p in self.tracker.params:
             s = sums.get(id(p))
             if s is None:
                 continue
-            s = s * inv if inv != 1.0 else s
+            if factor != 1.0:
+                s.mul_(factor)
             k = id(p)
             self._accum[k] = s if k not in self._accum else self._accum[k] + s
 
@@ -130,7 +131,7 @@ class DPOptimizer:
             g = self._accum.get(id(p))
             g = torch.zeros_like(p) if g is None else g.to(p.dtype)
             if std_scaled > 0:
-                g = g + self.noise.normal(std_scaled, g)
+                g.add_(self.noise.normal(std_scaled, g))
             grads.append(g)
         if self.world_size > 1:
             from privlearn.torch.distributed import all_reduce_sum

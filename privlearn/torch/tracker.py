@@ -190,10 +190,16 @@ class GradSampleTracker:
 
         return float(_record_batch(unit.module, rec))
 
-    def contributions(self) -> tuple[list[Contribution], int | None]:
-        """Evaluate the rules on the recorded calls. Returns (contributions, batch size)."""
+    def contributions(self) -> tuple[list[Contribution], int | None, float]:
+        """Evaluate the rules on the recorded calls.
+
+        Returns ``(contributions, batch size, scale)``: the contributions are computed
+        from the recorded output gradients; the true per-example gradients are ``scale``
+        times theirs (``scale`` = realised batch size for a mean loss, 1 for a sum).
+        """
         contribs = []
         batch = None
+        scale = None
         per_unit = []
         with rule_evaluation():
             for i, recs in self.records.items():
@@ -203,9 +209,10 @@ class GradSampleTracker:
                     continue
                 cs = []
                 for r in recs:
-                    r.scale = self._scale(r, unit)
-                    c = unit.rule(unit.module, r, unit.params)
-                    cs.append(c)
+                    s = self._scale(r, unit)
+                    if scale is None:
+                        scale = s
+                    cs.append(unit.rule(unit.module, r, unit.params))
                 per_unit.append(cs)
         for cs in per_unit:
             contribs.extend(cs)
@@ -220,18 +227,18 @@ class GradSampleTracker:
         shared = self.shared or any(len(cs) > 1 for cs in per_unit)
         if shared:
             contribs = _merge(contribs)
-        return contribs, batch
+        return contribs, batch, (1.0 if scale is None else scale)
 
     def clipped_sum(self, max_grad_norm: float):
-        """Sum over examples of clipped per-example gradients.
+        """Sum over examples of clipped per-example gradients, up to a scale.
 
-        Returns ``(sums, batch, norms)`` with ``sums`` a dict ``id(param) -> tensor`` (zero
-        for parameters whose layers did not run), ``batch`` the realised batch size and
-        ``norms`` the per-example gradient norms before clipping. The clip factor is
-        ``min(1, C / ||g_i||)`` with the norm over all parameters (Abadi et al. 2016,
-        "Deep Learning with Differential Privacy", Algorithm 1).
+        Returns ``(sums, scale, batch, norms)``: the clipped sum of parameter ``p`` is
+        ``scale * sums[id(p)]`` (missing: zero, its layers did not run); ``batch`` is the
+        realised batch size and ``norms`` the per-example gradient norms before clipping.
+        The clip factor is ``min(1, C / ||g_i||)`` with the norm over all parameters (Abadi
+        et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1).
         """
-        contribs, batch = self.contributions()
+        contribs, batch, scale = self.contributions()
         sums = {}
         norms = None
         if contribs:
@@ -240,18 +247,18 @@ class GradSampleTracker:
                 s = c.sq_norms()
                 sq = s if sq is None else sq + s
             norms = sq.sqrt()
+            if scale != 1.0:
+                norms = norms * scale
             if max_grad_norm == float("inf"):
                 factors = torch.ones_like(norms)
             else:
-                factors = torch.where(norms > max_grad_norm,
-                                      max_grad_norm / norms.clamp_min(1e-30),
-                                      torch.ones_like(norms))
+                factors = (max_grad_norm / norms.clamp_min(1e-30)).clamp_max(1.0)
             for c in contribs:
                 for p, w in zip(c.params, c.weighted_sum(factors), strict=True):
                     k = id(p)
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
-        return sums, (batch or 0), norms
+        return sums, scale, (batch or 0), norms
 
 
 def _merge(contribs: list[Contribution]) -> list[Contribution]:
