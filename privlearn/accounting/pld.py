@@ -410,7 +410,14 @@ class PLDAccountant:
             return self._cache[key]
         res = self._compute(parts, h_scale)
         self._cache[key] = res
-        while len(self._cache) > self.cache_size:
+
+        # bound the memory held: at most cache_size entries and ~2e7 stored grid points
+        def held() -> int:
+            return sum(
+                c.pi.size + low.pi.size for r in self._cache.values() for c, low in r.directions
+            )
+
+        while len(self._cache) > self.cache_size or (len(self._cache) > 1 and held() > 2e7):
             self._cache.popitem(last=False)
         return res
 
