@@ -182,26 +182,29 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     X = np.exp(e[: m + 1])
     dX = X[:-1] * eh
     # slopes of g(x) - (1 - x) on segments [0, X_0], [X_0, X_1], ..., [X_{m-1}, X_m]
-    t = np.empty(m + 1)
-    t[0] = ql[0] - (pl[0] + d[0]) / X[0]
+    # slopes of g on segments [0, X_0], [X_0, X_1], ..., [X_{m-1}, X_m]; computed from
+    # small quantities so that the tiny Q-masses at large losses keep full precision
+    sl = np.empty(m + 1)
+    sl[0] = -qg[0] - (pl[0] + d[0]) / X[0]
     if m >= 2:
-        t_delta = ql[1:m] - theta[: m - 1] * Q_I[: m - 1]
-        t[1:m] = t_delta - (d[1:m] - d[: m - 1]) / dX[: m - 1]
+        s_delta = -qg[1:m] - theta[: m - 1] * Q_I[: m - 1]
+        sl[1:m] = s_delta - (d[1:m] - d[: m - 1]) / dX[: m - 1]
     w_last = max(delta[m - 1] - d[m - 1], 0.0)
-    t[m] = 1.0 - w_last / dX[m - 1]
-    return up, _lower_pmf(t, X, dX, i0)
+    sl[m] = -w_last / dX[m - 1]
+    return up, _lower_pmf(sl, X, dX, i0)
 
 
-def _lower_pmf(t: np.ndarray, X: np.ndarray, dX: np.ndarray, i0: int) -> StepPMF:
-    """Grid P-masses of ``max(gcm(g), 1 - x)`` from the slopes ``t`` of ``g - (1 - x)``
-    on the segments ``[0, X_0], [X_0, X_1], ..., [X_{m-1}, X_m]`` (g = 0 right of X_m).
+def _lower_pmf(sl: np.ndarray, X: np.ndarray, dX: np.ndarray, i0: int) -> StepPMF:
+    """Grid P-masses of ``max(gcm(g), 1 - x)`` from the slopes ``sl`` of ``g`` on the
+    segments ``[0, X_0], [X_0, X_1], ..., [X_{m-1}, X_m]`` (g = 0 right of X_m).
     ``gcm`` is the greatest convex minorant (pool-adjacent-violators on the slopes)."""
     m = X.size - 1
     widths = np.concatenate([[X[0]], dX])
-    t = isotonic_regression(t, weights=widths).x
-    F = np.cumsum(t * widths)  # F(X_k) = g(X_k) - (1 - X_k), k = 0..m
-    tt = np.concatenate([t, [1.0]])  # slope of F right of X_m is 1 (g = 0 there)
-    jumps = np.maximum(np.diff(tt), 0.0)  # Q-mass at the vertices X_0 .. X_m
+    sl = isotonic_regression(sl, weights=widths).x
+    jumps = np.maximum(np.diff(np.concatenate([sl, [0.0]])), 0.0)  # Q-mass at X_0..X_m
+    t = sl + 1.0  # slopes of F = g - (1 - x) (only used left of the crossing)
+    F = np.cumsum(t * widths)  # F(X_k), k = 0..m
+    tt = np.concatenate([t, [1.0]])
     p_low = np.zeros(m + 1)
     if t[0] < 0:
         # max(g, 1 - x) has one off-grid kink c where F returns to 0, carrying Q-mass
@@ -462,8 +465,8 @@ def discretize_symmetrised(pa: Pair, pb: Pair, h: float, tol: float) -> tuple[St
     ch_right = np.concatenate([use_b, [use_b[-1]]])
     w = np.minimum(np.where(ch_left, wb, wa), np.where(ch_right, wb, wa))
     om = np.maximum(np.where(ch_left, omb, oma), np.where(ch_right, omb, oma))
-    t = np.empty(n + 1)
-    t[0] = 1.0 - om[0] / X[0]
+    sl = np.empty(n + 1)
+    sl[0] = -om[0] / X[0]
     dw = np.where(w[:-1] < 0.5, w[1:] - w[:-1], om[:-1] - om[1:])
-    t[1:] = 1.0 + dw / dX
-    return up, _lower_pmf(t, X, dX, i0)
+    sl[1:] = dw / dX
+    return up, _lower_pmf(sl, X, dX, i0)

@@ -370,3 +370,22 @@ def test_symmetrised_grid_pairs_bracket_max_profile(q, sigma, h):
     assert np.all(profile(up) >= exact - 1e-13)
     assert np.all(profile(low) <= exact + 1e-13)
     assert np.max(profile(up) - profile(low)) < 0.05 * h
+
+
+@pytest.mark.parametrize("pair", [LaplacePair(30.0), GaussianPair(6.0)], ids=["lap30", "gauss6"])
+def test_grid_pairs_bracket_profile_at_large_losses(pair):
+    """Large losses carry tiny Q-masses; the lower pair must stay dominated there too."""
+    h = 0.01
+    up, low = dsc.discretize(pair, h, 1e-30)
+    eps = np.linspace(0.0, 25.0, 126)
+    exact = pair.delta(eps)
+
+    def profile(pmf):
+        loss = (pmf.k0 + np.arange(pmf.p.size)) * h
+        w = np.clip(1.0 - np.exp(eps[:, None] - loss[None, :]), 0.0, None)
+        return (w * pmf.p[None, :]).sum(1) + pmf.inf
+
+    pu, pl = profile(up), profile(low)
+    assert np.all(pu >= exact * (1 - 1e-9))
+    assert np.all(pl <= exact * (1 + 1e-9) + 1e-300)
+    assert np.all(pl[exact > 1e-12] >= 0.9 * exact[exact > 1e-12])
