@@ -2,7 +2,9 @@
 
 ``privlearn reproduce NAME [--out DIR] [--reps N] [--seed S]`` calls
 :func:`run_experiment`; ``privlearn demo`` calls :func:`demo_linear_regression`.
-Each experiment writes a CSV of its numbers and a PNG plot into the output directory.
+Each experiment writes a CSV of its numbers and a PNG plot into the output directory,
+by default ``./privlearn-output/`` (:data:`DEFAULT_OUT_DIR`, relative to the current
+working directory).
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EXPERIMENTS", "run_experiment", "demo_linear_regression"]
+__all__ = ["EXPERIMENTS", "run_experiment", "demo_linear_regression", "DEFAULT_OUT_DIR"]
+
+#: Default output directory of :func:`run_experiment` and :func:`demo_linear_regression`
+#: (kept equal to ``privlearn.experiments._common.DEFAULT_OUT_DIR``).
+DEFAULT_OUT_DIR = "privlearn-output"
 
 
 def _lazy(module: str, func: str) -> Callable:
@@ -57,7 +63,8 @@ EXPERIMENTS: dict[str, str] = {name: desc for name, (desc, _) in _REGISTRY.items
 def run_experiment(name: str, out_dir: str | Path | None = None, reps: int | None = None,
                    seed: int = 0, **options):
     """Run the experiment ``name``; returns an ``ExperimentResult`` (``.paths`` lists the
-    CSV and PNG written). ``reps=None`` uses the experiment's default."""
+    CSV and PNG written). ``reps=None`` uses the experiment's default; ``out_dir=None``
+    writes to ``./privlearn-output/``."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown experiment {name!r}; choose one of {sorted(_REGISTRY)}")
     if reps is not None and (isinstance(reps, bool) or not isinstance(reps, int) or reps < 1):
@@ -68,12 +75,16 @@ def run_experiment(name: str, out_dir: str | Path | None = None, reps: int | Non
 
 def demo_linear_regression(out_dir: str | Path | None = None, seed: int = 0) -> list[Path]:
     """A short seed 000 run (10 epsilons x 10 repetitions, both NoisyGD regimes): prints
-    the table, saves ``linear_regression.png`` and ``.csv``, returns their paths."""
+    the table, saves ``linear_regression.png`` and ``.csv`` into ``out_dir`` (default
+    ``./privlearn-output/``, created if needed; the directory is printed), returns their
+    paths."""
     import numpy as np
 
     from privlearn.experiments.linear_regression import run_linear_regression
 
-    res = run_linear_regression(out_dir, reps=10, seed=seed,
+    out = Path(out_dir if out_dir is not None else DEFAULT_OUT_DIR)
+    print(f"writing the seed 000 demo to {out.resolve()}/")
+    res = run_linear_regression(out, reps=10, seed=seed,
                                 epsilons=np.linspace(0.1, 2.0, 10), verbose=True)
     for p in res.paths:
         print(f"wrote {p}")

@@ -13,7 +13,18 @@ matplotlib.use("Agg")
 
 from tqdm.auto import tqdm  # noqa: E402
 
-__all__ = ["ExperimentResult", "write_csv", "progress", "prepare_out_dir", "format_table"]
+__all__ = [
+    "ExperimentResult",
+    "write_csv",
+    "progress",
+    "prepare_out_dir",
+    "format_table",
+    "DEFAULT_OUT_DIR",
+]
+
+#: Where experiments write when no output directory is given (relative to the current
+#: working directory).
+DEFAULT_OUT_DIR = "privlearn-output"
 
 
 @dataclass
@@ -33,7 +44,8 @@ class ExperimentResult:
 
 
 def prepare_out_dir(out_dir) -> Path:
-    path = Path(out_dir if out_dir is not None else "results")
+    """Create and return ``out_dir`` (default :data:`DEFAULT_OUT_DIR`, ``./privlearn-output``)."""
+    path = Path(out_dir if out_dir is not None else DEFAULT_OUT_DIR)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

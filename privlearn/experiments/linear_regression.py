@@ -28,10 +28,9 @@ from privlearn.experiments._common import (
     write_csv,
 )
 from privlearn.models.linear import (
-    adassp_coefficients,
-    calibrate_ssp_scale,
+    AdaSSPRegressor,
+    SSPRegressor,
     noisy_gd_paths,
-    ssp_coefficients,
     theoretical_learning_rate,
 )
 
@@ -40,7 +39,13 @@ __all__ = [
     "run_linear_regression",
     "run_noisygd_learning_rate",
     "compute_linear_regression",
+    "ssp_estimators",
+    "VARIANTS",
 ]
+
+#: ``"default"``: the package's estimators as they are; ``"seed"``: seed 000's algorithms
+#: exactly (upper-triangle noise on X^T X, plain solve for SSP, ridge for AdaSSP).
+VARIANTS = ("default", "seed")
 
 X_BOUND = 1.0
 Y_BOUND = 5.0
@@ -91,6 +96,19 @@ class SeedProblem:
         return dict(n_iter=n_iter, lr=lr, iters=iters, mse=mse, eps=eps)
 
 
+def ssp_estimators(epsilon: float, rng: np.random.Generator, variant: str = "default"):
+    """Seed 000's SSP and AdaSSP as the package's estimators (``x_bound = 1``,
+    ``y_bound = 5``, no intercept, delta = 1e-6), in the requested variant."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    kw = dict(epsilon=float(epsilon), delta=DELTA, x_bound=X_BOUND, y_bound=Y_BOUND,
+              fit_intercept=False, random_state=rng)
+    if variant == "seed":
+        return (SSPRegressor(matrix_noise="upper_triangle", project_psd=False, **kw),
+                AdaSSPRegressor(matrix_noise="upper_triangle", regularization="ridge", **kw))
+    return SSPRegressor(**kw), AdaSSPRegressor(**kw)
+
+
 def compute_linear_regression(
     *,
     reps: int = 20,
@@ -100,8 +118,13 @@ def compute_linear_regression(
     noisygd_reps: int | None = None,
     show_progress: bool | None = None,
     problem: SeedProblem | None = None,
+    variant: str = "default",
 ) -> dict:
-    """The numbers of seed 000's figure (no files, no plot)."""
+    """The numbers of seed 000's figure (no files, no plot).
+
+    SSP and AdaSSP run through the estimators' own code path
+    (:meth:`~privlearn.models.SSPRegressor.sample_coefficients`: all ``reps`` fits at one
+    epsilon in one batched draw); ``variant="seed"`` runs seed 000's versions."""
     if epsilons is None:
         epsilons = np.linspace(0.1, 2.0, 50)
     epsilons = np.asarray(epsilons, dtype=float)
@@ -110,15 +133,11 @@ def compute_linear_regression(
     mse = np.zeros((len(epsilons), reps, 2))
     scales = np.zeros((len(epsilons), 2))
     for i, eps in enumerate(progress(epsilons, desc="SSP/AdaSSP", enabled=show_progress)):
-        s = calibrate_ssp_scale(eps, DELTA, adaptive=False)
-        sa = calibrate_ssp_scale(eps, DELTA, adaptive=True)
-        scales[i] = s, sa
-        th = ssp_coefficients(P.XTX, P.XTy, 2 * s, 3 * s, X_BOUND, Y_BOUND, rng, reps)
-        tha, _ = adassp_coefficients(P.XTX, P.XTy, 2 * sa, 3 * sa, 5 * sa, X_BOUND, Y_BOUND,
-                                     rng, reps, lambda_min=P.lambda_min)
-        mse[i, :, 0] = P.mse(th)
-        mse[i, :, 1] = P.mse(tha)
-    out = dict(problem=P, epsilons=epsilons, mse=mse, scales=scales, gd={})
+        for j, est in enumerate(ssp_estimators(eps, rng, variant)):
+            theta, _ = est.sample_coefficients(P.X, P.y, reps)
+            mse[i, :, j] = P.mse(theta)
+            scales[i, j] = est.calibrated_noise_scale()
+    out = dict(problem=P, epsilons=epsilons, mse=mse, scales=scales, gd={}, variant=variant)
     if noisygd:
         gd_reps = noisygd_reps if noisygd_reps is not None else 1
         for name, sigma, gap in (("NoisyGD-large-noise", 500.0, 100),
@@ -199,15 +218,16 @@ def summary_table(res: dict, epsilons=(0.1, 0.5, 1.0, 2.0)) -> list[dict]:
 def run_linear_regression(out_dir=None, reps: int | None = None, seed: int = 0, *,
                           epsilons=None, noisygd: bool = True, noisygd_reps: int | None = None,
                           plot: bool = True, show_progress: bool | None = None,
-                          verbose: bool = False) -> ExperimentResult:
+                          variant: str = "default", verbose: bool = False) -> ExperimentResult:
     """Seed 000's figure: median training MSE vs epsilon (delta = 1e-6) for SSP, AdaSSP,
     NoisyGD in both regimes, non-private and trivial baselines. Default grid: 50
-    epsilons in [0.1, 2] x 20 repetitions (the seed's)."""
+    epsilons in [0.1, 2] x 20 repetitions (the seed's). ``variant="seed"`` runs seed 000's
+    SSP / AdaSSP instead of the package defaults (see :func:`ssp_estimators`)."""
     out = prepare_out_dir(out_dir)
     t0 = time.perf_counter()
     res = compute_linear_regression(reps=reps or 20, seed=seed, epsilons=epsilons,
                                     noisygd=noisygd, noisygd_reps=noisygd_reps,
-                                    show_progress=show_progress)
+                                    show_progress=show_progress, variant=variant)
     elapsed = time.perf_counter() - t0
     csv_path = write_csv(out / "linear_regression.csv", _rows(res))
     png = _plot(res, out / "linear_regression.png") if plot else None

@@ -2,8 +2,11 @@
 
 import math
 
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from privlearn.accounting import Gaussian, compose
 from privlearn.accounting.analytic import gaussian_epsilon
@@ -11,9 +14,10 @@ from privlearn.datasets import load_california_housing
 from privlearn.models import AdaSSPRegressor, NoisyGDRegressor, SSPRegressor
 from privlearn.models.linear import (
     adassp_coefficients,
-    calibrate_ssp_scale,
+    noise_direction_scale,
     noisy_gd_paths,
     ssp_coefficients,
+    symmetric_noise,
     theoretical_learning_rate,
 )
 
@@ -41,36 +45,119 @@ def test_mse_from_sufficient_statistics_matches_direct(seed_data):
     np.testing.assert_allclose(mse(theta), direct, rtol=1e-10)
 
 
-# Acceptance (issue 3): medians over many repetitions (>= 50); the vectorised kernels are
-# the ones the estimators call, so 20,000 repetitions pin the median to about +-0.001.
+# ---------------------------------------------------------------------------------------
+# Seed 000 acceptance, exactly as a reviewer runs it: 50 fits through the public
+# fit/predict with random_state=0..49, median training MSE. With the default estimators the
+# population medians are far enough below the bounds that a 50-fit median fails with
+# probability < 1e-6 (measured spreads in the comments; docs/benchmarks.md).
+# ---------------------------------------------------------------------------------------
+NONPRIVATE = 0.6053084771039058
+
+
+def _public_fit_mses(cls, X, y, reps=50, **kw):
+    return np.array([
+        np.mean((y - cls(random_state=i, **kw, **SEED_KW).fit(X, y).predict(X)) ** 2)
+        for i in range(reps)
+    ])
+
+
 @pytest.mark.parametrize(
-    "adaptive,eps,bound",
-    [(True, 1.0, 0.665), (True, 0.1, 0.83), (False, 1.0, 0.77)],
+    "cls,eps,bound",
+    [
+        # population median / standard deviation of a 50-fit median (200k repetitions)
+        (AdaSSPRegressor, 1.0, 0.665),  # 0.653 / 0.0011
+        (AdaSSPRegressor, 0.1, 0.83),  # 0.698 / 0.008
+        (SSPRegressor, 1.0, 0.77),  # 0.680 / 0.012
+    ],
 )
-def test_seed000_ssp_adassp_medians(seed_data, adaptive, eps, bound):
-    X, y, XTX, XTy, mse = seed_data
-    rng = np.random.default_rng(12345)
-    s = calibrate_ssp_scale(eps, 1e-6, adaptive=adaptive)
-    reps = 20000
-    if adaptive:
-        T, _ = adassp_coefficients(XTX, XTy, 2 * s, 3 * s, 5 * s, 1.0, 5.0, rng, reps)
-    else:
-        T = ssp_coefficients(XTX, XTy, 2 * s, 3 * s, 1.0, 5.0, rng, reps)
-    assert np.median(mse(T)) <= bound
-
-
-def test_seed000_estimator_medians_50_reps(seed_data):
+def test_seed000_public_fit_medians_50_reps(seed_data, cls, eps, bound):
     X, y, *_ = seed_data
-    res = [
-        np.mean((y - AdaSSPRegressor(epsilon=1.0, random_state=i, **SEED_KW).fit(X, y)
-                 .predict(X)) ** 2)
-        for i in range(50)
-    ]
-    assert np.median(res) <= 0.665
-    assert np.median(res) >= 0.6053  # cannot beat least squares on its own training data
+    mses = _public_fit_mses(cls, X, y, epsilon=eps)
+    assert NONPRIVATE - 1e-9 <= np.median(mses) <= bound
 
 
-def test_seed000_noisygd_median_eps2(seed_data):
+# Population medians through the estimators' own batched code path (sample_coefficients
+# runs fit's code with many independent draws): 20,000 repetitions pin a median to about
+# +-0.002 (+-0.005 for the seed's heavy-tailed SSP).
+@pytest.mark.parametrize(
+    "cls,params,eps,lo,hi",
+    [
+        (AdaSSPRegressor, {}, 1.0, 0.6053, 0.660),
+        (AdaSSPRegressor, {}, 0.1, 0.6053, 0.75),
+        (SSPRegressor, {}, 1.0, 0.6053, 0.72),
+        # seed 000's own algorithms reproduce the colleague's 200k-repetition medians
+        (AdaSSPRegressor, dict(matrix_noise="upper_triangle", regularization="ridge"), 0.1,
+         0.815, 0.842),  # 0.8285
+        (AdaSSPRegressor, dict(matrix_noise="upper_triangle", regularization="ridge"), 1.0,
+         0.657, 0.665),  # 0.661
+        (SSPRegressor, dict(matrix_noise="upper_triangle", project_psd=False), 1.0,
+         0.745, 0.775),  # 0.760
+    ],
+)
+def test_seed000_population_medians(seed_data, cls, params, eps, lo, hi):
+    X, y, XTX, XTy, mse = seed_data
+    est = cls(epsilon=eps, random_state=12345, **params, **SEED_KW)
+    coef, intercept = est.sample_coefficients(X, y, 20000)
+    assert np.all(intercept == 0)
+    assert lo <= np.median(mse(coef)) <= hi
+
+
+@pytest.mark.parametrize("cls", [SSPRegressor, AdaSSPRegressor, NoisyGDRegressor])
+@pytest.mark.parametrize("fit_intercept", [False, True])
+def test_sample_coefficients_is_fit(seed_data, cls, fit_intercept):
+    """One batched repetition is exactly one fit: the batch runs fit's code."""
+    X, y, *_ = seed_data
+    kw = dict(SEED_KW, fit_intercept=fit_intercept)
+    extra = dict(noise_multiplier=50.0) if cls is NoisyGDRegressor else {}
+    m = cls(epsilon=0.8, random_state=7, **kw, **extra).fit(X, y)
+    coef, intercept = cls(epsilon=0.8, random_state=7, **kw, **extra).sample_coefficients(
+        X, y, 1)
+    np.testing.assert_array_equal(coef[0], m.coef_)
+    assert intercept[0] == m.intercept_
+    # independent repetitions differ
+    many, _ = cls(epsilon=0.8, random_state=7, **kw, **extra).sample_coefficients(X, y, 3)
+    assert len({tuple(r) for r in many}) == 3
+    with pytest.raises(ValueError, match="n_repetitions"):
+        cls(**kw).sample_coefficients(X, y, 0)
+
+
+def test_random_state_draws_are_independent(seed_data):
+    """Different seeds give different, uncorrelated noise (no stream reuse)."""
+    X, y, XTX, XTy, mse = seed_data
+    coefs = np.array([SSPRegressor(epsilon=1.0, random_state=i, **SEED_KW).fit(X, y).coef_
+                      for i in range(40)])
+    assert len({tuple(c) for c in coefs}) == 40
+    gen = np.random.default_rng(0)
+    a = SSPRegressor(epsilon=1.0, random_state=gen, **SEED_KW).fit(X, y).coef_
+    b = SSPRegressor(epsilon=1.0, random_state=gen, **SEED_KW).fit(X, y).coef_
+    assert not np.array_equal(a, b)  # a shared Generator advances between fits
+
+
+def test_noisygd_seed000_50_reps_batched(seed_data):
+    """NoisyGD at epsilon = 2 (sigma = 500, T = 50251), 50 chains through
+    sample_coefficients (fit's code path, batched). Population median 0.6520; the sd of a
+    50-chain median is 0.0005 (2,000 chains)."""
+    X, y, XTX, XTy, mse = seed_data
+    est = NoisyGDRegressor(epsilon=2.0, random_state=1, **SEED_KW)
+    coef, _ = est.sample_coefficients(X, y, 50)
+    assert NONPRIVATE <= np.median(mse(coef)) <= 0.655
+
+
+def test_noisygd_seed000_public_fits(seed_data):
+    """Three public fits (each about 0.5 s); the 50-fit version is marked slow."""
+    X, y, XTX, XTy, mse = seed_data
+    mses = _public_fit_mses(NoisyGDRegressor, X, y, reps=3, epsilon=2.0)
+    assert np.all(mses <= 0.665) and np.median(mses) <= 0.655
+
+
+@pytest.mark.slow
+def test_noisygd_seed000_public_fits_50(seed_data):
+    X, y, *_ = seed_data
+    mses = _public_fit_mses(NoisyGDRegressor, X, y, reps=50, epsilon=2.0)
+    assert NONPRIVATE <= np.median(mses) <= 0.655
+
+
+def test_seed000_noisygd_schedule(seed_data):
     X, y, XTX, XTy, mse = seed_data
     m = NoisyGDRegressor(epsilon=2.0, random_state=0, **SEED_KW).fit(X, y)
     sigma, T = 500.0, m.n_iter_
@@ -81,10 +168,147 @@ def test_seed000_noisygd_median_eps2(seed_data):
     assert m.learning_rate_ == pytest.approx(
         min(1 / lam, 4 / math.sqrt(8 * sigma * 6.0 * lam * T)), rel=1e-12
     )
-    theta, _, _ = noisy_gd_paths(
-        XTX, XTy, sigma, m.learning_rate_, T, 1.0, 5.0, np.random.default_rng(1), reps=50
-    )
-    assert np.median(mse(theta)) <= 0.655
+
+
+def test_noisygd_single_chain_fast_path_matches_batched_loop(seed_data):
+    X, y, XTX, XTy, mse = seed_data
+    args = (XTX, XTy, 500.0, 2e-5, 3000, 1.0, 5.0)
+    fast, _, _ = noisy_gd_paths(*args, np.random.default_rng(3))
+    # log_every forces the batched loop; the random draws are the same
+    slow, _, _ = noisy_gd_paths(*args, np.random.default_rng(3), log_every=10**6)
+    np.testing.assert_allclose(fast, slow, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------
+# The seed's algorithms, transcribed independently from seed 000's notebook text
+# ---------------------------------------------------------------------------------------
+def _seed_run_ssp(XTX, XTy, sigma1, sigma2, rng, x_bound=1.0, y_bound=5.0):
+    Z = x_bound**2 * sigma1 * rng.standard_normal(size=XTX.shape)
+    Z_analyzegauss = np.triu(Z) + np.triu(Z, k=1).T
+    hatXTX = XTX + Z_analyzegauss
+    hatXTy = XTy + x_bound * y_bound * sigma2 * rng.standard_normal(size=XTy.shape)
+    return np.linalg.solve(hatXTX, hatXTy)
+
+
+def _seed_run_adassp(XTX, XTy, sigma1, sigma2, sigma3, rng, x_bound=1.0, y_bound=5.0):
+    dim = XTX.shape[0]
+    Z = x_bound**2 * sigma1 * rng.standard_normal(size=XTX.shape)
+    hatXTX = XTX + np.triu(Z) + np.triu(Z, k=1).T
+    hatXTy = XTy + x_bound * y_bound * sigma2 * rng.standard_normal(size=XTy.shape)
+    u, s, vT = np.linalg.svd(XTX)
+    lambdamin = s[-1] + x_bound**2 * sigma3 * rng.standard_normal(size=1)
+    lambdamin_lowerbound = max(0, lambdamin[0] - x_bound**2 * sigma3 * 1.96)
+    lamb = max(0, np.sqrt(dim) * sigma1 * x_bound**2 * 1.96 - lambdamin_lowerbound)
+    return np.linalg.solve(hatXTX + lamb * np.eye(dim), hatXTy)
+
+
+@pytest.mark.parametrize("eps", [0.3, 1.7])
+def test_seed_variants_equal_seed_code(seed_data, eps):
+    X, y, XTX, XTy, mse = seed_data
+    for i in range(3):
+        m = SSPRegressor(epsilon=eps, random_state=i, matrix_noise="upper_triangle",
+                         project_psd=False, **SEED_KW).fit(X, y)
+        s = m.noise_scale_
+        ref = _seed_run_ssp(XTX, XTy, 2 * s, 3 * s, np.random.default_rng(i))
+        np.testing.assert_allclose(m.coef_, ref, rtol=1e-9, atol=1e-9)
+        a = AdaSSPRegressor(epsilon=eps, random_state=i, matrix_noise="upper_triangle",
+                            regularization="ridge", **SEED_KW).fit(X, y)
+        s = a.noise_scale_
+        ref = _seed_run_adassp(XTX, XTy, 2 * s, 3 * s, 5 * s, np.random.default_rng(i))
+        np.testing.assert_allclose(a.coef_, ref, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------
+# The default improvements: Frobenius noise, PSD projection, eigenvalue floor
+# ---------------------------------------------------------------------------------------
+def _vech_frobenius(M):
+    """The isometry v(M) = (M_ii, sqrt(2) M_ij for i < j)."""
+    i, j = np.triu_indices(M.shape[-1], k=1)
+    return np.concatenate([np.diagonal(M, axis1=-2, axis2=-1),
+                           math.sqrt(2) * M[..., i, j]], axis=-1)
+
+
+@settings(max_examples=50, deadline=None)
+@given(hnp.arrays(np.float64, st.integers(1, 6), elements=st.floats(-3, 3)))
+def test_frobenius_release_has_sensitivity_norm_squared(x):
+    """v(x x^T) has L2 norm ||x||^2 exactly: the sensitivity of the released vector."""
+    v = _vech_frobenius(np.outer(x, x))
+    assert np.linalg.norm(v) == pytest.approx(x @ x, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["frobenius", "upper_triangle"])
+def test_symmetric_noise_distribution(kind):
+    d = 5
+    E = symmetric_noise(np.random.default_rng(0), 40000, d, kind)
+    np.testing.assert_array_equal(E, np.swapaxes(E, -1, -2))
+    if kind == "frobenius":
+        # v(E) is a standard normal vector: the Gaussian mechanism on v(X^T X)
+        V = _vech_frobenius(E)
+        np.testing.assert_allclose(np.cov(V.T), np.eye(V.shape[1]), atol=0.03)
+    else:
+        iu = np.triu_indices(d)
+        np.testing.assert_allclose(np.cov(E[:, iu[0], iu[1]].T), np.eye(len(iu[0])),
+                                   atol=0.03)
+    # the ridge rule's noise scale: E ||E v||^2 for a unit v
+    v = np.random.default_rng(1).normal(size=d)
+    v /= np.linalg.norm(v)
+    rms = math.sqrt(np.mean(np.sum((E @ v) ** 2, axis=-1)))
+    assert rms == pytest.approx(noise_direction_scale(d, kind), rel=0.02)
+
+
+def test_frobenius_and_seed_noise_share_draws():
+    a = symmetric_noise(np.random.default_rng(4), 3, 4, "frobenius")
+    b = symmetric_noise(np.random.default_rng(4), 3, 4, "upper_triangle")
+    iu = np.triu_indices(4, k=1)
+    np.testing.assert_array_equal(np.diagonal(a, axis1=1, axis2=2),
+                                  np.diagonal(b, axis1=1, axis2=2))
+    np.testing.assert_allclose(a[:, iu[0], iu[1]] * math.sqrt(2), b[:, iu[0], iu[1]])
+
+
+def test_eigenvalue_floor_is_projection_then_solve():
+    """theta = A_lam^{-1} b with A_lam the Frobenius projection of A onto {A >= lam I},
+    built here as A + sum_k max(0, lam - w_k) v_k v_k^T and solved by LU."""
+    rng = np.random.default_rng(0)
+    d, reps = 6, 30
+    XTX = np.diag(np.geomspace(1e-2, 1e3, d))
+    XTy = rng.normal(size=d) * 10
+    theta, lam = adassp_coefficients(XTX, XTy, 5.0, 1.0, 1.0, 1.0, 1.0,
+                                     np.random.default_rng(1), reps)
+    # reproduce the released statistics with the same draws
+    rng2 = np.random.default_rng(1)
+    E = symmetric_noise(rng2, reps, d, "frobenius")
+    e = rng2.standard_normal((reps, d))
+    for r in range(reps):
+        A = XTX + 5.0 * E[r]
+        w, V = np.linalg.eigh(A)
+        A_lam = A + (V * np.maximum(0, lam[r] - w)) @ V.T
+        assert np.linalg.eigvalsh(A_lam)[0] >= lam[r] * (1 - 1e-9)
+        ref = np.linalg.solve(A_lam, XTy + 1.0 * e[r])
+        np.testing.assert_allclose(theta[r], ref, rtol=1e-8, atol=1e-10)
+    assert np.all(lam > 0)
+
+
+def test_ssp_psd_projection():
+    """Positive definite noisy X^T X: plain solve. Indefinite: the solution lies in the
+    span of the positive eigen-directions and solves the projected system there."""
+    XTX = np.diag([100.0, 50.0, 0.01])
+    XTy = np.array([10.0, 5.0, 1.0])
+    for seed in range(20):
+        th_psd = ssp_coefficients(XTX, XTy, 1.0, 0.1, 1.0, 1.0, np.random.default_rng(seed))
+        th_raw = ssp_coefficients(XTX, XTy, 1.0, 0.1, 1.0, 1.0, np.random.default_rng(seed),
+                                  project_psd=False)
+        rng = np.random.default_rng(seed)
+        A = XTX + symmetric_noise(rng, 1, 3)[0]
+        b = XTy + 0.1 * rng.standard_normal((1, 3))[0]
+        w, V = np.linalg.eigh(A)
+        if w[0] > 0:
+            np.testing.assert_allclose(th_psd[0], th_raw[0], rtol=1e-8)
+        else:
+            pos = V[:, w > 0]
+            np.testing.assert_allclose(V[:, w <= 0].T @ th_psd[0], 0, atol=1e-10)
+            A_plus = (pos * w[w > 0]) @ pos.T
+            np.testing.assert_allclose(A_plus @ th_psd[0], pos @ (pos.T @ b), rtol=1e-8,
+                                       atol=1e-10)
 
 
 def test_ssp_mechanism_and_epsilon_spent(seed_data):
@@ -187,3 +411,33 @@ def test_bad_input_raises_value_error(cls, params, X, y, match):
     est = cls(**params)  # __init__ never validates
     with pytest.raises(ValueError, match=match):
         est.fit(X, y)
+
+
+@pytest.mark.parametrize(
+    "cls,params,match",
+    [
+        (SSPRegressor, {"budget_split": (1.0, 2.0, 3.0)}, "budget_split"),
+        (SSPRegressor, {"budget_split": (1.0, -2.0)}, "budget_split"),
+        (SSPRegressor, {"budget_split": 3.0}, "budget_split"),
+        (AdaSSPRegressor, {"budget_split": (1.0, 2.0)}, "budget_split"),
+        (AdaSSPRegressor, {"budget_split": (1.0, float("nan"), 1.0)}, "budget_split"),
+        (SSPRegressor, {"matrix_noise": "wishart"}, "matrix_noise"),
+        (AdaSSPRegressor, {"matrix_noise": None}, "matrix_noise"),
+        (AdaSSPRegressor, {"regularization": "lasso"}, "regularization"),
+        (SSPRegressor, {"project_psd": "yes"}, "project_psd"),
+    ],
+)
+def test_bad_variant_parameters(cls, params, match):
+    with pytest.raises(ValueError, match=match):
+        cls(**params).fit(X_OK, Y_OK)
+
+
+def test_budget_split_is_accounted(seed_data):
+    X, y, *_ = seed_data
+    for cls, split in ((SSPRegressor, (1.0, 4.0)), (AdaSSPRegressor, (1.0, 1.0, 1.0))):
+        m = cls(epsilon=0.5, budget_split=split, random_state=0, **SEED_KW).fit(X, y)
+        sig = 1 / math.sqrt(sum(1 / (r * m.noise_scale_) ** 2 for r in split))
+        assert m.epsilon_ <= 0.5
+        assert gaussian_epsilon(sig, 1e-6) == pytest.approx(0.5, rel=1e-5)
+        released = sorted(g.noise_multiplier for g, k in m.mechanism_.parts for _ in range(k))
+        assert released == pytest.approx(sorted(r * m.noise_scale_ for r in split))
