@@ -277,7 +277,7 @@ def tail_bounds(pmfs, h: float, lo: float, hi: float, lam_a: float, lam_b: float
     """Certified ``P(S < lo)`` and ``P(S > hi)`` from a few Chernoff exponents."""
     lo_sup = sum(c * pmf.k0 for pmf, c in pmfs) * h
     hi_sup = sum(c * (pmf.k0 + pmf.p.size - 1) for pmf, c in pmfs) * h
-    mult = np.array([0.35, 0.7, 1.0, 1.4, 3.0])
+    mult = np.array([0.6, 1.0, 1.6])
     if hi >= hi_sup:
         t_hi = 0.0
     else:
