@@ -118,7 +118,10 @@ def _dpa_pld(c: Case, pessimistic: bool):
 
     if c.kind == "laplace":
         p = pl.from_laplace_mechanism(
-            c.sigma, pessimistic_estimate=pessimistic, value_discretization_interval=1e-4
+            c.sigma,
+            pessimistic_estimate=pessimistic,
+            value_discretization_interval=1e-4,
+            use_connect_dots=pessimistic,  # connect-the-dots is pessimistic only
         )
     else:
         p = pl.from_gaussian_mechanism(
@@ -126,6 +129,7 @@ def _dpa_pld(c: Case, pessimistic: bool):
             pessimistic_estimate=pessimistic,
             value_discretization_interval=1e-4,
             sampling_prob=c.q,
+            use_connect_dots=pessimistic,  # connect-the-dots is pessimistic only
         )
     return p.self_compose(c.steps).get_epsilon_for_delta(c.delta), None
 
@@ -243,7 +247,7 @@ METHODS = [
     Method("privlearn pld", m_privlearn_pld, "pld", ours=True),
     Method("privlearn rdp", m_privlearn_rdp, "rdp", ours=True),
     Method("dp_accounting PLD pessimistic (1e-4)", m_dpa_pld_pess, "pld"),
-    Method("dp_accounting PLD optimistic (1e-4)", m_dpa_pld_opt, "pld"),
+    Method("dp_accounting PLD optimistic (1e-4, privacy buckets)", m_dpa_pld_opt, "pld"),
     Method("dp_accounting RDP", m_dpa_rdp, "rdp"),
     Method("prv_accountant (eps_error 0.01)", m_prv, "pld"),
     Method("autodp RDP", m_autodp_rdp, "rdp"),
@@ -480,9 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = QUICK_CASES if args.quick else CASES
 
     _preimport()
-    command = (
-        COMMAND + (" --quick" if args.quick else "") + (f" --out {args.out}" if args.out else "")
-    )
+    command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
     out: list[str] = [
         "## Accounting",
         "",
