@@ -193,6 +193,8 @@ def make_private(
         raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
     if steps is not None and (int(steps) != steps or steps < 1):
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if secure_mode and seed is not None:
+        raise ValueError(f"seed must be None when secure_mode=True, got seed={seed!r}")
     if max_physical_batch_size is not None and int(max_physical_batch_size) < 1:
         raise ValueError("max_physical_batch_size must be an integer >= 1, got "
                          f"{max_physical_batch_size!r}")

@@ -28,6 +28,7 @@ from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
     Record,
+    _record_batch,
     fallback_rule,
     get_rule,
     recording_disabled,
@@ -186,8 +187,6 @@ class GradSampleTracker:
     def _scale(self, rec: Record, unit: Unit) -> float:
         if self.loss_reduction == "sum":
             return 1.0
-        from privlearn.torch.grad_sample import _record_batch
-
         return float(_record_batch(unit.module, rec))
 
     def contributions(self) -> tuple[list[Contribution], int | None, float]:
@@ -209,6 +208,8 @@ class GradSampleTracker:
                     continue
                 cs = []
                 for r in recs:
+                    if _record_batch(unit.module, r) == 0:
+                        continue  # empty batch: contributes nothing (noise is still added)
                     s = self._scale(r, unit)
                     if scale is None:
                         scale = s

@@ -1,0 +1,85 @@
+"""Samplers: Poisson batch sizes are Binomial(N, q), empty batches collate, fixed-size
+sampling draws distinct indices, virtual batches split logical batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.torch import FixedSizeBatchSampler, PoissonBatchSampler  # noqa: E402
+from privlearn.torch.data import EmptyAwareCollate  # noqa: E402
+
+
+def test_poisson_batch_sizes_are_binomial():
+    n, q = 500, 0.04
+    s = PoissonBatchSampler(n, q, steps=2000, seed=0)
+    assert len(s) == 2000
+    sizes = torch.tensor([len(b) for b in s], dtype=torch.float64)
+    mean, var = n * q, n * q * (1 - q)
+    assert abs(sizes.mean().item() - mean) < 4 * math.sqrt(var / 2000)
+    assert abs(sizes.var().item() / var - 1) < 0.15
+    assert len(PoissonBatchSampler(n, q)) == round(1 / q)
+
+
+def test_poisson_inclusion_is_independent_per_index():
+    n, q, steps = 20, 0.3, 4000
+    counts = torch.zeros(n)
+    for b in PoissonBatchSampler(n, q, steps=steps, seed=1):
+        assert len(set(b)) == len(b)
+        counts[b] += 1
+    freq = counts / steps
+    sd = math.sqrt(q * (1 - q) / steps)
+    assert (freq - q).abs().max().item() < 4.5 * sd
+
+
+def test_poisson_empty_batches_occur_at_the_right_rate():
+    n, q, steps = 50, 0.02, 3000
+    empty = sum(len(b) == 0 for b in PoissonBatchSampler(n, q, steps=steps, seed=2))
+    p0 = (1 - q) ** n
+    assert abs(empty / steps - p0) < 4.5 * math.sqrt(p0 * (1 - p0) / steps)
+
+
+def test_empty_batch_collates_to_zero_length_tensors():
+    ds = TensorDataset(torch.randn(5, 3, 2), torch.arange(5))
+    collate = EmptyAwareCollate(ds)
+    x, y = collate([])
+    assert x.shape == (0, 3, 2) and y.shape == (0,) and y.dtype == torch.int64
+
+
+def test_fixed_size_sampler():
+    s = FixedSizeBatchSampler(30, 7, steps=500, seed=0)
+    counts = torch.zeros(30)
+    for b in s:
+        assert len(b) == 7 and len(set(b)) == 7
+        counts[b] += 1
+    assert counts.sum().item() == 500 * 7
+    assert counts.min() > 0
+    with pytest.raises(ValueError, match="batch_size"):
+        FixedSizeBatchSampler(5, 6)
+    with pytest.raises(ValueError, match="sample_rate"):
+        PoissonBatchSampler(5, 0.0)
+
+
+def test_loader_from_make_private_keeps_dataset_and_collate():
+    from torch import nn
+
+    from privlearn.torch import make_private
+
+    ds = TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+
+    def collate(batch):
+        x = torch.stack([b[0] for b in batch])
+        y = torch.stack([b[1] for b in batch])
+        return {"x": x, "y": y}
+
+    model = nn.Linear(4, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=10, collate_fn=collate), noise_multiplier=1.0,
+                     max_physical_batch_size=3, seed=0)
+    assert p.sampling_rate == 0.25 and len(p.data_loader) == 4
+    for batch in p.data_loader:
+        assert set(batch) == {"x", "y"} and batch["x"].shape[0] <= 3

@@ -1,0 +1,294 @@
+"""make_private end to end: exactness, clipping, noise scale, virtual batches, accounting,
+bad inputs."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.torch import (  # noqa: E402
+    UnsupportedModuleError,
+    fix,
+    make_private,
+    validate,
+)
+
+
+def _data(n=64, d=6, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g))
+
+
+def _mlp(seed=0, d=6, k=3):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d, 8), nn.ReLU(inplace=True), nn.Linear(8, k))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_noise_zero_infinite_clip_is_plain_sgd(reduction):
+    """sigma = 0, C = inf and batch = expected batch: the same parameter trajectory as
+    plain SGD on the same batches, bit for bit."""
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    p = make_private(model, opt, DataLoader(_data(), batch_size=16), noise_multiplier=0.0,
+                     max_grad_norm=float("inf"), sampling="fixed", loss_reduction=reduction,
+                     seed=3)
+    loss_fn = nn.CrossEntropyLoss(reduction=reduction)
+    div = 1.0 if reduction == "mean" else 16.0
+    for _ in range(2):
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            loss_fn(p.model(x), y).backward()
+            p.optimizer.step()
+            ref_opt.zero_grad()
+            (loss_fn(ref(x), y) / div).backward()
+            ref_opt.step()
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        if reduction == "mean":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert p.accountant.steps == 2 * len(p.data_loader)
+
+
+def _naive_clipped_sum(model, x, y, C):
+    model = copy.deepcopy(model)
+    params = list(model.parameters())
+    total = [torch.zeros_like(q, dtype=torch.float64) for q in params]
+    for i in range(len(y)):
+        gs = torch.autograd.grad(nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]),
+                                 params)
+        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in gs))
+        c = min(1.0, C / norm)
+        for t, g in zip(total, gs, strict=True):
+            t += c * g.double()
+    return total
+
+
+def test_clipped_aggregate_equals_naive_clip_and_sum():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(2, 3, 3), nn.Tanh(), nn.Flatten(), nn.Linear(12, 3))
+    x, y = torch.randn(10, 2, 6), torch.randint(0, 3, (10,))
+    C = 0.05  # most examples clipped
+    ref = _naive_clipped_sum(model, x, y, C)
+    ds = TensorDataset(x, y)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=5), noise_multiplier=0.0, max_grad_norm=C)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    assert (p.optimizer.last_grad_norms > C).sum() >= 5
+    for q, r in zip(model.parameters(), ref, strict=True):
+        # p.grad = clipped sum / expected batch size (5)
+        torch.testing.assert_close(q.grad.double(), r / 5.0, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_noise_std(secure):
+    """Measured noise std = sigma C / expected batch size within 5% (on ~20k coordinates,
+    whose sampling error is ~0.5%)."""
+    torch.manual_seed(0)
+    model = nn.Linear(100, 200)
+    n, b = 1000, 50
+    sigma, C = 1.7, 0.3
+    ds = TensorDataset(torch.randn(n, 100), torch.zeros(n))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=b), noise_multiplier=sigma, max_grad_norm=C,
+                     secure_mode=secure)
+    p.optimizer.zero_grad()
+    p.optimizer.step()  # no data: the noise-only step of an empty batch
+    g = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
+    expected = sigma * C / b
+    assert abs(g.std().item() / expected - 1) < 0.05
+    assert abs(g.mean().item()) < 4 * expected / math.sqrt(g.numel())
+    assert p.accountant.steps == 1
+
+
+def test_noise_added_once_per_logical_step_with_virtual_batches():
+    torch.manual_seed(0)
+    model = nn.Linear(50, 400)
+    n, b = 400, 40
+    ds = TensorDataset(torch.randn(n, 50), torch.zeros(n))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=b), noise_multiplier=2.0, max_grad_norm=1.0,
+                     max_physical_batch_size=7, sampling="fixed", seed=0)
+    x, _ = next(iter(p.data_loader))  # first chunk, not final
+    p.optimizer.zero_grad()
+    (model(x) * 0).sum().backward()
+    before = [q.detach().clone() for q in model.parameters()]
+    p.optimizer.step()
+    assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+    assert p.accountant.steps == 0
+
+
+def test_virtual_batches_equal_one_big_batch():
+    ds = _data(n=60)
+    results = []
+    for phys in (None, 4):
+        model = _mlp(seed=5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        p = make_private(model, opt, DataLoader(ds, batch_size=15), noise_multiplier=0.0,
+                         max_grad_norm=0.1, max_physical_batch_size=phys, seed=9)
+        loss_fn = nn.CrossEntropyLoss()
+        sizes = 0
+        for x, y in p.data_loader:
+            sizes += 1
+            p.optimizer.zero_grad()
+            loss_fn(p.model(x), y).backward()
+            p.optimizer.step()
+        results.append((torch.cat([q.detach().reshape(-1) for q in model.parameters()]),
+                        p.accountant.steps, sizes))
+    (a, steps_a, chunks_a), (b, steps_b, chunks_b) = results
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert steps_a == steps_b == 4
+    assert chunks_b > chunks_a
+
+
+def test_empty_batch_runs_noise_only_step():
+    model = _mlp()
+    ds = _data(n=200)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=1), noise_multiplier=1.0, max_grad_norm=1.0,
+                     seed=4)
+    seen_empty = False
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    for x, y in p.data_loader:  # q = 1/200: about 37% of the batches are empty
+        before = model[0].weight.detach().clone()
+        p.optimizer.zero_grad()
+        loss_fn(p.model(x), y).backward()
+        p.optimizer.step()
+        if len(y) == 0:
+            seen_empty = True
+            assert x.shape == (0, 6) and x.dtype == torch.float32 and y.dtype == torch.int64
+            assert not torch.equal(before, model[0].weight)  # noise moved the weights
+    assert seen_empty
+    assert p.accountant.steps == 200
+
+
+def test_accountant_matches_composition():
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(n=64), batch_size=8), noise_multiplier=1.1,
+                     max_grad_norm=1.0)
+    assert p.accountant.epsilon(1e-5) == 0.0
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    assert p.accountant.steps == 8 and p.sampling_rate == 8 / 64
+    m = compose(subsample(Gaussian(1.1), rate=8 / 64, scheme="poisson"), steps=8)
+    assert p.accountant.mechanism() == m
+
+
+def test_target_epsilon_calibrates_noise():
+    model = _mlp()
+    ds = _data(n=64)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), target_epsilon=5.0, target_delta=1e-3,
+                     epochs=2, max_grad_norm=1.0)
+    m = compose(subsample(Gaussian(p.noise_multiplier), rate=8 / 64), steps=16)
+    assert m.epsilon(1e-3) <= 5.0 + 1e-9
+    looser = compose(subsample(Gaussian(p.noise_multiplier * 0.98), rate=8 / 64), steps=16)
+    assert looser.epsilon(1e-3) > 5.0
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _mk(model=None, loader=None, **kw):
+    model = model if model is not None else _mlp()
+    loader = loader if loader is not None else DataLoader(_data(), batch_size=8)
+    kw.setdefault("noise_multiplier", 1.0)
+    return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, **kw)
+
+
+@pytest.mark.parametrize("c", [0, -1.0, float("nan")])
+def test_bad_max_grad_norm(c):
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        _mk(max_grad_norm=c)
+
+
+def test_target_epsilon_without_length():
+    with pytest.raises(ValueError, match="epochs or steps"):
+        _mk(noise_multiplier=None, target_epsilon=1.0)
+
+
+def test_both_or_neither_noise_and_target():
+    with pytest.raises(ValueError, match="exactly one"):
+        _mk(noise_multiplier=1.0, target_epsilon=1.0, epochs=1)
+    with pytest.raises(ValueError, match="exactly one"):
+        _mk(noise_multiplier=None)
+
+
+def test_eval_mode_rejected():
+    model = _mlp().eval()
+    with pytest.raises(ValueError, match="eval mode"):
+        _mk(model=model)
+
+
+def test_non_poisson_loader_rejected():
+    ds = _data()
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(ds), 8, False)
+    with pytest.raises(ValueError, match="not poisson sampling"):
+        _mk(loader=DataLoader(ds, batch_sampler=sampler))
+
+
+def test_unsupported_layers_listed_at_once_and_fixed():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.Conv2d(4, 8, 3), nn.BatchNorm2d(8),
+                          nn.LSTM(3, 3, num_layers=2, dropout=0.5))
+    problems = validate(model)
+    assert len(problems) == 3
+    with pytest.raises(UnsupportedModuleError) as err:
+        _mk(model=model)
+    msg = str(err.value)
+    assert msg.count("BatchNorm mixes examples") == 2 and "GroupNorm" in msg
+    assert "dropout" in msg
+    fix(model)
+    assert isinstance(model[1], nn.GroupNorm) and model[1].num_channels == 4
+    assert isinstance(model[4], nn.GroupNorm) and model[4].num_channels == 8
+    assert len(validate(model)) == 1  # the LSTM dropout cannot be fixed
+
+
+def test_fix_model_option_trains():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 2))
+    ds = TensorDataset(torch.randn(32, 1, 6, 6), torch.randint(0, 2, (32,)))
+    p = _mk(model=model, loader=DataLoader(ds, batch_size=8), fix_model=True)
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    assert isinstance(model[1], nn.GroupNorm)
+
+
+def test_other_bad_arguments():
+    with pytest.raises(ValueError, match="sampling"):
+        _mk(sampling="shuffle")
+    with pytest.raises(ValueError, match="loss_reduction"):
+        _mk(loss_reduction="none")
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        _mk(noise_multiplier=-1.0)
+    with pytest.raises(ValueError, match="seed"):
+        _mk(secure_mode=True, seed=3)
+
+
+def test_detach_restores_model():
+    model = _mlp()
+    p = _mk(model=model)
+    assert not any(q.requires_grad for q in model.parameters())
+    p.detach()
+    assert all(q.requires_grad for q in model.parameters())
+    nn.functional.cross_entropy(model(torch.randn(3, 6)), torch.tensor([0, 1, 2])).backward()
+    assert model[0].weight.grad is not None
