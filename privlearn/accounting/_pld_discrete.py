@@ -102,7 +102,7 @@ def loss_scale(pair: Pair) -> float:
 def loss_range(pair: Pair, tol: float) -> tuple[float, float]:
     lo = pair.loss_min if math.isfinite(pair.loss_min) else _left_point(pair, tol)
     hi = pair.loss_max if math.isfinite(pair.loss_max) else _right_point(pair, tol)
-    return lo, hi
+    return min(lo, 0.0), max(hi, 0.0)  # the grid always contains the loss 0
 
 
 def _safe_ratio_log(num: np.ndarray, den: np.ndarray) -> np.ndarray:

@@ -306,8 +306,18 @@ def test_monotonicity(q, sigma, steps, log10_delta):
         compose(RandomizedResponse(0.9, 4), steps=50),
         compose(subsample(PureDP(1.0), 0.05), steps=2000),
         compose([subsample(Gaussian(1.0), 0.01), Laplace(5.0)], steps=[1000, 10]),
+        compose([Gaussian(0.05), Laplace(1.0)], steps=[3, 2]),
     ],
-    ids=["laplace", "sub-laplace", "laplace-large-eps", "gauss-q1", "rr", "sub-pure", "mixed"],
+    ids=[
+        "laplace",
+        "sub-laplace",
+        "laplace-large-eps",
+        "gauss-q1",
+        "rr",
+        "sub-pure",
+        "mixed",
+        "mixed-huge-loss",
+    ],
 )
 @pytest.mark.parametrize("delta", [0.0, 1e-6])
 def test_robust_finite_certified(mech, delta):
