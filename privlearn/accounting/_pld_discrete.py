@@ -327,9 +327,16 @@ def compose_fft(
     lam_a: float,
     lam_b: float,
     upper: bool,
+    accurate: bool = False,
 ) -> ComposedPLD:
     """Compose the parts on the circular window of losses ``(j0 + j) h``, j < N, with
-    ``j0 = floor(a / h)``; error terms are certified (see module docstring)."""
+    ``j0 = floor(a / h)``; error terms are certified (see module docstring).
+
+    With ``accurate``, the low-frequency coefficients, whose forward-FFT error would be
+    amplified about ``T``-fold by the power, are recomputed directly as
+    ``phi_j = e^{-i w_j c} (S + psi_j)`` with ``psi_j = sum_k p_k (e^{-i w_j (k-c)} - 1)``
+    (c the rounded mean index), which has error relative to ``|psi_j|`` rather than to
+    ``||p||_1``; the phase ``w_j T c`` is reduced exactly in integer arithmetic."""
     j0 = math.floor(a / h)
     N = sfft.next_fast_len(max(math.ceil(b / h) - j0 + 1, 16), real=True)
     top = (j0 + N - 1) * h
@@ -355,8 +362,62 @@ def compose_fft(
             lr = np.log(r)
         logr_tot += count * lr
         ang_tot += count * np.angle(phi)
-        parts.append((r, lr, count, float(np.abs(p).sum())))
+        parts.append((r, lr, count, float(np.abs(p).sum()), p))
         fin_mass *= (1.0 - pmf.inf) ** count
+    n_low = 0
+    if accurate and all(pt[4].size <= N for pt in parts):
+        # number of low frequencies whose amplified FFT error is not negligible
+        amp = np.zeros(N // 2 + 1)
+        for r, _lr, count, l1, _p in parts:
+            amp += count * l1 * np.divide(np.exp(logr_tot), r, out=np.zeros_like(r), where=r > 0)
+        big = np.nonzero(amp * 5.0 * U * log2n > 1e-19)[0]
+        n_low = min(int(big[-1]) + 1, 256) if big.size else 0
+        if any(math.fsum(pt[4]) <= 0 for pt in parts):
+            n_low = 0
+    low_err = np.zeros(n_low)
+    if n_low:
+        jj = np.arange(n_low)
+        phase_int = np.zeros(n_low, dtype=np.int64)
+        logr_low = np.zeros(n_low)
+        ang_low = np.zeros(n_low)
+        err_rel = np.zeros(n_low)
+        for r, lr, count, _l1, p in parts:
+            k = np.nonzero(p)[0]
+            pk = p[k]
+            S = math.fsum(pk)
+            c = int(round(float(np.sum(pk * k)) / S))
+            kk = (k - c).astype(np.int64)
+            re = np.empty(n_low)
+            im = np.empty(n_low)
+            B = np.empty(n_low)
+            for j_start in range(0, n_low, 16):
+                jb = jj[j_start : j_start + 16]
+                # theta_jk = 2 pi ((j (k - c)) mod N) / N in (-pi, pi]
+                m = np.mod(jb[:, None] * kk[None, :], N)
+                m = np.where(m > N // 2, m - N, m)
+                th = (2.0 * math.pi / N) * m
+                s1 = np.sin(th)
+                s2 = np.sin(0.5 * th)
+                s2 = 2.0 * s2 * s2
+                sl_ = slice(j_start, j_start + jb.size)
+                re[sl_] = -np.sum(s2 * pk[None, :], axis=1)
+                im[sl_] = -np.sum(s1 * pk[None, :], axis=1)
+                B[sl_] = np.sum((s2 + np.abs(s1)) * pk[None, :], axis=1)
+            z = (S - 1.0 + re) * (S + 1.0 + re) + im * im  # |S + psi|^2 - 1
+            lphi = 0.5 * np.log1p(z)
+            ang = np.arctan2(im, S + re)
+            absphi = np.exp(lphi)
+            logr_low += count * lphi
+            ang_low += count * ang
+            phase_int = np.mod(phase_int + np.mod(jj * ((count * c) % N), N), N)
+            nlog = math.log2(max(k.size, 2)) + 8.0
+            err_rel += count * U * ((B * nlog + 1.0) / absphi + 4.0 * (np.abs(lphi) + np.abs(ang)))
+            # replace the FFT values of this part (used by the bounds below)
+            r[:n_low] = absphi
+            lr[:n_low] = lphi
+        logr_tot[:n_low] = logr_low
+        ang_tot[:n_low] = ang_low - (2.0 * math.pi / N) * phase_int
+        low_err = np.exp(logr_low) * (err_rel + 8.0 * U)
     # Phi = prod phi_p^count in polar form (cheaper and no less accurate than exp(log))
     absP = np.exp(logr_tot)
     spec = np.empty(N // 2 + 1, dtype=complex)
@@ -367,17 +428,22 @@ def compose_fft(
     # error of the polar power (<= |Phi| T u (|log|phi|| + 8)); Parseval converts the
     # spectrum error to an l2 bound in time, and sum_{k in S} |e_k| <= sqrt(N) ||e||_2.
     err = 8 * U * absP
-    for r, lr, count, l1 in parts:
+    for r, lr, count, l1, _ in parts:
         mrel = np.divide(absP, r, out=np.zeros_like(absP), where=r > 0)
         err += count * (5.0 * U * log2n * l1) * mrel
         lra = np.where(np.isfinite(lr), -lr, 0.0)
         err += (count * U) * absP * (np.abs(lra) + 8.0)
+    if n_low:
+        err[:n_low] = low_err  # directly computed coefficients: their own bound
     l2_err = math.sqrt(2.0 * float(np.sum(err * err)))
     l2_spec = math.sqrt(2.0 * float(np.sum(absP * absP)))
     fft_allow = l2_err + 5.0 * U * log2n * l2_spec  # = sqrt(N) * ||e||_2
     pi = sfft.irfft(spec, n=N)
     pi = np.roll(pi, -((j0 - total_offset) % N))
-    single_allow = 64.0 * U * T_tot
+    # single-step masses carry rounding errors of a few ulps of the cumulative tails they
+    # are differences of; by summation by parts each step's profile moves by at most a
+    # few ulps, and composition adds these (first order): 8 U per step.
+    single_allow = 8.0 * U * T_tot
     if upper:
         return ComposedPLD(
             h, j0, pi, 1.0 - fin_mass, t_lo + t_hi, t_hi + fft_allow + single_allow, 0.0

@@ -302,6 +302,9 @@ class _Result:
     directions: list[tuple[dsc.ComposedPLD, dsc.ComposedPLD]]  # (upper, lower) per direction
     h: float
 
+    def slack(self) -> float:
+        return max(max(u.slack_up, lw.slack_low) for u, lw in self.directions)
+
 
 class PLDAccountant:
     """Privacy-loss-distribution accountant (see module docstring).
@@ -358,13 +361,16 @@ class PLDAccountant:
             return PrivacyBound(e, e, self.name)
         pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
         res = self._composed(mechanism, parts, h_scale=1.0)
+        accurate = res.slack() > 1e-3 * delta
+        if accurate:  # small delta: recompute the low frequencies without FFT error
+            res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
         up, lo = self._eps_bounds(res, delta)
         up, lo = min(up, pe), min(lo, pe)
         h_scale = 1.0
         while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
             h_scale /= 2.0
             try:
-                res2 = self._composed(mechanism, parts, h_scale=h_scale)
+                res2 = self._composed(mechanism, parts, h_scale=h_scale, accurate=accurate)
                 up2, lo2 = self._eps_bounds(res2, delta)
             except (_TooLarge, AccountingError):
                 break
@@ -383,6 +389,10 @@ class PLDAccountant:
             return PrivacyBound(0.0, 0.0, self.name)
         res = self._composed(mechanism, parts, h_scale=1.0)
         up = max(_delta_at(u, epsilon, True) for u, _ in res.directions)
+        accurate = res.slack() > 1e-3 * up
+        if accurate:  # small delta: recompute the low frequencies without FFT error
+            res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
+            up = max(_delta_at(u, epsilon, True) for u, _ in res.directions)
         lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
         # delta is far more sensitive than epsilon to the grid: refine only while the
         # relative gap exceeds 10 x rel_gap, at most twice
@@ -390,7 +400,7 @@ class PLDAccountant:
         while up > 0 and (up - lo) > 10 * self.rel_gap * up and h_scale > 1 / 4:
             h_scale /= 2.0
             try:
-                res2 = self._composed(mechanism, parts, h_scale=h_scale)
+                res2 = self._composed(mechanism, parts, h_scale=h_scale, accurate=accurate)
             except (_TooLarge, AccountingError):
                 break
             up = min(up, max(_delta_at(u, epsilon, True) for u, _ in res2.directions))
@@ -403,12 +413,14 @@ class PLDAccountant:
         lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
         return up, lo
 
-    def _composed(self, mechanism: Mechanism, parts, h_scale: float) -> _Result:
-        key = (mechanism, h_scale)
+    def _composed(
+        self, mechanism: Mechanism, parts, h_scale: float, accurate: bool = False
+    ) -> _Result:
+        key = (mechanism, h_scale, accurate)
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        res = self._compute(parts, h_scale)
+        res = self._compute(parts, h_scale, accurate)
         self._cache[key] = res
 
         # bound the memory held: at most cache_size entries and ~2e7 stored grid points
@@ -421,7 +433,7 @@ class PLDAccountant:
             self._cache.popitem(last=False)
         return res
 
-    def _compute(self, parts, h_scale: float) -> _Result:
+    def _compute(self, parts, h_scale: float, accurate: bool = False) -> _Result:
         steps = [(_step(m), k) for m, k in parts]
         T = sum(k for _, k in parts)
         step_tol = self.tail_tol / max(T, 1)
@@ -454,8 +466,8 @@ class PLDAccountant:
         for (pm_up, pm_low), win in zip(fine, windows, strict=True):
             a, b, la, lb = win
             for _ in range(6):
-                cu = dsc.compose_fft(pm_up, h, a, b, la, lb, upper=True)
-                cl = dsc.compose_fft(pm_low, h, a, b, la, lb, upper=False)
+                cu = dsc.compose_fft(pm_up, h, a, b, la, lb, upper=True, accurate=accurate)
+                cl = dsc.compose_fft(pm_low, h, a, b, la, lb, upper=False, accurate=accurate)
                 if max(cu.tails, cl.tails) <= 1e3 * self.tail_tol:
                     break
                 wdt = b - a
