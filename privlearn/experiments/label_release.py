@@ -41,8 +41,12 @@ def mnist_features(n_components: int = 50, n_private: int | None = None,
         Xtr, ytr = Xtr[:n_private], ytr[:n_private]
     pub = Xte[-n_public_fit:]
     mean = pub.mean(axis=0)
-    _, _, vt = np.linalg.svd(pub - mean, full_matrices=False)
-    W = vt[:n_components].T
+    # Principal axes from the 784 x 784 scatter matrix (eigh) rather than an SVD of the
+    # 5000 x 784 block: the same subspace (axes equal up to sign, which nearest-centroid
+    # and kNN distances ignore), about 10x faster.
+    C = (pub - mean).T @ (pub - mean)
+    _, vecs = np.linalg.eigh(C)
+    W = vecs[:, ::-1][:, :n_components]
     return (Xtr - mean) @ W, ytr, (Xte - mean) @ W, yte
 
 

@@ -42,13 +42,13 @@ def test_laplace_pure_dp_closed_form(synth):
 
 
 def test_gaussian_subsampled_delta_positive(synth):
-    clf = DPSGDClassifier(epsilon=1.0, delta=1e-4, sampling_rate=0.1, n_iter=100,
+    clf = DPSGDClassifier(epsilon=1.0, delta=1e-4, sampling_rate=0.1, n_iter=30,
                           random_state=0).fit(synth.X_train, synth.y_train)
-    m = compose(subsample(Gaussian(clf.noise_multiplier_), 0.1), steps=100)
+    m = compose(subsample(Gaussian(clf.noise_multiplier_), 0.1), steps=30)
     assert clf.mechanism_ == m
     assert clf.epsilon_ <= 1.0
     # amplification: less noise than the full-batch run with the same budget
-    full = DPSGDClassifier(epsilon=1.0, delta=1e-4, n_iter=100, random_state=0)
+    full = DPSGDClassifier(epsilon=1.0, delta=1e-4, n_iter=30, random_state=0)
     full.fit(synth.X_train, synth.y_train)
     assert clf.noise_multiplier_ < full.noise_multiplier_
 
@@ -84,6 +84,7 @@ def test_regressor_learns_with_large_budget():
     assert reg.score(X, y) > 0.95
 
 
+@pytest.mark.slow  # ~15 s; tests/experiments runs a reduced Adult check by default
 def test_adult_within_two_points_of_nonprivate():
     from sklearn.linear_model import LogisticRegression
 

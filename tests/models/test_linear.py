@@ -135,8 +135,8 @@ def test_random_state_draws_are_independent(seed_data):
 
 def test_noisygd_seed000_50_reps_batched(seed_data):
     """NoisyGD at epsilon = 2 (sigma = 500, T = 50251), 50 chains through
-    sample_coefficients (fit's code path, batched). Population median 0.6520; the sd of a
-    50-chain median is 0.0005 (2,000 chains)."""
+    sample_coefficients (fit's code path, batched). Population median 0.6525; the sd of a
+    50-chain median is 0.0007 (2,000 chains), so the bound 0.655 is 3.6 sd away."""
     X, y, XTX, XTy, mse = seed_data
     est = NoisyGDRegressor(epsilon=2.0, random_state=1, **SEED_KW)
     coef, _ = est.sample_coefficients(X, y, 50)
@@ -144,10 +144,11 @@ def test_noisygd_seed000_50_reps_batched(seed_data):
 
 
 def test_noisygd_seed000_public_fits(seed_data):
-    """Three public fits (each about 0.5 s); the 50-fit version is marked slow."""
+    """Three public fits (each about 0.4 s; the 50-fit version is marked slow). A 3-fit
+    median has sd ~0.002 around 0.6525, so the in-range bound here is 0.66."""
     X, y, XTX, XTy, mse = seed_data
     mses = _public_fit_mses(NoisyGDRegressor, X, y, reps=3, epsilon=2.0)
-    assert np.all(mses <= 0.665) and np.median(mses) <= 0.655
+    assert np.all(mses >= NONPRIVATE) and np.median(mses) <= 0.66
 
 
 @pytest.mark.slow
