@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 _ULP = np.finfo(float).eps
+_TINY = float(np.finfo(float).smallest_normal)
 
 #: Orders evaluated first: fractional near 1, all integers to 64, geometric to 256.
 DEFAULT_ORDERS: np.ndarray = np.unique(
@@ -230,4 +231,6 @@ def rdp_to_delta(
     best = _refine(rdp_fn, objective, orders, values) if refine else float(np.min(values))
     if not math.isfinite(best):
         return 1.0
-    return float(min(1.0, math.exp(best) * (1.0 + 4 * _ULP)))
+    delta = min(1.0, math.exp(best) * (1.0 + 4 * _ULP))
+    # a positive bound below the floating-point range is rounded up, never to zero
+    return float(max(delta, _TINY))

@@ -433,3 +433,9 @@ def test_delta_zero_and_bounds_type():
     assert math.isinf(Gaussian(1.0).epsilon(0.0, accountant="rdp"))
     assert Laplace(2.0).delta(0.5, accountant="rdp") == 0.0
     assert rdp_epsilon(Laplace(2.0), math.inf) == 0.5
+
+
+def test_delta_underflow_is_rounded_up_not_to_zero():
+    # the Gaussian has delta(eps) > 0 for every eps: a bound of exactly 0 would be optimistic
+    d = compose(Gaussian(1.0), 3).delta(200.0, accountant="rdp")
+    assert 0.0 < d < 1e-300
