@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+from scipy import optimize
+
 from privlearn.accounting._validation import check_delta, check_positive, check_real
 from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
 
@@ -158,6 +161,8 @@ def calibrate(
             lo, hi = math.floor(lo), math.ceil(hi)
 
     # Invariant: exactly one of lo/hi is feasible (hi if decreasing, lo otherwise).
+    if not integer and lo > 0:
+        lo, hi = _brent_refine(eps_of, target, lo, hi, decreasing, rtol)
     while True:
         if integer:
             if hi - lo <= 1:
@@ -173,3 +178,51 @@ def calibrate(
             lo = mid
     result = hi if decreasing else lo
     return int(result) if integer else float(result)
+
+
+def _brent_refine(
+    eps_of: Callable[[float], float],
+    target: float,
+    lo: float,
+    hi: float,
+    decreasing: bool,
+    rtol: float,
+) -> tuple[float, float]:
+    """Shrink the bracket [lo, hi] with Brent's method on log(epsilon) vs log(parameter).
+
+    epsilon is close to a power law in the parameter, so this needs far fewer
+    evaluations than bisection. The returned bracket keeps the invariant of the caller
+    (the feasible end is ``hi`` when ``decreasing``, else ``lo``) -- every end is checked
+    by an actual evaluation, so the final answer remains certified even if the accountant
+    is not perfectly smooth.
+    """
+    log_t = math.log(target)
+
+    def g(u: float) -> float:
+        e = eps_of(math.exp(u))
+        if e <= 0.0:
+            return -1e3
+        if math.isinf(e):
+            return 1e3
+        return math.log(e) - log_t
+
+    a, b = math.log(lo), math.log(hi)
+    try:
+        root = optimize.brentq(g, a, b, xtol=rtol / 4.0, rtol=4 * np.finfo(float).eps)
+    except (ValueError, RuntimeError):
+        return lo, hi  # no sign change seen (flat/inf regions): plain bisection decides
+    half = rtol / 2.0
+    inner, outer = (root - half, root + half) if decreasing else (root + half, root - half)
+    # ``outer`` should be feasible and ``inner`` infeasible; verify both by evaluation.
+    x_out, x_in = math.exp(outer), math.exp(inner)
+    if lo < x_out < hi and eps_of(x_out) <= target:
+        if decreasing:
+            hi = x_out
+        else:
+            lo = x_out
+        if lo < x_in < hi and eps_of(x_in) > target:
+            if decreasing:
+                lo = x_in
+            else:
+                hi = x_in
+    return lo, hi
