@@ -9,7 +9,10 @@ Sensitivities (add/remove one record ``(x, y)`` with ``||x|| <= X``, ``|y| <= Y`
 
 * ``X^T X`` changes by ``x x^T``, Frobenius norm ``||x||^2 <= X^2``; the seed releases
   the upper triangle (diagonal included) with i.i.d. noise and mirrors it, which has the
-  same sensitivity (Wang 2018, Alg. 2 / seed 000).
+  same sensitivity (Wang 2018, Alg. 2 / seed 000). By default we release the isometric
+  coordinates ``(M_ii, sqrt(2) M_ij)`` instead, whose L2 sensitivity is exactly
+  ``||x||^2``: the off-diagonal noise is ``1/sqrt(2)`` of the seed's at the same privacy
+  (:func:`symmetric_noise`).
 * ``X^T y`` changes by ``x y``, norm ``<= X Y``.
 * ``lambda_min(X^T X)`` changes by at most ``X^2`` (Weyl's inequality).
 * the sum-of-squares gradient ``sum_i x_i (x_i^T theta - y_i)`` changes by
@@ -17,10 +20,17 @@ Sensitivities (add/remove one record ``(x, y)`` with ``||x|| <= X``, ``|y| <= Y`
 
 Noise scales are calibrated through :mod:`privlearn.accounting`: SSP is the composition
 of two Gaussian mechanisms with noise multipliers ``(2s, 3s)``, AdaSSP of three with
-``(2s, 3s, 5s)`` (the ratios of seed 000's ``SSP_scale``/``AdaSSP_scale``), NoisyGD of
+``(2s, 3s, 5s)`` (the ratios of seed 000's ``SSP_scale``/``AdaSSP_scale``; other ratios
+through ``budget_split``), NoisyGD of
 ``n_iter`` Gaussian mechanisms with multiplier ``noise_multiplier``. Compositions of
 Gaussians are accounted exactly (Dong, Roth & Su 2022, Cor. 3.3; Balle & Wang 2018,
 Thm. 8) and calibrated on the safe side (noise rounded up, iterations rounded down).
+
+Everything done after the release (PSD projection, eigenvalue floor, solving) is
+post-processing of the noisy statistics and costs no privacy (Dwork & Roth 2014,
+Prop. 2.1). Seed 000's exact algorithms remain available:
+``SSPRegressor(matrix_noise="upper_triangle", project_psd=False)`` and
+``AdaSSPRegressor(matrix_noise="upper_triangle", regularization="ridge")``.
 
 References
 ----------
@@ -31,6 +41,12 @@ References
        efficient algorithms and tight error bounds, FOCS (noisy gradient descent).
 .. [3] B. Balle, Y.-X. Wang (2018), Improving the Gaussian mechanism for differential
        privacy: analytical calibration and optimal denoising, ICML, Theorem 8.
+.. [4] C. Dwork, A. Roth (2014), The algorithmic foundations of differential privacy,
+       Prop. 2.1 (post-processing), Thm. A.1 (Gaussian mechanism).
+.. [5] C. Dwork, K. Talwar, A. Thakurta, L. Zhang (2014), Analyze Gauss: optimal bounds
+       for privacy-preserving principal component analysis, STOC.
+.. [6] N. J. Higham (1988), Computing a nearest symmetric positive semidefinite matrix,
+       Linear Algebra Appl. 103 (eigenvalue clipping is the Frobenius projection).
 """
 
 from __future__ import annotations
