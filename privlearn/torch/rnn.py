@@ -126,18 +126,20 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
                 hs = [None] * T
                 hprev = [None] * T
                 ghs = [None] * T
+                gis = gi.unbind(0)  # one UnbindBackward node (a select per step would
+                # allocate a full (T, B, G*H) gradient per time step)
                 for t in order:
                     hprev[t] = h
                     gh = torch.nn.functional.linear(h, w_hh, b_hh)
                     if not gh.requires_grad:
                         gh.requires_grad_()
                     ghs[t] = gh
-                    h, c = _cell(mode, gi[t], gh, h, c)
+                    h, c = _cell(mode, gis[t], gh, h, c)
                     hs[t] = h
                 outs.append(torch.stack(hs))
                 h_last.append(h)
                 c_last.append(c)
-                saved.append((layer, direction, inp, hprev, gi, ghs))
+                saved.append((layer, direction, inp, hprev, gis, ghs))
             inp = outs[0] if D == 1 else torch.cat(outs, -1)
         seeds = [g_out, g_h]
         targets = [inp, torch.stack(h_last)]
@@ -145,21 +147,23 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
             seeds.append(g_c)
             targets.append(torch.stack(c_last))
         wrt = []
-        for _, _, _, _, gi, ghs in saved:
-            wrt.append(gi)
+        for _, _, _, _, gis, ghs in saved:
+            wrt.extend(gis)
             wrt.extend(ghs)
         grads = torch.autograd.grad(targets, wrt, seeds, allow_unused=True)
 
     ps = set(params)
     parts = []
     k = 0
-    for layer, direction, inp_l, hprev, gi, ghs in saved:
-        dgi = grads[k]
-        dgh = grads[k + 1: k + 1 + T]
-        k += 1 + T
-        dgi = torch.zeros_like(gi) if dgi is None else dgi
-        dgh = torch.stack([torch.zeros_like(gh) if d is None else d
-                           for d, gh in zip(dgh, ghs, strict=True)])
+
+    def _stack(ds, like):
+        return torch.stack([torch.zeros_like(x) if d is None else d
+                            for d, x in zip(ds, like, strict=True)])
+
+    for layer, direction, inp_l, hprev, gis, ghs in saved:
+        dgi = _stack(grads[k: k + T], gis)
+        dgh = _stack(grads[k + T: k + 2 * T], ghs)
+        k += 2 * T
         sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
         hp = torch.stack([h.detach() for h in hprev])
         for w_name, b_name, a, g in (

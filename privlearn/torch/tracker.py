@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from privlearn.torch import attention as _attention  # noqa: F401  (registers MHA rule)
 from privlearn.torch import rnn as _rnn  # noqa: F401  (registers the recurrent rules)
 from privlearn.torch.grad_sample import (
     Contribution,

@@ -230,28 +230,56 @@ class _LSTMWithState(_WithState):
 
 
 class _MHA(nn.Module):
-    def __init__(self, batch_first, kdim):
+    def __init__(self, batch_first, kdim, bias=True, use_weights=False, causal=False,
+                 average=True):
         super().__init__()
-        self.mha = nn.MultiheadAttention(4, 2, batch_first=batch_first, kdim=kdim, vdim=kdim)
+        self.mha = nn.MultiheadAttention(4, 2, batch_first=batch_first, kdim=kdim, vdim=kdim,
+                                         bias=bias)
+        self.use_weights, self.causal, self.average = use_weights, causal, average
 
     def forward(self, q, kv, mask):
-        out, _ = self.mha(q, kv, kv, key_padding_mask=mask)
+        lq, lk = (q.shape[1], kv.shape[1]) if self.mha.batch_first else (q.shape[0], kv.shape[0])
+        attn_mask = None
+        if self.causal:
+            attn_mask = torch.ones(lq, lk, dtype=torch.bool).triu(1)
+            attn_mask[:, 0] = False  # keep one key visible to every query
+        out, w = self.mha(q, kv, kv, key_padding_mask=mask, attn_mask=attn_mask,
+                          average_attn_weights=self.average)
+        if self.use_weights:
+            return out, w
         return out
 
 
 @SETTINGS
 @given(b=st.integers(1, 3), lq=st.integers(1, 3), lk=st.integers(1, 3),
-       batch_first=st.booleans(), kdim=st.sampled_from([None, 3]))
-def test_multihead_attention(b, lq, lk, batch_first, kdim):
+       batch_first=st.booleans(), kdim=st.sampled_from([None, 3]), bias=st.booleans(),
+       use_weights=st.booleans(), causal=st.booleans(), average=st.booleans())
+def test_multihead_attention(b, lq, lk, batch_first, kdim, bias, use_weights, causal, average):
     torch.manual_seed(b + lq * 3 + lk)
-    model = _MHA(batch_first, kdim)
+    model = _MHA(batch_first, kdim, bias, use_weights, causal, average)
     kd = kdim or 4
     q = torch.randn(b, lq, 4) if batch_first else torch.randn(lq, b, 4)
     kv = torch.randn(b, lk, kd) if batch_first else torch.randn(lk, b, kd)
     mask = torch.zeros(b, lk, dtype=torch.bool)
     mask[:, lk - 1] = lk > 1  # mask the last key when there is more than one
     bd = 0 if batch_first else 1
-    check(model, [q, kv, mask], sq_loss, batch_dims=[bd, bd, 0], modes=("auto",))
+    check(model, [q, kv, mask], sq_loss, batch_dims=[bd, bd, 0])
+
+
+def test_multihead_attention_fallback_configuration():
+    """add_bias_kv is not reproduced by the dedicated rule: the torch.func fallback runs."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(4, 2, batch_first=True, add_bias_kv=True)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    check(M(), [torch.randn(3, 2, 4)], sq_loss, modes=("auto",))
 
 
 class _Custom(nn.Module):

@@ -1,0 +1,192 @@
+"""Per-example gradients of PyTorch's own ``nn.MultiheadAttention`` (used as it is).
+
+All weights of the layer enter through affine maps of the inputs:
+``Q = q W_q^T + b_q``, ``K = k W_k^T + b_k``, ``V = v W_v^T + b_v`` (row blocks of
+``in_proj_weight``, or the separate ``q/k/v_proj_weight`` when ``kdim``/``vdim`` differ)
+and ``out = O W_o^T + b_o`` with ``O`` the concatenated head outputs. Their per-example
+gradients are therefore outer-product sums over positions (the Linear rule, ghost or
+materialised, see :mod:`privlearn.torch.grad_sample`). The rule recomputes scaled
+dot-product attention from the recorded inputs (Vaswani et al. 2017, Eq. 1; PyTorch's
+``F.multi_head_attention_forward``) and gets ``dQ, dK, dV`` with one
+``torch.autograd.grad`` call seeded by the recorded output gradients. No loop over
+examples. Configurations the rule does not reproduce (``add_bias_kv``,
+``add_zero_attn``, attention dropout in training) use the generic ``torch.func``
+fallback.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privlearn.torch.grad_sample import (
+    Contribution,
+    Materialized,
+    OuterProduct,
+    Record,
+    _scaled,
+    fallback_rule,
+    register_rule,
+    rule_evaluation,
+)
+
+__all__ = ["mha_rule"]
+
+
+class _Shape:
+    def __init__(self, *shape):
+        self.shape = torch.Size(shape)
+
+
+class RowBlocks(Contribution):
+    """A weight (and bias) made of row blocks, each an outer-product contribution."""
+
+    def __init__(self, weight, bias, blocks: list[OuterProduct]):
+        self.params = (weight,) if bias is None else (weight, bias)
+        self.bias = bias
+        self.blocks = blocks
+        self._sq = None
+
+    def sq_norms(self):
+        if self._sq is None:
+            self._sq = sum(b.sq_norms() for b in self.blocks)
+        return self._sq
+
+    def weighted_sum(self, c):
+        parts = [b.weighted_sum(c) for b in self.blocks]
+        out = [torch.cat([p[0] for p in parts], 0)]
+        if self.bias is not None:
+            out.append(torch.cat([p[1] for p in parts], 0))
+        return out
+
+    def per_sample(self):
+        parts = [b.per_sample() for b in self.blocks]
+        out = [torch.cat([p[0] for p in parts], 1)]
+        if self.bias is not None:
+            out.append(torch.cat([p[1] for p in parts], 1))
+        return out
+
+
+def _arg(record: Record, i: int, name: str, default=None):
+    if len(record.args) > i:
+        return record.args[i]
+    return record.kwargs.get(name, default)
+
+
+def _op(a, g, w_shape, with_bias):
+    b, t = a.shape[:2]
+    return OuterProduct(_Shape(*w_shape), _Shape(w_shape[0]) if with_bias else None,
+                        a.reshape(b, 1, t, -1), g.reshape(b, 1, t, -1))
+
+
+@register_rule(nn.MultiheadAttention)
+def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribution:
+    if (module.bias_k is not None or module.add_zero_attn
+            or (module.dropout > 0 and module.training)):
+        return fallback_rule(module, record, params)
+    q, k, v = _arg(record, 0, "query"), _arg(record, 1, "key"), _arg(record, 2, "value")
+    kpm = _arg(record, 3, "key_padding_mask")
+    need_weights = _arg(record, 4, "need_weights", True)
+    attn_mask = _arg(record, 5, "attn_mask")
+    average = _arg(record, 6, "average_attn_weights", True)
+    is_causal = _arg(record, 7, "is_causal", False)
+    if q.dim() != 3:
+        raise ValueError("MultiheadAttention received an unbatched input; per-example "
+                         "clipping needs a batch dimension")
+    if not module.batch_first:
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    B, L, E = q.shape
+    S = k.shape[1]
+    H = module.num_heads
+    hd = E // H
+    if module._qkv_same_embed_dim:
+        wq, wk, wv = module.in_proj_weight.detach().chunk(3)
+    else:
+        wq, wk, wv = (module.q_proj_weight.detach(), module.k_proj_weight.detach(),
+                      module.v_proj_weight.detach())
+    if module.in_proj_bias is not None:
+        bq, bk, bv = module.in_proj_bias.detach().chunk(3)
+    else:
+        bq = bk = bv = None
+    wo = module.out_proj.weight.detach()
+
+    # additive float mask (B or 1, H or 1, L, S)
+    mask = None
+    if attn_mask is not None:
+        am = attn_mask
+        if am.dtype == torch.bool:
+            am = torch.zeros_like(am, dtype=q.dtype).masked_fill(am, float("-inf"))
+        mask = am.view(B, H, L, S) if am.dim() == 3 else am.view(1, 1, L, S)
+    elif is_causal:
+        mask = torch.full((L, S), float("-inf"), dtype=q.dtype).triu(1).view(1, 1, L, S)
+    if kpm is not None:
+        km = kpm
+        if km.dtype == torch.bool:
+            km = torch.zeros_like(km, dtype=q.dtype).masked_fill(km, float("-inf"))
+        km = km.view(B, 1, 1, S)
+        mask = km if mask is None else mask + km
+
+    g_out = _scaled(record, 0)
+    if not module.batch_first:
+        g_out = g_out.transpose(0, 1)
+    g_w = None
+    if need_weights and len(record.grad_outputs) > 1 and record.grad_outputs[1] is not None:
+        g_w = _scaled(record, 1)
+
+    with rule_evaluation(), torch.enable_grad():
+        Q = F.linear(q, wq, bq).requires_grad_()
+        K = F.linear(k, wk, bk).requires_grad_()
+        V = F.linear(v, wv, bv).requires_grad_()
+        Qh = Q.view(B, L, H, hd).transpose(1, 2)
+        Kh = K.view(B, S, H, hd).transpose(1, 2)
+        Vh = V.view(B, S, H, hd).transpose(1, 2)
+        scores = torch.matmul(Qh, Kh.transpose(-1, -2)) / math.sqrt(hd)
+        if mask is not None:
+            scores = scores + mask
+        attn = torch.softmax(scores, -1)
+        O = torch.matmul(attn, Vh).transpose(1, 2).reshape(B, L, E)
+        # d loss / d O through the output projection
+        g_O = torch.matmul(g_out, wo)
+        targets, seeds = [O], [g_O]
+        if g_w is not None:
+            targets.append(attn.mean(1) if average else attn)
+            seeds.append(g_w)
+        dQ, dK, dV = torch.autograd.grad(targets, [Q, K, V], seeds)
+    O = O.detach()
+
+    ps = set(params)
+    parts: list[Contribution] = []
+    with_b = module.in_proj_bias is not None and module.in_proj_bias in ps
+    if module._qkv_same_embed_dim:
+        if module.in_proj_weight in ps:
+            blocks = [_op(a, g, (E, a.shape[-1]), with_b)
+                      for a, g in ((q, dQ), (k, dK), (v, dV))]
+            parts.append(RowBlocks(module.in_proj_weight,
+                                   module.in_proj_bias if with_b else None, blocks))
+        elif with_b:
+            parts.append(Materialized([module.in_proj_bias],
+                                      [torch.cat([dQ.sum(1), dK.sum(1), dV.sum(1)], 1)]))
+    else:
+        for w, a, g in ((module.q_proj_weight, q, dQ), (module.k_proj_weight, k, dK),
+                        (module.v_proj_weight, v, dV)):
+            if w in ps:
+                parts.append(_op(a, g, tuple(w.shape), False))
+                parts[-1].params = (w,)
+                parts[-1].weight = w
+        if with_b:
+            parts.append(Materialized([module.in_proj_bias],
+                                      [torch.cat([dQ.sum(1), dK.sum(1), dV.sum(1)], 1)]))
+    ow, ob = module.out_proj.weight, module.out_proj.bias
+    ow = ow if ow in ps else None
+    ob = ob if ob is not None and ob in ps else None
+    if ow is not None:
+        op = OuterProduct(ow, ob, O.reshape(B, 1, L, E), g_out.reshape(B, 1, L, -1))
+        parts.append(op)
+    elif ob is not None:
+        parts.append(Materialized([ob], [g_out.sum(1)]))
+    from privlearn.torch.grad_sample import Compound
+
+    return Compound(parts)
