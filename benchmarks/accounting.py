@@ -26,6 +26,7 @@ import math
 import multiprocessing as mp
 import platform
 import re
+import resource
 import statistics
 import sys
 import time
@@ -338,7 +339,14 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
+MEMORY_LIMIT_GB = 8.0
+
+
 def _child(fn, case, repeats, conn):
+    # cap the address space so that a peer that needs tens of GB fails with MemoryError
+    # instead of exhausting the (shared) machine
+    limit = int(MEMORY_LIMIT_GB * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         times, out = [], None
         for _ in range(repeats):
@@ -363,7 +371,11 @@ def run_method(fn, case, repeats: int, timeout: float) -> Result:
     p.start()
     child.close()
     if parent.poll(timeout):
-        msg = parent.recv()
+        try:
+            msg = parent.recv()
+        except EOFError:
+            p.join()
+            return Result(error=f"process died (exit code {p.exitcode})")
         p.join()
     else:
         p.kill()
@@ -473,15 +485,18 @@ def cal_table(results: dict[str, Result], checks: dict[str, str]) -> list[str]:
 
 # ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
+    global MEMORY_LIMIT_GB
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="three cases, one repeat")
     ap.add_argument("--out", type=Path, default=None, help="markdown file to update")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per method")
+    ap.add_argument("--memory-gb", type=float, default=8.0, help="address space per method")
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     timeout = args.timeout or (60.0 if args.quick else 300.0)
     cases = QUICK_CASES if args.quick else CASES
+    MEMORY_LIMIT_GB = args.memory_gb
 
     _preimport()
     command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
@@ -493,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {platform.python_version()} on {platform.machine()}, "
         f"{mp.cpu_count()} CPU(s) shared with other jobs. Each method runs in a freshly "
         f"forked process, {repeats} cold repeat(s) (privlearn caches cleared before each), "
-        f"median time shown; imports excluded; timeout {timeout:.0f} s per method.",
+        f"median time shown; imports excluded; timeout {timeout:.0f} s and "
+        f"{MEMORY_LIMIT_GB:g} GB of address space per method.",
         "`eps / ours`: peer epsilon divided by privlearn's upper bound of the same family "
         "(PLD, PRV and characteristic-function methods vs privlearn `pld`; RDP methods vs "
         "privlearn `rdp`); `time ratio`: peer time / privlearn time, same families. "
