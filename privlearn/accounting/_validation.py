@@ -63,7 +63,7 @@ def check_rate(name: str, value: object) -> float:
 
 
 def check_probability_open(name: str, value: object) -> float:
-    """A probability in [0.5, 1) (e.g. randomized response's truth probability)."""
+    """A probability in [0, 1] (callers narrow the range, e.g. randomized response)."""
     x = check_real(name, value)
     if math.isnan(x) or not 0.0 <= x <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value!r}")

@@ -232,13 +232,15 @@ class PureDP(Mechanism):
 
     Parameters
     ----------
-    epsilon : float > 0
+    pure_epsilon : float > 0
     """
 
     pure_epsilon: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pure_epsilon", check_positive("epsilon", self.pure_epsilon))
+        object.__setattr__(
+            self, "pure_epsilon", check_positive("pure_epsilon", self.pure_epsilon)
+        )
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def test_other_constructors_validate():
         RandomizedResponse(0.2, num_categories=3)
     with _raises(["num_categories", "integer >= 2", "1"]):
         RandomizedResponse(0.9, num_categories=1)
-    with _raises(["epsilon", "(0, inf)", "-1.0"]):
+    with _raises(["pure_epsilon", "(0, inf)", "-1.0"]):
         PureDP(-1.0)
     with _raises(["pure_epsilon", "(0, inf]", "0.0"]):
         RDPMechanism(lambda a: a, pure_epsilon=0.0)
