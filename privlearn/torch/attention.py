@@ -143,11 +143,15 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
         Qh = Q.view(B, L, H, hd).transpose(1, 2)
         Kh = K.view(B, S, H, hd).transpose(1, 2)
         Vh = V.view(B, S, H, hd).transpose(1, 2)
-        scores = torch.matmul(Qh, Kh.transpose(-1, -2)) / math.sqrt(hd)
-        if mask is not None:
-            scores = scores + mask
-        attn = torch.softmax(scores, -1)
-        O = torch.matmul(attn, Vh).transpose(1, 2).reshape(B, L, E)
+        if g_w is None:  # fused kernel (no attention matrix kept)
+            O = F.scaled_dot_product_attention(Qh, Kh, Vh, attn_mask=mask)
+        else:
+            scores = torch.matmul(Qh, Kh.transpose(-1, -2)) / math.sqrt(hd)
+            if mask is not None:
+                scores = scores + mask
+            attn = torch.softmax(scores, -1)
+            O = torch.matmul(attn, Vh)
+        O = O.transpose(1, 2).reshape(B, L, E)
         # d loss / d O through the output projection
         g_O = torch.matmul(g_out, wo)
         targets, seeds = [O], [g_O]

@@ -24,9 +24,10 @@ The choice (:func:`use_ghost`) follows the book-keeping paper's rule: ghost when
 
 Registered rules: ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Embedding``,
 ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.RNN``/``nn.LSTM``/``nn.GRU`` (see
-:mod:`privlearn.torch.rnn`), and a generic :mod:`torch.func` fallback (vmap of a vjp of
-``functional_call``) for any other layer, multi-input ones (``nn.MultiheadAttention``)
-included. :func:`register_rule` adds a rule for a new layer type.
+:mod:`privlearn.torch.rnn`), ``nn.MultiheadAttention`` (see
+:mod:`privlearn.torch.attention`), and a generic :mod:`torch.func` fallback (vmap of a
+vjp of ``functional_call``) for any other layer, multi-input ones included.
+:func:`register_rule` adds a rule for a new layer type.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ class OuterProduct(Contribution):
     def _bias_ps(self) -> torch.Tensor:
         if self._bias_cache is None:
             b, G, t, d, p = self.dims
-            self._bias_cache = self.g.sum(2).reshape(b, G * p)
+            g = self.g.reshape(b, G * p) if t == 1 else self.g.sum(2).reshape(b, G * p)
+            self._bias_cache = g
         return self._bias_cache
 
     def sq_norms(self) -> torch.Tensor:
@@ -209,8 +211,10 @@ class OuterProduct(Contribution):
         b, G, t, d, p = self.dims
         if self._ps is not None:
             w = _rowdot(self._ps.reshape(b, -1))
-        elif t == 1 and G == 1:
-            w = _rowdot(self.a.reshape(b, d)) * _rowdot(self.g.reshape(b, p))
+        elif t == 1 and G == 1:  # |a|^2 |g|^2 (+ |g|^2 for the bias)
+            ga = _rowdot(self.g.reshape(b, p))
+            aa = _rowdot(self.a.reshape(b, d))
+            return ga * (aa + 1.0) if self.bias is not None else ga * aa
         elif t == 1:
             w = (self.a.pow(2).sum(-1) * self.g.pow(2).sum(-1)).reshape(b, -1).sum(1)
         else:
