@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -166,12 +167,14 @@ def main(argv: list[str] | None = None) -> dict:
         )
 
     result = dict(
+        command=" ".join(["python", "examples/mnist_dpsgd.py", *(argv or sys.argv[1:])]),
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
         momentum=args.momentum,
         max_grad_norm=args.max_grad_norm,
         noise_multiplier=p.noise_multiplier,
+        target_epsilon=None if args.noise_multiplier is not None else args.target_epsilon,
         sampling_rate=p.sampling_rate,
         accountant=args.accountant,
         delta=args.delta,
