@@ -59,11 +59,12 @@ CASES = [
     Case("large noise, tiny rate", "sgm", 1e-6, 100_000, sigma=5.0, q=0.001),
     Case("small noise, large rate", "sgm", 1e-5, 100_000, sigma=0.6, q=0.1),
     Case("medium", "sgm", 1e-5, 10_000, sigma=0.8, q=0.01),
+    Case("large noise, few steps", "sgm", 1e-5, 100, sigma=5.0, q=0.001),
     Case("Gaussian x 10^4", "gauss", 1e-5, 10_000, sigma=100.0),
     Case("Laplace x 100 (delta=1e-6)", "laplace", 1e-6, 100, sigma=5.0),
     Case("Laplace x 100 (delta=0)", "laplace", 0.0, 100, sigma=5.0),
 ]
-QUICK_CASES = [CASES[0], CASES[4], CASES[6]]
+QUICK_CASES = [CASES[0], CASES[5], CASES[7]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -520,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         "its constructor never sets; we set it, and report what happens next.",
         "",
     ]
+    all_results: dict[str, dict[str, Result]] = {}
     for case in cases:
         label = (
             f"q={case.q:g}, sigma={case.sigma:g}"
@@ -527,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             else (f"sigma={case.sigma:g}" if case.kind == "gauss" else f"b={case.sigma:g}")
         )
         print(f"== {case.name}: {label}, T={case.steps}, delta={case.delta:g}", file=sys.stderr)
-        results = {}
+        results = all_results[case.name] = {}
         for m in METHODS:
             results[m.label] = r = run_method(m.fn, case, repeats, timeout)
             print(
@@ -543,6 +545,47 @@ def main(argv: list[str] | None = None) -> int:
         out.append("")
         out.extend(case_table(case, results, METHODS))
         out.append("")
+
+    out.append("### Summary over the cases above")
+    out.append("")
+    out.append(
+        "| method | cases run | eps / ours (min - max) | time ratio (min - max) | failures |"
+    )
+    out.append("|---|---|---|---|---|")
+    for m in METHODS:
+        if m.ours:
+            continue
+        rs = [(c, all_results[c.name][m.label], all_results[c.name]) for c in cases]
+        ok = [
+            (r, res)
+            for _c, r, res in rs
+            if r.error is None and r.value is not None and math.isfinite(r.value)
+        ]
+        ours = {mm.family: mm.label for mm in METHODS if mm.ours}
+        er = [
+            r.value / res[ours[m.family]].value
+            for r, res in ok
+            if res[ours[m.family]].value not in (None, 0.0)
+            and math.isfinite(res[ours[m.family]].value)
+        ]
+        tr = [
+            r.seconds / res[ours[m.family]].seconds
+            for r, res in ok
+            if r.seconds and res[ours[m.family]].seconds
+        ]
+        fails = sum(1 for _c, r, _res in rs if r.error is not None)
+        nonfinite = sum(
+            1
+            for _c, r, _res in rs
+            if r.error is None and r.value is not None and not math.isfinite(r.value)
+        )
+        fail_txt = f"{fails}" + (f" (+{nonfinite} inf)" if nonfinite else "")
+        out.append(
+            f"| {m.label} | {len(ok)}/{len(rs)} | "
+            f"{_fmt(min(er), 4) if er else ''} - {_fmt(max(er), 4) if er else ''} | "
+            f"{_fmt(min(tr), 3) if tr else ''} - {_fmt(max(tr), 3) if tr else ''} | {fail_txt} |"
+        )
+    out.append("")
 
     print(f"== {CAL.name}", file=sys.stderr)
     results = {}
