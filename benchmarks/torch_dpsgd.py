@@ -327,8 +327,6 @@ def render_section(command: str, all_results: dict[str, list[dict]], args) -> st
     }
     for model_name, results in all_results.items():
         parts += ["", f"### {titles.get(model_name, model_name)}", "", format_table(results)]
-    if args.mnist_json is not None:
-        parts += ["", render_mnist(args.mnist_json)]
     return "\n".join(parts) + "\n"
 
 
@@ -367,20 +365,37 @@ def render_mnist(path: Path) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace (or append) the ``## PyTorch DP-SGD`` section of ``path``; keep the rest."""
+MNIST_HEADING = "### MNIST example"
+
+
+def _split_section(path: Path) -> tuple[str, str | None, str | None, str]:
+    """``(before, tables, mnist, after)``: the file around our section, and the section's
+    benchmark part and MNIST subsection (None when absent)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = text.splitlines(keepends=True)
     start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
     if start is None:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next(
-            (j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines)
-        )
-        tail = "".join(lines[end:])
-        new = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-    path.write_text(new)
+        return text.rstrip("\n") + "\n\n", None, None, ""
+    end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
+    body = lines[start:end]
+    m = next((k for k, ln in enumerate(body) if ln.startswith(MNIST_HEADING)), None)
+    tables = "".join(body if m is None else body[:m]).rstrip("\n") + "\n"
+    mnist = None if m is None else "".join(body[m:]).rstrip("\n") + "\n"
+    return "".join(lines[:start]), tables, mnist, "".join(lines[end:])
+
+
+def write_section(path: Path, tables: str | None, mnist: str | None) -> None:
+    """Rewrite our ``## PyTorch DP-SGD`` section of ``path``, keeping the rest of the file.
+
+    ``tables`` (the benchmark part, starting with the section heading) and ``mnist`` (the
+    MNIST-example subsection) replace their counterparts; None keeps what is there."""
+    before, old_tables, old_mnist, after = _split_section(path)
+    tables = tables if tables is not None else old_tables
+    mnist = mnist if mnist is not None else old_mnist
+    if tables is None:
+        tables = f"{SECTION}\n\n(pending: `python benchmarks/torch_dpsgd.py`)\n"
+    section = tables + ("\n" + mnist if mnist else "")
+    path.write_text(before + section + ("\n" + after if after else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -408,6 +423,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="--out JSON of an examples/mnist_dpsgd.py run to record in the section",
     )
+    parser.add_argument(
+        "--mnist-only",
+        action="store_true",
+        help="only (re)write the MNIST subsection from --mnist-json; keep the tables",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps is None:
@@ -420,6 +440,13 @@ def main(argv: list[str] | None = None) -> None:
         args.max_seconds = 5.0 if args.quick else 6.0
     if args.steps < 1 or args.warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {args.steps}, {args.warmup}")
+
+    if args.mnist_only:
+        if args.out is None or args.mnist_json is None:
+            raise ValueError("--mnist-only needs --out and --mnist-json")
+        write_section(args.out, None, render_mnist(args.mnist_json) + "\n")
+        print(f"wrote the MNIST subsection of {SECTION!r} in {args.out}")
+        return
 
     if args.worker:
         result = worker(args.worker[0], args.worker[1], args.steps, args.warmup, args.max_seconds)
@@ -465,7 +492,8 @@ def main(argv: list[str] | None = None) -> None:
         command = "python benchmarks/torch_dpsgd.py " + " ".join(
             a if " " not in a else repr(a) for a in (argv if argv is not None else sys.argv[1:])
         )
-        write_section(args.out, render_section(command.strip(), all_results, args))
+        mnist = None if args.mnist_json is None else render_mnist(args.mnist_json) + "\n"
+        write_section(args.out, render_section(command.strip(), all_results, args), mnist)
         print(f"wrote section {SECTION!r} of {args.out}")
 
 
