@@ -107,15 +107,13 @@ class DPOptimizer:
     def clip_and_accumulate(self) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
         ``1 / expected_batch_size``) to the accumulator."""
-        sums, scale, _, norms = self.tracker.clipped_sum(self.max_grad_norm)
+        sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
+                                                  1.0 / self.expected_batch_size)
         self.last_grad_norms = norms
-        factor = scale / self.expected_batch_size
         for p in self.tracker.params:
             s = sums.get(id(p))
             if s is None:
                 continue
-            if factor != 1.0:
-                s.mul_(factor)
             k = id(p)
             self._accum[k] = s if k not in self._accum else self._accum[k] + s
 

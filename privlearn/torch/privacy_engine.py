@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -220,6 +221,14 @@ def make_private(
                 f"data_loader uses a custom batch_sampler ({type(bs).__name__}) that is not "
                 f"{sampling} sampling, so {sampling!r} accounting would not match what "
                 "runs; pass an ordinary DataLoader with batch_size set")
+    else:
+        smp = getattr(data_loader, "sampler", None)
+        if not isinstance(smp, (torch.utils.data.SequentialSampler,
+                                torch.utils.data.RandomSampler,
+                                torch.utils.data.distributed.DistributedSampler)):
+            warnings.warn(
+                f"data_loader's sampler ({type(smp).__name__}) is replaced by {sampling} "
+                "sampling over the whole dataset, as the accounting requires", stacklevel=2)
     if sampling == "fixed" and world > 1:
         raise ValueError("sampling='fixed' is not supported in distributed training; "
                          "use sampling='poisson'")

@@ -231,12 +231,14 @@ class GradSampleTracker:
             contribs = _merge(contribs)
         return contribs, batch, (1.0 if scale is None else scale)
 
-    def clipped_sum(self, max_grad_norm: float):
-        """Sum over examples of clipped per-example gradients, up to a scale.
+    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0):
+        """``multiplier`` times the sum over examples of clipped per-example gradients.
 
-        Returns ``(sums, scale, batch, norms)``: the clipped sum of parameter ``p`` is
-        ``scale * sums[id(p)]`` (missing: zero, its layers did not run); ``batch`` is the
-        realised batch size and ``norms`` the per-example gradient norms before clipping.
+        Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
+        zero, its layers did not run); ``batch`` is the realised batch size and ``norms``
+        the per-example gradient norms before clipping. The multiplier and the
+        loss-reduction scale are folded into the per-example weights (no extra pass over
+        the gradients).
         The clip factor is ``min(1, C / ||g_i||)`` with the norm over all parameters (Abadi
         et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1).
         """
@@ -255,12 +257,15 @@ class GradSampleTracker:
                 factors = torch.ones_like(norms)
             else:
                 factors = (max_grad_norm / norms.clamp_min(1e-30)).clamp_max(1.0)
+            weight = scale * multiplier
+            if weight != 1.0:
+                factors = factors * weight
             for c in contribs:
                 for p, w in zip(c.params, c.weighted_sum(factors), strict=True):
                     k = id(p)
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
-        return sums, scale, (batch or 0), norms
+        return sums, (batch or 0), norms
 
 
 def _merge(contribs: list[Contribution]) -> list[Contribution]:
