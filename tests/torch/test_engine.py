@@ -292,3 +292,18 @@ def test_detach_restores_model():
     assert all(q.requires_grad for q in model.parameters())
     nn.functional.cross_entropy(model(torch.randn(3, 6)), torch.tensor([0, 1, 2])).backward()
     assert model[0].weight.grad is not None
+
+
+def test_fixed_size_sampling_is_accounted_as_fixed():
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(n=64), batch_size=8), noise_multiplier=1.1,
+                     sampling="fixed", seed=0)
+    for x, y in p.data_loader:
+        assert len(y) == 8
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    m = compose(subsample(Gaussian(1.1), rate=8 / 64, scheme="fixed"), steps=8)
+    assert p.accountant.mechanism() == m
+    assert p.accountant.epsilon(1e-5) == m.epsilon(1e-5)
