@@ -48,9 +48,44 @@ class NoiseSource:
             raise ValueError("seed must be None when secure_mode=True (a seeded secure "
                              f"generator is not secure), got seed={seed!r}")
         self.secure_mode = bool(secure_mode)
+        self._pool = None
+        self._future = None
+        self._future_n = 0
         self.generator = torch.Generator()
         self.generator.manual_seed(
             int.from_bytes(os.urandom(8), "little") >> 1 if seed is None else int(seed))
+
+    # ------------------------------------------------------------ prefetching
+    def standard_normal(self, n: int) -> torch.Tensor:
+        """``n`` i.i.d. N(0, 1) float32 draws (CPU). In the default mode the next call's
+        draws are generated in a background thread while the caller trains (the noise does
+        not depend on the data, so drawing it early changes nothing but the wall time; the
+        sequence of draws is the same as without prefetching)."""
+        if self.secure_mode:
+            return self.normal(1.0, torch.empty(n))
+        fut = getattr(self, "_future", None)
+        if fut is not None and self._future_n == n:
+            out = fut.result()
+        else:
+            if fut is not None:
+                fut.result()  # keep the draw order deterministic
+            out = self._draw(n)
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dp-noise")
+        self._future_n = n
+        self._future = self._pool.submit(self._draw, n)
+        return out
+
+    def _draw(self, n: int) -> torch.Tensor:
+        return torch.randn(n, generator=self.generator)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_pool"] = None
+        state["_future"] = None
+        return state
 
     def normal(self, std: float, like: torch.Tensor) -> torch.Tensor:
         if not self.secure_mode:

@@ -125,10 +125,19 @@ class DPOptimizer:
             std = std / self.world_size ** 0.5
         std_scaled = std / self.expected_batch_size
         grads = []
+        z = None
+        secure = self.noise.secure_mode
+        if std_scaled > 0 and not secure:  # one (prefetched) draw for all parameters
+            z = self.noise.standard_normal(sum(p.numel() for p in self.tracker.params))
+        k = 0
         for p in self.tracker.params:
             g = self._accum.get(id(p))
             g = torch.zeros_like(p) if g is None else g.to(p.dtype)
-            if std_scaled > 0:
+            if z is not None:
+                zi = z[k:k + p.numel()].view(p.shape)
+                k += p.numel()
+                g.add_(zi.to(device=g.device, dtype=g.dtype), alpha=std_scaled)
+            elif std_scaled > 0:  # secure: scaled in float64 before rounding (noise.py)
                 g.add_(self.noise.normal(std_scaled, g))
             grads.append(g)
         if self.world_size > 1:
