@@ -9,9 +9,9 @@ materialised, see :mod:`privlearn.torch.grad_sample`). The rule recomputes scale
 dot-product attention from the recorded inputs (Vaswani et al. 2017, Eq. 1; PyTorch's
 ``F.multi_head_attention_forward``) and gets ``dQ, dK, dV`` with one
 ``torch.autograd.grad`` call seeded by the recorded output gradients. No loop over
-examples. Configurations the rule does not reproduce (``add_bias_kv``,
-``add_zero_attn``, attention dropout in training) use the generic ``torch.func``
-fallback.
+examples. ``add_bias_kv`` and ``add_zero_attn`` use the generic ``torch.func``
+fallback; attention dropout is rejected by the validator (its masks cannot be
+reproduced).
 """
 
 from __future__ import annotations
@@ -84,8 +84,10 @@ def _op(a, g, w_shape, with_bias):
 
 @register_rule(nn.MultiheadAttention)
 def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribution:
-    if (module.bias_k is not None or module.add_zero_attn
-            or (module.dropout > 0 and module.training)):
+    if module.dropout > 0 and module.training:
+        raise ValueError("MultiheadAttention with dropout > 0 is not supported by "
+                         "per-example clipping (the dropout masks cannot be reproduced)")
+    if module.bias_k is not None or module.add_zero_attn:
         return fallback_rule(module, record, params)
     q, k, v = _arg(record, 0, "query"), _arg(record, 1, "key"), _arg(record, 2, "value")
     kpm = _arg(record, 3, "key_padding_mask")

@@ -44,6 +44,10 @@ def _problems(model: nn.Module) -> list[str]:
                            "not supported")
             if m.scale_grad_by_freq:
                 out.append(f"{label}: scale_grad_by_freq mixes examples in a batch")
+        elif isinstance(m, nn.MultiheadAttention) and m.dropout > 0:
+            out.append(f"{label}: attention dropout > 0 is not supported (its masks cannot be "
+                       "reproduced for per-example gradients); set dropout=0 and apply "
+                       "nn.Dropout to the layer's output instead")
         elif isinstance(m, nn.EmbeddingBag) and trainable:
             out.append(f"{label}: EmbeddingBag is not supported; use Embedding and a sum/mean")
     return out

@@ -246,18 +246,20 @@ def test_non_poisson_loader_rejected():
 def test_unsupported_layers_listed_at_once_and_fixed():
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
                           nn.Conv2d(4, 8, 3), nn.BatchNorm2d(8),
-                          nn.LSTM(3, 3, num_layers=2, dropout=0.5))
+                          nn.LSTM(3, 3, num_layers=2, dropout=0.5),
+                          nn.MultiheadAttention(4, 2, dropout=0.1))
     problems = validate(model)
-    assert len(problems) == 3
+    assert len(problems) == 4
     with pytest.raises(UnsupportedModuleError) as err:
         _mk(model=model)
     msg = str(err.value)
     assert msg.count("BatchNorm mixes examples") == 2 and "GroupNorm" in msg
-    assert "dropout" in msg
+    assert "dropout > 0 between recurrent layers" in msg
+    assert "attention dropout" in msg
     fix(model)
     assert isinstance(model[1], nn.GroupNorm) and model[1].num_channels == 4
     assert isinstance(model[4], nn.GroupNorm) and model[4].num_channels == 8
-    assert len(validate(model)) == 1  # the LSTM dropout cannot be fixed
+    assert len(validate(model)) == 2  # the dropouts cannot be fixed
 
 
 def test_fix_model_option_trains():
