@@ -182,6 +182,7 @@ class OuterProduct(Contribution):
         self.weight, self.bias = weight, bias  # parameters, or anything with a .shape
         self.params = (weight,) if bias is None else (weight, bias)
         self.a, self.g = a, g
+        self._dtype = g.dtype
         b, G, t, d = a.shape
         p = g.shape[-1]
         self.dims = (b, G, t, d, p)
@@ -192,8 +193,12 @@ class OuterProduct(Contribution):
         self._sq = None
         self._bias_cache = None
         if not ghost:
-            # (B, G, p, d) per-example weight gradients via batched matmul
+            # (B, G, p, d) per-example weight gradients via batched matmul; the inputs
+            # (e.g. conv patches) are released right away to bound peak memory
             self._ps = torch.matmul(g.transpose(-1, -2), a)
+            if bias is not None:
+                self._bias_ps()
+            self.a = self.g = None
 
     def _bias_ps(self) -> torch.Tensor:
         if self._bias_cache is None:
@@ -227,7 +232,7 @@ class OuterProduct(Contribution):
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         b, G, t, d, p = self.dims
-        c = c.to(self.g.dtype)
+        c = c.to(self._dtype)
         gc = None
         if self._ps is not None:
             w = (c @ self._ps.reshape(b, -1)).view(G * p, d)
