@@ -20,8 +20,10 @@ empty-batch collation, and virtual (logical vs physical) batches.
 from __future__ import annotations
 
 import math
+import os
 import secrets
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.dataloader import default_collate
@@ -57,16 +59,22 @@ class PoissonBatchSampler(Sampler[list[int]]):
         Batches per epoch; default ``round(1 / sample_rate)``.
     seed : int, optional
         Seed of the sampling generator (default: fresh OS entropy).
+    secure : bool
+        Draw the inclusion decisions from the OS CSPRNG (``os.urandom``) instead of a
+        seeded Mersenne Twister (whose state can be recovered from its outputs).
     """
 
     def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
-                 seed: int | None = None, indices=None):
+                 seed: int | None = None, indices=None, secure: bool = False):
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
         self.num_samples = int(num_samples)
         self.sample_rate = float(sample_rate)
         self.steps = max(1, round(1 / sample_rate)) if steps is None else int(steps)
         self.indices = None if indices is None else torch.as_tensor(list(indices))
+        if secure and seed is not None:
+            raise ValueError(f"seed must be None when secure=True, got {seed!r}")
+        self.secure = bool(secure)
         self.generator = _generator(seed)
 
     def __len__(self) -> int:
@@ -75,7 +83,11 @@ class PoissonBatchSampler(Sampler[list[int]]):
     def __iter__(self):
         n = self.num_samples if self.indices is None else len(self.indices)
         for _ in range(self.steps):
-            mask = torch.rand(n, generator=self.generator) < self.sample_rate
+            if self.secure:  # 53-bit uniforms from the OS CSPRNG
+                bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+                mask = torch.from_numpy(bits.astype(np.float64) * 2.0**-53 < self.sample_rate)
+            else:
+                mask = torch.rand(n, generator=self.generator) < self.sample_rate
             idx = mask.nonzero().flatten()
             if self.indices is not None:
                 idx = self.indices[idx]
@@ -127,7 +139,7 @@ class EmptyAwareCollate:
 
 def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float,
                    batch_size: int, steps: int | None, seed: int | None,
-                   rank: int = 0, world_size: int = 1) -> DataLoader:
+                   rank: int = 0, world_size: int = 1, secure: bool = False) -> DataLoader:
     """A loader over the same dataset with the DP batch sampler (keeps workers, pinning,
     the collate function and the worker settings of ``data_loader``)."""
     ds = data_loader.dataset
@@ -137,7 +149,8 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
     n = len(ds)
     if sampling == "poisson":
         indices = None if world_size == 1 else range(rank, n, world_size)
-        bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, indices=indices)
+        bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, indices=indices,
+                                 secure=secure)
     else:
         bs = FixedSizeBatchSampler(n, batch_size, steps=steps, seed=seed)
     return DataLoader(

@@ -142,7 +142,8 @@ def make_private(
         Accountant of :mod:`privlearn.accounting` used for epsilon and calibration.
     secure_mode : bool
         CSPRNG noise with the floating-point-attack mitigation (see
-        :mod:`privlearn.torch.noise`).
+        :mod:`privlearn.torch.noise`) and CSPRNG Poisson sampling (fixed-size sampling
+        keeps a generator seeded from OS entropy).
     seed : int, optional
         Seed for sampling and (non-secure) noise; rank-offset when distributed.
     fix_model : bool
@@ -250,7 +251,8 @@ def make_private(
     rank_seed = None if seed is None else int(seed) + 1_000_003 * rank
     loader = make_dp_loader(data_loader, sampling=sampling, sample_rate=q,
                             batch_size=int(batch_size), steps=steps_per_epoch,
-                            seed=rank_seed, rank=rank, world_size=world)
+                            seed=rank_seed, rank=rank, world_size=world,
+                            secure=bool(secure_mode))
     is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
     tracker = GradSampleTracker(inner, loss_reduction=loss_reduction,
                                 skip_param_grads=not is_ddp)

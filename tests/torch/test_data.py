@@ -25,10 +25,12 @@ def test_poisson_batch_sizes_are_binomial():
     assert len(PoissonBatchSampler(n, q)) == round(1 / q)
 
 
-def test_poisson_inclusion_is_independent_per_index():
+@pytest.mark.parametrize("secure", [False, True])
+def test_poisson_inclusion_is_independent_per_index(secure):
     n, q, steps = 20, 0.3, 4000
     counts = torch.zeros(n)
-    for b in PoissonBatchSampler(n, q, steps=steps, seed=1):
+    sampler = PoissonBatchSampler(n, q, steps=steps, seed=None if secure else 1, secure=secure)
+    for b in sampler:
         assert len(set(b)) == len(b)
         counts[b] += 1
     freq = counts / steps
