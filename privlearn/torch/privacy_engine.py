@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from privlearn.accounting import Gaussian, calibrate, compose, subsample
+from privlearn.accounting import Gaussian, Sampling, calibrate, compose, subsample
 from privlearn.torch.accountant import PrivacyAccountant
 from privlearn.torch.data import (
     FixedSizeBatchSampler,
@@ -97,7 +97,7 @@ def make_private(
     epochs: int | None = None,
     steps: int | None = None,
     max_grad_norm: float = 1.0,
-    sampling: str = "poisson",
+    sampling: str | Sampling = "poisson",
     max_physical_batch_size: int | None = None,
     loss_reduction: str = "mean",
     accountant: str = "pld",
@@ -129,7 +129,7 @@ def make_private(
     max_grad_norm : float > 0
         Clipping bound C on the per-example gradient norm over all parameters
         (``inf``: no clipping, for testing).
-    sampling : {"poisson", "fixed"}
+    sampling : {"poisson", "fixed"} or privlearn.accounting.Sampling
         Poisson sampling (variable batch size, ``scheme="poisson"``, add/remove) or
         fixed-size sampling without replacement (``scheme="fixed"``, replace-one).
     max_physical_batch_size : int, optional
@@ -172,6 +172,8 @@ def make_private(
         raise ValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")
     max_grad_norm = _check_pos("max_grad_norm", max_grad_norm, allow_inf=True)
+    if isinstance(sampling, Sampling):
+        sampling = sampling.value
     if sampling not in _SAMPLING:
         raise ValueError(f"sampling must be one of {_SAMPLING}, got {sampling!r}")
     if loss_reduction not in ("mean", "sum"):
