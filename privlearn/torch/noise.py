@@ -31,6 +31,9 @@ import torch
 
 __all__ = ["NoiseSource"]
 
+#: Prefetch noise in a background thread only for at least this many coordinates.
+PREFETCH_MIN = 2**16
+
 
 class NoiseSource:
     """Draws ``N(0, std^2)`` tensors.
@@ -63,6 +66,8 @@ class NoiseSource:
         sequence of draws is the same as without prefetching)."""
         if self.secure_mode:
             return self.normal(1.0, torch.empty(n))
+        if n < PREFETCH_MIN and self._future is None:
+            return self._draw(n)  # small: a thread hand-off costs more than the draw
         fut = getattr(self, "_future", None)
         if fut is not None and self._future_n == n:
             out = fut.result()
