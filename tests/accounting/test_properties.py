@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from privlearn.accounting import (
@@ -112,7 +112,18 @@ def test_rdp_upper_bound_is_valid_against_pld_lower_bound(s, q, t, delta):
     lo, up = _bounds(m, delta, "pld")
     # two certified methods: RDP's upper bound can never be below PLD's lower bound
     assert rdp_up >= lo
-    # and the delta direction agrees: at RDP's epsilon, PLD's delta is within the target
+
+
+# Slow: pld's delta() far in the tail can take many seconds per call. At the time of
+# writing it fails on the explicit example (pld returns the trivial interval [0, 1]).
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(s=3.0, q=0.001, t=1, delta=1e-8)
+@given(s=sigmas, q=rates, t=steps, delta=deltas)
+def test_pld_delta_at_rdp_epsilon_is_within_target(s, q, t, delta):
+    m = _sub(s, q, t)
+    rdp_up = m.epsilon(delta, accountant="rdp")
+    # the delta direction agrees: at RDP's epsilon, PLD's (certified) delta is <= target
     assert m.delta(rdp_up, accountant="pld") <= delta * (1 + 1e-6)
 
 
