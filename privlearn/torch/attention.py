@@ -103,7 +103,6 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
     B, L, E = q.shape
     S = k.shape[1]
     H = module.num_heads
-    hd = E // H
     if module._qkv_same_embed_dim:
         wq, wk, wv = module.in_proj_weight.detach().chunk(3)
     else:
@@ -115,53 +114,34 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
         bq = bk = bv = None
     wo = module.out_proj.weight.detach()
 
-    # additive float mask (B or 1, H or 1, L, S)
-    mask = None
-    if attn_mask is not None:
-        am = attn_mask
-        if am.dtype == torch.bool:
-            am = torch.zeros_like(am, dtype=q.dtype).masked_fill(am, float("-inf"))
-        mask = am.view(B, H, L, S) if am.dim() == 3 else am.view(1, 1, L, S)
-    elif is_causal:
-        mask = torch.full((L, S), float("-inf"), dtype=q.dtype).triu(1).view(1, 1, L, S)
-    if kpm is not None:
-        km = kpm
-        if km.dtype == torch.bool:
-            km = torch.zeros_like(km, dtype=q.dtype).masked_fill(km, float("-inf"))
-        km = km.view(B, 1, 1, S)
-        mask = km if mask is None else mask + km
+    mask = _additive_mask(q, B, H, L, S, attn_mask, kpm, is_causal)
 
     g_out = _scaled(record, 0)
     if not module.batch_first:
         g_out = g_out.transpose(0, 1)
-    g_w = None
-    if need_weights and len(record.grad_outputs) > 1 and record.grad_outputs[1] is not None:
-        g_w = _scaled(record, 1)
-
-    with rule_evaluation(), torch.enable_grad():
-        Q = F.linear(q, wq, bq).requires_grad_()
-        K = F.linear(k, wk, bk).requires_grad_()
-        V = F.linear(v, wv, bv).requires_grad_()
-        Qh = Q.view(B, L, H, hd).transpose(1, 2)
-        Kh = K.view(B, S, H, hd).transpose(1, 2)
-        Vh = V.view(B, S, H, hd).transpose(1, 2)
-        if g_w is None:  # fused kernel (no attention matrix kept)
-            O = F.scaled_dot_product_attention(Qh, Kh, Vh, attn_mask=mask)
-        else:
-            scores = torch.matmul(Qh, Kh.transpose(-1, -2)) / math.sqrt(hd)
-            if mask is not None:
-                scores = scores + mask
-            attn = torch.softmax(scores, -1)
-            O = torch.matmul(attn, Vh)
-        O = O.transpose(1, 2).reshape(B, L, E)
-        # d loss / d O through the output projection
-        g_O = torch.matmul(g_out, wo)
-        targets, seeds = [O], [g_O]
-        if g_w is not None:
-            targets.append(attn.mean(1) if average else attn)
-            seeds.append(g_w)
-        dQ, dK, dV = torch.autograd.grad(targets, [Q, K, V], seeds)
-    O = O.detach()
+    extra = record.extra
+    if extra is not None:  # captured by the instrumented forward: no recomputation
+        O = extra["O"]
+        dQ, dK, dV = (O.new_zeros(B, n, E) if d is None else d
+                      for d, n in zip(extra["grads"], (L, S, S), strict=True))
+    else:
+        g_w = None
+        if need_weights and len(record.grad_outputs) > 1 and \
+                record.grad_outputs[1] is not None:
+            g_w = _scaled(record, 1)
+        with rule_evaluation(), torch.enable_grad():
+            Q = F.linear(q, wq, bq).requires_grad_()
+            K = F.linear(k, wk, bk).requires_grad_()
+            V = F.linear(v, wv, bv).requires_grad_()
+            O, attn = _attend(Q, K, V, H, mask, g_w is not None)
+            # d loss / d O through the output projection
+            g_O = torch.matmul(g_out, wo)
+            targets, seeds = [O], [g_O]
+            if g_w is not None:
+                targets.append(attn.mean(1) if average else attn)
+                seeds.append(g_w)
+            dQ, dK, dV = torch.autograd.grad(targets, [Q, K, V], seeds)
+        O = O.detach()
 
     ps = set(params)
     parts: list[Contribution] = []
@@ -196,3 +176,111 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
     from privlearn.torch.grad_sample import Compound
 
     return Compound(parts)
+
+
+def _additive_mask(q, B, H, L, S, attn_mask, kpm, is_causal):
+    """Float mask ``(B or 1, H or 1, L, S)`` added to the attention scores (None: none),
+    with PyTorch's conventions (boolean True = not allowed)."""
+    mask = None
+    if attn_mask is not None:
+        am = attn_mask
+        if am.dtype == torch.bool:
+            am = torch.zeros_like(am, dtype=q.dtype).masked_fill(am, float("-inf"))
+        mask = am.view(B, H, L, S) if am.dim() == 3 else am.view(1, 1, L, S)
+    elif is_causal:
+        mask = torch.full((L, S), float("-inf"), dtype=q.dtype).triu(1).view(1, 1, L, S)
+    if kpm is not None:
+        km = kpm
+        if km.dtype == torch.bool:
+            km = torch.zeros_like(km, dtype=q.dtype).masked_fill(km, float("-inf"))
+        km = km.view(B, 1, 1, S)
+        mask = km if mask is None else mask + km
+    return mask
+
+
+def _attend(Q, K, V, H, mask, need_weights):
+    """Scaled dot-product attention of batch-first projections ``(B, L|S, E)``: returns
+    ``O (B, L, E)`` (heads concatenated) and the attention matrix (when asked)."""
+    B, L, E = Q.shape
+    S = K.shape[1]
+    hd = E // H
+    Qh = Q.view(B, L, H, hd).transpose(1, 2)
+    Kh = K.view(B, S, H, hd).transpose(1, 2)
+    Vh = V.view(B, S, H, hd).transpose(1, 2)
+    attn = None
+    if not need_weights:  # fused kernel (no attention matrix kept)
+        O = F.scaled_dot_product_attention(Qh, Kh, Vh, attn_mask=mask)
+    else:
+        scores = torch.matmul(Qh, Kh.transpose(-1, -2)) / math.sqrt(hd)
+        if mask is not None:
+            scores = scores + mask
+        attn = torch.softmax(scores, -1)
+        O = torch.matmul(attn, Vh)
+    return O.transpose(1, 2).reshape(B, L, E), attn
+
+
+def instrumentable(module: nn.Module) -> bool:
+    """Whether :func:`instrumented_forward` reproduces this attention layer."""
+    return (isinstance(module, nn.MultiheadAttention) and module.bias_k is None
+            and not module.add_zero_attn and module.dropout == 0)
+
+
+def instrumented_forward(self: nn.MultiheadAttention, query, key, value,
+                         key_padding_mask=None, need_weights=True, attn_mask=None,
+                         average_attn_weights=True, is_causal=False):
+    """``nn.MultiheadAttention.forward`` written out (same equations) so that the
+    projections ``Q, K, V`` and the head outputs ``O`` are visible: tensor hooks catch
+    ``dQ, dK, dV`` during the user's backward pass and the rule needs no recomputation.
+    Installed per instance by the tracker while it is attached (removed by ``detach``).
+    """
+    from privlearn.torch.grad_sample import recording_disabled
+    from privlearn.torch.tracker import _MakeDifferentiable
+
+    if (not self.training or not torch.is_grad_enabled() or recording_disabled()
+            or query.dim() != 3):
+        return nn.MultiheadAttention.forward(
+            self, query, key, value, key_padding_mask=key_padding_mask,
+            need_weights=need_weights, attn_mask=attn_mask,
+            average_attn_weights=average_attn_weights, is_causal=is_causal)
+    q, k, v = query, key, value
+    if not self.batch_first:
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    B, L, E = q.shape
+    S = k.shape[1]
+    H = self.num_heads
+    if self._qkv_same_embed_dim:
+        wq, wk, wv = self.in_proj_weight.chunk(3)
+    else:
+        wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+    if self.in_proj_bias is not None:
+        bq, bk, bv = self.in_proj_bias.chunk(3)
+    else:
+        bq = bk = bv = None
+    extra = {"grads": [None, None, None], "O": None}
+    proj = []
+    for j, (x, w, b) in enumerate(((q, wq, bq), (k, wk, bk), (v, wv, bv))):
+        t = F.linear(x, w, b)
+        if not t.requires_grad:
+            t = _MakeDifferentiable.apply(_DUMMY, t)
+        t.register_hook(_store(extra["grads"], j))
+        proj.append(t)
+    mask = _additive_mask(q, B, H, L, S, attn_mask, key_padding_mask, is_causal)
+    O, attn = _attend(proj[0], proj[1], proj[2], H, mask, need_weights)
+    extra["O"] = O.detach()
+    out = F.linear(O, self.out_proj.weight, self.out_proj.bias)
+    if not self.batch_first:
+        out = out.transpose(0, 1)
+    weights = None
+    if need_weights:
+        weights = attn.mean(1) if average_attn_weights else attn
+    self.__dict__["_privlearn_extra"] = extra
+    return out, weights
+
+
+_DUMMY = torch.zeros((), requires_grad=True)
+
+
+def _store(slots, j):
+    def fn(g):
+        slots[j] = g if slots[j] is None else slots[j] + g
+    return fn

@@ -75,6 +75,7 @@ class Record:
     outputs_meta: list
     out_spec: object = None
     scale: float = 1.0  # loss-reduction factor, set by the tracker
+    extra: dict | None = None  # tensors exposed by an instrumented forward (attention)
 
     def has_grad(self) -> bool:
         return any(g is not None for g in self.grad_outputs)

@@ -17,6 +17,7 @@ the flags. Under ``DistributedDataParallel`` the flags are left on (DDP needs th
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import torch
@@ -101,10 +102,15 @@ class GradSampleTracker:
     skip_param_grads : bool
         Turn off ``requires_grad`` of handled parameters while attached (see module
         docstring).
+    instrument_attention : bool
+        Replace ``forward`` of each ``nn.MultiheadAttention`` instance (while attached) by
+        the same equations written out, so that the gradients of its projections are
+        caught during ``backward()`` instead of recomputed
+        (:func:`privlearn.torch.attention.instrumented_forward`).
     """
 
     def __init__(self, model: nn.Module, loss_reduction: str = "mean",
-                 skip_param_grads: bool = True):
+                 skip_param_grads: bool = True, instrument_attention: bool = True):
         self.model = model
         self.loss_reduction = loss_reduction
         self.units = discover_units(model)
@@ -126,6 +132,13 @@ class GradSampleTracker:
         for i, u in enumerate(self.units):
             h = u.module.register_forward_hook(self._make_hook(i), with_kwargs=True)
             self._handles.append(h)
+        self._instrumented = []
+        if instrument_attention:
+            for u in self.units:
+                if _attention.instrumentable(u.module):
+                    u.module.forward = types.MethodType(_attention.instrumented_forward,
+                                                        u.module)
+                    self._instrumented.append(u.module)
         self._frozen = []
         if skip_param_grads:
             for p in self.params:
@@ -159,6 +172,7 @@ class GradSampleTracker:
                             changed = True
                         o.register_hook(self._grad_hook(rec, j))
                 new_flat.append(o)
+            rec.extra = module.__dict__.pop("_privlearn_extra", None)
             self.records.setdefault(index, []).append(rec)
             return tree_unflatten(new_flat, spec) if changed else None
 
@@ -179,6 +193,9 @@ class GradSampleTracker:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for m in self._instrumented:
+            m.__dict__.pop("forward", None)
+        self._instrumented = []
         for p in self._frozen:
             p.requires_grad_(True)
         self._frozen = []

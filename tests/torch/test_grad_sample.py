@@ -39,10 +39,10 @@ def naive_per_sample(model, inputs, loss_fn, batch_dims=None):
     return torch.stack(rows).double(), params
 
 
-def engine_per_sample(model, inputs, loss_fn, mode):
+def engine_per_sample(model, inputs, loss_fn, mode, instrument=True):
     """(sq_norms, per-example grads (B, P), weighted-sum function) from the tracker."""
     params = [p for p in model.parameters() if p.requires_grad]
-    tracker = GradSampleTracker(model, loss_reduction="sum")
+    tracker = GradSampleTracker(model, loss_reduction="sum", instrument_attention=instrument)
     try:
         if mode == "ghost":
             orig = grad_sample.use_ghost
@@ -77,10 +77,10 @@ def engine_per_sample(model, inputs, loss_fn, mode):
 
 
 def check(model, inputs, loss_fn, batch_dims=None, modes=("auto", "ghost", "materialise"),
-          atol=1e-4):
+          atol=1e-4, instrument=True):
     ref, _ = naive_per_sample(model, inputs, loss_fn, batch_dims)
     for mode in modes:
-        sq, ps, weighted = engine_per_sample(model, inputs, loss_fn, mode)
+        sq, ps, weighted = engine_per_sample(model, inputs, loss_fn, mode, instrument)
         scale = ref.abs().max().item() + 1.0
         torch.testing.assert_close(ps, ref, atol=atol * scale, rtol=1e-4)
         torch.testing.assert_close(sq, (ref ** 2).sum(1), atol=atol * scale ** 2, rtol=1e-4)
@@ -253,8 +253,12 @@ class _MHA(nn.Module):
 @SETTINGS
 @given(b=st.integers(1, 3), lq=st.integers(1, 3), lk=st.integers(1, 3),
        batch_first=st.booleans(), kdim=st.sampled_from([None, 3]), bias=st.booleans(),
-       use_weights=st.booleans(), causal=st.booleans(), average=st.booleans())
-def test_multihead_attention(b, lq, lk, batch_first, kdim, bias, use_weights, causal, average):
+       use_weights=st.booleans(), causal=st.booleans(), average=st.booleans(),
+       instrument=st.booleans())
+def test_multihead_attention(b, lq, lk, batch_first, kdim, bias, use_weights, causal, average,
+                             instrument):
+    """Both the instrumented forward (gradients caught in backward) and the recomputing
+    rule."""
     torch.manual_seed(b + lq * 3 + lk)
     model = _MHA(batch_first, kdim, bias, use_weights, causal, average)
     kd = kdim or 4
@@ -263,7 +267,28 @@ def test_multihead_attention(b, lq, lk, batch_first, kdim, bias, use_weights, ca
     mask = torch.zeros(b, lk, dtype=torch.bool)
     mask[:, lk - 1] = lk > 1  # mask the last key when there is more than one
     bd = 0 if batch_first else 1
-    check(model, [q, kv, mask], sq_loss, batch_dims=[bd, bd, 0])
+    check(model, [q, kv, mask], sq_loss, batch_dims=[bd, bd, 0], instrument=instrument)
+
+
+def test_instrumented_attention_matches_pytorch_forward():
+    """The written-out forward computes what nn.MultiheadAttention computes."""
+    torch.manual_seed(4)
+    for batch_first in (True, False):
+        model = _MHA(batch_first, None, True, True, True, False)
+        ref = copy.deepcopy(model)
+        q, kv = torch.randn(3, 5, 4), torch.randn(3, 6, 4)
+        if not batch_first:
+            q, kv = q.transpose(0, 1), kv.transpose(0, 1)
+        mask = torch.zeros(3, 6, dtype=torch.bool)
+        mask[0, 2] = True
+        tracker = GradSampleTracker(model)
+        out, w = model(q, kv, mask)
+        assert "forward" in model.mha.__dict__
+        tracker.detach()
+        assert "forward" not in model.mha.__dict__
+        ref_out, ref_w = ref(q, kv, mask)
+        torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=1e-6)
 
 
 def test_multihead_attention_fallback_configuration():
