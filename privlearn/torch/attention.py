@@ -120,6 +120,11 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
     if not module.batch_first:
         g_out = g_out.transpose(0, 1)
     extra = record.extra
+    if extra is not None and extra["packed"] is not None:  # self-attention, one projection
+        O = extra["O"]
+        d = extra["packed"][0]
+        d = O.new_zeros(B, L, 3 * E) if d is None else d
+        return _assemble(module, params, q, k, v, O, g_out, B, L, E, packed=d)
     if extra is not None:  # captured by the instrumented forward: no recomputation
         O = extra["O"]
         dQ, dK, dV = (O.new_zeros(B, n, E) if d is None else d
@@ -143,10 +148,28 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
             dQ, dK, dV = torch.autograd.grad(targets, [Q, K, V], seeds)
         O = O.detach()
 
+    return _assemble(module, params, q, k, v, O, g_out, B, L, E, dQ=dQ, dK=dK, dV=dV)
+
+
+def _assemble(module, params, q, k, v, O, g_out, B, L, E, dQ=None, dK=None, dV=None,
+              packed=None) -> Contribution:
+    """Outer-product contributions of the projections from their inputs and the
+    gradients of their outputs."""
     ps = set(params)
     parts: list[Contribution] = []
+    if packed is not None:  # q is k is v: in_proj is one Linear on q
+        w = module.in_proj_weight if module.in_proj_weight in ps else None
+        b = module.in_proj_bias
+        b = b if b is not None and b in ps else None
+        if w is not None:
+            parts.append(OuterProduct(w, b, q.reshape(B, 1, L, E), packed.reshape(B, 1, L, -1)))
+        elif b is not None:
+            parts.append(Materialized([b], [packed.sum(1)]))
+        dQ = dK = dV = None
     with_b = module.in_proj_bias is not None and module.in_proj_bias in ps
-    if module._qkv_same_embed_dim:
+    if packed is not None:
+        pass
+    elif module._qkv_same_embed_dim:
         if module.in_proj_weight in ps:
             blocks = [_op(a, g, (E, a.shape[-1]), with_b)
                       for a, g in ((q, dQ), (k, dK), (v, dV))]
@@ -256,14 +279,24 @@ def instrumented_forward(self: nn.MultiheadAttention, query, key, value,
         bq, bk, bv = self.in_proj_bias.chunk(3)
     else:
         bq = bk = bv = None
-    extra = {"grads": [None, None, None], "O": None}
-    proj = []
-    for j, (x, w, b) in enumerate(((q, wq, bq), (k, wk, bk), (v, wv, bv))):
-        t = F.linear(x, w, b)
+    extra = {"grads": [None, None, None], "O": None, "packed": None}
+    if query is key and key is value and self._qkv_same_embed_dim:
+        # self-attention: one packed projection, as PyTorch does
+        t = F.linear(q, self.in_proj_weight, self.in_proj_bias)
         if not t.requires_grad:
             t = _MakeDifferentiable.apply(_DUMMY, t)
-        t.register_hook(_store(extra["grads"], j))
-        proj.append(t)
+        slot = [None]
+        t.register_hook(_store(slot, 0))
+        extra["packed"] = slot
+        proj = list(t.chunk(3, -1))
+    else:
+        proj = []
+        for j, (x, w, b) in enumerate(((q, wq, bq), (k, wk, bk), (v, wv, bv))):
+            t = F.linear(x, w, b)
+            if not t.requires_grad:
+                t = _MakeDifferentiable.apply(_DUMMY, t)
+            t.register_hook(_store(extra["grads"], j))
+            proj.append(t)
     mask = _additive_mask(q, B, H, L, S, attn_mask, key_padding_mask, is_causal)
     O, attn = _attend(proj[0], proj[1], proj[2], H, mask, need_weights)
     extra["O"] = O.detach()

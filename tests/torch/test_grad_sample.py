@@ -270,6 +270,25 @@ def test_multihead_attention(b, lq, lk, batch_first, kdim, bias, use_weights, ca
     check(model, [q, kv, mask], sq_loss, batch_dims=[bd, bd, 0], instrument=instrument)
 
 
+class _SelfMHA(nn.Module):
+    def __init__(self, batch_first, bias):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(4, 2, batch_first=batch_first, bias=bias)
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+@SETTINGS
+@given(b=st.integers(1, 3), t=st.integers(1, 4), batch_first=st.booleans(),
+       bias=st.booleans(), instrument=st.booleans())
+def test_self_attention_packed_projection(b, t, batch_first, bias, instrument):
+    torch.manual_seed(b * 5 + t)
+    x = torch.randn(b, t, 4) if batch_first else torch.randn(t, b, 4)
+    check(_SelfMHA(batch_first, bias), [x], sq_loss, batch_dims=[0 if batch_first else 1],
+          instrument=instrument)
+
+
 def test_instrumented_attention_matches_pytorch_forward():
     """The written-out forward computes what nn.MultiheadAttention computes."""
     torch.manual_seed(4)
