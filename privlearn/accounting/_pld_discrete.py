@@ -50,7 +50,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import fft as sfft
-from scipy import signal
 from scipy.optimize import isotonic_regression
 
 from privlearn.accounting._pld_pairs import Pair
@@ -291,6 +290,49 @@ def tail_bounds(pmfs, h: float, lo: float, hi: float, lam_a: float, lam_b: float
     return t_lo * (1 + 1e-12), t_hi * (1 + 1e-12)
 
 
+def discounted_tail_sums(pi: np.ndarray, h: float) -> np.ndarray:
+    """``C_j = sum_{k > j} pi_k exp(-(k - j) h)`` for every j (``C_{N-1} = 0``).
+
+    Equivalent to the recursion ``C_j = e^{-h} (C_{j+1} + pi_{j+1})`` but vectorised in
+    blocks of ``B`` points with ``B h <= 50``: inside a block starting at ``s`` the sum
+    over the block is ``e^{(j-s) h} sum_{j < k < s+B} pi_k e^{-(k-s) h}`` (one reverse
+    cumulative sum; every scale factor lies in ``[e^-50, e^50]``, so nothing under- or
+    overflows), and the contribution of later blocks is carried block by block as
+    ``e^{-(s+B-1-j) h} C_{s+B-1}``. Each value is exact up to a relative rounding error of
+    ``O(B u)`` of ``sum_{k > j} |pi_k| e^{-(k-j) h}``, like the recursion itself.
+    """
+    pi = np.asarray(pi, dtype=float)
+    n = pi.size
+    if n == 0:
+        return np.zeros(0)
+    if not (h > 0.0 and math.isfinite(h)):
+        raise ValueError(f"h must be a positive finite grid spacing, got {h!r}")
+    B = max(1, min(n, int(50.0 / h)))
+    nb = -(-n // B)
+    x = np.zeros(nb * B)
+    x[:n] = pi
+    x = x.reshape(nb, B)
+    i = np.arange(B, dtype=float)
+    down = np.exp(-i * h)  # e^{-(k-s) h}, k - s = 0..B-1
+    up = np.exp(i * h)  # e^{(j-s) h}
+    y = x * down[None, :]
+    # within-block sums over k > j: reverse cumulative sum, shifted by one
+    rc = np.cumsum(y[:, ::-1], axis=1)[:, ::-1]
+    within = np.zeros_like(rc)
+    within[:, :-1] = rc[:, 1:]
+    within *= up[None, :]
+    # carry: C at the last index of block b is e^{-h} (C_s' + pi_s') with s' the first
+    # index of block b + 1; C in block b is within + e^{-(B-1-(j-s)) h} C_last(b)
+    last_fac = down[::-1]  # e^{-(B-1-(j-s)) h}
+    eh = math.exp(-h)
+    carry = np.zeros(nb)  # C at the last index of each block
+    for b in range(nb - 2, -1, -1):
+        c_first_next = within[b + 1, 0] + last_fac[0] * carry[b + 1]
+        carry[b] = eh * (c_first_next + x[b + 1, 0])
+    C = within + carry[:, None] * last_fac[None, :]
+    return C.reshape(-1)[:n]
+
+
 @dataclass
 class ComposedPLD:
     """Distribution of the composed loss on the window ``(j0 + j) h``, j = 0..N-1."""
@@ -309,11 +351,7 @@ class ComposedPLD:
         pi = self.pi
         rev = pi[::-1]
         A = np.concatenate([np.cumsum(rev)[::-1][1:], [0.0]])
-        # C_j = e^{-h} (C_{j+1} + pi_{j+1}) via a first-order recursive filter
-        eh = math.exp(-self.h)
-        shifted = np.concatenate([pi[1:], [0.0]])[::-1]
-        C = signal.lfilter([eh], [1.0, -eh], shifted)[::-1]
-        self.A, self.C = A, C
+        self.A, self.C = A, discounted_tail_sums(pi, self.h)
 
     def losses(self) -> np.ndarray:
         return (self.j0 + np.arange(self.pi.size)) * self.h

@@ -15,7 +15,6 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy import optimize
 
 from privlearn.accounting._validation import check_delta, check_positive, check_real
 from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
@@ -196,6 +195,8 @@ def _brent_refine(
     by an actual evaluation, so the final answer remains certified even if the accountant
     is not perfectly smooth.
     """
+    from scipy import optimize  # lazily: keeps ``import privlearn.accounting`` light
+
     log_t = math.log(target)
 
     def g(u: float) -> float:
