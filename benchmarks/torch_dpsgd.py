@@ -273,8 +273,8 @@ def summarise(all_results: dict[str, list[dict]]) -> str:
             fastest = min(opacus, key=lambda r: r["epoch_s"])
             leanest = min(opacus, key=lambda r: r["peak_added_mb"])
             text += (
-                f"; Opacus's fastest ({fastest['mode']}) is "
-                f"{fastest['epoch_s'] / ours['epoch_s']:.2f}x slower than privlearn "
+                f"; Opacus's fastest ({fastest['mode']}) takes "
+                f"{fastest['epoch_s'] / ours['epoch_s']:.2f}x privlearn's time "
                 f"({fastest['epoch_s'] / ok['non-private']['epoch_s']:.2f}x non-private); "
                 f"peak MB added: privlearn {ours['peak_added_mb']:.0f}, Opacus's lowest "
                 f"({leanest['mode']}) {leanest['peak_added_mb']:.0f}"
