@@ -234,6 +234,7 @@ def _lower_pmf(sl: np.ndarray, X: np.ndarray, dX: np.ndarray, i0: int) -> StepPM
 # ----------------------------------------------------------------------------------
 
 _LAMBDAS = np.geomspace(1e-3, 3e3, 48)
+_LAMBDAS_TAIL = np.geomspace(1e-2, 1e9, 89)
 
 
 def log_mgf(
@@ -346,6 +347,36 @@ class ComposedPLD:
     slack_low: float  # subtracted from every lower delta
     A: np.ndarray | None = None  # A_j = sum_{k > j} pi_k
     C: np.ndarray | None = None  # C_j = sum_{k > j} pi_k exp(-(l_k - l_j))
+    pmfs: list | None = None  # the composed single-step PMFs (upper only)
+
+    def chernoff_delta(self, eps: float) -> float:
+        """Certified upper bound on ``delta(eps)`` of the composed (upper) grid pair:
+        ``delta(eps) <= P(S > eps) + P(S = inf) <= min_lam E[e^{lam S}] e^{-lam eps} +
+        inf`` (Chernoff), with the finite part's moment generating function from the
+        single-step PMFs (rounded up). Independent of the FFT, hence of its error
+        allowance; useful far in the tail, where that allowance dominates."""
+        if self.pmfs is None:
+            return 1.0
+        # block-aggregate each PMF to at most 4096 points, every block's mass moved to
+        # the block's largest loss (this only increases E[e^{lam S}] for lam > 0)
+        agg = []
+        for pmf, count in self.pmfs:
+            n = pmf.p.size
+            w = max(1, -(-n // 4096))
+            nb = -(-n // w)
+            x = np.zeros(nb * w)
+            x[:n] = np.maximum(pmf.p, 0.0)
+            agg.append((StepPMF(0, x.reshape(nb, w).sum(1), 0.0), count, pmf.k0 + w - 1, w))
+        # losses of block b: (k0 + w - 1 + b w) h; log_mgf needs a single h per PMF, so
+        # evaluate each part separately with its own block spacing
+        tot = np.zeros_like(_LAMBDAS_TAIL)
+        for a_pmf, count, k_top, w in agg:
+            part = StepPMF(0, a_pmf.p, 0.0)
+            kk = log_mgf([(part, count)], w * self.h, _LAMBDAS_TAIL, True)
+            shift = count * _LAMBDAS_TAIL * (k_top * self.h)
+            tot += kk + shift + 4 * U * np.abs(shift)
+        k = tot - _LAMBDAS_TAIL * eps
+        return min(1.0, math.exp(min(0.0, float(np.min(k)))) * (1 + 1e-12) + self.inf)
 
     def prepare(self) -> None:
         pi = self.pi
@@ -381,7 +412,7 @@ def compose_fft(
     t_lo, t_hi = tail_bounds(pmfs, h, j0 * h, top, lam_a, lam_b)
     total_offset = 0
     T_tot = sum(c for _, c in pmfs)
-    fin_mass = 1.0
+    log_fin = 0.0  # log P(every step's loss is finite)
     log2n = math.log2(N)
     logr_tot = np.zeros(N // 2 + 1)
     ang_tot = np.zeros(N // 2 + 1)
@@ -401,7 +432,7 @@ def compose_fft(
         logr_tot += count * lr
         ang_tot += count * np.angle(phi)
         parts.append((r, lr, count, float(np.abs(p).sum()), p))
-        fin_mass *= (1.0 - pmf.inf) ** count
+        log_fin += count * math.log1p(-min(pmf.inf, 1.0 - U))
     n_low = 0
     if accurate and all(pt[4].size <= N for pt in parts):
         # number of low frequencies whose amplified FFT error is not negligible
@@ -412,6 +443,13 @@ def compose_fft(
         n_low = min(int(big[-1]) + 1, 256) if big.size else 0
         if any(math.fsum(pt[4]) <= 0 for pt in parts):
             n_low = 0
+        # the direct formula works with |S + psi|^2 - 1 and loses its accuracy (and
+        # underflows to log 0) where |phi_j| is small; such coefficients are not amplified
+        # by a power either, so recompute only the prefix where every |phi_j| > 1/2
+        for r, _lr, _count, _l1, _p in parts:
+            small = np.nonzero(r[:n_low] <= 0.5)[0]
+            if small.size:
+                n_low = int(small[0])
     low_err = np.zeros(n_low)
     if n_low:
         jj = np.arange(n_low)
@@ -456,6 +494,8 @@ def compose_fft(
         logr_tot[:n_low] = logr_low
         ang_tot[:n_low] = ang_low - (2.0 * math.pi / N) * phase_int
         low_err = np.exp(logr_low) * (err_rel + 8.0 * U)
+        if not (np.all(np.isfinite(low_err)) and np.all(np.isfinite(logr_low))):
+            raise AccountingError("pld: direct low-frequency recomputation failed")
     # Phi = prod phi_p^count in polar form (cheaper and no less accurate than exp(log))
     absP = np.exp(logr_tot)
     spec = np.empty(N // 2 + 1, dtype=complex)
@@ -483,8 +523,10 @@ def compose_fft(
     # few ulps, and composition adds these (first order): 8 U per step.
     single_allow = 8.0 * U * T_tot
     if upper:
+        inf_mass = min(1.0, -math.expm1(log_fin) * (1 + 8 * U * T_tot))
         return ComposedPLD(
-            h, j0, pi, 1.0 - fin_mass, t_lo + t_hi, t_hi + fft_allow + single_allow, 0.0
+            h, j0, pi, inf_mass, t_lo + t_hi, t_hi + fft_allow + single_allow, 0.0,
+            pmfs=list(pmfs),
         )
     return ComposedPLD(h, j0, pi, 0.0, t_lo + t_hi, 0.0, t_lo + t_hi + fft_allow + single_allow)
 

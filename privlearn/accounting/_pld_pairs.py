@@ -226,3 +226,117 @@ class SwappedPair(Pair):
     def tails(self, x: np.ndarray) -> Tails:
         pg, pl, qg, ql = self.base.tails(-np.asarray(x, dtype=float))
         return ql, qg, pl, pg
+
+
+def _log_abs_expm1(x: np.ndarray) -> np.ndarray:
+    """``log|e^x - 1|`` without overflow (``-inf`` at x = 0)."""
+    x = np.asarray(x, dtype=float)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        pos = x + np.log1p(-np.exp(-np.abs(x)))  # x > 0
+        neg = np.log(-np.expm1(np.minimum(x, 0.0)))  # x < 0
+    return np.where(x > 0, pos, np.where(x < 0, neg, -np.inf))
+
+
+class ReplaceGaussianPair(Pair):
+    """``P = (1-q) N(0,1) + q N(mu,1)``, ``Q = (1-q) N(0,1) + q N(-mu,1)``: the tight pair of
+    a (Poisson or fixed-size) subsampled Gaussian under replace-one neighbouring, where one
+    record's contribution moves from ``+c`` to ``-c`` (``mu = |c| / sigma``; dp_accounting's
+    ``GaussianPrivacyLoss`` with ``AdjacencyType.REPLACE``). At ``q = 1`` it is the Gaussian
+    pair with ``2 mu``. Swapping P and Q gives the same loss distribution (reflect y).
+
+    With ``t = mu y`` and ``m = mu^2 / 2`` the loss is
+    ``L(t) = log(1-q + q e^{t-m}) - log(1-q + q e^{-t-m})``, increasing in t; ``L(t) = x``
+    solves ``a^2 + b a - e^x = 0`` for ``a = e^t`` with ``b = -(1-q) (e^x - 1) e^{m} / q``,
+    evaluated in log space.
+    """
+
+    def __init__(self, mu: float, q: float) -> None:
+        self.mu, self.qr = float(mu), float(q)
+
+    def _threshold(self, x: np.ndarray) -> np.ndarray:
+        """t(x) with ``L > x <=> t > t(x)``."""
+        mu, q = self.mu, self.qr
+        x = np.asarray(x, dtype=float)
+        m = 0.5 * mu * mu
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            log1q = math.log1p(-q) if q < 1.0 else -math.inf
+            lb = log1q + _log_abs_expm1(x) + m - math.log(q)  # log|b|
+            s = np.maximum(lb, 0.5 * x)
+            r1 = np.exp(lb - s)
+            r2 = np.exp(0.5 * x - s)
+            lroot = s + np.log(r1 + np.hypot(r1, 2.0 * r2))  # log(|b| + sqrt(b^2 + 4 e^x))
+            t = np.where(x >= 0, lroot - math.log(2.0), x + math.log(2.0) - lroot)
+        return t
+
+    def tails(self, x: np.ndarray) -> Tails:
+        mu, q = self.mu, self.qr
+        y = self._threshold(x) / mu  # L > x  <=>  Y > y
+        p_gt = (1 - q) * _sf(y) + q * _sf(y - mu)
+        p_le = (1 - q) * special.ndtr(y) + q * special.ndtr(y - mu)
+        q_gt = (1 - q) * _sf(y) + q * _sf(y + mu)
+        q_le = (1 - q) * special.ndtr(y) + q * special.ndtr(y + mu)
+        return p_gt, p_le, q_gt, q_le
+
+
+def _lap_sf(y: np.ndarray, c: float) -> np.ndarray:
+    """P(Y > y) for Y ~ Lap(c, 1)."""
+    with np.errstate(over="ignore"):
+        return np.where(y >= c, 0.5 * np.exp(-(y - c)), 1.0 - 0.5 * np.exp(np.minimum(y - c, 0.0)))
+
+
+def _lap_cdf(y: np.ndarray, c: float) -> np.ndarray:
+    """P(Y <= y) for Y ~ Lap(c, 1)."""
+    with np.errstate(over="ignore"):
+        return np.where(y < c, 0.5 * np.exp(y - c), 1.0 - 0.5 * np.exp(-np.maximum(y - c, 0.0)))
+
+
+class ReplaceLaplacePair(Pair):
+    """``P = (1-q) Lap(0,1) + q Lap(mu,1)``, ``Q = (1-q) Lap(0,1) + q Lap(-mu,1)``: the
+    replace-one pair of a subsampled Laplace mechanism (a record's contribution moves from
+    ``+c`` to ``-c``, ``mu = |c| / b``). At ``q = 1`` it is the Laplace pair with ``2 mu``.
+
+    The loss is non-decreasing in y, constant (atoms) for ``y <= -mu`` and ``y >= mu``,
+    ``L(0) = 0``; on ``(0, mu)`` it is ``log(1-q + q e^{2y-mu}) - log D`` with
+    ``D = 1-q + q e^{-mu}``, and ``L(-y) = -L(y)``.
+    """
+
+    def __init__(self, mu: float, q: float) -> None:
+        self.mu, self.qr = float(mu), float(q)
+        # L_max = log(1-q + q e^mu) - log(1-q + q e^-mu)
+        log1q = math.log1p(-q) if q < 1.0 else -math.inf
+        self._logD = float(np.logaddexp(log1q, math.log(q) - self.mu))
+        lmax = float(np.logaddexp(log1q, math.log(q) + self.mu)) - self._logD
+        self.loss_min, self.loss_max, self.pure_epsilon = -lmax, lmax, lmax
+
+    def _threshold(self, x: np.ndarray) -> np.ndarray:
+        """y(x) in [-mu, mu] with ``L > x <=> Y > y(x)`` for x in [L_min, L_max)."""
+        mu, q = self.mu, self.qr
+        ax = np.abs(np.asarray(x, dtype=float))
+        log1q = math.log1p(-q) if q < 1.0 else -math.inf
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            # e^{2y - mu} = (e^{|x|} D - (1-q)) / q, in log space
+            v = np.where(
+                np.isfinite(log1q),
+                self._logD + ax + np.log1p(-np.exp(log1q - self._logD - ax)),
+                self._logD + ax,
+            )
+            y = 0.5 * (mu + v - math.log(q))
+        y = np.clip(np.nan_to_num(y, nan=0.0), 0.0, mu)
+        return np.where(np.asarray(x) >= 0, y, -y)
+
+    def tails(self, x: np.ndarray) -> Tails:
+        mu, q = self.mu, self.qr
+        x = np.asarray(x, dtype=float)
+        y = self._threshold(x)
+        below = x < self.loss_min
+        above = x >= self.loss_max
+        p_gt = (1 - q) * _lap_sf(y, 0.0) + q * _lap_sf(y, mu)
+        p_le = (1 - q) * _lap_cdf(y, 0.0) + q * _lap_cdf(y, mu)
+        q_gt = (1 - q) * _lap_sf(y, 0.0) + q * _lap_sf(y, -mu)
+        q_le = (1 - q) * _lap_cdf(y, 0.0) + q * _lap_cdf(y, -mu)
+        one, zero = np.ones_like(x), np.zeros_like(x)
+        p_gt = np.where(below, one, np.where(above, zero, p_gt))
+        p_le = np.where(below, zero, np.where(above, one, p_le))
+        q_gt = np.where(below, one, np.where(above, zero, q_gt))
+        q_le = np.where(below, zero, np.where(above, one, q_le))
+        return p_gt, p_le, q_gt, q_le

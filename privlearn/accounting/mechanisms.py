@@ -10,11 +10,24 @@ change meaning; new optional fields may be added with defaults that keep old beh
 
 Conventions
 -----------
-* ``noise_multiplier`` of :class:`Gaussian` is the noise standard deviation divided by the
-  L2 sensitivity; of :class:`Laplace` it is the Laplace scale ``b`` divided by the L1
-  sensitivity. Sensitivity is measured under the neighbouring relation the user states.
+* ``noise_multiplier`` of :class:`Gaussian` is the noise standard deviation divided by
+  ``C``, and of :class:`Laplace` the Laplace scale ``b`` divided by ``C``, where ``C`` is
+  the bound on one record's contribution -- the add/remove L2 (Gaussian) or L1 (Laplace)
+  sensitivity, e.g. ``max_grad_norm`` in DP-SGD -- **whatever the neighbouring
+  relation** (Google dp_accounting's convention). Under replace-one neighbouring a
+  record's contribution can move from ``+c`` to ``-c``, i.e. by ``2 C``, and the
+  accountants account for that: a subsampled Gaussian under replace-one is analysed with
+  the tight pair ``((1-q) N(0, s^2) + q N(1, s^2), (1-q) N(0, s^2) + q N(-1, s^2))``
+  (``s`` the noise multiplier, ``q`` the rate; at ``q = 1`` a Gaussian with sensitivity
+  2), and likewise Laplace with ``Lap(+-1)``; the RDP accountant uses the base mechanism
+  at sensitivity 2 (Gaussian RDP ``2 alpha / s^2``). A bare (non-subsampled)
+  :class:`Gaussian` or :class:`Laplace` is add/remove: sensitivity ``C``.
+* :class:`PureDP` and :class:`RandomizedResponse` state their guarantee (epsilon, truth
+  probability) for the neighbouring relation under which they are used; no factor is
+  applied to them.
 * Subsampling (:func:`subsample`) carries the neighbouring relation explicitly:
-  add/remove-one (the default, natural for Poisson sampling) or replace-one.
+  add/remove-one (the default, natural for Poisson sampling) or replace-one (default for
+  fixed-size sampling).
 
 References
 ----------
@@ -147,7 +160,10 @@ class Gaussian(Mechanism):
     Parameters
     ----------
     noise_multiplier : float > 0
-        Noise standard deviation divided by the L2 sensitivity.
+        Noise standard deviation divided by the L2 bound ``C`` on one record's
+        contribution (the add/remove sensitivity, e.g. ``max_grad_norm``), under every
+        neighbouring relation. Under replace-one (see :func:`subsample`) the accountants
+        take the contribution to move by up to ``2 C`` (module docstring, Conventions).
 
     References
     ----------
@@ -170,8 +186,10 @@ class Laplace(Mechanism):
     Parameters
     ----------
     noise_multiplier : float > 0
-        Laplace scale ``b`` divided by the L1 sensitivity. The mechanism is
-        (1/noise_multiplier, 0)-DP.
+        Laplace scale ``b`` divided by the L1 bound ``C`` on one record's contribution
+        (the add/remove sensitivity), under every neighbouring relation. The mechanism is
+        (1/noise_multiplier, 0)-DP under add/remove and (2/noise_multiplier, 0)-DP under
+        replace-one (a contribution can move by ``2 C``; see :func:`subsample`).
 
     References
     ----------
@@ -407,7 +425,14 @@ def subsample(
     neighbouring : {"add_remove", "replace_one"}, optional
         Neighbouring relation under which the amplified guarantee is stated. Default:
         the relation natural to the scheme -- add/remove for Poisson sampling,
-        replace-one for fixed-size sampling without replacement.
+        replace-one for fixed-size sampling without replacement. The noise multiplier
+        of a :class:`Gaussian` or :class:`Laplace` base stays relative to the bound
+        ``C`` on one record's contribution; under replace-one the record's contribution
+        can move by ``2 C`` and the accountants use the tight pair
+        ``((1-q) N(0, s^2) + q N(1, s^2), (1-q) N(0, s^2) + q N(-1, s^2))`` (Laplace
+        likewise with ``Lap(+-1)``), for Poisson and fixed-size sampling alike (as
+        Google dp_accounting's ``NeighboringRelation.REPLACE_ONE``). :class:`PureDP` and
+        :class:`RandomizedResponse` bases state their epsilon for the given relation.
 
     References
     ----------

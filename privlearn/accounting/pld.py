@@ -9,11 +9,13 @@ Method
 ------
 1. Compositions of non-subsampled Gaussians are evaluated exactly in constant time by
    the analytic curve (:mod:`privlearn.accounting.analytic`; Dong, Roth & Su 2022,
-   Corollary 3.3 and Balle & Wang 2018, Theorem 8).
+   Corollary 3.3 and Balle & Wang 2018, Theorem 8); upper and lower bounds bracket the
+   exact value by the certified floating-point error of its evaluation.
 2. ``delta = 0`` is answered exactly from the description: the pure epsilon of each step
    (Laplace ``1/b``, randomized response ``log(p (k-1) / (1-p))``, PureDP ``eps``,
    subsampled ``log(1 + q (e^eps - 1))`` -- Balle, Barthe & Gaboardi 2018, Theorems 8
-   and 9 -- and ``inf`` for any Gaussian), summed over the composition. These values are
+   and 9 -- replace-one subsampled Laplace ``log((1-q+q e^{1/b}) / (1-q+q e^{-1/b}))``,
+   and ``inf`` for any Gaussian), summed over the composition. These values are
    attained by the dominating pairs used below, so upper and lower bound coincide.
 3. Otherwise each step's exact dominating pair (see :mod:`._pld_pairs`) is discretised on
    a uniform loss grid twice -- a *dominating* grid pair by "connect the dots"
@@ -22,25 +24,37 @@ Method
    Chernoff bounds. The upper bound is the composed dominating PLD plus every error term
    (window tails, mass at infinity, floating-point allowance); the lower bound is the
    composed dominated PLD minus every error term. Hence ``lower <= true <= upper``.
+   Far in the tail, where the FFT error allowance would dominate ``delta(eps)``, the
+   upper bound also uses a Chernoff bound on the composed grid pair computed from the
+   single-step PMFs, ``P(S > eps) <= min_lam E[e^{lam S}] e^{-lam eps}`` (plus the mass
+   at infinity), which does not involve the FFT.
 4. ``epsilon(delta)`` is solved exactly inside the grid cell where ``delta(eps)`` crosses
    the target (between grid points the composed profile is ``A - e^eps B``), rounding
    the upper bound up and the lower bound down.
 
 Neighbouring relations and subsampling
 --------------------------------------
-The base mechanism's parameters are relative to the sensitivity under the neighbouring
-relation of the :class:`Subsampled` object.
+Gaussian and Laplace noise multipliers are relative to the bound ``C`` on one record's
+contribution (the add/remove sensitivity) under every relation (the convention of
+Google's dp_accounting; see :mod:`privlearn.accounting.mechanisms`). PureDP and randomized
+response state their epsilon for the relation of the :class:`Subsampled` object.
 
 * Poisson, add/remove: the remove pair ``((1-q) Q + q P, Q)`` and the add pair
   ``(Q, (1-q) Q + q P)`` are composed separately and the worse one is reported (a fixed
   pair of neighbouring datasets has the same direction at every step; Zhu, Dong & Wang
   2022, Theorem 9 and Section 5; as in Google's dp_accounting).
-* replace-one (fixed size or Poisson): the symmetrised profile
+* replace-one, Gaussian or Laplace base (Poisson or fixed size): replacing a record
+  moves its contribution from ``+c`` to ``-c`` at worst, so one step is dominated by the
+  tight pair ``((1-q) N(0,s^2) + q N(1,s^2), (1-q) N(0,s^2) + q N(-1,s^2))`` (Laplace:
+  ``Lap(+-1, b)``; with probability ``1 - q`` the record is not in the batch and the
+  outputs coincide; joint convexity, Balle, Barthe & Gaboardi 2018, Theorem 2). Its loss
+  distribution is the same in both directions (reflection), so one composition
+  suffices. This is dp_accounting's ``AdjacencyType.REPLACE`` for Poisson sampling; at
+  ``q = 1`` it is the base at sensitivity ``2 C``.
+* replace-one, PureDP / randomized response base: the symmetrised profile
   ``max(delta_remove, delta_add)``, i.e. the trade-off function ``C_q(f)`` of Dong, Roth &
   Su 2022, Theorem 9 (sampling without replacement; Balle, Barthe & Gaboardi 2018,
-  Theorem 9 for its pure-DP case). For Poisson sampling this additionally assumes that
-  adding or removing a record changes the output at most as much as replacing one
-  (true e.g. for sums of clipped contributions).
+  Theorem 9 for its pure-DP case).
 * fixed size, add/remove: the batch with and without the extra record differ by a
   replacement, whose sensitivity is at most twice the add/remove sensitivity (triangle
   inequality); the base pair is taken at twice the sensitivity (group privacy ``2 eps``
@@ -82,6 +96,8 @@ from privlearn.accounting._pld_pairs import (
     LaplacePair,
     Pair,
     RemovePair,
+    ReplaceGaussianPair,
+    ReplaceLaplacePair,
     pure_dp_pair,
     randomized_response_pair,
 )
@@ -93,8 +109,8 @@ from privlearn.accounting.accountants import (
 )
 from privlearn.accounting.analytic import (
     effective_noise_multiplier,
-    gaussian_delta,
-    gaussian_epsilon,
+    gaussian_delta_bounds,
+    gaussian_epsilon_bounds,
 )
 from privlearn.accounting.mechanisms import (
     Composed,
@@ -175,9 +191,27 @@ def _factor(m: Subsampled) -> float:
     return 2.0 if fixed_add_remove else 1.0
 
 
+def _replace_pair(m: Subsampled) -> Pair | None:
+    """The tight replace-one pair of a subsampled Gaussian / Laplace mechanism (a record's
+    contribution moves from ``+c`` to ``-c``, ``|c|`` the add/remove sensitivity), or None
+    for the other combinations."""
+    if m.neighbouring is not Neighbouring.REPLACE_ONE:
+        return None
+    if isinstance(m.base, Gaussian):
+        mu = 1.0 / m.base.noise_multiplier
+        return GaussianPair(2.0 * mu) if m.rate >= 1.0 else ReplaceGaussianPair(mu, m.rate)
+    if isinstance(m.base, Laplace):
+        mu = 1.0 / m.base.noise_multiplier
+        return LaplacePair(2.0 * mu) if m.rate >= 1.0 else ReplaceLaplacePair(mu, m.rate)
+    return None
+
+
 def _step_pure_epsilon(m: Mechanism) -> float:
     """Pure epsilon of one step's dominating pair(s) (exact; see module docstring)."""
     if isinstance(m, Subsampled):
+        rep = _replace_pair(m)
+        if rep is not None:
+            return rep.pure_epsilon
         e = _base_pure(m.base, _factor(m))
         if math.isinf(e):
             return math.inf
@@ -206,6 +240,9 @@ class _Step:
 
 def _step(m: Mechanism) -> _Step:
     if isinstance(m, Subsampled):
+        rep = _replace_pair(m)
+        if rep is not None:  # symmetric: (Q, P) has the same loss distribution
+            return _Step("sym", rep)
         base = _base_pair(m.base, _factor(m))
         q = m.rate
         if q >= 1.0:
@@ -220,6 +257,23 @@ def _step(m: Mechanism) -> _Step:
 # ----------------------------------------------------------------------------------
 # evaluation of a composed PLD
 # ----------------------------------------------------------------------------------
+
+
+def _delta_upper(res: _Result, eps: float) -> float:
+    """Certified upper delta: the worst direction. Where that direction's value is
+    dominated by the FFT error allowance (far in the tail), its Chernoff bound is used
+    instead, and the next direction considered."""
+    ups = sorted(((_delta_at(u, eps, True), i) for i, (u, _) in enumerate(res.directions)),
+                 reverse=True)
+    best = 0.0
+    for up, i in ups:
+        if up <= best:
+            break
+        c = res.directions[i][0]
+        if c.slack_up > 0.01 * up:
+            up = min(up, c.chernoff_delta(eps))
+        best = max(best, up)
+    return best
 
 
 def _delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
@@ -241,6 +295,26 @@ def _delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
     if upper:
         return min(1.0, max(val, 0.0) + rnd + c.inf + c.slack_up)
     return max(0.0, val - rnd - c.slack_low)
+
+
+def _grid_gap(res: _Result, eps: float) -> float:
+    """Part of the gap between upper and lower delta that a finer grid can reduce (the
+    difference of the composed grid profiles; error allowances excluded)."""
+    gap = 0.0
+    for u, low in res.directions:
+        gap = max(gap, _delta_at_raw(u, eps) - _delta_at_raw(low, eps))
+    return gap
+
+
+def _delta_at_raw(c: dsc.ComposedPLD, eps: float) -> float:
+    N = c.pi.size
+    if eps <= c.j0 * c.h:
+        lk = (c.j0 + np.arange(N)) * c.h
+        return float(np.sum(c.pi) - np.sum(c.pi * np.exp(eps - lk)))
+    j = math.ceil(eps / c.h - c.j0) - 1
+    if j >= N - 1:
+        return 0.0
+    return float(c.A[j] - math.exp(eps - (c.j0 + j) * c.h) * c.C[j])
 
 
 def _eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
@@ -351,9 +425,9 @@ class PLDAccountant:
         """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta."""
         parts = _parts(mechanism)
         sigma = effective_noise_multiplier(mechanism)
-        if sigma is not None:
-            e = gaussian_epsilon(sigma, delta)
-            return PrivacyBound(e, e, self.name)
+        if sigma is not None:  # exact curve, bracketed by its floating-point error
+            lo, up = gaussian_epsilon_bounds(sigma, delta)
+            return PrivacyBound(up, lo, self.name)
         if delta <= 0.0:
             e = pure_epsilon(mechanism)
             if math.isinf(e):
@@ -384,28 +458,36 @@ class PLDAccountant:
         parts = _parts(mechanism)
         sigma = effective_noise_multiplier(mechanism)
         if sigma is not None:
-            d = gaussian_delta(sigma, epsilon)
-            return PrivacyBound(d, d, self.name)
+            lo, up = gaussian_delta_bounds(sigma, epsilon)
+            return PrivacyBound(up, lo, self.name)
         pe = pure_epsilon(mechanism)
         if epsilon >= pe * (1.0 + 4.0 * dsc.U):  # beyond the largest privacy loss
             return PrivacyBound(0.0, 0.0, self.name)
         res = self._composed(mechanism, parts, h_scale=1.0)
-        up = max(_delta_at(u, epsilon, True) for u, _ in res.directions)
-        accurate = res.slack() > 1e-3 * up
+        up = _delta_upper(res, epsilon)
+        # (not when a Chernoff bound already took delta below the FFT allowance)
+        accurate = res.slack() > 1e-3 * up and up >= res.slack()
         if accurate:  # small delta: recompute the low frequencies without FFT error
             res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
-            up = max(_delta_at(u, epsilon, True) for u, _ in res.directions)
+            up = _delta_upper(res, epsilon)
         lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
         # delta is far more sensitive than epsilon to the grid: refine only while the
         # relative gap exceeds 10 x rel_gap, at most twice
+        # (and only while the grid's share of the gap is what exceeds it)
         h_scale = 1.0
-        while up > 0 and (up - lo) > 10 * self.rel_gap * up and h_scale > 1 / 4:
+        while (
+            up > 0
+            and (up - lo) > 10 * self.rel_gap * up
+            and _grid_gap(res, epsilon) > 5 * self.rel_gap * up
+            and h_scale > 1 / 4
+        ):
             h_scale /= 2.0
             try:
                 res2 = self._composed(mechanism, parts, h_scale=h_scale, accurate=accurate)
+                res = res2
             except (_TooLarge, AccountingError):
                 break
-            up = min(up, max(_delta_at(u, epsilon, True) for u, _ in res2.directions))
+            up = min(up, _delta_upper(res2, epsilon))
             lo = max(lo, max(_delta_at(low, epsilon, False) for _, low in res2.directions))
         return PrivacyBound(up, min(lo, up), self.name)
 
@@ -457,7 +539,10 @@ class PLDAccountant:
         scale = min(
             dsc.loss_scale(pr) for s, _ in steps for pr in ((s.a,) if s.b is None else (s.a, s.b))
         )
-        h = max(min(width / self.n_target, scale / 8.0), 1e-7) * h_scale
+        # resolve the bulk of every single-step loss (scale / 8), but with at most
+        # 8 n_target points: the relative-gap refinement refines further where needed
+        h = max(min(width / self.n_target, scale / 8.0), width / (8 * self.n_target), 1e-7)
+        h *= h_scale
         if width / h > self.max_points:
             if h_scale < 1.0:
                 raise _TooLarge

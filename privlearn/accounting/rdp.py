@@ -23,6 +23,14 @@ Poisson x other            Zhu & Wang 2019 Theorem 6 (general upper bound)
 fixed-size x any           Wang, Balle & Kasiviswanathan 2019 Theorem 9 (replace-one)
 =========================  ============================================================
 
+Neighbouring convention (as Google dp_accounting): Gaussian and Laplace noise multipliers
+are relative to the bound ``C`` on one record's contribution (the add/remove
+sensitivity). Under replace-one (fixed-size sampling) a contribution can move by ``2 C``,
+so the base mechanism of the Wang-Balle-Kasiviswanathan bound is taken at sensitivity 2:
+Gaussian RDP ``2 alpha / sigma^2``, Laplace at L1 sensitivity 2 (pure epsilon ``2 / b``).
+PureDP and randomized response state their guarantee for the stated relation. Poisson
+sampling under replace-one is not supported by this accountant (use ``"pld"``).
+
 Every subsampled bound is also capped by the base mechanism's RDP (Renyi divergence is
 jointly quasi-convex, van Erven & Harremoes 2014 Theorem 13) and by the RDP of randomized
 response with the amplified pure epsilon when the base has one. Bounds computed at integer
@@ -398,7 +406,7 @@ def _(mechanism: Composed) -> float:
 def _(mechanism: Subsampled) -> float:
     """``log(1 + q (e^eps - 1))`` for Poisson/add-remove and fixed-size/replace-one
     (Balle, Barthe & Gaboardi 2018, Theorems 8 and 9 with delta = 0); rounded up."""
-    eps = _pure(mechanism.base)
+    eps = _pure(_effective_base(mechanism))
     if math.isinf(eps):
         return math.inf
     if not _supported_pair(mechanism):
@@ -410,6 +418,21 @@ def _(mechanism: Subsampled) -> float:
 # ----------------------------------------------------------------------------------------
 # subsampling
 # ----------------------------------------------------------------------------------------
+def _effective_base(m: Subsampled) -> Mechanism:
+    """The base mechanism with its parameter relative to the neighbouring relation of
+    ``m``. Gaussian and Laplace noise multipliers are relative to one record's
+    contribution bound (the add/remove sensitivity); under replace-one a record's
+    contribution can move by twice that, so the base runs at half the noise multiplier
+    (Gaussian RDP ``2 alpha / sigma^2``, Laplace at L1 sensitivity 2). PureDP and
+    RandomizedResponse state their guarantee for the stated relation (unchanged)."""
+    if m.neighbouring is Neighbouring.REPLACE_ONE:
+        if isinstance(m.base, Gaussian):
+            return Gaussian(m.base.noise_multiplier / 2.0)
+        if isinstance(m.base, Laplace):
+            return Laplace(m.base.noise_multiplier / 2.0)
+    return m.base
+
+
 def _supported_pair(m: Subsampled) -> bool:
     return (m.scheme is Sampling.POISSON and m.neighbouring is Neighbouring.ADD_REMOVE) or (
         m.scheme is Sampling.FIXED and m.neighbouring is Neighbouring.REPLACE_ONE
@@ -445,14 +468,15 @@ def _(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
       :data:`POISSON_SUBSAMPLED_RDP` (Gaussian: Mironov, Talwar & Zhang 2019, exact;
       Laplace: Zhu & Wang 2019, Thm 8), else Zhu & Wang (2019), Theorem 6.
     * fixed-size sampling without replacement, replace-one: Wang, Balle &
-      Kasiviswanathan (2019), Theorem 9.
+      Kasiviswanathan (2019), Theorem 9, with a Gaussian / Laplace base at twice its
+      add/remove sensitivity (:func:`_effective_base`).
     * other combinations raise :class:`UnsupportedMechanismError`.
 
     All are capped by the base RDP (joint quasi-convexity of the Renyi divergence, van
     Erven & Harremoes 2014, Thm 13) and, when the base is pure DP, by the RDP of randomized
     response with the amplified pure epsilon. ``rate == 1`` gives the base mechanism.
     """
-    base, q = mechanism.base, mechanism.rate
+    base, q = _effective_base(mechanism), mechanism.rate
     if not _supported_pair(mechanism):
         raise UnsupportedMechanismError(
             f"accountant 'rdp' supports Poisson sampling with add/remove neighbouring and "

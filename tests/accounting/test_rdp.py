@@ -294,13 +294,35 @@ def test_poisson_subsampled_laplace_upper_bounds_true_divergence():
 def test_fixed_size_sampling_matches_autodp_theorem9():
     mz = pytest.importorskip("autodp.mechanism_zoo")
     orders = [2.0, 3.0, 8.0, 20.0]
+    # noise multipliers are relative to the add/remove sensitivity; under replace-one the
+    # base mechanism's sensitivity doubles (autodp's sigma and b are per replace-one
+    # sensitivity, so they get half of ours)
     for sigma, q in [(1.0, 0.01), (3.0, 0.1)]:
-        ref = _autodp_subsampled_rdp(mz.GaussianMechanism(sigma=sigma), q, False, False, orders)
+        base = mz.GaussianMechanism(sigma=sigma / 2)
+        ref = _autodp_subsampled_rdp(base, q, False, False, orders)
         got = subsample(Gaussian(sigma), q, scheme="fixed").rdp(orders)
-        np.testing.assert_allclose(got, np.minimum(ref, Gaussian(sigma).rdp(orders)), rtol=1e-9)
-    ref = _autodp_subsampled_rdp(mz.LaplaceMechanism(b=2.0), 0.05, False, False, orders)
+        cap = Gaussian(sigma / 2).rdp(orders)  # = 2 alpha / sigma^2
+        np.testing.assert_allclose(cap, 2 * np.array(orders) / sigma**2, rtol=1e-12)
+        np.testing.assert_allclose(got, np.minimum(ref, cap), rtol=1e-9)
+    ref = _autodp_subsampled_rdp(mz.LaplaceMechanism(b=1.0), 0.05, False, False, orders)
     got = subsample(Laplace(2.0), 0.05, scheme="fixed").rdp(orders)
     assert np.all(got <= ref * (1 + 1e-9))
+    # at rate 1 the replace-one mechanism is the base at twice the sensitivity
+    np.testing.assert_allclose(
+        subsample(Gaussian(2.0), 1.0, scheme="fixed").rdp(orders), Gaussian(1.0).rdp(orders)
+    )
+
+
+def test_fixed_size_gaussian_rdp_vs_dp_accounting():
+    rdp_mod = pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
+    orders = np.array([2.0, 3.0, 8.0, 20.0, 64.0])
+    for sigma, q in [(1.0, 0.01), (2.0, 0.05), (0.8, 0.001)]:
+        # dp_accounting's noise multiplier is per replace-one sensitivity: sigma / 2
+        ref = rdp_mod._compute_rdp_sample_wor_gaussian(q, sigma / 2, orders)
+        got = subsample(Gaussian(sigma), q, scheme="fixed").rdp(orders)
+        # both are Wang, Balle & Kasiviswanathan (2019) bounds (theirs the strengthened
+        # Gaussian form): same order of magnitude, ours never below the exact base cap
+        assert np.all(got >= 0.5 * ref) and np.all(got <= 2.0 * ref + 1e-12)
 
 
 def test_generic_poisson_bound_upper_bounds_randomized_response():
