@@ -410,8 +410,19 @@ def compose_fft(
     N = sfft.next_fast_len(max(math.ceil(b / h) - j0 + 1, 16), real=True)
     top = (j0 + N - 1) * h
     t_lo, t_hi = tail_bounds(pmfs, h, j0 * h, top, lam_a, lam_b)
-    total_offset = 0
     T_tot = sum(c for _, c in pmfs)
+    if T_tot == 1:  # a single step needs no FFT: its PMF, wrapped onto the same circle
+        (pmf, _), = [(pm, c) for pm, c in pmfs if c > 0]
+        pi = np.zeros(N)
+        np.add.at(pi, (pmf.k0 - j0 + np.arange(pmf.p.size)) % N, pmf.p)
+        single_allow = 8.0 * U
+        if upper:
+            return ComposedPLD(
+                h, j0, pi, min(1.0, pmf.inf), t_lo + t_hi, t_hi + single_allow, 0.0,
+                pmfs=list(pmfs),
+            )
+        return ComposedPLD(h, j0, pi, 0.0, t_lo + t_hi, 0.0, t_lo + t_hi + single_allow)
+    total_offset = 0
     log_fin = 0.0  # log P(every step's loss is finite)
     log2n = math.log2(N)
     logr_tot = np.zeros(N // 2 + 1)
@@ -439,7 +450,9 @@ def compose_fft(
         amp = np.zeros(N // 2 + 1)
         for r, _lr, count, l1, _p in parts:
             amp += count * l1 * np.divide(np.exp(logr_tot), r, out=np.zeros_like(r), where=r > 0)
-        big = np.nonzero(amp * 5.0 * U * log2n > 1e-19)[0]
+        # (only coefficients whose error the power amplifies: never for a single step)
+        l1_tot = sum(pt[2] * pt[3] for pt in parts)
+        big = np.nonzero((amp * 5.0 * U * log2n > 1e-19) & (amp > 2.0 * l1_tot / T_tot))[0]
         n_low = min(int(big[-1]) + 1, 256) if big.size else 0
         if any(math.fsum(pt[4]) <= 0 for pt in parts):
             n_low = 0

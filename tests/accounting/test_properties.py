@@ -114,11 +114,11 @@ def test_rdp_upper_bound_is_valid_against_pld_lower_bound(s, q, t, delta):
     assert rdp_up >= lo
 
 
-# Slow: pld's delta() far in the tail can take many seconds per call. At the time of
-# writing it fails on the explicit example (pld returns the trivial interval [0, 1]).
-@pytest.mark.slow
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The explicit examples are far-tail cases that once took ~17 s and returned the trivial
+# interval [0, 1] (NaN in the direct low-frequency recomputation of a single step).
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(s=3.0, q=0.001, t=1, delta=1e-8)
+@example(s=0.3, q=0.001, t=1, delta=1e-8)
 @given(s=sigmas, q=rates, t=steps, delta=deltas)
 def test_pld_delta_at_rdp_epsilon_is_within_target(s, q, t, delta):
     m = _sub(s, q, t)
