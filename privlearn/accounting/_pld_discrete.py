@@ -463,6 +463,20 @@ def compose_fft(
             small = np.nonzero(r[:n_low] <= 0.5)[0]
             if small.size:
                 n_low = int(small[0])
+        # its cost is n_low x (support size) sines per part: bounded (the plain FFT error
+        # bound, larger but certified, is kept beyond that)
+        nnz = sum(int(np.count_nonzero(pt[4])) for pt in parts)
+        n_low = min(n_low, int(3e7 // max(nnz, 1)))
+        if n_low:
+            # worth it only if those coefficients carry most of the FFT error allowance
+            absP0 = np.exp(logr_tot)
+            err0 = np.zeros_like(absP0)
+            for r, _lr, count, l1, _p in parts:
+                mrel = np.divide(absP0, r, out=np.zeros_like(absP0), where=r > 0)
+                err0 += count * l1 * mrel
+            e2 = err0 * err0
+            if float(np.sum(e2[:n_low])) < 0.75 * float(np.sum(e2)):
+                n_low = 0
     low_err = np.zeros(n_low)
     if n_low:
         jj = np.arange(n_low)

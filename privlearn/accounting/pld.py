@@ -450,7 +450,10 @@ class PLDAccountant:
                 up2, lo2 = self._eps_bounds(res2, delta)
             except (_TooLarge, AccountingError):
                 break
+            gap_before = up - lo
             up, lo = min(up, up2), max(lo, lo2)
+            if up - lo > 0.8 * gap_before:  # the grid is no longer what limits the gap
+                break
         return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
 
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
