@@ -492,6 +492,11 @@ class PLDAccountant:
                 break
             up = min(up, _delta_upper(res2, epsilon))
             lo = max(lo, max(_delta_at(low, epsilon, False) for _, low in res2.directions))
+        if math.isfinite(pe):
+            # every composed loss is <= pe (to a few ulps), so delta(eps) =
+            # E_P[(1 - e^{eps - L})_+] <= 1 - e^{eps - pe} <= pe - eps: near the pure
+            # epsilon this beats the grid, whose atoms sit up to h above the true loss
+            up = min(up, max(0.0, pe * (1.0 + 16.0 * dsc.U) - epsilon))
         return PrivacyBound(up, min(lo, up), self.name)
 
     # -- internals ---------------------------------------------------------------------

@@ -540,3 +540,14 @@ def test_fixed_replace_one_rdp_never_below_pld_lower(sigma, q, steps, base):
     lo = m.epsilon_bounds(1e-5).lower
     assert m.epsilon(1e-5, accountant="rdp") >= lo
     assert m.epsilon(0.0, accountant="rdp") >= m.epsilon_bounds(0.0).lower
+
+
+@pytest.mark.parametrize("q,b,steps", [(0.1, 1.0, 1), (1.0, 1.0, 2), (0.5, 0.3, 10)])
+def test_delta_at_pure_epsilon_is_negligible(q, b, steps):
+    # at the pure epsilon the exact delta is 0; the grid alone would report a delta of
+    # the order of (atom mass) x h, the bound delta <= pure_eps - eps removes that
+    m = compose(subsample(Laplace(b), q), steps)
+    e = m.epsilon_bounds(1e-10)
+    assert e.upper == pytest.approx(m.epsilon(0.0), rel=1e-12)
+    assert m.delta(e.upper) <= 1e-13
+    assert m.delta(0.999 * e.upper) > 1e-13  # and the grid is still used below it
