@@ -122,17 +122,23 @@ class Mechanism:
 
     def epsilon_bounds(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
         """Upper bound and (where the accountant has one) lower bound on epsilon(delta)."""
-        from privlearn.accounting.accountants import get_accountant
+        from privlearn.accounting.accountants import PrivacyBound, get_accountant
 
         delta = check_delta("delta", delta)
-        return get_accountant(accountant).epsilon(self, delta)
+        acc = get_accountant(accountant)
+        if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
+            return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
+        return acc.epsilon(self, delta)
 
     def delta_bounds(self, epsilon: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
         """Upper bound and (where the accountant has one) lower bound on delta(epsilon)."""
-        from privlearn.accounting.accountants import get_accountant
+        from privlearn.accounting.accountants import PrivacyBound, get_accountant
 
         epsilon = check_epsilon("epsilon", epsilon)
-        return get_accountant(accountant).delta(self, epsilon)
+        acc = get_accountant(accountant)
+        if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
+            return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
+        return acc.delta(self, epsilon)
 
     def rdp(self, orders: float | Sequence[float]):
         """Renyi-DP upper bound ``eps_RDP(alpha)`` at the given order(s) alpha > 1.

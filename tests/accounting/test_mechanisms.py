@@ -163,3 +163,14 @@ def test_equal_parameters_are_equal_mechanisms():
     assert Gaussian(1.0) == Gaussian(1)
     assert compose([Gaussian(1.0), Gaussian(1)]) == compose(Gaussian(1.0), 2)
     assert subsample(Gaussian(1.0), 0.5) != subsample(Gaussian(1.0), 0.5, scheme="fixed")
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp", "analytic"])
+def test_empty_composition_is_zero_dp(accountant: str) -> None:
+    # zero steps: nothing ran, so the release is exactly (0, 0)-DP under every accountant
+    from privlearn.accounting import Gaussian, compose
+
+    m = compose(Gaussian(1.0), steps=0)
+    assert m.epsilon(1e-5, accountant=accountant) == 0.0
+    assert m.delta(0.0, accountant=accountant) == 0.0
+    assert m.epsilon_bounds(0.0, accountant=accountant).lower == 0.0
