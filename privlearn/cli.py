@@ -275,7 +275,16 @@ def demo(no_experiment: bool) -> None:
 @click.option("--reps", type=int, default=None, help="Number of repetitions.")
 @click.option("--seed", type=int, default=None, help="Random seed.")
 def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None) -> None:
-    """Run the experiment NAME from the seeds (see privlearn.experiments.EXPERIMENTS)."""
+    """Run the seeds' experiment NAME, writing a CSV and a PNG plot.
+
+    \b
+    NAME is one of:
+      linear-regression      seed 000: median MSE vs epsilon (SSP, AdaSSP, NoisyGD)
+      noisygd-learning-rate  seed 000: NoisyGD learning-rate sensitivity
+      logistic-regression    seed 002: DP-SGD scenario table, repeated seeds
+      adult                  DP logistic regression on Adult vs non-private
+      label-release          PATE and Private kNN on MNIST
+    """
     try:
         from privlearn.experiments import EXPERIMENTS, run_experiment  # type: ignore[attr-defined]
     except ImportError as e:
