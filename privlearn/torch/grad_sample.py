@@ -106,9 +106,9 @@ class Contribution:
 
 
 def _rowdot(x: torch.Tensor) -> torch.Tensor:
-    """Squared norm of each row of a 2-D tensor (one batched dot product)."""
-    x = x.contiguous()
-    return torch.bmm(x.unsqueeze(1), x.unsqueeze(2)).view(x.shape[0])
+    """Squared norm of each row of a 2-D tensor (``vector_norm`` then square: one fused
+    reduction, several times faster on CPU than a batched dot product)."""
+    return torch.linalg.vector_norm(x, dim=1).square()
 
 
 class Materialized(Contribution):
@@ -260,6 +260,40 @@ class OuterProduct(Contribution):
         return out
 
 
+class DenseOuterProduct(Contribution):
+    """Linear layer on a ``(B, d)`` input: the per-example weight gradient is the rank-one
+    ``g_i a_i^T``, so its squared norm is ``|g_i|^2 |a_i|^2`` (plus ``|g_i|^2`` for the
+    bias) and no per-example gradient is ever formed (Goodfellow 2015, "Efficient
+    Per-Example Gradient Computations"). The clipped sum is one matmul, the one autograd
+    would run for the non-private weight gradient."""
+
+    def __init__(self, weight, bias, a: torch.Tensor, g: torch.Tensor):
+        self.weight, self.bias = weight, bias
+        self.params = (weight,) if bias is None else (weight, bias)
+        self.a, self.g = a, g
+        self._sq = None
+
+    def sq_norms(self) -> torch.Tensor:
+        if self._sq is None:
+            ga = _rowdot(self.g)
+            aa = _rowdot(self.a)
+            self._sq = ga * (aa + 1.0) if self.bias is not None else ga * aa
+        return self._sq
+
+    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
+        if c.dtype != self.g.dtype:
+            c = c.to(self.g.dtype)
+        gc = self.g * c.unsqueeze(1)
+        w = gc.t().mm(self.a)
+        if self.bias is None:
+            return [w]
+        return [w, gc.sum(0)]
+
+    def per_sample(self) -> list[torch.Tensor]:
+        ps = self.g.unsqueeze(2) * self.a.unsqueeze(1)
+        return [ps] if self.bias is None else [ps, self.g]
+
+
 # --------------------------------------------------------------------------- registry
 
 Rule = Callable[[nn.Module, Record, Sequence[nn.Parameter]], Contribution]
@@ -302,6 +336,10 @@ def _scaled(record: Record, i: int = 0) -> torch.Tensor:
 def linear_rule(module: nn.Linear, record: Record, params) -> Contribution:
     a = record.args[0]
     g = _scaled(record)
+    if a.dim() == 2 and any(q is module.weight for q in params):
+        bias = module.bias if any(q is module.bias for q in params) else None
+        return DenseOuterProduct(module.weight, bias, a if a.dtype == g.dtype
+                                 else a.to(g.dtype), g)
     b = a.shape[0]
     d, p = a.shape[-1], g.shape[-1]
     a = a.reshape(b, 1, -1, d)

@@ -31,9 +31,6 @@ import torch
 
 __all__ = ["NoiseSource"]
 
-#: Prefetch noise in a background thread only for at least this many coordinates.
-PREFETCH_MIN = 2**16
-
 
 class NoiseSource:
     """Draws ``N(0, std^2)`` tensors.
@@ -51,46 +48,28 @@ class NoiseSource:
             raise ValueError("seed must be None when secure_mode=True (a seeded secure "
                              f"generator is not secure), got seed={seed!r}")
         self.secure_mode = bool(secure_mode)
-        self._pool = None
-        self._future = None
-        self._future_n = 0
+        self._buffer = None
         self.generator = torch.Generator()
         self.generator.manual_seed(
             int.from_bytes(os.urandom(8), "little") >> 1 if seed is None else int(seed))
 
-    # ------------------------------------------------------------ prefetching
     def standard_normal(self, n: int) -> torch.Tensor:
-        """``n`` i.i.d. N(0, 1) float32 draws (CPU). In the default mode the next call's
-        draws are generated in a background thread while the caller trains (the noise does
-        not depend on the data, so drawing it early changes nothing but the wall time; the
-        sequence of draws is the same as without prefetching)."""
+        """``n`` i.i.d. N(0, 1) float32 draws (CPU), one call for all parameters.
+
+        The returned tensor is an internal buffer, overwritten by the next call: use it
+        (add it to the gradients) before drawing again.
+
+        Drawing the noise in a background thread was measured and rejected: on a CPU
+        whose cores run PyTorch's OpenMP workers (which spin between parallel regions),
+        a third thread only time-shares a busy core and the step gets slower.
+        """
         if self.secure_mode:
             return self.normal(1.0, torch.empty(n))
-        if n < PREFETCH_MIN and self._future is None:
-            return self._draw(n)  # small: a thread hand-off costs more than the draw
-        fut = getattr(self, "_future", None)
-        if fut is not None and self._future_n == n:
-            out = fut.result()
-        else:
-            if fut is not None:
-                fut.result()  # keep the draw order deterministic
-            out = self._draw(n)
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dp-noise")
-        self._future_n = n
-        self._future = self._pool.submit(self._draw, n)
-        return out
-
-    def _draw(self, n: int) -> torch.Tensor:
-        return torch.randn(n, generator=self.generator)
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_pool"] = None
-        state["_future"] = None
-        return state
+        buf = self._buffer
+        if buf is None or buf.numel() != n:
+            buf = self._buffer = torch.empty(n)
+        # filled in place: a fresh 4n-byte allocation every step costs page faults
+        return buf.normal_(generator=self.generator)
 
     def normal(self, std: float, like: torch.Tensor) -> torch.Tensor:
         if not self.secure_mode:

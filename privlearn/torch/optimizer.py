@@ -59,6 +59,8 @@ class DPOptimizer:
         self._accum: dict[int, torch.Tensor] = {}
         self._final_chunk = True
         self.last_grad_norms = None
+        self._numels = [p.numel() for p in tracker.params]
+        self._numel = sum(self._numels)
 
     # ------------------------------------------------------------------ delegation
     @property
@@ -124,27 +126,36 @@ class DPOptimizer:
         if self.world_size > 1:
             std = std / self.world_size ** 0.5
         std_scaled = std / self.expected_batch_size
+        params = self.tracker.params
+        accum = self._accum
         grads = []
-        z = None
-        secure = self.noise.secure_mode
-        if std_scaled > 0 and not secure:  # one (prefetched) draw for all parameters
-            z = self.noise.standard_normal(sum(p.numel() for p in self.tracker.params))
-        k = 0
-        for p in self.tracker.params:
-            g = self._accum.get(id(p))
-            g = torch.zeros_like(p) if g is None else g.to(p.dtype)
-            if z is not None:
-                zi = z[k:k + p.numel()].view(p.shape)
-                k += p.numel()
-                g.add_(zi.to(device=g.device, dtype=g.dtype), alpha=std_scaled)
-            elif std_scaled > 0:  # secure: scaled in float64 before rounding (noise.py)
-                g.add_(self.noise.normal(std_scaled, g))
+        for p in params:
+            g = accum.get(id(p))
+            if g is None:
+                g = torch.zeros_like(p)
+            elif g.dtype != p.dtype:
+                g = g.to(p.dtype)
             grads.append(g)
+        if std_scaled > 0:
+            if not self.noise.secure_mode:
+                # one draw for all parameters, added by one fused (foreach) kernel call
+                z = self.noise.standard_normal(self._numel)
+                noise = [v.view(p.shape) for v, p in
+                         zip(z.split(self._numels), params, strict=True)]
+                if all(g.device == v.device and g.dtype == v.dtype
+                       for g, v in zip(grads, noise, strict=True)):
+                    torch._foreach_add_(grads, noise, alpha=std_scaled)
+                else:
+                    for g, v in zip(grads, noise, strict=True):
+                        g.add_(v.to(device=g.device, dtype=g.dtype), alpha=std_scaled)
+            else:  # secure: scaled in float64 before rounding (noise.py)
+                for g in grads:
+                    g.add_(self.noise.normal(std_scaled, g))
         if self.world_size > 1:
             from privlearn.torch.distributed import all_reduce_sum
 
             grads = all_reduce_sum(grads, self.process_group)
-        for p, g in zip(self.tracker.params, grads, strict=True):
+        for p, g in zip(params, grads, strict=True):
             p.grad = g
         self._accum = {}
 

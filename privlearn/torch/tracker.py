@@ -27,13 +27,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from privlearn.torch import attention as _attention  # noqa: F401  (registers MHA rule)
 from privlearn.torch import rnn as _rnn  # noqa: F401  (registers the recurrent rules)
 from privlearn.torch.grad_sample import (
+    _IN_RULE,
     Contribution,
     Materialized,
     Record,
     _record_batch,
     fallback_rule,
     get_rule,
-    recording_disabled,
     rule_evaluation,
 )
 
@@ -147,33 +147,52 @@ class GradSampleTracker:
 
     # ------------------------------------------------------------------ recording
     def _make_hook(self, index: int):
+        dummy = self._dummy
+        grad_hook = self._grad_hook
+        is_grad_enabled = torch.is_grad_enabled
+        Tensor = torch.Tensor
+
         def hook(module, args, kwargs, output):
-            if recording_disabled() or not module.training or not torch.is_grad_enabled():
+            if _IN_RULE[0] or not module.training or not is_grad_enabled():
                 return None
-            flat, spec = tree_flatten(output)
             rec = Record(
-                args=tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args),
-                kwargs={k: (v.detach() if isinstance(v, torch.Tensor) else v)
-                        for k, v in kwargs.items()},
+                args=tuple(a.detach() if isinstance(a, Tensor) else a for a in args),
+                kwargs={k: (v.detach() if isinstance(v, Tensor) else v)
+                        for k, v in kwargs.items()} if kwargs else {},
                 grad_outputs=[],
                 outputs_meta=[],
-                out_spec=spec,
             )
+            rec.extra = module.__dict__.pop("_privlearn_extra", None)
+            records = self.records
+            if index in records:
+                records[index].append(rec)
+            else:
+                records[index] = [rec]
+            if type(output) is Tensor:  # fast path: one output tensor
+                rec.outputs_meta.append((output.shape, output.dtype, output.device))
+                rec.grad_outputs.append(None)
+                if not output.is_floating_point():
+                    return None
+                changed = not output.requires_grad
+                if changed:
+                    output = _MakeDifferentiable.apply(dummy, output)
+                output.register_hook(grad_hook(rec, 0))
+                return output if changed else None
+            flat, spec = tree_flatten(output)
+            rec.out_spec = spec
             changed = False
             new_flat = []
             for o in flat:
-                if isinstance(o, torch.Tensor):
+                if isinstance(o, Tensor):
                     j = len(rec.outputs_meta)
                     rec.outputs_meta.append((tuple(o.shape), o.dtype, o.device))
                     rec.grad_outputs.append(None)
                     if o.is_floating_point():
                         if not o.requires_grad:
-                            o = _MakeDifferentiable.apply(self._dummy, o)
+                            o = _MakeDifferentiable.apply(dummy, o)
                             changed = True
-                        o.register_hook(self._grad_hook(rec, j))
+                        o.register_hook(grad_hook(rec, j))
                 new_flat.append(o)
-            rec.extra = module.__dict__.pop("_privlearn_extra", None)
-            self.records.setdefault(index, []).append(rec)
             return tree_unflatten(new_flat, spec) if changed else None
 
         return hook
