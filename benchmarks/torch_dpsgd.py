@@ -306,7 +306,7 @@ def render_section(command: str, all_results: dict[str, list[dict]], args) -> st
         f"subprocess: {args.warmup} warm-up steps, then up to {args.steps} timed steps "
         f"(fewer, but at least 3, once the timed steps exceed {args.max_seconds:g} s) of "
         "loader + zero_grad + forward + backward + step. The modes of a model run in "
-        f"{args.repeats} interleaved rounds (all modes, then all modes again), against "
+        f"{args.repeats} interleaved rounds (all modes, then all modes again, ...), against "
         "the load of the shared machine; s/epoch = the fastest round's median step time x "
         f"{EPOCH_EXAMPLES}/{BATCH_SIZE}; `steps` = timed steps over all rounds. Peak MB added "
         "= the highest round's peak RSS during the steps "
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="few steps, for development")
     parser.add_argument("--models", default=",".join(ALL_MODELS))
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 50)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 2)")
     parser.add_argument(
         "--max-seconds",
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         "steps; default 6, quick 5)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=None, help="interleaved rounds (default 2, quick 1)"
+        "--repeats", type=int, default=None, help="interleaved rounds (default 3, quick 1)"
     )
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per config")
     parser.add_argument("--out", type=Path, default=None, help="markdown file to update")
@@ -431,11 +431,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps is None:
-        args.steps = 4 if args.quick else 20
+        args.steps = 4 if args.quick else 50
     if args.warmup is None:
         args.warmup = 1 if args.quick else 2
     if args.repeats is None:
-        args.repeats = 1 if args.quick else 2
+        args.repeats = 1 if args.quick else 3
     if args.max_seconds is None:
         args.max_seconds = 5.0 if args.quick else 6.0
     if args.steps < 1 or args.warmup < 0:
