@@ -104,6 +104,11 @@ class Contribution:
         """Per-example gradients ``(B, *p.shape)`` aligned with ``params``."""
         raise NotImplementedError
 
+    def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        """``outs[j] += sum_i c_i grad_i`` in place, for each parameter ``j``."""
+        for o, w in zip(outs, self.weighted_sum(c), strict=True):
+            o.add_(w.view(o.shape))
+
 
 def _rowdot(x: torch.Tensor) -> torch.Tensor:
     """Squared norm of each row of a 2-D tensor (``vector_norm`` then square: one fused
@@ -292,6 +297,14 @@ class DenseOuterProduct(Contribution):
     def per_sample(self) -> list[torch.Tensor]:
         ps = self.g.unsqueeze(2) * self.a.unsqueeze(1)
         return [ps] if self.bias is None else [ps, self.g]
+
+    def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        if c.dtype != self.g.dtype:
+            c = c.to(self.g.dtype)
+        gc = self.g * c.unsqueeze(1)
+        outs[0].addmm_(gc.t(), self.a)  # the GEMM adds into the noise in place
+        if self.bias is not None:
+            outs[1].add_(gc.sum(0))
 
 
 # --------------------------------------------------------------------------- registry

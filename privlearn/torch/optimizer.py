@@ -159,17 +159,70 @@ class DPOptimizer:
             p.grad = g
         self._accum = {}
 
+    def _noise_buffer(self, std: float) -> torch.Tensor | None:
+        """One flat tensor of ``N(0, std^2)`` draws (zeros if ``std == 0``) shaped to hold
+        every parameter's gradient, or None when the parameters do not share one device
+        and floating dtype (float32/64)."""
+        params = self.tracker.params
+        if not params:
+            return None
+        dev, dt = params[0].device, params[0].dtype
+        if dt not in (torch.float32, torch.float64) or any(
+                p.device != dev or p.dtype != dt for p in params):
+            return None
+        flat = torch.empty(self._numel, device=dev, dtype=dt)
+        if std <= 0:
+            return flat.zero_()
+        if self.noise.secure_mode:  # scaled in float64 before rounding (noise.py)
+            return flat.copy_(self.noise.normal(std, flat))
+        if dev.type == "cpu":
+            # mean + std * z is formed inside the sampler: no extra pass
+            return flat.normal_(0.0, std, generator=self.noise.generator)
+        return flat.copy_(self.noise.normal(std, torch.empty(self._numel, dtype=dt)))
+
+    def _noisy_step_fused(self) -> bool:
+        """Steps 1-3 in one pass: the noise is drawn straight into one flat gradient
+        buffer and the clipped sums (scaled by ``1 / expected_batch_size``) are
+        accumulated into it in place. The result is the same mechanism as
+        ``clip_and_accumulate(); add_noise()`` with less memory traffic. Returns False
+        (nothing done) when the buffer cannot be used."""
+        std = 0.0 if self.noise_multiplier == 0 else self.noise_multiplier * self.max_grad_norm
+        if self.world_size > 1:
+            std = std / self.world_size ** 0.5
+        flat = self._noise_buffer(std / self.expected_batch_size)
+        if flat is None:
+            return False
+        params = self.tracker.params
+        views = [v.view(p.shape) for v, p in zip(flat.split(self._numels), params,
+                                                  strict=True)]
+        out = {id(p): v for p, v in zip(params, views, strict=True)}
+        _, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
+                                               1.0 / self.expected_batch_size, out=out)
+        self.last_grad_norms = norms
+        for k, a in self._accum.items():  # earlier chunks of a virtual batch
+            out[k].add_(a)
+        self._accum = {}
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
+        for p, v in zip(params, views, strict=True):
+            p.grad = v
+        return True
+
     def step(self, closure=None):
         """One DP-SGD step (no parameter update on a non-final virtual chunk)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.clip_and_accumulate()
         if not self._final_chunk:
             self._final_chunk = True
+            self.clip_and_accumulate()
             return loss
-        self.add_noise()
+        if not self._noisy_step_fused():
+            self.clip_and_accumulate()
+            self.add_noise()
         self.original_optimizer.step()
         self.accountant.step()
         return loss

@@ -267,19 +267,21 @@ class GradSampleTracker:
             contribs = _merge(contribs)
         return contribs, batch, (1.0 if scale is None else scale)
 
-    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0):
+    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
         zero, its layers did not run); ``batch`` is the realised batch size and ``norms``
         the per-example gradient norms before clipping. The multiplier and the
         loss-reduction scale are folded into the per-example weights (no extra pass over
-        the gradients).
+        the gradients). With ``out`` (a dict ``id(p) -> tensor`` holding an entry for every
+        parameter), the sums are added into those tensors in place (the matmul of a
+        Linear layer accumulates straight into it) and ``out`` is returned as ``sums``.
         The clip factor is ``min(1, C / ||g_i||)`` with the norm over all parameters (Abadi
         et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1).
         """
         contribs, batch, scale = self.contributions()
-        sums = {}
+        sums = {} if out is None else out
         norms = None
         if contribs:
             sq = None
@@ -297,6 +299,9 @@ class GradSampleTracker:
             if weight != 1.0:
                 factors = factors * weight
             for c in contribs:
+                if out is not None:
+                    c.accumulate_into(factors, [out[id(p)] for p in c.params])
+                    continue
                 for p, w in zip(c.params, c.weighted_sum(factors), strict=True):
                     k = id(p)
                     sums[k] = w if k not in sums else sums[k] + w
