@@ -93,6 +93,32 @@ def test_clipped_aggregate_equals_naive_clip_and_sum():
         torch.testing.assert_close(q.grad.double(), r / 5.0, rtol=1e-5, atol=1e-7)
 
 
+def test_fused_step_equals_two_phase_step():
+    """step() draws the noise into one flat gradient buffer and accumulates the clipped
+    sums into it in place; with noise 0 its gradients equal clip_and_accumulate() followed
+    by add_noise() (separate tensors), on a model with a conv and a dense layer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(2, 3, 3), nn.Tanh(), nn.Flatten(), nn.Linear(12, 3))
+    x, y = torch.randn(10, 2, 6), torch.randint(0, 3, (10,))
+    grads = []
+    for fused in (True, False):
+        m = copy.deepcopy(model)
+        p = make_private(m, torch.optim.SGD(m.parameters(), lr=0.0),
+                         DataLoader(TensorDataset(x, y), batch_size=5), noise_multiplier=0.0,
+                         max_grad_norm=0.05)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        if fused:
+            p.optimizer.step()
+        else:
+            p.optimizer.clip_and_accumulate()
+            p.optimizer.add_noise()
+        grads.append([q.grad.clone() for q in m.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+    assert any(g.abs().sum() > 0 for g in grads[0])
+
+
 @pytest.mark.parametrize("secure", [False, True])
 def test_noise_std(secure):
     """Measured noise std = sigma C / expected batch size within 5% (on ~20k coordinates,
