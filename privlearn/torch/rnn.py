@@ -150,28 +150,35 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         for _, _, _, _, gis, ghs in saved:
             wrt.extend(gis)
             wrt.extend(ghs)
-        grads = torch.autograd.grad(targets, wrt, seeds, allow_unused=True)
+        grads = list(torch.autograd.grad(targets, wrt, seeds, allow_unused=True))
+        del targets, seeds, wrt
 
     ps = set(params)
     parts = []
     k = 0
 
     def _stack(ds, like):
+        # batch-major (B, T, .) directly: no transposed copy later
         return torch.stack([torch.zeros_like(x) if d is None else d
-                            for d, x in zip(ds, like, strict=True)])
+                            for d, x in zip(ds, like, strict=True)], dim=1)
 
-    for layer, direction, inp_l, hprev, gis, ghs in saved:
+    while saved:
+        layer, direction, inp_l, hprev, gis, ghs = saved.pop(0)
         dgi = _stack(grads[k: k + T], gis)
         dgh = _stack(grads[k + T: k + 2 * T], ghs)
+        grads[k: k + 2 * T] = [None] * (2 * T)  # release the per-step gradients
+        del gis, ghs
         k += 2 * T
         sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
-        hp = torch.stack([h.detach() for h in hprev])
+        hp = torch.stack([h.detach() for h in hprev], dim=1)
+        del hprev
         for w_name, b_name, a, g in (
-            ("weight_ih", "bias_ih", inp_l.detach(), dgi),
+            ("weight_ih", "bias_ih", inp_l.detach().transpose(0, 1), dgi),
             ("weight_hh", "bias_hh", hp, dgh),
         ):
             part = _part(getattr(module, w_name + sfx), getattr(module, b_name + sfx, None),
-                         a.transpose(0, 1).to(g.dtype), g.transpose(0, 1), ps)
+                         a.to(g.dtype), g, ps)
             if part is not None:
                 parts.append(part)
+        del dgi, dgh, hp
     return Compound(parts)
