@@ -186,6 +186,11 @@ def make_private(
         nm = float(noise_multiplier)
         if not (nm >= 0) or math.isinf(nm):
             raise ValueError(f"noise_multiplier must be in [0, inf), got {noise_multiplier!r}")
+    if math.isinf(max_grad_norm) and (target_epsilon is not None or nm > 0):
+        raise ValueError("max_grad_norm=inf (no clipping) leaves the sensitivity unbounded, "
+                         "so no noise scale is private; it is only allowed with "
+                         "noise_multiplier=0 (non-private testing). Give a finite "
+                         "max_grad_norm > 0")
     if target_epsilon is not None:
         _check_pos("target_epsilon", target_epsilon)
         if not 0 < float(target_delta) < 1:

@@ -244,6 +244,16 @@ def test_bad_max_grad_norm(c):
         _mk(max_grad_norm=c)
 
 
+def test_infinite_clip_only_without_noise():
+    """No clipping bounds no sensitivity: rejected with noise (or a target epsilon),
+    allowed with noise_multiplier=0 for non-private testing."""
+    with pytest.raises(ValueError, match="max_grad_norm=inf"):
+        _mk(max_grad_norm=float("inf"))
+    with pytest.raises(ValueError, match="max_grad_norm=inf"):
+        _mk(noise_multiplier=None, target_epsilon=1.0, epochs=1, max_grad_norm=float("inf"))
+    _mk(noise_multiplier=0.0, max_grad_norm=float("inf"))
+
+
 def test_target_epsilon_without_length():
     with pytest.raises(ValueError, match="epochs or steps"):
         _mk(noise_multiplier=None, target_epsilon=1.0)
