@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from privlearn.torch.models import mnist_cnn
+
 VOCAB = 10_000
 SEQ_LEN = 64
 EMBED_DIM = 64
@@ -44,28 +46,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)))
-
-
-def mnist_cnn() -> nn.Sequential:
-    """The small tanh CNN of Tramer & Boneh (2021), also Opacus's MNIST example (26,010 params).
-
-    References
-    ----------
-    F. Tramer and D. Boneh, "Differentially Private Learning Needs Better Features (or Much
-    More Data)", ICLR 2021, Table 8 (end-to-end CNN for MNIST).
-    """
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 8, stride=2, padding=3),
-        nn.Tanh(),
-        nn.MaxPool2d(2, 1),
-        nn.Conv2d(16, 32, 4, stride=2),
-        nn.Tanh(),
-        nn.MaxPool2d(2, 1),
-        nn.Flatten(),
-        nn.Linear(32 * 4 * 4, 32),
-        nn.Tanh(),
-        nn.Linear(32, 10),
-    )
 
 
 class EncoderBlock(nn.Module):

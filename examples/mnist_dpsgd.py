@@ -32,24 +32,9 @@ from torch import nn
 
 from privlearn.datasets import load_mnist
 from privlearn.torch import make_private
+from privlearn.torch.models import mnist_cnn
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
-
-
-def mnist_cnn() -> nn.Sequential:
-    """Tramer & Boneh's MNIST CNN (also Opacus's MNIST example): 26,010 parameters."""
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 8, stride=2, padding=3),
-        nn.Tanh(),
-        nn.MaxPool2d(2, 1),
-        nn.Conv2d(16, 32, 4, stride=2),
-        nn.Tanh(),
-        nn.MaxPool2d(2, 1),
-        nn.Flatten(),
-        nn.Linear(32 * 4 * 4, 32),
-        nn.Tanh(),
-        nn.Linear(32, 10),
-    )
 
 
 def to_tensors(bunch) -> tuple[torch.Tensor, torch.Tensor]:

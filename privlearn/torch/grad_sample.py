@@ -285,10 +285,14 @@ class DenseOuterProduct(Contribution):
             self._sq = ga * (aa + 1.0) if self.bias is not None else ga * aa
         return self._sq
 
-    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
+    def _weighted_g(self, c: torch.Tensor) -> torch.Tensor:
+        """Output gradients scaled per example, ``c_i g_i``."""
         if c.dtype != self.g.dtype:
             c = c.to(self.g.dtype)
-        gc = self.g * c.unsqueeze(1)
+        return self.g * c.unsqueeze(1)
+
+    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
+        gc = self._weighted_g(c)
         w = gc.t().mm(self.a)
         if self.bias is None:
             return [w]
@@ -299,9 +303,7 @@ class DenseOuterProduct(Contribution):
         return [ps] if self.bias is None else [ps, self.g]
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        if c.dtype != self.g.dtype:
-            c = c.to(self.g.dtype)
-        gc = self.g * c.unsqueeze(1)
+        gc = self._weighted_g(c)
         outs[0].addmm_(gc.t(), self.a)  # the GEMM adds into the noise in place
         if self.bias is not None:
             outs[1].add_(gc.sum(0))

@@ -119,13 +119,20 @@ class DPOptimizer:
             k = id(p)
             self._accum[k] = s if k not in self._accum else self._accum[k] + s
 
-    def add_noise(self) -> None:
-        """Steps 2-3: ``p.grad = accumulated + N(0, (sigma C)^2 / world) / expected``,
-        all-reduced over ranks when distributed."""
+    def _noise_std(self) -> float:
+        """Noise std per coordinate of the averaged gradient on this rank,
+        ``sigma C / sqrt(world) / expected_batch_size`` (0 when sigma is 0)."""
+        if self.noise_multiplier == 0:
+            return 0.0
         std = self.noise_multiplier * self.max_grad_norm
         if self.world_size > 1:
             std = std / self.world_size ** 0.5
-        std_scaled = std / self.expected_batch_size
+        return std / self.expected_batch_size
+
+    def add_noise(self) -> None:
+        """Steps 2-3: ``p.grad = accumulated + N(0, (sigma C)^2 / world) / expected``,
+        all-reduced over ranks when distributed."""
+        std_scaled = self._noise_std()
         params = self.tracker.params
         accum = self._accum
         grads = []
@@ -186,10 +193,7 @@ class DPOptimizer:
         accumulated into it in place. The result is the same mechanism as
         ``clip_and_accumulate(); add_noise()`` with less memory traffic. Returns False
         (nothing done) when the buffer cannot be used."""
-        std = 0.0 if self.noise_multiplier == 0 else self.noise_multiplier * self.max_grad_norm
-        if self.world_size > 1:
-            std = std / self.world_size ** 0.5
-        flat = self._noise_buffer(std / self.expected_batch_size)
+        flat = self._noise_buffer(self._noise_std())
         if flat is None:
             return False
         params = self.tracker.params

@@ -115,7 +115,7 @@ class eps_delta_calibrator(Calibrator):  # noqa: N801 (autodp's name)
         return mech_class(x, name=name) if name else mech_class(x)
 
 
-class generalized_eps_delta_calibrator(Calibrator):  # noqa: N801 (autodp's name)
+class generalized_eps_delta_calibrator(eps_delta_calibrator):  # noqa: N801 (autodp's name)
     """Calibrate one named entry of a parameter dictionary.
 
     ``generalized_eps_delta_calibrator()(mech_class, eps, delta, bounds, params=None,
@@ -126,10 +126,8 @@ class generalized_eps_delta_calibrator(Calibrator):  # noqa: N801 (autodp's name
     """
 
     def __init__(self, rtol: float = 1e-7) -> None:
-        Calibrator.__init__(self)
+        super().__init__(rtol)
         self.name = "generalized_eps_delta_calibrator"
-        self.rtol = rtol
-        self.calibrate = self.param_from_eps_delta
 
     def param_from_eps_delta(
         self,
