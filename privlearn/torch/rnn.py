@@ -7,8 +7,11 @@ gradient is an outer-product sum over time, ``sum_t dgi_t x_t^T`` and
 ``sum_t dgh_t h_{t-1}^T``: the Linear rule on sequences (ghost norm or materialised,
 chosen by cost; see :mod:`privlearn.torch.grad_sample`). The rule recomputes the
 recurrence from the recorded inputs with the cell equations of the PyTorch documentation
-(one loop over *time*, never over examples) and obtains ``dgi`` and ``dgh`` for all time
-steps with one ``torch.autograd.grad`` call seeded by the recorded output gradients.
+(one loop over *time*, never over examples). For ``nn.LSTM`` it then backpropagates
+through time by hand (:func:`_lstm_contribution`: ``dgi_t = dgh_t``, one gate-gradient
+tensor, a third of the activations an autograd graph keeps); for ``nn.GRU`` and ``nn.RNN``
+it obtains ``dgi`` and ``dgh`` for all time steps with one ``torch.autograd.grad`` call
+seeded by the recorded output gradients.
 
 Not supported (the validator says so): ``dropout > 0`` between layers (the training-time
 masks cannot be reproduced), ``proj_size > 0``, ``PackedSequence`` inputs, unbatched
@@ -65,6 +68,120 @@ def _part(w, b, a, g, ps) -> OuterProduct | Materialized | None:
     return OuterProduct(w, b, a.reshape(bsz, 1, t, -1), g.reshape(bsz, 1, t, -1))
 
 
+def _weights(module: nn.RNNBase, layer: int, direction: int):
+    sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
+    w_ih = getattr(module, "weight_ih" + sfx)
+    w_hh = getattr(module, "weight_hh" + sfx)
+    b_ih = getattr(module, "bias_ih" + sfx, None)
+    b_hh = getattr(module, "bias_hh" + sfx, None)
+    return w_ih, w_hh, b_ih, b_hh
+
+
+def _lstm_contribution(module: nn.LSTM, x, h0, c0, g_out, g_h, g_c, params) -> Compound:
+    """Per-example gradients of an ``nn.LSTM`` by hand-written backpropagation through time.
+
+    The forward pass is recomputed with the cell equations of the PyTorch documentation
+    (``i, f, g, o`` gates; ``c_t = f c_{t-1} + i g``; ``h_t = o tanh(c_t)``) keeping, per
+    layer and direction, only the gate activations, cell states and hidden states
+    (``6 H`` numbers per example and step), and the gradient of the gate pre-activations
+    is propagated back in time by the chain rule:
+    ``dc_t = dc_{t+1} f_{t+1} + dh_t o_t (1 - tanh^2 c_t)``,
+    ``da_i = dc_t g i (1 - i)``, ``da_f = dc_t c_{t-1} f (1 - f)``,
+    ``da_g = dc_t i (1 - g^2)``, ``da_o = dh_t tanh(c_t) o (1 - o)``,
+    ``dh_{t-1} += da_t W_hh``. Since the pre-activation is ``W_ih x_t + b_ih + W_hh h_{t-1}
+    + b_hh``, one gate-gradient tensor ``(B, T, 4H)`` is shared by the input and the
+    recurrent weights; a lower layer receives ``sum_direction da W_ih`` as its output
+    gradient. Compared with differentiating a recomputed autograd graph this stores about
+    a third of the activations and one gradient tensor instead of two.
+    """
+    T, B = x.shape[:2]
+    H, L = module.hidden_size, module.num_layers
+    D = 2 if module.bidirectional else 1
+    ps = set(params)
+    dtype = g_out.dtype
+    states = []
+    with torch.no_grad():
+        inp = x.to(dtype)
+        for layer in range(L):
+            outs = []
+            for direction in range(D):
+                w_ih, w_hh, b_ih, b_hh = _weights(module, layer, direction)
+                gates = torch.nn.functional.linear(inp, w_ih, b_ih)  # (T, B, 4H)
+                if b_hh is not None:
+                    gates += b_hh
+                cs = gates.new_empty(T, B, H)
+                hs = gates.new_empty(T, B, H)
+                idx = layer * D + direction
+                h, c = h0[idx].to(dtype), c0[idx].to(dtype)
+                order = range(T) if direction == 0 else range(T - 1, -1, -1)
+                for t in order:
+                    a = gates[t]
+                    a.addmm_(h, w_hh.t())
+                    a[:, : 2 * H].sigmoid_()
+                    a[:, 2 * H: 3 * H].tanh_()
+                    a[:, 3 * H:].sigmoid_()
+                    i, f, g, o = a.split(H, 1)
+                    c = torch.addcmul(f * c, i, g, out=cs[t])
+                    h = torch.mul(o, torch.tanh(c), out=hs[t])
+                outs.append(hs)
+                states.append((inp, gates, cs, hs))
+            inp = outs[0] if D == 1 else torch.cat(outs, -1)
+        del outs, inp
+
+        parts = []
+        d_out = g_out  # (T, B, D * H): gradient w.r.t. the output of the current layer
+        for layer in range(L - 1, -1, -1):
+            d_below = None
+            for direction in range(D):
+                idx = layer * D + direction
+                w_ih, w_hh, b_ih, b_hh = _weights(module, layer, direction)
+                inp, gates, cs, hs = states[idx]
+                states[idx] = None
+                h_init, c_init = h0[idx].to(dtype), c0[idx].to(dtype)
+                d_dir = d_out[..., direction * H: (direction + 1) * H]
+                dg = gates.new_empty(B, T, 4 * H)  # batch-major gate gradients
+                dh = g_h[idx].to(dtype)
+                dc = g_c[idx].to(dtype)
+                forward = direction == 0
+                for t in (range(T - 1, -1, -1) if forward else range(T)):
+                    i, f, g, o = gates[t].split(H, 1)
+                    dh = dh + d_dir[t]
+                    tc = torch.tanh(cs[t])
+                    dc = dc + dh * o * (1 - tc * tc)
+                    if forward:
+                        c_prev = cs[t - 1] if t > 0 else c_init
+                    else:
+                        c_prev = cs[t + 1] if t < T - 1 else c_init
+                    da = dg[:, t]
+                    da_i, da_f, da_g, da_o = da.split(H, 1)
+                    torch.mul(dc * g, i * (1 - i), out=da_i)
+                    torch.mul(dc * c_prev, f * (1 - f), out=da_f)
+                    torch.mul(dc * i, 1 - g * g, out=da_g)
+                    torch.mul(dh * tc, o * (1 - o), out=da_o)
+                    dh = torch.mm(da, w_hh.detach())
+                    dc = dc * f
+                del gates, cs
+                hp = hs.new_empty(B, T, H)  # h_{t-1} in processing order, batch-major
+                if forward:
+                    hp[:, 0] = h_init
+                    hp[:, 1:] = hs[:-1].transpose(0, 1)
+                else:
+                    hp[:, -1] = h_init
+                    hp[:, :-1] = hs[1:].transpose(0, 1)
+                del hs
+                if layer > 0:
+                    below = torch.matmul(dg, w_ih.detach())  # (B, T, I)
+                    d_below = below if d_below is None else d_below.add_(below)
+                for w, b, a in ((w_ih, b_ih, inp.transpose(0, 1)), (w_hh, b_hh, hp)):
+                    part = _part(w, b, a, dg, ps)
+                    if part is not None:
+                        parts.append(part)
+                del inp, hp
+            if layer > 0:
+                d_out = d_below.transpose(0, 1)  # (T, B, D * H)
+    return Compound(parts)
+
+
 @register_rule(nn.RNN, nn.LSTM, nn.GRU)
 def rnn_rule(module: nn.RNNBase, record: Record, params):
     if module.proj_size > 0:
@@ -101,6 +218,8 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         g_out = g_out.transpose(0, 1)
     g_h = _scaled(record, 1)
     g_c = _scaled(record, 2) if mode == "LSTM" else None
+    if mode == "LSTM":
+        return _lstm_contribution(module, x, h0, c0, g_out, g_h, g_c, params)
 
     seeds, targets = [], []
     saved = []  # per (layer, dir): (inp (T,B,I), hprev (T,B,H), gi tensor, list of gh)

@@ -85,3 +85,59 @@ def test_loader_from_make_private_keeps_dataset_and_collate():
     assert p.sampling_rate == 0.25 and len(p.data_loader) == 4
     for batch in p.data_loader:
         assert set(batch) == {"x", "y"} and batch["x"].shape[0] <= 3
+
+
+def _per_example_batches(ds, index_batches):
+    from torch.utils.data.dataloader import default_collate
+
+    return [default_collate([ds[i] for i in b]) if b else None for b in index_batches]
+
+
+@pytest.mark.parametrize("wrap", ["plain", "subset", "subset_of_subset"])
+def test_tensor_gather_equals_per_example_fetch_and_collate(wrap):
+    from torch.utils.data import Subset
+
+    from privlearn.torch.data import TensorBatchGather, make_dp_loader
+
+    base = TensorDataset(torch.randn(60, 3, 2), torch.arange(60), torch.rand(60) > 0.5)
+    ds = base
+    if wrap != "plain":
+        ds = Subset(base, list(range(59, 4, -1)))
+    if wrap == "subset_of_subset":
+        ds = Subset(ds, torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)))
+    loader = make_dp_loader(DataLoader(ds, batch_size=6), sampling="poisson",
+                            sample_rate=0.1, batch_size=6, steps=40, seed=3)
+    assert isinstance(loader.dataset, TensorBatchGather) and loader.dataset.dataset is ds
+    assert len(loader.dataset) == len(ds)
+    batches = list(loader)
+    indices = list(PoissonBatchSampler(len(ds), 0.1, steps=40, seed=3))  # same draws
+    assert len(batches) == len(indices) == 40
+    for got, want in zip(batches, _per_example_batches(ds, indices), strict=True):
+        assert isinstance(got, list) and len(got) == 3
+        if want is None:
+            want = loader.dataset.__getitems__([])
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+    # an empty Poisson batch: zero-length tensors shaped and typed like a real batch
+    empty = loader.dataset.__getitems__([])
+    assert [t.shape for t in empty] == [(0, 3, 2), (0,), (0,)]
+    assert [t.dtype for t in empty] == [torch.float32, torch.int64, torch.bool]
+
+
+def test_gather_not_used_with_custom_collate_or_dataset_subclass():
+    from privlearn.torch.data import TensorBatchGather, make_dp_loader
+
+    class Doubled(TensorDataset):
+        def __getitem__(self, i):
+            x, y = super().__getitem__(i)
+            return 2 * x, y
+
+    ds = Doubled(torch.ones(20, 2), torch.arange(20))
+    loader = make_dp_loader(DataLoader(ds, batch_size=5), sampling="poisson",
+                            sample_rate=0.5, batch_size=5, steps=3, seed=0)
+    assert loader.dataset is ds
+    assert all((x == 2).all() for x, _ in loader)
+    plain = TensorDataset(torch.ones(20, 2), torch.arange(20))
+    loader = make_dp_loader(DataLoader(plain, batch_size=5, collate_fn=lambda b: b),
+                            sampling="poisson", sample_rate=0.5, batch_size=5, steps=3, seed=0)
+    assert not isinstance(loader.dataset, TensorBatchGather)

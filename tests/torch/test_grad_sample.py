@@ -215,6 +215,37 @@ def test_recurrent(cls, b, t, layers, bidir, batch_first, bias, with_h0):
     check(model, inputs, sq_loss, batch_dims=bdims)
 
 
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("bidir", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_lstm_hand_written_bptt(layers, bidir, batch_first, with_state):
+    """The LSTM rule's hand-written backpropagation through time, on every combination of
+    depth, direction, layout and initial state (the hypothesis test above draws few)."""
+    torch.manual_seed(layers * 8 + bidir * 4 + batch_first * 2 + with_state)
+    rnn = nn.LSTM(3, 4, num_layers=layers, bidirectional=bidir, batch_first=batch_first)
+    b, t = 3, 5
+    x = torch.randn(b, t, 3) if batch_first else torch.randn(t, b, 3)
+    bdim = 0 if batch_first else 1
+    if with_state:
+        h0 = torch.randn(layers * (2 if bidir else 1), b, 4)
+        check(_LSTMWithState(rnn), [x, h0, torch.randn_like(h0)], sq_loss,
+              batch_dims=[bdim, 1, 1])
+    else:
+        check(_OutputOnly(rnn), [x], sq_loss, batch_dims=[bdim])
+
+
+class _OutputOnly(nn.Module):
+    """Uses only the output sequence (h_n and c_n get no gradient)."""
+
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
 class _WithState(nn.Module):
     def __init__(self, rnn):
         super().__init__()
