@@ -15,8 +15,10 @@ weights). The engine then
   mechanism, normalised by the global expected batch size ``q N``;
 * gives every rank the same gradient, so the replicas stay identical.
 
-Wrapping in DDP is optional (the engine does its own all-reduce); with DDP, DDP's own
-gradient all-reduce still runs and its result is overwritten.
+Wrapping in DDP is optional (the engine does its own all-reduce); with DDP,
+``make_private`` switches DDP's gradient synchronisation off for good
+(``require_backward_grad_sync = False``, as inside ``model.no_sync()``), so there is one
+all-reduce per step, of the noisy clipped sums, and no autograd weight gradients at all.
 """
 
 from __future__ import annotations

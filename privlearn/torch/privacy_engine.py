@@ -260,9 +260,12 @@ def make_private(
                             batch_size=int(batch_size), steps=steps_per_epoch,
                             seed=rank_seed, rank=rank, world_size=world,
                             secure=bool(secure_mode))
-    is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-    tracker = GradSampleTracker(inner, loss_reduction=loss_reduction,
-                                skip_param_grads=not is_ddp)
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        # The engine all-reduces the noisy clipped sums itself: DDP's gradient
+        # synchronisation is switched off for good (what ``model.no_sync()`` does for one
+        # step), so autograd's weight gradients are neither computed nor all-reduced.
+        model.require_backward_grad_sync = False
+    tracker = GradSampleTracker(inner, loss_reduction=loss_reduction)
     ledger = PrivacyAccountant(nm, q, scheme=scheme, accountant=accountant)
     noise = NoiseSource(secure_mode=secure_mode,
                         seed=None if (secure_mode or seed is None) else rank_seed + 7)

@@ -12,7 +12,8 @@ Autograd's own parameter gradients are not needed (the clipped sum replaces them
 default the tracker turns ``requires_grad`` off for the parameters it handles while it is
 attached (the non-private weight-gradient matmul is then never computed) and makes the
 layer outputs differentiable through a zero-cost autograd node; :meth:`detach` restores
-the flags. Under ``DistributedDataParallel`` the flags are left on (DDP needs them).
+the flags. Under ``DistributedDataParallel`` this holds too: ``make_private`` switches
+DDP's gradient synchronisation off (the engine all-reduces the noisy sums itself).
 """
 
 from __future__ import annotations

@@ -90,17 +90,19 @@ def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS
     )
     loss_fn = nn.CrossEntropyLoss()
     batches, local_batches, params = [], [], []
+    inner = p.model.module if ddp else p.model
+    autograd_grads = False  # did autograd (or DDP) produce parameter gradients itself?
     it = iter(p.data_loader)
     for _ in range(steps):
         x, y, idx = next(it)
         p.optimizer.zero_grad()
         loss_fn(p.model(x), y).backward()
+        autograd_grads |= any(q.grad is not None for q in inner.parameters())
         p.optimizer.step()
         gathered = [None] * WORLD
         dist.all_gather_object(gathered, idx.tolist())
         local_batches.append(gathered)
         batches.append(sorted(i for part in gathered for i in part))
-        inner = p.model.module if ddp else p.model
         params.append(torch.cat([q.detach().reshape(-1).clone() for q in inner.parameters()]))
     return dict(
         batches=batches,
@@ -109,6 +111,7 @@ def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS
         expected=p.expected_batch_size,
         rate=p.sampling_rate,
         noise_multiplier=p.noise_multiplier,
+        autograd_grads=autograd_grads,
     )
 
 
@@ -196,6 +199,8 @@ def test_noise_free_distributed_step_equals_single_process(ranks, ddp):
     assert r0["expected"] == pytest.approx(WORLD * PER_RANK_BATCH)
     assert r0["rate"] == pytest.approx(WORLD * PER_RANK_BATCH / N)
     assert all(len(b) > 0 for b in r0["batches"])
+    # no wasted work: neither autograd nor DDP computed or reduced the weight gradients
+    assert not r0["autograd_grads"] and not r1["autograd_grads"]
     naive, engine = _single_process_references(r0["batches"], r0["expected"])
     start = torch.cat([q.detach().reshape(-1) for q in _model().parameters()])
     for k in range(STEPS):
