@@ -112,24 +112,37 @@ class PoissonBatchSampler(Sampler[list[int]]):
 
 class FixedSizeBatchSampler(Sampler[list[int]]):
     """Batches of exactly ``batch_size`` distinct indices drawn uniformly at each step
-    (independently across steps): sampling without replacement, ``scheme="fixed"``."""
+    (independently across steps): sampling without replacement, ``scheme="fixed"``.
+
+    Distributed (``world_size > 1``): every rank draws the same global sample of
+    ``world_size * batch_size`` distinct indices (the generator must be seeded identically
+    on all ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
+    batches are disjoint and their union is one uniform fixed-size sample of the dataset.
+    """
 
     def __init__(self, num_samples: int, batch_size: int, steps: int | None = None,
-                 seed: int | None = None):
-        if not 0 < batch_size <= num_samples:
-            raise ValueError(f"batch_size must be in [1, {num_samples}], got {batch_size!r}")
+                 seed: int | None = None, rank: int = 0, world_size: int = 1):
+        if not 1 <= world_size or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank!r}, "
+                             f"world_size={world_size!r}")
+        if not 0 < batch_size * world_size <= num_samples:
+            raise ValueError(f"batch_size must be in [1, {num_samples // world_size}], "
+                             f"got {batch_size!r}")
         self.num_samples, self.batch_size = int(num_samples), int(batch_size)
-        self.sample_rate = batch_size / num_samples
-        self.steps = max(1, round(num_samples / batch_size)) if steps is None else int(steps)
+        self.rank, self.world_size = int(rank), int(world_size)
+        global_batch = self.batch_size * self.world_size
+        self.sample_rate = global_batch / num_samples
+        self.steps = max(1, round(num_samples / global_batch)) if steps is None else int(steps)
         self.generator = _generator(seed)
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self):
+        global_batch = self.batch_size * self.world_size
         for _ in range(self.steps):
-            yield torch.randperm(self.num_samples, generator=self.generator)[
-                : self.batch_size].tolist()
+            chosen = torch.randperm(self.num_samples, generator=self.generator)[:global_batch]
+            yield chosen[self.rank::self.world_size].tolist()
 
 
 class EmptyAwareCollate:
@@ -208,13 +221,16 @@ class TensorBatchGather(Dataset):
 
 def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float,
                    batch_size: int, steps: int | None, seed: int | None,
-                   rank: int = 0, world_size: int = 1, secure: bool = False) -> DataLoader:
+                   rank: int = 0, world_size: int = 1, secure: bool = False,
+                   shared_seed: int | None = None) -> DataLoader:
     """A loader over the same dataset with the DP batch sampler (keeps workers, pinning,
     the collate function and the worker settings of ``data_loader``).
 
     With the default collate function and a ``TensorDataset`` (or ``Subset`` chain over
     one), the loader's ``dataset`` is a :class:`TensorBatchGather` around yours (its
     ``.dataset``), which yields the same batches with one gather per tensor.
+    ``shared_seed`` seeds the fixed-size sampler when ``world_size > 1`` (it must be the
+    same on every rank).
     """
     ds = data_loader.dataset
     if isinstance(ds, IterableDataset):
@@ -226,7 +242,10 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
         bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, indices=indices,
                                  secure=secure)
     else:
-        bs = FixedSizeBatchSampler(n, batch_size, steps=steps, seed=seed)
+        # distributed fixed-size sampling needs the same generator on every rank
+        bs = FixedSizeBatchSampler(n, batch_size, steps=steps,
+                                   seed=seed if world_size == 1 else shared_seed,
+                                   rank=rank, world_size=world_size)
     if data_loader.collate_fn is default_collate and _tensor_source(ds) is not None:
         loader_ds, collate_fn = TensorBatchGather(ds), TensorBatchGather.collate
     else:

@@ -9,7 +9,9 @@ weights). The engine then
 * samples each rank's shard (indices ``rank, rank + W, ...``) with Poisson rate
   ``q = W * batch_size / len(dataset)``: every example of the dataset is included
   independently with probability ``q``, so the global batch is exactly the
-  single-process Poisson sample and is accounted as such;
+  single-process Poisson sample and is accounted as such (with ``sampling="fixed"``, all
+  ranks draw the same global sample of ``W * batch_size`` indices from a shared seed and
+  each keeps every W-th of it: one uniform fixed-size sample, accounted as such);
 * clips per example on each rank, adds ``N(0, (sigma C)^2 / W)`` per rank and all-reduces
   the sums, so the global noise is ``N(0, (sigma C)^2)`` as in the single-process
   mechanism, normalised by the global expected batch size ``q N``;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import secrets
 import warnings
 from dataclasses import dataclass
 
@@ -86,6 +87,19 @@ def _check_pos(name: str, value, allow_inf: bool = False) -> float:
     return v
 
 
+def _shared_seed(seed: int | None, process_group=None) -> int:
+    """A sampling seed equal on every rank: ``seed`` itself, or fresh OS entropy drawn on
+    the group's first rank and broadcast."""
+    import torch.distributed as dist
+
+    if seed is not None:
+        return int(seed)
+    box = [secrets.randbits(63)]
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+    dist.broadcast_object_list(box, src=src, group=process_group)
+    return int(box[0])
+
+
 def make_private(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -131,7 +145,9 @@ def make_private(
         (``inf``: no clipping, for testing).
     sampling : {"poisson", "fixed"} or privlearn.accounting.Sampling
         Poisson sampling (variable batch size, ``scheme="poisson"``, add/remove) or
-        fixed-size sampling without replacement (``scheme="fixed"``, replace-one).
+        fixed-size sampling without replacement (``scheme="fixed"``, replace-one;
+        distributed: one global sample of ``W B`` indices per step, drawn identically on
+        every rank and split between them).
     max_physical_batch_size : int, optional
         Split logical batches into chunks of at most this size (virtual batches).
     loss_reduction : {"mean", "sum"}
@@ -145,7 +161,9 @@ def make_private(
         :mod:`privlearn.torch.noise`) and CSPRNG Poisson sampling (fixed-size sampling
         keeps a generator seeded from OS entropy).
     seed : int, optional
-        Seed for sampling and (non-secure) noise; rank-offset when distributed.
+        Seed for sampling and (non-secure) noise; rank-offset when distributed (except
+        for the shared fixed-size sampling seed; with ``seed=None`` that one is drawn on
+        the first rank and broadcast).
     fix_model : bool
         Replace BatchNorm by GroupNorm (in place) before validating.
     process_group : optional
@@ -237,9 +255,6 @@ def make_private(
             warnings.warn(
                 f"data_loader's sampler ({type(smp).__name__}) is replaced by {sampling} "
                 "sampling over the whole dataset, as the accounting requires", stacklevel=2)
-    if sampling == "fixed" and world > 1:
-        raise ValueError("sampling='fixed' is not supported in distributed training; "
-                         "use sampling='poisson'")
     q = world * batch_size / n
     if not 0 < q <= 1:
         raise ValueError(f"sampling rate world_size * batch_size / len(dataset) must be in "
@@ -256,10 +271,13 @@ def make_private(
 
     # ---------------------------------------------------------------- assembly
     rank_seed = None if seed is None else int(seed) + 1_000_003 * rank
+    shared_seed = None
+    if sampling == "fixed" and world > 1:
+        shared_seed = _shared_seed(seed, process_group)
     loader = make_dp_loader(data_loader, sampling=sampling, sample_rate=q,
                             batch_size=int(batch_size), steps=steps_per_epoch,
                             seed=rank_seed, rank=rank, world_size=world,
-                            secure=bool(secure_mode))
+                            secure=bool(secure_mode), shared_seed=shared_seed)
     if isinstance(model, nn.parallel.DistributedDataParallel):
         # The engine all-reduces the noisy clipped sums itself: DDP's gradient
         # synchronisation is switched off for good (what ``model.no_sync()`` does for one

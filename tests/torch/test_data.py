@@ -141,3 +141,22 @@ def test_gather_not_used_with_custom_collate_or_dataset_subclass():
     loader = make_dp_loader(DataLoader(plain, batch_size=5, collate_fn=lambda b: b),
                             sampling="poisson", sample_rate=0.5, batch_size=5, steps=3, seed=0)
     assert not isinstance(loader.dataset, TensorBatchGather)
+
+
+def test_fixed_size_sampler_split_across_ranks():
+    """Same seed on every rank: disjoint per-rank batches whose union is a uniform
+    fixed-size sample (each index drawn at rate world * B / n)."""
+    n, b, world, steps = 40, 3, 2, 3000
+    ranks = [FixedSizeBatchSampler(n, b, steps=steps, seed=9, rank=r, world_size=world)
+             for r in range(world)]
+    assert ranks[0].sample_rate == world * b / n
+    counts = torch.zeros(n)
+    for b0, b1 in zip(*ranks, strict=True):
+        assert len(b0) == len(b1) == b and not set(b0) & set(b1)
+        counts[b0 + b1] += 1
+    rate, q = counts / steps, world * b / n
+    assert (rate - q).abs().max().item() < 4.5 * math.sqrt(q * (1 - q) / steps)
+    with pytest.raises(ValueError, match="rank"):
+        FixedSizeBatchSampler(n, b, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        FixedSizeBatchSampler(n, 21, world_size=2)

@@ -9,7 +9,9 @@
     on the same batches) has standard deviation sigma C / (q N) over ~10^4 coordinates,
     is identical on both ranks, and is not duplicated across ranks (same-seeded noise on
     the two ranks would give sqrt(2) times the right std).
-(c) Sampling: the ranks' Poisson batches are disjoint and the global batch size has
+(c) Fixed-size sampling: the ranks' batches have exactly B distinct indices each, are
+    disjoint, and the noise-free step on their union equals the single-process step.
+(d) Sampling: the ranks' Poisson batches are disjoint and the global batch size has
     mean q N (each example included with probability q, as in the single process).
 """
 
@@ -75,7 +77,8 @@ def _naive_step(model: nn.Module, x, y, lr: float, expected: float) -> None:
             p -= lr * t / expected
 
 
-def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS):
+def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS,
+                 sampling="poisson"):
     """Train ``steps`` steps with make_private on this rank; return the global batches'
     index sets (gathered over ranks) and the parameter vector after each step."""
     from privlearn.torch import make_private
@@ -86,7 +89,8 @@ def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loader = torch.utils.data.DataLoader(ds, batch_size=PER_RANK_BATCH)
     p = make_private(
-        model, opt, loader, noise_multiplier=noise_multiplier, max_grad_norm=C, seed=seed
+        model, opt, loader, noise_multiplier=noise_multiplier, max_grad_norm=C, seed=seed,
+        sampling=sampling,
     )
     loss_fn = nn.CrossEntropyLoss()
     batches, local_batches, params = [], [], []
@@ -126,6 +130,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             results[f"exact_ddp={ddp}"] = _run_private(
                 _model(), rank, noise_multiplier=0.0, seed=11, ddp=ddp
             )
+        # fixed-size sampling, seed drawn on rank 0 and broadcast
+        results["fixed"] = _run_private(
+            _model(), rank, noise_multiplier=0.0, seed=None, ddp=True, sampling="fixed"
+        )
         results["noise"] = _run_private(
             _wide_model(), rank, noise_multiplier=SIGMA, seed=None, ddp=False, lr=1.0, steps=4
         )
@@ -210,6 +218,21 @@ def test_noise_free_distributed_step_equals_single_process(ranks, ddp):
         torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=1e-6)
         torch.testing.assert_close(r0["params"][k], naive[k], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(r0["params"][k], engine[k], rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_size_sampling_across_ranks(ranks):
+    r0, r1 = ranks[0]["fixed"], ranks[1]["fixed"]
+    assert r0["batches"] == r1["batches"]
+    assert r0["rate"] == pytest.approx(WORLD * PER_RANK_BATCH / N)
+    for (b0, b1), union in zip(r0["local"], r0["batches"], strict=True):
+        assert len(b0) == len(b1) == PER_RANK_BATCH
+        assert len(set(b0) | set(b1)) == WORLD * PER_RANK_BATCH == len(union)
+    # the steps draw different global samples (the shared seed is not a constant)
+    assert len({tuple(b) for b in r0["batches"]}) == STEPS
+    naive, _ = _single_process_references(r0["batches"], r0["expected"])
+    for k in range(STEPS):
+        torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=1e-6)
+        torch.testing.assert_close(r0["params"][k], naive[k], rtol=1e-5, atol=1e-6)
 
 
 def test_distributed_noise_std_matches_single_process_mechanism(ranks):
