@@ -76,6 +76,22 @@ NOISE_MULTIPLIER = 1.0
 LR = 0.05
 THREADS = 2
 SECTION = "## PyTorch DP-SGD"
+READING_NOTE = """\
+Reading the numbers:
+
+- **Loader.** privlearn's Poisson loader reads a `TensorDataset` batch with one indexing op
+  per tensor (`TensorBatchGather`); PyTorch's `DataLoader` fetches the examples one by one
+  and stacks them. On the small models that fetch is a large part of a non-private step
+  (MLP: about a third), so the "x non-private" ratio includes this saving. The
+  "with the same batched loader" ratio (against `non-private-gather`) is the cost of DP
+  itself.
+- **Noise.** Most of the rest of DP's cost on the MLP is the Gaussian noise: one value per
+  parameter per step (203,530 for the MLP), drawn by `torch.normal_`, PyTorch's serial
+  Mersenne Twister. That takes 0.7-1.2 ms per step on this machine, depending on its load.
+  Any DP-SGD implementation draws the same noise; Opacus uses the same sampler.
+- **Variation.** A configuration's time moves by up to 40% between rounds on this shared
+  2-vCPU machine (the per-round times are printed while the command runs). A ratio of
+  fastest rounds inherits that noise, so compare several runs before quoting one."""
 
 
 # --------------------------------------------------------------------------- worker
@@ -339,6 +355,8 @@ def render_section(command: str, all_results: dict[str, list[dict]], args) -> st
         "Summary:",
         "",
         summarise(all_results),
+        "",
+        READING_NOTE,
     ]
     titles = {
         "logreg": "Logistic regression (Linear 784-10)",
