@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from scipy import fft as sfft
@@ -123,25 +124,16 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     if n > MAX_STEP_POINTS:
         raise AccountingError(f"pld: single-step grid too large ({n} points)")
     e = (i0 + np.arange(n + 1)) * h
-    pg, pl, qg, ql = (np.asarray(a, dtype=float) for a in pair.tails(e))
-    # interval masses of (e_i, e_{i+1}], each from the side with less cancellation
-    P_I = np.where(pl[1:] < 0.5, pl[1:] - pl[:-1], pg[:-1] - pg[1:])
-    Q_I = np.where(ql[1:] < 0.5, ql[1:] - ql[:-1], qg[:-1] - qg[1:])
-    P_I = np.maximum(P_I, 0.0)
-    Q_I = np.maximum(Q_I, 0.0)
-    eh = math.expm1(h)
-    with np.errstate(over="ignore", invalid="ignore"):
-        rho = np.exp(_safe_ratio_log(P_I, Q_I) - e[:-1])
-    rho = np.where(P_I > 0, np.where(Q_I > 0, rho, math.inf), 1.0)
-    rho = np.clip(np.nan_to_num(rho, nan=1.0, posinf=math.exp(h)), 1.0, math.exp(h))
-    theta = np.clip((rho - 1.0) / eh, 0.0, 1.0)
+    g = _grid_quantities(pair, e, h)
+    pg, pl, qg, P_I, Q_I = g.pg, g.pl, g.qg, g.P_I, g.Q_I
+    rho, theta = g.rho, g.theta
     w_right = np.clip(math.exp(h) * theta / rho, 0.0, 1.0)
 
     # ---------------- upper: connect the dots ----------------
     p_up = np.zeros(n + 1)
     p_up[:-1] += (1.0 - w_right) * P_I
     p_up[1:] += w_right * P_I
-    P_L, Q_L, P_R, Q_R = float(pl[0]), float(ql[0]), float(pg[-1]), float(qg[-1])
+    P_L, P_R, Q_R = float(pl[0]), float(pg[-1]), float(qg[-1])
     p_up[0] += P_L
     if P_R > 0:
         frac = math.exp(min(0.0, math.log(Q_R) + e[-1] - math.log(P_R))) if Q_R > 0 else 0.0
@@ -152,32 +144,9 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     up = StepPMF(i0, p_up, inf_up)
 
     # ---------------- lower: dominated grid pair ----------------
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        frac_d = np.exp(np.minimum(0.0, np.log(qg) + e - np.log(pg)))
-    delta = np.where(pg > 0, pg * (1.0 - np.nan_to_num(frac_d, nan=0.0)), 0.0)
-    delta = np.maximum(delta, 0.0)
-    base = P_I * eh / rho  # = Q(I) * dX_i
-    # On interval i the profile of C is the chord minus a tent of height
-    # base_i theta_i (1 - theta_i) peaking at X_i + theta_i dX_i. The chord falls below
-    # the tent if the left end point is lowered by L_i = base_i theta_i = P(I) - X_i Q(I)
-    # or the right one by R_i = base_i (1 - theta_i) = X_{i+1} Q(I) - P(I). Intervals
-    # left of eps = 0 lower their right end (then every value stays >= 1 - x, because
-    # delta(X) - (1 - X) = E_Q[(X - e^L)_+] >= R), intervals right of it lower their
-    # left end (then every value stays >= 0, because delta(X_i) >= L_i). Left of X_0
-    # (segment from (0, 1)) the left tail needs X_0 lowered by Q_L X_0 - P_L; right of
-    # X_n, g = 0 <= profile of C.
-    X0 = math.exp(e[0])
-    d_left = max(Q_L * X0 - P_L, 0.0)
-    L_low = base * theta
-    R_low = base * (1.0 - theta)
-    s0 = -i0  # grid index of eps = 0 (1 <= s0 <= n - 1)
+    # (the tent corrections ``d`` of the profile: see :func:`_grid_quantities`)
+    eh, delta, d = g.eh, g.delta, g.d
     m = n
-    d = np.zeros(n + 1)
-    d[0] = d_left
-    d[1 : s0 + 1] = R_low[:s0]
-    d[s0] = max(d[s0], L_low[s0])
-    d[s0 + 1 : n] = L_low[s0 + 1 : n]
-    d[n] = delta[n]  # g(X_n) = 0
     X = np.exp(e[: m + 1])
     dX = X[:-1] * eh
     # slopes of g(x) - (1 - x) on segments [0, X_0], [X_0, X_1], ..., [X_{m-1}, X_m]
@@ -558,8 +527,35 @@ def compose_fft(
     return ComposedPLD(h, j0, pi, 0.0, t_lo + t_hi, 0.0, t_lo + t_hi + fft_allow + single_allow)
 
 
-def _interval_quantities(pair: Pair, e: np.ndarray, h: float):
+class _GridQuantities(NamedTuple):
+    pg: np.ndarray  # P(L > e_i), P(L <= e_i), Q(L > e_i), Q(L <= e_i) at the grid points
+    pl: np.ndarray
+    qg: np.ndarray
+    ql: np.ndarray
+    P_I: np.ndarray  # P and Q masses of the intervals (e_i, e_{i+1}]
+    Q_I: np.ndarray
+    eh: float  # e^h - 1
+    rho: np.ndarray  # e^{-e_i} P(I) / Q(I), clipped to [1, e^h]
+    theta: np.ndarray  # (rho - 1) / (e^h - 1)
+    delta: np.ndarray  # the profile delta(e_i)
+    d: np.ndarray  # lowering of the grid points that keeps the lower pair dominated
+
+
+def _grid_quantities(pair: Pair, e: np.ndarray, h: float) -> _GridQuantities:
+    """Interval masses, in-interval ratios and the profile on the grid ``e``, and the
+    tent corrections ``d`` of the dominated (lower) pair.
+
+    On interval i the profile is the chord minus a tent of height base_i theta_i
+    (1 - theta_i) peaking at X_i + theta_i dX_i. The chord falls below the tent if the
+    left end point is lowered by L_i = base_i theta_i = P(I) - X_i Q(I) or the right one
+    by R_i = base_i (1 - theta_i) = X_{i+1} Q(I) - P(I). Intervals left of eps = 0 lower
+    their right end (then every value stays >= 1 - x, because delta(X) - (1 - X) =
+    E_Q[(X - e^L)_+] >= R), intervals right of it lower their left end (then every value
+    stays >= 0, because delta(X_i) >= L_i). Left of X_0 (segment from (0, 1)) the left
+    tail needs X_0 lowered by Q_L X_0 - P_L; right of X_n, g = 0 <= profile of C.
+    """
     pg, pl, qg, ql = (np.asarray(a, dtype=float) for a in pair.tails(e))
+    # interval masses of (e_i, e_{i+1}], each from the side with less cancellation
     P_I = np.maximum(np.where(pl[1:] < 0.5, pl[1:] - pl[:-1], pg[:-1] - pg[1:]), 0.0)
     Q_I = np.maximum(np.where(ql[1:] < 0.5, ql[1:] - ql[:-1], qg[:-1] - qg[1:]), 0.0)
     eh = math.expm1(h)
@@ -571,10 +567,10 @@ def _interval_quantities(pair: Pair, e: np.ndarray, h: float):
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         frac_d = np.exp(np.minimum(0.0, np.log(qg) + e - np.log(pg)))
     delta = np.maximum(np.where(pg > 0, pg * (1.0 - np.nan_to_num(frac_d, nan=0.0)), 0.0), 0.0)
-    base = P_I * eh / rho
+    base = P_I * eh / rho  # = Q(I) * dX_i
     i0 = int(round(e[0] / h))
     n = e.size - 1
-    s0 = -i0
+    s0 = -i0  # grid index of eps = 0 (1 <= s0 <= n - 1)
     X0 = math.exp(e[0])
     d = np.zeros(n + 1)
     d[0] = max(float(ql[0]) * X0 - float(pl[0]), 0.0)
@@ -583,9 +579,14 @@ def _interval_quantities(pair: Pair, e: np.ndarray, h: float):
     d[1 : s0 + 1] = R_low[:s0]
     d[s0] = max(d[s0], L_low[s0])
     d[s0 + 1 : n] = L_low[s0 + 1 : n]
-    d[n] = delta[n]
-    w = np.maximum(delta - d, 0.0)
-    om = pl + np.exp(e) * qg + d  # 1 - w without cancellation
+    d[n] = delta[n]  # g(X_n) = 0
+    return _GridQuantities(pg, pl, qg, ql, P_I, Q_I, eh, rho, theta, delta, d)
+
+
+def _interval_quantities(pair: Pair, e: np.ndarray, h: float):
+    g = _grid_quantities(pair, e, h)
+    w = np.maximum(g.delta - g.d, 0.0)
+    om = g.pl + np.exp(e) * g.qg + g.d  # 1 - w without cancellation
     return w, om
 
 
