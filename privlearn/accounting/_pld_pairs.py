@@ -40,6 +40,17 @@ def _sf(z: np.ndarray) -> np.ndarray:
     return special.ndtr(-z)
 
 
+def _outside_support(below: np.ndarray, above: np.ndarray, *tails: np.ndarray) -> Tails:
+    """Tails ``(P(L > x), P(L <= x), Q(L > x), Q(L <= x))`` set to their exact values
+    outside the loss support: (1, 0, 1, 0) where ``below``, (0, 1, 0, 1) where ``above``."""
+    p_gt, p_le, q_gt, q_le = tails
+    one, zero = np.ones_like(p_gt), np.zeros_like(p_gt)
+    return (np.where(below, one, np.where(above, zero, p_gt)),
+            np.where(below, zero, np.where(above, one, p_le)),
+            np.where(below, one, np.where(above, zero, q_gt)),
+            np.where(below, zero, np.where(above, one, q_le)))
+
+
 class Pair:
     """Base class: a dominating pair with scalar privacy loss."""
 
@@ -98,12 +109,7 @@ class LaplacePair(Pair):
         # Q = Lap(0): Q(Y > y) = e^{-y}/2 for y >= 0
         q_gt = 0.5 * np.exp(-y)
         q_le = 1.0 - q_gt
-        one, zero = np.ones_like(x), np.zeros_like(x)
-        p_gt = np.where(below, one, np.where(above, zero, p_gt))
-        p_le = np.where(below, zero, np.where(above, one, p_le))
-        q_gt = np.where(below, one, np.where(above, zero, q_gt))
-        q_le = np.where(below, zero, np.where(above, one, q_le))
-        return p_gt, p_le, q_gt, q_le
+        return _outside_support(below, above, p_gt, p_le, q_gt, q_le)
 
 
 class DiscretePair(Pair):
@@ -334,9 +340,4 @@ class ReplaceLaplacePair(Pair):
         p_le = (1 - q) * _lap_cdf(y, 0.0) + q * _lap_cdf(y, mu)
         q_gt = (1 - q) * _lap_sf(y, 0.0) + q * _lap_sf(y, -mu)
         q_le = (1 - q) * _lap_cdf(y, 0.0) + q * _lap_cdf(y, -mu)
-        one, zero = np.ones_like(x), np.zeros_like(x)
-        p_gt = np.where(below, one, np.where(above, zero, p_gt))
-        p_le = np.where(below, zero, np.where(above, one, p_le))
-        q_gt = np.where(below, one, np.where(above, zero, q_gt))
-        q_le = np.where(below, zero, np.where(above, one, q_le))
-        return p_gt, p_le, q_gt, q_le
+        return _outside_support(below, above, p_gt, p_le, q_gt, q_le)
