@@ -36,24 +36,18 @@ from privlearn.torch.grad_sample import (
 __all__ = ["rnn_rule"]
 
 
-def _cell(mode: str, gi, gh, h, c):
-    """One step of the cell: returns (h', c')."""
-    if mode == "LSTM":
-        gates = gi + gh
-        i, f, g, o = gates.chunk(4, -1)
-        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-        c = f * c + i * g
-        return o * torch.tanh(c), c
+def _cell(mode: str, gi, gh, h):
+    """One step of a GRU or plain RNN cell (LSTM: :func:`_lstm_contribution`)."""
     if mode == "GRU":
         ir, iz, inn = gi.chunk(3, -1)
         hr, hz, hn = gh.chunk(3, -1)
         r = torch.sigmoid(ir + hr)
         z = torch.sigmoid(iz + hz)
         n = torch.tanh(inn + r * hn)
-        return (1 - z) * n + z * h, None
+        return (1 - z) * n + z * h
     if mode == "RNN_TANH":
-        return torch.tanh(gi + gh), None
-    return torch.relu(gi + gh), None
+        return torch.tanh(gi + gh)
+    return torch.relu(gi + gh)
 
 
 def _part(w, b, a, g, ps) -> OuterProduct | Materialized | None:
@@ -217,30 +211,24 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
     if module.batch_first:
         g_out = g_out.transpose(0, 1)
     g_h = _scaled(record, 1)
-    g_c = _scaled(record, 2) if mode == "LSTM" else None
     if mode == "LSTM":
-        return _lstm_contribution(module, x, h0, c0, g_out, g_h, g_c, params)
+        return _lstm_contribution(module, x, h0, c0, g_out, g_h, _scaled(record, 2), params)
 
     seeds, targets = [], []
     saved = []  # per (layer, dir): (inp (T,B,I), hprev (T,B,H), gi tensor, list of gh)
     with rule_evaluation(), torch.enable_grad():
         inp = x
-        h_last, c_last = [], []
+        h_last = []
         for layer in range(L):
             outs = []
             for direction in range(D):
-                sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
-                w_ih = getattr(module, "weight_ih" + sfx).detach()
-                w_hh = getattr(module, "weight_hh" + sfx).detach()
-                b_ih = getattr(module, "bias_ih" + sfx, None)
-                b_hh = getattr(module, "bias_hh" + sfx, None)
-                b_ih = None if b_ih is None else b_ih.detach()
-                b_hh = None if b_hh is None else b_hh.detach()
+                w_ih, w_hh, b_ih, b_hh = (None if w is None else w.detach()
+                                          for w in _weights(module, layer, direction))
                 gi = torch.nn.functional.linear(inp, w_ih, b_ih)  # (T, B, G*H)
                 if not gi.requires_grad:
                     gi.requires_grad_()
                 idx = layer * D + direction
-                h, c = h0[idx], (c0[idx] if c0 is not None else None)
+                h = h0[idx]
                 order = range(T) if direction == 0 else range(T - 1, -1, -1)
                 hs = [None] * T
                 hprev = [None] * T
@@ -253,18 +241,14 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
                     if not gh.requires_grad:
                         gh.requires_grad_()
                     ghs[t] = gh
-                    h, c = _cell(mode, gis[t], gh, h, c)
+                    h = _cell(mode, gis[t], gh, h)
                     hs[t] = h
                 outs.append(torch.stack(hs))
                 h_last.append(h)
-                c_last.append(c)
                 saved.append((layer, direction, inp, hprev, gis, ghs))
             inp = outs[0] if D == 1 else torch.cat(outs, -1)
         seeds = [g_out, g_h]
         targets = [inp, torch.stack(h_last)]
-        if mode == "LSTM":
-            seeds.append(g_c)
-            targets.append(torch.stack(c_last))
         wrt = []
         for _, _, _, _, gis, ghs in saved:
             wrt.extend(gis)
@@ -288,15 +272,12 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         grads[k: k + 2 * T] = [None] * (2 * T)  # release the per-step gradients
         del gis, ghs
         k += 2 * T
-        sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
+        w_ih, w_hh, b_ih, b_hh = _weights(module, layer, direction)
         hp = torch.stack([h.detach() for h in hprev], dim=1)
         del hprev
-        for w_name, b_name, a, g in (
-            ("weight_ih", "bias_ih", inp_l.detach().transpose(0, 1), dgi),
-            ("weight_hh", "bias_hh", hp, dgh),
-        ):
-            part = _part(getattr(module, w_name + sfx), getattr(module, b_name + sfx, None),
-                         a.to(g.dtype), g, ps)
+        for w, b, a, g in ((w_ih, b_ih, inp_l.detach().transpose(0, 1), dgi),
+                           (w_hh, b_hh, hp, dgh)):
+            part = _part(w, b, a.to(g.dtype), g, ps)
             if part is not None:
                 parts.append(part)
         del dgi, dgh, hp
