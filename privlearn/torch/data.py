@@ -166,19 +166,20 @@ class EmptyAwareCollate:
         return self._empty
 
 
-def _tensor_source(ds) -> tuple[TensorDataset, torch.Tensor | None] | None:
-    """``(tensor_dataset, index_map)`` if ``ds`` is a TensorDataset or a chain of
-    ``Subset`` of one (``index_map`` maps ``ds`` indices to rows), else ``None``."""
+def _subset_chain(ds) -> tuple[object, list[Subset]]:
+    """The dataset under any ``Subset`` wrappers of ``ds``, and the wrappers (outermost
+    first)."""
     chain = []
     while isinstance(ds, Subset):
-        chain.append(torch.as_tensor(ds.indices, dtype=torch.long))
+        chain.append(ds)
         ds = ds.dataset
-    if type(ds) is not TensorDataset:  # subclasses may override __getitem__
-        return None
-    index_map = None
-    for idx in reversed(chain):  # innermost Subset first
-        index_map = idx if index_map is None else index_map[idx]
-    return ds, index_map
+    return ds, chain
+
+
+def _gatherable(ds) -> bool:
+    """Whether ``ds`` is a TensorDataset or a ``Subset`` chain over one (an exact
+    TensorDataset: subclasses may override ``__getitem__``)."""
+    return type(_subset_chain(ds)[0]) is TensorDataset
 
 
 class TensorBatchGather(Dataset):
@@ -193,13 +194,17 @@ class TensorBatchGather(Dataset):
     """
 
     def __init__(self, dataset):
-        source = _tensor_source(dataset)
-        if source is None:
+        if not _gatherable(dataset):
             raise ValueError("dataset must be a TensorDataset or a Subset chain over one, "
                              f"got {type(dataset).__name__}")
+        base, chain = _subset_chain(dataset)
+        index_map = None  # maps indices of ``dataset`` to rows of the tensors
+        for sub in reversed(chain):  # innermost Subset first
+            idx = torch.as_tensor(sub.indices, dtype=torch.long)
+            index_map = idx if index_map is None else index_map[idx]
         self.dataset = dataset
-        self._tensors = source[0].tensors
-        self._index_map = source[1]
+        self._tensors = base.tensors
+        self._index_map = index_map
 
     @staticmethod
     def collate(batch):
@@ -246,7 +251,7 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
         bs = FixedSizeBatchSampler(n, batch_size, steps=steps,
                                    seed=seed if world_size == 1 else shared_seed,
                                    rank=rank, world_size=world_size)
-    if data_loader.collate_fn is default_collate and _tensor_source(ds) is not None:
+    if data_loader.collate_fn is default_collate and _gatherable(ds):
         loader_ds, collate_fn = TensorBatchGather(ds), TensorBatchGather.collate
     else:
         loader_ds, collate_fn = ds, EmptyAwareCollate(ds, data_loader.collate_fn)
