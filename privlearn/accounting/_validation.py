@@ -41,11 +41,12 @@ def check_nonnegative(name: str, value: object, *, allow_inf: bool = False) -> f
     return x
 
 
-def check_delta(name: str, value: object) -> float:
-    """A privacy parameter delta in [0, 1)."""
+def check_delta(name: str, value: object, *, allow_one: bool = False) -> float:
+    """A privacy parameter delta in [0, 1) (or [0, 1] with ``allow_one``)."""
     x = check_real(name, value)
-    if math.isnan(x) or not 0.0 <= x < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    if math.isnan(x) or not (0.0 <= x < 1.0 or (allow_one and x == 1.0)):
+        rng = "[0, 1]" if allow_one else "[0, 1)"
+        raise ValueError(f"{name} must be in {rng}, got {value!r}")
     return x
 
 

@@ -108,7 +108,8 @@ class Mechanism:
 
         Parameters
         ----------
-        delta : float in [0, 1)
+        delta : float in [0, 1]
+            (``delta = 1`` gives 0: every mechanism is (0, 1)-DP.)
         accountant : {"pld", "rdp", "analytic"}
             ``"pld"`` (default) composes privacy loss distributions with a pessimistic
             discretisation; ``"rdp"`` uses Renyi DP; ``"analytic"`` is exact for
@@ -124,8 +125,10 @@ class Mechanism:
         """Upper bound and (where the accountant has one) lower bound on epsilon(delta)."""
         from privlearn.accounting.accountants import PrivacyBound, get_accountant
 
-        delta = check_delta("delta", delta)
+        delta = check_delta("delta", delta, allow_one=True)
         acc = get_accountant(accountant)
+        if delta == 1.0:  # every mechanism is (0, 1)-DP
+            return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
         return acc.epsilon(self, delta)

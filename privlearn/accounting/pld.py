@@ -90,6 +90,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from privlearn.accounting import _pld_discrete as dsc
+from privlearn.accounting import closed_form
 from privlearn.accounting._pld_pairs import (
     AddPair,
     GaussianPair,
@@ -428,6 +429,9 @@ class PLDAccountant:
         if sigma is not None:  # exact curve, bracketed by its floating-point error
             lo, up = gaussian_epsilon_bounds(sigma, delta)
             return PrivacyBound(up, lo, self.name)
+        exact = closed_form.epsilon_bounds(mechanism, delta) if delta > 0.0 else None
+        if exact is not None:  # hook (issue 14): exact finite PLD / Laplace closed form
+            return PrivacyBound(exact[1], exact[0], self.name)
         if delta <= 0.0:
             e = pure_epsilon(mechanism)
             if math.isinf(e):
@@ -463,6 +467,9 @@ class PLDAccountant:
         if sigma is not None:
             lo, up = gaussian_delta_bounds(sigma, epsilon)
             return PrivacyBound(up, lo, self.name)
+        exact = closed_form.delta_bounds(mechanism, epsilon)
+        if exact is not None:  # hook (issue 14): exact finite PLD / Laplace closed form
+            return PrivacyBound(exact[1], exact[0], self.name)
         pe = pure_epsilon(mechanism)
         if epsilon >= pe * (1.0 + 4.0 * dsc.U):  # beyond the largest privacy loss
             return PrivacyBound(0.0, 0.0, self.name)

@@ -54,7 +54,7 @@ def test_array_sigma_rejected() -> None:
 
 def test_bad_delta_names_parameter() -> None:
     m = mechanism_zoo.GaussianMechanism(1.0)
-    with pytest.raises(ValueError, match=r"delta must be in \[0, 1\), got 1.5"):
+    with pytest.raises(ValueError, match=r"delta must be in \[0, 1\], got 1.5"):
         m.get_approxDP(1.5)
 
 

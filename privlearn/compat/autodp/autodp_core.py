@@ -275,6 +275,21 @@ class RenyiDPFunction:
 _SUPPORTED_UPDATES = ("RDP", "pureDP", "approxDP", "approxDP_func")
 
 
+_INSTANCE_DEFAULTS: dict[str, Callable[[], Any]] = {
+    "name": lambda: "generic",
+    "params": dict,
+    "accountant": lambda: None,
+    "delta0": lambda: math.inf,
+    "neighboring": lambda: "add_remove",
+    "local_flag": lambda: False,
+    "group_size": lambda: 1,
+    "_mechanism": lambda: None,
+    "_approxdp_bounds": list,
+    "_pure_eps_bound": lambda: math.inf,
+}
+"""Defaults of :meth:`Mechanism.__init__`, for subclasses that do not call it."""
+
+
 class Mechanism:
     """autodp-style mechanism backed by a privlearn description.
 
@@ -309,6 +324,17 @@ class Mechanism:
         self._mechanism: Description = None
         self._approxdp_bounds: list[Callable[[float], float]] = []
         self._pure_eps_bound = math.inf
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: a subclass that never called
+        # Mechanism.__init__ (autodp's own tutorials do this and then call
+        # set_all_representation) gets the defaults of __init__ on first use.
+        factory = _INSTANCE_DEFAULTS.get(name)
+        if factory is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = factory()
+        object.__setattr__(self, name, value)
+        return value
 
     @classmethod
     def from_privlearn(cls, mechanism: PrivlearnMechanism, name: str = "privlearn") -> Mechanism:
@@ -405,9 +431,9 @@ class Mechanism:
         docstring), of any extra bounds given through ``propagate_updates`` and of the
         pure-DP epsilon. ``inf`` when nothing is known.
         """
-        delta = check_delta("delta", as_float("delta", delta))
+        delta = check_delta("delta", as_float("delta", delta), allow_one=True)
         m = self._mechanism
-        if m is NO_PRIVACY_LOSS:
+        if m is NO_PRIVACY_LOSS or delta == 1.0:  # every mechanism is (0, 1)-DP (as autodp)
             return 0.0
         bounds = [self.eps_pureDP]
         if isinstance(m, PrivlearnMechanism):
