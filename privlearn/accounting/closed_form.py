@@ -113,8 +113,11 @@ def _remove_atoms(base: _Atoms, q: float) -> _Atoms:
     """``((1-q) Q + q P, Q)`` (Poisson subsampling, remove direction)."""
     l1q = math.log1p(-q)
     lq = math.log(q)
-    log_p = tuple(float(np.logaddexp(l1q + b, lq + a)) for a, b in zip(base.log_p, base.log_q))
-    loss = tuple(a - b for a, b in zip(log_p, base.log_q))
+    log_p = tuple(
+        float(np.logaddexp(l1q + b, lq + a))
+        for a, b in zip(base.log_p, base.log_q, strict=True)
+    )
+    loss = tuple(a - b for a, b in zip(log_p, base.log_q, strict=True))
     return _Atoms(loss, log_p, base.log_q)
 
 
@@ -288,7 +291,7 @@ def discrete_pld(mechanism: Mechanism) -> list[DiscretePLD] | None:
             return None
         dirs[0].append((d[0], k))
         dirs[1].append((d[-1], k))
-    directional = any(a is not b for (a, _), (b, _) in zip(dirs[0], dirs[1]))
+    directional = any(a is not b for (a, _), (b, _) in zip(dirs[0], dirs[1], strict=True))
     out = []
     for parts in dirs[: 2 if directional else 1]:
         pld = _compose(parts)
