@@ -135,13 +135,19 @@ def _step_directions(m: Mechanism) -> list[_Atoms] | None:
     if isinstance(m, RandomizedResponse):
         return [_rr_atoms(m.truth_probability, m.num_categories)]
     if isinstance(m, Subsampled) and isinstance(m.base, PureDP | RandomizedResponse):
-        if m.scheme is not Sampling.POISSON or m.neighbouring is not Neighbouring.ADD_REMOVE:
+        nb = m.neighbouring
+        if m.scheme is not Sampling.POISSON or nb is Neighbouring.REPLACE_ONE:
             return None
         base = _step_directions(m.base)
         assert base is not None and len(base) == 1
         if m.rate >= 1.0:
             return base
-        return [_remove_atoms(base[0], m.rate), _add_atoms(base[0], m.rate)]
+        rem, add = _remove_atoms(base[0], m.rate), _add_atoms(base[0], m.rate)
+        if nb is Neighbouring.REMOVE_ONLY:
+            return [rem]
+        if nb is Neighbouring.ADD_ONLY:
+            return [add]
+        return [rem, add]
     return None
 
 

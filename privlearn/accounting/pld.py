@@ -249,6 +249,10 @@ def _step(m: Mechanism) -> _Step:
         if q >= 1.0:
             return _Step("sym", base)
         rem, add = RemovePair(base, q), AddPair(base, q)
+        if m.neighbouring is Neighbouring.REMOVE_ONLY:  # one-sided relations (autodp's)
+            return _Step("sym", rem)
+        if m.neighbouring is Neighbouring.ADD_ONLY:
+            return _Step("sym", add)
         if m.neighbouring is Neighbouring.REPLACE_ONE:
             return _Step("max", rem, add)
         return _Step("dir", rem, add)

@@ -42,6 +42,7 @@ References
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +72,32 @@ __all__ = [
     "NO_PRIVACY_LOSS",
     "as_float",
     "equivalent_gaussian_sigma",
+    "AutodpArgumentWarning",
+    "warn_no_effect",
 ]
+
+
+class AutodpArgumentWarning(UserWarning):
+    """An autodp argument was accepted but has no effect in privlearn's facade (the
+    message says why). Never emitted for arguments left at autodp's defaults."""
+
+
+def warn_no_effect(where: str, given: dict[str, Any], reason: str, stacklevel: int = 3) -> None:
+    """Warn that the autodp arguments in ``given`` (name -> value, already filtered to the
+    ones the caller set away from autodp's default) have no effect, and why."""
+    if not given:
+        return
+    args = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    warnings.warn(
+        f"{where}: {args} has no effect in privlearn's autodp facade: {reason}",
+        AutodpArgumentWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def non_default(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that differ from autodp's ``defaults``."""
+    return {k: v for k, v in values.items() if v != defaults[k]}
 
 
 # ----------------------------------------------------------------------------------------
@@ -162,7 +188,7 @@ def pure_epsilon_of(mech: PrivlearnMechanism) -> float:
         if math.isinf(e):
             return math.inf
         natural = (
-            mech.scheme is Sampling.POISSON and mech.neighbouring is Neighbouring.ADD_REMOVE
+            mech.scheme is Sampling.POISSON and mech.neighbouring is not Neighbouring.REPLACE_ONE
         ) or (mech.scheme is Sampling.FIXED and mech.neighbouring is Neighbouring.REPLACE_ONE)
         if not natural:
             return math.inf
@@ -516,9 +542,26 @@ class Mechanism:
             autodp's other kinds (f-DP, characteristic functions, cdf, pdf, approximate RDP)
             raise :class:`NotImplementedError`.
         delta0, BBGHS_conversion, fDP_based_conversion, n_quad
-            Accepted for autodp compatibility; ``delta0`` is recorded, the others do not
-            apply (privlearn's conversions are always the tightest it has).
+            Accepted for autodp compatibility; ``delta0`` is recorded; the others, when
+            set away from autodp's defaults, raise an :class:`AutodpArgumentWarning`
+            saying they have no effect (privlearn's conversions are always the tightest
+            it has).
         """
+        warn_no_effect(
+            "propagate_updates",
+            non_default(
+                {
+                    "BBGHS_conversion": BBGHS_conversion,
+                    "fDP_based_conversion": fDP_based_conversion,
+                    "n_quad": n_quad,
+                },
+                {"BBGHS_conversion": True, "fDP_based_conversion": False, "n_quad": 700},
+            ),
+            "privlearn converts every representation with its tightest certified accountant "
+            "(PLD; for RDP-only mechanisms the conversion of Canonne, Kamath & Steinke 2020 "
+            "and Balle et al. 2020), "
+            "whatever conversion autodp would have chosen",
+        )
         if type_of_update == "RDP":
             if isinstance(func, RenyiDPFunction):
                 self._tighten_description(func.mechanism)

@@ -121,8 +121,10 @@ class generalized_eps_delta_calibrator(eps_delta_calibrator):  # noqa: N801 (aut
     ``generalized_eps_delta_calibrator()(mech_class, eps, delta, bounds, params=None,
     para_name=None, name=None)``: with ``params`` (a dict holding the fixed parameters)
     and ``para_name`` (the key to tune), each candidate is ``mech_class({**params,
-    para_name: x})``; without ``params``, as :class:`eps_delta_calibrator`. ``params`` is
-    not modified (autodp modifies it in place).
+    para_name: x})``; without ``params``, as :class:`eps_delta_calibrator`. As in autodp,
+    ``params[para_name]`` is set to the calibrated value in place and the returned
+    mechanism is built from ``params`` itself (the search works on copies, so ``params``
+    holds no intermediate value even if the search raises).
     """
 
     def __init__(self, rtol: float = 1e-7) -> None:
@@ -148,8 +150,8 @@ class generalized_eps_delta_calibrator(eps_delta_calibrator):  # noqa: N801 (aut
             return mech_class({**params, para_name: x})
 
         x = _search(build, eps, delta, bounds, self.rtol)
-        final = {**params, para_name: x}
-        return mech_class(final, name=name) if name else mech_class(final)
+        params[para_name] = x  # in place, as autodp
+        return mech_class(params, name=name) if name else mech_class(params)
 
 
 class ana_gaussian_calibrator(Calibrator):  # noqa: N801 (autodp's name)

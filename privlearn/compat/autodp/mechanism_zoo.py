@@ -29,6 +29,14 @@ from privlearn.compat.autodp.autodp_core import (
     Mechanism,
     as_float,
     equivalent_gaussian_sigma,
+    non_default,
+    warn_no_effect,
+)
+
+_EXACT_REASON = (
+    "privlearn always evaluates {what} with its exact privacy curve ({how}), which is at "
+    "least as tight as every representation and conversion autodp lets these switches "
+    "choose; RenyiDP, approxDP and f-DP (get_fDP) all stay available"
 )
 
 __all__ = [
@@ -56,7 +64,10 @@ class GaussianMechanism(Mechanism):
     name : str
     RDP_off, approxDP_off, fdp_off, use_basic_RDP_to_approxDP_conversion, \
 use_fDP_based_RDP_to_approxDP_conversion, phi_off
-        Accepted for autodp compatibility and ignored.
+        autodp's representation switches. They cannot change a value here (the exact
+        curve is used whatever they say); set away from autodp's defaults they raise an
+        :class:`~privlearn.compat.autodp.autodp_core.AutodpArgumentWarning` saying so.
+        ``fdp_off`` is honoured trivially: f-DP is always available.
     """
 
     def __init__(
@@ -75,6 +86,31 @@ use_fDP_based_RDP_to_approxDP_conversion, phi_off
         self.params = {"sigma": sigma}
         self.delta0 = 0
         self._set_description(Gaussian(check_positive("sigma", as_float("sigma", sigma))))
+        warn_no_effect(
+            "GaussianMechanism",
+            non_default(
+                {
+                    "RDP_off": RDP_off,
+                    "approxDP_off": approxDP_off,
+                    "use_basic_RDP_to_approxDP_conversion": use_basic_RDP_to_approxDP_conversion,
+                    "use_fDP_based_RDP_to_approxDP_conversion": (
+                        use_fDP_based_RDP_to_approxDP_conversion
+                    ),
+                    "phi_off": phi_off,
+                },
+                {
+                    "RDP_off": False,
+                    "approxDP_off": False,
+                    "use_basic_RDP_to_approxDP_conversion": False,
+                    "use_fDP_based_RDP_to_approxDP_conversion": False,
+                    "phi_off": True,
+                },
+            ),
+            _EXACT_REASON.format(
+                what="the Gaussian mechanism",
+                how="Balle & Wang 2018, Theorem 8; mu-GDP, Dong, Roth & Su 2022",
+            ),
+        )
 
 
 class ExactGaussianMechanism(Mechanism):
@@ -107,7 +143,8 @@ class LaplaceMechanism(Mechanism):
         Laplace scale divided by the L1 sensitivity.
     name : str
     RDP_off, phi_off
-        Accepted for autodp compatibility and ignored.
+        autodp's representation switches; set away from autodp's defaults they raise an
+        ``AutodpArgumentWarning`` (no effect: the exact curve is always used).
 
     References
     ----------
@@ -128,6 +165,16 @@ class LaplaceMechanism(Mechanism):
         self.params = {"b": b}
         self.delta0 = 0
         self._set_description(Laplace(check_positive("b", as_float("b", b))))
+        warn_no_effect(
+            "LaplaceMechanism",
+            non_default(
+                {"RDP_off": RDP_off, "phi_off": phi_off}, {"RDP_off": False, "phi_off": True}
+            ),
+            _EXACT_REASON.format(
+                what="the Laplace mechanism",
+                how="delta(eps) = 1 - exp((eps - 1/b) / 2), composed by PLD",
+            ),
+        )
 
 
 class RandresponseMechanism(Mechanism):
@@ -139,7 +186,8 @@ class RandresponseMechanism(Mechanism):
     p : float in [1/2, 1)
         Probability of reporting the true bit.
     RDP_off, phi_off
-        Accepted for autodp compatibility and ignored.
+        autodp's representation switches; set away from autodp's defaults they raise an
+        ``AutodpArgumentWarning`` (no effect: the exact curve is always used).
     name : str
 
     References
@@ -161,6 +209,15 @@ class RandresponseMechanism(Mechanism):
         self.params = {"p": p}
         self.delta0 = 0
         self._set_description(RandomizedResponse(as_float("p", p), num_categories=2))
+        warn_no_effect(
+            "RandresponseMechanism",
+            non_default(
+                {"RDP_off": RDP_off, "phi_off": phi_off}, {"RDP_off": False, "phi_off": True}
+            ),
+            _EXACT_REASON.format(
+                what="randomized response", how="its finite privacy loss distribution"
+            ),
+        )
 
 
 RandomizedResponseMechanism = RandresponseMechanism
@@ -224,9 +281,17 @@ class SubsampleGaussianMechanism(Mechanism):
     params : dict with keys ``"prob"`` (rate in (0, 1]), ``"sigma"`` (> 0) and
         ``"coeff"`` (number of steps; a non-integer count is rounded *up*, which is
         conservative).
-    phi_off, RDP_off, neighboring
-        Accepted for autodp compatibility. privlearn's analysis is under add/remove-one,
-        which covers both autodp's ``"add_only"`` and ``"remove_only"``.
+    phi_off : bool
+        As in autodp: with ``phi_off=False`` the mechanism is accounted under the
+        one-sided relation ``neighboring`` (``"remove_only"`` or ``"add_only"``; Zhu,
+        Dong & Wang 2022), which is what autodp's characteristic-function representation
+        reports; with the default ``phi_off=True`` it is accounted under add/remove (the
+        worse of the two), and ``neighboring`` has no effect -- as in autodp, where it
+        only selects the characteristic function. A non-default ``neighboring`` with
+        ``phi_off=True`` raises an ``AutodpArgumentWarning``.
+    RDP_off : bool
+        No effect (the PLD accountant is used either way); ``True`` warns.
+    neighboring : {"remove_only", "add_only"}
     name : str
     """
 
@@ -244,12 +309,29 @@ class SubsampleGaussianMechanism(Mechanism):
         coeff = as_float("coeff", params["coeff"])
         steps = check_count("coeff", math.ceil(check_nonnegative("coeff", coeff)))
         prob = check_nonnegative("prob", as_float("prob", params["prob"]))
+        if neighboring not in ("remove_only", "add_only"):
+            raise ValueError(
+                f"neighboring must be 'remove_only' or 'add_only', got {neighboring!r}"
+            )
+        ignored: dict[str, Any] = {"RDP_off": True} if RDP_off else {}
+        if phi_off and neighboring != "remove_only":
+            ignored["neighboring"] = neighboring
+        warn_no_effect(
+            "SubsampleGaussianMechanism",
+            ignored,
+            "with phi_off=True autodp (and this facade) account under add/remove, which "
+            "covers both one-sided relations; pass phi_off=False to account under "
+            "'neighboring' alone. RDP_off only switches autodp's RDP representation off "
+            "(the PLD accountant is used either way)",
+        )
+        nb = "add_remove" if phi_off else neighboring
         if steps == 0 or prob == 0:
             self._set_description(NO_PRIVACY_LOSS)
         else:
             sigma = check_positive("sigma", as_float("sigma", params["sigma"]))
-            base = subsample(Gaussian(sigma), prob)
+            base = subsample(Gaussian(sigma), prob, neighbouring=nb)
             self._set_description(compose(base, steps=steps))
+        self.neighboring = nb
 
 
 class ComposedGaussianMechanism(Mechanism):
