@@ -255,6 +255,47 @@ def evaluate_delta(mech: PrivlearnMechanism, epsilon: float, accountant: str | N
         return float(mech.delta(epsilon, "rdp"))
 
 
+def _tradeoff_curve(mech: PrivlearnMechanism, alphas: np.ndarray, accountant: str | None):
+    """``privlearn.accounting.fdp.tradeoff_curve`` with the facade's accountant choice."""
+    try:
+        from privlearn.accounting.fdp import tradeoff_curve
+    except ImportError:  # LEAD: remove with _fdp_fallback once accounting/fdp.py is merged
+        from privlearn.compat.autodp._fdp_fallback import tradeoff_curve
+    acc = accountant if accountant is not None else default_accountant(mech)
+    if acc == "analytic":
+        acc = "pld"  # (Gaussian compositions take the exact mu-GDP path before any accountant)
+    try:
+        grid = _epsilon_grid(mech, acc)
+    except UnsupportedMechanismError:
+        if accountant is not None or acc != "pld":
+            raise
+        acc = "rdp"
+        grid = _epsilon_grid(mech, acc)
+    return np.asarray(tradeoff_curve(mech, alphas, epsilons=grid, accountant=acc), dtype=float)
+
+
+def _epsilon_grid(mech: PrivlearnMechanism, accountant: str) -> np.ndarray | None:
+    """Grid of epsilons for the profile envelope: 200 points up to epsilon(delta) at the
+    smallest delta in (1e-12, 1e-10, 1e-8, 1e-6) the accountant can certify, capped at
+    700 (a shorter
+    grid only loosens the envelope near fpr = 0; it stays a valid lower bound). ``None``
+    (the default grid) for Gaussian compositions, which take the exact path."""
+    if effective_noise_multiplier(mech) is not None:
+        return None
+    err: Exception | None = None
+    for d in (1e-12, 1e-10, 1e-8, 1e-6):
+        try:
+            top = float(mech.epsilon(d, accountant=accountant))
+        except ArithmeticError as e:
+            err = e
+            continue
+        if math.isfinite(top):
+            # (epsilons above 700 only matter at fpr < e^-700; e^eps would overflow)
+            top = min(top, 700.0)
+            return np.concatenate([[0.0], top * np.linspace(0.0, 1.0, 201)[1:] ** 1.5])
+    raise ValueError(f"no finite certified epsilon at delta >= 1e-6 for {mech!r}") from err
+
+
 class RenyiDPFunction:
     """Callable ``alpha -> eps_RDP(alpha)`` of a facade mechanism.
 
@@ -502,11 +543,46 @@ class Mechanism:
         """The smallest epsilon over all representations (as in autodp)."""
         return float(min(self.get_pureDP(), self.get_approxDP(delta)))
 
-    def fDP(self, fpr: float) -> float:  # noqa: N802
-        raise NotImplementedError("f-DP is not provided by privlearn's autodp facade")
+    def fDP(self, fpr: Any) -> Any:  # noqa: N802 (autodp's name)
+        """Trade-off function: the smallest false negative rate (type II error) of any
+        test of this mechanism's neighbouring outputs at false positive rate ``fpr``
+        (f-DP; Dong, Roth & Su 2022, Definition 2.3). Scalar or array ``fpr`` in [0, 1].
 
-    def get_fDP(self, fpr: float) -> float:  # noqa: N802
+        Exact for Gaussians and their compositions (``mu``-GDP); otherwise the lower
+        envelope of the certified privacy profile (never above the true curve), and at
+        least the pure-DP curve ``max(0, 1 - e^eps fpr, e^-eps (1 - fpr))`` when a pure
+        epsilon is known. Computed by ``privlearn.accounting.fdp.tradeoff_curve``.
+        """
+        scalar = np.ndim(fpr) == 0
+        a = np.asarray(fpr, dtype=float).reshape(-1)
+        if a.size == 0 or not np.all((a >= 0) & (a <= 1)):
+            raise ValueError(f"fpr must be in [0, 1], got {fpr!r}")
+        f = self._tradeoff(a)
+        return float(f[0]) if scalar else f.reshape(np.shape(fpr))
+
+    def get_fDP(self, fpr: Any) -> Any:  # noqa: N802
+        """See :meth:`fDP`."""
         return self.fDP(fpr)
+
+    def plot_fDP(self, length: int = 101) -> tuple[np.ndarray, np.ndarray]:  # noqa: N802
+        """``(fpr_list, fnr_list)`` on ``length`` equally spaced false positive rates in
+        [0, 1] (as autodp), for plotting the trade-off curve."""
+        fpr_list = np.linspace(0.0, 1.0, int(length))
+        return fpr_list, self._tradeoff(fpr_list)
+
+    def _tradeoff(self, alphas: np.ndarray) -> np.ndarray:
+        m = self._mechanism
+        if m is NO_PRIVACY_LOSS:
+            return 1.0 - alphas
+        f = np.zeros_like(alphas)
+        e = self.eps_pureDP
+        if math.isfinite(e):  # an eps-DP mechanism is f_eps-DP (Dong, Roth & Su, Prop 2.5)
+            with np.errstate(over="ignore", invalid="ignore"):
+                lin = np.where(alphas > 0, 1.0 - np.exp(e) * alphas, 1.0)
+            f = np.maximum(0.0, np.maximum(lin, math.exp(-e) * (1.0 - alphas)))
+        if isinstance(m, PrivlearnMechanism):
+            f = np.maximum(f, _tradeoff_curve(m, alphas, self.accountant))
+        return f
 
     def approxRDP(self, delta: float, alpha: float) -> float:  # noqa: N802
         raise NotImplementedError("approximate RDP is not provided by privlearn's autodp facade")
