@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from privlearn.accounting import (
     Gaussian,
     Laplace,
@@ -49,6 +51,10 @@ __all__ = [
     "zCDP_Mechanism",
     "SubsampleGaussianMechanism",
     "ComposedGaussianMechanism",
+    "ExponentialMechanism",
+    "DiscreteGaussianMechanism",
+    "NoisySGD_Mechanism",
+    "NoisyGD_Mechanism",
 ]
 
 
@@ -355,3 +361,143 @@ class ComposedGaussianMechanism(Mechanism):
         else:
             self._set_description(Gaussian(equivalent_gaussian_sigma([(sigma, coeff)])))
         self.delta0 = 0
+
+
+class ExponentialMechanism(Mechanism):
+    """Exponential mechanism with pure-DP parameter ``eps`` (utility sensitivity
+    normalised so that it is eps-DP).
+
+    Described as :class:`~privlearn.accounting.PureDP` ``(eps)`` -- exact finite privacy
+    loss distribution, composed exactly (Kairouz, Oh & Viswanath 2015) -- and, as in
+    autodp, additionally as ``eps^2 / 8``-zCDP (Cesar & Rogers 2021, bounded range
+    implies zCDP; RDP ``min(alpha eps^2 / 8, RDP of eps-DP)``); the facade reports the
+    pointwise minimum of the two certified values.
+
+    Parameters
+    ----------
+    eps : float >= 0
+    RDP_off, phi_off, non_adaptive
+        autodp's switches; set away from autodp's defaults they raise an
+        ``AutodpArgumentWarning`` (no effect).
+    name : str
+    """
+
+    def __init__(
+        self,
+        eps: Any,
+        RDP_off: bool = False,  # noqa: N803
+        phi_off: bool = True,
+        non_adaptive: bool = False,
+        name: str = "ExpMech",
+    ) -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        e = check_nonnegative("eps", as_float("eps", eps))
+        self.params = {"rho": e * e / 8.0, "xi": 0, "eps": eps}
+        warn_no_effect(
+            "ExponentialMechanism",
+            non_default(
+                {"RDP_off": RDP_off, "phi_off": phi_off, "non_adaptive": non_adaptive},
+                {"RDP_off": False, "phi_off": True, "non_adaptive": False},
+            ),
+            "privlearn evaluates the exponential mechanism as exact eps-DP and as "
+            "eps^2/8-zCDP, taking the smaller certified value",
+        )
+        self.delta0 = 0
+        if e == 0:
+            self._set_description(NO_PRIVACY_LOSS)
+            return
+        self._set_description(PureDP(e))
+        pure_rdp = PureDP(e)
+        rho = e * e / 8.0
+
+        def rdp(alpha: float, rho: float = rho, pure: PureDP = pure_rdp) -> float:
+            return min(rho * alpha, float(pure.rdp(alpha)))
+
+        self._tighten_description(RDPMechanism(rdp, name=name, pure_epsilon=e))
+
+
+class DiscreteGaussianMechanism(Mechanism):
+    """Discrete Gaussian mechanism with scale ``sigma`` (per unit L2 sensitivity):
+    ``1 / (2 sigma^2)``-zCDP (Canonne, Kamath & Steinke 2020, Theorem 14), evaluated
+    with the RDP accountant, as autodp.
+
+    Parameters
+    ----------
+    sigma : float > 0
+    name : str
+    """
+
+    def __init__(self, sigma: Any, name: str = "DGM") -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        s = check_positive("sigma", as_float("sigma", sigma))
+        self.params = {"rho": 0.5 / s**2, "xi": 0}
+        rho = 0.5 / s**2
+
+        def rdp(alpha: float, rho: float = rho) -> float:
+            return rho * alpha
+
+        self._set_description(RDPMechanism(rdp, name=name))
+
+
+class NoisySGD_Mechanism(Mechanism):  # noqa: N801 (autodp's name)
+    """``niter`` steps of the Gaussian mechanism (noise ``sigma``) on subsamples of rate
+    ``prob``: ``compose(subsample(Gaussian(sigma), prob, scheme), steps=niter)``, the PLD
+    accountant (Poisson sampling: add/remove; sampling without replacement:
+    replace-one).
+
+    Parameters
+    ----------
+    prob : float in (0, 1]
+    sigma : float > 0
+    niter : int >= 0 (a non-integer count is rounded up, which is conservative)
+    PoissonSampling : bool
+    name : str
+    """
+
+    def __init__(
+        self,
+        prob: Any,
+        sigma: Any,
+        niter: Any,
+        PoissonSampling: bool = True,  # noqa: N803
+        name: str = "NoisySGD",
+    ) -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        self.params = {"prob": prob, "sigma": sigma, "niter": niter,
+                       "PoissonSampling": PoissonSampling}
+        n = check_nonnegative("niter", as_float("niter", niter))
+        steps = check_count("niter", math.ceil(n))
+        q = check_nonnegative("prob", as_float("prob", prob))
+        s = check_positive("sigma", as_float("sigma", sigma))
+        if steps == 0 or q == 0:
+            self._set_description(NO_PRIVACY_LOSS)
+            return
+        scheme = "poisson" if PoissonSampling else "fixed"
+        self._set_description(compose(subsample(Gaussian(s), q, scheme=scheme), steps=steps))
+        self.neighboring = "add_remove" if PoissonSampling else "replace_one"
+
+
+class NoisyGD_Mechanism(GaussianMechanism):  # noqa: N801 (autodp's name)
+    """Gradient descent with Gaussian noise multipliers ``sigma_list`` (one per step):
+    exactly the Gaussian with ``(sum_i sigma_i^-2)^(-1/2)`` (Dong, Roth & Su 2022,
+    Corollary 3.3).
+
+    Parameters
+    ----------
+    sigma_list : array_like of floats > 0
+    name : str
+    """
+
+    def __init__(self, sigma_list: Any, name: str = "NoisyGD") -> None:
+        sig = np.asarray(sigma_list, dtype=float).reshape(-1)
+        if sig.size == 0 or not np.all(np.isfinite(sig)) or np.any(sig <= 0):
+            raise ValueError(
+                f"sigma_list must be a non-empty list of finite values > 0, got {sigma_list!r}"
+            )
+        GaussianMechanism.__init__(
+            self, sigma=equivalent_gaussian_sigma([(float(x), 1.0) for x in sig]), name=name
+        )
+        self.params = {"sigma_list": sigma_list}
