@@ -340,12 +340,58 @@ def _single_laplace(mechanism: Mechanism) -> Laplace | None:
 # ----------------------------------------------------------------------------------
 # entry points
 # ----------------------------------------------------------------------------------
+HUGE_PURE_EPSILON = 700.0
+"""Above this a :class:`PureDP` step's worst-case pair has an atom of probability
+``e^-eps`` that underflows; mixed with parts that have no closed form it is accounted by
+basic composition (see :func:`epsilon_bounds`)."""
+
+
+def _split_huge(mechanism: Mechanism) -> tuple[float, Mechanism | None] | None:
+    """``(sum of k * eps over huge PureDP parts, the other parts)`` when some PureDP part
+    has ``eps > HUGE_PURE_EPSILON`` and some other part has no closed form; else None."""
+    parts = _parts(mechanism)
+    huge = [
+        (m, k)
+        for m, k in parts
+        if isinstance(m, PureDP) and m.pure_epsilon > HUGE_PURE_EPSILON
+    ]
+    if not huge:
+        return None
+    rest = [(m, k) for m, k in parts if (m, k) not in huge]
+    if all(_step_directions(m) is not None for m, _ in rest):
+        return None  # everything has a finite closed form: exact
+    from privlearn.accounting.mechanisms import compose
+
+    e = math.fsum(k * m.pure_epsilon for m, k in huge)
+    return e, compose([m for m, _ in rest], steps=[k for _, k in rest])
+
+
 def epsilon_bounds(mechanism: Mechanism, delta: float) -> tuple[float, float] | None:
     """``(lower, upper)`` on the exact epsilon(delta) of ``mechanism``, or ``None`` when
-    no closed form applies (see module docstring). ``delta`` in ``(0, 1)``."""
+    no closed form applies (see module docstring). ``delta`` in ``(0, 1)``.
+
+    Compositions that mix a :class:`PureDP` part with ``eps > 700`` (whose pair cannot be
+    represented in floating point) with parts that have no closed form are bounded by
+    basic composition (Dwork & Roth 2014, Theorem 3.16): ``upper = E + eps_rest(delta)``
+    with ``E`` the huge parts' total epsilon; ``lower`` is the larger of the exact
+    epsilon of the huge parts alone and the rest's lower bound (adding mechanisms never
+    lowers epsilon). The relative gap is below ``eps_rest / E``.
+    """
     lap = _single_laplace(mechanism)
     if lap is not None:
         return laplace_epsilon(lap.noise_multiplier, delta)
+    split = _split_huge(mechanism)
+    if split is not None:
+        e_huge, rest = split
+        from privlearn.accounting.mechanisms import compose
+
+        b = rest.epsilon_bounds(delta)
+        huge_only = [(m, k) for m, k in _parts(mechanism) if m not in dict(_parts(rest))]
+        hb = epsilon_bounds(compose([m for m, _ in huge_only], steps=[k for _, k in huge_only]),
+                            delta)
+        up = e_huge * (1 + 4 * U) + b.upper
+        lo = max(hb[0] if hb else 0.0, b.lower if b.lower is not None else 0.0)
+        return min(lo, up), up
     plds = discrete_pld(mechanism)
     if plds is None:
         return None
@@ -360,6 +406,12 @@ def delta_bounds(mechanism: Mechanism, epsilon: float) -> tuple[float, float] | 
     lap = _single_laplace(mechanism)
     if lap is not None:
         return laplace_delta(lap.noise_multiplier, epsilon)
+    split = _split_huge(mechanism)
+    if split is not None:  # basic composition: delta(eps) <= delta_rest(eps - E)
+        e_huge, rest = split
+        if epsilon < e_huge * (1 + 4 * U):
+            return 0.0, 1.0
+        return 0.0, float(rest.delta(epsilon - e_huge * (1 + 4 * U)))
     plds = discrete_pld(mechanism)
     if plds is None:
         return None

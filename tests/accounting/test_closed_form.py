@@ -259,6 +259,17 @@ def test_pure_dp_large_epsilon_mixed_with_gaussian(eps0: float) -> None:
     assert eps0 < e < eps0 + Gaussian(1.0).epsilon(1e-6) + 1e-4
 
 
+@pytest.mark.parametrize("eps0", [800.0, 1e6, 1e12])
+def test_huge_pure_dp_mixed_with_gaussian_basic_composition(eps0: float) -> None:
+    # beyond e^-eps underflow the pair cannot be discretised; basic composition bounds it
+    m = compose([PureDP(eps0), Gaussian(1.0)])
+    b = m.epsilon_bounds(1e-6)
+    g = Gaussian(1.0).epsilon(1e-6)
+    assert b.upper == pytest.approx(eps0 + g, rel=1e-12)
+    assert b.lower <= b.upper and b.lower >= PureDP(eps0).epsilon(1e-6) * (1 - 1e-12)
+    assert m.delta(eps0 + g + 1e-3) <= 1e-6  # (the rounding of E is within 1e-3 here)
+
+
 def test_too_many_atoms_falls_back() -> None:
     steps = [PureDP(0.1 + 0.01 * i) for i in range(40)]  # 2^40 atoms
     assert cf.discrete_pld(compose(steps)) is None

@@ -58,8 +58,8 @@ def _search(
 
     A lower bound of 0 (autodp's usual ``[0, hi]``) is not a valid parameter for most
     mechanisms (sigma = 0, zero compositions); it is replaced by ``hi * 1e-12``. If the
-    accountant cannot evaluate the mechanism at the lower end (an ``ArithmeticError``,
-    e.g. epsilon beyond 1e12 for almost no noise), the lower end is raised geometrically
+    accountant cannot evaluate the mechanism at the lower end (an ``ArithmeticError`` or
+    a numerical ``ValueError``, e.g. epsilon beyond 1e12 for almost no noise), the lower end is raised geometrically
     until it can: such points are never feasible, so no solution is lost.
     """
     target = check_positive("eps", as_float("eps", eps))
@@ -75,7 +75,9 @@ def _search(
         try:
             factory(lo).epsilon(delta)
             break
-        except ArithmeticError:
+        except (ArithmeticError, ValueError):
+            # the accountant's numerics fail for this extreme parameter (e.g. 1e21
+            # compositions at lo = hi * 1e-12): raise the lower end
             lo = math.sqrt(lo * hi)
             if hi - lo <= rtol * hi:
                 break
