@@ -596,9 +596,9 @@ class Mechanism:
         func: Any,
         type_of_update: str,
         delta0: float = 0,
-        BBGHS_conversion: bool = True,  # noqa: N803 (autodp's name; ignored)
-        fDP_based_conversion: bool = False,  # noqa: N803 (ignored)
-        n_quad: int = 700,  # ignored
+        BBGHS_conversion: bool = True,  # noqa: N803 (autodp's name; warns if changed)
+        fDP_based_conversion: bool = False,  # noqa: N803
+        n_quad: int = 700,
     ) -> None:
         """Add a privacy characterisation (autodp semantics: the pointwise minimum of all
         characterisations is reported).

@@ -59,8 +59,10 @@ def _search(
     A lower bound of 0 (autodp's usual ``[0, hi]``) is not a valid parameter for most
     mechanisms (sigma = 0, zero compositions); it is replaced by ``hi * 1e-12``. If the
     accountant cannot evaluate the mechanism at the lower end (an ``ArithmeticError`` or
-    a numerical ``ValueError``, e.g. epsilon beyond 1e12 for almost no noise), the lower end is raised geometrically
-    until it can: such points are never feasible, so no solution is lost.
+    a numerical ``ValueError``, e.g. epsilon beyond 1e12 for almost no noise, or 1e21
+    compositions), the lower end is raised geometrically until it can. Such points are
+    the no-privacy end of the range and are taken to be infeasible; the bisection itself
+    never skips an error (it propagates).
     """
     target = check_positive("eps", as_float("eps", eps))
     delta = check_delta("delta", as_float("delta", delta))

@@ -2,9 +2,12 @@
 
 Each class builds a privlearn description (:mod:`privlearn.accounting`) and keeps autodp's
 constructor signature, ``name`` and ``params``. autodp's switches that choose among its
-own representations (``RDP_off``, ``approxDP_off``, ``phi_off``, ...) are accepted and
-ignored: privlearn always evaluates the description with its tightest certified
-accountant (see :mod:`privlearn.compat.autodp.autodp_core`).
+own representations (``RDP_off``, ``approxDP_off``, ``phi_off``, ...) cannot change a
+value here -- privlearn always evaluates the description with its tightest certified
+accountant -- so, set away from autodp's defaults, they raise an
+:class:`~privlearn.compat.autodp.autodp_core.AutodpArgumentWarning` saying so (never
+silently dropped). ``SubsampleGaussianMechanism(phi_off=False, neighboring=...)`` is
+honoured (one-sided relations) (see :mod:`privlearn.compat.autodp.autodp_core`).
 
 Parameters may be Python or NumPy scalars (including 0-d and one-element arrays).
 """
