@@ -352,6 +352,7 @@ _INSTANCE_DEFAULTS: dict[str, Callable[[], Any]] = {
     "group_size": lambda: 1,
     "_mechanism": lambda: None,
     "_approxdp_bounds": list,
+    "_alt_descriptions": list,
     "_pure_eps_bound": lambda: math.inf,
 }
 """Defaults of :meth:`Mechanism.__init__`, for subclasses that do not call it."""
@@ -390,6 +391,7 @@ class Mechanism:
         self.group_size = 1
         self._mechanism: Description = None
         self._approxdp_bounds: list[Callable[[float], float]] = []
+        self._alt_descriptions: list[PrivlearnMechanism] = []
         self._pure_eps_bound = math.inf
 
     def __getattr__(self, name: str) -> Any:
@@ -447,6 +449,10 @@ class Mechanism:
         self._mechanism = primary
         acc = self.accountant
         self._approxdp_bounds.append(lambda d, m=secondary: evaluate_epsilon(m, d, acc))
+        if isinstance(secondary, PrivlearnMechanism):
+            # kept so that transformers can carry it through (Composition composes the
+            # alternative descriptions too and keeps the smaller epsilon)
+            self._alt_descriptions.append(secondary)
 
     def _description_for(self, what: str) -> PrivlearnMechanism | _NoPrivacyLoss:
         """The description, or a clear error if this mechanism cannot be transformed."""
@@ -684,6 +690,7 @@ class Mechanism:
             )
         self._mechanism = mech._mechanism
         self._approxdp_bounds = list(mech._approxdp_bounds)
+        self._alt_descriptions = list(mech._alt_descriptions)
         self._pure_eps_bound = mech._pure_eps_bound
         self.delta0 = mech.delta0
         self.neighboring = mech.neighboring

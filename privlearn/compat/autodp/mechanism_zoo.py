@@ -504,3 +504,24 @@ class NoisyGD_Mechanism(GaussianMechanism):  # noqa: N801 (autodp's name)
             self, sigma=equivalent_gaussian_sigma([(float(x), 1.0) for x in sig]), name=name
         )
         self.params = {"sigma_list": sigma_list}
+
+
+_UNPORTED = {
+    "GaussianSVT_Mechanism": "the sparse vector technique (Zhu & Wang 2020)",
+    "LaplaceSVT_Mechanism": "the sparse vector technique (Zhu & Wang 2020)",
+    "StageWiseMechanism": "the stage-wise sparse vector technique (Zhu & Wang 2020)",
+    "NoisyScreenMechanism": "the data-dependent noisy-screening RDP (Zhu et al. 2020)",
+}
+
+
+def __getattr__(name: str) -> Any:
+    from privlearn.compat.autodp._missing import missing
+
+    err = missing("mechanism_zoo", name, __all__)
+    if name in _UNPORTED:
+        err = AttributeError(
+            f"{err} ({name}: {_UNPORTED[name]} is not yet backed by privlearn's engine; "
+            "wrap autodp's RDP function with Mechanism.propagate_updates(func, 'RDP') to "
+            "account it with privlearn's RDP accountant)"
+        )
+    raise err

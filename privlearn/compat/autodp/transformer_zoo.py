@@ -164,6 +164,24 @@ class Composition(Transformer):
             )
         newmech = Mechanism()
         newmech._set_description(compose(mechs, steps=counts) if mechs else NO_PRIVACY_LOSS)
+        # parts with an alternative description (e.g. the exponential mechanism: pure DP
+        # and zCDP) are also composed through it; the smaller certified epsilon is kept
+        alts, alt_counts, used = [], [], False
+        for m, c in zip(mechanism_list, coeffs, strict=True):
+            if c == 0 or m._description_for("Composition") is NO_PRIVACY_LOSS:
+                continue
+            alt = m._alt_descriptions[0] if m._alt_descriptions else None
+            if alt is not None and float(c).is_integer():
+                alts.append(alt)
+                used = True
+            else:
+                alts.append(m._description_for("Composition"))
+                if not float(c).is_integer():
+                    used = False
+                    break
+            alt_counts.append(int(c))
+        if used and len(alts) == len(mechs):
+            newmech._tighten_description(compose(alts, steps=alt_counts))
         newmech.delta0 = max((m.delta0 for m in mechanism_list), default=0)
         newmech.name = _update_name(mechanism_list, coeff_list)
         newmech.params = _update_params(mechanism_list)
