@@ -193,7 +193,7 @@ class PrivacyAccountant:
         def eps_with(k: int) -> float:
             return self._epsilon_of(past + [(s, q, k)], self.delta)
 
-        return _largest_within(eps_with, cap, start=self._hint)
+        return _largest_within(eps_with, cap, start=max(1, self._hint - self.steps))
 
     def check_step_with(self, noise_multiplier: float, sampling_rate: float,
                         max_grad_norm: float) -> None:
@@ -262,16 +262,21 @@ class PrivacyAccountant:
 
 def _largest_within(f: Callable[[int], float], cap: float, start: int = 64) -> int:
     """Largest ``k >= 0`` with ``f(k) <= cap`` for non-decreasing ``f``; ``-1`` when even
-    ``f(0) > cap``, ``2**40`` for "unbounded"."""
+    ``f(0) > cap``, ``2**40`` for "unbounded". ``start`` is a guess of the answer (the
+    planned number of steps): when it is right, three evaluations settle it."""
     if f(0) > cap:
         return -1
-    if f(1) > cap:
-        return 0
-    lo, hi = 1, max(2, start)
-    while f(hi) <= cap:
-        lo, hi = hi, hi * 4
-        if hi > 2**40:
-            return 2**40
+    start = max(1, int(start))
+    if f(start) <= cap:
+        if f(start + 1) > cap:
+            return start
+        lo, hi = start + 1, 2 * (start + 1)
+        while f(hi) <= cap:
+            lo, hi = hi, hi * 2
+            if hi > 2**40:
+                return 2**40
+    else:
+        lo, hi = 0, start
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if f(mid) <= cap:
