@@ -86,13 +86,28 @@ class PrivateTraining:
     def noise_multiplier(self) -> float:
         return self.optimizer.noise_multiplier
 
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:  # same as the optimizer's
+        self.optimizer.noise_multiplier = value
+
     @property
     def max_grad_norm(self) -> float:
         return self.optimizer.max_grad_norm
 
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float) -> None:
+        self.optimizer.max_grad_norm = value
+
     @property
     def sampling_rate(self) -> float:
         return self._sampling_rate
+
+    @sampling_rate.setter
+    def sampling_rate(self, value: float) -> None:
+        raise AttributeError("sampling_rate cannot be changed after make_private: the "
+                             "sampler draws the batches with it and the accountant records "
+                             "it. Call make_private again with a loader of another "
+                             "batch_size")
 
     def __repr__(self) -> str:
         return (f"PrivateTraining(noise_multiplier={self.noise_multiplier}, "

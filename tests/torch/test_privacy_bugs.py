@@ -140,6 +140,9 @@ def test_noise_change_mid_run_is_a_new_segment():
     old = compose(subsample(Gaussian(1.1), rate=8 / 64), steps=5).epsilon(1e-5)
     assert p.epsilon(1e-5) > old  # what the accountant used to report
     assert p.noise_multiplier == 0.3  # one source of truth
+    p.noise_multiplier = 0.5  # the same value, set through the PrivateTraining
+    _train(p, 1)
+    assert p.accountant.segments[-1] == type(segs[0])(0.5, 8 / 64, 1.0, 1)
 
 
 def test_noise_change_changes_the_noise_actually_added():
@@ -178,7 +181,7 @@ def test_max_grad_norm_change_recorded_and_sampling_rate_refused():
     assert [(s.max_grad_norm, s.steps) for s in p.accountant.segments] == [(1.0, 2), (0.5, 1)]
     with pytest.raises(AttributeError, match="sample_rate cannot be changed"):
         p.data_loader.batch_sampler.sample_rate = 0.5
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="sampling_rate cannot be changed"):
         p.sampling_rate = 0.5
     with pytest.raises(ValueError, match="noise_multiplier"):
         p.optimizer.noise_multiplier = -1.0
