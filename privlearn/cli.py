@@ -463,10 +463,27 @@ def budget_history(path: str, dataset: str, privacy_unit: str | None, as_json: b
         ]))
         return
     for e in entries:
-        what = "" if e.mechanism is None else f" {e.mechanism!r}"
+        what = "" if e.mechanism is None else f"  {_describe(e.mechanism)}"
         ref = f" (reservation {e.ref})" if e.ref is not None else ""
         click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {e.label or '-'}  [{e.who or '-'}]"
                    f"{ref}{what}")
+
+
+def _describe(m: Mechanism) -> str:
+    """A short human-readable description of a mechanism (for ``budget history``)."""
+    from privlearn.accounting import Composed, Subsampled
+
+    if isinstance(m, Composed):
+        return " + ".join(
+            (f"{k} x " if k > 1 else "") + _describe(mm) for mm, k in m.parts
+        ) or "nothing"
+    if isinstance(m, Subsampled):
+        return (f"{_describe(m.base)} subsampled q={m.rate:g} ({m.scheme.value}, "
+                f"{m.neighbouring.value})")
+    fields = getattr(m, "__dataclass_fields__", {})
+    args = ", ".join(f"{getattr(m, f):g}" if isinstance(getattr(m, f), float)
+                     else str(getattr(m, f)) for f in fields if f != "rdp_function")
+    return f"{type(m).__name__}({args})"
 
 
 @budget.command(name="verify")
