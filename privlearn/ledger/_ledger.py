@@ -773,8 +773,15 @@ class Ledger:
             try:
                 rows = cur.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY seq").fetchall()
                 head = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()
+                keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
             except sqlite3.DatabaseError as exc:
                 return VerifyReport(False, 0, (f"unreadable ledger: {exc}",))
+        if keyed is not None and (keyed[0] == "1") != (self._key is not None):
+            problems.append(
+                "the ledger was created " + ("with" if keyed[0] == "1" else "without")
+                + " an HMAC key and opened " + ("with" if self._key else "without")
+                + " one: hashes cannot match"
+            )
         prev = GENESIS
         for i, r in enumerate(rows, start=1):
             if r[0] != i:

@@ -7,6 +7,8 @@ import math
 import pickle
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privlearn.accounting import Gaussian, Laplace, RDPMechanism, compose, subsample
 from privlearn.errors import BudgetExceededError
@@ -190,3 +192,45 @@ def test_append_refused_on_a_tampered_ledger(tmp_path):
     with pytest.raises(LedgerIntegrityError):
         led.spend("a", Gaussian(3.0))
     assert not led.verify()
+
+
+def test_keyed_ledger(tmp_path):
+    p = tmp_path / "k.db"
+    led = Ledger(p, key=b"secret")
+    led.create_budget("a", 1.0, 1e-6)
+    led.spend("a", Gaussian(10.0))
+    assert led.verify()
+    report = Ledger(p).verify()
+    assert not report and any("HMAC key" in x for x in report.problems)
+    assert not Ledger(p, key=b"other").verify()
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["spend", "reserve", "settle"]),
+                              st.floats(3.0, 30.0), st.integers(1, 5)), max_size=12))
+def test_random_histories_never_exceed_the_cap(tmp_path_factory, ops):
+    led = Ledger(tmp_path_factory.mktemp("h") / "h.db")
+    led.create_budget("a", 1.0, 1e-6)
+    counted, open_res = [], []
+    for op, sigma, k in ops:
+        m = compose(Gaussian(sigma), steps=k)
+        try:
+            if op == "spend":
+                led.spend("a", m)
+                counted.append(m)
+            elif op == "reserve":
+                r = led.reserve("a", m)
+                open_res.append((r, len(counted)))
+                counted.append(m)
+            elif open_res:
+                r, i = open_res.pop()
+                (step, planned), = r.mechanism.parts
+                actual = compose(step, steps=max(1, planned - 1))  # fewer steps ran
+                r.settle(actual)
+                counted[i] = actual
+        except BudgetExceededError:
+            pass
+        s = led.spent("a")
+        assert s.epsilon_spent <= 1.0
+        assert s.epsilon_spent == (compose(counted).epsilon(1e-6) if counted else 0.0)
+    assert led.verify()
