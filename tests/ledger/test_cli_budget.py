@@ -143,3 +143,13 @@ def test_python_dash_m_privlearn(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
     assert bad.stderr.count("\n") == 1
     assert subprocess.run(base + ["verify", path]).returncode == 0
+
+
+def test_adaptive_budget_from_the_cli(tmp_path):
+    path = str(tmp_path / "a.db")
+    assert run("budget", "init", path, "--dataset", "d", "--epsilon", "1", "--delta", "1e-6",
+               "--adaptive").exit_code == 0
+    assert run("budget", "spend", path, "--dataset", "d", "--noise-multiplier", "10").exit_code == 0
+    s = json.loads(run("budget", "show", path, "--dataset", "d", "--json").output)
+    assert s["adaptive"] is True and s["adaptive_order"] > 1
+    assert s["epsilon_spent"] < s["adaptive_epsilon"] <= 1.0
