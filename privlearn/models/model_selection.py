@@ -61,7 +61,7 @@ from sklearn.model_selection import ParameterGrid
 
 from privlearn.accounting import Gaussian, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
-from privlearn.models._base import check_positive_param, make_rng
+from privlearn.models._base import check_positive_param, make_rng, spend_on_ledger
 
 __all__ = [
     "PrivateSearchCV",
@@ -312,9 +312,8 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
         lb = 1.0 if public else self._loss_bound()
         mech, info = self.plan(X, y, public_scores=public)
         acc = "rdp" if self.method == "random_stopping" else self.accountant
-        if self.ledger is not None:
-            self.ledger.spend(mech, label=f"PrivateSearchCV({type(self.estimator).__name__}, "
-                              f"{self.method})")
+        spend_on_ledger(self, mech, f"PrivateSearchCV({type(self.estimator).__name__}, "
+                        f"{self.method})")
         rng = make_rng(self.random_state)
         grid, fit_mechs = info["grid"], info["fit_mechanisms"]
         if self.method == "composition":

@@ -41,6 +41,7 @@ from privlearn.models._base import (
     check_positive_param,
     check_privacy_budget,
     make_rng,
+    spend_on_ledger,
     spent_epsilon,
 )
 
@@ -214,6 +215,9 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimato
         Floor of ``scale_`` relative to ``r`` (default 1e-3).
     accountant : str
     random_state : None, int or Generator
+    ledger : BudgetHandle, optional
+        ``Ledger(path).budget(dataset)``: :meth:`fit` spends ``mechanism_`` on it before
+        reading the data (refused with ``BudgetExceededError`` when over budget).
 
     Attributes
     ----------
@@ -247,6 +251,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimato
         min_scale: float = 1e-3,
         accountant: str = "pld",
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -256,6 +261,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimato
         self.min_scale = min_scale
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
 
     def _ranges(self, d: int) -> np.ndarray:
         if self.feature_range is None:
@@ -299,6 +305,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimato
         n, d = X.shape
         eps, delta, q, nb, ms, fr = self._validate(d)
         s = _calibrate_scaler(eps, delta, q is not None, str(self.accountant))
+        spend_on_ledger(self, scaler_mechanism(s, q is not None), "PrivateStandardScaler")
         rng = make_rng(self.random_state)
         if q is None:
             bounds = fr.copy()

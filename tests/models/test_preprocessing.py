@@ -148,3 +148,21 @@ def test_california_pipeline_at_total_epsilon_1_matches_adassp_with_public_bound
 )
 def test_scaler_is_sklearn_compatible(estimator, check):
     check(estimator)
+
+
+def test_scaler_spends_on_the_ledger_before_reading(tmp_path):
+    from privlearn.errors import BudgetExceededError
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db")
+    led.create_budget("d", epsilon=1.0, delta=1e-6)
+    X = np.random.default_rng(0).normal(size=(500, 3))
+    sc = PrivateStandardScaler(epsilon=0.8, delta=5e-7, feature_range=(-10, 10),
+                               ledger=led.budget("d"), random_state=0).fit(X)
+    assert led.mechanism("d") == compose([sc.mechanism_])
+    with pytest.raises(BudgetExceededError):
+        PrivateStandardScaler(epsilon=0.8, delta=5e-7, feature_range=(-10, 10),
+                              ledger=led.budget("d")).fit(X)
+    assert led.spent("d").entries == 1
+    with pytest.raises(TypeError, match="budget handle"):
+        PrivateStandardScaler(feature_range=(-10, 10), ledger=led).fit(X)
