@@ -19,6 +19,7 @@ __all__ = [
     "check_positive_param",
     "clip_rows",
     "make_rng",
+    "spend_on_ledger",
     "spent_epsilon",
 ]
 
@@ -112,3 +113,23 @@ def make_rng(random_state: object) -> np.random.Generator:
 def spent_epsilon(mechanism: Mechanism, delta: float, accountant: str) -> float:
     """Certified epsilon of ``mechanism`` at ``delta`` (upper bound from the accountant)."""
     return float(mechanism.epsilon(delta, accountant))
+
+
+def spend_on_ledger(estimator: object, mechanism: Mechanism, label: str | None = None):
+    """Spend ``mechanism`` on the estimator's ``ledger`` (if it has one) *before* the
+    release reads the data; raises :class:`privlearn.errors.BudgetExceededError` (and
+    records nothing) when it would exceed the budget. Returns the ledger entry, or None.
+
+    ``ledger`` must be a budget handle, ``Ledger(path).budget(dataset)``
+    (:mod:`privlearn.ledger`); anything with a ``spend(mechanism, *, label)`` method works.
+    """
+    handle = getattr(estimator, "ledger", None)
+    if handle is None:
+        return None
+    spend = getattr(handle, "spend", None)
+    if not callable(spend) or not hasattr(handle, "dataset"):
+        raise TypeError(
+            f"ledger must be a budget handle, e.g. Ledger(path).budget('dataset'), got "
+            f"{handle!r}"
+        )
+    return spend(mechanism, label=label or f"{type(estimator).__name__}")
