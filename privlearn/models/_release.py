@@ -271,3 +271,4 @@ def attribute_table_markdown() -> str:
             cat, why = attrs[name]
             lines.append(f"| `{cls}` | `{name}` | {cat} | {why} |")
     return "\n".join(lines) + "\n"
+
