@@ -42,8 +42,10 @@ def _knn_data(seed=0, n=400):
 
 def test_knn_release_keeps_no_exact_vote_histogram():
     X, y, centers = _knn_data()
-    knn = PrivateKNN(n_neighbors=9, sampling_rate=0.5, epsilon=1.0, classes=[0, 1, 2],
-                     random_state=0).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)  # classes inferred
+        knn = PrivateKNN(n_neighbors=9, sampling_rate=0.5, epsilon=1.0,
+                         random_state=0).fit(X, y)
     knn.release(centers[[0, 1, 2, 0]])
     integer_valued = [k for k, v in vars(knn).items()
                       if isinstance(v, np.ndarray) and v.ndim == 2 and v.shape[0] == 4
@@ -78,21 +80,22 @@ def test_knn_public_release_is_shareable_and_holds_no_private_data():
 
 def test_knn_second_release_reports_the_composed_total():
     X, y, centers = _knn_data()
-    knn = PrivateKNN(n_neighbors=9, sampling_rate=0.2, epsilon=1.0, classes=[0, 1, 2],
-                     random_state=0).fit(X, y)
-    knn.release(centers)
-    first = knn.epsilon_
-    knn.release(centers[:2])
-    s1 = knn.public_release().mechanism
     q = 0.2
-    total = compose([knn._releases[0].mechanism, knn.last_mechanism_])
-    assert knn.mechanism_ == total == s1
-    assert knn.epsilon_ == pytest.approx(total.epsilon(1e-6, "pld"), rel=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)  # classes inferred
+        knn = PrivateKNN(n_neighbors=9, sampling_rate=q, epsilon=1.0,
+                         random_state=0).fit(X, y)
+    knn.release(centers)
+    first, m1 = knn.epsilon_, knn.mechanism_
+    knn.release(centers[:2])
+    m2 = compose(subsample(Gaussian(knn.noise_multiplier_), q), steps=2)
+    total = compose([m1, m2])
     # the old code reported the second call alone
-    assert knn.epsilon_ > max(first, knn.last_epsilon_) + 0.1
+    assert knn.epsilon_ == pytest.approx(total.epsilon(1e-6, "pld"), rel=1e-12)
+    assert knn.epsilon_ > max(first, m2.epsilon(1e-6, "pld")) + 0.1
+    assert knn.mechanism_ == total == knn.public_release().mechanism
+    assert knn.last_mechanism_ == m2
     assert knn.last_epsilon_ <= 1.0 and knn.n_queries_ == 5
-    assert knn.last_mechanism_ == compose(
-        subsample(Gaussian(knn.noise_multiplier_), q), steps=2)
     # fit starts a new account
     knn.fit(X, y)
     assert not hasattr(knn, "epsilon_")
@@ -151,20 +154,24 @@ def test_pate_refuses_transposed_votes():
 
 @pytest.mark.parametrize("cls", [SSPRegressor, AdaSSPRegressor, NoisyGDRegressor])
 def test_linear_models_store_no_clipping_counts(cls):
-    from privlearn.models import DataClippedWarning
-
     rng = np.random.default_rng(0)
     X = rng.normal(size=(200, 3))
     y = rng.normal(scale=3.0, size=200)
     kw = dict(epsilon=1.0, delta=1e-6, x_bound=1.0, y_bound=2.0, random_state=0)
     if cls is NoisyGDRegressor:
         kw.update(noise_multiplier=None, n_iter=20)
-    with pytest.warns(DataClippedWarning, match="rows.*labels"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         m = cls(**kw).fit(X, y)
     for name in ("n_rows_clipped_", "n_labels_clipped_"):
         assert name not in vars(m)
         with pytest.raises(AttributeError, match="removed for privacy"):
             getattr(m, name)
+    # the person fitting is told instead
+    from privlearn.models import DataClippedWarning
+
+    clip = [w for w in caught if issubclass(w.category, DataClippedWarning)]
+    assert len(clip) == 1 and "rows" in str(clip[0].message)
     fitted_ints = [k for k, v in vars(m).items() if k.endswith("_")
                    and isinstance(v, int | np.integer) and not isinstance(v, bool)]
     assert set(fitted_ints) <= {"n_features_in_", "n_iter_"}
