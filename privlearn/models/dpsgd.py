@@ -107,7 +107,10 @@ class _DPSGDBase(BaseEstimator):
         if isinstance(q, bool) or not isinstance(q, int | float | np.floating) or not (
             0.0 < float(q) <= 1.0
         ):
-            raise ValueError(f"sampling_rate must be in (0, 1], got {q!r}")
+            raise ValueError(
+                f"sampling_rate must be in (0, 1], got {q!r}; it is the Poisson rate "
+                "(expected batch size / n_samples), 1 for full-batch noisy GD"
+            )
         steps = check_int_param("n_iter", self.n_iter, 1)
         check_positive_param("learning_rate", self.learning_rate)
         check_positive_param("max_grad_norm", self.max_grad_norm)

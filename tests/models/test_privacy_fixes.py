@@ -338,3 +338,33 @@ def test_knn_classes_inferred_from_private_labels_warn():
     np.testing.assert_array_equal(knn.classes_[knn._y], y)
     with pytest.raises(ValueError, match="not in classes"):
         PrivateKNN(classes=[0, 1]).fit(X, y)
+
+
+# --- parameter validation: name, range, value, suggestion ------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda v: SSPRegressor(epsilon=v),
+    lambda v: NoisyGDRegressor(n_iter=v, noise_multiplier=None),
+    lambda v: DPSGDClassifier(noise=v, classes=[0, 1]),
+])
+def test_wrong_types_raise_type_error_that_is_also_a_value_error(make):
+    X, y = np.zeros((4, 2)), np.array([0.0, 1.0, 0.0, 1.0])
+    with pytest.raises(TypeError, match="must be") as info:
+        make([1]).fit(X, y)
+    assert isinstance(info.value, ValueError)  # earlier versions raised ValueError
+    assert "[1]" in str(info.value)
+
+
+def test_error_messages_name_range_value_and_suggest():
+    X, y = np.zeros((4, 2)), np.array([0.0, 1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match=r"epsilon must be in \(0, inf\).*-1.*typically"):
+        SSPRegressor(epsilon=-1).fit(X, y)
+    with pytest.raises(ValueError, match=r"delta must be in \[0, 1\).*2.*e\.g\. 1e-6"):
+        SSPRegressor(delta=2).fit(X, y)
+    with pytest.raises(ValueError, match="noise must be one of.*'gausian'.*did you mean "
+                                         "'gaussian'"):
+        DPSGDClassifier(noise="gausian", classes=[0, 1]).fit(X, y)
+    with pytest.raises(ValueError, match="smoothness must be one of.*'privat'.*did you mean"):
+        NoisyGDRegressor(smoothness="privat").fit(X, y)
+    with pytest.raises(ValueError, match=r"sampling_rate must be in \(0, 1\].*1.5.*Poisson"):
+        DPSGDClassifier(sampling_rate=1.5, classes=[0, 1]).fit(X, y)
