@@ -135,9 +135,11 @@ def test_random_state_draws_are_independent(seed_data):
 
 
 def test_noisygd_seed000_50_reps_batched(seed_data):
-    """NoisyGD at epsilon = 2 (sigma = 500, T = 50251), 50 chains through
-    sample_coefficients (fit's code path, batched). Population median 0.6525; the sd of a
-    50-chain median is 0.0007 (2,000 chains), so the bound 0.655 is 3.6 sd away."""
+    """NoisyGD at epsilon = 2 (sigma = 500; T = 49748 with the default private smoothness
+    release, 50251 with the seed's exact lambda_max), 50 chains through
+    sample_coefficients (fit's code path, batched; each chain has its own smoothness
+    release). Population median 0.6526 with either rate; the sd of a 50-chain median is
+    0.0006-0.0007, so the bound 0.655 is about 3.5 sd away."""
     X, y, XTX, XTy, mse = seed_data
     est = NoisyGDRegressor(epsilon=2.0, random_state=1, **SEED_KW)
     coef, _ = est.sample_coefficients(X, y, 50)
@@ -154,6 +156,11 @@ def test_noisygd_seed000_public_fits(seed_data):
 
 @pytest.mark.slow
 def test_noisygd_seed000_public_fits_50(seed_data):
+    """Issue 9 acceptance with the data-independent default (smoothness="private": the
+    smoothness is released with noise and accounted in mechanism_): measured 50-fit
+    median 0.6529 (random_state 0..49); 8 batched 50-chain medians 0.6514-0.6537, mean
+    0.6526, sd 0.0006 -- indistinguishable from the seed's exact-lambda_max rate (mean
+    0.6526, sd 0.0006)."""
     X, y, *_ = seed_data
     mses = _public_fit_mses(NoisyGDRegressor, X, y, reps=50, epsilon=2.0)
     assert NONPRIVATE <= np.median(mses) <= 0.655
