@@ -147,6 +147,20 @@ def _released_names(obj) -> list[str]:
     return [k for k in vars(obj) if k not in params or k.endswith("_")]
 
 
+def _unlisted(obj) -> list[str]:
+    return sorted(set(_released_names(obj)) - set(RELEASED_ATTRIBUTES[type(obj).__name__]))
+
+
+def test_walk_flags_a_new_attribute():
+    """The walk cannot pass vacuously: an unlisted attribute (fitted-style or private)
+    is reported."""
+    m = _fit_linear(SSPRegressor)
+    assert _unlisted(m) == []
+    m.n_samples_seen_ = 300
+    m._cache = np.zeros(3)
+    assert _unlisted(m) == ["_cache", "n_samples_seen_"]
+
+
 @pytest.fixture(scope="module")
 def built():
     with warnings.catch_warnings():
@@ -169,7 +183,7 @@ def test_attributes_are_on_the_allow_list(built, cid):
     allowed = RELEASED_ATTRIBUTES[type(obj).__name__]
     names = _released_names(obj)
     assert names, "nothing walked"
-    unlisted = sorted(set(names) - set(allowed))
+    unlisted = _unlisted(obj)
     assert not unlisted, (
         f"{type(obj).__name__} carries attributes not on RELEASED_ATTRIBUTES: {unlisted}; "
         "add each with the reason it is covered (or remove it)"
