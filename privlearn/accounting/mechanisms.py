@@ -44,13 +44,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from privlearn.accounting._validation import (
+from privlearn._validation import (
     check_count,
     check_delta,
     check_enum,
     check_epsilon,
     check_positive,
-    check_probability_open,
+    check_probability,
     check_rate,
 )
 
@@ -233,7 +233,7 @@ class RandomizedResponse(Mechanism):
 
     def __post_init__(self) -> None:
         k = check_count("num_categories", self.num_categories, minimum=2)
-        p = check_probability_open("truth_probability", self.truth_probability)
+        p = check_probability("truth_probability", self.truth_probability)
         if not (1.0 / k <= p < 1.0):
             raise ValueError(
                 f"truth_probability must be in [1/num_categories, 1) = [{1.0 / k:g}, 1), "

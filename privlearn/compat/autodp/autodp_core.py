@@ -60,7 +60,7 @@ from privlearn.accounting import (
     UnsupportedMechanismError,
 )
 from privlearn.accounting import Mechanism as PrivlearnMechanism
-from privlearn.accounting._validation import check_delta, check_epsilon, check_real
+from privlearn._validation import check_delta, check_epsilon, check_real
 from privlearn.accounting.analytic import effective_noise_multiplier
 
 __all__ = [

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from privlearn.accounting import calibrate as _calibrate
-from privlearn.accounting._validation import check_delta, check_positive
+from privlearn._validation import check_delta, check_positive
 from privlearn.accounting.analytic import gaussian_epsilon
 from privlearn.compat.autodp.autodp_core import Calibrator, Mechanism, as_float
 

@@ -23,7 +23,7 @@ from privlearn.accounting import (
     compose,
     subsample,
 )
-from privlearn.accounting._validation import check_count, check_nonnegative, check_positive
+from privlearn._validation import check_count, check_nonnegative, check_positive
 from privlearn.compat.autodp.autodp_core import (
     NO_PRIVACY_LOSS,
     Mechanism,
