@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from privlearn._validation import check_delta, check_epsilon, check_real
 from privlearn.accounting import (
     Composed,
     Gaussian,
@@ -60,7 +61,6 @@ from privlearn.accounting import (
     UnsupportedMechanismError,
 )
 from privlearn.accounting import Mechanism as PrivlearnMechanism
-from privlearn._validation import check_delta, check_epsilon, check_real
 from privlearn.accounting.analytic import effective_noise_multiplier
 
 __all__ = [

@@ -21,9 +21,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from privlearn._validation import check_nonnegative, check_rate
 from privlearn.accounting import Composed, compose, subsample
 from privlearn.accounting import Mechanism as PrivlearnMechanism
-from privlearn._validation import check_nonnegative, check_rate
 from privlearn.accounting.analytic import effective_noise_multiplier
 from privlearn.accounting.mechanisms import Gaussian
 from privlearn.compat.autodp.autodp_core import (
