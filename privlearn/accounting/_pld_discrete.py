@@ -54,7 +54,7 @@ from scipy import fft as sfft
 from scipy.optimize import isotonic_regression
 
 from privlearn.accounting._pld_pairs import Pair
-from privlearn.accounting.accountants import AccountingError
+from privlearn.accounting._types import AccountingError
 
 U = float(np.finfo(float).eps)  # unit roundoff (x2, conservative)
 MAX_STEP_POINTS = 4_000_000

@@ -1,17 +1,21 @@
 """Privacy loss distribution (PLD) accountant with certified upper *and* lower bounds.
 
-Registered as ``"pld"`` (the default accountant). Supported mechanisms: :class:`Gaussian`,
-:class:`Laplace`, :class:`RandomizedResponse`, :class:`PureDP`, :class:`Subsampled` of
-these (Poisson or fixed-size sampling, add/remove or replace-one neighbouring) and
-:class:`Composed` lists of all of them (any counts).
+Registered as ``"pld"`` (the default accountant). Supported mechanisms: every kind with a
+``pld_pair`` in the mechanism registry (:mod:`privlearn.accounting.registry`; built in:
+:class:`Gaussian`, :class:`Laplace`, :class:`RandomizedResponse`, :class:`PureDP`),
+:class:`Subsampled` of these (Poisson or fixed-size sampling, add/remove or replace-one
+neighbouring) and :class:`Composed` lists of all of them (any counts). Everything
+kind-specific below (pairs, pure epsilons, the replace-one pairs, scaling to twice the
+sensitivity) is the kind's registered function.
 
 Method
 ------
-1. Compositions of non-subsampled Gaussians are evaluated exactly in constant time by
+1. Compositions of kinds with an equivalent Gaussian are evaluated exactly in constant time by
    the analytic curve (:mod:`privlearn.accounting.analytic`; Dong, Roth & Su 2022,
    Corollary 3.3 and Balle & Wang 2018, Theorem 8); upper and lower bounds bracket the
    exact value by the certified floating-point error of its evaluation.
-2. ``delta = 0`` is answered exactly from the description: the pure epsilon of each step
+2. ``delta = 0`` is answered exactly (rounded up) from the description
+   (:func:`privlearn.accounting.registry.pure_epsilon`): the pure epsilon of each step
    (Laplace ``1/b``, randomized response ``log(p (k-1) / (1-p))``, PureDP ``eps``,
    subsampled ``log(1 + q (e^eps - 1))`` -- Balle, Barthe & Gaboardi 2018, Theorems 8
    and 9 -- replace-one subsampled Laplace ``log((1-q+q e^{1/b}) / (1-q+q e^{-1/b}))``,
@@ -90,48 +94,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from privlearn.accounting import _pld_discrete as dsc
-from privlearn.accounting._pld_pairs import (
-    AddPair,
-    GaussianPair,
-    LaplacePair,
-    Pair,
-    RemovePair,
-    ReplaceGaussianPair,
-    ReplaceLaplacePair,
-    pure_dp_pair,
-    randomized_response_pair,
-)
-from privlearn.accounting.accountants import (
-    AccountingError,
-    PrivacyBound,
-    UnsupportedMechanismError,
-    register_accountant,
-)
-from privlearn.accounting.analytic import (
-    effective_noise_multiplier,
-    gaussian_delta_bounds,
-    gaussian_epsilon_bounds,
-)
-from privlearn.accounting.mechanisms import (
-    Composed,
-    Gaussian,
-    Laplace,
-    Mechanism,
-    Neighbouring,
-    PureDP,
-    RandomizedResponse,
-    RDPMechanism,
-    Sampling,
-    Subsampled,
-)
+from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
+from privlearn.accounting._types import AccountingError, PrivacyBound
+from privlearn.accounting.accountants import register_accountant
+from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
+from privlearn.accounting.mechanisms import Composed, Mechanism, Neighbouring, Subsampled
+from privlearn.accounting.registry import equivalent_gaussian, kind_of, lookup, relation_base
+from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
 
 __all__ = ["PLDAccountant", "pure_epsilon"]
 
-_BASES = (Gaussian, Laplace, RandomizedResponse, PureDP)
-
 
 # ----------------------------------------------------------------------------------
-# description -> steps
+# description -> steps (every kind-specific piece comes from the mechanism registry)
 # ----------------------------------------------------------------------------------
 
 
@@ -146,89 +121,31 @@ def _parts(mechanism: Mechanism) -> list[tuple[Mechanism, int]]:
 
 
 def _check_supported(m: Mechanism) -> None:
-    if isinstance(m, RDPMechanism):
-        raise UnsupportedMechanismError(
-            f"accountant 'pld' cannot evaluate RDPMechanism {m.name!r} (known only through "
-            "its Renyi-DP curve); use accountant='rdp'"
-        )
-    if isinstance(m, _BASES):
-        return
-    if isinstance(m, Subsampled) and isinstance(m.base, _BASES):
-        return
-    raise UnsupportedMechanismError(
-        f"accountant 'pld' supports Gaussian, Laplace, RandomizedResponse, PureDP, their "
-        f"subsampling and compositions; got {m!r}"
-    )
+    """Every kind needs a registered ``pld_pair`` (raises UnsupportedMechanismError)."""
+    lookup("pld_pair", m.base if isinstance(m, Subsampled) else m, accountant="pld")
 
 
-def _base_pair(m: Mechanism, factor: float = 1.0) -> Pair:
-    """Dominating pair of a base mechanism at ``factor`` times its sensitivity."""
-    if isinstance(m, Gaussian):
-        return GaussianPair(factor / m.noise_multiplier)
-    if isinstance(m, Laplace):
-        return LaplacePair(factor / m.noise_multiplier)
-    if isinstance(m, PureDP):
-        return pure_dp_pair(factor * m.pure_epsilon)
-    if isinstance(m, RandomizedResponse):  # a local randomiser: one pair for any relation
-        return randomized_response_pair(m.truth_probability, m.num_categories)
-    raise UnsupportedMechanismError(f"pld: unsupported base mechanism {m!r}")  # pragma: no cover
-
-
-def _base_pure(m: Mechanism, factor: float = 1.0) -> float:
-    if isinstance(m, Gaussian):
-        return math.inf
-    if isinstance(m, Laplace):
-        return factor / m.noise_multiplier
-    if isinstance(m, PureDP):
-        return factor * m.pure_epsilon
-    if isinstance(m, RandomizedResponse):
-        return m.pure_epsilon
-    raise UnsupportedMechanismError(f"pld: unsupported base mechanism {m!r}")  # pragma: no cover
-
-
-def _factor(m: Subsampled) -> float:
-    fixed_add_remove = m.scheme is Sampling.FIXED and m.neighbouring is Neighbouring.ADD_REMOVE
-    return 2.0 if fixed_add_remove else 1.0
+def _base_pair(m: Mechanism) -> Pair:
+    """Dominating pair of one run of a (non-structural) mechanism."""
+    return lookup("pld_pair", m, accountant="pld")(m)
 
 
 def _replace_pair(m: Subsampled) -> Pair | None:
-    """The tight replace-one pair of a subsampled Gaussian / Laplace mechanism (a record's
-    contribution moves from ``+c`` to ``-c``, ``|c|`` the add/remove sensitivity), or None
-    for the other combinations."""
-    if m.neighbouring is not Neighbouring.REPLACE_ONE:
+    """The tight replace-one pair of a subsampled mechanism whose kind registers one (a
+    record's contribution moves from ``+c`` to ``-c``), or None."""
+    if m.neighbouring is not Neighbouring.REPLACE_ONE or m.rate >= 1.0:
         return None
-    if isinstance(m.base, Gaussian):
-        mu = 1.0 / m.base.noise_multiplier
-        return GaussianPair(2.0 * mu) if m.rate >= 1.0 else ReplaceGaussianPair(mu, m.rate)
-    if isinstance(m.base, Laplace):
-        mu = 1.0 / m.base.noise_multiplier
-        return LaplacePair(2.0 * mu) if m.rate >= 1.0 else ReplaceLaplacePair(mu, m.rate)
-    return None
-
-
-def _step_pure_epsilon(m: Mechanism) -> float:
-    """Pure epsilon of one step's dominating pair(s) (exact; see module docstring)."""
-    if isinstance(m, Subsampled):
-        rep = _replace_pair(m)
-        if rep is not None:
-            return rep.pure_epsilon
-        e = _base_pure(m.base, _factor(m))
-        if math.isinf(e):
-            return math.inf
-        # Balle, Barthe & Gaboardi 2018, Theorems 8 and 9: log(1 + q (e^eps - 1))
-        return math.log1p(m.rate * math.expm1(e))
-    return _base_pure(m)
+    kind = kind_of(m.base)
+    fn = kind.get("pld_replace_one_pair") if kind is not None else None
+    return None if fn is None else fn(m.base, m.rate)
 
 
 def pure_epsilon(mechanism: Mechanism) -> float:
-    """Epsilon at ``delta = 0`` of the modelled pairs, summed over the composition."""
-    terms = []
-    for m, k in _parts(mechanism):
-        if isinstance(m, Laplace):
-            terms.append(k / m.noise_multiplier)  # k / b in one rounding
-        else:
-            terms.append(k * _step_pure_epsilon(m))
-    return math.fsum(terms)
+    """Epsilon at ``delta = 0`` of the modelled pairs, summed over the composition
+    (:func:`privlearn.accounting.registry.pure_epsilon`, rounded up); raises
+    :class:`UnsupportedMechanismError` for mechanisms this accountant cannot evaluate."""
+    _parts(mechanism)
+    return _registry_pure_epsilon(mechanism)
 
 
 @dataclass(frozen=True)
@@ -243,7 +160,7 @@ def _step(m: Mechanism) -> _Step:
         rep = _replace_pair(m)
         if rep is not None:  # symmetric: (Q, P) has the same loss distribution
             return _Step("sym", rep)
-        base = _base_pair(m.base, _factor(m))
+        base = _base_pair(relation_base(m, accountant="pld"))
         q = m.rate
         if q >= 1.0:
             return _Step("sym", base)
@@ -424,7 +341,7 @@ class PLDAccountant:
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta."""
         parts = _parts(mechanism)
-        sigma = effective_noise_multiplier(mechanism)
+        sigma = equivalent_gaussian(mechanism)
         if sigma is not None:  # exact curve, bracketed by its floating-point error
             lo, up = gaussian_epsilon_bounds(sigma, delta)
             return PrivacyBound(up, lo, self.name)
@@ -432,9 +349,9 @@ class PLDAccountant:
             e = pure_epsilon(mechanism)
             if math.isinf(e):
                 return PrivacyBound(math.inf, math.inf, self.name)
-            # the exact value, correctly rounded per term and summed with fsum (lower and
-            # upper coincide up to that rounding)
-            return PrivacyBound(e, e, self.name)
+            # the exact value, rounded up (upper) and down by as much again (lower): the
+            # dominating pairs attain it
+            return PrivacyBound(e, e * (1.0 - 16.0 * dsc.U), self.name)
         pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
         res = self._composed(mechanism, parts, h_scale=1.0)
         accurate = res.slack() > 1e-3 * delta
@@ -459,7 +376,7 @@ class PLDAccountant:
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon."""
         parts = _parts(mechanism)
-        sigma = effective_noise_multiplier(mechanism)
+        sigma = equivalent_gaussian(mechanism)
         if sigma is not None:
             lo, up = gaussian_delta_bounds(sigma, epsilon)
             return PrivacyBound(up, lo, self.name)
