@@ -99,12 +99,15 @@ def check_nonnegative(
     return x
 
 
-def check_delta(name: str, value: object, *, hint: str | None = None) -> float:
-    """A privacy parameter delta in [0, 1)."""
+def check_delta(
+    name: str, value: object, *, allow_one: bool = False, hint: str | None = None
+) -> float:
+    """A privacy parameter delta in [0, 1) (or [0, 1] with ``allow_one``)."""
     x = check_real(name, value, hint=hint)
-    if math.isnan(x) or not 0.0 <= x < 1.0:
+    if math.isnan(x) or not (0.0 <= x < 1.0 or (allow_one and x == 1.0)):
+        rng = "in [0, 1]" if allow_one else "in [0, 1)"
         raise ValueError(
-            _msg(name, "in [0, 1)", value, hint or "typical values are 1e-5 or 1/dataset size")
+            _msg(name, rng, value, hint or "typical values are 1e-5 or 1/dataset size")
         )
     return x
 

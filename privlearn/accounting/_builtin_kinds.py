@@ -28,11 +28,11 @@ RDPMechanism           the declared pure eps and the user's RDP function (no PLD
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
 
-from privlearn.accounting._rdp_math import _ULP, _laplace_rdp, _logsumexp, _rr_rdp
 from privlearn.accounting.mechanisms import (
     Gaussian,
     Laplace,
@@ -44,10 +44,14 @@ from privlearn.accounting.registry import register_mechanism, upper_float
 
 __all__: list[str] = []
 
+_ULP = sys.float_info.epsilon
+
 
 # -- Gaussian ------------------------------------------------------------------------------
 def _gaussian_rdp(mechanism: Gaussian, alphas: np.ndarray) -> np.ndarray:
     """``alpha / (2 sigma^2)`` (Mironov 2017, Proposition 7 / Table II)."""
+    from privlearn.accounting._rdp_math import _ULP
+
     s = mechanism.noise_multiplier
     return alphas / (2.0 * s * s) * (1 + 2 * _ULP)
 
@@ -85,6 +89,13 @@ register_mechanism(
 
 
 # -- Laplace -------------------------------------------------------------------------------
+def _laplace_rdp(m: Laplace, alphas: np.ndarray) -> np.ndarray:
+    """Mironov (2017), Proposition 6 (see :func:`._rdp_math._laplace_rdp`)."""
+    from privlearn.accounting._rdp_math import _laplace_rdp as laplace_rdp
+
+    return laplace_rdp(m.noise_multiplier, alphas)
+
+
 def _laplace_pair(m: Laplace):
     from privlearn.accounting._pld_pairs import LaplacePair
 
@@ -111,7 +122,7 @@ register_mechanism(
     # 1/b rounded up (exactly 1/b when representable)
     pure_epsilon=lambda m: upper_float(1 / Fraction(m.noise_multiplier)),
     pld_pair=_laplace_pair,
-    rdp=lambda m, alphas: _laplace_rdp(m.noise_multiplier, alphas),
+    rdp=_laplace_rdp,
     scale_sensitivity=lambda m, factor: Laplace(m.noise_multiplier / factor),
     pld_replace_one_pair=_laplace_replace_pair,
     rdp_poisson_subsampled=_laplace_poisson_rdp,
@@ -128,6 +139,8 @@ def _randomized_response_rdp(mechanism: RandomizedResponse, alphas: np.ndarray) 
     the Renyi divergence between the output distributions for two different inputs (all
     pairs are equivalent by symmetry; Mironov 2017 Table II gives the binary case).
     """
+    from privlearn.accounting._rdp_math import _ULP, _logsumexp
+
     p, k = mechanism.truth_probability, mechanism.num_categories
     r = (1.0 - p) / (k - 1)
     if p == r:  # p = 1/k: output independent of the input
@@ -171,6 +184,8 @@ register_mechanism(
 def _pure_dp_rdp(mechanism: PureDP, alphas: np.ndarray) -> np.ndarray:
     """RDP of binary randomized response with the same epsilon (dominating pair; Kairouz,
     Oh & Viswanath 2015 Thm 2.1), which is also at most epsilon (Mironov 2017, Prop. 3)."""
+    from privlearn.accounting._rdp_math import _rr_rdp
+
     return _rr_rdp(mechanism.pure_epsilon, alphas)
 
 
@@ -197,6 +212,8 @@ def _user_rdp(mechanism: RDPMechanism, alphas: np.ndarray) -> np.ndarray:
     """The user's function, evaluated order by order; NaN is treated as ``inf`` (no
     guarantee) and the result is capped by the RDP of randomized response with the
     declared pure epsilon (Mironov 2017, Prop. 3; Kairouz, Oh & Viswanath 2015)."""
+    from privlearn.accounting._rdp_math import _rr_rdp
+
     out = np.empty_like(alphas)
     for i, a in enumerate(alphas.tolist()):
         v = mechanism.rdp_function(a)

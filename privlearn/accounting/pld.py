@@ -69,9 +69,12 @@ Limitations
 The floating-point allowance of the FFT composition is a worst-case bound that grows
 with the number of steps (about ``1e-9`` for 1e4 DP-SGD steps). When it exceeds
 ``1e-3 delta`` the low-frequency Fourier coefficients are recomputed directly (see
-:func:`._pld_discrete.compose_fft`), which brings it down to about ``1e-10`` per 1e4
-steps; for smaller targets :class:`AccountingError` is raised rather than returning an
-uncertified value.
+:func:`._pld_fft.compose_fft`), which brings it down to about ``1e-10`` per 1e4
+steps. For smaller targets ``epsilon(delta)`` returns the smaller of the other certified
+answers -- the pure epsilon (when finite) and the RDP accountant's epsilon -- with
+``PrivacyBound.accountant`` naming the one that answered and no lower bound; only when
+neither exists is :class:`AccountingError` raised rather than returning an uncertified
+value.
 
 References
 ----------
@@ -91,12 +94,15 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
-
 from privlearn.accounting import _pld_discrete as dsc
 from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
-from privlearn.accounting._types import AccountingError, PrivacyBound
-from privlearn.accounting.accountants import register_accountant
+from privlearn.accounting._pld_profile import PLDResult as _Result
+from privlearn.accounting._pld_profile import delta_at as _delta_at
+from privlearn.accounting._pld_profile import delta_upper as _delta_upper
+from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
+from privlearn.accounting._pld_profile import grid_gap as _grid_gap
+from privlearn.accounting._types import AccountingError, PrivacyBound, UnsupportedMechanismError
+from privlearn.accounting.accountants import get_accountant, register_accountant
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
 from privlearn.accounting.mechanisms import Composed, Mechanism, Neighbouring, Subsampled
 from privlearn.accounting.registry import equivalent_gaussian, kind_of, lookup, relation_base
@@ -172,131 +178,8 @@ def _step(m: Mechanism) -> _Step:
 
 
 # ----------------------------------------------------------------------------------
-# evaluation of a composed PLD
-# ----------------------------------------------------------------------------------
-
-
-def _delta_upper(res: _Result, eps: float) -> float:
-    """Certified upper delta: the worst direction. Where that direction's value is
-    dominated by the FFT error allowance (far in the tail), its Chernoff bound is used
-    instead, and the next direction considered."""
-    ups = sorted(((_delta_at(u, eps, True), i) for i, (u, _) in enumerate(res.directions)),
-                 reverse=True)
-    best = 0.0
-    for up, i in ups:
-        if up <= best:
-            break
-        c = res.directions[i][0]
-        if c.slack_up > 0.01 * up:
-            up = min(up, c.chernoff_delta(eps))
-        best = max(best, up)
-    return best
-
-
-def _delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
-    h, j0, pi = c.h, c.j0, c.pi
-    N = pi.size
-    l0 = j0 * h
-    if eps <= l0:
-        lk = (j0 + np.arange(N)) * h
-        tail = float(np.sum(np.abs(pi)))
-        val = float(np.sum(pi) - np.sum(pi * np.exp(eps - lk)))
-    else:
-        j = math.ceil(eps / h - j0) - 1  # l_j < eps <= l_{j+1}
-        if j >= N - 1:
-            val, tail = 0.0, 0.0
-        else:
-            tail = float(c.A[j])
-            val = float(c.A[j] - math.exp(eps - (j0 + j) * h) * c.C[j])
-    rnd = 4.0 * N * dsc.U * abs(tail)  # summation roundoff of the cumulative sums
-    if upper:
-        return min(1.0, max(val, 0.0) + rnd + c.inf + c.slack_up)
-    return max(0.0, val - rnd - c.slack_low)
-
-
-def _grid_gap(res: _Result, eps: float) -> float:
-    """Part of the gap between upper and lower delta that a finer grid can reduce (the
-    difference of the composed grid profiles; error allowances excluded)."""
-    gap = 0.0
-    for u, low in res.directions:
-        gap = max(gap, _delta_at_raw(u, eps) - _delta_at_raw(low, eps))
-    return gap
-
-
-def _delta_at_raw(c: dsc.ComposedPLD, eps: float) -> float:
-    N = c.pi.size
-    if eps <= c.j0 * c.h:
-        lk = (c.j0 + np.arange(N)) * c.h
-        return float(np.sum(c.pi) - np.sum(c.pi * np.exp(eps - lk)))
-    j = math.ceil(eps / c.h - c.j0) - 1
-    if j >= N - 1:
-        return 0.0
-    return float(c.A[j] - math.exp(eps - (c.j0 + j) * c.h) * c.C[j])
-
-
-def _eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
-    h, j0 = c.h, c.j0
-    A, C = c.A, c.C
-    N = A.size
-    if upper:
-        extra = c.inf + c.slack_up
-        if extra >= delta:
-            raise AccountingError(
-                f"pld: cannot certify delta={delta:g}: the certified error terms already sum "
-                f"to {extra:.3g} (mass at infinity + window tails + roundoff)"
-            )
-    else:
-        extra = -c.slack_low
-    # summation roundoff of the cumulative sums: relative <= N u (terms summed from the top)
-    rnd = (4.0 * N * dsc.U) * A * (1.0 if upper else -1.0)  # absolute, per grid point
-    vals = A - C + rnd + extra
-    above = np.nonzero(vals > delta)[0]
-    if above.size == 0:
-        # the crossing is at or below the first grid loss l0
-        l0 = j0 * h
-        if l0 <= 0.0:
-            return 0.0
-        lk = (j0 + np.arange(N)) * h
-        tot = float(np.sum(c.pi)) + extra - delta
-        B = float(np.sum(c.pi * np.exp(-(lk - l0))))
-        if tot <= 0 or B <= 0:
-            return 0.0
-        eps = l0 + math.log(tot / B)
-        eps += (1.0 if upper else -1.0) * 4e-15 * max(1.0, abs(eps))
-        return max(0.0, min(eps, l0))
-    k = int(above[-1])
-    if k >= N - 1:
-        if upper:
-            raise AccountingError("pld: epsilon lies beyond the composition window")
-        return (j0 + N - 1) * h
-    lk = (j0 + k) * h
-    num = A[k] + rnd[k] + extra - delta
-    if C[k] > 0 and num > 0:
-        t = math.log(num / C[k])
-        t = min(max(t, 0.0), h)
-    else:
-        t = h if upper else 0.0
-    eps = lk + t
-    if upper:
-        eps = eps + 4e-15 * max(1.0, abs(eps)) + 1e-14 * h
-        eps = min(eps, lk + h)
-    else:
-        eps = eps - 4e-15 * max(1.0, abs(eps)) - 1e-14 * h
-    return max(eps, 0.0)
-
-
-# ----------------------------------------------------------------------------------
 # the accountant
 # ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Result:
-    directions: list[tuple[dsc.ComposedPLD, dsc.ComposedPLD]]  # (upper, lower) per direction
-    h: float
-
-    def slack(self) -> float:
-        return max(max(u.slack_up, lw.slack_low) for u, lw in self.directions)
 
 
 class PLDAccountant:
@@ -353,11 +236,14 @@ class PLDAccountant:
             # dominating pairs attain it
             return PrivacyBound(e, e * (1.0 - 16.0 * dsc.U), self.name)
         pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
-        res = self._composed(mechanism, parts, h_scale=1.0)
-        accurate = res.slack() > 1e-3 * delta
-        if accurate:  # small delta: recompute the low frequencies without FFT error
-            res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
-        up, lo = self._eps_bounds(res, delta)
+        try:
+            res = self._composed(mechanism, parts, h_scale=1.0)
+            accurate = res.slack() > 1e-3 * delta
+            if accurate:  # small delta: recompute the low frequencies without FFT error
+                res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
+            up, lo = self._eps_bounds(res, delta)
+        except AccountingError as err:  # e.g. delta below the certified FFT error terms
+            return self._fallback_epsilon(mechanism, delta, pe, err)
         up, lo = min(up, pe), min(lo, pe)
         h_scale = 1.0
         while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
@@ -417,6 +303,27 @@ class PLDAccountant:
         return PrivacyBound(up, min(lo, up), self.name)
 
     # -- internals ---------------------------------------------------------------------
+    def _fallback_epsilon(
+        self, mechanism: Mechanism, delta: float, pe: float, err: AccountingError
+    ) -> PrivacyBound:
+        """When the grid cannot certify ``delta`` (tiny delta, long compositions), the
+        smallest certified answer of the other methods: the pure epsilon (a valid
+        epsilon for every delta) and the RDP accountant. ``PrivacyBound.accountant`` says
+        which one answered (``"pld"`` for the pure epsilon, ``"rdp"``); no lower bound.
+        Raises the grid's error when neither can answer."""
+        candidates: list[tuple[float, str]] = []
+        if math.isfinite(pe):
+            candidates.append((pe, self.name))
+        try:
+            rdp = get_accountant("rdp").epsilon(mechanism, delta)
+            candidates.append((rdp.upper, rdp.accountant))
+        except (UnsupportedMechanismError, AccountingError):
+            pass  # RDP cannot answer either; the candidates decide (or err is raised)
+        if not candidates or not math.isfinite(min(candidates)[0]):
+            raise err
+        up, who = min(candidates)
+        return PrivacyBound(up, None, who)
+
     def _eps_bounds(self, res: _Result, delta: float) -> tuple[float, float]:
         up = max(_eps_for_delta(u, delta, True) for u, _ in res.directions)
         lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
