@@ -62,10 +62,16 @@ that under replace-one a record's contribution moves by ``2 C``; False when the 
 states its guarantee for the relation in use (PureDP, randomized response).
 
 Further representations are declared with :func:`declare_representation` and attached with
-:func:`register_representation`. Reserved for serialisation (built in
-``privlearn.accounting.serialization``, which declares them): ``"to_dict"``
-(``fn(m) -> dict``) and ``"from_dict"`` (``fn(dict) -> Mechanism``). Closed forms
-(``privlearn.accounting.closed_form``) attach theirs the same way.
+:func:`register_representation`.
+
+Serialisation hooks (the documented place): ``"to_dict"`` (``fn(m) -> dict`` of JSON
+types, the kind's fields) and ``"from_dict"`` (``fn(dict) -> Mechanism``) are declared
+here so that a new kind can pass them to :func:`register_mechanism` today.
+``privlearn.accounting.serialization`` (built separately, with its own
+``register_serializer`` table keyed by type) is expected to read them with
+``lookup("to_dict", m)`` / ``lookup("from_dict", ...)`` for kinds it has no encoder for, or
+to move its encoders here. Closed forms (``privlearn.accounting.closed_form``) attach theirs
+the same way (declare, e.g., ``"privacy_profile"``, then register per kind).
 
 Structural mechanisms (:class:`~privlearn.accounting.Subsampled`,
 :class:`~privlearn.accounting.Composed`) are not registered: the description-level
@@ -130,6 +136,9 @@ REPRESENTATIONS: dict[str, str] = {
     "scale_sensitivity": "fn(m, factor: float) -> Mechanism",
     "pld_replace_one_pair": "fn(m, rate: float) -> Pair",
     "rdp_poisson_subsampled": "fn(m, rate: float, alphas: ndarray) -> ndarray",
+    # serialisation hooks, read by privlearn.accounting.serialization (see the docstring)
+    "to_dict": "fn(m) -> dict (JSON types: the kind's fields)",
+    "from_dict": "fn(d: dict) -> Mechanism",
 }
 
 _STRUCTURAL = (Composed, Subsampled)
