@@ -200,6 +200,10 @@ class PLDAccountant:
         ``max_points``) while the gap is larger.
     cache_size : int
         Number of composed mechanisms kept (epsilon and delta queries reuse them).
+    fallback : bool
+        When the grid cannot certify ``delta`` (tiny delta, long compositions), answer
+        with the smaller of the pure epsilon and the RDP accountant's epsilon, named in
+        ``PrivacyBound.accountant`` (default); ``False`` raises :class:`AccountingError`.
     """
 
     name = "pld"
@@ -212,12 +216,14 @@ class PLDAccountant:
         tail_tol: float = 1e-18,
         rel_gap: float = 0.003,
         cache_size: int = 16,
+        fallback: bool = True,
     ) -> None:
         self.n_target = int(n_target)
         self.max_points = int(max_points)
         self.tail_tol = float(tail_tol)
         self.rel_gap = float(rel_gap)
         self.cache_size = int(cache_size)
+        self.fallback = bool(fallback)
         self._cache: OrderedDict[tuple[Mechanism, float], _Result] = OrderedDict()
 
     # -- public API --------------------------------------------------------------------
@@ -243,6 +249,8 @@ class PLDAccountant:
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up, lo = self._eps_bounds(res, delta)
         except AccountingError as err:  # e.g. delta below the certified FFT error terms
+            if not self.fallback:
+                raise
             return self._fallback_epsilon(mechanism, delta, pe, err)
         up, lo = min(up, pe), min(lo, pe)
         h_scale = 1.0

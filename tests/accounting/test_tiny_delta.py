@@ -66,3 +66,11 @@ def test_fallback_raises_when_nothing_can_answer(monkeypatch):
     m = acc.compose(acc.subsample(acc.Gaussian(1.0), 0.01), 10)
     with pytest.raises(acc.AccountingError, match="grid"):
         pld.PLDAccountant()._fallback_epsilon(m, 1e-12, math.inf, err)
+
+
+def test_fallback_can_be_switched_off():
+    from privlearn.accounting.pld import PLDAccountant
+
+    m = acc.compose(acc.RandomizedResponse(0.75), 1000)
+    with pytest.raises(acc.AccountingError, match="cannot certify"):
+        PLDAccountant(fallback=False).epsilon(m, 1e-12)
