@@ -24,7 +24,8 @@ def _rr_exact_epsilon(p: float, k: int, delta: float) -> float:
     loss = (2 * j - k) * eps0
 
     def d(e: float) -> float:
-        return float(np.sum(np.exp(logpmf) * np.clip(-np.expm1(e - loss), 0, None))) - delta
+        gain = -np.expm1(np.minimum(e - loss, 0.0))  # (1 - e^{e - L})_+
+        return float(np.sum(np.exp(logpmf) * gain)) - delta
 
     return optimize.brentq(d, 0.0, k * eps0, xtol=1e-12)
 
