@@ -7,6 +7,7 @@ range and the value received.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 
@@ -15,17 +16,26 @@ import numpy as np
 from privlearn.accounting import Mechanism
 
 __all__ = [
+    "ParameterTypeError",
     "check_privacy_budget",
     "check_positive_param",
     "clip_rows",
     "make_rng",
+    "spend_on_ledger",
     "spent_epsilon",
 ]
 
 
+class ParameterTypeError(TypeError, ValueError):
+    """A parameter of the wrong type. A :class:`TypeError`, and also a :class:`ValueError`
+    so that code written against earlier versions (which raised ValueError) still works."""
+
+
 def _real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
+        raise ParameterTypeError(
+            f"{name} must be a real number, got {value!r} of type {type(value).__name__}"
+        )
     return float(value)
 
 
@@ -39,10 +49,16 @@ def check_privacy_budget(
     """
     eps = _real("epsilon", epsilon)
     if math.isnan(eps) or eps <= 0 or math.isinf(eps):
-        raise ValueError(f"epsilon must be in (0, inf) (finite, > 0), got {epsilon!r}")
+        raise ValueError(
+            f"epsilon must be in (0, inf) (finite, > 0), got {epsilon!r}; it is the privacy "
+            "budget, typically between 0.1 and 10"
+        )
     dlt = _real("delta", delta)
     if math.isnan(dlt) or not 0.0 <= dlt < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+        raise ValueError(
+            f"delta must be in [0, 1), got {delta!r}; use a value well below 1 / n_samples, "
+            "e.g. 1e-6"
+        )
     if noise == "gaussian" and dlt == 0.0:
         raise ValueError(
             "delta=0 is impossible with Gaussian noise: the Gaussian mechanism satisfies "
@@ -66,15 +82,22 @@ def check_int_param(name: str, value: object, minimum: int = 1, allow_none: bool
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ParameterTypeError(
+            f"{name} must be an integer >= {minimum}, got {value!r} of type "
+            f"{type(value).__name__}"
+        )
     if int(value) < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value.lower() not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    if not isinstance(value, str):
+        raise ParameterTypeError(f"{name} must be one of {choices}, got {value!r}")
+    if value.lower() not in choices:
+        close = difflib.get_close_matches(value.lower(), choices, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}{hint}")
     return value.lower()
 
 
@@ -112,3 +135,23 @@ def make_rng(random_state: object) -> np.random.Generator:
 def spent_epsilon(mechanism: Mechanism, delta: float, accountant: str) -> float:
     """Certified epsilon of ``mechanism`` at ``delta`` (upper bound from the accountant)."""
     return float(mechanism.epsilon(delta, accountant))
+
+
+def spend_on_ledger(estimator: object, mechanism: Mechanism, label: str | None = None):
+    """Spend ``mechanism`` on the estimator's ``ledger`` (if it has one) *before* the
+    release reads the data; raises :class:`privlearn.errors.BudgetExceededError` (and
+    records nothing) when it would exceed the budget. Returns the ledger entry, or None.
+
+    ``ledger`` must be a budget handle, ``Ledger(path).budget(dataset)``
+    (:mod:`privlearn.ledger`); anything with a ``spend(mechanism, *, label)`` method works.
+    """
+    handle = getattr(estimator, "ledger", None)
+    if handle is None:
+        return None
+    spend = getattr(handle, "spend", None)
+    if not callable(spend) or not hasattr(handle, "dataset"):
+        raise TypeError(
+            f"ledger must be a budget handle, e.g. Ledger(path).budget('dataset'), got "
+            f"{handle!r}"
+        )
+    return spend(mechanism, label=label or f"{type(estimator).__name__}")

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from privlearn.accounting import (
-    AccountingError,
     Gaussian,
     Laplace,
     RandomizedResponse,
@@ -58,14 +57,11 @@ def test_pld_laplace_basic_delta() -> None:
     assert m.epsilon(1e-10) <= 4.0
 
 
-@pytest.mark.xfail(
-    raises=AccountingError,
-    strict=True,
-    reason="issue 14 item 6 (tiny delta): the FFT allowance exceeds 1e-14 on this branch",
-)
 def test_pld_laplace_basic_tiny_delta() -> None:
+    # (issue 14 item 6: certified at delta 1e-14; the pure epsilon is the answer)
     m = compose([Laplace(1.0), Laplace(2.0)], steps=[3, 2])
     assert m.epsilon(1e-14) == pytest.approx(4.0, abs=1e-6)
+    assert m.epsilon(1e-14) <= 4.0 * (1 + 1e-12)
 
 
 def test_pld_poisson_subsampled_laplace() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from privlearn._validation import check_count, check_nonnegative, check_positive
 from privlearn.accounting import (
     Gaussian,
     Laplace,
@@ -28,7 +29,6 @@ from privlearn.accounting import (
     compose,
     subsample,
 )
-from privlearn.accounting._validation import check_count, check_nonnegative, check_positive
 from privlearn.compat.autodp.autodp_core import (
     NO_PRIVACY_LOSS,
     Mechanism,

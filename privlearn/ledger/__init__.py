@@ -1,0 +1,77 @@
+"""A persistent privacy ledger: the whole project's budget, per dataset, across processes.
+
+Every release made from a dataset -- a private scaler, model fits, a hyperparameter search,
+a DP-SGD run, label releases -- is recorded as its *mechanism* (what ran, in the versioned
+JSON form of :mod:`privlearn.accounting.serialization`), with the time, a label and who
+spent it. The total spent is computed by composing the stored mechanisms with an
+accountant (by default the PLD accountant's tight composition of heterogeneous releases,
+with certified lower and upper bounds), not by adding epsilons.
+
+>>> import os, tempfile
+>>> from privlearn.accounting import Gaussian, compose, subsample
+>>> from privlearn.ledger import Ledger
+>>> ledger = Ledger(os.path.join(tempfile.mkdtemp(), "privacy.db"))
+>>> _ = ledger.create_budget("mnist", epsilon=3.0, delta=1e-5)
+>>> run = compose(subsample(Gaussian(1.1), rate=256 / 60000), steps=2000)
+>>> with ledger.reserve("mnist", run, label="dp-sgd") as r:   # before touching the data
+...     pass                                                     # train; settles on exit
+>>> round(ledger.spent("mnist").epsilon_spent, 2) <= 3.0
+True
+
+Guarantees
+----------
+* **Atomic cap.** :meth:`Ledger.spend` and :meth:`Ledger.reserve` check and append in one
+  ``BEGIN IMMEDIATE`` SQLite transaction: with any number of processes writing at once
+  the admitted total never exceeds the cap and no spend is lost or duplicated. A refused
+  spend raises :class:`~privlearn.errors.BudgetExceededError` and records nothing; call
+  it before the release reads the data.
+* **Durable.** WAL journal with ``synchronous=FULL``: a spend that returned survives a
+  crash (``SIGKILL``, power loss) of the process.
+* **Tamper-evident.** Entries are append-only (triggers refuse ``UPDATE``/``DELETE``) and
+  hash-chained; a head record holds the count and last hash, so editing, deleting or
+  truncating entries is reported by :meth:`Ledger.verify` (``privlearn budget verify``).
+  Without a ``key`` anyone able to rewrite the whole file can recompute the chain; pass
+  ``key=`` (HMAC) or store :meth:`Ledger.head` elsewhere to detect that too.
+* **Two composition rules.** A budget created with ``adaptive=False`` (default) caps the
+  tight composition of the releases, valid when the *sequence of mechanisms* is fixed
+  in advance (outputs may feed later releases' inputs, as in ordinary adaptive
+  composition, but not their noise levels or number). When the choice of later releases
+  depends on earlier outputs (fully adaptive composition), create the budget with
+  ``adaptive=True``: the cap is then enforced by a Renyi filter (Feldman & Zrnic 2021;
+  :mod:`privlearn.ledger._filter`) at one order fixed when the budget is created, which is
+  valid under full adaptivity but admits less than the tight total; both numbers are in
+  :class:`Spent`.
+
+Reserve / settle (for long runs such as DP-SGD)
+-----------------------------------------------
+``r = ledger.reserve(dataset, plan)`` records the whole plan (e.g. ``compose(step, T)``)
+before training starts; ``r.settle(compose(step, steps=k))`` records that only ``k`` steps
+ran (the actual mechanism must be covered by the plan: a sub-composition). Until settled
+the plan counts in full, so a process killed at step ``k`` leaves at least ``k`` steps (in
+fact all ``T``) in the ledger. ``ledger.pending(dataset)`` lists unsettled reservations.
+"""
+
+from privlearn.ledger._filter import default_filter_order, filter_epsilon
+from privlearn.ledger._ledger import (
+    Budget,
+    BudgetHandle,
+    Entry,
+    Ledger,
+    LedgerIntegrityError,
+    Reservation,
+    Spent,
+    VerifyReport,
+)
+
+__all__ = [
+    "Budget",
+    "BudgetHandle",
+    "Entry",
+    "Ledger",
+    "LedgerIntegrityError",
+    "Reservation",
+    "Spent",
+    "VerifyReport",
+    "default_filter_order",
+    "filter_epsilon",
+]

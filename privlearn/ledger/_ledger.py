@@ -1,0 +1,882 @@
+"""A persistent, tamper-evident privacy ledger in SQLite (see :mod:`privlearn.ledger`)."""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import hmac
+import json
+import math
+import os
+import socket
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: SQLite's own locking only
+    fcntl = None
+
+from privlearn.accounting import Composed, Mechanism, compose, get_accountant
+from privlearn.accounting._validation import check_delta, check_positive
+from privlearn.accounting.serialization import dumps, loads
+from privlearn.errors import BudgetExceededError
+from privlearn.ledger._filter import default_filter_order, filter_epsilon, rdp_at_order
+
+__all__ = [
+    "Budget",
+    "BudgetHandle",
+    "Entry",
+    "Ledger",
+    "LedgerIntegrityError",
+    "Reservation",
+    "Spent",
+    "VerifyReport",
+]
+
+SCHEMA_VERSION = 1
+GENESIS = "0" * 64
+DEFAULT_UNIT = "record"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    privacy_unit TEXT NOT NULL,
+    mechanism TEXT,
+    payload TEXT,
+    label TEXT,
+    who TEXT,
+    time TEXT NOT NULL,
+    ref INTEGER,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_by_budget ON entries (dataset, privacy_unit, seq);
+CREATE TABLE IF NOT EXISTS head (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    count INTEGER NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
+BEGIN SELECT RAISE(ABORT, 'privlearn ledger entries are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
+BEGIN SELECT RAISE(ABORT, 'privlearn ledger entries are append-only'); END;
+"""
+
+_COLUMNS = (
+    "seq, kind, dataset, privacy_unit, mechanism, payload, label, who, time, ref, "
+    "prev_hash, hash"
+)
+
+
+class LedgerIntegrityError(RuntimeError):
+    """The ledger file failed its integrity check (an entry was edited, removed or the
+    chain truncated); nothing is appended to it. Run :meth:`Ledger.verify` for details."""
+
+
+# ----------------------------------------------------------------------------------
+# value objects
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The cap on one dataset (and privacy unit).
+
+    Attributes
+    ----------
+    dataset, privacy_unit : str
+    epsilon, delta : float
+        The cap: every admitted history is ``(epsilon, delta)``-DP.
+    accountant : str
+        Accountant composing the stored releases (default ``"pld"``).
+    adaptive : bool
+        Enforce the cap with the Renyi filter (valid under fully adaptive composition)
+        instead of the tight non-adaptive composition (see :mod:`privlearn.ledger`).
+    adaptive_order : float or None
+        The filter's Renyi order ``alpha`` (None when not adaptive).
+    """
+
+    dataset: str
+    privacy_unit: str
+    epsilon: float
+    delta: float
+    accountant: str
+    adaptive: bool = False
+    adaptive_order: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One row of the ledger (immutable once written).
+
+    ``kind`` is ``"budget"`` (the cap was set), ``"spend"``, ``"reserve"`` (a planned
+    release, counted in full until settled) or ``"settle"`` (what a reservation actually
+    ran; ``ref`` is the reservation's ``seq``; ``mechanism`` None means nothing ran).
+    """
+
+    seq: int
+    kind: str
+    dataset: str
+    privacy_unit: str
+    mechanism: Mechanism | None
+    label: str | None
+    who: str | None
+    time: str
+    ref: int | None
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What has been spent on one budget.
+
+    Attributes
+    ----------
+    epsilon_spent : float
+        Certified upper bound on epsilon at ``delta`` of the tight composition of every
+        counted release (spends, settled reservations, and pending reservations in full),
+        treated as a sequence whose mechanisms were fixed in advance.
+    epsilon_lower : float or None
+        Certified lower bound of the same composition (the accountant's, where it has one):
+        the true epsilon of that composition lies in ``[epsilon_lower, epsilon_spent]``.
+    epsilon_budget, delta : float
+        The cap.
+    epsilon_remaining : float
+        ``max(0, epsilon_budget - epsilon_spent)`` (non-adaptive), informative only: a
+        release's epsilon does not add to the total.
+    entries : int
+        Number of counted releases (spends and reservations).
+    pending : int
+        Reservations not yet settled (counted as their whole plan).
+    adaptive : bool
+        Whether the cap is enforced with the Renyi filter.
+    adaptive_epsilon, adaptive_order : float or None
+        The epsilon the Renyi filter certifies for the releases so far at ``delta`` (valid
+        under fully adaptive composition), and its order; None for non-adaptive budgets.
+    """
+
+    dataset: str
+    privacy_unit: str
+    epsilon_spent: float
+    epsilon_lower: float | None
+    epsilon_budget: float
+    delta: float
+    epsilon_remaining: float
+    entries: int
+    pending: int
+    accountant: str
+    adaptive: bool
+    adaptive_epsilon: float | None
+    adaptive_order: float | None
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__slots__}
+        return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in d.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """Result of :meth:`Ledger.verify`; truthy when the ledger is intact."""
+
+    ok: bool
+    entries: int
+    problems: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+# ----------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _default_who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name in some containers
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _check_name(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {value!r}")
+    if not value.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_opt_str(name: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string or None, got {value!r}")
+    return value
+
+
+def _check_mechanism(mechanism: object) -> tuple[Mechanism, str]:
+    if not isinstance(mechanism, Mechanism):
+        raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+    return mechanism, dumps(mechanism)
+
+
+def _parts(m: Mechanism) -> list[tuple[Mechanism, int]]:
+    return list(m.parts) if isinstance(m, Composed) else [(m, 1)]
+
+
+def _covered(actual: Mechanism, plan: Mechanism) -> bool:
+    """True when ``actual`` runs a sub-multiset of ``plan``'s steps (e.g. a prefix of its
+    steps). Dropping releases from a composition is post-processing of the full one
+    (discard their outputs), so the plan's guarantee covers ``actual``."""
+    budget = [[m, k] for m, k in _parts(plan)]
+    for m, k in _parts(actual):
+        need = k
+        for slot in budget:
+            if slot[0] == m and need > 0:
+                take = min(need, slot[1])
+                slot[1] -= take
+                need -= take
+        if need > 0:
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------------
+# the ledger
+# ----------------------------------------------------------------------------------
+
+
+class Ledger:
+    """A persistent privacy ledger: one budget per dataset (and privacy unit), append-only,
+    hash-chained entries, atomic check-and-append.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        SQLite file (created if absent). Opened in WAL mode with ``synchronous=FULL``:
+        a spend that returned is on disk, and concurrent writers are serialised by
+        ``BEGIN IMMEDIATE`` transactions.
+    key : bytes, optional
+        Secret for HMAC-SHA256 entry hashes. Without a key the chain is plain SHA-256: it
+        detects editing, deleting and truncating rows by anyone who does not also
+        recompute the chain; with a key (kept outside the file) nobody without the key
+        can forge a consistent chain. Record :meth:`head` elsewhere for the same effect.
+    timeout : float
+        Seconds to wait for another process's write lock.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> from privlearn.accounting import Gaussian
+    >>> from privlearn.ledger import Ledger
+    >>> led = Ledger(os.path.join(tempfile.mkdtemp(), "budget.db"))
+    >>> _ = led.create_budget("adult", epsilon=2.0, delta=1e-6)
+    >>> _ = led.spend("adult", Gaussian(4.0), label="mean age")
+    >>> led.spent("adult").epsilon_spent < 2.0
+    True
+    """
+
+    def __init__(self, path: str | os.PathLike, *, key: bytes | None = None, timeout: float = 60.0):
+        if key is not None and not isinstance(key, bytes):
+            raise TypeError(f"key must be bytes or None, got {type(key).__name__}")
+        self.path = str(Path(path))
+        self._key = key
+        self._timeout = check_positive("timeout", timeout)
+        self._lock = threading.RLock()
+        self._parsed: dict[str, Mechanism] = {}
+        self._conn = self._connect()
+
+    # -- connection / pickling ----------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA busy_timeout={int(self._timeout * 1000)}")
+        with self._write(conn) as cur:
+            fresh = (
+                cur.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'"
+                ).fetchone()[0]
+                == 0
+            )
+            if fresh:
+                for stmt in _SCHEMA.split(";\n"):
+                    if stmt.strip():
+                        cur.execute(stmt)
+                cur.execute(
+                    "INSERT INTO meta VALUES ('schema', ?), ('keyed', ?)",
+                    (str(SCHEMA_VERSION), "1" if self._key else "0"),
+                )
+                cur.execute("INSERT INTO head VALUES (1, 0, ?)", (GENESIS,))
+        return conn
+
+    def close(self) -> None:
+        """Close the database connection."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "key": self._key, "timeout": self._timeout}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], key=state["key"], timeout=state["timeout"])
+
+    def __deepcopy__(self, memo) -> Ledger:
+        return self  # a handle on shared external state, not a value
+
+    def __copy__(self) -> Ledger:
+        return self
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.path!r})"
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Queue writers of this file on an OS lock (``flock`` on POSIX) so they wake as
+        soon as the previous one commits, instead of in SQLite's busy-wait back-off.
+        Correctness does not depend on it: ``BEGIN IMMEDIATE`` serialises writers anyway."""
+        if fcntl is None:  # pragma: no cover - Windows
+            yield
+            return
+        fd = os.open(self.path + "-writelock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    @contextlib.contextmanager
+    def _write(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Cursor]:
+        conn = conn or self._conn
+        with self._lock, self._file_lock():
+            cur = conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[sqlite3.Cursor]:
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN")  # one consistent snapshot
+            try:
+                yield cur
+            finally:
+                cur.execute("COMMIT")
+
+    # -- hashing ---------------------------------------------------------------------
+    def _hash(self, prev: str, row: dict) -> str:
+        msg = (prev + "\n" + json.dumps(row, sort_keys=True, separators=(",", ":"))).encode()
+        if self._key is not None:
+            return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
+        return hashlib.sha256(msg).hexdigest()
+
+    @staticmethod
+    def _content(r: Sequence) -> dict:
+        keys = ("seq", "kind", "dataset", "privacy_unit", "mechanism", "payload", "label",
+                "who", "time", "ref")
+        return dict(zip(keys, r[:10], strict=True))
+
+    def _append(
+        self,
+        cur: sqlite3.Cursor,
+        kind: str,
+        dataset: str,
+        unit: str,
+        *,
+        mechanism: str | None = None,
+        payload: str | None = None,
+        label: str | None = None,
+        who: str | None = None,
+        ref: int | None = None,
+    ) -> tuple:
+        head = cur.execute("SELECT count, hash FROM head WHERE id = 1").fetchone()
+        if head is None:
+            raise LedgerIntegrityError(f"ledger {self.path}: the head record is missing")
+        count, prev = head
+        last = cur.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
+        if (last is None and (count != 0 or prev != GENESIS)) or (
+            last is not None and (last[0] != count or last[1] != prev)
+        ):
+            raise LedgerIntegrityError(
+                f"ledger {self.path}: the last entry does not match the head record "
+                "(entries removed or edited); refusing to append. Run `privlearn budget "
+                "verify` for details."
+            )
+        row = (count + 1, kind, dataset, unit, mechanism, payload, label, who, _now(), ref)
+        h = self._hash(prev, self._content(row))
+        cur.execute(f"INSERT INTO entries ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (*row, prev, h))
+        cur.execute("UPDATE head SET count = ?, hash = ? WHERE id = 1", (count + 1, h))
+        return (*row, prev, h)
+
+    def _mech(self, text: str | None) -> Mechanism | None:
+        if text is None:
+            return None
+        m = self._parsed.get(text)
+        if m is None:
+            m = self._parsed[text] = loads(text)
+        return m
+
+    def _entry(self, r: Sequence) -> Entry:
+        return Entry(seq=r[0], kind=r[1], dataset=r[2], privacy_unit=r[3],
+                     mechanism=self._mech(r[4]), label=r[6], who=r[7], time=r[8], ref=r[9],
+                     hash=r[11])
+
+    # -- budgets ---------------------------------------------------------------------
+    def create_budget(
+        self,
+        dataset: str,
+        epsilon: float,
+        delta: float,
+        *,
+        privacy_unit: str | None = None,
+        accountant: str = "pld",
+        adaptive: bool = False,
+        adaptive_order: float | None = None,
+        who: str | None = None,
+    ) -> Budget:
+        """Set the cap of ``dataset`` (once; a budget is never changed or removed).
+
+        Parameters
+        ----------
+        dataset : str
+        epsilon : float > 0
+        delta : float in [0, 1)
+            Every admitted history of releases is ``(epsilon, delta)``-DP.
+        privacy_unit : str, optional
+            What one "record" is (default ``"record"``; e.g. ``"user"``). Budgets are keyed
+            by ``(dataset, privacy_unit)``.
+        accountant : str
+            Accountant that composes the releases (default ``"pld"``).
+        adaptive : bool
+            Enforce the cap with a Renyi filter (Feldman & Zrnic 2021), valid when the
+            releases' mechanisms are chosen adaptively from earlier outputs. Default
+            False: the cap is enforced on the tight composition of the releases, valid
+            when the sequence of mechanisms does not depend on earlier outputs.
+        adaptive_order : float > 1, optional
+            The filter's order; default ``1 + 2 log(1/delta) / epsilon``.
+        """
+        dataset = _check_name("dataset", dataset)
+        unit = DEFAULT_UNIT if privacy_unit is None else _check_name("privacy_unit", privacy_unit)
+        epsilon = check_positive("epsilon", epsilon)
+        delta = check_delta("delta", delta)
+        acc = get_accountant(accountant).name
+        if not isinstance(adaptive, bool):
+            raise TypeError(f"adaptive must be a bool, got {adaptive!r}")
+        order = None
+        if adaptive:
+            order = (
+                default_filter_order(epsilon, delta)
+                if adaptive_order is None
+                else check_positive("adaptive_order", adaptive_order)
+            )
+            if order <= 1.0 or not math.isfinite(order):
+                raise ValueError(f"adaptive_order must be in (1, inf), got {adaptive_order!r}")
+            if delta == 0.0:
+                raise ValueError("the adaptive (Renyi filter) rule needs delta > 0, got 0")
+        elif adaptive_order is not None:
+            raise ValueError("adaptive_order is only used with adaptive=True")
+        payload = json.dumps(
+            {"epsilon": epsilon, "delta": delta, "accountant": acc, "adaptive": adaptive,
+             "adaptive_order": order},
+            sort_keys=True,
+        )
+        with self._write() as cur:
+            if self._budget_row(cur, dataset, unit) is not None:
+                raise ValueError(
+                    f"dataset {dataset!r} (privacy unit {unit!r}) already has a budget in "
+                    f"{self.path}; budgets are never changed"
+                )
+            self._append(cur, "budget", dataset, unit, payload=payload,
+                         who=who or _default_who())
+        return Budget(dataset, unit, epsilon, delta, acc, adaptive, order)
+
+    init = create_budget
+
+    def _budget_row(self, cur, dataset: str, unit: str):
+        return cur.execute(
+            "SELECT payload FROM entries WHERE kind='budget' AND dataset=? AND privacy_unit=?",
+            (dataset, unit),
+        ).fetchone()
+
+    def _get_budget(self, cur, dataset: str, unit: str) -> Budget:
+        row = self._budget_row(cur, dataset, unit)
+        if row is None:
+            known = [f"{d}/{u}" for d, u in cur.execute(
+                "SELECT dataset, privacy_unit FROM entries WHERE kind='budget'")]
+            raise KeyError(
+                f"no budget for dataset {dataset!r} (privacy unit {unit!r}) in {self.path}; "
+                f"create one with create_budget (known: {known or 'none'})"
+            )
+        p = json.loads(row[0])
+        return Budget(dataset, unit, p["epsilon"], p["delta"], p["accountant"],
+                      p["adaptive"], p["adaptive_order"])
+
+    def budget_info(self, dataset: str, *, privacy_unit: str | None = None) -> Budget:
+        """The :class:`Budget` of ``dataset``."""
+        with self._read() as cur:
+            return self._get_budget(cur, dataset, privacy_unit or DEFAULT_UNIT)
+
+    def budgets(self) -> list[Budget]:
+        """Every budget in the ledger."""
+        with self._read() as cur:
+            rows = cur.execute(
+                "SELECT dataset, privacy_unit FROM entries WHERE kind='budget' ORDER BY seq"
+            ).fetchall()
+            return [self._get_budget(cur, d, u) for d, u in rows]
+
+    def budget(self, dataset: str, *, privacy_unit: str | None = None) -> BudgetHandle:
+        """A handle bound to one budget, to pass to estimators (``ledger=``)."""
+        with self._read() as cur:
+            self._get_budget(cur, dataset, privacy_unit or DEFAULT_UNIT)
+        return BudgetHandle(self, dataset, privacy_unit or DEFAULT_UNIT)
+
+    # -- accounting ------------------------------------------------------------------
+    def _counted(self, cur, dataset: str, unit: str) -> tuple[list[Mechanism], int, int]:
+        rows = cur.execute(
+            "SELECT seq, kind, mechanism, ref FROM entries WHERE dataset=? AND privacy_unit=? "
+            "AND kind IN ('spend', 'reserve', 'settle') ORDER BY seq",
+            (dataset, unit),
+        ).fetchall()
+        settled = {ref: text for _, kind, text, ref in rows if kind == "settle"}
+        mechs: list[Mechanism] = []
+        n = pending = 0
+        for seq, kind, text, _ in rows:
+            if kind == "spend":
+                mechs.append(self._mech(text))
+                n += 1
+            elif kind == "reserve":
+                n += 1
+                if seq in settled:
+                    if settled[seq] is not None:
+                        mechs.append(self._mech(settled[seq]))
+                else:
+                    pending += 1
+                    mechs.append(self._mech(text))
+        return mechs, n, pending
+
+    @staticmethod
+    def _evaluate(budget: Budget, mechs: list[Mechanism]):
+        if not mechs:
+            return 0.0, 0.0, (0.0 if budget.adaptive else None)
+        b = compose(mechs).epsilon_bounds(budget.delta, budget.accountant)
+        adaptive_eps = None
+        if budget.adaptive:
+            adaptive_eps = filter_epsilon(
+                rdp_at_order(mechs, budget.adaptive_order), budget.adaptive_order, budget.delta
+            )
+        return b.upper, b.lower, adaptive_eps
+
+    def _summary(self, budget: Budget, mechs, n, pending) -> Spent:
+        upper, lower, aeps = self._evaluate(budget, mechs)
+        return Spent(
+            dataset=budget.dataset, privacy_unit=budget.privacy_unit, epsilon_spent=upper,
+            epsilon_lower=lower, epsilon_budget=budget.epsilon, delta=budget.delta,
+            epsilon_remaining=max(0.0, budget.epsilon - upper), entries=n, pending=pending,
+            accountant=budget.accountant, adaptive=budget.adaptive, adaptive_epsilon=aeps,
+            adaptive_order=budget.adaptive_order,
+        )
+
+    def _admit(self, cur, dataset: str, unit: str, mechanism: Mechanism, what: str) -> Spent:
+        budget = self._get_budget(cur, dataset, unit)
+        mechs, n, pending = self._counted(cur, dataset, unit)
+        after = self._summary(budget, [*mechs, mechanism], n + 1, pending)
+        over = after.epsilon_spent > budget.epsilon
+        if budget.adaptive:
+            over = over or after.adaptive_epsilon > budget.epsilon
+        if over:
+            before = self._summary(budget, mechs, n, pending)
+            rule = (
+                f"; Renyi filter at order {budget.adaptive_order:.4g}: "
+                f"{after.adaptive_epsilon:.6g}" if budget.adaptive else ""
+            )
+            raise BudgetExceededError(
+                f"{what} refused: dataset {dataset!r} would reach epsilon "
+                f"{after.epsilon_spent:.6g}{rule} > budget {budget.epsilon:g} at delta "
+                f"{budget.delta:g} (spent so far {before.epsilon_spent:.6g} over {n} "
+                "release(s)); nothing was recorded"
+            )
+        return after
+
+    def check(
+        self, dataset: str, mechanism: Mechanism, *, privacy_unit: str | None = None
+    ) -> Spent:
+        """What :meth:`spend` would leave spent, or :class:`BudgetExceededError`; records
+        nothing. Advisory only (another process may spend in between): use :meth:`spend`
+        or :meth:`reserve` before touching the data."""
+        mechanism, _ = _check_mechanism(mechanism)
+        with self._read() as cur:
+            return self._admit(cur, dataset, privacy_unit or DEFAULT_UNIT, mechanism, "spend")
+
+    def spend(
+        self,
+        dataset: str,
+        mechanism: Mechanism,
+        *,
+        label: str | None = None,
+        who: str | None = None,
+        privacy_unit: str | None = None,
+    ) -> Entry:
+        """Record a release, atomically refusing it if it would exceed the budget.
+
+        Call it *before* the release reads the data: when it raises, nothing was recorded.
+
+        Raises
+        ------
+        BudgetExceededError
+            The composed total (or the Renyi filter, for adaptive budgets) would exceed
+            the cap.
+        KeyError
+            No budget for ``dataset``.
+        """
+        mechanism, text = _check_mechanism(mechanism)
+        label, who = _check_opt_str("label", label), _check_opt_str("who", who)
+        unit = privacy_unit or DEFAULT_UNIT
+        with self._write() as cur:
+            self._admit(cur, dataset, unit, mechanism, "spend")
+            row = self._append(cur, "spend", dataset, unit, mechanism=text, label=label,
+                               who=who or _default_who())
+        return self._entry(row)
+
+    def reserve(
+        self,
+        dataset: str,
+        mechanism: Mechanism,
+        *,
+        label: str | None = None,
+        who: str | None = None,
+        privacy_unit: str | None = None,
+    ) -> Reservation:
+        """Record a *planned* release (e.g. a whole training run) before it starts.
+
+        The plan counts as spent in full until :meth:`Reservation.settle` records what
+        actually ran (which must be covered by the plan, e.g. a prefix of its steps), so a
+        process killed mid-run leaves at least its plan in the ledger. Refused exactly as
+        :meth:`spend`.
+        """
+        mechanism, text = _check_mechanism(mechanism)
+        label, who = _check_opt_str("label", label), _check_opt_str("who", who)
+        unit = privacy_unit or DEFAULT_UNIT
+        with self._write() as cur:
+            self._admit(cur, dataset, unit, mechanism, "reservation")
+            row = self._append(cur, "reserve", dataset, unit, mechanism=text, label=label,
+                               who=who or _default_who())
+        return Reservation(self, self._entry(row))
+
+    def settle(self, reservation: int | Reservation, actual: Mechanism | None) -> Entry:
+        """Record what a reservation actually ran (see :meth:`Reservation.settle`)."""
+        seq = reservation.seq if isinstance(reservation, Reservation) else reservation
+        if actual is not None:
+            actual, text = _check_mechanism(actual)
+            if isinstance(actual, Composed) and not actual.parts:
+                actual, text = None, None
+        else:
+            text = None
+        with self._write() as cur:
+            r = cur.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq=?", (seq,)).fetchone()
+            if r is None or r[1] != "reserve":
+                raise ValueError(f"no reservation with seq={seq!r} in {self.path}")
+            if cur.execute("SELECT 1 FROM entries WHERE kind='settle' AND ref=?",
+                           (seq,)).fetchone():
+                raise ValueError(f"reservation {seq} is already settled")
+            plan = self._mech(r[4])
+            if actual is not None and not _covered(actual, plan):
+                raise ValueError(
+                    f"the actual mechanism {actual!r} is not covered by reservation {seq}'s "
+                    f"plan {plan!r}: settle with a sub-composition of the plan (e.g. fewer "
+                    "steps) and spend anything beyond it separately"
+                )
+            row = self._append(cur, "settle", r[2], r[3], mechanism=text, label=r[6],
+                               who=r[7], ref=seq)
+        return self._entry(row)
+
+    def pending(self, dataset: str, *, privacy_unit: str | None = None) -> list[Reservation]:
+        """Reservations of ``dataset`` not yet settled (e.g. left by a killed process)."""
+        unit = privacy_unit or DEFAULT_UNIT
+        with self._read() as cur:
+            rows = cur.execute(
+                f"SELECT {_COLUMNS} FROM entries e WHERE kind='reserve' AND dataset=? AND "
+                "privacy_unit=? AND NOT EXISTS (SELECT 1 FROM entries s WHERE s.kind='settle' "
+                "AND s.ref=e.seq) ORDER BY seq",
+                (dataset, unit),
+            ).fetchall()
+        return [Reservation(self, self._entry(r)) for r in rows]
+
+    def spent(self, dataset: str, *, privacy_unit: str | None = None) -> Spent:
+        """The certified total spent on ``dataset`` (see :class:`Spent`)."""
+        unit = privacy_unit or DEFAULT_UNIT
+        with self._read() as cur:
+            budget = self._get_budget(cur, dataset, unit)
+            mechs, n, pending = self._counted(cur, dataset, unit)
+        return self._summary(budget, mechs, n, pending)
+
+    def mechanism(self, dataset: str, *, privacy_unit: str | None = None) -> Composed:
+        """The composition of every counted release of ``dataset`` (to re-account it with
+        any accountant: ``ledger.mechanism("adult").epsilon(1e-6, "rdp")``)."""
+        with self._read() as cur:
+            mechs, _, _ = self._counted(cur, dataset, privacy_unit or DEFAULT_UNIT)
+        return compose(mechs)
+
+    def history(self, dataset: str | None = None, *, privacy_unit: str | None = None
+                ) -> list[Entry]:
+        """Entries in order (all of them, or those of one dataset)."""
+        with self._read() as cur:
+            if dataset is None:
+                rows = cur.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY seq").fetchall()
+            else:
+                rows = cur.execute(
+                    f"SELECT {_COLUMNS} FROM entries WHERE dataset=? AND privacy_unit=? "
+                    "ORDER BY seq", (dataset, privacy_unit or DEFAULT_UNIT)).fetchall()
+        return [self._entry(r) for r in rows]
+
+    def head(self) -> tuple[int, str]:
+        """``(number of entries, hash of the last entry)``; store it elsewhere to detect a
+        later rewrite of the whole file."""
+        with self._read() as cur:
+            r = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()
+        if r is None:
+            raise LedgerIntegrityError(f"ledger {self.path}: the head record is missing")
+        return int(r[0]), str(r[1])
+
+    def verify(self, expected_head: tuple[int, str] | None = None) -> VerifyReport:
+        """Check the hash chain: every entry's hash, its link to the previous one, the
+        sequence numbers, the head record (catches truncation), that every mechanism
+        parses, and optionally an externally recorded ``expected_head``."""
+        problems: list[str] = []
+        with self._read() as cur:
+            try:
+                rows = cur.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY seq").fetchall()
+                head = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()
+                keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
+            except sqlite3.DatabaseError as exc:
+                return VerifyReport(False, 0, (f"unreadable ledger: {exc}",))
+        if keyed is not None and (keyed[0] == "1") != (self._key is not None):
+            problems.append(
+                "the ledger was created " + ("with" if keyed[0] == "1" else "without")
+                + " an HMAC key and opened " + ("with" if self._key else "without")
+                + " one: hashes cannot match"
+            )
+        prev = GENESIS
+        for i, r in enumerate(rows, start=1):
+            if r[0] != i:
+                problems.append(f"entry {i} is missing (found seq {r[0]} in its place)")
+                break
+            if r[10] != prev:
+                problems.append(f"entry {i}: link to the previous entry is broken")
+            if self._hash(r[10], self._content(r)) != r[11]:
+                problems.append(f"entry {i}: content does not match its hash (edited)")
+            if r[4] is not None:
+                try:
+                    loads(r[4])
+                except (ValueError, TypeError) as exc:
+                    problems.append(f"entry {i}: unreadable mechanism ({exc})")
+            prev = r[11]
+        if head is None:
+            problems.append("the head record is missing")
+        else:
+            if head[0] != len(rows):
+                problems.append(
+                    f"the head records {head[0]} entries but {len(rows)} are present "
+                    "(truncated or removed)"
+                )
+            if head[1] != prev:
+                problems.append("the head hash does not match the last entry")
+        if expected_head is not None and (
+            len(rows) < expected_head[0]
+            or (rows and len(rows) >= expected_head[0] > 0
+                and rows[expected_head[0] - 1][11] != expected_head[1])
+        ):
+            problems.append("the ledger does not extend the expected head")
+        return VerifyReport(not problems, len(rows), tuple(problems))
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A planned release recorded by :meth:`Ledger.reserve`, counted in full until settled.
+
+    Use as a context manager to settle automatically: on normal exit with the plan (or
+    what :meth:`update` last recorded), on an exception with the plan kept in full.
+    """
+
+    ledger: Ledger = field(repr=False)
+    entry: Entry
+
+    @property
+    def seq(self) -> int:
+        return self.entry.seq
+
+    @property
+    def mechanism(self) -> Mechanism:
+        return self.entry.mechanism
+
+    def settle(self, actual: Mechanism | None = None) -> Entry:
+        """Record what actually ran: ``None`` = the plan ran in full; a mechanism covered
+        by the plan (a sub-composition, e.g. ``compose(step, steps=k)`` for ``k`` of a
+        planned ``T`` steps); ``compose([])`` = nothing ran (only if the data was never
+        touched)."""
+        return self.ledger.settle(self, self.mechanism if actual is None else actual)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.settle()
+
+
+@dataclass(frozen=True)
+class BudgetHandle:
+    """One budget of a :class:`Ledger` (``ledger.budget("adult")``): what estimators take
+    as ``ledger=``. Methods forward to the ledger with the dataset filled in."""
+
+    ledger: Ledger
+    dataset: str
+    privacy_unit: str = DEFAULT_UNIT
+
+    def spend(self, mechanism: Mechanism, *, label: str | None = None,
+              who: str | None = None) -> Entry:
+        return self.ledger.spend(self.dataset, mechanism, label=label, who=who,
+                                 privacy_unit=self.privacy_unit)
+
+    def reserve(self, mechanism: Mechanism, *, label: str | None = None,
+                who: str | None = None) -> Reservation:
+        return self.ledger.reserve(self.dataset, mechanism, label=label, who=who,
+                                   privacy_unit=self.privacy_unit)
+
+    def check(self, mechanism: Mechanism) -> Spent:
+        return self.ledger.check(self.dataset, mechanism, privacy_unit=self.privacy_unit)
+
+    def spent(self) -> Spent:
+        return self.ledger.spent(self.dataset, privacy_unit=self.privacy_unit)
+
+    def history(self) -> list[Entry]:
+        return self.ledger.history(self.dataset, privacy_unit=self.privacy_unit)
+
+    def __deepcopy__(self, memo) -> BudgetHandle:
+        return self

@@ -1,0 +1,447 @@
+"""Private preprocessing: a DP standard scaler, private bounds, and pipelines that report
+one total epsilon.
+
+A scikit-learn ``StandardScaler`` publishes the exact mean and variance of every feature,
+and so does any model fitted on its output; a ``Pipeline(StandardScaler(), private
+model)`` is therefore not private at all. Here:
+
+* :class:`PrivateStandardScaler` estimates means and standard deviations with noise
+  (optionally after privately finding clipping bounds), and exposes its ``mechanism_``;
+* :func:`private_quantile`, :func:`choose_x_bound`, :func:`choose_y_bound` choose clipping
+  bounds (``x_bound`` / ``y_bound`` of the linear models) privately;
+* :class:`PrivatePipeline` (a scikit-learn ``Pipeline``) composes the mechanisms of its
+  steps into one ``mechanism_`` with one ``epsilon_``, and refuses a step that learned
+  from the data without a mechanism; :func:`pipeline_mechanism` does the same for a
+  fitted plain ``Pipeline``.
+
+References
+----------
+.. [1] F. McSherry, K. Talwar (2007), Mechanism Design via Differential Privacy, FOCS
+       (exponential mechanism, Theorem 6).
+.. [2] A. Smith (2011), Privacy-preserving statistical estimation with optimal
+       convergence rates, STOC (private quantiles by the exponential mechanism).
+.. [3] C. Dwork, A. Roth (2014), The Algorithmic Foundations of Differential Privacy,
+       Sections 3.4-3.5 (Gaussian mechanism on clipped sums; composition).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import numpy as np
+from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
+from sklearn.pipeline import Pipeline
+from sklearn.utils import get_tags
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from privlearn.accounting import Gaussian, Mechanism, PureDP, calibrate, compose
+from privlearn.models._base import (
+    check_positive_param,
+    check_privacy_budget,
+    make_rng,
+    spend_on_ledger,
+    spent_epsilon,
+)
+
+__all__ = [
+    "PrivatePipeline",
+    "PrivateStandardScaler",
+    "choose_x_bound",
+    "choose_y_bound",
+    "pipeline_mechanism",
+    "private_quantile",
+]
+
+
+# ----------------------------------------------------------------------------------
+# private quantiles and bounds
+# ----------------------------------------------------------------------------------
+
+
+def _check_range(lower: object, upper: object) -> tuple[float, float]:
+    for name, v in (("lower", lower), ("upper", upper)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite real number, got {v!r}")
+    if not lower < upper:
+        raise ValueError(f"the public range must satisfy lower < upper, got ({lower}, {upper})")
+    return float(lower), float(upper)
+
+
+def _em_quantile(
+    values: np.ndarray, q: float, epsilon: float, lower: float, upper: float,
+    n_candidates: int, rng: np.random.Generator,
+) -> float:
+    grid = np.linspace(lower, upper, n_candidates)
+    v = np.clip(np.sort(values), lower, upper)
+    below = np.searchsorted(v, grid, side="right")
+    utility = -np.abs(below - q * v.size)
+    logits = 0.5 * epsilon * utility
+    logits -= logits.max()
+    p = np.exp(logits)
+    p /= p.sum()
+    return float(grid[rng.choice(n_candidates, p=p)])
+
+
+def private_quantile(
+    values,
+    q: float,
+    epsilon: float,
+    lower: float,
+    upper: float,
+    *,
+    n_candidates: int = 1024,
+    random_state=None,
+) -> tuple[float, Mechanism]:
+    """The ``q``-quantile of ``values`` by the exponential mechanism, ``(epsilon, 0)``-DP.
+
+    Candidates are ``n_candidates`` points evenly spaced on the *public* range
+    ``[lower, upper]``; candidate ``t`` has utility ``-|#{v <= t} - q n|``, which changes
+    by at most 1 when a record is added or removed, and is drawn with probability
+    proportional to ``exp(epsilon * utility / 2)`` (McSherry & Talwar 2007, Theorem 6;
+    Smith 2011).
+
+    Returns
+    -------
+    (float, Mechanism)
+        The released quantile and what ran, ``PureDP(epsilon)``.
+    """
+    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q!r}")
+    eps = check_positive_param("epsilon", epsilon)
+    lower, upper = _check_range(lower, upper)
+    if isinstance(n_candidates, bool) or not isinstance(n_candidates, numbers.Integral) or (
+        n_candidates < 2
+    ):
+        raise ValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
+    v = np.asarray(values, dtype=float).ravel()
+    if not np.all(np.isfinite(v)):
+        raise ValueError("values contain NaN or infinity")
+    rng = make_rng(random_state)
+    return _em_quantile(v, float(q), eps, lower, upper, int(n_candidates), rng), PureDP(eps)
+
+
+def choose_x_bound(
+    X, epsilon: float, max_bound: float, *, quantile: float = 0.95, random_state=None
+) -> tuple[float, Mechanism]:
+    """A private ``x_bound``: the ``quantile`` of the rows' L2 norms, in ``(0, max_bound]``.
+
+    ``max_bound`` is a public upper limit (e.g. ``sqrt(d)`` times a public per-feature
+    bound). ``(epsilon, 0)``-DP; returns ``(x_bound, PureDP(epsilon))``.
+    """
+    X = np.asarray(X, dtype=float)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D, got shape {X.shape}")
+    mb = check_positive_param("max_bound", max_bound)
+    b, m = private_quantile(np.linalg.norm(X, axis=1), quantile, epsilon, 0.0, mb,
+                            random_state=random_state)
+    return max(b, mb / 1024), m
+
+
+def choose_y_bound(
+    y, epsilon: float, max_bound: float, *, quantile: float = 0.95, random_state=None
+) -> tuple[float, Mechanism]:
+    """A private ``y_bound``: the ``quantile`` of ``|y|``, in ``(0, max_bound]``.
+    ``(epsilon, 0)``-DP; returns ``(y_bound, PureDP(epsilon))``."""
+    y = np.asarray(y, dtype=float).ravel()
+    mb = check_positive_param("max_bound", max_bound)
+    b, m = private_quantile(np.abs(y), quantile, epsilon, 0.0, mb, random_state=random_state)
+    return max(b, mb / 1024), m
+
+
+# ----------------------------------------------------------------------------------
+# the scaler
+# ----------------------------------------------------------------------------------
+
+
+def scaler_mechanism(noise_multiplier: float, private_bounds: bool = True) -> Mechanism:
+    """What :class:`PrivateStandardScaler` runs: a Gaussian histogram release (when the
+    bounds are found privately) and a Gaussian release of the clipped moment sums, both
+    with ``noise_multiplier`` relative to their L2 sensitivity."""
+    return compose(Gaussian(noise_multiplier), steps=2 if private_bounds else 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrate_scaler(eps: float, delta: float, private_bounds: bool, accountant: str) -> float:
+    return float(calibrate(lambda s: scaler_mechanism(s, private_bounds), eps, delta,
+                           accountant=accountant))
+
+
+def _bin_edges(lo: float, hi: float, n_bins: int) -> np.ndarray:
+    """Edges uniform in ``asinh(x / w)`` over the public range ``[lo, hi]``, with
+    ``w = max(|lo|, |hi|) 1e-4``: geometric away from 0 (a few bins locate the bulk of a
+    heavy-tailed positive feature), nearly uniform on a range far from 0. Data-independent.
+    """
+    w = max(abs(lo), abs(hi)) * 1e-4
+    t = np.linspace(math.asinh(lo / w), math.asinh(hi / w), n_bins + 1)
+    edges = w * np.sinh(t)
+    edges[0], edges[-1] = lo, hi
+    return edges
+
+
+class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
+    """Standardise features with privately estimated means and standard deviations,
+    ``(epsilon, delta)``-DP.
+
+    1. Bounds (``quantile`` not None). Each feature's public ``feature_range`` is cut into
+       ``n_bins`` bins (uniform in ``asinh``, :func:`_bin_edges`); the ``d`` histograms are
+       released at once with the Gaussian mechanism (one record adds 1 to one bin per
+       feature: L2 sensitivity ``sqrt(d)``), and ``[lo_j, hi_j]`` is the span of the bins
+       holding the noisy ``quantile`` and ``1 - quantile`` cumulative fractions.
+       Otherwise ``[lo_j, hi_j]`` is the public range.
+    2. Moments. With ``c = (lo + hi) / 2``, ``r = (hi - lo) / 2`` and
+       ``u = (clip(x) - c) / r`` in ``[-1, 1]^d``, the sums of ``[u, u^2, 1]`` over the
+       records (L2 sensitivity ``sqrt(2 d + 1)`` under add/remove) are released with the
+       Gaussian mechanism; ``mean_ = c + r S_1 / N``, ``var_ = r^2 (S_2 / N - (S_1 / N)^2)``
+       with the noisy count ``N`` (floored at 1) and ``var_`` floored at
+       ``r^2 max(min_scale^2, 2 se)``, ``se`` the noise's standard error of the variance
+       estimate (so noise cannot make a scale vanish).
+
+    Both releases use the same noise multiplier, calibrated so that their composition is
+    ``(epsilon, delta)``-DP (exact for Gaussians; Dong, Roth & Su 2022, Corollary 3.3).
+
+    Parameters
+    ----------
+    epsilon : float > 0
+    delta : float in (0, 1)
+    feature_range : (lower, upper) or array (n_features, 2)
+        Public range of each feature (known without looking at the data). Required.
+    quantile : float in (0, 0.5) or None
+        Clip at privately found quantiles (default 0.01) or, None, at ``feature_range``.
+    n_bins : int >= 2
+        Histogram bins per feature for the private bounds (default 64).
+    min_scale : float > 0
+        Floor of ``scale_`` relative to ``r`` (default 1e-3).
+    accountant : str
+    random_state : None, int or Generator
+    ledger : BudgetHandle, optional
+        ``Ledger(path).budget(dataset)``: :meth:`fit` spends ``mechanism_`` on it before
+        reading the data (refused with ``BudgetExceededError`` when over budget).
+
+    Attributes
+    ----------
+    mean_, scale_, var_ : ndarray (n_features,)
+    bounds_ : ndarray (n_features, 2)
+        The clipping bounds used (released: they are part of the output).
+    n_samples_seen_ : float
+        The noisy count.
+    mechanism_ : Mechanism
+        ``compose(Gaussian(s), steps=2)`` (or 1 step with public bounds).
+    noise_multiplier_ : float
+    epsilon_, delta_ : float
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.random.default_rng(0).normal(5.0, 2.0, size=(5000, 3))
+    >>> sc = PrivateStandardScaler(epsilon=1.0, delta=1e-6, feature_range=(-100, 100),
+    ...                            random_state=0).fit(X)
+    >>> bool(np.all(np.abs(sc.mean_ - 5.0) < 0.5))
+    True
+    """
+
+    def __init__(
+        self,
+        epsilon: float = 1.0,
+        delta: float = 1e-6,
+        feature_range=None,
+        quantile: float | None = 0.01,
+        n_bins: int = 64,
+        min_scale: float = 1e-3,
+        accountant: str = "pld",
+        random_state=None,
+        ledger=None,
+    ):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.feature_range = feature_range
+        self.quantile = quantile
+        self.n_bins = n_bins
+        self.min_scale = min_scale
+        self.accountant = accountant
+        self.random_state = random_state
+        self.ledger = ledger
+
+    def _ranges(self, d: int) -> np.ndarray:
+        if self.feature_range is None:
+            raise ValueError(
+                "feature_range is required: the public (lower, upper) range of the features "
+                "(a data-derived range would leak); e.g. feature_range=(0, 100)"
+            )
+        fr = np.asarray(self.feature_range, dtype=float)
+        if fr.shape == (2,):
+            fr = np.tile(fr, (d, 1))
+        if fr.shape != (d, 2) or not np.all(np.isfinite(fr)) or not np.all(fr[:, 0] < fr[:, 1]):
+            raise ValueError(
+                f"feature_range must be (lower, upper) or an array of shape ({d}, 2) with "
+                f"finite lower < upper, got {self.feature_range!r}"
+            )
+        return fr
+
+    def _validate(self, d: int):
+        eps, delta = check_privacy_budget(self.epsilon, self.delta, noise="gaussian")
+        q = self.quantile
+        if q is not None and (
+            isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 < q < 0.5
+        ):
+            raise ValueError(f"quantile must be in (0, 0.5) or None, got {q!r}")
+        nb = self.n_bins
+        if isinstance(nb, bool) or not isinstance(nb, numbers.Integral) or nb < 2:
+            raise ValueError(f"n_bins must be an integer >= 2, got {nb!r}")
+        ms = check_positive_param("min_scale", self.min_scale)
+        return eps, delta, q, int(nb), ms, self._ranges(d)
+
+    def planned_mechanism(self, n_features: int) -> Mechanism:
+        """The mechanism :meth:`fit` will run on ``n_features`` columns (data-independent;
+        spend it on a ledger before fitting)."""
+        eps, delta, q, _, _, _ = self._validate(n_features)
+        s = _calibrate_scaler(eps, delta, q is not None, str(self.accountant))
+        return scaler_mechanism(s, q is not None)
+
+    def fit(self, X, y=None):
+        """Estimate the means and scales privately."""
+        X = validate_data(self, X, dtype=np.float64)
+        n, d = X.shape
+        eps, delta, q, nb, ms, fr = self._validate(d)
+        s = _calibrate_scaler(eps, delta, q is not None, str(self.accountant))
+        spend_on_ledger(self, scaler_mechanism(s, q is not None), "PrivateStandardScaler")
+        rng = make_rng(self.random_state)
+        if q is None:
+            bounds = fr.copy()
+        else:
+            edges = [_bin_edges(fr[j, 0], fr[j, 1], nb) for j in range(d)]
+            hist = np.stack([
+                np.bincount(np.clip(np.searchsorted(edges[j], X[:, j], side="right") - 1,
+                                    0, nb - 1), minlength=nb)
+                for j in range(d)
+            ]).astype(float)
+            hist += rng.normal(scale=s * math.sqrt(d), size=hist.shape)
+            # scan each tail from its own end, so the noise of one tail's (nearly empty)
+            # bins does not accumulate into the other bound
+            left = np.cumsum(hist, axis=1)
+            right = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]
+            total = np.maximum(left[:, -1], 1.0)
+            bounds = np.empty((d, 2))
+            for j in range(d):
+                hits_lo = np.flatnonzero(left[j] >= q * total[j])
+                hits_hi = np.flatnonzero(right[j] >= q * total[j])
+                i_lo = int(hits_lo[0]) if hits_lo.size else 0
+                i_hi = int(hits_hi[-1]) if hits_hi.size else nb - 1
+                if i_hi < i_lo:
+                    i_lo, i_hi = i_hi, i_lo
+                bounds[j] = edges[j][i_lo], edges[j][i_hi + 1]
+        c = bounds.mean(axis=1)
+        r = 0.5 * (bounds[:, 1] - bounds[:, 0])
+        u = (np.clip(X, bounds[:, 0], bounds[:, 1]) - c) / r
+        noisy = np.concatenate([u.sum(0), (u * u).sum(0), [float(n)]])
+        noisy = noisy + rng.normal(scale=s * math.sqrt(2 * d + 1), size=noisy.shape)
+        N = max(noisy[-1], 1.0)
+        m1 = np.clip(noisy[:d] / N, -1.0, 1.0)
+        m2 = np.clip(noisy[d : 2 * d] / N, 0.0, 1.0)
+        # floor: ``min_scale^2`` or twice the noise's standard error of ``m2 - m1^2``
+        # (post-processing of the noisy count), whichever is larger
+        se = s * math.sqrt(2 * d + 1) / N * (1.0 + 2.0 * np.abs(m1))
+        var_u = np.maximum(m2 - m1 * m1, np.maximum(ms * ms, 2.0 * se))
+        self.bounds_ = bounds
+        self.mean_ = c + r * m1
+        self.var_ = r * r * var_u
+        self.scale_ = np.sqrt(self.var_)
+        self.n_samples_seen_ = float(N)
+        self.mechanism_ = scaler_mechanism(s, q is not None)
+        self.noise_multiplier_ = s
+        self.delta_ = delta
+        self.epsilon_ = spent_epsilon(self.mechanism_, delta, self.accountant)
+        return self
+
+    def transform(self, X):
+        """``(X - mean_) / scale_`` (post-processing: no privacy cost)."""
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        return (X - self.mean_) / self.scale_
+
+    def inverse_transform(self, X):
+        check_is_fitted(self)
+        return np.asarray(X, dtype=float) * self.scale_ + self.mean_
+
+
+# ----------------------------------------------------------------------------------
+# pipelines
+# ----------------------------------------------------------------------------------
+
+
+def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) -> Mechanism:
+    """The composition of the ``mechanism_`` of every fitted step of ``pipe``.
+
+    Steps that need no fitting (scikit-learn tag ``requires_fit=False``: ``Normalizer``,
+    ``FunctionTransformer``, ...) and ``"passthrough"`` cost nothing. A step that learned
+    from the data without a ``mechanism_`` (e.g. a plain ``StandardScaler``) makes the
+    pipeline non-private, and is refused with ``ValueError`` unless its name is in
+    ``public_steps`` (fitted on public data only -- your responsibility).
+    """
+    if not isinstance(pipe, Pipeline):
+        raise TypeError(f"pipe must be a scikit-learn Pipeline, got {type(pipe).__name__}")
+    mechs: list[Mechanism] = []
+    for name, step in pipe.steps:
+        if step is None or (isinstance(step, str) and step == "passthrough"):
+            continue
+        m = getattr(step, "mechanism_", None)
+        if isinstance(m, Mechanism):
+            mechs.append(m)
+        elif name in public_steps or not get_tags(step).requires_fit:
+            continue
+        else:
+            raise ValueError(
+                f"pipeline step {name!r} ({type(step).__name__}) learned from the data but "
+                "has no mechanism_: it releases exact statistics. Use a private "
+                "counterpart (e.g. PrivateStandardScaler for StandardScaler), or list it "
+                "in public_steps if it was fitted on public data"
+            )
+    return compose(mechs)
+
+
+class PrivatePipeline(Pipeline):
+    """A scikit-learn ``Pipeline`` whose fitted steps' mechanisms compose into one
+    ``mechanism_`` and one ``epsilon_`` (at ``delta``).
+
+    Parameters
+    ----------
+    steps : list of (name, estimator)
+    delta : float in (0, 1), optional
+        The delta at which ``epsilon_`` is reported. Default: the sum of the steps'
+        ``delta_`` (each step's own target).
+    public_steps : tuple of str
+        Names of steps fitted on public data only (see :func:`pipeline_mechanism`).
+    accountant : str
+        Accountant composing the steps (default ``"pld"``: tight composition, so the
+        total is at most, and usually below, the sum of the steps' epsilons).
+    memory, verbose, transform_input
+        As :class:`sklearn.pipeline.Pipeline`.
+
+    Attributes
+    ----------
+    mechanism_ : Mechanism
+    epsilon_, delta_ : float
+    """
+
+    def __init__(self, steps, *, delta=None, public_steps=(), accountant="pld",
+                 transform_input=None, memory=None, verbose=False):
+        super().__init__(steps, transform_input=transform_input, memory=memory,
+                         verbose=verbose)
+        self.delta = delta
+        self.public_steps = public_steps
+        self.accountant = accountant
+
+    def fit(self, X, y=None, **params):
+        """Fit every step, then account the whole pipeline."""
+        super().fit(X, y, **params)
+        self.mechanism_ = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
+        if self.delta is None:
+            deltas = [getattr(s, "delta_", 0.0) for _, s in self.steps
+                      if isinstance(getattr(s, "mechanism_", None), Mechanism)]
+            delta = float(sum(deltas))
+        else:
+            _, delta = check_privacy_budget(1.0, self.delta)
+        self.delta_ = delta
+        self.epsilon_ = float(self.mechanism_.epsilon(delta, self.accountant))
+        return self

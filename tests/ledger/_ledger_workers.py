@@ -1,0 +1,37 @@
+"""Worker functions for the multi-process ledger tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+import sys
+
+from privlearn.accounting import Gaussian
+from privlearn.errors import BudgetExceededError
+from privlearn.ledger import Ledger
+
+
+def spend_many(path: str, worker: int, n: int, sigma: float) -> tuple[list[str], list[str]]:
+    """Try ``n`` spends; return the labels acknowledged and those refused."""
+    ledger = Ledger(path)
+    ok, refused = [], []
+    for i in range(n):
+        label = f"w{worker}-{i}"
+        try:
+            ledger.spend("data", Gaussian(sigma), label=label, who=f"worker{worker}")
+        except BudgetExceededError:
+            refused.append(label)
+        else:
+            ok.append(label)
+    ledger.close()
+    return ok, refused
+
+
+if __name__ == "__main__":  # crash test: spend forever, acknowledging each spend
+    path = sys.argv[1]
+    ledger = Ledger(path)
+    r = ledger.reserve("data", Gaussian(50.0), label="planned run")
+    print(f"RESERVED {r.seq}", flush=True)
+    i = 0
+    while True:
+        e = ledger.spend("data", Gaussian(1000.0), label=f"s{i}")
+        print(f"ACK s{i} {e.seq}", flush=True)
+        i += 1

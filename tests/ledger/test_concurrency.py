@@ -1,0 +1,84 @@
+"""Many processes spending at once: the cap holds, no spend is lost or duplicated."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _ledger_workers import spend_many
+
+from privlearn.accounting import Gaussian, compose
+from privlearn.ledger import Ledger
+
+SIGMA = 70.0
+CAP = 1.0
+DELTA = 1e-6
+
+
+def test_eight_processes_fifty_spends_each(tmp_path):
+    path = str(tmp_path / "c.db")
+    Ledger(path).create_budget("data", CAP, DELTA)
+    # how many Gaussian(SIGMA) releases fit under the cap (exact analytic composition)
+    fit = max(k for k in range(1, 400) if compose(Gaussian(SIGMA), steps=k).epsilon(DELTA) <= CAP)
+    assert 50 < fit < 400  # the cap binds part-way through the 400 attempts
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(8) as pool:
+        results = pool.starmap(spend_many, [(path, w, 50, SIGMA) for w in range(8)])
+    acked = [lab for ok, _ in results for lab in ok]
+    refused = [lab for _, bad in results for lab in bad]
+    assert len(acked) + len(refused) == 400
+
+    led = Ledger(path)
+    assert led.verify()
+    stored = [e.label for e in led.history("data") if e.kind == "spend"]
+    assert len(stored) == len(set(stored))  # nothing duplicated
+    assert sorted(stored) == sorted(acked)  # nothing lost, nothing refused stored
+    assert len(stored) == fit  # the cap was filled exactly, never exceeded
+    s = led.spent("data")
+    assert s.epsilon_spent <= CAP
+    assert s.entries == fit
+
+
+def test_sigkill_mid_spends_keeps_every_acknowledged_spend(tmp_path):
+    path = str(tmp_path / "k.db")
+    Ledger(path).create_budget("data", 1e6, 1e-6)
+    worker = Path(__file__).with_name("_ledger_workers.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])}
+    proc = subprocess.Popen([sys.executable, str(worker), path], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    acked, reserved = [], None
+    deadline = time.monotonic() + 60
+    while len(acked) < 30 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("RESERVED"):
+            reserved = int(line.split()[1])
+        elif line.startswith("ACK"):
+            acked.append(line.split()[1])
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert len(acked) == 30 and reserved is not None
+
+    led = Ledger(path)
+    report = led.verify()
+    assert report, report.problems
+    stored = [e.label for e in led.history("data") if e.kind == "spend"]
+    assert set(acked) <= set(stored)
+    assert len(stored) - len(acked) <= 1  # at most the one in flight, committed unacked
+    pend = led.pending("data")
+    assert [r.seq for r in pend] == [reserved]  # the planned run still counts in full
+    s = led.spent("data")
+    assert s.entries == len(stored) + 1
+    assert s.epsilon_spent == compose(
+        [Gaussian(50.0)] + [Gaussian(1000.0)] * len(stored)
+    ).epsilon(1e-6)
+    led.spend("data", Gaussian(1000.0), label="after the crash")  # still writable
+    assert led.verify()

@@ -1,0 +1,168 @@
+"""Private preprocessing: the DP scaler, private bounds, one epsilon per pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import Normalizer, StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from privlearn.accounting import Gaussian, PureDP, compose
+from privlearn.datasets import load_california_housing
+from privlearn.models import AdaSSPRegressor
+from privlearn.models.preprocessing import (
+    PrivatePipeline,
+    PrivateStandardScaler,
+    choose_x_bound,
+    choose_y_bound,
+    pipeline_mechanism,
+    private_quantile,
+)
+
+# Public, data-independent ranges of the raw California housing features (census and
+# geography: income in $10k, age in years, rooms/bedrooms/occupants per household,
+# block-group population, latitude/longitude of California), generous on purpose.
+CALIFORNIA_RANGES = np.array(
+    [[0, 20], [0, 100], [0, 200], [0, 50], [0, 50000], [0, 2000], [30, 45], [-130, -110]],
+    dtype=float,
+)
+
+
+def test_scaler_estimates_mean_and_scale():
+    rng = np.random.default_rng(0)
+    X = rng.normal([5.0, -20.0, 0.0], [2.0, 5.0, 0.1], size=(20000, 3))
+    sc = PrivateStandardScaler(epsilon=1.0, delta=1e-6, feature_range=(-100, 100),
+                               quantile=0.005, random_state=0).fit(X)
+    np.testing.assert_allclose(sc.mean_, X.mean(0), atol=0.05 * X.std(0).max())
+    np.testing.assert_allclose(sc.scale_, X.std(0), rtol=0.15)
+    assert sc.mechanism_ == compose(Gaussian(sc.noise_multiplier_), steps=2)
+    assert sc.epsilon_ <= 1.0 and sc.epsilon_ > 0.99  # calibrated tightly, rounded safe
+    Z = sc.transform(X)
+    assert abs(Z.mean()) < 0.1
+    assert sc.planned_mechanism(3) == sc.mechanism_
+
+
+def test_scaler_is_randomised_and_reproducible():
+    X = np.random.default_rng(1).uniform(0, 10, size=(1000, 2))
+    a = PrivateStandardScaler(epsilon=0.5, feature_range=(0, 10), random_state=3).fit(X)
+    b = PrivateStandardScaler(epsilon=0.5, feature_range=(0, 10), random_state=3).fit(X)
+    c = PrivateStandardScaler(epsilon=0.5, feature_range=(0, 10), random_state=4).fit(X)
+    assert np.array_equal(a.mean_, b.mean_) and not np.array_equal(a.mean_, c.mean_)
+
+
+def test_scaler_rejects_bad_parameters():
+    X = np.ones((10, 2))
+    with pytest.raises(ValueError, match="feature_range is required"):
+        PrivateStandardScaler().fit(X)
+    with pytest.raises(ValueError, match="feature_range"):
+        PrivateStandardScaler(feature_range=(1, 0)).fit(X)
+    with pytest.raises(ValueError, match="quantile"):
+        PrivateStandardScaler(feature_range=(0, 1), quantile=0.7).fit(X)
+    with pytest.raises(ValueError, match="delta"):
+        PrivateStandardScaler(feature_range=(0, 1), delta=0.0).fit(X)
+
+
+def test_private_quantile_and_bounds():
+    rng = np.random.default_rng(0)
+    v = rng.exponential(2.0, size=50000)
+    qs = [private_quantile(v, 0.9, 1.0, 0.0, 100.0, random_state=s)[0] for s in range(20)]
+    assert abs(np.median(qs) - np.quantile(v, 0.9)) < 0.2
+    _, m = private_quantile(v, 0.5, 0.3, 0.0, 100.0, random_state=0)
+    assert m == PureDP(0.3)
+    X = rng.normal(size=(5000, 4))
+    xb, mx = choose_x_bound(X, 1.0, max_bound=20.0, quantile=0.95, random_state=0)
+    assert abs(xb - np.quantile(np.linalg.norm(X, axis=1), 0.95)) < 0.2 and mx == PureDP(1.0)
+    yb, _ = choose_y_bound(rng.normal(0, 3, 5000), 1.0, max_bound=100.0, random_state=0)
+    assert 4.0 < yb < 7.0
+    with pytest.raises(ValueError, match="q must be"):
+        private_quantile(v, 1.5, 1.0, 0.0, 1.0)
+
+
+def test_pipeline_reports_one_total_epsilon():
+    rng = np.random.default_rng(0)
+    X = rng.normal(3.0, 2.0, size=(3000, 3))
+    y = X @ [1.0, -1.0, 0.5] + rng.normal(size=3000)
+    pipe = PrivatePipeline([
+        ("scale", PrivateStandardScaler(epsilon=0.3, delta=5e-7, feature_range=(-50, 50),
+                                        random_state=0)),
+        ("norm", Normalizer()),  # stateless: no cost
+        ("ada", AdaSSPRegressor(epsilon=0.7, delta=5e-7, y_bound=10.0, random_state=0)),
+    ], delta=1e-6).fit(X, y)
+    sc, ada = pipe.named_steps["scale"], pipe.named_steps["ada"]
+    assert pipe.mechanism_ == compose([sc.mechanism_, ada.mechanism_])
+    assert pipe.epsilon_ == pipe.mechanism_.epsilon(1e-6)
+    assert pipe.epsilon_ < sc.epsilon_ + ada.epsilon_  # tight composition, not a sum
+    assert pipeline_mechanism(pipe) == pipe.mechanism_
+    assert pipe.predict(X).shape == (3000,)
+
+
+def test_pipeline_refuses_a_non_private_step():
+    X = np.random.default_rng(0).normal(size=(100, 2))
+    y = X[:, 0]
+    pipe = PrivatePipeline([("scale", StandardScaler()), ("ada", AdaSSPRegressor())])
+    with pytest.raises(ValueError, match="PrivateStandardScaler"):
+        pipe.fit(X, y)
+    plain = Pipeline([("scale", StandardScaler()), ("ada", AdaSSPRegressor())]).fit(X, y)
+    with pytest.raises(ValueError, match="no mechanism_"):
+        pipeline_mechanism(plain)
+    assert pipeline_mechanism(plain, public_steps=("scale",)) == plain[-1].mechanism_
+
+
+def test_california_pipeline_at_total_epsilon_1_matches_adassp_with_public_bounds():
+    """ACCEPTANCE. Setting: California housing (20,640 rows), training MSE, 20 seeds each.
+
+    Baseline: AdaSSP alone at epsilon = 1, delta = 1e-6 on seed 000's public-bounds
+    preprocessing (fixed public scales, rows normalised to x_bound = 1, y in [0, 5], no
+    intercept).
+    Pipeline: raw features -> PrivateStandardScaler(epsilon 0.25, delta 5e-7, the public
+    ranges above, private 5%/95% bounds) -> Normalizer -> AdaSSP(epsilon 0.95,
+    delta 5e-7, x_bound 1, y_bound 5, intercept), whose composed total is <= 1 at
+    delta = 1e-6. Requirement: median MSE within 0.02 of the baseline's (or better).
+    """
+    seed = load_california_housing(preprocessing="seed")
+    raw = load_california_housing()
+    X, y = raw.data, np.clip(raw.target, 0.0, 5.0)
+    base, piped, totals = [], [], []
+    for r in range(20):
+        m = AdaSSPRegressor(epsilon=1.0, delta=1e-6, x_bound=1.0, y_bound=5.0,
+                            fit_intercept=False, random_state=r).fit(seed.data, seed.target)
+        base.append(np.mean((m.predict(seed.data) - seed.target) ** 2))
+        pipe = PrivatePipeline([
+            ("scale", PrivateStandardScaler(epsilon=0.25, delta=5e-7,
+                                            feature_range=CALIFORNIA_RANGES, quantile=0.05,
+                                            random_state=1000 + r)),
+            ("norm", Normalizer()),
+            ("ada", AdaSSPRegressor(epsilon=0.95, delta=5e-7, x_bound=1.0, y_bound=5.0,
+                                    fit_intercept=True, random_state=r)),
+        ], delta=1e-6).fit(X, y)
+        piped.append(np.mean((pipe.predict(X) - y) ** 2))
+        totals.append(pipe.epsilon_)
+    assert max(totals) <= 1.0
+    assert np.median(piped) <= np.median(base) + 0.02, (np.median(piped), np.median(base))
+
+
+@parametrize_with_checks(
+    [PrivateStandardScaler(feature_range=(-100, 100), random_state=0)],
+    expected_failed_checks=lambda est: {},
+)
+def test_scaler_is_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+def test_scaler_spends_on_the_ledger_before_reading(tmp_path):
+    from privlearn.errors import BudgetExceededError
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db")
+    led.create_budget("d", epsilon=1.0, delta=1e-6)
+    X = np.random.default_rng(0).normal(size=(500, 3))
+    sc = PrivateStandardScaler(epsilon=0.8, delta=5e-7, feature_range=(-10, 10),
+                               ledger=led.budget("d"), random_state=0).fit(X)
+    assert led.mechanism("d") == compose([sc.mechanism_])
+    with pytest.raises(BudgetExceededError):
+        PrivateStandardScaler(epsilon=0.8, delta=5e-7, feature_range=(-10, 10),
+                              ledger=led.budget("d")).fit(X)
+    assert led.spent("d").entries == 1
+    with pytest.raises(TypeError, match="budget handle"):
+        PrivateStandardScaler(feature_range=(-10, 10), ledger=led).fit(X)
