@@ -165,7 +165,7 @@ def population_medians(reps: int = 200_000, gd_chains: int = 1000) -> list[dict]
     from privlearn.datasets import load_california_housing
     from privlearn.models import AdaSSPRegressor, NoisyGDRegressor, SSPRegressor
 
-    b = load_california_housing(preprocessing="seed")
+    b = load_california_housing(preprocessing="bounded")
     X, y = b.data, b.target
     XTX, XTy, n = X.T @ X, X.T @ y, len(y)
 

@@ -56,7 +56,7 @@ class SeedProblem:
     """Seed 000's preprocessed data and its sufficient statistics."""
 
     def __init__(self) -> None:
-        b = load_california_housing(preprocessing="seed", x_bound=X_BOUND, y_bound=Y_BOUND)
+        b = load_california_housing(preprocessing="bounded", x_bound=X_BOUND, y_bound=Y_BOUND)
         self.X, self.y = b.data, b.target
         self.n, self.dim = self.X.shape
         self.XTX = self.X.T @ self.X
