@@ -20,9 +20,11 @@ import numpy as np
 from privlearn.datasets import load_mnist
 from privlearn.experiments._common import (
     ExperimentResult,
+    epsilon_log_axis,
     format_table,
     prepare_out_dir,
     progress,
+    pyplot,
     write_csv,
 )
 from privlearn.models.label_release import PATE, PrivateKNN
@@ -116,15 +118,18 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
     csv_path = write_csv(out / "label_release.csv", rows)
     png = None
     if plot:
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for m, name in enumerate(("PATE", "PrivateKNN")):
-            ax.plot(epsilons, np.median(acc[m], axis=1), "o-", label=name)
+        for m, name in enumerate(("PATE", "Private kNN")):
+            med = np.median(acc[m], axis=1)
+            ax.errorbar(epsilons, med, yerr=[med - acc[m].min(1), acc[m].max(1) - med],
+                        fmt="o-", capsize=3, label=f"{name} (median of {reps})")
         ax.axhline(acc_pate_clean, color="k", ls="--", label="teacher ensemble, no noise")
-        ax.set_xscale("log")
+        epsilon_log_axis(ax, epsilons)
         ax.set_xlabel(f"epsilon ({n_queries} queries, delta={delta:g})")
         ax.set_ylabel("label accuracy")
+        ax.grid(alpha=0.3)
         ax.set_title("MNIST label release")
         ax.legend()
         png = out / "label_release.png"
