@@ -42,7 +42,7 @@ def readme_blocks(path: Path = README) -> list[Block]:
     blocks, lines = [], path.read_text().splitlines()
     i = 0
     while i < len(lines):
-        m = re.match(r"^```(\w*)\s*$", lines[i])
+        m = re.match(r"^```(\S*)", lines[i])  # any fence: ```python, ```{toctree}, ```
         if m:
             start = i
             j = i + 1
