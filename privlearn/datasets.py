@@ -476,7 +476,7 @@ def make_logistic_data(
     ``u ~ Uniform[-1/2, 1/2]^(d-1)`` (so ``|z_j| <= 1``, ``||z||_1 <= d``,
     ``||z||_2 <= sqrt(d)``); ``y ~ Bernoulli(sigmoid(z . theta_true))``. The first
     ``n_train`` rows are the training set, the next ``n_test`` the test set. See
-    :doc:`/provenance` for where the design comes from.
+    :doc:`/reference/provenance` for where the design comes from.
 
     Returns
     -------

@@ -4,7 +4,7 @@ A tutorial on accounting for DP learning algorithms with autodp (NoisyGD, NoisyS
 Private kNN and their Laplace variants) prints one epsilon per algorithm at delta = 1e-6.
 :func:`accounting_table` recomputes each with privlearn's accountants -- the PLD upper and
 lower bounds and the RDP bound -- next to the value autodp prints, and
-:func:`print_accounting_table` prints it (see :doc:`/provenance`). ``privlearn demo``
+:func:`print_accounting_table` prints it (see :doc:`/reference/provenance`). ``privlearn demo``
 runs :func:`main`, which also runs a short experiment when
 ``privlearn.experiments.demo_linear_regression`` exists.
 """

@@ -1,6 +1,6 @@
 """SSP vs AdaSSP vs NoisyGD on California housing, and NoisyGD's learning rate.
 
-The SSP/AdaSSP/NoisyGD linear-regression study (see :doc:`/provenance`). The data
+The SSP/AdaSSP/NoisyGD linear-regression study (see :doc:`/reference/provenance`). The data
 pipeline is the study's: scikit-learn's California housing matrix, features
 divided by fixed "natural ranges", rows L2-normalised (x_bound = 1), labels clipped to
 [0, 5] (y_bound = 5), no intercept, training MSE. Repetitions are vectorised: all

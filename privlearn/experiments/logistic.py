@@ -1,6 +1,6 @@
 """DP-SGD logistic regression scenarios on synthetic data.
 
-The scenarios of the DP-SGD logistic-regression study (see :doc:`/provenance`),
+The scenarios of the DP-SGD logistic-regression study (see :doc:`/reference/provenance`),
 ``[epsilon, delta, gamma, T, lambda, eta]`` with ``n_train = n_test = 10000``, ``d = 20``,
 plus the case the study leaves open (``delta > 0`` with subsampling), each repeated over
 several random draws of the data and the noise (the study warns that one run is not
