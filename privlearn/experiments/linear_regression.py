@@ -187,7 +187,7 @@ def _mse_axis(ax, P: SeedProblem, title: str, ylabel: str) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="center right")
+    ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 0.92))
 
 
 def _plot(res: dict, path: Path, *, include_gd: bool = True) -> Path:
