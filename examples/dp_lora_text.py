@@ -15,8 +15,8 @@ pretrained model.
 
 Data: Python's own reference documentation as shipped with every Python installation
 (``pydoc_data.topics``, about 460 kB of English technical prose), cut into blocks of
-``--block`` tokens; 256 blocks (at most 10%) held out, the rest trained on. It is real text, but public: it stands in for
-a private corpus here.
+``--block`` tokens; 256 blocks (at most 10%) held out, the rest trained on. It is real
+text, but public: it stands in for a private corpus here.
 
 Usage::
 
@@ -39,7 +39,8 @@ try:
     import peft
     import transformers
 except ImportError as exc:  # pragma: no cover
-    raise SystemExit(f"this example needs the hf extra: pip install 'privlearn[hf]' ({exc})")
+    raise SystemExit(f"this example needs the hf extra: pip install 'privlearn[hf]' "
+                     f"({exc})") from None
 
 from privlearn.torch import per_sequence_cross_entropy
 from privlearn.torch.hf import DPTrainer, PrivacyArguments, expand_position_ids
@@ -107,6 +108,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--rank", type=int, default=8, help="LoRA rank")
+    ap.add_argument("--lora-targets", default=None,
+                    help="comma-separated module names for LoRA (default: peft's choice "
+                         "for the model type, c_attn for GPT-2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = ap.parse_args(argv)
@@ -121,9 +125,11 @@ def main(argv=None) -> dict:
     n_test = min(n_blocks // 10, 256)
     test, train = Blocks(blocks[perm[:n_test]]), Blocks(blocks[perm[n_test:]])
 
+    targets = args.lora_targets.split(",") if args.lora_targets else None
     model = peft.get_peft_model(model, peft.LoraConfig(
-        r=args.rank, lora_alpha=2 * args.rank, target_modules=["c_attn"], lora_dropout=0.0,
-        fan_in_fan_out=True, task_type="CAUSAL_LM"))
+        r=args.rank, lora_alpha=2 * args.rank, target_modules=targets, lora_dropout=0.0,
+        fan_in_fan_out=model.config.model_type == "gpt2",  # GPT-2's Conv1D layout
+        task_type="CAUSAL_LM"))
     model.print_trainable_parameters()
     before = heldout_loss(model, test)
 
