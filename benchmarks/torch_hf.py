@@ -316,7 +316,10 @@ def render(command: str, all_results: dict, args, seconds: float) -> str:
            f"Batch {BATCH} (Poisson, expected), {SEQ} tokens, vocabulary {VOCAB}, "
            f"{args.repeats} interleaved rounds of up to {args.steps} timed steps after "
            f"{args.warmup} warm-up steps (fastest round's median step; highest round's "
-           "peak memory). Method and models: `benchmarks/torch_hf.py` docstring.", "",
+           "peak memory). Position ids are passed expanded to `(B, T)` in every mode "
+           "(the engine refuses GPT-2's and BERT's default broadcast `(1, T)` ids until "
+           "the issue-11 layer work lands). Method and models: `benchmarks/torch_hf.py` "
+           "docstring.", "",
            "Measured on the engine as of the issue-9 changes (before the issue-11 layer "
            "work: transformers' `Conv1D` and Llama's RMSNorm go through the `torch.func` "
            "fallback, tied embeddings materialise per-example gradients); rerun after "
