@@ -270,3 +270,33 @@ def test_noise_split_composes_to_sigma(sigma, ratio):
     assert sg >= sigma
     joint = math.hypot(1.0 / sg, 0.5 / sigma_b)
     assert joint == pytest.approx(1.0 / sigma, rel=1e-9)
+
+
+def test_virtual_batches_count_every_chunk():
+    """With max_physical_batch_size the count sums over all chunks of a logical batch:
+    the bound and the parameters follow the same trajectory as without chunking."""
+    ds = _data()
+
+    def run(chunk):
+        model = _mlp()
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.2),
+                         DataLoader(ds, batch_size=B), noise_multiplier=1.0,
+                         max_grad_norm=0.05, clipping="adaptive",
+                         target_unclipped_quantile=0.5, clipbound_learning_rate=0.5,
+                         seed=4, max_physical_batch_size=chunk)
+        bounds = []
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            before = p.accountant.steps
+            p.optimizer.step()
+            if p.accountant.steps > before:
+                bounds.append(p.optimizer.max_grad_norm)
+        return model, bounds
+
+    whole, b1 = run(None)
+    chunked, b2 = run(3)
+    assert len(b1) == len(b2) == 4
+    assert b2 == pytest.approx(b1, rel=1e-12)
+    for u, v in zip(whole.parameters(), chunked.parameters(), strict=True):
+        torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
