@@ -199,3 +199,22 @@ def test_expand_position_ids():
     pos = batch["position_ids"]
     assert pos.shape == batch["input_ids"].shape
     assert torch.equal(pos[0, :4], torch.arange(4))
+
+
+def test_lora_adapters_train_and_save(tmp_path):
+    """peft LoRA through DPTrainer: only the adapters move, epsilon is the accountant's,
+    and the adapters save in peft's format."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_llama(), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+        task_type="CAUSAL_LM"))
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=2, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.train()
+    moved = {k for k, v in model.named_parameters() if not torch.equal(v, before[k])}
+    assert moved and all("lora_" in k for k in moved)
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 2), rel=1e-9)
+    tr.save_model(str(tmp_path / "adapter"))
+    assert os.path.isfile(tmp_path / "adapter" / "adapter_model.safetensors")
