@@ -293,10 +293,11 @@ def make_private(
     target_unclipped_quantile : float in [0, 1], optional
         gamma, required with ``clipping="adaptive"`` (0.5: the median norm).
     clipbound_learning_rate : float > 0
-        eta of ``C <- C exp(-eta (b - gamma))`` (the paper's 0.2 by default).
+        eta of ``C <- C exp(-eta (b - gamma))``.
     unclipped_num_std : float > 0, optional
         sigma_b, noise std of the count; default ``expected_batch_size / 20`` (the
-        paper's setting). Must exceed ``noise_multiplier / 2``.
+        default of TensorFlow Federated's ``adaptive_clip_noise_params``, ``0.05 m``).
+        Must exceed ``noise_multiplier / 2``.
 
     Returns
     -------
