@@ -7,12 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from _audit_helpers import ideal_scores
 from scipy import stats
 
 from privlearn.auditing import METHODS, auc, epsilon_lower_bound, roc_curve, tpr_at_fpr
 from privlearn.auditing import bounds as B
-
-from _audit_helpers import ideal_scores
 
 DELTA = 1e-5
 
