@@ -13,10 +13,13 @@ would make any single-threshold bound invalid. Here every method evaluates a gri
 counts, ratio 2, so ``K ~ log2(n) + 1``) and tests each at significance
 ``(1 - confidence) / K`` (Bonferroni): the probability that any of them overstates
 epsilon is at most ``1 - confidence``. The reported bound is the largest over the grid.
-The thresholds are *counts* (the ``k`` highest of all scores; the ``c + 1``-th highest
-excluded score), which is what makes the bounds exact rather than approximate, see the
-individual methods. Ties between scores are broken by a fixed pseudo-random order that
-does not depend on the labels.
+The thresholds are *counts*, which is what makes the bounds exact rather than
+approximate: for the one-run methods, ``k`` guesses, "in" for the ``ceil(k/2)`` highest
+and "out" for the ``floor(k/2)`` lowest of all scores (two-sided guessing, which both
+one-run analyses allow: their guesses are in {in, out, abstain}, and the Gaussian curve
+is symmetric); for the independent-trial methods, the threshold "the ``c + 1``-th
+highest excluded score". Ties between scores are broken by a fixed pseudo-random order
+that does not depend on the labels.
 
 Methods
 -------
@@ -24,7 +27,7 @@ Methods
     Steinke, Nasr & Jagielski (2023), "Privacy Auditing with One (1) Training Run",
     NeurIPS, Theorem 3.1 (the ``(epsilon, delta)`` version with its ``2 m delta`` term):
     in one run with ``m`` canaries each included with probability 1/2, an attacker that
-    guesses "in" for its ``k`` top-scored canaries makes at least ``v`` correct guesses
+    makes ``k`` guesses (any function of the output) gets at least ``v`` of them right
     with probability at most ``P[Bin(k, e^eps/(1+e^eps)) >= v] + 2 m delta max_i
     P[v - i <= Bin(k, .) < v] / i``. Valid for any ``(epsilon, delta)``-DP mechanism.
 ``"one_run_fdp"``
@@ -232,7 +235,9 @@ def _one_run_bound(labels: np.ndarray, delta: float, significance: float,
     m = labels.size
     ks = _count_grid(1, m)
     alpha = significance / ks.size  # Bonferroni over the fixed grid of guess counts
-    correct = np.cumsum(labels)[ks - 1]
+    # k guesses: "in" for the ceil(k/2) highest scores, "out" for the floor(k/2) lowest
+    top, bottom = ks - ks // 2, ks // 2
+    correct = np.r_[0, np.cumsum(labels)][top] + np.r_[0, np.cumsum(~labels[::-1])][bottom]
     # candidates in order of decreasing precision: the best ones settle the search early
     order = np.argsort(-(correct / ks), kind="stable")
     best = 0.0
