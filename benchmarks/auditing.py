@@ -112,6 +112,14 @@ def power(reps: int) -> list[dict]:
                        **{k: float(np.median(v)) for k, v in vals.items()})
             rows.append(row)
             print(json.dumps(row), flush=True)
+    for m in (100, 1_000, 10_000, 100_000):  # every guess right: the most m canaries can give
+        lab = np.arange(m) < m // 2
+        s = lab + np.random.default_rng(0).random(m) * 0.5
+        row = dict(eps="perfect", m=m, reps=1, **{
+            meth: epsilon_lower_bound(s[lab], s[~lab], delta=DELTA, method=meth)
+            for meth in ("one_run", "one_run_fdp")})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -142,6 +150,22 @@ def engine(canaries: int, epsilon: float, reps: int) -> list[dict]:
     return rows
 
 
+def render(data: dict) -> str:
+    """Markdown tables of a ``--json-out`` file."""
+    out = []
+    if "tightness" in data:
+        out.append("| true eps | canaries | method | privlearn (mean) | jax_privacy (mean) | "
+                   "privlearn >= jax | over true eps: privlearn / jax | time privlearn | "
+                   "time jax |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for r in data["tightness"]:
+            out.append(f"| {r['eps']:g} | {r['m']:,} | {r['method']} | {r['ours_mean']:.3f} | "
+                       f"{r['jax_mean']:.3f} | {r['ours_ge_jax']}/{r['reps']} | "
+                       f"{r['ours_over_true']}/{r['reps']} / {r['jax_over_true']}/{r['reps']} | "
+                       f"{r['t_ours'] * 1e3:.0f} ms | {r['t_jax'] * 1e3:.0f} ms |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("tightness", "power", "engine", "all"), default="all")
@@ -149,7 +173,12 @@ def main() -> None:
     ap.add_argument("--canaries", type=int, default=1000)
     ap.add_argument("--epsilon", type=float, default=2.0)
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--render", default=None, help="print the tables of a --json-out file")
     a = ap.parse_args()
+    if a.render:
+        with open(a.render) as fh:
+            print(render(json.load(fh)))
+        return
     out = {}
     if a.part in ("tightness", "all"):
         out["tightness"] = tightness(a.reps)
