@@ -146,7 +146,7 @@ class _CanaryClassifier(nn.Module):
         return self.data(x), self.canaries(index, is_canary)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DPSGDAudit:
     """Result of :func:`audit_dpsgd`: the audit and the training configuration."""
 
