@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 from _audit_helpers import ideal_scores
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from privlearn.auditing import METHODS, auc, epsilon_lower_bound, roc_curve, tpr_at_fpr
@@ -225,3 +227,15 @@ def test_bad_method_and_types():
         epsilon_lower_bound("abc", [0.0], delta=1e-5)
     with pytest.raises(ValueError, match="fpr"):
         tpr_at_fpr([1.0], [0.0], 1.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-2, 2), min_size=1, max_size=40),
+       st.lists(st.integers(-2, 2), min_size=1, max_size=40),
+       st.sampled_from(METHODS), st.sampled_from([1e-6, 1e-2, 0.3]),
+       st.sampled_from([0.5, 0.95, 0.999]))
+def test_any_finite_scores_give_a_finite_nonnegative_bound(ins, outs, method, delta, conf):
+    # heavy ties, tiny samples, extreme confidence: never an error, nan or negative value
+    e = epsilon_lower_bound(np.array(ins, float), np.array(outs, float), delta=delta,
+                            method=method, confidence=conf)
+    assert math.isfinite(e) and e >= 0
