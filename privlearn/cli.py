@@ -307,7 +307,7 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
 
 # ---------------------------------------------------------------------------- audit (issue 10)
 _AUDIT_BUGS = ("none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10")
-_AUDIT_METHODS = ("one_run", "one_run_fdp", "clopper_pearson", "gdp")
+_AUDIT_METHODS = ("one_run", "one_run_fdp")
 
 
 @cli.group()

@@ -23,10 +23,11 @@ NumPy/SciPy only at import time.
 """
 
 from privlearn.auditing.bounds import METHODS, auc, epsilon_lower_bound, roc_curve, tpr_at_fpr
-from privlearn.auditing.harness import AuditResult, one_run_audit
+from privlearn.auditing.harness import ONE_RUN_METHODS, AuditResult, one_run_audit
 
 __all__ = [
     "METHODS",
+    "ONE_RUN_METHODS",
     "AuditResult",
     "auc",
     "epsilon_lower_bound",

@@ -26,7 +26,9 @@ from privlearn.auditing.bounds import (
     epsilon_lower_bound,
 )
 
-__all__ = ["AuditResult", "one_run_audit"]
+__all__ = ["AuditResult", "ONE_RUN_METHODS", "one_run_audit"]
+
+ONE_RUN_METHODS = ("one_run_fdp", "one_run")
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -137,8 +139,11 @@ def one_run_audit(
     delta : float in [0, 1)
     seed : int, optional
         Seed of the inclusion draw (default: fresh entropy).
-    method, confidence
-        See :func:`privlearn.auditing.epsilon_lower_bound`.
+    method : {"one_run_fdp", "one_run"}
+        The one-run bounds of :func:`privlearn.auditing.epsilon_lower_bound` (the
+        canaries of one run are not independent trials, so ``"clopper_pearson"`` and
+        ``"gdp"`` do not apply here).
+    confidence : float in (0, 1)
 
     Returns
     -------
@@ -164,9 +169,13 @@ def one_run_audit(
                          "thousands: see docs/auditing.md for the power each buys)")
     d = _check_delta(delta)
     c = _check_confidence(confidence)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method in ("gdp", "one_run_fdp") and d == 0:
+    if method not in ONE_RUN_METHODS:
+        hint = (" (clopper_pearson and gdp assume independent trials, one training run per "
+                "score: call epsilon_lower_bound on such scores directly)"
+                if method in METHODS else "")
+        raise ValueError(f"method must be one of {ONE_RUN_METHODS} for a one-run audit, got "
+                         f"{method!r}{hint}")
+    if method == "one_run_fdp" and d == 0:
         raise ValueError(f"method={method!r} needs delta in (0, 1), got delta=0")
     if not callable(claimed_epsilon):
         claim = _check_claim("claimed_epsilon", claimed_epsilon)

@@ -41,7 +41,8 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         The delta of the claim (default: the estimator's ``delta``).
     seed : int, optional
         Seeds the inclusion draw, the canary signs and the estimator's ``random_state``.
-    method, confidence : see :func:`privlearn.auditing.epsilon_lower_bound`.
+    method, confidence : see :func:`privlearn.auditing.one_run_audit` ("one_run" or
+        "one_run_fdp").
     canary_norm : float, optional
         ``b``, the norm of a canary's feature vector (default: the estimator's
         ``x_bound``, or ``max_grad_norm`` for the DP-SGD estimators).

@@ -203,7 +203,8 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     canary_gradient_norm : float, optional
         ``G`` (default ``100 * max_grad_norm``).
     score : {"trajectory", "final"}
-    method, confidence : see :func:`privlearn.auditing.epsilon_lower_bound`.
+    method, confidence : see :func:`privlearn.auditing.one_run_audit` ("one_run" or
+        "one_run_fdp").
     seed : int or None
         Seeds the data, the inclusion draw, the sampler and the noise.
     """

@@ -113,3 +113,10 @@ def test_numpy_estimators_pass_their_audit_and_leak_detectably():
         assert res.claimed_epsilon == pytest.approx(8.0, rel=1e-3)
         assert not res.violation
         assert res.auc > 0.6  # the canaries are visible in the coefficients
+
+
+@pytest.mark.parametrize("method", ["clopper_pearson", "gdp"])
+def test_independent_trial_methods_are_refused_for_one_run(method):
+    with pytest.raises(ValueError, match="independent trials"):
+        one_run_audit(lambda inc: inc.astype(float), 10, claimed_epsilon=1.0, delta=1e-5,
+                      method=method)
