@@ -72,7 +72,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import betaincinv, expit, gammaln, log_ndtr, ndtr, ndtri
+from scipy.special import betaincinv, expit, gammaln, ndtr, ndtri
 
 from privlearn.accounting.fdp import gdp_epsilon_interval, gdp_mu_interval
 
@@ -425,7 +425,3 @@ def tpr_at_fpr(in_scores, out_scores, fpr: float) -> float:
     x, y = roc_curve(in_scores, out_scores)
     return float(np.interp(f, x, y))
 
-
-def _gaussian_roc(mu: float, fpr: np.ndarray) -> np.ndarray:  # pragma: no cover - helper
-    with np.errstate(divide="ignore"):
-        return np.exp(log_ndtr(ndtri(fpr) + mu))
