@@ -120,3 +120,25 @@ def test_independent_trial_methods_are_refused_for_one_run(method):
     with pytest.raises(ValueError, match="independent trials"):
         one_run_audit(lambda inc: inc.astype(float), 10, claimed_epsilon=1.0, delta=1e-5,
                       method=method)
+
+
+def test_audit_estimator_covers_ssp_adassp_and_the_classifier():
+    pytest.importorskip("sklearn")
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.models import AdaSSPRegressor, DPSGDClassifier, SSPRegressor
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(600, 3))
+    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
+    y = np.clip(X @ np.array([0.6, -0.4, 0.2]), -1, 1)
+    yc = (X[:, 0] > 0).astype(int)
+    for est, target in ((SSPRegressor(epsilon=4.0, delta=1e-5), y),
+                        (AdaSSPRegressor(epsilon=4.0, delta=1e-5), y),
+                        (DPSGDClassifier(epsilon=4.0, delta=1e-5, n_iter=100,
+                                         sampling_rate=0.2), yc)):
+        res = audit_estimator(est, X, target, 100, seed=2)
+        assert res.n_canaries == 100 and res.scores.shape == (100,)
+        assert res.claimed_epsilon == pytest.approx(4.0, rel=1e-3)
+        assert not res.violation and res.epsilon_lower_bound >= 0
+    with pytest.raises(ValueError, match="binary"):
+        audit_estimator(DPSGDClassifier(), X, np.arange(600) % 3, 10)
