@@ -14,7 +14,7 @@ rate of any membership attack at false positive rate ``alpha`` is ``1 - f(alpha)
   to satisfy. From a privacy profile ``delta(eps)`` (every ``(eps, delta(eps))`` holds)
   the mechanism is ``f``-DP with
   ``f(alpha) = sup_eps max(0, 1 - delta(eps) - e^eps alpha, e^-eps (1 - delta(eps) - alpha))``
-  (Dong, Roth & Su 2022, Proposition 2.12 and Proposition 2.5 (symmetry)). Evaluated on a
+  (Dong, Roth & Su 2022, Proposition 2.12, with both orders of the pair). Evaluated on a
   finite grid of ``eps`` with the accountant's *certified upper bounds* on
   ``delta(eps)``, this is a lower envelope of the exact curve: a valid (pessimistic)
   curve, never an optimistic one. Plain Gaussians and their compositions get the exact

@@ -33,7 +33,7 @@ Methods
 ``"one_run_fdp"``
     Mahloujifar, Melis & Chaudhuri (2025), "Auditing f-Differential Privacy in One
     Run", ICML: the same guessing game bounded through the trade-off curve ``f`` of the
-    hypothesis (their recursive bound on the number of correct guesses, Section 4), here
+    hypothesis (their recursive bound on the number of correct guesses), here
     with the Gaussian curve ``G_mu`` through ``(epsilon, delta)``
     (:func:`privlearn.accounting.fdp.gdp_mu`). The result is the largest ``epsilon``
     whose Gaussian curve is refuted: a valid lower bound on ``epsilon(delta)`` for
@@ -56,8 +56,8 @@ Methods
     ``(epsilon, delta)``-DP mechanism.
 ``"gdp"``
     Nasr, Hayes, Steinke, Balle, Tramer, Jagielski, Carlini & Terzis (2023), "Tight
-    Auditing of Differentially Private Machine Learning", USENIX Security, Section 4:
-    the same (exact) confidence bounds as ``"clopper_pearson"`` give
+    Auditing of Differentially Private Machine Learning", USENIX Security (the GDP
+    audit): the same (exact) confidence bounds as ``"clopper_pearson"`` give
     ``mu >= Phi^{-1}(TPR_lower) - Phi^{-1}(FPR_upper)`` for a ``mu``-GDP mechanism
     (Dong, Roth & Su 2022, Definition 2.7), converted to ``epsilon(delta)`` of
     ``mu``-GDP (their Corollary 2.13, rounded down). Done validly: the confidence
@@ -351,8 +351,8 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
     References
     ----------
     Steinke, Nasr & Jagielski (2023), Theorem 3.1; Mahloujifar, Melis & Chaudhuri
-    (2025); Jagielski, Ullman & Oprea (2020); Nasr et al. (2021); Nasr et al. (2023),
-    Section 4 (see the module docstring for the exact statements used).
+    (2025); Jagielski, Ullman & Oprea (2020); Nasr et al. (2021); Nasr et al. (2023)
+    (see the module docstring for the exact statements used).
 
     Examples
     --------

@@ -18,7 +18,7 @@ White-box gradient canaries (:class:`DiracCanaries`)
     per-step movements, ``sum_t log(1 - q + q exp((x_t - 1/2) / sigma^2))`` (the optimal
     test when every intermediate model is released, which is what DP-SGD accounting
     assumes). This is the "Dirac canary" of Nasr et al. (2023), "Tight Auditing of
-    Differentially Private Machine Learning", Section 5, in the one-run setting of
+    Differentially Private Machine Learning", in the one-run setting of
     Steinke, Nasr & Jagielski (2023), with one coordinate per canary so that the
     canaries do not interfere.
 

@@ -39,7 +39,7 @@ def test_gaussian_tradeoff_is_a_tradeoff_function():
     f = gaussian_tradeoff(1.3, ALPHAS)
     assert np.all(np.diff(f) <= 1e-15)  # non-increasing
     assert np.all(f <= 1 - ALPHAS + 1e-15)  # below the random-guess line
-    # symmetric: f = f^{-1} (Dong, Roth & Su 2022, Prop. 2.4); f(f(a)) = a
+    # symmetric (Dong, Roth & Su 2022): f = f^{-1}, so f(f(a)) = a
     inner = gaussian_tradeoff(1.3, ALPHAS[1:-1])
     np.testing.assert_allclose(gaussian_tradeoff(1.3, inner), ALPHAS[1:-1], rtol=1e-6)
 
