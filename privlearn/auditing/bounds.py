@@ -212,8 +212,17 @@ def _one_run_fdp_refutes(m: int, k: int, v: int, eps: float, delta: float,
 
 
 def _largest_refuted(refutes, eps_start: float) -> float:
-    """Largest ``eps >= eps_start`` (to ``_EPS_TOL``, rounded down) for which the
-    monotone predicate ``refutes(eps)`` holds, given that it holds at ``eps_start``."""
+    """A refuted ``eps >= eps_start`` at the boundary of the refuted region (bisection to
+    ``_EPS_TOL``), given that ``refutes(eps_start)`` holds; the returned value is always
+    one at which ``refutes`` was observed to hold.
+
+    Validity does not need ``refutes`` to be monotone: an ``(eps, delta)``-DP mechanism
+    is ``(eps', delta)``-DP for every ``eps' >= eps`` (and a ``G_mu`` one is ``G_mu'``
+    for ``mu' >= mu``), so the tail bounds at every ``eps' >= eps`` bound the same
+    probability and their minimum is a valid p-value for the claim ``eps``; refuting
+    any ``eps'`` therefore refutes every ``eps <= eps'``. Monotonicity only makes the
+    bisection find the largest such ``eps'``.
+    """
     lo = eps_start
     hi = max(1.0, 2.0 * lo)
     while refutes(hi):
