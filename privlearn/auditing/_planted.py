@@ -54,21 +54,29 @@ def _batch_sampler(private):
 
 @contextlib.contextmanager
 def _boosted_rate(sampler, factor: float):
-    """Swap the sampler instance's class for one whose ``__iter__`` draws Poisson batches
-    at ``min(1, factor * q)`` (same number of steps, same generator)."""
+    """Swap the sampler instance's class for a subclass that draws each Poisson batch at
+    ``min(1, factor * q)`` with the sampler's own generator (same number of steps). The
+    per-batch draw is overridden where the sampler has one (``_draw``, called by an
+    ``__iter__`` that does bookkeeping), else ``__iter__`` itself."""
     base = type(sampler)
     rate = min(1.0, factor * float(sampler.sample_rate))
 
-    def __iter__(self):
+    def draw(self) -> list[int]:
         n = self.num_samples if self.indices is None else len(self.indices)
-        for _ in range(self.steps):
-            chosen = np.flatnonzero(self._rng.random(n) < rate)
-            if self.indices is not None:
-                chosen = np.asarray(self.indices)[chosen]
-            yield chosen.tolist()
+        chosen = np.flatnonzero(self._rng.random(n) < rate)
+        if self.indices is not None:
+            chosen = np.asarray(self.indices)[chosen]
+        return chosen.tolist()
 
-    boosted = type(f"_Planted{base.__name__}", (base,), {"__iter__": __iter__})
-    sampler.__class__ = boosted
+    if hasattr(base, "_draw"):
+        body = {"_draw": draw}
+    else:
+        def __iter__(self):
+            for _ in range(self.steps):
+                yield draw(self)
+
+        body = {"__iter__": __iter__}
+    sampler.__class__ = type(f"_Planted{base.__name__}", (base,), body)
     try:
         yield
     finally:
