@@ -133,6 +133,8 @@ def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: flo
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True)
 
     if mode == "privlearn":
+        # make_private draws Poisson batches itself and refuses shuffled loaders
+        loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH_SIZE)
         from privlearn.torch import make_private
 
         private = make_private(

@@ -58,7 +58,8 @@ def run_adult(out_dir=None, reps: int | None = None, seed: int = 0, *,
     jobs = [(i, r) for i in range(len(epsilons)) for r in range(reps)]
     for i, r in progress(jobs, desc="adult", enabled=show_progress):
         clf = DPSGDClassifier(epsilon=float(epsilons[i]), delta=delta,
-                              random_state=seed * 1000 + r, trajectory_points=2, **params)
+                              random_state=seed * 1000 + r, trajectory_points=2,
+                              classes=[0, 1], **params)
         clf.fit(train.data, train.target)
         acc[i, r] = clf.score(test.data, test.target)
         spent[i], sig[i] = clf.epsilon_, clf.noise_multiplier_

@@ -83,17 +83,19 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
     teacher_votes = nearest_centroid_teachers(Xtr, ytr, n_teachers, Q, rng)
     hist = PATE.vote_histogram(teacher_votes, 10)
     acc_pate_clean = float(np.mean(np.argmax(hist, 1) == yq))
-    knn = PrivateKNN(n_neighbors=n_neighbors, sampling_rate=sampling_rate).fit(Xtr, ytr)
     acc = np.zeros((2, len(epsilons), reps))
     spent = np.zeros((2, len(epsilons)))
     jobs = [(i, r) for i in range(len(epsilons)) for r in range(reps)]
     for i, r in progress(jobs, desc="label release", enabled=show_progress):
         eps = float(epsilons[i])
         pate = PATE(epsilon=eps, delta=delta, noise=noise, random_state=seed * 1000 + r)
-        acc[0, i, r] = np.mean(pate.release(teacher_votes, 10) == yq)
+        acc[0, i, r] = np.mean(pate.release(teacher_votes, 10, n_teachers=n_teachers) == yq)
         spent[0, i] = pate.epsilon_
-        knn.epsilon, knn.delta, knn.noise = eps, delta, noise
-        knn.random_state = seed * 1000 + r
+        # one account per (epsilon, repetition): fit is cheap (it stores the arrays), and
+        # releases from one fitted object would compose into one account
+        knn = PrivateKNN(n_neighbors=n_neighbors, sampling_rate=sampling_rate, epsilon=eps,
+                         delta=delta, noise=noise, random_state=seed * 1000 + r,
+                         classes=np.arange(10)).fit(Xtr, ytr)
         acc[1, i, r] = np.mean(knn.release(Q) == yq)
         spent[1, i] = knn.epsilon_
     rows = []

@@ -79,8 +79,9 @@ class SeedProblem:
     def noisy_gd(self, sigma: float, epsilon: float, delta: float, rng, reps: int,
                  log_every: int, lr_factor: float = 1.0, n_iter: int | None = None):
         """Seed 000's NoisyGD run: niter calibrated (rounded down) unless given, the
-        theoretical learning rate with the data's lambda_max (as the seed), epsilon
-        logged at each log point."""
+        theoretical learning rate with the data's exact lambda_max (as the seed; not
+        private -- NoisyGDRegressor's default releases it with noise, accounted, see
+        docs/trust-model.md), epsilon logged at each log point."""
         if n_iter is None:
             n_iter = int(calibrate(lambda k: compose(Gaussian(sigma), steps=int(k)), epsilon,
                                    delta, bounds=(1, 10**7), integer=True))

@@ -96,6 +96,7 @@ def run_logistic_regression(out_dir=None, reps: int | None = None, seed: int = 0
                 learning_rate=eta, max_grad_norm=c2 if noise == "gaussian" else c1,
                 l2_regularization=lam, fit_intercept=False, accountant=accountant,
                 trajectory_points=2, record_path=(r == 0), random_state=seed * 1000 + r,
+                classes=[0, 1],
             ).fit(data.X_train, data.y_train)
             theta = clf.coef_
             path = clf.coef_path_ if r == 0 else None

@@ -3,8 +3,15 @@
 Each estimator takes ``epsilon`` and ``delta``, calibrates its own noise through
 :mod:`privlearn.accounting` at ``fit`` time and exposes ``mechanism_`` (what ran) and
 ``epsilon_`` (the certified epsilon spent at ``delta_``).
+
+Trust model (docs/trust-model.md): everything that leaves ``fit`` / ``release`` -- the
+fitted object, its attributes, its pickle, returned values -- is a release covered by
+``mechanism_``; :data:`~privlearn.models._release.RELEASED_ATTRIBUTES` lists every
+attribute and why it may be released. The exception is a fitted :class:`PrivateKNN`,
+which holds the private data; share its :meth:`PrivateKNN.public_release` instead.
 """
 
+from privlearn.models._release import DataClippedWarning, LabelRelease
 from privlearn.models.dpsgd import DPSGDClassifier, DPSGDRegressor
 from privlearn.models.label_release import PATE, PrivateKNN
 from privlearn.models.linear import AdaSSPRegressor, NoisyGDRegressor, SSPRegressor
@@ -17,4 +24,6 @@ __all__ = [
     "DPSGDRegressor",
     "PATE",
     "PrivateKNN",
+    "LabelRelease",
+    "DataClippedWarning",
 ]

@@ -7,6 +7,7 @@ range and the value received.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 
@@ -15,6 +16,7 @@ import numpy as np
 from privlearn.accounting import Mechanism
 
 __all__ = [
+    "ParameterTypeError",
     "check_privacy_budget",
     "check_positive_param",
     "clip_rows",
@@ -24,9 +26,16 @@ __all__ = [
 ]
 
 
+class ParameterTypeError(TypeError, ValueError):
+    """A parameter of the wrong type. A :class:`TypeError`, and also a :class:`ValueError`
+    so that code written against earlier versions (which raised ValueError) still works."""
+
+
 def _real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
+        raise ParameterTypeError(
+            f"{name} must be a real number, got {value!r} of type {type(value).__name__}"
+        )
     return float(value)
 
 
@@ -40,10 +49,16 @@ def check_privacy_budget(
     """
     eps = _real("epsilon", epsilon)
     if math.isnan(eps) or eps <= 0 or math.isinf(eps):
-        raise ValueError(f"epsilon must be in (0, inf) (finite, > 0), got {epsilon!r}")
+        raise ValueError(
+            f"epsilon must be in (0, inf) (finite, > 0), got {epsilon!r}; it is the privacy "
+            "budget, typically between 0.1 and 10"
+        )
     dlt = _real("delta", delta)
     if math.isnan(dlt) or not 0.0 <= dlt < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+        raise ValueError(
+            f"delta must be in [0, 1), got {delta!r}; use a value well below 1 / n_samples, "
+            "e.g. 1e-6"
+        )
     if noise == "gaussian" and dlt == 0.0:
         raise ValueError(
             "delta=0 is impossible with Gaussian noise: the Gaussian mechanism satisfies "
@@ -67,15 +82,22 @@ def check_int_param(name: str, value: object, minimum: int = 1, allow_none: bool
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ParameterTypeError(
+            f"{name} must be an integer >= {minimum}, got {value!r} of type "
+            f"{type(value).__name__}"
+        )
     if int(value) < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value.lower() not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    if not isinstance(value, str):
+        raise ParameterTypeError(f"{name} must be one of {choices}, got {value!r}")
+    if value.lower() not in choices:
+        close = difflib.get_close_matches(value.lower(), choices, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}{hint}")
     return value.lower()
 
 

@@ -31,6 +31,8 @@ References
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -38,6 +40,7 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import Gaussian, Laplace, calibrate, compose, subsample
+from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
     check_choice,
     check_int_param,
@@ -104,7 +107,10 @@ class _DPSGDBase(BaseEstimator):
         if isinstance(q, bool) or not isinstance(q, int | float | np.floating) or not (
             0.0 < float(q) <= 1.0
         ):
-            raise ValueError(f"sampling_rate must be in (0, 1], got {q!r}")
+            raise ValueError(
+                f"sampling_rate must be in (0, 1], got {q!r}; it is the Poisson rate "
+                "(expected batch size / n_samples), 1 for full-batch noisy GD"
+            )
         steps = check_int_param("n_iter", self.n_iter, 1)
         check_positive_param("learning_rate", self.learning_rate)
         check_positive_param("max_grad_norm", self.max_grad_norm)
@@ -267,25 +273,102 @@ _DOC_PARAMS = """
 class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
     __doc__ = (
         "Binary logistic regression trained by DP-SGD (seed 002).\n" + _DOC_PARAMS
+        + """    classes_ : ndarray of 2 labels
+
+    Notes
+    -----
+    ``classes`` (keyword, last parameter): the public pair of labels, e.g.
+    ``classes=[0, 1]``; ``classes_[1]`` is the positive class. None (default) infers
+    them from ``y``, which releases which labels occur in the private data (through
+    ``classes_`` and ``predict``), so a :class:`~privlearn.errors.PrivacyLeakWarning` is
+    emitted. With ``classes`` given, ``y`` may contain only one of them.
+"""
     )
 
     _loss = "logistic"
 
+    def __init__(
+        self,
+        epsilon: float = 1.0,
+        delta: float = 1e-5,
+        noise: str = "gaussian",
+        sampling_rate: float = 1.0,
+        n_iter: int = 1000,
+        learning_rate: float = 1.0,
+        max_grad_norm: float = 1.0,
+        l2_regularization: float = 1e-3,
+        fit_intercept: bool = True,
+        noise_multiplier: float | None = None,
+        accountant: str = "pld",
+        trajectory_points: int = 20,
+        trajectory_accountant: str | None = None,
+        record_path: bool = False,
+        random_state=None,
+        classes=None,
+    ):
+        super().__init__(
+            epsilon=epsilon,
+            delta=delta,
+            noise=noise,
+            sampling_rate=sampling_rate,
+            n_iter=n_iter,
+            learning_rate=learning_rate,
+            max_grad_norm=max_grad_norm,
+            l2_regularization=l2_regularization,
+            fit_intercept=fit_intercept,
+            noise_multiplier=noise_multiplier,
+            accountant=accountant,
+            trajectory_points=trajectory_points,
+            trajectory_accountant=trajectory_accountant,
+            record_path=record_path,
+            random_state=random_state,
+        )
+        self.classes = classes
+
+    def _public_classes(self) -> np.ndarray | None:
+        if self.classes is None:
+            return None
+        cl = np.asarray(self.classes)
+        if cl.ndim != 1 or cl.size != 2 or cl[0] == cl[1]:
+            raise ValueError(
+                "classes must be a sequence of exactly 2 distinct labels (negative, "
+                f"positive), got {self.classes!r}; e.g. classes=[0, 1]"
+            )
+        return cl
+
     def fit(self, X, y):
         """Train with DP-SGD; validates everything before any privacy is spent."""
         self._validate_params_dp()
+        public = self._public_classes()
         X, y = validate_data(self, X, y, dtype=np.float64)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
-        classes = np.unique(y)
-        if classes.size < 2:
-            raise ValueError(
-                f"DPSGDClassifier needs binary labels; y has only one class: {classes.tolist()}"
-            )
-        if classes.size > 2 or kind not in ("binary",):
-            raise ValueError(
-                "Only binary classification is supported. The type of the target is "
-                f"{kind!r}: DPSGDClassifier needs binary labels y, got {classes.size} "
-                f"classes {classes[:10].tolist()}"
+        if public is not None:
+            bad = ~np.isin(y, public)
+            if np.any(bad):
+                raise ValueError(
+                    f"y contains labels not in classes={public.tolist()}: "
+                    f"{np.unique(y[bad])[:5].tolist()}; DPSGDClassifier is binary"
+                )
+            classes = public
+        else:
+            classes = np.unique(y)
+            if classes.size < 2:
+                raise ValueError(
+                    "DPSGDClassifier needs binary labels; y has only one class: "
+                    f"{classes.tolist()}. If the other class is known, pass classes=[a, b]"
+                )
+            if classes.size > 2 or kind not in ("binary",):
+                raise ValueError(
+                    "Only binary classification is supported. The type of the target is "
+                    f"{kind!r}: DPSGDClassifier needs binary labels y, got {classes.size} "
+                    f"classes {classes[:10].tolist()}"
+                )
+            warnings.warn(
+                "DPSGDClassifier: classes=None infers the two labels from the private y; "
+                "classes_ and predict() then reveal which labels occur in the data. Pass "
+                "the public label pair, e.g. classes=[0, 1].",
+                PrivacyLeakWarning,
+                stacklevel=2,
             )
         self.classes_ = classes
         y01 = (y == classes[1]).astype(np.float64)

@@ -19,6 +19,16 @@ Noise multipliers are calibrated to (epsilon, delta) through
 :mod:`privlearn.accounting` and rounded up. The data-dependent analyses of PATE
 (smooth sensitivity, confident-GNMax) are not used: the cost reported is data-independent.
 
+**Budget accumulates.** ``epsilon`` is the budget of *one* :meth:`~PATE.release` call.
+Every call is composed into the object's account: ``mechanism_`` is the composition of
+all releases so far and ``epsilon_`` its certified epsilon (what was spent in total);
+``last_mechanism_`` / ``last_epsilon_`` describe the last call alone. A :class:`PATE`
+object's account lasts as long as the object; :meth:`PrivateKNN.fit` starts a new one.
+
+**What may be shared** (docs/trust-model.md): the noisy labels and noisy vote vectors,
+collected with the accounting in a :class:`~privlearn.models.LabelRelease`
+(``public_release()``). The exact vote histogram is never kept.
+
 References
 ----------
 .. [1] N. Papernot et al. (2017), Semi-supervised knowledge transfer for deep learning
@@ -32,10 +42,13 @@ References
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 
 import numpy as np
 
 from privlearn.accounting import Gaussian, Laplace, calibrate, compose, subsample
+from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
     check_choice,
     check_int_param,
@@ -44,8 +57,9 @@ from privlearn.models._base import (
     make_rng,
     spent_epsilon,
 )
+from privlearn.models._release import LabelRelease, _RemovedAttributesMixin
 
-__all__ = ["PATE", "PrivateKNN", "label_release_mechanism"]
+__all__ = ["PATE", "PrivateKNN", "LabelRelease", "label_release_mechanism"]
 
 _SQRT2 = math.sqrt(2.0)
 
@@ -62,7 +76,9 @@ def label_release_mechanism(
     return compose(base, steps=n_queries)
 
 
-class _LabelReleaseBase:
+class _LabelReleaseBase(_RemovedAttributesMixin):
+    _removed_attributes = ("votes_",)
+
     def _validate(self):
         noise = check_choice("noise", self.noise, ("gaussian", "laplace"))
         eps, delta = check_privacy_budget(self.epsilon, self.delta, noise=noise)
@@ -88,13 +104,62 @@ class _LabelReleaseBase:
             )
         )
 
-    def _noisy_argmax(self, votes: np.ndarray, noise: str, s: float, rng) -> np.ndarray:
+    @staticmethod
+    def _noisy_votes(votes: np.ndarray, noise: str, s: float, rng) -> np.ndarray:
         if noise == "gaussian":
-            noisy = votes + rng.normal(scale=s * _SQRT2, size=votes.shape)
-        else:
-            noisy = votes + rng.laplace(scale=s * 2.0, size=votes.shape)
-        self.noisy_votes_ = noisy
-        return np.argmax(noisy, axis=1)
+            return votes + rng.normal(scale=s * _SQRT2, size=votes.shape)
+        return votes + rng.laplace(scale=s * 2.0, size=votes.shape)
+
+    def _check_delta_consistent(self, delta: float) -> None:
+        prev = getattr(self, "_releases", None)
+        if prev and prev[-1].delta != delta:
+            raise ValueError(
+                f"delta changed from {prev[-1].delta} to {delta} between releases of one "
+                "account; the total epsilon_ is reported at one delta. Keep delta fixed, or "
+                "start a new account (a new PATE object / PrivateKNN.fit)"
+            )
+
+    def _record(self, noisy, labels, classes, mech, delta, s) -> None:
+        """Compose this call into the account (only after everything succeeded)."""
+        last_eps = spent_epsilon(mech, delta, self.accountant)
+        part = LabelRelease(labels, noisy, classes, mech, last_eps, delta, self.accountant)
+        releases = [*getattr(self, "_releases", []), part]
+        total = compose([r.mechanism for r in releases])
+        total_eps = last_eps if len(releases) == 1 else spent_epsilon(
+            total, delta, self.accountant
+        )
+        self._releases = releases
+        self.noisy_votes_ = part.noisy_votes
+        self.labels_ = part.labels
+        self.noise_multiplier_ = s
+        self.last_mechanism_ = mech
+        self.last_epsilon_ = last_eps
+        self.mechanism_ = total
+        self.epsilon_ = total_eps
+        self.delta_ = delta
+        self.n_queries_ = sum(r.n_queries for r in releases)
+
+    def public_release(self) -> LabelRelease:
+        """Everything released since the account started, safe to pickle and share.
+
+        The noisy labels and vote vectors of every :meth:`release` call, concatenated, with
+        the composition of their mechanisms and its certified epsilon (``epsilon_``).
+        Contains no private data and no un-noised value (docs/trust-model.md).
+        """
+        releases = getattr(self, "_releases", None)
+        if not releases:
+            raise ValueError(f"nothing released yet: call {type(self).__name__}.release first")
+        if len(releases) == 1:
+            return releases[0]
+        return LabelRelease(
+            labels=np.concatenate([r.labels for r in releases]),
+            noisy_votes=np.concatenate([r.noisy_votes for r in releases]),
+            classes=releases[0].classes,
+            mechanism=self.mechanism_,
+            epsilon=self.epsilon_,
+            delta=self.delta_,
+            accountant=self.accountant,
+        )
 
 
 class PATE(_LabelReleaseBase):
@@ -115,7 +180,24 @@ class PATE(_LabelReleaseBase):
 
     Attributes (after :meth:`release`)
     ----------------------------------
-    labels_, noisy_votes_, noise_multiplier_, mechanism_, epsilon_, delta_, n_queries_
+    labels_, noisy_votes_ : ndarray
+        Noisy labels and noisy vote vectors of the last call.
+    noise_multiplier_ : float
+        Of the last call.
+    mechanism_ : Mechanism
+        Composition of every release of this object so far.
+    epsilon_ : float
+        Certified epsilon of ``mechanism_`` at ``delta_``: the total spent so far.
+    last_mechanism_, last_epsilon_ : the last call alone
+    delta_ : float
+    n_queries_ : int
+        Total number of queries released so far.
+    n_classes_ : int
+
+    The object holds only noisy outputs and public values (docs/trust-model.md): it and
+    its pickle may be shared; :meth:`public_release` returns the same releases as a
+    frozen :class:`~privlearn.models.LabelRelease`. The teachers' exact votes are never
+    stored.
     """
 
     def __init__(
@@ -170,29 +252,110 @@ class PATE(_LabelReleaseBase):
             f"(n_teachers, n_queries, n_classes), got shape {T.shape}"
         )
 
-    def release(self, teacher_outputs, n_classes: int | None = None) -> np.ndarray:
-        """Release one noisy label per query; the whole call is (epsilon, delta)-DP."""
+    def release(
+        self, teacher_outputs, n_classes: int | None = None, *, n_teachers: int | None = None
+    ) -> np.ndarray:
+        """Release one noisy label per query; the call is (epsilon, delta)-DP and is
+        composed into the object's account (``epsilon_`` is the total so far).
+
+        Parameters
+        ----------
+        teacher_outputs : array
+            The teachers' outputs, **teachers first**: integer labels of shape
+            ``(n_teachers, n_queries)`` (hard votes) or probability vectors of shape
+            ``(n_teachers, n_queries, n_classes)`` (soft votes). Not a vote histogram.
+        n_classes : int >= 2
+            Number of classes; required for hard votes (inferring it from the votes would
+            release the largest label voted, un-noised). For soft votes it must equal the
+            last dimension if given.
+        n_teachers : int >= 1, optional
+            The number of teachers; the first axis must have this length, so a transposed
+            array is refused. When omitted, an array with at least as many rows (teachers)
+            as columns (queries) is refused as ambiguous: pass ``n_teachers`` to confirm.
+
+        Returns
+        -------
+        labels : ndarray of int (n_queries,)
+        """
         noise, eps, delta = self._validate()
-        votes = self.vote_histogram(teacher_outputs, n_classes)
+        T = np.asarray(teacher_outputs)
+        if T.ndim not in (2, 3):
+            raise ValueError(
+                "teacher_outputs must have shape (n_teachers, n_queries) (hard votes) or "
+                f"(n_teachers, n_queries, n_classes) (soft votes), got shape {T.shape}"
+            )
+        if n_teachers is not None:
+            k = check_int_param("n_teachers", n_teachers, 1)
+            if T.shape[0] != k:
+                hint = (
+                    f"; it looks transposed (axis 1 has length {k}): pass "
+                    "np.swapaxes(teacher_outputs, 0, 1)"
+                    if T.shape[1] == k
+                    else ""
+                )
+                raise ValueError(
+                    f"teacher_outputs must have the teachers on axis 0, i.e. shape "
+                    f"({k}, n_queries{', n_classes' if T.ndim == 3 else ''}) for "
+                    f"n_teachers={k}, got shape {T.shape}{hint}"
+                )
+        elif T.shape[0] >= T.shape[1]:
+            raise ValueError(
+                f"teacher_outputs of shape {T.shape} is ambiguous: the expected orientation "
+                "is (n_teachers, n_queries[, n_classes]) and this array has at least as "
+                "many teachers as queries, which usually means it is transposed. Pass "
+                "n_teachers=... to confirm the orientation, or transpose it."
+            )
+        if T.ndim == 2:
+            if n_classes is None:
+                raise ValueError(
+                    "n_classes is required for hard votes: inferring it from the votes "
+                    "would release the largest label voted, un-noised; pass "
+                    "n_classes=<number of classes>"
+                )
+            C = check_int_param("n_classes", n_classes, 2)
+        else:
+            C = T.shape[2]
+            if n_classes is not None and check_int_param("n_classes", n_classes, 2) != C:
+                raise ValueError(
+                    f"n_classes={n_classes} does not match the soft votes' last dimension "
+                    f"{C} (shape {T.shape}: (n_teachers, n_queries, n_classes))"
+                )
+        prev_c = getattr(self, "n_classes_", None)
+        if prev_c is not None and prev_c != C:
+            raise ValueError(
+                f"n_classes={C} differs from {prev_c} used by earlier releases of this "
+                "account; use a new PATE object for a different label set"
+            )
+        self._check_delta_consistent(delta)
+        votes = self.vote_histogram(T, C)
         m = votes.shape[0]
         if m < 1:
             raise ValueError("need at least one query")
-        rng = make_rng(self.random_state)
+        rng = _release_rng(self.random_state, len(getattr(self, "_releases", ())))
         s = self._calibrate(noise, eps, delta, m)
-        self.labels_ = self._noisy_argmax(votes, noise, s, rng)
-        self.noise_multiplier_ = s
-        self.mechanism_ = label_release_mechanism(noise, s, m)
-        self.n_queries_ = m
-        self.delta_ = delta
-        self.epsilon_ = spent_epsilon(self.mechanism_, delta, self.accountant)
-        return self.labels_
+        noisy = self._noisy_votes(votes, noise, s, rng)
+        del votes
+        labels = np.argmax(noisy, axis=1)
+        self.n_classes_ = C
+        self._record(noisy, labels, np.arange(C), label_release_mechanism(noise, s, m),
+                     delta, s)
+        return self.labels_.copy()
 
 
 class PrivateKNN(_LabelReleaseBase):
     """Private kNN label release with Poisson-subsampled neighbours (seed 001, section 4).
 
-    :meth:`fit` stores the private labelled set (no privacy spent); :meth:`release`
-    labels a batch of public queries at total cost (epsilon, delta).
+    :meth:`fit` stores the private labelled set (no privacy spent) and starts a new
+    account; :meth:`release` labels a batch of public queries at cost (epsilon, delta)
+    per call, composed into the account (``epsilon_`` is the total so far).
+
+    .. warning::
+       **The fitted object holds the private training set** (it must, to answer
+       queries): its attributes ``_X``, ``_y`` and its pickle contain the raw data.
+       Never share, publish or pickle it for others. Share
+       :meth:`public_release` instead: a frozen :class:`~privlearn.models.LabelRelease`
+       with the noisy labels, the noisy vote vectors and the accounting, safe to pickle
+       and share (docs/trust-model.md).
 
     Parameters
     ----------
@@ -201,7 +364,20 @@ class PrivateKNN(_LabelReleaseBase):
     sampling_rate : float in (0, 1]
         Poisson rate ``q`` of the private subsample drawn for each query.
     epsilon, delta, noise, noise_multiplier, accountant, random_state
-        As :class:`PATE`.
+        As :class:`PATE` (``epsilon`` is the budget of one :meth:`release` call).
+    classes : array-like or None
+        The public label set (the columns of the vote vectors, in this order). None
+        (default): inferred from the private labels with ``np.unique``; this releases
+        which labels occur in the private data (through ``classes_`` and the width of
+        the vote vectors), so a :class:`~privlearn.errors.PrivacyLeakWarning` is emitted.
+
+    Attributes
+    ----------
+    classes_ : ndarray
+    labels_, noisy_votes_, noise_multiplier_, mechanism_, epsilon_, last_mechanism_,
+    last_epsilon_, delta_, n_queries_ : as :class:`PATE` (after :meth:`release`)
+
+    The exact vote histogram is never stored (``votes_`` was removed for privacy).
     """
 
     def __init__(
@@ -214,6 +390,7 @@ class PrivateKNN(_LabelReleaseBase):
         noise_multiplier: float | None = None,
         accountant: str = "pld",
         random_state=None,
+        classes=None,
     ):
         self.n_neighbors = n_neighbors
         self.sampling_rate = sampling_rate
@@ -223,8 +400,10 @@ class PrivateKNN(_LabelReleaseBase):
         self.noise_multiplier = noise_multiplier
         self.accountant = accountant
         self.random_state = random_state
+        self.classes = classes
 
     def fit(self, X, y) -> PrivateKNN:
+        """Store the private set and start a new account (``epsilon_`` back to none)."""
         X = np.asarray(X, dtype=float)
         y = np.asarray(y)
         if X.ndim != 2:
@@ -233,7 +412,13 @@ class PrivateKNN(_LabelReleaseBase):
             raise ValueError(f"y must be 1-D with {X.shape[0]} labels, got shape {y.shape}")
         if not np.all(np.isfinite(X)):
             raise ValueError("X contains NaN or infinity")
-        self.classes_, y_idx = np.unique(y, return_inverse=True)
+        classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
+        # A new account: forget every earlier release (the new data is a new account).
+        for name in ("_releases", "labels_", "noisy_votes_", "noise_multiplier_",
+                     "mechanism_", "last_mechanism_", "epsilon_", "last_epsilon_",
+                     "delta_", "n_queries_"):
+            self.__dict__.pop(name, None)
+        self.classes_ = classes
         self._X = X
         self._y = y_idx
         self._sqnorm = np.einsum("ij,ij->i", X, X)
@@ -241,14 +426,18 @@ class PrivateKNN(_LabelReleaseBase):
         return self
 
     def release(self, X_query, batch_size: int = 256) -> np.ndarray:
-        """Noisy kNN labels for the queries; the whole call is (epsilon, delta)-DP."""
+        """Noisy kNN labels for the queries; the call is (epsilon, delta)-DP and is composed
+        into the account (``epsilon_`` is the total since :meth:`fit`)."""
         if not hasattr(self, "_X"):
             raise ValueError("call fit(X_private, y_private) before release")
         noise, eps, delta = self._validate()
         k = check_int_param("n_neighbors", self.n_neighbors, 1)
+        batch_size = check_int_param("batch_size", batch_size, 1)
         q = self.sampling_rate
-        if isinstance(q, bool) or not isinstance(q, int | float) or not 0 < float(q) <= 1:
-            raise ValueError(f"sampling_rate must be in (0, 1], got {q!r}")
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < float(q) <= 1:
+            raise ValueError(
+                f"sampling_rate must be in (0, 1], got {q!r}; 1 uses every private point"
+            )
         q = float(q)
         Q = np.asarray(X_query, dtype=float)
         if Q.ndim != 2 or Q.shape[1] != self.n_features_in_:
@@ -260,7 +449,8 @@ class PrivateKNN(_LabelReleaseBase):
         m = Q.shape[0]
         if m < 1:
             raise ValueError("need at least one query")
-        rng = make_rng(self.random_state)
+        self._check_delta_consistent(delta)
+        rng = _release_rng(self.random_state, len(getattr(self, "_releases", ())))
         s = self._calibrate(noise, eps, delta, m, q)
         C = self.classes_.size
         votes = np.zeros((m, C))
@@ -277,12 +467,49 @@ class PrivateKNN(_LabelReleaseBase):
             labels = self._y[nn]
             for c in range(C):
                 votes[start : start + Qb.shape[0], c] = np.sum((labels == c) & valid, axis=1)
-        self.votes_ = votes
-        idx = self._noisy_argmax(votes, noise, s, rng)
-        self.labels_ = self.classes_[idx]
-        self.noise_multiplier_ = s
-        self.mechanism_ = label_release_mechanism(noise, s, m, q)
-        self.n_queries_ = m
-        self.delta_ = delta
-        self.epsilon_ = spent_epsilon(self.mechanism_, delta, self.accountant)
-        return self.labels_
+        noisy = self._noisy_votes(votes, noise, s, rng)
+        del votes  # the exact histogram never leaves this call
+        idx = np.argmax(noisy, axis=1)
+        self._record(noisy, self.classes_[idx], self.classes_,
+                     label_release_mechanism(noise, s, m, q), delta, s)
+        return self.labels_.copy()
+
+
+def _release_rng(random_state, k: int) -> np.random.Generator:
+    """The generator of the ``k``-th release of one account. An integer seed gives call
+    ``k >= 1`` an independent stream (``SeedSequence(seed, spawn_key=(k,))``): reusing the
+    first call's noise would let two releases be subtracted, cancelling the noise."""
+    if k == 0 or random_state is None or not isinstance(random_state, numbers.Integral):
+        return make_rng(random_state)  # None: fresh entropy; Generators advance by themselves
+    make_rng(random_state)  # validation
+    return np.random.default_rng(np.random.SeedSequence(int(random_state), spawn_key=(k,)))
+
+
+def _encode_classes(classes, y: np.ndarray, owner: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(classes_, indices of y in classes_)``; inferring the classes from ``y`` releases
+    which labels occur, so it warns (:class:`~privlearn.errors.PrivacyLeakWarning`)."""
+    if classes is None:
+        warnings.warn(
+            f"{owner}: classes=None infers the label set from the private labels; "
+            "classes_ (and the released vote vectors' width) then reveal which labels "
+            "occur in the data. Pass the public label set, e.g. classes=[0, 1].",
+            PrivacyLeakWarning,
+            stacklevel=3,
+        )
+        return np.unique(y, return_inverse=True)
+    cl = np.asarray(classes)
+    if cl.ndim != 1 or cl.size < 2 or np.unique(cl).size != cl.size:
+        raise ValueError(
+            f"classes must be a 1-D sequence of at least 2 distinct labels, got {classes!r}"
+        )
+    order = np.argsort(cl, kind="stable")
+    sorted_cl = cl[order]
+    pos = np.clip(np.searchsorted(sorted_cl, y), 0, cl.size - 1)
+    found = sorted_cl[pos] == y
+    if not np.all(found):
+        bad = np.unique(y[~found])[:5]
+        raise ValueError(
+            f"y contains labels not in classes={cl.tolist()}: {bad.tolist()}; pass the "
+            "complete public label set"
+        )
+    return cl, order[pos]

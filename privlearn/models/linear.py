@@ -2,8 +2,10 @@
 
 All three release noisy versions of quantities whose add/remove sensitivity is bounded
 because every feature row has L2 norm at most ``x_bound`` and every label lies in
-``[-y_bound, y_bound]``; rows above the bound are scaled down to it and labels clipped
-before anything is computed (the data are never trusted to satisfy the bounds).
+``[-y_bound, y_bound]`` (or the interval ``y_bound = (y_min, y_max)``, see
+:class:`SSPRegressor`); rows above the bound are scaled down to it and labels clipped
+before anything is computed (the data are never trusted to satisfy the bounds). ``Y``
+below is the resulting bound on a label's magnitude as the mechanism sees it.
 
 Sensitivities (add/remove one record ``(x, y)`` with ``||x|| <= X``, ``|y| <= Y``):
 
@@ -53,12 +55,15 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
+import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
+from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
     check_choice,
     check_int_param,
@@ -68,6 +73,7 @@ from privlearn.models._base import (
     make_rng,
     spent_epsilon,
 )
+from privlearn.models._release import DataClippedWarning, _RemovedAttributesMixin
 
 __all__ = [
     "SSPRegressor",
@@ -85,6 +91,8 @@ __all__ = [
     "ADASSP_Z",
     "SSP_BUDGET_SPLIT",
     "ADASSP_BUDGET_SPLIT",
+    "SMOOTHNESS_BUDGET_FRACTION",
+    "check_label_range",
 ]
 
 #: Seed 000's normal quantile used by AdaSSP's high-probability bounds (Wang 2018, Alg. 2).
@@ -117,6 +125,35 @@ def _check_split(budget_split, n_parts: int) -> tuple[float, ...]:
             f"ratios, got {budget_split!r}"
         )
     return split
+
+
+def check_label_range(y_bound) -> tuple[float, float]:
+    """The label interval ``(lo, hi)`` from ``y_bound``: a float ``Y > 0`` means
+    ``[-Y, Y]``; a pair ``(lo, hi)`` of finite numbers with ``lo < hi`` is used as given."""
+    if isinstance(y_bound, str) or not hasattr(y_bound, "__len__") or np.ndim(y_bound) == 0:
+        try:
+            yb = check_positive_param(
+                "y_bound", y_bound.item() if isinstance(y_bound, np.ndarray) else y_bound
+            )
+        except ValueError:
+            raise ValueError(
+                "y_bound must be a finite number > 0 (labels in [-y_bound, y_bound]) or a "
+                f"pair (y_min, y_max) of finite numbers with y_min < y_max, got {y_bound!r}; "
+                "e.g. y_bound=5.0 or y_bound=(0.0, 5.0)"
+            ) from None
+        return -yb, yb
+    pair = tuple(y_bound)
+    ok = len(pair) == 2 and all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+        for v in pair
+    )
+    if not ok or not float(pair[0]) < float(pair[1]):
+        raise ValueError(
+            "y_bound as an interval must be a pair (y_min, y_max) of finite numbers with "
+            f"y_min < y_max, got {y_bound!r}; e.g. y_bound=(0.0, 5.0), or a single number "
+            "Y > 0 for [-Y, Y]"
+        )
+    return float(pair[0]), float(pair[1])
 
 
 def ssp_mechanism(scale: float, budget_split=SSP_BUDGET_SPLIT) -> Mechanism:
@@ -315,7 +352,7 @@ def noisy_gd_paths(
     XTX: np.ndarray,
     XTy: np.ndarray,
     sigma: float,
-    lr: float,
+    lr: float | np.ndarray,
     n_iter: int,
     x_bound: float,
     y_bound: float,
@@ -327,7 +364,8 @@ def noisy_gd_paths(
     """Run ``reps`` independent NoisyGD chains at once (seed 000).
 
     ``theta_{t+1} = theta_t - lr (X^T X theta_t - X^T y + GS_t sigma N(0, I))`` with
-    ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound``, from ``theta_0 = 0``.
+    ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound``, from ``theta_0 = 0``. ``lr`` is
+    one learning rate for all chains or one per chain, shape (reps,).
 
     Returns
     -------
@@ -337,8 +375,12 @@ def noisy_gd_paths(
         (``1, 1 + log_every, 1 + 2 log_every, ...`` as the seed logs ``i % log_gap == 0``)
     """
     dim = XTX.shape[0]
+    lr_arr = np.broadcast_to(np.asarray(lr, dtype=float), (reps,))
     if reps == 1 and log_every is None:
-        return _noisy_gd_single(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, chunk)
+        return _noisy_gd_single(
+            XTX, XTy, sigma, float(lr_arr[0]), n_iter, x_bound, y_bound, rng, chunk
+        )
+    lr_col = lr_arr[:, None]
     theta = np.zeros((reps, dim))
     logs: list[np.ndarray] = []
     iters: list[int] = []
@@ -349,7 +391,7 @@ def noisy_gd_paths(
         for j in range(m):
             gs = x_bound**2 * np.sqrt(np.einsum("ij,ij->i", theta, theta)) + x_bound * y_bound
             grad = theta @ XTX - XTy
-            theta = theta - lr * (grad + (gs * sigma)[:, None] * noise[j])
+            theta = theta - lr_col * (grad + (gs * sigma)[:, None] * noise[j])
             if log_every is not None and (i + j) % log_every == 0:
                 logs.append(theta.copy())
                 iters.append(i + j + 1)
@@ -381,30 +423,69 @@ def _noisy_gd_single(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, chunk):
     return theta[None, :], empty, np.zeros(0, dtype=np.int64)
 
 
-class _PrivateLinearBase(RegressorMixin, BaseEstimator):
+class _PrivateLinearBase(_RemovedAttributesMixin, RegressorMixin, BaseEstimator):
     """Shared input handling: validation, clipping, intercept, prediction."""
+
+    _removed_attributes = ("n_rows_clipped_", "n_labels_clipped_")
 
     def _validate_common(self) -> tuple[float, float, float, float]:
         eps, delta = check_privacy_budget(self.epsilon, self.delta)
         if delta == 0.0:
             raise ValueError(
                 f"delta must be in (0, 1) for {type(self).__name__} (it uses Gaussian noise, "
-                "which has no pure-DP guarantee), got delta=0"
+                "which has no pure-DP guarantee), got delta=0; pass a small delta such as "
+                "1e-6"
             )
         xb = check_positive_param("x_bound", self.x_bound)
-        yb = check_positive_param("y_bound", self.y_bound)
+        lo, hi = check_label_range(self.y_bound)
         if not isinstance(self.fit_intercept, bool | np.bool_):
             raise ValueError(f"fit_intercept must be a bool, got {self.fit_intercept!r}")
-        return eps, delta, xb, yb
+        return eps, delta, xb, self._label_sensitivity_bound(lo, hi)
+
+    @property
+    def _y_range(self) -> tuple[float, float]:
+        return check_label_range(self.y_bound)
+
+    def _label_centre(self) -> float:
+        """Public shift subtracted from the labels before fitting (0 unless an intercept is
+        fitted with an interval ``y_bound``, then its midpoint)."""
+        lo, hi = self._y_range
+        return 0.5 * (lo + hi) if self.fit_intercept else 0.0
+
+    def _label_sensitivity_bound(self, lo: float, hi: float) -> float:
+        """Bound ``Y`` on ``|y - c|`` for the (clipped, centred) labels the mechanism sees.
+
+        With an intercept the labels are centred at the public midpoint ``c = (lo + hi) / 2``
+        (the intercept absorbs the shift exactly), so ``Y = (hi - lo) / 2``; without one
+        there is no shift, and ``Y = max(|lo|, |hi|)``. Every sensitivity (``X^T y``: ``X Y``;
+        NoisyGD's gradient: ``X^2 ||theta|| + X Y``) uses ``Y`` -- never less than the true
+        bound on the labels used."""
+        if self.fit_intercept:
+            return 0.5 * (hi - lo)
+        return max(abs(lo), abs(hi))
 
     def _prepare(self, X, y, xb: float, yb: float):
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         if X.shape[0] < 1:
             raise ValueError("X must have at least one sample")
-        X, n_clipped = clip_rows(X, xb)
-        y_clipped = np.clip(y, -yb, yb)
-        self.n_rows_clipped_ = n_clipped
-        self.n_labels_clipped_ = int(np.count_nonzero(y_clipped != y))
+        # Rows above the bound by floating-point rounding only (e.g. L2-normalised rows
+        # with norm 1 + 2e-16) are clipped too, but not reported.
+        n_clipped = int(np.count_nonzero(np.linalg.norm(X, axis=1) > xb * (1.0 + 1e-9)))
+        X, _ = clip_rows(X, xb)
+        lo, hi = self._y_range
+        y_clipped = np.clip(y, lo, hi)
+        n_labels = int(np.count_nonzero(y_clipped != y))
+        if n_clipped or n_labels:
+            # To the person fitting only: the counts are never stored on the model.
+            warnings.warn(
+                f"{type(self).__name__}: clipping changed {n_clipped} of {X.shape[0]} rows "
+                f"(L2 norm > x_bound={xb:g}) and {n_labels} labels (outside "
+                f"[{lo:g}, {hi:g}]); the fit uses the clipped data. Raise x_bound / widen "
+                "y_bound (using public knowledge only) if this is more than expected.",
+                DataClippedWarning,
+                stacklevel=4,
+            )
+        y_clipped = y_clipped - self._label_centre()
         if self.fit_intercept:
             # Append the constant x_bound: augmented rows have norm <= sqrt(2) x_bound.
             X = np.hstack([X, np.full((X.shape[0], 1), xb)])
@@ -416,7 +497,7 @@ class _PrivateLinearBase(RegressorMixin, BaseEstimator):
     def _set_coef(self, theta: np.ndarray, xb: float) -> None:
         if self.fit_intercept:
             self.coef_ = theta[:-1].copy()
-            self.intercept_ = float(theta[-1] * xb)
+            self.intercept_ = float(theta[-1] * xb) + self._label_centre()
         else:
             self.coef_ = theta.copy()
             self.intercept_ = 0.0
@@ -441,8 +522,12 @@ class SSPRegressor(_PrivateLinearBase):
     delta : float in (0, 1)
     x_bound : float > 0
         Bound on the L2 norm of a feature row; rows above it are scaled down to it.
-    y_bound : float > 0
-        Labels are clipped to ``[-y_bound, y_bound]``.
+    y_bound : float > 0 or pair (y_min, y_max)
+        Public bound on the labels: a float ``Y`` means ``[-Y, Y]``, a pair the interval
+        ``[y_min, y_max]`` (``y_min < y_max``, both finite). Labels are clipped to it. The
+        sensitivities use ``Y = (y_max - y_min) / 2`` when ``fit_intercept`` (the labels
+        are centred at the public midpoint, which the intercept absorbs exactly) and
+        ``Y = max(|y_min|, |y_max|)`` without an intercept (no shift is possible then).
     fit_intercept : bool
         Fit an intercept by appending the constant column ``x_bound`` (augmented rows then
         have norm at most ``sqrt(2) x_bound``, which the noise accounts for). Seed 000
@@ -472,7 +557,12 @@ class SSPRegressor(_PrivateLinearBase):
         The calibrated common scale ``s``.
     epsilon_, delta_ : float
         Certified epsilon spent at ``delta_`` (<= ``epsilon``).
-    n_rows_clipped_, n_labels_clipped_ : int
+
+    Every attribute is released with the model and covered by ``mechanism_`` (see
+    docs/trust-model.md). ``n_rows_clipped_`` and ``n_labels_clipped_`` were removed
+    (reading them raises AttributeError): they were exact counts of the private data, a
+    privacy bug. Clipping that changes rows or labels now emits a
+    :class:`~privlearn.models.DataClippedWarning` to the person fitting.
 
     Notes
     -----
@@ -601,7 +691,7 @@ class SSPRegressor(_PrivateLinearBase):
         rng = make_rng(self.random_state)
         theta, _, _, _, _, xb = self._draw(X, y, n, rng)
         if self.fit_intercept:
-            return theta[:, :-1].copy(), theta[:, -1] * xb
+            return theta[:, :-1].copy(), theta[:, -1] * xb + self._label_centre()
         return theta, np.zeros(n)
 
 
@@ -704,9 +794,24 @@ class NoisyGDRegressor(_PrivateLinearBase):
     """Full-batch noisy gradient descent for least squares (seed 000), (epsilon, delta)-DP.
 
     ``theta_{t+1} = theta_t - lr (sum_i x_i (x_i^T theta_t - y_i) + GS_t sigma N(0, I))``
-    with the theta-dependent sensitivity ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound``.
-    The mechanism is the composition of ``n_iter`` Gaussian mechanisms with multiplier
-    ``sigma`` (Bassily, Smith & Thakurta 2014), accounted exactly.
+    with the theta-dependent sensitivity ``GS_t = x_bound^2 ||theta_t|| + x_bound Y``
+    (``Y`` the label bound, see ``y_bound``). The iterations are the composition of
+    ``n_iter`` Gaussian mechanisms with multiplier ``sigma`` (Bassily, Smith & Thakurta
+    2014), accounted exactly.
+
+    The learning rate is part of what is released (it shapes every iterate), so it must
+    not be an un-noised function of the data. By default (``smoothness="private"``) the
+    smoothness ``L = lambda_max(X^T X)`` of the objective is released by one more Gaussian
+    mechanism (sensitivity ``x_bound^2`` by Weyl's inequality), composed into
+    ``mechanism_`` and paid from the same budget: it gets the fraction
+    :data:`SMOOTHNESS_BUDGET_FRACTION` (1%) of the budget measured in ``1 / sigma^2``
+    (Gaussian compositions add ``1 / sigma^2``; Dong, Roth & Su 2022, Cor. 3.3), i.e.
+    multiplier ``sigma_L = sigma_total / sqrt(0.01)`` where ``sigma_total`` is the single
+    Gaussian multiplier for (epsilon, delta). The learning rate uses the high-probability
+    upper bound ``hat(L) = max(x_bound^2, noisy L + 1.96 sigma_L x_bound^2)``
+    (post-processing). On seed 000's California setting (epsilon 2, delta 1e-6) this costs
+    about 1% of the iterations and leaves the median training MSE at that of the seed's
+    exact-``L`` rate (tests/models/test_privacy_fixes.py).
 
     Parameters
     ----------
@@ -722,14 +827,21 @@ class NoisyGDRegressor(_PrivateLinearBase):
         budget is checked and a ValueError raised if exceeded.
     learning_rate : "theory" or float > 0
         ``"theory"`` (default): seed 000's choice, see :func:`theoretical_learning_rate`.
-    smoothness : "data", "public" or float > 0
-        The smoothness ``L`` used by the theoretical learning rate. ``"data"`` (seed
-        000's choice) uses the largest eigenvalue of ``X^T X`` computed from the private
-        data **without privacy protection**: the released model then leaks this one
-        number, which the seed waves through ("ideally we can release it also at a
-        small additional cost"). ``"public"`` uses the data-independent upper bound
-        ``x_bound^2 n`` (the seed's suggestion; it treats ``n`` as public, as the
-        sum-of-gradients formulation already does). A float is used as given.
+        A float is used as given (then no smoothness is released and no budget spent on it).
+    smoothness : "private", "public", "data" or float > 0
+        The smoothness ``L`` used by the theoretical learning rate.
+
+        * ``"private"`` (default): released with noise as described above; covered by
+          ``mechanism_``.
+        * a float: used as given (public knowledge, costs nothing).
+        * ``"public"``: the bound ``x_bound^2 n`` (``x_bound`` after the intercept
+          column). It uses the exact number of rows ``n``, which add/remove
+          neighbouring treats as private, so it emits a
+          :class:`~privlearn.errors.PrivacyLeakWarning`.
+        * ``"data"`` (seed 000's choice): the exact ``lambda_max(X^T X)``, released
+          without protection in ``smoothness_`` and through the learning rate; emits a
+          :class:`~privlearn.errors.PrivacyLeakWarning`. Before version 0.2 this was
+          the default.
     log_every : int or None
         Record the iterate and the epsilon spent after iterations ``1, 1 + log_every,
         ...`` (seed 000's ``log_gap``) in ``coef_path_`` and ``epsilon_path_``.
@@ -737,12 +849,23 @@ class NoisyGDRegressor(_PrivateLinearBase):
     Attributes
     ----------
     coef_, intercept_ : final iterate
-    n_iter_, noise_multiplier_, learning_rate_, smoothness_ : what ran
-    mechanism_ : ``compose(Gaussian(sigma), steps=n_iter)``
+    n_iter_, noise_multiplier_, learning_rate_ : what ran
+    smoothness_ : float or None
+        The ``L`` the learning rate used (the noisy upper bound by default); None when
+        ``learning_rate`` is a float.
+    mechanism_ : ``compose([Gaussian(sigma_L), Gaussian(sigma) x n_iter])``
+        (without the first part unless the smoothness was released privately)
     epsilon_, delta_ : certified epsilon spent at ``delta_``
     path_iterations_, coef_path_, intercept_path_, epsilon_path_ : trajectory (when
         ``log_every`` is set); ``epsilon_path_[k]`` is the exact epsilon after
-        ``path_iterations_[k]`` iterations (analytic Gaussian composition, O(1) each).
+        ``path_iterations_[k]`` iterations, including the smoothness release (analytic
+        Gaussian composition, O(1) each).
+
+    Notes
+    -----
+    The attributes ``n_rows_clipped_`` / ``n_labels_clipped_`` were removed: they were
+    exact counts of the private data (a privacy bug); clipping now warns the person
+    fitting with a :class:`~privlearn.models.DataClippedWarning`.
     """
 
     def __init__(
@@ -755,7 +878,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         noise_multiplier: float | None = 500.0,
         n_iter: int | None = None,
         learning_rate="theory",
-        smoothness="data",
+        smoothness="private",
         log_every: int | None = None,
         accountant: str = "pld",
         random_state=None,
@@ -773,15 +896,60 @@ class NoisyGDRegressor(_PrivateLinearBase):
         self.accountant = accountant
         self.random_state = random_state
 
-    def _resolve_schedule(self, eps: float, delta: float) -> tuple[float, int]:
+    def _check_lr_smoothness(self) -> tuple[bool, str | float]:
+        """(theory learning rate?, smoothness mode or value); clear errors otherwise."""
+        lr = self.learning_rate
+        theory = isinstance(lr, str) and lr.lower() == "theory"
+        if not theory:
+            if isinstance(lr, str):
+                raise ValueError(
+                    f"learning_rate must be 'theory' or a finite number > 0, got {lr!r}"
+                )
+            check_positive_param("learning_rate", lr)
+        sm = self.smoothness
+        if isinstance(sm, str):
+            sm = check_choice("smoothness", sm, SMOOTHNESS_MODES)
+        else:
+            try:
+                sm = check_positive_param("smoothness", sm)
+            except ValueError:
+                raise ValueError(
+                    f"smoothness must be one of {SMOOTHNESS_MODES} or a finite number > 0, "
+                    f"got {self.smoothness!r}; the default 'private' releases it with noise"
+                ) from None
+        return theory, sm
+
+    def _smoothness_multiplier(self, eps: float, delta: float, private_l: bool) -> float | None:
+        """``sigma_L`` of the smoothness release (None when it is not released): a fixed
+        fraction of the budget in ``1 / sigma^2``, from public parameters only."""
+        if not private_l:
+            return None
+        return _smoothness_sigma(eps, delta, self.accountant)
+
+    def _resolve_schedule(
+        self, eps: float, delta: float, sigma_l: float | None
+    ) -> tuple[float, int]:
         sigma = check_positive_param("noise_multiplier", self.noise_multiplier, allow_none=True)
         n_iter = check_int_param("n_iter", self.n_iter, 1, allow_none=True)
         if sigma is None and n_iter is None:
-            raise ValueError("give noise_multiplier or n_iter (or both); got both None")
+            raise ValueError(
+                "give noise_multiplier or n_iter (or both); got both None. E.g. "
+                "noise_multiplier=500 calibrates n_iter to the budget"
+            )
+
+        def mech(s, k):
+            return _noisy_gd_mechanism(s, int(k), sigma_l)
+
         if n_iter is None:
+            if spent_epsilon(mech(sigma, 1), delta, self.accountant) > eps:
+                raise ValueError(
+                    f"noise_multiplier={sigma} is too small for epsilon={eps} at "
+                    f"delta={delta}: even one iteration exceeds the budget; use a larger "
+                    "noise_multiplier"
+                )
             n_iter = int(
                 calibrate(
-                    lambda k: compose(Gaussian(sigma), steps=int(k)),
+                    lambda k: mech(sigma, k),
                     eps,
                     delta,
                     bounds=(1, 10**9),
@@ -791,17 +959,21 @@ class NoisyGDRegressor(_PrivateLinearBase):
             )
         elif sigma is None:
             sigma = float(
-                calibrate(
-                    lambda s: compose(Gaussian(s), steps=n_iter), eps, delta,
-                    accountant=self.accountant,
-                )
+                calibrate(lambda s: mech(s, n_iter), eps, delta, accountant=self.accountant)
             )
         else:
-            spent = spent_epsilon(compose(Gaussian(sigma), steps=n_iter), delta, self.accountant)
+            spent = spent_epsilon(mech(sigma, n_iter), delta, self.accountant)
             if spent > eps:
+                extra = (
+                    " (including the private smoothness release; smoothness=<float> or "
+                    "learning_rate=<float> avoid it)"
+                    if sigma_l is not None
+                    else ""
+                )
                 raise ValueError(
-                    f"noise_multiplier={sigma} with n_iter={n_iter} spends epsilon={spent:.6g} "
-                    f"> epsilon={eps} at delta={delta}; leave one of them None to calibrate"
+                    f"noise_multiplier={sigma} with n_iter={n_iter} spends "
+                    f"epsilon={spent:.6g} > epsilon={eps} at delta={delta}{extra}; leave "
+                    "one of them None to calibrate"
                 )
         return sigma, n_iter
 
@@ -810,48 +982,66 @@ class NoisyGDRegressor(_PrivateLinearBase):
 
         The single code path of :meth:`fit` and :meth:`sample_coefficients`."""
         eps, delta, xb, yb = self._validate_common()
-        if not (isinstance(self.learning_rate, str) and self.learning_rate == "theory"):
-            check_positive_param("learning_rate", self.learning_rate)
-        if isinstance(self.smoothness, str):
-            check_choice("smoothness", self.smoothness, ("data", "public"))
-        else:
-            check_positive_param("smoothness", self.smoothness)
-        sigma, n_iter = self._resolve_schedule(eps, delta)
+        theory, sm = self._check_lr_smoothness()
+        private_l = theory and sm == "private"
+        sigma_l = self._smoothness_multiplier(eps, delta, private_l)
+        sigma, n_iter = self._resolve_schedule(eps, delta, sigma_l)
+        if theory and sm in ("data", "public"):
+            what = (
+                "the exact largest eigenvalue of X^T X" if sm == "data"
+                else "x_bound^2 times the exact number of rows n"
+            )
+            warnings.warn(
+                f"NoisyGDRegressor(smoothness={sm!r}) sets the learning rate from {what}, "
+                "which is not covered by mechanism_: the fitted model releases it "
+                "un-noised. Use smoothness='private' (default) or a public float.",
+                PrivacyLeakWarning,
+                stacklevel=3,
+            )
         X, y, xb_eff = self._prepare(X, y, xb, yb)
         XTX, XTy = X.T @ X, X.T @ y
         dim = X.shape[1]
-        if isinstance(self.smoothness, str):
-            if self.smoothness.lower() == "data":
-                L = float(np.linalg.eigvalsh(XTX)[-1])
+        if not theory:
+            L = None
+            lr = np.full(reps, float(self.learning_rate))
+        else:
+            if sm == "private":
+                # One Gaussian release of lambda_max (sensitivity xb_eff^2, Weyl), then
+                # post-processing: a 1.96-sigma upper bound, floored at one row's maximum.
+                lam_max = float(np.linalg.eigvalsh(XTX)[-1])
+                noisy = lam_max + xb_eff**2 * sigma_l * rng.standard_normal(reps)
+                L = np.maximum(noisy + ADASSP_Z * sigma_l * xb_eff**2, xb_eff**2)
+            elif sm == "data":
+                L = np.full(reps, max(float(np.linalg.eigvalsh(XTX)[-1]), xb_eff**2))
+            elif sm == "public":
+                L = np.full(reps, xb_eff**2 * X.shape[0])
             else:
-                L = xb_eff**2 * X.shape[0]
-        else:
-            L = float(self.smoothness)
-        if L <= 0:
-            L = xb_eff**2 * X.shape[0]
-        if isinstance(self.learning_rate, str):
+                L = np.full(reps, float(sm))
             gs_typical = xb_eff**2 * 1.0 + xb_eff * yb
-            lr = theoretical_learning_rate(L, dim, sigma * gs_typical, n_iter)
-        else:
-            lr = float(self.learning_rate)
+            lr = np.array(
+                [theoretical_learning_rate(float(l_), dim, sigma * gs_typical, n_iter)
+                 for l_ in L]
+            )
         with np.errstate(over="ignore", invalid="ignore"):
             theta, path, iters = noisy_gd_paths(
                 XTX, XTy, sigma, lr, n_iter, xb_eff, yb, rng, reps=reps, log_every=log_every
             )
         if not np.all(np.isfinite(theta)):
             raise FloatingPointError(
-                f"NoisyGD diverged (learning_rate={lr:.3g}); use a smaller learning_rate"
+                f"NoisyGD diverged (learning_rate={float(np.max(lr)):.3g}); use a smaller "
+                "learning_rate"
             )
-        return theta, path, iters, sigma, n_iter, lr, L, delta, xb
+        return theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb
 
     def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
         """Final iterates of ``n_repetitions`` independent NoisyGD runs, as one batch.
 
         Runs the code of :meth:`fit` (same validation, schedule, learning rate and
-        iteration, :func:`noisy_gd_paths`) with ``n_repetitions`` independent chains; with
-        ``n_repetitions=1`` it returns ``fit(X, y).coef_`` for the same ``random_state``.
-        Each row alone is (epsilon, delta)-DP; all rows together compose ``n_repetitions``
-        runs. The estimator is not fitted by this call.
+        iteration, :func:`noisy_gd_paths`) with ``n_repetitions`` independent chains (each
+        with its own smoothness release); with ``n_repetitions=1`` it returns
+        ``fit(X, y).coef_`` for the same ``random_state``. Each row alone is
+        (epsilon, delta)-DP; all rows together compose ``n_repetitions`` runs. The
+        estimator is not fitted by this call.
 
         Returns
         -------
@@ -863,21 +1053,21 @@ class NoisyGDRegressor(_PrivateLinearBase):
         out = self._draw(X, y, n, rng, None)
         theta, xb = out[0], out[-1]
         if self.fit_intercept:
-            return theta[:, :-1].copy(), theta[:, -1] * xb
+            return theta[:, :-1].copy(), theta[:, -1] * xb + self._label_centre()
         return theta, np.zeros(n)
 
     def fit(self, X, y):
         """Run noisy gradient descent from zero."""
         log_every = check_int_param("log_every", self.log_every, 1, allow_none=True)
         rng = make_rng(self.random_state)
-        theta, path, iters, sigma, n_iter, lr, L, delta, xb = self._draw(
+        theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb = self._draw(
             X, y, 1, rng, log_every
         )
         self.noise_multiplier_ = sigma
         self.n_iter_ = n_iter
-        self.learning_rate_ = lr
-        self.smoothness_ = L
-        self.mechanism_ = compose(Gaussian(sigma), steps=n_iter)
+        self.learning_rate_ = float(lr[0])
+        self.smoothness_ = None if L is None else float(L[0])
+        self.mechanism_ = _noisy_gd_mechanism(sigma, n_iter, sigma_l)
         self.delta_ = delta
         self.epsilon_ = spent_epsilon(self.mechanism_, delta, self.accountant)
         self._set_coef(theta[0], xb)
@@ -885,11 +1075,38 @@ class NoisyGDRegressor(_PrivateLinearBase):
             self.path_iterations_ = iters
             p = path[:, 0, :]
             self.coef_path_ = p[:, :-1] if self.fit_intercept else p
-            self.intercept_path_ = p[:, -1] * xb if self.fit_intercept else np.zeros(len(p))
+            self.intercept_path_ = (
+                p[:, -1] * xb + self._label_centre() if self.fit_intercept
+                else np.zeros(len(p))
+            )
             self.epsilon_path_ = np.array(
                 [
-                    spent_epsilon(compose(Gaussian(sigma), steps=int(t)), delta, "analytic")
+                    spent_epsilon(_noisy_gd_mechanism(sigma, int(t), sigma_l), delta,
+                                  "analytic")
                     for t in iters
                 ]
             )
         return self
+
+
+#: Smoothness modes of :class:`NoisyGDRegressor` (besides a float).
+SMOOTHNESS_MODES = ("private", "public", "data")
+
+#: Fraction of NoisyGD's budget, in ``1 / sigma^2`` (Gaussian-DP ``mu^2``), spent on the
+#: private smoothness release. Fixed in advance (not tuned on any data set).
+SMOOTHNESS_BUDGET_FRACTION = 0.01
+
+
+def _noisy_gd_mechanism(sigma: float, n_iter: int, sigma_l: float | None) -> Mechanism:
+    """What NoisyGD runs: ``n_iter`` Gaussians with multiplier ``sigma``, preceded by the
+    smoothness release ``Gaussian(sigma_l)`` when there is one."""
+    gd = compose(Gaussian(sigma), steps=n_iter)
+    return gd if sigma_l is None else compose([Gaussian(sigma_l), gd])
+
+
+@functools.lru_cache(maxsize=256)
+def _smoothness_sigma(eps: float, delta: float, accountant: str) -> float:
+    """``sigma_total / sqrt(SMOOTHNESS_BUDGET_FRACTION)`` with ``sigma_total`` the
+    multiplier of one Gaussian that is exactly (eps, delta)-DP (rounded up)."""
+    total = float(calibrate(lambda s: Gaussian(s), eps, delta, accountant=accountant))
+    return total / math.sqrt(SMOOTHNESS_BUDGET_FRACTION)

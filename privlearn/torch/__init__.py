@@ -44,13 +44,14 @@ Notes
 * ``p.model`` must stay in training mode; ``model.eval()`` forwards are not recorded.
 """
 
-from privlearn.torch.accountant import PrivacyAccountant
+from privlearn.torch.accountant import PrivacyAccountant, PrivacyBudgetWarning, Segment
 from privlearn.torch.data import (
     FixedSizeBatchSampler,
     PoissonBatchSampler,
     VirtualBatchLoader,
 )
 from privlearn.torch.grad_sample import register_rule
+from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
@@ -64,11 +65,14 @@ __all__ = [
     "NoiseSource",
     "PoissonBatchSampler",
     "PrivacyAccountant",
+    "PrivacyBudgetWarning",
     "PrivateTraining",
+    "Segment",
     "UnsupportedModuleError",
     "VirtualBatchLoader",
     "fix",
     "make_private",
+    "per_sequence_cross_entropy",
     "register_rule",
     "validate",
 ]

@@ -50,7 +50,98 @@ def _generator(seed: int | None) -> torch.Generator:
     return g
 
 
-class PoissonBatchSampler(Sampler[list[int]]):
+class _AccountedSampler(Sampler[list[int]]):
+    """Book-keeping shared by the DP batch samplers: how many batches were drawn, how many
+    the optimizer consumed (one per logical step), and the random state at each drawn
+    batch that has not been consumed yet, so that :meth:`state_dict` describes the point
+    the *training* reached (a DataLoader with workers draws batches ahead of the steps).
+
+    Subclasses implement ``_draw()`` (one batch), ``_rng_state()``/``_set_rng_state()``
+    and ``_params()`` (what must match for a saved state to be loaded).
+    """
+
+    _MAX_SNAPSHOTS = 4096
+
+    def _init_bookkeeping(self) -> None:
+        self.draws = 0  # batches drawn so far
+        self.consumed = 0  # batches used by optimizer steps so far
+        self._snapshots: dict[int, tuple] = {}  # draw index -> (rng state before, pos)
+        self._next_pos = 0
+        self._resume_pos = 0
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        start, self._resume_pos = self._resume_pos, 0
+        self._next_pos = start
+        for pos in range(start, self.steps):
+            if len(self._snapshots) >= self._MAX_SNAPSHOTS:
+                self._snapshots.pop(next(iter(self._snapshots)))
+            self._snapshots[self.draws] = (self._rng_state(), pos)
+            batch = self._draw()
+            self.draws += 1
+            self._next_pos = pos + 1 if pos + 1 < self.steps else 0
+            yield batch
+
+    # ---------------------------------------------------------------- consumption
+    def has_unconsumed_batch(self) -> bool:
+        """Whether a batch was drawn that no optimizer step has used yet."""
+        return self.consumed < self.draws
+
+    def consume(self) -> None:
+        """Mark the oldest unconsumed batch as used by one logical step."""
+        self._snapshots.pop(self.consumed, None)
+        self.consumed += 1
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """The sampler's state at the point training reached (after ``consumed``
+        batches): its random state and the position in the epoch of the next batch.
+        ``rng`` is None for a secure (OS-entropy) sampler, which cannot be replayed."""
+        r = self.consumed
+        if r < self.draws and r in self._snapshots:
+            rng, pos = self._snapshots[r]
+        elif r == self.draws:
+            rng, pos = self._rng_state(), self._next_pos
+        else:
+            raise RuntimeError(
+                f"the sampler drew {self.draws - r} batches ahead of the training steps, more "
+                "than it keeps track of; save the state right after an optimizer step")
+        return {"format": "privlearn.torch.sampler/1", "kind": type(self).__name__,
+                "params": self._params(), "batches": r, "pos": pos, "rng": rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a state saved by :meth:`state_dict` (same sampler settings)."""
+        if not isinstance(state, dict) or state.get("format") != "privlearn.torch.sampler/1":
+            raise ValueError("state is not a privlearn sampler state; pass what "
+                             "state_dict() returned")
+        if state["kind"] != type(self).__name__ or state["params"] != self._params():
+            raise ValueError(
+                f"the saved sampler was {state['kind']} with {state['params']}, this one is "
+                f"{type(self).__name__} with {self._params()}; rebuild with the same "
+                "sampling, batch size and dataset")
+        if state["rng"] is not None:
+            self._set_rng_state(state["rng"])
+        self.draws = self.consumed = int(state["batches"])
+        self._snapshots = {}
+        self._resume_pos = self._next_pos = int(state["pos"])
+
+
+def _read_only(name: str):
+    def getter(self):
+        return getattr(self, "_" + name)
+
+    def setter(self, value):
+        raise AttributeError(
+            f"{name} cannot be changed after the sampler is built: the accountant records "
+            f"the {name} the batches were drawn with. Build a new private training run "
+            "(make_private) with the new value")
+
+    return property(getter, setter, doc=f"{name} (read-only)")
+
+
+class PoissonBatchSampler(_AccountedSampler):
     """Batches in which each index is included independently with probability
     ``sample_rate``.
 
@@ -61,21 +152,24 @@ class PoissonBatchSampler(Sampler[list[int]]):
         per rank in distributed training; every example still has inclusion probability
         ``sample_rate``).
     sample_rate : float in (0, 1]
+        Read-only after construction (the accountant records it).
     steps : int, optional
         Batches per epoch; default ``round(1 / sample_rate)``.
     seed : int, optional
         Seed of the sampling generator (default: fresh OS entropy).
     secure : bool
         Draw the inclusion decisions from the OS CSPRNG (``os.urandom``) instead of a
-        seeded Mersenne Twister (whose state can be recovered from its outputs).
+        seeded generator (whose state can be recovered from its outputs).
     """
+
+    sample_rate = _read_only("sample_rate")
 
     def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
                  seed: int | None = None, indices=None, secure: bool = False):
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
         self.num_samples = int(num_samples)
-        self.sample_rate = float(sample_rate)
+        self._sample_rate = float(sample_rate)
         self.steps = max(1, round(1 / sample_rate)) if steps is None else int(steps)
         self.indices = None if indices is None else torch.as_tensor(list(indices))
         if secure and seed is not None:
@@ -83,34 +177,42 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.secure = bool(secure)
         self.generator = _generator(seed)
         self._rng = np.random.default_rng(self.generator.initial_seed())
+        self._init_bookkeeping()
 
-    def __len__(self) -> int:
-        return self.steps
+    def _params(self) -> dict:
+        return {"num_samples": self.num_samples, "sample_rate": self.sample_rate,
+                "steps": self.steps, "secure": self.secure,
+                "shard": None if self.indices is None else len(self.indices)}
 
-    def __iter__(self):
+    def _rng_state(self):
+        return None if self.secure else self._rng.bit_generator.state
+
+    def _set_rng_state(self, state) -> None:
+        self._rng.bit_generator.state = state
+
+    def _draw(self) -> list[int]:
         n = self.num_samples if self.indices is None else len(self.indices)
-        for _ in range(self.steps):
-            if self.secure:  # 53-bit uniforms from the OS CSPRNG
-                bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
-                mask = torch.from_numpy(bits.astype(np.float64) * 2.0**-53 < self.sample_rate)
-                idx = mask.nonzero().flatten()
+        if self.secure:  # 53-bit uniforms from the OS CSPRNG
+            bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+            mask = torch.from_numpy(bits.astype(np.float64) * 2.0**-53 < self.sample_rate)
+            idx = mask.nonzero().flatten()
+        else:
+            # Poisson sampling drawn as "size ~ Binomial(n, q), then a uniformly random
+            # subset of that size": the same distribution as n independent coin flips
+            # (conditioned on its size, a Poisson sample is uniform), at O(q n) cost
+            # instead of n uniforms per step.
+            k = int(self._rng.binomial(n, self.sample_rate))
+            if k == n:
+                chosen = np.arange(n)
             else:
-                # Poisson sampling drawn as "size ~ Binomial(n, q), then a uniformly random
-                # subset of that size": the same distribution as n independent coin flips
-                # (conditioned on its size, a Poisson sample is uniform), at O(q n) cost
-                # instead of n uniforms per step.
-                k = int(self._rng.binomial(n, self.sample_rate))
-                if k == n:
-                    chosen = np.arange(n)
-                else:
-                    chosen = np.sort(self._rng.choice(n, size=k, replace=False))
-                idx = torch.from_numpy(chosen.astype(np.int64))
-            if self.indices is not None:
-                idx = self.indices[idx]
-            yield idx.tolist()
+                chosen = np.sort(self._rng.choice(n, size=k, replace=False))
+            idx = torch.from_numpy(chosen.astype(np.int64))
+        if self.indices is not None:
+            idx = self.indices[idx]
+        return idx.tolist()
 
 
-class FixedSizeBatchSampler(Sampler[list[int]]):
+class FixedSizeBatchSampler(_AccountedSampler):
     """Batches of exactly ``batch_size`` distinct indices drawn uniformly at each step
     (independently across steps): sampling without replacement, ``scheme="fixed"``.
 
@@ -118,7 +220,10 @@ class FixedSizeBatchSampler(Sampler[list[int]]):
     ``world_size * batch_size`` distinct indices (the generator must be seeded identically
     on all ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
     batches are disjoint and their union is one uniform fixed-size sample of the dataset.
+    ``batch_size`` is read-only after construction.
     """
+
+    batch_size = _read_only("batch_size")
 
     def __init__(self, num_samples: int, batch_size: int, steps: int | None = None,
                  seed: int | None = None, rank: int = 0, world_size: int = 1):
@@ -128,21 +233,33 @@ class FixedSizeBatchSampler(Sampler[list[int]]):
         if not 0 < batch_size * world_size <= num_samples:
             raise ValueError(f"batch_size must be in [1, {num_samples // world_size}], "
                              f"got {batch_size!r}")
-        self.num_samples, self.batch_size = int(num_samples), int(batch_size)
+        self.num_samples, self._batch_size = int(num_samples), int(batch_size)
         self.rank, self.world_size = int(rank), int(world_size)
         global_batch = self.batch_size * self.world_size
-        self.sample_rate = global_batch / num_samples
+        self._sample_rate = global_batch / num_samples
         self.steps = max(1, round(num_samples / global_batch)) if steps is None else int(steps)
         self.generator = _generator(seed)
+        self._init_bookkeeping()
 
-    def __len__(self) -> int:
-        return self.steps
+    @property
+    def sample_rate(self) -> float:
+        """``world_size * batch_size / num_samples`` (read-only)."""
+        return self._sample_rate
 
-    def __iter__(self):
+    def _params(self) -> dict:
+        return {"num_samples": self.num_samples, "batch_size": self.batch_size,
+                "steps": self.steps, "rank": self.rank, "world_size": self.world_size}
+
+    def _rng_state(self):
+        return self.generator.get_state()
+
+    def _set_rng_state(self, state) -> None:
+        self.generator.set_state(state)
+
+    def _draw(self) -> list[int]:
         global_batch = self.batch_size * self.world_size
-        for _ in range(self.steps):
-            chosen = torch.randperm(self.num_samples, generator=self.generator)[:global_batch]
-            yield chosen[self.rank::self.world_size].tolist()
+        chosen = torch.randperm(self.num_samples, generator=self.generator)[:global_batch]
+        return chosen[self.rank::self.world_size].tolist()
 
 
 class EmptyAwareCollate:

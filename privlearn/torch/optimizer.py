@@ -11,7 +11,16 @@ Learning with Differential Privacy", Algorithm 1):
    the fixed batch size: the realised size of a Poisson batch is private and is never
    used for normalisation;
 4. **step**: the wrapped optimizer updates the parameters from ``p.grad``;
-5. **account**: the accountant records one step.
+5. **account**: the accountant records one step, with the noise multiplier, sampling
+   rate and clipping bound that step used.
+
+One source of truth: ``noise_multiplier`` and ``max_grad_norm`` are read by the step
+itself and handed to the accountant with each step, so a schedule that changes them
+between steps (``optimizer.noise_multiplier = 0.8``) is recorded as a new segment of the
+history, never missed. The sampling rate is the (read-only) rate of the sampler that drew
+the batches. Each logical step must use a batch drawn from the private loader
+(``p.data_loader``): a step without a new batch from it (batches from another loader, or
+a second ``step()`` for one batch) is refused.
 
 In distributed training (``world_size > 1``) each rank clips its own examples and adds
 ``N(0, (sigma C)^2 / world_size)``; the sums are all-reduced, so the total noise is
@@ -19,6 +28,8 @@ In distributed training (``world_size > 1``) each rank clips its own examples an
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -38,21 +49,34 @@ class DPOptimizer:
     Attributes
     ----------
     original_optimizer : torch.optim.Optimizer
-    noise_multiplier, max_grad_norm, expected_batch_size : float
+    noise_multiplier : float
+        sigma used by the next step; may be changed between steps (a noise schedule):
+        each step records the value it used in the accountant.
+    max_grad_norm : float
+        Clipping bound used by the next step (recorded likewise).
+    expected_batch_size : float
     last_grad_norms : tensor or None
         Per-example gradient norms (before clipping) of the last physical batch.
+    sampler : PoissonBatchSampler or FixedSizeBatchSampler or None
+        The sampler whose batches the steps consume (its rate is what is accounted).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, tracker: GradSampleTracker, *,
                  noise_multiplier: float, max_grad_norm: float, expected_batch_size: float,
                  accountant: PrivacyAccountant, noise: NoiseSource,
-                 world_size: int = 1, process_group=None):
+                 world_size: int = 1, process_group=None, sampler=None):
         self.original_optimizer = optimizer
         self.tracker = tracker
-        self.noise_multiplier = float(noise_multiplier)
-        self.max_grad_norm = float(max_grad_norm)
+        self._noise_multiplier = 0.0
+        self._max_grad_norm = 1.0
+        self.max_grad_norm = max_grad_norm
+        self.noise_multiplier = noise_multiplier
         self.expected_batch_size = float(expected_batch_size)
         self.accountant = accountant
+        accountant._owner = self
+        self.sampler = sampler
+        self.sampling_rate = (accountant.sampling_rate if sampler is None
+                              else float(sampler.sample_rate))
         self.noise = noise
         self.world_size = int(world_size)
         self.process_group = process_group
@@ -61,6 +85,43 @@ class DPOptimizer:
         self.last_grad_norms = None
         self._numels = [p.numel() for p in tracker.params]
         self._numel = sum(self._numels)
+
+    # ------------------------------------------------------------------ live parameters
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma of the next step (noise std = sigma * max_grad_norm on the clipped sum)."""
+        return self._noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"noise_multiplier must be a number, got {value!r}") from None
+        if not v >= 0 or math.isinf(v):
+            raise ValueError(f"noise_multiplier must be in [0, inf), got {value!r}")
+        if v > 0 and math.isinf(self._max_grad_norm):
+            raise ValueError("noise_multiplier > 0 with max_grad_norm=inf is not private "
+                             "(unbounded sensitivity); set a finite max_grad_norm first")
+        self._noise_multiplier = v
+
+    @property
+    def max_grad_norm(self) -> float:
+        """Clipping bound C of the next step."""
+        return self._max_grad_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float) -> None:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"max_grad_norm must be a number, got {value!r}") from None
+        if not v > 0:
+            raise ValueError(f"max_grad_norm must be in (0, inf], got {value!r}")
+        if math.isinf(v) and self._noise_multiplier > 0:
+            raise ValueError("max_grad_norm=inf (no clipping) leaves the sensitivity "
+                             "unbounded; only allowed with noise_multiplier=0")
+        self._max_grad_norm = v
 
     # ------------------------------------------------------------------ delegation
     @property
@@ -214,8 +275,27 @@ class DPOptimizer:
             p.grad = v
         return True
 
+    def _check_batch(self) -> None:
+        """Refuse a logical step that did not consume a new batch of the DP sampler."""
+        if self.sampler is not None and not self.sampler.has_unconsumed_batch():
+            raise RuntimeError(
+                "optimizer.step() was called without a new batch from p.data_loader: "
+                f"{self.sampler.consumed} steps have used all {self.sampler.draws} batches "
+                "it drew. Every step must train on the next batch of p.data_loader (the "
+                "accountant describes its sampling); do not train on batches of another "
+                "loader, and call step() once per batch (use max_physical_batch_size for "
+                "batches that do not fit in memory)")
+
     def step(self, closure=None):
-        """One DP-SGD step (no parameter update on a non-final virtual chunk)."""
+        """One DP-SGD step (no parameter update on a non-final virtual chunk).
+
+        Raises
+        ------
+        RuntimeError
+            No new batch of the private loader since the last step.
+        PrivacyBudgetExceededError
+            The step would exceed ``max_epsilon``; nothing is changed.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -224,9 +304,14 @@ class DPOptimizer:
             self._final_chunk = True
             self.clip_and_accumulate()
             return loss
+        self._check_batch()
+        cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
+        self.accountant.check_step_with(*cfg)  # budget, before anything is released
         if not self._noisy_step_fused():
             self.clip_and_accumulate()
             self.add_noise()
         self.original_optimizer.step()
-        self.accountant.step()
+        self.accountant.record_step(*cfg)
+        if self.sampler is not None:
+            self.sampler.consume()
         return loss

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import secrets
-import warnings
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -31,7 +29,9 @@ __all__ = ["make_private", "PrivateTraining"]
 _SAMPLING = ("poisson", "fixed")
 
 
-@dataclass(frozen=True)
+_STATE_FORMAT = "privlearn.torch.private_training/1"
+
+
 class PrivateTraining:
     """What :func:`make_private` returns.
 
@@ -46,25 +46,73 @@ class PrivateTraining:
     accountant : PrivacyAccountant
         ``accountant.epsilon(delta)`` for the logical steps actually taken.
     noise_multiplier : float
-        sigma (calibrated when ``target_epsilon`` was given; rounded up).
+        sigma of the next step (calibrated when ``target_epsilon`` was given; rounded
+        up). Read from the optimizer: the one value the steps use and record.
     max_grad_norm : float
+        Clipping bound of the next step (likewise).
     sampling_rate : float
-        q, the inclusion probability of an example at each step.
+        q, the inclusion probability of an example at each step (read-only).
     expected_batch_size : float
         q N (global), the normaliser of the noisy sum.
     sampling : str
         ``"poisson"`` or ``"fixed"``.
+
+    Notes
+    -----
+    Checkpoint and resume with :meth:`state_dict` / :meth:`load_state_dict`: the state
+    holds the model, the optimizer, the accountant's history and the random states of
+    the sampler and the noise, so a resumed run reports the same epsilon as an
+    uninterrupted one and, with a fixed ``seed``, continues with the same batches and
+    noise::
+
+        torch.save(p.state_dict(), "ckpt.pt")          # after an optimizer step
+        ...                                            # new process
+        p = make_private(model, optimizer, loader, ...same arguments...)
+        p.load_state_dict(torch.load("ckpt.pt", weights_only=False))
     """
 
-    model: nn.Module
-    optimizer: DPOptimizer
-    data_loader: object
-    accountant: PrivacyAccountant
-    noise_multiplier: float
-    max_grad_norm: float
-    sampling_rate: float
-    expected_batch_size: float
-    sampling: str
+    def __init__(self, *, model, optimizer, data_loader, accountant, sampling_rate,
+                 expected_batch_size, sampling, config):
+        self.model = model
+        self.optimizer = optimizer
+        self.data_loader = data_loader
+        self.accountant = accountant
+        self._sampling_rate = float(sampling_rate)
+        self.expected_batch_size = float(expected_batch_size)
+        self.sampling = sampling
+        self._config = dict(config)
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.optimizer.noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:  # same as the optimizer's
+        self.optimizer.noise_multiplier = value
+
+    @property
+    def max_grad_norm(self) -> float:
+        return self.optimizer.max_grad_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float) -> None:
+        self.optimizer.max_grad_norm = value
+
+    @property
+    def sampling_rate(self) -> float:
+        return self._sampling_rate
+
+    @sampling_rate.setter
+    def sampling_rate(self, value: float) -> None:
+        raise AttributeError("sampling_rate cannot be changed after make_private: the "
+                             "sampler draws the batches with it and the accountant records "
+                             "it. Call make_private again with a loader of another "
+                             "batch_size")
+
+    def __repr__(self) -> str:
+        return (f"PrivateTraining(noise_multiplier={self.noise_multiplier}, "
+                f"max_grad_norm={self.max_grad_norm}, sampling_rate={self.sampling_rate}, "
+                f"sampling={self.sampling!r}, steps={self.accountant.steps})")
 
     def epsilon(self, delta: float) -> float:
         """Shorthand for ``accountant.epsilon(delta)``."""
@@ -73,7 +121,70 @@ class PrivateTraining:
     def detach(self) -> nn.Module:
         """Remove the hooks and restore ``requires_grad``; returns the model."""
         self.optimizer.tracker.detach()
+        for h in self._config.get("_hooks", ()):
+            h.remove()
         return self.model
+
+    @property
+    def _sampler(self):
+        return self.data_loader.batch_sampler
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Everything needed to continue this run: model and optimizer state, the
+        accountant's history, the live noise multiplier and clipping bound, and the random
+        states of the sampler and the noise source (``None`` in secure mode: OS entropy
+        cannot be replayed). Save it right after an optimizer step."""
+        noise = self.optimizer.noise
+        return {
+            "format": _STATE_FORMAT,
+            "mechanism": {k: v for k, v in self._config.items() if not k.startswith("_")},
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.original_optimizer.state_dict(),
+            "noise_multiplier": self.optimizer.noise_multiplier,
+            "max_grad_norm": self.optimizer.max_grad_norm,
+            "accountant": self.accountant.state_dict(),
+            "sampler": self._sampler.state_dict(),
+            "noise": None if noise.secure_mode else noise.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a state saved by :meth:`state_dict` into this freshly made run.
+
+        Raises
+        ------
+        ValueError
+            The state was made with a different mechanism (noise multiplier, sampling
+            rate or scheme, clipping bound, loss reduction, accountant, world size), or
+            this run has already taken steps (their privacy cost would be lost).
+        """
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ValueError("state is not a privlearn training state (format "
+                             f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
+                             "returned")
+        if self.accountant.steps or self._sampler.draws:
+            raise ValueError(
+                f"load_state_dict needs a fresh run, but this one has already taken "
+                f"{self.accountant.steps} steps (drawn {self._sampler.draws} batches), whose "
+                "cost would be lost; call it right after make_private")
+        mine = {k: v for k, v in self._config.items() if not k.startswith("_")}
+        theirs = state["mechanism"]
+        diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
+                for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
+        if diff:
+            raise ValueError("the saved state was made with a different mechanism, so its "
+                             "privacy history does not describe this run: "
+                             + "; ".join(diff) + ". Rebuild with make_private using the "
+                             "original arguments")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.max_grad_norm = state["max_grad_norm"]
+        self.optimizer.noise_multiplier = state["noise_multiplier"]
+        self.accountant.load_state_dict(state["accountant"])
+        self._sampler.load_state_dict(state["sampler"])
+        noise = self.optimizer.noise
+        if state["noise"] is not None and not noise.secure_mode:
+            noise.generator.set_state(state["noise"])
 
 
 def _check_pos(name: str, value, allow_inf: bool = False) -> float:
@@ -119,6 +230,7 @@ def make_private(
     seed: int | None = None,
     fix_model: bool = False,
     process_group=None,
+    max_epsilon: float | None = None,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD.
 
@@ -130,9 +242,14 @@ def make_private(
     optimizer : torch.optim.Optimizer
         Over the model's parameters.
     data_loader : DataLoader
-        An ordinary loader over a map-style dataset; its ``batch_size`` B (per rank when
-        distributed) sets the sampling rate ``q = W B / len(dataset)``. It is replaced by
-        a loader with the same dataset/collate/workers and the DP sampler.
+        An ordinary loader over a map-style dataset, ``DataLoader(dataset,
+        batch_size=B)`` with no ``shuffle`` and no ``sampler`` (or one whose
+        ``batch_sampler`` is a :class:`PoissonBatchSampler` / :class:`FixedSizeBatchSampler`
+        matching ``sampling``). Its ``batch_size`` B (per rank when distributed) sets the
+        sampling rate ``q = W B / len(dataset)``; it is replaced by a loader with the same
+        dataset/collate/workers and the DP sampler. Loaders whose sampling the accountant
+        cannot describe (``shuffle=True``, ``WeightedRandomSampler``, a
+        ``DistributedSampler``, any custom sampler) are refused.
     noise_multiplier : float >= 0, optional
         sigma: noise std = sigma * max_grad_norm on the clipped sum. Exactly one of
         ``noise_multiplier`` and ``target_epsilon`` must be given.
@@ -168,6 +285,11 @@ def make_private(
         Replace BatchNorm by GroupNorm (in place) before validating.
     process_group : optional
         torch.distributed group (default: the world, when initialised).
+    max_epsilon : float, optional
+        Hard cap on epsilon at ``target_delta``: the step that would exceed it raises
+        :class:`~privlearn.errors.PrivacyBudgetExceededError` before it runs. Independently,
+        when the run has a plan (``target_epsilon``, or ``epochs``/``steps``), going past
+        the planned epsilon emits one :class:`~privlearn.torch.PrivacyBudgetWarning`.
 
     Returns
     -------
@@ -177,7 +299,15 @@ def make_private(
     ------
     ValueError
         Bad arguments, a model in eval mode, unsupported layers (all listed), a loader
-        that cannot be made Poisson; always before any training step.
+        whose sampling cannot be accounted; always before any training step.
+
+    Notes
+    -----
+    Losses: with ``loss_reduction="mean"`` the loss must be the mean over *examples* of
+    per-example losses. A Hugging Face model called with token-level ``labels=``
+    averages over all tokens of the batch (examples weighted by their token counts), which
+    breaks per-example clipping; such calls are refused at the forward pass. Compute the
+    loss with :func:`privlearn.torch.per_sequence_cross_entropy` instead.
     """
     # ---------------------------------------------------------------- validation
     inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
@@ -222,6 +352,10 @@ def make_private(
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     if secure_mode and seed is not None:
         raise ValueError(f"seed must be None when secure_mode=True, got seed={seed!r}")
+    if max_epsilon is not None:
+        max_epsilon = _check_pos("max_epsilon", max_epsilon)
+        if not 0 < float(target_delta) < 1:
+            raise ValueError(f"target_delta must be in (0, 1), got {target_delta!r}")
     if max_physical_batch_size is not None and int(max_physical_batch_size) < 1:
         raise ValueError("max_physical_batch_size must be an integer >= 1, got "
                          f"{max_physical_batch_size!r}")
@@ -235,26 +369,7 @@ def make_private(
     # ---------------------------------------------------------------- sampling
     rank, world = world_info(process_group)
     n = len(data_loader.dataset)
-    batch_size = data_loader.batch_size
-    if batch_size is None:
-        bs = data_loader.batch_sampler
-        if isinstance(bs, PoissonBatchSampler) and sampling == "poisson":
-            batch_size = bs.sample_rate * n / world
-        elif isinstance(bs, FixedSizeBatchSampler) and sampling == "fixed":
-            batch_size = bs.batch_size
-        else:
-            raise ValueError(
-                f"data_loader uses a custom batch_sampler ({type(bs).__name__}) that is not "
-                f"{sampling} sampling, so {sampling!r} accounting would not match what "
-                "runs; pass an ordinary DataLoader with batch_size set")
-    else:
-        smp = getattr(data_loader, "sampler", None)
-        if not isinstance(smp, (torch.utils.data.SequentialSampler,
-                                torch.utils.data.RandomSampler,
-                                torch.utils.data.distributed.DistributedSampler)):
-            warnings.warn(
-                f"data_loader's sampler ({type(smp).__name__}) is replaced by {sampling} "
-                "sampling over the whole dataset, as the accounting requires", stacklevel=2)
+    batch_size = _accountable_batch_size(data_loader, sampling, n, world)
     q = world * batch_size / n
     if not 0 < q <= 1:
         raise ValueError(f"sampling rate world_size * batch_size / len(dataset) must be in "
@@ -284,16 +399,98 @@ def make_private(
         # step), so autograd's weight gradients are neither computed nor all-reduced.
         model.require_backward_grad_sync = False
     tracker = GradSampleTracker(inner, loss_reduction=loss_reduction)
-    ledger = PrivacyAccountant(nm, q, scheme=scheme, accountant=accountant)
+    hooks = _guard_token_level_labels(inner) if loss_reduction == "mean" else []
+    ledger = PrivacyAccountant(nm, q, scheme=scheme, accountant=accountant,
+                               max_grad_norm=max_grad_norm)
+    planned_steps = (int(steps) if steps is not None
+                     else int(epochs) * steps_per_epoch if epochs is not None else None)
+    planned_epsilon = None
+    if target_epsilon is not None:
+        planned_epsilon = float(target_epsilon)
+    elif planned_steps is not None and nm > 0:
+        planned_epsilon = compose(subsample(Gaussian(nm), rate=q, scheme=scheme),
+                                  steps=planned_steps).epsilon(float(target_delta),
+                                                               accountant=accountant)
+    ledger.set_budget(delta=float(target_delta), max_epsilon=max_epsilon,
+                      planned_epsilon=planned_epsilon, planned_steps=planned_steps)
     noise = NoiseSource(secure_mode=secure_mode,
                         seed=None if (secure_mode or seed is None) else rank_seed + 7)
     expected = float(world * batch_size)  # = q N
     dp_opt = DPOptimizer(optimizer, tracker, noise_multiplier=nm, max_grad_norm=max_grad_norm,
                          expected_batch_size=expected, accountant=ledger, noise=noise,
-                         world_size=world, process_group=process_group)
+                         world_size=world, process_group=process_group,
+                         sampler=loader.batch_sampler)
     if max_physical_batch_size is not None:
         loader = VirtualBatchLoader(loader, int(max_physical_batch_size), dp_opt)
+    config = dict(noise_multiplier=nm, max_grad_norm=max_grad_norm, sampling_rate=q,
+                  sampling=sampling, expected_batch_size=expected, dataset_size=n,
+                  loss_reduction=loss_reduction, accountant=accountant, world_size=world,
+                  rank=rank, _hooks=hooks)
     return PrivateTraining(model=model, optimizer=dp_opt, data_loader=loader,
-                           accountant=ledger, noise_multiplier=nm,
-                           max_grad_norm=max_grad_norm, sampling_rate=q,
-                           expected_batch_size=expected, sampling=sampling)
+                           accountant=ledger, sampling_rate=q, expected_batch_size=expected,
+                           sampling=sampling, config=config)
+
+
+_SAMPLING_HELP = (
+    "Pass DataLoader(dataset, batch_size=B) with no shuffle and no sampler: make_private "
+    "replaces the batching by the sampling it accounts, sampling='poisson' (each example "
+    "joins each batch independently with probability B / len(dataset)) or "
+    "sampling='fixed' (B distinct examples drawn uniformly at every step); or pass "
+    "batch_sampler=PoissonBatchSampler(...) / FixedSizeBatchSampler(...) from "
+    "privlearn.torch")
+
+
+def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
+                            world: int) -> float:
+    """The per-rank (expected) batch size of a loader whose sampling make_private can
+    replace by the accounted one; refuses every other loader (Chua et al. 2024, "How
+    Private are DP-SGD Implementations?": shuffled batches accounted as Poisson overstate
+    privacy)."""
+    batch_size = data_loader.batch_size
+    if batch_size is None:
+        bs = data_loader.batch_sampler
+        if isinstance(bs, PoissonBatchSampler) and sampling == "poisson":
+            return bs.sample_rate * n / world
+        if isinstance(bs, FixedSizeBatchSampler) and sampling == "fixed":
+            return bs.batch_size
+        raise ValueError(
+            f"data_loader uses batch_sampler={type(bs).__name__}, which is not "
+            f"{sampling!r} sampling, so the accountant could not describe the batches it "
+            f"draws. {_SAMPLING_HELP}")
+    smp = data_loader.sampler
+    if type(smp) is not torch.utils.data.SequentialSampler:
+        what = ("shuffle=True (RandomSampler: shuffled fixed-size batches)"
+                if type(smp) is torch.utils.data.RandomSampler else
+                f"sampler={type(smp).__name__}")
+        raise ValueError(
+            f"data_loader uses {what}, a sampling privlearn cannot account: its batches "
+            "are not Poisson or uniformly fixed-size samples, and accounting them as such "
+            f"would overstate privacy. {_SAMPLING_HELP}")
+    return batch_size
+
+
+def _guard_token_level_labels(model: nn.Module) -> list:
+    """Forward pre-hooks refusing a Hugging Face model called with token-level
+    ``labels=`` (its loss is a mean over all tokens of the batch, not over examples)."""
+    hooks = []
+    for m in model.modules():
+        if not (hasattr(m, "config") and hasattr(m, "base_model_prefix")):
+            continue
+
+        def pre_hook(module, args, kwargs):
+            labels = kwargs.get("labels")
+            if (isinstance(labels, torch.Tensor) and labels.dim() >= 2 and module.training
+                    and torch.is_grad_enabled()):
+                raise ValueError(
+                    f"{type(module).__name__} was called with token-level labels= (shape "
+                    f"{tuple(labels.shape)}): Hugging Face then averages the loss over all "
+                    "tokens of the batch, so each example's gradient is scaled by its share "
+                    "of the batch's tokens and per-example clipping no longer bounds one "
+                    "example's influence. Call the model without labels and use "
+                    "loss = privlearn.torch.per_sequence_cross_entropy(out.logits, labels, "
+                    "shift=True) (shift=True for causal LMs, False for token "
+                    "classification / masked LM)")
+            return None
+
+        hooks.append(m.register_forward_pre_hook(pre_hook, with_kwargs=True))
+    return hooks

@@ -116,6 +116,8 @@ class GradSampleTracker:
         self.loss_reduction = loss_reduction
         self.units = discover_units(model)
         self.records: dict[int, list[Record]] = {}
+        self._backward_passes = 0  # backward passes completed since the last clear()
+        self._in_backward = False
         self._handles = []
         self._dummy = torch.zeros((), requires_grad=True)
         seen: dict[int, int] = {}
@@ -198,21 +200,49 @@ class GradSampleTracker:
 
         return hook
 
-    @staticmethod
-    def _grad_hook(rec: Record, j: int):
+    def _grad_hook(self, rec: Record, j: int):
+        tracker = self
+
         def fn(g):
+            if not tracker._in_backward:
+                tracker._begin_backward()
             prev = rec.grad_outputs[j]
             rec.grad_outputs[j] = g if prev is None else prev + g
         return fn
 
+    def _begin_backward(self) -> None:
+        """First recorded gradient of a backward pass: refuse a second backward pass
+        before the step (gradient accumulation), which would add example i of one
+        micro-batch to example i of the other and clip the pair as one example."""
+        if self._backward_passes >= 1:
+            self.records = {}
+            self._backward_passes = 0
+            raise RuntimeError(
+                "a second backward() before optimizer.step(): gradient accumulation over "
+                "micro-batches is not supported this way (the engine would clip example i "
+                "of each micro-batch together, so one example could move the update by "
+                "more than max_grad_norm). Use make_private(..., max_physical_batch_size=k) "
+                "to split large batches into chunks of k examples (call backward() and "
+                "step() once per chunk; the noise is added once per logical batch), and "
+                "call optimizer.step() after every backward()")
+        self._in_backward = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _end_backward(self) -> None:
+        self._in_backward = False
+        self._backward_passes += 1
+
     def clear(self) -> None:
         self.records = {}
+        self._backward_passes = 0
+        self._in_backward = False
 
     def detach(self) -> None:
         """Remove the hooks and restore ``requires_grad`` of the handled parameters."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        self.clear()
         for m in self._instrumented:
             m.__dict__.pop("forward", None)
         self._instrumented = []

@@ -63,10 +63,21 @@ def test_private_knn_matches_exact_knn_without_noise_and_full_sample():
     nn = np.argsort(d, axis=1)[:, :15]
     expected = np.array([np.bincount(y[row], minlength=3).argmax() for row in nn])
     np.testing.assert_array_equal(lab, expected)
-    assert np.all(knn.votes_.sum(axis=1) == 15)
+    # the exact histogram is no longer stored (votes_ removed for privacy); at epsilon
+    # 1e4 the noisy votes are within 0.5 of it
+    assert np.all(np.round(knn.noisy_votes_).sum(axis=1) == 15)
+    assert not hasattr(knn, "votes_")
 
 
-def test_private_knn_subsampled_mechanism():
+def test_private_knn_subsampled_mechanism(monkeypatch):
+    seen = []
+    noisy_votes = PrivateKNN._noisy_votes
+
+    def spy(votes, noise, s, rng):  # test-only view of the exact histogram
+        seen.append(votes.copy())
+        return noisy_votes(votes, noise, s, rng)
+
+    monkeypatch.setattr(PrivateKNN, "_noisy_votes", staticmethod(spy))
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(500, 4)), rng.integers(0, 2, 500)
     knn = PrivateKNN(n_neighbors=5, sampling_rate=0.05, epsilon=1.0, delta=1e-6,
@@ -75,7 +86,7 @@ def test_private_knn_subsampled_mechanism():
     assert knn.mechanism_ == compose(subsample(Gaussian(knn.noise_multiplier_), 0.05), 100)
     assert knn.epsilon_ <= 1.0
     # each sampled neighbour set has at most k members
-    assert np.all(knn.votes_.sum(axis=1) <= 5)
+    assert np.all(seen[0].sum(axis=1) <= 5) and seen[0].shape == (100, 2)
 
 
 @pytest.mark.parametrize(

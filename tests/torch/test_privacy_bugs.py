@@ -1,0 +1,427 @@
+"""Issue 9, PyTorch part: what ran must be what is accounted.
+
+Each test reproduces a way ordinary use made the accountant describe something other
+than what ran (gradient accumulation, a noise schedule, resuming, token-mean losses,
+samplers the accountant cannot describe) and checks that it is now handled exactly or
+refused before anything is released.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.errors import PrivacyBudgetExceededError  # noqa: E402
+from privlearn.torch import (  # noqa: E402
+    FixedSizeBatchSampler,
+    PoissonBatchSampler,
+    PrivacyBudgetWarning,
+    make_private,
+    per_sequence_cross_entropy,
+)
+
+
+def _data(n=64, d=6, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g))
+
+
+def _mlp(seed=0, d=6, k=3):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d, 8), nn.Tanh(), nn.Linear(8, k))
+
+
+def _private(model=None, ds=None, batch_size=8, **kw):
+    model = model if model is not None else _mlp()
+    ds = ds if ds is not None else _data()
+    kw.setdefault("noise_multiplier", 1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return make_private(model, opt, DataLoader(ds, batch_size=batch_size), **kw)
+
+
+def _train(p, n_steps, loss_fn=None):
+    """``n_steps`` logical steps over ``p.data_loader`` (across epochs)."""
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    done = 0
+    while done < n_steps:
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            loss_fn(p.model(x), y).backward()
+            p.optimizer.step()
+            done += 1
+            if done == n_steps:
+                return
+
+
+def _flat(model):
+    return torch.cat([q.detach().reshape(-1).clone() for q in model.parameters()])
+
+
+# ------------------------------------------------------------------ accumulation
+
+
+def test_second_backward_before_step_is_refused():
+    """Two micro-batches backward()ed before one step(): example i of each would be
+    summed and clipped as one example (sensitivity 2C). Refused, naming the option that
+    does it right."""
+    p = _private(max_grad_norm=0.1)
+    it = iter(p.data_loader)
+    x1, y1 = next(it)
+    x2, y2 = next(it)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x1), y1).backward()
+    with pytest.raises(RuntimeError, match="max_physical_batch_size"):
+        nn.functional.cross_entropy(p.model(x2), y2).backward()
+    assert p.accountant.steps == 0
+
+
+def test_accumulation_via_virtual_batches_equals_naive_per_example_loop():
+    """The supported way (max_physical_batch_size) equals clipping each example on its
+    own (a loop of batch-size-1 backward passes) and summing, in float64."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        ds = _data(n=40)
+        model = _mlp(seed=3)
+        ref = copy.deepcopy(model)
+        C, lr = 0.05, 0.5
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                         DataLoader(ds, batch_size=10), noise_multiplier=0.0,
+                         max_grad_norm=C, max_physical_batch_size=3, sampling="fixed", seed=1)
+        sampler = p.data_loader.batch_sampler
+        state = sampler.generator.get_state()
+        batch = next(iter(sampler))  # the indices of the first logical batch ...
+        sampler.generator.set_state(state)
+        sampler.draws = 0
+        x_all, y_all = ds.tensors
+        for x, y in p.data_loader:  # ... which the loader draws again, in 4 chunks
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            if p.accountant.steps == 1:
+                break
+        params = list(ref.parameters())
+        total = [torch.zeros_like(q) for q in params]
+        for i in batch:
+            gs = torch.autograd.grad(nn.functional.cross_entropy(
+                ref(x_all[i:i + 1]), y_all[i:i + 1]), params)
+            norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
+            for t, g in zip(total, gs, strict=True):
+                t += min(1.0, C / norm) * g
+        with torch.no_grad():
+            for q, t in zip(params, total, strict=True):
+                q -= lr * t / 10
+        torch.testing.assert_close(_flat(model), _flat(ref), rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+# ------------------------------------------------------------------ noise schedule
+
+
+def test_noise_change_mid_run_is_a_new_segment():
+    p = _private(noise_multiplier=1.1, max_grad_norm=1.0, seed=0)
+    _train(p, 3)
+    p.optimizer.noise_multiplier = 0.3
+    _train(p, 2)
+    segs = p.accountant.segments
+    assert [(s.noise_multiplier, s.steps) for s in segs] == [(1.1, 3), (0.3, 2)]
+    both = compose([subsample(Gaussian(1.1), rate=8 / 64), subsample(Gaussian(0.3), rate=8 / 64)],
+                   steps=[3, 2])
+    assert p.accountant.mechanism() == both
+    assert p.epsilon(1e-5) == both.epsilon(1e-5)
+    old = compose(subsample(Gaussian(1.1), rate=8 / 64), steps=5).epsilon(1e-5)
+    assert p.epsilon(1e-5) > old  # what the accountant used to report
+    assert p.noise_multiplier == 0.3  # one source of truth
+    p.noise_multiplier = 0.5  # the same value, set through the PrivateTraining
+    _train(p, 1)
+    assert p.accountant.segments[-1] == type(segs[0])(0.5, 8 / 64, 1.0, 1)
+
+
+def test_noise_change_changes_the_noise_actually_added():
+    """The value the accountant records is the one the step uses: measured noise std."""
+    model = nn.Linear(100, 200)
+    ds = TensorDataset(torch.randn(1000, 100), torch.zeros(1000))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=50), noise_multiplier=2.0, max_grad_norm=0.3,
+                     seed=0)
+    stds = []
+    for sigma in (2.0, 0.5):
+        p.optimizer.noise_multiplier = sigma
+        next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        p.optimizer.step()  # no data: the gradient is the noise alone
+        stds.append(torch.cat([q.grad.reshape(-1) for q in model.parameters()]).std().item())
+    assert stds[0] / (2.0 * 0.3 / 50) == pytest.approx(1, abs=0.05)
+    assert stds[1] / (0.5 * 0.3 / 50) == pytest.approx(1, abs=0.05)
+    assert [s.noise_multiplier for s in p.accountant.segments] == [2.0, 0.5]
+
+
+def test_legacy_accountant_setter_changes_the_optimizer_too():
+    p = _private(noise_multiplier=1.0)
+    with pytest.warns(DeprecationWarning):
+        p.accountant.noise_multiplier = 0.7
+    assert p.optimizer.noise_multiplier == 0.7
+    _train(p, 1)
+    assert p.accountant.segments[0].noise_multiplier == 0.7
+
+
+def test_max_grad_norm_change_recorded_and_sampling_rate_refused():
+    p = _private(noise_multiplier=1.0, max_grad_norm=1.0)
+    _train(p, 2)
+    p.optimizer.max_grad_norm = 0.5
+    _train(p, 1)
+    assert [(s.max_grad_norm, s.steps) for s in p.accountant.segments] == [(1.0, 2), (0.5, 1)]
+    with pytest.raises(AttributeError, match="sample_rate cannot be changed"):
+        p.data_loader.batch_sampler.sample_rate = 0.5
+    with pytest.raises(AttributeError, match="sampling_rate cannot be changed"):
+        p.sampling_rate = 0.5
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        p.optimizer.noise_multiplier = -1.0
+    with pytest.raises(ValueError, match="max_grad_norm=inf"):
+        p.optimizer.max_grad_norm = float("inf")
+
+
+# ------------------------------------------------------------------ resume
+
+
+def _run(total, save_at=None, seed=11, state=None, mid_epoch=False):
+    """Train ``total`` steps (from ``state`` if given); returns (p, state at save_at)."""
+    model = _mlp(seed=2)
+    p = _private(model=model, noise_multiplier=0.9, max_grad_norm=0.5, seed=seed,
+                 batch_size=8)
+    if state is not None:
+        p.load_state_dict(state)
+    saved = None
+    done = p.accountant.steps
+    loss_fn = nn.CrossEntropyLoss()
+    while done < total:
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            loss_fn(p.model(x), y).backward()
+            p.optimizer.step()
+            done += 1
+            if done == save_at:
+                saved = copy.deepcopy(p.state_dict())
+            if done == total:
+                break
+    return p, saved
+
+
+@pytest.mark.parametrize("save_at", [8, 11])  # an epoch boundary (8 steps/epoch), mid-epoch
+def test_resume_equals_uninterrupted_run(save_at, tmp_path):
+    full, saved = _run(total=20, save_at=save_at)
+    torch.save(saved, tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    resumed, _ = _run(total=20, state=state)
+    assert resumed.accountant.steps == full.accountant.steps == 20
+    assert abs(resumed.epsilon(1e-5) - full.epsilon(1e-5)) <= 1e-9
+    # same batches and same noise: the parameters agree bit for bit
+    assert torch.equal(_flat(resumed.model), _flat(full.model))
+    # the interrupted-and-rebuilt run without loading replays other batches
+    restarted, _ = _run(total=20 - save_at)
+    assert restarted.accountant.steps == 20 - save_at
+
+
+def test_resume_refuses_other_mechanism_and_used_run():
+    p, saved = _run(total=3, save_at=3)
+    other = _private(model=_mlp(seed=2), noise_multiplier=0.8, max_grad_norm=0.5, seed=11)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        other.load_state_dict(saved)
+    other = _private(model=_mlp(seed=2), noise_multiplier=0.9, max_grad_norm=0.5, seed=11,
+                     batch_size=16)
+    with pytest.raises(ValueError, match="sampling_rate"):
+        other.load_state_dict(saved)
+    used, _ = _run(total=1)
+    with pytest.raises(ValueError, match="fresh run"):
+        used.load_state_dict(saved)
+    with pytest.raises(ValueError, match="not a privlearn training state"):
+        used.load_state_dict({"model": {}})
+
+
+def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
+    ds = _data(n=64)
+    p = _private(ds=ds, noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
+                 epochs=1, max_grad_norm=1.0, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)
+        _train(p, 8)  # the planned epoch: no warning
+    assert p.epsilon(1e-5) <= 3.0
+    with pytest.warns(PrivacyBudgetWarning, match="planned epsilon 3"):
+        _train(p, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)
+        _train(p, 2)  # only once
+    # hard cap: the step that would exceed max_epsilon is refused before it runs
+    q = _private(ds=ds, noise_multiplier=1.0, max_grad_norm=1.0, max_epsilon=4.0, seed=0)
+    with pytest.raises(PrivacyBudgetExceededError, match="max_epsilon=4"):
+        _train(q, 10_000)
+    k = q.accountant.steps
+    before = _flat(q.model)
+    assert q.epsilon(1e-5) <= 4.0
+    one_more = compose(subsample(Gaussian(1.0), rate=8 / 64), steps=k + 1).epsilon(1e-5)
+    assert one_more > 4.0
+    with pytest.raises(PrivacyBudgetExceededError):
+        _train(q, 1)
+    assert torch.equal(before, _flat(q.model)) and q.accountant.steps == k
+
+
+# ------------------------------------------------------------------ samplers
+
+
+@pytest.mark.parametrize("make_loader", [
+    lambda ds: DataLoader(ds, batch_size=8, shuffle=True),
+    lambda ds: DataLoader(ds, batch_size=8, sampler=torch.utils.data.WeightedRandomSampler(
+        torch.ones(len(ds)), len(ds))),
+    lambda ds: DataLoader(ds, batch_size=8, sampler=torch.utils.data.SubsetRandomSampler(
+        range(32))),
+    lambda ds: DataLoader(ds, batch_size=8, sampler=list(range(len(ds)))),
+    lambda ds: DataLoader(ds, batch_sampler=torch.utils.data.BatchSampler(
+        torch.utils.data.RandomSampler(ds), 8, False)),
+    lambda ds: DataLoader(ds, batch_sampler=FixedSizeBatchSampler(len(ds), 8)),
+], ids=["shuffle", "weighted", "subset-random", "custom", "custom-batch", "fixed-as-poisson"])
+def test_unaccountable_samplers_refused_before_training(make_loader):
+    ds = _data()
+    model = _mlp()
+    before = _flat(model)
+    with pytest.raises(ValueError, match="sampling='poisson'"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(ds),
+                     noise_multiplier=1.0)
+    assert torch.equal(before, _flat(model))
+
+
+def test_accepted_samplers_and_recorded_rate():
+    ds = _data(n=64)
+    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+                     DataLoader(ds, batch_sampler=PoissonBatchSampler(64, 0.25)),
+                     noise_multiplier=1.0)
+    assert p.sampling_rate == 0.25
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=16), noise_multiplier=1.0)
+    _train(p, 5)
+    assert [(s.sampling_rate, s.steps) for s in p.accountant.segments] == [(0.25, 5)]
+
+
+def test_training_on_another_loader_is_refused():
+    """Batches that did not come from p.data_loader are not what is accounted."""
+    ds = _data()
+    plain = DataLoader(ds, batch_size=8)
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), plain,
+                     noise_multiplier=1.0)
+    x, y = next(iter(plain))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(RuntimeError, match="without a new batch from p.data_loader"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+
+
+# ------------------------------------------------------------------ token-mean losses
+
+
+def _tiny_causal_lm():
+    """A config-initialised GPT-2 (no weights are downloaded), float64. (Llama's RMSNorm
+    rounds through float32 by design, which rules out a 1e-10 comparison.)"""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2,
+                                  n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
+                                  attn_pdrop=0.0, pad_token_id=0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg).double()
+
+
+def _lm(model, ids, mask):
+    pos = torch.arange(ids.shape[1]).expand_as(ids)  # per-example position ids
+    return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+
+
+def _padded_batch(b=6, t=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 50, (b, t), generator=g)
+    lengths = torch.tensor([10, 3, 7, 10, 5, 2])[:b]
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).long()
+    ids = ids * mask
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids, mask, labels
+
+
+def test_hf_token_level_labels_refused_before_any_step():
+    model = _tiny_causal_lm()
+    ids, mask, labels = _padded_batch()
+    ds = TensorDataset(ids, mask, labels)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=3), noise_multiplier=1.0)
+    x, m, y = next(iter(p.data_loader))
+    with pytest.raises(ValueError, match="per_sequence_cross_entropy"):
+        p.model(input_ids=x, attention_mask=m, labels=y)
+    # sequence-level labels (B,) are a mean over examples: allowed
+    assert p.model(input_ids=x, attention_mask=m).logits.shape[0] == len(x)
+    assert p.accountant.steps == 0
+
+
+def test_per_sequence_loss_with_padding_equals_naive_loop():
+    """Per-sequence token-mean loss on a padded causal LM batch: the engine's clipped sum
+    equals a loop of batch-size-1 backward passes (float64)."""
+    model = _tiny_causal_lm()
+    ref = copy.deepcopy(model)
+    ids, mask, labels = _padded_batch()
+    C = _median_norm(ref, ids, mask, labels)  # clips about half the examples
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(ids, mask, labels), batch_size=6),
+                     noise_multiplier=0.0, max_grad_norm=C)
+    p.optimizer.sampler = None  # this test feeds the whole batch itself
+    p.optimizer.zero_grad()
+    per_sequence_cross_entropy(_lm(p.model, ids, mask), labels, shift=True).backward()
+    p.optimizer.clip_and_accumulate()
+    got = p.optimizer._accum
+    params = [q for q in ref.parameters() if q.requires_grad]
+    total = [torch.zeros_like(q) for q in params]
+    clipped = 0
+    for i in range(len(ids)):
+        gs = torch.autograd.grad(per_sequence_cross_entropy(
+            _lm(ref, ids[i:i + 1], mask[i:i + 1]), labels[i:i + 1], shift=True), params,
+            allow_unused=True)
+        gs = [torch.zeros_like(q) if g is None else g for q, g in zip(params, gs, strict=True)]
+        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
+        clipped += norm > C
+        for t, g in zip(total, gs, strict=True):
+            t += min(1.0, C / norm) * g / 6
+    assert 0 < clipped < len(ids)
+    for q, t in zip(model.parameters(), total, strict=True):
+        torch.testing.assert_close(got.get(id(q), torch.zeros_like(t)), t, rtol=1e-10,
+                                   atol=1e-12)
+
+
+def _median_norm(model, ids, mask, labels):
+    norms = []
+    params = list(model.parameters())
+    for i in range(len(ids)):
+        gs = torch.autograd.grad(per_sequence_cross_entropy(
+            _lm(model, ids[i:i + 1], mask[i:i + 1]), labels[i:i + 1], shift=True), params,
+            allow_unused=True)
+        norms.append(math.sqrt(sum(float((g ** 2).sum()) for g in gs if g is not None)))
+    return sorted(norms)[len(norms) // 2]
+
+
+def test_per_sequence_cross_entropy_matches_definition():
+    logits = torch.randn(3, 5, 7, dtype=torch.float64)
+    labels = torch.tensor([[1, 2, 3, -100, -100], [4, 4, 4, 4, 4], [-100] * 5])
+    got = per_sequence_cross_entropy(logits, labels, reduction="none")
+    for i in range(3):
+        keep = labels[i] != -100
+        want = (nn.functional.cross_entropy(logits[i][keep], labels[i][keep])
+                if keep.any() else torch.tensor(0.0, dtype=torch.float64))
+        torch.testing.assert_close(got[i], want.double())
+    assert per_sequence_cross_entropy(logits, labels).item() == pytest.approx(
+        got.sum().item() / 3)
+    with pytest.raises(ValueError, match="logits must be"):
+        per_sequence_cross_entropy(logits[0], labels)
