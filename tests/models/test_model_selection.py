@@ -47,7 +47,7 @@ def test_composition_epsilon_is_the_composition_of_every_fit_and_score(data):
     FITS.clear()
     s = PrivateSearchCV(_est(), GRID, method="composition", loss_bound=36.0,
                         score_epsilon=0.2, delta=1e-6, random_state=0).fit(X, y)
-    assert len(FITS) == s.n_fits_ == 8 == len(s.fit_mechanisms_)
+    assert len(FITS) == s.n_fits_ == 8 == len(s.fit_mechanisms_) == len(s.scores_)
     every = compose([compose([m, Laplace(1 / 0.2)]) for m in s.fit_mechanisms_])
     assert s.mechanism_ == every
     assert s.epsilon_ == every.epsilon(1e-6)
@@ -62,14 +62,15 @@ def test_random_stopping_epsilon_covers_every_run(data, eta):
         FITS.clear()
         s = PrivateSearchCV(_est(), GRID, eta=eta, loss_bound=36.0, delta=1e-6,
                             random_state=seed).fit(X, y)
-        assert len(FITS) == s.n_fits_ == len(s.fits_) >= 1
+        assert len(FITS) == s.n_fits_ == len(s.runs_) >= 1
+        assert s.scores_ is None  # only the best run's score is released
         single = max(compose([m, Laplace(10.0)]).epsilon(1e-6, "rdp")
                      for m in s.fit_mechanisms_)
         assert s.epsilon_ > single
         # every fit that ran is one of the candidates accounted (its planned mechanism)
-        planned = {planned_mechanism(_est().set_params(**p), X, y) for p, _ in s.fits_}
+        planned = {planned_mechanism(_est().set_params(**p), X, y) for p in s.runs_}
         assert set(s.fit_mechanisms_) <= planned
-        assert s.best_params_ in [p for p, _ in s.fits_]
+        assert s.best_params_ in s.runs_
 
 
 def test_random_stopping_bound_against_a_naive_evaluation(data):
