@@ -214,15 +214,14 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
 
     Attributes
     ----------
-    best_estimator_, best_params_, best_score_ (the noisy score; higher is better)
-    n_fits_ : int
-        Number of fits that ran (each read the private data once).
-    runs_ : list of dict
-        The parameters of every run, in order (drawn independently of the data).
-    scores_ : list of float or None
-        ``method="composition"``: every run's noisy score (all are accounted). Random
-        stopping releases only the best run and its score, so this is None (publishing
-        the other scores would not be covered by Theorem 2).
+    best_estimator_, best_params_, best_score_
+        The released run: its model, its candidate and its noisy score (higher is
+        better).
+    n_fits_, runs_, scores_, fit_mechanisms_ : ``method="composition"`` only
+        The number of fits, every candidate, its noisy score and its mechanism (all are
+        accounted). Random stopping does not set them: its guarantee rests on the number
+        of runs ``K`` staying hidden (with ``K`` known, the best of ``K`` runs costs up to
+        ``K`` fits), so nothing on the object reveals ``K`` or the other runs.
     mechanism_ : Mechanism
         ``method="composition"``: the composition of every fit and score. Random
         stopping: an :class:`RDPMechanism` with the tabulated Theorem 2 curve (evaluate
@@ -339,8 +338,11 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
         best, fits, runs, ran = None, [], [], []
         for i in order:
             est = clone(self.estimator).set_params(**grid[i])
-            if "random_state" in est.get_params():
+            params = est.get_params()
+            if "random_state" in params:
                 est.set_params(random_state=int(rng.integers(2**31)))
+            if "ledger" in params:  # the search spends for all its runs, once
+                est.set_params(ledger=None)
             est.fit(X, y)
             if getattr(est, "mechanism_", None) != fit_mechs[i]:
                 raise RuntimeError(
@@ -355,10 +357,13 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
             if best is None or score > best[1]:
                 best = (est, score, grid[i])
         self.best_estimator_, self.best_score_, self.best_params_ = best
-        self.runs_ = runs
-        self.scores_ = fits if self.method == "composition" else None
-        self.n_fits_ = len(runs)
-        self.fit_mechanisms_ = ran
+        if self.method == "composition":
+            self.runs_ = runs
+            self.scores_ = fits
+            self.n_fits_ = len(runs)
+            self.fit_mechanisms_ = ran
+        if self.ledger is not None and "ledger" in self.best_estimator_.get_params():
+            self.best_estimator_.set_params(ledger=self.ledger)
         self.mechanism_ = mech
         self.delta_ = float(self.delta)
         self.epsilon_ = float(mech.epsilon(self.delta_, acc))
