@@ -171,6 +171,10 @@ def random_stopping_rdp(
 
 
 def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:
+    if gamma >= 1.0 - 1e-9:  # E[K] = 1: the distribution is concentrated on K = 1
+        return 1
+    if eta == 1.0:  # geometric on {1, 2, ...}
+        return int(rng.geometric(gamma))
     if eta == 0.0:
         return int(rng.logseries(1.0 - gamma))
     while True:  # negative binomial conditioned on K >= 1

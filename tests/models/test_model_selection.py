@@ -145,3 +145,11 @@ def test_bad_parameters(data):
         PrivateSearchCV(_est(), GRID, method="bayes", loss_bound=1.0).fit(X, y)
     with pytest.raises(ValueError, match="eta"):
         PrivateSearchCV(_est(), GRID, eta=-0.5, loss_bound=1.0).fit(X, y)
+
+
+def test_one_expected_run(data):
+    X, y = data
+    FITS.clear()
+    s = PrivateSearchCV(_est(), {"regularization": ["ridge"]}, loss_bound=36.0,
+                        random_state=0).fit(X, y)
+    assert len(FITS) == 1 and s.epsilon_ > 0
