@@ -189,9 +189,10 @@ def main(experiment: bool = True, echo: Callable[[str], object] = print) -> None
     print_accounting_table(echo=echo)
     if not experiment:
         return
-    try:
-        from privlearn.experiments import demo_linear_regression  # type: ignore[attr-defined]
-    except ImportError:
+    import privlearn.experiments as experiments  # an ImportError here is a real error
+
+    demo_linear_regression = getattr(experiments, "demo_linear_regression", None)
+    if demo_linear_regression is None:
         return
     echo("")
     demo_linear_regression()

@@ -2,11 +2,16 @@
 
 Pure NumPy/SciPy; never imports torch or the models.
 
+A new kind of mechanism is one frozen dataclass (a :class:`Mechanism` subclass) plus one
+:func:`register_mechanism` call (see :mod:`privlearn.accounting.registry`); accountants are
+added with :func:`register_accountant`.
+
 >>> from privlearn.accounting import Gaussian, compose, subsample
 >>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14063)
 >>> eps = m.epsilon(delta=1e-5)            # certified upper bound, PLD accountant
 """
 
+from privlearn.accounting import _builtin_kinds  # noqa: F401  (registers the built-in kinds)
 from privlearn.accounting.accountants import (
     AccountingError,
     PrivacyBound,
@@ -30,6 +35,11 @@ from privlearn.accounting.mechanisms import (
     compose,
     subsample,
 )
+from privlearn.accounting.registry import (
+    MechanismKind,
+    register_mechanism,
+    register_representation,
+)
 
 __all__ = [
     "AccountingError",
@@ -38,6 +48,7 @@ __all__ = [
     "Gaussian",
     "Laplace",
     "Mechanism",
+    "MechanismKind",
     "Neighbouring",
     "PrivacyBound",
     "PureDP",
@@ -51,5 +62,7 @@ __all__ = [
     "compose",
     "get_accountant",
     "register_accountant",
+    "register_mechanism",
+    "register_representation",
     "subsample",
 ]

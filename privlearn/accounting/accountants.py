@@ -10,83 +10,44 @@ where ``PrivacyBound.upper`` is a certified upper bound (never optimistic) and
 ``PrivacyBound.lower`` a certified lower bound where the method provides one (else None).
 
 Accountants are looked up by name (:func:`get_accountant`); new ones are added with
-:func:`register_accountant`. The mechanism classes never need to change.
+:func:`register_accountant`. The mechanism classes never need to change; how an
+accountant evaluates each *kind* of mechanism is looked up in
+:mod:`privlearn.accounting.registry`.
+
+Built-in accountants are listed in a lazy name-to-module table (:data:`BUILTIN_ACCOUNTANTS`):
+the module is imported on first use (so ``import privlearn.accounting`` stays light) and
+registers its accountant. An error while importing it propagates -- a broken module is
+never silently dropped from the list.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+import importlib
 
-from privlearn.accounting.mechanisms import Mechanism
+from privlearn.accounting._types import (
+    Accountant,
+    AccountingError,
+    PrivacyBound,
+    UnsupportedMechanismError,
+)
 
 __all__ = [
     "PrivacyBound",
     "Accountant",
     "AccountingError",
     "UnsupportedMechanismError",
+    "BUILTIN_ACCOUNTANTS",
     "register_accountant",
     "get_accountant",
     "available_accountants",
 ]
 
-
-class AccountingError(ArithmeticError):
-    """A numerical computation could not reach a certified result.
-
-    Raised instead of returning nan, 0 or an optimistic value.
-    """
-
-
-class UnsupportedMechanismError(ValueError):
-    """The chosen accountant cannot evaluate (part of) this mechanism."""
-
-
-@dataclass(frozen=True, slots=True)
-class PrivacyBound:
-    """A certified interval for a privacy parameter.
-
-    Attributes
-    ----------
-    upper : float
-        Certified upper bound (the value to report).
-    lower : float or None
-        Certified lower bound, when the accountant provides one.
-    accountant : str
-        Name of the accountant that produced it.
-    """
-
-    upper: float
-    lower: float | None = None
-    accountant: str = ""
-
-    def __post_init__(self) -> None:
-        if math.isnan(self.upper):
-            raise AccountingError(f"accountant {self.accountant!r} produced a NaN upper bound")
-        if self.lower is not None:
-            if math.isnan(self.lower):
-                raise AccountingError(
-                    f"accountant {self.accountant!r} produced a NaN lower bound"
-                )
-            if self.lower > self.upper * (1 + 1e-12) + 1e-15:
-                raise AccountingError(
-                    f"accountant {self.accountant!r}: lower bound {self.lower!r} exceeds "
-                    f"upper bound {self.upper!r}"
-                )
-
-    def __float__(self) -> float:
-        return float(self.upper)
-
-
-@runtime_checkable
-class Accountant(Protocol):
-    name: str
-
-    def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound: ...
-
-    def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound: ...
-
+#: Built-in accountants: name -> module that registers it when imported.
+BUILTIN_ACCOUNTANTS: dict[str, str] = {
+    "analytic": "privlearn.accounting.analytic",
+    "pld": "privlearn.accounting.pld",
+    "rdp": "privlearn.accounting.rdp",
+}
 
 _REGISTRY: dict[str, Accountant] = {}
 
@@ -97,25 +58,19 @@ def register_accountant(accountant: Accountant) -> Accountant:
     return accountant
 
 
-def _ensure_builtin() -> None:
-    # Import for side effect: each module registers its accountant.
-    if "analytic" not in _REGISTRY:
-        import privlearn.accounting.analytic  # noqa: F401
-    if "rdp" not in _REGISTRY:
-        try:
-            import privlearn.accounting.rdp  # noqa: F401
-        except ImportError:  # pragma: no cover - during development only
-            pass
-    if "pld" not in _REGISTRY:
-        try:
-            import privlearn.accounting.pld  # noqa: F401
-        except ImportError:  # pragma: no cover - during development only
-            pass
+def _load_builtin(name: str) -> None:
+    """Import the module of built-in accountant ``name`` (errors propagate)."""
+    if name in _REGISTRY or name not in BUILTIN_ACCOUNTANTS:
+        return
+    module = BUILTIN_ACCOUNTANTS[name]
+    importlib.import_module(module)
+    if name not in _REGISTRY:
+        raise RuntimeError(f"module {module} was imported but did not register accountant {name!r}")
 
 
 def available_accountants() -> list[str]:
-    _ensure_builtin()
-    return sorted(_REGISTRY)
+    """Names of the registered and built-in accountants (imports nothing)."""
+    return sorted(set(_REGISTRY) | set(BUILTIN_ACCOUNTANTS))
 
 
 def get_accountant(name: str | Accountant) -> Accountant:
@@ -123,11 +78,17 @@ def get_accountant(name: str | Accountant) -> Accountant:
     if not isinstance(name, str):
         if isinstance(name, Accountant):
             return name
-        raise ValueError(f"accountant must be a name, got {name!r}")
-    _ensure_builtin()
+        raise TypeError(
+            f"accountant must be a name ({', '.join(map(repr, available_accountants()))}) "
+            f"or an Accountant object, got {name!r} ({type(name).__name__})"
+        )
     key = name.strip().lower()
+    _load_builtin(key)
     try:
         return _REGISTRY[key]
     except KeyError:
-        valid = ", ".join(repr(k) for k in sorted(_REGISTRY))
-        raise ValueError(f"accountant must be one of {valid}, got {name!r}") from None
+        valid = ", ".join(repr(k) for k in available_accountants())
+        raise ValueError(
+            f"accountant must be one of {valid}, got {name!r}; register a new one with "
+            "privlearn.accounting.register_accountant"
+        ) from None

@@ -29,13 +29,10 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from privlearn.accounting.accountants import (
-    AccountingError,
-    PrivacyBound,
-    UnsupportedMechanismError,
-    register_accountant,
-)
-from privlearn.accounting.mechanisms import Composed, Gaussian, Mechanism
+from privlearn.accounting._types import AccountingError, PrivacyBound, UnsupportedMechanismError
+from privlearn.accounting.accountants import register_accountant
+from privlearn.accounting.mechanisms import Mechanism
+from privlearn.accounting.registry import equivalent_gaussian
 
 __all__ = [
     "gaussian_delta",
@@ -168,14 +165,14 @@ def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
 
 
 def effective_noise_multiplier(mechanism: Mechanism) -> float | None:
-    """If ``mechanism`` is a Gaussian or a composition of Gaussians, the noise multiplier
-    of the single equivalent Gaussian, ``(sum_i k_i / sigma_i^2)^(-1/2)``; else None."""
-    if isinstance(mechanism, Gaussian):
-        return mechanism.noise_multiplier
-    if isinstance(mechanism, Composed) and all(isinstance(m, Gaussian) for m, _ in mechanism.parts):
-        total = math.fsum(k / (m.noise_multiplier**2) for m, k in mechanism.parts)
-        return 1.0 / math.sqrt(total)
-    return None
+    """If ``mechanism`` is a Gaussian or a composition of Gaussians (of kinds with an
+    ``equivalent_gaussian``), the noise multiplier of the single equivalent Gaussian,
+    ``(sum_i k_i / sigma_i^2)^(-1/2)`` (rounded down); else None.
+
+    Same as :func:`privlearn.accounting.registry.equivalent_gaussian` (kept as the
+    historical name).
+    """
+    return equivalent_gaussian(mechanism)
 
 
 class AnalyticGaussianAccountant:
@@ -184,7 +181,7 @@ class AnalyticGaussianAccountant:
     name = "analytic"
 
     def _sigma(self, mechanism: Mechanism) -> float:
-        sigma = effective_noise_multiplier(mechanism)
+        sigma = equivalent_gaussian(mechanism)
         if sigma is None:
             raise UnsupportedMechanismError(
                 "accountant 'analytic' is exact only for Gaussian mechanisms and their "

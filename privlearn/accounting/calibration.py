@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from privlearn.accounting._validation import check_delta, check_positive, check_real
+from privlearn._validation import check_delta, check_positive, check_real
 from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
 
 __all__ = ["calibrate", "CalibrationError"]

@@ -42,20 +42,18 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
 
-from privlearn.accounting._validation import (
+from privlearn._validation import (
     check_count,
     check_delta,
     check_enum,
     check_epsilon,
     check_positive,
-    check_probability_open,
+    check_probability,
     check_rate,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from privlearn.accounting.accountants import PrivacyBound
+from privlearn.accounting._types import PrivacyBound
+from privlearn.accounting.accountants import get_accountant
 
 __all__ = [
     "Neighbouring",
@@ -122,8 +120,6 @@ class Mechanism:
 
     def epsilon_bounds(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
         """Upper bound and (where the accountant has one) lower bound on epsilon(delta)."""
-        from privlearn.accounting.accountants import PrivacyBound, get_accountant
-
         delta = check_delta("delta", delta)
         acc = get_accountant(accountant)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
@@ -132,8 +128,6 @@ class Mechanism:
 
     def delta_bounds(self, epsilon: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
         """Upper bound and (where the accountant has one) lower bound on delta(epsilon)."""
-        from privlearn.accounting.accountants import PrivacyBound, get_accountant
-
         epsilon = check_epsilon("epsilon", epsilon)
         acc = get_accountant(accountant)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
@@ -145,9 +139,7 @@ class Mechanism:
 
         Returns a float for a scalar order, else a NumPy array.
         """
-        from privlearn.accounting.rdp import rdp_epsilon
-
-        return rdp_epsilon(self, orders)
+        return get_accountant("rdp").rdp(self, orders)  # type: ignore[attr-defined]
 
     # -- convenience ------------------------------------------------------------------
     def compose(self, steps: int) -> Composed:
@@ -233,7 +225,7 @@ class RandomizedResponse(Mechanism):
 
     def __post_init__(self) -> None:
         k = check_count("num_categories", self.num_categories, minimum=2)
-        p = check_probability_open("truth_probability", self.truth_probability)
+        p = check_probability("truth_probability", self.truth_probability)
         if not (1.0 / k <= p < 1.0):
             raise ValueError(
                 f"truth_probability must be in [1/num_categories, 1) = [{1.0 / k:g}, 1), "

@@ -1,17 +1,21 @@
 """Privacy loss distribution (PLD) accountant with certified upper *and* lower bounds.
 
-Registered as ``"pld"`` (the default accountant). Supported mechanisms: :class:`Gaussian`,
-:class:`Laplace`, :class:`RandomizedResponse`, :class:`PureDP`, :class:`Subsampled` of
-these (Poisson or fixed-size sampling, add/remove or replace-one neighbouring) and
-:class:`Composed` lists of all of them (any counts).
+Registered as ``"pld"`` (the default accountant). Supported mechanisms: every kind with a
+``pld_pair`` in the mechanism registry (:mod:`privlearn.accounting.registry`; built in:
+:class:`Gaussian`, :class:`Laplace`, :class:`RandomizedResponse`, :class:`PureDP`),
+:class:`Subsampled` of these (Poisson or fixed-size sampling, add/remove or replace-one
+neighbouring) and :class:`Composed` lists of all of them (any counts). Everything
+kind-specific below (pairs, pure epsilons, the replace-one pairs, scaling to twice the
+sensitivity) is the kind's registered function.
 
 Method
 ------
-1. Compositions of non-subsampled Gaussians are evaluated exactly in constant time by
+1. Compositions of kinds with an equivalent Gaussian are evaluated exactly in constant time by
    the analytic curve (:mod:`privlearn.accounting.analytic`; Dong, Roth & Su 2022,
    Corollary 3.3 and Balle & Wang 2018, Theorem 8); upper and lower bounds bracket the
    exact value by the certified floating-point error of its evaluation.
-2. ``delta = 0`` is answered exactly from the description: the pure epsilon of each step
+2. ``delta = 0`` is answered exactly (rounded up) from the description
+   (:func:`privlearn.accounting.registry.pure_epsilon`): the pure epsilon of each step
    (Laplace ``1/b``, randomized response ``log(p (k-1) / (1-p))``, PureDP ``eps``,
    subsampled ``log(1 + q (e^eps - 1))`` -- Balle, Barthe & Gaboardi 2018, Theorems 8
    and 9 -- replace-one subsampled Laplace ``log((1-q+q e^{1/b}) / (1-q+q e^{-1/b}))``,
@@ -65,9 +69,12 @@ Limitations
 The floating-point allowance of the FFT composition is a worst-case bound that grows
 with the number of steps (about ``1e-9`` for 1e4 DP-SGD steps). When it exceeds
 ``1e-3 delta`` the low-frequency Fourier coefficients are recomputed directly (see
-:func:`._pld_discrete.compose_fft`), which brings it down to about ``1e-10`` per 1e4
-steps; for smaller targets :class:`AccountingError` is raised rather than returning an
-uncertified value.
+:func:`._pld_fft.compose_fft`), which brings it down to about ``1e-10`` per 1e4
+steps. For smaller targets ``epsilon(delta)`` returns the smaller of the other certified
+answers -- the pure epsilon (when finite) and the RDP accountant's epsilon -- with
+``PrivacyBound.accountant`` naming the one that answered and no lower bound; only when
+neither exists is :class:`AccountingError` raised rather than returning an uncertified
+value.
 
 References
 ----------
@@ -87,51 +94,25 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
-
 from privlearn.accounting import _pld_discrete as dsc
-from privlearn.accounting._pld_pairs import (
-    AddPair,
-    GaussianPair,
-    LaplacePair,
-    Pair,
-    RemovePair,
-    ReplaceGaussianPair,
-    ReplaceLaplacePair,
-    pure_dp_pair,
-    randomized_response_pair,
-)
-from privlearn.accounting.accountants import (
-    AccountingError,
-    PrivacyBound,
-    UnsupportedMechanismError,
-    register_accountant,
-)
-from privlearn.accounting.analytic import (
-    effective_noise_multiplier,
-    gaussian_delta_bounds,
-    gaussian_epsilon_bounds,
-)
-from privlearn.accounting.mechanisms import (
-    Composed,
-    Gaussian,
-    Laplace,
-    Mechanism,
-    Neighbouring,
-    PureDP,
-    RandomizedResponse,
-    RDPMechanism,
-    Sampling,
-    Subsampled,
-)
+from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
+from privlearn.accounting._pld_profile import PLDResult as _Result
+from privlearn.accounting._pld_profile import delta_at as _delta_at
+from privlearn.accounting._pld_profile import delta_upper as _delta_upper
+from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
+from privlearn.accounting._pld_profile import grid_gap as _grid_gap
+from privlearn.accounting._types import AccountingError, PrivacyBound, UnsupportedMechanismError
+from privlearn.accounting.accountants import get_accountant, register_accountant
+from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
+from privlearn.accounting.mechanisms import Composed, Mechanism, Neighbouring, Subsampled
+from privlearn.accounting.registry import equivalent_gaussian, kind_of, lookup, relation_base
+from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
 
 __all__ = ["PLDAccountant", "pure_epsilon"]
 
-_BASES = (Gaussian, Laplace, RandomizedResponse, PureDP)
-
 
 # ----------------------------------------------------------------------------------
-# description -> steps
+# description -> steps (every kind-specific piece comes from the mechanism registry)
 # ----------------------------------------------------------------------------------
 
 
@@ -146,89 +127,31 @@ def _parts(mechanism: Mechanism) -> list[tuple[Mechanism, int]]:
 
 
 def _check_supported(m: Mechanism) -> None:
-    if isinstance(m, RDPMechanism):
-        raise UnsupportedMechanismError(
-            f"accountant 'pld' cannot evaluate RDPMechanism {m.name!r} (known only through "
-            "its Renyi-DP curve); use accountant='rdp'"
-        )
-    if isinstance(m, _BASES):
-        return
-    if isinstance(m, Subsampled) and isinstance(m.base, _BASES):
-        return
-    raise UnsupportedMechanismError(
-        f"accountant 'pld' supports Gaussian, Laplace, RandomizedResponse, PureDP, their "
-        f"subsampling and compositions; got {m!r}"
-    )
+    """Every kind needs a registered ``pld_pair`` (raises UnsupportedMechanismError)."""
+    lookup("pld_pair", m.base if isinstance(m, Subsampled) else m, accountant="pld")
 
 
-def _base_pair(m: Mechanism, factor: float = 1.0) -> Pair:
-    """Dominating pair of a base mechanism at ``factor`` times its sensitivity."""
-    if isinstance(m, Gaussian):
-        return GaussianPair(factor / m.noise_multiplier)
-    if isinstance(m, Laplace):
-        return LaplacePair(factor / m.noise_multiplier)
-    if isinstance(m, PureDP):
-        return pure_dp_pair(factor * m.pure_epsilon)
-    if isinstance(m, RandomizedResponse):  # a local randomiser: one pair for any relation
-        return randomized_response_pair(m.truth_probability, m.num_categories)
-    raise UnsupportedMechanismError(f"pld: unsupported base mechanism {m!r}")  # pragma: no cover
-
-
-def _base_pure(m: Mechanism, factor: float = 1.0) -> float:
-    if isinstance(m, Gaussian):
-        return math.inf
-    if isinstance(m, Laplace):
-        return factor / m.noise_multiplier
-    if isinstance(m, PureDP):
-        return factor * m.pure_epsilon
-    if isinstance(m, RandomizedResponse):
-        return m.pure_epsilon
-    raise UnsupportedMechanismError(f"pld: unsupported base mechanism {m!r}")  # pragma: no cover
-
-
-def _factor(m: Subsampled) -> float:
-    fixed_add_remove = m.scheme is Sampling.FIXED and m.neighbouring is Neighbouring.ADD_REMOVE
-    return 2.0 if fixed_add_remove else 1.0
+def _base_pair(m: Mechanism) -> Pair:
+    """Dominating pair of one run of a (non-structural) mechanism."""
+    return lookup("pld_pair", m, accountant="pld")(m)
 
 
 def _replace_pair(m: Subsampled) -> Pair | None:
-    """The tight replace-one pair of a subsampled Gaussian / Laplace mechanism (a record's
-    contribution moves from ``+c`` to ``-c``, ``|c|`` the add/remove sensitivity), or None
-    for the other combinations."""
-    if m.neighbouring is not Neighbouring.REPLACE_ONE:
+    """The tight replace-one pair of a subsampled mechanism whose kind registers one (a
+    record's contribution moves from ``+c`` to ``-c``), or None."""
+    if m.neighbouring is not Neighbouring.REPLACE_ONE or m.rate >= 1.0:
         return None
-    if isinstance(m.base, Gaussian):
-        mu = 1.0 / m.base.noise_multiplier
-        return GaussianPair(2.0 * mu) if m.rate >= 1.0 else ReplaceGaussianPair(mu, m.rate)
-    if isinstance(m.base, Laplace):
-        mu = 1.0 / m.base.noise_multiplier
-        return LaplacePair(2.0 * mu) if m.rate >= 1.0 else ReplaceLaplacePair(mu, m.rate)
-    return None
-
-
-def _step_pure_epsilon(m: Mechanism) -> float:
-    """Pure epsilon of one step's dominating pair(s) (exact; see module docstring)."""
-    if isinstance(m, Subsampled):
-        rep = _replace_pair(m)
-        if rep is not None:
-            return rep.pure_epsilon
-        e = _base_pure(m.base, _factor(m))
-        if math.isinf(e):
-            return math.inf
-        # Balle, Barthe & Gaboardi 2018, Theorems 8 and 9: log(1 + q (e^eps - 1))
-        return math.log1p(m.rate * math.expm1(e))
-    return _base_pure(m)
+    kind = kind_of(m.base)
+    fn = kind.get("pld_replace_one_pair") if kind is not None else None
+    return None if fn is None else fn(m.base, m.rate)
 
 
 def pure_epsilon(mechanism: Mechanism) -> float:
-    """Epsilon at ``delta = 0`` of the modelled pairs, summed over the composition."""
-    terms = []
-    for m, k in _parts(mechanism):
-        if isinstance(m, Laplace):
-            terms.append(k / m.noise_multiplier)  # k / b in one rounding
-        else:
-            terms.append(k * _step_pure_epsilon(m))
-    return math.fsum(terms)
+    """Epsilon at ``delta = 0`` of the modelled pairs, summed over the composition
+    (:func:`privlearn.accounting.registry.pure_epsilon`, rounded up); raises
+    :class:`UnsupportedMechanismError` for mechanisms this accountant cannot evaluate."""
+    _parts(mechanism)
+    return _registry_pure_epsilon(mechanism)
 
 
 @dataclass(frozen=True)
@@ -243,7 +166,7 @@ def _step(m: Mechanism) -> _Step:
         rep = _replace_pair(m)
         if rep is not None:  # symmetric: (Q, P) has the same loss distribution
             return _Step("sym", rep)
-        base = _base_pair(m.base, _factor(m))
+        base = _base_pair(relation_base(m, accountant="pld"))
         q = m.rate
         if q >= 1.0:
             return _Step("sym", base)
@@ -255,131 +178,8 @@ def _step(m: Mechanism) -> _Step:
 
 
 # ----------------------------------------------------------------------------------
-# evaluation of a composed PLD
-# ----------------------------------------------------------------------------------
-
-
-def _delta_upper(res: _Result, eps: float) -> float:
-    """Certified upper delta: the worst direction. Where that direction's value is
-    dominated by the FFT error allowance (far in the tail), its Chernoff bound is used
-    instead, and the next direction considered."""
-    ups = sorted(((_delta_at(u, eps, True), i) for i, (u, _) in enumerate(res.directions)),
-                 reverse=True)
-    best = 0.0
-    for up, i in ups:
-        if up <= best:
-            break
-        c = res.directions[i][0]
-        if c.slack_up > 0.01 * up:
-            up = min(up, c.chernoff_delta(eps))
-        best = max(best, up)
-    return best
-
-
-def _delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
-    h, j0, pi = c.h, c.j0, c.pi
-    N = pi.size
-    l0 = j0 * h
-    if eps <= l0:
-        lk = (j0 + np.arange(N)) * h
-        tail = float(np.sum(np.abs(pi)))
-        val = float(np.sum(pi) - np.sum(pi * np.exp(eps - lk)))
-    else:
-        j = math.ceil(eps / h - j0) - 1  # l_j < eps <= l_{j+1}
-        if j >= N - 1:
-            val, tail = 0.0, 0.0
-        else:
-            tail = float(c.A[j])
-            val = float(c.A[j] - math.exp(eps - (j0 + j) * h) * c.C[j])
-    rnd = 4.0 * N * dsc.U * abs(tail)  # summation roundoff of the cumulative sums
-    if upper:
-        return min(1.0, max(val, 0.0) + rnd + c.inf + c.slack_up)
-    return max(0.0, val - rnd - c.slack_low)
-
-
-def _grid_gap(res: _Result, eps: float) -> float:
-    """Part of the gap between upper and lower delta that a finer grid can reduce (the
-    difference of the composed grid profiles; error allowances excluded)."""
-    gap = 0.0
-    for u, low in res.directions:
-        gap = max(gap, _delta_at_raw(u, eps) - _delta_at_raw(low, eps))
-    return gap
-
-
-def _delta_at_raw(c: dsc.ComposedPLD, eps: float) -> float:
-    N = c.pi.size
-    if eps <= c.j0 * c.h:
-        lk = (c.j0 + np.arange(N)) * c.h
-        return float(np.sum(c.pi) - np.sum(c.pi * np.exp(eps - lk)))
-    j = math.ceil(eps / c.h - c.j0) - 1
-    if j >= N - 1:
-        return 0.0
-    return float(c.A[j] - math.exp(eps - (c.j0 + j) * c.h) * c.C[j])
-
-
-def _eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
-    h, j0 = c.h, c.j0
-    A, C = c.A, c.C
-    N = A.size
-    if upper:
-        extra = c.inf + c.slack_up
-        if extra >= delta:
-            raise AccountingError(
-                f"pld: cannot certify delta={delta:g}: the certified error terms already sum "
-                f"to {extra:.3g} (mass at infinity + window tails + roundoff)"
-            )
-    else:
-        extra = -c.slack_low
-    # summation roundoff of the cumulative sums: relative <= N u (terms summed from the top)
-    rnd = (4.0 * N * dsc.U) * A * (1.0 if upper else -1.0)  # absolute, per grid point
-    vals = A - C + rnd + extra
-    above = np.nonzero(vals > delta)[0]
-    if above.size == 0:
-        # the crossing is at or below the first grid loss l0
-        l0 = j0 * h
-        if l0 <= 0.0:
-            return 0.0
-        lk = (j0 + np.arange(N)) * h
-        tot = float(np.sum(c.pi)) + extra - delta
-        B = float(np.sum(c.pi * np.exp(-(lk - l0))))
-        if tot <= 0 or B <= 0:
-            return 0.0
-        eps = l0 + math.log(tot / B)
-        eps += (1.0 if upper else -1.0) * 4e-15 * max(1.0, abs(eps))
-        return max(0.0, min(eps, l0))
-    k = int(above[-1])
-    if k >= N - 1:
-        if upper:
-            raise AccountingError("pld: epsilon lies beyond the composition window")
-        return (j0 + N - 1) * h
-    lk = (j0 + k) * h
-    num = A[k] + rnd[k] + extra - delta
-    if C[k] > 0 and num > 0:
-        t = math.log(num / C[k])
-        t = min(max(t, 0.0), h)
-    else:
-        t = h if upper else 0.0
-    eps = lk + t
-    if upper:
-        eps = eps + 4e-15 * max(1.0, abs(eps)) + 1e-14 * h
-        eps = min(eps, lk + h)
-    else:
-        eps = eps - 4e-15 * max(1.0, abs(eps)) - 1e-14 * h
-    return max(eps, 0.0)
-
-
-# ----------------------------------------------------------------------------------
 # the accountant
 # ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Result:
-    directions: list[tuple[dsc.ComposedPLD, dsc.ComposedPLD]]  # (upper, lower) per direction
-    h: float
-
-    def slack(self) -> float:
-        return max(max(u.slack_up, lw.slack_low) for u, lw in self.directions)
 
 
 class PLDAccountant:
@@ -400,6 +200,10 @@ class PLDAccountant:
         ``max_points``) while the gap is larger.
     cache_size : int
         Number of composed mechanisms kept (epsilon and delta queries reuse them).
+    fallback : bool
+        When the grid cannot certify ``delta`` (tiny delta, long compositions), answer
+        with the smaller of the pure epsilon and the RDP accountant's epsilon, named in
+        ``PrivacyBound.accountant`` (default); ``False`` raises :class:`AccountingError`.
     """
 
     name = "pld"
@@ -412,19 +216,21 @@ class PLDAccountant:
         tail_tol: float = 1e-18,
         rel_gap: float = 0.003,
         cache_size: int = 16,
+        fallback: bool = True,
     ) -> None:
         self.n_target = int(n_target)
         self.max_points = int(max_points)
         self.tail_tol = float(tail_tol)
         self.rel_gap = float(rel_gap)
         self.cache_size = int(cache_size)
+        self.fallback = bool(fallback)
         self._cache: OrderedDict[tuple[Mechanism, float], _Result] = OrderedDict()
 
     # -- public API --------------------------------------------------------------------
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta."""
         parts = _parts(mechanism)
-        sigma = effective_noise_multiplier(mechanism)
+        sigma = equivalent_gaussian(mechanism)
         if sigma is not None:  # exact curve, bracketed by its floating-point error
             lo, up = gaussian_epsilon_bounds(sigma, delta)
             return PrivacyBound(up, lo, self.name)
@@ -432,15 +238,20 @@ class PLDAccountant:
             e = pure_epsilon(mechanism)
             if math.isinf(e):
                 return PrivacyBound(math.inf, math.inf, self.name)
-            # the exact value, correctly rounded per term and summed with fsum (lower and
-            # upper coincide up to that rounding)
-            return PrivacyBound(e, e, self.name)
+            # the exact value, rounded up (upper) and down by as much again (lower): the
+            # dominating pairs attain it
+            return PrivacyBound(e, e * (1.0 - 16.0 * dsc.U), self.name)
         pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
-        res = self._composed(mechanism, parts, h_scale=1.0)
-        accurate = res.slack() > 1e-3 * delta
-        if accurate:  # small delta: recompute the low frequencies without FFT error
-            res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
-        up, lo = self._eps_bounds(res, delta)
+        try:
+            res = self._composed(mechanism, parts, h_scale=1.0)
+            accurate = res.slack() > 1e-3 * delta
+            if accurate:  # small delta: recompute the low frequencies without FFT error
+                res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
+            up, lo = self._eps_bounds(res, delta)
+        except AccountingError as err:  # e.g. delta below the certified FFT error terms
+            if not self.fallback:
+                raise
+            return self._fallback_epsilon(mechanism, delta, pe, err)
         up, lo = min(up, pe), min(lo, pe)
         h_scale = 1.0
         while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
@@ -459,7 +270,7 @@ class PLDAccountant:
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon."""
         parts = _parts(mechanism)
-        sigma = effective_noise_multiplier(mechanism)
+        sigma = equivalent_gaussian(mechanism)
         if sigma is not None:
             lo, up = gaussian_delta_bounds(sigma, epsilon)
             return PrivacyBound(up, lo, self.name)
@@ -500,6 +311,27 @@ class PLDAccountant:
         return PrivacyBound(up, min(lo, up), self.name)
 
     # -- internals ---------------------------------------------------------------------
+    def _fallback_epsilon(
+        self, mechanism: Mechanism, delta: float, pe: float, err: AccountingError
+    ) -> PrivacyBound:
+        """When the grid cannot certify ``delta`` (tiny delta, long compositions), the
+        smallest certified answer of the other methods: the pure epsilon (a valid
+        epsilon for every delta) and the RDP accountant. ``PrivacyBound.accountant`` says
+        which one answered (``"pld"`` for the pure epsilon, ``"rdp"``); no lower bound.
+        Raises the grid's error when neither can answer."""
+        candidates: list[tuple[float, str]] = []
+        if math.isfinite(pe):
+            candidates.append((pe, self.name))
+        try:
+            rdp = get_accountant("rdp").epsilon(mechanism, delta)
+            candidates.append((rdp.upper, rdp.accountant))
+        except (UnsupportedMechanismError, AccountingError):
+            pass  # RDP cannot answer either; the candidates decide (or err is raised)
+        if not candidates or not math.isfinite(min(candidates)[0]):
+            raise err
+        up, who = min(candidates)
+        return PrivacyBound(up, None, who)
+
     def _eps_bounds(self, res: _Result, delta: float) -> tuple[float, float]:
         up = max(_eps_for_delta(u, delta, True) for u, _ in res.directions)
         lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)

@@ -11,15 +11,16 @@ import math
 import os
 import socket
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-try:
+if sys.platform != "win32":
     import fcntl
-except ImportError:  # pragma: no cover - Windows: SQLite's own locking only
+else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
 from privlearn.accounting import Composed, Mechanism, compose, get_accountant

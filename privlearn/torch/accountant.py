@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from privlearn.accounting import Gaussian, compose, subsample
 from privlearn.errors import PrivacyBudgetExceededError
 
-__all__ = ["PrivacyAccountant", "PrivacyBudgetWarning", "Segment"]
+__all__ = ["PrivacyAccountant", "PrivacyBudgetWarning", "Segment", "LedgerLink"]
 
 _STATE_FORMAT = "privlearn.torch.accountant/1"
 
@@ -88,6 +88,7 @@ class PrivacyAccountant:
         self._warned = False
         self._room: dict[str, int | None] = {"max": None, "plan": None}
         self._hint = 64  # first guess of the number of steps within a cap (the plan)
+        self.ledger_link: LedgerLink | None = None
 
     # ------------------------------------------------------------------ history
     @property
@@ -138,6 +139,8 @@ class PrivacyAccountant:
             self._segments[-1][3] += 1
         else:
             self._segments.append([*cfg, 1])
+        if self.ledger_link is not None:
+            self.ledger_link.used(cfg[0], cfg[1])
         self._count_down()
 
     def step(self, n: int = 1) -> None:
@@ -203,6 +206,8 @@ class PrivacyAccountant:
             self._current = cfg
             self._room = {"max": None, "plan": None}
         self.check_step()
+        if self.ledger_link is not None:
+            self.ledger_link.ensure(cfg[0], cfg[1])
 
     def check_step(self) -> None:
         """Raise :class:`PrivacyBudgetExceededError` if one more step of the current
@@ -258,6 +263,75 @@ class PrivacyAccountant:
         self._current = tuple(float(v) for v in state["current"])
         self._warned = bool(state["warned"])
         self._room = {"max": None, "plan": None}
+
+
+class LedgerLink:
+    """Records a training run's steps in a persistent privacy ledger as it proceeds.
+
+    Steps are *reserved* ahead in chunks (:meth:`privlearn.ledger.Ledger.reserve`): the
+    first chunk (the planned run, or ``chunk`` steps without a plan) when the link is
+    made, before any data is touched, and a new one whenever the next step is not covered
+    (more steps than planned, or a changed noise multiplier). A reserved chunk counts in
+    full until :meth:`settle` records how many of its steps ran, so a process killed at
+    step ``k`` leaves at least ``k`` steps in the ledger. A chunk the budget cannot hold
+    is retried at half the size down to one step; a single step it cannot hold raises
+    :class:`~privlearn.errors.BudgetExceededError` before the step runs.
+
+    Parameters
+    ----------
+    handle
+        A budget handle, ``Ledger(path).budget(dataset)`` (anything with
+        ``reserve(mechanism, *, label)`` returning an object with ``settle(mechanism)``).
+    scheme : str
+        Subsampling scheme of the steps.
+    chunk : int
+        Steps reserved at a time beyond the plan.
+    label : str
+    """
+
+    def __init__(self, handle, *, scheme: str, chunk: int, label: str):
+        if not callable(getattr(handle, "reserve", None)):
+            raise TypeError("ledger must be a budget handle, e.g. "
+                            f"Ledger(path).budget('dataset'), got {handle!r}")
+        self.handle = handle
+        self.scheme = scheme
+        self.chunk = max(1, int(chunk))
+        self.label = label
+        self._open: list[list] = []  # [reservation, sigma, q, reserved, used]
+
+    def _mech(self, sigma: float, q: float, k: int):
+        return compose(subsample(Gaussian(sigma), rate=q, scheme=self.scheme), steps=k)
+
+    def reserve(self, sigma: float, q: float, steps: int) -> None:
+        """Reserve ``steps`` steps (fewer, down to one, if the budget cannot hold them)."""
+        n = max(1, int(steps))
+        while True:
+            try:
+                r = self.handle.reserve(self._mech(sigma, q, n), label=self.label)
+                break
+            except PrivacyBudgetExceededError:
+                if n == 1:
+                    raise
+                n = max(1, n // 2)
+        self._open.append([r, sigma, q, n, 0])
+
+    def ensure(self, sigma: float, q: float) -> None:
+        """Make sure the next step of this configuration is covered by a reservation."""
+        if self._open:
+            _, s, r, n, k = self._open[-1]
+            if (s, r) == (sigma, q) and k < n:
+                return
+        self.reserve(sigma, q, self.chunk)
+
+    def used(self, sigma: float, q: float) -> None:
+        """One step of this configuration ran (it was covered by :meth:`ensure`)."""
+        self._open[-1][4] += 1
+
+    def settle(self) -> None:
+        """Record how many steps of each open reservation ran (idempotent)."""
+        while self._open:
+            r, s, q, _, k = self._open.pop(0)
+            r.settle(self._mech(s, q, k) if k else compose([]))
 
 
 def _largest_within(f: Callable[[int], float], cap: float, start: int = 64) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import math
 import secrets
 
@@ -10,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn.accounting import Gaussian, Sampling, calibrate, compose, subsample
-from privlearn.torch.accountant import PrivacyAccountant
+from privlearn.torch.accountant import LedgerLink, PrivacyAccountant
 from privlearn.torch.data import (
     FixedSizeBatchSampler,
     PoissonBatchSampler,
@@ -118,8 +119,18 @@ class PrivateTraining:
         """Shorthand for ``accountant.epsilon(delta)``."""
         return self.accountant.epsilon(delta)
 
+    def finish(self) -> None:
+        """Record in the ledger (``make_private(ledger=...)``) how many of the reserved
+        steps ran; a no-op without a ledger. Called by :meth:`detach` and at interpreter
+        exit; training may continue afterwards (new steps are reserved again)."""
+        link = self.accountant.ledger_link
+        if link is not None:
+            link.settle()
+
     def detach(self) -> nn.Module:
-        """Remove the hooks and restore ``requires_grad``; returns the model."""
+        """Settle the ledger (:meth:`finish`), remove the hooks and restore
+        ``requires_grad``; returns the model."""
+        self.finish()
         self.optimizer.tracker.detach()
         for h in self._config.get("_hooks", ()):
             h.remove()
@@ -231,6 +242,8 @@ def make_private(
     fix_model: bool = False,
     process_group=None,
     max_epsilon: float | None = None,
+    ledger=None,
+    ledger_chunk: int = 1000,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD.
 
@@ -290,6 +303,17 @@ def make_private(
         :class:`~privlearn.errors.PrivacyBudgetExceededError` before it runs. Independently,
         when the run has a plan (``target_epsilon``, or ``epochs``/``steps``), going past
         the planned epsilon emits one :class:`~privlearn.torch.PrivacyBudgetWarning`.
+    ledger : optional
+        A budget of a persistent privacy ledger, ``privlearn.ledger.Ledger(path).budget(
+        dataset)``. The planned run (or ``ledger_chunk`` steps without a plan) is reserved
+        here, before any data is touched (refused with
+        :class:`~privlearn.errors.BudgetExceededError` if the budget cannot hold it), more
+        steps are reserved ahead as training proceeds, and :meth:`PrivateTraining.finish`
+        (also called by :meth:`PrivateTraining.detach` and at interpreter exit) records
+        how many ran. A killed process leaves its reservations, at least the steps it ran,
+        in the ledger.
+    ledger_chunk : int
+        Steps reserved at a time beyond the plan.
 
     Returns
     -------
@@ -385,6 +409,26 @@ def make_private(
                        float(target_epsilon), float(target_delta), accountant=accountant)
 
     # ---------------------------------------------------------------- assembly
+    planned_steps = (int(steps) if steps is not None
+                     else int(epochs) * steps_per_epoch if epochs is not None else None)
+    planned_epsilon = None
+    if target_epsilon is not None:
+        planned_epsilon = float(target_epsilon)
+    elif planned_steps is not None and nm > 0:
+        planned_epsilon = compose(subsample(Gaussian(nm), rate=q, scheme=scheme),
+                                  steps=planned_steps).epsilon(float(target_delta),
+                                                               accountant=accountant)
+    # the ledger first: a refused reservation leaves the user's objects untouched
+    link = None
+    if ledger is not None:
+        if int(ledger_chunk) != ledger_chunk or ledger_chunk < 1:
+            raise ValueError(f"ledger_chunk must be an integer >= 1, got {ledger_chunk!r}")
+        link = LedgerLink(ledger, scheme=scheme, chunk=int(ledger_chunk),
+                          label=f"make_private({type(inner).__name__})")
+        if nm == 0:
+            raise ValueError("noise_multiplier=0 is not private and cannot be spent from a "
+                             "ledger; give noise_multiplier > 0 or target_epsilon")
+        link.reserve(nm, q, planned_steps or int(ledger_chunk))  # before any data
     rank_seed = None if seed is None else int(seed) + 1_000_003 * rank
     shared_seed = None
     if sampling == "fixed" and world > 1:
@@ -400,24 +444,16 @@ def make_private(
         model.require_backward_grad_sync = False
     tracker = GradSampleTracker(inner, loss_reduction=loss_reduction)
     hooks = _guard_token_level_labels(inner) if loss_reduction == "mean" else []
-    ledger = PrivacyAccountant(nm, q, scheme=scheme, accountant=accountant,
-                               max_grad_norm=max_grad_norm)
-    planned_steps = (int(steps) if steps is not None
-                     else int(epochs) * steps_per_epoch if epochs is not None else None)
-    planned_epsilon = None
-    if target_epsilon is not None:
-        planned_epsilon = float(target_epsilon)
-    elif planned_steps is not None and nm > 0:
-        planned_epsilon = compose(subsample(Gaussian(nm), rate=q, scheme=scheme),
-                                  steps=planned_steps).epsilon(float(target_delta),
-                                                               accountant=accountant)
-    ledger.set_budget(delta=float(target_delta), max_epsilon=max_epsilon,
-                      planned_epsilon=planned_epsilon, planned_steps=planned_steps)
+    acct = PrivacyAccountant(nm, q, scheme=scheme, accountant=accountant,
+                             max_grad_norm=max_grad_norm)
+    acct.set_budget(delta=float(target_delta), max_epsilon=max_epsilon,
+                    planned_epsilon=planned_epsilon, planned_steps=planned_steps)
+    acct.ledger_link = link
     noise = NoiseSource(secure_mode=secure_mode,
                         seed=None if (secure_mode or seed is None) else rank_seed + 7)
     expected = float(world * batch_size)  # = q N
     dp_opt = DPOptimizer(optimizer, tracker, noise_multiplier=nm, max_grad_norm=max_grad_norm,
-                         expected_batch_size=expected, accountant=ledger, noise=noise,
+                         expected_batch_size=expected, accountant=acct, noise=noise,
                          world_size=world, process_group=process_group,
                          sampler=loader.batch_sampler)
     if max_physical_batch_size is not None:
@@ -426,9 +462,12 @@ def make_private(
                   sampling=sampling, expected_batch_size=expected, dataset_size=n,
                   loss_reduction=loss_reduction, accountant=accountant, world_size=world,
                   rank=rank, _hooks=hooks)
-    return PrivateTraining(model=model, optimizer=dp_opt, data_loader=loader,
-                           accountant=ledger, sampling_rate=q, expected_batch_size=expected,
-                           sampling=sampling, config=config)
+    p = PrivateTraining(model=model, optimizer=dp_opt, data_loader=loader,
+                        accountant=acct, sampling_rate=q, expected_batch_size=expected,
+                        sampling=sampling, config=config)
+    if link is not None:
+        atexit.register(link.settle)
+    return p
 
 
 _SAMPLING_HELP = (

@@ -67,10 +67,16 @@ def test_rate_range(bad):
         subsample(Gaussian(1.0), bad)
 
 
-@pytest.mark.parametrize("bad", [2.5, -1, math.nan, "3"])
+@pytest.mark.parametrize("bad", [2.5, -1, math.nan])
 def test_steps_must_be_nonnegative_integer(bad):
     with _raises(["steps", "integer >= 0", repr(bad)]):
         compose(Gaussian(1.0), steps=bad)
+
+
+def test_steps_of_wrong_type_is_type_error():
+    # one rule (privlearn._validation): wrong type -> TypeError, bad value -> ValueError
+    with pytest.raises(TypeError, match=r"steps must be an integer >= 0, got '3' \(str\)"):
+        compose(Gaussian(1.0), steps="3")
 
 
 def test_steps_list_validated():

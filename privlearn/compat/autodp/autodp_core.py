@@ -47,21 +47,19 @@ from typing import Any
 
 import numpy as np
 
+from privlearn._validation import check_delta, check_epsilon, check_real
+from privlearn.accounting import Mechanism as PrivlearnMechanism
 from privlearn.accounting import (
-    Composed,
-    Gaussian,
-    Laplace,
-    Neighbouring,
     PureDP,
-    RandomizedResponse,
     RDPMechanism,
-    Sampling,
-    Subsampled,
     UnsupportedMechanismError,
 )
-from privlearn.accounting import Mechanism as PrivlearnMechanism
-from privlearn.accounting._validation import check_delta, check_epsilon, check_real
-from privlearn.accounting.analytic import effective_noise_multiplier
+from privlearn.accounting.registry import (
+    combine_gaussians,
+    equivalent_gaussian,
+    pure_epsilon,
+    supports,
+)
 
 __all__ = [
     "Mechanism",
@@ -71,6 +69,8 @@ __all__ = [
     "NO_PRIVACY_LOSS",
     "as_float",
     "equivalent_gaussian_sigma",
+    "pure_epsilon_of",
+    "default_accountant",
 ]
 
 
@@ -91,31 +91,13 @@ def as_float(name: str, value: object) -> float:
     return check_real(name, value)
 
 
-def _round_up(x: float, ulps: int = 4) -> float:
-    """``x`` moved up by a few units in the last place (conservative rounding)."""
-    for _ in range(ulps):
-        x = math.nextafter(x, math.inf)
-    return x
-
-
 def equivalent_gaussian_sigma(sigmas_and_counts: list[tuple[float, float]]) -> float:
     """Noise multiplier of the single Gaussian equivalent to composing Gaussians
-    ``sigma_i`` with (real, >= 0) coefficients ``c_i``: ``(sum_i c_i / sigma_i^2)^(-1/2)``.
-
-    mu-GDP composes as ``mu = sqrt(sum_i mu_i^2)`` (Dong, Roth & Su 2022, Corollary 3.3)
-    and a Gaussian with noise multiplier sigma is exactly (1/sigma)-GDP (ibid.,
-    Theorem 2.7), so the composition has exactly this Gaussian's privacy curve. A real
-    coefficient ``c`` means the Gaussian ``sigma / sqrt(c)`` (autodp's convention: its RDP
-    is ``c`` times that of ``sigma``). The result is rounded *down* by a few ulps (less
-    noise is the conservative side). ``inf`` when every coefficient is 0.
+    ``sigma_i`` with (real, >= 0) coefficients ``c_i``: ``(sum_i c_i / sigma_i^2)^(-1/2)``
+    (Dong, Roth & Su 2022, Corollary 3.3), rounded down; ``inf`` when every coefficient
+    is 0. The shared :func:`privlearn.accounting.registry.combine_gaussians`.
     """
-    total = math.fsum(c / (s * s) for s, c in sigmas_and_counts)
-    if total == 0.0:
-        return math.inf
-    sigma = 1.0 / math.sqrt(total)
-    for _ in range(2):
-        sigma = math.nextafter(sigma, 0.0)
-    return sigma
+    return combine_gaussians(sigmas_and_counts)
 
 
 class _NoPrivacyLoss:
@@ -139,59 +121,21 @@ Description = PrivlearnMechanism | _NoPrivacyLoss | None
 
 
 def pure_epsilon_of(mech: PrivlearnMechanism) -> float:
-    """Closed-form pure-DP epsilon of a description (``inf`` when it has none).
-
-    * Laplace with scale/sensitivity ``b``: ``1/b`` (Dwork et al. 2006);
-    * randomized response / PureDP / RDPMechanism: their stated ``pure_epsilon``;
-    * Poisson subsampling under add/remove, or fixed-size sampling without replacement
-      under replace-one, of an eps-DP mechanism: ``log(1 + q (e^eps - 1))`` (Balle,
-      Barthe & Gaboardi 2018, Theorems 8 and 9); other scheme/relation pairs: ``inf``;
-    * composition: the sum (basic composition, Dwork & Roth 2014, Theorem 3.14).
-
-    Every floating-point result is rounded up by a few ulps.
-    """
-    if isinstance(mech, Gaussian):
-        return math.inf
-    if isinstance(mech, Laplace):
-        return _round_up(1.0 / mech.noise_multiplier)
-    if isinstance(mech, RandomizedResponse | PureDP | RDPMechanism):
-        e = float(mech.pure_epsilon)
-        return e if math.isinf(e) else _round_up(e)
-    if isinstance(mech, Subsampled):
-        e = pure_epsilon_of(mech.base)
-        if math.isinf(e):
-            return math.inf
-        natural = (
-            mech.scheme is Sampling.POISSON and mech.neighbouring is Neighbouring.ADD_REMOVE
-        ) or (mech.scheme is Sampling.FIXED and mech.neighbouring is Neighbouring.REPLACE_ONE)
-        if not natural:
-            return math.inf
-        return _round_up(math.log1p(mech.rate * math.expm1(e)))
-    if isinstance(mech, Composed):
-        total = math.fsum(k * pure_epsilon_of(m) for m, k in mech.parts)
-        return total if math.isinf(total) else _round_up(total)
-    return math.inf
-
-
-def _contains_rdp_function(mech: PrivlearnMechanism) -> bool:
-    if isinstance(mech, RDPMechanism):
-        return True
-    if isinstance(mech, Subsampled):
-        return _contains_rdp_function(mech.base)
-    if isinstance(mech, Composed):
-        return any(_contains_rdp_function(m) for m, _ in mech.parts)
-    return False
+    """Certified pure-DP epsilon of a description (``inf`` when it has none): the shared
+    :func:`privlearn.accounting.registry.pure_epsilon`, used by every accountant."""
+    return pure_epsilon(mech)
 
 
 def default_accountant(mech: PrivlearnMechanism) -> str:
-    """The accountant the facade uses for ``mech``: ``"analytic"`` (exact) for
-    compositions of Gaussians, ``"rdp"`` when part of it is a bare RDP function,
-    else ``"pld"``."""
-    if effective_noise_multiplier(mech) is not None:
+    """The accountant the facade uses for ``mech``: ``"analytic"`` (exact) when it has an
+    equivalent Gaussian (compositions of Gaussians), ``"pld"`` when every kind in it has a
+    registered PLD pair, else ``"rdp"`` (e.g. a bare RDP function); see
+    :mod:`privlearn.accounting.registry`."""
+    if equivalent_gaussian(mech) is not None:
         return "analytic"
-    if _contains_rdp_function(mech):
-        return "rdp"
-    return "pld"
+    if supports(mech, "pld_pair"):
+        return "pld"
+    return "rdp"
 
 
 def evaluate_epsilon(mech: PrivlearnMechanism, delta: float, accountant: str | None) -> float:
@@ -347,7 +291,7 @@ class Mechanism:
             return
         if cur is NO_PRIVACY_LOSS:
             return
-        if isinstance(cur, RDPMechanism) and not isinstance(mech, RDPMechanism):
+        if not supports(cur, "pld_pair") and supports(mech, "pld_pair"):
             primary, secondary = mech, cur
         else:
             primary, secondary = cur, mech

@@ -13,8 +13,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from privlearn._validation import check_delta, check_positive
 from privlearn.accounting import calibrate as _calibrate
-from privlearn.accounting._validation import check_delta, check_positive
 from privlearn.accounting.analytic import gaussian_epsilon
 from privlearn.compat.autodp.autodp_core import Calibrator, Mechanism, as_float
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from privlearn._validation import check_count, check_nonnegative, check_positive
 from privlearn.accounting import (
     Gaussian,
     Laplace,
@@ -23,7 +24,6 @@ from privlearn.accounting import (
     compose,
     subsample,
 )
-from privlearn.accounting._validation import check_count, check_nonnegative, check_positive
 from privlearn.compat.autodp.autodp_core import (
     NO_PRIVACY_LOSS,
     Mechanism,

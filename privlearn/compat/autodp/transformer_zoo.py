@@ -21,11 +21,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from privlearn._validation import check_nonnegative, check_rate
 from privlearn.accounting import Composed, compose, subsample
 from privlearn.accounting import Mechanism as PrivlearnMechanism
-from privlearn.accounting._validation import check_nonnegative, check_rate
-from privlearn.accounting.analytic import effective_noise_multiplier
 from privlearn.accounting.mechanisms import Gaussian
+from privlearn.accounting.registry import equivalent_gaussian
 from privlearn.compat.autodp.autodp_core import (
     NO_PRIVACY_LOSS,
     Mechanism,
@@ -118,7 +118,7 @@ class Composition(Transformer):
                 mechs.append(d)
                 counts.append(int(c))
                 continue
-            sigma = effective_noise_multiplier(d)
+            sigma = equivalent_gaussian(d)
             if sigma is not None:  # exact for Gaussians: sigma / sqrt(c)
                 mechs.append(Gaussian(equivalent_gaussian_sigma([(sigma, c)])))
                 counts.append(1)
@@ -178,7 +178,7 @@ class ComposeGaussian(Composition):
             d = m._description_for("ComposeGaussian")
             if d is NO_PRIVACY_LOSS:
                 continue
-            sigma = effective_noise_multiplier(d)
+            sigma = equivalent_gaussian(d)
             if sigma is None:
                 raise TypeError(
                     f"ComposeGaussian composes only Gaussian mechanisms; mechanism_list[{i}] "
@@ -247,7 +247,7 @@ class AmplificationBySampling(Transformer):
             newmech._set_description(NO_PRIVACY_LOSS)
         else:
             if isinstance(d, Composed):
-                sigma = effective_noise_multiplier(d)
+                sigma = equivalent_gaussian(d)
                 if sigma is not None:
                     d = Gaussian(sigma)
                 elif len(d.parts) == 1 and d.parts[0][1] == 1:

@@ -1,0 +1,202 @@
+"""The one validation vocabulary of privlearn (accounting, models, torch, CLI).
+
+A leaf module: it imports only the standard library (no NumPy, nothing from privlearn),
+so every layer can use it without import cycles or heavy imports.
+
+The rule for exception types
+----------------------------
+* :class:`TypeError` -- the value has the wrong *type*: a string, ``None``, a bool, a
+  list where a number is expected; a non-integral type where a count is expected; a
+  non-callable where a function is expected.
+* :class:`ValueError` -- the type is right but the *value* is not allowed: out of range,
+  NaN, infinite where a finite number is needed, ``10.5`` steps, an unknown choice.
+
+Every message names the parameter, the valid range, the value received and what to try
+instead, e.g.::
+
+    noise_multiplier must be in (0, inf) and finite, got -1.0; pass a positive number
+    (the noise standard deviation divided by the sensitivity, e.g. 1.0)
+
+Callers pass ``hint=`` for a domain-specific suggestion; without one a generic
+suggestion derived from the range is appended. NumPy scalars are real numbers
+(``numpy.float64`` registers with :class:`numbers.Real`), so ``check_real`` accepts them;
+0-d arrays are the caller's business (see ``privlearn.compat.autodp.autodp_core.as_float``).
+
+Adopting it
+-----------
+``privlearn.accounting`` uses it (``privlearn.accounting._validation`` is a deprecated
+re-export kept for old imports). ``privlearn.models._base`` and
+``privlearn.torch.privacy_engine._check_pos`` still have their own helpers that raise
+``ValueError`` for wrong types; to adopt, replace ``_real``/``check_positive_param``/
+``check_int_param``/``check_choice``/``_check_pos`` by :func:`check_real`,
+:func:`check_positive`, :func:`check_count`, :func:`check_choice` (tests that expect a
+``ValueError`` for a string where a number belongs then expect ``TypeError``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from enum import Enum
+from typing import TypeVar
+
+__all__ = [
+    "check_real",
+    "check_positive",
+    "check_nonnegative",
+    "check_delta",
+    "check_epsilon",
+    "check_rate",
+    "check_probability",
+    "check_count",
+    "check_enum",
+    "check_choice",
+    "check_callable",
+]
+
+E = TypeVar("E", bound=Enum)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _msg(name: str, expected: str, value: object, hint: str | None) -> str:
+    text = f"{name} must be {expected}, got {value!r}"
+    return f"{text}; {hint}" if hint else text
+
+
+def check_real(name: str, value: object, *, hint: str | None = None) -> float:
+    """A real number (bool excluded), returned as ``float``; :class:`TypeError` otherwise."""
+    if not _is_real(value):
+        raise TypeError(
+            f"{name} must be a real number, got {value!r} ({type(value).__name__}); "
+            + (hint or "pass an int or a float")
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_positive(
+    name: str, value: object, *, allow_inf: bool = False, hint: str | None = None
+) -> float:
+    """A finite (or, if ``allow_inf``, possibly infinite) number > 0."""
+    x = check_real(name, value, hint=hint)
+    rng = "in (0, inf]" if allow_inf else "in (0, inf) and finite"
+    if math.isnan(x) or x <= 0 or (math.isinf(x) and not allow_inf):
+        raise ValueError(_msg(name, rng, value, hint or "pass a positive number"))
+    return x
+
+
+def check_nonnegative(
+    name: str, value: object, *, allow_inf: bool = False, hint: str | None = None
+) -> float:
+    """A finite (or, if ``allow_inf``, possibly infinite) number >= 0."""
+    x = check_real(name, value, hint=hint)
+    rng = "in [0, inf]" if allow_inf else "in [0, inf) and finite"
+    if math.isnan(x) or x < 0 or (math.isinf(x) and not allow_inf):
+        raise ValueError(_msg(name, rng, value, hint or "pass a number >= 0"))
+    return x
+
+
+def check_delta(
+    name: str, value: object, *, allow_one: bool = False, hint: str | None = None
+) -> float:
+    """A privacy parameter delta in [0, 1) (or [0, 1] with ``allow_one``)."""
+    x = check_real(name, value, hint=hint)
+    if math.isnan(x) or not (0.0 <= x < 1.0 or (allow_one and x == 1.0)):
+        rng = "in [0, 1]" if allow_one else "in [0, 1)"
+        raise ValueError(
+            _msg(name, rng, value, hint or "typical values are 1e-5 or 1/dataset size")
+        )
+    return x
+
+
+def check_epsilon(name: str, value: object, *, hint: str | None = None) -> float:
+    """A privacy parameter epsilon in [0, inf)."""
+    return check_nonnegative(name, value, hint=hint or "typical values are 0.1 to 10")
+
+
+def check_rate(name: str, value: object, *, hint: str | None = None) -> float:
+    """A sampling rate in (0, 1]."""
+    x = check_real(name, value, hint=hint)
+    if math.isnan(x) or not 0.0 < x <= 1.0:
+        raise ValueError(
+            _msg(name, "in (0, 1]", value, hint or "use batch size / dataset size")
+        )
+    return x
+
+
+def check_probability(name: str, value: object, *, hint: str | None = None) -> float:
+    """A probability in [0, 1] (callers narrow the range, e.g. randomized response)."""
+    x = check_real(name, value, hint=hint)
+    if math.isnan(x) or not 0.0 <= x <= 1.0:
+        raise ValueError(_msg(name, "in [0, 1]", value, hint or "pass a probability"))
+    return x
+
+
+def check_count(name: str, value: object, *, minimum: int = 0, hint: str | None = None) -> int:
+    """An integer count >= ``minimum`` (steps, compositions, categories).
+
+    Integral floats such as ``10.0`` are accepted; ``10.5`` is a :class:`ValueError` (a
+    real number, but not a count) and ``"10"`` a :class:`TypeError`.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not _is_real(value):
+            raise TypeError(
+                f"{name} must be an integer >= {minimum}, got {value!r} "
+                f"({type(value).__name__}); " + (hint or "pass an int")
+            )
+        f = float(value)  # type: ignore[arg-type]
+        if not (math.isfinite(f) and f.is_integer()):
+            raise ValueError(
+                _msg(name, f"an integer >= {minimum}", value, hint or "round it to an integer")
+            )
+        value = int(f)
+    v = int(value)  # type: ignore[call-overload]
+    if v < minimum:
+        raise ValueError(
+            _msg(name, f"an integer >= {minimum}", value, hint or f"pass at least {minimum}")
+        )
+    return v
+
+
+def check_enum(name: str, value: object, enum_type: type[E], *, hint: str | None = None) -> E:
+    """An enum member or its string value / name (case-insensitive, ``-`` as ``_``)."""
+    if isinstance(value, enum_type):
+        return value
+    valid = ", ".join(repr(m.value) for m in enum_type)
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{name} must be one of {valid}, got {value!r} ({type(value).__name__}); "
+            + (hint or f"pass a string or a {enum_type.__name__} member")
+        )
+    key = value.strip().lower().replace("-", "_")
+    for member in enum_type:
+        if key in (str(member.value).lower(), member.name.lower()):
+            return member
+    raise ValueError(_msg(name, f"one of {valid}", value, hint))
+
+
+def check_choice(
+    name: str, value: object, choices: Iterable[str], *, hint: str | None = None
+) -> str:
+    """One of ``choices`` (case-insensitive); returned lower-case."""
+    opts = tuple(choices)
+    valid = ", ".join(repr(c) for c in opts)
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{name} must be one of {valid}, got {value!r} ({type(value).__name__})"
+            + (f"; {hint}" if hint else "")
+        )
+    key = value.strip().lower()
+    if key not in {c.lower() for c in opts}:
+        raise ValueError(_msg(name, f"one of {valid}", value, hint))
+    return key
+
+
+def check_callable(name: str, value: object, *, hint: str | None = None) -> object:
+    """A callable; :class:`TypeError` otherwise."""
+    if not callable(value):
+        raise TypeError(_msg(name, "callable", value, hint or "pass a function"))
+    return value

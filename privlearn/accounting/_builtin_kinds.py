@@ -1,0 +1,245 @@
+"""The built-in mechanism kinds and their registered representations.
+
+Each kind of :mod:`privlearn.accounting.mechanisms` is registered here with
+:func:`privlearn.accounting.registry.register_mechanism`, exactly as a user registers a
+new kind (see the registry's module docstring and tests/accounting/test_extension.py).
+Imported by :mod:`privlearn.accounting` itself, so the kinds are known as soon as the
+package is. PLD pairs and the subsampled-Gaussian RDP are imported inside the functions
+that build them, which keeps ``import privlearn.accounting`` light.
+
+=====================  =======================================================================
+kind                   representations (references in each function's docstring)
+=====================  =======================================================================
+Gaussian               pure eps ``inf``; pair ``N(1/s, 1)`` vs ``N(0, 1)`` (Balle & Wang 2018,
+                       Thm 8); RDP ``alpha / (2 s^2)`` (Mironov 2017, Prop. 7); equivalent
+                       Gaussian ``s``; replace-one pair ``ReplaceGaussianPair``; Poisson RDP of
+                       Mironov, Talwar & Zhang 2019
+Laplace                pure eps ``1/b``; pair ``Lap(1/b, 1)`` vs ``Lap(0, 1)``; RDP Mironov 2017
+                       Prop. 6; replace-one pair ``ReplaceLaplacePair``; Poisson RDP Zhu &
+                       Wang 2019 Thm 8
+RandomizedResponse     pure eps ``log(p (k-1) / (1-p))``; its three-outcome pair; exact RDP;
+                       a local randomiser (same pair at any sensitivity)
+PureDP                 pure eps; binary randomized response with that epsilon (Kairouz, Oh &
+                       Viswanath 2015, Thm 2.1) for the pair and RDP; group privacy for scaling
+RDPMechanism           the declared pure eps and the user's RDP function (no PLD pair)
+=====================  =======================================================================
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from fractions import Fraction
+
+import numpy as np
+
+from privlearn.accounting.mechanisms import (
+    Gaussian,
+    Laplace,
+    PureDP,
+    RandomizedResponse,
+    RDPMechanism,
+)
+from privlearn.accounting.registry import register_mechanism, upper_float
+
+__all__: list[str] = []
+
+_ULP = sys.float_info.epsilon
+
+
+# -- Gaussian ------------------------------------------------------------------------------
+def _gaussian_rdp(mechanism: Gaussian, alphas: np.ndarray) -> np.ndarray:
+    """``alpha / (2 sigma^2)`` (Mironov 2017, Proposition 7 / Table II)."""
+    from privlearn.accounting._rdp_math import _ULP
+
+    s = mechanism.noise_multiplier
+    return alphas / (2.0 * s * s) * (1 + 2 * _ULP)
+
+
+
+def _gaussian_pair(m: Gaussian):
+    from privlearn.accounting._pld_pairs import GaussianPair
+
+    return GaussianPair(1.0 / m.noise_multiplier)
+
+
+def _gaussian_replace_pair(m: Gaussian, rate: float):
+    from privlearn.accounting._pld_pairs import ReplaceGaussianPair
+
+    return ReplaceGaussianPair(1.0 / m.noise_multiplier, rate)
+
+
+def _gaussian_poisson_rdp(m: Gaussian, rate: float, alphas: np.ndarray) -> np.ndarray:
+    from privlearn.accounting._rdp_sampled_gaussian import subsampled_gaussian_rdp
+
+    return subsampled_gaussian_rdp(rate, m.noise_multiplier, alphas)
+
+
+register_mechanism(
+    Gaussian,
+    pure_epsilon=lambda m: math.inf,
+    pld_pair=_gaussian_pair,
+    rdp=_gaussian_rdp,
+    equivalent_gaussian=lambda m: m.noise_multiplier,
+    scale_sensitivity=lambda m, factor: Gaussian(m.noise_multiplier / factor),
+    pld_replace_one_pair=_gaussian_replace_pair,
+    rdp_poisson_subsampled=_gaussian_poisson_rdp,
+    replace_one_doubles_sensitivity=True,
+)
+
+
+# -- Laplace -------------------------------------------------------------------------------
+def _laplace_rdp(m: Laplace, alphas: np.ndarray) -> np.ndarray:
+    """Mironov (2017), Proposition 6 (see :func:`._rdp_math._laplace_rdp`)."""
+    from privlearn.accounting._rdp_math import _laplace_rdp as laplace_rdp
+
+    return laplace_rdp(m.noise_multiplier, alphas)
+
+
+def _laplace_pair(m: Laplace):
+    from privlearn.accounting._pld_pairs import LaplacePair
+
+    return LaplacePair(1.0 / m.noise_multiplier)
+
+
+def _laplace_replace_pair(m: Laplace, rate: float):
+    from privlearn.accounting._pld_pairs import ReplaceLaplacePair
+
+    return ReplaceLaplacePair(1.0 / m.noise_multiplier, rate)
+
+
+def _laplace_poisson_rdp(m: Laplace, rate: float, alphas: np.ndarray) -> np.ndarray:
+    """Zhu & Wang (2019) Theorem 8 (the bound autodp applies to the Laplace mechanism with
+    ``improved_bound_flag=True``); tests check it against the exact Renyi divergences of
+    the subsampled Laplace pair computed by quadrature."""
+    from privlearn.accounting.rdp import poisson_subsampled_rdp
+
+    return poisson_subsampled_rdp(m, rate, alphas, tight=True)
+
+
+register_mechanism(
+    Laplace,
+    # 1/b rounded up (exactly 1/b when representable)
+    pure_epsilon=lambda m: upper_float(1 / Fraction(m.noise_multiplier)),
+    pld_pair=_laplace_pair,
+    rdp=_laplace_rdp,
+    scale_sensitivity=lambda m, factor: Laplace(m.noise_multiplier / factor),
+    pld_replace_one_pair=_laplace_replace_pair,
+    rdp_poisson_subsampled=_laplace_poisson_rdp,
+    replace_one_doubles_sensitivity=True,
+)
+
+
+# -- randomized response -------------------------------------------------------------------
+def _randomized_response_rdp(mechanism: RandomizedResponse, alphas: np.ndarray) -> np.ndarray:
+    """Exact RDP of k-ary randomized response (p = truth probability, r = (1-p)/(k-1))::
+
+        D_alpha = log( p^alpha r^(1-alpha) + r^alpha p^(1-alpha) + (k-2) r ) / (alpha - 1)
+
+    the Renyi divergence between the output distributions for two different inputs (all
+    pairs are equivalent by symmetry; Mironov 2017 Table II gives the binary case).
+    """
+    from privlearn.accounting._rdp_math import _ULP, _logsumexp
+
+    p, k = mechanism.truth_probability, mechanism.num_categories
+    r = (1.0 - p) / (k - 1)
+    if p == r:  # p = 1/k: output independent of the input
+        return np.zeros_like(alphas)
+    a = alphas
+    lp, lr = math.log(p), math.log(r)
+    terms = [a * lp + (1 - a) * lr, a * lr + (1 - a) * lp]
+    if k > 2:
+        terms.append(np.full_like(a, math.log((k - 2) * r)))
+    val = _logsumexp(np.stack(terms), axis=0) / (a - 1)
+    val = val + 8 * _ULP * (np.abs(terms[0]) + np.abs(terms[1]) + 1.0) / (a - 1)
+    return np.minimum(np.maximum(val, 0.0), mechanism.pure_epsilon)
+
+
+
+def _randomized_response_pair(m: RandomizedResponse):
+    from privlearn.accounting._pld_pairs import randomized_response_pair
+
+    return randomized_response_pair(m.truth_probability, m.num_categories)
+
+
+def _randomized_response_pure_epsilon(m: RandomizedResponse) -> float:
+    """``log(p (k-1) / (1-p))`` (Kairouz, Oh & Viswanath 2016), rounded up by the error of
+    its evaluation: a few ulps of the logarithm's argument, i.e. ~``4 u`` absolute."""
+    eps = m.pure_epsilon
+    return eps + 4.0 * _ULP * (abs(eps) + 1.0) if eps > 0 else eps
+
+
+register_mechanism(
+    RandomizedResponse,
+    pure_epsilon=_randomized_response_pure_epsilon,
+    pld_pair=_randomized_response_pair,
+    rdp=_randomized_response_rdp,
+    # a local randomiser: any change of one record's input changes one output, whatever
+    # the relation, so the same pair dominates at any sensitivity
+    scale_sensitivity=lambda m, factor: m,
+)
+
+
+# -- generic pure DP -----------------------------------------------------------------------
+def _pure_dp_rdp(mechanism: PureDP, alphas: np.ndarray) -> np.ndarray:
+    """RDP of binary randomized response with the same epsilon (dominating pair; Kairouz,
+    Oh & Viswanath 2015 Thm 2.1), which is also at most epsilon (Mironov 2017, Prop. 3)."""
+    from privlearn.accounting._rdp_math import _rr_rdp
+
+    return _rr_rdp(mechanism.pure_epsilon, alphas)
+
+
+
+def _pure_dp_pair(m: PureDP):
+    from privlearn.accounting._pld_pairs import pure_dp_pair
+
+    return pure_dp_pair(m.pure_epsilon)
+
+
+register_mechanism(
+    PureDP,
+    pure_epsilon=lambda m: m.pure_epsilon,
+    pld_pair=_pure_dp_pair,
+    rdp=_pure_dp_rdp,
+    # group privacy: an eps-DP mechanism is (factor * eps)-DP for records that move its
+    # input factor times as far (Dwork & Roth 2014, Section 2.3)
+    scale_sensitivity=lambda m, factor: PureDP(factor * m.pure_epsilon),
+)
+
+
+# -- a mechanism known only through its RDP curve ------------------------------------------
+def _user_rdp(mechanism: RDPMechanism, alphas: np.ndarray) -> np.ndarray:
+    """The user's function, evaluated order by order; NaN is treated as ``inf`` (no
+    guarantee) and the result is capped by the RDP of randomized response with the
+    declared pure epsilon (Mironov 2017, Prop. 3; Kairouz, Oh & Viswanath 2015)."""
+    from privlearn.accounting._rdp_math import _rr_rdp
+
+    out = np.empty_like(alphas)
+    for i, a in enumerate(alphas.tolist()):
+        v = mechanism.rdp_function(a)
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"rdp_function of {mechanism.name!r} must return a real number, "
+                f"got {v!r} at alpha={a!r}"
+            ) from None
+        if math.isnan(v):
+            v = math.inf
+        if v < 0:
+            raise ValueError(
+                f"rdp_function of {mechanism.name!r} must return values in [0, inf], "
+                f"got {v!r} at alpha={a!r}"
+            )
+        out[i] = v
+    if math.isfinite(mechanism.pure_epsilon):
+        out = np.minimum(out, _rr_rdp(mechanism.pure_epsilon, alphas))
+    return out
+
+
+
+register_mechanism(
+    RDPMechanism,
+    pure_epsilon=lambda m: float(m.pure_epsilon),
+    rdp=_user_rdp,
+)

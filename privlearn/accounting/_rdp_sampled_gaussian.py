@@ -1,0 +1,173 @@
+"""RDP of the Poisson-subsampled Gaussian mechanism (private helper of
+:mod:`privlearn.accounting.rdp`).
+
+References
+----------
+.. [1] Mironov, Talwar & Zhang (2019), Renyi Differential Privacy of the Sampled Gaussian
+       Mechanism, arXiv:1908.10530, Section 3 (integer and fractional alpha).
+.. [2] van Erven & Harremoes (2014), Renyi Divergence and Kullback-Leibler Divergence,
+       IEEE Trans. Inf. Theory, Theorem 11 (convexity used for interpolation).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from scipy import special
+
+from privlearn.accounting._rdp_math import (
+    _ULP,
+    MAX_FRACTIONAL_SERIES_ORDER,
+    MAX_SUM_ORDER,
+    _interpolate_integer_bound,
+    _log_binom,
+    _logsumexp,
+    _segment_logsumexp,
+    _segments,
+    _sum_margin,
+)
+
+__all__ = ["subsampled_gaussian_rdp", "clear_cache"]
+
+
+def subsampled_gaussian_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
+    """RDP of the Poisson-subsampled Gaussian mechanism (add/remove neighbouring).
+
+    ``eps(alpha) = log(A_alpha) / (alpha - 1)`` with ``A_alpha`` the alpha-th moment of the
+    likelihood ratio of ``(1-q) N(0, sigma^2) + q N(1, sigma^2)`` to ``N(0, sigma^2)``
+    (Mironov, Talwar & Zhang 2019, Section 3):
+
+    * integer alpha: ``A = sum_{k=0}^{alpha} C(alpha,k) (1-q)^(alpha-k) q^k
+      exp((k^2 - k) / (2 sigma^2))`` (their Section 3.3), exact;
+    * fractional alpha <= :data:`MAX_FRACTIONAL_SERIES_ORDER`: their two-series expansion
+      (Section 3.3, "fractional alpha"; as ``_compute_log_a_frac`` in TF-Privacy/Opacus),
+      summed until the terms of the tail, which alternates in sign with decreasing
+      magnitude, fall below ``exp(-50)``; the first omitted terms are added as an error
+      bound. If the series cannot be summed reliably the interpolation below is used;
+    * larger fractional alpha: linear interpolation of ``(alpha-1) eps(alpha)`` between
+      neighbouring integers (valid by convexity, van Erven & Harremoes 2014 Thm 11).
+
+    Results are rounded up by a bound on the floating-point error of the sums.
+    """
+    alphas = np.asarray(alphas, dtype=float)
+    out = np.empty_like(alphas)
+    is_int = alphas == np.round(alphas)
+    if is_int.any():
+        out[is_int] = _sg_int(q, sigma, alphas[is_int])
+    frac_idx = np.flatnonzero(~is_int)
+    if frac_idx.size:
+        interp_needed = []
+        for i in frac_idx.tolist():
+            a = float(alphas[i])
+            v = _sg_frac(q, sigma, a) if a <= MAX_FRACTIONAL_SERIES_ORDER else None
+            if v is None:
+                interp_needed.append(i)
+            else:
+                out[i] = v
+        if interp_needed:
+            idx = np.array(interp_needed)
+            out[idx] = _interpolate_integer_bound(alphas[idx], lambda ns: _sg_int(q, sigma, ns))
+    return out
+
+
+def _sg_int(q: float, sigma: float, ns: np.ndarray) -> np.ndarray:
+    ns = np.asarray(ns, dtype=float)
+    key = tuple(ns.tolist())
+    return np.array(_subsampled_gaussian_int(q, sigma, key))
+
+
+@functools.lru_cache(maxsize=256)
+def _subsampled_gaussian_int(q: float, sigma: float, ns: tuple[float, ...]) -> tuple:
+    n = np.asarray(ns, dtype=float)
+    out = np.full(n.shape, np.inf)
+    big = n > MAX_SUM_ORDER
+    out[big] = n[big] / (2 * sigma * sigma)  # base mechanism's RDP: valid, looser
+    ok = ~big
+    if ok.any():
+        n_ok = n[ok]
+        n_rep, k, starts = _segments(n_ok, start=0)
+        terms = (
+            _log_binom(n_rep, k)
+            + (n_rep - k) * math.log1p(-q)
+            + k * math.log(q)
+            + (k * k - k) / (2.0 * sigma * sigma)
+        )
+        log_a = _segment_logsumexp(terms, starts)
+        log_a = log_a + _sum_margin(log_a, n_ok)
+        out[ok] = np.minimum(np.maximum(log_a, 0.0) / (n_ok - 1), n_ok / (2 * sigma * sigma))
+    return tuple(out.tolist())
+
+
+def _sg_frac(q: float, sigma: float, alpha: float) -> float | None:
+    """Fractional-alpha series of Mironov, Talwar & Zhang (2019), Section 3.3.
+
+    ``A_alpha = sum_{i>=0} binom(alpha, i) (s0_i + s1_i)`` with (``j = alpha - i``,
+    ``z0 = sigma^2 log(1/q - 1) + 1/2``)::
+
+        s0_i = q^i (1-q)^j exp((i^2 - i) / (2 sigma^2)) Phi((z0 - i) / sigma)
+        s1_i = q^j (1-q)^i exp((j^2 - j) / (2 sigma^2)) Phi((j - z0) / sigma)
+
+    For i > alpha the coefficients alternate in sign; once the magnitudes decrease, the
+    tail is bounded by its first term, which we add. Terms are summed until that bound is
+    below 1e-10 of log A (or 2^16 terms). Returns None when the series cannot be summed
+    reliably (the caller then uses a valid interpolation bound).
+    """
+    s2 = sigma * sigma
+    z0 = s2 * math.log(1.0 / q - 1.0) + 0.5
+    log_q, log_1q = math.log(q), math.log1p(-q)
+    lgam_a = special.gammaln(alpha + 1.0)
+    n_terms = int(math.ceil(alpha)) + 1024
+    while True:
+        i = np.arange(n_terms + 1, dtype=float)
+        j = alpha - i
+        log_c = lgam_a - special.gammaln(i + 1.0) - special.gammaln(j + 1.0)
+        sign = special.gammasgn(j + 1.0)  # sign of binom(alpha, i)
+        ls0 = (
+            log_c
+            + i * log_q
+            + j * log_1q
+            + (i * i - i) / (2 * s2)
+            + special.log_ndtr((z0 - i) / sigma)
+        )
+        ls1 = (
+            log_c
+            + j * log_q
+            + i * log_1q
+            + (j * j - j) / (2 * s2)
+            + special.log_ndtr((j - z0) / sigma)
+        )
+        lc = np.logaddexp(ls0, ls1)  # log |c_i|
+        if np.isnan(lc).any() or np.isposinf(lc).any():
+            return None
+        body, sg, tail = lc[:-1], sign[:-1], float(lc[-1])
+        decreasing = bool(lc[-1] <= lc[-2] <= lc[-3])
+        pos = _logsumexp(body[sg > 0])
+        neg = _logsumexp(body[sg < 0])
+        if neg >= pos - 1e-3:  # heavy cancellation: do not trust the difference
+            return None
+        log_a = pos + math.log1p(-math.exp(neg - pos)) if neg > -math.inf else pos
+        if decreasing and tail < math.log(1e-10 * max(log_a, 1e-300)):
+            break
+        if n_terms >= 1 << 16:
+            if decreasing:
+                break
+            return None
+        n_terms *= 4
+    # add the tail bound, then the floating-point error of the sums and the cancellation
+    log_a = float(np.logaddexp(log_a, tail))
+    r = math.exp(neg - pos)
+    log_a += _ULP * (2.0 * math.log2(n_terms) + 8.0) * (1.0 + r) / (1.0 - r) + 4 * _ULP * abs(log_a)
+    if not math.isfinite(log_a):
+        return None
+    return min(max(log_a, 0.0) / (alpha - 1.0), alpha / (2 * s2))
+
+
+# ----------------------------------------------------------------------------------------
+# the accountant
+
+
+def clear_cache() -> None:
+    """Clear the memoised integer-order curves (for honest cold-start timings)."""
+    _subsampled_gaussian_int.cache_clear()

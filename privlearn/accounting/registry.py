@@ -1,0 +1,449 @@
+"""The mechanism registry: how each *kind* of mechanism is represented, in one place.
+
+Every accountant (``"pld"``, ``"rdp"``, ``"analytic"``) and the autodp facade
+(:mod:`privlearn.compat.autodp`) look up what they need about a mechanism here, so adding a
+mechanism is one frozen dataclass plus one :func:`register_mechanism` call -- no accountant
+changes::
+
+    @dataclass(frozen=True)
+    class DiscreteLaplace(Mechanism):
+        scale: float
+
+    register_mechanism(
+        DiscreteLaplace,
+        pure_epsilon=lambda m: 1.0 / m.scale,
+        pld_pair=lambda m: my_pair(m.scale),          # a privlearn.accounting.pairs.Pair
+        rdp=lambda m, alphas: my_rdp(m.scale, alphas),
+        scale_sensitivity=lambda m, f: DiscreteLaplace(m.scale / f),
+    )
+
+after which ``compose(subsample(DiscreteLaplace(2.0), 0.01), 1000).epsilon(1e-6)`` works
+with ``accountant="pld"`` and ``"rdp"``, and ``Mechanism.from_privlearn`` hands it to
+autodp-style code (tests/accounting/test_extension.py does exactly this).
+
+Representations
+---------------
+One function per (kind, representation); all are optional except ``pure_epsilon``.
+An accountant that needs a representation the kind lacks raises
+:class:`~privlearn.accounting.UnsupportedMechanismError`.
+
+``pure_epsilon(m) -> float``
+    Epsilon at delta = 0 of one run (``inf`` if none), at the sensitivity the
+    mechanism's parameters are stated for; exact or rounded up (:func:`pure_epsilon`
+    rounds every finite result up by a few ulps on top).
+``pld_pair(m) -> Pair``
+    A dominating pair of one run with scalar privacy loss and exact tails
+    (:class:`privlearn.accounting.pairs.Pair`; Zhu, Dong & Wang 2022, Definition 7).
+    Used by ``"pld"``, which derives subsampled pairs from it ([ZDW22] Theorem 9).
+``rdp(m, alphas) -> ndarray``
+    Renyi-DP upper bound at finite orders ``alphas > 1`` (a 1-D float array). Used by
+    ``"rdp"``, which derives subsampled bounds from it (Zhu & Wang 2019, Theorem 6;
+    Wang, Balle & Kasiviswanathan 2019, Theorem 9).
+``equivalent_gaussian(m) -> float | None``
+    Noise multiplier of a Gaussian mechanism with *exactly* the same privacy curve
+    (compositions of such kinds are then evaluated exactly by ``"analytic"``; Dong, Roth
+    & Su 2022, Corollary 3.3).
+``scale_sensitivity(m, factor) -> Mechanism``
+    The same mechanism when one record can move its output ``factor`` times further than
+    the parameters assume (noise multiplier ``/ factor``; ``factor * epsilon`` for a
+    generic pure-DP mechanism by group privacy; unchanged for a local randomiser). Needed
+    for fixed-size sampling under add/remove and, when ``replace_one_doubles_sensitivity``,
+    for replace-one neighbouring.
+``pld_replace_one_pair(m, rate) -> Pair``
+    The tight pair of ``subsample(m, rate)`` under replace-one for ``0 < rate < 1``
+    (a record's contribution moving from ``+c`` to ``-c``); without it the PLD accountant
+    uses the symmetrised remove/add profile (Dong, Roth & Su 2022, Theorem 9).
+``rdp_poisson_subsampled(m, rate, alphas) -> ndarray``
+    A Poisson-subsampled (add/remove) RDP bound tighter than Zhu & Wang's general one.
+
+``replace_one_doubles_sensitivity`` (a flag, not a function): True when the parameters
+are relative to the add/remove bound ``C`` under every relation (Gaussian, Laplace), so
+that under replace-one a record's contribution moves by ``2 C``; False when the kind
+states its guarantee for the relation in use (PureDP, randomized response).
+
+Further representations are declared with :func:`declare_representation` and attached with
+:func:`register_representation`.
+
+Serialisation hooks (the documented place): ``"to_dict"`` (``fn(m) -> dict`` of JSON
+types, the kind's fields) and ``"from_dict"`` (``fn(dict) -> Mechanism``) are declared
+here so that a new kind can pass them to :func:`register_mechanism` today.
+``privlearn.accounting.serialization`` (built separately, with its own
+``register_serializer`` table keyed by type) is expected to read them with
+``lookup("to_dict", m)`` / ``lookup("from_dict", ...)`` for kinds it has no encoder for, or
+to move its encoders here. Closed forms (``privlearn.accounting.closed_form``) attach theirs
+the same way (declare, e.g., ``"privacy_profile"``, then register per kind).
+
+Structural mechanisms (:class:`~privlearn.accounting.Subsampled`,
+:class:`~privlearn.accounting.Composed`) are not registered: the description-level
+functions below (:func:`pure_epsilon`, :func:`equivalent_gaussian`,
+:func:`relation_base`, :func:`supports`) and each accountant handle them from the kinds'
+functions. Lookups follow the class's MRO, so a subclass inherits its parent's functions.
+
+References
+----------
+.. [1] Zhu, Dong & Wang (2022), Optimal Accounting of Differential Privacy via
+       Characteristic Function, AISTATS, Definition 7 and Theorem 9.
+.. [2] Balle, Barthe & Gaboardi (2018), Privacy Amplification by Subsampling, NeurIPS,
+       Theorems 8 and 9 (pure epsilon of a subsampled mechanism).
+.. [3] Dong, Roth & Su (2022), Gaussian Differential Privacy, JRSS-B, Corollary 3.3.
+.. [4] Dwork & Roth (2014), The Algorithmic Foundations of Differential Privacy,
+       Theorem 3.14 (basic composition) and Section 2.3 (group privacy).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any
+
+from privlearn.accounting._types import UnsupportedMechanismError
+from privlearn.accounting.mechanisms import (
+    Composed,
+    Mechanism,
+    Neighbouring,
+    Sampling,
+    Subsampled,
+)
+
+__all__ = [
+    "MechanismKind",
+    "REPRESENTATIONS",
+    "register_mechanism",
+    "register_representation",
+    "declare_representation",
+    "kind_of",
+    "registered_kinds",
+    "lookup",
+    "supports",
+    "pure_epsilon",
+    "equivalent_gaussian",
+    "combine_gaussians",
+    "relation_base",
+    "scaled",
+    "upper_float",
+]
+
+#: Known representations and their signatures (see the module docstring).
+REPRESENTATIONS: dict[str, str] = {
+    "pure_epsilon": "fn(m) -> float",
+    "pld_pair": "fn(m) -> Pair",
+    "rdp": "fn(m, alphas: ndarray) -> ndarray",
+    "equivalent_gaussian": "fn(m) -> float | None",
+    "scale_sensitivity": "fn(m, factor: float) -> Mechanism",
+    "pld_replace_one_pair": "fn(m, rate: float) -> Pair",
+    "rdp_poisson_subsampled": "fn(m, rate: float, alphas: ndarray) -> ndarray",
+    # serialisation hooks, read by privlearn.accounting.serialization (see the docstring)
+    "to_dict": "fn(m) -> dict (JSON types: the kind's fields)",
+    "from_dict": "fn(d: dict) -> Mechanism",
+}
+
+_STRUCTURAL = (Composed, Subsampled)
+
+
+@dataclass(frozen=True)
+class MechanismKind:
+    """What privlearn knows about one mechanism class (see :func:`register_mechanism`)."""
+
+    cls: type
+    functions: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    replace_one_doubles_sensitivity: bool = False
+
+    def get(self, representation: str) -> Callable[..., Any] | None:
+        return self.functions.get(representation)
+
+
+_KINDS: dict[type, MechanismKind] = {}
+
+
+def declare_representation(name: str, signature: str) -> None:
+    """Declare a new representation name (e.g. serialisation hooks) with its signature."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be an identifier, got {name!r}")
+    REPRESENTATIONS.setdefault(name, signature)
+
+
+def _check_class(cls: object) -> type:
+    if not (isinstance(cls, type) and issubclass(cls, Mechanism)):
+        raise TypeError(f"cls must be a subclass of privlearn.accounting.Mechanism, got {cls!r}")
+    if issubclass(cls, _STRUCTURAL):
+        raise ValueError(
+            f"cls must be a mechanism kind, not the structural {cls.__name__} (subsampling "
+            "and composition are derived from the kinds' functions)"
+        )
+    return cls
+
+
+def _check_functions(functions: Mapping[str, object]) -> dict[str, Callable[..., Any]]:
+    out: dict[str, Callable[..., Any]] = {}
+    for name, fn in functions.items():
+        if name not in REPRESENTATIONS:
+            raise ValueError(
+                f"representation must be one of {', '.join(map(repr, REPRESENTATIONS))}, got "
+                f"{name!r}; declare new ones with declare_representation"
+            )
+        if fn is None:
+            continue
+        if not callable(fn):
+            raise TypeError(f"{name} must be callable, got {fn!r}")
+        out[name] = fn
+    return out
+
+
+def register_mechanism(
+    cls: type,
+    *,
+    pure_epsilon: Callable[[Any], float],
+    pld_pair: Callable[[Any], Any] | None = None,
+    rdp: Callable[[Any, Any], Any] | None = None,
+    equivalent_gaussian: Callable[[Any], float | None] | None = None,
+    scale_sensitivity: Callable[[Any, float], Any] | None = None,
+    pld_replace_one_pair: Callable[[Any, float], Any] | None = None,
+    rdp_poisson_subsampled: Callable[[Any, float, Any], Any] | None = None,
+    replace_one_doubles_sensitivity: bool = False,
+    **other: Callable[..., Any],
+) -> MechanismKind:
+    """Register (or replace) the representations of a mechanism kind.
+
+    Parameters
+    ----------
+    cls : type
+        A subclass of :class:`~privlearn.accounting.Mechanism` (a frozen dataclass).
+    pure_epsilon, pld_pair, rdp, equivalent_gaussian, scale_sensitivity, \
+pld_replace_one_pair, rdp_poisson_subsampled : callable, optional
+        The representations (module docstring); ``pure_epsilon`` is required (return
+        ``math.inf`` for a mechanism without a pure-DP guarantee).
+    replace_one_doubles_sensitivity : bool
+        Whether the parameters are relative to the add/remove sensitivity under every
+        relation (module docstring).
+    **other : callable
+        Declared further representations (:func:`declare_representation`).
+
+    Returns
+    -------
+    MechanismKind
+    """
+    cls = _check_class(cls)
+    functions = _check_functions(
+        {
+            "pure_epsilon": pure_epsilon,
+            "pld_pair": pld_pair,
+            "rdp": rdp,
+            "equivalent_gaussian": equivalent_gaussian,
+            "scale_sensitivity": scale_sensitivity,
+            "pld_replace_one_pair": pld_replace_one_pair,
+            "rdp_poisson_subsampled": rdp_poisson_subsampled,
+            **other,
+        }
+    )
+    if "pure_epsilon" not in functions:
+        raise TypeError("pure_epsilon must be callable (return math.inf when there is none)")
+    kind = MechanismKind(
+        cls, MappingProxyType(functions), bool(replace_one_doubles_sensitivity)
+    )
+    _KINDS[cls] = kind
+    return kind
+
+
+def register_representation(cls: type, representation: str, fn: Callable[..., Any]) -> None:
+    """Attach one representation to a registered kind (or replace it)."""
+    cls = _check_class(cls)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        raise ValueError(
+            f"cls {cls.__name__} is not registered; call register_mechanism first"
+        )
+    functions = dict(kind.functions)
+    functions.update(_check_functions({representation: fn}))
+    _KINDS[cls] = MechanismKind(
+        cls, MappingProxyType(functions), kind.replace_one_doubles_sensitivity
+    )
+
+
+def registered_kinds() -> list[type]:
+    """The registered mechanism classes."""
+    return list(_KINDS)
+
+
+def kind_of(mechanism: Mechanism | type) -> MechanismKind | None:
+    """The registered kind of a mechanism (or class), following the MRO; None if none."""
+    cls = mechanism if isinstance(mechanism, type) else type(mechanism)
+    for c in cls.__mro__:
+        kind = _KINDS.get(c)
+        if kind is not None:
+            return kind
+    return None
+
+
+def lookup(representation: str, mechanism: Mechanism, *, accountant: str = "") -> Callable:
+    """The registered ``representation`` function of ``mechanism``'s kind.
+
+    Raises :class:`UnsupportedMechanismError` (naming the accountant, the kind and how to
+    register one) when there is none.
+    """
+    kind = kind_of(mechanism)
+    fn = kind.get(representation) if kind is not None else None
+    if fn is None:
+        who = f"accountant {accountant!r}" if accountant else "privlearn"
+        have = ", ".join(c.__name__ for c in _KINDS if representation in _KINDS[c].functions)
+        raise UnsupportedMechanismError(
+            f"{who} has no {representation!r} for {type(mechanism).__name__} "
+            f"(kinds with one: {have or 'none'}); register it with "
+            f"privlearn.accounting.register_mechanism(..., {representation}=...)"
+            + ("" if accountant == "rdp" or representation == "rdp" else
+               " or use another accountant, e.g. accountant='rdp'")
+        )
+    return fn
+
+
+# ----------------------------------------------------------------------------------------
+# description-level functions shared by the accountants and the facade
+# ----------------------------------------------------------------------------------------
+def _leaves(mechanism: Mechanism) -> Iterable[Mechanism]:
+    parts = mechanism.parts if isinstance(mechanism, Composed) else ((mechanism, 1),)
+    for m, _ in parts:
+        yield m.base if isinstance(m, Subsampled) else m
+
+
+def supports(mechanism: Mechanism, representation: str) -> bool:
+    """Whether every kind inside ``mechanism`` has ``representation``."""
+    for leaf in _leaves(mechanism):
+        kind = kind_of(leaf)
+        if kind is None or kind.get(representation) is None:
+            return False
+    return True
+
+
+def scaled(mechanism: Mechanism, factor: float, *, accountant: str = "") -> Mechanism:
+    """``mechanism`` when one record can move its output ``factor`` times further (the
+    kind's ``scale_sensitivity``; ``factor == 1`` returns it unchanged)."""
+    if factor == 1.0:
+        return mechanism
+    return lookup("scale_sensitivity", mechanism, accountant=accountant)(mechanism, factor)
+
+
+def relation_base(m: Subsampled, *, accountant: str = "") -> Mechanism:
+    """The base mechanism of ``m`` at the sensitivity its neighbouring relation implies.
+
+    * replace-one: a kind with ``replace_one_doubles_sensitivity`` at twice its
+      sensitivity (a record's contribution moves from ``+c`` to ``-c``); other kinds state
+      their guarantee for the relation (unchanged);
+    * fixed-size sampling under add/remove: the batches with and without the record differ
+      by a replacement, whose sensitivity is at most twice the add/remove one (triangle
+      inequality), so the base is taken at twice its sensitivity (group privacy);
+    * Poisson sampling under add/remove: the base itself.
+    """
+    base = m.base
+    if m.neighbouring is Neighbouring.REPLACE_ONE:
+        kind = kind_of(base)
+        doubles = kind is not None and kind.replace_one_doubles_sensitivity
+        return scaled(base, 2.0, accountant=accountant) if doubles else base
+    if m.scheme is Sampling.FIXED:
+        return scaled(base, 2.0, accountant=accountant)
+    return base
+
+
+def _round_up(x: float, ulps: int = 2) -> float:
+    """``x`` moved up by ``ulps`` units in the last place (0 and inf unchanged)."""
+    if x == 0.0 or not math.isfinite(x):
+        return x
+    for _ in range(ulps):
+        x = math.nextafter(x, math.inf)
+    return x
+
+
+def upper_float(value: Fraction) -> float:
+    """The smallest float >= ``value`` (an exact rational): for kinds whose pure epsilon
+    is a ratio, e.g. ``upper_float(Fraction(1) / Fraction(b))`` for the Laplace ``1/b``."""
+    x = float(value)
+    if Fraction(x) < value:
+        x = math.nextafter(x, math.inf)
+    return x
+
+
+_RATE_ULPS = 4.0 * sys.float_info.epsilon
+
+
+def _step_pure_epsilon(m: Mechanism) -> float:
+    """Pure epsilon of one (possibly subsampled) step; see :func:`pure_epsilon`."""
+    if isinstance(m, Subsampled):
+        if m.neighbouring is Neighbouring.REPLACE_ONE and m.rate < 1.0:
+            rep = kind_of(m.base)
+            fn = rep.get("pld_replace_one_pair") if rep is not None else None
+            if fn is not None:  # the supremum of the tight pair's privacy loss
+                e = float(fn(m.base, m.rate).pure_epsilon)
+                return e * (1.0 + _RATE_ULPS) if math.isfinite(e) else math.inf
+        try:
+            base = relation_base(m)
+        except UnsupportedMechanismError:  # no scaled version of the base is known:
+            return math.inf  # claim no pure-DP guarantee (conservative)
+        e = _step_pure_epsilon(base)
+        if math.isinf(e):
+            return math.inf
+        # Balle, Barthe & Gaboardi 2018, Theorems 8 and 9: log(1 + q (e^eps - 1))
+        return math.log1p(m.rate * math.expm1(e)) * (1.0 + _RATE_ULPS)
+    return float(lookup("pure_epsilon", m)(m))
+
+
+def pure_epsilon(mechanism: Mechanism) -> float:
+    """Pure-DP epsilon (``delta = 0``) of a description; ``inf`` if it has none.
+
+    The kind's ``pure_epsilon`` for one run (exact, or rounded up by the kind);
+    ``log(1 + q (e^eps - 1))`` for subsampling of the base at the sensitivity of the
+    neighbouring relation (:func:`relation_base`; Balle, Barthe & Gaboardi 2018,
+    Theorems 8 and 9), or the supremum of the privacy loss of the kind's
+    ``pld_replace_one_pair`` where it has one, each rounded up by 4 ulps; the exact sum
+    ``sum_i k_i eps_i`` over a composition (basic composition, Dwork & Roth 2014,
+    Theorem 3.14, attained by the dominating pairs), rounded up to a float.
+    """
+    if not isinstance(mechanism, Mechanism):
+        raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+    if isinstance(mechanism, Composed):
+        terms = [(k, _step_pure_epsilon(m)) for m, k in mechanism.parts]
+        if any(math.isinf(e) for _, e in terms):
+            return math.inf
+        return upper_float(sum((Fraction(k) * Fraction(e) for k, e in terms), Fraction(0)))
+    return _step_pure_epsilon(mechanism)
+
+
+def combine_gaussians(sigmas_and_counts: Iterable[tuple[float, float]]) -> float:
+    """Noise multiplier of the Gaussian equivalent to composing Gaussians ``sigma_i``
+    with (real, >= 0) coefficients ``c_i``: ``(sum_i c_i / sigma_i^2)^(-1/2)``.
+
+    mu-GDP composes as ``mu = sqrt(sum_i mu_i^2)`` (Dong, Roth & Su 2022, Corollary 3.3)
+    and a Gaussian with noise multiplier sigma is exactly (1/sigma)-GDP, so the
+    composition has exactly this Gaussian's privacy curve. A real coefficient ``c`` means
+    the Gaussian ``sigma / sqrt(c)`` (autodp's convention). The sum is exact (rational
+    arithmetic) and the result is the float at or just below the exact value (less
+    noise is the conservative side), e.g. exactly ``sigma`` for one ``(sigma, 1)``.
+    ``inf`` when every coefficient is 0.
+    """
+    pairs = [(float(s), float(c)) for s, c in sigmas_and_counts]
+    total = sum((Fraction(c) / Fraction(s) ** 2 for s, c in pairs if c != 0.0), Fraction(0))
+    if total == 0:
+        return math.inf
+    sigma = 1.0 / math.sqrt(float(total))
+    # the largest float we can certify: sigma^2 * total <= 1 in exact arithmetic
+    while Fraction(sigma) ** 2 * total > 1:
+        sigma = math.nextafter(sigma, 0.0)
+    return sigma
+
+
+def equivalent_gaussian(mechanism: Mechanism) -> float | None:
+    """Noise multiplier of one Gaussian with exactly the privacy curve of ``mechanism``
+    (every part's kind has an ``equivalent_gaussian``; no subsampling), else None."""
+    parts = mechanism.parts if isinstance(mechanism, Composed) else ((mechanism, 1),)
+    pairs = []
+    for m, k in parts:
+        kind = kind_of(m)
+        fn = kind.get("equivalent_gaussian") if kind is not None else None
+        sigma = fn(m) if fn is not None else None
+        if sigma is None:
+            return None
+        pairs.append((sigma, k))
+    if not pairs:
+        return None
+    return combine_gaussians(pairs)

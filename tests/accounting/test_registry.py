@@ -1,0 +1,119 @@
+"""The mechanism registry (privlearn.accounting.registry): API contract and built-ins.
+
+The end-to-end "add a mechanism" acceptance test is tests/accounting/test_extension.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import privlearn.accounting as acc
+from privlearn.accounting import registry
+
+
+def test_builtin_kinds_have_their_representations():
+    expect = {
+        acc.Gaussian: {"pure_epsilon", "pld_pair", "rdp", "equivalent_gaussian",
+                       "scale_sensitivity", "pld_replace_one_pair", "rdp_poisson_subsampled"},
+        acc.Laplace: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity",
+                      "pld_replace_one_pair", "rdp_poisson_subsampled"},
+        acc.RandomizedResponse: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity"},
+        acc.PureDP: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity"},
+        acc.RDPMechanism: {"pure_epsilon", "rdp"},
+    }
+    for cls, reps in expect.items():
+        kind = registry.kind_of(cls)
+        assert kind is not None and set(kind.functions) == reps, cls
+    assert registry.kind_of(acc.Gaussian).replace_one_doubles_sensitivity
+    assert not registry.kind_of(acc.PureDP).replace_one_doubles_sensitivity
+
+
+def test_registration_is_validated():
+    @dataclass(frozen=True)
+    class K(acc.Mechanism):
+        x: float
+
+    with pytest.raises(TypeError, match="pure_epsilon must be callable"):
+        registry.register_mechanism(K, pure_epsilon=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rdp must be callable"):
+        registry.register_mechanism(K, pure_epsilon=lambda m: 1.0, rdp=3)  # type: ignore
+    with pytest.raises(ValueError, match="representation must be one of"):
+        registry.register_mechanism(K, pure_epsilon=lambda m: 1.0, plot=lambda m: None)
+    with pytest.raises(ValueError, match="structural Composed"):
+        registry.register_mechanism(acc.Composed, pure_epsilon=lambda m: 1.0)
+    with pytest.raises(TypeError, match="subclass of privlearn.accounting.Mechanism"):
+        registry.register_mechanism(int, pure_epsilon=lambda m: 1.0)
+    with pytest.raises(ValueError, match="not registered"):
+        registry.register_representation(K, "rdp", lambda m, a: a)
+
+
+def test_declared_representation_and_mro_lookup():
+    registry.declare_representation("test_only_describe", "fn(m) -> str")
+
+    @dataclass(frozen=True)
+    class Base(acc.Mechanism):
+        eps: float
+
+    @dataclass(frozen=True)
+    class Child(Base):
+        pass
+
+    registry.register_mechanism(Base, pure_epsilon=lambda m: m.eps,
+                                test_only_describe=lambda m: f"eps={m.eps}")
+    assert registry.lookup("test_only_describe", Child(0.5))(Child(0.5)) == "eps=0.5"
+    assert registry.pure_epsilon(acc.compose(Child(0.25), 4)) == 1.0
+    with pytest.raises(acc.UnsupportedMechanismError,
+                       match="'pld_pair' for Child.*register_mechanism"):
+        Child(0.5).epsilon(1e-5, accountant="pld")
+
+
+def test_unregistered_kind_is_refused_by_name():
+    @dataclass(frozen=True)
+    class Unknown(acc.Mechanism):
+        x: float
+
+    for name in ("pld", "rdp"):
+        with pytest.raises(acc.UnsupportedMechanismError, match="Unknown"):
+            Unknown(1.0).epsilon(1e-5, accountant=name)
+
+
+def test_pure_epsilon_is_certified_and_exact_where_representable():
+    assert registry.pure_epsilon(acc.PureDP(0.5)) == 0.5
+    assert registry.pure_epsilon(acc.Laplace(2.0)) == 0.5
+    assert registry.pure_epsilon(acc.Laplace(3.0)) >= 1 / 3  # rounded up, not to nearest
+    from fractions import Fraction
+
+    assert Fraction(registry.pure_epsilon(acc.compose(acc.Laplace(3.0), 5))) >= Fraction(5, 3)
+    assert registry.pure_epsilon(acc.Gaussian(1.0)) == math.inf
+    q, e = 0.1, 1.0
+    m = acc.subsample(acc.PureDP(e), q)
+    assert registry.pure_epsilon(m) >= math.log1p(q * math.expm1(e))
+    assert registry.pure_epsilon(m) == pytest.approx(math.log1p(q * math.expm1(e)), rel=1e-15)
+
+
+def test_equivalent_gaussian_is_exact_or_rounded_down():
+    assert registry.equivalent_gaussian(acc.compose(acc.Gaussian(2.0), 4)) == 1.0
+    s = registry.equivalent_gaussian(acc.compose([acc.Gaussian(1.1), acc.Gaussian(2.0)], [3, 4]))
+    exact = (3 / 1.1**2 + 4 / 4.0) ** -0.5
+    assert s <= exact and s == pytest.approx(exact, rel=1e-15)
+    assert registry.equivalent_gaussian(acc.subsample(acc.Gaussian(1.0), 0.5)) is None
+    assert registry.combine_gaussians([(1.0, 0.0)]) == math.inf
+
+
+def test_deprecated_rdp_registration_still_works():
+    from privlearn.accounting.rdp import register_rdp
+
+    @dataclass(frozen=True)
+    class Old(acc.Mechanism):
+        rho: float
+
+    @register_rdp(Old)
+    def _(m, alphas):
+        return m.rho * np.asarray(alphas)
+
+    assert Old(0.5).rdp(3.0) == pytest.approx(1.5)
+    assert math.isfinite(Old(0.5).epsilon(1e-5, accountant="rdp"))

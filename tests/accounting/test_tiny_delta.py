@@ -1,0 +1,77 @@
+"""Tiny delta and long compositions (issue 14, item 6): where the PLD grid cannot certify
+delta (its FFT error allowance exceeds the target), ``epsilon`` returns the smaller of
+the other certified answers -- the pure epsilon and the RDP accountant -- and names the
+one that answered, instead of raising."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import optimize, special
+
+import privlearn.accounting as acc
+
+
+def _rr_exact_epsilon(p: float, k: int, delta: float) -> float:
+    """Exact epsilon(delta) of k-fold binary randomized response: the privacy loss is
+    ``(2j - k) eps0`` with ``j ~ Binomial(k, p)`` under P (Kairouz, Oh & Viswanath 2015)."""
+    eps0 = math.log(p / (1 - p))
+    j = np.arange(k + 1)
+    logpmf = (special.gammaln(k + 1) - special.gammaln(j + 1) - special.gammaln(k - j + 1)
+              + j * math.log(p) + (k - j) * math.log1p(-p))
+    loss = (2 * j - k) * eps0
+
+    def d(e: float) -> float:
+        gain = -np.expm1(np.minimum(e - loss, 0.0))  # (1 - e^{e - L})_+
+        return float(np.sum(np.exp(logpmf) * gain)) - delta
+
+    return optimize.brentq(d, 0.0, k * eps0, xtol=1e-12)
+
+
+def test_laplace_composition_at_1e_14_is_its_pure_epsilon():
+    m = acc.compose(acc.Laplace(2.0), 5)
+    b = m.epsilon_bounds(1e-14)
+    # the pure epsilon 5/2 is a certified answer for every delta (and here the best one)
+    assert b.upper == pytest.approx(2.5, rel=1e-15) and b.upper >= 2.5
+    assert b.accountant in ("pld", "rdp")
+
+
+def test_thousand_randomized_responses_at_1e_12_answer_with_rdp():
+    m = acc.compose(acc.RandomizedResponse(0.75), 1000)
+    b = m.epsilon_bounds(1e-12)
+    exact = _rr_exact_epsilon(0.75, 1000, 1e-12)
+    assert math.isfinite(b.upper)
+    assert b.upper >= exact  # certified, never optimistic
+    assert b.upper <= 1000 * math.log(3.0)  # never above the pure epsilon
+    assert b.accountant == "rdp"
+    assert b.upper == m.epsilon(1e-12, accountant="rdp")
+
+
+def test_fallback_raises_when_nothing_can_answer(monkeypatch):
+    # a Gaussian has no pure epsilon; with RDP refused too, the grid's error is raised
+    from privlearn.accounting import accountants, pld
+
+    class _NoRDP:
+        name = "rdp"
+
+        def epsilon(self, mechanism, delta):
+            raise acc.UnsupportedMechanismError("no")
+
+        def delta(self, mechanism, epsilon):
+            raise acc.UnsupportedMechanismError("no")
+
+    monkeypatch.setitem(accountants._REGISTRY, "rdp", _NoRDP())
+    err = acc.AccountingError("grid")
+    m = acc.compose(acc.subsample(acc.Gaussian(1.0), 0.01), 10)
+    with pytest.raises(acc.AccountingError, match="grid"):
+        pld.PLDAccountant()._fallback_epsilon(m, 1e-12, math.inf, err)
+
+
+def test_fallback_can_be_switched_off():
+    from privlearn.accounting.pld import PLDAccountant
+
+    m = acc.compose(acc.RandomizedResponse(0.75), 1000)
+    with pytest.raises(acc.AccountingError, match="cannot certify"):
+        PLDAccountant(fallback=False).epsilon(m, 1e-12)

@@ -1,0 +1,151 @@
+"""make_private(ledger=...): a training run spends from a persistent privacy ledger."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.errors import BudgetExceededError  # noqa: E402
+from privlearn.ledger import Ledger  # noqa: E402
+from privlearn.torch import make_private  # noqa: E402
+
+DELTA = 1e-5
+
+
+def _setup(tmp_path, epsilon):
+    ledger = Ledger(tmp_path / "privacy.db")
+    ledger.create_budget("toy", epsilon=epsilon, delta=DELTA)
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(64, 5, generator=g), torch.randint(0, 2, (64,), generator=g))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+    return ledger, ds, model
+
+
+def _train(p, n):
+    done = 0
+    while done < n:
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            done += 1
+            if done == n:
+                return
+
+
+def _steps(sigma, q, k):
+    return compose(subsample(Gaussian(sigma), rate=q), steps=k)
+
+
+def test_plan_reserved_before_training_and_settled_to_what_ran(tmp_path):
+    ledger, ds, model = _setup(tmp_path, epsilon=10.0)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0, epochs=2,
+                     ledger=ledger.budget("toy"), seed=0)
+    plan = _steps(1.0, 8 / 64, 16)
+    # reserved before any step: the whole plan counts
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(plan.epsilon(DELTA), rel=1e-9)
+    _train(p, 5)
+    p.finish()
+    assert ledger.pending("toy") == []
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(p.epsilon(DELTA), rel=1e-9)
+    # training continues after finish(): new steps are reserved again
+    _train(p, 3)
+    p.optimizer.noise_multiplier = 2.0  # a schedule: a new reservation for the new noise
+    _train(p, 2)
+    p.detach()
+    assert ledger.pending("toy") == []
+    assert p.accountant.steps == 10
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(p.epsilon(DELTA), rel=1e-6)
+    assert ledger.verify()
+
+
+def test_refused_before_touching_anything(tmp_path):
+    ledger, ds, model = _setup(tmp_path, epsilon=0.5)
+    flags = [q.requires_grad for q in model.parameters()]
+    with pytest.raises(BudgetExceededError, match="refused"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=0.5, epochs=50,
+                     ledger=ledger.budget("toy"))
+    assert [q.requires_grad for q in model.parameters()] == flags
+    assert not model._forward_hooks and not model[0]._forward_hooks
+    assert ledger.history("toy") == [] or all(e.kind != "reserve" for e in ledger.history("toy"))
+
+
+def test_budget_exhausted_mid_run_stops_before_the_step(tmp_path):
+    ledger, ds, model = _setup(tmp_path, epsilon=2.0)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0,
+                     ledger=ledger.budget("toy"), ledger_chunk=4)
+    with pytest.raises(BudgetExceededError):
+        _train(p, 10_000)
+    k = p.accountant.steps
+    p.finish()
+    spent = ledger.spent("toy").epsilon_spent
+    assert spent <= 2.0
+    assert spent == pytest.approx(_steps(1.0, 8 / 64, k).epsilon(DELTA), rel=1e-9)
+    assert _steps(1.0, 8 / 64, k + 1).epsilon(DELTA) > 2.0
+
+
+_CHILD = textwrap.dedent("""
+    import sys, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from privlearn.ledger import Ledger
+    from privlearn.torch import make_private
+    path, progress = sys.argv[1], sys.argv[2]
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(64, 5, generator=g), torch.randint(0, 2, (64,), generator=g))
+    model = nn.Linear(5, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0,
+                     ledger=Ledger(path).budget("toy"), ledger_chunk=3)
+    while True:
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            with open(progress, "w") as f:
+                f.write(str(p.accountant.steps))
+""")
+
+
+def test_sigkill_mid_run_leaves_at_least_the_steps_that_ran(tmp_path):
+    ledger, _, _ = _setup(tmp_path, epsilon=1e6)
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    progress = tmp_path / "progress"
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "privacy.db"),
+                             str(progress)])
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if progress.exists() and progress.read_text().strip() and \
+                    int(progress.read_text()) >= 7:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"child exited with {proc.returncode}")
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ran = int(progress.read_text())  # steps completed when last reported (>= 7)
+    reopened = Ledger(tmp_path / "privacy.db")
+    assert reopened.verify()
+    assert reopened.pending("toy")  # the killed run's reservation is still counted
+    spent = reopened.spent("toy").epsilon_spent
+    assert spent >= _steps(1.0, 8 / 64, ran).epsilon(DELTA) - 1e-12
