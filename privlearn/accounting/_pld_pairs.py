@@ -152,7 +152,8 @@ def pure_dp_pair(eps: float) -> DiscretePair:
     """Binary randomized response with parameter eps, which dominates every
     (eps, 0)-DP mechanism (Kairouz, Oh & Viswanath 2015, Theorem 2.1)."""
     p = 1.0 / (1.0 + math.exp(-eps))  # e^eps / (1 + e^eps)
-    return DiscretePair(np.array([p, 1.0 - p]), np.array([1.0 - p, p]))
+    r = math.exp(-eps) / (1.0 + math.exp(-eps))  # 1 - p without cancellation (eps > 37)
+    return DiscretePair(np.array([p, r]), np.array([r, p]))
 
 
 class RemovePair(Pair):

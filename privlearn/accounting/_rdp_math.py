@@ -36,7 +36,7 @@ def _rr_rdp(eps: float, alphas: np.ndarray) -> np.ndarray:
     if eps == 0.0:
         return np.zeros_like(alphas)
     log_p = -math.log1p(math.exp(-eps))  # log(e^eps / (1 + e^eps))
-    log_q = -math.log1p(math.exp(eps))  # log(1 / (1 + e^eps))
+    log_q = -eps + log_p  # log(1 / (1 + e^eps)), no overflow for eps > 709
     a = alphas
     val = np.logaddexp(a * log_p + (1 - a) * log_q, a * log_q + (1 - a) * log_p) / (a - 1)
     val = val * (1 + 8 * _ULP) + 8 * _ULP * eps

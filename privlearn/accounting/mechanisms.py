@@ -80,6 +80,14 @@ class Neighbouring(Enum):
     """Datasets differ by adding or removing one record (default)."""
     REPLACE_ONE = "replace_one"
     """Datasets of equal size differ by replacing one record."""
+    REMOVE_ONLY = "remove_only"
+    """One-sided: only the divergence of ``M(D)`` from ``M(D')``, ``D'`` = ``D`` minus one
+    record, is bounded (autodp's ``neighboring="remove_only"``; Zhu, Dong & Wang 2022,
+    Section 5). Weaker than :attr:`ADD_REMOVE`, which is the worse of the two one-sided
+    relations. Poisson subsampling only."""
+    ADD_ONLY = "add_only"
+    """One-sided: ``D'`` = ``D`` plus one record (autodp's ``neighboring="add_only"``).
+    Poisson subsampling only."""
 
 
 class Sampling(Enum):
@@ -106,7 +114,8 @@ class Mechanism:
 
         Parameters
         ----------
-        delta : float in [0, 1)
+        delta : float in [0, 1]
+            (``delta = 1`` gives 0: every mechanism is (0, 1)-DP.)
         accountant : {"pld", "rdp", "analytic"}
             ``"pld"`` (default) composes privacy loss distributions with a pessimistic
             discretisation; ``"rdp"`` uses Renyi DP; ``"analytic"`` is exact for
@@ -120,8 +129,10 @@ class Mechanism:
 
     def epsilon_bounds(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
         """Upper bound and (where the accountant has one) lower bound on epsilon(delta)."""
-        delta = check_delta("delta", delta)
+        delta = check_delta("delta", delta, allow_one=True)
         acc = get_accountant(accountant)
+        if delta == 1.0:  # every mechanism is (0, 1)-DP
+            return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
         return acc.epsilon(self, delta)
@@ -310,6 +321,12 @@ class Subsampled(Mechanism):
             nb = Neighbouring.ADD_REMOVE if scheme is Sampling.POISSON else Neighbouring.REPLACE_ONE
         else:
             nb = check_enum("neighbouring", self.neighbouring, Neighbouring)
+        one_sided = nb in (Neighbouring.REMOVE_ONLY, Neighbouring.ADD_ONLY)
+        if one_sided and scheme is not Sampling.POISSON:
+            raise ValueError(
+                f"neighbouring={nb.value!r} (one-sided) requires scheme='poisson', got "
+                f"scheme={scheme.value!r}; use 'replace_one' for fixed-size sampling"
+            )
         object.__setattr__(self, "neighbouring", nb)
 
 

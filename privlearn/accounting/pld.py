@@ -95,6 +95,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from privlearn.accounting import _pld_discrete as dsc
+from privlearn.accounting import closed_form
 from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
 from privlearn.accounting._pld_profile import PLDResult as _Result
 from privlearn.accounting._pld_profile import delta_at as _delta_at
@@ -171,6 +172,10 @@ def _step(m: Mechanism) -> _Step:
         if q >= 1.0:
             return _Step("sym", base)
         rem, add = RemovePair(base, q), AddPair(base, q)
+        if m.neighbouring is Neighbouring.REMOVE_ONLY:  # one-sided relations (autodp's)
+            return _Step("sym", rem)
+        if m.neighbouring is Neighbouring.ADD_ONLY:
+            return _Step("sym", add)
         if m.neighbouring is Neighbouring.REPLACE_ONE:
             return _Step("max", rem, add)
         return _Step("dir", rem, add)
@@ -234,6 +239,9 @@ class PLDAccountant:
         if sigma is not None:  # exact curve, bracketed by its floating-point error
             lo, up = gaussian_epsilon_bounds(sigma, delta)
             return PrivacyBound(up, lo, self.name)
+        exact = closed_form.epsilon_bounds(mechanism, delta) if delta > 0.0 else None
+        if exact is not None:  # hook (issue 14): exact finite PLD / Laplace closed form
+            return PrivacyBound(exact[1], exact[0], self.name)
         if delta <= 0.0:
             e = pure_epsilon(mechanism)
             if math.isinf(e):
@@ -274,6 +282,9 @@ class PLDAccountant:
         if sigma is not None:
             lo, up = gaussian_delta_bounds(sigma, epsilon)
             return PrivacyBound(up, lo, self.name)
+        exact = closed_form.delta_bounds(mechanism, epsilon)
+        if exact is not None:  # hook (issue 14): exact finite PLD / Laplace closed form
+            return PrivacyBound(exact[1], exact[0], self.name)
         pe = pure_epsilon(mechanism)
         if epsilon >= pe * (1.0 + 4.0 * dsc.U):  # beyond the largest privacy loss
             return PrivacyBound(0.0, 0.0, self.name)

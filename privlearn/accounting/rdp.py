@@ -226,7 +226,9 @@ def _composed_rdp(mechanism: Composed, alphas: np.ndarray) -> np.ndarray:
 
 
 def _supported_pair(m: Subsampled) -> bool:
-    return (m.scheme is Sampling.POISSON and m.neighbouring is Neighbouring.ADD_REMOVE) or (
+    # one-sided relations (add-only / remove-only) are bounded by the add/remove RDP
+    one_sided = (Neighbouring.ADD_REMOVE, Neighbouring.REMOVE_ONLY, Neighbouring.ADD_ONLY)
+    return (m.scheme is Sampling.POISSON and m.neighbouring in one_sided) or (
         m.scheme is Sampling.FIXED and m.neighbouring is Neighbouring.REPLACE_ONE
     )
 

@@ -49,10 +49,18 @@ def test_noise_multiplier_must_be_positive_finite(cls, bad):
         cls(bad)
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, math.nan, math.inf])
+@pytest.mark.parametrize("bad", [-0.1, 1.5, math.nan, math.inf])
 def test_delta_range(bad):
-    with _raises(["delta", "[0, 1)", repr(bad)]):
+    with _raises(["delta", "[0, 1]", repr(bad)]):
         Gaussian(1.0).epsilon(bad, accountant="analytic")
+
+
+@pytest.mark.parametrize("accountant", ["analytic", "pld", "rdp"])
+def test_delta_one_gives_epsilon_zero(accountant):
+    # every mechanism is (0, 1)-DP (issue 14: autodp returns 0 and loops over
+    # 10.0**-np.linspace(0, ...) hit delta = 1)
+    assert Gaussian(1.0).epsilon(1.0, accountant=accountant) == 0.0
+    assert Gaussian(0.3).epsilon_bounds(1, accountant=accountant).lower == 0.0
 
 
 @pytest.mark.parametrize("bad", [-0.5, math.nan, math.inf])

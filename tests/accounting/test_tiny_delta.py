@@ -38,13 +38,26 @@ def test_laplace_composition_at_1e_14_is_its_pure_epsilon():
     assert b.accountant in ("pld", "rdp")
 
 
-def test_thousand_randomized_responses_at_1e_12_answer_with_rdp():
+def test_thousand_randomized_responses_at_1e_12_exact():
+    # a composition of randomized responses has a finite PLD, composed exactly in closed
+    # form (privlearn.accounting.closed_form) at any delta
     m = acc.compose(acc.RandomizedResponse(0.75), 1000)
     b = m.epsilon_bounds(1e-12)
     exact = _rr_exact_epsilon(0.75, 1000, 1e-12)
+    assert b.upper >= exact * (1 - 1e-12)  # certified (brentq's xtol is 1e-12)
+    assert b.upper == pytest.approx(exact, rel=1e-9)
+    assert b.lower <= exact * (1 + 1e-12)
+    assert b.accountant == "pld"
+
+
+def test_thousand_randomized_responses_and_a_laplace_at_1e_12_answer_with_rdp():
+    # no closed form (the Laplace part): the grid cannot certify 1e-12, RDP answers
+    m = acc.compose([acc.RandomizedResponse(0.75), acc.Laplace(1.0)], [1000, 1])
+    b = m.epsilon_bounds(1e-12)
+    exact_rr = _rr_exact_epsilon(0.75, 1000, 1e-12)
     assert math.isfinite(b.upper)
-    assert b.upper >= exact  # certified, never optimistic
-    assert b.upper <= 1000 * math.log(3.0)  # never above the pure epsilon
+    assert b.upper >= exact_rr  # adding a mechanism never lowers epsilon
+    assert b.upper <= 1000 * math.log(3.0) + 1.0  # never above the pure epsilon
     assert b.accountant == "rdp"
     assert b.upper == m.epsilon(1e-12, accountant="rdp")
 
@@ -72,6 +85,6 @@ def test_fallback_raises_when_nothing_can_answer(monkeypatch):
 def test_fallback_can_be_switched_off():
     from privlearn.accounting.pld import PLDAccountant
 
-    m = acc.compose(acc.RandomizedResponse(0.75), 1000)
+    m = acc.compose([acc.RandomizedResponse(0.75), acc.Laplace(1.0)], [1000, 1])
     with pytest.raises(acc.AccountingError, match="cannot certify"):
         PLDAccountant(fallback=False).epsilon(m, 1e-12)

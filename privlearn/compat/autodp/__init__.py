@@ -8,11 +8,35 @@ import lines::
     from privlearn.compat.autodp import mechanism_zoo, transformer_zoo
     from privlearn.compat.autodp.calibrator_zoo import eps_delta_calibrator
 
+``rdp_bank``, ``dp_bank``, ``fdp_bank`` and ``rdp_acct.anaRDPacct`` are provided for the
+functions users import most (each backed by privlearn's accountants); unported autodp
+names raise an ``AttributeError`` saying so. autodp arguments that cannot change a value
+here raise :class:`~privlearn.compat.autodp.autodp_core.AutodpArgumentWarning` when set
+away from autodp's defaults.
+
 Every epsilon is a certified upper bound from privlearn's accountants (exact for
 compositions of Gaussians, PLD otherwise, RDP for user-supplied RDP functions); see
 :mod:`privlearn.compat.autodp.autodp_core` for the differences from autodp.
 """
 
-from privlearn.compat.autodp import autodp_core, calibrator_zoo, mechanism_zoo, transformer_zoo
+from privlearn.compat.autodp import (
+    autodp_core,
+    calibrator_zoo,
+    dp_bank,
+    fdp_bank,
+    mechanism_zoo,
+    rdp_acct,
+    rdp_bank,
+    transformer_zoo,
+)
 
-__all__ = ["autodp_core", "calibrator_zoo", "mechanism_zoo", "transformer_zoo"]
+__all__ = [
+    "autodp_core",
+    "calibrator_zoo",
+    "dp_bank",
+    "fdp_bank",
+    "mechanism_zoo",
+    "rdp_acct",
+    "rdp_bank",
+    "transformer_zoo",
+]

@@ -42,6 +42,7 @@ References
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -69,9 +70,34 @@ __all__ = [
     "NO_PRIVACY_LOSS",
     "as_float",
     "equivalent_gaussian_sigma",
+    "AutodpArgumentWarning",
+    "warn_no_effect",
     "pure_epsilon_of",
     "default_accountant",
 ]
+
+
+class AutodpArgumentWarning(UserWarning):
+    """An autodp argument was accepted but has no effect in privlearn's facade (the
+    message says why). Never emitted for arguments left at autodp's defaults."""
+
+
+def warn_no_effect(where: str, given: dict[str, Any], reason: str, stacklevel: int = 3) -> None:
+    """Warn that the autodp arguments in ``given`` (name -> value, already filtered to the
+    ones the caller set away from autodp's default) have no effect, and why."""
+    if not given:
+        return
+    args = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    warnings.warn(
+        f"{where}: {args} has no effect in privlearn's autodp facade: {reason}",
+        AutodpArgumentWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def non_default(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that differ from autodp's ``defaults``."""
+    return {k: v for k, v in values.items() if v != defaults[k]}
 
 
 # ----------------------------------------------------------------------------------------
@@ -173,6 +199,47 @@ def evaluate_delta(mech: PrivlearnMechanism, epsilon: float, accountant: str | N
         return float(mech.delta(epsilon, "rdp"))
 
 
+def _tradeoff_curve(mech: PrivlearnMechanism, alphas: np.ndarray, accountant: str | None):
+    """``privlearn.accounting.fdp.tradeoff_curve`` with the facade's accountant choice."""
+    try:
+        from privlearn.accounting.fdp import tradeoff_curve
+    except ImportError:  # LEAD: remove with _fdp_fallback once accounting/fdp.py is merged
+        from privlearn.compat.autodp._fdp_fallback import tradeoff_curve
+    acc = accountant if accountant is not None else default_accountant(mech)
+    if acc == "analytic":
+        acc = "pld"  # (Gaussian compositions take the exact mu-GDP path before any accountant)
+    try:
+        grid = _epsilon_grid(mech, acc)
+    except UnsupportedMechanismError:
+        if accountant is not None or acc != "pld":
+            raise
+        acc = "rdp"
+        grid = _epsilon_grid(mech, acc)
+    return np.asarray(tradeoff_curve(mech, alphas, epsilons=grid, accountant=acc), dtype=float)
+
+
+def _epsilon_grid(mech: PrivlearnMechanism, accountant: str) -> np.ndarray | None:
+    """Grid of epsilons for the profile envelope: 200 points up to epsilon(delta) at the
+    smallest delta in (1e-12, 1e-10, 1e-8, 1e-6) the accountant can certify, capped at
+    700 (a shorter
+    grid only loosens the envelope near fpr = 0; it stays a valid lower bound). ``None``
+    (the default grid) for Gaussian compositions, which take the exact path."""
+    if equivalent_gaussian(mech) is not None:
+        return None
+    err: Exception | None = None
+    for d in (1e-12, 1e-10, 1e-8, 1e-6):
+        try:
+            top = float(mech.epsilon(d, accountant=accountant))
+        except ArithmeticError as e:
+            err = e
+            continue
+        if math.isfinite(top):
+            # (epsilons above 700 only matter at fpr < e^-700; e^eps would overflow)
+            top = min(top, 700.0)
+            return np.concatenate([[0.0], top * np.linspace(0.0, 1.0, 201)[1:] ** 1.5])
+    raise ValueError(f"no finite certified epsilon at delta >= 1e-6 for {mech!r}") from err
+
+
 class RenyiDPFunction:
     """Callable ``alpha -> eps_RDP(alpha)`` of a facade mechanism.
 
@@ -219,6 +286,22 @@ class RenyiDPFunction:
 _SUPPORTED_UPDATES = ("RDP", "pureDP", "approxDP", "approxDP_func")
 
 
+_INSTANCE_DEFAULTS: dict[str, Callable[[], Any]] = {
+    "name": lambda: "generic",
+    "params": dict,
+    "accountant": lambda: None,
+    "delta0": lambda: math.inf,
+    "neighboring": lambda: "add_remove",
+    "local_flag": lambda: False,
+    "group_size": lambda: 1,
+    "_mechanism": lambda: None,
+    "_approxdp_bounds": list,
+    "_alt_descriptions": list,
+    "_pure_eps_bound": lambda: math.inf,
+}
+"""Defaults of :meth:`Mechanism.__init__`, for subclasses that do not call it."""
+
+
 class Mechanism:
     """autodp-style mechanism backed by a privlearn description.
 
@@ -252,7 +335,19 @@ class Mechanism:
         self.group_size = 1
         self._mechanism: Description = None
         self._approxdp_bounds: list[Callable[[float], float]] = []
+        self._alt_descriptions: list[PrivlearnMechanism] = []
         self._pure_eps_bound = math.inf
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: a subclass that never called
+        # Mechanism.__init__ (autodp's own tutorials do this and then call
+        # set_all_representation) gets the defaults of __init__ on first use.
+        factory = _INSTANCE_DEFAULTS.get(name)
+        if factory is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = factory()
+        object.__setattr__(self, name, value)
+        return value
 
     @classmethod
     def from_privlearn(cls, mechanism: PrivlearnMechanism, name: str = "privlearn") -> Mechanism:
@@ -298,6 +393,10 @@ class Mechanism:
         self._mechanism = primary
         acc = self.accountant
         self._approxdp_bounds.append(lambda d, m=secondary: evaluate_epsilon(m, d, acc))
+        if isinstance(secondary, PrivlearnMechanism):
+            # kept so that transformers can carry it through (Composition composes the
+            # alternative descriptions too and keeps the smaller epsilon)
+            self._alt_descriptions.append(secondary)
 
     def _description_for(self, what: str) -> PrivlearnMechanism | _NoPrivacyLoss:
         """The description, or a clear error if this mechanism cannot be transformed."""
@@ -349,9 +448,9 @@ class Mechanism:
         docstring), of any extra bounds given through ``propagate_updates`` and of the
         pure-DP epsilon. ``inf`` when nothing is known.
         """
-        delta = check_delta("delta", as_float("delta", delta))
+        delta = check_delta("delta", as_float("delta", delta), allow_one=True)
         m = self._mechanism
-        if m is NO_PRIVACY_LOSS:
+        if m is NO_PRIVACY_LOSS or delta == 1.0:  # every mechanism is (0, 1)-DP (as autodp)
             return 0.0
         bounds = [self.eps_pureDP]
         if isinstance(m, PrivlearnMechanism):
@@ -394,11 +493,46 @@ class Mechanism:
         """The smallest epsilon over all representations (as in autodp)."""
         return float(min(self.get_pureDP(), self.get_approxDP(delta)))
 
-    def fDP(self, fpr: float) -> float:  # noqa: N802
-        raise NotImplementedError("f-DP is not provided by privlearn's autodp facade")
+    def fDP(self, fpr: Any) -> Any:  # noqa: N802 (autodp's name)
+        """Trade-off function: the smallest false negative rate (type II error) of any
+        test of this mechanism's neighbouring outputs at false positive rate ``fpr``
+        (f-DP; Dong, Roth & Su 2022, Definition 2.3). Scalar or array ``fpr`` in [0, 1].
 
-    def get_fDP(self, fpr: float) -> float:  # noqa: N802
+        Exact for Gaussians and their compositions (``mu``-GDP); otherwise the lower
+        envelope of the certified privacy profile (never above the true curve), and at
+        least the pure-DP curve ``max(0, 1 - e^eps fpr, e^-eps (1 - fpr))`` when a pure
+        epsilon is known. Computed by ``privlearn.accounting.fdp.tradeoff_curve``.
+        """
+        scalar = np.ndim(fpr) == 0
+        a = np.asarray(fpr, dtype=float).reshape(-1)
+        if a.size == 0 or not np.all((a >= 0) & (a <= 1)):
+            raise ValueError(f"fpr must be in [0, 1], got {fpr!r}")
+        f = self._tradeoff(a)
+        return float(f[0]) if scalar else f.reshape(np.shape(fpr))
+
+    def get_fDP(self, fpr: Any) -> Any:  # noqa: N802
+        """See :meth:`fDP`."""
         return self.fDP(fpr)
+
+    def plot_fDP(self, length: int = 101) -> tuple[np.ndarray, np.ndarray]:  # noqa: N802
+        """``(fpr_list, fnr_list)`` on ``length`` equally spaced false positive rates in
+        [0, 1] (as autodp), for plotting the trade-off curve."""
+        fpr_list = np.linspace(0.0, 1.0, int(length))
+        return fpr_list, self._tradeoff(fpr_list)
+
+    def _tradeoff(self, alphas: np.ndarray) -> np.ndarray:
+        m = self._mechanism
+        if m is NO_PRIVACY_LOSS:
+            return 1.0 - alphas
+        f = np.zeros_like(alphas)
+        e = self.eps_pureDP
+        if math.isfinite(e):  # an eps-DP mechanism is f_eps-DP (Dong, Roth & Su, Prop 2.5)
+            with np.errstate(over="ignore", invalid="ignore"):
+                lin = np.where(alphas > 0, 1.0 - np.exp(e) * alphas, 1.0)
+            f = np.maximum(0.0, np.maximum(lin, math.exp(-e) * (1.0 - alphas)))
+        if isinstance(m, PrivlearnMechanism):
+            f = np.maximum(f, _tradeoff_curve(m, alphas, self.accountant))
+        return f
 
     def approxRDP(self, delta: float, alpha: float) -> float:  # noqa: N802
         raise NotImplementedError("approximate RDP is not provided by privlearn's autodp facade")
@@ -412,9 +546,9 @@ class Mechanism:
         func: Any,
         type_of_update: str,
         delta0: float = 0,
-        BBGHS_conversion: bool = True,  # noqa: N803 (autodp's name; ignored)
-        fDP_based_conversion: bool = False,  # noqa: N803 (ignored)
-        n_quad: int = 700,  # ignored
+        BBGHS_conversion: bool = True,  # noqa: N803 (autodp's name; warns if changed)
+        fDP_based_conversion: bool = False,  # noqa: N803
+        n_quad: int = 700,
     ) -> None:
         """Add a privacy characterisation (autodp semantics: the pointwise minimum of all
         characterisations is reported).
@@ -434,9 +568,26 @@ class Mechanism:
             autodp's other kinds (f-DP, characteristic functions, cdf, pdf, approximate RDP)
             raise :class:`NotImplementedError`.
         delta0, BBGHS_conversion, fDP_based_conversion, n_quad
-            Accepted for autodp compatibility; ``delta0`` is recorded, the others do not
-            apply (privlearn's conversions are always the tightest it has).
+            Accepted for autodp compatibility; ``delta0`` is recorded; the others, when
+            set away from autodp's defaults, raise an :class:`AutodpArgumentWarning`
+            saying they have no effect (privlearn's conversions are always the tightest
+            it has).
         """
+        warn_no_effect(
+            "propagate_updates",
+            non_default(
+                {
+                    "BBGHS_conversion": BBGHS_conversion,
+                    "fDP_based_conversion": fDP_based_conversion,
+                    "n_quad": n_quad,
+                },
+                {"BBGHS_conversion": True, "fDP_based_conversion": False, "n_quad": 700},
+            ),
+            "privlearn converts every representation with its tightest certified accountant "
+            "(PLD; for RDP-only mechanisms the conversion of Canonne, Kamath & Steinke 2020 "
+            "and Balle et al. 2020), "
+            "whatever conversion autodp would have chosen",
+        )
         if type_of_update == "RDP":
             if isinstance(func, RenyiDPFunction):
                 self._tighten_description(func.mechanism)
@@ -483,6 +634,7 @@ class Mechanism:
             )
         self._mechanism = mech._mechanism
         self._approxdp_bounds = list(mech._approxdp_bounds)
+        self._alt_descriptions = list(mech._alt_descriptions)
         self._pure_eps_bound = mech._pure_eps_bound
         self.delta0 = mech.delta0
         self.neighboring = mech.neighboring

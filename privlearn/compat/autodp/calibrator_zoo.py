@@ -58,9 +58,11 @@ def _search(
 
     A lower bound of 0 (autodp's usual ``[0, hi]``) is not a valid parameter for most
     mechanisms (sigma = 0, zero compositions); it is replaced by ``hi * 1e-12``. If the
-    accountant cannot evaluate the mechanism at the lower end (an ``ArithmeticError``,
-    e.g. epsilon beyond 1e12 for almost no noise), the lower end is raised geometrically
-    until it can: such points are never feasible, so no solution is lost.
+    accountant cannot evaluate the mechanism at the lower end (an ``ArithmeticError`` or
+    a numerical ``ValueError``, e.g. epsilon beyond 1e12 for almost no noise, or 1e21
+    compositions), the lower end is raised geometrically until it can. Such points are
+    the no-privacy end of the range and are taken to be infeasible; the bisection itself
+    never skips an error (it propagates).
     """
     target = check_positive("eps", as_float("eps", eps))
     delta = check_delta("delta", as_float("delta", delta))
@@ -75,7 +77,9 @@ def _search(
         try:
             factory(lo).epsilon(delta)
             break
-        except ArithmeticError:
+        except (ArithmeticError, ValueError):
+            # the accountant's numerics fail for this extreme parameter (e.g. 1e21
+            # compositions at lo = hi * 1e-12): raise the lower end
             lo = math.sqrt(lo * hi)
             if hi - lo <= rtol * hi:
                 break
@@ -121,8 +125,10 @@ class generalized_eps_delta_calibrator(eps_delta_calibrator):  # noqa: N801 (aut
     ``generalized_eps_delta_calibrator()(mech_class, eps, delta, bounds, params=None,
     para_name=None, name=None)``: with ``params`` (a dict holding the fixed parameters)
     and ``para_name`` (the key to tune), each candidate is ``mech_class({**params,
-    para_name: x})``; without ``params``, as :class:`eps_delta_calibrator`. ``params`` is
-    not modified (autodp modifies it in place).
+    para_name: x})``; without ``params``, as :class:`eps_delta_calibrator`. As in autodp,
+    ``params[para_name]`` is set to the calibrated value in place and the returned
+    mechanism is built from ``params`` itself (the search works on copies, so ``params``
+    holds no intermediate value even if the search raises).
     """
 
     def __init__(self, rtol: float = 1e-7) -> None:
@@ -148,8 +154,8 @@ class generalized_eps_delta_calibrator(eps_delta_calibrator):  # noqa: N801 (aut
             return mech_class({**params, para_name: x})
 
         x = _search(build, eps, delta, bounds, self.rtol)
-        final = {**params, para_name: x}
-        return mech_class(final, name=name) if name else mech_class(final)
+        params[para_name] = x  # in place, as autodp
+        return mech_class(params, name=name) if name else mech_class(params)
 
 
 class ana_gaussian_calibrator(Calibrator):  # noqa: N801 (autodp's name)

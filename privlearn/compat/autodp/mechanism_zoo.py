@@ -2,9 +2,12 @@
 
 Each class builds a privlearn description (:mod:`privlearn.accounting`) and keeps autodp's
 constructor signature, ``name`` and ``params``. autodp's switches that choose among its
-own representations (``RDP_off``, ``approxDP_off``, ``phi_off``, ...) are accepted and
-ignored: privlearn always evaluates the description with its tightest certified
-accountant (see :mod:`privlearn.compat.autodp.autodp_core`).
+own representations (``RDP_off``, ``approxDP_off``, ``phi_off``, ...) cannot change a
+value here -- privlearn always evaluates the description with its tightest certified
+accountant -- so, set away from autodp's defaults, they raise an
+:class:`~privlearn.compat.autodp.autodp_core.AutodpArgumentWarning` saying so (never
+silently dropped). ``SubsampleGaussianMechanism(phi_off=False, neighboring=...)`` is
+honoured (one-sided relations) (see :mod:`privlearn.compat.autodp.autodp_core`).
 
 Parameters may be Python or NumPy scalars (including 0-d and one-element arrays).
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+import numpy as np
 
 from privlearn._validation import check_count, check_nonnegative, check_positive
 from privlearn.accounting import (
@@ -29,6 +34,14 @@ from privlearn.compat.autodp.autodp_core import (
     Mechanism,
     as_float,
     equivalent_gaussian_sigma,
+    non_default,
+    warn_no_effect,
+)
+
+_EXACT_REASON = (
+    "privlearn always evaluates {what} with its exact privacy curve ({how}), which is at "
+    "least as tight as every representation and conversion autodp lets these switches "
+    "choose; RenyiDP, approxDP and f-DP (get_fDP) all stay available"
 )
 
 __all__ = [
@@ -41,6 +54,10 @@ __all__ = [
     "zCDP_Mechanism",
     "SubsampleGaussianMechanism",
     "ComposedGaussianMechanism",
+    "ExponentialMechanism",
+    "DiscreteGaussianMechanism",
+    "NoisySGD_Mechanism",
+    "NoisyGD_Mechanism",
 ]
 
 
@@ -56,7 +73,10 @@ class GaussianMechanism(Mechanism):
     name : str
     RDP_off, approxDP_off, fdp_off, use_basic_RDP_to_approxDP_conversion, \
 use_fDP_based_RDP_to_approxDP_conversion, phi_off
-        Accepted for autodp compatibility and ignored.
+        autodp's representation switches. They cannot change a value here (the exact
+        curve is used whatever they say); set away from autodp's defaults they raise an
+        :class:`~privlearn.compat.autodp.autodp_core.AutodpArgumentWarning` saying so.
+        ``fdp_off`` is honoured trivially: f-DP is always available.
     """
 
     def __init__(
@@ -75,6 +95,31 @@ use_fDP_based_RDP_to_approxDP_conversion, phi_off
         self.params = {"sigma": sigma}
         self.delta0 = 0
         self._set_description(Gaussian(check_positive("sigma", as_float("sigma", sigma))))
+        warn_no_effect(
+            "GaussianMechanism",
+            non_default(
+                {
+                    "RDP_off": RDP_off,
+                    "approxDP_off": approxDP_off,
+                    "use_basic_RDP_to_approxDP_conversion": use_basic_RDP_to_approxDP_conversion,
+                    "use_fDP_based_RDP_to_approxDP_conversion": (
+                        use_fDP_based_RDP_to_approxDP_conversion
+                    ),
+                    "phi_off": phi_off,
+                },
+                {
+                    "RDP_off": False,
+                    "approxDP_off": False,
+                    "use_basic_RDP_to_approxDP_conversion": False,
+                    "use_fDP_based_RDP_to_approxDP_conversion": False,
+                    "phi_off": True,
+                },
+            ),
+            _EXACT_REASON.format(
+                what="the Gaussian mechanism",
+                how="Balle & Wang 2018, Theorem 8; mu-GDP, Dong, Roth & Su 2022",
+            ),
+        )
 
 
 class ExactGaussianMechanism(Mechanism):
@@ -107,7 +152,8 @@ class LaplaceMechanism(Mechanism):
         Laplace scale divided by the L1 sensitivity.
     name : str
     RDP_off, phi_off
-        Accepted for autodp compatibility and ignored.
+        autodp's representation switches; set away from autodp's defaults they raise an
+        ``AutodpArgumentWarning`` (no effect: the exact curve is always used).
 
     References
     ----------
@@ -128,6 +174,16 @@ class LaplaceMechanism(Mechanism):
         self.params = {"b": b}
         self.delta0 = 0
         self._set_description(Laplace(check_positive("b", as_float("b", b))))
+        warn_no_effect(
+            "LaplaceMechanism",
+            non_default(
+                {"RDP_off": RDP_off, "phi_off": phi_off}, {"RDP_off": False, "phi_off": True}
+            ),
+            _EXACT_REASON.format(
+                what="the Laplace mechanism",
+                how="delta(eps) = 1 - exp((eps - 1/b) / 2), composed by PLD",
+            ),
+        )
 
 
 class RandresponseMechanism(Mechanism):
@@ -139,7 +195,8 @@ class RandresponseMechanism(Mechanism):
     p : float in [1/2, 1)
         Probability of reporting the true bit.
     RDP_off, phi_off
-        Accepted for autodp compatibility and ignored.
+        autodp's representation switches; set away from autodp's defaults they raise an
+        ``AutodpArgumentWarning`` (no effect: the exact curve is always used).
     name : str
 
     References
@@ -161,6 +218,15 @@ class RandresponseMechanism(Mechanism):
         self.params = {"p": p}
         self.delta0 = 0
         self._set_description(RandomizedResponse(as_float("p", p), num_categories=2))
+        warn_no_effect(
+            "RandresponseMechanism",
+            non_default(
+                {"RDP_off": RDP_off, "phi_off": phi_off}, {"RDP_off": False, "phi_off": True}
+            ),
+            _EXACT_REASON.format(
+                what="randomized response", how="its finite privacy loss distribution"
+            ),
+        )
 
 
 RandomizedResponseMechanism = RandresponseMechanism
@@ -224,9 +290,17 @@ class SubsampleGaussianMechanism(Mechanism):
     params : dict with keys ``"prob"`` (rate in (0, 1]), ``"sigma"`` (> 0) and
         ``"coeff"`` (number of steps; a non-integer count is rounded *up*, which is
         conservative).
-    phi_off, RDP_off, neighboring
-        Accepted for autodp compatibility. privlearn's analysis is under add/remove-one,
-        which covers both autodp's ``"add_only"`` and ``"remove_only"``.
+    phi_off : bool
+        As in autodp: with ``phi_off=False`` the mechanism is accounted under the
+        one-sided relation ``neighboring`` (``"remove_only"`` or ``"add_only"``; Zhu,
+        Dong & Wang 2022), which is what autodp's characteristic-function representation
+        reports; with the default ``phi_off=True`` it is accounted under add/remove (the
+        worse of the two), and ``neighboring`` has no effect -- as in autodp, where it
+        only selects the characteristic function. A non-default ``neighboring`` with
+        ``phi_off=True`` raises an ``AutodpArgumentWarning``.
+    RDP_off : bool
+        No effect (the PLD accountant is used either way); ``True`` warns.
+    neighboring : {"remove_only", "add_only"}
     name : str
     """
 
@@ -244,12 +318,29 @@ class SubsampleGaussianMechanism(Mechanism):
         coeff = as_float("coeff", params["coeff"])
         steps = check_count("coeff", math.ceil(check_nonnegative("coeff", coeff)))
         prob = check_nonnegative("prob", as_float("prob", params["prob"]))
+        if neighboring not in ("remove_only", "add_only"):
+            raise ValueError(
+                f"neighboring must be 'remove_only' or 'add_only', got {neighboring!r}"
+            )
+        ignored: dict[str, Any] = {"RDP_off": True} if RDP_off else {}
+        if phi_off and neighboring != "remove_only":
+            ignored["neighboring"] = neighboring
+        warn_no_effect(
+            "SubsampleGaussianMechanism",
+            ignored,
+            "with phi_off=True autodp (and this facade) account under add/remove, which "
+            "covers both one-sided relations; pass phi_off=False to account under "
+            "'neighboring' alone. RDP_off only switches autodp's RDP representation off "
+            "(the PLD accountant is used either way)",
+        )
+        nb = "add_remove" if phi_off else neighboring
         if steps == 0 or prob == 0:
             self._set_description(NO_PRIVACY_LOSS)
         else:
             sigma = check_positive("sigma", as_float("sigma", params["sigma"]))
-            base = subsample(Gaussian(sigma), prob)
+            base = subsample(Gaussian(sigma), prob, neighbouring=nb)
             self._set_description(compose(base, steps=steps))
+        self.neighboring = nb
 
 
 class ComposedGaussianMechanism(Mechanism):
@@ -273,3 +364,164 @@ class ComposedGaussianMechanism(Mechanism):
         else:
             self._set_description(Gaussian(equivalent_gaussian_sigma([(sigma, coeff)])))
         self.delta0 = 0
+
+
+class ExponentialMechanism(Mechanism):
+    """Exponential mechanism with pure-DP parameter ``eps`` (utility sensitivity
+    normalised so that it is eps-DP).
+
+    Described as :class:`~privlearn.accounting.PureDP` ``(eps)`` -- exact finite privacy
+    loss distribution, composed exactly (Kairouz, Oh & Viswanath 2015) -- and, as in
+    autodp, additionally as ``eps^2 / 8``-zCDP (Cesar & Rogers 2021, bounded range
+    implies zCDP; RDP ``min(alpha eps^2 / 8, RDP of eps-DP)``); the facade reports the
+    pointwise minimum of the two certified values.
+
+    Parameters
+    ----------
+    eps : float >= 0
+    RDP_off, phi_off, non_adaptive
+        autodp's switches; set away from autodp's defaults they raise an
+        ``AutodpArgumentWarning`` (no effect).
+    name : str
+    """
+
+    def __init__(
+        self,
+        eps: Any,
+        RDP_off: bool = False,  # noqa: N803
+        phi_off: bool = True,
+        non_adaptive: bool = False,
+        name: str = "ExpMech",
+    ) -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        e = check_nonnegative("eps", as_float("eps", eps))
+        self.params = {"rho": e * e / 8.0, "xi": 0, "eps": eps}
+        warn_no_effect(
+            "ExponentialMechanism",
+            non_default(
+                {"RDP_off": RDP_off, "phi_off": phi_off, "non_adaptive": non_adaptive},
+                {"RDP_off": False, "phi_off": True, "non_adaptive": False},
+            ),
+            "privlearn evaluates the exponential mechanism as exact eps-DP and as "
+            "eps^2/8-zCDP, taking the smaller certified value",
+        )
+        self.delta0 = 0
+        if e == 0:
+            self._set_description(NO_PRIVACY_LOSS)
+            return
+        self._set_description(PureDP(e))
+        pure_rdp = PureDP(e)
+        rho = e * e / 8.0
+
+        def rdp(alpha: float, rho: float = rho, pure: PureDP = pure_rdp) -> float:
+            return min(rho * alpha, float(pure.rdp(alpha)))
+
+        self._tighten_description(RDPMechanism(rdp, name=name, pure_epsilon=e))
+
+
+class DiscreteGaussianMechanism(Mechanism):
+    """Discrete Gaussian mechanism with scale ``sigma`` (per unit L2 sensitivity):
+    ``1 / (2 sigma^2)``-zCDP (Canonne, Kamath & Steinke 2020, Theorem 14), evaluated
+    with the RDP accountant, as autodp.
+
+    Parameters
+    ----------
+    sigma : float > 0
+    name : str
+    """
+
+    def __init__(self, sigma: Any, name: str = "DGM") -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        s = check_positive("sigma", as_float("sigma", sigma))
+        self.params = {"rho": 0.5 / s**2, "xi": 0}
+        rho = 0.5 / s**2
+
+        def rdp(alpha: float, rho: float = rho) -> float:
+            return rho * alpha
+
+        self._set_description(RDPMechanism(rdp, name=name))
+
+
+class NoisySGD_Mechanism(Mechanism):  # noqa: N801 (autodp's name)
+    """``niter`` steps of the Gaussian mechanism (noise ``sigma``) on subsamples of rate
+    ``prob``: ``compose(subsample(Gaussian(sigma), prob, scheme), steps=niter)``, the PLD
+    accountant (Poisson sampling: add/remove; sampling without replacement:
+    replace-one).
+
+    Parameters
+    ----------
+    prob : float in (0, 1]
+    sigma : float > 0
+    niter : int >= 0 (a non-integer count is rounded up, which is conservative)
+    PoissonSampling : bool
+    name : str
+    """
+
+    def __init__(
+        self,
+        prob: Any,
+        sigma: Any,
+        niter: Any,
+        PoissonSampling: bool = True,  # noqa: N803
+        name: str = "NoisySGD",
+    ) -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        self.params = {"prob": prob, "sigma": sigma, "niter": niter,
+                       "PoissonSampling": PoissonSampling}
+        n = check_nonnegative("niter", as_float("niter", niter))
+        steps = check_count("niter", math.ceil(n))
+        q = check_nonnegative("prob", as_float("prob", prob))
+        s = check_positive("sigma", as_float("sigma", sigma))
+        if steps == 0 or q == 0:
+            self._set_description(NO_PRIVACY_LOSS)
+            return
+        scheme = "poisson" if PoissonSampling else "fixed"
+        self._set_description(compose(subsample(Gaussian(s), q, scheme=scheme), steps=steps))
+        self.neighboring = "add_remove" if PoissonSampling else "replace_one"
+
+
+class NoisyGD_Mechanism(GaussianMechanism):  # noqa: N801 (autodp's name)
+    """Gradient descent with Gaussian noise multipliers ``sigma_list`` (one per step):
+    exactly the Gaussian with ``(sum_i sigma_i^-2)^(-1/2)`` (Dong, Roth & Su 2022,
+    Corollary 3.3).
+
+    Parameters
+    ----------
+    sigma_list : array_like of floats > 0
+    name : str
+    """
+
+    def __init__(self, sigma_list: Any, name: str = "NoisyGD") -> None:
+        sig = np.asarray(sigma_list, dtype=float).reshape(-1)
+        if sig.size == 0 or not np.all(np.isfinite(sig)) or np.any(sig <= 0):
+            raise ValueError(
+                f"sigma_list must be a non-empty list of finite values > 0, got {sigma_list!r}"
+            )
+        GaussianMechanism.__init__(
+            self, sigma=equivalent_gaussian_sigma([(float(x), 1.0) for x in sig]), name=name
+        )
+        self.params = {"sigma_list": sigma_list}
+
+
+_UNPORTED = {
+    "GaussianSVT_Mechanism": "the sparse vector technique (Zhu & Wang 2020)",
+    "LaplaceSVT_Mechanism": "the sparse vector technique (Zhu & Wang 2020)",
+    "StageWiseMechanism": "the stage-wise sparse vector technique (Zhu & Wang 2020)",
+    "NoisyScreenMechanism": "the data-dependent noisy-screening RDP (Zhu et al. 2020)",
+}
+
+
+def __getattr__(name: str) -> Any:
+    from privlearn.compat.autodp._missing import missing
+
+    err = missing("mechanism_zoo", name, __all__)
+    if name in _UNPORTED:
+        err = AttributeError(
+            f"{err} ({name}: {_UNPORTED[name]} is not yet backed by privlearn's engine; "
+            "wrap autodp's RDP function with Mechanism.propagate_updates(func, 'RDP') to "
+            "account it with privlearn's RDP accountant)"
+        )
+    raise err

@@ -32,8 +32,26 @@ from privlearn.compat.autodp.autodp_core import (
     Transformer,
     as_float,
     equivalent_gaussian_sigma,
+    non_default,
+    warn_no_effect,
 )
 from privlearn.compat.autodp.mechanism_zoo import ExactGaussianMechanism
+
+_COMPOSE_DEFAULTS = {
+    "RDP_compose_only": True,
+    "BBGHS_conversion": True,
+    "fDP_based_conversion": False,
+}
+_COMPOSE_REASON = (
+    "privlearn composes the mechanisms' structured descriptions with its tightest certified "
+    "accountant (exact for Gaussians and pure DP / randomized response, PLD otherwise), "
+    "whatever composition and RDP conversion autodp would have chosen"
+)
+
+
+def _warn_compose_switches(where: str, **switches: Any) -> None:
+    warn_no_effect(where, non_default(switches, _COMPOSE_DEFAULTS), _COMPOSE_REASON, stacklevel=5)
+
 
 __all__ = [
     "Composition",
@@ -99,11 +117,22 @@ class Composition(Transformer):
         self,
         mechanism_list: Sequence[Mechanism],
         coeff_list: Sequence[Any],
-        RDP_compose_only: bool = True,  # noqa: N803 (autodp's names; ignored)
+        RDP_compose_only: bool = True,  # noqa: N803 (autodp's names)
         BBGHS_conversion: bool = True,  # noqa: N803
         fDP_based_conversion: bool = False,  # noqa: N803
     ) -> Mechanism:
-        """Compose ``mechanism_list[i]`` ``coeff_list[i]`` times each."""
+        """Compose ``mechanism_list[i]`` ``coeff_list[i]`` times each.
+
+        ``RDP_compose_only``, ``BBGHS_conversion`` and ``fDP_based_conversion`` select
+        autodp's composition/conversion route; they cannot change a value here, and set
+        away from autodp's defaults they raise an ``AutodpArgumentWarning`` saying so.
+        """
+        _warn_compose_switches(
+            "Composition",
+            RDP_compose_only=RDP_compose_only,
+            BBGHS_conversion=BBGHS_conversion,
+            fDP_based_conversion=fDP_based_conversion,
+        )
         coeffs = _check_lists(mechanism_list, coeff_list)
         mechs: list[PrivlearnMechanism] = []
         counts: list[int] = []
@@ -135,6 +164,24 @@ class Composition(Transformer):
             )
         newmech = Mechanism()
         newmech._set_description(compose(mechs, steps=counts) if mechs else NO_PRIVACY_LOSS)
+        # parts with an alternative description (e.g. the exponential mechanism: pure DP
+        # and zCDP) are also composed through it; the smaller certified epsilon is kept
+        alts, alt_counts, used = [], [], False
+        for m, c in zip(mechanism_list, coeffs, strict=True):
+            if c == 0 or m._description_for("Composition") is NO_PRIVACY_LOSS:
+                continue
+            alt = m._alt_descriptions[0] if m._alt_descriptions else None
+            if alt is not None and float(c).is_integer():
+                alts.append(alt)
+                used = True
+            else:
+                alts.append(m._description_for("Composition"))
+                if not float(c).is_integer():
+                    used = False
+                    break
+            alt_counts.append(int(c))
+        if used and len(alts) == len(mechs):
+            newmech._tighten_description(compose(alts, steps=alt_counts))
         newmech.delta0 = max((m.delta0 for m in mechanism_list), default=0)
         newmech.name = _update_name(mechanism_list, coeff_list)
         newmech.params = _update_params(mechanism_list)
@@ -172,6 +219,12 @@ class ComposeGaussian(Composition):
         BBGHS_conversion: bool = True,  # noqa: N803
         fDP_based_conversion: bool = False,  # noqa: N803
     ) -> Mechanism:
+        _warn_compose_switches(
+            "ComposeGaussian",
+            RDP_compose_only=RDP_compose_only,
+            BBGHS_conversion=BBGHS_conversion,
+            fDP_based_conversion=fDP_based_conversion,
+        )
         coeffs = _check_lists(mechanism_list, coeff_list)
         pairs: list[tuple[float, float]] = []
         for i, (m, c) in enumerate(zip(mechanism_list, coeffs, strict=True)):
@@ -206,11 +259,13 @@ class AmplificationBySampling(Transformer):
         under add/remove-one. False: a fixed-size batch of ``prob * n`` records drawn
         without replacement, guarantee under replace-one (as autodp).
 
-    Calling it as ``(mechanism, prob, improved_bound_flag=False)`` returns the facade of
-    ``subsample(mechanism, prob, scheme)``. ``improved_bound_flag`` is accepted and
-    ignored: privlearn's accountants use the tight amplification analysis of the
-    dominating pair (Zhu, Dong & Wang 2022) for PLD and the tightest RDP bound it has
-    (Zhu & Wang 2019; Wang, Balle & Kasiviswanathan 2019) for RDP.
+    Calling it as ``(mechanism, prob)`` returns the facade of
+    ``subsample(mechanism, prob, scheme)``. ``improved_bound_flag`` (either value) raises
+    an ``AutodpArgumentWarning`` saying it has no effect: privlearn's accountants always
+    use the tight amplification analysis of the dominating pair (Zhu, Dong & Wang 2022)
+    for PLD and the tightest valid RDP bound they have (Mironov, Talwar & Zhang 2019;
+    Zhu & Wang 2019; Wang, Balle & Kasiviswanathan 2019) for RDP -- valid for every base
+    mechanism, so autodp's "if qualified" condition does not arise.
 
     A composition of Gaussians run on one subsample is subsampled as its equivalent
     single Gaussian (exact). Subsampling any other composition raises
@@ -226,8 +281,20 @@ class AmplificationBySampling(Transformer):
         self.transform = self.amplify
 
     def amplify(
-        self, mechanism: Mechanism, prob: Any, improved_bound_flag: bool = False
+        self, mechanism: Mechanism, prob: Any, improved_bound_flag: bool | None = None
     ) -> Mechanism:
+        if improved_bound_flag is not None:
+            warn_no_effect(
+                "AmplificationBySampling",
+                {"improved_bound_flag": improved_bound_flag},
+                "privlearn always uses its tightest valid amplification bound (the tight "
+                "dominating-pair analysis for PLD; Mironov, Talwar & Zhang 2019 / Zhu & Wang "
+                "2019 / Wang, Balle & Kasiviswanathan 2019 for RDP), for every base mechanism",
+                stacklevel=4,
+            )
+        return self._amplify(mechanism, prob, None)
+
+    def _amplify(self, mechanism: Mechanism, prob: Any, one_sided: str | None) -> Mechanism:
         if not isinstance(mechanism, Mechanism):
             raise TypeError(
                 "mechanism must be a privlearn.compat.autodp Mechanism, got "
@@ -259,8 +326,11 @@ class AmplificationBySampling(Transformer):
                         "step, then compose"
                     )
             scheme = "poisson" if self.PoissonSampling else "fixed"
-            newmech._set_description(subsample(d, rate, scheme=scheme))
-        newmech.neighboring = "add_remove" if self.PoissonSampling else "replace_one"
+            newmech._set_description(subsample(d, rate, scheme=scheme, neighbouring=one_sided))
+        if one_sided is not None:
+            newmech.neighboring = one_sided
+        else:
+            newmech.neighboring = "add_remove" if self.PoissonSampling else "replace_one"
         # bookkeeping as autodp
         key, num, newname = f"{self.name}_{prob}", 0, self.name
         while key in mechanism.params:
@@ -274,15 +344,45 @@ class AmplificationBySampling(Transformer):
 
 
 class AmplificationBySampling_pld(AmplificationBySampling):  # noqa: N801 (autodp's name)
-    """autodp's PLD amplification transformer; here identical to
-    :class:`AmplificationBySampling` with Poisson sampling (privlearn states the
-    guarantee under add/remove-one, which covers autodp's ``"add_only"`` and
-    ``"remove_only"``)."""
+    """autodp's PLD amplification transformer: Poisson subsampling under a one-sided
+    neighbouring relation.
+
+    ``neighboring="remove_only"`` accounts the pair ``((1-q) Q + q P, Q)`` and
+    ``"add_only"`` the pair ``(Q, (1-q) Q + q P)`` (Zhu, Dong & Wang 2022, Theorem 9 and
+    Section 5), i.e. :class:`privlearn.accounting.Neighbouring` ``REMOVE_ONLY`` /
+    ``ADD_ONLY``. Each is weaker than the add/remove guarantee of
+    :class:`AmplificationBySampling`, which is the pointwise maximum of the two (autodp's
+    own recipe: ``max(add_only.approxDP(d), remove_only.approxDP(d))``).
+
+    Raises
+    ------
+    ValueError
+        ``neighboring`` not one of the two, ``PoissonSampling=False`` (autodp's rule is for
+        Poisson sampling only), or a base mechanism whose relation is the opposite
+        one-sided relation (as autodp's assertion).
+    """
 
     def __init__(self, PoissonSampling: bool = True, neighboring: str = "add_only") -> None:  # noqa: N803
-        AmplificationBySampling.__init__(self, PoissonSampling=PoissonSampling)
+        if neighboring not in ("add_only", "remove_only"):
+            raise ValueError(
+                f"neighboring must be 'add_only' or 'remove_only', got {neighboring!r}; use "
+                "AmplificationBySampling for add/remove"
+            )
+        if not PoissonSampling:
+            raise ValueError(
+                "PoissonSampling must be True for AmplificationBySampling_pld (one-sided "
+                "relations are defined for Poisson sampling); use "
+                "AmplificationBySampling(PoissonSampling=False) for sampling without "
+                "replacement under replace-one"
+            )
+        AmplificationBySampling.__init__(self, PoissonSampling=True)
+        self.neighboring = neighboring
 
-    def amplify(
-        self, mechanism: Mechanism, prob: Any, improved_bound_flag: bool = False
-    ) -> Mechanism:
-        return AmplificationBySampling.amplify(self, mechanism, prob)
+    def amplify(self, mechanism: Mechanism, prob: Any) -> Mechanism:  # type: ignore[override]
+        opposite = "remove_only" if self.neighboring == "add_only" else "add_only"
+        if isinstance(mechanism, Mechanism) and mechanism.neighboring == opposite:
+            raise ValueError(
+                f"mechanism.neighboring is {opposite!r}, incompatible with "
+                f"neighboring={self.neighboring!r}"
+            )
+        return self._amplify(mechanism, prob, self.neighboring)

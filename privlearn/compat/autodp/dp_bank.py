@@ -1,0 +1,110 @@
+"""autodp-compatible ``dp_bank``: epsilon(delta) of basic mechanisms.
+
+Same names and signatures as autodp's; every value comes from privlearn's accountants
+and is a certified upper bound. Where autodp converts an RDP curve, privlearn returns the
+exact value when it has one (analytic Gaussian: Balle & Wang 2018, Theorem 8; Laplace and
+randomized response: their exact privacy profiles, :mod:`privlearn.accounting.closed_form`),
+which is never larger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from privlearn.accounting import Laplace, RandomizedResponse, RDPMechanism, subsample
+from privlearn.accounting._validation import check_delta
+from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon
+from privlearn.compat.autodp._missing import missing
+from privlearn.compat.autodp.autodp_core import as_float
+
+__all__ = [
+    "get_eps_rdp",
+    "get_eps_rdp_subsampled",
+    "get_eps_gaussian",
+    "get_logdelta_ana_gaussian",
+    "get_eps_ana_gaussian",
+    "get_eps_laplace",
+    "get_eps_randresp",
+    "get_eps_randresp_optimal",
+]
+
+
+def _delta(delta: Any) -> float:
+    return check_delta("delta", as_float("delta", delta), allow_one=True)
+
+
+def get_eps_rdp(func: Callable[[float], float], delta: Any) -> float:
+    """epsilon(delta) of a mechanism known by its RDP function ``func`` (RDP accountant,
+    optimal conversion over orders)."""
+    d = _delta(delta)
+    return 0.0 if d == 1.0 else float(RDPMechanism(func).epsilon(d, "rdp"))
+
+
+def get_eps_rdp_subsampled(func: Callable[[float], float], delta: Any, prob: Any) -> float:
+    """As :func:`get_eps_rdp` for the mechanism run on a subsample of rate ``prob`` drawn
+    without replacement (replace-one; Wang, Balle & Kasiviswanathan 2019, Theorem 9), as
+    autodp's ``compose_subsampled_mechanism``."""
+    d, q = _delta(delta), as_float("prob", prob)
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"prob must be in [0, 1], got {prob!r}")
+    if q == 0.0 or d == 1.0:
+        return 0.0
+    if q == 1.0:
+        return get_eps_rdp(func, d)
+    m = subsample(RDPMechanism(func), q, scheme="fixed", neighbouring="replace_one")
+    return float(m.epsilon(d, "rdp"))
+
+
+def get_eps_gaussian(sigma: Any, delta: Any) -> float:
+    """Gaussian mechanism: the exact (analytic) epsilon (autodp converts its RDP curve,
+    which is never smaller)."""
+    return get_eps_ana_gaussian(sigma, delta)
+
+
+def get_logdelta_ana_gaussian(sigma: Any, eps: Any) -> float:
+    """``log delta(eps)`` of the Gaussian mechanism, certified upper bound (``-inf`` when
+    delta underflows to 0)."""
+    s, e = as_float("sigma", sigma), as_float("eps", eps)
+    up = gaussian_delta_bounds(s, e)[1]
+    return math.log(up) if up > 0 else -math.inf
+
+
+def get_eps_ana_gaussian(sigma: Any, delta: Any) -> float:
+    """Exact epsilon(delta) of the Gaussian mechanism with noise ``sigma`` (Balle & Wang
+    2018, Theorem 8): ``inf`` at delta 0, 0 at delta 1."""
+    s, d = as_float("sigma", sigma), _delta(delta)
+    if d == 0.0:
+        return math.inf
+    if d == 1.0:
+        return 0.0
+    return float(gaussian_epsilon(s, d))
+
+
+def get_eps_laplace(b: Any, delta: Any) -> float:
+    """Exact epsilon(delta) of the Laplace mechanism: ``max(0, 1/b + 2 log(1 - delta))``."""
+    d = _delta(delta)
+    return float(Laplace(as_float("b", b)).epsilon(d))
+
+
+def get_eps_randresp(p: Any, delta: Any) -> float:
+    """Exact epsilon(delta) of binary randomized response with truth probability ``p``
+    (``p < 1/2`` is the same mechanism as ``1 - p``)."""
+    q = as_float("p", p)
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"p must be in [0, 1], got {p!r}")
+    q = max(q, 1.0 - q)
+    d = _delta(delta)
+    if q == 1.0:
+        return 0.0 if d == 1.0 else math.inf
+    return float(RandomizedResponse(q).epsilon(d))
+
+
+get_eps_randresp_optimal = get_eps_randresp
+
+_PROVIDED = __all__
+
+
+def __getattr__(name: str) -> Any:
+    raise missing("dp_bank", name, _PROVIDED)
