@@ -559,7 +559,12 @@ def _open_ledger(path: str, must_exist: bool = True):
 
     if must_exist and not os.path.exists(path):
         raise _BudgetError(f"no ledger at {path}; create one with `privlearn budget init`")
-    return Ledger(path)
+    import sqlite3
+
+    try:
+        return Ledger(path)
+    except sqlite3.Error as e:
+        raise _BudgetError(f"{path} is not a readable privacy ledger ({e})") from None
 
 
 def _ledger_call(fn, *args, **kwargs):

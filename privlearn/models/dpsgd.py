@@ -42,11 +42,14 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from privlearn.accounting import Gaussian, Laplace, calibrate, compose, subsample
 from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
+    cancel_on_error,
     check_choice,
     check_int_param,
     check_positive_param,
     check_privacy_budget,
     make_rng,
+    reserve_on_ledger,
+    settle_on_ledger,
     spent_epsilon,
 )
 
@@ -82,6 +85,7 @@ class _DPSGDBase(BaseEstimator):
         trajectory_accountant: str | None = None,
         record_path: bool = False,
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -98,6 +102,7 @@ class _DPSGDBase(BaseEstimator):
         self.trajectory_accountant = trajectory_accountant
         self.record_path = record_path
         self.random_state = random_state
+        self.ledger = ledger
 
     # -- validation ------------------------------------------------------------------
     def _validate_params_dp(self):
@@ -124,6 +129,15 @@ class _DPSGDBase(BaseEstimator):
         if not isinstance(self.fit_intercept, bool | np.bool_):
             raise ValueError(f"fit_intercept must be a bool, got {self.fit_intercept!r}")
         return noise, eps, delta, float(q), steps
+
+    def _reserve(self):
+        """Validate the parameters and reserve the run on ``ledger`` (if any) before the
+        data is read."""
+        noise, eps, delta, q, steps = self._validate_params_dp()
+        return reserve_on_ledger(
+            self, lambda: dpsgd_mechanism(noise, self._calibrate(noise, eps, delta, q, steps),
+                                          q, steps)
+        )
 
     def _calibrate(self, noise: str, eps: float, delta: float, q: float, steps: int) -> float:
         if self.noise_multiplier is not None:
@@ -258,6 +272,10 @@ _DOC_PARAMS = """
     record_path : bool
         Keep every iterate in ``coef_path_`` / ``intercept_path_`` (seed 002's plots).
     random_state : None, int, Generator or RandomState
+    ledger : BudgetHandle, optional
+        ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
+        spent on it before the data is read; over budget,
+        ``BudgetExceededError`` is raised and nothing is recorded or released.
 
     Attributes
     ----------
@@ -305,6 +323,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         record_path: bool = False,
         random_state=None,
         classes=None,
+        ledger=None,
     ):
         super().__init__(
             epsilon=epsilon,
@@ -322,6 +341,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             trajectory_accountant=trajectory_accountant,
             record_path=record_path,
             random_state=random_state,
+            ledger=ledger,
         )
         self.classes = classes
 
@@ -338,8 +358,15 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
 
     def fit(self, X, y):
         """Train with DP-SGD; validates everything before any privacy is spent."""
-        self._validate_params_dp()
+        res = self._reserve()
         public = self._public_classes()
+        with cancel_on_error(res):
+            X, y = self._validate_classifier_data(X, y, public)
+        self._fit_validated(X, y)
+        settle_on_ledger(res)
+        return self
+
+    def _validate_classifier_data(self, X, y, public):
         X, y = validate_data(self, X, y, dtype=np.float64)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
         if public is not None:
@@ -368,13 +395,14 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
                 "classes_ and predict() then reveal which labels occur in the data. Pass "
                 "the public label pair, e.g. classes=[0, 1].",
                 PrivacyLeakWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         self.classes_ = classes
-        y01 = (y == classes[1]).astype(np.float64)
+        return X, (y == classes[1]).astype(np.float64)
+
+    def _fit_validated(self, X, y01) -> None:
         theta = self._run(self._design(X), y01)
         self._set_theta(theta)
-        return self
 
     def decision_function(self, X) -> np.ndarray:
         return self._decision(X)
@@ -418,6 +446,7 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
         trajectory_accountant: str | None = None,
         record_path: bool = False,
         random_state=None,
+        ledger=None,
     ):
         super().__init__(
             epsilon=epsilon,
@@ -435,14 +464,17 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
             trajectory_accountant=trajectory_accountant,
             record_path=record_path,
             random_state=random_state,
+            ledger=ledger,
         )
 
     def fit(self, X, y):
         """Train with DP-SGD; validates everything before any privacy is spent."""
-        self._validate_params_dp()
-        X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
+        res = self._reserve()
+        with cancel_on_error(res):
+            X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         theta = self._run(self._design(X), y.astype(np.float64))
         self._set_theta(theta)
+        settle_on_ledger(res)
         return self
 
     def predict(self, X) -> np.ndarray:

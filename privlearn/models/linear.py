@@ -65,12 +65,15 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
 from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
+    cancel_on_error,
     check_choice,
     check_int_param,
     check_positive_param,
     check_privacy_budget,
     clip_rows,
     make_rng,
+    reserve_on_ledger,
+    settle_on_ledger,
     spent_epsilon,
 )
 from privlearn.models._release import DataClippedWarning, _RemovedAttributesMixin
@@ -547,6 +550,10 @@ class SSPRegressor(_PrivateLinearBase):
     accountant : str
         Accountant used for calibration (default ``"pld"``, exact for Gaussians).
     random_state : None, int, numpy Generator or RandomState
+    ledger : BudgetHandle, optional
+        ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
+        spent on it before the data is read; over budget,
+        ``BudgetExceededError`` is raised and nothing is recorded or released.
 
     Attributes
     ----------
@@ -600,6 +607,7 @@ class SSPRegressor(_PrivateLinearBase):
         project_psd: bool = True,
         accountant: str = "pld",
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -611,6 +619,7 @@ class SSPRegressor(_PrivateLinearBase):
         self.project_psd = project_psd
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
 
     def _validate_variant(self) -> tuple[float, ...]:
         split = _check_split(self.budget_split, 3 if self._adaptive else 2)
@@ -629,13 +638,21 @@ class SSPRegressor(_PrivateLinearBase):
             eps, delta, adaptive=self._adaptive, accountant=self.accountant, budget_split=split
         )
 
+    def _planned_mechanism(self) -> Mechanism:
+        """The mechanism one fit runs (data-independent: calibrated from the budget)."""
+        split = self._validate_variant()
+        factory = adassp_mechanism if self._adaptive else ssp_mechanism
+        return factory(self.calibrated_noise_scale(), split)
+
     def _draw(self, X, y, reps: int, rng: np.random.Generator):
         """Validate, calibrate, release and solve ``reps`` times (one batched draw).
 
         The single code path of :meth:`fit` and :meth:`sample_coefficients`."""
         eps, delta, xb, yb = self._validate_common()
         split = self._validate_variant()
-        X, y, xb_eff = self._prepare(X, y, xb, yb)
+        res = reserve_on_ledger(self, lambda: compose(self._planned_mechanism(), steps=reps))
+        with cancel_on_error(res):  # validation reads the data but releases nothing
+            X, y, xb_eff = self._prepare(X, y, xb, yb)
         XTX, XTy = X.T @ X, X.T @ y
         s = self.calibrated_noise_scale()
         sig = [r * s for r in split]
@@ -658,6 +675,7 @@ class SSPRegressor(_PrivateLinearBase):
                 f"{type(self).__name__}: the noisy normal equations gave non-finite "
                 "coefficients"
             )
+        settle_on_ledger(res)
         return theta, lamb, mech, s, delta, xb
 
     def fit(self, X, y):
@@ -704,7 +722,7 @@ class AdaSSPRegressor(SSPRegressor):
 
     Parameters
     ----------
-    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state
+    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state, ledger
         As :class:`SSPRegressor`.
     budget_split : sequence of 3 floats > 0 or None
         Noise-multiplier ratios for ``(X^T X, X^T y, lambda_min)``. None: seed 000's
@@ -777,6 +795,7 @@ class AdaSSPRegressor(SSPRegressor):
         regularization: str = "eigenvalue_floor",
         accountant: str = "pld",
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -788,6 +807,7 @@ class AdaSSPRegressor(SSPRegressor):
         self.regularization = regularization
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
 
 
 class NoisyGDRegressor(_PrivateLinearBase):
@@ -815,7 +835,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
 
     Parameters
     ----------
-    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state
+    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state, ledger
         As :class:`SSPRegressor`.
     noise_multiplier : float > 0 or None
         ``sigma``. Default 500 (seed 000's "large noise, many iterations" regime; the
@@ -882,6 +902,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         log_every: int | None = None,
         accountant: str = "pld",
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -895,6 +916,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         self.log_every = log_every
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
 
     def _check_lr_smoothness(self) -> tuple[bool, str | float]:
         """(theory learning rate?, smoothness mode or value); clear errors otherwise."""
@@ -986,6 +1008,9 @@ class NoisyGDRegressor(_PrivateLinearBase):
         private_l = theory and sm == "private"
         sigma_l = self._smoothness_multiplier(eps, delta, private_l)
         sigma, n_iter = self._resolve_schedule(eps, delta, sigma_l)
+        res = reserve_on_ledger(
+            self, lambda: compose(_noisy_gd_mechanism(sigma, n_iter, sigma_l), steps=reps)
+        )
         if theory and sm in ("data", "public"):
             what = (
                 "the exact largest eigenvalue of X^T X" if sm == "data"
@@ -998,7 +1023,8 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 PrivacyLeakWarning,
                 stacklevel=3,
             )
-        X, y, xb_eff = self._prepare(X, y, xb, yb)
+        with cancel_on_error(res):  # validation reads the data but releases nothing
+            X, y, xb_eff = self._prepare(X, y, xb, yb)
         XTX, XTy = X.T @ X, X.T @ y
         dim = X.shape[1]
         if not theory:
@@ -1031,6 +1057,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 f"NoisyGD diverged (learning_rate={float(np.max(lr)):.3g}); use a smaller "
                 "learning_rate"
             )
+        settle_on_ledger(res)
         return theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb
 
     def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
