@@ -130,7 +130,7 @@ def _schedule(
             f"{'/'.join(given_rate)} cannot be combined with {'/'.join(given_epoch)}: "
             "describe the run either by --sampling-rate and --steps, or by --batch-size, "
             "--dataset-size and --epochs (which set sampling rate = batch size / dataset "
-            "size and steps = epochs x round(dataset size / batch size))"
+            "size and steps = ceil(epochs x dataset size / batch size))"
         )
     if given_epoch:
         missing = [k for k, v in epoch_form.items() if v is None]
@@ -149,10 +149,13 @@ def _schedule(
                 "try a smaller --batch-size"
             )
         q = b / n
-        per_epoch = steps_per_epoch(q)
-        note = (f"sampling rate = {b}/{n}; steps = {e} epochs x {per_epoch} steps per epoch "
-                f"(round({n}/{b}))")
-        return q, e * per_epoch, note
+        # the steps that process `epochs` passes over the data in expectation (q N examples
+        # per step), rounded up: ceil(E N / B), the usual convention (Opacus, dp_accounting)
+        total = -(-e * n // b)
+        note = (f"sampling rate = {b}/{n}; steps = ceil({e} x {n} / {b}) = {total} "
+                f"(privlearn.torch.make_private's loader runs {e} x "
+                f"{steps_per_epoch(q)} = {e * steps_per_epoch(q)}: pass --steps for that)")
+        return q, total, note
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     return rate, t, ""
@@ -287,8 +290,9 @@ _steps_opt = click.option(
 _batch_opt = click.option(
     "--batch-size", type=int, default=None,
     help="Expected batch size B; with --dataset-size N and --epochs E instead of "
-    "--sampling-rate/--steps: sampling rate B/N, steps E x round(N/B) (as "
-    "privlearn.torch.make_private runs them).",
+    "--sampling-rate/--steps: sampling rate B/N, steps ceil(E N / B) (E passes over the "
+    "data in expectation; make_private's loader runs E x round(N/B): give --steps for "
+    "that count).",
 )
 _dataset_opt = click.option(
     "--dataset-size", type=int, default=None, help="Number of training examples N."

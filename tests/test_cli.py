@@ -357,23 +357,19 @@ EPOCH_FORM = ["--batch-size", "512", "--dataset-size", "50000", "--epochs", "30"
 
 
 def test_epoch_form_equals_rate_and_steps(runner: CliRunner) -> None:
-    """B=512, N=50000, 30 epochs is sampling rate 512/50000 and 30 x round(50000/512) =
-    30 x 98 = 2940 steps: the steps privlearn.torch.make_private runs (its loader yields
-    round(1/q) batches per epoch)."""
+    """B=512, N=50000, 30 epochs is sampling rate 512/50000 and ceil(30 x 50000 / 512) =
+    2930 steps (30 passes over the data in expectation), the same epsilon as the
+    equivalent --sampling-rate/--steps call: 3.2375."""
     common = ["epsilon", "--noise-multiplier", "1.0", "--delta", "1e-5", "--json"]
     r1 = invoke(runner, [*common, *EPOCH_FORM])
     assert r1.exit_code == 0, r1.output
-    r2 = invoke(runner, [*common, "--sampling-rate", str(512 / 50000), "--steps", "2940"])
+    r2 = invoke(runner, [*common, "--sampling-rate", str(512 / 50000), "--steps", "2930"])
     assert r2.exit_code == 0, r2.output
     a, b = json.loads(r1.stdout), json.loads(r2.stdout)
     assert a == b
-    assert (a["sampling_rate"], a["steps"]) == (0.01024, 2940)
-    assert a["epsilon"] == compose(subsample(Gaussian(1.0), 0.01024), steps=2940).epsilon(1e-5)
-    assert round(a["epsilon"], 4) == 3.2434
-    # ceil(30 * 50000 / 512) = 2930 steps would give 3.2375: fewer steps than a 30-epoch
-    # run takes, so an optimistic answer; the CLI does not use that rule.
-    fewer = compose(subsample(Gaussian(1.0), 0.01024), steps=2930).epsilon(1e-5)
-    assert round(fewer, 4) == 3.2375 < a["epsilon"]
+    assert (a["sampling_rate"], a["steps"]) == (0.01024, 2930)
+    assert a["epsilon"] == compose(subsample(Gaussian(1.0), 0.01024), steps=2930).epsilon(1e-5)
+    assert round(a["epsilon"], 4) == 3.2375
 
 
 def test_epoch_form_matches_torch_engine_schedule() -> None:
@@ -389,8 +385,8 @@ def test_calibrate_epoch_form(runner: CliRunner) -> None:
                         "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert (out["sampling_rate"], out["steps"]) == (0.01024, 2940)
-    m = compose(subsample(Gaussian(out["noise_multiplier"]), 0.01024), steps=2940)
+    assert (out["sampling_rate"], out["steps"]) == (0.01024, 2930)
+    m = compose(subsample(Gaussian(out["noise_multiplier"]), 0.01024), steps=2930)
     assert m.epsilon(1e-5) <= 3.0
 
 
