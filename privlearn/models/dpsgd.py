@@ -1,6 +1,7 @@
-"""DP-SGD for logistic and linear regression (seed 002, seed 001 section 2).
+"""DP-SGD for logistic and linear regression (the DP-SGD tutorial; the accounting
+tutorial, section 2).
 
-One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in seed 001):
+One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in the accounting tutorial):
 
 1. **sample**: every record joins the batch independently with probability
    ``q = sampling_rate`` (``q = 1``: full batch);
@@ -9,16 +10,16 @@ One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in seed 
 3. **noise**: the *sum* of clipped gradients gets ``N(0, (sigma C)^2 I)`` or
    ``Laplace(b C)`` per coordinate;
 4. **scale**: divide by the *expected* batch size ``q n`` -- never by the realised batch
-   size, which is private (seed 001's cautionary note);
-5. **step**: ``theta <- theta - lr (g + l2_regularization * theta)`` (seed 002's update);
+   size, which is private (the accounting tutorial's cautionary note);
+5. **step**: ``theta <- theta - lr (g + l2_regularization * theta)`` (the DP-SGD tutorial's update);
 6. **account**: after ``T`` steps the mechanism is
    ``compose(subsample(Gaussian(sigma), q), steps=T)`` (or ``compose(Gaussian(sigma), T)``
    when ``q = 1``), resp. the same with ``Laplace(b)``; under add/remove neighbouring the
    clipped sum has L2 (resp. L1) sensitivity ``C``.
 
 ``sigma`` (resp. ``b``) is calibrated to (epsilon, delta) with the chosen accountant,
-rounded up (safe side). Laplace noise with ``delta = 0`` gives pure DP (seed 002's
-scenarios 1a/1b); ``delta > 0`` with subsampling (the case seed 002 leaves open) is
+rounded up (safe side). Laplace noise with ``delta = 0`` gives pure DP (the DP-SGD tutorial's
+scenarios 1a/1b); ``delta > 0`` with subsampling (the case the DP-SGD tutorial leaves open) is
 accounted with the PLD accountant of :mod:`privlearn.accounting`.
 
 References
@@ -26,7 +27,7 @@ References
 .. [1] M. Abadi et al. (2016), Deep learning with differential privacy, CCS, Alg. 1.
 .. [2] R. Bassily, A. Smith, A. Thakurta (2014), Private ERM, FOCS (noisy (S)GD).
 .. [3] Y. Zhu, Y.-X. Wang (2019), Poisson subsampled Renyi differential privacy, ICML.
-.. [4] S. Yildirim, seed 002 (DP-SGD tutorial): scenarios and update rule.
+.. [4] S. Yildirim, the DP-SGD tutorial (DP-SGD tutorial): scenarios and update rule.
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ _DOC_PARAMS = """
     max_grad_norm : float
         Clipping norm ``C`` (L2 for Gaussian, L1 for Laplace noise).
     l2_regularization : float >= 0
-        ``lambda`` in the update ``theta - lr (g + lambda theta)`` (seed 002).
+        ``lambda`` in the update ``theta - lr (g + lambda theta)`` (the DP-SGD tutorial).
     fit_intercept : bool
         Append a constant 1 feature (its gradient is clipped with the rest).
     noise_multiplier : float or None
@@ -270,7 +271,7 @@ _DOC_PARAMS = """
     trajectory_accountant : str or None
         Accountant for the trajectory (default: ``accountant``; ``"rdp"`` is cheaper).
     record_path : bool
-        Keep every iterate in ``coef_path_`` / ``intercept_path_`` (seed 002's plots).
+        Keep every iterate in ``coef_path_`` / ``intercept_path_`` (the DP-SGD tutorial's plots).
     random_state : None, int, Generator or RandomState
     ledger : BudgetHandle, optional
         ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
@@ -290,7 +291,7 @@ _DOC_PARAMS = """
 
 class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
     __doc__ = (
-        "Binary logistic regression trained by DP-SGD (seed 002).\n" + _DOC_PARAMS
+        "Binary logistic regression trained by DP-SGD (the DP-SGD tutorial).\n" + _DOC_PARAMS
         + """    classes_ : ndarray of 2 labels
 
     Notes

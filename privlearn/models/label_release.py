@@ -1,4 +1,4 @@
-"""Private label release in the knowledge-transfer model (seed 001, sections 3-5).
+"""Private label release in the knowledge-transfer model (the accounting tutorial, sections 3-5).
 
 A private labelled data set is used to label public, unlabelled queries.
 
@@ -7,7 +7,7 @@ A private labelled data set is used to label public, unlabelled queries.
   teachers' probability vectors (soft votes) is released with noise and the label is its
   argmax. Adding/removing one private record changes one teacher, hence the histogram by
   at most ``sqrt(2)`` in L2 and ``2`` in L1. Releasing ``m`` queries is the composition of
-  ``m`` Gaussian mechanisms with noise std ``sigma sqrt(2)`` (seed 001: ``N(0, 2
+  ``m`` Gaussian mechanisms with noise std ``sigma sqrt(2)`` (the accounting tutorial: ``N(0, 2
   sigma^2 I_C)``), or of ``m`` Laplace mechanisms with scale ``2 b``.
 * **Private kNN** (Zhu, Yu & Wang 2020): for each query, a Poisson subsample of the
   private set (rate ``q``) is drawn, the ``k`` nearest sampled neighbours vote, and the
@@ -36,7 +36,7 @@ References
 .. [2] N. Papernot et al. (2018), Scalable private learning with PATE, ICLR (GNMax).
 .. [3] Y. Zhu, X. Yu, M. Chandraker, Y.-X. Wang (2020), Private-kNN: practical
        differential privacy for computer vision, CVPR.
-.. [4] Seed 001 (autodp tutorial), sections 3-5.
+.. [4] the accounting tutorial (autodp tutorial), sections 3-5.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class _LabelReleaseBase(_RemovedAttributesMixin):
 
 
 class PATE(_LabelReleaseBase):
-    """PATE noisy-argmax label release from teachers' votes (seed 001, section 3).
+    """PATE noisy-argmax label release from teachers' votes (the accounting tutorial, section 3).
 
     Parameters
     ----------
@@ -355,7 +355,7 @@ class PATE(_LabelReleaseBase):
 
 
 class PrivateKNN(_LabelReleaseBase):
-    """Private kNN label release with Poisson-subsampled neighbours (seed 001, section 4).
+    """Private kNN label release with Poisson-subsampled neighbours (accounting tutorial, §4).
 
     :meth:`fit` stores the private labelled set (no privacy spent) and starts a new
     account; :meth:`release` labels a batch of public queries at cost (epsilon, delta)
