@@ -1,13 +1,22 @@
-"""Dataset loaders used by the seeds' experiments.
+"""Dataset loaders used by the experiments.
 
 Offline by default: California housing and UCI Adult are bundled with the package
 (``privlearn/data``, with their provenance files). MNIST (11 MB) is not bundled; it is
-read from an explicit directory, from ``$PRIVLEARN_DATA/mnist``, from the shared data
-directory of a source checkout (``../shared/data/mnist``), or from the cache directory
-(``~/.cache/privlearn/mnist``), and downloaded there only when ``download=True``.
+looked for in these places only, in this order:
 
-Every loader returns a :class:`sklearn.utils.Bunch` with ``data``, ``target`` and a
-``DESCR`` string, like scikit-learn's fetchers.
+1. the directory passed as ``data_home`` (or its ``mnist/`` subdirectory), if given;
+   otherwise
+2. ``$PRIVLEARN_DATA/mnist`` (or ``$PRIVLEARN_DATA`` itself), if the environment variable
+   ``PRIVLEARN_DATA`` is set;
+3. the user cache, ``$XDG_CACHE_HOME/privlearn/mnist`` (default
+   ``~/.cache/privlearn/mnist``).
+
+It is downloaded (checksums verified) only when ``download=True``, into ``data_home`` if
+given, else the user cache.
+
+Every loader returns a :class:`Bunch` (a dictionary whose keys are also attributes, like
+scikit-learn's) with ``data``, ``target`` and a ``DESCR`` string. The module does not import
+scikit-learn, so loading a dataset stays fast.
 """
 
 from __future__ import annotations
@@ -20,19 +29,46 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-from sklearn.utils import Bunch
 
 __all__ = [
+    "Bunch",
+    "DataNotFoundError",
     "load_california_housing",
     "preprocess_california_housing",
     "load_adult",
     "load_mnist",
     "make_logistic_data",
     "CALIFORNIA_FEATURE_NAMES",
+    "CALIFORNIA_FEATURE_SCALES",
     "CALIFORNIA_SEED_SCALES",
 ]
 
 _DATA_DIR = Path(__file__).resolve().parent / "data"
+
+#: Environment variable naming a data directory (MNIST is read from ``$PRIVLEARN_DATA/mnist``).
+DATA_ENV = "PRIVLEARN_DATA"
+
+
+class Bunch(dict):
+    """A dictionary whose keys are also attributes (``b.data`` is ``b["data"]``), the
+    container scikit-learn's dataset fetchers return."""
+
+    def __getattr__(self, key: str):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __setattr__(self, key: str, value) -> None:
+        self[key] = value
+
+    def __dir__(self):
+        return list(self.keys())
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset's files are not in any of the documented places (and ``download`` was
+    not asked for). The message is one line naming the places searched and what to do."""
 
 # ---------------------------------------------------------------------------------------
 # California housing
@@ -49,8 +85,13 @@ CALIFORNIA_FEATURE_NAMES = [
     "Longitude",
 ]
 
-#: Seed 000's fixed, data-independent rescaling of the eight features ("natural ranges").
-CALIFORNIA_SEED_SCALES = np.array([10.0, 50.0, 100.0, 40.0, 40000.0, 1000.0, 50.0, 100.0])
+#: Fixed, data-independent rescaling of the eight features ("natural ranges") used by the
+#: SSP/AdaSSP/NoisyGD linear-regression study.
+CALIFORNIA_FEATURE_SCALES = np.array([10.0, 50.0, 100.0, 40.0, 40000.0, 1000.0, 50.0, 100.0])
+#: Former name of :data:`CALIFORNIA_FEATURE_SCALES`, kept for compatibility.
+CALIFORNIA_SEED_SCALES = CALIFORNIA_FEATURE_SCALES
+
+_PREPROCESSINGS = (None, "bounded", "seed")  # "seed": former name of "bounded"
 
 _CAL_SHA256_GZ = "9ec0c7920a28267aa6fd23b11fab174e134d9dff83e17c1d19674a7650834755"
 
@@ -71,11 +112,13 @@ def load_california_housing(
 
     Parameters
     ----------
-    preprocessing : {None, "seed"}
-        ``None``: the raw 20640 x 8 matrix. ``"seed"``: seed 000's preprocessing, see
-        :func:`preprocess_california_housing`.
+    preprocessing : {None, "bounded"}
+        ``None``: the raw 20640 x 8 matrix. ``"bounded"``: the bounded preprocessing of
+        the linear-regression study (every row of norm ``x_bound``, labels in
+        ``[0, y_bound]``), see :func:`preprocess_california_housing`. ``"seed"`` is a
+        former name of ``"bounded"``, still accepted.
     x_bound, y_bound : float
-        Bounds used by the seed preprocessing (ignored otherwise).
+        Bounds used by the bounded preprocessing (ignored otherwise).
 
     Returns
     -------
@@ -83,9 +126,9 @@ def load_california_housing(
         ``data`` (20640, 8) float64, ``target`` (20640,) float64, ``feature_names``,
         ``target_names``, ``DESCR``.
     """
-    if preprocessing not in (None, "seed"):
+    if preprocessing not in _PREPROCESSINGS:
         raise ValueError(
-            f"preprocessing must be None or 'seed', got {preprocessing!r}"
+            f"preprocessing must be None or 'bounded', got {preprocessing!r}"
         )
     raw_bytes = _read_gz(_DATA_DIR / "cal_housing.data.gz")
     raw = np.array(raw_bytes.decode("ascii").replace("\n", ",").split(","), dtype=float)
@@ -102,9 +145,9 @@ def load_california_housing(
         "scikit-learn's fetch_california_housing. See privlearn/data/"
         "PROVENANCE_california_housing.md."
     )
-    if preprocessing == "seed":
+    if preprocessing in ("bounded", "seed"):
         data, target = preprocess_california_housing(data, target, x_bound, y_bound)
-        descr += " Seed 000 preprocessing applied (fixed rescaling, rows normalised, "
+        descr += " Bounded preprocessing applied (fixed rescaling, rows normalised, "
         descr += "labels clipped)."
     return Bunch(
         data=data,
@@ -118,13 +161,28 @@ def load_california_housing(
 def preprocess_california_housing(
     data: np.ndarray, target: np.ndarray, x_bound: float = 1.0, y_bound: float = 5.0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Seed 000's data-independent preprocessing.
+    """The linear-regression study's data-independent preprocessing.
 
-    Features are divided by the fixed "natural ranges" ``CALIFORNIA_SEED_SCALES``, each
+    Features are divided by the fixed "natural ranges" ``CALIFORNIA_FEATURE_SCALES``, each
     row is L2-normalised and multiplied by ``x_bound`` (so every row has norm exactly
-    ``x_bound``), and the labels are clipped to ``[0, y_bound]``.
+    ``x_bound``), and the labels are clipped to ``[0, y_bound]``. Nothing is estimated
+    from the data, so the preprocessing costs no privacy.
+
+    Parameters
+    ----------
+    data : ndarray of shape (n, 8)
+        The raw California housing features.
+    target : ndarray of shape (n,)
+        The raw targets (units of $100,000).
+    x_bound, y_bound : float
+        Row norm and label bound.
+
+    Returns
+    -------
+    X, y : ndarray
+        The preprocessed features and labels.
     """
-    X = np.asarray(data, dtype=float) / CALIFORNIA_SEED_SCALES
+    X = np.asarray(data, dtype=float) / CALIFORNIA_FEATURE_SCALES
     norms = np.linalg.norm(X, axis=1, keepdims=True)
     norms[norms == 0] = 1.0  # sklearn.preprocessing.normalize leaves zero rows unchanged
     X = x_bound * (X / norms)
@@ -286,17 +344,16 @@ _MNIST_MIRRORS = [
 
 
 def _mnist_candidate_dirs(data_home: str | os.PathLike | None) -> list[Path]:
+    """The documented places, in order: ``data_home`` (and ``data_home/mnist``) if given,
+    else ``$PRIVLEARN_DATA/mnist`` and ``$PRIVLEARN_DATA``, then the user cache. Never the
+    current directory or its parents."""
     if data_home is not None:
         base = Path(data_home).expanduser()
         return [base, base / "mnist"]
     dirs = []
-    env = os.environ.get("PRIVLEARN_DATA")
+    env = os.environ.get(DATA_ENV)
     if env:
-        dirs += [Path(env) / "mnist", Path(env)]
-    here = Path(__file__).resolve().parent
-    for parent in [Path.cwd(), *here.parents]:
-        dirs.append(parent / "shared" / "data" / "mnist")
-        dirs.append(parent.parent / "shared" / "data" / "mnist")
+        dirs += [Path(env).expanduser() / "mnist", Path(env).expanduser()]
     dirs.append(_cache_dir() / "mnist")
     return dirs
 
@@ -354,8 +411,8 @@ def load_mnist(
         60,000 training or 10,000 test images.
     data_home : path, optional
         Directory holding the four IDX ``.gz`` files (or a ``mnist/`` subdirectory with
-        them). Default: search ``$PRIVLEARN_DATA/mnist``, ``shared/data/mnist`` beside the
-        source checkout, then the cache ``~/.cache/privlearn/mnist``.
+        them). Default: search ``$PRIVLEARN_DATA/mnist``, ``$PRIVLEARN_DATA``, then the
+        user cache ``~/.cache/privlearn/mnist`` (``$XDG_CACHE_HOME/privlearn/mnist``).
     download : bool
         If the files are not found, download them (checksums verified) into
         ``data_home`` or the cache directory. Off by default: nothing is fetched unless
@@ -368,8 +425,9 @@ def load_mnist(
 
     Raises
     ------
-    FileNotFoundError
-        If the files are not found and ``download`` is False.
+    DataNotFoundError
+        (a :class:`FileNotFoundError`) If the files are not found and ``download`` is
+        False.
     """
     if split not in _MNIST_FILES:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -380,10 +438,11 @@ def load_mnist(
     )
     if found is None:
         if not download:
-            raise FileNotFoundError(
-                "MNIST files not found in any of: "
-                + ", ".join(str(d) for d in candidates[:6])
-                + " ...; pass data_home=<dir with the IDX .gz files> or download=True"
+            raise DataNotFoundError(
+                "MNIST files not found in "
+                + ", ".join(str(d) for d in candidates)
+                + f"; pass data_home=<dir with the four MNIST .gz files>, set {DATA_ENV}, "
+                "or download=True"
             )
         found = Path(data_home).expanduser() if data_home is not None else _cache_dir() / "mnist"
         _download_mnist(found)
@@ -400,7 +459,7 @@ def load_mnist(
 
 
 # ---------------------------------------------------------------------------------------
-# Seed 002 synthetic logistic data
+# Synthetic logistic-regression data
 # ---------------------------------------------------------------------------------------
 
 
@@ -411,19 +470,20 @@ def make_logistic_data(
     *,
     random_state: int | np.random.Generator | None = None,
 ) -> Bunch:
-    """Seed 002's synthetic logistic-regression data.
+    """Synthetic logistic-regression data of the DP-SGD logistic-regression study.
 
     ``theta_true ~ N(0, I_d)``; each feature vector is ``z = (1, u)`` with
     ``u ~ Uniform[-1/2, 1/2]^(d-1)`` (so ``|z_j| <= 1``, ``||z||_1 <= d``,
     ``||z||_2 <= sqrt(d)``); ``y ~ Bernoulli(sigmoid(z . theta_true))``. The first
-    ``n_train`` rows are the training set, the next ``n_test`` the test set.
+    ``n_train`` rows are the training set, the next ``n_test`` the test set. See
+    :doc:`/reference/provenance` for where the design comes from.
 
     Returns
     -------
     Bunch
         ``X_train``, ``y_train``, ``X_test``, ``y_test`` (labels int64 in {0, 1}),
-        ``theta_true``, ``l1_bound`` (= 2d, the seed's per-example gradient L1 bound
-        ``B1``) and ``l2_bound`` (= 2 sqrt(d), the seed's ``B2``).
+        ``theta_true``, ``l1_bound`` (= 2d, the study's per-example gradient L1 bound
+        ``B1``) and ``l2_bound`` (= 2 sqrt(d), its ``B2``).
     """
     if int(n_train) < 1 or int(n_test) < 0 or int(dim) < 1:
         raise ValueError(
@@ -443,5 +503,5 @@ def make_logistic_data(
         theta_true=theta_true,
         l1_bound=2.0 * dim,
         l2_bound=2.0 * np.sqrt(dim),
-        DESCR="Seed 002 synthetic logistic regression data",
+        DESCR="Synthetic logistic-regression data (the DP-SGD logistic-regression study)",
     )

@@ -1,9 +1,10 @@
-"""Accounting demo: the privacy table of seed 001, recomputed with privlearn.
+"""Accounting demo: the privacy of four DP learning algorithms, recomputed with privlearn.
 
-Seed 001 (a tutorial on accounting for DP learning algorithms with autodp) prints one
-epsilon per algorithm at delta = 1e-6. :func:`accounting_table` recomputes each with
-privlearn's accountants -- the PLD upper and lower bounds and the RDP bound -- next to the
-value the seed prints, and :func:`print_accounting_table` prints it. ``privlearn demo``
+A tutorial on accounting for DP learning algorithms with autodp (NoisyGD, NoisySGD, PATE,
+Private kNN and their Laplace variants) prints one epsilon per algorithm at delta = 1e-6.
+:func:`accounting_table` recomputes each with privlearn's accountants -- the PLD upper and
+lower bounds and the RDP bound -- next to the value autodp prints, and
+:func:`print_accounting_table` prints it (see :doc:`/reference/provenance`). ``privlearn demo``
 runs :func:`main`, which also runs a short experiment when
 ``privlearn.experiments.demo_linear_regression`` exists.
 """
@@ -33,12 +34,12 @@ __all__ = [
 ]
 
 DELTA = 1e-6
-"""The delta of every row of seed 001's table."""
+"""The delta of every row of the accounting table."""
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """One algorithm of seed 001: its name, its mechanism and the epsilon the seed prints."""
+    """One algorithm of the table: its name, its mechanism and the epsilon autodp prints."""
 
     name: str
     parameters: str
@@ -52,10 +53,13 @@ class AccountingRow:
 
     Attributes
     ----------
-    scenario, parameters : str
+    scenario : str
+        The algorithm.
+    parameters : str
+        Its privacy parameters.
     seed_epsilon : float
-        The value printed in seed 001 (autodp: analytic Gaussian for the Gaussian rows,
-        RDP otherwise).
+        The value autodp prints in the accounting tutorial (analytic Gaussian for the
+        Gaussian rows, RDP otherwise).
     pld_upper, pld_lower : float or None
         privlearn's PLD accountant: certified upper and lower bounds (None if the PLD
         accountant does not support the mechanism).
@@ -107,11 +111,11 @@ def _scenarios() -> tuple[Scenario, ...]:
 
 
 SCENARIOS: tuple[Scenario, ...] = _scenarios()
-"""Seed 001's algorithms, as privlearn mechanisms, with the epsilons the seed prints."""
+"""The tutorial's algorithms, as privlearn mechanisms, with the epsilons autodp prints."""
 
 
 def accounting_table(delta: float = DELTA) -> list[AccountingRow]:
-    """Recompute seed 001's table with privlearn (one row per :data:`SCENARIOS` entry).
+    """Recompute the accounting table with privlearn (one row per :data:`SCENARIOS` entry).
 
     A mechanism that an accountant does not support gets ``None`` in that column; any
     other failure raises. Repeated mechanisms are evaluated once.
@@ -150,7 +154,7 @@ def print_accounting_table(
     """Print :func:`accounting_table` as a fixed-width text table."""
     if rows is None:
         rows = accounting_table()
-    header = ("algorithm", "parameters", "seed (autodp)", "PLD upper", "PLD lower", "RDP")
+    header = ("algorithm", "parameters", "autodp", "PLD upper", "PLD lower", "RDP")
     body = [
         (
             r.scenario,
@@ -169,8 +173,9 @@ def print_accounting_table(
         right = [c.rjust(w) for c, w in zip(cells[2:], widths[2:], strict=True)]
         return "  ".join(left + right)
 
-    echo(f"Privacy accounting of seed 001's algorithms, epsilon at delta = {DELTA:g}")
-    echo("(certified upper bounds unless marked 'lower'; seed = value printed by autodp)")
+    echo(f"Privacy accounting of DP learning algorithms: epsilon at delta = {DELTA:g}")
+    echo("(privlearn's certified upper bounds, PLD lower bounds, and the value the autodp "
+         "tutorial prints)")
     echo(line(header))
     echo("  ".join("-" * w for w in widths))
     for cells in body:

@@ -17,3 +17,13 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+# MNIST is found only in documented places (privlearn.datasets): point PRIVLEARN_DATA at the
+# project's shared data directory when the checkout sits beside one, so the MNIST tests run
+# there; elsewhere they skip.
+_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _cand in (os.path.join(_root, "shared", "data"),
+              os.path.join(os.path.dirname(_root), "shared", "data")):
+    if os.path.isdir(os.path.join(_cand, "mnist")):
+        os.environ.setdefault("PRIVLEARN_DATA", _cand)
+        break

@@ -52,13 +52,36 @@ def test_epsilon_json_gaussian_matches_api(runner: CliRunner) -> None:
     assert out["sampling_rate"] is None
 
 
-def test_epsilon_plain_prints_number(runner: CliRunner) -> None:
+def _labelled(stdout: str) -> dict[str, str]:
+    """``name: value (explanation)`` lines of the plain output, as name -> value."""
+    out = {}
+    for line in stdout.strip().splitlines():
+        name, _, rest = line.partition(": ")
+        out[name] = rest.split(" (")[0]
+    return out
+
+
+def test_epsilon_plain_labels_each_number(runner: CliRunner) -> None:
     r = invoke(
         runner,
         ["epsilon", "--noise-multiplier", "2", "--delta", "1e-6", "--accountant", "analytic"],
     )
     assert r.exit_code == 0
-    assert float(r.stdout) == Gaussian(2.0).epsilon(1e-6, "analytic")
+    out = _labelled(r.stdout)
+    assert float(out["epsilon"]) == Gaussian(2.0).epsilon(1e-6, "analytic")
+    assert "certified upper bound, analytic accountant" in r.stdout
+    assert float(out["delta"]) == 1e-6
+    assert out["mechanism"].startswith("gaussian, noise multiplier 2, no subsampling, 1 step")
+
+
+def test_epsilon_plain_pld_prints_lower_bound(runner: CliRunner) -> None:
+    r = invoke(runner, ["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.01",
+                        "--steps", "100", "--delta", "1e-5"])
+    assert r.exit_code == 0, r.output
+    out = _labelled(r.stdout)
+    b = compose(subsample(Gaussian(1.0), 0.01), steps=100).epsilon_bounds(1e-5, "pld")
+    assert float(out["epsilon"]) == b.upper
+    assert float(out["epsilon lower bound"]) == b.lower
 
 
 def test_epsilon_subsampled_rdp_matches_api(runner: CliRunner) -> None:
@@ -130,8 +153,10 @@ def test_calibrate_meets_target(runner: CliRunner) -> None:
 def test_calibrate_plain(runner: CliRunner) -> None:
     r = invoke(runner, ["calibrate", "--target-epsilon", "2", "--delta", "1e-6"])
     assert r.exit_code == 0
-    sigma = float(r.stdout)
+    out = _labelled(r.stdout)
+    sigma = float(out["noise multiplier"])
     assert Gaussian(sigma).epsilon(1e-6, "analytic") <= 2.0
+    assert float(out["epsilon"]) == Gaussian(sigma).epsilon(1e-6, "pld") <= 2.0
 
 
 # -- bad input ---------------------------------------------------------------------------
@@ -325,3 +350,224 @@ def test_reproduce_forwards_options(runner: CliRunner, monkeypatch, tmp_path) ->
     assert f"wrote {tmp_path / 'x.csv'}" in r.stdout
     r = invoke(runner, ["reproduce", name])
     assert calls[-1] == (name, {})
+
+
+# -- --batch-size / --dataset-size / --epochs ------------------------------------------
+EPOCH_FORM = ["--batch-size", "512", "--dataset-size", "50000", "--epochs", "30"]
+
+
+def test_epoch_form_equals_rate_and_steps(runner: CliRunner) -> None:
+    """B=512, N=50000, 30 epochs is sampling rate 512/50000 and ceil(30 x 50000 / 512) =
+    2930 steps (30 passes over the data in expectation), the same epsilon as the
+    equivalent --sampling-rate/--steps call: 3.2375."""
+    common = ["epsilon", "--noise-multiplier", "1.0", "--delta", "1e-5", "--json"]
+    r1 = invoke(runner, [*common, *EPOCH_FORM])
+    assert r1.exit_code == 0, r1.output
+    r2 = invoke(runner, [*common, "--sampling-rate", str(512 / 50000), "--steps", "2930"])
+    assert r2.exit_code == 0, r2.output
+    a, b = json.loads(r1.stdout), json.loads(r2.stdout)
+    assert a == b
+    assert (a["sampling_rate"], a["steps"]) == (0.01024, 2930)
+    assert a["epsilon"] == compose(subsample(Gaussian(1.0), 0.01024), steps=2930).epsilon(1e-5)
+    assert round(a["epsilon"], 4) == 3.2375
+
+
+def test_epoch_form_matches_torch_engine_schedule() -> None:
+    from privlearn.cli import steps_per_epoch
+
+    for b, n in [(512, 50000), (256, 60000), (1, 7), (3, 4), (100, 100), (64, 96)]:
+        q = b / n
+        assert steps_per_epoch(q) == max(1, round(1 / q))
+
+
+def test_calibrate_epoch_form(runner: CliRunner) -> None:
+    r = invoke(runner, ["calibrate", "--target-epsilon", "3", "--delta", "1e-5", *EPOCH_FORM,
+                        "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert (out["sampling_rate"], out["steps"]) == (0.01024, 2930)
+    m = compose(subsample(Gaussian(out["noise_multiplier"]), 0.01024), steps=2930)
+    assert m.epsilon(1e-5) <= 3.0
+
+
+@pytest.mark.parametrize("extra", [["--sampling-rate", "0.01"], ["--steps", "10"]])
+def test_mixing_the_two_forms_is_refused(runner: CliRunner, extra: list[str]) -> None:
+    r = runner.invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5",
+                            *EPOCH_FORM, *extra])
+    assert r.exit_code == 2
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("error: ")
+    assert extra[0] in line and "either" in line
+
+
+def test_epoch_form_incomplete_or_bad(runner: CliRunner) -> None:
+    r = runner.invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5",
+                            "--batch-size", "10", "--dataset-size", "100"])
+    assert r.exit_code == 2 and "--epochs missing" in r.stderr
+    r = runner.invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5",
+                            "--batch-size", "200", "--dataset-size", "100", "--epochs", "1"])
+    assert r.exit_code == 2
+    assert "--batch-size must be <= --dataset-size" in r.stderr and "got" in r.stderr
+
+
+def test_steps_is_an_integer_option(runner: CliRunner) -> None:
+    r = invoke(runner, ["epsilon", "--help"])
+    assert "--steps INTEGER" in r.stdout
+    r = runner.invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5",
+                            "--steps", "2929.69"])
+    assert r.exit_code == 2 and "--steps" in r.stderr
+
+
+# -- accounting failures end with what to try ------------------------------------------
+def _error_line(runner: CliRunner, args: list[str]) -> str:
+    r = runner.invoke(cli, args)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [
+    ["epsilon", "--noise-multiplier", "1"],
+    ["calibrate", "--target-epsilon", "1"],
+])
+def test_gaussian_delta_zero_suggests_laplace(runner: CliRunner, command: list[str]) -> None:
+    """Was: `epsilon --delta 0` printed inf with status 0."""
+    line = _error_line(runner, [*command, "--delta", "0", "--steps", "10"])
+    assert line.endswith("try --mechanism laplace for pure DP, or a positive --delta "
+                         "such as 1e-5")
+
+
+def test_uncertifiable_delta_suggests_rdp(runner: CliRunner) -> None:
+    args = ["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.001", "--steps",
+            "1000000", "--delta", "1e-9"]
+    line = _error_line(runner, args)
+    assert "cannot certify" in line
+    assert line.endswith("try --accountant rdp (Renyi DP needs no tail certification and "
+                         "gives a valid, looser bound) or a larger --delta")
+    # and the suggestion answers
+    r = invoke(runner, [*args, "--accountant", "rdp", "--json"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["epsilon"] == pytest.approx(8.79, abs=0.01)
+
+
+@pytest.mark.parametrize("mechanism, sigma", [("gaussian", "0.003"), ("laplace", "0.001")])
+def test_tiny_noise_suggests_more_noise(runner: CliRunner, mechanism: str, sigma: str) -> None:
+    """Privacy loss too large to represent ("tail does not vanish", overflow)."""
+    line = _error_line(runner, ["epsilon", "--mechanism", mechanism, "--noise-multiplier",
+                                sigma, "--sampling-rate", "0.5", "--steps", "10",
+                                "--delta", "1e-5"])
+    assert "; try a larger --noise-multiplier (with this little noise the mechanism is " \
+           "essentially non-private)" in line
+
+
+def test_unreachable_calibration_suggests_what_to_change(runner: CliRunner) -> None:
+    line = _error_line(runner, ["calibrate", "--mechanism", "laplace", "--target-epsilon",
+                                "1e-13", "--delta", "0", "--steps", "10"])
+    assert "unreachable" in line
+    assert line.endswith("try a larger --target-epsilon or --delta, fewer --steps/--epochs, "
+                         "or a smaller --sampling-rate/--batch-size")
+
+
+def test_calibration_accounting_error_surfaces_as_calibration_error(runner: CliRunner,
+                                                                    monkeypatch) -> None:
+    """An AccountingError raised inside the calibration is reported as a failed
+    calibration (CalibrationError) carrying the accountant's message, plus a hint."""
+    import privlearn.cli as cli_mod
+    from privlearn.accounting import AccountingError, CalibrationError
+
+    seen = []
+
+    def failing_calibrate(*args, **kwargs):
+        raise AccountingError("pld: privacy loss tail does not vanish below loss 1e4")
+
+    real_failure = cli_mod._failure
+
+    def spy(err, *, calibrating):
+        seen.append(err)
+        return real_failure(err, calibrating=calibrating)
+
+    monkeypatch.setattr(cli_mod, "calibrate", failing_calibrate)
+    monkeypatch.setattr(cli_mod, "_failure", spy)
+    line = _error_line(runner, ["calibrate", "--target-epsilon", "50", "--delta", "1e-5",
+                                "--sampling-rate", "0.5", "--steps", "10"])
+    assert isinstance(seen[0], CalibrationError)
+    assert isinstance(seen[0].__cause__, AccountingError)
+    assert line.startswith("error: calibration failed: pld: privacy loss tail does not vanish")
+    assert "; try " in line
+
+
+def test_real_calibration_reaching_tiny_noise(runner: CliRunner) -> None:
+    line = _error_line(runner, ["calibrate", "--target-epsilon", "2000", "--delta", "1e-5",
+                                "--sampling-rate", "0.5", "--steps", "10"])
+    assert line.startswith("error: calibration failed: ")
+    assert "; try a smaller --target-epsilon or --accountant rdp" in line
+
+
+def test_unsupported_accountant_suggests_others(runner: CliRunner) -> None:
+    line = _error_line(runner, ["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.1",
+                                "--delta", "1e-5", "--accountant", "analytic"])
+    assert line.endswith("try --accountant pld or --accountant rdp")
+
+
+def test_accountant_choices_come_from_the_registry(monkeypatch) -> None:
+    import importlib
+
+    import privlearn.accounting as acc
+    import privlearn.cli as cli_mod
+
+    monkeypatch.setattr(acc, "available_accountants", lambda: ["pld", "rdp", "analytic", "x"])
+    try:
+        fresh = importlib.reload(cli_mod)
+        opt = next(p for p in fresh.epsilon.params if p.name == "accountant")
+        assert list(opt.type.choices) == ["pld", "rdp", "analytic", "x"]
+    finally:
+        monkeypatch.undo()
+        importlib.reload(cli_mod)
+
+
+# -- reproduce: data location ----------------------------------------------------------
+def test_reproduce_missing_data_is_one_line(runner: CliRunner, tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("PRIVLEARN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for extra in ([], ["--data-home", str(empty)]):
+        r = runner.invoke(cli, ["reproduce", "label-release", "--out", str(tmp_path / "o"),
+                                *extra])
+        assert r.exit_code != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1, r.stderr
+        assert lines[0].startswith("error: label-release: MNIST files not found in ")
+        assert lines[0].endswith("run again with --data-home DIR (a directory holding the "
+                                 "files) or --download")
+        assert "Traceback" not in r.output
+
+
+def test_reproduce_data_options_forwarded(runner: CliRunner, monkeypatch, tmp_path) -> None:
+    experiments = pytest.importorskip("privlearn.experiments")
+    calls = []
+
+    class Result:
+        paths: list = []
+
+    monkeypatch.setattr(experiments, "run_experiment",
+                        lambda name, **kw: calls.append((name, kw)) or Result())
+    r = invoke(runner, ["reproduce", "label-release", "--data-home", str(tmp_path),
+                        "--download"])
+    assert r.exit_code == 0, r.output
+    assert calls == [("label-release", {"data_home": str(tmp_path), "download": True})]
+    r = runner.invoke(cli, ["reproduce", "adult", "--data-home", str(tmp_path)])
+    assert r.exit_code == 2 and "apply only to label-release" in r.stderr
+
+
+def test_user_facing_text_has_no_seed_jargon(runner: CliRunner) -> None:
+    import re
+
+    texts = [invoke(runner, [*cmd, "--help"]).stdout
+             for cmd in (["epsilon"], ["calibrate"], ["demo"], ["reproduce"], [])]
+    texts.append(invoke(runner, ["demo", "--no-experiment"]).stdout)
+    for text in texts:
+        assert not re.search(r"seed \d{3}|seed's|seeds'", text, re.I), text

@@ -34,7 +34,7 @@ def test_california_equals_sklearn_fetcher(tmp_path):
 
 
 def test_california_seed000_baselines():
-    b = load_california_housing(preprocessing="seed")
+    b = load_california_housing(preprocessing="bounded")
     X, y = b.data, b.target
     np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0, rtol=1e-12)
     assert y.min() >= 0 and y.max() <= 5
@@ -100,3 +100,69 @@ def test_make_logistic_data():
     d = make_logistic_data(20000, 0, 6, random_state=1)
     p = 1 / (1 + np.exp(-(d.X_train @ d.theta_true)))
     assert abs(np.mean(d.y_train) - np.mean(p)) < 0.02
+
+
+def _fake_mnist(directory: Path) -> None:
+    """Tiny valid IDX files (3 images) under the canonical MNIST names."""
+    directory.mkdir(parents=True, exist_ok=True)
+    imgs = (0x00000803).to_bytes(4, "big") + b"".join(
+        d.to_bytes(4, "big") for d in (3, 28, 28)) + bytes(3 * 28 * 28)
+    lbls = (0x00000801).to_bytes(4, "big") + (3).to_bytes(4, "big") + bytes([1, 2, 3])
+    for split in ("train", "t10k"):
+        with gzip.open(directory / f"{split}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(imgs)
+        with gzip.open(directory / f"{split}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(lbls)
+
+
+def test_mnist_search_documented_places_only(tmp_path, monkeypatch):
+    """data_home, then $PRIVLEARN_DATA, then the user cache; never the parents of the
+    current directory (the old search walked them)."""
+    from privlearn.datasets import DataNotFoundError
+
+    monkeypatch.delenv("PRIVLEARN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # MNIST under <parent>/shared/data/mnist of the working directory is NOT found
+    _fake_mnist(tmp_path / "shared" / "data" / "mnist")
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    with pytest.raises(DataNotFoundError) as err:
+        load_mnist("train")
+    msg = str(err.value)
+    assert "\n" not in msg and "PRIVLEARN_DATA" in msg and "download=True" in msg
+    assert str(tmp_path / "cache" / "privlearn" / "mnist") in msg
+    assert "shared" not in msg
+    # the environment variable
+    monkeypatch.setenv("PRIVLEARN_DATA", str(tmp_path / "shared" / "data"))
+    b = load_mnist("test")
+    assert b.data.shape == (3, 28, 28) and list(b.target) == [1, 2, 3]
+    assert b.path == str(tmp_path / "shared" / "data" / "mnist")
+    # the user cache
+    monkeypatch.delenv("PRIVLEARN_DATA")
+    _fake_mnist(tmp_path / "cache" / "privlearn" / "mnist")
+    assert load_mnist("train").path == str(tmp_path / "cache" / "privlearn" / "mnist")
+    # an explicit data_home wins and is the only place searched
+    with pytest.raises(DataNotFoundError):
+        load_mnist("train", data_home=tmp_path / "elsewhere")
+    assert load_mnist("train", data_home=tmp_path / "shared" / "data").data.shape[0] == 3
+
+
+def test_bunch_without_sklearn():
+    import subprocess
+    import sys
+
+    code = ("import sys; from privlearn.datasets import load_california_housing as f; "
+            "b = f(preprocessing='bounded'); assert b.data is b['data']; "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "False"
+
+
+def test_bounded_preprocessing_alias():
+    a = load_california_housing(preprocessing="bounded")
+    b = load_california_housing(preprocessing="seed")  # former name, still accepted
+    np.testing.assert_array_equal(a.data, b.data)
+    np.testing.assert_allclose(np.linalg.norm(a.data, axis=1), 1.0)
+    assert a.target.max() <= 5.0

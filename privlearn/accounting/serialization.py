@@ -48,7 +48,11 @@ Compatibility contract
   orders)``), which is a conservative, storable RDP curve.
 
 New mechanism types register their encoders with :func:`register_serializer` (a registry
-keyed by type, so nothing here needs editing).
+keyed by type, so nothing here needs editing), or pass ``to_dict=`` / ``from_dict=`` hooks
+to :func:`privlearn.accounting.registry.register_mechanism`; such a kind is written as
+``{"kind": "registered", "class": "module.Class", "fields": to_dict(m)}`` and read back
+by the class's ``from_dict`` (the registering module must be imported before loading; the
+class path is part of the stored form, so keep it stable).
 """
 
 from __future__ import annotations
@@ -225,13 +229,53 @@ def _node(m: Mechanism) -> dict[str, Any]:
     try:
         kind, enc = _ENCODERS[type(m)]
     except KeyError:
-        raise TypeError(
-            f"no serializer is registered for {type(m).__name__}; register one with "
-            "privlearn.accounting.serialization.register_serializer"
-        ) from None
+        return _registry_node(m)
     out = {"kind": kind}
     out.update(enc(m))
     return out
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _registry_node(m: Mechanism) -> dict[str, Any]:
+    """A kind registered with :func:`privlearn.accounting.registry.register_mechanism`
+    and its ``to_dict`` hook: ``{"kind": "registered", "class": "module.Class",
+    "fields": to_dict(m)}``."""
+    from privlearn.accounting import registry
+
+    kind = registry.kind_of(m)
+    fn = kind.get("to_dict") if kind is not None else None
+    if fn is None:
+        raise TypeError(
+            f"no serializer is registered for {type(m).__name__}; register one with "
+            "privlearn.accounting.serialization.register_serializer, or pass to_dict= and "
+            "from_dict= to privlearn.accounting.register_mechanism"
+        )
+    fields = fn(m)
+    if not isinstance(fields, dict):
+        raise TypeError(f"to_dict of {type(m).__name__} must return a dict, got {fields!r}")
+    return {"kind": "registered", "class": _class_path(kind.cls), "fields": fields}
+
+
+def _registry_from(d: dict[str, Any]) -> Mechanism:
+    from privlearn.accounting import registry
+
+    path = d["class"]
+    for cls in registry.registered_kinds():
+        if _class_path(cls) == path:
+            fn = registry.kind_of(cls).get("from_dict")
+            if fn is None:
+                raise ValueError(f"mechanism kind {path} has no from_dict hook registered")
+            m = fn(d["fields"])
+            if not isinstance(m, cls):
+                raise ValueError(f"from_dict of {path} returned {m!r}, not a {cls.__name__}")
+            return m
+    raise ValueError(
+        f"mechanism kind {path!r} is not registered in this process; import the module "
+        "that registers it (privlearn.accounting.register_mechanism) before loading"
+    )
 
 
 def _read_node(d: object) -> Mechanism:
@@ -355,6 +399,7 @@ register_serializer(
     ),
     ["base", "rate", "scheme", "neighbouring"],
 )
+_DECODERS["registered"] = (_registry_from, frozenset(["class", "fields"]))
 register_serializer(
     Composed,
     "composed",

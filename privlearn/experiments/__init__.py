@@ -1,4 +1,4 @@
-"""The seeds' end-to-end experiments, as functions the CLI calls.
+"""End-to-end experiments, as functions the CLI calls.
 
 ``privlearn reproduce NAME [--out DIR] [--reps N] [--seed S]`` calls
 :func:`run_experiment`; ``privlearn demo`` calls :func:`demo_linear_regression`.
@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EXPERIMENTS", "run_experiment", "demo_linear_regression", "DEFAULT_OUT_DIR"]
+__all__ = ["EXPERIMENTS", "DATA_EXPERIMENTS", "run_experiment", "demo_linear_regression",
+           "DEFAULT_OUT_DIR"]
 
 #: Default output directory of :func:`run_experiment` and :func:`demo_linear_regression`
 #: (kept equal to ``privlearn.experiments._common.DEFAULT_OUT_DIR``).
@@ -31,17 +32,19 @@ def _lazy(module: str, func: str) -> Callable:
 #: name -> (description, runner(out_dir, reps, seed, **options) -> ExperimentResult)
 _REGISTRY: dict[str, tuple[str, Callable]] = {
     "linear-regression": (
-        "Seed 000: median training MSE vs epsilon (0.1..2, delta=1e-6) on California "
-        "housing for SSP, AdaSSP, NoisyGD (two regimes), non-private and trivial baselines",
+        "Linear regression on California housing: median training MSE vs epsilon "
+        "(0.1..2, delta=1e-6) for SSP, AdaSSP, NoisyGD (two regimes), non-private and "
+        "trivial baselines",
         _lazy("privlearn.experiments.linear_regression", "run_linear_regression"),
     ),
     "noisygd-learning-rate": (
-        "Seed 000: NoisyGD learning-rate sensitivity (theoretical rate, x10, x0.1)",
+        "NoisyGD learning-rate sensitivity (theoretical rate, x10, x0.1)",
         _lazy("privlearn.experiments.linear_regression", "run_noisygd_learning_rate"),
     ),
     "logistic-regression": (
-        "Seed 002: DP-SGD logistic regression scenarios (non-private, pure DP and "
-        "(epsilon, delta)-DP, with and without subsampling), test accuracy over seeds",
+        "DP-SGD logistic regression scenarios on synthetic data (non-private, pure DP "
+        "and (epsilon, delta)-DP, with and without subsampling): test accuracy over "
+        "repetitions",
         _lazy("privlearn.experiments.logistic", "run_logistic_regression"),
     ),
     "adult": (
@@ -50,14 +53,18 @@ _REGISTRY: dict[str, tuple[str, Callable]] = {
         _lazy("privlearn.experiments.adult", "run_adult"),
     ),
     "label-release": (
-        "Seed 001: PATE and Private kNN label release on MNIST (PCA features): label "
-        "accuracy vs epsilon",
+        "PATE and Private kNN label release on MNIST (PCA features): label accuracy vs "
+        "epsilon",
         _lazy("privlearn.experiments.label_release", "run_label_release"),
     ),
 }
 
 #: name -> one-line description (the CLI lists these)
 EXPERIMENTS: dict[str, str] = {name: desc for name, (desc, _) in _REGISTRY.items()}
+
+#: Experiments that read data not bundled with privlearn (they accept ``data_home`` and
+#: ``download``); the others use bundled or synthetic data.
+DATA_EXPERIMENTS: frozenset[str] = frozenset({"label-release"})
 
 
 def run_experiment(name: str, out_dir: str | Path | None = None, reps: int | None = None,
@@ -74,7 +81,7 @@ def run_experiment(name: str, out_dir: str | Path | None = None, reps: int | Non
 
 
 def demo_linear_regression(out_dir: str | Path | None = None, seed: int = 0) -> list[Path]:
-    """A short seed 000 run (10 epsilons x 10 repetitions, both NoisyGD regimes): prints
+    """A short linear-regression run (10 epsilons x 10 repetitions, both NoisyGD regimes): prints
     the table, saves ``linear_regression.png`` and ``.csv`` into ``out_dir`` (default
     ``./privlearn-output/``, created if needed; the directory is printed), returns their
     paths."""
@@ -83,7 +90,7 @@ def demo_linear_regression(out_dir: str | Path | None = None, seed: int = 0) -> 
     from privlearn.experiments.linear_regression import run_linear_regression
 
     out = Path(out_dir if out_dir is not None else DEFAULT_OUT_DIR)
-    print(f"writing the seed 000 demo to {out.resolve()}/")
+    print(f"writing the linear-regression demo to {out.resolve()}/")
     res = run_linear_regression(out, reps=10, seed=seed,
                                 epsilons=np.linspace(0.1, 2.0, 10), verbose=True)
     for p in res.paths:

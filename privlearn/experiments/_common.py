@@ -7,18 +7,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-from tqdm.auto import tqdm  # noqa: E402
-
 __all__ = [
     "ExperimentResult",
     "write_csv",
     "progress",
     "prepare_out_dir",
     "format_table",
+    "pyplot",
+    "epsilon_log_axis",
     "DEFAULT_OUT_DIR",
 ]
 
@@ -65,8 +61,32 @@ def write_csv(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def pyplot():
+    """``matplotlib.pyplot`` with the non-interactive Agg backend, imported on first use
+    (so commands that draw nothing never import matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def epsilon_log_axis(ax, epsilons) -> None:
+    """A log-scale epsilon axis labelled only at the grid's own values, in plain numbers
+    (no overlapping ``3 x 10^0``-style minor labels)."""
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(sorted(float(e) for e in epsilons)))
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def progress(iterable=None, *, total=None, desc: str = "", enabled: bool | None = None):
     """A tqdm progress bar, shown only on a terminal (or when ``enabled`` is True)."""
+    from tqdm.auto import tqdm
+
     if enabled is None:
         enabled = sys.stderr.isatty()
     return tqdm(iterable, total=total, desc=desc, disable=not enabled, leave=False)

@@ -18,9 +18,11 @@ import numpy as np
 from privlearn.datasets import load_adult
 from privlearn.experiments._common import (
     ExperimentResult,
+    epsilon_log_axis,
     format_table,
     prepare_out_dir,
     progress,
+    pyplot,
     write_csv,
 )
 from privlearn.models.dpsgd import DPSGDClassifier
@@ -74,14 +76,14 @@ def run_adult(out_dir=None, reps: int | None = None, seed: int = 0, *,
     csv_path = write_csv(out / "adult.csv", rows)
     png = None
     if plot:
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         med = np.median(acc, axis=1)
         ax.errorbar(epsilons, med, yerr=[med - acc.min(1), acc.max(1) - med], fmt="o-",
                     label=f"DP-SGD (delta={delta:g})")
         ax.axhline(base, color="k", ls="--", label="non-private")
-        ax.set_xscale("log")
+        epsilon_log_axis(ax, epsilons)
         ax.set_xlabel("epsilon")
         ax.set_ylabel("test accuracy")
         ax.set_title("UCI Adult, logistic regression")

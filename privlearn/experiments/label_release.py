@@ -1,4 +1,4 @@
-"""Seed 001: PATE and Private kNN label release on MNIST: label accuracy vs epsilon.
+"""PATE and Private kNN label release on MNIST: label accuracy vs epsilon.
 
 Setting (fast on a CPU): pixels scaled to [0, 1] and projected on 50 principal
 components fitted on the *public* part of the data (test images not used as queries),
@@ -20,9 +20,11 @@ import numpy as np
 from privlearn.datasets import load_mnist
 from privlearn.experiments._common import (
     ExperimentResult,
+    epsilon_log_axis,
     format_table,
     prepare_out_dir,
     progress,
+    pyplot,
     write_csv,
 )
 from privlearn.models.label_release import PATE, PrivateKNN
@@ -31,9 +33,13 @@ __all__ = ["run_label_release", "mnist_features", "nearest_centroid_teachers"]
 
 
 def mnist_features(n_components: int = 50, n_private: int | None = None,
-                   n_public_fit: int = 5000, data_home=None):
-    """PCA features; the PCA basis is fitted on the last ``n_public_fit`` test images."""
-    tr, te = load_mnist("train", data_home), load_mnist("test", data_home)
+                   n_public_fit: int = 5000, data_home=None, download: bool = False):
+    """PCA features; the PCA basis is fitted on the last ``n_public_fit`` test images.
+
+    ``data_home`` and ``download`` are passed to :func:`privlearn.datasets.load_mnist`.
+    """
+    tr = load_mnist("train", data_home, download=download)
+    te = load_mnist("test", data_home, download=download)
     Xtr = tr.data.reshape(len(tr.data), -1).astype(np.float64) / 255.0
     Xte = te.data.reshape(len(te.data), -1).astype(np.float64) / 255.0
     ytr, yte = tr.target, te.target
@@ -71,13 +77,15 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
                       epsilons=(0.5, 1.0, 2.0, 4.0, 8.0), delta: float = 1e-6,
                       n_queries: int = 1000, n_teachers: int = 100, n_neighbors: int = 100,
                       sampling_rate: float = 0.1, n_private: int | None = None,
-                      noise: str = "gaussian", data_home=None, plot: bool = True,
+                      noise: str = "gaussian", data_home=None, download: bool = False,
+                      plot: bool = True,
                       show_progress: bool | None = None,
                       verbose: bool = False) -> ExperimentResult:
     """Label accuracy of PATE and Private kNN vs epsilon (median over ``reps``, default 3)."""
     out = prepare_out_dir(out_dir)
     reps = reps or 3
-    Xtr, ytr, Xte, yte = mnist_features(n_private=n_private, data_home=data_home)
+    Xtr, ytr, Xte, yte = mnist_features(n_private=n_private, data_home=data_home,
+                                        download=download)
     Q, yq = Xte[:n_queries], yte[:n_queries]
     rng = np.random.default_rng(seed)
     teacher_votes = nearest_centroid_teachers(Xtr, ytr, n_teachers, Q, rng)
@@ -112,15 +120,18 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
     csv_path = write_csv(out / "label_release.csv", rows)
     png = None
     if plot:
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for m, name in enumerate(("PATE", "PrivateKNN")):
-            ax.plot(epsilons, np.median(acc[m], axis=1), "o-", label=name)
+        for m, name in enumerate(("PATE", "Private kNN")):
+            med = np.median(acc[m], axis=1)
+            ax.errorbar(epsilons, med, yerr=[med - acc[m].min(1), acc[m].max(1) - med],
+                        fmt="o-", capsize=3, label=f"{name} (median of {reps})")
         ax.axhline(acc_pate_clean, color="k", ls="--", label="teacher ensemble, no noise")
-        ax.set_xscale("log")
+        epsilon_log_axis(ax, epsilons)
         ax.set_xlabel(f"epsilon ({n_queries} queries, delta={delta:g})")
         ax.set_ylabel("label accuracy")
+        ax.grid(alpha=0.3)
         ax.set_title("MNIST label release")
         ax.legend()
         png = out / "label_release.png"

@@ -1,6 +1,7 @@
-"""Seed 000: SSP vs AdaSSP vs NoisyGD on California housing, and NoisyGD's learning rate.
+"""SSP vs AdaSSP vs NoisyGD on California housing, and NoisyGD's learning rate.
 
-The data pipeline is the seed's: scikit-learn's California housing matrix, features
+The SSP/AdaSSP/NoisyGD linear-regression study (see :doc:`/reference/provenance`). The data
+pipeline is the study's: scikit-learn's California housing matrix, features
 divided by fixed "natural ranges", rows L2-normalised (x_bound = 1), labels clipped to
 [0, 5] (y_bound = 5), no intercept, training MSE. Repetitions are vectorised: all
 repetitions at one epsilon are drawn and solved in one batched call, and training MSEs
@@ -25,6 +26,7 @@ from privlearn.experiments._common import (
     format_table,
     prepare_out_dir,
     progress,
+    pyplot,
     write_csv,
 )
 from privlearn.models.linear import (
@@ -43,7 +45,7 @@ __all__ = [
     "VARIANTS",
 ]
 
-#: ``"default"``: the package's estimators as they are; ``"seed"``: seed 000's algorithms
+#: ``"default"``: the package's estimators as they are; ``"seed"``: the study's algorithms
 #: exactly (upper-triangle noise on X^T X, plain solve for SSP, ridge for AdaSSP).
 VARIANTS = ("default", "seed")
 
@@ -53,10 +55,11 @@ DELTA = 1e-6
 
 
 class SeedProblem:
-    """Seed 000's preprocessed data and its sufficient statistics."""
+    """The study's preprocessed data and its sufficient statistics."""
 
     def __init__(self) -> None:
-        b = load_california_housing(preprocessing="seed", x_bound=X_BOUND, y_bound=Y_BOUND)
+        b = load_california_housing(preprocessing="bounded", x_bound=X_BOUND,
+                                    y_bound=Y_BOUND)
         self.X, self.y = b.data, b.target
         self.n, self.dim = self.X.shape
         self.XTX = self.X.T @ self.X
@@ -78,10 +81,11 @@ class SeedProblem:
 
     def noisy_gd(self, sigma: float, epsilon: float, delta: float, rng, reps: int,
                  log_every: int, lr_factor: float = 1.0, n_iter: int | None = None):
-        """Seed 000's NoisyGD run: niter calibrated (rounded down) unless given, the
-        theoretical learning rate with the data's exact lambda_max (as the seed; not
+        """The study's NoisyGD run: niter calibrated (rounded down) unless given, the
+        theoretical learning rate with the data's exact lambda_max (as the study; not
         private -- NoisyGDRegressor's default releases it with noise, accounted, see
-        docs/trust-model.md), epsilon logged at each log point."""
+        docs/trust-model.md), epsilon logged at each log point; ``reps`` independent
+        chains."""
         if n_iter is None:
             n_iter = int(calibrate(lambda k: compose(Gaussian(sigma), steps=int(k)), epsilon,
                                    delta, bounds=(1, 10**7), integer=True))
@@ -98,7 +102,7 @@ class SeedProblem:
 
 
 def ssp_estimators(epsilon: float, rng: np.random.Generator, variant: str = "default"):
-    """Seed 000's SSP and AdaSSP as the package's estimators (``x_bound = 1``,
+    """The study's SSP and AdaSSP as the package's estimators (``x_bound = 1``,
     ``y_bound = 5``, no intercept, delta = 1e-6), in the requested variant."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -121,11 +125,13 @@ def compute_linear_regression(
     problem: SeedProblem | None = None,
     variant: str = "default",
 ) -> dict:
-    """The numbers of seed 000's figure (no files, no plot).
+    """The numbers of the linear-regression figure (no files, no plot).
 
     SSP and AdaSSP run through the estimators' own code path
     (:meth:`~privlearn.models.SSPRegressor.sample_coefficients`: all ``reps`` fits at one
-    epsilon in one batched draw); ``variant="seed"`` runs seed 000's versions."""
+    epsilon in one batched draw); ``variant="seed"`` runs the study's original versions.
+    NoisyGD runs ``noisygd_reps`` independent chains (default ``reps``), so its curves
+    are medians too."""
     if epsilons is None:
         epsilons = np.linspace(0.1, 2.0, 50)
     epsilons = np.asarray(epsilons, dtype=float)
@@ -140,7 +146,7 @@ def compute_linear_regression(
             scales[i, j] = est.calibrated_noise_scale()
     out = dict(problem=P, epsilons=epsilons, mse=mse, scales=scales, gd={}, variant=variant)
     if noisygd:
-        gd_reps = noisygd_reps if noisygd_reps is not None else 1
+        gd_reps = noisygd_reps if noisygd_reps is not None else reps
         for name, sigma, gap in (("NoisyGD-large-noise", 500.0, 100),
                                  ("NoisyGD-small-noise", 50.0, 10)):
             out["gd"][name] = P.noisy_gd(sigma, 2.0, DELTA, rng, gd_reps, gap)
@@ -171,26 +177,41 @@ def _rows(res: dict) -> list[dict]:
     return rows
 
 
+def _mse_axis(ax, P: SeedProblem, title: str, ylabel: str) -> None:
+    """Baselines, limits (both baselines inside the frame, with a margin) and labels."""
+    ax.axhline(P.mse_nonprivate, color="k", ls="--", lw=1,
+               label=f"non-private ({P.mse_nonprivate:.3f})")
+    ax.axhline(P.mse_trivial, color="r", ls="--", lw=1,
+               label=f"trivial: predict the mean ({P.mse_trivial:.3f})")
+    span = P.mse_trivial - P.mse_nonprivate
+    ax.set_ylim(P.mse_nonprivate - 0.08 * span, P.mse_trivial + 0.08 * span)
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 0.92))
+
+
 def _plot(res: dict, path: Path, *, include_gd: bool = True) -> Path:
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     P, eps = res["problem"], res["epsilons"]
+    reps = res["mse"].shape[1]
     med = np.median(res["mse"], axis=1)
     fig, ax = plt.subplots(figsize=(8, 5))
-    ax.plot(eps, med[:, 0], "o-", label="SSP")
-    ax.plot(eps, med[:, 1], "s-", label="AdaSSP")
-    styles = {"NoisyGD-large-noise": "g.-", "NoisyGD-small-noise": "c.-"}
+    ax.plot(eps, med[:, 0], "o-", ms=4, label="SSP")
+    ax.plot(eps, med[:, 1], "s-", ms=4, label="AdaSSP")
+    styles = {"NoisyGD-large-noise": ("g.-", "NoisyGD, sigma=500"),
+              "NoisyGD-small-noise": ("c.-", "NoisyGD, sigma=50")}
     if include_gd:
         for name, g in res["gd"].items():
-            ax.plot(g["eps"], np.median(g["mse"], axis=1), styles.get(name, ".-"),
-                    label=f"{name} (niter={g['n_iter']})")
-    ax.axhline(P.mse_nonprivate, color="k", ls="--", label="Nonprivate")
-    ax.axhline(P.mse_trivial, color="r", ls="--", label="trivial")
-    ax.set_ylim(0.6, 1.4)
-    ax.set_xlabel("epsilon")
-    ax.set_ylabel("median-MSE")
-    ax.set_title(f"California housing, delta={DELTA:g}")
-    ax.legend()
+            style, label = styles.get(name, (".-", name))
+            chains = g["mse"].shape[1]
+            ax.plot(g["eps"], np.median(g["mse"], axis=1), style, ms=3,
+                    label=f"{label} (T={g['n_iter']}; epsilon spent along the run, "
+                    f"{chains} run{'s' if chains != 1 else ''})")
+    _mse_axis(ax, P, f"California housing, delta={DELTA:g}",
+              f"median training MSE ({reps} repetitions)")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -220,10 +241,11 @@ def run_linear_regression(out_dir=None, reps: int | None = None, seed: int = 0, 
                           epsilons=None, noisygd: bool = True, noisygd_reps: int | None = None,
                           plot: bool = True, show_progress: bool | None = None,
                           variant: str = "default", verbose: bool = False) -> ExperimentResult:
-    """Seed 000's figure: median training MSE vs epsilon (delta = 1e-6) for SSP, AdaSSP,
-    NoisyGD in both regimes, non-private and trivial baselines. Default grid: 50
-    epsilons in [0.1, 2] x 20 repetitions (the seed's). ``variant="seed"`` runs seed 000's
-    SSP / AdaSSP instead of the package defaults (see :func:`ssp_estimators`)."""
+    """The linear-regression figure: median training MSE vs epsilon (delta = 1e-6) for
+    SSP, AdaSSP, NoisyGD in both regimes (medians over ``reps`` chains), non-private and
+    trivial baselines. Default grid: 50 epsilons in [0.1, 2] x 20 repetitions (the
+    study's). ``variant="seed"`` runs the study's SSP / AdaSSP instead of the package
+    defaults (see :func:`ssp_estimators`)."""
     out = prepare_out_dir(out_dir)
     t0 = time.perf_counter()
     res = compute_linear_regression(reps=reps or 20, seed=seed, epsilons=epsilons,
@@ -244,10 +266,10 @@ def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int =
                               factors=(1.0, 10.0, 0.1), plot: bool = True,
                               show_progress: bool | None = None,
                               verbose: bool = False) -> ExperimentResult:
-    """Seed 000's learning-rate sensitivity figure: NoisyGD (sigma = 500) with the
+    """The learning-rate sensitivity figure: NoisyGD (sigma = 500) with the
     calibrated number of iterations at the theoretical learning rate, and with
-    ``n_iter = 50000`` at 10x and 0.1x that rate (as the seed). Median over ``reps``
-    chains (default 5; the seed runs one)."""
+    ``n_iter = 50000`` at 10x and 0.1x that rate (as the study). Median over ``reps``
+    chains (default 5; the study runs one)."""
     out = prepare_out_dir(out_dir)
     P = SeedProblem()
     rng = np.random.default_rng(seed)
@@ -270,17 +292,14 @@ def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int =
     csv_path = write_csv(out / "noisygd_learning_rate.csv", rows)
     png = None
     if plot:
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         fig, ax = plt.subplots(figsize=(8, 5))
         for (label, g), st in zip(runs.items(), ("g.-", "c--", "m:"), strict=False):
-            ax.plot(g["eps"], np.median(g["mse"], axis=1), st, label=label)
-        ax.axhline(P.mse_nonprivate, color="k", ls="--", label="Nonprivate")
-        ax.axhline(P.mse_trivial, color="r", ls="--", label="trivial")
-        ax.set_ylim(0.6, 1.4)
-        ax.set_xlabel("epsilon")
-        ax.set_ylabel("median-MSE")
-        ax.legend()
+            ax.plot(g["eps"], np.median(g["mse"], axis=1), st,
+                    label=f"{label} (lr={g['lr']:.3g}, T={g['n_iter']})")
+        _mse_axis(ax, P, f"NoisyGD learning rate, sigma={sigma:g}, delta={DELTA:g}",
+                  f"median training MSE ({reps} runs)")
         png = out / "noisygd_learning_rate.png"
         fig.savefig(png, dpi=100, bbox_inches="tight")
         plt.close(fig)

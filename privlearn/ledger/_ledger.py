@@ -11,15 +11,16 @@ import math
 import os
 import socket
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-try:
+if sys.platform != "win32":
     import fcntl
-except ImportError:  # pragma: no cover - Windows: SQLite's own locking only
+else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
 from privlearn.accounting import Composed, Mechanism, compose, get_accountant
@@ -267,7 +268,9 @@ class Ledger:
     path : str or PathLike
         SQLite file (created if absent). Opened in WAL mode with ``synchronous=FULL``:
         a spend that returned is on disk, and concurrent writers are serialised by
-        ``BEGIN IMMEDIATE`` transactions.
+        ``BEGIN IMMEDIATE`` transactions. SQLite keeps ``PATH-wal`` / ``PATH-shm`` next to
+        it, and writers queue on an empty ``PATH-writelock`` file (POSIX); copy the ledger
+        with SQLite's backup API or after closing every connection.
     key : bytes, optional
         Secret for HMAC-SHA256 entry hashes. Without a key the chain is plain SHA-256: it
         detects editing, deleting and truncating rows by anyone who does not also
@@ -306,6 +309,7 @@ class Ledger:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(self._timeout * 1000)}")
+        mismatch = None
         with self._write(conn) as cur:
             fresh = (
                 cur.execute(
@@ -322,6 +326,17 @@ class Ledger:
                     (str(SCHEMA_VERSION), "1" if self._key else "0"),
                 )
                 cur.execute("INSERT INTO head VALUES (1, 0, ?)", (GENESIS,))
+            else:
+                keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
+                if keyed is not None and (keyed[0] == "1") != (self._key is not None):
+                    mismatch = ValueError(
+                        f"ledger {self.path} was created "
+                        + ("with an HMAC key: pass key=" if keyed[0] == "1"
+                           else "without an HMAC key: do not pass key=")
+                    )
+        if mismatch is not None:
+            conn.close()
+            raise mismatch
         return conn
 
     def close(self) -> None:

@@ -15,6 +15,8 @@ from privlearn.models._release import DataClippedWarning, LabelRelease
 from privlearn.models.dpsgd import DPSGDClassifier, DPSGDRegressor
 from privlearn.models.label_release import PATE, PrivateKNN
 from privlearn.models.linear import AdaSSPRegressor, NoisyGDRegressor, SSPRegressor
+from privlearn.models.model_selection import PrivateSearchCV
+from privlearn.models.preprocessing import PrivatePipeline, PrivateStandardScaler
 
 __all__ = [
     "SSPRegressor",
@@ -26,4 +28,7 @@ __all__ = [
     "PrivateKNN",
     "LabelRelease",
     "DataClippedWarning",
+    "PrivateStandardScaler",
+    "PrivatePipeline",
+    "PrivateSearchCV",
 ]

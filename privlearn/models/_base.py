@@ -7,13 +7,15 @@ range and the value received.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import numbers
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from privlearn.accounting import Mechanism
+from privlearn.accounting import Mechanism, compose
 
 __all__ = [
     "ParameterTypeError",
@@ -21,6 +23,9 @@ __all__ = [
     "check_positive_param",
     "clip_rows",
     "make_rng",
+    "cancel_on_error",
+    "reserve_on_ledger",
+    "settle_on_ledger",
     "spend_on_ledger",
     "spent_epsilon",
 ]
@@ -145,13 +150,57 @@ def spend_on_ledger(estimator: object, mechanism: Mechanism, label: str | None =
     ``ledger`` must be a budget handle, ``Ledger(path).budget(dataset)``
     (:mod:`privlearn.ledger`); anything with a ``spend(mechanism, *, label)`` method works.
     """
+    handle = _ledger_handle(estimator, "spend")
+    if handle is None:
+        return None
+    return handle.spend(mechanism, label=label or type(estimator).__name__)
+
+
+def _ledger_handle(estimator: object, method: str):
     handle = getattr(estimator, "ledger", None)
     if handle is None:
         return None
-    spend = getattr(handle, "spend", None)
-    if not callable(spend) or not hasattr(handle, "dataset"):
+    if not callable(getattr(handle, method, None)) or not hasattr(handle, "dataset"):
         raise TypeError(
             f"ledger must be a budget handle, e.g. Ledger(path).budget('dataset'), got "
             f"{handle!r}"
         )
-    return spend(mechanism, label=label or f"{type(estimator).__name__}")
+    return handle
+
+
+def reserve_on_ledger(
+    estimator: object, mechanism: Mechanism | Callable[[], Mechanism], label: str | None = None
+):
+    """Reserve the release's mechanism on the estimator's ``ledger`` *before* the data is
+    read (:meth:`privlearn.ledger.Ledger.reserve`); raises
+    :class:`privlearn.errors.BudgetExceededError` (recording nothing) when over budget.
+
+    ``mechanism`` may be a zero-argument callable, evaluated only when there is a ledger
+    (so calibration is not repeated without one). Returns the reservation, or None without
+    a ledger. Wrap the input validation that follows in :func:`cancel_on_error` and call
+    :func:`settle_on_ledger` once the release is done; a process that dies in between
+    leaves the whole plan counted.
+    """
+    handle = _ledger_handle(estimator, "reserve")
+    if handle is None:
+        return None
+    m = mechanism if isinstance(mechanism, Mechanism) else mechanism()
+    return handle.reserve(m, label=label or type(estimator).__name__)
+
+
+@contextlib.contextmanager
+def cancel_on_error(reservation) -> Iterator[None]:
+    """For input validation after :func:`reserve_on_ledger`: it may read the data but
+    releases nothing, so if it raises, the reservation is settled as "nothing ran"."""
+    try:
+        yield
+    except BaseException:
+        if reservation is not None:
+            reservation.settle(compose([]))
+        raise
+
+
+def settle_on_ledger(reservation) -> None:
+    """Settle a reservation made by :func:`reserve_on_ledger` with its whole plan."""
+    if reservation is not None:
+        reservation.settle()

@@ -161,6 +161,48 @@ RELEASED_ATTRIBUTES = MappingProxyType(
                 "_sqnorm": ("held-private", "squared norms of the private features"),
             }
         ),
+        "PrivateStandardScaler": MappingProxyType(
+            {
+                "mean_": ("noisy", "clipped mean from the Gaussian moment release"),
+                "var_": ("noisy", "clipped variance from the Gaussian moment release, "
+                                  "floored (post-processing)"),
+                "scale_": ("noisy", "square root of var_"),
+                "bounds_": ("noisy", "clipping bounds read off the noisy histogram (or the "
+                                     "public feature_range)"),
+                "n_samples_seen_": ("noisy", "the noisy count of the moment release"),
+                "noise_multiplier_": ("public", "calibrated from epsilon and delta"),
+                "mechanism_": _MECH,
+                "epsilon_": _EPS,
+                "delta_": _DELTA,
+                "n_features_in_": _NFEAT,
+                "feature_names_in_": _FNAMES,
+            }
+        ),
+        "PrivatePipeline": MappingProxyType(
+            {
+                "mechanism_": ("public", "composition of the steps' mechanism_"),
+                "epsilon_": _EPS,
+                "delta_": ("public", "the delta parameter, or the sum of the steps' delta_"),
+            }
+        ),
+        "PrivateSearchCV": MappingProxyType(
+            {
+                "best_estimator_": ("noisy", "the released run's fitted model (its own "
+                                             "attributes are listed under its class)"),
+                "best_params_": ("noisy", "the selected candidate: output of the private "
+                                          "selection"),
+                "best_score_": ("noisy", "the selected run's noisy score"),
+                "n_fits_": ("public", "composition only: the grid size"),
+                "runs_": ("public", "composition only: every candidate, in grid order"),
+                "scores_": ("noisy", "composition only: every run's noisy score, all "
+                                     "composed into mechanism_"),
+                "fit_mechanisms_": ("public", "composition only: each fit's mechanism_"),
+                "mechanism_": ("public", "the whole search: composition of every run, or "
+                                         "the tabulated Papernot-Steinke RDP curve"),
+                "epsilon_": _EPS,
+                "delta_": _DELTA,
+            }
+        ),
         "LabelRelease": MappingProxyType(
             {
                 "labels": ("noisy", "noisy argmax of every release call, concatenated"),

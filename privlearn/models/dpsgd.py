@@ -1,6 +1,7 @@
-"""DP-SGD for logistic and linear regression (seed 002, seed 001 section 2).
+"""DP-SGD for logistic and linear regression (the DP-SGD tutorial; the accounting
+tutorial, section 2).
 
-One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in seed 001):
+One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in the accounting tutorial):
 
 1. **sample**: every record joins the batch independently with probability
    ``q = sampling_rate`` (``q = 1``: full batch);
@@ -9,16 +10,16 @@ One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in seed 
 3. **noise**: the *sum* of clipped gradients gets ``N(0, (sigma C)^2 I)`` or
    ``Laplace(b C)`` per coordinate;
 4. **scale**: divide by the *expected* batch size ``q n`` -- never by the realised batch
-   size, which is private (seed 001's cautionary note);
-5. **step**: ``theta <- theta - lr (g + l2_regularization * theta)`` (seed 002's update);
+   size, which is private (the accounting tutorial's cautionary note);
+5. **step**: ``theta <- theta - lr (g + l2_regularization * theta)`` (the DP-SGD tutorial's update);
 6. **account**: after ``T`` steps the mechanism is
    ``compose(subsample(Gaussian(sigma), q), steps=T)`` (or ``compose(Gaussian(sigma), T)``
    when ``q = 1``), resp. the same with ``Laplace(b)``; under add/remove neighbouring the
    clipped sum has L2 (resp. L1) sensitivity ``C``.
 
 ``sigma`` (resp. ``b``) is calibrated to (epsilon, delta) with the chosen accountant,
-rounded up (safe side). Laplace noise with ``delta = 0`` gives pure DP (seed 002's
-scenarios 1a/1b); ``delta > 0`` with subsampling (the case seed 002 leaves open) is
+rounded up (safe side). Laplace noise with ``delta = 0`` gives pure DP (the DP-SGD tutorial's
+scenarios 1a/1b); ``delta > 0`` with subsampling (the case the DP-SGD tutorial leaves open) is
 accounted with the PLD accountant of :mod:`privlearn.accounting`.
 
 References
@@ -26,7 +27,7 @@ References
 .. [1] M. Abadi et al. (2016), Deep learning with differential privacy, CCS, Alg. 1.
 .. [2] R. Bassily, A. Smith, A. Thakurta (2014), Private ERM, FOCS (noisy (S)GD).
 .. [3] Y. Zhu, Y.-X. Wang (2019), Poisson subsampled Renyi differential privacy, ICML.
-.. [4] S. Yildirim, seed 002 (DP-SGD tutorial): scenarios and update rule.
+.. [4] S. Yildirim, the DP-SGD tutorial (DP-SGD tutorial): scenarios and update rule.
 """
 
 from __future__ import annotations
@@ -42,11 +43,14 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from privlearn.accounting import Gaussian, Laplace, calibrate, compose, subsample
 from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
+    cancel_on_error,
     check_choice,
     check_int_param,
     check_positive_param,
     check_privacy_budget,
     make_rng,
+    reserve_on_ledger,
+    settle_on_ledger,
     spent_epsilon,
 )
 
@@ -82,6 +86,7 @@ class _DPSGDBase(BaseEstimator):
         trajectory_accountant: str | None = None,
         record_path: bool = False,
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -98,6 +103,7 @@ class _DPSGDBase(BaseEstimator):
         self.trajectory_accountant = trajectory_accountant
         self.record_path = record_path
         self.random_state = random_state
+        self.ledger = ledger
 
     # -- validation ------------------------------------------------------------------
     def _validate_params_dp(self):
@@ -124,6 +130,15 @@ class _DPSGDBase(BaseEstimator):
         if not isinstance(self.fit_intercept, bool | np.bool_):
             raise ValueError(f"fit_intercept must be a bool, got {self.fit_intercept!r}")
         return noise, eps, delta, float(q), steps
+
+    def _reserve(self):
+        """Validate the parameters and reserve the run on ``ledger`` (if any) before the
+        data is read."""
+        noise, eps, delta, q, steps = self._validate_params_dp()
+        return reserve_on_ledger(
+            self, lambda: dpsgd_mechanism(noise, self._calibrate(noise, eps, delta, q, steps),
+                                          q, steps)
+        )
 
     def _calibrate(self, noise: str, eps: float, delta: float, q: float, steps: int) -> float:
         if self.noise_multiplier is not None:
@@ -244,7 +259,7 @@ _DOC_PARAMS = """
     max_grad_norm : float
         Clipping norm ``C`` (L2 for Gaussian, L1 for Laplace noise).
     l2_regularization : float >= 0
-        ``lambda`` in the update ``theta - lr (g + lambda theta)`` (seed 002).
+        ``lambda`` in the update ``theta - lr (g + lambda theta)`` (the DP-SGD tutorial).
     fit_intercept : bool
         Append a constant 1 feature (its gradient is clipped with the rest).
     noise_multiplier : float or None
@@ -256,8 +271,12 @@ _DOC_PARAMS = """
     trajectory_accountant : str or None
         Accountant for the trajectory (default: ``accountant``; ``"rdp"`` is cheaper).
     record_path : bool
-        Keep every iterate in ``coef_path_`` / ``intercept_path_`` (seed 002's plots).
+        Keep every iterate in ``coef_path_`` / ``intercept_path_`` (the DP-SGD tutorial's plots).
     random_state : None, int, Generator or RandomState
+    ledger : BudgetHandle, optional
+        ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
+        spent on it before the data is read; over budget,
+        ``BudgetExceededError`` is raised and nothing is recorded or released.
 
     Attributes
     ----------
@@ -272,7 +291,7 @@ _DOC_PARAMS = """
 
 class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
     __doc__ = (
-        "Binary logistic regression trained by DP-SGD (seed 002).\n" + _DOC_PARAMS
+        "Binary logistic regression trained by DP-SGD (the DP-SGD tutorial).\n" + _DOC_PARAMS
         + """    classes_ : ndarray of 2 labels
 
     Notes
@@ -305,6 +324,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         record_path: bool = False,
         random_state=None,
         classes=None,
+        ledger=None,
     ):
         super().__init__(
             epsilon=epsilon,
@@ -322,6 +342,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             trajectory_accountant=trajectory_accountant,
             record_path=record_path,
             random_state=random_state,
+            ledger=ledger,
         )
         self.classes = classes
 
@@ -338,8 +359,15 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
 
     def fit(self, X, y):
         """Train with DP-SGD; validates everything before any privacy is spent."""
-        self._validate_params_dp()
+        res = self._reserve()
         public = self._public_classes()
+        with cancel_on_error(res):
+            X, y = self._validate_classifier_data(X, y, public)
+        self._fit_validated(X, y)
+        settle_on_ledger(res)
+        return self
+
+    def _validate_classifier_data(self, X, y, public):
         X, y = validate_data(self, X, y, dtype=np.float64)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
         if public is not None:
@@ -368,13 +396,14 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
                 "classes_ and predict() then reveal which labels occur in the data. Pass "
                 "the public label pair, e.g. classes=[0, 1].",
                 PrivacyLeakWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         self.classes_ = classes
-        y01 = (y == classes[1]).astype(np.float64)
+        return X, (y == classes[1]).astype(np.float64)
+
+    def _fit_validated(self, X, y01) -> None:
         theta = self._run(self._design(X), y01)
         self._set_theta(theta)
-        return self
 
     def decision_function(self, X) -> np.ndarray:
         return self._decision(X)
@@ -418,6 +447,7 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
         trajectory_accountant: str | None = None,
         record_path: bool = False,
         random_state=None,
+        ledger=None,
     ):
         super().__init__(
             epsilon=epsilon,
@@ -435,14 +465,17 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
             trajectory_accountant=trajectory_accountant,
             record_path=record_path,
             random_state=random_state,
+            ledger=ledger,
         )
 
     def fit(self, X, y):
         """Train with DP-SGD; validates everything before any privacy is spent."""
-        self._validate_params_dp()
-        X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
+        res = self._reserve()
+        with cancel_on_error(res):
+            X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         theta = self._run(self._design(X), y.astype(np.float64))
         self._set_theta(theta)
+        settle_on_ledger(res)
         return self
 
     def predict(self, X) -> np.ndarray:

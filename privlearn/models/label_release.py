@@ -1,4 +1,4 @@
-"""Private label release in the knowledge-transfer model (seed 001, sections 3-5).
+"""Private label release in the knowledge-transfer model (the accounting tutorial, sections 3-5).
 
 A private labelled data set is used to label public, unlabelled queries.
 
@@ -7,7 +7,7 @@ A private labelled data set is used to label public, unlabelled queries.
   teachers' probability vectors (soft votes) is released with noise and the label is its
   argmax. Adding/removing one private record changes one teacher, hence the histogram by
   at most ``sqrt(2)`` in L2 and ``2`` in L1. Releasing ``m`` queries is the composition of
-  ``m`` Gaussian mechanisms with noise std ``sigma sqrt(2)`` (seed 001: ``N(0, 2
+  ``m`` Gaussian mechanisms with noise std ``sigma sqrt(2)`` (the accounting tutorial: ``N(0, 2
   sigma^2 I_C)``), or of ``m`` Laplace mechanisms with scale ``2 b``.
 * **Private kNN** (Zhu, Yu & Wang 2020): for each query, a Poisson subsample of the
   private set (rate ``q``) is drawn, the ``k`` nearest sampled neighbours vote, and the
@@ -36,7 +36,7 @@ References
 .. [2] N. Papernot et al. (2018), Scalable private learning with PATE, ICLR (GNMax).
 .. [3] Y. Zhu, X. Yu, M. Chandraker, Y.-X. Wang (2020), Private-kNN: practical
        differential privacy for computer vision, CVPR.
-.. [4] Seed 001 (autodp tutorial), sections 3-5.
+.. [4] the accounting tutorial (autodp tutorial), sections 3-5.
 """
 
 from __future__ import annotations
@@ -50,11 +50,14 @@ import numpy as np
 from privlearn.accounting import Gaussian, Laplace, calibrate, compose, subsample
 from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
+    cancel_on_error,
     check_choice,
     check_int_param,
     check_positive_param,
     check_privacy_budget,
     make_rng,
+    reserve_on_ledger,
+    settle_on_ledger,
     spent_epsilon,
 )
 from privlearn.models._release import LabelRelease, _RemovedAttributesMixin
@@ -163,7 +166,7 @@ class _LabelReleaseBase(_RemovedAttributesMixin):
 
 
 class PATE(_LabelReleaseBase):
-    """PATE noisy-argmax label release from teachers' votes (seed 001, section 3).
+    """PATE noisy-argmax label release from teachers' votes (the accounting tutorial, section 3).
 
     Parameters
     ----------
@@ -177,6 +180,10 @@ class PATE(_LabelReleaseBase):
         sqrt(2)``; Laplace: the scale is ``noise_multiplier * 2``. None: calibrated.
     accountant : str
     random_state : None, int, Generator
+    ledger : BudgetHandle, optional
+        ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
+        spent (at every :meth:`release`) on it before the data is read; over budget,
+        ``BudgetExceededError`` is raised and nothing is recorded or released.
 
     Attributes (after :meth:`release`)
     ----------------------------------
@@ -208,6 +215,7 @@ class PATE(_LabelReleaseBase):
         noise_multiplier: float | None = None,
         accountant: str = "pld",
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -215,6 +223,7 @@ class PATE(_LabelReleaseBase):
         self.noise_multiplier = noise_multiplier
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
 
     @staticmethod
     def vote_histogram(teacher_outputs, n_classes: int | None = None) -> np.ndarray:
@@ -327,23 +336,26 @@ class PATE(_LabelReleaseBase):
                 "account; use a new PATE object for a different label set"
             )
         self._check_delta_consistent(delta)
-        votes = self.vote_histogram(T, C)
-        m = votes.shape[0]
+        m = T.shape[1]  # queries (teachers first); the vote histogram has m rows
         if m < 1:
             raise ValueError("need at least one query")
-        rng = _release_rng(self.random_state, len(getattr(self, "_releases", ())))
         s = self._calibrate(noise, eps, delta, m)
+        res = reserve_on_ledger(self, label_release_mechanism(noise, s, m), "PATE.release")
+        with cancel_on_error(res):  # validates the votes; releases nothing
+            votes = self.vote_histogram(T, C)
+        rng = _release_rng(self.random_state, len(getattr(self, "_releases", ())))
         noisy = self._noisy_votes(votes, noise, s, rng)
         del votes
         labels = np.argmax(noisy, axis=1)
         self.n_classes_ = C
         self._record(noisy, labels, np.arange(C), label_release_mechanism(noise, s, m),
                      delta, s)
+        settle_on_ledger(res)
         return self.labels_.copy()
 
 
 class PrivateKNN(_LabelReleaseBase):
-    """Private kNN label release with Poisson-subsampled neighbours (seed 001, section 4).
+    """Private kNN label release with Poisson-subsampled neighbours (accounting tutorial, §4).
 
     :meth:`fit` stores the private labelled set (no privacy spent) and starts a new
     account; :meth:`release` labels a batch of public queries at cost (epsilon, delta)
@@ -363,7 +375,7 @@ class PrivateKNN(_LabelReleaseBase):
         ``k``.
     sampling_rate : float in (0, 1]
         Poisson rate ``q`` of the private subsample drawn for each query.
-    epsilon, delta, noise, noise_multiplier, accountant, random_state
+    epsilon, delta, noise, noise_multiplier, accountant, random_state, ledger
         As :class:`PATE` (``epsilon`` is the budget of one :meth:`release` call).
     classes : array-like or None
         The public label set (the columns of the vote vectors, in this order). None
@@ -391,6 +403,7 @@ class PrivateKNN(_LabelReleaseBase):
         accountant: str = "pld",
         random_state=None,
         classes=None,
+        ledger=None,
     ):
         self.n_neighbors = n_neighbors
         self.sampling_rate = sampling_rate
@@ -400,6 +413,7 @@ class PrivateKNN(_LabelReleaseBase):
         self.noise_multiplier = noise_multiplier
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
         self.classes = classes
 
     def fit(self, X, y) -> PrivateKNN:
@@ -452,6 +466,8 @@ class PrivateKNN(_LabelReleaseBase):
         self._check_delta_consistent(delta)
         rng = _release_rng(self.random_state, len(getattr(self, "_releases", ())))
         s = self._calibrate(noise, eps, delta, m, q)
+        res = reserve_on_ledger(self, label_release_mechanism(noise, s, m, q),
+                                "PrivateKNN.release")
         C = self.classes_.size
         votes = np.zeros((m, C))
         n = self._X.shape[0]
@@ -472,6 +488,7 @@ class PrivateKNN(_LabelReleaseBase):
         idx = np.argmax(noisy, axis=1)
         self._record(noisy, self.classes_[idx], self.classes_,
                      label_release_mechanism(noise, s, m, q), delta, s)
+        settle_on_ledger(res)
         return self.labels_.copy()
 
 

@@ -11,18 +11,18 @@ Sensitivities (add/remove one record ``(x, y)`` with ``||x|| <= X``, ``|y| <= Y`
 
 * ``X^T X`` changes by ``x x^T``, Frobenius norm ``||x||^2 <= X^2``; the seed releases
   the upper triangle (diagonal included) with i.i.d. noise and mirrors it, which has the
-  same sensitivity (Wang 2018, Alg. 2 / seed 000). By default we release the isometric
+  same sensitivity (Wang 2018, Alg. 2 / the LR study). By default we release the isometric
   coordinates ``(M_ii, sqrt(2) M_ij)`` instead, whose L2 sensitivity is exactly
-  ``||x||^2``: the off-diagonal noise is ``1/sqrt(2)`` of the seed's at the same privacy
+  ``||x||^2``: the off-diagonal noise is ``1/sqrt(2)`` of the study's at the same privacy
   (:func:`symmetric_noise`).
 * ``X^T y`` changes by ``x y``, norm ``<= X Y``.
 * ``lambda_min(X^T X)`` changes by at most ``X^2`` (Weyl's inequality).
 * the sum-of-squares gradient ``sum_i x_i (x_i^T theta - y_i)`` changes by
-  ``||x (x^T theta - y)|| <= X^2 ||theta|| + X Y`` (seed 000's ``GS_t``).
+  ``||x (x^T theta - y)|| <= X^2 ||theta|| + X Y`` (the LR study's ``GS_t``).
 
 Noise scales are calibrated through :mod:`privlearn.accounting`: SSP is the composition
 of two Gaussian mechanisms with noise multipliers ``(2s, 3s)``, AdaSSP of three with
-``(2s, 3s, 5s)`` (the ratios of seed 000's ``SSP_scale``/``AdaSSP_scale``; other ratios
+``(2s, 3s, 5s)`` (the ratios of the LR study's ``SSP_scale``/``AdaSSP_scale``; other ratios
 through ``budget_split``), NoisyGD of
 ``n_iter`` Gaussian mechanisms with multiplier ``noise_multiplier``. Compositions of
 Gaussians are accounted exactly (Dong, Roth & Su 2022, Cor. 3.3; Balle & Wang 2018,
@@ -30,7 +30,7 @@ Thm. 8) and calibrated on the safe side (noise rounded up, iterations rounded do
 
 Everything done after the release (PSD projection, eigenvalue floor, solving) is
 post-processing of the noisy statistics and costs no privacy (Dwork & Roth 2014,
-Prop. 2.1). Seed 000's exact algorithms remain available:
+Prop. 2.1). The LR study's exact algorithms remain available:
 ``SSPRegressor(matrix_noise="upper_triangle", project_psd=False)`` and
 ``AdaSSPRegressor(matrix_noise="upper_triangle", regularization="ridge")``.
 
@@ -65,12 +65,15 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
 from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
+    cancel_on_error,
     check_choice,
     check_int_param,
     check_positive_param,
     check_privacy_budget,
     clip_rows,
     make_rng,
+    reserve_on_ledger,
+    settle_on_ledger,
     spent_epsilon,
 )
 from privlearn.models._release import DataClippedWarning, _RemovedAttributesMixin
@@ -95,10 +98,10 @@ __all__ = [
     "check_label_range",
 ]
 
-#: Seed 000's normal quantile used by AdaSSP's high-probability bounds (Wang 2018, Alg. 2).
+#: the LR study's normal quantile used by AdaSSP's high-probability bounds (Wang 2018, Alg. 2).
 ADASSP_Z = 1.96
 
-#: Seed 000's noise-multiplier ratios: ``(X^T X, X^T y)`` for SSP and ``(X^T X, X^T y,
+#: the LR study's noise-multiplier ratios: ``(X^T X, X^T y)`` for SSP and ``(X^T X, X^T y,
 #: lambda_min)`` for AdaSSP (its ``SSP_scale`` / ``AdaSSP_scale``).
 SSP_BUDGET_SPLIT = (2.0, 3.0)
 ADASSP_BUDGET_SPLIT = (2.0, 3.0, 5.0)
@@ -158,14 +161,14 @@ def check_label_range(y_bound) -> tuple[float, float]:
 
 def ssp_mechanism(scale: float, budget_split=SSP_BUDGET_SPLIT) -> Mechanism:
     """SSP as a mechanism: Gaussians with noise multipliers ``r_1 scale`` (X^T X) and
-    ``r_2 scale`` (X^T y), composed; ``(r_1, r_2) = (2, 3)`` is seed 000's ``SSP_scale``."""
+    ``r_2 scale`` (X^T y), composed; ``(r_1, r_2) = (2, 3)`` is the LR study's ``SSP_scale``."""
     r = _check_split(budget_split, 2)
     return compose([Gaussian(r[0] * scale), Gaussian(r[1] * scale)])
 
 
 def adassp_mechanism(scale: float, budget_split=ADASSP_BUDGET_SPLIT) -> Mechanism:
     """AdaSSP as a mechanism: multipliers ``r_1 s`` (X^T X), ``r_2 s`` (X^T y) and
-    ``r_3 s`` (lambda_min), composed; ``(2, 3, 5)`` is seed 000's ``AdaSSP_scale``."""
+    ``r_3 s`` (lambda_min), composed; ``(2, 3, 5)`` is the LR study's ``AdaSSP_scale``."""
     r = _check_split(budget_split, 3)
     return compose([Gaussian(r[0] * scale), Gaussian(r[1] * scale), Gaussian(r[2] * scale)])
 
@@ -180,7 +183,7 @@ def calibrate_ssp_scale(
 ) -> float:
     """Smallest common scale ``s`` (rounded up, so never optimistic) such that the SSP /
     AdaSSP mechanism with noise multipliers ``budget_split * s`` satisfies
-    (epsilon, delta)-DP. ``budget_split=None`` uses seed 000's ratios."""
+    (epsilon, delta)-DP. ``budget_split=None`` uses the LR study's ratios."""
     split = _check_split(budget_split, 3 if adaptive else 2)
     return _calibrate_ssp_scale(float(epsilon), float(delta), adaptive, accountant, split)
 
@@ -198,7 +201,7 @@ def symmetric_noise(
 ) -> np.ndarray:
     """``reps`` symmetric noise matrices for releasing ``X^T X`` with L2 sensitivity 1.
 
-    ``"upper_triangle"`` (seed 000, "Analyze Gauss" of Dwork, Talwar, Thakurta & Zhang
+    ``"upper_triangle"`` (the LR study, "Analyze Gauss" of Dwork, Talwar, Thakurta & Zhang
     2014, Alg. 1): i.i.d. N(0, 1) on and above the diagonal, mirrored below. Valid because
     the upper triangle of ``x x^T`` has L2 norm at most ``||x x^T||_F = ||x||^2``.
 
@@ -227,7 +230,7 @@ def noise_direction_scale(dim: int, matrix_noise: str = "frobenius") -> float:
     """Root-mean-square of ``||E v||`` for a unit vector ``v`` and unit-multiplier noise ``E``
     from :func:`symmetric_noise`: ``sqrt(d)`` for ``"upper_triangle"`` (every entry of row
     ``i`` has variance 1) and ``sqrt((d + 1) / 2)`` for ``"frobenius"`` (``sum_i (1 + v_i^2)
-    / 2``). Seed 000's ridge ``sqrt(d) sigma_1 z`` is ``z`` times this scale; AdaSSP uses the
+    / 2``). The LR study's ridge ``sqrt(d) sigma_1 z`` is ``z`` times this scale; AdaSSP uses the
     same rule for either noise, so the ridge keeps its meaning (a ``z``-quantile bound on the
     noise along a direction) when the noise shrinks."""
     check_choice("matrix_noise", matrix_noise, MATRIX_NOISES)
@@ -266,7 +269,7 @@ def ssp_coefficients(
 
     ``hat(X^T X) = X^T X + x_bound^2 sigma1 E`` (``E`` from :func:`symmetric_noise`),
     ``hat(X^T y) = X^T y + x_bound y_bound sigma2 N(0, I)``. With ``project_psd=False``
-    (seed 000) ``theta = hat(X^T X)^{-1} hat(X^T y)``; with ``project_psd=True`` (default)
+    (the LR study) ``theta = hat(X^T X)^{-1} hat(X^T y)``; with ``project_psd=True`` (default)
     ``hat(X^T X)`` is first projected onto the PSD cone and pseudo-inverted (see
     :func:`_psd_solve`). ``X^T X`` is PSD, so the projection only removes noise; it is
     post-processing of the released statistics and costs no privacy (Dwork & Roth 2014,
@@ -296,15 +299,15 @@ def adassp_coefficients(
     matrix_noise: str = "frobenius",
     regularization: str = "eigenvalue_floor",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``reps`` independent AdaSSP solutions (Wang 2018, Alg. 2 as in seed 000).
+    """``reps`` independent AdaSSP solutions (Wang 2018, Alg. 2 as in the LR study).
 
     Releases ``hat(X^T X)``, ``hat(X^T y)`` as :func:`ssp_coefficients` and a noisy smallest
     eigenvalue ``lambda_min + x_bound^2 sigma3 N(0,1)`` (sensitivity ``x_bound^2`` by
     Weyl's inequality). With ``z = 1.96`` and ``r = noise_direction_scale(d, matrix_noise)``
-    (``sqrt(d)`` for the seed's noise) the regularisation level is
+    (``sqrt(d)`` for the study's noise) the regularisation level is
     ``lambda = max(0, r sigma1 x_bound^2 z - max(0, hat(lambda_min) - x_bound^2 sigma3 z))``.
 
-    ``regularization="ridge"`` (Wang 2018; seed 000):
+    ``regularization="ridge"`` (Wang 2018; the LR study):
     ``theta = (hat(X^T X) + lambda I)^{-1} hat(X^T y)``.
 
     ``regularization="eigenvalue_floor"`` (default): ``hat(X^T X) = V diag(w) V^T`` and
@@ -338,11 +341,11 @@ def adassp_coefficients(
 def theoretical_learning_rate(
     smoothness: float, dim: int, noise_std: float, n_iter: int
 ) -> float:
-    """Seed 000's learning rate ``min(1/L, 4 / sqrt(d * noise_std * L * n_iter))``.
+    """The LR study's learning rate ``min(1/L, 4 / sqrt(d * noise_std * L * n_iter))``.
 
     ``L`` is the smoothness (largest eigenvalue of ``X^T X``) and ``noise_std`` the
-    per-coordinate gradient-noise level ``sigma * GS`` with the seed's typical
-    ``GS = x_bound^2 + x_bound y_bound`` (the seed's ``theoretical_lr_choice``, which
+    per-coordinate gradient-noise level ``sigma * GS`` with the study's typical
+    ``GS = x_bound^2 + x_bound y_bound`` (the study's ``theoretical_lr_choice``, which
     follows the standard noisy-GD rate of Bassily, Smith & Thakurta 2014).
     """
     return float(min(1.0 / smoothness, 4.0 / math.sqrt(dim * noise_std * smoothness * n_iter)))
@@ -361,7 +364,7 @@ def noisy_gd_paths(
     log_every: int | None = None,
     chunk: int = 256,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run ``reps`` independent NoisyGD chains at once (seed 000).
+    """Run ``reps`` independent NoisyGD chains at once (the LR study).
 
     ``theta_{t+1} = theta_t - lr (X^T X theta_t - X^T y + GS_t sigma N(0, I))`` with
     ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound``, from ``theta_0 = 0``. ``lr`` is
@@ -530,23 +533,27 @@ class SSPRegressor(_PrivateLinearBase):
         ``Y = max(|y_min|, |y_max|)`` without an intercept (no shift is possible then).
     fit_intercept : bool
         Fit an intercept by appending the constant column ``x_bound`` (augmented rows then
-        have norm at most ``sqrt(2) x_bound``, which the noise accounts for). Seed 000
+        have norm at most ``sqrt(2) x_bound``, which the noise accounts for). The LR study
         fits none.
     budget_split : sequence of 2 floats > 0 or None
         Noise-multiplier ratios ``(r_XTX, r_XTy)``; the common scale is calibrated so
-        that the composition is (epsilon, delta)-DP. None: seed 000's ``(2, 3)``.
+        that the composition is (epsilon, delta)-DP. None: the LR study's ``(2, 3)``.
     matrix_noise : {"frobenius", "upper_triangle"}
         How ``X^T X`` is perturbed, see :func:`symmetric_noise`. ``"frobenius"`` (default)
-        has ``1/sqrt(2)`` of the seed's off-diagonal noise at the same privacy;
-        ``"upper_triangle"`` is seed 000's.
+        has ``1/sqrt(2)`` of the study's off-diagonal noise at the same privacy;
+        ``"upper_triangle"`` is the LR study's.
     project_psd : bool
         Solve with the PSD projection of the noisy ``X^T X`` (pseudo-inverse; default,
-        post-processing, no privacy cost) instead of its plain inverse (seed 000). See
-        :func:`ssp_coefficients`. Seed 000's SSP is
+        post-processing, no privacy cost) instead of its plain inverse (the LR study). See
+        :func:`ssp_coefficients`. The LR study's SSP is
         ``SSPRegressor(matrix_noise="upper_triangle", project_psd=False)``.
     accountant : str
         Accountant used for calibration (default ``"pld"``, exact for Gaussians).
     random_state : None, int, numpy Generator or RandomState
+    ledger : BudgetHandle, optional
+        ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
+        spent on it before the data is read; over budget,
+        ``BudgetExceededError`` is raised and nothing is recorded or released.
 
     Attributes
     ----------
@@ -566,9 +573,9 @@ class SSPRegressor(_PrivateLinearBase):
 
     Notes
     -----
-    Seed 000 (California housing, epsilon = 1, delta = 1e-6, 200,000 repetitions): the
+    the LR study (California housing, epsilon = 1, delta = 1e-6, 200,000 repetitions): the
     default's median training MSE is 0.680 (standard deviation of a 50-fit median 0.012);
-    the seed's version has median 0.760 with a heavy upper tail (19% of its fits have
+    the study's version has median 0.760 with a heavy upper tail (19% of its fits have
     MSE > 1.39, from an indefinite or nearly singular noisy ``X^T X``), so its 50-fit
     median exceeds 0.77 40% of the time (sd 0.040) and a 20-fit median above 1.1 has
     probability 1.5% (binomial; matched by simulation over 1,000 seeds: no stream reuse or
@@ -600,6 +607,7 @@ class SSPRegressor(_PrivateLinearBase):
         project_psd: bool = True,
         accountant: str = "pld",
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -611,6 +619,7 @@ class SSPRegressor(_PrivateLinearBase):
         self.project_psd = project_psd
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
 
     def _validate_variant(self) -> tuple[float, ...]:
         split = _check_split(self.budget_split, 3 if self._adaptive else 2)
@@ -629,13 +638,21 @@ class SSPRegressor(_PrivateLinearBase):
             eps, delta, adaptive=self._adaptive, accountant=self.accountant, budget_split=split
         )
 
+    def _planned_mechanism(self) -> Mechanism:
+        """The mechanism one fit runs (data-independent: calibrated from the budget)."""
+        split = self._validate_variant()
+        factory = adassp_mechanism if self._adaptive else ssp_mechanism
+        return factory(self.calibrated_noise_scale(), split)
+
     def _draw(self, X, y, reps: int, rng: np.random.Generator):
         """Validate, calibrate, release and solve ``reps`` times (one batched draw).
 
         The single code path of :meth:`fit` and :meth:`sample_coefficients`."""
         eps, delta, xb, yb = self._validate_common()
         split = self._validate_variant()
-        X, y, xb_eff = self._prepare(X, y, xb, yb)
+        res = reserve_on_ledger(self, lambda: compose(self._planned_mechanism(), steps=reps))
+        with cancel_on_error(res):  # validation reads the data but releases nothing
+            X, y, xb_eff = self._prepare(X, y, xb, yb)
         XTX, XTy = X.T @ X, X.T @ y
         s = self.calibrated_noise_scale()
         sig = [r * s for r in split]
@@ -658,6 +675,7 @@ class SSPRegressor(_PrivateLinearBase):
                 f"{type(self).__name__}: the noisy normal equations gave non-finite "
                 "coefficients"
             )
+        settle_on_ledger(res)
         return theta, lamb, mech, s, delta, xb
 
     def fit(self, X, y):
@@ -700,16 +718,16 @@ class AdaSSPRegressor(SSPRegressor):
 
     Like :class:`SSPRegressor`, plus a privately released smallest eigenvalue of
     ``X^T X`` that sets a regularisation level ``lambda`` large enough to keep the noisy
-    system well conditioned (seed 000's rule, see :func:`adassp_coefficients`).
+    system well conditioned (the LR study's rule, see :func:`adassp_coefficients`).
 
     Parameters
     ----------
-    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state
+    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state, ledger
         As :class:`SSPRegressor`.
     budget_split : sequence of 3 floats > 0 or None
-        Noise-multiplier ratios for ``(X^T X, X^T y, lambda_min)``. None: seed 000's
+        Noise-multiplier ratios for ``(X^T X, X^T y, lambda_min)``. None: the LR study's
         ``(2, 3, 5)``. Kept as the default: Wang's (2018) equal split ``(1, 1, 1)`` (his
-        ``epsilon/3`` per release) is worse on seed 000 with the ridge (median MSE 0.833 vs
+        ``epsilon/3`` per release) is worse on the LR study with the ridge (median MSE 0.833 vs
         0.792 at epsilon = 0.1) and within 0.006 of it with the eigenvalue floor (0.703 vs
         0.698), so no split is chosen by looking at the data.
     matrix_noise : {"frobenius", "upper_triangle"}
@@ -717,7 +735,7 @@ class AdaSSPRegressor(SSPRegressor):
         ``sqrt(d)`` becomes ``sqrt((d + 1) / 2)`` (:func:`noise_direction_scale`).
     regularization : {"eigenvalue_floor", "ridge"}
         ``"eigenvalue_floor"`` (default): raise the eigenvalues of the noisy ``X^T X`` to at
-        least ``lambda``; ``"ridge"``: add ``lambda I`` (Wang 2018; seed 000). Seed 000's
+        least ``lambda``; ``"ridge"``: add ``lambda I`` (Wang 2018; the LR study). The LR study's
         AdaSSP is ``AdaSSPRegressor(matrix_noise="upper_triangle", regularization="ridge")``.
 
     Attributes
@@ -729,20 +747,20 @@ class AdaSSPRegressor(SSPRegressor):
 
     Notes
     -----
-    Why the defaults (seed 000, California housing, delta = 1e-6; population medians of
+    Why the defaults (the LR study, California housing, delta = 1e-6; population medians of
     the training MSE from 200,000 repetitions, docs/benchmarks.md). On this data
     ``lambda_min(X^T X) = 0.13`` while ``lambda`` is about ``4 sigma_1`` (180 at
-    epsilon = 0.1), so the ridge's bias dominates the error: the seed's version has median
+    epsilon = 0.1), so the ridge's bias dominates the error: the study's version has median
     0.829 at epsilon = 0.1 and 0.661 at epsilon = 1. No default constant was fitted to
     the data: the Frobenius noise is strictly smaller at the same privacy, the rule for
-    ``lambda`` is the seed's (``z`` times the RMS noise along a direction), and the
+    ``lambda`` is the study's (``z`` times the RMS noise along a direction), and the
     eigenvalue floor is post-processing that removes the ridge's shrinkage of
     well-determined directions. Medians at epsilon = 0.1 / 0.5 / 1 / 2:
 
     ========================================  =====  =====  =====  =====
     variant                                   0.1    0.5    1      2
     ========================================  =====  =====  =====  =====
-    seed 000 (upper_triangle, ridge)          0.829  0.678  0.661  0.653
+    the LR study (upper_triangle, ridge)          0.829  0.678  0.661  0.653
     frobenius, ridge                          0.793  0.671  0.658  0.651
     upper_triangle, eigenvalue_floor          0.703  0.658  0.653  0.650
     default (frobenius, eigenvalue_floor)     0.698  0.658  0.653  0.650
@@ -777,6 +795,7 @@ class AdaSSPRegressor(SSPRegressor):
         regularization: str = "eigenvalue_floor",
         accountant: str = "pld",
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -788,10 +807,11 @@ class AdaSSPRegressor(SSPRegressor):
         self.regularization = regularization
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
 
 
 class NoisyGDRegressor(_PrivateLinearBase):
-    """Full-batch noisy gradient descent for least squares (seed 000), (epsilon, delta)-DP.
+    """Full-batch noisy gradient descent for least squares (the LR study), (epsilon, delta)-DP.
 
     ``theta_{t+1} = theta_t - lr (sum_i x_i (x_i^T theta_t - y_i) + GS_t sigma N(0, I))``
     with the theta-dependent sensitivity ``GS_t = x_bound^2 ||theta_t|| + x_bound Y``
@@ -809,16 +829,16 @@ class NoisyGDRegressor(_PrivateLinearBase):
     multiplier ``sigma_L = sigma_total / sqrt(0.01)`` where ``sigma_total`` is the single
     Gaussian multiplier for (epsilon, delta). The learning rate uses the high-probability
     upper bound ``hat(L) = max(x_bound^2, noisy L + 1.96 sigma_L x_bound^2)``
-    (post-processing). On seed 000's California setting (epsilon 2, delta 1e-6) this costs
+    (post-processing). On the LR study's California setting (epsilon 2, delta 1e-6) this costs
     about 1% of the iterations and leaves the median training MSE at that of the seed's
     exact-``L`` rate (tests/models/test_privacy_fixes.py).
 
     Parameters
     ----------
-    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state
+    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state, ledger
         As :class:`SSPRegressor`.
     noise_multiplier : float > 0 or None
-        ``sigma``. Default 500 (seed 000's "large noise, many iterations" regime; the
+        ``sigma``. Default 500 (the LR study's "large noise, many iterations" regime; the
         seed's other regime is 50). With ``n_iter=None`` the number of iterations is
         calibrated to the budget (the largest integer that fits, rounded down). If None,
         ``n_iter`` must be given and sigma is calibrated instead (rounded up).
@@ -826,7 +846,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         Number of iterations; if both ``n_iter`` and ``noise_multiplier`` are given the
         budget is checked and a ValueError raised if exceeded.
     learning_rate : "theory" or float > 0
-        ``"theory"`` (default): seed 000's choice, see :func:`theoretical_learning_rate`.
+        ``"theory"`` (default): the LR study's choice, see :func:`theoretical_learning_rate`.
         A float is used as given (then no smoothness is released and no budget spent on it).
     smoothness : "private", "public", "data" or float > 0
         The smoothness ``L`` used by the theoretical learning rate.
@@ -838,13 +858,13 @@ class NoisyGDRegressor(_PrivateLinearBase):
           column). It uses the exact number of rows ``n``, which add/remove
           neighbouring treats as private, so it emits a
           :class:`~privlearn.errors.PrivacyLeakWarning`.
-        * ``"data"`` (seed 000's choice): the exact ``lambda_max(X^T X)``, released
+        * ``"data"`` (the LR study's choice): the exact ``lambda_max(X^T X)``, released
           without protection in ``smoothness_`` and through the learning rate; emits a
           :class:`~privlearn.errors.PrivacyLeakWarning`. Before version 0.2 this was
           the default.
     log_every : int or None
         Record the iterate and the epsilon spent after iterations ``1, 1 + log_every,
-        ...`` (seed 000's ``log_gap``) in ``coef_path_`` and ``epsilon_path_``.
+        ...`` (the LR study's ``log_gap``) in ``coef_path_`` and ``epsilon_path_``.
 
     Attributes
     ----------
@@ -882,6 +902,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         log_every: int | None = None,
         accountant: str = "pld",
         random_state=None,
+        ledger=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -895,6 +916,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         self.log_every = log_every
         self.accountant = accountant
         self.random_state = random_state
+        self.ledger = ledger
 
     def _check_lr_smoothness(self) -> tuple[bool, str | float]:
         """(theory learning rate?, smoothness mode or value); clear errors otherwise."""
@@ -986,6 +1008,9 @@ class NoisyGDRegressor(_PrivateLinearBase):
         private_l = theory and sm == "private"
         sigma_l = self._smoothness_multiplier(eps, delta, private_l)
         sigma, n_iter = self._resolve_schedule(eps, delta, sigma_l)
+        res = reserve_on_ledger(
+            self, lambda: compose(_noisy_gd_mechanism(sigma, n_iter, sigma_l), steps=reps)
+        )
         if theory and sm in ("data", "public"):
             what = (
                 "the exact largest eigenvalue of X^T X" if sm == "data"
@@ -998,7 +1023,8 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 PrivacyLeakWarning,
                 stacklevel=3,
             )
-        X, y, xb_eff = self._prepare(X, y, xb, yb)
+        with cancel_on_error(res):  # validation reads the data but releases nothing
+            X, y, xb_eff = self._prepare(X, y, xb, yb)
         XTX, XTy = X.T @ X, X.T @ y
         dim = X.shape[1]
         if not theory:
@@ -1031,6 +1057,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 f"NoisyGD diverged (learning_rate={float(np.max(lr)):.3g}); use a smaller "
                 "learning_rate"
             )
+        settle_on_ledger(res)
         return theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb
 
     def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:

@@ -59,7 +59,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone, is_classifier
 from sklearn.model_selection import ParameterGrid
 
-from privlearn.accounting import Gaussian, Laplace, Mechanism, RDPMechanism, compose
+from privlearn.accounting import Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.models._base import check_positive_param, make_rng, spend_on_ledger
 
@@ -92,18 +92,25 @@ def planned_mechanism(estimator, X, y=None) -> Mechanism:
     )
 
 
-def _plan_ssp(est, X, y) -> Mechanism:
-    from privlearn.models.linear import adassp_mechanism, ssp_mechanism
-
-    s = est.calibrated_noise_scale()
-    split = est._validate_variant()
-    return adassp_mechanism(s, split) if est._adaptive else ssp_mechanism(s, split)
+def _plan_linear(est, X, y) -> Mechanism:
+    return est._planned_mechanism()
 
 
 def _plan_noisy_gd(est, X, y) -> Mechanism:
+    from privlearn.models.linear import _noisy_gd_mechanism
+
     eps, delta, _, _ = est._validate_common()
-    sigma, n_iter = est._resolve_schedule(eps, delta)
-    return compose(Gaussian(sigma), steps=n_iter)
+    theory, sm = est._check_lr_smoothness()
+    sigma_l = est._smoothness_multiplier(eps, delta, theory and sm == "private")
+    sigma, n_iter = est._resolve_schedule(eps, delta, sigma_l)
+    return _noisy_gd_mechanism(sigma, n_iter, sigma_l)
+
+
+def _plan_dpsgd(est, X, y) -> Mechanism:
+    from privlearn.models.dpsgd import dpsgd_mechanism
+
+    noise, eps, delta, q, steps = est._validate_params_dp()
+    return dpsgd_mechanism(noise, est._calibrate(noise, eps, delta, q, steps), q, steps)
 
 
 def _plan_scaler(est, X, y) -> Mechanism:
@@ -111,11 +118,13 @@ def _plan_scaler(est, X, y) -> Mechanism:
 
 
 def _register_builtin() -> None:
+    from privlearn.models.dpsgd import _DPSGDBase
     from privlearn.models.linear import NoisyGDRegressor, SSPRegressor
     from privlearn.models.preprocessing import PrivateStandardScaler
 
-    register_planned_mechanism(SSPRegressor, _plan_ssp)  # and AdaSSPRegressor (subclass)
+    register_planned_mechanism(SSPRegressor, _plan_linear)  # and AdaSSPRegressor (subclass)
     register_planned_mechanism(NoisyGDRegressor, _plan_noisy_gd)
+    register_planned_mechanism(_DPSGDBase, _plan_dpsgd)
     register_planned_mechanism(PrivateStandardScaler, _plan_scaler)
 
 
@@ -162,6 +171,10 @@ def random_stopping_rdp(
 
 
 def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:
+    if gamma >= 1.0 - 1e-9:  # E[K] = 1: the distribution is concentrated on K = 1
+        return 1
+    if eta == 1.0:  # geometric on {1, 2, ...}
+        return int(rng.geometric(gamma))
     if eta == 0.0:
         return int(rng.logseries(1.0 - gamma))
     while True:  # negative binomial conditioned on K >= 1
@@ -177,8 +190,8 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
     ----------
     estimator : private estimator
         Each candidate ``clone(estimator).set_params(**params)`` must have a planned
-        mechanism (:func:`planned_mechanism`; built in for SSP, AdaSSP, NoisyGD and the
-        private scaler). After each fit the actual ``mechanism_`` is checked against it.
+        mechanism (:func:`planned_mechanism`; built in for SSP, AdaSSP, NoisyGD, DP-SGD and
+        the private scaler). After each fit the actual ``mechanism_`` is checked against it.
     param_grid : dict or list of dicts
         As :class:`sklearn.model_selection.GridSearchCV`.
     method : {"random_stopping", "composition"}
@@ -205,10 +218,14 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
 
     Attributes
     ----------
-    best_estimator_, best_params_, best_score_ (the noisy score; higher is better)
-    n_fits_ : int
-        Number of fits that ran (each read the private data once).
-    fits_ : list of (params, noisy score)
+    best_estimator_, best_params_, best_score_
+        The released run: its model, its candidate and its noisy score (higher is
+        better).
+    n_fits_, runs_, scores_, fit_mechanisms_ : ``method="composition"`` only
+        The number of fits, every candidate, its noisy score and its mechanism (all are
+        accounted). Random stopping does not set them: its guarantee rests on the number
+        of runs ``K`` staying hidden (with ``K`` known, the best of ``K`` runs costs up to
+        ``K`` fits), so nothing on the object reveals ``K`` or the other runs.
     mechanism_ : Mechanism
         ``method="composition"``: the composition of every fit and score. Random
         stopping: an :class:`RDPMechanism` with the tabulated Theorem 2 curve (evaluate
@@ -322,11 +339,14 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
             k = _sample_runs(info["eta"], info["gamma"], rng)
             order = [int(i) for i in rng.integers(0, len(grid), size=k)]
         Xs, ys = (X_val, y_val) if public else (X, y)
-        best, fits, ran = None, [], []
+        best, fits, runs, ran = None, [], [], []
         for i in order:
             est = clone(self.estimator).set_params(**grid[i])
-            if "random_state" in est.get_params():
+            params = est.get_params()
+            if "random_state" in params:
                 est.set_params(random_state=int(rng.integers(2**31)))
+            if "ledger" in params:  # the search spends for all its runs, once
+                est.set_params(ledger=None)
             est.fit(X, y)
             if getattr(est, "mechanism_", None) != fit_mechs[i]:
                 raise RuntimeError(
@@ -336,13 +356,18 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
                 )
             ran.append(est.mechanism_)
             score = self._score(est, Xs, ys, public, lb, rng)
-            fits.append((grid[i], score))
+            fits.append(score)
+            runs.append(grid[i])
             if best is None or score > best[1]:
                 best = (est, score, grid[i])
         self.best_estimator_, self.best_score_, self.best_params_ = best
-        self.fits_ = fits
-        self.n_fits_ = len(fits)
-        self.fit_mechanisms_ = ran
+        if self.method == "composition":
+            self.runs_ = runs
+            self.scores_ = fits
+            self.n_fits_ = len(runs)
+            self.fit_mechanisms_ = ran
+        if self.ledger is not None and "ledger" in self.best_estimator_.get_params():
+            self.best_estimator_.set_params(ledger=self.ledger)
         self.mechanism_ = mech
         self.delta_ = float(self.delta)
         self.epsilon_ = float(mech.epsilon(self.delta_, acc))

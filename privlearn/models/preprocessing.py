@@ -38,10 +38,12 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import Gaussian, Mechanism, PureDP, calibrate, compose
 from privlearn.models._base import (
+    cancel_on_error,
     check_positive_param,
     check_privacy_budget,
     make_rng,
-    spend_on_ledger,
+    reserve_on_ledger,
+    settle_on_ledger,
     spent_epsilon,
 )
 
@@ -301,11 +303,18 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimato
 
     def fit(self, X, y=None):
         """Estimate the means and scales privately."""
-        X = validate_data(self, X, dtype=np.float64)
-        n, d = X.shape
-        eps, delta, q, nb, ms, fr = self._validate(d)
+        res = None
+        if self.ledger is not None:  # reserve before the data is read (shape only)
+            shape = np.shape(X)
+            if len(shape) != 2:
+                raise ValueError(f"X must be 2-D, got shape {shape}")
+            res = reserve_on_ledger(self, lambda: self.planned_mechanism(shape[1]),
+                                    "PrivateStandardScaler")
+        with cancel_on_error(res):
+            X = validate_data(self, X, dtype=np.float64)
+            n, d = X.shape
+            eps, delta, q, nb, ms, fr = self._validate(d)
         s = _calibrate_scaler(eps, delta, q is not None, str(self.accountant))
-        spend_on_ledger(self, scaler_mechanism(s, q is not None), "PrivateStandardScaler")
         rng = make_rng(self.random_state)
         if q is None:
             bounds = fr.copy()
@@ -352,6 +361,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimato
         self.noise_multiplier_ = s
         self.delta_ = delta
         self.epsilon_ = spent_epsilon(self.mechanism_, delta, self.accountant)
+        settle_on_ledger(res)
         return self
 
     def transform(self, X):

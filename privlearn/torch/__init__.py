@@ -53,12 +53,13 @@ from privlearn.torch.data import (
 from privlearn.torch.grad_sample import register_rule
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.noise import NoiseSource
-from privlearn.torch.optimizer import DPOptimizer
+from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
 from privlearn.torch.tracker import GradSampleTracker
 from privlearn.torch.validator import UnsupportedModuleError, fix, validate
 
 __all__ = [
+    "AdaptiveClipping",
     "DPOptimizer",
     "FixedSizeBatchSampler",
     "GradSampleTracker",

@@ -153,7 +153,15 @@ class PrivacyAccountant:
         return self._compose([(s, q, k) for s, q, _, k in self._segments])
 
     def _compose(self, parts):
-        parts = [(s, q, k) for s, q, k in parts if k > 0]
+        merged: list[list] = []
+        for s, q, k in parts:
+            if k <= 0:
+                continue
+            if merged and merged[-1][0] == s and merged[-1][1] == q:
+                merged[-1][2] += k  # same mechanism (the clipping bound does not matter)
+            else:
+                merged.append([s, q, k])
+        parts = merged
         if not parts:
             return None
         mechs = [subsample(Gaussian(s), rate=q, scheme=self.scheme) for s, q, _ in parts]
@@ -202,9 +210,9 @@ class PrivacyAccountant:
                         max_grad_norm: float) -> None:
         """:meth:`check_step` for a step with these parameters (which become current)."""
         cfg = (float(noise_multiplier), float(sampling_rate), float(max_grad_norm))
-        if cfg != self._current:
-            self._current = cfg
+        if cfg[:2] != self._current[:2]:  # a new mechanism: the room left changes
             self._room = {"max": None, "plan": None}
+        self._current = cfg
         self.check_step()
         if self.ledger_link is not None:
             self.ledger_link.ensure(cfg[0], cfg[1])

@@ -25,11 +25,29 @@ a second ``step()`` for one batch) is refused.
 In distributed training (``world_size > 1``) each rank clips its own examples and adds
 ``N(0, (sigma C)^2 / world_size)``; the sums are all-reduced, so the total noise is
 ``N(0, (sigma C)^2)`` on the global sum, exactly the single-process mechanism.
+
+Adaptive clipping (``adaptive=AdaptiveClipping(...)``; Andrew, Thakkar, McMahan &
+Ramaswamy 2021, "Differentially Private Learning with Adaptive Clipping", NeurIPS,
+Algorithm 1 with the geometric update): every step also releases the noisy *centred*
+count of examples whose norm is within the bound, ``K = sum_i (1[||g_i|| <= C] - 1/2) +
+N(0, sigma_b^2)``, estimates the unclipped fraction ``b = K / m + 1/2`` (``m`` the expected
+batch size) and sets ``C <- C exp(-eta (b - gamma))`` for the next step. Centring makes the
+count's add/remove sensitivity 1/2 (as in the paper and in TensorFlow Privacy's quantile
+estimator). The pair (clipped sum, count) is then one Gaussian mechanism:
+with per-example contributions rescaled by the noise stds, each example moves the
+vector by at most ``sqrt((C / (sigma_g C))^2 + ((1/2) / sigma_b)^2)``, so with the gradient
+noise multiplier ``sigma_g = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)`` the step is exactly the
+Gaussian mechanism of multiplier ``sigma`` (the noise split of Andrew et al. 2021, also
+TensorFlow Federated's ``adaptive_clip_noise_params``), which is what the accountant
+records. This needs ``sigma < 2 sigma_b`` (checked). The same holds for replace-one
+neighbours (fixed-size sampling): every example's rescaled contribution lies in a ball of
+radius ``1 / sigma``, which is all the subsampled Gaussian analysis uses.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -37,7 +55,51 @@ from privlearn.torch.accountant import PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
 
-__all__ = ["DPOptimizer"]
+__all__ = ["AdaptiveClipping", "DPOptimizer", "gradient_noise_multiplier"]
+
+
+@dataclass(frozen=True)
+class AdaptiveClipping:
+    """Settings of adaptive clipping (Andrew et al. 2021, Algorithm 1, geometric update).
+
+    Attributes
+    ----------
+    target_unclipped_quantile : float in [0, 1]
+        gamma: the fraction of examples whose gradient norm the bound should exceed.
+    clipbound_learning_rate : float > 0
+        eta of the update ``C <- C exp(-eta (b - gamma))``.
+    unclipped_num_std : float > 0
+        sigma_b, std of the noise on the (centred) count of unclipped examples. Must
+        exceed ``noise_multiplier / 2``.
+    """
+
+    target_unclipped_quantile: float
+    clipbound_learning_rate: float
+    unclipped_num_std: float
+
+
+def gradient_noise_multiplier(noise_multiplier: float, unclipped_num_std: float) -> float:
+    """Noise multiplier of the clipped sum when the count of unclipped examples gets noise
+    ``unclipped_num_std`` and the step as a whole must be the Gaussian mechanism of
+    multiplier ``noise_multiplier``: ``(sigma^-2 - (2 sigma_b)^-2)^(-1/2)`` (Andrew et al.
+    2021; the count is centred, sensitivity 1/2).
+
+    Raises
+    ------
+    ValueError
+        ``noise_multiplier >= 2 * unclipped_num_std`` (no gradient noise could reach it).
+    """
+    s, sb = float(noise_multiplier), float(unclipped_num_std)
+    if s == 0:
+        return 0.0
+    if not s < 2 * sb:
+        raise ValueError(
+            f"adaptive clipping with noise_multiplier={s:g} needs unclipped_num_std > "
+            f"noise_multiplier / 2 = {s / 2:g} (Andrew et al. 2021: the noise on "
+            f"the clipped sum is (sigma^-2 - (2 sigma_b)^-2)^(-1/2)), got {sb:g}. Increase "
+            "unclipped_num_std (its default is expected_batch_size / 20: use larger "
+            "batches) or lower noise_multiplier")
+    return (s ** -2 - (2 * sb) ** -2) ** -0.5
 
 
 class DPOptimizer:
@@ -59,16 +121,24 @@ class DPOptimizer:
         Per-example gradient norms (before clipping) of the last physical batch.
     sampler : PoissonBatchSampler or FixedSizeBatchSampler or None
         The sampler whose batches the steps consume (its rate is what is accounted).
+    adaptive : AdaptiveClipping or None
+        Adaptive clipping settings (None: the bound only changes when set).
+    last_unclipped_fraction : float or None
+        Adaptive clipping: the noisy estimate ``b`` of the last step (a released value).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, tracker: GradSampleTracker, *,
                  noise_multiplier: float, max_grad_norm: float, expected_batch_size: float,
                  accountant: PrivacyAccountant, noise: NoiseSource,
-                 world_size: int = 1, process_group=None, sampler=None):
+                 world_size: int = 1, process_group=None, sampler=None,
+                 adaptive: AdaptiveClipping | None = None):
         self.original_optimizer = optimizer
         self.tracker = tracker
         self._noise_multiplier = 0.0
         self._max_grad_norm = 1.0
+        self.adaptive = adaptive
+        self._centred_count = 0.0  # sum_i (1[||g_i|| <= C] - 1/2) of the logical batch
+        self.last_unclipped_fraction = None
         self.max_grad_norm = max_grad_norm
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = float(expected_batch_size)
@@ -103,7 +173,19 @@ class DPOptimizer:
         if v > 0 and math.isinf(self._max_grad_norm):
             raise ValueError("noise_multiplier > 0 with max_grad_norm=inf is not private "
                              "(unbounded sensitivity); set a finite max_grad_norm first")
+        if self.adaptive is not None:
+            gradient_noise_multiplier(v, self.adaptive.unclipped_num_std)  # checks
         self._noise_multiplier = v
+
+    @property
+    def gradient_noise_multiplier(self) -> float:
+        """Noise multiplier of the clipped gradient sum: ``noise_multiplier`` with flat
+        clipping; with adaptive clipping the part of it left after the count's noise,
+        ``(sigma^-2 - (2 sigma_b)^-2)^(-1/2)`` (see the module docstring)."""
+        if self.adaptive is None:
+            return self._noise_multiplier
+        return gradient_noise_multiplier(self._noise_multiplier,
+                                         self.adaptive.unclipped_num_std)
 
     @property
     def max_grad_norm(self) -> float:
@@ -173,6 +255,7 @@ class DPOptimizer:
         sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
                                                   1.0 / self.expected_batch_size)
         self.last_grad_norms = norms
+        self._count_unclipped(norms)
         for p in self.tracker.params:
             s = sums.get(id(p))
             if s is None:
@@ -182,10 +265,11 @@ class DPOptimizer:
 
     def _noise_std(self) -> float:
         """Noise std per coordinate of the averaged gradient on this rank,
-        ``sigma C / sqrt(world) / expected_batch_size`` (0 when sigma is 0)."""
+        ``sigma_g C / sqrt(world) / expected_batch_size`` (0 when sigma is 0; ``sigma_g``
+        is :attr:`gradient_noise_multiplier`)."""
         if self.noise_multiplier == 0:
             return 0.0
-        std = self.noise_multiplier * self.max_grad_norm
+        std = self.gradient_noise_multiplier * self.max_grad_norm
         if self.world_size > 1:
             std = std / self.world_size ** 0.5
         return std / self.expected_batch_size
@@ -264,6 +348,7 @@ class DPOptimizer:
         _, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
                                                1.0 / self.expected_batch_size, out=out)
         self.last_grad_norms = norms
+        self._count_unclipped(norms)
         for k, a in self._accum.items():  # earlier chunks of a virtual batch
             out[k].add_(a)
         self._accum = {}
@@ -274,6 +359,39 @@ class DPOptimizer:
         for p, v in zip(params, views, strict=True):
             p.grad = v
         return True
+
+    # ------------------------------------------------------------------ adaptive clipping
+    def _count_unclipped(self, norms) -> None:
+        """Add this physical batch's centred count ``sum_i (1[||g_i|| <= C] - 1/2)``."""
+        if self.adaptive is None or norms is None or norms.numel() == 0:
+            return
+        inside = int((norms <= self.max_grad_norm).sum().item())
+        self._centred_count += inside - 0.5 * norms.numel()
+
+    def _update_clip_bound(self) -> None:
+        """Release the noisy centred count and take the geometric step of the bound
+        (Andrew et al. 2021, Algorithm 1): ``b = (K + N(0, sigma_b^2)) / m + 1/2``,
+        ``C <- C exp(-eta (b - gamma))``. Distributed: each rank adds
+        ``N(0, sigma_b^2 / world)`` to its own count before the sum."""
+        a = self.adaptive
+        count, self._centred_count = self._centred_count, 0.0
+        std = a.unclipped_num_std
+        if self.world_size > 1:
+            std = std / self.world_size ** 0.5
+        noisy = torch.tensor([count], dtype=torch.float64)
+        noisy = noisy + self.noise.normal(std, noisy)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            params = self.tracker.params
+            dev = params[0].device if params else torch.device("cpu")
+            t = noisy.to(dev)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
+            noisy = t.cpu()
+        frac = float(noisy.item()) / self.expected_batch_size + 0.5
+        self.last_unclipped_fraction = frac
+        factor = math.exp(-a.clipbound_learning_rate * (frac - a.target_unclipped_quantile))
+        self.max_grad_norm = self.max_grad_norm * factor
 
     def _check_batch(self) -> None:
         """Refuse a logical step that did not consume a new batch of the DP sampler."""
@@ -314,4 +432,6 @@ class DPOptimizer:
         self.accountant.record_step(*cfg)
         if self.sampler is not None:
             self.sampler.consume()
+        if self.adaptive is not None:
+            self._update_clip_bound()  # the bound of the next step
         return loss

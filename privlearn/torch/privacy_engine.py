@@ -20,7 +20,7 @@ from privlearn.torch.data import (
 )
 from privlearn.torch.distributed import world_info
 from privlearn.torch.noise import NoiseSource
-from privlearn.torch.optimizer import DPOptimizer
+from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
 from privlearn.torch.tracker import GradSampleTracker
 from privlearn.torch.validator import check_model
 from privlearn.torch.validator import fix as fix_layers
@@ -244,6 +244,10 @@ def make_private(
     max_epsilon: float | None = None,
     ledger=None,
     ledger_chunk: int = 1000,
+    clipping: str = "flat",
+    target_unclipped_quantile: float | None = None,
+    clipbound_learning_rate: float = 0.2,
+    unclipped_num_std: float | None = None,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD.
 
@@ -314,6 +318,25 @@ def make_private(
         in the ledger.
     ledger_chunk : int
         Steps reserved at a time beyond the plan.
+    clipping : {"flat", "adaptive"}
+        ``"flat"``: one bound ``max_grad_norm`` on the norm over all parameters, changed
+        only by the user. ``"adaptive"`` (Andrew, Thakkar, McMahan & Ramaswamy 2021,
+        "Differentially Private Learning with Adaptive Clipping", Algorithm 1, geometric
+        update): ``max_grad_norm`` is the initial bound; after every step it moves towards
+        the ``target_unclipped_quantile`` of the per-example norms, estimated from a noisy
+        count of unclipped examples. The count's noise is paid for inside
+        ``noise_multiplier``: the step (clipped sum and count together) is the Gaussian
+        mechanism of multiplier ``noise_multiplier``, so the accounting is unchanged and
+        the clipped sum gets the larger multiplier ``(sigma^-2 - (2 sigma_b)^-2)^(-1/2)``
+        (see :mod:`privlearn.torch.optimizer`).
+    target_unclipped_quantile : float in [0, 1], optional
+        gamma, required with ``clipping="adaptive"`` (0.5: the median norm).
+    clipbound_learning_rate : float > 0
+        eta of ``C <- C exp(-eta (b - gamma))``.
+    unclipped_num_std : float > 0, optional
+        sigma_b, noise std of the count; default ``expected_batch_size / 20`` (the
+        default of TensorFlow Federated's ``adaptive_clip_noise_params``, ``0.05 m``).
+        Must exceed ``noise_multiplier / 2``.
 
     Returns
     -------
@@ -380,6 +403,28 @@ def make_private(
         max_epsilon = _check_pos("max_epsilon", max_epsilon)
         if not 0 < float(target_delta) < 1:
             raise ValueError(f"target_delta must be in (0, 1), got {target_delta!r}")
+    if clipping not in ("flat", "adaptive"):
+        raise ValueError(f"clipping must be 'flat' or 'adaptive', got {clipping!r}")
+    if clipping == "adaptive":
+        if target_unclipped_quantile is None:
+            raise ValueError(
+                "clipping='adaptive' needs target_unclipped_quantile (gamma in [0, 1], the "
+                "fraction of examples the bound should leave unclipped, e.g. 0.5), got None")
+        g = float(target_unclipped_quantile)
+        if not 0 <= g <= 1:
+            raise ValueError(f"target_unclipped_quantile must be in [0, 1], got "
+                             f"{target_unclipped_quantile!r}")
+        _check_pos("clipbound_learning_rate", clipbound_learning_rate)
+        if unclipped_num_std is not None:
+            _check_pos("unclipped_num_std", unclipped_num_std)
+        if math.isinf(max_grad_norm):
+            raise ValueError("clipping='adaptive' needs a finite initial max_grad_norm > 0, "
+                             "got inf")
+    elif target_unclipped_quantile is not None or unclipped_num_std is not None:
+        raise ValueError(
+            "target_unclipped_quantile and unclipped_num_std only apply to "
+            f"clipping='adaptive', got clipping={clipping!r}; pass clipping='adaptive' or "
+            "drop them")
     if max_physical_batch_size is not None and int(max_physical_batch_size) < 1:
         raise ValueError("max_physical_batch_size must be an integer >= 1, got "
                          f"{max_physical_batch_size!r}")
@@ -407,6 +452,14 @@ def make_private(
         nm = calibrate(lambda s: compose(subsample(Gaussian(s), rate=q, scheme=scheme),
                                          steps=total),
                        float(target_epsilon), float(target_delta), accountant=accountant)
+
+    adaptive = None
+    if clipping == "adaptive":
+        sb = (float(unclipped_num_std) if unclipped_num_std is not None
+              else world * batch_size / 20.0)
+        gradient_noise_multiplier(nm, sb)  # sigma < 2 sigma_b, before any step
+        adaptive = AdaptiveClipping(float(target_unclipped_quantile),
+                                    float(clipbound_learning_rate), sb)
 
     # ---------------------------------------------------------------- assembly
     planned_steps = (int(steps) if steps is not None
@@ -455,13 +508,17 @@ def make_private(
     dp_opt = DPOptimizer(optimizer, tracker, noise_multiplier=nm, max_grad_norm=max_grad_norm,
                          expected_batch_size=expected, accountant=acct, noise=noise,
                          world_size=world, process_group=process_group,
-                         sampler=loader.batch_sampler)
+                         sampler=loader.batch_sampler, adaptive=adaptive)
     if max_physical_batch_size is not None:
         loader = VirtualBatchLoader(loader, int(max_physical_batch_size), dp_opt)
     config = dict(noise_multiplier=nm, max_grad_norm=max_grad_norm, sampling_rate=q,
                   sampling=sampling, expected_batch_size=expected, dataset_size=n,
                   loss_reduction=loss_reduction, accountant=accountant, world_size=world,
                   rank=rank, _hooks=hooks)
+    if adaptive is not None:  # part of the mechanism (checked when a state is loaded)
+        config.update(clipping="adaptive", adaptive=(adaptive.target_unclipped_quantile,
+                                                     adaptive.clipbound_learning_rate,
+                                                     adaptive.unclipped_num_std))
     p = PrivateTraining(model=model, optimizer=dp_opt, data_loader=loader,
                         accountant=acct, sampling_rate=q, expected_batch_size=expected,
                         sampling=sampling, config=config)

@@ -125,3 +125,29 @@ def test_label_release_reduced(tmp_path):
     assert acc[("PATE", 20.0)] > 0.6
     assert acc[("PrivateKNN", 20.0)] > 0.7
     assert acc[("PrivateKNN", 1.0)] < acc[("PrivateKNN", 20.0)] + 0.05
+
+
+def test_noisygd_curves_are_medians_over_repetitions(tmp_path):
+    res = run_experiment("linear-regression", tmp_path, reps=5, seed=0, epsilons=[1.0],
+                         plot=False, verbose=False)
+    for g in res.summary["raw"]["gd"].values():
+        assert g["mse"].shape[1] == 5  # one column per independent chain
+    rows = [r for r in _rows(res.csv_path) if r["method"].startswith("NoisyGD")]
+    assert rows and all(r["reps"] == "5" for r in rows)
+
+
+def test_user_facing_text_names_the_studies_not_seed_numbers():
+    import inspect
+    import re
+
+    import privlearn.datasets as datasets
+    import privlearn.experiments as experiments
+    from privlearn.experiments import adult, label_release, linear_regression, logistic
+
+    for mod in (experiments, datasets, adult, label_release, linear_regression, logistic):
+        text = inspect.getsource(mod)
+        docs = [m.group(0) for m in re.finditer(r'"""(.*?)"""', text, re.S)]
+        for d in docs:
+            assert not re.search(r"seed \d{3}|seed's|seeds'", d, re.I), (mod.__name__, d[:80])
+    for desc in EXPERIMENTS.values():
+        assert "seed" not in desc.lower()

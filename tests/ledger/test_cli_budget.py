@@ -59,7 +59,10 @@ def test_exceeding_the_budget_is_one_line_status_2_and_records_nothing(db):
 
 
 def test_bad_input_is_status_2(db, tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database" * 100)
     for args in (
+        ["budget", "show", str(junk), "--dataset", "adult"],
         ["budget", "spend", db, "--dataset", "adult", "--noise-multiplier", "-1"],
         ["budget", "spend", db, "--dataset", "nope", "--noise-multiplier", "5"],
         ["budget", "show", str(tmp_path / "missing.db"), "--dataset", "adult"],

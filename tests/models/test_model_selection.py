@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from sklearn.model_selection import ParameterGrid
 
 from privlearn.accounting import Laplace, compose
 from privlearn.errors import BudgetExceededError
@@ -47,7 +48,7 @@ def test_composition_epsilon_is_the_composition_of_every_fit_and_score(data):
     FITS.clear()
     s = PrivateSearchCV(_est(), GRID, method="composition", loss_bound=36.0,
                         score_epsilon=0.2, delta=1e-6, random_state=0).fit(X, y)
-    assert len(FITS) == s.n_fits_ == 8 == len(s.fit_mechanisms_)
+    assert len(FITS) == s.n_fits_ == 8 == len(s.fit_mechanisms_) == len(s.scores_)
     every = compose([compose([m, Laplace(1 / 0.2)]) for m in s.fit_mechanisms_])
     assert s.mechanism_ == every
     assert s.epsilon_ == every.epsilon(1e-6)
@@ -58,18 +59,27 @@ def test_composition_epsilon_is_the_composition_of_every_fit_and_score(data):
 @pytest.mark.parametrize("eta", [0.0, 1.0])
 def test_random_stopping_epsilon_covers_every_run(data, eta):
     X, y = data
+    planned = {planned_mechanism(_est().set_params(**p), X, y)
+               for p in ParameterGrid(GRID)}
+    single = max(compose([m, Laplace(10.0)]).epsilon(1e-6, "rdp") for m in planned)
+    counts = []
     for seed in range(5):
         FITS.clear()
         s = PrivateSearchCV(_est(), GRID, eta=eta, loss_bound=36.0, delta=1e-6,
                             random_state=seed).fit(X, y)
-        assert len(FITS) == s.n_fits_ == len(s.fits_) >= 1
-        single = max(compose([m, Laplace(10.0)]).epsilon(1e-6, "rdp")
-                     for m in s.fit_mechanisms_)
-        assert s.epsilon_ > single
-        # every fit that ran is one of the candidates accounted (its planned mechanism)
-        planned = {planned_mechanism(_est().set_params(**p), X, y) for p, _ in s.fits_}
-        assert set(s.fit_mechanisms_) <= planned
-        assert s.best_params_ in [p for p, _ in s.fits_]
+        counts.append(len(FITS))
+        assert len(FITS) >= 1
+        # every fit that ran was a candidate whose run is inside the accounted base Q
+        ran = {planned_mechanism(_est().set_params(**{k: p[k] for k in GRID}), X, y)
+               for p in FITS}
+        assert ran <= planned
+        assert s.epsilon_ > single  # covers one run's cost and the selection on top
+        assert s.best_params_ in [{k: p[k] for k in GRID} for p in FITS]
+        # nothing on the object reveals how many runs there were
+        for attr in ("n_fits_", "runs_", "scores_", "fit_mechanisms_"):
+            assert not hasattr(s, attr)
+    # the number of runs is random (Papernot & Steinke's guarantee needs it hidden)
+    assert len(set(counts)) > 1
 
 
 def test_random_stopping_bound_against_a_naive_evaluation(data):
@@ -81,7 +91,8 @@ def test_random_stopping_bound_against_a_naive_evaluation(data):
     X, y = data
     s = PrivateSearchCV(_est(), {"regularization": ["ridge"]}, expected_runs=5.0,
                         loss_bound=36.0, delta=1e-6, random_state=0).fit(X, y)
-    q = compose([s.fit_mechanisms_[0], Laplace(10.0)])
+    q = compose([planned_mechanism(_est().set_params(regularization="ridge"), X, y),
+                 Laplace(10.0)])
     gamma = 1 / 5.0
     lh = np.geomspace(1.001, 1e4, 4000)
     c = min(2 * ((1 - 1 / h) * q.rdp(h) + math.log(1 / gamma) / h) for h in lh)
@@ -134,3 +145,11 @@ def test_bad_parameters(data):
         PrivateSearchCV(_est(), GRID, method="bayes", loss_bound=1.0).fit(X, y)
     with pytest.raises(ValueError, match="eta"):
         PrivateSearchCV(_est(), GRID, eta=-0.5, loss_bound=1.0).fit(X, y)
+
+
+def test_one_expected_run(data):
+    X, y = data
+    FITS.clear()
+    s = PrivateSearchCV(_est(), {"regularization": ["ridge"]}, loss_bound=36.0,
+                        random_state=0).fit(X, y)
+    assert len(FITS) == 1 and s.epsilon_ > 0

@@ -19,6 +19,9 @@ from privlearn.models import (
     LabelRelease,
     NoisyGDRegressor,
     PrivateKNN,
+    PrivatePipeline,
+    PrivateSearchCV,
+    PrivateStandardScaler,
     SSPRegressor,
 )
 from privlearn.models._release import (
@@ -127,6 +130,19 @@ CONFIGS = [
                                                               np.arange(300) % 2)), False),
     ("knn-public-release", lambda: _knn(twice=True).public_release(), True),
     ("knn-public-release-once", lambda: _knn().public_release(), True),
+    ("scaler", lambda: PrivateStandardScaler(feature_range=(-1, 1), random_state=0)
+     .fit(_data()[0]), True),
+    ("scaler-public-bounds", lambda: PrivateStandardScaler(
+        feature_range=(-1, 1), quantile=None, random_state=0).fit(_data()[0]), True),
+    ("private-pipeline", lambda: PrivatePipeline([
+        ("scale", PrivateStandardScaler(feature_range=(-1, 1), random_state=0)),
+        ("ssp", SSPRegressor(y_bound=3.0, random_state=0))]).fit(*_data()), True),
+    ("search-random-stopping", lambda: PrivateSearchCV(
+        AdaSSPRegressor(y_bound=3.0), {"regularization": ["ridge", "eigenvalue_floor"]},
+        loss_bound=36.0, random_state=0).fit(*_data()), True),
+    ("search-composition", lambda: PrivateSearchCV(
+        AdaSSPRegressor(y_bound=3.0), {"regularization": ["ridge", "eigenvalue_floor"]},
+        method="composition", loss_bound=36.0, random_state=0).fit(*_data()), True),
 ]
 
 
@@ -137,6 +153,9 @@ except ImportError:  # pragma: no cover - pandas is optional
 else:
     CONFIGS.append(("ssp-dataframe", lambda: SSPRegressor(y_bound=3.0, random_state=0).fit(
         pd.DataFrame(_data()[0], columns=["a", "b", "c"]), _data()[1]), True))
+    CONFIGS.append(("scaler-dataframe", lambda: PrivateStandardScaler(
+        feature_range=(-1, 1), random_state=0).fit(
+        pd.DataFrame(_data()[0], columns=["a", "b", "c"])), True))
 
 
 def _released_names(obj) -> list[str]:

@@ -41,7 +41,6 @@ References
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 from collections.abc import Callable
@@ -202,10 +201,7 @@ def evaluate_delta(mech: PrivlearnMechanism, epsilon: float, accountant: str | N
 
 def _tradeoff_curve(mech: PrivlearnMechanism, alphas: np.ndarray, accountant: str | None):
     """``privlearn.accounting.fdp.tradeoff_curve`` with the facade's accountant choice."""
-    if importlib.util.find_spec("privlearn.accounting.fdp") is not None:
-        from privlearn.accounting.fdp import tradeoff_curve
-    else:  # LEAD: remove with _fdp_fallback once accounting/fdp.py is merged
-        from privlearn.compat.autodp._fdp_fallback import tradeoff_curve
+    from privlearn.accounting.fdp import tradeoff_curve
     acc = accountant if accountant is not None else default_accountant(mech)
     if acc == "analytic":
         acc = "pld"  # (Gaussian compositions take the exact mu-GDP path before any accountant)

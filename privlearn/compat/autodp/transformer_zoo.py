@@ -9,7 +9,7 @@ Real (non-integer) coefficients
 autodp composes RDP curves, so a coefficient may be any real ``c >= 0``. Here:
 
 * a Gaussian part with coefficient ``c`` is the Gaussian ``sigma / sqrt(c)`` (exact;
-  Dong, Roth & Su 2022, Corollary 3.3) -- this is what the seeds' calibrators rely on;
+  Dong, Roth & Su 2022, Corollary 3.3) -- this is what the studies' calibrators rely on;
 * any other part with a non-integer coefficient is composed ``ceil(c)`` times, which is
   conservative (more compositions never reduce epsilon); a :class:`UserWarning` says so.
 """

@@ -1,0 +1,259 @@
+"""f-DP trade-off curves (hypothesis-testing privacy) and Gaussian DP.
+
+A mechanism ``M`` is *f-DP* (Dong, Roth & Su 2022, "Gaussian Differential Privacy",
+JRSS-B, Definition 2.3) when every test of "the record is out" (``D``) against "the
+record is in" (``D'``) with type I error (false positive rate) ``alpha`` has type II
+error (false negative rate) at least ``f(alpha)``. Equivalently the best true positive
+rate of any membership attack at false positive rate ``alpha`` is ``1 - f(alpha)``.
+
+* :func:`gaussian_tradeoff`: ``mu``-GDP, ``G_mu(alpha) = Phi(Phi^{-1}(1 - alpha) - mu)``
+  (Dong, Roth & Su 2022, Definition 2.7); the Gaussian mechanism with noise multiplier
+  ``sigma`` is exactly ``1/sigma``-GDP and ``k`` of them compose to
+  ``sqrt(sum 1/sigma_i^2)``-GDP (their Corollary 3.3).
+* :func:`tradeoff_curve`: the curve a :mod:`privlearn.accounting` mechanism is certified
+  to satisfy. From a privacy profile ``delta(eps)`` (every ``(eps, delta(eps))`` holds)
+  the mechanism is ``f``-DP with
+  ``f(alpha) = sup_eps max(0, 1 - delta(eps) - e^eps alpha, e^-eps (1 - delta(eps) - alpha))``
+  (Dong, Roth & Su 2022, Proposition 2.12, with both orders of the pair). Evaluated on a
+  finite grid of ``eps`` with the accountant's *certified upper bounds* on
+  ``delta(eps)``, this is a lower envelope of the exact curve: a valid (pessimistic)
+  curve, never an optimistic one. Plain Gaussians and their compositions get the exact
+  closed form.
+* :func:`gdp_delta`, :func:`gdp_epsilon`, :func:`gdp_mu`: the exact (eps, delta) profile
+  of ``mu``-GDP, ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``
+  (Dong, Roth & Su 2022, Corollary 2.13; Balle & Wang 2018, Theorem 8), and its inverses.
+
+NumPy/SciPy only (``scipy.special``; ``scipy.stats`` is never imported, see
+``tests/test_layering.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import log_ndtr, ndtr, ndtri
+
+from privlearn.accounting.mechanisms import Composed, Gaussian, Mechanism
+
+__all__ = [
+    "gaussian_tradeoff",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu",
+    "gdp_mu_interval",
+    "gdp_epsilon_interval",
+    "gaussian_mu",
+    "tradeoff_curve",
+    "tradeoff_from_profile",
+]
+
+
+def _alphas(alphas) -> np.ndarray:
+    a = np.asarray(alphas, dtype=float)
+    if a.size == 0 or not np.all(np.isfinite(a)) or np.any((a < 0) | (a > 1)):
+        raise ValueError("alphas (false positive rates) must be finite values in [0, 1], got "
+                         f"{alphas!r}")
+    return a
+
+
+def _check_mu(mu) -> float:
+    try:
+        m = float(mu)
+    except (TypeError, ValueError):
+        raise TypeError(f"mu must be a real number, got {type(mu).__name__}") from None
+    if not (m >= 0) or math.isinf(m):
+        raise ValueError(f"mu must be in [0, inf), got {mu!r}")
+    return m
+
+
+def gaussian_tradeoff(mu: float, alphas) -> np.ndarray:
+    """Trade-off curve of ``mu``-GDP: ``G_mu(alpha) = Phi(Phi^{-1}(1 - alpha) - mu)``.
+
+    Dong, Roth & Su (2022), "Gaussian Differential Privacy", Definition 2.7. The best
+    true positive rate at false positive rate ``alpha`` is ``1 - G_mu(alpha)``.
+
+    Parameters
+    ----------
+    mu : float >= 0
+    alphas : array_like of floats in [0, 1]
+
+    Returns
+    -------
+    numpy.ndarray of the same shape as ``alphas``.
+    """
+    m = _check_mu(mu)
+    a = _alphas(alphas)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = ndtr(ndtri(1.0 - a) - m)
+    out = np.where(a <= 0, 1.0, np.where(a >= 1, 0.0, out))
+    return out
+
+
+def gdp_delta(mu: float, epsilon: float) -> float:
+    """Exact ``delta(epsilon)`` of ``mu``-GDP (Dong, Roth & Su 2022, Corollary 2.13):
+    ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, evaluated in the log domain."""
+    m = _check_mu(mu)
+    e = float(epsilon)
+    if not (e >= 0) or math.isnan(e):
+        raise ValueError(f"epsilon must be in [0, inf], got {epsilon!r}")
+    if m == 0 or math.isinf(e):
+        return 0.0
+    a = float(log_ndtr(-e / m + m / 2))
+    b = e + float(log_ndtr(-e / m - m / 2))
+    if b >= a:
+        return 0.0
+    return float(math.exp(a) * -math.expm1(b - a))
+
+
+def gdp_epsilon_interval(mu: float, delta: float) -> tuple[float, float]:
+    """``(lo, hi)`` bracketing the exact ``epsilon`` of ``mu``-GDP at ``delta``
+    (``gdp_delta(mu, lo) >= delta >= gdp_delta(mu, hi)``, width <= 1e-10 relative).
+
+    :func:`gdp_epsilon` returns ``hi`` (for guarantees); empirical lower bounds use
+    ``lo`` (:mod:`privlearn.auditing`), so neither is ever optimistic.
+    """
+    m = _check_mu(mu)
+    d = float(delta)
+    if not 0 < d < 1:
+        raise ValueError(f"delta must be in (0, 1) for a GDP epsilon, got {delta!r}")
+    if m == 0 or gdp_delta(m, 0.0) <= d:
+        return 0.0, 0.0
+    lo, hi = 0.0, max(1.0, m * m)
+    while gdp_delta(m, hi) > d:
+        lo, hi = hi, 2 * hi
+        if hi > 1e6:  # pragma: no cover - mu this large is not a privacy guarantee
+            raise ArithmeticError(f"gdp_epsilon did not converge for mu={m}, delta={d}")
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if gdp_delta(m, mid) > d:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-10 * max(1.0, hi):
+            break
+    return lo, hi
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Smallest ``epsilon`` with ``gdp_delta(mu, epsilon) <= delta`` (bisection to
+    ``1e-10`` relative, rounded *up*: an upper bound on the exact value).
+
+    Raises
+    ------
+    ValueError
+        ``delta`` outside ``(0, 1)`` (``mu``-GDP with ``mu > 0`` is not ``(eps, 0)``-DP
+        for any finite ``eps``).
+    """
+    return gdp_epsilon_interval(mu, delta)[1]
+
+
+def gdp_mu_interval(epsilon: float, delta: float) -> tuple[float, float]:
+    """``(lo, hi)`` bracketing the ``mu`` for which ``mu``-GDP has ``delta(epsilon) =
+    delta`` exactly (``gdp_delta(lo, eps) <= delta <= gdp_delta(hi, eps)``, width
+    <= 1e-12 relative)."""
+    e = float(epsilon)
+    d = float(delta)
+    if not (e >= 0) or math.isinf(e):
+        raise ValueError(f"epsilon must be in [0, inf), got {epsilon!r}")
+    if not 0 < d < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    lo, hi = 0.0, 1.0
+    while gdp_delta(hi, e) < d:
+        lo, hi = hi, 2 * hi
+        if hi > 1e4:  # pragma: no cover
+            raise ArithmeticError(f"gdp_mu did not converge for epsilon={e}, delta={d}")
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if gdp_delta(mid, e) < d:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return lo, hi
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The ``mu`` for which ``mu``-GDP has ``delta(epsilon) = delta`` (the GDP curve
+    through the ``(epsilon, delta)`` corner), rounded *down*: ``gdp_mu(eps, delta)``-GDP
+    is ``(eps, delta)``-DP. Dong, Roth & Su (2022), Corollary 2.13."""
+    return gdp_mu_interval(epsilon, delta)[0]
+
+
+def gaussian_mu(mechanism: Mechanism) -> float | None:
+    """``mu`` of a plain Gaussian or a composition of plain Gaussians (exactly
+    ``sqrt(sum_i k_i / sigma_i^2)``-GDP, Dong, Roth & Su 2022, Corollary 3.3); None for
+    any other mechanism (subsampled, Laplace, ...)."""
+    if isinstance(mechanism, Gaussian):
+        return 1.0 / mechanism.noise_multiplier
+    if isinstance(mechanism, Composed) and mechanism.parts and all(
+            isinstance(m, Gaussian) for m, _ in mechanism.parts):
+        return math.sqrt(sum(k / m.noise_multiplier ** 2 for m, k in mechanism.parts))
+    return None
+
+
+def tradeoff_from_profile(epsilons, deltas, alphas) -> np.ndarray:
+    """Lower envelope of the trade-off curve implied by the ``(epsilon_j, delta_j)``
+    guarantees: ``max_j max(0, 1 - delta_j - e^eps_j alpha, e^-eps_j (1 - delta_j - alpha))``
+    (Dong, Roth & Su 2022, Proposition 2.12; Kairouz, Oh & Viswanath 2015, Theorem 2.1).
+    """
+    a = _alphas(alphas)
+    eps = np.asarray(epsilons, dtype=float).reshape(-1)
+    dl = np.asarray(deltas, dtype=float).reshape(-1)
+    if eps.size == 0 or eps.shape != dl.shape:
+        raise ValueError("epsilons and deltas must be non-empty and of equal length, got "
+                         f"{eps.size} and {dl.size}")
+    if np.any(~np.isfinite(eps) | (eps < 0)) or np.any(~(dl >= 0) | (dl > 1)):
+        raise ValueError("epsilons must be finite and >= 0 and deltas in [0, 1]")
+    flat = a.reshape(-1, 1)
+    e = np.exp(eps)[None, :]
+    one_minus = (1.0 - dl)[None, :]
+    f = np.maximum(one_minus - e * flat, (one_minus - flat) / e)
+    return np.maximum(f.max(axis=1), 0.0).reshape(a.shape)
+
+
+def tradeoff_curve(mechanism: Mechanism, alphas, *, epsilons=None,
+                   accountant: str = "pld") -> np.ndarray:
+    """Trade-off curve ``f(alpha)`` that ``mechanism`` is certified to satisfy.
+
+    Exact for Gaussians and compositions of Gaussians (``mu``-GDP, closed form). For any
+    other mechanism it is the lower envelope :func:`tradeoff_from_profile` of the
+    accountant's privacy profile ``delta(eps)`` on a grid of ``epsilons``: since each
+    ``delta(eps)`` is a certified upper bound, the returned curve is below the exact
+    curve everywhere (it never understates what an attacker can achieve). A finer grid
+    gives a tighter envelope.
+
+    Parameters
+    ----------
+    mechanism : privlearn.accounting.Mechanism
+    alphas : array_like of floats in [0, 1]
+        False positive rates.
+    epsilons : array_like, optional
+        Grid of epsilons (default: 0 and 200 points up to ``epsilon(1e-12)``, denser
+        near 0).
+    accountant : str
+        Accountant used for ``delta(eps)`` (default ``"pld"``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``f(alpha)``, the smallest false negative rate at each false positive rate;
+        ``1 - f`` is the best true positive rate (the "accountant's ROC").
+    """
+    if not isinstance(mechanism, Mechanism):
+        raise TypeError(f"mechanism must be a privlearn.accounting Mechanism, got "
+                        f"{type(mechanism).__name__}")
+    a = _alphas(alphas)
+    mu = gaussian_mu(mechanism)
+    if mu is not None:
+        return gaussian_tradeoff(mu, a)
+    if epsilons is None:
+        top = mechanism.epsilon(1e-12, accountant=accountant)
+        if not math.isfinite(top):
+            raise ValueError("the mechanism has no finite epsilon at delta=1e-12; give an "
+                             "explicit grid of epsilons")
+        epsilons = np.concatenate([[0.0], top * np.linspace(0.0, 1.0, 201)[1:] ** 1.5])
+    eps = np.asarray(epsilons, dtype=float).reshape(-1)
+    deltas = np.array([mechanism.delta(float(e), accountant=accountant) for e in eps])
+    return tradeoff_from_profile(eps, deltas, a)

@@ -1,0 +1,436 @@
+"""Epsilon lower bounds from canary scores, and the attack's ROC.
+
+Conventions: ``in_scores`` are the scores of canaries that were included in the
+training data, ``out_scores`` of canaries that were not; a higher score means "more
+likely included". Every bound is a lower confidence bound: if the mechanism really is
+``(epsilon, delta)``-DP (for ``"gdp"`` and ``"one_run_fdp"``: if its trade-off curve is
+the Gaussian one, see below), the returned value exceeds ``epsilon`` with probability at
+most ``1 - confidence`` over the randomness of the audit.
+
+Choosing the threshold (how many top scores to guess on) after looking at the scores
+would make any single-threshold bound invalid. Here every method evaluates a grid of
+``K`` candidate thresholds fixed *before* looking at the labels (geometrically spaced
+counts, ratio 2, so ``K ~ log2(n) + 1``) and tests each at significance
+``(1 - confidence) / K`` (Bonferroni): the probability that any of them overstates
+epsilon is at most ``1 - confidence``. The reported bound is the largest over the grid.
+The thresholds are *counts*, which is what makes the bounds exact rather than
+approximate: for the one-run methods, ``k`` guesses, "in" for the ``ceil(k/2)`` highest
+and "out" for the ``floor(k/2)`` lowest of all scores (two-sided guessing, which both
+one-run analyses allow: their guesses are in {in, out, abstain}, and the Gaussian curve
+is symmetric); for the independent-trial methods, the threshold "the ``c + 1``-th
+highest excluded score". Ties between scores are broken by a fixed pseudo-random order
+that does not depend on the labels.
+
+Methods
+-------
+``"one_run"``
+    Steinke, Nasr & Jagielski (2023), "Privacy Auditing with One (1) Training Run",
+    NeurIPS, Theorem 3.1 (the ``(epsilon, delta)`` version with its ``2 m delta`` term):
+    in one run with ``m`` canaries each included with probability 1/2, an attacker that
+    makes ``k`` guesses (any function of the output) gets at least ``v`` of them right
+    with probability at most ``P[Bin(k, e^eps/(1+e^eps)) >= v] + 2 m delta max_i
+    P[v - i <= Bin(k, .) < v] / i``. Valid for any ``(epsilon, delta)``-DP mechanism.
+``"one_run_fdp"``
+    Mahloujifar, Melis & Chaudhuri (2025), "Auditing f-Differential Privacy in One
+    Run", ICML: the same guessing game bounded through the trade-off curve ``f`` of the
+    hypothesis (their recursive bound on the number of correct guesses), here
+    with the Gaussian curve ``G_mu`` through ``(epsilon, delta)``
+    (:func:`privlearn.accounting.fdp.gdp_mu`). The result is the largest ``epsilon``
+    whose Gaussian curve is refuted: a valid lower bound on ``epsilon(delta)`` for
+    mechanisms whose trade-off curve is Gaussian (the Gaussian mechanism and its
+    compositions exactly; DP-SGD approximately, by the central limit theorem of Dong,
+    Roth & Su 2022); for other mechanisms it bounds the ``mu`` of the tightest GDP
+    curve, reported as that curve's ``epsilon(delta)``.
+``"clopper_pearson"``
+    Independent trials (one score per training run, e.g. a canary that is in or out of
+    each run): Jagielski, Ullman & Oprea (2020), "Auditing Differentially Private
+    Machine Learning: How Private is Private SGD?", NeurIPS; Nasr, Song, Thakurta,
+    Papernot & Carlini (2021), "Adversary Instantiation: Lower Bounds for
+    Differentially Private Machine Learning", IEEE S&P. At the threshold ``t`` = the
+    ``(c+1)``-th highest excluded score, the false positive rate ``P[out > t]`` is
+    distributed as ``Beta(c + 1, n_out - c)`` (uniform order statistics), so its
+    Clopper-Pearson upper bound is exact; given ``t``, the true positives are
+    ``Bin(n_in, TPR(t))``, bounded below by Clopper-Pearson. Then
+    ``epsilon >= max(log((TPR - delta) / FPR), log((1 - FPR - delta) / (1 - TPR)))``
+    (the two inequalities of ``(epsilon, delta)``-DP at one threshold). Valid for any
+    ``(epsilon, delta)``-DP mechanism.
+``"gdp"``
+    Nasr, Hayes, Steinke, Balle, Tramer, Jagielski, Carlini & Terzis (2023), "Tight
+    Auditing of Differentially Private Machine Learning", USENIX Security (the GDP
+    audit): the same (exact) confidence bounds as ``"clopper_pearson"`` give
+    ``mu >= Phi^{-1}(TPR_lower) - Phi^{-1}(FPR_upper)`` for a ``mu``-GDP mechanism
+    (Dong, Roth & Su 2022, Definition 2.7), converted to ``epsilon(delta)`` of
+    ``mu``-GDP (their Corollary 2.13, rounded down). Done validly: the confidence
+    bounds are one-sided in the right directions and corrected for the threshold
+    search, negative ``mu`` are clipped to 0 (never reflected). Same caveat as
+    ``"one_run_fdp"``: a bound on ``epsilon`` only for mechanisms with Gaussian
+    trade-off curves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import betaincinv, expit, gammaln, ndtr, ndtri
+
+from privlearn.accounting.fdp import gdp_epsilon_interval, gdp_mu_interval
+
+__all__ = [
+    "METHODS",
+    "epsilon_lower_bound",
+    "roc_curve",
+    "auc",
+    "tpr_at_fpr",
+]
+
+METHODS = ("one_run", "one_run_fdp", "clopper_pearson", "gdp")
+_GRID_RATIO = 2.0
+_EPS_TOL = 1e-6
+_TIEBREAK_SEED = 0x5EED_A0D1
+
+
+# ---------------------------------------------------------------------------- input checks
+def _scores(name: str, x) -> np.ndarray:
+    if isinstance(x, (str, bytes)):
+        raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
+    try:
+        a = np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an array of real numbers, got "
+                        f"{type(x).__name__}") from None
+    a = a.reshape(-1) if a.ndim == 0 else a
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name} is empty; the audit needs at least one included and one "
+                         "excluded canary (use more canaries)")
+    bad = ~np.isfinite(a)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name} must be finite, got {a[i]!r} at index {i} ({int(bad.sum())} "
+                         "non-finite scores); a scorer that diverged cannot be audited")
+    return a
+
+
+def _check_delta(delta) -> float:
+    try:
+        d = float(delta)
+    except (TypeError, ValueError):
+        raise TypeError(f"delta must be a real number, got {type(delta).__name__}") from None
+    if not 0 <= d < 1:
+        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    return d
+
+
+def _check_confidence(confidence) -> float:
+    try:
+        c = float(confidence)
+    except (TypeError, ValueError):
+        raise TypeError(f"confidence must be a real number, got "
+                        f"{type(confidence).__name__}") from None
+    if not 0 < c < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r} (0.95 is usual)")
+    return c
+
+
+def _count_grid(lo: int, hi: int) -> np.ndarray:
+    """Integers from ``lo`` to ``hi`` (inclusive, ``lo >= 1``), geometrically spaced with
+    ratio 2 (every integer while the spacing is below 1)."""
+    if hi < lo:
+        return np.zeros(0, dtype=np.int64)
+    num = int(math.ceil(math.log(hi / lo) / math.log(_GRID_RATIO))) + 1 if hi > lo else 1
+    g = np.unique(np.round(np.geomspace(lo, hi, num)).astype(np.int64))
+    return g[(g >= lo) & (g <= hi)]
+
+
+def _ranked_labels(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:
+    """Labels (True = included) of all canaries sorted by decreasing score, ties broken
+    by a fixed pseudo-random key that does not depend on the labels."""
+    s = np.concatenate([in_scores, out_scores])
+    lab = np.concatenate([np.ones(in_scores.size, bool), np.zeros(out_scores.size, bool)])
+    u = np.random.default_rng(_TIEBREAK_SEED).random(s.size)
+    order = np.lexsort((-u, -s))  # primary key: score (descending), then u
+    return lab[order]
+
+
+# ---------------------------------------------------------------------------- one run
+def _log_binom_pmf(j: np.ndarray, n: int, p: float) -> np.ndarray:
+    return (gammaln(n + 1) - gammaln(j + 1) - gammaln(n - j + 1)
+            + j * math.log(p) + (n - j) * math.log1p(-p))
+
+
+def _binom_sf(v: int, n: int, p: float) -> float:
+    """P[Bin(n, p) >= v]."""
+    if v <= 0:
+        return 1.0
+    if v > n:
+        return 0.0
+    from scipy.special import bdtrc
+
+    return float(bdtrc(v - 1, n, p))
+
+
+def _one_run_p_value(m: int, k: int, v: int, eps: float, delta: float) -> float:
+    """Upper bound on ``P[W >= v]`` for ``k`` guesses on ``m`` canaries of an
+    ``(eps, delta)``-DP mechanism (Steinke, Nasr & Jagielski 2023, Theorem 3.1)."""
+    p = float(expit(eps))
+    beta = _binom_sf(v, k, p)
+    if delta == 0 or v == 0:
+        return min(beta, 1.0)
+    j = np.arange(v - 1, -1, -1, dtype=float)  # v - i for i = 1..v
+    mass = np.cumsum(np.exp(_log_binom_pmf(j, k, p)))  # P[v - i <= Bin < v]
+    alpha = float(np.max(mass / np.arange(1, v + 1)))
+    return min(beta + alpha * 2.0 * m * delta, 1.0)
+
+
+def _one_run_fdp_refutes(m: int, k: int, v: int, eps: float, delta: float,
+                         significance: float) -> bool:
+    """Whether ``v`` correct out of ``k`` guesses on ``m`` canaries refutes, at
+    ``significance``, that the mechanism has the Gaussian trade-off curve ``G_mu`` with
+    ``mu = gdp_mu(eps, delta)`` (Mahloujifar, Melis & Chaudhuri 2025, the recursive
+    bound on the probability of ``v`` correct guesses, in its capped form).
+
+    The claimed curve is taken with the *upper* end of the bracketed ``mu`` (a less
+    private hypothesis), so rounding never makes a refutation easier.
+    """
+    if delta > 0:
+        mu = gdp_mu_interval(eps, delta)[1]
+    else:  # an (eps, 0) claim has no Gaussian curve through it: refute nothing
+        return False
+    r = significance * v / m
+    h = significance * (k - v) / m
+    for i in range(v - 1, -1, -1):
+        # g(r) = G_mu(1 - r) = Phi(Phi^{-1}(r) - mu)
+        g = float(ndtr(ndtri(r) - mu)) if 0 < r < 1 else (1.0 if r >= 1 else 0.0)
+        h_new = max(h, g)
+        if h_new == h:
+            break
+        r = min(r + (i / (k - i)) * (h_new - h), 1.0)
+        h = h_new
+    return r + h > k / m
+
+
+def _largest_refuted(refutes, eps_start: float) -> float:
+    """A refuted ``eps >= eps_start`` at the boundary of the refuted region (bisection to
+    ``_EPS_TOL``), given that ``refutes(eps_start)`` holds; the returned value is always
+    one at which ``refutes`` was observed to hold.
+
+    Validity does not need ``refutes`` to be monotone: an ``(eps, delta)``-DP mechanism
+    is ``(eps', delta)``-DP for every ``eps' >= eps`` (and a ``G_mu`` one is ``G_mu'``
+    for ``mu' >= mu``), so the tail bounds at every ``eps' >= eps`` bound the same
+    probability and their minimum is a valid p-value for the claim ``eps``; refuting
+    any ``eps'`` therefore refutes every ``eps <= eps'``. Monotonicity only makes the
+    bisection find the largest such ``eps'``.
+    """
+    lo = eps_start
+    hi = max(1.0, 2.0 * lo)
+    while refutes(hi):
+        lo, hi = hi, 2.0 * hi
+        if hi > 1e4:
+            raise ArithmeticError("the epsilon search did not terminate (a refutation at "
+                                  "every epsilon); the scores are not a valid audit")
+    while hi - lo > _EPS_TOL * max(1.0, lo):
+        mid = 0.5 * (lo + hi)
+        if refutes(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _one_run_bound(labels: np.ndarray, delta: float, significance: float,
+                   use_fdp: bool) -> float:
+    m = labels.size
+    ks = _count_grid(1, m)
+    alpha = significance / ks.size  # Bonferroni over the fixed grid of guess counts
+    # k guesses: "in" for the ceil(k/2) highest scores, "out" for the floor(k/2) lowest
+    top, bottom = ks - ks // 2, ks // 2
+    correct = np.r_[0, np.cumsum(labels)][top] + np.r_[0, np.cumsum(~labels[::-1])][bottom]
+    # candidates in order of decreasing precision: the best ones settle the search early
+    order = np.argsort(-(correct / ks), kind="stable")
+    best = 0.0
+    for idx in order:
+        k, v = int(ks[idx]), int(correct[idx])
+        if v == 0:
+            continue
+        if not use_fdp and alpha < 0.5 and v <= k * expit(best):
+            # v <= k p is at most the median of Bin(k, p), p = e^eps/(1+e^eps), so
+            # P[Bin(k, p) >= v] >= 1/2 > alpha: this candidate cannot refute ``best``.
+            continue
+        if use_fdp:
+            def refutes(e, k=k, v=v):
+                return _one_run_fdp_refutes(m, k, v, e, delta, alpha)
+        else:
+            def refutes(e, k=k, v=v):
+                return _one_run_p_value(m, k, v, e, delta) <= alpha
+        if not refutes(best):
+            continue
+        best = _largest_refuted(refutes, best)
+    return best
+
+
+# ---------------------------------------------------------------------------- independent trials
+def _cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+    """One-sided Clopper-Pearson upper bound on p from k successes in n trials."""
+    k = np.asarray(k, dtype=float)
+    out = np.ones_like(k)
+    lt = k < n
+    out[lt] = betaincinv(k[lt] + 1, n - k[lt], 1.0 - alpha)
+    return out
+
+
+def _cp_lower(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+    """One-sided Clopper-Pearson lower bound on p from k successes in n trials."""
+    k = np.asarray(k, dtype=float)
+    out = np.zeros_like(k)
+    pos = k > 0
+    out[pos] = betaincinv(k[pos], n - k[pos] + 1, alpha)
+    return out
+
+
+def _threshold_rates(labels: np.ndarray, significance: float) -> tuple[np.ndarray, np.ndarray]:
+    """Upper bounds on FPR and lower bounds on TPR at the grid of thresholds "the
+    ``c+1``-th highest excluded score", each at ``significance / (2 K)``."""
+    n_in = int(labels.sum())
+    n_out = labels.size - n_in
+    cs = np.concatenate([[0], _count_grid(1, n_out - 1)]).astype(np.int64)
+    alpha = significance / (2 * cs.size)
+    out_pos = np.flatnonzero(~labels)  # ranks of excluded canaries, best first
+    tp = np.cumsum(labels)[out_pos[cs]]  # included canaries ranked above the threshold
+    fpr_hi = _cp_upper(cs, n_out, alpha)
+    tpr_lo = _cp_lower(tp, n_in, alpha)
+    return fpr_hi, tpr_lo
+
+
+def _clopper_pearson_bound(labels: np.ndarray, delta: float, significance: float) -> float:
+    fpr_hi, tpr_lo = _threshold_rates(labels, significance)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e1 = np.log(tpr_lo - delta) - np.log(fpr_hi)
+        e2 = np.log1p(-fpr_hi - delta) - np.log1p(-tpr_lo)
+    e = np.concatenate([e1, e2])
+    e = e[np.isfinite(e)]
+    return float(max(0.0, e.max(initial=0.0)))
+
+
+def _gdp_bound(labels: np.ndarray, delta: float, significance: float) -> float:
+    fpr_hi, tpr_lo = _threshold_rates(labels, significance)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mu = ndtri(tpr_lo) - ndtri(fpr_hi)
+    mu = mu[np.isfinite(mu)]
+    mu_lo = float(max(0.0, mu.max(initial=0.0)))
+    if mu_lo == 0.0:
+        return 0.0
+    return gdp_epsilon_interval(mu_lo, delta)[0]
+
+
+# ---------------------------------------------------------------------------- public API
+def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "one_run_fdp",
+                        confidence: float = 0.95) -> float:
+    """Lower confidence bound on epsilon at ``delta`` from canary scores.
+
+    Parameters
+    ----------
+    in_scores, out_scores : array_like of finite floats, non-empty
+        Scores of the included and of the excluded canaries (higher = more likely
+        included).
+    delta : float in [0, 1)
+        The delta of the privacy claim being audited (``"gdp"`` and ``"one_run_fdp"``
+        need ``delta > 0``).
+    method : {"one_run_fdp", "one_run", "clopper_pearson", "gdp"}
+        See the module docstring: ``"one_run*"`` for canaries inserted in one training
+        run (each included independently with probability 1/2), ``"clopper_pearson"``
+        and ``"gdp"`` for independent trials (one score per training run).
+    confidence : float in (0, 1)
+        Probability that the bound does not exceed the true epsilon.
+
+    Returns
+    -------
+    float
+        The bound (>= 0; 0 when the scores refute nothing).
+
+    Raises
+    ------
+    ValueError
+        Empty or non-finite scores, ``delta`` outside ``[0, 1)``, ``confidence`` outside
+        ``(0, 1)``, an unknown method.
+    TypeError
+        Scores that are not arrays of numbers.
+
+    References
+    ----------
+    Steinke, Nasr & Jagielski (2023), Theorem 3.1; Mahloujifar, Melis & Chaudhuri
+    (2025); Jagielski, Ullman & Oprea (2020); Nasr et al. (2021); Nasr et al. (2023)
+    (see the module docstring for the exact statements used).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> lab = rng.random(10_000) < 0.5
+    >>> s = rng.normal(size=10_000) + 2.0 * lab
+    >>> eps = epsilon_lower_bound(s[lab], s[~lab], delta=1e-5, method="one_run")
+    """
+    ins = _scores("in_scores", in_scores)
+    outs = _scores("out_scores", out_scores)
+    d = _check_delta(delta)
+    c = _check_confidence(confidence)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method in ("gdp", "one_run_fdp") and d == 0:
+        raise ValueError(f"method={method!r} compares against Gaussian trade-off curves, "
+                         "which satisfy no (epsilon, 0) guarantee: give delta in (0, 1), or "
+                         "use method='one_run' or 'clopper_pearson' for delta=0")
+    labels = _ranked_labels(ins, outs)
+    significance = 1.0 - c
+    if method == "one_run":
+        return _one_run_bound(labels, d, significance, use_fdp=False)
+    if method == "one_run_fdp":
+        return _one_run_bound(labels, d, significance, use_fdp=True)
+    if method == "clopper_pearson":
+        return _clopper_pearson_bound(labels, d, significance)
+    return _gdp_bound(labels, d, significance)
+
+
+def roc_curve(in_scores, out_scores) -> tuple[np.ndarray, np.ndarray]:
+    """Empirical ROC of the attack "in if score >= t" over all thresholds ``t``.
+
+    Returns
+    -------
+    (fpr, tpr) : numpy arrays, increasing, from (0, 0) to (1, 1); ties between in and
+    out scores give a diagonal segment.
+    """
+    ins = _scores("in_scores", in_scores)
+    outs = _scores("out_scores", out_scores)
+    s = np.concatenate([ins, outs])
+    lab = np.concatenate([np.ones(ins.size), np.zeros(outs.size)])
+    order = np.argsort(-s, kind="stable")
+    s, lab = s[order], lab[order]
+    tp = np.cumsum(lab)
+    fp = np.cumsum(1 - lab)
+    last = np.r_[s[1:] != s[:-1], True]  # one point per distinct threshold
+    tpr = np.r_[0.0, tp[last] / ins.size]
+    fpr = np.r_[0.0, fp[last] / outs.size]
+    return fpr, tpr
+
+
+def auc(in_scores, out_scores) -> float:
+    """Area under the ROC curve (the probability that an included canary outscores an
+    excluded one, ties counted 1/2)."""
+    fpr, tpr = roc_curve(in_scores, out_scores)
+    return float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2.0))
+
+
+def tpr_at_fpr(in_scores, out_scores, fpr: float) -> float:
+    """Largest true positive rate of the attack at false positive rate ``fpr``
+    (thresholds randomised between neighbouring points of the ROC, i.e. the ROC
+    interpolated linearly)."""
+    try:
+        f = float(fpr)
+    except (TypeError, ValueError):
+        raise TypeError(f"fpr must be a real number, got {type(fpr).__name__}") from None
+    if not 0 <= f <= 1:
+        raise ValueError(f"fpr must be in [0, 1], got {fpr!r}")
+    x, y = roc_curve(in_scores, out_scores)
+    return float(np.interp(f, x, y))
+

@@ -1,0 +1,80 @@
+"""Files of an audit: the ROC plot against the accountant's curve, and the scores as CSV.
+
+matplotlib is imported only when a plot is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import numpy as np
+
+from privlearn.accounting.fdp import gaussian_tradeoff, gdp_mu, tradeoff_curve
+from privlearn.auditing.bounds import roc_curve
+
+__all__ = ["accountant_roc", "write_report"]
+
+
+def accountant_roc(mechanism, fpr) -> np.ndarray:
+    """Best true positive rate any attack can reach at each false positive rate
+    according to the accountant: ``1 - f(fpr)`` with ``f`` the certified trade-off curve
+    (:func:`privlearn.accounting.fdp.tradeoff_curve`)."""
+    return 1.0 - tradeoff_curve(mechanism, fpr)
+
+
+def write_report(run, out_dir: str, *, stem: str | None = None) -> list[str]:
+    """Write ``<stem>_scores.csv`` (canary, included, score), ``<stem>_roc.csv`` (the
+    empirical ROC) and ``<stem>_roc.png`` (empirical ROC, the accountant's best ROC and
+    the ROC of the Gaussian curve at the empirical lower bound) for a
+    :class:`privlearn.auditing.torch.DPSGDAudit`. Returns the paths written."""
+    res = run.result
+    os.makedirs(out_dir, exist_ok=True)
+    stem = stem or f"audit_dpsgd_{run.bug}"
+    paths = []
+    p_scores = os.path.join(out_dir, f"{stem}_scores.csv")
+    with open(p_scores, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["canary", "included", "score"])
+        for i, (inc, s) in enumerate(zip(res.inclusion, res.scores, strict=True)):
+            w.writerow([i, int(inc), repr(float(s))])
+    paths.append(p_scores)
+    fpr, tpr = roc_curve(res.in_scores, res.out_scores)
+    p_roc = os.path.join(out_dir, f"{stem}_roc.csv")
+    with open(p_roc, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["fpr", "tpr"])
+        w.writerows(zip(fpr.tolist(), tpr.tolist(), strict=True))
+    paths.append(p_roc)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.geomspace(1e-4, 1.0, 400)
+    fig, ax = plt.subplots(figsize=(5.2, 4.4), dpi=110)
+    ax.plot(grid, accountant_roc(run.mechanism(), grid), color="C3",
+            label=f"accountant: epsilon = {res.claimed_epsilon:.2f}")
+    if res.epsilon_lower_bound > 0:
+        mu = gdp_mu(res.epsilon_lower_bound, res.delta)
+        ax.plot(grid, 1 - gaussian_tradeoff(mu, grid), color="C2", ls="--",
+                label=f"Gaussian curve at the bound {res.epsilon_lower_bound:.2f}")
+    ax.step(fpr, tpr, where="post", color="C0",
+            label=f"canary attack (AUC {res.auc:.3f}, {res.n_canaries} canaries)")
+    ax.plot(grid, grid, color="0.6", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(1.0 / max(res.out_scores.size, 1) / 2, 1.0)
+    ax.set_ylim(1e-3, 1.05)
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    verdict = "VIOLATION" if res.violation else "no violation"
+    ax.set_title(f"DP-SGD audit, bug: {run.bug} ({verdict})", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    p_png = os.path.join(out_dir, f"{stem}_roc.png")
+    fig.savefig(p_png)
+    plt.close(fig)
+    paths.append(p_png)
+    return paths

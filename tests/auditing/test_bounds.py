@@ -1,0 +1,241 @@
+"""Epsilon lower bounds: validity on the ideal attack, agreement with naive and independent
+implementations, properties, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from _audit_helpers import ideal_scores
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from privlearn.auditing import METHODS, auc, epsilon_lower_bound, roc_curve, tpr_at_fpr
+from privlearn.auditing import bounds as B
+
+DELTA = 1e-5
+
+
+# ---------------------------------------------------------------------------- validity
+def _exceedances(eps: float, m: int, trials: int, method: str, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    over = 0
+    for _ in range(trials):
+        ins, outs = ideal_scores(eps, DELTA, m, rng)
+        over += epsilon_lower_bound(ins, outs, delta=DELTA, method=method) > eps
+    return over
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("eps", [1.0, 2.0, 4.0, 8.0])
+def test_valid_on_ideal_gdp_attack(method, eps):
+    # a 95% lower bound may exceed the true epsilon in at most 5% of trials; the fast
+    # version runs 20 trials at 1,000 canaries and 4 at 10,000 (none may exceed:
+    # 5% of 20 is one, and every method here is conservative by construction)
+    assert _exceedances(eps, 1_000, 20, method, seed=int(eps * 101)) <= 1
+    assert _exceedances(eps, 10_000, 4, method, seed=int(eps * 103)) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("eps", [1.0, 2.0, 4.0, 8.0])
+@pytest.mark.parametrize("m,trials", [(1_000, 200), (10_000, 100), (100_000, 40)])
+def test_valid_on_ideal_gdp_attack_slow(method, eps, m, trials):
+    over = _exceedances(eps, m, trials, method, seed=int(eps * 1009 + m))
+    assert over <= 0.05 * trials, (over, trials)
+
+
+def test_bounds_have_power_on_the_ideal_attack():
+    # not only valid: with 10^4 canaries at true epsilon 4 every method certifies a
+    # substantial part of it (measured values ~1.0-3.5, docs/benchmarks.md)
+    ins, outs = ideal_scores(4.0, DELTA, 10_000, np.random.default_rng(7))
+    floors = {"one_run": 0.6, "one_run_fdp": 1.5, "clopper_pearson": 1.2, "gdp": 2.5}
+    for method, floor in floors.items():
+        assert floor < epsilon_lower_bound(ins, outs, delta=DELTA, method=method) <= 4.0
+
+
+# ---------------------------------------------------------------------------- ground truth
+def _naive_one_run_p(m, k, v, eps, delta):
+    # Steinke, Nasr & Jagielski (2023), Theorem 3.1, written out term by term
+    p = math.exp(eps) / (1 + math.exp(eps))
+    beta = stats.binom.sf(v - 1, k, p)
+    alpha = 0.0
+    for i in range(1, v + 1):
+        mass = sum(stats.binom.pmf(j, k, p) for j in range(v - i, v))
+        alpha = max(alpha, mass / i)
+    return min(1.0, beta + 2 * m * delta * alpha)
+
+
+@pytest.mark.parametrize("m,k,v,eps,delta", [
+    (100, 20, 15, 0.5, 0.0), (100, 20, 15, 0.5, 1e-3), (1000, 60, 55, 2.0, 1e-5),
+    (1000, 60, 30, 0.1, 1e-4), (50, 50, 50, 3.0, 1e-2), (200, 10, 1, 1.0, 1e-3)])
+def test_one_run_p_value_matches_naive_formula(m, k, v, eps, delta):
+    got = B._one_run_p_value(m, k, v, eps, delta)
+    assert got == pytest.approx(_naive_one_run_p(m, k, v, eps, delta), rel=1e-9, abs=1e-15)
+
+
+def test_clopper_pearson_bounds_match_beta_quantiles():
+    k = np.array([0, 1, 5, 50, 99, 100])
+    up = B._cp_upper(k, 100, 0.01)
+    lo = B._cp_lower(k, 100, 0.01)
+    for i, kk in enumerate(k):
+        exp_up = 1.0 if kk == 100 else stats.beta.ppf(0.99, kk + 1, 100 - kk)
+        exp_lo = 0.0 if kk == 0 else stats.beta.ppf(0.01, kk, 100 - kk + 1)
+        assert up[i] == pytest.approx(exp_up, rel=1e-10)
+        assert lo[i] == pytest.approx(exp_lo, rel=1e-10, abs=1e-300)
+
+
+def test_order_statistic_fpr_bound_is_exact():
+    # the FPR at "the (c+1)-th highest of n excluded scores" is Beta(c + 1, n - c): the
+    # Clopper-Pearson upper bound used by clopper_pearson/gdp covers it with exactly the
+    # stated probability (checked by simulation with uniform scores, FPR(t) = 1 - t)
+    rng = np.random.default_rng(3)
+    n, c, alpha = 200, 4, 0.1
+    bound = B._cp_upper(np.array([c]), n, alpha)[0]
+    u = np.sort(rng.random((20_000, n)), axis=1)[:, n - 1 - c]
+    miss = np.mean(1 - u > bound)
+    assert abs(miss - alpha) < 0.01
+
+
+@pytest.mark.parametrize("eps_lo_case", [(1000, 64, 60, 1e-5), (10_000, 512, 470, 1e-5),
+                                         (10_000, 2048, 1500, 1e-6), (1000, 500, 500, 1e-5)])
+def test_single_threshold_bounds_match_jax_privacy(eps_lo_case):
+    # independent implementation: jax_privacy 2.0 (test-only extra; its auditing module is
+    # loaded alone, without jax)
+    ja = _jax_auditing()
+    m, k, v, delta = eps_lo_case
+    alpha = 0.01
+    ours = B._largest_refuted(lambda e: B._one_run_p_value(m, k, v, e, delta) <= alpha, 0.0)
+    theirs = ja._epsilon_one_run(0.0, m, k, v, alpha, delta)
+    assert ours == pytest.approx(theirs, abs=2e-5)
+    ours_f = B._largest_refuted(
+        lambda e: B._one_run_fdp_refutes(m, k, v, e, delta, alpha), 0.0)
+    theirs_f = ja._epsilon_one_run_fdp(0.0, m, k, v, alpha, delta)
+    assert ours_f == pytest.approx(theirs_f, abs=1e-3)
+    assert ours_f <= theirs_f + 1e-5  # rounding is never in the optimistic direction
+
+
+def _jax_auditing():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import _jax_privacy_auditing
+    finally:
+        sys.path.pop(0)
+    mod = _jax_privacy_auditing.load()
+    if mod is None:
+        pytest.skip("jax_privacy is not installed (pip install --no-deps jax-privacy==2.0.0)")
+    return mod
+
+
+# ---------------------------------------------------------------------------- properties
+@pytest.mark.parametrize("method", METHODS)
+def test_no_signal_gives_no_bound(method):
+    rng = np.random.default_rng(11)
+    s = rng.normal(size=2000)
+    lab = rng.random(2000) < 0.5
+    assert epsilon_lower_bound(s[lab], s[~lab], delta=DELTA, method=method) < 0.3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bound_grows_with_separation_and_shrinks_with_confidence(method):
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=4000)
+    lab = rng.random(4000) < 0.5
+    vals = [epsilon_lower_bound((z + mu * lab)[lab], z[~lab], delta=DELTA, method=method)
+            for mu in (1.0, 2.0, 4.0)]
+    assert vals[0] <= vals[1] <= vals[2] and vals[2] > 0
+    s = z + 2.0 * lab
+    hi = epsilon_lower_bound(s[lab], s[~lab], delta=DELTA, method=method, confidence=0.99)
+    lo = epsilon_lower_bound(s[lab], s[~lab], delta=DELTA, method=method, confidence=0.8)
+    assert hi <= lo
+
+
+@pytest.mark.parametrize("method", ["one_run", "clopper_pearson"])
+def test_perfect_separation_is_capped_by_the_number_of_canaries(method):
+    lab = np.arange(200) < 100
+    s = lab.astype(float)
+    e_small = epsilon_lower_bound(s[lab], s[~lab], delta=0.0, method=method)
+    lab = np.arange(20_000) < 10_000
+    s = lab.astype(float) + np.random.default_rng(0).random(20_000) * 0.1
+    e_big = epsilon_lower_bound(s[lab], s[~lab], delta=0.0, method=method)
+    assert 0 < e_small < e_big < 15
+
+
+def test_scores_are_invariant_to_monotone_transforms():
+    ins, outs = ideal_scores(2.0, DELTA, 3000, np.random.default_rng(9))
+    for method in METHODS:
+        a = epsilon_lower_bound(ins, outs, delta=DELTA, method=method)
+        b = epsilon_lower_bound(np.exp(ins), np.exp(outs), delta=DELTA, method=method)
+        assert a == b
+
+
+# ---------------------------------------------------------------------------- ROC
+def test_auc_equals_mann_whitney():
+    rng = np.random.default_rng(1)
+    ins, outs = rng.normal(1, 1, 300), rng.normal(0, 1, 200)
+    ins[:10] = outs[:10]  # ties count 1/2
+    naive = np.mean([(a > b) + 0.5 * (a == b) for a in ins for b in outs])
+    assert auc(ins, outs) == pytest.approx(naive, rel=1e-12)
+
+
+def test_roc_and_tpr_at_fpr_match_gaussian_closed_form():
+    rng = np.random.default_rng(2)
+    mu = 1.5
+    ins, outs = rng.normal(mu, 1, 200_000), rng.normal(0, 1, 200_000)
+    fpr, tpr = roc_curve(ins, outs)
+    assert fpr[0] == tpr[0] == 0 and fpr[-1] == tpr[-1] == 1
+    assert np.all(np.diff(fpr) >= 0) and np.all(np.diff(tpr) >= 0)
+    for a in (0.01, 0.1, 0.5):
+        assert tpr_at_fpr(ins, outs, a) == pytest.approx(stats.norm.sf(stats.norm.isf(a) - mu),
+                                                         abs=0.01)
+    assert auc(ins, outs) == pytest.approx(stats.norm.cdf(mu / math.sqrt(2)), abs=0.005)
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("ins,outs,match", [
+    ([], [1.0], "in_scores is empty"), ([1.0], [], "out_scores is empty"),
+    ([1.0, np.nan], [0.0], "finite"), ([1.0], [np.inf], "finite"),
+    ([[1.0, 2.0]], [0.0], "one-dimensional")])
+def test_bad_scores(ins, outs, match):
+    with pytest.raises(ValueError, match=match):
+        epsilon_lower_bound(ins, outs, delta=1e-5)
+
+
+@pytest.mark.parametrize("delta", [-0.1, 1.0, 2.0, float("nan")])
+def test_bad_delta(delta):
+    with pytest.raises(ValueError, match=r"delta must be in \[0, 1\)"):
+        epsilon_lower_bound([1.0], [0.0], delta=delta)
+
+
+@pytest.mark.parametrize("confidence", [0.0, 1.0, -1.0, 1.5])
+def test_bad_confidence(confidence):
+    with pytest.raises(ValueError, match=r"confidence must be in \(0, 1\)"):
+        epsilon_lower_bound([1.0], [0.0], delta=1e-5, confidence=confidence)
+
+
+def test_bad_method_and_types():
+    with pytest.raises(ValueError, match="method must be one of"):
+        epsilon_lower_bound([1.0], [0.0], delta=1e-5, method="bogus")
+    with pytest.raises(ValueError, match="delta=0"):
+        epsilon_lower_bound([1.0], [0.0], delta=0.0, method="gdp")
+    with pytest.raises(TypeError, match="in_scores"):
+        epsilon_lower_bound("abc", [0.0], delta=1e-5)
+    with pytest.raises(ValueError, match="fpr"):
+        tpr_at_fpr([1.0], [0.0], 1.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-2, 2), min_size=1, max_size=40),
+       st.lists(st.integers(-2, 2), min_size=1, max_size=40),
+       st.sampled_from(METHODS), st.sampled_from([1e-6, 1e-2, 0.3]),
+       st.sampled_from([0.5, 0.95, 0.999]))
+def test_any_finite_scores_give_a_finite_nonnegative_bound(ins, outs, method, delta, conf):
+    # heavy ties, tiny samples, extreme confidence: never an error, nan or negative value
+    e = epsilon_lower_bound(np.array(ins, float), np.array(outs, float), delta=delta,
+                            method=method, confidence=conf)
+    assert math.isfinite(e) and e >= 0

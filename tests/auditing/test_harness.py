@@ -1,0 +1,144 @@
+"""The one-run harness and the NumPy-estimator canaries."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from privlearn.accounting.fdp import gdp_mu
+from privlearn.auditing import AuditResult, one_run_audit
+
+
+def _gdp_release(mu, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def train_and_score(inclusion):
+        assert inclusion.dtype == bool
+        return rng.normal(size=inclusion.size) + mu * inclusion
+
+    return train_and_score
+
+
+def test_harness_draws_fair_inclusion_and_bounds_the_ideal_release():
+    mu = gdp_mu(4.0, 1e-5)
+    res = one_run_audit(_gdp_release(mu), 5000, claimed_epsilon=4.0, delta=1e-5, seed=3)
+    assert isinstance(res, AuditResult)
+    assert res.n_canaries == 5000 and abs(res.inclusion.mean() - 0.5) < 0.03
+    assert 1.0 < res.epsilon_lower_bound <= 4.0 and not res.violation
+    assert res.method == "one_run_fdp" and res.confidence == 0.95
+    # a release that is twice as revealing as claimed is caught
+    res2 = one_run_audit(_gdp_release(3 * mu), 5000, claimed_epsilon=4.0, delta=1e-5, seed=3)
+    assert res2.violation and res2.epsilon_lower_bound > 4.0
+    d = res2.to_dict()
+    assert {"claimed_epsilon", "epsilon_lower_bound", "method", "canaries",
+            "violation"} <= set(d) and d["violation"] is True
+
+
+def test_result_is_immutable_and_deterministic():
+    a = one_run_audit(_gdp_release(1.0, 1), 500, claimed_epsilon=1.0, delta=1e-5, seed=9,
+                      method="one_run")
+    b = one_run_audit(_gdp_release(1.0, 1), 500, claimed_epsilon=1.0, delta=1e-5, seed=9,
+                      method="one_run")
+    assert a.epsilon_lower_bound == b.epsilon_lower_bound
+    np.testing.assert_array_equal(a.inclusion, b.inclusion)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.violation = True
+    with pytest.raises(ValueError):
+        a.scores[0] = 1.0
+
+
+def test_claim_may_be_evaluated_after_training():
+    box = {}
+
+    def train_and_score(inclusion):
+        box["eps"] = 0.5
+        return inclusion * 10.0 + np.random.default_rng(0).random(inclusion.size)
+
+    res = one_run_audit(train_and_score, 400, claimed_epsilon=lambda: box["eps"], delta=1e-5,
+                        seed=0, method="one_run")
+    assert res.claimed_epsilon == 0.5 and res.violation
+
+
+@pytest.mark.parametrize("returned,match", [
+    (lambda inc: np.zeros(inc.size - 1), "one score per canary"),
+    (lambda inc: np.zeros((inc.size, 2)), "one score per canary"),
+    (lambda inc: np.full(inc.size, np.nan), "non-finite"),
+    (lambda inc: None, "one score per canary"),
+])
+def test_wrong_scores_are_refused(returned, match):
+    with pytest.raises(ValueError, match=match):
+        one_run_audit(returned, 10, claimed_epsilon=1.0, delta=1e-5, seed=0)
+
+
+def test_bad_arguments_are_refused_before_training():
+    calls = []
+
+    def f(inc):
+        calls.append(1)
+        return inc.astype(float)
+
+    for kwargs, exc, match in [
+        (dict(n_canaries=1), ValueError, "n_canaries must be >= 2"),
+        (dict(n_canaries=2.5), TypeError, "n_canaries must be an integer"),
+        (dict(delta=1.0), ValueError, r"delta must be in \[0, 1\)"),
+        (dict(delta=-1e-3), ValueError, r"delta must be in \[0, 1\)"),
+        (dict(confidence=1.0), ValueError, r"confidence must be in \(0, 1\)"),
+        (dict(method="x"), ValueError, "method must be one of"),
+        (dict(claimed_epsilon=-1.0), ValueError, "claimed_epsilon"),
+    ]:
+        args = dict(n_canaries=10, claimed_epsilon=1.0, delta=1e-5)
+        args.update(kwargs)
+        n = args.pop("n_canaries")
+        with pytest.raises(exc, match=match):
+            one_run_audit(f, n, **args)
+    with pytest.raises(TypeError, match="callable"):
+        one_run_audit(None, 10, claimed_epsilon=1.0, delta=1e-5)
+    assert not calls
+
+
+def test_numpy_estimators_pass_their_audit_and_leak_detectably():
+    pytest.importorskip("sklearn")
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.models import DPSGDRegressor, NoisyGDRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(1000, 4))
+    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
+    y = np.clip(X @ np.array([0.5, -0.3, 0.2, 0.1]), -1, 1)
+    for est in (NoisyGDRegressor(epsilon=8.0, delta=1e-5, noise_multiplier=None, n_iter=30),
+                DPSGDRegressor(epsilon=8.0, delta=1e-5, n_iter=100, sampling_rate=0.2)):
+        res = audit_estimator(est, X, y, 200, seed=1)
+        assert res.claimed_epsilon == pytest.approx(8.0, rel=1e-3)
+        assert not res.violation
+        assert res.auc > 0.6  # the canaries are visible in the coefficients
+
+
+@pytest.mark.parametrize("method", ["clopper_pearson", "gdp"])
+def test_independent_trial_methods_are_refused_for_one_run(method):
+    with pytest.raises(ValueError, match="independent trials"):
+        one_run_audit(lambda inc: inc.astype(float), 10, claimed_epsilon=1.0, delta=1e-5,
+                      method=method)
+
+
+def test_audit_estimator_covers_ssp_adassp_and_the_classifier():
+    pytest.importorskip("sklearn")
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.models import AdaSSPRegressor, DPSGDClassifier, SSPRegressor
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(600, 3))
+    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
+    y = np.clip(X @ np.array([0.6, -0.4, 0.2]), -1, 1)
+    yc = (X[:, 0] > 0).astype(int)
+    for est, target in ((SSPRegressor(epsilon=4.0, delta=1e-5), y),
+                        (AdaSSPRegressor(epsilon=4.0, delta=1e-5), y),
+                        (DPSGDClassifier(epsilon=4.0, delta=1e-5, n_iter=100,
+                                         sampling_rate=0.2), yc)):
+        res = audit_estimator(est, X, target, 100, seed=2)
+        assert res.n_canaries == 100 and res.scores.shape == (100,)
+        assert res.claimed_epsilon == pytest.approx(4.0, rel=1e-3)
+        assert not res.violation and res.epsilon_lower_bound >= 0
+    with pytest.raises(ValueError, match="binary"):
+        audit_estimator(DPSGDClassifier(), X, np.arange(600) % 3, 10)

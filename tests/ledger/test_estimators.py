@@ -1,0 +1,145 @@
+"""Every estimator spends on a ledger (``ledger=ledger.budget(name)``) before it reads
+the data, and is refused -- with nothing recorded and nothing read -- when over budget."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.model_selection import GridSearchCV
+
+from privlearn.accounting import compose
+from privlearn.errors import BudgetExceededError
+from privlearn.ledger import Ledger
+from privlearn.models import (
+    PATE,
+    AdaSSPRegressor,
+    DPSGDClassifier,
+    DPSGDRegressor,
+    NoisyGDRegressor,
+    PrivateKNN,
+    SSPRegressor,
+)
+from privlearn.models.model_selection import planned_mechanism
+
+
+class Untouchable:
+    """Array-like that fails the test if anything reads its values."""
+
+    shape = (300, 3)
+    ndim = 2
+
+    def __array__(self, *args, **kwargs):
+        raise AssertionError("the data was read")
+
+    def __len__(self):
+        return 300
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(300, 3))
+    y = X @ [1.0, 2.0, 3.0] + 0.1 * rng.normal(size=300)
+    return X, y
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(tmp_path / "l.db")
+    led.create_budget("d", epsilon=3.0, delta=1e-5)
+    return led
+
+
+LINEAR = [
+    lambda h: SSPRegressor(epsilon=1.0, delta=1e-6, y_bound=3.0, random_state=0, ledger=h),
+    lambda h: AdaSSPRegressor(epsilon=1.0, delta=1e-6, y_bound=3.0, random_state=0, ledger=h),
+    lambda h: NoisyGDRegressor(epsilon=1.0, delta=1e-6, y_bound=3.0, n_iter=20,
+                               noise_multiplier=None, random_state=0, ledger=h),
+    lambda h: DPSGDRegressor(epsilon=1.0, delta=1e-6, n_iter=20, random_state=0, ledger=h),
+    lambda h: DPSGDClassifier(epsilon=1.0, delta=1e-6, n_iter=20, classes=[0, 1],
+                              random_state=0, ledger=h),
+]
+
+
+@pytest.mark.parametrize("make", LINEAR)
+def test_fit_spends_its_mechanism(make, data, ledger):
+    X, y = data
+    if isinstance(make(None), DPSGDClassifier):
+        y = (y > 0).astype(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = make(ledger.budget("d")).fit(X, y)
+    reserve, settle = [e for e in ledger.history("d") if e.kind != "budget"]
+    assert (reserve.kind, settle.kind, settle.ref) == ("reserve", "settle", reserve.seq)
+    assert reserve.mechanism == settle.mechanism == est.mechanism_
+    assert reserve.label == type(est).__name__
+    assert ledger.pending("d") == []
+    assert ledger.spent("d").epsilon_spent == est.mechanism_.epsilon(1e-5)
+
+
+@pytest.mark.parametrize("make", LINEAR)
+def test_over_budget_fit_is_refused_before_reading_the_data(make, tmp_path):
+    led = Ledger(tmp_path / "l.db")
+    led.create_budget("d", epsilon=0.5, delta=1e-5)
+    est = make(led.budget("d"))
+    assert planned_mechanism(est, np.zeros((300, 3)), None).epsilon(1e-5) > 0.5
+    with pytest.raises(BudgetExceededError):
+        est.fit(Untouchable(), np.zeros(300))
+    assert not hasattr(est, "mechanism_")
+    assert led.spent("d").entries == 0
+
+
+def test_label_releases_spend_each_call(ledger):
+    rng = np.random.default_rng(0)
+    p = PATE(epsilon=1.0, delta=1e-6, random_state=0, ledger=ledger.budget("d"))
+    p.release(rng.integers(0, 3, size=(20, 40)), 3, n_teachers=20)
+    p.release(rng.integers(0, 3, size=(20, 40)), 3, n_teachers=20)
+    spends = [e.mechanism for e in ledger.history("d") if e.kind == "settle"]
+    assert len(spends) == 2 and compose(spends) == p.mechanism_
+    X = rng.uniform(size=(200, 2))
+    knn = PrivateKNN(n_neighbors=5, epsilon=0.5, delta=1e-6, classes=[0, 1], random_state=0,
+                     ledger=ledger.budget("d")).fit(X, (X[:, 0] > 0.5).astype(int))
+    knn.release(X[:10])
+    last = ledger.history("d")[-1]
+    assert last.kind == "settle" and last.mechanism == knn.last_mechanism_
+    assert last.label == "PrivateKNN.release"
+    over = PATE(epsilon=5.0, delta=1e-6, random_state=0, ledger=ledger.budget("d"))
+    before = ledger.history("d")
+    with pytest.raises(BudgetExceededError):
+        over.release(rng.integers(0, 3, size=(20, 40)), 3, n_teachers=20)
+    assert ledger.history("d") == before and not hasattr(over, "labels_")
+
+
+def test_invalid_input_after_the_reservation_releases_nothing(data, ledger):
+    """Validation reads the data but releases nothing: the reservation is settled as
+    "nothing ran" and the budget is not consumed."""
+    X, y = data
+    est = AdaSSPRegressor(epsilon=1.0, delta=1e-6, y_bound=3.0, ledger=ledger.budget("d"))
+    with pytest.raises(ValueError):
+        est.fit(X, y[:10])  # inconsistent lengths
+    assert ledger.spent("d").epsilon_spent == 0.0
+    assert ledger.pending("d") == []
+    assert [e.kind for e in ledger.history("d")] == ["budget", "reserve", "settle"]
+
+
+def test_plain_grid_search_records_every_fit(data, tmp_path):
+    """scikit-learn's GridSearchCV over an estimator with a ledger: every fit (candidates
+    x folds + the refit) is spent, so the ledger holds the search's real cost."""
+    X, y = data
+    led = Ledger(tmp_path / "g.db")
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    est = AdaSSPRegressor(epsilon=0.5, delta=1e-7, y_bound=3.0, random_state=0,
+                          ledger=led.budget("d"))
+    assert clone(est).ledger is est.ledger
+    gs = GridSearchCV(est, {"regularization": ["ridge", "eigenvalue_floor"]}, cv=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gs.fit(X, y)
+    n_fits = 2 * 3 + 1
+    s = led.spent("d")
+    assert s.entries == n_fits and s.pending == 0
+    assert s.epsilon_spent == compose(gs.best_estimator_.mechanism_, steps=n_fits).epsilon(1e-5)
+    assert s.epsilon_spent > 2 * gs.best_estimator_.epsilon_

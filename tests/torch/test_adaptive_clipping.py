@@ -1,0 +1,302 @@
+"""Adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy 2021, Algorithm 1): the engine
+against a hand-written loop of the algorithm with the same noise draws, the accounting of
+what ran, checkpoints, and bad configurations."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.torch import make_private  # noqa: E402
+from privlearn.torch.optimizer import gradient_noise_multiplier  # noqa: E402
+
+N, B, SEED = 64, 16, 5
+
+
+def _data(n=N, d=5, k=3, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=dtype) * torch.linspace(0.2, 3.0, n,
+                                                                    dtype=dtype)[:, None]
+    return TensorDataset(x, torch.randint(0, k, (n,), generator=g))
+
+
+def _mlp(seed=0, d=5, k=3):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d, 7), nn.Tanh(), nn.Linear(7, k)).double()
+
+
+def _per_example_grads(model, x, y):
+    out = []
+    for i in range(x.shape[0]):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        out.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
+    return torch.stack(out) if out else torch.zeros(0, sum(p.numel() for p in
+                                                               model.parameters()),
+                                                    dtype=torch.float64)
+
+
+def _median_norm(model, ds):
+    x, y = ds.tensors
+    return _per_example_grads(model, x, y).norm(dim=1).median().item()
+
+
+def test_equals_naive_algorithm_with_same_noise():
+    """Several steps of the engine equal Algorithm 1 written out: clip at C_t, noise
+    sigma_g C_t on the sum with sigma_g = (sigma^-2 - (2 sigma_b)^-2)^(-1/2), noisy centred
+    count, geometric update of C, SGD step -- same batches and same noise draws (the
+    engine's noise generator is seeded with seed + 7)."""
+    sigma, gamma, eta, lr = 1.1, 0.5, 0.3, 0.2
+    ds = _data()
+    model = _mlp()
+    naive = copy.deepcopy(model)
+    c0 = _median_norm(model, ds) * 0.5  # starts clipping most examples
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                     DataLoader(ds, batch_size=B), noise_multiplier=sigma, max_grad_norm=c0,
+                     clipping="adaptive", target_unclipped_quantile=gamma,
+                     clipbound_learning_rate=eta, seed=SEED)
+    batches, bounds = [], []
+    for _ in range(2):
+        for x, y in p.data_loader:
+            batches.append((x.clone(), y.clone()))
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            bounds.append(p.optimizer.max_grad_norm)
+    assert len(batches) == 8
+
+    m = float(B)
+    sigma_b = m / 20
+    sigma_g = (sigma ** -2 - (2 * sigma_b) ** -2) ** -0.5
+    g = torch.Generator().manual_seed(SEED + 7)
+    params = list(naive.parameters())
+    c = c0
+    for t, (x, y) in enumerate(batches):
+        grads = _per_example_grads(naive, x, y)
+        norms = grads.norm(dim=1)
+        clipped = grads * (c / norms.clamp_min(1e-30)).clamp_max(1.0)[:, None]
+        numel = sum(q.numel() for q in params)
+        noise = torch.empty(numel, dtype=torch.float64).normal_(0.0, sigma_g * c / m,
+                                                                generator=g)
+        update = clipped.sum(0) / m + noise
+        count = float((norms <= c).sum()) - 0.5 * x.shape[0]
+        z = torch.normal(0.0, sigma_b, (1,), generator=g, dtype=torch.float64).item()
+        frac = (count + z) / m + 0.5
+        with torch.no_grad():
+            off = 0
+            for q in params:
+                q -= lr * update[off:off + q.numel()].view_as(q)
+                off += q.numel()
+        c = c * math.exp(-eta * (frac - gamma))
+        assert bounds[t] == pytest.approx(c, rel=1e-12)
+    for a, b in zip(model.parameters(), params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # the bound moved (it started below the median and half the examples were targeted)
+    assert bounds[-1] > c0
+
+
+def test_epsilon_is_composition_of_what_ran():
+    """The accountant records sigma (the whole step, sum and count together) for every
+    step, whatever the bound did; epsilon equals the composition of those steps."""
+    ds = _data(dtype=torch.float32)
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=B), noise_multiplier=1.0, max_grad_norm=0.1,
+                     clipping="adaptive", target_unclipped_quantile=0.7, seed=1)
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    p.optimizer.noise_multiplier = 1.3  # a schedule on top: a new mechanism
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    segs = p.accountant.segments
+    assert sum(s.steps for s in segs) == 8
+    assert {s.noise_multiplier for s in segs} == {1.0, 1.3}
+    assert len({s.max_grad_norm for s in segs}) == 8  # one bound per step, recorded
+    q = B / N
+    ref = compose([subsample(Gaussian(1.0), rate=q), subsample(Gaussian(1.3), rate=q)],
+                  steps=[4, 4]).epsilon(1e-5)
+    assert p.epsilon(1e-5) == pytest.approx(ref, rel=1e-9)
+
+
+def test_gradient_noise_is_sigma_g_times_bound():
+    """With no examples (empty gradients) the update is pure noise: its std per
+    coordinate is sigma_g C / m (not sigma C / m)."""
+    ds = TensorDataset(torch.randn(4000, 200), torch.zeros(4000, dtype=torch.long))
+    model = nn.Linear(200, 50, bias=False)
+    sigma, c, b = 1.5, 2.0, 40
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=b), noise_multiplier=sigma, max_grad_norm=c,
+                     clipping="adaptive", target_unclipped_quantile=0.5,
+                     clipbound_learning_rate=1e-9, seed=0)
+    it = iter(p.data_loader)
+    next(it)  # the batch is drawn; the step trains on none of it
+    p.optimizer.zero_grad()
+    w0 = model.weight.detach().clone()
+    p.optimizer.step()
+    std = (w0 - model.weight.detach()).std().item()
+    sigma_b = b / 20
+    expect = (sigma ** -2 - (2 * sigma_b) ** -2) ** -0.5 * c / b
+    assert std == pytest.approx(expect, rel=0.02)  # 10000 draws: ~0.7% std error
+    assert abs(std - sigma * c / b) > 0.05 * sigma * c / b
+
+
+def test_bound_tracks_target_quantile():
+    """With the model fixed (lr = 0) and little count noise, the bound settles near the
+    target quantile of the per-example norms over the data set."""
+    ds = _data(n=512)
+    model = _mlp()
+    norms = _per_example_grads(model, *ds.tensors).norm(dim=1)
+    target = torch.quantile(norms, 0.3).item()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                     DataLoader(ds, batch_size=128), noise_multiplier=0.5,
+                     max_grad_norm=10 * target, clipping="adaptive",
+                     target_unclipped_quantile=0.3, clipbound_learning_rate=0.5, seed=0)
+    tail = []
+    for epoch in range(40):
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            if epoch >= 30:
+                tail.append(p.optimizer.max_grad_norm)
+    settled = sum(tail) / len(tail)
+    frac = (norms <= settled).double().mean().item()
+    assert abs(frac - 0.3) < 0.1, (settled, target, frac)
+
+
+def test_checkpoint_resume_continues_bound():
+    """The live bound, the accountant and the noise state come back with the checkpoint:
+    a resumed run continues exactly like the uninterrupted one."""
+    ds = _data()
+
+    def build():
+        model = _mlp()
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(ds, batch_size=B), noise_multiplier=1.0,
+                            max_grad_norm=0.05, clipping="adaptive",
+                            target_unclipped_quantile=0.5, seed=2)
+
+    def batches(p):
+        while True:
+            yield from p.data_loader  # the first pass after a resume ends the saved epoch
+
+    def run(p, it, k):
+        for _ in range(k):
+            x, y = next(it)
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+
+    a = build()
+    it = batches(a)
+    run(a, it, 3)  # mid-epoch (4 steps per epoch)
+    state = copy.deepcopy(a.state_dict())
+    assert state["max_grad_norm"] != 0.05
+    run(a, it, 5)
+    b = build()
+    b.load_state_dict(state)
+    assert b.max_grad_norm == state["max_grad_norm"]
+    run(b, batches(b), 5)
+    assert a.max_grad_norm == b.max_grad_norm
+    for u, v in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(u, v)
+    assert a.epsilon(1e-5) == b.epsilon(1e-5)
+    # a run with other adaptive settings cannot take the state
+    model = _mlp()
+    other = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=B), noise_multiplier=1.0,
+                         max_grad_norm=0.05, clipping="adaptive",
+                         target_unclipped_quantile=0.9, seed=2)
+    with pytest.raises(ValueError, match="adaptive"):
+        other.load_state_dict(state)
+
+
+def _make(**kw):
+    model = nn.Linear(5, 3)
+    args = dict(noise_multiplier=1.0, max_grad_norm=1.0)
+    args.update(kw)
+    return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                        DataLoader(_data(dtype=torch.float32), batch_size=B), **args)
+
+
+def test_bad_configurations_refused_before_training():
+    with pytest.raises(ValueError, match="target_unclipped_quantile.*got None"):
+        _make(clipping="adaptive")
+    with pytest.raises(ValueError, match=r"target_unclipped_quantile must be in \[0, 1\]"):
+        _make(clipping="adaptive", target_unclipped_quantile=1.5)
+    with pytest.raises(ValueError, match="clipbound_learning_rate"):
+        _make(clipping="adaptive", target_unclipped_quantile=0.5, clipbound_learning_rate=0)
+    with pytest.raises(ValueError, match="clipping must be"):
+        _make(clipping="quantile")
+    with pytest.raises(ValueError, match="only apply to clipping='adaptive'"):
+        _make(target_unclipped_quantile=0.5)
+    # sigma_b = 16 / 20 = 0.8: sigma must stay below 1.6
+    with pytest.raises(ValueError, match="unclipped_num_std > noise_multiplier / 2"):
+        _make(clipping="adaptive", target_unclipped_quantile=0.5, noise_multiplier=1.6)
+    with pytest.raises(ValueError, match="unclipped_num_std > noise_multiplier / 2"):
+        _make(clipping="adaptive", target_unclipped_quantile=0.5, unclipped_num_std=0.4)
+    with pytest.raises(ValueError, match="finite initial max_grad_norm"):
+        _make(clipping="adaptive", target_unclipped_quantile=0.5, noise_multiplier=0.0,
+              max_grad_norm=float("inf"))
+    # calibrated sigma checked too
+    with pytest.raises(ValueError, match="unclipped_num_std"):
+        _make(clipping="adaptive", target_unclipped_quantile=0.5, noise_multiplier=None,
+              target_epsilon=0.05, epochs=5, unclipped_num_std=0.3)
+    p = _make(clipping="adaptive", target_unclipped_quantile=0.5)
+    with pytest.raises(ValueError, match="unclipped_num_std"):
+        p.optimizer.noise_multiplier = 2.0  # a schedule may not break the split either
+    assert p.optimizer.noise_multiplier == 1.0
+
+
+@given(st.floats(0.05, 50.0), st.floats(0.51, 100.0))
+def test_noise_split_composes_to_sigma(sigma, ratio):
+    """Sum (sensitivity C, noise sigma_g C) and centred count (sensitivity 1/2, noise
+    sigma_b): the rescaled sensitivity of the pair is exactly 1 / sigma."""
+    sigma_b = sigma * ratio
+    sg = gradient_noise_multiplier(sigma, sigma_b)
+    assert sg >= sigma
+    joint = math.hypot(1.0 / sg, 0.5 / sigma_b)
+    assert joint == pytest.approx(1.0 / sigma, rel=1e-9)
+
+
+def test_virtual_batches_count_every_chunk():
+    """With max_physical_batch_size the count sums over all chunks of a logical batch:
+    the bound and the parameters follow the same trajectory as without chunking."""
+    ds = _data()
+
+    def run(chunk):
+        model = _mlp()
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.2),
+                         DataLoader(ds, batch_size=B), noise_multiplier=1.0,
+                         max_grad_norm=0.05, clipping="adaptive",
+                         target_unclipped_quantile=0.5, clipbound_learning_rate=0.5,
+                         seed=4, max_physical_batch_size=chunk)
+        bounds = []
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            before = p.accountant.steps
+            p.optimizer.step()
+            if p.accountant.steps > before:
+                bounds.append(p.optimizer.max_grad_norm)
+        return model, bounds
+
+    whole, b1 = run(None)
+    chunked, b2 = run(3)
+    assert len(b1) == len(b2) == 4
+    assert b2 == pytest.approx(b1, rel=1e-12)
+    for u, v in zip(whole.parameters(), chunked.parameters(), strict=True):
+        torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)

@@ -1,0 +1,220 @@
+"""DPTrainer (privlearn.torch.hf): a Hugging Face Trainer trained with DP-SGD.
+
+Small config-initialised Llama models (no weights can be downloaded here). Checks: the
+update equals the per-example-mean gradient of the batch trained on, the reported epsilon
+is the accountant's for the steps taken, resume from a checkpoint gives the same epsilon
+and the same parameters, training stops at the budget, bad set-ups are refused."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.torch import per_sequence_cross_entropy  # noqa: E402
+from privlearn.torch.hf import (  # noqa: E402
+    PRIVACY_STATE_NAME,
+    DPTrainer,
+    PrivacyArguments,
+    expand_position_ids,
+)
+
+V, T, N, B = 48, 10, 64, 8
+
+
+class _TextSet(torch.utils.data.Dataset):
+    """Token sequences with right padding (labels -100 on padding)."""
+
+    def __init__(self, n=N, classify=False, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, V, (n, T), generator=g)
+        lengths = torch.randint(4, T + 1, (n,), generator=g)
+        self.mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+        self.ids = self.ids * self.mask
+        self.cls = torch.randint(0, 3, (n,), generator=g)
+        self.classify = classify
+
+    def __len__(self):
+        return self.ids.shape[0]
+
+    def __getitem__(self, i):
+        labels = self.cls[i] if self.classify else self.ids[i].masked_fill(self.mask[i] == 0,
+                                                                           -100)
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": labels}
+
+
+def _llama(classify=False, seed=0):
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=2, max_position_embeddings=32,
+                                   pad_token_id=0, num_labels=3)
+    torch.manual_seed(seed)
+    cls = (transformers.LlamaForSequenceClassification if classify
+           else transformers.LlamaForCausalLM)
+    return cls(cfg).float()
+
+
+def _args(out, **kw):
+    base = dict(output_dir=str(out), per_device_train_batch_size=B, max_steps=4,
+                learning_rate=0.05, logging_steps=1, save_strategy="no", report_to=[],
+                use_cpu=True, lr_scheduler_type="constant", disable_tqdm=True,
+                dataloader_pin_memory=False)
+    base.update(kw)
+    return transformers.TrainingArguments(**base)
+
+
+def _eps(sigma, steps, q=B / N, delta=1e-5):
+    return compose(subsample(Gaussian(sigma), rate=q), steps=steps).epsilon(delta)
+
+
+def test_update_is_clipped_per_example_mean(tmp_path):
+    """sigma = 0, no clipping, SGD: one step equals lr / (q N) times the sum of the
+    per-sequence losses' gradients over the Poisson batch it drew (causal LM loss,
+    padding excluded) -- the Trainer's loss is per example and its loader is the
+    DP one."""
+    model = _llama()
+    ref = copy.deepcopy(model)
+    seen = []
+
+    def collate(feats):
+        batch = transformers.default_data_collator(feats)
+        seen.append({k: v.clone() for k, v in batch.items()})
+        return batch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
+                   data_collator=collate, optimizers=(opt, None),
+                   privacy=PrivacyArguments(noise_multiplier=0.0,
+                                            max_grad_norm=float("inf"), seed=3))
+    tr.train()
+    assert len(seen) == 1 and seen[0]["input_ids"].shape[0] > 0
+    batch = seen[0]
+    out = ref(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    per_sequence_cross_entropy(out.logits, batch["labels"], shift=True,
+                               reduction="sum").backward()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+        expect = b.detach() - 0.05 * b.grad / B
+        torch.testing.assert_close(a.detach(), expect, rtol=1e-4, atol=1e-6, msg=name)
+    assert tr.privacy_engine.accountant.steps == 1
+
+
+def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
+    """Four steps with checkpoints at 2 and 4; each logged epsilon is the composition of
+    the steps taken so far; a run resumed from checkpoint 2 ends with the same epsilon,
+    the same accountant history and the same parameters as the uninterrupted one."""
+    sigma = 1.0
+    pa = PrivacyArguments(noise_multiplier=sigma, max_grad_norm=0.5, seed=11)
+    args = _args(tmp_path, save_strategy="steps", save_steps=2)
+    a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
+    a.train()
+    logged = [(h["step"], h["epsilon"]) for h in a.state.log_history if "loss" in h]
+    assert [s for s, _ in logged] == [1, 2, 3, 4]
+    for step, eps in logged:
+        assert eps == pytest.approx(_eps(sigma, step), rel=1e-9)
+    assert a.epsilon() == pytest.approx(_eps(sigma, 4), rel=1e-9)
+    assert a.privacy_engine.accountant.steps == 4
+    ckpt = os.path.join(tmp_path, "checkpoint-2")
+    assert os.path.isfile(os.path.join(ckpt, PRIVACY_STATE_NAME))
+
+    b = DPTrainer(model=_llama(seed=99), args=args, train_dataset=_TextSet(), privacy=pa)
+    b.train(resume_from_checkpoint=ckpt)
+    assert b.privacy_engine.accountant.steps == 4
+    assert b.privacy_engine.accountant.segments == a.privacy_engine.accountant.segments
+    assert b.epsilon() == a.epsilon()
+    resumed = [(h["step"], h["epsilon"]) for h in b.state.log_history if "loss" in h]
+    assert resumed[-2:] == logged[-2:]
+    for (name, u), v in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0, msg=name)
+
+
+def test_stops_at_max_epsilon_and_calibrates(tmp_path):
+    cap = (_eps(1.0, 3) + _eps(1.0, 4)) / 2  # room for exactly 3 steps
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=10, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, max_epsilon=cap, seed=0))
+    tr.train()
+    assert tr.privacy_engine.accountant.steps == 3
+    assert tr.state.global_step == 3
+    assert tr.epsilon() <= cap
+    # target_epsilon: sigma calibrated for max_steps; the plan is spent, not exceeded
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=5, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(target_epsilon=4.0, seed=0))
+    tr.train()
+    assert tr.privacy_engine.accountant.steps == 5
+    assert 3.9 < tr.epsilon() <= 4.0
+
+
+def test_sequence_classification_with_adaptive_clipping(tmp_path):
+    """Labels of shape (B,); adaptive clipping moves the bound; epsilon is sigma's."""
+    tr = DPTrainer(model=_llama(classify=True), args=_args(tmp_path, max_steps=3),
+                   train_dataset=_TextSet(classify=True),
+                   privacy=PrivacyArguments(noise_multiplier=0.2, max_grad_norm=1e-3,
+                                            clipping="adaptive",
+                                            target_unclipped_quantile=0.5, seed=0))
+    tr.train()
+    p = tr.privacy_engine
+    assert p.accountant.steps == 3
+    assert p.max_grad_norm > 1e-3  # everything was clipped: the bound grew
+    assert tr.epsilon() == pytest.approx(_eps(0.2, 3), rel=1e-9)
+    assert "dp_max_grad_norm" in tr.state.log_history[0]
+
+
+def test_refused_setups(tmp_path):
+    ds = _TextSet()
+    pa = PrivacyArguments(noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be 1"):
+        DPTrainer(model=_llama(), args=_args(tmp_path, gradient_accumulation_steps=2),
+                  train_dataset=ds, privacy=pa)
+    with pytest.raises(TypeError, match="PrivacyArguments"):
+        DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=ds,
+                  privacy={"noise_multiplier": 1.0})
+    with pytest.raises(ValueError, match="task must be one of"):
+        PrivacyArguments(noise_multiplier=1.0, task="summarise")
+    # adaptive without a target quantile: refused when training starts, before a step
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=ds,
+                   privacy=PrivacyArguments(noise_multiplier=1.0, clipping="adaptive"))
+    with pytest.raises(ValueError, match="target_unclipped_quantile"):
+        tr.train()
+    assert tr.state.global_step == 0
+    # a checkpoint without privacy state cannot be resumed
+    plain = transformers.Trainer(model=_llama(), args=_args(tmp_path / "plain", max_steps=1,
+                                                            save_strategy="steps",
+                                                            save_steps=1),
+                                 train_dataset=ds)
+    plain.train()
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=ds, privacy=pa)
+    with pytest.raises(ValueError, match=PRIVACY_STATE_NAME):
+        tr.train(resume_from_checkpoint=str(tmp_path / "plain" / "checkpoint-1"))
+
+
+def test_expand_position_ids():
+    batch = expand_position_ids(transformers.default_data_collator)(
+        [_TextSet()[i] for i in range(3)])
+    pos = batch["position_ids"]
+    assert pos.shape == batch["input_ids"].shape
+    assert torch.equal(pos[0, :4], torch.arange(4))
+
+
+def test_lora_adapters_train_and_save(tmp_path):
+    """peft LoRA through DPTrainer: only the adapters move, epsilon is the accountant's,
+    and the adapters save in peft's format."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_llama(), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+        task_type="CAUSAL_LM"))
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=2, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.train()
+    moved = {k for k, v in model.named_parameters() if not torch.equal(v, before[k])}
+    assert moved and all("lora_" in k for k in moved)
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 2), rel=1e-9)
+    tr.save_model(str(tmp_path / "adapter"))
+    assert os.path.isfile(tmp_path / "adapter" / "adapter_model.safetensors")
