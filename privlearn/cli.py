@@ -617,14 +617,14 @@ def budget() -> None:
     release, hash-chained entries (see docs/budgeting.md)."""
 
 
-_dataset_opt = click.option("--dataset", required=True, help="Dataset name.")
+_ledger_dataset_opt = click.option("--dataset", required=True, help="Dataset name.")
 _unit_opt = click.option("--privacy-unit", default=None,
                          help="Privacy unit of the budget (default: record).")
 
 
 @budget.command(name="init")
 @click.argument("path", type=click.Path(dir_okay=False))
-@_dataset_opt
+@_ledger_dataset_opt
 @click.option("--epsilon", type=float, required=True, help="Budget epsilon (> 0).")
 @click.option("--delta", type=float, required=True, help="Budget delta in [0, 1).")
 @_unit_opt
@@ -644,7 +644,7 @@ def budget_init(path: str, dataset: str, epsilon: float, delta: float,
 
 @budget.command(name="spend")
 @click.argument("path", type=click.Path(dir_okay=False))
-@_dataset_opt
+@_ledger_dataset_opt
 @_mechanism_opt
 @click.option("--noise-multiplier", type=float, required=True, help="Noise multiplier (> 0).")
 @_rate_opt
@@ -655,12 +655,13 @@ def budget_init(path: str, dataset: str, epsilon: float, delta: float,
 @_unit_opt
 @_json_opt
 def budget_spend(path: str, dataset: str, mechanism: str, noise_multiplier: float,
-                 sampling_rate: float | None, sampling: str, steps: float, label: str | None,
-                 who: str | None, privacy_unit: str | None, as_json: bool) -> None:
+                 sampling_rate: float | None, sampling: str, steps: int | None,
+                 label: str | None, who: str | None, privacy_unit: str | None,
+                 as_json: bool) -> None:
     """Record a release on DATASET; refused (status 2, nothing recorded) if it would
     exceed the budget."""
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
-    t = check_count("--steps", steps, minimum=1)
+    t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     mech = build_mechanism(mechanism.lower(), check_positive("--noise-multiplier",
                            noise_multiplier), rate, sampling.lower(), t)
     led = _open_ledger(path)
@@ -676,7 +677,7 @@ def budget_spend(path: str, dataset: str, mechanism: str, noise_multiplier: floa
 
 @budget.command(name="show")
 @click.argument("path", type=click.Path(dir_okay=False))
-@_dataset_opt
+@_ledger_dataset_opt
 @_unit_opt
 @_json_opt
 def budget_show(path: str, dataset: str, privacy_unit: str | None, as_json: bool) -> None:
@@ -691,7 +692,7 @@ def budget_show(path: str, dataset: str, privacy_unit: str | None, as_json: bool
 
 @budget.command(name="history")
 @click.argument("path", type=click.Path(dir_okay=False))
-@_dataset_opt
+@_ledger_dataset_opt
 @_unit_opt
 @_json_opt
 def budget_history(path: str, dataset: str, privacy_unit: str | None, as_json: bool) -> None:
@@ -710,22 +711,22 @@ def budget_history(path: str, dataset: str, privacy_unit: str | None, as_json: b
         ]))
         return
     for e in entries:
-        what = "" if e.mechanism is None else f"  {_describe(e.mechanism)}"
+        what = "" if e.mechanism is None else f"  {_describe_mechanism(e.mechanism)}"
         ref = f" (reservation {e.ref})" if e.ref is not None else ""
         click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {e.label or '-'}  [{e.who or '-'}]"
                    f"{ref}{what}")
 
 
-def _describe(m: Mechanism) -> str:
+def _describe_mechanism(m: Mechanism) -> str:
     """A short human-readable description of a mechanism (for ``budget history``)."""
     from privlearn.accounting import Composed, Subsampled
 
     if isinstance(m, Composed):
         return " + ".join(
-            (f"{k} x " if k > 1 else "") + _describe(mm) for mm, k in m.parts
+            (f"{k} x " if k > 1 else "") + _describe_mechanism(mm) for mm, k in m.parts
         ) or "nothing"
     if isinstance(m, Subsampled):
-        return (f"{_describe(m.base)} subsampled q={m.rate:g} ({m.scheme.value}, "
+        return (f"{_describe_mechanism(m.base)} subsampled q={m.rate:g} ({m.scheme.value}, "
                 f"{m.neighbouring.value})")
     fields = getattr(m, "__dataclass_fields__", {})
     args = ", ".join(f"{getattr(m, f):g}" if isinstance(getattr(m, f), float)

@@ -760,7 +760,7 @@ class AdaSSPRegressor(SSPRegressor):
     ========================================  =====  =====  =====  =====
     variant                                   0.1    0.5    1      2
     ========================================  =====  =====  =====  =====
-    the LR study (upper_triangle, ridge)          0.829  0.678  0.661  0.653
+    the LR study (upper_triangle, ridge)      0.829  0.678  0.661  0.653
     frobenius, ridge                          0.793  0.671  0.658  0.651
     upper_triangle, eigenvalue_floor          0.703  0.658  0.653  0.650
     default (frobenius, eigenvalue_floor)     0.698  0.658  0.653  0.650

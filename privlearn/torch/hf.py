@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, fields
 
 import torch
@@ -239,12 +240,8 @@ class DPTrainer(Trainer):
             raise ValueError("DPTrainer: training requires a train_dataset")
         dataset = self.train_dataset
         collator = self.data_collator
-        try:
-            import datasets
-
-            is_hf_dataset = isinstance(dataset, datasets.Dataset)
-        except ImportError:
-            is_hf_dataset = False
+        datasets = sys.modules.get("datasets")  # a datasets.Dataset implies it is imported
+        is_hf_dataset = datasets is not None and isinstance(dataset, datasets.Dataset)
         if is_hf_dataset:
             dataset = self._remove_unused_columns(dataset, description="training")
         else:
