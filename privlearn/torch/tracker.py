@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.torch import attention as _attention  # noqa: F401  (registers MHA rule)
 from privlearn.torch import rnn as _rnn  # noqa: F401  (registers the recurrent rules)
+from privlearn.torch import rules as _rules  # noqa: F401  (transformers' layers)
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
@@ -60,6 +61,11 @@ def discover_units(model: nn.Module) -> list[Unit]:
         if "" in covered:
             break
         rule = get_rule(mod)
+        if rule is not None and getattr(rule, "direct_only", False):
+            params = tuple(p for p in mod.parameters(recurse=False) if p.requires_grad)
+            if params:
+                units.append(Unit(name, mod, params, rule))
+            continue
         if rule is not None:
             params = tuple(p for p in mod.parameters() if p.requires_grad)
             covered.add(name)
@@ -132,7 +138,15 @@ class GradSampleTracker:
                 if id(p) not in ids:
                     ids.add(id(p))
                     self.params.append(p)
+        self._batch_hint = 0  # batch size of the model's current forward (root input)
+        self._recompute_unrecorded: str | None = None
+        self._handles.append(model.register_forward_pre_hook(self._root_pre_hook,
+                                                             with_kwargs=True))
         for i, u in enumerate(self.units):
+            if _expandable(u.module):
+                h = u.module.register_forward_pre_hook(self._expand_pre_hook,
+                                                       with_kwargs=True)
+                self._handles.append(h)
             h = u.module.register_forward_hook(self._make_hook(i), with_kwargs=True)
             self._handles.append(h)
         self._instrumented = []
@@ -149,6 +163,40 @@ class GradSampleTracker:
                 self._frozen.append(p)
 
     # ------------------------------------------------------------------ recording
+    def _root_pre_hook(self, module, args, kwargs):
+        """Remember the batch size of the model's forward: the leading dimension of its
+        first tensor input (``input_ids``, ``pixel_values``, ...)."""
+        if _IN_RULE[0] or not module.training or _in_backward():
+            return None
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Tensor) and v.dim() >= 1:
+                self._batch_hint = v.shape[0]
+                break
+        return None
+
+    def _expand_pre_hook(self, module, args, kwargs):
+        """A unit called on an input broadcast over the batch (leading dimension 1 while
+        the model's batch has B > 1, e.g. Hugging Face's default ``position_ids`` of shape
+        ``(1, T)``) gets that input expanded to B rows (a stride-0 view): its output, and
+        so its recorded output gradient, then has one row per example, and the
+        downstream broadcast gives the same values. Without it the layer's gradient
+        would be the sum over the batch, which cannot be clipped per example."""
+        b = self._batch_hint
+        if b <= 1 or _IN_RULE[0] or not module.training:
+            return None
+        if args:
+            x = args[0]
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == 1:
+                return (x.expand(b, *x.shape[1:]), *args[1:]), kwargs
+            return None
+        if kwargs:
+            k, x = next(iter(kwargs.items()))
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == 1:
+                kwargs = dict(kwargs)
+                kwargs[k] = x.expand(b, *x.shape[1:])
+                return args, kwargs
+        return None
+
     def _make_hook(self, index: int):
         dummy = self._dummy
         grad_hook = self._grad_hook
@@ -157,6 +205,17 @@ class GradSampleTracker:
 
         def hook(module, args, kwargs, output):
             if _IN_RULE[0] or not module.training or not is_grad_enabled():
+                return None
+            if _in_backward():
+                # a forward recomputed during backward (activation checkpointing): the
+                # gradients flow through the first forward's outputs, recorded then;
+                # the output is made differentiable as in the first forward so that the
+                # recomputed graph saves the same tensors
+                if not self.records.get(index):
+                    self._recompute_unrecorded = self.units[index].name
+                if type(output) is Tensor and output.is_floating_point() \
+                        and not output.requires_grad:
+                    return _MakeDifferentiable.apply(dummy, output)
                 return None
             rec = Record(
                 args=tuple(a.detach() if isinstance(a, Tensor) else a for a in args),
@@ -338,6 +397,18 @@ class GradSampleTracker:
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
         return sums, (batch or 0), norms
+
+
+def _in_backward() -> bool:
+    """Whether autograd is executing a backward pass on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _expandable(module: nn.Module) -> bool:
+    """Units whose first input has the batch as its leading dimension."""
+    if isinstance(module, nn.MultiheadAttention | nn.RNNBase):
+        return False
+    return True
 
 
 def _merge(contribs: list[Contribution]) -> list[Contribution]:
