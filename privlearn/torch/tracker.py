@@ -31,8 +31,8 @@ from privlearn.torch import rules as _rules  # noqa: F401  (transformers' layers
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
-    Materialized,
     Record,
+    cross_term,
     _record_batch,
     fallback_rule,
     get_rule,
@@ -352,9 +352,19 @@ class GradSampleTracker:
                 raise ValueError(
                     f"layers saw different batch sizes in one step ({batch} and {n}); "
                     "per-example clipping needs every layer to see the same examples")
-        shared = self.shared or any(len(cs) > 1 for cs in per_unit)
-        if shared:
-            contribs = _merge(contribs)
+        if self._recompute_unrecorded is not None:
+            name, self._recompute_unrecorded = self._recompute_unrecorded, None
+            self.clear()
+            raise RuntimeError(
+                f"layer {name!r} ran during backward() without having been recorded in "
+                "the forward pass: reentrant activation checkpointing "
+                "(torch.utils.checkpoint with use_reentrant=True) runs the first forward "
+                "without autograd, so its layers' gradients cannot be clipped per example. "
+                "Use non-reentrant checkpointing: checkpoint(..., use_reentrant=False), or "
+                "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+                "{'use_reentrant': False}) (the Hugging Face default)")
+        if self.shared or any(len(cs) > 1 for cs in per_unit):
+            contribs = contribs + _cross_terms(contribs)
         return contribs, batch, (1.0 if scale is None else scale)
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None):
@@ -411,12 +421,47 @@ def _expandable(module: nn.Module) -> bool:
     return True
 
 
-def _merge(contribs: list[Contribution]) -> list[Contribution]:
-    """Sum per-example gradients of parameters that appear in several contributions
-    (repeated calls of a layer, tied weights)."""
-    by_param: dict[int, tuple] = {}
+class CrossTerm(Contribution):
+    """Twice the per-example inner products between contributions to the same
+    parameter (tied weights, a layer called several times): with them the squared norm
+    of the summed gradient ``||sum_k G_k||^2 = sum_k ||G_k||^2 + 2 sum_{k<l} <G_k, G_l>``
+    is exact while every contribution keeps its own (ghost) form. It carries no
+    gradient of its own (the weighted sums of the contributions add up)."""
+
+    params = ()
+
+    def __init__(self, param, sq: torch.Tensor):
+        self.param = param
+        self._sq = sq
+
+    def sq_norms(self) -> torch.Tensor:
+        return self._sq
+
+    def weighted_sum(self, c):
+        return []
+
+    def per_sample(self):
+        return []
+
+    def param_sq_norms(self):
+        return []
+
+
+def _cross_terms(contribs: list[Contribution]) -> list[Contribution]:
+    """:class:`CrossTerm` for every parameter that several contributions cover."""
+    where: dict[int, list] = {}
     for c in contribs:
-        for p, g in zip(c.params, c.per_sample(), strict=True):
-            k = id(p)
-            by_param[k] = (p, g) if k not in by_param else (p, by_param[k][1] + g)
-    return [Materialized([p for p, _ in by_param.values()], [g for _, g in by_param.values()])]
+        for j, p in enumerate(c.params):
+            where.setdefault(id(p), []).append((c, j, p))
+    out = []
+    for occ in where.values():
+        if len(occ) < 2:
+            continue
+        factors = [c.factor(j) for c, j, _ in occ]
+        total = None
+        for k in range(len(factors)):
+            for m in range(k + 1, len(factors)):
+                x = cross_term(factors[k], factors[m])
+                total = x if total is None else total + x
+        out.append(CrossTerm(occ[0][2], 2.0 * total))
+    return out
