@@ -9,10 +9,10 @@ the rules, the per-example norms over *all* parameters and the clip factors, and
 the sum of clipped per-example gradients.
 
 Autograd's own parameter gradients are not needed (the clipped sum replaces them), so by
-default the tracker turns ``requires_grad`` off for the parameters it handles while it is
-attached (the non-private weight-gradient matmul is then never computed) and makes the
-layer outputs differentiable through a zero-cost autograd node; :meth:`detach` restores
-the flags. Under ``DistributedDataParallel`` this holds too: ``make_private`` switches
+default each layer runs its forward on detached aliases of the parameters it owns (the
+non-private weight-gradient matmul is then never computed; ``requires_grad`` and the
+module's parameters are unchanged outside the forward) and the layer outputs are made
+differentiable through a zero-cost autograd node where needed. Under ``DistributedDataParallel`` this holds too: ``make_private`` switches
 DDP's gradient synchronisation off (the engine all-reduces the noisy sums itself).
 """
 
@@ -107,8 +107,8 @@ class GradSampleTracker:
         gradients are multiplied by the realised batch size of the forward pass, so the
         rules see true per-example gradients.
     skip_param_grads : bool
-        Turn off ``requires_grad`` of handled parameters while attached (see module
-        docstring).
+        Run each layer's forward on detached aliases of its handled parameters (see the
+        module docstring); ``requires_grad`` is never changed.
     instrument_attention : bool
         Replace ``forward`` of each ``nn.MultiheadAttention`` instance (while attached) by
         the same equations written out, so that the gradients of its projections are
@@ -156,11 +156,18 @@ class GradSampleTracker:
                     u.module.forward = types.MethodType(_attention.instrumented_forward,
                                                         u.module)
                     self._instrumented.append(u.module)
-        self._frozen = []
+        self._frozen = []  # kept for compatibility: requires_grad is never changed
+        self._swapped: list = []  # per unit: (owner, name, parameter) detached in forward
         if skip_param_grads:
-            for p in self.params:
-                p.requires_grad_(False)
-                self._frozen.append(p)
+            for u in self.units:
+                slots = _param_slots(u.module, u.params)
+                if not slots:
+                    continue
+                self._swapped.append(slots)
+                self._handles.append(u.module.register_forward_pre_hook(
+                    self._make_detach_hook(slots)))
+                self._handles.append(u.module.register_forward_hook(
+                    self._make_restore_hook(slots), always_call=True))
 
     # ------------------------------------------------------------------ recording
     def _root_pre_hook(self, module, args, kwargs):
@@ -196,6 +203,33 @@ class GradSampleTracker:
                 kwargs[k] = x.expand(b, *x.shape[1:])
                 return args, kwargs
         return None
+
+    def _make_detach_hook(self, slots):
+        """During the unit's forward its parameters are replaced by detached aliases
+        (same storage), so autograd never computes their non-private gradient (the
+        weight-gradient matmul of every layer) while ``requires_grad`` stays as the
+        user set it (``print_trainable_parameters``, optimizers and checkpoints see the
+        usual flags). The post-hook (also run when the forward raises) puts them back."""
+
+        def pre(module, args):
+            if _IN_RULE[0] or not module.training or not torch.is_grad_enabled():
+                return None
+            for owner, name, p in slots:
+                owner._parameters[name] = p.detach()
+            for owner in {id(o): o for o, _, _ in slots}.values():
+                if isinstance(owner, nn.RNNBase):
+                    owner._init_flat_weights()
+            return None
+
+        return pre
+
+    @staticmethod
+    def _make_restore_hook(slots):
+        def post(module, args, output):
+            _restore(slots)
+            return None
+
+        return post
 
     def _make_hook(self, index: int):
         dummy = self._dummy
@@ -305,9 +339,9 @@ class GradSampleTracker:
         for m in self._instrumented:
             m.__dict__.pop("forward", None)
         self._instrumented = []
-        for p in self._frozen:
-            p.requires_grad_(True)
-        self._frozen = []
+        for slots in self._swapped:
+            _restore(slots)
+        self._swapped = []
         self.records = {}
 
     # ------------------------------------------------------------------ clipping
@@ -407,6 +441,31 @@ class GradSampleTracker:
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
         return sums, (batch or 0), norms
+
+
+def _restore(slots) -> None:
+    """Put the parameters of ``slots`` back in their modules."""
+    rnns = {}
+    for owner, name, p in slots:
+        if owner._parameters.get(name) is not p:
+            owner._parameters[name] = p
+            if isinstance(owner, nn.RNNBase):
+                rnns[id(owner)] = owner
+    for owner in rnns.values():
+        owner._init_flat_weights()
+
+
+def _param_slots(module: nn.Module, params) -> list:
+    """``(owner module, attribute name, parameter)`` of each handled parameter of a unit
+    (parameters behind a parametrization or shared with no plain slot are skipped: their
+    non-private gradient is then computed by autograd and discarded)."""
+    ids = {id(p) for p in params}
+    out = []
+    for mod in module.modules():
+        for name, p in mod._parameters.items():
+            if p is not None and id(p) in ids:
+                out.append((mod, name, p))
+    return out
 
 
 def _in_backward() -> bool:
