@@ -401,7 +401,8 @@ class GradSampleTracker:
             contribs = contribs + _cross_terms(contribs)
         return contribs, batch, (1.0 if scale is None else scale)
 
-    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None):
+    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
+                    per_param: dict | None = None):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
@@ -413,11 +414,22 @@ class GradSampleTracker:
         Linear layer accumulates straight into it) and ``out`` is returned as ``sums``.
         The clip factor is ``min(1, C / ||g_i||)`` with the norm over all parameters (Abadi
         et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1).
+
+        Per-layer clipping (McMahan et al. 2018, "A General Approach to Adding Differential
+        Privacy to Iterative Training Procedures", Sec. 3): with ``per_param`` (a dict
+        ``id(p) -> w_p`` with ``sum_p w_p^2 = 1``) parameter ``p``'s per-example gradient
+        is clipped to ``C_p = w_p * max_grad_norm`` on its own norm, so one example's
+        clipped gradient has norm at most ``sqrt(sum_p C_p^2) = max_grad_norm``, the
+        sensitivity the noise is calibrated to. ``norms`` stays the norm over all
+        parameters.
         """
         contribs, batch, scale = self.contributions()
         sums = {} if out is None else out
         norms = None
-        if contribs:
+        if contribs and per_param is not None:
+            norms = self._per_param_clip(contribs, scale, max_grad_norm, multiplier,
+                                         per_param, sums, out)
+        elif contribs:
             sq = None
             for c in contribs:
                 s = c.sq_norms()
@@ -441,6 +453,38 @@ class GradSampleTracker:
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
         return sums, (batch or 0), norms
+
+    @staticmethod
+    def _per_param_clip(contribs, scale, max_grad_norm, multiplier, per_param, sums, out):
+        sq: dict[int, torch.Tensor] = {}
+        for c in contribs:
+            if isinstance(c, CrossTerm):
+                k = id(c.param)
+                sq[k] = c.sq_norms() if k not in sq else sq[k] + c.sq_norms()
+                continue
+            for p, s in zip(c.params, c.param_sq_norms(), strict=True):
+                k = id(p)
+                sq[k] = s if k not in sq else sq[k] + s
+        total = None
+        factors = {}
+        weight = scale * multiplier
+        for k, s in sq.items():
+            total = s if total is None else total + s
+            n = s.clamp_min(0).sqrt() * scale
+            bound = per_param[k] * max_grad_norm
+            f = torch.ones_like(n) if bound == float("inf") else \
+                (bound / n.clamp_min(1e-30)).clamp_max(1.0)
+            factors[k] = f * weight if weight != 1.0 else f
+        for c in contribs:
+            for j, p in enumerate(c.params):
+                w = c.weighted_sum(factors[id(p)])[j]
+                k = id(p)
+                if out is not None:
+                    out[k].add_(w.reshape(out[k].shape).to(out[k].dtype))
+                else:
+                    sums[k] = w if k not in sums else sums[k] + w
+        norms = total.clamp_min(0).sqrt()
+        return norms * scale if scale != 1.0 else norms
 
 
 def _restore(slots) -> None:
