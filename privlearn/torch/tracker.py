@@ -140,14 +140,14 @@ class GradSampleTracker:
                     self.params.append(p)
         self._batch_hint = 0  # batch size of the model's current forward (root input)
         self._recompute_unrecorded: str | None = None
-        self._handles.append(model.register_forward_pre_hook(self._root_pre_hook,
+        self._handles.append(model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                              with_kwargs=True))
         for i, u in enumerate(self.units):
             if _expandable(u.module):
-                h = u.module.register_forward_pre_hook(self._expand_pre_hook,
+                h = u.module.register_forward_pre_hook(_eager(self._expand_pre_hook),
                                                        with_kwargs=True)
                 self._handles.append(h)
-            h = u.module.register_forward_hook(self._make_hook(i), with_kwargs=True)
+            h = u.module.register_forward_hook(_eager(self._make_hook(i)), with_kwargs=True)
             self._handles.append(h)
         self._instrumented = []
         if instrument_attention:
@@ -165,9 +165,9 @@ class GradSampleTracker:
                     continue
                 self._swapped.append(slots)
                 self._handles.append(u.module.register_forward_pre_hook(
-                    self._make_detach_hook(slots)))
+                    _eager(self._make_detach_hook(slots))))
                 self._handles.append(u.module.register_forward_hook(
-                    self._make_restore_hook(slots), always_call=True))
+                    _eager(self._make_restore_hook(slots)), always_call=True))
 
     # ------------------------------------------------------------------ recording
     def _root_pre_hook(self, module, args, kwargs):
@@ -485,6 +485,13 @@ class GradSampleTracker:
                     sums[k] = w if k not in sums else sums[k] + w
         norms = total.clamp_min(0).sqrt()
         return norms * scale if scale != 1.0 else norms
+
+
+def _eager(fn):
+    """Run a hook eagerly under ``torch.compile`` (a graph break around it): recording
+    inputs, registering tensor hooks and swapping parameters are Python side effects
+    that must happen on the real tensors of each call."""
+    return torch.compiler.disable(fn, recursive=True)
 
 
 def _restore(slots) -> None:
