@@ -138,6 +138,9 @@ class GradSampleTracker:
                 if id(p) not in ids:
                     ids.add(id(p))
                     self.params.append(p)
+        #: factor the loss was multiplied by before ``backward()`` (a static fp16 loss
+        #: scale): recorded gradients are divided by it before clipping
+        self.loss_scale = 1.0
         self._batch_hint = 0  # batch size of the model's current forward (root input)
         self._recompute_unrecorded: str | None = None
         self._handles.append(model.register_forward_pre_hook(_eager(self._root_pre_hook),
@@ -424,6 +427,8 @@ class GradSampleTracker:
         parameters.
         """
         contribs, batch, scale = self.contributions()
+        if self.loss_scale != 1.0:
+            scale = scale / float(self.loss_scale)
         sums = {} if out is None else out
         norms = None
         if contribs and per_param is not None:

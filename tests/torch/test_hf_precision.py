@@ -124,3 +124,22 @@ def test_cuda_autocast_matches_float32(dtype):
     got = torch.cat([sums[id(q)].reshape(-1) for q in model.parameters()])
     assert ((nb - n32).abs() / n32).max() < BF16_TOL
     assert (got - ref).norm() < BF16_TOL * ref.norm()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_static_loss_scale_is_unscaled_before_clipping(dtype):
+    """fp16: a loss multiplied by S (a static loss scale) with ``tracker.loss_scale = S``
+    gives the clipped sum of the unscaled loss (the scale never reaches the clip)."""
+    model = _mlp()
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    ref, n = _clipped(model, x, y, 0.5, False)
+    tracker = GradSampleTracker(model)
+    tracker.loss_scale = 1024.0
+    with torch.autocast("cpu", dtype=dtype):
+        loss = nn.functional.cross_entropy(model(x).float(), y)
+    (loss * 1024.0).backward()
+    sums, _, norms = tracker.clipped_sum(0.5)
+    tracker.detach()
+    got = torch.cat([sums[id(q)].reshape(-1) for q in model.parameters()])
+    assert ((norms - n).abs() / n).max() < BF16_TOL
+    assert (got - ref).norm() < BF16_TOL * 3 * ref.norm()
