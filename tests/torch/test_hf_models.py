@@ -116,3 +116,19 @@ def test_lora_only_adapters_cost_and_peft_sees_what_it_expects(tmp_path):
     assert set(loaded) == set(trained)
     for n, q in trained.items():
         torch.testing.assert_close(loaded[n], q)
+
+
+def test_dropout_inside_a_fallback_layer_is_refused_before_the_first_step():
+    import transformers as tf
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import UnsupportedModuleError, make_private
+
+    cfg = tf.ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=16,
+                       num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                       hidden_dropout_prob=0.1, num_labels=3)
+    model = tf.ViTForImageClassification(cfg).train()
+    loader = DataLoader(TensorDataset(torch.randn(8, 3, 8, 8)), batch_size=4)
+    with pytest.raises(UnsupportedModuleError, match=r"vit.embeddings \(ViTEmbeddings\)"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                     noise_multiplier=1.0)
