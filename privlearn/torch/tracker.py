@@ -12,8 +12,17 @@ Autograd's own parameter gradients are not needed (the clipped sum replaces them
 default each layer runs its forward on detached aliases of the parameters it owns (the
 non-private weight-gradient matmul is then never computed; ``requires_grad`` and the
 module's parameters are unchanged outside the forward) and the layer outputs are made
-differentiable through a zero-cost autograd node where needed. Under ``DistributedDataParallel`` this holds too: ``make_private`` switches
-DDP's gradient synchronisation off (the engine all-reduces the noisy sums itself).
+differentiable through a zero-cost autograd node where needed. Under
+``DistributedDataParallel`` this holds too: ``make_private`` switches DDP's gradient
+synchronisation off (the engine all-reduces the noisy sums itself).
+
+Hugging Face models run unchanged: a pre-hook on the model notes the batch size of each
+forward, and a layer called on an input broadcast over the batch (leading dimension 1,
+e.g. default ``position_ids``) gets it expanded to one row per example. Forwards
+recomputed during backward (non-reentrant activation checkpointing) are not recorded.
+Parameters shared by several layers or calls (tied embeddings) get exact norms from the
+cross terms of their factored gradients (:func:`privlearn.torch.grad_sample.cross_term`)
+without materialising any per-example gradient.
 """
 
 from __future__ import annotations
