@@ -129,7 +129,8 @@ def engine_sum(name, model, inputs, labels, max_grad_norm, autocast=None):
     finally:
         tracker.detach()
     flat = torch.cat([sums[id(p)].reshape(-1).double() if id(p) in sums
-                      else torch.zeros(p.numel(), dtype=torch.float64) for p in params])
+                      else torch.zeros(p.numel(), dtype=torch.float64, device=p.device)
+                      for p in params])
     return flat, norms.double(), batch
 
 

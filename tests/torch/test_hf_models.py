@@ -132,3 +132,19 @@ def test_dropout_inside_a_fallback_layer_is_refused_before_the_first_step():
     with pytest.raises(UnsupportedModuleError, match=r"vit.embeddings \(ViTEmbeddings\)"):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
                      noise_multiplier=1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["gpt2", "llama", "vit"])
+def test_clipped_sum_matches_batch_of_one_loop_cuda(name):
+    model = build(name).cuda()
+    inputs, labels = make_batch(name)
+    inputs = {k: v.cuda() for k, v in inputs.items()}
+    labels = labels.cuda()
+    rows = naive_grads(name, model, inputs, labels)
+    c = rows.norm(dim=1).median().item()
+    ref, ref_norms = clip_sum(rows, c)
+    got, norms, _ = engine_sum(name, model, inputs, labels, c)
+    tol = 1e-5 if name == "llama" else 1e-9
+    torch.testing.assert_close(norms, ref_norms, rtol=tol, atol=0)
+    assert (got - ref).norm() <= tol * ref.norm()
