@@ -6,6 +6,10 @@ its own; rounds are interleaved (non-private, private, non-private, ...) and the
 time is the median over steps of all rounds. Usage::
 
     python benchmarks/hf_engine.py --threads 1 --steps 10 --rounds 3
+    python benchmarks/hf_engine.py --interleaved --threads 1 --steps 20
+
+The second form times both modes in one process, alternating step by step, so that a
+loaded machine slows both alike (no memory figures).
 """
 
 from __future__ import annotations
@@ -106,6 +110,54 @@ def worker(name: str, mode: str, steps: int, threads: int, batch: int, seq: int)
     return {"times": times[1:], "added_mb": (peak - base) / 1024}
 
 
+def interleaved(name: str, steps: int, threads: int, batch: int, seq: int) -> dict:
+    """Step times of non-private and private training of two copies of the model in one
+    process, alternating step by step (both see the same machine load)."""
+    import copy
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private, per_sequence_cross_entropy
+
+    torch.set_num_threads(threads)
+    base = build(name)
+    priv = copy.deepcopy(base)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 8000, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[::2, seq // 2:] = 0
+    y = torch.randint(0, 2, (batch,), generator=g)
+
+    def loss_fn(out):
+        if name == "bert":
+            return torch.nn.functional.cross_entropy(out.logits, y)
+        return per_sequence_cross_entropy(out.logits, ids.masked_fill(mask == 0, -100),
+                                          shift=True)
+
+    opt_n = torch.optim.SGD([q for q in base.parameters() if q.requires_grad], lr=1e-3)
+    opt_p = torch.optim.SGD([q for q in priv.parameters() if q.requires_grad], lr=1e-3)
+    loader = DataLoader(TensorDataset(ids), batch_size=batch)  # rate 1: one batch a step
+    p = make_private(priv, opt_p, loader, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
+    tn, tp = [], []
+    for k in range(steps + 1):
+        t0 = time.perf_counter()
+        opt_n.zero_grad()
+        loss_fn(base(input_ids=ids, attention_mask=mask)).backward()
+        opt_n.step()
+        t1 = time.perf_counter()
+        next(iter(p.data_loader))  # the private step consumes a batch of its sampler
+        t2 = time.perf_counter()
+        p.optimizer.zero_grad()
+        loss_fn(p.model(input_ids=ids, attention_mask=mask)).backward()
+        p.optimizer.step()
+        t3 = time.perf_counter()
+        if k:  # the first step warms up
+            tn.append(t1 - t0)
+            tp.append(t3 - t2)
+    return {"nonprivate": tn, "private": tp}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2,gpt2_untied,bert,llama,gpt2_lora")
@@ -115,7 +167,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--worker", nargs=2)
+    ap.add_argument("--interleaved", action="store_true",
+                    help="time both modes in one process, alternating steps (no memory)")
     a = ap.parse_args()
+    if a.interleaved:
+        for name in a.models.split(","):
+            r = interleaved(name, a.steps, a.threads, a.batch, a.seq)
+            tn, tp = statistics.median(r["nonprivate"]), statistics.median(r["private"])
+            ratios = [q / n for n, q in zip(r["nonprivate"], r["private"], strict=True)]
+            print(f"{name:12s} nonprivate {tn * 1e3:8.1f} ms  private {tp * 1e3:8.1f} ms  "
+                  f"ratio of medians {tp / tn:5.2f}  median of step ratios "
+                  f"{statistics.median(ratios):5.2f}", flush=True)
+        return
     if a.worker:
         print(json.dumps(worker(a.worker[0], a.worker[1], a.steps, a.threads, a.batch, a.seq)))
         return
