@@ -28,8 +28,10 @@ norms layer by layer (ghost norms or batched outer products, see
 :mod:`privlearn.torch.attention`, used as they are; any other layer through a
 ``torch.func`` fallback), clip factors over all parameters, the clipped sum as one
 weighted matmul per layer, adds Gaussian noise once per logical step and divides by the
-expected batch size. Autograd's non-private parameter gradients are not computed (the
-handled parameters have ``requires_grad`` off while attached; ``p.detach()`` restores).
+expected batch size. Autograd's non-private parameter gradients are not computed (each
+layer's forward runs on detached aliases of its parameters; ``requires_grad`` is never
+changed). Hugging Face models, LoRA, mixed precision, ``torch.compile`` and per-layer
+clipping: see docs/torch-training.md.
 
 Notes
 -----

@@ -49,6 +49,11 @@ __all__ = [
     "register_rule",
     "get_rule",
     "RULES",
+    "PREDICATE_RULES",
+    "register_predicate_rule",
+    "compute_dtype",
+    "cross_term",
+    "linear_like",
     "fallback_rule",
     "use_ghost",
     "GHOST_MEMORY_BUDGET_BYTES",
@@ -107,13 +112,51 @@ class Contribution:
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         """``outs[j] += sum_i c_i grad_i`` in place, for each parameter ``j``."""
         for o, w in zip(outs, self.weighted_sum(c), strict=True):
-            o.add_(w.view(o.shape))
+            o.add_(w.reshape(o.shape).to(o.dtype))
+
+    def param_sq_norms(self) -> list[torch.Tensor]:
+        """Per-example squared norms ``(B,)`` of each parameter's gradient, aligned with
+        ``params`` (per-layer clipping). Default: from :meth:`per_sample`."""
+        return [_rowdot(g.reshape(g.shape[0], -1)) for g in self.per_sample()]
+
+    def factor(self, j: int):
+        """A factored form of parameter ``j``'s per-example gradients, used for the
+        cross terms of shared (tied) parameters without materialising them:
+
+        * ``("outer", a, g)``: ``grad_i = sum_t g[i, t] a[i, t]^T`` (``a`` (B, T, d),
+          ``g`` (B, T, p)), the parameter viewed as ``(p, d)``;
+        * ``("outer_t", a, g)``: the transpose of that (the parameter is ``(d, p)``);
+        * ``("rows", ids, e)``: ``grad_i[v] = sum_{t: ids[i, t] = v} e[i, t]``;
+        * ``("dense", G)``: ``G`` of shape ``(B, *param.shape)``.
+        """
+        return ("dense", self.per_sample()[j])
 
 
 def _rowdot(x: torch.Tensor) -> torch.Tensor:
     """Squared norm of each row of a 2-D tensor (``vector_norm`` then square: one fused
     reduction, several times faster on CPU than a batched dot product)."""
     return torch.linalg.vector_norm(x, dim=1).square()
+
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """Dtype in which a rule works: float32 when any operand is half precision (mixed
+    precision: norms and clipped sums are accumulated in float32), else the widest
+    floating dtype among the operands."""
+    dts = [t.dtype for t in tensors if t is not None and t.is_floating_point()]
+    if not dts:
+        return torch.get_default_dtype()
+    if torch.float64 in dts:
+        return torch.float64
+    if any(d in _LOW for d in dts):
+        return torch.float32
+    return dts[0]
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 class Materialized(Contribution):
@@ -139,6 +182,12 @@ class Materialized(Contribution):
     def per_sample(self) -> list[torch.Tensor]:
         return self.grads
 
+    def param_sq_norms(self) -> list[torch.Tensor]:
+        return [_rowdot(g.reshape(g.shape[0], -1)) for g in self.grads]
+
+    def factor(self, j: int):
+        return ("dense", self.grads[j])
+
 
 class Compound(Contribution):
     """Several contributions over disjoint parameters (e.g. the gates of an LSTM)."""
@@ -160,6 +209,20 @@ class Compound(Contribution):
     def per_sample(self) -> list[torch.Tensor]:
         return [w for part in self.parts for w in part.per_sample()]
 
+    def param_sq_norms(self) -> list[torch.Tensor]:
+        return [s for part in self.parts for s in part.param_sq_norms()]
+
+    def _locate(self, j: int):
+        for part in self.parts:
+            if j < len(part.params):
+                return part, j
+            j -= len(part.params)
+        raise IndexError(j)
+
+    def factor(self, j: int):
+        part, k = self._locate(j)
+        return part.factor(k)
+
 
 def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4) -> bool:
     """Whether ghost norms beat materialisation for an outer-product layer.
@@ -178,17 +241,23 @@ class OuterProduct(Contribution):
 
     Parameters
     ----------
-    weight : parameter whose gradient, viewed as ``(G * p, d)``, is the outer-product sum.
+    weight : parameter whose gradient, viewed as ``(G * p, d)``, is the outer-product sum
+        (with ``transposed=True``: the parameter is ``(d, p)``, its gradient
+        ``sum_t a_t g_t^T``, as in transformers' ``Conv1D``; ``G == 1``).
     bias : parameter with per-example gradient ``sum_t g_t`` (shape ``G * p``) or None.
     a : tensor ``(B, G, T, d)``; g : tensor ``(B, G, T, p)``.
     ghost : bool or None (choose by :func:`use_ghost`).
     """
 
-    def __init__(self, weight, bias, a, g, ghost: bool | None = None):
+    def __init__(self, weight, bias, a, g, ghost: bool | None = None,
+                 transposed: bool = False):
         self.weight, self.bias = weight, bias  # parameters, or anything with a .shape
         self.params = (weight,) if bias is None else (weight, bias)
+        dt = compute_dtype(a, g)
+        a, g = _as(a, dt), _as(g, dt)
         self.a, self.g = a, g
-        self._dtype = g.dtype
+        self._dtype = dt
+        self.transposed = transposed
         b, G, t, d = a.shape
         p = g.shape[-1]
         self.dims = (b, G, t, d, p)
@@ -197,6 +266,7 @@ class OuterProduct(Contribution):
         self.ghost = ghost
         self._ps = None
         self._sq = None
+        self._wsq = None
         self._bias_cache = None
         if not ghost:
             # (B, G, p, d) per-example weight gradients via batched matmul; the inputs
@@ -215,25 +285,31 @@ class OuterProduct(Contribution):
 
     def sq_norms(self) -> torch.Tensor:
         if self._sq is None:
-            self._sq = self._sq_norms()
+            w = self._weight_sq()
+            self._sq = w + _rowdot(self._bias_ps()) if self.bias is not None else w
         return self._sq
 
-    def _sq_norms(self) -> torch.Tensor:
+    def param_sq_norms(self) -> list[torch.Tensor]:
+        out = [self._weight_sq()]
+        if self.bias is not None:
+            out.append(_rowdot(self._bias_ps()))
+        return out
+
+    def _weight_sq(self) -> torch.Tensor:
+        if self._wsq is not None:
+            return self._wsq
         b, G, t, d, p = self.dims
         if self._ps is not None:
             w = _rowdot(self._ps.reshape(b, -1))
-        elif t == 1 and G == 1:  # |a|^2 |g|^2 (+ |g|^2 for the bias)
-            ga = _rowdot(self.g.reshape(b, p))
-            aa = _rowdot(self.a.reshape(b, d))
-            return ga * (aa + 1.0) if self.bias is not None else ga * aa
+        elif t == 1 and G == 1:  # |a|^2 |g|^2
+            w = _rowdot(self.g.reshape(b, p)) * _rowdot(self.a.reshape(b, d))
         elif t == 1:
             w = (self.a.pow(2).sum(-1) * self.g.pow(2).sum(-1)).reshape(b, -1).sum(1)
         else:
             aa = torch.matmul(self.a, self.a.transpose(-1, -2))  # (B, G, T, T)
             gg = torch.matmul(self.g, self.g.transpose(-1, -2))
             w = (aa * gg).reshape(b, -1).sum(1)
-        if self.bias is not None:
-            w = w + _rowdot(self._bias_ps())
+        self._wsq = w
         return w
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -242,13 +318,17 @@ class OuterProduct(Contribution):
         gc = None
         if self._ps is not None:
             w = (c @ self._ps.reshape(b, -1)).view(G * p, d)
+            if self.transposed:
+                w = w.t()
         else:
             gc = self.g * c.view(b, 1, 1, 1)
-            if G == 1:
+            if G == 1 and self.transposed:
+                w = self.a.reshape(b * t, d).t().mm(gc.reshape(b * t, p))
+            elif G == 1:
                 w = gc.reshape(b * t, p).t().mm(self.a.reshape(b * t, d))
             else:
                 w = torch.einsum("bgtp,bgtd->gpd", gc, self.a).reshape(G * p, d)
-        out = [w.view(self.weight.shape)]
+        out = [w.reshape(self.weight.shape)]
         if self.bias is not None:
             if gc is not None and G == 1:  # same summation order as autograd's Linear
                 out.append(gc.reshape(b * t, p).sum(0).view(self.bias.shape))
@@ -259,10 +339,21 @@ class OuterProduct(Contribution):
     def per_sample(self) -> list[torch.Tensor]:
         b, G, t, d, p = self.dims
         ps = self._ps if self._ps is not None else torch.matmul(self.g.transpose(-1, -2), self.a)
+        if self.transposed:
+            ps = ps.reshape(b, p, d).transpose(1, 2)
         out = [ps.reshape(b, *self.weight.shape)]
         if self.bias is not None:
             out.append(self._bias_ps().reshape(b, *self.bias.shape))
         return out
+
+    def factor(self, j: int):
+        b, G, t, d, p = self.dims
+        if j == 1:
+            return ("dense", self._bias_ps().reshape(b, *self.bias.shape))
+        if self._ps is not None or G != 1:
+            return ("dense", self.per_sample()[0])
+        return ("outer_t" if self.transposed else "outer",
+                self.a.reshape(b, t, d), self.g.reshape(b, t, p))
 
 
 class DenseOuterProduct(Contribution):
@@ -270,12 +361,16 @@ class DenseOuterProduct(Contribution):
     ``g_i a_i^T``, so its squared norm is ``|g_i|^2 |a_i|^2`` (plus ``|g_i|^2`` for the
     bias) and no per-example gradient is ever formed (Goodfellow 2015, "Efficient
     Per-Example Gradient Computations"). The clipped sum is one matmul, the one autograd
-    would run for the non-private weight gradient."""
+    would run for the non-private weight gradient. ``transposed``: the parameter is
+    ``(d, p)`` (transformers' ``Conv1D``)."""
 
-    def __init__(self, weight, bias, a: torch.Tensor, g: torch.Tensor):
+    def __init__(self, weight, bias, a: torch.Tensor, g: torch.Tensor,
+                 transposed: bool = False):
         self.weight, self.bias = weight, bias
         self.params = (weight,) if bias is None else (weight, bias)
-        self.a, self.g = a, g
+        dt = compute_dtype(a, g)
+        self.a, self.g = _as(a, dt), _as(g, dt)
+        self.transposed = transposed
         self._sq = None
 
     def sq_norms(self) -> torch.Tensor:
@@ -285,6 +380,10 @@ class DenseOuterProduct(Contribution):
             self._sq = ga * (aa + 1.0) if self.bias is not None else ga * aa
         return self._sq
 
+    def param_sq_norms(self) -> list[torch.Tensor]:
+        ga = _rowdot(self.g)
+        return [ga * _rowdot(self.a)] if self.bias is None else [ga * _rowdot(self.a), ga]
+
     def _weighted_g(self, c: torch.Tensor) -> torch.Tensor:
         """Output gradients scaled per example, ``c_i g_i``."""
         if c.dtype != self.g.dtype:
@@ -293,20 +392,117 @@ class DenseOuterProduct(Contribution):
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         gc = self._weighted_g(c)
-        w = gc.t().mm(self.a)
+        w = self.a.t().mm(gc) if self.transposed else gc.t().mm(self.a)
         if self.bias is None:
             return [w]
         return [w, gc.sum(0)]
 
     def per_sample(self) -> list[torch.Tensor]:
-        ps = self.g.unsqueeze(2) * self.a.unsqueeze(1)
+        if self.transposed:
+            ps = self.a.unsqueeze(2) * self.g.unsqueeze(1)
+        else:
+            ps = self.g.unsqueeze(2) * self.a.unsqueeze(1)
         return [ps] if self.bias is None else [ps, self.g]
+
+    def factor(self, j: int):
+        if j == 1:
+            return ("dense", self.g)
+        return ("outer_t" if self.transposed else "outer",
+                self.a.unsqueeze(1), self.g.unsqueeze(1))
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         gc = self._weighted_g(c)
-        outs[0].addmm_(gc.t(), self.a)  # the GEMM adds into the noise in place
+        a = self.a
+        if gc.dtype != outs[0].dtype:
+            gc, a = gc.to(outs[0].dtype), a.to(outs[0].dtype)
+        if self.transposed:
+            outs[0].addmm_(a.t(), gc)
+        else:
+            outs[0].addmm_(gc.t(), a)  # the GEMM adds into the noise in place
         if self.bias is not None:
             outs[1].add_(gc.sum(0))
+
+
+def cross_term(f1, f2) -> torch.Tensor:
+    """Per-example ``<G1_i, G2_i>`` of two factored gradients of the same parameter
+    (see :meth:`Contribution.factor`), without materialising them where the forms allow:
+
+    * outer x outer: ``sum_{t,s} (g_t . g'_s)(a_t . a'_s)`` (the ghost-norm identity,
+      Li et al. 2022, Sec. 4, applied to two different layers' factors);
+    * rows x outer: ``sum_t sum_s (e_t . a_s) g_s[id_t]`` (an embedding's rows against a
+      linear head tied to it: the ``V x D`` gradient is never formed);
+    * rows x rows: aggregated over distinct tokens per example;
+    * otherwise the dense per-example gradients.
+    """
+    f1, f2 = _orient(f1), _orient(f2)
+    k1, k2 = f1[0], f2[0]
+    if k1 == "outer" and k2 == "outer":
+        a1, g1 = f1[1], f1[2]
+        a2, g2 = f2[1], f2[2]
+        dt = compute_dtype(a1, a2)
+        aa = torch.matmul(_as(a1, dt), _as(a2, dt).transpose(1, 2))  # (B, T1, T2)
+        gg = torch.matmul(_as(g1, dt), _as(g2, dt).transpose(1, 2))
+        return (aa * gg).sum((1, 2))
+    if k1 == "outer" and k2 == "rows":
+        f1, f2, k1, k2 = f2, f1, k2, k1
+    if k1 == "rows" and k2 == "outer":
+        ids, e = f1[1], f1[2]  # (B, T), (B, T, D)
+        a, g = f2[1], f2[2]  # (B, S, D), (B, S, V)
+        dt = compute_dtype(e, a)
+        dots = torch.matmul(_as(e, dt), _as(a, dt).transpose(1, 2))  # (B, T, S)
+        b, s = g.shape[0], g.shape[1]
+        sel = torch.gather(g, 2, ids.unsqueeze(1).expand(b, s, ids.shape[1]))  # (B, S, T)
+        return (dots * _as(sel, dt).transpose(1, 2)).sum((1, 2))
+    if k1 == "rows" and k2 == "rows":
+        ids = torch.cat([f1[1], f2[1]], 1)
+        e1, e2 = f1[2], f2[2]
+        dt = compute_dtype(e1, e2)
+        z1, z2 = torch.zeros_like(_as(e2, dt)), torch.zeros_like(_as(e1, dt))
+        x1 = torch.cat([_as(e1, dt), z1], 1)
+        x2 = torch.cat([z2, _as(e2, dt)], 1)
+        b, t = ids.shape
+        keys = (torch.arange(b, device=ids.device).unsqueeze(1) * f1[3] + ids).reshape(-1)
+        uniq, inv = torch.unique(keys, return_inverse=True)
+        n = uniq.shape[0]
+        s1 = _segment_sum(x1.reshape(b * t, -1), inv, n)
+        s2 = _segment_sum(x2.reshape(b * t, -1), inv, n)
+        owner = torch.zeros(n, dtype=torch.long, device=ids.device).index_copy_(
+            0, inv, torch.arange(b, device=ids.device).repeat_interleave(t))
+        return torch.zeros(b, dtype=dt, device=ids.device).index_add_(0, owner,
+                                                                       (s1 * s2).sum(1))
+    if k2 == "rows":
+        f1, f2, k1, k2 = f2, f1, k2, k1
+    if k1 == "rows":  # rows x dense: gather the dense rows at the token ids
+        ids, e = f1[1], f1[2]
+        dense = _dense(f2)
+        dt = compute_dtype(e, dense)
+        b, t = ids.shape
+        rows = torch.gather(_as(dense, dt).reshape(b, f1[3], -1), 1,
+                            ids.unsqueeze(2).expand(b, t, e.shape[2]))
+        return (rows * _as(e, dt)).sum((1, 2))
+    d1, d2 = _dense(f1), _dense(f2)
+    dt = compute_dtype(d1, d2)
+    b = d1.shape[0]
+    return (_as(d1, dt).reshape(b, -1) * _as(d2, dt).reshape(b, -1)).sum(1)
+
+
+def _orient(f):
+    if f[0] == "outer_t":  # (sum_t g a^T)^T = sum_t a g^T
+        return ("outer", f[2], f[1])
+    return f
+
+
+def _dense(f) -> torch.Tensor:
+    kind = f[0]
+    if kind == "dense":
+        return f[1]
+    if kind == "outer":
+        return torch.matmul(f[2].transpose(1, 2), f[1])  # (B, p, d)
+    ids, e, v = f[1], f[2], f[3]
+    b, t = ids.shape
+    out = e.new_zeros(b * v, e.shape[2])
+    keys = (torch.arange(b, device=ids.device).unsqueeze(1) * v + ids).reshape(-1)
+    return out.index_add_(0, keys, e.reshape(b * t, -1)).view(b, v, -1)
 
 
 # --------------------------------------------------------------------------- registry
@@ -332,11 +528,30 @@ def register_rule(*layer_types: type) -> Callable[[Rule], Rule]:
     return deco
 
 
+#: Rules matched by a predicate on the module (layers of libraries privlearn does not
+#: import, recognised by class name and attributes), tried after :data:`RULES`.
+PREDICATE_RULES: list[tuple[Callable[[nn.Module], bool], Rule]] = []
+
+
+def register_predicate_rule(predicate: Callable[[nn.Module], bool]) -> Callable[[Rule], Rule]:
+    """Decorator registering a rule for every module for which ``predicate`` holds."""
+
+    def deco(fn: Rule) -> Rule:
+        PREDICATE_RULES.append((predicate, fn))
+        return fn
+
+    return deco
+
+
 def get_rule(module: nn.Module) -> Rule | None:
-    """The rule registered for ``type(module)`` (exact type first, then MRO)."""
+    """The rule registered for ``type(module)`` (exact type first, then MRO), else the
+    first predicate rule that matches."""
     for t in type(module).__mro__:
         if t in RULES:
             return RULES[t]
+    for pred, fn in PREDICATE_RULES:
+        if pred(module):
+            return fn
     return None
 
 
@@ -349,22 +564,25 @@ def _scaled(record: Record, i: int = 0) -> torch.Tensor:
 
 @register_rule(nn.Linear)
 def linear_rule(module: nn.Linear, record: Record, params) -> Contribution:
-    a = record.args[0]
-    g = _scaled(record)
-    if a.dim() == 2 and any(q is module.weight for q in params):
-        bias = module.bias if any(q is module.bias for q in params) else None
-        return DenseOuterProduct(module.weight, bias, a if a.dtype == g.dtype
-                                 else a.to(g.dtype), g)
+    return linear_like(record.args[0], _scaled(record), module.weight, module.bias, params)
+
+
+def linear_like(a: torch.Tensor, g: torch.Tensor, weight, bias, params,
+                transposed: bool = False) -> Contribution:
+    """Contribution of ``y = a W^T + b`` (``transposed``: ``y = a W + b``) applied over
+    the last dimension of ``a``, from its input ``a`` and output gradient ``g``."""
+    ps = set(params)
+    w = weight if weight in ps else None
+    bias = bias if bias is not None and bias in ps else None
+    if a.dim() == 2 and w is not None:
+        return DenseOuterProduct(w, bias, a, g, transposed=transposed)
     b = a.shape[0]
     d, p = a.shape[-1], g.shape[-1]
-    a = a.reshape(b, 1, -1, d)
-    g = g.reshape(b, 1, -1, p)
-    ps = set(params)
-    w = module.weight if module.weight in ps else None
-    bias = module.bias if module.bias is not None and module.bias in ps else None
+    dt = compute_dtype(a, g)
+    g = _as(g, dt).reshape(b, 1, -1, p)
     if w is None:  # frozen weight, trainable bias
         return Materialized([bias], [g.sum(2).reshape(b, p)])
-    return OuterProduct(w, bias, a.to(g.dtype), g)
+    return OuterProduct(w, bias, _as(a, dt).reshape(b, 1, -1, d), g, transposed=transposed)
 
 
 def _conv_patches(module, x: torch.Tensor, nd: int) -> torch.Tensor:
@@ -404,10 +622,11 @@ def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
     ps = set(params)
     w = module.weight if module.weight in ps else None
     bias = module.bias if module.bias is not None and module.bias in ps else None
-    gg = g.reshape(b, G, p, -1).transpose(-1, -2)  # (B, G, L, p)
+    dt = compute_dtype(x, g)
+    gg = _as(g, dt).reshape(b, G, p, -1).transpose(-1, -2)  # (B, G, L, p)
     if w is None:
         return Materialized([bias], [gg.sum(2).reshape(b, G * p)])
-    a = _conv_patches(module, x.to(g.dtype), nd)  # (B, G, L, d)
+    a = _conv_patches(module, _as(x, dt), nd)  # (B, G, L, d)
     return OuterProduct(w, bias, a, gg)
 
 
@@ -435,9 +654,13 @@ class EmbeddingContribution(Contribution):
         b = ids.shape[0]
         ids = ids.reshape(b, -1)  # copies expanded (stride-0) views: never written in place
         g = g.reshape(b, ids.shape[1], -1)
+        g = _as(g, compute_dtype(g))
         if padding_idx is not None:
             g = g * (ids != padding_idx).unsqueeze(-1).to(g.dtype)
         self.b, self.ids, self.g = b, ids, g
+
+    def factor(self, j: int):
+        return ("rows", self.ids, self.g, self.weight.shape[0])
 
     def sq_norms(self) -> torch.Tensor:
         b, ids, g = self.b, self.ids, self.g
@@ -493,8 +716,9 @@ def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
 
 @register_rule(nn.LayerNorm)
 def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution:
-    x = record.args[0]
-    g = _scaled(record)
+    x, g = record.args[0], _scaled(record)
+    dt = compute_dtype(x, g)
+    x, g = _as(x, dt), _as(g, dt)
     xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
     k = len(module.normalized_shape)
     reduce_dims = tuple(range(1, x.dim() - k))
@@ -503,8 +727,9 @@ def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution
 
 @register_rule(nn.GroupNorm)
 def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution:
-    x = record.args[0]
-    g = _scaled(record)
+    x, g = record.args[0], _scaled(record)
+    dt = compute_dtype(x, g)
+    x, g = _as(x, dt), _as(g, dt)
     xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
     reduce_dims = tuple(range(2, x.dim()))
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
@@ -590,6 +815,18 @@ def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
         raise ValueError(f"cannot find the batch dimension of the outputs of {module!r}")
     gouts = [_scaled(record, i) for i in range(outputs_n)]
     args, kwargs = record.args, record.kwargs
+    floats = [t for t in (*args, *kwargs.values(), *gouts)
+              if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if any(t.dtype in _LOW for t in floats):  # mixed precision: redo the layer in float32
+        dt = compute_dtype(*floats, *pvals.values())
+
+        def up(t):
+            return _as(t, dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+        args = tuple(up(t) for t in args)
+        kwargs = {k: up(v) for k, v in kwargs.items()}
+        gouts = [up(t) for t in gouts]
+        pvals = {k: up(v) for k, v in pvals.items()}
     kw_keys = list(kwargs)
     kw_vals = [kwargs[k] for k in kw_keys]
     kw_in = [kw_dims[k] for k in kw_keys]
@@ -619,7 +856,9 @@ def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     # the math attention kernel has vmap batching rules (the fused CPU kernels do not)
-    with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]):
+    dev = next(iter(pvals.values())).device.type if pvals else "cpu"
+    with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]), \
+            torch.autocast(dev, enabled=False):
         grads = vmap(per_example, in_dims=in_dims)(pvals, *args, *kw_vals, *gouts)
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],

@@ -153,6 +153,9 @@ class DPOptimizer:
         self._accum: dict[int, torch.Tensor] = {}
         self._final_chunk = True
         self.last_grad_norms = None
+        #: per-layer clipping: ``id(p) -> w_p`` (``sum w_p^2 = 1``), parameter ``p`` clipped
+        #: to ``w_p * max_grad_norm``; None: flat clipping (set by make_private)
+        self.per_param_clipping: dict | None = None
         self._numels = [p.numel() for p in tracker.params]
         self._numel = sum(self._numels)
 
@@ -253,7 +256,8 @@ class DPOptimizer:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
         ``1 / expected_batch_size``) to the accumulator."""
         sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
-                                                  1.0 / self.expected_batch_size)
+                                                  1.0 / self.expected_batch_size,
+                                                  per_param=self.per_param_clipping)
         self.last_grad_norms = norms
         self._count_unclipped(norms)
         for p in self.tracker.params:
@@ -346,7 +350,8 @@ class DPOptimizer:
                                                   strict=True)]
         out = {id(p): v for p, v in zip(params, views, strict=True)}
         _, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
-                                               1.0 / self.expected_batch_size, out=out)
+                                               1.0 / self.expected_batch_size, out=out,
+                                               per_param=self.per_param_clipping)
         self.last_grad_norms = norms
         self._count_unclipped(norms)
         for k, a in self._accum.items():  # earlier chunks of a virtual batch

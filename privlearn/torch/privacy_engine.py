@@ -232,7 +232,8 @@ def make_private(
     target_delta: float = 1e-5,
     epochs: int | None = None,
     steps: int | None = None,
-    max_grad_norm: float = 1.0,
+    max_grad_norm: float | list | dict = 1.0,
+    clipping: str = "flat",
     sampling: str | Sampling = "poisson",
     max_physical_batch_size: int | None = None,
     loss_reduction: str = "mean",
@@ -244,7 +245,6 @@ def make_private(
     max_epsilon: float | None = None,
     ledger=None,
     ledger_chunk: int = 1000,
-    clipping: str = "flat",
     target_unclipped_quantile: float | None = None,
     clipbound_learning_rate: float = 0.2,
     unclipped_num_std: float | None = None,
@@ -274,9 +274,18 @@ def make_private(
         Calibrate sigma (rounded up) so that the planned run is
         (target_epsilon, target_delta)-DP for the planned number of steps,
         ``steps`` or ``epochs * round(1 / q)`` (one of them required).
-    max_grad_norm : float > 0
+    max_grad_norm : float > 0, or list / dict of floats with ``clipping="per_layer"``
         Clipping bound C on the per-example gradient norm over all parameters
-        (``inf``: no clipping, for testing).
+        (``inf``: no clipping, for testing). Per-layer: one bound per trainable parameter
+        in ``model.parameters()`` order (as Opacus takes it), or a dict by parameter name
+        (``model.named_parameters()``).
+    clipping : {"flat", "per_layer", "adaptive"}
+        ``"flat"``: one bound on the norm over all parameters. ``"adaptive"``: see
+        ``target_unclipped_quantile`` below. ``"per_layer"``: each
+        parameter's per-example gradient is clipped to its own bound ``C_k``; the noise
+        std is ``noise_multiplier * sqrt(sum_k C_k^2)`` (the sensitivity of the clipped
+        sum), which is also the clipping bound the accountant records and
+        ``p.max_grad_norm`` reports (setting it rescales every ``C_k`` in proportion).
     sampling : {"poisson", "fixed"} or privlearn.accounting.Sampling
         Poisson sampling (variable batch size, ``scheme="poisson"``, add/remove) or
         fixed-size sampling without replacement (``scheme="fixed"``, replace-one;
@@ -318,9 +327,9 @@ def make_private(
         in the ledger.
     ledger_chunk : int
         Steps reserved at a time beyond the plan.
-    clipping : {"flat", "adaptive"}
-        ``"flat"``: one bound ``max_grad_norm`` on the norm over all parameters, changed
-        only by the user. ``"adaptive"`` (Andrew, Thakkar, McMahan & Ramaswamy 2021,
+    target_unclipped_quantile : float in [0, 1], optional
+        gamma, required with ``clipping="adaptive"`` (0.5: the median norm).
+        ``clipping="adaptive"`` (Andrew, Thakkar, McMahan & Ramaswamy 2021,
         "Differentially Private Learning with Adaptive Clipping", Algorithm 1, geometric
         update): ``max_grad_norm`` is the initial bound; after every step it moves towards
         the ``target_unclipped_quantile`` of the per-example norms, estimated from a noisy
@@ -329,8 +338,6 @@ def make_private(
         mechanism of multiplier ``noise_multiplier``, so the accounting is unchanged and
         the clipped sum gets the larger multiplier ``(sigma^-2 - (2 sigma_b)^-2)^(-1/2)``
         (see :mod:`privlearn.torch.optimizer`).
-    target_unclipped_quantile : float in [0, 1], optional
-        gamma, required with ``clipping="adaptive"`` (0.5: the median norm).
     clipbound_learning_rate : float > 0
         eta of ``C <- C exp(-eta (b - gamma))``.
     unclipped_num_std : float > 0, optional
@@ -366,6 +373,17 @@ def make_private(
     if not model.training:
         raise ValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")
+    if clipping not in ("flat", "per_layer", "adaptive"):
+        raise ValueError(f"clipping must be 'flat', 'per_layer' or 'adaptive', got "
+                         f"{clipping!r}")
+    per_layer_bounds = None
+    if clipping == "per_layer":
+        per_layer_bounds = _per_layer_bounds(inner, max_grad_norm)
+        max_grad_norm = math.sqrt(sum(c * c for c in per_layer_bounds.values()))
+    elif isinstance(max_grad_norm, list | tuple | dict):
+        raise ValueError("max_grad_norm is a list/dict of per-parameter bounds, which needs "
+                         "clipping='per_layer' (got clipping='flat'); pass one number for "
+                         "flat clipping")
     max_grad_norm = _check_pos("max_grad_norm", max_grad_norm, allow_inf=True)
     if isinstance(sampling, Sampling):
         sampling = sampling.value
@@ -403,8 +421,6 @@ def make_private(
         max_epsilon = _check_pos("max_epsilon", max_epsilon)
         if not 0 < float(target_delta) < 1:
             raise ValueError(f"target_delta must be in (0, 1), got {target_delta!r}")
-    if clipping not in ("flat", "adaptive"):
-        raise ValueError(f"clipping must be 'flat' or 'adaptive', got {clipping!r}")
     if clipping == "adaptive":
         if target_unclipped_quantile is None:
             raise ValueError(
@@ -509,11 +525,18 @@ def make_private(
                          expected_batch_size=expected, accountant=acct, noise=noise,
                          world_size=world, process_group=process_group,
                          sampler=loader.batch_sampler, adaptive=adaptive)
+    if per_layer_bounds is not None:
+        by_name = dict(inner.named_parameters())
+        dp_opt.per_param_clipping = {id(by_name[n]): c / max_grad_norm
+                                     for n, c in per_layer_bounds.items()}
     if max_physical_batch_size is not None:
         loader = VirtualBatchLoader(loader, int(max_physical_batch_size), dp_opt)
     config = dict(noise_multiplier=nm, max_grad_norm=max_grad_norm, sampling_rate=q,
                   sampling=sampling, expected_batch_size=expected, dataset_size=n,
                   loss_reduction=loss_reduction, accountant=accountant, world_size=world,
+                  clipping=clipping,
+                  per_layer_max_grad_norm=(None if per_layer_bounds is None
+                                           else list(per_layer_bounds.values())),
                   rank=rank, _hooks=hooks)
     if adaptive is not None:  # part of the mechanism (checked when a state is loaded)
         config.update(clipping="adaptive", adaptive=(adaptive.target_unclipped_quantile,
@@ -525,6 +548,46 @@ def make_private(
     if link is not None:
         atexit.register(link.settle)
     return p
+
+
+def _per_layer_bounds(model: nn.Module, max_grad_norm) -> dict:
+    """``name -> C_k`` for every trainable parameter (``model.named_parameters()`` order)
+    from a list in ``model.parameters()`` order or a dict by name; refuses a wrong length,
+    unknown or missing names and bounds outside (0, inf)."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    if isinstance(max_grad_norm, list | tuple):
+        if len(max_grad_norm) != len(names):
+            raise ValueError(
+                f"clipping='per_layer' needs max_grad_norm with one bound per trainable "
+                f"parameter in model.parameters() order: the model has {len(names)} "
+                f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}), got a list of "
+                f"{len(max_grad_norm)}. Pass a list of {len(names)} positive numbers or a "
+                "dict {parameter name: bound}")
+        items = list(zip(names, max_grad_norm, strict=True))
+    elif isinstance(max_grad_norm, dict):
+        unknown = sorted(set(max_grad_norm) - set(names))
+        missing = [n for n in names if n not in max_grad_norm]
+        if unknown or missing:
+            raise ValueError(
+                "clipping='per_layer' with a dict max_grad_norm needs exactly the names of "
+                f"the trainable parameters (model.named_parameters()); unknown: {unknown}, "
+                f"missing: {missing}")
+        items = [(n, max_grad_norm[n]) for n in names]
+    else:
+        raise ValueError(
+            "clipping='per_layer' needs max_grad_norm as a list (one bound per trainable "
+            "parameter, model.parameters() order) or a dict {parameter name: bound}, got "
+            f"{max_grad_norm!r}")
+    out = {}
+    for n, c in items:
+        try:
+            v = float(c)
+        except (TypeError, ValueError):
+            raise TypeError(f"max_grad_norm[{n!r}] must be a number, got {c!r}") from None
+        if not 0 < v < math.inf:
+            raise ValueError(f"max_grad_norm[{n!r}] must be in (0, inf), got {c!r}")
+        out[n] = v
+    return out
 
 
 _SAMPLING_HELP = (

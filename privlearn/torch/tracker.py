@@ -9,11 +9,20 @@ the rules, the per-example norms over *all* parameters and the clip factors, and
 the sum of clipped per-example gradients.
 
 Autograd's own parameter gradients are not needed (the clipped sum replaces them), so by
-default the tracker turns ``requires_grad`` off for the parameters it handles while it is
-attached (the non-private weight-gradient matmul is then never computed) and makes the
-layer outputs differentiable through a zero-cost autograd node; :meth:`detach` restores
-the flags. Under ``DistributedDataParallel`` this holds too: ``make_private`` switches
-DDP's gradient synchronisation off (the engine all-reduces the noisy sums itself).
+default each layer runs its forward on detached aliases of the parameters it owns (the
+non-private weight-gradient matmul is then never computed; ``requires_grad`` and the
+module's parameters are unchanged outside the forward) and the layer outputs are made
+differentiable through a zero-cost autograd node where needed. Under
+``DistributedDataParallel`` this holds too: ``make_private`` switches DDP's gradient
+synchronisation off (the engine all-reduces the noisy sums itself).
+
+Hugging Face models run unchanged: a pre-hook on the model notes the batch size of each
+forward, and a layer called on an input broadcast over the batch (leading dimension 1,
+e.g. default ``position_ids``) gets it expanded to one row per example. Forwards
+recomputed during backward (non-reentrant activation checkpointing) are not recorded.
+Parameters shared by several layers or calls (tied embeddings) get exact norms from the
+cross terms of their factored gradients (:func:`privlearn.torch.grad_sample.cross_term`)
+without materialising any per-example gradient.
 """
 
 from __future__ import annotations
@@ -27,12 +36,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.torch import attention as _attention  # noqa: F401  (registers MHA rule)
 from privlearn.torch import rnn as _rnn  # noqa: F401  (registers the recurrent rules)
+from privlearn.torch import rules as _rules  # noqa: F401  (transformers' layers)
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
-    Materialized,
     Record,
     _record_batch,
+    cross_term,
     fallback_rule,
     get_rule,
     rule_evaluation,
@@ -60,6 +70,11 @@ def discover_units(model: nn.Module) -> list[Unit]:
         if "" in covered:
             break
         rule = get_rule(mod)
+        if rule is not None and getattr(rule, "direct_only", False):
+            params = tuple(p for p in mod.parameters(recurse=False) if p.requires_grad)
+            if params:
+                units.append(Unit(name, mod, params, rule))
+            continue
         if rule is not None:
             params = tuple(p for p in mod.parameters() if p.requires_grad)
             covered.add(name)
@@ -101,8 +116,8 @@ class GradSampleTracker:
         gradients are multiplied by the realised batch size of the forward pass, so the
         rules see true per-example gradients.
     skip_param_grads : bool
-        Turn off ``requires_grad`` of handled parameters while attached (see module
-        docstring).
+        Run each layer's forward on detached aliases of its handled parameters (see the
+        module docstring); ``requires_grad`` is never changed.
     instrument_attention : bool
         Replace ``forward`` of each ``nn.MultiheadAttention`` instance (while attached) by
         the same equations written out, so that the gradients of its projections are
@@ -132,8 +147,19 @@ class GradSampleTracker:
                 if id(p) not in ids:
                     ids.add(id(p))
                     self.params.append(p)
+        #: factor the loss was multiplied by before ``backward()`` (a static fp16 loss
+        #: scale): recorded gradients are divided by it before clipping
+        self.loss_scale = 1.0
+        self._batch_hint = 0  # batch size of the model's current forward (root input)
+        self._recompute_unrecorded: str | None = None
+        self._handles.append(model.register_forward_pre_hook(_eager(self._root_pre_hook),
+                                                             with_kwargs=True))
         for i, u in enumerate(self.units):
-            h = u.module.register_forward_hook(self._make_hook(i), with_kwargs=True)
+            if _expandable(u.module):
+                h = u.module.register_forward_pre_hook(_eager(self._expand_pre_hook),
+                                                       with_kwargs=True)
+                self._handles.append(h)
+            h = u.module.register_forward_hook(_eager(self._make_hook(i)), with_kwargs=True)
             self._handles.append(h)
         self._instrumented = []
         if instrument_attention:
@@ -142,13 +168,81 @@ class GradSampleTracker:
                     u.module.forward = types.MethodType(_attention.instrumented_forward,
                                                         u.module)
                     self._instrumented.append(u.module)
-        self._frozen = []
+        self._frozen = []  # kept for compatibility: requires_grad is never changed
+        self._swapped: list = []  # per unit: (owner, name, parameter) detached in forward
         if skip_param_grads:
-            for p in self.params:
-                p.requires_grad_(False)
-                self._frozen.append(p)
+            for u in self.units:
+                slots = _param_slots(u.module, u.params)
+                if not slots:
+                    continue
+                self._swapped.append(slots)
+                self._handles.append(u.module.register_forward_pre_hook(
+                    _eager(self._make_detach_hook(slots))))
+                self._handles.append(u.module.register_forward_hook(
+                    _eager(self._make_restore_hook(slots)), always_call=True))
 
     # ------------------------------------------------------------------ recording
+    def _root_pre_hook(self, module, args, kwargs):
+        """Remember the batch size of the model's forward: the leading dimension of its
+        first tensor input (``input_ids``, ``pixel_values``, ...)."""
+        if _IN_RULE[0] or not module.training or _in_backward():
+            return None
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Tensor) and v.dim() >= 1:
+                self._batch_hint = v.shape[0]
+                break
+        return None
+
+    def _expand_pre_hook(self, module, args, kwargs):
+        """A unit called on an input broadcast over the batch (leading dimension 1 while
+        the model's batch has B > 1, e.g. Hugging Face's default ``position_ids`` of shape
+        ``(1, T)``) gets that input expanded to B rows (a stride-0 view): its output, and
+        so its recorded output gradient, then has one row per example, and the
+        downstream broadcast gives the same values. Without it the layer's gradient
+        would be the sum over the batch, which cannot be clipped per example."""
+        b = self._batch_hint
+        if b <= 1 or _IN_RULE[0] or not module.training:
+            return None
+        if args:
+            x = args[0]
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == 1:
+                return (x.expand(b, *x.shape[1:]), *args[1:]), kwargs
+            return None
+        if kwargs:
+            k, x = next(iter(kwargs.items()))
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == 1:
+                kwargs = dict(kwargs)
+                kwargs[k] = x.expand(b, *x.shape[1:])
+                return args, kwargs
+        return None
+
+    def _make_detach_hook(self, slots):
+        """During the unit's forward its parameters are replaced by detached aliases
+        (same storage), so autograd never computes their non-private gradient (the
+        weight-gradient matmul of every layer) while ``requires_grad`` stays as the
+        user set it (``print_trainable_parameters``, optimizers and checkpoints see the
+        usual flags). The post-hook (also run when the forward raises) puts them back."""
+
+        def pre(module, args):
+            if _IN_RULE[0] or not module.training or not torch.is_grad_enabled():
+                return None
+            for owner, name, p in slots:
+                owner._parameters[name] = p.detach()
+            for owner in {id(o): o for o, _, _ in slots}.values():
+                if isinstance(owner, nn.RNNBase):
+                    owner._init_flat_weights()
+            return None
+
+        return pre
+
+    @staticmethod
+    def _make_restore_hook(slots):
+        def post(module, args, output):
+            _restore(slots)
+            return None
+
+        return post
+
     def _make_hook(self, index: int):
         dummy = self._dummy
         grad_hook = self._grad_hook
@@ -157,6 +251,17 @@ class GradSampleTracker:
 
         def hook(module, args, kwargs, output):
             if _IN_RULE[0] or not module.training or not is_grad_enabled():
+                return None
+            if _in_backward():
+                # a forward recomputed during backward (activation checkpointing): the
+                # gradients flow through the first forward's outputs, recorded then;
+                # the output is made differentiable as in the first forward so that the
+                # recomputed graph saves the same tensors
+                if not self.records.get(index):
+                    self._recompute_unrecorded = self.units[index].name
+                if type(output) is Tensor and output.is_floating_point() \
+                        and not output.requires_grad:
+                    return _MakeDifferentiable.apply(dummy, output)
                 return None
             rec = Record(
                 args=tuple(a.detach() if isinstance(a, Tensor) else a for a in args),
@@ -246,9 +351,9 @@ class GradSampleTracker:
         for m in self._instrumented:
             m.__dict__.pop("forward", None)
         self._instrumented = []
-        for p in self._frozen:
-            p.requires_grad_(True)
-        self._frozen = []
+        for slots in self._swapped:
+            _restore(slots)
+        self._swapped = []
         self.records = {}
 
     # ------------------------------------------------------------------ clipping
@@ -293,12 +398,23 @@ class GradSampleTracker:
                 raise ValueError(
                     f"layers saw different batch sizes in one step ({batch} and {n}); "
                     "per-example clipping needs every layer to see the same examples")
-        shared = self.shared or any(len(cs) > 1 for cs in per_unit)
-        if shared:
-            contribs = _merge(contribs)
+        if self._recompute_unrecorded is not None:
+            name, self._recompute_unrecorded = self._recompute_unrecorded, None
+            self.clear()
+            raise RuntimeError(
+                f"layer {name!r} ran during backward() without having been recorded in "
+                "the forward pass: reentrant activation checkpointing "
+                "(torch.utils.checkpoint with use_reentrant=True) runs the first forward "
+                "without autograd, so its layers' gradients cannot be clipped per example. "
+                "Use non-reentrant checkpointing: checkpoint(..., use_reentrant=False), or "
+                "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+                "{'use_reentrant': False}) (the Hugging Face default)")
+        if self.shared or any(len(cs) > 1 for cs in per_unit):
+            contribs = contribs + _cross_terms(contribs)
         return contribs, batch, (1.0 if scale is None else scale)
 
-    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None):
+    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
+                    per_param: dict | None = None):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
@@ -310,11 +426,24 @@ class GradSampleTracker:
         Linear layer accumulates straight into it) and ``out`` is returned as ``sums``.
         The clip factor is ``min(1, C / ||g_i||)`` with the norm over all parameters (Abadi
         et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1).
+
+        Per-layer clipping (McMahan et al. 2018, "A General Approach to Adding Differential
+        Privacy to Iterative Training Procedures", Sec. 3): with ``per_param`` (a dict
+        ``id(p) -> w_p`` with ``sum_p w_p^2 = 1``) parameter ``p``'s per-example gradient
+        is clipped to ``C_p = w_p * max_grad_norm`` on its own norm, so one example's
+        clipped gradient has norm at most ``sqrt(sum_p C_p^2) = max_grad_norm``, the
+        sensitivity the noise is calibrated to. ``norms`` stays the norm over all
+        parameters.
         """
         contribs, batch, scale = self.contributions()
+        if self.loss_scale != 1.0:
+            scale = scale / float(self.loss_scale)
         sums = {} if out is None else out
         norms = None
-        if contribs:
+        if contribs and per_param is not None:
+            norms = self._per_param_clip(contribs, scale, max_grad_norm, multiplier,
+                                         per_param, sums, out)
+        elif contribs:
             sq = None
             for c in contribs:
                 s = c.sq_norms()
@@ -339,13 +468,124 @@ class GradSampleTracker:
         self.clear()
         return sums, (batch or 0), norms
 
+    @staticmethod
+    def _per_param_clip(contribs, scale, max_grad_norm, multiplier, per_param, sums, out):
+        sq: dict[int, torch.Tensor] = {}
+        for c in contribs:
+            if isinstance(c, CrossTerm):
+                k = id(c.param)
+                sq[k] = c.sq_norms() if k not in sq else sq[k] + c.sq_norms()
+                continue
+            for p, s in zip(c.params, c.param_sq_norms(), strict=True):
+                k = id(p)
+                sq[k] = s if k not in sq else sq[k] + s
+        total = None
+        factors = {}
+        weight = scale * multiplier
+        for k, s in sq.items():
+            total = s if total is None else total + s
+            n = s.clamp_min(0).sqrt() * scale
+            bound = per_param[k] * max_grad_norm
+            f = torch.ones_like(n) if bound == float("inf") else \
+                (bound / n.clamp_min(1e-30)).clamp_max(1.0)
+            factors[k] = f * weight if weight != 1.0 else f
+        for c in contribs:
+            for j, p in enumerate(c.params):
+                w = c.weighted_sum(factors[id(p)])[j]
+                k = id(p)
+                if out is not None:
+                    out[k].add_(w.reshape(out[k].shape).to(out[k].dtype))
+                else:
+                    sums[k] = w if k not in sums else sums[k] + w
+        norms = total.clamp_min(0).sqrt()
+        return norms * scale if scale != 1.0 else norms
 
-def _merge(contribs: list[Contribution]) -> list[Contribution]:
-    """Sum per-example gradients of parameters that appear in several contributions
-    (repeated calls of a layer, tied weights)."""
-    by_param: dict[int, tuple] = {}
+
+def _eager(fn):
+    """Run a hook eagerly under ``torch.compile`` (a graph break around it): recording
+    inputs, registering tensor hooks and swapping parameters are Python side effects
+    that must happen on the real tensors of each call."""
+    return torch.compiler.disable(fn, recursive=True)
+
+
+def _restore(slots) -> None:
+    """Put the parameters of ``slots`` back in their modules."""
+    rnns = {}
+    for owner, name, p in slots:
+        if owner._parameters.get(name) is not p:
+            owner._parameters[name] = p
+            if isinstance(owner, nn.RNNBase):
+                rnns[id(owner)] = owner
+    for owner in rnns.values():
+        owner._init_flat_weights()
+
+
+def _param_slots(module: nn.Module, params) -> list:
+    """``(owner module, attribute name, parameter)`` of each handled parameter of a unit
+    (parameters behind a parametrization or shared with no plain slot are skipped: their
+    non-private gradient is then computed by autograd and discarded)."""
+    ids = {id(p) for p in params}
+    out = []
+    for mod in module.modules():
+        for name, p in mod._parameters.items():
+            if p is not None and id(p) in ids:
+                out.append((mod, name, p))
+    return out
+
+
+def _in_backward() -> bool:
+    """Whether autograd is executing a backward pass on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _expandable(module: nn.Module) -> bool:
+    """Units whose first input has the batch as its leading dimension."""
+    if isinstance(module, nn.MultiheadAttention | nn.RNNBase):
+        return False
+    return True
+
+
+class CrossTerm(Contribution):
+    """Twice the per-example inner products between contributions to the same
+    parameter (tied weights, a layer called several times): with them the squared norm
+    of the summed gradient ``||sum_k G_k||^2 = sum_k ||G_k||^2 + 2 sum_{k<l} <G_k, G_l>``
+    is exact while every contribution keeps its own (ghost) form. It carries no
+    gradient of its own (the weighted sums of the contributions add up)."""
+
+    params = ()
+
+    def __init__(self, param, sq: torch.Tensor):
+        self.param = param
+        self._sq = sq
+
+    def sq_norms(self) -> torch.Tensor:
+        return self._sq
+
+    def weighted_sum(self, c):
+        return []
+
+    def per_sample(self):
+        return []
+
+    def param_sq_norms(self):
+        return []
+
+
+def _cross_terms(contribs: list[Contribution]) -> list[Contribution]:
+    """:class:`CrossTerm` for every parameter that several contributions cover."""
+    where: dict[int, list] = {}
     for c in contribs:
-        for p, g in zip(c.params, c.per_sample(), strict=True):
-            k = id(p)
-            by_param[k] = (p, g) if k not in by_param else (p, by_param[k][1] + g)
-    return [Materialized([p for p, _ in by_param.values()], [g for _, g in by_param.values()])]
+        for j, p in enumerate(c.params):
+            where.setdefault(id(p), []).append((c, j, p))
+    out = []
+    for occ in where.values():
+        if len(occ) < 2:
+            continue
+        factors = [c.factor(j) for c, j, _ in occ]
+        total = None
+        for k in range(len(factors)):
+            for m in range(k + 1, len(factors)):
+                x = cross_term(factors[k], factors[m])
+                total = x if total is None else total + x
+        out.append(CrossTerm(occ[0][2], 2.0 * total))
+    return out

@@ -20,11 +20,33 @@ class UnsupportedModuleError(ValueError):
     """The model has layers that per-example clipping cannot handle (all listed)."""
 
 
+def _fallback_with_dropout(m: nn.Module, trainable: bool) -> bool:
+    """A module whose own parameters go through the torch.func fallback (or a rule that
+    defers to it when dropout is active) and whose forward applies dropout: the
+    fallback re-runs the forward per example and cannot reproduce the dropout masks."""
+    if not trainable:
+        return False
+    from privlearn.torch import rules as _rules  # noqa: F401  (registers the rules)
+    from privlearn.torch.grad_sample import get_rule
+
+    rule = get_rule(m)
+    if rule is not None and not getattr(rule, "direct_only", False):
+        return False
+    return any(isinstance(d, nn.modules.dropout._DropoutNd) and d.p > 0
+               for d in m.modules() if d is not m)
+
+
 def _problems(model: nn.Module) -> list[str]:
     out = []
     for name, m in model.named_modules():
         label = f"{name or '<model>'} ({type(m).__name__})"
         trainable = any(p.requires_grad for p in m.parameters(recurse=False))
+        if _fallback_with_dropout(m, trainable):
+            out.append(f"{label}: owns trainable parameters and applies dropout inside its "
+                       "forward; their per-example gradients need the forward re-run per "
+                       "example, which cannot reproduce the dropout masks. Set that dropout "
+                       "to 0 (e.g. ViTConfig(hidden_dropout_prob=0.0) for ViT embeddings) or "
+                       "freeze these parameters")
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             out.append(f"{label}: {_BN_MSG}")
         elif isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:

@@ -61,7 +61,7 @@ def engine_per_sample(model, inputs, loss_fn, mode, instrument=True):
     by_id = {}
     for c in contribs:
         for p, g in zip(c.params, c.per_sample(), strict=True):
-            by_id[id(p)] = g
+            by_id[id(p)] = g if id(p) not in by_id else by_id[id(p)] + g
     ps = torch.cat([by_id[id(p)].reshape(batch, -1) if id(p) in by_id
                     else torch.zeros(batch, p.numel()) for p in params], 1).double()
 
@@ -69,7 +69,7 @@ def engine_per_sample(model, inputs, loss_fn, mode, instrument=True):
         out = {}
         for c in contribs:
             for p, w in zip(c.params, c.weighted_sum(cvec), strict=True):
-                out[id(p)] = w
+                out[id(p)] = w if id(p) not in out else out[id(p)] + w
         return torch.cat([out[id(p)].reshape(-1) if id(p) in out else torch.zeros(p.numel())
                           for p in params]).double()
 
@@ -393,7 +393,44 @@ class _Shared(nn.Module):
 
 def test_repeated_calls_and_tied_weights():
     torch.manual_seed(1)
-    check(_Shared(), [torch.randint(0, 6, (3, 4))], sq_loss, modes=("auto",))
+    check(_Shared(), [torch.randint(0, 6, (3, 4))], sq_loss)
+
+
+class _SharedForms(nn.Module):
+    """A parameter shared between an Embedding (twice), a Linear on sequences, a Linear on
+    vectors and a transposed use (every pair of factored forms of the cross terms)."""
+
+    def __init__(self, padding_idx=None):
+        super().__init__()
+        self.emb = nn.Embedding(5, 5, padding_idx=padding_idx)
+        self.lin = nn.Linear(5, 5)
+        self.lin.weight = self.emb.weight
+        self.other = nn.Embedding(5, 5)
+        self.other.weight = self.emb.weight
+
+    def forward(self, ids):
+        h = self.emb(ids) + self.other(ids.flip(1))
+        h = torch.tanh(self.lin(h))
+        v = self.lin(h.mean(1))
+        return h.sum(1) + v + self.lin(torch.tanh(v))
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+@pytest.mark.parametrize("t", [1, 3])
+def test_tied_parameter_cross_terms(padding_idx, t):
+    torch.manual_seed(4)
+    check(_SharedForms(padding_idx), [torch.randint(0, 5, (4, t))], sq_loss)
+
+
+def test_tied_parameters_do_not_materialise_other_layers():
+    """Only the tied parameter pays: the other layers keep their ghost / rank-one forms."""
+    model = _Shared()
+    tracker = GradSampleTracker(model, loss_reduction="sum")
+    sq_loss(model(torch.randint(0, 6, (3, 4)))).backward()
+    contribs, _, _ = tracker.contributions()
+    tracker.detach()
+    assert not any(isinstance(c, grad_sample.Materialized) and c.params and
+                   c.params[0] is model.lin.weight for c in contribs)
 
 
 def test_frozen_parameters_ignored():

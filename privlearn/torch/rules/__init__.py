@@ -1,0 +1,12 @@
+"""Per-example rules for layers defined outside PyTorch.
+
+:mod:`privlearn.torch.rules.transformers` recognises layers of Hugging Face
+``transformers`` (and look-alikes) by class name and attributes, without importing the
+library: ``Conv1D`` (GPT-2), Llama/Qwen/Mistral/T5-style ``*RMSNorm`` modules and
+``torch.nn.RMSNorm``, and ViT's embeddings (class token and position embedding
+parameters). Each class-name match is checked once per module instance against the
+generic :mod:`torch.func` fallback on two examples; a module whose behaviour differs from
+the rule's assumptions is then handled by the fallback instead (with a warning).
+"""
+
+from privlearn.torch.rules import transformers  # noqa: F401  (registers the rules)

@@ -1,0 +1,186 @@
+"""Rules for Hugging Face ``transformers`` layers, matched by class name (the library
+is never imported here).
+
+* ``Conv1D`` (GPT-2, GPT): ``y = x W + b`` with ``W`` of shape ``(in, out)``, a
+  Linear layer with a transposed weight; it reuses the Linear machinery (ghost norms or
+  materialised outer products, :func:`privlearn.torch.grad_sample.linear_like`).
+* RMSNorm (``torch.nn.RMSNorm`` and ``LlamaRMSNorm``-style modules: class name ending in
+  ``RMSNorm``, one ``weight`` vector, an ``eps`` or ``variance_epsilon``): the
+  per-example weight gradient is ``sum_t g_t * xhat_t`` with ``xhat`` the normalised
+  input, computed in float32 and rounded to the input dtype as those modules do (Zhang &
+  Sennrich 2019, "Root Mean Square Layer Normalization").
+* ``ViTEmbeddings``: the class token's per-example gradient is the output gradient at
+  position 0, the position embedding's the whole output gradient (the patch projection
+  is its own Conv2d unit).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privlearn.torch.grad_sample import (
+    Contribution,
+    Materialized,
+    Record,
+    _as,
+    compute_dtype,
+    fallback_rule,
+    linear_like,
+    register_predicate_rule,
+    register_rule,
+)
+
+__all__ = ["conv1d_transposed_rule", "rmsnorm_rule", "vit_embeddings_rule", "verified"]
+
+_CHECK_EXAMPLES = 2
+
+
+def verified(rule):
+    """Wrap a class-name rule: on the first call for a module instance, compare the rule
+    with the :mod:`torch.func` fallback on the first examples of the batch; on mismatch
+    the module is handled by the fallback from then on (warning)."""
+
+    def wrapped(module: nn.Module, record: Record, params) -> Contribution:
+        state = module.__dict__.get("_privlearn_rule_state")
+        if state == "fallback":
+            return fallback_rule(module, record, params)
+        if state is None:
+            ok = _agrees(rule, module, record, params)
+            module.__dict__["_privlearn_rule_state"] = "ok" if ok else "fallback"
+            if not ok:
+                warnings.warn(
+                    f"{type(module).__name__} does not behave as privlearn's rule for "
+                    "modules of that name assumes; its per-example gradients are computed "
+                    "by the generic torch.func fallback instead (slower, exact)",
+                    RuntimeWarning, stacklevel=2)
+                return fallback_rule(module, record, params)
+        return rule(module, record, params)
+
+    wrapped.__name__ = rule.__name__
+    wrapped.__doc__ = rule.__doc__
+    return wrapped
+
+
+def _agrees(rule, module, record: Record, params) -> bool:
+    x = record.args[0]
+    k = min(_CHECK_EXAMPLES, x.shape[0])
+    if k == 0 or len(record.grad_outputs) != 1:
+        return True
+    g = record.grad(0)
+    small = Record(args=(x[:k], *record.args[1:]), kwargs=dict(record.kwargs),
+                   grad_outputs=[g[:k]],
+                   outputs_meta=[((k, *g.shape[1:]), g.dtype, g.device)])
+    mine = rule(module, small, params).per_sample()
+    ref = fallback_rule(module, small, params).per_sample()
+    for a, b in zip(mine, ref, strict=True):
+        a, b = a.double(), b.double()
+        scale = b.abs().max().item() + 1e-30
+        # a different formula differs at O(1); rounding (float32 inside the module,
+        # half-precision inputs) at most at these levels
+        tol = 1e-2 if compute_dtype(x, g) != x.dtype else 1e-4
+        if a.shape != b.shape or (a - b).abs().max().item() > tol * scale:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- Conv1D
+
+
+def _is_conv1d(m: nn.Module) -> bool:
+    w = m._parameters.get("weight")
+    return (type(m).__name__ == "Conv1D" and w is not None and w.dim() == 2
+            and getattr(m, "nf", None) == w.shape[1] and getattr(m, "nx", None) == w.shape[0]
+            and set(m._parameters) <= {"weight", "bias"} and not m._modules)
+
+
+@register_predicate_rule(_is_conv1d)
+@verified
+def conv1d_transposed_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """transformers' ``Conv1D``: ``addmm(bias, x, W)`` with ``W`` ``(nx, nf)``."""
+    return linear_like(record.args[0], record.grad(0), module.weight, module.bias, params,
+                       transposed=True)
+
+
+# --------------------------------------------------------------------------- RMSNorm
+
+
+def _is_hf_rmsnorm(m: nn.Module) -> bool:
+    w = m._parameters.get("weight")
+    eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+    return (type(m).__name__.endswith("RMSNorm") and not isinstance(m, nn.RMSNorm)
+            and w is not None and w.dim() == 1 and set(m._parameters) == {"weight"}
+            and isinstance(eps, float) and not m._modules)
+
+
+def _rms_contribution(x, g, weight, params, xhat) -> Contribution:
+    if not any(q is weight for q in params):
+        return Materialized([], [])
+    dt = compute_dtype(x, g)
+    k = weight.dim()
+    reduce_dims = tuple(range(1, x.dim() - k))
+    gx = _as(g, dt) * _as(xhat, dt)
+    return Materialized([weight], [gx.sum(reduce_dims) if reduce_dims else gx])
+
+
+@register_rule(nn.RMSNorm)
+def torch_rmsnorm_rule(module: nn.RMSNorm, record: Record, params) -> Contribution:
+    """``torch.nn.RMSNorm``: ``grad_w = sum_t g_t * x_t / rms(x_t)``."""
+    x, g = record.args[0], record.grad(0)
+    dt = compute_dtype(x, g)
+    xhat = F.rms_norm(_as(x, dt), module.normalized_shape, None, module.eps)
+    return _rms_contribution(x, g, module.weight, params, xhat)
+
+
+@register_predicate_rule(_is_hf_rmsnorm)
+@verified
+def rmsnorm_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """Llama-style RMSNorm: ``w * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)``."""
+    x, g = record.args[0], record.grad(0)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    xf = x.to(torch.float32)  # as the module does, whatever the input dtype
+    xhat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return _rms_contribution(x, g, module.weight, params, xhat)
+
+
+# --------------------------------------------------------------------------- ViT
+
+
+def _is_vit_embeddings(m: nn.Module) -> bool:
+    return (type(m).__name__ == "ViTEmbeddings" and "cls_token" in m._parameters
+            and "position_embeddings" in m._parameters
+            and set(m._parameters) <= {"cls_token", "position_embeddings", "mask_token"}
+            and hasattr(m, "patch_embeddings") and hasattr(m, "dropout"))
+
+
+@register_predicate_rule(_is_vit_embeddings)
+def vit_embeddings_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """``ViTEmbeddings``: ``dropout(cat(cls, patches) + pos)``; the patch projection is a
+    unit of its own, so this rule covers the two (three) parameters the module owns."""
+    drop = getattr(module.dropout, "p", 0.0)
+    special = (record.kwargs.get("bool_masked_pos") is not None
+               or record.kwargs.get("interpolate_pos_encoding")
+               or len(record.args) > 1)
+    if special or (drop > 0 and module.dropout.training):
+        return fallback_rule(module, record, params)
+    g = record.grad(0)
+    g = _as(g, compute_dtype(g))
+    b = g.shape[0]
+    out_p, out_g = [], []
+    for q in params:
+        if q is module.cls_token:
+            out_p.append(q)
+            out_g.append(g[:, :1, :].reshape(b, *q.shape))
+        elif q is module.position_embeddings:
+            out_p.append(q)
+            out_g.append(g.reshape(b, *q.shape))
+        else:  # mask_token: only used with bool_masked_pos (handled above)
+            out_p.append(q)
+            out_g.append(g.new_zeros(b, *q.shape))
+    return Materialized(out_p, out_g)
+
+
+vit_embeddings_rule.direct_only = True  # the patch projection stays a unit of its own

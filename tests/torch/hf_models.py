@@ -1,0 +1,139 @@
+"""Tiny config-initialised Hugging Face models and a naive per-example reference (shared
+by the tests/torch/test_hf_*.py files; no weights are downloaded)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from privlearn.torch.losses import per_sequence_cross_entropy
+from privlearn.torch.tracker import GradSampleTracker
+
+VOCAB = 97
+T = 7
+B = 6
+
+
+def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    if name in ("gpt2", "gpt2_untied", "gpt2_lora"):
+        cfg = tf.GPT2Config(vocab_size=vocab, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            tie_word_embeddings=name != "gpt2_untied",
+                            bos_token_id=0, eos_token_id=0)
+        model = tf.GPT2LMHeadModel(cfg)
+    elif name == "bert":
+        cfg = tf.BertConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=32,
+                            max_position_embeddings=32, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0, num_labels=3)
+        model = tf.BertForSequenceClassification(cfg)
+    elif name == "llama":
+        cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                             num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=1, max_position_embeddings=32,
+                             bos_token_id=0, eos_token_id=0)
+        model = tf.LlamaForCausalLM(cfg)
+    elif name == "vit":
+        cfg = tf.ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=16,
+                           num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                           num_labels=3)
+        model = tf.ViTForImageClassification(cfg)
+    else:
+        raise KeyError(name)
+    with torch.no_grad():  # non-trivial norm weights and biases
+        for n, p in model.named_parameters():
+            if "norm" in n.lower() or "ln" in n.split(".")[-2:][0]:
+                p.add_(0.1 * torch.randn_like(p))
+    if name == "gpt2_lora":
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True,
+            lora_dropout=0.0))
+        with torch.no_grad():  # LoRA B starts at zero: move it so every factor matters
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.1)
+    model = model.to(dtype)
+    model.train()
+    return model
+
+
+def make_batch(name: str, b: int = B, t: int = T, seed: int = 1, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    if name == "vit":
+        return {"pixel_values": torch.randn(b, 3, 8, 8, generator=g, dtype=dtype)}, \
+            torch.randint(0, 3, (b,), generator=g)
+    ids = torch.randint(1, VOCAB, (b, t), generator=g)
+    mask = torch.ones(b, t, dtype=torch.long)
+    for i in range(0, b, 2):  # right padding on every other example
+        n = 2 + (i % (t - 2))
+        mask[i, n:] = 0
+        ids[i, n:] = 0
+    if name == "bert":
+        return {"input_ids": ids, "attention_mask": mask}, torch.randint(0, 3, (b,), generator=g)
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids, "attention_mask": mask}, labels
+
+
+def loss_of(name: str, out, labels, reduction: str = "mean"):
+    logits = out.logits
+    if logits.dim() == 3:
+        return per_sequence_cross_entropy(logits, labels, shift=True, reduction=reduction)
+    return F.cross_entropy(logits.float() if logits.dtype in (torch.bfloat16, torch.float16)
+                           else logits, labels, reduction=reduction)
+
+
+def trainable(model):
+    seen, out = set(), []
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def naive_grads(name, model, inputs, labels):
+    """Per-example gradients (B, P) in float64 from batch-of-one backward passes."""
+    model = copy.deepcopy(model)
+    params = trainable(model)
+    rows = []
+    b = labels.shape[0]
+    for i in range(b):
+        sub = {k: v[i:i + 1] for k, v in inputs.items()}
+        loss = loss_of(name, model(**sub), labels[i:i + 1])
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
+                               for g, p in zip(grads, params, strict=True)]))
+    return torch.stack(rows)
+
+
+def engine_sum(name, model, inputs, labels, max_grad_norm, autocast=None):
+    """The tracker's clipped sum (flattened, float64) and per-example norms."""
+    params = trainable(model)
+    tracker = GradSampleTracker(model, loss_reduction="mean")
+    try:
+        if autocast is None:
+            loss = loss_of(name, model(**inputs), labels)
+        else:
+            with torch.autocast("cpu", dtype=autocast):
+                loss = loss_of(name, model(**inputs), labels)
+        loss.backward()
+        sums, batch, norms = tracker.clipped_sum(max_grad_norm)
+    finally:
+        tracker.detach()
+    flat = torch.cat([sums[id(p)].reshape(-1).double() if id(p) in sums
+                      else torch.zeros(p.numel(), dtype=torch.float64, device=p.device)
+                      for p in params])
+    return flat, norms.double(), batch
+
+
+def clip_sum(rows, c):
+    norms = rows.norm(dim=1)
+    return (rows * (c / norms).clamp(max=1.0).unsqueeze(1)).sum(0), norms

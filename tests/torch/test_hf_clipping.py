@@ -1,0 +1,114 @@
+"""Per-layer clipping against its naive definition, its accounting and its bad inputs."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.torch import make_private  # noqa: E402
+
+
+def _model():
+    torch.manual_seed(0)
+    emb = nn.Embedding(11, 6)
+    head = nn.Linear(6, 11, bias=False)
+    head.weight = emb.weight  # tied: its bound applies to the summed gradient
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lin, self.norm, self.head = emb, nn.Linear(6, 6), nn.LayerNorm(6), head
+
+        def forward(self, ids):
+            return self.head(self.norm(torch.tanh(self.lin(self.emb(ids))))).mean(1)
+
+    return M().double()
+
+
+def _data(n=40):
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, 11, (n, 5), generator=g), torch.randint(0, 11, (n,), generator=g)
+
+
+def test_per_layer_clipping_equals_naive_definition():
+    model = _model()
+    ids, y = _data()
+    params = list(model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    ref_model = copy.deepcopy(model)
+    per_example = [torch.autograd.grad(
+        nn.functional.cross_entropy(ref_model(ids[i:i + 1]), y[i:i + 1]),
+        list(ref_model.parameters())) for i in range(len(ids))]
+    # each parameter's bound at the median of its per-example norms: half are clipped
+    bounds = [torch.stack([gs[k].norm() for gs in per_example]).median().item()
+              for k in range(len(params))]
+    ref = [torch.zeros_like(p) for p in params]
+    clipped = 0
+    for gs in per_example:
+        for k, (g, c) in enumerate(zip(gs, bounds, strict=True)):
+            f = min(1.0, c / g.norm().item())
+            clipped += f < 1
+            ref[k] += f * g
+    assert 0 < clipped < len(ids) * len(bounds)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    loader = DataLoader(TensorDataset(ids, y), batch_size=len(ids))
+    p = make_private(model, opt, loader, noise_multiplier=0.0, clipping="per_layer",
+                     max_grad_norm=dict(zip(names, bounds, strict=True)), seed=0)
+    assert p.max_grad_norm == pytest.approx(math.sqrt(sum(c * c for c in bounds)))
+    # the full batch, one step: p.grad is the clipped sum / expected batch size
+    next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(ids), y).backward()
+    p.optimizer.step()
+    for q, r in zip(params, ref, strict=True):
+        torch.testing.assert_close(q.grad * len(ids), r, rtol=1e-10, atol=1e-12)
+
+
+def test_per_layer_noise_and_accounting_use_the_total_bound():
+    model = nn.Linear(3, 2)
+    x, y = torch.randn(20, 3), torch.randn(20, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    p = make_private(model, opt, DataLoader(TensorDataset(x, y), batch_size=10),
+                     noise_multiplier=2.0, clipping="per_layer", max_grad_norm=[3.0, 4.0],
+                     seed=0)
+    assert p.max_grad_norm == pytest.approx(5.0)
+    assert p.optimizer._noise_std() == pytest.approx(2.0 * 5.0 / 10)
+    for xb, yb in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.mse_loss(p.model(xb), yb).backward()
+        p.optimizer.step()
+        break
+    assert p.accountant.segments[-1].max_grad_norm == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([1.0], "one bound per trainable parameter"),
+    ([1.0, 1.0, 1.0], "got a list of 3"),
+    ({"weight": 1.0}, "missing"),
+    ({"weight": 1.0, "bias": 1.0, "x": 1.0}, "unknown"),
+    ([1.0, -1.0], r"max_grad_norm\['bias'\] must be in \(0, inf\)"),
+    (1.0, "needs max_grad_norm as a list"),
+])
+def test_per_layer_bad_input(bad, match):
+    model = nn.Linear(3, 2)
+    loader = DataLoader(TensorDataset(torch.randn(20, 3)), batch_size=10)
+    with pytest.raises(ValueError, match=match):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                     noise_multiplier=1.0, clipping="per_layer", max_grad_norm=bad)
+
+
+def test_list_bound_needs_per_layer_and_clipping_is_checked():
+    model = nn.Linear(3, 2)
+    loader = DataLoader(TensorDataset(torch.randn(20, 3)), batch_size=10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="clipping='per_layer'"):
+        make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=[1.0, 1.0])
+    with pytest.raises(ValueError, match="clipping must be"):
+        make_private(model, opt, loader, noise_multiplier=1.0, clipping="layer")
