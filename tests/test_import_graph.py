@@ -22,11 +22,7 @@ PKG = Path(privlearn.__file__).parent
 #: Cycles known today outside accounting/compat, owned by the lead (privlearn.torch):
 #: each entry is the set of modules of one strongly connected component. Remove an entry
 #: when the cycle is fixed; the test fails if a listed cycle disappears or a new one shows.
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # owner: the lead (privlearn.torch refactor, issue 13 item 1): the tracker imports the
-    # attention and rnn rules for their side effects, and those import the tracker back
-    frozenset({"privlearn.torch.attention", "privlearn.torch.tracker"}),
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 
 def _module_name(path: Path) -> str:

@@ -27,6 +27,7 @@ from privlearn.torch.grad_sample import (
     Materialized,
     OuterProduct,
     Record,
+    _MakeDifferentiable,
     _scaled,
     fallback_rule,
     register_rule,
@@ -257,7 +258,6 @@ def instrumented_forward(self: nn.MultiheadAttention, query, key, value,
     Installed per instance by the tracker while it is attached (removed by ``detach``).
     """
     from privlearn.torch.grad_sample import recording_disabled
-    from privlearn.torch.tracker import _MakeDifferentiable
 
     if (not self.training or not torch.is_grad_enabled() or recording_disabled()
             or query.dim() != 3):

@@ -874,3 +874,18 @@ def _record_batch(module: nn.Module, record: Record) -> int:
     return x.shape[0]
 
 
+class _MakeDifferentiable(torch.autograd.Function):
+    """Identity on a tensor that does not require grad, made differentiable via ``dummy``.
+
+    The tensor is returned in place (``mark_dirty``); since it required no grad, autograd
+    saved it nowhere, so this is safe, and the gradient reaching it is caught by a hook.
+    """
+
+    @staticmethod
+    def forward(ctx, dummy, x):
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g

@@ -41,6 +41,7 @@ from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
     Record,
+    _MakeDifferentiable,
     _record_batch,
     cross_term,
     fallback_rule,
@@ -85,23 +86,6 @@ def discover_units(model: nn.Module) -> list[Unit]:
         if params:
             units.append(Unit(name, mod, params, fallback_rule))
     return units
-
-
-class _MakeDifferentiable(torch.autograd.Function):
-    """Identity on a tensor that does not require grad, made differentiable via ``dummy``.
-
-    The tensor is returned in place (``mark_dirty``); since it required no grad, autograd
-    saved it nowhere, so this is safe, and the gradient reaching it is caught by a hook.
-    """
-
-    @staticmethod
-    def forward(ctx, dummy, x):
-        ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return None, g
 
 
 class GradSampleTracker:
