@@ -33,6 +33,7 @@ vjp of ``functional_call``) for any other layer, multi-input ones included.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -777,22 +778,24 @@ def _mha_dim(name, t, batch_first):
     return None
 
 
-_IN_RULE = [False]
+# True while rules are evaluated (their internal module calls must not be recorded); a
+# ContextVar, so concurrent threads or tasks evaluating rules do not see each other's flag
+_IN_RULE: contextvars.ContextVar[bool] = contextvars.ContextVar("privlearn_in_rule",
+                                                                default=False)
 
 
 @contextlib.contextmanager
 def rule_evaluation():
     """Context in which hooks do not record (rules may call modules internally)."""
-    prev = _IN_RULE[0]
-    _IN_RULE[0] = True
+    token = _IN_RULE.set(True)
     try:
         yield
     finally:
-        _IN_RULE[0] = prev
+        _IN_RULE.reset(token)
 
 
 def recording_disabled() -> bool:
-    return _IN_RULE[0]
+    return _IN_RULE.get()
 
 
 def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:

@@ -169,7 +169,7 @@ class GradSampleTracker:
     def _root_pre_hook(self, module, args, kwargs):
         """Remember the batch size of the model's forward: the leading dimension of its
         first tensor input (``input_ids``, ``pixel_values``, ...)."""
-        if _IN_RULE[0] or not module.training or _in_backward():
+        if _IN_RULE.get() or not module.training or _in_backward():
             return None
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
@@ -185,7 +185,7 @@ class GradSampleTracker:
         downstream broadcast gives the same values. Without it the layer's gradient
         would be the sum over the batch, which cannot be clipped per example."""
         b = self._batch_hint
-        if b <= 1 or _IN_RULE[0] or not module.training:
+        if b <= 1 or _IN_RULE.get() or not module.training:
             return None
         if args:
             x = args[0]
@@ -208,7 +208,7 @@ class GradSampleTracker:
         usual flags). The post-hook (also run when the forward raises) puts them back."""
 
         def pre(module, args):
-            if _IN_RULE[0] or not module.training or not torch.is_grad_enabled():
+            if _IN_RULE.get() or not module.training or not torch.is_grad_enabled():
                 return None
             for owner, name, p in slots:
                 owner._parameters[name] = p.detach()
@@ -234,7 +234,7 @@ class GradSampleTracker:
         Tensor = torch.Tensor
 
         def hook(module, args, kwargs, output):
-            if _IN_RULE[0] or not module.training or not is_grad_enabled():
+            if _IN_RULE.get() or not module.training or not is_grad_enabled():
                 return None
             if _in_backward():
                 # a forward recomputed during backward (activation checkpointing): the
