@@ -13,6 +13,9 @@ Commands
 Every error caused by the input (a bad value, an unknown choice, an unreachable target,
 a failed numerical certification) is reported as ONE line ``error: ...`` on stderr with
 exit status 2, never as a traceback.
+
+Length: one click application; each command is a thin block over the library and the
+options are shared between commands, so they live together (see docs/guides/cli.md).
 """
 
 from __future__ import annotations

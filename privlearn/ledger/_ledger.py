@@ -1,4 +1,8 @@
-"""A persistent, tamper-evident privacy ledger in SQLite (see :mod:`privlearn.ledger`)."""
+"""A persistent, tamper-evident privacy ledger in SQLite (see :mod:`privlearn.ledger`).
+
+Length: one class whose methods share a single transaction discipline (BEGIN IMMEDIATE,
+hash chain, head record); splitting them would spread the invariants over several files.
+"""
 
 from __future__ import annotations
 

@@ -37,6 +37,9 @@ References
 .. [3] Dong, Roth & Su (2022), Gaussian Differential Privacy, JRSS-B, Corollary 3.3.
 .. [4] Balle, Barthe & Gaboardi (2018), Privacy Amplification by Subsampling: Tight
        Analyses via Couplings and Divergences, NeurIPS, Theorems 8 and 9.
+
+Length: mirrors autodp's own ``autodp_core`` module one-to-one (same classes, same
+methods) so that ported code keeps its imports; the computation lives in privlearn.accounting.
 """
 
 from __future__ import annotations

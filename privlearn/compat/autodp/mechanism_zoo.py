@@ -10,6 +10,9 @@ silently dropped). ``SubsampleGaussianMechanism(phi_off=False, neighboring=...)`
 honoured (one-sided relations) (see :mod:`privlearn.compat.autodp.autodp_core`).
 
 Parameters may be Python or NumPy scalars (including 0-d and one-element arrays).
+
+Length: mirrors autodp's ``mechanism_zoo`` one-to-one (one small class per autodp
+mechanism) so that ported code keeps its imports.
 """
 
 from __future__ import annotations
