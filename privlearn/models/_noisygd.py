@@ -1,0 +1,446 @@
+"""Noisy gradient descent for least squares (Bassily, Smith & Thakurta 2014; the LR study).
+
+The NoisyGD loop, its learning rate, the private smoothness release and
+:class:`NoisyGDRegressor` (re-exported by :mod:`privlearn.models.linear`, where the
+sensitivities and the privacy argument are described).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import numpy as np
+
+from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
+from privlearn.errors import PrivacyLeakWarning
+from privlearn.models._base import (
+    cancel_on_error,
+    check_choice,
+    check_int_param,
+    check_positive_param,
+    make_rng,
+    reserve_on_ledger,
+    settle_on_ledger,
+    spent_epsilon,
+)
+from privlearn.models._linear_base import _PrivateLinearBase
+from privlearn.models._ssp import ADASSP_Z
+
+
+def theoretical_learning_rate(
+    smoothness: float, dim: int, noise_std: float, n_iter: int
+) -> float:
+    """The LR study's learning rate ``min(1/L, 4 / sqrt(d * noise_std * L * n_iter))``.
+
+    ``L`` is the smoothness (largest eigenvalue of ``X^T X``) and ``noise_std`` the
+    per-coordinate gradient-noise level ``sigma * GS`` with the study's typical
+    ``GS = x_bound^2 + x_bound y_bound`` (the study's ``theoretical_lr_choice``, which
+    follows the standard noisy-GD rate of Bassily, Smith & Thakurta 2014).
+    """
+    return float(min(1.0 / smoothness, 4.0 / math.sqrt(dim * noise_std * smoothness * n_iter)))
+
+
+def noisy_gd_paths(
+    XTX: np.ndarray,
+    XTy: np.ndarray,
+    sigma: float,
+    lr: float | np.ndarray,
+    n_iter: int,
+    x_bound: float,
+    y_bound: float,
+    rng: np.random.Generator,
+    reps: int = 1,
+    log_every: int | None = None,
+    chunk: int = 256,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run ``reps`` independent NoisyGD chains at once (the LR study).
+
+    ``theta_{t+1} = theta_t - lr (X^T X theta_t - X^T y + GS_t sigma N(0, I))`` with
+    ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound``, from ``theta_0 = 0``. ``lr`` is
+    one learning rate for all chains or one per chain, shape (reps,).
+
+    Returns
+    -------
+    theta : (reps, dim) final iterates
+    path : (n_logs, reps, dim) iterates after iterations ``log_iters``
+    log_iters : (n_logs,) int, the number of iterations completed at each log point
+        (``1, 1 + log_every, 1 + 2 log_every, ...`` as the seed logs ``i % log_gap == 0``)
+    """
+    dim = XTX.shape[0]
+    lr_arr = np.broadcast_to(np.asarray(lr, dtype=float), (reps,))
+    if reps == 1 and log_every is None:
+        return _noisy_gd_single(
+            XTX, XTy, sigma, float(lr_arr[0]), n_iter, x_bound, y_bound, rng, chunk
+        )
+    lr_col = lr_arr[:, None]
+    theta = np.zeros((reps, dim))
+    logs: list[np.ndarray] = []
+    iters: list[int] = []
+    i = 0
+    while i < n_iter:
+        m = min(chunk, n_iter - i)
+        noise = rng.standard_normal((m, reps, dim))
+        for j in range(m):
+            gs = x_bound**2 * np.sqrt(np.einsum("ij,ij->i", theta, theta)) + x_bound * y_bound
+            grad = theta @ XTX - XTy
+            theta = theta - lr_col * (grad + (gs * sigma)[:, None] * noise[j])
+            if log_every is not None and (i + j) % log_every == 0:
+                logs.append(theta.copy())
+                iters.append(i + j + 1)
+        i += m
+    path = np.array(logs) if logs else np.zeros((0, reps, dim))
+    return theta, path, np.array(iters, dtype=np.int64)
+
+
+def _noisy_gd_single(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, chunk):
+    """One chain of :func:`noisy_gd_paths` without logging, with scalar bookkeeping.
+
+    The same recursion and the same random draws (``(chunk, 1, dim)`` standard normals per
+    block) as the batched loop, written with 1-d arrays and ``math.sqrt`` because NumPy's
+    per-call overhead dominates at ``dim = 8`` (about 3x faster). Agrees with the batched
+    loop up to floating-point rounding (tested)."""
+    dim = XTX.shape[0]
+    theta = np.zeros(dim)
+    a, b = x_bound**2, x_bound * y_bound
+    dot, sqrt = np.dot, math.sqrt
+    i = 0
+    while i < n_iter:
+        m = min(chunk, n_iter - i)
+        noise = rng.standard_normal((m, 1, dim)) * sigma
+        for j in range(m):
+            gs = a * sqrt(dot(theta, theta)) + b
+            theta = theta - lr * (dot(XTX, theta) - XTy + gs * noise[j, 0])
+        i += m
+    empty = np.zeros((0, 1, dim))
+    return theta[None, :], empty, np.zeros(0, dtype=np.int64)
+
+
+#: Smoothness modes of :class:`NoisyGDRegressor` (besides a float).
+SMOOTHNESS_MODES = ("private", "public", "data")
+
+#: Fraction of NoisyGD's budget, in ``1 / sigma^2`` (Gaussian-DP ``mu^2``), spent on the
+#: private smoothness release. Fixed in advance (not tuned on any data set).
+SMOOTHNESS_BUDGET_FRACTION = 0.01
+
+
+def _noisy_gd_mechanism(sigma: float, n_iter: int, sigma_l: float | None) -> Mechanism:
+    """What NoisyGD runs: ``n_iter`` Gaussians with multiplier ``sigma``, preceded by the
+    smoothness release ``Gaussian(sigma_l)`` when there is one."""
+    gd = compose(Gaussian(sigma), steps=n_iter)
+    return gd if sigma_l is None else compose([Gaussian(sigma_l), gd])
+
+
+@functools.lru_cache(maxsize=256)
+def _smoothness_sigma(eps: float, delta: float, accountant: str) -> float:
+    """``sigma_total / sqrt(SMOOTHNESS_BUDGET_FRACTION)`` with ``sigma_total`` the
+    multiplier of one Gaussian that is exactly (eps, delta)-DP (rounded up)."""
+    total = float(calibrate(lambda s: Gaussian(s), eps, delta, accountant=accountant))
+    return total / math.sqrt(SMOOTHNESS_BUDGET_FRACTION)
+
+
+class NoisyGDRegressor(_PrivateLinearBase):
+    """Full-batch noisy gradient descent for least squares (the LR study), (epsilon, delta)-DP.
+
+    ``theta_{t+1} = theta_t - lr (sum_i x_i (x_i^T theta_t - y_i) + GS_t sigma N(0, I))``
+    with the theta-dependent sensitivity ``GS_t = x_bound^2 ||theta_t|| + x_bound Y``
+    (``Y`` the label bound, see ``y_bound``). The iterations are the composition of
+    ``n_iter`` Gaussian mechanisms with multiplier ``sigma`` (Bassily, Smith & Thakurta
+    2014), accounted exactly.
+
+    The learning rate is part of what is released (it shapes every iterate), so it must
+    not be an un-noised function of the data. By default (``smoothness="private"``) the
+    smoothness ``L = lambda_max(X^T X)`` of the objective is released by one more Gaussian
+    mechanism (sensitivity ``x_bound^2`` by Weyl's inequality), composed into
+    ``mechanism_`` and paid from the same budget: it gets the fraction
+    :data:`SMOOTHNESS_BUDGET_FRACTION` (1%) of the budget measured in ``1 / sigma^2``
+    (Gaussian compositions add ``1 / sigma^2``; Dong, Roth & Su 2022, Cor. 3.3), i.e.
+    multiplier ``sigma_L = sigma_total / sqrt(0.01)`` where ``sigma_total`` is the single
+    Gaussian multiplier for (epsilon, delta). The learning rate uses the high-probability
+    upper bound ``hat(L) = max(x_bound^2, noisy L + 1.96 sigma_L x_bound^2)``
+    (post-processing). On the LR study's California setting (epsilon 2, delta 1e-6) this costs
+    about 1% of the iterations and leaves the median training MSE at that of the seed's
+    exact-``L`` rate (tests/models/test_privacy_fixes.py).
+
+    Parameters
+    ----------
+    epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state, ledger
+        As :class:`SSPRegressor`.
+    noise_multiplier : float > 0 or None
+        ``sigma``. Default 500 (the LR study's "large noise, many iterations" regime; the
+        seed's other regime is 50). With ``n_iter=None`` the number of iterations is
+        calibrated to the budget (the largest integer that fits, rounded down). If None,
+        ``n_iter`` must be given and sigma is calibrated instead (rounded up).
+    n_iter : int or None
+        Number of iterations; if both ``n_iter`` and ``noise_multiplier`` are given the
+        budget is checked and a ValueError raised if exceeded.
+    learning_rate : "theory" or float > 0
+        ``"theory"`` (default): the LR study's choice, see :func:`theoretical_learning_rate`.
+        A float is used as given (then no smoothness is released and no budget spent on it).
+    smoothness : "private", "public", "data" or float > 0
+        The smoothness ``L`` used by the theoretical learning rate.
+
+        * ``"private"`` (default): released with noise as described above; covered by
+          ``mechanism_``.
+        * a float: used as given (public knowledge, costs nothing).
+        * ``"public"``: the bound ``x_bound^2 n`` (``x_bound`` after the intercept
+          column). It uses the exact number of rows ``n``, which add/remove
+          neighbouring treats as private, so it emits a
+          :class:`~privlearn.errors.PrivacyLeakWarning`.
+        * ``"data"`` (the LR study's choice): the exact ``lambda_max(X^T X)``, released
+          without protection in ``smoothness_`` and through the learning rate; emits a
+          :class:`~privlearn.errors.PrivacyLeakWarning`. Before version 0.2 this was
+          the default.
+    log_every : int or None
+        Record the iterate and the epsilon spent after iterations ``1, 1 + log_every,
+        ...`` (the LR study's ``log_gap``) in ``coef_path_`` and ``epsilon_path_``.
+
+    Attributes
+    ----------
+    coef_, intercept_ : final iterate
+    n_iter_, noise_multiplier_, learning_rate_ : what ran
+    smoothness_ : float or None
+        The ``L`` the learning rate used (the noisy upper bound by default); None when
+        ``learning_rate`` is a float.
+    mechanism_ : ``compose([Gaussian(sigma_L), Gaussian(sigma) x n_iter])``
+        (without the first part unless the smoothness was released privately)
+    epsilon_, delta_ : certified epsilon spent at ``delta_``
+    path_iterations_, coef_path_, intercept_path_, epsilon_path_ : trajectory (when
+        ``log_every`` is set); ``epsilon_path_[k]`` is the exact epsilon after
+        ``path_iterations_[k]`` iterations, including the smoothness release (analytic
+        Gaussian composition, O(1) each).
+
+    Notes
+    -----
+    The attributes ``n_rows_clipped_`` / ``n_labels_clipped_`` were removed: they were
+    exact counts of the private data (a privacy bug); clipping now warns the person
+    fitting with a :class:`~privlearn.models.DataClippedWarning`.
+    """
+
+    def __init__(
+        self,
+        epsilon: float = 1.0,
+        delta: float = 1e-6,
+        x_bound: float = 1.0,
+        y_bound: float = 1.0,
+        fit_intercept: bool = True,
+        noise_multiplier: float | None = 500.0,
+        n_iter: int | None = None,
+        learning_rate="theory",
+        smoothness="private",
+        log_every: int | None = None,
+        accountant: str = "pld",
+        random_state=None,
+        ledger=None,
+    ):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.x_bound = x_bound
+        self.y_bound = y_bound
+        self.fit_intercept = fit_intercept
+        self.noise_multiplier = noise_multiplier
+        self.n_iter = n_iter
+        self.learning_rate = learning_rate
+        self.smoothness = smoothness
+        self.log_every = log_every
+        self.accountant = accountant
+        self.random_state = random_state
+        self.ledger = ledger
+
+    def _check_lr_smoothness(self) -> tuple[bool, str | float]:
+        """(theory learning rate?, smoothness mode or value); clear errors otherwise."""
+        lr = self.learning_rate
+        theory = isinstance(lr, str) and lr.lower() == "theory"
+        if not theory:
+            if isinstance(lr, str):
+                raise ValueError(
+                    f"learning_rate must be 'theory' or a finite number > 0, got {lr!r}"
+                )
+            check_positive_param("learning_rate", lr)
+        sm = self.smoothness
+        if isinstance(sm, str):
+            sm = check_choice("smoothness", sm, SMOOTHNESS_MODES)
+        else:
+            try:
+                sm = check_positive_param("smoothness", sm)
+            except ValueError:
+                raise ValueError(
+                    f"smoothness must be one of {SMOOTHNESS_MODES} or a finite number > 0, "
+                    f"got {self.smoothness!r}; the default 'private' releases it with noise"
+                ) from None
+        return theory, sm
+
+    def _smoothness_multiplier(self, eps: float, delta: float, private_l: bool) -> float | None:
+        """``sigma_L`` of the smoothness release (None when it is not released): a fixed
+        fraction of the budget in ``1 / sigma^2``, from public parameters only."""
+        if not private_l:
+            return None
+        return _smoothness_sigma(eps, delta, self.accountant)
+
+    def _resolve_schedule(
+        self, eps: float, delta: float, sigma_l: float | None
+    ) -> tuple[float, int]:
+        sigma = check_positive_param("noise_multiplier", self.noise_multiplier, allow_none=True)
+        n_iter = check_int_param("n_iter", self.n_iter, 1, allow_none=True)
+        if sigma is None and n_iter is None:
+            raise ValueError(
+                "give noise_multiplier or n_iter (or both); got both None. E.g. "
+                "noise_multiplier=500 calibrates n_iter to the budget"
+            )
+
+        def mech(s, k):
+            return _noisy_gd_mechanism(s, int(k), sigma_l)
+
+        if n_iter is None:
+            if spent_epsilon(mech(sigma, 1), delta, self.accountant) > eps:
+                raise ValueError(
+                    f"noise_multiplier={sigma} is too small for epsilon={eps} at "
+                    f"delta={delta}: even one iteration exceeds the budget; use a larger "
+                    "noise_multiplier"
+                )
+            n_iter = int(
+                calibrate(
+                    lambda k: mech(sigma, k),
+                    eps,
+                    delta,
+                    bounds=(1, 10**9),
+                    integer=True,
+                    accountant=self.accountant,
+                )
+            )
+        elif sigma is None:
+            sigma = float(
+                calibrate(lambda s: mech(s, n_iter), eps, delta, accountant=self.accountant)
+            )
+        else:
+            spent = spent_epsilon(mech(sigma, n_iter), delta, self.accountant)
+            if spent > eps:
+                extra = (
+                    " (including the private smoothness release; smoothness=<float> or "
+                    "learning_rate=<float> avoid it)"
+                    if sigma_l is not None
+                    else ""
+                )
+                raise ValueError(
+                    f"noise_multiplier={sigma} with n_iter={n_iter} spends "
+                    f"epsilon={spent:.6g} > epsilon={eps} at delta={delta}{extra}; leave "
+                    "one of them None to calibrate"
+                )
+        return sigma, n_iter
+
+    def _draw(self, X, y, reps: int, rng: np.random.Generator, log_every: int | None):
+        """Validate, calibrate and run ``reps`` independent chains (one batched run).
+
+        The single code path of :meth:`fit` and :meth:`sample_coefficients`."""
+        eps, delta, xb, yb = self._validate_common()
+        theory, sm = self._check_lr_smoothness()
+        private_l = theory and sm == "private"
+        sigma_l = self._smoothness_multiplier(eps, delta, private_l)
+        sigma, n_iter = self._resolve_schedule(eps, delta, sigma_l)
+        res = reserve_on_ledger(
+            self, lambda: compose(_noisy_gd_mechanism(sigma, n_iter, sigma_l), steps=reps)
+        )
+        if theory and sm in ("data", "public"):
+            what = (
+                "the exact largest eigenvalue of X^T X" if sm == "data"
+                else "x_bound^2 times the exact number of rows n"
+            )
+            warnings.warn(
+                f"NoisyGDRegressor(smoothness={sm!r}) sets the learning rate from {what}, "
+                "which is not covered by mechanism_: the fitted model releases it "
+                "un-noised. Use smoothness='private' (default) or a public float.",
+                PrivacyLeakWarning,
+                stacklevel=3,
+            )
+        with cancel_on_error(res):  # validation reads the data but releases nothing
+            X, y, xb_eff = self._prepare(X, y, xb, yb)
+        XTX, XTy = X.T @ X, X.T @ y
+        dim = X.shape[1]
+        if not theory:
+            L = None
+            lr = np.full(reps, float(self.learning_rate))
+        else:
+            if sm == "private":
+                # One Gaussian release of lambda_max (sensitivity xb_eff^2, Weyl), then
+                # post-processing: a 1.96-sigma upper bound, floored at one row's maximum.
+                lam_max = float(np.linalg.eigvalsh(XTX)[-1])
+                noisy = lam_max + xb_eff**2 * sigma_l * rng.standard_normal(reps)
+                L = np.maximum(noisy + ADASSP_Z * sigma_l * xb_eff**2, xb_eff**2)
+            elif sm == "data":
+                L = np.full(reps, max(float(np.linalg.eigvalsh(XTX)[-1]), xb_eff**2))
+            elif sm == "public":
+                L = np.full(reps, xb_eff**2 * X.shape[0])
+            else:
+                L = np.full(reps, float(sm))
+            gs_typical = xb_eff**2 * 1.0 + xb_eff * yb
+            lr = np.array(
+                [theoretical_learning_rate(float(l_), dim, sigma * gs_typical, n_iter)
+                 for l_ in L]
+            )
+        with np.errstate(over="ignore", invalid="ignore"):
+            theta, path, iters = noisy_gd_paths(
+                XTX, XTy, sigma, lr, n_iter, xb_eff, yb, rng, reps=reps, log_every=log_every
+            )
+        if not np.all(np.isfinite(theta)):
+            raise FloatingPointError(
+                f"NoisyGD diverged (learning_rate={float(np.max(lr)):.3g}); use a smaller "
+                "learning_rate"
+            )
+        settle_on_ledger(res)
+        return theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb
+
+    def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
+        """Final iterates of ``n_repetitions`` independent NoisyGD runs, as one batch.
+
+        Runs the code of :meth:`fit` (same validation, schedule, learning rate and
+        iteration, :func:`noisy_gd_paths`) with ``n_repetitions`` independent chains (each
+        with its own smoothness release); with ``n_repetitions=1`` it returns
+        ``fit(X, y).coef_`` for the same ``random_state``. Each row alone is
+        (epsilon, delta)-DP; all rows together compose ``n_repetitions`` runs. The
+        estimator is not fitted by this call.
+
+        Returns
+        -------
+        coef : ndarray (n_repetitions, n_features)
+        intercept : ndarray (n_repetitions,)
+        """
+        n = check_int_param("n_repetitions", n_repetitions, 1)
+        rng = make_rng(self.random_state)
+        out = self._draw(X, y, n, rng, None)
+        theta, xb = out[0], out[-1]
+        if self.fit_intercept:
+            return theta[:, :-1].copy(), theta[:, -1] * xb + self._label_centre()
+        return theta, np.zeros(n)
+
+    def fit(self, X, y):
+        """Run noisy gradient descent from zero."""
+        log_every = check_int_param("log_every", self.log_every, 1, allow_none=True)
+        rng = make_rng(self.random_state)
+        theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb = self._draw(
+            X, y, 1, rng, log_every
+        )
+        self.noise_multiplier_ = sigma
+        self.n_iter_ = n_iter
+        self.learning_rate_ = float(lr[0])
+        self.smoothness_ = None if L is None else float(L[0])
+        self.mechanism_ = _noisy_gd_mechanism(sigma, n_iter, sigma_l)
+        self.delta_ = delta
+        self.epsilon_ = spent_epsilon(self.mechanism_, delta, self.accountant)
+        self._set_coef(theta[0], xb)
+        if log_every is not None:
+            self.path_iterations_ = iters
+            p = path[:, 0, :]
+            self.coef_path_ = p[:, :-1] if self.fit_intercept else p
+            self.intercept_path_ = (
+                p[:, -1] * xb + self._label_centre() if self.fit_intercept
+                else np.zeros(len(p))
+            )
+            self.epsilon_path_ = np.array(
+                [
+                    spent_epsilon(_noisy_gd_mechanism(sigma, int(t), sigma_l), delta,
+                                  "analytic")
+                    for t in iters
+                ]
+            )
+        return self
