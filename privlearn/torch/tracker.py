@@ -37,14 +37,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from privlearn.torch import attention as _attention  # noqa: F401  (registers MHA rule)
 from privlearn.torch import rnn as _rnn  # noqa: F401  (registers the recurrent rules)
 from privlearn.torch import rules as _rules  # noqa: F401  (transformers' layers)
+from privlearn.torch.cross_terms import cross_term
+from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
     Record,
     _MakeDifferentiable,
     _record_batch,
-    cross_term,
-    fallback_rule,
     get_rule,
     rule_evaluation,
 )
