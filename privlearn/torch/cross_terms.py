@@ -1,6 +1,7 @@
 """Per-example inner products of two factored gradients of the same parameter
-(:func:`cross_term`, used by the tracker for parameters shared by several layers); moved
-out of :mod:`privlearn.torch.grad_sample`, which still re-exports :func:`cross_term`.
+(:func:`cross_term`) and the :class:`CrossTerm` contributions the tracker adds for
+parameters shared by several layers; moved out of :mod:`privlearn.torch.grad_sample` and
+:mod:`privlearn.torch.tracker`, which still re-export these names.
 """
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 import torch
 
 from privlearn.torch.grad_sample import (
+    Contribution,
     _as,
     _segment_sum,
     compute_dtype,
 )
 
-__all__ = ["cross_term"]
+__all__ = ["cross_term", "CrossTerm"]
 
 
 def cross_term(f1, f2) -> torch.Tensor:
@@ -99,3 +101,49 @@ def _dense(f) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- registry
+
+
+class CrossTerm(Contribution):
+    """Twice the per-example inner products between contributions to the same
+    parameter (tied weights, a layer called several times): with them the squared norm
+    of the summed gradient ``||sum_k G_k||^2 = sum_k ||G_k||^2 + 2 sum_{k<l} <G_k, G_l>``
+    is exact while every contribution keeps its own (ghost) form. It carries no
+    gradient of its own (the weighted sums of the contributions add up)."""
+
+    params = ()
+
+    def __init__(self, param, sq: torch.Tensor):
+        self.param = param
+        self._sq = sq
+
+    def sq_norms(self) -> torch.Tensor:
+        return self._sq
+
+    def weighted_sum(self, c):
+        return []
+
+    def per_sample(self):
+        return []
+
+    def param_sq_norms(self):
+        return []
+
+
+def _cross_terms(contribs: list[Contribution]) -> list[Contribution]:
+    """:class:`CrossTerm` for every parameter that several contributions cover."""
+    where: dict[int, list] = {}
+    for c in contribs:
+        for j, p in enumerate(c.params):
+            where.setdefault(id(p), []).append((c, j, p))
+    out = []
+    for occ in where.values():
+        if len(occ) < 2:
+            continue
+        factors = [c.factor(j) for c, j, _ in occ]
+        total = None
+        for k in range(len(factors)):
+            for m in range(k + 1, len(factors)):
+                x = cross_term(factors[k], factors[m])
+                total = x if total is None else total + x
+        out.append(CrossTerm(occ[0][2], 2.0 * total))
+    return out
