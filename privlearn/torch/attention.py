@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
@@ -29,7 +30,6 @@ from privlearn.torch.grad_sample import (
     Record,
     _MakeDifferentiable,
     _scaled,
-    fallback_rule,
     register_rule,
     rule_evaluation,
 )

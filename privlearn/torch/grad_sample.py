@@ -22,23 +22,24 @@ Two representations are used, chosen per layer by cost:
 The choice (:func:`use_ghost`) follows the book-keeping paper's rule: ghost when
 ``T^2 (d + p) < d p`` or when materialising would exceed a memory budget.
 
-Registered rules: ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Embedding``,
-``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.RNN``/``nn.LSTM``/``nn.GRU`` (see
+This module holds the contribution types, the rule registry and shared helpers. Registered
+rules: ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Embedding``, ``nn.LayerNorm``,
+``nn.GroupNorm`` (:mod:`privlearn.torch.rules`), ``nn.RNN``/``nn.LSTM``/``nn.GRU`` (see
 :mod:`privlearn.torch.rnn`), ``nn.MultiheadAttention`` (see
 :mod:`privlearn.torch.attention`), and a generic :mod:`torch.func` fallback (vmap of a
-vjp of ``functional_call``) for any other layer, multi-input ones included.
-:func:`register_rule` adds a rule for a new layer type.
+vjp of ``functional_call``, :mod:`privlearn.torch.fallback`) for any other layer,
+multi-input ones included. :func:`register_rule` adds a rule for a new layer type.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
@@ -53,9 +54,9 @@ __all__ = [
     "PREDICATE_RULES",
     "register_predicate_rule",
     "compute_dtype",
-    "cross_term",
-    "linear_like",
-    "fallback_rule",
+    "cross_term",  # noqa: F822  (lazy, see _MOVED)
+    "linear_like",  # noqa: F822  (lazy, see _MOVED)
+    "fallback_rule",  # noqa: F822  (lazy, see _MOVED)
     "use_ghost",
     "GHOST_MEMORY_BUDGET_BYTES",
 ]
@@ -424,89 +425,10 @@ class DenseOuterProduct(Contribution):
             outs[1].add_(gc.sum(0))
 
 
-def cross_term(f1, f2) -> torch.Tensor:
-    """Per-example ``<G1_i, G2_i>`` of two factored gradients of the same parameter
-    (see :meth:`Contribution.factor`), without materialising them where the forms allow:
+def _segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """``out[j] = sum_{i: index_i = j} values_i`` for ``j < n``."""
+    return torch.ops.aten.embedding_dense_backward(values, index, n, -1, False)
 
-    * outer x outer: ``sum_{t,s} (g_t . g'_s)(a_t . a'_s)`` (the ghost-norm identity,
-      Li et al. 2022, Sec. 4, applied to two different layers' factors);
-    * rows x outer: ``sum_t sum_s (e_t . a_s) g_s[id_t]`` (an embedding's rows against a
-      linear head tied to it: the ``V x D`` gradient is never formed);
-    * rows x rows: aggregated over distinct tokens per example;
-    * otherwise the dense per-example gradients.
-    """
-    f1, f2 = _orient(f1), _orient(f2)
-    k1, k2 = f1[0], f2[0]
-    if k1 == "outer" and k2 == "outer":
-        a1, g1 = f1[1], f1[2]
-        a2, g2 = f2[1], f2[2]
-        dt = compute_dtype(a1, a2)
-        aa = torch.matmul(_as(a1, dt), _as(a2, dt).transpose(1, 2))  # (B, T1, T2)
-        gg = torch.matmul(_as(g1, dt), _as(g2, dt).transpose(1, 2))
-        return (aa * gg).sum((1, 2))
-    if k1 == "outer" and k2 == "rows":
-        f1, f2, k1, k2 = f2, f1, k2, k1
-    if k1 == "rows" and k2 == "outer":
-        ids, e = f1[1], f1[2]  # (B, T), (B, T, D)
-        a, g = f2[1], f2[2]  # (B, S, D), (B, S, V)
-        dt = compute_dtype(e, a)
-        dots = torch.matmul(_as(e, dt), _as(a, dt).transpose(1, 2))  # (B, T, S)
-        b, s = g.shape[0], g.shape[1]
-        sel = torch.gather(g, 2, ids.unsqueeze(1).expand(b, s, ids.shape[1]))  # (B, S, T)
-        return (dots * _as(sel, dt).transpose(1, 2)).sum((1, 2))
-    if k1 == "rows" and k2 == "rows":
-        ids = torch.cat([f1[1], f2[1]], 1)
-        e1, e2 = f1[2], f2[2]
-        dt = compute_dtype(e1, e2)
-        z1, z2 = torch.zeros_like(_as(e2, dt)), torch.zeros_like(_as(e1, dt))
-        x1 = torch.cat([_as(e1, dt), z1], 1)
-        x2 = torch.cat([z2, _as(e2, dt)], 1)
-        b, t = ids.shape
-        keys = (torch.arange(b, device=ids.device).unsqueeze(1) * f1[3] + ids).reshape(-1)
-        uniq, inv = torch.unique(keys, return_inverse=True)
-        n = uniq.shape[0]
-        s1 = _segment_sum(x1.reshape(b * t, -1), inv, n)
-        s2 = _segment_sum(x2.reshape(b * t, -1), inv, n)
-        owner = torch.zeros(n, dtype=torch.long, device=ids.device).index_copy_(
-            0, inv, torch.arange(b, device=ids.device).repeat_interleave(t))
-        return torch.zeros(b, dtype=dt, device=ids.device).index_add_(0, owner,
-                                                                       (s1 * s2).sum(1))
-    if k2 == "rows":
-        f1, f2, k1, k2 = f2, f1, k2, k1
-    if k1 == "rows":  # rows x dense: gather the dense rows at the token ids
-        ids, e = f1[1], f1[2]
-        dense = _dense(f2)
-        dt = compute_dtype(e, dense)
-        b, t = ids.shape
-        rows = torch.gather(_as(dense, dt).reshape(b, f1[3], -1), 1,
-                            ids.unsqueeze(2).expand(b, t, e.shape[2]))
-        return (rows * _as(e, dt)).sum((1, 2))
-    d1, d2 = _dense(f1), _dense(f2)
-    dt = compute_dtype(d1, d2)
-    b = d1.shape[0]
-    return (_as(d1, dt).reshape(b, -1) * _as(d2, dt).reshape(b, -1)).sum(1)
-
-
-def _orient(f):
-    if f[0] == "outer_t":  # (sum_t g a^T)^T = sum_t a g^T
-        return ("outer", f[2], f[1])
-    return f
-
-
-def _dense(f) -> torch.Tensor:
-    kind = f[0]
-    if kind == "dense":
-        return f[1]
-    if kind == "outer":
-        return torch.matmul(f[2].transpose(1, 2), f[1])  # (B, p, d)
-    ids, e, v = f[1], f[2], f[3]
-    b, t = ids.shape
-    out = e.new_zeros(b * v, e.shape[2])
-    keys = (torch.arange(b, device=ids.device).unsqueeze(1) * v + ids).reshape(-1)
-    return out.index_add_(0, keys, e.reshape(b * t, -1)).view(b, v, -1)
-
-
-# --------------------------------------------------------------------------- registry
 
 Rule = Callable[[nn.Module, Record, Sequence[nn.Parameter]], Contribution]
 RULES: dict[type, Rule] = {}
@@ -563,221 +485,6 @@ def _scaled(record: Record, i: int = 0) -> torch.Tensor:
     return record.grad(i)
 
 
-@register_rule(nn.Linear)
-def linear_rule(module: nn.Linear, record: Record, params) -> Contribution:
-    return linear_like(record.args[0], _scaled(record), module.weight, module.bias, params)
-
-
-def linear_like(a: torch.Tensor, g: torch.Tensor, weight, bias, params,
-                transposed: bool = False) -> Contribution:
-    """Contribution of ``y = a W^T + b`` (``transposed``: ``y = a W + b``) applied over
-    the last dimension of ``a``, from its input ``a`` and output gradient ``g``."""
-    ps = set(params)
-    w = weight if weight in ps else None
-    bias = bias if bias is not None and bias in ps else None
-    if a.dim() == 2 and w is not None:
-        return DenseOuterProduct(w, bias, a, g, transposed=transposed)
-    b = a.shape[0]
-    d, p = a.shape[-1], g.shape[-1]
-    dt = compute_dtype(a, g)
-    g = _as(g, dt).reshape(b, 1, -1, p)
-    if w is None:  # frozen weight, trainable bias
-        return Materialized([bias], [g.sum(2).reshape(b, p)])
-    return OuterProduct(w, bias, _as(a, dt).reshape(b, 1, -1, d), g, transposed=transposed)
-
-
-def _conv_patches(module, x: torch.Tensor, nd: int) -> torch.Tensor:
-    """Patches of the (padded) input as rows: ``(B, G, L, C_in / G * prod(kernel))``.
-
-    Built with ``as_strided`` and one copy (several times faster on CPU than
-    ``F.unfold``/im2col for the usual small images).
-    """
-    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-    pad = module._reversed_padding_repeated_twice
-    if any(pad):
-        x = F.pad(x, pad, mode=mode)
-    if nd == 1:
-        x = x.unsqueeze(2)
-        k, s, dl = (1, module.kernel_size[0]), (1, module.stride[0]), (1, module.dilation[0])
-    else:
-        k, s, dl = module.kernel_size, module.stride, module.dilation
-    x = x.contiguous()
-    b, c, h, w = x.shape
-    ho = (h - dl[0] * (k[0] - 1) - 1) // s[0] + 1
-    wo = (w - dl[1] * (k[1] - 1) - 1) // s[1] + 1
-    G = module.groups
-    sb, sc, sh, sw = x.stride()
-    v = x.as_strided((b, G, ho, wo, c // G, k[0], k[1]),
-                     (sb, sc * (c // G), sh * s[0], sw * s[1], sc, sh * dl[0], sw * dl[1]))
-    return v.reshape(b, G, ho * wo, (c // G) * k[0] * k[1])
-
-
-def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
-    x = record.args[0]
-    g = _scaled(record)
-    if x.dim() == nd + 1:  # unbatched input
-        raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
-                         f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
-    b, G = x.shape[0], module.groups
-    p = module.out_channels // G
-    ps = set(params)
-    w = module.weight if module.weight in ps else None
-    bias = module.bias if module.bias is not None and module.bias in ps else None
-    dt = compute_dtype(x, g)
-    gg = _as(g, dt).reshape(b, G, p, -1).transpose(-1, -2)  # (B, G, L, p)
-    if w is None:
-        return Materialized([bias], [gg.sum(2).reshape(b, G * p)])
-    a = _conv_patches(module, _as(x, dt), nd)  # (B, G, L, d)
-    return OuterProduct(w, bias, a, gg)
-
-
-@register_rule(nn.Conv1d)
-def conv1d_rule(module, record, params):
-    return _conv_rule(module, record, params, 1)
-
-
-@register_rule(nn.Conv2d)
-def conv2d_rule(module, record, params):
-    return _conv_rule(module, record, params, 2)
-
-
-class EmbeddingContribution(Contribution):
-    """Embedding: per-example gradient rows are sums of output gradients per token id.
-
-    The squared norm is ``sum_v |sum_{t: id_t = v} g_t|^2``, computed by aggregating over
-    the distinct (example, token) pairs (``B T D`` work; equals the ghost form
-    ``sum_{t,s} [id_t = id_s] g_t . g_s``). The clipped sum is one ``index_add``.
-    """
-
-    def __init__(self, weight, ids, g, padding_idx):
-        self.params = (weight,)
-        self.weight = weight
-        b = ids.shape[0]
-        ids = ids.reshape(b, -1)  # copies expanded (stride-0) views: never written in place
-        g = g.reshape(b, ids.shape[1], -1)
-        g = _as(g, compute_dtype(g))
-        if padding_idx is not None:
-            g = g * (ids != padding_idx).unsqueeze(-1).to(g.dtype)
-        self.b, self.ids, self.g = b, ids, g
-
-    def factor(self, j: int):
-        return ("rows", self.ids, self.g, self.weight.shape[0])
-
-    def sq_norms(self) -> torch.Tensor:
-        b, ids, g = self.b, self.ids, self.g
-        V, D = self.weight.shape
-        if b == 0:
-            return g.new_zeros(0)
-        if ids.shape[1] == 1:
-            return g.pow(2).sum((1, 2))
-        keys = torch.arange(b, device=ids.device).unsqueeze(1) * V + ids
-        uniq, inv = torch.unique(keys.reshape(-1), return_inverse=True)
-        # segment sums by the (sort-based) kernel autograd uses for Embedding: several
-        # times faster on CPU than index_add_
-        agg = _segment_sum(g.reshape(-1, D), inv, uniq.shape[0])
-        sq = _rowdot(agg)
-        return g.new_zeros(b).index_add_(0, uniq // V, sq)
-
-    def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
-        D = self.weight.shape[1]
-        gc = (self.g * c.to(self.g.dtype).view(-1, 1, 1)).reshape(-1, D)
-        return [_segment_sum(gc, self.ids.reshape(-1), self.weight.shape[0])]
-
-    def per_sample(self) -> list[torch.Tensor]:
-        b, ids, g = self.b, self.ids, self.g
-        V, D = self.weight.shape
-        out = g.new_zeros(b * V, D)
-        keys = (torch.arange(b, device=ids.device).unsqueeze(1) * V + ids).reshape(-1)
-        out.index_add_(0, keys, g.reshape(-1, D))
-        return [out.view(b, V, D)]
-
-
-def _segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-    """``out[j] = sum_{i: index_i = j} values_i`` for ``j < n``."""
-    return torch.ops.aten.embedding_dense_backward(values, index, n, -1, False)
-
-
-@register_rule(nn.Embedding)
-def embedding_rule(module: nn.Embedding, record: Record, params) -> Contribution:
-    ids = record.args[0]
-    return EmbeddingContribution(module.weight, ids, _scaled(record), module.padding_idx)
-
-
-def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
-    ps = set(params)
-    out_p, out_g = [], []
-    if module.weight is not None and module.weight in ps:
-        out_p.append(module.weight)
-        out_g.append((g * xhat).sum(reduce_dims) if reduce_dims else g * xhat)
-    if module.bias is not None and module.bias in ps:
-        out_p.append(module.bias)
-        out_g.append(g.sum(reduce_dims) if reduce_dims else g)
-    return Materialized(out_p, out_g)
-
-
-@register_rule(nn.LayerNorm)
-def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution:
-    x, g = record.args[0], _scaled(record)
-    dt = compute_dtype(x, g)
-    x, g = _as(x, dt), _as(g, dt)
-    xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
-    k = len(module.normalized_shape)
-    reduce_dims = tuple(range(1, x.dim() - k))
-    return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
-
-
-@register_rule(nn.GroupNorm)
-def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution:
-    x, g = record.args[0], _scaled(record)
-    dt = compute_dtype(x, g)
-    x, g = _as(x, dt), _as(g, dt)
-    xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
-    reduce_dims = tuple(range(2, x.dim()))
-    return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
-
-
-# --------------------------------------------------------------------------- fallback
-
-
-def _batch_dims(module: nn.Module, record: Record, batch: int):
-    """Batch dimension of every tensor argument and output (None: not batched)."""
-    batch_first = getattr(module, "batch_first", True)
-    if isinstance(module, nn.MultiheadAttention):
-        names = ["query", "key", "value"]
-        arg_dims = []
-        for i, a in enumerate(record.args):
-            arg_dims.append(_mha_dim(names[i] if i < 3 else "", a, batch_first))
-        kw_dims = {k: _mha_dim(k, v, batch_first) for k, v in record.kwargs.items()}
-        out_dims = [0 if batch_first else 1, 0]  # attn output, attn weights (B, L, S)
-        out_dims = out_dims[: len(record.outputs_meta)]
-        return arg_dims, kw_dims, out_dims
-
-    def dim(t):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
-            return None
-        return 0 if t.shape[0] == batch else None
-
-    arg_dims = [dim(a) for a in record.args]
-    kw_dims = {k: dim(v) for k, v in record.kwargs.items()}
-    out_dims = [0 if (len(s) > 0 and s[0] == batch) else None for s, _, _ in record.outputs_meta]
-    return arg_dims, kw_dims, out_dims
-
-
-def _mha_dim(name, t, batch_first):
-    if not isinstance(t, torch.Tensor):
-        return None
-    if name in ("query", "key", "value"):
-        return 0 if batch_first else 1
-    if name == "key_padding_mask":
-        return 0
-    if name == "attn_mask":
-        if t.dim() == 3:
-            raise ValueError("MultiheadAttention with a 3-D (per-example) attn_mask is not "
-                             "supported by per-example clipping; use key_padding_mask")
-        return None
-    return None
-
-
 # True while rules are evaluated (their internal module calls must not be recorded); a
 # ContextVar, so concurrent threads or tasks evaluating rules do not see each other's flag
 _IN_RULE: contextvars.ContextVar[bool] = contextvars.ContextVar("privlearn_in_rule",
@@ -797,75 +504,6 @@ def rule_evaluation():
 def recording_disabled() -> bool:
     return _IN_RULE.get()
 
-
-def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
-    """Generic rule: per-example gradients by ``vmap`` of a ``vjp`` of ``functional_call``.
-
-    Each example is passed through the layer on its own (batch of one, inside ``vmap``, so
-    no Python loop runs) and the vector-Jacobian product with that example's output
-    gradient gives its parameter gradient. Correct for any layer that treats examples
-    independently; all positional and keyword tensor inputs are handled.
-    """
-    from torch.func import functional_call, vjp, vmap
-    from torch.utils._pytree import tree_flatten
-
-    names = [n for n, p in module.named_parameters() if p in set(params)]
-    pvals = {n: p.detach() for n, p in module.named_parameters() if p in set(params)}
-    outputs_n = len(record.outputs_meta)
-    b = _record_batch(module, record)
-    arg_dims, kw_dims, out_dims = _batch_dims(module, record, b)
-    if all(d is None for d in out_dims):
-        raise ValueError(f"cannot find the batch dimension of the outputs of {module!r}")
-    gouts = [_scaled(record, i) for i in range(outputs_n)]
-    args, kwargs = record.args, record.kwargs
-    floats = [t for t in (*args, *kwargs.values(), *gouts)
-              if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if any(t.dtype in _LOW for t in floats):  # mixed precision: redo the layer in float32
-        dt = compute_dtype(*floats, *pvals.values())
-
-        def up(t):
-            return _as(t, dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-
-        args = tuple(up(t) for t in args)
-        kwargs = {k: up(v) for k, v in kwargs.items()}
-        gouts = [up(t) for t in gouts]
-        pvals = {k: up(v) for k, v in pvals.items()}
-    kw_keys = list(kwargs)
-    kw_vals = [kwargs[k] for k in kw_keys]
-    kw_in = [kw_dims[k] for k in kw_keys]
-    n_args = len(args)
-
-    def per_example(pv, *flat):
-        a_i = list(flat[:n_args])
-        k_i = list(flat[n_args: n_args + len(kw_keys)])
-        g_i = list(flat[n_args + len(kw_keys):])
-        a_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(a_i, arg_dims, strict=True)]
-        k_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(k_i, kw_in, strict=True)]
-        g_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(g_i, out_dims, strict=True)]
-
-        def f(p):
-            out = functional_call(module, p, tuple(a_i), dict(zip(kw_keys, k_i, strict=True)))
-            flat_out, _ = tree_flatten(out)
-            return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
-
-        outs, fn = vjp(f, pv)
-        g_use = tuple(
-            gi if gi is not None and o.is_floating_point() else torch.zeros_like(o)
-            for o, gi in zip(outs, g_i, strict=True)
-        )
-        return fn(g_use)[0]
-
-    in_dims = (None, *arg_dims, *kw_in, *out_dims)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    # the math attention kernel has vmap batching rules (the fused CPU kernels do not)
-    dev = next(iter(pvals.values())).device.type if pvals else "cpu"
-    with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]), \
-            torch.autocast(dev, enabled=False):
-        grads = vmap(per_example, in_dims=in_dims)(pvals, *args, *kw_vals, *gouts)
-    by_name = dict(zip(names, [grads[n] for n in names], strict=True))
-    return Materialized([p for n, p in module.named_parameters() if n in by_name],
-                        [by_name[n] for n, p in module.named_parameters() if n in by_name])
 
 
 def _record_batch(module: nn.Module, record: Record) -> int:
@@ -892,3 +530,34 @@ class _MakeDifferentiable(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return None, g
+
+
+# Names that lived here before the per-layer rules and the torch.func fallback moved to
+# their own modules (issue 13); resolved lazily (PEP 562) so that those modules, which
+# import from this one, form no import cycle.
+_MOVED = {
+    "cross_term": "privlearn.torch.cross_terms",
+    "_orient": "privlearn.torch.cross_terms",
+    "_dense": "privlearn.torch.cross_terms",
+    "linear_rule": "privlearn.torch.rules.linear",
+    "linear_like": "privlearn.torch.rules.linear",
+    "_conv_patches": "privlearn.torch.rules.conv",
+    "_conv_rule": "privlearn.torch.rules.conv",
+    "conv1d_rule": "privlearn.torch.rules.conv",
+    "conv2d_rule": "privlearn.torch.rules.conv",
+    "EmbeddingContribution": "privlearn.torch.rules.embedding",
+    "embedding_rule": "privlearn.torch.rules.embedding",
+    "_affine_norm_rule": "privlearn.torch.rules.norm",
+    "layernorm_rule": "privlearn.torch.rules.norm",
+    "groupnorm_rule": "privlearn.torch.rules.norm",
+    "_batch_dims": "privlearn.torch.fallback",
+    "_mha_dim": "privlearn.torch.fallback",
+    "fallback_rule": "privlearn.torch.fallback",
+}
+
+
+def __getattr__(name: str):
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

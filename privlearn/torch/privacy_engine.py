@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import atexit
 import math
-import secrets
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn.accounting import Gaussian, Sampling, calibrate, compose, subsample
+from privlearn.torch._engine_checks import (  # noqa: F401  (re-exported: old home)
+    _SAMPLING_HELP,
+    _accountable_batch_size,
+    _check_pos,
+    _guard_token_level_labels,
+    _per_layer_bounds,
+    _shared_seed,
+)
 from privlearn.torch.accountant import LedgerLink, PrivacyAccountant
-from privlearn.torch.data import (
+from privlearn.torch.data import (  # noqa: F401  (samplers: importable here before)
     FixedSizeBatchSampler,
     PoissonBatchSampler,
     VirtualBatchLoader,
@@ -197,29 +204,6 @@ class PrivateTraining:
         if state["noise"] is not None and not noise.secure_mode:
             noise.generator.set_state(state["noise"])
 
-
-def _check_pos(name: str, value, allow_inf: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
-    if not (v > 0) or (math.isinf(v) and not allow_inf):
-        rng = "(0, inf]" if allow_inf else "(0, inf)"
-        raise ValueError(f"{name} must be in {rng}, got {value!r}")
-    return v
-
-
-def _shared_seed(seed: int | None, process_group=None) -> int:
-    """A sampling seed equal on every rank: ``seed`` itself, or fresh OS entropy drawn on
-    the group's first rank and broadcast."""
-    import torch.distributed as dist
-
-    if seed is not None:
-        return int(seed)
-    box = [secrets.randbits(63)]
-    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
-    dist.broadcast_object_list(box, src=src, group=process_group)
-    return int(box[0])
 
 
 def make_private(
@@ -548,108 +532,3 @@ def make_private(
     if link is not None:
         atexit.register(link.settle)
     return p
-
-
-def _per_layer_bounds(model: nn.Module, max_grad_norm) -> dict:
-    """``name -> C_k`` for every trainable parameter (``model.named_parameters()`` order)
-    from a list in ``model.parameters()`` order or a dict by name; refuses a wrong length,
-    unknown or missing names and bounds outside (0, inf)."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    if isinstance(max_grad_norm, list | tuple):
-        if len(max_grad_norm) != len(names):
-            raise ValueError(
-                f"clipping='per_layer' needs max_grad_norm with one bound per trainable "
-                f"parameter in model.parameters() order: the model has {len(names)} "
-                f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}), got a list of "
-                f"{len(max_grad_norm)}. Pass a list of {len(names)} positive numbers or a "
-                "dict {parameter name: bound}")
-        items = list(zip(names, max_grad_norm, strict=True))
-    elif isinstance(max_grad_norm, dict):
-        unknown = sorted(set(max_grad_norm) - set(names))
-        missing = [n for n in names if n not in max_grad_norm]
-        if unknown or missing:
-            raise ValueError(
-                "clipping='per_layer' with a dict max_grad_norm needs exactly the names of "
-                f"the trainable parameters (model.named_parameters()); unknown: {unknown}, "
-                f"missing: {missing}")
-        items = [(n, max_grad_norm[n]) for n in names]
-    else:
-        raise ValueError(
-            "clipping='per_layer' needs max_grad_norm as a list (one bound per trainable "
-            "parameter, model.parameters() order) or a dict {parameter name: bound}, got "
-            f"{max_grad_norm!r}")
-    out = {}
-    for n, c in items:
-        try:
-            v = float(c)
-        except (TypeError, ValueError):
-            raise TypeError(f"max_grad_norm[{n!r}] must be a number, got {c!r}") from None
-        if not 0 < v < math.inf:
-            raise ValueError(f"max_grad_norm[{n!r}] must be in (0, inf), got {c!r}")
-        out[n] = v
-    return out
-
-
-_SAMPLING_HELP = (
-    "Pass DataLoader(dataset, batch_size=B) with no shuffle and no sampler: make_private "
-    "replaces the batching by the sampling it accounts, sampling='poisson' (each example "
-    "joins each batch independently with probability B / len(dataset)) or "
-    "sampling='fixed' (B distinct examples drawn uniformly at every step); or pass "
-    "batch_sampler=PoissonBatchSampler(...) / FixedSizeBatchSampler(...) from "
-    "privlearn.torch")
-
-
-def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
-                            world: int) -> float:
-    """The per-rank (expected) batch size of a loader whose sampling make_private can
-    replace by the accounted one; refuses every other loader (Chua et al. 2024, "How
-    Private are DP-SGD Implementations?": shuffled batches accounted as Poisson overstate
-    privacy)."""
-    batch_size = data_loader.batch_size
-    if batch_size is None:
-        bs = data_loader.batch_sampler
-        if isinstance(bs, PoissonBatchSampler) and sampling == "poisson":
-            return bs.sample_rate * n / world
-        if isinstance(bs, FixedSizeBatchSampler) and sampling == "fixed":
-            return bs.batch_size
-        raise ValueError(
-            f"data_loader uses batch_sampler={type(bs).__name__}, which is not "
-            f"{sampling!r} sampling, so the accountant could not describe the batches it "
-            f"draws. {_SAMPLING_HELP}")
-    smp = data_loader.sampler
-    if type(smp) is not torch.utils.data.SequentialSampler:
-        what = ("shuffle=True (RandomSampler: shuffled fixed-size batches)"
-                if type(smp) is torch.utils.data.RandomSampler else
-                f"sampler={type(smp).__name__}")
-        raise ValueError(
-            f"data_loader uses {what}, a sampling privlearn cannot account: its batches "
-            "are not Poisson or uniformly fixed-size samples, and accounting them as such "
-            f"would overstate privacy. {_SAMPLING_HELP}")
-    return batch_size
-
-
-def _guard_token_level_labels(model: nn.Module) -> list:
-    """Forward pre-hooks refusing a Hugging Face model called with token-level
-    ``labels=`` (its loss is a mean over all tokens of the batch, not over examples)."""
-    hooks = []
-    for m in model.modules():
-        if not (hasattr(m, "config") and hasattr(m, "base_model_prefix")):
-            continue
-
-        def pre_hook(module, args, kwargs):
-            labels = kwargs.get("labels")
-            if (isinstance(labels, torch.Tensor) and labels.dim() >= 2 and module.training
-                    and torch.is_grad_enabled()):
-                raise ValueError(
-                    f"{type(module).__name__} was called with token-level labels= (shape "
-                    f"{tuple(labels.shape)}): Hugging Face then averages the loss over all "
-                    "tokens of the batch, so each example's gradient is scaled by its share "
-                    "of the batch's tokens and per-example clipping no longer bounds one "
-                    "example's influence. Call the model without labels and use "
-                    "loss = privlearn.torch.per_sequence_cross_entropy(out.logits, labels, "
-                    "shift=True) (shift=True for causal LMs, False for token "
-                    "classification / masked LM)")
-            return None
-
-        hooks.append(m.register_forward_pre_hook(pre_hook, with_kwargs=True))
-    return hooks

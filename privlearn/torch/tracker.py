@@ -37,14 +37,18 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from privlearn.torch import attention as _attention  # noqa: F401  (registers MHA rule)
 from privlearn.torch import rnn as _rnn  # noqa: F401  (registers the recurrent rules)
 from privlearn.torch import rules as _rules  # noqa: F401  (transformers' layers)
+from privlearn.torch.cross_terms import (  # noqa: F401  (CrossTerm, cross_term: old home)
+    CrossTerm,
+    _cross_terms,
+    cross_term,
+)
+from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
     Record,
     _MakeDifferentiable,
     _record_batch,
-    cross_term,
-    fallback_rule,
     get_rule,
     rule_evaluation,
 )
@@ -527,49 +531,3 @@ def _expandable(module: nn.Module) -> bool:
     if isinstance(module, nn.MultiheadAttention | nn.RNNBase):
         return False
     return True
-
-
-class CrossTerm(Contribution):
-    """Twice the per-example inner products between contributions to the same
-    parameter (tied weights, a layer called several times): with them the squared norm
-    of the summed gradient ``||sum_k G_k||^2 = sum_k ||G_k||^2 + 2 sum_{k<l} <G_k, G_l>``
-    is exact while every contribution keeps its own (ghost) form. It carries no
-    gradient of its own (the weighted sums of the contributions add up)."""
-
-    params = ()
-
-    def __init__(self, param, sq: torch.Tensor):
-        self.param = param
-        self._sq = sq
-
-    def sq_norms(self) -> torch.Tensor:
-        return self._sq
-
-    def weighted_sum(self, c):
-        return []
-
-    def per_sample(self):
-        return []
-
-    def param_sq_norms(self):
-        return []
-
-
-def _cross_terms(contribs: list[Contribution]) -> list[Contribution]:
-    """:class:`CrossTerm` for every parameter that several contributions cover."""
-    where: dict[int, list] = {}
-    for c in contribs:
-        for j, p in enumerate(c.params):
-            where.setdefault(id(p), []).append((c, j, p))
-    out = []
-    for occ in where.values():
-        if len(occ) < 2:
-            continue
-        factors = [c.factor(j) for c, j, _ in occ]
-        total = None
-        for k in range(len(factors)):
-            for m in range(k + 1, len(factors)):
-                x = cross_term(factors[k], factors[m])
-                total = x if total is None else total + x
-        out.append(CrossTerm(occ[0][2], 2.0 * total))
-    return out

@@ -1,4 +1,9 @@
-"""Per-example rules for layers defined outside PyTorch.
+"""Per-example rules, one module per family of layers.
+
+:mod:`~privlearn.torch.rules.linear`, :mod:`~privlearn.torch.rules.conv`,
+:mod:`~privlearn.torch.rules.embedding` and :mod:`~privlearn.torch.rules.norm` hold the
+rules for PyTorch's ``Linear``, ``Conv1d``/``Conv2d``, ``Embedding`` and
+``LayerNorm``/``GroupNorm`` (registered by type when imported).
 
 :mod:`privlearn.torch.rules.transformers` recognises layers of Hugging Face
 ``transformers`` (and look-alikes) by class name and attributes, without importing the
@@ -9,4 +14,10 @@ generic :mod:`torch.func` fallback on two examples; a module whose behaviour dif
 the rule's assumptions is then handled by the fallback instead (with a warning).
 """
 
-from privlearn.torch.rules import transformers  # noqa: F401  (registers the rules)
+from privlearn.torch.rules import (  # noqa: F401  (registers)
+    conv,
+    embedding,
+    linear,
+    norm,
+    transformers,  # noqa: F401  (registers the rules)
+)

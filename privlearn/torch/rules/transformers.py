@@ -22,17 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
     Record,
     _as,
     compute_dtype,
-    fallback_rule,
-    linear_like,
     register_predicate_rule,
     register_rule,
 )
+from privlearn.torch.rules.linear import linear_like
 
 __all__ = ["conv1d_transposed_rule", "rmsnorm_rule", "vit_embeddings_rule", "verified"]
 

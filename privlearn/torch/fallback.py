@@ -1,0 +1,138 @@
+"""The generic per-example rule: :mod:`torch.func` (``vmap`` of ``grad`` of the module's
+functional call) for layers without a dedicated rule; moved out of
+:mod:`privlearn.torch.grad_sample`, which still re-exports :func:`fallback_rule`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from privlearn.torch.grad_sample import (
+    _LOW,
+    Contribution,
+    Materialized,
+    Record,
+    _as,
+    _record_batch,
+    _scaled,
+    compute_dtype,
+    rule_evaluation,
+)
+
+__all__ = ['fallback_rule']
+
+
+# --------------------------------------------------------------------------- fallback
+
+
+def _batch_dims(module: nn.Module, record: Record, batch: int):
+    """Batch dimension of every tensor argument and output (None: not batched)."""
+    batch_first = getattr(module, "batch_first", True)
+    if isinstance(module, nn.MultiheadAttention):
+        names = ["query", "key", "value"]
+        arg_dims = []
+        for i, a in enumerate(record.args):
+            arg_dims.append(_mha_dim(names[i] if i < 3 else "", a, batch_first))
+        kw_dims = {k: _mha_dim(k, v, batch_first) for k, v in record.kwargs.items()}
+        out_dims = [0 if batch_first else 1, 0]  # attn output, attn weights (B, L, S)
+        out_dims = out_dims[: len(record.outputs_meta)]
+        return arg_dims, kw_dims, out_dims
+
+    def dim(t):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return None
+        return 0 if t.shape[0] == batch else None
+
+    arg_dims = [dim(a) for a in record.args]
+    kw_dims = {k: dim(v) for k, v in record.kwargs.items()}
+    out_dims = [0 if (len(s) > 0 and s[0] == batch) else None for s, _, _ in record.outputs_meta]
+    return arg_dims, kw_dims, out_dims
+
+
+def _mha_dim(name, t, batch_first):
+    if not isinstance(t, torch.Tensor):
+        return None
+    if name in ("query", "key", "value"):
+        return 0 if batch_first else 1
+    if name == "key_padding_mask":
+        return 0
+    if name == "attn_mask":
+        if t.dim() == 3:
+            raise ValueError("MultiheadAttention with a 3-D (per-example) attn_mask is not "
+                             "supported by per-example clipping; use key_padding_mask")
+        return None
+    return None
+
+
+
+
+
+def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """Generic rule: per-example gradients by ``vmap`` of a ``vjp`` of ``functional_call``.
+
+    Each example is passed through the layer on its own (batch of one, inside ``vmap``, so
+    no Python loop runs) and the vector-Jacobian product with that example's output
+    gradient gives its parameter gradient. Correct for any layer that treats examples
+    independently; all positional and keyword tensor inputs are handled.
+    """
+    from torch.func import functional_call, vjp, vmap
+    from torch.utils._pytree import tree_flatten
+
+    names = [n for n, p in module.named_parameters() if p in set(params)]
+    pvals = {n: p.detach() for n, p in module.named_parameters() if p in set(params)}
+    outputs_n = len(record.outputs_meta)
+    b = _record_batch(module, record)
+    arg_dims, kw_dims, out_dims = _batch_dims(module, record, b)
+    if all(d is None for d in out_dims):
+        raise ValueError(f"cannot find the batch dimension of the outputs of {module!r}")
+    gouts = [_scaled(record, i) for i in range(outputs_n)]
+    args, kwargs = record.args, record.kwargs
+    floats = [t for t in (*args, *kwargs.values(), *gouts)
+              if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if any(t.dtype in _LOW for t in floats):  # mixed precision: redo the layer in float32
+        dt = compute_dtype(*floats, *pvals.values())
+
+        def up(t):
+            return _as(t, dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+        args = tuple(up(t) for t in args)
+        kwargs = {k: up(v) for k, v in kwargs.items()}
+        gouts = [up(t) for t in gouts]
+        pvals = {k: up(v) for k, v in pvals.items()}
+    kw_keys = list(kwargs)
+    kw_vals = [kwargs[k] for k in kw_keys]
+    kw_in = [kw_dims[k] for k in kw_keys]
+    n_args = len(args)
+
+    def per_example(pv, *flat):
+        a_i = list(flat[:n_args])
+        k_i = list(flat[n_args: n_args + len(kw_keys)])
+        g_i = list(flat[n_args + len(kw_keys):])
+        a_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(a_i, arg_dims, strict=True)]
+        k_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(k_i, kw_in, strict=True)]
+        g_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(g_i, out_dims, strict=True)]
+
+        def f(p):
+            out = functional_call(module, p, tuple(a_i), dict(zip(kw_keys, k_i, strict=True)))
+            flat_out, _ = tree_flatten(out)
+            return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
+
+        outs, fn = vjp(f, pv)
+        g_use = tuple(
+            gi if gi is not None and o.is_floating_point() else torch.zeros_like(o)
+            for o, gi in zip(outs, g_i, strict=True)
+        )
+        return fn(g_use)[0]
+
+    in_dims = (None, *arg_dims, *kw_in, *out_dims)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    # the math attention kernel has vmap batching rules (the fused CPU kernels do not)
+    dev = next(iter(pvals.values())).device.type if pvals else "cpu"
+    with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]), \
+            torch.autocast(dev, enabled=False):
+        grads = vmap(per_example, in_dims=in_dims)(pvals, *args, *kw_vals, *gouts)
+    by_name = dict(zip(names, [grads[n] for n in names], strict=True))
+    return Materialized([p for n, p in module.named_parameters() if n in by_name],
+                        [by_name[n] for n, p in module.named_parameters() if n in by_name])

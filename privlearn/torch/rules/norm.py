@@ -1,0 +1,53 @@
+"""Per-example rules for :class:`torch.nn.LayerNorm` and :class:`torch.nn.GroupNorm`:
+the weight's per-example gradient is ``sum g * xhat``, the bias's ``sum g``.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import nn
+
+from privlearn.torch.grad_sample import (
+    Contribution,
+    Materialized,
+    Record,
+    _as,
+    _scaled,
+    compute_dtype,
+    register_rule,
+)
+
+__all__ = ['layernorm_rule', 'groupnorm_rule']
+
+
+def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
+    ps = set(params)
+    out_p, out_g = [], []
+    if module.weight is not None and module.weight in ps:
+        out_p.append(module.weight)
+        out_g.append((g * xhat).sum(reduce_dims) if reduce_dims else g * xhat)
+    if module.bias is not None and module.bias in ps:
+        out_p.append(module.bias)
+        out_g.append(g.sum(reduce_dims) if reduce_dims else g)
+    return Materialized(out_p, out_g)
+
+
+@register_rule(nn.LayerNorm)
+def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution:
+    x, g = record.args[0], _scaled(record)
+    dt = compute_dtype(x, g)
+    x, g = _as(x, dt), _as(g, dt)
+    xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
+    k = len(module.normalized_shape)
+    reduce_dims = tuple(range(1, x.dim() - k))
+    return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
+
+
+@register_rule(nn.GroupNorm)
+def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution:
+    x, g = record.args[0], _scaled(record)
+    dt = compute_dtype(x, g)
+    x, g = _as(x, dt), _as(g, dt)
+    xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
+    reduce_dims = tuple(range(2, x.dim()))
+    return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
