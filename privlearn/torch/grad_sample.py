@@ -29,6 +29,10 @@ rules: ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Embedding``, ``nn.Layer
 :mod:`privlearn.torch.attention`), and a generic :mod:`torch.func` fallback (vmap of a
 vjp of ``functional_call``, :mod:`privlearn.torch.fallback`) for any other layer,
 multi-input ones included. :func:`register_rule` adds a rule for a new layer type.
+
+Length: the contribution types, the rule registry and the helpers every rule module
+shares (the per-layer rules are in :mod:`privlearn.torch.rules`, the fallback in
+:mod:`privlearn.torch.fallback`); just over the ~500-line guide.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-""":func:`make_private`: turn a model, an optimizer and a DataLoader into DP-SGD."""
+""":func:`make_private`: turn a model, an optimizer and a DataLoader into DP-SGD.
+
+Length: :class:`PrivateTraining` and :func:`make_private`, whose argument checks and
+assembly belong together (helpers in :mod:`privlearn.torch._engine_checks`).
+"""
 
 from __future__ import annotations
 

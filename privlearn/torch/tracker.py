@@ -23,6 +23,9 @@ recomputed during backward (non-reentrant activation checkpointing) are not reco
 Parameters shared by several layers or calls (tied embeddings) get exact norms from the
 cross terms of their factored gradients (:func:`privlearn.torch.grad_sample.cross_term`)
 without materialising any per-example gradient.
+
+Length: one class whose recording hooks and clipping computation share its per-step
+state (cross terms live in :mod:`privlearn.torch.cross_terms`).
 """
 
 from __future__ import annotations
