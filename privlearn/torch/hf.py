@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass, fields
 
 import torch
@@ -67,7 +68,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("privlearn.torch.hf needs transformers: pip install "
                       "'privlearn[hf]' (transformers>=4.40, peft>=0.10)") from exc
 
-from privlearn.errors import PrivacyBudgetExceededError
+from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
@@ -104,6 +105,13 @@ class PrivacyArguments:
         Seed of the sampler and the noise (reproducible runs and resumes).
     clipping, target_unclipped_quantile, clipbound_learning_rate, unclipped_num_std
         Adaptive clipping (Andrew et al. 2021), as in ``make_private``.
+    log_training_loss : bool
+        The Trainer's ``loss`` / ``train_loss`` logs are means over private training
+        batches without noise, and they are saved in every checkpoint's
+        ``trainer_state.json``: by default they are dropped from the logs (epsilon and the
+        clip bound are logged instead). ``True`` keeps them and emits a
+        :class:`~privlearn.errors.PrivacyLeakWarning`: they are then not covered by the
+        accounted mechanism.
     task : str, optional
         How the per-example loss is computed: ``"causal_lm"`` (shifted per-sequence
         token cross-entropy), ``"masked_lm"`` / ``"token_classification"`` (unshifted),
@@ -125,10 +133,14 @@ class PrivacyArguments:
     clipbound_learning_rate: float = 0.2
     unclipped_num_std: float | None = None
     task: str | None = None
+    log_training_loss: bool = False
 
     def __post_init__(self):
         if self.task is not None and self.task not in _TASKS:
             raise ValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
+
+
+_UNNOISED_LOGS = ("loss", "train_loss", "grad_norm")
 
 
 def expand_position_ids(collator):
@@ -194,6 +206,10 @@ class DPTrainer(Trainer):
         self.privacy = privacy
         self.privacy_engine: PrivateTraining | None = None
         self._stopped_at_budget = False
+        if privacy.log_training_loss:
+            warnings.warn("log_training_loss=True: the training loss is logged (and saved in "
+                          "checkpoints) without noise; it is not covered by the accounted "
+                          "mechanism", PrivacyLeakWarning, stacklevel=2)
         a = self.args
         if a.gradient_accumulation_steps != 1:
             raise ValueError(
@@ -256,7 +272,8 @@ class DPTrainer(Trainer):
             raise ValueError("the optimizer is already a DPOptimizer; pass the plain one")
         pa = self.privacy
         kw = {f.name: getattr(pa, f.name) for f in fields(pa)
-              if f.name not in ("task", "max_epsilon", "target_epsilon", "noise_multiplier")}
+              if f.name not in ("task", "max_epsilon", "target_epsilon", "noise_multiplier",
+                                "log_training_loss")}
         max_eps = pa.max_epsilon if pa.max_epsilon is not None else pa.target_epsilon
         if pa.clipping == "flat":
             for k in ("target_unclipped_quantile", "unclipped_num_std"):
@@ -334,6 +351,9 @@ class DPTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.privacy_engine is not None:
+            if not self.privacy.log_training_loss:
+                for key in _UNNOISED_LOGS:  # un-noised training statistics
+                    logs.pop(key, None)
             logs["epsilon"] = self.epsilon()
             logs["dp_max_grad_norm"] = self.privacy_engine.max_grad_norm
         super().log(logs, start_time)

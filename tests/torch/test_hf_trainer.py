@@ -112,7 +112,8 @@ def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
     args = _args(tmp_path, save_strategy="steps", save_steps=2)
     a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
     a.train()
-    logged = [(h["step"], h["epsilon"]) for h in a.state.log_history if "loss" in h]
+    logged = [(h["step"], h["epsilon"]) for h in a.state.log_history
+              if "epsilon" in h and "train_runtime" not in h]
     assert [s for s, _ in logged] == [1, 2, 3, 4]
     for step, eps in logged:
         assert eps == pytest.approx(_eps(sigma, step), rel=1e-9)
@@ -126,7 +127,8 @@ def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
     assert b.privacy_engine.accountant.steps == 4
     assert b.privacy_engine.accountant.segments == a.privacy_engine.accountant.segments
     assert b.epsilon() == a.epsilon()
-    resumed = [(h["step"], h["epsilon"]) for h in b.state.log_history if "loss" in h]
+    resumed = [(h["step"], h["epsilon"]) for h in b.state.log_history
+               if "epsilon" in h and "train_runtime" not in h]
     assert resumed[-2:] == logged[-2:]
     for (name, u), v in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         torch.testing.assert_close(u, v, rtol=0, atol=0, msg=name)
@@ -218,3 +220,23 @@ def test_lora_adapters_train_and_save(tmp_path):
     assert tr.epsilon() == pytest.approx(_eps(1.0, 2), rel=1e-9)
     tr.save_model(str(tmp_path / "adapter"))
     assert os.path.isfile(tmp_path / "adapter" / "adapter_model.safetensors")
+
+
+def test_training_loss_is_not_logged_or_saved_unless_opted_in(tmp_path):
+    """The Trainer's loss logs are un-noised means over private batches, and they land in
+    every checkpoint's trainer_state.json: dropped by default; opting in warns."""
+    from privlearn.errors import PrivacyLeakWarning
+
+    pa = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, seed=3)
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2, save_strategy="steps",
+                                              save_steps=2),
+                   train_dataset=_TextSet(), privacy=pa)
+    tr.train()
+    assert tr.state.log_history and all("epsilon" in h for h in tr.state.log_history)
+    assert not any(k in h for h in tr.state.log_history
+                   for k in ("loss", "train_loss", "grad_norm"))
+    saved = open(os.path.join(tmp_path, "checkpoint-2", "trainer_state.json")).read()
+    assert '"loss"' not in saved and '"train_loss"' not in saved
+    with pytest.warns(PrivacyLeakWarning, match="log_training_loss"):
+        DPTrainer(model=_llama(), args=_args(tmp_path / "b"), train_dataset=_TextSet(),
+                  privacy=PrivacyArguments(noise_multiplier=1.0, log_training_loss=True))
