@@ -32,6 +32,13 @@ __all__ = ["PrivacyAccountant", "PrivacyBudgetWarning", "Segment", "LedgerLink"]
 _STATE_FORMAT = "privlearn.torch.accountant/1"
 
 
+def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poisson"):
+    """The mechanism of one DP-SGD step: ``subsample(Gaussian(noise_multiplier),
+    rate=sampling_rate, scheme=scheme)`` (Abadi et al. 2016, Sec. 3.1) -- the one place the
+    engine, its accountant and its ledger records describe a step."""
+    return subsample(Gaussian(noise_multiplier), rate=sampling_rate, scheme=scheme)
+
+
 class PrivacyBudgetWarning(UserWarning):
     """Training went past the epsilon it was planned (calibrated) for."""
 
@@ -164,7 +171,7 @@ class PrivacyAccountant:
         parts = merged
         if not parts:
             return None
-        mechs = [subsample(Gaussian(s), rate=q, scheme=self.scheme) for s, q, _ in parts]
+        mechs = [dpsgd_step(s, q, self.scheme) for s, q, _ in parts]
         return compose(mechs, steps=[k for _, _, k in parts])
 
     def _epsilon_of(self, parts, delta: float, accountant: str | None = None) -> float:
@@ -308,7 +315,7 @@ class LedgerLink:
         self._open: list[list] = []  # [reservation, sigma, q, reserved, used]
 
     def _mech(self, sigma: float, q: float, k: int):
-        return compose(subsample(Gaussian(sigma), rate=q, scheme=self.scheme), steps=k)
+        return compose(dpsgd_step(sigma, q, self.scheme), steps=k)
 
     def reserve(self, sigma: float, q: float, steps: int) -> None:
         """Reserve ``steps`` steps (fewer, down to one, if the budget cannot hold them)."""

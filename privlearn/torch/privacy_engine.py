@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from privlearn.accounting import Gaussian, Sampling, calibrate, compose, subsample
+from privlearn.accounting import Sampling, calibrate, compose
 from privlearn.torch._engine_checks import (  # noqa: F401  (re-exported: old home)
     _SAMPLING_HELP,
     _accountable_batch_size,
@@ -22,7 +22,7 @@ from privlearn.torch._engine_checks import (  # noqa: F401  (re-exported: old ho
     _per_layer_bounds,
     _shared_seed,
 )
-from privlearn.torch.accountant import LedgerLink, PrivacyAccountant
+from privlearn.torch.accountant import LedgerLink, PrivacyAccountant, dpsgd_step
 from privlearn.torch.data import (  # noqa: F401  (samplers: importable here before)
     FixedSizeBatchSampler,
     PoissonBatchSampler,
@@ -453,8 +453,7 @@ def make_private(
     # ---------------------------------------------------------------- calibration
     if target_epsilon is not None:
         total = int(steps) if steps is not None else int(epochs) * steps_per_epoch
-        nm = calibrate(lambda s: compose(subsample(Gaussian(s), rate=q, scheme=scheme),
-                                         steps=total),
+        nm = calibrate(lambda s: compose(dpsgd_step(s, q, scheme), steps=total),
                        float(target_epsilon), float(target_delta), accountant=accountant)
 
     adaptive = None
@@ -472,9 +471,8 @@ def make_private(
     if target_epsilon is not None:
         planned_epsilon = float(target_epsilon)
     elif planned_steps is not None and nm > 0:
-        planned_epsilon = compose(subsample(Gaussian(nm), rate=q, scheme=scheme),
-                                  steps=planned_steps).epsilon(float(target_delta),
-                                                               accountant=accountant)
+        planned_epsilon = compose(dpsgd_step(nm, q, scheme), steps=planned_steps).epsilon(
+            float(target_delta), accountant=accountant)
     # the ledger first: a refused reservation leaves the user's objects untouched
     link = None
     if ledger is not None:
