@@ -42,6 +42,7 @@ from enum import Enum
 from typing import TypeVar
 
 __all__ = [
+    "ParameterTypeError",
     "check_real",
     "check_positive",
     "check_nonnegative",
@@ -58,6 +59,14 @@ __all__ = [
 E = TypeVar("E", bound=Enum)
 
 
+class ParameterTypeError(TypeError, ValueError):
+    """A parameter of the wrong type: the one exception every ``check_*`` raises for a
+    wrong *type*. It is a :class:`TypeError` (the rule above) and also a
+    :class:`ValueError`, as scikit-learn's ``InvalidParameterError`` is, so that code
+    written against earlier privlearn versions (whose estimators and PyTorch engine
+    raised ValueError for a string where a number belongs) keeps working."""
+
+
 def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
@@ -70,7 +79,7 @@ def _msg(name: str, expected: str, value: object, hint: str | None) -> str:
 def check_real(name: str, value: object, *, hint: str | None = None) -> float:
     """A real number (bool excluded), returned as ``float``; :class:`TypeError` otherwise."""
     if not _is_real(value):
-        raise TypeError(
+        raise ParameterTypeError(
             f"{name} must be a real number, got {value!r} ({type(value).__name__}); "
             + (hint or "pass an int or a float")
         )
@@ -135,15 +144,18 @@ def check_probability(name: str, value: object, *, hint: str | None = None) -> f
     return x
 
 
-def check_count(name: str, value: object, *, minimum: int = 0, hint: str | None = None) -> int:
+def check_count(name: str, value: object, *, minimum: int = 0, hint: str | None = None,
+                integral_floats: bool = True) -> int:
     """An integer count >= ``minimum`` (steps, compositions, categories).
 
-    Integral floats such as ``10.0`` are accepted; ``10.5`` is a :class:`ValueError` (a
-    real number, but not a count) and ``"10"`` a :class:`TypeError`.
+    Integral floats such as ``10.0`` are accepted (unless ``integral_floats=False``, as
+    the estimators' scikit-learn parameters want: then a float is a wrong type);
+    ``10.5`` is a :class:`ValueError` (a real number, but not a count) and ``"10"`` a
+    :class:`TypeError`.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if not _is_real(value):
-            raise TypeError(
+        if not _is_real(value) or not integral_floats:
+            raise ParameterTypeError(
                 f"{name} must be an integer >= {minimum}, got {value!r} "
                 f"({type(value).__name__}); " + (hint or "pass an int")
             )
@@ -167,7 +179,7 @@ def check_enum(name: str, value: object, enum_type: type[E], *, hint: str | None
         return value
     valid = ", ".join(repr(m.value) for m in enum_type)
     if not isinstance(value, str):
-        raise TypeError(
+        raise ParameterTypeError(
             f"{name} must be one of {valid}, got {value!r} ({type(value).__name__}); "
             + (hint or f"pass a string or a {enum_type.__name__} member")
         )
@@ -185,7 +197,7 @@ def check_choice(
     opts = tuple(choices)
     valid = ", ".join(repr(c) for c in opts)
     if not isinstance(value, str):
-        raise TypeError(
+        raise ParameterTypeError(
             f"{name} must be one of {valid}, got {value!r} ({type(value).__name__})"
             + (f"; {hint}" if hint else "")
         )
@@ -198,5 +210,5 @@ def check_choice(
 def check_callable(name: str, value: object, *, hint: str | None = None) -> object:
     """A callable; :class:`TypeError` otherwise."""
     if not callable(value):
-        raise TypeError(_msg(name, "callable", value, hint or "pass a function"))
+        raise ParameterTypeError(_msg(name, "callable", value, hint or "pass a function"))
     return value

@@ -1,20 +1,23 @@
 """Shared validation and helpers for the private estimators.
 
 Parameters are only stored by ``__init__`` (scikit-learn convention) and validated when
-``fit`` starts; every problem is a :class:`ValueError` naming the parameter, the valid
-range and the value received.
+``fit`` starts, through :mod:`privlearn._validation` (the one validation vocabulary of
+privlearn): a wrong value is a :class:`ValueError`, a wrong type a
+:class:`~privlearn._validation.ParameterTypeError` (a TypeError that is also a
+ValueError), each naming the parameter, the valid range, the value received and what
+to try.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
-import math
 import numbers
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from privlearn import _validation as _v
 from privlearn.accounting import Mechanism, compose
 
 __all__ = [
@@ -31,17 +34,15 @@ __all__ = [
 ]
 
 
-class ParameterTypeError(TypeError, ValueError):
-    """A parameter of the wrong type. A :class:`TypeError`, and also a :class:`ValueError`
-    so that code written against earlier versions (which raised ValueError) still works."""
+# One validation vocabulary (privlearn._validation): wrong types raise
+# ParameterTypeError (a TypeError, and a ValueError as scikit-learn's
+# InvalidParameterError is), wrong values ValueError, each message naming the
+# parameter, the valid range, the value received and what to try.
+ParameterTypeError = _v.ParameterTypeError
 
 
 def _real(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ParameterTypeError(
-            f"{name} must be a real number, got {value!r} of type {type(value).__name__}"
-        )
-    return float(value)
+    return _v.check_real(name, value)
 
 
 def check_privacy_budget(
@@ -52,18 +53,11 @@ def check_privacy_budget(
     If ``noise == "gaussian"`` also reject ``delta == 0``: the Gaussian mechanism has no
     pure-DP guarantee, and the message points to the Laplace option.
     """
-    eps = _real("epsilon", epsilon)
-    if math.isnan(eps) or eps <= 0 or math.isinf(eps):
-        raise ValueError(
-            f"epsilon must be in (0, inf) (finite, > 0), got {epsilon!r}; it is the privacy "
-            "budget, typically between 0.1 and 10"
-        )
-    dlt = _real("delta", delta)
-    if math.isnan(dlt) or not 0.0 <= dlt < 1.0:
-        raise ValueError(
-            f"delta must be in [0, 1), got {delta!r}; use a value well below 1 / n_samples, "
-            "e.g. 1e-6"
-        )
+    eps = _v.check_positive(
+        "epsilon", epsilon,
+        hint="it is the privacy budget, typically between 0.1 and 10")
+    dlt = _v.check_delta(
+        "delta", delta, hint="use a value well below 1 / n_samples, e.g. 1e-6")
     if noise == "gaussian" and dlt == 0.0:
         raise ValueError(
             "delta=0 is impossible with Gaussian noise: the Gaussian mechanism satisfies "
@@ -77,33 +71,24 @@ def check_positive_param(name: str, value: object, *, allow_none: bool = False) 
     """A finite number > 0 (or None when ``allow_none``)."""
     if value is None and allow_none:
         return None
-    x = _real(name, value)
-    if math.isnan(x) or math.isinf(x) or x <= 0:
-        raise ValueError(f"{name} must be in (0, inf) (finite), got {value!r}")
-    return x
+    return _v.check_positive(name, value)
 
 
 def check_int_param(name: str, value: object, minimum: int = 1, allow_none: bool = False):
+    """An ``int`` >= ``minimum`` (or None when ``allow_none``); floats are refused, as
+    scikit-learn refuses them for counts."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ParameterTypeError(
-            f"{name} must be an integer >= {minimum}, got {value!r} of type "
-            f"{type(value).__name__}"
-        )
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    return _v.check_count(name, value, minimum=minimum, integral_floats=False)
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str):
-        raise ParameterTypeError(f"{name} must be one of {choices}, got {value!r}")
-    if value.lower() not in choices:
+    """One of ``choices`` (case-insensitive), with a "did you mean" suggestion."""
+    hint = None
+    if isinstance(value, str) and value.lower() not in choices:
         close = difflib.get_close_matches(value.lower(), choices, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}{hint}")
-    return value.lower()
+        hint = f"did you mean {close[0]!r}?" if close else None
+    return _v.check_choice(name, value, choices, hint=hint)
 
 
 def clip_rows(X: np.ndarray, bound: float, ord: int | float = 2) -> tuple[np.ndarray, int]:

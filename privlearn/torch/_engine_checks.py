@@ -13,18 +13,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from privlearn import _validation as _v
 from privlearn.torch.data import FixedSizeBatchSampler, PoissonBatchSampler
 
 
 def _check_pos(name: str, value, allow_inf: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
-    if not (v > 0) or (math.isinf(v) and not allow_inf):
-        rng = "(0, inf]" if allow_inf else "(0, inf)"
-        raise ValueError(f"{name} must be in {rng}, got {value!r}")
-    return v
+    """A number > 0 (finite unless ``allow_inf``), by :mod:`privlearn._validation`."""
+    return _v.check_positive(name, value, allow_inf=allow_inf)
 
 
 def _shared_seed(seed: int | None, process_group=None) -> int:

@@ -16,11 +16,13 @@ reproduced).
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
@@ -34,7 +36,7 @@ from privlearn.torch.grad_sample import (
     rule_evaluation,
 )
 
-__all__ = ["mha_rule"]
+__all__ = ["AttentionCapture", "mha_rule"]
 
 
 class _Shape:
@@ -244,45 +246,68 @@ def _attend(Q, K, V, H, mask, need_weights):
 
 
 def instrumentable(module: nn.Module) -> bool:
-    """Whether :func:`instrumented_forward` reproduces this attention layer."""
+    """Whether :class:`AttentionCapture` reproduces this attention layer."""
     return (isinstance(module, nn.MultiheadAttention) and module.bias_k is None
             and not module.add_zero_attn and module.dropout == 0)
 
 
-def instrumented_forward(self: nn.MultiheadAttention, query, key, value,
-                         key_padding_mask=None, need_weights=True, attn_mask=None,
-                         average_attn_weights=True, is_causal=False):
-    """``nn.MultiheadAttention.forward`` written out (same equations) so that the
-    projections ``Q, K, V`` and the head outputs ``O`` are visible: tensor hooks catch
-    ``dQ, dK, dV`` during the user's backward pass and the rule needs no recomputation.
-    Installed per instance by the tracker while it is attached (removed by ``detach``).
-    """
-    from privlearn.torch.grad_sample import recording_disabled
+_MHA_FORWARD = F.multi_head_attention_forward
+_MHA_SIGNATURE = inspect.signature(_MHA_FORWARD)
 
-    if (not self.training or not torch.is_grad_enabled() or recording_disabled()
-            or query.dim() != 3):
-        return nn.MultiheadAttention.forward(
-            self, query, key, value, key_padding_mask=key_padding_mask,
-            need_weights=need_weights, attn_mask=attn_mask,
-            average_attn_weights=average_attn_weights, is_causal=is_causal)
-    q, k, v = query, key, value
-    if not self.batch_first:
-        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+
+class AttentionCapture(TorchFunctionMode):
+    """Makes the projections ``Q, K, V`` and the head outputs ``O`` of one
+    ``nn.MultiheadAttention`` call visible, without touching the module.
+
+    The tracker enters this mode in a forward pre-hook of an instrumentable attention
+    layer and leaves it in a forward hook (``always_call=True``, so also when the
+    forward raises). While it is active, ``nn.MultiheadAttention.forward`` runs
+    unchanged up to its call of ``F.multi_head_attention_forward``, which the mode
+    intercepts (PyTorch's ``__torch_function__`` protocol for modes) and computes with
+    the same equations written out (:func:`_capture_forward`): tensor hooks catch
+    ``dQ, dK, dV`` during the user's backward pass, so the rule needs no recomputation.
+    Every other function passes through. What was captured is handed to ``sink`` (a
+    side table of the tracker); nothing is stored on the module.
+    """
+
+    def __init__(self, sink) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _MHA_FORWARD:
+            bound = _MHA_SIGNATURE.bind(*args, **kwargs)
+            bound.apply_defaults()
+            out, weights, extra = _capture_forward(bound.arguments)
+            self._sink(extra)
+            return out, weights
+        return func(*args, **kwargs)
+
+
+def _capture_forward(a: dict):
+    """``F.multi_head_attention_forward`` (sequence-first inputs ``(L, B, E)``) for an
+    instrumentable layer (no ``bias_k``, no ``add_zero_attn``, no dropout), with the
+    projections' gradients and ``O`` captured. Returns ``(output, weights, extra)``."""
+    query, key, value = a["query"], a["key"], a["value"]
+    self_attention = query is key and key is value and not a["use_separate_proj_weight"]
+    q, k, v = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
     B, L, E = q.shape
     S = k.shape[1]
-    H = self.num_heads
-    if self._qkv_same_embed_dim:
-        wq, wk, wv = self.in_proj_weight.chunk(3)
+    H = a["num_heads"]
+    in_w, in_b = a["in_proj_weight"], a["in_proj_bias"]
+    if a["use_separate_proj_weight"]:
+        wq, wk, wv = a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"]
     else:
-        wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
-    if self.in_proj_bias is not None:
-        bq, bk, bv = self.in_proj_bias.chunk(3)
+        wq, wk, wv = in_w.chunk(3)
+    if in_b is not None:
+        bq, bk, bv = in_b.chunk(3)
     else:
         bq = bk = bv = None
     extra = {"grads": [None, None, None], "O": None, "packed": None}
-    if query is key and key is value and self._qkv_same_embed_dim:
+    if self_attention:
         # self-attention: one packed projection, as PyTorch does
-        t = F.linear(q, self.in_proj_weight, self.in_proj_bias)
+        t = F.linear(q, in_w, in_b)
         if not t.requires_grad:
             t = _MakeDifferentiable.apply(_DUMMY, t)
         slot = [None]
@@ -297,17 +322,16 @@ def instrumented_forward(self: nn.MultiheadAttention, query, key, value,
                 t = _MakeDifferentiable.apply(_DUMMY, t)
             t.register_hook(_store(extra["grads"], j))
             proj.append(t)
-    mask = _additive_mask(q, B, H, L, S, attn_mask, key_padding_mask, is_causal)
+    mask = _additive_mask(q, B, H, L, S, a["attn_mask"], a["key_padding_mask"],
+                          a["is_causal"])
+    need_weights = a["need_weights"]
     O, attn = _attend(proj[0], proj[1], proj[2], H, mask, need_weights)
     extra["O"] = O.detach()
-    out = F.linear(O, self.out_proj.weight, self.out_proj.bias)
-    if not self.batch_first:
-        out = out.transpose(0, 1)
+    out = F.linear(O, a["out_proj_weight"], a["out_proj_bias"]).transpose(0, 1)
     weights = None
     if need_weights:
-        weights = attn.mean(1) if average_attn_weights else attn
-    self.__dict__["_privlearn_extra"] = extra
-    return out, weights
+        weights = attn.mean(1) if a["average_attn_weights"] else attn
+    return out, weights, extra
 
 
 _DUMMY = torch.zeros((), requires_grad=True)

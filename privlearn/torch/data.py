@@ -34,6 +34,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
+from privlearn import _validation as _v
+
 __all__ = [
     "PoissonBatchSampler",
     "FixedSizeBatchSampler",
@@ -166,8 +168,7 @@ class PoissonBatchSampler(_AccountedSampler):
 
     def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
                  seed: int | None = None, indices=None, secure: bool = False):
-        if not 0 < sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        sample_rate = _v.check_rate("sample_rate", sample_rate)
         self.num_samples = int(num_samples)
         self._sample_rate = float(sample_rate)
         self.steps = max(1, round(1 / sample_rate)) if steps is None else int(steps)

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
+from privlearn import _validation as _v
 from privlearn.torch.accountant import PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
@@ -167,12 +168,10 @@ class DPOptimizer:
 
     @noise_multiplier.setter
     def noise_multiplier(self, value: float) -> None:
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"noise_multiplier must be a number, got {value!r}") from None
-        if not v >= 0 or math.isinf(v):
-            raise ValueError(f"noise_multiplier must be in [0, inf), got {value!r}")
+        v = _v.check_nonnegative(
+            "noise_multiplier", _scalar(value),
+            hint="the noise std divided by max_grad_norm, e.g. 1.0 (0 trains without noise "
+                 "and is not private)")
         if v > 0 and math.isinf(self._max_grad_norm):
             raise ValueError("noise_multiplier > 0 with max_grad_norm=inf is not private "
                              "(unbounded sensitivity); set a finite max_grad_norm first")
@@ -197,12 +196,9 @@ class DPOptimizer:
 
     @max_grad_norm.setter
     def max_grad_norm(self, value: float) -> None:
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"max_grad_norm must be a number, got {value!r}") from None
-        if not v > 0:
-            raise ValueError(f"max_grad_norm must be in (0, inf], got {value!r}")
+        v = _v.check_positive(
+            "max_grad_norm", _scalar(value), allow_inf=True,
+            hint="the per-example clipping bound, e.g. 1.0")
         if math.isinf(v) and self._noise_multiplier > 0:
             raise ValueError("max_grad_norm=inf (no clipping) leaves the sensitivity "
                              "unbounded; only allowed with noise_multiplier=0")
@@ -440,3 +436,11 @@ class DPOptimizer:
         if self.adaptive is not None:
             self._update_clip_bound()  # the bound of the next step
         return loss
+
+
+def _scalar(value):
+    """A one-element tensor as its Python number (schedules often compute with tensors);
+    anything else unchanged, for :mod:`privlearn._validation` to check."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value

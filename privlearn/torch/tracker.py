@@ -30,7 +30,6 @@ state (cross terms live in :mod:`privlearn.torch.cross_terms`).
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 
 import torch
@@ -110,10 +109,11 @@ class GradSampleTracker:
         Run each layer's forward on detached aliases of its handled parameters (see the
         module docstring); ``requires_grad`` is never changed.
     instrument_attention : bool
-        Replace ``forward`` of each ``nn.MultiheadAttention`` instance (while attached) by
-        the same equations written out, so that the gradients of its projections are
-        caught during ``backward()`` instead of recomputed
-        (:func:`privlearn.torch.attention.instrumented_forward`).
+        Capture the projections of each ``nn.MultiheadAttention`` call during forward
+        (a function mode entered by a forward pre-hook, see
+        :class:`privlearn.torch.attention.AttentionCapture`; the module itself is not
+        modified), so that their gradients are caught during ``backward()`` instead of
+        recomputed.
     """
 
     def __init__(self, model: nn.Module, loss_reduction: str = "mean",
@@ -152,13 +152,18 @@ class GradSampleTracker:
                 self._handles.append(h)
             h = u.module.register_forward_hook(_eager(self._make_hook(i)), with_kwargs=True)
             self._handles.append(h)
-        self._instrumented = []
+        # attention layers whose projections are captured during forward: a side table
+        # of what each call captured (keyed by module identity, emptied by the record
+        # hook of the same call) and the capture modes currently entered
+        self._captured: dict[int, dict] = {}
+        self._capturing: dict[int, list] = {}
         if instrument_attention:
             for u in self.units:
                 if _attention.instrumentable(u.module):
-                    u.module.forward = types.MethodType(_attention.instrumented_forward,
-                                                        u.module)
-                    self._instrumented.append(u.module)
+                    self._handles.append(u.module.register_forward_pre_hook(
+                        _eager(self._capture_enter), with_kwargs=True))
+                    self._handles.append(u.module.register_forward_hook(
+                        _eager(self._capture_exit), prepend=True, always_call=True))
         self._frozen = []  # kept for compatibility: requires_grad is never changed
         self._swapped: list = []  # per unit: (owner, name, parameter) detached in forward
         if skip_param_grads:
@@ -171,6 +176,33 @@ class GradSampleTracker:
                     _eager(self._make_detach_hook(slots))))
                 self._handles.append(u.module.register_forward_hook(
                     _eager(self._make_restore_hook(slots)), always_call=True))
+
+    # ------------------------------------------------------------------ attention capture
+    def _capture_enter(self, module, args, kwargs):
+        """Enter :class:`~privlearn.torch.attention.AttentionCapture` for this call of an
+        attention layer (training, gradients on, batched input, not a rule's own
+        evaluation nor a checkpoint recomputation)."""
+        query = args[0] if args else kwargs.get("query")
+        if (_IN_RULE.get() or not module.training or not torch.is_grad_enabled()
+                or _in_backward() or not isinstance(query, torch.Tensor)
+                or query.dim() != 3):
+            return None
+        key = id(module)
+
+        def sink(extra, key=key):
+            self._captured[key] = extra
+
+        mode = _attention.AttentionCapture(sink)
+        mode.__enter__()
+        self._capturing.setdefault(key, []).append(mode)
+        return None
+
+    def _capture_exit(self, module, args, output):
+        """Leave the capture mode entered for this call (also when forward raised)."""
+        stack = self._capturing.get(id(module))
+        if stack:
+            stack.pop().__exit__(None, None, None)
+        return None
 
     # ------------------------------------------------------------------ recording
     def _root_pre_hook(self, module, args, kwargs):
@@ -261,7 +293,7 @@ class GradSampleTracker:
                 grad_outputs=[],
                 outputs_meta=[],
             )
-            rec.extra = module.__dict__.pop("_privlearn_extra", None)
+            rec.extra = self._captured.pop(id(module), None)
             records = self.records
             if index in records:
                 records[index].append(rec)
@@ -330,6 +362,7 @@ class GradSampleTracker:
 
     def clear(self) -> None:
         self.records = {}
+        self._captured = {}
         self._backward_passes = 0
         self._in_backward = False
 
@@ -339,9 +372,11 @@ class GradSampleTracker:
             h.remove()
         self._handles = []
         self.clear()
-        for m in self._instrumented:
-            m.__dict__.pop("forward", None)
-        self._instrumented = []
+        for stack in self._capturing.values():
+            while stack:
+                stack.pop().__exit__(None, None, None)
+        self._capturing = {}
+        self._captured = {}
         for slots in self._swapped:
             _restore(slots)
         self._swapped = []

@@ -321,7 +321,8 @@ def test_self_attention_packed_projection(b, t, batch_first, bias, instrument):
 
 
 def test_instrumented_attention_matches_pytorch_forward():
-    """The written-out forward computes what nn.MultiheadAttention computes."""
+    """The captured forward computes what nn.MultiheadAttention computes, and leaves the
+    module untouched."""
     torch.manual_seed(4)
     for batch_first in (True, False):
         model = _MHA(batch_first, None, True, True, True, False)
@@ -331,11 +332,17 @@ def test_instrumented_attention_matches_pytorch_forward():
             q, kv = q.transpose(0, 1), kv.transpose(0, 1)
         mask = torch.zeros(3, 6, dtype=torch.bool)
         mask[0, 2] = True
+        before = {m: dict(m.__dict__) for m in model.modules()}
         tracker = GradSampleTracker(model)
         out, w = model(q, kv, mask)
-        assert "forward" in model.mha.__dict__
+        # the projections were captured (no recomputation in the rule) ...
+        recs = [r for rs in tracker.records.values() for r in rs if r.extra is not None]
+        assert len(recs) == 1 and recs[0].extra["O"] is not None
+        # ... without anything written onto the user's modules
+        for m in model.modules():
+            assert m.__dict__.keys() == before[m].keys()
+            assert "forward" not in m.__dict__
         tracker.detach()
-        assert "forward" not in model.mha.__dict__
         ref_out, ref_w = ref(q, kv, mask)
         torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=1e-6)

@@ -17,6 +17,7 @@ is never imported here).
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,9 @@ from privlearn.torch.rules.linear import linear_like
 __all__ = ["conv1d_transposed_rule", "rmsnorm_rule", "vit_embeddings_rule", "verified"]
 
 _CHECK_EXAMPLES = 2
+#: per module instance, whether its class-name rule was verified ("ok") or the module
+#: is handled by the fallback ("fallback"); a side table, nothing is stored on modules
+_RULE_STATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def verified(rule):
@@ -45,12 +49,12 @@ def verified(rule):
     the module is handled by the fallback from then on (warning)."""
 
     def wrapped(module: nn.Module, record: Record, params) -> Contribution:
-        state = module.__dict__.get("_privlearn_rule_state")
+        state = _RULE_STATE.get(module)
         if state == "fallback":
             return fallback_rule(module, record, params)
         if state is None:
             ok = _agrees(rule, module, record, params)
-            module.__dict__["_privlearn_rule_state"] = "ok" if ok else "fallback"
+            _RULE_STATE[module] = "ok" if ok else "fallback"
             if not ok:
                 warnings.warn(
                     f"{type(module).__name__} does not behave as privlearn's rule for "
