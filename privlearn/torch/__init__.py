@@ -52,13 +52,18 @@ from privlearn.torch.data import (
     PoissonBatchSampler,
     VirtualBatchLoader,
 )
-from privlearn.torch.grad_sample import register_rule
+from privlearn.torch.grad_sample import register_instrumenter, register_rule
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
 from privlearn.torch.tracker import GradSampleTracker
-from privlearn.torch.validator import UnsupportedModuleError, fix, validate
+from privlearn.torch.validator import (
+    UnsupportedModuleError,
+    fix,
+    register_validator,
+    validate,
+)
 
 __all__ = [
     "AdaptiveClipping",
@@ -76,6 +81,8 @@ __all__ = [
     "fix",
     "make_private",
     "per_sequence_cross_entropy",
+    "register_instrumenter",
     "register_rule",
+    "register_validator",
     "validate",
 ]

@@ -32,6 +32,7 @@ from privlearn.torch.grad_sample import (
     Record,
     _MakeDifferentiable,
     _scaled,
+    register_instrumenter,
     register_rule,
     rule_evaluation,
 )
@@ -279,6 +280,8 @@ class AttentionCapture(TorchFunctionMode):
         if func is _MHA_FORWARD:
             bound = _MHA_SIGNATURE.bind(*args, **kwargs)
             bound.apply_defaults()
+            if bound.arguments["query"].dim() != 3:  # unbatched: nothing to capture
+                return func(*args, **kwargs)
             out, weights, extra = _capture_forward(bound.arguments)
             self._sink(extra)
             return out, weights
@@ -341,3 +344,6 @@ def _store(slots, j):
     def fn(g):
         slots[j] = g if slots[j] is None else slots[j] + g
     return fn
+
+
+register_instrumenter(nn.MultiheadAttention, applies=instrumentable)(AttentionCapture)

@@ -57,6 +57,9 @@ __all__ = [
     "RULES",
     "PREDICATE_RULES",
     "register_predicate_rule",
+    "INSTRUMENTERS",
+    "register_instrumenter",
+    "get_instrumenter",
     "compute_dtype",
     "cross_term",  # noqa: F822  (lazy, see _MOVED)
     "linear_like",  # noqa: F822  (lazy, see _MOVED)
@@ -479,6 +482,38 @@ def get_rule(module: nn.Module) -> Rule | None:
     for pred, fn in PREDICATE_RULES:
         if pred(module):
             return fn
+    return None
+
+
+#: Instrumenters: per module type, a factory ``mode(sink)`` of a
+#: :class:`torch.overrides.TorchFunctionMode` that the tracker enters for each forward call
+#: of such a module (forward pre-hook) and leaves after it (forward hook, also on error).
+#: While active, the mode may intercept functions the module calls to capture
+#: intermediates its rule needs (e.g. the attention projections) and hands them to
+#: ``sink``; the tracker stores them in ``Record.extra`` of that call. Nothing is stored
+#: on the module.
+INSTRUMENTERS: dict[type, tuple[Callable[[nn.Module], bool], Callable]] = {}
+
+
+def register_instrumenter(module_type: type, *,
+                          applies: Callable[[nn.Module], bool] | None = None
+                          ) -> Callable[[Callable], Callable]:
+    """Decorator registering ``mode_factory(sink) -> TorchFunctionMode`` for modules of
+    ``module_type`` (and subclasses) for which ``applies(module)`` holds."""
+
+    def deco(factory: Callable) -> Callable:
+        INSTRUMENTERS[module_type] = (applies or (lambda m: True), factory)
+        return factory
+
+    return deco
+
+
+def get_instrumenter(module: nn.Module) -> Callable | None:
+    """The mode factory registered for ``module`` (MRO order), or None."""
+    for t in type(module).__mro__:
+        entry = INSTRUMENTERS.get(t)
+        if entry is not None:
+            return entry[1] if entry[0](module) else None
     return None
 
 

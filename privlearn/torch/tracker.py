@@ -36,9 +36,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from privlearn.torch import attention as _attention  # noqa: F401  (registers MHA rule)
-from privlearn.torch import rnn as _rnn  # noqa: F401  (registers the recurrent rules)
-from privlearn.torch import rules as _rules  # noqa: F401  (transformers' layers)
+from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch.cross_terms import (  # noqa: F401  (CrossTerm, cross_term: old home)
     CrossTerm,
     _cross_terms,
@@ -51,6 +49,7 @@ from privlearn.torch.grad_sample import (
     Record,
     _MakeDifferentiable,
     _record_batch,
+    get_instrumenter,
     get_rule,
     rule_evaluation,
 )
@@ -159,7 +158,7 @@ class GradSampleTracker:
         self._capturing: dict[int, list] = {}
         if instrument_attention:
             for u in self.units:
-                if _attention.instrumentable(u.module):
+                if get_instrumenter(u.module) is not None:
                     self._handles.append(u.module.register_forward_pre_hook(
                         _eager(self._capture_enter), with_kwargs=True))
                     self._handles.append(u.module.register_forward_hook(
@@ -179,20 +178,19 @@ class GradSampleTracker:
 
     # ------------------------------------------------------------------ attention capture
     def _capture_enter(self, module, args, kwargs):
-        """Enter :class:`~privlearn.torch.attention.AttentionCapture` for this call of an
-        attention layer (training, gradients on, batched input, not a rule's own
-        evaluation nor a checkpoint recomputation)."""
-        query = args[0] if args else kwargs.get("query")
+        """Enter the registered instrumenter's mode (:func:`~privlearn.torch.grad_sample.
+        register_instrumenter`, e.g. :class:`~privlearn.torch.attention.AttentionCapture`)
+        for this call (training, gradients on, not a rule's own evaluation nor a
+        checkpoint recomputation)."""
         if (_IN_RULE.get() or not module.training or not torch.is_grad_enabled()
-                or _in_backward() or not isinstance(query, torch.Tensor)
-                or query.dim() != 3):
+                or _in_backward()):
             return None
         key = id(module)
 
         def sink(extra, key=key):
             self._captured[key] = extra
 
-        mode = _attention.AttentionCapture(sink)
+        mode = get_instrumenter(module)(sink)
         mode.__enter__()
         self._capturing.setdefault(key, []).append(mode)
         return None

@@ -1,15 +1,19 @@
 """Checks that a model can be trained with per-example clipping, and fixes what it can.
 
 :func:`validate` lists *every* problem at once; :func:`fix` replaces fixable layers.
+The checks are registered per module type (:func:`register_validator`), so a layer
+defined outside privlearn gets its own check by registration alone.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from torch import nn
 
-__all__ = ["validate", "fix", "UnsupportedModuleError", "check_model"]
+__all__ = ["validate", "fix", "UnsupportedModuleError", "check_model", "register_validator",
+           "VALIDATORS"]
 
 _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially private; "
            "replace with GroupNorm (validate(..., fix=True) / make_private(fix_model=True) "
@@ -36,6 +40,86 @@ def _fallback_with_dropout(m: nn.Module, trainable: bool) -> bool:
                for d in m.modules() if d is not m)
 
 
+#: Per module type, checks ``check(module, trainable) -> list of problems`` (each a
+#: sentence saying what is wrong and what to do instead). ``trainable``: the module
+#: owns parameters with ``requires_grad``.
+Check = Callable[[nn.Module, bool], list[str]]
+VALIDATORS: dict[type, list[Check]] = {}
+
+
+def register_validator(*module_types: type) -> Callable[[Check], Check]:
+    """Decorator registering ``check(module, trainable) -> list[str]`` for modules of
+    ``module_types`` (and subclasses); :func:`validate` reports what it returns."""
+
+    def deco(fn: Check) -> Check:
+        for t in module_types:
+            VALIDATORS.setdefault(t, []).append(fn)
+        return fn
+
+    return deco
+
+
+def _checks_for(m: nn.Module) -> list[Check]:
+    out: list[Check] = []
+    for t in type(m).__mro__:
+        out.extend(VALIDATORS.get(t, ()))
+    return out
+
+
+@register_validator(nn.modules.batchnorm._BatchNorm)
+def _batch_norm(m, trainable):
+    return [_BN_MSG]
+
+
+@register_validator(nn.modules.instancenorm._InstanceNorm)
+def _instance_norm(m, trainable):
+    if m.track_running_stats:
+        return ["InstanceNorm with track_running_stats=True mixes examples through its "
+                "running statistics; use track_running_stats=False"]
+    return []
+
+
+@register_validator(nn.RNNBase)
+def _recurrent(m, trainable):
+    out = []
+    if m.proj_size > 0:
+        out.append("LSTM with proj_size > 0 is not supported")
+    if m.dropout > 0 and m.num_layers > 1:
+        out.append("dropout > 0 between recurrent layers is not supported (use nn.Dropout "
+                   "between separate recurrent layers)")
+    return out
+
+
+@register_validator(nn.Embedding)
+def _embedding(m, trainable):
+    if not trainable:
+        return []
+    out = []
+    if m.sparse:
+        out.append("sparse=True gradients are not supported")
+    if m.max_norm is not None:
+        out.append("max_norm renormalises weights in place during forward, not supported")
+    if m.scale_grad_by_freq:
+        out.append("scale_grad_by_freq mixes examples in a batch")
+    return out
+
+
+@register_validator(nn.MultiheadAttention)
+def _attention(m, trainable):
+    if m.dropout > 0:
+        return ["attention dropout > 0 is not supported (its masks cannot be reproduced "
+                "for per-example gradients); set dropout=0 and apply nn.Dropout to the "
+                "layer's output instead"]
+    return []
+
+
+@register_validator(nn.EmbeddingBag)
+def _embedding_bag(m, trainable):
+    if trainable:
+        return ["EmbeddingBag is not supported; use Embedding and a sum/mean"]
+    return []
+
+
 def _problems(model: nn.Module) -> list[str]:
     out = []
     for name, m in model.named_modules():
@@ -47,31 +131,8 @@ def _problems(model: nn.Module) -> list[str]:
                        "example, which cannot reproduce the dropout masks. Set that dropout "
                        "to 0 (e.g. ViTConfig(hidden_dropout_prob=0.0) for ViT embeddings) or "
                        "freeze these parameters")
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            out.append(f"{label}: {_BN_MSG}")
-        elif isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:
-            out.append(f"{label}: InstanceNorm with track_running_stats=True mixes examples "
-                       "through its running statistics; use track_running_stats=False")
-        elif isinstance(m, nn.RNNBase):
-            if m.proj_size > 0:
-                out.append(f"{label}: LSTM with proj_size > 0 is not supported")
-            if m.dropout > 0 and m.num_layers > 1:
-                out.append(f"{label}: dropout > 0 between recurrent layers is not supported "
-                           "(use nn.Dropout between separate recurrent layers)")
-        elif isinstance(m, nn.Embedding) and trainable:
-            if m.sparse:
-                out.append(f"{label}: sparse=True gradients are not supported")
-            if m.max_norm is not None:
-                out.append(f"{label}: max_norm renormalises weights in place during forward, "
-                           "not supported")
-            if m.scale_grad_by_freq:
-                out.append(f"{label}: scale_grad_by_freq mixes examples in a batch")
-        elif isinstance(m, nn.MultiheadAttention) and m.dropout > 0:
-            out.append(f"{label}: attention dropout > 0 is not supported (its masks cannot be "
-                       "reproduced for per-example gradients); set dropout=0 and apply "
-                       "nn.Dropout to the layer's output instead")
-        elif isinstance(m, nn.EmbeddingBag) and trainable:
-            out.append(f"{label}: EmbeddingBag is not supported; use Embedding and a sum/mean")
+        for check in _checks_for(m):
+            out.extend(f"{label}: {msg}" for msg in check(m, trainable))
     return out
 
 

@@ -12,8 +12,17 @@ library: ``Conv1D`` (GPT-2), Llama/Qwen/Mistral/T5-style ``*RMSNorm`` modules an
 parameters). Each class-name match is checked once per module instance against the
 generic :mod:`torch.func` fallback on two examples; a module whose behaviour differs from
 the rule's assumptions is then handled by the fallback instead (with a warning).
+
+The recurrent rules (:mod:`privlearn.torch.rnn`) and the attention rule with its
+instrumenter (:mod:`privlearn.torch.attention`) live next to their larger helpers and are
+loaded here too: importing this package is the one place every built-in rule, predicate
+rule and instrumenter is registered (:func:`~privlearn.torch.grad_sample.register_rule`,
+:func:`~privlearn.torch.grad_sample.register_predicate_rule`,
+:func:`~privlearn.torch.grad_sample.register_instrumenter`). A user extension registers
+its own with the same decorators; nothing else is needed.
 """
 
+from privlearn.torch import attention, rnn  # noqa: F401  (registers)
 from privlearn.torch.rules import (  # noqa: F401  (registers)
     conv,
     embedding,

@@ -1,0 +1,147 @@
+"""Extending the PyTorch engine by registration alone (issue 13): a layer defined outside
+privlearn gets a per-example rule, a validator and an instrumenter through the public
+registries, and its clipped gradient sum equals a naive loop of batch-size-1 backward
+passes (float64, 1e-10 relative). Nothing is written onto the user's modules."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+import privlearn.torch as pt  # noqa: E402
+from privlearn.torch import grad_sample, validator  # noqa: E402
+from privlearn.torch.grad_sample import Materialized  # noqa: E402
+from privlearn.torch.tracker import GradSampleTracker  # noqa: E402
+
+
+class Hadamard(nn.Module):
+    """``y = x * w + b`` over the last dimension (a layer privlearn has no rule for)."""
+
+    def __init__(self, d: int, unsafe: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d, dtype=torch.float64))
+        self.bias = nn.Parameter(torch.randn(d, dtype=torch.float64))
+        self.unsafe = unsafe
+
+    def forward(self, x):
+        return torch.mul(x, self.weight) + self.bias
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.had = Hadamard(5)
+        self.head = nn.Linear(5, 1, dtype=torch.float64)
+
+    def forward(self, x):  # x: (B, T, 5)
+        return self.head(torch.tanh(self.had(x))).sum((1, 2))
+
+
+class _CaptureInput(TorchFunctionMode):
+    """Instrumenter of Hadamard: captures the input of its ``torch.mul``."""
+
+    def __init__(self, sink):
+        super().__init__()
+        self._sink = sink
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.mul:
+            self._sink({"x": args[0].detach()})
+        return func(*args, **(kwargs or {}))
+
+
+CALLS = {"rule": 0, "captured": 0}
+
+
+def hadamard_rule(module, record, params):
+    CALLS["rule"] += 1
+    if record.extra is not None:
+        CALLS["captured"] += 1
+        x = record.extra["x"]
+    else:
+        x = record.args[0]
+    g = record.grad(0)
+    grads = {"weight": (x * g).sum(1), "bias": g.sum(1)}
+    names = {id(p): n for n, p in module.named_parameters()}
+    return Materialized(params, [grads[names[id(p)]] for p in params])
+
+
+def hadamard_check(module, trainable):
+    return ["unsafe=True is refused by this test's validator; pass unsafe=False"] \
+        if module.unsafe else []
+
+
+@pytest.fixture
+def registered():
+    grad_sample.register_rule(Hadamard)(hadamard_rule)
+    grad_sample.register_instrumenter(Hadamard)(_CaptureInput)
+    validator.register_validator(Hadamard)(hadamard_check)
+    CALLS.update(rule=0, captured=0)
+    yield
+    grad_sample.RULES.pop(Hadamard, None)
+    grad_sample.INSTRUMENTERS.pop(Hadamard, None)
+    validator.VALIDATORS.pop(Hadamard, None)
+
+
+def _naive_clipped_sum(model, x, c):
+    """sum_i min(1, C / ||g_i||) g_i from one backward pass per example."""
+    model = copy.deepcopy(model)
+    params = list(model.parameters())
+    total = None
+    for i in range(x.shape[0]):
+        grads = torch.autograd.grad(model(x[i:i + 1]).sum(), params)
+        g = torch.cat([t.reshape(-1) for t in grads])
+        g = g * min(1.0, c / g.norm().item())
+        total = g if total is None else total + g
+    return total
+
+
+def test_registered_rule_matches_naive_loop_and_leaves_modules_untouched(registered):
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(8, 3, 5, dtype=torch.float64)
+    before = {m: dict(m.__dict__) for m in model.modules()}
+    tracker = GradSampleTracker(model, loss_reduction="sum")
+    model(x).sum().backward()
+    contribs, batch, scale = tracker.contributions()
+    sq = sum(c.sq_norms() for c in contribs).double() * scale ** 2
+    norms = sq.sqrt()
+    c = float(norms.median())  # clips about half the examples
+    factors = torch.clamp(c / norms, max=1.0)
+    by_id = {}
+    for con in contribs:
+        for p, w in zip(con.params, con.weighted_sum(factors * scale), strict=True):
+            by_id[id(p)] = w if id(p) not in by_id else by_id[id(p)] + w
+    ours = torch.cat([by_id[id(p)].reshape(-1) for p in model.parameters()])
+    tracker.detach()
+    ref = _naive_clipped_sum(model, x, c)
+    assert CALLS["rule"] == 1 and CALLS["captured"] == 1  # our rule, with our capture
+    assert torch.allclose(ours, ref, rtol=1e-10, atol=1e-12 * ref.abs().max().item())
+    for m in model.modules():
+        assert m.__dict__.keys() == before[m].keys()
+        assert "forward" not in m.__dict__
+
+
+def test_registered_validator_refuses_before_the_first_step(registered):
+    model = Net()
+    model.had.unsafe = True
+    problems = pt.validate(model)
+    assert any("unsafe=True is refused" in p and "had (Hadamard)" in p for p in problems)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3, 5, dtype=torch.float64))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with pytest.raises(validator.UnsupportedModuleError, match="unsafe=True"):
+        pt.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                        noise_multiplier=1.0, max_grad_norm=1.0)
+
+
+def test_without_registration_the_fallback_is_used():
+    torch.manual_seed(1)
+    model = Net()
+    assert grad_sample.get_rule(model.had) is None
+    assert grad_sample.get_instrumenter(model.had) is None
+    assert pt.validate(model) == []
