@@ -22,19 +22,21 @@ suggestion derived from the range is appended. NumPy scalars are real numbers
 (``numpy.float64`` registers with :class:`numbers.Real`), so ``check_real`` accepts them;
 0-d arrays are the caller's business (see ``privlearn.compat.autodp.autodp_core.as_float``).
 
-Adopting it
+Who uses it
 -----------
-``privlearn.accounting`` uses it (``privlearn.accounting._validation`` is a deprecated
-re-export kept for old imports). ``privlearn.models._base`` and
-``privlearn.torch.privacy_engine._check_pos`` still have their own helpers that raise
-``ValueError`` for wrong types; to adopt, replace ``_real``/``check_positive_param``/
-``check_int_param``/``check_choice``/``_check_pos`` by :func:`check_real`,
-:func:`check_positive`, :func:`check_count`, :func:`check_choice` (tests that expect a
-``ValueError`` for a string where a number belongs then expect ``TypeError``).
+Every layer: ``privlearn.accounting`` (``privlearn.accounting._validation`` is a
+deprecated re-export kept for old imports), the estimators of ``privlearn.models``
+(through the declarative constraints of :mod:`privlearn.models._params`), the PyTorch
+engine (``make_private``, the optimizer's live ``noise_multiplier``/``max_grad_norm``,
+the samplers) and the CLI. Wrong types raise :class:`ParameterTypeError`, which is a
+:class:`TypeError` and also a :class:`ValueError` (as scikit-learn's
+``InvalidParameterError`` is), so callers written against older versions that caught
+ValueError keep working.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Iterable
@@ -203,6 +205,9 @@ def check_choice(
         )
     key = value.strip().lower()
     if key not in {c.lower() for c in opts}:
+        if hint is None:
+            close = difflib.get_close_matches(key, [c.lower() for c in opts], n=1)
+            hint = f"did you mean {close[0]!r}?" if close else None
         raise ValueError(_msg(name, f"one of {valid}", value, hint))
     return key
 

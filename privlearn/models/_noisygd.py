@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,7 +26,8 @@ from privlearn.models._base import (
     settle_on_ledger,
     spent_epsilon,
 )
-from privlearn.models._linear_base import _PrivateLinearBase
+from privlearn.models._linear_base import COMMON_CONSTRAINTS, _PrivateLinearBase
+from privlearn.models._params import Integer, Real, Unchecked
 from privlearn.models._ssp import ADASSP_Z
 
 
@@ -140,6 +142,27 @@ def _smoothness_sigma(eps: float, delta: float, accountant: str) -> float:
     return total / math.sqrt(SMOOTHNESS_BUDGET_FRACTION)
 
 
+@dataclass(frozen=True)
+class NoisyGDRun:
+    """What one (batched) NoisyGD run produced, handed from :meth:`NoisyGDRegressor._draw`
+    to ``fit`` / ``sample_coefficients``: final iterates ``theta`` (reps, d), the logged
+    path and its iteration numbers, the schedule (``noise_multiplier``, ``n_iter``,
+    per-chain ``learning_rate``), the smoothness used (None: a given learning rate) and
+    its release's multiplier (None: not released), ``delta`` and the ``x_bound`` the rows
+    were scaled by."""
+
+    theta: np.ndarray
+    path: np.ndarray
+    iterations: np.ndarray
+    noise_multiplier: float
+    n_iter: int
+    learning_rate: np.ndarray
+    smoothness: np.ndarray | None
+    smoothness_noise_multiplier: float | None
+    delta: float
+    x_bound: float
+
+
 class NoisyGDRegressor(_PrivateLinearBase):
     """Full-batch noisy gradient descent for least squares (the LR study), (epsilon, delta)-DP.
 
@@ -217,6 +240,17 @@ class NoisyGDRegressor(_PrivateLinearBase):
     exact counts of the private data (a privacy bug); clipping now warns the person
     fitting with a :class:`~privlearn.models.DataClippedWarning`.
     """
+
+    _parameter_constraints = {
+        **COMMON_CONSTRAINTS,
+        "noise_multiplier": Real(0, None, low_open=True, allow_none=True,
+                                 hint="None calibrates it to n_iter"),
+        "n_iter": Integer(1, allow_none=True, hint="None calibrates it to noise_multiplier"),
+        "learning_rate": Unchecked("'theory' or a number > 0, checked by "
+                                   "_check_lr_smoothness"),
+        "smoothness": Unchecked("a mode or a number > 0, checked by _check_lr_smoothness"),
+        "log_every": Integer(1, allow_none=True),
+    }
 
     def __init__(
         self,
@@ -388,7 +422,9 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 "learning_rate"
             )
         settle_on_ledger(res)
-        return theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb
+        return NoisyGDRun(theta=theta, path=path, iterations=iters, noise_multiplier=sigma,
+                          n_iter=n_iter, learning_rate=lr, smoothness=L,
+                          smoothness_noise_multiplier=sigma_l, delta=delta, x_bound=xb)
 
     def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
         """Final iterates of ``n_repetitions`` independent NoisyGD runs, as one batch.
@@ -408,7 +444,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         n = check_int_param("n_repetitions", n_repetitions, 1)
         rng = make_rng(self.random_state)
         out = self._draw(X, y, n, rng, None)
-        theta, xb = out[0], out[-1]
+        theta, xb = out.theta, out.x_bound
         if self.fit_intercept:
             return theta[:, :-1].copy(), theta[:, -1] * xb + self._label_centre()
         return theta, np.zeros(n)
@@ -417,9 +453,11 @@ class NoisyGDRegressor(_PrivateLinearBase):
         """Run noisy gradient descent from zero."""
         log_every = check_int_param("log_every", self.log_every, 1, allow_none=True)
         rng = make_rng(self.random_state)
-        theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb = self._draw(
-            X, y, 1, rng, log_every
-        )
+        run = self._draw(X, y, 1, rng, log_every)
+        theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb = (
+            run.theta, run.path, run.iterations, run.noise_multiplier, run.n_iter,
+            run.learning_rate, run.smoothness, run.smoothness_noise_multiplier, run.delta,
+            run.x_bound)
         self.noise_multiplier_ = sigma
         self.n_iter_ = n_iter
         self.learning_rate_ = float(lr[0])

@@ -40,18 +40,25 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from privlearn.accounting import Gaussian, Laplace, calibrate, compose, subsample
+from privlearn.accounting import Gaussian, Laplace, compose, subsample
 from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
     cancel_on_error,
-    check_choice,
-    check_int_param,
-    check_positive_param,
     check_privacy_budget,
     make_rng,
     reserve_on_ledger,
     settle_on_ledger,
     spent_epsilon,
+)
+from privlearn.models._params import (
+    Boolean,
+    Delta,
+    Integer,
+    Options,
+    PrivateEstimatorMixin,
+    Real,
+    Unchecked,
+    resolve_noise_multiplier,
 )
 
 __all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
@@ -66,7 +73,7 @@ def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, s
     return compose(base, steps=steps)
 
 
-class _DPSGDBase(BaseEstimator):
+class _DPSGDBase(PrivateEstimatorMixin, BaseEstimator):
     _loss = "logistic"
 
     def __init__(
@@ -106,30 +113,35 @@ class _DPSGDBase(BaseEstimator):
         self.ledger = ledger
 
     # -- validation ------------------------------------------------------------------
+    _parameter_constraints = {
+        "epsilon": Real(0, None, low_open=True,
+                        hint="it is the privacy budget, typically between 0.1 and 10"),
+        "delta": Delta(),
+        "noise": Options("gaussian", "laplace"),
+        "sampling_rate": Real(0, 1, low_open=True,
+                              hint="it is the Poisson rate (expected batch size / n_samples), "
+                                   "1 for full-batch noisy GD"),
+        "n_iter": Integer(1),
+        "learning_rate": Real(0, None, low_open=True, hint="e.g. 0.5"),
+        "max_grad_norm": Real(0, None, low_open=True, hint="the per-example clipping bound"),
+        "l2_regularization": Real(0, None, hint="0 for none"),
+        "fit_intercept": Boolean(),
+        "noise_multiplier": Real(0, None, low_open=True, allow_none=True,
+                                 hint="leave it None to calibrate from (epsilon, delta)"),
+        "accountant": Unchecked("an accountant name, checked by the accounting registry"),
+        "trajectory_points": Integer(1),
+        "trajectory_accountant": Unchecked("checked by the accounting registry"),
+        "record_path": Boolean(),
+        "random_state": Unchecked("a seed or Generator, checked by make_rng"),
+        "ledger": Unchecked("a budget handle, checked by the ledger layer"),
+    }
+
+    # -- validation ------------------------------------------------------------------
     def _validate_params_dp(self):
-        noise = check_choice("noise", self.noise, ("gaussian", "laplace"))
-        eps, delta = check_privacy_budget(self.epsilon, self.delta, noise=noise)
-        q = self.sampling_rate
-        if isinstance(q, bool) or not isinstance(q, int | float | np.floating) or not (
-            0.0 < float(q) <= 1.0
-        ):
-            raise ValueError(
-                f"sampling_rate must be in (0, 1], got {q!r}; it is the Poisson rate "
-                "(expected batch size / n_samples), 1 for full-batch noisy GD"
-            )
-        steps = check_int_param("n_iter", self.n_iter, 1)
-        check_positive_param("learning_rate", self.learning_rate)
-        check_positive_param("max_grad_norm", self.max_grad_norm)
-        lam = self.l2_regularization
-        if isinstance(lam, bool) or not isinstance(lam, int | float | np.floating) or not (
-            np.isfinite(lam) and lam >= 0
-        ):
-            raise ValueError(f"l2_regularization must be in [0, inf), got {lam!r}")
-        check_positive_param("noise_multiplier", self.noise_multiplier, allow_none=True)
-        check_int_param("trajectory_points", self.trajectory_points, 1)
-        if not isinstance(self.fit_intercept, bool | np.bool_):
-            raise ValueError(f"fit_intercept must be a bool, got {self.fit_intercept!r}")
-        return noise, eps, delta, float(q), steps
+        p = self._validate_params()
+        noise = p["noise"]
+        eps, delta = check_privacy_budget(p["epsilon"], p["delta"], noise=noise)
+        return noise, eps, delta, p["sampling_rate"], p["n_iter"]
 
     def _reserve(self):
         """Validate the parameters and reserve the run on ``ledger`` (if any) before the
@@ -141,24 +153,10 @@ class _DPSGDBase(BaseEstimator):
         )
 
     def _calibrate(self, noise: str, eps: float, delta: float, q: float, steps: int) -> float:
-        if self.noise_multiplier is not None:
-            sigma = float(self.noise_multiplier)
-            spent = spent_epsilon(dpsgd_mechanism(noise, sigma, q, steps), delta, self.accountant)
-            if spent > eps:
-                raise ValueError(
-                    f"noise_multiplier={sigma} spends epsilon={spent:.6g} > epsilon={eps} at "
-                    f"delta={delta} over n_iter={steps} steps at sampling_rate={q}; "
-                    "leave noise_multiplier=None to calibrate it"
-                )
-            return sigma
-        return float(
-            calibrate(
-                lambda s: dpsgd_mechanism(noise, s, q, steps),
-                eps,
-                delta,
-                accountant=self.accountant,
-            )
-        )
+        return resolve_noise_multiplier(
+            self.noise_multiplier, lambda s: dpsgd_mechanism(noise, s, q, steps), eps, delta,
+            accountant=self.accountant,
+            describe=f"over n_iter={steps} steps at sampling_rate={q}")
 
     # -- the algorithm ---------------------------------------------------------------
     def _residual(self, Z: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -305,6 +303,11 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
     )
 
     _loss = "logistic"
+
+    _parameter_constraints = {
+        **_DPSGDBase._parameter_constraints,
+        "classes": Unchecked("a public pair of labels, checked by _public_classes"),
+    }
 
     def __init__(
         self,

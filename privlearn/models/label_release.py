@@ -50,18 +50,25 @@ import warnings
 
 import numpy as np
 
-from privlearn.accounting import Gaussian, Laplace, calibrate, compose, subsample
+from privlearn.accounting import Gaussian, Laplace, compose, subsample
 from privlearn.errors import PrivacyLeakWarning
 from privlearn.models._base import (
     cancel_on_error,
-    check_choice,
     check_int_param,
-    check_positive_param,
     check_privacy_budget,
     make_rng,
     reserve_on_ledger,
     settle_on_ledger,
     spent_epsilon,
+)
+from privlearn.models._params import (
+    Delta,
+    Integer,
+    Options,
+    PrivateEstimatorMixin,
+    Real,
+    Unchecked,
+    resolve_noise_multiplier,
 )
 from privlearn.models._release import LabelRelease, _RemovedAttributesMixin
 
@@ -82,33 +89,30 @@ def label_release_mechanism(
     return compose(base, steps=n_queries)
 
 
-class _LabelReleaseBase(_RemovedAttributesMixin):
+class _LabelReleaseBase(PrivateEstimatorMixin, _RemovedAttributesMixin):
     _removed_attributes = ("votes_",)
+    _parameter_constraints = {
+        "epsilon": Real(0, None, low_open=True,
+                        hint="it is the privacy budget, typically between 0.1 and 10"),
+        "delta": Delta(),
+        "noise": Options("gaussian", "laplace"),
+        "noise_multiplier": Real(0, None, low_open=True, allow_none=True,
+                                 hint="leave it None to calibrate from (epsilon, delta)"),
+        "accountant": Unchecked("an accountant name, checked by the accounting registry"),
+        "random_state": Unchecked("a seed or Generator, checked by make_rng"),
+        "ledger": Unchecked("a budget handle, checked by the ledger layer"),
+    }
 
     def _validate(self):
-        noise = check_choice("noise", self.noise, ("gaussian", "laplace"))
-        eps, delta = check_privacy_budget(self.epsilon, self.delta, noise=noise)
-        check_positive_param("noise_multiplier", self.noise_multiplier, allow_none=True)
+        p = self._validate_params()
+        noise = p["noise"]
+        eps, delta = check_privacy_budget(p["epsilon"], p["delta"], noise=noise)
         return noise, eps, delta
 
     def _calibrate(self, noise, eps, delta, m, q=1.0) -> float:
-        if self.noise_multiplier is not None:
-            s = float(self.noise_multiplier)
-            spent = spent_epsilon(label_release_mechanism(noise, s, m, q), delta, self.accountant)
-            if spent > eps:
-                raise ValueError(
-                    f"noise_multiplier={s} spends epsilon={spent:.6g} > epsilon={eps} for "
-                    f"{m} queries at delta={delta}; leave it None to calibrate"
-                )
-            return s
-        return float(
-            calibrate(
-                lambda s: label_release_mechanism(noise, s, m, q),
-                eps,
-                delta,
-                accountant=self.accountant,
-            )
-        )
+        return resolve_noise_multiplier(
+            self.noise_multiplier, lambda s: label_release_mechanism(noise, s, m, q), eps,
+            delta, accountant=self.accountant, describe=f"for {m} queries")
 
     @staticmethod
     def _noisy_votes(votes: np.ndarray, noise: str, s: float, rng) -> np.ndarray:
@@ -394,6 +398,14 @@ class PrivateKNN(_LabelReleaseBase):
 
     The exact vote histogram is never stored (``votes_`` was removed for privacy).
     """
+
+    _parameter_constraints = {
+        **_LabelReleaseBase._parameter_constraints,
+        "n_neighbors": Integer(1),
+        "sampling_rate": Real(0, 1, low_open=True,
+                              hint="the Poisson rate at which training records are sampled"),
+        "classes": Unchecked("the public label set, checked when the labels are read"),
+    }
 
     def __init__(
         self,

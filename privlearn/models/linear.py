@@ -54,6 +54,8 @@ References
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from privlearn.accounting import Mechanism, compose
@@ -66,7 +68,7 @@ from privlearn.models._base import (
     settle_on_ledger,
     spent_epsilon,
 )
-from privlearn.models._linear_base import _PrivateLinearBase
+from privlearn.models._linear_base import COMMON_CONSTRAINTS, _PrivateLinearBase
 from privlearn.models._noisygd import (  # noqa: F401  (re-exported)
     SMOOTHNESS_BUDGET_FRACTION,
     SMOOTHNESS_MODES,
@@ -77,6 +79,7 @@ from privlearn.models._noisygd import (  # noqa: F401  (re-exported)
     noisy_gd_paths,
     theoretical_learning_rate,
 )
+from privlearn.models._params import Boolean, Options, Unchecked
 from privlearn.models._ssp import (  # noqa: F401  (re-exported)
     ADASSP_BUDGET_SPLIT,
     ADASSP_Z,
@@ -115,6 +118,21 @@ __all__ = [
     "SMOOTHNESS_BUDGET_FRACTION",
     "check_label_range",
 ]
+
+
+@dataclass(frozen=True)
+class SSPRun:
+    """What one (batched) SSP/AdaSSP release produced, handed from ``_draw`` to ``fit`` /
+    ``sample_coefficients``: coefficients ``theta`` (reps, d), AdaSSP's ridge (None for
+    SSP), the mechanism that ran, its noise scale, ``delta`` and the ``x_bound`` the rows
+    were scaled by."""
+
+    theta: np.ndarray
+    ridge: np.ndarray | None
+    mechanism: Mechanism
+    noise_scale: float
+    delta: float
+    x_bound: float
 
 
 class SSPRegressor(_PrivateLinearBase):
@@ -193,6 +211,12 @@ class SSPRegressor(_PrivateLinearBase):
     """
 
     _adaptive = False
+    _parameter_constraints = {
+        **COMMON_CONSTRAINTS,
+        "budget_split": Unchecked("weights of the releases, checked by _check_split"),
+        "matrix_noise": Options(*MATRIX_NOISES),
+        "project_psd": Boolean(),
+    }
 
     def __init__(
         self,
@@ -275,12 +299,15 @@ class SSPRegressor(_PrivateLinearBase):
                 "coefficients"
             )
         settle_on_ledger(res)
-        return theta, lamb, mech, s, delta, xb
+        return SSPRun(theta=theta, ridge=lamb, mechanism=mech, noise_scale=s, delta=delta,
+                      x_bound=xb)
 
     def fit(self, X, y):
         """Release noisy sufficient statistics and solve the normal equations."""
         rng = make_rng(self.random_state)
-        theta, lamb, mech, s, delta, xb = self._draw(X, y, 1, rng)
+        run = self._draw(X, y, 1, rng)
+        theta, lamb, mech, s, delta, xb = (run.theta, run.ridge, run.mechanism,
+                                           run.noise_scale, run.delta, run.x_bound)
         self.mechanism_ = mech
         self.noise_scale_ = s
         self.delta_ = delta
@@ -306,7 +333,8 @@ class SSPRegressor(_PrivateLinearBase):
         """
         n = check_int_param("n_repetitions", n_repetitions, 1)
         rng = make_rng(self.random_state)
-        theta, _, _, _, _, xb = self._draw(X, y, n, rng)
+        run = self._draw(X, y, n, rng)
+        theta, xb = run.theta, run.x_bound
         if self.fit_intercept:
             return theta[:, :-1].copy(), theta[:, -1] * xb + self._label_centre()
         return theta, np.zeros(n)
@@ -365,6 +393,12 @@ class AdaSSPRegressor(SSPRegressor):
     """
 
     _adaptive = True
+    _parameter_constraints = {
+        **COMMON_CONSTRAINTS,
+        "budget_split": Unchecked("weights of the releases, checked by _check_split"),
+        "matrix_noise": Options(*MATRIX_NOISES),
+        "regularization": Options(*REGULARIZATIONS),
+    }
 
     def __init__(
         self,

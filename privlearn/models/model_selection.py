@@ -52,7 +52,6 @@ References
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 
 import numpy as np
@@ -62,6 +61,7 @@ from sklearn.model_selection import ParameterGrid
 from privlearn.accounting import Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.models._base import check_positive_param, make_rng, spend_on_ledger
+from privlearn.models._params import Options, PrivateEstimatorMixin, Real, Unchecked
 
 __all__ = [
     "PrivateSearchCV",
@@ -183,7 +183,7 @@ def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:
             return k
 
 
-class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
+class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
     """Hyperparameter search over a private estimator, with its whole privacy cost.
 
     Parameters
@@ -272,18 +272,26 @@ class PrivateSearchCV(MetaEstimatorMixin, BaseEstimator):
         total = float(np.sum(np.minimum(loss, lb)))
         return -(total + rng.laplace(scale=lb / self.score_epsilon))
 
+    _parameter_constraints = {
+        "estimator": Unchecked("a privlearn estimator, checked by planned_mechanism"),
+        "param_grid": Unchecked("a scikit-learn parameter grid, expanded by ParameterGrid"),
+        "method": Options("random_stopping", "composition"),
+        "expected_runs": Real(1, None, allow_none=True,
+                              hint="the mean number of candidates tried; None: the grid size"),
+        "eta": Real(0, None, hint="the truncated negative binomial's shape, e.g. 1.0"),
+        "score_epsilon": Real(0, None, low_open=True, hint="e.g. 0.1"),
+        "loss_bound": Real(0, None, low_open=True, allow_none=True,
+                           hint="per-record losses are clipped to [0, loss_bound]"),
+        "delta": Real(0, 1, low_open=True, high_open=True,
+                      hint="a search needs delta > 0, e.g. 1e-6"),
+        "accountant": Unchecked("an accountant name, checked by the accounting registry"),
+        "ledger": Unchecked("a budget handle, checked by the ledger layer"),
+        "random_state": Unchecked("a seed or Generator, checked by make_rng"),
+    }
+
     def _validate(self):
-        if self.method not in ("random_stopping", "composition"):
-            raise ValueError(
-                f"method must be 'random_stopping' or 'composition', got {self.method!r}")
-        eta = self.eta
-        if isinstance(eta, bool) or not isinstance(eta, numbers.Real) or not (
-            0.0 <= eta < math.inf
-        ):
-            raise ValueError(f"eta must be a finite number >= 0, got {eta!r}")
-        if not 0.0 < self.delta < 1.0:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
-        check_positive_param("score_epsilon", self.score_epsilon)
+        p = self._validate_params()
+        eta = p["eta"]
         grid = list(ParameterGrid(self.param_grid))
         if not grid:
             raise ValueError("param_grid is empty")

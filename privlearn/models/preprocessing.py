@@ -46,6 +46,7 @@ from privlearn.models._base import (
     settle_on_ledger,
     spent_epsilon,
 )
+from privlearn.models._params import Delta, Integer, PrivateEstimatorMixin, Real, Unchecked
 
 __all__ = [
     "PrivatePipeline",
@@ -182,7 +183,8 @@ def _bin_edges(lo: float, hi: float, n_bins: int) -> np.ndarray:
     return edges
 
 
-class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
+class PrivateStandardScaler(PrivateEstimatorMixin, OneToOneFeatureMixin, TransformerMixin,
+                            BaseEstimator):
     """Standardise features with privately estimated means and standard deviations,
     ``(epsilon, delta)``-DP.
 
@@ -281,18 +283,25 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimato
             )
         return fr
 
+    _parameter_constraints = {
+        "epsilon": Real(0, None, low_open=True,
+                        hint="it is the privacy budget, typically between 0.1 and 10"),
+        "delta": Delta(),
+        "feature_range": Unchecked("the public (lower, upper) range, checked against the "
+                                   "number of features by _ranges"),
+        "quantile": Real(0, 0.5, low_open=True, high_open=True, allow_none=True,
+                         hint="the tail mass clipped on each side, e.g. 0.01"),
+        "n_bins": Integer(2),
+        "min_scale": Real(0, None, low_open=True, hint="e.g. 1e-3"),
+        "accountant": Unchecked("an accountant name, checked by the accounting registry"),
+        "random_state": Unchecked("a seed or Generator, checked by make_rng"),
+        "ledger": Unchecked("a budget handle, checked by the ledger layer"),
+    }
+
     def _validate(self, d: int):
-        eps, delta = check_privacy_budget(self.epsilon, self.delta, noise="gaussian")
-        q = self.quantile
-        if q is not None and (
-            isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 < q < 0.5
-        ):
-            raise ValueError(f"quantile must be in (0, 0.5) or None, got {q!r}")
-        nb = self.n_bins
-        if isinstance(nb, bool) or not isinstance(nb, numbers.Integral) or nb < 2:
-            raise ValueError(f"n_bins must be an integer >= 2, got {nb!r}")
-        ms = check_positive_param("min_scale", self.min_scale)
-        return eps, delta, q, int(nb), ms, self._ranges(d)
+        p = self._validate_params()
+        eps, delta = check_privacy_budget(p["epsilon"], p["delta"], noise="gaussian")
+        return eps, delta, p["quantile"], p["n_bins"], p["min_scale"], self._ranges(d)
 
     def planned_mechanism(self, n_features: int) -> Mechanism:
         """The mechanism :meth:`fit` will run on ``n_features`` columns (data-independent;

@@ -1,0 +1,202 @@
+"""Declarative parameter constraints for the private estimators (scikit-learn style).
+
+Each estimator declares, next to its ``__init__``, what every constructor parameter may
+be::
+
+    class DPSGDClassifier(PrivateEstimatorMixin, ...):
+        _parameter_constraints = {
+            "epsilon": Real(0, None, low_open=True, hint="the privacy budget, e.g. 1.0"),
+            "delta": Delta(),
+            "n_iter": Integer(1),
+            "noise": Options("gaussian", "laplace"),
+            "random_state": Unchecked("numpy seed, checked by make_rng"),
+            ...
+        }
+
+and :meth:`PrivateEstimatorMixin._validate_params` checks them all when ``fit`` starts,
+before any data is read and before any attribute is set (scikit-learn convention:
+``__init__`` only stores). The checks are those of :mod:`privlearn._validation`, the one
+validation vocabulary of privlearn: a wrong type raises
+:class:`~privlearn._validation.ParameterTypeError` (a TypeError that is also a
+ValueError), a wrong value :class:`ValueError`, each message naming the parameter, the
+valid range, the value received and what to try. Checks that relate several parameters
+(e.g. Gaussian noise needs ``delta > 0``) stay in the estimator, after this one.
+
+``tests/models/test_params.py`` checks that every constructor parameter of every
+estimator in :mod:`privlearn.models` is declared, and that each declared constraint
+refuses a wrong type and a wrong value with the parameter's name in the message.
+
+The one "use the given noise or calibrate" path of the estimators is
+:func:`resolve_noise_multiplier`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from privlearn import _validation as _v
+from privlearn.accounting import Mechanism, calibrate
+
+__all__ = [
+    "Constraint",
+    "Real",
+    "Integer",
+    "Options",
+    "Boolean",
+    "Delta",
+    "Unchecked",
+    "PrivateEstimatorMixin",
+    "resolve_noise_multiplier",
+]
+
+
+class Constraint:
+    """What one constructor parameter may be; :meth:`check` returns the normalised
+    value or raises."""
+
+    allow_none: bool = False
+
+    def check(self, name: str, value: object) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, name: str, value: object) -> Any:
+        if value is None and self.allow_none:
+            return None
+        return self.check(name, value)
+
+
+@dataclass(frozen=True)
+class Real(Constraint):
+    """A real number in ``[low, high]`` (``None``: unbounded; ``*_open``: excluded)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    allow_none: bool = False
+    allow_inf: bool = False
+    hint: str | None = None
+
+    def check(self, name: str, value: object) -> float:
+        x = _v.check_real(name, value, hint=self.hint)
+        lo = "-inf" if self.low is None else f"{self.low:g}"
+        hi = "inf" if self.high is None else f"{self.high:g}"
+        rng = f"{'(' if self.low_open or self.low is None else '['}{lo}, {hi}" \
+              f"{')' if self.high_open or self.high is None else ']'}"
+        bad = math.isnan(x) or (math.isinf(x) and not self.allow_inf)
+        if self.low is not None:
+            bad |= x < self.low or (self.low_open and x == self.low)
+        if self.high is not None:
+            bad |= x > self.high or (self.high_open and x == self.high)
+        if bad:
+            fin = "" if self.allow_inf else " and finite"
+            none = " or None" if self.allow_none else ""
+            raise ValueError(_v._msg(name, f"in {rng}{fin}{none}", value,
+                                     self.hint or "see the estimator's docstring"))
+        return x
+
+
+@dataclass(frozen=True)
+class Integer(Constraint):
+    """An ``int`` >= ``minimum`` (floats are refused, as scikit-learn refuses them)."""
+
+    minimum: int = 1
+    allow_none: bool = False
+    hint: str | None = None
+
+    def check(self, name: str, value: object) -> int:
+        return _v.check_count(name, value, minimum=self.minimum, hint=self.hint,
+                              integral_floats=False)
+
+
+@dataclass(frozen=True, init=False)
+class Options(Constraint):
+    """One of the given strings (case-insensitive)."""
+
+    choices: tuple[str, ...]
+    allow_none: bool = False
+    hint: str | None = None
+
+    def __init__(self, *choices: str, allow_none: bool = False, hint: str | None = None):
+        object.__setattr__(self, "choices", tuple(choices))
+        object.__setattr__(self, "allow_none", allow_none)
+        object.__setattr__(self, "hint", hint)
+
+    def check(self, name: str, value: object) -> str:
+        return _v.check_choice(name, value, self.choices, hint=self.hint)
+
+
+@dataclass(frozen=True)
+class Boolean(Constraint):
+    """``True`` or ``False`` (NumPy bools too)."""
+
+    def check(self, name: str, value: object) -> bool:
+        if isinstance(value, bool) or type(value).__name__ == "bool_":
+            return bool(value)
+        raise _v.ParameterTypeError(
+            f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+@dataclass(frozen=True)
+class Delta(Constraint):
+    """A privacy parameter delta in [0, 1)."""
+
+    allow_none: bool = False
+    hint: str | None = "use a value well below 1 / n_samples, e.g. 1e-6"
+
+    def check(self, name: str, value: object) -> float:
+        return _v.check_delta(name, value, hint=self.hint)
+
+
+@dataclass(frozen=True)
+class Unchecked(Constraint):
+    """A parameter checked elsewhere (``reason`` says where), e.g. ``random_state`` by
+    :func:`~privlearn.models._base.make_rng` or a ledger by the ledger layer."""
+
+    reason: str = ""
+
+    def check(self, name: str, value: object) -> object:
+        return value
+
+
+class PrivateEstimatorMixin:
+    """Validation of the declared ``_parameter_constraints`` (see the module docstring)."""
+
+    _parameter_constraints: ClassVar[dict[str, Constraint]] = {}
+
+    def _validate_params(self) -> dict[str, Any]:
+        """Check every declared parameter; returns ``{name: normalised value}``."""
+        return {name: c(name, getattr(self, name))
+                for name, c in self._parameter_constraints.items()}
+
+
+def resolve_noise_multiplier(
+    noise_multiplier: float | None,
+    mechanism_of: Callable[[float], Mechanism],
+    epsilon: float,
+    delta: float,
+    *,
+    accountant: str = "pld",
+    describe: str = "",
+) -> float:
+    """The noise multiplier a run uses: the given one, after checking that the mechanism
+    it gives spends at most ``epsilon`` at ``delta`` (a clear error otherwise), or, when
+    ``None``, the smallest one that does (:func:`privlearn.accounting.calibrate`,
+    certified). ``describe`` completes the error message ("over 100 steps at ...").
+
+    Every private estimator with a ``noise_multiplier=None`` option goes through here:
+    one place decides "use the given noise or calibrate".
+    """
+    if noise_multiplier is not None:
+        sigma = float(noise_multiplier)
+        spent = float(mechanism_of(sigma).epsilon(delta, accountant))
+        if spent > epsilon:
+            raise ValueError(
+                f"noise_multiplier={sigma} spends epsilon={spent:.6g} > epsilon={epsilon} "
+                f"at delta={delta}{' ' + describe if describe else ''}; leave "
+                "noise_multiplier=None to calibrate it, or raise epsilon")
+        return sigma
+    return float(calibrate(mechanism_of, epsilon, delta, accountant=accountant))

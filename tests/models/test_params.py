@@ -1,0 +1,123 @@
+"""Declarative parameter constraints of the private estimators (issue 13): every
+constructor parameter of every estimator is declared, each declared constraint refuses a
+wrong type (ParameterTypeError: a TypeError that is also a ValueError) and a wrong value
+(ValueError) with the parameter's name in the message, and nothing is fitted when a
+parameter is refused."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+import pytest
+
+import privlearn.models as M
+from privlearn._validation import ParameterTypeError
+from privlearn.accounting import Gaussian, compose
+from privlearn.models._params import (
+    Boolean,
+    Delta,
+    Integer,
+    Options,
+    PrivateEstimatorMixin,
+    Real,
+    Unchecked,
+    resolve_noise_multiplier,
+)
+
+_CLASSES = [getattr(M, n) for n in M.__all__ if inspect.isclass(getattr(M, n))]
+ESTIMATORS = [c for c in _CLASSES if issubclass(c, PrivateEstimatorMixin)]
+# PrivatePipeline subclasses scikit-learn's Pipeline, whose parameters scikit-learn
+# validates with its own declarative constraints.
+NOT_DECLARED = {"PrivatePipeline"}
+
+
+def test_every_estimator_is_declarative():
+    public = {c.__name__ for c in _CLASSES if hasattr(c, "fit") or hasattr(c, "release")}
+    covered = {c.__name__ for c in ESTIMATORS} | NOT_DECLARED
+    assert {"SSPRegressor", "AdaSSPRegressor", "NoisyGDRegressor", "DPSGDClassifier",
+            "DPSGDRegressor", "PATE", "PrivateKNN", "PrivateStandardScaler",
+            "PrivateSearchCV"} <= covered
+    assert public - covered - {"LabelRelease"} == set()
+
+
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=lambda c: c.__name__)
+def test_every_constructor_parameter_is_declared(cls):
+    params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    assert set(params) == set(cls._parameter_constraints), cls.__name__
+
+
+def _bad_values(c):
+    """(wrong type, wrong value) examples for a constraint (None where it has none)."""
+    if isinstance(c, Real):
+        bad_value = None
+        if c.low is not None:
+            bad_value = c.low - 1.0
+        elif c.high is not None:
+            bad_value = c.high + 1.0
+        else:
+            bad_value = math.nan
+        return "abc", bad_value
+    if isinstance(c, Integer):
+        return 2.5, c.minimum - 1
+    if isinstance(c, Options):
+        return 3, "no-such-option"
+    if isinstance(c, Boolean):
+        return "yes", None
+    if isinstance(c, Delta):
+        return "abc", 1.5
+    return None, None
+
+
+def _instance(cls):
+    required = {"PrivateSearchCV": dict(estimator=M.SSPRegressor(), param_grid={"epsilon": [1.0]})}
+    return cls(**required.get(cls.__name__, {}))
+
+
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=lambda c: c.__name__)
+def test_each_constraint_refuses_wrong_types_and_values(cls):
+    for name, c in cls._parameter_constraints.items():
+        if isinstance(c, Unchecked):
+            assert c.reason, f"{cls.__name__}.{name}: say where it is checked"
+            continue
+        wrong_type, wrong_value = _bad_values(c)
+        est = _instance(cls)
+        if wrong_type is not None:
+            est.set_params(**{name: wrong_type}) if hasattr(est, "set_params") \
+                else setattr(est, name, wrong_type)
+            with pytest.raises(TypeError, match=name) as info:
+                est._validate_params()
+            assert isinstance(info.value, ParameterTypeError) and isinstance(info.value,
+                                                                            ValueError)
+        if wrong_value is not None:
+            est = _instance(cls)
+            setattr(est, name, wrong_value)
+            with pytest.raises(ValueError, match=name) as info:
+                est._validate_params()
+            assert not isinstance(info.value, TypeError)
+            assert repr(wrong_value)[:4] in str(info.value)  # the value received
+
+
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=lambda c: c.__name__)
+def test_defaults_are_valid(cls):
+    _instance(cls)._validate_params()
+
+
+def test_refused_parameter_fits_nothing():
+    X, y = np.zeros((8, 2)), np.zeros(8)
+    est = M.DPSGDRegressor(n_iter=2.5)
+    with pytest.raises(TypeError, match="n_iter"):
+        est.fit(X, y)
+    assert not hasattr(est, "coef_") and not hasattr(est, "mechanism_")
+
+
+def test_resolve_noise_multiplier_uses_given_or_calibrates():
+    def mech(s):
+        return compose(Gaussian(s), 10)
+
+    sigma = resolve_noise_multiplier(None, mech, 1.0, 1e-5)
+    assert mech(sigma).epsilon(1e-5) <= 1.0 and mech(sigma * 0.99).epsilon(1e-5) > 1.0
+    assert resolve_noise_multiplier(2 * sigma, mech, 1.0, 1e-5) == 2 * sigma
+    with pytest.raises(ValueError, match="spends epsilon.*leave noise_multiplier=None"):
+        resolve_noise_multiplier(0.5 * sigma, mech, 1.0, 1e-5, describe="over 10 steps")
