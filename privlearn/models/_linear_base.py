@@ -14,23 +14,32 @@ from privlearn.models._base import (
     check_privacy_budget,
     clip_rows,
 )
-from privlearn.models._params import Boolean, Delta, PrivateEstimatorMixin, Real, Unchecked
+from privlearn.models._params import (
+    ACCOUNTANT,
+    EPSILON,
+    LEDGER,
+    RANDOM_STATE,
+    Boolean,
+    Delta,
+    PrivateEstimatorMixin,
+    Real,
+    Unchecked,
+)
 from privlearn.models._release import DataClippedWarning, _RemovedAttributesMixin
 from privlearn.models._ssp import check_label_range
 
 #: Constraints of the parameters every private linear regressor has.
 COMMON_CONSTRAINTS = {
-    "epsilon": Real(0, None, low_open=True,
-                    hint="it is the privacy budget, typically between 0.1 and 10"),
+    "epsilon": EPSILON,
     "delta": Delta(),
     "x_bound": Real(0, None, low_open=True,
                     hint="the public bound on the rows' L2 norm (rows are clipped to it)"),
     "y_bound": Unchecked("a bound B (labels in [-B, B]) or a public interval (lo, hi), "
                          "checked by check_label_range"),
     "fit_intercept": Boolean(),
-    "accountant": Unchecked("an accountant name, checked by the accounting registry"),
-    "random_state": Unchecked("a seed or Generator, checked by make_rng"),
-    "ledger": Unchecked("a budget handle, checked by the ledger layer"),
+    "accountant": ACCOUNTANT,
+    "random_state": RANDOM_STATE,
+    "ledger": LEDGER,
 }
 
 

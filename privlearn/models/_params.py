@@ -48,6 +48,11 @@ __all__ = [
     "Boolean",
     "Delta",
     "Unchecked",
+    "EPSILON",
+    "ACCOUNTANT",
+    "RANDOM_STATE",
+    "LEDGER",
+    "NOISE_MULTIPLIER",
     "PrivateEstimatorMixin",
     "resolve_noise_multiplier",
 ]
@@ -160,6 +165,16 @@ class Unchecked(Constraint):
 
     def check(self, name: str, value: object) -> object:
         return value
+
+
+#: Constraints shared by most estimators.
+EPSILON = Real(0, None, low_open=True,
+               hint="it is the privacy budget, typically between 0.1 and 10")
+ACCOUNTANT = Unchecked("an accountant name, checked by the accounting registry")
+RANDOM_STATE = Unchecked("a seed or Generator, checked by make_rng")
+LEDGER = Unchecked("a budget handle, checked by the ledger layer")
+NOISE_MULTIPLIER = Real(0, None, low_open=True, allow_none=True,
+                        hint="leave it None to calibrate from (epsilon, delta)")
 
 
 class PrivateEstimatorMixin:

@@ -51,6 +51,11 @@ from privlearn.models._base import (
     spent_epsilon,
 )
 from privlearn.models._params import (
+    ACCOUNTANT,
+    EPSILON,
+    LEDGER,
+    NOISE_MULTIPLIER,
+    RANDOM_STATE,
     Boolean,
     Delta,
     Integer,
@@ -114,8 +119,7 @@ class _DPSGDBase(PrivateEstimatorMixin, BaseEstimator):
 
     # -- validation ------------------------------------------------------------------
     _parameter_constraints = {
-        "epsilon": Real(0, None, low_open=True,
-                        hint="it is the privacy budget, typically between 0.1 and 10"),
+        "epsilon": EPSILON,
         "delta": Delta(),
         "noise": Options("gaussian", "laplace"),
         "sampling_rate": Real(0, 1, low_open=True,
@@ -126,14 +130,13 @@ class _DPSGDBase(PrivateEstimatorMixin, BaseEstimator):
         "max_grad_norm": Real(0, None, low_open=True, hint="the per-example clipping bound"),
         "l2_regularization": Real(0, None, hint="0 for none"),
         "fit_intercept": Boolean(),
-        "noise_multiplier": Real(0, None, low_open=True, allow_none=True,
-                                 hint="leave it None to calibrate from (epsilon, delta)"),
-        "accountant": Unchecked("an accountant name, checked by the accounting registry"),
+        "noise_multiplier": NOISE_MULTIPLIER,
+        "accountant": ACCOUNTANT,
         "trajectory_points": Integer(1),
         "trajectory_accountant": Unchecked("checked by the accounting registry"),
         "record_path": Boolean(),
-        "random_state": Unchecked("a seed or Generator, checked by make_rng"),
-        "ledger": Unchecked("a budget handle, checked by the ledger layer"),
+        "random_state": RANDOM_STATE,
+        "ledger": LEDGER,
     }
 
     # -- validation ------------------------------------------------------------------

@@ -62,6 +62,11 @@ from privlearn.models._base import (
     spent_epsilon,
 )
 from privlearn.models._params import (
+    ACCOUNTANT,
+    EPSILON,
+    LEDGER,
+    NOISE_MULTIPLIER,
+    RANDOM_STATE,
     Delta,
     Integer,
     Options,
@@ -92,15 +97,13 @@ def label_release_mechanism(
 class _LabelReleaseBase(PrivateEstimatorMixin, _RemovedAttributesMixin):
     _removed_attributes = ("votes_",)
     _parameter_constraints = {
-        "epsilon": Real(0, None, low_open=True,
-                        hint="it is the privacy budget, typically between 0.1 and 10"),
+        "epsilon": EPSILON,
         "delta": Delta(),
         "noise": Options("gaussian", "laplace"),
-        "noise_multiplier": Real(0, None, low_open=True, allow_none=True,
-                                 hint="leave it None to calibrate from (epsilon, delta)"),
-        "accountant": Unchecked("an accountant name, checked by the accounting registry"),
-        "random_state": Unchecked("a seed or Generator, checked by make_rng"),
-        "ledger": Unchecked("a budget handle, checked by the ledger layer"),
+        "noise_multiplier": NOISE_MULTIPLIER,
+        "accountant": ACCOUNTANT,
+        "random_state": RANDOM_STATE,
+        "ledger": LEDGER,
     }
 
     def _validate(self):

@@ -61,7 +61,15 @@ from sklearn.model_selection import ParameterGrid
 from privlearn.accounting import Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.models._base import check_positive_param, make_rng, spend_on_ledger
-from privlearn.models._params import Options, PrivateEstimatorMixin, Real, Unchecked
+from privlearn.models._params import (
+    ACCOUNTANT,
+    LEDGER,
+    RANDOM_STATE,
+    Options,
+    PrivateEstimatorMixin,
+    Real,
+    Unchecked,
+)
 
 __all__ = [
     "PrivateSearchCV",
@@ -284,9 +292,9 @@ class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
                            hint="per-record losses are clipped to [0, loss_bound]"),
         "delta": Real(0, 1, low_open=True, high_open=True,
                       hint="a search needs delta > 0, e.g. 1e-6"),
-        "accountant": Unchecked("an accountant name, checked by the accounting registry"),
-        "ledger": Unchecked("a budget handle, checked by the ledger layer"),
-        "random_state": Unchecked("a seed or Generator, checked by make_rng"),
+        "accountant": ACCOUNTANT,
+        "ledger": LEDGER,
+        "random_state": RANDOM_STATE,
     }
 
     def _validate(self):

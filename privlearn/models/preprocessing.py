@@ -46,7 +46,17 @@ from privlearn.models._base import (
     settle_on_ledger,
     spent_epsilon,
 )
-from privlearn.models._params import Delta, Integer, PrivateEstimatorMixin, Real, Unchecked
+from privlearn.models._params import (
+    ACCOUNTANT,
+    EPSILON,
+    LEDGER,
+    RANDOM_STATE,
+    Delta,
+    Integer,
+    PrivateEstimatorMixin,
+    Real,
+    Unchecked,
+)
 
 __all__ = [
     "PrivatePipeline",
@@ -284,8 +294,7 @@ class PrivateStandardScaler(PrivateEstimatorMixin, OneToOneFeatureMixin, Transfo
         return fr
 
     _parameter_constraints = {
-        "epsilon": Real(0, None, low_open=True,
-                        hint="it is the privacy budget, typically between 0.1 and 10"),
+        "epsilon": EPSILON,
         "delta": Delta(),
         "feature_range": Unchecked("the public (lower, upper) range, checked against the "
                                    "number of features by _ranges"),
@@ -293,9 +302,9 @@ class PrivateStandardScaler(PrivateEstimatorMixin, OneToOneFeatureMixin, Transfo
                          hint="the tail mass clipped on each side, e.g. 0.01"),
         "n_bins": Integer(2),
         "min_scale": Real(0, None, low_open=True, hint="e.g. 1e-3"),
-        "accountant": Unchecked("an accountant name, checked by the accounting registry"),
-        "random_state": Unchecked("a seed or Generator, checked by make_rng"),
-        "ledger": Unchecked("a budget handle, checked by the ledger layer"),
+        "accountant": ACCOUNTANT,
+        "random_state": RANDOM_STATE,
+        "ledger": LEDGER,
     }
 
     def _validate(self, d: int):
