@@ -12,7 +12,13 @@ This module re-exports their names for :mod:`privlearn.accounting.pld` and the t
 
 from __future__ import annotations
 
-from privlearn.accounting._pld_fft import ComposedPLD, compose_fft, discounted_tail_sums
+from privlearn.accounting._pld_fft import (
+    ComposedPLD,
+    compose_fft,
+    compose_fft_tilted,
+    discounted_tail_sums,
+    tilt_pmfs,
+)
 from privlearn.accounting._pld_grid import (
     MAX_STEP_POINTS,
     StepPMF,
@@ -31,6 +37,8 @@ __all__ = [
     "ComposedPLD",
     "chernoff_window",
     "compose_fft",
+    "compose_fft_tilted",
+    "tilt_pmfs",
     "discounted_tail_sums",
     "discretize",
     "discretize_symmetrised",

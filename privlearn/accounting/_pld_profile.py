@@ -54,6 +54,8 @@ def delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
     N = pi.size
     l0 = j0 * h
     if eps <= l0:
+        if c.tilt:  # a tilted grid does not cover the losses below its window
+            return 1.0 if upper else 0.0
         lk = (j0 + np.arange(N)) * h
         tail = float(np.sum(np.abs(pi)))
         val = float(np.sum(pi) - np.sum(pi * np.exp(eps - lk)))
@@ -65,9 +67,10 @@ def delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
             tail = float(c.A[j])
             val = float(c.A[j] - math.exp(eps - (j0 + j) * h) * c.C[j])
     rnd = 4.0 * N * dsc.U * abs(tail)  # summation roundoff of the cumulative sums
+    ts = c.tilt_slack(eps)  # 0 unless the composition was tilted
     if upper:
-        return min(1.0, max(val, 0.0) + rnd + c.inf + c.slack_up)
-    return max(0.0, val - rnd - c.slack_low)
+        return min(1.0, max(val, 0.0) + rnd + c.inf + c.slack_up + ts)
+    return max(0.0, val - rnd - c.slack_low - ts)
 
 
 def grid_gap(res: PLDResult, eps: float) -> float:
@@ -105,8 +108,17 @@ def eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
         extra = -c.slack_low
     # summation roundoff of the cumulative sums: relative <= N u (terms summed from the top)
     rnd = (4.0 * N * dsc.U) * A * (1.0 if upper else -1.0)  # absolute, per grid point
+    if c.tilt:
+        # the tilted allowance decreases in eps: its value at the cell's left end l_k
+        # bounds it on the whole cell (added to upper, subtracted from lower deltas)
+        ts = c.tilt_slack((j0 + np.arange(N)) * h)
+        extra = extra + (ts if upper else -ts)
     vals = A - C + rnd + extra
     above = np.nonzero(vals > delta)[0]
+    if above.size == 0 and c.tilt:
+        if upper:
+            raise AccountingError("pld: the tilted window starts above the epsilon sought")
+        return 0.0
     if above.size == 0:
         # the crossing is at or below the first grid loss l0
         l0 = j0 * h
@@ -126,7 +138,7 @@ def eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
             raise AccountingError("pld: epsilon lies beyond the composition window")
         return (j0 + N - 1) * h
     lk = (j0 + k) * h
-    num = A[k] + rnd[k] + extra - delta
+    num = A[k] + rnd[k] + (extra[k] if np.ndim(extra) else extra) - delta
     if C[k] > 0 and num > 0:
         t = math.log(num / C[k])
         t = min(max(t, 0.0), h)

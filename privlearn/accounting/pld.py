@@ -94,6 +94,8 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
 from privlearn.accounting import _pld_discrete as dsc
 from privlearn.accounting import closed_form
 from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
@@ -257,9 +259,18 @@ class PLDAccountant:
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up, lo = self._eps_bounds(res, delta)
         except AccountingError as err:  # e.g. delta below the certified FFT error terms
+            tilted = self._tilted_epsilon(mechanism, parts, delta, pe)
+            if tilted is not None:
+                return tilted
             if not self.fallback:
                 raise
-            return self._fallback_epsilon(mechanism, delta, pe, err)
+            fb = self._fallback_epsilon(mechanism, delta, pe, err)
+            try:  # the plain grid's lower bound stays valid (its allowance is subtracted)
+                res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
+                lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
+            except (_TooLarge, AccountingError):
+                return fb
+            return PrivacyBound(fb.upper, min(lo, fb.upper), fb.accountant)
         up, lo = min(up, pe), min(lo, pe)
         h_scale = 1.0
         while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
@@ -273,6 +284,14 @@ class PLDAccountant:
             up, lo = min(up, up2), max(lo, lo2)
             if up - lo > 0.8 * gap_before:  # the grid is no longer what limits the gap
                 break
+        if up > 0 and (up - lo) > self.rel_gap * up and accurate:
+            # the gap is held open by the FFT error allowance (small delta): the tilted
+            # composition's allowance is relative; both brackets are certified, so take
+            # the tighter ends
+            tilted = self._tilted_epsilon(mechanism, parts, delta, pe, first_guess=up)
+            if tilted is not None:
+                up = min(up, tilted.upper)
+                lo = max(lo, tilted.lower if tilted.lower is not None else lo)
         return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
 
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
@@ -343,19 +362,78 @@ class PLDAccountant:
         up, who = min(candidates)
         return PrivacyBound(up, None, who)
 
+    def _tilted_epsilon(
+        self, mechanism: Mechanism, parts, delta: float, pe: float,
+        first_guess: float | None = None,
+    ) -> PrivacyBound | None:
+        """Epsilon from the exponentially tilted composition (tiny delta, very long
+        runs; :func:`privlearn.accounting._pld_fft.compose_fft_tilted`), or None when it
+        cannot certify either. The tilt is the Chernoff-optimal one for a guess of
+        epsilon (the pure or RDP epsilon first, then the tilted answer itself, until it
+        moves by less than 1%); the grid is then refined while the certified gap exceeds
+        ``rel_gap``, as on the plain path."""
+        guesses = [pe] if math.isfinite(pe) else []
+        if first_guess is not None:
+            guesses.append(first_guess)
+        else:
+            try:
+                guesses.append(get_accountant("rdp").epsilon(mechanism, delta).upper)
+            except (UnsupportedMechanismError, AccountingError):
+                pass
+        guesses = [g for g in guesses if math.isfinite(g) and g > 0]
+        if not guesses:
+            return None
+        guess = min(guesses)
+        up = lo = None
+        try:
+            for _ in range(8):
+                try:
+                    res = self._composed(mechanism, parts, 1.0, True, tilt_at=guess)
+                    up2, lo2 = self._eps_bounds(res, delta)
+                except AccountingError:
+                    # e.g. the guess was far above epsilon, so the tilted window starts
+                    # above it: aim lower
+                    guess *= 0.7
+                    continue
+                if up is None or up2 < up:
+                    up, lo, best = up2, lo2, guess
+                if abs(up2 - guess) <= 0.01 * up2:
+                    break
+                guess = up2
+            if up is None:
+                return None
+            guess = best
+            h_scale = 1.0
+            while up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64:
+                h_scale /= 2.0
+                try:
+                    res2 = self._composed(mechanism, parts, h_scale, True, tilt_at=guess)
+                    up2, lo2 = self._eps_bounds(res2, delta)
+                except (_TooLarge, AccountingError):
+                    break
+                gap_before = up - lo
+                up, lo = min(up, up2), max(lo, lo2)
+                if up - lo > 0.8 * gap_before:
+                    break
+        except (_TooLarge, AccountingError):
+            if up is None:
+                return None
+        return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
+
     def _eps_bounds(self, res: _Result, delta: float) -> tuple[float, float]:
         up = max(_eps_for_delta(u, delta, True) for u, _ in res.directions)
         lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
         return up, lo
 
     def _composed(
-        self, mechanism: Mechanism, parts, h_scale: float, accurate: bool = False
+        self, mechanism: Mechanism, parts, h_scale: float, accurate: bool = False,
+        tilt_at: float | None = None,
     ) -> _Result:
-        key = (mechanism, h_scale, accurate)
+        key = (mechanism, h_scale, accurate, tilt_at)
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        res = self._compute(parts, h_scale, accurate)
+        res = self._compute(parts, h_scale, accurate, tilt_at)
         self._cache[key] = res
 
         # bound the memory held: at most cache_size entries and ~2e7 stored grid points
@@ -368,7 +446,8 @@ class PLDAccountant:
             self._cache.popitem(last=False)
         return res
 
-    def _compute(self, parts, h_scale: float, accurate: bool = False) -> _Result:
+    def _compute(self, parts, h_scale: float, accurate: bool = False,
+                 tilt_at: float | None = None) -> _Result:
         steps = [(_step(m), k) for m, k in parts]
         T = sum(k for _, k in parts)
         step_tol = self.tail_tol / max(T, 1)
@@ -402,6 +481,16 @@ class PLDAccountant:
         out = []
         fine = self._discretize_all(steps, h, step_tol, directional)
         for (pm_up, pm_low), win in zip(fine, windows, strict=True):
+            if tilt_at is not None:  # tiny delta: the tilted composition (Esscher)
+                theta = _chernoff_theta(pm_up, h, tilt_at)
+                cu = dsc.compose_fft_tilted(pm_up, h, theta, self.tail_tol, upper=True,
+                                            accurate=accurate, max_points=2 * self.max_points)
+                cl = dsc.compose_fft_tilted(pm_low, h, theta, self.tail_tol, upper=False,
+                                            accurate=accurate, max_points=2 * self.max_points)
+                cu.prepare()
+                cl.prepare()
+                out.append((cu, cl))
+                continue
             a, b, la, lb = win
             for _ in range(6):
                 cu = dsc.compose_fft(pm_up, h, a, b, la, lb, upper=True, accurate=accurate)
@@ -458,6 +547,25 @@ class PLDAccountant:
 
 class _TooLarge(Exception):
     pass
+
+
+def _chernoff_theta(pmfs, h: float, eps: float) -> float:
+    """The tilt minimising the Chernoff bound ``K(theta) - theta eps`` of the composed
+    finite loss (``K`` its log moment generating function, from the PMFs): the tilted
+    distribution is then centred at ``eps``."""
+    grid = np.geomspace(1e-4, 1e3, 141)
+    k = dsc.log_mgf(pmfs, h, grid, True) - grid * eps
+    i = int(np.argmin(k))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
+    for _ in range(40):  # golden-section search in the bracketing cell (K is convex)
+        m1, m2 = lo + 0.382 * (hi - lo), lo + 0.618 * (hi - lo)
+        f1, f2 = (float(dsc.log_mgf(pmfs, h, np.array([t]), True)[0]) - t * eps
+                  for t in (m1, m2))
+        if f1 < f2:
+            hi = m2
+        else:
+            lo = m1
+    return 0.5 * (lo + hi)
 
 
 register_accountant(PLDAccountant())

@@ -106,8 +106,10 @@ def test_subsampled_curve_is_valid_against_every_profile_point():
         assert np.all(coarse >= single - 1e-12)
     fine = tradeoff_curve(m, ALPHAS, epsilons=np.linspace(0, 3.0, 61))
     assert np.all(fine >= coarse - 1e-12)
-    # and it is less private than no subsampling at all (q = 1, the same sigma and steps)
-    assert np.all(f >= gaussian_tradeoff(math.sqrt(50), ALPHAS) - 1e-12)
+    # and it is less private than no subsampling at all (q = 1, the same sigma and steps),
+    # up to the envelope's own shortfall: its grid ends at epsilon(1e-12), so at alpha = 0
+    # it is 1 - delta(top) = 1 - 1e-12 where the exact curve is 1
+    assert np.all(f >= gaussian_tradeoff(math.sqrt(50), ALPHAS) - 2e-12)
 
 
 @given(st.floats(0.01, 8.0), st.floats(0.0, 1.0))
