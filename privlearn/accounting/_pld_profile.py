@@ -116,9 +116,10 @@ def eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
     vals = A - C + rnd + extra
     above = np.nonzero(vals > delta)[0]
     if above.size == 0 and c.tilt:
-        if upper:
-            raise AccountingError("pld: the tilted window starts above the epsilon sought")
-        return 0.0
+        # the certified delta is already below the target at the window's first loss
+        # l0 (every loss below l0 adds nothing to delta(l0)): epsilon <= l0, certified;
+        # a lower bound is not available below the window
+        return max(j0 * h, 0.0) if upper else 0.0
     if above.size == 0:
         # the crossing is at or below the first grid loss l0
         l0 = j0 * h
