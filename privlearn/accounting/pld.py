@@ -70,11 +70,17 @@ The floating-point allowance of the FFT composition is a worst-case bound that g
 with the number of steps (about ``1e-9`` for 1e4 DP-SGD steps). When it exceeds
 ``1e-3 delta`` the low-frequency Fourier coefficients are recomputed directly (see
 :func:`._pld_fft.compose_fft`), which brings it down to about ``1e-10`` per 1e4
-steps. For smaller targets ``epsilon(delta)`` returns the smaller of the other certified
-answers -- the pure epsilon (when finite) and the RDP accountant's epsilon -- with
-``PrivacyBound.accountant`` naming the one that answered and no lower bound; only when
-neither exists is :class:`AccountingError` raised rather than returning an uncertified
-value.
+steps. For smaller targets (tiny delta, 10^5-10^6 steps) ``epsilon(delta)`` composes
+the exponentially tilted PMFs instead (:func:`._pld_fft.compose_fft_tilted`, tilt at the
+Chernoff optimum for the target): the allowance becomes ``M e^{-theta eps}`` times the
+tilted one, i.e. relative to delta rather than absolute, and delta down to 1e-14 and
+below is certified with the usual gap; the tilted answer is also combined (tighter ends
+of both certified brackets) whenever the plain grid's gap stays above ``rel_gap``. Only
+when the tilted grid cannot answer either does ``epsilon(delta)`` return the smaller of
+the other certified answers -- the pure epsilon (when finite) and the RDP accountant's
+epsilon -- with ``PrivacyBound.accountant`` naming the one that answered and the plain
+grid's lower bound; only when none exists is :class:`AccountingError` raised rather
+than returning an uncertified value.
 
 References
 ----------
@@ -86,6 +92,10 @@ References
        Characteristic Function, AISTATS.
 .. [4] Dong, Roth & Su (2022), Gaussian Differential Privacy, JRSS-B.
 .. [5] Balle, Barthe & Gaboardi (2018), Privacy Amplification by Subsampling, NeurIPS.
+.. [6] Esscher (1932), On the probability function in the collective theory of risk,
+       Skandinavisk Aktuarietidskrift (the exponential tilt); Alghamdi, Gomez, Asoodeh,
+       Calmon, Kosut & Sankar (2023), The Saddle-Point Method in Differential Privacy,
+       ICML (its use for privacy loss distributions).
 """
 
 from __future__ import annotations
