@@ -69,6 +69,10 @@ EXTENSION_BLOCKS: tuple[np.ndarray, ...] = (
     np.unique(np.round(np.geomspace(256.0, 4096.0, 17)))[1:],
     np.unique(np.round(np.geomspace(4096.0, 65536.0, 13)))[1:],
     np.unique(np.round(np.geomspace(65536.0, 1e6, 9)))[1:],
+    # bounded curves (the limit at infinite order is the pure epsilon): the conversion
+    # term log(1/delta)/(alpha - 1) keeps shrinking, so the optimum can lie far out
+    np.geomspace(1e6, 1e9, 7)[1:],
+    np.geomspace(1e9, 1e15, 7)[1:],
 )
 
 

@@ -8,7 +8,7 @@ import lines::
     from privlearn.compat.autodp import mechanism_zoo, transformer_zoo
     from privlearn.compat.autodp.calibrator_zoo import eps_delta_calibrator
 
-``rdp_bank``, ``dp_bank``, ``fdp_bank`` and ``rdp_acct.anaRDPacct`` are provided for the
+``rdp_bank``, ``dp_bank``, ``fdp_bank``, ``dp_acct.DP_acct`` and ``rdp_acct.anaRDPacct`` are provided for the
 functions users import most (each backed by privlearn's accountants); unported autodp
 names raise an ``AttributeError`` saying so. autodp arguments that cannot change a value
 here raise :class:`~privlearn.compat.autodp.autodp_core.AutodpArgumentWarning` when set
@@ -22,6 +22,7 @@ compositions of Gaussians, PLD otherwise, RDP for user-supplied RDP functions); 
 from privlearn.compat.autodp import (
     autodp_core,
     calibrator_zoo,
+    dp_acct,
     dp_bank,
     fdp_bank,
     mechanism_zoo,
@@ -33,6 +34,7 @@ from privlearn.compat.autodp import (
 __all__ = [
     "autodp_core",
     "calibrator_zoo",
+    "dp_acct",
     "dp_bank",
     "fdp_bank",
     "mechanism_zoo",

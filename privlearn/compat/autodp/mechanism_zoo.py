@@ -61,6 +61,10 @@ __all__ = [
     "DiscreteGaussianMechanism",
     "NoisySGD_Mechanism",
     "NoisyGD_Mechanism",
+    "NoisyScreenMechanism",
+    "GaussianSVT_Mechanism",
+    "LaplaceSVT_Mechanism",
+    "StageWiseMechanism",
 ]
 
 
@@ -509,22 +513,91 @@ class NoisyGD_Mechanism(GaussianMechanism):  # noqa: N801 (autodp's name)
         self.params = {"sigma_list": sigma_list}
 
 
-_UNPORTED = {
-    "GaussianSVT_Mechanism": "the sparse vector technique (Zhu & Wang 2020)",
-    "LaplaceSVT_Mechanism": "the sparse vector technique (Zhu & Wang 2020)",
-    "StageWiseMechanism": "the stage-wise sparse vector technique (Zhu & Wang 2020)",
-    "NoisyScreenMechanism": "the data-dependent noisy-screening RDP (Zhu et al. 2020)",
-}
+def _rdp_description(fn, params: dict, name: str) -> RDPMechanism:
+    from privlearn.compat.autodp import rdp_bank
+
+    f = getattr(rdp_bank, fn)
+    f(params, 2.0)  # validates the parameters now, not at the first query
+
+    frozen = dict(params)
+
+    def rdp(alpha: float) -> float:
+        return float(f(frozen, alpha))
+
+    return RDPMechanism(rdp, name=name)
+
+
+class NoisyScreenMechanism(Mechanism):
+    """Noisy screening with data-dependent RDP (Zhu, Yu, Liang, Wang & Wang 2020,
+    Private-kNN, CVPR, Theorem 7): ``params['logp']``, ``params['logq']`` are the log
+    probabilities that the noisy maximum vote passes the threshold on the two datasets.
+    Evaluated with the RDP accountant (:func:`~privlearn.compat.autodp.rdp_bank.
+    RDP_noisy_screen`)."""
+
+    def __init__(self, params: dict, name: str = "NoisyScreen") -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        self.params = {"logp": params["logp"], "logq": params["logq"]}
+        self._set_description(_rdp_description("RDP_noisy_screen", self.params, name))
+
+
+class GaussianSVT_Mechanism(Mechanism):  # noqa: N801 (autodp's name)
+    """The Gaussian sparse vector technique (Zhu & Wang 2020, NeurIPS): with
+    ``rdp_c_1=True`` the cut-off-1 algorithm (Theorem 8 / Proposition 10; ``params``:
+    ``sigma``, optional ``k``, ``sigma_nu`` or ``sigma2``, ``margin``, ``Delta``,
+    ``gamma``), otherwise cut-off ``c > 1`` (Theorem 5; ``sigma``, ``k``, ``c``).
+    Evaluated with the RDP accountant."""
+
+    def __init__(self, params: dict, name: str = "GaussianSVT", rdp_c_1: bool = True) -> None:
+        Mechanism.__init__(self)
+        if rdp_c_1:
+            self.name = name + "c_1"
+            keys = ("sigma", "k", "margin", "sigma_nu", "Delta", "sigma2", "gamma")
+            self.params = {kk: v for kk, v in params.items() if kk in keys}
+            fn = "RDP_gaussian_svt_c1"
+        else:
+            self.name = name + "c>1"
+            self.params = {"sigma": params["sigma"], "k": params["k"], "c": params["c"]}
+            fn = "RDP_gaussian_svt_cgreater1"
+        self._set_description(_rdp_description(fn, self.params, self.name))
+
+
+class LaplaceSVT_Mechanism(Mechanism):  # noqa: N801 (autodp's name)
+    """The Laplace sparse vector technique with cut-off ``c >= 1`` (Zhu & Wang 2020,
+    Theorem 9; ``params``: ``b``, ``k``, ``c``). Evaluated with the RDP accountant.
+    (autodp's default ``name`` for this class is ``'GaussianSVT'``; kept.)"""
+
+    def __init__(self, params: dict, name: str = "GaussianSVT") -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        self.params = {kk: v for kk, v in params.items() if kk in ("b", "k", "c")}
+        self._set_description(_rdp_description("RDP_svt_laplace", self.params, name))
+
+
+class StageWiseMechanism(Mechanism):
+    """The stage-wise, length-capped Gaussian sparse vector technique (Zhu & Wang 2020,
+    Algorithm 3, Theorem 12; ``params``: ``sigma``, ``k``, ``c``, optional ``c_tilde``):
+    an ``approxDP`` description from
+    :func:`~privlearn.compat.autodp.dp_bank.get_eps_gaussian_svt` (optimal composition
+    of the chunks, never looser than autodp's). With ``approxDP_off=True`` the mechanism
+    has no description (as in autodp) and every query returns ``inf``."""
+
+    def __init__(self, params: dict | None = None, approxDP_off: bool = False,  # noqa: N803
+                 name: str = "StageWiseMechanism") -> None:
+        Mechanism.__init__(self)
+        self.name = name
+        params = params or {}
+        self.params = {"sigma": params["sigma"], "k": params["k"], "c": params["c"]}
+        self.delta0 = 0
+        if not approxDP_off:
+            from privlearn.compat.autodp import dp_bank
+
+            full = dict(params)
+            self.propagate_updates(lambda d, full=full: dp_bank.get_eps_gaussian_svt(full, d),
+                                   "approxDP_func")
 
 
 def __getattr__(name: str) -> Any:
     from privlearn.compat.autodp._missing import missing
 
-    err = missing("mechanism_zoo", name, __all__)
-    if name in _UNPORTED:
-        err = AttributeError(
-            f"{err} ({name}: {_UNPORTED[name]} is not yet backed by privlearn's engine; "
-            "wrap autodp's RDP function with Mechanism.propagate_updates(func, 'RDP') to "
-            "account it with privlearn's RDP accountant)"
-        )
-    raise err
+    raise missing("mechanism_zoo", name, __all__)

@@ -11,7 +11,10 @@ References
 Mironov (2017), Renyi Differential Privacy, CSF, Table II (Gaussian, Laplace, randomized
 response); Bun & Steinke (2016), Concentrated Differential Privacy, TCC, Lemma 1.4 /
 Proposition 3.3 (pure DP -> RDP; zCDP Definition 1.1); Bun, Dwork, Rothblum & Steinke
-(2018), Composable and Versatile Privacy via Truncated CDP, STOC, Definition 1 (tCDP).
+(2018), Composable and Versatile Privacy via Truncated CDP, STOC, Definition 1 (tCDP);
+Zhu & Wang (2020), Improving Sparse Vector Technique with Renyi Differential Privacy,
+NeurIPS (the SVT curves: Theorems 5, 8 and 9, Proposition 10); Zhu, Yu, Liang, Wang & Wang
+(2020), Private-kNN, CVPR, Theorem 7 (noisy screening).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ __all__ = [
     "RDP_zCDP",
     "RDP_truncatedCDP",
     "RDP_subsampled_pureDP",
+    "RDP_svt_laplace",
+    "RDP_gaussian_svt_cgreater1",
+    "RDP_gaussian_svt_c1",
+    "RDP_noisy_screen",
 ]
 
 
@@ -134,6 +141,154 @@ def RDP_subsampled_pureDP(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N
     kl = float(np.asarray(m.rdp([1.0 + 1e-9]), dtype=float)[0])
     return _eval(m, alpha, kl, pure)
 
+
+
+def _per_order(fn: Callable[[float], float], alpha: Any) -> Any:
+    a, scalar = _orders(alpha)
+    out = np.array([fn(float(x)) for x in a])
+    return float(out[0]) if scalar else out
+
+
+def _logaddexp(x: float, y: float) -> float:
+    return float(np.logaddexp(x, y))
+
+
+def RDP_svt_laplace(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802
+    """RDP of the Laplace-based sparse vector technique (noise scale ``params['b']`` per
+    unit sensitivity on the threshold and the queries; stops after ``params['k']``
+    queries or ``params['c']`` positive answers). Zhu & Wang (2020), Theorem 9: the
+    smallest of (i) ``c eps_inf + eps_1(alpha)`` and (ii) ``c log(k/c) / (alpha - 1) +
+    (c + 1) eps_1(alpha)``, with ``eps_1`` the Laplace RDP and ``eps_inf = 1/b``, (iii)
+    the CDP bound ``alpha (c+1)^2 / (2 b^2)`` and (iv) the pure-DP-to-RDP (sinh) bound
+    of ``(c + 1) / b``-DP (Bun & Steinke 2016, Proposition 3.3)."""
+    b = as_float("b", params["b"])
+    k = as_float("k", params["k"])
+    c = max(as_float("c", params.get("c", 1)), 1.0)
+    if not b > 0:
+        raise ValueError(f"b must be > 0, got {b!r}")
+
+    def f(a: float) -> float:
+        e_inf = 1.0 / b
+        if a <= 1:
+            e1 = 1.0 / b + math.expm1(-1.0 / b)
+        elif math.isinf(a):
+            e1 = e_inf
+        else:
+            e1 = _logaddexp((a - 1.0) / b + math.log(a / (2.0 * a - 1.0)),
+                            -a / b + math.log((a - 1.0) / (2.0 * a - 1.0))) / (a - 1.0)
+        t = e_inf * (c + 1.0)
+        if a == 1 or math.isinf(a):
+            second = math.inf
+        else:
+            second = c * math.log(k / c) / (a - 1.0) + e1 * (c + 1.0)
+        out = min(c * e_inf + e1, second, 0.5 * a * t * t)
+        if a == 1 or math.isinf(a):
+            return out
+        # log((sinh(a t) - sinh((a-1) t)) / sinh(t)) / (a - 1), in a stable form
+        num = _log_sinh_diff(a * t, (a - 1.0) * t)
+        return min(out, (num - _log_sinh(t)) / (a - 1.0))
+
+    return _per_order(f, alpha)
+
+
+def _log_sinh(x: float) -> float:
+    """log(sinh(x)) for x > 0."""
+    return x + math.log1p(-math.exp(-2.0 * x)) - math.log(2.0)
+
+
+def _log_sinh_diff(x: float, y: float) -> float:
+    """log(sinh(x) - sinh(y)) for x > y >= 0: sinh x - sinh y = 2 cosh((x+y)/2)
+    sinh((x-y)/2)."""
+    s, d = 0.5 * (x + y), 0.5 * (x - y)
+    log_cosh = s + math.log1p(math.exp(-2.0 * s)) - math.log(2.0)
+    return math.log(2.0) + log_cosh + _log_sinh(d)
+
+
+def RDP_gaussian_svt_cgreater1(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802
+    """RDP of the Gaussian-based sparse vector technique with cut-off ``params['c']``
+    (threshold and query noise ``params['sigma']`` per unit sensitivity, at most
+    ``params['k']`` queries): ``c log(k/c) / (alpha - 1) + (c + 1) alpha / (2 sigma^2)``
+    (Zhu & Wang 2020, Theorem 5)."""
+    sigma = as_float("sigma", params["sigma"])
+    k = as_float("k", params["k"])
+    c = max(as_float("c", params.get("c", 1)), 1.0)
+
+    def f(a: float) -> float:
+        if a == 1:
+            return math.inf
+        rho = 0.5 * a / sigma**2
+        if math.isinf(a):
+            return math.inf
+        return c * math.log(k / c) / (a - 1.0) + rho * (c + 1.0)
+
+    return _per_order(f, alpha)
+
+
+def RDP_gaussian_svt_c1(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802
+    """RDP of the Gaussian-based sparse vector technique with cut-off 1 (Zhu & Wang 2020,
+    Theorem 8): threshold noise ``params['sigma']`` (``sigma_1``), query noise
+    ``params['sigma_nu']`` or ``params['sigma2']`` (``sigma_2``, default
+    ``sqrt(3) sigma_1``), sensitivity ``params['Delta']`` (default 1):
+    ``log(k) / (alpha - 1) + alpha Delta^2 / sigma_1^2 + 2 alpha Delta^2 / sigma_2^2``
+    when ``params['k']`` is given, and, when ``sigma_2 >= sqrt(gamma + 1) sigma_1``
+    (``params['gamma']``, default 2) for non-negative queries, the stopping-time moment
+    bound of Proposition 10 with margin ``params['margin']`` (default 0); the smaller
+    applies."""
+    s1 = as_float("sigma", params["sigma"])
+    s2 = as_float("sigma_nu", params.get("sigma_nu", math.sqrt(3.0) * s1))
+    s2 = as_float("sigma2", params.get("sigma2", s2))
+    margin = as_float("margin", params.get("margin", 0.0))
+    dlt = as_float("Delta", params.get("Delta", 1.0))
+    gamma = as_float("gamma", params.get("gamma", 2.0))
+    has_k = "k" in params
+    k = as_float("k", params["k"]) if has_k else None
+    prop10 = s2 >= math.sqrt(gamma + 1.0) * s1
+    if not prop10 and not has_k:
+        raise ValueError("params['k'] (the largest number of queries) is required: "
+                         f"sigma2={s2!r} < sqrt(gamma + 1) sigma={math.sqrt(gamma + 1) * s1!r}, "
+                         "so the k-free bound (Zhu & Wang 2020, Proposition 10) does not apply")
+
+    def f(a: float) -> float:
+        rho = a * dlt**2 / s1**2
+        nu = 2.0 * a * dlt**2 / s2**2
+        out = math.inf
+        if has_k and a != 1:
+            out = math.log(k) / (a - 1.0) + rho + nu
+        if not prop10 or a == 1:
+            return out
+        log_part = (0.5 * math.log1p(gamma) + gamma * 0.5 * math.log(2.0 * math.pi)
+                    + math.log((margin * (1.0 + gamma) / s1) ** gamma + 1.0))
+        exp_part = gamma * margin**2 / (2.0 * s1**2)
+        moment = _logaddexp(0.0, log_part + exp_part) / (gamma * (a - 1.0))
+        return min(rho + nu + moment, out)
+
+    return _per_order(f, alpha)
+
+
+def RDP_noisy_screen(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802
+    """Data-dependent RDP of noisy screening (Zhu, Yu, Liang, Wang & Wang 2020,
+    Private-kNN, Theorem 7): the Renyi divergence between Bernoulli(p) and Bernoulli(q)
+    with ``log p = params['logp']`` and ``log q = params['logq']``."""
+    logp = as_float("logp", params["logp"])
+    logq = as_float("logq", params["logq"])
+    if logp > 0 or logq > 0:
+        raise ValueError(f"logp and logq must be <= 0 (log-probabilities), got {logp!r}, "
+                         f"{logq!r}")
+
+    def log1mexp(x: float) -> float:
+        return math.log(-math.expm1(x)) if x > -0.693 else math.log1p(-math.exp(x))
+
+    l1p, l1q = log1mexp(logp), log1mexp(logq)
+
+    def f(a: float) -> float:
+        if a == 1:
+            return math.exp(logp) * (logp - logq) + (1 - math.exp(logp)) * (l1p - l1q)
+        if math.isinf(a):
+            return abs(math.exp(logp - logq))
+        return _logaddexp(a * logp - (a - 1.0) * logq,
+                          a * l1p - (a - 1.0) * l1q) / (a - 1.0)
+
+    return _per_order(f, alpha)
 
 _PROVIDED = __all__
 
