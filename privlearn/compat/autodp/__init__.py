@@ -8,8 +8,9 @@ import lines::
     from privlearn.compat.autodp import mechanism_zoo, transformer_zoo
     from privlearn.compat.autodp.calibrator_zoo import eps_delta_calibrator
 
-``rdp_bank``, ``dp_bank``, ``fdp_bank``, ``dp_acct.DP_acct`` and ``rdp_acct.anaRDPacct`` are provided for the
-functions users import most (each backed by privlearn's accountants); unported autodp
+``rdp_bank``, ``dp_bank``, ``fdp_bank``, ``dp_acct.DP_acct``, ``rdp_acct.anaRDPacct``,
+autodp's legacy ``privacy_calibrator`` and ``utils`` are provided for the functions
+users import most (each backed by privlearn's accountants); unported autodp
 names raise an ``AttributeError`` saying so. autodp arguments that cannot change a value
 here raise :class:`~privlearn.compat.autodp.autodp_core.AutodpArgumentWarning` when set
 away from autodp's defaults.
@@ -26,9 +27,11 @@ from privlearn.compat.autodp import (
     dp_bank,
     fdp_bank,
     mechanism_zoo,
+    privacy_calibrator,
     rdp_acct,
     rdp_bank,
     transformer_zoo,
+    utils,
 )
 
 __all__ = [
@@ -38,7 +41,9 @@ __all__ = [
     "dp_bank",
     "fdp_bank",
     "mechanism_zoo",
+    "privacy_calibrator",
     "rdp_acct",
     "rdp_bank",
     "transformer_zoo",
+    "utils",
 ]

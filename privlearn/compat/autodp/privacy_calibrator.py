@@ -1,0 +1,221 @@
+"""autodp-compatible ``privacy_calibrator`` (autodp's legacy calibration API).
+
+Same names, signatures and returned parameter dictionaries as autodp's; every noise
+level is calibrated with privlearn's certified accountants, so it is never larger than
+autodp's (autodp converts RDP; privlearn uses the exact Gaussian curve, the PLD
+accountant for Laplace and randomized response compositions and subsampling, and the
+RDP accountant for a user-supplied RDP function).
+
+References
+----------
+Balle & Wang (2018), Improving the Gaussian Mechanism for Differential Privacy, ICML,
+Theorem 8 (analytic Gaussian); Li, Qardaji & Su (2012), On Sampling, Anonymization, and
+Differential Privacy, ASIACCS, Theorem 1 (amplification of (eps, delta) by subsampling);
+Dwork & Roth (2014), The Algorithmic Foundations of Differential Privacy, Theorem A.1
+(classical Gaussian mechanism).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from scipy.optimize import brentq
+
+from privlearn.accounting import (
+    Gaussian,
+    Laplace,
+    RandomizedResponse,
+    RDPMechanism,
+    calibrate,
+    compose,
+    subsample,
+)
+from privlearn.compat.autodp._missing import missing
+from privlearn.compat.autodp.autodp_core import as_float
+
+__all__ = [
+    "subsample_epsdelta",
+    "subsample_epsdelta_inverse",
+    "subsample_epsdelta_get_prob",
+    "RDP_mech",
+    "subsampled_RDP_mech_get_prob",
+    "gaussian_mech",
+    "laplace_mech",
+    "randresponse_mech",
+    "classical_gaussian_mech",
+    "ana_gaussian_mech",
+]
+
+
+def _check(eps: Any, delta: Any, *, delta_zero: bool = False) -> tuple[float, float]:
+    e, d = as_float("eps", eps), as_float("delta", delta)
+    if not e > 0:
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+    if not (0 <= d <= 1) or (d == 0 and not delta_zero):
+        rng = "[0, 1]" if delta_zero else "(0, 1]"
+        raise ValueError(f"delta must be in {rng}, got {delta!r}")
+    return e, d
+
+
+def subsample_epsdelta(eps: Any, delta: Any, prob: Any) -> tuple[float, float]:
+    """``(log(1 + prob (e^eps - 1)), prob delta)``: an (eps, delta)-DP mechanism on a
+    Poisson subsample of rate ``prob`` (Li, Qardaji & Su 2012, Theorem 1)."""
+    e, d, q = as_float("eps", eps), as_float("delta", delta), as_float("prob", prob)
+    if q == 0:
+        return 0.0, 0.0
+    return math.log1p(q * math.expm1(e)), q * d
+
+
+def subsample_epsdelta_inverse(eps: Any, delta: Any, prob: Any) -> tuple[float, float]:
+    """The base ``(eps0, delta0)`` whose subsampled guarantee is ``(eps, delta)``."""
+    e, d, q = as_float("eps", eps), as_float("delta", delta), as_float("prob", prob)
+    if not 0 < q <= 1:
+        raise ValueError(f"prob must be in (0, 1], got {prob!r}")
+    return math.log1p(math.expm1(e) / q), min(d / q, 1.0)
+
+
+def subsample_epsdelta_get_prob(eps_target: Any, delta_target: Any, eps_base: Any,
+                                delta_base: Any) -> float:
+    """The largest rate at which ``(eps_base, delta_base)`` amplifies to the target."""
+    et, dt = as_float("eps_target", eps_target), as_float("delta_target", delta_target)
+    eb, db = as_float("eps_base", eps_base), as_float("delta_base", delta_base)
+    q = math.expm1(et) / math.expm1(eb)
+    if db > 0:
+        q = min(q, dt / db)
+    return min(1.0, q)
+
+
+def _rdp_epsilon(rdp: Callable[[float], float], delta: float, k: int, prob: float) -> float:
+    base = RDPMechanism(rdp)
+    if 0 < prob < 1:
+        base = subsample(base, prob)
+    return compose(base, steps=k).epsilon(delta, "rdp")
+
+
+def RDP_mech(rdp_func: Callable, eps: Any, delta: Any, param_name: str, params: dict,  # noqa: N802
+             bounds=(0, math.inf), k: int = 1, prob: float = 1.0) -> dict:
+    """Calibrate ``params[param_name]`` so that ``k`` runs of the mechanism with RDP
+    ``rdp_func(params, alpha)`` (each on a Poisson subsample of rate ``prob`` if
+    ``prob < 1``) are ``(eps, delta)``-DP by the RDP accountant; ``params`` is updated
+    in place and returned (autodp's behaviour)."""
+    e, d = _check(eps, delta)
+    lo_b, hi_b = float(bounds[0]), float(bounds[1])
+
+    def f(x: float) -> float:
+        params[param_name] = x
+        return _rdp_epsilon(lambda a, p=dict(params): rdp_func(p, a), d, int(k), prob) - e
+
+    a, b = min(hi_b, max(1.0, lo_b)), max(lo_b, min(2.0, hi_b))
+    for _ in range(100):
+        fa, fb = f(a), f(b)
+        if math.copysign(1, fa) != math.copysign(1, fb):
+            break
+        a, b = max(a / 2, lo_b), min(b * 2, hi_b)
+    else:
+        raise ValueError("infeasible privacy parameters for this RDP function and bounds; "
+                         "widen bounds or raise eps/delta")
+    root = brentq(f, a, b)
+    # the side of the root that meets the target (brentq's root is within xtol)
+    for x in (root, root * (1 + 1e-9), root * (1 - 1e-9)):
+        if f(x) <= 0:
+            root = x
+            break
+    params[param_name] = root
+    return params
+
+
+def subsampled_RDP_mech_get_prob(rdp_func: Callable, eps: Any, delta: Any, params: dict,
+                                 k: int = 1) -> float:
+    """The largest subsampling rate at which ``k`` runs are ``(eps, delta)``-DP."""
+    e, d = _check(eps, delta)
+
+    def f(q: float) -> float:
+        return _rdp_epsilon(lambda a: rdp_func(params, a), d, int(k), q) - e
+
+    if f(1.0) <= 0:
+        return 1.0
+    return brentq(f, 1e-12, 1.0)
+
+
+def gaussian_mech(eps: Any, delta: Any, k: int = 1, prob: float = 1.0) -> dict:
+    """``{'sigma': s}``: the smallest Gaussian noise multiplier such that ``k`` runs (on
+    Poisson subsamples of rate ``prob``) are ``(eps, delta)``-DP (exact Gaussian curve
+    without subsampling, the PLD accountant with it)."""
+    e, d = _check(eps, delta)
+    q, k = as_float("prob", prob), int(k)
+
+    def mech(s: float):
+        base = Gaussian(s) if q >= 1 else subsample(Gaussian(s), q)
+        return compose(base, steps=k)
+
+    return {"sigma": float(calibrate(mech, e, d))}
+
+
+def laplace_mech(eps: Any, delta: Any, k: int = 1, prob: float = 1.0) -> dict:
+    """``{'b': b}`` for the Laplace mechanism (``b = k / eps`` at ``delta = 0``)."""
+    e, d = _check(eps, delta, delta_zero=True)
+    q, k = as_float("prob", prob), int(k)
+    binf = k / e
+    if d == 0:
+        return {"b": binf}
+
+    def mech(b: float):
+        base = Laplace(b) if q >= 1 else subsample(Laplace(b), q)
+        return compose(base, steps=k)
+
+    return {"b": min(float(calibrate(mech, e, d)), binf)}
+
+
+def randresponse_mech(eps: Any, delta: Any, k: int = 1, prob: float = 1.0) -> dict:
+    """``{'p': p}``: the largest truthful-answer probability of binary randomized
+    response such that ``k`` runs are ``(eps, delta)``-DP."""
+    e, d = _check(eps, delta, delta_zero=True)
+    q, k = as_float("prob", prob), int(k)
+    pinf = 1.0 / (1.0 + math.exp(-e / k))
+    if d >= 1:
+        return {"p": 1.0}
+    if d == 0:
+        return {"p": pinf}
+
+    def eps_of(p: float) -> float:
+        base = RandomizedResponse(p) if q >= 1 else subsample(RandomizedResponse(p), q)
+        return compose(base, steps=k).epsilon(d)
+
+    lo, hi = pinf, 1.0 - 1e-12
+    if eps_of(hi) <= e:
+        return {"p": hi}
+    for _ in range(100):  # bisection on p (epsilon increases with p)
+        mid = 0.5 * (lo + hi)
+        if eps_of(mid) <= e:
+            lo = mid
+        else:
+            hi = mid
+    return {"p": lo}
+
+
+def classical_gaussian_mech(eps: Any, delta: Any) -> dict | float:
+    """``{'sigma': sqrt(2 log(1.25/delta)) / eps}`` (Dwork & Roth 2014, Theorem A.1; valid
+    for ``0 < eps <= 1``). For comparisons only: :func:`ana_gaussian_mech` is smaller."""
+    e, d = as_float("eps", eps), as_float("delta", delta)
+    if not 0 < e <= 1:
+        raise ValueError("the classical Gaussian mechanism needs 0 < eps <= 1, got "
+                         f"{eps!r}; use gaussian_mech or ana_gaussian_mech")
+    if d <= 0:
+        return math.inf
+    if d >= 1:
+        return 0
+    return {"sigma": math.sqrt(2.0 * math.log(1.25 / d)) / e}
+
+
+def ana_gaussian_mech(epsilon: Any, delta: Any, tol: float = 1e-12) -> dict:
+    """``{'sigma': s}``: the analytic Gaussian mechanism (Balle & Wang 2018, Theorem 8),
+    the smallest ``s`` with ``delta(epsilon) <= delta`` on the exact curve (certified,
+    rounded up; ``tol`` is accepted for compatibility)."""
+    e, d = _check(epsilon, delta)
+    return {"sigma": float(calibrate(lambda s: Gaussian(s), e, d))}
+
+
+def __getattr__(name: str) -> Any:
+    raise missing("privacy_calibrator", name, __all__)
