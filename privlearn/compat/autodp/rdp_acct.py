@@ -154,6 +154,22 @@ class anaRDPacct:  # noqa: N801 (autodp's name)
         m = self._mech()
         return np.zeros_like(a) if m is None else np.asarray(m.rdp(a.tolist()), dtype=float)
 
+    def evalRDP(self, alpha: Any) -> Any:  # noqa: N802 (autodp's name)
+        """The composed RDP at one order or an array of orders (autodp's
+        ``evalRDP``); orders <= 1 give the value at order 1 + 1e-9 (the KL limit from
+        above, an upper bound) and order 0 gives 0, as autodp's oracle does."""
+        a = np.asarray(alpha, dtype=float)
+        flat = a.reshape(-1)
+        out = np.zeros_like(flat)
+        pos = flat > 0
+        if np.any(pos):
+            out[pos] = self.get_rdp(np.maximum(flat[pos], 1.0 + 1e-9))
+        return float(out[0]) if a.ndim == 0 else out.reshape(a.shape)
+
+    def build_zeroth_oracle(self) -> None:
+        """Kept for autodp compatibility: :meth:`evalRDP` is always available (nothing to
+        build)."""
+
 
 def __getattr__(name: str) -> Any:
     raise missing("rdp_acct", name, __all__)
