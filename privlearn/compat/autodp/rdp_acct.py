@@ -110,7 +110,7 @@ class anaRDPacct:  # noqa: N801 (autodp's name)
         q = as_float("prob", prob)
         if q == 0:
             return
-        base = RDPMechanism(func, pure_epsilon=_pure(func))
+        base = RDPMechanism(_memo(func), pure_epsilon=_pure(func))
         self._add(
             subsample(base, q, scheme="fixed", neighbouring="replace_one"),
             coeff,
@@ -125,7 +125,7 @@ class anaRDPacct:  # noqa: N801 (autodp's name)
         q = as_float("prob", prob)
         if q == 0:
             return
-        base = RDPMechanism(func, pure_epsilon=_pure(func))
+        base = RDPMechanism(_memo(func), pure_epsilon=_pure(func))
         self._add(subsample(base, q), coeff, "compose_poisson_subsampled_mechanisms")
 
     compose_poisson_subsampled_mechanisms1 = compose_poisson_subsampled_mechanisms
@@ -169,6 +169,22 @@ class anaRDPacct:  # noqa: N801 (autodp's name)
     def build_zeroth_oracle(self) -> None:
         """Kept for autodp compatibility: :meth:`evalRDP` is always available (nothing to
         build)."""
+
+
+def _memo(func: Callable[[float], float]) -> Callable[[float], float]:
+    """``func`` with its values cached per order: a subsampling bound evaluates the base
+    curve at every integer order up to the one asked, so repeated queries (autodp's
+    tutorials evaluate ``evalRDP`` at thousands of orders) would call it quadratically
+    often. As autodp's accountant, the function is taken to be fixed once composed."""
+    cache: dict[float, float] = {}
+
+    def f(alpha: float) -> float:
+        a = float(alpha)
+        if a not in cache:
+            cache[a] = func(a)
+        return cache[a]
+
+    return f
 
 
 def __getattr__(name: str) -> Any:
