@@ -27,7 +27,7 @@ from privlearn.models._base import (
     spent_epsilon,
 )
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, _PrivateLinearBase
-from privlearn.models._params import Integer, Real, Unchecked
+from privlearn.models._params import Integer, Real, Unchecked, resolve_noise_multiplier
 from privlearn.models._ssp import ADASSP_Z
 
 
@@ -343,24 +343,14 @@ class NoisyGDRegressor(_PrivateLinearBase):
                     accountant=self.accountant,
                 )
             )
-        elif sigma is None:
-            sigma = float(
-                calibrate(lambda s: mech(s, n_iter), eps, delta, accountant=self.accountant)
+        else:  # the one "use the given noise or calibrate" path of the estimators
+            extra = (
+                " (including the private smoothness release; smoothness=<float> or "
+                "learning_rate=<float> avoid it)" if sigma_l is not None else ""
             )
-        else:
-            spent = spent_epsilon(mech(sigma, n_iter), delta, self.accountant)
-            if spent > eps:
-                extra = (
-                    " (including the private smoothness release; smoothness=<float> or "
-                    "learning_rate=<float> avoid it)"
-                    if sigma_l is not None
-                    else ""
-                )
-                raise ValueError(
-                    f"noise_multiplier={sigma} with n_iter={n_iter} spends "
-                    f"epsilon={spent:.6g} > epsilon={eps} at delta={delta}{extra}; leave "
-                    "one of them None to calibrate"
-                )
+            sigma = resolve_noise_multiplier(
+                sigma, lambda s: mech(s, n_iter), eps, delta, accountant=self.accountant,
+                describe=f"with n_iter={n_iter}{extra} (or leave n_iter=None)")
         return sigma, n_iter
 
     def _draw(self, X, y, reps: int, rng: np.random.Generator, log_every: int | None):
