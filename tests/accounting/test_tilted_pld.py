@@ -96,3 +96,16 @@ def test_stress_cases_at_1e_12_are_certified_by_pld(mech, steps):
     assert b.lower is not None and 0 < b.lower <= b.upper <= 1.01 * b.lower
     assert b.upper < m.epsilon(1e-12, accountant="rdp")
     assert took < 30.0
+
+
+@pytest.mark.parametrize("sigma,steps,delta", [(10.0, 10_000, 1e-12), (2.0, 50, 1e-15)])
+def test_tilted_brackets_the_exact_gaussian_composition(sigma, steps, delta):
+    # forced through the tilted grid (the accountant itself answers Gaussian compositions
+    # in closed form): the certified bracket holds the exact value
+    from privlearn.accounting.analytic import gaussian_epsilon_bounds
+
+    m = acc.compose(acc.Gaussian(sigma), steps)
+    lo_ex, up_ex = gaussian_epsilon_bounds(sigma / math.sqrt(steps), delta)
+    up, lo = _tilted_bounds(m, delta, up_ex)
+    assert up >= lo_ex and lo <= up_ex
+    assert up <= 1.01 * lo
