@@ -8,6 +8,10 @@ neighbouring) and :class:`Composed` lists of all of them (any counts). Everythin
 kind-specific below (pairs, pure epsilons, the replace-one pairs, scaling to twice the
 sensitivity) is the kind's registered function.
 
+Length: the accountant's query logic -- the plain grid, its refinement, the tilted grid
+for tiny delta and the certified fallbacks -- is one decision procedure over one cache of
+composed grids; the grid, tail, FFT and profile mechanics are already in ``_pld_*``.
+
 Method
 ------
 1. Compositions of kinds with an equivalent Gaussian are evaluated exactly in constant time by
