@@ -18,7 +18,9 @@ approximate: for the one-run methods, ``k`` guesses, "in" for the ``ceil(k/2)`` 
 and "out" for the ``floor(k/2)`` lowest of all scores (two-sided guessing, which both
 one-run analyses allow: their guesses are in {in, out, abstain}, and the Gaussian curve
 is symmetric); for the independent-trial methods, the threshold "the ``c + 1``-th
-highest excluded score". Ties between scores are broken by a fixed pseudo-random order
+highest excluded score" and, mirrored, "the ``c + 1``-th lowest included score". The
+grids depend on the numbers of included and excluded canaries only, on which the
+bounds are conditioned. Ties between scores are broken by a fixed pseudo-random order
 that does not depend on the labels.
 
 Methods
@@ -46,25 +48,42 @@ Methods
     each run): Jagielski, Ullman & Oprea (2020), "Auditing Differentially Private
     Machine Learning: How Private is Private SGD?", NeurIPS; Nasr, Song, Thakurta,
     Papernot & Carlini (2021), "Adversary Instantiation: Lower Bounds for
-    Differentially Private Machine Learning", IEEE S&P. At the threshold ``t`` = the
-    ``(c+1)``-th highest excluded score, the false positive rate ``P[out > t]`` is
-    distributed as ``Beta(c + 1, n_out - c)`` (uniform order statistics), so its
-    Clopper-Pearson upper bound is exact; given ``t``, the true positives are
-    ``Bin(n_in, TPR(t))``, bounded below by Clopper-Pearson. Then
-    ``epsilon >= max(log((TPR - delta) / FPR), log((1 - FPR - delta) / (1 - TPR)))``
-    (the two inequalities of ``(epsilon, delta)``-DP at one threshold). Valid for any
-    ``(epsilon, delta)``-DP mechanism.
+    Differentially Private Machine Learning", IEEE S&P. Their audit bounds the false
+    positive rate from above and the true positive rate from below by two
+    Clopper-Pearson intervals and combines the ends, which spends the error probability
+    twice (each interval at half of it) and asks both rates to be extreme at once. Here
+    the two are combined in *one exact test*, with the same binomial tails: at the
+    threshold ``t`` = the ``(c+1)``-th highest excluded score, the false positive rate
+    ``F = P[out > t]`` is distributed as ``Beta(c + 1, n_out - c)`` whatever the score
+    distribution (uniform order statistics; David & Nagaraja 2003, "Order Statistics",
+    Sec. 2.2), and given ``t`` the number of included scores above it is
+    ``Bin(n_in, TPR(t))`` with ``TPR(t) <= e^eps F + delta`` under the claim (the
+    ``(epsilon, delta)``-DP inequality for the event ``score > t``). So
+    ``P[Bin(n_in, min(1, e^eps F + delta)) >= v]``, averaged over ``F``'s Beta law, is a
+    p-value for the claim "``epsilon``": exact, with no nuisance parameter
+    (``P[Bin(n, p) >= v] = I_p(v, n - v + 1)`` is increasing in ``p``, so the largest
+    ``TPR`` the claim allows is the worst case). The average is a one-dimensional
+    integral, bounded from above by an upper Riemann sum over 800 logit-spaced
+    probability slices of ``F`` (the integrand is monotone); the quantiles are nudged
+    until their CDF is certified at or above each slice's level. By the symmetry of
+    ``(epsilon, delta)``-DP, the same test runs on the lower side: threshold = the
+    ``(c+1)``-th *lowest included* score, counting the excluded scores below it
+    (``TNR(t) <= e^eps FNR(t) + delta``). Valid for any ``(epsilon, delta)``-DP mechanism.
 ``"gdp"``
     Nasr, Hayes, Steinke, Balle, Tramer, Jagielski, Carlini & Terzis (2023), "Tight
     Auditing of Differentially Private Machine Learning", USENIX Security (the GDP
-    audit): the same (exact) confidence bounds as ``"clopper_pearson"`` give
-    ``mu >= Phi^{-1}(TPR_lower) - Phi^{-1}(FPR_upper)`` for a ``mu``-GDP mechanism
-    (Dong, Roth & Su 2022, Definition 2.7), converted to ``epsilon(delta)`` of
-    ``mu``-GDP (their Corollary 2.13, rounded down). Done validly: the confidence
-    bounds are one-sided in the right directions and corrected for the threshold
-    search, negative ``mu`` are clipped to 0 (never reflected). Same caveat as
-    ``"one_run_fdp"``: a bound on ``epsilon`` only for mechanisms with Gaussian
-    trade-off curves.
+    audit): the claim is the Gaussian trade-off curve ``G_mu`` (Dong, Roth & Su 2022,
+    Definition 2.7) through ``(epsilon, delta)`` (their Corollary 2.13; the upper end of
+    the bracketed ``mu``, so rounding never refutes more), which allows
+    ``TPR(t) <= Phi(Phi^{-1}(F) + mu)`` at every threshold; the same exact test as
+    ``"clopper_pearson"`` with that rate bound. Done validly: the test is one-sided in the
+    right direction at each threshold and corrected for the threshold search (never the
+    absolute value of a negative ``mu`` estimate, which jax_privacy 2.0's
+    ``epsilon_from_gdp`` takes). Same caveat as ``"one_run_fdp"``: a bound on ``epsilon``
+    only for mechanisms with Gaussian trade-off curves.
+
+The independent-trials tests use the grid ``c`` in ``{0} + counts`` on each side (``2K``
+tests in all, each at ``(1 - confidence) / (2K)``).
 """
 
 from __future__ import annotations
@@ -72,9 +91,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import betaincinv, expit, gammaln, ndtr, ndtri
+from scipy.special import betainc, betaincinv, expit, gammaln, ndtr, ndtri
 
-from privlearn.accounting.fdp import gdp_epsilon_interval, gdp_mu_interval
+from privlearn.accounting.fdp import gdp_mu_interval
 
 __all__ = [
     "METHODS",
@@ -271,6 +290,16 @@ def _one_run_bound(labels: np.ndarray, delta: float, significance: float,
 
 
 # ---------------------------------------------------------------------------- independent trials
+#: Probability levels of the quadrature over the order-statistic FPR (logit-spaced, so both
+#: tails are resolved down to ~1e-17): see :func:`_joint_p_value`.
+_QUAD_LEVELS = expit(np.linspace(-38.0, 38.0, 801))
+_QUAD_MASS = np.diff(_QUAD_LEVELS)
+#: Relative allowance for the rounding of the special functions in a p-value: the
+#: p-value is multiplied by ``1 + _PVALUE_SLACK`` (never rounded in the optimistic
+#: direction).
+_PVALUE_SLACK = 1e-6
+
+
 def _cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
     """One-sided Clopper-Pearson upper bound on p from k successes in n trials."""
     k = np.asarray(k, dtype=float)
@@ -289,39 +318,114 @@ def _cp_lower(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
     return out
 
 
-def _threshold_rates(labels: np.ndarray, significance: float) -> tuple[np.ndarray, np.ndarray]:
-    """Upper bounds on FPR and lower bounds on TPR at the grid of thresholds "the
-    ``c+1``-th highest excluded score", each at ``significance / (2 K)``."""
-    n_in = int(labels.sum())
-    n_out = labels.size - n_in
-    cs = np.concatenate([[0], _count_grid(1, n_out - 1)]).astype(np.int64)
-    alpha = significance / (2 * cs.size)
-    out_pos = np.flatnonzero(~labels)  # ranks of excluded canaries, best first
-    tp = np.cumsum(labels)[out_pos[cs]]  # included canaries ranked above the threshold
-    fpr_hi = _cp_upper(cs, n_out, alpha)
-    tpr_lo = _cp_lower(tp, n_in, alpha)
-    return fpr_hi, tpr_lo
+def _beta_quantiles_above(a: float, b: float) -> np.ndarray:
+    """Quantiles of ``Beta(a, b)`` at :data:`_QUAD_LEVELS`, each nudged up until its CDF
+    is at least its level (so every value is at or above the true quantile)."""
+    f = betaincinv(a, b, _QUAD_LEVELS)
+    for _ in range(60):
+        low = betainc(a, b, f) < _QUAD_LEVELS
+        if not low.any():
+            return f
+        f = np.where(low, np.minimum(1.0, f * (1.0 + 1e-12) + 1e-300), f)
+        f[low & (f >= 1.0)] = 1.0
+    raise ArithmeticError(f"the Beta({a}, {b}) quantiles could not be certified; the audit "
+                          "cannot be computed for these counts")
+
+
+class _ThresholdTest:
+    """The test at one threshold of the independent-trials audit (see
+    :func:`_joint_p_value`): ``c`` *reference* scores above the threshold (it is the
+    ``(c+1)``-th highest of ``n_ref``), ``v`` of the ``n_cnt`` *counted* scores above it."""
+
+    def __init__(self, c: int, n_ref: int, v: int, n_cnt: int):
+        self.c, self.n_ref, self.v, self.n_cnt = c, n_ref, v, n_cnt
+        self._f = None
+
+    def p_value(self, rate_bound) -> float:
+        if self.v <= 0:
+            return 1.0
+        if self._f is None:
+            self._f = _beta_quantiles_above(self.c + 1.0, float(self.n_ref - self.c))
+        return _joint_p_value(self._f, self.v, self.n_cnt, rate_bound)
+
+
+def _joint_p_value(f_quantiles: np.ndarray, v: int, n_cnt: int, rate_bound) -> float:
+    """Upper bound on ``P[Bin(n_cnt, rate_bound(F)) >= v]`` with ``F`` the rate of the
+    reference distribution above an order-statistic threshold (quantiles
+    ``f_quantiles`` at :data:`_QUAD_LEVELS`).
+
+    ``P[Bin(n, p) >= v] = I_p(v, n - v + 1)`` is increasing in ``p`` and ``rate_bound``
+    is increasing in ``F``, so over each probability slice ``[u_{j-1}, u_j]`` of ``F``
+    the integrand is at most its value at the slice's upper quantile: the upper Riemann
+    sum below bounds the integral from above (the mass beyond the last level counts 1).
+    """
+    p = np.clip(rate_bound(f_quantiles), 0.0, 1.0)
+    h = betainc(float(v), float(n_cnt - v + 1), p)
+    total = (_QUAD_LEVELS[0] * h[0] + float(np.dot(_QUAD_MASS, h[1:]))
+             + (1.0 - _QUAD_LEVELS[-1]))
+    return min(1.0, total * (1.0 + _PVALUE_SLACK))
+
+
+def _threshold_tests(labels: np.ndarray) -> list[_ThresholdTest]:
+    """The tests of the independent-trials audit, on a grid fixed before the labels are
+    seen: on the *upper* side, the threshold "the ``c+1``-th highest excluded score" and
+    the included scores above it (the event ``score > t``); on the *lower* side, by
+    symmetry, "the ``c+1``-th lowest included score" and the excluded scores below it (the
+    event ``score < t``, bounded by the same DP inequality with the neighbours swapped).
+    ``c`` runs over 0 and the geometric grid of counts."""
+    tests = []
+    for lab in (labels, ~labels[::-1]):  # upper side; lower side (reversed, roles swapped)
+        n_cnt = int(lab.sum())
+        n_ref = lab.size - n_cnt
+        if n_cnt == 0 or n_ref == 0:
+            continue
+        cs = np.concatenate([[0], _count_grid(1, n_ref - 1)]).astype(np.int64)
+        ref_pos = np.flatnonzero(~lab)  # ranks of the reference scores, best first
+        above = np.cumsum(lab)[ref_pos[cs]]  # counted scores ranked above the threshold
+        tests += [_ThresholdTest(int(c), n_ref, int(v), n_cnt)
+                  for c, v in zip(cs, above, strict=True)]
+    return tests
+
+
+def _independent_trials_bound(labels: np.ndarray, significance: float, rate_bound_at,
+                              ) -> float:
+    """Largest parameter refuted at one of the grid's thresholds at ``significance / K``
+    (Bonferroni over the ``K`` tests), where ``rate_bound_at(x)`` is the largest
+    counted-side rate the hypothesis "parameter ``x``" allows at reference rate ``F``."""
+    tests = _threshold_tests(labels)
+    if not tests:
+        return 0.0
+    alpha = significance / len(tests)
+    # best raw evidence first: most counted scores above the fewest reference ones
+    tests.sort(key=lambda t: -(t.v / t.n_cnt) / ((t.c + 1.0) / t.n_ref))
+    best = 0.0
+    for t in tests:
+        if t.v == 0:
+            continue
+
+        def refutes(x, t=t):
+            return t.p_value(rate_bound_at(x)) <= alpha
+
+        if not refutes(best):
+            continue
+        best = _largest_refuted(refutes, best)
+    return best
 
 
 def _clopper_pearson_bound(labels: np.ndarray, delta: float, significance: float) -> float:
-    fpr_hi, tpr_lo = _threshold_rates(labels, significance)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        e1 = np.log(tpr_lo - delta) - np.log(fpr_hi)
-        e2 = np.log1p(-fpr_hi - delta) - np.log1p(-tpr_lo)
-    e = np.concatenate([e1, e2])
-    e = e[np.isfinite(e)]
-    return float(max(0.0, e.max(initial=0.0)))
+    def rate_bound_at(eps):
+        factor = math.exp(eps)
+        return lambda f: factor * f + delta
+
+    return _independent_trials_bound(labels, significance, rate_bound_at)
 
 
 def _gdp_bound(labels: np.ndarray, delta: float, significance: float) -> float:
-    fpr_hi, tpr_lo = _threshold_rates(labels, significance)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mu = ndtri(tpr_lo) - ndtri(fpr_hi)
-    mu = mu[np.isfinite(mu)]
-    mu_lo = float(max(0.0, mu.max(initial=0.0)))
-    if mu_lo == 0.0:
-        return 0.0
-    return gdp_epsilon_interval(mu_lo, delta)[0]
+    def rate_bound_at(eps):
+        mu = gdp_mu_interval(eps, delta)[1]  # the less private end: never refutes more
+        return lambda f: ndtr(ndtri(f) + mu)
+
+    return _independent_trials_bound(labels, significance, rate_bound_at)
 
 
 # ---------------------------------------------------------------------------- public API
