@@ -186,9 +186,11 @@ def test_overflowing_example_contributes_zero():
     assert p.accountant.steps == 1
 
 
+@pytest.mark.parametrize("per_layer", [False, True], ids=["flat", "per_layer"])
 @pytest.mark.parametrize("shape,width", [((6, 4), 4), ((6, 3, 4), 4), ((6, 2, 64), 64)],
                          ids=["dense", "materialised", "ghost"])
-def test_overflow_in_one_row_does_not_reach_the_others_through_matmuls(shape, width):
+def test_overflow_in_one_row_does_not_reach_the_others_through_matmuls(shape, width,
+                                                                       per_layer):
     """inf * 0 = nan inside the clipped sum's matmul (dense, materialised and ghost
     Linear rules): the overflowing example's rows are cleaned before any reduction over
     examples, so the others' clipped sum is exactly theirs."""
@@ -206,10 +208,13 @@ def test_overflow_in_one_row_does_not_reach_the_others_through_matmuls(shape, wi
     tracker = GradSampleTracker(model, loss_reduction="sum")
     ref = GradSampleTracker(ref_model, loss_reduction="sum")
     try:
+        w = 0.5  # four parameters: sum of w^2 = 1
         model(x).sum().backward()
-        sums, _, norms = tracker.clipped_sum(1.0)
+        pp = {id(q): w for q in model.parameters()} if per_layer else None
+        sums, _, norms = tracker.clipped_sum(1.0, per_param=pp)
         ref_model(x[keep]).sum().backward()
-        ref_sums, _, ref_norms = ref.clipped_sum(1.0)
+        pp = {id(q): w for q in ref_model.parameters()} if per_layer else None
+        ref_sums, _, ref_norms = ref.clipped_sum(1.0, per_param=pp)
     finally:
         tracker.detach()
         ref.detach()
