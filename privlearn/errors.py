@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "PrivacyLeakWarning",
+    "GradientOverflowWarning",
     "PrivacyBudgetExceededError",
     "BudgetExceededError",
 ]
@@ -19,6 +20,17 @@ class PrivacyLeakWarning(UserWarning):
 
     Emitted to the person who runs the computation; the released object is then *not*
     covered by the accounted mechanism for the part the warning names.
+    """
+
+
+class GradientOverflowWarning(RuntimeWarning):
+    """Some examples' (loss-scaled) per-example gradients were not finite (fp16
+    overflow) and were left out of the clipped sum: they contributed zero to the step.
+
+    Emitted to the person who runs the training loop (it reports a count of examples,
+    which is not released by the training); the released update stays covered by the
+    accounted mechanism (dropping an example keeps its contribution within the clipping
+    bound).
     """
 
 

@@ -23,7 +23,8 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
 
 Refused, with the reason, before the first step: gradient accumulation
 (``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
-together), ``fp16`` (a loss scaler would scale the per-example gradients before clipping),
+together), ``fp16`` (the Trainer's loss scaler runs through accelerate, not yet wired to
+the DP optimizer: use ``bf16``, or ``make_private`` with ``torch.amp.GradScaler``),
 several processes or GPUs (not wired yet), an iterable training set (it cannot be
 Poisson-sampled), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
 per example).
@@ -218,9 +219,11 @@ class DPTrainer(Trainer):
                 "step would clip example i of each micro-batch together. Use a larger "
                 "per_device_train_batch_size (the Poisson batch) instead")
         if a.fp16:
-            raise ValueError("fp16=True is not supported by DPTrainer: the loss scaler "
-                             "scales per-example gradients before they are clipped. Use "
-                             "bf16=True or float32")
+            raise ValueError("fp16=True is not supported by DPTrainer: the Trainer's loss "
+                             "scaler runs through accelerate, which is not wired to the DP "
+                             "optimizer yet. Use bf16=True or float32, or fp16 with "
+                             "make_private and torch.amp.GradScaler (docs/torch-training.md, "
+                             "'Mixed precision')")
         if a.world_size > 1 or a.n_gpu > 1:
             raise ValueError(f"DPTrainer runs in one process on one device, got world_size="
                              f"{a.world_size}, n_gpu={a.n_gpu}; for several GPUs use "

@@ -42,16 +42,36 @@ TensorFlow Federated's ``adaptive_clip_noise_params``), which is what the accoun
 records. This needs ``sigma < 2 sigma_b`` (checked). The same holds for replace-one
 neighbours (fixed-size sampling): every example's rescaled contribution lies in a ball of
 radius ``1 / sigma``, which is all the subsampled Gaussian analysis uses.
+
+fp16 dynamic loss scaling (``torch.amp.GradScaler``): the optimizer sets
+``_step_supports_amp_scaling``, so ``scaler.step(optimizer)`` hands it the current scale
+and calls :meth:`DPOptimizer.step` directly, which
+
+* divides the recorded per-example gradients by the scale before clipping (as a static
+  ``tracker.loss_scale``), so the clip bound and the noise refer to the unscaled loss;
+* leaves out of the clipped sum every example whose scaled gradient overflowed (it
+  contributes zero, see :meth:`GradSampleTracker.clipped_sum`; a
+  :class:`~privlearn.errors.GradientOverflowWarning` says how many): one example's
+  overflow neither skips the step nor lowers the scale;
+* reports to the scaler, as its ``found_inf``, whether the final *noisy* gradient is
+  finite, and skips the parameter update when it is not. The scaler's decisions (skip,
+  back-off, growth) are thereby post-processing of the released noisy gradient; the
+  ``found_inf`` GradScaler computed from ``p.grad`` before the step is ignored (the DP
+  step has not made the gradients yet). A step skipped this way consumed its batch and
+  released a noisy gradient: it is accounted.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from privlearn import _validation as _v
+from privlearn.errors import GradientOverflowWarning
 from privlearn.torch.accountant import PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
@@ -126,7 +146,19 @@ class DPOptimizer:
         Adaptive clipping settings (None: the bound only changes when set).
     last_unclipped_fraction : float or None
         Adaptive clipping: the noisy estimate ``b`` of the last step (a released value).
+    last_overflow_count : int
+        Examples of the last logical batch left out of the clipped sum because their
+        (loss-scaled) gradient was not finite (shown to the person running the loop, not
+        released).
+    last_step_skipped : bool
+        Whether the last step driven by a ``GradScaler`` left the parameters unchanged
+        because the noisy gradient was not finite (the step is accounted all the same).
     """
+
+    #: ``torch.amp.GradScaler.step`` calls :meth:`step` directly and hands it the scale
+    #: (``grad_scale``): the DP step unscales per-example gradients before clipping and
+    #: decides on skipping from the noisy gradient (see the module docstring)
+    _step_supports_amp_scaling = True
 
     def __init__(self, optimizer: torch.optim.Optimizer, tracker: GradSampleTracker, *,
                  noise_multiplier: float, max_grad_norm: float, expected_batch_size: float,
@@ -159,6 +191,11 @@ class DPOptimizer:
         self.per_param_clipping: dict | None = None
         self._numels = [p.numel() for p in tracker.params]
         self._numel = sum(self._numels)
+        self._dynamic_scale = 1.0  # GradScaler's scale during a step it drives
+        self._overflowed = 0  # examples dropped (overflow) in the logical batch so far
+        self.last_overflow_count = 0
+        self.last_step_skipped = False
+        self._warned_unscale = False
 
     # ------------------------------------------------------------------ live parameters
     @property
@@ -253,7 +290,9 @@ class DPOptimizer:
         ``1 / expected_batch_size``) to the accumulator."""
         sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
                                                   1.0 / self.expected_batch_size,
-                                                  per_param=self.per_param_clipping)
+                                                  per_param=self.per_param_clipping,
+                                                  loss_scale=self._loss_scale())
+        self._overflowed += self.tracker.last_overflow_count
         self.last_grad_norms = norms
         self._count_unclipped(norms)
         for p in self.tracker.params:
@@ -262,6 +301,11 @@ class DPOptimizer:
                 continue
             k = id(p)
             self._accum[k] = s if k not in self._accum else self._accum[k] + s
+
+    def _loss_scale(self) -> float:
+        """Factor the recorded gradients carry: the static ``tracker.loss_scale`` times
+        the scale of a ``GradScaler`` driving this step."""
+        return float(self.tracker.loss_scale) * self._dynamic_scale
 
     def _noise_std(self) -> float:
         """Noise std per coordinate of the averaged gradient on this rank,
@@ -347,7 +391,9 @@ class DPOptimizer:
         out = {id(p): v for p, v in zip(params, views, strict=True)}
         _, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
                                                1.0 / self.expected_batch_size, out=out,
-                                               per_param=self.per_param_clipping)
+                                               per_param=self.per_param_clipping,
+                                               loss_scale=self._loss_scale())
+        self._overflowed += self.tracker.last_overflow_count
         self.last_grad_norms = norms
         self._count_unclipped(norms)
         for k, a in self._accum.items():  # earlier chunks of a virtual batch
@@ -408,10 +454,17 @@ class DPOptimizer:
     def step(self, closure=None):
         """One DP-SGD step (no parameter update on a non-final virtual chunk).
 
+        Called by ``torch.amp.GradScaler.step`` (which sets ``grad_scale`` and
+        ``found_inf`` on this object first), the recorded gradients are divided by the
+        scaler's scale before clipping, and the scaler is told whether the noisy gradient
+        is finite; the parameter update is skipped when it is not (the step is still
+        accounted). See the module docstring.
+
         Raises
         ------
         RuntimeError
-            No new batch of the private loader since the last step.
+            No new batch of the private loader since the last step; or called through a
+            ``GradScaler`` that cannot be identified.
         PrivacyBudgetExceededError
             The step would exceed ``max_epsilon``; nothing is changed.
         """
@@ -419,23 +472,119 @@ class DPOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if not self._final_chunk:
-            self._final_chunk = True
-            self.clip_and_accumulate()
-            return loss
-        self._check_batch()
-        cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
-        self.accountant.check_step_with(*cfg)  # budget, before anything is released
-        if not self._noisy_step_fused():
-            self.clip_and_accumulate()
-            self.add_noise()
-        self.original_optimizer.step()
-        self.accountant.record_step(*cfg)
+        scaler = self._amp_scaler()
+        try:
+            if not self._final_chunk:
+                self._final_chunk = True
+                self.clip_and_accumulate()
+                if scaler is not None:
+                    self._report_found_inf(scaler, None)
+                return loss
+            self._check_batch()
+            cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
+            self.accountant.check_step_with(*cfg)  # budget, before anything is released
+            if not self._noisy_step_fused():
+                self.clip_and_accumulate()
+                self.add_noise()
+        finally:
+            self._dynamic_scale = 1.0
+        found_inf = None
+        if scaler is not None:
+            found_inf = self._noisy_grad_nonfinite(scaler)
+        self.last_step_skipped = bool(found_inf) if found_inf is not None else False
+        if not self.last_step_skipped:
+            self.original_optimizer.step()
+        self.accountant.record_step(*cfg)  # a skipped update still released a gradient
         if self.sampler is not None:
             self.sampler.consume()
         if self.adaptive is not None:
             self._update_clip_bound()  # the bound of the next step
+        if scaler is not None:
+            self._report_found_inf(scaler, found_inf)
+        self._warn_overflow()
         return loss
+
+    # ------------------------------------------------------------------ GradScaler
+    def _amp_scaler(self):
+        """The ``GradScaler`` driving this step (it set ``found_inf`` on this object), or
+        None. Sets the scale the recorded gradients are divided by.
+
+        The scaler's own ``found_inf`` (from ``p.grad`` before the step, which the DP step
+        has not made yet) is ignored."""
+        if "found_inf" not in vars(self):
+            return None
+        scaler = _calling_scaler(self)
+        if scaler is None:
+            raise RuntimeError(
+                "DPOptimizer.step() was called with grad_scale/found_inf set, but not from "
+                "torch.amp.GradScaler.step(optimizer): the DP optimizer needs the scaler "
+                "itself to report its found_inf. Call scaler.step(p.optimizer) directly on "
+                "the optimizer returned by make_private")
+        grad_scale = vars(self).get("grad_scale")
+        if grad_scale is None:  # the user called scaler.unscale_(optimizer) before step
+            if not self._warned_unscale:
+                self._warned_unscale = True
+                warnings.warn(
+                    "scaler.unscale_(optimizer) before scaler.step(optimizer) has nothing to "
+                    "unscale: the DP optimizer forms p.grad in its step, from per-example "
+                    "gradients that it divides by the scaler's scale and clips to "
+                    "max_grad_norm itself. Gradient clipping or inspection between "
+                    "backward() and step() acts on no gradient; drop the unscale_ call and "
+                    "set the bound with max_grad_norm (the step unscales as usual)",
+                    UserWarning, stacklevel=4)
+            grad_scale = scaler._scale
+        self._dynamic_scale = float(grad_scale)
+        return scaler
+
+    def _noisy_grad_nonfinite(self, scaler) -> torch.Tensor:
+        """1.0 where the noisy gradient (in ``p.grad``) has a non-finite entry, else 0.0:
+        a function of the released gradient only, on the scaler's device."""
+        dev = scaler._scale.device
+        flags = [(~torch.isfinite(p.grad)).any().to(dev) for p in self.tracker.params
+                 if p.grad is not None]
+        if not flags:
+            return torch.zeros((), dtype=torch.float32, device=dev)
+        return torch.stack(flags).any().to(torch.float32)
+
+    def _report_found_inf(self, scaler, found_inf) -> None:
+        """Make ``found_inf`` (None: finite) what ``scaler.update()`` sees for this
+        optimizer (replacing the check GradScaler made on ``p.grad`` before the step)."""
+        dev = scaler._scale.device
+        if found_inf is None:
+            found_inf = torch.zeros((), dtype=torch.float32, device=dev)
+        scaler._per_optimizer_states[id(self)]["found_inf_per_device"] = {dev: found_inf}
+
+    def _warn_overflow(self) -> None:
+        """Tell the person running the loop how many examples overflowed in this step."""
+        n, self._overflowed = self._overflowed, 0
+        self.last_overflow_count = n
+        if n:
+            warnings.warn(
+                f"{n} example(s) of this batch had a non-finite (overflowing) loss-scaled "
+                "gradient and were left out of the clipped sum (they contribute zero; the "
+                "step is taken and the loss scale is not lowered, so that no decision "
+                "depends on one example). Lower GradScaler(init_scale=...) or its "
+                "growth_factor, use a static loss scale (tracker.loss_scale), or train in "
+                "bfloat16 to avoid it", GradientOverflowWarning, stacklevel=3)
+
+
+def _calling_scaler(optimizer):
+    """The ``torch.amp.GradScaler`` whose ``step`` is calling ``optimizer.step`` (a few
+    frames up: wrappers such as accelerate's may sit in between), or None."""
+    try:
+        from torch.amp import GradScaler
+    except ImportError:  # pragma: no cover
+        return None
+    f = sys._getframe(2)
+    for _ in range(8):
+        if f is None:
+            return None
+        obj = f.f_locals.get("self")
+        if isinstance(obj, GradScaler) and id(optimizer) in getattr(
+                obj, "_per_optimizer_states", {}):
+            return obj
+        f = f.f_back
+    return None
 
 
 def _scalar(value):

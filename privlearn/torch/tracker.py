@@ -42,7 +42,7 @@ from privlearn.torch.cross_terms import (  # noqa: F401  (CrossTerm, cross_term:
     _cross_terms,
     cross_term,
 )
-from privlearn.torch.fallback import fallback_rule
+from privlearn.torch.fallback import _batch_dims, fallback_rule
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
@@ -140,6 +140,8 @@ class GradSampleTracker:
         #: factor the loss was multiplied by before ``backward()`` (a static fp16 loss
         #: scale): recorded gradients are divided by it before clipping
         self.loss_scale = 1.0
+        #: examples dropped from the last clipped sum because their gradient overflowed
+        self.last_overflow_count = 0
         self._batch_hint = 0  # batch size of the model's current forward (root input)
         self._recompute_unrecorded: str | None = None
         self._handles.append(model.register_forward_pre_hook(_eager(self._root_pre_hook),
@@ -438,7 +440,7 @@ class GradSampleTracker:
         return contribs, batch, (1.0 if scale is None else scale)
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
-                    per_param: dict | None = None):
+                    per_param: dict | None = None, loss_scale: float | None = None):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
@@ -458,20 +460,41 @@ class GradSampleTracker:
         clipped gradient has norm at most ``sqrt(sum_p C_p^2) = max_grad_norm``, the
         sensitivity the noise is calibrated to. ``norms`` stays the norm over all
         parameters.
+
+        ``loss_scale`` (default :attr:`loss_scale`) is the factor the loss was multiplied
+        by before ``backward()``; the recorded gradients are divided by it, so clipping
+        acts on the unscaled per-example gradients.
+
+        **Overflow** (fp16 loss scaling): an example whose per-example squared norm is not
+        finite (an inf or NaN in its recorded gradients or inputs makes it so) contributes
+        zero to the sum: its rows of the recorded tensors are zeroed (gradients) or
+        cleaned of non-finite values (inputs) *before* any reduction over examples, so an
+        ``inf * 0`` cannot reach the other examples' contributions, and its clip factor is
+        0. Its contribution stays within the clip bound (the sensitivity is unchanged).
+        Its entry of ``norms`` is ``inf``; :attr:`last_overflow_count` holds how many
+        examples were dropped (0 when none).
         """
         contribs, batch, scale = self.contributions()
-        if self.loss_scale != 1.0:
-            scale = scale / float(self.loss_scale)
+        ls = self.loss_scale if loss_scale is None else loss_scale
+        if ls != 1.0:
+            scale = scale / float(ls)
         sums = {} if out is None else out
         norms = None
+        self.last_overflow_count = 0
         if contribs and per_param is not None:
+            sq, total = _per_param_sq(contribs)
+            bad = _nonfinite(total)
+            if bad is not None:
+                contribs = self._drop_examples(bad)
+                sq, total = _per_param_sq(contribs)
             norms = self._per_param_clip(contribs, scale, max_grad_norm, multiplier,
-                                         per_param, sums, out)
+                                         per_param, sums, out, sq, total, bad)
         elif contribs:
-            sq = None
-            for c in contribs:
-                s = c.sq_norms()
-                sq = s if sq is None else sq + s
+            sq = _flat_sq(contribs)
+            bad = _nonfinite(sq)
+            if bad is not None:
+                contribs = self._drop_examples(bad)
+                sq = _flat_sq(contribs)
             norms = sq.sqrt()
             if scale != 1.0:
                 norms = norms * scale
@@ -482,6 +505,9 @@ class GradSampleTracker:
             weight = scale * multiplier
             if weight != 1.0:
                 factors = factors * weight
+            if bad is not None:
+                factors = factors.masked_fill(bad, 0.0)
+                norms = norms.masked_fill(bad, float("inf"))
             for c in contribs:
                 if out is not None:
                     c.accumulate_into(factors, [out[id(p)] for p in c.params])
@@ -492,27 +518,51 @@ class GradSampleTracker:
         self.clear()
         return sums, (batch or 0), norms
 
+    def _drop_examples(self, bad: torch.Tensor) -> list[Contribution]:
+        """Zero the recorded output gradients of the examples flagged in ``bad`` and
+        replace non-finite values in their recorded inputs by 0 (out of place: the
+        user's tensors are untouched), then evaluate the rules again. Every rule is
+        linear in the output gradients, so those examples' contributions are exactly zero
+        and no non-finite value is left to meet a zero weight inside a reduction over
+        examples (``inf * 0 = nan`` in the clipped sum's matmuls or the Gram matrices).
+
+        Raises
+        ------
+        RuntimeError
+            An example's squared norm is still not finite after this (a layer that is not
+            finite at finite inputs): its isolation from the others cannot be guaranteed.
+        """
+        idx = bad.nonzero().flatten()
+        self.last_overflow_count = int(idx.numel())
+        for i, recs in self.records.items():
+            module = self.units[i].module
+            for rec in recs:
+                if not rec.has_grad():
+                    continue
+                _sanitize_record(module, rec, idx, bad.numel())
+        contribs, _, _ = self.contributions()
+        sq = _flat_sq(contribs)
+        if not bool(torch.isfinite(sq).all()):
+            self.clear()
+            raise RuntimeError(
+                "per-example gradient norms are still not finite after the overflowing "
+                "examples' gradients were zeroed: a layer produced non-finite values from "
+                "finite inputs. Lower the loss scale (GradScaler(init_scale=...)) or train "
+                "in bfloat16 or float32")
+        return contribs
+
     @staticmethod
-    def _per_param_clip(contribs, scale, max_grad_norm, multiplier, per_param, sums, out):
-        sq: dict[int, torch.Tensor] = {}
-        for c in contribs:
-            if isinstance(c, CrossTerm):
-                k = id(c.param)
-                sq[k] = c.sq_norms() if k not in sq else sq[k] + c.sq_norms()
-                continue
-            for p, s in zip(c.params, c.param_sq_norms(), strict=True):
-                k = id(p)
-                sq[k] = s if k not in sq else sq[k] + s
-        total = None
+    def _per_param_clip(contribs, scale, max_grad_norm, multiplier, per_param, sums, out,
+                        sq, total, bad=None):
         factors = {}
         weight = scale * multiplier
         for k, s in sq.items():
-            total = s if total is None else total + s
             n = s.clamp_min(0).sqrt() * scale
             bound = per_param[k] * max_grad_norm
             f = torch.ones_like(n) if bound == float("inf") else \
                 (bound / n.clamp_min(1e-30)).clamp_max(1.0)
-            factors[k] = f * weight if weight != 1.0 else f
+            f = f * weight if weight != 1.0 else f
+            factors[k] = f.masked_fill(bad, 0.0) if bad is not None else f
         for c in contribs:
             for j, p in enumerate(c.params):
                 w = c.weighted_sum(factors[id(p)])[j]
@@ -522,7 +572,107 @@ class GradSampleTracker:
                 else:
                     sums[k] = w if k not in sums else sums[k] + w
         norms = total.clamp_min(0).sqrt()
-        return norms * scale if scale != 1.0 else norms
+        norms = norms * scale if scale != 1.0 else norms
+        return norms.masked_fill(bad, float("inf")) if bad is not None else norms
+
+
+def _flat_sq(contribs) -> torch.Tensor:
+    """Per-example squared norms over all parameters (a sum of per-example terms: no
+    reduction over examples)."""
+    sq = None
+    for c in contribs:
+        s = c.sq_norms()
+        sq = s if sq is None else sq + s
+    return sq
+
+
+def _per_param_sq(contribs):
+    """Per-parameter per-example squared norms ``{id(p): (B,)}`` and their total."""
+    sq: dict[int, torch.Tensor] = {}
+    for c in contribs:
+        if isinstance(c, CrossTerm):
+            k = id(c.param)
+            sq[k] = c.sq_norms() if k not in sq else sq[k] + c.sq_norms()
+            continue
+        for p, s in zip(c.params, c.param_sq_norms(), strict=True):
+            k = id(p)
+            sq[k] = s if k not in sq else sq[k] + s
+    total = None
+    for s in sq.values():
+        total = s if total is None else total + s
+    return sq, total
+
+
+def _nonfinite(sq: torch.Tensor | None) -> torch.Tensor | None:
+    """Boolean mask of the examples whose squared norm is not finite, or None when every
+    one is (one host synchronisation)."""
+    if sq is None:
+        return None
+    bad = ~torch.isfinite(sq)
+    return bad if bool(bad.any()) else None
+
+
+def _sanitize_record(module: nn.Module, rec: Record, idx: torch.Tensor, batch: int) -> None:
+    """In ``rec``, zero the rows ``idx`` (along each tensor's batch dimension) of the
+    output gradients and of captured gradients, and replace non-finite values in those
+    rows of the floating inputs by 0. Tensors without a batch dimension are left alone
+    (they are shared by all examples, e.g. an additive attention mask)."""
+    arg_dims, kw_dims, out_dims = _record_batch_dims(module, rec, batch)
+
+    def fixer(d, zero):
+        return lambda t: fix(t, d, zero)
+
+    def fix(t, d, zero):
+        if d is None or not isinstance(t, torch.Tensor) or not t.is_floating_point() \
+                or t.dim() <= d or t.shape[d] != batch:
+            return t
+        ix = idx.to(t.device)
+        if zero:
+            return t.index_fill(d, ix, 0.0)
+        rows = torch.nan_to_num(t.index_select(d, ix), nan=0.0, posinf=0.0, neginf=0.0)
+        return t.index_copy(d, ix, rows)
+
+    rec.args = tuple(_map_tensors(a, fixer(d, False))
+                     for a, d in zip(rec.args, arg_dims, strict=True))
+    rec.kwargs = {k: _map_tensors(v, fixer(kw_dims.get(k), False))
+                  for k, v in rec.kwargs.items()}
+    rec.grad_outputs = [None if g is None else fix(g, d, True)
+                        for g, d in zip(rec.grad_outputs, out_dims, strict=True)]
+    extra = rec.extra
+    if extra:  # attention capture: gradients and O, batch-first
+        extra = dict(extra)
+        if extra.get("grads") is not None:
+            extra["grads"] = [None if g is None else fix(g, 0, True) for g in extra["grads"]]
+        if extra.get("packed") is not None:
+            extra["packed"] = [None if g is None else fix(g, 0, True)
+                               for g in extra["packed"]]
+        if extra.get("O") is not None:
+            extra["O"] = fix(extra["O"], 0, False)
+        rec.extra = extra
+
+
+def _map_tensors(x, fn):
+    """``fn`` applied to a tensor, or to each tensor of a tuple/list (an LSTM's
+    ``(h0, c0)``)."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, tuple | list):
+        return type(x)(fn(t) if isinstance(t, torch.Tensor) else t for t in x)
+    return x
+
+
+def _record_batch_dims(module: nn.Module, rec: Record, batch: int):
+    """Batch dimension of each recorded argument, keyword argument and (flattened)
+    output of one call (None: not batched)."""
+    if isinstance(module, nn.RNNBase):
+        first = 0 if module.batch_first else 1
+        arg_dims = [first] + [1] * (len(rec.args) - 1)  # hx / (h0, c0): (L*D, B, H)
+        kw_dims = {k: 1 for k in rec.kwargs}
+        out_dims = [first] + [1] * (len(rec.outputs_meta) - 1)  # output, h_n[, c_n]
+        return arg_dims, kw_dims, out_dims
+    arg_dims, kw_dims, out_dims = _batch_dims(module, rec, batch)
+    out_dims = list(out_dims) + [None] * (len(rec.outputs_meta) - len(out_dims))
+    return list(arg_dims), kw_dims, out_dims
 
 
 def _eager(fn):
