@@ -69,10 +69,12 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from torch.amp import GradScaler
 
 from privlearn import _validation as _v
 from privlearn.errors import GradientOverflowWarning
 from privlearn.torch.accountant import PrivacyAccountant
+from privlearn.torch.grad_sample import sole_owner
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
 
@@ -184,6 +186,7 @@ class DPOptimizer:
         self.world_size = int(world_size)
         self.process_group = process_group
         self._accum: dict[int, torch.Tensor] = {}
+        self._flat: torch.Tensor | None = None  # last step's noisy-gradient buffer
         self._final_chunk = True
         self.last_grad_norms = None
         #: per-layer clipping: ``id(p) -> w_p`` (``sum w_p^2 = 1``), parameter ``p`` clipped
@@ -366,7 +369,14 @@ class DPOptimizer:
         if dt not in (torch.float32, torch.float64) or any(
                 p.device != dev or p.dtype != dt for p in params):
             return None
-        flat = torch.empty(self._numel, device=dev, dtype=dt)
+        flat = self._flat
+        if (flat is None or flat.device != dev or flat.dtype != dt
+                or flat.numel() != self._numel or not sole_owner(flat)):
+            # a fresh buffer unless last step's is referenced by nobody (the gradients
+            # handed out as views of it were dropped by zero_grad): refilling it in place
+            # then changes nothing anyone holds, and spares the page faults of a new one
+            flat = torch.empty(self._numel, device=dev, dtype=dt)
+            self._flat = flat
         if std <= 0:
             return flat.zero_()
         if self.noise.secure_mode:  # scaled in float64 before rounding (noise.py)
@@ -571,10 +581,6 @@ class DPOptimizer:
 def _calling_scaler(optimizer):
     """The ``torch.amp.GradScaler`` whose ``step`` is calling ``optimizer.step`` (a few
     frames up: wrappers such as accelerate's may sit in between), or None."""
-    try:
-        from torch.amp import GradScaler
-    except ImportError:  # pragma: no cover
-        return None
     f = sys._getframe(2)
     for _ in range(8):
         if f is None:

@@ -63,6 +63,15 @@ class EmbeddingContribution(Contribution):
         gc = (self.g * c.to(self.g.dtype).view(-1, 1, 1)).reshape(-1, D)
         return [_segment_sum(gc, self.ids.reshape(-1), self.weight.shape[0])]
 
+    def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        """``outs[0] += sum_i c_i grad_i`` by one ``index_add_`` of the weighted output
+        gradients into the (noise) buffer: no ``(V, D)`` temporary (on CPU the zeroing
+        and adding of a vocabulary-sized temporary cost more than the scatter itself)."""
+        o = outs[0]
+        D = self.weight.shape[1]
+        gc = (self.g * c.to(self.g.dtype).view(-1, 1, 1)).reshape(-1, D)
+        o.view(-1, D).index_add_(0, self.ids.reshape(-1), gc.to(o.dtype))
+
     def per_sample(self) -> list[torch.Tensor]:
         b, ids, g = self.b, self.ids, self.g
         V, D = self.weight.shape

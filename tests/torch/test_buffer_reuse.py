@@ -1,0 +1,86 @@
+"""Buffers reused from step to step (the noisy-gradient buffer and the materialised
+per-example gradients) never change a tensor anyone else still holds."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.torch import make_private  # noqa: E402
+from privlearn.torch.grad_sample import ScratchPool, sole_owner  # noqa: E402
+
+
+def _engine(seed=0):
+    torch.manual_seed(seed)
+    x = torch.randn(64, 8, 16)  # sequences: Linear layers materialise per-example grads
+    y = torch.randint(0, 2, (64,))
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)
+    p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0, seed=1)
+    return p
+
+
+def _step(p, batch):
+    xb, yb = batch
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb).mean(1), yb).backward()
+    p.optimizer.step()
+
+
+def test_held_gradients_are_never_overwritten():
+    p = _engine()
+    it = iter(p.data_loader)
+    _step(p, next(it))
+    held = [q.grad for q in p.model.parameters()]  # the user keeps last step's gradients
+    copies = [g.clone() for g in held]
+    _step(p, next(it))
+    for g, c in zip(held, copies, strict=True):
+        assert torch.equal(g, c)
+    assert all(q.grad.data_ptr() != g.data_ptr()
+               for q, g in zip(p.model.parameters(), held, strict=True))
+
+
+def test_unreferenced_buffers_are_reused_and_results_unchanged():
+    p, ref = _engine(), _engine()
+    it, it_ref = iter(p.data_loader), iter(ref.data_loader)
+    _step(p, next(it))
+    ptr = next(p.model.parameters()).grad.data_ptr()
+    pool = p.optimizer.tracker._scratch
+    assert pool._bufs  # the Linear layers on sequences materialised into the pool
+    first = pool.allocations
+    _step(ref, next(it_ref))
+    steps = 1
+    for _epoch in range(3):
+        for batch, batch_ref in zip(it, it_ref, strict=True):
+            _step(p, batch)
+            _step(ref, batch_ref)
+            ref.optimizer.tracker._scratch.clear()  # the reference never reuses anything
+            ref.optimizer._flat = None
+            steps += 1
+        it, it_ref = iter(p.data_loader), iter(ref.data_loader)
+    assert next(p.model.parameters()).grad.data_ptr() == ptr
+    # Poisson batches vary in size: buffers grow now and then, but most steps reuse them
+    assert pool.allocations - first < len(pool._bufs) * (steps - 1) / 2
+    for a, b in zip(p.model.parameters(), ref.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_scratch_pool_gives_a_new_buffer_while_the_old_one_is_held():
+    cpu = torch.device("cpu")
+    pool = ScratchPool()
+    ptr = pool.take((3, 4), torch.float32, cpu).data_ptr()  # dropped at once
+    pool.reset()
+    held = pool.take((2, 4), torch.float32, cpu)  # smaller: a prefix of the same buffer
+    assert held.data_ptr() == ptr and held.shape == (2, 4) and held.is_contiguous()
+    pool.reset()
+    fresh = pool.take((2, 4), torch.float32, cpu)  # ``held`` is alive: a new buffer
+    assert fresh.data_ptr() != held.data_ptr() and pool.allocations == 2
+    del fresh
+    pool.reset()
+    grown = pool.take((30, 4), torch.float32, cpu)  # larger than the buffer: a new one
+    assert grown.shape == (30, 4) and pool.allocations == 3
+    assert sole_owner(torch.empty(2)) and not sole_owner(grown)  # pool + ``grown``
