@@ -23,8 +23,10 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
 
 Refused, with the reason, before the first step: gradient accumulation
 (``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
-together), ``fp16`` (the Trainer's loss scaler runs through accelerate, not yet wired to
-the DP optimizer: use ``bf16``, or ``make_private`` with ``torch.amp.GradScaler``),
+together), ``fp16`` *with a loss scaler* (on CUDA the Trainer's scaler runs through
+accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private`` with
+``torch.amp.GradScaler``; on CPU accelerate runs fp16 autocast without a scaler, which
+trains as bf16 does: per-example norms and sums in float32),
 several processes or GPUs (not wired yet), an iterable training set (it cannot be
 Poisson-sampled), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
 per example).
@@ -43,11 +45,10 @@ Example
 ...                                              max_grad_norm=1.0))
 >>> trainer.train(); trainer.epsilon()
 
-Known limitation (until the engine handles broadcast inputs): GPT-2 and BERT build
-position ids of shape ``(1, T)`` broadcast over the batch, which the engine refuses
-("layers saw different batch sizes"); pass ``position_ids`` expanded to ``(B, T)`` from
-the data collator (:func:`expand_position_ids`), or use a model with rotary positions
-(Llama, Qwen, Mistral).
+GPT-2 and BERT build position ids of shape ``(1, T)`` broadcast over the batch; the
+engine expands such inputs to one row per example itself, so no collator change is needed
+(:func:`expand_position_ids` is kept for collators that want explicit ids, e.g. with left
+padding).
 """
 
 from __future__ import annotations
@@ -147,8 +148,9 @@ _UNNOISED_LOGS = ("loss", "train_loss", "grad_norm")
 def expand_position_ids(collator):
     """Wrap a data collator so that its batches carry ``position_ids`` of shape
     ``(B, T)`` (``0..T-1`` per row; with an ``attention_mask``, counted over its ones, as
-    for left padding). Needed for GPT-2 / BERT until the engine handles the broadcast
-    ``(1, T)`` ids those models build themselves."""
+    for left padding). Not needed for the engine: it expands the broadcast ``(1, T)`` ids
+    GPT-2 and BERT build themselves; useful where explicit per-row positions are wanted
+    (left padding)."""
 
     def collate(features):
         batch = collator(features)
@@ -218,8 +220,9 @@ class DPTrainer(Trainer):
                 f"{a.gradient_accumulation_steps}: accumulating micro-batches before one "
                 "step would clip example i of each micro-batch together. Use a larger "
                 "per_device_train_batch_size (the Poisson batch) instead")
-        if a.fp16:
-            raise ValueError("fp16=True is not supported by DPTrainer: the Trainer's loss "
+        if a.fp16 and getattr(self.accelerator, "scaler", None) is not None:
+            raise ValueError("fp16=True with a loss scaler is not supported by DPTrainer: the "
+                             "Trainer's loss "
                              "scaler runs through accelerate, which is not wired to the DP "
                              "optimizer yet. Use bf16=True or float32, or fp16 with "
                              "make_private and torch.amp.GradScaler (docs/torch-training.md, "

@@ -240,3 +240,32 @@ def test_training_loss_is_not_logged_or_saved_unless_opted_in(tmp_path):
     with pytest.warns(PrivacyLeakWarning, match="log_training_loss"):
         DPTrainer(model=_llama(), args=_args(tmp_path / "b"), train_dataset=_TextSet(),
                   privacy=PrivacyArguments(noise_multiplier=1.0, log_training_loss=True))
+
+
+def test_fp16_on_cpu_trains_and_accounts(tmp_path):
+    # on CPU accelerate runs fp16 autocast without a loss scaler: the engine accumulates
+    # norms and sums in float32 (as for bf16); the reported epsilon is the accountant's
+    model = _llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    tr = DPTrainer(model=model, args=_args(tmp_path, fp16=True), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=1.0))
+    assert getattr(tr.accelerator, "scaler", None) is None
+    tr.train()
+    assert tr.state.global_step == 4
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 4), rel=1e-9)
+    after = list(model.parameters())
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_fp16_with_a_loss_scaler_is_refused(tmp_path):
+    # on CUDA accelerate drives a GradScaler that is not wired to the DP optimizer yet
+    class _ScaledTrainer(DPTrainer):
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            self.accelerator.scaler = torch.amp.GradScaler("cpu")
+
+    with pytest.raises(ValueError, match="fp16=True with a loss scaler"):
+        _ScaledTrainer(model=_llama(), args=_args(tmp_path, fp16=True),
+                       train_dataset=_TextSet(),
+                       privacy=PrivacyArguments(noise_multiplier=1.0))
