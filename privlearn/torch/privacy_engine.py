@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn.accounting import Sampling, calibrate, compose
+from privlearn.torch._allocator import retain_freed_memory
 from privlearn.torch._engine_checks import (  # noqa: F401  (re-exported: old home)
     _SAMPLING_HELP,
     _accountable_batch_size,
@@ -497,6 +498,8 @@ def make_private(
         # synchronisation is switched off for good (what ``model.no_sync()`` does for one
         # step), so autograd's weight gradients are neither computed nor all-reduced.
         model.require_backward_grad_sync = False
+    if all(q.device.type == "cpu" for q in inner.parameters()):
+        retain_freed_memory()  # freed step memory stays for the next step (_allocator.py)
     tracker = GradSampleTracker(inner, loss_reduction=loss_reduction)
     hooks = _guard_token_level_labels(inner) if loss_reduction == "mean" else []
     acct = PrivacyAccountant(nm, q, scheme=scheme, accountant=accountant,

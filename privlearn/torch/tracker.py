@@ -525,6 +525,7 @@ class GradSampleTracker:
                     k = id(p)
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
+        self._scratch.clear()  # no per-example buffer is held between steps (memory)
         return sums, (batch or 0), norms
 
     def _drop_examples(self, bad: torch.Tensor) -> list[Contribution]:
