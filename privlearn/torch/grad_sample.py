@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -187,67 +186,6 @@ def sole_owner(t: torch.Tensor) -> bool:
     return n is not None and _ALONE is not None and n <= _ALONE
 
 
-class ScratchPool:
-    """Output buffers of one tracker's per-step temporaries (materialised per-example
-    gradients), reused from step to step.
-
-    Large temporaries that are allocated and freed every step are returned to the
-    operating system by the allocator and faulted in again, page by page, at the next
-    step; on CPU that cost as much as the batched matmul filling them (BERT-sized
-    layers: 24 ms for an 8 MB buffer against 2 ms of arithmetic). The ``k``-th request of
-    a step is served from the ``k``-th buffer when its dtype and device match, it is large
-    enough (Poisson batches vary in size: a buffer is allocated with 25% headroom and a
-    request gets a prefix of it) and nothing else still references it
-    (:func:`sole_owner`); otherwise a new buffer replaces it.
-    """
-
-    def __init__(self) -> None:
-        self._bufs: list[torch.Tensor] = []
-        self._next = 0
-        #: buffers allocated so far (a fresh allocation is the slow path)
-        self.allocations = 0
-
-    def reset(self) -> None:
-        """Start a new step: requests are numbered from 0 again."""
-        self._next = 0
-
-    def clear(self) -> None:
-        """Drop every buffer (memory is returned to the allocator)."""
-        self._bufs = []
-        self._next = 0
-
-    def take(self, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """An uninitialised tensor of ``shape`` (contiguous)."""
-        numel = math.prod(shape)
-        k = self._next
-        self._next += 1
-        if k < len(self._bufs):
-            b = self._bufs[k]
-            if (b.numel() >= numel and b.dtype == dtype and b.device == device
-                    and sole_owner(b)):
-                return b[:numel].view(shape)
-        b = torch.empty(max(numel + numel // 4, 1), dtype=dtype, device=device)
-        self.allocations += 1
-        if k < len(self._bufs):
-            self._bufs[k] = b
-        else:
-            self._bufs.append(b)
-        return b[:numel].view(shape)
-
-
-#: The pool of the tracker whose rules are being evaluated (set by the tracker around
-#: rule evaluation; None: every temporary is a fresh allocation).
-_SCRATCH: contextvars.ContextVar[ScratchPool | None] = contextvars.ContextVar(
-    "privlearn_scratch", default=None)
-
-
-def _empty_scratch(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    pool = _SCRATCH.get()
-    if pool is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    return pool.take(shape, dtype, device)
-
-
 class Materialized(Contribution):
     """Per-example gradients held explicitly."""
 
@@ -358,11 +296,9 @@ class OuterProduct(Contribution):
         self._wsq = None
         self._bias_cache = None
         if not ghost:
-            # (B, G, p, d) per-example weight gradients via batched matmul (into a
-            # buffer reused across steps, see ScratchPool); the inputs (e.g. conv
-            # patches) are released right away to bound peak memory
-            self._ps = torch.matmul(g.transpose(-1, -2), a,
-                                    out=_empty_scratch((b, G, p, d), dt, a.device))
+            # (B, G, p, d) per-example weight gradients via batched matmul; the inputs
+            # (e.g. conv patches) are released right away to bound peak memory
+            self._ps = torch.matmul(g.transpose(-1, -2), a)
             if bias is not None:
                 self._bias_ps()
             self.a = self.g = None

@@ -45,10 +45,8 @@ from privlearn.torch.cross_terms import (  # noqa: F401  (CrossTerm, cross_term:
 from privlearn.torch.fallback import _batch_dims, fallback_rule
 from privlearn.torch.grad_sample import (
     _IN_RULE,
-    _SCRATCH,
     Contribution,
     Record,
-    ScratchPool,
     _MakeDifferentiable,
     _record_batch,
     get_instrumenter,
@@ -127,7 +125,6 @@ class GradSampleTracker:
         self._in_backward = False
         self._handles = []
         self._dummy = torch.zeros((), requires_grad=True)
-        self._scratch = ScratchPool()  # per-step temporaries reused across steps
         seen: dict[int, int] = {}
         for u in self.units:
             for p in u.params:
@@ -375,7 +372,6 @@ class GradSampleTracker:
             h.remove()
         self._handles = []
         self.clear()
-        self._scratch.clear()
         for stack in self._capturing.values():
             while stack:
                 stack.pop().__exit__(None, None, None)
@@ -403,26 +399,21 @@ class GradSampleTracker:
         batch = None
         scale = None
         per_unit = []
-        self._scratch.reset()  # per-example gradient buffers reused from the last step
-        token = _SCRATCH.set(self._scratch)
-        try:
-            with rule_evaluation():
-                for i, recs in self.records.items():
-                    unit = self.units[i]
-                    recs = [r for r in recs if r.has_grad()]
-                    if not recs:
-                        continue
-                    cs = []
-                    for r in recs:
-                        if _record_batch(unit.module, r) == 0:
-                            continue  # empty batch: contributes nothing (noise still added)
-                        s = self._scale(r, unit)
-                        if scale is None:
-                            scale = s
-                        cs.append(unit.rule(unit.module, r, unit.params))
-                    per_unit.append(cs)
-        finally:
-            _SCRATCH.reset(token)
+        with rule_evaluation():
+            for i, recs in self.records.items():
+                unit = self.units[i]
+                recs = [r for r in recs if r.has_grad()]
+                if not recs:
+                    continue
+                cs = []
+                for r in recs:
+                    if _record_batch(unit.module, r) == 0:
+                        continue  # empty batch: contributes nothing (noise is still added)
+                    s = self._scale(r, unit)
+                    if scale is None:
+                        scale = s
+                    cs.append(unit.rule(unit.module, r, unit.params))
+                per_unit.append(cs)
         for cs in per_unit:
             contribs.extend(cs)
         for c in contribs:
@@ -525,7 +516,6 @@ class GradSampleTracker:
                     k = id(p)
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
-        self._scratch.clear()  # no per-example buffer is held between steps (memory)
         return sums, (batch or 0), norms
 
     def _drop_examples(self, bad: torch.Tensor) -> list[Contribution]:
