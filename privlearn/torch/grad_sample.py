@@ -168,24 +168,6 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
-def _storage_uses(t: torch.Tensor) -> int | None:
-    """How many tensors share ``t``'s storage (None if this torch cannot tell)."""
-    try:
-        return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
-    except (AttributeError, RuntimeError, TypeError):
-        return None
-
-
-_ALONE = _storage_uses(torch.empty(1))
-
-
-def sole_owner(t: torch.Tensor) -> bool:
-    """Whether no tensor but ``t`` itself references ``t``'s storage, so that writing into
-    it in place cannot change anything anyone else holds (False when unknown)."""
-    n = _storage_uses(t)
-    return n is not None and _ALONE is not None and n <= _ALONE
-
-
 class Materialized(Contribution):
     """Per-example gradients held explicitly."""
 

@@ -74,7 +74,6 @@ from torch.amp import GradScaler
 from privlearn import _validation as _v
 from privlearn.errors import GradientOverflowWarning
 from privlearn.torch.accountant import PrivacyAccountant
-from privlearn.torch.grad_sample import sole_owner
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
 
@@ -371,7 +370,7 @@ class DPOptimizer:
             return None
         flat = self._flat
         if (flat is None or flat.device != dev or flat.dtype != dt
-                or flat.numel() != self._numel or not sole_owner(flat)):
+                or flat.numel() != self._numel or not _sole_owner(flat)):
             # a fresh buffer unless last step's is referenced by nobody (the gradients
             # handed out as views of it were dropped by zero_grad): refilling it in place
             # then changes nothing anyone holds, and spares the page faults of a new one
@@ -576,6 +575,24 @@ class DPOptimizer:
                 "depends on one example). Lower GradScaler(init_scale=...) or its "
                 "growth_factor, use a static loss scale (tracker.loss_scale), or train in "
                 "bfloat16 to avoid it", GradientOverflowWarning, stacklevel=3)
+
+
+def _storage_uses(t: torch.Tensor) -> int | None:
+    """How many tensors share ``t``'s storage (None if this torch cannot tell)."""
+    try:
+        return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+
+
+_ALONE = _storage_uses(torch.empty(1))
+
+
+def _sole_owner(t: torch.Tensor) -> bool:
+    """Whether no tensor but ``t`` itself references ``t``'s storage, so that writing into
+    it in place cannot change anything anyone else holds (False when unknown)."""
+    n = _storage_uses(t)
+    return n is not None and _ALONE is not None and n <= _ALONE
 
 
 def _calling_scaler(optimizer):

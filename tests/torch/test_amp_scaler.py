@@ -241,13 +241,18 @@ def _poison_noisy_gradient(monkeypatch, opt):
     monkeypatch.setattr(opt, "_noisy_step_fused", poisoned)
 
 
-def test_nonfinite_noisy_gradient_skips_the_update_backs_off_and_is_accounted(monkeypatch):
+def _noisy_run_and_scaler():
+    """A private MLP (noise on), its parameters, their values now, a GradScaler at 1024."""
     x, y = _data()
     model = _mlp()
     p = _private(model, x, y, noise_multiplier=1.0, lr=0.1)
     params = list(model.parameters())
     before = [q.detach().clone() for q in params]
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    return p, params, before, torch.amp.GradScaler("cpu", init_scale=1024.0)
+
+
+def test_nonfinite_noisy_gradient_skips_the_update_backs_off_and_is_accounted(monkeypatch):
+    p, params, before, scaler = _noisy_run_and_scaler()
     _poison_noisy_gradient(monkeypatch, p.optimizer)
     xb, yb = _first_batch(p)
     _scaled_step(p, scaler, xb, yb, _ce)
@@ -266,12 +271,7 @@ def test_nonfinite_noisy_gradient_skips_the_update_backs_off_and_is_accounted(mo
 def test_scaler_ignores_what_it_sees_in_p_grad_before_the_step():
     """GradScaler's own inf check (on p.grad before the step) is not what decides: a
     non-finite p.grad left there does not skip the step nor back off the scale."""
-    x, y = _data()
-    model = _mlp()
-    p = _private(model, x, y, noise_multiplier=1.0, lr=0.1)
-    params = list(model.parameters())
-    before = [q.detach().clone() for q in params]
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    p, params, before, scaler = _noisy_run_and_scaler()
     xb, yb = _first_batch(p)
     p.optimizer.zero_grad()
     with torch.autocast("cpu", dtype=torch.float16):

@@ -10,7 +10,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privlearn.torch import make_private  # noqa: E402
-from privlearn.torch.grad_sample import sole_owner  # noqa: E402
+from privlearn.torch.optimizer import _sole_owner as sole_owner  # noqa: E402
 
 
 def _engine(seed=0):
