@@ -316,15 +316,15 @@ def render(command: str, all_results: dict, args, seconds: float) -> str:
            f"Batch {BATCH} (Poisson, expected), {SEQ} tokens, vocabulary {VOCAB}, "
            f"{args.repeats} interleaved rounds of up to {args.steps} timed steps after "
            f"{args.warmup} warm-up steps (fastest round's median step; highest round's "
-           "peak memory). Position ids are passed expanded to `(B, T)` in every mode "
-           "(the engine refuses GPT-2's and BERT's default broadcast `(1, T)` ids until "
-           "the issue-11 layer work lands). Method and models: `benchmarks/torch_hf.py` "
+           "peak memory). Position ids are passed expanded to `(B, T)` in every mode, so "
+           "that all modes run the same inputs (privlearn also takes the default broadcast "
+           "`(1, T)` ids; Opacus does not). Each mode runs in its own process, as a user "
+           "would run it: the privlearn process has the glibc allocator tuning "
+           "`make_private` applies to CPU models (`privlearn/torch/_allocator.py`), the "
+           "others the default allocator. Method and models: `benchmarks/torch_hf.py` "
            "docstring.", "",
-           "Measured on the engine as of the issue-9 changes (before the issue-11 layer "
-           "work: transformers' `Conv1D` and Llama's RMSNorm go through the `torch.func` "
-           "fallback, tied embeddings materialise per-example gradients); rerun after "
-           "those merges. The load of the shared machine moves single times by tens of "
-           "percent between rounds: compare ratios within a table, and several runs "
+           "The load of the shared machine moves single times by tens of percent between "
+           "rounds: compare ratios within a table, and several runs "
            "before quoting one.", "", "Summary:", "", summary(all_results), ""]
     names = {"gpt2": "GPT-2 (tied embeddings)", "bert": "BERT sequence classification",
              "llama": "Llama causal LM", "gpt2-lora": "GPT-2 + LoRA (r=8, c_attn)"}
