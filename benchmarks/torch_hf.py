@@ -264,17 +264,19 @@ def table(results: list[dict]) -> str:
     base = by.get("non-private", {})
     ours = by.get("privlearn", {})
     lines = ["| mode | ms/step | x non-private | x privlearn | peak MB added | "
-             "x non-private's peak | timed steps |", "|---|---|---|---|---|---|---|"]
+             "x non-private's peak | timed steps | mean batch |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['mode']} | fails: {r['error']} | | | | | |")
+            lines.append(f"| {r['mode']} | fails: {r['error']} | | | | | | |")
             continue
         rel = (f"{r['step_s'] / base['step_s']:.2f}" if "step_s" in base else "")
         vs = (f"{r['step_s'] / ours['step_s']:.2f}" if "step_s" in ours else "")
         mem = (f"{r['peak_added_mb'] / base['peak_added_mb']:.2f}"
                if base.get("peak_added_mb", 0) > 0 else "")
         lines.append(f"| {r['mode']} | {1000 * r['step_s']:.0f} | {rel} | {vs} | "
-                     f"{r['peak_added_mb']:.0f} | {mem} | {r['steps']} |")
+                     f"{r['peak_added_mb']:.0f} | {mem} | {r['steps']} | "
+                     f"{r['mean_batch']:.1f} |")
     return "\n".join(lines)
 
 
@@ -325,7 +327,10 @@ def render(command: str, all_results: dict, args, seconds: float) -> str:
            "docstring.", "",
            "The load of the shared machine moves single times by tens of percent between "
            "rounds: compare ratios within a table, and several runs "
-           "before quoting one.", "", "Summary:", "", summary(all_results), ""]
+           "before quoting one. The private modes draw Poisson batches (expected size "
+           f"{BATCH}): with a few timed steps their realised sizes differ between modes "
+           "(column `mean batch`), which moves the ratios; `benchmarks/hf_engine.py "
+           "--interleaved` times fixed-size batches.", "", "Summary:", "", summary(all_results), ""]
     names = {"gpt2": "GPT-2 (tied embeddings)", "bert": "BERT sequence classification",
              "llama": "Llama causal LM", "gpt2-lora": "GPT-2 + LoRA (r=8, c_attn)"}
     for model, results in all_results.items():
