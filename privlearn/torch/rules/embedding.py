@@ -58,19 +58,21 @@ class EmbeddingContribution(Contribution):
         sq = _rowdot(agg)
         return g.new_zeros(b).index_add_(0, uniq // V, sq)
 
+    def _weighted_rows(self, c: torch.Tensor) -> torch.Tensor:
+        """Output gradients scaled per example, ``c_i g_{i,t}``, one row per token."""
+        return (self.g * c.to(self.g.dtype).view(-1, 1, 1)).reshape(-1, self.weight.shape[1])
+
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
-        D = self.weight.shape[1]
-        gc = (self.g * c.to(self.g.dtype).view(-1, 1, 1)).reshape(-1, D)
-        return [_segment_sum(gc, self.ids.reshape(-1), self.weight.shape[0])]
+        return [_segment_sum(self._weighted_rows(c), self.ids.reshape(-1),
+                             self.weight.shape[0])]
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         """``outs[0] += sum_i c_i grad_i`` by one ``index_add_`` of the weighted output
         gradients into the (noise) buffer: no ``(V, D)`` temporary (on CPU the zeroing
         and adding of a vocabulary-sized temporary cost more than the scatter itself)."""
         o = outs[0]
-        D = self.weight.shape[1]
-        gc = (self.g * c.to(self.g.dtype).view(-1, 1, 1)).reshape(-1, D)
-        o.view(-1, D).index_add_(0, self.ids.reshape(-1), gc.to(o.dtype))
+        o.view(-1, self.weight.shape[1]).index_add_(0, self.ids.reshape(-1),
+                                                    self._weighted_rows(c).to(o.dtype))
 
     def per_sample(self) -> list[torch.Tensor]:
         b, ids, g = self.b, self.ids, self.g
