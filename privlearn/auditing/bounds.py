@@ -85,10 +85,15 @@ Methods
     right direction at each threshold and corrected for the threshold search (never the
     absolute value of a negative ``mu`` estimate, which jax_privacy 2.0's
     ``epsilon_from_gdp`` takes). Same caveat as ``"one_run_fdp"``: a bound on ``epsilon``
-    only for mechanisms with Gaussian trade-off curves.
+    only for mechanisms with Gaussian trade-off curves. **Conservative by design**: at the
+    true epsilon of a Gaussian mechanism every one of its tests is exact, so spending the
+    whole ``1 - confidence`` makes the realised rate of exceeding the true epsilon sit
+    near the nominal one (2-3% measured at 95%), and a short series of audits would show
+    more than 5% by chance; ``"gdp"`` spends half of it (its 95% bound is a 97.5% bound,
+    about 1.5% realised), which moved its bound by 0.01-0.1 on the benchmark.
 
 The independent-trials tests use the grid ``c`` in ``{0} + counts`` on each side (``2K``
-tests in all, each at ``(1 - confidence) / (2K)``).
+tests in all, each at ``(1 - confidence) / (2K)``; half that for ``"gdp"``).
 """
 
 from __future__ import annotations
@@ -112,6 +117,11 @@ METHODS = ("one_run", "one_run_fdp", "clopper_pearson", "gdp")
 _GRID_RATIO = 2.0
 _EPS_TOL = 1e-6
 _TIEBREAK_SEED = 0x5EED_A0D1
+#: Share of ``1 - confidence`` that ``"gdp"`` spends (see the module docstring): its tests
+#: are exact at the true epsilon of a Gaussian mechanism, so at the full share the realised
+#: exceedance rate sits near the nominal one (2-3% measured at 95%) and a short series of
+#: audits shows more than 5% by chance; at half it stays near 1.5%.
+_GDP_ERROR_SHARE = 0.5
 
 
 # ---------------------------------------------------------------------------- input checks
@@ -526,7 +536,7 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
         return _one_run_bound(labels, d, significance, use_fdp=True)
     if method == "clopper_pearson":
         return _clopper_pearson_bound(labels, d, significance)
-    return _gdp_bound(labels, d, significance)
+    return _gdp_bound(labels, d, significance * _GDP_ERROR_SHARE)
 
 
 def roc_curve(in_scores, out_scores) -> tuple[np.ndarray, np.ndarray]:
