@@ -248,6 +248,45 @@ def test_bound_grows_with_separation_and_shrinks_with_confidence(method):
     assert hi <= lo
 
 
+@pytest.mark.parametrize("use_fdp", [False, True])
+@pytest.mark.parametrize("m", [1_000, 100_000])
+def test_pruned_guess_grid_drops_only_counts_that_cannot_refute(use_fdp, m):
+    # every dropped count fails to refute epsilon = 0 even with every guess right, at
+    # the level of the full grid (so it could never raise the unpruned bound), and every
+    # kept count can refute at the level of the pruned grid
+    full = B._count_grid(1, m)
+    kept, alpha = B._useful_guess_counts(m, DELTA, 0.05, use_fdp)
+    assert alpha == pytest.approx(0.05 / kept.size) and 0 < kept.size < full.size
+
+    def refutes(k, level):
+        if use_fdp:
+            return B._one_run_fdp_refutes(m, k, k, 0.0, DELTA, level)
+        return B._one_run_p_value(m, k, k, 0.0, DELTA) <= level
+
+    for k in map(int, full):
+        if k in kept:
+            assert refutes(k, alpha)
+        else:
+            assert not refutes(k, 0.05 / full.size)
+
+
+@pytest.mark.parametrize("method", ["one_run", "one_run_fdp"])
+def test_pruned_grid_bound_is_at_least_the_full_grid_bound(method, monkeypatch):
+    rng = np.random.default_rng(3)
+    bounds = []
+    draws = [ideal_scores(2.0, DELTA, 2_000, rng) for _ in range(4)]
+    for ins, outs in draws:
+        bounds.append(epsilon_lower_bound(ins, outs, delta=DELTA, method=method))
+
+    def full_grid(m, delta, significance, use_fdp):
+        g = B._count_grid(1, m)
+        return g, significance / g.size
+
+    monkeypatch.setattr(B, "_useful_guess_counts", full_grid)
+    for (ins, outs), pruned in zip(draws, bounds, strict=True):
+        assert pruned >= epsilon_lower_bound(ins, outs, delta=DELTA, method=method)
+
+
 @pytest.mark.parametrize("method", ["one_run", "clopper_pearson"])
 def test_perfect_separation_is_capped_by_the_number_of_canaries(method):
     lab = np.arange(200) < 100
