@@ -245,6 +245,16 @@ def _one_run_fdp_refutes(m: int, k: int, v: int, eps: float, delta: float,
     return r + h > k / m
 
 
+def _one_run_refutes(m: int, k: int, v: int, eps: float, delta: float, alpha: float,
+                     use_fdp: bool) -> bool:
+    """Whether ``v`` correct out of ``k`` guesses on ``m`` canaries refute the claim
+    ``eps`` at level ``alpha``: through the trade-off curve (``use_fdp``,
+    :func:`_one_run_fdp_refutes`) or the ``(eps, delta)`` tail (:func:`_one_run_p_value`)."""
+    if use_fdp:
+        return _one_run_fdp_refutes(m, k, v, eps, delta, alpha)
+    return _one_run_p_value(m, k, v, eps, delta) <= alpha
+
+
 def _largest_refuted(refutes, eps_start: float) -> float:
     """A refuted ``eps >= eps_start`` at the boundary of the refuted region (bisection to
     ``_EPS_TOL``), given that ``refutes(eps_start)`` holds; the returned value is always
@@ -288,12 +298,8 @@ def _useful_guess_counts(m: int, delta: float, significance: float,
     ks = _count_grid(1, m)
     while ks.size:
         alpha = significance / ks.size
-        if use_fdp:
-            keep = np.array([_one_run_fdp_refutes(m, int(k), int(k), 0.0, delta, alpha)
-                             for k in ks], dtype=bool)
-        else:
-            keep = np.array([_one_run_p_value(m, int(k), int(k), 0.0, delta) <= alpha
-                             for k in ks], dtype=bool)
+        keep = np.array([_one_run_refutes(m, int(k), int(k), 0.0, delta, alpha, use_fdp)
+                         for k in ks], dtype=bool)
         if keep.all():
             return ks, alpha
         ks = ks[keep]
@@ -320,12 +326,9 @@ def _one_run_bound(labels: np.ndarray, delta: float, significance: float,
             # v <= k p is at most the median of Bin(k, p), p = e^eps/(1+e^eps), so
             # P[Bin(k, p) >= v] >= 1/2 > alpha: this candidate cannot refute ``best``.
             continue
-        if use_fdp:
-            def refutes(e, k=k, v=v):
-                return _one_run_fdp_refutes(m, k, v, e, delta, alpha)
-        else:
-            def refutes(e, k=k, v=v):
-                return _one_run_p_value(m, k, v, e, delta) <= alpha
+        def refutes(e, k=k, v=v):
+            return _one_run_refutes(m, k, v, e, delta, alpha, use_fdp)
+
         if not refutes(best):
             continue
         best = _largest_refuted(refutes, best)
@@ -341,24 +344,6 @@ _QUAD_MASS = np.diff(_QUAD_LEVELS)
 #: p-value is multiplied by ``1 + _PVALUE_SLACK`` (never rounded in the optimistic
 #: direction).
 _PVALUE_SLACK = 1e-6
-
-
-def _cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
-    """One-sided Clopper-Pearson upper bound on p from k successes in n trials."""
-    k = np.asarray(k, dtype=float)
-    out = np.ones_like(k)
-    lt = k < n
-    out[lt] = betaincinv(k[lt] + 1, n - k[lt], 1.0 - alpha)
-    return out
-
-
-def _cp_lower(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
-    """One-sided Clopper-Pearson lower bound on p from k successes in n trials."""
-    k = np.asarray(k, dtype=float)
-    out = np.zeros_like(k)
-    pos = k > 0
-    out[pos] = betaincinv(k[pos], n - k[pos] + 1, alpha)
-    return out
 
 
 def _beta_quantiles_above(a: float, b: float) -> np.ndarray:
@@ -468,7 +453,7 @@ def _gdp_bound(labels: np.ndarray, delta: float, significance: float) -> float:
         mu = gdp_mu_interval(eps, delta)[1]  # the less private end: never refutes more
         return lambda f: ndtr(ndtri(f) + mu)
 
-    return _independent_trials_bound(labels, significance, rate_bound_at)
+    return _independent_trials_bound(labels, significance * _GDP_ERROR_SHARE, rate_bound_at)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -536,7 +521,7 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
         return _one_run_bound(labels, d, significance, use_fdp=True)
     if method == "clopper_pearson":
         return _clopper_pearson_bound(labels, d, significance)
-    return _gdp_bound(labels, d, significance * _GDP_ERROR_SHARE)
+    return _gdp_bound(labels, d, significance)
 
 
 def roc_curve(in_scores, out_scores) -> tuple[np.ndarray, np.ndarray]:

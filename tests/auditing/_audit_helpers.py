@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import betaincinv
 
 from privlearn.accounting.fdp import gdp_mu
 
@@ -14,3 +15,21 @@ def ideal_scores(true_epsilon: float, delta: float, m: int, rng: np.random.Gener
     lab = rng.random(m) < 0.5
     s = rng.normal(size=m) + mu * lab
     return s[lab], s[~lab]
+
+
+def cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+    """One-sided Clopper-Pearson upper bound on p from k successes in n trials."""
+    k = np.asarray(k, dtype=float)
+    out = np.ones_like(k)
+    lt = k < n
+    out[lt] = betaincinv(k[lt] + 1, n - k[lt], 1.0 - alpha)
+    return out
+
+
+def cp_lower(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+    """One-sided Clopper-Pearson lower bound on p from k successes in n trials."""
+    k = np.asarray(k, dtype=float)
+    out = np.zeros_like(k)
+    pos = k > 0
+    out[pos] = betaincinv(k[pos], n - k[pos] + 1, alpha)
+    return out

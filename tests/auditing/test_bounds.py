@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from _audit_helpers import ideal_scores
+from _audit_helpers import cp_lower, cp_upper, ideal_scores
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -109,8 +109,8 @@ def test_one_run_p_value_matches_naive_formula(m, k, v, eps, delta):
 
 def test_clopper_pearson_bounds_match_beta_quantiles():
     k = np.array([0, 1, 5, 50, 99, 100])
-    up = B._cp_upper(k, 100, 0.01)
-    lo = B._cp_lower(k, 100, 0.01)
+    up = cp_upper(k, 100, 0.01)
+    lo = cp_lower(k, 100, 0.01)
     for i, kk in enumerate(k):
         exp_up = 1.0 if kk == 100 else stats.beta.ppf(0.99, kk + 1, 100 - kk)
         exp_lo = 0.0 if kk == 0 else stats.beta.ppf(0.01, kk, 100 - kk + 1)
@@ -119,12 +119,13 @@ def test_clopper_pearson_bounds_match_beta_quantiles():
 
 
 def test_order_statistic_fpr_bound_is_exact():
-    # the FPR at "the (c+1)-th highest of n excluded scores" is Beta(c + 1, n - c): the
-    # Clopper-Pearson upper bound used by clopper_pearson/gdp covers it with exactly the
-    # stated probability (checked by simulation with uniform scores, FPR(t) = 1 - t)
+    # the FPR at "the (c+1)-th highest of n excluded scores" is Beta(c + 1, n - c), the
+    # law the joint p-value of clopper_pearson/gdp integrates over: its Clopper-Pearson
+    # upper bound covers it with exactly the stated probability (checked by simulation
+    # with uniform scores, FPR(t) = 1 - t)
     rng = np.random.default_rng(3)
     n, c, alpha = 200, 4, 0.1
-    bound = B._cp_upper(np.array([c]), n, alpha)[0]
+    bound = cp_upper(np.array([c]), n, alpha)[0]
     u = np.sort(rng.random((20_000, n)), axis=1)[:, n - 1 - c]
     miss = np.mean(1 - u > bound)
     assert abs(miss - alpha) < 0.01
