@@ -73,8 +73,17 @@ def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _show(value: object) -> str:
+    """``repr`` of a value, NumPy scalars as the Python number they hold (``1.5``, not
+    ``np.float64(1.5)``)."""
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(
+            value, "ndim", None) == 0:
+        return repr(value.item())
+    return repr(value)
+
+
 def _msg(name: str, expected: str, value: object, hint: str | None) -> str:
-    text = f"{name} must be {expected}, got {value!r}"
+    text = f"{name} must be {expected}, got {_show(value)}"
     return f"{text}; {hint}" if hint else text
 
 

@@ -790,7 +790,9 @@ def audit() -> None:
 @click.option("--score", type=click.Choice(("trajectory", "final")), default="trajectory",
               show_default=True, help="Canary score: per-step likelihood ratio or final "
               "movement.")
-@click.option("--seed", type=int, default=None, help="Seed (default: fresh entropy).")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed >= 0 (default: fresh entropy; the seed used is printed, so a run "
+              "can be repeated).")
 @_json_opt
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the ROC plot (PNG) and the scores (CSV).")
@@ -806,10 +808,10 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
     known defect to show that the audit catches it.
     """
     eps = check_positive("--epsilon", epsilon)
+    if not 0 < delta < 1:
+        raise click.BadParameter(f"must be in (0, 1) (DP-SGD has no delta=0 guarantee), got "
+                                 f"{delta!r}; e.g. 1e-5", param_hint="'--delta'")
     d = check_delta("--delta", delta)
-    if d == 0:
-        raise click.BadParameter("must be in (0, 1) (DP-SGD has no delta=0 guarantee), "
-                                 "got 0", param_hint="'--delta'")
     m = check_count("--canaries", canaries, minimum=2)
     check_count("--steps", steps, minimum=1)
     if not 0 < confidence < 1:
@@ -844,6 +846,7 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
     click.echo(f"epsilon lower bound:    {res.epsilon_lower_bound:.4f}  ({method}, "
                f"{res.confidence:.0%} confidence, {m} canaries, AUC {res.auc:.3f})")
     click.echo(f"verdict:                {verdict}")
+    click.echo(f"seed:                   {res.seed}  (--seed {res.seed} repeats this run)")
     for path in paths:
         click.echo(f"wrote {path}")
 

@@ -10,7 +10,8 @@ epsilon proves (at the stated confidence) that the run leaks more than it claims
   ``"clopper_pearson"`` (Jagielski, Ullman & Oprea 2020; Nasr et al. 2021), ``"gdp"``
   (Nasr et al. 2023); see :mod:`privlearn.auditing.bounds`.
 * :func:`roc_curve`, :func:`auc`, :func:`tpr_at_fpr` -- the attack's ROC;
-  :func:`privlearn.accounting.fdp.tradeoff_curve` -- the accountant's.
+  :func:`accountant_roc` (from :func:`privlearn.accounting.fdp.tradeoff_curve`) -- the
+  best ROC the accountant allows, to plot beside it.
 * :func:`one_run_audit` -- the harness: draw inclusion, train and score, bound.
 * :mod:`privlearn.auditing.torch` (imported lazily: torch) -- Dirac gradient canaries
   and loss scores for :func:`privlearn.torch.make_private`, and :func:`audit_dpsgd`.
@@ -24,11 +25,13 @@ NumPy/SciPy only at import time.
 
 from privlearn.auditing.bounds import METHODS, auc, epsilon_lower_bound, roc_curve, tpr_at_fpr
 from privlearn.auditing.harness import ONE_RUN_METHODS, AuditResult, one_run_audit
+from privlearn.auditing.report import accountant_roc
 
 __all__ = [
     "METHODS",
     "ONE_RUN_METHODS",
     "AuditResult",
+    "accountant_roc",
     "auc",
     "epsilon_lower_bound",
     "one_run_audit",

@@ -99,10 +99,12 @@ tests in all, each at ``(1 - confidence) / (2K)``; half that for ``"gdp"``).
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy.special import betainc, betaincinv, expit, gammaln, ndtr, ndtri
 
+from privlearn._validation import check_delta, check_real
 from privlearn.accounting.fdp import gdp_mu_interval
 
 __all__ = [
@@ -125,46 +127,61 @@ _GDP_ERROR_SHARE = 0.5
 
 
 # ---------------------------------------------------------------------------- input checks
+def _num(x) -> str:
+    """A number as a user wrote it (no ``np.float64(...)`` wrapper in messages)."""
+    try:
+        return repr(float(x)) if isinstance(x, np.generic) else repr(x)
+    except (TypeError, ValueError):
+        return repr(x)
+
+
 def _scores(name: str, x) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor (possibly with grad)
+        x = x.detach().cpu().numpy()
     if isinstance(x, (str, bytes)):
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
+    raw = np.asarray(x)
+    if raw.dtype.kind in "c":
+        raise TypeError(f"{name} must be real numbers, got complex values (dtype "
+                        f"{raw.dtype}); pass the real scores, e.g. np.real(s) if that is meant")
+    if raw.dtype.kind in "USO":
+        odd = [v for v in raw.reshape(-1) if v is None or isinstance(v, (str, bytes))]
+        if odd:
+            raise TypeError(f"{name} must be an array of real numbers, got "
+                            f"{type(odd[0]).__name__} {odd[0]!r} among them; pass one float "
+                            "score per canary (np.asarray(s, dtype=float) converts numeric "
+                            "strings)")
     try:
-        a = np.asarray(x, dtype=float)
+        a = np.asarray(raw, dtype=float)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be an array of real numbers, got "
-                        f"{type(x).__name__}") from None
+                        f"{type(x).__name__} of dtype {raw.dtype}") from None
     a = a.reshape(-1) if a.ndim == 0 else a
     if a.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {a.shape}")
+        raise ValueError(f"{name} must be one-dimensional (one score per canary), got shape "
+                         f"{a.shape}; flatten it with np.ravel if it holds one score each")
     if a.size == 0:
         raise ValueError(f"{name} is empty; the audit needs at least one included and one "
                          "excluded canary (use more canaries)")
     bad = ~np.isfinite(a)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must be finite, got {a[i]!r} at index {i} ({int(bad.sum())} "
-                         "non-finite scores); a scorer that diverged cannot be audited")
+        raise ValueError(f"{name} must be finite, got {float(a[i])} at index {i} "
+                         f"({int(bad.sum())} non-finite scores); a scorer that diverged "
+                         "cannot be audited")
     return a
 
 
 def _check_delta(delta) -> float:
-    try:
-        d = float(delta)
-    except (TypeError, ValueError):
-        raise TypeError(f"delta must be a real number, got {type(delta).__name__}") from None
-    if not 0 <= d < 1:
-        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
-    return d
+    return check_delta("delta", delta, hint="use the delta of the claim being audited "
+                       "(e.g. 1e-5, below 1/n for n records)")
 
 
 def _check_confidence(confidence) -> float:
-    try:
-        c = float(confidence)
-    except (TypeError, ValueError):
-        raise TypeError(f"confidence must be a real number, got "
-                        f"{type(confidence).__name__}") from None
+    c = check_real("confidence", confidence, hint="pass a probability such as 0.95")
     if not 0 < c < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r} (0.95 is usual)")
+        raise ValueError(f"confidence must be in (0, 1), got {_num(confidence)} (0.95 is "
+                         "usual)")
     return c
 
 
@@ -513,6 +530,34 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
         raise ValueError(f"method={method!r} compares against Gaussian trade-off curves, "
                          "which satisfy no (epsilon, 0) guarantee: give delta in (0, 1), or "
                          "use method='one_run' or 'clopper_pearson' for delta=0")
+    if method in ("one_run", "one_run_fdp"):
+        _warn_if_unrefutable(ins.size + outs.size, d, c, method, stacklevel=3)
+    return _bound(ins, outs, d, method, c)
+
+
+def _warn_if_unrefutable(m: int, delta: float, confidence: float, method: str,
+                        stacklevel: int = 2) -> bool:
+    """Warn (:class:`UserWarning`) and return True when no outcome of a one-run audit
+    with ``m`` canaries can refute ``epsilon = 0`` at ``confidence``: its bound is 0
+    whatever the scores, so the audit cannot detect anything."""
+    ks, _ = _useful_guess_counts(m, delta, 1.0 - confidence, method == "one_run_fdp")
+    if ks.size:
+        return False
+    if method == "one_run" and 2 * m * delta >= 0.05:
+        fix = (f"the 2 m delta term of Steinke et al. ({2 * m * delta:.3g}) swamps every "
+               "test: audit a claim with a smaller delta (m * delta well below 0.05), or use "
+               "method='one_run_fdp'")
+    else:
+        fix = "use more canaries (hundreds at least; docs/auditing.md has the power table)"
+    warnings.warn(f"with {m} canaries at delta={delta} and confidence={confidence}, no "
+                  f"outcome of the {method!r} audit can refute epsilon = 0: the bound is 0 "
+                  f"whatever the scores; {fix}", UserWarning, stacklevel=stacklevel)
+    return True
+
+
+def _bound(ins: np.ndarray, outs: np.ndarray, d: float, method: str, c: float) -> float:
+    """The bound from validated scores (the one-run methods accept an empty side: a run in
+    which every canary was included, or none, is a valid outcome of the guessing game)."""
     labels = _ranked_labels(ins, outs)
     significance = 1.0 - c
     if method == "one_run":

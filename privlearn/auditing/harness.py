@@ -18,17 +18,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from privlearn._validation import ParameterTypeError, check_count
 from privlearn.auditing.bounds import (
     METHODS,
+    _bound,
     _check_confidence,
     _check_delta,
+    _warn_if_unrefutable,
     auc,
-    epsilon_lower_bound,
 )
 
 __all__ = ["AuditResult", "ONE_RUN_METHODS", "one_run_audit"]
 
-ONE_RUN_METHODS = ("one_run_fdp", "one_run")
+ONE_RUN_METHODS = ("one_run", "one_run_fdp")
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -56,6 +58,9 @@ class AuditResult:
         One score per canary (higher = more likely included).
     inclusion : numpy.ndarray of bool (read-only)
         Which canaries were included in training.
+    seed : int or None
+        The seed of the inclusion draw (drawn from fresh entropy and recorded here when
+        none was given, so that every audit can be repeated).
     """
 
     epsilon_lower_bound: float
@@ -66,6 +71,7 @@ class AuditResult:
     confidence: float
     scores: np.ndarray = field(repr=False)
     inclusion: np.ndarray = field(repr=False)
+    seed: int | None = None
 
     @property
     def n_canaries(self) -> int:
@@ -99,6 +105,7 @@ class AuditResult:
             "canaries_included": int(self.inclusion.sum()),
             "auc": self.auc,
             "violation": bool(self.violation),
+            "seed": self.seed,
         }
 
 
@@ -113,6 +120,28 @@ def _check_claim(name: str, value) -> float:
     return e
 
 
+def _check_seed(seed) -> int:
+    """``seed`` as an int >= 0; ``None`` draws one from fresh entropy (returned, so that
+    the audit records it and can be repeated)."""
+    if seed is None:
+        return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0])
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise TypeError(f"seed must be None or an integer >= 0, got {type(seed).__name__} "
+                        f"{seed!r}; pass e.g. seed=0 to make the audit repeatable")
+    if seed < 0:
+        raise ValueError(f"seed must be None or an integer >= 0, got {int(seed)}; pass e.g. "
+                         "seed=0 (None draws one from fresh entropy and records it)")
+    return int(seed)
+
+
+def _check_n_canaries(n_canaries) -> int:
+    """``n_canaries`` as an int >= 2, or a clear error (shared by every audit entry
+    point, checked before any training)."""
+    return check_count("n_canaries", n_canaries, minimum=2, integral_floats=False,
+                       hint="use hundreds to thousands of canaries: docs/auditing.md has the "
+                       "power each number buys")
+
+
 def one_run_audit(
     train_and_score: Callable[[np.ndarray], object],
     n_canaries: int,
@@ -120,7 +149,7 @@ def one_run_audit(
     claimed_epsilon: float | Callable[[], float],
     delta: float,
     seed: int | None = None,
-    method: str = "one_run_fdp",
+    method: str = "one_run",
     confidence: float = 0.95,
 ) -> AuditResult:
     """Audit one training run with ``n_canaries`` canaries.
@@ -133,16 +162,23 @@ def one_run_audit(
         ``inclusion[i]``); it trains once and returns one finite score per canary
         (higher = more likely included).
     n_canaries : int >= 2
+        Hundreds to thousands in practice: with few canaries no outcome can refute
+        anything (a warning says so before training).
     claimed_epsilon : float or callable
         The epsilon the run claims at ``delta`` (e.g. ``lambda: p.accountant.epsilon(
         delta)``, evaluated after training, for the steps actually taken).
     delta : float in [0, 1)
-    seed : int, optional
-        Seed of the inclusion draw (default: fresh entropy).
-    method : {"one_run_fdp", "one_run"}
-        The one-run bounds of :func:`privlearn.auditing.epsilon_lower_bound` (the
-        canaries of one run are not independent trials, so ``"clopper_pearson"`` and
-        ``"gdp"`` do not apply here).
+    seed : int >= 0, optional
+        Seed of the inclusion draw (default: one drawn from fresh entropy, recorded in
+        the result's ``seed``).
+    method : {"one_run", "one_run_fdp"}
+        The one-run bounds of :func:`privlearn.auditing.epsilon_lower_bound`. The
+        default, ``"one_run"``, is valid for every ``(epsilon, delta)``-DP mechanism.
+        ``"one_run_fdp"`` is tighter but tests the *Gaussian* trade-off curve through
+        ``(epsilon, delta)``: a mechanism that is ``(epsilon, delta)``-DP with another
+        curve (randomized response, Laplace noise, DP-SGD with few steps) can be reported
+        as a violation although it keeps its claim. (The canaries of one run are not
+        independent trials, so ``"clopper_pearson"`` and ``"gdp"`` do not apply here.)
     confidence : float in (0, 1)
 
     Returns
@@ -162,11 +198,7 @@ def one_run_audit(
     """
     if not callable(train_and_score):
         raise TypeError(f"train_and_score must be callable, got {type(train_and_score).__name__}")
-    if isinstance(n_canaries, bool) or not isinstance(n_canaries, int | np.integer):
-        raise TypeError(f"n_canaries must be an integer, got {type(n_canaries).__name__}")
-    if n_canaries < 2:
-        raise ValueError(f"n_canaries must be >= 2, got {n_canaries!r} (use hundreds to "
-                         "thousands: see docs/auditing.md for the power each buys)")
+    n_canaries = _check_n_canaries(n_canaries)
     d = _check_delta(delta)
     c = _check_confidence(confidence)
     if method not in ONE_RUN_METHODS:
@@ -176,17 +208,24 @@ def one_run_audit(
         raise ValueError(f"method must be one of {ONE_RUN_METHODS} for a one-run audit, got "
                          f"{method!r}{hint}")
     if method == "one_run_fdp" and d == 0:
-        raise ValueError(f"method={method!r} needs delta in (0, 1), got delta=0")
+        raise ValueError(f"method={method!r} needs delta in (0, 1), got delta=0 (or use "
+                         "method='one_run', valid at delta=0)")
     if not callable(claimed_epsilon):
         claim = _check_claim("claimed_epsilon", claimed_epsilon)
+    seed = _check_seed(seed)  # drawn and recorded when None: the audit can be repeated
+    _warn_if_unrefutable(n_canaries, d, c, method, stacklevel=3)
     rng = np.random.default_rng(seed)
-    inclusion = rng.random(int(n_canaries)) < 0.5
+    inclusion = rng.random(n_canaries) < 0.5
     raw = train_and_score(inclusion.copy())
+    if raw is None:
+        raise ParameterTypeError(
+            "train_and_score returned None; it must return one score per canary (an array "
+            f"of {n_canaries} floats, higher = more likely included)")
     try:
         scores = np.asarray(raw, dtype=float)
     except (TypeError, ValueError):
-        raise TypeError("train_and_score must return an array of real numbers, got "
-                        f"{type(raw).__name__}") from None
+        raise ParameterTypeError("train_and_score must return an array of real numbers, "
+                                 f"one score per canary, got {type(raw).__name__}") from None
     if scores.shape != (n_canaries,):
         raise ValueError(f"train_and_score must return one score per canary: expected shape "
                          f"({n_canaries},), got {scores.shape}")
@@ -196,8 +235,8 @@ def one_run_audit(
                          "needs a finite score")
     if callable(claimed_epsilon):
         claim = _check_claim("claimed_epsilon()", claimed_epsilon())
-    bound = epsilon_lower_bound(scores[inclusion], scores[~inclusion], delta=d, method=method,
-                                confidence=c)
+    # an empty side (every canary in, or none) is a valid outcome of the guessing game
+    bound = _bound(scores[inclusion], scores[~inclusion], d, method, c)
     return AuditResult(epsilon_lower_bound=float(bound), claimed_epsilon=claim, delta=d,
                        violation=bool(bound > claim), method=method, confidence=c,
-                       scores=_frozen(scores), inclusion=_frozen(inclusion))
+                       scores=_frozen(scores), inclusion=_frozen(inclusion), seed=seed)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privlearn.auditing.harness import AuditResult, one_run_audit
+from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
 
 __all__ = ["audit_estimator"]
 
@@ -39,8 +39,10 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     n_canaries : int >= 2
     delta : float, optional
         The delta of the claim (default: the estimator's ``delta``).
-    seed : int, optional
-        Seeds the inclusion draw, the canary signs and the estimator's ``random_state``.
+    seed : int >= 0, optional
+        Seeds the inclusion draw, the canary signs (an independent stream) and the
+        estimator's ``random_state`` (default: drawn from fresh entropy and recorded in
+        the result's ``seed``).
     method, confidence : see :func:`privlearn.auditing.one_run_audit` ("one_run" or
         "one_run_fdp").
     canary_norm : float, optional
@@ -53,6 +55,14 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     """
     from sklearn.base import clone, is_classifier
 
+    n_canaries = _check_n_canaries(n_canaries)
+    seed = _check_seed(seed)  # one seed for the signs, the inclusion and the fit
+    if not hasattr(estimator, "get_params") or "delta" not in estimator.get_params():
+        raise TypeError(f"audit_estimator audits privlearn's linear DP estimators "
+                        f"(SSPRegressor, AdaSSPRegressor, NoisyGDRegressor, DPSGDRegressor, "
+                        f"DPSGDClassifier), got {type(estimator).__name__}, which has no "
+                        "privacy parameters; for another model write a train_and_score "
+                        "function and call one_run_audit")
     X = np.asarray(X, dtype=float)
     y = np.asarray(y)
     if X.ndim != 2 or y.shape != (X.shape[0],):
@@ -65,8 +75,10 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         b = params.get("x_bound", params.get("max_grad_norm", 1.0))
     b = float(b)
     y_bound = float(params.get("y_bound", 1.0))
-    rng = np.random.default_rng(seed)
-    signs = np.where(rng.random(int(n_canaries)) < 0.5, -1.0, 1.0)
+    # the signs come from their own stream: drawn from the inclusion's seed they would
+    # equal the inclusion bits, and a score could then read inclusion from the sign
+    signs_rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5167]))
+    signs = np.where(signs_rng.random(n_canaries) < 0.5, -1.0, 1.0)
     classifier = is_classifier(estimator)
     if classifier:
         classes = np.unique(y)
@@ -88,12 +100,16 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         ya = np.concatenate([y, yc])
         est = clone(estimator)
         if "random_state" in est.get_params():
-            est.set_params(random_state=None if seed is None else int(seed) + 1)
+            est.set_params(random_state=seed + 1)
         est.fit(Xa, ya)
+        if not hasattr(est, "epsilon_") or not hasattr(est, "coef_"):
+            raise TypeError(f"{type(est).__name__} has no epsilon_ or coef_ after fit; "
+                            "audit_estimator needs a linear DP estimator that reports the "
+                            "epsilon of its fit")
         fitted["epsilon"] = float(est.epsilon_)
         coef = np.asarray(est.coef_, dtype=float).reshape(-1)
         return signs * coef[p:p + m]
 
-    return one_run_audit(train_and_score, int(n_canaries),
+    return one_run_audit(train_and_score, n_canaries,
                          claimed_epsilon=lambda: fitted["epsilon"], delta=d, seed=seed,
                          method=method, confidence=confidence)

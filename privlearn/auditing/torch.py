@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from privlearn.auditing._planted import BUGS, planted_bug
-from privlearn.auditing.harness import AuditResult, one_run_audit
+from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
 
 __all__ = [
     "DiracCanaries",
@@ -127,10 +127,17 @@ def loss_scores(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                 loss_fn=None) -> np.ndarray:
     """Black-box membership scores: minus the per-example loss of ``model`` on the
     canary ``(inputs, targets)`` (higher = more likely trained on). ``loss_fn`` must
-    return per-example losses (default: cross-entropy with ``reduction="none"``)."""
+    return per-example losses (default: cross-entropy with ``reduction="none"``). The
+    model is scored in eval mode (no dropout: the same model gives the same scores) and
+    left in the mode it was in."""
     loss_fn = loss_fn or nn.CrossEntropyLoss(reduction="none")
-    with torch.no_grad():
-        losses = loss_fn(model(inputs), targets)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            losses = loss_fn(model(inputs), targets)
+    finally:
+        model.train(was_training)
     if losses.shape[:1] != inputs.shape[:1] or losses.dim() != 1:
         raise ValueError("loss_fn must return one loss per example (reduction='none'), got "
                          f"shape {tuple(losses.shape)}")
@@ -218,8 +225,10 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     score : {"trajectory", "final"}
     method, confidence : see :func:`privlearn.auditing.one_run_audit` ("one_run" or
         "one_run_fdp").
-    seed : int or None
-        Seeds the data, the inclusion draw, the sampler and the noise.
+    seed : int >= 0 or None
+        Seeds the data, the inclusion draw, the sampler and the noise (None: one drawn
+        from fresh entropy and recorded in ``result.seed``; rerunning with it repeats the
+        run).
     """
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -227,6 +236,8 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
 
     if bug not in BUGS:
         raise ValueError(f"bug must be one of {BUGS}, got {bug!r}")
+    n_canaries = _check_n_canaries(n_canaries)
+    seed = _check_seed(seed)  # None: drawn here and recorded, so the run can be repeated
     if score not in ("trajectory", "final"):
         raise ValueError(f"score must be 'trajectory' or 'final', got {score!r}")
     if not 0 < float(sampling_rate) <= 0.1:
@@ -250,8 +261,8 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
 
     def _train_and_score(inclusion: np.ndarray) -> np.ndarray:
         m = inclusion.size
-        gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
-        torch.manual_seed(0 if seed is None else int(seed))
+        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
         X = torch.randn(n_data, n_features, generator=gen)
         w_true = torch.randn(n_features, generator=gen)
         y = ((X @ w_true + 0.5 * torch.randn(n_data, generator=gen)) > 0).long()
@@ -295,7 +306,7 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         return trajectory_scores(np.stack(snaps), noise_multiplier=p.noise_multiplier,
                                  sampling_rate=p.sampling_rate, **common)
 
-    result = one_run_audit(train_and_score, int(n_canaries),
+    result = one_run_audit(train_and_score, n_canaries,
                            claimed_epsilon=lambda: info["claimed"], delta=delta, seed=seed,
                            method=method, confidence=confidence)
     return DPSGDAudit(result=result, bug=bug, noise_multiplier=info["noise_multiplier"],

@@ -245,6 +245,35 @@ def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4
     return batch * groups * d * p * itemsize > GHOST_MEMORY_BUDGET_BYTES
 
 
+def _live_positions(g: torch.Tensor) -> torch.Tensor | None:
+    """Positions ``t`` of an output gradient ``g`` of shape ``(B, G, T, p)`` at which
+    some example's gradient is non-zero, or None when no position can be dropped.
+
+    A position whose output gradient is exactly zero in every example and group adds
+    exactly zero to every per-example gradient ``sum_t g_t a_t^T``, to its norm and to the
+    clipped sum, so dropping it is exact (floating-point sums lose only ``+0`` terms).
+    Such positions are common where the loss reads a few positions: a sequence
+    classifier on the ``[CLS]`` token (BERT's last layer sees a gradient at one position
+    of ``T``) or on the last token. Cheap when nothing can be dropped: the first feature
+    of every position is read, and ``g`` is checked in full only when that feature is zero
+    in every example at some position. A NaN counts as non-zero. CPU only: on an accelerator
+    the check would synchronise the device once per layer.
+    """
+    b, G, t, p = g.shape
+    if t <= 1 or g.device.type != "cpu" or g.numel() == 0:
+        return None
+    # probe: positions with a non-zero first feature in some example are surely live
+    # (a sum of absolute values is zero only when every term is; a NaN makes it NaN)
+    if bool(g[..., 0].abs().sum(dim=(0, 1)).ne(0).all()):
+        return None
+    flat = g.reshape(b * G, t * p)  # full check: the largest and smallest value per position
+    live = flat.amax(0).view(t, p).amax(1).ne(0) | flat.amin(0).view(t, p).amin(1).ne(0)
+    if bool(live.all()):
+        return None
+    idx = live.nonzero().squeeze(1)
+    return idx if idx.numel() else idx.new_zeros(1)  # keep one (zero) position
+
+
 class OuterProduct(Contribution):
     """Layer whose weight gradient per example is ``sum_t g_t a_t^T`` (per group).
 
@@ -264,6 +293,9 @@ class OuterProduct(Contribution):
         self.params = (weight,) if bias is None else (weight, bias)
         dt = compute_dtype(a, g)
         a, g = _as(a, dt), _as(g, dt)
+        live = _live_positions(g)
+        if live is not None:  # positions with a zero output gradient in every example
+            a, g = a.index_select(2, live), g.index_select(2, live)
         self.a, self.g = a, g
         self._dtype = dt
         self.transposed = transposed

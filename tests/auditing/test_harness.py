@@ -27,7 +27,8 @@ def test_harness_draws_fair_inclusion_and_bounds_the_ideal_release():
     assert isinstance(res, AuditResult)
     assert res.n_canaries == 5000 and abs(res.inclusion.mean() - 0.5) < 0.03
     assert 1.0 < res.epsilon_lower_bound <= 4.0 and not res.violation
-    assert res.method == "one_run_fdp" and res.confidence == 0.95
+    assert res.method == "one_run" and res.confidence == 0.95  # valid for any mechanism
+    assert res.seed == 3 and res.to_dict()["seed"] == 3
     # a release that is twice as revealing as claimed is caught
     res2 = one_run_audit(_gdp_release(3 * mu), 5000, claimed_epsilon=4.0, delta=1e-5, seed=3)
     assert res2.violation and res2.epsilon_lower_bound > 4.0
@@ -80,7 +81,12 @@ def test_bad_arguments_are_refused_before_training():
         return inc.astype(float)
 
     for kwargs, exc, match in [
-        (dict(n_canaries=1), ValueError, "n_canaries must be >= 2"),
+        (dict(n_canaries=1), ValueError, "n_canaries must be an integer >= 2, got 1"),
+        (dict(n_canaries=-3), ValueError, "n_canaries must be an integer >= 2, got -3"),
+        (dict(n_canaries="10"), TypeError, "n_canaries must be an integer"),
+        (dict(seed=-1), ValueError, "seed must be None or an integer >= 0, got -1"),
+        (dict(seed="abc"), TypeError, "seed must be None or an integer"),
+        (dict(delta="1e-5"), TypeError, "delta must be a real number"),
         (dict(n_canaries=2.5), TypeError, "n_canaries must be an integer"),
         (dict(delta=1.0), ValueError, r"delta must be in \[0, 1\)"),
         (dict(delta=-1e-3), ValueError, r"delta must be in \[0, 1\)"),
@@ -142,3 +148,99 @@ def test_audit_estimator_covers_ssp_adassp_and_the_classifier():
         assert not res.violation and res.epsilon_lower_bound >= 0
     with pytest.raises(ValueError, match="binary"):
         audit_estimator(DPSGDClassifier(), X, np.arange(600) % 3, 10)
+
+
+def test_seed_is_drawn_and_recorded_when_none():
+    """An audit without a seed can be repeated from the seed it records."""
+    a = one_run_audit(_gdp_release(2.0, 5), 300, claimed_epsilon=1.0, delta=1e-5)
+    assert isinstance(a.seed, int) and a.seed >= 0
+    b = one_run_audit(_gdp_release(2.0, 5), 300, claimed_epsilon=1.0, delta=1e-5, seed=a.seed)
+    np.testing.assert_array_equal(a.inclusion, b.inclusion)
+    assert a.epsilon_lower_bound == b.epsilon_lower_bound
+
+
+@pytest.mark.parametrize("side", [True, False])
+def test_every_canary_on_one_side_is_a_valid_outcome(side):
+    """With few canaries all may be drawn in (or out): the one-run game still has an
+    answer (no error about empty scores after the training ran)."""
+    seed = next(s for s in range(10_000)
+                if (np.random.default_rng(s).random(3) < 0.5).all() == side
+                and (np.random.default_rng(s).random(3) < 0.5).any() == side)
+    with pytest.warns(UserWarning, match="no outcome"):
+        res = one_run_audit(lambda inc: inc.astype(float), 3, claimed_epsilon=1.0,
+                            delta=1e-5, seed=seed)
+    assert res.inclusion.all() == side and res.epsilon_lower_bound == 0.0
+
+
+def test_an_audit_that_cannot_refute_anything_warns_before_training():
+    calls = []
+
+    def f(inc):
+        calls.append(len(calls))
+        return inc.astype(float)
+
+    with pytest.warns(UserWarning, match="no outcome") as rec:  # 4 right of 4: p = 1/16
+        one_run_audit(f, 4, claimed_epsilon=1.0, delta=1e-5, seed=0)
+    assert calls == [0] and rec[0].filename == __file__  # points at the caller
+    with pytest.warns(UserWarning, match="smaller delta"):  # the 2 m delta term swamps it
+        one_run_audit(f, 10_000, claimed_epsilon=1.0, delta=1e-3, seed=0)
+
+
+def test_none_scores_are_a_clear_error():
+    with pytest.raises(TypeError, match="returned None"):
+        one_run_audit(lambda inc: None, 10, claimed_epsilon=1.0, delta=1e-5, seed=0)
+
+
+def test_estimator_canary_signs_are_independent_of_inclusion():
+    """The canary signs are public to the scorer: drawn from the inclusion's stream they
+    would equal the inclusion bits (they once did), and a score could read them."""
+    pytest.importorskip("sklearn")
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.models import NoisyGDRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
+    y = np.clip(X @ np.array([0.5, -0.3, 0.2]), -1, 1)
+    seen = {}
+    import privlearn.auditing.models as models_mod
+
+    orig = models_mod.one_run_audit
+
+    def spy(train_and_score, n, **kw):
+        def wrapped(inc):
+            s = train_and_score(inc)
+            seen["inc"] = inc
+            return s
+        return orig(wrapped, n, **kw)
+
+    models_mod.one_run_audit = spy
+    try:
+        est = NoisyGDRegressor(epsilon=1.0, delta=1e-5, noise_multiplier=None, n_iter=5)
+        res = audit_estimator(est, X, y, 400, seed=7)
+    finally:
+        models_mod.one_run_audit = orig
+    signs = np.where(np.random.default_rng(np.random.SeedSequence([7, 0x5167])).random(400)
+                     < 0.5, -1.0, 1.0)
+    agree = np.mean((signs < 0) == seen["inc"])
+    assert 0.4 < agree < 0.6  # independent: about half agree (it was exactly 1.0)
+    assert res.seed == 7
+
+
+def test_estimator_audit_refuses_bad_input_before_fitting():
+    pytest.importorskip("sklearn")
+    from sklearn.linear_model import LinearRegression
+
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.models import NoisyGDRegressor
+
+    X, y = np.zeros((10, 2)), np.zeros(10)
+    est = NoisyGDRegressor(epsilon=1.0, delta=1e-5, noise_multiplier=None, n_iter=5)
+    with pytest.raises(ValueError, match="n_canaries must be an integer >= 2, got -3"):
+        audit_estimator(est, X, y, -3)
+    with pytest.raises(TypeError, match="n_canaries must be an integer"):
+        audit_estimator(est, X, y, 2.5)
+    with pytest.raises(ValueError, match="seed must be None or an integer >= 0"):
+        audit_estimator(est, X, y, 10, seed=-1)
+    with pytest.raises(TypeError, match="no privacy parameters"):
+        audit_estimator(LinearRegression(), X, y, 10)

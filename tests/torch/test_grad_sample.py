@@ -474,3 +474,53 @@ def test_mean_loss_is_rescaled():
     torch.testing.assert_close(norms, ref.norm(dim=1), rtol=1e-5, atol=1e-6)
     total = torch.cat([sums[id(p)].reshape(-1) for p in model.parameters()])
     torch.testing.assert_close(total, ref.sum(0), rtol=1e-5, atol=1e-6)
+
+
+class _ReadsSomePositions(nn.Module):
+    """Two Linear layers on sequences, the loss reading only some positions (as a sequence
+    classifier reads the [CLS] or last token): the second layer's output gradient is
+    exactly zero at the other positions in every example."""
+
+    def __init__(self, d, p, positions):
+        super().__init__()
+        self.l1 = nn.Linear(d, p)
+        self.l2 = nn.Linear(p, 3)
+        self.positions = positions
+
+    def forward(self, x):
+        return self.l2(torch.tanh(self.l1(x)))[:, self.positions]
+
+
+@SETTINGS
+@given(b=st.integers(1, 4), t=st.integers(2, 6), d=dims, p=dims, data=st.data())
+def test_linear_positions_the_loss_never_reads(b, t, d, p, data):
+    """Positions whose output gradient is zero in every example are dropped
+    (grad_sample._live_positions); the norms and sums still equal the naive loop, whatever
+    subset the loss reads (none, some, all)."""
+    positions = data.draw(st.lists(st.integers(0, t - 1), max_size=t, unique=True))
+    torch.manual_seed(b * 10 + t)
+    check(_ReadsSomePositions(d, p, positions), [torch.randn(b, t, d)], sq_loss)
+
+
+def test_positions_the_loss_never_reads_are_dropped():
+    """The dropping is active (the reason for it is speed: BERT's last layer) and exact."""
+    torch.manual_seed(0)
+    model = _ReadsSomePositions(4, 6, [0])
+    tracker = GradSampleTracker(model, loss_reduction="sum")
+    sq_loss(model(torch.randn(3, 5, 4))).backward()
+    contribs, _, _ = tracker.contributions()
+    tracker.detach()
+    ts = sorted(c.dims[2] for c in contribs if isinstance(c, grad_sample.OuterProduct))
+    assert ts == [1, 1]  # both layers: only position 0 reaches the loss
+
+
+def test_live_positions_keeps_nan_and_nonzero_positions():
+    g = torch.zeros(2, 1, 5, 3)
+    assert grad_sample._live_positions(torch.randn(2, 1, 5, 3)) is None  # all live: no copy
+    g[1, 0, 3, 2] = 1e-45  # the smallest subnormal float32 is not zero
+    g[0, 0, 1, 1] = float("nan")  # a NaN must propagate, never be dropped
+    g[0, 0, 4, 0] = -2.0
+    assert grad_sample._live_positions(g).tolist() == [1, 3, 4]
+    # nothing live: one (zero) position is kept so that every shape stays non-empty
+    assert grad_sample._live_positions(torch.zeros(2, 1, 5, 3)).tolist() == [0]
+    assert grad_sample._live_positions(torch.zeros(2, 1, 1, 3)) is None  # one position
