@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover
                      f"({exc})") from None
 
 from privlearn.torch import per_sequence_cross_entropy
-from privlearn.torch.hf import DPTrainer, PrivacyArguments, expand_position_ids
+from privlearn.torch.hf import DPTrainer, PrivacyArguments
 
 
 def corpus() -> str:
@@ -88,8 +88,7 @@ def heldout_loss(model, data: Blocks, batch: int = 64) -> float:
     total, n = 0.0, 0
     for i in range(0, len(data), batch):
         ids = data.ids[i:i + batch]
-        pos = torch.arange(ids.shape[1]).expand_as(ids)
-        logits = model(input_ids=ids, position_ids=pos).logits
+        logits = model(input_ids=ids).logits
         total += per_sequence_cross_entropy(logits, ids, shift=True, reduction="sum").item()
         n += ids.shape[0]
     model.train(was)
@@ -141,7 +140,7 @@ def main(argv=None) -> dict:
             disable_tqdm=True, dataloader_pin_memory=False)
         trainer = DPTrainer(
             model=model, args=targs, train_dataset=train,
-            data_collator=expand_position_ids(transformers.default_data_collator),
+            data_collator=transformers.default_data_collator,
             privacy=PrivacyArguments(target_epsilon=args.epsilon, target_delta=1e-5,
                                      max_grad_norm=args.max_grad_norm, seed=args.seed,
                                      task="causal_lm"))

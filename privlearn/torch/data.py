@@ -373,10 +373,21 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
         loader_ds, collate_fn = TensorBatchGather(ds), TensorBatchGather.collate
     else:
         loader_ds, collate_fn = ds, EmptyAwareCollate(ds, data_loader.collate_fn)
+    generator = data_loader.generator
+    if generator is None:
+        # its own generator for the workers' base seed: DataLoader otherwise draws it from
+        # torch's global RNG at every iter(), which shifts dropout masks between a run and
+        # the same run resumed from a checkpoint (the global state is restored first)
+        generator = torch.Generator()
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed((int(seed) * 0x9E3779B1 + rank) % 2**63)
     return DataLoader(
         loader_ds,
         batch_sampler=bs,
         collate_fn=collate_fn,
+        generator=generator,
         num_workers=data_loader.num_workers,
         pin_memory=data_loader.pin_memory,
         timeout=data_loader.timeout,

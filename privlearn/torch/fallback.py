@@ -132,7 +132,19 @@ def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
     dev = next(iter(pvals.values())).device.type if pvals else "cpu"
     with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]), \
             torch.autocast(dev, enabled=False):
-        grads = vmap(per_example, in_dims=in_dims)(pvals, *args, *kw_vals, *gouts)
+        try:
+            grads = vmap(per_example, in_dims=in_dims)(pvals, *args, *kw_vals, *gouts)
+        except RuntimeError as e:
+            if "randomness" not in str(e):
+                raise
+            raise ValueError(
+                f"{type(module).__name__} draws random numbers in its forward (e.g. "
+                "F.dropout or torch.rand_like on its inputs), and it has no per-example rule: "
+                "the generic rule recomputes the layer per example and cannot replay that "
+                "randomness, so its per-example gradients cannot be computed. Move the "
+                "randomness into a child module (nn.Dropout) outside the layer that owns the "
+                "parameters, or register a rule for it (privlearn.torch.register_rule). No "
+                "step was taken and nothing was accounted") from None
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])

@@ -71,6 +71,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
                       "'privlearn[hf]' (transformers>=4.40, peft>=0.10)") from exc
 
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
+from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
@@ -140,6 +141,20 @@ class PrivacyArguments:
     def __post_init__(self):
         if self.task is not None and self.task not in _TASKS:
             raise ValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(
+                "give exactly one of noise_multiplier and target_epsilon, got noise_multiplier"
+                f"={self.noise_multiplier!r} and target_epsilon={self.target_epsilon!r}: "
+                "target_epsilon calibrates the noise for the planned steps, noise_multiplier "
+                "fixes it (then max_epsilon caps the steps)")
+        if self.clipping != "adaptive":
+            extra = [f"{k}={getattr(self, k)!r}" for k, default in (
+                ("target_unclipped_quantile", None), ("unclipped_num_std", None),
+                ("clipbound_learning_rate", 0.2)) if getattr(self, k) != default]
+            if extra:
+                raise ValueError(f"{', '.join(extra)} only apply to clipping='adaptive', got "
+                                 f"clipping={self.clipping!r}: set clipping='adaptive' or "
+                                 "drop them")
 
 
 _UNNOISED_LOGS = ("loss", "train_loss", "grad_norm")
@@ -173,6 +188,20 @@ class _PrivacyCallback(TrainerCallback):
     def __init__(self, trainer: DPTrainer):
         self.trainer = trainer
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        p = self.trainer.privacy_engine
+        if p is not None and p.accountant.max_epsilon is not None and p.accountant.steps == 0:
+            try:
+                p.accountant.check_step()
+            except PrivacyBudgetExceededError:
+                raise PrivacyBudgetExceededError(
+                    f"max_epsilon={p.accountant.max_epsilon:g} at delta="
+                    f"{p.accountant.delta:g} does not cover even one step (noise_multiplier="
+                    f"{p.noise_multiplier:.4g}, sampling rate {p.sampling_rate:.4g}); no step "
+                    "was taken. Raise max_epsilon, or the noise (noise_multiplier, or "
+                    "target_epsilon with the planned steps)") from None
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
         p = self.trainer.privacy_engine
         if p is None or p.accountant.max_epsilon is None:
@@ -182,6 +211,14 @@ class _PrivacyCallback(TrainerCallback):
         except PrivacyBudgetExceededError:
             self.trainer._stopped_at_budget = True
             control.should_training_stop = True
+            if state.global_step >= state.max_steps:
+                return control  # the planned end: the budget was planned to be spent
+            warnings.warn(
+                f"DPTrainer stopped after step {state.global_step} of {state.max_steps}: the "
+                f"next step would take epsilon past max_epsilon={p.accountant.max_epsilon:g} "
+                f"(epsilon now {self.trainer.epsilon():.4g} at delta="
+                f"{self.trainer.privacy.target_delta:g})", PrivacyBudgetWarning,
+                stacklevel=2)
         return control
 
 
@@ -281,11 +318,10 @@ class DPTrainer(Trainer):
               if f.name not in ("task", "max_epsilon", "target_epsilon", "noise_multiplier",
                                 "log_training_loss")}
         max_eps = pa.max_epsilon if pa.max_epsilon is not None else pa.target_epsilon
-        if pa.clipping == "flat":
-            for k in ("target_unclipped_quantile", "unclipped_num_std"):
+        if pa.clipping != "adaptive":  # defaults only (PrivacyArguments checked that)
+            for k in ("target_unclipped_quantile", "unclipped_num_std",
+                      "clipbound_learning_rate"):
                 kw.pop(k)
-            if pa.clipbound_learning_rate == 0.2:
-                kw.pop("clipbound_learning_rate")
         if pa.target_epsilon is not None:
             kw.update(target_epsilon=pa.target_epsilon, steps=self._planned_steps(len(dataset)))
         else:
@@ -346,6 +382,20 @@ class DPTrainer(Trainer):
         if _batch_size(inputs) == 0:
             return torch.zeros((), device=self.args.device)
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def train(self, *args, **kwargs):
+        """``Trainer.train``; unless ``log_training_loss``, the returned
+        ``TrainOutput.training_loss`` is NaN and ``metrics`` has no ``train_loss``: the mean
+        training loss is a statistic of the private batches without noise, so it does not
+        leave the call (what it returns is a release, covered by the accountant only if
+        noised)."""
+        out = super().train(*args, **kwargs)
+        if self.privacy.log_training_loss or self.privacy_engine is None:
+            return out
+        if hasattr(self, "_total_loss_scalar"):
+            self._total_loss_scalar = 0.0
+        metrics = {k: v for k, v in out.metrics.items() if k not in _UNNOISED_LOGS}
+        return type(out)(out.global_step, float("nan"), metrics)
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self, delta: float | None = None) -> float:

@@ -371,8 +371,8 @@ def make_private(
         max_grad_norm = math.sqrt(sum(c * c for c in per_layer_bounds.values()))
     elif isinstance(max_grad_norm, list | tuple | dict):
         raise ValueError("max_grad_norm is a list/dict of per-parameter bounds, which needs "
-                         "clipping='per_layer' (got clipping='flat'); pass one number for "
-                         "flat clipping")
+                         f"clipping='per_layer' (got clipping={clipping!r}); pass one number "
+                         "for flat or adaptive clipping")
     max_grad_norm = _check_pos("max_grad_norm", max_grad_norm, allow_inf=True)
     if isinstance(sampling, Sampling):
         sampling = sampling.value

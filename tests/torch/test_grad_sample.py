@@ -524,3 +524,32 @@ def test_live_positions_keeps_nan_and_nonzero_positions():
     # nothing live: one (zero) position is kept so that every shape stays non-empty
     assert grad_sample._live_positions(torch.zeros(2, 1, 5, 3)).tolist() == [0]
     assert grad_sample._live_positions(torch.zeros(2, 1, 1, 3)) is None  # one position
+
+
+class _FunctionalDropout(nn.Module):
+    """A parameter-owning layer with randomness inside its own forward (no rule: the
+    generic fallback cannot replay the random draw per example)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return nn.functional.dropout(x * self.a, 0.5, self.training)
+
+
+def test_fallback_layer_with_its_own_randomness_is_a_clear_error():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    net = nn.Sequential(nn.Linear(3, 4), _FunctionalDropout(), nn.Linear(4, 2))
+    ds = TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    p = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=4), noise_multiplier=1.0, max_grad_norm=1.0,
+                     seed=0)
+    x, y = next(iter(p.data_loader))
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(ValueError, match="_FunctionalDropout draws random numbers"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0

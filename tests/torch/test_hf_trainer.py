@@ -8,7 +8,9 @@ and the same parameters, training stops at the budget, bad set-ups are refused."
 from __future__ import annotations
 
 import copy
+import math
 import os
+import warnings
 
 import pytest
 
@@ -16,7 +18,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.errors import PrivacyBudgetExceededError  # noqa: E402
 from privlearn.torch import per_sequence_cross_entropy  # noqa: E402
+from privlearn.torch.accountant import PrivacyBudgetWarning  # noqa: E402
 from privlearn.torch.hf import (  # noqa: E402
     PRIVACY_STATE_NAME,
     DPTrainer,
@@ -48,11 +52,11 @@ class _TextSet(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": labels}
 
 
-def _llama(classify=False, seed=0):
+def _llama(classify=False, seed=0, dropout=0.0):
     cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32,
                                    num_hidden_layers=2, num_attention_heads=2,
                                    num_key_value_heads=2, max_position_embeddings=32,
-                                   pad_token_id=0, num_labels=3)
+                                   pad_token_id=0, num_labels=3, attention_dropout=dropout)
     torch.manual_seed(seed)
     cls = (transformers.LlamaForSequenceClassification if classify
            else transformers.LlamaForCausalLM)
@@ -106,11 +110,13 @@ def test_update_is_clipped_per_example_mean(tmp_path):
 def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
     """Four steps with checkpoints at 2 and 4; each logged epsilon is the composition of
     the steps taken so far; a run resumed from checkpoint 2 ends with the same epsilon,
-    the same accountant history and the same parameters as the uninterrupted one."""
+    the same accountant history and the same parameters as the uninterrupted one (with
+    dropout: the DP loader must not draw from torch's global RNG, which the Trainer
+    restores from the checkpoint)."""
     sigma = 1.0
     pa = PrivacyArguments(noise_multiplier=sigma, max_grad_norm=0.5, seed=11)
     args = _args(tmp_path, save_strategy="steps", save_steps=2)
-    a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
+    a = DPTrainer(model=_llama(dropout=0.3), args=args, train_dataset=_TextSet(), privacy=pa)
     a.train()
     logged = [(h["step"], h["epsilon"]) for h in a.state.log_history
               if "epsilon" in h and "train_runtime" not in h]
@@ -122,7 +128,8 @@ def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
     ckpt = os.path.join(tmp_path, "checkpoint-2")
     assert os.path.isfile(os.path.join(ckpt, PRIVACY_STATE_NAME))
 
-    b = DPTrainer(model=_llama(seed=99), args=args, train_dataset=_TextSet(), privacy=pa)
+    b = DPTrainer(model=_llama(seed=99, dropout=0.3), args=args, train_dataset=_TextSet(),
+                  privacy=pa)
     b.train(resume_from_checkpoint=ckpt)
     assert b.privacy_engine.accountant.steps == 4
     assert b.privacy_engine.accountant.segments == a.privacy_engine.accountant.segments
@@ -139,7 +146,8 @@ def test_stops_at_max_epsilon_and_calibrates(tmp_path):
     tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=10, logging_steps=50),
                    train_dataset=_TextSet(),
                    privacy=PrivacyArguments(noise_multiplier=1.0, max_epsilon=cap, seed=0))
-    tr.train()
+    with pytest.warns(PrivacyBudgetWarning, match="stopped after step 3 of 10"):
+        tr.train()
     assert tr.privacy_engine.accountant.steps == 3
     assert tr.state.global_step == 3
     assert tr.epsilon() <= cap
@@ -147,9 +155,17 @@ def test_stops_at_max_epsilon_and_calibrates(tmp_path):
     tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=5, logging_steps=50),
                    train_dataset=_TextSet(),
                    privacy=PrivacyArguments(target_epsilon=4.0, seed=0))
-    tr.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)  # the planned end: no warning
+        tr.train()
     assert tr.privacy_engine.accountant.steps == 5
     assert 3.9 < tr.epsilon() <= 4.0
+    # a cap below one step's epsilon: a clear error before any step
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=5), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, max_epsilon=1e-3, seed=0))
+    with pytest.raises(PrivacyBudgetExceededError, match="does not cover even one step"):
+        tr.train()
+    assert tr.state.global_step == 0 and tr.privacy_engine.accountant.steps == 0
 
 
 def test_sequence_classification_with_adaptive_clipping(tmp_path):
@@ -178,6 +194,12 @@ def test_refused_setups(tmp_path):
                   privacy={"noise_multiplier": 1.0})
     with pytest.raises(ValueError, match="task must be one of"):
         PrivacyArguments(noise_multiplier=1.0, task="summarise")
+    with pytest.raises(ValueError, match="exactly one of noise_multiplier and target_epsilon"):
+        PrivacyArguments(noise_multiplier=1.0, target_epsilon=3.0)
+    with pytest.raises(ValueError, match="exactly one of noise_multiplier and target_epsilon"):
+        PrivacyArguments()
+    with pytest.raises(ValueError, match="only apply to clipping='adaptive'"):
+        PrivacyArguments(noise_multiplier=1.0, target_unclipped_quantile=0.5)
     # adaptive without a target quantile: refused when training starts, before a step
     tr = DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=ds,
                    privacy=PrivacyArguments(noise_multiplier=1.0, clipping="adaptive"))
@@ -231,7 +253,8 @@ def test_training_loss_is_not_logged_or_saved_unless_opted_in(tmp_path):
     tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2, save_strategy="steps",
                                               save_steps=2),
                    train_dataset=_TextSet(), privacy=pa)
-    tr.train()
+    out = tr.train()
+    assert math.isnan(out.training_loss) and "train_loss" not in out.metrics  # returned too
     assert tr.state.log_history and all("epsilon" in h for h in tr.state.log_history)
     assert not any(k in h for h in tr.state.log_history
                    for k in ("loss", "train_loss", "grad_norm"))
