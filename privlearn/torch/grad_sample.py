@@ -264,8 +264,8 @@ def _live_positions(g: torch.Tensor) -> torch.Tensor | None:
     classifier on the ``[CLS]`` token (BERT's last layer sees a gradient at one position
     of ``T``) or on the last token. Cheap when nothing can be dropped: the gradients of
     the first ``_PROBE_EXAMPLES`` examples are read, and ``g`` is checked in full only when
-    they are zero at a quarter of the positions or more. A NaN counts as non-zero. CPU only: on an accelerator
-    the check would synchronise the device once per layer.
+    they are zero at a quarter of the positions or more. A NaN counts as non-zero. CPU
+    only: on an accelerator the check would synchronise the device once per layer.
     """
     b, G, t, p = g.shape
     if t <= 1 or g.device.type != "cpu" or g.numel() == 0:
