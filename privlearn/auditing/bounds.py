@@ -127,14 +127,6 @@ _GDP_ERROR_SHARE = 0.5
 
 
 # ---------------------------------------------------------------------------- input checks
-def _num(x) -> str:
-    """A number as a user wrote it (no ``np.float64(...)`` wrapper in messages)."""
-    try:
-        return repr(float(x)) if isinstance(x, np.generic) else repr(x)
-    except (TypeError, ValueError):
-        return repr(x)
-
-
 def _scores(name: str, x) -> np.ndarray:
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor (possibly with grad)
         x = x.detach().cpu().numpy()
@@ -180,7 +172,7 @@ def _check_delta(delta) -> float:
 def _check_confidence(confidence) -> float:
     c = check_real("confidence", confidence, hint="pass a probability such as 0.95")
     if not 0 < c < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {_num(confidence)} (0.95 is "
+        raise ValueError(f"confidence must be in (0, 1), got {c!r} (0.95 is "
                          "usual)")
     return c
 
