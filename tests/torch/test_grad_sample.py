@@ -477,18 +477,20 @@ def test_mean_loss_is_rescaled():
 
 
 class _ReadsSomePositions(nn.Module):
-    """Two Linear layers on sequences, the loss reading only some positions (as a sequence
-    classifier reads the [CLS] or last token): the second layer's output gradient is
-    exactly zero at the other positions in every example."""
+    """Two Linear layers and a LayerNorm on sequences, the loss reading only some
+    positions (as a sequence classifier reads the [CLS] or last token): the output
+    gradients after the first layer are exactly zero at the other positions in every
+    example."""
 
     def __init__(self, d, p, positions):
         super().__init__()
         self.l1 = nn.Linear(d, p)
+        self.norm = nn.LayerNorm(p)
         self.l2 = nn.Linear(p, 3)
         self.positions = positions
 
     def forward(self, x):
-        return self.l2(torch.tanh(self.l1(x)))[:, self.positions]
+        return self.l2(self.norm(torch.tanh(self.l1(x))))[:, self.positions]
 
 
 @SETTINGS
@@ -500,6 +502,13 @@ def test_linear_positions_the_loss_never_reads(b, t, d, p, data):
     positions = data.draw(st.lists(st.integers(0, t - 1), max_size=t, unique=True))
     torch.manual_seed(b * 10 + t)
     check(_ReadsSomePositions(d, p, positions), [torch.randn(b, t, d)], sq_loss)
+
+
+@pytest.mark.parametrize("positions", [[0, 3], [1, 2, 7], [5]])
+def test_linear_and_layernorm_with_several_live_positions(positions):
+    """Most positions dead, several live: the dropping runs and keeps every live one."""
+    torch.manual_seed(len(positions))
+    check(_ReadsSomePositions(3, 4, positions), [torch.randn(3, 8, 3)], sq_loss)
 
 
 def test_positions_the_loss_never_reads_are_dropped():

@@ -12,6 +12,7 @@ from privlearn.torch.grad_sample import (
     Materialized,
     Record,
     _as,
+    _live_positions,
     _scaled,
     compute_dtype,
     register_rule,
@@ -37,8 +38,12 @@ def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution
     x, g = record.args[0], _scaled(record)
     dt = compute_dtype(x, g)
     x, g = _as(x, dt), _as(g, dt)
-    xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
     k = len(module.normalized_shape)
+    if x.dim() == k + 2 and g.shape == x.shape:  # (B, T, *shape): drop dead positions
+        live = _live_positions(g.reshape(g.shape[0], 1, g.shape[1], -1))
+        if live is not None:
+            x, g = x.index_select(1, live), g.index_select(1, live)
+    xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
     reduce_dims = tuple(range(1, x.dim() - k))
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
 
