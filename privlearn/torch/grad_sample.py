@@ -251,6 +251,9 @@ _MIN_DEAD_SHARE = 4
 #: Examples whose whole output gradient the cheap first check of :func:`_live_positions`
 #: reads (a strided read of one feature of every example was slower on a cold cache).
 _PROBE_EXAMPLES = 4
+#: ... and the features of each of their rows it reads (bounded: a language-model head's
+#: rows are vocabulary-wide).
+_PROBE_FEATURES = 64
 
 
 def _live_positions(g: torch.Tensor) -> torch.Tensor | None:
@@ -262,9 +265,10 @@ def _live_positions(g: torch.Tensor) -> torch.Tensor | None:
     clipped sum, so dropping it is exact (floating-point sums lose only ``+0`` terms).
     Such positions are common where the loss reads a few positions: a sequence
     classifier on the ``[CLS]`` token (BERT's last layer sees a gradient at one position
-    of ``T``) or on the last token. Cheap when nothing can be dropped: the gradients of
-    the first ``_PROBE_EXAMPLES`` examples are read, and ``g`` is checked in full only when
-    they are zero at a quarter of the positions or more. A NaN counts as non-zero. CPU
+    of ``T``) or on the last token. Cheap when nothing can be dropped: the first
+    ``_PROBE_FEATURES`` features of the first ``_PROBE_EXAMPLES`` examples are read, and
+    ``g`` is checked in full only when they are zero at a quarter of the positions or
+    more. A NaN counts as non-zero. CPU
     only: on an accelerator the check would synchronise the device once per layer.
     """
     b, G, t, p = g.shape
@@ -272,7 +276,7 @@ def _live_positions(g: torch.Tensor) -> torch.Tensor | None:
         return None
     # probe: positions with a non-zero entry in one of the first examples are surely live
     # (their rows are contiguous: a few cache-friendly reads; a NaN makes the max NaN)
-    probe = g[:_PROBE_EXAMPLES].abs().amax(dim=(0, 1, 3)).ne(0)
+    probe = g[:_PROBE_EXAMPLES, :, :, :_PROBE_FEATURES].abs().amax(dim=(0, 1, 3)).ne(0)
     maybe_dead = t - int(probe.sum())
     if maybe_dead * _MIN_DEAD_SHARE < t:
         # too few to pay for the full check and the copies (a causal LM head: only the
