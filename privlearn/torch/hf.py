@@ -188,31 +188,35 @@ class _PrivacyCallback(TrainerCallback):
     def __init__(self, trainer: DPTrainer):
         self.trainer = trainer
 
+    @staticmethod
+    def _next_step_exceeds(p) -> bool:
+        """Whether the accountant's ``max_epsilon`` leaves no room for one more step."""
+        if p is None or p.accountant.max_epsilon is None:
+            return False
+        try:
+            p.accountant.check_step()
+        except PrivacyBudgetExceededError:
+            return True
+        return False
+
     def on_train_begin(self, args, state, control, **kwargs):
         p = self.trainer.privacy_engine
-        if p is not None and p.accountant.max_epsilon is not None and p.accountant.steps == 0:
-            try:
-                p.accountant.check_step()
-            except PrivacyBudgetExceededError:
-                raise PrivacyBudgetExceededError(
-                    f"max_epsilon={p.accountant.max_epsilon:g} at delta="
-                    f"{p.accountant.delta:g} does not cover even one step (noise_multiplier="
-                    f"{p.noise_multiplier:.4g}, sampling rate {p.sampling_rate:.4g}); no step "
-                    "was taken. Raise max_epsilon, or the noise (noise_multiplier, or "
-                    "target_epsilon with the planned steps)") from None
+        if p is not None and p.accountant.steps == 0 and self._next_step_exceeds(p):
+            raise PrivacyBudgetExceededError(
+                f"max_epsilon={p.accountant.max_epsilon:g} at delta={p.accountant.delta:g} "
+                f"does not cover even one step (noise_multiplier={p.noise_multiplier:.4g}, "
+                f"sampling rate {p.sampling_rate:.4g}); no step was taken. Raise "
+                "max_epsilon, or the noise (noise_multiplier, or target_epsilon with the "
+                "planned steps)")
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
         p = self.trainer.privacy_engine
-        if p is None or p.accountant.max_epsilon is None:
+        if not self._next_step_exceeds(p):
             return control
-        try:
-            p.accountant.check_step()
-        except PrivacyBudgetExceededError:
-            self.trainer._stopped_at_budget = True
-            control.should_training_stop = True
-            if state.global_step >= state.max_steps:
-                return control  # the planned end: the budget was planned to be spent
+        self.trainer._stopped_at_budget = True
+        control.should_training_stop = True
+        if state.global_step < state.max_steps:  # not the planned end: say why it stopped
             warnings.warn(
                 f"DPTrainer stopped after step {state.global_step} of {state.max_steps}: the "
                 f"next step would take epsilon past max_epsilon={p.accountant.max_epsilon:g} "
