@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/auditing.py                 # everything (about 15 minutes, 1 core)
+    python benchmarks/auditing.py                 # everything (about 35 minutes, 2 cores)
     python benchmarks/auditing.py --part tightness --reps 5
 
 Parts
@@ -15,6 +15,12 @@ Parts
                time of each call (calls interleaved, order alternating between reps).
 ``power``      median bound of the ideal attack by number of canaries (the table in
                docs/auditing.md).
+``null``       validity under the null: scores independent of the labels (a (0, 0)-DP
+               "mechanism", so every bound above 0 is a false refutation), the share of
+               draws on which each library's 95% bound is above 0, with a Clopper-Pearson
+               interval on that share; a valid procedure has a share of at most 5%.
+               Any procedure at least as high as jax_privacy's on every draw has a share at
+               least as large as jax_privacy's.
 ``engine``     ``privlearn audit dpsgd`` (a subprocess each, wall time included) for every
                planted bug, and the correct engine's bound beside the median bound of the
                ideal attack at the claimed epsilon with the same number of canaries.
@@ -150,6 +156,49 @@ def engine(canaries: int, epsilon: float, reps: int) -> list[dict]:
     return rows
 
 
+def _null_chunk(args):
+    m, methods, seeds = args
+    ja = load_jax()
+    hits = {f"{who}:{meth}": 0 for meth in methods for who in ("privlearn", "jax")}
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        lab = rng.random(m) < 0.5
+        s = rng.normal(size=m)  # independent of the labels: a (0, 0)-DP release
+        for meth in methods:
+            hits[f"privlearn:{meth}"] += epsilon_lower_bound(
+                s[lab], s[~lab], delta=DELTA, method=meth) > 0
+            hits[f"jax:{meth}"] += float(_jax_call(ja, meth, s[lab], s[~lab])) > 0
+    return hits
+
+
+def null(m: int, trials: int, methods: tuple[str, ...], workers: int) -> list[dict]:
+    """Share of null draws (scores independent of the labels) with a bound above 0."""
+    from multiprocessing import Pool
+
+    from scipy.stats import beta, binomtest
+
+    if load_jax() is None:
+        raise SystemExit("jax_privacy is not installed: pip install --no-deps jax-privacy==2.0.0")
+    seeds = np.arange(trials) + 9_000_000
+    chunks = [(m, methods, part) for part in np.array_split(seeds, max(1, workers) * 8)]
+    total: dict[str, int] = {}
+    with Pool(max(1, workers)) as pool:
+        for hits in pool.imap_unordered(_null_chunk, chunks):
+            for k, v in hits.items():
+                total[k] = total.get(k, 0) + int(v)
+    rows = []
+    for key, k in total.items():
+        who, meth = key.split(":")
+        lo = float(beta.ppf(0.025, k, trials - k + 1)) if k else 0.0
+        hi = float(beta.ppf(0.975, k + 1, trials - k)) if k < trials else 1.0
+        p = binomtest(k, trials, ALPHA, alternative="greater").pvalue
+        row = dict(library=who, method=meth, m=m, trials=trials, above_zero=k,
+                   share=k / trials, ci_low=lo, ci_high=hi, p_share_gt_5pct=float(p))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def render(data: dict) -> str:
     """Markdown tables of a ``--json-out`` file."""
     out = []
@@ -163,15 +212,29 @@ def render(data: dict) -> str:
                        f"{r['jax_mean']:.3f} | {r['ours_ge_jax']}/{r['reps']} | "
                        f"{r['ours_over_true']}/{r['reps']} / {r['jax_over_true']}/{r['reps']} | "
                        f"{r['t_ours'] * 1e3:.0f} ms | {r['t_jax'] * 1e3:.0f} ms |")
+    if "null" in data:
+        out.append("| library | method | canaries | draws | bound > 0 | share (95% CI) | "
+                   "p-value of H0: share <= 5% |")
+        out.append("|---|---|---|---|---|---|---|")
+        for r in sorted(data["null"], key=lambda r: (r["method"], r["library"])):
+            out.append(f"| {r['library']} | {r['method']} | {r['m']:,} | {r['trials']:,} | "
+                       f"{r['above_zero']:,} | {100 * r['share']:.2f}% "
+                       f"({100 * r['ci_low']:.2f}-{100 * r['ci_high']:.2f}%) | "
+                       f"{r['p_share_gt_5pct']:.1e} |")
     return "\n".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("tightness", "power", "engine", "all"), default="all")
+    ap.add_argument("--part", choices=("tightness", "power", "null", "engine", "all"),
+                    default="all")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--canaries", type=int, default=1000)
     ap.add_argument("--epsilon", type=float, default=2.0)
+    ap.add_argument("--trials", type=int, default=20_000, help="draws of the null part")
+    ap.add_argument("--methods", default="one_run,one_run_fdp",
+                    help="comma-separated methods of the null part")
+    ap.add_argument("--workers", type=int, default=2, help="processes of the null part")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--render", default=None, help="print the tables of a --json-out file")
     a = ap.parse_args()
@@ -184,6 +247,8 @@ def main() -> None:
         out["tightness"] = tightness(a.reps)
     if a.part in ("power", "all"):
         out["power"] = power(max(a.reps, 11))
+    if a.part in ("null", "all"):
+        out["null"] = null(a.canaries, a.trials, tuple(a.methods.split(",")), a.workers)
     if a.part in ("engine", "all"):
         out["engine"] = engine(a.canaries, a.epsilon, reps=3)
     if a.json_out:
