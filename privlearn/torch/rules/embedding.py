@@ -39,11 +39,17 @@ class EmbeddingContribution(Contribution):
         if padding_idx is not None:
             g = g * (ids != padding_idx).unsqueeze(-1).to(g.dtype)
         self.b, self.ids, self.g = b, ids, g
+        self._sq = None
 
     def factor(self, j: int):
         return ("rows", self.ids, self.g, self.weight.shape[0])
 
     def sq_norms(self) -> torch.Tensor:
+        if self._sq is None:  # asked twice a step (batch-size check, then clipping)
+            self._sq = self._compute_sq_norms()
+        return self._sq
+
+    def _compute_sq_norms(self) -> torch.Tensor:
         b, ids, g = self.b, self.ids, self.g
         V, D = self.weight.shape
         if b == 0:
