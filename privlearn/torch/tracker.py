@@ -31,7 +31,6 @@ state (cross terms live in :mod:`privlearn.torch.cross_terms`).
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 import torch

@@ -70,8 +70,15 @@ def engine_per_sample(model, inputs, loss_fn, mode, instrument=True):
         for c in contribs:
             for p, w in zip(c.params, c.weighted_sum(cvec), strict=True):
                 out[id(p)] = w if id(p) not in out else out[id(p)] + w
-        return torch.cat([out[id(p)].reshape(-1) if id(p) in out else torch.zeros(p.numel())
+        flat = torch.cat([out[id(p)].reshape(-1) if id(p) in out else torch.zeros(p.numel())
                           for p in params]).double()
+        # the in-place form the optimizer uses must give the same sums
+        acc = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in params}
+        for c in contribs:
+            c.accumulate_into(cvec, [acc[id(p)] for p in c.params])
+        torch.testing.assert_close(torch.cat([acc[id(p)].reshape(-1) for p in params]), flat,
+                                   atol=1e-5 * (flat.abs().max().item() + 1), rtol=1e-5)
+        return flat
 
     return sq, ps, weighted
 
@@ -165,6 +172,27 @@ def test_embedding_expanded_position_ids():
 
     torch.manual_seed(0)
     check(PosModel(), [torch.randint(0, 7, (4, 5))], sq_loss)
+
+
+@SETTINGS
+@given(b=st.integers(1, 4), t=st.integers(1, 6), vocab=st.integers(2, 6),
+       padding_idx=st.sampled_from([None, 0]))
+def test_embedding_ids_shared_by_the_batch(b, t, vocab, padding_idx):
+    """One id row broadcast over the batch (stride 0, as Hugging Face's position and
+    token-type ids), with repeated ids and padding: the shared-row path of the rule."""
+
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, 3, padding_idx=padding_idx)
+            self.lin = nn.Linear(2, 3)
+
+        def forward(self, x, row):
+            return self.emb(row.expand(x.shape[0], -1)) * self.lin(x)
+
+    torch.manual_seed(b * 11 + t)
+    row = torch.randint(0, vocab, (1, t))  # repeated ids are likely
+    check(Shared(), [torch.randn(b, t, 2), row], sq_loss, batch_dims=[0, None])
 
 
 @SETTINGS

@@ -56,6 +56,12 @@ class EmbeddingContribution(Contribution):
             return g.new_zeros(0)
         if ids.shape[1] == 1:
             return g.pow(2).sum((1, 2))
+        if self._shared_ids():  # one id row for every example (position ids, token types)
+            uniq, inv = torch.unique(ids[0], return_inverse=True)
+            if uniq.numel() == ids.shape[1]:  # distinct ids: each row its own
+                return _rowdot(g.reshape(b, -1))
+            agg = g.new_zeros(b, uniq.numel(), D).index_add_(1, inv, g)
+            return _rowdot(agg.reshape(b, -1))
         keys = torch.arange(b, device=ids.device).unsqueeze(1) * V + ids
         uniq, inv = torch.unique(keys.reshape(-1), return_inverse=True)
         # segment sums by the (sort-based) kernel autograd uses for Embedding: several
@@ -63,6 +69,11 @@ class EmbeddingContribution(Contribution):
         agg = _segment_sum(g.reshape(-1, D), inv, uniq.shape[0])
         sq = _rowdot(agg)
         return g.new_zeros(b).index_add_(0, uniq // V, sq)
+
+    def _shared_ids(self) -> bool:
+        """Whether every example looked up the same ids: an id row broadcast over the
+        batch (stride 0), as Hugging Face's default position and token-type ids are."""
+        return self.b > 1 and self.ids.stride(0) == 0
 
     def _weighted_rows(self, c: torch.Tensor) -> torch.Tensor:
         """Output gradients scaled per example, ``c_i g_{i,t}``, one row per token."""
@@ -77,8 +88,13 @@ class EmbeddingContribution(Contribution):
         gradients into the (noise) buffer: no ``(V, D)`` temporary (on CPU the zeroing
         and adding of a vocabulary-sized temporary cost more than the scatter itself)."""
         o = outs[0]
-        o.view(-1, self.weight.shape[1]).index_add_(0, self.ids.reshape(-1),
-                                                    self._weighted_rows(c).to(o.dtype))
+        D = self.weight.shape[1]
+        if self._shared_ids():  # sum over examples first: T rows to scatter, not B T
+            t = self.ids.shape[1]
+            rows = (c.to(self.g.dtype) @ self.g.reshape(self.b, t * D)).view(t, D)
+            o.view(-1, D).index_add_(0, self.ids[0], rows.to(o.dtype))
+            return
+        o.view(-1, D).index_add_(0, self.ids.reshape(-1), self._weighted_rows(c).to(o.dtype))
 
     def per_sample(self) -> list[torch.Tensor]:
         b, ids, g = self.b, self.ids, self.g
