@@ -290,19 +290,26 @@ class DPOptimizer:
     def clip_and_accumulate(self) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
         ``1 / expected_batch_size``) to the accumulator."""
-        sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
-                                                  1.0 / self.expected_batch_size,
-                                                  per_param=self.per_param_clipping,
-                                                  loss_scale=self._loss_scale())
-        self._overflowed += self.tracker.last_overflow_count
-        self.last_grad_norms = norms
-        self._count_unclipped(norms)
+        sums = self._clipped_sum()
         for p in self.tracker.params:
             s = sums.get(id(p))
             if s is None:
                 continue
             k = id(p)
             self._accum[k] = s if k not in self._accum else self._accum[k] + s
+
+    def _clipped_sum(self, out: dict | None = None) -> dict:
+        """This physical batch's clipped per-example gradient sum, scaled by
+        ``1 / expected_batch_size`` (added into ``out`` in place when given), with the
+        step's bookkeeping: overflow count, last norms, adaptive clipping's count."""
+        sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
+                                                  1.0 / self.expected_batch_size, out=out,
+                                                  per_param=self.per_param_clipping,
+                                                  loss_scale=self._loss_scale())
+        self._overflowed += self.tracker.last_overflow_count
+        self.last_grad_norms = norms
+        self._count_unclipped(norms)
+        return sums
 
     def _loss_scale(self) -> float:
         """Factor the recorded gradients carry: the static ``tracker.loss_scale`` times
@@ -398,13 +405,7 @@ class DPOptimizer:
         views = [v.view(p.shape) for v, p in zip(flat.split(self._numels), params,
                                                   strict=True)]
         out = {id(p): v for p, v in zip(params, views, strict=True)}
-        _, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
-                                               1.0 / self.expected_batch_size, out=out,
-                                               per_param=self.per_param_clipping,
-                                               loss_scale=self._loss_scale())
-        self._overflowed += self.tracker.last_overflow_count
-        self.last_grad_norms = norms
-        self._count_unclipped(norms)
+        self._clipped_sum(out)
         for k, a in self._accum.items():  # earlier chunks of a virtual batch
             out[k].add_(a)
         self._accum = {}
