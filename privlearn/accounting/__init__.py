@@ -40,6 +40,7 @@ from privlearn.accounting.registry import (
     register_mechanism,
     register_representation,
 )
+from privlearn.accounting.schedule import planned_steps, steps_per_epoch
 
 __all__ = [
     "AccountingError",
@@ -61,8 +62,10 @@ __all__ = [
     "calibrate",
     "compose",
     "get_accountant",
+    "planned_steps",
     "register_accountant",
     "register_mechanism",
     "register_representation",
+    "steps_per_epoch",
     "subsample",
 ]
