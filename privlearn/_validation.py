@@ -39,7 +39,6 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-import warnings
 from collections.abc import Iterable
 from enum import Enum
 from typing import TypeVar
@@ -50,7 +49,6 @@ __all__ = [
     "check_positive",
     "check_nonnegative",
     "check_delta",
-    "warn_if_delta_large",
     "check_epsilon",
     "check_rate",
     "check_probability",
@@ -132,34 +130,6 @@ def check_delta(
             _msg(name, rng, value, hint or "typical values are 1e-5 or 1/dataset size")
         )
     return x
-
-
-def warn_if_delta_large(delta: float, n: int, *, name: str = "delta",
-                        stacklevel: int = 3) -> None:
-    """Warn (:class:`privlearn.errors.PrivacyLeakWarning`) when ``delta >= 1 / n``.
-
-    A mechanism that publishes one random record of ``n`` in the clear is
-    ``(0, 1/n)``-DP, so a guarantee with ``delta`` at or above ``1 / n`` allows that and
-    says little (Dwork & Roth 2014, "The Algorithmic Foundations of Differential
-    Privacy", Sec. 2.3: delta should be much smaller than ``1 / n``). The computation is
-    still accounted exactly; the warning tells the person running it to pick a smaller
-    delta (``1 / n^1.1`` or ``1e-5`` for ``n`` up to ~100k are usual).
-    """
-    from privlearn.errors import PrivacyLeakWarning  # leaf module, standard library only
-
-    n = int(n)
-    if n >= 1 and delta > 0 and delta >= 1.0 / n:
-        warnings.warn(
-            f"{name}={delta:g} is at least 1/n = 1/{n} = {1.0 / n:.3g} for a dataset of {n} "
-            f"records: a (epsilon, {delta:g})-DP release may still expose a whole record "
-            f"(publishing one random record in the clear is (0, 1/n)-DP). Pick {name} well "
-            f"below 1/n, e.g. {name}={_suggest_delta(n):.1g}",
-            PrivacyLeakWarning, stacklevel=stacklevel)
-
-
-def _suggest_delta(n: int) -> float:
-    """A delta well below ``1 / n``: ``min(1e-5, n ** -1.1)``."""
-    return min(1e-5, float(n) ** -1.1)
 
 
 def check_epsilon(name: str, value: object, *, hint: str | None = None) -> float:

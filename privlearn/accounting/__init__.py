@@ -35,12 +35,12 @@ from privlearn.accounting.mechanisms import (
     compose,
     subsample,
 )
+from privlearn.accounting.planning import planned_steps, steps_per_epoch, warn_if_delta_large
 from privlearn.accounting.registry import (
     MechanismKind,
     register_mechanism,
     register_representation,
 )
-from privlearn.accounting.schedule import planned_steps, steps_per_epoch
 
 __all__ = [
     "AccountingError",
@@ -68,4 +68,5 @@ __all__ = [
     "register_representation",
     "steps_per_epoch",
     "subsample",
+    "warn_if_delta_large",
 ]
