@@ -1,20 +1,14 @@
-"""Ledger of the DP-SGD steps actually taken, evaluated by :mod:`privlearn.accounting`.
+"""The DP-SGD steps actually taken, and the objects the optimizer calls once per step.
 
-The accountant is told, at every logical step, the noise multiplier, the sampling rate
-and the clipping bound that the step *used* (:meth:`PrivacyAccountant.record_step`,
-called by :class:`~privlearn.torch.DPOptimizer` with its live values). Consecutive steps
-with the same values form one *segment*; the history is the list of segments, and the
-mechanism is their composition. Nothing can change the noise without the accountant
-seeing it: a noise schedule (``p.optimizer.noise_multiplier = 0.5`` between steps) simply
-starts a new segment.
-
-Budgets: ``max_epsilon`` (a hard cap: the step that would take epsilon at ``delta`` past
-it raises :class:`~privlearn.errors.PrivacyBudgetExceededError` *before* it runs) and
-``planned_epsilon`` (a soft one: a :class:`PrivacyBudgetWarning` is emitted once, after
-the first step that goes past it). Both are checked without evaluating epsilon at every
-step: when the step configuration changes, the accountant finds (by bisection over the
-number of steps, epsilon being monotone in it) how many more steps of that configuration
-stay within each cap, and counts down.
+* :class:`PrivacyAccountant`: the history. At every logical step the optimizer records
+  the noise multiplier, the sampling rate and the clipping bound that the step *used*
+  (:meth:`PrivacyAccountant.record_step`). Consecutive steps with the same values form
+  one :class:`Segment`; the mechanism is their composition. Nothing can change the noise
+  without the accountant seeing it: a noise schedule (``p.optimizer.noise_multiplier =
+  0.5`` between steps) simply starts a new segment.
+* :class:`BudgetCap`: ``max_epsilon`` (a hard cap, checked before the step) and
+  ``planned_epsilon`` (a warning once past it).
+* :class:`LedgerLink`: the run's reservations in a persistent privacy ledger.
 """
 
 from __future__ import annotations
@@ -22,14 +16,16 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from privlearn.accounting import Gaussian, compose, subsample
+from privlearn.accounting.serialization import dumps, loads
 from privlearn.errors import PrivacyBudgetExceededError
 
-__all__ = ["PrivacyAccountant", "PrivacyBudgetWarning", "Segment", "LedgerLink"]
+__all__ = ["BudgetCap", "LedgerLink", "PrivacyAccountant", "PrivacyBudgetWarning", "Segment",
+           "dpsgd_step"]
 
-_STATE_FORMAT = "privlearn.torch.accountant/1"
+_STATE_FORMAT = "privlearn.torch.accountant/2"
 
 
 def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poisson"):
@@ -59,210 +55,118 @@ class Segment:
 
 
 class PrivacyAccountant:
-    """Records logical optimizer steps and answers ``epsilon(delta)`` for them.
+    """The history of the DP-SGD steps actually taken, and its epsilon.
 
-    Each step is the subsampled Gaussian mechanism
-    ``subsample(Gaussian(noise_multiplier), rate=sampling_rate, scheme=scheme)``; ``T``
-    steps compose adaptively (Abadi et al. 2016, Sec. 3.1; Mironov et al. 2019; the
-    numbers come from the certified accountant named by ``accountant``).
+    Each step is the subsampled Gaussian mechanism :func:`dpsgd_step` with the noise
+    multiplier and sampling rate it used; ``T`` steps compose adaptively (Abadi et al. 2016,
+    Sec. 3.1; Mironov et al. 2019; the numbers come from the certified accountant named by
+    ``accountant``). The history is a tuple of :class:`Segment` values (runs of identical
+    steps); the only way to extend it is :meth:`record_step`, called by the optimizer
+    with the values the step used. Budgets are a separate object (:class:`BudgetCap`), and
+    so is the persistent ledger (:class:`LedgerLink`).
 
     Parameters
     ----------
-    noise_multiplier : float
-        sigma of the first step (the steps themselves record what they used).
-    sampling_rate : float
-        q of the first step.
     scheme : {"poisson", "fixed"}
-        Subsampling scheme of every step.
+        Subsampling scheme of every step (the sampler's).
     accountant : str
         Name of an accountant of :mod:`privlearn.accounting`.
-    max_grad_norm : float
-        Clipping bound of the first step (recorded in the history).
+
+    Attributes
+    ----------
+    prior : Mechanism or None
+        What earlier runs on the same data released (e.g. the earlier ``train()`` calls
+        of a Hugging Face trainer); composed with this run's steps in every epsilon and
+        budget. Settable before the first step only.
     """
 
-    def __init__(self, noise_multiplier: float, sampling_rate: float, scheme: str = "poisson",
-                 accountant: str = "pld", max_grad_norm: float = 1.0):
-        self.sampling_rate = float(sampling_rate)
+    def __init__(self, scheme: str = "poisson", accountant: str = "pld"):
         self.scheme = scheme
         self.accountant = accountant
-        self._current = (float(noise_multiplier), float(sampling_rate), float(max_grad_norm))
-        self._segments: list[list] = []  # [sigma, q, C, steps]
-        self._owner = None  # the DPOptimizer whose live values the steps record
-        # budgets (see module docstring)
-        self.delta: float | None = None
-        self.max_epsilon: float | None = None
-        self.planned_epsilon: float | None = None
-        self._warned = False
-        self._room: dict[str, int | None] = {"max": None, "plan": None}
-        self._hint = 64  # first guess of the number of steps within a cap (the plan)
-        self.ledger_link: LedgerLink | None = None
+        self._segments: tuple[Segment, ...] = ()
+        self._prior = None
+
+    @property
+    def prior(self):
+        return self._prior
+
+    @prior.setter
+    def prior(self, mechanism) -> None:
+        if self._segments:
+            raise RuntimeError("the prior of a run must be set before its first step")
+        self._prior = mechanism
 
     # ------------------------------------------------------------------ history
     @property
     def segments(self) -> tuple[Segment, ...]:
         """The history: one :class:`Segment` per run of identical steps."""
-        return tuple(Segment(s, q, c, k) for s, q, c, k in self._segments)
-
-    @property
-    def history(self) -> list[tuple[float, int]]:
-        """``[(noise_multiplier, steps), ...]`` per segment (older form of
-        :attr:`segments`)."""
-        return [(s, k) for s, _, _, k in self._segments]
-
-    @property
-    def noise_multiplier(self) -> float:
-        """sigma of the last step taken (of the first step before any)."""
-        return self._segments[-1][0] if self._segments else self._current[0]
-
-    @noise_multiplier.setter
-    def noise_multiplier(self, value: float) -> None:
-        warnings.warn("setting accountant.noise_multiplier is deprecated: set "
-                      "p.optimizer.noise_multiplier (the noise the steps add); the "
-                      "accountant records what each step used", DeprecationWarning,
-                      stacklevel=2)
-        if self._owner is None:
-            raise AttributeError("this accountant records the noise of the steps it is told "
-                                 "about; change the optimizer's noise_multiplier instead")
-        self._owner.noise_multiplier = value
+        return self._segments
 
     @property
     def steps(self) -> int:
         """Number of logical steps recorded."""
-        return sum(seg[3] for seg in self._segments)
+        return sum(seg.steps for seg in self._segments)
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        """sigma of the last step taken (None before any; read-only: the optimizer's
+        ``noise_multiplier`` is what the next step uses)."""
+        return self._segments[-1].noise_multiplier if self._segments else None
+
+    @property
+    def sampling_rate(self) -> float | None:
+        """q of the last step taken (None before any; read-only)."""
+        return self._segments[-1].sampling_rate if self._segments else None
 
     def record_step(self, noise_multiplier: float, sampling_rate: float,
                     max_grad_norm: float) -> None:
-        """Record one step that used these parameters (checks the budget first).
-
-        Raises
-        ------
-        PrivacyBudgetExceededError
-            The step would take epsilon at ``delta`` past ``max_epsilon``; nothing is
-            recorded (the caller must not run the step).
-        """
-        self.check_step_with(noise_multiplier, sampling_rate, max_grad_norm)
-        cfg = self._current
-        if self._segments and tuple(self._segments[-1][:3]) == cfg:
-            self._segments[-1][3] += 1
-        else:
-            self._segments.append([*cfg, 1])
-        if self.ledger_link is not None:
-            self.ledger_link.used(cfg[0], cfg[1])
-        self._count_down()
-
-    def step(self, n: int = 1) -> None:
-        """Record ``n`` steps with the parameters of the last step (or the initial ones)."""
-        for _ in range(int(n)):
-            self.record_step(*self._current)
-
-    def mechanism(self):
-        """The composed mechanism describing the steps taken (None before any step)."""
-        return self._compose([(s, q, k) for s, q, _, k in self._segments])
-
-    def _compose(self, parts):
-        merged: list[list] = []
-        for s, q, k in parts:
-            if k <= 0:
-                continue
-            if merged and merged[-1][0] == s and merged[-1][1] == q:
-                merged[-1][2] += k  # same mechanism (the clipping bound does not matter)
-            else:
-                merged.append([s, q, k])
-        parts = merged
-        if not parts:
-            return None
-        mechs = [dpsgd_step(s, q, self.scheme) for s, q, _ in parts]
-        return compose(mechs, steps=[k for _, _, k in parts])
-
-    def _epsilon_of(self, parts, delta: float, accountant: str | None = None) -> float:
-        parts = [p for p in parts if p[2] > 0]
-        if not parts:
-            return 0.0
-        if any(s == 0 for s, _, _ in parts):
-            return math.inf
-        return self._compose(parts).epsilon(delta, accountant=accountant or self.accountant)
-
-    def epsilon(self, delta: float, accountant: str | None = None) -> float:
-        """Certified upper bound on epsilon at ``delta`` for the steps taken so far
-        (0 before any step; ``inf`` if any step ran without noise)."""
-        return self._epsilon_of([(s, q, k) for s, q, _, k in self._segments], delta,
-                                accountant)
-
-    # ------------------------------------------------------------------ budgets
-    def set_budget(self, *, delta: float, max_epsilon: float | None = None,
-                   planned_epsilon: float | None = None, planned_steps: int | None = None
-                   ) -> None:
-        """Set the hard cap ``max_epsilon`` and the soft ``planned_epsilon`` at ``delta``
-        (``planned_steps``, if known, speeds up the search for the room left)."""
-        self.delta = float(delta)
-        if planned_steps:
-            self._hint = max(2, int(planned_steps))
-        self.max_epsilon = None if max_epsilon is None else float(max_epsilon)
-        self.planned_epsilon = None if planned_epsilon is None else float(planned_epsilon)
-        self._room = {"max": None, "plan": None}
-
-    def _room_for(self, cap: float) -> int:
-        """Largest ``k >= 0`` such that the history plus ``k`` steps of the current
-        configuration stays within ``cap`` at ``self.delta`` (bisection; epsilon is
-        non-decreasing in the number of steps)."""
-        s, q, _ = self._current
-        past = [(a, b, k) for a, b, _, k in self._segments]
-
-        def eps_with(k: int) -> float:
-            return self._epsilon_of(past + [(s, q, k)], self.delta)
-
-        return _largest_within(eps_with, cap, start=max(1, self._hint - self.steps))
-
-    def check_step_with(self, noise_multiplier: float, sampling_rate: float,
-                        max_grad_norm: float) -> None:
-        """:meth:`check_step` for a step with these parameters (which become current)."""
+        """Record one step that used these parameters."""
         cfg = (float(noise_multiplier), float(sampling_rate), float(max_grad_norm))
-        if cfg[:2] != self._current[:2]:  # a new mechanism: the room left changes
-            self._room = {"max": None, "plan": None}
-        self._current = cfg
-        self.check_step()
-        if self.ledger_link is not None:
-            self.ledger_link.ensure(cfg[0], cfg[1])
-
-    def check_step(self) -> None:
-        """Raise :class:`PrivacyBudgetExceededError` if one more step of the current
-        configuration would exceed ``max_epsilon``."""
-        if self.max_epsilon is None:
-            return
-        if self._room["max"] is None:
-            self._room["max"] = self._room_for(self.max_epsilon)
-        if self._room["max"] < 1:
-            spent = self.epsilon(self.delta)
-            raise PrivacyBudgetExceededError(
-                f"the next step would exceed max_epsilon={self.max_epsilon:g} at "
-                f"delta={self.delta:g} (spent so far: {spent:.6g} after {self.steps} "
-                "steps); the step was not taken. Stop training here, or plan a larger "
-                "budget (or more noise) before training")
-
-    def _count_down(self) -> None:
-        if self._room["max"] is not None:
-            self._room["max"] -= 1
-        if self.planned_epsilon is None or self._warned:
-            return
-        if self._room["plan"] is None:
-            # room counted *after* this step: k more steps from here stay within plan
-            self._room["plan"] = self._room_for(self.planned_epsilon)
+        segs = self._segments
+        if segs and (segs[-1].noise_multiplier, segs[-1].sampling_rate,
+                     segs[-1].max_grad_norm) == cfg:
+            self._segments = (*segs[:-1], replace(segs[-1], steps=segs[-1].steps + 1))
         else:
-            self._room["plan"] -= 1
-        if self._room["plan"] < 0:
-            self._warned = True
-            warnings.warn(
-                f"training went past its planned epsilon {self.planned_epsilon:g} at "
-                f"delta={self.delta:g}: {self.steps} steps now spend "
-                f"{self.epsilon(self.delta):.6g}. Pass max_epsilon to make_private to stop "
-                "at a hard cap", PrivacyBudgetWarning, stacklevel=4)
+            self._segments = (*segs, Segment(*cfg, 1))
+
+    def mechanism(self, extra: Segment | None = None):
+        """The composed mechanism describing the steps taken (and ``extra`` steps after
+        them); None when there are none."""
+        parts: list[list] = []
+        for seg in (*self._segments, *(() if extra is None else (extra,))):
+            if seg.steps <= 0:
+                continue
+            if parts and parts[-1][:2] == [seg.noise_multiplier, seg.sampling_rate]:
+                parts[-1][2] += seg.steps  # same mechanism (the clipping bound does not matter)
+            else:
+                parts.append([seg.noise_multiplier, seg.sampling_rate, seg.steps])
+        mechs = [dpsgd_step(s, q, self.scheme) for s, q, _ in parts]
+        counts = [k for _, _, k in parts]
+        if self._prior is not None:
+            mechs, counts = [self._prior, *mechs], [1, *counts]
+        if not mechs:
+            return None
+        return compose(mechs, steps=counts)
+
+    def epsilon(self, delta: float, accountant: str | None = None,
+                extra: Segment | None = None) -> float:
+        """Certified upper bound on epsilon at ``delta`` for the steps taken so far (and
+        ``extra`` steps after them): 0 before any step, ``inf`` if any step ran without
+        noise."""
+        segs = [*self._segments, *(() if extra is None else (extra,))]
+        if not any(seg.steps > 0 for seg in segs) and self._prior is None:
+            return 0.0
+        if any(seg.noise_multiplier == 0 and seg.steps > 0 for seg in segs):
+            return math.inf
+        return self.mechanism(extra).epsilon(delta, accountant=accountant or self.accountant)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """The history and budget state (plain Python types)."""
+        """The history (plain Python types)."""
         return {"format": _STATE_FORMAT, "scheme": self.scheme, "accountant": self.accountant,
-                "segments": [list(seg) for seg in self._segments],
-                "current": list(self._current), "warned": self._warned}
+                "segments": [[s.noise_multiplier, s.sampling_rate, s.max_grad_norm, s.steps]
+                             for s in self._segments],
+                "prior": None if self._prior is None else dumps(self._prior)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a history saved by :meth:`state_dict` (same scheme and accountant)."""
@@ -273,11 +177,108 @@ class PrivacyAccountant:
             if state[key] != getattr(self, key):
                 raise ValueError(f"the saved accountant used {key}={state[key]!r}, this one "
                                  f"{getattr(self, key)!r}; rebuild with the same settings")
-        self._segments = [[float(s), float(q), float(c), int(k)]
-                          for s, q, c, k in state["segments"]]
-        self._current = tuple(float(v) for v in state["current"])
-        self._warned = bool(state["warned"])
+        self._segments = tuple(Segment(float(s), float(q), float(c), int(k))
+                               for s, q, c, k in state["segments"])
+        self._prior = None if state.get("prior") is None else loads(state["prior"])
+
+
+class BudgetCap:
+    """The budgets of one run, checked once per step against an accountant's history.
+
+    ``max_epsilon`` is a hard cap: :meth:`check` raises
+    :class:`~privlearn.errors.PrivacyBudgetExceededError` *before* the step that would take
+    epsilon at ``delta`` past it. ``planned_epsilon`` is a soft one: :meth:`after_step`
+    emits one :class:`PrivacyBudgetWarning` after the first step past it. Neither
+    evaluates epsilon at every step: when the step configuration changes, the room left
+    (how many more steps of that configuration stay within each cap) is found by
+    bisection over the number of steps, epsilon being non-decreasing in it, and counted
+    down.
+
+    Parameters
+    ----------
+    accountant : PrivacyAccountant
+    delta : float
+    max_epsilon, planned_epsilon : float, optional
+    planned_steps : int, optional
+        A guess of the room (speeds up the first search).
+    """
+
+    def __init__(self, accountant: PrivacyAccountant, *, delta: float,
+                 max_epsilon: float | None = None, planned_epsilon: float | None = None,
+                 planned_steps: int | None = None):
+        self.accountant = accountant
+        self.delta = float(delta)
+        self.max_epsilon = None if max_epsilon is None else float(max_epsilon)
+        self.planned_epsilon = None if planned_epsilon is None else float(planned_epsilon)
+        self._hint = max(2, int(planned_steps)) if planned_steps else 64
+        self._room: dict[str, int | None] = {"max": None, "plan": None}
+        self._config: tuple[float, float] | None = None
+        self._warned = False
+
+    def _room_for(self, cap: float, sigma: float, q: float) -> int:
+        """Largest ``k >= 0`` such that the history plus ``k`` steps of ``(sigma, q)``
+        stays within ``cap`` at ``delta``."""
+        acct = self.accountant
+
+        def eps_with(k: int) -> float:
+            return acct.epsilon(self.delta, extra=Segment(sigma, q, 0.0, k))
+
+        return _largest_within(eps_with, cap, start=max(1, self._hint - acct.steps))
+
+    def check(self, noise_multiplier: float, sampling_rate: float) -> None:
+        """Raise :class:`PrivacyBudgetExceededError` if one more step with these values
+        would exceed ``max_epsilon`` (nothing is changed then)."""
+        cfg = (float(noise_multiplier), float(sampling_rate))
+        if cfg != self._config:  # a new mechanism: the room left changes
+            self._room = {"max": None, "plan": None}
+            self._config = cfg
+        if self.max_epsilon is None:
+            return
+        if self._room["max"] is None:
+            self._room["max"] = self._room_for(self.max_epsilon, *cfg)
+        if self._room["max"] < 1:
+            acct = self.accountant
+            raise PrivacyBudgetExceededError(
+                f"the next step would exceed max_epsilon={self.max_epsilon:g} at "
+                f"delta={self.delta:g} (spent so far: {acct.epsilon(self.delta):.6g} after "
+                f"{acct.steps} steps); the step was not taken. Stop training here, or plan a "
+                "larger budget (or more noise) before training")
+
+    def exhausted(self, noise_multiplier: float, sampling_rate: float) -> bool:
+        """Whether :meth:`check` would refuse the next step."""
+        try:
+            self.check(noise_multiplier, sampling_rate)
+        except PrivacyBudgetExceededError:
+            return True
+        return False
+
+    def after_step(self) -> None:
+        """Count the step just recorded down from the room left; warn once past the plan."""
+        if self._room["max"] is not None:
+            self._room["max"] -= 1
+        if self.planned_epsilon is None or self._warned or self._config is None:
+            return
+        if self._room["plan"] is None:
+            # room counted *after* this step: k more steps from here stay within plan
+            self._room["plan"] = self._room_for(self.planned_epsilon, *self._config)
+        else:
+            self._room["plan"] -= 1
+        if self._room["plan"] < 0:
+            self._warned = True
+            acct = self.accountant
+            warnings.warn(
+                f"training went past its planned epsilon {self.planned_epsilon:g} at "
+                f"delta={self.delta:g}: {acct.steps} steps now spend "
+                f"{acct.epsilon(self.delta):.6g}. Pass max_epsilon to make_private to stop "
+                "at a hard cap", PrivacyBudgetWarning, stacklevel=4)
+
+    def state_dict(self) -> dict:
+        return {"warned": self._warned}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._warned = bool(state.get("warned", False))
         self._room = {"max": None, "plan": None}
+        self._config = None
 
 
 class LedgerLink:

@@ -86,13 +86,51 @@ def _op(a, g, w_shape, with_bias):
                         a.reshape(b, 1, t, -1), g.reshape(b, 1, t, -1))
 
 
-@register_rule(nn.MultiheadAttention)
+def _mha_batch_dim(module: nn.MultiheadAttention) -> int:
+    return 0 if module.batch_first else 1
+
+
+def _mha_batch_size(module: nn.MultiheadAttention, record: Record) -> int:
+    return _arg(record, 0, "query").shape[_mha_batch_dim(module)]
+
+
+def _mha_dim(name, t, batch_first):
+    if not isinstance(t, torch.Tensor):
+        return None
+    if name in ("query", "key", "value"):
+        return 0 if batch_first else 1
+    if name == "key_padding_mask":
+        return 0
+    if name == "attn_mask":
+        if t.dim() == 3:
+            raise ValueError("MultiheadAttention with a 3-D (per-example) attn_mask is not "
+                             "supported by per-example clipping; use key_padding_mask")
+        return None
+    return None
+
+
+def _mha_record_dims(module: nn.MultiheadAttention, record: Record, batch: int):
+    """Batch dimension of the recorded query/key/value (by ``batch_first``), the key
+    padding mask (0), the attention mask (shared) and the outputs."""
+    names = ["query", "key", "value", "key_padding_mask", "need_weights", "attn_mask"]
+    arg_dims = [_mha_dim(names[i] if i < len(names) else "", a, module.batch_first)
+                for i, a in enumerate(record.args)]
+    kw_dims = {k: _mha_dim(k, v, module.batch_first) for k, v in record.kwargs.items()}
+    out_dims = [_mha_batch_dim(module), 0][: len(record.outputs_meta)]  # output, weights
+    return arg_dims, kw_dims, out_dims
+
+
+@register_rule(nn.MultiheadAttention, batch_dim=_mha_batch_dim, own_layout=True,
+               expand_broadcast=False, batch_size=_mha_batch_size,
+               record_dims=_mha_record_dims)
 def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribution:
     if module.dropout > 0 and module.training:
         raise ValueError("MultiheadAttention with dropout > 0 is not supported by "
                          "per-example clipping (the dropout masks cannot be reproduced)")
     if module.bias_k is not None or module.add_zero_attn:
-        return fallback_rule(module, record, params)
+        b = _mha_batch_size(module, record)
+        return fallback_rule(module, record, params,
+                             dims=(b, *_mha_record_dims(module, record, b)))
     q, k, v = _arg(record, 0, "query"), _arg(record, 1, "key"), _arg(record, 2, "value")
     kpm = _arg(record, 3, "key_padding_mask")
     need_weights = _arg(record, 4, "need_weights", True)
@@ -246,10 +284,10 @@ def _attend(Q, K, V, H, mask, need_weights):
     return O.transpose(1, 2).reshape(B, L, E), attn
 
 
-def instrumentable(module: nn.Module) -> bool:
-    """Whether :class:`AttentionCapture` reproduces this attention layer."""
-    return (isinstance(module, nn.MultiheadAttention) and module.bias_k is None
-            and not module.add_zero_attn and module.dropout == 0)
+def instrumentable(module: nn.MultiheadAttention) -> bool:
+    """Whether :class:`AttentionCapture` reproduces this attention layer (registered
+    for ``nn.MultiheadAttention`` and its subclasses)."""
+    return module.bias_k is None and not module.add_zero_attn and module.dropout == 0
 
 
 _MHA_FORWARD = F.multi_head_attention_forward

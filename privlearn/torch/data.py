@@ -24,9 +24,12 @@ empty-batch collation, and virtual (logical vs physical) batches.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import math
 import os
 import secrets
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,6 +38,7 @@ from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
 from privlearn import _validation as _v
+from privlearn.accounting import steps_per_epoch
 
 __all__ = [
     "PoissonBatchSampler",
@@ -42,80 +46,185 @@ __all__ = [
     "EmptyAwareCollate",
     "TensorBatchGather",
     "VirtualBatchLoader",
+    "DPDataLoader",
+    "DrawnBatch",
     "make_dp_loader",
 ]
 
 
-def _generator(seed: int | None) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(secrets.randbits(63) if seed is None else int(seed))
-    return g
+_KEY_BYTES = 32
+
+
+def _initial_key(seed: int | None) -> bytes:
+    """The first key of a sampler's key chain: from the seed, or fresh OS entropy."""
+    if seed is None:
+        return secrets.token_bytes(_KEY_BYTES)
+    return hashlib.sha256(b"privlearn.sampler.seed" + int(seed).to_bytes(16, "little",
+                                                                          signed=True)).digest()
+
+
+def _next_key(key: bytes) -> bytes:
+    """One step of the key chain: ``k_{t+1} = SHA-256("privlearn.sampler.ratchet" || k_t)``.
+    One-way: a saved key reveals nothing about the keys (hence the batches) before it."""
+    return hashlib.sha256(b"privlearn.sampler.ratchet" + key).digest()
+
+
+@dataclass(frozen=True)
+class DrawnBatch:
+    """One batch drawn by a DP sampler (book-keeping, never shown to the model).
+
+    Attributes
+    ----------
+    index : int
+        Position of the draw among all draws of the sampler (0, 1, ...).
+    size : int
+        Number of examples in the batch (on this rank).
+    key_after : bytes or None
+        The sampler's key after this draw (None for a secure, OS-entropy sampler): what a
+        checkpoint taken after the step that trained on this batch saves.
+    pos_after : int
+        Position in the epoch of the next batch.
+    """
+
+    index: int
+    size: int
+    key_after: bytes | None
+    pos_after: int
 
 
 class _AccountedSampler(Sampler[list[int]]):
-    """Book-keeping shared by the DP batch samplers: how many batches were drawn, how many
-    the optimizer consumed (one per logical step), and the random state at each drawn
-    batch that has not been consumed yet, so that :meth:`state_dict` describes the point
-    the *training* reached (a DataLoader with workers draws batches ahead of the steps).
+    """Book-keeping shared by the DP batch samplers.
 
-    Subclasses implement ``_draw()`` (one batch), ``_rng_state()``/``_set_rng_state()``
-    and ``_params()`` (what must match for a saved state to be loaded).
+    **Forward-secure randomness.** Each batch is drawn with a generator seeded from the
+    current key of a one-way key chain (:func:`_next_key`), and the key advances after
+    every draw. A checkpoint saves only the key after the last batch a step trained on:
+    it lets a resumed run continue with the same batches, but reveals nothing about which
+    examples were in the earlier batches (a saved Mersenne-Twister or PCG state could be
+    run backwards, and knowing the past batches would void the amplification by
+    subsampling that the accountant assumes).
+
+    **Which batch each step used.** The private loader (:class:`DPDataLoader`) reports
+    every batch it *delivers* to the training loop (batches drawn ahead by worker
+    processes are not delivered until the loop asks for them). A logical step
+    (:meth:`take`) uses exactly one delivered batch: a step without a new batch, or two
+    batches delivered before one step (their examples would be clipped together), is
+    refused. Batches delivered and abandoned when the loop was left and started again
+    are dropped (nothing of them was released).
+
+    Subclasses implement ``_draw(rng_seed)`` (one batch from a 64-bit seed, or from OS
+    entropy when secure) and ``_params()`` (what must match for a saved state to load).
     """
 
-    _MAX_SNAPSHOTS = 4096
+    secure = False
 
-    def _init_bookkeeping(self) -> None:
+    def _init_bookkeeping(self, seed: int | None) -> None:
+        self._key = None if self.secure else _initial_key(seed)
         self.draws = 0  # batches drawn so far
-        self.consumed = 0  # batches used by optimizer steps so far
-        self._snapshots: dict[int, tuple] = {}  # draw index -> (rng state before, pos)
+        self.delivered = 0  # batches handed to the training loop so far
+        self.consumed = 0  # logical steps that used a batch
+        self._fifo: collections.deque | None = None  # draws of the current iteration
+        self._unconsumed: list[DrawnBatch] = []  # delivered, no step yet
+        self._last_used: DrawnBatch | None = None
         self._next_pos = 0
         self._resume_pos = 0
+        self._resume_key = self._key
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self):
+        fifo: collections.deque = collections.deque()
+        self._fifo = fifo
         start, self._resume_pos = self._resume_pos, 0
-        self._next_pos = start
+        return self._iterate(start, fifo)
+
+    def _iterate(self, start: int, fifo):
         for pos in range(start, self.steps):
-            if len(self._snapshots) >= self._MAX_SNAPSHOTS:
-                self._snapshots.pop(next(iter(self._snapshots)))
-            self._snapshots[self.draws] = (self._rng_state(), pos)
-            batch = self._draw()
+            if self.secure:
+                seed = None
+            else:
+                seed = int.from_bytes(self._key[:8], "little") >> 1
+                self._key = _next_key(self._key)
+            batch = self._draw(seed)
+            nxt = pos + 1 if pos + 1 < self.steps else 0
+            fifo.append(DrawnBatch(self.draws, len(batch), self._key, nxt))
             self.draws += 1
-            self._next_pos = pos + 1 if pos + 1 < self.steps else 0
+            self._next_pos = nxt
             yield batch
 
     # ---------------------------------------------------------------- consumption
-    def has_unconsumed_batch(self) -> bool:
-        """Whether a batch was drawn that no optimizer step has used yet."""
-        return self.consumed < self.draws
+    def _deliver(self, fifo) -> DrawnBatch:
+        """The loader hands the next batch of iteration ``fifo`` to the training loop."""
+        drawn = fifo.popleft()
+        self.delivered += 1
+        self._unconsumed.append(drawn)
+        return drawn
 
-    def consume(self) -> None:
-        """Mark the oldest unconsumed batch as used by one logical step."""
-        self._snapshots.pop(self.consumed, None)
+    def _restart(self) -> list[DrawnBatch]:
+        """A new pass over the loader begins: batches delivered by the previous pass and
+        never used by a step are abandoned. Returns them."""
+        dropped, self._unconsumed = self._unconsumed, []
+        return dropped
+
+    def has_unconsumed_batch(self) -> bool:
+        """Whether a batch was delivered that no optimizer step has used yet."""
+        return bool(self._unconsumed)
+
+    def pending(self) -> DrawnBatch | None:
+        """The one delivered batch the next step will use (None: none)."""
+        return self._unconsumed[-1] if self._unconsumed else None
+
+    def take(self) -> DrawnBatch:
+        """The batch the current logical step trains on (exactly one must be pending).
+
+        Raises
+        ------
+        RuntimeError
+            No batch delivered since the last step, or more than one.
+        """
+        n = len(self._unconsumed)
+        if n == 0:
+            raise RuntimeError(
+                "optimizer.step() was called without a new batch from p.data_loader: "
+                f"{self.consumed} steps have used all {self.delivered} batches it delivered. "
+                "Every step must train on the next batch of p.data_loader (the accountant "
+                "describes its sampling); do not train on batches of another loader, and "
+                "call step() once per batch (use max_physical_batch_size for batches that "
+                "do not fit in memory)")
+        if n > 1:
+            raise RuntimeError(
+                f"{n} batches of p.data_loader were drawn since the last optimizer.step(): "
+                "a step must train on exactly one batch (training on two at once would clip "
+                "example i of each batch together and count two draws as one step). Call "
+                "step() after every batch; to skip a batch, still call zero_grad() and step() "
+                "(the step then adds its noise only); for large batches use "
+                "max_physical_batch_size")
+        return self._unconsumed[0]
+
+    def consume(self, drawn: DrawnBatch) -> None:
+        """Record that one logical step used ``drawn`` (from :meth:`take`)."""
+        self._unconsumed.remove(drawn)
         self.consumed += 1
+        self._last_used = drawn
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        """The sampler's state at the point training reached (after ``consumed``
-        batches): its random state and the position in the epoch of the next batch.
-        ``rng`` is None for a secure (OS-entropy) sampler, which cannot be replayed."""
-        r = self.consumed
-        if r < self.draws and r in self._snapshots:
-            rng, pos = self._snapshots[r]
-        elif r == self.draws:
-            rng, pos = self._rng_state(), self._next_pos
+        """The sampler's state at the point training reached (after the last batch a step
+        used): the key after that batch's draw and the position in the epoch of the next
+        batch. ``key`` is None for a secure (OS-entropy) sampler, which cannot be
+        replayed. Past batches cannot be recovered from it (see the class docstring)."""
+        last = self._last_used
+        if last is None:
+            key, pos = self._resume_key, self._resume_pos_start
         else:
-            raise RuntimeError(
-                f"the sampler drew {self.draws - r} batches ahead of the training steps, more "
-                "than it keeps track of; save the state right after an optimizer step")
-        return {"format": "privlearn.torch.sampler/1", "kind": type(self).__name__,
-                "params": self._params(), "batches": r, "pos": pos, "rng": rng}
+            key, pos = last.key_after, last.pos_after
+        return {"format": _SAMPLER_FORMAT, "kind": type(self).__name__,
+                "params": self._params(), "batches": self.consumed, "pos": pos,
+                "key": None if key is None else key.hex()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a state saved by :meth:`state_dict` (same sampler settings)."""
-        if not isinstance(state, dict) or state.get("format") != "privlearn.torch.sampler/1":
+        if not isinstance(state, dict) or state.get("format") != _SAMPLER_FORMAT:
             raise ValueError("state is not a privlearn sampler state; pass what "
                              "state_dict() returned")
         if state["kind"] != type(self).__name__ or state["params"] != self._params():
@@ -123,11 +232,19 @@ class _AccountedSampler(Sampler[list[int]]):
                 f"the saved sampler was {state['kind']} with {state['params']}, this one is "
                 f"{type(self).__name__} with {self._params()}; rebuild with the same "
                 "sampling, batch size and dataset")
-        if state["rng"] is not None:
-            self._set_rng_state(state["rng"])
-        self.draws = self.consumed = int(state["batches"])
-        self._snapshots = {}
+        if state["key"] is not None and not self.secure:
+            self._key = bytes.fromhex(state["key"])
+        self.draws = self.delivered = self.consumed = int(state["batches"])
+        self._unconsumed = []
+        self._last_used = None
+        self._resume_key = self._key
         self._resume_pos = self._next_pos = int(state["pos"])
+        self._resume_pos_start = self._resume_pos
+
+    _resume_pos_start = 0
+
+
+_SAMPLER_FORMAT = "privlearn.torch.sampler/2"
 
 
 def _read_only(name: str):
@@ -156,12 +273,13 @@ class PoissonBatchSampler(_AccountedSampler):
     sample_rate : float in (0, 1]
         Read-only after construction (the accountant records it).
     steps : int, optional
-        Batches per epoch; default ``round(1 / sample_rate)``.
+        Batches per epoch; default :func:`privlearn.accounting.steps_per_epoch`
+        (``round(1 / sample_rate)``).
     seed : int, optional
-        Seed of the sampling generator (default: fresh OS entropy).
+        Seed of the key chain the batches are drawn from (default: fresh OS entropy).
     secure : bool
         Draw the inclusion decisions from the OS CSPRNG (``os.urandom``) instead of a
-        seeded generator (whose state can be recovered from its outputs).
+        seeded generator.
     """
 
     sample_rate = _read_only("sample_rate")
@@ -171,27 +289,19 @@ class PoissonBatchSampler(_AccountedSampler):
         sample_rate = _v.check_rate("sample_rate", sample_rate)
         self.num_samples = int(num_samples)
         self._sample_rate = float(sample_rate)
-        self.steps = max(1, round(1 / sample_rate)) if steps is None else int(steps)
+        self.steps = steps_per_epoch(sample_rate) if steps is None else int(steps)
         self.indices = None if indices is None else torch.as_tensor(list(indices))
         if secure and seed is not None:
             raise ValueError(f"seed must be None when secure=True, got {seed!r}")
         self.secure = bool(secure)
-        self.generator = _generator(seed)
-        self._rng = np.random.default_rng(self.generator.initial_seed())
-        self._init_bookkeeping()
+        self._init_bookkeeping(seed)
 
     def _params(self) -> dict:
         return {"num_samples": self.num_samples, "sample_rate": self.sample_rate,
                 "steps": self.steps, "secure": self.secure,
                 "shard": None if self.indices is None else len(self.indices)}
 
-    def _rng_state(self):
-        return None if self.secure else self._rng.bit_generator.state
-
-    def _set_rng_state(self, state) -> None:
-        self._rng.bit_generator.state = state
-
-    def _draw(self) -> list[int]:
+    def _draw(self, seed: int | None) -> list[int]:
         n = self.num_samples if self.indices is None else len(self.indices)
         if self.secure:  # 53-bit uniforms from the OS CSPRNG
             bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
@@ -202,11 +312,12 @@ class PoissonBatchSampler(_AccountedSampler):
             # subset of that size": the same distribution as n independent coin flips
             # (conditioned on its size, a Poisson sample is uniform), at O(q n) cost
             # instead of n uniforms per step.
-            k = int(self._rng.binomial(n, self.sample_rate))
+            rng = np.random.default_rng(seed)
+            k = int(rng.binomial(n, self.sample_rate))
             if k == n:
                 chosen = np.arange(n)
             else:
-                chosen = np.sort(self._rng.choice(n, size=k, replace=False))
+                chosen = np.sort(rng.choice(n, size=k, replace=False))
             idx = torch.from_numpy(chosen.astype(np.int64))
         if self.indices is not None:
             idx = self.indices[idx]
@@ -218,8 +329,8 @@ class FixedSizeBatchSampler(_AccountedSampler):
     (independently across steps): sampling without replacement, ``scheme="fixed"``.
 
     Distributed (``world_size > 1``): every rank draws the same global sample of
-    ``world_size * batch_size`` distinct indices (the generator must be seeded identically
-    on all ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
+    ``world_size * batch_size`` distinct indices (the seed must be the same on all
+    ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
     batches are disjoint and their union is one uniform fixed-size sample of the dataset.
     ``batch_size`` is read-only after construction.
     """
@@ -238,9 +349,8 @@ class FixedSizeBatchSampler(_AccountedSampler):
         self.rank, self.world_size = int(rank), int(world_size)
         global_batch = self.batch_size * self.world_size
         self._sample_rate = global_batch / num_samples
-        self.steps = max(1, round(num_samples / global_batch)) if steps is None else int(steps)
-        self.generator = _generator(seed)
-        self._init_bookkeeping()
+        self.steps = steps_per_epoch(self._sample_rate) if steps is None else int(steps)
+        self._init_bookkeeping(seed)
 
     @property
     def sample_rate(self) -> float:
@@ -251,15 +361,11 @@ class FixedSizeBatchSampler(_AccountedSampler):
         return {"num_samples": self.num_samples, "batch_size": self.batch_size,
                 "steps": self.steps, "rank": self.rank, "world_size": self.world_size}
 
-    def _rng_state(self):
-        return self.generator.get_state()
-
-    def _set_rng_state(self, state) -> None:
-        self.generator.set_state(state)
-
-    def _draw(self) -> list[int]:
+    def _draw(self, seed: int | None) -> list[int]:
         global_batch = self.batch_size * self.world_size
-        chosen = torch.randperm(self.num_samples, generator=self.generator)[:global_batch]
+        g = torch.Generator()
+        g.manual_seed(seed)
+        chosen = torch.randperm(self.num_samples, generator=g)[:global_batch]
         return chosen[self.rank::self.world_size].tolist()
 
 
@@ -383,7 +489,7 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
             generator.seed()
         else:
             generator.manual_seed((int(seed) * 0x9E3779B1 + rank) % 2**63)
-    return DataLoader(
+    return DPDataLoader(
         loader_ds,
         batch_sampler=bs,
         collate_fn=collate_fn,
@@ -397,6 +503,47 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
     )
 
 
+class DPDataLoader(DataLoader):
+    """A :class:`~torch.utils.data.DataLoader` over a DP batch sampler that tells the
+    sampler which batches it hands to the training loop (see
+    :class:`_AccountedSampler`): batches drawn ahead by worker processes count only once
+    the loop receives them, so each optimizer step is matched with the one batch it
+    trained on. Made by :func:`make_dp_loader`; iterate it as any DataLoader.
+
+    ``on_restart`` (set by :func:`privlearn.torch.make_private`) is called with the
+    batches abandoned when a new pass over the loader starts before they were used by a
+    step (the loop was left early), so that nothing computed from them is released.
+    """
+
+    on_restart = None
+
+    def __iter__(self):
+        sampler = self.batch_sampler
+        dropped = sampler._restart()
+        if self.on_restart is not None:
+            self.on_restart(dropped)
+        it = super().__iter__()
+        return _Delivering(it, sampler, sampler._fifo)
+
+
+class _Delivering:
+    """Iterator over a DataLoader iterator that reports each delivered batch."""
+
+    def __init__(self, it, sampler, fifo):
+        self._it, self._sampler, self._fifo = it, sampler, fifo
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._it)
+        self._sampler._deliver(self._fifo)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+
 class VirtualBatchLoader:
     """Iterate physical chunks of the logical batches of ``loader``.
 
@@ -406,7 +553,9 @@ class VirtualBatchLoader:
     optimizer then only accumulates clipped sums on the other chunks, and adds noise,
     updates the parameters and counts one privacy step after the last one. Peak memory is
     bounded by the physical size; the result equals one step on the whole logical batch.
-    ``len()`` is the number of logical steps.
+    ``len()`` is the number of logical steps. A logical batch left unfinished (the loop
+    was left between its chunks) is discarded when the next one begins: the clipped sums
+    of its chunks are dropped, never released.
     """
 
     def __init__(self, loader: DataLoader, max_physical_batch_size: int, optimizer):
@@ -432,15 +581,24 @@ class VirtualBatchLoader:
         from torch.utils._pytree import tree_flatten, tree_unflatten
 
         m = self.max_physical_batch_size
+        sampler = self.loader.batch_sampler
         for batch in self.loader:
             flat, spec = tree_flatten(batch)
             sizes = {t.shape[0] for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
             if len(sizes) > 1:
                 raise ValueError(f"batch tensors have different leading sizes {sorted(sizes)}")
             n = sizes.pop() if sizes else 0
+            drawn = sampler.pending()
+            if drawn is not None and drawn.size != n:
+                raise ValueError(
+                    f"the batch has {n} examples but the sampler drew {drawn.size}: "
+                    "max_physical_batch_size needs a collate function that keeps one row "
+                    "per example on the leading dimension")
+            self.optimizer._begin_logical_batch()
             chunks = max(1, math.ceil(n / m))
             for k in range(chunks):
                 part = [t[k * m:(k + 1) * m] if isinstance(t, torch.Tensor) and t.dim() > 0
                         else t for t in flat]
-                self.optimizer.signal_final_chunk(k == chunks - 1)
+                self.optimizer._expect_chunk(min(m, n - k * m) if n else 0,
+                                             final=k == chunks - 1)
                 yield tree_unflatten(part, spec)

@@ -18,16 +18,25 @@ weights). The engine then
 * gives every rank the same gradient, so the replicas stay identical.
 
 Wrapping in DDP is optional (the engine does its own all-reduce); with DDP,
-``make_private`` switches DDP's gradient synchronisation off for good
-(``require_backward_grad_sync = False``, as inside ``model.no_sync()``), so there is one
-all-reduce per step, of the noisy clipped sums, and no autograd weight gradients at all.
+``make_private`` switches DDP's gradient synchronisation off for the run
+(``require_backward_grad_sync = False``, as inside ``model.no_sync()``; restored by
+``detach()``), so there is one all-reduce per step, of the noisy clipped sums, and no
+autograd weight gradients at all.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["world_info", "all_reduce_sum"]
+__all__ = ["world_info", "all_reduce_sum", "unwrap"]
+
+
+def unwrap(model):
+    """The module inside a ``DistributedDataParallel`` wrapper (recognised by its
+    ``require_backward_grad_sync`` flag and ``module``), else ``model`` itself."""
+    if hasattr(model, "require_backward_grad_sync") and hasattr(model, "module"):
+        return model.module
+    return model
 
 
 def world_info(process_group=None) -> tuple[int, int]:

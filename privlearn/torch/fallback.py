@@ -1,6 +1,5 @@
 """The generic per-example rule: :mod:`torch.func` (``vmap`` of ``grad`` of the module's
-functional call) for layers without a dedicated rule; moved out of
-:mod:`privlearn.torch.grad_sample`, which still re-exports :func:`fallback_rule`.
+functional call) for layers without a dedicated rule (:data:`FALLBACK`).
 """
 
 from __future__ import annotations
@@ -11,33 +10,25 @@ from torch import nn
 from privlearn.torch.grad_sample import (
     _LOW,
     Contribution,
+    LayerRule,
     Materialized,
     Record,
     _as,
-    _record_batch,
     _scaled,
     compute_dtype,
     rule_evaluation,
 )
 
-__all__ = ['fallback_rule']
+__all__ = ["FALLBACK", "default_record_dims", "fallback_rule"]
 
 
 # --------------------------------------------------------------------------- fallback
 
 
-def _batch_dims(module: nn.Module, record: Record, batch: int):
-    """Batch dimension of every tensor argument and output (None: not batched)."""
-    batch_first = getattr(module, "batch_first", True)
-    if isinstance(module, nn.MultiheadAttention):
-        names = ["query", "key", "value"]
-        arg_dims = []
-        for i, a in enumerate(record.args):
-            arg_dims.append(_mha_dim(names[i] if i < 3 else "", a, batch_first))
-        kw_dims = {k: _mha_dim(k, v, batch_first) for k, v in record.kwargs.items()}
-        out_dims = [0 if batch_first else 1, 0]  # attn output, attn weights (B, L, S)
-        out_dims = out_dims[: len(record.outputs_meta)]
-        return arg_dims, kw_dims, out_dims
+def default_record_dims(module: nn.Module, record: Record, batch: int):
+    """Batch dimension of every tensor argument and output of a batch-first record
+    (None: not batched, i.e. shared by all examples): dimension 0 where its size is the
+    batch size."""
 
     def dim(t):
         if not isinstance(t, torch.Tensor) or t.dim() == 0:
@@ -50,31 +41,15 @@ def _batch_dims(module: nn.Module, record: Record, batch: int):
     return arg_dims, kw_dims, out_dims
 
 
-def _mha_dim(name, t, batch_first):
-    if not isinstance(t, torch.Tensor):
-        return None
-    if name in ("query", "key", "value"):
-        return 0 if batch_first else 1
-    if name == "key_padding_mask":
-        return 0
-    if name == "attn_mask":
-        if t.dim() == 3:
-            raise ValueError("MultiheadAttention with a 3-D (per-example) attn_mask is not "
-                             "supported by per-example clipping; use key_padding_mask")
-        return None
-    return None
-
-
-
-
-
-def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
+def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contribution:
     """Generic rule: per-example gradients by ``vmap`` of a ``vjp`` of ``functional_call``.
 
     Each example is passed through the layer on its own (batch of one, inside ``vmap``, so
     no Python loop runs) and the vector-Jacobian product with that example's output
     gradient gives its parameter gradient. Correct for any layer that treats examples
-    independently; all positional and keyword tensor inputs are handled.
+    independently; all positional and keyword tensor inputs are handled. The record is
+    batch-first (the engine moved the batch dimension to 0), unless ``dims`` (``(batch,
+    arg_dims, kwarg_dims, output_dims)``, from a layout-aware rule) says otherwise.
     """
     from torch.func import functional_call, vjp, vmap
     from torch.utils._pytree import tree_flatten
@@ -82,8 +57,12 @@ def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
     names = [n for n, p in module.named_parameters() if p in set(params)]
     pvals = {n: p.detach() for n, p in module.named_parameters() if p in set(params)}
     outputs_n = len(record.outputs_meta)
-    b = _record_batch(module, record)
-    arg_dims, kw_dims, out_dims = _batch_dims(module, record, b)
+    if dims is None:
+        x = record.args[0] if record.args else next(iter(record.kwargs.values()))
+        b = x.shape[0]
+        arg_dims, kw_dims, out_dims = default_record_dims(module, record, b)
+    else:
+        b, arg_dims, kw_dims, out_dims = dims
     if all(d is None for d in out_dims):
         raise ValueError(f"cannot find the batch dimension of the outputs of {module!r}")
     gouts = [_scaled(record, i) for i in range(outputs_n)]
@@ -148,3 +127,8 @@ def fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
+
+
+#: The rule of layers without a registered one (their own trainable parameters only;
+#: batch dimension from the context, as for ``nn.Linear``).
+FALLBACK = LayerRule(fallback_rule, scope="direct")

@@ -28,7 +28,10 @@ rules: ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Embedding``, ``nn.Layer
 :mod:`privlearn.torch.rnn`), ``nn.MultiheadAttention`` (see
 :mod:`privlearn.torch.attention`), and a generic :mod:`torch.func` fallback (vmap of a
 vjp of ``functional_call``, :mod:`privlearn.torch.fallback`) for any other layer,
-multi-input ones included. :func:`register_rule` adds a rule for a new layer type.
+multi-input ones included. :func:`register_rule` adds a rule for a new layer type, with
+the layout it expects (:class:`LayerRule`: where the batch dimension is, whether broadcast
+inputs are expanded); :func:`register_layout` declares the layout a container module gives
+the layers inside it.
 
 Length: the contribution types, the rule registry and the helpers every rule module
 shares (the per-layer rules are in :mod:`privlearn.torch.rules`, the fallback in
@@ -39,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -61,9 +63,10 @@ __all__ = [
     "register_instrumenter",
     "get_instrumenter",
     "compute_dtype",
-    "cross_term",  # noqa: F822  (lazy, see _MOVED)
-    "linear_like",  # noqa: F822  (lazy, see _MOVED)
-    "fallback_rule",  # noqa: F822  (lazy, see _MOVED)
+    "LayerRule",
+    "LAYOUTS",
+    "register_layout",
+    "context_layout",
     "use_ghost",
     "GHOST_MEMORY_BUDGET_BYTES",
 ]
@@ -486,21 +489,114 @@ def _segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Ten
 
 
 Rule = Callable[[nn.Module, Record, Sequence[nn.Parameter]], Contribution]
-RULES: dict[type, Rule] = {}
 
 
-def register_rule(*layer_types: type) -> Callable[[Rule], Rule]:
-    """Decorator registering ``rule(module, record, params) -> Contribution``.
+@dataclass(frozen=True)
+class LayerRule:
+    """Everything the engine knows about one kind of layer: how to compute its
+    contribution and how its tensors are laid out. Registered with :func:`register_rule`
+    (by type) or :func:`register_predicate_rule`; the engine never tests layer types
+    itself.
 
-    ``params`` are the module's trainable parameters (recursive), in
-    ``named_parameters`` order; the contribution must cover exactly these. The rule must
-    be linear in the recorded output gradients (the tracker applies the loss-reduction
-    factor to its results).
+    Attributes
+    ----------
+    compute : callable
+        ``compute(module, record, params) -> Contribution``, linear in the recorded output
+        gradients. Unless ``own_layout``, the record it receives is *batch-first*: the
+        engine has moved the batch dimension of the first input and of every output (and
+        its gradient) to position 0.
+    batch_dim : int, callable or None
+        Where the layer's first input and its outputs carry the examples: an int, a
+        function of the module (``lambda m: 0 if m.batch_first else 1``: "ask the module"),
+        or None: "from the context" -- the user's ``batch_dims`` option for this layer,
+        else the layout of the nearest enclosing module registered with
+        :func:`register_layout` or having a boolean ``batch_first`` attribute, else 0.
+    own_layout : bool
+        The rule reads the recorded tensors in the module's own layout (it handles
+        ``batch_first`` itself, e.g. ``nn.MultiheadAttention``, ``nn.LSTM``); the engine
+        passes them unchanged, and ``batch_size`` / ``record_dims`` say where the
+        examples are.
+    expand_broadcast : bool
+        An input broadcast over the batch (batch dimension of size 1 while the model's
+        batch has ``B > 1``, e.g. Hugging Face's default ``position_ids`` of shape
+        ``(1, T)``) is expanded to ``B`` rows before the layer runs, so that its output
+        gradient has one row per example. Only for batch-first layers.
+    scope : {"subtree", "direct"}
+        "subtree": the rule covers every trainable parameter of the module and its
+        children; "direct": only the parameters the module owns itself (its children are
+        units of their own).
+    after_swap : callable or None
+        ``after_swap(module)``, called after the engine replaced the module's parameters
+        by detached aliases for a forward pass and after it put them back (e.g.
+        ``nn.RNNBase`` rebuilds its flat weight list).
+    batch_size : callable or None
+        ``batch_size(module, record) -> int`` for ``own_layout`` rules (default: the
+        size of the first input along ``batch_dim``).
+    record_dims : callable or None
+        ``record_dims(module, record, batch) -> (arg_dims, kwarg_dims, output_dims)``: the
+        batch dimension of every recorded tensor (None: shared by all examples), used to
+        drop single examples (overflowing gradients) and by the generic fallback.
+        Default: the dimension of size ``batch`` at position 0 (batch-first records).
+    observe : callable or None
+        ``observe(module, args, kwargs, output) -> list[(tensor, dim)]``: batch-first
+        views of what the layer received and produced, compared by the batch-independence
+        probe (default: the first input and the first floating output, batch dimension
+        ``batch_dim``).
+    """
+
+    compute: Rule
+    batch_dim: int | Callable[[nn.Module], int] | None = None
+    own_layout: bool = False
+    expand_broadcast: bool = True
+    scope: str = "subtree"
+    after_swap: Callable[[nn.Module], None] | None = None
+    batch_size: Callable[[nn.Module, Record], int] | None = None
+    record_dims: Callable | None = None
+    observe: Callable | None = None
+
+    def __post_init__(self):
+        if self.scope not in ("subtree", "direct"):
+            raise ValueError(f"scope must be 'subtree' or 'direct', got {self.scope!r}")
+        if self.own_layout and self.batch_dim is None:
+            raise ValueError("a rule with own_layout=True must declare batch_dim (an int or "
+                             "a function of the module)")
+
+    def __call__(self, module: nn.Module, record: Record, params) -> Contribution:
+        return self.compute(module, record, params)
+
+    def declared_dim(self, module: nn.Module) -> int | None:
+        """The batch dimension the rule declares for ``module`` (None: from the context)."""
+        d = self.batch_dim
+        return d(module) if callable(d) else d
+
+
+RULES: dict[type, LayerRule] = {}
+
+
+def _as_rule(fn, options: dict) -> LayerRule:
+    if isinstance(fn, LayerRule):
+        return LayerRule(**{**{f: getattr(fn, f) for f in fn.__dataclass_fields__},
+                            **options}) if options else fn
+    return LayerRule(fn, **options)
+
+
+def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
+    """Decorator registering ``rule(module, record, params) -> Contribution`` for
+    ``layer_types`` (and their subclasses).
+
+    ``params`` are the module's trainable parameters (recursive, unless
+    ``scope="direct"``), in ``named_parameters`` order; the contribution must cover exactly
+    these. The rule must be linear in the recorded output gradients (the tracker applies
+    the loss-reduction factor to its results). Keyword options are the fields of
+    :class:`LayerRule` (``batch_dim``, ``own_layout``, ``expand_broadcast``, ``scope``,
+    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``). Returns the function
+    unchanged.
     """
 
     def deco(fn: Rule) -> Rule:
+        entry = _as_rule(fn, options)
         for t in layer_types:
-            RULES[t] = fn
+            RULES[t] = entry
         return fn
 
     return deco
@@ -508,28 +604,60 @@ def register_rule(*layer_types: type) -> Callable[[Rule], Rule]:
 
 #: Rules matched by a predicate on the module (layers of libraries privlearn does not
 #: import, recognised by class name and attributes), tried after :data:`RULES`.
-PREDICATE_RULES: list[tuple[Callable[[nn.Module], bool], Rule]] = []
+PREDICATE_RULES: list[tuple[Callable[[nn.Module], bool], LayerRule]] = []
 
 
-def register_predicate_rule(predicate: Callable[[nn.Module], bool]) -> Callable[[Rule], Rule]:
-    """Decorator registering a rule for every module for which ``predicate`` holds."""
+def register_predicate_rule(predicate: Callable[[nn.Module], bool],
+                            **options) -> Callable[[Rule], Rule]:
+    """Decorator registering a rule (with :class:`LayerRule` options) for every module for
+    which ``predicate`` holds."""
 
     def deco(fn: Rule) -> Rule:
-        PREDICATE_RULES.append((predicate, fn))
+        PREDICATE_RULES.append((predicate, _as_rule(fn, options)))
         return fn
 
     return deco
 
 
-def get_rule(module: nn.Module) -> Rule | None:
+def get_rule(module: nn.Module) -> LayerRule | None:
     """The rule registered for ``type(module)`` (exact type first, then MRO), else the
     first predicate rule that matches."""
     for t in type(module).__mro__:
         if t in RULES:
             return RULES[t]
-    for pred, fn in PREDICATE_RULES:
+    for pred, rule in PREDICATE_RULES:
         if pred(module):
-            return fn
+            return rule
+    return None
+
+
+#: Layouts of container modules: ``fn(module) -> int``, the batch dimension of the
+#: tensors its descendant layers receive (for rules that take their dimension "from the
+#: context"), e.g. ``nn.TransformerEncoderLayer`` with ``batch_first=False`` -> 1.
+LAYOUTS: dict[type, Callable[[nn.Module], int]] = {}
+
+
+def register_layout(*module_types: type) -> Callable:
+    """Decorator registering ``fn(module) -> int``: the batch dimension of the tensors
+    that the layers inside a module of ``module_types`` receive."""
+
+    def deco(fn: Callable[[nn.Module], int]) -> Callable[[nn.Module], int]:
+        for t in module_types:
+            LAYOUTS[t] = fn
+        return fn
+
+    return deco
+
+
+def context_layout(module: nn.Module) -> int | None:
+    """The layout ``module`` declares for the layers inside it: a registered layout, else
+    its own boolean ``batch_first`` attribute (0 or 1), else None."""
+    for t in type(module).__mro__:
+        if t in LAYOUTS:
+            return int(LAYOUTS[t](module))
+    bf = getattr(module, "batch_first", None)
+    if isinstance(bf, bool):
+        return 0 if bf else 1
     return None
 
 
@@ -593,15 +721,6 @@ def recording_disabled() -> bool:
 
 
 
-def _record_batch(module: nn.Module, record: Record) -> int:
-    x = record.args[0] if record.args else next(iter(record.kwargs.values()))
-    if isinstance(module, nn.MultiheadAttention | nn.RNNBase) and not getattr(
-        module, "batch_first", False
-    ):
-        return x.shape[1]
-    return x.shape[0]
-
-
 class _MakeDifferentiable(torch.autograd.Function):
     """Identity on a tensor that does not require grad, made differentiable via ``dummy``.
 
@@ -617,34 +736,3 @@ class _MakeDifferentiable(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return None, g
-
-
-# Names that lived here before the per-layer rules and the torch.func fallback moved to
-# their own modules (issue 13); resolved lazily (PEP 562) so that those modules, which
-# import from this one, form no import cycle.
-_MOVED = {
-    "cross_term": "privlearn.torch.cross_terms",
-    "_orient": "privlearn.torch.cross_terms",
-    "_dense": "privlearn.torch.cross_terms",
-    "linear_rule": "privlearn.torch.rules.linear",
-    "linear_like": "privlearn.torch.rules.linear",
-    "_conv_patches": "privlearn.torch.rules.conv",
-    "_conv_rule": "privlearn.torch.rules.conv",
-    "conv1d_rule": "privlearn.torch.rules.conv",
-    "conv2d_rule": "privlearn.torch.rules.conv",
-    "EmbeddingContribution": "privlearn.torch.rules.embedding",
-    "embedding_rule": "privlearn.torch.rules.embedding",
-    "_affine_norm_rule": "privlearn.torch.rules.norm",
-    "layernorm_rule": "privlearn.torch.rules.norm",
-    "groupnorm_rule": "privlearn.torch.rules.norm",
-    "_batch_dims": "privlearn.torch.fallback",
-    "_mha_dim": "privlearn.torch.fallback",
-    "fallback_rule": "privlearn.torch.fallback",
-}
-
-
-def __getattr__(name: str):
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)

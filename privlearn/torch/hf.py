@@ -17,9 +17,19 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   stops, before the step that would exceed it, at ``max_epsilon`` (by default the
   ``target_epsilon`` the noise was calibrated for);
 * **checkpoints**: every checkpoint folder gets ``privlearn_privacy.pt`` (the accountant's
-  history, live noise multiplier and clipping bound, random states of the sampler and the
-  noise); ``trainer.train(resume_from_checkpoint=...)`` restores it, so a resumed run
-  reports the same epsilon as an uninterrupted one. A checkpoint without it is refused.
+  history, live noise multiplier and clipping bound, the keys of the sampler and the
+  noise: one-way, they reveal no past batch or noise); ``trainer.train(
+  resume_from_checkpoint=...)`` restores it, so a resumed run reports the same epsilon and
+  epoch as an uninterrupted one. A checkpoint without it is refused;
+* **releases**: every number the trainer logs, returns or writes into a checkpoint is on
+  an allow-list (:data:`RELEASED_LOGS`): epsilon, the clipping bound, the learning rate,
+  the step and the epoch (all data-independent or accounted), and evaluation metrics
+  (statistics of the evaluation set, which this run's accounting does not cover). The
+  un-noised training loss, FLOP and token counts (which depend on private sequence
+  lengths) and timings are not released;
+* **several runs**: every ``train()`` (a fresh model from ``model_init``, each trial of
+  ``hyperparameter_search``) trains privately, and ``epsilon()`` reports the composition
+  of all the runs on the training set; ``max_epsilon`` caps that total.
 
 Refused, with the reason, before the first step: gradient accumulation
 (``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
@@ -29,7 +39,15 @@ accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private``
 trains as bf16 does: per-example norms and sums in float32),
 several processes or GPUs (not wired yet), an iterable training set (it cannot be
 Poisson-sampled), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
-per example).
+per example), ``DataCollatorWithFlattening`` (it packs the batch into one row, which
+would be clipped as one example).
+
+The Trainer is used through its public API only (``get_train_dataloader``,
+``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
+``log``, ``train`` and callbacks); the user's ``TrainingArguments`` are not modified
+(the trainer works on a copy with ``max_grad_norm=0``: per-example clipping replaces the
+Trainer's, and ``ignore_data_skip=True``: the sampler resumes its own position).
+Tested with transformers 5.x (see the README for the versions).
 
 ``transformers`` is imported here only; nothing else in privlearn imports it. Install the
 extra: ``pip install privlearn[hf]``.
@@ -53,9 +71,8 @@ padding).
 
 from __future__ import annotations
 
-import math
+import copy
 import os
-import sys
 import warnings
 from dataclasses import dataclass, fields
 
@@ -70,13 +87,16 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("privlearn.torch.hf needs transformers: pip install "
                       "'privlearn[hf]' (transformers>=4.40, peft>=0.10)") from exc
 
+from privlearn.accounting import compose, planned_steps
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
+from privlearn.torch.config import DPConfig
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
 
-__all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STATE_NAME"]
+__all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STATE_NAME",
+           "RELEASED_LOGS"]
 
 PRIVACY_STATE_NAME = "privlearn_privacy.pt"
 _TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classification")
@@ -84,37 +104,27 @@ _TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classifica
 
 @dataclass(frozen=True)
 class PrivacyArguments:
-    """The DP-SGD settings of a :class:`DPTrainer` (passed to
-    :func:`privlearn.torch.make_private`; see its documentation).
+    """The DP-SGD settings of a :class:`DPTrainer` (validated by
+    :class:`~privlearn.torch.config.DPConfig`, which documents them; passed to
+    :func:`privlearn.torch.make_private`).
 
     Attributes
     ----------
-    noise_multiplier : float, optional
-        sigma; exactly one of it and ``target_epsilon``.
-    target_epsilon : float, optional
-        Calibrate sigma for the Trainer's planned steps (``max_steps``, or
-        ``num_train_epochs`` times the steps of an epoch) at ``target_delta``.
-    target_delta : float
-        delta of the reported (and targeted) epsilon.
-    max_grad_norm : float
-        Per-example clipping bound (the initial one with adaptive clipping).
+    noise_multiplier, target_epsilon, target_delta, max_grad_norm, sampling, accountant,
+    secure_mode, seed, clipping, target_unclipped_quantile, clipbound_learning_rate,
+    unclipped_num_std, batch_dims, check_batch_independence
+        As in :class:`~privlearn.torch.config.DPConfig`; ``target_epsilon`` calibrates the
+        noise for the Trainer's planned steps (``max_steps``, or ``num_train_epochs``
+        times the steps of an epoch).
     max_epsilon : float, optional
-        Stop training before the step that would take epsilon past this (default:
-        ``target_epsilon``, if given).
-    sampling : {"poisson", "fixed"}
-    accountant : str
-    secure_mode : bool
-    seed : int, optional
-        Seed of the sampler and the noise (reproducible runs and resumes).
-    clipping, target_unclipped_quantile, clipbound_learning_rate, unclipped_num_std
-        Adaptive clipping (Andrew et al. 2021), as in ``make_private``.
+        Stop training before the step that would take epsilon (of all this trainer's
+        runs) past this; default ``target_epsilon``, if given.
     log_training_loss : bool
         The Trainer's ``loss`` / ``train_loss`` logs are means over private training
         batches without noise, and they are saved in every checkpoint's
-        ``trainer_state.json``: by default they are dropped from the logs (epsilon and the
-        clip bound are logged instead). ``True`` keeps them and emits a
-        :class:`~privlearn.errors.PrivacyLeakWarning`: they are then not covered by the
-        accounted mechanism.
+        ``trainer_state.json``: by default they are not released. ``True`` keeps them
+        and emits a :class:`~privlearn.errors.PrivacyLeakWarning`: they are then not
+        covered by the accounted mechanism.
     task : str, optional
         How the per-example loss is computed: ``"causal_lm"`` (shifted per-sequence
         token cross-entropy), ``"masked_lm"`` / ``"token_classification"`` (unshifted),
@@ -135,29 +145,42 @@ class PrivacyArguments:
     target_unclipped_quantile: float | None = None
     clipbound_learning_rate: float = 0.2
     unclipped_num_std: float | None = None
+    batch_dims: dict | None = None
+    check_batch_independence: bool = True
     task: str | None = None
     log_training_loss: bool = False
 
     def __post_init__(self):
         if self.task is not None and self.task not in _TASKS:
             raise ValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
-        if (self.noise_multiplier is None) == (self.target_epsilon is None):
-            raise ValueError(
-                "give exactly one of noise_multiplier and target_epsilon, got noise_multiplier"
-                f"={self.noise_multiplier!r} and target_epsilon={self.target_epsilon!r}: "
-                "target_epsilon calibrates the noise for the planned steps, noise_multiplier "
-                "fixes it (then max_epsilon caps the steps)")
-        if self.clipping != "adaptive":
-            extra = [f"{k}={getattr(self, k)!r}" for k, default in (
-                ("target_unclipped_quantile", None), ("unclipped_num_std", None),
-                ("clipbound_learning_rate", 0.2)) if getattr(self, k) != default]
-            if extra:
-                raise ValueError(f"{', '.join(extra)} only apply to clipping='adaptive', got "
-                                 f"clipping={self.clipping!r}: set clipping='adaptive' or "
-                                 "drop them")
+        if self.clipping == "adaptive" and self.target_unclipped_quantile is None:
+            return  # refused with the other settings when training starts
+        # one validation for every setting: DPConfig's (the planned length comes later)
+        DPConfig(**self.engine_settings(steps=1))
+
+    def engine_settings(self, **extra) -> dict:
+        """The :func:`~privlearn.torch.make_private` settings (``max_epsilon`` defaults to
+        ``target_epsilon``)."""
+        kw = {f.name: getattr(self, f.name) for f in fields(self)
+              if f.name not in ("task", "log_training_loss")}
+        if kw["max_epsilon"] is None:
+            kw["max_epsilon"] = self.target_epsilon
+        kw.update(extra)
+        return kw
 
 
+#: Keys of the logs, returned metrics and checkpoint states a DPTrainer releases (plus
+#: evaluation metrics, ``eval_*``/``test_*``/``predict_*``): each is data-independent or
+#: covered by the accounting.
+RELEASED_LOGS = frozenset({"epsilon", "dp_max_grad_norm", "dp_noise_multiplier",
+                           "learning_rate", "epoch", "step"})
+_EVAL_PREFIXES = ("eval_", "test_", "predict_")
 _UNNOISED_LOGS = ("loss", "train_loss", "grad_norm")
+
+
+def _released(key: str, log_training_loss: bool) -> bool:
+    return (key in RELEASED_LOGS or key.startswith(_EVAL_PREFIXES)
+            or (log_training_loss and key in _UNNOISED_LOGS))
 
 
 def expand_position_ids(collator):
@@ -183,47 +206,60 @@ def expand_position_ids(collator):
 
 
 class _PrivacyCallback(TrainerCallback):
-    """Stops training before the step that would exceed ``max_epsilon``."""
+    """Stops training before the step that would exceed ``max_epsilon``; keeps the
+    reported epoch the sampler's; writes the privacy state into each checkpoint."""
 
     def __init__(self, trainer: DPTrainer):
         self.trainer = trainer
 
-    @staticmethod
-    def _next_step_exceeds(p) -> bool:
-        """Whether the accountant's ``max_epsilon`` leaves no room for one more step."""
-        if p is None or p.accountant.max_epsilon is None:
-            return False
-        try:
-            p.accountant.check_step()
-        except PrivacyBudgetExceededError:
-            return True
-        return False
-
     def on_train_begin(self, args, state, control, **kwargs):
         p = self.trainer.privacy_engine
-        if p is not None and p.accountant.steps == 0 and self._next_step_exceeds(p):
+        if p is not None and p.accountant.steps == 0 and _exhausted(p):
             raise PrivacyBudgetExceededError(
-                f"max_epsilon={p.accountant.max_epsilon:g} at delta={p.accountant.delta:g} "
+                f"max_epsilon={p.budget.max_epsilon:g} at delta={p.budget.delta:g} "
                 f"does not cover even one step (noise_multiplier={p.noise_multiplier:.4g}, "
-                f"sampling rate {p.sampling_rate:.4g}); no step was taken. Raise "
-                "max_epsilon, or the noise (noise_multiplier, or target_epsilon with the "
-                "planned steps)")
+                f"sampling rate {p.sampling_rate:.4g}"
+                + (", after the earlier runs of this trainer" if p.accountant.prior else "")
+                + "); no step was taken. Raise max_epsilon, or the noise "
+                "(noise_multiplier, or target_epsilon with the planned steps)")
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
         p = self.trainer.privacy_engine
-        if not self._next_step_exceeds(p):
+        if p is not None:  # the epoch of the steps taken (a resumed run continues it)
+            state.epoch = p.accountant.steps / p.plan.steps_per_epoch
+        if p is None or not _exhausted(p):
             return control
         self.trainer._stopped_at_budget = True
         control.should_training_stop = True
         if state.global_step < state.max_steps:  # not the planned end: say why it stopped
             warnings.warn(
                 f"DPTrainer stopped after step {state.global_step} of {state.max_steps}: the "
-                f"next step would take epsilon past max_epsilon={p.accountant.max_epsilon:g} "
+                f"next step would take epsilon past max_epsilon={p.budget.max_epsilon:g} "
                 f"(epsilon now {self.trainer.epsilon():.4g} at delta="
                 f"{self.trainer.privacy.target_delta:g})", PrivacyBudgetWarning,
                 stacklevel=2)
         return control
+
+    def on_save(self, args, state, control, **kwargs):
+        p = self.trainer.privacy_engine
+        if p is None or not args.should_save:
+            return control
+        folder = os.path.join(args.output_dir, f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-"
+                              f"{state.global_step}")
+        if os.path.isdir(folder):
+            state_ = p.state_dict()
+            # model and optimizer are in the Trainer's own files of this checkpoint
+            state_.pop("model")
+            state_.pop("optimizer")
+            torch.save(state_, os.path.join(folder, PRIVACY_STATE_NAME))
+        return control
+
+
+def _exhausted(p: PrivateTraining) -> bool:
+    """Whether the budget leaves no room for one more step."""
+    return p.budget.max_epsilon is not None and p.budget.exhausted(p.noise_multiplier,
+                                                                   p.sampling_rate)
 
 
 class DPTrainer(Trainer):
@@ -239,21 +275,35 @@ class DPTrainer(Trainer):
     Attributes
     ----------
     privacy_engine : PrivateTraining or None
-        What ``make_private`` returned (set when training starts).
+        What ``make_private`` returned for the current run (set when training starts).
     """
 
     def __init__(self, *args, privacy: PrivacyArguments, **kwargs):
         if not isinstance(privacy, PrivacyArguments):
             raise TypeError(f"privacy must be a PrivacyArguments, got "
                             f"{type(privacy).__name__}")
+        a = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if a is not None:  # the Trainer works on a copy: the user's arguments stay as given
+            a = _private_copy(a)
+            if "args" in kwargs:
+                kwargs["args"] = a
+            else:
+                args = (args[0], a, *args[2:])
         super().__init__(*args, **kwargs)
+        self.args = _private_copy(self.args) if a is None else self.args
         self.privacy = privacy
         self.privacy_engine: PrivateTraining | None = None
+        self._earlier_runs: list = []  # mechanisms of the finished runs
+        self._resume_from: str | None = None
         self._stopped_at_budget = False
         if privacy.log_training_loss:
             warnings.warn("log_training_loss=True: the training loss is logged (and saved in "
                           "checkpoints) without noise; it is not covered by the accounted "
                           "mechanism", PrivacyLeakWarning, stacklevel=2)
+        self._refuse_unsupported()
+        self.add_callback(_PrivacyCallback(self))
+
+    def _refuse_unsupported(self) -> None:
         a = self.args
         if a.gradient_accumulation_steps != 1:
             raise ValueError(
@@ -266,7 +316,7 @@ class DPTrainer(Trainer):
                              "Trainer's loss "
                              "scaler runs through accelerate, which is not wired to the DP "
                              "optimizer yet. Use bf16=True or float32, or fp16 with "
-                             "make_private and torch.amp.GradScaler (docs/torch-training.md, "
+                             "make_private and torch.amp.GradScaler (docs/guides/pytorch.md, "
                              "'Mixed precision')")
         if a.world_size > 1 or a.n_gpu > 1:
             raise ValueError(f"DPTrainer runs in one process on one device, got world_size="
@@ -282,59 +332,58 @@ class DPTrainer(Trainer):
         if isinstance(self.train_dataset, IterableDataset):
             raise ValueError("DPTrainer needs a map-style train_dataset (len and indexing) "
                              "to Poisson-sample it; got an IterableDataset")
-        # the privacy state restores the sampler's position itself; the Trainer must not
-        # draw (and skip) batches to fast-forward on resume
-        a.ignore_data_skip = True
-        self.add_callback(_PrivacyCallback(self))
+        flattening = getattr(transformers, "DataCollatorWithFlattening", None)
+        if flattening is not None and isinstance(self.data_collator, flattening):
+            raise ValueError(
+                "DataCollatorWithFlattening packs the whole batch into one row, which "
+                "per-example clipping would clip as one example (the sensitivity would be "
+                "the batch's, not one example's). Use a padding collator "
+                "(DataCollatorWithPadding, DataCollatorForLanguageModeling, "
+                "default_data_collator) with DPTrainer")
 
     # ------------------------------------------------------------------ wiring
-    def _planned_steps(self, n: int) -> int:
+    def _planned_steps(self, q: float) -> int:
         if self.args.max_steps > 0:
             return int(self.args.max_steps)
-        per_epoch = max(1, round(n / self._train_batch_size))
-        return max(1, math.ceil(self.args.num_train_epochs * per_epoch))
+        return planned_steps(q, self.args.num_train_epochs)
 
     def get_train_dataloader(self) -> DataLoader:
-        """The Poisson-sampling loader of :func:`make_private` (made on first use, with
-        the Trainer's optimizer, which it wraps)."""
-        if self.privacy_engine is not None:
-            return self.privacy_engine.data_loader
-        if self.train_dataset is None:
-            raise ValueError("DPTrainer: training requires a train_dataset")
-        dataset = self.train_dataset
-        collator = self.data_collator
-        datasets = sys.modules.get("datasets")  # a datasets.Dataset implies it is imported
-        is_hf_dataset = datasets is not None and isinstance(dataset, datasets.Dataset)
-        if is_hf_dataset:
-            dataset = self._remove_unused_columns(dataset, description="training")
-        else:
-            collator = self._get_collator_with_removed_columns(collator,
-                                                               description="training")
-        loader = DataLoader(dataset, batch_size=self._train_batch_size, collate_fn=collator,
+        """The DP sampler's loader (:func:`make_private` over the Trainer's own dataset
+        and collator, with its optimizer). A new run (the Trainer built a new model or
+        optimizer, e.g. ``model_init``) gets a new engine; the privacy cost of the earlier
+        runs is kept and composed."""
+        p = self.privacy_engine
+        if p is not None and p.model is self.model and self.optimizer is p.optimizer:
+            return p.data_loader
+        if p is not None:  # a new run of this trainer on the same data
+            self._earlier_runs.append(p.accountant.mechanism())
+            p.detach()
+            self.privacy_engine = None
+        base = super().get_train_dataloader()  # the Trainer's dataset and collator
+        loader = DataLoader(base.dataset, batch_size=self._train_batch_size,
+                            collate_fn=base.collate_fn,
                             num_workers=self.args.dataloader_num_workers,
                             pin_memory=self.args.dataloader_pin_memory)
         if self.optimizer is None:
             self.create_optimizer()
         if isinstance(self.optimizer, DPOptimizer):
-            raise ValueError("the optimizer is already a DPOptimizer; pass the plain one")
+            raise ValueError("the optimizer is already a DPOptimizer of another run; pass the "
+                             "plain torch optimizer")
         pa = self.privacy
-        kw = {f.name: getattr(pa, f.name) for f in fields(pa)
-              if f.name not in ("task", "max_epsilon", "target_epsilon", "noise_multiplier",
-                                "log_training_loss")}
-        max_eps = pa.max_epsilon if pa.max_epsilon is not None else pa.target_epsilon
-        if pa.clipping != "adaptive":  # defaults only (PrivacyArguments checked that)
-            for k in ("target_unclipped_quantile", "unclipped_num_std",
-                      "clipbound_learning_rate"):
-                kw.pop(k)
+        kw = pa.engine_settings()
         if pa.target_epsilon is not None:
-            kw.update(target_epsilon=pa.target_epsilon, steps=self._planned_steps(len(dataset)))
-        else:
-            kw.update(noise_multiplier=pa.noise_multiplier)
+            q = self._train_batch_size / len(base.dataset)
+            kw["steps"] = self._planned_steps(q)
         self.model.train()
-        self.privacy_engine = make_private(self.model, self.optimizer, loader,
-                                           max_epsilon=max_eps, **kw)
-        self.optimizer = self.privacy_engine.optimizer
-        return self.privacy_engine.data_loader
+        p = make_private(self.model, self.optimizer, loader, **kw)
+        prior = [m for m in self._earlier_runs if m is not None]
+        if prior:
+            p.accountant.prior = compose(prior)
+        if self._resume_from is not None:
+            self._load_privacy_state(p, self._resume_from)
+        self.privacy_engine = p
+        self.optimizer = p.optimizer
+        return p.data_loader
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The learning-rate scheduler drives the wrapped torch optimizer."""
@@ -342,11 +391,10 @@ class DPTrainer(Trainer):
             optimizer = self.optimizer.original_optimizer
         return super().create_scheduler(num_training_steps, optimizer=optimizer)
 
-    def _clip_grad_norm(self, model):
-        return None  # per-example clipping happens inside the DP step
-
-    def _get_grad_norm(self, model, grad_norm=None):
-        return None  # p.grad is set by the DP step; no pre-step norm to report
+    def floating_point_ops(self, inputs) -> int:
+        """0: the Trainer's FLOP count depends on the private batch's sequence lengths
+        and is saved in every checkpoint (``total_flos``), so it is not computed."""
+        return 0
 
     # ------------------------------------------------------------------ loss
     def _task(self, model, labels: torch.Tensor) -> str:
@@ -387,66 +435,81 @@ class DPTrainer(Trainer):
             return torch.zeros((), device=self.args.device)
         return super().training_step(model, inputs, num_items_in_batch)
 
-    def train(self, *args, **kwargs):
-        """``Trainer.train``; unless ``log_training_loss``, the returned
-        ``TrainOutput.training_loss`` is NaN and ``metrics`` has no ``train_loss``: the mean
-        training loss is a statistic of the private batches without noise, so it does not
-        leave the call (what it returns is a release, covered by the accountant only if
-        noised)."""
-        out = super().train(*args, **kwargs)
-        if self.privacy.log_training_loss or self.privacy_engine is None:
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``. What it returns is filtered like the logs: the returned
+        ``TrainOutput.training_loss`` is NaN and ``metrics`` holds only released keys
+        (:data:`RELEASED_LOGS`, with ``epsilon``), unless ``log_training_loss``. Resuming
+        from a checkpoint restores the privacy state saved in it (refused without one)."""
+        if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
+            resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(
+                self.args.output_dir)
+        self._resume_from = resume_from_checkpoint
+        if resume_from_checkpoint is not None:
+            _privacy_state_path(resume_from_checkpoint)  # refused before anything runs
+        try:
+            out = super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self._resume_from = None
+        if self.privacy_engine is None:
             return out
-        if hasattr(self, "_total_loss_scalar"):
-            self._total_loss_scalar = 0.0
-        metrics = {k: v for k, v in out.metrics.items() if k not in _UNNOISED_LOGS}
-        return type(out)(out.global_step, float("nan"), metrics)
+        keep = self.privacy.log_training_loss
+        metrics = {k: v for k, v in out.metrics.items() if _released(k, keep)}
+        metrics["epsilon"] = self.epsilon()
+        return type(out)(out.global_step, out.training_loss if keep else float("nan"),
+                         metrics)
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self, delta: float | None = None) -> float:
-        """epsilon at ``delta`` (default ``target_delta``) of the steps taken so far."""
-        if self.privacy_engine is None:
-            return 0.0
-        return self.privacy_engine.epsilon(self.privacy.target_delta if delta is None
-                                           else delta)
+        """epsilon at ``delta`` (default ``target_delta``) of all the steps this trainer
+        took (every run)."""
+        d = self.privacy.target_delta if delta is None else delta
+        if self.privacy_engine is not None:
+            return self.privacy_engine.epsilon(d)
+        prior = [m for m in self._earlier_runs if m is not None]
+        return compose(prior).epsilon(d) if prior else 0.0
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Log only released keys (:data:`RELEASED_LOGS` and evaluation metrics), with
+        epsilon and the clipping bound added."""
         if self.privacy_engine is not None:
-            if not self.privacy.log_training_loss:
-                for key in _UNNOISED_LOGS:  # un-noised training statistics
-                    logs.pop(key, None)
+            keep = self.privacy.log_training_loss
+            logs = {k: v for k, v in logs.items() if _released(k, keep)}
             logs["epsilon"] = self.epsilon()
             logs["dp_max_grad_norm"] = self.privacy_engine.max_grad_norm
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, model, trial) -> None:
-        super()._save_checkpoint(model, trial)
-        if self.privacy_engine is None or not self.args.should_save:
-            return
-        folder = os.path.join(self._get_output_dir(trial=trial),
-                              f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-"
-                              f"{self.state.global_step}")
-        state = self.privacy_engine.state_dict()
-        # model and optimizer are in the Trainer's own files of this checkpoint
-        state.pop("model")
-        state.pop("optimizer")
-        torch.save(state, os.path.join(folder, PRIVACY_STATE_NAME))
-
-    def _load_optimizer_and_scheduler(self, checkpoint) -> None:
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, PRIVACY_STATE_NAME)
-        if not os.path.isfile(path):
-            raise ValueError(
-                f"checkpoint {checkpoint!r} has no {PRIVACY_STATE_NAME}: it was not written "
-                "by DPTrainer, and resuming from it would lose the privacy cost of the steps "
-                "already taken. Resume from a DPTrainer checkpoint, or start a new run")
-        state = torch.load(path, weights_only=False)
-        p = self.privacy_engine
-        state["model"] = p.model.state_dict()  # loaded by the Trainer from this checkpoint
+    def _load_privacy_state(self, p: PrivateTraining, checkpoint: str) -> None:
+        state = torch.load(_privacy_state_path(checkpoint), weights_only=False)
+        # the model and the optimizer are the Trainer's (loaded from the same checkpoint)
+        state["model"] = p.model.state_dict()
         state["optimizer"] = p.optimizer.original_optimizer.state_dict()
         p.load_state_dict(state)
+
+
+def _private_copy(args):
+    """A copy of the user's TrainingArguments with what DP-SGD needs: no clipping of the
+    averaged gradient (per-example clipping replaces it), no batch skipping on resume (the
+    sampler resumes its own position), no token counting (private sequence lengths)."""
+    a = copy.copy(args)
+    a.max_grad_norm = 0.0
+    a.ignore_data_skip = True
+    if getattr(a, "include_num_input_tokens_seen", "no") not in ("no", False, None):
+        warnings.warn("include_num_input_tokens_seen is ignored by DPTrainer: the number of "
+                      "tokens trained on depends on private sequence lengths and would be "
+                      "released un-noised", PrivacyLeakWarning, stacklevel=3)
+        a.include_num_input_tokens_seen = "no"
+    return a
+
+
+def _privacy_state_path(checkpoint: str) -> str:
+    path = os.path.join(checkpoint, PRIVACY_STATE_NAME)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"checkpoint {checkpoint!r} has no {PRIVACY_STATE_NAME}: it was not written "
+            "by DPTrainer, and resuming from it would lose the privacy cost of the steps "
+            "already taken. Resume from a DPTrainer checkpoint, or start a new run")
+    return path
 
 
 def _batch_size(inputs) -> int | None:

@@ -53,6 +53,22 @@ class NoiseSource:
         self.generator.manual_seed(
             int.from_bytes(os.urandom(8), "little") >> 1 if seed is None else int(seed))
 
+    def state_dict(self) -> dict:
+        """The generator's state (None in secure mode: OS entropy cannot be replayed)."""
+        return {"format": "privlearn.torch.noise/1", "secure": self.secure_mode,
+                "state": None if self.secure_mode else self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` (same mode)."""
+        if not isinstance(state, dict) or state.get("format") != "privlearn.torch.noise/1":
+            raise ValueError("state is not a privlearn noise state; pass what state_dict() "
+                             "returned")
+        if bool(state["secure"]) != self.secure_mode:
+            raise ValueError(f"the saved noise source had secure_mode={state['secure']}, this "
+                             f"one {self.secure_mode}; rebuild with the same secure_mode")
+        if state["state"] is not None:
+            self.generator.set_state(state["state"])
+
     def standard_normal(self, n: int) -> torch.Tensor:
         """``n`` i.i.d. N(0, 1) float32 draws (CPU), one call for all parameters.
 

@@ -73,7 +73,7 @@ from torch.amp import GradScaler
 
 from privlearn import _validation as _v
 from privlearn.errors import GradientOverflowWarning
-from privlearn.torch.accountant import PrivacyAccountant
+from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
 
@@ -141,8 +141,13 @@ class DPOptimizer:
     expected_batch_size : float
     last_grad_norms : tensor or None
         Per-example gradient norms (before clipping) of the last physical batch.
-    sampler : PoissonBatchSampler or FixedSizeBatchSampler or None
-        The sampler whose batches the steps consume (its rate is what is accounted).
+    sampler : PoissonBatchSampler or FixedSizeBatchSampler
+        The sampler whose batches the steps consume (its rate is what is accounted;
+        read-only, as are ``sampling_rate`` and ``expected_batch_size``).
+    budget : BudgetCap or None
+        Checked before every step (``max_epsilon``), told after it (planned epsilon).
+    ledger : LedgerLink or None
+        The run's reservations in a persistent privacy ledger.
     adaptive : AdaptiveClipping or None
         Adaptive clipping settings (None: the bound only changes when set).
     last_unclipped_fraction : float or None
@@ -163,9 +168,10 @@ class DPOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, tracker: GradSampleTracker, *,
                  noise_multiplier: float, max_grad_norm: float, expected_batch_size: float,
-                 accountant: PrivacyAccountant, noise: NoiseSource,
-                 world_size: int = 1, process_group=None, sampler=None,
-                 adaptive: AdaptiveClipping | None = None):
+                 accountant: PrivacyAccountant, noise: NoiseSource, sampler,
+                 world_size: int = 1, process_group=None,
+                 adaptive: AdaptiveClipping | None = None, budget: BudgetCap | None = None,
+                 ledger: LedgerLink | None = None):
         self.original_optimizer = optimizer
         self.tracker = tracker
         self._noise_multiplier = 0.0
@@ -175,24 +181,25 @@ class DPOptimizer:
         self.last_unclipped_fraction = None
         self.max_grad_norm = max_grad_norm
         self.noise_multiplier = noise_multiplier
-        self.expected_batch_size = float(expected_batch_size)
+        self._expected_batch_size = float(expected_batch_size)
         self.accountant = accountant
-        accountant._owner = self
-        self.sampler = sampler
-        self.sampling_rate = (accountant.sampling_rate if sampler is None
-                              else float(sampler.sample_rate))
+        self._sampler = sampler
+        self._sampling_rate = float(sampler.sample_rate)
+        self.budget = budget
+        self.ledger = ledger
         self.noise = noise
         self.world_size = int(world_size)
         self.process_group = process_group
         self._accum: dict[int, torch.Tensor] = {}
         self._flat: torch.Tensor | None = None  # last step's noisy-gradient buffer
-        self._final_chunk = True
+        self._final_chunk = True  # the next step() ends a logical batch
+        self._chunk_size: int | None = None  # examples of the next physical chunk
         self.last_grad_norms = None
         #: per-layer clipping: ``id(p) -> w_p`` (``sum w_p^2 = 1``), parameter ``p`` clipped
         #: to ``w_p * max_grad_norm``; None: flat clipping (set by make_private)
         self.per_param_clipping: dict | None = None
-        self._numels = [p.numel() for p in tracker.params]
-        self._numel = sum(self._numels)
+        self._layout_version = -1
+        self._sync_params()
         self._dynamic_scale = 1.0  # GradScaler's scale during a step it drives
         self._overflowed = 0  # examples dropped (overflow) in the logical batch so far
         self.last_overflow_count = 0
@@ -243,6 +250,35 @@ class DPOptimizer:
                              "unbounded; only allowed with noise_multiplier=0")
         self._max_grad_norm = v
 
+    @property
+    def sampling_rate(self) -> float:
+        """q of the sampler whose batches the steps consume (read-only: the sampler draws
+        with it and the accountant records it)."""
+        return self._sampling_rate
+
+    @sampling_rate.setter
+    def sampling_rate(self, value) -> None:
+        raise AttributeError(
+            "sampling_rate cannot be changed: it is the rate at which p.data_loader draws "
+            "its batches, and the accountant records the rate of the sampler that drew "
+            "them. Build a new run with make_private (a loader of another batch_size) to "
+            "train at another rate")
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q N, the normaliser of the noisy sum (read-only, like the sampling rate)."""
+        return self._expected_batch_size
+
+    @expected_batch_size.setter
+    def expected_batch_size(self, value) -> None:
+        raise AttributeError("expected_batch_size is sampling_rate x dataset size and cannot "
+                             "be changed after make_private")
+
+    @property
+    def sampler(self):
+        """The sampler whose batches the steps consume (read-only)."""
+        return self._sampler
+
     # ------------------------------------------------------------------ delegation
     @property
     def param_groups(self):
@@ -263,18 +299,101 @@ class DPOptimizer:
         self.original_optimizer.load_state_dict(state_dict)
 
     def add_param_group(self, group) -> None:
-        raise ValueError("adding parameter groups after make_private is not supported: the "
-                         "new parameters would escape per-example clipping")
+        """Add a parameter group of the model's own parameters (progressive unfreezing:
+        they are clipped and noised with the others once they require gradients).
+
+        Raises
+        ------
+        ValueError
+            A parameter of the group is not a parameter of the model: its gradient could
+            not be clipped per example.
+        """
+        params = group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        owned = {id(q) for q in self.tracker.model.parameters()}
+        foreign = [tuple(q.shape) for q in params if id(q) not in owned]
+        if foreign:
+            raise ValueError(
+                f"add_param_group: {len(foreign)} parameter(s) (shapes {foreign[:3]}) are not "
+                "parameters of the model given to make_private, so their gradients cannot be "
+                "clipped per example and would be released un-noised. Make them parameters "
+                "of a module of the model, or keep them out of the optimizer")
+        self.original_optimizer.add_param_group(group)
 
     def __repr__(self) -> str:
         return (f"DPOptimizer({self.original_optimizer.__class__.__name__}, "
                 f"noise_multiplier={self.noise_multiplier}, max_grad_norm={self.max_grad_norm})")
 
     # ------------------------------------------------------------------ DP step
-    def signal_final_chunk(self, final: bool) -> None:
-        """Tell the optimizer whether the next ``step()`` ends a logical batch (used by
+    def _expect_chunk(self, size: int, final: bool) -> None:
+        """The next ``step()`` trains on a physical chunk of ``size`` examples, the last of
+        its logical batch when ``final`` (told by
         :class:`~privlearn.torch.data.VirtualBatchLoader`)."""
+        self._chunk_size = int(size)
         self._final_chunk = bool(final)
+
+    def _begin_logical_batch(self) -> None:
+        """A new logical batch begins: the clipped sums of an unfinished one (the loop
+        was left between its chunks) are discarded, never released."""
+        if self._accum:
+            self._accum = {}
+            warnings.warn(
+                "a logical batch was left unfinished (the loop stopped between its physical "
+                "chunks); the clipped sums of its chunks were discarded and nothing of it was "
+                "released. Finish every logical batch of p.data_loader before leaving the "
+                "loop to use all of it", RuntimeWarning, stacklevel=4)
+
+    def _abandon(self, dropped) -> None:
+        """A new pass over the loader began: batches delivered by the last pass that no
+        step used (and anything computed from them) are dropped."""
+        self._begin_logical_batch()
+        self._final_chunk, self._chunk_size = True, None
+        if dropped:
+            self.tracker.clear()
+
+    def _sync_params(self) -> None:
+        """Follow the tracker's parameters (they change when parameters are unfrozen or
+        frozen after make_private)."""
+        if self._layout_version == self.tracker.version:
+            return
+        self._layout_version = self.tracker.version
+        self._numels = [p.numel() for p in self.tracker.params]
+        self._numel = sum(self._numels)
+        self._flat = None
+
+    def _check_update_set(self) -> None:
+        """The one gate for updates: every parameter the wrapped optimizer will update
+        this step (each one holding a gradient) must be one the engine clips and noises.
+        A parameter outside the model, or one whose gradient autograd computed outside
+        the engine, is refused before anything is released."""
+        noised = self.tracker.param_ids
+        names = None
+        for i, group in enumerate(self.original_optimizer.param_groups):
+            for q in group["params"]:
+                if q.grad is None or id(q) in noised:
+                    continue
+                if names is None:
+                    names = {id(v): n for n, v in self.tracker.model.named_parameters()}
+                name = names.get(id(q))
+                what = (f"parameter {name!r} of the model" if name is not None else
+                        f"a tensor of shape {tuple(q.shape)} in param group {i} that is not a "
+                        "parameter of the model")
+                hint = ("it was not trainable when the engine last saw the model; run a "
+                        "forward pass of p.model after unfreezing it (the engine then "
+                        "clips it) before step()" if name is not None else
+                        "make it a parameter of a module the model's forward uses (the "
+                        "engine then clips it per example), or freeze it "
+                        "(requires_grad_(False)) or remove it from the optimizer")
+                raise RuntimeError(
+                    f"optimizer.step() refused: {what} holds a gradient the DP engine did not "
+                    "clip and noise, and the wrapped optimizer would update it from its raw "
+                    f"gradient; {hint}. Nothing was released and no step was taken")
+
+    def _expected_examples(self, drawn) -> int | None:
+        """Examples the recorded layers must have seen this (physical) step."""
+        if self._chunk_size is not None:
+            return self._chunk_size
+        return None if drawn is None else drawn.size
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear ``p.grad`` and the recorded activations (accumulated clipped sums of a
@@ -287,10 +406,10 @@ class DPOptimizer:
                 p.grad.zero_()
         self.tracker.clear()
 
-    def clip_and_accumulate(self) -> None:
+    def clip_and_accumulate(self, examples: int | None = None) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
         ``1 / expected_batch_size``) to the accumulator."""
-        sums = self._clipped_sum()
+        sums = self._clipped_sum(examples=examples)
         for p in self.tracker.params:
             s = sums.get(id(p))
             if s is None:
@@ -298,14 +417,17 @@ class DPOptimizer:
             k = id(p)
             self._accum[k] = s if k not in self._accum else self._accum[k] + s
 
-    def _clipped_sum(self, out: dict | None = None) -> dict:
+    def _clipped_sum(self, out: dict | None = None, examples: int | None = None) -> dict:
         """This physical batch's clipped per-example gradient sum, scaled by
         ``1 / expected_batch_size`` (added into ``out`` in place when given), with the
-        step's bookkeeping: overflow count, last norms, adaptive clipping's count."""
+        step's bookkeeping: overflow count, last norms, adaptive clipping's count.
+        ``examples``: how many examples the sampler delivered for this batch (the layers
+        must have seen exactly these)."""
         sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
                                                   1.0 / self.expected_batch_size, out=out,
                                                   per_param=self.per_param_clipping,
-                                                  loss_scale=self._loss_scale())
+                                                  loss_scale=self._loss_scale(),
+                                                  examples=examples)
         self._overflowed += self.tracker.last_overflow_count
         self.last_grad_norms = norms
         self._count_unclipped(norms)
@@ -392,7 +514,7 @@ class DPOptimizer:
             return flat.normal_(0.0, std, generator=self.noise.generator)
         return flat.copy_(self.noise.normal(std, torch.empty(self._numel, dtype=dt)))
 
-    def _noisy_step_fused(self) -> bool:
+    def _noisy_step_fused(self, examples: int | None = None) -> bool:
         """Steps 1-3 in one pass: the noise is drawn straight into one flat gradient
         buffer and the clipped sums (scaled by ``1 / expected_batch_size``) are
         accumulated into it in place. The result is the same mechanism as
@@ -405,7 +527,7 @@ class DPOptimizer:
         views = [v.view(p.shape) for v, p in zip(flat.split(self._numels), params,
                                                   strict=True)]
         out = {id(p): v for p, v in zip(params, views, strict=True)}
-        self._clipped_sum(out)
+        self._clipped_sum(out, examples=examples)
         for k, a in self._accum.items():  # earlier chunks of a virtual batch
             out[k].add_(a)
         self._accum = {}
@@ -450,16 +572,6 @@ class DPOptimizer:
         factor = math.exp(-a.clipbound_learning_rate * (frac - a.target_unclipped_quantile))
         self.max_grad_norm = self.max_grad_norm * factor
 
-    def _check_batch(self) -> None:
-        """Refuse a logical step that did not consume a new batch of the DP sampler."""
-        if self.sampler is not None and not self.sampler.has_unconsumed_batch():
-            raise RuntimeError(
-                "optimizer.step() was called without a new batch from p.data_loader: "
-                f"{self.sampler.consumed} steps have used all {self.sampler.draws} batches "
-                "it drew. Every step must train on the next batch of p.data_loader (the "
-                "accountant describes its sampling); do not train on batches of another "
-                "loader, and call step() once per batch (use max_physical_batch_size for "
-                "batches that do not fit in memory)")
 
     def step(self, closure=None):
         """One DP-SGD step (no parameter update on a non-final virtual chunk).
@@ -484,18 +596,29 @@ class DPOptimizer:
                 loss = closure()
         scaler = self._amp_scaler()
         try:
-            if not self._final_chunk:
-                self._final_chunk = True
-                self.clip_and_accumulate()
+            self._sync_params()
+            self._check_update_set()
+            if not self._final_chunk:  # a physical chunk of a virtual batch
+                if self.sampler is not None:
+                    self.sampler.take()  # exactly one delivered batch it belongs to
+                self.tracker.check_independence(self._chunk_size)
+                self.clip_and_accumulate(examples=self._chunk_size)
+                self._final_chunk, self._chunk_size = True, None
                 if scaler is not None:
                     self._report_found_inf(scaler, None)
                 return loss
-            self._check_batch()
+            drawn = self.sampler.take() if self.sampler is not None else None
+            examples = self._expected_examples(drawn)
+            self.tracker.check_independence(examples)
             cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
-            self.accountant.check_step_with(*cfg)  # budget, before anything is released
-            if not self._noisy_step_fused():
-                self.clip_and_accumulate()
+            if self.budget is not None:  # before anything is released
+                self.budget.check(cfg[0], cfg[1])
+            if self.ledger is not None:
+                self.ledger.ensure(cfg[0], cfg[1])
+            if not self._noisy_step_fused(examples):
+                self.clip_and_accumulate(examples)
                 self.add_noise()
+            self._chunk_size = None
         finally:
             self._dynamic_scale = 1.0
         found_inf = None
@@ -505,8 +628,12 @@ class DPOptimizer:
         if not self.last_step_skipped:
             self.original_optimizer.step()
         self.accountant.record_step(*cfg)  # a skipped update still released a gradient
-        if self.sampler is not None:
-            self.sampler.consume()
+        if self.ledger is not None:
+            self.ledger.used(cfg[0], cfg[1])
+        if self.budget is not None:
+            self.budget.after_step()
+        if drawn is not None:
+            self.sampler.consume(drawn)
         if self.adaptive is not None:
             self._update_clip_bound()  # the bound of the next step
         if scaler is not None:

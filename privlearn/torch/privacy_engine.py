@@ -1,48 +1,56 @@
 """:func:`make_private`: turn a model, an optimizer and a DataLoader into DP-SGD.
 
-Length: :class:`PrivateTraining` and :func:`make_private`, whose argument checks and
-assembly belong together (helpers in :mod:`privlearn.torch._engine_checks`).
+``make_private`` is a short pipeline of named steps, each a function of its own (and
+tested on its own), each registering how to undo what it did; when a later step refuses,
+the earlier ones are undone and the user's objects are left as they were:
+
+1. :class:`~privlearn.torch.config.DPConfig`: validate the settings;
+2. :func:`prepare_model`: unwrap DDP, apply the registered module fixers
+   (``fix_model``), refuse unsupported layers;
+3. :func:`plan_run`: the sampling rate from the loader, the planned steps, the noise
+   multiplier (calibrated for ``target_epsilon``) -- a :class:`Plan`, no side effect;
+4. :func:`reserve_budget`: reserve the planned run in a privacy ledger, before any data
+   is read;
+5. :func:`attach_engine`: the hooks that record each layer's inputs and output gradients;
+6. :func:`build_optimizer`: the DP sampler's loader, the accountant, the budget cap, the
+   noise source and the DP optimizer.
+
+Nothing process-wide is changed (no allocator setting, no ``atexit`` handler; a DDP
+model's gradient synchronisation is switched off for the run and restored by
+:meth:`PrivateTraining.detach`).
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import math
+import weakref
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from privlearn.accounting import Sampling, calibrate, compose
-from privlearn.torch._allocator import retain_freed_memory
-from privlearn.torch._engine_checks import (  # noqa: F401  (re-exported: old home)
-    _SAMPLING_HELP,
+from privlearn.accounting import calibrate, compose, steps_per_epoch, warn_if_delta_large
+from privlearn.torch._engine_checks import (
     _accountable_batch_size,
-    _check_pos,
     _guard_token_level_labels,
     _per_layer_bounds,
     _shared_seed,
 )
-from privlearn.torch.accountant import LedgerLink, PrivacyAccountant, dpsgd_step
-from privlearn.torch.data import (  # noqa: F401  (samplers: importable here before)
-    FixedSizeBatchSampler,
-    PoissonBatchSampler,
-    VirtualBatchLoader,
-    make_dp_loader,
-)
-from privlearn.torch.distributed import world_info
+from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant, dpsgd_step
+from privlearn.torch.config import DPConfig
+from privlearn.torch.data import VirtualBatchLoader, make_dp_loader
+from privlearn.torch.distributed import unwrap, world_info
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
 from privlearn.torch.tracker import GradSampleTracker
-from privlearn.torch.validator import check_model
-from privlearn.torch.validator import fix as fix_layers
+from privlearn.torch.validator import apply_fixers, check_model
 
-__all__ = ["make_private", "PrivateTraining"]
+__all__ = ["make_private", "PrivateTraining", "Plan", "prepare_model", "plan_run",
+           "reserve_budget", "attach_engine", "build_optimizer"]
 
-_SAMPLING = ("poisson", "fixed")
-
-
-_STATE_FORMAT = "privlearn.torch.private_training/1"
+_STATE_FORMAT = "privlearn.torch.private_training/2"
 
 
 class PrivateTraining:
@@ -58,25 +66,26 @@ class PrivateTraining:
         Poisson (or fixed-size) sampling loader over the same dataset.
     accountant : PrivacyAccountant
         ``accountant.epsilon(delta)`` for the logical steps actually taken.
-    noise_multiplier : float
-        sigma of the next step (calibrated when ``target_epsilon`` was given; rounded
-        up). Read from the optimizer: the one value the steps use and record.
-    max_grad_norm : float
-        Clipping bound of the next step (likewise).
-    sampling_rate : float
-        q, the inclusion probability of an example at each step (read-only).
-    expected_batch_size : float
-        q N (global), the normaliser of the noisy sum.
+    budget : BudgetCap
+        ``max_epsilon`` and the planned epsilon, checked once per step.
+    plan : Plan
+        What the run was planned as (sampling rate, steps, noise, dataset size).
+    noise_multiplier, max_grad_norm : float
+        sigma and C of the next step, read from (and written to) the optimizer: the one
+        value the steps use and record.
+    sampling_rate, expected_batch_size : float
+        q and q N (read-only).
     sampling : str
         ``"poisson"`` or ``"fixed"``.
 
     Notes
     -----
     Checkpoint and resume with :meth:`state_dict` / :meth:`load_state_dict`: the state
-    holds the model, the optimizer, the accountant's history and the random states of
-    the sampler and the noise, so a resumed run reports the same epsilon as an
+    holds the model, the optimizer, the accountant's history and the keys of the
+    sampler's and the noise's key chains, so a resumed run reports the same epsilon as an
     uninterrupted one and, with a fixed ``seed``, continues with the same batches and
-    noise::
+    noise. The keys are one-way: a checkpoint reveals neither past batches nor past noise
+    (see :mod:`privlearn.torch.data`)::
 
         torch.save(p.state_dict(), "ckpt.pt")          # after an optimizer step
         ...                                            # new process
@@ -84,16 +93,19 @@ class PrivateTraining:
         p.load_state_dict(torch.load("ckpt.pt", weights_only=False))
     """
 
-    def __init__(self, *, model, optimizer, data_loader, accountant, sampling_rate,
-                 expected_batch_size, sampling, config):
+    def __init__(self, *, model, optimizer, data_loader, accountant, budget, plan, config,
+                 ledger_link=None, undo=()):
         self.model = model
         self.optimizer = optimizer
         self.data_loader = data_loader
         self.accountant = accountant
-        self._sampling_rate = float(sampling_rate)
-        self.expected_batch_size = float(expected_batch_size)
-        self.sampling = sampling
-        self._config = dict(config)
+        self.budget = budget
+        self.plan = plan
+        self.config = config
+        self.ledger_link = ledger_link
+        self._undo = list(undo)
+        self._finalizer = (None if ledger_link is None
+                           else weakref.finalize(self, ledger_link.settle))
 
     @property
     def noise_multiplier(self) -> float:
@@ -113,14 +125,19 @@ class PrivateTraining:
 
     @property
     def sampling_rate(self) -> float:
-        return self._sampling_rate
+        return self.optimizer.sampling_rate
 
     @sampling_rate.setter
     def sampling_rate(self, value: float) -> None:
-        raise AttributeError("sampling_rate cannot be changed after make_private: the "
-                             "sampler draws the batches with it and the accountant records "
-                             "it. Call make_private again with a loader of another "
-                             "batch_size")
+        self.optimizer.sampling_rate = value  # refused there, with the reason
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.optimizer.expected_batch_size
+
+    @property
+    def sampling(self) -> str:
+        return self.config.sampling
 
     def __repr__(self) -> str:
         return (f"PrivateTraining(noise_multiplier={self.noise_multiplier}, "
@@ -133,19 +150,18 @@ class PrivateTraining:
 
     def finish(self) -> None:
         """Record in the ledger (``make_private(ledger=...)``) how many of the reserved
-        steps ran; a no-op without a ledger. Called by :meth:`detach` and at interpreter
-        exit; training may continue afterwards (new steps are reserved again)."""
-        link = self.accountant.ledger_link
-        if link is not None:
-            link.settle()
+        steps ran; a no-op without a ledger. Called by :meth:`detach` and when this object
+        is garbage-collected or the interpreter exits; training may continue afterwards
+        (new steps are reserved again)."""
+        if self.ledger_link is not None:
+            self.ledger_link.settle()
 
     def detach(self) -> nn.Module:
-        """Settle the ledger (:meth:`finish`), remove the hooks and restore
-        ``requires_grad``; returns the model."""
+        """Settle the ledger (:meth:`finish`), remove the hooks, put the parameters back
+        and restore a DDP model's gradient synchronisation; returns the model."""
         self.finish()
-        self.optimizer.tracker.detach()
-        for h in self._config.get("_hooks", ()):
-            h.remove()
+        while self._undo:
+            self._undo.pop()()
         return self.model
 
     @property
@@ -153,22 +169,31 @@ class PrivateTraining:
         return self.data_loader.batch_sampler
 
     # ------------------------------------------------------------------ checkpoints
+    def _mechanism(self) -> dict:
+        plan = self.plan
+        return {**self.config.mechanism(), "noise_multiplier": plan.noise_multiplier,
+                "max_grad_norm": plan.max_grad_norm, "sampling_rate": plan.sampling_rate,
+                "expected_batch_size": plan.expected_batch_size,
+                "dataset_size": plan.dataset_size, "world_size": plan.world_size,
+                "rank": plan.rank, "per_layer_max_grad_norm": plan.per_layer_bounds,
+                "adaptive": plan.adaptive_tuple()}
+
     def state_dict(self) -> dict:
         """Everything needed to continue this run: model and optimizer state, the
-        accountant's history, the live noise multiplier and clipping bound, and the random
-        states of the sampler and the noise source (``None`` in secure mode: OS entropy
-        cannot be replayed). Save it right after an optimizer step."""
-        noise = self.optimizer.noise
+        accountant's history, the live noise multiplier and clipping bound, and the keys
+        of the sampler and the noise source (``None`` in secure mode: OS entropy cannot be
+        replayed). Save it right after an optimizer step."""
         return {
             "format": _STATE_FORMAT,
-            "mechanism": {k: v for k, v in self._config.items() if not k.startswith("_")},
+            "mechanism": self._mechanism(),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.original_optimizer.state_dict(),
             "noise_multiplier": self.optimizer.noise_multiplier,
             "max_grad_norm": self.optimizer.max_grad_norm,
             "accountant": self.accountant.state_dict(),
+            "budget": self.budget.state_dict(),
             "sampler": self._sampler.state_dict(),
-            "noise": None if noise.secure_mode else noise.generator.get_state(),
+            "noise": self.optimizer.noise.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -185,13 +210,12 @@ class PrivateTraining:
             raise ValueError("state is not a privlearn training state (format "
                              f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
                              "returned")
-        if self.accountant.steps or self._sampler.draws:
+        if self.accountant.steps or self._sampler.delivered:
             raise ValueError(
                 f"load_state_dict needs a fresh run, but this one has already taken "
-                f"{self.accountant.steps} steps (drawn {self._sampler.draws} batches), whose "
-                "cost would be lost; call it right after make_private")
-        mine = {k: v for k, v in self._config.items() if not k.startswith("_")}
-        theirs = state["mechanism"]
+                f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
+                "batches), whose cost would be lost; call it right after make_private")
+        mine, theirs = self._mechanism(), state["mechanism"]
         diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
                 for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
         if diff:
@@ -204,156 +228,84 @@ class PrivateTraining:
         self.optimizer.max_grad_norm = state["max_grad_norm"]
         self.optimizer.noise_multiplier = state["noise_multiplier"]
         self.accountant.load_state_dict(state["accountant"])
+        self.budget.load_state_dict(state["budget"])
         self._sampler.load_state_dict(state["sampler"])
-        noise = self.optimizer.noise
-        if state["noise"] is not None and not noise.secure_mode:
-            noise.generator.set_state(state["noise"])
+        self.optimizer.noise.load_state_dict(state["noise"])
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a run is planned as (:func:`plan_run`).
 
-def make_private(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data_loader: DataLoader,
-    *,
-    noise_multiplier: float | None = None,
-    target_epsilon: float | None = None,
-    target_delta: float = 1e-5,
-    epochs: int | None = None,
-    steps: int | None = None,
-    max_grad_norm: float | list | dict = 1.0,
-    clipping: str = "flat",
-    sampling: str | Sampling = "poisson",
-    max_physical_batch_size: int | None = None,
-    loss_reduction: str = "mean",
-    accountant: str = "pld",
-    secure_mode: bool = False,
-    seed: int | None = None,
-    fix_model: bool = False,
-    process_group=None,
-    max_epsilon: float | None = None,
-    ledger=None,
-    ledger_chunk: int = 1000,
-    target_unclipped_quantile: float | None = None,
-    clipbound_learning_rate: float = 0.2,
-    unclipped_num_std: float | None = None,
-) -> PrivateTraining:
-    """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD.
-
-    Parameters
+    Attributes
     ----------
-    model : nn.Module
-        In training mode, every trainable layer supported (see
-        :func:`privlearn.torch.validate`); may be wrapped in DistributedDataParallel.
-    optimizer : torch.optim.Optimizer
-        Over the model's parameters.
-    data_loader : DataLoader
-        An ordinary loader over a map-style dataset, ``DataLoader(dataset,
-        batch_size=B)`` with no ``shuffle`` and no ``sampler`` (or one whose
-        ``batch_sampler`` is a :class:`PoissonBatchSampler` / :class:`FixedSizeBatchSampler`
-        matching ``sampling``). Its ``batch_size`` B (per rank when distributed) sets the
-        sampling rate ``q = W B / len(dataset)``; it is replaced by a loader with the same
-        dataset/collate/workers and the DP sampler. Loaders whose sampling the accountant
-        cannot describe (``shuffle=True``, ``WeightedRandomSampler``, a
-        ``DistributedSampler``, any custom sampler) are refused.
-    noise_multiplier : float >= 0, optional
-        sigma: noise std = sigma * max_grad_norm on the clipped sum. Exactly one of
-        ``noise_multiplier`` and ``target_epsilon`` must be given.
-    target_epsilon, target_delta : float
-        Calibrate sigma (rounded up) so that the planned run is
-        (target_epsilon, target_delta)-DP for the planned number of steps,
-        ``steps`` or ``epochs * round(1 / q)`` (one of them required).
-    max_grad_norm : float > 0, or list / dict of floats with ``clipping="per_layer"``
-        Clipping bound C on the per-example gradient norm over all parameters
-        (``inf``: no clipping, for testing). Per-layer: one bound per trainable parameter
-        in ``model.parameters()`` order (as Opacus takes it), or a dict by parameter name
-        (``model.named_parameters()``).
-    clipping : {"flat", "per_layer", "adaptive"}
-        ``"flat"``: one bound on the norm over all parameters. ``"adaptive"``: see
-        ``target_unclipped_quantile`` below. ``"per_layer"``: each
-        parameter's per-example gradient is clipped to its own bound ``C_k``; the noise
-        std is ``noise_multiplier * sqrt(sum_k C_k^2)`` (the sensitivity of the clipped
-        sum), which is also the clipping bound the accountant records and
-        ``p.max_grad_norm`` reports (setting it rescales every ``C_k`` in proportion).
-    sampling : {"poisson", "fixed"} or privlearn.accounting.Sampling
-        Poisson sampling (variable batch size, ``scheme="poisson"``, add/remove) or
-        fixed-size sampling without replacement (``scheme="fixed"``, replace-one;
-        distributed: one global sample of ``W B`` indices per step, drawn identically on
-        every rank and split between them).
-    max_physical_batch_size : int, optional
-        Split logical batches into chunks of at most this size (virtual batches).
-    loss_reduction : {"mean", "sum"}
-        Reduction of the user's loss over the batch dimension ("mean": the engine
-        multiplies output gradients by the realised batch size of the forward pass to
-        recover per-example gradients).
-    accountant : str
-        Accountant of :mod:`privlearn.accounting` used for epsilon and calibration.
-    secure_mode : bool
-        CSPRNG noise with the floating-point-attack mitigation (see
-        :mod:`privlearn.torch.noise`) and CSPRNG Poisson sampling (fixed-size sampling
-        keeps a generator seeded from OS entropy).
-    seed : int, optional
-        Seed for sampling and (non-secure) noise; rank-offset when distributed (except
-        for the shared fixed-size sampling seed; with ``seed=None`` that one is drawn on
-        the first rank and broadcast).
-    fix_model : bool
-        Replace BatchNorm by GroupNorm (in place) before validating.
-    process_group : optional
-        torch.distributed group (default: the world, when initialised).
-    max_epsilon : float, optional
-        Hard cap on epsilon at ``target_delta``: the step that would exceed it raises
-        :class:`~privlearn.errors.PrivacyBudgetExceededError` before it runs. Independently,
-        when the run has a plan (``target_epsilon``, or ``epochs``/``steps``), going past
-        the planned epsilon emits one :class:`~privlearn.torch.PrivacyBudgetWarning`.
-    ledger : optional
-        A budget of a persistent privacy ledger, ``privlearn.ledger.Ledger(path).budget(
-        dataset)``. The planned run (or ``ledger_chunk`` steps without a plan) is reserved
-        here, before any data is touched (refused with
-        :class:`~privlearn.errors.BudgetExceededError` if the budget cannot hold it), more
-        steps are reserved ahead as training proceeds, and :meth:`PrivateTraining.finish`
-        (also called by :meth:`PrivateTraining.detach` and at interpreter exit) records
-        how many ran. A killed process leaves its reservations, at least the steps it ran,
-        in the ledger.
-    ledger_chunk : int
-        Steps reserved at a time beyond the plan.
-    target_unclipped_quantile : float in [0, 1], optional
-        gamma, required with ``clipping="adaptive"`` (0.5: the median norm).
-        ``clipping="adaptive"`` (Andrew, Thakkar, McMahan & Ramaswamy 2021,
-        "Differentially Private Learning with Adaptive Clipping", Algorithm 1, geometric
-        update): ``max_grad_norm`` is the initial bound; after every step it moves towards
-        the ``target_unclipped_quantile`` of the per-example norms, estimated from a noisy
-        count of unclipped examples. The count's noise is paid for inside
-        ``noise_multiplier``: the step (clipped sum and count together) is the Gaussian
-        mechanism of multiplier ``noise_multiplier``, so the accounting is unchanged and
-        the clipped sum gets the larger multiplier ``(sigma^-2 - (2 sigma_b)^-2)^(-1/2)``
-        (see :mod:`privlearn.torch.optimizer`).
-    clipbound_learning_rate : float > 0
-        eta of ``C <- C exp(-eta (b - gamma))``.
-    unclipped_num_std : float > 0, optional
-        sigma_b, noise std of the count; default ``expected_batch_size / 20`` (the
-        default of TensorFlow Federated's ``adaptive_clip_noise_params``, ``0.05 m``).
-        Must exceed ``noise_multiplier / 2``.
-
-    Returns
-    -------
-    PrivateTraining
-
-    Raises
-    ------
-    ValueError
-        Bad arguments, a model in eval mode, unsupported layers (all listed), a loader
-        whose sampling cannot be accounted; always before any training step.
-
-    Notes
-    -----
-    Losses: with ``loss_reduction="mean"`` the loss must be the mean over *examples* of
-    per-example losses. A Hugging Face model called with token-level ``labels=``
-    averages over all tokens of the batch (examples weighted by their token counts), which
-    breaks per-example clipping; such calls are refused at the forward pass. Compute the
-    loss with :func:`privlearn.torch.per_sequence_cross_entropy` instead.
+    rank, world_size : int
+    dataset_size : int
+    batch_size : float
+        Per-rank (expected) batch size of the loader.
+    sampling_rate : float
+        q = world_size * batch_size / dataset_size.
+    steps_per_epoch : int
+    planned_steps : int or None
+    noise_multiplier : float
+        sigma (calibrated and rounded up for ``target_epsilon``).
+    planned_epsilon : float or None
+        epsilon of the planned steps at ``target_delta``.
+    max_grad_norm : float
+        C (with per-layer clipping: ``sqrt(sum_k C_k^2)``).
+    per_layer_bounds : tuple or None
+        ``((name, C_k), ...)`` with per-layer clipping.
+    adaptive : AdaptiveClipping or None
     """
-    # ---------------------------------------------------------------- validation
-    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+    rank: int
+    world_size: int
+    dataset_size: int
+    batch_size: float
+    sampling_rate: float
+    steps_per_epoch: int
+    planned_steps: int | None
+    noise_multiplier: float
+    planned_epsilon: float | None
+    max_grad_norm: float
+    per_layer_bounds: tuple | None = None
+    adaptive: AdaptiveClipping | None = None
+
+    @property
+    def expected_batch_size(self) -> float:
+        return float(self.world_size * self.batch_size)
+
+    def adaptive_tuple(self):
+        a = self.adaptive
+        return None if a is None else (a.target_unclipped_quantile,
+                                       a.clipbound_learning_rate, a.unclipped_num_std)
+
+
+class _Undo(contextlib.AbstractContextManager):
+    """Undo callbacks of a pipeline, run in reverse order when a step raises; those
+    marked ``on_detach`` are also what :meth:`PrivateTraining.detach` runs."""
+
+    def __init__(self):
+        self.actions: list = []
+        self.on_detach: list = []
+
+    def __call__(self, fn, on_detach: bool = False) -> None:
+        self.actions.append(fn)
+        if on_detach:
+            self.on_detach.append(fn)
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            while self.actions:
+                self.actions.pop()()
+        return False
+
+
+def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module:
+    """Check the model and optimizer, apply the registered module fixers when
+    ``cfg.fix_model`` (undone if a later step refuses), refuse unsupported layers.
+    Returns the model unwrapped from DDP."""
+    inner = unwrap(model)
     if not isinstance(inner, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -362,178 +314,163 @@ def make_private(
     if not model.training:
         raise ValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")
-    if clipping not in ("flat", "per_layer", "adaptive"):
-        raise ValueError(f"clipping must be 'flat', 'per_layer' or 'adaptive', got "
-                         f"{clipping!r}")
-    per_layer_bounds = None
-    if clipping == "per_layer":
-        per_layer_bounds = _per_layer_bounds(inner, max_grad_norm)
-        max_grad_norm = math.sqrt(sum(c * c for c in per_layer_bounds.values()))
-    elif isinstance(max_grad_norm, list | tuple | dict):
-        raise ValueError("max_grad_norm is a list/dict of per-parameter bounds, which needs "
-                         f"clipping='per_layer' (got clipping={clipping!r}); pass one number "
-                         "for flat or adaptive clipping")
-    max_grad_norm = _check_pos("max_grad_norm", max_grad_norm, allow_inf=True)
-    if isinstance(sampling, Sampling):
-        sampling = sampling.value
-    if sampling not in _SAMPLING:
-        raise ValueError(f"sampling must be one of {_SAMPLING}, got {sampling!r}")
-    if loss_reduction not in ("mean", "sum"):
-        raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-    if (noise_multiplier is None) == (target_epsilon is None):
-        raise ValueError("give exactly one of noise_multiplier and target_epsilon, got "
-                         f"noise_multiplier={noise_multiplier!r}, "
-                         f"target_epsilon={target_epsilon!r}")
-    if noise_multiplier is not None:
-        nm = float(noise_multiplier)
-        if not (nm >= 0) or math.isinf(nm):
-            raise ValueError(f"noise_multiplier must be in [0, inf), got {noise_multiplier!r}")
-    if math.isinf(max_grad_norm) and (target_epsilon is not None or nm > 0):
-        raise ValueError("max_grad_norm=inf (no clipping) leaves the sensitivity unbounded, "
-                         "so no noise scale is private; it is only allowed with "
-                         "noise_multiplier=0 (non-private testing). Give a finite "
-                         "max_grad_norm > 0")
-    if target_epsilon is not None:
-        _check_pos("target_epsilon", target_epsilon)
-        if not 0 < float(target_delta) < 1:
-            raise ValueError(f"target_delta must be in (0, 1), got {target_delta!r}")
-        if epochs is None and steps is None:
-            raise ValueError("target_epsilon needs the length of training: give epochs or "
-                             "steps (got neither)")
-    if epochs is not None and (int(epochs) != epochs or epochs < 1):
-        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
-    if steps is not None and (int(steps) != steps or steps < 1):
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    if secure_mode and seed is not None:
-        raise ValueError(f"seed must be None when secure_mode=True, got seed={seed!r}")
-    if max_epsilon is not None:
-        max_epsilon = _check_pos("max_epsilon", max_epsilon)
-        if not 0 < float(target_delta) < 1:
-            raise ValueError(f"target_delta must be in (0, 1), got {target_delta!r}")
-    if clipping == "adaptive":
-        if target_unclipped_quantile is None:
-            raise ValueError(
-                "clipping='adaptive' needs target_unclipped_quantile (gamma in [0, 1], the "
-                "fraction of examples the bound should leave unclipped, e.g. 0.5), got None")
-        g = float(target_unclipped_quantile)
-        if not 0 <= g <= 1:
-            raise ValueError(f"target_unclipped_quantile must be in [0, 1], got "
-                             f"{target_unclipped_quantile!r}")
-        _check_pos("clipbound_learning_rate", clipbound_learning_rate)
-        if unclipped_num_std is not None:
-            _check_pos("unclipped_num_std", unclipped_num_std)
-        if math.isinf(max_grad_norm):
-            raise ValueError("clipping='adaptive' needs a finite initial max_grad_norm > 0, "
-                             "got inf")
-    elif target_unclipped_quantile is not None or unclipped_num_std is not None:
-        raise ValueError(
-            "target_unclipped_quantile and unclipped_num_std only apply to "
-            f"clipping='adaptive', got clipping={clipping!r}; pass clipping='adaptive' or "
-            "drop them")
-    if max_physical_batch_size is not None and int(max_physical_batch_size) < 1:
-        raise ValueError("max_physical_batch_size must be an integer >= 1, got "
-                         f"{max_physical_batch_size!r}")
+    if cfg.fix_model:
+        undo(apply_fixers(inner))
+    check_model(inner)
+    return inner
+
+
+def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
+             process_group=None) -> Plan:
+    """The run's plan from the settings and the loader (no side effect)."""
     if not isinstance(data_loader, DataLoader):
         raise TypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
-    if fix_model:
-        fix_layers(inner)
-    check_model(inner)
-
-    # ---------------------------------------------------------------- sampling
     rank, world = world_info(process_group)
     n = len(data_loader.dataset)
-    batch_size = _accountable_batch_size(data_loader, sampling, n, world)
-    q = world * batch_size / n
+    b = _accountable_batch_size(data_loader, cfg.sampling, n, world)
+    q = world * b / n
     if not 0 < q <= 1:
         raise ValueError(f"sampling rate world_size * batch_size / len(dataset) must be in "
                          f"(0, 1], got {q!r}")
-    steps_per_epoch = max(1, round(1 / q))
-    scheme = "poisson" if sampling == "poisson" else "fixed"
-
-    # ---------------------------------------------------------------- calibration
-    if target_epsilon is not None:
-        total = int(steps) if steps is not None else int(epochs) * steps_per_epoch
-        nm = calibrate(lambda s: compose(dpsgd_step(s, q, scheme), steps=total),
-                       float(target_epsilon), float(target_delta), accountant=accountant)
-
+    warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
+    per_epoch = steps_per_epoch(q)
+    planned = cfg.steps if cfg.steps is not None else (
+        cfg.epochs * per_epoch if cfg.epochs is not None else None)
+    scheme = cfg.sampling
+    nm = cfg.noise_multiplier
+    if cfg.target_epsilon is not None:
+        nm = calibrate(lambda s: compose(dpsgd_step(s, q, scheme), steps=planned),
+                       cfg.target_epsilon, cfg.target_delta, accountant=cfg.accountant)
+    bounds, c = None, cfg.max_grad_norm
+    if cfg.clipping == "per_layer":
+        bounds = tuple(_per_layer_bounds(inner, cfg.max_grad_norm).items())
+        c = math.sqrt(sum(v * v for _, v in bounds))
     adaptive = None
-    if clipping == "adaptive":
-        sb = (float(unclipped_num_std) if unclipped_num_std is not None
-              else world * batch_size / 20.0)
+    if cfg.clipping == "adaptive":
+        sb = cfg.unclipped_num_std if cfg.unclipped_num_std is not None else world * b / 20.0
         gradient_noise_multiplier(nm, sb)  # sigma < 2 sigma_b, before any step
-        adaptive = AdaptiveClipping(float(target_unclipped_quantile),
-                                    float(clipbound_learning_rate), sb)
+        adaptive = AdaptiveClipping(float(cfg.target_unclipped_quantile),
+                                    float(cfg.clipbound_learning_rate), float(sb))
+    eps = cfg.target_epsilon
+    if eps is None and planned is not None and nm > 0:
+        eps = compose(dpsgd_step(nm, q, scheme), steps=planned).epsilon(
+            cfg.target_delta, accountant=cfg.accountant)
+    return Plan(rank, world, n, b, q, per_epoch, planned, float(nm), eps, float(c), bounds,
+                adaptive)
 
-    # ---------------------------------------------------------------- assembly
-    planned_steps = (int(steps) if steps is not None
-                     else int(epochs) * steps_per_epoch if epochs is not None else None)
-    planned_epsilon = None
-    if target_epsilon is not None:
-        planned_epsilon = float(target_epsilon)
-    elif planned_steps is not None and nm > 0:
-        planned_epsilon = compose(dpsgd_step(nm, q, scheme), steps=planned_steps).epsilon(
-            float(target_delta), accountant=accountant)
-    # the ledger first: a refused reservation leaves the user's objects untouched
-    link = None
-    if ledger is not None:
-        if int(ledger_chunk) != ledger_chunk or ledger_chunk < 1:
-            raise ValueError(f"ledger_chunk must be an integer >= 1, got {ledger_chunk!r}")
-        link = LedgerLink(ledger, scheme=scheme, chunk=int(ledger_chunk),
-                          label=f"make_private({type(inner).__name__})")
-        if nm == 0:
-            raise ValueError("noise_multiplier=0 is not private and cannot be spent from a "
-                             "ledger; give noise_multiplier > 0 or target_epsilon")
-        link.reserve(nm, q, planned_steps or int(ledger_chunk))  # before any data
-    rank_seed = None if seed is None else int(seed) + 1_000_003 * rank
-    shared_seed = None
-    if sampling == "fixed" and world > 1:
-        shared_seed = _shared_seed(seed, process_group)
-    loader = make_dp_loader(data_loader, sampling=sampling, sample_rate=q,
-                            batch_size=int(batch_size), steps=steps_per_epoch,
-                            seed=rank_seed, rank=rank, world_size=world,
-                            secure=bool(secure_mode), shared_seed=shared_seed)
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        # The engine all-reduces the noisy clipped sums itself: DDP's gradient
-        # synchronisation is switched off for good (what ``model.no_sync()`` does for one
-        # step), so autograd's weight gradients are neither computed nor all-reduced.
+
+def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
+                   undo) -> LedgerLink | None:
+    """Reserve the planned run (or ``ledger_chunk`` steps) in a privacy ledger before any
+    data is read; the reservation is released if a later step refuses."""
+    if ledger is None:
+        return None
+    if plan.noise_multiplier == 0:
+        raise ValueError("noise_multiplier=0 is not private and cannot be spent from a "
+                         "ledger; give noise_multiplier > 0 or target_epsilon")
+    link = LedgerLink(ledger, scheme=cfg.sampling, chunk=cfg.ledger_chunk,
+                      label=f"make_private({type(inner).__name__})")
+    link.reserve(plan.noise_multiplier, plan.sampling_rate,
+                 plan.planned_steps or cfg.ledger_chunk)
+    undo(link.settle)
+    return link
+
+
+def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo
+                  ) -> GradSampleTracker:
+    """The recording hooks (and a DDP model's synchronisation switched off: the engine
+    all-reduces the noisy sums itself); each undone on failure and by ``detach()``."""
+    if hasattr(model, "require_backward_grad_sync"):  # DistributedDataParallel
+        before = model.require_backward_grad_sync
         model.require_backward_grad_sync = False
-    if all(q.device.type == "cpu" for q in inner.parameters()):
-        retain_freed_memory()  # freed step memory stays for the next step (_allocator.py)
-    tracker = GradSampleTracker(inner, loss_reduction=loss_reduction)
-    hooks = _guard_token_level_labels(inner) if loss_reduction == "mean" else []
-    acct = PrivacyAccountant(nm, q, scheme=scheme, accountant=accountant,
-                             max_grad_norm=max_grad_norm)
-    acct.set_budget(delta=float(target_delta), max_epsilon=max_epsilon,
-                    planned_epsilon=planned_epsilon, planned_steps=planned_steps)
-    acct.ledger_link = link
-    noise = NoiseSource(secure_mode=secure_mode,
-                        seed=None if (secure_mode or seed is None) else rank_seed + 7)
-    expected = float(world * batch_size)  # = q N
-    dp_opt = DPOptimizer(optimizer, tracker, noise_multiplier=nm, max_grad_norm=max_grad_norm,
-                         expected_batch_size=expected, accountant=acct, noise=noise,
-                         world_size=world, process_group=process_group,
-                         sampler=loader.batch_sampler, adaptive=adaptive)
-    if per_layer_bounds is not None:
-        by_name = dict(inner.named_parameters())
-        dp_opt.per_param_clipping = {id(by_name[n]): c / max_grad_norm
-                                     for n, c in per_layer_bounds.items()}
-    if max_physical_batch_size is not None:
-        loader = VirtualBatchLoader(loader, int(max_physical_batch_size), dp_opt)
-    config = dict(noise_multiplier=nm, max_grad_norm=max_grad_norm, sampling_rate=q,
-                  sampling=sampling, expected_batch_size=expected, dataset_size=n,
-                  loss_reduction=loss_reduction, accountant=accountant, world_size=world,
-                  clipping=clipping,
-                  per_layer_max_grad_norm=(None if per_layer_bounds is None
-                                           else list(per_layer_bounds.values())),
-                  rank=rank, _hooks=hooks)
-    if adaptive is not None:  # part of the mechanism (checked when a state is loaded)
-        config.update(clipping="adaptive", adaptive=(adaptive.target_unclipped_quantile,
-                                                     adaptive.clipbound_learning_rate,
-                                                     adaptive.unclipped_num_std))
-    p = PrivateTraining(model=model, optimizer=dp_opt, data_loader=loader,
-                        accountant=acct, sampling_rate=q, expected_batch_size=expected,
-                        sampling=sampling, config=config)
-    if link is not None:
-        atexit.register(link.settle)
-    return p
+        undo(lambda: setattr(model, "require_backward_grad_sync", before), on_detach=True)
+    tracker = GradSampleTracker(inner, loss_reduction=cfg.loss_reduction,
+                                batch_dims=cfg.batch_dims,
+                                check_independence=cfg.check_batch_independence)
+    undo(tracker.detach, on_detach=True)
+    if cfg.loss_reduction == "mean":
+        hooks = _guard_token_level_labels(inner)
+        undo(lambda: [h.remove() for h in hooks], on_detach=True)
+    return tracker
+
+
+def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoader,
+                    cfg: DPConfig, plan: Plan, link, process_group=None):
+    """The DP loader, accountant, budget cap, noise source and optimizer:
+    ``(dp_optimizer, loader, accountant, budget)``."""
+    seed = None if cfg.seed is None else cfg.seed + 1_000_003 * plan.rank
+    shared = (_shared_seed(cfg.seed, process_group)
+              if cfg.sampling == "fixed" and plan.world_size > 1 else None)
+    loader = make_dp_loader(data_loader, sampling=cfg.sampling,
+                            sample_rate=plan.sampling_rate, batch_size=int(plan.batch_size),
+                            steps=plan.steps_per_epoch, seed=seed, rank=plan.rank,
+                            world_size=plan.world_size, secure=cfg.secure_mode,
+                            shared_seed=shared)
+    acct = PrivacyAccountant(scheme=cfg.sampling, accountant=cfg.accountant)
+    budget = BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cfg.max_epsilon,
+                       planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps)
+    noise = NoiseSource(secure_mode=cfg.secure_mode, seed=None if seed is None else seed + 7)
+    opt = DPOptimizer(optimizer, tracker, noise_multiplier=plan.noise_multiplier,
+                      max_grad_norm=plan.max_grad_norm,
+                      expected_batch_size=plan.expected_batch_size, accountant=acct,
+                      noise=noise, sampler=loader.batch_sampler, world_size=plan.world_size,
+                      process_group=process_group, adaptive=plan.adaptive, budget=budget,
+                      ledger=link)
+    if plan.per_layer_bounds is not None:
+        by_name = dict(tracker.model.named_parameters())
+        opt.per_param_clipping = {id(by_name[n]): c / plan.max_grad_norm
+                                  for n, c in plan.per_layer_bounds}
+    loader.on_restart = opt._abandon
+    if cfg.max_physical_batch_size is not None:
+        loader = VirtualBatchLoader(loader, cfg.max_physical_batch_size, opt)
+    return opt, loader, acct, budget
+
+
+def make_private(
+    model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader, *,
+    noise_multiplier: float | None = None, target_epsilon: float | None = None,
+    target_delta: float = 1e-5, epochs: int | None = None, steps: int | None = None,
+    max_grad_norm: float | list | dict = 1.0, clipping: str = "flat",
+    sampling: str = "poisson", max_physical_batch_size: int | None = None,
+    loss_reduction: str = "mean", accountant: str = "pld", secure_mode: bool = False,
+    seed: int | None = None, fix_model: bool = False, max_epsilon: float | None = None,
+    ledger_chunk: int = 1000, target_unclipped_quantile: float | None = None,
+    clipbound_learning_rate: float = 0.2, unclipped_num_std: float | None = None,
+    batch_dims: dict | None = None, check_batch_independence: bool = True,
+    ledger=None, process_group=None,
+) -> PrivateTraining:
+    """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
+    "Deep Learning with Differential Privacy", Algorithm 1).
+
+    ``model`` (in training mode; may be wrapped in DistributedDataParallel),
+    ``optimizer`` (over its parameters) and ``data_loader`` (``DataLoader(dataset,
+    batch_size=B)``, no shuffle, no sampler: B sets the sampling rate ``q = W B / N``)
+    are used as they are; the settings are those of
+    :class:`~privlearn.torch.config.DPConfig` (documented there). ``ledger``: a budget of
+    a persistent privacy ledger (``Ledger(path).budget(dataset)``), in which the planned
+    run is reserved before any data is read. ``process_group``: the torch.distributed
+    group (default: the world, when initialised).
+
+    Returns
+    -------
+    PrivateTraining
+
+    Raises
+    ------
+    ValueError or TypeError
+        Bad settings, a model in eval mode, unsupported layers (all listed), a loader
+        whose sampling cannot be accounted; always before any step, with the user's
+        objects left as they were.
+    """
+    cfg = DPConfig(**{k: v for k, v in locals().items() if k in DPConfig.names()})
+    with _Undo() as undo:
+        inner = prepare_model(model, optimizer, cfg, undo)
+        plan = plan_run(cfg, inner, data_loader, process_group)
+        link = reserve_budget(ledger, cfg, plan, inner, undo)
+        tracker = attach_engine(model, inner, cfg, undo)
+        opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
+                                                    plan, link, process_group)
+    return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
+                           budget=budget, plan=plan, config=cfg, ledger_link=link,
+                           undo=undo.on_detach)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from privlearn.torch.grad_sample import (
     Compound,
@@ -176,7 +177,51 @@ def _lstm_contribution(module: nn.LSTM, x, h0, c0, g_out, g_h, g_c, params) -> C
     return Compound(parts)
 
 
-@register_rule(nn.RNN, nn.LSTM, nn.GRU)
+def _rnn_batch_dim(module: nn.RNNBase) -> int:
+    return 0 if module.batch_first else 1
+
+
+def _rnn_batch_size(module: nn.RNNBase, record: Record) -> int:
+    x = record.args[0]
+    if isinstance(x, PackedSequence):
+        return int(x.batch_sizes[0]) if x.batch_sizes.numel() else 0
+    return x.shape[_rnn_batch_dim(module)]
+
+
+def _rnn_record_dims(module: nn.RNNBase, record: Record, batch: int):
+    """Input by ``batch_first`` (a PackedSequence: none, it is handled whole), ``hx`` /
+    ``(h0, c0)`` on dimension 1; output likewise, ``h_n[, c_n]`` on dimension 1."""
+    packed = isinstance(record.args[0], PackedSequence)
+    first = None if packed else _rnn_batch_dim(module)
+    arg_dims = [first] + [1] * (len(record.args) - 1)
+    kw_dims = {k: 1 for k in record.kwargs}
+    n_out = len(record.outputs_meta)
+    if packed:  # flattened PackedSequence fields (data, batch_sizes, indices...) then h
+        out_dims = [None] * (n_out - (2 if module.mode == "LSTM" else 1)) +             [1] * (2 if module.mode == "LSTM" else 1)
+    else:
+        out_dims = [first] + [1] * (n_out - 1)
+    return arg_dims, kw_dims, out_dims
+
+
+def _rnn_observe(module: nn.RNNBase, args, kwargs, output):
+    """Batch-first views of the input and output for the batch-independence probe
+    (packed sequences padded)."""
+    x = args[0] if args else None
+    out = output[0] if isinstance(output, tuple) else output
+    views = []
+    for t, label in ((x, "input"), (out, "output")):
+        if isinstance(t, PackedSequence):
+            t, _ = pad_packed_sequence(t, batch_first=True)
+            views.append((t, 0, label))
+        elif isinstance(t, torch.Tensor) and t.is_floating_point():
+            views.append((t, _rnn_batch_dim(module), label))
+    return views
+
+
+@register_rule(nn.RNN, nn.LSTM, nn.GRU, batch_dim=_rnn_batch_dim, own_layout=True,
+               expand_broadcast=False, batch_size=_rnn_batch_size,
+               record_dims=_rnn_record_dims, observe=_rnn_observe,
+               after_swap=lambda m: m._init_flat_weights())
 def rnn_rule(module: nn.RNNBase, record: Record, params):
     if module.proj_size > 0:
         raise ValueError("LSTM with proj_size > 0 is not supported by per-example clipping")

@@ -17,8 +17,16 @@ differentiable through a zero-cost autograd node where needed. Under
 synchronisation off (the engine all-reduces the noisy sums itself).
 
 Hugging Face models run unchanged: a pre-hook on the model notes the batch size of each
-forward, and a layer called on an input broadcast over the batch (leading dimension 1,
-e.g. default ``position_ids``) gets it expanded to one row per example. Forwards
+forward, and a batch-first layer called on an input broadcast over the batch (leading
+dimension 1, e.g. default ``position_ids``) gets it expanded to one row per example.
+
+Layouts: each unit has a batch dimension (:func:`discover_units`: the user's
+``batch_dims``, the rule's declaration, the enclosing module's layout); records of
+sequence-first layers are stored batch-first (a view with the batch moved to dimension
+0), so rules see one layout. On the first step the batch-independence probe
+(:mod:`privlearn.torch.probe`) checks those dimensions and that no operation mixes
+examples. When the set of trainable parameters changes (a layer unfrozen or frozen after
+``make_private``), the units are discovered again at the next forward pass. Forwards
 recomputed during backward (non-reentrant activation checkpointing) are not recorded.
 Parameters shared by several layers or calls (tied embeddings) get exact norms from the
 cross terms of their factored gradients (:func:`privlearn.torch.grad_sample.cross_term`)
@@ -38,60 +46,108 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
-from privlearn.torch.cross_terms import (  # noqa: F401  (CrossTerm, cross_term: old home)
-    CrossTerm,
-    _cross_terms,
-    cross_term,
-)
-from privlearn.torch.fallback import _batch_dims, fallback_rule
+from privlearn.torch.cross_terms import CrossTerm, _cross_terms
+from privlearn.torch.fallback import FALLBACK, default_record_dims
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
+    LayerRule,
     Record,
     _MakeDifferentiable,
-    _record_batch,
+    context_layout,
     get_instrumenter,
     get_rule,
     rule_evaluation,
 )
 
-__all__ = ["GradSampleTracker", "Unit", "discover_units"]
+__all__ = ["GradSampleTracker", "Unit", "discover_units", "record_batch"]
 
 
 @dataclass
 class Unit:
+    """One recorded layer: a module with a rule (or the generic fallback) and the
+    trainable parameters the rule covers. ``batch_dim`` is where the module's first input
+    and outputs carry the examples (resolved once, see :func:`discover_units`)."""
+
     name: str
     module: nn.Module
     params: tuple  # trainable parameters handled by this unit
-    rule: object
+    rule: LayerRule
+    batch_dim: int = 0
+
+    @property
+    def normalised(self) -> bool:
+        """Whether the records of this unit are stored batch-first (the engine moved the
+        batch dimension to 0; every rule but the layout-aware ones)."""
+        return not self.rule.own_layout
 
 
-def discover_units(model: nn.Module) -> list[Unit]:
-    """Units of ``model``: registered layer types (with all their parameters) and, for
-    any other module, its directly owned trainable parameters (fallback rule)."""
+def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -> list[Unit]:
+    """Units of ``model``: registered layer types (with all their parameters, or only
+    their own with ``scope="direct"``) and, for any other module, its directly owned
+    trainable parameters (the generic fallback rule).
+
+    The batch dimension of each unit is, in order: the user's ``batch_dims[name]`` (for
+    layers whose rule takes it from the context); the rule's own declaration (e.g.
+    ``nn.LSTM``: its ``batch_first``); the layout of the nearest enclosing module
+    (:func:`~privlearn.torch.grad_sample.register_layout`, or its boolean ``batch_first``
+    attribute); else 0.
+
+    Raises
+    ------
+    ValueError
+        ``batch_dims`` names a module that is not a unit, gives a dimension that is not 0
+        or 1, or contradicts a layer's own ``batch_first``.
+    """
+    batch_dims = dict(batch_dims or {})
     units: list[Unit] = []
     covered: set[str] = set()
+    layouts: dict[str, int | None] = {}  # module name -> layout it gives its descendants
     for name, mod in model.named_modules():
+        parent = name.rpartition(".")[0] if name else None
+        inherited = layouts.get(parent) if parent is not None else None
+        own = context_layout(mod)
+        layouts[name] = own if own is not None else inherited
         if any(name == c or name.startswith(c + ".") for c in covered if c != ""):
             continue
         if "" in covered:
             break
         rule = get_rule(mod)
-        if rule is not None and getattr(rule, "direct_only", False):
-            params = tuple(p for p in mod.parameters(recurse=False) if p.requires_grad)
-            if params:
-                units.append(Unit(name, mod, params, rule))
-            continue
-        if rule is not None:
-            params = tuple(p for p in mod.parameters() if p.requires_grad)
+        if rule is not None and rule.scope == "subtree":
             covered.add(name)
-            if params:
-                units.append(Unit(name, mod, params, rule))
+            params = tuple(p for p in mod.parameters() if p.requires_grad)
+        else:
+            params = tuple(p for p in mod.parameters(recurse=False) if p.requires_grad)
+        if not params:
             continue
-        params = tuple(p for p in mod.parameters(recurse=False) if p.requires_grad)
-        if params:
-            units.append(Unit(name, mod, params, fallback_rule))
+        rule = rule if rule is not None else FALLBACK
+        units.append(Unit(name, mod, params, rule,
+                          _resolve_dim(name, mod, rule, batch_dims, inherited)))
+    unknown = sorted(set(batch_dims) - {u.name for u in units})
+    if unknown:
+        raise ValueError(
+            f"batch_dims names {unknown}, which are not trainable layers of the model; give "
+            "the qualified names of the layers (model.named_modules()) whose inputs carry "
+            f"the batch on another dimension, e.g. {[u.name for u in units][:3]}")
     return units
+
+
+def _resolve_dim(name, module, rule, batch_dims, inherited) -> int:
+    declared = rule.declared_dim(module)
+    if name in batch_dims:
+        d = batch_dims[name]
+        if d not in (0, 1) or isinstance(d, bool):
+            raise ValueError(f"batch_dims[{name!r}] must be 0 (batch-first) or 1 "
+                             f"(sequence-first), got {d!r}")
+        if declared is not None and d != declared:
+            raise ValueError(
+                f"batch_dims[{name!r}]={d} contradicts the layer itself ({type(module).__name__} "
+                f"declares the batch on dimension {declared}, e.g. from its batch_first "
+                "flag); drop the entry or change the layer's flag")
+        return d
+    if declared is not None:
+        return int(declared)
+    return 0 if inherited is None else int(inherited)
 
 
 class GradSampleTracker:
@@ -114,30 +170,33 @@ class GradSampleTracker:
         :class:`privlearn.torch.attention.AttentionCapture`; the module itself is not
         modified), so that their gradients are caught during ``backward()`` instead of
         recomputed.
+    batch_dims : dict, optional
+        ``{layer name: 0 or 1}`` for layers whose inputs carry the batch on dimension 1
+        although nothing in the model says so (see :func:`discover_units`).
+    check_independence : bool
+        Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
+        and after the trainable parameters change.
+
+    Attributes
+    ----------
+    version : int
+        Incremented whenever the units are discovered again (parameters unfrozen or
+        frozen after construction).
     """
 
     def __init__(self, model: nn.Module, loss_reduction: str = "mean",
-                 skip_param_grads: bool = True, instrument_attention: bool = True):
+                 skip_param_grads: bool = True, instrument_attention: bool = True,
+                 batch_dims: dict[str, int] | None = None, check_independence: bool = True):
         self.model = model
         self.loss_reduction = loss_reduction
-        self.units = discover_units(model)
+        self.batch_dims = dict(batch_dims or {})
         self.records: dict[int, list[Record]] = {}
         self._backward_passes = 0  # backward passes completed since the last clear()
         self._in_backward = False
         self._handles = []
         self._dummy = torch.zeros((), requires_grad=True)
-        seen: dict[int, int] = {}
-        for u in self.units:
-            for p in u.params:
-                seen[id(p)] = seen.get(id(p), 0) + 1
-        self.shared = {k for k, v in seen.items() if v > 1}
-        self.params = []
-        ids = set()
-        for u in self.units:
-            for p in u.params:
-                if id(p) not in ids:
-                    ids.add(id(p))
-                    self.params.append(p)
+        self._skip_param_grads = skip_param_grads
+        self._instrument_attention = instrument_attention
         #: factor the loss was multiplied by before ``backward()`` (a static fp16 loss
         #: scale): recorded gradients are divided by it before clipping
         self.loss_scale = 1.0
@@ -145,10 +204,39 @@ class GradSampleTracker:
         self.last_overflow_count = 0
         self._batch_hint = 0  # batch size of the model's current forward (root input)
         self._recompute_unrecorded: str | None = None
-        self._handles.append(model.register_forward_pre_hook(_eager(self._root_pre_hook),
-                                                             with_kwargs=True))
+        self._captured: dict[int, dict] = {}
+        self._capturing: dict[int, list] = {}
+        self._swapped: list = []
+        self.version = 0
+        self._probe_enabled = bool(check_independence)
+        self._probe_pending = self._probe_enabled
+        self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
+        self._probing = False
+        self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
+                                                            with_kwargs=True)
+        self._install()
+
+    # ------------------------------------------------------------------ units and hooks
+    def _install(self) -> None:
+        """Discover the units and attach their hooks."""
+        self.units = discover_units(self.model, self.batch_dims)
+        self._signature = _trainable_signature(self.model)
+        seen: dict[int, int] = {}
+        for u in self.units:
+            for p in u.params:
+                seen[id(p)] = seen.get(id(p), 0) + 1
+        self.shared = {k for k, v in seen.items() if v > 1}
+        self.params = []
+        ids: set[int] = set()
+        for u in self.units:
+            for p in u.params:
+                if id(p) not in ids:
+                    ids.add(id(p))
+                    self.params.append(p)
+        #: ids of the parameters the engine clips and noises (the one update set)
+        self.param_ids = frozenset(ids)
         for i, u in enumerate(self.units):
-            if _expandable(u.module):
+            if u.rule.expand_broadcast and u.normalised and u.batch_dim == 0:
                 h = u.module.register_forward_pre_hook(_eager(self._expand_pre_hook),
                                                        with_kwargs=True)
                 self._handles.append(h)
@@ -157,27 +245,55 @@ class GradSampleTracker:
         # attention layers whose projections are captured during forward: a side table
         # of what each call captured (keyed by module identity, emptied by the record
         # hook of the same call) and the capture modes currently entered
-        self._captured: dict[int, dict] = {}
-        self._capturing: dict[int, list] = {}
-        if instrument_attention:
+        if self._instrument_attention:
             for u in self.units:
                 if get_instrumenter(u.module) is not None:
                     self._handles.append(u.module.register_forward_pre_hook(
                         _eager(self._capture_enter), with_kwargs=True))
                     self._handles.append(u.module.register_forward_hook(
                         _eager(self._capture_exit), prepend=True, always_call=True))
-        self._frozen = []  # kept for compatibility: requires_grad is never changed
-        self._swapped: list = []  # per unit: (owner, name, parameter) detached in forward
-        if skip_param_grads:
+        if self._skip_param_grads:
             for u in self.units:
                 slots = _param_slots(u.module, u.params)
                 if not slots:
                     continue
-                self._swapped.append(slots)
+                self._swapped.append((u, slots))
                 self._handles.append(u.module.register_forward_pre_hook(
-                    _eager(self._make_detach_hook(slots))))
+                    _eager(self._make_detach_hook(u, slots))))
                 self._handles.append(u.module.register_forward_hook(
-                    _eager(self._make_restore_hook(slots)), always_call=True))
+                    _eager(self._make_restore_hook(u, slots)), always_call=True))
+
+    def _uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for stack in self._capturing.values():
+            while stack:
+                stack.pop().__exit__(None, None, None)
+        self._capturing = {}
+        self._captured = {}
+        for u, slots in self._swapped:
+            _restore(u, slots)
+        self._swapped = []
+
+    def _rediscover(self) -> None:
+        """The set of trainable parameters changed (unfreezing, freezing): discover the
+        units again, check the new layers, and probe batch independence again."""
+        if self.records:
+            self.clear()
+            raise RuntimeError(
+                "the model's trainable parameters changed between a forward pass and "
+                "optimizer.step(); change requires_grad only between steps (after step(), "
+                "before the next forward)")
+        from privlearn.torch.validator import check_model
+
+        self._uninstall()
+        try:
+            check_model(self.model)
+        finally:
+            self._install()
+        self.version += 1
+        self._probe_pending = self._probe_enabled
 
     # ------------------------------------------------------------------ attention capture
     def _capture_enter(self, module, args, kwargs):
@@ -207,23 +323,33 @@ class GradSampleTracker:
 
     # ------------------------------------------------------------------ recording
     def _root_pre_hook(self, module, args, kwargs):
-        """Remember the batch size of the model's forward: the leading dimension of its
-        first tensor input (``input_ids``, ``pixel_values``, ...)."""
-        if _IN_RULE.get() or not module.training or _in_backward():
+        """At the model's forward: follow changes of the trainable parameters, remember
+        the batch size (the leading dimension of its first tensor input: ``input_ids``,
+        ``pixel_values``, ...) and, while the batch-independence probe is pending, the
+        inputs of the step's first forward."""
+        if (_IN_RULE.get() or self._probing or not module.training or _in_backward()
+                or not torch.is_grad_enabled()):
             return None
+        if _trainable_signature(self.model) != self._signature:
+            self._rediscover()
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
                 self._batch_hint = v.shape[0]
                 break
+        if self._probe_pending and self._probe_inputs is None:
+            self._probe_inputs = (args, dict(kwargs), _autocast_state())
         return None
 
     def _expand_pre_hook(self, module, args, kwargs):
-        """A unit called on an input broadcast over the batch (leading dimension 1 while
-        the model's batch has B > 1, e.g. Hugging Face's default ``position_ids`` of shape
-        ``(1, T)``) gets that input expanded to B rows (a stride-0 view): its output, and
-        so its recorded output gradient, then has one row per example, and the
-        downstream broadcast gives the same values. Without it the layer's gradient
-        would be the sum over the batch, which cannot be clipped per example."""
+        """A batch-first unit called on an input broadcast over the batch (leading
+        dimension 1 while the model's batch has B > 1, e.g. Hugging Face's default
+        ``position_ids`` of shape ``(1, T)``) gets that input expanded to B rows (a
+        stride-0 view): its output, and so its recorded output gradient, then has one row
+        per example, and the downstream broadcast gives the same values. Without it the
+        layer's gradient would be the sum over the batch, which cannot be clipped per
+        example. Only units whose rule allows it and whose batch dimension is 0 (a
+        sequence-first layer's leading dimension is time); the batch-independence probe
+        checks that dimension."""
         b = self._batch_hint
         if b <= 1 or _IN_RULE.get() or not module.training:
             return None
@@ -240,29 +366,29 @@ class GradSampleTracker:
                 return args, kwargs
         return None
 
-    def _make_detach_hook(self, slots):
+    def _make_detach_hook(self, unit: Unit, slots):
         """During the unit's forward its parameters are replaced by detached aliases
         (same storage), so autograd never computes their non-private gradient (the
         weight-gradient matmul of every layer) while ``requires_grad`` stays as the
         user set it (``print_trainable_parameters``, optimizers and checkpoints see the
         usual flags). The post-hook (also run when the forward raises) puts them back."""
+        after = unit.rule.after_swap
 
         def pre(module, args):
             if _IN_RULE.get() or not module.training or not torch.is_grad_enabled():
                 return None
             for owner, name, p in slots:
                 owner._parameters[name] = p.detach()
-            for owner in {id(o): o for o, _, _ in slots}.values():
-                if isinstance(owner, nn.RNNBase):
-                    owner._init_flat_weights()
+            if after is not None:
+                after(unit.module)
             return None
 
         return pre
 
     @staticmethod
-    def _make_restore_hook(slots):
+    def _make_restore_hook(unit: Unit, slots):
         def post(module, args, output):
-            _restore(slots)
+            _restore(unit, slots)
             return None
 
         return post
@@ -272,6 +398,8 @@ class GradSampleTracker:
         grad_hook = self._grad_hook
         is_grad_enabled = torch.is_grad_enabled
         Tensor = torch.Tensor
+        unit = self.units[index]
+        move = unit.batch_dim if unit.normalised and unit.batch_dim != 0 else None
 
         def hook(module, args, kwargs, output):
             if _IN_RULE.get() or not module.training or not is_grad_enabled():
@@ -282,13 +410,16 @@ class GradSampleTracker:
                 # the output is made differentiable as in the first forward so that the
                 # recomputed graph saves the same tensors
                 if not self.records.get(index):
-                    self._recompute_unrecorded = self.units[index].name
+                    self._recompute_unrecorded = unit.name
                 if type(output) is Tensor and output.is_floating_point() \
                         and not output.requires_grad:
                     return _MakeDifferentiable.apply(dummy, output)
                 return None
+            args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+            if move is not None and args and isinstance(args[0], Tensor):
+                args = (_to_front(args[0], move), *args[1:])
             rec = Record(
-                args=tuple(a.detach() if isinstance(a, Tensor) else a for a in args),
+                args=args,
                 kwargs={k: (v.detach() if isinstance(v, Tensor) else v)
                         for k, v in kwargs.items()} if kwargs else {},
                 grad_outputs=[],
@@ -301,14 +432,14 @@ class GradSampleTracker:
             else:
                 records[index] = [rec]
             if type(output) is Tensor:  # fast path: one output tensor
-                rec.outputs_meta.append((output.shape, output.dtype, output.device))
+                rec.outputs_meta.append(_meta(output, move))
                 rec.grad_outputs.append(None)
                 if not output.is_floating_point():
                     return None
                 changed = not output.requires_grad
                 if changed:
                     output = _MakeDifferentiable.apply(dummy, output)
-                output.register_hook(grad_hook(rec, 0))
+                output.register_hook(grad_hook(rec, 0, move))
                 return output if changed else None
             flat, spec = tree_flatten(output)
             rec.out_spec = spec
@@ -317,24 +448,26 @@ class GradSampleTracker:
             for o in flat:
                 if isinstance(o, Tensor):
                     j = len(rec.outputs_meta)
-                    rec.outputs_meta.append((tuple(o.shape), o.dtype, o.device))
+                    rec.outputs_meta.append(_meta(o, move))
                     rec.grad_outputs.append(None)
                     if o.is_floating_point():
                         if not o.requires_grad:
                             o = _MakeDifferentiable.apply(dummy, o)
                             changed = True
-                        o.register_hook(grad_hook(rec, j))
+                        o.register_hook(grad_hook(rec, j, move))
                 new_flat.append(o)
             return tree_unflatten(new_flat, spec) if changed else None
 
         return hook
 
-    def _grad_hook(self, rec: Record, j: int):
+    def _grad_hook(self, rec: Record, j: int, move: int | None = None):
         tracker = self
 
         def fn(g):
             if not tracker._in_backward:
                 tracker._begin_backward()
+            if move is not None:
+                g = _to_front(g, move)
             prev = rec.grad_outputs[j]
             rec.grad_outputs[j] = g if prev is None else prev + g
         return fn
@@ -366,35 +499,62 @@ class GradSampleTracker:
         self._captured = {}
         self._backward_passes = 0
         self._in_backward = False
+        self._probe_inputs = None
 
     def detach(self) -> None:
-        """Remove the hooks and restore ``requires_grad`` of the handled parameters."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        """Remove the hooks and put the handled parameters back."""
+        self._uninstall()
+        self._root_handle.remove()
         self.clear()
-        for stack in self._capturing.values():
-            while stack:
-                stack.pop().__exit__(None, None, None)
-        self._capturing = {}
-        self._captured = {}
-        for slots in self._swapped:
-            _restore(slots)
-        self._swapped = []
-        self.records = {}
+
+    # ------------------------------------------------------------------ probe
+    def check_independence(self, examples: int | None) -> None:
+        """Before the first step (and after the trainable parameters changed), probe that
+        each example's outputs depend on that example alone and that every layer's batch
+        dimension is the one the engine uses (:func:`privlearn.torch.probe.probe`). Needs
+        a batch of at least two examples: until one comes, nothing can mix examples.
+
+        Raises
+        ------
+        BatchDependenceError
+            Examples are mixed, or a layer carries the batch on another dimension.
+        """
+        if not self._probe_pending:
+            return
+        inputs, self._probe_inputs = self._probe_inputs, None
+        if inputs is None or not self.records or examples is None or examples < 2:
+            return
+        from privlearn.torch.probe import probe
+
+        self._probing = True
+        try:
+            probe(self, inputs, examples)
+        except BaseException:
+            self.clear()
+            raise
+        finally:
+            self._probing = False
+        self._probe_pending = False
 
     # ------------------------------------------------------------------ clipping
     def _scale(self, rec: Record, unit: Unit) -> float:
         if self.loss_reduction == "sum":
             return 1.0
-        return float(_record_batch(unit.module, rec))
+        return float(record_batch(unit, rec))
 
-    def contributions(self) -> tuple[list[Contribution], int | None, float]:
+    def contributions(self, examples: int | None = None
+                      ) -> tuple[list[Contribution], int | None, float]:
         """Evaluate the rules on the recorded calls.
 
         Returns ``(contributions, batch size, scale)``: the contributions are computed
         from the recorded output gradients; the true per-example gradients are ``scale``
         times theirs (``scale`` = realised batch size for a mean loss, 1 for a sum).
+
+        Raises
+        ------
+        ValueError
+            The layers saw different numbers of examples, or (``examples`` given) not the
+            number of examples the sampler delivered for this batch.
         """
         contribs = []
         batch = None
@@ -408,7 +568,11 @@ class GradSampleTracker:
                     continue
                 cs = []
                 for r in recs:
-                    if _record_batch(unit.module, r) == 0:
+                    n = record_batch(unit, r)
+                    if examples is not None and n != examples:
+                        self.clear()
+                        raise ValueError(_mismatch_message(unit, n, examples))
+                    if n == 0:
                         continue  # empty batch: contributes nothing (noise is still added)
                     s = self._scale(r, unit)
                     if scale is None:
@@ -422,6 +586,7 @@ class GradSampleTracker:
             if batch is None:
                 batch = n
             elif n != batch:
+                self.clear()
                 raise ValueError(
                     f"layers saw different batch sizes in one step ({batch} and {n}); "
                     "per-example clipping needs every layer to see the same examples")
@@ -441,7 +606,8 @@ class GradSampleTracker:
         return contribs, batch, (1.0 if scale is None else scale)
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
-                    per_param: dict | None = None, loss_scale: float | None = None):
+                    per_param: dict | None = None, loss_scale: float | None = None,
+                    examples: int | None = None):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
@@ -466,6 +632,10 @@ class GradSampleTracker:
         by before ``backward()``; the recorded gradients are divided by it, so clipping
         acts on the unscaled per-example gradients.
 
+        ``examples`` (the number of examples the sampler delivered for this batch): every
+        recorded layer must have seen exactly that many (refused otherwise, see
+        :meth:`contributions`).
+
         **Overflow** (fp16 loss scaling): an example whose per-example squared norm is not
         finite (an inf or NaN in its recorded gradients or inputs makes it so) contributes
         zero to the sum: its rows of the recorded tensors are zeroed (gradients) or
@@ -475,7 +645,7 @@ class GradSampleTracker:
         Its entry of ``norms`` is ``inf``; :attr:`last_overflow_count` holds how many
         examples were dropped (0 when none).
         """
-        contribs, batch, scale = self.contributions()
+        contribs, batch, scale = self.contributions(examples)
         ls = self.loss_scale if loss_scale is None else loss_scale
         if ls != 1.0:
             scale = scale / float(ls)
@@ -536,11 +706,11 @@ class GradSampleTracker:
         idx = bad.nonzero().flatten()
         self.last_overflow_count = int(idx.numel())
         for i, recs in self.records.items():
-            module = self.units[i].module
+            unit = self.units[i]
             for rec in recs:
                 if not rec.has_grad():
                     continue
-                _sanitize_record(module, rec, idx, bad.numel())
+                _sanitize_record(unit, rec, idx, bad.numel())
         contribs, _, _ = self.contributions()
         sq = _flat_sq(contribs)
         if not bool(torch.isfinite(sq).all()):
@@ -613,12 +783,12 @@ def _nonfinite(sq: torch.Tensor | None) -> torch.Tensor | None:
     return bad if bool(bad.any()) else None
 
 
-def _sanitize_record(module: nn.Module, rec: Record, idx: torch.Tensor, batch: int) -> None:
+def _sanitize_record(unit: Unit, rec: Record, idx: torch.Tensor, batch: int) -> None:
     """In ``rec``, zero the rows ``idx`` (along each tensor's batch dimension) of the
     output gradients and of captured gradients, and replace non-finite values in those
     rows of the floating inputs by 0. Tensors without a batch dimension are left alone
     (they are shared by all examples, e.g. an additive attention mask)."""
-    arg_dims, kw_dims, out_dims = _record_batch_dims(module, rec, batch)
+    arg_dims, kw_dims, out_dims = record_dims(unit, rec, batch)
 
     def fixer(d, zero):
         return lambda t: fix(t, d, zero)
@@ -662,18 +832,77 @@ def _map_tensors(x, fn):
     return x
 
 
-def _record_batch_dims(module: nn.Module, rec: Record, batch: int):
+def record_dims(unit: Unit, rec: Record, batch: int):
     """Batch dimension of each recorded argument, keyword argument and (flattened)
-    output of one call (None: not batched)."""
-    if isinstance(module, nn.RNNBase):
-        first = 0 if module.batch_first else 1
-        arg_dims = [first] + [1] * (len(rec.args) - 1)  # hx / (h0, c0): (L*D, B, H)
-        kw_dims = {k: 1 for k in rec.kwargs}
-        out_dims = [first] + [1] * (len(rec.outputs_meta) - 1)  # output, h_n[, c_n]
-        return arg_dims, kw_dims, out_dims
-    arg_dims, kw_dims, out_dims = _batch_dims(module, rec, batch)
+    output of one call (None: not batched): the rule's ``record_dims`` for layout-aware
+    rules, else the batch-first default."""
+    fn = unit.rule.record_dims or default_record_dims
+    arg_dims, kw_dims, out_dims = fn(unit.module, rec, batch)
     out_dims = list(out_dims) + [None] * (len(rec.outputs_meta) - len(out_dims))
     return list(arg_dims), kw_dims, out_dims
+
+
+def record_batch(unit: Unit, rec: Record) -> int:
+    """Number of examples in one recorded call of ``unit``."""
+    if unit.rule.batch_size is not None:
+        return int(unit.rule.batch_size(unit.module, rec))
+    x = rec.args[0] if rec.args else next(iter(rec.kwargs.values()))
+    d = 0 if unit.normalised else unit.batch_dim
+    return x.shape[d]
+
+
+def _to_front(t: torch.Tensor, d: int) -> torch.Tensor:
+    """``t`` with dimension ``d`` moved to the front (a view)."""
+    return t.movedim(d, 0) if t.dim() > d else t
+
+
+def _meta(o: torch.Tensor, move: int | None):
+    shape = tuple(o.shape)
+    if move is not None and len(shape) > move:
+        shape = (shape[move], *shape[:move], *shape[move + 1:])
+    return (shape, o.dtype, o.device)
+
+
+def _trainable_signature(model: nn.Module) -> tuple:
+    """The ids of the model's parameters that require gradients (a cheap fingerprint of
+    the trainable set, compared at every forward)."""
+    return tuple(id(p) for p in model.parameters() if p.requires_grad)
+
+
+def _autocast_state() -> tuple:
+    """Autocast settings in force (the probe re-runs the forward under the same)."""
+    out = []
+    for dev in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                out.append((dev, torch.get_autocast_dtype(dev)))
+        except (RuntimeError, TypeError, AttributeError):  # pragma: no cover - old torch
+            pass
+    return tuple(out)
+
+
+def _mismatch_message(unit: Unit, seen: int, examples: int) -> str:
+    """Why a layer that saw ``seen`` rows of a batch of ``examples`` examples cannot be
+    clipped per example."""
+    base = (f"layer {unit.name!r} ({type(unit.module).__name__}) saw {seen} rows on its "
+            f"batch dimension {unit.batch_dim}, but p.data_loader delivered {examples} "
+            "examples for this step: per-example clipping needs one row per example. ")
+    if seen < examples:
+        return base + (
+            "The batch looks packed or flattened into fewer rows (e.g. Hugging Face's "
+            "DataCollatorWithFlattening puts the whole batch in one row, which would clip "
+            "it as one example): use a collator that pads (one row per example).")
+    if seen % examples == 0 and seen > examples:
+        return base + (
+            f"It saw {seen // examples} rows per example (e.g. several augmented views "
+            "concatenated into one batch): each row would be clipped as an example of its "
+            "own, so one example could move the update by several times max_grad_norm. "
+            "Average or sum the views per example before the loss, or feed them through "
+            "separate forward passes of the same batch.")
+    return base + (
+        "If the layer receives the batch on another dimension (sequence-first "
+        "activations, e.g. an LSTM with batch_first=False feeding it), declare it: "
+        f"make_private(..., batch_dims={{{unit.name!r}: 1}}).")
 
 
 def _eager(fn):
@@ -698,16 +927,15 @@ def _eager(fn):
     return hook
 
 
-def _restore(slots) -> None:
+def _restore(unit: Unit, slots) -> None:
     """Put the parameters of ``slots`` back in their modules."""
-    rnns = {}
+    changed = False
     for owner, name, p in slots:
         if owner._parameters.get(name) is not p:
             owner._parameters[name] = p
-            if isinstance(owner, nn.RNNBase):
-                rnns[id(owner)] = owner
-    for owner in rnns.values():
-        owner._init_flat_weights()
+            changed = True
+    if changed and unit.rule.after_swap is not None:
+        unit.rule.after_swap(unit.module)
 
 
 def _param_slots(module: nn.Module, params) -> list:
@@ -726,10 +954,3 @@ def _param_slots(module: nn.Module, params) -> list:
 def _in_backward() -> bool:
     """Whether autograd is executing a backward pass on this thread."""
     return torch._C._current_graph_task_id() != -1
-
-
-def _expandable(module: nn.Module) -> bool:
-    """Units whose first input has the batch as its leading dimension."""
-    if isinstance(module, nn.MultiheadAttention | nn.RNNBase):
-        return False
-    return True

@@ -1,8 +1,9 @@
 """Checks that a model can be trained with per-example clipping, and fixes what it can.
 
 :func:`validate` lists *every* problem at once; :func:`fix` replaces fixable layers.
-The checks are registered per module type (:func:`register_validator`), so a layer
-defined outside privlearn gets its own check by registration alone.
+The checks are registered per module type (:func:`register_validator`), and so are the
+fixers (:func:`register_fixer`), so a layer defined outside privlearn gets its own check
+and fix by registration alone.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-__all__ = ["validate", "fix", "UnsupportedModuleError", "check_model", "register_validator",
-           "VALIDATORS"]
+__all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_model",
+           "register_validator", "register_fixer", "VALIDATORS", "FIXERS"]
 
 _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially private; "
            "replace with GroupNorm (validate(..., fix=True) / make_private(fix_model=True) "
@@ -34,7 +35,7 @@ def _fallback_with_dropout(m: nn.Module, trainable: bool) -> bool:
     from privlearn.torch.grad_sample import get_rule
 
     rule = get_rule(m)
-    if rule is not None and not getattr(rule, "direct_only", False):
+    if rule is not None and rule.scope == "subtree":
         return False
     return any(isinstance(d, nn.modules.dropout._DropoutNd) and d.p > 0
                for d in m.modules() if d is not m)
@@ -151,29 +152,89 @@ def check_model(model: nn.Module) -> None:
             + "\n  - ".join(problems))
 
 
-def _group_norm_for(bn: nn.modules.batchnorm._BatchNorm) -> nn.GroupNorm:
+#: Per module type, ``fixer(module) -> replacement module or None`` (None: nothing to
+#: fix). A fixer never mutates the module it is given: :func:`apply_fixers` swaps the
+#: replacement in and can put the original back. Opacus's ``register_module_fixer`` is
+#: the model.
+Fixer = Callable[[nn.Module], "nn.Module | None"]
+FIXERS: dict[type, Fixer] = {}
+
+
+def register_fixer(*module_types: type) -> Callable[[Fixer], Fixer]:
+    """Decorator registering ``fixer(module) -> replacement or None`` for modules of
+    ``module_types`` (and subclasses), applied by :func:`fix` /
+    ``make_private(fix_model=True)``."""
+
+    def deco(fn: Fixer) -> Fixer:
+        for t in module_types:
+            FIXERS[t] = fn
+        return fn
+
+    return deco
+
+
+def _fixer_for(m: nn.Module) -> Fixer | None:
+    for t in type(m).__mro__:
+        if t in FIXERS:
+            return FIXERS[t]
+    return None
+
+
+@register_fixer(nn.modules.batchnorm._BatchNorm)
+def _batch_norm_to_group_norm(bn) -> nn.GroupNorm:
+    """GroupNorm with ``gcd(32, C)`` groups (Wu & He 2018 use 32 groups), *sharing* the
+    BatchNorm's affine parameters: an optimizer built over the model before the fix holds
+    them, so they train."""
     c = bn.num_features
-    return nn.GroupNorm(math.gcd(32, c), c, eps=bn.eps, affine=bn.affine)
+    new = nn.GroupNorm(math.gcd(32, c), c, eps=bn.eps, affine=False)
+    if bn.affine:
+        new.affine = True
+        new.weight, new.bias = bn.weight, bn.bias
+    return new
+
+
+@register_fixer(nn.modules.instancenorm._InstanceNorm)
+def _instance_norm_without_running_stats(m):
+    """The same InstanceNorm without running statistics (which mix examples), sharing
+    its affine parameters."""
+    if not m.track_running_stats:
+        return None
+    new = type(m)(m.num_features, eps=m.eps, momentum=m.momentum, affine=False,
+                  track_running_stats=False)
+    if m.affine:
+        new.affine = True
+        new.weight, new.bias = m.weight, m.bias
+    return new
+
+
+def apply_fixers(model: nn.Module) -> Callable[[], None]:
+    """Replace every module that has a registered fixer (in place, children of
+    ``model``); returns a function that puts the originals back."""
+    done: list[tuple[nn.Module, str, nn.Module]] = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            fixer = _fixer_for(child)
+            new = fixer(child) if fixer is not None else None
+            if new is not None:
+                setattr(parent, name, new)
+                done.append((parent, name, child))
+
+    def undo() -> None:
+        while done:
+            parent, name, child = done.pop()
+            setattr(parent, name, child)
+
+    return undo
 
 
 def fix(model: nn.Module) -> nn.Module:
-    """Replace fixable layers in place and return the model: every BatchNorm becomes a
-    GroupNorm with ``gcd(32, C)`` groups (Wu & He 2018 use 32 groups); InstanceNorm
-    stops tracking running statistics. Unfixable problems remain (see :func:`validate`)."""
-    if isinstance(model, nn.modules.batchnorm._BatchNorm):
-        return _group_norm_for(model)
-    for name, child in list(model.named_children()):
-        if isinstance(child, nn.modules.batchnorm._BatchNorm):
-            new = _group_norm_for(child)
-            tensors = list(child.parameters()) + list(child.buffers())
-            if tensors:
-                new.to(tensors[0].device)
-            setattr(model, name, new)
-        elif isinstance(child, nn.modules.instancenorm._InstanceNorm) and \
-                child.track_running_stats:
-            child.track_running_stats = False
-            child.running_mean = None
-            child.running_var = None
-        else:
-            fix(child)
+    """Replace fixable layers in place and return the model (a module that is itself
+    fixable is returned replaced): every BatchNorm becomes a GroupNorm sharing its affine
+    parameters; InstanceNorm stops tracking running statistics. Unfixable problems remain
+    (see :func:`validate`); fixers are registered with :func:`register_fixer`."""
+    fixer = _fixer_for(model)
+    new = fixer(model) if fixer is not None else None
+    if new is not None:
+        return new
+    apply_fixers(model)
     return model

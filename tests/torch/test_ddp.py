@@ -184,7 +184,7 @@ def _single_process_references(batches, expected):
         max_grad_norm=C,
     )
     assert p.expected_batch_size == pytest.approx(expected)
-    p.optimizer.sampler = None  # replays the given batches (no sampler check)
+    p.optimizer._sampler = None  # replays the given batches (no sampler check)
     loss_fn = nn.CrossEntropyLoss()
     naive_params, engine_params = [], []
     for b in batches:

@@ -106,7 +106,7 @@ def test_fused_step_equals_two_phase_step():
         p = make_private(m, torch.optim.SGD(m.parameters(), lr=0.0),
                          DataLoader(TensorDataset(x, y), batch_size=5), noise_multiplier=0.0,
                          max_grad_norm=0.05)
-        p.optimizer.sampler = None  # this test feeds its own batch (no sampler check)
+        p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
         p.optimizer.zero_grad()
         nn.functional.cross_entropy(p.model(x), y).backward()
         if fused:

@@ -19,10 +19,15 @@ loaded here too: importing this package is the one place every built-in rule, pr
 rule and instrumenter is registered (:func:`~privlearn.torch.grad_sample.register_rule`,
 :func:`~privlearn.torch.grad_sample.register_predicate_rule`,
 :func:`~privlearn.torch.grad_sample.register_instrumenter`). A user extension registers
-its own with the same decorators; nothing else is needed.
+its own with the same decorators; nothing else is needed. The layouts container modules
+give the layers inside them (``nn.TransformerEncoderLayer``'s ``batch_first``) are
+registered here too (:func:`~privlearn.torch.grad_sample.register_layout`).
 """
 
+from torch import nn
+
 from privlearn.torch import attention, rnn  # noqa: F401  (registers)
+from privlearn.torch.grad_sample import register_layout
 from privlearn.torch.rules import (  # noqa: F401  (registers)
     conv,
     embedding,
@@ -30,3 +35,8 @@ from privlearn.torch.rules import (  # noqa: F401  (registers)
     norm,
     transformers,  # noqa: F401  (registers the rules)
 )
+
+# PyTorch's transformer layers pass their (batch_first or sequence-first) activations to
+# their Linear and LayerNorm children unchanged: those take the layout of the layer
+register_layout(nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)(
+    lambda m: 0 if m.self_attn.batch_first else 1)

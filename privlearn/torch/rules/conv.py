@@ -68,11 +68,11 @@ def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
     return OuterProduct(w, bias, a, gg)
 
 
-@register_rule(nn.Conv1d)
+@register_rule(nn.Conv1d, batch_dim=0)
 def conv1d_rule(module, record, params):
     return _conv_rule(module, record, params, 1)
 
 
-@register_rule(nn.Conv2d)
+@register_rule(nn.Conv2d, batch_dim=0)
 def conv2d_rule(module, record, params):
     return _conv_rule(module, record, params, 2)

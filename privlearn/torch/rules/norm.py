@@ -48,7 +48,7 @@ def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
 
 
-@register_rule(nn.GroupNorm)
+@register_rule(nn.GroupNorm, batch_dim=0)
 def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution:
     x, g = record.args[0], _scaled(record)
     dt = compute_dtype(x, g)

@@ -115,7 +115,8 @@ def conv1d_transposed_rule(module: nn.Module, record: Record, params) -> Contrib
 def _is_hf_rmsnorm(m: nn.Module) -> bool:
     w = m._parameters.get("weight")
     eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
-    return (type(m).__name__.endswith("RMSNorm") and not isinstance(m, nn.RMSNorm)
+    # (torch.nn.RMSNorm matches its registered type first: predicates come after types)
+    return (type(m).__name__.endswith("RMSNorm")
             and w is not None and w.dim() == 1 and set(m._parameters) == {"weight"}
             and isinstance(eps, float) and not m._modules)
 
@@ -160,7 +161,7 @@ def _is_vit_embeddings(m: nn.Module) -> bool:
             and hasattr(m, "patch_embeddings") and hasattr(m, "dropout"))
 
 
-@register_predicate_rule(_is_vit_embeddings)
+@register_predicate_rule(_is_vit_embeddings, batch_dim=0, scope="direct")
 def vit_embeddings_rule(module: nn.Module, record: Record, params) -> Contribution:
     """``ViTEmbeddings``: ``dropout(cat(cls, patches) + pos)``; the patch projection is a
     unit of its own, so this rule covers the two (three) parameters the module owns."""
@@ -186,5 +187,3 @@ def vit_embeddings_rule(module: nn.Module, record: Record, params) -> Contributi
             out_g.append(g.new_zeros(b, *q.shape))
     return Materialized(out_p, out_g)
 
-
-vit_embeddings_rule.direct_only = True  # the patch projection stays a unit of its own

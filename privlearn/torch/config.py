@@ -1,0 +1,213 @@
+""":class:`DPConfig`: the settings of a DP-SGD run, validated once, in one place.
+
+:func:`privlearn.torch.make_private` and :class:`privlearn.torch.hf.PrivacyArguments` take
+these settings; every check of their values lives here (through
+:mod:`privlearn._validation`, so each error names the parameter, the valid range, the
+value received and what to try instead), before anything is built or any data is read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from privlearn import _validation as _v
+from privlearn.accounting import Sampling
+
+__all__ = ["DPConfig"]
+
+_CLIPPING = ("flat", "per_layer", "adaptive")
+_SAMPLING = ("poisson", "fixed")
+_REDUCTION = ("mean", "sum")
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    """The settings of a DP-SGD run (immutable; validated when made).
+
+    Attributes
+    ----------
+    noise_multiplier : float >= 0, optional
+        sigma: noise std = sigma * max_grad_norm on the clipped sum. Exactly one of
+        ``noise_multiplier`` and ``target_epsilon``.
+    target_epsilon : float > 0, optional
+        Calibrate sigma (rounded up) so that the planned run (``steps``, or ``epochs`` x
+        :func:`privlearn.accounting.steps_per_epoch`) is (target_epsilon,
+        target_delta)-DP.
+    target_delta : float in (0, 1)
+        delta of the calibration, of ``max_epsilon`` and of the planned epsilon.
+    epochs, steps : int >= 1, optional
+        Length of the planned run (one of them with ``target_epsilon``).
+    max_grad_norm : float > 0, or list / dict of floats with ``clipping="per_layer"``
+        Clipping bound C on the per-example gradient norm over all parameters (``inf``:
+        no clipping, only with ``noise_multiplier=0``, for testing). Per-layer: one bound
+        per trainable parameter in ``model.parameters()`` order, or a dict by name.
+    clipping : {"flat", "per_layer", "adaptive"}
+        ``"per_layer"``: each parameter's per-example gradient is clipped to its own bound
+        ``C_k`` (McMahan et al. 2018, Sec. 3); the noise std is ``noise_multiplier *
+        sqrt(sum_k C_k^2)``. ``"adaptive"``: Andrew, Thakkar, McMahan & Ramaswamy 2021,
+        "Differentially Private Learning with Adaptive Clipping", Algorithm 1 (geometric
+        update): ``max_grad_norm`` is the initial bound, moved after every step towards
+        the ``target_unclipped_quantile`` of the per-example norms, estimated from a noisy
+        count paid for inside ``noise_multiplier`` (see :mod:`privlearn.torch.optimizer`).
+    sampling : {"poisson", "fixed"}
+        Poisson sampling (``scheme="poisson"``, add/remove neighbours) or fixed-size
+        sampling without replacement (``scheme="fixed"``, replace-one).
+    max_physical_batch_size : int >= 1, optional
+        Split logical batches into chunks of at most this size (virtual batches).
+    loss_reduction : {"mean", "sum"}
+        How the user's loss reduces over the batch.
+    accountant : str
+        Accountant of :mod:`privlearn.accounting` for epsilon and calibration.
+    secure_mode : bool
+        CSPRNG noise with the floating-point-attack mitigation (:mod:`privlearn.torch.noise`)
+        and CSPRNG Poisson sampling.
+    seed : int, optional
+        Seed of the sampler's and the noise's key chains (reproducible runs); None: OS
+        entropy. Must be None in secure mode.
+    fix_model : bool
+        Replace the layers a registered fixer can replace (BatchNorm -> GroupNorm sharing
+        its affine parameters, so the optimizer trains them) before validating; undone if
+        a later check refuses the model.
+    max_epsilon : float > 0, optional
+        Hard cap on epsilon at ``target_delta``: the step that would exceed it raises
+        :class:`~privlearn.errors.PrivacyBudgetExceededError` before it runs.
+    ledger_chunk : int >= 1
+        Steps reserved at a time in a privacy ledger beyond the plan.
+    target_unclipped_quantile : float in [0, 1], optional
+        gamma of adaptive clipping (required with ``clipping="adaptive"``).
+    clipbound_learning_rate : float > 0
+        eta of ``C <- C exp(-eta (b - gamma))``.
+    unclipped_num_std : float > 0, optional
+        sigma_b, noise std of the count of unclipped examples (default: expected batch
+        size / 20, TensorFlow Federated's default); must exceed ``noise_multiplier / 2``.
+    batch_dims : dict, optional
+        ``{layer name: 0 or 1}``: layers whose inputs carry the batch on dimension 1
+        (sequence-first) although no ``batch_first`` flag says so. The batch-independence
+        probe checks every layer's dimension on the first step and names the entry
+        needed.
+    check_batch_independence : bool
+        Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
+        and after the trainable parameters change (default). ``False`` skips it: you then
+        promise that no operation mixes examples and that ``batch_dims`` is right
+        (docs/trust-model.md).
+    """
+
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    target_delta: float = 1e-5
+    epochs: int | None = None
+    steps: int | None = None
+    max_grad_norm: float | list | dict = 1.0
+    clipping: str = "flat"
+    sampling: str = "poisson"
+    max_physical_batch_size: int | None = None
+    loss_reduction: str = "mean"
+    accountant: str = "pld"
+    secure_mode: bool = False
+    seed: int | None = None
+    fix_model: bool = False
+    max_epsilon: float | None = None
+    ledger_chunk: int = 1000
+    target_unclipped_quantile: float | None = None
+    clipbound_learning_rate: float = 0.2
+    unclipped_num_std: float | None = None
+    batch_dims: dict | None = field(default=None, hash=False)
+    check_batch_independence: bool = True
+
+    def __post_init__(self):
+        put = object.__setattr__
+        if isinstance(self.sampling, Sampling):
+            put(self, "sampling", self.sampling.value)
+        put(self, "clipping", _v.check_choice("clipping", self.clipping, _CLIPPING))
+        put(self, "sampling", _v.check_choice("sampling", self.sampling, _SAMPLING))
+        put(self, "loss_reduction", _v.check_choice("loss_reduction", self.loss_reduction,
+                                                    _REDUCTION))
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(
+                "give exactly one of noise_multiplier and target_epsilon, got "
+                f"noise_multiplier={self.noise_multiplier!r}, target_epsilon="
+                f"{self.target_epsilon!r}: target_epsilon calibrates the noise for the planned "
+                "steps, noise_multiplier fixes it (then max_epsilon caps the steps)")
+        if self.noise_multiplier is not None:
+            put(self, "noise_multiplier", _v.check_nonnegative(
+                "noise_multiplier", self.noise_multiplier,
+                hint="the noise std divided by max_grad_norm, e.g. 1.0"))
+        if self.clipping != "per_layer":
+            if isinstance(self.max_grad_norm, list | tuple | dict):
+                raise ValueError(
+                    "max_grad_norm is a list/dict of per-parameter bounds, which needs "
+                    f"clipping='per_layer' (got clipping={self.clipping!r}); pass one number "
+                    "for flat or adaptive clipping")
+            c = _v.check_positive("max_grad_norm", self.max_grad_norm, allow_inf=True,
+                                  hint="the per-example clipping bound, e.g. 1.0")
+            put(self, "max_grad_norm", c)
+            if math.isinf(c) and (self.target_epsilon is not None or self.noise_multiplier):
+                raise ValueError(
+                    "max_grad_norm=inf (no clipping) leaves the sensitivity unbounded, so no "
+                    "noise scale is private; it is only allowed with noise_multiplier=0 "
+                    "(non-private testing). Give a finite max_grad_norm > 0")
+        delta = _v.check_delta("target_delta", self.target_delta,
+                               hint="typical values are 1e-5 or below 1/dataset size")
+        if delta == 0:
+            raise ValueError("target_delta must be in (0, 1), got 0: the Gaussian mechanism "
+                             "of DP-SGD has no finite epsilon at delta = 0; pass e.g. 1e-5")
+        put(self, "target_delta", delta)
+        for name in ("epochs", "steps"):
+            if getattr(self, name) is not None:
+                put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
+        if self.target_epsilon is not None:
+            put(self, "target_epsilon", _v.check_positive("target_epsilon",
+                                                          self.target_epsilon))
+            if self.epochs is None and self.steps is None:
+                raise ValueError("target_epsilon needs the length of training: give epochs or "
+                                 "steps (got neither)")
+        if self.secure_mode and self.seed is not None:
+            raise ValueError(f"seed must be None when secure_mode=True (a seeded generator is "
+                             f"not secure), got seed={self.seed!r}")
+        if self.seed is not None:
+            put(self, "seed", _v.check_count("seed", self.seed, minimum=0))
+        if self.max_epsilon is not None:
+            put(self, "max_epsilon", _v.check_positive("max_epsilon", self.max_epsilon))
+        if self.max_physical_batch_size is not None:
+            put(self, "max_physical_batch_size",
+                _v.check_count("max_physical_batch_size", self.max_physical_batch_size,
+                               minimum=1))
+        put(self, "ledger_chunk", _v.check_count("ledger_chunk", self.ledger_chunk, minimum=1))
+        self._check_adaptive()
+        if self.batch_dims is not None and not isinstance(self.batch_dims, dict):
+            raise _v.ParameterTypeError(
+                f"batch_dims must be a dict {{layer name: 0 or 1}}, got {self.batch_dims!r}")
+
+    def _check_adaptive(self) -> None:
+        if self.clipping != "adaptive":
+            extra = [f"{k}={getattr(self, k)!r}" for k, default in (
+                ("target_unclipped_quantile", None), ("unclipped_num_std", None),
+                ("clipbound_learning_rate", 0.2)) if getattr(self, k) != default]
+            if extra:
+                raise ValueError(f"{', '.join(extra)} only apply to clipping='adaptive', got "
+                                 f"clipping={self.clipping!r}: set clipping='adaptive' or "
+                                 "drop them")
+            return
+        if self.target_unclipped_quantile is None:
+            raise ValueError(
+                "clipping='adaptive' needs target_unclipped_quantile (gamma in [0, 1], the "
+                "fraction of examples the bound should leave unclipped, e.g. 0.5), got None")
+        _v.check_probability("target_unclipped_quantile", self.target_unclipped_quantile)
+        _v.check_positive("clipbound_learning_rate", self.clipbound_learning_rate)
+        if self.unclipped_num_std is not None:
+            _v.check_positive("unclipped_num_std", self.unclipped_num_std)
+        if math.isinf(self.max_grad_norm):
+            raise ValueError("clipping='adaptive' needs a finite initial max_grad_norm > 0, "
+                             "got inf")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The settings' names (the keyword arguments :func:`make_private` takes)."""
+        return tuple(f.name for f in fields(cls))
+
+    def mechanism(self) -> dict:
+        """What a checkpoint's mechanism must match (the settings that define what a step
+        releases and how it is accounted)."""
+        return {"sampling": self.sampling, "loss_reduction": self.loss_reduction,
+                "accountant": self.accountant, "clipping": self.clipping}
