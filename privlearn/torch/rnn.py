@@ -13,9 +13,12 @@ tensor, a third of the activations an autograd graph keeps); for ``nn.GRU`` and 
 it obtains ``dgi`` and ``dgh`` for all time steps with one ``torch.autograd.grad`` call
 seeded by the recorded output gradients.
 
+``PackedSequence`` inputs are padded and the recurrence is masked past each sequence's
+length (the state is carried unchanged there, as the packed kernels do), so every
+example's gradient is exact whatever its length.
+
 Not supported (the validator says so): ``dropout > 0`` between layers (the training-time
-masks cannot be reproduced), ``proj_size > 0``, ``PackedSequence`` inputs, unbatched
-inputs.
+masks cannot be reproduced), ``proj_size > 0``, unbatched inputs.
 """
 
 from __future__ import annotations
@@ -229,16 +232,31 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         raise ValueError("recurrent layers with dropout > 0 are not supported by per-example "
                          "clipping (the dropout masks cannot be reproduced)")
     x = record.args[0]
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{type(module).__name__}: PackedSequence inputs are not supported "
-                         "by per-example clipping; pad the batch instead")
-    if x.dim() != 3:
-        raise ValueError(f"{type(module).__name__} received an unbatched input; "
-                         "per-example clipping needs a batch dimension")
     hx = record.args[1] if len(record.args) > 1 else record.kwargs.get("hx")
     mode = module.mode
-    if module.batch_first:
-        x = x.transpose(0, 1)  # work time-major: (T, B, I)
+    n_out = len(record.outputs_meta)
+    lengths = None
+    if isinstance(x, PackedSequence):
+        # padded to (T, B, I) in the caller's batch order; the recurrence is masked past
+        # each sequence's length (its state carried unchanged, as the packed kernel does)
+        x, lengths = pad_packed_sequence(PackedSequence(x.data.detach(), x.batch_sizes,
+                                                        x.sorted_indices, x.unsorted_indices))
+        meta = record.outputs_meta
+        g_data = record.grad(0)
+        packed_out = PackedSequence(g_data, record.args[0].batch_sizes,
+                                    record.args[0].sorted_indices,
+                                    record.args[0].unsorted_indices)
+        g_out, _ = pad_packed_sequence(packed_out, total_length=x.shape[0])
+        del meta
+    else:
+        if x.dim() != 3:
+            raise ValueError(f"{type(module).__name__} received an unbatched input; "
+                             "per-example clipping needs a batch dimension")
+        if module.batch_first:
+            x = x.transpose(0, 1)  # work time-major: (T, B, I)
+        g_out = _scaled(record, 0)
+        if module.batch_first:
+            g_out = g_out.transpose(0, 1)
     T, B = x.shape[:2]
     H, L = module.hidden_size, module.num_layers
     D = 2 if module.bidirectional else 1
@@ -250,20 +268,39 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         h0, c0 = hx
     else:
         h0, c0 = hx, None
-
     # gradients of the loss with respect to (output, h_n[, c_n]); output in (T, B, D*H)
-    g_out = _scaled(record, 0)
-    if module.batch_first:
-        g_out = g_out.transpose(0, 1)
-    g_h = _scaled(record, 1)
     if mode == "LSTM":
-        return _lstm_contribution(module, x, h0, c0, g_out, g_h, _scaled(record, 2), params)
+        g_h, g_c = _scaled(record, n_out - 2), _scaled(record, n_out - 1)
+        if lengths is None:
+            return _lstm_contribution(module, x, h0, c0, g_out, g_h, g_c, params)
+    else:
+        g_h, g_c = _scaled(record, n_out - 1), None
+    return _autograd_contribution(module, x, h0, c0, g_out, g_h, g_c, params, lengths)
 
-    seeds, targets = [], []
+
+def _lstm_cell(gi, gh, c):
+    """One LSTM step (gates ``i, f, g, o``), as in the PyTorch documentation."""
+    i, f, g, o = (gi + gh).chunk(4, -1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def _autograd_contribution(module, x, h0, c0, g_out, g_h, g_c, params, lengths=None):
+    """Per-example gradients by recomputing the recurrence and one ``torch.autograd.grad``
+    call seeded by the recorded output gradients (GRU and plain RNN; every mode for
+    packed sequences, where ``lengths`` masks the steps past each sequence's end)."""
+    T, B = x.shape[:2]
+    H, L = module.hidden_size, module.num_layers
+    D = 2 if module.bidirectional else 1
+    mode = module.mode
+    lstm = mode == "LSTM"
+    mask = None
+    if lengths is not None:
+        mask = (torch.arange(T)[:, None] < lengths[None, :]).to(x.device).unsqueeze(-1)
     saved = []  # per (layer, dir): (inp (T,B,I), hprev (T,B,H), gi tensor, list of gh)
     with rule_evaluation(), torch.enable_grad():
         inp = x
-        h_last = []
+        h_last, c_last = [], []
         for layer in range(L):
             outs = []
             for direction in range(D):
@@ -274,6 +311,7 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
                     gi.requires_grad_()
                 idx = layer * D + direction
                 h = h0[idx]
+                c = c0[idx] if lstm else None
                 order = range(T) if direction == 0 else range(T - 1, -1, -1)
                 hs = [None] * T
                 hprev = [None] * T
@@ -286,14 +324,28 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
                     if not gh.requires_grad:
                         gh.requires_grad_()
                     ghs[t] = gh
-                    h = _cell(mode, gis[t], gh, h)
-                    hs[t] = h
+                    if lstm:
+                        h_new, c_new = _lstm_cell(gis[t], gh, c)
+                    else:
+                        h_new = _cell(mode, gis[t], gh, h)
+                    if mask is None:
+                        h, c = h_new, (c_new if lstm else None)
+                        hs[t] = h
+                    else:
+                        m = mask[t]
+                        h = torch.where(m, h_new, h)
+                        c = torch.where(m, c_new, c) if lstm else None
+                        hs[t] = h_new * m  # a packed output has nothing past the end
                 outs.append(torch.stack(hs))
                 h_last.append(h)
+                c_last.append(c)
                 saved.append((layer, direction, inp, hprev, gis, ghs))
             inp = outs[0] if D == 1 else torch.cat(outs, -1)
         seeds = [g_out, g_h]
         targets = [inp, torch.stack(h_last)]
+        if lstm:
+            seeds.append(g_c)
+            targets.append(torch.stack(c_last))
         wrt = []
         for _, _, _, _, gis, ghs in saved:
             wrt.extend(gis)

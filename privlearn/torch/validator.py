@@ -116,9 +116,19 @@ def _attention(m, trainable):
 
 @register_validator(nn.EmbeddingBag)
 def _embedding_bag(m, trainable):
-    if trainable:
-        return ["EmbeddingBag is not supported; use Embedding and a sum/mean"]
-    return []
+    if not trainable:
+        return []
+    out = []
+    if m.mode == "max":
+        out.append("mode='max' is not supported (its gradient follows the argmax of each "
+                   "bag); use mode='sum' or 'mean'")
+    if m.sparse:
+        out.append("sparse=True gradients are not supported")
+    if m.max_norm is not None:
+        out.append("max_norm renormalises weights in place during forward, not supported")
+    if m.scale_grad_by_freq:
+        out.append("scale_grad_by_freq mixes examples in a batch")
+    return out
 
 
 def _problems(model: nn.Module) -> list[str]:

@@ -1,5 +1,6 @@
-"""Per-example rule for :class:`torch.nn.Embedding`: the per-example gradient is the
-output gradient scattered to the looked-up rows (padding row excluded).
+"""Per-example rules for :class:`torch.nn.Embedding` (the per-example gradient is the
+output gradient scattered to the looked-up rows, padding row excluded) and
+:class:`torch.nn.EmbeddingBag` (one example per bag, modes "sum" and "mean").
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from privlearn.torch.grad_sample import (
     register_rule,
 )
 
-__all__ = ['EmbeddingContribution', 'embedding_rule']
+__all__ = ["EmbeddingContribution", "embedding_bag_rule", "embedding_rule"]
 
 
 class EmbeddingContribution(Contribution):
@@ -109,3 +110,73 @@ class EmbeddingContribution(Contribution):
 def embedding_rule(module: nn.Embedding, record: Record, params) -> Contribution:
     ids = record.args[0]
     return EmbeddingContribution(module.weight, ids, _scaled(record), module.padding_idx)
+
+
+def _bags(module: nn.EmbeddingBag, record: Record):
+    """``(ids (B, L), weights (B, L))`` of the bags of one call: each bag's ids padded to
+    the longest bag, with the factor each id's embedding enters the bag's output with
+    (``per_sample_weights`` for mode "sum", ``1 / bag size`` for "mean", 0 for padding
+    and for ``padding_idx``)."""
+    x = record.args[0]
+    offsets = record.args[1] if len(record.args) > 1 else record.kwargs.get("offsets")
+    psw = record.args[2] if len(record.args) > 2 else record.kwargs.get("per_sample_weights")
+    if x.dim() == 2:
+        ids = x
+        w = (psw if psw is not None else torch.ones(ids.shape, dtype=torch.float64,
+                                                     device=ids.device))
+        live = torch.ones_like(ids, dtype=torch.bool)
+    else:
+        ends = offsets[1:] if module.include_last_offset else torch.cat(
+            [offsets[1:], offsets.new_tensor([x.numel()])])
+        starts = offsets[:-1] if module.include_last_offset else offsets
+        sizes = ends - starts
+        b = starts.numel()
+        width = int(sizes.max()) if b else 0
+        pos = torch.arange(width, device=x.device)
+        live = pos[None, :] < sizes[:, None]
+        idx = (starts[:, None] + pos[None, :]).clamp_max(max(x.numel() - 1, 0))
+        ids = torch.where(live, x[idx] if x.numel() else idx, torch.zeros_like(idx))
+        w = torch.ones(ids.shape, dtype=torch.float64, device=x.device) if psw is None \
+            else torch.where(live, psw[idx], torch.zeros((), dtype=psw.dtype,
+                                                          device=psw.device))
+    if module.padding_idx is not None:
+        live = live & (ids != module.padding_idx)
+    w = w * live
+    if module.mode == "mean":
+        count = live.sum(1, keepdim=True).clamp_min(1)
+        w = w / count
+    return ids, w
+
+
+def _bag_batch(module: nn.EmbeddingBag, record: Record) -> int:
+    x = record.args[0]
+    if x.dim() == 2:
+        return x.shape[0]
+    offsets = record.args[1] if len(record.args) > 1 else record.kwargs.get("offsets")
+    return offsets.numel() - (1 if module.include_last_offset else 0)
+
+
+def _bag_record_dims(module: nn.EmbeddingBag, record: Record, batch: int):
+    two_d = record.args[0].dim() == 2
+    arg_dims = [0 if two_d else None, None, 0 if two_d else None][: len(record.args)]
+    kw_dims = {k: (0 if two_d and k == "per_sample_weights" else None) for k in record.kwargs}
+    return arg_dims, kw_dims, [0]
+
+
+def _bag_observe(module, args, kwargs, output):
+    return [(output, 0, "output")]
+
+
+@register_rule(nn.EmbeddingBag, batch_dim=0, own_layout=True, expand_broadcast=False,
+               batch_size=_bag_batch, record_dims=_bag_record_dims, observe=_bag_observe)
+def embedding_bag_rule(module: nn.EmbeddingBag, record: Record, params) -> Contribution:
+    """``nn.EmbeddingBag`` with mode "sum" (with or without ``per_sample_weights``) or
+    "mean": bag ``b``'s output is ``sum_t c_t E[id_t]``, so its per-example gradient
+    puts ``c_t g_b`` on row ``id_t`` -- the Embedding contribution of the bag's ids with
+    output gradients ``c_t g_b`` (2-D input or 1-D input with offsets, one example per
+    bag). Mode "max" is refused by the validator."""
+    ids, w = _bags(module, record)
+    g = _scaled(record)  # (B, D)
+    dt = compute_dtype(g)
+    rows = _as(w, dt).unsqueeze(-1) * _as(g, dt).unsqueeze(1)  # (B, L, D)
+    return EmbeddingContribution(module.weight, ids, rows, None)
