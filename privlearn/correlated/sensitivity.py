@@ -38,6 +38,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -94,6 +95,24 @@ def _certified_sqrt(square: float, terms: int) -> float:
         raise ArithmeticError(f"sensitivity computation overflowed (sum of squares {square!r})")
     s = math.sqrt(square * (1.0 + (2 * terms + 8) * _U))
     return math.nextafter(math.nextafter(s, math.inf), math.inf)
+
+
+def _certified_norm(v: np.ndarray, relative_error: float = 0.0) -> float:
+    """``||v||`` rounded up, exactly: the sum of squares in rational arithmetic (exact for
+    float entries), times ``(1 + relative_error)^2`` for the error made computing ``v``
+    itself, then the smallest float whose square is at least that. Exactly ``1.0`` for
+    a unit vector such as the identity's column."""
+    nz = np.asarray(v, dtype=float)
+    nz = nz[nz != 0.0]
+    if not np.all(np.isfinite(nz)):
+        raise ArithmeticError("sensitivity computation overflowed")
+    total = sum((Fraction(x) ** 2 for x in nz.tolist()), Fraction(0))
+    if relative_error:
+        total *= (1 + Fraction(relative_error)) ** 2
+    root = math.sqrt(float(total))
+    while Fraction(root) ** 2 < total:
+        root = math.nextafter(root, math.inf)
+    return root
 
 
 def vector_sensitivity(x: np.ndarray, min_sep: int, max_participations: int) -> float:
@@ -186,7 +205,7 @@ def sensitivity(
 def _single(strategy: ToeplitzStrategy, participation: Participation, n: int) -> Sensitivity:
     c = strategy.toeplitz_coefs(n)
     return Sensitivity(
-        _certified_sqrt(float(c @ c), n), True, "largest column norm (single participation)"
+        _certified_norm(c), True, "largest column norm (single participation)"
     )
 
 
@@ -239,7 +258,7 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
     if _nonneg_nonincreasing(c):
         w = _spaced_sum(c, n, sep, k)
         return Sensitivity(
-            _certified_sqrt(float(w @ w), n * k), True,
+            _certified_norm(w, 2 * k * _U), True,
             f"non-negative non-increasing Toeplitz: {k} participations {sep} apart ([KL24] Thm. 2)",
         )
     return _dense_upper_bound(strategy, n, sep, k, f"MinSeparation({sep})")
@@ -257,7 +276,7 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
         # the largest ||C u|| (the others are truncations of it)
         w = _spaced_sum(c, n, per_epoch, k)
         return Sensitivity(
-            _certified_sqrt(float(w @ w), n * k), True,
+            _certified_norm(w, 2 * k * _U), True,
             f"C >= 0 entrywise, {k} epochs of {per_epoch} steps ([CC23] Sec. 2)",
         )
     if n > MAX_DENSE_STEPS:
