@@ -158,9 +158,11 @@ def optimize_banded_toeplitz(
             return _BIG, np.zeros(b)
         with np.errstate(over="ignore", invalid="ignore"):
             r = _toeplitz.inverse(c, n)
-        if not np.all(np.isfinite(r)):
+            if not np.all(np.isfinite(r)):
+                return _BIG, np.zeros(b)
+            f, g = _log_loss_and_grad(_toeplitz.pad(c, n), r, n, a, w, sep, k)
+        if not (math.isfinite(f) and np.all(np.isfinite(g))):
             return _BIG, np.zeros(b)
-        f, g = _log_loss_and_grad(_toeplitz.pad(c, n), r, n, a, w, sep, k)
         g = g[:b]
         if monotone:  # c_j = sum_{i >= j} x_i
             g = np.cumsum(g)
@@ -234,9 +236,11 @@ def optimize_blt(
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             c = strategy.toeplitz_coefs(n)
             r = strategy.inverse_toeplitz_coefs(n)
-        if not np.all(np.isfinite(r)):
+            if not np.all(np.isfinite(r)):
+                return _BIG, np.zeros_like(x)
+            f, g_c = _log_loss_and_grad(c, r, n, a, w, sep, k)
+        if not (math.isfinite(f) and np.all(np.isfinite(g_c))):
             return _BIG, np.zeros_like(x)
-        f, g_c = _log_loss_and_grad(c, r, n, a, w, sep, k)
         g1 = g_c[1:]  # c_t = sum_j omega_j theta_j^(t-1), t >= 1
         th, om = theta[order], omega[order]
         with np.errstate(under="ignore"):

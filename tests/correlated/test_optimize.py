@@ -21,6 +21,12 @@ from privlearn.correlated import (
 )
 
 
+def test_blt_is_deterministic_and_beats_identity():
+    blt = optimize_blt(256, 3)
+    assert optimize_blt(256, 3) == blt
+    assert loss(blt, 256, reduction="max") < 0.05 * loss(Identity(), 256, reduction="max")
+
+
 def test_banded_is_deterministic_and_fast():
     t0 = time.perf_counter()
     a = optimize_banded_toeplitz(2000, 64)
@@ -64,6 +70,7 @@ def test_one_band_is_identity():
     assert optimize_banded_toeplitz(100, 1).coefs == (1.0,)
 
 
+@pytest.mark.slow
 def test_blt_close_to_best_toeplitz():
     n = 512
     blt = optimize_blt(n, 4)
@@ -73,6 +80,7 @@ def test_blt_close_to_best_toeplitz():
     assert optimize_blt(n, 4) == blt
 
 
+@pytest.mark.slow
 def test_blt_multi_participation():
     n, p = 1000, MinSeparation(50, 10)
     blt = optimize_blt(n, 3, p)
