@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from privlearn._validation import check_count, check_delta, check_positive, check_probability
 from privlearn.accounting.mechanisms import Mechanism
@@ -158,6 +157,8 @@ def _losses(
     m: BallsInBinsMatrixMechanism, samples: int, seed: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Privacy-loss samples ``L = log dP/dQ`` under ``P`` and under ``Q`` (remove pair)."""
+    from scipy import special  # lazily: keeps ``import privlearn.accounting`` light
+
     n, b, sigma = m.steps, m.cycle_length, m.noise_multiplier
     c = np.zeros(n)
     k = min(n, len(m.strategy_coefs))
@@ -228,6 +229,8 @@ def estimate_epsilon(
     confidence = check_probability("confidence", confidence)
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    from scipy import special
+
     z = float(special.ndtri(0.5 + confidence / 2.0))
     lp, lq = _losses(mechanism, samples, seed)
 
