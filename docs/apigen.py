@@ -22,6 +22,7 @@ from pathlib import Path
 #: ``__all__`` and it gets a page (tests/test_docs.py fails if it does not).
 API_PACKAGES: list[str] = [
     "privlearn.accounting",
+    "privlearn.correlated",
     "privlearn.models",
     "privlearn.torch",
     "privlearn.auditing",

@@ -21,6 +21,7 @@ from privlearn.accounting.accountants import (
     register_accountant,
 )
 from privlearn.accounting.calibration import CalibrationError, calibrate
+from privlearn.accounting.matrix_mechanism import MatrixMechanism
 from privlearn.accounting.mechanisms import (
     Composed,
     Gaussian,
@@ -35,6 +36,11 @@ from privlearn.accounting.mechanisms import (
     compose,
     subsample,
 )
+from privlearn.accounting.montecarlo import (
+    BallsInBinsMatrixMechanism,
+    EpsilonEstimate,
+    estimate_epsilon,
+)
 from privlearn.accounting.planning import planned_steps, steps_per_epoch, warn_if_delta_large
 from privlearn.accounting.registry import (
     MechanismKind,
@@ -44,10 +50,13 @@ from privlearn.accounting.registry import (
 
 __all__ = [
     "AccountingError",
+    "BallsInBinsMatrixMechanism",
     "CalibrationError",
     "Composed",
+    "EpsilonEstimate",
     "Gaussian",
     "Laplace",
+    "MatrixMechanism",
     "Mechanism",
     "MechanismKind",
     "Neighbouring",
@@ -61,6 +70,7 @@ __all__ = [
     "available_accountants",
     "calibrate",
     "compose",
+    "estimate_epsilon",
     "get_accountant",
     "planned_steps",
     "register_accountant",

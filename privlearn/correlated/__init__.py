@@ -1,0 +1,54 @@
+"""Correlated noise across steps: matrix-factorization strategies (DP-FTRL, banded MF,
+buffered linear Toeplitz), their sensitivity, error and optimisation, and the samplers
+that bound participation.
+
+NumPy/SciPy only; imports nothing from privlearn but the accounting and validation
+layers. The accounting of each (strategy, sampler) combination is in
+:mod:`privlearn.correlated.accounting`; see docs/guides/correlated-noise.md.
+"""
+
+from privlearn.correlated.error import (
+    MomentumPrefixSum,
+    PrefixSum,
+    Workload,
+    loss,
+    per_query_error,
+)
+from privlearn.correlated.optimize import optimize_banded_toeplitz, optimize_blt
+from privlearn.correlated.participation import (
+    FixedEpochs,
+    MinSeparation,
+    Participation,
+    SingleParticipation,
+)
+from privlearn.correlated.sensitivity import Sensitivity, sensitivity
+from privlearn.correlated.strategies import (
+    BandedRecurrence,
+    BandedToeplitz,
+    BufferedRecurrence,
+    BufferedToeplitz,
+    Identity,
+    ToeplitzStrategy,
+)
+
+__all__ = [
+    "BandedRecurrence",
+    "BandedToeplitz",
+    "BufferedRecurrence",
+    "BufferedToeplitz",
+    "FixedEpochs",
+    "Identity",
+    "MinSeparation",
+    "MomentumPrefixSum",
+    "Participation",
+    "PrefixSum",
+    "Sensitivity",
+    "SingleParticipation",
+    "ToeplitzStrategy",
+    "Workload",
+    "loss",
+    "optimize_banded_toeplitz",
+    "optimize_blt",
+    "per_query_error",
+    "sensitivity",
+]

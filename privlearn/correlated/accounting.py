@@ -1,0 +1,120 @@
+"""The mechanism description of each (strategy, sampler) combination.
+
+:func:`correlated_mechanism` returns a :class:`~privlearn.accounting.Mechanism` that every
+certified accountant, :func:`~privlearn.accounting.calibrate`, the ledger and serialisation
+take as they are, or -- only when asked for an amplified analysis that nobody can certify
+-- a :class:`~privlearn.accounting.montecarlo.BallsInBinsMatrixMechanism` that they refuse
+and that only :func:`~privlearn.accounting.montecarlo.estimate_epsilon` evaluates.
+
+=====================================  ====================================================
+strategy x sampler                     mechanism
+=====================================  ====================================================
+any x participation schema (a fixed    ``MatrixMechanism(sigma, sens(C, schema))``: the
+order, no sampling)                    Gaussian mechanism of sensitivity ``sens(C)``
+banded (``b <= cycle``) x cyclic       ``compose(subsample(MatrixMechanism(sigma, c), q),
+Poisson (rate ``q``, cycle ``b'``)     ceil(n / b'))``, ``c`` the largest column norm
+                                       ([CC23b] Theorem 4); ``b' = 1``, ``C = I`` is
+                                       DP-SGD, with exactly DP-SGD's epsilon
+BLT, or ``bands > cycle``, x cyclic    ``MatrixMechanism(sigma, sens(C, MinSeparation(b',
+Poisson                                k)))``: un-amplified (certified; the reduction needs
+                                       a banded ``C`` with ``b <= b'``)
+any x balls-in-bins                    un-amplified ``MatrixMechanism`` (certified) by
+                                       default; ``amplified=True``: a
+                                       ``BallsInBinsMatrixMechanism`` (estimate only)
+=====================================  ====================================================
+
+References
+----------
+.. [CC23b] Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta & Xu (2023), (Amplified)
+       Banded Matrix Factorization: A unified approach to private training, NeurIPS,
+       Theorem 4 (cyclic Poisson sampling reduces to ``ceil(n / b)`` Poisson-subsampled
+       Gaussian mechanisms for column-normalised ``b``-banded ``C``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from privlearn._validation import check_count, check_positive
+from privlearn.accounting import Mechanism, compose, subsample
+from privlearn.accounting.matrix_mechanism import MatrixMechanism
+from privlearn.accounting.montecarlo import BallsInBinsMatrixMechanism
+from privlearn.correlated.participation import MinSeparation, Participation
+from privlearn.correlated.sampling import BallsInBinsSampler, CyclicPoissonSampler
+from privlearn.correlated.sensitivity import sensitivity
+from privlearn.correlated.strategies import ToeplitzStrategy
+
+__all__ = ["correlated_mechanism", "is_amplified"]
+
+
+def is_amplified(strategy: ToeplitzStrategy, sampler: object) -> bool:
+    """Whether :func:`correlated_mechanism` accounts ``sampler``'s amplification for
+    ``strategy`` with a certified reduction (cyclic Poisson with ``bands <= cycle``)."""
+    return (
+        isinstance(sampler, CyclicPoissonSampler)
+        and strategy.bands is not None
+        and strategy.bands <= sampler.cycle_length
+        and sampler.sampling_rate < 1.0
+    )
+
+
+def correlated_mechanism(
+    strategy: ToeplitzStrategy,
+    sampler: CyclicPoissonSampler | BallsInBinsSampler | Participation,
+    noise_multiplier: float,
+    *,
+    steps: int | None = None,
+    amplified: bool = False,
+) -> Mechanism:
+    """The mechanism description of training with ``strategy`` and ``sampler``.
+
+    Parameters
+    ----------
+    strategy : ToeplitzStrategy
+        :class:`~privlearn.correlated.Identity` (DP-SGD), a banded Toeplitz or a BLT.
+    sampler : CyclicPoissonSampler, BallsInBinsSampler or Participation
+        The sampler that chooses the batches, or the participation schema of a fixed
+        order (then ``steps`` is required).
+    noise_multiplier : float > 0
+        ``sigma``: the noise of step ``t`` is ``sigma * max_grad_norm * (C^{-1} z)_t``.
+    steps : int, optional
+        Number of steps (default: the sampler's).
+    amplified : bool
+        Balls-in-bins only: describe the amplified mechanism, which has no certified
+        accounting (estimate it with
+        :func:`privlearn.accounting.montecarlo.estimate_epsilon`).
+
+    Examples
+    --------
+    >>> from privlearn.accounting import calibrate
+    >>> from privlearn.correlated import BandedToeplitz
+    >>> from privlearn.correlated.accounting import correlated_mechanism
+    >>> from privlearn.correlated.sampling import CyclicPoissonSampler
+    >>> C = BandedToeplitz.square_root(bands=4)
+    >>> sampler = CyclicPoissonSampler(dataset_size=60000, sampling_rate=0.02, steps=1000,
+    ...                                cycle_length=4)
+    >>> sigma = calibrate(lambda s: correlated_mechanism(C, sampler, s), 2.0, 1e-5)
+    """
+    if not isinstance(strategy, ToeplitzStrategy):
+        raise TypeError(f"strategy must be a privlearn.correlated strategy, got {strategy!r}")
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    if isinstance(sampler, Participation):
+        if steps is None:
+            raise ValueError("steps is required when sampler is a participation schema")
+        n = check_count("steps", steps, minimum=1)
+        sens = sensitivity(strategy, sampler, n).value
+        return MatrixMechanism(sigma, sens)
+    if not isinstance(sampler, CyclicPoissonSampler | BallsInBinsSampler):
+        raise TypeError(
+            "sampler must be a CyclicPoissonSampler, a BallsInBinsSampler or a Participation "
+            f"schema, got {sampler!r}"
+        )
+    n = sampler.steps if steps is None else check_count("steps", steps, minimum=1)
+    cycle = sampler.cycle_length
+    k = math.ceil(n / cycle)
+    if isinstance(sampler, BallsInBinsSampler) and amplified:
+        return BallsInBinsMatrixMechanism(sigma, tuple(strategy.toeplitz_coefs(n)), n, cycle)
+    if is_amplified(strategy, sampler):
+        column = sensitivity(strategy, MinSeparation(n, 1), n).value
+        return compose(subsample(MatrixMechanism(sigma, column), rate=sampler.sampling_rate), k)
+    return MatrixMechanism(sigma, sensitivity(strategy, MinSeparation(cycle, k), n).value)

@@ -1,0 +1,118 @@
+"""Workloads and the expected error of a factorization ``A = B C``.
+
+With noise ``C^{-1} z`` (``z ~ N(0, I)``, noise multiplier 1 relative to the
+sensitivity), the released ``A x + B z`` has per-query squared error ``||B[t, :]||^2``
+for ``B = A C^{-1}``; multiplied by ``sens(C)^2`` it is the error at a fixed privacy level,
+the quantity strategies are compared and optimised on ([CC23b], Section 2; the ``loss``
+of jax_privacy's ``toeplitz`` module).
+
+For lower-triangular Toeplitz ``A`` and ``C``, ``B`` is Toeplitz with first column
+``b = a * r`` (``r`` that of ``C^{-1}``) and the error of query ``t`` is
+``sum_{j <= t} b_j^2``: the last query has the largest error.
+
+References
+----------
+.. [CC23b] Choquette-Choo et al. (2023), (Amplified) Banded Matrix Factorization, NeurIPS.
+.. [DPFTRL] Kairouz, McMahan, Song, Thakkar, Thakurta & Xu (2021), Practical and Private
+       (Deep) Learning without Sampling or Shuffling, ICML (prefix sums as the workload
+       of SGD; momentum as a Toeplitz workload).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from privlearn._validation import check_choice, check_count, check_real
+from privlearn.correlated import _toeplitz
+from privlearn.correlated.participation import Participation, SingleParticipation
+from privlearn.correlated.sensitivity import sensitivity
+from privlearn.correlated.strategies import ToeplitzStrategy
+
+__all__ = ["Workload", "PrefixSum", "MomentumPrefixSum", "per_query_error", "loss"]
+
+REDUCTIONS = ("mean", "max")
+
+
+class Workload:
+    """A lower-triangular Toeplitz workload ``A`` given by its first column."""
+
+    __slots__ = ()
+
+    def coefs(self, n: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class PrefixSum(Workload):
+    """``A[t, s] = 1`` for ``s <= t``: the iterates of SGD with a constant learning rate."""
+
+    def coefs(self, n: int) -> np.ndarray:
+        return np.ones(check_count("n", n, minimum=1))
+
+
+@dataclass(frozen=True)
+class MomentumPrefixSum(Workload):
+    """The iterates of SGD with heavy-ball momentum ``beta`` and a constant learning
+    rate: ``A[t, s] = sum_{j <= t - s} beta^j = (1 - beta^(t-s+1)) / (1 - beta)``."""
+
+    momentum: float
+
+    def __post_init__(self) -> None:
+        beta = check_real("momentum", self.momentum)
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        object.__setattr__(self, "momentum", beta)
+
+    def coefs(self, n: int) -> np.ndarray:
+        n = check_count("n", n, minimum=1)
+        return np.cumsum(self.momentum ** np.arange(n, dtype=float))
+
+
+def _workload(workload: Workload | None) -> Workload:
+    if workload is None:
+        return PrefixSum()
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a privlearn.correlated Workload, got {workload!r}")
+    return workload
+
+
+def per_query_error(
+    strategy: ToeplitzStrategy, steps: int, workload: Workload | None = None
+) -> np.ndarray:
+    """Squared error of each query, ``||(A C^{-1})[t, :]||^2``, at unit noise (length
+    ``steps``). Multiply by ``sens(C)^2`` to compare strategies (:func:`loss`)."""
+    n = check_count("steps", steps, minimum=1)
+    r = strategy.inverse_toeplitz_coefs(n)
+    b = _toeplitz.convolve(_workload(workload).coefs(n), r, n)
+    return np.cumsum(b * b)
+
+
+def loss(
+    strategy: ToeplitzStrategy,
+    steps: int,
+    participation: Participation | None = None,
+    workload: Workload | None = None,
+    reduction: str = "mean",
+) -> float:
+    """Mean (or max) per-query squared error times the squared sensitivity.
+
+    The expected squared error of the workload's answers at a fixed privacy level, up to
+    the noise multiplier's square: the objective of :mod:`privlearn.correlated.optimize`.
+
+    Parameters
+    ----------
+    strategy : ToeplitzStrategy
+    steps : int
+    participation : Participation, optional
+        Default :class:`SingleParticipation`.
+    workload : Workload, optional
+        Default :class:`PrefixSum`.
+    reduction : {"mean", "max"}
+    """
+    reduction = check_choice("reduction", reduction, REDUCTIONS)
+    err = per_query_error(strategy, steps, workload)
+    e = float(err.mean() if reduction == "mean" else err.max())
+    sens = sensitivity(strategy, participation or SingleParticipation(), steps).value
+    return e * sens * sens

@@ -1,0 +1,72 @@
+"""The online noise generator, in NumPy: the reference the PyTorch engine follows.
+
+Step ``t`` adds ``(C^{-1} z)_t`` (times ``noise_multiplier * max_grad_norm``) where
+``z_0, z_1, ...`` are i.i.d. standard Gaussian draws of the parameters' shape. The
+generator keeps only the strategy's buffers -- ``b - 1`` past noises for a ``b``-banded
+strategy, ``m`` buffers for a BLT -- so its memory is ``O(b)`` or ``O(m)`` times the
+parameter size, never ``O(steps)``.
+
+>>> import numpy as np
+>>> from privlearn.correlated import BandedToeplitz
+>>> from privlearn.correlated.noise import CorrelatedNoise
+>>> gen = CorrelatedNoise(BandedToeplitz((1.0, 0.5)).recurrence(), shape=(3,))
+>>> noises = [gen.step(z) for z in np.eye(3)]   # C^{-1} applied to e_0, e_1, e_2
+>>> np.round(noises[2], 3).tolist()
+[0.25, -0.5, 1.0]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence
+
+__all__ = ["CorrelatedNoise"]
+
+
+class CorrelatedNoise:
+    """Applies ``C^{-1}`` online to a stream of Gaussian draws.
+
+    Parameters
+    ----------
+    recurrence : BandedRecurrence or BufferedRecurrence
+        From the strategy's ``recurrence()``.
+    shape : tuple of int
+        Shape of one draw (the parameters').
+    """
+
+    def __init__(
+        self, recurrence: BandedRecurrence | BufferedRecurrence, shape: tuple[int, ...]
+    ) -> None:
+        if not isinstance(recurrence, BandedRecurrence | BufferedRecurrence):
+            raise TypeError(
+                f"recurrence must be a BandedRecurrence or BufferedRecurrence, got {recurrence!r}"
+            )
+        self.recurrence = recurrence
+        self.shape = tuple(shape)
+        self.buffers = np.zeros((recurrence.buffers, *self.shape))
+        self.steps = 0
+
+    def step(self, z: np.ndarray) -> np.ndarray:
+        """The noise of the next step from the current draw ``z`` (shape ``shape``)."""
+        z = np.asarray(z, dtype=float)
+        rec = self.recurrence
+        if isinstance(rec, BandedRecurrence):
+            c = rec.coefs
+            b = len(c)
+            out = z.copy()
+            # buffers hold noise_{t-1}, ..., noise_{t-b+1} in a ring indexed by t mod (b-1)
+            for j in range(1, min(b, self.steps + 1)):
+                out -= c[j] * self.buffers[(self.steps - j) % (b - 1)]
+            out /= c[0]
+            if b > 1:
+                self.buffers[self.steps % (b - 1)] = out
+        else:
+            out = z.copy()
+            for k, w in enumerate(rec.output_scale):
+                out -= w * self.buffers[k]
+            for k, d in enumerate(rec.buf_decay):
+                self.buffers[k] *= d
+                self.buffers[k] += out
+        self.steps += 1
+        return out

@@ -1,0 +1,316 @@
+"""Strategy matrices ``C`` of the matrix-factorization (correlated-noise) mechanisms.
+
+A matrix-factorization mechanism releases ``A x + B z`` with ``A = B C`` for the
+workload ``A`` (e.g. prefix sums of gradients: the iterates of SGD), i.e. it adds the
+noise ``C^{-1} z`` (``z`` i.i.d. Gaussian) to the gradients: step ``t`` adds row ``t`` of
+``C^{-1} z``. Its privacy is that of the Gaussian mechanism releasing ``C x + z``, with the
+L2 sensitivity of ``C`` under the participation schema
+(:mod:`privlearn.correlated.sensitivity`).
+
+Every strategy here is lower-triangular Toeplitz, described by a few numbers that do not
+grow with the number of steps:
+
+* :class:`Identity` -- ``C = I``: DP-SGD (independent noise);
+* :class:`BandedToeplitz` -- ``b`` coefficients ``c_0..c_{b-1}``: ``C[i, j] = c_{i-j}`` for
+  ``0 <= i - j < b`` (Choquette-Choo et al. 2023; Kalinin & Lampert 2024);
+* :class:`BufferedToeplitz` -- a BLT with ``m`` buffers: ``C[i, i] = 1`` and
+  ``C[i, j] = sum_k output_scale[k] * buf_decay[k]^(i-j-1)`` for ``i > j`` (Dvijotham et
+  al. 2024; McMahan et al. 2024).
+
+Each gives the online recurrence that produces the noise of step ``t`` from the current
+Gaussian draw and a fixed number of buffers (:meth:`~ToeplitzStrategy.recurrence`,
+:mod:`privlearn.correlated.noise`): memory ``O(b)`` or ``O(m)`` times the parameter size,
+never ``O(steps)``.
+
+References
+----------
+.. [CC23] Choquette-Choo, McMahan, Rush & Thakurta (2023), Multi-Epoch Matrix Factorization
+       Mechanisms for Private Machine Learning, ICML.
+.. [CC23b] Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta & Xu (2023), (Amplified)
+       Banded Matrix Factorization: A unified approach to private training, NeurIPS,
+       Algorithm 9 (the banded recurrence).
+.. [FHU23] Fichtenberger, Henzinger & Upadhyay (2023), Constant Matters: Fine-grained Error
+       Bound on Differentially Private Continual Observation, ICML, Algorithm 1.
+.. [KL24] Kalinin & Lampert (2024), Banded Square Root Matrix Factorization for
+       Differentially Private Model Training, NeurIPS.
+.. [DMPST24] Dvijotham, McMahan, Pillutla, Steinke & Thakurta (2024), Efficient and
+       Near-Optimal Noise Generation for Streaming Differential Privacy, FOCS,
+       Section 5 (BLTs).
+.. [MJPD24] McMahan, Jia, Pillutla, Dvijotham et al. (2024), Hassle-Free Matrix
+       Factorization Mechanisms for Private Learning (arXiv:2408.08868), Algorithms 2-3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from privlearn._validation import check_count
+from privlearn.correlated import _toeplitz
+
+__all__ = [
+    "ToeplitzStrategy",
+    "Identity",
+    "BandedToeplitz",
+    "BufferedToeplitz",
+    "BandedRecurrence",
+    "BufferedRecurrence",
+    "square_root_coefs",
+]
+
+
+def square_root_coefs(n: int) -> np.ndarray:
+    """The first ``n`` Toeplitz coefficients of ``A^{1/2}`` for the prefix-sum ``A``:
+    ``c_k = binom(2k, k) / 4^k`` (the series of ``(1 - x)^{-1/2}``; [FHU23], Algorithm 1).
+    Truncated to ``b`` terms this is the banded square root of [KL24]."""
+    n = check_count("n", n, minimum=1)
+    k = np.arange(n, dtype=float)
+    ratios = np.where(k == 0, 1.0, (2 * k - 1) / np.maximum(2 * k, 1.0))
+    return np.cumprod(ratios)
+
+
+def _as_coefs(name: str, values: object, *, allow_empty: bool = False) -> tuple[float, ...]:
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of real numbers, got {values!r}") from None
+    if arr.ndim != 1 or (arr.size == 0 and not allow_empty):
+        raise ValueError(
+            f"{name} must be a non-empty 1-D sequence of real numbers, got shape {arr.shape}"
+        )
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {arr.tolist()!r}")
+    return tuple(float(v) for v in arr)
+
+
+# -- the online recurrences ----------------------------------------------------------------
+@dataclass(frozen=True)
+class BandedRecurrence:
+    """Noise of step ``t`` for a banded Toeplitz ``C``: row ``t`` of ``C^{-1} z``.
+
+    ``noise_t = (z_t - sum_{j=1}^{b-1} coefs[j] * noise_{t-j}) / coefs[0]`` ([CC23b],
+    Algorithm 9), with ``noise_{t-j} = 0`` for ``t - j < 0``. The state is the last
+    ``b - 1`` noises; each step costs ``b - 1`` axpy's and one scale.
+    """
+
+    coefs: tuple[float, ...]
+
+    @property
+    def buffers(self) -> int:
+        """Number of parameter-sized buffers the recurrence keeps (``b - 1``)."""
+        return len(self.coefs) - 1
+
+
+@dataclass(frozen=True)
+class BufferedRecurrence:
+    """Noise of step ``t`` for a BLT ``C``: row ``t`` of ``C^{-1} z``.
+
+    ``noise_t = z_t - sum_k output_scale[k] * buf_k`` then, for every buffer,
+    ``buf_k <- buf_decay[k] * buf_k + noise_t`` (buffers start at 0; [MJPD24],
+    Algorithm 3). Each step costs two axpy's per buffer.
+    """
+
+    buf_decay: tuple[float, ...]
+    output_scale: tuple[float, ...]
+
+    @property
+    def buffers(self) -> int:
+        """Number of parameter-sized buffers the recurrence keeps."""
+        return len(self.buf_decay)
+
+
+# -- strategies ----------------------------------------------------------------------------
+class ToeplitzStrategy:
+    """Base class: a lower-triangular Toeplitz strategy ``C`` of any size ``n``."""
+
+    __slots__ = ()
+
+    @property
+    def bands(self) -> int | None:
+        """Number of non-zero diagonals (``C[i, j] = 0`` for ``i - j >= bands``); None
+        when ``C`` is not banded."""
+        raise NotImplementedError
+
+    def toeplitz_coefs(self, n: int) -> np.ndarray:
+        """First column of the ``n x n`` matrix ``C``."""
+        raise NotImplementedError
+
+    def inverse_toeplitz_coefs(self, n: int) -> np.ndarray:
+        """First column of ``C^{-1}`` (the noise correlations: step ``t`` adds
+        ``sum_s r_{t-s} z_s``)."""
+        return _toeplitz.inverse(self.toeplitz_coefs(n), n)
+
+    def materialize(self, n: int) -> np.ndarray:
+        """The dense ``n x n`` matrix ``C`` (for tests and small ``n``)."""
+        n = check_count("n", n, minimum=1)
+        return _toeplitz.materialize(self.toeplitz_coefs(n), n)
+
+    def max_column_norm(self, n: int) -> float:
+        """Largest column norm of the ``n x n`` ``C`` (that of column 0 for Toeplitz)."""
+        n = check_count("n", n, minimum=1)
+        return float(np.linalg.norm(self.toeplitz_coefs(n)))
+
+    def recurrence(self) -> BandedRecurrence | BufferedRecurrence:
+        """The coefficients of the online noise recurrence (see the recurrence types)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Identity(ToeplitzStrategy):
+    """``C = I``: independent noise at every step (DP-SGD)."""
+
+    @property
+    def bands(self) -> int:
+        return 1
+
+    def toeplitz_coefs(self, n: int) -> np.ndarray:
+        n = check_count("n", n, minimum=1)
+        return _toeplitz.pad([1.0], n)
+
+    def recurrence(self) -> BandedRecurrence:
+        return BandedRecurrence((1.0,))
+
+
+@dataclass(frozen=True)
+class BandedToeplitz(ToeplitzStrategy):
+    """A ``b``-banded lower-triangular Toeplitz strategy.
+
+    Parameters
+    ----------
+    coefs : sequence of float
+        ``c_0, ..., c_{b-1}`` with ``c_0 > 0``: ``C[i, j] = c_{i-j}`` for
+        ``0 <= i - j < b``. The scale is immaterial to privacy and utility (the noise
+        multiplier is calibrated to the sensitivity); :meth:`normalized` gives
+        ``||c|| = 1`` (single-participation sensitivity 1).
+
+    Examples
+    --------
+    >>> C = BandedToeplitz.square_root(bands=4)   # banded square root [KL24]
+    >>> C.bands
+    4
+    """
+
+    coefs: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        coefs = _as_coefs("coefs", self.coefs)
+        if coefs[0] <= 0.0:
+            raise ValueError(
+                f"coefs[0] must be > 0 (C must be invertible), got {coefs[0]!r}; pass "
+                "coefficients with a positive leading term, e.g. BandedToeplitz((1.0, 0.5))"
+            )
+        object.__setattr__(self, "coefs", coefs)
+
+    @classmethod
+    def square_root(cls, bands: int) -> BandedToeplitz:
+        """The banded square root of the prefix-sum workload ([KL24]; [FHU23]
+        coefficients truncated to ``bands`` terms), normalised to ``||c|| = 1``."""
+        return cls(tuple(square_root_coefs(check_count("bands", bands, minimum=1)))).normalized()
+
+    @property
+    def bands(self) -> int:
+        return len(self.coefs)
+
+    def normalized(self) -> BandedToeplitz:
+        """The same strategy scaled to ``||c|| = 1``."""
+        c = np.asarray(self.coefs)
+        return BandedToeplitz(tuple(c / np.linalg.norm(c)))
+
+    def toeplitz_coefs(self, n: int) -> np.ndarray:
+        n = check_count("n", n, minimum=1)
+        return _toeplitz.pad(self.coefs, n)
+
+    def recurrence(self) -> BandedRecurrence:
+        return BandedRecurrence(self.coefs)
+
+
+@dataclass(frozen=True)
+class BufferedToeplitz(ToeplitzStrategy):
+    """A buffered linear Toeplitz (BLT) strategy with ``m`` buffers ([DMPST24]).
+
+    ``C[i, i] = 1`` and ``C[i, j] = sum_k output_scale[k] * buf_decay[k]^(i-j-1)`` for
+    ``i > j``. The noise ``C^{-1} z`` is produced with ``m`` buffers
+    (:class:`BufferedRecurrence`), whatever the number of steps.
+
+    Parameters
+    ----------
+    buf_decay : sequence of float in [0, 1]
+        The decays ``theta_k`` (a decay above 1 would make ``C`` grow without bound).
+    output_scale : sequence of float
+        The output weights ``omega_k`` (same length).
+
+    Examples
+    --------
+    >>> C = BufferedToeplitz(buf_decay=(0.9, 0.5), output_scale=(0.2, 0.1))
+    >>> C.toeplitz_coefs(4).round(4).tolist()
+    [1.0, 0.3, 0.23, 0.187]
+    """
+
+    buf_decay: tuple[float, ...]
+    output_scale: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        theta = _as_coefs("buf_decay", self.buf_decay, allow_empty=True)
+        omega = _as_coefs("output_scale", self.output_scale, allow_empty=True)
+        if len(theta) != len(omega):
+            raise ValueError(
+                f"buf_decay and output_scale must have the same length, got {len(theta)} "
+                f"and {len(omega)}"
+            )
+        bad = [t for t in theta if not 0.0 <= t <= 1.0]
+        if bad:
+            raise ValueError(
+                f"buf_decay must be in [0, 1], got {bad!r}; a decay above 1 makes the "
+                "strategy's entries grow without bound"
+            )
+        order = sorted(range(len(theta)), key=lambda k: -theta[k])  # canonical order
+        object.__setattr__(self, "buf_decay", tuple(theta[k] for k in order))
+        object.__setattr__(self, "output_scale", tuple(omega[k] for k in order))
+
+    @property
+    def bands(self) -> None:
+        return None
+
+    @property
+    def buffers(self) -> int:
+        return len(self.buf_decay)
+
+    def toeplitz_coefs(self, n: int) -> np.ndarray:
+        n = check_count("n", n, minimum=1)
+        out = np.zeros(n)
+        out[0] = 1.0
+        if n > 1 and self.buf_decay:
+            theta = np.asarray(self.buf_decay)
+            omega = np.asarray(self.output_scale)
+            powers = np.arange(n - 1, dtype=float)[:, None]
+            with np.errstate(under="ignore"):
+                out[1:] = (omega * theta**powers).sum(axis=1)
+        return out
+
+    def inverse_toeplitz_coefs(self, n: int) -> np.ndarray:
+        """First column of ``C^{-1}`` by running the recurrence on ``e_0`` (``O(n m)``)."""
+        n = check_count("n", n, minimum=1)
+        theta = np.asarray(self.buf_decay)
+        omega = np.asarray(self.output_scale)
+        buf = np.zeros(theta.size)
+        out = np.empty(n)
+        for t in range(n):
+            x = (1.0 if t == 0 else 0.0) - float(omega @ buf)
+            buf = theta * buf + x
+            out[t] = x
+        return out
+
+    def recurrence(self) -> BufferedRecurrence:
+        return BufferedRecurrence(self.buf_decay, self.output_scale)
+
+    def limit_max_column_norm(self) -> float:
+        """``lim_n max_column_norm(n)`` in closed form: ``sqrt(1 + sum_{j,k} omega_j
+        omega_k / (1 - theta_j theta_k))`` ([DMPST24], Lemma 5.3); inf if a decay is 1."""
+        theta = np.asarray(self.buf_decay)
+        omega = np.asarray(self.output_scale)
+        tt = np.outer(theta, theta)
+        if np.any(tt >= 1.0):
+            return math.inf
+        return float(math.sqrt(1.0 + np.sum(np.outer(omega, omega) / (1.0 - tt))))

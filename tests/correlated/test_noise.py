@@ -1,0 +1,86 @@
+"""The online noise recurrence produces exactly C^{-1} z, with O(bands) memory; planted
+bugs in it (uncorrelated noise, a wrong band, a wrong decay) are caught."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from privlearn.correlated import (
+    BandedRecurrence,
+    BandedToeplitz,
+    BufferedRecurrence,
+    BufferedToeplitz,
+    Identity,
+    optimize_banded_toeplitz,
+    optimize_blt,
+)
+from privlearn.correlated.noise import CorrelatedNoise
+
+STRATEGIES = [
+    Identity(),
+    BandedToeplitz((1.0, 0.5)),
+    BandedToeplitz.square_root(8),
+    optimize_banded_toeplitz(64, 16),
+    BufferedToeplitz((0.9, 0.5), (0.2, 0.1)),
+    optimize_blt(64, 3),
+]
+
+
+def _run(recurrence, z):
+    gen = CorrelatedNoise(recurrence, z.shape[1:])
+    return np.array([gen.step(zt) for zt in z]), gen
+
+
+def _correlation_error(strategy, recurrence, n=40, d=3):
+    """max |C noise - z|: zero iff the generator applies C^{-1}."""
+    z = np.random.default_rng(0).normal(size=(n, d))
+    noise, _ = _run(recurrence, z)
+    return float(np.abs(strategy.materialize(n) @ noise - z).max())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: type(s).__name__)
+def test_noise_is_c_inverse_z(strategy):
+    assert _correlation_error(strategy, strategy.recurrence()) < 1e-10
+    n = 40
+    r = strategy.inverse_toeplitz_coefs(n)  # and matches the first column of C^{-1}
+    e0 = np.zeros((n, 1))
+    e0[0] = 1.0
+    noise, _ = _run(strategy.recurrence(), e0)
+    np.testing.assert_allclose(noise[:, 0], r, atol=1e-12)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: type(s).__name__)
+def test_memory_does_not_grow_with_steps(strategy):
+    z = np.random.default_rng(1).normal(size=(500, 7))
+    _, gen = _run(strategy.recurrence(), z)
+    bands = strategy.bands
+    want = bands - 1 if bands is not None else strategy.buffers
+    assert gen.buffers.shape == (want, 7)
+
+
+def test_noise_covariance_is_c_inverse_c_inverse_transpose():
+    # empirical: the noise of steps 0..n-1 has covariance C^{-1} C^{-T}
+    C = BandedToeplitz((1.0, 0.6, 0.3))
+    n, reps = 6, 40000
+    z = np.random.default_rng(2).normal(size=(n, reps))
+    noise, _ = _run(C.recurrence(), z)
+    cinv = np.linalg.inv(C.materialize(n))
+    np.testing.assert_allclose(np.cov(noise), cinv @ cinv.T, atol=0.05)
+
+
+def test_planted_bugs_are_caught():
+    banded = BandedToeplitz.square_root(6)
+    blt = BufferedToeplitz((0.9, 0.5), (0.2, 0.1))
+    planted = {
+        "independent noise": (banded, BandedRecurrence((1.0,))),
+        "one band short": (banded, BandedRecurrence(banded.coefs[:-1])),
+        "one band too many": (banded, BandedRecurrence(banded.coefs + (0.1,))),
+        "coefficients shifted": (banded, BandedRecurrence(banded.coefs[1:] + (0.0,))),
+        "wrong decay": (blt, dataclasses.replace(blt.recurrence(), buf_decay=(0.9, 0.6))),
+        "buffer dropped": (blt, BufferedRecurrence((0.9,), (0.2,))),
+    }
+    for name, (strategy, rec) in planted.items():
+        assert _correlation_error(strategy, rec) > 1e-3, name

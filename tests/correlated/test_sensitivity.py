@@ -1,0 +1,166 @@
+"""Sensitivity against brute force over every participation pattern (small n)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from privlearn.correlated import (
+    BandedToeplitz,
+    BufferedToeplitz,
+    FixedEpochs,
+    Identity,
+    MinSeparation,
+    SingleParticipation,
+    sensitivity,
+)
+from privlearn.correlated._toeplitz import materialize
+from privlearn.correlated.sensitivity import gram_sensitivity_upper_bound, vector_sensitivity
+
+
+def _patterns(n: int, sep: int, k: int):
+    """Every non-empty index set of at most k indices pairwise >= sep apart."""
+    for size in range(1, k + 1):
+        for combo in itertools.combinations(range(n), size):
+            if all(b - a >= sep for a, b in zip(combo, combo[1:], strict=False)):
+                yield list(combo)
+
+
+def _brute_force(c_matrix: np.ndarray, patterns) -> tuple[float, float]:
+    """(lower, upper) on sens^2 from the definition: ``max_pi max_{s in {+-1}^pi} s^T
+    X_pi s`` is attained by collinear contributions (a lower bound, exact when X >= 0), and
+    ``sum |X_pi|`` bounds every choice of unit contributions."""
+    x = c_matrix.T @ c_matrix
+    lo = hi = 0.0
+    for pi in patterns:
+        sub = x[np.ix_(pi, pi)]
+        hi = max(hi, float(np.abs(sub).sum()))
+        for signs in itertools.product((1.0, -1.0), repeat=len(pi) - 1):
+            s = np.array((1.0, *signs))
+            lo = max(lo, float(s @ sub @ s))
+    return lo, hi
+
+
+nonincreasing = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6).map(
+    lambda xs: tuple(sorted(xs, reverse=True))
+).filter(lambda c: c[0] > 0.05)
+
+
+@settings(max_examples=40)
+@given(coefs=nonincreasing, n=st.integers(4, 9), sep=st.integers(1, 4), k=st.integers(1, 4))
+def test_nonincreasing_toeplitz_equals_brute_force(coefs, n, sep, k):
+    C = BandedToeplitz(coefs)
+    s = sensitivity(C, MinSeparation(sep, k), n)
+    lo, hi = _brute_force(C.materialize(n), _patterns(n, sep, k))
+    assert s.exact
+    assert hi == pytest.approx(lo, rel=1e-12)  # C >= 0: collinear contributions are worst
+    assert s.value**2 == pytest.approx(lo, rel=1e-12)
+    assert s.value**2 >= lo * (1 - 1e-14)  # up to the float error of the brute force
+
+
+@settings(max_examples=40)
+@given(
+    coefs=st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=4).filter(lambda c: c[0] > 0.1),
+    n=st.integers(4, 9),
+    extra=st.integers(0, 2),
+    k=st.integers(1, 4),
+)
+def test_banded_signed_equals_brute_force(coefs, n, extra, k):
+    # b <= min_sep: exact for any signs (the columns of two participations are orthogonal)
+    C = BandedToeplitz(tuple(coefs))
+    sep = C.bands + extra
+    s = sensitivity(C, MinSeparation(sep, k), n)
+    lo, hi = _brute_force(C.materialize(n), _patterns(n, sep, k))
+    assert s.exact and hi == pytest.approx(lo, rel=1e-12)
+    assert s.value**2 == pytest.approx(lo, rel=1e-12) and s.value**2 >= lo * (1 - 1e-14)
+
+
+@settings(max_examples=40)
+@given(
+    coefs=st.lists(st.floats(-1.0, 1.0), min_size=2, max_size=6).filter(lambda c: c[0] > 0.1),
+    n=st.integers(4, 9),
+    sep=st.integers(1, 3),
+    k=st.integers(2, 4),
+)
+def test_signed_upper_bound_is_valid(coefs, n, sep, k):
+    C = BandedToeplitz(tuple(coefs))
+    s = sensitivity(C, MinSeparation(sep, k), n)
+    lo, _ = _brute_force(C.materialize(n), _patterns(n, sep, k))
+    assert s.value**2 >= lo * (1 - 1e-12)  # never below an attained value
+
+
+@settings(max_examples=30)
+@given(coefs=st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=6).filter(
+    lambda c: c[0] > 0.1), per_epoch=st.integers(1, 4), epochs=st.integers(1, 3))
+def test_fixed_epochs_against_its_patterns(coefs, per_epoch, epochs):
+    n = per_epoch * epochs
+    C = BandedToeplitz(tuple(coefs))
+    s = sensitivity(C, FixedEpochs(epochs), n)
+    patterns = [list(range(j, n, per_epoch)) for j in range(per_epoch)]
+    lo, hi = _brute_force(C.materialize(n), patterns)
+    assert lo * (1 - 1e-12) <= s.value**2 <= hi * (1 + 1e-9)
+    if all(c >= 0 for c in coefs):
+        assert s.exact and s.value**2 == pytest.approx(lo, rel=1e-12)
+
+
+def test_identity_is_sqrt_participations():
+    for n, sep, k in [(10, 1, None), (10, 3, None), (100, 7, 5)]:
+        s = sensitivity(Identity(), MinSeparation(sep, k), n)
+        want = math.sqrt(MinSeparation(sep, k).participations(n))
+        assert s.exact and want <= s.value <= want * (1 + 1e-12)
+    assert sensitivity(Identity(), SingleParticipation(), 50).value == pytest.approx(1.0)
+
+
+def test_blt_closed_form_limit():
+    C = BufferedToeplitz((0.99, 0.7), (0.05, 0.2))
+    s = sensitivity(C, SingleParticipation(), 5000).value
+    assert s == pytest.approx(C.limit_max_column_norm(), rel=1e-9)
+    # finite n: at most the limit, up to the certified rounding (~ n * 2^-52)
+    assert s <= C.limit_max_column_norm() * (1 + 1e-11)
+
+
+def test_vector_sensitivity_matches_enumeration():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        x = rng.normal(size=rng.integers(3, 10))
+        sep, k = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        best = max([0.0] + [x[p].sum() for p in _patterns(x.size, sep, k)])
+        assert vector_sensitivity(x, sep, k) == pytest.approx(best, abs=1e-12)
+
+
+def test_gram_bound_is_exact_for_banded():
+    C = BandedToeplitz((1.0, -0.6, 0.3)).materialize(30)
+    sep = 3
+    exact = sensitivity(BandedToeplitz((1.0, -0.6, 0.3)), MinSeparation(sep, 4), 30).value
+    assert gram_sensitivity_upper_bound(C, sep, 4) == pytest.approx(exact, rel=1e-12)
+
+
+def test_fixed_epochs_refuses_a_ragged_run():
+    with pytest.raises(ValueError, match="multiple of epochs=3"):
+        sensitivity(Identity(), FixedEpochs(3), 10)
+
+
+def test_wrong_types_are_named():
+    with pytest.raises(TypeError, match="participation must be"):
+        sensitivity(Identity(), "min_sep", 10)
+    with pytest.raises(ValueError, match="min_sep must be an integer >= 1"):
+        MinSeparation(0)
+    with pytest.raises(ValueError, match="coefs\\[0\\] must be > 0"):
+        BandedToeplitz((0.0, 1.0))
+    with pytest.raises(ValueError, match="buf_decay must be in \\[0, 1\\]"):
+        BufferedToeplitz((1.5,), (0.1,))
+
+
+def test_materialize_matches_definition():
+    C = BufferedToeplitz((0.8,), (0.3,))
+    m = C.materialize(5)
+    for i in range(5):
+        for j in range(5):
+            want = 0.0 if i < j else (1.0 if i == j else 0.3 * 0.8 ** (i - j - 1))
+            assert m[i, j] == pytest.approx(want, rel=1e-15)
+    assert np.allclose(materialize([1, 2], 3), [[1, 0, 0], [2, 1, 0], [0, 2, 1]])
