@@ -245,8 +245,8 @@ class _PrivacyCallback(TrainerCallback):
         p = self.trainer.privacy_engine
         if p is None or not args.should_save:
             return control
-        folder = os.path.join(args.output_dir, f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-"
-                              f"{state.global_step}")
+        prefix = transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
+        folder = os.path.join(args.output_dir, f"{prefix}-{state.global_step}")
         if os.path.isdir(folder):
             state_ = p.state_dict()
             # model and optimizer are in the Trainer's own files of this checkpoint

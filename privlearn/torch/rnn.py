@@ -200,7 +200,8 @@ def _rnn_record_dims(module: nn.RNNBase, record: Record, batch: int):
     kw_dims = {k: 1 for k in record.kwargs}
     n_out = len(record.outputs_meta)
     if packed:  # flattened PackedSequence fields (data, batch_sizes, indices...) then h
-        out_dims = [None] * (n_out - (2 if module.mode == "LSTM" else 1)) +             [1] * (2 if module.mode == "LSTM" else 1)
+        states = 2 if module.mode == "LSTM" else 1
+        out_dims = [None] * (n_out - states) + [1] * states
     else:
         out_dims = [first] + [1] * (n_out - 1)
     return arg_dims, kw_dims, out_dims
@@ -241,13 +242,11 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         # each sequence's length (its state carried unchanged, as the packed kernel does)
         x, lengths = pad_packed_sequence(PackedSequence(x.data.detach(), x.batch_sizes,
                                                         x.sorted_indices, x.unsorted_indices))
-        meta = record.outputs_meta
         g_data = record.grad(0)
         packed_out = PackedSequence(g_data, record.args[0].batch_sizes,
                                     record.args[0].sorted_indices,
                                     record.args[0].unsorted_indices)
         g_out, _ = pad_packed_sequence(packed_out, total_length=x.shape[0])
-        del meta
     else:
         if x.dim() != 3:
             raise ValueError(f"{type(module).__name__} received an unbatched input; "
@@ -289,8 +288,8 @@ def _autograd_contribution(module, x, h0, c0, g_out, g_h, g_c, params, lengths=N
     """Per-example gradients by recomputing the recurrence and one ``torch.autograd.grad``
     call seeded by the recorded output gradients (GRU and plain RNN; every mode for
     packed sequences, where ``lengths`` masks the steps past each sequence's end)."""
-    T, B = x.shape[:2]
-    H, L = module.hidden_size, module.num_layers
+    T = x.shape[0]
+    L = module.num_layers
     D = 2 if module.bidirectional else 1
     mode = module.mode
     lstm = mode == "LSTM"
