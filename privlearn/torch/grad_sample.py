@@ -510,7 +510,7 @@ class LayerRule:
         function of the module (``lambda m: 0 if m.batch_first else 1``: "ask the module"),
         or None: "from the context" -- the user's ``batch_dims`` option for this layer,
         else the layout of the nearest enclosing module registered with
-        :func:`register_layout` or having a boolean ``batch_first`` attribute, else 0.
+        :func:`register_layout`, else 0.
     own_layout : bool
         The rule reads the recorded tensors in the module's own layout (it handles
         ``batch_first`` itself, e.g. ``nn.MultiheadAttention``, ``nn.LSTM``); the engine
@@ -650,14 +650,12 @@ def register_layout(*module_types: type) -> Callable:
 
 
 def context_layout(module: nn.Module) -> int | None:
-    """The layout ``module`` declares for the layers inside it: a registered layout, else
-    its own boolean ``batch_first`` attribute (0 or 1), else None."""
+    """The layout ``module`` declares for the layers inside it (registered with
+    :func:`register_layout`), else None. (An arbitrary ``batch_first`` attribute of a
+    user's module is not read: it may describe its own inputs, not its children's.)"""
     for t in type(module).__mro__:
         if t in LAYOUTS:
             return int(LAYOUTS[t](module))
-    bf = getattr(module, "batch_first", None)
-    if isinstance(bf, bool):
-        return 0 if bf else 1
     return None
 
 

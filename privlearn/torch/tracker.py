@@ -90,8 +90,8 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
     The batch dimension of each unit is, in order: the user's ``batch_dims[name]`` (for
     layers whose rule takes it from the context); the rule's own declaration (e.g.
     ``nn.LSTM``: its ``batch_first``); the layout of the nearest enclosing module
-    (:func:`~privlearn.torch.grad_sample.register_layout`, or its boolean ``batch_first``
-    attribute); else 0.
+    registered with :func:`~privlearn.torch.grad_sample.register_layout` (e.g.
+    ``nn.TransformerEncoderLayer``); else 0.
 
     Raises
     ------
@@ -521,6 +521,14 @@ class GradSampleTracker:
         """
         if not self._probe_pending:
             return
+        if examples is not None:  # the rows each layer saw first: the clearest message
+            for i, recs in self.records.items():
+                unit = self.units[i]
+                for r in recs:
+                    n = record_batch(unit, r)
+                    if r.has_grad() and n != examples:
+                        self.clear()
+                        raise ValueError(_mismatch_message(unit, n, examples, r))
         inputs, self._probe_inputs = self._probe_inputs, None
         if inputs is None or not self.records or examples is None or examples < 2:
             return
@@ -571,7 +579,7 @@ class GradSampleTracker:
                     n = record_batch(unit, r)
                     if examples is not None and n != examples:
                         self.clear()
-                        raise ValueError(_mismatch_message(unit, n, examples))
+                        raise ValueError(_mismatch_message(unit, n, examples, r))
                     if n == 0:
                         continue  # empty batch: contributes nothing (noise is still added)
                     s = self._scale(r, unit)
@@ -881,12 +889,21 @@ def _autocast_state() -> tuple:
     return tuple(out)
 
 
-def _mismatch_message(unit: Unit, seen: int, examples: int) -> str:
+def _mismatch_message(unit: Unit, seen: int, examples: int, rec: Record | None = None) -> str:
     """Why a layer that saw ``seen`` rows of a batch of ``examples`` examples cannot be
     clipped per example."""
     base = (f"layer {unit.name!r} ({type(unit.module).__name__}) saw {seen} rows on its "
             f"batch dimension {unit.batch_dim}, but p.data_loader delivered {examples} "
             "examples for this step: per-example clipping needs one row per example. ")
+    x = rec.args[0] if rec is not None and rec.args else None
+    if isinstance(x, torch.Tensor) and x.dim() > 1:
+        other = [d for d in range(1, x.dim()) if x.shape[d] == examples]
+        if other:
+            return base + (
+                f"Its input (shape {tuple(x.shape)}) has the batch's size on dimension "
+                f"{other[0]}: if the layer receives sequence-first activations (e.g. an "
+                "LSTM with batch_first=False feeding it), declare it: "
+                f"make_private(..., batch_dims={{{unit.name!r}: {other[0]}}}).")
     if seen < examples:
         return base + (
             "The batch looks packed or flattened into fewer rows (e.g. Hugging Face's "

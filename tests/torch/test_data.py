@@ -160,3 +160,125 @@ def test_fixed_size_sampler_split_across_ranks():
         FixedSizeBatchSampler(n, b, rank=2, world_size=2)
     with pytest.raises(ValueError, match="batch_size"):
         FixedSizeBatchSampler(n, 21, world_size=2)
+
+
+# ------------------------------------------------------------------ steps and batches
+
+
+def _indexed(n=48, d=4):
+    """Feature 0 of each example is its index (to see which examples a batch held)."""
+    x = torch.randn(n, d)
+    x[:, 0] = torch.arange(n, dtype=torch.float32)
+    return TensorDataset(x, torch.randint(0, 2, (n,)))
+
+
+def _private_linear(ds, **kw):
+    from torch import nn
+
+    from privlearn.torch import make_private
+
+    torch.manual_seed(0)
+    model = nn.Linear(ds.tensors[0].shape[1], 2)
+    kw.setdefault("noise_multiplier", 1.0)
+    return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                        DataLoader(ds, batch_size=kw.pop("batch_size", 8),
+                                   num_workers=kw.pop("num_workers", 0)), **kw)
+
+
+def _train(p, steps, used):
+    """``steps`` steps (at most one pass), appending each batch's example indices."""
+    from torch import nn
+
+    for k, (x, y) in enumerate(p.data_loader):
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        used.append(sorted(int(v) for v in x[:, 0]))
+        if k + 1 == steps:
+            return
+
+
+def test_break_checkpoint_resume_never_redraws_a_trained_batch():
+    """Leaving the loop while worker processes have drawn batches ahead, starting a new
+    pass, then saving and resuming: the resumed sampler drew again batches already
+    trained on (3.6 -> 4.6). Bookkeeping by delivered batches: never."""
+    ds = _indexed()
+    p = _private_linear(ds, seed=5, num_workers=2, sampling="fixed")
+    used: list = []
+    _train(p, 3, used)  # break: the workers had prefetched more
+    _train(p, 2, used)  # a new pass
+    state = p.state_dict()
+    q = _private_linear(ds, seed=5, num_workers=2, sampling="fixed")
+    q.load_state_dict(state)
+    after: list = []
+    _train(q, 6, after)
+    assert q.accountant.steps == p.accountant.steps + 6 == 11
+    assert p.accountant.steps == len(used) == 5
+    assert not [b for b in after if b in used]
+
+
+def test_checkpoint_reveals_no_past_batch():
+    """The saved sampler state is a key of a one-way chain: it replays the batches after
+    it, and nothing about the batches before it (a saved generator state could be run
+    backwards to the examples of every past batch)."""
+    ds = _indexed()
+    p = _private_linear(ds, seed=7)
+    used: list = []
+    _train(p, 4, used)
+    key = p.state_dict()["sampler"]["key"]
+    assert isinstance(key, str) and len(key) == 64
+    sampler = PoissonBatchSampler(len(ds), p.sampling_rate, seed=7)
+    first = list(iter(sampler))[:4]
+    assert [sorted(b) for b in first] == used  # the seed replays the run from its start
+    assert sampler.state_dict()["key"] != key  # ... but the saved key is past it
+
+
+def test_unfinished_logical_batch_is_discarded_not_released():
+    """Virtual batches: leaving the loop between the chunks of a logical batch released
+    the abandoned chunks' clipped sum inside the next step (3.5 -> 8.0). Now the next
+    step equals a step on its own logical batch alone (float64, naive loop)."""
+    from torch import nn
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        ds = _indexed(n=40)
+        C, lr = 0.05, 0.1  # the SGD of _private_linear
+        p = _private_linear(ds, seed=3, batch_size=10, noise_multiplier=0.0,
+                            max_grad_norm=C, max_physical_batch_size=3, sampling="fixed")
+        with torch.no_grad():
+            p.model.weight.mul_(0.1)
+        for k, (x, y) in enumerate(p.data_loader):  # two chunks of the first batch ...
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            if k == 1:
+                break  # ... then leave
+        ref = nn.Linear(4, 2)  # the model as it is now (a deepcopy would copy the hooks)
+        ref.load_state_dict(p.model.state_dict())
+        chunks = []
+        with pytest.warns(RuntimeWarning, match="left unfinished"):
+            for x, y in p.data_loader:
+                chunks.append((x, y))
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                p.optimizer.step()
+                if p.accountant.steps == 1:
+                    break
+        x = torch.cat([c[0] for c in chunks])
+        y = torch.cat([c[1] for c in chunks])
+        assert len(y) == 10
+        params = list(ref.parameters())
+        total = [torch.zeros_like(q) for q in params]
+        for i in range(10):
+            gs = torch.autograd.grad(nn.functional.cross_entropy(ref(x[i:i + 1]), y[i:i + 1]),
+                                     params)
+            norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
+            for t, g in zip(total, gs, strict=True):
+                t += min(1.0, C / norm) * g
+        with torch.no_grad():
+            for q, t in zip(params, total, strict=True):
+                q -= lr * t / 10
+        for a, b in zip(p.model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)

@@ -590,3 +590,89 @@ def test_fallback_layer_with_its_own_randomness_is_a_clear_error():
     with pytest.raises(ValueError, match="_FunctionalDropout draws random numbers"):
         p.optimizer.step()
     assert p.accountant.steps == 0
+
+
+class _Packed(nn.Module):
+    """A recurrent layer on a packed batch of sequences of different lengths (the
+    lengths and the optional initial state travel with the examples)."""
+
+    def __init__(self, rnn, with_state):
+        super().__init__()
+        self.rnn = rnn
+        self.with_state = with_state
+
+    def forward(self, x, lengths, *state):
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+        packed = pack_padded_sequence(x, lengths, batch_first=self.rnn.batch_first,
+                                      enforce_sorted=False)
+        hx = None
+        if self.with_state:
+            hx = tuple(state) if isinstance(self.rnn, nn.LSTM) else state[0]
+        out, h = self.rnn(packed, hx)
+        padded, _ = pad_packed_sequence(out, batch_first=True,
+                                        total_length=x.shape[1 if self.rnn.batch_first else 0])
+        hs = h if isinstance(h, tuple) else (h,)
+        return padded, *hs
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+@pytest.mark.parametrize("bidir", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_packed_sequences(cls, bidir, batch_first, with_state):
+    """PackedSequence inputs (they crashed with an AttributeError): exact per-example
+    gradients whatever each sequence's length, against the naive loop in which every
+    example is packed on its own."""
+    torch.manual_seed(bidir * 4 + batch_first * 2 + with_state)
+    rnn = cls(3, 4, num_layers=2, bidirectional=bidir, batch_first=batch_first)
+    b, t = 5, 6
+    x = torch.randn(b, t, 3) if batch_first else torch.randn(t, b, 3)
+    lengths = torch.tensor([6, 2, 4, 1, 3])
+    inputs, bdims = [x, lengths], [0 if batch_first else 1, 0]
+    if with_state:
+        h0 = torch.randn(2 * (2 if bidir else 1), b, 4)
+        inputs += [h0, torch.randn_like(h0)] if cls is nn.LSTM else [h0]
+        bdims += [1, 1] if cls is nn.LSTM else [1]
+    check(_Packed(rnn, with_state), inputs, sq_loss, batch_dims=bdims)
+
+
+class _Bags(nn.Module):
+    def __init__(self, bag, layout):
+        super().__init__()
+        self.bag = bag
+        self.layout = layout
+        self.head = nn.Linear(bag.embedding_dim, 2)
+
+    def forward(self, ids, weights=None):
+        if self.layout == "2d":
+            out = self.bag(ids, per_sample_weights=weights)
+        else:  # one row per example on the outside, offsets inside the model
+            live = ids >= 0
+            flat = ids[live]
+            sizes = live.sum(1)
+            offsets = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
+            if self.bag.include_last_offset:
+                offsets = torch.cat([offsets, sizes.sum().reshape(1)])
+            w = None if weights is None else weights[live]
+            out = self.bag(flat, offsets, per_sample_weights=w)
+        return self.head(torch.tanh(out))
+
+
+@pytest.mark.parametrize("mode,weighted", [("sum", False), ("sum", True), ("mean", False)])
+@pytest.mark.parametrize("layout", ["2d", "offsets", "offsets_last"])
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_embedding_bag(mode, weighted, layout, padding_idx):
+    """EmbeddingBag (refused before) with sum or mean bags, per-sample weights, 2-D input
+    or 1-D ids with offsets, padding index: exact against the naive loop."""
+    torch.manual_seed(3)
+    bag = nn.EmbeddingBag(9, 4, mode=mode, padding_idx=padding_idx,
+                          include_last_offset=layout == "offsets_last")
+    b, width = 5, 6
+    ids = torch.randint(0, 9, (b, width))
+    if layout != "2d":  # bags of different sizes: -1 marks what is not in the bag
+        sizes = torch.tensor([3, 1, 6, 2, 5])
+        ids = ids.masked_fill(torch.arange(width)[None, :] >= sizes[:, None], -1)
+    inputs = [ids] + ([torch.rand(b, width)] if weighted else [])
+    check(_Bags(bag, "2d" if layout == "2d" else "offsets"), inputs, sq_loss,
+          modes=("auto",))

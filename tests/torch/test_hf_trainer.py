@@ -292,3 +292,142 @@ def test_fp16_with_a_loss_scaler_is_refused(tmp_path):
         _ScaledTrainer(model=_llama(), args=_args(tmp_path, fp16=True),
                        train_dataset=_TextSet(),
                        privacy=PrivacyArguments(noise_multiplier=1.0))
+
+
+# ------------------------------------------------------------------ releases
+
+
+def _numbers(obj, path=""):
+    """Every (key path, number) in a nested structure of dicts and lists."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _numbers(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            yield from _numbers(v, f"{path}[{i}]")
+    elif isinstance(obj, int | float) and not isinstance(obj, bool):
+        yield path, obj
+
+
+def test_every_number_written_is_on_the_allow_list(tmp_path):
+    """total_flos (always) and num_input_tokens_seen (opt-in) were written un-noised into
+    trainer_state.json and the logs; both depend on private sequence lengths (one long
+    record among short ones was detected with near certainty). Every number the trainer
+    logs, returns or saves is now released or data-independent."""
+    import json
+
+    from privlearn.errors import PrivacyLeakWarning
+    from privlearn.torch.hf import RELEASED_LOGS
+
+    seen_logs = []
+
+    class Spy(transformers.TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            seen_logs.append(dict(logs))
+
+    with pytest.warns(PrivacyLeakWarning, match="include_num_input_tokens_seen"):
+        tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2, save_strategy="steps",
+                                                  save_steps=2,
+                                                  include_num_input_tokens_seen="all"),
+                       train_dataset=_TextSet(), privacy=PrivacyArguments(
+                           noise_multiplier=1.0, seed=0), callbacks=[Spy()])
+    out = tr.train()
+    assert seen_logs and set().union(*seen_logs) <= RELEASED_LOGS
+    assert set(out.metrics) <= RELEASED_LOGS
+    state = json.load(open(tmp_path / "checkpoint-2" / "trainer_state.json"))
+    allowed_state = {"epoch", "global_step", "max_steps", "num_train_epochs", "logging_steps",
+                     "eval_steps", "save_steps", "train_batch_size", "total_flos",
+                     "num_input_tokens_seen", "best_global_step", "best_metric"}
+    for path, value in _numbers(state):
+        head = path.split(".")[0].split("[")[0]
+        if head == "log_history":
+            assert path.rsplit(".", 1)[-1] in RELEASED_LOGS, path
+        elif head == "stateful_callbacks":
+            continue  # the Trainer's control flags (booleans and step counters)
+        else:
+            assert head in allowed_state, path
+    assert state["total_flos"] == 0 and state.get("num_input_tokens_seen", 0) == 0
+    privacy = torch.load(tmp_path / "checkpoint-2" / PRIVACY_STATE_NAME, weights_only=False)
+    assert set(privacy) == {"format", "mechanism", "noise_multiplier", "max_grad_norm",
+                            "accountant", "budget", "sampler", "noise"}
+
+
+def test_user_arguments_are_not_modified(tmp_path):
+    args = _args(tmp_path, max_steps=1, max_grad_norm=3.0)
+    before = args.to_dict()
+    DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(),
+              privacy=PrivacyArguments(noise_multiplier=1.0, seed=0)).train()
+    assert args.to_dict() == before and args.max_grad_norm == 3.0
+
+
+def test_every_run_of_model_init_trains_privately_and_composes(tmp_path):
+    """With model_init, every train() after the first trained non-privately (a plain
+    optimizer on raw gradients, the accountant left as it was); hyperparameter_search does
+    exactly this. Each run now trains privately and epsilon composes them all."""
+    inits = []
+
+    def init():
+        inits.append(_llama(seed=len(inits)))
+        return inits[-1]
+
+    tr = DPTrainer(model_init=init, args=_args(tmp_path, max_steps=2, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.train()
+    first = tr.privacy_engine
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 2), rel=1e-9)
+    tr.train()  # a fresh model from model_init
+    second = tr.privacy_engine
+    assert second is not first and second.model is inits[-1] and len(inits) >= 3
+    assert second.accountant.steps == 2
+    from privlearn.torch.optimizer import DPOptimizer
+
+    assert isinstance(tr.optimizer, DPOptimizer) and tr.optimizer is second.optimizer
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 4), rel=1e-9)  # both runs
+
+
+def test_model_init_runs_share_one_budget(tmp_path):
+    cap = (_eps(1.0, 3) + _eps(1.0, 4)) / 2  # room for 3 steps in all
+    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=2,
+                                                              logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, max_epsilon=cap, seed=0))
+    tr.train()
+    with pytest.warns(PrivacyBudgetWarning, match="stopped after step 1 of 2"):
+        tr.train()
+    assert tr.epsilon() <= cap and tr.privacy_engine.accountant.steps == 1
+
+
+def test_flattening_collator_is_refused(tmp_path):
+    """DataCollatorWithFlattening packs the batch into one row: the whole batch was
+    clipped as one example (3.2 -> 12.8)."""
+    collator = transformers.DataCollatorWithFlattening()
+    with pytest.raises(ValueError, match="DataCollatorWithFlattening"):
+        DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=_TextSet(),
+                  data_collator=collator, privacy=PrivacyArguments(noise_multiplier=1.0))
+
+
+def test_packed_rows_are_refused_at_the_step_whatever_the_collator(tmp_path):
+    def packing(features):  # a hand-written packer: the whole batch in one row
+        batch = transformers.default_data_collator(features)
+        return {k: v.reshape(1, -1) for k, v in batch.items()}
+
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2),
+                   train_dataset=_TextSet(), data_collator=packing,
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.raises(ValueError, match="packed or flattened"):
+        tr.train()
+    assert tr.privacy_engine.accountant.steps == 0
+
+
+def test_resumed_run_reports_the_epoch_it_reached(tmp_path):
+    pa = PrivacyArguments(noise_multiplier=1.0, seed=1)
+    args = _args(tmp_path, max_steps=12, save_strategy="steps", save_steps=11)
+    a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
+    a.train()
+    b = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
+    b.train(resume_from_checkpoint=str(tmp_path / "checkpoint-11"))
+    epochs_a = [h["epoch"] for h in a.state.log_history if "learning_rate" in h]
+    epochs_b = [h["epoch"] for h in b.state.log_history if "learning_rate" in h]
+    assert epochs_a[-1] == epochs_b[-1] == pytest.approx(12 / 8)
+    assert epochs_b[-1] == epochs_a[-1]

@@ -1,4 +1,4 @@
-"""Issue 9, PyTorch part: what ran must be what is accounted.
+"""make_private runs: what ran must be what is accounted.
 
 Each test reproduces a way ordinary use made the accountant describe something other
 than what ran (gradient accumulation, a noise schedule, resuming, token-mean losses,

@@ -1,0 +1,175 @@
+"""The DP optimizer's step: one gate for updates, one truth per privacy parameter, one
+batch per step.
+
+Each test is a way ordinary training released something the accountant did not cover:
+a parameter the optimizer holds outside the model (a learnable temperature), a layer
+unfrozen after make_private (progressive unfreezing), a writable copy of the sampling
+rate, two batches of the private loader backpropagated into one step."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.torch import make_private  # noqa: E402
+
+
+def _data(n=64, d=6, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g))
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _step(p, x, y, loss=None):
+    p.optimizer.zero_grad()
+    out = p.model(x)
+    (loss(out, y) if loss else nn.functional.cross_entropy(out, y)).backward()
+    p.optimizer.step()
+
+
+def test_parameter_outside_the_model_is_refused_before_anything_is_released():
+    """A learnable temperature in its own param group: its gradient never went through
+    clipping or noise, and the wrapped optimizer would step on it."""
+    model = _mlp()
+    temp = nn.Parameter(torch.ones(()))
+    opt = torch.optim.SGD([{"params": model.parameters()}, {"params": [temp]}], lr=0.5)
+    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    before = [q.detach().clone() for q in model.parameters()]
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x) / temp, y).backward()
+    with pytest.raises(RuntimeError, match="not a parameter of the model"):
+        p.optimizer.step()
+    assert temp.item() == 1.0 and p.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    with pytest.raises(ValueError, match="not parameters of the model"):
+        p.optimizer.add_param_group({"params": [nn.Parameter(torch.ones(2))]})
+
+
+def _naive_update(model, x, y, C, lr, expected):
+    """SGD step with the sum of per-example clipped gradients / expected batch size
+    (float64 loop of batch-size-1 backward passes over the trainable parameters)."""
+    params = [q for q in model.parameters() if q.requires_grad]
+    total = [torch.zeros_like(q) for q in params]
+    for i in range(len(y)):
+        gs = torch.autograd.grad(nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]),
+                                 params)
+        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
+        for t, g in zip(total, gs, strict=True):
+            t += min(1.0, C / norm) * g
+    with torch.no_grad():
+        for q, t in zip(params, total, strict=True):
+            q -= lr * t / expected
+
+
+def test_layer_unfrozen_after_make_private_is_clipped_with_the_others():
+    """Progressive unfreezing: the unfrozen layer's gradient is clipped per example
+    together with the others (equal to a naive per-example loop), never stepped raw."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = _mlp(seed=1)
+        for q in model[0].parameters():
+            q.requires_grad_(False)
+        ref = copy.deepcopy(model)
+        C, lr = 0.05, 0.5
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                         DataLoader(_data(), batch_size=8), noise_multiplier=0.0,
+                         max_grad_norm=C, sampling="fixed", seed=2)
+        it = iter(p.data_loader)
+        x, y = next(it)
+        _step(p, x, y)
+        _naive_update(ref, x, y, C, lr, 8)
+        for m in (model, ref):
+            for q in m[0].parameters():
+                q.requires_grad_(True)
+        x, y = next(it)
+        _step(p, x, y)
+        _naive_update(ref, x, y, C, lr, 8)
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        assert id(model[0].weight) in p.optimizer.tracker.param_ids
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_raw_gradient_of_a_model_parameter_is_refused():
+    """A gradient set on a model parameter outside the engine (e.g. by a second,
+    non-private backward through a detached copy) is refused by the gate."""
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=0)
+    for q in model[0].parameters():
+        q.requires_grad_(False)  # the engine forgets it at the next forward ...
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    model[0].weight.grad = torch.ones_like(model[0].weight)  # ... but it holds a gradient
+    with pytest.raises(RuntimeError, match="'0.weight' of the model holds a gradient"):
+        p.optimizer.step()
+
+
+def test_sampling_rate_has_one_truth():
+    """The optimizer's sampling rate was a writable copy that the accountant recorded:
+    setting it to 0.001 while the sampler drew at 0.1 reported 0.0235 for 10 steps
+    instead of 2.85."""
+    ds = _data(n=80)
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0, seed=0)
+    for target in (p.optimizer, p):
+        with pytest.raises(AttributeError, match="sampling_rate cannot be changed"):
+            target.sampling_rate = 0.001
+    with pytest.raises(AttributeError):
+        p.optimizer.expected_batch_size = 1.0
+    with pytest.raises(AttributeError):
+        p.accountant.sampling_rate = 0.001
+    for x, y in p.data_loader:
+        _step(p, x, y)
+    assert p.accountant.steps == 10
+    want = compose(subsample(Gaussian(1.0), rate=0.1), steps=10).epsilon(1e-5)
+    assert p.epsilon(1e-5) == pytest.approx(want, rel=1e-12)
+    assert p.epsilon(1e-5) > 2.8
+
+
+def test_two_batches_backpropagated_into_one_step_are_refused():
+    """``(loss(b1) + loss(b2)).backward()`` then one step: example i of each batch would be
+    clipped together and two draws counted as one step (7.2 -> 16.1)."""
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=0,
+                     sampling="fixed")  # equal batch sizes: nothing else can notice
+    it = iter(p.data_loader)
+    (x1, y1), (x2, y2) = next(it), next(it)
+    p.optimizer.zero_grad()
+    (nn.functional.cross_entropy(p.model(x1), y1)
+     + nn.functional.cross_entropy(p.model(x2), y2)).backward()
+    with pytest.raises(RuntimeError, match="2 batches of p.data_loader were drawn"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+
+
+def test_rows_seen_by_the_layers_must_be_the_examples_delivered():
+    """Two augmented views concatenated into one batch: each row would be clipped as an
+    example of its own (two rows per example). Refused, with the reason."""
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=0,
+                     sampling="fixed")
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(torch.cat([x, x + 0.1])), torch.cat([y, y])).backward()
+    with pytest.raises(ValueError, match="2 rows per example"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0

@@ -1,0 +1,231 @@
+"""The batch-independence probe and layer layouts: per-example clipping is exact only if
+each example's outputs depend on that example alone and the engine reads every layer's
+examples on the right dimension.
+
+Batch-mixing operations (``x - x.mean(0)``, ``F.batch_norm``) were accepted and one
+example moved the clipped sum by far more than C; sequence-first activations (PyTorch's
+default ``nn.TransformerEncoderLayer``, an LSTM's time-major output feeding a Linear) were
+clipped per position. Each case is now exact (compared with a loop of batch-size-1
+backward passes) or refused before the first step with the option that fixes it."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.torch import make_private  # noqa: E402
+from privlearn.torch.probe import BatchDependenceError  # noqa: E402
+
+T, E = 5, 8
+
+
+def _seqs(n=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, T, E, generator=g), torch.randint(0, 3, (n,),
+                                                                           generator=g))
+
+
+def _first_step(model, ds, batch_size=8, **kw):
+    kw.setdefault("noise_multiplier", 1.0)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=batch_size), seed=0, **kw)
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.step()
+    return p, x, y
+
+
+class _Centered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(E, 3)
+
+    def forward(self, x):
+        x = x.mean(1)
+        return self.lin(x - x.mean(0))
+
+
+class _FunctionalBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(E, 3)
+
+    def forward(self, x):
+        return self.lin(nn.functional.batch_norm(x.mean(1), None, None, training=True))
+
+
+class _MixedOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(E, 3)
+
+    def forward(self, x):
+        out = self.lin(x.mean(1))
+        return out - out.mean(0)
+
+
+@pytest.mark.parametrize("cls", [_Centered, _FunctionalBatchNorm, _MixedOutput])
+def test_batch_mixing_is_refused_before_the_first_step(cls):
+    """One record of a batch-centred model moves the clipped sum by far more than C (the
+    bound per-example clipping promises): ``x - x.mean(0)`` gave 1.99 -> 1053 per step."""
+    model = cls()
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(BatchDependenceError, match="examples are mixed"):
+        _first_step(model, _seqs())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+class _Encoder(nn.Module):
+    """PyTorch's default (sequence-first) transformer layer on batch-first data."""
+
+    def __init__(self, batch_first=False):
+        super().__init__()
+        self.batch_first = batch_first
+        self.enc = nn.TransformerEncoderLayer(E, 2, 16, dropout=0.0, batch_first=batch_first)
+        self.head = nn.Linear(E, 3)
+
+    def forward(self, x):
+        if not self.batch_first:
+            x = x.transpose(0, 1)  # (T, B, E)
+        h = self.enc(x)
+        return self.head(h.mean(1 if self.batch_first else 0))
+
+
+class _LSTMHead(nn.Module):
+    """A time-major LSTM whose output feeds a Linear (the Linear sees (T, B, H))."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(E, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(x.transpose(0, 1))
+        return self.fc(out).mean(0)
+
+
+def _naive_clipped_update(model, x, y, C, lr, expected):
+    params = list(model.parameters())
+    total = [torch.zeros_like(q) for q in params]
+    for i in range(len(y)):
+        gs = torch.autograd.grad(nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]),
+                                 params)
+        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
+        for t, g in zip(total, gs, strict=True):
+            t += min(1.0, C / norm) * g
+    with torch.no_grad():
+        for q, t in zip(params, total, strict=True):
+            q -= lr * t / expected
+
+
+@pytest.mark.parametrize("make,kw", [
+    (lambda: _Encoder(batch_first=False), {}),
+    (lambda: _Encoder(batch_first=True), {}),
+    (_LSTMHead, {"batch_dims": {"fc": 1}}),
+], ids=["encoder-seq-first", "encoder-batch-first", "lstm-linear-declared"])
+@pytest.mark.parametrize("batch", [8, T])  # B == T: a position-wise clip would pass unseen
+def test_sequence_first_layers_are_clipped_per_example(make, kw, batch):
+    """Equal to the loop of batch-size-1 passes (float64); before, norms were 6-100% off
+    and with B == T positions were clipped instead of examples."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = make()
+        ref = copy.deepcopy(model)
+        C = 0.02
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                         DataLoader(_seqs(n=40), batch_size=batch), noise_multiplier=0.0,
+                         max_grad_norm=C, sampling="fixed", seed=1, **kw)
+        x, y = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        _naive_clipped_update(ref, x, y, C, 0.5, batch)
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("batch", [8, T])
+def test_undeclared_sequence_first_layer_is_refused_with_the_option_to_pass(batch):
+    """With B != T the layer's rows do not match the batch; with B == T they do, and the
+    probe finds the batch on dimension 1. Either way: refused, naming the option."""
+    model = _LSTMHead()
+    with pytest.raises(ValueError, match=r"fc.*\(Linear\).*batch_dims=\{'fc': 1\}"):
+        _first_step(model, _seqs(), batch_size=batch, sampling="fixed")
+
+
+def test_expansion_of_broadcast_inputs_never_applies_to_a_time_major_input():
+    """At T = 1 a sequence-first input is (1, B, E): expanding its leading dimension to B
+    (as broadcast position ids are) would change the forward output. A declared
+    sequence-first layer is never expanded, and its forward is unchanged."""
+    torch.manual_seed(0)
+    model = _LSTMHead()
+    x = torch.randn(6, 1, E)
+    with torch.no_grad():
+        want = model(x)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(TensorDataset(torch.randn(12, 1, E), torch.zeros(12).long()),
+                                batch_size=6),
+                     noise_multiplier=1.0, batch_dims={"fc": 1})
+    out = p.model(x)
+    torch.testing.assert_close(out, want)
+
+
+def test_batch_dims_are_checked():
+    model = _LSTMHead()
+    loader = DataLoader(_seqs(), batch_size=8)
+    with pytest.raises(ValueError, match="not trainable layers of the model"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                     noise_multiplier=1.0, batch_dims={"head": 1})
+    with pytest.raises(ValueError, match="must be 0 .batch-first. or 1"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                     noise_multiplier=1.0, batch_dims={"fc": 2})
+    with pytest.raises(ValueError, match="contradicts the layer itself"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                     noise_multiplier=1.0, batch_dims={"rnn": 0})
+
+
+def test_probe_runs_once_and_restores_buffers_and_random_state():
+    """Two extra forward passes on the first step only; buffers and the global random
+    state are as they were (a resumed run stays bit-identical)."""
+
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(E, 3)
+            self.drop = nn.Dropout(0.3)
+            self.register_buffer("seen", torch.zeros(()))
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            self.seen += 1
+            return self.lin(self.drop(x.mean(1)))
+
+    model = Counting()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_seqs(), batch_size=8), noise_multiplier=1.0, seed=0,
+                     sampling="fixed")
+    for k, (x, y) in enumerate(p.data_loader):
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        state = torch.get_rng_state()
+        p.optimizer.step()
+        assert torch.equal(state, torch.get_rng_state())
+        if k == 2:
+            break
+    assert model.calls == 3 + 2 and model.seen.item() == 3
+
+
+def test_probe_can_be_switched_off_by_the_user_who_promises_independence():
+    p, _, _ = _first_step(_Centered(), _seqs(), check_batch_independence=False)
+    assert p.accountant.steps == 1
