@@ -1,0 +1,114 @@
+"""The PyTorch versions :mod:`privlearn.torch` supports, checked when it is imported.
+
+The range is the ``torch`` extra's (``pyproject.toml``: ``torch>=2.11,<3``, a test checks
+that the two agree): from the oldest PyTorch the engine has run on (2.11, with CUDA) to
+below the next major version, so that ``pip install privlearn[torch]`` keeps a PyTorch the
+user already has. Outside it :mod:`privlearn.torch` refuses to import (``ImportError``):
+the engine relies on a few PyTorch internals (autograd's current graph task, storage use
+counts, ``GradScaler``'s per-optimizer state) whose behaviour it has only been checked
+against in this range. A release newer than the newest one the test suite runs on
+(:data:`TESTED`, the ``torch==2.13.0`` that CI installs) is accepted with one
+:class:`UntestedTorchWarning`.
+
+Versions are compared as PEP 440 orders them, on the release numbers: local labels
+(``+cpu``, ``+cu128``) are ignored; a pre-release or development build of 2.11.0 comes
+before 2.11.0 and is refused, as ``pip`` refuses it for ``>=2.11``; one of 3.0.0 is
+refused as ``<3`` refuses it.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+
+#: The oldest supported release, ``(major, minor)``.
+OLDEST_SUPPORTED: tuple[int, int] = (2, 11)
+#: The PyTorch the test suite runs on: ``.ci/run`` installs exactly this CPU build.
+TESTED: str = "2.13.0"
+#: The first unsupported major version.
+NEXT_MAJOR: int = 3
+#: The range as a requirement specifier (the ``torch`` extra's).
+SUPPORTED_RANGE = f">={OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]},<{NEXT_MAJOR}"
+
+_VERSION = re.compile(
+    r"\s*v?(?P<release>\d+(?:\.\d+)+)"                         # 2.13.0
+    r"(?P<pre>(?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?)"
+    r"(?P<post>(?:[-_.]?(?:post|rev|r)[-_.]?\d*)?)"
+    r"(?P<dev>(?:[-_.]?dev[-_.]?\d*)?)"
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*$",                # +cpu, +cu128, +git1a2b3c
+    re.IGNORECASE)
+
+
+class UntestedTorchWarning(UserWarning):
+    """The installed PyTorch is supported but newer than any the test suite runs on."""
+
+
+def _release(version: str) -> tuple[tuple[int, int, int], bool]:
+    """``((major, minor, micro), before)`` of a PEP 440 version string, ``before`` telling
+    whether it orders before the plain release ``major.minor.micro`` (a pre-release, or a
+    development release that is not one of a post-release: PEP 440, "Summary of permitted
+    suffixes and relative ordering")."""
+    m = _VERSION.match(version)
+    if m is None:
+        raise ValueError(version)
+    parts = [int(x) for x in m["release"].split(".")] + [0, 0]
+    before = bool(m["pre"]) or (bool(m["dev"]) and not m["post"])
+    return (parts[0], parts[1], parts[2]), before
+
+
+#: The newest release series the test suite runs on, ``(major, minor)``.
+NEWEST_TESTED: tuple[int, int] = _release(TESTED)[0][:2]
+_warned: set[str] = set()  # versions already warned about in this process
+
+_INSTALL = ("Install a supported PyTorch first, then privlearn: "
+            f'`pip install "torch{SUPPORTED_RANGE}"` from the index of your CUDA version '
+            f"(https://pytorch.org/get-started/locally/), or `pip install torch=={TESTED} "
+            "--index-url https://download.pytorch.org/whl/cpu` for the CPU build")
+
+
+def check_torch_version(version: str | None = None) -> None:
+    """Refuse a PyTorch outside :data:`SUPPORTED_RANGE`; warn once for one newer than tested.
+
+    Parameters
+    ----------
+    version : str, optional
+        A PyTorch version string (``torch.__version__`` when omitted), e.g. ``"2.13.0+cpu"``.
+
+    Raises
+    ------
+    ImportError
+        The version is older than :data:`OLDEST_SUPPORTED` (a pre-release of it included),
+        of major version :data:`NEXT_MAJOR` or later, or not a version string.
+
+    Warns
+    -----
+    UntestedTorchWarning
+        The version is in the range but newer than :data:`NEWEST_TESTED` (once per
+        version and process).
+    """
+    found = str(torch.__version__ if version is None else version)
+    supported = (f"privlearn.torch supports PyTorch {SUPPORTED_RANGE} (its test suite runs "
+                 f"on {TESTED})")
+    try:
+        release, before = _release(found)
+    except ValueError:
+        raise ImportError(f"{supported}; the installed torch reports the version {found!r}, "
+                          f"which is not a version number. {_INSTALL}") from None
+    oldest = (*OLDEST_SUPPORTED, 0)
+    if release < oldest or (release == oldest and before):
+        raise ImportError(f"{supported}; the installed torch is {found}, which is older "
+                          f"than {oldest[0]}.{oldest[1]}.0. {_INSTALL}")
+    if release[0] >= NEXT_MAJOR:
+        raise ImportError(f"{supported}; the installed torch is {found}, a major version "
+                          f"privlearn does not support yet. {_INSTALL}")
+    if release[:2] > NEWEST_TESTED and found not in _warned:
+        _warned.add(found)
+        warnings.warn(f"{supported}; torch {found} is newer than any version privlearn is "
+                      "tested on. It is expected to work; if something fails, pin "
+                      f'"torch<{release[0]}.{release[1]}" and report it',
+                      UntestedTorchWarning, stacklevel=2)
+
+
+check_torch_version()
