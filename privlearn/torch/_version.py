@@ -10,6 +10,10 @@ against in this range. A release newer than the newest one the test suite runs o
 (:data:`TESTED`, the ``torch==2.13.0`` that CI installs) is accepted with one
 :class:`UntestedTorchWarning`.
 
+:func:`check_torch_internals` then checks that the few PyTorch internals every private
+step uses exist (:data:`REQUIRED_INTERNALS`), so that a PyTorch without one is refused at
+import, naming it, rather than failing in the middle of training.
+
 Versions are compared as PEP 440 orders them, on the release numbers: local labels
 (``+cpu``, ``+cu128``) are ignored; a pre-release or development build of 2.11.0 comes
 before 2.11.0 and is refused, as ``pip`` refuses it for ``>=2.11``; one of 3.0.0 is
@@ -18,6 +22,8 @@ refused as ``<3`` refuses it.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
 import warnings
 
@@ -111,4 +117,52 @@ def check_torch_version(version: str | None = None) -> None:
                       UntestedTorchWarning, stacklevel=2)
 
 
+def _resolves(path: str) -> bool:
+    """Whether ``"module:attr.attr"`` names something in this PyTorch."""
+    module, _, rest = path.partition(":")
+    if importlib.util.find_spec(module) is None:
+        return False
+    obj = importlib.import_module(module)
+    for name in rest.split("."):
+        obj = getattr(obj, name, _MISSING)
+        if obj is _MISSING:
+            return False
+    return True
+
+
+_MISSING = object()
+
+#: PyTorch internals that every private step uses (no public API does the same), each
+#: with where and why: a PyTorch without one is refused at import, naming it, rather than
+#: failing in the middle of training. Internals only some features use are guarded where
+#: they are used (storage use counts: a fresh noise buffer each step; ``GradScaler``'s
+#: per-optimizer state: a RuntimeError from ``scaler.step``).
+REQUIRED_INTERNALS: dict[str, str] = {
+    "torch:_C._current_graph_task_id": "tracker.py: whether autograd runs a backward pass",
+    "torch.autograd:Variable._execution_engine.queue_callback":
+        "tracker.py: a callback at the end of the backward pass",
+    "torch.utils._pytree:tree_flatten": "tracker.py, data.py, fallback.py",
+    "torch.utils._pytree:tree_unflatten": "tracker.py, data.py",
+    "torch.utils._pytree:tree_map": "data.py",
+}
+
+
+def check_torch_internals() -> None:
+    """Refuse a PyTorch that lacks one of :data:`REQUIRED_INTERNALS`.
+
+    Raises
+    ------
+    ImportError
+        Naming each internal that is missing, the installed version and the range.
+    """
+    missing = [f"{path.replace(':', '.')} ({why})"
+               for path, why in REQUIRED_INTERNALS.items() if not _resolves(path)]
+    if missing:
+        raise ImportError(
+            f"privlearn.torch needs PyTorch internals that torch {torch.__version__} does not "
+            f"have: {'; '.join(missing)}. It supports PyTorch {SUPPORTED_RANGE} (its test "
+            f"suite runs on {TESTED}). {_INSTALL}")
+
+
 check_torch_version()
+check_torch_internals()

@@ -187,3 +187,63 @@ def test_ci_and_readme_install_the_tested_cpu_build_first():
     assert first_install in ci and first_install in readme
     pins = set(re.findall(r"torch==(\d+(?:\.\d+)*)", ci + readme))
     assert pins == {TESTED}, pins
+
+
+# ------------------------------------------------------------- version-dependent paths
+def test_present_internals_pass_and_each_missing_one_is_named(monkeypatch):
+    _version.check_torch_internals()  # this torch has them all
+    import torch.utils._pytree as pytree
+
+    for owner, name, shown in [(torch._C, "_current_graph_task_id", "_current_graph_task_id"),
+                               (pytree, "tree_map", "torch.utils._pytree.tree_map"),
+                               (torch.autograd.Variable, "_execution_engine",
+                                "_execution_engine.queue_callback")]:
+        with monkeypatch.context() as m:
+            m.delattr(owner, name)
+            with pytest.raises(ImportError, match=re.escape(shown)) as e:
+                _version.check_torch_internals()
+            assert SUPPORTED_RANGE in str(e.value) and str(torch.__version__) in str(e.value)
+
+
+def _tiny_engine(seed=0):
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    torch.manual_seed(seed)
+    x, y = torch.randn(48, 6, 8), torch.randint(0, 2, (48,))
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return make_private(model, opt, DataLoader(TensorDataset(x, y), batch_size=12),
+                        noise_multiplier=1.0, max_grad_norm=1.0, seed=1)
+
+
+def _train(p, steps=4):
+    """Train ``steps`` steps, keeping each step's gradients and a copy of them."""
+    held = []
+    for _, (xb, yb) in zip(range(steps), p.data_loader, strict=False):
+        p.optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(p.model(xb).mean(1), yb).backward()
+        p.optimizer.step()
+        held.append([(q.grad, q.grad.clone()) for q in p.model.parameters()])
+    return held
+
+
+def test_without_storage_use_counts_the_noise_buffer_is_never_reused(monkeypatch):
+    """A PyTorch without ``torch._C._storage_Use_Count``: the optimizer cannot tell that
+    nobody holds last step's noisy gradients, so it takes a fresh buffer every step (never
+    writes into memory someone may hold) and trains exactly as with the count."""
+    ref = _tiny_engine()
+    _train(ref)
+    monkeypatch.delattr(torch._C, "_storage_Use_Count")
+    p = _tiny_engine()
+    held = _train(p)
+    for step in held:  # the gradients handed out at each step were never changed after it
+        for grad, copy in step:
+            assert torch.equal(grad, copy)
+    from privlearn.torch.optimizer import _sole_owner
+
+    assert not _sole_owner(torch.empty(3))  # unknown counts as shared
+    for a, b in zip(p.model.parameters(), ref.model.parameters(), strict=True):
+        assert torch.equal(a, b)
