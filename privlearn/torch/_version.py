@@ -134,9 +134,10 @@ _MISSING = object()
 
 #: PyTorch internals that every private step uses (no public API does the same), each
 #: with where and why: a PyTorch without one is refused at import, naming it, rather than
-#: failing in the middle of training. Internals only some features use are guarded where
-#: they are used (storage use counts: a fresh noise buffer each step; ``GradScaler``'s
-#: per-optimizer state: a RuntimeError from ``scaler.step``).
+#: failing in the middle of training. Internals that only some features use are not
+#: checked here, so as not to refuse users who do not need them: storage use counts are
+#: guarded where used (unknown counts: a fresh noise buffer every step); ``GradScaler``'s
+#: ``_scale`` and ``_per_optimizer_states`` are used only when a scaler drives the step.
 REQUIRED_INTERNALS: dict[str, str] = {
     "torch:_C._current_graph_task_id": "tracker.py: whether autograd runs a backward pass",
     "torch.autograd:Variable._execution_engine.queue_callback":
