@@ -46,6 +46,7 @@ Notes
 * ``p.model`` must stay in training mode; ``model.eval()`` forwards are not recorded.
 """
 
+from privlearn.torch import _version  # noqa: F401  (first: refuses an unsupported torch)
 from privlearn.torch.accountant import PrivacyAccountant, PrivacyBudgetWarning, Segment
 from privlearn.torch.data import (
     FixedSizeBatchSampler,
