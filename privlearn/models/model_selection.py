@@ -191,6 +191,27 @@ def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:
             return k
 
 
+def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
+    """Fit ``est`` with noise drawn from a child stream of the search's generator, then
+    put its declared ``random_state`` back.
+
+    The child stream (:meth:`numpy.random.Generator.spawn`) is never stored: a seed or
+    generator left in the released model's parameters (or its pickle) would let anyone
+    refit with it, regenerate the noise and read the data back (a refit on a dataset with
+    and without a record reproduces ``coef_`` exactly on the right one). The released
+    model's ``random_state`` is the one it was declared with, which did not produce its
+    noise."""
+    if "random_state" not in est.get_params():
+        est.fit(X, y)
+        return
+    declared = est.random_state
+    est.set_params(random_state=rng.spawn(1)[0])
+    try:
+        est.fit(X, y)
+    finally:
+        est.set_params(random_state=declared)
+
+
 class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
     """Hyperparameter search over a private estimator, with its whole privacy cost.
 
@@ -223,6 +244,14 @@ class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
         ``ledger.budget(dataset)``: the search's whole cost is spent before any data is
         read (refused with ``BudgetExceededError`` when over budget).
     random_state : None, int or Generator
+        Seeds the search's own generator: which runs happen, the scores' noise, and a
+        child stream per fit. Each candidate is fitted with noise from that hidden child
+        stream, never with a seed stored on it: ``best_estimator_`` keeps the
+        ``random_state`` it was declared with, which did not produce its noise. With the
+        default ``None`` the generator draws fresh OS entropy and nothing released lets
+        anyone regenerate the noise. An int makes the whole search reproducible by
+        whoever knows it (and so lets them remove the noise): fix it only for
+        experiments.
 
     Attributes
     ----------
@@ -359,11 +388,9 @@ class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
         for i in order:
             est = clone(self.estimator).set_params(**grid[i])
             params = est.get_params()
-            if "random_state" in params:
-                est.set_params(random_state=int(rng.integers(2**31)))
             if "ledger" in params:  # the search spends for all its runs, once
                 est.set_params(ledger=None)
-            est.fit(X, y)
+            _fit_with_hidden_noise(est, X, y, rng)
             if getattr(est, "mechanism_", None) != fit_mechs[i]:
                 raise RuntimeError(
                     f"candidate {grid[i]} ran {getattr(est, 'mechanism_', None)!r}, not its "
