@@ -40,7 +40,7 @@ def test_scaler_estimates_mean_and_scale():
     assert sc.epsilon_ <= 1.0 and sc.epsilon_ > 0.99  # calibrated tightly, rounded safe
     Z = sc.transform(X)
     assert abs(Z.mean()) < 0.1
-    assert sc.planned_mechanism(3) == sc.mechanism_
+    assert sc.planned_mechanism(X) == sc.mechanism_
 
 
 def test_scaler_is_randomised_and_reproducible():
