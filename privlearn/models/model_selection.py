@@ -187,10 +187,12 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
 
     Parameters
     ----------
-    estimator : private estimator
-        Each candidate ``clone(estimator).set_params(**params)`` must have a planned
-        mechanism (:func:`planned_mechanism`; built in for SSP, AdaSSP, NoisyGD, DP-SGD and
-        the private scaler). After each fit the actual ``mechanism_`` is checked against it.
+    estimator : PrivateEstimator
+        A :class:`~privlearn.models.PrivateEstimator` (every estimator of
+        :mod:`privlearn.models` with a ``fit``, or one of yours on the base): each
+        candidate ``clone(estimator).set_params(**params)`` plans its mechanism before the
+        data is read (:meth:`~privlearn.models.PrivateEstimator.planned_mechanism`), and
+        after each fit the actual ``mechanism_`` is checked against it.
     param_grid : dict or list of dicts
         As :class:`sklearn.model_selection.GridSearchCV`.
     method : {"random_stopping", "composition"}
@@ -211,8 +213,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     accountant : str
         For ``method="composition"``.
     ledger : BudgetHandle, optional
-        ``ledger.budget(dataset)``: the search's whole cost is spent before any data is
-        read (refused with ``BudgetExceededError`` when over budget).
+        ``ledger.budget(dataset)``: the search's whole cost is reserved before any data is
+        read (refused with ``BudgetExceededError`` when over budget) and settled when the
+        search is done; the candidates' own ledgers are not charged.
     random_state : None, int or Generator
         Seeds the search's own generator: which runs happen, the scores' noise, and a
         child stream per fit. Each candidate is fitted with noise from that hidden child
