@@ -226,10 +226,10 @@ class PATE(_LabelReleaseBase):
         budget, ``BudgetExceededError`` is raised and nothing is recorded or released)
         and settles it when done.
 
-    Attributes (after :meth:`release`)
-    ----------------------------------
+    Attributes
+    ----------
     labels_, noisy_votes_ : ndarray
-        Noisy labels and noisy vote vectors of the last call.
+        Noisy labels and noisy vote vectors of the last :meth:`release` call.
     noise_multiplier_ : float
         Of the last call.
     mechanism_ : Mechanism
