@@ -219,12 +219,11 @@ class _DPSGDBase(PrivateEstimator):
             "epsilon_trajectory_": np.array(
                 [dpsgd_mechanism(noise, sigma, q, int(t)).epsilon(plan.delta, acc)
                  for t in ts]),
-            **self._split_theta(theta[None, :]),
         }
+        coef, intercept = self._split_theta(theta[None, :])
+        fitted.update(coef_=coef[0], intercept_=float(intercept[0]))
         if path is not None:
-            path_attrs = self._split_theta(path)
-            fitted.update(coef_path_=path_attrs["coef_"], intercept_path_=path_attrs["intercept_"])
-        fitted["coef_"], fitted["intercept_"] = fitted["coef_"][0], float(fitted["intercept_"][0])
+            fitted["coef_path_"], fitted["intercept_path_"] = self._split_theta(path)
         return fitted
 
     def _design(self, X: np.ndarray) -> np.ndarray:
@@ -232,11 +231,11 @@ class _DPSGDBase(PrivateEstimator):
             return np.hstack([X, np.ones((X.shape[0], 1))])
         return X
 
-    def _split_theta(self, theta: np.ndarray) -> dict[str, np.ndarray]:
-        """``coef_`` (k, d) and ``intercept_`` (k,) from parameter rows ``theta``."""
+    def _split_theta(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Coefficients (k, d) and intercepts (k,) from parameter rows ``theta``."""
         if self.fit_intercept:
-            return {"coef_": theta[:, :-1].copy(), "intercept_": theta[:, -1].copy()}
-        return {"coef_": theta.copy(), "intercept_": np.zeros(theta.shape[0])}
+            return theta[:, :-1].copy(), theta[:, -1].copy()
+        return theta.copy(), np.zeros(theta.shape[0])
 
     def _decision(self, X) -> np.ndarray:
         check_is_fitted(self)

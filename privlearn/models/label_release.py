@@ -492,7 +492,6 @@ class PrivateKNN(_LabelReleaseBase):
     def release(self, X_query, batch_size: int = 256) -> np.ndarray:
         """Noisy kNN labels for the queries; the call is (epsilon, delta)-DP and is composed
         into the account (``epsilon_`` is the total since :meth:`fit`)."""
-        check_is_fitted(self, "_X", msg="call fit(X_private, y_private) before release")
         batch_size = _v.check_count("batch_size", batch_size, minimum=1,
                                     integral_floats=False)
         plan = self._plan(self._validate_params(), X_query, None)
@@ -500,6 +499,7 @@ class PrivateKNN(_LabelReleaseBase):
 
     def _plan(self, params: dict[str, Any], X, y) -> LabelReleasePlan:
         """Calibrate for the number of queries (the rows of ``X``, public)."""
+        check_is_fitted(self, "_X", msg="call fit(X_private, y_private) before release")
         shape = data_shape(X)
         if len(shape) != 2 or shape[1] != self.n_features_in_:
             raise ValueError(
