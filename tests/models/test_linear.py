@@ -158,7 +158,7 @@ def test_noisygd_seed000_public_fits(seed_data):
 
 @pytest.mark.slow
 def test_noisygd_seed000_public_fits_50(seed_data):
-    """Issue 9 acceptance with the data-independent default (smoothness="private": the
+    """Acceptance with the data-independent default (smoothness="private": the
     smoothness is released with noise and accounted in mechanism_): measured 50-fit
     median 0.6529 (random_state 0..49); 8 batched 50-chain medians 0.6514-0.6537, mean
     0.6526, sd 0.0006 -- indistinguishable from the seed's exact-lambda_max rate (mean

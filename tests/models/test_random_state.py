@@ -7,10 +7,11 @@ dataset with and without a record reproduces the release on the right one, decid
 membership every time. A user-given ``random_state`` is the user's choice (documented:
 whoever knows it can do this); the library must never create one and release it.
 
-The tests: the membership attack on :class:`PrivateSearchCV` (whose candidates used to be
-fitted with integer seeds that stayed in ``best_estimator_``), and a sweep over every
-estimator with ``random_state=None``: no generator object anywhere in the released
-object or its pickle, and a refit with the released parameters draws different noise.
+The tests: the membership attack on :class:`PrivateSearchCV` (a search that fits its
+candidates with integer seeds kept in ``best_estimator_`` loses it every time), and a
+sweep over every estimator with ``random_state=None``: no generator object anywhere in
+the released object or its pickle, and a refit with the released parameters draws
+different noise.
 """
 
 from __future__ import annotations
