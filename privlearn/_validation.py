@@ -26,7 +26,7 @@ Who uses it
 -----------
 Every layer: ``privlearn.accounting`` (``privlearn.accounting._validation`` is a
 deprecated re-export kept for old imports), the estimators of ``privlearn.models``
-(through the declarative constraints of :mod:`privlearn.models._params`), the PyTorch
+(through the declarative constraints of :mod:`privlearn.models.constraints`), the PyTorch
 engine (``make_private``, the optimizer's live ``noise_multiplier``/``max_grad_norm``,
 the samplers) and the CLI. Wrong types raise :class:`ParameterTypeError`, which is a
 :class:`TypeError` and also a :class:`ValueError` (as scikit-learn's

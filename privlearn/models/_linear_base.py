@@ -4,29 +4,32 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from privlearn.models._base import (
-    check_positive_param,
-    check_privacy_budget,
+from privlearn import _validation as _v
+from privlearn.models._release import DataClippedWarning
+from privlearn.models._ssp import check_label_range
+from privlearn.models.base import (
+    PrivateEstimator,
+    ReleasePlan,
     clip_rows,
+    require_delta_for_gaussian,
 )
-from privlearn.models._params import (
+from privlearn.models.constraints import (
     ACCOUNTANT,
     EPSILON,
     LEDGER,
     RANDOM_STATE,
     Boolean,
     Delta,
-    PrivateEstimatorMixin,
     Real,
     Unchecked,
 )
-from privlearn.models._release import DataClippedWarning, _RemovedAttributesMixin
-from privlearn.models._ssp import check_label_range
 
 #: Constraints of the parameters every private linear regressor has.
 COMMON_CONSTRAINTS = {
@@ -43,36 +46,38 @@ COMMON_CONSTRAINTS = {
 }
 
 
-class _PrivateLinearBase(PrivateEstimatorMixin, _RemovedAttributesMixin, RegressorMixin,
-                         BaseEstimator):
-    """Shared input handling: validation, clipping, intercept, prediction."""
+@dataclass(frozen=True, kw_only=True)
+class LinearPlan(ReleasePlan):
+    """A linear regressor's plan: the public bounds the sensitivities use, and the number
+    of independent fits drawn at once (``sample_coefficients``; None: one fit)."""
 
-    _removed_attributes = ("n_rows_clipped_", "n_labels_clipped_")
-    _parameter_constraints = COMMON_CONSTRAINTS
-
-    def _validate_common(self) -> tuple[float, float, float, float]:
-        self._validate_params()
-        eps, delta = check_privacy_budget(self.epsilon, self.delta)
-        if delta == 0.0:
-            raise ValueError(
-                f"delta must be in (0, 1) for {type(self).__name__} (it uses Gaussian noise, "
-                "which has no pure-DP guarantee), got delta=0; pass a small delta such as "
-                "1e-6"
-            )
-        xb = check_positive_param("x_bound", self.x_bound)
-        lo, hi = check_label_range(self.y_bound)
-        if not isinstance(self.fit_intercept, bool | np.bool_):
-            raise ValueError(f"fit_intercept must be a bool, got {self.fit_intercept!r}")
-        return eps, delta, xb, self._label_sensitivity_bound(lo, hi)
+    x_bound: float
+    label_bound: float
+    reps: int | None = None
 
     @property
-    def _y_range(self) -> tuple[float, float]:
-        return check_label_range(self.y_bound)
+    def draws(self) -> int:
+        return 1 if self.reps is None else self.reps
+
+
+class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
+    """Shared input handling: bounds, clipping, intercept, prediction."""
+
+    _parameter_constraints = COMMON_CONSTRAINTS
+
+    def _bounds(self, params: dict[str, Any]) -> dict[str, float]:
+        """The plan's common fields from the validated parameters; Gaussian noise needs
+        ``delta > 0``."""
+        require_delta_for_gaussian(params["delta"], type(self).__name__, laplace=False)
+        lo, hi = check_label_range(self.y_bound)
+        return dict(delta=params["delta"], accountant=params["accountant"],
+                    x_bound=params["x_bound"],
+                    label_bound=self._label_sensitivity_bound(lo, hi))
 
     def _label_centre(self) -> float:
         """Public shift subtracted from the labels before fitting (0 unless an intercept is
         fitted with an interval ``y_bound``, then its midpoint)."""
-        lo, hi = self._y_range
+        lo, hi = check_label_range(self.y_bound)
         return 0.5 * (lo + hi) if self.fit_intercept else 0.0
 
     def _label_sensitivity_bound(self, lo: float, hi: float) -> float:
@@ -87,15 +92,21 @@ class _PrivateLinearBase(PrivateEstimatorMixin, _RemovedAttributesMixin, Regress
             return 0.5 * (hi - lo)
         return max(abs(lo), abs(hi))
 
-    def _prepare(self, X, y, xb: float, yb: float):
+    def _effective_x_bound(self, plan: LinearPlan) -> float:
+        """The bound on the rows the mechanism sees: the intercept column (the constant
+        ``x_bound``) makes augmented rows at most ``sqrt(2) x_bound`` long."""
+        return math.sqrt(2.0) * plan.x_bound if self.fit_intercept else plan.x_bound
+
+    def _check_data(self, X, y, plan: LinearPlan):
+        """Validate, clip rows to ``x_bound`` and labels to ``y_bound``, centre the labels
+        and append the intercept column (reads the data, releases nothing)."""
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
-        if X.shape[0] < 1:
-            raise ValueError("X must have at least one sample")
+        xb = plan.x_bound
         # Rows above the bound by floating-point rounding only (e.g. L2-normalised rows
         # with norm 1 + 2e-16) are clipped too, but not reported.
         n_clipped = int(np.count_nonzero(np.linalg.norm(X, axis=1) > xb * (1.0 + 1e-9)))
         X, _ = clip_rows(X, xb)
-        lo, hi = self._y_range
+        lo, hi = check_label_range(self.y_bound)
         y_clipped = np.clip(y, lo, hi)
         n_labels = int(np.count_nonzero(y_clipped != y))
         if n_clipped or n_labels:
@@ -106,24 +117,33 @@ class _PrivateLinearBase(PrivateEstimatorMixin, _RemovedAttributesMixin, Regress
                 f"[{lo:g}, {hi:g}]); the fit uses the clipped data. Raise x_bound / widen "
                 "y_bound (using public knowledge only) if this is more than expected.",
                 DataClippedWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         y_clipped = y_clipped - self._label_centre()
         if self.fit_intercept:
-            # Append the constant x_bound: augmented rows have norm <= sqrt(2) x_bound.
             X = np.hstack([X, np.full((X.shape[0], 1), xb)])
-            xb_eff = math.sqrt(2.0) * xb
-        else:
-            xb_eff = xb
-        return X, y_clipped, xb_eff
+        return X, y_clipped
 
-    def _set_coef(self, theta: np.ndarray, xb: float) -> None:
+    def _coefficients(self, theta: np.ndarray, plan: LinearPlan) -> dict[str, Any]:
+        """``coef_`` and ``intercept_`` from the solutions ``theta`` (draws, d): those of
+        the one fit, or stacked for ``sample_coefficients`` (``plan.reps`` set)."""
         if self.fit_intercept:
-            self.coef_ = theta[:-1].copy()
-            self.intercept_ = float(theta[-1] * xb) + self._label_centre()
+            coef = theta[:, :-1].copy()
+            intercept = theta[:, -1] * plan.x_bound + self._label_centre()
         else:
-            self.coef_ = theta.copy()
-            self.intercept_ = 0.0
+            coef, intercept = theta.copy(), np.zeros(theta.shape[0])
+        if plan.reps is None:
+            return {"coef_": coef[0], "intercept_": float(intercept[0])}
+        return {"coef_": coef, "intercept_": intercept}
+
+    def _sample(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
+        """``sample_coefficients``: the pipeline of :meth:`fit` with ``n_repetitions``
+        independent draws (one reservation of their composition); fits nothing."""
+        reps = _v.check_count("n_repetitions", n_repetitions, minimum=1,
+                              integral_floats=False)
+        plan = self._plan(self._validate_params(), X, y, reps=reps)
+        out = self._run(plan, X, y)
+        return out["coef_"], out["intercept_"]
 
     def predict(self, X) -> np.ndarray:
         """Linear prediction ``X @ coef_ + intercept_`` (post-processing: no privacy cost)."""

@@ -11,24 +11,17 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
 from privlearn.errors import PrivacyLeakWarning
-from privlearn.models._base import (
-    cancel_on_error,
-    check_choice,
-    check_int_param,
-    check_positive_param,
-    make_rng,
-    reserve_on_ledger,
-    settle_on_ledger,
-    spent_epsilon,
-)
-from privlearn.models._linear_base import COMMON_CONSTRAINTS, _PrivateLinearBase
-from privlearn.models._params import Integer, Real, Unchecked, resolve_noise_multiplier
+from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._ssp import ADASSP_Z
+from privlearn.models.base import make_rng, resolve_noise_multiplier
+from privlearn.models.constraints import Integer, Real, Unchecked
 
 
 def theoretical_learning_rate(
@@ -142,25 +135,19 @@ def _smoothness_sigma(eps: float, delta: float, accountant: str) -> float:
     return total / math.sqrt(SMOOTHNESS_BUDGET_FRACTION)
 
 
-@dataclass(frozen=True)
-class NoisyGDRun:
-    """What one (batched) NoisyGD run produced, handed from :meth:`NoisyGDRegressor._draw`
-    to ``fit`` / ``sample_coefficients``: final iterates ``theta`` (reps, d), the logged
-    path and its iteration numbers, the schedule (``noise_multiplier``, ``n_iter``,
-    per-chain ``learning_rate``), the smoothness used (None: a given learning rate) and
-    its release's multiplier (None: not released), ``delta`` and the ``x_bound`` the rows
-    were scaled by."""
+@dataclass(frozen=True, kw_only=True)
+class NoisyGDPlan(LinearPlan):
+    """NoisyGD's plan: the schedule (``noise_multiplier``, ``n_iter``), the smoothness
+    release's multiplier (None: not released), how the learning rate is set
+    (``learning_rate``: a float, or None for the theoretical rate from ``smoothness``, a
+    mode or a float) and the logging period."""
 
-    theta: np.ndarray
-    path: np.ndarray
-    iterations: np.ndarray
     noise_multiplier: float
     n_iter: int
-    learning_rate: np.ndarray
-    smoothness: np.ndarray | None
     smoothness_noise_multiplier: float | None
-    delta: float
-    x_bound: float
+    learning_rate: float | None
+    smoothness: str | float
+    log_every: int | None = None
 
 
 class NoisyGDRegressor(_PrivateLinearBase):
@@ -184,7 +171,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
     upper bound ``hat(L) = max(x_bound^2, noisy L + 1.96 sigma_L x_bound^2)``
     (post-processing). On the LR study's California setting (epsilon 2, delta 1e-6) this costs
     about 1% of the iterations and leaves the median training MSE at that of the seed's
-    exact-``L`` rate (tests/models/test_privacy_fixes.py).
+    exact-``L`` rate (tests/models/test_linear.py).
 
     Parameters
     ----------
@@ -213,8 +200,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
           :class:`~privlearn.errors.PrivacyLeakWarning`.
         * ``"data"`` (the LR study's choice): the exact ``lambda_max(X^T X)``, released
           without protection in ``smoothness_`` and through the learning rate; emits a
-          :class:`~privlearn.errors.PrivacyLeakWarning`. Before version 0.2 this was
-          the default.
+          :class:`~privlearn.errors.PrivacyLeakWarning`.
     log_every : int or None
         Record the iterate and the epsilon spent after iterations ``1, 1 + log_every,
         ...`` (the LR study's ``log_gap``) in ``coef_path_`` and ``epsilon_path_``.
@@ -236,9 +222,9 @@ class NoisyGDRegressor(_PrivateLinearBase):
 
     Notes
     -----
-    The attributes ``n_rows_clipped_`` / ``n_labels_clipped_`` were removed: they were
-    exact counts of the private data (a privacy bug); clipping now warns the person
-    fitting with a :class:`~privlearn.models.DataClippedWarning`.
+    How many rows or labels clipping changed is never stored (an exact count of the
+    private data): a :class:`~privlearn.models.DataClippedWarning` tells the person
+    fitting.
     """
 
     _parameter_constraints = {
@@ -282,41 +268,34 @@ class NoisyGDRegressor(_PrivateLinearBase):
         self.random_state = random_state
         self.ledger = ledger
 
-    def _check_lr_smoothness(self) -> tuple[bool, str | float]:
-        """(theory learning rate?, smoothness mode or value); clear errors otherwise."""
+    def _check_lr_smoothness(self) -> tuple[float | None, str | float]:
+        """(the given learning rate, None for the theoretical one; smoothness mode or
+        value); clear errors otherwise."""
         lr = self.learning_rate
-        theory = isinstance(lr, str) and lr.lower() == "theory"
-        if not theory:
-            if isinstance(lr, str):
-                raise ValueError(
-                    f"learning_rate must be 'theory' or a finite number > 0, got {lr!r}"
-                )
-            check_positive_param("learning_rate", lr)
+        if isinstance(lr, str) and lr.lower() == "theory":
+            lr = None
+        elif isinstance(lr, str):
+            raise ValueError(
+                f"learning_rate must be 'theory' or a finite number > 0, got {lr!r}")
+        else:
+            lr = _v.check_positive("learning_rate", lr)
         sm = self.smoothness
         if isinstance(sm, str):
-            sm = check_choice("smoothness", sm, SMOOTHNESS_MODES)
+            sm = _v.check_choice("smoothness", sm, SMOOTHNESS_MODES)
         else:
             try:
-                sm = check_positive_param("smoothness", sm)
+                sm = _v.check_positive("smoothness", sm)
             except ValueError:
                 raise ValueError(
                     f"smoothness must be one of {SMOOTHNESS_MODES} or a finite number > 0, "
                     f"got {self.smoothness!r}; the default 'private' releases it with noise"
                 ) from None
-        return theory, sm
+        return lr, sm
 
-    def _smoothness_multiplier(self, eps: float, delta: float, private_l: bool) -> float | None:
-        """``sigma_L`` of the smoothness release (None when it is not released): a fixed
-        fraction of the budget in ``1 / sigma^2``, from public parameters only."""
-        if not private_l:
-            return None
-        return _smoothness_sigma(eps, delta, self.accountant)
-
-    def _resolve_schedule(
-        self, eps: float, delta: float, sigma_l: float | None
-    ) -> tuple[float, int]:
-        sigma = check_positive_param("noise_multiplier", self.noise_multiplier, allow_none=True)
-        n_iter = check_int_param("n_iter", self.n_iter, 1, allow_none=True)
+    def _resolve_schedule(self, params: dict[str, Any], sigma_l: float | None
+                          ) -> tuple[float, int]:
+        eps, delta, acc = params["epsilon"], params["delta"], params["accountant"]
+        sigma, n_iter = params["noise_multiplier"], params["n_iter"]
         if sigma is None and n_iter is None:
             raise ValueError(
                 "give noise_multiplier or n_iter (or both); got both None. E.g. "
@@ -327,45 +306,32 @@ class NoisyGDRegressor(_PrivateLinearBase):
             return _noisy_gd_mechanism(s, int(k), sigma_l)
 
         if n_iter is None:
-            if spent_epsilon(mech(sigma, 1), delta, self.accountant) > eps:
+            if mech(sigma, 1).epsilon(delta, acc) > eps:
                 raise ValueError(
                     f"noise_multiplier={sigma} is too small for epsilon={eps} at "
                     f"delta={delta}: even one iteration exceeds the budget; use a larger "
                     "noise_multiplier"
                 )
-            n_iter = int(
-                calibrate(
-                    lambda k: mech(sigma, k),
-                    eps,
-                    delta,
-                    bounds=(1, 10**9),
-                    integer=True,
-                    accountant=self.accountant,
-                )
-            )
+            n_iter = int(calibrate(lambda k: mech(sigma, k), eps, delta, bounds=(1, 10**9),
+                                   integer=True, accountant=acc))
         else:  # the one "use the given noise or calibrate" path of the estimators
             extra = (
                 " (including the private smoothness release; smoothness=<float> or "
                 "learning_rate=<float> avoid it)" if sigma_l is not None else ""
             )
             sigma = resolve_noise_multiplier(
-                sigma, lambda s: mech(s, n_iter), eps, delta, accountant=self.accountant,
+                sigma, lambda s: mech(s, n_iter), eps, delta, accountant=acc,
                 describe=f"with n_iter={n_iter}{extra} (or leave n_iter=None)")
         return sigma, n_iter
 
-    def _draw(self, X, y, reps: int, rng: np.random.Generator, log_every: int | None):
-        """Validate, calibrate and run ``reps`` independent chains (one batched run).
-
-        The single code path of :meth:`fit` and :meth:`sample_coefficients`."""
-        eps, delta, xb, yb = self._validate_common()
-        theory, sm = self._check_lr_smoothness()
-        private_l = theory and sm == "private"
-        sigma_l = self._smoothness_multiplier(eps, delta, private_l)
-        sigma, n_iter = self._resolve_schedule(eps, delta, sigma_l)
-        res = reserve_on_ledger(
-            self, lambda: compose(_noisy_gd_mechanism(sigma, n_iter, sigma_l), steps=reps)
-        )
-        if theory and sm in ("data", "public"):
+    def _plan(self, params: dict[str, Any], X, y, *, reps: int | None = None) -> NoisyGDPlan:
+        """The schedule and the smoothness release, from the budget alone."""
+        common = self._bounds(params)
+        lr, sm = self._check_lr_smoothness()
+        sigma_l = (_smoothness_sigma(params["epsilon"], params["delta"], params["accountant"])
+                   if lr is None and sm == "private" else None)
+        sigma, n_iter = self._resolve_schedule(params, sigma_l)
+        if lr is None and sm in ("data", "public"):
             what = (
                 "the exact largest eigenvalue of X^T X" if sm == "data"
                 else "x_bound^2 times the exact number of rows n"
@@ -375,15 +341,28 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 "which is not covered by mechanism_: the fitted model releases it "
                 "un-noised. Use smoothness='private' (default) or a public float.",
                 PrivacyLeakWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-        with cancel_on_error(res):  # validation reads the data but releases nothing
-            X, y, xb_eff = self._prepare(X, y, xb, yb)
+        one = _noisy_gd_mechanism(sigma, n_iter, sigma_l)
+        return NoisyGDPlan(
+            mechanism=one if reps is None else compose(one, steps=reps), reps=reps,
+            noise_multiplier=sigma, n_iter=n_iter, smoothness_noise_multiplier=sigma_l,
+            learning_rate=lr, smoothness=sm,
+            log_every=params["log_every"] if reps is None else None, **common)
+
+    def _release(self, X, y, plan: NoisyGDPlan) -> dict[str, Any]:
+        """Run ``plan.draws`` independent chains (one batched run), each with its own
+        smoothness release."""
+        rng = make_rng(self.random_state)
+        reps, sigma, n_iter, sigma_l = (plan.draws, plan.noise_multiplier, plan.n_iter,
+                                        plan.smoothness_noise_multiplier)
+        xb_eff, yb = self._effective_x_bound(plan), plan.label_bound
         XTX, XTy = X.T @ X, X.T @ y
         dim = X.shape[1]
-        if not theory:
+        sm = plan.smoothness
+        if plan.learning_rate is not None:
             L = None
-            lr = np.full(reps, float(self.learning_rate))
+            lr = np.full(reps, plan.learning_rate)
         else:
             if sm == "private":
                 # One Gaussian release of lambda_max (sensitivity xb_eff^2, Weyl), then
@@ -404,17 +383,36 @@ class NoisyGDRegressor(_PrivateLinearBase):
             )
         with np.errstate(over="ignore", invalid="ignore"):
             theta, path, iters = noisy_gd_paths(
-                XTX, XTy, sigma, lr, n_iter, xb_eff, yb, rng, reps=reps, log_every=log_every
+                XTX, XTy, sigma, lr, n_iter, xb_eff, yb, rng, reps=reps,
+                log_every=plan.log_every,
             )
         if not np.all(np.isfinite(theta)):
             raise FloatingPointError(
                 f"NoisyGD diverged (learning_rate={float(np.max(lr)):.3g}); use a smaller "
                 "learning_rate"
             )
-        settle_on_ledger(res)
-        return NoisyGDRun(theta=theta, path=path, iterations=iters, noise_multiplier=sigma,
-                          n_iter=n_iter, learning_rate=lr, smoothness=L,
-                          smoothness_noise_multiplier=sigma_l, delta=delta, x_bound=xb)
+        fitted = self._coefficients(theta, plan)
+        if plan.reps is not None:
+            return fitted
+        fitted.update(noise_multiplier_=sigma, n_iter_=n_iter, learning_rate_=float(lr[0]),
+                      smoothness_=None if L is None else float(L[0]))
+        if plan.log_every is not None:
+            p = path[:, 0, :]
+            fitted.update(
+                path_iterations_=iters,
+                coef_path_=p[:, :-1] if self.fit_intercept else p,
+                intercept_path_=(p[:, -1] * plan.x_bound + self._label_centre()
+                                 if self.fit_intercept else np.zeros(len(p))),
+                epsilon_path_=np.array([
+                    _noisy_gd_mechanism(sigma, int(t), sigma_l).epsilon(plan.delta,
+                                                                        "analytic")
+                    for t in iters]),
+            )
+        return fitted
+
+    def fit(self, X, y):
+        """Run noisy gradient descent from zero."""
+        return self._fit(X, y)
 
     def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
         """Final iterates of ``n_repetitions`` independent NoisyGD runs, as one batch.
@@ -423,52 +421,12 @@ class NoisyGDRegressor(_PrivateLinearBase):
         iteration, :func:`noisy_gd_paths`) with ``n_repetitions`` independent chains (each
         with its own smoothness release); with ``n_repetitions=1`` it returns
         ``fit(X, y).coef_`` for the same ``random_state``. Each row alone is
-        (epsilon, delta)-DP; all rows together compose ``n_repetitions`` runs. The
-        estimator is not fitted by this call.
+        (epsilon, delta)-DP; all rows together compose ``n_repetitions`` runs (what a
+        ``ledger`` is charged). The estimator is not fitted by this call.
 
         Returns
         -------
         coef : ndarray (n_repetitions, n_features)
         intercept : ndarray (n_repetitions,)
         """
-        n = check_int_param("n_repetitions", n_repetitions, 1)
-        rng = make_rng(self.random_state)
-        out = self._draw(X, y, n, rng, None)
-        theta, xb = out.theta, out.x_bound
-        if self.fit_intercept:
-            return theta[:, :-1].copy(), theta[:, -1] * xb + self._label_centre()
-        return theta, np.zeros(n)
-
-    def fit(self, X, y):
-        """Run noisy gradient descent from zero."""
-        log_every = check_int_param("log_every", self.log_every, 1, allow_none=True)
-        rng = make_rng(self.random_state)
-        run = self._draw(X, y, 1, rng, log_every)
-        theta, path, iters, sigma, n_iter, lr, L, sigma_l, delta, xb = (
-            run.theta, run.path, run.iterations, run.noise_multiplier, run.n_iter,
-            run.learning_rate, run.smoothness, run.smoothness_noise_multiplier, run.delta,
-            run.x_bound)
-        self.noise_multiplier_ = sigma
-        self.n_iter_ = n_iter
-        self.learning_rate_ = float(lr[0])
-        self.smoothness_ = None if L is None else float(L[0])
-        self.mechanism_ = _noisy_gd_mechanism(sigma, n_iter, sigma_l)
-        self.delta_ = delta
-        self.epsilon_ = spent_epsilon(self.mechanism_, delta, self.accountant)
-        self._set_coef(theta[0], xb)
-        if log_every is not None:
-            self.path_iterations_ = iters
-            p = path[:, 0, :]
-            self.coef_path_ = p[:, :-1] if self.fit_intercept else p
-            self.intercept_path_ = (
-                p[:, -1] * xb + self._label_centre() if self.fit_intercept
-                else np.zeros(len(p))
-            )
-            self.epsilon_path_ = np.array(
-                [
-                    spent_epsilon(_noisy_gd_mechanism(sigma, int(t), sigma_l), delta,
-                                  "analytic")
-                    for t in iters
-                ]
-            )
-        return self
+        return self._sample(X, y, n_repetitions)

@@ -39,7 +39,6 @@ from privlearn.accounting import Mechanism
 
 __all__ = [
     "RELEASED_ATTRIBUTES",
-    "REMOVED_ATTRIBUTES",
     "CATEGORIES",
     "LabelRelease",
     "DataClippedWarning",
@@ -201,6 +200,8 @@ RELEASED_ATTRIBUTES = MappingProxyType(
                                          "the tabulated Papernot-Steinke RDP curve"),
                 "epsilon_": _EPS,
                 "delta_": _DELTA,
+                "n_features_in_": _NFEAT,
+                "feature_names_in_": _FNAMES,
             }
         ),
         "LabelRelease": MappingProxyType(
@@ -216,39 +217,6 @@ RELEASED_ATTRIBUTES = MappingProxyType(
         ),
     }
 )
-
-_CLIP_MSG = (
-    "{name} was removed for privacy: it held the exact number of training {what} changed "
-    "by clipping, an un-noised function of the private data that the accounted mechanism "
-    "does not cover. Clipping now emits a DataClippedWarning to the person fitting instead."
-)
-
-#: Attributes that earlier versions stored and that were removed because they released
-#: un-noised private values; reading one raises AttributeError with this explanation.
-REMOVED_ATTRIBUTES = MappingProxyType(
-    {
-        "n_rows_clipped_": _CLIP_MSG.format(name="n_rows_clipped_", what="rows"),
-        "n_labels_clipped_": _CLIP_MSG.format(name="n_labels_clipped_", what="labels"),
-        "votes_": (
-            "votes_ was removed for privacy: it held the exact (un-noised) vote histogram. "
-            "The released, noisy votes are in noisy_votes_ and in public_release()."
-        ),
-    }
-)
-
-
-class _RemovedAttributesMixin:
-    """Reading a removed attribute (:data:`REMOVED_ATTRIBUTES`) raises an AttributeError
-    that says why it was removed, instead of a bare "has no attribute"."""
-
-    _removed_attributes: tuple[str, ...] = ()
-
-    def __getattr__(self, name: str):
-        # Only called when normal lookup fails.
-        if name in type(self)._removed_attributes:
-            raise AttributeError(REMOVED_ATTRIBUTES[name])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
 
 def _frozen_array(a) -> np.ndarray:
     out = np.array(a, copy=True)

@@ -13,11 +13,8 @@ import numbers
 
 import numpy as np
 
+from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
-from privlearn.models._base import (
-    check_choice,
-    check_positive_param,
-)
 
 #: the LR study's normal quantile used by AdaSSP's high-probability bounds (Wang 2018, Alg. 2).
 ADASSP_Z = 1.96
@@ -56,7 +53,7 @@ def check_label_range(y_bound) -> tuple[float, float]:
     ``[-Y, Y]``; a pair ``(lo, hi)`` of finite numbers with ``lo < hi`` is used as given."""
     if isinstance(y_bound, str) or not hasattr(y_bound, "__len__") or np.ndim(y_bound) == 0:
         try:
-            yb = check_positive_param(
+            yb = _v.check_positive(
                 "y_bound", y_bound.item() if isinstance(y_bound, np.ndarray) else y_bound
             )
         except ValueError:
@@ -136,7 +133,7 @@ def symmetric_noise(
 
     Both draw the same ``(reps, dim, dim)`` standard normals, in the same order.
     """
-    check_choice("matrix_noise", matrix_noise, MATRIX_NOISES)
+    matrix_noise = _v.check_choice("matrix_noise", matrix_noise, MATRIX_NOISES)
     Z = rng.standard_normal((reps, dim, dim))
     upper = np.triu(Z, k=1)
     if matrix_noise == "frobenius":
@@ -154,7 +151,7 @@ def noise_direction_scale(dim: int, matrix_noise: str = "frobenius") -> float:
     / 2``). The LR study's ridge ``sqrt(d) sigma_1 z`` is ``z`` times this scale; AdaSSP uses the
     same rule for either noise, so the ridge keeps its meaning (a ``z``-quantile bound on the
     noise along a direction) when the noise shrinks."""
-    check_choice("matrix_noise", matrix_noise, MATRIX_NOISES)
+    matrix_noise = _v.check_choice("matrix_noise", matrix_noise, MATRIX_NOISES)
     return math.sqrt(dim) if matrix_noise == "upper_triangle" else math.sqrt((dim + 1) / 2.0)
 
 
@@ -243,7 +240,7 @@ def adassp_coefficients(
 
     Returns the coefficients (reps, dim) and the regularisation levels ``lambda`` (reps,).
     """
-    check_choice("regularization", regularization, REGULARIZATIONS)
+    regularization = _v.check_choice("regularization", regularization, REGULARIZATIONS)
     dim = XTX.shape[0]
     hat_xtx = XTX[None] + x_bound**2 * sigma1 * symmetric_noise(rng, reps, dim, matrix_noise)
     hat_xty = XTy[None] + x_bound * y_bound * sigma2 * rng.standard_normal((reps, dim))

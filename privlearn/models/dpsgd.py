@@ -33,24 +33,25 @@ References
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import expit
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import Gaussian, Laplace, compose, subsample
 from privlearn.errors import PrivacyLeakWarning
-from privlearn.models._base import (
-    cancel_on_error,
-    check_privacy_budget,
+from privlearn.models.base import (
+    PrivateEstimator,
+    ReleasePlan,
     make_rng,
-    reserve_on_ledger,
-    settle_on_ledger,
-    spent_epsilon,
+    require_delta_for_gaussian,
+    resolve_noise_multiplier,
 )
-from privlearn.models._params import (
+from privlearn.models.constraints import (
     ACCOUNTANT,
     EPSILON,
     LEDGER,
@@ -60,10 +61,8 @@ from privlearn.models._params import (
     Delta,
     Integer,
     Options,
-    PrivateEstimatorMixin,
     Real,
     Unchecked,
-    resolve_noise_multiplier,
 )
 
 __all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
@@ -78,7 +77,18 @@ def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, s
     return compose(base, steps=steps)
 
 
-class _DPSGDBase(PrivateEstimatorMixin, BaseEstimator):
+@dataclass(frozen=True, kw_only=True)
+class DPSGDPlan(ReleasePlan):
+    """DP-SGD's plan: the noise, its (calibrated or given) multiplier, the Poisson
+    sampling rate and the number of steps."""
+
+    noise: str
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+
+
+class _DPSGDBase(PrivateEstimator):
     _loss = "logistic"
 
     def __init__(
@@ -139,27 +149,19 @@ class _DPSGDBase(PrivateEstimatorMixin, BaseEstimator):
         "ledger": LEDGER,
     }
 
-    # -- validation ------------------------------------------------------------------
-    def _validate_params_dp(self):
-        p = self._validate_params()
-        noise = p["noise"]
-        eps, delta = check_privacy_budget(p["epsilon"], p["delta"], noise=noise)
-        return noise, eps, delta, p["sampling_rate"], p["n_iter"]
-
-    def _reserve(self):
-        """Validate the parameters and reserve the run on ``ledger`` (if any) before the
-        data is read."""
-        noise, eps, delta, q, steps = self._validate_params_dp()
-        return reserve_on_ledger(
-            self, lambda: dpsgd_mechanism(noise, self._calibrate(noise, eps, delta, q, steps),
-                                          q, steps)
-        )
-
-    def _calibrate(self, noise: str, eps: float, delta: float, q: float, steps: int) -> float:
-        return resolve_noise_multiplier(
-            self.noise_multiplier, lambda s: dpsgd_mechanism(noise, s, q, steps), eps, delta,
-            accountant=self.accountant,
+    def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
+        """Calibrate the noise multiplier (or check the given one) for ``n_iter`` steps."""
+        noise, q, steps = params["noise"], params["sampling_rate"], params["n_iter"]
+        eps, delta = params["epsilon"], params["delta"]
+        if noise == "gaussian":
+            require_delta_for_gaussian(delta, type(self).__name__, laplace=True)
+        sigma = resolve_noise_multiplier(
+            params["noise_multiplier"], lambda s: dpsgd_mechanism(noise, s, q, steps), eps,
+            delta, accountant=params["accountant"],
             describe=f"over n_iter={steps} steps at sampling_rate={q}")
+        return DPSGDPlan(mechanism=dpsgd_mechanism(noise, sigma, q, steps), delta=delta,
+                         accountant=params["accountant"], noise=noise, noise_multiplier=sigma,
+                         sampling_rate=q, steps=steps)
 
     # -- the algorithm ---------------------------------------------------------------
     def _residual(self, Z: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -167,10 +169,11 @@ class _DPSGDBase(PrivateEstimatorMixin, BaseEstimator):
         z = Z @ theta
         return expit(z) - y if self._loss == "logistic" else z - y
 
-    def _run(self, Z: np.ndarray, y: np.ndarray):
-        noise, eps, delta, q, steps = self._validate_params_dp()
+    def _release(self, X: np.ndarray, y: np.ndarray, plan: DPSGDPlan) -> dict[str, Any]:
+        """Train (the module docstring's steps 1-5); the plan is step 6."""
         rng = make_rng(self.random_state)
-        sigma = self._calibrate(noise, eps, delta, q, steps)
+        Z = self._design(X)
+        noise, sigma, q, steps = plan.noise, plan.noise_multiplier, plan.sampling_rate, plan.steps
         n, d = Z.shape
         C = float(self.max_grad_norm)
         lr = float(self.learning_rate)
@@ -206,37 +209,33 @@ class _DPSGDBase(PrivateEstimatorMixin, BaseEstimator):
                 path[t] = theta
         if not np.all(np.isfinite(theta)):
             raise FloatingPointError("DP-SGD diverged; use a smaller learning_rate")
-        mech = dpsgd_mechanism(noise, sigma, q, steps)
-        self.noise_multiplier_ = sigma
-        self.mechanism_ = mech
-        self.n_iter_ = steps
-        self.delta_ = delta
-        self.epsilon_ = spent_epsilon(mech, delta, self.accountant)
         k = min(int(self.trajectory_points), steps)
         ts = np.unique(np.round(np.linspace(1, steps, k)).astype(np.int64))
-        acc = self.trajectory_accountant or self.accountant
-        self.trajectory_steps_ = ts
-        self.epsilon_trajectory_ = np.array(
-            [spent_epsilon(dpsgd_mechanism(noise, sigma, q, int(t)), delta, acc) for t in ts]
-        )
-        self.path_ = path
-        return theta
+        acc = self.trajectory_accountant or plan.accountant
+        fitted = {
+            "noise_multiplier_": sigma,
+            "n_iter_": steps,
+            "trajectory_steps_": ts,
+            "epsilon_trajectory_": np.array(
+                [dpsgd_mechanism(noise, sigma, q, int(t)).epsilon(plan.delta, acc)
+                 for t in ts]),
+        }
+        coef, intercept = self._split_theta(theta[None, :])
+        fitted.update(coef_=coef[0], intercept_=float(intercept[0]))
+        if path is not None:
+            fitted["coef_path_"], fitted["intercept_path_"] = self._split_theta(path)
+        return fitted
 
     def _design(self, X: np.ndarray) -> np.ndarray:
         if self.fit_intercept:
             return np.hstack([X, np.ones((X.shape[0], 1))])
         return X
 
-    def _set_theta(self, theta: np.ndarray) -> None:
+    def _split_theta(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Coefficients (k, d) and intercepts (k,) from parameter rows ``theta``."""
         if self.fit_intercept:
-            self.coef_, self.intercept_ = theta[:-1].copy(), float(theta[-1])
-        else:
-            self.coef_, self.intercept_ = theta.copy(), 0.0
-        path = self.__dict__.pop("path_", None)
-        if path is not None and self.fit_intercept:
-            self.coef_path_, self.intercept_path_ = path[:, :-1], path[:, -1]
-        elif path is not None:
-            self.coef_path_, self.intercept_path_ = path, np.zeros(len(path))
+            return theta[:, :-1].copy(), theta[:, -1].copy()
+        return theta.copy(), np.zeros(theta.shape[0])
 
     def _decision(self, X) -> np.ndarray:
         check_is_fitted(self)
@@ -274,10 +273,15 @@ _DOC_PARAMS = """
     record_path : bool
         Keep every iterate in ``coef_path_`` / ``intercept_path_`` (the DP-SGD tutorial's plots).
     random_state : None, int, Generator or RandomState
+        The noise's and the sampling's source. None (default): fresh OS entropy, and
+        nothing the fitted model carries can regenerate its noise. A seed or generator
+        makes the run reproducible by whoever knows it (it travels with
+        ``get_params()`` and the pickle): fix it for experiments only.
     ledger : BudgetHandle, optional
         ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
-        spent on it before the data is read; over budget,
-        ``BudgetExceededError`` is raised and nothing is recorded or released.
+        reserved on it before the data is read (over budget,
+        ``BudgetExceededError`` is raised and nothing is recorded or released) and
+        settled when the fit is done.
 
     Attributes
     ----------
@@ -365,15 +369,16 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
 
     def fit(self, X, y):
         """Train with DP-SGD; validates everything before any privacy is spent."""
-        res = self._reserve()
-        public = self._public_classes()
-        with cancel_on_error(res):
-            X, y = self._validate_classifier_data(X, y, public)
-        self._fit_validated(X, y)
-        settle_on_ledger(res)
-        return self
+        return self._fit(X, y)
 
-    def _validate_classifier_data(self, X, y, public):
+    def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
+        self._public_classes()  # a wrong classes parameter is refused before anything
+        return super()._plan(params, X, y)
+
+    def _check_data(self, X, y, plan: DPSGDPlan):
+        """Validate ``X``, check the labels against the public ``classes`` (or infer them,
+        with a warning) and encode them as 0/1."""
+        public = self._public_classes()
         X, y = validate_data(self, X, y, dtype=np.float64)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
         if public is not None:
@@ -402,14 +407,10 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
                 "classes_ and predict() then reveal which labels occur in the data. Pass "
                 "the public label pair, e.g. classes=[0, 1].",
                 PrivacyLeakWarning,
-                stacklevel=3,
+                stacklevel=5,
             )
         self.classes_ = classes
         return X, (y == classes[1]).astype(np.float64)
-
-    def _fit_validated(self, X, y01) -> None:
-        theta = self._run(self._design(X), y01)
-        self._set_theta(theta)
 
     def decision_function(self, X) -> np.ndarray:
         return self._decision(X)
@@ -476,13 +477,7 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
 
     def fit(self, X, y):
         """Train with DP-SGD; validates everything before any privacy is spent."""
-        res = self._reserve()
-        with cancel_on_error(res):
-            X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
-        theta = self._run(self._design(X), y.astype(np.float64))
-        self._set_theta(theta)
-        settle_on_ledger(res)
-        return self
+        return self._fit(X, y)
 
     def predict(self, X) -> np.ndarray:
         return self._decision(X)

@@ -37,31 +37,31 @@ References
 .. [3] Y. Zhu, X. Yu, M. Chandraker, Y.-X. Wang (2020), Private-kNN: practical
        differential privacy for computer vision, CVPR.
 .. [4] the accounting tutorial (autodp tutorial), sections 3-5.
-
-Length: one shared base class and the two label-release estimators (PATE, Private kNN),
-which share its vote, noise and accounting code; just over the ~500-line guide.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from sklearn.utils.validation import check_is_fitted, validate_data
 
-from privlearn.accounting import Gaussian, Laplace, compose, subsample
+from privlearn import _validation as _v
+from privlearn.accounting import Gaussian, Laplace, Mechanism, compose, subsample
 from privlearn.errors import PrivacyLeakWarning
-from privlearn.models._base import (
-    cancel_on_error,
-    check_int_param,
-    check_privacy_budget,
+from privlearn.models._release import LabelRelease
+from privlearn.models.base import (
+    PrivateEstimator,
+    ReleasePlan,
+    data_shape,
     make_rng,
-    reserve_on_ledger,
-    settle_on_ledger,
-    spent_epsilon,
+    require_delta_for_gaussian,
+    resolve_noise_multiplier,
 )
-from privlearn.models._params import (
+from privlearn.models.constraints import (
     ACCOUNTANT,
     EPSILON,
     LEDGER,
@@ -70,12 +70,9 @@ from privlearn.models._params import (
     Delta,
     Integer,
     Options,
-    PrivateEstimatorMixin,
     Real,
     Unchecked,
-    resolve_noise_multiplier,
 )
-from privlearn.models._release import LabelRelease, _RemovedAttributesMixin
 
 __all__ = ["PATE", "PrivateKNN", "LabelRelease", "label_release_mechanism"]
 
@@ -94,8 +91,23 @@ def label_release_mechanism(
     return compose(base, steps=n_queries)
 
 
-class _LabelReleaseBase(PrivateEstimatorMixin, _RemovedAttributesMixin):
-    _removed_attributes = ("votes_",)
+@dataclass(frozen=True, kw_only=True)
+class LabelReleasePlan(ReleasePlan):
+    """One label-release call's plan: the noise, its multiplier, the number of queries,
+    the Poisson rate of the private subsample (1 for PATE) and the number of classes."""
+
+    noise: str
+    noise_multiplier: float
+    n_queries: int
+    n_classes: int
+    sampling_rate: float = 1.0
+
+
+class _LabelReleaseBase(PrivateEstimator):
+    """The account shared by PATE and Private kNN: each ``release`` call goes through
+    :class:`~privlearn.models.PrivateEstimator`'s pipeline and is composed into
+    ``mechanism_`` (:meth:`_account`)."""
+
     _parameter_constraints = {
         "epsilon": EPSILON,
         "delta": Delta(),
@@ -106,24 +118,12 @@ class _LabelReleaseBase(PrivateEstimatorMixin, _RemovedAttributesMixin):
         "ledger": LEDGER,
     }
 
-    def _validate(self):
-        p = self._validate_params()
-        noise = p["noise"]
-        eps, delta = check_privacy_budget(p["epsilon"], p["delta"], noise=noise)
-        return noise, eps, delta
-
-    def _calibrate(self, noise, eps, delta, m, q=1.0) -> float:
-        return resolve_noise_multiplier(
-            self.noise_multiplier, lambda s: label_release_mechanism(noise, s, m, q), eps,
-            delta, accountant=self.accountant, describe=f"for {m} queries")
-
-    @staticmethod
-    def _noisy_votes(votes: np.ndarray, noise: str, s: float, rng) -> np.ndarray:
+    def _release_plan(self, params: dict[str, Any], m: int, n_classes: int,
+                      q: float = 1.0) -> LabelReleasePlan:
+        """Calibrate the noise for ``m`` queries (or check the given multiplier)."""
+        noise, eps, delta = params["noise"], params["epsilon"], params["delta"]
         if noise == "gaussian":
-            return votes + rng.normal(scale=s * _SQRT2, size=votes.shape)
-        return votes + rng.laplace(scale=s * 2.0, size=votes.shape)
-
-    def _check_delta_consistent(self, delta: float) -> None:
+            require_delta_for_gaussian(delta, type(self).__name__, laplace=True)
         prev = getattr(self, "_releases", None)
         if prev and prev[-1].delta != delta:
             raise ValueError(
@@ -131,26 +131,51 @@ class _LabelReleaseBase(PrivateEstimatorMixin, _RemovedAttributesMixin):
                 "account; the total epsilon_ is reported at one delta. Keep delta fixed, or "
                 "start a new account (a new PATE object / PrivateKNN.fit)"
             )
+        s = resolve_noise_multiplier(
+            params["noise_multiplier"], lambda s: label_release_mechanism(noise, s, m, q),
+            eps, delta, accountant=params["accountant"], describe=f"for {m} queries")
+        return LabelReleasePlan(mechanism=label_release_mechanism(noise, s, m, q),
+                                delta=delta, accountant=params["accountant"], noise=noise,
+                                noise_multiplier=s, n_queries=m, n_classes=n_classes,
+                                sampling_rate=q)
 
-    def _record(self, noisy, labels, classes, mech, delta, s) -> None:
-        """Compose this call into the account (only after everything succeeded)."""
-        last_eps = spent_epsilon(mech, delta, self.accountant)
-        part = LabelRelease(labels, noisy, classes, mech, last_eps, delta, self.accountant)
+    def _rng(self) -> np.random.Generator:
+        return _release_rng(self.random_state, len(getattr(self, "_releases", ())))
+
+    @staticmethod
+    def _noisy_votes(votes: np.ndarray, plan: LabelReleasePlan, rng) -> np.ndarray:
+        s = plan.noise_multiplier
+        if plan.noise == "gaussian":
+            return votes + rng.normal(scale=s * _SQRT2, size=votes.shape)
+        return votes + rng.laplace(scale=s * 2.0, size=votes.shape)
+
+    def _account(self, plan: ReleasePlan) -> Mechanism:
+        """Every release of the account so far, and this one."""
+        return compose([*(r.mechanism for r in getattr(self, "_releases", ())),
+                        plan.mechanism])
+
+    def _released(self, noisy, labels, classes, plan: LabelReleasePlan) -> dict[str, Any]:
+        """The attributes of one release call, composed into the account (set by
+        :meth:`_record` only after everything succeeded)."""
+        last_eps = float(plan.mechanism.epsilon(plan.delta, plan.accountant))
+        part = LabelRelease(labels, noisy, classes, plan.mechanism, last_eps, plan.delta,
+                            plan.accountant)
         releases = [*getattr(self, "_releases", []), part]
-        total = compose([r.mechanism for r in releases])
-        total_eps = last_eps if len(releases) == 1 else spent_epsilon(
-            total, delta, self.accountant
-        )
-        self._releases = releases
-        self.noisy_votes_ = part.noisy_votes
-        self.labels_ = part.labels
-        self.noise_multiplier_ = s
-        self.last_mechanism_ = mech
-        self.last_epsilon_ = last_eps
-        self.mechanism_ = total
-        self.epsilon_ = total_eps
-        self.delta_ = delta
-        self.n_queries_ = sum(r.n_queries for r in releases)
+        return {
+            "_releases": releases,
+            "noisy_votes_": part.noisy_votes,
+            "labels_": part.labels,
+            "noise_multiplier_": plan.noise_multiplier,
+            "last_mechanism_": plan.mechanism,
+            "last_epsilon_": last_eps,
+            "n_queries_": sum(r.n_queries for r in releases),
+        }
+
+    def _release_call(self, plan: LabelReleasePlan, data, label: str,
+                      **context: Any) -> np.ndarray:
+        fitted = self._run(plan, data, None, label=label, **context)
+        self._record(plan, fitted)
+        return self.labels_.copy()
 
     def public_release(self) -> LabelRelease:
         """Everything released since the account started, safe to pickle and share.
@@ -190,15 +215,21 @@ class PATE(_LabelReleaseBase):
         sqrt(2)``; Laplace: the scale is ``noise_multiplier * 2``. None: calibrated.
     accountant : str
     random_state : None, int, Generator
+        The noise's source. None (default): fresh OS entropy, and nothing the object
+        carries can regenerate its noise. A seed or generator makes the noise
+        reproducible by whoever knows it (it travels with ``get_params()`` and the
+        pickle): fix it for experiments only. With an int seed, release call ``k``
+        draws from its own stream ``SeedSequence(seed, spawn_key=(k,))``.
     ledger : BudgetHandle, optional
-        ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
-        spent (at every :meth:`release`) on it before the data is read; over budget,
-        ``BudgetExceededError`` is raised and nothing is recorded or released.
+        ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): every
+        :meth:`release` reserves its mechanism on it before the votes are read (over
+        budget, ``BudgetExceededError`` is raised and nothing is recorded or released)
+        and settles it when done.
 
-    Attributes (after :meth:`release`)
-    ----------------------------------
+    Attributes
+    ----------
     labels_, noisy_votes_ : ndarray
-        Noisy labels and noisy vote vectors of the last call.
+        Noisy labels and noisy vote vectors of the last :meth:`release` call.
     noise_multiplier_ : float
         Of the last call.
     mechanism_ : Mechanism
@@ -296,48 +327,56 @@ class PATE(_LabelReleaseBase):
         -------
         labels : ndarray of int (n_queries,)
         """
-        noise, eps, delta = self._validate()
-        T = np.asarray(teacher_outputs)
-        if T.ndim not in (2, 3):
+        params = self._validate_params()
+        plan = self._plan(params, teacher_outputs, None, n_classes=n_classes,
+                          n_teachers=n_teachers)
+        return self._release_call(plan, teacher_outputs, "PATE.release")
+
+    def _plan(self, params: dict[str, Any], X, y, *, n_classes: int | None = None,
+              n_teachers: int | None = None) -> LabelReleasePlan:
+        """Check the votes' shape (orientation, number of classes) and calibrate."""
+        shape = data_shape(X)
+        if len(shape) not in (2, 3):
             raise ValueError(
                 "teacher_outputs must have shape (n_teachers, n_queries) (hard votes) or "
-                f"(n_teachers, n_queries, n_classes) (soft votes), got shape {T.shape}"
+                f"(n_teachers, n_queries, n_classes) (soft votes), got shape {shape}"
             )
         if n_teachers is not None:
-            k = check_int_param("n_teachers", n_teachers, 1)
-            if T.shape[0] != k:
+            k = _v.check_count("n_teachers", n_teachers, minimum=1, integral_floats=False)
+            if shape[0] != k:
                 hint = (
                     f"; it looks transposed (axis 1 has length {k}): pass "
                     "np.swapaxes(teacher_outputs, 0, 1)"
-                    if T.shape[1] == k
+                    if shape[1] == k
                     else ""
                 )
                 raise ValueError(
                     f"teacher_outputs must have the teachers on axis 0, i.e. shape "
-                    f"({k}, n_queries{', n_classes' if T.ndim == 3 else ''}) for "
-                    f"n_teachers={k}, got shape {T.shape}{hint}"
+                    f"({k}, n_queries{', n_classes' if len(shape) == 3 else ''}) for "
+                    f"n_teachers={k}, got shape {shape}{hint}"
                 )
-        elif T.shape[0] >= T.shape[1]:
+        elif shape[0] >= shape[1]:
             raise ValueError(
-                f"teacher_outputs of shape {T.shape} is ambiguous: the expected orientation "
+                f"teacher_outputs of shape {shape} is ambiguous: the expected orientation "
                 "is (n_teachers, n_queries[, n_classes]) and this array has at least as "
                 "many teachers as queries, which usually means it is transposed. Pass "
                 "n_teachers=... to confirm the orientation, or transpose it."
             )
-        if T.ndim == 2:
+        if len(shape) == 2:
             if n_classes is None:
                 raise ValueError(
                     "n_classes is required for hard votes: inferring it from the votes "
                     "would release the largest label voted, un-noised; pass "
                     "n_classes=<number of classes>"
                 )
-            C = check_int_param("n_classes", n_classes, 2)
+            C = _v.check_count("n_classes", n_classes, minimum=2, integral_floats=False)
         else:
-            C = T.shape[2]
-            if n_classes is not None and check_int_param("n_classes", n_classes, 2) != C:
+            C = shape[2]
+            if n_classes is not None and _v.check_count(
+                    "n_classes", n_classes, minimum=2, integral_floats=False) != C:
                 raise ValueError(
                     f"n_classes={n_classes} does not match the soft votes' last dimension "
-                    f"{C} (shape {T.shape}: (n_teachers, n_queries, n_classes))"
+                    f"{C} (shape {shape}: (n_teachers, n_queries, n_classes))"
                 )
         prev_c = getattr(self, "n_classes_", None)
         if prev_c is not None and prev_c != C:
@@ -345,23 +384,24 @@ class PATE(_LabelReleaseBase):
                 f"n_classes={C} differs from {prev_c} used by earlier releases of this "
                 "account; use a new PATE object for a different label set"
             )
-        self._check_delta_consistent(delta)
-        m = T.shape[1]  # queries (teachers first); the vote histogram has m rows
+        m = shape[1]  # queries (teachers first); the vote histogram has m rows
         if m < 1:
             raise ValueError("need at least one query")
-        s = self._calibrate(noise, eps, delta, m)
-        res = reserve_on_ledger(self, label_release_mechanism(noise, s, m), "PATE.release")
-        with cancel_on_error(res):  # validates the votes; releases nothing
-            votes = self.vote_histogram(T, C)
-        rng = _release_rng(self.random_state, len(getattr(self, "_releases", ())))
-        noisy = self._noisy_votes(votes, noise, s, rng)
-        del votes
-        labels = np.argmax(noisy, axis=1)
-        self.n_classes_ = C
-        self._record(noisy, labels, np.arange(C), label_release_mechanism(noise, s, m),
-                     delta, s)
-        settle_on_ledger(res)
-        return self.labels_.copy()
+        return self._release_plan(params, m, C)
+
+    def _check_data(self, X, y, plan: LabelReleasePlan):
+        """The vote histogram (validates the teachers' outputs; releases nothing)."""
+        return self.vote_histogram(X, plan.n_classes), None
+
+    def _n_records(self, X, y) -> None:
+        return None  # the teachers' training sets are not seen here
+
+    def _release(self, X, y, plan: LabelReleasePlan) -> dict[str, Any]:
+        """Noisy votes and their argmax; the exact histogram ``X`` is dropped."""
+        noisy = self._noisy_votes(X, plan, self._rng())
+        C = plan.n_classes
+        return {**self._released(noisy, np.argmax(noisy, axis=1), np.arange(C), plan),
+                "n_classes_": C}
 
 
 class PrivateKNN(_LabelReleaseBase):
@@ -399,7 +439,7 @@ class PrivateKNN(_LabelReleaseBase):
     labels_, noisy_votes_, noise_multiplier_, mechanism_, epsilon_, last_mechanism_,
     last_epsilon_, delta_, n_queries_ : as :class:`PATE` (after :meth:`release`)
 
-    The exact vote histogram is never stored (``votes_`` was removed for privacy).
+    The exact vote histogram is never stored.
     """
 
     _parameter_constraints = {
@@ -435,62 +475,57 @@ class PrivateKNN(_LabelReleaseBase):
         self.classes = classes
 
     def fit(self, X, y) -> PrivateKNN:
-        """Store the private set and start a new account (``epsilon_`` back to none)."""
-        X = np.asarray(X, dtype=float)
-        y = np.asarray(y)
-        if X.ndim != 2:
-            raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
-        if y.ndim != 1 or y.shape[0] != X.shape[0]:
-            raise ValueError(f"y must be 1-D with {X.shape[0]} labels, got shape {y.shape}")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X contains NaN or infinity")
-        classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
-        # A new account: forget every earlier release (the new data is a new account).
-        for name in ("_releases", "labels_", "noisy_votes_", "noise_multiplier_",
-                     "mechanism_", "last_mechanism_", "epsilon_", "last_epsilon_",
-                     "delta_", "n_queries_"):
-            self.__dict__.pop(name, None)
+        """Store the private set and start a new account (``epsilon_`` back to none).
+
+        Releases nothing and spends nothing; the fitted object holds the private data
+        (never share it; share :meth:`public_release`)."""
+        with self._refit():
+            X, y = validate_data(self, X, y, dtype=np.float64)
+            classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
+        self.__dict__.pop("_releases", None)  # the new data is a new account
         self.classes_ = classes
         self._X = X
         self._y = y_idx
         self._sqnorm = np.einsum("ij,ij->i", X, X)
-        self.n_features_in_ = X.shape[1]
         return self
 
     def release(self, X_query, batch_size: int = 256) -> np.ndarray:
         """Noisy kNN labels for the queries; the call is (epsilon, delta)-DP and is composed
         into the account (``epsilon_`` is the total since :meth:`fit`)."""
-        if not hasattr(self, "_X"):
-            raise ValueError("call fit(X_private, y_private) before release")
-        noise, eps, delta = self._validate()
-        k = check_int_param("n_neighbors", self.n_neighbors, 1)
-        batch_size = check_int_param("batch_size", batch_size, 1)
-        q = self.sampling_rate
-        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < float(q) <= 1:
+        batch_size = _v.check_count("batch_size", batch_size, minimum=1,
+                                    integral_floats=False)
+        plan = self._plan(self._validate_params(), X_query, None)
+        return self._release_call(plan, X_query, "PrivateKNN.release", batch_size=batch_size)
+
+    def _plan(self, params: dict[str, Any], X, y) -> LabelReleasePlan:
+        """Calibrate for the number of queries (the rows of ``X``, public)."""
+        check_is_fitted(self, "_X", msg="call fit(X_private, y_private) before release")
+        shape = data_shape(X)
+        if len(shape) != 2 or shape[1] != self.n_features_in_:
             raise ValueError(
-                f"sampling_rate must be in (0, 1], got {q!r}; 1 uses every private point"
-            )
-        q = float(q)
-        Q = np.asarray(X_query, dtype=float)
-        if Q.ndim != 2 or Q.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"X_query must have shape (n_queries, {self.n_features_in_}), got {Q.shape}"
-            )
-        if not np.all(np.isfinite(Q)):
-            raise ValueError("X_query contains NaN or infinity")
-        m = Q.shape[0]
-        if m < 1:
+                f"X_query must have shape (n_queries, {self.n_features_in_}), got {shape}")
+        if shape[0] < 1:
             raise ValueError("need at least one query")
-        self._check_delta_consistent(delta)
-        rng = _release_rng(self.random_state, len(getattr(self, "_releases", ())))
-        s = self._calibrate(noise, eps, delta, m, q)
-        res = reserve_on_ledger(self, label_release_mechanism(noise, s, m, q),
-                                "PrivateKNN.release")
-        C = self.classes_.size
+        return self._release_plan(params, shape[0], self.classes_.size,
+                                  params["sampling_rate"])
+
+    def _check_data(self, X, y, plan: LabelReleasePlan):
+        """Validate the (public) queries."""
+        return validate_data(self, X, reset=False, dtype=np.float64), None
+
+    def _n_records(self, X, y) -> int:
+        return int(self._X.shape[0])
+
+    def _release(self, X, y, plan: LabelReleasePlan, *, batch_size: int = 256
+                 ) -> dict[str, Any]:
+        """Vote among the ``n_neighbors`` nearest points of a fresh Poisson subsample of
+        the private set for each query, then release the votes with noise."""
+        rng = self._rng()
+        k, q = int(self.n_neighbors), plan.sampling_rate
+        m, C, n = X.shape[0], plan.n_classes, self._X.shape[0]
         votes = np.zeros((m, C))
-        n = self._X.shape[0]
         for start in range(0, m, batch_size):
-            Qb = Q[start : start + batch_size]
+            Qb = X[start : start + batch_size]
             d2 = self._sqnorm[None, :] - 2.0 * Qb @ self._X.T
             # Poisson subsample per query: excluded points get infinite distance
             keep = rng.random((Qb.shape[0], n)) < q
@@ -501,22 +536,19 @@ class PrivateKNN(_LabelReleaseBase):
             labels = self._y[nn]
             for c in range(C):
                 votes[start : start + Qb.shape[0], c] = np.sum((labels == c) & valid, axis=1)
-        noisy = self._noisy_votes(votes, noise, s, rng)
+        noisy = self._noisy_votes(votes, plan, rng)
         del votes  # the exact histogram never leaves this call
         idx = np.argmax(noisy, axis=1)
-        self._record(noisy, self.classes_[idx], self.classes_,
-                     label_release_mechanism(noise, s, m, q), delta, s)
-        settle_on_ledger(res)
-        return self.labels_.copy()
+        return self._released(noisy, self.classes_[idx], self.classes_, plan)
 
 
 def _release_rng(random_state, k: int) -> np.random.Generator:
     """The generator of the ``k``-th release of one account. An integer seed gives call
     ``k >= 1`` an independent stream (``SeedSequence(seed, spawn_key=(k,))``): reusing the
     first call's noise would let two releases be subtracted, cancelling the noise."""
-    if k == 0 or random_state is None or not isinstance(random_state, numbers.Integral):
-        return make_rng(random_state)  # None: fresh entropy; Generators advance by themselves
-    make_rng(random_state)  # validation
+    if k == 0 or random_state is None or isinstance(random_state, np.random.Generator
+                                                    | np.random.RandomState):
+        return make_rng(random_state)  # None: fresh entropy; generators advance by themselves
     return np.random.default_rng(np.random.SeedSequence(int(random_state), spawn_key=(k,)))
 
 
@@ -529,7 +561,7 @@ def _encode_classes(classes, y: np.ndarray, owner: str) -> tuple[np.ndarray, np.
             "classes_ (and the released vote vectors' width) then reveal which labels "
             "occur in the data. Pass the public label set, e.g. classes=[0, 1].",
             PrivacyLeakWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return np.unique(y, return_inverse=True)
     cl = np.asarray(classes)

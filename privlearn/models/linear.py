@@ -55,40 +55,25 @@ References
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from privlearn.accounting import Mechanism, compose
-from privlearn.models._base import (
-    cancel_on_error,
-    check_choice,
-    check_int_param,
-    make_rng,
-    reserve_on_ledger,
-    settle_on_ledger,
-    spent_epsilon,
-)
-from privlearn.models._linear_base import COMMON_CONSTRAINTS, _PrivateLinearBase
-from privlearn.models._noisygd import (  # noqa: F401  (re-exported)
+from privlearn.accounting import compose
+from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
+from privlearn.models._noisygd import (
     SMOOTHNESS_BUDGET_FRACTION,
-    SMOOTHNESS_MODES,
     NoisyGDRegressor,
-    _noisy_gd_mechanism,
-    _noisy_gd_single,
-    _smoothness_sigma,
     noisy_gd_paths,
     theoretical_learning_rate,
 )
-from privlearn.models._params import Boolean, Options, Unchecked
-from privlearn.models._ssp import (  # noqa: F401  (re-exported)
+from privlearn.models._ssp import (
     ADASSP_BUDGET_SPLIT,
     ADASSP_Z,
     MATRIX_NOISES,
     REGULARIZATIONS,
     SSP_BUDGET_SPLIT,
-    _calibrate_ssp_scale,
     _check_split,
-    _psd_solve,
     adassp_coefficients,
     adassp_mechanism,
     calibrate_ssp_scale,
@@ -98,6 +83,8 @@ from privlearn.models._ssp import (  # noqa: F401  (re-exported)
     ssp_mechanism,
     symmetric_noise,
 )
+from privlearn.models.base import make_rng
+from privlearn.models.constraints import Boolean, Options, Unchecked
 
 __all__ = [
     "SSPRegressor",
@@ -120,19 +107,13 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class SSPRun:
-    """What one (batched) SSP/AdaSSP release produced, handed from ``_draw`` to ``fit`` /
-    ``sample_coefficients``: coefficients ``theta`` (reps, d), AdaSSP's ridge (None for
-    SSP), the mechanism that ran, its noise scale, ``delta`` and the ``x_bound`` the rows
-    were scaled by."""
+@dataclass(frozen=True, kw_only=True)
+class SSPPlan(LinearPlan):
+    """SSP / AdaSSP's plan: the calibrated common noise scale ``s`` and the ratios
+    ``budget_split`` (the noise multipliers are ``r_i s``)."""
 
-    theta: np.ndarray
-    ridge: np.ndarray | None
-    mechanism: Mechanism
     noise_scale: float
-    delta: float
-    x_bound: float
+    budget_split: tuple[float, ...]
 
 
 class SSPRegressor(_PrivateLinearBase):
@@ -173,10 +154,15 @@ class SSPRegressor(_PrivateLinearBase):
     accountant : str
         Accountant used for calibration (default ``"pld"``, exact for Gaussians).
     random_state : None, int, numpy Generator or RandomState
+        The noise's source. None (default): fresh OS entropy, and nothing the fitted
+        model carries can regenerate its noise. A seed or generator makes the noise
+        reproducible by whoever knows it (it travels with ``get_params()`` and the
+        pickle): fix it for experiments only.
     ledger : BudgetHandle, optional
         ``Ledger(path).budget(dataset)`` (:mod:`privlearn.ledger`): the mechanism is
-        spent on it before the data is read; over budget,
-        ``BudgetExceededError`` is raised and nothing is recorded or released.
+        reserved on it before the data is read (over budget,
+        ``BudgetExceededError`` is raised and nothing is recorded or released) and
+        settled when the fit is done.
 
     Attributes
     ----------
@@ -189,10 +175,9 @@ class SSPRegressor(_PrivateLinearBase):
         Certified epsilon spent at ``delta_`` (<= ``epsilon``).
 
     Every attribute is released with the model and covered by ``mechanism_`` (see
-    docs/trust-model.md). ``n_rows_clipped_`` and ``n_labels_clipped_`` were removed
-    (reading them raises AttributeError): they were exact counts of the private data, a
-    privacy bug. Clipping that changes rows or labels now emits a
-    :class:`~privlearn.models.DataClippedWarning` to the person fitting.
+    docs/trust-model.md). How many rows or labels clipping changed is an exact count of
+    the private data, so it is never stored: a
+    :class:`~privlearn.models.DataClippedWarning` tells the person fitting.
 
     Notes
     -----
@@ -244,78 +229,51 @@ class SSPRegressor(_PrivateLinearBase):
         self.random_state = random_state
         self.ledger = ledger
 
-    def _validate_variant(self) -> tuple[float, ...]:
-        split = _check_split(self.budget_split, 3 if self._adaptive else 2)
-        check_choice("matrix_noise", self.matrix_noise, MATRIX_NOISES)
-        if self._adaptive:
-            check_choice("regularization", self.regularization, REGULARIZATIONS)
-        elif not isinstance(self.project_psd, bool | np.bool_):
-            raise ValueError(f"project_psd must be a bool, got {self.project_psd!r}")
-        return split
-
     def calibrated_noise_scale(self) -> float:
         """The common noise scale ``s`` that :meth:`fit` uses for this budget (rounded up)."""
-        eps, delta, _, _ = self._validate_common()
-        split = self._validate_variant()
-        return calibrate_ssp_scale(
-            eps, delta, adaptive=self._adaptive, accountant=self.accountant, budget_split=split
-        )
+        return self._plan(self._validate_params(), None, None).noise_scale
 
-    def _planned_mechanism(self) -> Mechanism:
-        """The mechanism one fit runs (data-independent: calibrated from the budget)."""
-        split = self._validate_variant()
-        factory = adassp_mechanism if self._adaptive else ssp_mechanism
-        return factory(self.calibrated_noise_scale(), split)
+    def _plan(self, params: dict[str, Any], X, y, *, reps: int | None = None) -> SSPPlan:
+        """Calibrate the common scale (data-independent) and describe the releases."""
+        common = self._bounds(params)
+        split = _check_split(self.budget_split, 3 if self._adaptive else 2)
+        s = calibrate_ssp_scale(params["epsilon"], params["delta"], adaptive=self._adaptive,
+                                accountant=params["accountant"], budget_split=split)
+        one = (adassp_mechanism if self._adaptive else ssp_mechanism)(s, split)
+        return SSPPlan(mechanism=one if reps is None else compose(one, steps=reps), reps=reps,
+                       noise_scale=s, budget_split=split, **common)
 
-    def _draw(self, X, y, reps: int, rng: np.random.Generator):
-        """Validate, calibrate, release and solve ``reps`` times (one batched draw).
-
-        The single code path of :meth:`fit` and :meth:`sample_coefficients`."""
-        eps, delta, xb, yb = self._validate_common()
-        split = self._validate_variant()
-        res = reserve_on_ledger(self, lambda: compose(self._planned_mechanism(), steps=reps))
-        with cancel_on_error(res):  # validation reads the data but releases nothing
-            X, y, xb_eff = self._prepare(X, y, xb, yb)
+    def _release(self, X, y, plan: SSPPlan) -> dict[str, Any]:
+        """Release the noisy statistics (``plan.draws`` times, one batched draw) and
+        solve."""
+        rng = make_rng(self.random_state)
         XTX, XTy = X.T @ X, X.T @ y
-        s = self.calibrated_noise_scale()
-        sig = [r * s for r in split]
-        noise = self.matrix_noise.lower()
+        sig = [r * plan.noise_scale for r in plan.budget_split]
+        xb_eff, yb = self._effective_x_bound(plan), plan.label_bound
         if self._adaptive:
-            mech = adassp_mechanism(s, split)
             theta, lamb = adassp_coefficients(
-                XTX, XTy, *sig, xb_eff, yb, rng, reps=reps, matrix_noise=noise,
+                XTX, XTy, *sig, xb_eff, yb, rng, reps=plan.draws,
+                matrix_noise=self.matrix_noise.lower(),
                 regularization=self.regularization.lower(),
             )
         else:
-            mech = ssp_mechanism(s, split)
             theta = ssp_coefficients(
-                XTX, XTy, *sig, xb_eff, yb, rng, reps=reps, matrix_noise=noise,
-                project_psd=bool(self.project_psd),
+                XTX, XTy, *sig, xb_eff, yb, rng, reps=plan.draws,
+                matrix_noise=self.matrix_noise.lower(), project_psd=bool(self.project_psd),
             )
-            lamb = None
         if not np.all(np.isfinite(theta)):
             raise FloatingPointError(
                 f"{type(self).__name__}: the noisy normal equations gave non-finite "
                 "coefficients"
             )
-        settle_on_ledger(res)
-        return SSPRun(theta=theta, ridge=lamb, mechanism=mech, noise_scale=s, delta=delta,
-                      x_bound=xb)
+        fitted = {"noise_scale_": plan.noise_scale, **self._coefficients(theta, plan)}
+        if self._adaptive and plan.reps is None:
+            fitted["ridge_"] = float(lamb[0])
+        return fitted
 
     def fit(self, X, y):
         """Release noisy sufficient statistics and solve the normal equations."""
-        rng = make_rng(self.random_state)
-        run = self._draw(X, y, 1, rng)
-        theta, lamb, mech, s, delta, xb = (run.theta, run.ridge, run.mechanism,
-                                           run.noise_scale, run.delta, run.x_bound)
-        self.mechanism_ = mech
-        self.noise_scale_ = s
-        self.delta_ = delta
-        self.epsilon_ = spent_epsilon(mech, delta, self.accountant)
-        if lamb is not None:
-            self.ridge_ = float(lamb[0])
-        self._set_coef(theta[0], xb)
-        return self
+        return self._fit(X, y)
 
     def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
         """Coefficients of ``n_repetitions`` independent fits, drawn in one batch.
@@ -324,20 +282,15 @@ class SSPRegressor(_PrivateLinearBase):
         solver) with ``n_repetitions`` independent noise draws from ``random_state``; the
         first row equals ``fit(X, y).coef_`` for the same ``random_state``. For experiments
         and tests: each row alone is (epsilon, delta)-DP, but releasing all rows composes
-        ``n_repetitions`` mechanisms. The estimator is not fitted by this call.
+        ``n_repetitions`` mechanisms (that composition is what a ``ledger`` is charged).
+        The estimator is not fitted by this call.
 
         Returns
         -------
         coef : ndarray (n_repetitions, n_features)
         intercept : ndarray (n_repetitions,)
         """
-        n = check_int_param("n_repetitions", n_repetitions, 1)
-        rng = make_rng(self.random_state)
-        run = self._draw(X, y, n, rng)
-        theta, xb = run.theta, run.x_bound
-        if self.fit_intercept:
-            return theta[:, :-1].copy(), theta[:, -1] * xb + self._label_centre()
-        return theta, np.zeros(n)
+        return self._sample(X, y, n_repetitions)
 
 
 class AdaSSPRegressor(SSPRegressor):

@@ -53,90 +53,45 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone, is_classifier
+from sklearn.base import MetaEstimatorMixin, clone, is_classifier
 from sklearn.model_selection import ParameterGrid
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
-from privlearn.models._base import check_positive_param, make_rng, spend_on_ledger
-from privlearn.models._params import (
+from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng
+from privlearn.models.constraints import (
     ACCOUNTANT,
     LEDGER,
     RANDOM_STATE,
     Options,
-    PrivateEstimatorMixin,
     Real,
     Unchecked,
 )
 
 __all__ = [
     "PrivateSearchCV",
+    "SearchPlan",
     "planned_mechanism",
     "random_stopping_rdp",
-    "register_planned_mechanism",
 ]
 
-_PLANNERS: dict[type, Callable] = {}
 
+def planned_mechanism(estimator: PrivateEstimator, X, y=None) -> Mechanism:
+    """The mechanism ``estimator.fit(X, y)`` will run, from the shape of ``X`` only
+    (:meth:`PrivateEstimator.planned_mechanism`); ``TypeError`` for an estimator that is
+    not a :class:`~privlearn.models.PrivateEstimator` (its cost cannot be planned)."""
+    if not isinstance(estimator, PrivateEstimator):
+        raise TypeError(
+            f"no planned mechanism is known for {type(estimator).__name__}: a private "
+            "search needs privlearn.models.PrivateEstimator candidates (subclass it, see "
+            "docs/guides/extending.md)")
+    return estimator.planned_mechanism(X, y)
 
-def register_planned_mechanism(cls: type, fn: Callable) -> None:
-    """Register ``fn(estimator, X, y) -> Mechanism``: the mechanism a ``fit(X, y)`` of an
-    unfitted ``estimator`` of type ``cls`` will run, computed without reading the data's
-    values (only its shape)."""
-    _PLANNERS[cls] = fn
-
-
-def planned_mechanism(estimator, X, y=None) -> Mechanism:
-    """The mechanism ``estimator.fit(X, y)`` will run (from a planner registered for its
-    type or a base class); ``TypeError`` for an estimator without one."""
-    for cls in type(estimator).__mro__:
-        if cls in _PLANNERS:
-            return _PLANNERS[cls](estimator, X, y)
-    raise TypeError(
-        f"no planned mechanism is known for {type(estimator).__name__}; register one with "
-        "privlearn.models.model_selection.register_planned_mechanism"
-    )
-
-
-def _plan_linear(est, X, y) -> Mechanism:
-    return est._planned_mechanism()
-
-
-def _plan_noisy_gd(est, X, y) -> Mechanism:
-    from privlearn.models.linear import _noisy_gd_mechanism
-
-    eps, delta, _, _ = est._validate_common()
-    theory, sm = est._check_lr_smoothness()
-    sigma_l = est._smoothness_multiplier(eps, delta, theory and sm == "private")
-    sigma, n_iter = est._resolve_schedule(eps, delta, sigma_l)
-    return _noisy_gd_mechanism(sigma, n_iter, sigma_l)
-
-
-def _plan_dpsgd(est, X, y) -> Mechanism:
-    from privlearn.models.dpsgd import dpsgd_mechanism
-
-    noise, eps, delta, q, steps = est._validate_params_dp()
-    return dpsgd_mechanism(noise, est._calibrate(noise, eps, delta, q, steps), q, steps)
-
-
-def _plan_scaler(est, X, y) -> Mechanism:
-    return est.planned_mechanism(np.shape(X)[1])
-
-
-def _register_builtin() -> None:
-    from privlearn.models.dpsgd import _DPSGDBase
-    from privlearn.models.linear import NoisyGDRegressor, SSPRegressor
-    from privlearn.models.preprocessing import PrivateStandardScaler
-
-    register_planned_mechanism(SSPRegressor, _plan_linear)  # and AdaSSPRegressor (subclass)
-    register_planned_mechanism(NoisyGDRegressor, _plan_noisy_gd)
-    register_planned_mechanism(_DPSGDBase, _plan_dpsgd)
-    register_planned_mechanism(PrivateStandardScaler, _plan_scaler)
-
-
-_register_builtin()
 
 _LAMBDA_HAT = np.concatenate([1.0 + np.geomspace(1e-3, 1.0, 30), np.geomspace(2.0, 1e4, 120)])
 
@@ -191,15 +146,53 @@ def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:
             return k
 
 
-class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
+def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
+    """Fit ``est`` with noise drawn from a child stream of the search's generator, then
+    put its declared ``random_state`` back.
+
+    The child stream (:meth:`numpy.random.Generator.spawn`) is never stored: a seed or
+    generator left in the released model's parameters (or its pickle) would let anyone
+    refit with it, regenerate the noise and read the data back (a refit on a dataset with
+    and without a record reproduces ``coef_`` exactly on the right one). The released
+    model's ``random_state`` is the one it was declared with, which did not produce its
+    noise."""
+    if "random_state" not in est.get_params():
+        est.fit(X, y)
+        return
+    declared = est.random_state
+    est.set_params(random_state=rng.spawn(1)[0])
+    try:
+        est.fit(X, y)
+    finally:
+        est.set_params(random_state=declared)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchPlan(ReleasePlan):
+    """The search's plan: the candidates, each fit's planned mechanism, the private
+    score's mechanism (None: public validation scores) and, for random stopping, the
+    distribution of the number of runs ``K ~ D_{eta, gamma}``."""
+
+    grid: tuple[dict, ...]
+    fit_mechanisms: tuple[Mechanism, ...]
+    score: Mechanism | None
+    loss_bound: float
+    eta: float | None = None
+    gamma: float | None = None
+    expected_runs: float | None = None
+
+
+class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     """Hyperparameter search over a private estimator, with its whole privacy cost.
 
     Parameters
     ----------
-    estimator : private estimator
-        Each candidate ``clone(estimator).set_params(**params)`` must have a planned
-        mechanism (:func:`planned_mechanism`; built in for SSP, AdaSSP, NoisyGD, DP-SGD and
-        the private scaler). After each fit the actual ``mechanism_`` is checked against it.
+    estimator : PrivateEstimator
+        A :class:`~privlearn.models.PrivateEstimator` (every estimator of
+        :mod:`privlearn.models` with a ``fit``, or one of yours on the base): each
+        candidate ``clone(estimator).set_params(**params)`` plans its mechanism before the
+        data is read (:meth:`~privlearn.models.PrivateEstimator.planned_mechanism`), and
+        after each fit the actual ``mechanism_`` is checked against it.
     param_grid : dict or list of dicts
         As :class:`sklearn.model_selection.GridSearchCV`.
     method : {"random_stopping", "composition"}
@@ -220,9 +213,18 @@ class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
     accountant : str
         For ``method="composition"``.
     ledger : BudgetHandle, optional
-        ``ledger.budget(dataset)``: the search's whole cost is spent before any data is
-        read (refused with ``BudgetExceededError`` when over budget).
+        ``ledger.budget(dataset)``: the search's whole cost is reserved before any data is
+        read (refused with ``BudgetExceededError`` when over budget) and settled when the
+        search is done; the candidates' own ledgers are not charged.
     random_state : None, int or Generator
+        Seeds the search's own generator: which runs happen, the scores' noise, and a
+        child stream per fit. Each candidate is fitted with noise from that hidden child
+        stream, never with a seed stored on it: ``best_estimator_`` keeps the
+        ``random_state`` it was declared with, which did not produce its noise. With the
+        default ``None`` the generator draws fresh OS entropy and nothing released lets
+        anyone regenerate the noise. An int makes the whole search reproducible by
+        whoever knows it (and so lets them remove the noise): fix it only for
+        experiments.
 
     Attributes
     ----------
@@ -257,17 +259,18 @@ class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
         self.random_state = random_state
 
     # -- pieces ----------------------------------------------------------------------
-    def _loss_bound(self) -> float:
+    def _loss_bound(self, loss_bound: float | None) -> float:
+        """The per-record loss clipping of the private score (validated ``loss_bound``;
+        the 0-1 loss's 1 for classifiers)."""
+        if loss_bound is not None:
+            return loss_bound
         if is_classifier(self.estimator):
-            return 1.0 if self.loss_bound is None else check_positive_param(
-                "loss_bound", self.loss_bound)
-        if self.loss_bound is None:
-            raise ValueError(
-                "loss_bound is required for a regressor's private score: per-record squared "
-                "errors are clipped to [0, loss_bound] (e.g. (2 * y_bound) ** 2), or pass "
-                "public X_val, y_val to fit"
-            )
-        return check_positive_param("loss_bound", self.loss_bound)
+            return 1.0
+        raise ValueError(
+            "loss_bound is required for a regressor's private score: per-record squared "
+            "errors are clipped to [0, loss_bound] (e.g. (2 * y_bound) ** 2), or pass "
+            "public X_val, y_val to fit"
+        )
 
     def _score(self, est, X, y, public: bool, lb: float, rng) -> float:
         pred = est.predict(X)
@@ -297,28 +300,27 @@ class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
         "random_state": RANDOM_STATE,
     }
 
-    def _validate(self):
-        p = self._validate_params()
-        eta = p["eta"]
-        grid = list(ParameterGrid(self.param_grid))
+    def _plan(self, params: dict[str, Any], X, y, *, X_val=None, y_val=None) -> SearchPlan:
+        """The mechanism the whole search will run on data of this shape (before reading
+        it): the composition of every run, or Papernot & Steinke's bound."""
+        public = X_val is not None
+        if public and y_val is None:
+            raise ValueError("give y_val with X_val")
+        lb = 1.0 if public else self._loss_bound(params["loss_bound"])
+        grid = tuple(ParameterGrid(self.param_grid))
         if not grid:
             raise ValueError("param_grid is empty")
-        return float(eta), grid
-
-    def plan(self, X, y, *, public_scores: bool = False) -> tuple[Mechanism, dict]:
-        """The mechanism the whole search will run on data of this shape (before reading
-        it), and the data-independent quantities it uses."""
-        eta, grid = self._validate()
-        cands = [clone(self.estimator).set_params(**p) for p in grid]
-        fit_mechs = [planned_mechanism(c, X, y) for c in cands]
-        score_mech = None if public_scores else Laplace(1.0 / self.score_epsilon)
-        runs = [m if score_mech is None else compose([m, score_mech]) for m in fit_mechs]
-        info = {"grid": grid, "fit_mechanisms": fit_mechs, "score": score_mech}
-        if self.method == "composition":
-            return compose(runs), info
-        ek = float(len(grid) if self.expected_runs is None else self.expected_runs)
-        if not ek >= 1.0:
-            raise ValueError(f"expected_runs must be >= 1, got {self.expected_runs!r}")
+        fit_mechs = tuple(planned_mechanism(clone(self.estimator).set_params(**p), X, y)
+                          for p in grid)
+        score = None if public else Laplace(1.0 / params["score_epsilon"])
+        runs = [m if score is None else compose([m, score]) for m in fit_mechs]
+        common = dict(delta=params["delta"], grid=grid, fit_mechanisms=fit_mechs, score=score,
+                      loss_bound=lb)
+        if params["method"] == "composition":
+            return SearchPlan(mechanism=compose(runs), accountant=params["accountant"],
+                              **common)
+        eta = params["eta"]
+        ek = float(len(grid) if params["expected_runs"] is None else params["expected_runs"])
         gamma = _gamma_for(ek, eta) if ek > 1.0 else 1.0 - 1e-12
 
         def base_rdp(orders):
@@ -334,61 +336,58 @@ class PrivateSearchCV(PrivateEstimatorMixin, MetaEstimatorMixin, BaseEstimator):
         mech = RDPMechanism(TabulatedRDP(tuple(orders), tuple(values)),
                             name=f"private selection (Papernot-Steinke, eta={eta:g}, "
                             f"E[K]={ek:g})")
-        info.update(gamma=gamma, eta=eta, expected_runs=ek)
-        return mech, info
+        return SearchPlan(mechanism=mech, accountant="rdp", eta=eta, gamma=gamma,
+                          expected_runs=ek, **common)
 
     def fit(self, X, y, *, X_val=None, y_val=None):
         """Run the search. ``X_val, y_val``: *public* validation data (no cost)."""
-        public = X_val is not None
-        if public and y_val is None:
-            raise ValueError("give y_val with X_val")
-        lb = 1.0 if public else self._loss_bound()
-        mech, info = self.plan(X, y, public_scores=public)
-        acc = "rdp" if self.method == "random_stopping" else self.accountant
-        spend_on_ledger(self, mech, f"PrivateSearchCV({type(self.estimator).__name__}, "
-                        f"{self.method})")
+        return self._fit(X, y, X_val=X_val, y_val=y_val)
+
+    def _check_data(self, X, y, plan: SearchPlan):
+        """Check ``X`` and ``y`` (the candidates validate them again); the candidates get
+        them as given."""
+        validate_data(self, X, y, dtype=None)
+        return X, y
+
+    def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:
+        """Fit the runs (every candidate, or ``K`` random ones), score them, keep the
+        best."""
         rng = make_rng(self.random_state)
-        grid, fit_mechs = info["grid"], info["fit_mechanisms"]
-        if self.method == "composition":
-            order = list(range(len(grid)))
+        public = plan.score is None
+        if plan.eta is None:
+            order = list(range(len(plan.grid)))
         else:
-            k = _sample_runs(info["eta"], info["gamma"], rng)
-            order = [int(i) for i in rng.integers(0, len(grid), size=k)]
+            k = _sample_runs(plan.eta, plan.gamma, rng)
+            order = [int(i) for i in rng.integers(0, len(plan.grid), size=k)]
         Xs, ys = (X_val, y_val) if public else (X, y)
-        best, fits, runs, ran = None, [], [], []
+        best, scores, runs, ran = None, [], [], []
         for i in order:
-            est = clone(self.estimator).set_params(**grid[i])
-            params = est.get_params()
-            if "random_state" in params:
-                est.set_params(random_state=int(rng.integers(2**31)))
-            if "ledger" in params:  # the search spends for all its runs, once
+            est = clone(self.estimator).set_params(**plan.grid[i])
+            if "ledger" in est.get_params():  # the search spends for all its runs, once
                 est.set_params(ledger=None)
-            est.fit(X, y)
-            if getattr(est, "mechanism_", None) != fit_mechs[i]:
+            _fit_with_hidden_noise(est, X, y, rng)
+            if getattr(est, "mechanism_", None) != plan.fit_mechanisms[i]:
                 raise RuntimeError(
-                    f"candidate {grid[i]} ran {getattr(est, 'mechanism_', None)!r}, not its "
-                    f"planned mechanism {fit_mechs[i]!r}; the search's accounting would not "
-                    "cover it"
+                    f"candidate {plan.grid[i]} ran {getattr(est, 'mechanism_', None)!r}, not "
+                    f"its planned mechanism {plan.fit_mechanisms[i]!r}; the search's "
+                    "accounting would not cover it"
                 )
             ran.append(est.mechanism_)
-            score = self._score(est, Xs, ys, public, lb, rng)
-            fits.append(score)
-            runs.append(grid[i])
+            score = self._score(est, Xs, ys, public, plan.loss_bound, rng)
+            scores.append(score)
+            runs.append(plan.grid[i])
             if best is None or score > best[1]:
-                best = (est, score, grid[i])
-        self.best_estimator_, self.best_score_, self.best_params_ = best
-        if self.method == "composition":
-            self.runs_ = runs
-            self.scores_ = fits
-            self.n_fits_ = len(runs)
-            self.fit_mechanisms_ = ran
-        if self.ledger is not None and "ledger" in self.best_estimator_.get_params():
-            self.best_estimator_.set_params(ledger=self.ledger)
-        self.mechanism_ = mech
-        self.delta_ = float(self.delta)
-        self.epsilon_ = float(mech.epsilon(self.delta_, acc))
-        return self
+                best = (est, score, plan.grid[i])
+        best_estimator, best_score, best_params = best
+        if self.ledger is not None and "ledger" in best_estimator.get_params():
+            best_estimator.set_params(ledger=self.ledger)
+        fitted = {"best_estimator_": best_estimator, "best_score_": best_score,
+                  "best_params_": best_params}
+        if plan.eta is None:
+            fitted.update(runs_=runs, scores_=scores, n_fits_=len(runs), fit_mechanisms_=ran)
+        return fitted
 
     def predict(self, X):
         """The best run's prediction (post-processing)."""
+        check_is_fitted(self)
         return self.best_estimator_.predict(X)

@@ -29,31 +29,31 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
+from sklearn.base import OneToOneFeatureMixin, TransformerMixin
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, PureDP, calibrate, compose
-from privlearn.models._base import (
-    cancel_on_error,
-    check_positive_param,
-    check_privacy_budget,
+from privlearn.models.base import (
+    PrivateEstimator,
+    ReleasePlan,
+    data_shape,
     make_rng,
-    reserve_on_ledger,
-    settle_on_ledger,
-    spent_epsilon,
+    require_delta_for_gaussian,
 )
-from privlearn.models._params import (
+from privlearn.models.constraints import (
     ACCOUNTANT,
     EPSILON,
     LEDGER,
     RANDOM_STATE,
     Delta,
     Integer,
-    PrivateEstimatorMixin,
     Real,
     Unchecked,
 )
@@ -122,7 +122,7 @@ def private_quantile(
     """
     if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
         raise ValueError(f"q must be in [0, 1], got {q!r}")
-    eps = check_positive_param("epsilon", epsilon)
+    eps = _v.check_positive("epsilon", epsilon)
     lower, upper = _check_range(lower, upper)
     if isinstance(n_candidates, bool) or not isinstance(n_candidates, numbers.Integral) or (
         n_candidates < 2
@@ -146,7 +146,7 @@ def choose_x_bound(
     X = np.asarray(X, dtype=float)
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D, got shape {X.shape}")
-    mb = check_positive_param("max_bound", max_bound)
+    mb = _v.check_positive("max_bound", max_bound)
     b, m = private_quantile(np.linalg.norm(X, axis=1), quantile, epsilon, 0.0, mb,
                             random_state=random_state)
     return max(b, mb / 1024), m
@@ -158,7 +158,7 @@ def choose_y_bound(
     """A private ``y_bound``: the ``quantile`` of ``|y|``, in ``(0, max_bound]``.
     ``(epsilon, 0)``-DP; returns ``(y_bound, PureDP(epsilon))``."""
     y = np.asarray(y, dtype=float).ravel()
-    mb = check_positive_param("max_bound", max_bound)
+    mb = _v.check_positive("max_bound", max_bound)
     b, m = private_quantile(np.abs(y), quantile, epsilon, 0.0, mb, random_state=random_state)
     return max(b, mb / 1024), m
 
@@ -193,8 +193,19 @@ def _bin_edges(lo: float, hi: float, n_bins: int) -> np.ndarray:
     return edges
 
 
-class PrivateStandardScaler(PrivateEstimatorMixin, OneToOneFeatureMixin, TransformerMixin,
-                            BaseEstimator):
+@dataclass(frozen=True, kw_only=True)
+class ScalerPlan(ReleasePlan):
+    """The scaler's plan: the calibrated noise multiplier and the public ranges; bounds
+    found privately at ``quantile`` (None: the public ranges are the bounds)."""
+
+    noise_multiplier: float
+    ranges: np.ndarray
+    quantile: float | None
+    n_bins: int
+    min_scale: float
+
+
+class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstimator):
     """Standardise features with privately estimated means and standard deviations,
     ``(epsilon, delta)``-DP.
 
@@ -229,9 +240,13 @@ class PrivateStandardScaler(PrivateEstimatorMixin, OneToOneFeatureMixin, Transfo
         Floor of ``scale_`` relative to ``r`` (default 1e-3).
     accountant : str
     random_state : None, int or Generator
+        The noise's source. None (default): fresh OS entropy, and nothing the fitted
+        scaler carries can regenerate its noise. A seed or generator makes the noise
+        reproducible by whoever knows it: fix it for experiments only.
     ledger : BudgetHandle, optional
-        ``Ledger(path).budget(dataset)``: :meth:`fit` spends ``mechanism_`` on it before
+        ``Ledger(path).budget(dataset)``: :meth:`fit` reserves ``mechanism_`` on it before
         reading the data (refused with ``BudgetExceededError`` when over budget).
+        :meth:`planned_mechanism` gives it beforehand.
 
     Attributes
     ----------
@@ -307,33 +322,36 @@ class PrivateStandardScaler(PrivateEstimatorMixin, OneToOneFeatureMixin, Transfo
         "ledger": LEDGER,
     }
 
-    def _validate(self, d: int):
-        p = self._validate_params()
-        eps, delta = check_privacy_budget(p["epsilon"], p["delta"], noise="gaussian")
-        return eps, delta, p["quantile"], p["n_bins"], p["min_scale"], self._ranges(d)
-
-    def planned_mechanism(self, n_features: int) -> Mechanism:
-        """The mechanism :meth:`fit` will run on ``n_features`` columns (data-independent;
-        spend it on a ledger before fitting)."""
-        eps, delta, q, _, _, _ = self._validate(n_features)
-        s = _calibrate_scaler(eps, delta, q is not None, str(self.accountant))
-        return scaler_mechanism(s, q is not None)
+    def _plan(self, params: dict[str, Any], X, y) -> ScalerPlan:
+        """Calibrate one noise multiplier for the histogram and moment releases, from the
+        budget and the number of features (the columns of ``X``, public)."""
+        shape = data_shape(X)
+        if len(shape) != 2:
+            raise ValueError(
+                f"Expected 2D array, got an array of shape {shape} instead: X must be "
+                "(n_samples, n_features); reshape a single feature with X.reshape(-1, 1)")
+        require_delta_for_gaussian(params["delta"], type(self).__name__, laplace=False)
+        q = params["quantile"]
+        s = _calibrate_scaler(params["epsilon"], params["delta"], q is not None,
+                              str(params["accountant"]))
+        return ScalerPlan(mechanism=scaler_mechanism(s, q is not None), delta=params["delta"],
+                          accountant=params["accountant"], noise_multiplier=s,
+                          ranges=self._ranges(shape[1]), quantile=q, n_bins=params["n_bins"],
+                          min_scale=params["min_scale"])
 
     def fit(self, X, y=None):
         """Estimate the means and scales privately."""
-        res = None
-        if self.ledger is not None:  # reserve before the data is read (shape only)
-            shape = np.shape(X)
-            if len(shape) != 2:
-                raise ValueError(f"X must be 2-D, got shape {shape}")
-            res = reserve_on_ledger(self, lambda: self.planned_mechanism(shape[1]),
-                                    "PrivateStandardScaler")
-        with cancel_on_error(res):
-            X = validate_data(self, X, dtype=np.float64)
-            n, d = X.shape
-            eps, delta, q, nb, ms, fr = self._validate(d)
-        s = _calibrate_scaler(eps, delta, q is not None, str(self.accountant))
+        return self._fit(X, y)
+
+    def _check_data(self, X, y, plan: ScalerPlan):
+        return validate_data(self, X, dtype=np.float64), None
+
+    def _release(self, X, y, plan: ScalerPlan) -> dict[str, Any]:
+        """The noisy histogram (bounds), then the noisy clipped moments."""
         rng = make_rng(self.random_state)
+        n, d = X.shape
+        s, q, nb, ms, fr = (plan.noise_multiplier, plan.quantile, plan.n_bins,
+                            plan.min_scale, plan.ranges)
         if q is None:
             bounds = fr.copy()
         else:
@@ -370,17 +388,9 @@ class PrivateStandardScaler(PrivateEstimatorMixin, OneToOneFeatureMixin, Transfo
         # (post-processing of the noisy count), whichever is larger
         se = s * math.sqrt(2 * d + 1) / N * (1.0 + 2.0 * np.abs(m1))
         var_u = np.maximum(m2 - m1 * m1, np.maximum(ms * ms, 2.0 * se))
-        self.bounds_ = bounds
-        self.mean_ = c + r * m1
-        self.var_ = r * r * var_u
-        self.scale_ = np.sqrt(self.var_)
-        self.n_samples_seen_ = float(N)
-        self.mechanism_ = scaler_mechanism(s, q is not None)
-        self.noise_multiplier_ = s
-        self.delta_ = delta
-        self.epsilon_ = spent_epsilon(self.mechanism_, delta, self.accountant)
-        settle_on_ledger(res)
-        return self
+        var = r * r * var_u
+        return {"bounds_": bounds, "mean_": c + r * m1, "var_": var, "scale_": np.sqrt(var),
+                "n_samples_seen_": float(N), "noise_multiplier_": s}
 
     def transform(self, X):
         """``(X - mean_) / scale_`` (post-processing: no privacy cost)."""
@@ -469,7 +479,7 @@ class PrivatePipeline(Pipeline):
                       if isinstance(getattr(s, "mechanism_", None), Mechanism)]
             delta = float(sum(deltas))
         else:
-            _, delta = check_privacy_budget(1.0, self.delta)
+            delta = _v.check_delta("delta", self.delta, hint="e.g. 1e-6")
         self.delta_ = delta
         self.epsilon_ = float(self.mechanism_.epsilon(delta, self.accountant))
         return self

@@ -151,3 +151,32 @@ def test_user_facing_text_names_the_studies_not_seed_numbers():
             assert not re.search(r"seed \d{3}|seed's|seeds'", d, re.I), (mod.__name__, d[:80])
     for desc in EXPERIMENTS.values():
         assert "seed" not in desc.lower()
+
+
+def test_a_decorated_experiment_is_available_to_the_cli(monkeypatch, tmp_path):
+    """Registering with the decorator is all it takes: ``run_experiment``, the CLI's
+    list and ``privlearn reproduce`` see it, and its ``needs_data`` flag."""
+    from click.testing import CliRunner
+
+    import privlearn.experiments as experiments
+    from privlearn.cli import cli
+    from privlearn.experiments import _registry
+
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
+    calls = []
+
+    @experiments.register_experiment("toy-experiment", description="a toy", needs_data=True)
+    def run_toy(out_dir=None, reps=None, seed=0, **options):
+        calls.append((out_dir, reps, seed, options))
+        return experiments.Experiment("toy-experiment", "", run_toy)  # any object
+
+    assert experiments.EXPERIMENTS["toy-experiment"] == "a toy"
+    assert "toy-experiment" in experiments.DATA_EXPERIMENTS
+    assert "adult" not in experiments.DATA_EXPERIMENTS
+    run_experiment("toy-experiment", tmp_path, reps=2, seed=5)
+    assert calls[-1] == (tmp_path, 2, 5, {"verbose": True})
+    r = CliRunner().invoke(cli, ["reproduce", "toy-experiment", "--data-home", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert calls[-1][3]["data_home"] == str(tmp_path)
+    with pytest.raises(ValueError, match="already registered"):
+        experiments.register_experiment("toy-experiment", description="x")(lambda *a: None)

@@ -8,6 +8,7 @@ import importlib.util
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from privlearn.accounting import Gaussian, compose, subsample
@@ -48,7 +49,7 @@ def _diffprivlib_accountant():
 def _history():
     """(label, mechanism) of each release of a year-long project on one dataset."""
     scaler = PrivateStandardScaler(epsilon=0.3, delta=1e-7, feature_range=(0, 100))
-    out = [("private scaler", scaler.planned_mechanism(8))]
+    out = [("private scaler", scaler.planned_mechanism(np.zeros((1, 8))))]  # 8 features
     s = calibrate_ssp_scale(0.5, 1e-7, adaptive=True)
     out += [(f"AdaSSP fit {i}", adassp_mechanism(s)) for i in range(20)]
     out.append(("DP-SGD, 60 epochs", compose(subsample(Gaussian(1.1), 256 / 60000),

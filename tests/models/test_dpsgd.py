@@ -1,6 +1,7 @@
 """DP-SGD estimators: accounting, algorithm against a naive loop, Adult utility, bad input."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from scipy.special import expit
 
 from privlearn.accounting import Gaussian, compose, subsample
 from privlearn.datasets import load_adult, make_logistic_data
+from privlearn.errors import PrivacyLeakWarning
 from privlearn.models import DPSGDClassifier, DPSGDRegressor
 
 
@@ -134,3 +136,21 @@ def test_classifier_rejects_non_binary_labels():
         DPSGDClassifier(n_iter=5).fit(XB, np.zeros(40))
     with pytest.raises(ValueError):
         DPSGDClassifier(n_iter=5).fit(XB, XB[:, 0])  # continuous labels
+
+
+def test_dpsgd_classes_inferred_from_private_labels_warn():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 2))
+    y = np.where(X[:, 0] > 0, 7, 3)
+    with pytest.warns(PrivacyLeakWarning, match="classes"):
+        DPSGDClassifier(n_iter=5, random_state=0).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        clf = DPSGDClassifier(n_iter=5, classes=[3, 7], random_state=0).fit(X, y)
+        # with public classes, a private set with one class present is fine (not refused)
+        DPSGDClassifier(n_iter=5, classes=[3, 7], random_state=0).fit(X, np.full(100, 3))
+    assert list(clf.classes_) == [3, 7]
+    with pytest.raises(ValueError, match="not in classes"):
+        DPSGDClassifier(n_iter=5, classes=[0, 1]).fit(X, y)
+    with pytest.raises(ValueError, match="exactly 2"):
+        DPSGDClassifier(n_iter=5, classes=[0, 1, 2]).fit(X, y)

@@ -1,13 +1,18 @@
-"""PATE and Private kNN label release."""
+"""PATE and Private kNN label release: accounting, the account across calls, what may be
+shared, orientation and classes, bad input."""
 
+import dataclasses
 import math
+import pickle
+import warnings
 
 import numpy as np
 import pytest
 
 from privlearn.accounting import Gaussian, compose, subsample
 from privlearn.accounting.analytic import gaussian_epsilon
-from privlearn.models import PATE, PrivateKNN
+from privlearn.errors import PrivacyLeakWarning
+from privlearn.models import PATE, LabelRelease, PrivateKNN
 
 
 def test_vote_histogram_hard_and_soft():
@@ -63,19 +68,18 @@ def test_private_knn_matches_exact_knn_without_noise_and_full_sample():
     nn = np.argsort(d, axis=1)[:, :15]
     expected = np.array([np.bincount(y[row], minlength=3).argmax() for row in nn])
     np.testing.assert_array_equal(lab, expected)
-    # the exact histogram is no longer stored (votes_ removed for privacy); at epsilon
-    # 1e4 the noisy votes are within 0.5 of it
+    # the exact histogram is not stored; at epsilon 1e4 the noisy votes are within 0.5
+    # of it
     assert np.all(np.round(knn.noisy_votes_).sum(axis=1) == 15)
-    assert not hasattr(knn, "votes_")
 
 
 def test_private_knn_subsampled_mechanism(monkeypatch):
     seen = []
     noisy_votes = PrivateKNN._noisy_votes
 
-    def spy(votes, noise, s, rng):  # test-only view of the exact histogram
+    def spy(votes, plan, rng):  # test-only view of the exact histogram
         seen.append(votes.copy())
-        return noisy_votes(votes, noise, s, rng)
+        return noisy_votes(votes, plan, rng)
 
     monkeypatch.setattr(PrivateKNN, "_noisy_votes", staticmethod(spy))
     rng = np.random.default_rng(0)
@@ -113,3 +117,132 @@ def test_knn_bad_shapes():
     knn = PrivateKNN().fit(np.zeros((5, 2)), np.arange(5) % 2)
     with pytest.raises(ValueError, match="shape"):
         knn.release(np.zeros((2, 3)))
+
+
+def _knn_data(seed=0, n=400):
+    rng = np.random.default_rng(seed)
+    centers = np.array([[0.0, 0.0], [4.0, 4.0], [0.0, 4.0]])
+    y = rng.integers(0, 3, size=n)
+    X = centers[y] + rng.normal(scale=0.7, size=(n, 2))
+    return X, y, centers
+
+
+# --- PrivateKNN: no exact votes, a shareable release ---------------------------------
+
+def test_knn_release_keeps_no_exact_vote_histogram():
+    X, y, centers = _knn_data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)  # classes inferred
+        knn = PrivateKNN(n_neighbors=9, sampling_rate=0.5, epsilon=1.0,
+                         random_state=0).fit(X, y)
+    knn.release(centers[[0, 1, 2, 0]])
+    integer_valued = [k for k, v in vars(knn).items()
+                      if isinstance(v, np.ndarray) and v.ndim == 2 and v.shape[0] == 4
+                      and np.all(v == np.round(v))]
+    assert integer_valued == []  # the exact histogram (integers) is nowhere on the object
+
+
+def test_knn_public_release_is_shareable_and_holds_no_private_data():
+    X, y, centers = _knn_data()
+    X[17, 0] = 1.2345678901234567  # a distinctive private value
+    knn = PrivateKNN(n_neighbors=9, epsilon=1.0, classes=[0, 1, 2], random_state=0).fit(X, y)
+    labels = knn.release(centers)
+    pub = knn.public_release()
+    assert isinstance(pub, LabelRelease)
+    np.testing.assert_array_equal(pub.labels, labels)
+    assert pub.noisy_votes.shape == (3, 3) and pub.epsilon == knn.epsilon_
+    blob = pickle.dumps(pub)
+    assert np.float64(1.2345678901234567).tobytes() not in blob
+    # the fitted object itself holds the data, as documented
+    assert np.float64(1.2345678901234567).tobytes() in pickle.dumps(knn)
+    assert "never" in PrivateKNN.__doc__ and "share" in PrivateKNN.__doc__
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pub.epsilon = 0.0
+    assert not pub.labels.flags.writeable
+
+
+# --- budget accumulates ---------------------------------------------------------------
+
+def test_knn_second_release_reports_the_composed_total():
+    X, y, centers = _knn_data()
+    q = 0.2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)  # classes inferred
+        knn = PrivateKNN(n_neighbors=9, sampling_rate=q, epsilon=1.0,
+                         random_state=0).fit(X, y)
+    knn.release(centers)
+    first, m1 = knn.epsilon_, knn.mechanism_
+    knn.release(centers[:2])
+    m2 = compose(subsample(Gaussian(knn.noise_multiplier_), q), steps=2)
+    total = compose([m1, m2])
+    # the total of both calls, not the second call alone
+    assert knn.epsilon_ == pytest.approx(total.epsilon(1e-6, "pld"), rel=1e-12)
+    assert knn.epsilon_ > max(first, m2.epsilon(1e-6, "pld")) + 0.1
+    assert knn.mechanism_ == total == knn.public_release().mechanism
+    assert knn.last_mechanism_ == m2
+    assert knn.last_epsilon_ <= 1.0 and knn.n_queries_ == 5
+    # fit starts a new account
+    knn.fit(X, y)
+    assert not hasattr(knn, "epsilon_")
+    knn.release(centers[:2])
+    assert knn.epsilon_ == knn.last_epsilon_
+
+
+def test_pate_releases_accumulate_with_exact_gaussian_composition():
+    rng = np.random.default_rng(0)
+    p = PATE(epsilon=1.0, delta=1e-6, random_state=0)
+    p.release(rng.integers(0, 4, size=(20, 30)), 4)
+    s1 = p.noise_multiplier_
+    p.release(rng.integers(0, 4, size=(20, 50)), 4)
+    s2 = p.noise_multiplier_
+    # Gaussians compose exactly: 1/mu^2 adds up
+    mu = 1 / math.sqrt(30 / s1**2 + 50 / s2**2)
+    assert p.epsilon_ == pytest.approx(gaussian_epsilon(mu, 1e-6), rel=1e-6)
+    assert p.epsilon_ > 1.0 >= p.last_epsilon_
+    assert p.n_queries_ == 80 and p.public_release().labels.shape == (80,)
+
+
+def test_repeated_release_with_an_int_seed_draws_fresh_noise():
+    # Reusing the first call's noise would let the two releases be subtracted.
+    votes = np.random.default_rng(1).integers(0, 3, size=(10, 40))
+    p = PATE(epsilon=1.0, random_state=5)
+    p.release(votes, 3)
+    a = p.noisy_votes_.copy()
+    p.release(votes, 3)
+    assert not np.allclose(a, p.noisy_votes_)
+    # the first call is unchanged (reproducible)
+    np.testing.assert_array_equal(PATE(epsilon=1.0, random_state=5).release(votes, 3),
+                                  np.argmax(a, axis=1))
+
+
+# --- PATE orientation -----------------------------------------------------------------
+
+def test_pate_refuses_transposed_votes():
+    rng = np.random.default_rng(0)
+    votes = rng.integers(0, 10, size=(10, 111))  # 10 teachers x 111 queries
+    with pytest.raises(ValueError, match=r"ambiguous.*\(n_teachers, n_queries"):
+        PATE(epsilon=1.0).release(votes.T, 10)  # 111 x 10: would give 10 labels
+    with pytest.raises(ValueError, match="transposed"):
+        PATE(epsilon=1.0).release(votes.T, 10, n_teachers=10)
+    assert PATE(epsilon=1.0, random_state=0).release(votes, 10, n_teachers=10).shape == (111,)
+    # more teachers than queries is fine once confirmed
+    few = rng.integers(0, 10, size=(50, 3))
+    assert PATE(epsilon=1.0, random_state=0).release(few, 10, n_teachers=50).shape == (3,)
+    with pytest.raises(ValueError, match="n_classes is required"):
+        PATE(epsilon=1.0).release(votes, n_teachers=10)
+    soft = np.full((10, 5, 4), 0.25)
+    with pytest.raises(ValueError, match="does not match"):
+        PATE(epsilon=1.0).release(soft, 3, n_teachers=10)
+
+
+def test_knn_classes_inferred_from_private_labels_warn():
+    X, y, _ = _knn_data()
+    with pytest.warns(PrivacyLeakWarning, match="classes"):
+        PrivateKNN().fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        knn = PrivateKNN(classes=[2, 1, 0, 5]).fit(X, y)
+    assert knn.classes_.tolist() == [2, 1, 0, 5]
+    np.testing.assert_array_equal(knn.classes_[knn._y], y)
+    with pytest.raises(ValueError, match="not in classes"):
+        PrivateKNN(classes=[0, 1]).fit(X, y)

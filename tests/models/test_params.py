@@ -1,4 +1,4 @@
-"""Declarative parameter constraints of the private estimators (issue 13): every
+"""Declarative parameter constraints of the private estimators: every
 constructor parameter of every estimator is declared, each declared constraint refuses a
 wrong type (ParameterTypeError: a TypeError that is also a ValueError) and a wrong value
 (ValueError) with the parameter's name in the message, and nothing is fitted when a
@@ -15,19 +15,20 @@ import pytest
 import privlearn.models as M
 from privlearn._validation import ParameterTypeError
 from privlearn.accounting import Gaussian, compose
-from privlearn.models._params import (
+from privlearn.models import DPSGDClassifier, NoisyGDRegressor, SSPRegressor
+from privlearn.models.base import PrivateEstimator, resolve_noise_multiplier
+from privlearn.models.constraints import (
     Boolean,
     Delta,
     Integer,
     Options,
-    PrivateEstimatorMixin,
     Real,
+    Seed,
     Unchecked,
-    resolve_noise_multiplier,
 )
 
 _CLASSES = [getattr(M, n) for n in M.__all__ if inspect.isclass(getattr(M, n))]
-ESTIMATORS = [c for c in _CLASSES if issubclass(c, PrivateEstimatorMixin)]
+ESTIMATORS = [c for c in _CLASSES if issubclass(c, PrivateEstimator) and c is not PrivateEstimator]
 # PrivatePipeline subclasses scikit-learn's Pipeline, whose parameters scikit-learn
 # validates with its own declarative constraints.
 NOT_DECLARED = {"PrivatePipeline"}
@@ -39,7 +40,7 @@ def test_every_estimator_is_declarative():
     assert {"SSPRegressor", "AdaSSPRegressor", "NoisyGDRegressor", "DPSGDClassifier",
             "DPSGDRegressor", "PATE", "PrivateKNN", "PrivateStandardScaler",
             "PrivateSearchCV"} <= covered
-    assert public - covered - {"LabelRelease"} == set()
+    assert public - covered - {"LabelRelease", "PrivateEstimator"} == set()
 
 
 @pytest.mark.parametrize("cls", ESTIMATORS, ids=lambda c: c.__name__)
@@ -67,6 +68,8 @@ def _bad_values(c):
         return "yes", None
     if isinstance(c, Delta):
         return "abc", 1.5
+    if isinstance(c, Seed):
+        return "abc", -1
     return None, None
 
 
@@ -121,3 +124,33 @@ def test_resolve_noise_multiplier_uses_given_or_calibrates():
     assert resolve_noise_multiplier(2 * sigma, mech, 1.0, 1e-5) == 2 * sigma
     with pytest.raises(ValueError, match="spends epsilon.*leave noise_multiplier=None"):
         resolve_noise_multiplier(0.5 * sigma, mech, 1.0, 1e-5, describe="over 10 steps")
+
+
+# --- parameter validation: name, range, value, suggestion ------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda v: SSPRegressor(epsilon=v),
+    lambda v: NoisyGDRegressor(n_iter=v, noise_multiplier=None),
+    lambda v: DPSGDClassifier(noise=v, classes=[0, 1]),
+])
+def test_wrong_types_raise_type_error_that_is_also_a_value_error(make):
+    X, y = np.zeros((4, 2)), np.array([0.0, 1.0, 0.0, 1.0])
+    with pytest.raises(TypeError, match="must be") as info:
+        make([1]).fit(X, y)
+    assert isinstance(info.value, ValueError)  # as scikit-learn's InvalidParameterError
+    assert "[1]" in str(info.value)
+
+
+def test_error_messages_name_range_value_and_suggest():
+    X, y = np.zeros((4, 2)), np.array([0.0, 1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match=r"epsilon must be in \(0, inf\).*-1.*typically"):
+        SSPRegressor(epsilon=-1).fit(X, y)
+    with pytest.raises(ValueError, match=r"delta must be in \[0, 1\).*2.*e\.g\. 1e-6"):
+        SSPRegressor(delta=2).fit(X, y)
+    with pytest.raises(ValueError, match="noise must be one of.*'gausian'.*did you mean "
+                                         "'gaussian'"):
+        DPSGDClassifier(noise="gausian", classes=[0, 1]).fit(X, y)
+    with pytest.raises(ValueError, match="smoothness must be one of.*'privat'.*did you mean"):
+        NoisyGDRegressor(smoothness="privat").fit(X, y)
+    with pytest.raises(ValueError, match=r"sampling_rate must be in \(0, 1\].*1.5.*Poisson"):
+        DPSGDClassifier(sampling_rate=1.5, classes=[0, 1]).fit(X, y)

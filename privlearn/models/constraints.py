@@ -1,44 +1,42 @@
-"""Declarative parameter constraints for the private estimators (scikit-learn style).
+"""Declarative parameter constraints of the private estimators (scikit-learn style).
 
 Each estimator declares, next to its ``__init__``, what every constructor parameter may
 be::
 
-    class DPSGDClassifier(PrivateEstimatorMixin, ...):
+    class DPSGDClassifier(ClassifierMixin, PrivateEstimator):
         _parameter_constraints = {
-            "epsilon": Real(0, None, low_open=True, hint="the privacy budget, e.g. 1.0"),
+            "epsilon": EPSILON,
             "delta": Delta(),
             "n_iter": Integer(1),
             "noise": Options("gaussian", "laplace"),
-            "random_state": Unchecked("numpy seed, checked by make_rng"),
+            "random_state": RANDOM_STATE,
             ...
         }
 
-and :meth:`PrivateEstimatorMixin._validate_params` checks them all when ``fit`` starts,
-before any data is read and before any attribute is set (scikit-learn convention:
-``__init__`` only stores). The checks are those of :mod:`privlearn._validation`, the one
-validation vocabulary of privlearn: a wrong type raises
-:class:`~privlearn._validation.ParameterTypeError` (a TypeError that is also a
+and :meth:`privlearn.models.PrivateEstimator._validate_params` checks them all when
+``fit`` starts, before any data is read and before any attribute is set (scikit-learn
+convention: ``__init__`` only stores). The checks are those of
+:mod:`privlearn._validation`, the one validation vocabulary of privlearn: a wrong type
+raises :class:`~privlearn._validation.ParameterTypeError` (a TypeError that is also a
 ValueError), a wrong value :class:`ValueError`, each message naming the parameter, the
 valid range, the value received and what to try. Checks that relate several parameters
-(e.g. Gaussian noise needs ``delta > 0``) stay in the estimator, after this one.
+(e.g. Gaussian noise needs ``delta > 0``) belong to the estimator's ``_plan``.
 
 ``tests/models/test_params.py`` checks that every constructor parameter of every
 estimator in :mod:`privlearn.models` is declared, and that each declared constraint
 refuses a wrong type and a wrong value with the parameter's name in the message.
-
-The one "use the given noise or calibrate" path of the estimators is
-:func:`resolve_noise_multiplier`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import numbers
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
+
+import numpy as np
 
 from privlearn import _validation as _v
-from privlearn.accounting import Mechanism, calibrate
 
 __all__ = [
     "Constraint",
@@ -47,14 +45,13 @@ __all__ = [
     "Options",
     "Boolean",
     "Delta",
+    "Seed",
     "Unchecked",
     "EPSILON",
     "ACCOUNTANT",
     "RANDOM_STATE",
     "LEDGER",
     "NOISE_MULTIPLIER",
-    "PrivateEstimatorMixin",
-    "resolve_noise_multiplier",
 ]
 
 
@@ -157,9 +154,28 @@ class Delta(Constraint):
 
 
 @dataclass(frozen=True)
+class Seed(Constraint):
+    """The source of a release's noise: ``None`` (fresh OS entropy, the default), a
+    non-negative int seed, or a NumPy ``Generator`` / ``RandomState`` (see
+    :func:`privlearn.models.base.make_rng`)."""
+
+    def check(self, name: str, value: object) -> object:
+        if value is None or isinstance(value, np.random.Generator | np.random.RandomState):
+            return value
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            if int(value) < 0:
+                raise ValueError(_v._msg(name, "None, an int >= 0, a numpy Generator or "
+                                         "RandomState", value, "leave it None in production"))
+            return int(value)
+        raise _v.ParameterTypeError(
+            f"{name} must be None, an int >= 0, a numpy Generator or RandomState, got "
+            f"{value!r} ({type(value).__name__}); leave it None in production")
+
+
+@dataclass(frozen=True)
 class Unchecked(Constraint):
-    """A parameter checked elsewhere (``reason`` says where), e.g. ``random_state`` by
-    :func:`~privlearn.models._base.make_rng` or a ledger by the ledger layer."""
+    """A parameter checked elsewhere (``reason`` says where), e.g. a ledger by the
+    ledger layer."""
 
     reason: str = ""
 
@@ -171,47 +187,7 @@ class Unchecked(Constraint):
 EPSILON = Real(0, None, low_open=True,
                hint="it is the privacy budget, typically between 0.1 and 10")
 ACCOUNTANT = Unchecked("an accountant name, checked by the accounting registry")
-RANDOM_STATE = Unchecked("a seed or Generator, checked by make_rng")
+RANDOM_STATE = Seed()
 LEDGER = Unchecked("a budget handle, checked by the ledger layer")
 NOISE_MULTIPLIER = Real(0, None, low_open=True, allow_none=True,
                         hint="leave it None to calibrate from (epsilon, delta)")
-
-
-class PrivateEstimatorMixin:
-    """Validation of the declared ``_parameter_constraints`` (see the module docstring)."""
-
-    _parameter_constraints: ClassVar[dict[str, Constraint]] = {}
-
-    def _validate_params(self) -> dict[str, Any]:
-        """Check every declared parameter; returns ``{name: normalised value}``."""
-        return {name: c(name, getattr(self, name))
-                for name, c in self._parameter_constraints.items()}
-
-
-def resolve_noise_multiplier(
-    noise_multiplier: float | None,
-    mechanism_of: Callable[[float], Mechanism],
-    epsilon: float,
-    delta: float,
-    *,
-    accountant: str = "pld",
-    describe: str = "",
-) -> float:
-    """The noise multiplier a run uses: the given one, after checking that the mechanism
-    it gives spends at most ``epsilon`` at ``delta`` (a clear error otherwise), or, when
-    ``None``, the smallest one that does (:func:`privlearn.accounting.calibrate`,
-    certified). ``describe`` completes the error message ("over 100 steps at ...").
-
-    Every private estimator with a ``noise_multiplier=None`` option goes through here:
-    one place decides "use the given noise or calibrate".
-    """
-    if noise_multiplier is not None:
-        sigma = float(noise_multiplier)
-        spent = float(mechanism_of(sigma).epsilon(delta, accountant))
-        if spent > epsilon:
-            raise ValueError(
-                f"noise_multiplier={sigma} spends epsilon={spent:.6g} > epsilon={epsilon} "
-                f"at delta={delta}{' ' + describe if describe else ''}; leave "
-                "noise_multiplier=None to calibrate it, or raise epsilon")
-        return sigma
-    return float(calibrate(mechanism_of, epsilon, delta, accountant=accountant))

@@ -1,0 +1,293 @@
+"""The public base of privlearn's estimators: :class:`PrivateEstimator` and
+:class:`ReleasePlan`.
+
+Every private fit (and every label release) is the same short pipeline, owned here as
+scikit-learn's ``_fit_context`` owns validation:
+
+1. **validate** the constructor parameters (the declared ``_parameter_constraints``,
+   :mod:`privlearn.models.constraints`);
+2. **plan** (``_plan``, the estimator's part): calibrate the noise from the budget and
+   describe the mechanism that will run, a :class:`ReleasePlan`, from the parameters and
+   the data's *shape* only;
+3. **reserve** the plan on the estimator's ``ledger`` (if any) before any value of the
+   data is read (:meth:`privlearn.ledger.Ledger.reserve`; over budget it raises
+   :class:`~privlearn.errors.BudgetExceededError` and records nothing);
+4. **check the data** (``_check_data``): it reads the data but releases nothing, so if it
+   raises the reservation is settled as "nothing ran";
+5. **release** (``_release``, the estimator's part): draw the noise and compute the
+   fitted attributes; from here on the plan counts as spent in full, whether it
+   succeeds or raises (an error could depend on the data);
+6. **settle** the reservation and **record** the fitted attributes with ``mechanism_``,
+   ``epsilon_`` (certified, by the plan's accountant) and ``delta_``, all at once.
+
+A failed ``fit`` leaves the estimator as it was before the call (its previous fitted
+attributes are put back). The trust model (docs/trust-model.md): everything that leaves
+the call -- the fitted object, its ``get_params()``, its attributes, its pickle -- is a
+release covered by ``mechanism_``; in particular nothing released holds a seed or a
+generator that regenerates the noise (see :func:`make_rng`).
+
+A new estimator implements ``__init__`` (stores its parameters), ``_plan`` and
+``_release``, and a one-line ``fit``; docs/guides/extending.md, "A new estimator", is a
+complete example (and a test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.base import BaseEstimator, is_regressor
+from sklearn.utils import get_tags
+from sklearn.utils.validation import validate_data
+
+from privlearn.accounting import Mechanism, calibrate, compose, warn_if_delta_large
+from privlearn.models.constraints import RANDOM_STATE, Constraint
+
+__all__ = [
+    "PrivateEstimator",
+    "ReleasePlan",
+    "make_rng",
+    "data_shape",
+    "clip_rows",
+    "resolve_noise_multiplier",
+    "require_delta_for_gaussian",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleasePlan:
+    """What one release will run, decided before any value of the data is read.
+
+    Estimators subclass it (frozen, keyword-only) to carry the quantities they
+    calibrated, e.g. a noise multiplier or a number of steps, from ``_plan`` to
+    ``_release``.
+
+    Attributes
+    ----------
+    mechanism : Mechanism
+        The mechanism the release runs; reserved on the ledger and recorded as
+        ``mechanism_``.
+    delta : float
+        The delta at which ``epsilon_`` is reported.
+    accountant : str
+        The accountant that certifies ``epsilon_`` (default ``"pld"``).
+    """
+
+    mechanism: Mechanism
+    delta: float
+    accountant: str = "pld"
+
+
+class PrivateEstimator(BaseEstimator):
+    """Base class of the private estimators: validate -> plan -> reserve -> release ->
+    settle -> record (module docstring).
+
+    A subclass declares ``_parameter_constraints`` and implements
+
+    * ``_plan(self, params, X, y) -> ReleasePlan``: from the validated parameters
+      (``params``, normalised values) and the data's shape only (never its values);
+    * ``_release(self, X, y, plan) -> dict``: the fitted attributes (names ending in
+      ``_``), from the checked data; every value must be covered by ``plan.mechanism``;
+    * ``fit(self, X, y=None)``: ``return self._fit(X, y)`` (with its own docstring).
+
+    and may override ``_check_data`` (default: :func:`sklearn.utils.validation.validate_data`
+    to float64), ``_n_records`` (the number of private records, for
+    :func:`~privlearn.accounting.warn_if_delta_large`; default the number of rows) and
+    ``_account`` (the mechanism recorded as ``mechanism_``; default the plan's).
+
+    The base sets ``mechanism_``, ``epsilon_`` and ``delta_``; it never stores the
+    generator the noise was drawn from.
+    """
+
+    _parameter_constraints: ClassVar[dict[str, Constraint]] = {}
+
+    # -- the estimator's parts ---------------------------------------------------------
+    def _plan(self, params: dict[str, Any], X: Any, y: Any) -> ReleasePlan:
+        raise NotImplementedError(f"{type(self).__name__} must implement _plan")
+
+    def _release(self, X: Any, y: Any, plan: ReleasePlan) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} must implement _release")
+
+    def _check_data(self, X: Any, y: Any, plan: ReleasePlan) -> tuple[Any, Any]:
+        """Validate the data (reads it, releases nothing); default: 2-D float64 ``X``
+        and ``y`` of the same length (numeric for regressors; optional when the tags say
+        the estimator needs no target)."""
+        if y is None and not get_tags(self).target_tags.required:
+            return validate_data(self, X, dtype=np.float64), None
+        return validate_data(self, X, y, dtype=np.float64, y_numeric=is_regressor(self))
+
+    def _n_records(self, X: Any, y: Any) -> int | None:
+        """The number of private records the release reads (None: unknown)."""
+        shape = data_shape(X)
+        return int(shape[0]) if len(shape) >= 1 else None
+
+    def _account(self, plan: ReleasePlan) -> Mechanism:
+        """The mechanism recorded as ``mechanism_`` (the plan's, unless releases
+        accumulate into one account, as PATE's do)."""
+        return plan.mechanism
+
+    # -- the pipeline ------------------------------------------------------------------
+    def _validate_params(self) -> dict[str, Any]:
+        """Check every declared parameter; returns ``{name: normalised value}``."""
+        return {name: c(name, getattr(self, name))
+                for name, c in self._parameter_constraints.items()}
+
+    def planned_mechanism(self, X: Any, y: Any = None) -> Mechanism:
+        """The mechanism ``fit(X, y)`` will run, from the parameters and the shape of
+        ``X`` only (its values are never read): spend or check it on a ledger before
+        fitting."""
+        return self._plan(self._validate_params(), X, y).mechanism
+
+    def _fit(self, X: Any, y: Any = None, **context: Any) -> PrivateEstimator:
+        """The whole ``fit``: validate, plan, reserve, check the data, release, settle,
+        record. ``context`` goes to ``_plan`` and ``_release`` (e.g. public validation
+        data). On an exception the previous fitted state is put back."""
+        with self._refit():
+            plan = self._plan(self._validate_params(), X, y, **context)
+            fitted = self._run(plan, X, y, **context)
+            self._record(plan, fitted)
+        return self
+
+    def _run(self, plan: ReleasePlan, X: Any, y: Any, *, label: str | None = None,
+             **context: Any) -> dict[str, Any]:
+        """Reserve ``plan`` on the ledger, check the data (cancelling the reservation if
+        that fails), release, and settle the plan in full (also if the release raises).
+        Returns the fitted attributes; sets nothing."""
+        reservation = self._reserve(plan.mechanism, label or type(self).__name__)
+        try:
+            X, y = self._check_data(X, y, plan)
+        except BaseException:
+            if reservation is not None:  # the data was only validated: nothing ran
+                reservation.settle(compose([]))
+            raise
+        n = self._n_records(X, y)
+        if n is not None and n > 0:
+            warn_if_delta_large(plan.delta, n, stacklevel=5)
+        try:
+            return self._release(X, y, plan, **context)
+        finally:
+            if reservation is not None:
+                reservation.settle()
+
+    def _record(self, plan: ReleasePlan, fitted: Mapping[str, Any]) -> None:
+        """Set the fitted attributes, ``mechanism_``, ``epsilon_`` and ``delta_``
+        together (the epsilon is computed first, so a failure sets nothing)."""
+        mechanism = self._account(plan)
+        epsilon = float(mechanism.epsilon(plan.delta, plan.accountant))
+        self.__dict__.update(fitted)
+        self.mechanism_ = mechanism
+        self.epsilon_ = epsilon
+        self.delta_ = float(plan.delta)
+
+    def _reserve(self, mechanism: Mechanism, label: str):
+        handle = getattr(self, "ledger", None)
+        if handle is None:
+            return None
+        if not callable(getattr(handle, "reserve", None)) or not hasattr(handle, "dataset"):
+            raise TypeError(
+                f"ledger must be a budget handle, e.g. Ledger(path).budget('dataset'), got "
+                f"{handle!r}")
+        return handle.reserve(mechanism, label=label)
+
+    @contextlib.contextmanager
+    def _refit(self) -> Iterator[None]:
+        """Drop the previous fit's attributes (a release of other data, which this fit's
+        ``mechanism_`` would not cover); put them back if the new fit raises."""
+        previous = {k: v for k, v in vars(self).items() if _is_fitted_name(k)}
+        for k in previous:
+            delattr(self, k)
+        try:
+            yield
+        except BaseException:
+            for k in [k for k in vars(self) if _is_fitted_name(k)]:
+                delattr(self, k)
+            self.__dict__.update(previous)
+            raise
+
+
+def _is_fitted_name(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("__")
+
+
+def data_shape(X: Any) -> tuple[int, ...]:
+    """The shape of ``X`` for planning: its ``shape`` attribute when it has one (arrays,
+    DataFrames, sparse matrices: no value is read), else that of ``np.asarray(X)``."""
+    shape = getattr(X, "shape", None)
+    return tuple(np.asarray(X).shape if shape is None else shape)
+
+
+def make_rng(random_state: object) -> np.random.Generator:
+    """The generator a release draws its noise from, for this call only (never stored).
+
+    ``None`` (default): fresh OS entropy, so nothing released can regenerate the noise.
+    An int seed, a Generator or a RandomState is the user's choice and makes the noise
+    reproducible by whoever knows it (the seed is a constructor parameter, so it travels
+    with the model's ``get_params()`` and pickle): fix it for experiments only. A
+    Generator is used as is (it advances); a RandomState seeds a new Generator from one
+    draw.
+    """
+    random_state = RANDOM_STATE.check("random_state", random_state)
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(0, 2**32 - 1, dtype=np.uint64))
+    return np.random.default_rng(random_state)
+
+
+def clip_rows(X: np.ndarray, bound: float, ord: int | float = 2) -> tuple[np.ndarray, int]:
+    """Scale every row whose ``ord``-norm exceeds ``bound`` down to norm ``bound``.
+
+    Returns the clipped copy and the number of rows that were clipped. Rows within the
+    bound are unchanged, so data that already satisfies the bound is never altered.
+    """
+    norms = np.linalg.norm(X, ord=ord, axis=1)
+    over = norms > bound
+    if not np.any(over):
+        return X, 0
+    Xc = np.array(X, dtype=float, copy=True)
+    Xc[over] *= (bound / norms[over])[:, None]
+    return Xc, int(np.count_nonzero(over))
+
+
+def resolve_noise_multiplier(
+    noise_multiplier: float | None,
+    mechanism_of: Callable[[float], Mechanism],
+    epsilon: float,
+    delta: float,
+    *,
+    accountant: str = "pld",
+    describe: str = "",
+) -> float:
+    """The noise multiplier a run uses: the given one, after checking that the mechanism
+    it gives spends at most ``epsilon`` at ``delta`` (a clear error otherwise), or, when
+    ``None``, the smallest one that does (:func:`privlearn.accounting.calibrate`,
+    certified, rounded up). ``describe`` completes the error message ("over 100 steps").
+
+    Every private estimator with a ``noise_multiplier=None`` option goes through here:
+    one place decides "use the given noise or calibrate".
+    """
+    if noise_multiplier is not None:
+        sigma = float(noise_multiplier)
+        spent = float(mechanism_of(sigma).epsilon(delta, accountant))
+        if spent > epsilon:
+            raise ValueError(
+                f"noise_multiplier={sigma} spends epsilon={spent:.6g} > epsilon={epsilon} "
+                f"at delta={delta}{' ' + describe if describe else ''}; leave "
+                "noise_multiplier=None to calibrate it, or raise epsilon")
+        return sigma
+    return float(calibrate(mechanism_of, epsilon, delta, accountant=accountant))
+
+
+def require_delta_for_gaussian(delta: float, owner: str, *, laplace: bool) -> None:
+    """Refuse ``delta == 0`` with Gaussian noise, which has no pure (epsilon, 0)-DP
+    guarantee; ``laplace``: the estimator offers ``noise="laplace"`` for pure DP."""
+    if delta == 0.0:
+        alternative = ("Use noise='laplace' (L1 clipping, pure DP) for delta=0, or pass "
+                       "delta > 0, e.g. 1e-6" if laplace else "Pass a small delta such as 1e-6")
+        raise ValueError(
+            f"delta=0 is impossible with Gaussian noise: the Gaussian mechanism satisfies "
+            f"no pure (epsilon, 0)-DP guarantee, and {owner} adds Gaussian noise. "
+            f"{alternative}")

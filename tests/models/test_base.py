@@ -1,0 +1,151 @@
+"""The public estimator base: the pipeline validate -> plan -> reserve -> check data ->
+release -> settle -> record that every estimator runs through."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import numpy as np
+import pytest
+
+import privlearn.models as M
+from privlearn.accounting import Gaussian, compose
+from privlearn.errors import PrivacyLeakWarning
+from privlearn.ledger import Ledger
+from privlearn.models import NoisyGDRegressor, PrivateEstimator, ReleasePlan, SSPRegressor
+
+
+def _data(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-0.5, 0.5, size=(n, 3))
+    return X, X @ [1.0, 2.0, 3.0] + 0.1 * rng.normal(size=n)
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def test_every_estimator_uses_the_base():
+    """Every public class that fits or releases is a PrivateEstimator (except the Pipeline,
+    whose steps are, and the frozen LabelRelease record), and none re-implements the
+    pipeline: reserve / cancel / settle / record live in the base only."""
+    for name in M.__all__:
+        cls = getattr(M, name)
+        if (inspect.isclass(cls) and (hasattr(cls, "fit") or hasattr(cls, "release"))
+                and name not in ("PrivatePipeline", "LabelRelease")):
+            assert issubclass(cls, PrivateEstimator), name
+    for sub in _subclasses(PrivateEstimator):
+        if sub.__module__.startswith("privlearn."):
+            assert not {"_fit", "_run", "_record", "_reserve", "_refit"} & set(vars(sub)), sub
+
+
+def test_refit_drops_the_previous_fits_attributes():
+    """An attribute of an earlier fit on other data is not covered by the new
+    ``mechanism_``: a refit that does not produce it removes it."""
+    X, y = _data()
+    m = NoisyGDRegressor(y_bound=3.0, noise_multiplier=None, n_iter=20, log_every=5)
+    m.fit(X, y)
+    assert hasattr(m, "coef_path_")
+    m.set_params(log_every=None).fit(X[:100], y[:100])
+    for name in ("coef_path_", "intercept_path_", "epsilon_path_", "path_iterations_"):
+        assert not hasattr(m, name), name
+
+
+def test_failed_fit_leaves_the_previous_fit_in_place():
+    X, y = _data()
+    m = SSPRegressor(y_bound=3.0).fit(X, y)
+    before = {k: v for k, v in vars(m).items() if k.endswith("_")}
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        m.fit(X, y[:10])
+    after = {k: v for k, v in vars(m).items() if k.endswith("_")}
+    assert after.keys() == before.keys()
+    assert all(after[k] is before[k] for k in before)
+
+
+def test_a_release_that_raises_is_counted_in_full(tmp_path):
+    """An error after the data was read (here NoisyGD diverging) may depend on the data:
+    the reservation is settled with the whole plan, not cancelled or left pending."""
+    X, y = _data()
+    led = Ledger(tmp_path / "l.db")
+    led.create_budget("d", epsilon=5.0, delta=1e-5)
+    m = NoisyGDRegressor(y_bound=3.0, noise_multiplier=None, n_iter=50, learning_rate=1e6,
+                         ledger=led.budget("d"))
+    plan = m.planned_mechanism(X, y)
+    with pytest.raises(FloatingPointError, match="diverged"):
+        m.fit(X, y)
+    assert led.pending("d") == []
+    kinds = [e.kind for e in led.history("d")]
+    assert kinds == ["budget", "reserve", "settle"]
+    assert led.history("d")[-1].mechanism == plan
+    assert led.spent("d").epsilon_spent == pytest.approx(plan.epsilon(1e-5), rel=1e-12)
+    assert not hasattr(m, "mechanism_")
+
+
+def test_invalid_data_cancels_the_reservation(tmp_path):
+    X, y = _data()
+    led = Ledger(tmp_path / "l.db")
+    led.create_budget("d", epsilon=5.0, delta=1e-5)
+    with pytest.raises(ValueError):
+        SSPRegressor(y_bound=3.0, ledger=led.budget("d")).fit(X, y[:10])
+    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
+
+
+def test_delta_at_least_one_over_n_warns():
+    """delta >= 1/n allows publishing a whole record (Dwork & Roth 2014, Sec. 2.3)."""
+    X, y = _data(n=50)
+    with pytest.warns(PrivacyLeakWarning, match=r"1/n = 1/50"):
+        SSPRegressor(delta=0.05, y_bound=3.0).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        SSPRegressor(delta=1e-4, y_bound=3.0).fit(X, y)
+
+
+def test_planned_mechanism_is_what_fit_runs_and_reads_no_values():
+    class Shape:
+        shape = (300, 3)
+
+        def __array__(self, *args, **kwargs):
+            raise AssertionError("the data was read")
+
+    X, y = _data()
+    for est in (SSPRegressor(y_bound=3.0),
+                NoisyGDRegressor(y_bound=3.0, noise_multiplier=None, n_iter=10),
+                M.DPSGDRegressor(n_iter=10),
+                M.PrivateStandardScaler(feature_range=(-1, 1))):
+        planned = est.planned_mechanism(Shape())
+        assert planned == est.fit(X, y).mechanism_
+
+
+class _NoisyMean(PrivateEstimator):
+    """A minimal estimator on the base (its tests: exact epsilon, attributes set once)."""
+
+    def __init__(self, epsilon=1.0, delta=1e-6, fail=False):
+        self.epsilon, self.delta, self.fail = epsilon, delta, fail
+
+    def _plan(self, params, X, y):
+        return ReleasePlan(mechanism=Gaussian(4.0), delta=1e-6, accountant="pld")
+
+    def _release(self, X, y, plan):
+        if self.fail:
+            raise RuntimeError("boom")
+        return {"mean_": X.mean(axis=0) + np.random.default_rng().normal(size=X.shape[1])}
+
+    def fit(self, X, y=None):
+        return self._fit(X, y)
+
+
+def test_record_sets_mechanism_epsilon_and_delta():
+    X, _ = _data()
+    m = _NoisyMean().fit(X)
+    assert m.mechanism_ == Gaussian(4.0)
+    assert m.epsilon_ == Gaussian(4.0).epsilon(1e-6, "pld") and m.delta_ == 1e-6
+    with pytest.raises(RuntimeError):
+        _NoisyMean(fail=True).fit(X)
+    failed = _NoisyMean(fail=True)
+    with pytest.raises(RuntimeError):
+        failed.fit(X)
+    assert [k for k in vars(failed) if k.endswith("_")] == []
+    assert compose([m.mechanism_]).epsilon(1e-6) == m.epsilon_
