@@ -1,0 +1,109 @@
+"""Cost of the batch-independence probe (privlearn.torch.probe) on the small Hugging Face
+configurations of ``benchmarks/hf_engine.py``: the probe runs once, before the first
+step (two forward passes without gradients), and never again.
+
+For each model and round: a fresh ``make_private``, the first step with the probe timed
+on its own, then ``--steps`` more steps; reported are the probe's time, the median
+private step of the same round and their ratio (the target: the probe costs less than
+one step), and the time ``check_independence`` takes on the later steps. Usage::
+
+    python benchmarks/probe_cost.py --threads 1 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's privlearn
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hf_engine import build  # noqa: E402
+
+
+def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import privlearn.torch.probe as probe_mod
+    from privlearn.torch import make_private, per_sequence_cross_entropy
+
+    model = build(name)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 8000, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[::2, seq // 2:] = 0
+    y = torch.randint(0, 2, (batch,), generator=g)
+
+    def loss_fn(out):
+        if name == "bert":
+            return torch.nn.functional.cross_entropy(out.logits, y)
+        return per_sequence_cross_entropy(out.logits, ids.masked_fill(mask == 0, -100),
+                                          shift=True)
+
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=1e-3)
+    loader = DataLoader(TensorDataset(ids), batch_size=batch)  # rate 1: one batch a step
+    p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
+    spent = []
+    original = probe_mod.probe
+
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return original(*a, **k)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    probe_mod.probe = timed
+    check = p.optimizer.tracker.check_independence
+    later = []
+    try:
+        times = []
+        for k in range(steps + 1):
+            next(iter(p.data_loader))
+            t0 = time.perf_counter()
+            p.optimizer.zero_grad()
+            loss_fn(p.model(input_ids=ids, attention_mask=mask)).backward()
+            if k:
+                c0 = time.perf_counter()
+                check(batch)  # what the step calls: nothing pending after the first
+                later.append(time.perf_counter() - c0)
+            p.optimizer.step()
+            times.append(time.perf_counter() - t0)
+    finally:
+        probe_mod.probe = original
+    assert len(spent) == 1, spent  # once, on the first step
+    return {"probe": spent[0], "first": times[0], "step": statistics.median(times[1:]),
+            "later": statistics.median(later)}
+
+
+def main() -> None:
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="gpt2,gpt2_untied,bert,llama,gpt2_lora")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=64)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    print("| model | probe (ms) | private step (ms) | probe / step | check on later steps (us) |")
+    print("|---|---|---|---|---|")
+    for name in a.models.split(","):
+        rs = [one_round(name, a.steps, a.batch, a.seq) for _ in range(a.rounds)]
+        probe = statistics.median(r["probe"] for r in rs)
+        step = statistics.median(r["step"] for r in rs)
+        ratios = [r["probe"] / r["step"] for r in rs]
+        later = statistics.median(r["later"] for r in rs)
+        print(f"| {name} | {probe * 1e3:.1f} | {step * 1e3:.1f} | "
+              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
+              f"{later * 1e6:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
