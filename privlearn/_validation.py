@@ -24,8 +24,7 @@ suggestion derived from the range is appended. NumPy scalars are real numbers
 
 Who uses it
 -----------
-Every layer: ``privlearn.accounting`` (``privlearn.accounting._validation`` is a
-deprecated re-export kept for old imports), the estimators of ``privlearn.models``
+Every layer: ``privlearn.accounting``, the estimators of ``privlearn.models``
 (through the declarative constraints of :mod:`privlearn.models._params`), the PyTorch
 engine (``make_private``, the optimizer's live ``noise_multiplier``/``max_grad_norm``,
 the samplers) and the CLI. Wrong types raise :class:`ParameterTypeError`, which is a

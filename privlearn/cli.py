@@ -29,6 +29,12 @@ from typing import Any
 import click
 
 from privlearn import __version__
+from privlearn._validation import (
+    check_count,
+    check_delta,
+    check_positive,
+    check_rate,
+)
 from privlearn.accounting import (
     AccountingError,
     CalibrationError,
@@ -40,12 +46,6 @@ from privlearn.accounting import (
     calibrate,
     compose,
     subsample,
-)
-from privlearn.accounting._validation import (
-    check_count,
-    check_delta,
-    check_positive,
-    check_rate,
 )
 
 __all__ = ["cli", "main", "build_mechanism", "steps_per_epoch"]
@@ -762,7 +762,9 @@ def budget_verify(path: str, expect_head: str | None) -> None:
         click.echo(f"TAMPERED: {p}", err=True)
     sys.exit(1)
 
-# ---------------------------------------------------------------------------- audit (issue 10)
+# ----------------------------------------------------------------------------------
+# privlearn audit: empirical privacy audits (privlearn.auditing)
+# ----------------------------------------------------------------------------------
 _AUDIT_BUGS = ("none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10")
 _AUDIT_METHODS = ("one_run", "one_run_fdp")
 

@@ -441,7 +441,7 @@ def test_gaussian_delta_zero_suggests_laplace(runner: CliRunner, command: list[s
 
 def test_long_run_tiny_delta_certified_by_pld_below_rdp(runner: CliRunner) -> None:
     """10^6 steps at delta 1e-9: the plain PLD grid cannot certify delta; the tilted
-    composition does (issue 14), with a lower bound, below RDP's 8.79, and the output
+    composition does, with a lower bound, below RDP's 8.79, and the output
     names the accountant that answered."""
     args = ["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.001", "--steps",
             "1000000", "--delta", "1e-9"]

@@ -89,10 +89,3 @@ def test_enum_and_choice():
         v.check_choice("mode", None, ("mean", "sum"))
     with pytest.raises(TypeError, match="fn must be callable"):
         v.check_callable("fn", 3)
-
-
-def test_old_accounting_location_still_works():
-    from privlearn.accounting import _validation as old
-
-    assert old.check_delta is v.check_delta
-    assert old.check_probability_open is v.check_probability

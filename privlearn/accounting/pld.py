@@ -256,7 +256,7 @@ class PLDAccountant:
             lo, up = gaussian_epsilon_bounds(sigma, delta)
             return PrivacyBound(up, lo, self.name)
         exact = closed_form.epsilon_bounds(mechanism, delta) if delta > 0.0 else None
-        if exact is not None:  # hook (issue 14): exact finite PLD / Laplace closed form
+        if exact is not None:  # exact finite PLD / Laplace closed form
             return PrivacyBound(exact[1], exact[0], self.name)
         if delta <= 0.0:
             e = pure_epsilon(mechanism)
@@ -316,7 +316,7 @@ class PLDAccountant:
             lo, up = gaussian_delta_bounds(sigma, epsilon)
             return PrivacyBound(up, lo, self.name)
         exact = closed_form.delta_bounds(mechanism, epsilon)
-        if exact is not None:  # hook (issue 14): exact finite PLD / Laplace closed form
+        if exact is not None:  # exact finite PLD / Laplace closed form
             return PrivacyBound(exact[1], exact[0], self.name)
         pe = pure_epsilon(mechanism)
         if epsilon >= pe * (1.0 + 4.0 * dsc.U):  # beyond the largest privacy loss

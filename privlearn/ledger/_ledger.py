@@ -27,8 +27,8 @@ if sys.platform != "win32":
 else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
+from privlearn._validation import check_delta, check_positive
 from privlearn.accounting import Composed, Mechanism, compose, get_accountant
-from privlearn.accounting._validation import check_delta, check_positive
 from privlearn.accounting.serialization import dumps, loads
 from privlearn.errors import BudgetExceededError
 from privlearn.ledger._filter import default_filter_order, filter_epsilon, rdp_at_order

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 
 import privlearn.accounting as acc
@@ -102,18 +101,3 @@ def test_equivalent_gaussian_is_exact_or_rounded_down():
     assert s <= exact and s == pytest.approx(exact, rel=1e-15)
     assert registry.equivalent_gaussian(acc.subsample(acc.Gaussian(1.0), 0.5)) is None
     assert registry.combine_gaussians([(1.0, 0.0)]) == math.inf
-
-
-def test_deprecated_rdp_registration_still_works():
-    from privlearn.accounting.rdp import register_rdp
-
-    @dataclass(frozen=True)
-    class Old(acc.Mechanism):
-        rho: float
-
-    @register_rdp(Old)
-    def _(m, alphas):
-        return m.rho * np.asarray(alphas)
-
-    assert Old(0.5).rdp(3.0) == pytest.approx(1.5)
-    assert math.isfinite(Old(0.5).epsilon(1e-5, accountant="rdp"))
