@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from privlearn.errors import DataNotFoundError
+
 __all__ = [
     "Bunch",
     "DataNotFoundError",
@@ -67,10 +69,6 @@ class Bunch(dict):
     def __dir__(self):
         return list(self.keys())
 
-
-class DataNotFoundError(FileNotFoundError):
-    """A dataset's files are not in any of the documented places (and ``download`` was
-    not asked for). The message is one line naming the places searched and what to do."""
 
 # ---------------------------------------------------------------------------------------
 # California housing

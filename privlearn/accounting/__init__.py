@@ -13,14 +13,12 @@ added with :func:`register_accountant`.
 
 from privlearn.accounting import _builtin_kinds  # noqa: F401  (registers the built-in kinds)
 from privlearn.accounting.accountants import (
-    AccountingError,
     PrivacyBound,
-    UnsupportedMechanismError,
     available_accountants,
     get_accountant,
     register_accountant,
 )
-from privlearn.accounting.calibration import CalibrationError, calibrate
+from privlearn.accounting.calibration import calibrate
 from privlearn.accounting.mechanisms import (
     Composed,
     Gaussian,
@@ -41,10 +39,18 @@ from privlearn.accounting.registry import (
     register_mechanism,
     register_representation,
 )
+from privlearn.errors import (
+    AccountingError,
+    CalibrationError,
+    CertificationError,
+    PrivacyLossOverflowError,
+    UnsupportedMechanismError,
+)
 
 __all__ = [
     "AccountingError",
     "CalibrationError",
+    "CertificationError",
     "Composed",
     "Gaussian",
     "Laplace",
@@ -52,6 +58,7 @@ __all__ = [
     "MechanismKind",
     "Neighbouring",
     "PrivacyBound",
+    "PrivacyLossOverflowError",
     "PureDP",
     "RDPMechanism",
     "RandomizedResponse",

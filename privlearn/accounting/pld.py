@@ -118,12 +118,13 @@ from privlearn.accounting._pld_profile import delta_at as _delta_at
 from privlearn.accounting._pld_profile import delta_upper as _delta_upper
 from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
-from privlearn.accounting._types import AccountingError, PrivacyBound, UnsupportedMechanismError
+from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant, register_accountant
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
 from privlearn.accounting.mechanisms import Composed, Mechanism, Neighbouring, Subsampled
 from privlearn.accounting.registry import equivalent_gaussian, kind_of, lookup, relation_base
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
+from privlearn.errors import AccountingError, UnsupportedMechanismError
 
 __all__ = ["PLDAccountant", "pure_epsilon"]
 

@@ -82,11 +82,7 @@ from privlearn.accounting._rdp_math import (
 )
 from privlearn.accounting._rdp_sampled_gaussian import clear_cache as _clear_sg_cache
 from privlearn.accounting._rdp_sampled_gaussian import subsampled_gaussian_rdp
-from privlearn.accounting._types import (
-    AccountingError,
-    PrivacyBound,
-    UnsupportedMechanismError,
-)
+from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.conversion import rdp_to_delta, rdp_to_epsilon
 from privlearn.accounting.mechanisms import (
@@ -102,6 +98,7 @@ from privlearn.accounting.registry import (
     relation_base,
 )
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
+from privlearn.errors import AccountingError, UnsupportedMechanismError
 
 __all__ = [
     "rdp_epsilon",

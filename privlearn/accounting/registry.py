@@ -100,7 +100,6 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
-from privlearn.accounting._types import UnsupportedMechanismError
 from privlearn.accounting.mechanisms import (
     Composed,
     Mechanism,
@@ -108,6 +107,7 @@ from privlearn.accounting.mechanisms import (
     Sampling,
     Subsampled,
 )
+from privlearn.errors import UnsupportedMechanismError
 
 __all__ = [
     "MechanismKind",
@@ -367,6 +367,19 @@ def upper_float(value: Fraction) -> float:
 _RATE_ULPS = 4.0 * sys.float_info.epsilon
 
 
+def _amplified(eps: float, q: float) -> float:
+    """``log(1 + q (e^eps - 1))`` (to a few ulps; the caller rounds up) without overflow.
+
+    Above ``eps = 700`` (``e^eps`` near the float limit) it is evaluated as
+    ``eps + log(q + (1 - q) e^-eps)`` (``e^eps`` factored out) plus the rounding error of
+    that sum, bounded by 4 ulps of each term (the two terms can cancel for rates near
+    ``e^-eps``)."""
+    if eps <= 700.0:
+        return math.log1p(q * math.expm1(eps))
+    tail = math.log(q + (1.0 - q) * math.exp(-eps))
+    return eps + tail + 4.0 * sys.float_info.epsilon * (eps + abs(tail))
+
+
 def _step_pure_epsilon(m: Mechanism) -> float:
     """Pure epsilon of one (possibly subsampled) step; see :func:`pure_epsilon`."""
     if isinstance(m, Subsampled):
@@ -384,7 +397,7 @@ def _step_pure_epsilon(m: Mechanism) -> float:
         if math.isinf(e):
             return math.inf
         # Balle, Barthe & Gaboardi 2018, Theorems 8 and 9: log(1 + q (e^eps - 1))
-        return math.log1p(m.rate * math.expm1(e)) * (1.0 + _RATE_ULPS)
+        return _amplified(e, m.rate) * (1.0 + _RATE_ULPS)
     return float(lookup("pure_epsilon", m)(m))
 
 

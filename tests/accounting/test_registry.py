@@ -101,3 +101,17 @@ def test_equivalent_gaussian_is_exact_or_rounded_down():
     assert s <= exact and s == pytest.approx(exact, rel=1e-15)
     assert registry.equivalent_gaussian(acc.subsample(acc.Gaussian(1.0), 0.5)) is None
     assert registry.combine_gaussians([(1.0, 0.0)]) == math.inf
+
+
+@pytest.mark.parametrize("eps0", [1.0, 30.0, 699.0, 701.0, 1000.0, 1e5])
+@pytest.mark.parametrize("q", [1e-300, 1e-9, 0.01, 0.5, 1.0])
+def test_subsampled_pure_epsilon_is_finite_and_rounded_up(eps0, q):
+    """log(1 + q (e^eps - 1)) (Balle, Barthe & Gaboardi 2018, Thm 8) for any finite eps:
+    never an OverflowError (math.expm1 overflows above 709.78), never below the exact
+    value (mpmath), within 1e-12 relative of it."""
+    import mpmath
+
+    got = registry.pure_epsilon(acc.subsample(acc.PureDP(eps0), q))
+    with mpmath.workdps(60):
+        exact = mpmath.log1p(mpmath.mpf(q) * mpmath.expm1(mpmath.mpf(eps0)))
+        assert exact <= got <= exact * (1 + mpmath.mpf(1e-12))
