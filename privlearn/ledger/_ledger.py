@@ -601,10 +601,11 @@ class Ledger:
     def _mech(self, text: str | None) -> Mechanism | None:
         if text is None:
             return None
-        m = self._parsed.get(text)
-        if m is None:
-            m = self._parsed[text] = loads(text)
-        return m
+        with self._lock:  # the parse cache is shared by the threads using this ledger
+            m = self._parsed.get(text)
+            if m is None:
+                m = self._parsed[text] = loads(text)
+            return m
 
     def _entry(self, r: Sequence) -> Entry:
         return Entry(seq=r[0], kind=r[1], dataset=r[2], privacy_unit=r[3],
