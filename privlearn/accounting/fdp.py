@@ -30,11 +30,13 @@ NumPy/SciPy only (``scipy.special``; ``scipy.stats`` is never imported, see
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr, ndtri
 
-from privlearn.accounting.mechanisms import Composed, Gaussian, Mechanism
+from privlearn.accounting.mechanisms import Mechanism
+from privlearn.accounting.registry import equivalent_gaussian, upper_float
 
 __all__ = [
     "gaussian_tradeoff",
@@ -182,15 +184,16 @@ def gdp_mu(epsilon: float, delta: float) -> float:
 
 
 def gaussian_mu(mechanism: Mechanism) -> float | None:
-    """``mu`` of a plain Gaussian or a composition of plain Gaussians (exactly
-    ``sqrt(sum_i k_i / sigma_i^2)``-GDP, Dong, Roth & Su 2022, Corollary 3.3); None for
-    any other mechanism (subsampled, Laplace, ...)."""
-    if isinstance(mechanism, Gaussian):
-        return 1.0 / mechanism.noise_multiplier
-    if isinstance(mechanism, Composed) and mechanism.parts and all(
-            isinstance(m, Gaussian) for m, _ in mechanism.parts):
-        return math.sqrt(sum(k / m.noise_multiplier ** 2 for m, k in mechanism.parts))
-    return None
+    """``mu`` of a mechanism that is exactly ``mu``-GDP: one whose parts all have an
+    equivalent Gaussian in the mechanism registry (plain Gaussians and their
+    compositions: ``sqrt(sum_i k_i / sigma_i^2)``-GDP, Dong, Roth & Su 2022, Corollary
+    3.3), ``1 / sigma`` of :func:`privlearn.accounting.registry.equivalent_gaussian`
+    rounded up (a larger ``mu`` is the pessimistic side); None for any other mechanism
+    (subsampled, Laplace, ...)."""
+    sigma = equivalent_gaussian(mechanism)
+    if sigma is None:
+        return None
+    return upper_float(1 / Fraction(sigma))
 
 
 def tradeoff_from_profile(epsilons, deltas, alphas) -> np.ndarray:

@@ -19,9 +19,11 @@ def test_builtin_kinds_have_their_representations():
         acc.Gaussian: {"pure_epsilon", "pld_pair", "rdp", "equivalent_gaussian",
                        "scale_sensitivity", "pld_replace_one_pair", "rdp_poisson_subsampled"},
         acc.Laplace: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity",
-                      "pld_replace_one_pair", "rdp_poisson_subsampled"},
-        acc.RandomizedResponse: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity"},
-        acc.PureDP: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity"},
+                      "pld_replace_one_pair", "rdp_poisson_subsampled", "exact_epsilon",
+                      "exact_delta"},
+        acc.RandomizedResponse: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity",
+                                 "pld_atoms"},
+        acc.PureDP: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity", "pld_atoms"},
         acc.RDPMechanism: {"pure_epsilon", "rdp"},
     }
     for cls, reps in expect.items():

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from _tampering import non_ledger_files, tamper
 from click.testing import CliRunner
 
 from privlearn.accounting import Gaussian, compose, subsample
@@ -72,14 +73,7 @@ def test_bad_input_is_status_2(db, tmp_path):
 
 
 def test_a_file_that_is_not_a_ledger_is_status_4(tmp_path):
-    junk = tmp_path / "junk.db"
-    junk.write_bytes(b"this is not a database" * 100)
-    other = tmp_path / "other.db"
-    con = sqlite3.connect(other)
-    con.execute("CREATE TABLE t (x)")
-    con.commit()
-    con.close()
-    for path in (junk, other):
+    for path in non_ledger_files(tmp_path):
         for args in (["budget", "show", str(path), "--dataset", "adult"],
                      ["budget", "init", str(path), "--dataset", "a", "--epsilon", "1",
                       "--delta", "1e-6"]):
@@ -87,16 +81,6 @@ def test_a_file_that_is_not_a_ledger_is_status_4(tmp_path):
             assert r.exit_code == 4, (args, r.output)
             assert r.output.startswith("error: ") and "not a" in r.output
             assert r.output.count("\n") == 1
-
-
-def _tamper(path, *sql):
-    con = sqlite3.connect(path)
-    con.execute("DROP TRIGGER IF EXISTS entries_no_update")
-    con.execute("DROP TRIGGER IF EXISTS entries_no_delete")
-    for s in sql:
-        con.execute(s)
-    con.commit()
-    con.close()
 
 
 def test_verify_intact(db):
@@ -132,7 +116,7 @@ def test_append_only_triggers(db):
     ],
 )
 def test_verify_detects_editing_deleting_truncating(db, sql):
-    _tamper(db, *sql)
+    tamper(db, *sql)
     r = CliRunner().invoke(cli, ["budget", "verify", db])
     assert r.exit_code == 4, r.output
     assert "TAMPERED" in r.output
@@ -148,7 +132,7 @@ def test_every_budget_command_refuses_a_tampered_ledger(db, sql):
     with status 4 and one line saying what was found and what to do, instead of reporting
     or extending a total that is too low; nothing is appended."""
     honest = json.loads(run("budget", "show", db, "--dataset", "adult", "--json").output)
-    _tamper(db, *sql)
+    tamper(db, *sql)
     for args in (["show", db, "--dataset", "adult"],
                  ["show", db, "--dataset", "adult", "--json"],
                  ["spend", db, "--dataset", "adult", "--noise-multiplier", "30"],
@@ -170,7 +154,7 @@ def test_truncation_with_rewritten_head_needs_an_external_anchor(db):
     con = sqlite3.connect(db)
     prev = con.execute("SELECT hash FROM entries WHERE seq = 3").fetchone()[0]
     con.close()
-    _tamper(db, "DELETE FROM entries WHERE seq = 4",
+    tamper(db, "DELETE FROM entries WHERE seq = 4",
             f"UPDATE head SET count = 3, hash = '{prev}'")
     # a consistent shorter chain: only an anchor kept elsewhere reveals it
     assert run("budget", "verify", db).exit_code == 0

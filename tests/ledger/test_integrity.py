@@ -10,20 +10,11 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from _tampering import non_ledger_files, tamper
 
 from privlearn.accounting import Gaussian, compose
 from privlearn.errors import LedgerIntegrityError, LedgerNotFoundError
 from privlearn.ledger import Ledger
-
-
-def _tamper(path, *sql: str) -> None:
-    con = sqlite3.connect(path)
-    con.execute("DROP TRIGGER IF EXISTS entries_no_update")
-    con.execute("DROP TRIGGER IF EXISTS entries_no_delete")
-    for s in sql:
-        con.execute(s)
-    con.commit()
-    con.close()
 
 
 def _backup(src, dst) -> None:
@@ -97,7 +88,7 @@ def test_every_public_path_refuses_a_ledger_with_a_deleted_spend(ledger_path, op
     tampering or is opened after it, every read and write refuses; nothing is appended."""
     early = Ledger(ledger_path)
     handle = early.budget("a")  # what estimators hold
-    _tamper(ledger_path, *ATTACKS["delete a spend"])
+    tamper(ledger_path, *ATTACKS["delete a spend"])
     led = early if opened == "before" else Ledger(ledger_path)
     for _name, call in PATHS:
         _assert_refused(led, call)
@@ -114,7 +105,7 @@ def test_every_public_path_refuses_a_ledger_with_a_deleted_spend(ledger_path, op
 def test_every_attack_is_refused(ledger_path, attack):
     early = Ledger(ledger_path)
     early.spent("a")
-    _tamper(ledger_path, *ATTACKS[attack])
+    tamper(ledger_path, *ATTACKS[attack])
     for led in (early, Ledger(ledger_path)):
         for call in (lambda led: led.spent("a"), lambda led: led.spend("a", Gaussian(50.0))):
             _assert_refused(led, call)
@@ -124,7 +115,7 @@ def test_every_attack_is_refused(ledger_path, attack):
 def test_the_deleted_spend_would_have_given_a_too_low_total(ledger_path):
     """What the refusal prevents: the file without entry 2 composes to less."""
     honest = Ledger(ledger_path).spent("a").epsilon_spent
-    _tamper(ledger_path, "DELETE FROM entries WHERE seq = 2")
+    tamper(ledger_path, "DELETE FROM entries WHERE seq = 2")
     con = sqlite3.connect(ledger_path)
     rows = con.execute("SELECT count(*) FROM entries WHERE kind = 'spend'").fetchone()[0]
     con.close()
@@ -140,7 +131,7 @@ def test_restoring_the_file_lifts_the_refusal(ledger_path, tmp_path):
     _backup(ledger_path, backup)
     led = Ledger(ledger_path)
     honest = led.spent("a")
-    _tamper(ledger_path, "DELETE FROM entries WHERE seq = 3")
+    tamper(ledger_path, "DELETE FROM entries WHERE seq = 3")
     with pytest.raises(LedgerIntegrityError):
         led.spent("a")
     _backup(backup, ledger_path)  # restore through SQLite (the connection stays valid)
@@ -158,7 +149,7 @@ def test_truncation_with_a_rewritten_head_is_refused_by_an_object_that_saw_more(
     con = sqlite3.connect(ledger_path)
     prev = con.execute("SELECT hash FROM entries WHERE seq = 4").fetchone()[0]
     con.close()
-    _tamper(ledger_path, "DELETE FROM entries WHERE seq = 5",
+    tamper(ledger_path, "DELETE FROM entries WHERE seq = 5",
             f"UPDATE head SET count = 4, hash = '{prev}'")
     with pytest.raises(LedgerIntegrityError, match="does not extend the head"):
         led.spent("a")
@@ -230,13 +221,7 @@ def test_missing_ledger_is_an_error_not_a_new_file(tmp_path):
 
 
 def test_a_file_that_is_not_a_ledger_is_refused(tmp_path):
-    junk = tmp_path / "junk.db"
-    junk.write_bytes(b"not a database" * 200)
-    other = tmp_path / "other.db"
-    con = sqlite3.connect(other)
-    con.execute("CREATE TABLE t (x)")
-    con.commit()
-    con.close()
+    junk, other = non_ledger_files(tmp_path)
     for p in (junk, other):
         for create in (False, True):
             with pytest.raises(LedgerIntegrityError, match="not a"):
