@@ -273,6 +273,12 @@ def _warn_delta(delta: float, dataset_size: int | None) -> None:
         click.echo(f"warning: {_one_line(str(w.message))}", err=True)
 
 
+def _run_json(rate: float | None, sampling: str, steps: int) -> dict[str, Any]:
+    """The schedule's fields of the ``--json`` objects of ``epsilon`` and ``calibrate``."""
+    return {"sampling_rate": rate, "sampling": sampling if rate is not None else None,
+            "steps": steps}
+
+
 def _none_if_inf(x: float | None) -> float | str | None:
     if x is None:
         return None
@@ -457,9 +463,7 @@ def epsilon(
             "accountant": bound.accountant or acc,
             "mechanism": kind,
             "noise_multiplier": nm,
-            "sampling_rate": rate,
-            "sampling": samp if rate is not None else None,
-            "steps": t,
+            **_run_json(rate, samp, t),
         }
         click.echo(json.dumps(out))
         return
@@ -527,9 +531,7 @@ def calibrate_cmd(
             "delta": d,
             "accountant": acc,
             "mechanism": kind,
-            "sampling_rate": rate,
-            "sampling": samp if rate is not None else None,
-            "steps": t,
+            **_run_json(rate, samp, t),
         }
         click.echo(json.dumps(out))
         return
