@@ -301,8 +301,8 @@ class Ledger:
     :meth:`verify` and :meth:`close` raises :class:`~privlearn.errors.LedgerIntegrityError`
     while the file fails the checks of :meth:`verify` or no longer extends the head this
     object last verified (entries removed with the head rewritten), so no path returns a
-    total computed from a tampered file. The full check (re-hashing every entry, about
-    20 ms per 1,000 entries) runs when the object first reads the file and again only when
+    total computed from a tampered file. The full check (re-hashing every entry, 10-20 ms
+    per 1,000 entries) runs when the object first reads the file and again only when
     another connection has committed since (SQLite's ``PRAGMA data_version``); between
     the object's own appends it costs one query.
 
