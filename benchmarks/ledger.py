@@ -44,7 +44,7 @@ def tightness() -> dict:
     history = _history()
     n = len(history)
     with tempfile.TemporaryDirectory() as d:
-        led = Ledger(os.path.join(d, "t.db"))
+        led = Ledger(os.path.join(d, "t.db"), create=True)
         led.create_budget("p", 1000.0, DELTA)
         for label, m in history:
             led.spend("p", m, label=label)
@@ -68,11 +68,11 @@ def latency(rounds: int, per_round: int = 20) -> dict:
     BA = _diffprivlib_accountant()
     res: dict[str, list[float]] = {"gaussian": [], "heavy": [], "diffprivlib": []}
     with tempfile.TemporaryDirectory() as d:
-        g = Ledger(os.path.join(d, "g.db"))
+        g = Ledger(os.path.join(d, "g.db"), create=True)
         g.create_budget("p", 1e6, DELTA)
         for _ in range(200):
             g.spend("p", Gaussian(50.0))
-        h = Ledger(os.path.join(d, "h.db"))
+        h = Ledger(os.path.join(d, "h.db"), create=True)
         h.create_budget("p", 1e6, DELTA)
         for label, m in _history():
             h.spend("p", m, label=label)

@@ -1,15 +1,16 @@
 """The one validation vocabulary of privlearn (accounting, models, torch, CLI).
 
-A leaf module: it imports only the standard library (no NumPy, nothing from privlearn),
-so every layer can use it without import cycles or heavy imports.
+A leaf module: it imports only the standard library and the leaf :mod:`privlearn.errors`
+(no NumPy), so every layer can use it without import cycles or heavy imports.
 
 The rule for exception types
 ----------------------------
-* :class:`TypeError` -- the value has the wrong *type*: a string, ``None``, a bool, a
-  list where a number is expected; a non-integral type where a count is expected; a
-  non-callable where a function is expected.
-* :class:`ValueError` -- the type is right but the *value* is not allowed: out of range,
-  NaN, infinite where a finite number is needed, ``10.5`` steps, an unknown choice.
+* :class:`~privlearn.errors.ParameterTypeError` (a :class:`TypeError`) -- the value has
+  the wrong *type*: a string, ``None``, a bool, a list where a number is expected; a
+  non-integral type where a count is expected; a non-callable where a function is expected.
+* :class:`~privlearn.errors.ParameterValueError` (a :class:`ValueError`) -- the type is
+  right but the *value* is not allowed: out of range, NaN, infinite where a finite number
+  is needed, ``10.5`` steps, an unknown choice.
 
 Every message names the parameter, the valid range, the value received and what to try
 instead, e.g.::
@@ -24,14 +25,12 @@ suggestion derived from the range is appended. NumPy scalars are real numbers
 
 Who uses it
 -----------
-Every layer: ``privlearn.accounting`` (``privlearn.accounting._validation`` is a
-deprecated re-export kept for old imports), the estimators of ``privlearn.models``
+Every layer: ``privlearn.accounting``, the estimators of ``privlearn.models``
 (through the declarative constraints of :mod:`privlearn.models.constraints`), the PyTorch
 engine (``make_private``, the optimizer's live ``noise_multiplier``/``max_grad_norm``,
-the samplers) and the CLI. Wrong types raise :class:`ParameterTypeError`, which is a
-:class:`TypeError` and also a :class:`ValueError` (as scikit-learn's
-``InvalidParameterError`` is), so callers written against older versions that caught
-ValueError keep working.
+the samplers) and the CLI, which maps both error types to exit status 2.
+:class:`~privlearn.errors.ParameterTypeError` is a :class:`TypeError` and also a
+:class:`ValueError` (as scikit-learn's ``InvalidParameterError`` is).
 """
 
 from __future__ import annotations
@@ -43,12 +42,14 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import TypeVar
 
+from privlearn.errors import ParameterTypeError, ParameterValueError
+
 __all__ = [
-    "ParameterTypeError",
     "check_real",
     "check_positive",
     "check_nonnegative",
     "check_delta",
+    "check_gaussian_delta",
     "check_epsilon",
     "check_rate",
     "check_probability",
@@ -59,14 +60,6 @@ __all__ = [
 ]
 
 E = TypeVar("E", bound=Enum)
-
-
-class ParameterTypeError(TypeError, ValueError):
-    """A parameter of the wrong type: the one exception every ``check_*`` raises for a
-    wrong *type*. It is a :class:`TypeError` (the rule above) and also a
-    :class:`ValueError`, as scikit-learn's ``InvalidParameterError`` is, so that code
-    written against earlier privlearn versions (whose estimators and PyTorch engine
-    raised ValueError for a string where a number belongs) keeps working."""
 
 
 def _is_real(value: object) -> bool:
@@ -104,7 +97,7 @@ def check_positive(
     x = check_real(name, value, hint=hint)
     rng = "in (0, inf]" if allow_inf else "in (0, inf) and finite"
     if math.isnan(x) or x <= 0 or (math.isinf(x) and not allow_inf):
-        raise ValueError(_msg(name, rng, value, hint or "pass a positive number"))
+        raise ParameterValueError(_msg(name, rng, value, hint or "pass a positive number"))
     return x
 
 
@@ -115,7 +108,7 @@ def check_nonnegative(
     x = check_real(name, value, hint=hint)
     rng = "in [0, inf]" if allow_inf else "in [0, inf) and finite"
     if math.isnan(x) or x < 0 or (math.isinf(x) and not allow_inf):
-        raise ValueError(_msg(name, rng, value, hint or "pass a number >= 0"))
+        raise ParameterValueError(_msg(name, rng, value, hint or "pass a number >= 0"))
     return x
 
 
@@ -126,8 +119,33 @@ def check_delta(
     x = check_real(name, value, hint=hint)
     if math.isnan(x) or not (0.0 <= x < 1.0 or (allow_one and x == 1.0)):
         rng = "in [0, 1]" if allow_one else "in [0, 1)"
-        raise ValueError(
+        raise ParameterValueError(
             _msg(name, rng, value, hint or "typical values are 1e-5 or 1/dataset size")
+        )
+    return x
+
+
+def check_gaussian_delta(
+    name: str, value: object, *, pure_dp_alternative: str | None = None,
+    hint: str | None = None,
+) -> float:
+    """A delta for a mechanism with Gaussian noise: in (0, 1).
+
+    ``delta = 0`` asks for pure DP, which Gaussian noise never gives (its epsilon at
+    delta 0 is infinite: the privacy loss of a Gaussian pair is unbounded; Balle & Wang
+    2018, Theorem 8), so it is refused here, once for every layer, rather than answered
+    with an infinite epsilon. ``pure_dp_alternative`` names the switch to a pure-DP
+    mechanism in the caller's vocabulary (``"--mechanism laplace"``,
+    ``"noise='laplace'"``) for the message.
+    """
+    x = check_delta(name, value, hint=hint)
+    if x == 0.0:
+        instead = (f"try {pure_dp_alternative} for pure DP, or a positive {name}"
+                   if pure_dp_alternative else f"pass a positive {name}")
+        raise ParameterValueError(
+            f"{name} must be in (0, 1) with Gaussian noise, got 0: pure DP (delta 0) is "
+            f"impossible with Gaussian noise, whose epsilon at delta 0 is infinite; "
+            f"{instead} such as 1e-5"
         )
     return x
 
@@ -141,7 +159,7 @@ def check_rate(name: str, value: object, *, hint: str | None = None) -> float:
     """A sampling rate in (0, 1]."""
     x = check_real(name, value, hint=hint)
     if math.isnan(x) or not 0.0 < x <= 1.0:
-        raise ValueError(
+        raise ParameterValueError(
             _msg(name, "in (0, 1]", value, hint or "use batch size / dataset size")
         )
     return x
@@ -151,7 +169,7 @@ def check_probability(name: str, value: object, *, hint: str | None = None) -> f
     """A probability in [0, 1] (callers narrow the range, e.g. randomized response)."""
     x = check_real(name, value, hint=hint)
     if math.isnan(x) or not 0.0 <= x <= 1.0:
-        raise ValueError(_msg(name, "in [0, 1]", value, hint or "pass a probability"))
+        raise ParameterValueError(_msg(name, "in [0, 1]", value, hint or "pass a probability"))
     return x
 
 
@@ -172,13 +190,13 @@ def check_count(name: str, value: object, *, minimum: int = 0, hint: str | None 
             )
         f = float(value)  # type: ignore[arg-type]
         if not (math.isfinite(f) and f.is_integer()):
-            raise ValueError(
+            raise ParameterValueError(
                 _msg(name, f"an integer >= {minimum}", value, hint or "round it to an integer")
             )
         value = int(f)
     v = int(value)  # type: ignore[call-overload]
     if v < minimum:
-        raise ValueError(
+        raise ParameterValueError(
             _msg(name, f"an integer >= {minimum}", value, hint or f"pass at least {minimum}")
         )
     return v
@@ -198,7 +216,7 @@ def check_enum(name: str, value: object, enum_type: type[E], *, hint: str | None
     for member in enum_type:
         if key in (str(member.value).lower(), member.name.lower()):
             return member
-    raise ValueError(_msg(name, f"one of {valid}", value, hint))
+    raise ParameterValueError(_msg(name, f"one of {valid}", value, hint))
 
 
 def check_choice(
@@ -217,7 +235,7 @@ def check_choice(
         if hint is None:
             close = difflib.get_close_matches(key, [c.lower() for c in opts], n=1)
             hint = f"did you mean {close[0]!r}?" if close else None
-        raise ValueError(_msg(name, f"one of {valid}", value, hint))
+        raise ParameterValueError(_msg(name, f"one of {valid}", value, hint))
     return key
 
 

@@ -1,4 +1,5 @@
-"""Command line interface: a thin layer over :mod:`privlearn.accounting`.
+"""Command line interface: a thin layer over :mod:`privlearn.accounting`, the ledger and
+the audits.
 
 Commands
 --------
@@ -10,9 +11,14 @@ Commands
 ``privlearn budget``     a persistent privacy ledger (init, spend, show, history, verify)
 ``privlearn audit dpsgd`` empirical privacy audit of the DP-SGD engine (canaries)
 
-Every error caused by the input (a bad value, an unknown choice, an unreachable target,
-a failed numerical certification) is reported as ONE line ``error: ...`` on stderr with
-exit status 2, never as a traceback.
+Errors and exit statuses
+------------------------
+An error caused by the input or by the state of a ledger is reported as ONE line
+``error: ...`` on stderr (with what to try, where there is a suggestion), never as a
+traceback. The exit status is chosen by the *type* of the error (:data:`EXIT_STATUS`, a
+table keyed by the classes of :mod:`privlearn.errors`, looked up along the MRO), never by
+its message: see :class:`ExitStatus`. Any other exception is a bug and shows its
+traceback (status 1).
 
 Length: one click application; each command is a thin block over the library and the
 options are shared between commands, so they live together (see docs/guides/cli.md).
@@ -23,35 +29,134 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from enum import IntEnum
 from typing import Any
 
 import click
 
 from privlearn import __version__
-from privlearn.accounting import (
-    AccountingError,
-    CalibrationError,
-    Gaussian,
-    Laplace,
-    Mechanism,
-    UnsupportedMechanismError,
-    available_accountants,
-    calibrate,
-    compose,
-    subsample,
-)
-from privlearn.accounting._validation import (
+from privlearn._validation import (
     check_count,
     check_delta,
+    check_gaussian_delta,
     check_positive,
     check_rate,
 )
+from privlearn.accounting import (
+    Gaussian,
+    Laplace,
+    Mechanism,
+    available_accountants,
+    calibrate,
+    compose,
+    planned_steps,
+    subsample,
+    warn_if_delta_large,
+)
+from privlearn.errors import (
+    AccountingError,
+    BudgetExceededError,
+    CalibrationError,
+    CertificationError,
+    DataNotFoundError,
+    LedgerConflictError,
+    LedgerIntegrityError,
+    LedgerNotFoundError,
+    ParameterTypeError,
+    ParameterValueError,
+    PrivacyLossOverflowError,
+    UnknownBudgetError,
+    UnsupportedMechanismError,
+)
 
-__all__ = ["cli", "main", "build_mechanism", "steps_per_epoch"]
+__all__ = ["cli", "main", "build_mechanism", "ExitStatus", "EXIT_STATUS"]
 
 MECHANISMS = ("gaussian", "laplace")
 SAMPLINGS = ("poisson", "fixed")
+
+
+class ExitStatus(IntEnum):
+    """Exit statuses of the ``privlearn`` command."""
+
+    OK = 0
+    #: an unexpected error (a bug): Python's traceback and status
+    INTERNAL_ERROR = 1
+    #: bad usage or input, or a configuration that cannot be accounted
+    USAGE = 2
+    #: a ledger spend refused because it would exceed the budget (nothing recorded)
+    BUDGET_EXCEEDED = 3
+    #: the ledger file failed its integrity check (nothing reported or recorded)
+    LEDGER_TAMPERED = 4
+    #: ``privlearn audit`` found a VIOLATION (an empirical lower bound above the claim)
+    AUDIT_VIOLATION = 5
+
+
+#: Exit status of each error type the CLI reports in one line (looked up along the MRO).
+EXIT_STATUS: dict[type[BaseException], ExitStatus] = {
+    ParameterValueError: ExitStatus.USAGE,
+    ParameterTypeError: ExitStatus.USAGE,
+    UnsupportedMechanismError: ExitStatus.USAGE,
+    AccountingError: ExitStatus.USAGE,
+    CalibrationError: ExitStatus.USAGE,
+    LedgerNotFoundError: ExitStatus.USAGE,
+    UnknownBudgetError: ExitStatus.USAGE,
+    LedgerConflictError: ExitStatus.USAGE,
+    DataNotFoundError: ExitStatus.USAGE,
+    BudgetExceededError: ExitStatus.BUDGET_EXCEEDED,
+    LedgerIntegrityError: ExitStatus.LEDGER_TAMPERED,
+}
+
+_NON_PRIVATE = ("try a larger --noise-multiplier (with this little noise the mechanism is "
+                "essentially non-private)")
+
+
+def _calibration_hint(err: BaseException, command: str) -> str:
+    cause = err.__cause__
+    if cause is not None:  # the accountant failed during the search
+        return _hint(cause, command) or _HINT_DEFAULT
+    return ("try a larger --target-epsilon or --delta, fewer --steps/--epochs, or a smaller "
+            "--sampling-rate/--batch-size")
+
+
+def _overflow_hint(err: BaseException, command: str) -> str:
+    if command == "calibrate":
+        return ("try a smaller --target-epsilon or --accountant rdp (the search reached "
+                "noise so small that the privacy loss cannot be represented)")
+    return _NON_PRIVATE
+
+
+_HINT_DEFAULT = "try --accountant rdp, or a larger --noise-multiplier"
+
+#: What to try after an error of each type (``fn(error, command name) -> hint``), looked
+#: up along the MRO like :data:`EXIT_STATUS`.
+HINTS: dict[type[BaseException], Callable[[BaseException, str], str | None]] = {
+    UnsupportedMechanismError: lambda e, c: "try --accountant pld or --accountant rdp",
+    CertificationError: lambda e, c: (
+        "try --accountant rdp (Renyi DP needs no tail certification and gives a valid, "
+        "looser bound) or a larger --delta"),
+    PrivacyLossOverflowError: _overflow_hint,
+    AccountingError: lambda e, c: _HINT_DEFAULT,
+    CalibrationError: _calibration_hint,
+    DataNotFoundError: lambda e, c: (
+        "run again with --data-home DIR (a directory holding the files) or --download"),
+    LedgerNotFoundError: lambda e, c: (
+        "create one with `privlearn budget init PATH --dataset NAME --epsilon E --delta D`"),
+}
+
+
+def _lookup(table: dict[type[BaseException], Any], err: BaseException) -> Any:
+    for cls in type(err).__mro__:
+        if cls in table:
+            return table[cls]
+    return None
+
+
+def _hint(err: BaseException, command: str) -> str | None:
+    fn = _lookup(HINTS, err)
+    return None if fn is None else fn(err, command)
+
 
 #: One-line descriptions of the built-in accountants for ``--help``; the list of names
 #: itself comes from the registry (:func:`privlearn.accounting.available_accountants`).
@@ -105,16 +210,6 @@ def build_mechanism(
     return compose(m, steps=steps)
 
 
-def steps_per_epoch(sampling_rate: float) -> int:
-    """Steps in one epoch at sampling rate ``q``: ``max(1, round(1 / q))``.
-
-    The same rule as :func:`privlearn.torch.make_private` (its data loader yields
-    ``round(1/q)`` Poisson batches per epoch), so ``--epochs`` accounts exactly the steps
-    that a PyTorch run with the same batch size, dataset size and epochs takes.
-    """
-    return max(1, round(1 / sampling_rate))
-
-
 def _schedule(
     sampling_rate: float | None,
     steps: int | None,
@@ -122,7 +217,11 @@ def _schedule(
     dataset_size: int | None,
     epochs: int | None,
 ) -> tuple[float | None, int, str]:
-    """(sampling rate, steps, a sentence on how they were obtained) from either form."""
+    """(sampling rate, steps, a sentence on how they were obtained) from either form.
+
+    The epoch form counts steps with :func:`privlearn.accounting.planned_steps`, the rule
+    :func:`privlearn.torch.make_private`'s loader follows (``E x round(N / B)``).
+    """
     epoch_form = {"--batch-size": batch_size, "--dataset-size": dataset_size,
                   "--epochs": epochs}
     rate_form = {"--sampling-rate": sampling_rate, "--steps": steps}
@@ -133,7 +232,7 @@ def _schedule(
             f"{'/'.join(given_rate)} cannot be combined with {'/'.join(given_epoch)}: "
             "describe the run either by --sampling-rate and --steps, or by --batch-size, "
             "--dataset-size and --epochs (which set sampling rate = batch size / dataset "
-            "size and steps = ceil(epochs x dataset size / batch size))"
+            "size and steps = epochs x round(dataset size / batch size))"
         )
     if given_epoch:
         missing = [k for k, v in epoch_form.items() if v is None]
@@ -146,22 +245,38 @@ def _schedule(
         n = check_count("--dataset-size", dataset_size, minimum=1)
         e = check_count("--epochs", epochs, minimum=1)
         if b > n:
-            raise ValueError(
+            raise ParameterValueError(
                 f"--batch-size must be <= --dataset-size (the sampling rate batch / dataset "
                 f"size must be in (0, 1]), got --batch-size {b} and --dataset-size {n}; "
                 "try a smaller --batch-size"
             )
         q = b / n
-        # the steps that process `epochs` passes over the data in expectation (q N examples
-        # per step), rounded up: ceil(E N / B), the usual convention (Opacus, dp_accounting)
-        total = -(-e * n // b)
-        note = (f"sampling rate = {b}/{n}; steps = ceil({e} x {n} / {b}) = {total} "
-                f"(privlearn.torch.make_private's loader runs {e} x "
-                f"{steps_per_epoch(q)} = {e * steps_per_epoch(q)}: pass --steps for that)")
+        total = planned_steps(q, e)
+        note = (f"sampling rate = {b}/{n}; steps = {e} epochs x {total // e} steps per "
+                f"epoch (round({n} / {b})) = {total}, the steps "
+                "privlearn.torch.make_private's loader runs")
         return q, total, note
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     return rate, t, ""
+
+
+def _warn_delta(delta: float, dataset_size: int | None) -> None:
+    """Print :func:`privlearn.accounting.warn_if_delta_large`'s warning (delta >= 1/n) on
+    stderr as ``warning: ...``; the command goes on."""
+    if dataset_size is None:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_delta_large(delta, dataset_size, name="--delta")
+    for w in caught:
+        click.echo(f"warning: {_one_line(str(w.message))}", err=True)
+
+
+def _run_json(rate: float | None, sampling: str, steps: int) -> dict[str, Any]:
+    """The schedule's fields of the ``--json`` objects of ``epsilon`` and ``calibrate``."""
+    return {"sampling_rate": rate, "sampling": sampling if rate is not None else None,
+            "steps": steps}
 
 
 def _none_if_inf(x: float | None) -> float | str | None:
@@ -170,55 +285,20 @@ def _none_if_inf(x: float | None) -> float | str | None:
     return x if math.isfinite(x) else "inf"
 
 
-class AccountingFailure(click.ClickException):
-    """An accounting failure reported by the CLI, as ``error: <cause>; try ...``
-    (exit status 2)."""
-
-    exit_code = 2
-
-
-def _hint(message: str, *, calibrating: bool) -> str:
-    """What to try after an accounting or calibration failure with this message."""
-    m = message.lower()
-    if "cannot certify" in m:
-        return ("try --accountant rdp (Renyi DP needs no tail certification and gives a "
-                "valid, looser bound) or a larger --delta")
-    if "unreachable" in m or "did not converge" in m:
-        return ("try a larger --target-epsilon or --delta, fewer --steps/--epochs, or a "
-                "smaller --sampling-rate/--batch-size")
-    if "not support" in m or ("only" in m and "analytic" in m):
-        return "try --accountant pld or --accountant rdp"
-    if "overflow" in m and not calibrating:
-        return ("try a larger --noise-multiplier (with this little noise the mechanism is "
-                "essentially non-private)")
-    if "does not vanish" in m or "non-private" in m or "overflow" in m:
-        if calibrating:
-            return ("try a smaller --target-epsilon or --accountant rdp (the search reached "
-                    "noise so small that the privacy loss cannot be represented)")
-        return ("try a larger --noise-multiplier (with this little noise the mechanism is "
-                "essentially non-private) or --accountant rdp")
-    return "try --accountant rdp, or a larger --noise-multiplier"
-
-
-def _failure(err: BaseException, *, calibrating: bool) -> AccountingFailure:
-    msg = _one_line(str(err)).rstrip(".") or type(err).__name__
-    if isinstance(err, OverflowError):
-        msg = f"numerical overflow in the accountant ({msg})"
-    return AccountingFailure(f"{msg}; {_hint(msg, calibrating=calibrating)}")
-
-
-def _check_not_gaussian_pure(mechanism: str, delta: float) -> None:
-    if mechanism == "gaussian" and delta == 0.0:
-        raise ValueError(
-            "--delta 0 asks for pure DP, which Gaussian noise never gives (epsilon is "
-            "infinite); try --mechanism laplace for pure DP, or a positive --delta "
-            "such as 1e-5"
-        )
-
-
 class _OneLineErrors(click.Group):
-    """A click group that reports every input error as one ``error: ...`` line on
-    stderr with exit status 2 (usage errors included), and no traceback."""
+    """A click group that reports usage errors and the error types of
+    :data:`EXIT_STATUS` as one ``error: ...`` line on stderr, with the table's exit
+    status and the hint of :data:`HINTS`; other exceptions propagate (a traceback)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except tuple(EXIT_STATUS) as err:
+            command = ctx.invoked_subcommand or ""
+            msg = _one_line(str(err)).rstrip(".") or type(err).__name__
+            hint = _hint(err, command)
+            click.echo(f"error: {msg}" + (f"; {hint}" if hint else ""), err=True)
+            raise click.exceptions.Exit(int(_lookup(EXIT_STATUS, err))) from None
 
     def main(  # type: ignore[override]
         self,
@@ -243,13 +323,10 @@ class _OneLineErrors(click.Group):
             code = 1
         except click.UsageError as e:
             click.echo(f"error: {_one_line(e.format_message())}", err=True)
-            code = 2
+            code = ExitStatus.USAGE
         except click.ClickException as e:
             click.echo(f"error: {_one_line(e.format_message())}", err=True)
             code = e.exit_code
-        except (ValueError, AccountingError) as e:
-            click.echo(f"error: {_one_line(str(e))}", err=True)
-            code = 2
         if standalone_mode:
             sys.exit(code)
         return code
@@ -262,7 +339,13 @@ def _one_line(msg: str) -> str:
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="privlearn")
 def cli() -> None:
-    """privlearn: differentially private learning with certified privacy accounting."""
+    """privlearn: differentially private learning with certified privacy accounting.
+
+    \b
+    Exit status: 0 success; 2 bad usage or input, or a run that cannot be accounted;
+    3 a ledger spend refused (budget exceeded); 4 a ledger that failed its integrity
+    check; 5 an audit VIOLATION; 1 an unexpected error (with a traceback).
+    """
 
 
 _mechanism_opt = click.option(
@@ -293,12 +376,12 @@ _steps_opt = click.option(
 _batch_opt = click.option(
     "--batch-size", type=int, default=None,
     help="Expected batch size B; with --dataset-size N and --epochs E instead of "
-    "--sampling-rate/--steps: sampling rate B/N, steps ceil(E N / B) (E passes over the "
-    "data in expectation; make_private's loader runs E x round(N/B): give --steps for "
-    "that count).",
+    "--sampling-rate/--steps: sampling rate B/N and steps E x round(N/B), the steps "
+    "privlearn.torch.make_private's loader runs.",
 )
 _dataset_opt = click.option(
-    "--dataset-size", type=int, default=None, help="Number of training examples N."
+    "--dataset-size", type=int, default=None,
+    help="Number of training examples N (a --delta of 1/N or more is warned about).",
 )
 _epochs_opt = click.option("--epochs", type=int, default=None, help="Number of epochs E.")
 _delta_opt = click.option("--delta", type=float, required=True, help="Target delta in [0, 1).")
@@ -311,6 +394,16 @@ _accountant_opt = click.option(
                    for name in _accountant_names()) + ".",
 )
 _json_opt = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+def _check_delta(mechanism: str, delta: float, dataset_size: int | None) -> float:
+    """``--delta`` for ``--mechanism``: in [0, 1), positive for Gaussian noise (no pure-DP
+    guarantee), and warned about when it is at least 1 / ``--dataset-size``."""
+    if mechanism == "gaussian":
+        d = check_gaussian_delta("--delta", delta, pure_dp_alternative="--mechanism laplace")
+    else:
+        d = check_delta("--delta", delta)
+    _warn_delta(d, dataset_size)
+    return d
 
 
 def _describe(mechanism: str, nm: float | None, rate: float | None, sampling: str,
@@ -354,18 +447,13 @@ def epsilon(
     """
     nm = check_positive("--noise-multiplier", noise_multiplier)
     rate, t, note = _schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
-    d = check_delta("--delta", delta)
     kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
-    _check_not_gaussian_pure(kind, d)
-    mech = build_mechanism(kind, nm, rate, samp, t)
-    try:
-        bound = mech.epsilon_bounds(d, acc)
-    except (AccountingError, UnsupportedMechanismError, OverflowError) as e:
-        raise _failure(e, calibrating=False) from e
+    d = _check_delta(kind, delta, dataset_size)
+    bound = build_mechanism(kind, nm, rate, samp, t).epsilon_bounds(d, acc)
     if not math.isfinite(bound.upper):
-        raise AccountingFailure(
+        raise PrivacyLossOverflowError(
             f"epsilon is infinite for {_describe(kind, nm, rate, samp, t)} at delta={d:g} "
-            f"({acc} accountant); {_hint('non-private', calibrating=False)}"
+            f"({acc} accountant)"
         )
     if as_json:
         out = {
@@ -375,9 +463,7 @@ def epsilon(
             "accountant": bound.accountant or acc,
             "mechanism": kind,
             "noise_multiplier": nm,
-            "sampling_rate": rate,
-            "sampling": samp if rate is not None else None,
-            "steps": t,
+            **_run_json(rate, samp, t),
         }
         click.echo(json.dumps(out))
         return
@@ -424,23 +510,19 @@ def calibrate_cmd(
     """
     target = check_positive("--target-epsilon", target_epsilon)
     rate, t, note = _schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
-    d = check_delta("--delta", delta)
     kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
-    _check_not_gaussian_pure(kind, d)
+    d = _check_delta(kind, delta, dataset_size)
 
     def factory(x: float) -> Mechanism:
         return build_mechanism(kind, x, rate, samp, t)
 
     try:
-        try:
-            nm = calibrate(factory, target, d, accountant=acc)
-        except (AccountingError, OverflowError) as e:
-            # An accounting failure during the search is a failed calibration: report it
-            # as one, with the accountant's message as the cause.
-            raise CalibrationError(f"calibration failed: {_one_line(str(e))}") from e
-        achieved = factory(nm).epsilon(d, acc)
-    except (CalibrationError, AccountingError, UnsupportedMechanismError, OverflowError) as e:
-        raise _failure(e, calibrating=True) from e
+        nm = calibrate(factory, target, d, accountant=acc)
+    except AccountingError as e:
+        # an accounting failure during the search is a failed calibration: report it as
+        # one, with the accountant's error as its cause (whose type gives the hint)
+        raise CalibrationError(f"calibration failed: {_one_line(str(e))}") from e
+    achieved = factory(nm).epsilon(d, acc)
     if as_json:
         out = {
             "noise_multiplier": nm,
@@ -449,9 +531,7 @@ def calibrate_cmd(
             "delta": d,
             "accountant": acc,
             "mechanism": kind,
-            "sampling_rate": rate,
-            "sampling": samp if rate is not None else None,
-            "steps": t,
+            **_run_json(rate, samp, t),
         }
         click.echo(json.dumps(out))
         return
@@ -555,35 +635,12 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
 # ----------------------------------------------------------------------------------
 
 
-class _BudgetError(click.ClickException):
-    exit_code = 2
-
-
-def _open_ledger(path: str, must_exist: bool = True):
-    import os
-
+def _open_ledger(path: str, *, create: bool = False):
+    """The ledger at ``path``; its errors (none there, not a ledger, tampered) are typed
+    and reported by :class:`_OneLineErrors`."""
     from privlearn.ledger import Ledger
 
-    if must_exist and not os.path.exists(path):
-        raise _BudgetError(f"no ledger at {path}; create one with `privlearn budget init`")
-    import sqlite3
-
-    try:
-        return Ledger(path)
-    except sqlite3.Error as e:
-        raise _BudgetError(f"{path} is not a readable privacy ledger ({e})") from None
-
-
-def _ledger_call(fn, *args, **kwargs):
-    from privlearn.errors import BudgetExceededError
-    from privlearn.ledger import LedgerIntegrityError
-
-    try:
-        return fn(*args, **kwargs)
-    except (BudgetExceededError, LedgerIntegrityError) as e:
-        raise _BudgetError(_one_line(str(e))) from None
-    except KeyError as e:
-        raise _BudgetError(_one_line(str(e.args[0]) if e.args else str(e))) from None
+    return Ledger(path, create=create)
 
 
 def _spent_json(s) -> dict[str, Any]:
@@ -638,9 +695,9 @@ _unit_opt = click.option("--privacy-unit", default=None,
 def budget_init(path: str, dataset: str, epsilon: float, delta: float,
                 privacy_unit: str | None, accountant: str, adaptive: bool) -> None:
     """Create the ledger at PATH (if needed) and set DATASET's budget."""
-    led = _open_ledger(path, must_exist=False)
-    b = _ledger_call(led.create_budget, dataset, epsilon, delta, privacy_unit=privacy_unit,
-                     accountant=accountant, adaptive=adaptive)
+    led = _open_ledger(path, create=True)
+    b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
+                          accountant=accountant, adaptive=adaptive)
     click.echo(f"budget for {b.dataset} ({b.privacy_unit}): epsilon {b.epsilon:g}, "
                f"delta {b.delta:g} ({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
 
@@ -661,15 +718,14 @@ def budget_spend(path: str, dataset: str, mechanism: str, noise_multiplier: floa
                  sampling_rate: float | None, sampling: str, steps: int | None,
                  label: str | None, who: str | None, privacy_unit: str | None,
                  as_json: bool) -> None:
-    """Record a release on DATASET; refused (status 2, nothing recorded) if it would
+    """Record a release on DATASET; refused (status 3, nothing recorded) if it would
     exceed the budget."""
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     mech = build_mechanism(mechanism.lower(), check_positive("--noise-multiplier",
                            noise_multiplier), rate, sampling.lower(), t)
     led = _open_ledger(path)
-    entry = _ledger_call(led.spend, dataset, mech, label=label, who=who,
-                         privacy_unit=privacy_unit)
+    entry = led.spend(dataset, mech, label=label, who=who, privacy_unit=privacy_unit)
     s = led.spent(dataset, privacy_unit=privacy_unit)
     if as_json:
         click.echo(json.dumps({"seq": entry.seq, "hash": entry.hash, **_spent_json(s)}))
@@ -685,8 +741,7 @@ def budget_spend(path: str, dataset: str, mechanism: str, noise_multiplier: floa
 @_json_opt
 def budget_show(path: str, dataset: str, privacy_unit: str | None, as_json: bool) -> None:
     """What has been spent on DATASET (tight composition, certified bounds)."""
-    led = _open_ledger(path)
-    s = _ledger_call(led.spent, dataset, privacy_unit=privacy_unit)
+    s = _open_ledger(path).spent(dataset, privacy_unit=privacy_unit)
     if as_json:
         click.echo(json.dumps(_spent_json(s)))
     else:
@@ -703,7 +758,7 @@ def budget_history(path: str, dataset: str, privacy_unit: str | None, as_json: b
     from privlearn.accounting.serialization import mechanism_to_dict
 
     led = _open_ledger(path)
-    _ledger_call(led.budget_info, dataset, privacy_unit=privacy_unit)
+    led.budget_info(dataset, privacy_unit=privacy_unit)
     entries = led.history(dataset, privacy_unit=privacy_unit)
     if as_json:
         click.echo(json.dumps([
@@ -743,8 +798,9 @@ def _describe_mechanism(m: Mechanism) -> str:
               help="A head printed earlier by `verify` (kept outside the file): also fail "
               "unless the ledger extends it (detects truncation with the head rewritten).")
 def budget_verify(path: str, expect_head: str | None) -> None:
-    """Check the hash chain of the ledger at PATH: status 0 when intact, 1 when an entry
-    was edited, removed or the ledger truncated."""
+    """Check the hash chain of the ledger at PATH: status 0 when intact, 4 (listing the
+    problems) when an entry was edited, removed or the ledger truncated. Every other
+    budget command also refuses a ledger that fails this check (status 4)."""
     expected = None
     if expect_head is not None:
         count, _, h = expect_head.partition(":")
@@ -760,9 +816,12 @@ def budget_verify(path: str, expect_head: str | None) -> None:
         return
     for p in report.problems:
         click.echo(f"TAMPERED: {p}", err=True)
-    sys.exit(1)
+    raise click.exceptions.Exit(ExitStatus.LEDGER_TAMPERED)
 
-# ---------------------------------------------------------------------------- audit (issue 10)
+
+# ----------------------------------------------------------------------------------
+# privlearn audit: empirical privacy audits (privlearn.auditing)
+# ----------------------------------------------------------------------------------
 _AUDIT_BUGS = ("none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10")
 _AUDIT_METHODS = ("one_run", "one_run_fdp")
 
@@ -804,8 +863,10 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
     Trains logistic regression on synthetic data plus white-box Dirac-gradient canaries
     through privlearn.torch.make_private (noise calibrated to EPSILON, DELTA), then
     prints the accountant's epsilon beside the empirical lower bound. A lower bound above
-    the claim is a VIOLATION: the run leaked more than accounted. --inject-bug plants a
-    known defect to show that the audit catches it.
+    the claim is a VIOLATION: the run leaked more than accounted, and the command exits
+    with status 5 (after printing its report), so it can gate a CI job; status 0 means no
+    violation was found. --inject-bug plants a known defect to show that the audit
+    catches it.
     """
     eps = check_positive("--epsilon", epsilon)
     if not 0 < delta < 1:
@@ -823,7 +884,9 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
     try:
         from privlearn.auditing.torch import audit_dpsgd
     except ImportError as e:  # torch missing
-        raise click.ClickException(f"privlearn audit dpsgd needs torch ({e})") from None
+        missing = click.ClickException(f"privlearn audit dpsgd needs torch ({e})")
+        missing.exit_code = ExitStatus.USAGE
+        raise missing from None
     run = audit_dpsgd(epsilon=eps, delta=d, n_canaries=m, bug=inject_bug, steps=steps,
                       sampling_rate=sampling_rate, score=score, method=method,
                       confidence=confidence, seed=seed)
@@ -837,7 +900,15 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
         out = run.to_dict()
         out["files"] = paths
         click.echo(json.dumps(out))
-        return
+    else:
+        _print_audit(run, inject_bug, method, d, m, paths)
+    if res.violation:
+        raise click.exceptions.Exit(ExitStatus.AUDIT_VIOLATION)
+
+
+def _print_audit(run, inject_bug: str, method: str, d: float, m: int, paths: list[str]
+                 ) -> None:
+    res = run.result
     verdict = "VIOLATION" if res.violation else "no violation"
     click.echo(f"planted bug:            {inject_bug}")
     click.echo(f"claimed epsilon:        {res.claimed_epsilon:.4f}  (accountant, delta={d:g}, "

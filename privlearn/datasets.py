@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from privlearn.errors import DataNotFoundError
+
 __all__ = [
     "Bunch",
     "DataNotFoundError",
@@ -43,7 +45,6 @@ __all__ = [
     "make_logistic_data",
     "CALIFORNIA_FEATURE_NAMES",
     "CALIFORNIA_FEATURE_SCALES",
-    "CALIFORNIA_SEED_SCALES",
 ]
 
 _DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -69,10 +70,6 @@ class Bunch(dict):
         return list(self.keys())
 
 
-class DataNotFoundError(FileNotFoundError):
-    """A dataset's files are not in any of the documented places (and ``download`` was
-    not asked for). The message is one line naming the places searched and what to do."""
-
 # ---------------------------------------------------------------------------------------
 # California housing
 # ---------------------------------------------------------------------------------------
@@ -91,8 +88,6 @@ CALIFORNIA_FEATURE_NAMES = [
 #: Fixed, data-independent rescaling of the eight features ("natural ranges") used by the
 #: SSP/AdaSSP/NoisyGD linear-regression study.
 CALIFORNIA_FEATURE_SCALES = np.array([10.0, 50.0, 100.0, 40.0, 40000.0, 1000.0, 50.0, 100.0])
-#: Former name of :data:`CALIFORNIA_FEATURE_SCALES`, kept for compatibility.
-CALIFORNIA_SEED_SCALES = CALIFORNIA_FEATURE_SCALES
 
 _PREPROCESSINGS = (None, "bounded", "seed")  # "seed": former name of "bounded"
 

@@ -1,7 +1,33 @@
-"""Exceptions and warnings shared by every layer of privlearn.
+"""Every exception and warning class of privlearn, in one leaf module.
 
-A leaf module: it imports nothing from the package, so any layer (accounting, models,
-torch, auditing, ledger, the CLI) can raise or catch these without import cycles.
+It imports nothing from the package, so any layer (accounting, models, torch, auditing,
+ledger, the CLI) can raise or catch these without import cycles. The packages that raise
+them re-export the public ones (``privlearn.accounting.AccountingError``,
+``privlearn.ledger.LedgerIntegrityError``, ...); both names are the same class.
+
+Every error subclasses the built-in that fits (``ValueError`` for a value that is not
+allowed, ``TypeError`` for a wrong type, ``ArithmeticError`` for a numerical computation
+that cannot be certified, ``RuntimeError`` for a refusal caused by state), so callers can
+catch either. Callers that map errors to outcomes -- the ``privlearn`` command line maps
+them to exit statuses and hints -- switch on these types, never on message text:
+
+=================================  ==========================================  ===========
+class                              raised when                                 CLI status
+=================================  ==========================================  ===========
+:class:`ParameterValueError`       a parameter value is out of range           2
+:class:`ParameterTypeError`        a parameter has the wrong type              2
+:class:`UnsupportedMechanismError` an accountant cannot evaluate a mechanism   2
+:class:`AccountingError`           a result cannot be certified (and its       2
+                                   subclasses :class:`CertificationError`,
+                                   :class:`PrivacyLossOverflowError`)
+:class:`CalibrationError`          a calibration target cannot be met          2
+:class:`LedgerNotFoundError`       no ledger file at the path                  2
+:class:`UnknownBudgetError`        no budget for the dataset in the ledger     2
+:class:`LedgerConflictError`       a request contradicts the ledger's state    2
+:class:`DataNotFoundError`         a dataset's files are not found             2
+:class:`BudgetExceededError`       a spend would exceed the ledger's budget    3
+:class:`LedgerIntegrityError`      the ledger file was tampered with           4
+=================================  ==========================================  ===========
 """
 
 from __future__ import annotations
@@ -9,11 +35,27 @@ from __future__ import annotations
 __all__ = [
     "PrivacyLeakWarning",
     "GradientOverflowWarning",
+    "AutodpArgumentWarning",
+    "ParameterValueError",
+    "ParameterTypeError",
+    "AccountingError",
+    "CertificationError",
+    "PrivacyLossOverflowError",
+    "UnsupportedMechanismError",
+    "CalibrationError",
     "PrivacyBudgetExceededError",
     "BudgetExceededError",
+    "LedgerIntegrityError",
+    "LedgerNotFoundError",
+    "UnknownBudgetError",
+    "LedgerConflictError",
+    "DataNotFoundError",
 ]
 
 
+# ----------------------------------------------------------------------------------
+# warnings
+# ----------------------------------------------------------------------------------
 class PrivacyLeakWarning(UserWarning):
     """A non-private choice was made explicitly (for example a data-dependent default
     was opted into, or a parameter was set that releases un-noised information).
@@ -34,6 +76,62 @@ class GradientOverflowWarning(RuntimeWarning):
     """
 
 
+class AutodpArgumentWarning(UserWarning):
+    """An autodp argument was accepted but has no effect in privlearn's autodp facade
+    (:mod:`privlearn.compat.autodp`; the message says why). Never emitted for arguments
+    left at autodp's defaults."""
+
+
+# ----------------------------------------------------------------------------------
+# parameters
+# ----------------------------------------------------------------------------------
+class ParameterValueError(ValueError):
+    """A parameter has the right type but a value that is not allowed (out of range,
+    NaN, infinite where a finite number is needed, an unknown choice). The message names
+    the parameter, the valid range, the value received and what to try instead."""
+
+
+class ParameterTypeError(TypeError, ValueError):
+    """A parameter of the wrong type (a string, ``None`` or a list where a number is
+    expected). It is a :class:`TypeError` and also a :class:`ValueError`, as
+    scikit-learn's ``InvalidParameterError`` is, so that one ``except ValueError`` catches
+    every invalid parameter of an estimator."""
+
+
+# ----------------------------------------------------------------------------------
+# accounting
+# ----------------------------------------------------------------------------------
+class AccountingError(ArithmeticError):
+    """A numerical computation could not reach a certified result.
+
+    Raised instead of returning nan, 0 or an optimistic value.
+    """
+
+
+class CertificationError(AccountingError):
+    """The accountant's certified error terms are larger than the quantity asked for
+    (e.g. a delta far below the FFT round-off of a very long composition): no certified
+    value exists at this precision. Another accountant (``"rdp"``) or a larger target
+    usually answers."""
+
+
+class PrivacyLossOverflowError(AccountingError, OverflowError):
+    """The privacy loss of a step is too large to represent in floating point: the
+    mechanism is essentially non-private at these parameters (more noise is needed)."""
+
+
+class UnsupportedMechanismError(ValueError):
+    """The chosen accountant cannot evaluate (part of) this mechanism."""
+
+
+class CalibrationError(ValueError):
+    """The calibration target cannot be met within the parameter bounds (or the
+    accountant failed during the search: the cause is chained as ``__cause__``)."""
+
+
+# ----------------------------------------------------------------------------------
+# budgets and the privacy ledger
+# ----------------------------------------------------------------------------------
 class PrivacyBudgetExceededError(RuntimeError):
     """A step or release would take the privacy loss past a cap the user set
     (``make_private(..., max_epsilon=...)``); raised *before* the step runs."""
@@ -42,3 +140,46 @@ class PrivacyBudgetExceededError(RuntimeError):
 class BudgetExceededError(PrivacyBudgetExceededError):
     """A spend against a persistent privacy ledger would exceed the dataset's budget;
     nothing was recorded and the data was not touched."""
+
+
+class LedgerIntegrityError(RuntimeError):
+    """The ledger file failed its integrity check: an entry was edited or removed, the
+    chain truncated, or the file rolled back behind a head this process had seen.
+
+    Nothing is reported or appended until the file verifies again (restore it from a
+    backup; :meth:`privlearn.ledger.Ledger.verify` lists what was found).
+
+    Attributes
+    ----------
+    problems : tuple of str
+        What the check found, one sentence each.
+    """
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
+class LedgerNotFoundError(FileNotFoundError):
+    """No privacy ledger at the given path (and creating one was not asked for)."""
+
+
+class UnknownBudgetError(KeyError):
+    """The ledger has no budget for this dataset (and privacy unit)."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class LedgerConflictError(ValueError):
+    """A request contradicts what the ledger holds: a budget that already exists, a
+    reservation that is unknown or already settled, or a settlement its plan does not
+    cover. Nothing was recorded."""
+
+
+# ----------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------
+class DataNotFoundError(FileNotFoundError):
+    """A dataset's files are not in any of the documented places (and ``download`` was
+    not asked for). The message is one line naming the places searched and what to do."""

@@ -356,27 +356,48 @@ EPOCH_FORM = ["--batch-size", "512", "--dataset-size", "50000", "--epochs", "30"
 
 
 def test_epoch_form_equals_rate_and_steps(runner: CliRunner) -> None:
-    """B=512, N=50000, 30 epochs is sampling rate 512/50000 and ceil(30 x 50000 / 512) =
-    2930 steps (30 passes over the data in expectation), the same epsilon as the
-    equivalent --sampling-rate/--steps call: 3.2375."""
+    """B=512, N=50000, 30 epochs is sampling rate 512/50000 and 30 x round(50000 / 512) =
+    2940 steps -- the steps make_private's loader takes, not ceil(30 x 50000 / 512) =
+    2930 -- and the same epsilon as the equivalent --sampling-rate/--steps call."""
     common = ["epsilon", "--noise-multiplier", "1.0", "--delta", "1e-5", "--json"]
     r1 = invoke(runner, [*common, *EPOCH_FORM])
     assert r1.exit_code == 0, r1.output
-    r2 = invoke(runner, [*common, "--sampling-rate", str(512 / 50000), "--steps", "2930"])
+    r2 = invoke(runner, [*common, "--sampling-rate", str(512 / 50000), "--steps", "2940"])
     assert r2.exit_code == 0, r2.output
     a, b = json.loads(r1.stdout), json.loads(r2.stdout)
     assert a == b
-    assert (a["sampling_rate"], a["steps"]) == (0.01024, 2930)
-    assert a["epsilon"] == compose(subsample(Gaussian(1.0), 0.01024), steps=2930).epsilon(1e-5)
-    assert round(a["epsilon"], 4) == 3.2375
+    assert (a["sampling_rate"], a["steps"]) == (0.01024, 2940)
+    assert a["epsilon"] == compose(subsample(Gaussian(1.0), 0.01024), steps=2940).epsilon(1e-5)
 
 
-def test_epoch_form_matches_torch_engine_schedule() -> None:
-    from privlearn.cli import steps_per_epoch
+@pytest.mark.parametrize(("b", "n", "e"), [
+    (512, 50000, 30), (256, 60000, 60), (1, 7, 3), (3, 4, 2), (100, 100, 5), (64, 96, 7),
+    (7, 1000, 1), (999, 1000, 4), (300, 1000, 3),
+])
+def test_epoch_form_counts_the_planned_steps(runner: CliRunner, b: int, n: int, e: int) -> None:
+    """The CLI counts steps with the one rule shared with make_private
+    (privlearn.accounting.planned_steps), whose loader yields round(n / b) Poisson batches
+    per epoch: E x max(1, round(n / b)) steps."""
+    from privlearn.accounting import planned_steps
 
-    for b, n in [(512, 50000), (256, 60000), (1, 7), (3, 4), (100, 100), (64, 96)]:
-        q = b / n
-        assert steps_per_epoch(q) == max(1, round(1 / q))
+    r = invoke(runner, ["epsilon", "--noise-multiplier", "2", "--delta", "1e-9",
+                        "--batch-size", str(b), "--dataset-size", str(n), "--epochs", str(e),
+                        "--json"])
+    assert r.exit_code == 0, r.output
+    steps = json.loads(r.stdout)["steps"]
+    assert steps == planned_steps(b / n, e) == e * max(1, round(n / b))
+
+
+def test_epoch_form_warns_when_delta_is_not_below_one_over_n(runner: CliRunner) -> None:
+    """delta >= 1/N allows publishing a record in the clear: a warning on stderr, exit 0."""
+    args = ["--batch-size", "10", "--dataset-size", "1000", "--epochs", "1"]
+    for cmd in (["epsilon", "--noise-multiplier", "1"], ["calibrate", "--target-epsilon", "1"]):
+        r = runner.invoke(cli, [*cmd, "--delta", "1e-3", *args, "--json"])
+        assert r.exit_code == 0, r.output
+        json.loads(r.stdout)  # stdout stays one JSON object
+        assert r.stderr.startswith("warning: --delta=0.001 is at least 1/n = 1/1000")
+        r = runner.invoke(cli, [*cmd, "--delta", "1e-5", *args])
+        assert r.exit_code == 0 and r.stderr == ""
 
 
 def test_calibrate_epoch_form(runner: CliRunner) -> None:
@@ -384,8 +405,8 @@ def test_calibrate_epoch_form(runner: CliRunner) -> None:
                         "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert (out["sampling_rate"], out["steps"]) == (0.01024, 2930)
-    m = compose(subsample(Gaussian(out["noise_multiplier"]), 0.01024), steps=2930)
+    assert (out["sampling_rate"], out["steps"]) == (0.01024, 2940)
+    m = compose(subsample(Gaussian(out["noise_multiplier"]), 0.01024), steps=2940)
     assert m.epsilon(1e-5) <= 3.0
 
 
@@ -441,7 +462,7 @@ def test_gaussian_delta_zero_suggests_laplace(runner: CliRunner, command: list[s
 
 def test_long_run_tiny_delta_certified_by_pld_below_rdp(runner: CliRunner) -> None:
     """10^6 steps at delta 1e-9: the plain PLD grid cannot certify delta; the tilted
-    composition does (issue 14), with a lower bound, below RDP's 8.79, and the output
+    composition does, with a lower bound, below RDP's 8.79, and the output
     names the accountant that answered."""
     args = ["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.001", "--steps",
             "1000000", "--delta", "1e-9"]
@@ -461,10 +482,10 @@ def test_uncertifiable_delta_message_suggests_rdp(runner: CliRunner, monkeypatch
     """Where the PLD accountant still cannot certify (fallback off), the one-line error
     ends with what to try."""
     import privlearn.cli as cli_mod
-    from privlearn.accounting import AccountingError
+    from privlearn.errors import CertificationError
 
     def failing(*args, **kwargs):
-        raise AccountingError("pld: cannot certify delta=1e-09 on this grid")
+        raise CertificationError("pld: cannot certify delta=1e-09 on this grid")
 
     monkeypatch.setattr(cli_mod, "build_mechanism", lambda *a, **k: _Failing(failing))
     line = _error_line(runner, ["epsilon", "--noise-multiplier", "1", "--sampling-rate",
@@ -479,14 +500,40 @@ class _Failing:
         self.epsilon = self.epsilon_bounds = self.delta = fn
 
 
-@pytest.mark.parametrize("mechanism, sigma", [("laplace", "0.001")])
-def test_tiny_noise_suggests_more_noise(runner: CliRunner, mechanism: str, sigma: str) -> None:
-    """Privacy loss too large to represent ("tail does not vanish", overflow)."""
-    line = _error_line(runner, ["epsilon", "--mechanism", mechanism, "--noise-multiplier",
-                                sigma, "--sampling-rate", "0.5", "--steps", "10",
-                                "--delta", "1e-5"])
-    assert "; try a larger --noise-multiplier (with this little noise the mechanism is " \
-           "essentially non-private)" in line
+def test_privacy_loss_overflow_suggests_more_noise(runner: CliRunner, monkeypatch) -> None:
+    """A privacy loss too large to represent (PrivacyLossOverflowError): the hint is
+    chosen by the error's type."""
+    import privlearn.cli as cli_mod
+    from privlearn.errors import PrivacyLossOverflowError
+
+    def failing(*args, **kwargs):
+        raise PrivacyLossOverflowError("pld: the privacy loss tail does not vanish")
+
+    monkeypatch.setattr(cli_mod, "build_mechanism", lambda *a, **k: _Failing(failing))
+    line = _error_line(runner, ["epsilon", "--noise-multiplier", "0.001", "--sampling-rate",
+                                "0.5", "--steps", "10", "--delta", "1e-5"])
+    assert line == ("error: pld: the privacy loss tail does not vanish; try a larger "
+                    "--noise-multiplier (with this little noise the mechanism is essentially "
+                    "non-private)")
+
+
+def test_tiny_laplace_noise_gets_its_finite_pure_epsilon(runner: CliRunner) -> None:
+    """Laplace noise 0.001 at rate 0.5: the pure epsilon log(1 + q (e^1000 - 1)) per step
+    is finite (it used to overflow in math.expm1 and was reported as an error)."""
+    import mpmath
+
+    with mpmath.workdps(30):
+        exact = 10 * mpmath.log1p(0.5 * mpmath.expm1(1000))  # pure epsilon of 10 steps
+    args = ["epsilon", "--mechanism", "laplace", "--noise-multiplier", "0.001",
+            "--sampling-rate", "0.5", "--steps", "10", "--json"]
+    r = invoke(runner, [*args, "--delta", "0"])
+    assert r.exit_code == 0, r.output
+    assert exact <= json.loads(r.stdout)["epsilon"] <= float(exact) * (1 + 1e-12)
+    r = invoke(runner, [*args, "--delta", "1e-5"])
+    assert r.exit_code == 0, r.output
+    eps = json.loads(r.stdout)["epsilon"]
+    assert eps <= json.loads(invoke(runner, [*args, "--delta", "0"]).stdout)["epsilon"]
+    assert eps == compose(subsample(Laplace(0.001), 0.5), steps=10).epsilon(1e-5)
 
 
 def test_tiny_gaussian_noise_is_answered_by_a_certified_fallback(runner: CliRunner) -> None:
@@ -507,29 +554,77 @@ def test_unreachable_calibration_suggests_what_to_change(runner: CliRunner) -> N
 def test_calibration_accounting_error_surfaces_as_calibration_error(runner: CliRunner,
                                                                     monkeypatch) -> None:
     """An AccountingError raised inside the calibration is reported as a failed
-    calibration (CalibrationError) carrying the accountant's message, plus a hint."""
+    calibration (CalibrationError) carrying the accountant's message; the hint follows
+    the type of the accountant's error (its cause)."""
     import privlearn.cli as cli_mod
-    from privlearn.accounting import AccountingError, CalibrationError
-
-    seen = []
+    from privlearn.errors import CalibrationError, PrivacyLossOverflowError
 
     def failing_calibrate(*args, **kwargs):
-        raise AccountingError("pld: privacy loss tail does not vanish below loss 1e4")
+        raise PrivacyLossOverflowError("pld: privacy loss tail does not vanish below loss 1e4")
 
-    real_failure = cli_mod._failure
+    seen = []
+    real_hint = cli_mod._hint
 
-    def spy(err, *, calibrating):
+    def spy(err, command):
         seen.append(err)
-        return real_failure(err, calibrating=calibrating)
+        return real_hint(err, command)
 
     monkeypatch.setattr(cli_mod, "calibrate", failing_calibrate)
-    monkeypatch.setattr(cli_mod, "_failure", spy)
+    monkeypatch.setattr(cli_mod, "_hint", spy)
     line = _error_line(runner, ["calibrate", "--target-epsilon", "50", "--delta", "1e-5",
                                 "--sampling-rate", "0.5", "--steps", "10"])
     assert isinstance(seen[0], CalibrationError)
-    assert isinstance(seen[0].__cause__, AccountingError)
-    assert line.startswith("error: calibration failed: pld: privacy loss tail does not vanish")
-    assert "; try " in line
+    assert isinstance(seen[0].__cause__, PrivacyLossOverflowError)
+    assert line == ("error: calibration failed: pld: privacy loss tail does not vanish "
+                    "below loss 1e4; try a smaller --target-epsilon or --accountant rdp (the "
+                    "search reached noise so small that the privacy loss cannot be "
+                    "represented)")
+
+
+def test_unexpected_errors_are_not_turned_into_one_liners(runner: CliRunner,
+                                                          monkeypatch) -> None:
+    """A plain ValueError (or any type the CLI does not map) is a bug: it propagates with
+    its traceback and status 1, it is never reported as a user error."""
+    import privlearn.cli as cli_mod
+
+    def broken(*args, **kwargs):
+        raise ValueError("internal bug")
+
+    monkeypatch.setattr(cli_mod, "build_mechanism", broken)
+    r = runner.invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5"])
+    assert r.exit_code == 1
+    assert isinstance(r.exception, ValueError) and str(r.exception) == "internal bug"
+    assert "error:" not in r.stderr
+    proc = subprocess.run([sys.executable, "-c", (
+        "import privlearn.cli as c\n"
+        "def broken(*a, **k):\n    raise ValueError('internal bug')\n"
+        "c.build_mechanism = broken\n"
+        "c.main(['epsilon', '--noise-multiplier', '1', '--delta', '1e-5'])\n")],
+        capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "ValueError: internal bug" in proc.stderr
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    ("ParameterValueError", 2), ("ParameterTypeError", 2), ("UnsupportedMechanismError", 2),
+    ("AccountingError", 2), ("CertificationError", 2), ("PrivacyLossOverflowError", 2),
+    ("CalibrationError", 2), ("LedgerNotFoundError", 2), ("UnknownBudgetError", 2),
+    ("LedgerConflictError", 2), ("DataNotFoundError", 2), ("BudgetExceededError", 3),
+    ("LedgerIntegrityError", 4),
+])
+def test_exit_status_follows_the_error_type(runner: CliRunner, monkeypatch, error: str,
+                                            status: int) -> None:
+    import privlearn.cli as cli_mod
+    from privlearn import errors
+
+    def failing(*args, **kwargs):
+        raise getattr(errors, error)("the message")
+
+    monkeypatch.setattr(cli_mod, "build_mechanism", failing)
+    r = runner.invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5"])
+    assert r.exit_code == status, r.output
+    assert r.stderr.startswith("error: the message") and r.stderr.count("\n") == 1
+    assert r.stdout == ""
 
 
 def test_real_calibration_reaching_tiny_noise(runner: CliRunner) -> None:

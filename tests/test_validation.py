@@ -91,8 +91,34 @@ def test_enum_and_choice():
         v.check_callable("fn", 3)
 
 
-def test_old_accounting_location_still_works():
-    from privlearn.accounting import _validation as old
+def test_value_errors_are_parameter_value_errors():
+    from privlearn.errors import ParameterTypeError, ParameterValueError
 
-    assert old.check_delta is v.check_delta
-    assert old.check_probability_open is v.check_probability
+    for call in (lambda: v.check_positive("x", -1.0), lambda: v.check_delta("d", 1.0),
+                 lambda: v.check_rate("q", 0.0), lambda: v.check_count("n", 2.5),
+                 lambda: v.check_choice("c", "z", ("a", "b"))):
+        with pytest.raises(ParameterValueError):
+            call()
+    with pytest.raises(ParameterTypeError):
+        v.check_positive("x", "1")
+
+
+def test_gaussian_delta_refuses_pure_dp_once_for_every_layer():
+    """delta = 0 with Gaussian noise asks for pure DP, which the Gaussian mechanism never
+    gives (its epsilon at delta 0 is infinite): the one shared refusal names the
+    parameter, the range, the value and what to use instead."""
+    from privlearn.accounting import Gaussian
+    from privlearn.errors import ParameterValueError
+
+    assert math.isinf(Gaussian(10.0).epsilon(0.0))  # why it is refused
+    assert v.check_gaussian_delta("delta", 1e-6) == 1e-6
+    with pytest.raises(ParameterValueError) as info:
+        v.check_gaussian_delta("--delta", 0.0, pure_dp_alternative="--mechanism laplace")
+    msg = str(info.value)
+    assert msg.startswith("--delta must be in (0, 1) with Gaussian noise, got 0")
+    assert msg.endswith("try --mechanism laplace for pure DP, or a positive --delta such as "
+                        "1e-5")
+    with pytest.raises(ParameterValueError, match="pass a positive delta such as 1e-5$"):
+        v.check_gaussian_delta("delta", 0)
+    with pytest.raises(ParameterValueError, match=r"in \[0, 1\)"):
+        v.check_gaussian_delta("delta", 1.0)

@@ -13,14 +13,12 @@ added with :func:`register_accountant`.
 
 from privlearn.accounting import _builtin_kinds  # noqa: F401  (registers the built-in kinds)
 from privlearn.accounting.accountants import (
-    AccountingError,
     PrivacyBound,
-    UnsupportedMechanismError,
     available_accountants,
     get_accountant,
     register_accountant,
 )
-from privlearn.accounting.calibration import CalibrationError, calibrate
+from privlearn.accounting.calibration import calibrate
 from privlearn.accounting.matrix_mechanism import MatrixMechanism
 from privlearn.accounting.mechanisms import (
     Composed,
@@ -47,11 +45,19 @@ from privlearn.accounting.registry import (
     register_mechanism,
     register_representation,
 )
+from privlearn.errors import (
+    AccountingError,
+    CalibrationError,
+    CertificationError,
+    PrivacyLossOverflowError,
+    UnsupportedMechanismError,
+)
 
 __all__ = [
     "AccountingError",
     "BallsInBinsMatrixMechanism",
     "CalibrationError",
+    "CertificationError",
     "Composed",
     "EpsilonEstimate",
     "Gaussian",
@@ -61,6 +67,7 @@ __all__ = [
     "MechanismKind",
     "Neighbouring",
     "PrivacyBound",
+    "PrivacyLossOverflowError",
     "PureDP",
     "RDPMechanism",
     "RandomizedResponse",

@@ -16,11 +16,12 @@ Gaussian               pure eps ``inf``; pair ``N(1/s, 1)`` vs ``N(0, 1)`` (Ball
                        Mironov, Talwar & Zhang 2019
 Laplace                pure eps ``1/b``; pair ``Lap(1/b, 1)`` vs ``Lap(0, 1)``; RDP Mironov 2017
                        Prop. 6; replace-one pair ``ReplaceLaplacePair``; Poisson RDP Zhu &
-                       Wang 2019 Thm 8
-RandomizedResponse     pure eps ``log(p (k-1) / (1-p))``; its three-outcome pair; exact RDP;
-                       a local randomiser (same pair at any sensitivity)
+                       Wang 2019 Thm 8; closed-form profile of one run
+RandomizedResponse     pure eps ``log(p (k-1) / (1-p))``; its three-outcome pair (also as exact
+                       atoms); exact RDP; a local randomiser (same pair at any sensitivity)
 PureDP                 pure eps; binary randomized response with that epsilon (Kairouz, Oh &
-                       Viswanath 2015, Thm 2.1) for the pair and RDP; group privacy for scaling
+                       Viswanath 2015, Thm 2.1) for the pair, the atoms and RDP; group
+                       privacy for scaling
 RDPMechanism           the declared pure eps and the user's RDP function (no PLD pair)
 =====================  =======================================================================
 """
@@ -33,6 +34,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from privlearn.accounting import closed_form
 from privlearn.accounting.mechanisms import (
     Gaussian,
     Laplace,
@@ -127,6 +129,9 @@ register_mechanism(
     pld_replace_one_pair=_laplace_replace_pair,
     rdp_poisson_subsampled=_laplace_poisson_rdp,
     replace_one_doubles_sensitivity=True,
+    # eps(delta) = max(0, 1/b + 2 log(1 - delta)) of one run, in closed form
+    exact_epsilon=lambda m, delta: closed_form.laplace_epsilon(m.noise_multiplier, delta),
+    exact_delta=lambda m, eps: closed_form.laplace_delta(m.noise_multiplier, eps),
 )
 
 
@@ -177,6 +182,8 @@ register_mechanism(
     # a local randomiser: any change of one record's input changes one output, whatever
     # the relation, so the same pair dominates at any sensitivity
     scale_sensitivity=lambda m, factor: m,
+    pld_atoms=lambda m: closed_form.randomized_response_atoms(m.truth_probability,
+                                                              m.num_categories),
 )
 
 
@@ -204,6 +211,7 @@ register_mechanism(
     # group privacy: an eps-DP mechanism is (factor * eps)-DP for records that move its
     # input factor times as far (Dwork & Roth 2014, Section 2.3)
     scale_sensitivity=lambda m, factor: PureDP(factor * m.pure_epsilon),
+    pld_atoms=lambda m: closed_form.pure_dp_atoms(m.pure_epsilon),
 )
 
 

@@ -27,7 +27,7 @@ from privlearn.accounting._pld_tails import (
     log_mgf,
     tail_bounds,
 )
-from privlearn.accounting._types import AccountingError
+from privlearn.errors import AccountingError
 
 __all__ = ["ComposedPLD", "compose_fft", "compose_fft_tilted", "discounted_tail_sums",
            "tilt_pmfs"]

@@ -44,7 +44,7 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 
 from privlearn.accounting._pld_pairs import Pair
-from privlearn.accounting._types import AccountingError
+from privlearn.errors import AccountingError, PrivacyLossOverflowError
 
 U = float(np.finfo(float).eps)  # unit roundoff (x2, conservative)
 MAX_STEP_POINTS = 4_000_000
@@ -65,7 +65,9 @@ def _right_point(pair: Pair, tol: float) -> float:
     pg, _, _, _ = pair.tails(_CAND)
     ok = np.nonzero(pg <= tol)[0]
     if ok.size == 0:
-        raise AccountingError("pld: privacy loss tail does not vanish below loss 1e4")
+        raise PrivacyLossOverflowError(
+            "pld: the privacy loss tail does not vanish below loss 1e4 (the mechanism is "
+            "essentially non-private)")
     return float(_CAND[ok[0]])
 
 
@@ -74,7 +76,9 @@ def _left_point(pair: Pair, tol: float) -> float:
     _, pl, _, _ = pair.tails(_CAND)
     ok = np.nonzero(pl <= tol)[0]
     if ok.size == 0:
-        raise AccountingError("pld: privacy loss lower tail does not vanish above -1e4")
+        raise PrivacyLossOverflowError(
+            "pld: the privacy loss lower tail does not vanish above -1e4 (the mechanism is "
+            "essentially non-private)")
     return float(_CAND[ok[-1]])
 
 
@@ -100,20 +104,25 @@ def _safe_ratio_log(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.log(num) - np.log(den)
 
 
-def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
-    """Upper (dominating) and lower (dominated) grid PMFs of one step; see module doc."""
-    lo, hi = loss_range(pair, tol)
+def _loss_grid(lo: float, hi: float, h: float) -> tuple[int, int, np.ndarray]:
+    """The uniform loss grid ``e_i = (i0 + i) h``, ``i = 0..n``, covering ``[lo, hi]`` with
+    one spare point on each side: ``(i0, n, e)``. Refuses a loss range beyond +-700
+    (``e^loss`` overflows) and grids above :data:`MAX_STEP_POINTS`."""
     if lo < -700.0 or hi > 700.0:
-        raise AccountingError(
+        raise PrivacyLossOverflowError(
             f"pld: single-step privacy loss range [{lo:.4g}, {hi:.4g}] exceeds +-700 "
-            "(the mechanism is essentially non-private); use a smaller epsilon target"
+            "(the mechanism is essentially non-private)"
         )
     i0 = math.floor(lo / h) - 1
-    i1 = math.ceil(hi / h) + 1
-    n = i1 - i0
+    n = math.ceil(hi / h) + 1 - i0
     if n > MAX_STEP_POINTS:
         raise AccountingError(f"pld: single-step grid too large ({n} points)")
-    e = (i0 + np.arange(n + 1)) * h
+    return i0, n, (i0 + np.arange(n + 1)) * h
+
+
+def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
+    """Upper (dominating) and lower (dominated) grid PMFs of one step; see module doc."""
+    i0, n, e = _loss_grid(*loss_range(pair, tol), h)
     g = _grid_quantities(pair, e, h)
     pg, pl, qg, P_I, Q_I = g.pg, g.pl, g.qg, g.P_I, g.Q_I
     rho, theta = g.rho, g.theta
@@ -261,15 +270,7 @@ def discretize_symmetrised(pa: Pair, pb: Pair, h: float, tol: float) -> tuple[St
     """
     lo_a, hi_a = loss_range(pa, tol)
     lo_b, hi_b = loss_range(pb, tol)
-    lo, hi = min(lo_a, lo_b), max(hi_a, hi_b)
-    if lo < -700.0 or hi > 700.0:
-        raise AccountingError("pld: single-step privacy loss range exceeds +-700")
-    i0 = math.floor(lo / h) - 1
-    i1 = math.ceil(hi / h) + 1
-    n = i1 - i0
-    if n > MAX_STEP_POINTS:
-        raise AccountingError(f"pld: single-step grid too large ({n} points)")
-    e = (i0 + np.arange(n + 1)) * h
+    i0, n, e = _loss_grid(min(lo_a, lo_b), max(hi_a, hi_b), h)
     X = np.exp(e)
     vals = []
     for pr in (pa, pb):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from privlearn.accounting import _pld_discrete as dsc
-from privlearn.accounting._types import AccountingError
+from privlearn.errors import CertificationError
 
 __all__ = ["PLDResult", "delta_upper", "delta_at", "grid_gap", "eps_for_delta"]
 
@@ -100,7 +100,7 @@ def eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
     if upper:
         extra = c.inf + c.slack_up
         if extra >= delta:
-            raise AccountingError(
+            raise CertificationError(
                 f"pld: cannot certify delta={delta:g}: the certified error terms already sum "
                 f"to {extra:.3g} (mass at infinity + window tails + roundoff)"
             )
@@ -136,7 +136,7 @@ def eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
     k = int(above[-1])
     if k >= N - 1:
         if upper:
-            raise AccountingError("pld: epsilon lies beyond the composition window")
+            raise CertificationError("pld: epsilon lies beyond the composition window")
         return (j0 + N - 1) * h
     lk = (j0 + k) * h
     num = A[k] + rnd[k] + (extra[k] if np.ndim(extra) else extra) - delta

@@ -1,10 +1,12 @@
 """Types and errors shared by every accountant (a leaf module).
 
-It imports nothing from privlearn at run time, so :mod:`~privlearn.accounting.accountants`,
-the accountant modules (:mod:`~privlearn.accounting.pld`, :mod:`~privlearn.accounting.rdp`,
+It imports nothing from privlearn at run time but the leaf :mod:`privlearn.errors`, so
+:mod:`~privlearn.accounting.accountants`, the accountant modules
+(:mod:`~privlearn.accounting.pld`, :mod:`~privlearn.accounting.rdp`,
 :mod:`~privlearn.accounting.analytic`), the private discretisation helpers and the mechanism
-registry can all use these without importing each other. The public names are re-exported by
-:mod:`privlearn.accounting` and :mod:`privlearn.accounting.accountants`.
+registry can all use these without importing each other. The public names are re-exported
+by :mod:`privlearn.accounting` and :mod:`privlearn.accounting.accountants` (the two error
+classes live in :mod:`privlearn.errors`).
 """
 
 from __future__ import annotations
@@ -13,21 +15,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from privlearn.errors import AccountingError
+
 if TYPE_CHECKING:  # pragma: no cover
     from privlearn.accounting.mechanisms import Mechanism
 
-__all__ = ["AccountingError", "UnsupportedMechanismError", "PrivacyBound", "Accountant"]
-
-
-class AccountingError(ArithmeticError):
-    """A numerical computation could not reach a certified result.
-
-    Raised instead of returning nan, 0 or an optimistic value.
-    """
-
-
-class UnsupportedMechanismError(ValueError):
-    """The chosen accountant cannot evaluate (part of) this mechanism."""
+__all__ = ["PrivacyBound", "Accountant"]
 
 
 @dataclass(frozen=True, slots=True)

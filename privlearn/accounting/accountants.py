@@ -24,18 +24,11 @@ from __future__ import annotations
 
 import importlib
 
-from privlearn.accounting._types import (
-    Accountant,
-    AccountingError,
-    PrivacyBound,
-    UnsupportedMechanismError,
-)
+from privlearn.accounting._types import Accountant, PrivacyBound
 
 __all__ = [
     "PrivacyBound",
     "Accountant",
-    "AccountingError",
-    "UnsupportedMechanismError",
     "BUILTIN_ACCOUNTANTS",
     "register_accountant",
     "get_accountant",

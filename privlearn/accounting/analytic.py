@@ -29,10 +29,15 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from privlearn.accounting._types import AccountingError, PrivacyBound, UnsupportedMechanismError
+from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.mechanisms import Mechanism
 from privlearn.accounting.registry import equivalent_gaussian
+from privlearn.errors import (
+    CertificationError,
+    PrivacyLossOverflowError,
+    UnsupportedMechanismError,
+)
 
 __all__ = [
     "gaussian_delta",
@@ -123,7 +128,8 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
     while gaussian_delta(noise_multiplier, hi) > delta:
         hi *= 2.0
         if hi > 1e12:
-            raise AccountingError("analytic Gaussian: epsilon bracket exceeded 1e12")
+            raise PrivacyLossOverflowError(
+                "analytic Gaussian: epsilon exceeds 1e12 (essentially non-private)")
 
     def f(e: float) -> float:
         d = _gaussian_delta_and_error(noise_multiplier, e)[0]
@@ -139,7 +145,7 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
         upper += step
         step *= 2.0
     else:  # pragma: no cover
-        raise AccountingError("analytic Gaussian: could not certify epsilon")
+        raise CertificationError("analytic Gaussian: could not certify epsilon")
     lower = eps
     step = max(abs(eps), 1e-3) * 1e-14
     for _ in range(200):
@@ -151,7 +157,7 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
         lower -= step
         step *= 2.0
     else:  # pragma: no cover
-        raise AccountingError("analytic Gaussian: could not certify a lower epsilon")
+        raise CertificationError("analytic Gaussian: could not certify a lower epsilon")
     return float(max(lower, 0.0)), float(upper)
 
 

@@ -18,12 +18,9 @@ import numpy as np
 
 from privlearn._validation import check_delta, check_positive, check_real
 from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
+from privlearn.errors import CalibrationError
 
 __all__ = ["calibrate", "CalibrationError"]
-
-
-class CalibrationError(ValueError):
-    """The target cannot be met within the parameter bounds."""
 
 
 def calibrate(

@@ -18,6 +18,13 @@
 * **Randomized response** (binary or k-ary) with ``eps0 = log(p (k-1) / (1-p))``: a
   special case of the first item, ``eps(delta) = eps0 + log(1 - delta / p)``.
 
+Which kinds have which closed form is registered in the mechanism registry
+(:mod:`privlearn.accounting.registry`): ``pld_atoms`` (PureDP, RandomizedResponse: the
+finite dominating pair, built here by :func:`pure_dp_atoms` / :func:`randomized_response_atoms`)
+and ``exact_epsilon`` / ``exact_delta`` (Laplace: :func:`laplace_epsilon` /
+:func:`laplace_delta`), so a new kind with a finite pair or a closed-form profile gets
+exact accounting by registering it, with no change here.
+
 The entry points return ``None`` when no closed form applies (the caller then uses a
 numerical accountant), or ``(lower, upper)`` brackets of the exact value: the only error
 is floating-point rounding (``lgamma``, ``logaddexp``, sums of losses), for which an
@@ -47,16 +54,17 @@ import numpy as np
 
 from privlearn.accounting.mechanisms import (
     Composed,
-    Laplace,
     Mechanism,
     Neighbouring,
     PureDP,
-    RandomizedResponse,
     Sampling,
     Subsampled,
 )
+from privlearn.accounting.registry import kind_of
+from privlearn.accounting.registry import pure_epsilon as _pure_epsilon
 
 __all__ = [
+    "Atoms",
     "DiscretePLD",
     "MAX_ATOMS",
     "discrete_pld",
@@ -65,6 +73,8 @@ __all__ = [
     "pure_dp_composition_epsilon",
     "laplace_epsilon",
     "laplace_delta",
+    "pure_dp_atoms",
+    "randomized_response_atoms",
 ]
 
 U = 2.0**-53
@@ -76,8 +86,9 @@ MAX_ATOMS = 2_000_000
 # single-step atoms (log domain, so that any epsilon works)
 # ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Atoms:
-    """Outcomes of one step's dominating pair: loss ``log(P/Q)``, ``log P``, ``log Q``."""
+class Atoms:
+    """Outcomes of one step's dominating pair: loss ``log(P/Q)``, ``log P``, ``log Q``
+    (the ``pld_atoms`` representation of a mechanism kind)."""
 
     loss: tuple[float, ...]
     log_p: tuple[float, ...]
@@ -89,14 +100,19 @@ def _softplus(x: float) -> float:
     return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
 
 
-def _pure_atoms(eps: float) -> _Atoms:
-    # binary randomized response with parameter eps: P = (p, 1-p), Q = (1-p, p),
-    # p = e^eps / (1 + e^eps); log p = -softplus(-eps), log(1-p) = -softplus(eps)
+def pure_dp_atoms(eps: float) -> Atoms:
+    """The dominating pair of every ``eps``-DP mechanism: binary randomized response with
+    parameter ``eps`` (Kairouz, Oh & Viswanath 2015, Theorem 2.1), ``P = (p, 1-p)``,
+    ``Q = (1-p, p)``, ``p = e^eps / (1 + e^eps)``, in the log domain (any ``eps``)."""
+    # log p = -softplus(-eps), log(1-p) = -softplus(eps)
     lp, lq = -_softplus(-eps), -_softplus(eps)
-    return _Atoms((eps, -eps), (lp, lq), (lq, lp))
+    return Atoms((eps, -eps), (lp, lq), (lq, lp))
 
 
-def _rr_atoms(p: float, k: int) -> _Atoms:
+def randomized_response_atoms(p: float, k: int) -> Atoms:
+    """The pair of ``k``-ary randomized response with truth probability ``p``: the true
+    category, one other category, and (``k > 2``) any third one, equally likely under
+    both."""
     lp = math.log(p)
     lr = math.log1p(-p) - math.log(k - 1)
     loss = [lp - lr, lr - lp]
@@ -106,10 +122,10 @@ def _rr_atoms(p: float, k: int) -> _Atoms:
         loss.append(0.0)
         log_p.append(lo)
         log_q.append(lo)
-    return _Atoms(tuple(loss), tuple(log_p), tuple(log_q))
+    return Atoms(tuple(loss), tuple(log_p), tuple(log_q))
 
 
-def _remove_atoms(base: _Atoms, q: float) -> _Atoms:
+def _remove_atoms(base: Atoms, q: float) -> Atoms:
     """``((1-q) Q + q P, Q)`` (Poisson subsampling, remove direction)."""
     l1q = math.log1p(-q)
     lq = math.log(q)
@@ -118,37 +134,40 @@ def _remove_atoms(base: _Atoms, q: float) -> _Atoms:
         for a, b in zip(base.log_p, base.log_q, strict=True)
     )
     loss = tuple(a - b for a, b in zip(log_p, base.log_q, strict=True))
-    return _Atoms(loss, log_p, base.log_q)
+    return Atoms(loss, log_p, base.log_q)
 
 
-def _add_atoms(base: _Atoms, q: float) -> _Atoms:
+def _add_atoms(base: Atoms, q: float) -> Atoms:
     """``(Q, (1-q) Q + q P)`` (Poisson subsampling, add direction)."""
     rem = _remove_atoms(base, q)
-    return _Atoms(tuple(-x for x in rem.loss), rem.log_q, rem.log_p)
+    return Atoms(tuple(-x for x in rem.loss), rem.log_q, rem.log_p)
 
 
-def _step_directions(m: Mechanism) -> list[_Atoms] | None:
+def _representation(m: Mechanism, name: str):
+    """The kind's registered closed-form function ``name``, or None."""
+    kind = kind_of(m)
+    return kind.get(name) if kind is not None else None
+
+
+def _step_directions(m: Mechanism) -> list[Atoms] | None:
     """Atoms of one step per direction (one entry: symmetric; two: remove, add), or None
     if this step has no finite closed form here (same modelling as the PLD accountant)."""
-    if isinstance(m, PureDP):
-        return [_pure_atoms(m.pure_epsilon)]
-    if isinstance(m, RandomizedResponse):
-        return [_rr_atoms(m.truth_probability, m.num_categories)]
-    if isinstance(m, Subsampled) and isinstance(m.base, PureDP | RandomizedResponse):
+    if isinstance(m, Subsampled):
+        atoms = _representation(m.base, "pld_atoms")
         nb = m.neighbouring
-        if m.scheme is not Sampling.POISSON or nb is Neighbouring.REPLACE_ONE:
+        if atoms is None or m.scheme is not Sampling.POISSON or nb is Neighbouring.REPLACE_ONE:
             return None
-        base = _step_directions(m.base)
-        assert base is not None and len(base) == 1
+        base = atoms(m.base)
         if m.rate >= 1.0:
-            return base
-        rem, add = _remove_atoms(base[0], m.rate), _add_atoms(base[0], m.rate)
+            return [base]
+        rem, add = _remove_atoms(base, m.rate), _add_atoms(base, m.rate)
         if nb is Neighbouring.REMOVE_ONLY:
             return [rem]
         if nb is Neighbouring.ADD_ONLY:
             return [add]
         return [rem, add]
-    return None
+    atoms = _representation(m, "pld_atoms")
+    return None if atoms is None else [atoms(m)]
 
 
 # ----------------------------------------------------------------------------------
@@ -222,7 +241,7 @@ class DiscretePLD:
         return max(0.0, eps)
 
 
-def _log_multinomial_part(atoms: _Atoms, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _log_multinomial_part(atoms: Atoms, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All count vectors of ``k`` draws over the atoms of one step: (counts, log P, loss)."""
     r = len(atoms.loss)
     lg = math.lgamma(k + 1)
@@ -246,12 +265,12 @@ def _log_multinomial_part(atoms: _Atoms, k: int) -> tuple[np.ndarray, np.ndarray
     return counts, log_p, loss
 
 
-def _part_size(atoms: _Atoms, k: int) -> int:
+def _part_size(atoms: Atoms, k: int) -> int:
     r = len(atoms.loss)
     return 1 if r == 1 else (k + 1 if r == 2 else (k + 1) * (k + 2) // 2)
 
 
-def _compose(parts: Sequence[tuple[_Atoms, int]]) -> DiscretePLD | None:
+def _compose(parts: Sequence[tuple[Atoms, int]]) -> DiscretePLD | None:
     sizes = [_part_size(a, k) for a, k in parts]
     if math.prod(sizes) > MAX_ATOMS:
         return None
@@ -290,7 +309,7 @@ def discrete_pld(mechanism: Mechanism) -> list[DiscretePLD] | None:
     when some part is not a pure-DP / randomized-response step (bare or Poisson
     subsampled under add/remove) or the PLD would have more than :data:`MAX_ATOMS`
     atoms."""
-    dirs: list[list[tuple[_Atoms, int]]] = [[], []]
+    dirs: list[list[tuple[Atoms, int]]] = [[], []]
     for m, k in _parts(mechanism):
         d = _step_directions(m)
         if d is None:
@@ -330,10 +349,15 @@ def laplace_delta(noise_multiplier: float, eps: float) -> tuple[float, float]:
     return max(0.0, val - slack), min(1.0, val + slack)
 
 
-def _single_laplace(mechanism: Mechanism) -> Laplace | None:
+def _single_run(mechanism: Mechanism, representation: str):
+    """``fn(x)`` of the kind's ``representation`` (``exact_epsilon``/``exact_delta``) when
+    ``mechanism`` is one run of a kind that registers it, else None."""
     parts = _parts(mechanism)
-    if len(parts) == 1 and parts[0][1] == 1 and isinstance(parts[0][0], Laplace):
-        return parts[0][0]
+    if len(parts) == 1 and parts[0][1] == 1:
+        m = parts[0][0]
+        fn = _representation(m, representation)
+        if fn is not None:
+            return lambda x: fn(m, x)
     return None
 
 
@@ -341,20 +365,19 @@ def _single_laplace(mechanism: Mechanism) -> Laplace | None:
 # entry points
 # ----------------------------------------------------------------------------------
 HUGE_PURE_EPSILON = 700.0
-"""Above this a :class:`PureDP` step's worst-case pair has an atom of probability
-``e^-eps`` that underflows; mixed with parts that have no closed form it is accounted by
-basic composition (see :func:`epsilon_bounds`)."""
+"""Above this the worst-case pair of a pure-DP step (a kind with ``pld_atoms``) has an
+atom of probability ``e^-eps`` that underflows; mixed with parts that have no closed form
+it is accounted by basic composition (see :func:`epsilon_bounds`)."""
 
 
 def _split_huge(mechanism: Mechanism) -> tuple[float, Mechanism | None] | None:
-    """``(sum of k * eps over huge PureDP parts, the other parts)`` when some PureDP part
-    has ``eps > HUGE_PURE_EPSILON`` and some other part has no closed form; else None."""
+    """``(sum of k * eps over huge pure-DP parts, the other parts)`` when some part with
+    ``pld_atoms`` has a pure epsilon above ``HUGE_PURE_EPSILON`` and some other part has
+    no closed form; else None."""
     parts = _parts(mechanism)
-    huge = [
-        (m, k)
-        for m, k in parts
-        if isinstance(m, PureDP) and m.pure_epsilon > HUGE_PURE_EPSILON
-    ]
+    eps = {m: _pure_epsilon(m) for m, _ in parts
+           if _representation(m, "pld_atoms") is not None}
+    huge = [(m, k) for m, k in parts if eps.get(m, 0.0) > HUGE_PURE_EPSILON]
     if not huge:
         return None
     rest = [(m, k) for m, k in parts if (m, k) not in huge]
@@ -362,7 +385,7 @@ def _split_huge(mechanism: Mechanism) -> tuple[float, Mechanism | None] | None:
         return None  # everything has a finite closed form: exact
     from privlearn.accounting.mechanisms import compose
 
-    e = math.fsum(k * m.pure_epsilon for m, k in huge)
+    e = math.fsum(k * eps[m] for m, k in huge)
     return e, compose([m for m, _ in rest], steps=[k for _, k in rest])
 
 
@@ -377,9 +400,9 @@ def epsilon_bounds(mechanism: Mechanism, delta: float) -> tuple[float, float] | 
     epsilon of the huge parts alone and the rest's lower bound (adding mechanisms never
     lowers epsilon). The relative gap is below ``eps_rest / E``.
     """
-    lap = _single_laplace(mechanism)
-    if lap is not None:
-        return laplace_epsilon(lap.noise_multiplier, delta)
+    exact = _single_run(mechanism, "exact_epsilon")
+    if exact is not None:
+        return exact(delta)
     split = _split_huge(mechanism)
     if split is not None:
         e_huge, rest = split
@@ -403,9 +426,9 @@ def epsilon_bounds(mechanism: Mechanism, delta: float) -> tuple[float, float] | 
 def delta_bounds(mechanism: Mechanism, epsilon: float) -> tuple[float, float] | None:
     """``(lower, upper)`` on the exact delta(epsilon), or ``None`` (see
     :func:`epsilon_bounds`)."""
-    lap = _single_laplace(mechanism)
-    if lap is not None:
-        return laplace_delta(lap.noise_multiplier, epsilon)
+    exact = _single_run(mechanism, "exact_delta")
+    if exact is not None:
+        return exact(epsilon)
     split = _split_huge(mechanism)
     if split is not None:  # basic composition: delta(eps) <= delta_rest(eps - E)
         e_huge, rest = split

@@ -30,11 +30,15 @@ NumPy/SciPy only (``scipy.special``; ``scipy.stats`` is never imported, see
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from fractions import Fraction
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr, ndtri
 
-from privlearn.accounting.mechanisms import Composed, Gaussian, Mechanism
+from privlearn.accounting.mechanisms import Mechanism
+from privlearn.accounting.registry import equivalent_gaussian, upper_float
+from privlearn.errors import AccountingError
 
 __all__ = [
     "gaussian_tradeoff",
@@ -106,6 +110,28 @@ def gdp_delta(mu: float, epsilon: float) -> float:
     return float(math.exp(a) * -math.expm1(b - a))
 
 
+def _crossing(below: Callable[[float], bool], hi: float, limit: float, rtol: float,
+              what: str) -> tuple[float, float]:
+    """``(lo, hi)`` around the point where the monotone predicate ``below`` (True left of
+    it, False right of it) switches, ``hi - lo <= rtol max(1, hi)``: ``hi`` is doubled
+    from its start until ``below(hi)`` is False, then the bracket ``[lo, hi]`` (``lo``
+    from 0) is bisected."""
+    lo = 0.0
+    while below(hi):
+        lo, hi = hi, 2 * hi
+        if hi > limit:  # pragma: no cover - far outside any privacy guarantee
+            raise AccountingError(f"{what}: no crossing below {limit:g}")
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if below(mid):
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= rtol * max(1.0, hi):
+            break
+    return lo, hi
+
+
 def gdp_epsilon_interval(mu: float, delta: float) -> tuple[float, float]:
     """``(lo, hi)`` bracketing the exact ``epsilon`` of ``mu``-GDP at ``delta``
     (``gdp_delta(mu, lo) >= delta >= gdp_delta(mu, hi)``, width <= 1e-10 relative).
@@ -119,20 +145,8 @@ def gdp_epsilon_interval(mu: float, delta: float) -> tuple[float, float]:
         raise ValueError(f"delta must be in (0, 1) for a GDP epsilon, got {delta!r}")
     if m == 0 or gdp_delta(m, 0.0) <= d:
         return 0.0, 0.0
-    lo, hi = 0.0, max(1.0, m * m)
-    while gdp_delta(m, hi) > d:
-        lo, hi = hi, 2 * hi
-        if hi > 1e6:  # pragma: no cover - mu this large is not a privacy guarantee
-            raise ArithmeticError(f"gdp_epsilon did not converge for mu={m}, delta={d}")
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if gdp_delta(m, mid) > d:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-10 * max(1.0, hi):
-            break
-    return lo, hi
+    return _crossing(lambda e: gdp_delta(m, e) > d, max(1.0, m * m), 1e6, 1e-10,
+                     f"gdp_epsilon for mu={m}, delta={d}")
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
@@ -158,20 +172,8 @@ def gdp_mu_interval(epsilon: float, delta: float) -> tuple[float, float]:
         raise ValueError(f"epsilon must be in [0, inf), got {epsilon!r}")
     if not 0 < d < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    lo, hi = 0.0, 1.0
-    while gdp_delta(hi, e) < d:
-        lo, hi = hi, 2 * hi
-        if hi > 1e4:  # pragma: no cover
-            raise ArithmeticError(f"gdp_mu did not converge for epsilon={e}, delta={d}")
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if gdp_delta(mid, e) < d:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * max(1.0, hi):
-            break
-    return lo, hi
+    return _crossing(lambda mu: gdp_delta(mu, e) < d, 1.0, 1e4, 1e-12,
+                     f"gdp_mu for epsilon={e}, delta={d}")
 
 
 def gdp_mu(epsilon: float, delta: float) -> float:
@@ -182,15 +184,16 @@ def gdp_mu(epsilon: float, delta: float) -> float:
 
 
 def gaussian_mu(mechanism: Mechanism) -> float | None:
-    """``mu`` of a plain Gaussian or a composition of plain Gaussians (exactly
-    ``sqrt(sum_i k_i / sigma_i^2)``-GDP, Dong, Roth & Su 2022, Corollary 3.3); None for
-    any other mechanism (subsampled, Laplace, ...)."""
-    if isinstance(mechanism, Gaussian):
-        return 1.0 / mechanism.noise_multiplier
-    if isinstance(mechanism, Composed) and mechanism.parts and all(
-            isinstance(m, Gaussian) for m, _ in mechanism.parts):
-        return math.sqrt(sum(k / m.noise_multiplier ** 2 for m, k in mechanism.parts))
-    return None
+    """``mu`` of a mechanism that is exactly ``mu``-GDP: one whose parts all have an
+    equivalent Gaussian in the mechanism registry (plain Gaussians and their
+    compositions: ``sqrt(sum_i k_i / sigma_i^2)``-GDP, Dong, Roth & Su 2022, Corollary
+    3.3), ``1 / sigma`` of :func:`privlearn.accounting.registry.equivalent_gaussian`
+    rounded up (a larger ``mu`` is the pessimistic side); None for any other mechanism
+    (subsampled, Laplace, ...)."""
+    sigma = equivalent_gaussian(mechanism)
+    if sigma is None:
+        return None
+    return upper_float(1 / Fraction(sigma))
 
 
 def tradeoff_from_profile(epsilons, deltas, alphas) -> np.ndarray:

@@ -105,6 +105,7 @@ References
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -118,12 +119,13 @@ from privlearn.accounting._pld_profile import delta_at as _delta_at
 from privlearn.accounting._pld_profile import delta_upper as _delta_upper
 from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
-from privlearn.accounting._types import AccountingError, PrivacyBound, UnsupportedMechanismError
+from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant, register_accountant
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
 from privlearn.accounting.mechanisms import Composed, Mechanism, Neighbouring, Subsampled
 from privlearn.accounting.registry import equivalent_gaussian, kind_of, lookup, relation_base
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
+from privlearn.errors import AccountingError, UnsupportedMechanismError
 
 __all__ = ["PLDAccountant", "pure_epsilon"]
 
@@ -220,7 +222,10 @@ class PLDAccountant:
         Target relative gap between upper and lower epsilon; the grid is refined (up to
         ``max_points``) while the gap is larger.
     cache_size : int
-        Number of composed mechanisms kept (epsilon and delta queries reuse them).
+        Number of composed mechanisms kept (epsilon and delta queries reuse them). The
+        cache is shared by every thread that uses the accountant (the registered ``"pld"``
+        accountant is one object): a lock guards it, and compositions are computed outside
+        the lock, so threads compute in parallel and never see a partial entry.
     fallback : bool
         When the grid cannot certify ``delta`` (tiny delta, long compositions), answer
         with the smaller of the pure epsilon and the RDP accountant's epsilon, named in
@@ -245,7 +250,8 @@ class PLDAccountant:
         self.rel_gap = float(rel_gap)
         self.cache_size = int(cache_size)
         self.fallback = bool(fallback)
-        self._cache: OrderedDict[tuple[Mechanism, float], _Result] = OrderedDict()
+        self._cache: OrderedDict[tuple, _Result] = OrderedDict()
+        self._lock = threading.Lock()
 
     # -- public API --------------------------------------------------------------------
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
@@ -256,7 +262,7 @@ class PLDAccountant:
             lo, up = gaussian_epsilon_bounds(sigma, delta)
             return PrivacyBound(up, lo, self.name)
         exact = closed_form.epsilon_bounds(mechanism, delta) if delta > 0.0 else None
-        if exact is not None:  # hook (issue 14): exact finite PLD / Laplace closed form
+        if exact is not None:  # exact finite PLD / Laplace closed form
             return PrivacyBound(exact[1], exact[0], self.name)
         if delta <= 0.0:
             e = pure_epsilon(mechanism)
@@ -316,7 +322,7 @@ class PLDAccountant:
             lo, up = gaussian_delta_bounds(sigma, epsilon)
             return PrivacyBound(up, lo, self.name)
         exact = closed_form.delta_bounds(mechanism, epsilon)
-        if exact is not None:  # hook (issue 14): exact finite PLD / Laplace closed form
+        if exact is not None:  # exact finite PLD / Laplace closed form
             return PrivacyBound(exact[1], exact[0], self.name)
         pe = pure_epsilon(mechanism)
         if epsilon >= pe * (1.0 + 4.0 * dsc.U):  # beyond the largest privacy loss
@@ -444,20 +450,23 @@ class PLDAccountant:
         tilt_at: float | None = None,
     ) -> _Result:
         key = (mechanism, h_scale, accurate, tilt_at)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
+        with self._lock:
+            res = self._cache.get(key)
+            if res is not None:
+                self._cache.move_to_end(key)
+                return res
+        # computed outside the lock (threads compose in parallel; a composition is
+        # deterministic, so two threads computing the same key store equal results)
         res = self._compute(parts, h_scale, accurate, tilt_at)
-        self._cache[key] = res
-
-        # bound the memory held: at most cache_size entries and ~2e7 stored grid points
-        def held() -> int:
-            return sum(
-                c.pi.size + low.pi.size for r in self._cache.values() for c, low in r.directions
-            )
-
-        while len(self._cache) > self.cache_size or (len(self._cache) > 1 and held() > 2e7):
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[key] = res
+            self._cache.move_to_end(key)
+            # bound the memory held: at most cache_size entries and ~2e7 grid points
+            held = sum(_points(r) for r in self._cache.values())
+            while len(self._cache) > self.cache_size or (
+                    len(self._cache) > 1 and held > 2e7):
+                _, old = self._cache.popitem(last=False)
+                held -= _points(old)
         return res
 
     def _compute(self, parts, h_scale: float, accurate: bool = False,
@@ -557,6 +566,11 @@ class PLDAccountant:
         if directional:
             out.append((add_up, add_low))
         return out
+
+
+def _points(res: _Result) -> int:
+    """Grid points held by a cached composition."""
+    return sum(c.pi.size + low.pi.size for c, low in res.directions)
 
 
 class _TooLarge(Exception):

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -82,11 +82,7 @@ from privlearn.accounting._rdp_math import (
 )
 from privlearn.accounting._rdp_sampled_gaussian import clear_cache as _clear_sg_cache
 from privlearn.accounting._rdp_sampled_gaussian import subsampled_gaussian_rdp
-from privlearn.accounting._types import (
-    AccountingError,
-    PrivacyBound,
-    UnsupportedMechanismError,
-)
+from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.conversion import rdp_to_delta, rdp_to_epsilon
 from privlearn.accounting.mechanisms import (
@@ -99,22 +95,18 @@ from privlearn.accounting.mechanisms import (
 from privlearn.accounting.registry import (
     kind_of,
     lookup,
-    register_mechanism,
-    register_representation,
     relation_base,
 )
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
+from privlearn.errors import AccountingError, UnsupportedMechanismError
 
 __all__ = [
     "rdp_epsilon",
     "pure_epsilon",
-    "register_rdp",
-    "register_pure_epsilon",
     "RDPAccountant",
     "clear_caches",
     "subsampled_gaussian_rdp",
     "poisson_subsampled_rdp",
-    "POISSON_SUBSAMPLED_RDP",
     "MAX_SUM_ORDER",
     "MAX_FRACTIONAL_SERIES_ORDER",
 ]
@@ -178,35 +170,6 @@ def pure_epsilon(mechanism: Mechanism) -> float:
     return _registry_pure_epsilon(mechanism)
 
 
-def _register_one(cls: type, representation: str, fn: Callable) -> Callable:
-    kind = kind_of(cls)
-    if kind is None or kind.cls is not cls:
-        functions: dict[str, Callable] = {"pure_epsilon": lambda m: math.inf}
-        functions[representation] = fn
-        register_mechanism(cls, **functions)  # type: ignore[arg-type]
-    else:
-        register_representation(cls, representation, fn)
-    return fn
-
-
-def register_rdp(cls: type):
-    """Decorator registering ``fn(mechanism, alphas: ndarray) -> ndarray`` for ``cls``.
-
-    .. deprecated:: use :func:`privlearn.accounting.register_mechanism` (``rdp=...``),
-       which this now calls; kept so that existing code keeps working.
-    """
-    return functools.partial(_register_one, cls, "rdp")
-
-
-def register_pure_epsilon(cls: type):
-    """Decorator registering ``fn(mechanism) -> float`` (pure-DP epsilon) for ``cls``.
-
-    .. deprecated:: use :func:`privlearn.accounting.register_mechanism`
-       (``pure_epsilon=...``), which this now calls.
-    """
-    return functools.partial(_register_one, cls, "pure_epsilon")
-
-
 def clear_caches() -> None:
     """Clear the memoised RDP curves (for honest cold-start timings)."""
     _clear_sg_cache()
@@ -231,12 +194,6 @@ def _supported_pair(m: Subsampled) -> bool:
     return (m.scheme is Sampling.POISSON and m.neighbouring in one_sided) or (
         m.scheme is Sampling.FIXED and m.neighbouring is Neighbouring.REPLACE_ONE
     )
-
-
-#: Deprecated: Poisson-subsampled (add/remove) bounds keyed by the exact type of the base,
-#: ``fn(base, rate, alphas) -> rdp``, consulted before the registry's
-#: ``rdp_poisson_subsampled`` (where the built-in Gaussian and Laplace bounds now live).
-POISSON_SUBSAMPLED_RDP: dict[type, Callable[[Mechanism, float, np.ndarray], np.ndarray]] = {}
 
 
 def poisson_subsampled_rdp(
@@ -276,10 +233,8 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
     if q == 1.0:
         return base_rdp
     if mechanism.scheme is Sampling.POISSON:
-        special_fn = POISSON_SUBSAMPLED_RDP.get(type(base))
-        if special_fn is None:
-            kind = kind_of(base)
-            special_fn = kind.get("rdp_poisson_subsampled") if kind is not None else None
+        kind = kind_of(base)
+        special_fn = kind.get("rdp_poisson_subsampled") if kind is not None else None
         if special_fn is not None:
             out = special_fn(base, q, alphas)
         else:

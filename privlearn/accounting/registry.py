@@ -55,6 +55,15 @@ An accountant that needs a representation the kind lacks raises
     uses the symmetrised remove/add profile (Dong, Roth & Su 2022, Theorem 9).
 ``rdp_poisson_subsampled(m, rate, alphas) -> ndarray``
     A Poisson-subsampled (add/remove) RDP bound tighter than Zhu & Wang's general one.
+``pld_atoms(m) -> Atoms``
+    The finitely many outcomes of one run's dominating pair, in the log domain
+    (:class:`privlearn.accounting.closed_form.Atoms`: losses, ``log P``, ``log Q``).
+    Compositions of such kinds (bare or Poisson-subsampled under add/remove) are then
+    evaluated exactly by :mod:`privlearn.accounting.closed_form` (Kairouz, Oh &
+    Viswanath 2015; Murtagh & Vadhan 2016), which the ``"pld"`` accountant consults first.
+``exact_epsilon(m, delta) -> (lower, upper)`` and ``exact_delta(m, epsilon) -> (lower, upper)``
+    A closed form of one run's privacy profile, bracketed by its rounding error (the
+    Laplace mechanism's), used by ``"pld"`` for a mechanism that is one run of the kind.
 
 ``replace_one_doubles_sensitivity`` (a flag, not a function): True when the parameters
 are relative to the add/remove bound ``C`` under every relation (Gaussian, Laplace), so
@@ -70,8 +79,8 @@ here so that a new kind can pass them to :func:`register_mechanism` today.
 ``privlearn.accounting.serialization`` (built separately, with its own
 ``register_serializer`` table keyed by type) is expected to read them with
 ``lookup("to_dict", m)`` / ``lookup("from_dict", ...)`` for kinds it has no encoder for, or
-to move its encoders here. Closed forms (``privlearn.accounting.closed_form``) attach theirs
-the same way (declare, e.g., ``"privacy_profile"``, then register per kind).
+to move its encoders here. The closed forms of :mod:`privlearn.accounting.closed_form` are
+representations like the others (``pld_atoms``, ``exact_epsilon``, ``exact_delta``).
 
 Structural mechanisms (:class:`~privlearn.accounting.Subsampled`,
 :class:`~privlearn.accounting.Composed`) are not registered: the description-level
@@ -100,7 +109,6 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
-from privlearn.accounting._types import UnsupportedMechanismError
 from privlearn.accounting.mechanisms import (
     Composed,
     Mechanism,
@@ -108,6 +116,7 @@ from privlearn.accounting.mechanisms import (
     Sampling,
     Subsampled,
 )
+from privlearn.errors import UnsupportedMechanismError
 
 __all__ = [
     "MechanismKind",
@@ -136,6 +145,10 @@ REPRESENTATIONS: dict[str, str] = {
     "scale_sensitivity": "fn(m, factor: float) -> Mechanism",
     "pld_replace_one_pair": "fn(m, rate: float) -> Pair",
     "rdp_poisson_subsampled": "fn(m, rate: float, alphas: ndarray) -> ndarray",
+    # closed forms, read by privlearn.accounting.closed_form
+    "pld_atoms": "fn(m) -> closed_form.Atoms (the finite dominating pair of one run)",
+    "exact_epsilon": "fn(m, delta: float) -> (lower, upper) for one run",
+    "exact_delta": "fn(m, epsilon: float) -> (lower, upper) for one run",
     # serialisation hooks, read by privlearn.accounting.serialization (see the docstring)
     "to_dict": "fn(m) -> dict (JSON types: the kind's fields)",
     "from_dict": "fn(d: dict) -> Mechanism",
@@ -367,6 +380,19 @@ def upper_float(value: Fraction) -> float:
 _RATE_ULPS = 4.0 * sys.float_info.epsilon
 
 
+def _amplified(eps: float, q: float) -> float:
+    """``log(1 + q (e^eps - 1))`` (to a few ulps; the caller rounds up) without overflow.
+
+    Above ``eps = 700`` (``e^eps`` near the float limit) it is evaluated as
+    ``eps + log(q + (1 - q) e^-eps)`` (``e^eps`` factored out) plus the rounding error of
+    that sum, bounded by 4 ulps of each term (the two terms can cancel for rates near
+    ``e^-eps``)."""
+    if eps <= 700.0:
+        return math.log1p(q * math.expm1(eps))
+    tail = math.log(q + (1.0 - q) * math.exp(-eps))
+    return eps + tail + 4.0 * sys.float_info.epsilon * (eps + abs(tail))
+
+
 def _step_pure_epsilon(m: Mechanism) -> float:
     """Pure epsilon of one (possibly subsampled) step; see :func:`pure_epsilon`."""
     if isinstance(m, Subsampled):
@@ -384,7 +410,7 @@ def _step_pure_epsilon(m: Mechanism) -> float:
         if math.isinf(e):
             return math.inf
         # Balle, Barthe & Gaboardi 2018, Theorems 8 and 9: log(1 + q (e^eps - 1))
-        return math.log1p(m.rate * math.expm1(e)) * (1.0 + _RATE_ULPS)
+        return _amplified(e, m.rate) * (1.0 + _RATE_ULPS)
     return float(lookup("pure_epsilon", m)(m))
 
 

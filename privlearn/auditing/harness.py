@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from privlearn._validation import ParameterTypeError, check_count
+from privlearn._validation import check_count
 from privlearn.auditing.bounds import (
     METHODS,
     _bound,
@@ -27,6 +27,7 @@ from privlearn.auditing.bounds import (
     _warn_if_unrefutable,
     auc,
 )
+from privlearn.errors import ParameterTypeError
 
 __all__ = ["AuditResult", "ONE_RUN_METHODS", "one_run_audit"]
 

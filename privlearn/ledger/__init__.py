@@ -10,7 +10,7 @@ with certified lower and upper bounds), not by adding epsilons.
 >>> import os, tempfile
 >>> from privlearn.accounting import Gaussian, compose, subsample
 >>> from privlearn.ledger import Ledger
->>> ledger = Ledger(os.path.join(tempfile.mkdtemp(), "privacy.db"))
+>>> ledger = Ledger(os.path.join(tempfile.mkdtemp(), "privacy.db"), create=True)
 >>> _ = ledger.create_budget("mnist", epsilon=3.0, delta=1e-5)
 >>> run = compose(subsample(Gaussian(1.1), rate=256 / 60000), steps=2000)
 >>> with ledger.reserve("mnist", run, label="dp-sgd") as r:   # before touching the data
@@ -27,11 +27,19 @@ Guarantees
   it before the release reads the data.
 * **Durable.** WAL journal with ``synchronous=FULL``: a spend that returned survives a
   crash (``SIGKILL``, power loss) of the process.
-* **Tamper-evident.** Entries are append-only (triggers refuse ``UPDATE``/``DELETE``) and
-  hash-chained; a head record holds the count and last hash, so editing, deleting or
-  truncating entries is reported by :meth:`Ledger.verify` (``privlearn budget verify``).
-  Without a ``key`` anyone able to rewrite the whole file can recompute the chain; pass
-  ``key=`` (HMAC) or store :meth:`Ledger.head` elsewhere to detect that too.
+* **Tamper-evident, and refused when tampered.** Entries are append-only (triggers refuse
+  ``UPDATE``/``DELETE``) and hash-chained; a head record holds the count and last hash.
+  Editing, deleting or truncating entries (with the triggers dropped) is reported by
+  :meth:`Ledger.verify` (``privlearn budget verify``), and until the file verifies again
+  every other method -- totals, history, spends, reservations -- raises
+  :class:`~privlearn.errors.LedgerIntegrityError` instead of answering from it (a deleted
+  spend must not give a total that is too low). Without a ``key`` anyone able to rewrite
+  the whole file can recompute the chain; pass ``key=`` (HMAC) or store
+  :meth:`Ledger.head` elsewhere (``verify(expected_head=...)``) to detect that too; a
+  ``Ledger`` object also refuses a file rolled back behind a head it has verified.
+* **No silent creation.** ``Ledger(path)`` opens an existing ledger and raises
+  :class:`~privlearn.errors.LedgerNotFoundError` when there is none;
+  ``Ledger(path, create=True)`` (or ``privlearn budget init``) creates it.
 * **Two composition rules.** A budget created with ``adaptive=False`` (default) caps the
   tight composition of the releases, valid when the *sequence of mechanisms* is fixed
   in advance (outputs may feed later releases' inputs, as in ordinary adaptive
@@ -51,13 +59,19 @@ the plan counts in full, so a process killed at step ``k`` leaves at least ``k``
 fact all ``T``) in the ledger. ``ledger.pending(dataset)`` lists unsettled reservations.
 """
 
+from privlearn.errors import (
+    BudgetExceededError,
+    LedgerConflictError,
+    LedgerIntegrityError,
+    LedgerNotFoundError,
+    UnknownBudgetError,
+)
 from privlearn.ledger._filter import default_filter_order, filter_epsilon
 from privlearn.ledger._ledger import (
     Budget,
     BudgetHandle,
     Entry,
     Ledger,
-    LedgerIntegrityError,
     Reservation,
     Spent,
     VerifyReport,
@@ -65,10 +79,14 @@ from privlearn.ledger._ledger import (
 
 __all__ = [
     "Budget",
+    "BudgetExceededError",
     "BudgetHandle",
     "Entry",
     "Ledger",
+    "LedgerConflictError",
     "LedgerIntegrityError",
+    "LedgerNotFoundError",
+    "UnknownBudgetError",
     "Reservation",
     "Spent",
     "VerifyReport",

@@ -27,10 +27,18 @@ if sys.platform != "win32":
 else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
+from privlearn._validation import check_delta, check_positive
 from privlearn.accounting import Composed, Mechanism, compose, get_accountant
-from privlearn.accounting._validation import check_delta, check_positive
 from privlearn.accounting.serialization import dumps, loads
-from privlearn.errors import BudgetExceededError
+from privlearn.errors import (
+    BudgetExceededError,
+    LedgerConflictError,
+    LedgerIntegrityError,
+    LedgerNotFoundError,
+    ParameterTypeError,
+    ParameterValueError,
+    UnknownBudgetError,
+)
 from privlearn.ledger._filter import default_filter_order, filter_epsilon, rdp_at_order
 
 __all__ = [
@@ -38,7 +46,6 @@ __all__ = [
     "BudgetHandle",
     "Entry",
     "Ledger",
-    "LedgerIntegrityError",
     "Reservation",
     "Spent",
     "VerifyReport",
@@ -80,11 +87,10 @@ _COLUMNS = (
     "seq, kind, dataset, privacy_unit, mechanism, payload, label, who, time, ref, "
     "prev_hash, hash"
 )
-
-
-class LedgerIntegrityError(RuntimeError):
-    """The ledger file failed its integrity check (an entry was edited, removed or the
-    chain truncated); nothing is appended to it. Run :meth:`Ledger.verify` for details."""
+_CONTENT_KEYS = ("seq", "kind", "dataset", "privacy_unit", "mechanism", "payload", "label",
+                 "who", "time", "ref")
+#: The hashed text of an entry: its content as compact JSON with sorted keys.
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 # ----------------------------------------------------------------------------------
@@ -219,21 +225,23 @@ def _default_who() -> str:
 
 def _check_name(name: str, value: object) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {value!r}")
+        raise ParameterTypeError(f"{name} must be a string, got {value!r}")
     if not value.strip():
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        raise ParameterValueError(f"{name} must be a non-empty string, got {value!r}")
     return value
 
 
 def _check_opt_str(name: str, value: object) -> str | None:
     if value is not None and not isinstance(value, str):
-        raise TypeError(f"{name} must be a string or None, got {value!r}")
+        raise ParameterTypeError(f"{name} must be a string or None, got {value!r}")
     return value
 
 
 def _check_mechanism(mechanism: object) -> tuple[Mechanism, str]:
     if not isinstance(mechanism, Mechanism):
-        raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+        raise ParameterTypeError(
+            f"mechanism must be a privlearn Mechanism, got {mechanism!r}; describe the "
+            "release with privlearn.accounting (e.g. Gaussian(noise_multiplier))")
     return mechanism, dumps(mechanism)
 
 
@@ -265,16 +273,20 @@ def _covered(actual: Mechanism, plan: Mechanism) -> bool:
 
 class Ledger:
     """A persistent privacy ledger: one budget per dataset (and privacy unit), append-only,
-    hash-chained entries, atomic check-and-append.
+    hash-chained entries, atomic check-and-append, refused when tampered with.
 
     Parameters
     ----------
     path : str or PathLike
-        SQLite file (created if absent). Opened in WAL mode with ``synchronous=FULL``:
-        a spend that returned is on disk, and concurrent writers are serialised by
-        ``BEGIN IMMEDIATE`` transactions. SQLite keeps ``PATH-wal`` / ``PATH-shm`` next to
-        it, and writers queue on an empty ``PATH-writelock`` file (POSIX); copy the ledger
-        with SQLite's backup API or after closing every connection.
+        SQLite file. Opened in WAL mode with ``synchronous=FULL``: a spend that returned
+        is on disk, and concurrent writers are serialised by ``BEGIN IMMEDIATE``
+        transactions. SQLite keeps ``PATH-wal`` / ``PATH-shm`` next to it, and writers
+        queue on an empty ``PATH-writelock`` file (POSIX); copy the ledger with SQLite's
+        backup API or after closing every connection.
+    create : bool
+        Create the ledger when there is none at ``path`` (default False: a missing file
+        raises :class:`~privlearn.errors.LedgerNotFoundError`, so a mistyped path is an
+        error, not a fresh empty budget).
     key : bytes, optional
         Secret for HMAC-SHA256 entry hashes. Without a key the chain is plain SHA-256: it
         detects editing, deleting and truncating rows by anyone who does not also
@@ -283,45 +295,94 @@ class Ledger:
     timeout : float
         Seconds to wait for another process's write lock.
 
+    Notes
+    -----
+    Integrity is checked before every report and every append: every public method but
+    :meth:`verify` and :meth:`close` raises :class:`~privlearn.errors.LedgerIntegrityError`
+    while the file fails the checks of :meth:`verify` or no longer extends the head this
+    object last verified (entries removed with the head rewritten), so no path returns a
+    total computed from a tampered file. The full check (re-hashing every entry, 10-20 ms
+    per 1,000 entries) runs when the object first reads the file and again only when
+    another connection has committed since (SQLite's ``PRAGMA data_version``); between
+    the object's own appends it costs one query.
+
+    Raises
+    ------
+    LedgerNotFoundError
+        No ledger at ``path`` and ``create`` is False.
+    LedgerIntegrityError
+        ``path`` is not a privacy ledger (another SQLite database, or not a database).
+
     Examples
     --------
     >>> import tempfile, os
     >>> from privlearn.accounting import Gaussian
     >>> from privlearn.ledger import Ledger
-    >>> led = Ledger(os.path.join(tempfile.mkdtemp(), "budget.db"))
+    >>> led = Ledger(os.path.join(tempfile.mkdtemp(), "budget.db"), create=True)
     >>> _ = led.create_budget("adult", epsilon=2.0, delta=1e-6)
     >>> _ = led.spend("adult", Gaussian(4.0), label="mean age")
     >>> led.spent("adult").epsilon_spent < 2.0
     True
     """
 
-    def __init__(self, path: str | os.PathLike, *, key: bytes | None = None, timeout: float = 60.0):
+    def __init__(self, path: str | os.PathLike, *, create: bool = False,
+                 key: bytes | None = None, timeout: float = 60.0):
         if key is not None and not isinstance(key, bytes):
-            raise TypeError(f"key must be bytes or None, got {type(key).__name__}")
+            raise ParameterTypeError(f"key must be bytes or None, got {type(key).__name__}")
+        if not isinstance(create, bool):
+            raise ParameterTypeError(f"create must be a bool, got {create!r}")
         self.path = str(Path(path))
         self._key = key
         self._timeout = check_positive("timeout", timeout)
         self._lock = threading.RLock()
         self._parsed: dict[str, Mechanism] = {}
-        self._conn = self._connect()
+        # integrity state: the head last verified, the data_version it was verified at,
+        # and the failure found (with its data_version) until the file verifies again
+        self._seen: tuple[int, str] | None = None
+        self._verified_version: int | None = None
+        self._failure: tuple[int, LedgerIntegrityError] | None = None
+        self._appended: tuple[int, str] | None = None
+        if not create and not os.path.exists(self.path):
+            raise LedgerNotFoundError(
+                f"no privacy ledger at {self.path}; check the path, or pass create=True to "
+                "create one (`privlearn budget init` creates one from the shell)"
+            )
+        self._conn = self._connect(create)
 
     # -- connection / pickling ----------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, create: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
         )
+        try:
+            return self._open_schema(conn, create)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise LedgerIntegrityError(
+                f"{self.path} is not a readable privacy ledger ({exc}); restore it from a "
+                "backup or pass the path of a ledger", (f"unreadable ledger: {exc}",)
+            ) from None
+        except BaseException:
+            conn.close()
+            raise
+
+    def _open_schema(self, conn: sqlite3.Connection, create: bool) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(self._timeout * 1000)}")
-        mismatch = None
-        with self._write(conn) as cur:
-            fresh = (
-                cur.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'"
-                ).fetchone()[0]
-                == 0
-            )
-            if fresh:
+        with self._write(conn, check=False) as cur:
+            tables = {r[0] for r in cur.execute(
+                "SELECT name FROM sqlite_master WHERE type='table'")}
+            if "meta" not in tables:
+                if tables:
+                    raise LedgerIntegrityError(
+                        f"{self.path} is an SQLite database but not a privacy ledger (tables "
+                        f"{', '.join(sorted(tables))}); pass the path of a ledger",
+                        ("not a privacy ledger",))
+                if not create:
+                    raise LedgerNotFoundError(
+                        f"{self.path} is empty, not a privacy ledger; pass create=True to "
+                        "create one there")
                 for stmt in _SCHEMA.split(";\n"):
                     if stmt.strip():
                         cur.execute(stmt)
@@ -333,14 +394,11 @@ class Ledger:
             else:
                 keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
                 if keyed is not None and (keyed[0] == "1") != (self._key is not None):
-                    mismatch = ValueError(
-                        f"ledger {self.path} was created "
-                        + ("with an HMAC key: pass key=" if keyed[0] == "1"
+                    raise ParameterValueError(
+                        f"key: ledger {self.path} was created "
+                        + ("with an HMAC key: pass key= (the same secret)" if keyed[0] == "1"
                            else "without an HMAC key: do not pass key=")
                     )
-        if mismatch is not None:
-            conn.close()
-            raise mismatch
         return conn
 
     def close(self) -> None:
@@ -385,41 +443,137 @@ class Ledger:
             os.close(fd)  # releases the lock
 
     @contextlib.contextmanager
-    def _write(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Cursor]:
+    def _write(self, conn: sqlite3.Connection | None = None, *, check: bool = True
+               ) -> Iterator[sqlite3.Cursor]:
+        """One ``BEGIN IMMEDIATE`` transaction, the file's integrity checked first."""
         conn = conn or self._conn
         with self._lock, self._file_lock():
             cur = conn.cursor()
             cur.execute("BEGIN IMMEDIATE")
+            self._appended = None
             try:
+                if check:
+                    self._ensure_intact(cur)
                 yield cur
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
             else:
                 cur.execute("COMMIT")
+                if self._appended is not None and check:
+                    self._seen = self._appended  # our appends extend the verified chain
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[sqlite3.Cursor]:
+    def _read(self, *, check: bool = True) -> Iterator[sqlite3.Cursor]:
+        """One read transaction (a consistent snapshot), the file's integrity checked."""
         with self._lock:
             cur = self._conn.cursor()
-            cur.execute("BEGIN")  # one consistent snapshot
+            cur.execute("BEGIN")
             try:
+                if check:
+                    self._ensure_intact(cur)
                 yield cur
             finally:
                 cur.execute("COMMIT")
 
+    # -- integrity -------------------------------------------------------------------
+    def _ensure_intact(self, cur: sqlite3.Cursor) -> None:
+        """Raise :class:`LedgerIntegrityError` unless the snapshot read by ``cur`` passes
+        the chain checks and extends the head this object last verified.
+
+        Inside the transaction (so that the check and what follows read one snapshot).
+        The chain is re-hashed only when another connection committed since the last
+        check (``PRAGMA data_version`` changed; this object's own appends keep the chain
+        valid by construction and update the verified head)."""
+        head = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()  # snapshot
+        version = cur.execute("PRAGMA data_version").fetchone()[0]
+        if self._failure is not None and self._failure[0] == version:
+            raise self._failure[1]
+        if version == self._verified_version and head is not None and (
+                (int(head[0]), str(head[1])) == self._seen):
+            return
+        problems, _ = self._chain_problems(cur, [self._seen] if self._seen else [])
+        if problems:
+            err = LedgerIntegrityError(
+                f"ledger {self.path} failed its integrity check ({'; '.join(problems)}); "
+                "nothing is reported or recorded until it verifies again: restore the file "
+                "from a backup (`privlearn budget verify PATH` lists what was found)",
+                tuple(problems))
+            self._failure = (version, err)
+            raise err
+        self._mark_verified(cur)
+
+    def _mark_verified(self, cur: sqlite3.Cursor) -> None:
+        """Record the snapshot read by ``cur`` as verified."""
+        count, h = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()
+        self._failure = None
+        self._verified_version = cur.execute("PRAGMA data_version").fetchone()[0]
+        self._seen = (int(count), str(h))
+
+    def _chain_problems(self, cur: sqlite3.Cursor, anchors: Sequence[tuple[int, str]],
+                        *, parse: bool = False) -> tuple[list[str], int]:
+        """What is wrong with the file read by ``cur`` (empty when intact), and the number
+        of entries. Checks every entry's hash, its link to the previous one, the sequence
+        numbers, the head record (truncation), optionally that every mechanism parses,
+        and that the chain extends every head in ``anchors`` (``(count, hash)`` recorded
+        earlier)."""
+        try:
+            rows = cur.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY seq").fetchall()
+            head = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()
+            keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            return [f"unreadable ledger: {exc}"], 0
+        problems: list[str] = []
+        if keyed is not None and (keyed[0] == "1") != (self._key is not None):
+            problems.append(
+                "the ledger was created " + ("with" if keyed[0] == "1" else "without")
+                + " an HMAC key and opened " + ("with" if self._key else "without")
+                + " one: hashes cannot match"
+            )
+        prev = GENESIS
+        for i, r in enumerate(rows, start=1):
+            if r[0] != i:
+                problems.append(f"entry {i} is missing (found seq {r[0]} in its place)")
+                break
+            if r[10] != prev:
+                problems.append(f"entry {i}: link to the previous entry is broken")
+            if self._hash(r[10], self._content(r)) != r[11]:
+                problems.append(f"entry {i}: content does not match its hash (edited)")
+            if parse and r[4] is not None:
+                try:
+                    loads(r[4])
+                except (ValueError, TypeError) as exc:
+                    problems.append(f"entry {i}: unreadable mechanism ({exc})")
+            prev = r[11]
+        if head is None:
+            problems.append("the head record is missing")
+        else:
+            if head[0] != len(rows):
+                problems.append(
+                    f"the head records {head[0]} entries but {len(rows)} are present "
+                    "(truncated or removed)"
+                )
+            if head[1] != prev:
+                problems.append("the head hash does not match the last entry")
+        for count, h in anchors:
+            if len(rows) < count or (count > 0 and rows[count - 1][11] != h):
+                problems.append(
+                    f"the ledger does not extend the head {count}:{h[:12]}... recorded "
+                    "earlier (entries removed and the head rewritten, or the file rolled "
+                    "back)")
+                break
+        return problems, len(rows)
+
     # -- hashing ---------------------------------------------------------------------
     def _hash(self, prev: str, row: dict) -> str:
-        msg = (prev + "\n" + json.dumps(row, sort_keys=True, separators=(",", ":"))).encode()
+        msg = (prev + "\n" + _ENCODE(row)).encode()
         if self._key is not None:
             return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
         return hashlib.sha256(msg).hexdigest()
 
     @staticmethod
     def _content(r: Sequence) -> dict:
-        keys = ("seq", "kind", "dataset", "privacy_unit", "mechanism", "payload", "label",
-                "who", "time", "ref")
-        return dict(zip(keys, r[:10], strict=True))
+        return dict(zip(_CONTENT_KEYS, r[:10], strict=True))
 
     def _append(
         self,
@@ -434,33 +588,24 @@ class Ledger:
         who: str | None = None,
         ref: int | None = None,
     ) -> tuple:
-        head = cur.execute("SELECT count, hash FROM head WHERE id = 1").fetchone()
-        if head is None:
-            raise LedgerIntegrityError(f"ledger {self.path}: the head record is missing")
-        count, prev = head
-        last = cur.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
-        if (last is None and (count != 0 or prev != GENESIS)) or (
-            last is not None and (last[0] != count or last[1] != prev)
-        ):
-            raise LedgerIntegrityError(
-                f"ledger {self.path}: the last entry does not match the head record "
-                "(entries removed or edited); refusing to append. Run `privlearn budget "
-                "verify` for details."
-            )
+        """Append one entry (inside a :meth:`_write` transaction, which checked the file)."""
+        count, prev = cur.execute("SELECT count, hash FROM head WHERE id = 1").fetchone()
         row = (count + 1, kind, dataset, unit, mechanism, payload, label, who, _now(), ref)
         h = self._hash(prev, self._content(row))
         cur.execute(f"INSERT INTO entries ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                     (*row, prev, h))
         cur.execute("UPDATE head SET count = ?, hash = ? WHERE id = 1", (count + 1, h))
+        self._appended = (count + 1, h)  # the verified head once the transaction commits
         return (*row, prev, h)
 
     def _mech(self, text: str | None) -> Mechanism | None:
         if text is None:
             return None
-        m = self._parsed.get(text)
-        if m is None:
-            m = self._parsed[text] = loads(text)
-        return m
+        with self._lock:  # the parse cache is shared by the threads using this ledger
+            m = self._parsed.get(text)
+            if m is None:
+                m = self._parsed[text] = loads(text)
+            return m
 
     def _entry(self, r: Sequence) -> Entry:
         return Entry(seq=r[0], kind=r[1], dataset=r[2], privacy_unit=r[3],
@@ -507,7 +652,7 @@ class Ledger:
         delta = check_delta("delta", delta)
         acc = get_accountant(accountant).name
         if not isinstance(adaptive, bool):
-            raise TypeError(f"adaptive must be a bool, got {adaptive!r}")
+            raise ParameterTypeError(f"adaptive must be a bool, got {adaptive!r}")
         order = None
         if adaptive:
             order = (
@@ -516,11 +661,17 @@ class Ledger:
                 else check_positive("adaptive_order", adaptive_order)
             )
             if order <= 1.0 or not math.isfinite(order):
-                raise ValueError(f"adaptive_order must be in (1, inf), got {adaptive_order!r}")
+                raise ParameterValueError(
+                    f"adaptive_order must be in (1, inf), got {adaptive_order!r}; leave it "
+                    "out for the default 1 + 2 log(1/delta) / epsilon")
             if delta == 0.0:
-                raise ValueError("the adaptive (Renyi filter) rule needs delta > 0, got 0")
+                raise ParameterValueError(
+                    "delta must be in (0, 1) with adaptive=True (the Renyi filter gives no "
+                    "delta=0 guarantee), got 0; pass a small delta such as 1e-6")
         elif adaptive_order is not None:
-            raise ValueError("adaptive_order is only used with adaptive=True")
+            raise ParameterValueError(
+                f"adaptive_order is only used with adaptive=True, got {adaptive_order!r} "
+                "with adaptive=False; pass adaptive=True or drop adaptive_order")
         payload = json.dumps(
             {"epsilon": epsilon, "delta": delta, "accountant": acc, "adaptive": adaptive,
              "adaptive_order": order},
@@ -528,15 +679,13 @@ class Ledger:
         )
         with self._write() as cur:
             if self._budget_row(cur, dataset, unit) is not None:
-                raise ValueError(
+                raise LedgerConflictError(
                     f"dataset {dataset!r} (privacy unit {unit!r}) already has a budget in "
                     f"{self.path}; budgets are never changed"
                 )
             self._append(cur, "budget", dataset, unit, payload=payload,
                          who=who or _default_who())
         return Budget(dataset, unit, epsilon, delta, acc, adaptive, order)
-
-    init = create_budget
 
     def _budget_row(self, cur, dataset: str, unit: str):
         return cur.execute(
@@ -549,9 +698,9 @@ class Ledger:
         if row is None:
             known = [f"{d}/{u}" for d, u in cur.execute(
                 "SELECT dataset, privacy_unit FROM entries WHERE kind='budget'")]
-            raise KeyError(
+            raise UnknownBudgetError(
                 f"no budget for dataset {dataset!r} (privacy unit {unit!r}) in {self.path}; "
-                f"create one with create_budget (known: {known or 'none'})"
+                f"create one with create_budget (known: {', '.join(known) or 'none'})"
             )
         p = json.loads(row[0])
         return Budget(dataset, unit, p["epsilon"], p["delta"], p["accountant"],
@@ -671,17 +820,12 @@ class Ledger:
         BudgetExceededError
             The composed total (or the Renyi filter, for adaptive budgets) would exceed
             the cap.
-        KeyError
-            No budget for ``dataset``.
+        UnknownBudgetError
+            No budget for ``dataset`` (a :class:`KeyError`).
+        LedgerIntegrityError
+            The file was tampered with (see :class:`Ledger`).
         """
-        mechanism, text = _check_mechanism(mechanism)
-        label, who = _check_opt_str("label", label), _check_opt_str("who", who)
-        unit = privacy_unit or DEFAULT_UNIT
-        with self._write() as cur:
-            self._admit(cur, dataset, unit, mechanism, "spend")
-            row = self._append(cur, "spend", dataset, unit, mechanism=text, label=label,
-                               who=who or _default_who())
-        return self._entry(row)
+        return self._entry(self._record("spend", dataset, mechanism, label, who, privacy_unit))
 
     def reserve(
         self,
@@ -699,14 +843,20 @@ class Ledger:
         process killed mid-run leaves at least its plan in the ledger. Refused exactly as
         :meth:`spend`.
         """
+        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit)
+        return Reservation(self, self._entry(row))
+
+    def _record(self, kind: str, dataset: str, mechanism: Mechanism, label: str | None,
+                who: str | None, privacy_unit: str | None) -> tuple:
+        """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
         label, who = _check_opt_str("label", label), _check_opt_str("who", who)
         unit = privacy_unit or DEFAULT_UNIT
         with self._write() as cur:
-            self._admit(cur, dataset, unit, mechanism, "reservation")
-            row = self._append(cur, "reserve", dataset, unit, mechanism=text, label=label,
-                               who=who or _default_who())
-        return Reservation(self, self._entry(row))
+            self._admit(cur, dataset, unit, mechanism,
+                        "spend" if kind == "spend" else "reservation")
+            return self._append(cur, kind, dataset, unit, mechanism=text, label=label,
+                                who=who or _default_who())
 
     def settle(self, reservation: int | Reservation, actual: Mechanism | None) -> Entry:
         """Record what a reservation actually ran (see :meth:`Reservation.settle`)."""
@@ -720,13 +870,13 @@ class Ledger:
         with self._write() as cur:
             r = cur.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq=?", (seq,)).fetchone()
             if r is None or r[1] != "reserve":
-                raise ValueError(f"no reservation with seq={seq!r} in {self.path}")
+                raise LedgerConflictError(f"no reservation with seq={seq!r} in {self.path}")
             if cur.execute("SELECT 1 FROM entries WHERE kind='settle' AND ref=?",
                            (seq,)).fetchone():
-                raise ValueError(f"reservation {seq} is already settled")
+                raise LedgerConflictError(f"reservation {seq} is already settled")
             plan = self._mech(r[4])
             if actual is not None and not _covered(actual, plan):
-                raise ValueError(
+                raise LedgerConflictError(
                     f"the actual mechanism {actual!r} is not covered by reservation {seq}'s "
                     f"plan {plan!r}: settle with a sub-composition of the plan (e.g. fewer "
                     "steps) and spend anything beyond it separately"
@@ -776,63 +926,24 @@ class Ledger:
 
     def head(self) -> tuple[int, str]:
         """``(number of entries, hash of the last entry)``; store it elsewhere to detect a
-        later rewrite of the whole file."""
-        with self._read() as cur:
-            r = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()
-        if r is None:
-            raise LedgerIntegrityError(f"ledger {self.path}: the head record is missing")
-        return int(r[0]), str(r[1])
+        later rewrite of the whole file (``verify(expected_head=...)``)."""
+        with self._read():
+            assert self._seen is not None  # set by the integrity check
+            return self._seen
 
     def verify(self, expected_head: tuple[int, str] | None = None) -> VerifyReport:
-        """Check the hash chain: every entry's hash, its link to the previous one, the
+        """Check the whole file: every entry's hash, its link to the previous one, the
         sequence numbers, the head record (catches truncation), that every mechanism
-        parses, and optionally an externally recorded ``expected_head``."""
-        problems: list[str] = []
-        with self._read() as cur:
-            try:
-                rows = cur.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY seq").fetchall()
-                head = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()
-                keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
-            except sqlite3.DatabaseError as exc:
-                return VerifyReport(False, 0, (f"unreadable ledger: {exc}",))
-        if keyed is not None and (keyed[0] == "1") != (self._key is not None):
-            problems.append(
-                "the ledger was created " + ("with" if keyed[0] == "1" else "without")
-                + " an HMAC key and opened " + ("with" if self._key else "without")
-                + " one: hashes cannot match"
-            )
-        prev = GENESIS
-        for i, r in enumerate(rows, start=1):
-            if r[0] != i:
-                problems.append(f"entry {i} is missing (found seq {r[0]} in its place)")
-                break
-            if r[10] != prev:
-                problems.append(f"entry {i}: link to the previous entry is broken")
-            if self._hash(r[10], self._content(r)) != r[11]:
-                problems.append(f"entry {i}: content does not match its hash (edited)")
-            if r[4] is not None:
-                try:
-                    loads(r[4])
-                except (ValueError, TypeError) as exc:
-                    problems.append(f"entry {i}: unreadable mechanism ({exc})")
-            prev = r[11]
-        if head is None:
-            problems.append("the head record is missing")
-        else:
-            if head[0] != len(rows):
-                problems.append(
-                    f"the head records {head[0]} entries but {len(rows)} are present "
-                    "(truncated or removed)"
-                )
-            if head[1] != prev:
-                problems.append("the head hash does not match the last entry")
-        if expected_head is not None and (
-            len(rows) < expected_head[0]
-            or (rows and len(rows) >= expected_head[0] > 0
-                and rows[expected_head[0] - 1][11] != expected_head[1])
-        ):
-            problems.append("the ledger does not extend the expected head")
-        return VerifyReport(not problems, len(rows), tuple(problems))
+        parses, that it extends the head this object last verified, and optionally an
+        externally recorded ``expected_head``. Never raises for a tampered file (the
+        report lists the problems); a passing check lifts the refusal of the other methods
+        (see :class:`Ledger`)."""
+        with self._read(check=False) as cur:
+            anchors = [h for h in (expected_head, self._seen) if h is not None]
+            problems, n = self._chain_problems(cur, anchors, parse=True)
+            if not problems:  # the snapshot verified: later calls compare with it
+                self._mark_verified(cur)
+        return VerifyReport(not problems, n, tuple(problems))
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def _pure(m) -> float:
 
 
 # ----------------------------------------------------------------------------------------
-# acceptance values (issue 14)
+# acceptance values
 # ----------------------------------------------------------------------------------------
 def test_pure_dp_eight_fold_optimal_composition() -> None:
     # Kairouz, Oh & Viswanath 2015: PureDP(0.3) x 8 at delta 1e-6; autodp reports the
@@ -239,7 +239,7 @@ def test_subsampled_brute_force_two_directions() -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# pure DP of any epsilon (issue 14: "DiscretePair needs atoms with p > 0 and q > 0")
+# pure DP of any epsilon (the worst-case pair has atoms with p or q below 1e-300)
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("eps0", [37.5, 40.0, 100.0, 700.0, 5000.0])
 def test_pure_dp_any_epsilon(eps0: float) -> None:
@@ -285,7 +285,7 @@ def test_pure_dp_composition_epsilon_helper() -> None:
 
 
 def test_long_randomized_response_tiny_delta() -> None:
-    # 1,000 randomized responses at delta 1e-12: exact in closed form (issue 14, item 6)
+    # 1,000 randomized responses at delta 1e-12: exact in closed form
     m = compose(RandomizedResponse(0.75), steps=1000)
     b = m.epsilon_bounds(1e-12)
     assert math.isfinite(b.upper) and b.upper - b.lower <= 1e-9 * b.upper

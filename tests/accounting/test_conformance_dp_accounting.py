@@ -58,7 +58,7 @@ def test_pld_laplace_basic_delta() -> None:
 
 
 def test_pld_laplace_basic_tiny_delta() -> None:
-    # (issue 14 item 6: certified at delta 1e-14; the pure epsilon is the answer)
+    # certified at delta 1e-14: the pure epsilon is the answer
     m = compose([Laplace(1.0), Laplace(2.0)], steps=[3, 2])
     assert m.epsilon(1e-14) == pytest.approx(4.0, abs=1e-6)
     assert m.epsilon(1e-14) <= 4.0 * (1 + 1e-12)
@@ -164,7 +164,7 @@ def test_laplace_pure_and_kl(eps: float, count: int) -> None:
 @pytest.mark.parametrize("q", [0.01, 0.1, 0.8, 1.0])
 @pytest.mark.parametrize("sigma", [0.1, 1.0, 10.0, 100.0])
 def test_pld_certified_gap_at_most_one_percent(q: float, sigma: float) -> None:
-    # issue 14: on the cases of dp_accounting's tests the certified gap (upper over
+    # on the cases of dp_accounting's tests the certified gap (upper over
     # lower) is at most 1%, down to delta = 1e-12 and over 1000 compositions
     base = subsample(Gaussian(sigma), q)
     for steps in (1, 1000):

@@ -235,3 +235,43 @@ def test_rdp_only_kind():
     rho = 1.0
     assert e <= rho + 2 * math.sqrt(rho * math.log(1e5))
     assert FacadeMechanism.from_privlearn(m).get_approxDP(1e-5) == pytest.approx(e, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
+# a kind with a finite dominating pair: exact composition by registration alone
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Coin(Mechanism):
+    """A coin flip with bias e^eps / (1 + e^eps): exactly binary randomized response."""
+
+    eps: float
+
+
+def _register_coin() -> None:
+    from privlearn.accounting import closed_form
+    from privlearn.accounting._pld_pairs import pure_dp_pair
+    from privlearn.accounting._rdp_math import _rr_rdp
+
+    register_mechanism(
+        Coin,
+        pure_epsilon=lambda m: m.eps,
+        pld_pair=lambda m: pure_dp_pair(m.eps),
+        rdp=lambda m, alphas: _rr_rdp(m.eps, alphas),
+        pld_atoms=lambda m: closed_form.pure_dp_atoms(m.eps),
+    )
+
+
+@pytest.mark.parametrize("q", [1.0, 0.1])
+def test_registered_atoms_give_the_exact_closed_form(q):
+    """With ``pld_atoms`` registered, the PLD accountant composes the new kind exactly
+    (closed form, Kairouz-Oh-Viswanath / Murtagh-Vadhan), with no change to the
+    accountants: the same bounds as PureDP, whose pair it is."""
+    from privlearn.accounting import PureDP, closed_form
+
+    _register_coin()
+    mine = compose(subsample(Coin(0.7), q), steps=25)
+    ref = compose(subsample(PureDP(0.7), q), steps=25)
+    assert closed_form.discrete_pld(mine) is not None
+    assert mine.epsilon_bounds(1e-6) == ref.epsilon_bounds(1e-6)
+    b = mine.epsilon_bounds(1e-6)
+    assert b.lower <= b.upper <= b.lower * (1 + 1e-9)  # exact up to rounding

@@ -57,7 +57,7 @@ def test_delta_range(bad):
 
 @pytest.mark.parametrize("accountant", ["analytic", "pld", "rdp"])
 def test_delta_one_gives_epsilon_zero(accountant):
-    # every mechanism is (0, 1)-DP (issue 14: autodp returns 0 and loops over
+    # every mechanism is (0, 1)-DP (autodp returns 0 too; loops over
     # 10.0**-np.linspace(0, ...) hit delta = 1)
     assert Gaussian(1.0).epsilon(1.0, accountant=accountant) == 0.0
     assert Gaussian(0.3).epsilon_bounds(1, accountant=accountant).lower == 0.0

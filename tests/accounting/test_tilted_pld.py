@@ -1,4 +1,4 @@
-"""The exponentially tilted PLD composition (issue 14, item 6): certified epsilon at tiny
+"""The exponentially tilted PLD composition: certified epsilon at tiny
 delta for very long runs, where the plain FFT's absolute round-off allowance cannot
 certify. Checked against the plain certified grid where both answer, against exact
 values, and for the stress cases of the issue (finite, certified gap <= 1%, < 30 s, far

@@ -1,4 +1,4 @@
-"""Tiny delta and long compositions (issue 14, item 6): where the PLD grid cannot certify
+"""Tiny delta and long compositions: where the PLD grid cannot certify
 delta (its FFT error allowance exceeds the target), ``epsilon`` returns the smaller of
 the other certified answers -- the pure epsilon and the RDP accountant -- and names the
 one that answered, instead of raising."""

@@ -121,7 +121,7 @@ def test_cli_json_is_one_object_and_catches_a_bug(tmp_path):
                                  "--canaries", "500", "--inject-bug", "no-noise", "--seed",
                                  "0", "--json", "--out", str(tmp_path)],
                            catch_exceptions=False)
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 5, r.output  # a VIOLATION fails the command (a CI gate)
     out = json.loads(r.stdout)
     assert {"claimed_epsilon", "epsilon_lower_bound", "method", "canaries",
             "violation"} <= set(out)
@@ -141,3 +141,28 @@ def test_cli_bad_input_is_one_line(args, match):
     r = CliRunner().invoke(cli, base + args)
     assert r.exit_code == 2
     assert r.stderr.count("\n") == 1 and match in r.stderr
+
+
+@pytest.mark.parametrize(("violation", "status"), [(False, 0), (True, 5)])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_cli_exit_status_is_the_verdict(monkeypatch, violation, status, as_json):
+    """Status 5 exactly when the audit finds a VIOLATION, after the full report."""
+    from types import SimpleNamespace
+
+    import privlearn.auditing.torch as audit_torch
+
+    result = SimpleNamespace(violation=violation, claimed_epsilon=2.0, epsilon_lower_bound=(
+        3.0 if violation else 0.5), confidence=0.95, auc=0.6, seed=7)
+    run = SimpleNamespace(result=result, noise_multiplier=1.5, sampling_rate=0.1, steps=50,
+                          to_dict=lambda: {"violation": violation})
+    monkeypatch.setattr(audit_torch, "audit_dpsgd", lambda **kw: run)
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "2", "--delta", "1e-5",
+                                 *(["--json"] if as_json else [])])
+    assert r.exit_code == status, r.output
+    if as_json:
+        assert json.loads(r.stdout) == {"violation": violation, "files": []}
+    else:
+        assert ("verdict:                VIOLATION" in r.stdout) == violation
+        assert "seed:                   7" in r.stdout
+    assert r.stderr == ""
+

@@ -287,7 +287,7 @@ def test_eps_delta_calibrator_passes_name() -> None:
 
 
 def test_generalized_calibrator_updates_params_in_place() -> None:
-    # autodp sets params[para_name] to the calibrated value (issue 14)
+    # autodp sets params[para_name] to the calibrated value
     params = {"sigma": 1.0, "coeff": 100}
     m = calibrator_zoo.generalized_eps_delta_calibrator()(
         mechanism_zoo.ComposedGaussianMechanism,

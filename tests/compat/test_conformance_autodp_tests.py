@@ -19,7 +19,7 @@ only checks a loose relation, the facade is also held to the exact value.
 * unit_test_sampling_pld.py: compares characteristic (phi) functions, which the facade
   does not expose (it composes PLDs); autodp itself cannot run it here (it calls
   ``scipy.integrate.quadrature``, removed in SciPy 1.15). The one-sided amplification it
-  exercises is checked on epsilon in test_conformance_issue14.py.
+  exercises is checked on epsilon in test_conformance_edge_cases.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""f-DP on the autodp facade (issue 14, item 4): ``get_fDP`` / ``fDP`` / ``plot_fDP``.
+"""f-DP on the autodp facade: ``get_fDP`` / ``fDP`` / ``plot_fDP``.
 
 Ground truth: closed-form trade-off functions (Dong, Roth & Su 2022): Gaussian
 ``G_mu(a) = Phi(Phi^-1(1 - a) - mu)`` (Def. 2.7), pure DP

@@ -1,4 +1,4 @@
-"""autodp's legacy ``privacy_calibrator`` and ``utils`` on the facade (issue 14, item 5):
+"""autodp's legacy ``privacy_calibrator`` and ``utils`` on the facade:
 every calibrated noise level meets its target with privlearn's certified accountants
 and is never larger than autodp's (autodp converts RDP; privlearn uses exact curves),
 except where autodp's own answer misses its target (its analytic-Gaussian bisection

@@ -1,5 +1,5 @@
 """autodp's sparse vector technique mechanisms, their RDP functions, ``dp_acct`` and the
-stage-wise SVT bound (issue 14, item 5), run once on autodp 0.2.3.1 (test-only peer) and
+stage-wise SVT bound, run once on autodp 0.2.3.1 (test-only peer) and
 once on the facade: every RDP value equal to autodp's to 1e-12 relative (same closed
 forms, Zhu & Wang 2020), every epsilon no larger than autodp's beyond 1e-9 relative, and
 the optimal-composition accountant never looser than autodp's Kairouz-Oh-Viswanath

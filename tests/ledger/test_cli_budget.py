@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from _tampering import non_ledger_files, tamper
 from click.testing import CliRunner
 
 from privlearn.accounting import Gaussian, compose, subsample
@@ -49,20 +50,17 @@ def test_spend_show_history_json(db):
     assert [e["kind"] for e in h] == ["budget"] + ["spend"] * 4
 
 
-def test_exceeding_the_budget_is_one_line_status_2_and_records_nothing(db):
+def test_exceeding_the_budget_is_one_line_status_3_and_records_nothing(db):
     before = run("budget", "show", db, "--dataset", "adult", "--json").output
     r = CliRunner().invoke(cli, ["budget", "spend", db, "--dataset", "adult",
                                  "--noise-multiplier", "0.5"])
-    assert r.exit_code == 2
+    assert r.exit_code == 3
     assert r.output.startswith("error: spend refused") and r.output.count("\n") == 1
     assert run("budget", "show", db, "--dataset", "adult", "--json").output == before
 
 
 def test_bad_input_is_status_2(db, tmp_path):
-    junk = tmp_path / "junk.db"
-    junk.write_bytes(b"this is not a database" * 100)
     for args in (
-        ["budget", "show", str(junk), "--dataset", "adult"],
         ["budget", "spend", db, "--dataset", "adult", "--noise-multiplier", "-1"],
         ["budget", "spend", db, "--dataset", "nope", "--noise-multiplier", "5"],
         ["budget", "show", str(tmp_path / "missing.db"), "--dataset", "adult"],
@@ -71,16 +69,18 @@ def test_bad_input_is_status_2(db, tmp_path):
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 2, (args, r.output)
         assert r.output.startswith("error:") and r.output.count("\n") == 1, r.output
+    assert not (tmp_path / "missing.db").exists()  # reading never creates a ledger
 
 
-def _tamper(path, *sql):
-    con = sqlite3.connect(path)
-    con.execute("DROP TRIGGER IF EXISTS entries_no_update")
-    con.execute("DROP TRIGGER IF EXISTS entries_no_delete")
-    for s in sql:
-        con.execute(s)
-    con.commit()
-    con.close()
+def test_a_file_that_is_not_a_ledger_is_status_4(tmp_path):
+    for path in non_ledger_files(tmp_path):
+        for args in (["budget", "show", str(path), "--dataset", "adult"],
+                     ["budget", "init", str(path), "--dataset", "a", "--epsilon", "1",
+                      "--delta", "1e-6"]):
+            r = CliRunner().invoke(cli, args)
+            assert r.exit_code == 4, (args, r.output)
+            assert r.output.startswith("error: ") and "not a" in r.output
+            assert r.output.count("\n") == 1
 
 
 def test_verify_intact(db):
@@ -116,10 +116,37 @@ def test_append_only_triggers(db):
     ],
 )
 def test_verify_detects_editing_deleting_truncating(db, sql):
-    _tamper(db, *sql)
+    tamper(db, *sql)
     r = CliRunner().invoke(cli, ["budget", "verify", db])
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 4, r.output
     assert "TAMPERED" in r.output
+
+
+@pytest.mark.parametrize("sql", [
+    ["DELETE FROM entries WHERE seq = 3"],
+    ["UPDATE entries SET mechanism = replace(mechanism, '8.0', '80.0') WHERE seq = 2"],
+    ["DELETE FROM entries WHERE seq = 2", "UPDATE entries SET seq = seq - 1 WHERE seq > 2"],
+])
+def test_every_budget_command_refuses_a_tampered_ledger(db, sql):
+    """Entries deleted or edited (triggers dropped first): show, spend and history refuse
+    with status 4 and one line saying what was found and what to do, instead of reporting
+    or extending a total that is too low; nothing is appended."""
+    honest = json.loads(run("budget", "show", db, "--dataset", "adult", "--json").output)
+    tamper(db, *sql)
+    for args in (["show", db, "--dataset", "adult"],
+                 ["show", db, "--dataset", "adult", "--json"],
+                 ["spend", db, "--dataset", "adult", "--noise-multiplier", "30"],
+                 ["history", db, "--dataset", "adult"]):
+        r = CliRunner().invoke(cli, ["budget", *args])
+        assert r.exit_code == 4, (args, r.output)
+        assert r.stdout == "" and r.stderr.count("\n") == 1
+        assert r.stderr.startswith(f"error: ledger {db} failed its integrity check (")
+        assert "restore the file from a backup" in r.stderr
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT count(*) FROM entries WHERE kind = 'spend' AND "
+                       "mechanism LIKE '%30.0%'").fetchone()[0] == 0
+    con.close()
+    assert honest["entries"] == 3
 
 
 def test_truncation_with_rewritten_head_needs_an_external_anchor(db):
@@ -127,12 +154,12 @@ def test_truncation_with_rewritten_head_needs_an_external_anchor(db):
     con = sqlite3.connect(db)
     prev = con.execute("SELECT hash FROM entries WHERE seq = 3").fetchone()[0]
     con.close()
-    _tamper(db, "DELETE FROM entries WHERE seq = 4",
+    tamper(db, "DELETE FROM entries WHERE seq = 4",
             f"UPDATE head SET count = 3, hash = '{prev}'")
     # a consistent shorter chain: only an anchor kept elsewhere reveals it
     assert run("budget", "verify", db).exit_code == 0
     r = CliRunner().invoke(cli, ["budget", "verify", db, "--expect-head", head])
-    assert r.exit_code == 1 and "does not extend the expected head" in r.output
+    assert r.exit_code == 4 and "does not extend the head" in r.output
 
 
 def test_python_dash_m_privlearn(tmp_path):
@@ -143,7 +170,7 @@ def test_python_dash_m_privlearn(tmp_path):
     assert ok.returncode == 0, ok.stderr
     bad = subprocess.run(base + ["spend", path, "--dataset", "d", "--mechanism", "laplace",
                                  "--noise-multiplier", "1.0"], capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.startswith("error:")
+    assert bad.returncode == 3 and bad.stderr.startswith("error:")
     assert bad.stderr.count("\n") == 1
     assert subprocess.run(base + ["verify", path]).returncode == 0
 

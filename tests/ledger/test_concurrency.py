@@ -22,7 +22,7 @@ DELTA = 1e-6
 
 def test_eight_processes_fifty_spends_each(tmp_path):
     path = str(tmp_path / "c.db")
-    Ledger(path).create_budget("data", CAP, DELTA)
+    Ledger(path, create=True).create_budget("data", CAP, DELTA)
     # how many Gaussian(SIGMA) releases fit under the cap (exact analytic composition)
     fit = max(k for k in range(1, 400) if compose(Gaussian(SIGMA), steps=k).epsilon(DELTA) <= CAP)
     assert 50 < fit < 400  # the cap binds part-way through the 400 attempts
@@ -47,7 +47,7 @@ def test_eight_processes_fifty_spends_each(tmp_path):
 
 def test_sigkill_mid_spends_keeps_every_acknowledged_spend(tmp_path):
     path = str(tmp_path / "k.db")
-    Ledger(path).create_budget("data", 1e6, 1e-6)
+    Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
     worker = Path(__file__).with_name("_ledger_workers.py")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])}
     proc = subprocess.Popen([sys.executable, str(worker), path], stdout=subprocess.PIPE,

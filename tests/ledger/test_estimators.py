@@ -48,7 +48,7 @@ def data():
 
 @pytest.fixture
 def ledger(tmp_path):
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=3.0, delta=1e-5)
     return led
 
@@ -82,7 +82,7 @@ def test_fit_spends_its_mechanism(make, data, ledger):
 
 @pytest.mark.parametrize("make", LINEAR)
 def test_over_budget_fit_is_refused_before_reading_the_data(make, tmp_path):
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=0.5, delta=1e-5)
     est = make(led.budget("d"))
     assert planned_mechanism(est, np.zeros((300, 3)), None).epsilon(1e-5) > 0.5
@@ -129,7 +129,7 @@ def test_plain_grid_search_records_every_fit(data, tmp_path):
     """scikit-learn's GridSearchCV over an estimator with a ledger: every fit (candidates
     x folds + the refit) is spent, so the ledger holds the search's real cost."""
     X, y = data
-    led = Ledger(tmp_path / "g.db")
+    led = Ledger(tmp_path / "g.db", create=True)
     led.create_budget("d", epsilon=50.0, delta=1e-5)
     est = AdaSSPRegressor(epsilon=0.5, delta=1e-7, y_bound=3.0, random_state=0,
                           ledger=led.budget("d"))

@@ -17,7 +17,7 @@ from privlearn.ledger import Ledger, LedgerIntegrityError, default_filter_order
 
 @pytest.fixture
 def ledger(tmp_path):
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("adult", epsilon=1.0, delta=1e-6)
     yield led
     led.close()
@@ -65,7 +65,7 @@ def test_cap_is_never_exceeded_by_repeated_spends(ledger):
 
 
 def test_budgets_are_separate_and_unique(tmp_path):
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("a", 1.0, 1e-6)
     led.create_budget("a", 5.0, 1e-6, privacy_unit="user")
     with pytest.raises(ValueError, match="already has a budget"):
@@ -79,7 +79,7 @@ def test_budgets_are_separate_and_unique(tmp_path):
 
 
 def test_bad_input_is_rejected_at_the_boundary(tmp_path):
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     with pytest.raises(ValueError, match="epsilon"):
         led.create_budget("a", -1.0, 1e-6)
     with pytest.raises(ValueError, match="delta"):
@@ -96,7 +96,7 @@ def test_bad_input_is_rejected_at_the_boundary(tmp_path):
 
 def test_persists_across_instances(tmp_path):
     p = tmp_path / "l.db"
-    with Ledger(p) as led:
+    with Ledger(p, create=True) as led:
         led.create_budget("a", 2.0, 1e-6)
         led.spend("a", Gaussian(3.0), label="first", who="alice")
     with Ledger(p) as led:
@@ -143,7 +143,7 @@ def test_reservation_context_manager(ledger):
 
 
 def test_adaptive_budget_uses_a_renyi_filter(tmp_path):
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     b = led.create_budget("a", 1.0, 1e-6, adaptive=True)
     alpha = default_filter_order(1.0, 1e-6)
     assert b.adaptive_order == alpha == 1 + 2 * math.log(1e6)
@@ -181,7 +181,7 @@ def test_append_refused_on_a_tampered_ledger(tmp_path):
     import sqlite3
 
     p = tmp_path / "l.db"
-    led = Ledger(p)
+    led = Ledger(p, create=True)
     led.create_budget("a", 5.0, 1e-6)
     led.spend("a", Gaussian(3.0))
     con = sqlite3.connect(p)
@@ -196,7 +196,7 @@ def test_append_refused_on_a_tampered_ledger(tmp_path):
 
 def test_keyed_ledger(tmp_path):
     p = tmp_path / "k.db"
-    led = Ledger(p, key=b"secret")
+    led = Ledger(p, create=True, key=b"secret")
     led.create_budget("a", 1.0, 1e-6)
     led.spend("a", Gaussian(10.0))
     assert led.verify()
@@ -209,7 +209,7 @@ def test_keyed_ledger(tmp_path):
 @given(ops=st.lists(st.tuples(st.sampled_from(["spend", "reserve", "settle"]),
                               st.floats(3.0, 30.0), st.integers(1, 5)), max_size=12))
 def test_random_histories_never_exceed_the_cap(tmp_path_factory, ops):
-    led = Ledger(tmp_path_factory.mktemp("h") / "h.db")
+    led = Ledger(tmp_path_factory.mktemp("h") / "h.db", create=True)
     led.create_budget("a", 1.0, 1e-6)
     counted, open_res = [], []
     for op, sigma, k in ops:

@@ -60,7 +60,7 @@ def _history():
 
 def test_ledger_total_is_tight_and_beats_sum_of_epsilons(tmp_path):
     history = _history()
-    led = Ledger(tmp_path / "t.db")
+    led = Ledger(tmp_path / "t.db", create=True)
     led.create_budget("project", epsilon=100.0, delta=DELTA)
     for label, m in history:
         led.spend("project", m, label=label)

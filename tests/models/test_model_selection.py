@@ -116,14 +116,14 @@ def test_more_expected_runs_cost_more(data):
 
 def test_search_spends_on_the_ledger_before_reading_data(data, tmp_path):
     X, y = data
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=1.0, delta=1e-6)
     FITS.clear()
     with pytest.raises(BudgetExceededError):
         PrivateSearchCV(_est(), GRID, method="composition", loss_bound=36.0,
                         ledger=led.budget("d")).fit(X, y)
     assert FITS == [] and led.spent("d").entries == 0
-    led2 = Ledger(tmp_path / "l2.db")
+    led2 = Ledger(tmp_path / "l2.db", create=True)
     led2.create_budget("d", epsilon=5.0, delta=1e-6)
     s = PrivateSearchCV(_est(), GRID, method="composition", loss_bound=36.0,
                         ledger=led2.budget("d")).fit(X, y)

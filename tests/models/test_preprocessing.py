@@ -145,7 +145,7 @@ def test_scaler_spends_on_the_ledger_before_reading(tmp_path):
     from privlearn.errors import BudgetExceededError
     from privlearn.ledger import Ledger
 
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=1.0, delta=1e-6)
     X = np.random.default_rng(0).normal(size=(500, 3))
     sc = PrivateStandardScaler(epsilon=0.8, delta=5e-7, feature_range=(-10, 10),

@@ -24,7 +24,7 @@ DELTA = 1e-5
 
 
 def _setup(tmp_path, epsilon):
-    ledger = Ledger(tmp_path / "privacy.db")
+    ledger = Ledger(tmp_path / "privacy.db", create=True)
     ledger.create_budget("toy", epsilon=epsilon, delta=DELTA)
     g = torch.Generator().manual_seed(0)
     ds = TensorDataset(torch.randn(64, 5, generator=g), torch.randint(0, 2, (64,), generator=g))

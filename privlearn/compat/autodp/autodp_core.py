@@ -64,6 +64,7 @@ from privlearn.accounting.registry import (
     pure_epsilon,
     supports,
 )
+from privlearn.errors import AutodpArgumentWarning
 
 __all__ = [
     "Mechanism",
@@ -78,11 +79,6 @@ __all__ = [
     "pure_epsilon_of",
     "default_accountant",
 ]
-
-
-class AutodpArgumentWarning(UserWarning):
-    """An autodp argument was accepted but has no effect in privlearn's facade (the
-    message says why). Never emitted for arguments left at autodp's defaults."""
 
 
 def warn_no_effect(where: str, given: dict[str, Any], reason: str, stacklevel: int = 3) -> None:

@@ -13,8 +13,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from privlearn._validation import check_delta
 from privlearn.accounting import Laplace, RandomizedResponse, RDPMechanism, subsample
-from privlearn.accounting._validation import check_delta
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from privlearn._validation import check_delta, check_epsilon, check_nonnegative
 from privlearn.accounting import Mechanism as PrivlearnMechanism
 from privlearn.accounting import RDPMechanism, compose, subsample
-from privlearn.accounting._validation import check_delta, check_epsilon, check_nonnegative
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float, non_default, warn_no_effect
 

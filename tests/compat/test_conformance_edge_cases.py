@@ -1,4 +1,4 @@
-"""Issue 14 regressions on the autodp facade: the three exceptions, exact values where a
+"""Edge cases of the autodp facade: the three exceptions, exact values where a
 closed form exists, and autodp arguments honoured or warned about (never silently
 dropped). Expected values are closed forms (see tests/accounting/test_closed_form.py for
 their brute-force checks) or autodp 0.2.3.1's own outputs where autodp is exact."""
