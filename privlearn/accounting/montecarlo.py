@@ -41,7 +41,7 @@ import numpy as np
 
 from privlearn._validation import check_count, check_delta, check_positive, check_probability
 from privlearn.accounting.mechanisms import Mechanism
-from privlearn.accounting.registry import register_mechanism
+from privlearn.accounting.registry import declare_representation, kind_of, register_mechanism
 
 __all__ = [
     "BallsInBinsMatrixMechanism",
@@ -112,9 +112,13 @@ def _from_dict(d: dict[str, Any]) -> BallsInBinsMatrixMechanism:
 
 
 # No pld_pair, no rdp: every accountant refuses it (no certified accounting exists).
+declare_representation(
+    "monte_carlo_estimable",
+    "fn(m) -> True: the kind can only be estimated by estimate_epsilon (no certified "
+    "bound); what an uncertified Monte-Carlo estimate is asked of")
 register_mechanism(
     BallsInBinsMatrixMechanism, pure_epsilon=lambda m: math.inf,
-    to_dict=_to_dict, from_dict=_from_dict,
+    to_dict=_to_dict, from_dict=_from_dict, monte_carlo_estimable=lambda m: True,
 )
 
 
@@ -217,7 +221,8 @@ def estimate_epsilon(
         The same seed gives the same estimate (common random numbers across calls, which
         also makes :func:`calibrate_estimate` monotone in practice).
     """
-    if not isinstance(mechanism, BallsInBinsMatrixMechanism):
+    kind = kind_of(mechanism)
+    if kind is None or kind.get("monte_carlo_estimable") is None:
         raise TypeError(
             f"mechanism must be a BallsInBinsMatrixMechanism, got {type(mechanism).__name__}; "
             "certified mechanisms are evaluated with mechanism.epsilon(delta)"

@@ -25,6 +25,21 @@ class UnsupportedModuleError(ValueError):
     """The model has layers that per-example clipping cannot handle (all listed)."""
 
 
+#: Layers that draw random numbers in their forward pass: ``type -> active(module)``
+#: (whether it does with its current settings). A module whose parameters go through the
+#: generic fallback cannot contain one (the fallback re-runs the forward per example).
+RANDOM_LAYERS: dict[type, Callable[[nn.Module], bool]] = {
+    nn.modules.dropout._DropoutNd: lambda m: m.p > 0,
+}
+
+
+def _draws_randomness(m: nn.Module) -> bool:
+    for t in type(m).__mro__:
+        if t in RANDOM_LAYERS:
+            return bool(RANDOM_LAYERS[t](m))
+    return False
+
+
 def _fallback_with_dropout(m: nn.Module, trainable: bool) -> bool:
     """A module whose own parameters go through the torch.func fallback (or a rule that
     defers to it when dropout is active) and whose forward applies dropout: the
@@ -37,8 +52,7 @@ def _fallback_with_dropout(m: nn.Module, trainable: bool) -> bool:
     rule = get_rule(m)
     if rule is not None and rule.scope == "subtree":
         return False
-    return any(isinstance(d, nn.modules.dropout._DropoutNd) and d.p > 0
-               for d in m.modules() if d is not m)
+    return any(_draws_randomness(d) for d in m.modules() if d is not m)
 
 
 #: Per module type, checks ``check(module, trainable) -> list of problems`` (each a

@@ -171,7 +171,7 @@ def test_estimates_are_refused_where_an_epsilon_is_due(tmp_path):
             C, BallsInBinsSampler(1000, 40, 8), x, amplified=True), 2.0, 1e-5)
     from privlearn.ledger import Ledger
 
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = Ledger(tmp_path / "l.db", create=True)
     ledger.create_budget("d", epsilon=10.0, delta=1e-5)
     with pytest.raises(UnsupportedMechanismError):
         ledger.spend("d", m)
@@ -209,7 +209,7 @@ def test_serialisation_ledger_and_facade(tmp_path):
     assert loads(dumps(est)) == est
     from privlearn.ledger import Ledger
 
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = Ledger(tmp_path / "l.db", create=True)
     ledger.create_budget("d", epsilon=50.0, delta=1e-5)
     ledger.spend("d", m)
     assert ledger.spent("d").epsilon_spent == pytest.approx(m.epsilon(1e-5), rel=1e-9)

@@ -69,7 +69,7 @@ def test_a_release_that_raises_is_counted_in_full(tmp_path):
     """An error after the data was read (here NoisyGD diverging) may depend on the data:
     the reservation is settled with the whole plan, not cancelled or left pending."""
     X, y = _data()
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=5.0, delta=1e-5)
     m = NoisyGDRegressor(y_bound=3.0, noise_multiplier=None, n_iter=50, learning_rate=1e6,
                          ledger=led.budget("d"))
@@ -86,7 +86,7 @@ def test_a_release_that_raises_is_counted_in_full(tmp_path):
 
 def test_invalid_data_cancels_the_reservation(tmp_path):
     X, y = _data()
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=5.0, delta=1e-5)
     with pytest.raises(ValueError):
         SSPRegressor(y_bound=3.0, ledger=led.budget("d")).fit(X, y[:10])

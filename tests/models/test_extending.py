@@ -68,7 +68,7 @@ class Untouchable:
 
 def test_recipe_budgets_a_fit_on_a_ledger(tmp_path):
     X = np.random.default_rng(0).normal(0.2, 0.1, size=(1000, 3))
-    led = Ledger(tmp_path / "l.db")
+    led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=1.0, delta=1e-5)
     est = Recipe(epsilon=1.0, delta=1e-6, ledger=led.budget("d")).fit(X)
     reserve, settle = [e for e in led.history("d") if e.kind != "budget"]
