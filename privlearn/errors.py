@@ -28,6 +28,10 @@ class                              raised when                                 C
 :class:`BudgetExceededError`       a spend would exceed the ledger's budget    3
 :class:`LedgerIntegrityError`      the ledger file was tampered with           4
 =================================  ==========================================  ===========
+
+The PyTorch engine's refusals are :class:`UnsupportedModuleError` (a layer per-example
+clipping cannot handle) and :class:`BatchDependenceError` (an operation mixes examples, or
+a layer carries the batch on another dimension than declared); both are ``ValueError``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,11 @@ __all__ = [
     "UnknownBudgetError",
     "LedgerConflictError",
     "DataNotFoundError",
+    "DataClippedWarning",
+    "PrivacyBudgetWarning",
+    "UntestedTorchWarning",
+    "UnsupportedModuleError",
+    "BatchDependenceError",
 ]
 
 
@@ -183,3 +192,33 @@ class LedgerConflictError(ValueError):
 class DataNotFoundError(FileNotFoundError):
     """A dataset's files are not in any of the documented places (and ``download`` was
     not asked for). The message is one line naming the places searched and what to do."""
+
+
+# ----------------------------------------------------------------------------------
+# the estimators and the PyTorch engine
+# ----------------------------------------------------------------------------------
+class DataClippedWarning(UserWarning):
+    """Clipping changed some rows or labels of the training data.
+
+    Addressed to the person calling ``fit`` (who sees the data anyway); the counts it
+    reports are never stored on the fitted object, which would release them un-noised.
+    Silence it with ``warnings.simplefilter("ignore", DataClippedWarning)``.
+    """
+
+
+class PrivacyBudgetWarning(UserWarning):
+    """Training went past the epsilon it was planned (calibrated) for."""
+
+
+class UntestedTorchWarning(UserWarning):
+    """The installed PyTorch is supported but newer than any the test suite runs on."""
+
+
+class UnsupportedModuleError(ValueError):
+    """The model has layers that per-example clipping cannot handle (all listed)."""
+
+
+class BatchDependenceError(ValueError):
+    """An example's data reaches other examples' values (batch mixing), or a layer
+    receives the batch on another dimension than the engine reads; raised before the
+    step, nothing released."""

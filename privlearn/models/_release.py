@@ -36,6 +36,7 @@ from types import MappingProxyType
 import numpy as np
 
 from privlearn.accounting import Mechanism
+from privlearn.errors import DataClippedWarning
 
 __all__ = [
     "RELEASED_ATTRIBUTES",
@@ -54,15 +55,6 @@ CATEGORIES = MappingProxyType(
         "held-private": "the private data itself: the object must never be shared",
     }
 )
-
-
-class DataClippedWarning(UserWarning):
-    """Clipping changed some rows or labels of the training data.
-
-    Addressed to the person calling ``fit`` (who sees the data anyway); the counts it
-    reports are never stored on the fitted object, which would release them un-noised.
-    Silence it with ``warnings.simplefilter("ignore", DataClippedWarning)``.
-    """
 
 
 _COEF = ("noisy", "post-processing of the noisy release (the model)")

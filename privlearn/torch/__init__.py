@@ -21,8 +21,9 @@ The ordinary training loop runs unchanged on what :func:`make_private` returns::
     print(p.accountant.epsilon(1e-5))              # for the steps actually taken
 
 How it works: forward hooks record each layer's inputs and tensor hooks its output
-gradients during ``backward()``; ``optimizer.step()`` computes per-example gradient
-norms layer by layer (ghost norms or batched outer products, see
+gradients during ``backward()``; before the first step a probe checks that each
+example's outputs depend on that example alone (:mod:`privlearn.torch.probe`);
+``optimizer.step()`` computes per-example gradient norms layer by layer (ghost norms or batched outer products, see
 :mod:`privlearn.torch.grad_sample`; PyTorch's own ``nn.LSTM``/``nn.GRU``/``nn.RNN`` in
 :mod:`privlearn.torch.rnn` and ``nn.MultiheadAttention`` in
 :mod:`privlearn.torch.attention`, used as they are; any other layer through a
@@ -46,44 +47,68 @@ Notes
 * ``p.model`` must stay in training mode; ``model.eval()`` forwards are not recorded.
 """
 
+from privlearn.errors import (
+    BatchDependenceError,
+    PrivacyBudgetWarning,
+    UnsupportedModuleError,
+    UntestedTorchWarning,
+)
 from privlearn.torch import _version  # noqa: F401  (first: refuses an unsupported torch)
-from privlearn.torch.accountant import PrivacyAccountant, PrivacyBudgetWarning, Segment
+from privlearn.torch._allocator import retain_freed_memory
+from privlearn.torch.accountant import BudgetCap, PrivacyAccountant, Segment
+from privlearn.torch.config import DPConfig
 from privlearn.torch.data import (
     FixedSizeBatchSampler,
     PoissonBatchSampler,
     VirtualBatchLoader,
 )
-from privlearn.torch.grad_sample import register_instrumenter, register_rule
+from privlearn.torch.grad_sample import (
+    LayerRule,
+    register_instrumenter,
+    register_layout,
+    register_predicate_rule,
+    register_rule,
+)
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer
-from privlearn.torch.privacy_engine import PrivateTraining, make_private
+from privlearn.torch.privacy_engine import Plan, PrivateTraining, make_private
 from privlearn.torch.tracker import GradSampleTracker
 from privlearn.torch.validator import (
-    UnsupportedModuleError,
     fix,
+    register_fixer,
     register_validator,
     validate,
 )
 
 __all__ = [
     "AdaptiveClipping",
+    "BatchDependenceError",
+    "BudgetCap",
+    "DPConfig",
     "DPOptimizer",
     "FixedSizeBatchSampler",
     "GradSampleTracker",
+    "LayerRule",
     "NoiseSource",
+    "Plan",
     "PoissonBatchSampler",
     "PrivacyAccountant",
     "PrivacyBudgetWarning",
     "PrivateTraining",
     "Segment",
     "UnsupportedModuleError",
+    "UntestedTorchWarning",
     "VirtualBatchLoader",
     "fix",
     "make_private",
     "per_sequence_cross_entropy",
+    "register_fixer",
     "register_instrumenter",
+    "register_layout",
+    "register_predicate_rule",
     "register_rule",
     "register_validator",
+    "retain_freed_memory",
     "validate",
 ]

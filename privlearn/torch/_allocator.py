@@ -11,9 +11,11 @@ of the private step: 4,400 minor page faults a step against 0.2 for the non-priv
 step, as PyTorch's CUDA caching allocator does on the GPU: the peak of live memory is
 unchanged, the resident size no longer shrinks between steps.
 
-:func:`retain_freed_memory` is called by :func:`privlearn.torch.make_private` for models on
-the CPU. Set the environment variable ``PRIVLEARN_MALLOC_TUNING=0`` to leave the allocator
-alone; it has no effect outside glibc (musl, macOS, Windows).
+:func:`retain_freed_memory` (``privlearn.torch.retain_freed_memory()``) is an opt-in,
+process-wide setting: call it once before training a model on the CPU (``make_private``
+changes nothing process-wide). Set the environment variable
+``PRIVLEARN_MALLOC_TUNING=0`` to make it a no-op; it has no effect outside glibc (musl,
+macOS, Windows).
 """
 
 from __future__ import annotations

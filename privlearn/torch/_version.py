@@ -29,6 +29,8 @@ import warnings
 
 import torch
 
+from privlearn.errors import UntestedTorchWarning
+
 #: The oldest supported release, ``(major, minor)``.
 OLDEST_SUPPORTED: tuple[int, int] = (2, 11)
 #: The PyTorch the test suite runs on: ``.ci/run`` installs exactly this CPU build.
@@ -45,10 +47,6 @@ _VERSION = re.compile(
     r"(?P<dev>(?:[-_.]?dev[-_.]?\d*)?)"
     r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*$",                # +cpu, +cu128, +git1a2b3c
     re.IGNORECASE)
-
-
-class UntestedTorchWarning(UserWarning):
-    """The installed PyTorch is supported but newer than any the test suite runs on."""
 
 
 def _release(version: str) -> tuple[tuple[int, int, int], bool]:

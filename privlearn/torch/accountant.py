@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from privlearn.accounting import Gaussian, compose, subsample
 from privlearn.accounting.serialization import dumps, loads
-from privlearn.errors import PrivacyBudgetExceededError
+from privlearn.errors import PrivacyBudgetExceededError, PrivacyBudgetWarning
 
 __all__ = ["BudgetCap", "LedgerLink", "PrivacyAccountant", "PrivacyBudgetWarning", "Segment",
            "dpsgd_step"]
@@ -33,10 +33,6 @@ def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poi
     rate=sampling_rate, scheme=scheme)`` (Abadi et al. 2016, Sec. 3.1) -- the one place the
     engine, its accountant and its ledger records describe a step."""
     return subsample(Gaussian(noise_multiplier), rate=sampling_rate, scheme=scheme)
-
-
-class PrivacyBudgetWarning(UserWarning):
-    """Training went past the epsilon it was planned (calibrated) for."""
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,10 @@ records. This needs ``sigma < 2 sigma_b`` (checked). The same holds for replace-
 neighbours (fixed-size sampling): every example's rescaled contribution lies in a ball of
 radius ``1 / sigma``, which is all the subsampled Gaussian analysis uses.
 
-fp16 dynamic loss scaling (``torch.amp.GradScaler``): the optimizer sets
-``_step_supports_amp_scaling``, so ``scaler.step(optimizer)`` hands it the current scale
-and calls :meth:`DPOptimizer.step` directly, which
+fp16 dynamic loss scaling (``torch.amp.GradScaler``, given to ``make_private(...,
+grad_scaler=scaler)``): the optimizer sets ``_step_supports_amp_scaling``, so
+``scaler.step(optimizer)`` hands it the current scale and calls :meth:`DPOptimizer.step`
+directly, which
 
 * divides the recorded per-example gradients by the scale before clipping (as a static
   ``tracker.loss_scale``), so the clip bound and the noise refer to the unscaled loss;
@@ -64,7 +65,6 @@ and calls :meth:`DPOptimizer.step` directly, which
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 from dataclasses import dataclass
 
@@ -171,7 +171,7 @@ class DPOptimizer:
                  accountant: PrivacyAccountant, noise: NoiseSource, sampler,
                  world_size: int = 1, process_group=None,
                  adaptive: AdaptiveClipping | None = None, budget: BudgetCap | None = None,
-                 ledger: LedgerLink | None = None):
+                 ledger: LedgerLink | None = None, grad_scaler: GradScaler | None = None):
         self.original_optimizer = optimizer
         self.tracker = tracker
         self._noise_multiplier = 0.0
@@ -187,6 +187,9 @@ class DPOptimizer:
         self._sampling_rate = float(sampler.sample_rate)
         self.budget = budget
         self.ledger = ledger
+        #: the ``torch.amp.GradScaler`` that drives the steps (``scaler.step(optimizer)``),
+        #: told whether each noisy gradient was finite
+        self.grad_scaler = grad_scaler
         self.noise = noise
         self.world_size = int(world_size)
         self.process_group = process_group
@@ -643,20 +646,20 @@ class DPOptimizer:
 
     # ------------------------------------------------------------------ GradScaler
     def _amp_scaler(self):
-        """The ``GradScaler`` driving this step (it set ``found_inf`` on this object), or
-        None. Sets the scale the recorded gradients are divided by.
-
-        The scaler's own ``found_inf`` (from ``p.grad`` before the step, which the DP step
-        has not made yet) is ignored."""
+        """The ``GradScaler`` driving this step (``scaler.step(optimizer)`` set
+        ``grad_scale`` and ``found_inf`` on this object), or None; sets the scale the
+        recorded gradients are divided by. The scaler's own ``found_inf`` (from ``p.grad``
+        before the step, which the DP step has not made yet) is ignored."""
         if "found_inf" not in vars(self):
             return None
-        scaler = _calling_scaler(self)
+        scaler = self.grad_scaler
         if scaler is None:
             raise RuntimeError(
-                "DPOptimizer.step() was called with grad_scale/found_inf set, but not from "
-                "torch.amp.GradScaler.step(optimizer): the DP optimizer needs the scaler "
-                "itself to report its found_inf. Call scaler.step(p.optimizer) directly on "
-                "the optimizer returned by make_private")
+                "optimizer.step() is driven by a torch.amp.GradScaler that the DP optimizer "
+                "was not given: it must tell the scaler whether the noisy gradient is finite "
+                "(its own check reads p.grad before the DP step makes it). Pass "
+                "make_private(..., grad_scaler=scaler), or set p.optimizer.grad_scaler = "
+                "scaler before the first scaler.step(p.optimizer)")
         grad_scale = vars(self).get("grad_scale")
         if grad_scale is None:  # the user called scaler.unscale_(optimizer) before step
             if not self._warned_unscale:
@@ -669,14 +672,14 @@ class DPOptimizer:
                     "backward() and step() acts on no gradient; drop the unscale_ call and "
                     "set the bound with max_grad_norm (the step unscales as usual)",
                     UserWarning, stacklevel=4)
-            grad_scale = scaler._scale
-        self._dynamic_scale = float(grad_scale)
+            grad_scale = scaler.get_scale()
+        self._dynamic_scale = float(grad_scale)  # one host synchronisation a step
         return scaler
 
     def _noisy_grad_nonfinite(self, scaler) -> torch.Tensor:
         """1.0 where the noisy gradient (in ``p.grad``) has a non-finite entry, else 0.0:
-        a function of the released gradient only, on the scaler's device."""
-        dev = scaler._scale.device
+        a function of the released gradient only, on the parameters' device."""
+        dev = self._device()
         flags = [(~torch.isfinite(p.grad)).any().to(dev) for p in self.tracker.params
                  if p.grad is not None]
         if not flags:
@@ -685,11 +688,26 @@ class DPOptimizer:
 
     def _report_found_inf(self, scaler, found_inf) -> None:
         """Make ``found_inf`` (None: finite) what ``scaler.update()`` sees for this
-        optimizer (replacing the check GradScaler made on ``p.grad`` before the step)."""
-        dev = scaler._scale.device
+        optimizer (replacing the check GradScaler made on ``p.grad`` before the step).
+
+        GradScaler has no public way to be told this: its per-optimizer state is written
+        (present in every supported PyTorch, tested); a PyTorch that keeps it differently
+        is refused with a clear error rather than left unable to back off."""
+        dev = self._device()
         if found_inf is None:
             found_inf = torch.zeros((), dtype=torch.float32, device=dev)
-        scaler._per_optimizer_states[id(self)]["found_inf_per_device"] = {dev: found_inf}
+        states = getattr(scaler, "_per_optimizer_states", None)
+        state = states.get(id(self)) if isinstance(states, dict) else None
+        if not isinstance(state, dict) or "found_inf_per_device" not in state:
+            raise RuntimeError(
+                "this PyTorch's GradScaler does not keep its per-optimizer inf checks where "
+                "privlearn reports the noisy gradient's; train in bfloat16 or with a static "
+                "loss scale (p.optimizer.tracker.loss_scale) instead of a GradScaler")
+        state["found_inf_per_device"] = {dev: found_inf}
+
+    def _device(self) -> torch.device:
+        params = self.tracker.params
+        return params[0].device if params else torch.device("cpu")
 
     def _warn_overflow(self) -> None:
         """Tell the person running the loop how many examples overflowed in this step."""
@@ -721,21 +739,6 @@ def _sole_owner(t: torch.Tensor) -> bool:
     it in place cannot change anything anyone else holds (False when unknown)."""
     n = _storage_uses(t)
     return n is not None and _ALONE is not None and n <= _ALONE
-
-
-def _calling_scaler(optimizer):
-    """The ``torch.amp.GradScaler`` whose ``step`` is calling ``optimizer.step`` (a few
-    frames up: wrappers such as accelerate's may sit in between), or None."""
-    f = sys._getframe(2)
-    for _ in range(8):
-        if f is None:
-            return None
-        obj = f.f_locals.get("self")
-        if isinstance(obj, GradScaler) and id(optimizer) in getattr(
-                obj, "_per_optimizer_states", {}):
-            return obj
-        f = f.f_back
-    return None
 
 
 def _scalar(value):

@@ -438,7 +438,7 @@ def make_private(
     ledger_chunk: int = 1000, target_unclipped_quantile: float | None = None,
     clipbound_learning_rate: float = 0.2, unclipped_num_std: float | None = None,
     batch_dims: dict | None = None, check_batch_independence: bool = True,
-    ledger=None, process_group=None,
+    ledger=None, process_group=None, grad_scaler=None,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
     "Deep Learning with Differential Privacy", Algorithm 1).
@@ -450,7 +450,8 @@ def make_private(
     :class:`~privlearn.torch.config.DPConfig` (documented there). ``ledger``: a budget of
     a persistent privacy ledger (``Ledger(path).budget(dataset)``), in which the planned
     run is reserved before any data is read. ``process_group``: the torch.distributed
-    group (default: the world, when initialised).
+    group (default: the world, when initialised). ``grad_scaler``: the
+    ``torch.amp.GradScaler`` of fp16 training (``scaler.step(p.optimizer)``).
 
     Returns
     -------
@@ -471,6 +472,7 @@ def make_private(
         tracker = attach_engine(model, inner, cfg, undo)
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
                                                     plan, link, process_group)
+        opt.grad_scaler = grad_scaler
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)

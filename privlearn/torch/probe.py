@@ -38,13 +38,9 @@ import contextlib
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from privlearn.errors import BatchDependenceError
+
 __all__ = ["BatchDependenceError", "probe"]
-
-
-class BatchDependenceError(ValueError):
-    """An example's data reaches other examples' values (batch mixing), or a layer
-    receives the batch on another dimension than the engine reads; raised before the
-    step, nothing released."""
 
 
 _RTOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 4e-3,

@@ -13,16 +13,14 @@ from collections.abc import Callable
 
 from torch import nn
 
+from privlearn.errors import UnsupportedModuleError
+
 __all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_model",
            "register_validator", "register_fixer", "VALIDATORS", "FIXERS"]
 
 _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially private; "
            "replace with GroupNorm (validate(..., fix=True) / make_private(fix_model=True) "
            "does it)")
-
-
-class UnsupportedModuleError(ValueError):
-    """The model has layers that per-example clipping cannot handle (all listed)."""
 
 
 #: Layers that draw random numbers in their forward pass: ``type -> active(module)``

@@ -70,6 +70,7 @@ def _private(model, x, y, *, batch_size=16, noise_multiplier=0.0, max_grad_norm=
 
 def _scaled_step(p, scaler, xb, yb, loss_fn, device="cpu", dtype=torch.float16,
                  unscale_first=False):
+    p.optimizer.grad_scaler = scaler
     p.optimizer.zero_grad()
     with torch.autocast(device, dtype=dtype):
         loss = loss_fn(p.model(xb), yb)
@@ -272,6 +273,7 @@ def test_scaler_ignores_what_it_sees_in_p_grad_before_the_step():
     """GradScaler's own inf check (on p.grad before the step) is not what decides: a
     non-finite p.grad left there does not skip the step nor back off the scale."""
     p, params, before, scaler = _noisy_run_and_scaler()
+    p.optimizer.grad_scaler = scaler
     xb, yb = _first_batch(p)
     p.optimizer.zero_grad()
     with torch.autocast("cpu", dtype=torch.float16):
@@ -328,7 +330,7 @@ def test_step_with_found_inf_outside_a_scaler_is_refused():
     _ce(p.model(xb), yb).backward()
     p.optimizer.grad_scale = torch.tensor(4.0)
     p.optimizer.found_inf = torch.tensor(0.0)
-    with pytest.raises(RuntimeError, match="GradScaler.step"):
+    with pytest.raises(RuntimeError, match="GradScaler that the DP optimizer was not given"):
         p.optimizer.step()
 
 
