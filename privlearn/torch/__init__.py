@@ -23,8 +23,8 @@ The ordinary training loop runs unchanged on what :func:`make_private` returns::
 How it works: forward hooks record each layer's inputs and tensor hooks its output
 gradients during ``backward()``; before the first step a probe checks that each
 example's outputs depend on that example alone (:mod:`privlearn.torch.probe`);
-``optimizer.step()`` computes per-example gradient norms layer by layer (ghost norms or batched outer products, see
-:mod:`privlearn.torch.grad_sample`; PyTorch's own ``nn.LSTM``/``nn.GRU``/``nn.RNN`` in
+``optimizer.step()`` computes per-example gradient norms layer by layer (ghost norms or
+batched outer products, see :mod:`privlearn.torch.grad_sample`; PyTorch's own ``nn.LSTM``/``nn.GRU``/``nn.RNN`` in
 :mod:`privlearn.torch.rnn` and ``nn.MultiheadAttention`` in
 :mod:`privlearn.torch.attention`, used as they are; any other layer through a
 ``torch.func`` fallback), clip factors over all parameters, the clipped sum as one
