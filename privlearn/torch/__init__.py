@@ -24,10 +24,10 @@ How it works: forward hooks record each layer's inputs and tensor hooks its outp
 gradients during ``backward()``; before the first step a probe checks that each
 example's outputs depend on that example alone (:mod:`privlearn.torch.probe`);
 ``optimizer.step()`` computes per-example gradient norms layer by layer (ghost norms or
-batched outer products, see :mod:`privlearn.torch.grad_sample`; PyTorch's own ``nn.LSTM``/``nn.GRU``/``nn.RNN`` in
-:mod:`privlearn.torch.rnn` and ``nn.MultiheadAttention`` in
-:mod:`privlearn.torch.attention`, used as they are; any other layer through a
-``torch.func`` fallback), clip factors over all parameters, the clipped sum as one
+batched outer products, see :mod:`privlearn.torch.grad_sample`; PyTorch's own
+``nn.LSTM``/``nn.GRU``/``nn.RNN`` in :mod:`privlearn.torch.rnn` and
+``nn.MultiheadAttention`` in :mod:`privlearn.torch.attention`, used as they are; any
+other layer through a ``torch.func`` fallback), clip factors over all parameters, the clipped sum as one
 weighted matmul per layer, adds Gaussian noise once per logical step and divides by the
 expected batch size. Autograd's non-private parameter gradients are not computed (each
 layer's forward runs on detached aliases of its parameters; ``requires_grad`` is never
