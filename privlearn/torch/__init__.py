@@ -28,11 +28,11 @@ batched outer products, see :mod:`privlearn.torch.grad_sample`; PyTorch's own
 ``nn.LSTM``/``nn.GRU``/``nn.RNN`` in :mod:`privlearn.torch.rnn` and
 ``nn.MultiheadAttention`` in :mod:`privlearn.torch.attention`, used as they are; any
 other layer through a ``torch.func`` fallback), clip factors over all parameters, the
-clipped sum as one weighted matmul per layer, adds Gaussian noise once per logical step and divides by the
-expected batch size. Autograd's non-private parameter gradients are not computed (each
-layer's forward runs on detached aliases of its parameters; ``requires_grad`` is never
-changed). Hugging Face models, LoRA, mixed precision, ``torch.compile`` and per-layer
-clipping: see docs/torch-training.md.
+clipped sum as one weighted matmul per layer, adds Gaussian noise once per logical step
+and divides by the expected batch size. Autograd's non-private parameter gradients are
+not computed (each layer's forward runs on detached aliases of its parameters;
+``requires_grad`` is never changed). Hugging Face models, LoRA, mixed precision,
+``torch.compile`` and per-layer clipping: see docs/torch-training.md.
 
 Notes
 -----
