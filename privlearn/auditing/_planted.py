@@ -55,15 +55,16 @@ def _batch_sampler(private):
 @contextlib.contextmanager
 def _boosted_rate(sampler, factor: float):
     """Swap the sampler instance's class for a subclass that draws each Poisson batch at
-    ``min(1, factor * q)`` with the sampler's own generator (same number of steps). The
-    per-batch draw is overridden where the sampler has one (``_draw``, called by an
-    ``__iter__`` that does bookkeeping), else ``__iter__`` itself."""
+    ``min(1, factor * q)`` from the seed the sampler's key chain gives each draw (same
+    number of steps). The per-batch draw is overridden where the sampler has one
+    (``_draw(seed)``, called by an ``__iter__`` that does the bookkeeping), else
+    ``__iter__`` itself."""
     base = type(sampler)
     rate = min(1.0, factor * float(sampler.sample_rate))
 
-    def draw(self) -> list[int]:
+    def draw(self, seed=None) -> list[int]:
         n = self.num_samples if self.indices is None else len(self.indices)
-        chosen = np.flatnonzero(self._rng.random(n) < rate)
+        chosen = np.flatnonzero(np.random.default_rng(seed).random(n) < rate)
         if self.indices is not None:
             chosen = np.asarray(self.indices)[chosen]
         return chosen.tolist()
