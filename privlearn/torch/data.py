@@ -47,6 +47,10 @@ __all__ = [
     "TensorBatchGather",
     "VirtualBatchLoader",
     "DPDataLoader",
+    "CyclicPoissonBatchSampler",
+    "BallsInBinsBatchSampler",
+    "ShuffledEpochsBatchSampler",
+    "UnitIndex",
     "DrawnBatch",
     "make_dp_loader",
 ]
@@ -84,12 +88,16 @@ class DrawnBatch:
         checkpoint taken after the step that trained on this batch saves.
     pos_after : int
         Position in the epoch of the next batch.
+    groups : tuple of int or None
+        With privacy units of several examples (users): the number of rows of each unit,
+        in the order of the batch's rows (None: one row per example).
     """
 
     index: int
     size: int
     key_after: bytes | None
     pos_after: int
+    groups: tuple[int, ...] | None = None
 
 
 class _AccountedSampler(Sampler[list[int]]):
@@ -136,18 +144,28 @@ class _AccountedSampler(Sampler[list[int]]):
         fifo: collections.deque = collections.deque()
         self._fifo = fifo
         start, self._resume_pos = self._resume_pos, 0
+        # the k-th batch of this pass is the one the (base + k)-th step will train on (a
+        # step uses exactly one delivered batch, and a new pass drops undelivered ones):
+        # samplers with a schedule over steps (cycles, bins) follow this step index
+        self._iter_base = self.consumed + len(self._unconsumed)
         return self._iterate(start, fifo)
 
+    units = None  # UnitIndex: privacy units of several examples (users)
+
     def _iterate(self, start: int, fifo):
-        for pos in range(start, self.steps):
+        for k, pos in enumerate(range(start, self.steps)):
+            self._step = self._iter_base + k
             if self.secure:
                 seed = None
             else:
                 seed = int.from_bytes(self._key[:8], "little") >> 1
                 self._key = _next_key(self._key)
             batch = self._draw(seed)
+            groups = None
+            if self.units is not None:
+                batch, groups = self.units.expand(batch, seed)
             nxt = pos + 1 if pos + 1 < self.steps else 0
-            fifo.append(DrawnBatch(self.draws, len(batch), self._key, nxt))
+            fifo.append(DrawnBatch(self.draws, len(batch), self._key, nxt, groups))
             self.draws += 1
             self._next_pos = nxt
             yield batch
@@ -367,6 +385,243 @@ class FixedSizeBatchSampler(_AccountedSampler):
         g.manual_seed(seed)
         chosen = torch.randperm(self.num_samples, generator=g)[:global_batch]
         return chosen[self.rank::self.world_size].tolist()
+
+
+class UnitIndex:
+    """The privacy units of a dataset when a unit holds several examples (the examples of
+    one user): the sampler draws *units*, and each drawn unit contributes at most
+    ``max_examples`` of its examples (a uniformly random subset, drawn independently of
+    the data), listed together in the batch.
+
+    Parameters
+    ----------
+    unit_of_example : sequence of hashable, length N
+        The unit (user id) of every example of the dataset.
+    max_examples : int >= 1
+        k: examples of one unit in one batch at most.
+
+    Attributes
+    ----------
+    members : list of ndarray
+        The example indices of each unit (units numbered ``0 .. n_units - 1`` in order of
+        first appearance).
+    """
+
+    def __init__(self, unit_of_example, max_examples: int):
+        self.max_examples = _v.check_count("max_examples_per_user", max_examples, minimum=1)
+        keys = list(unit_of_example.tolist() if hasattr(unit_of_example, "tolist")
+                    else unit_of_example)
+        if not keys:
+            raise ValueError("unit_of_example is empty: give the user id of every example")
+        number: dict = {}
+        codes = np.fromiter((number.setdefault(k, len(number)) for k in keys),
+                            dtype=np.int64, count=len(keys))
+        order = np.argsort(codes, kind="stable")
+        counts = np.bincount(codes, minlength=len(number))
+        self.members = np.split(order, np.cumsum(counts)[:-1])
+        self.n_units = len(number)
+        self.n_examples = len(keys)
+
+    def expand(self, units, seed: int | None) -> tuple[list[int], tuple[int, ...]]:
+        """The rows of the drawn ``units`` (at most ``max_examples`` each, a uniform
+        subset) and the number of rows of each."""
+        rng = np.random.default_rng(None if seed is None else [seed, 1])
+        rows, sizes = [], []
+        k = self.max_examples
+        for u in units:
+            m = self.members[int(u)]
+            if m.size > k:
+                m = np.sort(rng.choice(m, size=k, replace=False))
+            rows.extend(m.tolist())
+            sizes.append(int(m.size))
+        return rows, tuple(sizes)
+
+
+class CyclicPoissonBatchSampler(_AccountedSampler):
+    """Cyclic Poisson sampling (Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
+    Factorization", NeurIPS, Algorithm 2): every example is put in one of
+    ``cycle_length`` groups uniformly at random, once for the run; step ``t``
+    Poisson-samples group ``t mod cycle_length`` at rate ``sample_rate``. An example
+    therefore takes part only in steps ``j, j + b, j + 2b, ...`` (``b`` the cycle length),
+    each independently with probability ``sample_rate``: the b-min-separation banded
+    matrix factorization needs, with amplification by sampling. ``cycle_length=1`` is
+    Poisson sampling. The groups are drawn from the seed (they may be known: the
+    analysis holds for any fixed partition); the Poisson draws from the key chain.
+
+    Parameters
+    ----------
+    num_samples : int
+    sample_rate : float in (0, 1]
+        Inclusion probability in the steps where an example's group is sampled; the
+        expected batch is ``sample_rate * num_samples / cycle_length``.
+    cycle_length : int >= 1
+    steps : int, optional
+        Batches per epoch; default ``round(cycle_length / sample_rate)`` (every example
+        once in expectation per epoch).
+    seed : int, optional
+    secure : bool
+    """
+
+    sample_rate = _read_only("sample_rate")
+
+    def __init__(self, num_samples: int, sample_rate: float, cycle_length: int,
+                 steps: int | None = None, seed: int | None = None, secure: bool = False):
+        self._sample_rate = _v.check_rate("sample_rate", sample_rate)
+        self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
+        self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
+        self.steps = (max(1, round(self.cycle_length / self._sample_rate)) if steps is None
+                      else int(steps))
+        if secure and seed is not None:
+            raise ValueError(f"seed must be None when secure=True, got {seed!r}")
+        self.secure = bool(secure)
+        self._init_bookkeeping(seed)
+        self._group_seed = (secrets.randbits(63) if seed is None else
+                            int.from_bytes(hashlib.sha256(b"privlearn.groups" + int(seed).to_bytes(
+                                16, "little", signed=True)).digest()[:8], "little") >> 1)
+        self._groups = None
+
+    def _params(self) -> dict:
+        return {"num_samples": self.num_samples, "sample_rate": self.sample_rate,
+                "cycle_length": self.cycle_length, "steps": self.steps,
+                "secure": self.secure}
+
+    def groups(self) -> list[np.ndarray]:
+        """The examples of each group (drawn once for the run)."""
+        if self._groups is None:
+            g = np.random.default_rng(self._group_seed).integers(0, self.cycle_length,
+                                                                  size=self.num_samples)
+            order = np.argsort(g, kind="stable")
+            self._groups = np.split(order, np.cumsum(np.bincount(
+                g, minlength=self.cycle_length))[:-1])
+        return self._groups
+
+    def _draw(self, seed: int | None) -> list[int]:
+        group = self.groups()[self._step % self.cycle_length]
+        if self.secure:
+            bits = np.frombuffer(os.urandom(8 * group.size), dtype=np.uint64) >> np.uint64(11)
+            keep = bits.astype(np.float64) * 2.0**-53 < self.sample_rate
+        else:
+            keep = np.random.default_rng(seed).random(group.size) < self.sample_rate
+        return group[keep].tolist()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["groups"] = self._group_seed
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._group_seed = int(state["groups"])
+        self._groups = None
+
+
+class BallsInBinsBatchSampler(_AccountedSampler):
+    """Balls-in-bins sampling (Chua, Ghazi, Harrison et al. 2025, "Balls-and-Bins
+    Sampling for DP-SGD", AISTATS): every example is put in one of ``cycle_length`` bins
+    uniformly at random, once for the run, and step ``t`` trains on the whole bin
+    ``t mod cycle_length``: each example takes part in exactly one step per epoch, at
+    the same position every epoch. Accounted without amplification (the certified
+    analysis: b-min-separation with ``ceil(steps / b)`` participations).
+
+    Parameters
+    ----------
+    num_samples : int
+    cycle_length : int >= 1
+        Steps per epoch; the expected batch is ``num_samples / cycle_length``.
+    seed : int, optional
+    """
+
+    def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
+        self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
+        self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
+        self.steps = self.cycle_length
+        self._sample_rate = 1.0 / self.cycle_length
+        self._init_bookkeeping(seed)
+        self._bin_seed = (secrets.randbits(63) if seed is None else
+                          int.from_bytes(hashlib.sha256(b"privlearn.bins" + int(seed).to_bytes(
+                              16, "little", signed=True)).digest()[:8], "little") >> 1)
+        self._bins = None
+
+    @property
+    def sample_rate(self) -> float:
+        """``1 / cycle_length``: the fraction of the data in each batch (read-only)."""
+        return self._sample_rate
+
+    def _params(self) -> dict:
+        return {"num_samples": self.num_samples, "cycle_length": self.cycle_length}
+
+    def bins(self) -> list[np.ndarray]:
+        if self._bins is None:
+            g = np.random.default_rng(self._bin_seed).integers(0, self.cycle_length,
+                                                                size=self.num_samples)
+            order = np.argsort(g, kind="stable")
+            self._bins = np.split(order, np.cumsum(np.bincount(
+                g, minlength=self.cycle_length))[:-1])
+        return self._bins
+
+    def _draw(self, seed: int | None) -> list[int]:
+        return self.bins()[self._step % self.cycle_length].tolist()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["bins"] = self._bin_seed
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._bin_seed = int(state["bins"])
+        self._bins = None
+
+
+class ShuffledEpochsBatchSampler(_AccountedSampler):
+    """Fixed-order epochs ((k, b)-participation; Choquette-Choo, McMahan, Rush & Thakurta
+    2023, "Multi-Epoch Matrix Factorization Mechanisms for Private Machine Learning",
+    ICML, Sec. 2): one random permutation of the examples, drawn once, cut into
+    ``cycle_length`` batches, trained on in the same order every epoch. Accounted without
+    amplification (each example contributes once per epoch, ``cycle_length`` steps
+    apart).
+
+    Parameters
+    ----------
+    num_samples : int
+    cycle_length : int >= 1
+        Batches per epoch (batch size about ``num_samples / cycle_length``).
+    seed : int, optional
+    """
+
+    def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
+        self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
+        self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
+        if self.cycle_length > self.num_samples:
+            raise ValueError(f"cycle_length must be at most the dataset size {num_samples}, "
+                             f"got {cycle_length}; use a larger batch size")
+        self.steps = self.cycle_length
+        self._sample_rate = 1.0 / self.cycle_length
+        self._init_bookkeeping(seed)
+        self._perm_seed = (secrets.randbits(63) if seed is None else
+                           int.from_bytes(hashlib.sha256(b"privlearn.order" + int(seed).to_bytes(
+                               16, "little", signed=True)).digest()[:8], "little") >> 1)
+
+    @property
+    def sample_rate(self) -> float:
+        """``1 / cycle_length`` (read-only)."""
+        return self._sample_rate
+
+    def _params(self) -> dict:
+        return {"num_samples": self.num_samples, "cycle_length": self.cycle_length}
+
+    def _draw(self, seed: int | None) -> list[int]:
+        perm = np.random.default_rng(self._perm_seed).permutation(self.num_samples)
+        return np.array_split(perm, self.cycle_length)[self._step % self.cycle_length].tolist()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["order"] = self._perm_seed
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._perm_seed = int(state["order"])
 
 
 class EmptyAwareCollate:
@@ -595,10 +850,37 @@ class VirtualBatchLoader:
                     "max_physical_batch_size needs a collate function that keeps one row "
                     "per example on the leading dimension")
             self.optimizer._begin_logical_batch()
-            chunks = max(1, math.ceil(n / m))
-            for k in range(chunks):
-                part = [t[k * m:(k + 1) * m] if isinstance(t, torch.Tensor) and t.dim() > 0
+            for lo, hi, groups, final in _chunks(n, m, None if drawn is None else drawn.groups):
+                part = [t[lo:hi] if isinstance(t, torch.Tensor) and t.dim() > 0
                         else t for t in flat]
-                self.optimizer._expect_chunk(min(m, n - k * m) if n else 0,
-                                             final=k == chunks - 1)
+                self.optimizer._expect_chunk(hi - lo, final=final, groups=groups)
                 yield tree_unflatten(part, spec)
+
+
+def _chunks(n: int, m: int, groups):
+    """``(start, stop, groups, final)`` of each physical chunk of a logical batch of ``n``
+    rows: at most ``m`` rows each, and whole privacy units (``groups``: rows per unit) in
+    each, so that no unit is clipped in two parts.
+
+    Raises
+    ------
+    ValueError
+        A unit has more rows than ``m``.
+    """
+    if groups is None:
+        count = max(1, math.ceil(n / m))
+        return [(k * m, min(n, (k + 1) * m), None, k == count - 1) for k in range(count)]
+    if groups and max(groups) > m:
+        raise ValueError(
+            f"a privacy unit has {max(groups)} rows, more than max_physical_batch_size={m}: "
+            "a unit must fit in one physical chunk (its rows are clipped together); raise "
+            "max_physical_batch_size or lower max_examples_per_user")
+    out, start, rows, current = [], 0, 0, []
+    for g in groups:
+        if rows + g > m and current:
+            out.append((start, start + rows, tuple(current)))
+            start, rows, current = start + rows, 0, []
+        rows += g
+        current.append(g)
+    out.append((start, start + rows, tuple(current)))
+    return [(a, b, g, k == len(out) - 1) for k, (a, b, g) in enumerate(out)]

@@ -76,6 +76,7 @@ from privlearn.errors import GradientOverflowWarning
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
+from privlearn.torch.units import RowUnits
 
 __all__ = ["AdaptiveClipping", "DPOptimizer", "gradient_noise_multiplier"]
 
@@ -197,6 +198,12 @@ class DPOptimizer:
         self._flat: torch.Tensor | None = None  # last step's noisy-gradient buffer
         self._final_chunk = True  # the next step() ends a logical batch
         self._chunk_size: int | None = None  # examples of the next physical chunk
+        self._chunk_groups: tuple | None = None  # its privacy units' row counts
+        #: privacy units of several rows (:mod:`privlearn.torch.units`): "sum" or "mean"
+        #: of a unit's row gradients (users drawn by a sampler with a ``UnitIndex``), and
+        #: ``augmentation`` K: each example arrives as K consecutive rows (augmented views)
+        self.unit_reduction = "mean"
+        self.augmentation: int | None = None
         self.last_grad_norms = None
         #: per-layer clipping: ``id(p) -> w_p`` (``sum w_p^2 = 1``), parameter ``p`` clipped
         #: to ``w_p * max_grad_norm``; None: flat clipping (set by make_private)
@@ -328,12 +335,25 @@ class DPOptimizer:
                 f"noise_multiplier={self.noise_multiplier}, max_grad_norm={self.max_grad_norm})")
 
     # ------------------------------------------------------------------ DP step
-    def _expect_chunk(self, size: int, final: bool) -> None:
-        """The next ``step()`` trains on a physical chunk of ``size`` examples, the last of
-        its logical batch when ``final`` (told by
-        :class:`~privlearn.torch.data.VirtualBatchLoader`)."""
+    def _expect_chunk(self, size: int, final: bool, groups: tuple | None = None) -> None:
+        """The next ``step()`` trains on a physical chunk of ``size`` examples (in units of
+        ``groups`` rows each, if given), the last of its logical batch when ``final``
+        (told by :class:`~privlearn.torch.data.VirtualBatchLoader`)."""
         self._chunk_size = int(size)
+        self._chunk_groups = groups
         self._final_chunk = bool(final)
+
+    def _units_and_rows(self, drawn, examples: int | None):
+        """The privacy units of this physical step's rows and the number of rows the
+        layers must have seen (None: no check), from the delivered batch."""
+        groups = self._chunk_groups if self._chunk_size is not None else (
+            None if drawn is None else drawn.groups)
+        if groups is not None:
+            return RowUnits.from_sizes(groups, self.unit_reduction, self._device()), examples
+        if self.augmentation is not None and examples is not None:
+            k = self.augmentation
+            return RowUnits.repeated(examples, k, "mean", self._device()), examples * k
+        return None, examples
 
     def _begin_logical_batch(self) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
@@ -409,10 +429,10 @@ class DPOptimizer:
                 p.grad.zero_()
         self.tracker.clear()
 
-    def clip_and_accumulate(self, examples: int | None = None) -> None:
+    def clip_and_accumulate(self, examples: int | None = None, units=None) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
         ``1 / expected_batch_size``) to the accumulator."""
-        sums = self._clipped_sum(examples=examples)
+        sums = self._clipped_sum(examples=examples, units=units)
         for p in self.tracker.params:
             s = sums.get(id(p))
             if s is None:
@@ -420,7 +440,8 @@ class DPOptimizer:
             k = id(p)
             self._accum[k] = s if k not in self._accum else self._accum[k] + s
 
-    def _clipped_sum(self, out: dict | None = None, examples: int | None = None) -> dict:
+    def _clipped_sum(self, out: dict | None = None, examples: int | None = None,
+                     units=None) -> dict:
         """This physical batch's clipped per-example gradient sum, scaled by
         ``1 / expected_batch_size`` (added into ``out`` in place when given), with the
         step's bookkeeping: overflow count, last norms, adaptive clipping's count.
@@ -430,7 +451,7 @@ class DPOptimizer:
                                                   1.0 / self.expected_batch_size, out=out,
                                                   per_param=self.per_param_clipping,
                                                   loss_scale=self._loss_scale(),
-                                                  examples=examples)
+                                                  examples=examples, units=units)
         self._overflowed += self.tracker.last_overflow_count
         self.last_grad_norms = norms
         self._count_unclipped(norms)
@@ -517,7 +538,7 @@ class DPOptimizer:
             return flat.normal_(0.0, std, generator=self.noise.generator)
         return flat.copy_(self.noise.normal(std, torch.empty(self._numel, dtype=dt)))
 
-    def _noisy_step_fused(self, examples: int | None = None) -> bool:
+    def _noisy_step_fused(self, examples: int | None = None, units=None) -> bool:
         """Steps 1-3 in one pass: the noise is drawn straight into one flat gradient
         buffer and the clipped sums (scaled by ``1 / expected_batch_size``) are
         accumulated into it in place. The result is the same mechanism as
@@ -530,7 +551,7 @@ class DPOptimizer:
         views = [v.view(p.shape) for v, p in zip(flat.split(self._numels), params,
                                                   strict=True)]
         out = {id(p): v for p, v in zip(params, views, strict=True)}
-        self._clipped_sum(out, examples=examples)
+        self._clipped_sum(out, examples=examples, units=units)
         for k, a in self._accum.items():  # earlier chunks of a virtual batch
             out[k].add_(a)
         self._accum = {}
@@ -602,26 +623,26 @@ class DPOptimizer:
             self._sync_params()
             self._check_update_set()
             if not self._final_chunk:  # a physical chunk of a virtual batch
-                if self.sampler is not None:
-                    self.sampler.take()  # exactly one delivered batch it belongs to
-                self.tracker.check_independence(self._chunk_size)
-                self.clip_and_accumulate(examples=self._chunk_size)
-                self._final_chunk, self._chunk_size = True, None
+                drawn = self.sampler.take() if self.sampler is not None else None
+                units, rows = self._units_and_rows(drawn, self._chunk_size)
+                self.tracker.check_independence(rows)
+                self.clip_and_accumulate(examples=rows, units=units)
+                self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
                 if scaler is not None:
                     self._report_found_inf(scaler, None)
                 return loss
             drawn = self.sampler.take() if self.sampler is not None else None
-            examples = self._expected_examples(drawn)
+            units, examples = self._units_and_rows(drawn, self._expected_examples(drawn))
             self.tracker.check_independence(examples)
             cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
             if self.budget is not None:  # before anything is released
                 self.budget.check(cfg[0], cfg[1])
             if self.ledger is not None:
                 self.ledger.ensure(cfg[0], cfg[1])
-            if not self._noisy_step_fused(examples):
-                self.clip_and_accumulate(examples)
+            if not self._noisy_step_fused(examples, units):
+                self.clip_and_accumulate(examples, units)
                 self.add_noise()
-            self._chunk_size = None
+            self._chunk_size, self._chunk_groups = None, None
         finally:
             self._dynamic_scale = 1.0
         found_inf = None

@@ -59,6 +59,7 @@ from privlearn.torch.grad_sample import (
     get_rule,
     rule_evaluation,
 )
+from privlearn.torch.units import Grouped, RowUnits
 
 __all__ = ["GradSampleTracker", "Unit", "discover_units", "record_batch"]
 
@@ -550,13 +551,15 @@ class GradSampleTracker:
             return 1.0
         return float(record_batch(unit, rec))
 
-    def contributions(self, examples: int | None = None
+    def contributions(self, examples: int | None = None, units: RowUnits | None = None
                       ) -> tuple[list[Contribution], int | None, float]:
         """Evaluate the rules on the recorded calls.
 
         Returns ``(contributions, batch size, scale)``: the contributions are computed
         from the recorded output gradients; the true per-example gradients are ``scale``
-        times theirs (``scale`` = realised batch size for a mean loss, 1 for a sum).
+        times theirs (``scale`` = realised batch size for a mean loss, 1 for a sum). With
+        ``units`` (privacy units of several rows, :mod:`privlearn.torch.units`) every
+        contribution is grouped to the units and the batch size is their number.
 
         Raises
         ------
@@ -585,7 +588,8 @@ class GradSampleTracker:
                     s = self._scale(r, unit)
                     if scale is None:
                         scale = s
-                    cs.append(unit.rule(unit.module, r, unit.params))
+                    c = unit.rule(unit.module, r, unit.params)
+                    cs.append(c if units is None else Grouped(c, units))
                 per_unit.append(cs)
         for cs in per_unit:
             contribs.extend(cs)
@@ -615,7 +619,7 @@ class GradSampleTracker:
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
                     per_param: dict | None = None, loss_scale: float | None = None,
-                    examples: int | None = None):
+                    examples: int | None = None, units: RowUnits | None = None):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
@@ -642,7 +646,8 @@ class GradSampleTracker:
 
         ``examples`` (the number of examples the sampler delivered for this batch): every
         recorded layer must have seen exactly that many (refused otherwise, see
-        :meth:`contributions`).
+        :meth:`contributions`). ``units``: clip per privacy unit of several rows
+        (:mod:`privlearn.torch.units`); ``norms`` and the clip factors are then per unit.
 
         **Overflow** (fp16 loss scaling): an example whose per-example squared norm is not
         finite (an inf or NaN in its recorded gradients or inputs makes it so) contributes
@@ -653,7 +658,8 @@ class GradSampleTracker:
         Its entry of ``norms`` is ``inf``; :attr:`last_overflow_count` holds how many
         examples were dropped (0 when none).
         """
-        contribs, batch, scale = self.contributions(examples)
+        self._units = units
+        contribs, batch, scale = self.contributions(examples, units)
         ls = self.loss_scale if loss_scale is None else loss_scale
         if ls != 1.0:
             scale = scale / float(ls)
@@ -711,15 +717,18 @@ class GradSampleTracker:
             An example's squared norm is still not finite after this (a layer that is not
             finite at finite inputs): its isolation from the others cannot be guaranteed.
         """
+        units = getattr(self, "_units", None)
+        self.last_overflow_count = int(bad.sum())
+        if units is not None:  # the rows of the units that overflowed
+            bad = bad[units.unit_of_row.to(bad.device)]
         idx = bad.nonzero().flatten()
-        self.last_overflow_count = int(idx.numel())
         for i, recs in self.records.items():
             unit = self.units[i]
             for rec in recs:
                 if not rec.has_grad():
                     continue
                 _sanitize_record(unit, rec, idx, bad.numel())
-        contribs, _, _ = self.contributions()
+        contribs, _, _ = self.contributions(units=units)
         sq = _flat_sq(contribs)
         if not bool(torch.isfinite(sq).all()):
             self.clear()
