@@ -76,9 +76,12 @@ class PrivacyAccountant:
         budget. Settable before the first step only.
     """
 
-    def __init__(self, scheme: str = "poisson", accountant: str = "pld"):
+    def __init__(self, scheme: str = "poisson", accountant: str = "pld", run=None):
         self.scheme = scheme
         self.accountant = accountant
+        #: a :class:`privlearn.torch.schedule.RunAccounting` that is not step by step (a
+        #: matrix-factorization mechanism of all the steps taken), or None
+        self.run = None if run is None or run.stepwise else run
         self._segments: tuple[Segment, ...] = ()
         self._prior = None
 
@@ -128,6 +131,16 @@ class PrivacyAccountant:
     def mechanism(self, extra: Segment | None = None):
         """The composed mechanism describing the steps taken (and ``extra`` steps after
         them); None when there are none."""
+        if self.run is not None:
+            segs = [g for g in (*self._segments, *(() if extra is None else (extra,)))
+                    if g.steps > 0]
+            if not segs:
+                return self._prior
+            sigmas = {g.noise_multiplier for g in segs}
+            if len(sigmas) > 1:  # refused by the optimizer; never approximated
+                raise ValueError("a correlated-noise run has one noise multiplier")
+            mech = self.run.mechanism(sigmas.pop(), sum(g.steps for g in segs))
+            return mech if self._prior is None else compose([self._prior, mech])
         parts: list[list] = []
         for seg in (*self._segments, *(() if extra is None else (extra,))):
             if seg.steps <= 0:
@@ -301,17 +314,30 @@ class LedgerLink:
     label : str
     """
 
-    def __init__(self, handle, *, scheme: str, chunk: int, label: str):
+    def __init__(self, handle, *, scheme: str, chunk: int, label: str, run=None,
+                 privacy_unit: str = "example"):
         if not callable(getattr(handle, "reserve", None)):
             raise TypeError("ledger must be a budget handle, e.g. "
                             f"Ledger(path).budget('dataset'), got {handle!r}")
+        unit = getattr(handle, "privacy_unit", None)
+        wanted = "user" if privacy_unit == "user" else "record"
+        if unit is not None and unit != wanted:
+            raise ValueError(
+                f"the ledger budget is per {unit!r} but this run's privacy unit is "
+                f"{privacy_unit!r}: a guarantee per {privacy_unit} cannot be spent from a "
+                f"budget per {unit}. Use Ledger(path).budget(dataset, privacy_unit="
+                f"{wanted!r})")
         self.handle = handle
         self.scheme = scheme
         self.chunk = max(1, int(chunk))
         self.label = label
+        #: a run accounted as one mechanism (correlated noise): reserved whole, once
+        self.run = run
         self._open: list[list] = []  # [reservation, sigma, q, reserved, used]
 
     def _mech(self, sigma: float, q: float, k: int):
+        if self.run is not None:
+            return self.run.mechanism(sigma, k)
         return compose(dpsgd_step(sigma, q, self.scheme), steps=k)
 
     def reserve(self, sigma: float, q: float, steps: int) -> None:
@@ -333,6 +359,11 @@ class LedgerLink:
             _, s, r, n, k = self._open[-1]
             if (s, r) == (sigma, q) and k < n:
                 return
+        if self.run is not None and self._open:
+            # the run's mechanism is not a composition of chunks: no step past the plan
+            raise PrivacyBudgetExceededError(
+                "a run accounted as one matrix-factorization mechanism reserved its planned "
+                "steps in the ledger, and they are all taken; plan a longer run")
         self.reserve(sigma, q, self.chunk)
 
     def used(self, sigma: float, q: float) -> None:

@@ -17,8 +17,9 @@ from privlearn.accounting import Sampling
 __all__ = ["DPConfig"]
 
 _CLIPPING = ("flat", "per_layer", "adaptive")
-_SAMPLING = ("poisson", "fixed")
+_SAMPLING = ("poisson", "fixed", "cyclic_poisson", "balls_in_bins", "shuffled_epochs")
 _REDUCTION = ("mean", "sum")
+_NOISE = ("dpsgd", "banded", "blt")
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,44 @@ class DPConfig:
         update): ``max_grad_norm`` is the initial bound, moved after every step towards
         the ``target_unclipped_quantile`` of the per-example norms, estimated from a noisy
         count paid for inside ``noise_multiplier`` (see :mod:`privlearn.torch.optimizer`).
-    sampling : {"poisson", "fixed"}
-        Poisson sampling (``scheme="poisson"``, add/remove neighbours) or fixed-size
-        sampling without replacement (``scheme="fixed"``, replace-one).
+    sampling : {"poisson", "fixed", "cyclic_poisson", "balls_in_bins", "shuffled_epochs"}
+        Poisson sampling (``scheme="poisson"``, add/remove neighbours); fixed-size
+        sampling without replacement (``scheme="fixed"``, replace-one); cyclic Poisson
+        (every example in one of ``cycle_length`` groups, Poisson within the group whose
+        turn it is: the batch size stays about the loader's); balls-in-bins (every example
+        in one random bin of ``cycle_length``, each bin one step: once per epoch, a fixed
+        position); shuffled epochs (one random order, the same every epoch). The last
+        three bound how often and how far apart an example participates, as correlated
+        noise needs (:mod:`privlearn.torch.data`).
+    noise : {"dpsgd", "banded", "blt"} or a privlearn.correlated strategy
+        Independent noise at every step (DP-SGD), or noise correlated across steps by a
+        matrix factorization whose coefficients are optimised for the planned steps and
+        the sampler's participation (:mod:`privlearn.correlated`): ``"banded"`` (a
+        ``bands``-banded Toeplitz strategy; amplified by cyclic Poisson sampling when
+        ``bands <= cycle_length``), ``"blt"`` (a buffered linear Toeplitz strategy with
+        ``buffers`` buffers). Needs the planned length (``epochs`` or ``steps``).
+    bands : int >= 1, optional
+        Bands of ``noise="banded"`` (default: the cycle length, or 8).
+    buffers : int >= 1, optional
+        Buffers of ``noise="blt"`` (default 4).
+    cycle_length : int >= 1, optional
+        Groups of ``cyclic_poisson`` (default: ``bands``, or 1), bins of ``balls_in_bins``
+        and batches per epoch of ``shuffled_epochs`` (default: dataset size / batch
+        size).
+    users : sequence, optional
+        The user (privacy unit) of every example of the dataset: privacy is then per
+        *user*. The sampler draws users (the loader's ``batch_size`` is the expected
+        number of users per batch), each drawn user contributes up to
+        ``max_examples_per_user`` of their examples, and each user's gradient (the
+        ``user_reduction`` of their examples' gradients) is clipped as one.
+    max_examples_per_user : int >= 1
+        k: a drawn user's examples in one batch at most (a uniform random subset).
+    user_reduction : {"mean", "sum"}
+        A user's gradient: the mean (default) or the sum of their examples' gradients.
+    augmentation_multiplicity : int >= 1, optional
+        K: the training loop feeds each example as K consecutive rows (augmented views,
+        De et al. 2022); their gradients are averaged before clipping, so the privacy
+        unit stays the example.
     max_physical_batch_size : int >= 1, optional
         Split logical batches into chunks of at most this size (virtual batches).
     loss_reduction : {"mean", "sum"}
@@ -114,6 +150,14 @@ class DPConfig:
     unclipped_num_std: float | None = None
     batch_dims: dict | None = field(default=None, hash=False)
     check_batch_independence: bool = True
+    noise: object = "dpsgd"
+    bands: int | None = None
+    buffers: int | None = None
+    cycle_length: int | None = None
+    users: object = field(default=None, hash=False, repr=False)
+    max_examples_per_user: int = 1
+    user_reduction: str = "mean"
+    augmentation_multiplicity: int | None = None
 
     def __post_init__(self):
         put = object.__setattr__
@@ -178,6 +222,67 @@ class DPConfig:
         if self.batch_dims is not None and not isinstance(self.batch_dims, dict):
             raise _v.ParameterTypeError(
                 f"batch_dims must be a dict {{layer name: 0 or 1}}, got {self.batch_dims!r}")
+        self._check_correlated()
+        self._check_units()
+
+    def _check_correlated(self) -> None:
+        put = object.__setattr__
+        if isinstance(self.noise, str):
+            put(self, "noise", _v.check_choice("noise", self.noise, _NOISE))
+        elif not hasattr(self.noise, "recurrence"):
+            raise _v.ParameterTypeError(
+                f"noise must be one of {_NOISE} or a privlearn.correlated strategy (e.g. "
+                f"BandedToeplitz(...)), got {self.noise!r}")
+        for name in ("bands", "buffers", "cycle_length"):
+            if getattr(self, name) is not None:
+                put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
+        if self.bands is not None and self.noise != "banded":
+            raise ValueError(f"bands={self.bands} only applies to noise='banded', got "
+                             f"noise={self.noise!r}")
+        if self.buffers is not None and self.noise != "blt":
+            raise ValueError(f"buffers={self.buffers} only applies to noise='blt', got "
+                             f"noise={self.noise!r}")
+        if self.cycle_length is not None and self.sampling in ("poisson", "fixed"):
+            raise ValueError(
+                f"cycle_length only applies to sampling='cyclic_poisson', 'balls_in_bins' or "
+                f"'shuffled_epochs', got sampling={self.sampling!r}")
+        if self.noise != "dpsgd":
+            if self.sampling in ("poisson", "fixed"):
+                raise ValueError(
+                    f"noise={self.noise!r} correlates the noise across steps, which needs a "
+                    "sampler that bounds how often and how far apart an example takes part: "
+                    "pass sampling='cyclic_poisson' (amplified with noise='banded'), "
+                    f"'balls_in_bins' or 'shuffled_epochs', got sampling={self.sampling!r}")
+            if self.epochs is None and self.steps is None:
+                raise ValueError(f"noise={self.noise!r} is optimised for the planned number "
+                                 "of steps: give epochs or steps")
+            if self.clipping == "adaptive":
+                raise ValueError("clipping='adaptive' is not supported with correlated noise "
+                                 "(its noisy count is accounted as independent noise)")
+        if self.sampling not in ("poisson", "fixed") and self.epochs is None \
+                and self.steps is None:
+            raise ValueError(
+                f"sampling={self.sampling!r} is accounted for the planned run: give epochs or "
+                "steps (max_epsilon then defaults to the plan's epsilon)")
+
+    def _check_units(self) -> None:
+        put = object.__setattr__
+        put(self, "max_examples_per_user",
+            _v.check_count("max_examples_per_user", self.max_examples_per_user, minimum=1))
+        put(self, "user_reduction",
+            _v.check_choice("user_reduction", self.user_reduction, _REDUCTION))
+        if self.augmentation_multiplicity is not None:
+            put(self, "augmentation_multiplicity",
+                _v.check_count("augmentation_multiplicity", self.augmentation_multiplicity,
+                               minimum=1))
+            if self.users is not None:
+                raise ValueError("augmentation_multiplicity and users cannot be combined: "
+                                 "give one privacy unit (the example's views, or the user)")
+        if self.users is not None and isinstance(self.users, str):
+            raise _v.ParameterTypeError(
+                "users must be the user id of every example (a sequence as long as the "
+                f"dataset), got the string {self.users!r}; DPTrainer takes a column name as "
+                "PrivacyArguments(user_column=...)")
 
     def _check_adaptive(self) -> None:
         if self.clipping != "adaptive":
@@ -206,8 +311,24 @@ class DPConfig:
         """The settings' names (the keyword arguments :func:`make_private` takes)."""
         return tuple(f.name for f in fields(cls))
 
+    @property
+    def correlated(self) -> bool:
+        """Whether the run is accounted as one matrix-factorization mechanism (correlated
+        noise, or a sampler that bounds participation) rather than step by step."""
+        return self.noise != "dpsgd" or self.sampling not in ("poisson", "fixed")
+
+    @property
+    def privacy_unit(self) -> str:
+        return "user" if self.users is not None else "example"
+
     def mechanism(self) -> dict:
         """What a checkpoint's mechanism must match (the settings that define what a step
         releases and how it is accounted)."""
         return {"sampling": self.sampling, "loss_reduction": self.loss_reduction,
-                "accountant": self.accountant, "clipping": self.clipping}
+                "accountant": self.accountant, "clipping": self.clipping,
+                "noise": self.noise if isinstance(self.noise, str) else repr(self.noise),
+                "bands": self.bands, "buffers": self.buffers,
+                "cycle_length": self.cycle_length, "privacy_unit": self.privacy_unit,
+                "max_examples_per_user": self.max_examples_per_user,
+                "user_reduction": self.user_reduction,
+                "augmentation_multiplicity": self.augmentation_multiplicity}

@@ -706,7 +706,8 @@ class TensorBatchGather(Dataset):
 def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float,
                    batch_size: int, steps: int | None, seed: int | None,
                    rank: int = 0, world_size: int = 1, secure: bool = False,
-                   shared_seed: int | None = None) -> DataLoader:
+                   shared_seed: int | None = None, cycle_length: int | None = None,
+                   units: UnitIndex | None = None) -> DataLoader:
     """A loader over the same dataset with the DP batch sampler (keeps workers, pinning,
     the collate function and the worker settings of ``data_loader``).
 
@@ -714,22 +715,31 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
     one), the loader's ``dataset`` is a :class:`TensorBatchGather` around yours (its
     ``.dataset``), which yields the same batches with one gather per tensor.
     ``shared_seed`` seeds the fixed-size sampler when ``world_size > 1`` (it must be the
-    same on every rank).
+    same on every rank). ``units``: the sampler draws these privacy units (users) and
+    each batch lists the drawn units' examples together.
     """
     ds = data_loader.dataset
     if isinstance(ds, IterableDataset):
         raise ValueError("data_loader wraps an IterableDataset; DP sampling needs a "
                          "map-style dataset (random access by index)")
-    n = len(ds)
+    n = len(ds) if units is None else units.n_units
     if sampling == "poisson":
         indices = None if world_size == 1 else range(rank, n, world_size)
         bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, indices=indices,
                                  secure=secure)
-    else:
+    elif sampling == "fixed":
         # distributed fixed-size sampling needs the same generator on every rank
         bs = FixedSizeBatchSampler(n, batch_size, steps=steps,
                                    seed=seed if world_size == 1 else shared_seed,
                                    rank=rank, world_size=world_size)
+    elif sampling == "cyclic_poisson":
+        bs = CyclicPoissonBatchSampler(n, sample_rate, cycle_length, steps=steps, seed=seed,
+                                       secure=secure)
+    elif sampling == "balls_in_bins":
+        bs = BallsInBinsBatchSampler(n, cycle_length, seed=seed)
+    else:
+        bs = ShuffledEpochsBatchSampler(n, cycle_length, seed=seed)
+    bs.units = units
     if data_loader.collate_fn is default_collate and _gatherable(ds):
         loader_ds, collate_fn = TensorBatchGather(ds), TensorBatchGather.collate
     else:

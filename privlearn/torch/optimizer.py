@@ -188,6 +188,9 @@ class DPOptimizer:
         self._sampling_rate = float(sampler.sample_rate)
         self.budget = budget
         self.ledger = ledger
+        #: :class:`~privlearn.torch.correlated_noise.CorrelatedNoise` turning each step's
+        #: draw into ``(C^{-1} z)_t`` (None: independent noise, DP-SGD)
+        self.correlated = None
         #: the ``torch.amp.GradScaler`` that drives the steps (``scaler.step(optimizer)``),
         #: told whether each noisy gradient was finite
         self.grad_scaler = grad_scaler
@@ -233,6 +236,12 @@ class DPOptimizer:
                              "(unbounded sensitivity); set a finite max_grad_norm first")
         if self.adaptive is not None:
             gradient_noise_multiplier(v, self.adaptive.unclipped_num_std)  # checks
+        if getattr(self, "correlated", None) is not None and v != self._noise_multiplier \
+                and self.accountant.steps:
+            raise ValueError(
+                "noise_multiplier cannot change during a correlated-noise run: the noise of "
+                "every step is part of one matrix-factorization mechanism calibrated for one "
+                "noise multiplier. Plan the run with the noise you want")
         self._noise_multiplier = v
 
     @property
@@ -487,7 +496,11 @@ class DPOptimizer:
             elif g.dtype != p.dtype:
                 g = g.to(p.dtype)
             grads.append(g)
-        if std_scaled > 0:
+        if std_scaled > 0 and self.correlated is not None:
+            z = self.correlated.apply_(self.noise.standard_normal(self._numel))
+            for g, v in zip(grads, z.split(self._numels), strict=True):
+                g.add_(v.view(g.shape).to(device=g.device, dtype=g.dtype), alpha=std_scaled)
+        elif std_scaled > 0:
             if not self.noise.secure_mode:
                 # one draw for all parameters, added by one fused (foreach) kernel call
                 z = self.noise.standard_normal(self._numel)
@@ -531,12 +544,18 @@ class DPOptimizer:
             self._flat = flat
         if std <= 0:
             return flat.zero_()
+        if self.correlated is not None:  # sigma C (C^{-1} z)_t: the draw, then C^{-1}
+            return self.correlated.apply_(self._draw(flat, 1.0)).mul_(std)
+        return self._draw(flat, std)
+
+    def _draw(self, flat: torch.Tensor, std: float) -> torch.Tensor:
+        """``flat`` overwritten with ``N(0, std^2)`` draws of the noise source."""
         if self.noise.secure_mode:  # scaled in float64 before rounding (noise.py)
             return flat.copy_(self.noise.normal(std, flat))
-        if dev.type == "cpu":
+        if flat.device.type == "cpu":
             # mean + std * z is formed inside the sampler: no extra pass
             return flat.normal_(0.0, std, generator=self.noise.generator)
-        return flat.copy_(self.noise.normal(std, torch.empty(self._numel, dtype=dt)))
+        return flat.copy_(self.noise.normal(std, torch.empty(flat.numel(), dtype=flat.dtype)))
 
     def _noisy_step_fused(self, examples: int | None = None, units=None) -> bool:
         """Steps 1-3 in one pass: the noise is drawn straight into one flat gradient

@@ -31,19 +31,22 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from privlearn.accounting import calibrate, compose, steps_per_epoch, warn_if_delta_large
+from privlearn.accounting import calibrate, warn_if_delta_large
+from privlearn.correlated import Identity
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _guard_token_level_labels,
     _per_layer_bounds,
     _shared_seed,
 )
-from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant, dpsgd_step
+from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.config import DPConfig
-from privlearn.torch.data import VirtualBatchLoader, make_dp_loader
+from privlearn.torch.correlated_noise import CorrelatedNoise
+from privlearn.torch.data import UnitIndex, VirtualBatchLoader, make_dp_loader
 from privlearn.torch.distributed import unwrap, world_info
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
+from privlearn.torch.schedule import SAMPLINGS, RunAccounting, choose_strategy
 from privlearn.torch.tracker import GradSampleTracker
 from privlearn.torch.validator import apply_fixers, check_model
 
@@ -51,6 +54,8 @@ __all__ = ["make_private", "PrivateTraining", "Plan", "prepare_model", "plan_run
            "reserve_budget", "attach_engine", "build_optimizer"]
 
 _STATE_FORMAT = "privlearn.torch.private_training/2"
+#: the loader a sampling accepts: ordinary batches (the DP sampler replaces them)
+_LOADER_KIND = {"fixed": "fixed"}
 
 
 class PrivateTraining:
@@ -182,7 +187,8 @@ class PrivateTraining:
         """Everything needed to continue this run: model and optimizer state, the
         accountant's history, the live noise multiplier and clipping bound, and the keys
         of the sampler and the noise source (``None`` in secure mode: OS entropy cannot be
-        replayed). Save it right after an optimizer step."""
+        replayed); with correlated noise, the noise's state (past noises: such a checkpoint
+        must be kept private). Save it right after an optimizer step."""
         return {
             "format": _STATE_FORMAT,
             "mechanism": self._mechanism(),
@@ -194,6 +200,8 @@ class PrivateTraining:
             "budget": self.budget.state_dict(),
             "sampler": self._sampler.state_dict(),
             "noise": self.optimizer.noise.state_dict(),
+            "correlated": (None if self.optimizer.correlated is None
+                           else self.optimizer.correlated.state_dict()),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -231,6 +239,8 @@ class PrivateTraining:
         self.budget.load_state_dict(state["budget"])
         self._sampler.load_state_dict(state["sampler"])
         self.optimizer.noise.load_state_dict(state["noise"])
+        if self.optimizer.correlated is not None:
+            self.optimizer.correlated.load_state_dict(state["correlated"])
 
 
 @dataclass(frozen=True)
@@ -256,6 +266,13 @@ class Plan:
     per_layer_bounds : tuple or None
         ``((name, C_k), ...)`` with per-layer clipping.
     adaptive : AdaptiveClipping or None
+    run : RunAccounting
+        How the steps are accounted (step by step, or one matrix-factorization mechanism
+        with the run's strategy).
+    expected_batch_size : float
+        The normaliser of the noisy sum (expected examples, or units, per batch).
+    units : UnitIndex or None
+        Privacy units of several examples (users).
     """
 
     rank: int
@@ -270,10 +287,9 @@ class Plan:
     max_grad_norm: float
     per_layer_bounds: tuple | None = None
     adaptive: AdaptiveClipping | None = None
-
-    @property
-    def expected_batch_size(self) -> float:
-        return float(self.world_size * self.batch_size)
+    run: RunAccounting | None = None
+    expected_batch_size: float = 0.0
+    units: UnitIndex | None = None
 
     def adaptive_tuple(self):
         a = self.adaptive
@@ -327,21 +343,45 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
         raise TypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
     rank, world = world_info(process_group)
-    n = len(data_loader.dataset)
-    b = _accountable_batch_size(data_loader, cfg.sampling, n, world)
-    q = world * b / n
+    if world > 1 and (cfg.correlated or cfg.users is not None):
+        raise ValueError(
+            f"sampling={cfg.sampling!r}, noise={cfg.noise!r} and user-level privacy run in "
+            "one process; distributed training supports sampling='poisson' or 'fixed' with "
+            "DP-SGD noise")
+    units = None
+    if cfg.users is not None:
+        if len(cfg.users) != len(data_loader.dataset):
+            raise ValueError(f"users must give the user of each of the "
+                             f"{len(data_loader.dataset)} examples, got {len(cfg.users)}")
+        units = UnitIndex(cfg.users, cfg.max_examples_per_user)
+    n = len(data_loader.dataset) if units is None else units.n_units
+    b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
+                                len(data_loader.dataset), world)
+    kind = SAMPLINGS[cfg.sampling]
+    cycle = 1
+    if kind.cycled:
+        default = (cfg.bands or 8 if cfg.noise == "banded" else 1) \
+            if cfg.sampling == "cyclic_poisson" else max(1, round(n / b))
+        cycle = cfg.cycle_length or default
+    q = world * b / n if not kind.cycled else kind.rate(b, n, cycle)
     if not 0 < q <= 1:
-        raise ValueError(f"sampling rate world_size * batch_size / len(dataset) must be in "
-                         f"(0, 1], got {q!r}")
+        raise ValueError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
+                         f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}); "
+                         "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
-    per_epoch = steps_per_epoch(q)
+    per_epoch = kind.per_epoch(q, cycle)
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
-    scheme = cfg.sampling
+    strategy = None
+    if cfg.correlated:
+        desc = kind.describe(n, q, planned, cycle)
+        schema = getattr(desc, "participation", desc)
+        strategy = choose_strategy(cfg.noise, planned, schema, cfg.bands, cfg.buffers)
+    run = RunAccounting(cfg.sampling, n, q, cycle, strategy)
     nm = cfg.noise_multiplier
     if cfg.target_epsilon is not None:
-        nm = calibrate(lambda s: compose(dpsgd_step(s, q, scheme), steps=planned),
-                       cfg.target_epsilon, cfg.target_delta, accountant=cfg.accountant)
+        nm = calibrate(lambda s: run.mechanism(s, planned), cfg.target_epsilon,
+                       cfg.target_delta, accountant=cfg.accountant)
     bounds, c = None, cfg.max_grad_norm
     if cfg.clipping == "per_layer":
         bounds = tuple(_per_layer_bounds(inner, cfg.max_grad_norm).items())
@@ -354,10 +394,10 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                                     float(cfg.clipbound_learning_rate), float(sb))
     eps = cfg.target_epsilon
     if eps is None and planned is not None and nm > 0:
-        eps = compose(dpsgd_step(nm, q, scheme), steps=planned).epsilon(
-            cfg.target_delta, accountant=cfg.accountant)
+        eps = run.mechanism(nm, planned).epsilon(cfg.target_delta, accountant=cfg.accountant)
+    expected = (world * b if not kind.cycled else kind.expected_batch(q, n, cycle))
     return Plan(rank, world, n, b, q, per_epoch, planned, float(nm), eps, float(c), bounds,
-                adaptive)
+                adaptive, run, float(expected), units)
 
 
 def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
@@ -370,7 +410,9 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
         raise ValueError("noise_multiplier=0 is not private and cannot be spent from a "
                          "ledger; give noise_multiplier > 0 or target_epsilon")
     link = LedgerLink(ledger, scheme=cfg.sampling, chunk=cfg.ledger_chunk,
-                      label=f"make_private({type(inner).__name__})")
+                      label=f"make_private({type(inner).__name__})",
+                      run=None if plan.run.stepwise else plan.run,
+                      privacy_unit=cfg.privacy_unit)
     link.reserve(plan.noise_multiplier, plan.sampling_rate,
                  plan.planned_steps or cfg.ledger_chunk)
     undo(link.settle)
@@ -406,9 +448,15 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                             sample_rate=plan.sampling_rate, batch_size=int(plan.batch_size),
                             steps=plan.steps_per_epoch, seed=seed, rank=plan.rank,
                             world_size=plan.world_size, secure=cfg.secure_mode,
-                            shared_seed=shared)
-    acct = PrivacyAccountant(scheme=cfg.sampling, accountant=cfg.accountant)
-    budget = BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cfg.max_epsilon,
+                            shared_seed=shared, cycle_length=plan.run.cycle,
+                            units=plan.units)
+    acct = PrivacyAccountant(scheme=cfg.sampling, accountant=cfg.accountant, run=plan.run)
+    # a run accounted as one mechanism is capped at its plan (beyond it, the plan's
+    # strategy and sensitivity no longer describe the steps)
+    cap = cfg.max_epsilon
+    if not plan.run.stepwise and plan.planned_epsilon is not None:
+        cap = plan.planned_epsilon if cap is None else min(cap, plan.planned_epsilon)
+    budget = BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cap,
                        planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps)
     noise = NoiseSource(secure_mode=cfg.secure_mode, seed=None if seed is None else seed + 7)
     opt = DPOptimizer(optimizer, tracker, noise_multiplier=plan.noise_multiplier,
@@ -417,6 +465,10 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                       noise=noise, sampler=loader.batch_sampler, world_size=plan.world_size,
                       process_group=process_group, adaptive=plan.adaptive, budget=budget,
                       ledger=link)
+    if not plan.run.stepwise and not isinstance(plan.run.strategy, Identity):
+        opt.correlated = CorrelatedNoise(plan.run.strategy.recurrence())
+    opt.unit_reduction = cfg.user_reduction
+    opt.augmentation = cfg.augmentation_multiplicity
     if plan.per_layer_bounds is not None:
         by_name = dict(tracker.model.named_parameters())
         opt.per_param_clipping = {id(by_name[n]): c / plan.max_grad_norm
@@ -438,6 +490,9 @@ def make_private(
     ledger_chunk: int = 1000, target_unclipped_quantile: float | None = None,
     clipbound_learning_rate: float = 0.2, unclipped_num_std: float | None = None,
     batch_dims: dict | None = None, check_batch_independence: bool = True,
+    noise: str = "dpsgd", bands: int | None = None, buffers: int | None = None,
+    cycle_length: int | None = None, users=None, max_examples_per_user: int = 1,
+    user_reduction: str = "mean", augmentation_multiplicity: int | None = None,
     ledger=None, process_group=None, grad_scaler=None,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
