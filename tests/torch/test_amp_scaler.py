@@ -232,9 +232,9 @@ def _poison_noisy_gradient(monkeypatch, opt):
     """Make the noisy gradient of the next steps non-finite (after the DP step)."""
     fused = opt._noisy_step_fused
 
-    def poisoned(examples=None):
-        if not fused(examples):
-            opt.clip_and_accumulate(examples)
+    def poisoned(examples=None, units=None):
+        if not fused(examples, units):
+            opt.clip_and_accumulate(examples, units)
             opt.add_noise()
         opt.tracker.params[0].grad.view(-1)[0] = float("nan")
         return True

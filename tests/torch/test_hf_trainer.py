@@ -349,7 +349,8 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
     assert state["total_flos"] == 0 and state.get("num_input_tokens_seen", 0) == 0
     privacy = torch.load(tmp_path / "checkpoint-2" / PRIVACY_STATE_NAME, weights_only=False)
     assert set(privacy) == {"format", "mechanism", "noise_multiplier", "max_grad_norm",
-                            "accountant", "budget", "sampler", "noise"}
+                            "accountant", "budget", "sampler", "noise", "correlated"}
+    assert privacy["correlated"] is None  # DP-SGD: no noise state (one-way keys only)
 
 
 def test_user_arguments_are_not_modified(tmp_path):

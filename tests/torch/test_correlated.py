@@ -1,0 +1,196 @@
+"""Correlated noise and participation-bounding samplers in make_private.
+
+The noise a banded or BLT run adds is exactly ``sigma C_max (C^{-1} z)_t`` for the draws a
+DP-SGD run with the same seed adds as ``sigma C_max z_t`` (so a wrong band or a noise that
+is not correlated as claimed fails here); every sampler keeps the participation its
+accounting assumes (a sampler that breaks its separation fails here); the epsilon is the
+matrix mechanism's of the steps taken, and with the identity strategy and one group it is
+DP-SGD's exactly; a resumed run continues the same correlated noise bit for bit."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.correlated import BandedToeplitz, FixedEpochs, MinSeparation  # noqa: E402
+from privlearn.correlated.sampling import check_participation  # noqa: E402
+from privlearn.torch import make_private  # noqa: E402
+
+N = 60
+
+
+def _indexed(n=N, d=4):
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
+    x[:, 0] = torch.arange(n, dtype=torch.float32)
+    return TensorDataset(x, torch.zeros(n, dtype=torch.long))
+
+
+class _Frozenish(nn.Module):
+    """A model whose loss has zero gradient: p.grad is the noise alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x) * 0.0
+
+
+def _noises(steps, **kw):
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = _Frozenish()
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                         max_grad_norm=1.0, **kw)
+        out = []
+        while len(out) < steps:
+            for x, y in p.data_loader:
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                p.optimizer.step()
+                out.append(torch.cat([q.grad.reshape(-1) for q in model.parameters()]).clone())
+                if len(out) == steps:
+                    break
+        return torch.stack(out).numpy() * p.expected_batch_size, p
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("noise,extra", [("banded", {"bands": 3}), ("blt", {"buffers": 2})])
+def test_correlated_noise_is_C_inverse_of_the_independent_draws(noise, extra):
+    steps = 12
+    z, _ = _noises(steps, sampling="shuffled_epochs", epochs=2)
+    w, p = _noises(steps, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
+    C = p.plan.run.strategy.materialize(steps)
+    np.testing.assert_allclose(w, np.linalg.solve(C, z), rtol=1e-9, atol=1e-9)
+    if noise == "banded":
+        assert p.plan.run.strategy.bands == 3
+        assert not np.allclose(w, z)  # correlated: not the independent draws
+
+
+def test_banded_state_is_O_bands_and_resumes_bit_for_bit():
+    w, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise="banded", bands=3)
+    state = copy.deepcopy(p.state_dict())
+    assert state["correlated"]["buffers"].shape[0] == 2  # b - 1 noises, not the history
+    full, _ = _noises(10, sampling="shuffled_epochs", epochs=2, noise="banded", bands=3)
+    np.testing.assert_array_equal(full[:7], w)
+    # a new run loads the state and continues with the same noise
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = _Frozenish()
+        q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                         max_grad_norm=1.0, sampling="shuffled_epochs", epochs=2,
+                         noise="banded", bands=3)
+        q.load_state_dict(state)
+        rest = []
+        while len(rest) < 3:
+            for x, y in q.data_loader:
+                q.optimizer.zero_grad()
+                nn.functional.cross_entropy(q.model(x), y).backward()
+                q.optimizer.step()
+                rest.append(torch.cat([v.grad.reshape(-1) for v in model.parameters()]))
+                if len(rest) == 3:
+                    break
+        np.testing.assert_array_equal(torch.stack(rest).numpy() * q.expected_batch_size,
+                                      full[7:])
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def _batches(p, steps):
+    out = []
+    while len(out) < steps:
+        for x, _ in p.data_loader:
+            out.append(np.sort(x[:, 0].long().numpy()))
+            p.optimizer.zero_grad()
+            p.optimizer.step()  # a noise-only step (nothing trained on)
+            if len(out) == steps:
+                break
+    return out
+
+
+@pytest.mark.parametrize("sampling,schema", [
+    ("cyclic_poisson", lambda b, k: MinSeparation(b, k)),
+    ("balls_in_bins", lambda b, k: MinSeparation(b, k)),
+    ("shuffled_epochs", lambda b, k: FixedEpochs(k)),
+])
+def test_samplers_keep_the_participation_they_are_accounted_for(sampling, schema):
+    model = nn.Linear(4, 3)
+    kw = {"cycle_length": 5} if sampling == "cyclic_poisson" else {}
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, epochs=3,
+                     sampling=sampling, seed=1, **kw)
+    b = p.plan.run.cycle
+    steps = 3 * p.plan.steps_per_epoch
+    batches = _batches(p, steps)
+    check_participation(batches, schema(b, -(-steps // b)), steps)
+    # a planted bug: the sampler drawing each batch twice in a row breaks the separation
+    doubled = [bb for bb in batches for _ in range(2)]
+    with pytest.raises(ValueError, match="closer than|not one epoch|participates"):
+        check_participation(doubled, schema(b, -(-steps // b)), len(doubled))
+
+
+def test_cyclic_poisson_with_one_group_is_dp_sgd_exactly():
+    model = nn.Linear(4, 3)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=0.9, epochs=2,
+                     sampling="cyclic_poisson", cycle_length=1, seed=0)
+    _batches(p, 7)
+    want = compose(subsample(Gaussian(0.9), rate=6 / N), steps=7).epsilon(1e-5)
+    assert p.epsilon(1e-5) == want
+
+
+def test_run_is_capped_at_its_plan_and_noise_cannot_change():
+    from privlearn.errors import PrivacyBudgetExceededError
+
+    model = nn.Linear(4, 3)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, epochs=1,
+                     sampling="balls_in_bins", noise="banded", bands=2, seed=0)
+    _batches(p, p.plan.planned_steps)
+    assert p.epsilon(1e-5) == pytest.approx(p.plan.planned_epsilon, rel=1e-12)
+    with pytest.raises(PrivacyBudgetExceededError):
+        _batches(p, 1)
+    with pytest.raises(ValueError, match="cannot change during a correlated-noise run"):
+        p.optimizer.noise_multiplier = 0.5
+
+
+def test_refused_combinations():
+    model = nn.Linear(4, 3)
+    loader = DataLoader(_indexed(), batch_size=6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="needs a sampler that bounds"):
+        make_private(model, opt, loader, noise_multiplier=1.0, epochs=1, noise="banded")
+    with pytest.raises(ValueError, match="give epochs or steps"):
+        make_private(model, opt, loader, noise_multiplier=1.0, sampling="balls_in_bins")
+    with pytest.raises(ValueError, match="bands=3 only applies"):
+        make_private(model, opt, loader, noise_multiplier=1.0, epochs=1, bands=3,
+                     sampling="balls_in_bins")
+    with pytest.raises(ValueError, match="noise must be one of"):
+        make_private(model, opt, loader, noise_multiplier=1.0, epochs=1, noise="dp-ftrl",
+                     sampling="balls_in_bins")
+
+
+def test_explicit_strategy_and_amplified_banded_accounting():
+    model = nn.Linear(4, 3)
+    C = BandedToeplitz.square_root(bands=3)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.2, steps=20,
+                     sampling="cyclic_poisson", cycle_length=3, noise=C, seed=0)
+    from privlearn.correlated.accounting import correlated_mechanism
+    from privlearn.correlated.sampling import CyclicPoissonSampler
+
+    _batches(p, 9)
+    want = correlated_mechanism(C, CyclicPoissonSampler(N, 6 * 3 / N, 9, 3), 1.2)
+    assert p.epsilon(1e-5) == want.epsilon(1e-5)

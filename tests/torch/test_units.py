@@ -1,0 +1,216 @@
+"""Privacy units of several rows: user-level DP and augmentation multiplicity.
+
+With one example per user the accounting and the update are example-level DP-SGD's
+exactly; with several, the clipped per-user sum equals a naive loop over users (each
+user's gradient from one backward pass over their rows, clipped as one), in float64; the
+ledger keeps per-user budgets apart from per-record ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.torch import make_private  # noqa: E402
+from privlearn.torch.units import RowUnits  # noqa: E402
+
+
+def _data(n=48, d=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    x[:, 0] = torch.arange(n, dtype=torch.float32)  # the example's index
+    return TensorDataset(x, torch.randint(0, 3, (n,), generator=g))
+
+
+def _mlp(seed=0, d=5):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d, 7), nn.Tanh(), nn.Linear(7, 3))
+
+
+class _Feat(nn.Module):
+    """Ignores the index column."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x[:, 1:])
+
+
+def _step(p, x, y, loss=None):
+    p.optimizer.zero_grad()
+    (loss or nn.functional.cross_entropy)(p.model(x), y).backward()
+    p.optimizer.step()
+
+
+def _naive_unit_update(model, groups, C, lr, expected, reduction="mean"):
+    """SGD step with sum_u clip(G_u) / expected, G_u the mean (sum) over the unit's rows
+    of the rows' gradients of the mean loss times the row count (the engine's scale)."""
+    params = list(model.parameters())
+    total = [torch.zeros_like(q) for q in params]
+    for x, y in groups:
+        losses = nn.functional.cross_entropy(model(x), y, reduction="sum")
+        gs = torch.autograd.grad(losses, params)
+        if reduction == "mean":
+            gs = [g / len(y) for g in gs]
+        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
+        for t, g in zip(total, gs, strict=True):
+            t += min(1.0, C / norm) * g
+    with torch.no_grad():
+        for q, t in zip(params, total, strict=True):
+            q -= lr * t / expected
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_per_user_clipped_sum_equals_a_naive_loop_over_users(reduction):
+    torch.set_default_dtype(torch.float64)
+    try:
+        ds = _data()
+        users = torch.arange(48) // 4  # 12 users of 4 examples
+        model = _Feat(_mlp(d=4))
+        ref = _Feat(_mlp(d=4))
+        C, lr = 0.05, 0.5
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                         DataLoader(ds, batch_size=4), noise_multiplier=0.0, max_grad_norm=C,
+                         users=users, max_examples_per_user=3, user_reduction=reduction,
+                         seed=2, sampling="fixed")
+        x, y = next(iter(p.data_loader))
+        drawn = p.data_loader.batch_sampler.pending()
+        assert drawn.groups and max(drawn.groups) <= 3 and sum(drawn.groups) == len(y)
+        owner = users[x[:, 0].long()]
+        assert all(len(set(owner[a:a + g].tolist())) == 1 for a, g in zip(
+            [sum(drawn.groups[:k]) for k in range(len(drawn.groups))], drawn.groups,
+            strict=True))
+        _step(p, x, y)
+        groups, start = [], 0
+        for g in drawn.groups:
+            groups.append((x[start:start + g], y[start:start + g]))
+            start += g
+        _naive_unit_update(ref, groups, C, lr, p.expected_batch_size, reduction)
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        assert p.expected_batch_size == 4.0  # expected users per batch
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_one_example_per_user_is_example_level_dp_sgd_exactly():
+    ds = _data()
+    kw = dict(noise_multiplier=1.1, max_grad_norm=0.7, seed=4)
+    a = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=6), **kw)
+    m = _mlp()
+    b = make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=6), users=list(range(48)), **kw)
+    for p in (a, b):
+        for x, y in p.data_loader:
+            _step(p, x, y)
+    want = compose(subsample(Gaussian(1.1), rate=6 / 48), steps=8).epsilon(1e-5)
+    assert a.epsilon(1e-5) == b.epsilon(1e-5) == want
+    # the same batch: the same update
+    torch.set_default_dtype(torch.float64)
+    try:
+        ds = _data()
+        m1, m2 = _mlp(seed=5), _mlp(seed=5)
+        runs = [make_private(m, torch.optim.SGD(m.parameters(), lr=0.3),
+                             DataLoader(ds, batch_size=6), noise_multiplier=0.0,
+                             max_grad_norm=0.05, seed=9, sampling="fixed", **extra)
+                for m, extra in ((m1, {}), (m2, {"users": list(range(48))}))]
+        x, y = next(iter(runs[0].data_loader))
+        next(iter(runs[1].data_loader))
+        for p in runs:
+            _step(p, x, y)
+        for u, v in zip(m1.parameters(), m2.parameters(), strict=True):
+            torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-14)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_augmentation_multiplicity_averages_views_before_clipping():
+    torch.set_default_dtype(torch.float64)
+    try:
+        ds = _data()
+        model, ref = _Feat(_mlp(d=4)), _Feat(_mlp(d=4))
+        C, lr, k = 0.05, 0.5, 3
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                         DataLoader(ds, batch_size=6), noise_multiplier=0.0, max_grad_norm=C,
+                         augmentation_multiplicity=k, sampling="fixed", seed=1)
+        x, y = next(iter(p.data_loader))
+        views = torch.cat([x + 0.01 * j for j in range(k)])  # (k B, d), view-major ...
+        order = torch.arange(k * 6).view(k, 6).t().reshape(-1)  # ... made example-major
+        xv, yv = views[order], y.repeat(k)[order]
+        _step(p, xv, yv)
+        groups = [(xv[i * k:(i + 1) * k], yv[i * k:(i + 1) * k]) for i in range(6)]
+        _naive_unit_update(ref, groups, C, lr, 6.0, "mean")
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        # without the declaration the rows would be clipped one by one: refused
+        q = make_private(_Feat(_mlp(d=4)), torch.optim.SGD(model.parameters(), lr=lr),
+                         DataLoader(ds, batch_size=6), noise_multiplier=0.0,
+                         sampling="fixed", seed=1)
+        x, y = next(iter(q.data_loader))
+        q.optimizer.zero_grad()
+        nn.functional.cross_entropy(q.model(torch.cat([x, x])), torch.cat([y, y])).backward()
+        with pytest.raises(ValueError, match="rows per example"):
+            q.optimizer.step()
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_virtual_batches_keep_each_user_in_one_chunk():
+    ds = _data()
+    users = torch.arange(48) // 4
+    model = _Feat(_mlp(d=4))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=6), noise_multiplier=1.0,
+                     users=users, max_examples_per_user=4, max_physical_batch_size=5, seed=3)
+    for x, _ in p.data_loader:
+        owners = users[x[:, 0].long()]
+        expected = p.optimizer._chunk_groups
+        assert sum(expected) == len(x) <= 5
+        start = 0
+        for g in expected:
+            assert len(set(owners[start:start + g].tolist())) == 1
+            start += g
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), torch.zeros(len(x), dtype=torch.long)
+                                    ).backward()
+        p.optimizer.step()
+    with pytest.raises(ValueError, match="more than max_physical_batch_size"):
+        model = _Feat(_mlp(d=4))
+        q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=6), noise_multiplier=1.0,
+                         users=users, max_examples_per_user=4, max_physical_batch_size=3,
+                         seed=3, sampling="fixed")
+        list(q.data_loader)
+
+
+def test_ledger_budgets_are_per_privacy_unit(tmp_path):
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)
+    users = torch.arange(48) // 4
+    with pytest.raises(ValueError, match="budget is per 'record'"):
+        make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=4), noise_multiplier=1.0, epochs=1,
+                     users=users, ledger=led.budget("d"))
+    led.create_budget("d", epsilon=10.0, delta=1e-5, privacy_unit="user")
+    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=4), noise_multiplier=1.0, epochs=1,
+                     users=users, ledger=led.budget("d", privacy_unit="user"))
+    assert p.config.privacy_unit == "user"
+
+
+def test_row_units_from_sizes():
+    u = RowUnits.from_sizes([2, 1, 3], "mean")
+    assert u.unit_of_row.tolist() == [0, 0, 1, 2, 2, 2]
+    assert u.position.tolist() == [0, 1, 0, 0, 1, 2]
+    assert u.weight.tolist() == [0.5, 0.5, 1.0, 1 / 3, 1 / 3, 1 / 3]
+    assert (u.units, u.width, u.rows) == (3, 3, 6)
