@@ -112,10 +112,15 @@ class PrivacyArguments:
     ----------
     noise_multiplier, target_epsilon, target_delta, max_grad_norm, sampling, accountant,
     secure_mode, seed, clipping, target_unclipped_quantile, clipbound_learning_rate,
-    unclipped_num_std, batch_dims, check_batch_independence
-        As in :class:`~privlearn.torch.config.DPConfig`; ``target_epsilon`` calibrates the
-        noise for the Trainer's planned steps (``max_steps``, or ``num_train_epochs``
-        times the steps of an epoch).
+    unclipped_num_std, batch_dims, check_batch_independence, noise, bands, buffers,
+    cycle_length, max_examples_per_user, user_reduction
+        As in :class:`~privlearn.torch.config.DPConfig`; ``target_epsilon`` (and correlated
+        noise, and the participation-bounding samplers) use the Trainer's planned steps
+        (``max_steps``, or ``num_train_epochs`` times the steps of an epoch).
+    user_column : str, optional
+        The training set's column (key of each example) holding the user of each example:
+        privacy is then per user (``make_private(users=...)``); the column is not passed
+        to the model.
     max_epsilon : float, optional
         Stop training before the step that would take epsilon (of all this trainer's
         runs) past this; default ``target_epsilon``, if given.
@@ -147,6 +152,13 @@ class PrivacyArguments:
     unclipped_num_std: float | None = None
     batch_dims: dict | None = None
     check_batch_independence: bool = True
+    noise: str = "dpsgd"
+    bands: int | None = None
+    buffers: int | None = None
+    cycle_length: int | None = None
+    user_column: str | None = None
+    max_examples_per_user: int = 1
+    user_reduction: str = "mean"
     task: str | None = None
     log_training_loss: bool = False
 
@@ -156,13 +168,14 @@ class PrivacyArguments:
         if self.clipping == "adaptive" and self.target_unclipped_quantile is None:
             return  # refused with the other settings when training starts
         # one validation for every setting: DPConfig's (the planned length comes later)
-        DPConfig(**self.engine_settings(steps=1))
+        users = None if self.user_column is None else [0]
+        DPConfig(**self.engine_settings(steps=1, users=users))
 
     def engine_settings(self, **extra) -> dict:
         """The :func:`~privlearn.torch.make_private` settings (``max_epsilon`` defaults to
         ``target_epsilon``)."""
         kw = {f.name: getattr(self, f.name) for f in fields(self)
-              if f.name not in ("task", "log_training_loss")}
+              if f.name not in ("task", "log_training_loss", "user_column")}
         if kw["max_epsilon"] is None:
             kw["max_epsilon"] = self.target_epsilon
         kw.update(extra)
@@ -371,9 +384,12 @@ class DPTrainer(Trainer):
                              "plain torch optimizer")
         pa = self.privacy
         kw = pa.engine_settings()
-        if pa.target_epsilon is not None:
-            q = self._train_batch_size / len(base.dataset)
-            kw["steps"] = self._planned_steps(q)
+        if pa.user_column is not None:
+            kw["users"] = _column(self.train_dataset, pa.user_column)
+        if pa.target_epsilon is not None or pa.noise != "dpsgd" or pa.sampling not in (
+                "poisson", "fixed"):
+            n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
+            kw["steps"] = self._planned_steps(self._train_batch_size / n)
         self.model.train()
         p = make_private(self.model, self.optimizer, loader, **kw)
         prior = [m for m in self._earlier_runs if m is not None]
@@ -414,6 +430,8 @@ class DPTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean over examples of per-example losses (never the token-level mean)."""
         inputs = dict(inputs)
+        if self.privacy.user_column is not None:
+            inputs.pop(self.privacy.user_column, None)  # who, not what: not a model input
         labels = inputs.pop("labels", None)
         if labels is None:
             raise ValueError("DPTrainer needs labels in each batch to compute per-example "
@@ -500,6 +518,27 @@ def _private_copy(args):
                       "released un-noised", PrivacyLeakWarning, stacklevel=3)
         a.include_num_input_tokens_seen = "no"
     return a
+
+
+def _column(dataset, name: str) -> list:
+    """The values of column ``name`` of every example (a Hugging Face ``datasets.Dataset``
+    column, or the key of each example of a map-style dataset)."""
+    try:
+        values = dataset[name]  # datasets.Dataset: the whole column
+        if len(values) == len(dataset):
+            return list(values)
+    except (KeyError, TypeError, IndexError, ValueError):
+        pass
+    out = []
+    for i in range(len(dataset)):
+        item = dataset[i]
+        if not isinstance(item, dict) or name not in item:
+            raise ValueError(f"user_column={name!r}: example {i} of the training set has no "
+                             f"such key (keys: {sorted(item) if isinstance(item, dict) else '?'}"
+                             ")")
+        v = item[name]
+        out.append(v.item() if isinstance(v, torch.Tensor) else v)
+    return out
 
 
 def _privacy_state_path(checkpoint: str) -> str:

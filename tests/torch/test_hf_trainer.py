@@ -432,3 +432,35 @@ def test_resumed_run_reports_the_epoch_it_reached(tmp_path):
     epochs_b = [h["epoch"] for h in b.state.log_history if "learning_rate" in h]
     assert epochs_a[-1] == epochs_b[-1] == pytest.approx(12 / 8)
     assert epochs_b[-1] == epochs_a[-1]
+
+
+class _UserTextSet(_TextSet):
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        item["user"] = i // 4  # 16 users of 4 sequences
+        return item
+
+
+def test_user_column_makes_privacy_per_user(tmp_path):
+    """A user column: users are sampled, each user's sequences are clipped together, and
+    the epsilon is per user (the user-level sampling rate)."""
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=3, logging_steps=50,
+                                              per_device_train_batch_size=4),
+                   train_dataset=_UserTextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0, user_column="user",
+                                            max_examples_per_user=2))
+    tr.train()
+    p = tr.privacy_engine
+    assert p.config.privacy_unit == "user" and p.plan.dataset_size == 16
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 3, q=4 / 16), rel=1e-9)
+
+
+def test_correlated_noise_through_the_trainer(tmp_path):
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=4, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0, noise="banded",
+                                            bands=2, sampling="balls_in_bins"))
+    tr.train()
+    p = tr.privacy_engine
+    assert p.optimizer.correlated is not None and p.accountant.steps == 4
+    assert tr.epsilon() == pytest.approx(p.plan.planned_epsilon, rel=1e-12)
