@@ -97,9 +97,9 @@ class CorrelatedNoise:
             buf[t % m].copy_(z)
         else:
             w = self._const("scale", self.recurrence.output_scale, z)
-            d = self._const("decay", self.recurrence.buf_decay, z)
             z.addmv_(buf.t(), w, alpha=-1.0)
-            buf.mul_(d.unsqueeze(1)).add_(z.unsqueeze(0))
+            for k, d in enumerate(self.recurrence.buf_decay):  # buf_k <- d_k buf_k + noise_t
+                torch.add(z, buf[k], alpha=d, out=buf[k])  # one pass per buffer
         self.steps += 1
         return z
 
