@@ -69,6 +69,10 @@ __all__ = [
     "context_layout",
     "use_ghost",
     "GHOST_MEMORY_BUDGET_BYTES",
+    "LOW_PRECISION_MATMUL",
+    "keep_low_precision",
+    "mm32",
+    "low_factors",
 ]
 
 #: Materialising per-example gradients of one layer above this many bytes switches the
@@ -146,8 +150,72 @@ class Contribution:
 
 def _rowdot(x: torch.Tensor) -> torch.Tensor:
     """Squared norm of each row of a 2-D tensor (``vector_norm`` then square: one fused
-    reduction, several times faster on CPU than a batched dot product)."""
+    reduction, several times faster on CPU than a batched dot product), accumulated and
+    returned in float32 for half-precision rows."""
+    if x.dtype in _LOW:
+        return torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).square()
     return torch.linalg.vector_norm(x, dim=1).square()
+
+
+#: Half-precision operands of the outer-product rules (bf16/fp16 under autocast):
+#: ``"auto"`` keeps them as they are on accelerators, where the matmuls that give norms
+#: and clipped sums run in that dtype with float32 accumulation and a float32 result
+#: (``torch.mm(..., out_dtype=torch.float32)``), and upcasts them to float32 first on the
+#: CPU; ``"never"`` always upcasts; ``"always"`` keeps them on every device (the CPU
+#: emulates the accumulation in float32: used by the tests). Norms, clip factors and the
+#: noisy sum are float32 either way.
+LOW_PRECISION_MATMUL = "auto"
+#: Half-precision clip factors are rounded toward zero and reduced by this relative
+#: margin, so that rounding a scaled gradient to half precision can never make an
+#: example's contribution larger than the clipping bound (the rounding error of a bf16
+#: product is at most 2^-9 relative).
+_LOW_MARGIN = 2.0 ** -7
+
+
+def keep_low_precision(*tensors: torch.Tensor) -> bool:
+    """Whether an outer-product rule keeps these half-precision operands as they are
+    (see :data:`LOW_PRECISION_MATMUL`)."""
+    mode = LOW_PRECISION_MATMUL
+    ts = [t for t in tensors if t is not None]
+    if mode == "never" or not ts or ts[0].dtype not in _LOW or any(
+            t.dtype != ts[0].dtype for t in ts):
+        return False
+    return mode == "always" or (ts[0].device.type == "cuda" and _out_dtype_matmul())
+
+
+_OUT_DTYPE: bool | None = None
+
+
+def _out_dtype_matmul() -> bool:
+    """Whether this PyTorch multiplies half-precision matrices into a float32 result
+    (``torch.mm(a, b, out_dtype=torch.float32)`` on CUDA)."""
+    global _OUT_DTYPE
+    if _OUT_DTYPE is None:
+        try:
+            a = torch.ones(2, 2, dtype=torch.bfloat16, device="cuda")
+            _OUT_DTYPE = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, AssertionError):
+            _OUT_DTYPE = False
+    return _OUT_DTYPE
+
+
+def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (2-D, or batched 3-D) of half-precision operands with float32
+    accumulation and result."""
+    if a.device.type == "cuda":
+        if a.dim() == 2:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
+
+
+def low_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Clip factors in half precision, never larger than the float32 ones after the
+    product with a gradient is rounded (see :data:`_LOW_MARGIN`)."""
+    c = c * (1.0 - _LOW_MARGIN)
+    low = c.to(dtype)
+    over = low.float().abs() > c.abs()
+    return torch.where(over, torch.nextafter(low, torch.zeros_like(low)), low)
 
 
 _LOW = (torch.float16, torch.bfloat16)
@@ -310,7 +378,8 @@ class OuterProduct(Contribution):
                  transposed: bool = False):
         self.weight, self.bias = weight, bias  # parameters, or anything with a .shape
         self.params = (weight,) if bias is None else (weight, bias)
-        dt = compute_dtype(a, g)
+        self._low = keep_low_precision(a, g)
+        dt = a.dtype if self._low else compute_dtype(a, g)
         a, g = _as(a, dt), _as(g, dt)
         live = _live_positions(g)
         if live is not None:  # positions with a zero output gradient in every example
@@ -331,7 +400,11 @@ class OuterProduct(Contribution):
         if not ghost:
             # (B, G, p, d) per-example weight gradients via batched matmul; the inputs
             # (e.g. conv patches) are released right away to bound peak memory
-            self._ps = torch.matmul(g.transpose(-1, -2), a)
+            if self._low:
+                self._ps = mm32(g.transpose(-1, -2).reshape(b * G, p, t),
+                                a.reshape(b * G, t, d)).view(b, G, p, d)
+            else:
+                self._ps = torch.matmul(g.transpose(-1, -2), a)
             if bias is not None:
                 self._bias_ps()
             self.a = self.g = None
@@ -339,7 +412,11 @@ class OuterProduct(Contribution):
     def _bias_ps(self) -> torch.Tensor:
         if self._bias_cache is None:
             b, G, t, d, p = self.dims
-            g = self.g.reshape(b, G * p) if t == 1 else self.g.sum(2).reshape(b, G * p)
+            if self._low:
+                g = self.g.float().reshape(b, G * p) if t == 1 else \
+                    self.g.sum(2, dtype=torch.float32).reshape(b, G * p)
+            else:
+                g = self.g.reshape(b, G * p) if t == 1 else self.g.sum(2).reshape(b, G * p)
             self._bias_cache = g
         return self._bias_cache
 
@@ -364,7 +441,15 @@ class OuterProduct(Contribution):
         elif t == 1 and G == 1:  # |a|^2 |g|^2
             w = _rowdot(self.g.reshape(b, p)) * _rowdot(self.a.reshape(b, d))
         elif t == 1:
-            w = (self.a.pow(2).sum(-1) * self.g.pow(2).sum(-1)).reshape(b, -1).sum(1)
+            a2 = self.a.float() if self._low else self.a
+            g2 = self.g.float() if self._low else self.g
+            w = (a2.pow(2).sum(-1) * g2.pow(2).sum(-1)).reshape(b, -1).sum(1)
+        elif self._low:  # Gram matrices in half precision, float32 accumulation
+            a3 = self.a.reshape(b * G, t, d)
+            g3 = self.g.reshape(b * G, t, p)
+            aa = mm32(a3, a3.transpose(1, 2))
+            gg = mm32(g3, g3.transpose(1, 2))
+            w = (aa * gg).reshape(b, -1).sum(1)
         else:
             aa = torch.matmul(self.a, self.a.transpose(-1, -2))  # (B, G, T, T)
             gg = torch.matmul(self.g, self.g.transpose(-1, -2))
@@ -374,7 +459,9 @@ class OuterProduct(Contribution):
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         b, G, t, d, p = self.dims
-        c = c.to(self._dtype)
+        if self._low and self._ps is None:
+            return self._weighted_sum_low(c)
+        c = c.to(self._ps.dtype if self._ps is not None else self._dtype)
         gc = None
         if self._ps is not None:
             w = (c @ self._ps.reshape(b, -1)).view(G * p, d)
@@ -396,9 +483,33 @@ class OuterProduct(Contribution):
                 out.append((c @ self._bias_ps()).view(self.bias.shape))
         return out
 
+    def _weighted_sum_low(self, c: torch.Tensor) -> list[torch.Tensor]:
+        """The clipped sum from half-precision operands: one matmul with float32
+        accumulation and result (:func:`mm32`), factors rounded down (:func:`low_factors`)."""
+        b, G, t, d, p = self.dims
+        gc = self.g * low_factors(c, self._dtype).view(b, 1, 1, 1)
+        if G == 1:
+            g2, a2 = gc.reshape(b * t, p), self.a.reshape(b * t, d)
+            w = mm32(a2.t(), g2) if self.transposed else mm32(g2.t(), a2)
+        else:
+            w = mm32(gc.permute(1, 3, 0, 2).reshape(G, p, b * t),
+                     self.a.permute(1, 0, 2, 3).reshape(G, b * t, d)).reshape(G * p, d)
+        out = [w.reshape(self.weight.shape)]
+        if self.bias is not None:
+            out.append(gc.reshape(b * t, G * p).sum(0, dtype=torch.float32).view(
+                self.bias.shape) if G == 1 else gc.sum(2, dtype=torch.float32).reshape(
+                b, G * p).sum(0).view(self.bias.shape))
+        return out
+
     def per_sample(self) -> list[torch.Tensor]:
         b, G, t, d, p = self.dims
-        ps = self._ps if self._ps is not None else torch.matmul(self.g.transpose(-1, -2), self.a)
+        if self._ps is not None:
+            ps = self._ps
+        elif self._low:
+            ps = mm32(self.g.transpose(-1, -2).reshape(b * G, p, t),
+                      self.a.reshape(b * G, t, d)).view(b, G, p, d)
+        else:
+            ps = torch.matmul(self.g.transpose(-1, -2), self.a)
         if self.transposed:
             ps = ps.reshape(b, p, d).transpose(1, 2)
         out = [ps.reshape(b, *self.weight.shape)]
@@ -428,7 +539,8 @@ class DenseOuterProduct(Contribution):
                  transposed: bool = False):
         self.weight, self.bias = weight, bias
         self.params = (weight,) if bias is None else (weight, bias)
-        dt = compute_dtype(a, g)
+        self._low = keep_low_precision(a, g)
+        dt = a.dtype if self._low else compute_dtype(a, g)
         self.a, self.g = _as(a, dt), _as(g, dt)
         self.transposed = transposed
         self._sq = None
@@ -446,23 +558,29 @@ class DenseOuterProduct(Contribution):
 
     def _weighted_g(self, c: torch.Tensor) -> torch.Tensor:
         """Output gradients scaled per example, ``c_i g_i``."""
+        if self._low:
+            return self.g * low_factors(c, self.g.dtype).unsqueeze(1)
         if c.dtype != self.g.dtype:
             c = c.to(self.g.dtype)
         return self.g * c.unsqueeze(1)
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         gc = self._weighted_g(c)
+        if self._low:
+            w = mm32(self.a.t(), gc) if self.transposed else mm32(gc.t(), self.a)
+            return [w] if self.bias is None else [w, gc.sum(0, dtype=torch.float32)]
         w = self.a.t().mm(gc) if self.transposed else gc.t().mm(self.a)
         if self.bias is None:
             return [w]
         return [w, gc.sum(0)]
 
     def per_sample(self) -> list[torch.Tensor]:
+        a, g = (self.a.float(), self.g.float()) if self._low else (self.a, self.g)
         if self.transposed:
-            ps = self.a.unsqueeze(2) * self.g.unsqueeze(1)
+            ps = a.unsqueeze(2) * g.unsqueeze(1)
         else:
-            ps = self.g.unsqueeze(2) * self.a.unsqueeze(1)
-        return [ps] if self.bias is None else [ps, self.g]
+            ps = g.unsqueeze(2) * a.unsqueeze(1)
+        return [ps] if self.bias is None else [ps, g]
 
     def factor(self, j: int):
         if j == 1:
@@ -471,6 +589,10 @@ class DenseOuterProduct(Contribution):
                 self.a.unsqueeze(1), self.g.unsqueeze(1))
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        if self._low:  # float32 results added into the (float32) buffer
+            for o, w in zip(outs, self.weighted_sum(c), strict=True):
+                o.add_(w.reshape(o.shape).to(o.dtype))
+            return
         gc = self._weighted_g(c)
         a = self.a
         if gc.dtype != outs[0].dtype:

@@ -676,3 +676,50 @@ def test_embedding_bag(mode, weighted, layout, padding_idx):
     inputs = [ids] + ([torch.rand(b, width)] if weighted else [])
     check(_Bags(bag, "2d" if layout == "2d" else "offsets"), inputs, sq_loss,
           modes=("auto",))
+
+
+@pytest.mark.parametrize("seq", [False, True])
+@pytest.mark.parametrize("ghost", [True, False])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_half_precision_matmuls_with_float32_accumulation(monkeypatch, seq, ghost, transposed):
+    """The accelerator path for bf16 operands (kept in bf16, float32 accumulation and
+    result; emulated on the CPU): norms equal the float64 ones of the same bf16 values,
+    the weighted sum is theirs within bf16 rounding of the factors, and no example's
+    clipped contribution exceeds the bound (factors rounded down with a margin)."""
+    from privlearn.torch.grad_sample import DenseOuterProduct, OuterProduct
+
+    monkeypatch.setattr(grad_sample, "LOW_PRECISION_MATMUL", "always")
+    torch.manual_seed(int(seq) * 4 + int(ghost) * 2 + int(transposed))
+    b, t, d, p = 6, 5, 7, 3
+    a = torch.randn(b, t, d).to(torch.bfloat16) if seq else torch.randn(b, d).to(
+        torch.bfloat16)
+    g = torch.randn(b, t, p).to(torch.bfloat16) if seq else torch.randn(b, p).to(
+        torch.bfloat16)
+    shape = (d, p) if transposed else (p, d)
+    w = torch.nn.Parameter(torch.zeros(shape))
+    bias = torch.nn.Parameter(torch.zeros(p))
+    if seq:
+        c = OuterProduct(w, bias, a.unsqueeze(1), g.unsqueeze(1), ghost=ghost,
+                         transposed=transposed)
+    else:
+        if not ghost:
+            pytest.skip("dense layers have one form")
+        c = DenseOuterProduct(w, bias, a, g, transposed=transposed)
+    A, G = (a.double(), g.double()) if seq else (a.double()[:, None], g.double()[:, None])
+    ref_w = torch.einsum("btp,btd->bpd", G, A)
+    ref = torch.cat([ref_w.reshape(b, -1), G.sum(1)], 1)
+    torch.testing.assert_close(c.sq_norms().double(), (ref ** 2).sum(1), rtol=1e-5, atol=1e-6)
+    C = float(ref.norm(dim=1).median())
+    f = (C / ref.norm(dim=1)).clamp(max=1.0).float()
+    got = c.weighted_sum(f)
+    assert all(x.dtype == torch.float32 for x in got)
+    want = f.double() @ ref
+    flat = torch.cat([(got[0].t() if transposed else got[0]).reshape(-1), got[1]]).double()
+    torch.testing.assert_close(flat, want, rtol=2e-2, atol=1e-2 * want.abs().max().item())
+    # each example's contribution alone stays within the bound
+    for i in range(b):
+        e = torch.zeros(b)
+        e[i] = f[i]
+        one = c.weighted_sum(e)
+        norm = torch.cat([x.reshape(-1) for x in one]).double().norm()
+        assert norm <= C * (1 + 1e-6)
