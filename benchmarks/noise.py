@@ -1,0 +1,146 @@
+"""Time to draw Gaussian noise into a flat float32 tensor: default vs secure mode.
+
+Usage::
+
+    python benchmarks/noise.py [--sizes 1e6,1e7,1.24e8] [--repeats 5] [--device cpu]
+                               [--threads 2] [--legacy-max 1e7] [--tensor-max 1e7]
+
+Modes, each filling a preallocated tensor of ``size`` float32 elements on ``--device`` with
+``N(0, 1)`` draws (:meth:`privlearn.torch.NoiseSource.fill_normal_`):
+
+* ``default``: the device's ``torch.Generator`` (``out.normal_``);
+* ``secure``: ChaCha20 + Holohan-Braghin with the device's preferred cipher backend
+  (OpenSSL through ``cryptography`` on the CPU when installed, tensor ChaCha20 otherwise);
+* ``secure-tensor``: the same stream with the tensor ChaCha20 forced (the path an
+  accelerator takes, and the CPU's when ``cryptography`` is absent); sizes up to
+  ``--tensor-max`` only;
+* ``legacy-secure``: the previous implementation, NumPy Box-Muller on ``os.urandom`` bytes,
+  four float64 arrays of the full size, for comparison; sizes up to ``--legacy-max`` only.
+
+Every (mode, size) pair runs once per round, ``--repeats`` interleaved rounds (all pairs,
+then all pairs again), so that the load of a shared machine, which changes over minutes,
+biases no mode in particular; the table gives each pair's median and its fastest round.
+One untimed warm-up draw per pair first. On CUDA the timings synchronise the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from privlearn.torch import _chacha  # noqa: E402
+from privlearn.torch.noise import NoiseSource  # noqa: E402
+
+
+def _legacy_secure(out: torch.Tensor) -> None:
+    """The secure mode this module replaced (NumPy, ``os.urandom``, full-size arrays)."""
+    n = out.numel()
+    z = np.zeros(n)
+    for _ in range(4):
+        m = (n + 1) // 2
+        bits = np.frombuffer(os.urandom(16 * m), dtype=np.uint64).reshape(2, m)
+        bits = bits >> np.uint64(11)
+        u1 = (bits[0].astype(np.float64) + 1.0) * 2.0**-53
+        u2 = bits[1].astype(np.float64) * 2.0**-53
+        r = np.sqrt(-2.0 * np.log(u1))
+        z += np.concatenate([r * np.cos(2 * math.pi * u2), r * np.sin(2 * math.pi * u2)])[:n]
+    out.copy_(torch.from_numpy(z * 0.5).view(out.shape))
+
+
+class _ForcedTensorBackend:
+    """Context manager: the CPU prefers the tensor ChaCha20 while inside."""
+
+    def __enter__(self):
+        self.saved = dict(_chacha.BACKENDS)
+        _chacha.BACKENDS.pop("openssl", None)
+
+    def __exit__(self, *exc):
+        _chacha.BACKENDS.clear()
+        _chacha.BACKENDS.update(self.saved)
+
+
+def _runner(mode: str, device: torch.device):
+    if mode == "default":
+        src = NoiseSource(seed=0)
+        return lambda out: src.fill_normal_(out, 1.0)
+    if mode == "secure":
+        src = NoiseSource(secure_mode=True)
+        return lambda out: src.fill_normal_(out, 1.0)
+    if mode == "secure-tensor":
+        with _ForcedTensorBackend():
+            src = NoiseSource(secure_mode=True)
+            src.fill_normal_(torch.empty(2, device=device), 1.0)  # binds the backend
+
+        return lambda out: src.fill_normal_(out, 1.0)
+    if mode == "legacy-secure":
+        return _legacy_secure
+    raise ValueError(mode)
+
+
+def _time(fn, out: torch.Tensor) -> float:
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
+    t0 = time.perf_counter()
+    fn(out)
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1e6,1e7,1.24e8")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads (default: torch's own choice)")
+    ap.add_argument("--legacy-max", type=float, default=1e7)
+    ap.add_argument("--tensor-max", type=float, default=1e7)
+    ap.add_argument("--modes", default="default,secure,secure-tensor,legacy-secure")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    limits = {"legacy-secure": args.legacy_max, "secure-tensor": args.tensor_max}
+    if device.type != "cpu":
+        modes = [m for m in modes if m not in ("secure-tensor", "legacy-secure")]
+    pairs = [(m, n) for n in sizes for m in modes if n <= limits.get(m, math.inf)]
+    outs = {n: torch.empty(n, dtype=torch.float32, device=device) for n in sizes}
+    runners = {m: _runner(m, device) for m in modes}
+    times: dict[tuple[str, int], list[float]] = {p: [] for p in pairs}
+    for m, n in pairs:  # warm-up
+        runners[m](outs[n][: min(n, 1 << 20)])
+    for r in range(args.repeats):
+        for m, n in pairs:
+            times[(m, n)].append(_time(runners[m], outs[n]))
+        print(f"round {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+
+    dev_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                else platform.processor() or platform.machine())
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    print(f"\nNoise generation, float32 output, device {device} ({dev_name}), "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} CPUs, load average at the end {load[0]:.2f}; "
+          f"{args.repeats} interleaved rounds.\n")
+    print("| mode | size | median (s) | fastest (s) | ns / element (median) |")
+    print("|---|---:|---:|---:|---:|")
+    for m, n in sorted(pairs, key=lambda p: (p[1], modes.index(p[0]))):
+        ts = times[(m, n)]
+        med = statistics.median(ts)
+        print(f"| {m} | {n:,} | {med:.3f} | {min(ts):.3f} | {med / n * 1e9:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
