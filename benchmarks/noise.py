@@ -8,7 +8,10 @@ Usage::
 Modes, each filling a preallocated tensor of ``size`` float32 elements on ``--device`` with
 ``N(0, 1)`` draws (:meth:`privlearn.torch.NoiseSource.fill_normal_`):
 
-* ``default``: the device's ``torch.Generator`` (``out.normal_``);
+* ``torch-normal_``: ``out.normal_(0, 1, generator=g)`` called directly, the baseline of
+  ``default``;
+* ``default``: the device's ``torch.Generator`` through ``fill_normal_`` (the same call
+  after argument checks);
 * ``secure``: ChaCha20 + Holohan-Braghin with the device's preferred cipher backend
   (OpenSSL through ``cryptography`` on the CPU when installed, tensor ChaCha20 otherwise);
 * ``secure-tensor``: the same stream with the tensor ChaCha20 forced (the path an
@@ -21,6 +24,10 @@ Every (mode, size) pair runs once per round, ``--repeats`` interleaved rounds (a
 then all pairs again), so that the load of a shared machine, which changes over minutes,
 biases no mode in particular; the table gives each pair's median and its fastest round.
 One untimed warm-up draw per pair first. On CUDA the timings synchronise the device.
+On Linux CPU runs, the table also gives the largest peak of resident memory a draw added
+(``VmHWM`` after the draw minus ``VmRSS`` before it, the peak reset through
+``/proc/self/clear_refs``): the scratch memory beyond the preallocated output. On CUDA, the
+peak of ``torch.cuda.max_memory_allocated`` above the memory allocated before the draw.
 """
 
 from __future__ import annotations
@@ -70,6 +77,9 @@ class _ForcedTensorBackend:
 
 
 def _runner(mode: str, device: torch.device):
+    if mode == "torch-normal_":
+        g = torch.Generator(device=device).manual_seed(0)
+        return lambda out: out.normal_(0.0, 1.0, generator=g)
     if mode == "default":
         src = NoiseSource(seed=0)
         return lambda out: src.fill_normal_(out, 1.0)
@@ -87,14 +97,46 @@ def _runner(mode: str, device: torch.device):
     raise ValueError(mode)
 
 
-def _time(fn, out: torch.Tensor) -> float:
-    if out.device.type == "cuda":
+def _rss_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _time(fn, out: torch.Tensor) -> tuple[float, float | None]:
+    """(seconds, peak extra memory in MB or None)."""
+    cuda = out.device.type == "cuda"
+    if cuda:
         torch.cuda.synchronize(out.device)
+        torch.cuda.reset_peak_memory_stats(out.device)
+        base = torch.cuda.memory_allocated(out.device)
+    else:
+        base = _rss_kib("VmRSS") if _reset_peak_rss() else None
     t0 = time.perf_counter()
     fn(out)
-    if out.device.type == "cuda":
+    if cuda:
         torch.cuda.synchronize(out.device)
-    return time.perf_counter() - t0
+    dt = time.perf_counter() - t0
+    if cuda:
+        extra = (torch.cuda.max_memory_allocated(out.device) - base) / 2**20
+    else:
+        peak = _rss_kib("VmHWM")
+        extra = None if base is None or peak is None else max(0, peak - base) / 1024
+    return dt, extra
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="torch.set_num_threads (default: torch's own choice)")
     ap.add_argument("--legacy-max", type=float, default=1e7)
     ap.add_argument("--tensor-max", type=float, default=1e7)
-    ap.add_argument("--modes", default="default,secure,secure-tensor,legacy-secure")
+    ap.add_argument("--modes",
+                    default="torch-normal_,default,secure,secure-tensor,legacy-secure")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,14 +160,19 @@ def main(argv: list[str] | None = None) -> None:
     if device.type != "cpu":
         modes = [m for m in modes if m not in ("secure-tensor", "legacy-secure")]
     pairs = [(m, n) for n in sizes for m in modes if n <= limits.get(m, math.inf)]
-    outs = {n: torch.empty(n, dtype=torch.float32, device=device) for n in sizes}
+    # outputs allocated and touched once: a draw's memory peak is then its own scratch
+    outs = {n: torch.zeros(n, dtype=torch.float32, device=device) for n in sizes}
     runners = {m: _runner(m, device) for m in modes}
     times: dict[tuple[str, int], list[float]] = {p: [] for p in pairs}
+    extra: dict[tuple[str, int], list[float]] = {p: [] for p in pairs}
     for m, n in pairs:  # warm-up
         runners[m](outs[n][: min(n, 1 << 20)])
     for r in range(args.repeats):
         for m, n in pairs:
-            times[(m, n)].append(_time(runners[m], outs[n]))
+            dt, mb = _time(runners[m], outs[n])
+            times[(m, n)].append(dt)
+            if mb is not None:
+                extra[(m, n)].append(mb)
         print(f"round {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
 
     dev_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -134,12 +182,14 @@ def main(argv: list[str] | None = None) -> None:
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} CPUs, load average at the end {load[0]:.2f}; "
           f"{args.repeats} interleaved rounds.\n")
-    print("| mode | size | median (s) | fastest (s) | ns / element (median) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| mode | size | median (s) | fastest (s) | ns / element (median) "
+          "| peak extra memory (MB) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for m, n in sorted(pairs, key=lambda p: (p[1], modes.index(p[0]))):
         ts = times[(m, n)]
         med = statistics.median(ts)
-        print(f"| {m} | {n:,} | {med:.3f} | {min(ts):.3f} | {med / n * 1e9:.1f} |")
+        mem = f"{max(extra[(m, n)]):.0f}" if extra[(m, n)] else "n/a"
+        print(f"| {m} | {n:,} | {med:.3f} | {min(ts):.3f} | {med / n * 1e9:.1f} | {mem} |")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -152,9 +153,14 @@ def _block_words_segment(key_words: tuple[int, ...], position: int, blocks: int,
     for _ in range(10):  # 20 rounds: column round, then diagonal round (sec. 2.3)
         _quarter_round_(a, b, c, d, scratch)
         # the diagonal round is the column round on rows b, c, d rotated by 1, 2, 3
-        b, c, d = b.roll(-1, 0), c.roll(-2, 0), d.roll(-3, 0)
+        # (one at a time, so that at most one extra row block is alive at once)
+        b = b.roll(-1, 0)
+        c = c.roll(-2, 0)
+        d = d.roll(-3, 0)
         _quarter_round_(a, b, c, d, scratch)
-        b, c, d = b.roll(1, 0), c.roll(2, 0), d.roll(3, 0)
+        b = b.roll(1, 0)
+        c = c.roll(2, 0)
+        d = d.roll(3, 0)
     x[4:8].copy_(b)
     x[8:12].copy_(c)
     x[12:16].copy_(d)
@@ -256,13 +262,14 @@ def _openssl_bits53(key: bytes, position: int, out: torch.Tensor) -> None:
     if make is None:
         raise RuntimeError("the openssl ChaCha20 backend needs the 'cryptography' package "
                            "(pip install cryptography); the 'tensor' backend needs nothing")
-    raw = out.numpy().reshape(-1).view("u1")
+    words = out.numpy().reshape(-1).view(np.uint64)
+    raw = words.view(np.uint8)
     for off, p, n in _segments(position, out.shape[0]):
         nbytes = n * BLOCK_BYTES
         lo = off * BLOCK_BYTES
         make(key, p).update_into(_zeros(nbytes), raw[lo:lo + nbytes])
-    # the keystream's 64-bit little-endian words, read as int64: shift (arithmetic) and mask
-    out.bitwise_right_shift_(11).bitwise_and_(_MASK53)
+    # the keystream's 64-bit little-endian words: their top 53 bits (NumPy, in this thread)
+    np.right_shift(words, np.uint64(11), out=words)
 
 
 # ----------------------------------------------------------------------------- registry
@@ -275,6 +282,8 @@ class Backend:
     Attributes
     ----------
     name : str
+    priority : int
+        The available backend of highest priority is used.
     available : Callable[[torch.device], bool]
         Whether it can write into a tensor on that device.
     bits53 : Callable[[bytes, int, torch.Tensor], None]
@@ -284,26 +293,27 @@ class Backend:
     """
 
     name: str
+    priority: int
     available: Callable[[torch.device], bool]
     bits53: Callable[[bytes, int, torch.Tensor], None]
 
 
-#: The backends by name, in order of preference (the first available one is used).
+#: The backends by name.
 BACKENDS: dict[str, Backend] = {
-    "openssl": Backend("openssl",
+    "openssl": Backend("openssl", 1,
                        lambda device: device.type == "cpu" and _LITTLE_ENDIAN
                        and _openssl_chacha20() is not None,
                        _openssl_bits53),
-    "tensor": Backend("tensor", lambda device: True, _tensor_bits53),
+    "tensor": Backend("tensor", 0, lambda device: True, _tensor_bits53),
 }
 
 
 def backend_for(device: torch.device) -> Backend:
-    """The preferred backend available for ``device``."""
-    for backend in BACKENDS.values():
-        if backend.available(device):
-            return backend
-    raise RuntimeError(f"no ChaCha20 backend for device {device}")  # "tensor" always is
+    """The available backend of highest priority for ``device``."""
+    usable = [b for b in BACKENDS.values() if b.available(device)]
+    if not usable:
+        raise RuntimeError(f"no ChaCha20 backend for device {device}")
+    return max(usable, key=lambda b: b.priority)
 
 
 def uniform_bits53(key: bytes, position: int, out: torch.Tensor,

@@ -58,7 +58,10 @@ import math
 import numbers
 import operator
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from privlearn.torch import _chacha
@@ -66,11 +69,10 @@ from privlearn.torch import _chacha
 __all__ = ["NoiseSource", "device_seed", "SECURE_CHUNK_ELEMENTS"]
 
 #: Output elements per chunk of secure noise, by device type (any other type: ``1 << 18``,
-#: about 60 MB of scratch with the tensor cipher, 25 MB with OpenSSL). Measured on a 2-core
-#: EPYC, 10M draws: 2**16, 2**18 and 2**20 within 10% of each other on an idle machine,
-#: but 2**16 eight times slower than 2**18 when other processes load the cores (every
-#: operation is one OpenMP parallel region, whose barrier then waits for a preempted thread).
-SECURE_CHUNK_ELEMENTS: dict[str, int] = {}
+#: about 60 MB of scratch with the tensor cipher). The CPU's chunks (96 bytes of scratch per
+#: element, 6 MB) stay in cache: measured on a 2-core EPYC, 10M draws in 0.15 s with 2**16,
+#: 0.2 s with 2**12 (per-operation overhead) or 2**18.
+SECURE_CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 16}
 _DEFAULT_SECURE_CHUNK = 1 << 18
 
 #: Output elements per chunk of the scratch buffer of :meth:`NoiseSource.add_normal_`
@@ -146,34 +148,154 @@ class _SecureStream:
         return start
 
 
-def _holohan_braghin_(bits: torch.Tensor, u: torch.Tensor, trig: torch.Tensor,
-                      z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``z <- (Z_1 + Z_2 + Z_3 + Z_4) / 2`` from ``4 m`` 53-bit uniform integers.
+def _holohan_braghin_(bits: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
+                      v: torch.Tensor) -> torch.Tensor:
+    """``(Z_1 + Z_2 + Z_3 + Z_4) / 2`` for ``m`` elements from ``4 m`` 53-bit uniform integers.
 
-    ``bits``: ``4 m`` int64 in ``[0, 2**53)``; ``u``: float64 ``(4, m)``; ``trig``: float64
-    ``(2, m)``; ``z``, ``t``: float64 ``(m,)``; ``m`` even. Rows 0-1 of ``u`` give the radii
-    ``r = sqrt(-2 ln u_1)`` with ``u_1 = (b + 1) 2**-53`` in ``(0, 1]``, rows 2-3 the angles
-    ``2 pi u_2`` with ``u_2 = b 2**-53`` in ``[0, 1)``: ``2 m`` Box-Muller pairs, each giving two
-    independent N(0, 1) draws ``r cos``, ``r sin``. Element ``j`` sums the cosine draws of
-    pairs ``(0, j)``, ``(1, j)`` and the sine draws of pairs ``(0, k)``, ``(1, k)`` with
-    ``k = j + m/2 (mod m)``: four draws from four distinct pairs, independent, and no draw
-    is used twice, so the elements are independent too. All in float64.
+    ``bits``: ``4 m`` int64 in ``[0, 2**53)``; ``u``: float64 ``(4, m)``; ``w``, ``v``:
+    float64 ``(2, m)``, scratch; ``m`` even. Returns ``v[0]``. All in float64.
+
+    Rows 0-1 of ``u`` give the radii ``r = sqrt(-2 ln u_1)`` with ``u_1 = (b + 1) 2**-53`` in
+    ``(0, 1]``, rows 2-3 the angles ``theta = 2 pi u_2`` with ``u_2 = b 2**-53`` in ``[0, 1)``:
+    ``2 m`` Box-Muller pairs, each giving two independent N(0, 1) draws ``r cos theta`` and
+    ``r sin theta``. The cosine and sine are formed from ``tau = tan(theta / 2)`` (finite:
+    ``theta / 2`` is never exactly ``pi / 2``) as ``cos = (1 - tau^2) / (1 + tau^2)``,
+    ``sin = 2 tau / (1 + tau^2)``: the same values up to rounding, from one vectorised
+    function (NumPy's float64 ``sin`` and ``cos`` are scalar code, ten times slower than its
+    ``tan``). Element ``j`` sums the cosine draws of pairs ``(0, j)``, ``(1, j)`` and the sine
+    draws of pairs ``(0, k)``, ``(1, k)`` with ``k = j + m/2 (mod m)``: four draws from four
+    distinct pairs, independent, and no draw is used twice, so the elements are independent
+    too.
     """
-    m = z.shape[0]
+    m = u.shape[1]
     h = m // 2
     u.view(-1).copy_(bits)  # exact: every value is below 2**53
-    r, theta = u[0:2], u[2:4]
+    r, tau = u[0:2], u[2:4]
     r.add_(1.0).mul_(2.0**-53).log_().mul_(-2.0).sqrt_()
-    theta.mul_(2.0 * math.pi * 2.0**-53)
-    torch.cos(theta, out=trig)
-    theta.sin_()
-    trig.mul_(r)
-    theta.mul_(r)
-    torch.add(trig[0], trig[1], out=z)
-    torch.add(theta[0], theta[1], out=t)
-    z[:h].add_(t[h:])
-    z[h:].add_(t[:h])
+    tau.mul_(math.pi * 2.0**-53).tan_()
+    torch.mul(tau, tau, out=w)
+    torch.add(w, 1.0, out=v)
+    r.div_(v)  # r / (1 + tau^2)
+    w.neg_().add_(1.0).mul_(r)  # r cos theta
+    tau.mul_(r).mul_(2.0)  # r sin theta
+    z, s = v[0], v[1]
+    torch.add(w[0], w[1], out=z)
+    torch.add(tau[0], tau[1], out=s)
+    z[:h].add_(s[h:])
+    z[h:].add_(s[:h])
     return z.mul_(0.5)
+
+
+def _holohan_braghin_numpy(bits: np.ndarray, u: np.ndarray, w: np.ndarray,
+                           v: np.ndarray) -> np.ndarray:
+    """:func:`_holohan_braghin_` in NumPy: the same operations, in the same order."""
+    m = u.shape[1]
+    h = m // 2
+    u.reshape(-1)[:] = bits
+    r, tau = u[0:2], u[2:4]
+    r += 1.0
+    r *= 2.0**-53
+    np.log(r, out=r)
+    r *= -2.0
+    np.sqrt(r, out=r)
+    tau *= math.pi * 2.0**-53
+    np.tan(tau, out=tau)
+    np.multiply(tau, tau, out=w)
+    np.add(w, 1.0, out=v)
+    r /= v
+    np.negative(w, out=w)
+    w += 1.0
+    w *= r
+    tau *= r
+    tau *= 2.0
+    z, s = v[0], v[1]
+    np.add(w[0], w[1], out=z)
+    np.add(tau[0], tau[1], out=s)
+    z[:h] += s[h:]
+    z[h:] += s[:h]
+    z *= 0.5
+    return z
+
+
+@dataclass(frozen=True)
+class _SecureJob:
+    """One secure draw: write (or add) ``std * HB`` from the stream ``key`` at block
+    ``first`` on into the contiguous 1-D ``flat``, in chunks of ``chunk`` elements."""
+
+    key: bytes
+    backend: str
+    first: int
+    flat: torch.Tensor
+    chunk: int
+    std: float
+    add: bool
+
+
+def _torch_chunks(job: _SecureJob, starts: range) -> None:
+    """The chunks ``starts`` of a job, with torch operations on ``job.flat``'s device (no
+    host copy, no host synchronisation)."""
+    flat, chunk, dev = job.flat, job.chunk, job.flat.device
+    n = flat.numel()
+    bits = torch.empty((chunk // 2, _chacha.UNIFORMS_PER_BLOCK), dtype=torch.int64,
+                       device=dev)
+    u = torch.empty(4 * chunk, dtype=torch.float64, device=dev)
+    w = torch.empty(2 * chunk, dtype=torch.float64, device=dev)
+    v = torch.empty(2 * chunk, dtype=torch.float64, device=dev)
+    for start in starts:
+        m = min(chunk, n - start)
+        m2 = m + (m & 1)
+        b = bits[:m2 // 2]
+        _chacha.uniform_bits53(job.key, job.first + start // 2, b, backend=job.backend)
+        normal = _holohan_braghin_(b.view(-1), u[:4 * m2].view(4, m2), w[:2 * m2].view(2, m2),
+                                   v[:2 * m2].view(2, m2))[:m]
+        normal.mul_(job.std)
+        piece = flat[start:start + m]
+        if job.add:
+            normal.add_(piece)
+        piece.copy_(normal)
+
+
+def _numpy_chunks(job: _SecureJob, starts: range) -> None:
+    """The chunks ``starts`` of a job on a CPU tensor, in NumPy, in the calling thread.
+
+    Torch would run each operation in an OpenMP parallel region, and a secure draw is
+    thousands of short operations: on a machine whose cores other processes also use, the
+    OpenMP threads, which spin between regions, then slowed the draw more than ten-fold
+    (measured on a loaded 2-core machine: 124M draws in 60 s, against 4 s there with
+    ``OMP_WAIT_POLICY=PASSIVE``). NumPy runs each operation in this thread, unaffected.
+    """
+    flat, chunk = job.flat, job.chunk
+    n = flat.numel()
+    bits_t = torch.empty((chunk // 2, _chacha.UNIFORMS_PER_BLOCK), dtype=torch.int64)
+    bits = bits_t.numpy()
+    u = np.empty(4 * chunk)
+    w = np.empty(2 * chunk)
+    v = np.empty(2 * chunk)
+    dst = None if flat.dtype == torch.bfloat16 else flat.numpy()  # NumPy has no bfloat16
+    for start in starts:
+        m = min(chunk, n - start)
+        m2 = m + (m & 1)
+        blocks = m2 // 2
+        _chacha.uniform_bits53(job.key, job.first + start // 2, bits_t[:blocks],
+                               backend=job.backend)
+        normal = _holohan_braghin_numpy(bits[:blocks].reshape(-1), u[:4 * m2].reshape(4, m2),
+                                        w[:2 * m2].reshape(2, m2), v[:2 * m2].reshape(2, m2))[:m]
+        normal *= job.std
+        if dst is not None:
+            if job.add:
+                normal += dst[start:start + m]
+            dst[start:start + m] = normal  # rounded once to the output dtype
+        else:
+            piece = flat[start:start + m]
+            zt = torch.from_numpy(normal)
+            if job.add:
+                zt.add_(piece)
+            piece.copy_(zt)
+
+
+#: How a secure draw computes its chunks, by device type; any other type:
+#: :func:`_torch_chunks` (torch operations on the device).
+_CHUNK_WORKERS: dict[str, Callable[[_SecureJob, range], None]] = {"cpu": _numpy_chunks}
 
 
 def _check_std(std, dtype: torch.dtype) -> float:
@@ -392,27 +514,12 @@ class NoiseSource:
         n = flat.numel()
         chunk = min(SECURE_CHUNK_ELEMENTS.get(out.device.type, _DEFAULT_SECURE_CHUNK), n)
         chunk += chunk & 1  # Box-Muller pairs: an even number of elements per chunk
-        dev = out.device
-        bits = torch.empty((chunk // 2, _chacha.UNIFORMS_PER_BLOCK), dtype=torch.int64,
-                           device=dev)  # 4 uniforms per element, 8 per block
-        u = torch.empty(4 * chunk, dtype=torch.float64, device=dev)
-        trig = torch.empty(2 * chunk, dtype=torch.float64, device=dev)
-        z = torch.empty(chunk, dtype=torch.float64, device=dev)
-        t = torch.empty(chunk, dtype=torch.float64, device=dev)
-        for start in range(0, n, chunk):
-            m = min(chunk, n - start)
-            m2 = m + (m & 1)
-            blocks = m2 // 2
-            b = bits[:blocks]
-            _chacha.uniform_bits53(stream.key, stream.take(blocks), b,
-                                   backend=stream.backend.name)
-            normal = _holohan_braghin_(b.view(-1), u[:4 * m2].view(4, m2),
-                                       trig[:2 * m2].view(2, m2), z[:m2], t[:m2])[:m]
-            normal.mul_(std)
-            piece = flat[start:start + m]
-            if add:
-                normal.add_(piece)
-            piece.copy_(normal)
+        # 4 uniforms per element, 8 per block: chunk k (from element s = k * chunk) takes
+        # the blocks from first + s / 2; only the last chunk can be odd (it takes a block
+        # for its missing element)
+        first = stream.take((n + 1) // 2)
+        job = _SecureJob(stream.key, stream.backend.name, first, flat, chunk, std, add)
+        _CHUNK_WORKERS.get(out.device.type, _torch_chunks)(job, range(0, n, chunk))
         if target is not out:
             out.copy_(target)
         return out
@@ -500,11 +607,15 @@ class NoiseSource:
                              "device name -> uint8 tensor; pass what "
                              "NoiseSource.state_dict() returned")
         states = {_device_key(k): v for k, v in states.items()}
-        # validate every state on a fresh generator before changing anything
+        # validate every state on a fresh generator before changing anything (a state of a
+        # device this process cannot open is kept as it is, for when that device is used)
         checked = {}
         for key, s in states.items():
-            if key in self._generators:
+            try:
                 probe = torch.Generator(device=torch.device(key))
+            except (RuntimeError, ValueError):
+                probe = None
+            if probe is not None:
                 try:
                     probe.set_state(s)
                 except (RuntimeError, ValueError) as e:
