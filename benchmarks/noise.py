@@ -14,8 +14,8 @@ Modes, each filling a preallocated tensor of ``size`` float32 elements on ``--de
   after argument checks);
 * ``secure``: ChaCha20 + Holohan-Braghin with the device's preferred cipher backend
   (OpenSSL through ``cryptography`` on the CPU when installed, tensor ChaCha20 otherwise);
-* ``secure-tensor``: the same stream with the tensor ChaCha20 forced (the path an
-  accelerator takes, and the CPU's when ``cryptography`` is absent); sizes up to
+* ``secure-tensor`` (CPU only): the same stream with the tensor ChaCha20 forced, the CPU's
+  path when ``cryptography`` is absent (the transform stays in NumPy); sizes up to
   ``--tensor-max`` only;
 * ``legacy-secure``: the previous implementation, NumPy Box-Muller on ``os.urandom`` bytes,
   four float64 arrays of the full size, for comparison; sizes up to ``--legacy-max`` only.
@@ -26,8 +26,10 @@ biases no mode in particular; the table gives each pair's median and its fastest
 One untimed warm-up draw per pair first. On CUDA the timings synchronise the device.
 On Linux CPU runs, the table also gives the largest peak of resident memory a draw added
 (``VmHWM`` after the draw minus ``VmRSS`` before it, the peak reset through
-``/proc/self/clear_refs``): the scratch memory beyond the preallocated output. On CUDA, the
-peak of ``torch.cuda.max_memory_allocated`` above the memory allocated before the draw.
+``/proc/self/clear_refs``): the scratch memory beyond the preallocated output, a lower
+bound (memory the process freed earlier and still holds is reused without counting). On
+CUDA, the peak of ``torch.cuda.max_memory_allocated`` above the memory allocated before
+the draw.
 """
 
 from __future__ import annotations

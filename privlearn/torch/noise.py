@@ -16,9 +16,10 @@ knows the seed or a saved state can subtract the noise.
   stream cipher) keyed with 32 bytes from the operating system's CSPRNG (``os.urandom``),
   a fresh key for every source and device, never stored in a state dict; its block
   position only moves forward, so no keystream block is used twice. The cipher runs on the
-  tensor's own device as integer tensor operations (:mod:`privlearn.torch._chacha`); on
-  the CPU, OpenSSL's ChaCha20 (through the optional ``cryptography`` package) produces the
-  same bits faster, and is used when installed.
+  tensor's own device as integer tensor operations (:mod:`privlearn.torch._chacha`), and
+  so does the transform below; on the CPU, OpenSSL's ChaCha20 (through the optional
+  ``cryptography`` package, when installed) produces the same bits faster, and the
+  transform runs in NumPy (the same operations; see :func:`_numpy_chunks` for why).
 * **Floating-point attack** (Mironov 2012, "On Significance of the Least Significant Bits
   for Differential Privacy", CCS): floating-point samplers do not produce every float
   with the probability of the ideal distribution; the set of reachable outputs of
@@ -34,8 +35,9 @@ knows the seed or a saved state can subtract the noise.
   Steinke 2020).
 
 Secure noise is computed in chunks (:data:`SECURE_CHUNK_ELEMENTS`), so the memory it needs
-beyond the output stays bounded (about 240 bytes per chunk element with the tensor
-cipher, 96 with OpenSSL): not four double-precision arrays of the output's size.
+beyond the output stays bounded (96 bytes per chunk element, plus about 150 with the tensor
+cipher: 6 MB on the CPU, about 60 MB on an accelerator), not four double-precision arrays
+of the output's size; a non-contiguous output also takes one contiguous copy of itself.
 
 References
 ----------
