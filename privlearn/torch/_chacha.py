@@ -37,6 +37,7 @@ D. J. Bernstein, "ChaCha, a variant of Salsa20", 2008.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -233,11 +234,11 @@ def _tensor_bits53(key: bytes, position: int, out: torch.Tensor) -> None:
 
 @functools.cache
 def _openssl_chacha20() -> Callable | None:
-    """``cryptography``'s ChaCha20 cipher factory, or None when it is not installed."""
-    try:
-        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-    except ImportError:
+    """``cryptography``'s ChaCha20 cipher factory, or None when it is not installed (an
+    installed but broken ``cryptography`` raises its ImportError)."""
+    if importlib.util.find_spec("cryptography") is None:
         return None
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
     def make(key: bytes, position: int):
         return Cipher(algorithms.ChaCha20(key, position.to_bytes(16, "little")),
