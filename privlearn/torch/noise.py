@@ -47,6 +47,10 @@ CCS 2012.
 N. Holohan and S. Braghin, "Secure Random Sampling in Differential Privacy", ESORICS 2021,
 sec. 4 (the sum of ``n`` Gaussian draws scaled by ``1 / sqrt(n)``).
 
+S. Boldo and G. Melquiond, "Emulation of FMA and Correctly Rounded Sums: Proved
+Algorithms Using Rounding to Odd", IEEE Trans. Computers 57(4), 2008 (the single rounding
+to half precision).
+
 G. E. P. Box and M. E. Muller, "A Note on the Generation of Random Normal Deviates",
 Ann. Math. Statist. 29(2), 1958.
 
@@ -83,10 +87,10 @@ _ADD_CHUNK_ELEMENTS = 1 << 22
 
 _STATE_FORMAT = "privlearn.torch.NoiseSource/1"
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-#: A bound on ``|Z|`` for both samplers: Box-Muller on 53-bit uniforms never exceeds
-#: ``sqrt(2 * 53 * ln 2) ~ 8.6``, and the Holohan-Braghin sum of four never exceeds
-#: ``2 sqrt(2) * 8.6 / 2 ~ 12.2``.
-_MAX_ABS_Z = 16.0
+#: A bound on ``|Z|`` for both samplers: a Box-Muller draw from 53-bit uniforms never
+#: exceeds ``sqrt(2 * 53 * ln 2) ~ 8.57`` (torch's from fewer bits, less), so the
+#: Holohan-Braghin sum of four, halved, never exceeds ``4 * 8.57 / 2 ~ 17.2``.
+_MAX_ABS_Z = 18.0
 
 
 def _device_key(device: torch.device | str) -> str:
@@ -219,6 +223,24 @@ def _holohan_braghin_numpy(bits: np.ndarray, u: np.ndarray, w: np.ndarray,
     return z
 
 
+def _copy_rounded_(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst <- src`` (float64) rounded once, to nearest (ties to even), to ``dst``'s dtype.
+
+    torch converts float64 to float16 and bfloat16 through float32: two roundings, which
+    now and then land one unit away from the nearest value. Rounding to float32 *to odd*
+    first (truncate, then set the last bit if anything was cut off) makes the second
+    rounding give exactly the nearest half-precision value, float32 having at least two
+    more significand bits than either (Boldo & Melquiond 2008, Theorem 5).
+    """
+    if dst.dtype in (torch.float32, torch.float64):
+        dst.copy_(src)
+        return
+    y = src.to(torch.float32)
+    y = torch.where(y.double().abs() > src.abs(), torch.nextafter(y, torch.zeros_like(y)), y)
+    y.view(torch.int32).bitwise_or_((y.double() != src).to(torch.int32))
+    dst.copy_(y)
+
+
 @dataclass(frozen=True)
 class _SecureJob:
     """One secure draw: write (or add) ``std * HB`` from the stream ``key`` at block
@@ -254,7 +276,7 @@ def _torch_chunks(job: _SecureJob, starts: range) -> None:
         piece = flat[start:start + m]
         if job.add:
             normal.add_(piece)
-        piece.copy_(normal)
+        _copy_rounded_(piece, normal)
 
 
 def _numpy_chunks(job: _SecureJob, starts: range) -> None:
@@ -286,13 +308,13 @@ def _numpy_chunks(job: _SecureJob, starts: range) -> None:
         if dst is not None:
             if job.add:
                 normal += dst[start:start + m]
-            dst[start:start + m] = normal  # rounded once to the output dtype
+            dst[start:start + m] = normal  # NumPy rounds once, to nearest even
         else:
             piece = flat[start:start + m]
             zt = torch.from_numpy(normal)
             if job.add:
                 zt.add_(piece)
-            piece.copy_(zt)
+            _copy_rounded_(piece, zt)
 
 
 #: How a secure draw computes its chunks, by device type; any other type:

@@ -324,13 +324,13 @@ def test_secure_noise_is_backend_independent(monkeypatch):
 def test_cpu_and_device_paths_agree(monkeypatch):
     """NumPy (the CPU's) and torch (the accelerators') Holohan-Braghin: the same operations,
     hence the same noise up to the last-ulp differences of their log, sqrt and tan."""
-    monkeypatch.setitem(noise_mod.SECURE_CHUNK_ELEMENTS, "cpu", 1 << 13)  # several chunks
+    monkeypatch.setitem(noise_mod.SECURE_CHUNK_ELEMENTS, "cpu", 1 << 12)  # several chunks
     a = NoiseSource(secure_mode=True)
-    x = a.fill_normal_(torch.empty(30_001, dtype=torch.float64), 2.0)
+    x = a.fill_normal_(torch.empty(10_001, dtype=torch.float64), 2.0)
     monkeypatch.delitem(noise_mod._CHUNK_WORKERS, "cpu")
     b = NoiseSource(secure_mode=True)
     _same_key(b, a)
-    y = b.fill_normal_(torch.empty(30_001, dtype=torch.float64), 2.0)
+    y = b.fill_normal_(torch.empty(10_001, dtype=torch.float64), 2.0)
     torch.testing.assert_close(x, y, rtol=1e-13, atol=1e-13)
     assert not torch.equal(x, torch.zeros_like(x))
 
@@ -452,6 +452,64 @@ def test_secure_add_rounds_once():
     _same_key(d, c)
     assert got.data_ptr() == xt.data_ptr()
     assert torch.equal(got, d.fill_normal_(torch.empty(30, 40), 1.0))
+
+
+def _nearest_bfloat16(x: float) -> float:
+    """x rounded to the nearest bfloat16 (8 significand bits), ties to even: exact
+    arithmetic on the binary expansion."""
+    from fractions import Fraction
+
+    if x == 0:
+        return 0.0
+    m, e = math.frexp(abs(x))  # |x| = m 2**e, m in [0.5, 1)
+    scaled = Fraction(m) * 2**8
+    lo = math.floor(scaled)
+    rest = scaled - lo
+    k = lo + 1 if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and lo % 2) else lo
+    return math.copysign(k * 2.0 ** (e - 8), x)
+
+
+def _near_ties(rng, n, dtype):
+    """float64 values within a few float64 ulps of halfway between two neighbours of dtype
+    (where a double rounding goes wrong), and ordinary values."""
+    h = torch.from_numpy(rng.standard_normal(n)).to(dtype)
+    up = torch.nextafter(h.float(), torch.tensor(float("inf"))).to(dtype)  # next in dtype
+    up = torch.where(up == h, torch.nextafter(up, torch.tensor(float("inf"))).to(dtype), up)
+    mid = (h.double() + up.double()) / 2
+    jitter = torch.from_numpy(rng.integers(-3, 4, n)).double() * mid.abs() * 2.0**-52
+    return torch.cat([mid + jitter, torch.from_numpy(rng.standard_normal(n))])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rounding_to_half_precision_is_single(dtype):
+    """The secure path rounds float64 noise once to the nearest half-precision value (torch's
+    own conversion goes through float32 and is sometimes one unit off)."""
+    rng = np.random.default_rng(3)
+    x = _near_ties(rng, 5_000, dtype)
+    got = torch.empty(x.numel(), dtype=dtype)
+    noise_mod._copy_rounded_(got, x)
+    if dtype == torch.float16:
+        want = torch.from_numpy(x.numpy().astype(np.float16))  # NumPy: one rounding
+    else:
+        want = torch.tensor([_nearest_bfloat16(v) for v in x.tolist()], dtype=torch.float64)
+    assert torch.equal(got.double(), want.double())
+    assert not torch.equal(x.to(dtype).double(), want.double())  # torch's own: not always
+
+
+@pytest.mark.parametrize("path", ["cpu", "device"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_secure_half_precision_output_is_the_rounded_float64(path, dtype, monkeypatch):
+    if path == "device":
+        monkeypatch.delitem(noise_mod._CHUNK_WORKERS, "cpu")
+    a = NoiseSource(secure_mode=True)
+    x = torch.randn(5001, generator=torch.Generator().manual_seed(0)).to(dtype)
+    got = a.add_normal_(x.clone(), 0.01)
+    b = NoiseSource(secure_mode=True)
+    _same_key(b, a)
+    exact = x.double() + b.fill_normal_(torch.empty(5001, dtype=torch.float64), 0.01)
+    want = torch.empty(5001, dtype=dtype)
+    noise_mod._copy_rounded_(want, exact)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
