@@ -14,9 +14,11 @@ Modes, each filling a preallocated tensor of ``size`` float32 elements on ``--de
   after argument checks);
 * ``secure``: ChaCha20 + Holohan-Braghin with the device's preferred cipher backend
   (OpenSSL through ``cryptography`` on the CPU when installed, tensor ChaCha20 otherwise);
-* ``secure-tensor`` (CPU only): the same stream with the tensor ChaCha20 forced, the CPU's
-  path when ``cryptography`` is absent (the transform stays in NumPy); sizes up to
-  ``--tensor-max`` only;
+* ``secure-numpy`` (CPU only): the same stream from the NumPy ChaCha20, the CPU's path when
+  ``cryptography`` is absent;
+* ``secure-tensor`` (CPU only): the same stream from the tensor ChaCha20 (the accelerators'
+  cipher, here on the CPU; the transform stays in NumPy); sizes up to ``--tensor-max``
+  only;
 * ``legacy-secure``: the previous implementation, NumPy Box-Muller on ``os.urandom`` bytes,
   four float64 arrays of the full size, for comparison; sizes up to ``--legacy-max`` only.
 
@@ -66,12 +68,16 @@ def _legacy_secure(out: torch.Tensor) -> None:
     out.copy_(torch.from_numpy(z * 0.5).view(out.shape))
 
 
-class _ForcedTensorBackend:
-    """Context manager: the CPU prefers the tensor ChaCha20 while inside."""
+class _OnlyBackend:
+    """Context manager: the ChaCha20 backend ``name`` is the only one while inside."""
+
+    def __init__(self, name: str):
+        self.name = name
 
     def __enter__(self):
         self.saved = dict(_chacha.BACKENDS)
-        _chacha.BACKENDS.pop("openssl", None)
+        for other in [n for n in _chacha.BACKENDS if n != self.name]:
+            del _chacha.BACKENDS[other]
 
     def __exit__(self, *exc):
         _chacha.BACKENDS.clear()
@@ -88,11 +94,10 @@ def _runner(mode: str, device: torch.device):
     if mode == "secure":
         src = NoiseSource(secure_mode=True)
         return lambda out: src.fill_normal_(out, 1.0)
-    if mode == "secure-tensor":
-        with _ForcedTensorBackend():
+    if mode in ("secure-numpy", "secure-tensor"):
+        with _OnlyBackend(mode.split("-")[1]):
             src = NoiseSource(secure_mode=True)
             src.fill_normal_(torch.empty(2, device=device), 1.0)  # binds the backend
-
         return lambda out: src.fill_normal_(out, 1.0)
     if mode == "legacy-secure":
         return _legacy_secure
@@ -151,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--legacy-max", type=float, default=1e7)
     ap.add_argument("--tensor-max", type=float, default=1e7)
     ap.add_argument("--modes",
-                    default="torch-normal_,default,secure,secure-tensor,legacy-secure")
+                    default="torch-normal_,default,secure,secure-numpy,secure-tensor,"
+                            "legacy-secure")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     modes = args.modes.split(",")
     limits = {"legacy-secure": args.legacy_max, "secure-tensor": args.tensor_max}
     if device.type != "cpu":
-        modes = [m for m in modes if m not in ("secure-tensor", "legacy-secure")]
+        modes = [m for m in modes
+                 if m not in ("secure-numpy", "secure-tensor", "legacy-secure")]
     pairs = [(m, n) for n in sizes for m in modes if n <= limits.get(m, math.inf)]
     # outputs allocated and touched once: a draw's memory peak is then its own scratch
     outs = {n: torch.zeros(n, dtype=torch.float32, device=device) for n in sizes}

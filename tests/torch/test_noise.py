@@ -151,11 +151,14 @@ _positions = st.one_of(
 @hsettings(max_examples=25)
 @given(key=st.binary(min_size=32, max_size=32), position=_positions,
        blocks=st.integers(1, 6))
-def test_tensor_cipher_matches_scalar_reference(key, position, blocks):
+def test_ciphers_match_scalar_reference(key, position, blocks):
     assert _chacha.keystream_bytes(key, position, blocks) == ref_stream(key, position, blocks)
-    out = torch.empty(blocks, 8, dtype=torch.int64)
-    _chacha.uniform_bits53(key, position, out, backend="tensor")
-    assert out.view(-1).tolist() == ref_bits53(key, position, blocks).tolist()
+    want = ref_bits53(key, position, blocks).tolist()
+    for name, backend in _chacha.BACKENDS.items():
+        if backend.available(torch.device("cpu")):
+            out = torch.empty(blocks, 8, dtype=torch.int64)
+            _chacha.uniform_bits53(key, position, out, backend=name)
+            assert out.view(-1).tolist() == want, name
 
 
 @hsettings(max_examples=25)
@@ -176,12 +179,13 @@ def test_openssl_backend_matches_cryptography_and_tensor(key, position, blocks):
 def test_long_runs_cross_the_counter_carry_identically():
     pytest.importorskip("cryptography")
     key = os.urandom(32)
-    position = (5 << 32) + 2**32 - 4100  # a long tensor run (4096-block CPU runs) and a carry
-    a = torch.empty(9000, 8, dtype=torch.int64)
-    b = torch.empty(9000, 8, dtype=torch.int64)
+    position = (5 << 32) + 2**32 - 4100  # long runs (4096-block CPU runs) and a carry
+    a, b, c = (torch.empty(9000, 8, dtype=torch.int64) for _ in range(3))
     _chacha.uniform_bits53(key, position, a, backend="openssl")
     _chacha.uniform_bits53(key, position, b, backend="tensor")
+    _chacha.uniform_bits53(key, position, c, backend="numpy")
     assert torch.equal(a, b)
+    assert torch.equal(a, c)
     carry = 4100  # first block of the next nonce
     assert a[carry].tolist() == ref_bits53(key, position + carry, 1).tolist()
     assert a[carry - 1].tolist() == ref_bits53(key, position + carry - 1, 1).tolist()
@@ -269,8 +273,7 @@ def test_secure_noise_is_the_documented_construction(path, monkeypatch):
     draw continues the stream (no block reused). Both the CPU's path (OpenSSL, NumPy) and
     the accelerators' (tensor ChaCha20, torch), run on the CPU."""
     if path == "device":
-        monkeypatch.delitem(_chacha.BACKENDS, "openssl", raising=False)
-        monkeypatch.delitem(noise_mod._CHUNK_WORKERS, "cpu")
+        _device_path_on_cpu(monkeypatch)
     src = NoiseSource(secure_mode=True)
     n = 2048  # even, one chunk: element j pairs with k = j + n/2 (mod n)
     first = src.fill_normal_(torch.empty(n, dtype=torch.float64), 1.0)
@@ -297,12 +300,17 @@ def _same_key(dst: NoiseSource, src: NoiseSource) -> None:
     dst._streams["cpu"].key = src._streams["cpu"].key
 
 
+def _device_path_on_cpu(monkeypatch) -> None:
+    """CPU tensors take the path of accelerator tensors: the tensor ChaCha20 and the torch
+    Holohan-Braghin (instead of OpenSSL or NumPy, and NumPy)."""
+    for name in [n for n in _chacha.BACKENDS if n != "tensor"]:
+        monkeypatch.delitem(_chacha.BACKENDS, name)
+    monkeypatch.delitem(noise_mod._CHUNK_WORKERS, "cpu", raising=False)
+
+
 @pytest.fixture
 def device_path_on_cpu(monkeypatch):
-    """CPU tensors take the path of accelerator tensors: the tensor ChaCha20 and the torch
-    Holohan-Braghin (instead of OpenSSL and NumPy)."""
-    monkeypatch.delitem(_chacha.BACKENDS, "openssl", raising=False)
-    monkeypatch.delitem(noise_mod._CHUNK_WORKERS, "cpu", raising=False)
+    _device_path_on_cpu(monkeypatch)
 
 
 def test_secure_noise_is_backend_independent(monkeypatch):
@@ -311,14 +319,14 @@ def test_secure_noise_is_backend_independent(monkeypatch):
     a = NoiseSource(secure_mode=True)
     x = a.fill_normal_(torch.empty(4321, dtype=torch.float64), 1.5)
     assert a._streams["cpu"].backend.name == "openssl"
-    monkeypatch.delitem(_chacha.BACKENDS, "openssl")
-    b = NoiseSource(secure_mode=True)
-    b._streams["cpu"] = noise_mod._SecureStream(torch.device("cpu"))
-    assert b._streams["cpu"].backend.name == "tensor"
-    b._streams["cpu"].key = a._streams["cpu"].key
-    y = b.fill_normal_(torch.empty(4321, dtype=torch.float64), 1.5)
-    assert torch.equal(x, y)
-    assert a._streams["cpu"].position == b._streams["cpu"].position == 4 * 500 + 322 // 2
+    for gone, expected in (("openssl", "numpy"), ("numpy", "tensor")):
+        monkeypatch.delitem(_chacha.BACKENDS, gone)
+        b = NoiseSource(secure_mode=True)
+        _same_key(b, a)
+        assert b._streams["cpu"].backend.name == expected
+        y = b.fill_normal_(torch.empty(4321, dtype=torch.float64), 1.5)
+        assert torch.equal(x, y)
+        assert b._streams["cpu"].position == a._streams["cpu"].position == 4 * 500 + 322 // 2
 
 
 def test_cpu_and_device_paths_agree(monkeypatch):
@@ -339,10 +347,11 @@ def test_secure_mode_works_without_cryptography(monkeypatch):
     _chacha._openssl_chacha20.cache_clear()
     monkeypatch.setitem(sys.modules, "cryptography", None)  # as if not installed
     try:
-        assert _chacha.backend_for(torch.device("cpu")).name == "tensor"
+        assert _chacha.backend_for(torch.device("cpu")).name == "numpy"
+        assert _chacha.backend_for(torch.device("cuda:0")).name == "tensor"
         src = NoiseSource(secure_mode=True)
         x = src.fill_normal_(torch.empty(100_000), 1.0)
-        assert src._streams["cpu"].backend.name == "tensor"
+        assert src._streams["cpu"].backend.name == "numpy"
         assert abs(x.double().std().item() - 1.0) < 6 * math.sqrt(0.5 / 100_000)
     finally:
         monkeypatch.undo()
