@@ -1,13 +1,14 @@
 """Gaussian noise for DP-SGD, drawn on the device of the tensor it goes into.
 
 Default mode: one ``torch.Generator`` per device (Mersenne Twister on the CPU, Philox on
-CUDA), created the first time a tensor on that device is filled, and seeded from the
-source's seed and the device's name through a hash (:func:`device_seed`), so no two
-devices share a stream and two sources with different seeds (one per distributed rank)
-have independent streams. The noise is drawn straight into the given tensor, in its dtype,
-on its device: no host copy, no host synchronisation. Fast and reproducible (a resumed run
-replays the same noise, :meth:`NoiseSource.load_state_dict`), fine for research; whoever
-knows the seed or a saved state can subtract the noise.
+CUDA), created the first time a tensor on that device is filled: the CPU's seeded with the
+source's seed, any other device's with a hash of the seed and the device's name
+(:func:`device_seed`), so no two devices share a stream, and two sources with different
+seeds (one per distributed rank) have independent streams. The noise is drawn straight
+into the given tensor, in its dtype, on its device: no host copy, no host
+synchronisation. Fast and reproducible (a resumed run replays the same noise,
+:meth:`NoiseSource.load_state_dict`), fine for research; whoever knows the seed or a saved
+state can subtract the noise.
 
 ``secure_mode=True`` addresses two attacks on that textbook implementation:
 
@@ -113,10 +114,13 @@ def _device_key(device: torch.device | str) -> str:
 def device_seed(seed: int, device: torch.device | str) -> int:
     """The seed of a default-mode source's generator on ``device``.
 
-    A 64-bit BLAKE2b hash of the source's seed and the device's canonical name, so that
-    the streams of two devices, or of two seeds, are unrelated (Mersenne-Twister and
-    Philox seeds that differ by one give unrelated streams too, but a hash also keeps a
-    device from being given another device's seed).
+    On the CPU, the source's seed itself, as ``torch.Generator.manual_seed`` maps it (a
+    negative seed to its two's complement, ``seed mod 2**64``), so that
+    ``torch.Generator().manual_seed(seed)`` replays a source's CPU noise. On any other
+    device, a 64-bit BLAKE2b hash of the seed and the device's canonical name
+    (``"cuda:0"``), so that no device shares another's stream (nor, but with probability
+    ``2**-64``, the CPU stream of another source). A seed outside ``manual_seed``'s range
+    ``[-2**63, 2**64)`` is hashed on the CPU too.
 
     Parameters
     ----------
@@ -130,7 +134,11 @@ def device_seed(seed: int, device: torch.device | str) -> int:
     int
         In ``[0, 2**64)``.
     """
-    text = f"privlearn.torch.noise:{int(seed)}:{_device_key(device)}".encode()
+    seed = int(seed)
+    key = _device_key(device)
+    if key == "cpu" and -(2**63) <= seed < 2**64:
+        return seed % 2**64
+    text = f"privlearn.torch.noise:{seed}:{key}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 

@@ -400,13 +400,16 @@ def test_secure_sources_never_share_draws():
 
 def test_device_seeds_differ_per_device_and_seed():
     devices = ["cpu", "cuda:0", "cuda:1", "mps:0", "xpu:0"]
-    seeds = {device_seed(s, d) for s in (0, 1, 2**70, -5) for d in devices}
-    assert len(seeds) == 4 * len(devices)
+    seeds = {device_seed(s, d) for s in (0, 1, 2**70, -5, 2**64 - 1) for d in devices}
+    assert len(seeds) == 5 * len(devices)
     assert all(0 <= s < 2**64 for s in seeds)
-    # the CPU generator of the source is seeded by it: its stream is the hashed seed's
-    g = torch.Generator().manual_seed(device_seed(42, "cpu"))
+    # the CPU's is the seed as torch maps it: manual_seed(seed) replays the CPU noise
+    for s in (0, 42, -5, -(2**63), 2**64 - 1):
+        assert device_seed(s, "cpu") == torch.Generator().manual_seed(s).initial_seed()
+    g = torch.Generator().manual_seed(42)
     want = torch.empty(1000).normal_(0.0, 1.5, generator=g)
     assert torch.equal(NoiseSource(seed=42).fill_normal_(torch.empty(1000), 1.5), want)
+    assert device_seed(2**64, "cpu") != 0  # out of manual_seed's range: hashed
     # and the streams seeded for two devices are unrelated
     big = [torch.empty(200_000, dtype=torch.float64).normal_(
         generator=torch.Generator().manual_seed(device_seed(42, d))) for d in devices[:2]]
