@@ -1,0 +1,205 @@
+"""Time to draw Gaussian noise into a flat float32 tensor: default vs secure mode.
+
+Usage::
+
+    python benchmarks/noise.py [--sizes 1e6,1e7,1.24e8] [--repeats 5] [--device cpu]
+                               [--threads 2] [--legacy-max 1e7] [--tensor-max 1e7]
+
+Modes, each filling a preallocated tensor of ``size`` float32 elements on ``--device`` with
+``N(0, 1)`` draws (:meth:`privlearn.torch.NoiseSource.fill_normal_`):
+
+* ``torch-normal_``: ``out.normal_(0, 1, generator=g)`` called directly, the baseline of
+  ``default``;
+* ``default``: the device's ``torch.Generator`` through ``fill_normal_`` (the same call
+  after argument checks);
+* ``secure``: ChaCha20 + Holohan-Braghin with the device's preferred cipher backend
+  (OpenSSL through ``cryptography`` on the CPU when installed, tensor ChaCha20 otherwise);
+* ``secure-numpy`` (CPU only): the same stream from the NumPy ChaCha20, the CPU's path when
+  ``cryptography`` is absent;
+* ``secure-tensor`` (CPU only): the same stream from the tensor ChaCha20 (the accelerators'
+  cipher, here on the CPU; the transform stays in NumPy); sizes up to ``--tensor-max``
+  only;
+* ``legacy-secure``: the previous implementation, NumPy Box-Muller on ``os.urandom`` bytes,
+  four float64 arrays of the full size, for comparison; sizes up to ``--legacy-max`` only.
+
+Every (mode, size) pair runs once per round, ``--repeats`` interleaved rounds (all pairs,
+then all pairs again), so that the load of a shared machine, which changes over minutes,
+biases no mode in particular; the table gives each pair's median and its fastest round.
+One untimed warm-up draw per pair first. On CUDA the timings synchronise the device.
+On Linux CPU runs, the table also gives the largest peak of resident memory a draw added
+(``VmHWM`` after the draw minus ``VmRSS`` before it, the peak reset through
+``/proc/self/clear_refs``): the scratch memory beyond the preallocated output, a lower
+bound (memory the process freed earlier and still holds is reused without counting). On
+CUDA, the peak of ``torch.cuda.max_memory_allocated`` above the memory allocated before
+the draw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from privlearn.torch import _chacha  # noqa: E402
+from privlearn.torch.noise import NoiseSource  # noqa: E402
+
+
+def _legacy_secure(out: torch.Tensor) -> None:
+    """The secure mode this module replaced (NumPy, ``os.urandom``, full-size arrays)."""
+    n = out.numel()
+    z = np.zeros(n)
+    for _ in range(4):
+        m = (n + 1) // 2
+        bits = np.frombuffer(os.urandom(16 * m), dtype=np.uint64).reshape(2, m)
+        bits = bits >> np.uint64(11)
+        u1 = (bits[0].astype(np.float64) + 1.0) * 2.0**-53
+        u2 = bits[1].astype(np.float64) * 2.0**-53
+        r = np.sqrt(-2.0 * np.log(u1))
+        z += np.concatenate([r * np.cos(2 * math.pi * u2), r * np.sin(2 * math.pi * u2)])[:n]
+    out.copy_(torch.from_numpy(z * 0.5).view(out.shape))
+
+
+class _OnlyBackend:
+    """Context manager: the ChaCha20 backend ``name`` is the only one while inside."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.saved = dict(_chacha.BACKENDS)
+        for other in [n for n in _chacha.BACKENDS if n != self.name]:
+            del _chacha.BACKENDS[other]
+
+    def __exit__(self, *exc):
+        _chacha.BACKENDS.clear()
+        _chacha.BACKENDS.update(self.saved)
+
+
+def _runner(mode: str, device: torch.device):
+    if mode == "torch-normal_":
+        g = torch.Generator(device=device).manual_seed(0)
+        return lambda out: out.normal_(0.0, 1.0, generator=g)
+    if mode == "default":
+        src = NoiseSource(seed=0)
+        return lambda out: src.fill_normal_(out, 1.0)
+    if mode == "secure":
+        src = NoiseSource(secure_mode=True)
+        return lambda out: src.fill_normal_(out, 1.0)
+    if mode in ("secure-numpy", "secure-tensor"):
+        with _OnlyBackend(mode.split("-")[1]):
+            src = NoiseSource(secure_mode=True)
+            src.fill_normal_(torch.empty(2, device=device), 1.0)  # binds the backend
+        return lambda out: src.fill_normal_(out, 1.0)
+    if mode == "legacy-secure":
+        return _legacy_secure
+    raise ValueError(mode)
+
+
+def _rss_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _time(fn, out: torch.Tensor) -> tuple[float, float | None]:
+    """(seconds, peak extra memory in MB or None)."""
+    cuda = out.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(out.device)
+        torch.cuda.reset_peak_memory_stats(out.device)
+        base = torch.cuda.memory_allocated(out.device)
+    else:
+        base = _rss_kib("VmRSS") if _reset_peak_rss() else None
+    t0 = time.perf_counter()
+    fn(out)
+    if cuda:
+        torch.cuda.synchronize(out.device)
+    dt = time.perf_counter() - t0
+    if cuda:
+        extra = (torch.cuda.max_memory_allocated(out.device) - base) / 2**20
+    else:
+        peak = _rss_kib("VmHWM")
+        extra = None if base is None or peak is None else max(0, peak - base) / 1024
+    return dt, extra
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1e6,1e7,1.24e8")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads (default: torch's own choice)")
+    ap.add_argument("--legacy-max", type=float, default=1e7)
+    ap.add_argument("--tensor-max", type=float, default=1e7)
+    ap.add_argument("--modes",
+                    default="torch-normal_,default,secure,secure-numpy,secure-tensor,"
+                            "legacy-secure")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    limits = {"legacy-secure": args.legacy_max, "secure-tensor": args.tensor_max}
+    if device.type != "cpu":
+        modes = [m for m in modes
+                 if m not in ("secure-numpy", "secure-tensor", "legacy-secure")]
+    pairs = [(m, n) for n in sizes for m in modes if n <= limits.get(m, math.inf)]
+    # outputs allocated and touched once: a draw's memory peak is then its own scratch
+    outs = {n: torch.zeros(n, dtype=torch.float32, device=device) for n in sizes}
+    runners = {m: _runner(m, device) for m in modes}
+    times: dict[tuple[str, int], list[float]] = {p: [] for p in pairs}
+    extra: dict[tuple[str, int], list[float]] = {p: [] for p in pairs}
+    for m, n in pairs:  # warm-up
+        runners[m](outs[n][: min(n, 1 << 20)])
+    for r in range(args.repeats):
+        for m, n in pairs:
+            dt, mb = _time(runners[m], outs[n])
+            times[(m, n)].append(dt)
+            if mb is not None:
+                extra[(m, n)].append(mb)
+        print(f"round {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+
+    dev_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                else platform.processor() or platform.machine())
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    print(f"\nNoise generation, float32 output, device {device} ({dev_name}), "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} CPUs, load average at the end {load[0]:.2f}; "
+          f"{args.repeats} interleaved rounds.\n")
+    print("| mode | size | median (s) | fastest (s) | ns / element (median) "
+          "| peak extra memory (MB) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for m, n in sorted(pairs, key=lambda p: (p[1], modes.index(p[0]))):
+        ts = times[(m, n)]
+        med = statistics.median(ts)
+        mem = f"{max(extra[(m, n)]):.0f}" if extra[(m, n)] else "n/a"
+        print(f"| {m} | {n:,} | {med:.3f} | {min(ts):.3f} | {med / n * 1e9:.1f} | {mem} |")
+
+
+if __name__ == "__main__":
+    main()
