@@ -7,8 +7,10 @@ source's seed, any other device's with a hash of the seed and the device's name
 seeds (one per distributed rank) have independent streams. The noise is drawn straight
 into the given tensor, in its dtype, on its device: no host copy, no host
 synchronisation. Fast and reproducible (a resumed run replays the same noise,
-:meth:`NoiseSource.load_state_dict`), fine for research; whoever knows the seed or a saved
-state can subtract the noise.
+:meth:`NoiseSource.load_state_dict`), fine for research. The training engine calls
+:meth:`NoiseSource.advance` after every step: the seed moves along a one-way hash chain,
+so a saved state replays the noise of the steps after it but not of those before; whoever
+knows the seed passed to ``make_private`` can still replay the whole run.
 
 ``secure_mode=True`` addresses two attacks on that textbook implementation:
 
@@ -447,6 +449,25 @@ class NoiseSource:
         """The CPU generator (default mode)."""
         return self.generator_for("cpu")
 
+    def advance(self) -> None:
+        """Forward secrecy: after a training step, replace the seed by a one-way hash of
+        it, ``seed <- BLAKE2b("privlearn.torch.noise.ratchet" || seed)`` (63 bits), and
+        re-seed every device's generator from the new seed. A state saved afterwards
+        (:meth:`state_dict`) replays the next steps' noise but none of the steps before: a
+        checkpoint of a training run is a release, and the noise of its past steps must not
+        be recoverable from it (with past noise and two consecutive models, the un-noised
+        update would be). No-op in secure mode (nothing is stored); no host
+        synchronisation (re-seeding is a host-side operation on the generator)."""
+        if self._secure:
+            return
+        digest = hashlib.blake2b(b"privlearn.torch.noise.ratchet"
+                                 + int(self._seed).to_bytes(16, "little", signed=True),
+                                 digest_size=8).digest()
+        self._seed = int.from_bytes(digest, "little") >> 1
+        for key, gen in self._generators.items():
+            gen.manual_seed(device_seed(self._seed, key))
+        self._pending = {}
+
     # ---------------------------------------------------------------------- drawing
 
     def fill_normal_(self, out: torch.Tensor, std: float) -> torch.Tensor:
@@ -555,22 +576,6 @@ class NoiseSource:
         if target is not out:
             out.copy_(target)
         return out
-
-    def state_dict(self) -> dict:
-        """The generator's state (None in secure mode: OS entropy cannot be replayed)."""
-        return {"format": "privlearn.torch.noise/1", "secure": self.secure_mode,
-                "state": None if self.secure_mode else self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict` (same mode)."""
-        if not isinstance(state, dict) or state.get("format") != "privlearn.torch.noise/1":
-            raise ValueError("state is not a privlearn noise state; pass what state_dict() "
-                             "returned")
-        if bool(state["secure"]) != self.secure_mode:
-            raise ValueError(f"the saved noise source had secure_mode={state['secure']}, this "
-                             f"one {self.secure_mode}; rebuild with the same secure_mode")
-        if state["state"] is not None:
-            self.generator.set_state(state["state"])
 
     def standard_normal(self, n: int) -> torch.Tensor:
         """``n`` i.i.d. N(0, 1) float32 draws on the CPU.

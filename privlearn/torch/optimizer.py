@@ -497,24 +497,14 @@ class DPOptimizer:
                 g = g.to(p.dtype)
             grads.append(g)
         if std_scaled > 0 and self.correlated is not None:
+            # one standard draw for all parameters, C^{-1} applied once, on the CPU (this
+            # path serves parameters on several devices or in half precision)
             z = self.correlated.apply_(self.noise.standard_normal(self._numel))
             for g, v in zip(grads, z.split(self._numels), strict=True):
                 g.add_(v.view(g.shape).to(device=g.device, dtype=g.dtype), alpha=std_scaled)
         elif std_scaled > 0:
-            if not self.noise.secure_mode:
-                # one draw for all parameters, added by one fused (foreach) kernel call
-                z = self.noise.standard_normal(self._numel)
-                noise = [v.view(p.shape) for v, p in
-                         zip(z.split(self._numels), params, strict=True)]
-                if all(g.device == v.device and g.dtype == v.dtype
-                       for g, v in zip(grads, noise, strict=True)):
-                    torch._foreach_add_(grads, noise, alpha=std_scaled)
-                else:
-                    for g, v in zip(grads, noise, strict=True):
-                        g.add_(v.to(device=g.device, dtype=g.dtype), alpha=std_scaled)
-            else:  # secure: scaled in float64 before rounding (noise.py)
-                for g in grads:
-                    g.add_(self.noise.normal(std_scaled, g))
+            for g in grads:  # on each gradient's own device, in its dtype
+                self.noise.add_normal_(g, std_scaled)
         if self.world_size > 1:
             from privlearn.torch.distributed import all_reduce_sum
 
@@ -549,13 +539,9 @@ class DPOptimizer:
         return self._draw(flat, std)
 
     def _draw(self, flat: torch.Tensor, std: float) -> torch.Tensor:
-        """``flat`` overwritten with ``N(0, std^2)`` draws of the noise source."""
-        if self.noise.secure_mode:  # scaled in float64 before rounding (noise.py)
-            return flat.copy_(self.noise.normal(std, flat))
-        if flat.device.type == "cpu":
-            # mean + std * z is formed inside the sampler: no extra pass
-            return flat.normal_(0.0, std, generator=self.noise.generator)
-        return flat.copy_(self.noise.normal(std, torch.empty(flat.numel(), dtype=flat.dtype)))
+        """``flat`` overwritten with ``N(0, std^2)`` draws of the noise source, on its own
+        device (no host copy; secure mode: scaled in float64, rounded once)."""
+        return self.noise.fill_normal_(flat, std)
 
     def _noisy_step_fused(self, examples: int | None = None, units=None) -> bool:
         """Steps 1-3 in one pass: the noise is drawn straight into one flat gradient
@@ -679,6 +665,7 @@ class DPOptimizer:
             self.sampler.consume(drawn)
         if self.adaptive is not None:
             self._update_clip_bound()  # the bound of the next step
+        self.noise.advance()  # forward secrecy: a later state cannot replay this step's noise
         if scaler is not None:
             self._report_found_inf(scaler, found_inf)
         self._warn_overflow()

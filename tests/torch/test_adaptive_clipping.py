@@ -54,7 +54,8 @@ def test_equals_naive_algorithm_with_same_noise():
     """Several steps of the engine equal Algorithm 1 written out: clip at C_t, noise
     sigma_g C_t on the sum with sigma_g = (sigma^-2 - (2 sigma_b)^-2)^(-1/2), noisy centred
     count, geometric update of C, SGD step -- same batches and same noise draws (the
-    engine's noise generator is seeded with seed + 7)."""
+    engine's noise source is seeded with seed + 7 and moves to the next key of its one-way
+    chain after every step)."""
     sigma, gamma, eta, lr = 1.1, 0.5, 0.3, 0.2
     ds = _data()
     model = _mlp()
@@ -77,10 +78,13 @@ def test_equals_naive_algorithm_with_same_noise():
     m = float(B)
     sigma_b = m / 20
     sigma_g = (sigma ** -2 - (2 * sigma_b) ** -2) ** -0.5
-    g = torch.Generator().manual_seed(SEED + 7)
+    from privlearn.torch import NoiseSource
+
+    source = NoiseSource(seed=SEED + 7)
     params = list(naive.parameters())
     c = c0
     for t, (x, y) in enumerate(batches):
+        g = source.generator
         grads = _per_example_grads(naive, x, y)
         norms = grads.norm(dim=1)
         clipped = grads * (c / norms.clamp_min(1e-30)).clamp_max(1.0)[:, None]
@@ -98,6 +102,7 @@ def test_equals_naive_algorithm_with_same_noise():
                 off += q.numel()
         c = c * math.exp(-eta * (frac - gamma))
         assert bounds[t] == pytest.approx(c, rel=1e-12)
+        source.advance()
     for a, b in zip(model.parameters(), params, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     # the bound moved (it started below the median and half the examples were targeted)

@@ -173,3 +173,48 @@ def test_rows_seen_by_the_layers_must_be_the_examples_delivered():
     with pytest.raises(ValueError, match="2 rows per example"):
         p.optimizer.step()
     assert p.accountant.steps == 0
+
+
+def test_saved_noise_state_cannot_replay_past_steps():
+    """Forward secrecy: the noise source moves along a one-way chain after every step, so
+    a checkpoint (a release) replays the noise of the next step, not of the last one."""
+    from privlearn.torch import NoiseSource
+
+    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=5)
+    first_seed = p.optimizer.noise.seed
+    x, y = next(iter(p.data_loader))
+    _step(p, x, y)
+    state = p.state_dict()["noise"]
+    assert state["seed"] != first_seed
+    replay = NoiseSource(seed=0)
+    replay.load_state_dict(state)
+    a = replay.fill_normal_(torch.empty(1000), 1.0)
+    past = torch.empty(1000).normal_(0.0, 1.0, generator=torch.Generator().manual_seed(
+        first_seed))
+    assert not torch.equal(a, past)
+
+
+def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch):
+    """No host synchronisation on the hot path of a step but the one documented check
+    (non-finite per-example norms, one read a step): patched reads are counted."""
+    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=5)
+    it = iter(p.data_loader)
+    _step(p, *next(it))  # the first step runs the probe (documented, once)
+    reads = []
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"):
+        orig = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _orig=orig, _name=name, **k):
+            reads.append(_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    x, y = next(it)
+    p.optimizer.zero_grad()
+    out = nn.functional.cross_entropy(p.model(x), y)
+    out.backward()
+    reads.clear()
+    p.optimizer.step()
+    assert len(reads) <= 1, reads
