@@ -62,7 +62,7 @@ def worker(name: str, mode: str, steps: int, threads: int, batch: int, seq: int)
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from privlearn.torch import make_private, per_sequence_cross_entropy
+    from privlearn.torch import make_private, per_sequence_cross_entropy, retain_freed_memory
 
     torch.set_num_threads(threads)
     model = build(name)
@@ -85,6 +85,7 @@ def worker(name: str, mode: str, steps: int, threads: int, batch: int, seq: int)
     times = []
     if mode == "private":
         loader = DataLoader(TensorDataset(ids, mask, y), batch_size=batch)
+        retain_freed_memory()  # the opt-in CPU allocator setting (privlearn.torch)
         p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
         it = iter(p.data_loader)
         fixed = (ids[:batch], mask[:batch], y[:batch])
@@ -118,7 +119,7 @@ def interleaved(name: str, steps: int, threads: int, batch: int, seq: int) -> di
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from privlearn.torch import make_private, per_sequence_cross_entropy
+    from privlearn.torch import make_private, per_sequence_cross_entropy, retain_freed_memory
 
     torch.set_num_threads(threads)
     base = build(name)
@@ -138,6 +139,7 @@ def interleaved(name: str, steps: int, threads: int, batch: int, seq: int) -> di
     opt_n = torch.optim.SGD([q for q in base.parameters() if q.requires_grad], lr=1e-3)
     opt_p = torch.optim.SGD([q for q in priv.parameters() if q.requires_grad], lr=1e-3)
     loader = DataLoader(TensorDataset(ids), batch_size=batch)  # rate 1: one batch a step
+    retain_freed_memory()  # the opt-in CPU allocator setting (privlearn.torch)
     p = make_private(priv, opt_p, loader, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
     tn, tp = [], []
     for k in range(steps + 1):

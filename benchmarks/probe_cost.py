@@ -29,7 +29,7 @@ def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
     from torch.utils.data import DataLoader, TensorDataset
 
     import privlearn.torch.probe as probe_mod
-    from privlearn.torch import make_private, per_sequence_cross_entropy
+    from privlearn.torch import make_private, per_sequence_cross_entropy, retain_freed_memory
 
     model = build(name)
     g = torch.Generator().manual_seed(1)
@@ -46,6 +46,7 @@ def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
 
     opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=1e-3)
     loader = DataLoader(TensorDataset(ids), batch_size=batch)  # rate 1: one batch a step
+    retain_freed_memory()  # the opt-in CPU allocator setting
     p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
     spent = []
     original = probe_mod.probe

@@ -135,7 +135,9 @@ def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: flo
     if mode == "privlearn":
         # make_private draws Poisson batches itself and refuses shuffled loaders
         loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH_SIZE)
-        from privlearn.torch import make_private
+        from privlearn.torch import make_private, retain_freed_memory
+
+        retain_freed_memory()  # the opt-in CPU allocator setting (privlearn.torch)
 
         private = make_private(
             model,
