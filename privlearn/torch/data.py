@@ -437,7 +437,56 @@ class UnitIndex:
         return rows, tuple(sizes)
 
 
-class CyclicPoissonBatchSampler(_AccountedSampler):
+def _layout_seed(seed: int | None, label: bytes) -> int:
+    """A 63-bit seed for a sampler's fixed layout (groups, bins, order): from the run's
+    seed, or fresh OS entropy."""
+    if seed is None:
+        return secrets.randbits(63)
+    digest = hashlib.sha256(label + int(seed).to_bytes(16, "little", signed=True)).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _partition(n: int, parts: int, seed: int) -> list[np.ndarray]:
+    """Every index of ``range(n)`` put in one of ``parts`` parts uniformly at random
+    (independently: adding or removing an example leaves the others' parts alone)."""
+    g = np.random.default_rng(seed).integers(0, parts, size=n)
+    order = np.argsort(g, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(g, minlength=parts))[:-1])
+
+
+class _ScheduledSampler(_AccountedSampler):
+    """A sampler with a layout fixed for the whole run (groups, bins or an order, drawn
+    once from its own seed and saved with the state) and a schedule over steps: the batch
+    of step ``t`` comes from part ``t mod cycle_length`` of the layout. The layout may be
+    known (the accounting of these samplers does not rely on its secrecy)."""
+
+    _label = b""
+
+    def _init_layout(self, seed: int | None) -> None:
+        self._layout_seed = _layout_seed(seed, self._label)
+        self._parts: list[np.ndarray] | None = None
+
+    def parts(self) -> list[np.ndarray]:
+        """The layout: the examples of each of the ``cycle_length`` parts."""
+        if self._parts is None:
+            self._parts = self._make_parts(self._layout_seed)
+        return self._parts
+
+    def _part(self) -> np.ndarray:
+        return self.parts()[self._step % self.cycle_length]
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["layout"] = self._layout_seed
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._layout_seed = int(state["layout"])
+        self._parts = None
+
+
+class CyclicPoissonBatchSampler(_ScheduledSampler):
     """Cyclic Poisson sampling (Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
     Factorization", NeurIPS, Algorithm 2): every example is put in one of
     ``cycle_length`` groups uniformly at random, once for the run; step ``t``
@@ -445,8 +494,7 @@ class CyclicPoissonBatchSampler(_AccountedSampler):
     therefore takes part only in steps ``j, j + b, j + 2b, ...`` (``b`` the cycle length),
     each independently with probability ``sample_rate``: the b-min-separation banded
     matrix factorization needs, with amplification by sampling. ``cycle_length=1`` is
-    Poisson sampling. The groups are drawn from the seed (they may be known: the
-    analysis holds for any fixed partition); the Poisson draws from the key chain.
+    Poisson sampling. The Poisson draws come from the key chain.
 
     Parameters
     ----------
@@ -463,6 +511,7 @@ class CyclicPoissonBatchSampler(_AccountedSampler):
     """
 
     sample_rate = _read_only("sample_rate")
+    _label = b"privlearn.groups"
 
     def __init__(self, num_samples: int, sample_rate: float, cycle_length: int,
                  steps: int | None = None, seed: int | None = None, secure: bool = False):
@@ -475,28 +524,18 @@ class CyclicPoissonBatchSampler(_AccountedSampler):
             raise ValueError(f"seed must be None when secure=True, got {seed!r}")
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
-        self._group_seed = (secrets.randbits(63) if seed is None else
-                            int.from_bytes(hashlib.sha256(b"privlearn.groups" + int(seed).to_bytes(
-                                16, "little", signed=True)).digest()[:8], "little") >> 1)
-        self._groups = None
+        self._init_layout(seed)
 
     def _params(self) -> dict:
         return {"num_samples": self.num_samples, "sample_rate": self.sample_rate,
                 "cycle_length": self.cycle_length, "steps": self.steps,
                 "secure": self.secure}
 
-    def groups(self) -> list[np.ndarray]:
-        """The examples of each group (drawn once for the run)."""
-        if self._groups is None:
-            g = np.random.default_rng(self._group_seed).integers(0, self.cycle_length,
-                                                                  size=self.num_samples)
-            order = np.argsort(g, kind="stable")
-            self._groups = np.split(order, np.cumsum(np.bincount(
-                g, minlength=self.cycle_length))[:-1])
-        return self._groups
+    def _make_parts(self, seed: int) -> list[np.ndarray]:
+        return _partition(self.num_samples, self.cycle_length, seed)
 
     def _draw(self, seed: int | None) -> list[int]:
-        group = self.groups()[self._step % self.cycle_length]
+        group = self._part()
         if self.secure:
             bits = np.frombuffer(os.urandom(8 * group.size), dtype=np.uint64) >> np.uint64(11)
             keep = bits.astype(np.float64) * 2.0**-53 < self.sample_rate
@@ -504,18 +543,8 @@ class CyclicPoissonBatchSampler(_AccountedSampler):
             keep = np.random.default_rng(seed).random(group.size) < self.sample_rate
         return group[keep].tolist()
 
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["groups"] = self._group_seed
-        return state
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self._group_seed = int(state["groups"])
-        self._groups = None
-
-
-class BallsInBinsBatchSampler(_AccountedSampler):
+class BallsInBinsBatchSampler(_ScheduledSampler):
     """Balls-in-bins sampling (Chua, Ghazi, Harrison et al. 2025, "Balls-and-Bins
     Sampling for DP-SGD", AISTATS): every example is put in one of ``cycle_length`` bins
     uniformly at random, once for the run, and step ``t`` trains on the whole bin
@@ -531,16 +560,15 @@ class BallsInBinsBatchSampler(_AccountedSampler):
     seed : int, optional
     """
 
+    _label = b"privlearn.bins"
+
     def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.steps = self.cycle_length
         self._sample_rate = 1.0 / self.cycle_length
         self._init_bookkeeping(seed)
-        self._bin_seed = (secrets.randbits(63) if seed is None else
-                          int.from_bytes(hashlib.sha256(b"privlearn.bins" + int(seed).to_bytes(
-                              16, "little", signed=True)).digest()[:8], "little") >> 1)
-        self._bins = None
+        self._init_layout(seed)
 
     @property
     def sample_rate(self) -> float:
@@ -550,36 +578,20 @@ class BallsInBinsBatchSampler(_AccountedSampler):
     def _params(self) -> dict:
         return {"num_samples": self.num_samples, "cycle_length": self.cycle_length}
 
-    def bins(self) -> list[np.ndarray]:
-        if self._bins is None:
-            g = np.random.default_rng(self._bin_seed).integers(0, self.cycle_length,
-                                                                size=self.num_samples)
-            order = np.argsort(g, kind="stable")
-            self._bins = np.split(order, np.cumsum(np.bincount(
-                g, minlength=self.cycle_length))[:-1])
-        return self._bins
+    def _make_parts(self, seed: int) -> list[np.ndarray]:
+        return _partition(self.num_samples, self.cycle_length, seed)
 
     def _draw(self, seed: int | None) -> list[int]:
-        return self.bins()[self._step % self.cycle_length].tolist()
-
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["bins"] = self._bin_seed
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self._bin_seed = int(state["bins"])
-        self._bins = None
+        return self._part().tolist()
 
 
-class ShuffledEpochsBatchSampler(_AccountedSampler):
+class ShuffledEpochsBatchSampler(BallsInBinsBatchSampler):
     """Fixed-order epochs ((k, b)-participation; Choquette-Choo, McMahan, Rush & Thakurta
     2023, "Multi-Epoch Matrix Factorization Mechanisms for Private Machine Learning",
     ICML, Sec. 2): one random permutation of the examples, drawn once, cut into
-    ``cycle_length`` batches, trained on in the same order every epoch. Accounted without
-    amplification (each example contributes once per epoch, ``cycle_length`` steps
-    apart).
+    ``cycle_length`` batches of (nearly) equal size, trained on in the same order every
+    epoch. Accounted without amplification (each example contributes once per epoch,
+    ``cycle_length`` steps apart).
 
     Parameters
     ----------
@@ -589,39 +601,17 @@ class ShuffledEpochsBatchSampler(_AccountedSampler):
     seed : int, optional
     """
 
+    _label = b"privlearn.order"
+
     def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
-        self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
-        self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
-        if self.cycle_length > self.num_samples:
+        if _v.check_count("cycle_length", cycle_length, minimum=1) > num_samples:
             raise ValueError(f"cycle_length must be at most the dataset size {num_samples}, "
                              f"got {cycle_length}; use a larger batch size")
-        self.steps = self.cycle_length
-        self._sample_rate = 1.0 / self.cycle_length
-        self._init_bookkeeping(seed)
-        self._perm_seed = (secrets.randbits(63) if seed is None else
-                           int.from_bytes(hashlib.sha256(b"privlearn.order" + int(seed).to_bytes(
-                               16, "little", signed=True)).digest()[:8], "little") >> 1)
+        super().__init__(num_samples, cycle_length, seed)
 
-    @property
-    def sample_rate(self) -> float:
-        """``1 / cycle_length`` (read-only)."""
-        return self._sample_rate
-
-    def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "cycle_length": self.cycle_length}
-
-    def _draw(self, seed: int | None) -> list[int]:
-        perm = np.random.default_rng(self._perm_seed).permutation(self.num_samples)
-        return np.array_split(perm, self.cycle_length)[self._step % self.cycle_length].tolist()
-
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["order"] = self._perm_seed
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self._perm_seed = int(state["order"])
+    def _make_parts(self, seed: int) -> list[np.ndarray]:
+        perm = np.random.default_rng(seed).permutation(self.num_samples)
+        return np.array_split(perm, self.cycle_length)
 
 
 class EmptyAwareCollate:

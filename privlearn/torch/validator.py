@@ -103,7 +103,7 @@ def _recurrent(m, trainable):
     return out
 
 
-@register_validator(nn.Embedding)
+@register_validator(nn.Embedding, nn.EmbeddingBag)
 def _embedding(m, trainable):
     if not trainable:
         return []
@@ -128,19 +128,10 @@ def _attention(m, trainable):
 
 @register_validator(nn.EmbeddingBag)
 def _embedding_bag(m, trainable):
-    if not trainable:
-        return []
-    out = []
-    if m.mode == "max":
-        out.append("mode='max' is not supported (its gradient follows the argmax of each "
-                   "bag); use mode='sum' or 'mean'")
-    if m.sparse:
-        out.append("sparse=True gradients are not supported")
-    if m.max_norm is not None:
-        out.append("max_norm renormalises weights in place during forward, not supported")
-    if m.scale_grad_by_freq:
-        out.append("scale_grad_by_freq mixes examples in a batch")
-    return out
+    if trainable and m.mode == "max":
+        return ["mode='max' is not supported (its gradient follows the argmax of each "
+                "bag); use mode='sum' or 'mean'"]
+    return []
 
 
 def _problems(model: nn.Module) -> list[str]:
