@@ -19,7 +19,7 @@ from privlearn.torch.grad_sample import (
     rule_evaluation,
 )
 
-__all__ = ["FALLBACK", "default_record_dims", "fallback_rule"]
+__all__ = ["FALLBACK", "default_record_dims", "direct_fallback_rule", "fallback_rule"]
 
 
 # --------------------------------------------------------------------------- fallback
@@ -129,6 +129,28 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
 
 
+def direct_fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """:func:`fallback_rule` for the parameters a module owns itself (:data:`FALLBACK`).
+
+    Refuses parameters that a submodule registers too (an alias, as Opacus's
+    ``RenameParamsMixin`` makes for ``DPLSTM``): the submodule is a unit of its own, so
+    the gradient through it would be counted by both units (twice).
+    """
+    from privlearn.torch.validator import aliased_parameters
+
+    aliases = aliased_parameters(module, set(params))
+    if aliases:
+        pairs = ", ".join(f"{a} = {b}" for a, b in list(aliases.items())[:4])
+        raise ValueError(
+            f"{type(module).__name__} registers parameters of its submodules a second time "
+            f"({pairs}): their per-example gradients would be counted twice (once by the "
+            "generic rule of the module, once by the rule of the submodule). Register each "
+            "parameter on one module only, or register a rule covering the whole module "
+            "(privlearn.torch.register_rule(..., scope='subtree')). No step was taken and "
+            "nothing was accounted")
+    return fallback_rule(module, record, params)
+
+
 #: The rule of layers without a registered one (their own trainable parameters only;
 #: batch dimension from the context, as for ``nn.Linear``).
-FALLBACK = LayerRule(fallback_rule, scope="direct")
+FALLBACK = LayerRule(direct_fallback_rule, scope="direct")

@@ -66,6 +66,8 @@ __all__ = [
     "LayerRule",
     "LAYOUTS",
     "register_layout",
+    "PREDICATE_LAYOUTS",
+    "register_predicate_layout",
     "context_layout",
     "use_ghost",
     "GHOST_MEMORY_BUDGET_BYTES",
@@ -649,13 +651,33 @@ def register_layout(*module_types: type) -> Callable:
     return deco
 
 
+#: Layouts of container modules matched by a predicate (modules of libraries privlearn
+#: does not import, recognised by class name and attributes), tried after :data:`LAYOUTS`.
+PREDICATE_LAYOUTS: list[tuple[Callable[[nn.Module], bool], Callable[[nn.Module], int]]] = []
+
+
+def register_predicate_layout(predicate: Callable[[nn.Module], bool]) -> Callable:
+    """Decorator registering ``fn(module) -> int`` (as :func:`register_layout`) for every
+    module for which ``predicate`` holds."""
+
+    def deco(fn: Callable[[nn.Module], int]) -> Callable[[nn.Module], int]:
+        PREDICATE_LAYOUTS.append((predicate, fn))
+        return fn
+
+    return deco
+
+
 def context_layout(module: nn.Module) -> int | None:
     """The layout ``module`` declares for the layers inside it (registered with
-    :func:`register_layout`), else None. (An arbitrary ``batch_first`` attribute of a
-    user's module is not read: it may describe its own inputs, not its children's.)"""
+    :func:`register_layout` or :func:`register_predicate_layout`), else None. (An
+    arbitrary ``batch_first`` attribute of a user's module is not read: it may describe
+    its own inputs, not its children's.)"""
     for t in type(module).__mro__:
         if t in LAYOUTS:
             return int(LAYOUTS[t](module))
+    for pred, fn in PREDICATE_LAYOUTS:
+        if pred(module):
+            return int(fn(module))
     return None
 
 

@@ -19,9 +19,17 @@ example's gradient is exact whatever its length.
 
 Not supported (the validator says so): ``dropout > 0`` between layers (the training-time
 masks cannot be reproduced), ``proj_size > 0``, unbatched inputs.
+
+The recurrence itself is described by a :class:`Recurrence` (cell type, sizes, layout)
+and the weights are read by their ``nn.RNNBase`` names (``weight_ih_l0``,
+``bias_hh_l1_reverse``...), so a layer of another library that computes the same
+recurrence under the same parameter names (Opacus's ``DPLSTM``, see
+:mod:`privlearn.torch.rules.opacus`) reuses :func:`recurrent_contribution`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,7 +45,41 @@ from privlearn.torch.grad_sample import (
     rule_evaluation,
 )
 
-__all__ = ["rnn_rule"]
+__all__ = ["Recurrence", "recurrent_contribution", "recurrent_rule_options", "rnn_rule"]
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """What the recurrent rules need to know about a layer besides its weights.
+
+    Attributes
+    ----------
+    mode : {"LSTM", "GRU", "RNN_TANH", "RNN_RELU"}
+        The cell, with ``nn.RNNBase.mode``'s names.
+    hidden_size, num_layers : int
+    bidirectional, batch_first : bool
+    """
+
+    mode: str
+    hidden_size: int
+    num_layers: int
+    bidirectional: bool
+    batch_first: bool
+
+    def __post_init__(self):
+        if self.mode not in ("LSTM", "GRU", "RNN_TANH", "RNN_RELU"):
+            raise ValueError(f"mode must be one of 'LSTM', 'GRU', 'RNN_TANH', 'RNN_RELU', "
+                             f"got {self.mode!r}")
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @classmethod
+    def of(cls, module: nn.RNNBase) -> Recurrence:
+        """The recurrence of a PyTorch ``nn.RNN`` / ``nn.LSTM`` / ``nn.GRU``."""
+        return cls(module.mode, module.hidden_size, module.num_layers,
+                   bool(module.bidirectional), bool(module.batch_first))
 
 
 def _cell(mode: str, gi, gh, h):
@@ -75,7 +117,8 @@ def _weights(module: nn.RNNBase, layer: int, direction: int):
     return w_ih, w_hh, b_ih, b_hh
 
 
-def _lstm_contribution(module: nn.LSTM, x, h0, c0, g_out, g_h, g_c, params) -> Compound:
+def _lstm_contribution(module: nn.Module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
+                       params) -> Compound:
     """Per-example gradients of an ``nn.LSTM`` by hand-written backpropagation through time.
 
     The forward pass is recomputed with the cell equations of the PyTorch documentation
@@ -93,8 +136,7 @@ def _lstm_contribution(module: nn.LSTM, x, h0, c0, g_out, g_h, g_c, params) -> C
     a third of the activations and one gradient tensor instead of two.
     """
     T, B = x.shape[:2]
-    H, L = module.hidden_size, module.num_layers
-    D = 2 if module.bidirectional else 1
+    H, L, D = spec.hidden_size, spec.num_layers, spec.directions
     ps = set(params)
     dtype = g_out.dtype
     states = []
@@ -180,34 +222,40 @@ def _lstm_contribution(module: nn.LSTM, x, h0, c0, g_out, g_h, g_c, params) -> C
     return Compound(parts)
 
 
-def _rnn_batch_dim(module: nn.RNNBase) -> int:
+def _rnn_batch_dim(module: nn.Module) -> int:
     return 0 if module.batch_first else 1
 
 
-def _rnn_batch_size(module: nn.RNNBase, record: Record) -> int:
+def _rnn_batch_size(module: nn.Module, record: Record) -> int:
     x = record.args[0]
     if isinstance(x, PackedSequence):
         return int(x.batch_sizes[0]) if x.batch_sizes.numel() else 0
     return x.shape[_rnn_batch_dim(module)]
 
 
-def _rnn_record_dims(module: nn.RNNBase, record: Record, batch: int):
-    """Input by ``batch_first`` (a PackedSequence: none, it is handled whole), ``hx`` /
-    ``(h0, c0)`` on dimension 1; output likewise, ``h_n[, c_n]`` on dimension 1."""
-    packed = isinstance(record.args[0], PackedSequence)
-    first = None if packed else _rnn_batch_dim(module)
-    arg_dims = [first] + [1] * (len(record.args) - 1)
-    kw_dims = {k: 1 for k in record.kwargs}
-    n_out = len(record.outputs_meta)
-    if packed:  # flattened PackedSequence fields (data, batch_sizes, indices...) then h
-        states = 2 if module.mode == "LSTM" else 1
-        out_dims = [None] * (n_out - states) + [1] * states
-    else:
-        out_dims = [first] + [1] * (n_out - 1)
-    return arg_dims, kw_dims, out_dims
+def _record_dims(recurrence_of):
+    """``record_dims`` of a recurrent layer whose :class:`Recurrence` is
+    ``recurrence_of(module)``: input by ``batch_first`` (a PackedSequence: none, it is
+    handled whole), ``hx`` / ``(h0, c0)`` on dimension 1; output likewise, ``h_n[, c_n]``
+    on dimension 1."""
+
+    def record_dims(module: nn.Module, record: Record, batch: int):
+        packed = isinstance(record.args[0], PackedSequence)
+        first = None if packed else _rnn_batch_dim(module)
+        arg_dims = [first] + [1] * (len(record.args) - 1)
+        kw_dims = {k: 1 for k in record.kwargs}
+        n_out = len(record.outputs_meta)
+        if packed:  # flattened PackedSequence fields (data, batch_sizes, indices...) then h
+            states = 2 if recurrence_of(module).mode == "LSTM" else 1
+            out_dims = [None] * (n_out - states) + [1] * states
+        else:
+            out_dims = [first] + [1] * (n_out - 1)
+        return arg_dims, kw_dims, out_dims
+
+    return record_dims
 
 
-def _rnn_observe(module: nn.RNNBase, args, kwargs, output):
+def _rnn_observe(module: nn.Module, args, kwargs, output):
     """Batch-first views of the input and output for the batch-independence probe
     (packed sequences padded)."""
     x = args[0] if args else None
@@ -222,9 +270,17 @@ def _rnn_observe(module: nn.RNNBase, args, kwargs, output):
     return views
 
 
-@register_rule(nn.RNN, nn.LSTM, nn.GRU, batch_dim=_rnn_batch_dim, own_layout=True,
-               expand_broadcast=False, batch_size=_rnn_batch_size,
-               record_dims=_rnn_record_dims, observe=_rnn_observe,
+def recurrent_rule_options(recurrence_of) -> dict:
+    """The :class:`~privlearn.torch.grad_sample.LayerRule` options of a recurrent layer
+    (own layout by ``batch_first``, batch size from the input or the packed batch sizes,
+    batch dimension of every recorded tensor, probe views), for layers whose
+    :class:`Recurrence` is ``recurrence_of(module)``."""
+    return dict(batch_dim=_rnn_batch_dim, own_layout=True, expand_broadcast=False,
+                batch_size=_rnn_batch_size, record_dims=_record_dims(recurrence_of),
+                observe=_rnn_observe)
+
+
+@register_rule(nn.RNN, nn.LSTM, nn.GRU, **recurrent_rule_options(Recurrence.of),
                after_swap=lambda m: m._init_flat_weights())
 def rnn_rule(module: nn.RNNBase, record: Record, params):
     if module.proj_size > 0:
@@ -232,9 +288,27 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
     if module.dropout > 0 and module.num_layers > 1:
         raise ValueError("recurrent layers with dropout > 0 are not supported by per-example "
                          "clipping (the dropout masks cannot be reproduced)")
+    return recurrent_contribution(module, Recurrence.of(module), record, params)
+
+
+def _arg(record: Record, i: int, *names: str):
+    if len(record.args) > i:
+        return record.args[i]
+    for n in names:
+        if n in record.kwargs:
+            return record.kwargs[n]
+    return None
+
+
+def recurrent_contribution(module: nn.Module, spec: Recurrence, record: Record, params):
+    """Per-example contribution of one call of a recurrent layer computing ``spec``'s
+    recurrence with the weights ``module.weight_ih_l{k}[_reverse]`` (and ``weight_hh``,
+    ``bias_ih``, ``bias_hh``) on ``record.args[0]`` (a tensor in ``spec``'s layout or a
+    ``PackedSequence``) from the initial state ``record.args[1]`` (keyword ``hx`` or
+    ``state_init``; for an LSTM ``(h0, c0)``, either may be None: zeros)."""
     x = record.args[0]
-    hx = record.args[1] if len(record.args) > 1 else record.kwargs.get("hx")
-    mode = module.mode
+    hx = _arg(record, 1, "hx", "state_init")
+    mode = spec.mode
     n_out = len(record.outputs_meta)
     lengths = None
     if isinstance(x, PackedSequence):
@@ -251,30 +325,30 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         if x.dim() != 3:
             raise ValueError(f"{type(module).__name__} received an unbatched input; "
                              "per-example clipping needs a batch dimension")
-        if module.batch_first:
+        if spec.batch_first:
             x = x.transpose(0, 1)  # work time-major: (T, B, I)
         g_out = _scaled(record, 0)
-        if module.batch_first:
+        if spec.batch_first:
             g_out = g_out.transpose(0, 1)
     T, B = x.shape[:2]
-    H, L = module.hidden_size, module.num_layers
-    D = 2 if module.bidirectional else 1
+    H, L, D = spec.hidden_size, spec.num_layers, spec.directions
     dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
-    if hx is None:
-        h0 = x.new_zeros(L * D, B, H, dtype=dtype)
-        c0 = h0 if mode == "LSTM" else None
-    elif mode == "LSTM":
-        h0, c0 = hx
+    if mode == "LSTM":
+        h0, c0 = hx if hx is not None else (None, None)
     else:
         h0, c0 = hx, None
+    if h0 is None:
+        h0 = x.new_zeros(L * D, B, H, dtype=dtype)
+    if mode == "LSTM" and c0 is None:
+        c0 = x.new_zeros(L * D, B, H, dtype=dtype)
     # gradients of the loss with respect to (output, h_n[, c_n]); output in (T, B, D*H)
     if mode == "LSTM":
         g_h, g_c = _scaled(record, n_out - 2), _scaled(record, n_out - 1)
         if lengths is None:
-            return _lstm_contribution(module, x, h0, c0, g_out, g_h, g_c, params)
+            return _lstm_contribution(module, spec, x, h0, c0, g_out, g_h, g_c, params)
     else:
         g_h, g_c = _scaled(record, n_out - 1), None
-    return _autograd_contribution(module, x, h0, c0, g_out, g_h, g_c, params, lengths)
+    return _autograd_contribution(module, spec, x, h0, c0, g_out, g_h, g_c, params, lengths)
 
 
 def _lstm_cell(gi, gh, c):
@@ -284,14 +358,14 @@ def _lstm_cell(gi, gh, c):
     return torch.sigmoid(o) * torch.tanh(c), c
 
 
-def _autograd_contribution(module, x, h0, c0, g_out, g_h, g_c, params, lengths=None):
+def _autograd_contribution(module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c, params,
+                           lengths=None):
     """Per-example gradients by recomputing the recurrence and one ``torch.autograd.grad``
     call seeded by the recorded output gradients (GRU and plain RNN; every mode for
     packed sequences, where ``lengths`` masks the steps past each sequence's end)."""
     T = x.shape[0]
-    L = module.num_layers
-    D = 2 if module.bidirectional else 1
-    mode = module.mode
+    L, D = spec.num_layers, spec.directions
+    mode = spec.mode
     lstm = mode == "LSTM"
     mask = None
     if lengths is not None:

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from torch import nn
 
 __all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_model",
-           "register_validator", "register_fixer", "VALIDATORS", "FIXERS"]
+           "register_validator", "register_predicate_validator", "register_fixer",
+           "VALIDATORS", "PREDICATE_VALIDATORS", "FIXERS", "aliased_parameters"]
 
 _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially private; "
            "replace with GroupNorm (validate(..., fix=True) / make_private(fix_model=True) "
@@ -60,11 +61,72 @@ def register_validator(*module_types: type) -> Callable[[Check], Check]:
     return deco
 
 
+#: Checks for modules matched by a predicate (layers of libraries privlearn does not
+#: import, recognised by class name and attributes), run after those of :data:`VALIDATORS`.
+PREDICATE_VALIDATORS: list[tuple[Callable[[nn.Module], bool], Check]] = []
+
+
+def register_predicate_validator(predicate: Callable[[nn.Module], bool]
+                                 ) -> Callable[[Check], Check]:
+    """Decorator registering ``check(module, trainable) -> list[str]`` (as
+    :func:`register_validator`) for every module for which ``predicate`` holds."""
+
+    def deco(fn: Check) -> Check:
+        PREDICATE_VALIDATORS.append((predicate, fn))
+        return fn
+
+    return deco
+
+
 def _checks_for(m: nn.Module) -> list[Check]:
     out: list[Check] = []
     for t in type(m).__mro__:
         out.extend(VALIDATORS.get(t, ()))
+    out.extend(check for pred, check in PREDICATE_VALIDATORS if pred(m))
     return out
+
+
+def aliased_parameters(module: nn.Module, params=None) -> dict[str, str]:
+    """Trainable parameters that ``module`` registers itself *and* one of its submodules
+    registers too (an alias under a second name, as Opacus's ``RenameParamsMixin`` does
+    for ``DPLSTM``): ``{name on module: qualified name in the submodule}``. ``params``:
+    only these (default: all of the module's own trainable parameters)."""
+    own = {id(p): n for n, p in module._parameters.items()
+           if p is not None and p.requires_grad and (params is None or p in params)}
+    if not own:
+        return {}
+    out: dict[str, str] = {}
+    for sub_name, sub in module.named_modules(remove_duplicate=False):
+        if sub is module:
+            continue
+        for n, p in sub._parameters.items():
+            if p is not None and id(p) in own and own[id(p)] not in out:
+                out[own[id(p)]] = f"{sub_name}.{n}"
+    return out
+
+
+@register_validator(nn.Module)
+def _aliased(m, trainable):
+    """A module that registers a parameter of one of its submodules a second time and has
+    no rule covering its whole subtree: the generic rule of the module and the rule of the
+    submodule would each count the parameter's gradient."""
+    if not trainable:
+        return []
+    from privlearn.torch import rules as _rules  # noqa: F401  (registers the rules)
+    from privlearn.torch.grad_sample import get_rule
+
+    rule = get_rule(m)
+    if rule is not None and rule.scope == "subtree":
+        return []
+    aliases = aliased_parameters(m)
+    if not aliases:
+        return []
+    pairs = ", ".join(f"{a} = {b}" for a, b in list(aliases.items())[:4])
+    return [f"registers parameters of its submodules a second time ({pairs}"
+            f"{', ...' if len(aliases) > 4 else ''}); per-example gradients would count "
+            "them twice. Register each parameter on one module only, or register a rule "
+            "covering the whole module (privlearn.torch.register_rule(..., "
+            "scope='subtree'))"]
 
 
 @register_validator(nn.modules.batchnorm._BatchNorm)
