@@ -1,4 +1,5 @@
-"""Per-example gradients of PyTorch's own ``nn.RNN``, ``nn.LSTM`` and ``nn.GRU``.
+"""Per-example gradients of PyTorch's own ``nn.RNN``, ``nn.LSTM`` and ``nn.GRU`` (and of
+the cells ``nn.RNNCell``, ``nn.LSTMCell``, ``nn.GRUCell``, one call at a time).
 
 The modules are used as they are (no replacement layer). Every weight of a recurrent
 layer enters through an affine map per time step,
@@ -34,18 +35,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+from torch.overrides import TorchFunctionMode
 
 from privlearn.torch.grad_sample import (
     Compound,
+    DenseOuterProduct,
     Materialized,
     OuterProduct,
     Record,
+    _as,
     _scaled,
+    compute_dtype,
+    register_instrumenter,
     register_rule,
     rule_evaluation,
 )
 
-__all__ = ["Recurrence", "recurrent_contribution", "recurrent_rule_options", "rnn_rule"]
+__all__ = ["CellStateCapture", "Recurrence", "gru_cell_rule", "lstm_cell_rule",
+           "recurrent_contribution", "recurrent_rule_options", "rnn_cell_rule", "rnn_rule"]
 
 
 @dataclass(frozen=True)
@@ -289,6 +296,134 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         raise ValueError("recurrent layers with dropout > 0 are not supported by per-example "
                          "clipping (the dropout masks cannot be reproduced)")
     return recurrent_contribution(module, Recurrence.of(module), record, params)
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def _cell_record_dims(module: nn.Module, record: Record, batch: int):
+    """A cell's input, state (a tensor, or an LSTM cell's ``(h, c)``) and outputs all
+    carry the examples on dimension 0."""
+    return ([0] * len(record.args), {k: 0 for k in record.kwargs},
+            [0] * len(record.outputs_meta))
+
+
+def _dense_part(w, b, a, g, ps):
+    """Contribution of one affine map ``g = a W^T + b`` on ``(B, d)`` rows."""
+    w = w if w in ps else None
+    b = b if b is not None and b in ps else None
+    if w is None and b is None:
+        return None
+    if w is None:
+        return Materialized([b], [g])
+    return DenseOuterProduct(w, b, a, g)
+
+
+def _cell_contribution(module: nn.Module, mode: str, record: Record, params) -> Compound:
+    """One call of an ``nn.RNNCell`` / ``nn.GRUCell`` / ``nn.LSTMCell``: its weights enter
+    through ``gi = W_ih x + b_ih`` and ``gh = W_hh h + b_hh``, so the per-example
+    gradients are the rank-one outer products of ``dgi``, ``dgh`` (one autograd call
+    through the cell equations, seeded by the recorded output gradients) with ``x`` and
+    ``h``. A cell called once per time step gives one record per call; the engine sums
+    them (with exact cross terms for the norms)."""
+    x = record.args[0]
+    if x.dim() != 2:
+        raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
+                         f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
+    lstm = mode == "LSTM"
+    if lstm and len(record.grad_outputs) > 1 and record.grad_outputs[1] is not None \
+            and record.extra is None:
+        raise ValueError(
+            "nn.LSTMCell's new cell state reaches the loss, and this call was not "
+            "instrumented (GradSampleTracker(..., instrument_attention=False), or a "
+            "subclass whose forward does not call torch's lstm_cell): on CPU PyTorch "
+            "computes the hidden state from the returned cell state, so the gradient "
+            "recorded for it may already include the hidden state's and its per-example "
+            "gradients cannot be told apart. Keep the instrumentation on (the default), or "
+            "use nn.LSTM")
+    g_h = _scaled(record, 0)
+    g_c = _scaled(record, 1) if lstm else None
+    dt = compute_dtype(x, g_h, g_c)
+    B, H = x.shape[0], module.hidden_size
+    hx = _arg(record, 1, "hx")
+    h, c = (hx if hx is not None else (None, None)) if lstm else (hx, None)
+    h = x.new_zeros(B, H, dtype=dt) if h is None else _as(h, dt)
+    if lstm:
+        c = x.new_zeros(B, H, dtype=dt) if c is None else _as(c, dt)
+    x = _as(x, dt)
+    w_ih, w_hh = module.weight_ih, module.weight_hh
+    b_ih, b_hh = module.bias_ih, module.bias_hh
+
+    def det(t):
+        return None if t is None else _as(t.detach(), dt)
+
+    with rule_evaluation(), torch.enable_grad():
+        gi = torch.nn.functional.linear(x, det(w_ih), det(b_ih)).requires_grad_()
+        gh = torch.nn.functional.linear(h, det(w_hh), det(b_hh)).requires_grad_()
+        if lstm:
+            targets = _lstm_cell(gi, gh, c)
+            seeds = (_as(g_h, dt), _as(g_c, dt))
+        else:
+            targets = (_cell(mode, gi, gh, h),)
+            seeds = (_as(g_h, dt),)
+        dgi, dgh = torch.autograd.grad(targets, (gi, gh), seeds)
+    ps = set(params)
+    parts = [part for part in (_dense_part(w_ih, b_ih, x, dgi, ps),
+                               _dense_part(w_hh, b_hh, h, dgh, ps)) if part is not None]
+    return Compound(parts)
+
+
+_LSTM_CELL = torch._C._VariableFunctions.lstm_cell
+
+
+class CellStateCapture(TorchFunctionMode):
+    """Entered by the tracker around each recorded ``nn.LSTMCell`` call: the new cell state
+    the call returns becomes a view of the one PyTorch computed.
+
+    On CPU, ``lstm_cell`` computes the hidden state ``h' = o tanh(c')`` *from* the cell
+    state tensor it returns, so a gradient hook on that tensor would receive the
+    gradient the loss sends through ``h'`` as well as the gradient from outside the cell
+    (on CUDA the fused kernel keeps them apart). Returning a view (no copy) puts the
+    hook downstream of ``h'``'s use: the recorded gradient is always the one from
+    outside the cell, which is what :func:`_cell_contribution` seeds. Autograd's own
+    gradients are unchanged. Nothing is stored on the module.
+    """
+
+    def __init__(self, sink) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is _LSTM_CELL:
+            hy, cy = out
+            self._sink({"cell_state": "from outside"})
+            if cy.requires_grad:  # else h' and c' are made differentiable separately
+                cy = cy.view_as(cy)
+            return hy, cy
+        return out
+
+
+register_instrumenter(nn.LSTMCell)(CellStateCapture)
+
+
+@register_rule(nn.LSTMCell, batch_dim=0, record_dims=_cell_record_dims)
+def lstm_cell_rule(module: nn.LSTMCell, record: Record, params) -> Compound:
+    """``nn.LSTMCell`` (see :func:`_cell_contribution`)."""
+    return _cell_contribution(module, "LSTM", record, params)
+
+
+@register_rule(nn.GRUCell, batch_dim=0, record_dims=_cell_record_dims)
+def gru_cell_rule(module: nn.GRUCell, record: Record, params) -> Compound:
+    """``nn.GRUCell`` (see :func:`_cell_contribution`)."""
+    return _cell_contribution(module, "GRU", record, params)
+
+
+@register_rule(nn.RNNCell, batch_dim=0, record_dims=_cell_record_dims)
+def rnn_cell_rule(module: nn.RNNCell, record: Record, params) -> Compound:
+    """``nn.RNNCell`` with ``tanh`` or ``relu`` (see :func:`_cell_contribution`)."""
+    mode = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}[module.nonlinearity]
+    return _cell_contribution(module, mode, record, params)
 
 
 def _arg(record: Record, i: int, *names: str):
