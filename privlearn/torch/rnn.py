@@ -347,9 +347,10 @@ def _cell_contribution(module: nn.Module, mode: str, record: Record, params) -> 
     B, H = x.shape[0], module.hidden_size
     hx = _arg(record, 1, "hx")
     h, c = (hx if hx is not None else (None, None)) if lstm else (hx, None)
-    h = x.new_zeros(B, H, dtype=dt) if h is None else _as(h, dt)
+    # (a state tuple is recorded as passed: detached here, like every recorded tensor)
+    h = x.new_zeros(B, H, dtype=dt) if h is None else _as(h.detach(), dt)
     if lstm:
-        c = x.new_zeros(B, H, dtype=dt) if c is None else _as(c, dt)
+        c = x.new_zeros(B, H, dtype=dt) if c is None else _as(c.detach(), dt)
     x = _as(x, dt)
     w_ih, w_hh = module.weight_ih, module.weight_hh
     b_ih, b_hh = module.bias_ih, module.bias_hh

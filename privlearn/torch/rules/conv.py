@@ -2,6 +2,8 @@
 :class:`torch.nn.Conv3d`: the convolution is a Linear layer on unfolded patches
 (Rochette et al. 2019, "Efficient per-example gradient computations in convolutional
 neural networks"), any groups, strides, dilations, paddings and padding modes.
+``Conv3d``'s materialised per-example gradients come from PyTorch's convolution backward
+vmapped over the examples instead (faster there; the patches serve its ghost norms).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privlearn.torch import grad_sample
 from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
@@ -67,8 +70,37 @@ def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
     gg = _as(g, dt).reshape(b, G, p, -1).transpose(-1, -2)  # (B, G, L, p)
     if w is None:
         return Materialized([bias], [gg.sum(2).reshape(b, G * p)])
+    if nd == 3:
+        d = module.weight[0].numel()
+        if not grad_sample.use_ghost(b, G, gg.shape[2], d, p, gg.element_size()):
+            grads = [_conv_weight_per_example(module, _as(x, dt), _as(g, dt))]
+            if bias is not None:
+                grads.append(gg.sum(2).reshape(b, G * p))
+            return Materialized([w] if bias is None else [w, bias], grads)
     a = _conv_patches(module, _as(x, dt), nd)  # (B, G, L, d)
     return OuterProduct(w, bias, a, gg)
+
+
+def _conv_weight_per_example(module, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Per-example weight gradients ``(B, *weight.shape)`` by PyTorch's own convolution
+    backward, vmapped over the examples (its batching rule runs one grouped convolution;
+    for 3-D convolutions several times faster on CPU than unfolding the patches, and it
+    stores no patch tensor)."""
+    from torch.func import vmap
+
+    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+    pad = module._reversed_padding_repeated_twice
+    if any(pad):  # padded explicitly (padding modes, asymmetric "same"): no padding below
+        x = F.pad(x, pad, mode=mode)
+    nd = x.dim() - 2
+    weight = module.weight.detach().to(x.dtype)
+
+    def one(xi, gi):
+        return torch.ops.aten.convolution_backward(
+            gi.unsqueeze(0), xi.unsqueeze(0), weight, None, module.stride, [0] * nd,
+            module.dilation, False, [0] * nd, module.groups, [False, True, False])[1]
+
+    return vmap(one)(x, g)
 
 
 @register_rule(nn.Conv1d, batch_dim=0)
