@@ -23,9 +23,11 @@ The choice (:func:`use_ghost`) follows the book-keeping paper's rule: ghost when
 ``T^2 (d + p) < d p`` or when materialising would exceed a memory budget.
 
 This module holds the contribution types, the rule registry and shared helpers. Registered
-rules: ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Embedding``, ``nn.LayerNorm``,
-``nn.GroupNorm`` (:mod:`privlearn.torch.rules`), ``nn.RNN``/``nn.LSTM``/``nn.GRU`` (see
-:mod:`privlearn.torch.rnn`), ``nn.MultiheadAttention`` (see
+rules: ``nn.Linear``, ``nn.Conv1d/2d/3d``, ``nn.Embedding``, ``nn.EmbeddingBag``,
+``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.InstanceNorm1d/2d/3d``, ``nn.RMSNorm`` and layers
+of other libraries recognised by class name (:mod:`privlearn.torch.rules`, Opacus's DP
+layers in :mod:`privlearn.torch.rules.opacus`), ``nn.RNN``/``nn.LSTM``/``nn.GRU`` and their
+cells (see :mod:`privlearn.torch.rnn`), ``nn.MultiheadAttention`` (see
 :mod:`privlearn.torch.attention`), and a generic :mod:`torch.func` fallback (vmap of a
 vjp of ``functional_call``, :mod:`privlearn.torch.fallback`) for any other layer,
 multi-input ones included. :func:`register_rule` adds a rule for a new layer type, with

@@ -338,7 +338,7 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
     allowed_state = {"epoch", "global_step", "max_steps", "num_train_epochs", "logging_steps",
                      "eval_steps", "save_steps", "train_batch_size", "total_flos",
                      "num_input_tokens_seen", "best_global_step", "best_metric"}
-    for path, value in _numbers(state):
+    for path, _value in _numbers(state):
         head = path.split(".")[0].split("[")[0]
         if head == "log_history":
             assert path.rsplit(".", 1)[-1] in RELEASED_LOGS, path
