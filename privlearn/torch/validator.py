@@ -1,9 +1,10 @@
 """Checks that a model can be trained with per-example clipping, and fixes what it can.
 
 :func:`validate` lists *every* problem at once; :func:`fix` replaces fixable layers.
-The checks are registered per module type (:func:`register_validator`), and so are the
-fixers (:func:`register_fixer`), so a layer defined outside privlearn gets its own check
-and fix by registration alone.
+The checks are registered per module type (:func:`register_validator`) or, for layers of
+libraries privlearn does not import, by a predicate on the module
+(:func:`register_predicate_validator`), and the fixers per type (:func:`register_fixer`),
+so a layer defined outside privlearn gets its own check and fix by registration alone.
 """
 
 from __future__ import annotations
