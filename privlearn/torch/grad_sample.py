@@ -546,6 +546,12 @@ class LayerRule:
         views of what the layer received and produced, compared by the batch-independence
         probe (default: the first input and the first floating output, batch dimension
         ``batch_dim``).
+    check : callable or None
+        ``check(module) -> list[str]``: configurations of the module the rule cannot
+        handle, each a sentence saying what to do instead; listed with every other
+        problem by :func:`privlearn.torch.validator.validate` before training (for layers
+        matched by a predicate, which :func:`~privlearn.torch.validator.register_validator`
+        cannot key by type).
     """
 
     compute: Rule
@@ -557,6 +563,7 @@ class LayerRule:
     batch_size: Callable[[nn.Module, Record], int] | None = None
     record_dims: Callable | None = None
     observe: Callable | None = None
+    check: Callable[[nn.Module], list[str]] | None = None
 
     def __post_init__(self):
         if self.scope not in ("subtree", "direct"):
@@ -593,8 +600,8 @@ def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
     these. The rule must be linear in the recorded output gradients (the tracker applies
     the loss-reduction factor to its results). Keyword options are the fields of
     :class:`LayerRule` (``batch_dim``, ``own_layout``, ``expand_broadcast``, ``scope``,
-    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``). Returns the function
-    unchanged.
+    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``, ``check``). Returns the
+    function unchanged.
     """
 
     def deco(fn: Rule) -> Rule:

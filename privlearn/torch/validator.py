@@ -1,10 +1,10 @@
 """Checks that a model can be trained with per-example clipping, and fixes what it can.
 
 :func:`validate` lists *every* problem at once; :func:`fix` replaces fixable layers.
-The checks are registered per module type (:func:`register_validator`) or, for layers of
-libraries privlearn does not import, by a predicate on the module
-(:func:`register_predicate_validator`), and the fixers per type (:func:`register_fixer`),
-so a layer defined outside privlearn gets its own check and fix by registration alone.
+The checks are registered per module type (:func:`register_validator`) or declared by the
+layer's rule (``LayerRule.check``, for layers matched by a predicate), and the fixers per
+type (:func:`register_fixer`), so a layer defined outside privlearn gets its own check and
+fix by registration alone.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from collections.abc import Callable
 from torch import nn
 
 __all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_model",
-           "register_validator", "register_predicate_validator", "register_fixer",
-           "VALIDATORS", "PREDICATE_VALIDATORS", "FIXERS", "aliased_parameters"]
+           "register_validator", "register_fixer", "VALIDATORS", "FIXERS"]
 
 _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially private; "
            "replace with GroupNorm (validate(..., fix=True) / make_private(fix_model=True) "
@@ -62,47 +61,10 @@ def register_validator(*module_types: type) -> Callable[[Check], Check]:
     return deco
 
 
-#: Checks for modules matched by a predicate (layers of libraries privlearn does not
-#: import, recognised by class name and attributes), run after those of :data:`VALIDATORS`.
-PREDICATE_VALIDATORS: list[tuple[Callable[[nn.Module], bool], Check]] = []
-
-
-def register_predicate_validator(predicate: Callable[[nn.Module], bool]
-                                 ) -> Callable[[Check], Check]:
-    """Decorator registering ``check(module, trainable) -> list[str]`` (as
-    :func:`register_validator`) for every module for which ``predicate`` holds."""
-
-    def deco(fn: Check) -> Check:
-        PREDICATE_VALIDATORS.append((predicate, fn))
-        return fn
-
-    return deco
-
-
 def _checks_for(m: nn.Module) -> list[Check]:
     out: list[Check] = []
     for t in type(m).__mro__:
         out.extend(VALIDATORS.get(t, ()))
-    out.extend(check for pred, check in PREDICATE_VALIDATORS if pred(m))
-    return out
-
-
-def aliased_parameters(module: nn.Module, params=None) -> dict[str, str]:
-    """Trainable parameters that ``module`` registers itself *and* one of its submodules
-    registers too (an alias under a second name, as Opacus's ``RenameParamsMixin`` does
-    for ``DPLSTM``): ``{name on module: qualified name in the submodule}``. ``params``:
-    only these (default: all of the module's own trainable parameters)."""
-    own = {id(p): n for n, p in module._parameters.items()
-           if p is not None and p.requires_grad and (params is None or p in params)}
-    if not own:
-        return {}
-    out: dict[str, str] = {}
-    for sub_name, sub in module.named_modules(remove_duplicate=False):
-        if sub is module:
-            continue
-        for n, p in sub._parameters.items():
-            if p is not None and id(p) in own and own[id(p)] not in out:
-                out[own[id(p)]] = f"{sub_name}.{n}"
     return out
 
 
@@ -114,6 +76,7 @@ def _aliased(m, trainable):
     if not trainable:
         return []
     from privlearn.torch import rules as _rules  # noqa: F401  (registers the rules)
+    from privlearn.torch.fallback import aliased_parameters
     from privlearn.torch.grad_sample import get_rule
 
     rule = get_rule(m)
@@ -207,7 +170,21 @@ def _problems(model: nn.Module) -> list[str]:
                        "freeze these parameters")
         for check in _checks_for(m):
             out.extend(f"{label}: {msg}" for msg in check(m, trainable))
+        out.extend(f"{label}: {msg}" for msg in _rule_problems(m, trainable))
     return out
+
+
+def _rule_problems(m: nn.Module, trainable: bool) -> list[str]:
+    """What the rule that handles ``m`` declares it cannot handle (``LayerRule.check``)."""
+    from privlearn.torch import rules as _rules  # noqa: F401  (registers the rules)
+    from privlearn.torch.grad_sample import get_rule
+
+    rule = get_rule(m)
+    if rule is None or rule.check is None:
+        return []
+    if not trainable and not any(p.requires_grad for p in m.parameters()):
+        return []
+    return list(rule.check(m))
 
 
 def validate(model: nn.Module) -> list[str]:

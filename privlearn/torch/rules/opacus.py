@@ -41,7 +41,6 @@ from privlearn.torch.grad_sample import (
     register_predicate_rule,
 )
 from privlearn.torch.rnn import Recurrence, recurrent_contribution, recurrent_rule_options
-from privlearn.torch.validator import register_predicate_validator
 
 __all__ = ["dp_rnn_rule", "opacus_recurrence", "sequence_bias_rule"]
 
@@ -105,8 +104,7 @@ def _recurrence(m: nn.Module) -> Recurrence:
     return spec
 
 
-@register_predicate_validator(_is_dp_rnn)
-def _dp_rnn_check(m, trainable) -> list[str]:
+def _dp_rnn_check(m: nn.Module) -> list[str]:
     out = []
     if opacus_recurrence(m) is None:
         out.append("cells other than Opacus's DPRNNCell, DPGRUCell and DPLSTMCell are not "
@@ -120,7 +118,8 @@ def _dp_rnn_check(m, trainable) -> list[str]:
     return out
 
 
-@register_predicate_rule(_is_dp_rnn, **recurrent_rule_options(_recurrence))
+@register_predicate_rule(_is_dp_rnn, **recurrent_rule_options(_recurrence),
+                         check=_dp_rnn_check)
 def dp_rnn_rule(module: nn.Module, record: Record, params) -> Contribution:
     """Opacus's ``DPRNN`` / ``DPGRU`` / ``DPLSTM``: the recurrence of ``nn.RNN`` /
     ``nn.GRU`` / ``nn.LSTM`` (module docstring), on tensors or a ``PackedSequence``,
