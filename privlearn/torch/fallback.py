@@ -19,7 +19,8 @@ from privlearn.torch.grad_sample import (
     rule_evaluation,
 )
 
-__all__ = ["FALLBACK", "default_record_dims", "fallback_rule"]
+__all__ = ["FALLBACK", "aliased_parameters", "default_record_dims", "direct_fallback_rule",
+           "fallback_rule"]
 
 
 # --------------------------------------------------------------------------- fallback
@@ -129,6 +130,45 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
 
 
+def aliased_parameters(module: nn.Module, params=None) -> dict[str, str]:
+    """Trainable parameters that ``module`` registers itself *and* one of its submodules
+    registers too (an alias under a second name, as Opacus's ``RenameParamsMixin`` does
+    for ``DPLSTM``): ``{name on module: qualified name in the submodule}``. ``params``:
+    only these (default: all of the module's own trainable parameters)."""
+    own = {id(p): n for n, p in module._parameters.items()
+           if p is not None and p.requires_grad and (params is None or p in params)}
+    if not own:
+        return {}
+    out: dict[str, str] = {}
+    for sub_name, sub in module.named_modules(remove_duplicate=False):
+        if sub is module:
+            continue
+        for n, p in sub._parameters.items():
+            if p is not None and id(p) in own and own[id(p)] not in out:
+                out[own[id(p)]] = f"{sub_name}.{n}"
+    return out
+
+
+def direct_fallback_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """:func:`fallback_rule` for the parameters a module owns itself (:data:`FALLBACK`).
+
+    Refuses parameters that a submodule registers too (an alias, as Opacus's
+    ``RenameParamsMixin`` makes for ``DPLSTM``): the submodule is a unit of its own, so
+    the gradient through it would be counted by both units (twice).
+    """
+    aliases = aliased_parameters(module, set(params))
+    if aliases:
+        pairs = ", ".join(f"{a} = {b}" for a, b in list(aliases.items())[:4])
+        raise ValueError(
+            f"{type(module).__name__} registers parameters of its submodules a second time "
+            f"({pairs}): their per-example gradients would be counted twice (once by the "
+            "generic rule of the module, once by the rule of the submodule). Register each "
+            "parameter on one module only, or register a rule covering the whole module "
+            "(privlearn.torch.register_rule(..., scope='subtree')). No step was taken and "
+            "nothing was accounted")
+    return fallback_rule(module, record, params)
+
+
 #: The rule of layers without a registered one (their own trainable parameters only;
 #: batch dimension from the context, as for ``nn.Linear``).
-FALLBACK = LayerRule(fallback_rule, scope="direct")
+FALLBACK = LayerRule(direct_fallback_rule, scope="direct")

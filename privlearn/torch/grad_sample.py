@@ -23,9 +23,11 @@ The choice (:func:`use_ghost`) follows the book-keeping paper's rule: ghost when
 ``T^2 (d + p) < d p`` or when materialising would exceed a memory budget.
 
 This module holds the contribution types, the rule registry and shared helpers. Registered
-rules: ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Embedding``, ``nn.LayerNorm``,
-``nn.GroupNorm`` (:mod:`privlearn.torch.rules`), ``nn.RNN``/``nn.LSTM``/``nn.GRU`` (see
-:mod:`privlearn.torch.rnn`), ``nn.MultiheadAttention`` (see
+rules: ``nn.Linear``, ``nn.Conv1d/2d/3d``, ``nn.Embedding``, ``nn.EmbeddingBag``,
+``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.InstanceNorm1d/2d/3d``, ``nn.RMSNorm`` and layers
+of other libraries recognised by class name (:mod:`privlearn.torch.rules`, Opacus's DP
+layers in :mod:`privlearn.torch.rules.opacus`), ``nn.RNN``/``nn.LSTM``/``nn.GRU`` and their
+cells (see :mod:`privlearn.torch.rnn`), ``nn.MultiheadAttention`` (see
 :mod:`privlearn.torch.attention`), and a generic :mod:`torch.func` fallback (vmap of a
 vjp of ``functional_call``, :mod:`privlearn.torch.fallback`) for any other layer,
 multi-input ones included. :func:`register_rule` adds a rule for a new layer type, with
@@ -66,6 +68,8 @@ __all__ = [
     "LayerRule",
     "LAYOUTS",
     "register_layout",
+    "PREDICATE_LAYOUTS",
+    "register_predicate_layout",
     "context_layout",
     "use_ghost",
     "GHOST_MEMORY_BUDGET_BYTES",
@@ -664,6 +668,12 @@ class LayerRule:
         views of what the layer received and produced, compared by the batch-independence
         probe (default: the first input and the first floating output, batch dimension
         ``batch_dim``).
+    check : callable or None
+        ``check(module) -> list[str]``: configurations of the module the rule cannot
+        handle, each a sentence saying what to do instead; listed with every other
+        problem by :func:`privlearn.torch.validator.validate` before training (for layers
+        matched by a predicate, which :func:`~privlearn.torch.validator.register_validator`
+        cannot key by type).
     """
 
     compute: Rule
@@ -675,6 +685,7 @@ class LayerRule:
     batch_size: Callable[[nn.Module, Record], int] | None = None
     record_dims: Callable | None = None
     observe: Callable | None = None
+    check: Callable[[nn.Module], list[str]] | None = None
 
     def __post_init__(self):
         if self.scope not in ("subtree", "direct"):
@@ -711,8 +722,8 @@ def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
     these. The rule must be linear in the recorded output gradients (the tracker applies
     the loss-reduction factor to its results). Keyword options are the fields of
     :class:`LayerRule` (``batch_dim``, ``own_layout``, ``expand_broadcast``, ``scope``,
-    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``). Returns the function
-    unchanged.
+    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``, ``check``). Returns the
+    function unchanged.
     """
 
     def deco(fn: Rule) -> Rule:
@@ -771,13 +782,33 @@ def register_layout(*module_types: type) -> Callable:
     return deco
 
 
+#: Layouts of container modules matched by a predicate (modules of libraries privlearn
+#: does not import, recognised by class name and attributes), tried after :data:`LAYOUTS`.
+PREDICATE_LAYOUTS: list[tuple[Callable[[nn.Module], bool], Callable[[nn.Module], int]]] = []
+
+
+def register_predicate_layout(predicate: Callable[[nn.Module], bool]) -> Callable:
+    """Decorator registering ``fn(module) -> int`` (as :func:`register_layout`) for every
+    module for which ``predicate`` holds."""
+
+    def deco(fn: Callable[[nn.Module], int]) -> Callable[[nn.Module], int]:
+        PREDICATE_LAYOUTS.append((predicate, fn))
+        return fn
+
+    return deco
+
+
 def context_layout(module: nn.Module) -> int | None:
     """The layout ``module`` declares for the layers inside it (registered with
-    :func:`register_layout`), else None. (An arbitrary ``batch_first`` attribute of a
-    user's module is not read: it may describe its own inputs, not its children's.)"""
+    :func:`register_layout` or :func:`register_predicate_layout`), else None. (An
+    arbitrary ``batch_first`` attribute of a user's module is not read: it may describe
+    its own inputs, not its children's.)"""
     for t in type(module).__mro__:
         if t in LAYOUTS:
             return int(LAYOUTS[t](module))
+    for pred, fn in PREDICATE_LAYOUTS:
+        if pred(module):
+            return int(fn(module))
     return None
 
 

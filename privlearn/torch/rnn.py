@@ -1,4 +1,5 @@
-"""Per-example gradients of PyTorch's own ``nn.RNN``, ``nn.LSTM`` and ``nn.GRU``.
+"""Per-example gradients of PyTorch's own ``nn.RNN``, ``nn.LSTM`` and ``nn.GRU`` (and of
+the cells ``nn.RNNCell``, ``nn.LSTMCell``, ``nn.GRUCell``, one call at a time).
 
 The modules are used as they are (no replacement layer). Every weight of a recurrent
 layer enters through an affine map per time step,
@@ -19,25 +20,73 @@ example's gradient is exact whatever its length.
 
 Not supported (the validator says so): ``dropout > 0`` between layers (the training-time
 masks cannot be reproduced), ``proj_size > 0``, unbatched inputs.
+
+The recurrence itself is described by a :class:`Recurrence` (cell type, sizes, layout)
+and the weights are read by their ``nn.RNNBase`` names (``weight_ih_l0``,
+``bias_hh_l1_reverse``...), so a layer of another library that computes the same
+recurrence under the same parameter names (Opacus's ``DPLSTM``, see
+:mod:`privlearn.torch.rules.opacus`) reuses :func:`recurrent_contribution`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+from torch.overrides import TorchFunctionMode
 
 from privlearn.torch.grad_sample import (
     Compound,
+    DenseOuterProduct,
     Materialized,
     OuterProduct,
     Record,
+    _as,
     _scaled,
+    compute_dtype,
+    register_instrumenter,
     register_rule,
     rule_evaluation,
 )
 
-__all__ = ["rnn_rule"]
+__all__ = ["CellStateCapture", "Recurrence", "gru_cell_rule", "lstm_cell_rule",
+           "recurrent_contribution", "recurrent_rule_options", "rnn_cell_rule", "rnn_rule"]
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """What the recurrent rules need to know about a layer besides its weights.
+
+    Attributes
+    ----------
+    mode : {"LSTM", "GRU", "RNN_TANH", "RNN_RELU"}
+        The cell, with ``nn.RNNBase.mode``'s names.
+    hidden_size, num_layers : int
+    bidirectional, batch_first : bool
+    """
+
+    mode: str
+    hidden_size: int
+    num_layers: int
+    bidirectional: bool
+    batch_first: bool
+
+    def __post_init__(self):
+        if self.mode not in ("LSTM", "GRU", "RNN_TANH", "RNN_RELU"):
+            raise ValueError(f"mode must be one of 'LSTM', 'GRU', 'RNN_TANH', 'RNN_RELU', "
+                             f"got {self.mode!r}")
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @classmethod
+    def of(cls, module: nn.RNNBase) -> Recurrence:
+        """The recurrence of a PyTorch ``nn.RNN`` / ``nn.LSTM`` / ``nn.GRU``."""
+        return cls(module.mode, module.hidden_size, module.num_layers,
+                   bool(module.bidirectional), bool(module.batch_first))
 
 
 def _cell(mode: str, gi, gh, h):
@@ -75,7 +124,8 @@ def _weights(module: nn.RNNBase, layer: int, direction: int):
     return w_ih, w_hh, b_ih, b_hh
 
 
-def _lstm_contribution(module: nn.LSTM, x, h0, c0, g_out, g_h, g_c, params) -> Compound:
+def _lstm_contribution(module: nn.Module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
+                       params) -> Compound:
     """Per-example gradients of an ``nn.LSTM`` by hand-written backpropagation through time.
 
     The forward pass is recomputed with the cell equations of the PyTorch documentation
@@ -93,8 +143,7 @@ def _lstm_contribution(module: nn.LSTM, x, h0, c0, g_out, g_h, g_c, params) -> C
     a third of the activations and one gradient tensor instead of two.
     """
     T, B = x.shape[:2]
-    H, L = module.hidden_size, module.num_layers
-    D = 2 if module.bidirectional else 1
+    H, L, D = spec.hidden_size, spec.num_layers, spec.directions
     ps = set(params)
     dtype = g_out.dtype
     states = []
@@ -180,34 +229,40 @@ def _lstm_contribution(module: nn.LSTM, x, h0, c0, g_out, g_h, g_c, params) -> C
     return Compound(parts)
 
 
-def _rnn_batch_dim(module: nn.RNNBase) -> int:
+def _rnn_batch_dim(module: nn.Module) -> int:
     return 0 if module.batch_first else 1
 
 
-def _rnn_batch_size(module: nn.RNNBase, record: Record) -> int:
+def _rnn_batch_size(module: nn.Module, record: Record) -> int:
     x = record.args[0]
     if isinstance(x, PackedSequence):
         return int(x.batch_sizes[0]) if x.batch_sizes.numel() else 0
     return x.shape[_rnn_batch_dim(module)]
 
 
-def _rnn_record_dims(module: nn.RNNBase, record: Record, batch: int):
-    """Input by ``batch_first`` (a PackedSequence: none, it is handled whole), ``hx`` /
-    ``(h0, c0)`` on dimension 1; output likewise, ``h_n[, c_n]`` on dimension 1."""
-    packed = isinstance(record.args[0], PackedSequence)
-    first = None if packed else _rnn_batch_dim(module)
-    arg_dims = [first] + [1] * (len(record.args) - 1)
-    kw_dims = {k: 1 for k in record.kwargs}
-    n_out = len(record.outputs_meta)
-    if packed:  # flattened PackedSequence fields (data, batch_sizes, indices...) then h
-        states = 2 if module.mode == "LSTM" else 1
-        out_dims = [None] * (n_out - states) + [1] * states
-    else:
-        out_dims = [first] + [1] * (n_out - 1)
-    return arg_dims, kw_dims, out_dims
+def _record_dims(recurrence_of):
+    """``record_dims`` of a recurrent layer whose :class:`Recurrence` is
+    ``recurrence_of(module)``: input by ``batch_first`` (a PackedSequence: none, it is
+    handled whole), ``hx`` / ``(h0, c0)`` on dimension 1; output likewise, ``h_n[, c_n]``
+    on dimension 1."""
+
+    def record_dims(module: nn.Module, record: Record, batch: int):
+        packed = isinstance(record.args[0], PackedSequence)
+        first = None if packed else _rnn_batch_dim(module)
+        arg_dims = [first] + [1] * (len(record.args) - 1)
+        kw_dims = {k: 1 for k in record.kwargs}
+        n_out = len(record.outputs_meta)
+        if packed:  # flattened PackedSequence fields (data, batch_sizes, indices...) then h
+            states = 2 if recurrence_of(module).mode == "LSTM" else 1
+            out_dims = [None] * (n_out - states) + [1] * states
+        else:
+            out_dims = [first] + [1] * (n_out - 1)
+        return arg_dims, kw_dims, out_dims
+
+    return record_dims
 
 
-def _rnn_observe(module: nn.RNNBase, args, kwargs, output):
+def _rnn_observe(module: nn.Module, args, kwargs, output):
     """Batch-first views of the input and output for the batch-independence probe
     (packed sequences padded)."""
     x = args[0] if args else None
@@ -222,9 +277,17 @@ def _rnn_observe(module: nn.RNNBase, args, kwargs, output):
     return views
 
 
-@register_rule(nn.RNN, nn.LSTM, nn.GRU, batch_dim=_rnn_batch_dim, own_layout=True,
-               expand_broadcast=False, batch_size=_rnn_batch_size,
-               record_dims=_rnn_record_dims, observe=_rnn_observe,
+def recurrent_rule_options(recurrence_of) -> dict:
+    """The :class:`~privlearn.torch.grad_sample.LayerRule` options of a recurrent layer
+    (own layout by ``batch_first``, batch size from the input or the packed batch sizes,
+    batch dimension of every recorded tensor, probe views), for layers whose
+    :class:`Recurrence` is ``recurrence_of(module)``."""
+    return dict(batch_dim=_rnn_batch_dim, own_layout=True, expand_broadcast=False,
+                batch_size=_rnn_batch_size, record_dims=_record_dims(recurrence_of),
+                observe=_rnn_observe)
+
+
+@register_rule(nn.RNN, nn.LSTM, nn.GRU, **recurrent_rule_options(Recurrence.of),
                after_swap=lambda m: m._init_flat_weights())
 def rnn_rule(module: nn.RNNBase, record: Record, params):
     if module.proj_size > 0:
@@ -232,9 +295,156 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
     if module.dropout > 0 and module.num_layers > 1:
         raise ValueError("recurrent layers with dropout > 0 are not supported by per-example "
                          "clipping (the dropout masks cannot be reproduced)")
+    return recurrent_contribution(module, Recurrence.of(module), record, params)
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def _cell_record_dims(module: nn.Module, record: Record, batch: int):
+    """A cell's input, state (a tensor, or an LSTM cell's ``(h, c)``) and outputs all
+    carry the examples on dimension 0."""
+    return ([0] * len(record.args), {k: 0 for k in record.kwargs},
+            [0] * len(record.outputs_meta))
+
+
+def _dense_part(w, b, a, g, ps):
+    """Contribution of one affine map ``g = a W^T + b`` on ``(B, d)`` rows."""
+    w = w if w in ps else None
+    b = b if b is not None and b in ps else None
+    if w is None and b is None:
+        return None
+    if w is None:
+        return Materialized([b], [g])
+    return DenseOuterProduct(w, b, a, g)
+
+
+def _cell_contribution(module: nn.Module, mode: str, record: Record, params) -> Compound:
+    """One call of an ``nn.RNNCell`` / ``nn.GRUCell`` / ``nn.LSTMCell``: its weights enter
+    through ``gi = W_ih x + b_ih`` and ``gh = W_hh h + b_hh``, so the per-example
+    gradients are the rank-one outer products of ``dgi``, ``dgh`` (one autograd call
+    through the cell equations, seeded by the recorded output gradients) with ``x`` and
+    ``h``. A cell called once per time step gives one record per call; the engine sums
+    them (with exact cross terms for the norms)."""
     x = record.args[0]
-    hx = record.args[1] if len(record.args) > 1 else record.kwargs.get("hx")
-    mode = module.mode
+    if x.dim() != 2:
+        raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
+                         f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
+    lstm = mode == "LSTM"
+    if lstm and len(record.grad_outputs) > 1 and record.grad_outputs[1] is not None \
+            and record.extra is None:
+        raise ValueError(
+            "nn.LSTMCell's new cell state reaches the loss, and this call was not "
+            "instrumented (GradSampleTracker(..., instrument_attention=False), or a "
+            "subclass whose forward does not call torch's lstm_cell): on CPU PyTorch "
+            "computes the hidden state from the returned cell state, so the gradient "
+            "recorded for it may already include the hidden state's and its per-example "
+            "gradients cannot be told apart. Keep the instrumentation on (the default), or "
+            "use nn.LSTM")
+    g_h = _scaled(record, 0)
+    g_c = _scaled(record, 1) if lstm else None
+    dt = compute_dtype(x, g_h, g_c)
+    B, H = x.shape[0], module.hidden_size
+    hx = _arg(record, 1, "hx")
+    h, c = (hx if hx is not None else (None, None)) if lstm else (hx, None)
+    # (a state tuple is recorded as passed: detached here, like every recorded tensor)
+    h = x.new_zeros(B, H, dtype=dt) if h is None else _as(h.detach(), dt)
+    if lstm:
+        c = x.new_zeros(B, H, dtype=dt) if c is None else _as(c.detach(), dt)
+    x = _as(x, dt)
+    w_ih, w_hh = module.weight_ih, module.weight_hh
+    b_ih, b_hh = module.bias_ih, module.bias_hh
+
+    def det(t):
+        return None if t is None else _as(t.detach(), dt)
+
+    with rule_evaluation(), torch.enable_grad():
+        gi = torch.nn.functional.linear(x, det(w_ih), det(b_ih)).requires_grad_()
+        gh = torch.nn.functional.linear(h, det(w_hh), det(b_hh)).requires_grad_()
+        if lstm:
+            targets = _lstm_cell(gi, gh, c)
+            seeds = (_as(g_h, dt), _as(g_c, dt))
+        else:
+            targets = (_cell(mode, gi, gh, h),)
+            seeds = (_as(g_h, dt),)
+        dgi, dgh = torch.autograd.grad(targets, (gi, gh), seeds)
+    ps = set(params)
+    parts = [part for part in (_dense_part(w_ih, b_ih, x, dgi, ps),
+                               _dense_part(w_hh, b_hh, h, dgh, ps)) if part is not None]
+    return Compound(parts)
+
+
+_LSTM_CELL = torch._C._VariableFunctions.lstm_cell
+
+
+class CellStateCapture(TorchFunctionMode):
+    """Entered by the tracker around each recorded ``nn.LSTMCell`` call: the new cell state
+    the call returns becomes a view of the one PyTorch computed.
+
+    On CPU, ``lstm_cell`` computes the hidden state ``h' = o tanh(c')`` *from* the cell
+    state tensor it returns, so a gradient hook on that tensor would receive the
+    gradient the loss sends through ``h'`` as well as the gradient from outside the cell
+    (on CUDA the fused kernel keeps them apart). Returning a view (no copy) puts the
+    hook downstream of ``h'``'s use: the recorded gradient is always the one from
+    outside the cell, which is what :func:`_cell_contribution` seeds. Autograd's own
+    gradients are unchanged. Nothing is stored on the module.
+    """
+
+    def __init__(self, sink) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is _LSTM_CELL:
+            hy, cy = out
+            self._sink({"cell_state": "from outside"})
+            if cy.requires_grad:  # else h' and c' are made differentiable separately
+                cy = cy.view_as(cy)
+            return hy, cy
+        return out
+
+
+register_instrumenter(nn.LSTMCell)(CellStateCapture)
+
+
+@register_rule(nn.LSTMCell, batch_dim=0, record_dims=_cell_record_dims)
+def lstm_cell_rule(module: nn.LSTMCell, record: Record, params) -> Compound:
+    """``nn.LSTMCell`` (see :func:`_cell_contribution`)."""
+    return _cell_contribution(module, "LSTM", record, params)
+
+
+@register_rule(nn.GRUCell, batch_dim=0, record_dims=_cell_record_dims)
+def gru_cell_rule(module: nn.GRUCell, record: Record, params) -> Compound:
+    """``nn.GRUCell`` (see :func:`_cell_contribution`)."""
+    return _cell_contribution(module, "GRU", record, params)
+
+
+@register_rule(nn.RNNCell, batch_dim=0, record_dims=_cell_record_dims)
+def rnn_cell_rule(module: nn.RNNCell, record: Record, params) -> Compound:
+    """``nn.RNNCell`` with ``tanh`` or ``relu`` (see :func:`_cell_contribution`)."""
+    mode = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}[module.nonlinearity]
+    return _cell_contribution(module, mode, record, params)
+
+
+def _arg(record: Record, i: int, *names: str):
+    if len(record.args) > i:
+        return record.args[i]
+    for n in names:
+        if n in record.kwargs:
+            return record.kwargs[n]
+    return None
+
+
+def recurrent_contribution(module: nn.Module, spec: Recurrence, record: Record, params):
+    """Per-example contribution of one call of a recurrent layer computing ``spec``'s
+    recurrence with the weights ``module.weight_ih_l{k}[_reverse]`` (and ``weight_hh``,
+    ``bias_ih``, ``bias_hh``) on ``record.args[0]`` (a tensor in ``spec``'s layout or a
+    ``PackedSequence``) from the initial state ``record.args[1]`` (keyword ``hx`` or
+    ``state_init``; for an LSTM ``(h0, c0)``, either may be None: zeros)."""
+    x = record.args[0]
+    hx = _arg(record, 1, "hx", "state_init")
+    mode = spec.mode
     n_out = len(record.outputs_meta)
     lengths = None
     if isinstance(x, PackedSequence):
@@ -251,30 +461,30 @@ def rnn_rule(module: nn.RNNBase, record: Record, params):
         if x.dim() != 3:
             raise ValueError(f"{type(module).__name__} received an unbatched input; "
                              "per-example clipping needs a batch dimension")
-        if module.batch_first:
+        if spec.batch_first:
             x = x.transpose(0, 1)  # work time-major: (T, B, I)
         g_out = _scaled(record, 0)
-        if module.batch_first:
+        if spec.batch_first:
             g_out = g_out.transpose(0, 1)
     T, B = x.shape[:2]
-    H, L = module.hidden_size, module.num_layers
-    D = 2 if module.bidirectional else 1
+    H, L, D = spec.hidden_size, spec.num_layers, spec.directions
     dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
-    if hx is None:
-        h0 = x.new_zeros(L * D, B, H, dtype=dtype)
-        c0 = h0 if mode == "LSTM" else None
-    elif mode == "LSTM":
-        h0, c0 = hx
+    if mode == "LSTM":
+        h0, c0 = hx if hx is not None else (None, None)
     else:
         h0, c0 = hx, None
+    if h0 is None:
+        h0 = x.new_zeros(L * D, B, H, dtype=dtype)
+    if mode == "LSTM" and c0 is None:
+        c0 = x.new_zeros(L * D, B, H, dtype=dtype)
     # gradients of the loss with respect to (output, h_n[, c_n]); output in (T, B, D*H)
     if mode == "LSTM":
         g_h, g_c = _scaled(record, n_out - 2), _scaled(record, n_out - 1)
         if lengths is None:
-            return _lstm_contribution(module, x, h0, c0, g_out, g_h, g_c, params)
+            return _lstm_contribution(module, spec, x, h0, c0, g_out, g_h, g_c, params)
     else:
         g_h, g_c = _scaled(record, n_out - 1), None
-    return _autograd_contribution(module, x, h0, c0, g_out, g_h, g_c, params, lengths)
+    return _autograd_contribution(module, spec, x, h0, c0, g_out, g_h, g_c, params, lengths)
 
 
 def _lstm_cell(gi, gh, c):
@@ -284,14 +494,14 @@ def _lstm_cell(gi, gh, c):
     return torch.sigmoid(o) * torch.tanh(c), c
 
 
-def _autograd_contribution(module, x, h0, c0, g_out, g_h, g_c, params, lengths=None):
+def _autograd_contribution(module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c, params,
+                           lengths=None):
     """Per-example gradients by recomputing the recurrence and one ``torch.autograd.grad``
     call seeded by the recorded output gradients (GRU and plain RNN; every mode for
     packed sequences, where ``lengths`` masks the steps past each sequence's end)."""
     T = x.shape[0]
-    L = module.num_layers
-    D = 2 if module.bidirectional else 1
-    mode = module.mode
+    L, D = spec.num_layers, spec.directions
+    mode = spec.mode
     lstm = mode == "LSTM"
     mask = None
     if lengths is not None:

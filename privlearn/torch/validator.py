@@ -1,9 +1,10 @@
 """Checks that a model can be trained with per-example clipping, and fixes what it can.
 
 :func:`validate` lists *every* problem at once; :func:`fix` replaces fixable layers.
-The checks are registered per module type (:func:`register_validator`), and so are the
-fixers (:func:`register_fixer`), so a layer defined outside privlearn gets its own check
-and fix by registration alone.
+The checks are registered per module type (:func:`register_validator`) or declared by the
+layer's rule (``LayerRule.check``, for layers matched by a predicate), and the fixers per
+type (:func:`register_fixer`), so a layer defined outside privlearn gets its own check and
+fix by registration alone.
 """
 
 from __future__ import annotations
@@ -79,6 +80,31 @@ def _checks_for(m: nn.Module) -> list[Check]:
     return out
 
 
+@register_validator(nn.Module)
+def _aliased(m, trainable):
+    """A module that registers a parameter of one of its submodules a second time and has
+    no rule covering its whole subtree: the generic rule of the module and the rule of the
+    submodule would each count the parameter's gradient."""
+    if not trainable:
+        return []
+    from privlearn.torch import rules as _rules  # noqa: F401  (registers the rules)
+    from privlearn.torch.fallback import aliased_parameters
+    from privlearn.torch.grad_sample import get_rule
+
+    rule = get_rule(m)
+    if rule is not None and rule.scope == "subtree":
+        return []
+    aliases = aliased_parameters(m)
+    if not aliases:
+        return []
+    pairs = ", ".join(f"{a} = {b}" for a, b in list(aliases.items())[:4])
+    return [f"registers parameters of its submodules a second time ({pairs}"
+            f"{', ...' if len(aliases) > 4 else ''}); per-example gradients would count "
+            "them twice. Register each parameter on one module only, or register a rule "
+            "covering the whole module (privlearn.torch.register_rule(..., "
+            "scope='subtree'))"]
+
+
 @register_validator(nn.modules.batchnorm._BatchNorm)
 def _batch_norm(m, trainable):
     return [_BN_MSG]
@@ -147,7 +173,21 @@ def _problems(model: nn.Module) -> list[str]:
                        "freeze these parameters")
         for check in _checks_for(m):
             out.extend(f"{label}: {msg}" for msg in check(m, trainable))
+        out.extend(f"{label}: {msg}" for msg in _rule_problems(m, trainable))
     return out
+
+
+def _rule_problems(m: nn.Module, trainable: bool) -> list[str]:
+    """What the rule that handles ``m`` declares it cannot handle (``LayerRule.check``)."""
+    from privlearn.torch import rules as _rules  # noqa: F401  (registers the rules)
+    from privlearn.torch.grad_sample import get_rule
+
+    rule = get_rule(m)
+    if rule is None or rule.check is None:
+        return []
+    if not trainable and not any(p.requires_grad for p in m.parameters()):
+        return []
+    return list(rule.check(m))
 
 
 def validate(model: nn.Module) -> list[str]:

@@ -13,6 +13,10 @@ parameters). Each class-name match is checked once per module instance against t
 generic :mod:`torch.func` fallback on two examples; a module whose behaviour differs from
 the rule's assumptions is then handled by the fallback instead (with a warning).
 
+:mod:`privlearn.torch.rules.opacus` recognises Opacus's DP layers (``DPLSTM``,
+``DPGRU``, ``DPRNN``, ``SequenceBias``, ``DPMultiheadAttention``) the same way, by class
+and module path, without importing Opacus.
+
 The recurrent rules (:mod:`privlearn.torch.rnn`) and the attention rule with its
 instrumenter (:mod:`privlearn.torch.attention`) live next to their larger helpers and are
 loaded here too: importing this package is the one place every built-in rule, predicate
@@ -33,6 +37,7 @@ from privlearn.torch.rules import (  # noqa: F401  (registers)
     embedding,
     linear,
     norm,
+    opacus,
     transformers,  # noqa: F401  (registers the rules)
 )
 

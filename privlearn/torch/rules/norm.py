@@ -1,5 +1,6 @@
-"""Per-example rules for :class:`torch.nn.LayerNorm` and :class:`torch.nn.GroupNorm`:
-the weight's per-example gradient is ``sum g * xhat``, the bias's ``sum g``.
+"""Per-example rules for :class:`torch.nn.LayerNorm`, :class:`torch.nn.GroupNorm` and
+``nn.InstanceNorm1d/2d/3d``: the weight's per-example gradient is ``sum g * xhat``
+(``xhat`` the input normalised with its own statistics), the bias's ``sum g``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from privlearn.torch.grad_sample import (
     register_rule,
 )
 
-__all__ = ['layernorm_rule', 'groupnorm_rule']
+__all__ = ['layernorm_rule', 'groupnorm_rule', 'instancenorm_rule']
 
 
 def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
@@ -54,5 +55,22 @@ def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution
     dt = compute_dtype(x, g)
     x, g = _as(x, dt), _as(g, dt)
     xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
+    reduce_dims = tuple(range(2, x.dim()))
+    return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
+
+
+@register_rule(nn.modules.instancenorm._InstanceNorm, batch_dim=0)
+def instancenorm_rule(module: nn.modules.instancenorm._InstanceNorm, record: Record,
+                      params) -> Contribution:
+    """InstanceNorm (affine): each example and channel is normalised with its own
+    statistics (in training, with or without running statistics, which the validator
+    refuses), then scaled per channel: ``grad_w[c] = sum_s g[c, s] xhat[c, s]``."""
+    x, g = record.args[0], _scaled(record)
+    if x.dim() == module._get_no_batch_dim():
+        raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
+                         f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
+    dt = compute_dtype(x, g)
+    x, g = _as(x, dt), _as(g, dt)
+    xhat = F.instance_norm(x, use_input_stats=True, eps=module.eps)
     reduce_dims = tuple(range(2, x.dim()))
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
