@@ -27,18 +27,20 @@ __all__ = ["FALLBACK", "aliased_parameters", "default_record_dims", "direct_fall
 
 
 def default_record_dims(module: nn.Module, record: Record, batch: int):
-    """Batch dimension of every tensor argument and output of a batch-first record
-    (None: not batched, i.e. shared by all examples): dimension 0 where its size is the
-    batch size."""
+    """Batch dimension of every tensor argument and output of a record (None: not
+    batched, i.e. shared by all examples): ``record.batch_dim`` (0 for a batch-first
+    record) where the tensor's size there is the batch size."""
+    d = record.batch_dim
 
     def dim(t):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        if not isinstance(t, torch.Tensor) or t.dim() <= d:
             return None
-        return 0 if t.shape[0] == batch else None
+        return d if t.shape[d] == batch else None
 
     arg_dims = [dim(a) for a in record.args]
     kw_dims = {k: dim(v) for k, v in record.kwargs.items()}
-    out_dims = [0 if (len(s) > 0 and s[0] == batch) else None for s, _, _ in record.outputs_meta]
+    out_dims = [d if (len(s) > d and s[d] == batch) else None
+                for s, _, _ in record.outputs_meta]
     return arg_dims, kw_dims, out_dims
 
 
@@ -60,7 +62,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     outputs_n = len(record.outputs_meta)
     if dims is None:
         x = record.args[0] if record.args else next(iter(record.kwargs.values()))
-        b = x.shape[0]
+        b = x.shape[record.batch_dim]
         arg_dims, kw_dims, out_dims = default_record_dims(module, record, b)
     else:
         b, arg_dims, kw_dims, out_dims = dims
@@ -171,4 +173,4 @@ def direct_fallback_rule(module: nn.Module, record: Record, params) -> Contribut
 
 #: The rule of layers without a registered one (their own trainable parameters only;
 #: batch dimension from the context, as for ``nn.Linear``).
-FALLBACK = LayerRule(direct_fallback_rule, scope="direct")
+FALLBACK = LayerRule(direct_fallback_rule, scope="direct", moves=False)

@@ -101,6 +101,8 @@ class Record:
     out_spec: object = None
     scale: float = 1.0  # loss-reduction factor, set by the tracker
     extra: dict | None = None  # tensors exposed by an instrumented forward (attention)
+    batch_dim: int = 0  # where the recorded tensors carry the examples (rules that do not
+    # have the engine move them, e.g. the generic fallback)
 
     def has_grad(self) -> bool:
         return any(g is not None for g in self.grad_outputs)
@@ -642,6 +644,11 @@ class LayerRule:
         ``batch_first`` itself, e.g. ``nn.MultiheadAttention``, ``nn.LSTM``); the engine
         passes them unchanged, and ``batch_size`` / ``record_dims`` say where the
         examples are.
+    moves : bool
+        Whether the engine may move the batch dimension to 0 for this rule (False: the
+        record keeps the layer's layout and says where the examples are in
+        ``Record.batch_dim``; the generic fallback, which re-runs the layer on single
+        examples, needs the layout the layer expects).
     expand_broadcast : bool
         An input broadcast over the batch (batch dimension of size 1 while the model's
         batch has ``B > 1``, e.g. Hugging Face's default ``position_ids`` of shape
@@ -679,6 +686,7 @@ class LayerRule:
     compute: Rule
     batch_dim: int | Callable[[nn.Module], int] | None = None
     own_layout: bool = False
+    moves: bool = True
     expand_broadcast: bool = True
     scope: str = "subtree"
     after_swap: Callable[[nn.Module], None] | None = None

@@ -79,8 +79,9 @@ class Unit:
     @property
     def normalised(self) -> bool:
         """Whether the records of this unit are stored batch-first (the engine moved the
-        batch dimension to 0; every rule but the layout-aware ones)."""
-        return not self.rule.own_layout
+        batch dimension to 0; every rule but the layout-aware ones and those that need the
+        layer's own layout)."""
+        return not self.rule.own_layout and self.rule.moves
 
 
 def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -> list[Unit]:
@@ -427,6 +428,8 @@ class GradSampleTracker:
                 outputs_meta=[],
             )
             rec.extra = self._captured.pop(id(module), None)
+            if not unit.normalised:
+                rec.batch_dim = unit.batch_dim
             records = self.records
             if index in records:
                 records[index].append(rec)
@@ -454,7 +457,12 @@ class GradSampleTracker:
                     if o.is_floating_point():
                         if not o.requires_grad:
                             o = _MakeDifferentiable.apply(dummy, o)
-                            changed = True
+                        else:
+                            # the hook on a view sees only the gradient from outside the
+                            # layer (an output the layer itself consumed, e.g. y in
+                            # (y, f(y)), would otherwise bring f's share in twice)
+                            o = o.view_as(o)
+                        changed = True
                         o.register_hook(grad_hook(rec, j, move))
                 new_flat.append(o)
             return tree_unflatten(new_flat, spec) if changed else None

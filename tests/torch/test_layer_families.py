@@ -943,12 +943,6 @@ class _AfterLinear(nn.Module):
         return y + z
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "tracker: the gradient hook on an output that the module itself consumes (y, used for "
-    "sin(y)) receives the gradient through the other output too, and the fallback seeds "
-    "both outputs, so that path is counted twice once the layer's input requires grad "
-    "(hooking a view of each output in GradSampleTracker._make_hook would fix it; "
-    "nn.LSTMCell is handled by its instrumenter)"))
 def test_fallback_layer_whose_outputs_feed_each_other():
     _seeded(0)
     x = torch.randn(4, 3, dtype=F64)
@@ -966,11 +960,6 @@ class _CumulativeScale(nn.Module):
         return x.cumsum(0) * self.w
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "tracker/fallback: a unit declared sequence-first (batch_dims={name: 1}) has its "
-    "record moved to batch-first, and the generic fallback re-runs the module on "
-    "batch-first single examples (1, T, E) instead of (T, 1, E); the Record does not say "
-    "where the batch was, so the fallback cannot move it back"))
 def test_fallback_on_a_sequence_first_layer():
     _seeded(0)
     x = torch.randn(3, 2, 4, dtype=F64)
