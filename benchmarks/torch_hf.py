@@ -94,19 +94,18 @@ LR, MAX_GRAD_NORM, NOISE_MULTIPLIER = 0.05, 1.0, 1.0
 THREADS = 1  # torch threads per configuration on the CPU
 SECTION = "## Hugging Face transformers (DP-SGD step time and memory)"
 #: defaults per device: steps, warm-up steps, rounds, max seconds of timed steps
-DEFAULTS = {"cpu": (6, 1, 2, 4.0), "cuda": (10, 3, 2, 8.0)}
+DEFAULTS = {"cpu": (6, 1, 2, 4.0), "cuda": (10, 3, 2, 5.0)}
 RERUN_ON_GPU = (
     "How to rerun on a GPU: on a machine with internet access, `pip download --no-deps "
     "opacus==1.6.0 -d wheels/` in the checkout (Opacus is the only benchmark dependency "
     "that GPU images usually lack; the script installs it from `wheels/` without an "
     "index), then on the GPU machine, in the checkout, `OUT=/tmp/gpu-check bash "
-    "benchmarks/gpu_check.sh` (at most 9 minutes: it installs privlearn with `pip "
-    "install --no-deps -e .`, runs the CUDA tests, `python -m pytest tests/torch -k "
-    "cuda`, and `python benchmarks/torch_hf.py --device cuda --size small --dtype "
-    "fp32,bf16`, writing logs, JUnit XML, the raw results and an updated copy of this "
-    "file under `$OUT`). Copy `$OUT/benchmarks.md` over `docs/benchmarks.md` to keep the "
-    "figures. Through this project's device tool: `run(command=\"bash "
-    "benchmarks/gpu_check.sh\", carry=[\"wheels\"], timeout_s=600)`.")
+    "benchmarks/gpu_check.sh` (at most 9 minutes, no internet needed: it installs "
+    "privlearn with `pip install --no-deps --no-build-isolation -e .`, runs the CUDA "
+    "tests, `python -m pytest tests/torch -k cuda`, and `python benchmarks/torch_hf.py "
+    "--device cuda --size small --dtype fp32,bf16`, writing logs, JUnit XML, the raw "
+    "results and an updated copy of this file under `$OUT`). Copy `$OUT/benchmarks.md` "
+    "over `docs/benchmarks.md` to keep the figures.")
 
 
 # --------------------------------------------------------------------------- workloads
@@ -486,8 +485,11 @@ def run_grid(jobs: list[tuple], opts: dict, timeout: float, report) -> None:
                     failed.add(job[1:])
                 report(job, rest[0])
         proc.join()
-        if current is None and not progress and todo:
-            current = todo[0]  # the child died before its first job: give that one up
+        if not progress:  # the child died before its first job: so would the next one
+            for job in list(todo):
+                todo.remove(job)
+                report(job, {"model": job[1], "dtype": job[2], "mode": job[3],
+                             "error": f"not run: {msg}"})
         if current is not None:  # the job in flight failed with its process
             _, model, dtype, mode = current
             todo.remove(current)
@@ -605,6 +607,8 @@ def _where(args) -> str:
     if args.device == "cpu":
         return (f"{os.cpu_count()} vCPUs, {THREADS} torch thread, CPU; peak memory = "
                 "resident set size added")
+    if not torch.cuda.is_available():
+        return "no CUDA device found"
     props = torch.cuda.get_device_properties(0)
     return (f"GPU **{torch.cuda.get_device_name(0)}** ({props.total_memory / 2**30:.0f} GiB), "
             f"CUDA {torch.version.cuda}, {torch.get_num_threads()} CPU threads for torch; "
@@ -721,7 +725,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="interleaved rounds (default 2)")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop timing a configuration after this many seconds of timed "
-                    "steps, once 3 ran (default: 4 on cpu, 8 on cuda)")
+                    "steps, once 3 ran (default: 4 on cpu, 5 on cuda)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds per configuration before its process is killed (default: "
                     "120 on cuda; on cpu 180, 1800 for --size small)")
