@@ -438,6 +438,11 @@ def _grid_child(conn, jobs, opts: dict) -> None:
         except BaseException as exc:  # reported as "fails: ..."
             res = _error((model_name, dtype, mode), exc)
             failed.add(job[1:])
+            if cuda and "CUDA error" in res["error"]:
+                # the context may be unusable: a fresh process takes the remaining jobs
+                conn.send(("done", job, res))
+                conn.close()
+                os._exit(3)
         model = None
         gc.collect()
         if cuda:

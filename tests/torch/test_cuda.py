@@ -228,6 +228,44 @@ def test_hf_model_float32_matches_batch_of_one_loop(name):
     assert (got - ref).norm() <= 1e-4 * ref.norm()
 
 
+@pytest.mark.parametrize("physical", [None, 3])
+def test_make_private_step_is_the_clipped_mean_of_the_batch_of_one_loop(physical):
+    """A whole ``make_private`` step of a GPT-2 on the device with noise 0 (the fused
+    noise-and-sum buffer; with ``max_physical_batch_size``, chunks summed into one
+    step): the update is lr x the clipped sum / expected batch size of the naive loop."""
+    pytest.importorskip("transformers")
+    from hf_models import build, clip_sum, make_batch, naive_grads, trainable
+
+    from privlearn.torch import per_sequence_cross_entropy
+
+    model = build("gpt2", dtype=torch.float32).to(DEVICE)
+    naive = build("gpt2", dtype=torch.float32).to(DEVICE)
+    inputs, labels = make_batch("gpt2", b=24, dtype=torch.float32)
+    data = TensorDataset(inputs["input_ids"], inputs["attention_mask"], labels)
+    lr, c = 0.5, 0.05
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                     DataLoader(data, batch_size=8), noise_multiplier=0.0, max_grad_norm=c,
+                     seed=0, max_physical_batch_size=physical)
+    before = torch.cat([q.detach().reshape(-1).clone() for q in trainable(model)])
+    seen = []
+    for ids, mask, lab in p.data_loader:
+        ids, mask, lab = ids.to(DEVICE), mask.to(DEVICE), lab.to(DEVICE)
+        seen.append((ids, mask, lab))
+        p.optimizer.zero_grad()
+        out = p.model(input_ids=ids, attention_mask=mask)
+        per_sequence_cross_entropy(out.logits, lab, shift=True).backward()
+        p.optimizer.step()
+        if p.accountant.steps == 1:
+            break
+    ids, mask, lab = (torch.cat(t) for t in zip(*seen, strict=True))
+    assert ids.shape[0] > 0
+    rows = naive_grads("gpt2", naive, {"input_ids": ids, "attention_mask": mask}, lab)
+    ref, _ = clip_sum(rows, c)
+    after = torch.cat([q.detach().reshape(-1) for q in trainable(model)])
+    got = (before - after).double().cpu() / lr * p.optimizer.expected_batch_size
+    assert (got - ref).norm() <= 1e-4 * ref.norm()
+
+
 # --------------------------------------------------------------------------- mixed precision
 class _Scale(nn.Module):
     """A layer without a rule (handled by the torch.func fallback)."""
