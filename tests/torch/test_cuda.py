@@ -262,7 +262,7 @@ def test_make_private_step_is_the_clipped_mean_of_the_batch_of_one_loop(physical
     rows = naive_grads("gpt2", naive, {"input_ids": ids, "attention_mask": mask}, lab)
     ref, _ = clip_sum(rows, c)
     after = torch.cat([q.detach().reshape(-1) for q in trainable(model)])
-    got = (before - after).double().cpu() / lr * p.optimizer.expected_batch_size
+    got = (before - after).double() / lr * p.optimizer.expected_batch_size
     assert (got - ref).norm() <= 1e-4 * ref.norm()
 
 

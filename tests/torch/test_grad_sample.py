@@ -309,7 +309,7 @@ class _MHA(nn.Module):
         lq, lk = (q.shape[1], kv.shape[1]) if self.mha.batch_first else (q.shape[0], kv.shape[0])
         attn_mask = None
         if self.causal:
-            attn_mask = torch.ones(lq, lk, dtype=torch.bool).triu(1)
+            attn_mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(1)
             attn_mask[:, 0] = False  # keep one key visible to every query
         out, w = self.mha(q, kv, kv, key_padding_mask=mask, attn_mask=attn_mask,
                           average_attn_weights=self.average)
