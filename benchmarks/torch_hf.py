@@ -1,44 +1,76 @@
-"""Step time and peak memory of DP-SGD on small Hugging Face transformers: non-private,
-privlearn and every Opacus mode, in one run.
+"""Step time and peak memory of DP-SGD on Hugging Face transformers: non-private,
+privlearn and every Opacus mode, in one run, on the CPU or a GPU.
 
 Usage::
 
     python benchmarks/torch_hf.py [--models gpt2,bert,llama,gpt2-lora] [--steps N]
-                                  [--warmup W] [--repeats R] [--out docs/benchmarks.md]
+                                  [--warmup W] [--rounds R] [--out docs/benchmarks.md]
+    python benchmarks/torch_hf.py --device cuda --size small --dtype fp32,bf16 \\
+                                  --out docs/benchmarks.md
 
-Models (config-initialised, no weights downloaded; dropout 0; vocabulary 8000, 64 tokens,
-batch 32):
+Sizes (``--size``; every model config-initialised, no weights downloaded, dropout 0):
 
-* ``gpt2``: GPT-2, 2 blocks of width 128, 4 heads, input and output embeddings **tied**
-  (the default), causal LM;
-* ``bert``: BERT, 2 layers of width 128, 4 heads, sequence classification (2 classes);
-* ``llama``: Llama, 2 layers of width 128, 4 heads, causal LM;
-* ``gpt2-lora``: the GPT-2 above with peft LoRA (rank 8) on ``c_attn``; only the adapters
-  train.
+* ``mini`` (the default; the CPU figures): vocabulary 8000, 64 tokens, batch 32.
+  ``gpt2``: GPT-2, 2 blocks of width 128, 4 heads, input and output embeddings **tied**
+  (the default), causal LM; ``bert``: BERT, 2 layers of width 128, 4 heads, sequence
+  classification (2 classes); ``llama``: Llama, 2 layers of width 128, 4 heads, causal
+  LM; ``gpt2-lora``: the GPT-2 above with peft LoRA (rank 8) on ``c_attn``, only the
+  adapters train.
+* ``small`` (realistic sizes, for a GPU): ``gpt2``: ``GPT2Config()`` = GPT-2 small (124M
+  parameters, tied), 16 sequences x 256 tokens; ``bert``: ``BertConfig()`` = BERT-base,
+  sequence classification, 32 x 128; ``llama``: a ~153M Llama (width 768, 12 layers, 12
+  query heads sharing 4 key/value heads, MLP 3072, vocabulary 32000, untied), 16 x 256;
+  ``gpt2-lora``: GPT-2 small + LoRA rank 16 on ``c_attn``, 16 x 256.
+* ``tiny``: the ``small`` structures at toy width (tied GPT-2, BERT, Llama with grouped
+  key/value heads, LoRA rank 16 on ``c_attn``), 8 x 16: a smoke test of the code paths.
 
 Every mode trains the same model from the same initial weights on the same synthetic
 tokens with plain SGD (lr 0.05). The loss is the mean over sequences of the per-sequence
 token cross-entropy (:func:`privlearn.torch.per_sequence_cross_entropy`; its ``reduction=
 "none"`` form is Opacus ghost clipping's per-example loss), or cross-entropy over the
-class logits for BERT. The private modes use Poisson sampling at rate ``32 / n``,
-``max_grad_norm=1`` and ``noise_multiplier=1``; non-private training uses a shuffled
-loader with fixed batches of 32. Position ids are passed expanded to ``(B, T)`` in every
-mode (privlearn and Opacus both fail on GPT-2/BERT's default broadcast ``(1, T)`` ids at
-the time of writing; issue 11).
+class logits for BERT. The private modes use Poisson sampling at rate ``B / n`` (expected
+batch ``B``), ``max_grad_norm=1`` and ``noise_multiplier=1``; non-private training uses a
+shuffled loader with fixed batches of ``B``. ``n`` is ``B x (steps + warmup + 8)`` for
+``mini`` and ``64 B`` (rate 1/64) for ``small`` and ``tiny``. Position ids are passed
+expanded to ``(B, T)`` in every mode (Opacus fails on GPT-2/BERT's default broadcast
+``(1, T)`` ids).
 
-Measurement: the driver imports everything once, then runs every (model, mode)
-configuration in a forked child process (``torch.set_num_threads(THREADS)`` before any
-work), so that each one's peak resident memory is its own: the child builds the model and
-the training objects, records its resident set size and resets the peak counter
-(``/proc/self/clear_refs``), runs ``warmup`` untimed and up to ``steps`` timed steps (draw
-the batch, ``zero_grad``, forward, loss, backward, ``step``), and reports the median step
-time and the peak RSS added. ``--repeats`` interleaved rounds (all modes, then all modes
-again) keep each mode's fastest round and its highest peak memory.
+Precision (``--dtype``): ``fp32`` trains float32 weights (on CUDA with TF32 matmuls,
+``torch.backends.cuda.matmul.allow_tf32 = True``); ``bf16`` runs the forward pass and
+the loss of the same float32 model under ``torch.autocast(device, dtype=torch.bfloat16)``.
+
+Measurement. One step = draw the batch, move it to the device, ``zero_grad``, forward,
+loss, backward, ``step`` (then ``torch.cuda.synchronize()`` on CUDA). ``warmup`` untimed
+steps, then up to ``steps`` timed ones (stopping after ``--max-seconds`` once 3 ran);
+the median step time is reported. ``--rounds`` interleaved rounds (every configuration,
+then every configuration again) keep each configuration's fastest round and its highest
+peak memory.
+
+* ``--processes per-config`` (the default on the CPU): the driver imports everything
+  once, then runs each configuration in a forked child process (``torch.set_num_threads
+  (1)`` before any work) so that its peak resident memory is its own: the child builds
+  the model and the training objects, records its resident set size, resets the peak
+  counter (``/proc/self/clear_refs``) and reports the peak RSS added by its steps.
+* ``--processes one`` (the default on CUDA): one spawned child process runs the whole
+  grid (a child that dies is replaced and the configuration it was running reported as
+  failed). Each model is built once and every
+  configuration trains a fresh deep copy of it. Peak memory is the CUDA memory a step
+  adds: ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()`` minus
+  ``memory_allocated()`` just before the step, the highest over the timed steps; "held"
+  is what stays allocated between steps (the model copy, gradients, optimizer and
+  engine state). On the CPU this layout reports RSS figures that are not comparable
+  between configurations (freed memory is reused); it exists there to smoke-test the
+  GPU code path.
+
+``--budget-seconds`` bounds the whole run: configurations not started in time are
+reported as not run, and the section is still written.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import gc
 import json
 import math
 import multiprocessing as mp
@@ -48,6 +80,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 ALL_MODELS = ["gpt2", "bert", "llama", "gpt2-lora"]
@@ -55,57 +88,110 @@ MODES = ["non-private", "privlearn", "opacus-hooks", "opacus-ew", "opacus-functo
          "opacus-ghost"]
 OPACUS_MODES = {"opacus-hooks": "hooks", "opacus-ew": "ew", "opacus-functorch": "functorch",
                 "opacus-ghost": "ghost"}
-VOCAB, SEQ, BATCH, WIDTH = 8000, 64, 32, 128
+DTYPES = ["fp32", "bf16"]
+SIZES = ["mini", "small", "tiny"]
 LR, MAX_GRAD_NORM, NOISE_MULTIPLIER = 0.05, 1.0, 1.0
-THREADS = 1
+THREADS = 1  # torch threads per configuration on the CPU
 SECTION = "## Hugging Face transformers (DP-SGD step time and memory)"
+#: defaults per device: steps, warm-up steps, rounds, max seconds of timed steps
+DEFAULTS = {"cpu": (6, 1, 2, 4.0), "cuda": (10, 3, 2, 5.0)}
+RERUN_ON_GPU = (
+    "How to rerun on a GPU: on a machine with internet access, `pip download --no-deps "
+    "opacus==1.6.0 -d wheels/` in the checkout (Opacus is the only benchmark dependency "
+    "that GPU images usually lack; the script installs it from `wheels/` without an "
+    "index), then on the GPU machine, in the checkout, `OUT=/tmp/gpu-check bash "
+    "benchmarks/gpu_check.sh` (at most 9 minutes, no internet needed: it installs "
+    "privlearn with `pip install --no-deps --no-build-isolation -e .`, runs the CUDA "
+    "tests, `python -m pytest tests/torch -k cuda`, and `python benchmarks/torch_hf.py "
+    "--device cuda --size small --dtype fp32,bf16`, writing logs, JUnit XML, the raw "
+    "results and an updated copy of this file under `$OUT`). Copy `$OUT/benchmarks.md` "
+    "over `docs/benchmarks.md` to keep the figures.")
 
 
-# --------------------------------------------------------------------------- worker
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+# --------------------------------------------------------------------------- workloads
+@dataclass(frozen=True)
+class Workload:
+    """One model at one size: its batch (expected, under Poisson sampling), sequence
+    length, vocabulary and LoRA rank (``None`` without LoRA)."""
+
+    size: str
+    model: str
+    batch: int
+    seq: int
+    vocab: int
+    lora_rank: int | None
+
+    @property
+    def task(self) -> str:
+        return "cls" if self.model == "bert" else "lm"
+
+    def examples(self, steps: int, warmup: int) -> int:
+        """Dataset size n (the sampling rate is batch / n)."""
+        if self.size == "mini":
+            return self.batch * (steps + warmup + 8)
+        return 64 * self.batch
 
 
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
+def workload(model: str, size: str = "mini") -> Workload:
+    if model not in ALL_MODELS:
+        raise ValueError(f"model must be one of {ALL_MODELS}, got {model!r}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    lora = model == "gpt2-lora"
+    if size == "mini":
+        return Workload(size, model, 32, 64, 8000, 8 if lora else None)
+    if size == "tiny":
+        return Workload(size, model, 8, 16, 128, 16 if lora else None)
+    batch, seq = (32, 128) if model == "bert" else (16, 256)
+    vocab = {"bert": 30522, "llama": 32000}.get(model, 50257)
+    return Workload(size, model, batch, seq, vocab, 16 if lora else None)
 
 
-def build(model_name: str):
-    """(model, task) for a benchmark model, initialised with seed 0."""
+_GPT2 = {"mini": dict(vocab_size=8000, n_positions=64, n_embd=128, n_layer=2, n_head=4),
+         "tiny": dict(vocab_size=128, n_positions=16, n_embd=32, n_layer=2, n_head=2),
+         "small": {}}  # GPT2Config() = GPT-2 small
+_BERT = {"mini": dict(vocab_size=8000, hidden_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, intermediate_size=512,
+                      max_position_embeddings=64),
+         "tiny": dict(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=64,
+                      max_position_embeddings=16),
+         "small": {}}  # BertConfig() = BERT-base
+_LLAMA = {"mini": dict(vocab_size=8000, hidden_size=128, intermediate_size=344,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                       max_position_embeddings=64),
+          "tiny": dict(vocab_size=128, hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                       max_position_embeddings=16),
+          "small": dict(vocab_size=32000, hidden_size=768, intermediate_size=3072,
+                        num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                        max_position_embeddings=2048)}
+
+
+def build(model_name: str, size: str = "mini"):
+    """(model, task) for a benchmark model, initialised with seed 0 (on the CPU)."""
     import torch
     import transformers
 
+    w = workload(model_name, size)
     torch.manual_seed(0)
     if model_name in ("gpt2", "gpt2-lora"):
-        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=WIDTH,
-                                      n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+        cfg = transformers.GPT2Config(**_GPT2[size], resid_pdrop=0.0, embd_pdrop=0.0,
                                       attn_pdrop=0.0)
         model = transformers.GPT2LMHeadModel(cfg)
-        if model_name == "gpt2-lora":
+        if w.lora_rank is not None:
             import peft
 
             model = peft.get_peft_model(model, peft.LoraConfig(
-                r=8, lora_alpha=16, target_modules=["c_attn"], lora_dropout=0.0,
-                fan_in_fan_out=True, task_type="CAUSAL_LM"))
-        return model, "lm"
+                r=w.lora_rank, lora_alpha=2 * w.lora_rank, target_modules=["c_attn"],
+                lora_dropout=0.0, fan_in_fan_out=True, task_type="CAUSAL_LM"))
+        return model, w.task
     if model_name == "bert":
-        cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=2,
-                                      num_attention_heads=4, intermediate_size=4 * WIDTH,
-                                      max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
+        cfg = transformers.BertConfig(**_BERT[size], hidden_dropout_prob=0.0,
                                       attention_probs_dropout_prob=0.0, num_labels=2)
-        return transformers.BertForSequenceClassification(cfg), "cls"
-    if model_name == "llama":
-        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH,
-                                       intermediate_size=344, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=4,
-                                       max_position_embeddings=SEQ)
-        return transformers.LlamaForCausalLM(cfg), "lm"
-    raise ValueError(f"model must be one of {ALL_MODELS}, got {model_name!r}")
+        return transformers.BertForSequenceClassification(cfg), w.task
+    cfg = transformers.LlamaConfig(**_LLAMA[size])
+    return transformers.LlamaForCausalLM(cfg), w.task
 
 
 def _criterion(task: str):
@@ -127,41 +213,62 @@ def _criterion(task: str):
     return PerSequenceCE() if task == "lm" else torch.nn.CrossEntropyLoss()
 
 
-def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: float,
-           device: str = "cpu") -> dict:
-    import warnings
+def _param_counts(model) -> tuple[int, int]:
+    """(all, trainable) parameters, tied ones counted once."""
+    seen, total, train = set(), 0, 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+            train += p.numel() if p.requires_grad else 0
+    return total, train
 
+
+# --------------------------------------------------------------------------- one configuration
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+def measure(model, w: Workload, mode: str, dtype: str, steps: int, warmup: int,
+            max_seconds: float, device: str = "cpu", held_from: int = 0) -> dict:
+    """Train ``model`` (already on ``device``) in ``mode`` and time its steps. On CUDA,
+    ``held_from`` is the memory allocated before the model was placed there."""
     import torch
-    import transformers
 
-    torch.set_num_threads(THREADS)
-    transformers.logging.set_verbosity_error()
-    warnings.filterwarnings("ignore")
     dev = torch.device(device)
-    model, task = build(model_name)
-    model.to(dev).train()
-    n = BATCH * (steps + warmup + 8)
+    cuda = dev.type == "cuda"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    total, trainable = _param_counts(model)
+    model.train()
+    n = w.examples(steps, warmup)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
-    labels = ids.clone() if task == "lm" else torch.randint(0, 2, (n,), generator=g)
+    ids = torch.randint(0, w.vocab, (n, w.seq), generator=g)
+    labels = ids.clone() if w.task == "lm" else torch.randint(0, 2, (n,), generator=g)
     dataset = torch.utils.data.TensorDataset(ids, labels)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=LR)
-    criterion = _criterion(task)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True)
+    criterion = _criterion(w.task)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=w.batch, shuffle=True)
     if mode == "privlearn":
         from privlearn.torch import make_private
 
         p = make_private(model, optimizer, torch.utils.data.DataLoader(dataset,
-                                                                       batch_size=BATCH),
+                                                                       batch_size=w.batch),
                          noise_multiplier=NOISE_MULTIPLIER, max_grad_norm=MAX_GRAD_NORM)
         model, optimizer, loader = p.model, p.optimizer, p.data_loader
     elif mode in OPACUS_MODES:
-        import warnings
-
         from opacus import PrivacyEngine
 
-        warnings.filterwarnings("ignore")
         out = PrivacyEngine(accountant="rdp").make_private(
             module=model, optimizer=optimizer, criterion=criterion, data_loader=loader,
             noise_multiplier=NOISE_MULTIPLIER, max_grad_norm=MAX_GRAD_NORM,
@@ -178,17 +285,16 @@ def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: flo
             yield from loader
 
     it = batches()
-    cuda = dev.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        base_kb = torch.cuda.memory_allocated() / 1024
-        torch.cuda.reset_peak_memory_stats()
-    else:
+    bf16 = dtype == "bf16"
+    if not cuda:
         base_kb = _status_kb("VmRSS")
         _reset_peak()
-    times, sizes = [], []
+    times, sizes, peaks = [], [], []
     loss = None
     for i in range(warmup + steps):
+        if cuda:
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         xb, yb = next(it)
         xb, yb = xb.to(dev), yb.to(dev)
@@ -196,11 +302,12 @@ def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: flo
         # input_ids positional: Opacus's expanded-weights module takes its input that way
         kw = {"attention_mask": torch.ones_like(xb),
               "position_ids": torch.arange(t, device=dev).expand(b, t).contiguous()}
-        if model_name == "bert":
+        if w.model == "bert":
             kw["token_type_ids"] = torch.zeros_like(xb)
         optimizer.zero_grad()
-        logits = model(xb, **kw).logits
-        loss = criterion(logits, yb)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(xb, **kw).logits
+            loss = criterion(logits, yb)
         loss.backward()
         optimizer.step()
         if cuda:
@@ -209,42 +316,190 @@ def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: flo
         if i >= warmup:
             times.append(dt)
             sizes.append(b)
+            if cuda:
+                peaks.append((torch.cuda.max_memory_allocated() - before) / 2**20)
             if len(times) >= 3 and sum(times) > max_seconds:
                 break
     value = float(loss.item())  # Opacus ghost clipping's loss is a wrapper with item()
     if not math.isfinite(value):
         raise RuntimeError(f"non-finite loss {value}")
-    peak_kb = (torch.cuda.max_memory_allocated() / 1024 if cuda else _status_kb("VmHWM"))
-    return {"model": model_name, "mode": mode, "steps": len(times),
-            "step_s": statistics.median(times), "mean_batch": statistics.fmean(sizes),
-            "peak_added_mb": (peak_kb - base_kb) / 1024, "baseline_mb": base_kb / 1024}
+    res = {"model": w.model, "mode": mode, "dtype": dtype, "steps": len(times),
+           "step_s": statistics.median(times), "mean_batch": statistics.fmean(sizes),
+           "params": total, "trainable": trainable}
+    if cuda:
+        res["peak_added_mb"] = max(peaks)
+        res["held_mb"] = (torch.cuda.memory_allocated() - held_from) / 2**20
+    else:
+        res["peak_added_mb"] = (_status_kb("VmHWM") - base_kb) / 1024
+        res["baseline_mb"] = base_kb / 1024
+    return res
 
 
-def _child(conn, *args) -> None:
+def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: float,
+           device: str = "cpu", size: str = "mini", dtype: str = "fp32") -> dict:
+    """One configuration in a fresh process: build, then :func:`measure`."""
+    import warnings
+
+    import torch
+    import transformers
+
+    torch.set_num_threads(THREADS)
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+    model, _ = build(model_name, size)
+    held_from = torch.cuda.memory_allocated() if device == "cuda" else 0
+    model.to(torch.device(device))
+    return measure(model, workload(model_name, size), mode, dtype, steps, warmup,
+                   max_seconds, device, held_from)
+
+
+def _error(key: tuple, exc: BaseException) -> dict:
+    model, dtype, mode = key
+    msg = f"{type(exc).__name__}: {exc}".replace("\n", " ").replace("|", "/")
+    return {"model": model, "dtype": dtype, "mode": mode, "error": msg[:160],
+            "trace": traceback.format_exc()[-2000:]}
+
+
+def _child(conn, model, mode, steps, warmup, max_seconds, device, size, dtype) -> None:
     try:
-        conn.send(worker(*args))
+        conn.send(worker(model, mode, steps, warmup, max_seconds, device, size, dtype))
     except BaseException as exc:  # reported as "fails: ..."
-        msg = f"{type(exc).__name__}: {exc}".replace("\n", " ").replace("|", "/")
-        conn.send({"model": args[0], "mode": args[1], "error": msg[:160],
-                   "trace": traceback.format_exc()[-2000:]})
+        conn.send(_error((model, dtype, mode), exc))
     finally:
         conn.close()
 
 
-def run_config(model_name, mode, steps, warmup, max_seconds, timeout, device="cpu") -> dict:
-    ctx = mp.get_context("fork")
+def run_config(model_name, mode, steps, warmup, max_seconds, timeout, device="cpu",
+               size="mini", dtype="fp32") -> dict:
+    """One configuration in its own process (``--processes per-config``): forked on the
+    CPU (the modules imported by the driver are inherited), spawned on CUDA (see
+    :func:`run_grid`)."""
+    ctx = mp.get_context("fork" if device == "cpu" else "spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, model_name, mode, steps, warmup,
-                                            max_seconds, device))
+                                            max_seconds, device, size, dtype))
     proc.start()
     child.close()
     if parent.poll(timeout):
-        res = parent.recv()
+        try:
+            res = parent.recv()
+        except EOFError:
+            res = None
     else:
         proc.kill()
-        res = {"model": model_name, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
+        res = {"error": f"timed out after {timeout:.0f} s"}
     proc.join()
+    if res is None:
+        res = {"error": f"the process died (exit code {proc.exitcode})"}
+    res.update(model=model_name, mode=mode, dtype=dtype)
     return res
+
+
+# ------------------------------------------------------------------ the grid in one process
+def _grid_child(conn, jobs, opts: dict) -> None:
+    """Run ``jobs`` ((round, model, dtype, mode) tuples) in this process, sending
+    ``("start", job)`` then ``("done", job, result)`` for each (result None: skipped,
+    the configuration failed in an earlier round)."""
+    import warnings
+
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+    dev = torch.device(opts["device"])
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    else:
+        torch.set_num_threads(THREADS)
+    bases: dict[str, object] = {}
+    failed = set(opts.get("failed", ()))
+    for job in jobs:
+        _, model_name, dtype, mode = job
+        conn.send(("start", job))
+        if job[1:] in failed:
+            conn.send(("done", job, None))
+            continue
+        if time.time() > opts["deadline"]:
+            conn.send(("done", job, {"model": model_name, "dtype": dtype, "mode": mode,
+                                     "error": "not run: time budget spent"}))
+            continue
+        try:
+            if model_name not in bases:
+                base, _ = build(model_name, opts["size"])
+                bases[model_name] = base.to(dev)
+            held_from = torch.cuda.memory_allocated() if cuda else 0
+            model = copy.deepcopy(bases[model_name])
+            res = measure(model, workload(model_name, opts["size"]), mode, dtype,
+                          opts["steps"], opts["warmup"], opts["max_seconds"], opts["device"],
+                          held_from)
+        except BaseException as exc:  # reported as "fails: ..."
+            res = _error((model_name, dtype, mode), exc)
+            failed.add(job[1:])
+            if cuda and "CUDA error" in res["error"]:
+                # the context may be unusable: a fresh process takes the remaining jobs
+                conn.send(("done", job, res))
+                conn.close()
+                os._exit(3)
+        model = None
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        conn.send(("done", job, res))
+    conn.close()
+
+
+def run_grid(jobs: list[tuple], opts: dict, timeout: float, report) -> None:
+    """Run ``jobs`` in one child process (``--processes one``); ``report(job, result)``
+    is called for each that ran. A child that dies or overruns ``timeout`` on one job is
+    killed, the job reported as failed, and a new child takes the remaining jobs.
+
+    The child is spawned, not forked: CUDA cannot run in a child forked from a process
+    in which anything (an import included) queried CUDA."""
+    ctx = mp.get_context("spawn")
+    todo = list(jobs)
+    failed: set[tuple] = set()
+    while todo:
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_grid_child,
+                           args=(child, todo, dict(opts, failed=sorted(failed))))
+        proc.start()
+        child.close()
+        current, progress, msg = None, False, ""
+        while todo:
+            if not parent.poll(timeout):
+                msg = f"timed out after {timeout:.0f} s"
+                proc.kill()
+                break
+            try:
+                kind, job, *rest = parent.recv()
+            except EOFError:
+                proc.join()
+                msg = f"the process died (exit code {proc.exitcode})"
+                break
+            progress = True
+            if kind == "start":
+                current = job
+                continue
+            todo.remove(job)
+            current = None
+            if rest[0] is not None:
+                if "error" in rest[0]:
+                    failed.add(job[1:])
+                report(job, rest[0])
+        proc.join()
+        if not progress:  # the child died before its first job: so would the next one
+            for job in list(todo):
+                todo.remove(job)
+                report(job, {"model": job[1], "dtype": job[2], "mode": job[3],
+                             "error": f"not run: {msg}"})
+        if current is not None:  # the job in flight failed with its process
+            _, model, dtype, mode = current
+            todo.remove(current)
+            failed.add(current[1:])
+            report(current, {"model": model, "dtype": dtype, "mode": mode, "error": msg})
 
 
 # --------------------------------------------------------------------------- report
@@ -263,20 +518,25 @@ def table(results: list[dict]) -> str:
     by = {r["mode"]: r for r in results}
     base = by.get("non-private", {})
     ours = by.get("privlearn", {})
+    held = any("held_mb" in r for r in results)
     lines = ["| mode | ms/step | x non-private | x privlearn | peak MB added | "
-             "x non-private's peak | timed steps | mean batch |",
-             "|---|---|---|---|---|---|---|---|"]
+             "x non-private's peak | " + ("held MB | " if held else "")
+             + "timed steps | mean batch |",
+             "|---|---|---|---|---|---|---|---|" + ("---|" if held else "")]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['mode']} | fails: {r['error']} | | | | | | |")
+            lines.append(f"| {r['mode']} | fails: {r['error']} | | | | | | |"
+                         + (" |" if held else ""))
             continue
         rel = (f"{r['step_s'] / base['step_s']:.2f}" if "step_s" in base else "")
         vs = (f"{r['step_s'] / ours['step_s']:.2f}" if "step_s" in ours else "")
         mem = (f"{r['peak_added_mb'] / base['peak_added_mb']:.2f}"
                if base.get("peak_added_mb", 0) > 0 else "")
-        lines.append(f"| {r['mode']} | {1000 * r['step_s']:.0f} | {rel} | {vs} | "
-                     f"{r['peak_added_mb']:.0f} | {mem} | {r['steps']} | "
-                     f"{r['mean_batch']:.1f} |")
+        ms = 1000 * r["step_s"]
+        lines.append(f"| {r['mode']} | {ms:.0f} | {rel} | {vs} | "
+                     f"{r['peak_added_mb']:.0f} | {mem} | "
+                     + (f"{r['held_mb']:.0f} | " if held else "")
+                     + f"{r['steps']} | {r['mean_batch']:.1f} |")
     return "\n".join(lines)
 
 
@@ -299,51 +559,134 @@ def summary(all_results: dict[str, list[dict]]) -> str:
     return "\n".join(rows)
 
 
+TITLES = {"gpt2": "GPT-2 (tied embeddings)", "bert": "BERT sequence classification",
+          "llama": "Llama causal LM", "gpt2-lora": "GPT-2 + LoRA (r={r}, c_attn)"}
+SMALL_TITLES = {"gpt2": "GPT-2 small (tied embeddings)",
+                "bert": "BERT-base sequence classification",
+                "llama": "Llama ~150M, grouped key/value heads (12 query, 4 key/value)",
+                "gpt2-lora": "GPT-2 small + LoRA (r={r}, c_attn)"}
+DTYPE_TITLES = {"fp32": "fp32", "bf16": "bf16 autocast"}
+
+
+def _label(model: str, dtype: str, tagged: bool) -> str:
+    return f"{model} {dtype}" if tagged else model
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 10**6 else f"{n / 1e3:.1f}k"
+
+
+def _models_line(args, all_results: dict) -> str:
+    parts = []
+    titles = SMALL_TITLES if args.size == "small" else TITLES
+    for model in args.model_list:
+        w = workload(model, args.size)
+        counted = [r for rs in all_results.values() for r in rs
+                   if r.get("model") == model and "params" in r]
+        count = ""
+        if counted:
+            r = counted[0]
+            count = f", {_count(r['params'])} parameters"
+            if r["trainable"] != r["params"]:
+                count += f" ({_count(r['trainable'])} trainable)"
+        parts.append(f"{model}: {titles[model].format(r=w.lora_rank)}{count}, batch "
+                     f"{w.batch} (expected) x {w.seq} tokens, vocabulary {w.vocab}")
+    return "; ".join(parts)
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _where(args) -> str:
+    import torch
+
+    if args.device == "cpu" and args.size == "mini":
+        return (f"{os.cpu_count()} vCPUs shared with other jobs, **{THREADS} torch thread** "
+                "per configuration, CPU; peak memory = resident set size added")
+    if args.device == "cpu":
+        return (f"{os.cpu_count()} vCPUs, {THREADS} torch thread, CPU; peak memory = "
+                "resident set size added")
+    if not torch.cuda.is_available():
+        return "no CUDA device found"
+    props = torch.cuda.get_device_properties(0)
+    return (f"GPU **{torch.cuda.get_device_name(0)}** ({props.total_memory / 2**30:.0f} GiB), "
+            f"CUDA {torch.version.cuda}, {torch.get_num_threads()} CPU threads for torch; "
+            "peak memory = CUDA memory added by a step (`max_memory_allocated` after "
+            "`reset_peak_memory_stats`, minus `memory_allocated` before the step; highest "
+            "over the timed steps), held = allocated between steps (model copy, gradients, "
+            "optimizer and engine state)")
+
+
+def _workloads(args, all_results: dict) -> str:
+    if args.size == "mini" and args.device == "cpu":
+        w = workload("gpt2", "mini")
+        return f"Batch {w.batch} (Poisson, expected), {w.seq} tokens, vocabulary {w.vocab}"
+    rate = "1/64" if args.size != "mini" else "B / n"
+    fp32 = "fp32 = float32 with TF32 matmuls, " if args.device == "cuda" else ""
+    return ("Models (config-initialised, dropout 0): " + _models_line(args, all_results)
+            + f". Poisson sampling rate {rate}, noise multiplier {NOISE_MULTIPLIER:g}, "
+            f"max_grad_norm {MAX_GRAD_NORM:g}; {fp32}bf16 = the float32 model under "
+            "`torch.autocast(..., dtype=torch.bfloat16)`")
+
+
 def render(command: str, all_results: dict, args, seconds: float) -> str:
-    import opacus
     import peft
     import torch
     import transformers
 
-    if args.device == "cpu":
-        where = (f"{os.cpu_count()} vCPUs shared with other jobs, **{THREADS} torch thread** "
-                 "per configuration, CPU; peak memory = resident set size added")
-    else:
-        where = (f"GPU {torch.cuda.get_device_name(0)}; peak memory = CUDA "
-                 "max_memory_allocated added")
-    out = [_section(args.device), "",
+    tagged = args.device != "cpu" or args.dtype_list != ["fp32"]
+    layout = ("Each mode runs in its own process, as a user would run it: the privlearn "
+              "process has the glibc allocator tuning `make_private` applies to CPU models "
+              "(`privlearn/torch/_allocator.py`), the others the default allocator."
+              if args.processes == "per-config" else
+              "All configurations run in one process, each on a fresh copy of the model, "
+              "interleaved (every configuration once, then again).")
+    out = [_section(args.device, args.size), "",
            f"Command: `{command}` ({seconds:.0f} s). torch {torch.__version__}, transformers "
            f"{transformers.__version__}, peft {peft.__version__}, opacus "
-           f"{opacus.__version__}, Python {platform.python_version()}, {where}. "
-           f"Batch {BATCH} (Poisson, expected), {SEQ} tokens, vocabulary {VOCAB}, "
-           f"{args.repeats} interleaved rounds of up to {args.steps} timed steps after "
-           f"{args.warmup} warm-up steps (fastest round's median step; highest round's "
-           "peak memory). Position ids are passed expanded to `(B, T)` in every mode, so "
-           "that all modes run the same inputs (privlearn also takes the default broadcast "
-           "`(1, T)` ids; Opacus does not). Each mode runs in its own process, as a user "
-           "would run it: the privlearn process has the glibc allocator tuning "
-           "`make_private` applies to CPU models (`privlearn/torch/_allocator.py`), the "
-           "others the default allocator. Method and models: `benchmarks/torch_hf.py` "
-           "docstring.", "",
-           "The load of the shared machine moves single times by tens of percent between "
-           "rounds: compare ratios within a table, and several runs "
-           "before quoting one. The private modes draw Poisson batches (expected size "
-           f"{BATCH}): with a few timed steps their realised sizes differ between modes "
-           "(column `mean batch`), which moves the ratios; `benchmarks/hf_engine.py "
-           "--interleaved` times fixed-size batches.", "", "Summary:", "", summary(all_results), ""]
-    names = {"gpt2": "GPT-2 (tied embeddings)", "bert": "BERT sequence classification",
-             "llama": "Llama causal LM", "gpt2-lora": "GPT-2 + LoRA (r=8, c_attn)"}
-    for model, results in all_results.items():
-        out += [f"### {names[model]}", "", table(results), ""]
+           f"{_version('opacus')}, Python {platform.python_version()}, {_where(args)}. "
+           f"{_workloads(args, all_results)}. {args.rounds} interleaved rounds of up to "
+           f"{args.steps} timed steps after {args.warmup} warm-up steps (fastest round's "
+           "median step; highest round's peak memory). Position ids are passed expanded to "
+           "`(B, T)` in every mode, so that all modes run the same inputs (privlearn also "
+           "takes the default broadcast `(1, T)` ids; Opacus does not). "
+           f"{layout} Method and models: `benchmarks/torch_hf.py` docstring.", ""]
+    poisson = ("The private modes draw Poisson batches: with a few timed steps their realised "
+               "sizes differ between modes (column `mean batch`), which moves the ratios; "
+               "`benchmarks/hf_engine.py --interleaved` times fixed-size batches.")
+    if args.device == "cpu":
+        out += ["The load of the shared machine moves single times by tens of percent "
+                "between rounds: compare ratios within a table, and several runs before "
+                "quoting one. " + poisson, ""]
+    else:
+        out += [poisson, "", RERUN_ON_GPU, ""]
+    out += ["Summary:", "", summary({_label(m, d, tagged): rs
+                                     for (m, d), rs in all_results.items()}), ""]
+    titles = SMALL_TITLES if args.size == "small" else TITLES
+    for (model, dtype), results in all_results.items():
+        title = titles[model].format(r=workload(model, args.size).lora_rank)
+        if tagged:
+            title += ", " + ("fp32 (TF32 matmuls)" if dtype == "fp32" and args.device == "cuda"
+                             else DTYPE_TITLES[dtype])
+        out += [f"### {title}", "", table(results), ""]
     return "\n".join(out)
 
 
-def _section(device: str) -> str:
-    return SECTION if device == "cpu" else SECTION[:-1] + ", CUDA)"
+def _section(device: str, size: str = "mini") -> str:
+    if device == "cpu" and size == "mini":
+        return SECTION
+    extra = "" if size == "mini" else f", {size} models"
+    return SECTION[:-1] + f"{extra}, {device.upper()})"
 
 
-def write_section(path: Path, text: str, device: str = "cpu") -> None:
-    head = _section(device)
+def write_section(path: Path, text: str, device: str = "cpu", size: str = "mini") -> None:
+    head = _section(device, size)
     old = path.read_text() if path.exists() else ""
     start = old.find(head + "\n")
     if start < 0:
@@ -352,66 +695,159 @@ def write_section(path: Path, text: str, device: str = "cpu") -> None:
         nxt = old.find("\n## ", start + len(head))
         tail = "" if nxt < 0 else old[nxt:]
         new = old[:start] + text.rstrip("\n") + "\n" + tail
-    path.write_text(new)
+    path.write_text(new.lstrip("\n"))
 
 
-def main(argv: list[str] | None = None) -> None:
+# --------------------------------------------------------------------------- driver
+def _split(value: str, valid: list[str], option: str) -> list[str]:
+    items = [v for v in value.split(",") if v]
+    for v in items:
+        if v not in valid:
+            raise SystemExit(f"{option} entries must be in {valid}, got {v!r}")
+    if not items:
+        raise SystemExit(f"{option} must name at least one of {valid}")
+    return items
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(ALL_MODELS))
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--max-seconds", type=float, default=4.0,
-                    help="stop timing a configuration after this many seconds (>= 3 steps)")
-    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per configuration")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (peak memory: CUDA "
-                    "max_memory_allocated instead of RSS)")
+    ap.add_argument("--size", default="mini", choices=SIZES,
+                    help="model sizes (docstring): mini (default), small (realistic, for a "
+                    "GPU) or tiny (smoke test)")
+    ap.add_argument("--dtype", default="fp32",
+                    help="comma-separated precisions: fp32 (on CUDA with TF32 matmuls), "
+                    "bf16 (bfloat16 autocast)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cpu, or cuda (peak memory: CUDA memory added by a step instead "
+                    "of RSS)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed steps per round (default: 6 on cpu, 10 on cuda)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed steps first (default: 1 on cpu, 3 on cuda)")
+    ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=None,
+                    help="interleaved rounds (default 2)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop timing a configuration after this many seconds of timed "
+                    "steps, once 3 ran (default: 4 on cpu, 5 on cuda)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per configuration before its process is killed (default: "
+                    "120 on cuda; on cpu 180, 1800 for --size small)")
+    ap.add_argument("--budget-seconds", type=float, default=None,
+                    help="configurations not started within this many seconds of the start "
+                    "are reported as not run")
+    ap.add_argument("--processes", choices=["per-config", "one"], default=None,
+                    help="a forked process per configuration (default on cpu: its RSS is "
+                    "its own) or one for the whole grid (default on cuda)")
     ap.add_argument("--out", type=Path, default=None, help="markdown file to update")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="file to write every round's raw results to")
     args = ap.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
-    modes = [m for m in args.modes.split(",") if m]
-    for m in models:
-        if m not in ALL_MODELS:
-            raise ValueError(f"--models entries must be in {ALL_MODELS}, got {m!r}")
-    for m in modes:
-        if m not in MODES:
-            raise ValueError(f"--modes entries must be in {MODES}, got {m!r}")
+    args.model_list = _split(args.models, ALL_MODELS, "--models")
+    args.mode_list = _split(args.modes, MODES, "--modes")
+    args.dtype_list = _split(args.dtype, DTYPES, "--dtype")
+    steps, warmup, rounds, max_seconds = DEFAULTS[args.device]
+    args.steps = steps if args.steps is None else args.steps
+    args.warmup = warmup if args.warmup is None else args.warmup
+    args.rounds = rounds if args.rounds is None else args.rounds
+    args.max_seconds = max_seconds if args.max_seconds is None else args.max_seconds
+    if args.timeout is None:  # a GPT-2 small step takes minutes on one CPU thread
+        args.timeout = (120.0 if args.device == "cuda" else
+                        1800.0 if args.size == "small" else 180.0)
+    if args.processes is None:
+        args.processes = "per-config" if args.device == "cpu" else "one"
+    for name in ("steps", "rounds"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
+    return args
 
-    import torch  # imported once here; the forked children inherit the modules
 
-    torch.set_num_threads(THREADS)
-    import opacus  # noqa: F401
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    import torch  # imported once here; forked children inherit the modules
+
+    if args.device == "cpu":
+        torch.set_num_threads(THREADS)
     import peft  # noqa: F401
     import transformers  # noqa: F401
 
     import privlearn.torch  # noqa: F401
 
+    try:
+        import opacus  # noqa: F401
+    except ImportError:
+        opacus = None
+
     t0 = time.perf_counter()
-    all_results: dict[str, list[dict]] = {}
-    for model in models:
-        rounds: dict[str, list[dict]] = {m: [] for m in modes}
-        for rnd in range(args.repeats):
-            for mode in modes:
-                if rnd and "error" in rounds[mode][0]:
-                    continue
-                r = run_config(model, mode, args.steps, args.warmup, args.max_seconds,
-                               args.timeout, args.device)
-                rounds[mode].append(r)
-                msg = (f"fails: {r['error']}" if "error" in r else
-                       f"{1000 * r['step_s']:.0f} ms/step, +{r['peak_added_mb']:.0f} MB")
-                print(f"{model:10s} {mode:17s} round {rnd + 1}: {msg}", flush=True)
-        all_results[model] = [combine(rounds[m]) for m in modes]
-        print(table(all_results[model]), flush=True)
+    deadline = time.time() + (args.budget_seconds if args.budget_seconds is not None
+                              else float("inf"))
+    cells = [(m, d) for m in args.model_list for d in args.dtype_list]
+    rounds: dict[tuple, list[dict]] = {(m, d, mo): [] for m, d in cells
+                                       for mo in args.mode_list}
+    jobs = [(rnd, m, d, mo) for rnd in range(args.rounds) for m, d in cells
+            for mo in args.mode_list]
+    print(f"{len(jobs)} configurations ({len(cells)} model/precision pairs x "
+          f"{len(args.mode_list)} modes x {args.rounds} rounds), at most "
+          f"{len(jobs) * (args.steps + args.warmup)} steps; device {args.device}, size "
+          f"{args.size}, processes {args.processes}", flush=True)
+
+    def report(job, r):
+        rnd, m, d, mo = job
+        rounds[(m, d, mo)].append(r)
+        msg = (f"fails: {r['error']}" if "error" in r else
+               f"{1000 * r['step_s']:.0f} ms/step, +{r['peak_added_mb']:.0f} MB")
+        print(f"{m:10s} {d:5s} {mo:17s} round {rnd + 1}: {msg} "
+              f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+
+    if opacus is None:  # reported, not run
+        for job in [j for j in jobs if j[3] in OPACUS_MODES]:
+            jobs.remove(job)
+            if job[0] == 0:
+                report(job, {"model": job[1], "dtype": job[2], "mode": job[3],
+                             "error": "not run: opacus is not installed"})
+
+    def failed_before(job) -> bool:
+        rnd, m, d, mo = job
+        return rnd > 0 and bool(rounds[(m, d, mo)]) and "error" in rounds[(m, d, mo)][0]
+
+    if args.processes == "one":
+        opts = {"device": args.device, "size": args.size, "steps": args.steps,
+                "warmup": args.warmup, "max_seconds": args.max_seconds, "deadline": deadline}
+        run_grid(jobs, opts, args.timeout, report)  # a failed mode is not retried
+    else:
+        for job in jobs:
+            if failed_before(job):
+                continue
+            _, m, d, mo = job
+            if time.time() > deadline:
+                r = {"model": m, "dtype": d, "mode": mo,
+                     "error": "not run: time budget spent"}
+            else:
+                r = run_config(m, mo, args.steps, args.warmup, args.max_seconds,
+                               args.timeout, args.device, args.size, d)
+            report(job, r)
+    all_results = {(m, d): [combine(rounds[(m, d, mo)]) for mo in args.mode_list]
+                   for m, d in cells}
+    tagged = args.device != "cpu" or args.dtype_list != ["fp32"]
+    for (m, d), results in all_results.items():
+        print(f"{_label(m, d, tagged)}:\n{table(results)}", flush=True)
     seconds = time.perf_counter() - t0
-    print(summary(all_results))
-    print(json.dumps(all_results))
+    print(summary({_label(m, d, tagged): rs for (m, d), rs in all_results.items()}))
+    raw = {f"{m}/{d}/{mo}": rs for (m, d, mo), rs in rounds.items()}
+    if args.json is not None:
+        args.json.write_text(json.dumps(raw, indent=1))
+    else:
+        print(json.dumps(raw))
     if args.out is not None:
         command = "python benchmarks/torch_hf.py " + " ".join(
             argv if argv is not None else sys.argv[1:])
         write_section(args.out, render(command.strip(), all_results, args, seconds),
-                      args.device)
-        print(f"wrote section {_section(args.device)!r} of {args.out}")
+                      args.device, args.size)
+        print(f"wrote section {_section(args.device, args.size)!r} of {args.out}")
+    return all_results
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ by the tests/torch/test_hf_*.py files; no weights are downloaded)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -90,6 +91,13 @@ def loss_of(name: str, out, labels, reduction: str = "mean"):
                            else logits, labels, reduction=reduction)
 
 
+def autocast_to(device_type: str, dtype=None):
+    """``torch.autocast(device_type, dtype=dtype)``, or no autocast when dtype is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
+
 def trainable(model):
     seen, out = set(), []
     for p in model.parameters():
@@ -99,15 +107,17 @@ def trainable(model):
     return out
 
 
-def naive_grads(name, model, inputs, labels):
-    """Per-example gradients (B, P) in float64 from batch-of-one backward passes."""
+def naive_grads(name, model, inputs, labels, autocast=None):
+    """Per-example gradients (B, P) in float64 from batch-of-one backward passes (forward
+    and loss under ``torch.autocast`` to the dtype ``autocast`` when given)."""
     model = copy.deepcopy(model)
     params = trainable(model)
     rows = []
     b = labels.shape[0]
     for i in range(b):
         sub = {k: v[i:i + 1] for k, v in inputs.items()}
-        loss = loss_of(name, model(**sub), labels[i:i + 1])
+        with autocast_to(params[0].device.type, autocast):
+            loss = loss_of(name, model(**sub), labels[i:i + 1])
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
                                for g, p in zip(grads, params, strict=True)]))
@@ -119,11 +129,8 @@ def engine_sum(name, model, inputs, labels, max_grad_norm, autocast=None):
     params = trainable(model)
     tracker = GradSampleTracker(model, loss_reduction="mean")
     try:
-        if autocast is None:
+        with autocast_to(params[0].device.type, autocast):
             loss = loss_of(name, model(**inputs), labels)
-        else:
-            with torch.autocast("cpu", dtype=autocast):
-                loss = loss_of(name, model(**inputs), labels)
         loss.backward()
         sums, batch, norms = tracker.clipped_sum(max_grad_norm)
     finally:

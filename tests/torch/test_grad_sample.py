@@ -23,7 +23,8 @@ SETTINGS = settings(max_examples=8, deadline=None)
 
 
 def naive_per_sample(model, inputs, loss_fn, batch_dims=None):
-    """Per-example gradients (B, P) from one backward pass per example."""
+    """Per-example gradients (B, P) from one backward pass per example, computed on the
+    model's device and returned in float64 on the CPU."""
     model = copy.deepcopy(model)
     params = [p for p in model.parameters() if p.requires_grad]
     b = inputs[0].shape[0 if batch_dims is None else batch_dims[0]]
@@ -36,12 +37,15 @@ def naive_per_sample(model, inputs, loss_fn, batch_dims=None):
         grads = torch.autograd.grad(loss_fn(model(*args)), params, allow_unused=True)
         rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
                                for g, p in zip(grads, params, strict=True)]))
-    return torch.stack(rows).double(), params
+    return torch.stack(rows).double().cpu(), params
 
 
 def engine_per_sample(model, inputs, loss_fn, mode, instrument=True):
-    """(sq_norms, per-example grads (B, P), weighted-sum function) from the tracker."""
+    """(sq_norms, per-example grads (B, P), weighted-sum function) from the tracker, run
+    on the model's device; results in float64 on the CPU (the weighted-sum function takes
+    its weights on the CPU too)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    dev = params[0].device
     tracker = GradSampleTracker(model, loss_reduction="sum", instrument_attention=instrument)
     try:
         if mode == "ghost":
@@ -57,27 +61,30 @@ def engine_per_sample(model, inputs, loss_fn, mode, instrument=True):
             grad_sample.use_ghost = orig
         tracker.detach()
     assert scale == 1.0
-    sq = sum(c.sq_norms() for c in contribs).double()
+    sq = sum(c.sq_norms() for c in contribs).double().cpu()
     by_id = {}
     for c in contribs:
         for p, g in zip(c.params, c.per_sample(), strict=True):
             by_id[id(p)] = g if id(p) not in by_id else by_id[id(p)] + g
-    ps = torch.cat([by_id[id(p)].reshape(batch, -1) if id(p) in by_id
-                    else torch.zeros(batch, p.numel()) for p in params], 1).double()
+    ps = torch.cat([by_id[id(p)].reshape(batch, -1).double().cpu() if id(p) in by_id
+                    else torch.zeros(batch, p.numel(), dtype=torch.float64)
+                    for p in params], 1)
 
     def weighted(cvec):
+        cvec = cvec.to(dev)
         out = {}
         for c in contribs:
             for p, w in zip(c.params, c.weighted_sum(cvec), strict=True):
                 out[id(p)] = w if id(p) not in out else out[id(p)] + w
-        flat = torch.cat([out[id(p)].reshape(-1) if id(p) in out else torch.zeros(p.numel())
-                          for p in params]).double()
+        flat = torch.cat([out[id(p)].reshape(-1).double().cpu() if id(p) in out
+                          else torch.zeros(p.numel(), dtype=torch.float64)
+                          for p in params])
         # the in-place form the optimizer uses must give the same sums
         acc = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in params}
         for c in contribs:
             c.accumulate_into(cvec, [acc[id(p)] for p in c.params])
-        torch.testing.assert_close(torch.cat([acc[id(p)].reshape(-1) for p in params]), flat,
-                                   atol=1e-5 * (flat.abs().max().item() + 1), rtol=1e-5)
+        torch.testing.assert_close(torch.cat([acc[id(p)].reshape(-1) for p in params]).cpu(),
+                                   flat, atol=1e-5 * (flat.abs().max().item() + 1), rtol=1e-5)
         return flat
 
     return sq, ps, weighted
@@ -85,6 +92,8 @@ def engine_per_sample(model, inputs, loss_fn, mode, instrument=True):
 
 def check(model, inputs, loss_fn, batch_dims=None, modes=("auto", "ghost", "materialise"),
           atol=1e-4, instrument=True):
+    """The engine against the naive loop, both on the model's device (inputs already
+    there): per-example gradients, squared norms and weighted sums, in every mode."""
     ref, _ = naive_per_sample(model, inputs, loss_fn, batch_dims)
     for mode in modes:
         sq, ps, weighted = engine_per_sample(model, inputs, loss_fn, mode, instrument)
@@ -300,7 +309,7 @@ class _MHA(nn.Module):
         lq, lk = (q.shape[1], kv.shape[1]) if self.mha.batch_first else (q.shape[0], kv.shape[0])
         attn_mask = None
         if self.causal:
-            attn_mask = torch.ones(lq, lk, dtype=torch.bool).triu(1)
+            attn_mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(1)
             attn_mask[:, 0] = False  # keep one key visible to every query
         out, w = self.mha(q, kv, kv, key_padding_mask=mask, attn_mask=attn_mask,
                           average_attn_weights=self.average)

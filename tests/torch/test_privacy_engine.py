@@ -180,9 +180,10 @@ def test_max_grad_norm_change_recorded_and_sampling_rate_refused():
 # ------------------------------------------------------------------ resume
 
 
-def _run(total, save_at=None, seed=11, state=None, mid_epoch=False):
-    """Train ``total`` steps (from ``state`` if given); returns (p, state at save_at)."""
-    model = _mlp(seed=2)
+def _run(total, save_at=None, seed=11, state=None, mid_epoch=False, device="cpu"):
+    """Train ``total`` steps on ``device`` (from ``state`` if given); returns (p, state
+    at save_at)."""
+    model = _mlp(seed=2).to(device)
     p = _private(model=model, noise_multiplier=0.9, max_grad_norm=0.5, seed=seed,
                  batch_size=8)
     if state is not None:
@@ -193,7 +194,7 @@ def _run(total, save_at=None, seed=11, state=None, mid_epoch=False):
     while done < total:
         for x, y in p.data_loader:
             p.optimizer.zero_grad()
-            loss_fn(p.model(x), y).backward()
+            loss_fn(p.model(x.to(device)), y.to(device)).backward()
             p.optimizer.step()
             done += 1
             if done == save_at:
