@@ -6,14 +6,16 @@ package, the public names are its ``__all__``; every name gets its own page
 ``api/generated/<package>.rst``. ``docs/conf.py`` runs :func:`generate` before every
 build; ``tests/test_docs.py`` checks that the built site has an entry for every name.
 
-A listed package that is not part of this checkout (``importlib.util.find_spec`` finds
-nothing, e.g. a package still being written on another branch) is skipped with a message
-on the console; a package that exists but fails to import stops the build.
+A listed package that is not part of this checkout (e.g. a package still being written on
+another branch), or whose optional dependency is not installed (:data:`REQUIRES`: the
+``torch`` and ``hf`` extras), is skipped with a message on the console; a package that
+exists, has its dependencies and fails to import stops the build.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -22,25 +24,47 @@ from pathlib import Path
 #: ``__all__`` and it gets a page (tests/test_docs.py fails if it does not).
 API_PACKAGES: list[str] = [
     "privlearn.accounting",
+    "privlearn.accounting.pairs",
+    "privlearn.accounting.serialization",
+    "privlearn.accounting.fdp",
     "privlearn.correlated",
     "privlearn.models",
+    "privlearn.models.base",
+    "privlearn.models.constraints",
     "privlearn.torch",
+    "privlearn.torch.grad_sample",
+    "privlearn.torch.hf",
     "privlearn.auditing",
+    "privlearn.auditing.torch",
+    "privlearn.auditing.models",
     "privlearn.ledger",
     "privlearn.errors",
     "privlearn.datasets",
     "privlearn.experiments",
+    "privlearn.compat.autodp",
 ]
+
+#: Optional dependency of a documented package (the module that must be importable): a
+#: package whose dependency is missing is skipped like an absent one, so the reference
+#: builds without the ``torch`` and ``hf`` extras.
+REQUIRES: dict[str, str] = {
+    "privlearn.torch": "torch",
+    "privlearn.torch.grad_sample": "torch",
+    "privlearn.torch.hf": "transformers",
+    "privlearn.auditing.torch": "torch",
+}
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "api" / "generated"
 
 
 def present_packages() -> tuple[list[str], list[str]]:
-    """(packages of :data:`API_PACKAGES` in this checkout, those absent).
+    """(packages of :data:`API_PACKAGES` that can be documented here, the others).
 
     Presence is decided on the file system, next to the ``privlearn`` package being
-    documented (an import-system lookup could find a different, installed copy)."""
+    documented (an import-system lookup could find a different, installed copy); a
+    package is also left out when its optional dependency (:data:`REQUIRES`) is not
+    installed."""
     import privlearn
 
     base = Path(privlearn.__file__).resolve().parent
@@ -48,6 +72,8 @@ def present_packages() -> tuple[list[str], list[str]]:
     for name in API_PACKAGES:
         rel = Path(*name.split(".")[1:])
         found = (base / rel / "__init__.py").is_file() or (base / rel).with_suffix(".py").is_file()
+        if found and name in REQUIRES:
+            found = importlib.util.find_spec(REQUIRES[name]) is not None
         (present if found else absent).append(name)
     return present, absent
 
@@ -87,9 +113,9 @@ def generate(out: Path = OUT) -> dict[str, list[str]]:
         names = public_names(package)
         documented[package] = names
         summary = (mod.__doc__ or "").strip().splitlines()[0] if mod.__doc__ else ""
-        lines = [f".. _api-{package}:", "", _title(package), summary, "",
-                 f".. currentmodule:: {package}", "", ".. list-table::", "   :widths: 30 70",
-                 ""]
+        lines = [f".. _api-{package}:", "", _title(package), f".. py:module:: {package}",
+                 "", summary, "", f".. currentmodule:: {package}", "", ".. list-table::",
+                 "   :widths: 30 70", ""]
         for name in names:
             obj = getattr(mod, name)
             doc = inspect.getdoc(obj) if not isinstance(obj, (int, float, str, tuple, list,

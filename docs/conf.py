@@ -65,8 +65,9 @@ def _generate_api(app) -> None:
     logger = logging.getLogger(__name__)
     _, absent = apigen.present_packages()
     for name in absent:
-        logger.info(f"API reference: {name} is listed in docs/apigen.py but not part of "
-                    "this checkout; skipped")
+        why = (f"its dependency {apigen.REQUIRES[name]} is not installed"
+               if name in apigen.REQUIRES else "it is not part of this checkout")
+        logger.info(f"API reference: {name} is listed in docs/apigen.py but {why}; skipped")
     documented = apigen.generate()
     total = sum(len(v) for v in documented.values())
     logger.info(f"API reference: {total} public names in {len(documented)} packages")

@@ -674,7 +674,7 @@ def _print_spent(s) -> None:
 @cli.group()
 def budget() -> None:
     """A persistent privacy ledger: one budget per dataset, tight composition of every
-    release, hash-chained entries (see docs/budgeting.md)."""
+    release, hash-chained entries (see docs/guides/ledger.md)."""
 
 
 _ledger_dataset_opt = click.option("--dataset", required=True, help="Dataset name.")

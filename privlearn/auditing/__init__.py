@@ -18,7 +18,7 @@ epsilon proves (at the stated confidence) that the run leaks more than it claims
 * :mod:`privlearn.auditing.models` -- canaries for the NumPy estimators.
 
 A lower bound proves a leak when it exceeds the claim; a bound below the claim proves
-nothing about privacy (a weak attack, too few canaries). See ``docs/auditing.md``.
+nothing about privacy (a weak attack, too few canaries). See ``docs/guides/auditing.md``.
 
 NumPy/SciPy only at import time.
 """
