@@ -14,7 +14,7 @@ Parts
                ``CanaryScoreAuditor`` method of the same name on the SAME scores, with the
                time of each call (calls interleaved, order alternating between reps).
 ``power``      median bound of the ideal attack by number of canaries (the table in
-               docs/auditing.md).
+               docs/guides/auditing.md).
 ``null``       validity under the null: scores independent of the labels (a (0, 0)-DP
                "mechanism", so every bound above 0 is a false refutation), the share of
                draws on which each library's 95% bound is above 0, with a Clopper-Pearson

@@ -32,7 +32,7 @@ clipped sum as one weighted matmul per layer, adds Gaussian noise once per logic
 and divides by the expected batch size. Autograd's non-private parameter gradients are
 not computed (each layer's forward runs on detached aliases of its parameters;
 ``requires_grad`` is never changed). Hugging Face models, LoRA, mixed precision,
-``torch.compile`` and per-layer clipping: see docs/torch-training.md.
+``torch.compile`` and per-layer clipping: see docs/guides/pytorch.md.
 
 Notes
 -----

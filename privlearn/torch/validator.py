@@ -20,7 +20,7 @@ __all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_m
            "register_validator", "register_fixer", "VALIDATORS", "FIXERS"]
 
 _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially private; "
-           "replace with GroupNorm (validate(..., fix=True) / make_private(fix_model=True) "
+           "replace with GroupNorm (privlearn.torch.fix(model) / make_private(fix_model=True) "
            "does it)")
 
 
