@@ -47,7 +47,8 @@ The Trainer is used through its public API only (``get_train_dataloader``,
 ``log``, ``train`` and callbacks); the user's ``TrainingArguments`` are not modified
 (the trainer works on a copy with ``max_grad_norm=0``: per-example clipping replaces the
 Trainer's, and ``ignore_data_skip=True``: the sampler resumes its own position).
-Tested with transformers 5.x (see the README for the versions).
+Tested with transformers 5.17 and 5.24 (the oldest 5.x it is measured on and the latest
+5.x), the range of the ``hf`` extra: ``transformers>=5.17,<6``.
 
 ``transformers`` is imported here only; nothing else in privlearn imports it. Install the
 extra: ``pip install privlearn[hf]``.
@@ -85,7 +86,7 @@ try:
     from transformers import Trainer, TrainerCallback
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("privlearn.torch.hf needs transformers: pip install "
-                      "'privlearn[hf]' (transformers>=4.40, peft>=0.10)") from exc
+                      "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
 from privlearn.accounting import compose, planned_steps
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
