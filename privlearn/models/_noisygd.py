@@ -1,4 +1,4 @@
-"""Noisy gradient descent for least squares (Bassily, Smith & Thakurta 2014; the LR study).
+"""Noisy gradient descent for least squares (Bassily, Smith & Thakurta 2014; the notebook).
 
 The NoisyGD loop, its learning rate, the private smoothness release and
 :class:`NoisyGDRegressor` (re-exported by :mod:`privlearn.models.linear`, where the
@@ -27,7 +27,7 @@ from privlearn.models.constraints import Integer, Real, Unchecked
 def theoretical_learning_rate(
     smoothness: float, dim: int, noise_std: float, n_iter: int
 ) -> float:
-    """The LR study's learning rate ``min(1/L, 4 / sqrt(d * noise_std * L * n_iter))``.
+    """The notebook's learning rate ``min(1/L, 4 / sqrt(d * noise_std * L * n_iter))``.
 
     ``L`` is the smoothness (largest eigenvalue of ``X^T X``) and ``noise_std`` the
     per-coordinate gradient-noise level ``sigma * GS`` with the study's typical
@@ -50,7 +50,7 @@ def noisy_gd_paths(
     log_every: int | None = None,
     chunk: int = 256,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run ``reps`` independent NoisyGD chains at once (the LR study).
+    """Run ``reps`` independent NoisyGD chains at once (the notebook).
 
     ``theta_{t+1} = theta_t - lr (X^T X theta_t - X^T y + GS_t sigma N(0, I))`` with
     ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound``, from ``theta_0 = 0``. ``lr`` is
@@ -151,7 +151,7 @@ class NoisyGDPlan(LinearPlan):
 
 
 class NoisyGDRegressor(_PrivateLinearBase):
-    """Full-batch noisy gradient descent for least squares (the LR study), (epsilon, delta)-DP.
+    """Full-batch noisy gradient descent for least squares (the notebook), (epsilon, delta)-DP.
 
     ``theta_{t+1} = theta_t - lr (sum_i x_i (x_i^T theta_t - y_i) + GS_t sigma N(0, I))``
     with the theta-dependent sensitivity ``GS_t = x_bound^2 ||theta_t|| + x_bound Y``
@@ -169,7 +169,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
     multiplier ``sigma_L = sigma_total / sqrt(0.01)`` where ``sigma_total`` is the single
     Gaussian multiplier for (epsilon, delta). The learning rate uses the high-probability
     upper bound ``hat(L) = max(x_bound^2, noisy L + 1.96 sigma_L x_bound^2)``
-    (post-processing). On the LR study's California setting (epsilon 2, delta 1e-6) this costs
+    (post-processing). On the notebook's California setting (epsilon 2, delta 1e-6) this costs
     about 1% of the iterations and leaves the median training MSE at that of the seed's
     exact-``L`` rate (tests/models/test_linear.py).
 
@@ -178,7 +178,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
     epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state, ledger
         As :class:`SSPRegressor`.
     noise_multiplier : float > 0 or None
-        ``sigma``. Default 500 (the LR study's "large noise, many iterations" regime; the
+        ``sigma``. Default 500 (the notebook's "large noise, many iterations" regime; the
         seed's other regime is 50). With ``n_iter=None`` the number of iterations is
         calibrated to the budget (the largest integer that fits, rounded down). If None,
         ``n_iter`` must be given and sigma is calibrated instead (rounded up).
@@ -186,7 +186,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         Number of iterations; if both ``n_iter`` and ``noise_multiplier`` are given the
         budget is checked and a ValueError raised if exceeded.
     learning_rate : "theory" or float > 0
-        ``"theory"`` (default): the LR study's choice, see :func:`theoretical_learning_rate`.
+        ``"theory"`` (default): the notebook's choice, see :func:`theoretical_learning_rate`.
         A float is used as given (then no smoothness is released and no budget spent on it).
     smoothness : "private", "public", "data" or float > 0
         The smoothness ``L`` used by the theoretical learning rate.
@@ -198,12 +198,12 @@ class NoisyGDRegressor(_PrivateLinearBase):
           column). It uses the exact number of rows ``n``, which add/remove
           neighbouring treats as private, so it emits a
           :class:`~privlearn.errors.PrivacyLeakWarning`.
-        * ``"data"`` (the LR study's choice): the exact ``lambda_max(X^T X)``, released
+        * ``"data"`` (the notebook's choice): the exact ``lambda_max(X^T X)``, released
           without protection in ``smoothness_`` and through the learning rate; emits a
           :class:`~privlearn.errors.PrivacyLeakWarning`.
     log_every : int or None
         Record the iterate and the epsilon spent after iterations ``1, 1 + log_every,
-        ...`` (the LR study's ``log_gap``) in ``coef_path_`` and ``epsilon_path_``.
+        ...`` (the notebook's ``log_gap``) in ``coef_path_`` and ``epsilon_path_``.
 
     Attributes
     ----------

@@ -16,10 +16,10 @@ import numpy as np
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
 
-#: the LR study's normal quantile used by AdaSSP's high-probability bounds (Wang 2018, Alg. 2).
+#: the notebook's normal quantile used by AdaSSP's high-probability bounds (Wang 2018, Alg. 2).
 ADASSP_Z = 1.96
 
-#: the LR study's noise-multiplier ratios: ``(X^T X, X^T y)`` for SSP and ``(X^T X, X^T y,
+#: the notebook's noise-multiplier ratios: ``(X^T X, X^T y)`` for SSP and ``(X^T X, X^T y,
 #: lambda_min)`` for AdaSSP (its ``SSP_scale`` / ``AdaSSP_scale``).
 SSP_BUDGET_SPLIT = (2.0, 3.0)
 ADASSP_BUDGET_SPLIT = (2.0, 3.0, 5.0)
@@ -79,14 +79,14 @@ def check_label_range(y_bound) -> tuple[float, float]:
 
 def ssp_mechanism(scale: float, budget_split=SSP_BUDGET_SPLIT) -> Mechanism:
     """SSP as a mechanism: Gaussians with noise multipliers ``r_1 scale`` (X^T X) and
-    ``r_2 scale`` (X^T y), composed; ``(r_1, r_2) = (2, 3)`` is the LR study's ``SSP_scale``."""
+    ``r_2 scale`` (X^T y), composed; ``(r_1, r_2) = (2, 3)`` is the notebook's ``SSP_scale``."""
     r = _check_split(budget_split, 2)
     return compose([Gaussian(r[0] * scale), Gaussian(r[1] * scale)])
 
 
 def adassp_mechanism(scale: float, budget_split=ADASSP_BUDGET_SPLIT) -> Mechanism:
     """AdaSSP as a mechanism: multipliers ``r_1 s`` (X^T X), ``r_2 s`` (X^T y) and
-    ``r_3 s`` (lambda_min), composed; ``(2, 3, 5)`` is the LR study's ``AdaSSP_scale``."""
+    ``r_3 s`` (lambda_min), composed; ``(2, 3, 5)`` is the notebook's ``AdaSSP_scale``."""
     r = _check_split(budget_split, 3)
     return compose([Gaussian(r[0] * scale), Gaussian(r[1] * scale), Gaussian(r[2] * scale)])
 
@@ -101,7 +101,7 @@ def calibrate_ssp_scale(
 ) -> float:
     """Smallest common scale ``s`` (rounded up, so never optimistic) such that the SSP /
     AdaSSP mechanism with noise multipliers ``budget_split * s`` satisfies
-    (epsilon, delta)-DP. ``budget_split=None`` uses the LR study's ratios."""
+    (epsilon, delta)-DP. ``budget_split=None`` uses the notebook's ratios."""
     split = _check_split(budget_split, 3 if adaptive else 2)
     return _calibrate_ssp_scale(float(epsilon), float(delta), adaptive, accountant, split)
 
@@ -119,7 +119,7 @@ def symmetric_noise(
 ) -> np.ndarray:
     """``reps`` symmetric noise matrices for releasing ``X^T X`` with L2 sensitivity 1.
 
-    ``"upper_triangle"`` (the LR study, "Analyze Gauss" of Dwork, Talwar, Thakurta & Zhang
+    ``"upper_triangle"`` (the notebook, "Analyze Gauss" of Dwork, Talwar, Thakurta & Zhang
     2014, Alg. 1): i.i.d. N(0, 1) on and above the diagonal, mirrored below. Valid because
     the upper triangle of ``x x^T`` has L2 norm at most ``||x x^T||_F = ||x||^2``.
 
@@ -148,7 +148,7 @@ def noise_direction_scale(dim: int, matrix_noise: str = "frobenius") -> float:
     """Root-mean-square of ``||E v||`` for a unit vector ``v`` and unit-multiplier noise ``E``
     from :func:`symmetric_noise`: ``sqrt(d)`` for ``"upper_triangle"`` (every entry of row
     ``i`` has variance 1) and ``sqrt((d + 1) / 2)`` for ``"frobenius"`` (``sum_i (1 + v_i^2)
-    / 2``). The LR study's ridge ``sqrt(d) sigma_1 z`` is ``z`` times this scale; AdaSSP uses the
+    / 2``). The notebook's ridge ``sqrt(d) sigma_1 z`` is ``z`` times this scale; AdaSSP uses the
     same rule for either noise, so the ridge keeps its meaning (a ``z``-quantile bound on the
     noise along a direction) when the noise shrinks."""
     matrix_noise = _v.check_choice("matrix_noise", matrix_noise, MATRIX_NOISES)
@@ -187,7 +187,7 @@ def ssp_coefficients(
 
     ``hat(X^T X) = X^T X + x_bound^2 sigma1 E`` (``E`` from :func:`symmetric_noise`),
     ``hat(X^T y) = X^T y + x_bound y_bound sigma2 N(0, I)``. With ``project_psd=False``
-    (the LR study) ``theta = hat(X^T X)^{-1} hat(X^T y)``; with ``project_psd=True`` (default)
+    (the notebook) ``theta = hat(X^T X)^{-1} hat(X^T y)``; with ``project_psd=True`` (default)
     ``hat(X^T X)`` is first projected onto the PSD cone and pseudo-inverted (see
     :func:`_psd_solve`). ``X^T X`` is PSD, so the projection only removes noise; it is
     post-processing of the released statistics and costs no privacy (Dwork & Roth 2014,
@@ -217,7 +217,7 @@ def adassp_coefficients(
     matrix_noise: str = "frobenius",
     regularization: str = "eigenvalue_floor",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``reps`` independent AdaSSP solutions (Wang 2018, Alg. 2 as in the LR study).
+    """``reps`` independent AdaSSP solutions (Wang 2018, Alg. 2 as in the notebook).
 
     Releases ``hat(X^T X)``, ``hat(X^T y)`` as :func:`ssp_coefficients` and a noisy smallest
     eigenvalue ``lambda_min + x_bound^2 sigma3 N(0,1)`` (sensitivity ``x_bound^2`` by
@@ -225,7 +225,7 @@ def adassp_coefficients(
     (``sqrt(d)`` for the study's noise) the regularisation level is
     ``lambda = max(0, r sigma1 x_bound^2 z - max(0, hat(lambda_min) - x_bound^2 sigma3 z))``.
 
-    ``regularization="ridge"`` (Wang 2018; the LR study):
+    ``regularization="ridge"`` (Wang 2018; the notebook):
     ``theta = (hat(X^T X) + lambda I)^{-1} hat(X^T y)``.
 
     ``regularization="eigenvalue_floor"`` (default): ``hat(X^T X) = V diag(w) V^T`` and

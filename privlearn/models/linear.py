@@ -7,22 +7,27 @@ because every feature row has L2 norm at most ``x_bound`` and every label lies i
 before anything is computed (the data are never trusted to satisfy the bounds). ``Y``
 below is the resulting bound on a label's magnitude as the mechanism sees it.
 
+"The notebook" below is the reference comparison of SSP, AdaSSP and noisy gradient descent
+on California housing that privlearn's linear-regression experiment reproduces
+(``privlearn reproduce linear-regression``; sources in the documentation's provenance
+page).
+
 Sensitivities (add/remove one record ``(x, y)`` with ``||x|| <= X``, ``|y| <= Y``):
 
-* ``X^T X`` changes by ``x x^T``, Frobenius norm ``||x||^2 <= X^2``; the seed releases
+* ``X^T X`` changes by ``x x^T``, Frobenius norm ``||x||^2 <= X^2``; the notebook releases
   the upper triangle (diagonal included) with i.i.d. noise and mirrors it, which has the
-  same sensitivity (Wang 2018, Alg. 2 / the LR study). By default we release the isometric
+  same sensitivity (Wang 2018, Alg. 2 / the notebook). By default we release the isometric
   coordinates ``(M_ii, sqrt(2) M_ij)`` instead, whose L2 sensitivity is exactly
   ``||x||^2``: the off-diagonal noise is ``1/sqrt(2)`` of the study's at the same privacy
   (:func:`symmetric_noise`).
 * ``X^T y`` changes by ``x y``, norm ``<= X Y``.
 * ``lambda_min(X^T X)`` changes by at most ``X^2`` (Weyl's inequality).
 * the sum-of-squares gradient ``sum_i x_i (x_i^T theta - y_i)`` changes by
-  ``||x (x^T theta - y)|| <= X^2 ||theta|| + X Y`` (the LR study's ``GS_t``).
+  ``||x (x^T theta - y)|| <= X^2 ||theta|| + X Y`` (the notebook's ``GS_t``).
 
 Noise scales are calibrated through :mod:`privlearn.accounting`: SSP is the composition
 of two Gaussian mechanisms with noise multipliers ``(2s, 3s)``, AdaSSP of three with
-``(2s, 3s, 5s)`` (the ratios of the LR study's ``SSP_scale``/``AdaSSP_scale``; other ratios
+``(2s, 3s, 5s)`` (the ratios of the notebook's ``SSP_scale``/``AdaSSP_scale``; other ratios
 through ``budget_split``), NoisyGD of
 ``n_iter`` Gaussian mechanisms with multiplier ``noise_multiplier``. Compositions of
 Gaussians are accounted exactly (Dong, Roth & Su 2022, Cor. 3.3; Balle & Wang 2018,
@@ -30,7 +35,7 @@ Thm. 8) and calibrated on the safe side (noise rounded up, iterations rounded do
 
 Everything done after the release (PSD projection, eigenvalue floor, solving) is
 post-processing of the noisy statistics and costs no privacy (Dwork & Roth 2014,
-Prop. 2.1). The LR study's exact algorithms remain available:
+Prop. 2.1). The notebook's exact algorithms remain available:
 ``SSPRegressor(matrix_noise="upper_triangle", project_psd=False)`` and
 ``AdaSSPRegressor(matrix_noise="upper_triangle", regularization="ridge")``.
 
@@ -137,19 +142,19 @@ class SSPRegressor(_PrivateLinearBase):
         ``Y = max(|y_min|, |y_max|)`` without an intercept (no shift is possible then).
     fit_intercept : bool
         Fit an intercept by appending the constant column ``x_bound`` (augmented rows then
-        have norm at most ``sqrt(2) x_bound``, which the noise accounts for). The LR study
+        have norm at most ``sqrt(2) x_bound``, which the noise accounts for). The notebook
         fits none.
     budget_split : sequence of 2 floats > 0 or None
         Noise-multiplier ratios ``(r_XTX, r_XTy)``; the common scale is calibrated so
-        that the composition is (epsilon, delta)-DP. None: the LR study's ``(2, 3)``.
+        that the composition is (epsilon, delta)-DP. None: the notebook's ``(2, 3)``.
     matrix_noise : {"frobenius", "upper_triangle"}
         How ``X^T X`` is perturbed, see :func:`symmetric_noise`. ``"frobenius"`` (default)
         has ``1/sqrt(2)`` of the study's off-diagonal noise at the same privacy;
-        ``"upper_triangle"`` is the LR study's.
+        ``"upper_triangle"`` is the notebook's.
     project_psd : bool
         Solve with the PSD projection of the noisy ``X^T X`` (pseudo-inverse; default,
-        post-processing, no privacy cost) instead of its plain inverse (the LR study). See
-        :func:`ssp_coefficients`. The LR study's SSP is
+        post-processing, no privacy cost) instead of its plain inverse (the notebook). See
+        :func:`ssp_coefficients`. The notebook's SSP is
         ``SSPRegressor(matrix_noise="upper_triangle", project_psd=False)``.
     accountant : str
         Accountant used for calibration (default ``"pld"``, exact for Gaussians).
@@ -181,7 +186,7 @@ class SSPRegressor(_PrivateLinearBase):
 
     Notes
     -----
-    The default removes most of the LR study's heavy upper tail (an indefinite or nearly
+    The default removes most of the notebook's heavy upper tail (an indefinite or nearly
     singular noisy ``X^T X``); measured medians: docs/benchmarks.md, "Linear-regression
     estimator variants".
 
@@ -298,16 +303,16 @@ class AdaSSPRegressor(SSPRegressor):
 
     Like :class:`SSPRegressor`, plus a privately released smallest eigenvalue of
     ``X^T X`` that sets a regularisation level ``lambda`` large enough to keep the noisy
-    system well conditioned (the LR study's rule, see :func:`adassp_coefficients`).
+    system well conditioned (the notebook's rule, see :func:`adassp_coefficients`).
 
     Parameters
     ----------
     epsilon, delta, x_bound, y_bound, fit_intercept, accountant, random_state, ledger
         As :class:`SSPRegressor`.
     budget_split : sequence of 3 floats > 0 or None
-        Noise-multiplier ratios for ``(X^T X, X^T y, lambda_min)``. None: the LR study's
+        Noise-multiplier ratios for ``(X^T X, X^T y, lambda_min)``. None: the notebook's
         ``(2, 3, 5)``. Kept as the default: Wang's (2018) equal split ``(1, 1, 1)`` (his
-        ``epsilon/3`` per release) is worse on the LR study with the ridge (median MSE 0.833 vs
+        ``epsilon/3`` per release) is worse on the notebook with the ridge (median MSE 0.833 vs
         0.792 at epsilon = 0.1) and within 0.006 of it with the eigenvalue floor (0.703 vs
         0.698), so no split is chosen by looking at the data.
     matrix_noise : {"frobenius", "upper_triangle"}
@@ -315,7 +320,7 @@ class AdaSSPRegressor(SSPRegressor):
         ``sqrt(d)`` becomes ``sqrt((d + 1) / 2)`` (:func:`noise_direction_scale`).
     regularization : {"eigenvalue_floor", "ridge"}
         ``"eigenvalue_floor"`` (default): raise the eigenvalues of the noisy ``X^T X`` to at
-        least ``lambda``; ``"ridge"``: add ``lambda I`` (Wang 2018; the LR study). The LR study's
+        least ``lambda``; ``"ridge"``: add ``lambda I`` (Wang 2018; the notebook). The notebook's
         AdaSSP is ``AdaSSPRegressor(matrix_noise="upper_triangle", regularization="ridge")``.
 
     Attributes
