@@ -61,7 +61,7 @@ def noisy_gd_paths(
     theta : (reps, dim) final iterates
     path : (n_logs, reps, dim) iterates after iterations ``log_iters``
     log_iters : (n_logs,) int, the number of iterations completed at each log point
-        (``1, 1 + log_every, 1 + 2 log_every, ...`` as the seed logs ``i % log_gap == 0``)
+        (``1, 1 + log_every, 1 + 2 log_every, ...`` as the notebook logs ``i % log_gap == 0``)
     """
     dim = XTX.shape[0]
     lr_arr = np.broadcast_to(np.asarray(lr, dtype=float), (reps,))
@@ -170,7 +170,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
     Gaussian multiplier for (epsilon, delta). The learning rate uses the high-probability
     upper bound ``hat(L) = max(x_bound^2, noisy L + 1.96 sigma_L x_bound^2)``
     (post-processing). On the notebook's California setting (epsilon 2, delta 1e-6) this costs
-    about 1% of the iterations and leaves the median training MSE at that of the seed's
+    about 1% of the iterations and leaves the median training MSE at that of the notebook's
     exact-``L`` rate (tests/models/test_linear.py).
 
     Parameters
