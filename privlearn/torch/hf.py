@@ -374,7 +374,7 @@ class DPTrainer(Trainer):
             p.detach()
             self.privacy_engine = None
         base = super().get_train_dataloader()  # the Trainer's dataset and collator
-        loader = DataLoader(base.dataset, batch_size=self._train_batch_size,
+        loader = DataLoader(base.dataset, batch_size=self.args.per_device_train_batch_size,
                             collate_fn=base.collate_fn,
                             num_workers=self.args.dataloader_num_workers,
                             pin_memory=self.args.dataloader_pin_memory)
@@ -390,7 +390,7 @@ class DPTrainer(Trainer):
         if pa.target_epsilon is not None or pa.noise != "dpsgd" or pa.sampling not in (
                 "poisson", "fixed"):
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
-            kw["steps"] = self._planned_steps(self._train_batch_size / n)
+            kw["steps"] = self._planned_steps(self.args.per_device_train_batch_size / n)
         self.model.train()
         p = make_private(self.model, self.optimizer, loader, **kw)
         prior = [m for m in self._earlier_runs if m is not None]
