@@ -32,7 +32,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn.accounting import calibrate, warn_if_delta_large
-from privlearn.correlated import Identity
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _guard_token_level_labels,
@@ -465,8 +464,10 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                       noise=noise, sampler=loader.batch_sampler, world_size=plan.world_size,
                       process_group=process_group, adaptive=plan.adaptive, budget=budget,
                       ledger=link)
-    if not plan.run.stepwise and not isinstance(plan.run.strategy, Identity):
-        opt.correlated = CorrelatedNoise(plan.run.strategy.recurrence())
+    if not plan.run.stepwise:
+        rec = plan.run.strategy.recurrence()
+        if rec.buffers or getattr(rec, "coefs", None) != (1.0,):  # C is not the identity
+            opt.correlated = CorrelatedNoise(rec)
     opt.unit_reduction = cfg.user_reduction
     opt.augmentation = cfg.augmentation_multiplicity
     if plan.per_layer_bounds is not None:
