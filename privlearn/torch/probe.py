@@ -3,10 +3,13 @@ outputs depend on that example alone, and if the engine reads every layer's exam
 the right dimension. Both are checked, not assumed.
 
 Before the first step (and again after the trainable parameters change), the forward pass
-that produced the step is run twice more without gradients: once on its own inputs and
-once with example ``j`` replaced by another example ``k`` of the batch (every input tensor
-whose leading dimension is the batch; same random state for both runs, so dropout masks
-agree; buffers restored afterwards). For every recorded layer, the rows its inputs and
+that produced the step is run three more times without gradients, on the first few
+examples of the batch: once on their own inputs and
+once with example ``j`` replaced by another example ``k`` of the batch, for ``j`` the first
+and then the last example (an operation accumulating over the batch in either direction
+reaches the others from one of them; every input tensor whose leading dimension is the
+batch; same random state for all runs, so dropout masks agree; buffers restored
+afterwards). For every recorded layer, the rows its inputs and
 outputs hold along each dimension of the batch's size are compared between the two runs:
 
 * the rows that changed are exactly row ``j`` along the dimension the engine uses for
@@ -25,8 +28,11 @@ outputs hold along each dimension of the batch's size are compared between the t
 
 The comparison uses per-row fingerprints (the sum, the squared norm and a fixed weighted
 sum of each row, accumulated in float32) with a tolerance of the tensor's precision, so
-the probe stores a few numbers per row, not the activations. Its cost is two forward
-passes without gradients, once (see docs/benchmarks.md). What it cannot see: a loss that
+the probe stores a few numbers per row, not the activations. It runs on the first
+seven examples of the batch (a mixing operation shows among a few examples as among
+all; five or three if seven is the size of another input dimension, the whole batch if
+the model cannot run on part of it), so its cost is three forward passes over seven
+examples without gradients, once (see docs/benchmarks.md). What it cannot see: a loss that
 mixes examples after the model's output (a contrastive loss over the batch) -- the user
 promises that the loss is a sum or mean of per-example terms (docs/trust-model.md).
 """
@@ -46,6 +52,10 @@ __all__ = ["BatchDependenceError", "probe"]
 _RTOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 4e-3,
          torch.bfloat16: 2e-2}
 _MAX_SOURCES = 8  # examples tried as the replacement of example j
+# how many examples the probe runs on: a prime, since hidden sizes, heads and sequence
+# lengths are mostly powers of two and their multiples (a dimension of the batch's size
+# is compared row by row too), then the next candidates
+_SUB_BATCHES = (7, 5, 3)
 
 
 def probe(tracker, inputs, examples: int) -> None:
@@ -76,15 +86,53 @@ def probe(tracker, inputs, examples: int) -> None:
             "cannot check that each example is processed on its own. Pass the batch as "
             "p.data_loader yields it (one row per example; a packed or flattened batch "
             "would be clipped as one example)")
-    j = 0  # the first row: an operation accumulating over the batch reaches all others
-    perturbed = _replace_row(leaves, batched, j)
-    if perturbed is None:
-        return  # every example of this batch is identical: nothing can tell them apart
-    pargs, pkwargs = tree_unflatten(perturbed, spec)
-    runs = []
-    for a, k in ((args, kwargs), (pargs, pkwargs)):
-        runs.append(_observe_run(tracker, a, k, autocast, examples))
-    _judge(tracker, runs[0], runs[1], examples, j)
+    m = _sub_batch(leaves, batched, examples)
+    if m < examples:
+        sub = list(leaves)
+        for i in batched:
+            sub[i] = leaves[i][:m]
+        try:
+            if _probe_rows(tracker, sub, batched, spec, autocast, m):
+                return
+        except BatchDependenceError:
+            raise
+        except Exception:  # noqa: BLE001 - the model needs the whole batch: probe that
+            pass
+    _probe_rows(tracker, leaves, batched, spec, autocast, examples)
+
+
+def _sub_batch(leaves, batched, examples: int) -> int:
+    """How many of the batch's examples the probe runs on: seven (a mixing operation
+    shows among a few examples as among all, at a fraction of the cost), or five or
+    three if seven is the size of another dimension of the inputs, so that no sequence
+    or feature dimension is mistaken for the batch."""
+    if examples <= _SUB_BATCHES[0]:
+        return examples
+    other = {s for t in leaves if isinstance(t, torch.Tensor) for s in t.shape[1:]}
+    other |= {t.shape[0] for i, t in enumerate(leaves)
+              if isinstance(t, torch.Tensor) and t.dim() and i not in batched}
+    for m in _SUB_BATCHES:
+        if m not in other:
+            return m
+    return examples
+
+
+def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool:
+    """Run the two passes on these rows and judge them; False if every example equals
+    the first (nothing can tell them apart)."""
+    # the first and the last row: an operation accumulating over the batch in either
+    # direction (a mean over the others, a cumulative sum, the last row added to all)
+    # reaches the other rows from one of them
+    base = None
+    for j in (0, examples - 1):
+        perturbed = _replace_row(leaves, batched, j)
+        if perturbed is None:
+            return False
+        if base is None:
+            base = _observe_run(tracker, *tree_unflatten(leaves, spec), autocast, examples)
+        run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
+        _judge(tracker, base, run, examples, j)
+    return True
 
 
 def _replace_row(leaves, batched, j):
@@ -92,7 +140,7 @@ def _replace_row(leaves, batched, j):
     of the same tensor, for the first ``k`` whose rows differ from row ``j`` somewhere
     (None if no example differs from example ``j``)."""
     n = leaves[batched[0]].shape[0]
-    for k in range(1, min(n, 1 + _MAX_SOURCES)):
+    for k in range(min(n, 1 + _MAX_SOURCES)):
         if k == j:
             continue
         if all(torch.equal(leaves[i][j], leaves[i][k]) for i in batched):
@@ -173,6 +221,7 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
                for i, u in enumerate(tracker.units)]
     saved = [(b, b.detach().clone()) for b in model.buffers()]
+    hint, tracker._batch_hint = tracker._batch_hint, examples  # broadcast inputs' rows
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
     try:
         with contextlib.ExitStack() as stack:
@@ -186,6 +235,7 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
         outs = [o for o in flat if isinstance(o, torch.Tensor) and o.is_floating_point()]
         root = [col._print(o, 0) for o in outs[:1]]
     finally:
+        tracker._batch_hint = hint
         for h in handles:
             h.remove()
         with torch.no_grad():
@@ -222,6 +272,11 @@ def _verdict(pa, pb, j: int):
     """``("same" | "ok" | ("layout", dim) | "mixed")`` for one observed tensor."""
     if pa["shape"] != pb["shape"]:
         return "same"  # data-dependent shape: nothing to compare
+    declared = pa["dims"].get(pa["declared"])
+    if declared is not None and _changed(declared, pb["dims"][pa["declared"]]) == set():
+        # no example's row moved beyond rounding: a dimension of the same size that did
+        # move is a feature dimension carrying example j's change
+        return "same"
     confining, any_change = [], False
     for d, fa in pa["dims"].items():
         rows = _changed(fa, pb["dims"][d])

@@ -195,7 +195,7 @@ def test_batch_dims_are_checked():
 
 
 def test_probe_runs_once_and_restores_buffers_and_random_state():
-    """Two extra forward passes on the first step only; buffers and the global random
+    """Three extra forward passes on the first step only; buffers and the global random
     state are as they were (a resumed run stays bit-identical)."""
 
     class Counting(nn.Module):
@@ -223,9 +223,85 @@ def test_probe_runs_once_and_restores_buffers_and_random_state():
         assert torch.equal(state, torch.get_rng_state())
         if k == 2:
             break
-    assert model.calls == 3 + 2 and model.seen.item() == 3
+    assert model.calls == 3 + 3 and model.seen.item() == 3
 
 
 def test_probe_can_be_switched_off_by_the_user_who_promises_independence():
     p, _, _ = _first_step(_Centered(), _seqs(), check_batch_independence=False)
     assert p.accountant.steps == 1
+
+
+class _Reaching(nn.Module):
+    """Mixing that the first example never reaches: only replacing another row shows it
+    (before, the probe replaced example 0 alone and these passed)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.lin = nn.Linear(E, 3)
+
+    def forward(self, x):
+        h = x.mean(1)
+        if self.how == "others-mean":
+            h = h - h[1:].mean(0)
+        elif self.how == "reverse-cumsum":
+            h = h.flip(0).cumsum(0).flip(0)
+        else:  # the last example added to every example
+            h = h + h[-1]
+        return self.lin(h)
+
+
+@pytest.mark.parametrize("how", ["others-mean", "reverse-cumsum", "last-row"])
+@pytest.mark.parametrize("batch", [4, 16])
+def test_mixing_from_the_last_example_is_refused(how, batch):
+    with pytest.raises(BatchDependenceError, match="examples are mixed"):
+        _first_step(_Reaching(how), _seqs(), batch_size=batch)
+
+
+class _Sizes(nn.Module):
+    def __init__(self, hidden=E):
+        super().__init__()
+        self.lin = nn.Linear(E, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, 3)
+        self.rows: list[int] = []
+
+    def forward(self, x):
+        self.rows.append(x.shape[0])
+        return self.head(self.norm(self.lin(x.mean(1))))
+
+
+def test_probe_runs_on_seven_examples_of_a_large_batch():
+    """Three passes over 7 rows (not the batch of 32): the probe's cost stays a fraction
+    of a step however large the batch; a hidden size of 7 is not taken for the batch."""
+    model = _Sizes(hidden=7)
+    _first_step(model, _seqs(64), batch_size=32, sampling="fixed")
+    assert model.rows == [32, 7, 7, 7]
+
+
+def test_probe_avoids_a_sub_batch_that_is_another_input_dimension():
+    """T = 7: the probe's rows must not have the size of the inputs' sequence dimension."""
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(64, 7, E, generator=g), torch.randint(0, 3, (64,),
+                                                                         generator=g))
+    model = _Sizes()
+    _first_step(model, ds, batch_size=32, sampling="fixed")
+    assert model.rows == [32, 5, 5, 5]
+
+
+class _WholeBatchOnly(nn.Module):
+    """A model that only runs on the batch size it was built for, and mixes examples."""
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+        self.lin = nn.Linear(E, 3)
+
+    def forward(self, x):
+        h = x.mean(1).reshape(self.batch, E)
+        return self.lin(h - h.mean(0))
+
+
+def test_a_model_that_needs_the_whole_batch_is_probed_on_it():
+    with pytest.raises(BatchDependenceError, match="examples are mixed"):
+        _first_step(_WholeBatchOnly(16), _seqs(), batch_size=16, sampling="fixed")
