@@ -597,8 +597,8 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
                              --data-home DIR, $PRIVLEARN_DATA, or --download)
       correlated-noise       DP-SGD vs banded vs BLT noise on MNIST (an MLP, learning
                              rates tuned on a validation split; needs the MNIST files
-                             and the torch extra; about an hour on two cores, --quick
-                             for seconds)
+                             and the torch extra; about 15 minutes on two cores,
+                             --quick for seconds)
     """
     try:
         from privlearn.experiments import (  # type: ignore[attr-defined]
