@@ -193,8 +193,9 @@ def _config(quick: bool, config: StudyConfig | None, overrides: dict) -> StudyCo
     known = {f.name for f in fields(StudyConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise TypeError(f"unknown option(s) {unknown} of the correlated-noise study; the "
-                        f"settings are {sorted(known)}")
+        raise _v.ParameterTypeError(
+            f"unknown option(s) {unknown} of the correlated-noise study; the settings are "
+            f"{sorted(known)}")
     return replace(base, **overrides)
 
 
