@@ -577,8 +577,13 @@ def demo(no_experiment: bool) -> None:
     "--download", is_flag=True,
     help="Download missing data (checksums verified) into --data-home or the user cache.",
 )
+@click.option(
+    "--quick", is_flag=True,
+    help="Run the experiment's small configuration (seconds; a smoke test, not a result). "
+    "correlated-noise only.",
+)
 def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None,
-              data_home: str | None, download: bool) -> None:
+              data_home: str | None, download: bool, quick: bool) -> None:
     """Run the experiment NAME, writing a CSV and a PNG plot.
 
     \b
@@ -590,6 +595,10 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
       adult                  DP logistic regression on UCI Adult vs non-private
       label-release          PATE and Private kNN on MNIST (needs the MNIST files:
                              --data-home DIR, $PRIVLEARN_DATA, or --download)
+      correlated-noise       DP-SGD vs banded vs BLT noise on MNIST (an MLP, learning
+                             rates tuned on a validation split; needs the MNIST files
+                             and the torch extra; about 15 minutes on two cores,
+                             --quick for seconds)
     """
     try:
         from privlearn.experiments import (  # type: ignore[attr-defined]
@@ -619,8 +628,21 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
             kwargs["data_home"] = data_home
         if download:
             kwargs["download"] = True
+    if quick:
+        from privlearn.experiments import get_experiment
+
+        if not get_experiment(name).quick:
+            with_quick = sorted(n for n in EXPERIMENTS if get_experiment(n).quick)
+            raise click.UsageError(
+                f"--quick applies only to {', '.join(with_quick)}; {name} has no small "
+                "configuration, so drop it (or use --reps 1)")
+        kwargs["quick"] = True
     try:
         result = run_experiment(name, **kwargs)
+    except ImportError as e:  # an experiment that needs an optional extra (torch)
+        missing = click.ClickException(f"{name}: {_one_line(str(e))}")
+        missing.exit_code = ExitStatus.USAGE
+        raise missing from None
     except FileNotFoundError as e:
         raise click.ClickException(
             f"{name}: {_one_line(str(e)).rstrip('.')}; run again with --data-home DIR "

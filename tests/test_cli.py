@@ -690,7 +690,41 @@ def test_reproduce_data_options_forwarded(runner: CliRunner, monkeypatch, tmp_pa
     assert r.exit_code == 0, r.output
     assert calls == [("label-release", {"data_home": str(tmp_path), "download": True})]
     r = runner.invoke(cli, ["reproduce", "adult", "--data-home", str(tmp_path)])
-    assert r.exit_code == 2 and "apply only to label-release" in r.stderr
+    assert r.exit_code == 2 and "apply only to " in r.stderr
+    assert "label-release" in r.stderr and "correlated-noise" in r.stderr
+
+
+def test_reproduce_quick_forwarded_where_the_experiment_has_one(runner: CliRunner, monkeypatch,
+                                                                tmp_path) -> None:
+    experiments = pytest.importorskip("privlearn.experiments")
+    calls = []
+
+    class Result:
+        paths: list = []
+
+    monkeypatch.setattr(experiments, "run_experiment",
+                        lambda name, **kw: calls.append((name, kw)) or Result())
+    r = invoke(runner, ["reproduce", "correlated-noise", "--quick", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert calls == [("correlated-noise", {"out_dir": str(tmp_path), "quick": True})]
+    r = runner.invoke(cli, ["reproduce", "adult", "--quick"])
+    assert r.exit_code == 2 and "--quick applies only to correlated-noise" in r.stderr
+    assert len(calls) == 1
+
+
+def test_reproduce_missing_extra_is_one_line(runner: CliRunner, monkeypatch) -> None:
+    experiments = pytest.importorskip("privlearn.experiments")
+
+    def no_torch(name, **kw):
+        raise ImportError("the correlated-noise study trains PyTorch models and needs the "
+                          "torch extra (pip install 'privlearn[torch]'): No module named "
+                          "'torch'")
+
+    monkeypatch.setattr(experiments, "run_experiment", no_torch)
+    r = runner.invoke(cli, ["reproduce", "correlated-noise", "--quick"])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and "privlearn[torch]" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_user_facing_text_has_no_seed_jargon(runner: CliRunner) -> None:

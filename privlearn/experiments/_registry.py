@@ -26,22 +26,27 @@ class Experiment:
     needs_data : bool
         It reads data not bundled with privlearn (it accepts ``data_home`` and
         ``download``).
+    quick : bool
+        It accepts ``quick=True``: a small configuration that runs in seconds (a smoke
+        test, not a result; ``privlearn reproduce NAME --quick``).
     """
 
     name: str
     description: str
     run: Callable
     needs_data: bool = False
+    quick: bool = False
 
 
 _REGISTRY: dict[str, Experiment] = {}
 
 
-def register_experiment(name: str, *, description: str, needs_data: bool = False
-                        ) -> Callable[[Callable], Callable]:
+def register_experiment(name: str, *, description: str, needs_data: bool = False,
+                        quick: bool = False) -> Callable[[Callable], Callable]:
     """Decorator registering ``run(out_dir=None, reps=None, seed=0, **options)`` as the
     experiment ``name`` (``privlearn reproduce NAME`` runs it); the function is returned
-    unchanged. A name already registered to another function is refused."""
+    unchanged. A name already registered to another function is refused. ``quick``: the
+    runner accepts ``quick=True`` (a configuration that runs in seconds)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"an experiment name must be a non-empty string, got {name!r}")
 
@@ -51,7 +56,7 @@ def register_experiment(name: str, *, description: str, needs_data: bool = False
             raise ValueError(
                 f"experiment {name!r} is already registered by "
                 f"{known.run.__module__}.{known.run.__qualname__}; pick another name")
-        _REGISTRY[name] = Experiment(name, description, run, needs_data)
+        _REGISTRY[name] = Experiment(name, description, run, needs_data, quick)
         return run
 
     return register

@@ -17,7 +17,8 @@ def _rows(path):
 
 def test_registry_names():
     assert set(EXPERIMENTS) == {"linear-regression", "noisygd-learning-rate",
-                                "logistic-regression", "adult", "label-release"}
+                                "logistic-regression", "adult", "label-release",
+                                "correlated-noise"}
     with pytest.raises(ValueError, match="unknown experiment"):
         run_experiment("nope")
 
