@@ -428,15 +428,37 @@ class DPOptimizer:
         return None if drawn is None else drawn.size
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear ``p.grad`` and the recorded activations (accumulated clipped sums of a
-        virtual batch in progress are kept)."""
+        """Clear ``p.grad`` and the recorded per-example gradients of the last backward
+        pass. The activations of a forward pass whose backward is still to come are kept,
+        so ``out = model(x); optimizer.zero_grad(); loss.backward(); optimizer.step()``
+        works as the usual order does; accumulated clipped sums of a virtual batch in
+        progress are kept."""
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         for p in self.tracker.params:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
-        self.tracker.clear()
+        self.tracker.clear_gradients()
+
+    def _require_recorded(self, examples: int | None) -> None:
+        """A batch with examples whose step finds no per-example gradient would release
+        noise alone and charge a step for it: refused, with the likely cause."""
+        if examples is None or examples == 0 or self.tracker.has_gradients():
+            return
+        if self.tracker.unrecorded_forward == "eval":
+            cause = ("the model was in eval mode (model.eval()) during the forward pass, "
+                     "and the engine records per-example gradients only in training mode: "
+                     "call p.model.train() after evaluating (to train without dropout, set "
+                     "the dropout probabilities to 0)")
+        else:
+            cause = ("the forward pass ran under torch.no_grad() or inference_mode, on "
+                     "another model than p.model, or backward() was not called on a loss "
+                     "of p.model's output before step()")
+        raise RuntimeError(
+            f"this step's batch has {examples} examples but no per-example gradient was "
+            f"recorded: {cause}. The step would add noise alone and still be charged; "
+            "nothing was changed or charged")
 
     def clip_and_accumulate(self, examples: int | None = None, units=None) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
@@ -630,6 +652,7 @@ class DPOptimizer:
             if not self._final_chunk:  # a physical chunk of a virtual batch
                 drawn = self.sampler.take() if self.sampler is not None else None
                 units, rows = self._units_and_rows(drawn, self._chunk_size)
+                self._require_recorded(rows)
                 self.tracker.check_independence(rows)
                 self.clip_and_accumulate(examples=rows, units=units)
                 self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
@@ -638,6 +661,7 @@ class DPOptimizer:
                 return loss
             drawn = self.sampler.take() if self.sampler is not None else None
             units, examples = self._units_and_rows(drawn, self._expected_examples(drawn))
+            self._require_recorded(examples)
             self.tracker.check_independence(examples)
             cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
             if self.budget is not None:  # before anything is released

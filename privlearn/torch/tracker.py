@@ -214,6 +214,9 @@ class GradSampleTracker:
         self._probe_pending = self._probe_enabled
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
         self._probing = False
+        #: why the model's last forward with gradients enabled was not recorded ("eval":
+        #: the model was in eval mode), for the message of a step with nothing recorded
+        self.unrecorded_forward: str | None = None
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
         self._install()
@@ -331,7 +334,11 @@ class GradSampleTracker:
         inputs of the step's first forward."""
         if (_IN_RULE.get() or self._probing or not module.training or _in_backward()
                 or not torch.is_grad_enabled()):
+            if (not module.training and torch.is_grad_enabled() and not self._probing
+                    and not _IN_RULE.get() and not _in_backward()):
+                self.unrecorded_forward = "eval"
             return None
+        self.unrecorded_forward = None
         if _trainable_signature(self.model) != self._signature:
             self._rediscover()
         for v in (*args, *kwargs.values()):
@@ -502,6 +509,25 @@ class GradSampleTracker:
     def _end_backward(self) -> None:
         self._in_backward = False
         self._backward_passes += 1
+
+    def has_gradients(self) -> bool:
+        """Whether a backward pass reached a recorded layer since the last clear."""
+        return any(r.has_grad() for recs in self.records.values() for r in recs)
+
+    def clear_gradients(self) -> None:
+        """What ``optimizer.zero_grad()`` clears: the records whose backward pass has run
+        and the count of backward passes. The records of a forward pass whose backward is
+        still to come stay (with the probe's inputs), so the common loop order ``out =
+        model(x); optimizer.zero_grad(); loss.backward(); optimizer.step()`` trains on the
+        batch as ``zero_grad(); out = model(x); ...`` does."""
+        pending = {i: [r for r in recs if not r.has_grad()]
+                   for i, recs in self.records.items()}
+        self.records = {i: recs for i, recs in pending.items() if recs}
+        self._backward_passes = 0
+        self._in_backward = False
+        if not self.records:
+            self._captured = {}
+            self._probe_inputs = None
 
     def clear(self) -> None:
         self.records = {}

@@ -1,0 +1,117 @@
+"""Loop orders users write: ``out = model(x); optimizer.zero_grad(); loss.backward()``
+trained on noise alone (zero_grad dropped the forward's records) and a model left in
+eval mode recorded nothing; both ran every step, charged, with every check skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.torch import BatchDependenceError, make_private  # noqa: E402
+
+
+def _data(n=64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 10, generator=g)
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
+def _run(order, model=None, steps=3, **kw):
+    torch.manual_seed(1)
+    model = model or nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(_data(), batch_size=16), noise_multiplier=0.5,
+                     max_grad_norm=1.0, seed=0, sampling="fixed", **kw)
+    for k, (x, y) in enumerate(p.data_loader):
+        if order == "zero_grad first":
+            p.optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(p.model(x), y)
+        else:
+            loss = nn.functional.cross_entropy(p.model(x), y)
+            p.optimizer.zero_grad()
+        loss.backward()
+        p.optimizer.step()
+        if k + 1 == steps:
+            break
+    return p, model
+
+
+def test_zero_grad_between_forward_and_backward_trains_on_the_batch():
+    """Same seeds: the two orders give bit-identical parameters (before, the second
+    order's update was the noise alone)."""
+    _, a = _run("zero_grad first")
+    _, b = _run("zero_grad after forward")
+    for u, v in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(u, v)
+
+
+def test_zero_grad_after_forward_still_probes_batch_independence():
+    class Centred(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(10, 16), nn.Linear(16, 2)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h - h.mean(0))
+
+    with pytest.raises(BatchDependenceError, match="examples are mixed"):
+        _run("zero_grad after forward", Centred())
+
+
+def test_zero_grad_after_backward_drops_that_backward():
+    """zero_grad() after backward() still discards the gradients: the step that follows
+    has nothing recorded and is refused rather than charged for noise alone."""
+    model = nn.Linear(10, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(_data(), batch_size=16), noise_multiplier=0.5,
+                     max_grad_norm=1.0, seed=0, sampling="fixed")
+    x, y = next(iter(p.data_loader))
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.zero_grad()
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(RuntimeError, match="no per-example gradient was recorded"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+    assert all(torch.equal(u, v) for u, v in zip(before, model.parameters(), strict=True))
+
+
+def test_a_model_left_in_eval_mode_is_refused_not_charged():
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(_data(), batch_size=16), noise_multiplier=0.5,
+                     max_grad_norm=1.0, seed=0, sampling="fixed")
+    p.model.eval()
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(RuntimeError, match=r"eval mode.*p\.model\.train\(\)"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+    p.model.train()  # the documented fix: the next batch trains
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.step()
+    assert p.accountant.steps == 1
+
+
+def test_an_empty_poisson_batch_still_takes_its_noisy_step():
+    """No examples, nothing recorded: the step is the noise alone, as accounted."""
+    model = nn.Linear(10, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(_data(), batch_size=1), noise_multiplier=0.5,
+                     max_grad_norm=1.0, seed=0)  # rate 1/64: about a third are empty
+    steps = empty = 0
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        if len(y):
+            nn.functional.cross_entropy(p.model(x), y).backward()
+        else:
+            empty += 1
+        p.optimizer.step()
+        steps += 1
+    assert empty > 0 and p.accountant.steps == steps
