@@ -86,9 +86,18 @@ class DPConfig:
     user_reduction : {"mean", "sum"}
         A user's gradient: the mean (default) or the sum of their examples' gradients.
     augmentation_multiplicity : int >= 1, optional
-        K: the training loop feeds each example as K consecutive rows (augmented views,
-        De et al. 2022); their gradients are averaged before clipping, so the privacy
-        unit stays the example.
+        K: each example is trained on as K augmented views (De et al. 2022, "Unlocking
+        High-Accuracy Differentially Private Image Classification through Scale",
+        Sec. 3.1); their gradients are averaged before clipping, so the privacy unit
+        stays the example. Needs ``augment``.
+    augment : callable, optional
+        A function of one batch (as the loader yields it) returning one augmented view
+        of it: the same structure, the same rows in the same order. ``p.data_loader``
+        calls it K times per batch and yields each example's K views on consecutive
+        rows (the rows the engine averages), every per-example tensor (labels too)
+        repeated alike. The loader, not the loop, lays out the views: a view-major
+        ``torch.cat`` of the views would put K examples in one clipping unit and one
+        example in K (sensitivity K C instead of C).
     max_physical_batch_size : int >= 1, optional
         Split logical batches into chunks of at most this size (virtual batches).
     loss_reduction : {"mean", "sum"}
@@ -158,6 +167,7 @@ class DPConfig:
     max_examples_per_user: int = 1
     user_reduction: str = "mean"
     augmentation_multiplicity: int | None = None
+    augment: object = field(default=None, hash=False, repr=False, compare=False)
 
     def __post_init__(self):
         put = object.__setattr__
@@ -278,6 +288,25 @@ class DPConfig:
             if self.users is not None:
                 raise ValueError("augmentation_multiplicity and users cannot be combined: "
                                  "give one privacy unit (the example's views, or the user)")
+            if self.augment is None:
+                raise ValueError(
+                    f"augmentation_multiplicity={self.augmentation_multiplicity} needs "
+                    "augment=fn, a function of one batch returning one augmented view of it "
+                    "(e.g. lambda b: (b[0] + 0.05 * torch.randn_like(b[0]), b[1])): "
+                    "p.data_loader then yields each example's views on consecutive rows, the "
+                    "rows the engine averages before clipping. Views concatenated in the "
+                    "loop (torch.cat([aug(x) for _ in range(K)])) would be grouped with "
+                    "other examples' views, and one example would move the update by K "
+                    "clipping bounds")
+        if self.augment is not None:
+            if self.augmentation_multiplicity is None:
+                raise ValueError(
+                    "augment is given without augmentation_multiplicity: pass "
+                    "augmentation_multiplicity=K, the number of views of each example")
+            if not callable(self.augment):
+                raise _v.ParameterTypeError(
+                    "augment must be a function of one batch returning one augmented view "
+                    f"of it, got {type(self.augment).__name__}")
         if self.users is not None and isinstance(self.users, str):
             raise _v.ParameterTypeError(
                 "users must be the user id of every example (a sequence as long as the "

@@ -46,6 +46,7 @@ __all__ = [
     "EmptyAwareCollate",
     "TensorBatchGather",
     "VirtualBatchLoader",
+    "AugmentedLoader",
     "DPDataLoader",
     "CyclicPoissonBatchSampler",
     "BallsInBinsBatchSampler",
@@ -797,6 +798,78 @@ class _Delivering:
 
     def __len__(self) -> int:
         return len(self._it)
+
+
+class AugmentedLoader:
+    """Iterate ``loader``'s batches as K augmented views of each example, on consecutive
+    rows (De et al. 2022, augmentation multiplicity).
+
+    ``augment`` maps one batch to one augmented view of it (same structure, same rows in
+    the same order); it is called K times per batch, and every tensor whose leading
+    dimension is the batch's examples is interleaved example-major: rows ``i K .. i K +
+    K - 1`` are example ``i``'s views (labels and other per-example tensors repeated
+    alike). Those are the rows the engine averages into example ``i``'s gradient before
+    clipping, so the layout is the loader's, never the loop's. ``len()`` is the
+    underlying loader's.
+    """
+
+    def __init__(self, loader, augment, multiplicity: int):
+        self.loader = loader
+        self.augment = augment
+        self.multiplicity = int(multiplicity)
+
+    @property
+    def dataset(self):
+        return self.loader.dataset
+
+    @property
+    def batch_sampler(self):
+        return self.loader.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield augmented_views(batch, self.augment, self.multiplicity)
+
+
+def augmented_views(batch, augment, k: int):
+    """``k`` views ``augment(batch)`` of ``batch``, example-major (see
+    :class:`AugmentedLoader`)."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    flat, spec = tree_flatten(batch)
+    sizes = {t.shape[0] for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
+    if len(sizes) != 1:
+        raise ValueError(
+            "augmentation_multiplicity needs batches whose tensors share one leading "
+            f"dimension, the examples; got leading sizes {sorted(sizes)}")
+    n = sizes.pop()
+    views = []
+    for _ in range(k):
+        vf, _ = tree_flatten(augment(batch))
+        if len(vf) != len(flat):
+            raise ValueError(
+                "augment must return a batch of the structure it receives (one augmented "
+                f"view, same rows in the same order): it received {len(flat)} items "
+                f"and returned {len(vf)}")
+        for t, v in zip(flat, vf, strict=True):
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and (
+                    not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != n):
+                raise ValueError(
+                    f"augment must keep the {n} rows of the batch (one view of each "
+                    "example, in the same order); a tensor of shape "
+                    f"{tuple(t.shape)} came back as "
+                    f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
+        views.append(vf)
+    out = []
+    for i, t in enumerate(flat):
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            out.append(torch.stack([v[i] for v in views], 1).flatten(0, 1))
+        else:
+            out.append(views[0][i])
+    return tree_unflatten(out, spec)
 
 
 class VirtualBatchLoader:

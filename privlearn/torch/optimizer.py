@@ -204,7 +204,8 @@ class DPOptimizer:
         self._chunk_groups: tuple | None = None  # its privacy units' row counts
         #: privacy units of several rows (:mod:`privlearn.torch.units`): "sum" or "mean"
         #: of a unit's row gradients (users drawn by a sampler with a ``UnitIndex``), and
-        #: ``augmentation`` K: each example arrives as K consecutive rows (augmented views)
+        #: ``augmentation`` K: each example arrives as K consecutive rows (augmented views,
+        #: laid out by the loader, :class:`~privlearn.torch.data.AugmentedLoader`)
         self.unit_reduction = "mean"
         self.augmentation: int | None = None
         self.last_grad_norms = None

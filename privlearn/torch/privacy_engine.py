@@ -41,7 +41,12 @@ from privlearn.torch._engine_checks import (
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.config import DPConfig
 from privlearn.torch.correlated_noise import CorrelatedNoise
-from privlearn.torch.data import UnitIndex, VirtualBatchLoader, make_dp_loader
+from privlearn.torch.data import (
+    AugmentedLoader,
+    UnitIndex,
+    VirtualBatchLoader,
+    make_dp_loader,
+)
 from privlearn.torch.distributed import unwrap, world_info
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
@@ -477,6 +482,8 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     loader.on_restart = opt._abandon
     if cfg.max_physical_batch_size is not None:
         loader = VirtualBatchLoader(loader, cfg.max_physical_batch_size, opt)
+    if cfg.augment is not None:
+        loader = AugmentedLoader(loader, cfg.augment, cfg.augmentation_multiplicity)
     return opt, loader, acct, budget
 
 
@@ -494,7 +501,7 @@ def make_private(
     noise: str = "dpsgd", bands: int | None = None, buffers: int | None = None,
     cycle_length: int | None = None, users=None, max_examples_per_user: int = 1,
     user_reduction: str = "mean", augmentation_multiplicity: int | None = None,
-    ledger=None, process_group=None, grad_scaler=None,
+    augment=None, ledger=None, process_group=None, grad_scaler=None,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
     "Deep Learning with Differential Privacy", Algorithm 1).

@@ -133,18 +133,29 @@ def test_one_example_per_user_is_example_level_dp_sgd_exactly():
 
 
 def test_augmentation_multiplicity_averages_views_before_clipping():
+    """The loader lays out each example's K views on consecutive rows; the update equals
+    the loop over examples clipping the mean of their views' gradients."""
     torch.set_default_dtype(torch.float64)
     try:
         ds = _data()
         model, ref = _Feat(_mlp(d=4)), _Feat(_mlp(d=4))
         C, lr, k = 0.05, 0.5, 3
+        calls = []
+
+        def shift(batch):  # view j shifts every feature by 0.01 j
+            x, y = batch
+            calls.append(len(calls) % k)
+            return x + 0.01 * calls[-1], y
+
         p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
                          DataLoader(ds, batch_size=6), noise_multiplier=0.0, max_grad_norm=C,
-                         augmentation_multiplicity=k, sampling="fixed", seed=1)
-        x, y = next(iter(p.data_loader))
-        views = torch.cat([x + 0.01 * j for j in range(k)])  # (k B, d), view-major ...
-        order = torch.arange(k * 6).view(k, 6).t().reshape(-1)  # ... made example-major
-        xv, yv = views[order], y.repeat(k)[order]
+                         augmentation_multiplicity=k, augment=shift, sampling="fixed", seed=1)
+        xv, yv = next(iter(p.data_loader))
+        assert xv.shape[0] == 6 * k and calls == list(range(k))
+        x = xv[::k]  # the batch's examples, each followed by its other views
+        for j in range(k):
+            torch.testing.assert_close(xv[j::k], x + 0.01 * j)
+            assert torch.equal(yv[j::k], yv[::k])
         _step(p, xv, yv)
         groups = [(xv[i * k:(i + 1) * k], yv[i * k:(i + 1) * k]) for i in range(6)]
         _naive_unit_update(ref, groups, C, lr, 6.0, "mean")
@@ -161,6 +172,48 @@ def test_augmentation_multiplicity_averages_views_before_clipping():
             q.optimizer.step()
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_one_example_moves_an_augmented_update_by_at_most_the_bound():
+    """Only example 0 has a gradient (norm >> C), K = 2 views: the update of the step
+    that trains on it is C (noise 0) -- the views of the loop's natural
+    torch.cat([aug(x) for _ in range(K)]) put it in K clipping units, 2 C."""
+    n, b, k, c = 40, 8, 2, 1.0
+    x = torch.zeros(n, 4)
+    x[0] = 10.0
+    target = torch.zeros(n)
+    target[0] = -100.0
+    ds = TensorDataset(x, target, torch.arange(n))
+    model = nn.Linear(4, 1, bias=False)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=b), noise_multiplier=0.0, max_grad_norm=c,
+                     augmentation_multiplicity=k, augment=lambda batch: batch,
+                     sampling="fixed", seed=1)
+    moved = None
+    for xb, yb, ib in p.data_loader:
+        w0 = model.weight.detach().clone()
+        p.optimizer.zero_grad()
+        ((p.model(xb).squeeze(1) - yb) ** 2).mean().backward()
+        p.optimizer.step()
+        if 0 in ib.tolist():
+            moved = ((w0 - model.weight.detach()).norm() * p.expected_batch_size).item()
+            break
+    assert moved == pytest.approx(c, rel=1e-6)
+
+
+def test_augmentation_needs_the_loader_to_make_the_views():
+    model = _Feat(_mlp(d=4))
+    kw = dict(noise_multiplier=1.0, sampling="fixed")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="needs augment=fn"):
+        make_private(model, opt, DataLoader(_data(), batch_size=6),
+                     augmentation_multiplicity=3, **kw)
+    with pytest.raises(ValueError, match="without augmentation_multiplicity"):
+        make_private(model, opt, DataLoader(_data(), batch_size=6), augment=lambda b: b, **kw)
+    p = make_private(model, opt, DataLoader(_data(), batch_size=6),
+                     augmentation_multiplicity=2, augment=lambda b: b[0][:3], **kw)
+    with pytest.raises(ValueError, match="structure it receives"):
+        next(iter(p.data_loader))
 
 
 def test_virtual_batches_keep_each_user_in_one_chunk():
