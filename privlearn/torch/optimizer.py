@@ -393,6 +393,22 @@ class DPOptimizer:
         self._numels = [p.numel() for p in self.tracker.params]
         self._numel = sum(self._numels)
         self._flat = None
+        if self.per_param_clipping is not None:
+            unbounded = [p for p in self.tracker.params
+                         if id(p) not in self.per_param_clipping]
+            if unbounded:
+                names = {id(v): n for n, v in self.tracker.model.named_parameters()}
+                self.tracker.clear()
+                self._layout_version = None  # checked again at the next step
+                raise ValueError(
+                    "per-layer clipping fixes one bound per trainable parameter at "
+                    "make_private (their root-sum-square is the sensitivity the run is "
+                    "accounted with), and "
+                    f"{[names.get(id(p), tuple(p.shape)) for p in unbounded]} became "
+                    "trainable after it, without a bound. Make them trainable before "
+                    "make_private (with a bound in max_grad_norm), or use flat clipping "
+                    "(clipping='flat'), which covers parameters unfrozen later. No step was "
+                    "taken and nothing was released")
 
     def _check_update_set(self) -> None:
         """The one gate for updates: every parameter the wrapped optimizer will update

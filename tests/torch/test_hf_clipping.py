@@ -112,3 +112,33 @@ def test_list_bound_needs_per_layer_and_clipping_is_checked():
         make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=[1.0, 1.0])
     with pytest.raises(ValueError, match="clipping must be"):
         make_private(model, opt, loader, noise_multiplier=1.0, clipping="layer")
+
+
+def test_per_layer_clipping_refuses_a_layer_unfrozen_later():
+    """The bounds are fixed per parameter at make_private (their root-sum-square is the
+    accounted sensitivity); a layer unfrozen later has none: a clear refusal, not a
+    KeyError naming a parameter id, and nothing released."""
+    torch.manual_seed(0)
+    x = torch.randn(128, 10)
+    ds = TensorDataset(x, (x[:, 0] > 0).long())
+    m = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 2))
+    for q in m[0].parameters():
+        q.requires_grad_(False)
+    p = make_private(m, torch.optim.SGD(m.parameters(), lr=0.1), DataLoader(ds, batch_size=32),
+                     noise_multiplier=1.0, clipping="per_layer", max_grad_norm=[1.0, 1.0],
+                     sampling="fixed", seed=0)
+    it = iter(p.data_loader)
+    xb, yb = next(it)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    p.optimizer.step()
+    for q in m[0].parameters():
+        q.requires_grad_(True)
+    before = [q.detach().clone() for q in m.parameters()]
+    xb, yb = next(it)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    with pytest.raises(ValueError, match=r"per-layer clipping.*'0\.weight'.*clipping='flat'"):
+        p.optimizer.step()
+    assert p.accountant.steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters(), strict=True))
