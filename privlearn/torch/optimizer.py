@@ -670,6 +670,7 @@ class DPOptimizer:
                 drawn = self.sampler.take() if self.sampler is not None else None
                 units, rows = self._units_and_rows(drawn, self._chunk_size)
                 self._require_recorded(rows)
+                self.tracker.check_outside_uses()
                 self.tracker.check_independence(rows)
                 self.clip_and_accumulate(examples=rows, units=units)
                 self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
@@ -679,6 +680,7 @@ class DPOptimizer:
             drawn = self.sampler.take() if self.sampler is not None else None
             units, examples = self._units_and_rows(drawn, self._expected_examples(drawn))
             self._require_recorded(examples)
+            self.tracker.check_outside_uses()
             self.tracker.check_independence(examples)
             cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
             if self.budget is not None:  # before anything is released

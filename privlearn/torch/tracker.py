@@ -217,6 +217,8 @@ class GradSampleTracker:
         #: why the model's last forward with gradients enabled was not recorded ("eval":
         #: the model was in eval mode), for the message of a step with nothing recorded
         self.unrecorded_forward: str | None = None
+        #: ids of clipped parameters that received a gradient outside their layers
+        self.outside_uses: set[int] = set()
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
         self._install()
@@ -267,6 +269,49 @@ class GradSampleTracker:
                     _eager(self._make_detach_hook(u, slots))))
                 self._handles.append(u.module.register_forward_hook(
                     _eager(self._make_restore_hook(u, slots)), always_call=True))
+            # inside its layers a parameter is replaced by a detached alias, so autograd
+            # reaches the parameter itself only through a use outside them (a functional
+            # F.linear(h, emb.weight)): that gradient is not per example
+            watched = {id(p): p for u, _ in self._swapped for p in u.params}
+            for p in watched.values():
+                self._handles.append(p.register_hook(self._make_outside_hook(p)))
+
+    def _make_outside_hook(self, param):
+        tracker = self
+
+        def fn(grad):
+            tracker.outside_uses.add(id(param))
+            return None
+        return fn
+
+    def check_outside_uses(self) -> None:
+        """Refuse a step in which a clipped parameter also received a gradient from a use
+        outside its layers (see :meth:`_install`): that part of its gradient is neither
+        per example nor clipped."""
+        if not self.outside_uses:
+            return
+        names = {id(v): n for n, v in self.model.named_parameters()}
+        used = sorted(names.get(k, "?") for k in self.outside_uses)
+        evaluating = sorted({u.name or "<model>" for u in self.units if not u.module.training
+                             and any(id(p) in self.outside_uses for p in u.params)})
+        self.outside_uses = set()
+        self.clear()
+        if evaluating:
+            raise RuntimeError(
+                f"layer(s) {evaluating} ran in eval mode inside a model in training mode: "
+                "the engine records per-example gradients only in training mode, so their "
+                f"parameters {used} got a gradient that is neither per example nor "
+                "clipped. Keep trainable layers in training mode (to switch dropout off, "
+                "set its probability to 0). No step was taken and nothing was released")
+        raise RuntimeError(
+            f"parameter(s) {used} are used outside their layers as well (a functional call "
+            "such as F.linear(h, self.emb.weight) or x @ self.lin.weight in forward): the "
+            "engine computes per-example gradients layer by layer, so the gradient of that "
+            "use is neither per example nor clipped. Route every use through a module: "
+            "e.g. a tied output head as an nn.Linear whose weight is the embedding's "
+            "(head.weight = emb.weight; the engine clips the tied sum), or a layer rule "
+            "for a custom module (privlearn.torch.register_rule). No step was taken and "
+            "nothing was released")
 
     def _uninstall(self) -> None:
         for h in self._handles:
@@ -523,6 +568,7 @@ class GradSampleTracker:
         pending = {i: [r for r in recs if not r.has_grad()]
                    for i, recs in self.records.items()}
         self.records = {i: recs for i, recs in pending.items() if recs}
+        self.outside_uses = set()
         self._backward_passes = 0
         self._in_backward = False
         if not self.records:
@@ -530,6 +576,7 @@ class GradSampleTracker:
             self._probe_inputs = None
 
     def clear(self) -> None:
+        self.outside_uses = set()
         self.records = {}
         self._captured = {}
         self._backward_passes = 0

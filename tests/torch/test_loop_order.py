@@ -1,4 +1,4 @@
-"""Loop orders users write: ``out = model(x); optimizer.zero_grad(); loss.backward()``
+"""Loop orders and models users write: ``out = model(x); optimizer.zero_grad(); loss.backward()``
 trained on noise alone (zero_grad dropped the forward's records) and a model left in
 eval mode recorded nothing; both ran every step, charged, with every check skipped."""
 
@@ -115,3 +115,65 @@ def test_an_empty_poisson_batch_still_takes_its_noisy_step():
         p.optimizer.step()
         steps += 1
     assert empty > 0 and p.accountant.steps == steps
+
+
+class _FunctionalTied(nn.Module):
+    """A tied output head written as a functional call on the embedding's weight."""
+
+    def __init__(self, functional=True):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.mix = nn.Linear(8, 8)
+        self.functional = functional
+        if not functional:
+            self.head = nn.Linear(8, 20, bias=False)
+            self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        h = torch.tanh(self.mix(self.emb(ids)))
+        return nn.functional.linear(h, self.emb.weight) if self.functional else self.head(h)
+
+
+def _lm_step(model):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 20, (64, 5), generator=g)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(ids), batch_size=16), noise_multiplier=0.0,
+                     max_grad_norm=1e-3, seed=0, sampling="fixed")
+    (xb,) = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    logits = p.model(xb)
+    nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 20), xb[:, 1:].reshape(-1)).backward()
+    p.optimizer.step()
+    return p
+
+
+def test_a_parameter_used_outside_its_layer_is_refused():
+    """``F.linear(h, self.emb.weight)``: that use's gradient was silently dropped (the
+    per-example norm 2.48 instead of 2.52); now refused, naming the parameter."""
+    model = _FunctionalTied()
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(RuntimeError, match=r"\['emb\.weight'\] are used outside their layers"):
+        _lm_step(model)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_the_same_tie_through_a_module_trains():
+    p = _lm_step(_FunctionalTied(functional=False))
+    assert p.accountant.steps == 1
+
+
+def test_a_trainable_layer_in_eval_mode_is_refused():
+    """One layer switched to eval mode inside a training model: its gradient was dropped
+    without a word; now refused, naming the layer."""
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(_data(), batch_size=16), noise_multiplier=0.5,
+                     max_grad_norm=1.0, seed=0, sampling="fixed")
+    model[0].eval()
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(RuntimeError, match=r"layer\(s\) \['0'\] ran in eval mode"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
