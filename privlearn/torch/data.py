@@ -144,16 +144,19 @@ class _AccountedSampler(Sampler[list[int]]):
     def __iter__(self):
         fifo: collections.deque = collections.deque()
         self._fifo = fifo
-        start, self._resume_pos = self._resume_pos, 0
         # the k-th batch of this pass is the one the (base + k)-th step will train on (a
         # step uses exactly one delivered batch, and a new pass drops undelivered ones):
         # samplers with a schedule over steps (cycles, bins) follow this step index
         self._iter_base = self.consumed + len(self._unconsumed)
-        return self._iterate(start, fifo)
+        return self._iterate(fifo)
 
     units = None  # UnitIndex: privacy units of several examples (users)
 
-    def _iterate(self, start: int, fifo):
+    def _iterate(self, fifo):
+        # the resumed position is taken when the pass draws its first batch, not when
+        # iter() is called: torch's multi-process loader calls iter() twice on start and
+        # advances only the second iterator
+        start, self._resume_pos = self._resume_pos, 0
         for k, pos in enumerate(range(start, self.steps)):
             self._step = self._iter_base + k
             if self.secure:

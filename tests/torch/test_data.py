@@ -221,6 +221,31 @@ def test_break_checkpoint_resume_never_redraws_a_trained_batch():
     assert p.accountant.steps == len(used) == 5
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumed_pass_continues_the_interrupted_epoch(workers):
+    """Resume in the middle of an epoch, then finish the epoch: the resumed pass yields
+    the epoch's remaining batches, the same ones as the uninterrupted run. With worker
+    processes the pass restarted the whole epoch (torch's loader calls iter() on the
+    sampler twice and the first call used up the saved position): 27 steps, not 20."""
+    ds = _indexed(n=80)
+    ref = _private_linear(ds, seed=5, num_workers=workers, sampling="fixed", batch_size=8)
+    full: list = []
+    _train(ref, 10, full)  # one epoch
+    p = _private_linear(ds, seed=5, num_workers=workers, sampling="fixed", batch_size=8)
+    used: list = []
+    _train(p, 4, used)
+    q = _private_linear(ds, seed=5, num_workers=workers, sampling="fixed", batch_size=8)
+    q.load_state_dict(p.state_dict())
+    rest: list = []
+    for x, y in q.data_loader:  # the rest of the epoch
+        q.optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(q.model(x), y).backward()
+        q.optimizer.step()
+        rest.append(sorted(int(v) for v in x[:, 0]))
+    assert used + rest == full
+    assert q.accountant.steps == 10
+
+
 def test_checkpoint_reveals_no_past_batch():
     """The saved sampler state is a key of a one-way chain: it replays the batches after
     it, and nothing about the batches before it (a saved generator state could be run
