@@ -16,11 +16,18 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
 * **accounting**: ``epsilon`` is added to every log entry (at ``target_delta``); training
   stops, before the step that would exceed it, at ``max_epsilon`` (by default the
   ``target_epsilon`` the noise was calibrated for);
-* **checkpoints**: every checkpoint folder gets ``privlearn_privacy.pt`` (the accountant's
-  history, live noise multiplier and clipping bound, the keys of the sampler and the
-  noise: one-way, they reveal no past batch or noise); ``trainer.train(
-  resume_from_checkpoint=...)`` restores it, so a resumed run reports the same epsilon and
-  epoch as an uninterrupted one. A checkpoint without it is refused;
+* **checkpoints**: a checkpoint folder is a release (it is what ``push_to_hub`` uploads),
+  so it gets only the public part of the privacy state, ``privlearn_privacy.pt`` (the
+  accountant's history, live noise multiplier and clipping bound). What continues the
+  run's randomness is secret: the keys of the sampler and of the noise (they replay the
+  *next* steps' batches and noise, so with any model released after the checkpoint they
+  would reveal an un-noised clipped gradient) and, with correlated noise, the last noises
+  themselves. DPTrainer writes that part only under ``private_state_dir`` (outside
+  ``output_dir``), one file per checkpoint; a run with such state and checkpointing but no
+  ``private_state_dir`` is refused when it is built. ``trainer.train(
+  resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
+  epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state, or
+  whose private part is missing, is refused;
 * **releases**: every number the trainer logs, returns or writes into a checkpoint is on
   an allow-list (:data:`RELEASED_LOGS`): epsilon, the clipping bound, the learning rate,
   the step and the epoch (all data-independent or accounted), and evaluation metrics
@@ -29,7 +36,14 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   lengths) and timings are not released;
 * **several runs**: every ``train()`` (a fresh model from ``model_init``, each trial of
   ``hyperparameter_search``) trains privately, and ``epsilon()`` reports the composition
-  of all the runs on the training set; ``max_epsilon`` caps that total.
+  of all the runs on the training set (``inf`` once a run took a step without noise);
+  ``max_epsilon`` caps that total;
+* **task**: the per-example loss follows the model's task, read from transformers' auto
+  classes (the class, or its nearest transformers base class, under
+  ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and the masked-LM, token- and
+  sequence-classification mappings; peft wrappers unwrapped). A model in none of them
+  (a custom class) with per-token labels, or in two of them, is refused until
+  ``PrivacyArguments(task=...)`` names the task.
 
 Refused, with the reason, before the first step: gradient accumulation
 (``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
@@ -61,7 +75,8 @@ Example
 ...                     per_device_train_batch_size=64, learning_rate=1e-3),
 ...                     train_dataset=train, data_collator=collator,
 ...                     privacy=PrivacyArguments(target_epsilon=3.0, target_delta=1e-5,
-...                                              max_grad_norm=1.0))
+...                                              max_grad_norm=1.0),
+...                     private_state_dir="private")   # outside "out": never shared
 >>> trainer.train(); trainer.epsilon()
 
 GPT-2 and BERT build position ids of shape ``(1, T)`` broadcast over the batch; the
@@ -73,7 +88,10 @@ padding).
 from __future__ import annotations
 
 import copy
+import functools
+import math
 import os
+import secrets
 import warnings
 from dataclasses import dataclass, fields
 
@@ -88,7 +106,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("privlearn.torch.hf needs transformers: pip install "
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
-from privlearn.accounting import compose, planned_steps
+from privlearn.accounting import planned_steps
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import DPConfig
@@ -100,7 +118,15 @@ __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STAT
            "RELEASED_LOGS"]
 
 PRIVACY_STATE_NAME = "privlearn_privacy.pt"
+_PRIVATE_FORMAT = "privlearn.torch.hf.private_state/1"
 _TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classification")
+#: The auto-model mapping of transformers that names the model classes of each task.
+_TASK_MAPPINGS = {
+    "causal_lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "masked_lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "token_classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "sequence_classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+}
 
 
 @dataclass(frozen=True)
@@ -134,8 +160,14 @@ class PrivacyArguments:
     task : str, optional
         How the per-example loss is computed: ``"causal_lm"`` (shifted per-sequence
         token cross-entropy), ``"masked_lm"`` / ``"token_classification"`` (unshifted),
-        ``"sequence_classification"`` (labels of shape ``(B,)``). Default: inferred from
-        the labels' shape and the model class (``*ForCausalLM`` -> causal).
+        ``"sequence_classification"`` (labels of shape ``(B,)``, or floating-point
+        targets). Default: the model's task in transformers' auto-model mappings
+        (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, ``..._MASKED_LM_...``,
+        ``..._TOKEN_CLASSIFICATION_...``, ``..._SEQUENCE_CLASSIFICATION_...``) of its class
+        or nearest transformers base class, a peft wrapper unwrapped; for a model in none
+        of them, ``"sequence_classification"`` when the labels are one per example
+        (shape ``(B,)`` or floating point). Anything else (a custom class with per-token
+        labels, a class in two mappings) is refused until ``task`` is given.
     """
 
     noise_multiplier: float | None = None
@@ -221,13 +253,18 @@ def expand_position_ids(collator):
 
 class _PrivacyCallback(TrainerCallback):
     """Stops training before the step that would exceed ``max_epsilon``; keeps the
-    reported epoch the sampler's; writes the privacy state into each checkpoint."""
+    reported epoch the sampler's; writes the privacy state of each checkpoint."""
 
     def __init__(self, trainer: DPTrainer):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
         p = self.trainer.privacy_engine
+        if p is not None and self.trainer._unbounded and p.budget.max_epsilon is not None:
+            raise PrivacyBudgetExceededError(
+                f"max_epsilon={p.budget.max_epsilon:g}: an earlier run of this trainer took "
+                "steps without noise (noise_multiplier=0), so the epsilon of its runs is "
+                "already infinite; no step was taken. Build a new DPTrainer")
         if p is not None and p.accountant.steps == 0 and _exhausted(p):
             raise PrivacyBudgetExceededError(
                 f"max_epsilon={p.budget.max_epsilon:g} at delta={p.budget.delta:g} "
@@ -256,17 +293,13 @@ class _PrivacyCallback(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        p = self.trainer.privacy_engine
-        if p is None or not args.should_save:
+        if self.trainer.privacy_engine is None or not args.should_save:
             return control
         prefix = transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
         folder = os.path.join(args.output_dir, f"{prefix}-{state.global_step}")
         if os.path.isdir(folder):
-            state_ = p.state_dict()
-            # model and optimizer are in the Trainer's own files of this checkpoint
-            state_.pop("model")
-            state_.pop("optimizer")
-            torch.save(state_, os.path.join(folder, PRIVACY_STATE_NAME))
+            self.trainer._save_privacy_state(folder)
+        self.trainer._prune_private_states()  # of checkpoints rotated out (save_total_limit)
         return control
 
 
@@ -285,14 +318,33 @@ class DPTrainer(Trainer):
         As for ``transformers.Trainer``.
     privacy : PrivacyArguments
         The DP-SGD settings.
+    private_state_dir : str or os.PathLike, optional
+        Where the secret part of each checkpoint's privacy state is written, one file per
+        checkpoint (``checkpoint-<step>.<token>.pt``, the token also recorded in the
+        checkpoint's ``privlearn_privacy.pt``; created with owner-only permissions). That
+        part continues the run's randomness: the keys of the sampler and of the noise
+        (unless ``secure_mode``, which has none), and with correlated noise
+        (``noise="banded"`` or ``"blt"``) the last noises. Anyone holding it and a model
+        released after its checkpoint can subtract the noise of the steps in between,
+        i.e. read an un-noised clipped gradient, so keep this folder as private as the
+        training data and never publish it. It must lie outside ``output_dir`` (the
+        checkpoint folders and what ``push_to_hub`` uploads: releases). Resuming from a
+        checkpoint needs the same folder. Files of checkpoints that the Trainer deletes
+        (``save_total_limit``) are deleted with them. Required when checkpoints are
+        saved (``save_strategy`` other than ``"no"``) and the run has such state; with
+        ``save_strategy="no"`` nothing is written.
 
     Attributes
     ----------
     privacy_engine : PrivateTraining or None
         What ``make_private`` returned for the current run (set when training starts).
+        Its ``epsilon()`` includes the earlier runs of this trainer, except that a run
+        without noise (``noise_multiplier=0``) makes the trainer's :meth:`epsilon`
+        infinite from then on.
     """
 
-    def __init__(self, *args, privacy: PrivacyArguments, **kwargs):
+    def __init__(self, *args, privacy: PrivacyArguments,
+                 private_state_dir: str | os.PathLike | None = None, **kwargs):
         if not isinstance(privacy, PrivacyArguments):
             raise TypeError(f"privacy must be a PrivacyArguments, got "
                             f"{type(privacy).__name__}")
@@ -307,14 +359,18 @@ class DPTrainer(Trainer):
         self.args = _private_copy(self.args) if a is None else self.args
         self.privacy = privacy
         self.privacy_engine: PrivateTraining | None = None
-        self._earlier_runs: list = []  # mechanisms of the finished runs
-        self._resume_from: str | None = None
+        self._spent = None  # the composed mechanism of the finished runs with noise
+        self._unbounded = False  # a finished run took a step without noise
+        self._resume_state: dict | None = None
+        self._private_files: dict[str, str] = {}  # private state file -> its checkpoint
         self._stopped_at_budget = False
         if privacy.log_training_loss:
             warnings.warn("log_training_loss=True: the training loss is logged (and saved in "
                           "checkpoints) without noise; it is not covered by the accounted "
                           "mechanism", PrivacyLeakWarning, stacklevel=2)
         self._refuse_unsupported()
+        self.private_state_dir = _check_private_state_dir(private_state_dir, self.args,
+                                                          privacy)
         self.add_callback(_PrivacyCallback(self))
 
     def _refuse_unsupported(self) -> None:
@@ -370,8 +426,7 @@ class DPTrainer(Trainer):
         if p is not None and p.model is self.model and self.optimizer is p.optimizer:
             return p.data_loader
         if p is not None:  # a new run of this trainer on the same data
-            self._earlier_runs.append(p.accountant.mechanism())
-            p.detach()
+            self._settle_run(p)
             self.privacy_engine = None
         base = super().get_train_dataloader()  # the Trainer's dataset and collator
         loader = DataLoader(base.dataset, batch_size=self.args.per_device_train_batch_size,
@@ -393,11 +448,10 @@ class DPTrainer(Trainer):
             kw["steps"] = self._planned_steps(self.args.per_device_train_batch_size / n)
         self.model.train()
         p = make_private(self.model, self.optimizer, loader, **kw)
-        prior = [m for m in self._earlier_runs if m is not None]
-        if prior:
-            p.accountant.prior = compose(prior)
-        if self._resume_from is not None:
-            self._load_privacy_state(p, self._resume_from)
+        if self._spent is not None:
+            p.accountant.prior = self._spent
+        if self._resume_state is not None:
+            self._load_privacy_state(p, self._resume_state)
         self.privacy_engine = p
         self.optimizer = p.optimizer
         return p.data_loader
@@ -413,20 +467,48 @@ class DPTrainer(Trainer):
         and is saved in every checkpoint (``total_flos``), so it is not computed."""
         return 0
 
+    def _settle_run(self, p: PrivateTraining) -> None:
+        """Keep the privacy cost of a finished run (its mechanism includes the earlier
+        runs, its prior) and detach its engine."""
+        if any(s.noise_multiplier == 0 and s.steps > 0 for s in p.accountant.segments):
+            self._unbounded = True  # no mechanism describes it: epsilon is infinite
+        else:
+            spent = p.accountant.mechanism()
+            if spent is not None:
+                self._spent = spent
+        p.detach()
+
     # ------------------------------------------------------------------ loss
     def _task(self, model, labels: torch.Tensor) -> str:
+        """The task of the per-example loss: ``PrivacyArguments.task``, else the model's
+        (:func:`_model_tasks`), else sequence classification for labels one per
+        example; refused otherwise."""
         if self.privacy.task is not None:
             return self.privacy.task
-        if labels.dim() == 1:
-            return "sequence_classification"
-        inner = self.accelerator.unwrap_model(model)
-        base = getattr(getattr(inner, "base_model", None), "model", None)  # peft
-        names = {type(inner).__name__, type(base).__name__ if base is not None else ""}
-        if any(n.endswith("ForCausalLM") for n in names):
-            return "causal_lm"
-        if labels.is_floating_point():
-            return "sequence_classification"  # multi-label or regression targets
-        return "token_classification"
+        inner = _unwrap(self.accelerator.unwrap_model(model))
+        tasks = _model_tasks(type(inner))
+        per_example = labels.dim() == 1 or labels.is_floating_point()
+        if len(tasks) == 1:
+            (task,) = tasks
+            if task != "sequence_classification" and labels.dim() < 2:
+                raise ValueError(
+                    f"{type(inner).__name__} is a {task} model (transformers' "
+                    f"{_TASK_MAPPINGS[task]}), but the labels have shape "
+                    f"{tuple(labels.shape)}, one per example; {task} needs one label per "
+                    "token, shape (batch, length). Fix the collator, or pass "
+                    f"PrivacyArguments(task=...) (one of {_TASKS})")
+            return task
+        if not tasks and per_example:
+            return "sequence_classification"  # one target per example: no other reading
+        found = (f"is in several of transformers' task mappings ({', '.join(sorted(tasks))})"
+                 if tasks else "is not a transformers model class of a known task "
+                 "(causal LM, masked LM, token or sequence classification)")
+        raise ValueError(
+            f"DPTrainer cannot tell how to compute the per-example loss: the model class "
+            f"{type(inner).__name__} {found}, and its labels (shape {tuple(labels.shape)}) "
+            "are per token. Pass PrivacyArguments(task=...): 'causal_lm' (next-token "
+            "prediction, the labels shifted), 'masked_lm' or 'token_classification' (one "
+            "label per position, not shifted), or 'sequence_classification'")
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean over examples of per-example losses (never the token-level mean)."""
@@ -462,13 +544,12 @@ class DPTrainer(Trainer):
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(
                 self.args.output_dir)
-        self._resume_from = resume_from_checkpoint
-        if resume_from_checkpoint is not None:
-            _privacy_state_path(resume_from_checkpoint)  # refused before anything runs
+        if resume_from_checkpoint is not None:  # refused before anything runs
+            self._resume_state = self._read_privacy_state(resume_from_checkpoint)
         try:
             out = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
-            self._resume_from = None
+            self._resume_state = None
         if self.privacy_engine is None:
             return out
         keep = self.privacy.log_training_loss
@@ -482,10 +563,11 @@ class DPTrainer(Trainer):
         """epsilon at ``delta`` (default ``target_delta``) of all the steps this trainer
         took (every run)."""
         d = self.privacy.target_delta if delta is None else delta
+        if self._unbounded:
+            return math.inf  # an earlier run took steps without noise
         if self.privacy_engine is not None:
             return self.privacy_engine.epsilon(d)
-        prior = [m for m in self._earlier_runs if m is not None]
-        return compose(prior).epsilon(d) if prior else 0.0
+        return 0.0 if self._spent is None else self._spent.epsilon(d)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Log only released keys (:data:`RELEASED_LOGS` and evaluation metrics), with
@@ -498,8 +580,76 @@ class DPTrainer(Trainer):
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ checkpoints
-    def _load_privacy_state(self, p: PrivateTraining, checkpoint: str) -> None:
+    def _save_privacy_state(self, folder: str) -> None:
+        """Write the public part of the run's state into the checkpoint ``folder`` and
+        the secret part (:func:`_secret_parts`) under ``private_state_dir``; without one,
+        the secret part is not written at all (the checkpoint then cannot be resumed)."""
+        p = self.privacy_engine
+        state = p.state_dict()
+        state.pop("model")  # the model and the optimizer are the Trainer's own files
+        state.pop("optimizer")
+        secret = {k: state.pop(k) for k in _secret_parts(self.privacy)}
+        for path, ckpt in list(self._private_files.items()):
+            if os.path.abspath(ckpt) == os.path.abspath(folder):  # being rewritten
+                _remove(path)
+                del self._private_files[path]
+        state["private_state"] = None
+        if secret:
+            token = secrets.token_hex(8)  # binds the two parts; reveals nothing
+            kept = self.private_state_dir is not None
+            state["private_state"] = {"token": token, "parts": sorted(secret), "kept": kept}
+            if kept:
+                path = _private_state_path(self.private_state_dir, folder, token)
+                _save_private({"format": _PRIVATE_FORMAT, "token": token,
+                               "steps": p.accountant.steps, **secret}, path)
+                self._private_files[path] = folder
+        torch.save(state, os.path.join(folder, PRIVACY_STATE_NAME))
+
+    def _prune_private_states(self) -> None:
+        """Delete the private state files this trainer wrote for checkpoints that no
+        longer exist."""
+        for path, ckpt in list(self._private_files.items()):
+            if not os.path.isdir(ckpt):
+                _remove(path)
+                del self._private_files[path]
+
+    def _read_privacy_state(self, checkpoint: str) -> dict:
+        """The whole state of ``checkpoint`` (its public part, and the secret part from
+        ``private_state_dir``); refused, saying why, when a part is missing."""
         state = torch.load(_privacy_state_path(checkpoint), weights_only=False)
+        info = state.pop("private_state", None)
+        if info is None:
+            return state
+        parts = ", ".join(info["parts"])
+        why = ("resuming needs it: the run continues from it (the correlated noise from its "
+               "last noises, the sampler and the noise from their keys), and restarting "
+               "them mid-run would run a different mechanism than the one accounted")
+        if not info["kept"]:
+            raise ValueError(
+                f"checkpoint {checkpoint!r} was saved without a private_state_dir, so the "
+                f"secret part of its privacy state ({parts}) was not kept; {why}. Start a "
+                "new run, and give DPTrainer(private_state_dir=...) to make resumable "
+                "checkpoints")
+        if self.private_state_dir is None:
+            raise ValueError(
+                f"checkpoint {checkpoint!r} keeps the secret part of its privacy state "
+                f"({parts}) in a private folder; {why}. Pass DPTrainer(private_state_dir="
+                "...) naming the folder it was written to")
+        path = _private_state_path(self.private_state_dir, checkpoint, info["token"])
+        if not os.path.isfile(path):
+            raise ValueError(
+                f"the secret part of checkpoint {checkpoint!r}'s privacy state ({parts}) "
+                f"is not in private_state_dir={self.private_state_dir!r} (no {path}); "
+                f"{why}. Pass the private_state_dir the checkpoint was written with")
+        secret = torch.load(path, weights_only=False)
+        if secret.get("format") != _PRIVATE_FORMAT or secret.get("token") != info["token"]:
+            raise ValueError(f"{path} is not the private state of checkpoint "
+                             f"{checkpoint!r} (its token differs)")
+        state.update({k: secret[k] for k in info["parts"]})
+        return state
+
+    def _load_privacy_state(self, p: PrivateTraining, state: dict) -> None:
+        state = dict(state)
         # the model and the optimizer are the Trainer's (loaded from the same checkpoint)
         state["model"] = p.model.state_dict()
         state["optimizer"] = p.optimizer.original_optimizer.state_dict()
@@ -540,6 +690,105 @@ def _column(dataset, name: str) -> list:
         v = item[name]
         out.append(v.item() if isinstance(v, torch.Tensor) else v)
     return out
+
+
+def _secret_parts(privacy: PrivacyArguments) -> tuple[str, ...]:
+    """The parts of :meth:`PrivateTraining.state_dict` that must not be released: the
+    keys of the sampler and of the noise (they replay the next steps' batches and noise;
+    a ``secure_mode`` run has none) and the correlated noise's state (past noises)."""
+    parts = () if privacy.secure_mode else ("sampler", "noise")
+    return parts + (("correlated",) if privacy.noise != "dpsgd" else ())
+
+
+def _saves_checkpoints(args) -> bool:
+    return str(getattr(args.save_strategy, "value", args.save_strategy)) != "no"
+
+
+def _check_private_state_dir(path, args, privacy: PrivacyArguments) -> str | None:
+    """Validate ``private_state_dir``: required with checkpoints and a secret state,
+    outside ``output_dir``."""
+    parts = _secret_parts(privacy)
+    if path is None:
+        if parts and _saves_checkpoints(args):
+            what = []
+            if "correlated" in parts:
+                what.append(f"noise={privacy.noise!r} continues from its last noises")
+            if "sampler" in parts:
+                what.append("the sampler's and the noise's keys replay the next steps' "
+                            "batches and noise")
+            raise ValueError(
+                "private_state_dir is required with checkpoints (save_strategy="
+                f"{str(getattr(args.save_strategy, 'value', args.save_strategy))!r}): a "
+                "checkpoint folder is a release (push_to_hub uploads it), and continuing "
+                f"this run needs secret state ({'; '.join(what)}: with a later model they "
+                "reveal an un-noised clipped gradient). Give DPTrainer(private_state_dir="
+                "...) a folder outside output_dir, kept as private as the training data, "
+                "or set save_strategy='no'"
+                + ("" if "correlated" in parts else ", or use secure_mode=True (no keys)"))
+        return None
+    path = os.path.abspath(os.fspath(path))
+    out = os.path.realpath(args.output_dir)
+    if os.path.commonpath([out, os.path.realpath(path)]) == out:
+        raise ValueError(
+            f"private_state_dir={path!r} is inside output_dir={args.output_dir!r}: "
+            "output_dir holds releases (the checkpoints, what push_to_hub uploads and "
+            "save_model writes). Name a folder outside it, kept as private as the data")
+    return path
+
+
+def _private_state_path(private_dir: str, checkpoint: str, token: str) -> str:
+    name = os.path.basename(os.path.normpath(checkpoint))
+    return os.path.join(private_dir, f"{name}.{token}.pt")
+
+
+def _save_private(obj: dict, path: str) -> None:
+    """``torch.save`` into a file only its owner can read (written whole, then renamed)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        torch.save(obj, f)
+    os.replace(tmp, path)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _unwrap(model):
+    """The transformers model inside peft wrappers (``get_base_model``)."""
+    while hasattr(model, "get_base_model"):
+        inner = model.get_base_model()
+        if inner is model:
+            break
+        model = inner
+    return model
+
+
+@functools.cache
+def _tasks_by_class_name() -> dict[str, frozenset[str]]:
+    """transformers class name -> the tasks of :data:`_TASK_MAPPINGS` listing it."""
+    from transformers.models.auto import modeling_auto
+
+    out: dict[str, set[str]] = {}
+    for task, mapping in _TASK_MAPPINGS.items():
+        for names in getattr(modeling_auto, mapping).values():
+            for name in (names,) if isinstance(names, str) else names:
+                out.setdefault(name, set()).add(task)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def _model_tasks(cls: type) -> frozenset[str]:
+    """The tasks of the nearest transformers class in ``cls``'s MRO listed in an
+    auto-model mapping (empty for a class with none: a custom model)."""
+    table = _tasks_by_class_name()
+    for c in cls.__mro__:
+        if c.__module__.startswith("transformers.") and c.__name__ in table:
+            return table[c.__name__]
+    return frozenset()
 
 
 def _privacy_state_path(checkpoint: str) -> str:

@@ -115,8 +115,10 @@ def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
     restores from the checkpoint)."""
     sigma = 1.0
     pa = PrivacyArguments(noise_multiplier=sigma, max_grad_norm=0.5, seed=11)
-    args = _args(tmp_path, save_strategy="steps", save_steps=2)
-    a = DPTrainer(model=_llama(dropout=0.3), args=args, train_dataset=_TextSet(), privacy=pa)
+    args = _args(tmp_path / "out", save_strategy="steps", save_steps=2)
+    private = tmp_path / "private"
+    a = DPTrainer(model=_llama(dropout=0.3), args=args, train_dataset=_TextSet(), privacy=pa,
+                  private_state_dir=private)
     a.train()
     logged = [(h["step"], h["epsilon"]) for h in a.state.log_history
               if "epsilon" in h and "learning_rate" in h]
@@ -125,11 +127,11 @@ def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
         assert eps == pytest.approx(_eps(sigma, step), rel=1e-9)
     assert a.epsilon() == pytest.approx(_eps(sigma, 4), rel=1e-9)
     assert a.privacy_engine.accountant.steps == 4
-    ckpt = os.path.join(tmp_path, "checkpoint-2")
+    ckpt = os.path.join(tmp_path, "out", "checkpoint-2")
     assert os.path.isfile(os.path.join(ckpt, PRIVACY_STATE_NAME))
 
     b = DPTrainer(model=_llama(seed=99, dropout=0.3), args=args, train_dataset=_TextSet(),
-                  privacy=pa)
+                  privacy=pa, private_state_dir=private)
     b.train(resume_from_checkpoint=ckpt)
     assert b.privacy_engine.accountant.steps == 4
     assert b.privacy_engine.accountant.segments == a.privacy_engine.accountant.segments
@@ -249,10 +251,10 @@ def test_training_loss_is_not_logged_or_saved_unless_opted_in(tmp_path):
     every checkpoint's trainer_state.json: dropped by default; opting in warns."""
     from privlearn.errors import PrivacyLeakWarning
 
-    pa = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, seed=3)
+    pa = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, secure_mode=True)
     tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2, save_strategy="steps",
                                               save_steps=2),
-                   train_dataset=_TextSet(), privacy=pa)
+                   train_dataset=_TextSet(), privacy=pa)  # secure mode: no keys to keep
     out = tr.train()
     assert math.isnan(out.training_loss) and "train_loss" not in out.metrics  # returned too
     assert tr.state.log_history and all("epsilon" in h for h in tr.state.log_history)
@@ -330,7 +332,8 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
                                                   save_steps=2,
                                                   include_num_input_tokens_seen="all"),
                        train_dataset=_TextSet(), privacy=PrivacyArguments(
-                           noise_multiplier=1.0, seed=0), callbacks=[Spy()])
+                           noise_multiplier=1.0, seed=0), callbacks=[Spy()],
+                       private_state_dir=tmp_path.parent / f"{tmp_path.name}-private")
     out = tr.train()
     assert seen_logs and set().union(*seen_logs) <= RELEASED_LOGS
     assert set(out.metrics) <= RELEASED_LOGS
@@ -348,9 +351,10 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
             assert head in allowed_state, path
     assert state["total_flos"] == 0 and state.get("num_input_tokens_seen", 0) == 0
     privacy = torch.load(tmp_path / "checkpoint-2" / PRIVACY_STATE_NAME, weights_only=False)
+    # the keys of the sampler and the noise replay the next steps: kept out of the release
     assert set(privacy) == {"format", "mechanism", "noise_multiplier", "max_grad_norm",
-                            "accountant", "budget", "sampler", "noise", "correlated"}
-    assert privacy["correlated"] is None  # DP-SGD: no noise state (one-way keys only)
+                            "accountant", "budget", "correlated", "private_state"}
+    assert privacy["correlated"] is None  # DP-SGD: no correlated-noise state
 
 
 def test_user_arguments_are_not_modified(tmp_path):
@@ -385,6 +389,38 @@ def test_every_run_of_model_init_trains_privately_and_composes(tmp_path):
 
     assert isinstance(tr.optimizer, DPOptimizer) and tr.optimizer is second.optimizer
     assert tr.epsilon() == pytest.approx(_eps(1.0, 4), rel=1e-9)  # both runs
+
+
+def test_three_runs_compose_each_run_once(tmp_path):
+    """Each finished run's mechanism already includes the runs before it; composing the
+    list of them counted the first run twice from the third run on."""
+    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=2,
+                                                              logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    for runs in (1, 2, 3):
+        tr.train()
+        assert tr.epsilon() == pytest.approx(_eps(1.0, 2 * runs), rel=1e-9)
+
+
+def test_a_run_without_noise_makes_every_later_epsilon_infinite(tmp_path):
+    """noise_multiplier=0 is allowed (as by make_private: epsilon inf); the second train()
+    of such a trainer crashed building the first run's mechanism. It now trains and
+    reports inf, and a later budget cap refuses to start."""
+    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=1,
+                                                              logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=0.0, seed=0))
+    tr.train()
+    assert tr.epsilon() == math.inf
+    tr.privacy = PrivacyArguments(noise_multiplier=1.0, seed=0)  # noise from now on
+    out = tr.train()
+    assert tr.privacy_engine.accountant.steps == 1
+    assert tr.epsilon() == math.inf and out.metrics["epsilon"] == math.inf
+    tr.privacy = PrivacyArguments(noise_multiplier=1.0, seed=0, max_epsilon=100.0)
+    with pytest.raises(PrivacyBudgetExceededError, match="without noise"):
+        tr.train()
+    assert tr.privacy_engine.accountant.steps == 0
 
 
 def test_model_init_runs_share_one_budget(tmp_path):
@@ -423,11 +459,14 @@ def test_packed_rows_are_refused_at_the_step_whatever_the_collator(tmp_path):
 
 def test_resumed_run_reports_the_epoch_it_reached(tmp_path):
     pa = PrivacyArguments(noise_multiplier=1.0, seed=1)
-    args = _args(tmp_path, max_steps=12, save_strategy="steps", save_steps=11)
-    a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
+    args = _args(tmp_path / "out", max_steps=12, save_strategy="steps", save_steps=11)
+    private = tmp_path / "private"
+    a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa,
+                  private_state_dir=private)
     a.train()
-    b = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
-    b.train(resume_from_checkpoint=str(tmp_path / "checkpoint-11"))
+    b = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa,
+                  private_state_dir=private)
+    b.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-11"))
     epochs_a = [h["epoch"] for h in a.state.log_history if "learning_rate" in h]
     epochs_b = [h["epoch"] for h in b.state.log_history if "learning_rate" in h]
     assert epochs_a[-1] == epochs_b[-1] == pytest.approx(12 / 8)

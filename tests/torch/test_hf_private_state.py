@@ -1,0 +1,208 @@
+"""DPTrainer checkpoints: what continues the run's randomness stays out of the release.
+
+A checkpoint folder is a release (``push_to_hub`` uploads it). The keys of the sampler and
+of the noise replay the *next* steps' batches and noise, and correlated noise continues
+from its last noises; with a model released later, either gives back an un-noised clipped
+gradient. These tests check that none of it is written into ``output_dir``, that it is
+written under ``private_state_dir`` and resumes exactly from there, and that every set-up
+that would lose or leak it is refused with the reason."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_hf_trainer import B, _args, _llama, _TextSet  # noqa: E402
+
+from privlearn.torch.hf import PRIVACY_STATE_NAME, DPTrainer, PrivacyArguments  # noqa: E402
+from privlearn.torch.noise import NoiseSource  # noqa: E402
+
+_PUBLIC = {"format", "mechanism", "noise_multiplier", "max_grad_norm", "accountant", "budget",
+           "private_state"}
+
+
+def _banded(**kw):
+    return PrivacyArguments(noise_multiplier=2.0, noise="banded", bands=3,
+                            sampling="cyclic_poisson", cycle_length=2, seed=0, **kw)
+
+
+def _private_file(private, checkpoint) -> str:
+    token = torch.load(os.path.join(checkpoint, PRIVACY_STATE_NAME),
+                       weights_only=False)["private_state"]["token"]
+    return os.path.join(private, f"{os.path.basename(checkpoint)}.{token}.pt")
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _released_tensors(folder):
+    """Every tensor in every file of a checkpoint folder."""
+    from safetensors.torch import load_file
+
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.endswith(".safetensors"):
+            yield from load_file(path).values()
+        elif name.endswith((".pt", ".pth", ".bin")):
+            yield from _tensors(torch.load(path, weights_only=False))
+
+
+def _flat(state, names):
+    return torch.cat([state[n].flatten().double() for n in names])
+
+
+def test_correlated_noise_state_is_kept_out_of_checkpoints_and_resumes(tmp_path):
+    """Banded noise: the last noises were saved in every checkpoint folder (from two
+    consecutive checkpoints and them the un-noised clipped sum of a step could be read).
+    No tensor of any checkpoint file now holds them; they are in the private file, and a
+    run resumed from checkpoint 2 ends bit for bit where the uninterrupted one did."""
+    out, private = tmp_path / "out", tmp_path / "private"
+    args = _args(out, max_steps=4, save_strategy="steps", save_steps=2)
+    a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=_banded(),
+                  private_state_dir=private)
+    a.train()
+    for step in (2, 4):
+        ckpt = str(out / f"checkpoint-{step}")
+        public = torch.load(os.path.join(ckpt, PRIVACY_STATE_NAME), weights_only=False)
+        assert set(public) == _PUBLIC
+        assert public["private_state"]["parts"] == ["correlated", "noise", "sampler"]
+        secret = torch.load(_private_file(private, ckpt), weights_only=False)
+        noises = secret["correlated"]["buffers"]
+        assert noises.shape[0] == 2 and noises.abs().sum() > 0  # bands - 1 past noises
+        for t in _released_tensors(ckpt):
+            for row in (noises, *noises):
+                assert not (t.numel() == row.numel()
+                            and torch.equal(t.flatten().double(), row.flatten().double()))
+    assert stat.S_IMODE(os.stat(_private_file(private, str(out / "checkpoint-4"))).st_mode) \
+        == 0o600
+    b = DPTrainer(model=_llama(seed=5), args=args, train_dataset=_TextSet(), privacy=_banded(),
+                  private_state_dir=private)
+    b.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert b.privacy_engine.accountant.steps == 4 and b.epsilon() == a.epsilon()
+    for (name, u), v in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0, msg=name)
+
+
+def test_noise_key_replays_the_next_step_so_it_stays_private(tmp_path):
+    """DP-SGD (default mode): the noise key saved at checkpoint 1 replays step 2's noise;
+    with checkpoint 2's model that left step 2's clipped sum without noise (norm at most
+    batch x C <= N C, against a noise of norm ~ sigma C sqrt(d)). The key is now only in the
+    private file, which indeed does this, and the checkpoint holds no key at all."""
+    out, private = tmp_path / "out", tmp_path / "private"
+    sigma, clip, lr = 4.0, 1.0, 0.1
+    model = _llama()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    tr = DPTrainer(model=model, args=_args(out, max_steps=2, save_strategy="steps",
+                                           save_steps=1, learning_rate=lr),
+                   train_dataset=_TextSet(), optimizers=(opt, None), private_state_dir=private,
+                   privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=clip))
+    tr.train()
+    ckpt1, ckpt2 = str(out / "checkpoint-1"), str(out / "checkpoint-2")
+    public = torch.load(os.path.join(ckpt1, PRIVACY_STATE_NAME), weights_only=False)
+    assert set(public) == _PUBLIC | {"correlated"} and public["correlated"] is None
+    assert public["private_state"]["parts"] == ["noise", "sampler"]
+
+    from safetensors.torch import load_file
+
+    p = tr.privacy_engine
+    ids = {id(v): n for n, v in p.model.named_parameters()}
+    names = [ids[id(q)] for q in p.optimizer.tracker.params]
+    step2 = (_flat(load_file(os.path.join(ckpt1, "model.safetensors")), names)
+             - _flat(load_file(os.path.join(ckpt2, "model.safetensors")), names)) / lr * B
+    key = torch.load(_private_file(private, ckpt1), weights_only=False)["noise"]
+    source = NoiseSource()
+    source.load_state_dict(key)
+    noise = source.fill_normal_(torch.empty(step2.numel()), sigma * clip).double()
+    n = len(_TextSet())
+    assert noise.norm() > 4 * n * clip  # the noise hides the sum ...
+    assert (step2 - noise).norm() <= n * clip  # ... unless the key is known
+
+
+def test_setups_that_would_leak_or_lose_the_secret_state_are_refused(tmp_path):
+    out = tmp_path / "out"
+    steps = _args(out, save_strategy="steps", save_steps=1)
+    with pytest.raises(ValueError, match=r"private_state_dir is required.*last noises.*"
+                                         r"save_strategy='no'") as e:
+        DPTrainer(model=_llama(), args=steps, train_dataset=_TextSet(), privacy=_banded())
+    assert "secure_mode" not in str(e.value)  # it has no keys but still needs the noises
+    with pytest.raises(ValueError, match=r"private_state_dir is required.*keys.*"
+                                         r"secure_mode=True"):
+        DPTrainer(model=_llama(), args=steps, train_dataset=_TextSet(),
+                  privacy=PrivacyArguments(noise_multiplier=1.0))
+    with pytest.raises(ValueError, match="inside output_dir"):  # what push_to_hub uploads
+        DPTrainer(model=_llama(), args=steps, train_dataset=_TextSet(), privacy=_banded(),
+                  private_state_dir=out / "private")
+    # nothing to keep, or nothing saved: accepted without a private folder
+    DPTrainer(model=_llama(), args=_args(out), train_dataset=_TextSet(), privacy=_banded())
+    DPTrainer(model=_llama(), args=steps, train_dataset=_TextSet(),
+              privacy=PrivacyArguments(noise_multiplier=1.0, secure_mode=True))
+
+
+def test_resume_refuses_a_checkpoint_whose_secret_state_is_missing(tmp_path):
+    out, private = tmp_path / "out", tmp_path / "private"
+    args = _args(out, max_steps=2, save_strategy="steps", save_steps=1, save_total_limit=1)
+    a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=_banded(),
+                  private_state_dir=private)
+    a.train()
+    # save_total_limit=1: checkpoint-1 was deleted, and its private file with it
+    assert sorted(os.listdir(out)) == ["checkpoint-2"]
+    ckpt = str(out / "checkpoint-2")
+    assert os.listdir(private) == [os.path.basename(_private_file(private, ckpt))]
+
+    fresh = DPTrainer(model=_llama(), args=_args(out, max_steps=2), train_dataset=_TextSet(),
+                      privacy=_banded())  # saves nothing: no private folder needed
+    with pytest.raises(ValueError, match=r"private_state_dir=\.\.\.\) naming the folder"):
+        fresh.train(resume_from_checkpoint=ckpt)
+    elsewhere = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(),
+                          privacy=_banded(), private_state_dir=tmp_path / "other")
+    with pytest.raises(ValueError, match="is not in private_state_dir"):
+        elsewhere.train(resume_from_checkpoint=ckpt)
+    assert fresh.state.global_step == 0 and elsewhere.state.global_step == 0
+    assert fresh.privacy_engine is None and elsewhere.privacy_engine is None
+
+
+def test_a_checkpoint_forced_without_a_private_folder_keeps_no_secret(tmp_path):
+    """save_strategy='no' needs no private folder; a callback that saves anyway gets a
+    checkpoint without the secret part, which cannot be resumed (said so)."""
+
+    class SaveAtEnd(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            control.should_save = True
+
+    out = tmp_path / "out"
+    tr = DPTrainer(model=_llama(), args=_args(out, max_steps=1), train_dataset=_TextSet(),
+                   privacy=_banded(), callbacks=[SaveAtEnd()])
+    tr.train()
+    ckpt = str(out / "checkpoint-1")
+    public = torch.load(os.path.join(ckpt, PRIVACY_STATE_NAME), weights_only=False)
+    assert set(public) == _PUBLIC and public["private_state"]["kept"] is False
+    resumed = DPTrainer(model=_llama(), args=_args(out, max_steps=2), train_dataset=_TextSet(),
+                        privacy=_banded(), private_state_dir=tmp_path / "private")
+    with pytest.raises(ValueError, match="saved without a private_state_dir"):
+        resumed.train(resume_from_checkpoint=ckpt)
+
+
+def test_secure_mode_checkpoints_hold_no_key_and_resume_without_a_private_folder(tmp_path):
+    out = tmp_path / "out"
+    pa = PrivacyArguments(noise_multiplier=1.0, secure_mode=True)
+    args = _args(out, max_steps=2, save_strategy="steps", save_steps=1)
+    DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa).train()
+    public = torch.load(out / "checkpoint-1" / PRIVACY_STATE_NAME, weights_only=False)
+    assert public["private_state"] is None
+    assert public["sampler"]["key"] is None and public["noise"]["replayable"] is False
+    b = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
+    b.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert b.privacy_engine.accountant.steps == 2
