@@ -377,11 +377,19 @@ def stated_relations(mechanism: Mechanism) -> frozenset[Neighbouring]:
     """
     if not isinstance(mechanism, Mechanism):
         raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
-    parts = mechanism.parts if isinstance(mechanism, Composed) else ((mechanism, 1),)
-    return frozenset(
-        m.neighbouring if isinstance(m, Subsampled) else Neighbouring.ADD_REMOVE
-        for m, _ in parts
-    )
+    if isinstance(mechanism, Composed):
+        if len(mechanism.parts) != 1:
+            return frozenset(_stated(m) for m, _ in mechanism.parts)
+        mechanism = mechanism.parts[0][0]
+    return _ONLY[_stated(mechanism)]
+
+
+def _stated(part: Mechanism) -> Neighbouring:
+    return part.neighbouring if isinstance(part, Subsampled) else Neighbouring.ADD_REMOVE
+
+
+#: the one-relation sets (shared: a ledger asks for each stored release's relations)
+_ONLY = {r: frozenset({r}) for r in Neighbouring}
 
 
 def as_replace_one(mechanism: Mechanism) -> Mechanism:
