@@ -680,12 +680,19 @@ def _spent_json(s) -> dict[str, Any]:
         "adaptive": s.adaptive,
         "adaptive_epsilon": _none_if_inf(s.adaptive_epsilon),
         "adaptive_order": s.adaptive_order,
+        "neighbouring": None if s.neighbouring is None else s.neighbouring.value,
     }
+
+
+def _relation(r) -> str:
+    """A budget's neighbouring relation as the budget commands print it."""
+    return "relation not fixed yet" if r is None else r.value
 
 
 def _print_spent(s) -> None:
     lower = "" if s.epsilon_lower is None else f" (certified lower bound {s.epsilon_lower:.6g})"
-    click.echo(f"dataset {s.dataset} ({s.privacy_unit}): epsilon spent {s.epsilon_spent:.6g}"
+    click.echo(f"dataset {s.dataset} ({s.privacy_unit}, {_relation(s.neighbouring)}): "
+               f"epsilon spent {s.epsilon_spent:.6g}"
                f"{lower} of {s.epsilon_budget:g} at delta {s.delta:g}, {s.entries} release(s)"
                + (f", {s.pending} pending reservation(s)" if s.pending else ""))
     if s.adaptive:
@@ -714,14 +721,20 @@ _unit_opt = click.option("--privacy-unit", default=None,
 @click.option("--adaptive", is_flag=True,
               help="Enforce the cap with a Renyi filter (valid under fully adaptive choice "
               "of releases; admits less than the tight total).")
+@click.option("--neighbouring", type=click.Choice(["add_remove", "replace_one"]),
+              default=None,
+              help="Neighbouring relation of the cap (default: that of the first release). "
+              "replace_one also takes add/remove releases, at their replace-one cost.")
 def budget_init(path: str, dataset: str, epsilon: float, delta: float,
-                privacy_unit: str | None, accountant: str, adaptive: bool) -> None:
+                privacy_unit: str | None, accountant: str, adaptive: bool,
+                neighbouring: str | None) -> None:
     """Create the ledger at PATH (if needed) and set DATASET's budget."""
     led = _open_ledger(path, create=True)
     b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
-                          accountant=accountant, adaptive=adaptive)
-    click.echo(f"budget for {b.dataset} ({b.privacy_unit}): epsilon {b.epsilon:g}, "
-               f"delta {b.delta:g} ({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
+                          accountant=accountant, adaptive=adaptive, neighbouring=neighbouring)
+    click.echo(f"budget for {b.dataset} ({b.privacy_unit}, {_relation(b.neighbouring)}): "
+               f"epsilon {b.epsilon:g}, delta {b.delta:g} "
+               f"({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
 
 
 @budget.command(name="spend")

@@ -182,8 +182,9 @@ class UnknownBudgetError(KeyError):
 
 class LedgerConflictError(ValueError):
     """A request contradicts what the ledger holds: a budget that already exists, a
-    reservation that is unknown or already settled, or a settlement its plan does not
-    cover. Nothing was recorded."""
+    reservation that is unknown or already settled, a settlement its plan does not
+    cover, a release accounted per another privacy unit or under another neighbouring
+    relation than the budget's. Nothing was recorded."""
 
 
 # ----------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from privlearn.accounting.montecarlo import (
 from privlearn.accounting.planning import planned_steps, steps_per_epoch, warn_if_delta_large
 from privlearn.accounting.registry import (
     MechanismKind,
+    as_replace_one,
     register_mechanism,
     register_representation,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "Sampling",
     "Subsampled",
     "UnsupportedMechanismError",
+    "as_replace_one",
     "available_accountants",
     "calibrate",
     "compose",

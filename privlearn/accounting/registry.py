@@ -115,6 +115,7 @@ from privlearn.accounting.mechanisms import (
     Neighbouring,
     Sampling,
     Subsampled,
+    compose,
 )
 from privlearn.errors import UnsupportedMechanismError
 
@@ -132,6 +133,8 @@ __all__ = [
     "equivalent_gaussian",
     "combine_gaussians",
     "relation_base",
+    "stated_relations",
+    "as_replace_one",
     "scaled",
     "upper_float",
 ]
@@ -357,6 +360,95 @@ def relation_base(m: Subsampled, *, accountant: str = "") -> Mechanism:
     if m.scheme is Sampling.FIXED:
         return scaled(base, 2.0, accountant=accountant)
     return base
+
+
+def stated_relations(mechanism: Mechanism) -> frozenset[Neighbouring]:
+    """The neighbouring relations under which the parts of ``mechanism`` state their
+    guarantees.
+
+    A :class:`~privlearn.accounting.Subsampled` part states its ``neighbouring``. Every
+    other part is read as an add/remove guarantee: Gaussian, Laplace and matrix mechanisms
+    are parameterised by the add/remove bound ``C`` (module docstring of
+    :mod:`privlearn.accounting.mechanisms`), and a kind that states its own epsilon or
+    curve (PureDP, randomized response, RDPMechanism) is taken at add/remove, privlearn's
+    default relation and the reading :func:`as_replace_one` can only make more costly. A
+    replace-one guarantee of such a kind is stated as
+    ``subsample(m, 1.0, scheme="fixed")`` (replace-one, the whole dataset).
+    """
+    if not isinstance(mechanism, Mechanism):
+        raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+    if isinstance(mechanism, Composed):
+        if len(mechanism.parts) != 1:
+            return frozenset(_stated(m) for m, _ in mechanism.parts)
+        mechanism = mechanism.parts[0][0]
+    return _ONLY[_stated(mechanism)]
+
+
+def _stated(part: Mechanism) -> Neighbouring:
+    return part.neighbouring if isinstance(part, Subsampled) else Neighbouring.ADD_REMOVE
+
+
+#: the one-relation sets (shared: a ledger asks for each stored release's relations)
+_ONLY = {r: frozenset({r}) for r in Neighbouring}
+
+
+def as_replace_one(mechanism: Mechanism) -> Mechanism:
+    """``mechanism`` read under replace-one neighbouring: a description whose guarantee
+    under replace-one covers the release that ``mechanism`` describes under the relations
+    it states (:func:`stated_relations`).
+
+    Replacing a record is removing it and adding another, so a replace-one pair of
+    datasets is two add/remove steps apart (group privacy of size 2; Dwork & Roth 2014,
+    Section 2.3, e.g. ``(eps, delta)`` becomes ``(2 eps, (1 + e^eps) delta)``). Part by
+    part, more tightly:
+
+    * a replace-one part is unchanged;
+    * a subsampled add/remove part is the same sampling analysed under replace-one
+      (Balle, Barthe & Gaboardi 2018, Section 5): the base as it is when its kind counts
+      a replacement as twice the add/remove bound itself
+      (``replace_one_doubles_sensitivity``), else the base at twice its sensitivity
+      (``scale_sensitivity``: ``2 eps`` for a pure-DP mechanism);
+    * any other part at twice its sensitivity: a replacement moves a contribution by at
+      most twice the add/remove bound (triangle inequality), e.g. ``Gaussian(s)`` becomes
+      ``Gaussian(s / 2)``.
+
+    Raises
+    ------
+    UnsupportedMechanismError
+        For a one-sided part (add-only or remove-only bound one direction only, which
+        implies nothing about a replacement) or a kind without ``scale_sensitivity``
+        (e.g. an ``RDPMechanism``).
+    """
+    if isinstance(mechanism, Composed):
+        return compose([as_replace_one(m) for m, _ in mechanism.parts],
+                       steps=[k for _, k in mechanism.parts])
+    if not isinstance(mechanism, Subsampled):
+        return _doubled(mechanism)
+    if mechanism.neighbouring is Neighbouring.REPLACE_ONE:
+        return mechanism
+    if mechanism.neighbouring is not Neighbouring.ADD_REMOVE:
+        raise UnsupportedMechanismError(
+            f"a subsampled mechanism under one-sided neighbouring "
+            f"{mechanism.neighbouring.value!r} bounds one direction only and has no "
+            "replace-one guarantee; describe the release under 'add_remove' or "
+            "'replace_one'")
+    kind = kind_of(mechanism.base)
+    doubles = kind is not None and kind.replace_one_doubles_sensitivity
+    base = mechanism.base if doubles else _doubled(mechanism.base)
+    return Subsampled(base, mechanism.rate, mechanism.scheme, Neighbouring.REPLACE_ONE)
+
+
+def _doubled(m: Mechanism) -> Mechanism:
+    """``m`` when one record moves its output twice as far (group privacy of size 2)."""
+    kind = kind_of(m)
+    fn = kind.get("scale_sensitivity") if kind is not None else None
+    if fn is None:
+        raise UnsupportedMechanismError(
+            f"{type(m).__name__} has no replace-one reading: its kind registers no "
+            "scale_sensitivity (its guarantee when one record moves the output twice as "
+            "far); register one with privlearn.accounting.register_mechanism(..., "
+            "scale_sensitivity=...), or describe the release under replace-one")
+    return fn(m, 2.0)
 
 
 def _round_up(x: float, ulps: int = 2) -> float:

@@ -40,6 +40,16 @@ Guarantees
 * **No silent creation.** ``Ledger(path)`` opens an existing ledger and raises
   :class:`~privlearn.errors.LedgerNotFoundError` when there is none;
   ``Ledger(path, create=True)`` (or ``privlearn budget init``) creates it.
+* **One privacy unit and one neighbouring relation per budget.** A budget is kept per
+  dataset and privacy unit, and every spender checks the unit with
+  :func:`check_privacy_unit` (a per-record release is refused by a per-user budget and the
+  other way round). Its total holds under one neighbouring relation
+  (:attr:`Spent.neighbouring`): the one given to :meth:`Ledger.create_budget`, else the
+  one its first release fixes. A release with no guarantee under it (a replace-one one,
+  e.g. fixed-size sampling, on an add/remove budget) is refused with
+  :class:`~privlearn.errors.LedgerConflictError` and nothing recorded; an add/remove
+  release on a replace-one budget is counted at its replace-one cost
+  (:func:`privlearn.accounting.as_replace_one`, group privacy of size 2).
 * **Two composition rules.** A budget created with ``adaptive=False`` (default) caps the
   tight composition of the releases, valid when the *sequence of mechanisms* is fixed
   in advance (outputs may feed later releases' inputs, as in ordinary adaptive
@@ -75,6 +85,7 @@ from privlearn.ledger._ledger import (
     Reservation,
     Spent,
     VerifyReport,
+    check_privacy_unit,
 )
 
 __all__ = [
@@ -90,6 +101,7 @@ __all__ = [
     "Reservation",
     "Spent",
     "VerifyReport",
+    "check_privacy_unit",
     "default_filter_order",
     "filter_epsilon",
 ]

@@ -27,8 +27,16 @@ if sys.platform != "win32":
 else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
-from privlearn._validation import check_delta, check_positive
-from privlearn.accounting import Composed, Mechanism, compose, get_accountant
+from privlearn._validation import check_delta, check_enum, check_positive
+from privlearn.accounting import (
+    Composed,
+    Mechanism,
+    Neighbouring,
+    as_replace_one,
+    compose,
+    get_accountant,
+)
+from privlearn.accounting.registry import stated_relations
 from privlearn.accounting.serialization import dumps, loads
 from privlearn.errors import (
     BudgetExceededError,
@@ -38,6 +46,7 @@ from privlearn.errors import (
     ParameterTypeError,
     ParameterValueError,
     UnknownBudgetError,
+    UnsupportedMechanismError,
 )
 from privlearn.ledger._filter import default_filter_order, filter_epsilon, rdp_at_order
 
@@ -49,6 +58,7 @@ __all__ = [
     "Reservation",
     "Spent",
     "VerifyReport",
+    "check_privacy_unit",
 ]
 
 SCHEMA_VERSION = 1
@@ -114,6 +124,9 @@ class Budget:
         instead of the tight non-adaptive composition (see :mod:`privlearn.ledger`).
     adaptive_order : float or None
         The filter's Renyi order ``alpha`` (None when not adaptive).
+    neighbouring : Neighbouring or None
+        The neighbouring relation the cap holds under, when set at creation; None: the
+        relation of the budget's first release (see :meth:`Ledger.create_budget`).
     """
 
     dataset: str
@@ -123,6 +136,7 @@ class Budget:
     accountant: str
     adaptive: bool = False
     adaptive_order: float | None = None
+    neighbouring: Neighbouring | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +169,8 @@ class Spent:
     epsilon_spent : float
         Certified upper bound on epsilon at ``delta`` of the tight composition of every
         counted release (spends, settled reservations, and pending reservations in full),
-        treated as a sequence whose mechanisms were fixed in advance.
+        treated as a sequence whose mechanisms were fixed in advance, under
+        ``neighbouring``.
     epsilon_lower : float or None
         Certified lower bound of the same composition (the accountant's, where it has one):
         the true epsilon of that composition lies in ``[epsilon_lower, epsilon_spent]``.
@@ -173,6 +188,9 @@ class Spent:
     adaptive_epsilon, adaptive_order : float or None
         The epsilon the Renyi filter certifies for the releases so far at ``delta`` (valid
         under fully adaptive composition), and its order; None for non-adaptive budgets.
+    neighbouring : Neighbouring or None
+        The neighbouring relation every number here holds under (None: nothing spent on
+        a budget whose relation is fixed by its first release).
     """
 
     dataset: str
@@ -188,9 +206,12 @@ class Spent:
     adaptive: bool
     adaptive_epsilon: float | None
     adaptive_order: float | None
+    neighbouring: Neighbouring | None = None
 
     def as_dict(self) -> dict:
+        """The fields as JSON types (``neighbouring`` by its value, inf as None)."""
         d = {k: getattr(self, k) for k in self.__slots__}
+        d["neighbouring"] = None if self.neighbouring is None else self.neighbouring.value
         return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in d.items()}
 
 
@@ -264,6 +285,151 @@ def _covered(actual: Mechanism, plan: Mechanism) -> bool:
         if need > 0:
             return False
     return True
+
+
+_AR, _RO = Neighbouring.ADD_REMOVE, Neighbouring.REPLACE_ONE
+_ONE_SIDED = frozenset({Neighbouring.ADD_ONLY, Neighbouring.REMOVE_ONLY})
+_SAY = {_AR: "add/remove", _RO: "replace-one", Neighbouring.ADD_ONLY: "add-only",
+        Neighbouring.REMOVE_ONLY: "remove-only"}
+
+
+def _check_budget_relation(value: object) -> Neighbouring | None:
+    if value is None:
+        return None
+    hint = ("pass 'add_remove' or 'replace_one', or leave it out to take the relation of "
+            "the first release")
+    relation = check_enum("neighbouring", value, Neighbouring, hint=hint)
+    if relation in _ONE_SIDED:
+        raise ParameterValueError(
+            f"neighbouring must be 'add_remove' or 'replace_one' for a budget, got "
+            f"{relation.value!r} (one-sided: it bounds one direction only); {hint}")
+    return relation
+
+
+def _common_relation(relations: frozenset[Neighbouring]) -> Neighbouring | None:
+    """The one relation releases stating ``relations`` are counted under: replace-one when
+    one of them is (the add/remove ones read under replace-one), else the one-sided
+    relation when one is (add/remove implies both one-sided ones), else add/remove; None
+    when there is no release."""
+    if not relations:
+        return None
+    if _RO in relations:
+        return _RO
+    one_sided = relations & _ONE_SIDED
+    if len(one_sided) > 1:
+        raise LedgerConflictError(
+            "releases under add-only and under remove-only neighbouring bound opposite "
+            "directions and have no common guarantee to add up")
+    return next(iter(one_sided), _AR)
+
+
+def _relation(budget: Budget, mechs: Sequence[Mechanism]) -> Neighbouring | None:
+    """The relation the budget's total holds under: the one set at creation, else the
+    common relation of its releases (so a budget without one is counted under replace-one
+    as soon as it holds a replace-one release)."""
+    if budget.neighbouring is not None:
+        return budget.neighbouring
+    return _common_relation(frozenset().union(*(stated_relations(m) for m in mechs)))
+
+
+def _read(mechanism: Mechanism, relation: Neighbouring | None) -> Mechanism:
+    """``mechanism`` as counted under ``relation``; :class:`UnsupportedMechanismError`
+    when it holds no guarantee under it."""
+    stated = stated_relations(mechanism)
+    if relation is None or stated <= {relation} or (
+            relation in _ONE_SIDED and stated <= {relation, _AR}):
+        return mechanism
+    if relation is _RO:
+        return as_replace_one(mechanism)
+    raise UnsupportedMechanismError(
+        f"a release under {' and '.join(sorted(_SAY[r] for r in stated))} neighbouring "
+        f"holds no guarantee under {_SAY[relation]}")
+
+
+def _read_all(budget: Budget, mechs: Sequence[Mechanism], relation: Neighbouring | None
+              ) -> list[Mechanism]:
+    out = []
+    for i, m in enumerate(mechs, start=1):
+        try:
+            out.append(_read(m, relation))
+        except UnsupportedMechanismError as exc:
+            raise LedgerConflictError(
+                f"budget {budget.dataset!r} (privacy unit {budget.privacy_unit!r}) counts "
+                f"its releases under {_SAY[relation]} neighbours, and its counted release "
+                f"{i} cannot be read under that relation ({exc}); its total has no "
+                "guarantee: start a new budget for further releases") from exc
+    return out
+
+
+def _check_relation(budget: Budget, mechs: Sequence[Mechanism], mechanism: Mechanism,
+                    what: str) -> None:
+    """Refuse (:class:`LedgerConflictError`) a release that holds no guarantee under the
+    budget's relation: the one set at creation, else the one its releases so far fix."""
+    new = stated_relations(mechanism)
+    if budget.neighbouring is not None:
+        relation, why = budget.neighbouring, "set when it was created"
+    else:
+        relation = _relation(budget, mechs)
+        why = "fixed by the releases it holds"
+        if relation is None:  # the first release fixes it
+            relation = _common_relation(new)
+    if relation is None:
+        return
+    if relation is not _RO and _RO in new:
+        raise LedgerConflictError(
+            f"{what} refused: budget {budget.dataset!r} counts its releases under "
+            f"{_SAY[relation]} neighbours ({why}), and this release holds a replace-one "
+            "guarantee (e.g. fixed-size sampling), which implies none under "
+            f"{_SAY[relation]}: one total of both would hold under neither relation. "
+            "Describe the release under add/remove (Poisson sampling: "
+            "make_private(sampling='poisson'), `privlearn budget spend --sampling "
+            "poisson`), or spend it on a budget created with neighbouring='replace_one' "
+            "(`privlearn budget init --neighbouring replace_one`), which counts add/remove "
+            "releases at their replace-one cost (twice the sensitivity, group privacy); "
+            "nothing was recorded")
+    try:
+        _read(mechanism, relation)
+    except UnsupportedMechanismError as exc:
+        raise LedgerConflictError(
+            f"{what} refused: budget {budget.dataset!r} counts its releases under "
+            f"{_SAY[relation]} neighbours ({why}), and this release has no guarantee "
+            f"under that relation: {exc}; nothing was recorded") from exc
+
+
+def check_privacy_unit(handle: object, unit: str, *, spender: str, remedy: str) -> None:
+    """Refuse to spend a guarantee per ``unit`` from a budget per another privacy unit.
+
+    A guarantee covers one privacy unit: a release that is ``epsilon``-DP per record is
+    only ``k epsilon``-DP (group privacy; Dwork & Roth 2014, Section 2.3) for a user with
+    ``k`` records, and a per-user guarantee caps what a budget per record does not count.
+    So a budget only takes releases accounted per its own unit. Every spender checks here
+    (the estimators' ``ledger=``, :func:`privlearn.torch.make_private`), before it plans
+    or reads anything.
+
+    Parameters
+    ----------
+    handle
+        The budget handle (``Ledger(path).budget(dataset, privacy_unit=...)``); a handle
+        without a ``privacy_unit`` attribute (a custom integration) is not checked.
+    unit : str
+        The privacy unit the release is accounted per (``"record"`` or ``"user"``).
+    spender : str
+        Who spends, for the message (e.g. ``"SSPRegressor"``).
+    remedy : str
+        What the spender can do instead, for the message.
+
+    Raises
+    ------
+    LedgerConflictError
+        The budget's unit is not ``unit``.
+    """
+    budget_unit = getattr(handle, "privacy_unit", None)
+    if budget_unit is None or budget_unit == unit:
+        return
+    raise LedgerConflictError(
+        f"ledger={handle!r}: this budget is per {budget_unit!r} but "
+        f"{spender} gives a guarantee per {unit!r}: a guarantee per {unit} cannot be spent "
+        f"from a budget per {budget_unit}. {remedy}")
 
 
 # ----------------------------------------------------------------------------------
@@ -623,6 +789,7 @@ class Ledger:
         accountant: str = "pld",
         adaptive: bool = False,
         adaptive_order: float | None = None,
+        neighbouring: Neighbouring | str | None = None,
         who: str | None = None,
     ) -> Budget:
         """Set the cap of ``dataset`` (once; a budget is never changed or removed).
@@ -645,6 +812,14 @@ class Ledger:
             when the sequence of mechanisms does not depend on earlier outputs.
         adaptive_order : float > 1, optional
             The filter's order; default ``1 + 2 log(1/delta) / epsilon``.
+        neighbouring : {"add_remove", "replace_one"} or Neighbouring, optional
+            The neighbouring relation the cap holds under. ``"add_remove"``: every release
+            must hold an add/remove guarantee (a replace-one release, e.g. fixed-size
+            sampling, is refused). ``"replace_one"``: every release is counted under
+            replace-one, an add/remove one at its replace-one cost
+            (:func:`privlearn.accounting.as_replace_one`: twice its sensitivity,
+            group privacy). Default None: the relation of the first release, replace-one
+            if it holds a replace-one part, else add/remove.
         """
         dataset = _check_name("dataset", dataset)
         unit = DEFAULT_UNIT if privacy_unit is None else _check_name("privacy_unit", privacy_unit)
@@ -672,9 +847,11 @@ class Ledger:
             raise ParameterValueError(
                 f"adaptive_order is only used with adaptive=True, got {adaptive_order!r} "
                 "with adaptive=False; pass adaptive=True or drop adaptive_order")
+        relation = _check_budget_relation(neighbouring)
         payload = json.dumps(
             {"epsilon": epsilon, "delta": delta, "accountant": acc, "adaptive": adaptive,
-             "adaptive_order": order},
+             "adaptive_order": order,
+             "neighbouring": None if relation is None else relation.value},
             sort_keys=True,
         )
         with self._write() as cur:
@@ -685,7 +862,7 @@ class Ledger:
                 )
             self._append(cur, "budget", dataset, unit, payload=payload,
                          who=who or _default_who())
-        return Budget(dataset, unit, epsilon, delta, acc, adaptive, order)
+        return Budget(dataset, unit, epsilon, delta, acc, adaptive, order, relation)
 
     def _budget_row(self, cur, dataset: str, unit: str):
         return cur.execute(
@@ -703,8 +880,10 @@ class Ledger:
                 f"create one with create_budget (known: {', '.join(known) or 'none'})"
             )
         p = json.loads(row[0])
+        relation = p.get("neighbouring")  # absent: bound by the releases (see _relation)
         return Budget(dataset, unit, p["epsilon"], p["delta"], p["accountant"],
-                      p["adaptive"], p["adaptive_order"])
+                      p["adaptive"], p["adaptive_order"],
+                      None if relation is None else Neighbouring(relation))
 
     def budget_info(self, dataset: str, *, privacy_unit: str | None = None) -> Budget:
         """The :class:`Budget` of ``dataset``."""
@@ -751,6 +930,7 @@ class Ledger:
 
     @staticmethod
     def _evaluate(budget: Budget, mechs: list[Mechanism]):
+        """Bounds of ``mechs``, already read under the budget's relation."""
         if not mechs:
             return 0.0, 0.0, (0.0 if budget.adaptive else None)
         b = compose(mechs).epsilon_bounds(budget.delta, budget.accountant)
@@ -762,18 +942,20 @@ class Ledger:
         return b.upper, b.lower, adaptive_eps
 
     def _summary(self, budget: Budget, mechs, n, pending) -> Spent:
-        upper, lower, aeps = self._evaluate(budget, mechs)
+        relation = _relation(budget, mechs)
+        upper, lower, aeps = self._evaluate(budget, _read_all(budget, mechs, relation))
         return Spent(
             dataset=budget.dataset, privacy_unit=budget.privacy_unit, epsilon_spent=upper,
             epsilon_lower=lower, epsilon_budget=budget.epsilon, delta=budget.delta,
             epsilon_remaining=max(0.0, budget.epsilon - upper), entries=n, pending=pending,
             accountant=budget.accountant, adaptive=budget.adaptive, adaptive_epsilon=aeps,
-            adaptive_order=budget.adaptive_order,
+            adaptive_order=budget.adaptive_order, neighbouring=relation,
         )
 
     def _admit(self, cur, dataset: str, unit: str, mechanism: Mechanism, what: str) -> Spent:
         budget = self._get_budget(cur, dataset, unit)
         mechs, n, pending = self._counted(cur, dataset, unit)
+        _check_relation(budget, mechs, mechanism, what)
         after = self._summary(budget, [*mechs, mechanism], n + 1, pending)
         over = after.epsilon_spent > budget.epsilon
         if budget.adaptive:
@@ -822,6 +1004,10 @@ class Ledger:
             the cap.
         UnknownBudgetError
             No budget for ``dataset`` (a :class:`KeyError`).
+        LedgerConflictError
+            The release holds no guarantee under the budget's neighbouring relation
+            (:attr:`Spent.neighbouring`; e.g. a replace-one release on an add/remove
+            budget).
         LedgerIntegrityError
             The file was tampered with (see :class:`Ledger`).
         """
@@ -906,11 +1092,17 @@ class Ledger:
         return self._summary(budget, mechs, n, pending)
 
     def mechanism(self, dataset: str, *, privacy_unit: str | None = None) -> Composed:
-        """The composition of every counted release of ``dataset`` (to re-account it with
-        any accountant: ``ledger.mechanism("adult").epsilon(1e-6, "rdp")``)."""
+        """The composition of every counted release of ``dataset``, read under the
+        budget's neighbouring relation (:attr:`Spent.neighbouring`), to re-account it with
+        any accountant: ``ledger.mechanism("adult").epsilon(1e-6, "rdp")``. Under
+        replace-one the add/remove releases are in their replace-one reading
+        (:func:`~privlearn.accounting.as_replace_one`), so the result is for
+        evaluation, not to be read again as add/remove."""
+        unit = privacy_unit or DEFAULT_UNIT
         with self._read() as cur:
-            mechs, _, _ = self._counted(cur, dataset, privacy_unit or DEFAULT_UNIT)
-        return compose(mechs)
+            budget = self._get_budget(cur, dataset, unit)
+            mechs, _, _ = self._counted(cur, dataset, unit)
+        return compose(_read_all(budget, mechs, _relation(budget, mechs)))
 
     def history(self, dataset: str | None = None, *, privacy_unit: str | None = None
                 ) -> list[Entry]:

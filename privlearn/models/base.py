@@ -11,7 +11,9 @@ scikit-learn's ``_fit_context`` owns validation:
    the data's *shape* only;
 3. **reserve** the plan on the estimator's ``ledger`` (if any) before any value of the
    data is read (:meth:`privlearn.ledger.Ledger.reserve`; over budget it raises
-   :class:`~privlearn.errors.BudgetExceededError` and records nothing);
+   :class:`~privlearn.errors.BudgetExceededError` and records nothing); a budget per
+   another privacy unit than the record is refused first
+   (:func:`privlearn.ledger.check_privacy_unit`);
 4. **check the data** (``_check_data``): it reads the data but releases nothing, so if it
    raises the reservation is settled as "nothing ran";
 5. **release** (``_release``, the estimator's part): draw the noise and compute the
@@ -44,6 +46,7 @@ from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
 from privlearn.accounting import Mechanism, calibrate, compose, warn_if_delta_large
+from privlearn.ledger import check_privacy_unit
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
 __all__ = [
@@ -190,6 +193,12 @@ class PrivateEstimator(BaseEstimator):
             raise TypeError(
                 f"ledger must be a budget handle, e.g. Ledger(path).budget('dataset'), got "
                 f"{handle!r}")
+        check_privacy_unit(
+            handle, "record", spender=type(self).__name__,
+            remedy="The estimators count every row as one record (they have no notion of "
+            "users): pass a per-record budget, Ledger(path).budget(dataset), or, for a "
+            "per-user guarantee, train with privlearn.torch.make_private(..., users=..., "
+            "max_examples_per_user=...) on the per-user budget.")
         return handle.reserve(mechanism, label=label)
 
     @contextlib.contextmanager

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from privlearn.accounting import Gaussian, compose, subsample
 from privlearn.accounting.serialization import dumps, loads
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyBudgetWarning
+from privlearn.ledger import check_privacy_unit
 
 __all__ = ["BudgetCap", "LedgerLink", "PrivacyAccountant", "PrivacyBudgetWarning", "Segment",
            "dpsgd_step"]
@@ -319,14 +320,12 @@ class LedgerLink:
         if not callable(getattr(handle, "reserve", None)):
             raise TypeError("ledger must be a budget handle, e.g. "
                             f"Ledger(path).budget('dataset'), got {handle!r}")
-        unit = getattr(handle, "privacy_unit", None)
         wanted = "user" if privacy_unit == "user" else "record"
-        if unit is not None and unit != wanted:
-            raise ValueError(
-                f"the ledger budget is per {unit!r} but this run's privacy unit is "
-                f"{privacy_unit!r}: a guarantee per {privacy_unit} cannot be spent from a "
-                f"budget per {unit}. Use Ledger(path).budget(dataset, privacy_unit="
-                f"{wanted!r})")
+        check_privacy_unit(
+            handle, wanted, spender=f"this run (privacy unit {privacy_unit!r})",
+            remedy=f"Use Ledger(path).budget(dataset, privacy_unit={wanted!r})"
+            + ("" if wanted == "user" else ", or pass users= (and max_examples_per_user=) "
+               "to make_private for a per-user guarantee") + ".")
         self.handle = handle
         self.scheme = scheme
         self.chunk = max(1, int(chunk))

@@ -59,6 +59,30 @@ def test_exceeding_the_budget_is_one_line_status_3_and_records_nothing(db):
     assert run("budget", "show", db, "--dataset", "adult", "--json").output == before
 
 
+def test_the_budget_commands_show_the_neighbouring_relation(db, tmp_path):
+    r = run("budget", "show", db, "--dataset", "adult")
+    assert r.output.startswith("dataset adult (record, add_remove): epsilon spent")
+    assert json.loads(run("budget", "show", db, "--dataset", "adult", "--json").output)[
+        "neighbouring"] == "add_remove"
+    before = run("budget", "show", db, "--dataset", "adult", "--json").output
+    r = CliRunner().invoke(cli, ["budget", "spend", db, "--dataset", "adult",
+                                 "--noise-multiplier", "20", "--sampling-rate", "0.1",
+                                 "--sampling", "fixed"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert r.output.startswith("error: spend refused") and "replace_one" in r.output
+    assert run("budget", "show", db, "--dataset", "adult", "--json").output == before
+    path = str(tmp_path / "r.db")
+    r = run("budget", "init", path, "--dataset", "d", "--epsilon", "10", "--delta", "1e-6",
+            "--neighbouring", "replace_one")
+    assert r.output.startswith("budget for d (record, replace_one): epsilon 10")
+    r = run("budget", "init", path, "--dataset", "e", "--epsilon", "10", "--delta", "1e-6")
+    assert r.output.startswith("budget for e (record, relation not fixed yet)")
+    r = run("budget", "spend", path, "--dataset", "d", "--noise-multiplier", "4", "--json")
+    out = json.loads(r.output)
+    assert out["neighbouring"] == "replace_one"
+    assert out["epsilon_spent"] == Gaussian(2.0).epsilon(1e-6)  # twice the sensitivity
+
+
 def test_bad_input_is_status_2(db, tmp_path):
     for args in (
         ["budget", "spend", db, "--dataset", "adult", "--noise-multiplier", "-1"],

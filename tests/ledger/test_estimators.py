@@ -3,6 +3,7 @@ the data, and is refused -- with nothing recorded and nothing read -- when over 
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV
 
+import privlearn.models as M
 from privlearn.accounting import compose
-from privlearn.errors import BudgetExceededError
+from privlearn.errors import BudgetExceededError, LedgerConflictError
 from privlearn.ledger import Ledger
 from privlearn.models import (
     PATE,
@@ -19,7 +21,10 @@ from privlearn.models import (
     DPSGDClassifier,
     DPSGDRegressor,
     NoisyGDRegressor,
+    PrivateEstimator,
     PrivateKNN,
+    PrivateSearchCV,
+    PrivateStandardScaler,
     SSPRegressor,
 )
 from privlearn.models.model_selection import planned_mechanism
@@ -143,3 +148,76 @@ def test_plain_grid_search_records_every_fit(data, tmp_path):
     assert s.entries == n_fits and s.pending == 0
     assert s.epsilon_spent == compose(gs.best_estimator_.mechanism_, steps=n_fits).epsilon(1e-5)
     assert s.epsilon_spent > 2 * gs.best_estimator_.epsilon_
+
+
+# ----------------------------------------------------------------------------------
+# privacy units: an estimator's guarantee is per record
+# ----------------------------------------------------------------------------------
+def _public_estimator_classes():
+    return [getattr(M, n) for n in M.__all__
+            if inspect.isclass(getattr(M, n)) and issubclass(getattr(M, n), PrivateEstimator)
+            and getattr(M, n) is not PrivateEstimator]
+
+
+def _knn_release(h):
+    X = np.random.default_rng(0).uniform(size=(50, 3))
+    knn = PrivateKNN(n_neighbors=3, epsilon=0.5, delta=1e-6, classes=[0, 1], ledger=h)
+    knn.fit(X, (X[:, 0] > 0.5).astype(int))  # stores the data; spends nothing
+    return knn, lambda: knn.release(X[:5])
+
+
+#: one spending call per estimator: ``make(handle) -> (estimator, call)``; the data of
+#: the fits cannot be read (the refusal comes before the data check).
+SPENDS = {
+    "SSPRegressor": lambda h: (e := SSPRegressor(y_bound=3.0, ledger=h),
+                               lambda: e.fit(Untouchable(), np.zeros(300))),
+    "AdaSSPRegressor": lambda h: (e := AdaSSPRegressor(y_bound=3.0, ledger=h),
+                                  lambda: e.fit(Untouchable(), np.zeros(300))),
+    "NoisyGDRegressor": lambda h: (e := NoisyGDRegressor(y_bound=3.0, n_iter=5, ledger=h),
+                                   lambda: e.fit(Untouchable(), np.zeros(300))),
+    "DPSGDRegressor": lambda h: (e := DPSGDRegressor(n_iter=5, ledger=h),
+                                 lambda: e.fit(Untouchable(), np.zeros(300))),
+    "DPSGDClassifier": lambda h: (e := DPSGDClassifier(n_iter=5, classes=[0, 1], ledger=h),
+                                  lambda: e.fit(Untouchable(), np.zeros(300, dtype=int))),
+    "PrivateStandardScaler": lambda h: (e := PrivateStandardScaler(
+        feature_range=(-1, 1), ledger=h), lambda: e.fit(Untouchable())),
+    "PrivateSearchCV": lambda h: (e := PrivateSearchCV(
+        SSPRegressor(y_bound=3.0), {"epsilon": [0.5, 1.0]}, loss_bound=10.0, ledger=h),
+        lambda: e.fit(Untouchable(), np.zeros(300))),
+    "PATE": lambda h: (e := PATE(epsilon=1.0, delta=1e-6, ledger=h),
+                       lambda: e.release(np.zeros((20, 40), dtype=int), 3, n_teachers=20)),
+    "PrivateKNN": _knn_release,
+}
+
+
+def test_every_estimator_has_a_unit_check_below():
+    assert {c.__name__ for c in _public_estimator_classes()} == set(SPENDS)
+
+
+@pytest.mark.parametrize("name", sorted(SPENDS))
+@pytest.mark.parametrize("unit", ["user", "patient"])
+def test_estimators_refuse_a_budget_per_another_unit_than_the_record(name, unit, tmp_path):
+    """An estimator counts every row as one record: a per-user budget would be charged
+    the per-record epsilon, a fraction of the per-user one."""
+    led = Ledger(tmp_path / "u.db", create=True)
+    led.create_budget("people", epsilon=100.0, delta=1e-5, privacy_unit=unit)
+    est, spend = SPENDS[name](led.budget("people", privacy_unit=unit))
+    fitted = {k for k in vars(est) if k.endswith("_")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(LedgerConflictError,
+                           match=f"per '{unit}' but {name} gives a guarantee per 'record'"
+                                 ".*per-record budget.*make_private"):
+            spend()
+    assert led.history("people", privacy_unit=unit)[-1].kind == "budget"
+    assert {k for k in vars(est) if k.endswith("_")} == fitted  # nothing (new) fitted
+
+
+def test_the_torch_engine_and_the_estimators_share_one_unit_rule():
+    """Both spend paths call privlearn.ledger.check_privacy_unit (one rule, not copies)."""
+    import privlearn.ledger as ledger_pkg
+    import privlearn.models.base as base
+
+    assert base.check_privacy_unit is ledger_pkg.check_privacy_unit
+    torch_accountant = pytest.importorskip("privlearn.torch.accountant")
+    assert torch_accountant.check_privacy_unit is ledger_pkg.check_privacy_unit
