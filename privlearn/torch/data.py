@@ -110,7 +110,8 @@ class _AccountedSampler(Sampler[list[int]]):
     it lets a resumed run continue with the same batches, but reveals nothing about which
     examples were in the earlier batches (a saved Mersenne-Twister or PCG state could be
     run backwards, and knowing the past batches would void the amplification by
-    subsampling that the accountant assumes).
+    subsampling that the accountant assumes). It does name the batches *after* it, so a
+    saved state is a secret like the data, never published with a later model.
 
     **Which batch each step used.** The private loader (:class:`DPDataLoader`) reports
     every batch it *delivers* to the training loop (batches drawn ahead by worker
@@ -234,7 +235,8 @@ class _AccountedSampler(Sampler[list[int]]):
         """The sampler's state at the point training reached (after the last batch a step
         used): the key after that batch's draw and the position in the epoch of the next
         batch. ``key`` is None for a secure (OS-entropy) sampler, which cannot be
-        replayed. Past batches cannot be recovered from it (see the class docstring)."""
+        replayed. Past batches cannot be recovered from it, later ones can: keep it
+        private (see the class docstring)."""
         last = self._last_used
         if last is None:
             key, pos = self._resume_key, self._resume_pos_start

@@ -94,7 +94,10 @@ class PrivateTraining:
     sampler's and the noise's key chains, so a resumed run reports the same epsilon as an
     uninterrupted one and, with a fixed ``seed``, continues with the same batches and
     noise. The keys are one-way: a checkpoint reveals neither past batches nor past noise
-    (see :mod:`privlearn.torch.data`)::
+    (see :mod:`privlearn.torch.data`). They do replay the batches and noise of the steps
+    *after* it, so with any model released later the noise of the steps in between can be
+    subtracted: the state is a secret like the data, never a release; share ``p.model``
+    alone (docs/trust-model.md)::
 
         torch.save(p.state_dict(), "ckpt.pt")          # after an optimizer step
         ...                                            # new process
@@ -191,8 +194,11 @@ class PrivateTraining:
         """Everything needed to continue this run: model and optimizer state, the
         accountant's history, the live noise multiplier and clipping bound, and the keys
         of the sampler and the noise source (``None`` in secure mode: OS entropy cannot be
-        replayed); with correlated noise, the noise's state (past noises: such a checkpoint
-        must be kept private). Save it right after an optimizer step."""
+        replayed); with correlated noise, the noise's state (past noises). A secret, not a
+        release: the keys replay the next steps' batches and noise and the correlated
+        state holds past noises, so together with any model released later they give
+        back un-noised gradients. Keep it as private as the data. Save it right after an
+        optimizer step."""
         return {
             "format": _STATE_FORMAT,
             "mechanism": self._mechanism(),
