@@ -89,9 +89,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import glob
 import math
 import os
 import secrets
+import time
 import warnings
 from dataclasses import dataclass, fields
 
@@ -276,6 +278,7 @@ class _PrivacyCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._step_ended = time.time()  # a checkpoint of this step is written after it
         p = self.trainer.privacy_engine
         if p is not None:  # the epoch of the steps taken (a resumed run continues it)
             state.epoch = p.accountant.steps / p.plan.steps_per_epoch
@@ -295,12 +298,29 @@ class _PrivacyCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if self.trainer.privacy_engine is None or not args.should_save:
             return control
-        prefix = transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
-        folder = os.path.join(args.output_dir, f"{prefix}-{state.global_step}")
-        if os.path.isdir(folder):
+        folder = checkpoint_folder(args.output_dir, state.global_step,
+                                   getattr(self, "_step_ended", 0.0))
+        if folder is not None:
             self.trainer._save_privacy_state(folder)
         self.trainer._prune_private_states()  # of checkpoints rotated out (save_total_limit)
         return control
+
+
+def checkpoint_folder(output_dir, step: int, since: float) -> str | None:
+    """The checkpoint folder the Trainer wrote for ``step`` after time ``since``:
+    ``output_dir/checkpoint-<step>``, or ``output_dir/<run>/checkpoint-<step>`` in a
+    hyperparameter search, whichever has a ``trainer_state.json`` written since then (a
+    folder of the same name left by an earlier run never gets this run's state); None if
+    there is none."""
+    prefix = transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
+    name = f"{prefix}-{step}"
+    found = []
+    for folder in [os.path.join(output_dir, name),
+                   *glob.glob(os.path.join(glob.escape(str(output_dir)), "*", name))]:
+        state = os.path.join(folder, transformers.trainer.TRAINER_STATE_NAME)
+        if os.path.isfile(state) and os.path.getmtime(state) >= since - 1.0:
+            found.append((os.path.getmtime(state), folder))
+    return max(found)[1] if found else None
 
 
 def _exhausted(p: PrivateTraining) -> bool:

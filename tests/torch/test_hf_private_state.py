@@ -206,3 +206,27 @@ def test_secure_mode_checkpoints_hold_no_key_and_resume_without_a_private_folder
     b = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa)
     b.train(resume_from_checkpoint=str(out / "checkpoint-1"))
     assert b.privacy_engine.accountant.steps == 2
+
+
+def test_the_privacy_state_goes_to_the_checkpoint_this_run_wrote(tmp_path):
+    """A hyperparameter search writes output_dir/run-<id>/checkpoint-N; a folder of the
+    same name left by an earlier run is never given this run's state."""
+    import os
+    import time
+
+    from privlearn.torch.hf import checkpoint_folder
+
+    def ckpt(path, age):
+        path.mkdir(parents=True)
+        f = path / "trainer_state.json"
+        f.write_text("{}")
+        t = time.time() - age
+        os.utime(f, (t, t))
+        return str(path)
+
+    stale = ckpt(tmp_path / "checkpoint-4", age=3600)
+    started = time.time() - 5
+    assert checkpoint_folder(tmp_path, 4, started) is None
+    fresh = ckpt(tmp_path / "run-1" / "checkpoint-4", age=0)
+    assert checkpoint_folder(tmp_path, 4, started) == fresh != stale
+    assert checkpoint_folder(tmp_path, 5, started) is None
