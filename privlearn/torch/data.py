@@ -805,7 +805,25 @@ class _Delivering:
         return len(self._it)
 
 
-class AugmentedLoader:
+class _LoaderView:
+    """A loader over another one: its dataset, batch sampler and length are the
+    underlying loader's (``self.loader``)."""
+
+    loader = None
+
+    @property
+    def dataset(self):
+        return self.loader.dataset
+
+    @property
+    def batch_sampler(self):
+        return self.loader.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class AugmentedLoader(_LoaderView):
     """Iterate ``loader``'s batches as K augmented views of each example, on consecutive
     rows (De et al. 2022, augmentation multiplicity).
 
@@ -822,17 +840,6 @@ class AugmentedLoader:
         self.loader = loader
         self.augment = augment
         self.multiplicity = int(multiplicity)
-
-    @property
-    def dataset(self):
-        return self.loader.dataset
-
-    @property
-    def batch_sampler(self):
-        return self.loader.batch_sampler
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
     def __iter__(self):
         for batch in self.loader:
@@ -877,7 +884,7 @@ def augmented_views(batch, augment, k: int):
     return tree_unflatten(out, spec)
 
 
-class VirtualBatchLoader:
+class VirtualBatchLoader(_LoaderView):
     """Iterate physical chunks of the logical batches of ``loader``.
 
     Each logical batch (a collated structure whose tensors share a leading batch
@@ -898,17 +905,6 @@ class VirtualBatchLoader:
         self.loader = loader
         self.max_physical_batch_size = int(max_physical_batch_size)
         self.optimizer = optimizer
-
-    @property
-    def dataset(self):
-        return self.loader.dataset
-
-    @property
-    def batch_sampler(self):
-        return self.loader.batch_sampler
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
     def __iter__(self):
         from torch.utils._pytree import tree_flatten, tree_unflatten
