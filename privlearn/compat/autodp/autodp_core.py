@@ -15,8 +15,10 @@ number it reports comes from privlearn's accountants:
 
 Set ``mech.accountant = "rdp"`` (or any registered name) to force one accountant.
 
-Differences from autodp (deliberate)
-------------------------------------
+Notes
+-----
+Differences from autodp, deliberate:
+
 * Values are certified upper bounds and are never larger than what autodp's RDP-based
   conversion reports for the same description (PLD is tighter than RDP), except for
   floating-point rounding *up* that certification requires.

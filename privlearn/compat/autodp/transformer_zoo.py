@@ -4,9 +4,9 @@ Transformers map facade mechanisms to a facade mechanism whose privlearn descrip
 built with :func:`privlearn.accounting.compose` / :func:`privlearn.accounting.subsample`;
 names and ``params`` follow autodp's bookkeeping.
 
-Real (non-integer) coefficients
--------------------------------
-autodp composes RDP curves, so a coefficient may be any real ``c >= 0``. Here:
+Notes
+-----
+Real (non-integer) coefficients: autodp composes RDP curves, so a coefficient may be any real ``c >= 0``. Here:
 
 * a Gaussian part with coefficient ``c`` is the Gaussian ``sigma / sqrt(c)`` (exact;
   Dong, Roth & Su 2022, Corollary 3.3) -- this is what the studies' calibrators rely on;
