@@ -100,7 +100,7 @@ def test_budget_exhausted_mid_run_stops_before_the_step(tmp_path):
 
 
 _CHILD = textwrap.dedent("""
-    import sys, torch
+    import os, sys, torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
     from privlearn.ledger import Ledger
@@ -117,8 +117,9 @@ _CHILD = textwrap.dedent("""
             p.optimizer.zero_grad()
             nn.functional.cross_entropy(p.model(x), y).backward()
             p.optimizer.step()
-            with open(progress, "w") as f:
-                f.write(str(p.accountant.steps))
+            with open(progress + ".tmp", "w") as f:  # replaced whole: a kill never
+                f.write(str(p.accountant.steps))   # leaves the file empty
+            os.replace(progress + ".tmp", progress)
 """)
 
 
