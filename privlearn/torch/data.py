@@ -402,9 +402,13 @@ class UnitIndex:
     Parameters
     ----------
     unit_of_example : sequence of hashable, length N
-        The unit (user id) of every example of the dataset.
+        The unit (user id) of every example of the dataset, by the rule of
+        :func:`privlearn._validation.check_unit_ids`: no missing id (None, NaN, NA, NaT),
+        one kind of id (numbers, or strings, ...); refused otherwise.
     max_examples : int >= 1
         k: examples of one unit in one batch at most.
+    name : str
+        What the ids are called in an error (the parameter or column they came from).
 
     Attributes
     ----------
@@ -413,10 +417,9 @@ class UnitIndex:
         first appearance).
     """
 
-    def __init__(self, unit_of_example, max_examples: int):
+    def __init__(self, unit_of_example, max_examples: int, name: str = "users"):
         self.max_examples = _v.check_count("max_examples_per_user", max_examples, minimum=1)
-        keys = list(unit_of_example.tolist() if hasattr(unit_of_example, "tolist")
-                    else unit_of_example)
+        keys = _v.check_unit_ids(name, unit_of_example)
         if not keys:
             raise ValueError("unit_of_example is empty: give the user id of every example")
         number: dict = {}

@@ -108,6 +108,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("privlearn.torch.hf needs transformers: pip install "
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
+from privlearn._validation import check_unit_ids
 from privlearn.accounting import planned_steps
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -461,7 +462,9 @@ class DPTrainer(Trainer):
         pa = self.privacy
         kw = pa.engine_settings()
         if pa.user_column is not None:
-            kw["users"] = _column(self.train_dataset, pa.user_column)
+            # the one rule for unit ids, the column named (make_private checks it again)
+            kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
+                                         _column(self.train_dataset, pa.user_column))
         if pa.target_epsilon is not None or pa.noise != "dpsgd" or pa.sampling not in (
                 "poisson", "fixed"):
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
