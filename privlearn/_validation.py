@@ -334,7 +334,7 @@ def check_unit_ids(name: str, values: Iterable, *, show: int = 5) -> list:
                 parts.append(f"{len(rows)} of type {k} (rows {shown})")
         raise ParameterValueError(
             f"{name} mixes id types: most ids are of type {main}, and "
-            + "; ".join(parts) + f". Ids of different types never match (1 != '1'), so "
+            + "; ".join(parts) + ". Ids of different types never match (1 != '1'), so "
             "one unit could be split in two; convert the column to one type (e.g. all "
             "str, or all int)")
     return [v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
