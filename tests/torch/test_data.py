@@ -311,3 +311,52 @@ def test_unfinished_logical_batch_is_discarded_not_released():
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+# ------------------------------------------ the samplings' laws, through the public loaders
+def _one_run(sampling, n, seed, epochs=2, b=5, cycle=4):
+    """The index batches of ``epochs`` passes of the DP loader ``make_dp_loader`` builds
+    for ``sampling`` over ``n`` examples (rate and cycle of an ``N = 40`` dataset)."""
+    from privlearn.correlated.sampling import SAMPLINGS
+    from privlearn.torch.data import make_dp_loader
+
+    law = SAMPLINGS[sampling]
+    c = cycle if law.cycled else 1
+    q = law.rate(b, 40, c)
+    loader = make_dp_loader(DataLoader(TensorDataset(torch.arange(n)), batch_size=b),
+                            sampling=sampling, sample_rate=q, batch_size=b,
+                            steps=law.per_epoch(q, c), seed=seed, cycle_length=c)
+    bs = loader.batch_sampler
+    out = []
+    for _ in range(epochs):
+        for batch in bs:
+            out.append(sorted(batch))
+    return out
+
+
+def _steps_of_each(batches, n):
+    steps = [[] for _ in range(n)]
+    for t, b in enumerate(batches):
+        for i in b:
+            steps[i].append(t)
+    return steps
+
+
+def test_adding_an_example_moves_no_other_example_in_add_remove_samplings():
+    """The layout change for N vs N + 1 examples, the same seed: for every sampling
+    accounted under add/remove, no other example changes step (what the accountant
+    assumes); for shuffled epochs, other examples move in most layouts, which is why it
+    is accounted under replace-one only."""
+    from privlearn.correlated.sampling import SAMPLINGS
+
+    n, seeds = 40, range(40)
+    for name, law in SAMPLINGS.items():
+        moved = 0
+        for s in seeds:
+            a = _steps_of_each(_one_run(name, n, s), n)
+            b = _steps_of_each(_one_run(name, n + 1, s), n + 1)
+            moved += a != b[:n]
+        if law.add_remove:
+            assert moved == 0, f"{name}: another example moved in {moved} of 40 layouts"
+        elif name == "shuffled_epochs":
+            assert moved >= 20, moved
