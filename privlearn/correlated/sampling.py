@@ -62,7 +62,7 @@ from privlearn.correlated.participation import FixedEpochs, MinSeparation, Parti
 
 __all__ = ["CyclicPoissonSampler", "BallsInBinsSampler", "check_participation",
            "SamplingLaw", "SAMPLINGS", "register_sampling", "partition", "poisson_subset",
-           "fixed_subset", "shuffled_order"]
+           "fixed_subset", "shuffled_order", "unit_subset"]
 
 
 def _set_count(obj: object, name: str) -> None:
@@ -119,6 +119,37 @@ def fixed_subset(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """``size`` distinct indices of ``range(n)``, uniformly at random (sampling without
     replacement), in random order."""
     return rng.permutation(n)[:size]
+
+
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9),
+        np.uint64(0x94D049BB133111EB))
+
+
+def _row_keys(seed: int, rows: np.ndarray) -> np.ndarray:
+    """A pseudo-random 64-bit key per row index, a function of ``(seed, row)`` only
+    (SplitMix64's finaliser; Steele, Lea & Flood 2014): the same row gets the same key
+    whatever else is drawn."""
+    with np.errstate(over="ignore"):
+        z = rows.astype(np.uint64) * _MIX[0] + np.uint64(seed % 2**64)
+        z = (z ^ (z >> np.uint64(30))) * _MIX[1]
+        z = (z ^ (z >> np.uint64(27))) * _MIX[2]
+        return z ^ (z >> np.uint64(31))
+
+
+def unit_subset(members: np.ndarray, k: int, seed: int | None) -> np.ndarray:
+    """The rows a drawn privacy unit (a user's examples, ``members``) contributes to a
+    step: all of them when there are at most ``k``, else a uniformly random ``k``-subset
+    (the ``k`` smallest of i.i.d. keys), increasing. The keys depend on the step's
+    ``seed`` and the row only, so adding or removing another unit changes no unit's
+    rows; ``seed=None``: keys from the OS CSPRNG (secure mode)."""
+    members = np.asarray(members, dtype=np.int64)
+    if members.size <= k:
+        return members
+    if seed is None:
+        keys = np.frombuffer(os.urandom(8 * members.size), dtype=np.uint64)
+    else:
+        keys = _row_keys(seed, members)
+    return np.sort(members[np.argpartition(keys, k - 1)[:k]])
 
 
 def shuffled_order(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -110,6 +110,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from privlearn._validation import check_unit_ids
 from privlearn.accounting import planned_steps
+from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import DPConfig
@@ -465,8 +466,8 @@ class DPTrainer(Trainer):
             # the one rule for unit ids, the column named (make_private checks it again)
             kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
                                          _column(self.train_dataset, pa.user_column))
-        if pa.target_epsilon is not None or pa.noise != "dpsgd" or pa.sampling not in (
-                "poisson", "fixed"):
+        if pa.target_epsilon is not None or pa.noise != "dpsgd" or \
+                SAMPLINGS[pa.sampling].describe is not None:  # accounted for the plan
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             kw["steps"] = self._planned_steps(self.args.per_device_train_batch_size / n)
         self.model.train()

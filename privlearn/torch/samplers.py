@@ -23,7 +23,7 @@ from torch.utils.data import Sampler
 
 from privlearn import _validation as _v
 from privlearn.accounting import steps_per_epoch
-from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw
+from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw, unit_subset
 
 __all__ = [
     "PoissonBatchSampler",
@@ -427,14 +427,12 @@ class UnitIndex:
 
     def expand(self, units, seed: int | None) -> tuple[list[int], tuple[int, ...]]:
         """The rows of the drawn ``units`` (at most ``max_examples`` each, a uniform
-        subset) and the number of rows of each."""
-        rng = np.random.default_rng(None if seed is None else [seed, 1])
+        subset: :func:`privlearn.correlated.sampling.unit_subset`, which another unit
+        never changes) and the number of rows of each."""
         rows, sizes = [], []
         k = self.max_examples
         for u in units:
-            m = self.members[int(u)]
-            if m.size > k:
-                m = np.sort(rng.choice(m, size=k, replace=False))
+            m = unit_subset(self.members[int(u)], k, seed)
             rows.extend(m.tolist())
             sizes.append(int(m.size))
         return rows, tuple(sizes)

@@ -216,3 +216,20 @@ def test_a_split_permutation_moves_the_release_by_more_than_one_bound():
     norms = np.array(norms)
     assert norms.min() == 1.0 and norms.max() == pytest.approx(np.sqrt(5.0))
     assert 0.35 < np.mean(norms > 1.0) < 0.65
+
+
+def test_a_unit_contributes_a_uniform_subset_of_its_rows():
+    """A drawn user with more than k rows contributes a uniformly random k-subset
+    (chi-square-like bound over the 10 subsets of 2 of 5 rows), all rows otherwise."""
+    from itertools import combinations
+
+    from privlearn.correlated.sampling import unit_subset
+
+    rows = np.arange(10, 15)
+    counts = dict.fromkeys(combinations(rows.tolist(), 2), 0)
+    for s in range(3000):
+        counts[tuple(unit_subset(rows, 2, s).tolist())] += 1
+    want = 300
+    assert all(abs(c - want) < 5 * np.sqrt(want * 0.9) for c in counts.values()), counts
+    assert unit_subset(rows[:2], 2, 0).tolist() == [10, 11]
+    assert len(set(unit_subset(rows, 3, None).tolist())) == 3  # secure: OS keys

@@ -360,3 +360,46 @@ def test_adding_an_example_moves_no_other_example_in_add_remove_samplings():
             assert moved == 0, f"{name}: another example moved in {moved} of 40 layouts"
         elif name == "shuffled_epochs":
             assert moved >= 20, moved
+
+
+def _user_run(sampling, users, seed, k=2, b=3, cycle=3):
+    """``(step, user, rows)`` of 2 passes of the DP loader over users' rows."""
+    from privlearn.correlated.sampling import SAMPLINGS
+    from privlearn.torch.data import UnitIndex, make_dp_loader
+
+    law = SAMPLINGS[sampling]
+    units = UnitIndex(users, k)
+    c = cycle if law.cycled else 1
+    q = law.rate(b, 12, c)
+    loader = make_dp_loader(DataLoader(TensorDataset(torch.arange(len(users))), batch_size=b),
+                            sampling=sampling, sample_rate=q, batch_size=b,
+                            steps=law.per_epoch(q, c), seed=seed, cycle_length=c, units=units)
+    out, t = set(), 0
+    for _ in range(2):
+        for (x,) in loader:
+            rows, groups = x.tolist(), loader.batch_sampler.pending().groups
+            start = 0
+            for g in groups:
+                mine = rows[start:start + g]
+                owners = {users[i] for i in mine}
+                assert len(owners) == 1 and 1 <= g <= k  # one user's rows, at most k
+                out.add((t, owners.pop(), tuple(mine)))
+                start += g
+            t += 1
+    return out
+
+
+def test_adding_a_user_moves_no_other_users_rows_in_add_remove_samplings():
+    """User-level privacy (the per-user variant of every sampling): adding a user with
+    several rows leaves every other user's steps, and the rows each contributes to each
+    step, as they were (the same seed), for the samplings accounted under add/remove."""
+    from privlearn.correlated.sampling import SAMPLINGS
+
+    users = [u for u in range(12) for _ in range(1 + u % 4)]  # 1 to 4 rows per user
+    for name, law in SAMPLINGS.items():
+        if not law.add_remove:
+            continue
+        for s in range(15):
+            a = _user_run(name, users, s)
+            b = _user_run(name, users + [12, 12, 12], s)
+            assert {e for e in b if e[1] != 12} == a, name
