@@ -399,7 +399,26 @@ SAMPLINGS: dict[str, SamplingLaw] = {}
 
 def register_sampling(law: SamplingLaw) -> SamplingLaw:
     """Register ``law`` under ``law.name`` (replacing an entry of that name): the one
-    place a sampling is described. Returns it."""
+    place a sampling is described. ``make_private(sampling=law.name)``,
+    :class:`~privlearn.torch.hf.DPTrainer`, the accountant and the ledger then read it
+    from :data:`SAMPLINGS`, the torch loader draws its batches with ``law.layout`` and
+    ``law.batch`` (:class:`privlearn.torch.samplers.RegisteredBatchSampler`), and the
+    property test of the test suite checks its draw against its law.
+
+    Parameters
+    ----------
+    law : SamplingLaw
+
+    Returns
+    -------
+    SamplingLaw
+        ``law``.
+
+    Raises
+    ------
+    TypeError
+        ``law`` is not a :class:`SamplingLaw`.
+    """
     if not isinstance(law, SamplingLaw):
         raise TypeError(f"law must be a SamplingLaw, got {law!r}")
     SAMPLINGS[law.name] = law
