@@ -430,11 +430,11 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     if plan.noise_multiplier == 0:
         raise ValueError("noise_multiplier=0 is not private and cannot be spent from a "
                          "ledger; give noise_multiplier > 0 or target_epsilon")
-    link = LedgerLink(ledger, scheme=cfg.sampling, chunk=cfg.ledger_chunk,
+    law = SAMPLINGS[cfg.sampling]
+    link = LedgerLink(ledger, scheme=law.scheme or cfg.sampling, chunk=cfg.ledger_chunk,
                       label=f"make_private({type(inner).__name__})",
                       run=None if plan.run.stepwise else plan.run,
                       privacy_unit=cfg.privacy_unit)
-    law = SAMPLINGS[cfg.sampling]
     try:
         link.reserve(plan.noise_multiplier, plan.sampling_rate,
                      plan.planned_steps or cfg.ledger_chunk)
@@ -481,7 +481,8 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                             world_size=plan.world_size, secure=cfg.secure_mode,
                             shared_seed=shared, cycle_length=plan.run.cycle,
                             units=plan.units)
-    acct = PrivacyAccountant(scheme=cfg.sampling, accountant=cfg.accountant, run=plan.run)
+    acct = PrivacyAccountant(scheme=SAMPLINGS[cfg.sampling].scheme or cfg.sampling,
+                             accountant=cfg.accountant, run=plan.run)
     # a run accounted as one mechanism is capped at its plan (beyond it, the plan's
     # strategy and sensitivity no longer describe the steps)
     cap = cfg.max_epsilon

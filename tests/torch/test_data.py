@@ -403,3 +403,33 @@ def test_adding_a_user_moves_no_other_users_rows_in_add_remove_samplings():
             a = _user_run(name, users, s)
             b = _user_run(name, users + [12, 12, 12], s)
             assert {e for e in b if e[1] != 12} == a, name
+
+
+def test_a_sampling_registered_once_trains_through_make_private():
+    """Adding a sampling is one registry entry: make_private draws with its law (the
+    generic torch wrapper) and accounts it as the entry says."""
+    from dataclasses import replace
+
+    from torch import nn
+
+    from privlearn.accounting import Gaussian, compose, subsample
+    from privlearn.correlated.sampling import SAMPLINGS, register_sampling
+    from privlearn.torch import make_private
+    from privlearn.torch.samplers import RegisteredBatchSampler
+
+    register_sampling(replace(SAMPLINGS["poisson"], name="poisson_copy"))
+    try:
+        ds = TensorDataset(torch.randn(40, 3), torch.zeros(40, dtype=torch.long))
+        model = nn.Linear(3, 2)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=8), noise_multiplier=1.3,
+                         sampling="poisson_copy", seed=0)
+        assert isinstance(p.data_loader.batch_sampler, RegisteredBatchSampler)
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+        want = compose(subsample(Gaussian(1.3), rate=8 / 40), steps=5).epsilon(1e-5)
+        assert p.epsilon(1e-5) == want and p.neighbouring == "add_remove"
+    finally:
+        del SAMPLINGS["poisson_copy"]
