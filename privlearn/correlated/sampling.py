@@ -204,10 +204,10 @@ class CyclicPoissonSampler:
     def batches(self, rng: np.random.Generator | int | None = None) -> Iterator[np.ndarray]:
         """Yield the index array of each step's batch."""
         rng = np.random.default_rng(rng)
-        groups = partition(self.dataset_size, self.cycle_length, rng)
+        law = SAMPLINGS["cyclic_poisson"]  # the registry's draw
+        groups = law.layout(self.dataset_size, self.cycle_length, rng)
         for t in range(self.steps):
-            group = groups[t % self.cycle_length]
-            yield group[rng.random(group.size) < self.sampling_rate]
+            yield law.batch(self.dataset_size, self.sampling_rate, None, groups, t, rng)
 
 
 @dataclass(frozen=True)
@@ -243,9 +243,10 @@ class BallsInBinsSampler:
     def batches(self, rng: np.random.Generator | int | None = None) -> Iterator[np.ndarray]:
         """Yield the index array of each step's batch."""
         rng = np.random.default_rng(rng)
-        bins = partition(self.dataset_size, self.cycle_length, rng)
+        law = SAMPLINGS["balls_in_bins"]  # the registry's draw
+        bins = law.layout(self.dataset_size, self.cycle_length, rng)
         for t in range(self.steps):
-            yield bins[t % self.cycle_length]
+            yield law.batch(self.dataset_size, 1.0 / self.cycle_length, None, bins, t, rng)
 
 
 def check_participation(
