@@ -281,7 +281,10 @@ def _read_only(name: str):
 
 class PoissonBatchSampler(_AccountedSampler):
     """Batches in which each index is included independently with probability
-    ``sample_rate``.
+    ``sample_rate`` (the ``"poisson"`` entry of the sampling registry:
+    :func:`privlearn.correlated.sampling.poisson_subset`, drawn by geometric skips
+    between included indices, so an index's inclusion never depends on the dataset
+    size: adding an example leaves every other example's batches as they were).
 
     Parameters
     ----------
@@ -336,7 +339,8 @@ class PoissonBatchSampler(_AccountedSampler):
 
 class FixedSizeBatchSampler(_AccountedSampler):
     """Batches of exactly ``batch_size`` distinct indices drawn uniformly at each step
-    (independently across steps): sampling without replacement, ``scheme="fixed"``.
+    (independently across steps): sampling without replacement, ``scheme="fixed"``,
+    accounted under replace-one neighbouring (the ``"fixed"`` registry entry).
 
     Distributed (``world_size > 1``): every rank draws the same global sample of
     ``world_size * batch_size`` distinct indices (the seed must be the same on all
