@@ -439,7 +439,7 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
         link.reserve(plan.noise_multiplier, plan.sampling_rate,
                      plan.planned_steps or cfg.ledger_chunk)
     except LedgerConflictError as exc:
-        if law.add_remove:
+        if law.add_remove or "replace-one" not in str(exc):
             raise
         # a replace-one sampling on a budget counted under add/remove: say which
         # setting, why, and what to use instead (nothing was recorded)
