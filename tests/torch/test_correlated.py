@@ -253,6 +253,12 @@ def test_shuffled_epochs_is_refused_on_add_remove_budgets(tmp_path):
         make_private(model, opt, DataLoader(_indexed(), batch_size=6),
                      ledger=led.budget("ar"), **kw)
     assert led.spent("ar").entries == 0
+    # a budget whose relation its first (add/remove) release fixed refuses it alike
+    led.create_budget("fixed_by_use", epsilon=50.0, delta=1e-5)
+    led.budget("fixed_by_use").spend(subsample(Gaussian(2.0), rate=0.1), label="poisson")
+    with pytest.raises(LedgerConflictError, match=r"sampling='shuffled_epochs'.*balls_in_bins"):
+        make_private(model, opt, DataLoader(_indexed(), batch_size=6),
+                     ledger=led.budget("fixed_by_use"), **kw)
     p = make_private(model, opt, DataLoader(_indexed(), batch_size=6),
                      ledger=led.budget("ro"), **kw)
     assert p.neighbouring == "replace_one"
