@@ -21,6 +21,7 @@ from privlearn.accounting.accountants import (
 from privlearn.accounting.calibration import calibrate
 from privlearn.accounting.matrix_mechanism import MatrixMechanism
 from privlearn.accounting.mechanisms import (
+    ApproxDP,
     Composed,
     Gaussian,
     Laplace,
@@ -56,6 +57,7 @@ from privlearn.errors import (
 
 __all__ = [
     "AccountingError",
+    "ApproxDP",
     "BallsInBinsMatrixMechanism",
     "CalibrationError",
     "CertificationError",

@@ -63,6 +63,7 @@ __all__ = [
     "Laplace",
     "RandomizedResponse",
     "PureDP",
+    "ApproxDP",
     "RDPMechanism",
     "Composed",
     "Subsampled",
@@ -268,6 +269,41 @@ class PureDP(Mechanism):
         object.__setattr__(
             self, "pure_epsilon", check_positive("pure_epsilon", self.pure_epsilon)
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ApproxDP(Mechanism):
+    """A generic (epsilon, delta)-DP mechanism, analysed through its worst-case pair.
+
+    Every ``(epsilon, delta)``-DP mechanism is dominated by the four-outcome pair with
+    P-masses ``(delta, (1 - delta) e^eps / (1 + e^eps), (1 - delta) / (1 + e^eps), 0)`` and
+    the same Q-masses in reverse order (Kairouz, Oh & Viswanath 2015, Theorem 2.1; its
+    trade-off function is ``f_{eps, delta}``, Dong, Roth & Su 2022, Proposition 2.5), so
+    the PLD accountant composes it with any other kind. It has no RDP guarantee (a
+    ``delta > 0`` allows an unbounded Renyi divergence), so the RDP accountant refuses it.
+
+    Use it for a release known only through an ``(epsilon, delta)`` guarantee, e.g. the
+    conversion of an RDP curve at one delta (conservative: the curve's whole profile is
+    replaced by one point of it).
+
+    Parameters
+    ----------
+    dp_epsilon : float >= 0
+    dp_delta : float in (0, 1)
+        (``delta = 0`` is :class:`PureDP`.)
+    """
+
+    dp_epsilon: float
+    dp_delta: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dp_epsilon", check_epsilon("dp_epsilon", self.dp_epsilon))
+        d = check_delta("dp_delta", self.dp_delta,
+                        hint="a delta in (0, 1); for delta = 0 use PureDP(epsilon)")
+        if d == 0.0:
+            raise ValueError("dp_delta must be in (0, 1), got 0.0: use PureDP(epsilon) for "
+                             "a pure (epsilon, 0)-DP mechanism")
+        object.__setattr__(self, "dp_delta", d)
 
 
 @dataclass(frozen=True)

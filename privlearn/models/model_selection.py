@@ -72,8 +72,9 @@ from sklearn.model_selection import ParameterGrid
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from privlearn.accounting import Laplace, Mechanism, RDPMechanism, compose
+from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
+from privlearn.errors import UnsupportedMechanismError
 from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -190,6 +191,18 @@ def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
         est.set_params(**declared)
 
 
+def _budget_reads_no_rdp(handle) -> bool:
+    """Whether ``handle`` is a ledger budget whose total is composed by an accountant other
+    than ``"rdp"`` (e.g. the default PLD), which cannot read a tabulated RDP curve."""
+    if handle is None:
+        return False
+    try:
+        budget = handle.ledger.budget_info(handle.dataset, privacy_unit=handle.privacy_unit)
+    except Exception:  # not a budget handle, or no such budget: the reservation says why
+        return False
+    return budget.accountant != "rdp" and not budget.adaptive
+
+
 def _best_has(attr: str) -> Callable[[Any], bool]:
     """``available_if`` check: the released model (or, before fitting, the estimator)
     has ``attr`` (scikit-learn's ``GridSearchCV`` delegation)."""
@@ -250,7 +263,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     ledger : BudgetHandle, optional
         ``ledger.budget(dataset)``: the search's whole cost is reserved before any data is
         read (refused with ``BudgetExceededError`` when over budget) and settled when the
-        search is done; the candidates' own ledgers are not charged.
+        search is done; the candidates' own ledgers (a pipeline's steps' too) are not
+        charged. Random stopping on a budget whose accountant is not ``"rdp"`` is
+        charged its ``(epsilon, delta)`` conversion (see ``mechanism_``).
     random_state : None, int or Generator
         Seeds the search's own generator: which runs happen, the scores' noise, and a
         child stream per fit. Each candidate is fitted with noise from that hidden child
@@ -281,7 +296,12 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     mechanism_ : Mechanism
         ``method="composition"``: the composition of every fit and score. Random
         stopping: an :class:`RDPMechanism` with the tabulated Theorem 2 curve (evaluate
-        it with the ``"rdp"`` accountant).
+        it with the ``"rdp"`` accountant); on a ``ledger`` budget composed by another
+        accountant (the default ``"pld"``, which cannot read an RDP curve), the curve's
+        ``(epsilon, delta)`` guarantee at ``0.99 delta``,
+        :class:`~privlearn.accounting.ApproxDP`, which the PLD accountant composes with
+        the budget's other releases (a conservative conversion: the curve's other
+        points are not used).
     epsilon_, delta_ : float
     """
 
@@ -375,17 +395,34 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             return np.max(np.stack([np.atleast_1d(r.rdp(np.atleast_1d(orders)))
                                     for r in runs]), axis=0)
 
+        name = f"private selection (Papernot-Steinke, eta={eta:g}, E[K]={ek:g})"
         curve = random_stopping_rdp(base_rdp, eta, gamma)
         orders = np.concatenate([1.0 + np.geomspace(1e-2, 1.0, 40)[:-1], np.arange(2.0, 257.0),
                                  np.geomspace(257.0, 1e5, 60)[1:]])
         # Renyi divergence is non-decreasing in the order, so a bound at order a' holds at
         # every a <= a': take the running minimum from the right (a valid, monotone curve)
         values = np.minimum.accumulate(np.maximum(curve(orders), 0.0)[::-1])[::-1]
-        mech = RDPMechanism(TabulatedRDP(tuple(orders), tuple(values)),
-                            name=f"private selection (Papernot-Steinke, eta={eta:g}, "
-                            f"E[K]={ek:g})")
-        return SearchPlan(mechanism=mech, accountant="rdp", eta=eta, gamma=gamma,
+        mech: Mechanism = RDPMechanism(TabulatedRDP(tuple(orders), tuple(values)), name=name)
+        accountant = "rdp"
+        if _budget_reads_no_rdp(self.ledger):
+            # the budget composes with an accountant that cannot read an RDP curve (the
+            # default PLD): charge the curve's (epsilon, delta) guarantee at ``delta``, a
+            # conservative conversion (one point of the curve's privacy profile), at 99%
+            # of ``delta`` so that ``epsilon_`` at ``delta`` can be certified
+            d0 = 0.99 * params["delta"]
+            mech, accountant = ApproxDP(float(mech.epsilon(d0, "rdp")), d0), "pld"
+        return SearchPlan(mechanism=mech, accountant=accountant, eta=eta, gamma=gamma,
                           expected_runs=ek, **common)
+
+    def _reserve(self, mechanism: Mechanism, label: str):
+        try:
+            return super()._reserve(mechanism, label)
+        except UnsupportedMechanismError as e:
+            raise UnsupportedMechanismError(
+                f"the ledger budget cannot account this search ({e}). Use "
+                "method='composition' (every run composed with the budget's accountant), "
+                "or a budget created with accountant='rdp' (privlearn budget init "
+                "--accountant rdp)") from e
 
     def fit(self, X, y, *, X_val=None, y_val=None):
         """Run the search. ``X_val, y_val``: *public* validation data (no cost)."""
