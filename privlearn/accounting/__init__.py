@@ -7,7 +7,7 @@ A new kind of mechanism is one frozen dataclass (a :class:`Mechanism` subclass) 
 added with :func:`register_accountant`.
 
 >>> from privlearn.accounting import Gaussian, compose, subsample
->>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14063)
+>>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14040)
 >>> eps = m.epsilon(delta=1e-5)            # certified upper bound, PLD accountant
 """
 

@@ -416,7 +416,7 @@ def compose(
     Examples
     --------
     >>> from privlearn.accounting import Gaussian, compose, subsample
-    >>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14063)
+    >>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14040)
     """
     if isinstance(mechanisms, Mechanism):
         mlist: list[Mechanism] = [mechanisms]

@@ -6,7 +6,7 @@ database (:mod:`privlearn.ledger`) today and evaluated with any accountant later
 
 >>> from privlearn.accounting import Gaussian, compose, subsample
 >>> from privlearn.accounting.serialization import dumps, loads
->>> m = compose(subsample(Gaussian(1.1), rate=256 / 60000), steps=14063)
+>>> m = compose(subsample(Gaussian(1.1), rate=256 / 60000), steps=14040)
 >>> loads(dumps(m)) == m
 True
 
