@@ -284,10 +284,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         squared error** for a regressor, as scikit-learn's ``GridSearchCV`` with
         ``scoring="accuracy"`` / ``"neg_mean_squared_error"``. Without public validation
         data it is measured on the training data, from the *noisy* sum of the clipped
-        per-record losses (``loss_bound``) divided by the number of rows, so it can leave
-        ``[0, 1]`` and is optimistic about generalisation: evaluate the released model on
-        held-out data with :meth:`score`. With ``X_val, y_val`` it is the exact score on
-        them.
+        per-record losses (``loss_bound``) divided by the number of rows (then clipped to
+        ``[0, 1]``, resp. ``<= 0``), so it is noisy and optimistic about generalisation:
+        evaluate the released model on held-out data with :meth:`score`. With ``X_val,
+        y_val`` it is the exact score on them.
     n_fits_, runs_, scores_, fit_mechanisms_ : ``method="composition"`` only
         The number of fits, every candidate, its noisy score and its mechanism (all are
         accounted). Random stopping does not set them: its guarantee rests on the number
@@ -467,10 +467,16 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         if self.ledger is not None:  # a refit of the released model spends too
             best_estimator.set_params(**dict.fromkeys(_nested_keys(best_estimator, "ledger"),
                                                       self.ledger))
-        fitted = {"best_estimator_": best_estimator, "best_score_": best_score,
+        # reported in the score's range (post-processing; the selection used the raw
+        # noisy values, so that noise pushing two runs past the range does not tie them)
+        hi = 1.0 if is_classifier(self.estimator) else 0.0
+        lo = 0.0 if is_classifier(self.estimator) else -math.inf
+        fitted = {"best_estimator_": best_estimator,
+                  "best_score_": float(np.clip(best_score, lo, hi)),
                   "best_params_": best_params}
         if plan.eta is None:
-            fitted.update(runs_=runs, scores_=scores, n_fits_=len(runs), fit_mechanisms_=ran)
+            fitted.update(runs_=runs, scores_=[float(np.clip(v, lo, hi)) for v in scores],
+                          n_fits_=len(runs), fit_mechanisms_=ran)
         return fitted
 
     # -- the released model (post-processing: no privacy cost) --------------------------

@@ -289,3 +289,18 @@ def test_the_search_delegates_to_the_released_model_and_scores_like_sklearn(data
     assert not hasattr(reg, "predict_proba")
     mse = np.mean((reg.best_estimator_.predict(X[1500:]) - y[1500:]) ** 2)
     assert reg.score(X[1500:], y[1500:]) == pytest.approx(-mse) == reg.best_score_
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_score_stays_in_the_scores_range_whatever_the_noise(data, seed):
+    X, y = data
+    s = PrivateSearchCV(_est(), GRID, method="composition", loss_bound=36.0,
+                        score_epsilon=1e-4, random_state=seed).fit(X, y)
+    assert s.best_score_ <= 0.0 and all(v <= 0.0 for v in s.scores_)  # minus a mean square
+    labels = (y > 0).astype(int)
+    from privlearn.models import DPSGDClassifier
+
+    c = PrivateSearchCV(DPSGDClassifier(n_iter=5, classes=[0, 1], delta=1e-7),
+                        {"learning_rate": [0.5, 1.0]}, score_epsilon=1e-4,
+                        random_state=seed).fit(X, labels)
+    assert 0.0 <= c.best_score_ <= 1.0  # an accuracy
