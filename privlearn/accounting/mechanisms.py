@@ -284,7 +284,11 @@ class ApproxDP(Mechanism):
 
     Use it for a release known only through an ``(epsilon, delta)`` guarantee, e.g. the
     conversion of an RDP curve at one delta (conservative: the curve's whole profile is
-    replaced by one point of it).
+    replaced by one point of it). Its ``delta`` is privacy-loss mass at infinity, which
+    every composition carries in full; the PLD accountant's certified epsilon needs a
+    little more delta than that mass (at exactly ``dp_delta`` it raises
+    :class:`~privlearn.errors.CertificationError` rather than round down), so charge
+    ``ApproxDP(epsilon, 0.99 * delta)`` for a release that must be read at ``delta``.
 
     Parameters
     ----------

@@ -191,16 +191,17 @@ def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
         est.set_params(**declared)
 
 
-def _budget_reads_no_rdp(handle) -> bool:
-    """Whether ``handle`` is a ledger budget whose total is composed by an accountant other
-    than ``"rdp"`` (e.g. the default PLD), which cannot read a tabulated RDP curve."""
+def _budget_reading_no_rdp(handle):
+    """The ledger budget of ``handle`` when its total is composed by an accountant other
+    than ``"rdp"`` (e.g. the default PLD), which cannot read a tabulated RDP curve; else
+    None."""
     if handle is None:
-        return False
+        return None
     try:
         budget = handle.ledger.budget_info(handle.dataset, privacy_unit=handle.privacy_unit)
     except Exception:  # not a budget handle, or no such budget: the reservation says why
-        return False
-    return budget.accountant != "rdp" and not budget.adaptive
+        return None
+    return budget if budget.accountant != "rdp" and not budget.adaptive else None
 
 
 def _best_has(attr: str) -> Callable[[Any], bool]:
@@ -298,7 +299,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         stopping: an :class:`RDPMechanism` with the tabulated Theorem 2 curve (evaluate
         it with the ``"rdp"`` accountant); on a ``ledger`` budget composed by another
         accountant (the default ``"pld"``, which cannot read an RDP curve), the curve's
-        ``(epsilon, delta)`` guarantee at ``0.99 delta``,
+        ``(epsilon, delta)`` guarantee at 0.99 times ``delta`` (or the budget's delta if
+        smaller),
         :class:`~privlearn.accounting.ApproxDP`, which the PLD accountant composes with
         the budget's other releases (a conservative conversion: the curve's other
         points are not used).
@@ -404,12 +406,14 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         values = np.minimum.accumulate(np.maximum(curve(orders), 0.0)[::-1])[::-1]
         mech: Mechanism = RDPMechanism(TabulatedRDP(tuple(orders), tuple(values)), name=name)
         accountant = "rdp"
-        if _budget_reads_no_rdp(self.ledger):
+        budget = _budget_reading_no_rdp(self.ledger)
+        if budget is not None:
             # the budget composes with an accountant that cannot read an RDP curve (the
             # default PLD): charge the curve's (epsilon, delta) guarantee at ``delta``, a
             # conservative conversion (one point of the curve's privacy profile), at 99%
-            # of ``delta`` so that ``epsilon_`` at ``delta`` can be certified
-            d0 = 0.99 * params["delta"]
+            # of ``delta`` (and of the budget's) so that ``epsilon_`` at ``delta`` and the
+            # budget's total can be certified
+            d0 = 0.99 * min(params["delta"], budget.delta)
             mech, accountant = ApproxDP(float(mech.epsilon(d0, "rdp")), d0), "pld"
         return SearchPlan(mechanism=mech, accountant=accountant, eta=eta, gamma=gamma,
                           expected_runs=ek, **common)

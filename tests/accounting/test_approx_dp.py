@@ -51,3 +51,12 @@ def test_no_rdp_guarantee_and_storable():
 def test_bad_parameters(eps, d):
     with pytest.raises(ValueError, match="dp_"):
         ApproxDP(eps, d)
+
+
+def test_epsilon_at_exactly_its_delta_is_refused_not_rounded_down():
+    from privlearn.errors import CertificationError
+
+    with pytest.raises(CertificationError):
+        ApproxDP(1.0, 1e-6).epsilon(1e-6)
+    with pytest.raises(CertificationError):  # below the mass at infinity: nothing certifies
+        ApproxDP(1.0, 1e-6).epsilon(1e-7)

@@ -304,3 +304,14 @@ def test_best_score_stays_in_the_scores_range_whatever_the_noise(data, seed):
                         {"learning_rate": [0.5, 1.0]}, score_epsilon=1e-4,
                         random_state=seed).fit(X, labels)
     assert 0.0 <= c.best_score_ <= 1.0  # an accuracy
+
+
+def test_random_stopping_on_a_budget_with_a_smaller_delta_is_charged_below_it(data, tmp_path):
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-7)  # below the search's delta (1e-6)
+    s = PrivateSearchCV(_est(), GRID, loss_bound=36.0, delta=1e-6,
+                        ledger=led.budget("d")).fit(X, y)
+    assert s.mechanism_.dp_delta < 1e-7
+    spent = led.spent("d")
+    assert s.mechanism_.dp_epsilon <= spent.epsilon_spent <= spent.epsilon_budget
