@@ -114,9 +114,14 @@ class DPConfig:
         Replace the layers a registered fixer can replace (BatchNorm -> GroupNorm sharing
         its affine parameters, so the optimizer trains them) before validating; undone if
         a later check refuses the model.
-    max_epsilon : float > 0, optional
+    max_epsilon : float > 0 or inf, optional
         Hard cap on epsilon at ``target_delta``: the step that would exceed it raises
-        :class:`~privlearn.errors.PrivacyBudgetExceededError` before it runs.
+        :class:`~privlearn.errors.PrivacyBudgetExceededError` before it runs. Default:
+        ``target_epsilon`` when it is given (the target is a stop: a loop longer than the
+        planned ``epochs``/``steps`` is stopped before it spends more), else no cap.
+        ``float("inf")`` is the explicit setting that trains past the target (a
+        :class:`~privlearn.torch.accountant.PrivacyBudgetWarning` is emitted once past
+        the planned epsilon, and ``p.epsilon(delta)`` reports what was spent).
     ledger_chunk : int >= 1
         Steps reserved at a time in a privacy ledger beyond the plan.
     target_unclipped_quantile : float in [0, 1], optional
@@ -222,7 +227,11 @@ class DPConfig:
         if self.seed is not None:
             put(self, "seed", _v.check_count("seed", self.seed, minimum=0))
         if self.max_epsilon is not None:
-            put(self, "max_epsilon", _v.check_positive("max_epsilon", self.max_epsilon))
+            put(self, "max_epsilon", _v.check_positive(
+                "max_epsilon", self.max_epsilon, allow_inf=True,
+                hint='a cap on epsilon at target_delta, or float("inf") for none'))
+        elif self.target_epsilon is not None:  # the target is a stop unless said otherwise
+            put(self, "max_epsilon", self.target_epsilon)
         if self.max_physical_batch_size is not None:
             put(self, "max_physical_batch_size",
                 _v.check_count("max_physical_batch_size", self.max_physical_batch_size,

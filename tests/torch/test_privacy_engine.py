@@ -236,10 +236,31 @@ def test_resume_refuses_other_mechanism_and_used_run():
         used.load_state_dict({"model": {}})
 
 
-def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
+def test_target_epsilon_is_a_stop_by_default():
+    """make_private(target_epsilon=3, epochs=1) and a loop of 3 epochs (the two epoch
+    counts disagree): the step that would take epsilon past 3 is refused before it runs,
+    saying how to go further; nothing of it is released."""
     ds = _data(n=64)
     p = _private(ds=ds, noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
                  epochs=1, max_grad_norm=1.0, seed=0)
+    with pytest.raises(PrivacyBudgetExceededError, match=r"max_epsilon=float\('inf'\)"):
+        _train(p, 3 * 8)
+    k = p.accountant.steps
+    assert k >= 8  # the planned epoch ran
+    assert p.epsilon(1e-5) <= 3.0
+    one_more = compose(subsample(Gaussian(p.noise_multiplier), rate=8 / 64),
+                       steps=k + 1).epsilon(1e-5)
+    assert one_more > 3.0  # the refused step was the one that would exceed the target
+    before = _flat(p.model)
+    with pytest.raises(PrivacyBudgetExceededError):
+        _train(p, 1)
+    assert torch.equal(before, _flat(p.model)) and p.accountant.steps == k
+
+
+def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
+    ds = _data(n=64)
+    p = _private(ds=ds, noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
+                 epochs=1, max_grad_norm=1.0, seed=0, max_epsilon=float("inf"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyBudgetWarning)
         _train(p, 8)  # the planned epoch: no warning
