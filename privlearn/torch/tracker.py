@@ -213,6 +213,11 @@ class GradSampleTracker:
         self._probe_enabled = bool(check_independence)
         self._probe_pending = self._probe_enabled
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
+        #: the model's tree, training flags and hooks at the last forward
+        #: (:func:`_mixing_fingerprint`): a change re-arms the probe
+        self._mixing_shape: tuple | None = None
+        #: checks of the step's inputs run with the probe (the loader's ``augment``)
+        self.input_checks: list = []
         self._probing = False
         #: why the model's last forward with gradients enabled was not recorded ("eval":
         #: the model was in eval mode), for the message of a step with nothing recorded
@@ -386,6 +391,10 @@ class GradSampleTracker:
         self.unrecorded_forward = None
         if _trainable_signature(self.model) != self._signature:
             self._rediscover()
+        shape = _mixing_fingerprint(self.model)
+        if shape != self._mixing_shape:  # first forward, or a change that can mix examples
+            self._mixing_shape = shape
+            self._probe_pending = self._probe_enabled
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
                 self._batch_hint = v.shape[0]
@@ -965,6 +974,19 @@ def _trainable_signature(model: nn.Module) -> tuple:
     """The ids of the model's parameters that require gradients (a cheap fingerprint of
     the trainable set, compared at every forward)."""
     return tuple(id(p) for p in model.parameters() if p.requires_grad)
+
+
+def _mixing_fingerprint(model: nn.Module) -> tuple:
+    """What can switch on an operation that mixes examples without changing the trainable
+    set, read from Python attributes only (no device access): every module of the tree,
+    its ``training`` flag (``F.batch_norm(..., training=self.training)``), its forward
+    hooks and pre-hooks (handle ids), an instance-level ``forward`` override, and the
+    global module hooks. Compared at every forward; a change re-arms the probe."""
+    out = [(id(m), m.training, tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+            id(m.__dict__.get("forward"))) for m in model.modules()]
+    g = nn.modules.module
+    out.append((tuple(g._global_forward_hooks), tuple(g._global_forward_pre_hooks)))
+    return tuple(out)
 
 
 def _autocast_state() -> tuple:
