@@ -502,7 +502,8 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     if cfg.max_physical_batch_size is not None:
         loader = VirtualBatchLoader(loader, cfg.max_physical_batch_size, opt)
     if cfg.augment is not None:
-        loader = AugmentedLoader(loader, cfg.augment, cfg.augmentation_multiplicity)
+        loader = AugmentedLoader(loader, cfg.augment, cfg.augmentation_multiplicity,
+                                 tracker=tracker if cfg.check_batch_independence else None)
     return opt, loader, acct, budget
 
 

@@ -627,6 +627,8 @@ class GradSampleTracker:
 
         self._probing = True
         try:
+            for check in self.input_checks:  # what made the inputs (augment) first
+                check()
             probe(self, inputs, examples)
         except BaseException:
             self.clear()
