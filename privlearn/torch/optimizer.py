@@ -53,7 +53,11 @@ directly, which
 * leaves out of the clipped sum every example whose scaled gradient overflowed (it
   contributes zero, see :meth:`GradSampleTracker.clipped_sum`; a
   :class:`~privlearn.errors.GradientOverflowWarning` says how many): one example's
-  overflow neither skips the step nor lowers the scale;
+  overflow neither skips the step nor lowers the scale. Only an overflow: an example
+  whose *input* holds a NaN or inf, or a non-finite gradient in a step without loss
+  scaling, is refused with :class:`~privlearn.errors.NonFiniteInputError` naming the
+  input and the row (bad data is the caller's to see and clean, never dropped
+  silently);
 * reports to the scaler, as its ``found_inf``, whether the final *noisy* gradient is
   finite, and skips the parameter update when it is not. The scaler's decisions (skip,
   back-off, growth) are thereby post-processing of the released noisy gradient; the
@@ -499,7 +503,8 @@ class DPOptimizer:
                                                   1.0 / self.expected_batch_size, out=out,
                                                   per_param=self.per_param_clipping,
                                                   loss_scale=self._loss_scale(),
-                                                  examples=examples, units=units)
+                                                  examples=examples, units=units,
+                                                  refuse_nonfinite=True)
         self._overflowed += self.tracker.last_overflow_count
         self.last_grad_norms = norms
         self._count_unclipped(norms)

@@ -39,6 +39,7 @@ state (cross terms live in :mod:`privlearn.torch.cross_terms`).
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -218,6 +219,7 @@ class GradSampleTracker:
         self._mixing_shape: tuple | None = None
         #: checks of the step's inputs run with the probe (the loader's ``augment``)
         self.input_checks: list = []
+        self._last_inputs: list = []  # (name, weak reference) of the last forward's inputs
         self._probing = False
         #: why the model's last forward with gradients enabled was not recorded ("eval":
         #: the model was in eval mode), for the message of a step with nothing recorded
@@ -399,6 +401,11 @@ class GradSampleTracker:
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
                 self._batch_hint = v.shape[0]
                 break
+        # the inputs, by name, held weakly: a non-finite gradient is traced back to them
+        self._last_inputs = [
+            *((f"positional argument {i}", weakref.ref(v)) for i, v in enumerate(args)
+              if isinstance(v, torch.Tensor)),
+            *((k, weakref.ref(v)) for k, v in kwargs.items() if isinstance(v, torch.Tensor))]
         if self._probe_pending and self._probe_inputs is None:
             self._probe_inputs = (args, dict(kwargs), _autocast_state())
         return None
@@ -711,7 +718,8 @@ class GradSampleTracker:
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
                     per_param: dict | None = None, loss_scale: float | None = None,
-                    examples: int | None = None, units: RowUnits | None = None):
+                    examples: int | None = None, units: RowUnits | None = None,
+                    refuse_nonfinite: bool = False):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
@@ -748,7 +756,10 @@ class GradSampleTracker:
         ``inf * 0`` cannot reach the other examples' contributions, and its clip factor is
         0. Its contribution stays within the clip bound (the sensitivity is unchanged).
         Its entry of ``norms`` is ``inf``; :attr:`last_overflow_count` holds how many
-        examples were dropped (0 when none).
+        examples were dropped (0 when none). With ``refuse_nonfinite`` (the DP
+        optimizer's steps), only a loss-scaled overflow is dropped: a non-finite input,
+        or a non-finite gradient without loss scaling, raises
+        :class:`~privlearn.errors.NonFiniteInputError` naming it.
         """
         self._units = units
         contribs, batch, scale = self.contributions(examples, units)
@@ -762,6 +773,8 @@ class GradSampleTracker:
             sq, total = _per_param_sq(contribs)
             bad = _nonfinite(total)
             if bad is not None:
+                if refuse_nonfinite:
+                    self._refuse_nonfinite(bad, scaled=ls != 1.0)
                 contribs = self._drop_examples(bad)
                 sq, total = _per_param_sq(contribs)
             norms = self._per_param_clip(contribs, scale, max_grad_norm, multiplier,
@@ -770,6 +783,8 @@ class GradSampleTracker:
             sq = _flat_sq(contribs)
             bad = _nonfinite(sq)
             if bad is not None:
+                if refuse_nonfinite:
+                    self._refuse_nonfinite(bad, scaled=ls != 1.0)
                 contribs = self._drop_examples(bad)
                 sq = _flat_sq(contribs)
             norms = sq.sqrt()
@@ -794,6 +809,39 @@ class GradSampleTracker:
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
         return sums, (batch or 0), norms
+
+    def _refuse_nonfinite(self, bad: torch.Tensor, scaled: bool) -> None:
+        """An example whose gradient is not finite: refused, naming it, when its input
+        holds a NaN or inf (bad data, not an overflow) or when no loss scaling is in use
+        (nothing can overflow); only a loss-scaled overflow is dropped (see
+        :meth:`clipped_sum`).
+
+        Raises
+        ------
+        NonFiniteInputError
+        """
+        from privlearn.errors import NonFiniteInputError
+        from privlearn.torch.probe import nonfinite_message, nonfinite_rows
+
+        units = getattr(self, "_units", None)
+        rows = bad[units.unit_of_row.to(bad.device)] if units is not None else bad
+        rows = rows.nonzero().flatten().tolist()
+        live = {name: ref() for name, ref in self._last_inputs}
+        found = nonfinite_rows((), {k: v for k, v in live.items() if v is not None})
+        if found:
+            self.clear()
+            raise NonFiniteInputError(nonfinite_message(found))
+        if not scaled:
+            self.clear()
+            raise NonFiniteInputError(
+                f"the per-example gradient of row(s) {rows[:8]} of the batch is not finite "
+                "(NaN or inf) although the model's inputs are finite and no loss scaling is "
+                "in use (nothing overflowed): the loss or a layer produced it from that "
+                "example (a NaN or inf label or target, log(0), a division by zero). A "
+                "non-finite gradient cannot be clipped, and leaving the example out "
+                "silently would train on less than the batch without saying so. Clean those "
+                "examples (or make the loss finite) before training. No step was taken and "
+                "nothing was released")
 
     def _drop_examples(self, bad: torch.Tensor) -> list[Contribution]:
         """Zero the recorded output gradients of the examples flagged in ``bad`` and

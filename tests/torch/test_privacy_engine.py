@@ -436,3 +436,45 @@ def test_per_sequence_cross_entropy_matches_definition():
         got.sum().item() / 3)
     with pytest.raises(ValueError, match="logits must be"):
         per_sequence_cross_entropy(logits[0], labels)
+
+
+# ------------------------------------------------------------------ non-finite inputs
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-step", "later-step"])
+def test_a_nan_input_is_named_not_reported_as_mixing_or_overflow(first):
+    """A NaN in one example's features was reported as batch mixing (first step, where
+    the probe runs) or as a GradScaler overflow (no scaler in use) and the example
+    silently dropped. Now the input and the row are named, and no step is taken."""
+    from privlearn.errors import NonFiniteInputError
+
+    x, y = _data(n=48).tensors
+    x = x.clone()
+    p = _private(ds=TensorDataset(x, y), batch_size=48, sampling="fixed", seed=0)
+    if not first:
+        _train(p, 1)
+    x[30, 2] = float("nan")  # every batch holds example 30
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    before, steps = _flat(p.model), p.accountant.steps
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning on the way
+        with pytest.raises(NonFiniteInputError, match=r"positional argument 0.*rows \[\d+\]"):
+            p.optimizer.step()
+    assert torch.equal(before, _flat(p.model)) and p.accountant.steps == steps
+
+
+def test_a_nan_target_without_a_loss_scaler_is_refused_not_dropped():
+    from privlearn.errors import NonFiniteInputError
+
+    x, _ = _data(n=48).tensors
+    t = torch.randn(48, 3)
+    t[5, 1] = float("nan")
+    p = _private(ds=TensorDataset(x, t), batch_size=48, sampling="fixed", seed=0)
+    xb, tb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    ((p.model(xb) - tb) ** 2).sum(1).mean().backward()
+    with pytest.raises(NonFiniteInputError, match="no loss scaling"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
