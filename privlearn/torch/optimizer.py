@@ -223,6 +223,7 @@ class DPOptimizer:
         self.last_overflow_count = 0
         self.last_step_skipped = False
         self._warned_unscale = False
+        self._stepping_original = False
 
     # ------------------------------------------------------------------ live parameters
     @property
@@ -703,7 +704,11 @@ class DPOptimizer:
             found_inf = self._noisy_grad_nonfinite(scaler)
         self.last_step_skipped = bool(found_inf) if found_inf is not None else False
         if not self.last_step_skipped:
-            self.original_optimizer.step()
+            self._stepping_original = True  # the one call of it that is not a slip
+            try:
+                self.original_optimizer.step()
+            finally:
+                self._stepping_original = False
         self.accountant.record_step(*cfg)  # a skipped update still released a gradient
         if self.ledger is not None:
             self.ledger.used(cfg[0], cfg[1])
@@ -718,6 +723,28 @@ class DPOptimizer:
             self._report_found_inf(scaler, found_inf)
         self._warn_overflow()
         return loss
+
+    def guard_original(self):
+        """Refuse ``step()`` on the wrapped optimizer itself (a loop that keeps stepping
+        the optimizer it gave to make_private instead of ``p.optimizer``): that step
+        would find no clipped, noised gradient, and the next ``backward()`` would pile a
+        second batch onto the recorded one. Returns the function that removes the
+        guard (:meth:`PrivateTraining.detach` calls it)."""
+        dp = self
+
+        def hook(optimizer, args, kwargs):
+            if not dp._stepping_original:
+                raise RuntimeError(
+                    "step() was called on the optimizer given to make_private, not on "
+                    "p.optimizer: the DP step (per-example clipping, noise, accounting) "
+                    "runs only in p.optimizer.step(). Call p.optimizer.step() and "
+                    "p.optimizer.zero_grad() in the loop (scaler.step(p.optimizer) with a "
+                    "GradScaler; a learning-rate scheduler may keep the original "
+                    "optimizer). No step was taken and nothing was released")
+            return None
+
+        handle = self.original_optimizer.register_step_pre_hook(hook)
+        return handle.remove
 
     # ------------------------------------------------------------------ GradScaler
     def _amp_scaler(self):

@@ -556,6 +556,7 @@ def make_private(
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
                                                     plan, link, process_group)
         opt.grad_scaler = grad_scaler
+        undo(opt.guard_original(), on_detach=True)
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)

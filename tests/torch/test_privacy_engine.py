@@ -478,3 +478,25 @@ def test_a_nan_target_without_a_loss_scaler_is_refused_not_dropped():
     with pytest.raises(NonFiniteInputError, match="no loss scaling"):
         p.optimizer.step()
     assert p.accountant.steps == 0
+
+
+def test_stepping_the_original_optimizer_says_to_use_p_optimizer():
+    """A loop that kept ``optimizer.step()`` (the optimizer given to make_private) was
+    told, at the next backward, that gradient accumulation is not supported."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    before = _flat(model)
+    it = iter(p.data_loader)
+    x, y = next(it)
+    opt.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(RuntimeError, match=r"p\.optimizer\.step\(\)"):
+        opt.step()
+    assert torch.equal(before, _flat(model)) and p.accountant.steps == 0
+    p.optimizer.step()  # the right call then steps on that batch; detach() lifts the guard
+    assert p.accountant.steps == 1
+    p.detach()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
