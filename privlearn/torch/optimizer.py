@@ -398,6 +398,11 @@ class DPOptimizer:
         self._numels = [p.numel() for p in self.tracker.params]
         self._numel = sum(self._numels)
         self._flat = None
+        names = {id(v): n for n, v in self.tracker.model.named_parameters()}
+        #: ``((name, numel), ...)`` of the noised parameters: correlated noise keeps one
+        #: stream per parameter across unfreezing and freezing
+        self._noise_layout = tuple((names.get(id(p), f"#{i}"), p.numel())
+                                   for i, p in enumerate(self.tracker.params))
         if self.per_param_clipping is not None:
             unbounded = [p for p in self.tracker.params
                          if id(p) not in self.per_param_clipping]
@@ -544,7 +549,8 @@ class DPOptimizer:
         if std_scaled > 0 and self.correlated is not None:
             # one standard draw for all parameters, C^{-1} applied once, on the CPU (this
             # path serves parameters on several devices or in half precision)
-            z = self.correlated.apply_(self.noise.standard_normal(self._numel))
+            z = self.correlated.apply_(self.noise.standard_normal(self._numel),
+                                       self._noise_layout, self._draw_standard_)
             for g, v in zip(grads, z.split(self._numels), strict=True):
                 g.add_(v.view(g.shape).to(device=g.device, dtype=g.dtype), alpha=std_scaled)
         elif std_scaled > 0:
@@ -580,8 +586,14 @@ class DPOptimizer:
         if std <= 0:
             return flat.zero_()
         if self.correlated is not None:  # sigma C (C^{-1} z)_t: the draw, then C^{-1}
-            return self.correlated.apply_(self._draw(flat, 1.0)).mul_(std)
+            return self.correlated.apply_(self._draw(flat, 1.0), self._noise_layout,
+                                          self._draw_standard_).mul_(std)
         return self._draw(flat, std)
+
+    def _draw_standard_(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` filled with standard Gaussian draws of the noise source (the steps of
+        the correlated-noise streams of parameters frozen since they were trained)."""
+        return self.noise.fill_normal_(out, 1.0)
 
     def _draw(self, flat: torch.Tensor, std: float) -> torch.Tensor:
         """``flat`` overwritten with ``N(0, std^2)`` draws of the noise source, on its own
