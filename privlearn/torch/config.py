@@ -97,7 +97,10 @@ class DPConfig:
         rows (the rows the engine averages), every per-example tensor (labels too)
         repeated alike. The loader, not the loop, lays out the views: a view-major
         ``torch.cat`` of the views would put K examples in one clipping unit and one
-        example in K (sensitivity K C instead of C).
+        example in K (sensitivity K C instead of C). It must treat each example on its
+        own: it is probed with the model (one example replaced under the same random
+        state, every other output row unchanged), so a batch-level MixUp/CutMix is
+        refused; mix only within an example's own views.
     max_physical_batch_size : int >= 1, optional
         Split logical batches into chunks of at most this size (virtual batches).
     loss_reduction : {"mean", "sum"}
@@ -138,8 +141,10 @@ class DPConfig:
         needed.
     check_batch_independence : bool
         Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
-        and after the trainable parameters change (default). ``False`` skips it: you then
-        promise that no operation mixes examples and that ``batch_dims`` is right
+        and again after any change that could mix examples (the trainable set, a module's
+        ``training`` flag, the module tree, forward hooks), on the model and on
+        ``augment`` (default). ``False`` skips it: you then promise that no operation
+        (nor ``augment``) mixes examples and that ``batch_dims`` is right
         (docs/trust-model.md).
     """
 

@@ -2,9 +2,13 @@
 outputs depend on that example alone, and if the engine reads every layer's examples on
 the right dimension. Both are checked, not assumed.
 
-Before the first step (and again after the trainable parameters change), the forward pass
-that produced the step is run three more times without gradients, on the first few
-examples of the batch: once on their own inputs and
+Before the first step, and again at the first step after any change that could make the
+model mix examples (the trainable set; any module's ``training`` flag, e.g. a module
+computing ``F.batch_norm(..., training=self.training)`` put back in training mode by
+``model.eval(); model.train()``; the module tree; forward hooks or pre-hooks added or
+removed: :func:`privlearn.torch.tracker._mixing_fingerprint`, Python attributes only, read
+at every forward), the forward pass that produced the step is run three more times
+without gradients, on the first few examples of the batch: once on their own inputs and
 once with example ``j`` replaced by another example ``k`` of the batch, for ``j`` the first
 and then the last example (an operation accumulating over the batch in either direction
 reaches the others from one of them; every input tensor whose leading dimension is the
@@ -35,6 +39,13 @@ the model cannot run on part of it), so its cost is three forward passes over se
 examples without gradients, once (see docs/benchmarks.md). What it cannot see: a loss that
 mixes examples after the model's output (a contrastive loss over the batch) -- the user
 promises that the loss is a sum or mean of per-example terms (docs/trust-model.md).
+
+The same check covers what produced the inputs: :func:`probe_augment` runs the loader's
+``augment=`` on the step's batch and on the batch with one example replaced, under the
+same random state, and refuses a transform that changes any other row (a batch-level
+MixUp/CutMix). Inputs with a NaN or inf are refused first, naming the input and the row
+(:class:`~privlearn.errors.NonFiniteInputError`): a NaN row differs from itself and would
+otherwise read as mixing.
 """
 
 from __future__ import annotations

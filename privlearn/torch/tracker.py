@@ -25,7 +25,8 @@ Layouts: each unit has a batch dimension (:func:`discover_units`: the user's
 sequence-first layers are stored batch-first (a view with the batch moved to dimension
 0), so rules see one layout. On the first step the batch-independence probe
 (:mod:`privlearn.torch.probe`) checks those dimensions and that no operation mixes
-examples. When the set of trainable parameters changes (a layer unfrozen or frozen after
+examples, and again after a change that could mix them (:func:`_mixing_fingerprint`).
+When the set of trainable parameters changes (a layer unfrozen or frozen after
 ``make_private``), the units are discovered again at the next forward pass. Forwards
 recomputed during backward (non-reentrant activation checkpointing) are not recorded.
 Parameters shared by several layers or calls (tied embeddings) get exact norms from the
@@ -178,7 +179,9 @@ class GradSampleTracker:
         although nothing in the model says so (see :func:`discover_units`).
     check_independence : bool
         Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
-        and after the trainable parameters change.
+        and after any change that could mix examples (the trainable set, a module's
+        ``training`` flag, the module tree, forward hooks: :func:`_mixing_fingerprint`),
+        with the checks in :attr:`input_checks` (the loader's ``augment``).
 
     Attributes
     ----------
@@ -607,7 +610,7 @@ class GradSampleTracker:
 
     # ------------------------------------------------------------------ probe
     def check_independence(self, examples: int | None) -> None:
-        """Before the first step (and after the trainable parameters changed), probe that
+        """Before the first step (and after a change that re-armed it), probe that
         each example's outputs depend on that example alone and that every layer's batch
         dimension is the one the engine uses (:func:`privlearn.torch.probe.probe`). Needs
         a batch of at least two examples: until one comes, nothing can mix examples.
