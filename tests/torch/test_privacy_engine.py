@@ -257,6 +257,25 @@ def test_target_epsilon_is_a_stop_by_default():
     assert torch.equal(before, _flat(p.model)) and p.accountant.steps == k
 
 
+def test_going_past_the_target_is_one_explicit_setting_in_make_private_and_dptrainer():
+    from privlearn.errors import ParameterValueError
+    from privlearn.torch.config import DPConfig
+
+    assert DPConfig(target_epsilon=3.0, epochs=1).max_epsilon == 3.0
+    assert DPConfig(target_epsilon=3.0, epochs=1, max_epsilon=5.0).max_epsilon == 5.0
+    assert DPConfig(noise_multiplier=1.0).max_epsilon is None
+    assert math.isinf(DPConfig(target_epsilon=3.0, epochs=1,
+                               max_epsilon=float("inf")).max_epsilon)
+    with pytest.raises(ParameterValueError, match="max_epsilon"):
+        DPConfig(target_epsilon=3.0, epochs=1, max_epsilon=0.0)
+    pytest.importorskip("transformers")
+    from privlearn.torch.hf import PrivacyArguments
+
+    pa = PrivacyArguments(target_epsilon=3.0, max_epsilon=float("inf"))
+    assert math.isinf(pa.engine_settings(steps=4)["max_epsilon"])
+    assert PrivacyArguments(target_epsilon=3.0).engine_settings(steps=4)["max_epsilon"] == 3.0
+
+
 def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
     ds = _data(n=64)
     p = _private(ds=ds, noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
