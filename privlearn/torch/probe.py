@@ -375,9 +375,11 @@ def _input_name(path) -> str:
     return f"{getattr(first, 'key', '?')!s}{rest}"
 
 
-def nonfinite_rows(args, kwargs, examples: int | None = None) -> list[tuple[str, list[int]]]:
+def nonfinite_rows(args, kwargs, examples: int | None = None, nan_only: bool = False
+                   ) -> list[tuple[str, list[int]]]:
     """``[(input name, [rows with a NaN or inf]), ...]`` of the floating tensors among
-    the model's inputs (``examples``: only tensors with that many rows; one host
+    the model's inputs (``examples``: only tensors with that many rows; ``nan_only``: an
+    infinity is no fault, e.g. an additive attention mask's ``-inf``; one host
     synchronisation per floating input)."""
     found = []
     for path, t in tree_flatten_with_path((tuple(args), dict(kwargs)))[0]:
@@ -385,7 +387,8 @@ def nonfinite_rows(args, kwargs, examples: int | None = None) -> list[tuple[str,
             continue
         if examples is not None and t.shape[0] != examples:
             continue
-        bad = ~torch.isfinite(t.detach().reshape(t.shape[0], -1)).all(1)
+        rows = t.detach().reshape(t.shape[0], -1)
+        bad = (rows.isnan() if nan_only else ~torch.isfinite(rows)).any(1)
         rows = bad.nonzero().flatten().tolist()
         if rows:
             found.append((_input_name(path), rows))
@@ -409,13 +412,15 @@ def nonfinite_message(found, examples_per_row: int = 1) -> str:
 
 
 def check_finite_inputs(args, kwargs, examples: int | None = None) -> None:
-    """Refuse a batch whose floating inputs hold a NaN or inf (naming input and row).
+    """Refuse a batch whose floating inputs hold a NaN (naming input and row; an
+    infinity can be meant, as in an additive mask, and is judged by the gradient it
+    leads to, see :meth:`~privlearn.torch.tracker.GradSampleTracker.clipped_sum`).
 
     Raises
     ------
     NonFiniteInputError
     """
-    found = nonfinite_rows(args, kwargs, examples)
+    found = nonfinite_rows(args, kwargs, examples, nan_only=True)
     if found:
         raise NonFiniteInputError(nonfinite_message(found))
 

@@ -830,7 +830,10 @@ class GradSampleTracker:
         rows = bad[units.unit_of_row.to(bad.device)] if units is not None else bad
         rows = rows.nonzero().flatten().tolist()
         live = {name: ref() for name, ref in self._last_inputs}
-        found = nonfinite_rows((), {k: v for k, v in live.items() if v is not None})
+        # under loss scaling an infinity may be meant (an additive mask's -inf): only a
+        # NaN input is then the data's fault rather than an overflow
+        found = nonfinite_rows((), {k: v for k, v in live.items() if v is not None},
+                               nan_only=scaled)
         if found:
             self.clear()
             raise NonFiniteInputError(nonfinite_message(found))

@@ -519,3 +519,29 @@ def test_stepping_the_original_optimizer_says_to_use_p_optimizer():
     p.detach()
     nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
+
+
+def test_an_additive_mask_with_minus_inf_is_not_a_bad_input():
+    """An input may hold -inf on purpose (an additive attention mask): only a NaN is
+    refused up front; a step whose gradients stay finite runs."""
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3)
+
+        def forward(self, x, bias):
+            return self.lin(x) + torch.softmax(bias, -1)
+
+    x, y = _data(n=48).tensors
+    bias = torch.zeros(48, 3)
+    bias[:, 2] = float("-inf")
+    model = Masked()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(TensorDataset(x, bias, y), batch_size=8),
+                     noise_multiplier=1.0, seed=0)
+    for xb, bb, yb in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(xb, bb), yb).backward()
+        p.optimizer.step()
+    assert p.accountant.steps == len(p.data_loader)
