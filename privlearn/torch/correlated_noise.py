@@ -151,7 +151,7 @@ class CorrelatedNoise:
                 z.div_(self.recurrence.coefs[0])
             self.steps += 1
             return z
-        if layout is not None and layout != self._live:
+        if layout is not None and layout is not self._live and layout != self._live:
             self._follow(layout)
         extra = sum(n for _, n in self._frozen)
         if extra:

@@ -815,8 +815,8 @@ class GradSampleTracker:
 
     def _refuse_nonfinite(self, bad: torch.Tensor, scaled: bool) -> None:
         """An example whose gradient is not finite: refused, naming it, when its input
-        holds a NaN or inf (bad data, not an overflow) or when no loss scaling is in use
-        (nothing can overflow); only a loss-scaled overflow is dropped (see
+        holds a NaN (bad data, not an overflow; without loss scaling an infinity too) or
+        when no loss scaling is in use; only a loss-scaled overflow is dropped (see
         :meth:`clipped_sum`).
 
         Raises
@@ -841,13 +841,15 @@ class GradSampleTracker:
             self.clear()
             raise NonFiniteInputError(
                 f"the per-example gradient of row(s) {rows[:8]} of the batch is not finite "
-                "(NaN or inf) although the model's inputs are finite and no loss scaling is "
-                "in use (nothing overflowed): the loss or a layer produced it from that "
-                "example (a NaN or inf label or target, log(0), a division by zero). A "
-                "non-finite gradient cannot be clipped, and leaving the example out "
-                "silently would train on less than the batch without saying so. Clean those "
-                "examples (or make the loss finite) before training. No step was taken and "
-                "nothing was released")
+                "(NaN or inf) although the model's inputs hold no NaN and no loss scaler "
+                "is in use: the loss or a layer produced it from that example (a NaN or "
+                "inf label or target, log(0), a division by zero; in float16 without a "
+                "scaler, an overflow). A non-finite gradient cannot be clipped, and "
+                "leaving the example out silently would train on less than the batch "
+                "without saying so. Clean those examples or make the loss finite (for "
+                "float16, pass make_private(..., grad_scaler=torch.amp.GradScaler()), whose "
+                "overflows are left out with a warning, or train in bfloat16). No step was "
+                "taken and nothing was released")
 
     def _drop_examples(self, bad: torch.Tensor) -> list[Contribution]:
         """Zero the recorded output gradients of the examples flagged in ``bad`` and

@@ -494,7 +494,7 @@ def test_a_nan_target_without_a_loss_scaler_is_refused_not_dropped():
     xb, tb = next(iter(p.data_loader))
     p.optimizer.zero_grad()
     ((p.model(xb) - tb) ** 2).sum(1).mean().backward()
-    with pytest.raises(NonFiniteInputError, match="no loss scaling"):
+    with pytest.raises(NonFiniteInputError, match="no loss scaler"):
         p.optimizer.step()
     assert p.accountant.steps == 0
 
