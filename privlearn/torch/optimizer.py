@@ -54,8 +54,8 @@ directly, which
   contributes zero, see :meth:`GradSampleTracker.clipped_sum`; a
   :class:`~privlearn.errors.GradientOverflowWarning` says how many): one example's
   overflow neither skips the step nor lowers the scale. Only an overflow: an example
-  whose *input* holds a NaN or inf, or a non-finite gradient in a step without loss
-  scaling, is refused with :class:`~privlearn.errors.NonFiniteInputError` naming the
+  whose *input* holds a NaN, or a non-finite gradient in a step without loss scaling,
+  is refused with :class:`~privlearn.errors.NonFiniteInputError` naming the
   input and the row (bad data is the caller's to see and clean, never dropped
   silently);
 * reports to the scaler, as its ``found_inf``, whether the final *noisy* gradient is
