@@ -500,7 +500,9 @@ def probe_augment(augment, batch) -> None:
     if n < 2 or any(leaves[i].shape[0] != n for i in batched):
         return  # AugmentedLoader refuses a batch without one leading dimension
     paths = [keystr(p) or "batch" for p, _ in tree_flatten_with_path(batch)[0]]
-    devices = sorted({leaves[i].device.index or 0 for i in batched if leaves[i].is_cuda})
+    # every initialised CUDA device: augment may move a CPU batch there and draw on it
+    devices = (list(range(torch.cuda.device_count())) if torch.cuda.is_initialized()
+               else [])
 
     def run(lv):
         copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in lv]
