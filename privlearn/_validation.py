@@ -304,8 +304,14 @@ def check_unit_ids(name: str, values: Iterable, *, show: int = 5) -> list:
     ParameterTypeError
         An id that cannot be a key (unhashable).
     """
+    kind = getattr(getattr(values, "dtype", None), "kind", None)  # a NumPy array's
+    if kind in ("i", "u") and getattr(values, "ndim", 1) == 1:
+        return values.tolist()  # integers: never missing, one kind
     ids = list(values.tolist() if hasattr(values, "tolist") else values)
-    bad = [i for i, v in enumerate(ids) if _missing_id(v)]
+    if kind == "f" and getattr(values, "ndim", 1) == 1:
+        bad = [i for i, v in enumerate(ids) if v != v]
+    else:
+        bad = [i for i, v in enumerate(ids) if _missing_id(v)]
     if bad:
         rows = ", ".join(str(i) for i in bad[:show]) + (", ..." if len(bad) > show else "")
         raise ParameterValueError(
@@ -315,6 +321,8 @@ def check_unit_ids(name: str, values: Iterable, *, show: int = 5) -> list:
             "count as several units and the per-unit guarantee would not cover them. Fill "
             "them with the right ids, drop those rows, or give each such row an explicit "
             "id of its own")
+    if kind == "f" and getattr(values, "ndim", 1) == 1:
+        return ids  # finite floats: one kind
     kinds: dict[str, list[int]] = {}
     for i, v in enumerate(ids):
         try:
