@@ -62,6 +62,7 @@ from privlearn.torch.data import (
     PoissonBatchSampler,
     VirtualBatchLoader,
 )
+from privlearn.torch.distributed import DistributedPoissonBatchSampler
 from privlearn.torch.grad_sample import (
     LayerRule,
     register_instrumenter,
@@ -87,6 +88,7 @@ __all__ = [
     "BudgetCap",
     "DPConfig",
     "DPOptimizer",
+    "DistributedPoissonBatchSampler",
     "FixedSizeBatchSampler",
     "GradSampleTracker",
     "LayerRule",

@@ -79,7 +79,8 @@ def rank_partition(num_samples: int, rank: int, world_size: int) -> range:
 class DistributedPoissonBatchSampler(PoissonBatchSampler):
     """Rank ``rank``'s part of a Poisson sample of the whole dataset at rate ``q``.
 
-    Each rank considers only its own part of the indices (:func:`rank_partition`) and
+    Each rank considers only its own part of the indices (``rank, rank + world_size,
+    ...``) and
     includes each of them independently with probability ``q`` (its own key chain: the
     ranks' draws are independent). Every example is considered exactly once per step, by
     one rank, so the union of the ranks' batches includes every example of the dataset
