@@ -21,12 +21,14 @@ the layer rules give each example's *whole* gradient. So:
   sharded parameter's gradient (a ``DTensor`` with the parameter's placements); the
   wrapped optimizer then updates the shards as under FSDP.
 
-FSDP's own gradient reduction never runs: the layers use detached aliases of the
-unsharded parameters (as on one process), so autograd computes no parameter gradient and
-FSDP has nothing to reduce-scatter (its reduction *averages* over ranks, which is not the
-DP-SGD normalisation). Sampling and accounting are those of data-parallel training
-(:mod:`privlearn.torch.distributed`): each rank Poisson-samples its own partition of the
-dataset at rate ``q = W B / N``.
+At the step the layer rules run with every FSDP2 module unsharded (one more all-gather
+of the parameters: rules such as the generic fallback recompute a layer from its
+weights), then the modules are resharded. FSDP's own gradient reduction never runs: the
+layers use detached aliases of the unsharded parameters (as on one process), so autograd
+computes no parameter gradient and FSDP has nothing to reduce-scatter (its reduction
+*averages* over ranks, which is not the DP-SGD normalisation). Sampling and accounting
+are those of data-parallel training (:mod:`privlearn.torch.distributed`): each rank
+Poisson-samples its own partition of the dataset at rate ``q = W B / N``.
 
 Collectives: every forward and backward of an FSDP2 model all-gathers, so every rank
 must run the same number of forward/backward passes and ``step()`` calls per logical

@@ -408,10 +408,14 @@ class DPTrainer(Trainer):
                              "optimizer yet. Use bf16=True or float32, or fp16 with "
                              "make_private and torch.amp.GradScaler (docs/guides/pytorch.md, "
                              "'Mixed precision')")
-        if a.world_size > 1 or a.n_gpu > 1:
-            raise ValueError(f"DPTrainer runs in one process on one device, got world_size="
-                             f"{a.world_size}, n_gpu={a.n_gpu}; for several GPUs use "
-                             "make_private with DistributedDataParallel directly")
+        if a.world_size > 1 or a.n_gpu > 1:  # DDP, FSDP (Trainer or accelerate), DP
+            raise ValueError(
+                f"DPTrainer runs in one process on one device, got world_size={a.world_size}, "
+                f"n_gpu={a.n_gpu}: its checkpoints "
+                "and sampler are not yet per-rank. For several GPUs write the training loop "
+                "with privlearn.torch.make_private, which supports DistributedDataParallel "
+                "and FSDP2 (fully_shard) under torchrun or accelerate launch (tutorial "
+                "'Training on several GPUs')")
         if a.label_smoothing_factor:
             raise ValueError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
                              "computed per example by DPTrainer)")
