@@ -13,7 +13,8 @@ naive single-process loop.
     has standard deviation sigma C / (q N) over 56,000 coordinates (noise drawn once per
     coordinate: doubled draws would give sqrt(2) times it, too few 1/sqrt(2)); every
     rank reports the same epsilon.
-(c) Per-layer clipping under FSDP2 gives the DDP run's parameters; secure mode trains;
+(c) Per-layer clipping under FSDP2 and DDP equals the naive per-layer loop; adaptive
+    clipping moves one bound on every rank; secure mode trains;
     max_physical_batch_size and tensor-parallel placements are refused before any step;
     a checkpoint taken after step 2 and resumed gives the uninterrupted run's step 3.
 """
@@ -155,6 +156,7 @@ def _train(name, wrapper, mesh, *, sigma=0.0, seed=11, steps=STEPS, lr=LR, c=Non
         dist.all_gather_object(gathered, batch[-1].tolist())
         out["batches"].append(sorted(i for part in gathered for i in part))
         out["params"].append(_flat(inner))
+        out.setdefault("bounds", []).append(p.max_grad_norm)
         if checkpoint is not None and k + 1 == checkpoint:
             buf = io.BytesIO()  # as saved to disk (the state holds live tensors)
             torch.save(p.state_dict(), buf)
@@ -186,6 +188,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                             for w in ("fsdp", "ddp")}
         res["secure"] = _train("mlp", "fsdp", mesh, sigma=1.0, seed=None, steps=2,
                                secure_mode=True)
+        res["adaptive"] = _train("mlp", "fsdp", mesh, sigma=1.0, seed=5, clipping="adaptive",
+                                 target_unclipped_quantile=0.5, c=1.0)
         full = _train("mlp", "fsdp", mesh, sigma=1.0, seed=21, checkpoint=2)
         resumed = _train("mlp", "fsdp", mesh, sigma=1.0, seed=21, steps=1,
                          resume=full.pop("state"))
@@ -344,6 +348,13 @@ def test_secure_mode_and_resume_under_fsdp(ranks):
         assert resumed["batches"][0] == full["batches"][2]
         torch.testing.assert_close(resumed["params"][0], full["params"][2], rtol=0, atol=0)
         assert resumed["epsilons"] == full["epsilons"]
+
+
+def test_adaptive_clipping_under_fsdp_moves_one_bound_on_every_rank(ranks):
+    a0, a1 = ranks[0]["adaptive"], ranks[1]["adaptive"]
+    assert a0["bounds"] == a1["bounds"]  # the noisy count is all-reduced: one bound
+    assert len(set(a0["bounds"])) == STEPS and a0["bounds"][0] != 1.0
+    torch.testing.assert_close(a0["params"][-1], a1["params"][-1], rtol=0, atol=0)
 
 
 def test_unsupported_sharded_settings_are_refused_up_front(ranks):
