@@ -423,6 +423,8 @@ class DPTrainer(Trainer):
                              "'Mixed precision')")
         sharded = [n for n in ("fsdp", "deepspeed", "tp") if getattr(self, f"is_{n}_enabled",
                                                                     False)]
+        if getattr(a, "fsdp", None) and "fsdp" not in sharded:  # asked for, if not enabled
+            sharded.append("fsdp")
         if a.n_gpu > 1 or sharded or (a.world_size > 1 and str(getattr(
                 a.parallel_mode, "value", a.parallel_mode)) != "distributed"):
             raise ValueError(
