@@ -30,6 +30,10 @@ computes no parameter gradient and FSDP has nothing to reduce-scatter (its reduc
 are those of data-parallel training (:mod:`privlearn.torch.distributed`): each rank
 Poisson-samples its own partition of the dataset at rate ``q = W B / N``.
 
+Memory: the step holds this rank's clipped sum at full size (one unsharded gradient) and,
+while the rules run, the unsharded parameters; between steps only the shards (parameters
+and optimizer state) remain, as without privacy.
+
 Collectives: every forward and backward of an FSDP2 model all-gathers, so every rank
 must run the same number of forward/backward passes and ``step()`` calls per logical
 batch, also when its own Poisson batch is empty (the loader then yields an empty batch:
