@@ -15,7 +15,8 @@ naive single-process loop.
     rank reports the same epsilon.
 (c) Per-layer clipping under FSDP2 and DDP equals the naive per-layer loop; adaptive
     clipping moves one bound on every rank; secure mode trains;
-    max_physical_batch_size and tensor-parallel placements are refused before any step;
+    max_physical_batch_size and tensor-parallel placements (FSDP2), correlated noise and
+    user-level privacy (both wrappers) are refused before any step;
     a checkpoint taken after step 2 and resumed gives the uninterrupted run's step 3.
 """
 
@@ -197,6 +198,20 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         refusals = {}
         from privlearn.torch import make_private
 
+        for wrapper in ("fsdp", "ddp"):  # one-process mechanisms, refused under both
+            for what, kw in (("correlated", dict(noise="banded", sampling="cyclic_poisson",
+                                                 steps=10)),
+                             ("users", dict(users=list(range(N // 2)) * 2))):
+                m = _mlp()
+                m = _shard(m, "mlp", mesh) if wrapper == "fsdp" else \
+                    nn.parallel.DistributedDataParallel(m)
+                try:
+                    make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
+                                 torch.utils.data.DataLoader(_mlp_data(), batch_size=PER_RANK),
+                                 noise_multiplier=1.0, max_grad_norm=1.0, **kw)
+                    refusals[what, wrapper] = None
+                except ValueError as e:
+                    refusals[what, wrapper] = str(e)
         for what in ("max_physical_batch_size", "tensor_parallel"):
             m = _mlp()
             if what == "tensor_parallel":
@@ -364,3 +379,6 @@ def test_unsupported_sharded_settings_are_refused_up_front(ranks):
         assert "max_physical_batch_size" in msg["max_physical_batch_size"]
         assert msg["tensor_parallel"] is not None
         assert "tensor parallelism" in msg["tensor_parallel"]
+        for wrapper in ("fsdp", "ddp"):
+            assert "one process" in (msg["correlated", wrapper] or "")
+            assert "one process" in (msg["users", wrapper] or "")
