@@ -79,7 +79,7 @@ def is_sharded(model: nn.Module) -> bool:
     return dt is not None and any(isinstance(p, dt) for p in model.parameters())
 
 
-def check_sharded_model(model: nn.Module, cfg, world_size: int) -> None:
+def check_sharded_model(model: nn.Module, cfg, world_size: int, optimizer=None) -> None:
     """Refuse, before any step, what the sharded DP step cannot do exactly.
 
     Raises
@@ -116,6 +116,16 @@ def check_sharded_model(model: nn.Module, cfg, world_size: int) -> None:
             + "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
             + ". Call fully_shard(layer, mesh=init_device_mesh(device, (world_size,))) on "
             "the layers and on the root model before make_private")
+    if optimizer is not None:
+        owned = {id(p) for p in model.parameters()}
+        stale = sum(1 for g in optimizer.param_groups for p in g["params"]
+                    if id(p) not in owned)
+        if stale:
+            raise ValueError(
+                f"the optimizer holds {stale} tensor(s) that are not parameters of the "
+                "sharded model: fully_shard replaces the parameters by DTensors, so an "
+                "optimizer built before it would update nothing. Build the optimizer after "
+                "fully_shard, over model.parameters()")
     refused = []
     if cfg.max_physical_batch_size is not None:
         refused.append("max_physical_batch_size (each rank would run its own number of "

@@ -550,7 +550,7 @@ def make_private(
         plan = plan_run(cfg, inner, data_loader, process_group)
         sharded = is_sharded(inner)
         if sharded:  # FSDP2: refused up front unless the sharded step is exact
-            check_sharded_model(inner, cfg, plan.world_size)
+            check_sharded_model(inner, cfg, plan.world_size, optimizer)
             if grad_scaler is not None:
                 raise ValueError("grad_scaler is not supported under FSDP2 (fully_shard); "
                                  "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."

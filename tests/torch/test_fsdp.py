@@ -212,9 +212,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                     refusals[what, wrapper] = None
                 except ValueError as e:
                     refusals[what, wrapper] = str(e)
-        for what in ("max_physical_batch_size", "tensor_parallel"):
+        for what in ("max_physical_batch_size", "tensor_parallel", "stale_optimizer"):
             m = _mlp()
-            if what == "tensor_parallel":
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            if what == "stale_optimizer":  # built before fully_shard: it would update nothing
+                m = _shard(m, "mlp", mesh)
+                kw = {}
+            elif what == "tensor_parallel":
                 from torch.distributed.tensor import Replicate, distribute_tensor
 
                 with torch.no_grad():
@@ -224,8 +228,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             else:
                 m = _shard(m, "mlp", mesh)
                 kw = {"max_physical_batch_size": 4}
+            if what != "stale_optimizer":
+                opt = torch.optim.SGD(m.parameters(), lr=0.1)
             try:
-                make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
+                make_private(m, opt,
                              torch.utils.data.DataLoader(_mlp_data(), batch_size=PER_RANK),
                              noise_multiplier=1.0, max_grad_norm=1.0, **kw)
                 refusals[what] = None
@@ -379,6 +385,7 @@ def test_unsupported_sharded_settings_are_refused_up_front(ranks):
         assert "max_physical_batch_size" in msg["max_physical_batch_size"]
         assert msg["tensor_parallel"] is not None
         assert "tensor parallelism" in msg["tensor_parallel"]
+        assert "after fully_shard" in (msg["stale_optimizer"] or "")
         for wrapper in ("fsdp", "ddp"):
             assert "one process" in (msg["correlated", wrapper] or "")
             assert "one process" in (msg["users", wrapper] or "")
