@@ -49,6 +49,7 @@ Notes
 
 from privlearn.errors import (
     BatchDependenceError,
+    NonFiniteInputError,
     PrivacyBudgetWarning,
     UnsupportedModuleError,
     UntestedTorchWarning,
@@ -85,6 +86,7 @@ from privlearn.torch.validator import (
 __all__ = [
     "AdaptiveClipping",
     "BatchDependenceError",
+    "NonFiniteInputError",
     "BudgetCap",
     "DPConfig",
     "DPOptimizer",

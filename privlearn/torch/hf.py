@@ -160,7 +160,8 @@ class PrivacyArguments:
         to the model.
     max_epsilon : float, optional
         Stop training before the step that would take epsilon (of all this trainer's
-        runs) past this; default ``target_epsilon``, if given.
+        runs) past this; default ``target_epsilon``, if given (as in
+        :func:`~privlearn.torch.make_private`); ``float("inf")`` trains past it.
     log_training_loss : bool
         The Trainer's ``loss`` / ``train_loss`` logs are means over private training
         batches without noise, and they are saved in every checkpoint's

@@ -474,11 +474,24 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     acct = PrivacyAccountant(scheme=cfg.sampling, accountant=cfg.accountant, run=plan.run)
     # a run accounted as one mechanism is capped at its plan (beyond it, the plan's
     # strategy and sensitivity no longer describe the steps)
-    cap = cfg.max_epsilon
+    cap = None if cfg.max_epsilon is None or math.isinf(cfg.max_epsilon) else cfg.max_epsilon
     if not plan.run.stepwise and plan.planned_epsilon is not None:
         cap = plan.planned_epsilon if cap is None else min(cap, plan.planned_epsilon)
+    if cap is not None and not plan.run.stepwise and cap == plan.planned_epsilon:
+        beyond = ("a run accounted as one matrix-factorization mechanism cannot go past its "
+                  "plan (beyond it, its strategy and sensitivity no longer describe the "
+                  "steps): plan more steps (epochs or steps) and a larger target_epsilon")
+    elif cfg.target_epsilon is not None and cap == cfg.target_epsilon:
+        beyond = ("target_epsilon is a stop: the loop ran longer than the planned "
+                  f"{plan.planned_steps} steps (epochs/steps given to make_private). To "
+                  "train past it, accepting the larger epsilon, pass max_epsilon="
+                  "float('inf') (or a larger max_epsilon); or plan the run's real length")
+    else:
+        beyond = ("stop training here, or plan a larger budget (or more noise) before "
+                  "training")
     budget = BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cap,
-                       planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps)
+                       planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps,
+                       beyond=beyond)
     noise = NoiseSource(secure_mode=cfg.secure_mode, seed=None if seed is None else seed + 7)
     opt = DPOptimizer(optimizer, tracker, noise_multiplier=plan.noise_multiplier,
                       max_grad_norm=plan.max_grad_norm,
@@ -500,7 +513,8 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     if cfg.max_physical_batch_size is not None:
         loader = VirtualBatchLoader(loader, cfg.max_physical_batch_size, opt)
     if cfg.augment is not None:
-        loader = AugmentedLoader(loader, cfg.augment, cfg.augmentation_multiplicity)
+        loader = AugmentedLoader(loader, cfg.augment, cfg.augmentation_multiplicity,
+                                 tracker=tracker if cfg.check_batch_independence else None)
     return opt, loader, acct, budget
 
 
@@ -560,6 +574,7 @@ def make_private(
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
                                                     plan, link, process_group)
         opt.grad_scaler = grad_scaler
+        undo(opt.guard_original(), on_detach=True)
         if sharded:
             opt.sharded = ShardedGradients(_mesh_group(inner))
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
