@@ -13,7 +13,8 @@ naive single-process loop.
     has standard deviation sigma C / (q N) over 56,000 coordinates (noise drawn once per
     coordinate: doubled draws would give sqrt(2) times it, too few 1/sqrt(2)); every
     rank reports the same epsilon.
-(c) Per-layer clipping under FSDP2 and DDP equals the naive per-layer loop; adaptive
+(c) Fixed-size sampling under FSDP2 and per-layer clipping under FSDP2 and DDP equal the
+    naive loop (per-layer bounds); adaptive
     clipping moves one bound on every rank; secure mode trains;
     max_physical_batch_size and tensor-parallel placements (FSDP2), correlated noise and
     user-level privacy (both wrappers) are refused before any step;
@@ -181,6 +182,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         for name in ("mlp", "gpt2", "bert"):
             for wrapper in ("fsdp", "ddp"):
                 res[name, wrapper] = _train(name, wrapper, mesh)
+        res["fixed"] = _train("mlp", "fsdp", mesh, seed=None, sampling="fixed")
         res["noise"] = _train("mlp", "fsdp", mesh, sigma=SIGMA, seed=None, lr=1.0, steps=4,
                               model=_wide(), loss=lambda m, b: m(b[0]).pow(2).mean())
         names = [n for n, _ in _mlp().named_parameters()]
@@ -308,6 +310,15 @@ def test_noise_free_sharded_step_equals_naive_loop(ranks, name, wrapper):
         assert (r0["params"][k] - start).abs().max() > 1e-4  # the step moved them
         torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=0)
         torch.testing.assert_close(r0["params"][k], naive[k], **tol)
+
+
+def test_fixed_size_sampling_under_fsdp_equals_naive_loop(ranks):
+    r0 = ranks[0]["fixed"]
+    assert r0["batches"] == ranks[1]["fixed"]["batches"]
+    assert all(len(set(b)) == len(b) == WORLD * PER_RANK for b in r0["batches"])
+    naive = _naive("mlp", r0["batches"], r0["expected"])
+    for k in range(STEPS):
+        torch.testing.assert_close(r0["params"][k], naive[k], rtol=1e-5, atol=1e-6)
 
 
 def test_sharded_noise_is_drawn_once_per_coordinate(ranks):
