@@ -177,7 +177,6 @@ class ShardedTracker(GradSampleTracker):
             self._probe_inputs = None
         super().check_independence(examples)
 
-
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
                     per_param: dict | None = None, **kwargs):
         """:meth:`GradSampleTracker.clipped_sum` with every FSDP2 module unsharded
