@@ -310,9 +310,15 @@ class PoissonBatchSampler(_AccountedSampler):
     @classmethod
     def _for_run(cls, n: int, run: dict) -> PoissonBatchSampler:
         world = run["world_size"]
-        return cls(n, run["sample_rate"], steps=run["steps"], seed=run["seed"],
-                   indices=None if world == 1 else range(run["rank"], n, world),
-                   secure=run["secure"])
+        if world == 1:
+            return cls(n, run["sample_rate"], steps=run["steps"], seed=run["seed"],
+                       secure=run["secure"])
+        # each rank samples its own part (privlearn.torch.distributed)
+        from privlearn.torch.distributed import DistributedPoissonBatchSampler
+
+        return DistributedPoissonBatchSampler(n, run["sample_rate"], run["rank"], world,
+                                              steps=run["steps"], seed=run["seed"],
+                                              secure=run["secure"])
 
     def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
                  seed: int | None = None, indices=None, secure: bool = False):
