@@ -270,7 +270,10 @@ class AugmentedLoader(_LoaderView):
     ``check_batch_independence=False``), ``augment`` is probed whenever the model is
     (the first step, and every step after a change that re-arms the probe): on the
     last batch it received, by :func:`privlearn.torch.probe.probe_augment` (one example
-    replaced under the same random state; every other row of the output unchanged).
+    replaced under the same random state; every other row of the output unchanged), and
+    at the next step whenever ``augment``'s own state has changed since the last batch
+    (:func:`augment_state`: a ``mixup`` flag switched on after the first step, an epoch
+    or call counter that a schedule reads).
     """
 
     def __init__(self, loader, augment, multiplicity: int, tracker=None):
@@ -278,12 +281,19 @@ class AugmentedLoader(_LoaderView):
         self.augment = augment
         self.multiplicity = int(multiplicity)
         self._last = None  # the batch behind the views the loop trains on now
+        self._tracker = tracker
+        self._state = None  # augment_state(augment) when the last batch was augmented
         if tracker is not None:
             tracker.input_checks.append(self.check_augment)
 
     def __iter__(self):
         for batch in self.loader:
             self._last = batch
+            if self._tracker is not None:
+                state = augment_state(self.augment)
+                if state != self._state:  # what augment does may have changed: re-probe
+                    self._state = state
+                    self._tracker._probe_pending = self._tracker._probe_enabled
             yield augmented_views(batch, self.augment, self.multiplicity)
 
     def check_augment(self) -> None:
@@ -298,6 +308,76 @@ class AugmentedLoader(_LoaderView):
             from privlearn.torch.probe import probe_augment
 
             probe_augment(self.augment, self._last)
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+
+
+def augment_state(augment, depth: int = 4) -> tuple:
+    """A fingerprint of what ``augment`` can read besides its batch, from Python
+    attributes only (no device access, no tensor values): an object's attributes (an
+    ``nn.Module``'s flags and submodules, a ``Compose``'s list of transforms), a
+    function's defaults, closure cells and the module globals it names, a
+    ``functools.partial``'s arguments, ``depth`` levels deep; a tensor or array counts by
+    identity and in-place version. Compared at every batch of :class:`AugmentedLoader`:
+    a change (``augment.mixup = True`` after the first step, a counter) re-arms the
+    probe, so a transform that starts mixing examples later is checked, not promised."""
+    seen: set[int] = set()
+
+    def state(o, d):
+        if isinstance(o, _PLAIN):
+            return o
+        if isinstance(o, torch.Tensor):
+            return ("tensor", id(o), o._version)
+        if d <= 0 or id(o) in seen or isinstance(o, (type, type(math))):
+            return ("ref", id(o))
+        seen.add(id(o))
+        if isinstance(o, (list, tuple, set, frozenset)):
+            return (type(o).__name__, *(state(v, d - 1) for v in o))
+        if isinstance(o, dict):
+            return ("dict", *((repr(k), state(v, d - 1)) for k, v in o.items()))
+        code = getattr(o, "__code__", None)
+        if code is not None and hasattr(o, "__globals__"):  # a Python function
+            g = o.__globals__
+            return ("function", id(code), state(o.__defaults__, d - 1),
+                    state(o.__kwdefaults__, d - 1),
+                    *(state(c.cell_contents, d - 1) for c in (o.__closure__ or ())
+                      if _filled(c)),
+                    *((n, state(g[n], d - 1)) for n in code.co_names if n in g))
+        bound = getattr(o, "__self__", None)
+        if bound is not None and getattr(o, "__func__", None) is not None:  # a method
+            return ("method", state(o.__func__, d - 1), state(bound, d - 1))
+        if hasattr(o, "shape") and hasattr(o, "dtype"):  # an array of another library
+            return ("array", id(o), getattr(o, "shape", None))
+        attrs = getattr(o, "__dict__", None)
+        if attrs is None:
+            return (type(o).__qualname__, id(o))
+        out = [id(type(o))]
+        for k, v in attrs.items():
+            if k in _MODULE_HOOK_DICTS:
+                out.append((k, tuple(v)))
+            else:
+                out.append((k, state(v, d - 1)))
+        call = type(o).__dict__.get("__call__")  # a class's own __call__ (its globals)
+        if getattr(call, "__code__", None) is not None:
+            out.append(("__call__", state(call, d - 1)))
+        return tuple(out)
+
+    return state(augment, depth)
+
+
+# an nn.Module's hook dictionaries: their keys (handle ids) are its hooks
+_MODULE_HOOK_DICTS = frozenset({
+    "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"})
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def augmented_views(batch, augment, k: int):
