@@ -356,8 +356,19 @@ def _swap_norm(model):
     model.norm = _BatchCentre()
 
 
-@pytest.mark.parametrize("change", [_toggle_modes, _hook_on_norm, _swap_norm],
-                         ids=["eval-train-toggle", "forward-hook", "submodule-swapped"])
+class _CentringNorm(nn.Module):
+    def forward(self, x):
+        return x - x.mean(0)
+
+
+def _swap_class_of_norm(model):
+    model.norm.__class__ = _CentringNorm  # same module object, a forward that mixes
+
+
+@pytest.mark.parametrize("change", [_toggle_modes, _hook_on_norm, _swap_norm,
+                                    _swap_class_of_norm],
+                         ids=["eval-train-toggle", "forward-hook", "submodule-swapped",
+                              "class-swapped"])
 def test_the_probe_re_arms_on_changes_that_mix_examples(change):
     """Mixing switched on after the first step (the usual ``model.eval(); evaluate();
     model.train()`` puts a module kept in eval mode into training mode; a hook or a
