@@ -25,6 +25,7 @@ batch sampler (:mod:`privlearn.torch.samplers`), empty-batch collation, and virt
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -311,6 +312,7 @@ class AugmentedLoader(_LoaderView):
 
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+_MAX_ITEMS = 64  # a longer container is read by identity and length
 
 
 def augment_state(augment, depth: int = 4) -> tuple:
@@ -319,7 +321,8 @@ def augment_state(augment, depth: int = 4) -> tuple:
     ``nn.Module``'s flags and submodules, a ``Compose``'s list of transforms), a
     function's defaults, closure cells and the module globals it names, a
     ``functools.partial``'s arguments, ``depth`` levels deep; a tensor or array counts by
-    identity and in-place version. Compared at every batch of :class:`AugmentedLoader`:
+    identity and in-place version, a container of more than 64 items by identity and
+    length. Compared at every batch of :class:`AugmentedLoader`:
     a change (``augment.mixup = True`` after the first step, a counter) re-arms the
     probe, so a transform that starts mixing examples later is checked, not promised."""
     seen: set[int] = set()
@@ -328,10 +331,15 @@ def augment_state(augment, depth: int = 4) -> tuple:
         if isinstance(o, _PLAIN):
             return o
         if isinstance(o, torch.Tensor):
-            return ("tensor", id(o), o._version)
+            try:
+                return ("tensor", id(o), o._version)
+            except RuntimeError:  # an inference tensor has no version counter
+                return ("tensor", id(o))
         if d <= 0 or id(o) in seen or isinstance(o, (type, type(math))):
             return ("ref", id(o))
         seen.add(id(o))
+        if isinstance(o, (list, tuple, set, frozenset, dict)) and len(o) > _MAX_ITEMS:
+            return (type(o).__name__, id(o), len(o))  # data, not settings
         if isinstance(o, (list, tuple, set, frozenset)):
             return (type(o).__name__, *(state(v, d - 1) for v in o))
         if isinstance(o, dict):
@@ -344,6 +352,9 @@ def augment_state(augment, depth: int = 4) -> tuple:
                     *(state(c.cell_contents, d - 1) for c in (o.__closure__ or ())
                       if _filled(c)),
                     *((n, state(g[n], d - 1)) for n in code.co_names if n in g))
+        if isinstance(o, functools.partial):
+            return ("partial", state(o.func, d - 1), state(o.args, d - 1),
+                    state(o.keywords, d - 1))
         bound = getattr(o, "__self__", None)
         if bound is not None and getattr(o, "__func__", None) is not None:  # a method
             return ("method", state(o.__func__, d - 1), state(bound, d - 1))
