@@ -96,6 +96,7 @@ import secrets
 import time
 import warnings
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn import functional as F
@@ -111,10 +112,13 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 from privlearn.accounting import planned_steps
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
-from privlearn.torch.config import DPConfig
+from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
+
+if TYPE_CHECKING:
+    from privlearn.correlated.strategies import ToeplitzStrategy
 
 __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STATE_NAME",
            "RELEASED_LOGS"]
@@ -135,7 +139,9 @@ _TASK_MAPPINGS = {
 class PrivacyArguments:
     """The DP-SGD settings of a :class:`DPTrainer` (validated by
     :class:`~privlearn.torch.config.DPConfig`, which documents them; passed to
-    :func:`privlearn.torch.make_private`).
+    :func:`privlearn.torch.make_private`). Every field but ``user_column``, ``task`` and
+    ``log_training_loss`` is a field of ``DPConfig`` under the same name, type and
+    default.
 
     Attributes
     ----------
@@ -176,25 +182,25 @@ class PrivacyArguments:
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
     target_delta: float = 1e-5
-    max_grad_norm: float = 1.0
+    max_grad_norm: float | list | dict = 1.0
     max_epsilon: float | None = None
     sampling: str = "poisson"
     accountant: str = "pld"
     secure_mode: bool = False
     seed: int | None = None
-    clipping: str = "flat"
+    clipping: Clipping | str = Clipping.FLAT
     target_unclipped_quantile: float | None = None
     clipbound_learning_rate: float = 0.2
     unclipped_num_std: float | None = None
     batch_dims: dict | None = None
     check_batch_independence: bool = True
-    noise: str = "dpsgd"
+    noise: Noise | str | ToeplitzStrategy = Noise.DPSGD
     bands: int | None = None
     buffers: int | None = None
     cycle_length: int | None = None
     user_column: str | None = None
     max_examples_per_user: int = 1
-    user_reduction: str = "mean"
+    user_reduction: Reduction | str = Reduction.MEAN
     task: str | None = None
     log_training_loss: bool = False
 
@@ -208,14 +214,16 @@ class PrivacyArguments:
         DPConfig(**self.engine_settings(steps=1, users=users))
 
     def engine_settings(self, **extra) -> dict:
-        """The :func:`~privlearn.torch.make_private` settings (``max_epsilon`` defaults to
-        ``target_epsilon``)."""
-        kw = {f.name: getattr(self, f.name) for f in fields(self)
-              if f.name not in ("task", "log_training_loss", "user_column")}
-        if kw["max_epsilon"] is None:
-            kw["max_epsilon"] = self.target_epsilon
-        kw.update(extra)
-        return kw
+        """The :func:`~privlearn.torch.make_private` settings: the fields shared with
+        :class:`~privlearn.torch.config.DPConfig` (all but the Trainer's own
+        ``user_column``, ``task`` and ``log_training_loss``), and ``extra``."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)
+                   if f.name not in _TRAINER_FIELDS}, **extra}
+
+
+# the fields of PrivacyArguments that are not DPConfig settings (every other field is
+# one, under the same name, type and default: tests/torch/test_settings.py checks it)
+_TRAINER_FIELDS = ("user_column", "task", "log_training_loss")
 
 
 #: Keys of the logs, returned metrics and checkpoint states a DPTrainer releases (plus

@@ -272,8 +272,9 @@ def test_going_past_the_target_is_one_explicit_setting_in_make_private_and_dptra
     from privlearn.torch.hf import PrivacyArguments
 
     pa = PrivacyArguments(target_epsilon=3.0, max_epsilon=float("inf"))
-    assert math.isinf(pa.engine_settings(steps=4)["max_epsilon"])
-    assert PrivacyArguments(target_epsilon=3.0).engine_settings(steps=4)["max_epsilon"] == 3.0
+    assert math.isinf(DPConfig(**pa.engine_settings(steps=4)).max_epsilon)
+    pa = PrivacyArguments(target_epsilon=3.0)
+    assert DPConfig(**pa.engine_settings(steps=4)).max_epsilon == 3.0
 
 
 def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
