@@ -130,11 +130,15 @@ def toy_data(n: int = 64, d: int = 6, k: int = 3, seed: int = 0, dtype=None,
     return TensorDataset(x, torch.randint(0, k, (n,), generator=g))
 
 
-def toy_mlp(d: int = 6, k: int = 3, hidden: int = 8, seed: int = 0, act=None, dtype=None):
-    """``Linear(d, hidden) - act (default ReLU) - Linear(hidden, k)``, initialised from
-    ``seed`` (the global generator), in ``dtype`` (default: torch's)."""
+def toy_mlp(d: int = 6, k: int = 3, hidden: int = 8, seed: int = 0, act=None, dtype=None,
+            norm: bool = False):
+    """``Linear(d, hidden) - act (default ReLU) [- LayerNorm(hidden)] - Linear(hidden,
+    k)``, initialised from ``seed`` (the global generator), in ``dtype`` (default:
+    torch's)."""
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(d, hidden), (act or nn.ReLU)(), nn.Linear(hidden, k))
+    layers = [nn.Linear(d, hidden), (act or nn.ReLU)(),
+              *([nn.LayerNorm(hidden)] if norm else []), nn.Linear(hidden, k)]
+    model = nn.Sequential(*layers)
     return model if dtype is None else model.to(dtype)
 
 
