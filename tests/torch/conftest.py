@@ -152,3 +152,17 @@ def make_data():
 def make_mlp():
     """The builder :func:`toy_mlp`."""
     return toy_mlp
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _frozen_import_heap():
+    """The objects alive once the tests are collected (mostly the modules imported: torch,
+    transformers) moved out of the garbage collector's reach for the session
+    (``gc.freeze``): the Trainer runs ``gc.collect()`` at every ``train()``, which
+    otherwise walks them all each time. Objects the tests create are collected as usual."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
