@@ -63,6 +63,7 @@ from privlearn.torch.data import (
     PoissonBatchSampler,
     VirtualBatchLoader,
 )
+from privlearn.torch.distributed import DistributedPoissonBatchSampler
 from privlearn.torch.grad_sample import (
     LayerRule,
     register_instrumenter,
@@ -90,6 +91,7 @@ __all__ = [
     "Clipping",
     "DPConfig",
     "DPOptimizer",
+    "DistributedPoissonBatchSampler",
     "FixedSizeBatchSampler",
     "GradSampleTracker",
     "LayerRule",

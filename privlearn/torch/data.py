@@ -720,9 +720,13 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
                          "map-style dataset (random access by index)")
     n = len(ds) if units is None else units.n_units
     if sampling == "poisson":
-        indices = None if world_size == 1 else range(rank, n, world_size)
-        bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, indices=indices,
-                                 secure=secure)
+        if world_size == 1:
+            bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, secure=secure)
+        else:  # each rank samples its own part (privlearn.torch.distributed)
+            from privlearn.torch.distributed import DistributedPoissonBatchSampler
+
+            bs = DistributedPoissonBatchSampler(n, sample_rate, rank, world_size,
+                                                steps=steps, seed=seed, secure=secure)
     elif sampling == "fixed":
         # distributed fixed-size sampling needs the same generator on every rank
         bs = FixedSizeBatchSampler(n, batch_size, steps=steps,

@@ -201,6 +201,9 @@ class DPOptimizer:
         self.noise = noise
         self.world_size = int(world_size)
         self.process_group = process_group
+        #: :class:`~privlearn.torch.fsdp.ShardedGradients` for an FSDP2 model (None:
+        #: replicated parameters, the noisy sums all-reduced)
+        self.sharded = None
         self._accum: dict[int, torch.Tensor] = {}
         self._flat: torch.Tensor | None = None  # last step's noisy-gradient buffer
         self._final_chunk = True  # the next step() ends a logical batch
@@ -705,7 +708,9 @@ class DPOptimizer:
                 self.budget.check(cfg[0], cfg[1])
             if self.ledger is not None:
                 self.ledger.ensure(cfg[0], cfg[1])
-            if not self._noisy_step_fused(examples, units):
+            if self.sharded is not None:  # FSDP2: reduce-scatter, noise per shard
+                self.sharded.noisy_step(self, examples, units)
+            elif not self._noisy_step_fused(examples, units):
                 self.clip_and_accumulate(examples, units)
                 self.add_noise()
             self._chunk_size, self._chunk_groups = None, None

@@ -51,6 +51,13 @@ from privlearn.torch.data import (
     make_dp_loader,
 )
 from privlearn.torch.distributed import unwrap, world_info
+from privlearn.torch.fsdp import (
+    ShardedGradients,
+    ShardedTracker,
+    _mesh_group,
+    check_sharded_model,
+    is_sharded,
+)
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
 from privlearn.torch.schedule import SAMPLINGS, RunAccounting, choose_strategy
@@ -432,17 +439,21 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     return link
 
 
-def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo
-                  ) -> GradSampleTracker:
+def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
+                  sharded: bool = False) -> GradSampleTracker:
     """The recording hooks (and a DDP model's synchronisation switched off: the engine
-    all-reduces the noisy sums itself); each undone on failure and by ``detach()``."""
+    all-reduces the noisy sums itself); each undone on failure and by ``detach()``.
+    ``sharded``: an FSDP2 model (:mod:`privlearn.torch.fsdp`)."""
     if hasattr(model, "require_backward_grad_sync"):  # DistributedDataParallel
         before = model.require_backward_grad_sync
         model.require_backward_grad_sync = False
         undo(lambda: setattr(model, "require_backward_grad_sync", before), on_detach=True)
-    tracker = GradSampleTracker(inner, loss_reduction=cfg.loss_reduction,
-                                batch_dims=cfg.batch_dims,
-                                check_independence=cfg.check_batch_independence)
+    kwargs = dict(loss_reduction=cfg.loss_reduction, batch_dims=cfg.batch_dims,
+                  check_independence=cfg.check_batch_independence)
+    if sharded:
+        tracker = ShardedTracker(inner, process_group=_mesh_group(inner), **kwargs)
+    else:
+        tracker = GradSampleTracker(inner, **kwargs)
     undo(tracker.detach, on_detach=True)
     if cfg.loss_reduction == "mean":
         hooks = _guard_token_level_labels(inner)
@@ -546,12 +557,21 @@ def make_private(
     with _Undo() as undo:
         inner = prepare_model(model, optimizer, cfg, undo)
         plan = plan_run(cfg, inner, data_loader, process_group)
+        sharded = is_sharded(inner)
+        if sharded:  # FSDP2: refused up front unless the sharded step is exact
+            check_sharded_model(inner, cfg, plan.world_size, optimizer)
+            if grad_scaler is not None:
+                raise ValueError("grad_scaler is not supported under FSDP2 (fully_shard); "
+                                 "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
+                                 "bfloat16), which needs no loss scaling")
         link = reserve_budget(ledger, cfg, plan, inner, undo)
-        tracker = attach_engine(model, inner, cfg, undo)
+        tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
                                                     plan, link, process_group)
         opt.grad_scaler = grad_scaler
         undo(opt.guard_original(), on_detach=True)
+        if sharded:
+            opt.sharded = ShardedGradients(_mesh_group(inner))
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)

@@ -213,6 +213,7 @@ class GradSampleTracker:
         self._captured: dict[int, dict] = {}
         self._capturing: dict[int, list] = {}
         self._swapped: list = []
+        self._swap_stack: dict[int, list] = {}  # per unit: what each open call swapped
         self.version = 0
         self._probe_enabled = bool(check_independence)
         self._probe_pending = self._probe_enabled
@@ -237,7 +238,7 @@ class GradSampleTracker:
     def _install(self) -> None:
         """Discover the units and attach their hooks."""
         self.units = discover_units(self.model, self.batch_dims)
-        self._signature = _trainable_signature(self.model)
+        self._signature = self._trainable_signature()
         seen: dict[int, int] = {}
         for u in self.units:
             for p in u.params:
@@ -285,6 +286,11 @@ class GradSampleTracker:
             watched = {id(p): p for u, _ in self._swapped for p in u.params}
             for p in watched.values():
                 self._handles.append(p.register_hook(self._make_outside_hook(p)))
+
+    def _trainable_signature(self) -> tuple:
+        """Fingerprint of the trainable set, compared at every forward (a subclass for
+        sharded models fingerprints names: FSDP2 swaps the parameter objects)."""
+        return _trainable_signature(self.model)
 
     def _make_outside_hook(self, param):
         tracker = self
@@ -335,6 +341,7 @@ class GradSampleTracker:
         for u, slots in self._swapped:
             _restore(u, slots)
         self._swapped = []
+        self._swap_stack = {}
 
     def _rediscover(self) -> None:
         """The set of trainable parameters changed (unfreezing, freezing): discover the
@@ -394,7 +401,7 @@ class GradSampleTracker:
                 self.unrecorded_forward = "eval"
             return None
         self.unrecorded_forward = None
-        if _trainable_signature(self.model) != self._signature:
+        if self._trainable_signature() != self._signature:
             self._rediscover()
         shape = _mixing_fingerprint(self.model)
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
@@ -446,22 +453,43 @@ class GradSampleTracker:
         user set it (``print_trainable_parameters``, optimizers and checkpoints see the
         usual flags). The post-hook (also run when the forward raises) puts them back."""
         after = unit.rule.after_swap
+        swapped = self._swap_stack.setdefault(id(unit), [])
 
         def pre(module, args):
             if _IN_RULE.get() or not module.training or not torch.is_grad_enabled():
+                swapped.append(())
                 return None
-            for owner, name, p in slots:
-                owner._parameters[name] = p.detach()
+            # the alias is of the tensor the slot holds now: the parameter itself, or the
+            # unsharded copy FSDP2's pre-forward hook (which runs first) put there
+            done = []
+            for owner, name, _ in slots:
+                cur = owner._parameters.get(name)
+                if cur is not None:
+                    alias = cur.detach()
+                    owner._parameters[name] = alias
+                    done.append((owner, name, cur, alias))
+            swapped.append(tuple(done))
             if after is not None:
                 after(unit.module)
             return None
 
         return pre
 
-    @staticmethod
-    def _make_restore_hook(unit: Unit, slots):
+    def _make_restore_hook(self, unit: Unit, slots):
+        swapped = self._swap_stack.setdefault(id(unit), [])
+
         def post(module, args, output):
-            _restore(unit, slots)
+            done = swapped.pop() if swapped else None
+            if done is None:
+                _restore(unit, slots)
+                return None
+            changed = False
+            for owner, name, cur, alias in done:  # unless FSDP2 resharded in between
+                if owner._parameters.get(name) is alias:
+                    owner._parameters[name] = cur
+                    changed = True
+            if changed and unit.rule.after_swap is not None:
+                unit.rule.after_swap(unit.module)
             return None
 
         return post
