@@ -19,13 +19,10 @@ import inspect
 import math
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from privlearn import _validation as _v
 from privlearn.accounting import Sampling
-
-if TYPE_CHECKING:
-    from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.correlated.strategies import ToeplitzStrategy
 
 __all__ = ["Clipping", "DPConfig", "Noise", "Reduction"]
 

@@ -104,7 +104,6 @@ import secrets
 import time
 import warnings
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
 import torch
 from torch.nn import functional as F
@@ -118,15 +117,13 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
 from privlearn.accounting import planned_steps
+from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
-
-if TYPE_CHECKING:
-    from privlearn.correlated.strategies import ToeplitzStrategy
 
 __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STATE_NAME",
            "RELEASED_LOGS"]
@@ -229,8 +226,7 @@ class PrivacyArguments:
                    if f.name not in _TRAINER_FIELDS}, **extra}
 
 
-# the fields of PrivacyArguments that are not DPConfig settings (every other field is
-# one, under the same name, type and default: tests/torch/test_settings.py checks it)
+# the fields that are not DPConfig's (the others are, as tests/torch/test_settings.py checks)
 _TRAINER_FIELDS = ("user_column", "task", "log_training_loss")
 
 
