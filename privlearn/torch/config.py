@@ -22,6 +22,7 @@ from enum import StrEnum
 
 from privlearn import _validation as _v
 from privlearn.accounting import Sampling
+from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.correlated.strategies import ToeplitzStrategy
 
 __all__ = ["Clipping", "DPConfig", "Noise", "Reduction"]
@@ -67,7 +68,6 @@ class Noise(_Choice):
     """A buffered linear Toeplitz matrix factorization (correlated noise)."""
 
 
-_SAMPLING = ("poisson", "fixed", "cyclic_poisson", "balls_in_bins", "shuffled_epochs")
 
 
 @dataclass(frozen=True)
@@ -99,15 +99,28 @@ class DPConfig:
         update): ``max_grad_norm`` is the initial bound, moved after every step towards
         the ``target_unclipped_quantile`` of the per-example norms, estimated from a noisy
         count paid for inside ``noise_multiplier`` (see :mod:`privlearn.torch.optimizer`).
-    sampling : {"poisson", "fixed", "cyclic_poisson", "balls_in_bins", "shuffled_epochs"}
-        Poisson sampling (``scheme="poisson"``, add/remove neighbours); fixed-size
-        sampling without replacement (``scheme="fixed"``, replace-one); cyclic Poisson
-        (every example in one of ``cycle_length`` groups, Poisson within the group whose
-        turn it is: the batch size stays about the loader's); balls-in-bins (every example
-        in one random bin of ``cycle_length``, each bin one step: once per epoch, a fixed
-        position); shuffled epochs (one random order, the same every epoch). The last
-        three bound how often and how far apart an example participates, as correlated
-        noise needs (:mod:`privlearn.torch.data`).
+    sampling : str
+        A registered sampling (:data:`privlearn.correlated.sampling.SAMPLINGS`, whose
+        entry owns both the batch draw and the law the accountant assumes of it):
+
+        * ``"poisson"``: every example in every batch independently with probability
+          ``q = B / N``; accounted under **add/remove** neighbours (``scheme="poisson"``).
+        * ``"fixed"``: ``B`` distinct examples drawn uniformly at every step (sampling
+          without replacement); accounted under **replace-one** (``scheme="fixed"``).
+        * ``"cyclic_poisson"``: every example in one of ``cycle_length`` groups, Poisson
+          within the group whose turn it is (the batch size stays about the loader's);
+          add/remove.
+        * ``"balls_in_bins"``: every example in one random bin of ``cycle_length``, each
+          bin one step (once per epoch, a fixed position); add/remove.
+        * ``"shuffled_epochs"``: one random order cut into ``cycle_length`` near-equal
+          batches, the same every epoch; accounted under **replace-one** only (adding an
+          example changes the batch sizes, so other examples move to other steps), so
+          refused on an add/remove ledger budget: use ``"balls_in_bins"`` for add/remove.
+
+        The last three bound how often and how far apart an example participates, as
+        correlated noise needs, and are accounted as one mechanism for the planned run.
+        The relation a run's epsilon holds under is ``PrivateTraining.neighbouring``; a
+        replace-one run is refused by a ledger budget counted under add/remove.
     noise : :class:`Noise` or its string {"dpsgd", "banded", "blt"}, or a strategy
         Independent noise at every step (DP-SGD), or noise correlated across steps by a
         matrix factorization whose coefficients are optimised for the planned steps and
@@ -125,7 +138,10 @@ class DPConfig:
         size).
     users : sequence, optional
         The user (privacy unit) of every example of the dataset: privacy is then per
-        *user*. The sampler draws users (the loader's ``batch_size`` is the expected
+        *user*. Ids must be present and of one kind (numbers, or strings, ...): a missing
+        id (None, NaN, NA, NaT) or a mix of kinds is refused, naming the rows
+        (:func:`privlearn._validation.check_unit_ids`); integral float ids (``2.0``) are
+        the unit ``2``. The sampler draws users (the loader's ``batch_size`` is the expected
         number of users per batch), each drawn user contributes up to
         ``max_examples_per_user`` of their examples, and each user's gradient (the
         ``user_reduction`` of their examples' gradients) is clipped as one.
@@ -232,7 +248,7 @@ class DPConfig:
         if isinstance(self.sampling, Sampling):
             put(self, "sampling", self.sampling.value)
         put(self, "clipping", Clipping(_v.check_choice("clipping", self.clipping, Clipping)))
-        put(self, "sampling", _v.check_choice("sampling", self.sampling, _SAMPLING))
+        put(self, "sampling", _v.check_choice("sampling", self.sampling, tuple(SAMPLINGS)))
         put(self, "loss_reduction", Reduction(_v.check_choice(
             "loss_reduction", self.loss_reduction, Reduction)))
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
@@ -314,25 +330,27 @@ class DPConfig:
         if self.buffers is not None and self.noise != "blt":
             raise ValueError(f"buffers={self.buffers} only applies to noise='blt', got "
                              f"noise={self.noise!r}")
-        if self.cycle_length is not None and self.sampling in ("poisson", "fixed"):
+        law = SAMPLINGS[self.sampling]
+        cycled = ", ".join(repr(k) for k, v in SAMPLINGS.items() if v.cycled)
+        if self.cycle_length is not None and not law.cycled:
             raise ValueError(
-                f"cycle_length only applies to sampling='cyclic_poisson', 'balls_in_bins' or "
-                f"'shuffled_epochs', got sampling={self.sampling!r}")
+                f"cycle_length only applies to sampling={cycled}, got "
+                f"sampling={self.sampling!r}")
         if self.noise != "dpsgd":
-            if self.sampling in ("poisson", "fixed"):
+            if law.describe is None:
                 raise ValueError(
                     f"noise={self.noise!r} correlates the noise across steps, which needs a "
                     "sampler that bounds how often and how far apart an example takes part: "
                     "pass sampling='cyclic_poisson' (amplified with noise='banded'), "
-                    f"'balls_in_bins' or 'shuffled_epochs', got sampling={self.sampling!r}")
+                    "'balls_in_bins' (add/remove) or 'shuffled_epochs' (replace-one), got "
+                    f"sampling={self.sampling!r}")
             if self.epochs is None and self.steps is None:
                 raise ValueError(f"noise={self.noise!r} is optimised for the planned number "
                                  "of steps: give epochs or steps")
             if self.clipping == "adaptive":
                 raise ValueError("clipping='adaptive' is not supported with correlated noise "
                                  "(its noisy count is accounted as independent noise)")
-        if self.sampling not in ("poisson", "fixed") and self.epochs is None \
-                and self.steps is None:
+        if law.describe is not None and self.epochs is None and self.steps is None:
             raise ValueError(
                 f"sampling={self.sampling!r} is accounted for the planned run: give epochs or "
                 "steps (max_epsilon then defaults to the plan's epsilon)")
@@ -414,7 +432,7 @@ class DPConfig:
     def correlated(self) -> bool:
         """Whether the run is accounted as one matrix-factorization mechanism (correlated
         noise, or a sampler that bounds participation) rather than step by step."""
-        return self.noise != "dpsgd" or self.sampling not in ("poisson", "fixed")
+        return self.noise != "dpsgd" or SAMPLINGS[self.sampling].describe is not None
 
     @property
     def privacy_unit(self) -> str:

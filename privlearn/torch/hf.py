@@ -116,7 +116,9 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("privlearn.torch.hf needs transformers: pip install "
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
+from privlearn._validation import check_unit_ids
 from privlearn.accounting import planned_steps
+from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -489,9 +491,11 @@ class DPTrainer(Trainer):
         pa = self.privacy
         kw = pa.engine_settings()
         if pa.user_column is not None:
-            kw["users"] = _column(self.train_dataset, pa.user_column)
-        if pa.target_epsilon is not None or pa.noise != "dpsgd" or pa.sampling not in (
-                "poisson", "fixed"):
+            # the one rule for unit ids, the column named (make_private checks it again)
+            kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
+                                         _column(self.train_dataset, pa.user_column))
+        if pa.target_epsilon is not None or pa.noise != "dpsgd" or \
+                SAMPLINGS[pa.sampling].describe is not None:  # accounted for the plan
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
             kw["steps"] = self._planned_steps(world * self.args.per_device_train_batch_size / n)

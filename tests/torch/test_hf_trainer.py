@@ -497,6 +497,56 @@ def test_user_column_makes_privacy_per_user(tmp_path):
     assert tr.epsilon() == pytest.approx(_eps(1.0, 3, q=4 / 16), rel=1e-9)
 
 
+class _GappedUserTextSet(_TextSet):
+    """A user column with gaps (float ids, NaN where the id was lost): one person's 4
+    sequences have NaN ids."""
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        item["user"] = float("nan") if i in (3, 9, 20, 41) else float(i // 4)
+        return item
+
+
+def test_user_column_with_missing_ids_is_refused(tmp_path):
+    """NaN ids are never equal, so each NaN row would be a user of its own (one person's
+    4 rows, 4 users): refused before any step, naming the column and the rows."""
+    from privlearn.errors import ParameterValueError
+
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=3, logging_steps=50,
+                                              per_device_train_batch_size=4),
+                   train_dataset=_GappedUserTextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0, user_column="user"))
+    with pytest.raises(ParameterValueError, match=r"user_column='user' has a missing id .*"
+                       r"rows 3, 9, 20, 41"):
+        tr.train()
+    assert tr.state.global_step == 0
+
+
+def test_shuffled_epochs_through_the_trainer_is_accounted_under_replace_one(tmp_path):
+    """DPTrainer with sampling='shuffled_epochs' (one permutation cut into batches): the
+    epsilon holds under replace-one, as make_private's: each of the k participations of
+    the replaced example moves its batch's sum by up to 2 C, the Gaussian mechanism of
+    sensitivity 2 sqrt(k) C (closed form, Balle & Wang 2018, Theorem 8)."""
+    from scipy.stats import norm
+
+    cycle = N // B
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2 * cycle, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=2.0, seed=0,
+                                            sampling="shuffled_epochs"))
+    tr.train()
+    p = tr.privacy_engine
+    assert p.accountant.steps == 2 * cycle and p.plan.run.cycle == cycle
+    eps, sigma, sens = tr.epsilon(), 2.0, 2 * math.sqrt(2)
+    a = sens / (2 * sigma)
+
+    def delta(e):
+        return norm.cdf(a - e * sigma / sens) - math.exp(e) * norm.cdf(-a - e * sigma / sens)
+
+    assert delta(eps) <= 1e-5 * (1 + 1e-9) < delta(eps - 0.01)
+    assert p.neighbouring == "replace_one"
+
+
 def test_correlated_noise_through_the_trainer(tmp_path):
     tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=4, logging_steps=50),
                    train_dataset=_TextSet(),
