@@ -96,9 +96,15 @@ def naive_step(model, x, y, max_grad_norm, lr: float, expected_batch: float,
     """One noise-free DP-SGD step on ``model`` in place, by the definition: plain SGD
     with the naive clipped sum divided by the expected batch size."""
     total, _ = naive_clipped_sum(model, x, y, max_grad_norm, loss_fn)
+    sgd_step(trainable(model), total, lr, expected_batch)
+
+
+def sgd_step(params, total, lr: float, expected_batch: float) -> None:
+    """``p -= lr * total / expected_batch`` for each parameter's block of the flat
+    ``total`` (in place, in ``params``' order)."""
     with torch.no_grad():
         at = 0
-        for q in trainable(model):
+        for q in params:
             q -= lr * total[at:at + q.numel()].view_as(q).to(q.dtype) / expected_batch
             at += q.numel()
 
@@ -112,10 +118,11 @@ def flat(tensors):
 def oracle():
     """The naive ground truth: ``grads`` (batch-of-one per-example gradients),
     ``clip_and_sum``, ``clipped_sum`` (both, for an ``x, y`` batch), ``step`` (a
-    noise-free DP-SGD step by the definition), ``trainable``, ``flat``."""
+    noise-free DP-SGD step by the definition), ``sgd_step`` (its update from a clipped
+    sum), ``trainable``, ``flat``."""
     return SimpleNamespace(grads=batch_of_one_grads, clip_and_sum=clip_and_sum,
                            clipped_sum=naive_clipped_sum, step=naive_step,
-                           trainable=trainable, flat=flat)
+                           sgd_step=sgd_step, trainable=trainable, flat=flat)
 
 
 def toy_data(n: int = 64, d: int = 6, k: int = 3, seed: int = 0, dtype=None,
