@@ -46,6 +46,7 @@ from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
 from privlearn.accounting import Mechanism, calibrate, compose, warn_if_delta_large
+from privlearn.errors import UnsupportedMechanismError
 from privlearn.ledger import check_privacy_unit
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
@@ -106,6 +107,9 @@ class PrivateEstimator(BaseEstimator):
     """
 
     _parameter_constraints: ClassVar[dict[str, Constraint]] = {}
+    #: what to try when a ledger budget cannot account this estimator's release (None:
+    #: the budget's own error is enough)
+    _ledger_advice: ClassVar[str | None] = None
 
     # -- the estimator's parts ---------------------------------------------------------
     def _plan(self, params: dict[str, Any], X: Any, y: Any) -> ReleasePlan:
@@ -199,7 +203,14 @@ class PrivateEstimator(BaseEstimator):
             "users): pass a per-record budget, Ledger(path).budget(dataset), or, for a "
             "per-user guarantee, train with privlearn.torch.make_private(..., users=..., "
             "max_examples_per_user=...) on the per-user budget.")
-        return handle.reserve(mechanism, label=label)
+        if self._ledger_advice is None:
+            return handle.reserve(mechanism, label=label)
+        try:
+            return handle.reserve(mechanism, label=label)
+        except UnsupportedMechanismError as e:
+            raise UnsupportedMechanismError(
+                f"the ledger budget cannot account this {type(self).__name__} ({e}). "
+                f"{self._ledger_advice}") from e
 
     @contextlib.contextmanager
     def _refit(self) -> Iterator[None]:

@@ -4,22 +4,70 @@
 these settings; every check of their values lives here (through
 :mod:`privlearn._validation`, so each error names the parameter, the valid range, the
 value received and what to try instead), before anything is built or any data is read.
+
+The dataclass is the one declaration of the settings: :func:`~privlearn.torch.make_private`
+takes its fields as keywords (``**settings``, shown in its signature), and the privacy
+fields of :class:`~privlearn.torch.hf.PrivacyArguments` are a subset of them under the same
+names, types and defaults. The closed choices are the string enums :class:`Clipping`,
+:class:`Reduction` and :class:`Noise` (a plain string works wherever a member does);
+``sampling`` and ``accountant`` name entries of registries.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from enum import StrEnum
 
 from privlearn import _validation as _v
 from privlearn.accounting import Sampling
 from privlearn.correlated.sampling import SAMPLINGS
+from privlearn.correlated.strategies import ToeplitzStrategy
 
-__all__ = ["DPConfig"]
+__all__ = ["Clipping", "DPConfig", "Noise", "Reduction"]
 
-_CLIPPING = ("flat", "per_layer", "adaptive")
-_REDUCTION = ("mean", "sum")
-_NOISE = ("dpsgd", "banded", "blt")
+
+class _Choice(StrEnum):
+    """A closed set of string choices: each member *is* its string (``Clipping.FLAT ==
+    "flat"``, hashes, formats and reprs as it), so settings given as strings keep
+    working and read back as they were written."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Clipping(_Choice):
+    """How per-example gradients are clipped (:attr:`DPConfig.clipping`)."""
+
+    FLAT = "flat"
+    """One bound on the norm over all parameters."""
+    PER_LAYER = "per_layer"
+    """One bound per parameter (McMahan et al. 2018, Sec. 3)."""
+    ADAPTIVE = "adaptive"
+    """A flat bound moved towards a quantile of the norms (Andrew et al. 2021, Alg. 1)."""
+
+
+class Reduction(_Choice):
+    """How a loss or a user's gradients reduce over examples
+    (:attr:`DPConfig.loss_reduction`, :attr:`DPConfig.user_reduction`)."""
+
+    MEAN = "mean"
+    SUM = "sum"
+
+
+class Noise(_Choice):
+    """The noise of the run (:attr:`DPConfig.noise`), or give a
+    :mod:`privlearn.correlated` strategy."""
+
+    DPSGD = "dpsgd"
+    """Independent Gaussian noise at every step (Abadi et al. 2016, Alg. 1)."""
+    BANDED = "banded"
+    """A banded Toeplitz matrix factorization (correlated noise)."""
+    BLT = "blt"
+    """A buffered linear Toeplitz matrix factorization (correlated noise)."""
+
+
 
 
 @dataclass(frozen=True)
@@ -43,7 +91,7 @@ class DPConfig:
         Clipping bound C on the per-example gradient norm over all parameters (``inf``:
         no clipping, only with ``noise_multiplier=0``, for testing). Per-layer: one bound
         per trainable parameter in ``model.parameters()`` order, or a dict by name.
-    clipping : {"flat", "per_layer", "adaptive"}
+    clipping : :class:`Clipping` or its string {"flat", "per_layer", "adaptive"}
         ``"per_layer"``: each parameter's per-example gradient is clipped to its own bound
         ``C_k`` (McMahan et al. 2018, Sec. 3); the noise std is ``noise_multiplier *
         sqrt(sum_k C_k^2)``. ``"adaptive"``: Andrew, Thakkar, McMahan & Ramaswamy 2021,
@@ -73,7 +121,7 @@ class DPConfig:
         correlated noise needs, and are accounted as one mechanism for the planned run.
         The relation a run's epsilon holds under is ``PrivateTraining.neighbouring``; a
         replace-one run is refused by a ledger budget counted under add/remove.
-    noise : {"dpsgd", "banded", "blt"} or a privlearn.correlated strategy
+    noise : :class:`Noise` or its string {"dpsgd", "banded", "blt"}, or a strategy
         Independent noise at every step (DP-SGD), or noise correlated across steps by a
         matrix factorization whose coefficients are optimised for the planned steps and
         the sampler's participation (:mod:`privlearn.correlated`): ``"banded"`` (a
@@ -99,7 +147,7 @@ class DPConfig:
         ``user_reduction`` of their examples' gradients) is clipped as one.
     max_examples_per_user : int >= 1
         k: a drawn user's examples in one batch at most (a uniform random subset).
-    user_reduction : {"mean", "sum"}
+    user_reduction : :class:`Reduction` or its string {"mean", "sum"}
         A user's gradient: the mean (default) or the sum of their examples' gradients.
     augmentation_multiplicity : int >= 1, optional
         K: each example is trained on as K augmented views (De et al. 2022, "Unlocking
@@ -119,7 +167,7 @@ class DPConfig:
         refused; mix only within an example's own views.
     max_physical_batch_size : int >= 1, optional
         Split logical batches into chunks of at most this size (virtual batches).
-    loss_reduction : {"mean", "sum"}
+    loss_reduction : :class:`Reduction` or its string {"mean", "sum"}
         How the user's loss reduces over the batch.
     accountant : str
         Accountant of :mod:`privlearn.accounting` for epsilon and calibration.
@@ -170,10 +218,10 @@ class DPConfig:
     epochs: int | None = None
     steps: int | None = None
     max_grad_norm: float | list | dict = 1.0
-    clipping: str = "flat"
+    clipping: Clipping | str = Clipping.FLAT
     sampling: str = "poisson"
     max_physical_batch_size: int | None = None
-    loss_reduction: str = "mean"
+    loss_reduction: Reduction | str = Reduction.MEAN
     accountant: str = "pld"
     secure_mode: bool = False
     seed: int | None = None
@@ -185,13 +233,13 @@ class DPConfig:
     unclipped_num_std: float | None = None
     batch_dims: dict | None = field(default=None, hash=False)
     check_batch_independence: bool = True
-    noise: object = "dpsgd"
+    noise: Noise | str | ToeplitzStrategy = Noise.DPSGD
     bands: int | None = None
     buffers: int | None = None
     cycle_length: int | None = None
     users: object = field(default=None, hash=False, repr=False)
     max_examples_per_user: int = 1
-    user_reduction: str = "mean"
+    user_reduction: Reduction | str = Reduction.MEAN
     augmentation_multiplicity: int | None = None
     augment: object = field(default=None, hash=False, repr=False, compare=False)
 
@@ -199,10 +247,10 @@ class DPConfig:
         put = object.__setattr__
         if isinstance(self.sampling, Sampling):
             put(self, "sampling", self.sampling.value)
-        put(self, "clipping", _v.check_choice("clipping", self.clipping, _CLIPPING))
+        put(self, "clipping", Clipping(_v.check_choice("clipping", self.clipping, Clipping)))
         put(self, "sampling", _v.check_choice("sampling", self.sampling, tuple(SAMPLINGS)))
-        put(self, "loss_reduction", _v.check_choice("loss_reduction", self.loss_reduction,
-                                                    _REDUCTION))
+        put(self, "loss_reduction", Reduction(_v.check_choice(
+            "loss_reduction", self.loss_reduction, Reduction)))
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError(
                 "give exactly one of noise_multiplier and target_epsilon, got "
@@ -268,11 +316,11 @@ class DPConfig:
     def _check_correlated(self) -> None:
         put = object.__setattr__
         if isinstance(self.noise, str):
-            put(self, "noise", _v.check_choice("noise", self.noise, _NOISE))
+            put(self, "noise", Noise(_v.check_choice("noise", self.noise, Noise)))
         elif not hasattr(self.noise, "recurrence"):
             raise _v.ParameterTypeError(
-                f"noise must be one of {_NOISE} or a privlearn.correlated strategy (e.g. "
-                f"BandedToeplitz(...)), got {self.noise!r}")
+                f"noise must be one of {tuple(map(str, Noise))} or a privlearn.correlated "
+                f"strategy (e.g. BandedToeplitz(...)), got {self.noise!r}")
         for name in ("bands", "buffers", "cycle_length"):
             if getattr(self, name) is not None:
                 put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
@@ -312,7 +360,7 @@ class DPConfig:
         put(self, "max_examples_per_user",
             _v.check_count("max_examples_per_user", self.max_examples_per_user, minimum=1))
         put(self, "user_reduction",
-            _v.check_choice("user_reduction", self.user_reduction, _REDUCTION))
+            Reduction(_v.check_choice("user_reduction", self.user_reduction, Reduction)))
         if self.augmentation_multiplicity is not None:
             put(self, "augmentation_multiplicity",
                 _v.check_count("augmentation_multiplicity", self.augmentation_multiplicity,
@@ -372,6 +420,14 @@ class DPConfig:
         """The settings' names (the keyword arguments :func:`make_private` takes)."""
         return tuple(f.name for f in fields(cls))
 
+    @classmethod
+    def parameters(cls) -> list[inspect.Parameter]:
+        """The settings as keyword-only parameters (name, default, annotation): the
+        signature :func:`~privlearn.torch.make_private` shows for its ``**settings``."""
+        return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type,
+                                  default=inspect.Parameter.empty if f.default is MISSING
+                                  else f.default) for f in fields(cls)]
+
     @property
     def correlated(self) -> bool:
         """Whether the run is accounted as one matrix-factorization mechanism (correlated
@@ -385,11 +441,11 @@ class DPConfig:
     def mechanism(self) -> dict:
         """What a checkpoint's mechanism must match (the settings that define what a step
         releases and how it is accounted)."""
-        return {"sampling": self.sampling, "loss_reduction": self.loss_reduction,
-                "accountant": self.accountant, "clipping": self.clipping,
-                "noise": self.noise if isinstance(self.noise, str) else repr(self.noise),
+        return {"sampling": str(self.sampling), "loss_reduction": self.loss_reduction.value,
+                "accountant": self.accountant, "clipping": self.clipping.value,
+                "noise": self.noise.value if isinstance(self.noise, Noise) else repr(self.noise),
                 "bands": self.bands, "buffers": self.buffers,
                 "cycle_length": self.cycle_length, "privacy_unit": self.privacy_unit,
                 "max_examples_per_user": self.max_examples_per_user,
-                "user_reduction": self.user_reduction,
+                "user_reduction": self.user_reduction.value,
                 "augmentation_multiplicity": self.augmentation_multiplicity}

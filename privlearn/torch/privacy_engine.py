@@ -23,6 +23,8 @@ model's gradient synchronisation is switched off for the run and restored by
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import math
 import weakref
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn.accounting import calibrate, warn_if_delta_large
-from privlearn.errors import LedgerConflictError
+from privlearn.errors import LedgerConflictError, ParameterTypeError, ParameterValueError
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _guard_token_level_labels,
@@ -541,20 +543,9 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
 
 
 def make_private(
-    model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader, *,
-    noise_multiplier: float | None = None, target_epsilon: float | None = None,
-    target_delta: float = 1e-5, epochs: int | None = None, steps: int | None = None,
-    max_grad_norm: float | list | dict = 1.0, clipping: str = "flat",
-    sampling: str = "poisson", max_physical_batch_size: int | None = None,
-    loss_reduction: str = "mean", accountant: str = "pld", secure_mode: bool = False,
-    seed: int | None = None, fix_model: bool = False, max_epsilon: float | None = None,
-    ledger_chunk: int = 1000, target_unclipped_quantile: float | None = None,
-    clipbound_learning_rate: float = 0.2, unclipped_num_std: float | None = None,
-    batch_dims: dict | None = None, check_batch_independence: bool = True,
-    noise: str = "dpsgd", bands: int | None = None, buffers: int | None = None,
-    cycle_length: int | None = None, users=None, max_examples_per_user: int = 1,
-    user_reduction: str = "mean", augmentation_multiplicity: int | None = None,
-    augment=None, ledger=None, process_group=None, grad_scaler=None,
+    model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
+    config: DPConfig | None = None, *, ledger=None, process_group=None, grad_scaler=None,
+    **settings,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
     "Deep Learning with Differential Privacy", Algorithm 1).
@@ -562,8 +553,11 @@ def make_private(
     ``model`` (in training mode; may be wrapped in DistributedDataParallel),
     ``optimizer`` (over its parameters) and ``data_loader`` (``DataLoader(dataset,
     batch_size=B)``, no shuffle, no sampler: B sets the sampling rate ``q = W B / N``)
-    are used as they are; the settings are those of
-    :class:`~privlearn.torch.config.DPConfig` (documented there). ``ledger``: a budget of
+    are used as they are. The settings are the fields of
+    :class:`~privlearn.torch.config.DPConfig` (documented there), given either as keywords
+    (``make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0)``, as the
+    signature shows) or as one ``config`` (``make_private(model, opt, loader,
+    DPConfig(noise_multiplier=1.0))``), not both. ``ledger``: a budget of
     a persistent privacy ledger (``Ledger(path).budget(dataset)``), in which the planned
     run is reserved before any data is read. ``process_group``: the torch.distributed
     group (default: the world, when initialised). ``grad_scaler``: the
@@ -580,7 +574,7 @@ def make_private(
         whose sampling cannot be accounted; always before any step, with the user's
         objects left as they were.
     """
-    cfg = DPConfig(**{k: v for k, v in locals().items() if k in DPConfig.names()})
+    cfg = _config(config, settings)
     with _Undo() as undo:
         inner = prepare_model(model, optimizer, cfg, undo)
         plan = plan_run(cfg, inner, data_loader, process_group)
@@ -602,3 +596,39 @@ def make_private(
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)
+
+
+def _config(config: DPConfig | None, settings: dict) -> DPConfig:
+    """The run's :class:`DPConfig`: ``config``, or one made of the keyword settings."""
+    unknown = sorted(set(settings) - set(DPConfig.names()))
+    if unknown:
+        close = {k: difflib.get_close_matches(k, DPConfig.names(), n=1) for k in unknown}
+        hints = "; ".join(f"did you mean {c[0]!r} for {k!r}?" for k, c in close.items() if c)
+        raise ParameterTypeError(
+            f"make_private got unknown settings {unknown}: the settings are the fields of "
+            f"DPConfig ({', '.join(DPConfig.names())})" + (f"; {hints}" if hints else ""))
+    if config is None:
+        return DPConfig(**settings)
+    if not isinstance(config, DPConfig):
+        raise ParameterTypeError(
+            f"config must be a privlearn.torch.DPConfig, got {type(config).__name__}; pass "
+            "the settings as keywords or as DPConfig(...)")
+    if settings:
+        raise ParameterValueError(
+            f"make_private got config= and the settings {sorted(settings)}: give the "
+            "settings either as one DPConfig or as keywords (dataclasses.replace(config, "
+            "...) makes a modified copy)")
+    return config
+
+
+def _signature(fn) -> inspect.Signature:
+    """``fn``'s signature with ``**settings`` spelled out as DPConfig's fields (what
+    help(), IDEs and the API reference show), before its own keyword-only arguments."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    first = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    return sig.replace(parameters=[*first, *DPConfig.parameters(),
+                                   *(p for p in params if p.kind is p.KEYWORD_ONLY)])
+
+
+make_private.__signature__ = _signature(make_private)

@@ -7,8 +7,6 @@ ledger keeps per-user budgets apart from per-record ones."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -49,26 +47,22 @@ def _step(p, x, y, loss=None):
     p.optimizer.step()
 
 
-def _naive_unit_update(model, groups, C, lr, expected, reduction="mean"):
+def _naive_unit_update(oracle, model, groups, C, lr, expected, reduction="mean"):
     """SGD step with sum_u clip(G_u) / expected, G_u the mean (sum) over the unit's rows
-    of the rows' gradients of the mean loss times the row count (the engine's scale)."""
+    of the rows' gradients of the mean loss times the row count (the engine's scale): the
+    oracle's loop with one pass per unit instead of per example."""
+    def unit_loss(u):
+        x, y = groups[u]
+        loss = nn.functional.cross_entropy(model(x), y, reduction="sum")
+        return loss / len(y) if reduction == "mean" else loss
+
     params = list(model.parameters())
-    total = [torch.zeros_like(q) for q in params]
-    for x, y in groups:
-        losses = nn.functional.cross_entropy(model(x), y, reduction="sum")
-        gs = torch.autograd.grad(losses, params)
-        if reduction == "mean":
-            gs = [g / len(y) for g in gs]
-        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
-        for t, g in zip(total, gs, strict=True):
-            t += min(1.0, C / norm) * g
-    with torch.no_grad():
-        for q, t in zip(params, total, strict=True):
-            q -= lr * t / expected
+    total, _ = oracle.clip_and_sum(oracle.grads(unit_loss, len(groups), params), C)
+    oracle.sgd_step(params, total, lr, expected)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_per_user_clipped_sum_equals_a_naive_loop_over_users(reduction):
+def test_per_user_clipped_sum_equals_a_naive_loop_over_users(reduction, oracle):
     torch.set_default_dtype(torch.float64)
     try:
         ds = _data()
@@ -92,7 +86,7 @@ def test_per_user_clipped_sum_equals_a_naive_loop_over_users(reduction):
         for g in drawn.groups:
             groups.append((x[start:start + g], y[start:start + g]))
             start += g
-        _naive_unit_update(ref, groups, C, lr, p.expected_batch_size, reduction)
+        _naive_unit_update(oracle, ref, groups, C, lr, p.expected_batch_size, reduction)
         for a, b in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         assert p.expected_batch_size == 4.0  # expected users per batch
@@ -132,7 +126,7 @@ def test_one_example_per_user_is_example_level_dp_sgd_exactly():
         torch.set_default_dtype(torch.float32)
 
 
-def test_augmentation_multiplicity_averages_views_before_clipping():
+def test_augmentation_multiplicity_averages_views_before_clipping(oracle):
     """The loader lays out each example's K views on consecutive rows; the update equals
     the loop over examples clipping the mean of their views' gradients."""
     torch.set_default_dtype(torch.float64)
@@ -158,7 +152,7 @@ def test_augmentation_multiplicity_averages_views_before_clipping():
             assert torch.equal(yv[j::k], yv[::k])
         _step(p, xv, yv)
         groups = [(xv[i * k:(i + 1) * k], yv[i * k:(i + 1) * k]) for i in range(6)]
-        _naive_unit_update(ref, groups, C, lr, 6.0, "mean")
+        _naive_unit_update(oracle, ref, groups, C, lr, 6.0, "mean")
         for a, b in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         # without the declaration the rows would be clipped one by one: refused
