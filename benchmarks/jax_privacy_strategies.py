@@ -11,8 +11,8 @@ jax_privacy is a benchmark-only extra: it needs jax, jaxlib, chex, optax and abs
 (``pip install jax chex optax absl-py`` in a private virtual environment with system site
 packages, jax_privacy 2.0.0 installed with ``--no-deps``). Usage::
 
-    python benchmarks/jax_privacy_strategies.py [--out tests/correlated/data/jax_privacy_strategies.json]
-        [--quick] [--only banded|blt]
+    python benchmarks/jax_privacy_strategies.py [--out FILE.json] [--quick]
+        [--only banded|blt] [--time-privlearn]
 
 ``--time-privlearn`` also times privlearn's optimisers on the same problems in the same run.
 """
@@ -46,9 +46,10 @@ BLT = [
 
 
 def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
     import jax
     import numpy
-    from importlib.metadata import version
 
     return {
         "python": platform.python_version(),

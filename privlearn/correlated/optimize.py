@@ -79,6 +79,7 @@ from privlearn.correlated.participation import (
 from privlearn.correlated.strategies import (
     BandedToeplitz,
     BufferedToeplitz,
+    blt_inverse_coefs,
     square_root_coefs,
 )
 
@@ -238,6 +239,45 @@ def _blt_objective(obj: Objective):
     return fun
 
 
+def _raw_blt_objective(obj: Objective):
+    """``f(x)`` and its gradient for the BLT with decays ``1 - expit(s)`` and weights
+    ``softmax(v)[:m]`` (``x = (s, v)``, ``len(v) = m + 1``): every BLT with decays in
+    (0, 1) and positive weights summing to < 1 -- positive, decreasing coefficients, so the
+    sensitivity is exact, and a stable ``C^{-1}`` (``Re C(x) > 0`` on the unit disk) --
+    including those whose inverse has negative or complex decays, which the interlaced
+    parametrisation leaves out. ``C^{-1}`` by the blocked recurrence
+    (:func:`~privlearn.correlated.strategies.blt_inverse_coefs`);
+    ``d r / d c = -T(r * r)`` for ``r = C^{-1} e_0``."""
+    n = obj.n
+
+    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        m = (x.size - 1) // 2
+        s, v = x[:m], x[m:]
+        one_minus = special.expit(s)
+        theta = special.expit(-s)
+        log_theta = -np.logaddexp(0.0, s)
+        soft = special.softmax(v)
+        omega = soft[:m]
+        c, p_c = blt_coefs(omega, log_theta, n)
+        r = blt_inverse_coefs(theta, omega, n)
+        err, g_b = obj.error_part(obj.apply_workload(r))
+        g_r = obj.workload_adjoint(g_b)
+        s2, g_c = obj.sens_part(c)
+        g_c = g_c - _toeplitz.correlate(g_r, _toeplitz.convolve(r, r, n), n)
+        g_om, g_th = blt_coefs_adjoint(g_c, omega, theta, p_c)
+        g_v = soft * (np.append(g_om, 0.0) - soft[:m] @ g_om)
+        return math.log(err) + math.log(s2), np.concatenate([-g_th * one_minus * theta, g_v])
+
+    return fun
+
+
+def _raw_from_interlaced(blt: InterlacedBLT) -> np.ndarray:
+    one_minus = blt.one_minus[blt.i_theta - 1]
+    s = np.log(one_minus) - np.log1p(-one_minus)
+    slack = 1.0 - float(np.sum(blt.omega))
+    return np.concatenate([s, np.log(blt.omega), [math.log(max(slack, 1e-300))]])
+
+
 def _geometric_start(n: int, m: int, low: float, high: float) -> np.ndarray:
     """Logits of the ``2m`` interlaced decays with ``1 - x`` spread geometrically from
     ``low / n`` to ``high`` (the time scales of the problem)."""
@@ -335,4 +375,15 @@ def optimize_blt(
             f"no finite loss found for a BLT with {m} buffers at steps={n}"
         )
     blt = InterlacedBLT(special.softmax(best_z))
-    return BufferedToeplitz(tuple(blt.theta), tuple(blt.omega))
+    # polish over every BLT with positive, decreasing coefficients: needed only when the
+    # interlaced optimum lies on the boundary of its class (a stationary point inside it
+    # is one of the wider class, the two having the same dimension)
+    raw = _safe(_raw_blt_objective(obj))
+    x = _raw_from_interlaced(blt)
+    if float(np.linalg.norm(raw(x)[1])) > 1e-6:
+        x, _ = _minimize(raw, x, None, max_iterations)
+    theta = special.expit(-x[:m])
+    omega = special.softmax(x[m:])[:m]
+    if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(omega))):
+        raise StrategyOptimizationError(f"the optimised BLT is not finite: {theta}, {omega}")
+    return BufferedToeplitz(tuple(theta), tuple(omega))
