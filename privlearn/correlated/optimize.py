@@ -110,8 +110,8 @@ def _minimize(fun, x0: np.ndarray, bounds, max_iterations: int) -> tuple[np.ndar
     f0 = fun(x0)[0]
     if not math.isfinite(f0):
         raise StrategyOptimizationError(
-            "the optimiser's start point has a non-finite loss; this is a bug, please report "
-            "the arguments"
+            "the strategy optimiser's start point has a non-finite loss (a numerical "
+            "failure); try fewer steps, bands or buffers"
         )
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         res = optimize.minimize(
@@ -169,6 +169,25 @@ def optimize_banded_toeplitz(
     max_iterations : int
         L-BFGS iterations.
 
+    Returns
+    -------
+    BandedToeplitz
+        Never worse than the banded square root it starts from ([KL24]). Coefficients
+        come from reflection coefficients in (-1, 1) (``bands <= min_sep``; every root of
+        ``c`` outside the unit disk, so ``C^{-1}`` is bounded) or are non-negative and
+        non-increasing (``bands > min_sep``; the closed-form sensitivity stays exact).
+
+    Raises
+    ------
+    StrategyOptimizationError
+        If no finite loss can be computed (a numerical failure, never a silent result).
+
+    Notes
+    -----
+    ``O(n b)`` per evaluation (two forward substitutions) plus an FFT correlation for the
+    gradient; ``n = 10,000`` with 64 bands takes about a second ([McK24] describes the
+    same Toeplitz objective in ``O(n log n)``).
+
     Examples
     --------
     >>> from privlearn.correlated import MinSeparation, loss, optimize_banded_toeplitz
@@ -178,6 +197,7 @@ def optimize_banded_toeplitz(
     """
     n = check_count("steps", steps, minimum=1)
     b = check_count("bands", bands, minimum=1)
+    max_iterations = check_count("max_iterations", max_iterations, minimum=1)
     if b > n:
         raise ValueError(f"bands must be in [1, steps={n}], got {bands!r}")
     reduction = check_choice("reduction", reduction, REDUCTIONS)
@@ -345,6 +365,22 @@ def optimize_blt(
     participation, workload, reduction
         As :func:`optimize_banded_toeplitz` (default reduction ``"max"``, the usual BLT
         objective).
+    max_iterations : int
+        L-BFGS iterations per start point.
+
+    Raises
+    ------
+    StrategyOptimizationError
+        If no finite loss can be computed.
+
+    Notes
+    -----
+    The search runs over BLTs whose decays interlace with those of their inverse
+    ([DMPST24], Lemma 5.2), from geometric start points and the rational approximation of
+    [DMPST24], Proposition 4.5, until two starts agree, then over every BLT with decays in
+    (0, 1) and positive weights summing below 1 when the first optimum lies on the boundary
+    of its class. Losses cost ``O(n m)`` per evaluation (no loop over ``n``):
+    ``optimize_blt(100_000, 4)`` takes about 10 s on a loaded 2-core machine.
 
     Examples
     --------
@@ -355,6 +391,7 @@ def optimize_blt(
     """
     n = check_count("steps", steps, minimum=1)
     m = check_count("buffers", buffers, minimum=1)
+    max_iterations = check_count("max_iterations", max_iterations, minimum=1)
     reduction = check_choice("reduction", reduction, REDUCTIONS)
     sep, k = _pattern(participation, n)
     obj = Objective(_workload(workload).coefs(n), weights(n, reduction), sep, k)
