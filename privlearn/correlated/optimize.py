@@ -335,11 +335,16 @@ def _blt_starts(n: int, m: int):
 
 
 def _collapsed(z: np.ndarray) -> bool:
-    """Whether two decays of the BLT of ``z`` (nearly) coincide: a local optimum that uses
-    fewer buffers than it has, worth escaping by another start."""
+    """Whether the BLT of ``z`` uses fewer buffers than it has -- two of its interlaced
+    decays (nearly) coincide, so a buffer's weight vanishes or two buffers merge: a local
+    optimum worth escaping by another start."""
     blt = InterlacedBLT(special.softmax(z))
-    log_gap = np.log(blt.one_minus[blt.i_theta - 1])
-    return bool(blt.m > 1 and np.min(np.abs(np.diff(log_gap))) < 1e-3)
+    if blt.m == 0:
+        return False
+    log_gap = np.log(blt.one_minus)  # log(1 - x_q), q = 1..2m, increasing
+    merged = np.min(np.diff(log_gap)) < 1e-3 if log_gap.size > 1 else False
+    idle = np.min(blt.omega) < 1e-6 * np.max(blt.omega)
+    return bool(merged or idle)
 
 
 def optimize_blt(
