@@ -209,3 +209,36 @@ def test_blt_more_buffers_never_much_worse(n, buffers, reduction, sep):
     more = loss(optimize_blt(n, buffers + 1, p, reduction=reduction), n, p,
                 reduction=reduction)
     assert more <= few * 1.001
+
+
+def _multistart_blt_loss(n, buffers, participation, reduction, starts=6) -> float:
+    """Independent reference for larger ``n``: the same raw decays and weights as
+    :func:`_multistart_blt`, scored with ``privlearn.correlated.loss`` (checked against
+    dense brute force above) instead of dense matrices."""
+
+    def f(x):
+        theta = 1.0 / (1.0 + np.exp(-np.clip(x[:buffers], -700, 700)))
+        w = np.exp(np.clip(x[buffers:], -700, 700))
+        C = BufferedToeplitz(tuple(theta), tuple(w / (1.0 + w.sum())))
+        return math.log(loss(C, n, participation, reduction=reduction))
+
+    rng = np.random.default_rng(0)
+    best = math.inf
+    for _ in range(starts):
+        x0 = np.concatenate([rng.normal(2.0, 2.5, buffers), rng.normal(-1.5, 1.0, buffers)])
+        res = optimize.minimize(f, x0, method="Nelder-Mead",
+                                options={"maxiter": 3000, "xatol": 1e-9, "fatol": 1e-13})
+        res = optimize.minimize(f, res.x, method="L-BFGS-B")
+        best = min(best, res.fun)
+    return math.exp(best)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,buffers,participation,reduction", [
+    (600, 2, MinSeparation(110), "mean"),  # two starts agreed on an idle second buffer
+    (256, 3, FixedEpochs(4), "max"), (100, 2, None, "mean"),
+])
+def test_blt_matches_multistart_at_moderate_n(n, buffers, participation, reduction):
+    C = optimize_blt(n, buffers, participation, reduction=reduction)
+    ours = loss(C, n, participation, reduction=reduction)
+    assert ours <= _multistart_blt_loss(n, buffers, participation, reduction) * 1.001
