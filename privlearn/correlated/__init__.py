@@ -14,7 +14,11 @@ from privlearn.correlated.error import (
     loss,
     per_query_error,
 )
-from privlearn.correlated.optimize import optimize_banded_toeplitz, optimize_blt
+from privlearn.correlated.optimize import (
+    StrategyOptimizationError,
+    optimize_banded_toeplitz,
+    optimize_blt,
+)
 from privlearn.correlated.participation import (
     FixedEpochs,
     MinSeparation,
@@ -44,6 +48,7 @@ __all__ = [
     "PrefixSum",
     "Sensitivity",
     "SingleParticipation",
+    "StrategyOptimizationError",
     "ToeplitzStrategy",
     "Workload",
     "loss",
