@@ -24,8 +24,8 @@ parametrisations keep every iterate well defined, so there is no singular or ove
   with positive, decreasing Toeplitz coefficients (exact sensitivity under every schema)
   and a stable noise recurrence; ``C`` and ``C^{-1}``'s coefficients are sums of ``m``
   exponentials, evaluated in ``O(n m)`` without a Python loop over ``n``. The BLT
-  objective has local optima (two decays merging); several start points are tried until
-  two agree ([DMPST24], Proposition 4.5 gives one of them).
+  objective has local optima; several start points are tried (all of them under several
+  participations, until two agree otherwise) ([DMPST24], Proposition 4.5 gives one of them).
 
 The sensitivity in the objective is that of the worst pattern -- participations
 ``min_sep`` apart from step 0 -- exact for ``bands <= min_sep`` and for non-negative,
@@ -324,7 +324,7 @@ def _rational_start(m: int) -> np.ndarray:
     return np.log(np.maximum(gaps, 1e-9))
 
 
-def _blt_starts(n: int, m: int):
+def _blt_starts(n: int, m: int, sep: int):
     """Start points, in the order tried."""
     yield _geometric_start(n, m, 0.5, 0.7)
     yield _geometric_start(n, m, 0.1, 0.9)
@@ -332,6 +332,8 @@ def _blt_starts(n: int, m: int):
     yield _geometric_start(n, m, 1.0, 0.99)
     yield _geometric_start(n, m, 0.01, 0.5)
     yield _geometric_start(n, m, 1e-3, 0.9)
+    if sep < n:  # slowest decay at the time scale of the separation
+        yield _geometric_start(n, m, n / sep, 0.9)
 
 
 def _collapsed(z: np.ndarray) -> bool:
@@ -401,16 +403,18 @@ def optimize_blt(
     sep, k = _pattern(participation, n)
     obj = Objective(_workload(workload).coefs(n), weights(n, reduction), sep, k)
     fun = _safe(_blt_objective(obj))
-    # adaptive multi-start: stop once another start confirms the best optimum and it
-    # uses all its buffers
+    # multi-start. Single participation: stop once another start confirms the best optimum
+    # and it uses all its buffers. Several participations: the objective has distinct local
+    # optima that different starts reach (a decay at 1, or at the separation's time
+    # scale), so every start is run.
     best_z, best_f, values = None, math.inf, []
-    for z0 in _blt_starts(n, m):
+    for z0 in _blt_starts(n, m, sep):
         z, f = _minimize(fun, z0, None, max_iterations)
         values.append(f)
         if f < best_f:
             best_z, best_f = z, f
         confirmed = sum(v <= best_f + 1e-6 for v in values) >= 2
-        if confirmed and not _collapsed(best_z):
+        if k == 1 and confirmed and not _collapsed(best_z):
             break
     if best_z is None or not math.isfinite(best_f):
         raise StrategyOptimizationError(

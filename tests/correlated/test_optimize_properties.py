@@ -236,6 +236,7 @@ def _multistart_blt_loss(n, buffers, participation, reduction, starts=6) -> floa
 @pytest.mark.slow
 @pytest.mark.parametrize("n,buffers,participation,reduction", [
     (600, 2, MinSeparation(110), "mean"),  # two starts agreed on an idle second buffer
+    (256, 2, FixedEpochs(4), "max"),  # the first starts all reach a decay at 1
     (256, 3, FixedEpochs(4), "max"), (100, 2, None, "mean"),
 ])
 def test_blt_matches_multistart_at_moderate_n(n, buffers, participation, reduction):
