@@ -301,7 +301,7 @@ def _raw_from_interlaced(blt: InterlacedBLT) -> np.ndarray:
 def _geometric_start(n: int, m: int, low: float, high: float) -> np.ndarray:
     """Logits of the ``2m`` interlaced decays with ``1 - x`` spread geometrically from
     ``low / n`` to ``high`` (the time scales of the problem)."""
-    one_minus = np.geomspace(low / n, high, 2 * m)
+    one_minus = np.geomspace(min(low / n, high / 16), high, 2 * m)
     gaps = np.diff(np.concatenate([[0.0], one_minus, [1.0]]))
     return np.log(gaps)
 
@@ -409,7 +409,10 @@ def optimize_blt(
     # scale), so every start is run.
     best_z, best_f, values = None, math.inf, []
     for z0 in _blt_starts(n, m, sep):
-        z, f = _minimize(fun, z0, None, max_iterations)
+        try:
+            z, f = _minimize(fun, z0, None, max_iterations)
+        except StrategyOptimizationError:  # this start's loss is not finite: next one
+            continue
         values.append(f)
         if f < best_f:
             best_z, best_f = z, f

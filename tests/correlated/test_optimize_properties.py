@@ -243,3 +243,15 @@ def test_blt_matches_multistart_at_moderate_n(n, buffers, participation, reducti
     C = optimize_blt(n, buffers, participation, reduction=reduction)
     ours = loss(C, n, participation, reduction=reduction)
     assert ours <= _multistart_blt_loss(n, buffers, participation, reduction) * 1.001
+
+
+@pytest.mark.parametrize("participation", [
+    MinSeparation(1, 3), MinSeparation(1), MinSeparation(2), FixedEpochs(40), FixedEpochs(1),
+])
+@pytest.mark.parametrize("buffers", [1, 3])
+def test_blt_never_fails_for_tight_schemas(participation, buffers):
+    n = 40
+    C = optimize_blt(n, buffers, participation, reduction="mean")
+    c = C.toeplitz_coefs(n)
+    assert np.all(c >= 0) and np.all(np.diff(c) <= 0)
+    assert math.isfinite(loss(C, n, participation, reduction="mean"))
