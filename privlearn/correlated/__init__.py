@@ -16,7 +16,11 @@ from privlearn.correlated.error import (
     loss,
     per_query_error,
 )
-from privlearn.correlated.optimize import optimize_banded_toeplitz, optimize_blt
+from privlearn.correlated.optimize import (
+    StrategyOptimizationError,
+    optimize_banded_toeplitz,
+    optimize_blt,
+)
 from privlearn.correlated.participation import (
     FixedEpochs,
     MinSeparation,
@@ -49,6 +53,7 @@ __all__ = [
     "SamplingLaw",
     "Sensitivity",
     "SingleParticipation",
+    "StrategyOptimizationError",
     "ToeplitzStrategy",
     "Workload",
     "loss",
