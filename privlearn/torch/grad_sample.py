@@ -119,6 +119,13 @@ class Contribution:
     """Per-example gradient information of one layer call (see module docstring)."""
 
     params: tuple[nn.Parameter, ...]
+    #: Whether :meth:`weighted_sum` and :meth:`accumulate_into` give exactly zero for
+    #: every example whose weight is exactly 0, even when that example's recorded rows
+    #: hold non-finite values (an overflowing example): the tracker then drops such
+    #: examples by their weight alone, on the device, without reading anything back to
+    #: the host. Rules that do not declare it (False) have the overflowing examples'
+    #: rows cleaned and are evaluated again (one host read a step).
+    masks_rows: bool = False
 
     def sq_norms(self) -> torch.Tensor:  # (B,)
         raise NotImplementedError
@@ -152,6 +159,20 @@ class Contribution:
         * ``("dense", G)``: ``G`` of shape ``(B, *param.shape)``.
         """
         return ("dense", self.per_sample()[j])
+
+
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with non-finite values replaced by 0 (a copy). Only an example whose squared
+    norm is not finite holds non-finite recorded values (an inf or NaN anywhere in its
+    rows makes its norm so), and its weight is 0: this changes no other example."""
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``c_i x_i`` for the rows ``x_i`` of ``x`` (batch first), exactly zero in the rows
+    where ``c_i == 0`` whatever they held (``inf * 0`` is cleaned in place)."""
+    y = x * c.to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
+    return y.nan_to_num_(0.0, 0.0, 0.0)
 
 
 def _rowdot(x: torch.Tensor) -> torch.Tensor:
@@ -248,6 +269,8 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Materialized(Contribution):
     """Per-example gradients held explicitly."""
 
+    masks_rows = True
+
     def __init__(self, params: Sequence[nn.Parameter], grads: Sequence[torch.Tensor]):
         self.params = tuple(params)
         self.grads = list(grads)
@@ -263,7 +286,8 @@ class Materialized(Contribution):
         return self._sq
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
-        return [(c.to(g.dtype) @ g.reshape(g.shape[0], -1)).view(g.shape[1:]) for g in self.grads]
+        return [_row_scaled(g.reshape(g.shape[0], -1), c).sum(0).view(g.shape[1:])
+                for g in self.grads]
 
     def per_sample(self) -> list[torch.Tensor]:
         return self.grads
@@ -281,6 +305,7 @@ class Compound(Contribution):
     def __init__(self, parts: Sequence[Contribution]):
         self.parts = list(parts)
         self.params = tuple(p for part in self.parts for p in part.params)
+        self.masks_rows = all(part.masks_rows for part in self.parts)
 
     def sq_norms(self) -> torch.Tensor:
         out = None
@@ -380,6 +405,8 @@ class OuterProduct(Contribution):
     ghost : bool or None (choose by :func:`use_ghost`).
     """
 
+    masks_rows = True
+
     def __init__(self, weight, bias, a, g, ghost: bool | None = None,
                  transposed: bool = False):
         self.weight, self.bias = weight, bias  # parameters, or anything with a .shape
@@ -470,36 +497,41 @@ class OuterProduct(Contribution):
         c = c.to(self._ps.dtype if self._ps is not None else self._dtype)
         gc = None
         if self._ps is not None:
-            w = (c @ self._ps.reshape(b, -1)).view(G * p, d)
+            # the norms are known: the per-example gradients (ours) are cleaned in place
+            # of the values only an example with weight 0 can hold
+            ps = torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
+            w = (c @ ps.reshape(b, -1)).view(G * p, d)
             if self.transposed:
                 w = w.t()
         else:
-            gc = self.g * c.view(b, 1, 1, 1)
+            gc = _row_scaled(self.g, c)
+            a = _finite(self.a)
             if G == 1 and self.transposed:
-                w = self.a.reshape(b * t, d).t().mm(gc.reshape(b * t, p))
+                w = a.reshape(b * t, d).t().mm(gc.reshape(b * t, p))
             elif G == 1:
-                w = gc.reshape(b * t, p).t().mm(self.a.reshape(b * t, d))
+                w = gc.reshape(b * t, p).t().mm(a.reshape(b * t, d))
             else:
-                w = torch.einsum("bgtp,bgtd->gpd", gc, self.a).reshape(G * p, d)
+                w = torch.einsum("bgtp,bgtd->gpd", gc, a).reshape(G * p, d)
         out = [w.reshape(self.weight.shape)]
         if self.bias is not None:
             if gc is not None and G == 1:  # same summation order as autograd's Linear
                 out.append(gc.reshape(b * t, p).sum(0).view(self.bias.shape))
             else:
-                out.append((c @ self._bias_ps()).view(self.bias.shape))
+                out.append(_row_scaled(self._bias_ps(), c).sum(0).view(self.bias.shape))
         return out
 
     def _weighted_sum_low(self, c: torch.Tensor) -> list[torch.Tensor]:
         """The clipped sum from half-precision operands: one matmul with float32
         accumulation and result (:func:`mm32`), factors rounded down (:func:`low_factors`)."""
         b, G, t, d, p = self.dims
-        gc = self.g * low_factors(c, self._dtype).view(b, 1, 1, 1)
+        gc = _row_scaled(self.g, low_factors(c, self._dtype))
+        a = _finite(self.a)
         if G == 1:
-            g2, a2 = gc.reshape(b * t, p), self.a.reshape(b * t, d)
+            g2, a2 = gc.reshape(b * t, p), a.reshape(b * t, d)
             w = mm32(a2.t(), g2) if self.transposed else mm32(g2.t(), a2)
         else:
             w = mm32(gc.permute(1, 3, 0, 2).reshape(G, p, b * t),
-                     self.a.permute(1, 0, 2, 3).reshape(G, b * t, d)).reshape(G * p, d)
+                     a.permute(1, 0, 2, 3).reshape(G, b * t, d)).reshape(G * p, d)
         out = [w.reshape(self.weight.shape)]
         if self.bias is not None:
             out.append(gc.reshape(b * t, G * p).sum(0, dtype=torch.float32).view(
@@ -541,6 +573,8 @@ class DenseOuterProduct(Contribution):
     would run for the non-private weight gradient. ``transposed``: the parameter is
     ``(d, p)`` (transformers' ``Conv1D``)."""
 
+    masks_rows = True
+
     def __init__(self, weight, bias, a: torch.Tensor, g: torch.Tensor,
                  transposed: bool = False):
         self.weight, self.bias = weight, bias
@@ -565,17 +599,16 @@ class DenseOuterProduct(Contribution):
     def _weighted_g(self, c: torch.Tensor) -> torch.Tensor:
         """Output gradients scaled per example, ``c_i g_i``."""
         if self._low:
-            return self.g * low_factors(c, self.g.dtype).unsqueeze(1)
-        if c.dtype != self.g.dtype:
-            c = c.to(self.g.dtype)
-        return self.g * c.unsqueeze(1)
+            return _row_scaled(self.g, low_factors(c, self.g.dtype))
+        return _row_scaled(self.g, c)
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         gc = self._weighted_g(c)
+        a = _finite(self.a)
         if self._low:
-            w = mm32(self.a.t(), gc) if self.transposed else mm32(gc.t(), self.a)
+            w = mm32(a.t(), gc) if self.transposed else mm32(gc.t(), a)
             return [w] if self.bias is None else [w, gc.sum(0, dtype=torch.float32)]
-        w = self.a.t().mm(gc) if self.transposed else gc.t().mm(self.a)
+        w = a.t().mm(gc) if self.transposed else gc.t().mm(a)
         if self.bias is None:
             return [w]
         return [w, gc.sum(0)]
@@ -600,7 +633,7 @@ class DenseOuterProduct(Contribution):
                 o.add_(w.reshape(o.shape).to(o.dtype))
             return
         gc = self._weighted_g(c)
-        a = self.a
+        a = _finite(self.a)
         if gc.dtype != outs[0].dtype:
             gc, a = gc.to(outs[0].dtype), a.to(outs[0].dtype)
         if self.transposed:

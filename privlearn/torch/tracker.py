@@ -203,7 +203,8 @@ class GradSampleTracker:
         #: scale): recorded gradients are divided by it before clipping
         self.loss_scale = 1.0
         #: examples dropped from the last clipped sum because their gradient overflowed
-        self.last_overflow_count = 0
+        #: (an int, or a tensor on the device: see :attr:`last_overflow_count`)
+        self._overflow = 0
         self._batch_hint = 0  # batch size of the model's current forward (root input)
         self._recompute_unrecorded: str | None = None
         self._captured: dict[int, dict] = {}
@@ -222,6 +223,17 @@ class GradSampleTracker:
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
         self._install()
+
+    @property
+    def last_overflow_count(self) -> int:
+        """Examples dropped from the last clipped sum because their gradient overflowed
+        (0 when none). Kept on the device by the step; reading it reads it back."""
+        n = self._overflow
+        return int(n) if isinstance(n, torch.Tensor) else n
+
+    @last_overflow_count.setter
+    def last_overflow_count(self, value) -> None:
+        self._overflow = value
 
     # ------------------------------------------------------------------ units and hooks
     def _install(self) -> None:
@@ -747,18 +759,23 @@ class GradSampleTracker:
         sums = {} if out is None else out
         norms = None
         self.last_overflow_count = 0
+        # every contribution drops an example by its weight alone (masks_rows): the
+        # overflowing examples are masked on the device, nothing is read back
+        masked = all(c.masks_rows for c in contribs)
         if contribs and per_param is not None:
             sq, total = _per_param_sq(contribs)
-            bad = _nonfinite(total)
-            if bad is not None:
+            bad = _nonfinite(total, masked)
+            if bad is not None and not masked:
                 contribs = self._drop_examples(bad)
                 sq, total = _per_param_sq(contribs)
             norms = self._per_param_clip(contribs, scale, max_grad_norm, multiplier,
                                          per_param, sums, out, sq, total, bad)
+            if bad is not None and masked:
+                self.last_overflow_count = bad.sum()
         elif contribs:
             sq = _flat_sq(contribs)
-            bad = _nonfinite(sq)
-            if bad is not None:
+            bad = _nonfinite(sq, masked)
+            if bad is not None and not masked:
                 contribs = self._drop_examples(bad)
                 sq = _flat_sq(contribs)
             norms = sq.sqrt()
@@ -774,6 +791,8 @@ class GradSampleTracker:
             if bad is not None:
                 factors = factors.masked_fill(bad, 0.0)
                 norms = norms.masked_fill(bad, float("inf"))
+                if masked:
+                    self.last_overflow_count = bad.sum()
             for c in contribs:
                 if out is not None:
                     c.accumulate_into(factors, [out[id(p)] for p in c.params])
@@ -872,12 +891,15 @@ def _per_param_sq(contribs):
     return sq, total
 
 
-def _nonfinite(sq: torch.Tensor | None) -> torch.Tensor | None:
-    """Boolean mask of the examples whose squared norm is not finite, or None when every
-    one is (one host synchronisation)."""
+def _nonfinite(sq: torch.Tensor | None, masked: bool = False) -> torch.Tensor | None:
+    """Boolean mask of the examples whose squared norm is not finite. With ``masked``
+    (the contributions drop them by their weight) the mask itself, computed on the
+    device; else None when every one is finite (one host synchronisation)."""
     if sq is None:
         return None
     bad = ~torch.isfinite(sq)
+    if masked:
+        return bad
     return bad if bool(bad.any()) else None
 
 
