@@ -73,6 +73,8 @@ __all__ = [
     "context_layout",
     "use_ghost",
     "GHOST_MEMORY_BUDGET_BYTES",
+    "STEP_MATERIALISE_BUDGET_BYTES",
+    "materialise_budget",
     "LOW_PRECISION_MATMUL",
     "keep_low_precision",
     "mm32",
@@ -82,6 +84,25 @@ __all__ = [
 #: Materialising per-example gradients of one layer above this many bytes switches the
 #: layer to ghost norms (no per-example gradient stored).
 GHOST_MEMORY_BUDGET_BYTES = 64 * 2**20
+#: The per-example gradients materialised in one step, all layers together, stay below
+#: this many bytes (they live until the clip factors are known): the layers evaluated once
+#: it is spent use ghost norms and the book-keeping matmul instead (Bu et al. 2023, Sec. 3).
+#: A per-layer bound alone let a deep model keep every layer's per-example gradients at
+#: once (GPT-2 small on 4 x 256 tokens: 1.3 GB, more than its non-private step adds).
+STEP_MATERIALISE_BUDGET_BYTES = 64 * 2**20
+_BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "privlearn_materialise_budget", default=None)
+
+
+@contextlib.contextmanager
+def materialise_budget(nbytes: int):
+    """Context in which :func:`use_ghost` materialises per-example gradients for at most
+    ``nbytes`` bytes in all (the tracker enters it around one step's rule evaluation)."""
+    token = _BUDGET.set([int(nbytes)])
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
 
 
 @dataclass
@@ -340,12 +361,26 @@ def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4
 
     Ghost adds ``T^2 (d + p)`` work per example and group on top of the weighted matmul;
     materialising adds ``d p`` (the weighted sum over stored per-example gradients) and
-    ``B G d p`` memory (Bu et al. 2023, Sec. 3.2, layerwise choice).
+    ``B G d p`` memory (Bu et al. 2023, Sec. 3.2, layerwise choice). Materialising stays
+    within :data:`GHOST_MEMORY_BUDGET_BYTES` per layer and, inside
+    :func:`materialise_budget` (a step), within what is left of the step's budget, which
+    a materialising answer consumes.
     """
     if t * t * (d + p) < d * p:
         return True
-    return batch * groups * d * p * itemsize > GHOST_MEMORY_BUDGET_BYTES
+    need = batch * groups * d * p * itemsize
+    if need > GHOST_MEMORY_BUDGET_BYTES:
+        return True
+    left = _BUDGET.get()
+    if left is not None:
+        if need > left[0]:
+            return True
+        left[0] -= need
+    return False
 
+
+#: Scaled output gradients formed at once by :meth:`OuterProduct.accumulate_into`.
+_CHUNK_BYTES = 32 * 2**20
 
 #: :func:`_live_positions` drops positions only when at least ``1 / _MIN_DEAD_SHARE`` of
 #: them may be dead: the check reads the whole output gradient twice.
@@ -519,6 +554,27 @@ class OuterProduct(Contribution):
             else:
                 out.append(_row_scaled(self._bias_ps(), c).sum(0).view(self.bias.shape))
         return out
+
+    def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        """``outs += sum_i c_i grad_i`` in place: ghost form, one matmul per group of
+        examples added straight into the buffer (the scaled output gradients of at most
+        :data:`_CHUNK_BYTES` at a time: a language-model head's are vocabulary-wide)."""
+        b, G, t, d, p = self.dims
+        o = outs[0]
+        if self._ps is not None or G != 1 or self._low or o.dtype != self._dtype:
+            return super().accumulate_into(c, outs)
+        c = c.to(self._dtype)
+        o = o.view(d, p) if self.transposed else o.view(p, d)
+        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * self.g.element_size()))
+        for s in range(0, b, k):
+            gc = _row_scaled(self.g[s:s + k], c[s:s + k]).reshape(-1, p)
+            a = _finite(self.a[s:s + k]).reshape(-1, d)
+            if self.transposed:
+                o.addmm_(a.t(), gc)
+            else:
+                o.addmm_(gc.t(), a)
+            if self.bias is not None:
+                outs[1].view(p).add_(gc.sum(0))
 
     def _weighted_sum_low(self, c: torch.Tensor) -> list[torch.Tensor]:
         """The clipped sum from half-precision operands: one matmul with float32

@@ -50,6 +50,7 @@ from privlearn.torch.cross_terms import CrossTerm, _cross_terms
 from privlearn.torch.fallback import FALLBACK, default_record_dims
 from privlearn.torch.grad_sample import (
     _IN_RULE,
+    STEP_MATERIALISE_BUDGET_BYTES,
     Contribution,
     LayerRule,
     Record,
@@ -57,6 +58,7 @@ from privlearn.torch.grad_sample import (
     context_layout,
     get_instrumenter,
     get_rule,
+    materialise_budget,
     rule_evaluation,
 )
 from privlearn.torch.units import Grouped, RowUnits
@@ -664,7 +666,7 @@ class GradSampleTracker:
         batch = None
         scale = None
         per_unit = []
-        with rule_evaluation():
+        with rule_evaluation(), materialise_budget(STEP_MATERIALISE_BUDGET_BYTES):
             for i, recs in self.records.items():
                 unit = self.units[i]
                 recs = [r for r in recs if r.has_grad()]

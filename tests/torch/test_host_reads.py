@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -94,9 +95,12 @@ def _data(name, n, t=7):
 
 
 def steady_step_reads(name: str, dtype=None, device: str = "cpu", steps: int = 3,
-                      sync_debug: bool = False) -> list[str]:
+                      sync_debug: str | None = None) -> list[str]:
     """Host reads from privlearn during steps 2..steps of a private training loop (fixed
-    batch size) of a tiny ``name`` model, under autocast to ``dtype`` when given."""
+    batch size) of a tiny ``name`` model, under autocast to ``dtype`` when given. With
+    ``sync_debug`` ("warn" or "error", CUDA), the steady steps run under
+    ``torch.cuda.set_sync_debug_mode``; "warn": the synchronisations whose warning points
+    at privlearn's code are counted as reads too."""
     from hf_models import build, loss_of
 
     if name == "gpt2_lora":
@@ -113,9 +117,10 @@ def steady_step_reads(name: str, dtype=None, device: str = "cpu", steps: int = 3
         steady = i > 0
         if steady and sync_debug:
             torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
+            torch.cuda.set_sync_debug_mode(sync_debug)
         try:
-            with reads if steady else _null():
+            with reads if steady else _null(), warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
                 p.optimizer.zero_grad()
                 with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
                     out = p.model(input_ids=ids, attention_mask=mask)
@@ -125,6 +130,10 @@ def steady_step_reads(name: str, dtype=None, device: str = "cpu", steps: int = 3
         finally:
             if steady and sync_debug:
                 torch.cuda.set_sync_debug_mode(0)
+        if steady and sync_debug:
+            reads.calls += [f"synchronisation at {w.filename}:{w.lineno}" for w in seen
+                            if "synchroniz" in str(w.message).lower()
+                            and os.path.abspath(w.filename).startswith(PACKAGE + os.sep)]
     assert p.accountant.steps == steps
     return reads.calls
 
@@ -180,3 +189,43 @@ def test_cpu_only_reads_stay_on_the_cpu():
         assert reads.calls
     finally:
         CPU_ONLY.add("_live_positions")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
+def test_cuda_steady_step_has_no_host_reads(name, dtype):
+    """On a GPU: no host read from privlearn, and no synchronisation that CUDA's sync
+    debug mode attributes to privlearn's code (transformers' own, e.g. its attention-mask
+    checks, are theirs)."""
+    assert steady_step_reads(name, dtype, device="cuda", sync_debug="warn") == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_steady_step_runs_under_sync_debug_error():
+    """A model without Hugging Face code: every steady step of the private loop runs
+    under ``torch.cuda.set_sync_debug_mode("error")`` (any synchronisation raises)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.LayerNorm(16), nn.Linear(16, 32),
+                          nn.GELU(), nn.Linear(32, 50)).cuda()
+    ids = torch.randint(0, 50, (24, 9))
+    loader = DataLoader(TensorDataset(ids), batch_size=6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                     sampling="fixed", seed=0)
+    for i, (x,) in enumerate(p.data_loader):
+        x = x.cuda()
+        if i > 0:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            p.optimizer.zero_grad()
+            logits = p.model(x[:, :-1])
+            loss = nn.functional.cross_entropy(logits.reshape(-1, 50), x[:, 1:].reshape(-1))
+            loss.backward()
+            p.optimizer.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert p.accountant.steps == 4
