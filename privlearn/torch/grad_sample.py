@@ -124,9 +124,13 @@ class Record:
     extra: dict | None = None  # tensors exposed by an instrumented forward (attention)
     batch_dim: int = 0  # where the recorded tensors carry the examples (rules that do not
     # have the engine move them, e.g. the generic fallback)
+    #: the contribution, when the rule was evaluated during backward (``LayerRule.early``;
+    #: the recorded tensors are then released) and the number of examples it saw
+    early: Contribution | None = None
+    examples: int | None = None
 
     def has_grad(self) -> bool:
-        return any(g is not None for g in self.grad_outputs)
+        return self.early is not None or any(g is not None for g in self.grad_outputs)
 
     def grad(self, i: int) -> torch.Tensor:
         g = self.grad_outputs[i]
@@ -770,6 +774,13 @@ class LayerRule:
         problem by :func:`privlearn.torch.validator.validate` before training (for layers
         matched by a predicate, which :func:`~privlearn.torch.validator.register_validator`
         cannot key by type).
+    early : bool
+        The rule's per-example gradients are smaller than what it reads (a normalisation
+        layer's: one row per example against the input and output gradient of every
+        position): the tracker evaluates it during backward, as soon as the layer's
+        output gradient is known, and releases the recorded tensors then, instead of
+        keeping them until ``step()``. The rule must return a :class:`Materialized`
+        contribution for a single-output layer.
     """
 
     compute: Rule
@@ -783,6 +794,7 @@ class LayerRule:
     record_dims: Callable | None = None
     observe: Callable | None = None
     check: Callable[[nn.Module], list[str]] | None = None
+    early: bool = False
 
     def __post_init__(self):
         if self.scope not in ("subtree", "direct"):
@@ -819,8 +831,8 @@ def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
     these. The rule must be linear in the recorded output gradients (the tracker applies
     the loss-reduction factor to its results). Keyword options are the fields of
     :class:`LayerRule` (``batch_dim``, ``own_layout``, ``expand_broadcast``, ``scope``,
-    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``, ``check``). Returns the
-    function unchanged.
+    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``, ``check``, ``early``).
+    Returns the function unchanged.
     """
 
     def deco(fn: Rule) -> Rule:

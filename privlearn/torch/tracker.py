@@ -45,14 +45,15 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch.cross_terms import CrossTerm, _cross_terms
 from privlearn.torch.fallback import FALLBACK, default_record_dims
 from privlearn.torch.grad_sample import (
     _IN_RULE,
-    STEP_MATERIALISE_BUDGET_BYTES,
     Contribution,
     LayerRule,
+    Materialized,
     Record,
     _MakeDifferentiable,
     context_layout,
@@ -468,6 +469,7 @@ class GradSampleTracker:
         Tensor = torch.Tensor
         unit = self.units[index]
         move = unit.batch_dim if unit.normalised and unit.batch_dim != 0 else None
+        early = unit if unit.rule.early else None
 
         def hook(module, args, kwargs, output):
             if _IN_RULE.get() or not module.training or not is_grad_enabled():
@@ -509,7 +511,7 @@ class GradSampleTracker:
                 changed = not output.requires_grad
                 if changed:
                     output = _MakeDifferentiable.apply(dummy, output)
-                output.register_hook(grad_hook(rec, 0, move))
+                output.register_hook(grad_hook(rec, 0, move, early))
                 return output if changed else None
             flat, spec = tree_flatten(output)
             rec.out_spec = spec
@@ -535,7 +537,8 @@ class GradSampleTracker:
 
         return hook
 
-    def _grad_hook(self, rec: Record, j: int, move: int | None = None):
+    def _grad_hook(self, rec: Record, j: int, move: int | None = None,
+                   early: Unit | None = None):
         tracker = self
 
         def fn(g):
@@ -545,7 +548,25 @@ class GradSampleTracker:
                 g = _to_front(g, move)
             prev = rec.grad_outputs[j]
             rec.grad_outputs[j] = g if prev is None else prev + g
+            if early is not None and prev is None and not tracker._probe_pending:
+                tracker._evaluate_early(early, rec)
         return fn
+
+    def _evaluate_early(self, unit: Unit, rec: Record) -> None:
+        """Evaluate a rule declared ``early`` (:class:`~privlearn.torch.grad_sample.
+        LayerRule`) as soon as its layer's output gradient is known, during backward, and
+        release the recorded input and gradient: a normalisation layer's per-example
+        gradients are one row per example, its records one row per position. (After the
+        first step only: the batch-independence probe and the checks of the first step
+        read the records.)"""
+        examples = record_batch(unit, rec)
+        with torch.no_grad(), rule_evaluation():
+            c = unit.rule(unit.module, rec, unit.params)
+        if not isinstance(c, Materialized):
+            return  # kept as recorded: evaluated at the step as usual
+        rec.early, rec.examples = c, examples
+        rec.args, rec.kwargs = (), {}
+        rec.grad_outputs = [None] * len(rec.grad_outputs)
 
     def _begin_backward(self) -> None:
         """First recorded gradient of a backward pass: refuse a second backward pass
@@ -666,7 +687,7 @@ class GradSampleTracker:
         batch = None
         scale = None
         per_unit = []
-        with rule_evaluation(), materialise_budget(STEP_MATERIALISE_BUDGET_BYTES):
+        with rule_evaluation(), materialise_budget(_gs.STEP_MATERIALISE_BUDGET_BYTES):
             for i, recs in self.records.items():
                 unit = self.units[i]
                 recs = [r for r in recs if r.has_grad()]
@@ -683,7 +704,8 @@ class GradSampleTracker:
                     s = self._scale(r, unit)
                     if scale is None:
                         scale = s
-                    c = unit.rule(unit.module, r, unit.params)
+                    c = r.early if r.early is not None else unit.rule(unit.module, r,
+                                                                      unit.params)
                     cs.append(c if units is None else Grouped(c, units))
                 per_unit.append(cs)
         for cs in per_unit:
@@ -910,6 +932,11 @@ def _sanitize_record(unit: Unit, rec: Record, idx: torch.Tensor, batch: int) -> 
     output gradients and of captured gradients, and replace non-finite values in those
     rows of the floating inputs by 0. Tensors without a batch dimension are left alone
     (they are shared by all examples, e.g. an additive attention mask)."""
+    if rec.early is not None:  # evaluated during backward: its per-example gradients
+        ix = idx.to(rec.early.grads[0].device) if rec.early.grads else idx
+        rec.early = Materialized(rec.early.params,
+                                 [g.index_fill(0, ix, 0.0) for g in rec.early.grads])
+        return
     arg_dims, kw_dims, out_dims = record_dims(unit, rec, batch)
 
     def fixer(d, zero):
@@ -966,6 +993,8 @@ def record_dims(unit: Unit, rec: Record, batch: int):
 
 def record_batch(unit: Unit, rec: Record) -> int:
     """Number of examples in one recorded call of ``unit``."""
+    if rec.examples is not None:
+        return rec.examples
     if unit.rule.batch_size is not None:
         return int(unit.rule.batch_size(unit.module, rec))
     x = rec.args[0] if rec.args else next(iter(rec.kwargs.values()))
