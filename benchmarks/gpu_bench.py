@@ -73,10 +73,12 @@ def _private(mode: str, model, optimizer, dataset, batch: int, steps: int):
 
 
 def measure(base, w, mode: str, dtype: str, steps: int, warmup: int,
-            max_seconds: float) -> dict:
+            max_seconds: float, device: str = "cuda") -> dict:
     import torch
 
-    dev = torch.device("cuda")
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     model = copy.deepcopy(base).to(dev)
     model.train()
     n = 64 * w.batch
@@ -113,9 +115,10 @@ def measure(base, w, mode: str, dtype: str, steps: int, warmup: int,
     loss = None
     for i in range(warmup + steps):
         xb, yb = next(it)
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+        sync()
+        if cuda:
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
         b, t = xb.shape
@@ -124,17 +127,18 @@ def measure(base, w, mode: str, dtype: str, steps: int, warmup: int,
         if w.model == "bert":
             kw["token_type_ids"] = torch.zeros_like(xb)
         optimizer.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
             logits = model(xb, **kw).logits
             loss = criterion(logits, yb)
         loss.backward()
         optimizer.step()
-        torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t0
         if i >= warmup:
             times.append(dt)
             sizes.append(b)
-            peaks.append((torch.cuda.max_memory_allocated() - before) / 2**20)
+            peaks.append((torch.cuda.max_memory_allocated() - before) / 2**20 if cuda
+                         else float("nan"))
             if len(times) >= 3 and sum(times) > max_seconds:
                 break
     value = float(loss.item())
@@ -197,6 +201,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-seconds", type=float, default=3.0,
                     help="timed steps stop after this many seconds once 3 ran")
     ap.add_argument("--only", default="", help="comma-separated model/mode/dtype prefixes")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the code path")
+    ap.add_argument("--size", default="small", choices=torch_hf.SIZES)
     ap.add_argument("--summary", type=Path, default=None,
                     help="only write the markdown summary of --out to this file")
     args = ap.parse_args(argv)
@@ -215,9 +221,10 @@ def main(argv=None) -> None:
             f.flush()
             os.fsync(f.fileno())
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         emit({"skipped": "no CUDA device"})
         return
+    empty_cache = torch.cuda.empty_cache if args.device == "cuda" else (lambda: None)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     try:
@@ -225,8 +232,8 @@ def main(argv=None) -> None:
         have_opacus = True
     except ImportError:
         have_opacus = False
-    emit({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-          "opacus": have_opacus})
+    emit({"gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
+          "torch": torch.__version__, "opacus": have_opacus, "size": args.size})
     only = [s for s in args.only.split(",") if s]
     jobs = [j for j in plan() if not only or any("/".join(j).startswith(s) for s in only)]
     bases: dict[str, tuple] = {}
@@ -242,17 +249,18 @@ def main(argv=None) -> None:
             if model_name not in bases:
                 bases.clear()
                 gc.collect()
-                torch.cuda.empty_cache()
-                bases[model_name] = (torch_hf.build(model_name, "small")[0],
-                                     torch_hf.workload(model_name, "small"))
+                empty_cache()
+                bases[model_name] = (torch_hf.build(model_name, args.size)[0],
+                                     torch_hf.workload(model_name, args.size))
             base, w = bases[model_name]
-            r = measure(base, w, mode, dtype, args.steps, args.warmup, args.max_seconds)
+            r = measure(base, w, mode, dtype, args.steps, args.warmup, args.max_seconds,
+                        args.device)
             emit({**key, **r})
         except Exception as exc:  # one configuration failing does not stop the others
             emit({**key, "error": f"{type(exc).__name__}: {exc}"[:300],
                   "trace": traceback.format_exc()[-600:]})
         gc.collect()
-        torch.cuda.empty_cache()
+        empty_cache()
 
 
 if __name__ == "__main__":
