@@ -781,6 +781,12 @@ class LayerRule:
         output gradient is known, and releases the recorded tensors then, instead of
         keeping them until ``step()``. The rule must return a :class:`Materialized`
         contribution for a single-output layer.
+    casts_input : bool
+        Under autocast the layer computes from its first input cast to the autocast
+        dtype (a matmul layer: ``nn.Linear``): after the first step the engine records
+        that cast instead of the float32 input (half the memory; the rule's matmuls then
+        run in that dtype with float32 accumulation where :data:`LOW_PRECISION_MATMUL`
+        allows). Recorded only when the layer's output has the autocast dtype.
     """
 
     compute: Rule
@@ -795,6 +801,7 @@ class LayerRule:
     observe: Callable | None = None
     check: Callable[[nn.Module], list[str]] | None = None
     early: bool = False
+    casts_input: bool = False
 
     def __post_init__(self):
         if self.scope not in ("subtree", "direct"):
@@ -831,7 +838,8 @@ def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
     these. The rule must be linear in the recorded output gradients (the tracker applies
     the loss-reduction factor to its results). Keyword options are the fields of
     :class:`LayerRule` (``batch_dim``, ``own_layout``, ``expand_broadcast``, ``scope``,
-    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``, ``check``, ``early``).
+    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``, ``check``, ``early``,
+    ``casts_input``).
     Returns the function unchanged.
     """
 

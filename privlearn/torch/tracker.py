@@ -470,6 +470,7 @@ class GradSampleTracker:
         unit = self.units[index]
         move = unit.batch_dim if unit.normalised and unit.batch_dim != 0 else None
         early = unit if unit.rule.early else None
+        casts_input = unit.rule.casts_input
 
         def hook(module, args, kwargs, output):
             if _IN_RULE.get() or not module.training or not is_grad_enabled():
@@ -488,6 +489,8 @@ class GradSampleTracker:
             args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
             if move is not None and args and isinstance(args[0], Tensor):
                 args = (_to_front(args[0], move), *args[1:])
+            if casts_input and args and not self._probe_pending:
+                args = _autocast_input(args, output)
             rec = Record(
                 args=args,
                 kwargs={k: (v.detach() if isinstance(v, Tensor) else v)
@@ -1012,6 +1015,23 @@ def _meta(o: torch.Tensor, move: int | None):
     if move is not None and len(shape) > move:
         shape = (shape[move], *shape[:move], *shape[move + 1:])
     return (shape, o.dtype, o.device)
+
+
+def _autocast_input(args: tuple, output) -> tuple:
+    """``args`` with the first (float32) input cast to the autocast dtype, when autocast
+    is on for its device and the layer's output has that dtype (the layer computed from
+    that cast: see ``LayerRule.casts_input``); else unchanged."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 \
+            or not isinstance(output, torch.Tensor):
+        return args
+    dev = x.device.type
+    try:
+        if not torch.is_autocast_enabled(dev) or output.dtype != torch.get_autocast_dtype(dev):
+            return args
+    except (RuntimeError, TypeError, AttributeError):  # pragma: no cover - old torch
+        return args
+    return (x.to(output.dtype), *args[1:])
 
 
 def _trainable_signature(model: nn.Module) -> tuple:

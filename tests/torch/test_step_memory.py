@@ -94,3 +94,44 @@ def test_norm_layers_are_clipped_from_what_backward_left():
         got = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
         ref = _naive_clipped_sum(ref_model, xb, yb, 0.3) / p.optimizer.expected_batch_size
         torch.testing.assert_close(got, ref)
+
+
+def test_bf16_autocast_records_the_cast_input_and_matches_a_float64_loop():
+    """Under bf16 autocast a Linear layer computes from its input cast to bf16: after the
+    first step the engine records that cast (half the memory), and the clipped sum still
+    matches per-example gradients of the same autocast forward (batch-of-one backward
+    passes, clipped in float64) to bf16 accuracy."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4))
+    ref_model = copy.deepcopy(model)
+    x = torch.randn(16, 5, 6)
+    y = torch.randn(16, 5, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    p = make_private(model, opt, DataLoader(TensorDataset(x, y), batch_size=8),
+                     noise_multiplier=0.0, max_grad_norm=0.5, sampling="fixed",
+                     loss_reduction="sum")
+
+    def loss_of(m, xb, yb):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = m(xb)
+        return nn.functional.mse_loss(out.float(), yb, reduction="sum")
+
+    params = list(ref_model.parameters())
+    for i, (xb, yb) in enumerate(p.data_loader):
+        p.optimizer.zero_grad()
+        loss_of(p.model, xb, yb).backward()
+        tracker = p.optimizer.tracker
+        first = tracker.records[[u.module for u in tracker.units].index(model[0])][0]
+        # the first layer's input is the float32 batch: recorded as it is on the first
+        # step (its probe re-runs the layers), as the bf16 cast the layer used after it
+        assert first.args[0].dtype == (torch.float32 if i == 0 else torch.bfloat16)
+        p.optimizer.step()
+        got = torch.cat([q.grad.reshape(-1) for q in model.parameters()]).double()
+        ref = None
+        for j in range(xb.shape[0]):
+            gs = torch.autograd.grad(loss_of(ref_model, xb[j:j + 1], yb[j:j + 1]), params)
+            g = torch.cat([t.reshape(-1) for t in gs]).double()
+            g = g * min(1.0, 0.5 / g.norm().item())
+            ref = g if ref is None else ref + g
+        ref = ref / p.optimizer.expected_batch_size
+        assert (got - ref).norm() < 2e-2 * ref.norm()

@@ -17,13 +17,14 @@ from privlearn.torch.grad_sample import (
     _as,
     _scaled,
     compute_dtype,
+    keep_low_precision,
     register_rule,
 )
 
 __all__ = ['linear_rule', 'linear_like']
 
 
-@register_rule(nn.Linear)
+@register_rule(nn.Linear, casts_input=True)
 def linear_rule(module: nn.Linear, record: Record, params) -> Contribution:
     return linear_like(record.args[0], _scaled(record), module.weight, module.bias, params)
 
@@ -39,7 +40,8 @@ def linear_like(a: torch.Tensor, g: torch.Tensor, weight, bias, params,
         return DenseOuterProduct(w, bias, a, g, transposed=transposed)
     b = a.shape[0]
     d, p = a.shape[-1], g.shape[-1]
-    dt = compute_dtype(a, g)
+    # half-precision operands stay so where the outer product keeps them (accelerators)
+    dt = a.dtype if keep_low_precision(a, g) else compute_dtype(a, g)
     g = _as(g, dt).reshape(b, 1, -1, p)
     if w is None:  # frozen weight, trainable bias
         return Materialized([bias], [g.sum(2).reshape(b, p)])

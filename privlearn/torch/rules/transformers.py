@@ -101,7 +101,7 @@ def _is_conv1d(m: nn.Module) -> bool:
             and set(m._parameters) <= {"weight", "bias"} and not m._modules)
 
 
-@register_predicate_rule(_is_conv1d)
+@register_predicate_rule(_is_conv1d, casts_input=True)
 @verified
 def conv1d_transposed_rule(module: nn.Module, record: Record, params) -> Contribution:
     """transformers' ``Conv1D``: ``addmm(bias, x, W)`` with ``W`` ``(nx, nf)``."""
