@@ -287,6 +287,10 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dts[0]
 
 
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
@@ -452,18 +456,19 @@ class OuterProduct(Contribution):
         self.params = (weight,) if bias is None else (weight, bias)
         self._low = keep_low_precision(a, g)
         dt = a.dtype if self._low else compute_dtype(a, g)
-        a, g = _as(a, dt), _as(g, dt)
+        # kept as recorded (half precision under autocast: half the memory until the
+        # step), converted to the working dtype where used, one layer at a time
         live = _live_positions(g)
         if live is not None:  # positions with a zero output gradient in every example
             a, g = a.index_select(2, live), g.index_select(2, live)
-        self.a, self.g = a, g
         self._dtype = dt
+        self.a, self.g = a, g
         self.transposed = transposed
         b, G, t, d = a.shape
         p = g.shape[-1]
         self.dims = (b, G, t, d, p)
         if ghost is None:
-            ghost = use_ghost(b, G, t, d, p, a.element_size())
+            ghost = use_ghost(b, G, t, d, p, _itemsize(dt))
         self.ghost = ghost
         self._ps = None
         self._sq = None
@@ -476,10 +481,28 @@ class OuterProduct(Contribution):
                 self._ps = mm32(g.transpose(-1, -2).reshape(b * G, p, t),
                                 a.reshape(b * G, t, d)).view(b, G, p, d)
             else:
-                self._ps = torch.matmul(g.transpose(-1, -2), a)
+                self._ps = torch.matmul(_as(g, dt).transpose(-1, -2), _as(a, dt))
             if bias is not None:
                 self._bias_ps()
             self.a = self.g = None
+
+    @property
+    def a(self) -> torch.Tensor | None:
+        """The recorded inputs ``(B, G, T, d)`` in the working dtype."""
+        return None if self._a is None else _as(self._a, self._dtype)
+
+    @a.setter
+    def a(self, value) -> None:
+        self._a = value
+
+    @property
+    def g(self) -> torch.Tensor | None:
+        """The recorded output gradients ``(B, G, T, p)`` in the working dtype."""
+        return None if self._g is None else _as(self._g, self._dtype)
+
+    @g.setter
+    def g(self, value) -> None:
+        self._g = value
 
     def _bias_ps(self) -> torch.Tensor:
         if self._bias_cache is None:
@@ -569,10 +592,10 @@ class OuterProduct(Contribution):
             return super().accumulate_into(c, outs)
         c = c.to(self._dtype)
         o = o.view(d, p) if self.transposed else o.view(p, d)
-        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * self.g.element_size()))
+        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
         for s in range(0, b, k):
-            gc = _row_scaled(self.g[s:s + k], c[s:s + k]).reshape(-1, p)
-            a = _finite(self.a[s:s + k]).reshape(-1, d)
+            gc = _row_scaled(_as(self._g[s:s + k], self._dtype), c[s:s + k]).reshape(-1, p)
+            a = _finite(_as(self._a[s:s + k], self._dtype)).reshape(-1, d)
             if self.transposed:
                 o.addmm_(a.t(), gc)
             else:

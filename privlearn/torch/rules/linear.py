@@ -17,7 +17,6 @@ from privlearn.torch.grad_sample import (
     _as,
     _scaled,
     compute_dtype,
-    keep_low_precision,
     register_rule,
 )
 
@@ -40,9 +39,9 @@ def linear_like(a: torch.Tensor, g: torch.Tensor, weight, bias, params,
         return DenseOuterProduct(w, bias, a, g, transposed=transposed)
     b = a.shape[0]
     d, p = a.shape[-1], g.shape[-1]
-    # half-precision operands stay so where the outer product keeps them (accelerators)
-    dt = a.dtype if keep_low_precision(a, g) else compute_dtype(a, g)
-    g = _as(g, dt).reshape(b, 1, -1, p)
+    g = g.reshape(b, 1, -1, p)
     if w is None:  # frozen weight, trainable bias
-        return Materialized([bias], [g.sum(2).reshape(b, p)])
-    return OuterProduct(w, bias, _as(a, dt).reshape(b, 1, -1, d), g, transposed=transposed)
+        return Materialized([bias], [_as(g, compute_dtype(g)).sum(2).reshape(b, p)])
+    # as recorded: the outer product converts them to its working dtype where it uses
+    # them (half precision stays so where LOW_PRECISION_MATMUL keeps it)
+    return OuterProduct(w, bias, a.reshape(b, 1, -1, d), g, transposed=transposed)
