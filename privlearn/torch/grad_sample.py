@@ -614,14 +614,23 @@ class OuterProduct(Contribution):
         o = o.view(d, p) if self.transposed else o.view(p, d)
         k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
         for s in range(0, b, k):
-            gc = _row_scaled(_as(self._g[s:s + k], self._dtype), c[s:s + k]).reshape(-1, p)
-            a = _finite(_as(self._a[s:s + k], self._dtype)).reshape(-1, d)
-            if self.transposed:
-                o.addmm_(a.t(), gc)
+            cs = c[s:s + k]
+            g = _as(self._g[s:s + k], self._dtype)
+            a = _as(self._a[s:s + k], self._dtype)
+            if p > d:  # the weights go on the narrower side (one pass over the wide one)
+                g, a = _finite(g), _row_scaled(a, cs)
             else:
-                o.addmm_(gc.t(), a)
+                g, a = _row_scaled(g, cs), _finite(a)
+            g2, a2 = g.reshape(-1, p), a.reshape(-1, d)
+            if self.transposed:
+                o.addmm_(a2.t(), g2)
+            else:
+                o.addmm_(g2.t(), a2)
             if self.bias is not None:
-                outs[1].view(p).add_(gc.sum(0))
+                if p > d:
+                    outs[1].view(p).add_(cs @ g.reshape(cs.shape[0], t, p).sum(1))
+                else:
+                    outs[1].view(p).add_(g2.sum(0))
 
     def _weighted_sum_low(self, c: torch.Tensor) -> list[torch.Tensor]:
         """The clipped sum from half-precision operands: one matmul with float32

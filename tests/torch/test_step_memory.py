@@ -135,3 +135,35 @@ def test_bf16_autocast_records_the_cast_input_and_matches_a_float64_loop():
             ref = g if ref is None else ref + g
         ref = ref / p.optimizer.expected_batch_size
         assert (got - ref).norm() < 2e-2 * ref.norm()
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["outputs_wider", "inputs_wider"])
+def test_overflowing_example_is_masked_whichever_side_carries_the_weights(monkeypatch, wide):
+    """The clipped sum of a ghost layer puts the clip factors on its narrower side and
+    cleans the wider one: an example with a non-finite input still contributes exactly
+    zero, and the others' sum is theirs (against the batch without it)."""
+    def build():
+        torch.manual_seed(0)
+        d, p = (4, 48) if wide else (48, 4)
+        return nn.Sequential(nn.Linear(d, p), nn.Tanh(), nn.Linear(p, 3)).double()
+
+    monkeypatch.setattr(grad_sample, "STEP_MATERIALISE_BUDGET_BYTES", 0)  # ghost norms
+    model, ref_model = build(), build()
+    d = model[0].in_features
+    x = torch.randn(6, 40, d, dtype=torch.float64)
+    x[2, 5, 1] = float("inf")
+    keep = [0, 1, 3, 4, 5]
+    tracker = GradSampleTracker(model, loss_reduction="sum")
+    ref = GradSampleTracker(ref_model, loss_reduction="sum")
+    try:
+        model(x).sum().backward()
+        out = {id(q): torch.zeros_like(q) for q in model.parameters()}
+        _, _, norms = tracker.clipped_sum(1.0, out=out)
+        ref_model(x[keep]).sum().backward()
+        ref_sums, _, _ = ref.clipped_sum(1.0)
+    finally:
+        tracker.detach()
+        ref.detach()
+    assert tracker.last_overflow_count == 1 and torch.isinf(norms[2])
+    for q, r in zip(model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(out[id(q)], ref_sums[id(r)])
