@@ -238,10 +238,10 @@ def _rowdot(x: torch.Tensor) -> torch.Tensor:
 #: noisy sum are float32 either way.
 LOW_PRECISION_MATMUL = "auto"
 #: Half-precision clip factors are rounded toward zero and reduced by this relative
-#: margin, so that rounding a scaled gradient to half precision can never make an
-#: example's contribution larger than the clipping bound (the rounding error of a bf16
-#: product is at most 2^-9 relative).
-_LOW_MARGIN = 2.0 ** -7
+#: margin, twice the unit roundoff of the dtype (bf16: 2^-8, fp16: 2^-11), so that
+#: rounding a scaled gradient to half precision (relative error at most the unit
+#: roundoff) can never make an example's contribution larger than the clipping bound.
+_LOW_MARGIN = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
 
 
 def keep_low_precision(*tensors: torch.Tensor) -> bool:
@@ -284,7 +284,7 @@ def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def low_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Clip factors in half precision, never larger than the float32 ones after the
     product with a gradient is rounded (see :data:`_LOW_MARGIN`)."""
-    c = c * (1.0 - _LOW_MARGIN)
+    c = c * (1.0 - _LOW_MARGIN.get(dtype, 2.0 ** -7))
     low = c.to(dtype)
     over = low.float().abs() > c.abs()
     return torch.where(over, torch.nextafter(low, torch.zeros_like(low)), low)

@@ -33,7 +33,7 @@ def naive_per_sample(model, inputs, loss_fn, batch_dims=None):
         args = []
         for k, x in enumerate(inputs):
             d = 0 if batch_dims is None else batch_dims[k]
-            args.append(x.narrow(d, i, 1) if d is not None else x)
+            args.append(x.narrow(d, i, 1).contiguous() if d is not None else x)
         grads = torch.autograd.grad(loss_fn(model(*args)), params, allow_unused=True)
         rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
                                for g, p in zip(grads, params, strict=True)]))
