@@ -68,7 +68,6 @@ from privlearn.experiments._common import (
     pyplot,
     write_csv,
 )
-from privlearn.experiments._registry import register_experiment
 
 __all__ = ["Strategy", "STRATEGIES", "StudyConfig", "FULL", "QUICK", "run_correlated_noise",
            "markdown_tables"]
@@ -199,12 +198,6 @@ def _config(quick: bool, config: StudyConfig | None, overrides: dict) -> StudyCo
     return replace(base, **overrides)
 
 
-@register_experiment(
-    "correlated-noise",
-    description="DP-SGD vs banded (cyclic Poisson) vs BLT (balls-in-bins) noise on MNIST: "
-                "test accuracy vs epsilon, learning rates tuned on a validation split",
-    needs_data=True, quick=True,
-)
 def run_correlated_noise(out_dir=None, reps: int | None = None, seed: int = 0, *,
                          quick: bool = False, config: StudyConfig | None = None,
                          data_home=None, download: bool = False, plot: bool = True,

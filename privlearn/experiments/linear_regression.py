@@ -29,7 +29,6 @@ from privlearn.experiments._common import (
     pyplot,
     write_csv,
 )
-from privlearn.experiments._registry import register_experiment
 from privlearn.models.linear import (
     AdaSSPRegressor,
     SSPRegressor,
@@ -238,12 +237,6 @@ def summary_table(res: dict, epsilons=(0.1, 0.5, 1.0, 2.0)) -> list[dict]:
     return rows
 
 
-@register_experiment(
-    "linear-regression",
-    description="Linear regression on California housing: median training MSE vs epsilon "
-                "(0.1..2, delta=1e-6) for SSP, AdaSSP, NoisyGD (two regimes), non-private "
-                "and trivial baselines",
-)
 def run_linear_regression(out_dir=None, reps: int | None = None, seed: int = 0, *,
                           epsilons=None, noisygd: bool = True, noisygd_reps: int | None = None,
                           plot: bool = True, show_progress: bool | None = None,
@@ -268,10 +261,6 @@ def run_linear_regression(out_dir=None, reps: int | None = None, seed: int = 0, 
                             summary=dict(compute_seconds=elapsed, raw=res))
 
 
-@register_experiment(
-    "noisygd-learning-rate",
-    description="NoisyGD learning-rate sensitivity (theoretical rate, x10, x0.1)",
-)
 def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int = 0, *,
                               n_iter: int = 50000, sigma: float = 500.0, log_every: int = 100,
                               factors=(1.0, 10.0, 0.1), plot: bool = True,
