@@ -170,11 +170,46 @@ class LedgerIntegrityError(RuntimeError):
 
 
 class LedgerNotFoundError(FileNotFoundError):
-    """No privacy ledger at the given path (and creating one was not asked for)."""
+    """No privacy ledger at the given path (and creating one was not asked for), or a
+    path where none can be: a directory, or a file in a directory that does not exist.
+
+    Attributes
+    ----------
+    path : str or None
+        The path given.
+    reason : str or None
+        ``"missing"`` (no file), ``"empty"`` (an empty file), ``"directory"`` (the path
+        is a directory), ``"no_directory"`` (its directory does not exist) or
+        ``"unopenable"`` (the file cannot be opened).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None,
+                 reason: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class UnknownBudgetError(KeyError):
-    """The ledger has no budget for this dataset (and privacy unit)."""
+    """The ledger has no budget for this dataset (and privacy unit).
+
+    Attributes
+    ----------
+    dataset, privacy_unit, path : str or None
+        The budget asked for, and the ledger's path.
+    known : tuple of str
+        The budgets the ledger holds, as ``dataset/unit``.
+    """
+
+    def __init__(self, message: str, *, dataset: str | None = None,
+                 privacy_unit: str | None = None, path: str | None = None,
+                 known: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.dataset, self.privacy_unit, self.path = dataset, privacy_unit, path
+        self.known = tuple(known)
 
     def __str__(self) -> str:  # KeyError would show the message in quotes
         return str(self.args[0]) if self.args else ""

@@ -94,8 +94,57 @@ HINTS: dict[type[BaseException], Callable[[BaseException, str], str | None]] = {
     CalibrationError: _calibration_hint,
     DataNotFoundError: lambda e, c: (
         "run again with --data-home DIR (a directory holding the files) or --download"),
-    LedgerNotFoundError: lambda e, c: (
-        "create one with `privlearn budget init PATH --dataset NAME --epsilon E --delta D`"),
+    LedgerNotFoundError: lambda e, c: _ledger_hint(e),
+    UnknownBudgetError: lambda e, c: _budget_hint(e),
+}
+
+
+def _init_command(path: str | None, dataset: str | None = None,
+                  unit: str | None = None) -> str:
+    return (f"`privlearn budget init {path or 'PATH'} --dataset {dataset or 'NAME'}"
+            + (f" --privacy-unit {unit}" if unit not in (None, "record") else "")
+            + " --epsilon E --delta D`")
+
+
+def _ledger_hint(err: BaseException) -> str | None:
+    reason = getattr(err, "reason", None)
+    path = getattr(err, "path", None)
+    if reason in (None, "missing"):
+        return f"create one with {_init_command(path)}"
+    if reason == "empty":
+        return f"{_init_command(path)} creates one there"
+    return None  # the message says what to do (create the directory, pass a file)
+
+
+def _budget_hint(err: BaseException) -> str:
+    command = _init_command(getattr(err, "path", None), getattr(err, "dataset", None),
+                            getattr(err, "privacy_unit", None))
+    return f"create one with {command}"
+
+
+def _ledger_message(err: BaseException) -> str:
+    path, reason = getattr(err, "path", None), getattr(err, "reason", None)
+    if reason == "missing":
+        return f"no privacy ledger at {path}; check the path"
+    if reason == "empty":
+        return f"{path} is empty, not a privacy ledger"
+    return str(err)
+
+
+def _budget_message(err: BaseException) -> str:
+    if getattr(err, "dataset", None) is None:
+        return str(err)
+    known = ", ".join(err.known) or "none"  # type: ignore[attr-defined]
+    return (f"no budget for dataset {err.dataset!r} (privacy unit "  # type: ignore[attr-defined]
+            f"{err.privacy_unit!r}) in {err.path} (budgets there: {known})")  # type: ignore
+
+
+#: The error's message in the shell's words (commands and options, not Python
+#: arguments), built from the error's attributes; looked up along the MRO, the error's
+#: own message otherwise.
+MESSAGES: dict[type[BaseException], Callable[[BaseException], str]] = {
+    LedgerNotFoundError: _ledger_message,
+    UnknownBudgetError: _budget_message,
 }
 
 
@@ -111,7 +160,6 @@ def _hint(err: BaseException, command: str) -> str | None:
     return None if fn is None else fn(err, command)
 
 
-
 class _OneLineErrors(click.Group):
     """A click group that reports usage errors and the error types of
     :data:`EXIT_STATUS` as one ``error: ...`` line on stderr, with the table's exit
@@ -122,7 +170,9 @@ class _OneLineErrors(click.Group):
             return super().invoke(ctx)
         except tuple(EXIT_STATUS) as err:
             command = ctx.invoked_subcommand or ""
-            msg = one_line(str(err)).rstrip(".") or type(err).__name__
+            words = _lookup(MESSAGES, err)
+            msg = one_line(str(err) if words is None else words(err)).rstrip(".")
+            msg = msg or type(err).__name__
             hint = _hint(err, command)
             click.echo(f"error: {msg}" + (f"; {hint}" if hint else ""), err=True)
             raise click.exceptions.Exit(int(_lookup(EXIT_STATUS, err))) from None

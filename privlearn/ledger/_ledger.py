@@ -180,7 +180,9 @@ class Spent:
         ``max(0, epsilon_budget - epsilon_spent)`` (non-adaptive), informative only: a
         release's epsilon does not add to the total.
     entries : int
-        Number of counted releases (spends and reservations).
+        Number of releases: spends, and reserved runs that released something or are
+        still pending (a reservation settled with nothing -- a fit that failed before
+        touching the data -- is not one; a reservation with those that extend it is one).
     pending : int
         Reservations not yet settled (counted as their whole plan).
     adaptive : bool
@@ -508,20 +510,45 @@ class Ledger:
         self._verified_version: int | None = None
         self._failure: tuple[int, LedgerIntegrityError] | None = None
         self._appended: tuple[int, str] | None = None
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            raise LedgerNotFoundError(
+                f"the directory {folder} of the ledger path {self.path} does not exist; "
+                "create the directory first (a ledger is created in an existing directory)",
+                path=self.path, reason="no_directory")
+        if os.path.isdir(self.path):
+            raise LedgerNotFoundError(
+                f"{self.path} is a directory, not a privacy ledger; pass the path of a file "
+                f"in it (e.g. {os.path.join(self.path, 'ledger.db')})",
+                path=self.path, reason="directory")
         if not create and not os.path.exists(self.path):
             raise LedgerNotFoundError(
                 f"no privacy ledger at {self.path}; check the path, or pass create=True to "
-                "create one (`privlearn budget init` creates one from the shell)"
-            )
+                "create one (`privlearn budget init` creates one from the shell)",
+                path=self.path, reason="missing")
         self._conn = self._connect(create)
 
     # -- connection / pickling ----------------------------------------------------------
     def _connect(self, create: bool) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
-        )
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.OperationalError as exc:  # e.g. a directory we may not write in
+            raise LedgerNotFoundError(
+                f"cannot open the privacy ledger at {self.path} ({exc}); check that the "
+                "path is a file in a directory you may write in",
+                path=self.path, reason="unopenable") from None
         try:
             return self._open_schema(conn, create)
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if not any(w in str(exc) for w in ("unable to open", "readonly")):
+                raise
+            raise LedgerNotFoundError(
+                f"cannot open the privacy ledger at {self.path} ({exc}); check that the "
+                "path is a file you may read and write, in a directory you may write in",
+                path=self.path, reason="unopenable") from None
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise LedgerIntegrityError(
@@ -548,7 +575,7 @@ class Ledger:
                 if not create:
                     raise LedgerNotFoundError(
                         f"{self.path} is empty, not a privacy ledger; pass create=True to "
-                        "create one there")
+                        "create one there", path=self.path, reason="empty")
                 for stmt in _SCHEMA.split(";\n"):
                     if stmt.strip():
                         cur.execute(stmt)
@@ -877,8 +904,8 @@ class Ledger:
                 "SELECT dataset, privacy_unit FROM entries WHERE kind='budget'")]
             raise UnknownBudgetError(
                 f"no budget for dataset {dataset!r} (privacy unit {unit!r}) in {self.path}; "
-                f"create one with create_budget (known: {', '.join(known) or 'none'})"
-            )
+                f"create one with create_budget (known: {', '.join(known) or 'none'})",
+                dataset=dataset, privacy_unit=unit, path=self.path, known=tuple(known))
         p = json.loads(row[0])
         relation = p.get("neighbouring")  # absent: bound by the releases (see _relation)
         return Budget(dataset, unit, p["epsilon"], p["delta"], p["accountant"],
@@ -914,19 +941,22 @@ class Ledger:
         settled = {ref: text for _, kind, text, ref in rows if kind == "settle"}
         mechs: list[Mechanism] = []
         n = pending = 0
-        for seq, kind, text, _ in rows:
+        released: set[int] = set()  # runs (first reservation's seq) that released
+        for seq, kind, text, ref in rows:
             if kind == "spend":
                 mechs.append(self._mech(text))
                 n += 1
             elif kind == "reserve":
-                n += 1
+                run = seq if ref is None else ref
                 if seq in settled:
-                    if settled[seq] is not None:
-                        mechs.append(self._mech(settled[seq]))
+                    if settled[seq] is None:  # nothing ran (e.g. a fit that failed)
+                        continue
+                    mechs.append(self._mech(settled[seq]))
                 else:
                     pending += 1
                     mechs.append(self._mech(text))
-        return mechs, n, pending
+                released.add(run)
+        return mechs, n + len(released), pending
 
     @staticmethod
     def _evaluate(budget: Budget, mechs: list[Mechanism]):
@@ -1021,6 +1051,7 @@ class Ledger:
         label: str | None = None,
         who: str | None = None,
         privacy_unit: str | None = None,
+        extends: int | Reservation | None = None,
     ) -> Reservation:
         """Record a *planned* release (e.g. a whole training run) before it starts.
 
@@ -1028,21 +1059,39 @@ class Ledger:
         actually ran (which must be covered by the plan, e.g. a prefix of its steps), so a
         process killed mid-run leaves at least its plan in the ledger. Refused exactly as
         :meth:`spend`.
+
+        ``extends``: an earlier reservation of the same run that this one extends (more
+        steps than planned); the privacy loss counts in full either way, but the run is
+        one release in :attr:`Spent.entries`.
         """
-        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit)
+        ref = None
+        if extends is not None:
+            ref = extends.seq if isinstance(extends, Reservation) else extends
+            if isinstance(ref, bool) or not isinstance(ref, int):
+                raise ParameterTypeError(
+                    f"extends must be a Reservation or its seq (an int), got {extends!r}")
+        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit, ref)
         return Reservation(self, self._entry(row))
 
     def _record(self, kind: str, dataset: str, mechanism: Mechanism, label: str | None,
-                who: str | None, privacy_unit: str | None) -> tuple:
+                who: str | None, privacy_unit: str | None, ref: int | None = None
+                ) -> tuple:
         """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
         label, who = _check_opt_str("label", label), _check_opt_str("who", who)
         unit = privacy_unit or DEFAULT_UNIT
         with self._write() as cur:
+            if ref is not None:
+                r = cur.execute("SELECT kind, dataset, privacy_unit FROM entries WHERE seq=?",
+                                (ref,)).fetchone()
+                if r is None or tuple(r) != ("reserve", dataset, unit):
+                    raise LedgerConflictError(
+                        f"extends={ref!r}: no reservation with that seq on dataset "
+                        f"{dataset!r} (privacy unit {unit!r}) in {self.path}")
             self._admit(cur, dataset, unit, mechanism,
                         "spend" if kind == "spend" else "reservation")
             return self._append(cur, kind, dataset, unit, mechanism=text, label=label,
-                                who=who or _default_who())
+                                who=who or _default_who(), ref=ref)
 
     def settle(self, reservation: int | Reservation, actual: Mechanism | None) -> Entry:
         """Record what a reservation actually ran (see :meth:`Reservation.settle`)."""
@@ -1187,9 +1236,10 @@ class BudgetHandle:
                                  privacy_unit=self.privacy_unit)
 
     def reserve(self, mechanism: Mechanism, *, label: str | None = None,
-                who: str | None = None) -> Reservation:
+                who: str | None = None,
+                extends: int | Reservation | None = None) -> Reservation:
         return self.ledger.reserve(self.dataset, mechanism, label=label, who=who,
-                                   privacy_unit=self.privacy_unit)
+                                   privacy_unit=self.privacy_unit, extends=extends)
 
     def check(self, mechanism: Mechanism) -> Spent:
         return self.ledger.check(self.dataset, mechanism, privacy_unit=self.privacy_unit)
