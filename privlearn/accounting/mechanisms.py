@@ -38,8 +38,9 @@ References
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -54,6 +55,7 @@ from privlearn._validation import (
 )
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant
+from privlearn.errors import AccountingError, PrivacyLossOverflowError
 
 __all__ = [
     "Neighbouring",
@@ -135,7 +137,8 @@ class Mechanism:
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
-        return acc.epsilon(self, delta)
+        with _numerical_failure(acc.name, self):
+            return acc.epsilon(self, delta)
 
     def delta_bounds(self, epsilon: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
         """Upper bound and (where the accountant has one) lower bound on delta(epsilon)."""
@@ -143,7 +146,8 @@ class Mechanism:
         acc = get_accountant(accountant)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
-        return acc.delta(self, epsilon)
+        with _numerical_failure(acc.name, self):
+            return acc.delta(self, epsilon)
 
     def rdp(self, orders: float | Sequence[float]):
         """Renyi-DP upper bound ``eps_RDP(alpha)`` at the given order(s) alpha > 1.
@@ -462,3 +466,24 @@ def subsample(
         )
     return Subsampled(mechanism, rate, scheme, neighbouring)
 
+
+@contextlib.contextmanager
+def _numerical_failure(accountant: str, mechanism: Mechanism) -> Iterator[None]:
+    """A floating-point failure inside an accountant (overflow, division by zero) becomes
+    a typed refusal: :class:`~privlearn.errors.PrivacyLossOverflowError` for an
+    overflow (the privacy loss is beyond the floating-point range: essentially
+    non-private), :class:`~privlearn.errors.AccountingError` otherwise; never a number."""
+    try:
+        yield
+    except AccountingError:
+        raise
+    except OverflowError as err:
+        raise PrivacyLossOverflowError(
+            f"{accountant} accountant: the privacy loss of this "
+            f"{type(mechanism).__name__.lower()} mechanism overflows floating point "
+            f"({err}): it is essentially non-private, or beyond what this accountant can "
+            "evaluate (accountant 'rdp' may answer)") from err
+    except (ZeroDivisionError, FloatingPointError) as err:
+        raise AccountingError(
+            f"{accountant} accountant: numerical failure evaluating this "
+            f"{type(mechanism).__name__.lower()} mechanism ({err})") from err

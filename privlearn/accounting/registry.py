@@ -543,7 +543,16 @@ def combine_gaussians(sigmas_and_counts: Iterable[tuple[float, float]]) -> float
     total = sum((Fraction(c) / Fraction(s) ** 2 for s, c in pairs if c != 0.0), Fraction(0))
     if total == 0:
         return math.inf
-    sigma = 1.0 / math.sqrt(float(total))
+    # (total * 4^-k)^(-1/2) * 2^-k: the float range is kept for every float sigma_i
+    # (1 / sigma^2 over- or underflows a float for sigma below 1e-154 or above 1e154)
+    k = (total.numerator.bit_length() - total.denominator.bit_length()) // 2
+    if abs(k) < 500:
+        sigma = 1.0 / math.sqrt(float(total))
+    else:
+        try:
+            sigma = math.ldexp(1.0 / math.sqrt(float(total / Fraction(4) ** k)), -k)
+        except OverflowError:  # above the largest float: that float is below (conservative)
+            sigma = sys.float_info.max
     # the largest float we can certify: sigma^2 * total <= 1 in exact arithmetic
     while Fraction(sigma) ** 2 * total > 1:
         sigma = math.nextafter(sigma, 0.0)
