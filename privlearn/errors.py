@@ -16,6 +16,7 @@ class                              raised when                                 C
 =================================  ==========================================  ===========
 :class:`ParameterValueError`       a parameter value is out of range           2
 :class:`ParameterTypeError`        a parameter has the wrong type              2
+:class:`ConfigurationError`        settings that contradict one another        2
 :class:`UnsupportedMechanismError` an accountant cannot evaluate a mechanism   2
 :class:`AccountingError`           a result cannot be certified (and its       2
                                    subclasses :class:`CertificationError`,
@@ -25,6 +26,7 @@ class                              raised when                                 C
 :class:`UnknownBudgetError`        no budget for the dataset in the ledger     2
 :class:`LedgerConflictError`       a request contradicts the ledger's state    2
 :class:`DataNotFoundError`         a dataset's files are not found             2
+:class:`DataFormatError`           a dataset's file is not in its format       2
 :class:`BudgetExceededError`       a spend would exceed the ledger's budget    3
 :class:`LedgerIntegrityError`      the ledger file was tampered with           4
 =================================  ==========================================  ===========
@@ -42,6 +44,7 @@ __all__ = [
     "AutodpArgumentWarning",
     "ParameterValueError",
     "ParameterTypeError",
+    "ConfigurationError",
     "AccountingError",
     "CertificationError",
     "PrivacyLossOverflowError",
@@ -54,6 +57,7 @@ __all__ = [
     "UnknownBudgetError",
     "LedgerConflictError",
     "DataNotFoundError",
+    "DataFormatError",
     "DataClippedWarning",
     "PrivacyBudgetWarning",
     "UntestedTorchWarning",
@@ -98,6 +102,12 @@ class ParameterValueError(ValueError):
     """A parameter has the right type but a value that is not allowed (out of range,
     NaN, infinite where a finite number is needed, an unknown choice). The message names
     the parameter, the valid range, the value received and what to try instead."""
+
+
+class ConfigurationError(ParameterValueError):
+    """Settings that are each allowed but contradict one another, or a registration
+    that conflicts with one already made (a name taken by another experiment or
+    accountant). The message names the settings and what to change."""
 
 
 class ParameterTypeError(TypeError, ValueError):
@@ -228,6 +238,11 @@ class LedgerConflictError(ValueError):
 class DataNotFoundError(FileNotFoundError):
     """A dataset's files are not in any of the documented places (and ``download`` was
     not asked for). The message is one line naming the places searched and what to do."""
+
+
+class DataFormatError(ValueError):
+    """A data file is not in the format it should be (a truncated or foreign file in
+    place of a dataset's file); re-download it."""
 
 
 # ----------------------------------------------------------------------------------

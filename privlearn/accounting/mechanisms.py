@@ -55,7 +55,12 @@ from privlearn._validation import (
 )
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant
-from privlearn.errors import AccountingError, PrivacyLossOverflowError
+from privlearn.errors import (
+    AccountingError,
+    ParameterTypeError,
+    ParameterValueError,
+    PrivacyLossOverflowError,
+)
 
 __all__ = [
     "Neighbouring",
@@ -242,7 +247,7 @@ class RandomizedResponse(Mechanism):
         k = check_count("num_categories", self.num_categories, minimum=2)
         p = check_probability("truth_probability", self.truth_probability)
         if not (1.0 / k <= p < 1.0):
-            raise ValueError(
+            raise ParameterValueError(
                 f"truth_probability must be in [1/num_categories, 1) = [{1.0 / k:g}, 1), "
                 f"got {self.truth_probability!r}"
             )
@@ -296,7 +301,7 @@ class RDPMechanism(Mechanism):
 
     def __post_init__(self) -> None:
         if not callable(self.rdp_function):
-            raise TypeError(f"rdp_function must be callable, got {self.rdp_function!r}")
+            raise ParameterTypeError(f"rdp_function must be callable, got {self.rdp_function!r}")
         check_positive("pure_epsilon", self.pure_epsilon, allow_inf=True)
 
     def __hash__(self) -> int:
@@ -317,7 +322,7 @@ class Subsampled(Mechanism):
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, Mechanism):
-            raise TypeError(f"base must be a Mechanism, got {self.base!r}")
+            raise ParameterTypeError(f"base must be a Mechanism, got {self.base!r}")
         object.__setattr__(self, "rate", check_rate("rate", self.rate))
         scheme = check_enum("scheme", self.scheme, Sampling)
         object.__setattr__(self, "scheme", scheme)
@@ -327,7 +332,7 @@ class Subsampled(Mechanism):
             nb = check_enum("neighbouring", self.neighbouring, Neighbouring)
         one_sided = nb in (Neighbouring.REMOVE_ONLY, Neighbouring.ADD_ONLY)
         if one_sided and scheme is not Sampling.POISSON:
-            raise ValueError(
+            raise ParameterValueError(
                 f"neighbouring={nb.value!r} (one-sided) requires scheme='poisson', got "
                 f"scheme={scheme.value!r}; use 'replace_one' for fixed-size sampling"
             )
@@ -347,7 +352,7 @@ class Composed(Mechanism):
     def __post_init__(self) -> None:
         for m, k in self.parts:
             if not isinstance(m, Mechanism) or isinstance(m, Composed):
-                raise TypeError(f"parts must hold non-composed Mechanisms, got {m!r}")
+                raise ParameterTypeError(f"parts must hold non-composed Mechanisms, got {m!r}")
             check_count("steps", k, minimum=1)
 
     @property
@@ -357,7 +362,7 @@ class Composed(Mechanism):
 
 def _as_mechanism(m: object, name: str) -> Mechanism:
     if not isinstance(m, Mechanism):
-        raise TypeError(f"{name} must be a privlearn Mechanism, got {m!r}")
+        raise ParameterTypeError(f"{name} must be a privlearn Mechanism, got {m!r}")
     return m
 
 
@@ -393,7 +398,8 @@ def compose(
         elif isinstance(steps, Sequence) and not isinstance(steps, str):
             counts = [check_count("steps", s) for s in steps]
             if len(counts) != 1:
-                raise ValueError(f"steps must be one integer for one mechanism, got {steps!r}")
+                raise ParameterValueError(
+                    f"steps must be one integer for one mechanism, got {steps!r}")
         else:
             counts = [check_count("steps", steps)]
     else:
@@ -403,7 +409,7 @@ def compose(
         elif isinstance(steps, Sequence) and not isinstance(steps, str):
             counts = [check_count("steps", s) for s in steps]
             if len(counts) != len(mlist):
-                raise ValueError(
+                raise ParameterValueError(
                     f"steps must have one entry per mechanism ({len(mlist)}), "
                     f"got {len(counts)} entries"
                 )
@@ -460,7 +466,7 @@ def subsample(
     """
     mechanism = _as_mechanism(mechanism, "mechanism")
     if isinstance(mechanism, Composed):
-        raise ValueError(
+        raise ParameterValueError(
             "mechanism must not be a composition: subsample each step, then compose "
             "(subsample(m, rate) composed T times)"
         )

@@ -17,6 +17,7 @@ from privlearn.errors import (
     BudgetExceededError,
     CalibrationError,
     CertificationError,
+    DataFormatError,
     DataNotFoundError,
     LedgerConflictError,
     LedgerIntegrityError,
@@ -57,6 +58,7 @@ EXIT_STATUS: dict[type[BaseException], ExitStatus] = {
     UnknownBudgetError: ExitStatus.USAGE,
     LedgerConflictError: ExitStatus.USAGE,
     DataNotFoundError: ExitStatus.USAGE,
+    DataFormatError: ExitStatus.USAGE,
     BudgetExceededError: ExitStatus.BUDGET_EXCEEDED,
     LedgerIntegrityError: ExitStatus.LEDGER_TAMPERED,
 }

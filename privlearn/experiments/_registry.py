@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from privlearn.errors import ConfigurationError, ParameterValueError
+
 __all__ = ["Experiment", "register_experiment", "EXPERIMENTS", "DATA_EXPERIMENTS",
            "get_experiment"]
 
@@ -103,12 +105,12 @@ def register_experiment(name: str, *, description: str, needs_data: bool = False
     unchanged. A name already registered to another function is refused. ``quick``: the
     runner accepts ``quick=True`` (a configuration that runs in seconds)."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"an experiment name must be a non-empty string, got {name!r}")
+        raise ParameterValueError(f"an experiment name must be a non-empty string, got {name!r}")
 
     def register(run: Callable) -> Callable:
         known = _REGISTRY.get(name)
         if known is not None and known.run is not run:
-            raise ValueError(
+            raise ConfigurationError(
                 f"experiment {name!r} is already registered by "
                 f"{known.run.__module__}.{known.run.__qualname__}; pick another name")
         _REGISTRY[name] = Experiment(name, description, run, needs_data, quick)
@@ -122,7 +124,7 @@ def get_experiment(name: str) -> Experiment:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(
+        raise ParameterValueError(
             f"unknown experiment {name!r}; choose one of {sorted(_REGISTRY)}") from None
 
 

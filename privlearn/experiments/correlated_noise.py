@@ -59,6 +59,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from privlearn import _validation as _v
+from privlearn.errors import ParameterValueError
 from privlearn.experiments._common import (
     ExperimentResult,
     epsilon_log_axis,
@@ -159,11 +160,11 @@ class StudyConfig:
         for name in ("epsilons", "learning_rates"):
             values = tuple(_v.check_positive(name, float(x)) for x in getattr(self, name))
             if not values:
-                raise ValueError(f"{name} must hold at least one value, got ()")
+                raise ParameterValueError(f"{name} must hold at least one value, got ()")
             put(self, name, values)
         put(self, "bands", tuple(_v.check_count("bands", b, minimum=1) for b in self.bands))
         if not self.bands:
-            raise ValueError("bands must hold at least one candidate, got ()")
+            raise ParameterValueError("bands must hold at least one candidate, got ()")
         put(self, "delta", _v.check_delta("delta", self.delta))
         for name in ("epochs", "batch_size", "hidden", "n_validation", "buffers"):
             put(self, name, _v.check_count(name, getattr(self, name), minimum=1))

@@ -21,6 +21,7 @@ import numpy as np
 
 from privlearn.accounting import Gaussian, calibrate, compose
 from privlearn.datasets import load_california_housing
+from privlearn.errors import ParameterValueError
 from privlearn.experiments._common import (
     ExperimentResult,
     format_table,
@@ -105,7 +106,7 @@ def ssp_estimators(epsilon: float, rng: np.random.Generator, variant: str = "def
     """The study's SSP and AdaSSP as the package's estimators (``x_bound = 1``,
     ``y_bound = 5``, no intercept, delta = 1e-6), in the requested variant."""
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        raise ParameterValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     kw = dict(epsilon=float(epsilon), delta=DELTA, x_bound=X_BOUND, y_bound=Y_BOUND,
               fit_intercept=False, random_state=rng)
     if variant == "seed":
