@@ -91,6 +91,8 @@ def test_noisygd_learning_rate_reduced(tmp_path):
     assert final["NoisyGD-lr*0.1"] > final["NoisyGD"]
 
 
+# the study's delta = 1/n, at a reduced n: warned about to a user, not the subject here
+@pytest.mark.filterwarnings("ignore:delta=.*is at least 1/n:privlearn.errors.PrivacyLeakWarning")
 def test_logistic_regression_reduced(tmp_path):
     res = run_experiment("logistic-regression", tmp_path, reps=2, seed=0, n_train=2000,
                          n_test=2000, dim=10, iteration_scale=0.1, verbose=False)

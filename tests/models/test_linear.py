@@ -523,6 +523,7 @@ def _capture(monkeypatch, name):
     return seen
 
 
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
 def test_label_interval_sensitivity(monkeypatch):
     rng = np.random.default_rng(0)
     X = rng.uniform(-0.5, 0.5, size=(300, 2))
