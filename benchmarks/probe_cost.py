@@ -5,7 +5,9 @@ step (two forward passes without gradients), and never again.
 For each model and round: a fresh ``make_private``, the first step with the probe timed
 on its own, then ``--steps`` more steps; reported are the probe's time, the median
 private step of the same round and their ratio (the target: the probe costs less than
-one step), and the time ``check_independence`` takes on the later steps. Usage::
+one step), the time ``check_independence`` takes on the later steps, and the time of
+the check every forward pass makes for changes that re-arm the probe (a fingerprint of
+the module tree, training flags and hooks, compared with the last one). Usage::
 
     python benchmarks/probe_cost.py --threads 1 --rounds 3
 """
@@ -77,8 +79,17 @@ def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
     finally:
         probe_mod.probe = original
     assert len(spent) == 1, spent  # once, on the first step
+    from privlearn.torch.tracker import _mixing_fingerprint
+
+    tracker = p.optimizer.tracker
+    rearm = []
+    for _ in range(200):  # what each forward adds: the fingerprint and its comparison
+        t0 = time.perf_counter()
+        assert _mixing_fingerprint(tracker.model) == tracker._mixing_shape
+        rearm.append(time.perf_counter() - t0)
     return {"probe": spent[0], "first": times[0], "step": statistics.median(times[1:]),
-            "later": statistics.median(later)}
+            "later": statistics.median(later), "rearm": statistics.median(rearm),
+            "modules": sum(1 for _ in tracker.model.modules())}
 
 
 def main() -> None:
@@ -93,17 +104,19 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print("| model | probe (ms) | private step (ms) | probe / step | check on later steps (us) |")
-    print("|---|---|---|---|---|")
+    print("| model | probe (ms) | private step (ms) | probe / step | check on later steps (us) "
+          "| re-arm check per forward (us) | modules |")
+    print("|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
         rs = [one_round(name, a.steps, a.batch, a.seq) for _ in range(a.rounds)]
         probe = statistics.median(r["probe"] for r in rs)
         step = statistics.median(r["step"] for r in rs)
         ratios = [r["probe"] / r["step"] for r in rs]
         later = statistics.median(r["later"] for r in rs)
+        rearm = statistics.median(r["rearm"] for r in rs)
         print(f"| {name} | {probe * 1e3:.1f} | {step * 1e3:.1f} | "
               f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
-              f"{later * 1e6:.1f} |", flush=True)
+              f"{later * 1e6:.1f} | {rearm * 1e6:.1f} | {rs[0]['modules']} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,10 @@ class                              raised when                                 C
 =================================  ==========================================  ===========
 
 The PyTorch engine's refusals are :class:`UnsupportedModuleError` (a layer per-example
-clipping cannot handle) and :class:`BatchDependenceError` (an operation mixes examples, or
-a layer carries the batch on another dimension than declared); both are ``ValueError``.
+clipping cannot handle), :class:`BatchDependenceError` (an operation mixes examples, or
+a layer carries the batch on another dimension than declared) and
+:class:`NonFiniteInputError` (a NaN or inf in an example's input or gradient); all are
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ __all__ = [
     "UntestedTorchWarning",
     "UnsupportedModuleError",
     "BatchDependenceError",
+    "NonFiniteInputError",
 ]
 
 
@@ -273,3 +276,9 @@ class BatchDependenceError(ValueError):
     """An example's data reaches other examples' values (batch mixing), or a layer
     receives the batch on another dimension than the engine reads; raised before the
     step, nothing released."""
+
+
+class NonFiniteInputError(ValueError):
+    """An example's input (or, with no loss scaler in use, its per-example gradient) is
+    not finite (NaN or inf); raised before the step, nothing released, naming the input
+    and the example."""

@@ -160,10 +160,8 @@ def test_bunch_without_sklearn():
     assert out == "False"
 
 
-def test_bounded_preprocessing_alias():
+def test_bounded_preprocessing():
     a = load_california_housing(preprocessing="bounded")
-    b = load_california_housing(preprocessing="seed")  # former name, still accepted
-    np.testing.assert_array_equal(a.data, b.data)
     np.testing.assert_allclose(np.linalg.norm(a.data, axis=1), 1.0)
     assert a.target.max() <= 5.0
 

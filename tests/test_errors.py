@@ -79,7 +79,8 @@ def test_errors_defines_exactly_its_public_names():
     ("privlearn.compat.autodp.autodp_core", ["AutodpArgumentWarning"]),
     ("privlearn.models", ["DataClippedWarning"]),
     ("privlearn.torch", ["PrivacyBudgetWarning", "UnsupportedModuleError",
-                         "BatchDependenceError", "UntestedTorchWarning"]),
+                         "BatchDependenceError", "NonFiniteInputError",
+                         "UntestedTorchWarning"]),
 ])
 def test_public_homes_re_export_the_same_classes(module, names):
     import importlib

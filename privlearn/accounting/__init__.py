@@ -7,7 +7,7 @@ A new kind of mechanism is one frozen dataclass (a :class:`Mechanism` subclass) 
 added with :func:`register_accountant`.
 
 >>> from privlearn.accounting import Gaussian, compose, subsample
->>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14063)
+>>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14040)
 >>> eps = m.epsilon(delta=1e-5)            # certified upper bound, PLD accountant
 """
 
@@ -21,6 +21,7 @@ from privlearn.accounting.accountants import (
 from privlearn.accounting.calibration import calibrate
 from privlearn.accounting.matrix_mechanism import MatrixMechanism
 from privlearn.accounting.mechanisms import (
+    ApproxDP,
     Composed,
     Gaussian,
     Laplace,
@@ -56,6 +57,7 @@ from privlearn.errors import (
 
 __all__ = [
     "AccountingError",
+    "ApproxDP",
     "BallsInBinsMatrixMechanism",
     "CalibrationError",
     "CertificationError",

@@ -22,6 +22,8 @@ RandomizedResponse     pure eps ``log(p (k-1) / (1-p))``; its three-outcome pair
 PureDP                 pure eps; binary randomized response with that epsilon (Kairouz, Oh &
                        Viswanath 2015, Thm 2.1) for the pair, the atoms and RDP; group
                        privacy for scaling
+ApproxDP               pure eps ``inf``; the four-outcome (eps, delta) pair (Kairouz, Oh &
+                       Viswanath 2015, Thm 2.1); no RDP (delta > 0 bounds no Renyi divergence)
 RDPMechanism           the declared pure eps and the user's RDP function (no PLD pair)
 =====================  =======================================================================
 """
@@ -36,6 +38,7 @@ import numpy as np
 
 from privlearn.accounting import closed_form
 from privlearn.accounting.mechanisms import (
+    ApproxDP,
     Gaussian,
     Laplace,
     PureDP,
@@ -213,6 +216,20 @@ register_mechanism(
     # input factor times as far (Dwork & Roth 2014, Section 2.3)
     scale_sensitivity=lambda m, factor: PureDP(factor * m.pure_epsilon),
     pld_atoms=lambda m: closed_form.pure_dp_atoms(m.pure_epsilon),
+)
+
+
+# -- generic approximate DP ----------------------------------------------------------------
+def _approx_dp_pair(m: ApproxDP):
+    from privlearn.accounting._pld_pairs import ApproxDPPair
+
+    return ApproxDPPair(m.dp_epsilon, m.dp_delta)
+
+
+register_mechanism(
+    ApproxDP,
+    pure_epsilon=lambda m: math.inf,  # delta > 0: no pure guarantee
+    pld_pair=_approx_dp_pair,
 )
 
 

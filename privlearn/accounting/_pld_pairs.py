@@ -158,6 +158,33 @@ def pure_dp_pair(eps: float) -> DiscretePair:
     return DiscretePair(np.array([p, r]), np.array([r, p]))
 
 
+class ApproxDPPair(Pair):
+    """The pair of a generic ``(eps, delta)``-DP mechanism (Kairouz, Oh & Viswanath 2015,
+    Theorem 2.1): outcomes with losses ``+inf, eps, -eps, -inf`` and P-masses ``delta,
+    (1 - delta) e^eps / (1 + e^eps), (1 - delta) / (1 + e^eps), 0`` (Q: the same in
+    reverse). It is its own swap, so it dominates both directions. The atom at ``+inf``
+    stays outside the finite support ``[-eps, eps]``; the grid sends its P-mass to
+    ``+inf`` (it always counts in delta)."""
+
+    def __init__(self, eps: float, delta: float) -> None:
+        self.eps, self.mass_inf = float(eps), float(delta)
+        w = 1.0 - self.mass_inf
+        self.hi = w / (1.0 + math.exp(-self.eps))  # P-mass at loss eps
+        self.lo = w * math.exp(-self.eps) / (1.0 + math.exp(-self.eps))  # at loss -eps
+        self.loss_min, self.loss_max = -self.eps, self.eps
+        self.pure_epsilon = math.inf
+
+    def tails(self, x: np.ndarray) -> Tails:
+        x = np.asarray(x, dtype=float)
+        e, hi, lo, d = self.eps, self.hi, self.lo, self.mass_inf
+        up, down = (x < e).astype(float), (x < -e).astype(float)
+        p_gt = d + up * hi + down * lo
+        p_le = (1.0 - up) * hi + (1.0 - down) * lo
+        q_gt = up * lo + down * hi
+        q_le = d + (1.0 - up) * lo + (1.0 - down) * hi
+        return p_gt, p_le, q_gt, q_le
+
+
 class RemovePair(Pair):
     """``(P_s, Q_s) = ((1-q) Q + q P, Q)``: the 'remove' direction of Poisson subsampling
     ([ZDW22] Theorem 9; [BBG18] Theorem 8 for the resulting amplification).

@@ -72,7 +72,7 @@ def calibrate(
     Examples
     --------
     >>> from privlearn.accounting import Gaussian, calibrate, compose, subsample
-    >>> q, T = 256 / 60000, 14063
+    >>> q, T = 256 / 60000, 14040
     >>> sigma = calibrate(lambda x: compose(subsample(Gaussian(x), rate=q), steps=T),
     ...                   epsilon=3.0, delta=1e-5)
     """

@@ -70,6 +70,7 @@ __all__ = [
     "Laplace",
     "RandomizedResponse",
     "PureDP",
+    "ApproxDP",
     "RDPMechanism",
     "Composed",
     "Subsampled",
@@ -279,6 +280,46 @@ class PureDP(Mechanism):
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ApproxDP(Mechanism):
+    """A generic (epsilon, delta)-DP mechanism, analysed through its worst-case pair.
+
+    Every ``(epsilon, delta)``-DP mechanism is dominated by the four-outcome pair with
+    P-masses ``(delta, (1 - delta) e^eps / (1 + e^eps), (1 - delta) / (1 + e^eps), 0)`` and
+    the same Q-masses in reverse order (Kairouz, Oh & Viswanath 2015, Theorem 2.1; its
+    trade-off function is ``f_{eps, delta}``, Dong, Roth & Su 2022, Proposition 2.5), so
+    the PLD accountant composes it with any other kind. It has no RDP guarantee (a
+    ``delta > 0`` allows an unbounded Renyi divergence), so the RDP accountant refuses it.
+
+    Use it for a release known only through an ``(epsilon, delta)`` guarantee, e.g. the
+    conversion of an RDP curve at one delta (conservative: the curve's whole profile is
+    replaced by one point of it). Its ``delta`` is privacy-loss mass at infinity, which
+    every composition carries in full; the PLD accountant's certified epsilon needs a
+    little more delta than that mass (at exactly ``dp_delta`` it raises
+    :class:`~privlearn.errors.CertificationError` rather than round down), so charge
+    ``ApproxDP(epsilon, 0.99 * delta)`` for a release that must be read at ``delta``.
+
+    Parameters
+    ----------
+    dp_epsilon : float >= 0
+    dp_delta : float in (0, 1)
+        (``delta = 0`` is :class:`PureDP`.)
+    """
+
+    dp_epsilon: float
+    dp_delta: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dp_epsilon", check_epsilon("dp_epsilon", self.dp_epsilon))
+        d = check_delta("dp_delta", self.dp_delta,
+                        hint="a delta in (0, 1); for delta = 0 use PureDP(epsilon)")
+        if d == 0.0:
+            raise ParameterValueError(
+                "dp_delta must be in (0, 1), got 0.0: use PureDP(epsilon) for a pure "
+                "(epsilon, 0)-DP mechanism")
+        object.__setattr__(self, "dp_delta", d)
+
+
 @dataclass(frozen=True)
 class RDPMechanism(Mechanism):
     """A mechanism known only through a user-supplied Renyi-DP function.
@@ -389,7 +430,7 @@ def compose(
     Examples
     --------
     >>> from privlearn.accounting import Gaussian, compose, subsample
-    >>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14063)
+    >>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14040)
     """
     if isinstance(mechanisms, Mechanism):
         mlist: list[Mechanism] = [mechanisms]

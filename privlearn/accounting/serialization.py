@@ -6,7 +6,7 @@ database (:mod:`privlearn.ledger`) today and evaluated with any accountant later
 
 >>> from privlearn.accounting import Gaussian, compose, subsample
 >>> from privlearn.accounting.serialization import dumps, loads
->>> m = compose(subsample(Gaussian(1.1), rate=256 / 60000), steps=14063)
+>>> m = compose(subsample(Gaussian(1.1), rate=256 / 60000), steps=14040)
 >>> loads(dumps(m)) == m
 True
 
@@ -26,6 +26,7 @@ kind                      fields
 ``laplace``               ``noise_multiplier``
 ``randomized_response``   ``truth_probability``, ``num_categories``
 ``pure_dp``               ``pure_epsilon``
+``approx_dp``             ``dp_epsilon``, ``dp_delta``
 ``rdp``                   ``name``, ``pure_epsilon``, ``curve`` (a tabulated curve:
                           ``{"kind": "tabulated", "orders": [...], "values": [...]}``)
 ``subsampled``            ``base`` (a node), ``rate``, ``scheme`` (``"poisson"`` /
@@ -66,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from privlearn.accounting.mechanisms import (
+    ApproxDP,
     Composed,
     Gaussian,
     Laplace,
@@ -384,6 +386,14 @@ register_serializer(
     lambda m: {"pure_epsilon": _num(m.pure_epsilon)},
     lambda d: PureDP(_read_num("pure_epsilon", d["pure_epsilon"])),
     ["pure_epsilon"],
+)
+register_serializer(
+    ApproxDP,
+    "approx_dp",
+    lambda m: {"dp_epsilon": _num(m.dp_epsilon), "dp_delta": _num(m.dp_delta)},
+    lambda d: ApproxDP(_read_num("dp_epsilon", d["dp_epsilon"]),
+                       _read_num("dp_delta", d["dp_delta"])),
+    ["dp_epsilon", "dp_delta"],
 )
 register_serializer(RDPMechanism, "rdp", _rdp_to, _rdp_from, ["name", "pure_epsilon", "curve"])
 register_serializer(

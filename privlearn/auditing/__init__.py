@@ -14,7 +14,9 @@ epsilon proves (at the stated confidence) that the run leaks more than it claims
   best ROC the accountant allows, to plot beside it.
 * :func:`one_run_audit` -- the harness: draw inclusion, train and score, bound.
 * :mod:`privlearn.auditing.torch` (imported lazily: torch) -- Dirac gradient canaries
-  and loss scores for :func:`privlearn.torch.make_private`, and :func:`audit_dpsgd`.
+  and loss scores for :func:`privlearn.torch.make_private`, :func:`audit_dpsgd` (the
+  engine's own audit) and :func:`audit_training` (your model and training loop, in one
+  call).
 * :mod:`privlearn.auditing.models` -- canaries for the NumPy estimators.
 
 A lower bound proves a leak when it exceeds the claim; a bound below the claim proves

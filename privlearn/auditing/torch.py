@@ -30,13 +30,21 @@ Black-box input canaries (:func:`loss_scores`)
 :func:`audit_dpsgd` runs a complete audit of the real engine (synthetic data plus Dirac
 canaries, optionally with a planted bug from :mod:`privlearn.auditing._planted`); it is
 what ``privlearn audit dpsgd`` and the privacy regression tests run.
+
+:func:`audit_training` audits *your* model and training in one call: it inserts the
+canaries into your dataset (data canaries, scored by the trained model's loss) or into
+your model's gradients (Dirac canaries, scored by the movement of their coordinates),
+runs your training loop or its pieces once, and returns the lower bound beside the
+accountant's epsilon.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +57,7 @@ __all__ = [
     "DiracCanaries",
     "DPSGDAudit",
     "audit_dpsgd",
+    "audit_training",
     "final_scores",
     "loss_scores",
     "trajectory_scores",
@@ -312,3 +321,367 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     return DPSGDAudit(result=result, bug=bug, noise_multiplier=info["noise_multiplier"],
                       sampling_rate=info["sampling_rate"], steps=int(steps),
                       max_grad_norm=float(max_grad_norm), gradient_norm=G, score=score)
+
+
+# ----------------------------------------------------------------------------------
+# auditing your own model and training
+# ----------------------------------------------------------------------------------
+_CANARY_KINDS = ("data", "gradient")
+
+
+def _tensor(a) -> torch.Tensor:
+    """``a`` as a tensor; floating NumPy data in torch's default dtype (float32), as
+    models' parameters are."""
+    if isinstance(a, torch.Tensor):
+        return a
+    arr = np.asarray(a)
+    if np.issubdtype(arr.dtype, np.floating):
+        return torch.as_tensor(arr, dtype=torch.get_default_dtype())
+    return torch.as_tensor(arr)
+
+
+def _as_dataset(dataset):
+    """A map-style dataset of ``(x, y)`` records: the dataset itself, or a
+    ``TensorDataset`` of an ``(X, y)`` pair of tensors or arrays."""
+    from torch.utils.data import Dataset, TensorDataset
+
+    if isinstance(dataset, tuple | list) and len(dataset) == 2 and not isinstance(
+            dataset, Dataset):
+        X, y = (_tensor(a) for a in dataset)
+        if X.shape[:1] != y.shape[:1]:
+            raise ValueError(f"dataset=(X, y) needs as many labels as rows, got {len(X)} rows "
+                             f"and {len(y)} labels")
+        dataset = TensorDataset(X, y)
+    try:
+        n = len(dataset)
+        first = dataset[0]
+    except (TypeError, IndexError, KeyError):
+        raise TypeError(
+            f"dataset must be a map-style torch Dataset of (input, label) records or an "
+            f"(X, y) pair of tensors, got {type(dataset).__name__}") from None
+    if n < 1 or not isinstance(first, tuple | list) or len(first) != 2:
+        raise ValueError("dataset must hold at least one (input, label) record; each item "
+                         f"must be a pair, got {type(first).__name__}")
+    return dataset
+
+
+def _labels(dataset) -> torch.Tensor:
+    from torch.utils.data import TensorDataset
+
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        return dataset.tensors[1]
+    return torch.as_tensor([int(dataset[i][1]) for i in range(len(dataset))])
+
+
+def _default_data_canaries(dataset, m: int, rng: np.random.Generator):
+    """``m`` mislabelled copies of random records: each canary is the input of a record
+    drawn at random with its label moved to another class (a record the model would not
+    fit unless it saw it)."""
+    labels = _labels(dataset)
+    if labels.dtype.is_floating_point or labels.dim() != 1:
+        raise ValueError(
+            "the default data canaries are mislabelled copies of records, which needs "
+            "integer class labels; pass canaries=(inputs, targets), your own canary records")
+    k = int(labels.max()) + 1
+    if k < 2 or int(labels.min()) < 0:
+        raise ValueError(f"the default data canaries need class labels 0..K-1 with K >= 2, "
+                         f"got labels in [{int(labels.min())}, {int(labels.max())}]")
+    rows = rng.integers(0, len(dataset), size=m)
+    inputs = torch.stack([torch.as_tensor(dataset[int(i)][0]) for i in rows])
+    shift = torch.from_numpy(rng.integers(1, k, size=m))
+    targets = (labels[torch.from_numpy(rows)].long() + shift) % k
+    return inputs, targets
+
+
+class _GradientCanaryRecords(torch.utils.data.Dataset):
+    """The user's records followed by the included gradient canaries, as
+    ``(x, y, index, is_canary)``: data rows carry the spare index ``m``, canary rows a zero
+    input, the first record's label and their own index."""
+
+    def __init__(self, base, included: np.ndarray, m: int):
+        self.base, self.included, self.m = base, [int(i) for i in included], m
+        x0, y0 = base[0]
+        self.zero_x, self.y0 = torch.zeros_like(torch.as_tensor(x0)), torch.as_tensor(y0)
+
+    def __len__(self) -> int:
+        return len(self.base) + len(self.included)
+
+    def __getitem__(self, i: int):
+        n = len(self.base)
+        if i < n:
+            x, y = self.base[i]
+            return torch.as_tensor(x), torch.as_tensor(y), torch.tensor(self.m), torch.tensor(0.0)
+        return self.zero_x, self.y0, torch.tensor(self.included[i - n]), torch.tensor(1.0)
+
+
+class _WithGradientCanaries(nn.Module):
+    """The user's model plus one Dirac canary coordinate per canary."""
+
+    def __init__(self, model: nn.Module, m: int, gradient_norm: float):
+        super().__init__()
+        self.model = model
+        self.canaries = DiracCanaries(m, gradient_norm)
+
+    def forward(self, x, index, is_canary):
+        return self.model(x), self.canaries(index, is_canary)
+
+
+def _plain_sgd_lr(optimizer, parameter) -> float | None:
+    """The learning rate of ``parameter`` when ``optimizer`` is plain SGD for it (no
+    momentum, weight decay or Nesterov: each step moves it by ``-lr`` times its noisy
+    gradient), else None."""
+    if type(optimizer) is not torch.optim.SGD:
+        return None
+    for group in optimizer.param_groups:
+        if any(q is parameter for q in group["params"]):
+            plain = (group.get("momentum", 0) == 0 and group.get("weight_decay", 0) == 0
+                     and not group.get("nesterov", False) and not group.get("maximize", False))
+            return float(group["lr"]) if plain else None
+    return None
+
+
+def _per_example(loss_fn, out, target) -> torch.Tensor:
+    losses = loss_fn(out, target)
+    if losses.dim() != 1 or losses.shape[0] != target.shape[0]:
+        raise ValueError("loss_fn must return one loss per example (e.g. "
+                         "nn.CrossEntropyLoss(reduction='none')), got shape "
+                         f"{tuple(losses.shape)} for a batch of {target.shape[0]}")
+    return losses
+
+
+def audit_training(
+    dataset,
+    train: Callable[[Any], Any] | None = None,
+    *,
+    make_model: Callable[[], nn.Module] | None = None,
+    make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    batch_size: int | None = None,
+    epochs: int = 1,
+    private: Mapping[str, Any] | None = None,
+    canaries: str | tuple = "data",
+    n_canaries: int = 500,
+    delta: float = 1e-5,
+    claimed_epsilon: float | Callable[[], float] | None = None,
+    score: str | Callable | None = None,
+    canary_gradient_norm: float | None = None,
+    method: str = "one_run",
+    confidence: float = 0.95,
+    seed: int | None = 0,
+) -> AuditResult:
+    """Audit your own model and training run: canaries in, one training run, the
+    empirical lower bound on epsilon beside the accountant's.
+
+    The one-run audit of Steinke, Nasr & Jagielski (2023), Algorithm 1
+    (:func:`privlearn.auditing.one_run_audit`): each of ``n_canaries`` canaries is
+    included with probability 1/2, your training runs once, each canary is scored and the
+    scores give a lower confidence bound on epsilon at ``delta``. A bound above the
+    accountant's epsilon proves the run leaks more than it claims; a bound below it
+    proves nothing about privacy.
+
+    Two ways to give the training:
+
+    * ``train(dataset) -> model``: your own loop. It receives your records plus the
+      included canaries (a map-style dataset of ``(input, label)`` records; build your
+      ``DataLoader`` and call :func:`~privlearn.torch.make_private` on it as usual) and
+      returns the trained model, or the :class:`~privlearn.torch.PrivateTraining` of
+      ``make_private`` (then the claim is its ``epsilon(delta)``; otherwise pass
+      ``claimed_epsilon``). Data canaries only.
+    * the pieces: ``make_model()`` (a fresh model), ``make_optimizer(params)`` (default
+      SGD at learning rate 0.1), ``loss_fn`` (per-example losses), ``batch_size``,
+      ``epochs`` and ``private`` (the keyword arguments of ``make_private``, e.g.
+      ``{"target_epsilon": 2.0, "max_grad_norm": 1.0}``; its ``target_delta`` defaults to
+      ``delta``). The loop is DP-SGD's: for each batch of ``p.data_loader``, the summed
+      loss, ``backward``, ``step``. Data or gradient canaries.
+
+    Canaries:
+
+    * ``"data"`` (default): ``n_canaries`` mislabelled copies of random records (the
+      input of a record drawn at random, its label moved to another class), or your own
+      ``canaries=(inputs, targets)``. Scored by minus the trained model's loss on each
+      (:func:`loss_scores`; the loss-threshold attack of Yeom et al. 2018), or by
+      ``score(model, inputs, targets) -> scores``. Black-box: works with any model and
+      loop, but a weak attack.
+    * ``"gradient"``: Dirac canaries (:class:`DiracCanaries`, Nasr et al. 2023): your
+      model gets one extra coordinate per canary, and an included canary is a record
+      whose gradient is a spike of norm ``canary_gradient_norm`` (default 100 times
+      ``max_grad_norm``) in its own coordinate, drawn by the same sampler as your
+      records. Scored by how far the coordinate moved along its canary's gradient:
+      ``"trajectory"`` (default with plain SGD: the per-step likelihood ratio,
+      :func:`trajectory_scores`) or ``"final"`` (the total movement,
+      :func:`final_scores`; the default with any other optimizer). White-box: the
+      strongest test of the engine's clipping, noise and sampling as your configuration
+      uses them.
+
+    Parameters
+    ----------
+    dataset : torch Dataset of (input, label) records, or an (X, y) pair
+    train : callable, optional
+    make_model, make_optimizer, loss_fn, batch_size, epochs, private : optional
+        The pieces (above); give either ``train`` or ``make_model``.
+    canaries : {"data", "gradient"} or (inputs, targets)
+    n_canaries : int >= 2
+        Hundreds to thousands for a useful bound (a warning says when no outcome could
+        refute the claim); the number of rows of explicit canaries.
+    delta : float in (0, 1)
+    claimed_epsilon : float or callable, optional
+        The claim at ``delta``; default: the accountant's epsilon of the run (the pieces,
+        or a ``PrivateTraining`` returned by ``train``).
+    score : str or callable, optional
+    canary_gradient_norm : float, optional
+    method, confidence : see :func:`privlearn.auditing.one_run_audit`
+    seed : int >= 0 or None
+        Seeds the canaries, the inclusion draw, the model's initialisation and (unless
+        ``private`` has one) ``make_private``'s sampler and noise; None draws one,
+        recorded in the result.
+
+    Returns
+    -------
+    AuditResult
+        ``epsilon_lower_bound`` beside ``claimed_epsilon``, ``violation``, the scores.
+
+    References
+    ----------
+    Steinke, Nasr & Jagielski (2023), "Privacy Auditing with One (1) Training Run",
+    NeurIPS, Algorithm 1 and Theorem 3.1; Nasr et al. (2023), "Tight Auditing of
+    Differentially Private Machine Learning", USENIX Security (Dirac canaries); Yeom et
+    al. (2018), "Privacy Risk in Machine Learning", CSF (loss threshold).
+    """
+    from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
+
+    if (train is None) == (make_model is None):
+        raise ValueError("give your training either as train(dataset) -> model (your loop) "
+                         "or as its pieces, make_model=... (with make_optimizer, loss_fn, "
+                         "batch_size, epochs, private), not both or neither")
+    if train is not None and not callable(train):
+        raise TypeError(f"train must be callable, got {type(train).__name__}")
+    explicit = isinstance(canaries, tuple | list)
+    if not explicit and canaries not in _CANARY_KINDS:
+        raise ValueError(f"canaries must be one of {_CANARY_KINDS} or an (inputs, targets) "
+                         f"pair, got {canaries!r}")
+    gradient = canaries == "gradient"
+    if gradient and train is not None:
+        raise ValueError(
+            "gradient canaries need a coordinate in your model and a term in your loss, so "
+            "they run with the pieces of your training: pass make_model=..., "
+            "make_optimizer=..., loss_fn=..., batch_size=..., epochs=..., private={...} "
+            "instead of train, or use canaries='data' with your own loop")
+    if gradient and score is not None and score not in ("trajectory", "final"):
+        raise ValueError(f"score must be 'trajectory' or 'final' for gradient canaries, got "
+                         f"{score!r}")
+    if not gradient and score is not None and not callable(score):
+        raise TypeError("score must be callable for data canaries: score(model, inputs, "
+                        f"targets) -> one score per canary, got {score!r}")
+    base = _as_dataset(dataset)
+    seed = _check_seed(seed)
+    rng = np.random.default_rng(seed + 1)  # canaries: a stream apart from the inclusion draw
+    if explicit:
+        if len(canaries) != 2:
+            raise ValueError("canaries=(inputs, targets) must be a pair")
+        c_inputs, c_targets = (_tensor(a) for a in canaries)
+        if c_inputs.shape[:1] != c_targets.shape[:1]:
+            raise ValueError("canaries=(inputs, targets) need one target per input")
+        n_canaries = int(c_inputs.shape[0])
+    n_canaries = _check_n_canaries(n_canaries)
+    if not explicit and not gradient:
+        c_inputs, c_targets = _default_data_canaries(base, n_canaries, rng)
+    loss_fn = loss_fn or nn.CrossEntropyLoss(reduction="none")
+    opts = dict(private or {})
+    if make_model is not None:
+        if batch_size is None or int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1 with make_model, got "
+                             f"{batch_size!r}")
+        if int(epochs) != epochs or epochs < 1:
+            raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+        for key in ("loss_reduction", "epochs", "steps"):
+            if key in opts:
+                raise ValueError(f"private must not set {key!r}: the audit's loop sums the "
+                                 "per-example losses and runs epochs=epochs")
+        opts.setdefault("target_delta", delta)
+        opts.setdefault("seed", seed)
+    make_optimizer = make_optimizer or (lambda params: torch.optim.SGD(params, lr=0.1))
+    C = opts.get("max_grad_norm", 1.0)
+    G = (100.0 * float(C) if isinstance(C, int | float) else 100.0) if (
+        canary_gradient_norm is None) else float(canary_gradient_norm)
+    claim: dict = {}
+
+    def run_pieces(inclusion: np.ndarray) -> np.ndarray:
+        from privlearn.torch import make_private
+
+        included = np.flatnonzero(inclusion)
+        torch.manual_seed(seed)
+        inner = make_model()
+        if gradient:
+            model = _WithGradientCanaries(inner, n_canaries, G)
+            records = _GradientCanaryRecords(base, included, n_canaries)
+        else:
+            model = inner
+            sel = torch.from_numpy(included)
+            records = ConcatDataset([base, TensorDataset(c_inputs[sel], c_targets[sel])])
+        optimizer = make_optimizer(model.parameters())
+        p = make_private(model, optimizer, DataLoader(records, batch_size=int(batch_size)),
+                         epochs=int(epochs), loss_reduction="sum", **opts)
+        snaps = [model.canaries.coordinates()] if gradient else []
+        for _ in range(int(epochs)):
+            for batch in p.data_loader:
+                p.optimizer.zero_grad()
+                if gradient:
+                    xb, yb, ib, cb = batch
+                    out, canary_term = p.model(xb, ib, cb)
+                    loss = (_per_example(loss_fn, out, yb) * (1 - cb)).sum() + canary_term.sum()
+                else:
+                    xb, yb = batch
+                    loss = _per_example(loss_fn, p.model(xb), yb).sum()
+                loss.backward()
+                p.optimizer.step()
+                if gradient:
+                    snaps.append(model.canaries.coordinates())
+        claim["epsilon"] = p.epsilon(delta)
+        if not gradient:
+            return _data_scores(inner)
+        lr = _plain_sgd_lr(optimizer, model.canaries.weight.weight)
+        how = score or ("trajectory" if lr is not None else "final")
+        common = dict(learning_rate=lr or 1.0, max_grad_norm=float(C) if isinstance(
+            C, int | float) else 1.0, expected_batch_size=p.expected_batch_size)
+        if how == "final":
+            return final_scores(snaps[0], snaps[-1], **common)
+        if lr is None:
+            raise ValueError("score='trajectory' is the likelihood ratio of plain SGD steps "
+                             "(no momentum or weight decay); use score='final' with this "
+                             "optimizer")
+        return trajectory_scores(np.stack(snaps), noise_multiplier=p.noise_multiplier,
+                                 sampling_rate=p.sampling_rate, **common)
+
+    def _data_scores(model: nn.Module) -> np.ndarray:
+        if score is not None:
+            return np.asarray(score(model, c_inputs, c_targets), dtype=float)
+        return loss_scores(model, c_inputs, c_targets, loss_fn)
+
+    def run_loop(inclusion: np.ndarray) -> np.ndarray:
+        sel = torch.from_numpy(np.flatnonzero(inclusion))
+        torch.manual_seed(seed)
+        out = train(ConcatDataset([base, TensorDataset(c_inputs[sel], c_targets[sel])]))
+        model = out
+        if not isinstance(out, nn.Module):
+            model = getattr(out, "model", None)
+            if not isinstance(model, nn.Module):
+                raise TypeError("train must return the trained nn.Module or the "
+                                f"PrivateTraining of make_private, got {type(out).__name__}")
+            if callable(getattr(out, "epsilon", None)):
+                claim["epsilon"] = out.epsilon(delta)
+        return _data_scores(model)
+
+    def claimed() -> float:
+        if claimed_epsilon is not None:
+            return claimed_epsilon() if callable(claimed_epsilon) else claimed_epsilon
+        if "epsilon" not in claim:
+            raise ValueError(
+                "no claim to test: train returned a model, not the PrivateTraining of "
+                "make_private; return p (the object make_private returned) or pass "
+                "claimed_epsilon=...")
+        return claim["epsilon"]
+
+    fixed = claimed_epsilon is not None and not callable(claimed_epsilon)
+    return one_run_audit(run_pieces if make_model is not None else run_loop, n_canaries,
+                         claimed_epsilon=claimed_epsilon if fixed else claimed, delta=delta,
+                         seed=seed, method=method, confidence=confidence)

@@ -27,8 +27,9 @@ def audit() -> None:
 @click.option("--delta", type=float, required=True, help="Target delta in (0, 1).")
 @click.option("--canaries", type=int, default=1000, show_default=True,
               help="Number of canaries (each included with probability 1/2).")
-@click.option("--inject-bug", type=click.Choice(_AUDIT_BUGS), default="none", show_default=True,
-              help="Plant a known defect (self-test of the audit).")
+@click.option("--inject-bug", "--bug", "inject_bug", type=click.Choice(_AUDIT_BUGS),
+              default="none", show_default=True,
+              help="Plant a known defect (self-test of the audit); --bug is an alias.")
 @click.option("--method", type=click.Choice(_AUDIT_METHODS), default="one_run",
               show_default=True,
               help="Lower bound: one_run is valid for any (epsilon, delta) claim; "

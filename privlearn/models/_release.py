@@ -182,14 +182,17 @@ RELEASED_ATTRIBUTES = MappingProxyType(
                                              "attributes are listed under its class)"),
                 "best_params_": ("noisy", "the selected candidate: output of the private "
                                           "selection"),
-                "best_score_": ("noisy", "the selected run's noisy score"),
+                "best_score_": ("noisy", "the selected run's score (accuracy or minus "
+                                         "the MSE) from its noisy clipped loss sum over "
+                                         "the public row count"),
                 "n_fits_": ("public", "composition only: the grid size"),
                 "runs_": ("public", "composition only: every candidate, in grid order"),
                 "scores_": ("noisy", "composition only: every run's noisy score, all "
                                      "composed into mechanism_"),
                 "fit_mechanisms_": ("public", "composition only: each fit's mechanism_"),
                 "mechanism_": ("public", "the whole search: composition of every run, or "
-                                         "the tabulated Papernot-Steinke RDP curve"),
+                                         "the tabulated Papernot-Steinke RDP curve (its "
+                                         "(epsilon, delta) conversion on a PLD budget)"),
                 "epsilon_": _EPS,
                 "delta_": _DELTA,
                 "n_features_in_": _NFEAT,

@@ -37,8 +37,18 @@ Scores. A run's score is part of ``Q``: by default the sum over the training rec
 the loss clipped to ``[0, loss_bound]`` (squared error for regressors, 0-1 loss for
 classifiers), released with Laplace noise of scale ``loss_bound / score_epsilon``
 (sensitivity ``loss_bound`` under add/remove), i.e. ``Laplace(1 / score_epsilon)``
-composed into ``Q``. Pass *public* validation data to ``fit(X, y, X_val=, y_val=)`` to
-score without noise and at no cost.
+composed into ``Q``. Divided by the number of rows (public: the plan is computed from the
+data's shape) it is reported as ``best_score_`` on the scale of
+:meth:`PrivateSearchCV.score`: accuracy for classifiers, minus the mean squared error for
+regressors. Pass *public* validation data to ``fit(X, y, X_val=, y_val=)`` to score
+without noise and at no cost.
+
+Pipelines. A :class:`~privlearn.models.PrivatePipeline` (e.g. a
+:class:`~privlearn.models.PrivateStandardScaler` then a private model) is searched like an
+estimator (``param_grid`` keys ``"step__param"``): its planned mechanism is the
+composition of its steps' planned mechanisms, each run's fit is checked against it, and
+every step is fitted with hidden noise and without its own ledger (the search spends for
+all runs, once).
 
 References
 ----------
@@ -59,10 +69,12 @@ from typing import Any
 import numpy as np
 from sklearn.base import MetaEstimatorMixin, clone, is_classifier
 from sklearn.model_selection import ParameterGrid
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from privlearn.accounting import Laplace, Mechanism, RDPMechanism, compose
+from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
+from privlearn.errors import UnsupportedMechanismError
 from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -72,6 +84,7 @@ from privlearn.models.constraints import (
     Real,
     Unchecked,
 )
+from privlearn.models.preprocessing import PrivatePipeline
 
 __all__ = [
     "PrivateSearchCV",
@@ -81,16 +94,25 @@ __all__ = [
 ]
 
 
-def planned_mechanism(estimator: PrivateEstimator, X, y=None) -> Mechanism:
+def planned_mechanism(estimator: PrivateEstimator | PrivatePipeline, X, y=None) -> Mechanism:
     """The mechanism ``estimator.fit(X, y)`` will run, from the shape of ``X`` only
-    (:meth:`PrivateEstimator.planned_mechanism`); ``TypeError`` for an estimator that is
-    not a :class:`~privlearn.models.PrivateEstimator` (its cost cannot be planned)."""
-    if not isinstance(estimator, PrivateEstimator):
+    (:meth:`PrivateEstimator.planned_mechanism`, or
+    :meth:`~privlearn.models.PrivatePipeline.planned_mechanism`: the composition of its
+    steps' planned mechanisms); ``TypeError`` for anything else (its cost cannot be
+    planned)."""
+    if not isinstance(estimator, PrivateEstimator | PrivatePipeline):
         raise TypeError(
             f"no planned mechanism is known for {type(estimator).__name__}: a private "
-            "search needs privlearn.models.PrivateEstimator candidates (subclass it, see "
+            "search needs privlearn.models.PrivateEstimator candidates or a "
+            "privlearn.models.PrivatePipeline of them (subclass PrivateEstimator, see "
             "docs/guides/extending.md)")
     return estimator.planned_mechanism(X, y)
+
+
+def _nested_keys(est, name: str) -> list[str]:
+    """The parameters called ``name`` of ``est`` and of its nested estimators (a
+    pipeline's steps: ``"clf__random_state"``)."""
+    return [k for k in est.get_params(deep=True) if k == name or k.endswith("__" + name)]
 
 
 _LAMBDA_HAT = np.concatenate([1.0 + np.geomspace(1e-3, 1.0, 30), np.geomspace(2.0, 1e4, 120)])
@@ -156,15 +178,42 @@ def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
     and without a record reproduces ``coef_`` exactly on the right one). The released
     model's ``random_state`` is the one it was declared with, which did not produce its
     noise."""
-    if "random_state" not in est.get_params():
+    keys = _nested_keys(est, "random_state")  # a pipeline: every step's own
+    if not keys:
         est.fit(X, y)
         return
-    declared = est.random_state
-    est.set_params(random_state=rng.spawn(1)[0])
+    params = est.get_params(deep=True)
+    declared = {k: params[k] for k in keys}
+    est.set_params(**{k: child for k, child in zip(keys, rng.spawn(len(keys)), strict=True)})
     try:
         est.fit(X, y)
     finally:
-        est.set_params(random_state=declared)
+        est.set_params(**declared)
+
+
+def _budget_reading_no_rdp(handle):
+    """The ledger budget of ``handle`` when its total is composed by an accountant other
+    than ``"rdp"`` (e.g. the default PLD), which cannot read a tabulated RDP curve; else
+    None."""
+    if handle is None:
+        return None
+    try:
+        budget = handle.ledger.budget_info(handle.dataset, privacy_unit=handle.privacy_unit)
+    except Exception:  # not a budget handle, or no such budget: the reservation says why
+        return None
+    return budget if budget.accountant != "rdp" and not budget.adaptive else None
+
+
+def _best_has(attr: str) -> Callable[[Any], bool]:
+    """``available_if`` check: the released model (or, before fitting, the estimator)
+    has ``attr`` (scikit-learn's ``GridSearchCV`` delegation)."""
+
+    def check(search) -> bool:
+        est = getattr(search, "best_estimator_", search.estimator)
+        getattr(est, attr)  # AttributeError: the method is not available
+        return True
+
+    return check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,7 +264,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     ledger : BudgetHandle, optional
         ``ledger.budget(dataset)``: the search's whole cost is reserved before any data is
         read (refused with ``BudgetExceededError`` when over budget) and settled when the
-        search is done; the candidates' own ledgers are not charged.
+        search is done; the candidates' own ledgers (a pipeline's steps' too) are not
+        charged. Random stopping on a budget whose accountant is not ``"rdp"`` is
+        charged its ``(epsilon, delta)`` conversion (see ``mechanism_``).
     random_state : None, int or Generator
         Seeds the search's own generator: which runs happen, the scores' noise, and a
         child stream per fit. Each candidate is fitted with noise from that hidden child
@@ -229,8 +280,15 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     Attributes
     ----------
     best_estimator_, best_params_, best_score_
-        The released run: its model, its candidate and its noisy score (higher is
-        better).
+        The released run: its model, its candidate and its score, on the scale of
+        :meth:`score` (higher is better): **accuracy** for a classifier, **minus the mean
+        squared error** for a regressor, as scikit-learn's ``GridSearchCV`` with
+        ``scoring="accuracy"`` / ``"neg_mean_squared_error"``. Without public validation
+        data it is measured on the training data, from the *noisy* sum of the clipped
+        per-record losses (``loss_bound``) divided by the number of rows (then clipped to
+        ``[0, 1]``, resp. ``<= 0``), so it is noisy and optimistic about generalisation:
+        evaluate the released model on held-out data with :meth:`score`. With ``X_val,
+        y_val`` it is the exact score on them.
     n_fits_, runs_, scores_, fit_mechanisms_ : ``method="composition"`` only
         The number of fits, every candidate, its noisy score and its mechanism (all are
         accounted). Random stopping does not set them: its guarantee rests on the number
@@ -239,7 +297,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     mechanism_ : Mechanism
         ``method="composition"``: the composition of every fit and score. Random
         stopping: an :class:`RDPMechanism` with the tabulated Theorem 2 curve (evaluate
-        it with the ``"rdp"`` accountant).
+        it with the ``"rdp"`` accountant); on a ``ledger`` budget composed by another
+        accountant (the default ``"pld"``, which cannot read an RDP curve), the curve's
+        ``(epsilon, delta)`` guarantee at 0.99 times ``delta`` (or the budget's delta if
+        smaller),
+        :class:`~privlearn.accounting.ApproxDP`, which the PLD accountant composes with
+        the budget's other releases (a conservative conversion: the curve's other
+        points are not used).
     epsilon_, delta_ : float
     """
 
@@ -273,15 +337,21 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         )
 
     def _score(self, est, X, y, public: bool, lb: float, rng) -> float:
+        """The run's score on the scale of :meth:`score`: accuracy (classifiers) or minus
+        the mean squared error (regressors). Private: from the noisy sum of the clipped
+        per-record losses, divided by the number of rows (public: the data's shape is
+        part of the plan)."""
         pred = est.predict(X)
         if is_classifier(est):
-            loss = (pred != y).astype(float)
+            loss = (np.asarray(pred) != np.asarray(y)).astype(float)
         else:
-            loss = (np.asarray(pred, float) - np.asarray(y, float)) ** 2
+            loss = (np.asarray(pred, float).ravel() - np.asarray(y, float).ravel()) ** 2
         if public:
-            return -float(np.mean(loss))
-        total = float(np.sum(np.minimum(loss, lb)))
-        return -(total + rng.laplace(scale=lb / self.score_epsilon))
+            mean = float(np.mean(loss))
+        else:
+            total = float(np.sum(np.minimum(loss, lb)))
+            mean = (total + rng.laplace(scale=lb / self.score_epsilon)) / max(len(loss), 1)
+        return 1.0 - mean if is_classifier(est) else -mean
 
     _parameter_constraints = {
         "estimator": Unchecked("a privlearn estimator, checked by planned_mechanism"),
@@ -327,17 +397,36 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             return np.max(np.stack([np.atleast_1d(r.rdp(np.atleast_1d(orders)))
                                     for r in runs]), axis=0)
 
+        name = f"private selection (Papernot-Steinke, eta={eta:g}, E[K]={ek:g})"
         curve = random_stopping_rdp(base_rdp, eta, gamma)
         orders = np.concatenate([1.0 + np.geomspace(1e-2, 1.0, 40)[:-1], np.arange(2.0, 257.0),
                                  np.geomspace(257.0, 1e5, 60)[1:]])
         # Renyi divergence is non-decreasing in the order, so a bound at order a' holds at
         # every a <= a': take the running minimum from the right (a valid, monotone curve)
         values = np.minimum.accumulate(np.maximum(curve(orders), 0.0)[::-1])[::-1]
-        mech = RDPMechanism(TabulatedRDP(tuple(orders), tuple(values)),
-                            name=f"private selection (Papernot-Steinke, eta={eta:g}, "
-                            f"E[K]={ek:g})")
-        return SearchPlan(mechanism=mech, accountant="rdp", eta=eta, gamma=gamma,
+        mech: Mechanism = RDPMechanism(TabulatedRDP(tuple(orders), tuple(values)), name=name)
+        accountant = "rdp"
+        budget = _budget_reading_no_rdp(self.ledger)
+        if budget is not None:
+            # the budget composes with an accountant that cannot read an RDP curve (the
+            # default PLD): charge the curve's (epsilon, delta) guarantee at ``delta``, a
+            # conservative conversion (one point of the curve's privacy profile), at 99%
+            # of ``delta`` (and of the budget's) so that ``epsilon_`` at ``delta`` and the
+            # budget's total can be certified
+            d0 = 0.99 * min(params["delta"], budget.delta)
+            mech, accountant = ApproxDP(float(mech.epsilon(d0, "rdp")), d0), "pld"
+        return SearchPlan(mechanism=mech, accountant=accountant, eta=eta, gamma=gamma,
                           expected_runs=ek, **common)
+
+    def _reserve(self, mechanism: Mechanism, label: str):
+        try:
+            return super()._reserve(mechanism, label)
+        except UnsupportedMechanismError as e:
+            raise UnsupportedMechanismError(
+                f"the ledger budget cannot account this search ({e}). Use "
+                "method='composition' (every run composed with the budget's accountant), "
+                "or a budget created with accountant='rdp' (privlearn budget init "
+                "--accountant rdp)") from e
 
     def fit(self, X, y, *, X_val=None, y_val=None):
         """Run the search. ``X_val, y_val``: *public* validation data (no cost)."""
@@ -363,8 +452,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         best, scores, runs, ran = None, [], [], []
         for i in order:
             est = clone(self.estimator).set_params(**plan.grid[i])
-            if "ledger" in est.get_params():  # the search spends for all its runs, once
-                est.set_params(ledger=None)
+            ledgers = _nested_keys(est, "ledger")  # the search spends for all its runs, once
+            est.set_params(**dict.fromkeys(ledgers))
             _fit_with_hidden_noise(est, X, y, rng)
             if getattr(est, "mechanism_", None) != plan.fit_mechanisms[i]:
                 raise RuntimeError(
@@ -379,15 +468,67 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             if best is None or score > best[1]:
                 best = (est, score, plan.grid[i])
         best_estimator, best_score, best_params = best
-        if self.ledger is not None and "ledger" in best_estimator.get_params():
-            best_estimator.set_params(ledger=self.ledger)
-        fitted = {"best_estimator_": best_estimator, "best_score_": best_score,
+        if self.ledger is not None:  # a refit of the released model spends too
+            best_estimator.set_params(**dict.fromkeys(_nested_keys(best_estimator, "ledger"),
+                                                      self.ledger))
+        # reported in the score's range (post-processing; the selection used the raw
+        # noisy values, so that noise pushing two runs past the range does not tie them)
+        hi = 1.0 if is_classifier(self.estimator) else 0.0
+        lo = 0.0 if is_classifier(self.estimator) else -math.inf
+        fitted = {"best_estimator_": best_estimator,
+                  "best_score_": float(np.clip(best_score, lo, hi)),
                   "best_params_": best_params}
         if plan.eta is None:
-            fitted.update(runs_=runs, scores_=scores, n_fits_=len(runs), fit_mechanisms_=ran)
+            fitted.update(runs_=runs, scores_=[float(np.clip(v, lo, hi)) for v in scores],
+                          n_fits_=len(runs), fit_mechanisms_=ran)
         return fitted
 
+    # -- the released model (post-processing: no privacy cost) --------------------------
+    @available_if(_best_has("predict"))
     def predict(self, X):
-        """The best run's prediction (post-processing)."""
+        """``best_estimator_.predict(X)``."""
         check_is_fitted(self)
         return self.best_estimator_.predict(X)
+
+    @available_if(_best_has("predict_proba"))
+    def predict_proba(self, X):
+        """``best_estimator_.predict_proba(X)``."""
+        check_is_fitted(self)
+        return self.best_estimator_.predict_proba(X)
+
+    @available_if(_best_has("predict_log_proba"))
+    def predict_log_proba(self, X):
+        """``best_estimator_.predict_log_proba(X)``."""
+        check_is_fitted(self)
+        return self.best_estimator_.predict_log_proba(X)
+
+    @available_if(_best_has("decision_function"))
+    def decision_function(self, X):
+        """``best_estimator_.decision_function(X)``."""
+        check_is_fitted(self)
+        return self.best_estimator_.decision_function(X)
+
+    @available_if(_best_has("transform"))
+    def transform(self, X):
+        """``best_estimator_.transform(X)``."""
+        check_is_fitted(self)
+        return self.best_estimator_.transform(X)
+
+    @available_if(_best_has("predict"))
+    def score(self, X, y) -> float:
+        """The released model's score on ``(X, y)``, on the scale of ``best_score_``:
+        accuracy for a classifier, minus the mean squared error for a regressor (as
+        ``GridSearchCV(scoring="accuracy")`` / ``scoring="neg_mean_squared_error"``;
+        higher is better). Evaluate it on held-out data."""
+        check_is_fitted(self)
+        pred = self.best_estimator_.predict(X)
+        if is_classifier(self.best_estimator_):
+            return float(np.mean(np.asarray(pred) == np.asarray(y)))
+        return -float(np.mean((np.asarray(pred, float).ravel()
+                               - np.asarray(y, float).ravel()) ** 2))
+
+    @property
+    def classes_(self):
+        """``best_estimator_.classes_``."""
+        check_is_fitted(self)
+        return self.best_estimator_.classes_

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.base import OneToOneFeatureMixin, TransformerMixin
+from sklearn.base import OneToOneFeatureMixin, TransformerMixin, clone
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -471,6 +471,62 @@ class PrivatePipeline(Pipeline):
         self.delta = delta
         self.public_steps = public_steps
         self.accountant = accountant
+
+    def planned_mechanism(self, X, y=None) -> Mechanism:
+        """The mechanism :meth:`fit` will run, from the steps' parameters and the shape
+        of ``X`` only: the composition, in order, of every step's planned mechanism
+        (:meth:`PrivateEstimator.planned_mechanism
+        <privlearn.models.PrivateEstimator.planned_mechanism>`), i.e. what ``mechanism_``
+        will be. Steps that cost nothing (``"passthrough"``, steps that need no fitting,
+        ``public_steps``) are skipped.
+
+        Each step plans on the shape its input will have: a step that keeps the number
+        of features (``PrivateStandardScaler`` and every scikit-learn one-to-one
+        transformer) passes the shape on; a step that needs no fitting is applied to one
+        row of zeros to learn its output width (data-independent). A fitted step that
+        changes the number of features before a later private step cannot be planned
+        and is refused with ``TypeError``; so is a step that learns from the data
+        without a planned mechanism (it could not be accounted before the fit).
+
+        Returns
+        -------
+        Mechanism
+            Equal to the ``mechanism_`` that ``fit(X, y)`` will record.
+        """
+        shape = data_shape(X)
+        if len(shape) != 2:
+            raise ParameterValueError(
+                f"Expected 2D array, got an array of shape {shape} instead: X must be "
+                "(n_samples, n_features)")
+        public = tuple(self.public_steps)
+        mechs: list[Mechanism] = []
+        steps = [(n, s) for n, s in self.steps
+                 if not (s is None or (isinstance(s, str) and s == "passthrough"))]
+        for i, (name, step) in enumerate(steps):
+            last = i == len(steps) - 1
+            placeholder = np.broadcast_to(np.float64(0.0), shape)
+            if isinstance(step, PrivateEstimator):  # its mechanism_ counts (as in fit)
+                mechs.append(step.planned_mechanism(placeholder, y))
+            elif name not in public and get_tags(step).requires_fit:
+                raise ParameterTypeError(
+                    f"pipeline step {name!r} ({type(step).__name__}) learns from the data "
+                    "but has no planned mechanism, so the pipeline's cost cannot be known "
+                    "before fitting: use a privlearn.models.PrivateEstimator step (e.g. "
+                    "PrivateStandardScaler for StandardScaler), or list it in public_steps "
+                    "if it is fitted on public data")
+            if last:
+                break
+            if isinstance(step, OneToOneFeatureMixin):
+                continue
+            if not get_tags(step).requires_fit:
+                width = np.asarray(clone(step).fit_transform(np.zeros((1, shape[1])))).shape
+                shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
+                continue
+            raise ParameterTypeError(
+                f"pipeline step {name!r} ({type(step).__name__}) may change the number of "
+                "features, so the next steps' mechanisms cannot be planned from the shape "
+                "of X: put it last, or use a step that keeps the number of features")
+        return compose(mechs)
 
     def fit(self, X, y=None, **params):
         """Fit every step, then account the whole pipeline."""

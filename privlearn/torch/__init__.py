@@ -49,6 +49,7 @@ Notes
 
 from privlearn.errors import (
     BatchDependenceError,
+    NonFiniteInputError,
     PrivacyBudgetWarning,
     UnsupportedModuleError,
     UntestedTorchWarning,
@@ -62,6 +63,7 @@ from privlearn.torch.data import (
     PoissonBatchSampler,
     VirtualBatchLoader,
 )
+from privlearn.torch.distributed import DistributedPoissonBatchSampler
 from privlearn.torch.grad_sample import (
     LayerRule,
     register_instrumenter,
@@ -84,9 +86,11 @@ from privlearn.torch.validator import (
 __all__ = [
     "AdaptiveClipping",
     "BatchDependenceError",
+    "NonFiniteInputError",
     "BudgetCap",
     "DPConfig",
     "DPOptimizer",
+    "DistributedPoissonBatchSampler",
     "FixedSizeBatchSampler",
     "GradSampleTracker",
     "LayerRule",

@@ -211,14 +211,19 @@ class BudgetCap:
     max_epsilon, planned_epsilon : float, optional
     planned_steps : int, optional
         A guess of the room (speeds up the first search).
+    beyond : str, optional
+        What the refusal tells the user to do to go further.
     """
 
     def __init__(self, accountant: PrivacyAccountant, *, delta: float,
                  max_epsilon: float | None = None, planned_epsilon: float | None = None,
-                 planned_steps: int | None = None):
+                 planned_steps: int | None = None, beyond: str | None = None):
         self.accountant = accountant
         self.delta = float(delta)
-        self.max_epsilon = None if max_epsilon is None else float(max_epsilon)
+        self.max_epsilon = (None if max_epsilon is None or math.isinf(max_epsilon)
+                            else float(max_epsilon))
+        self.beyond = beyond or ("stop training here, or plan a larger budget (or more "
+                                 "noise) before training")
         self.planned_epsilon = None if planned_epsilon is None else float(planned_epsilon)
         self._hint = max(2, int(planned_steps)) if planned_steps else 64
         self._room: dict[str, int | None] = {"max": None, "plan": None}
@@ -251,8 +256,7 @@ class BudgetCap:
             raise PrivacyBudgetExceededError(
                 f"the next step would exceed max_epsilon={self.max_epsilon:g} at "
                 f"delta={self.delta:g} (spent so far: {acct.epsilon(self.delta):.6g} after "
-                f"{acct.steps} steps); the step was not taken. Stop training here, or plan a "
-                "larger budget (or more noise) before training")
+                f"{acct.steps} steps); the step was not taken: {self.beyond}")
 
     def exhausted(self, noise_multiplier: float, sampling_rate: float) -> bool:
         """Whether :meth:`check` would refuse the next step."""

@@ -97,7 +97,10 @@ class DPConfig:
         rows (the rows the engine averages), every per-example tensor (labels too)
         repeated alike. The loader, not the loop, lays out the views: a view-major
         ``torch.cat`` of the views would put K examples in one clipping unit and one
-        example in K (sensitivity K C instead of C).
+        example in K (sensitivity K C instead of C). It must treat each example on its
+        own: it is probed with the model (one example replaced under the same random
+        state, every other output row unchanged), so a batch-level MixUp/CutMix is
+        refused; mix only within an example's own views.
     max_physical_batch_size : int >= 1, optional
         Split logical batches into chunks of at most this size (virtual batches).
     loss_reduction : {"mean", "sum"}
@@ -114,9 +117,14 @@ class DPConfig:
         Replace the layers a registered fixer can replace (BatchNorm -> GroupNorm sharing
         its affine parameters, so the optimizer trains them) before validating; undone if
         a later check refuses the model.
-    max_epsilon : float > 0, optional
+    max_epsilon : float > 0 or inf, optional
         Hard cap on epsilon at ``target_delta``: the step that would exceed it raises
-        :class:`~privlearn.errors.PrivacyBudgetExceededError` before it runs.
+        :class:`~privlearn.errors.PrivacyBudgetExceededError` before it runs. Default:
+        ``target_epsilon`` when it is given (the target is a stop: a loop longer than the
+        planned ``epochs``/``steps`` is stopped before it spends more), else no cap.
+        ``float("inf")`` is the explicit setting that trains past the target (a
+        :class:`~privlearn.torch.accountant.PrivacyBudgetWarning` is emitted once past
+        the planned epsilon, and ``p.epsilon(delta)`` reports what was spent).
     ledger_chunk : int >= 1
         Steps reserved at a time in a privacy ledger beyond the plan.
     target_unclipped_quantile : float in [0, 1], optional
@@ -133,8 +141,10 @@ class DPConfig:
         needed.
     check_batch_independence : bool
         Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
-        and after the trainable parameters change (default). ``False`` skips it: you then
-        promise that no operation mixes examples and that ``batch_dims`` is right
+        and again after any change that could mix examples (the trainable set, a module's
+        ``training`` flag, the module tree, forward hooks), on the model and on
+        ``augment`` (default). ``False`` skips it: you then promise that no operation
+        (nor ``augment``) mixes examples and that ``batch_dims`` is right
         (docs/trust-model.md).
     """
 
@@ -222,7 +232,11 @@ class DPConfig:
         if self.seed is not None:
             put(self, "seed", _v.check_count("seed", self.seed, minimum=0))
         if self.max_epsilon is not None:
-            put(self, "max_epsilon", _v.check_positive("max_epsilon", self.max_epsilon))
+            put(self, "max_epsilon", _v.check_positive(
+                "max_epsilon", self.max_epsilon, allow_inf=True,
+                hint='a cap on epsilon at target_delta, or float("inf") for none'))
+        elif self.target_epsilon is not None:  # the target is a stop unless said otherwise
+            put(self, "max_epsilon", self.target_epsilon)
         if self.max_physical_batch_size is not None:
             put(self, "max_physical_batch_size",
                 _v.check_count("max_physical_batch_size", self.max_physical_batch_size,

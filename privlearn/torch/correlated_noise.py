@@ -15,7 +15,22 @@ strategy's state:
   Factorization Mechanisms", Algorithm 3): ``noise_t = z_t - sum_k w_k buf_k``, then
   ``buf_k <- d_k buf_k + noise_t``; ``m`` buffers.
 
-Memory is ``(b - 1)`` or ``m`` parameter-sized buffers, never ``O(steps)``. The state is
+**Parameters unfrozen or frozen mid-run.** Each parameter has its own stream (the
+recurrence acts coordinate by coordinate), laid out by name. A parameter trained for the
+first time at step ``t0`` starts its stream there with an empty history: its noise is
+``(C_tail^{-1} z)`` with ``C_tail = C[t0:, t0:]`` (for a lower-triangular ``C``, the
+trailing block of ``C^{-1}`` is ``C_tail^{-1}``). That is post-processing of the
+accounted mechanism ``C X + Z`` in which the parameter's column of ``X`` is zero before
+``t0`` (rows ``t0..`` of that column are ``C_tail X_tail + Z_tail``; ``C_tail^{-1}`` of
+them is what is released), and such a column is one of the contributions the accounted
+sensitivity already bounds (every per-step contribution of norm at most ``C_max``, over
+all parameters together). A parameter frozen at step ``t1`` keeps its stream: its draws
+continue and its state advances (the noise is not applied), so if it is unfrozen again
+its noise is the rows of the full ``C^{-1} Z`` -- a fresh stream there would not be
+post-processing, since its column of ``X`` is no longer zero before the restart.
+
+Memory is ``(b - 1)`` or ``m`` buffers of the size of every parameter trained so far,
+never ``O(steps)``. The state is
 part of :meth:`privlearn.torch.PrivateTraining.state_dict`, so a resumed run continues the
 same noise; it holds past noises, so such a checkpoint must be kept private like the data
 (docs/trust-model.md).
@@ -45,8 +60,42 @@ class CorrelatedNoise:
         self.recurrence = recurrence
         self.banded = hasattr(recurrence, "coefs")
         self.steps = 0
-        self._buf: torch.Tensor | None = None  # (m, numel)
+        self._buf: torch.Tensor | None = None  # (m, numel of live + frozen streams)
         self._consts: dict = {}
+        #: ``((name, numel), ...)`` of the streams the step's draw covers, in its order,
+        #: then those of parameters frozen since (their state kept; None: not yet known)
+        self._live: tuple | None = None
+        self._frozen: tuple = ()
+
+    def _follow(self, layout: tuple) -> None:
+        """The trained parameters are now ``layout``: move every stream's state to its
+        new columns, start an empty one for a parameter never trained before, and keep
+        the state of those no longer trained after the live ones (module docstring)."""
+        if self._live is None or self._buf is None:  # no state yet (or no names in it)
+            self._live, self._frozen = tuple(layout), ()
+            return
+        old = {}
+        at = 0
+        for key, n in self._live + self._frozen:
+            old[key] = (at, n)
+            at += n
+        live = dict(layout)
+        for key, n in layout:
+            if key in old and old[key][1] != n:
+                raise ValueError(
+                    f"parameter {key!r} changed size during a correlated-noise run "
+                    f"({old[key][1]} -> {n} elements): its noise stream cannot continue. "
+                    "Keep parameter shapes fixed for the run")
+        frozen = tuple((k, n) for k, n in self._live + self._frozen if k not in live)
+        order = tuple(layout) + frozen
+        buf = self._buf.new_zeros(self._buf.shape[0], sum(n for _, n in order))
+        at = 0
+        for key, n in order:
+            if key in old:
+                a, _ = old[key]
+                buf[:, at:at + n].copy_(self._buf[:, a:a + n])
+            at += n
+        self._buf, self._live, self._frozen = buf, tuple(layout), frozen
 
     @property
     def buffers(self) -> int:
@@ -55,6 +104,11 @@ class CorrelatedNoise:
     def _state_for(self, z: torch.Tensor) -> torch.Tensor:
         buf = self._buf
         m = self.buffers
+        if buf is not None and self.steps and buf.shape[1] != z.numel():
+            raise ValueError(
+                f"this step's draw covers {z.numel()} elements but the noise state holds "
+                f"{buf.shape[1]}: pass the parameters' layout (apply_(z, layout=...)) when "
+                "the trained parameters change")
         if buf is None or buf.shape[1] != z.numel() or buf.device != z.device \
                 or buf.dtype != z.dtype:
             if buf is not None and self.steps:
@@ -72,17 +126,46 @@ class CorrelatedNoise:
                 device=z.device, dtype=z.dtype)
         return self._consts[key]
 
-    def apply_(self, z: torch.Tensor) -> torch.Tensor:
+    def apply_(self, z: torch.Tensor, layout: tuple | None = None, draw=None
+               ) -> torch.Tensor:
         """Overwrite the flat draw ``z`` of this step with ``(C^{-1} z)_t`` and advance.
         No host synchronisation: the coefficients of every position of the ring buffer
-        are tensors made once."""
+        are tensors made once.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            This step's standard Gaussian draw for the trained parameters.
+        layout : tuple, optional
+            ``((name, numel), ...)`` of the parameters ``z`` covers, in its order (None:
+            the same as the last step's). A change moves the streams (module
+            docstring).
+        draw : callable, optional
+            ``draw(out)`` fills ``out`` with fresh standard Gaussian draws: the steps of
+            the streams of frozen parameters (needed once a parameter was frozen).
+        """
         z = z.view(-1)
         m = self.buffers
-        if m == 0:  # C diagonal: a scale
+        if m == 0:  # C diagonal: a scale, no memory
             if self.banded and self.recurrence.coefs[0] != 1.0:
                 z.div_(self.recurrence.coefs[0])
             self.steps += 1
             return z
+        if layout is not None and layout is not self._live and layout != self._live:
+            self._follow(layout)
+        extra = sum(n for _, n in self._frozen)
+        if extra:
+            if draw is None:
+                raise ValueError("frozen parameters' noise streams need draw=")
+            full = z.new_empty(z.numel() + extra)
+            full[:z.numel()].copy_(z)
+            draw(full[z.numel():])
+            self._recur(full)
+            return z.copy_(full[:z.numel()])
+        return self._recur(z)
+
+    def _recur(self, z: torch.Tensor) -> torch.Tensor:
+        m = self.buffers
         buf = self._state_for(z)
         t = self.steps
         if self.banded:
@@ -106,7 +189,9 @@ class CorrelatedNoise:
     def state_dict(self) -> dict:
         """The step count and the buffers (past noises: keep such a state private)."""
         return {"format": _FORMAT, "steps": self.steps,
-                "buffers": None if self._buf is None else self._buf.clone()}
+                "buffers": None if self._buf is None else self._buf.clone(),
+                "layout": None if self._live is None else list(self._live + self._frozen),
+                "live": None if self._live is None else len(self._live)}
 
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
@@ -115,3 +200,10 @@ class CorrelatedNoise:
         self.steps = int(state["steps"])
         self._buf = None if state["buffers"] is None else state["buffers"].clone()
         self._consts = {}
+        layout = state.get("layout")  # absent in states saved before streams had names
+        if layout is None:
+            self._live, self._frozen = None, ()
+        else:
+            layout = tuple((str(k), int(n)) for k, n in layout)
+            live = int(state["live"])
+            self._live, self._frozen = layout[:live], layout[live:]

@@ -720,9 +720,13 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
                          "map-style dataset (random access by index)")
     n = len(ds) if units is None else units.n_units
     if sampling == "poisson":
-        indices = None if world_size == 1 else range(rank, n, world_size)
-        bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, indices=indices,
-                                 secure=secure)
+        if world_size == 1:
+            bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, secure=secure)
+        else:  # each rank samples its own part (privlearn.torch.distributed)
+            from privlearn.torch.distributed import DistributedPoissonBatchSampler
+
+            bs = DistributedPoissonBatchSampler(n, sample_rate, rank, world_size,
+                                                steps=steps, seed=seed, secure=secure)
     elif sampling == "fixed":
         # distributed fixed-size sampling needs the same generator on every rank
         bs = FixedSizeBatchSampler(n, batch_size, steps=steps,
@@ -834,16 +838,39 @@ class AugmentedLoader(_LoaderView):
     alike). Those are the rows the engine averages into example ``i``'s gradient before
     clipping, so the layout is the loader's, never the loop's. ``len()`` is the
     underlying loader's.
+
+    With a ``tracker`` (:func:`~privlearn.torch.make_private` passes its own unless
+    ``check_batch_independence=False``), ``augment`` is probed whenever the model is
+    (the first step, and every step after a change that re-arms the probe): on the
+    last batch it received, by :func:`privlearn.torch.probe.probe_augment` (one example
+    replaced under the same random state; every other row of the output unchanged).
     """
 
-    def __init__(self, loader, augment, multiplicity: int):
+    def __init__(self, loader, augment, multiplicity: int, tracker=None):
         self.loader = loader
         self.augment = augment
         self.multiplicity = int(multiplicity)
+        self._last = None  # the batch behind the views the loop trains on now
+        if tracker is not None:
+            tracker.input_checks.append(self.check_augment)
 
     def __iter__(self):
         for batch in self.loader:
+            self._last = batch
             yield augmented_views(batch, self.augment, self.multiplicity)
+
+    def check_augment(self) -> None:
+        """Probe ``augment`` on the last batch (see the class docstring).
+
+        Raises
+        ------
+        BatchDependenceError
+            ``augment`` mixes examples (or cannot be replayed under one random state).
+        """
+        if self._last is not None:
+            from privlearn.torch.probe import probe_augment
+
+            probe_augment(self.augment, self._last)
 
 
 def augmented_views(batch, augment, k: int):

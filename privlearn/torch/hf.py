@@ -43,7 +43,14 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and the masked-LM, token- and
   sequence-classification mappings; peft wrappers unwrapped). A model in none of them
   (a custom class) with per-token labels, or in two of them, is refused until
-  ``PrivacyArguments(task=...)`` names the task.
+  ``PrivacyArguments(task=...)`` names the task;
+* **several processes** (``torchrun``/``accelerate launch``, DistributedDataParallel):
+  each rank Poisson-samples its own part of the data at the global rate ``W B / N``, the
+  noisy clipped sums are all-reduced by the engine (DDP's own averaging is switched off),
+  every rank logs the same epsilon, and each checkpoint holds one privacy state per rank
+  (``privlearn_privacy.rank<r>.pt``; secret parts under ``private_state_dir``). FSDP,
+  DeepSpeed and tensor parallelism through the Trainer are refused (use
+  :func:`~privlearn.torch.make_private` on a ``fully_shard``-ed model).
 
 Refused, with the reason, before the first step: gradient accumulation
 (``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
@@ -51,7 +58,8 @@ together), ``fp16`` *with a loss scaler* (on CUDA the Trainer's scaler runs thro
 accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private`` with
 ``torch.amp.GradScaler``; on CPU accelerate runs fp16 autocast without a scaler, which
 trains as bf16 does: per-example norms and sums in float32),
-several processes or GPUs (not wired yet), an iterable training set (it cannot be
+several GPUs in one process (``nn.DataParallel``), FSDP, DeepSpeed or tensor
+parallelism through the Trainer, an iterable training set (it cannot be
 Poisson-sampled), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
 per example), ``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example).
@@ -152,7 +160,8 @@ class PrivacyArguments:
         to the model.
     max_epsilon : float, optional
         Stop training before the step that would take epsilon (of all this trainer's
-        runs) past this; default ``target_epsilon``, if given.
+        runs) past this; default ``target_epsilon``, if given (as in
+        :func:`~privlearn.torch.make_private`); ``float("inf")`` trains past it.
     log_training_loss : bool
         The Trainer's ``loss`` / ``train_loss`` logs are means over private training
         batches without noise, and they are saved in every checkpoint's
@@ -296,7 +305,12 @@ class _PrivacyCallback(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        if self.trainer.privacy_engine is None or not args.should_save:
+        p = self.trainer.privacy_engine
+        if p is not None and p.plan.world_size > 1:  # every rank saves its own state
+            import torch.distributed as dist
+
+            dist.barrier()  # after the main process wrote the checkpoint folder
+        elif p is None or not args.should_save:
             return control
         folder = checkpoint_folder(args.output_dir, state.global_step,
                                    getattr(self, "_step_ended", 0.0))
@@ -408,10 +422,20 @@ class DPTrainer(Trainer):
                              "optimizer yet. Use bf16=True or float32, or fp16 with "
                              "make_private and torch.amp.GradScaler (docs/guides/pytorch.md, "
                              "'Mixed precision')")
-        if a.world_size > 1 or a.n_gpu > 1:
-            raise ValueError(f"DPTrainer runs in one process on one device, got world_size="
-                             f"{a.world_size}, n_gpu={a.n_gpu}; for several GPUs use "
-                             "make_private with DistributedDataParallel directly")
+        sharded = [n for n in ("fsdp", "deepspeed", "tp") if getattr(self, f"is_{n}_enabled",
+                                                                    False)]
+        if getattr(a, "fsdp", None) and "fsdp" not in sharded:  # asked for, if not enabled
+            sharded.append("fsdp")
+        if a.n_gpu > 1 or sharded or (a.world_size > 1 and str(getattr(
+                a.parallel_mode, "value", a.parallel_mode)) != "distributed"):
+            raise ValueError(
+                f"DPTrainer trains in one process or with DistributedDataParallel (torchrun "
+                f"or accelerate launch, one process per device), got world_size="
+                f"{a.world_size}, n_gpu={a.n_gpu}, parallel mode {a.parallel_mode}"
+                f"{', ' + '/'.join(sharded) + ' enabled' if sharded else ''}. For FSDP2 "
+                "write the training loop with privlearn.torch.make_private on a "
+                "fully_shard-ed model (tutorial 'Training on several GPUs'); nn.DataParallel "
+                "(several GPUs in one process) is not supported: launch one process per GPU")
         if a.label_smoothing_factor:
             raise ValueError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
                              "computed per example by DPTrainer)")
@@ -465,7 +489,8 @@ class DPTrainer(Trainer):
         if pa.target_epsilon is not None or pa.noise != "dpsgd" or pa.sampling not in (
                 "poisson", "fixed"):
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
-            kw["steps"] = self._planned_steps(self.args.per_device_train_batch_size / n)
+            world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
+            kw["steps"] = self._planned_steps(world * self.args.per_device_train_batch_size / n)
         self.model.train()
         p = make_private(self.model, self.optimizer, loader, **kw)
         if self._spent is not None:
@@ -539,6 +564,10 @@ class DPTrainer(Trainer):
         if labels is None:
             raise ValueError("DPTrainer needs labels in each batch to compute per-example "
                              "losses (the model's own loss would average over tokens)")
+        if getattr(model, "require_backward_grad_sync", False):
+            # DistributedDataParallel (wrapped by the Trainer after make_private): the
+            # engine all-reduces the noisy clipped sums itself, DDP must not reduce
+            model.require_backward_grad_sync = False
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         task = self._task(model, labels)
@@ -623,7 +652,7 @@ class DPTrainer(Trainer):
                 _save_private({"format": _PRIVATE_FORMAT, "token": token,
                                "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
-        torch.save(state, os.path.join(folder, PRIVACY_STATE_NAME))
+        torch.save(state, os.path.join(folder, _state_name()))
 
     def _prune_private_states(self) -> None:
         """Delete the private state files this trainer wrote for checkpoints that no
@@ -811,11 +840,23 @@ def _model_tasks(cls: type) -> frozenset[str]:
     return frozenset()
 
 
+def _state_name() -> str:
+    """``privlearn_privacy.pt``; ``privlearn_privacy.rank<r>.pt`` for rank ``r`` of a
+    multi-process run (each rank's sampler and noise have their own keys)."""
+    from privlearn.torch.distributed import world_info
+
+    rank, world = world_info()
+    if world == 1:
+        return PRIVACY_STATE_NAME
+    stem, ext = os.path.splitext(PRIVACY_STATE_NAME)
+    return f"{stem}.rank{rank}{ext}"
+
+
 def _privacy_state_path(checkpoint: str) -> str:
-    path = os.path.join(checkpoint, PRIVACY_STATE_NAME)
+    path = os.path.join(checkpoint, _state_name())
     if not os.path.isfile(path):
         raise ValueError(
-            f"checkpoint {checkpoint!r} has no {PRIVACY_STATE_NAME}: it was not written "
+            f"checkpoint {checkpoint!r} has no {_state_name()}: it was not written "
             "by DPTrainer, and resuming from it would lose the privacy cost of the steps "
             "already taken. Resume from a DPTrainer checkpoint, or start a new run")
     return path

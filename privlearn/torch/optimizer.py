@@ -53,7 +53,11 @@ directly, which
 * leaves out of the clipped sum every example whose scaled gradient overflowed (it
   contributes zero, see :meth:`GradSampleTracker.clipped_sum`; a
   :class:`~privlearn.errors.GradientOverflowWarning` says how many): one example's
-  overflow neither skips the step nor lowers the scale;
+  overflow neither skips the step nor lowers the scale. Only an overflow: an example
+  whose *input* holds a NaN, or a non-finite gradient in a step without loss scaling,
+  is refused with :class:`~privlearn.errors.NonFiniteInputError` naming the
+  input and the row (bad data is the caller's to see and clean, never dropped
+  silently);
 * reports to the scaler, as its ``found_inf``, whether the final *noisy* gradient is
   finite, and skips the parameter update when it is not. The scaler's decisions (skip,
   back-off, growth) are thereby post-processing of the released noisy gradient; the
@@ -197,6 +201,9 @@ class DPOptimizer:
         self.noise = noise
         self.world_size = int(world_size)
         self.process_group = process_group
+        #: :class:`~privlearn.torch.fsdp.ShardedGradients` for an FSDP2 model (None:
+        #: replicated parameters, the noisy sums all-reduced)
+        self.sharded = None
         self._accum: dict[int, torch.Tensor] = {}
         self._flat: torch.Tensor | None = None  # last step's noisy-gradient buffer
         self._final_chunk = True  # the next step() ends a logical batch
@@ -219,6 +226,7 @@ class DPOptimizer:
         self.last_overflow_count = 0
         self.last_step_skipped = False
         self._warned_unscale = False
+        self._stepping_original = False
 
     # ------------------------------------------------------------------ live parameters
     @property
@@ -393,6 +401,11 @@ class DPOptimizer:
         self._numels = [p.numel() for p in self.tracker.params]
         self._numel = sum(self._numels)
         self._flat = None
+        names = {id(v): n for n, v in self.tracker.model.named_parameters()}
+        #: ``((name, numel), ...)`` of the noised parameters: correlated noise keeps one
+        #: stream per parameter across unfreezing and freezing
+        self._noise_layout = tuple((names.get(id(p), f"#{i}"), p.numel())
+                                   for i, p in enumerate(self.tracker.params))
         if self.per_param_clipping is not None:
             unbounded = [p for p in self.tracker.params
                          if id(p) not in self.per_param_clipping]
@@ -499,7 +512,8 @@ class DPOptimizer:
                                                   1.0 / self.expected_batch_size, out=out,
                                                   per_param=self.per_param_clipping,
                                                   loss_scale=self._loss_scale(),
-                                                  examples=examples, units=units)
+                                                  examples=examples, units=units,
+                                                  refuse_nonfinite=True)
         self._overflowed += self.tracker.last_overflow_count
         self.last_grad_norms = norms
         self._count_unclipped(norms)
@@ -538,7 +552,8 @@ class DPOptimizer:
         if std_scaled > 0 and self.correlated is not None:
             # one standard draw for all parameters, C^{-1} applied once, on the CPU (this
             # path serves parameters on several devices or in half precision)
-            z = self.correlated.apply_(self.noise.standard_normal(self._numel))
+            z = self.correlated.apply_(self.noise.standard_normal(self._numel),
+                                       self._noise_layout, self._draw_standard_)
             for g, v in zip(grads, z.split(self._numels), strict=True):
                 g.add_(v.view(g.shape).to(device=g.device, dtype=g.dtype), alpha=std_scaled)
         elif std_scaled > 0:
@@ -574,8 +589,14 @@ class DPOptimizer:
         if std <= 0:
             return flat.zero_()
         if self.correlated is not None:  # sigma C (C^{-1} z)_t: the draw, then C^{-1}
-            return self.correlated.apply_(self._draw(flat, 1.0)).mul_(std)
+            return self.correlated.apply_(self._draw(flat, 1.0), self._noise_layout,
+                                          self._draw_standard_).mul_(std)
         return self._draw(flat, std)
+
+    def _draw_standard_(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` filled with standard Gaussian draws of the noise source (the steps of
+        the correlated-noise streams of parameters frozen since they were trained)."""
+        return self.noise.fill_normal_(out, 1.0)
 
     def _draw(self, flat: torch.Tensor, std: float) -> torch.Tensor:
         """``flat`` overwritten with ``N(0, std^2)`` draws of the noise source, on its own
@@ -687,7 +708,9 @@ class DPOptimizer:
                 self.budget.check(cfg[0], cfg[1])
             if self.ledger is not None:
                 self.ledger.ensure(cfg[0], cfg[1])
-            if not self._noisy_step_fused(examples, units):
+            if self.sharded is not None:  # FSDP2: reduce-scatter, noise per shard
+                self.sharded.noisy_step(self, examples, units)
+            elif not self._noisy_step_fused(examples, units):
                 self.clip_and_accumulate(examples, units)
                 self.add_noise()
             self._chunk_size, self._chunk_groups = None, None
@@ -698,7 +721,11 @@ class DPOptimizer:
             found_inf = self._noisy_grad_nonfinite(scaler)
         self.last_step_skipped = bool(found_inf) if found_inf is not None else False
         if not self.last_step_skipped:
-            self.original_optimizer.step()
+            self._stepping_original = True  # the one call of it that is not a slip
+            try:
+                self.original_optimizer.step()
+            finally:
+                self._stepping_original = False
         self.accountant.record_step(*cfg)  # a skipped update still released a gradient
         if self.ledger is not None:
             self.ledger.used(cfg[0], cfg[1])
@@ -713,6 +740,28 @@ class DPOptimizer:
             self._report_found_inf(scaler, found_inf)
         self._warn_overflow()
         return loss
+
+    def guard_original(self):
+        """Refuse ``step()`` on the wrapped optimizer itself (a loop that keeps stepping
+        the optimizer it gave to make_private instead of ``p.optimizer``): that step
+        would find no clipped, noised gradient, and the next ``backward()`` would pile a
+        second batch onto the recorded one. Returns the function that removes the
+        guard (:meth:`PrivateTraining.detach` calls it)."""
+        dp = self
+
+        def hook(optimizer, args, kwargs):
+            if not dp._stepping_original:
+                raise RuntimeError(
+                    "step() was called on the optimizer given to make_private, not on "
+                    "p.optimizer: the DP step (per-example clipping, noise, accounting) "
+                    "runs only in p.optimizer.step(). Call p.optimizer.step() and "
+                    "p.optimizer.zero_grad() in the loop (scaler.step(p.optimizer) with a "
+                    "GradScaler; a learning-rate scheduler may keep the original "
+                    "optimizer). No step was taken and nothing was released")
+            return None
+
+        handle = self.original_optimizer.register_step_pre_hook(hook)
+        return handle.remove
 
     # ------------------------------------------------------------------ GradScaler
     def _amp_scaler(self):

@@ -48,6 +48,13 @@ from privlearn.torch.data import (
     make_dp_loader,
 )
 from privlearn.torch.distributed import unwrap, world_info
+from privlearn.torch.fsdp import (
+    ShardedGradients,
+    ShardedTracker,
+    _mesh_group,
+    check_sharded_model,
+    is_sharded,
+)
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
 from privlearn.torch.schedule import SAMPLINGS, RunAccounting, choose_strategy
@@ -429,17 +436,21 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     return link
 
 
-def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo
-                  ) -> GradSampleTracker:
+def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
+                  sharded: bool = False) -> GradSampleTracker:
     """The recording hooks (and a DDP model's synchronisation switched off: the engine
-    all-reduces the noisy sums itself); each undone on failure and by ``detach()``."""
+    all-reduces the noisy sums itself); each undone on failure and by ``detach()``.
+    ``sharded``: an FSDP2 model (:mod:`privlearn.torch.fsdp`)."""
     if hasattr(model, "require_backward_grad_sync"):  # DistributedDataParallel
         before = model.require_backward_grad_sync
         model.require_backward_grad_sync = False
         undo(lambda: setattr(model, "require_backward_grad_sync", before), on_detach=True)
-    tracker = GradSampleTracker(inner, loss_reduction=cfg.loss_reduction,
-                                batch_dims=cfg.batch_dims,
-                                check_independence=cfg.check_batch_independence)
+    kwargs = dict(loss_reduction=cfg.loss_reduction, batch_dims=cfg.batch_dims,
+                  check_independence=cfg.check_batch_independence)
+    if sharded:
+        tracker = ShardedTracker(inner, process_group=_mesh_group(inner), **kwargs)
+    else:
+        tracker = GradSampleTracker(inner, **kwargs)
     undo(tracker.detach, on_detach=True)
     if cfg.loss_reduction == "mean":
         hooks = _guard_token_level_labels(inner)
@@ -463,11 +474,24 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     acct = PrivacyAccountant(scheme=cfg.sampling, accountant=cfg.accountant, run=plan.run)
     # a run accounted as one mechanism is capped at its plan (beyond it, the plan's
     # strategy and sensitivity no longer describe the steps)
-    cap = cfg.max_epsilon
+    cap = None if cfg.max_epsilon is None or math.isinf(cfg.max_epsilon) else cfg.max_epsilon
     if not plan.run.stepwise and plan.planned_epsilon is not None:
         cap = plan.planned_epsilon if cap is None else min(cap, plan.planned_epsilon)
+    if cap is not None and not plan.run.stepwise and cap == plan.planned_epsilon:
+        beyond = ("a run accounted as one matrix-factorization mechanism cannot go past its "
+                  "plan (beyond it, its strategy and sensitivity no longer describe the "
+                  "steps): plan more steps (epochs or steps) and a larger target_epsilon")
+    elif cfg.target_epsilon is not None and cap == cfg.target_epsilon:
+        beyond = ("target_epsilon is a stop: the loop ran longer than the planned "
+                  f"{plan.planned_steps} steps (epochs/steps given to make_private). To "
+                  "train past it, accepting the larger epsilon, pass max_epsilon="
+                  "float('inf') (or a larger max_epsilon); or plan the run's real length")
+    else:
+        beyond = ("stop training here, or plan a larger budget (or more noise) before "
+                  "training")
     budget = BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cap,
-                       planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps)
+                       planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps,
+                       beyond=beyond)
     noise = NoiseSource(secure_mode=cfg.secure_mode, seed=None if seed is None else seed + 7)
     opt = DPOptimizer(optimizer, tracker, noise_multiplier=plan.noise_multiplier,
                       max_grad_norm=plan.max_grad_norm,
@@ -489,7 +513,8 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     if cfg.max_physical_batch_size is not None:
         loader = VirtualBatchLoader(loader, cfg.max_physical_batch_size, opt)
     if cfg.augment is not None:
-        loader = AugmentedLoader(loader, cfg.augment, cfg.augmentation_multiplicity)
+        loader = AugmentedLoader(loader, cfg.augment, cfg.augmentation_multiplicity,
+                                 tracker=tracker if cfg.check_batch_independence else None)
     return opt, loader, acct, budget
 
 
@@ -537,11 +562,21 @@ def make_private(
     with _Undo() as undo:
         inner = prepare_model(model, optimizer, cfg, undo)
         plan = plan_run(cfg, inner, data_loader, process_group)
+        sharded = is_sharded(inner)
+        if sharded:  # FSDP2: refused up front unless the sharded step is exact
+            check_sharded_model(inner, cfg, plan.world_size, optimizer)
+            if grad_scaler is not None:
+                raise ValueError("grad_scaler is not supported under FSDP2 (fully_shard); "
+                                 "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
+                                 "bfloat16), which needs no loss scaling")
         link = reserve_budget(ledger, cfg, plan, inner, undo)
-        tracker = attach_engine(model, inner, cfg, undo)
+        tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
                                                     plan, link, process_group)
         opt.grad_scaler = grad_scaler
+        undo(opt.guard_original(), on_detach=True)
+        if sharded:
+            opt.sharded = ShardedGradients(_mesh_group(inner))
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)

@@ -2,9 +2,13 @@
 outputs depend on that example alone, and if the engine reads every layer's examples on
 the right dimension. Both are checked, not assumed.
 
-Before the first step (and again after the trainable parameters change), the forward pass
-that produced the step is run three more times without gradients, on the first few
-examples of the batch: once on their own inputs and
+Before the first step, and again at the first step after any change that could make the
+model mix examples (the trainable set; any module's ``training`` flag, e.g. a module
+computing ``F.batch_norm(..., training=self.training)`` put back in training mode by
+``model.eval(); model.train()``; the module tree; forward hooks or pre-hooks added or
+removed: :func:`privlearn.torch.tracker._mixing_fingerprint`, Python attributes only, read
+at every forward), the forward pass that produced the step is run three more times
+without gradients, on the first few examples of the batch: once on their own inputs and
 once with example ``j`` replaced by another example ``k`` of the batch, for ``j`` the first
 and then the last example (an operation accumulating over the batch in either direction
 reaches the others from one of them; every input tensor whose leading dimension is the
@@ -35,18 +39,28 @@ the model cannot run on part of it), so its cost is three forward passes over se
 examples without gradients, once (see docs/benchmarks.md). What it cannot see: a loss that
 mixes examples after the model's output (a contrastive loss over the batch) -- the user
 promises that the loss is a sum or mean of per-example terms (docs/trust-model.md).
+
+The same check covers what produced the inputs: :func:`probe_augment` runs the loader's
+``augment=`` on the step's batch and on the batch with one example replaced, under the
+same random state, and refuses a transform that changes any other row (a batch-level
+MixUp/CutMix). Inputs with a NaN or inf are refused first, naming the input and the row
+(:class:`~privlearn.errors.NonFiniteInputError`): a NaN row differs from itself and would
+otherwise read as mixing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 
+import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
-from privlearn.errors import BatchDependenceError
+from privlearn.errors import BatchDependenceError, NonFiniteInputError
 
-__all__ = ["BatchDependenceError", "probe"]
+__all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
+           "probe", "probe_augment"]
 
 
 _RTOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 4e-3,
@@ -75,6 +89,7 @@ def probe(tracker, inputs, examples: int) -> None:
         See the module docstring.
     """
     args, kwargs, autocast = inputs
+    check_finite_inputs(args, kwargs, examples)
     leaves, spec = tree_flatten((args, kwargs))
     batched = [i for i, t in enumerate(leaves)
                if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples]
@@ -264,7 +279,8 @@ def _changed(fa, fb) -> set[int] | None:
     diff = (sa - sb).abs()
     scale = (ca + cb) * torch.tensor([1.0, 4.0], dtype=ca.dtype, device=ca.device)[:, None]
     bad = ~torch.isfinite(sa) | ~torch.isfinite(sb)
-    rows = (diff > rtol * scale).any(0) | (bad.any(0) & ~(sa == sb).all(0))
+    same = (sa == sb) | (torch.isnan(sa) & torch.isnan(sb))  # a NaN row in both runs
+    rows = (diff > rtol * scale).any(0) | (bad.any(0) & ~same.all(0))
     return set(rows.nonzero().flatten().tolist())
 
 
@@ -343,3 +359,238 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> None:
                 "subtracting the batch mean), so per-example clipping no longer bounds one "
                 "example's influence. No step was taken and nothing was released")
 
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def _input_name(path) -> str:
+    """``positional argument 0`` or ``input_ids`` (and any nested key) from a pytree path
+    into ``(args, kwargs)``."""
+    if len(path) < 2:
+        return "input"
+    head, first, rest = path[0], path[1], keystr(path[2:])
+    if getattr(head, "idx", None) == 0:
+        return f"positional argument {getattr(first, 'idx', '?')}{rest}"
+    return f"{getattr(first, 'key', '?')!s}{rest}"
+
+
+def nonfinite_rows(args, kwargs, examples: int | None = None, nan_only: bool = False
+                   ) -> list[tuple[str, list[int]]]:
+    """``[(input name, [rows with a NaN or inf]), ...]`` of the floating tensors among
+    the model's inputs (``examples``: only tensors with that many rows; ``nan_only``: an
+    infinity is no fault, e.g. an additive attention mask's ``-inf``; one host
+    synchronisation per floating input)."""
+    found = []
+    for path, t in tree_flatten_with_path((tuple(args), dict(kwargs)))[0]:
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1):
+            continue
+        if examples is not None and t.shape[0] != examples:
+            continue
+        rows = t.detach().reshape(t.shape[0], -1)
+        bad = (rows.isnan() if nan_only else ~torch.isfinite(rows)).any(1)
+        rows = bad.nonzero().flatten().tolist()
+        if rows:
+            found.append((_input_name(path), rows))
+    return found
+
+
+def nonfinite_message(found, examples_per_row: int = 1) -> str:
+    """The refusal of a batch with non-finite inputs (``found`` from
+    :func:`nonfinite_rows`)."""
+    parts = []
+    for name, rows in found:
+        ex = sorted({r // examples_per_row for r in rows})
+        where = (f"rows {rows[:8]}" if examples_per_row == 1 else
+                 f"rows {rows[:8]} (example(s) {ex[:8]} of the batch)")
+        parts.append(f"the model's input {name} is not finite (NaN or inf) at {where}")
+    return ("; ".join(parts) + ". A non-finite input makes that example's gradient "
+            "non-finite: it cannot be clipped, and dropping it silently would train on "
+            "less than the batch without saying so. Clean or drop those examples in the "
+            "dataset before make_private (e.g. torch.nan_to_num, or filter the rows). No "
+            "step was taken and nothing was released")
+
+
+def check_finite_inputs(args, kwargs, examples: int | None = None) -> None:
+    """Refuse a batch whose floating inputs hold a NaN (naming input and row; an
+    infinity can be meant, as in an additive mask, and is judged by the gradient it
+    leads to, see :meth:`~privlearn.torch.tracker.GradSampleTracker.clipped_sum`).
+
+    Raises
+    ------
+    NonFiniteInputError
+    """
+    found = nonfinite_rows(args, kwargs, examples, nan_only=True)
+    if found:
+        raise NonFiniteInputError(nonfinite_message(found))
+
+
+# ------------------------------------------------------------------ augment
+
+
+class _ReplayedRandomness:
+    """The global random states (torch on the CPU and the given CUDA devices, NumPy's
+    global generator, Python's ``random``): :meth:`replay` puts back the state saved on
+    entry (or the one :meth:`seed` made) before each run, so every run draws the same
+    numbers; on exit the caller's states are put back, so their streams continue as if
+    nothing ran."""
+
+    def __init__(self, devices):
+        self.devices = list(devices)
+
+    def _save(self):
+        return (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in self.devices],
+                np.random.get_state(), random.getstate())
+
+    def _load(self, state) -> None:
+        cpu, cuda, nps, py = state
+        torch.set_rng_state(cpu)
+        for d, st in zip(self.devices, cuda, strict=True):
+            torch.cuda.set_rng_state(st, d)
+        np.random.set_state(nps)
+        random.setstate(py)
+
+    def __enter__(self):
+        self.original = self.point = self._save()
+        return self
+
+    def seed(self, seed: int) -> None:
+        """Replay from a state seeded with ``seed`` from now on."""
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
+        self.point = self._save()
+
+    def replay(self) -> None:
+        self._load(self.point)
+
+    def __exit__(self, *exc):
+        self._load(self.original)
+        return False
+
+
+#: random states the augment probe replays, after the caller's own: a transform that
+#: mixes examples only on some draws (``if torch.rand(()) < p``) shows on one of them
+_AUGMENT_SEEDS = (0x5EED, 0xA11CE)
+
+
+def probe_augment(augment, batch) -> None:
+    """Check that ``augment`` (a function of one batch returning one augmented view of
+    it, :class:`~privlearn.torch.data.AugmentedLoader`) treats each example on its own:
+    it runs on the batch and on the batch with example ``j`` replaced by another example
+    (``j`` the first, then the last), under the same random state (torch, NumPy and
+    Python's global generators, restored afterwards), and every other row of every
+    per-example tensor of its output (labels too) must be unchanged. A batch-level
+    MixUp/CutMix (``lam * x + (1 - lam) * x.roll(1, 0)``) fails: one example moves its
+    neighbour's input, label and so gradient, and per-example clipping no longer bounds
+    its influence. The batch is copied for every run (an in-place ``augment`` leaves it
+    alone).
+
+    Raises
+    ------
+    BatchDependenceError
+        ``augment`` mixes examples, or its output cannot be replayed under the same
+        random state (it draws from a generator of its own), so nothing can be checked.
+    """
+    leaves, spec = tree_flatten(batch)
+    batched = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.dim() >= 1]
+    if not batched:
+        return
+    n = leaves[batched[0]].shape[0]
+    if n < 2 or any(leaves[i].shape[0] != n for i in batched):
+        return  # AugmentedLoader refuses a batch without one leading dimension
+    paths = [keystr(p) or "batch" for p, _ in tree_flatten_with_path(batch)[0]]
+    # every initialised CUDA device: augment may move a CPU batch there and draw on it
+    devices = (list(range(torch.cuda.device_count())) if torch.cuda.is_initialized()
+               else [])
+
+    def run(lv):
+        copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in lv]
+        out, _ = tree_flatten(augment(tree_unflatten(copies, spec)))
+        return out
+
+    with _ReplayedRandomness(devices) as rng:
+        rng.replay()
+        base = run(leaves)
+        if len(base) != len(leaves):
+            return  # AugmentedLoader refuses a changed structure
+        rng.replay()
+        replayable = _moved_rows(base, run(leaves), batched, n, skip=None) is None
+        for seed in (None, *_AUGMENT_SEEDS) if replayable else (None,):
+            if seed is not None:
+                rng.seed(seed)
+                rng.replay()
+                base = run(leaves)
+            _augment_rows(run, rng, leaves, batched, paths, base, n, replayable)
+
+
+def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bool) -> None:
+    """One random state of :func:`probe_augment`: example ``j`` replaced, ``j`` the
+    first and the last example."""
+    for j in (0, n - 1):
+        perturbed = _replace_row(leaves, batched, j)
+        if perturbed is None:
+            return
+        rng.replay()
+        if replayable:
+            moved = _moved_rows(base, run(perturbed), batched, n, skip=j)
+        else:  # state of its own: one call on the batch followed by the perturbed one
+            both = [torch.cat([t, perturbed[i]]) if i in batched else t
+                    for i, t in enumerate(leaves)]
+            try:
+                out = run(both)
+            except Exception:  # noqa: BLE001 - it needs the batch as it is
+                out = None
+            moved = (None if out is not None and _moved_rows(
+                [o[:n] if i in batched else o for i, o in enumerate(out)],
+                [o[n:] if i in batched else o for i, o in enumerate(out)],
+                batched, n, skip=j) is None else (batched[0], []))
+            if moved is not None:
+                raise BatchDependenceError(
+                    "augment could not be checked: it gave different outputs for the "
+                    "same batch under the same torch, NumPy and Python random state (it "
+                    "draws from a generator or keeps a state of its own: a "
+                    "torch.Generator, np.random.default_rng, a call counter), and it "
+                    "does not give an example the same view when the batch holds it "
+                    "twice. privlearn then cannot tell whether it treats each example "
+                    "on its own or mixes examples (a batch-level MixUp/CutMix). Draw "
+                    "its randomness from the global generators (torch.rand..., "
+                    "np.random...., random....) and apply per-example transforms, or "
+                    "pass check_batch_independence=False and promise it "
+                    "(docs/trust-model.md). No step was taken and nothing was released")
+        if moved:
+            where, rows = moved
+            raise BatchDependenceError(
+                f"augment mixes examples: replacing example {j} of the batch changed "
+                f"other examples' rows {rows[:8]} of its output {paths[where]} (a "
+                "batch-level MixUp or CutMix, lam * x + (1 - lam) * x.roll(1, 0), does "
+                "this: one example then moves another example's input, label and "
+                "gradient, and per-example clipping no longer bounds its influence). "
+                "Apply per-example transforms in augment (each output row a function of "
+                "its own input row and the random state), or mix only within an "
+                "example's own views (e.g. MixUp between two augmentations of the same "
+                "image). No step was taken and nothing was released")
+
+
+def _moved_rows(a_leaves, b_leaves, batched, n: int, skip: int | None):
+    """``(leaf index, rows)`` of the first per-example output tensor whose rows other
+    than ``skip`` differ between two runs, or None."""
+    for i in batched:
+        a, b = a_leaves[i], b_leaves[i]
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            continue
+        if a.shape != b.shape or a.dim() == 0 or a.shape[0] != n:
+            if skip is None or a.shape != b.shape:
+                return i, list(range(n))
+            continue
+        x, y = a.detach().reshape(n, -1), b.detach().reshape(n, -1)
+        if x.is_floating_point() or x.is_complex():
+            rtol = _RTOL.get(x.dtype, 1e-5)
+            scale = float(torch.nan_to_num(x.abs(), posinf=0.0).amax()) if x.numel() else 0.0
+            same = torch.isclose(x, y, rtol=rtol, atol=rtol * scale, equal_nan=True).all(1)
+        else:
+            same = (x == y).all(1)
+        rows = [r for r in (~same).nonzero().flatten().tolist() if r != skip]
+        if rows:
+            return i, rows
+    return None

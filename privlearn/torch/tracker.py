@@ -25,7 +25,8 @@ Layouts: each unit has a batch dimension (:func:`discover_units`: the user's
 sequence-first layers are stored batch-first (a view with the batch moved to dimension
 0), so rules see one layout. On the first step the batch-independence probe
 (:mod:`privlearn.torch.probe`) checks those dimensions and that no operation mixes
-examples. When the set of trainable parameters changes (a layer unfrozen or frozen after
+examples, and again after a change that could mix them (:func:`_mixing_fingerprint`).
+When the set of trainable parameters changes (a layer unfrozen or frozen after
 ``make_private``), the units are discovered again at the next forward pass. Forwards
 recomputed during backward (non-reentrant activation checkpointing) are not recorded.
 Parameters shared by several layers or calls (tied embeddings) get exact norms from the
@@ -39,6 +40,7 @@ state (cross terms live in :mod:`privlearn.torch.cross_terms`).
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -177,7 +179,9 @@ class GradSampleTracker:
         although nothing in the model says so (see :func:`discover_units`).
     check_independence : bool
         Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
-        and after the trainable parameters change.
+        and after any change that could mix examples (the trainable set, a module's
+        ``training`` flag, the module tree, forward hooks: :func:`_mixing_fingerprint`),
+        with the checks in :attr:`input_checks` (the loader's ``augment``).
 
     Attributes
     ----------
@@ -209,10 +213,17 @@ class GradSampleTracker:
         self._captured: dict[int, dict] = {}
         self._capturing: dict[int, list] = {}
         self._swapped: list = []
+        self._swap_stack: dict[int, list] = {}  # per unit: what each open call swapped
         self.version = 0
         self._probe_enabled = bool(check_independence)
         self._probe_pending = self._probe_enabled
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
+        #: the model's tree, training flags and hooks at the last forward
+        #: (:func:`_mixing_fingerprint`): a change re-arms the probe
+        self._mixing_shape: tuple | None = None
+        #: checks of the step's inputs run with the probe (the loader's ``augment``)
+        self.input_checks: list = []
+        self._last_inputs: list = []  # (name, weak reference) of the last forward's inputs
         self._probing = False
         #: why the model's last forward with gradients enabled was not recorded ("eval":
         #: the model was in eval mode), for the message of a step with nothing recorded
@@ -227,7 +238,7 @@ class GradSampleTracker:
     def _install(self) -> None:
         """Discover the units and attach their hooks."""
         self.units = discover_units(self.model, self.batch_dims)
-        self._signature = _trainable_signature(self.model)
+        self._signature = self._trainable_signature()
         seen: dict[int, int] = {}
         for u in self.units:
             for p in u.params:
@@ -275,6 +286,11 @@ class GradSampleTracker:
             watched = {id(p): p for u, _ in self._swapped for p in u.params}
             for p in watched.values():
                 self._handles.append(p.register_hook(self._make_outside_hook(p)))
+
+    def _trainable_signature(self) -> tuple:
+        """Fingerprint of the trainable set, compared at every forward (a subclass for
+        sharded models fingerprints names: FSDP2 swaps the parameter objects)."""
+        return _trainable_signature(self.model)
 
     def _make_outside_hook(self, param):
         tracker = self
@@ -325,6 +341,7 @@ class GradSampleTracker:
         for u, slots in self._swapped:
             _restore(u, slots)
         self._swapped = []
+        self._swap_stack = {}
 
     def _rediscover(self) -> None:
         """The set of trainable parameters changed (unfreezing, freezing): discover the
@@ -384,12 +401,21 @@ class GradSampleTracker:
                 self.unrecorded_forward = "eval"
             return None
         self.unrecorded_forward = None
-        if _trainable_signature(self.model) != self._signature:
+        if self._trainable_signature() != self._signature:
             self._rediscover()
+        shape = _mixing_fingerprint(self.model)
+        if shape != self._mixing_shape:  # first forward, or a change that can mix examples
+            self._mixing_shape = shape
+            self._probe_pending = self._probe_enabled
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
                 self._batch_hint = v.shape[0]
                 break
+        # the inputs, by name, held weakly: a non-finite gradient is traced back to them
+        self._last_inputs = [
+            *((f"positional argument {i}", weakref.ref(v)) for i, v in enumerate(args)
+              if isinstance(v, torch.Tensor)),
+            *((k, weakref.ref(v)) for k, v in kwargs.items() if isinstance(v, torch.Tensor))]
         if self._probe_pending and self._probe_inputs is None:
             self._probe_inputs = (args, dict(kwargs), _autocast_state())
         return None
@@ -427,22 +453,43 @@ class GradSampleTracker:
         user set it (``print_trainable_parameters``, optimizers and checkpoints see the
         usual flags). The post-hook (also run when the forward raises) puts them back."""
         after = unit.rule.after_swap
+        swapped = self._swap_stack.setdefault(id(unit), [])
 
         def pre(module, args):
             if _IN_RULE.get() or not module.training or not torch.is_grad_enabled():
+                swapped.append(())
                 return None
-            for owner, name, p in slots:
-                owner._parameters[name] = p.detach()
+            # the alias is of the tensor the slot holds now: the parameter itself, or the
+            # unsharded copy FSDP2's pre-forward hook (which runs first) put there
+            done = []
+            for owner, name, _ in slots:
+                cur = owner._parameters.get(name)
+                if cur is not None:
+                    alias = cur.detach()
+                    owner._parameters[name] = alias
+                    done.append((owner, name, cur, alias))
+            swapped.append(tuple(done))
             if after is not None:
                 after(unit.module)
             return None
 
         return pre
 
-    @staticmethod
-    def _make_restore_hook(unit: Unit, slots):
+    def _make_restore_hook(self, unit: Unit, slots):
+        swapped = self._swap_stack.setdefault(id(unit), [])
+
         def post(module, args, output):
-            _restore(unit, slots)
+            done = swapped.pop() if swapped else None
+            if done is None:
+                _restore(unit, slots)
+                return None
+            changed = False
+            for owner, name, cur, alias in done:  # unless FSDP2 resharded in between
+                if owner._parameters.get(name) is alias:
+                    owner._parameters[name] = cur
+                    changed = True
+            if changed and unit.rule.after_swap is not None:
+                unit.rule.after_swap(unit.module)
             return None
 
         return post
@@ -591,7 +638,7 @@ class GradSampleTracker:
 
     # ------------------------------------------------------------------ probe
     def check_independence(self, examples: int | None) -> None:
-        """Before the first step (and after the trainable parameters changed), probe that
+        """Before the first step (and after a change that re-armed it), probe that
         each example's outputs depend on that example alone and that every layer's batch
         dimension is the one the engine uses (:func:`privlearn.torch.probe.probe`). Needs
         a batch of at least two examples: until one comes, nothing can mix examples.
@@ -618,6 +665,8 @@ class GradSampleTracker:
 
         self._probing = True
         try:
+            for check in self.input_checks:  # what made the inputs (augment) first
+                check()
             probe(self, inputs, examples)
         except BaseException:
             self.clear()
@@ -700,7 +749,8 @@ class GradSampleTracker:
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
                     per_param: dict | None = None, loss_scale: float | None = None,
-                    examples: int | None = None, units: RowUnits | None = None):
+                    examples: int | None = None, units: RowUnits | None = None,
+                    refuse_nonfinite: bool = False):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
@@ -737,7 +787,10 @@ class GradSampleTracker:
         ``inf * 0`` cannot reach the other examples' contributions, and its clip factor is
         0. Its contribution stays within the clip bound (the sensitivity is unchanged).
         Its entry of ``norms`` is ``inf``; :attr:`last_overflow_count` holds how many
-        examples were dropped (0 when none).
+        examples were dropped (0 when none). With ``refuse_nonfinite`` (the DP
+        optimizer's steps), only a loss-scaled overflow is dropped: a non-finite input,
+        or a non-finite gradient without loss scaling, raises
+        :class:`~privlearn.errors.NonFiniteInputError` naming it.
         """
         self._units = units
         contribs, batch, scale = self.contributions(examples, units)
@@ -751,6 +804,8 @@ class GradSampleTracker:
             sq, total = _per_param_sq(contribs)
             bad = _nonfinite(total)
             if bad is not None:
+                if refuse_nonfinite:
+                    self._refuse_nonfinite(bad, scaled=ls != 1.0)
                 contribs = self._drop_examples(bad)
                 sq, total = _per_param_sq(contribs)
             norms = self._per_param_clip(contribs, scale, max_grad_norm, multiplier,
@@ -759,6 +814,8 @@ class GradSampleTracker:
             sq = _flat_sq(contribs)
             bad = _nonfinite(sq)
             if bad is not None:
+                if refuse_nonfinite:
+                    self._refuse_nonfinite(bad, scaled=ls != 1.0)
                 contribs = self._drop_examples(bad)
                 sq = _flat_sq(contribs)
             norms = sq.sqrt()
@@ -783,6 +840,44 @@ class GradSampleTracker:
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
         return sums, (batch or 0), norms
+
+    def _refuse_nonfinite(self, bad: torch.Tensor, scaled: bool) -> None:
+        """An example whose gradient is not finite: refused, naming it, when its input
+        holds a NaN (bad data, not an overflow; without loss scaling an infinity too) or
+        when no loss scaling is in use; only a loss-scaled overflow is dropped (see
+        :meth:`clipped_sum`).
+
+        Raises
+        ------
+        NonFiniteInputError
+        """
+        from privlearn.errors import NonFiniteInputError
+        from privlearn.torch.probe import nonfinite_message, nonfinite_rows
+
+        units = getattr(self, "_units", None)
+        rows = bad[units.unit_of_row.to(bad.device)] if units is not None else bad
+        rows = rows.nonzero().flatten().tolist()
+        live = {name: ref() for name, ref in self._last_inputs}
+        # under loss scaling an infinity may be meant (an additive mask's -inf): only a
+        # NaN input is then the data's fault rather than an overflow
+        found = nonfinite_rows((), {k: v for k, v in live.items() if v is not None},
+                               nan_only=scaled)
+        if found:
+            self.clear()
+            raise NonFiniteInputError(nonfinite_message(found))
+        if not scaled:
+            self.clear()
+            raise NonFiniteInputError(
+                f"the per-example gradient of row(s) {rows[:8]} of the batch is not finite "
+                "(NaN or inf) although the model's inputs hold no NaN and no loss scaler "
+                "is in use: the loss or a layer produced it from that example (a NaN or "
+                "inf label or target, log(0), a division by zero; in float16 without a "
+                "scaler, an overflow). A non-finite gradient cannot be clipped, and "
+                "leaving the example out silently would train on less than the batch "
+                "without saying so. Clean those examples or make the loss finite (for "
+                "float16, pass make_private(..., grad_scaler=torch.amp.GradScaler()), whose "
+                "overflows are left out with a warning, or train in bfloat16). No step was "
+                "taken and nothing was released")
 
     def _drop_examples(self, bad: torch.Tensor) -> list[Contribution]:
         """Zero the recorded output gradients of the examples flagged in ``bad`` and
@@ -965,6 +1060,19 @@ def _trainable_signature(model: nn.Module) -> tuple:
     """The ids of the model's parameters that require gradients (a cheap fingerprint of
     the trainable set, compared at every forward)."""
     return tuple(id(p) for p in model.parameters() if p.requires_grad)
+
+
+def _mixing_fingerprint(model: nn.Module) -> tuple:
+    """What can switch on an operation that mixes examples without changing the trainable
+    set, read from Python attributes only (no device access): every module of the tree,
+    its ``training`` flag (``F.batch_norm(..., training=self.training)``), its forward
+    hooks and pre-hooks (handle ids), an instance-level ``forward`` override, and the
+    global module hooks. Compared at every forward; a change re-arms the probe."""
+    out = [(id(m), m.training, tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+            id(m.__dict__.get("forward"))) for m in model.modules()]
+    g = nn.modules.module
+    out.append((tuple(g._global_forward_hooks), tuple(g._global_forward_pre_hooks)))
+    return tuple(out)
 
 
 def _autocast_state() -> tuple:

@@ -166,3 +166,24 @@ def test_cli_exit_status_is_the_verdict(monkeypatch, violation, status, as_json)
         assert "seed:                   7" in r.stdout
     assert r.stderr == ""
 
+
+
+def test_cli_bug_is_an_alias_of_inject_bug(monkeypatch):
+    from types import SimpleNamespace
+
+    import privlearn.auditing.torch as audit_torch
+
+    seen = {}
+    result = SimpleNamespace(violation=True, claimed_epsilon=2.0, epsilon_lower_bound=3.0,
+                             confidence=0.95, auc=0.9, seed=0)
+
+    def fake(**kw):
+        seen.update(kw)
+        return SimpleNamespace(result=result, noise_multiplier=1.5, sampling_rate=0.1,
+                               steps=50, to_dict=lambda: {})
+
+    monkeypatch.setattr(audit_torch, "audit_dpsgd", fake)
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "2", "--delta", "1e-5",
+                                 "--bug", "no-noise"])
+    assert r.exit_code == 5, r.output
+    assert seen["bug"] == "no-noise" and "planted bug:            no-noise" in r.output

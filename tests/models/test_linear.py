@@ -29,7 +29,7 @@ SEED_KW = dict(delta=1e-6, x_bound=1.0, y_bound=5.0, fit_intercept=False)
 
 @pytest.fixture(scope="module")
 def seed_data():
-    b = load_california_housing(preprocessing="seed")
+    b = load_california_housing(preprocessing="bounded")
     X, y = b.data, b.target
     XTX, XTy = X.T @ X, X.T @ y
     n = len(y)

@@ -153,3 +153,166 @@ def test_one_expected_run(data):
     s = PrivateSearchCV(_est(), {"regularization": ["ridge"]}, loss_bound=36.0,
                         random_state=0).fit(X, y)
     assert len(FITS) == 1 and s.epsilon_ > 0
+
+
+# -- pipelines, ledgers and the released model ------------------------------------------------
+
+def _pipe(**scaler):
+    from privlearn.models import PrivatePipeline, PrivateStandardScaler
+
+    return PrivatePipeline([
+        ("scale", PrivateStandardScaler(epsilon=0.5, delta=1e-7, feature_range=(-2, 2),
+                                        **scaler)),
+        ("model", AdaSSPRegressor(epsilon=0.5, delta=1e-7, x_bound=3.0, y_bound=3.0)),
+    ])
+
+
+def test_a_pipeline_plans_the_composition_of_its_steps(data):
+    X, y = data
+    pipe = _pipe()
+    steps = [planned_mechanism(s, X, y) for _, s in pipe.steps]
+    assert planned_mechanism(pipe, X, y) == compose(steps)
+    assert pipe.fit(X, y).mechanism_ == planned_mechanism(pipe, X, y)
+
+
+def test_a_pipeline_step_without_a_planned_mechanism_is_refused(data):
+    from sklearn.preprocessing import StandardScaler
+
+    from privlearn.models import PrivatePipeline
+
+    X, y = data
+    pipe = PrivatePipeline([("scale", StandardScaler()), ("model", _est())])
+    with pytest.raises(TypeError, match="'scale'.*PrivateStandardScaler"):
+        planned_mechanism(pipe, X, y)
+
+
+def test_search_over_a_pipeline_with_a_ledger_charges_the_search_once(data, tmp_path):
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=20.0, delta=1e-5)
+    led.create_budget("steps", epsilon=20.0, delta=1e-5)
+    pipe = _pipe(ledger=led.budget("steps"))
+    grid = {"scale__epsilon": [0.3, 0.6], "model__regularization": ["ridge", "eigenvalue_floor"]}
+    s = PrivateSearchCV(pipe, grid, method="composition", loss_bound=9.0, score_epsilon=0.2,
+                        ledger=led.budget("d")).fit(X, y)
+    every = compose([compose([planned_mechanism(_pipe().set_params(**p), X, y),
+                              Laplace(1 / 0.2)]) for p in ParameterGrid(grid)])
+    assert s.mechanism_ == every and s.n_fits_ == 4
+    assert led.mechanism("d") == compose([every])
+    assert led.spent("steps").entries == 0  # the steps' own budget is not charged too
+    assert s.best_estimator_.mechanism_ == planned_mechanism(
+        _pipe().set_params(**s.best_params_), X, y)
+    # a refit of the released pipeline spends on the search's budget
+    assert s.best_estimator_.get_params()["scale__ledger"] is s.ledger
+
+
+def test_pipeline_steps_get_hidden_noise_and_keep_their_declared_seed(data):
+    X, y = data
+    s = PrivateSearchCV(_pipe(random_state=7), {"scale__epsilon": [0.5]},
+                        method="composition", loss_bound=9.0).fit(X, y)
+    best = s.best_estimator_
+    assert best.get_params()["scale__random_state"] == 7
+    refit = _pipe(random_state=7).fit(X, y)  # the declared seed did not make its noise
+    assert not np.allclose(best.named_steps["scale"].mean_, refit.named_steps["scale"].mean_)
+
+
+def test_random_stopping_on_a_default_pld_budget_is_charged_its_epsilon_delta(data, tmp_path):
+    """The default budget composes with the PLD accountant, which cannot read Papernot &
+    Steinke's RDP curve: the search is charged the curve's (epsilon, delta) guarantee."""
+    from privlearn.accounting import ApproxDP
+
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)  # accountant "pld", the default
+    kw = dict(loss_bound=36.0, delta=1e-6, random_state=0)
+    s = PrivateSearchCV(_est(), GRID, ledger=led.budget("d"), **kw).fit(X, y)
+    curve = PrivateSearchCV(_est(), GRID, **kw).fit(X, y).mechanism_
+    assert isinstance(s.mechanism_, ApproxDP)
+    assert s.mechanism_.dp_delta < 1e-6
+    assert s.mechanism_.dp_epsilon == curve.epsilon(s.mechanism_.dp_delta, "rdp")
+    assert s.epsilon_ >= curve.epsilon(1e-6, "rdp")  # never below the RDP conversion
+    assert led.mechanism("d") == compose([s.mechanism_])
+    # the budget's delta (1e-5) buys back a little epsilon: the (epsilon, delta) pair's
+    # profile is d0 + (1 - d0) (e^eps - e^t) / (1 + e^eps) below eps (closed form)
+    e, d0 = s.mechanism_.dp_epsilon, s.mechanism_.dp_delta
+    exact = math.log(math.exp(e) - (1e-5 - d0) * (1 + math.exp(e)) / (1 - d0))
+    assert exact <= led.spent("d").epsilon_spent <= exact + 1e-3
+
+
+def test_random_stopping_on_an_rdp_budget_is_charged_the_curve(data, tmp_path):
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5, accountant="rdp")
+    s = PrivateSearchCV(_est(), GRID, loss_bound=36.0, ledger=led.budget("d")).fit(X, y)
+    assert led.mechanism("d") == compose([s.mechanism_])
+    assert s.mechanism_.rdp(8.0) > 0
+
+
+def test_a_budget_that_cannot_account_the_search_names_the_working_fix(data, tmp_path):
+    from privlearn.errors import UnsupportedMechanismError
+
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5, adaptive=True)
+    FITS.clear()
+    with pytest.raises(UnsupportedMechanismError, match="method='composition'"):
+        PrivateSearchCV(_est(), GRID, loss_bound=36.0, ledger=led.budget("d")).fit(X, y)
+    assert FITS == []
+
+
+def test_the_search_delegates_to_the_released_model_and_scores_like_sklearn(data):
+    from privlearn.models import DPSGDClassifier, PrivatePipeline, PrivateStandardScaler
+
+    X, y = data
+    labels = (y > 0).astype(int)
+    clf = PrivatePipeline([
+        ("scale", PrivateStandardScaler(epsilon=0.5, delta=1e-7, feature_range=(-2, 2))),
+        ("model", DPSGDClassifier(epsilon=1.0, delta=1e-7, n_iter=20, classes=[0, 1])),
+    ])
+    Xtr, ytr, Xte, yte = X[:1500], labels[:1500], X[1500:], labels[1500:]
+    s = PrivateSearchCV(clf, {"model__learning_rate": [0.5, 1.0]}).fit(Xtr, ytr)
+    best = s.best_estimator_
+    np.testing.assert_array_equal(s.predict(Xte), best.predict(Xte))
+    np.testing.assert_array_equal(s.predict_proba(Xte), best.predict_proba(Xte))
+    np.testing.assert_array_equal(s.classes_, [0, 1])
+    assert s.score(Xte, yte) == np.mean(best.predict(Xte) == yte)  # accuracy
+    # best_score_: the noisy training accuracy, within a few noise scales of the exact one
+    exact = np.mean(best.predict(Xtr) == ytr)
+    assert abs(s.best_score_ - exact) < 20 * (1 / 0.1) / len(ytr)
+    # with public validation data it is the exact score on it, the scale of score()
+    p = PrivateSearchCV(clf, {"model__learning_rate": [0.5, 1.0]}, method="composition")
+    p.fit(Xtr, ytr, X_val=Xte, y_val=yte)
+    assert p.best_score_ == p.score(Xte, yte) == max(p.scores_)
+
+    reg = PrivateSearchCV(_est(), {"regularization": ["ridge"]}, method="composition")
+    reg.fit(X[:1500], y[:1500], X_val=X[1500:], y_val=y[1500:])
+    assert not hasattr(reg, "predict_proba")
+    mse = np.mean((reg.best_estimator_.predict(X[1500:]) - y[1500:]) ** 2)
+    assert reg.score(X[1500:], y[1500:]) == pytest.approx(-mse) == reg.best_score_
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_score_stays_in_the_scores_range_whatever_the_noise(data, seed):
+    X, y = data
+    s = PrivateSearchCV(_est(), GRID, method="composition", loss_bound=36.0,
+                        score_epsilon=1e-4, random_state=seed).fit(X, y)
+    assert s.best_score_ <= 0.0 and all(v <= 0.0 for v in s.scores_)  # minus a mean square
+    labels = (y > 0).astype(int)
+    from privlearn.models import DPSGDClassifier
+
+    c = PrivateSearchCV(DPSGDClassifier(n_iter=5, classes=[0, 1], delta=1e-7),
+                        {"learning_rate": [0.5, 1.0]}, score_epsilon=1e-4,
+                        random_state=seed).fit(X, labels)
+    assert 0.0 <= c.best_score_ <= 1.0  # an accuracy
+
+
+def test_random_stopping_on_a_budget_with_a_smaller_delta_is_charged_below_it(data, tmp_path):
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-7)  # below the search's delta (1e-6)
+    s = PrivateSearchCV(_est(), GRID, loss_bound=36.0, delta=1e-6,
+                        ledger=led.budget("d")).fit(X, y)
+    assert s.mechanism_.dp_delta < 1e-7
+    spent = led.spent("d")
+    # certified at the budget's delta, within the grid's precision of the charged epsilon
+    assert spent.epsilon_spent == pytest.approx(s.mechanism_.dp_epsilon, abs=1e-3)

@@ -119,7 +119,7 @@ def test_california_pipeline_at_total_epsilon_1_matches_adassp_with_public_bound
     delta 5e-7, x_bound 1, y_bound 5, intercept), whose composed total is <= 1 at
     delta = 1e-6. Requirement: median MSE within 0.02 of the baseline's (or better).
     """
-    seed = load_california_housing(preprocessing="seed")
+    seed = load_california_housing(preprocessing="bounded")
     raw = load_california_housing()
     X, y = raw.data, np.clip(raw.target, 0.0, 5.0)
     base, piped, totals = [], [], []

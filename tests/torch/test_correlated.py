@@ -10,6 +10,7 @@ DP-SGD's exactly; a resumed run continues the same correlated noise bit for bit.
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -19,7 +20,12 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
-from privlearn.correlated import BandedToeplitz, FixedEpochs, MinSeparation  # noqa: E402
+from privlearn.correlated import (  # noqa: E402
+    BandedToeplitz,
+    BufferedToeplitz,
+    FixedEpochs,
+    MinSeparation,
+)
 from privlearn.correlated.sampling import check_participation  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 
@@ -195,3 +201,127 @@ def test_explicit_strategy_and_amplified_banded_accounting():
     _batches(p, 9)
     want = correlated_mechanism(C, CyclicPoissonSampler(N, 6 * 3 / N, 9, 3), 1.2)
     assert p.epsilon(1e-5) == want.epsilon(1e-5)
+
+
+# ------------------------------------------------------------------ unfreezing mid-run
+
+
+@pytest.mark.parametrize("strategy", [
+    BandedToeplitz(coefs=(1.0, 0.6, -0.2)),
+    BufferedToeplitz(buf_decay=(0.9, 0.5), output_scale=(0.2, 0.1)),
+], ids=["banded", "blt"])
+def test_each_parameter_keeps_its_own_stream_across_freezing(strategy):
+    """Naive reference: a parameter first trained at step t0 gets C[t0:, t0:]^{-1} of its
+    draws from t0 on (a fresh stream: post-processing of the accounted C X + Z with its
+    column of X zero before t0); one frozen and unfrozen again gets rows of the full
+    C^{-1} of all its draws (drawn on while frozen, so the stream never restarts)."""
+    from privlearn.torch.correlated_noise import CorrelatedNoise
+
+    steps = 10
+    sizes = {"a": 3, "b": 2}
+    plan = [("a",)] * 2 + [("a", "b")] * 3 + [("b",)] * 2 + [("b", "a")] * 3
+    cn = CorrelatedNoise(strategy.recurrence())
+    g = torch.Generator().manual_seed(0)
+    drawn = {k: {} for k in sizes}  # key -> step -> draw
+    got = {k: {} for k in sizes}
+    for t, live in enumerate(plan):
+        layout = tuple((k, sizes[k]) for k in live)
+        z = torch.randn(sum(sizes[k] for k in live), generator=g, dtype=torch.float64)
+        at = 0
+        for k in live:
+            drawn[k][t] = z[at:at + sizes[k]].clone()
+            at += sizes[k]
+        extra = []
+
+        def draw(out, extra=extra):
+            out.copy_(torch.randn(out.shape, generator=g, dtype=out.dtype))
+            extra.append(out.clone())
+            return out
+
+        w = cn.apply_(z, layout, draw)
+        at = 0
+        for k in live:
+            got[k][t] = w[at:at + sizes[k]].clone()
+            at += sizes[k]
+        if t in (5, 6):  # "a" frozen: its stream's draws are the extra ones
+            drawn["a"][t] = extra[0]
+    C = strategy.materialize(steps)
+    za = torch.stack([drawn["a"][t] for t in range(steps)]).numpy()
+    wa = np.linalg.solve(C, za)
+    for t in got["a"]:
+        np.testing.assert_allclose(got["a"][t].numpy(), wa[t], rtol=1e-10, atol=1e-12)
+    zb = torch.stack([drawn["b"][t] for t in range(2, steps)]).numpy()
+    wb = np.linalg.solve(C[2:, 2:], zb)
+    for t in got["b"]:
+        np.testing.assert_allclose(got["b"][t].numpy(), wb[t - 2], rtol=1e-10, atol=1e-12)
+    # the state names its streams: a resumed run continues them (bit for bit)
+    twin = CorrelatedNoise(strategy.recurrence())
+    twin.load_state_dict(copy.deepcopy(cn.state_dict()))
+    z = torch.randn(5, generator=g, dtype=torch.float64)
+    layout = (("a", 3), ("b", 2))
+    torch.testing.assert_close(twin.apply_(z.clone(), layout), cn.apply_(z.clone(), layout),
+                               rtol=0, atol=0)
+
+
+class _TwoLayers(nn.Module):
+    """Zero gradient everywhere (p.grad is the noise alone), two layers to freeze."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return (self.a(x) + self.b(x)[:, :1]) * 0.0
+
+
+def _unfreezing_noises(noise, schedule, steps=12):
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = _TwoLayers()
+        model.b.requires_grad_(False)
+        kw = {} if noise == "dpsgd" else {"bands": 3}
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                         max_grad_norm=1.0, sampling="balls_in_bins", epochs=2, noise=noise,
+                         **kw)
+        out = []
+        while len(out) < steps:
+            for x, y in p.data_loader:
+                if len(out) in schedule:
+                    model.b.requires_grad_(schedule[len(out)])
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                p.optimizer.step()
+                out.append({n: q.grad.reshape(-1).clone() * p.expected_batch_size
+                            for n, q in model.named_parameters() if q.grad is not None})
+                p.optimizer.zero_grad()
+                if len(out) == steps:
+                    break
+        return out, p
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_a_layer_unfrozen_and_frozen_mid_run_with_correlated_noise():
+    """noise='banded' stopped inside CorrelatedNoise.apply_ with torch's size mismatch
+    when a layer was unfrozen. Now the always-trained layer's noise is C^{-1} of the
+    draws a DP-SGD run with the same seed adds, and the unfrozen layer's is
+    C[t0:, t0:]^{-1} of its draws from t0 on; the run is accounted as planned."""
+    schedule = {3: True, 8: False}  # b trained at steps 3..7
+    z, _ = _unfreezing_noises("dpsgd", schedule)
+    w, p = _unfreezing_noises("banded", schedule)
+    n = len(w)
+    C = p.plan.run.strategy.materialize(n)
+    for name in ("a.weight", "a.bias"):
+        za = np.stack([s[name].numpy() for s in z])
+        np.testing.assert_allclose(np.stack([s[name].numpy() for s in w]),
+                                   np.linalg.solve(C, za), rtol=1e-9, atol=1e-9)
+    for name in ("b.weight", "b.bias"):
+        zb = np.stack([z[t][name].numpy() for t in range(3, 8)])
+        wb = np.stack([w[t][name].numpy() for t in range(3, 8)])
+        np.testing.assert_allclose(wb, np.linalg.solve(C[3:8, 3:8], zb), rtol=1e-9,
+                                   atol=1e-9)
+        assert all(name not in w[t] for t in (0, 1, 2, 8, 9))
+    assert p.accountant.steps == n and math.isfinite(p.epsilon(1e-5))

@@ -454,3 +454,113 @@ def test_noise_is_gaussian_with_the_accounted_std(secure_mode):
     if secure_mode:
         z2, _ = _noise_only_step(True)
         assert not torch.equal(z, z2)
+
+
+# --------------------------------------------------------------------------- checks on device
+def _private_on_device(model, x, y, batch=8, **kw):
+    kw.setdefault("noise_multiplier", 1.0)
+    kw.setdefault("seed", 0)
+    return make_private(model.to(DEVICE), torch.optim.SGD(model.parameters(), lr=0.1),
+                        DataLoader(TensorDataset(x, y), batch_size=batch), **kw)
+
+
+def _device_step(p, x, y):
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x.to(DEVICE)), y.to(DEVICE)).backward()
+    p.optimizer.step()
+
+
+def test_augment_probe_on_the_device_refuses_mixing_and_restores_device_randomness():
+    from privlearn.errors import BatchDependenceError
+
+    torch.manual_seed(0)
+    x, y = torch.randn(48, 6), torch.randint(0, 3, (48,))
+
+    def per_example(batch):
+        xb, yb = batch
+        xb = xb.to(DEVICE)
+        return xb + 0.1 * torch.randn_like(xb), yb.to(DEVICE)
+
+    def mixup(batch):
+        xb, yb = per_example(batch)
+        return 0.7 * xb + 0.3 * xb.roll(1, 0), yb
+
+    p = _private_on_device(_mlp(), x, y, augmentation_multiplicity=2, augment=per_example,
+                           sampling="fixed")
+    xb, yb = next(iter(p.data_loader))
+    state = torch.cuda.get_rng_state() if DEVICE == "cuda" else torch.get_rng_state()
+    _device_step(p, xb, yb)
+    after = torch.cuda.get_rng_state() if DEVICE == "cuda" else torch.get_rng_state()
+    assert torch.equal(state, after) and p.accountant.steps == 1
+    q = _private_on_device(_mlp(), x, y, augmentation_multiplicity=2, augment=mixup,
+                           sampling="fixed")
+    xb, yb = next(iter(q.data_loader))
+    with pytest.raises(BatchDependenceError, match="augment mixes examples"):
+        _device_step(q, xb, yb)
+
+
+def test_probe_re_arms_on_the_device_and_nan_inputs_are_named():
+    from privlearn.errors import BatchDependenceError, NonFiniteInputError
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.zeros(8))
+            self.register_buffer("var", torch.ones(8))
+
+        def forward(self, h):
+            return nn.functional.batch_norm(h, self.mean, self.var, training=self.training)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), Norm(), nn.Linear(8, 3))
+    model[1].eval()
+    x, y = torch.randn(48, 6), torch.randint(0, 3, (48,))
+    p = _private_on_device(model, x, y, sampling="fixed")
+    it = iter(p.data_loader)
+    _device_step(p, *next(it))
+    model.eval()
+    model.train()
+    with pytest.raises(BatchDependenceError, match="examples are mixed"):
+        _device_step(p, *next(it))
+    model[1].eval()
+    x[:, 1] = float("nan")
+    with pytest.raises(NonFiniteInputError, match="positional argument 0"):
+        _device_step(p, *next(iter(p.data_loader)))  # a new pass: the refused batch dropped
+    assert p.accountant.steps == 1
+
+
+def test_correlated_noise_follows_unfreezing_on_the_device():
+    """The always-trained layer's noise is C^{-1} of the draws a DP-SGD run with the same
+    seed adds; the layer unfrozen at step 3 gets C[3:, 3:]^{-1} of its draws."""
+    import numpy as np
+
+    def run(noise):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 3), nn.Linear(3, 3)).to(DEVICE)
+        model[0].requires_grad_(False)
+        x = torch.randn(60, 6)
+        kw = {} if noise == "dpsgd" else {"bands": 3}
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                         DataLoader(TensorDataset(x), batch_size=6), noise_multiplier=1.0,
+                         seed=3, sampling="balls_in_bins", epochs=2, noise=noise, **kw)
+        out = []
+        for (xb,) in p.data_loader:
+            if len(out) == 3:
+                model[0].requires_grad_(True)
+            p.optimizer.zero_grad()
+            (p.model(xb.to(DEVICE)) * 0.0).sum().backward()
+            p.optimizer.step()
+            out.append({n: q.grad.reshape(-1).double().cpu() * p.expected_batch_size
+                        for n, q in model.named_parameters() if q.grad is not None})
+            if len(out) == 8:
+                break
+        return out, p
+
+    z, _ = run("dpsgd")
+    w, p = run("banded")
+    C = p.plan.run.strategy.materialize(len(w))
+    for name, start in (("1.weight", 0), ("0.weight", 3)):
+        zs = np.stack([s[name].numpy() for s in z[start:]])
+        ws = np.stack([s[name].numpy() for s in w[start:]])
+        np.testing.assert_allclose(ws, np.linalg.solve(C[start:, start:], zs), rtol=1e-4,
+                                   atol=1e-4)

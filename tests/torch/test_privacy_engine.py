@@ -236,10 +236,50 @@ def test_resume_refuses_other_mechanism_and_used_run():
         used.load_state_dict({"model": {}})
 
 
-def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
+def test_target_epsilon_is_a_stop_by_default():
+    """make_private(target_epsilon=3, epochs=1) and a loop of 3 epochs (the two epoch
+    counts disagree): the step that would take epsilon past 3 is refused before it runs,
+    saying how to go further; nothing of it is released."""
     ds = _data(n=64)
     p = _private(ds=ds, noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
                  epochs=1, max_grad_norm=1.0, seed=0)
+    with pytest.raises(PrivacyBudgetExceededError, match=r"max_epsilon=float\('inf'\)"):
+        _train(p, 3 * 8)
+    k = p.accountant.steps
+    assert k >= 8  # the planned epoch ran
+    assert p.epsilon(1e-5) <= 3.0
+    one_more = compose(subsample(Gaussian(p.noise_multiplier), rate=8 / 64),
+                       steps=k + 1).epsilon(1e-5)
+    assert one_more > 3.0  # the refused step was the one that would exceed the target
+    before = _flat(p.model)
+    with pytest.raises(PrivacyBudgetExceededError):
+        _train(p, 1)
+    assert torch.equal(before, _flat(p.model)) and p.accountant.steps == k
+
+
+def test_going_past_the_target_is_one_explicit_setting_in_make_private_and_dptrainer():
+    from privlearn.errors import ParameterValueError
+    from privlearn.torch.config import DPConfig
+
+    assert DPConfig(target_epsilon=3.0, epochs=1).max_epsilon == 3.0
+    assert DPConfig(target_epsilon=3.0, epochs=1, max_epsilon=5.0).max_epsilon == 5.0
+    assert DPConfig(noise_multiplier=1.0).max_epsilon is None
+    assert math.isinf(DPConfig(target_epsilon=3.0, epochs=1,
+                               max_epsilon=float("inf")).max_epsilon)
+    with pytest.raises(ParameterValueError, match="max_epsilon"):
+        DPConfig(target_epsilon=3.0, epochs=1, max_epsilon=0.0)
+    pytest.importorskip("transformers")
+    from privlearn.torch.hf import PrivacyArguments
+
+    pa = PrivacyArguments(target_epsilon=3.0, max_epsilon=float("inf"))
+    assert math.isinf(pa.engine_settings(steps=4)["max_epsilon"])
+    assert PrivacyArguments(target_epsilon=3.0).engine_settings(steps=4)["max_epsilon"] == 3.0
+
+
+def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
+    ds = _data(n=64)
+    p = _private(ds=ds, noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
+                 epochs=1, max_grad_norm=1.0, seed=0, max_epsilon=float("inf"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyBudgetWarning)
         _train(p, 8)  # the planned epoch: no warning
@@ -415,3 +455,93 @@ def test_per_sequence_cross_entropy_matches_definition():
         got.sum().item() / 3)
     with pytest.raises(ValueError, match="logits must be"):
         per_sequence_cross_entropy(logits[0], labels)
+
+
+# ------------------------------------------------------------------ non-finite inputs
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-step", "later-step"])
+def test_a_nan_input_is_named_not_reported_as_mixing_or_overflow(first):
+    """A NaN in one example's features was reported as batch mixing (first step, where
+    the probe runs) or as a GradScaler overflow (no scaler in use) and the example
+    silently dropped. Now the input and the row are named, and no step is taken."""
+    from privlearn.errors import NonFiniteInputError
+
+    x, y = _data(n=48).tensors
+    x = x.clone()
+    p = _private(ds=TensorDataset(x, y), batch_size=48, sampling="fixed", seed=0)
+    if not first:
+        _train(p, 1)
+    x[30, 2] = float("nan")  # every batch holds example 30
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    before, steps = _flat(p.model), p.accountant.steps
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning on the way
+        with pytest.raises(NonFiniteInputError, match=r"positional argument 0.*rows \[\d+\]"):
+            p.optimizer.step()
+    assert torch.equal(before, _flat(p.model)) and p.accountant.steps == steps
+
+
+def test_a_nan_target_without_a_loss_scaler_is_refused_not_dropped():
+    from privlearn.errors import NonFiniteInputError
+
+    x, _ = _data(n=48).tensors
+    t = torch.randn(48, 3)
+    t[5, 1] = float("nan")
+    p = _private(ds=TensorDataset(x, t), batch_size=48, sampling="fixed", seed=0)
+    xb, tb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    ((p.model(xb) - tb) ** 2).sum(1).mean().backward()
+    with pytest.raises(NonFiniteInputError, match="no loss scaler"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+
+
+def test_stepping_the_original_optimizer_says_to_use_p_optimizer():
+    """A loop that kept ``optimizer.step()`` (the optimizer given to make_private) was
+    told, at the next backward, that gradient accumulation is not supported."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    before = _flat(model)
+    it = iter(p.data_loader)
+    x, y = next(it)
+    opt.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(RuntimeError, match=r"p\.optimizer\.step\(\)"):
+        opt.step()
+    assert torch.equal(before, _flat(model)) and p.accountant.steps == 0
+    p.optimizer.step()  # the right call then steps on that batch; detach() lifts the guard
+    assert p.accountant.steps == 1
+    p.detach()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def test_an_additive_mask_with_minus_inf_is_not_a_bad_input():
+    """An input may hold -inf on purpose (an additive attention mask): only a NaN is
+    refused up front; a step whose gradients stay finite runs."""
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3)
+
+        def forward(self, x, bias):
+            return self.lin(x) + torch.softmax(bias, -1)
+
+    x, y = _data(n=48).tensors
+    bias = torch.zeros(48, 3)
+    bias[:, 2] = float("-inf")
+    model = Masked()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(TensorDataset(x, bias, y), batch_size=8),
+                     noise_multiplier=1.0, seed=0)
+    for xb, bb, yb in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(xb, bb), yb).backward()
+        p.optimizer.step()
+    assert p.accountant.steps == len(p.data_loader)

@@ -305,3 +305,103 @@ class _WholeBatchOnly(nn.Module):
 def test_a_model_that_needs_the_whole_batch_is_probed_on_it():
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
         _first_step(_WholeBatchOnly(16), _seqs(), batch_size=16, sampling="fixed")
+
+
+# ------------------------------------------------------------------ re-arming
+
+
+class _EvalNorm(nn.Module):
+    """A normalisation written with ``F.batch_norm(training=self.training)``: per example
+    in eval mode (running statistics), batch statistics in training mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("running_mean", torch.zeros(E))
+        self.register_buffer("running_var", torch.ones(E))
+
+    def forward(self, x):
+        return nn.functional.batch_norm(x, self.running_mean, self.running_var,
+                                        training=self.training)
+
+
+class _Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin1 = nn.Linear(E, E)
+        self.norm = _EvalNorm()
+        self.lin2 = nn.Linear(E, 3)
+
+    def forward(self, x):
+        return self.lin2(self.norm(self.lin1(x.mean(1))))
+
+
+class _BatchCentre(nn.Module):
+    def forward(self, x):
+        return x - x.mean(0)
+
+
+def _toggle_modes(model):
+    model.eval()  # evaluate() ...
+    with torch.no_grad():
+        model(torch.randn(4, T, E))
+    model.train()  # ... and back: the normalisation is now in training mode too
+
+
+def _hook_on_norm(model):
+    model.norm.register_forward_hook(lambda m, a, out: out - out.mean(0))
+
+
+def _swap_norm(model):
+    model.norm = _BatchCentre()
+
+
+@pytest.mark.parametrize("change", [_toggle_modes, _hook_on_norm, _swap_norm],
+                         ids=["eval-train-toggle", "forward-hook", "submodule-swapped"])
+def test_the_probe_re_arms_on_changes_that_mix_examples(change):
+    """Mixing switched on after the first step (the usual ``model.eval(); evaluate();
+    model.train()`` puts a module kept in eval mode into training mode; a hook or a
+    module added) is refused at the next step. Before, only a change of the trainable set
+    re-armed the probe, and one example moved the clipped sum by 1.55 C at step 3."""
+    model = _Normed()
+    model.norm.eval()  # per example while it stays in eval mode
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_seqs(), batch_size=8), noise_multiplier=1.0, seed=0,
+                     sampling="fixed")
+    it = iter(p.data_loader)
+    for _ in range(2):
+        x, y = next(it)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    change(model)
+    x, y = next(it)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(BatchDependenceError, match="examples are mixed"):
+        p.optimizer.step()
+    assert p.accountant.steps == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_mode_toggle_back_to_the_same_modes_does_not_re_probe():
+    """``model.eval(); model.train()`` on a model whose modules were all in training mode
+    changes nothing: no extra forward passes after the first step's probe."""
+    calls = []
+    model = _Normed()
+    model.lin2.register_forward_pre_hook(lambda m, a: calls.append(1))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_seqs(), batch_size=8), noise_multiplier=1.0, seed=0,
+                     sampling="fixed")
+    model.norm.eval()
+    for k, (x, y) in enumerate(p.data_loader):
+        if k == 1:
+            model.eval()
+            model.train()
+            model.norm.eval()  # the modes of the first step again
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        if k == 2:
+            break
+    assert len(calls) == 3 + 3  # three steps, three probe passes once

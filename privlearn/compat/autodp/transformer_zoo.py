@@ -6,7 +6,8 @@ names and ``params`` follow autodp's bookkeeping.
 
 Notes
 -----
-Real (non-integer) coefficients: autodp composes RDP curves, so a coefficient may be any real ``c >= 0``. Here:
+Real (non-integer) coefficients: autodp composes RDP curves, so a coefficient may be any
+real ``c >= 0``. Here:
 
 * a Gaussian part with coefficient ``c`` is the Gaussian ``sigma / sqrt(c)`` (exact;
   Dong, Roth & Su 2022, Corollary 3.3) -- this is what the studies' calibrators rely on;

@@ -1,0 +1,313 @@
+"""DP-SGD on a model sharded with FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+FSDP2 keeps each parameter as a ``DTensor`` sharded on its first dimension over a 1-D
+device mesh (``Shard(0)``): rank ``r`` holds rows ``[r c, (r + 1) c)`` of it, with
+``c = ceil(rows / W)`` (``torch.chunk``'s split). Before a layer's forward (and again
+before its backward) FSDP all-gathers the full parameter and puts the unsharded tensor
+in the module; the recording hooks of :class:`~privlearn.torch.tracker.GradSampleTracker`
+therefore see full activations and full output gradients of this rank's examples, and
+the layer rules give each example's *whole* gradient. So:
+
+* **per-example norms** are those of the whole (unsharded) gradient: every rank computes
+  them for its own examples from the full factors (no partial norms to combine);
+* the **clipped sum** of this rank's examples is formed at full size, then one
+  ``reduce_scatter`` (the collective FSDP itself would use) sums it over ranks and hands
+  each rank the rows of its own shard: the sum of clipped per-example gradients over the
+  global batch;
+* **noise**: each rank adds ``N(0, (sigma C)^2)`` to the coordinates of its own shard
+  only, so every coordinate of the global sum gets exactly one draw of the single-process
+  mechanism's noise (per-rank keys: independent draws);
+* the noisy sum is divided by the global expected batch size ``q N`` and set as the
+  sharded parameter's gradient (a ``DTensor`` with the parameter's placements); the
+  wrapped optimizer then updates the shards as under FSDP.
+
+At the step the layer rules run with every FSDP2 module unsharded (one more all-gather
+of the parameters: rules such as the generic fallback recompute a layer from its
+weights), then the modules are resharded. FSDP's own gradient reduction never runs: the
+layers use detached aliases of the unsharded parameters (as on one process), so autograd
+computes no parameter gradient and FSDP has nothing to reduce-scatter (its reduction
+*averages* over ranks, which is not the DP-SGD normalisation). Sampling and accounting
+are those of data-parallel training (:mod:`privlearn.torch.distributed`): each rank
+Poisson-samples its own partition of the dataset at rate ``q = W B / N``.
+
+Memory: the step holds this rank's clipped sum at full size (one unsharded gradient) and,
+while the rules run, the unsharded parameters; between steps only the shards (parameters
+and optimizer state) remain, as without privacy.
+
+Collectives: every forward and backward of an FSDP2 model all-gathers, so every rank
+must run the same number of forward/backward passes and ``step()`` calls per logical
+batch, also when its own Poisson batch is empty (the loader then yields an empty batch:
+run it through the model as any other). Refused up front, with the reason:
+``max_physical_batch_size`` (the ranks' chunk counts differ), correlated noise, a
+``GradScaler``, and parameters that are not ``Shard(0)`` on one 1-D mesh of all the
+ranks (tensor parallelism, HSDP). The batch-independence probe runs on all ranks at the
+same step (the first at which every rank has two examples or more).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from privlearn.torch.tracker import GradSampleTracker, _param_slots
+
+__all__ = ["is_sharded", "check_sharded_model", "ShardedTracker", "ShardedGradients"]
+
+
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    return DTensor
+
+
+def _fsdp_module_type():
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed / FSDP2
+        return None
+    return FSDPModule
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` holds distributed tensors as parameters (FSDP2, tensor
+    parallelism) or is wrapped by ``fully_shard``."""
+    dt, fm = _dtensor_type(), _fsdp_module_type()
+    if fm is not None and any(isinstance(m, fm) for m in model.modules()):
+        return True
+    return dt is not None and any(isinstance(p, dt) for p in model.parameters())
+
+
+def check_sharded_model(model: nn.Module, cfg, world_size: int, optimizer=None) -> None:
+    """Refuse, before any step, what the sharded DP step cannot do exactly.
+
+    Raises
+    ------
+    ValueError
+        A trainable parameter is not an FSDP2 ``Shard(0)`` DTensor over one 1-D mesh of
+        ``world_size`` ranks (tensor or pipeline parallelism, HSDP, a legacy
+        ``FullyShardedDataParallel`` flat parameter), or a setting that needs every rank
+        to run its own number of passes or a noise the sharded step does not add.
+    """
+    from torch.distributed.tensor import Shard
+
+    dt = _dtensor_type()
+    bad = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if not isinstance(p, dt):
+            bad.append(f"{name} (a plain tensor: not every layer is fully_shard-ed)")
+        elif p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+            bad.append(f"{name} (placements {tuple(p.placements)} on a "
+                       f"{p.device_mesh.ndim}-D mesh)")
+        elif p.device_mesh.size() != world_size:
+            bad.append(f"{name} (mesh of {p.device_mesh.size()} ranks, process group of "
+                       f"{world_size})")
+        elif p.dim() == 0:
+            bad.append(f"{name} (a scalar)")
+    if bad:
+        raise ValueError(
+            "make_private supports models sharded with FSDP2 (fully_shard) over a 1-D "
+            "device mesh of all the ranks of the process group, every trainable parameter "
+            "a DTensor with placements (Shard(0),); tensor parallelism, pipeline "
+            "parallelism and HSDP (2-D meshes) are not supported. Offending parameters: "
+            + "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+            + ". Call fully_shard(layer, mesh=init_device_mesh(device, (world_size,))) on "
+            "the layers and on the root model before make_private")
+    if optimizer is not None:
+        owned = {id(p) for p in model.parameters()}
+        stale = sum(1 for g in optimizer.param_groups for p in g["params"]
+                    if id(p) not in owned)
+        if stale:
+            raise ValueError(
+                f"the optimizer holds {stale} tensor(s) that are not parameters of the "
+                "sharded model: fully_shard replaces the parameters by DTensors, so an "
+                "optimizer built before it would update nothing. Build the optimizer after "
+                "fully_shard, over model.parameters()")
+    refused = []
+    if cfg.max_physical_batch_size is not None:
+        refused.append("max_physical_batch_size (each rank would run its own number of "
+                       "physical chunks, and FSDP2's all-gathers need the same number on "
+                       "every rank): use a smaller per-rank batch_size or more ranks")
+    if cfg.correlated:
+        refused.append(f"noise={cfg.noise!r} (correlated noise runs in one process)")
+    if refused:
+        raise ValueError("under FSDP2 (fully_shard) make_private does not support "
+                         + "; ".join(refused))
+
+
+class ShardedTracker(GradSampleTracker):
+    """The recording tracker for an FSDP2 model: FSDP swaps the parameter objects in the
+    modules (sharded between passes, unsharded during them), so the trainable set is
+    fingerprinted by name, and the batch-independence probe (whose forward passes
+    all-gather) runs on every rank at the same step."""
+
+    def __init__(self, *args, process_group=None, **kwargs):
+        self.process_group = process_group
+        super().__init__(*args, **kwargs)
+
+    def _install(self) -> None:
+        super()._install()
+        # where each unit's parameters live in its modules, found while they are the
+        # sharded DTensors (make_private's check); FSDP2 swaps the objects in those slots
+        self._unit_slots = {id(u): _param_slots(u.module, u.params) for u in self.units}
+
+    def _trainable_signature(self) -> tuple:
+        return tuple(n for n, p in self.model.named_parameters() if p.requires_grad)
+
+    def _rediscover(self) -> None:
+        self.clear()
+        raise RuntimeError(
+            "the model's trainable parameters changed after make_private: under FSDP2 set "
+            "requires_grad before fully_shard and make_private (the sharded step fixes its "
+            "parameters then). No step was taken and nothing was released")
+
+    def check_independence(self, examples: int | None) -> None:
+        if not self._probe_pending:
+            return
+        import torch.distributed as dist
+
+        ready = (examples is not None and examples >= 2 and self._probe_inputs is not None
+                 and bool(self.records))
+        flag = torch.tensor([1 if ready else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
+        if not int(flag.item()):  # not every rank can probe: all wait for a later step
+            self._probe_inputs = None
+        super().check_independence(examples)
+
+    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
+                    per_param: dict | None = None, **kwargs):
+        """:meth:`GradSampleTracker.clipped_sum` with every FSDP2 module unsharded
+        (rules that recompute a layer, such as the generic fallback, need the parameter
+        values): the units' parameters are their unsharded tensors while the rules run,
+        and ``out``/``per_param``/the sums stay keyed by the sharded parameters. All
+        ranks call it once per step (the unshard is a collective)."""
+        fm = _fsdp_module_type()
+        mods = [m for m in self.model.modules() if isinstance(m, fm)]
+        slots = [(u, self._unit_slots[id(u)]) for u in self.units]
+        for m in mods:
+            m.unshard()
+        saved = [(u, u.params) for u in self.units]
+        try:
+            full: dict[int, torch.Tensor] = {}
+            for u, unit_slots in slots:
+                for owner, name, p in unit_slots:
+                    cur = owner._parameters.get(name)
+                    if cur is not None and cur is not p:
+                        full[id(p)] = cur
+                u.params = tuple(full.get(id(p), p) for p in u.params)
+            fwd = {k: id(v) for k, v in full.items()}
+            back = {v: k for k, v in fwd.items()}
+            out2 = None if out is None else {fwd.get(k, k): v for k, v in out.items()}
+            pp2 = None if per_param is None else {fwd.get(k, k): v
+                                                  for k, v in per_param.items()}
+            sums, batch, norms = super().clipped_sum(max_grad_norm, multiplier, out=out2,
+                                                     per_param=pp2, **kwargs)
+        finally:
+            for u, params in saved:
+                u.params = params
+            for m in mods:
+                m.reshard()
+        if out is not None:
+            return out, batch, norms
+        return {back.get(k, k): v for k, v in sums.items()}, batch, norms
+
+
+def _layout(p) -> tuple[int, int, int]:
+    """``(rows, row numel, rows per shard)`` of a ``Shard(0)`` parameter."""
+    world = p.device_mesh.size()
+    rows = p.shape[0]
+    rest = p.numel() // rows if rows else 0
+    return rows, rest, -(-rows // world)
+
+
+class ShardedGradients:
+    """The noisy gradient of an FSDP2 model's DP step (module docstring), called by
+    :meth:`privlearn.torch.optimizer.DPOptimizer.step` in place of the replicated
+    all-reduce."""
+
+    def __init__(self, process_group=None):
+        self.process_group = process_group
+        self._given: dict[int, object] = {}  # the gradients the last step set
+
+    def noisy_step(self, opt, examples: int | None = None, units=None) -> None:
+        """Clip and sum this rank's examples at full size, reduce-scatter the sums over
+        ranks, add ``N(0, (sigma C)^2) / (q N)`` to this rank's shard, and set each
+        sharded parameter's gradient."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        params = opt.tracker.params
+        for p in params:
+            if not isinstance(p, DTensor):
+                raise RuntimeError("a parameter of the FSDP2 model is no longer sharded "
+                                   "(not a DTensor) at step(); call step() after backward()")
+            if p.grad is not None and p.grad is not self._given.get(id(p)):
+                names = {id(v): n for n, v in opt.tracker.model.named_parameters()}
+                opt.tracker.clear()
+                raise RuntimeError(
+                    f"parameter {names.get(id(p), tuple(p.shape))!r} received a gradient "
+                    "from autograd (FSDP reduced it): it is used outside its layers (a "
+                    "functional call on the weight), so that gradient is neither per "
+                    "example nor clipped. Route every use through a module. No step was "
+                    "taken and nothing was released")
+        dev = params[0].to_local().device if params else torch.device("cpu")
+        full = {id(p): torch.zeros(p.shape, dtype=p.dtype, device=dev) for p in params}
+        opt._clipped_sum(full, examples=examples, units=units)
+        for k, a in opt._accum.items():  # earlier chunks (none under FSDP2) or sums
+            full[k].add_(a.to(full[k].dtype))
+        opt._accum = {}
+        if not params:
+            return
+        world = params[0].device_mesh.size()
+        rank = params[0].device_mesh.get_local_rank()
+        layouts = [_layout(p) for p in params]
+        width = sum(c * r for _, r, c in layouts)
+        send = torch.zeros(world, width, dtype=params[0].dtype, device=dev)
+        off = 0
+        for p, (rows, rest, c) in zip(params, layouts, strict=True):
+            g = full.pop(id(p)).reshape(rows, rest)
+            block = send[:, off:off + c * rest].view(world, c, rest)
+            for r in range(world):  # rank r's rows, zero-padded to c
+                lo, hi = r * c, min((r + 1) * c, rows)
+                if hi > lo:
+                    block[r, :hi - lo].copy_(g[lo:hi])
+            off += c * rest
+        mine = torch.empty(width, dtype=send.dtype, device=dev)
+        group = params[0].device_mesh.get_group()
+        if world > 1:
+            rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            rs(mine, send.view(-1), group=group)
+        else:
+            mine.copy_(send.view(-1))
+        del send
+        if opt.noise_multiplier > 0:  # every coordinate of the global sum: one draw
+            std = opt.gradient_noise_multiplier * opt.max_grad_norm / opt.expected_batch_size
+            opt.noise.add_normal_(mine, std)
+        off = 0
+        self._given = {}
+        for p, (rows, rest, c) in zip(params, layouts, strict=True):
+            n = max(0, min(c, rows - rank * c))
+            local_shape = p.to_local().shape
+            if local_shape[0] != n:
+                raise RuntimeError(
+                    f"the local shard of a parameter of shape {tuple(p.shape)} has "
+                    f"{local_shape[0]} rows on rank {rank}, not the {n} of torch.chunk's "
+                    "split: this FSDP version shards differently; no step was taken")
+            local = mine[off:off + n * rest].view(local_shape)
+            off += c * rest
+            grad = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
+                                      shape=p.shape, stride=p.stride())
+            p.grad = grad
+            self._given[id(p)] = grad
+
+
+def _mesh_group(model: nn.Module):
+    """The process group of the device mesh the model's parameters are sharded over."""
+    dt = _dtensor_type()
+    for p in model.parameters():
+        if isinstance(p, dt):
+            return p.device_mesh.get_group()
+    return None

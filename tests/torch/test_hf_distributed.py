@@ -1,0 +1,171 @@
+"""DPTrainer under DistributedDataParallel: 2 CPU processes (gloo), as torchrun starts them.
+
+(a) Noise off, sampling rate 1 (2 ranks x 4 = all 8 examples every step): after 3 steps
+    both ranks hold the parameters of a naive single-process loop (batch-of-one backward
+    passes, clipped per example, summed, divided by 8) for a small GPT-2.
+(b) Noise on: the logged epsilon is identical on both ranks and equals the accountant's
+    for q = 1; a run resumed from the checkpoint of step 2 (each rank's private state
+    under private_state_dir) ends with the uninterrupted run's parameters and epsilon,
+    although it was built with another seed and other initial weights.
+(c) FSDP through the Trainer (TrainingArguments(fsdp=...)) is refused when the trainer is
+    built, naming the supported route (make_private on a fully_shard-ed model).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+WORLD = 2
+N = 8
+PER_RANK = 4
+C = 0.05
+LR = 0.5
+STEPS = 4
+
+
+class _Set(torch.utils.data.Dataset):
+    def __init__(self):
+        from hf_models import make_batch
+
+        inputs, labels = make_batch("gpt2", b=N, seed=4, dtype=torch.float32)
+        self.ids, self.mask, self.labels = inputs["input_ids"], inputs["attention_mask"], labels
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i],
+                "labels": self.labels[i]}
+
+
+def _model():
+    from hf_models import build
+
+    return build("gpt2", dtype=torch.float32, seed=3)
+
+
+def _flat(model):
+    return torch.cat([p.detach().reshape(-1).double().clone() for p in model.parameters()])
+
+
+def _trainer(out, private_dir, sigma, steps, save=False, seed=3):
+    from privlearn.torch.hf import DPTrainer, PrivacyArguments
+
+    args = transformers.TrainingArguments(
+        output_dir=out, per_device_train_batch_size=PER_RANK, max_steps=steps,
+        learning_rate=LR, logging_steps=1, report_to=[], use_cpu=True, ddp_backend="gloo",
+        lr_scheduler_type="constant", disable_tqdm=True, dataloader_pin_memory=False,
+        optim="sgd", save_strategy="steps" if save else "no", save_steps=2)
+    model = _model()
+    if seed != 3:  # other weights: a resumed run must load the checkpoint's
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1)
+    return DPTrainer(model=model, args=args, train_dataset=_Set(),
+                     private_state_dir=private_dir if save else None,
+                     privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=C,
+                                              seed=seed))
+
+
+def _worker(rank, port, tmp):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    res = {}
+    tr = _trainer(os.path.join(tmp, "exact"), None, 0.0, 3)
+    tr.train()
+    res["exact"] = _flat(tr.model)
+    priv = os.path.join(tmp, "private")
+    tr = _trainer(os.path.join(tmp, "full"), priv, 1.0, STEPS, save=True)
+    tr.train()
+    res["full"] = (_flat(tr.model), tr.epsilon(),
+                   [h["epsilon"] for h in tr.state.log_history if "epsilon" in h])
+    # another seed and other initial weights: only the checkpoint can give the same run
+    tr = _trainer(os.path.join(tmp, "full"), priv, 1.0, STEPS, save=True, seed=99)
+    tr.train(resume_from_checkpoint=os.path.join(tmp, "full", "checkpoint-2"))
+    res["resumed"] = (_flat(tr.model), tr.epsilon())
+    from privlearn.torch.hf import DPTrainer, PrivacyArguments
+
+    args = transformers.TrainingArguments(
+        output_dir=os.path.join(tmp, "fsdp"), per_device_train_batch_size=PER_RANK,
+        report_to=[], use_cpu=True, ddp_backend="gloo", save_strategy="no", fsdp=True,
+        fsdp_config={"version": 2})
+    try:
+        DPTrainer(model=_model(), args=args, train_dataset=_Set(),
+                  privacy=PrivacyArguments(noise_multiplier=1.0))
+        res["fsdp"] = None
+    except ValueError as e:
+        res["fsdp"] = str(e)
+    torch.save(res, os.path.join(tmp, f"rank{rank}.pt"))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    tmp = tmp_path_factory.mktemp("hfddp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(port, str(tmp)), nprocs=WORLD, join=True)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_ddp_trainer_equals_naive_loop(ranks):
+    from hf_models import loss_of
+
+    model = _model().double()
+    data = _Set()
+    params = list(model.parameters())
+    start = _flat(model)
+    for _ in range(3):  # q = 1: every example in every step, normalised by q N = 8
+        total = [torch.zeros_like(p) for p in params]
+        for i in range(N):
+            out = model(input_ids=data.ids[i:i + 1], attention_mask=data.mask[i:i + 1])
+            grads = torch.autograd.grad(loss_of("gpt2", out, data.labels[i:i + 1]), params)
+            norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+            for t, g in zip(total, grads, strict=True):
+                t += min(1.0, C / norm) * g
+        with torch.no_grad():
+            for p, t in zip(params, total, strict=True):
+                p -= LR * t / N
+    naive = _flat(model)
+    r0, r1 = ranks[0]["exact"], ranks[1]["exact"]
+    assert (naive - start).abs().max() > 1e-4
+    torch.testing.assert_close(r0, r1, rtol=0, atol=0)
+    torch.testing.assert_close(r0, naive, rtol=1e-4, atol=1e-6)
+
+
+def test_ddp_trainer_epsilon_logs_and_resume(ranks):
+    from privlearn.accounting import Gaussian, compose
+
+    (p0, eps0, logs0), (p1, eps1, logs1) = ranks[0]["full"], ranks[1]["full"]
+    torch.testing.assert_close(p0, p1, rtol=0, atol=0)
+    assert eps0 == eps1 and logs0 == logs1 and len(logs0) >= STEPS
+    # q = 1: the run is STEPS compositions of the Gaussian mechanism of multiplier 1
+    assert eps0 == pytest.approx(compose(Gaussian(1.0), steps=STEPS).epsilon(1e-5),
+                                 rel=1e-3)
+    for r in ranks:
+        full, eps, _ = r["full"]
+        resumed, eps_r = r["resumed"]
+        torch.testing.assert_close(resumed, full, rtol=0, atol=0)
+        assert eps_r == pytest.approx(eps)
+
+
+def test_fsdp_through_the_trainer_is_refused_with_the_route_to_make_private(ranks):
+    for r in ranks:
+        assert r["fsdp"] is not None
+        assert "FSDP2" in r["fsdp"] and "make_private" in r["fsdp"]
