@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
-# The GPU checks in one command: install (offline), the CUDA tests, the GPU benchmark.
+# The GPU checks in one call of limited time: the CUDA tests, then the GPU measurements.
 #
 # Usage, in the repository root of a checkout on a machine with a CUDA GPU, PyTorch,
-# transformers, peft, scikit-learn and pytest (no internet needed):
+# transformers, peft and pytest (no internet needed):
 #
 #     OUT=/tmp/gpu-check bash benchmarks/gpu_check.sh [BUDGET_SECONDS]
 #
-# Opacus (a benchmark peer) is installed from ./wheels when a wheel is there; fetch it
-# beforehand on a machine with internet access:
-#
-#     pip download --no-deps opacus==1.6.0 -d wheels/
-#
-# Everything runs within BUDGET_SECONDS (default 540, i.e. 9 minutes), each step under
-# its own timeout. Under $OUT (default ./out/gpu-check): gpu_check.log (this script's
-# output), cuda_tests.log and cuda_tests.xml (JUnit), torch_hf.log, torch_hf.json (every
-# round's raw results) and benchmarks.md (docs/benchmarks.md with the GPU section
-# rewritten: copy it over docs/benchmarks.md to keep the figures). PYTHON names the
-# interpreter (default python3); GPU_CHECK_NO_INSTALL=1 skips both installs (a dry run
-# that leaves the Python environment as it is, with this checkout on PYTHONPATH).
+# Everything ends within BUDGET_SECONDS (default 420), installs included: every step has
+# its own timeout, and what each step measures is written under $OUT as it finishes, so a
+# call killed early keeps what was measured before. Opacus (a benchmark peer) is
+# installed from ./wheels when a wheel is there (pip download --no-deps opacus==1.6.0 -d
+# wheels/ on a machine with internet access); privlearn is used from this checkout
+# (PYTHONPATH, nothing installed). Under $OUT (default ./out/gpu-check):
+#   gpu_check.log       this script's output
+#   cuda_tests.log/.xml the CUDA tests (pytest tests/torch -k cuda, JUnit XML, durations)
+#   gpu_bench.jsonl     one line per measured configuration (benchmarks/gpu_bench.py)
+#   gpu_bench.log       its output; gpu_bench.md the summary table with the ratios
+# PYTHON names the interpreter (default python3); GPU_CHECK_NO_INSTALL=1 skips the
+# install (a dry run that leaves the Python environment as it is). Without a CUDA device
+# the CUDA tests skip and the measurements record that they did not run.
 set -uo pipefail
 
-BUDGET=${1:-${GPU_CHECK_BUDGET:-540}}
+BUDGET=${1:-${GPU_CHECK_BUDGET:-420}}
 OUT=${OUT:-$PWD/out/gpu-check}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
@@ -28,62 +29,62 @@ exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 START=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 step() { echo; echo "== $* ($(left) s left)"; }
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
 
 step "environment"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-"$PY" - <<'EOF'
+timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+    || echo "no nvidia-smi"
+timeout 60 "$PY" - <<'EOF'
 import platform
 import torch
 print("python", platform.python_version(), "torch", torch.__version__, "cuda",
       torch.version.cuda, "available", torch.cuda.is_available())
-for name in ("transformers", "peft", "opacus", "pytest", "hypothesis", "scipy", "sklearn"):
+for name in ("transformers", "peft", "opacus", "pytest"):
     try:
         print(name, __import__(name).__version__)
     except ImportError:
         print(name, "not installed")
+import privlearn
+print("privlearn from", privlearn.__file__)
 EOF
 
-install() {
-    step "opacus from ./wheels"
-    if ls wheels/opacus-1.6.0-*.whl >/dev/null 2>&1; then
-        timeout 60 "$PY" -m pip install -q --no-index --no-deps --find-links wheels/ \
-            opacus==1.6.0 || echo "opacus install failed: its modes will be reported as not run"
-    else
-        echo "no wheels/opacus-1.6.0-*.whl (pip download --no-deps opacus==1.6.0 -d wheels/):" \
-             "the benchmark reports the Opacus modes as not run unless opacus is installed"
-    fi
-    step "privlearn (editable, no dependencies, no index)"
-    timeout 90 "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
-        || echo "editable install failed: using PYTHONPATH"
-}
 if [ -z "${GPU_CHECK_NO_INSTALL:-}" ]; then
-    install
-else  # a dry run that leaves the Python environment as it is
-    step "no installs (GPU_CHECK_NO_INSTALL is set)"
+    step "opacus from ./wheels"
+    WHEEL=$(ls wheels/opacus-*.whl 2>/dev/null | head -n 1)
+    if [ -n "$WHEEL" ]; then
+        timeout 45 "$PY" -m pip install -q --no-index --no-deps "$WHEEL" \
+            || echo "opacus install failed: its modes will be reported as not run"
+    else
+        echo "no wheels/opacus-*.whl: the Opacus modes will be reported as not run"
+    fi
+else
+    step "no install (GPU_CHECK_NO_INSTALL is set)"
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c "import privlearn; print('privlearn from', privlearn.__file__)"
 
 step "CUDA tests"
+TEST_TIME=$(( $(left) > 300 ? 110 : $(left) / 3 ))
 TIMEOUT_OPT=()
-if "$PY" -c "import pytest_timeout" 2>/dev/null; then TIMEOUT_OPT=(--timeout 120); fi
-HYPOTHESIS_PROFILE=ci timeout 180 "$PY" -m pytest tests/torch -k cuda -p no:cacheprovider \
-    -q -rfEs ${TIMEOUT_OPT[@]+"${TIMEOUT_OPT[@]}"} --junitxml "$OUT/cuda_tests.xml" > "$OUT/cuda_tests.log" 2>&1
-echo "pytest exit code $?"
-tail -n 25 "$OUT/cuda_tests.log"
+if "$PY" -c "import pytest_timeout" 2>/dev/null; then TIMEOUT_OPT=(--timeout 60); fi
+T0=$(date +%s)
+HYPOTHESIS_PROFILE=ci timeout "$TEST_TIME" "$PY" -m pytest tests/torch -k cuda \
+    -p no:cacheprovider -q -rfEs --durations 15 ${TIMEOUT_OPT[@]+"${TIMEOUT_OPT[@]}"} \
+    --junitxml "$OUT/cuda_tests.xml" > "$OUT/cuda_tests.log" 2>&1
+echo "pytest exit code $? after $(( $(date +%s) - T0 )) s (limit $TEST_TIME s)"
+tail -n 30 "$OUT/cuda_tests.log"
 
-step "GPU benchmark"
-cp docs/benchmarks.md "$OUT/benchmarks.md"
+step "GPU measurements"
 REMAIN=$(left)
-BENCH_BUDGET=$((REMAIN - 75))  # no configuration starts later; one may still be running
-if [ "$BENCH_BUDGET" -lt 30 ]; then
-    echo "too little time left for the benchmark ($REMAIN s)"
+# no configuration starts after BENCH_BUDGET; one may still be running (<= ~40 s)
+BENCH_BUDGET=$((REMAIN - 55))
+if [ "$BENCH_BUDGET" -lt 20 ]; then
+    echo "too little time left for the measurements ($REMAIN s)"
 else
-    PYTHONUNBUFFERED=1 timeout $((REMAIN - 5)) "$PY" benchmarks/torch_hf.py --device cuda \
-        --size small --dtype fp32,bf16 --budget-seconds "$BENCH_BUDGET" \
-        --out "$OUT/benchmarks.md" --json "$OUT/torch_hf.json" > "$OUT/torch_hf.log" 2>&1
-    echo "benchmark exit code $?"
-    tail -n 12 "$OUT/torch_hf.log"  # the summary table
+    timeout $((REMAIN - 12)) "$PY" benchmarks/gpu_bench.py --out "$OUT/gpu_bench.jsonl" \
+        --budget-seconds "$BENCH_BUDGET" > "$OUT/gpu_bench.log" 2>&1
+    echo "gpu_bench exit code $?"
 fi
+timeout 10 "$PY" benchmarks/gpu_bench.py --out "$OUT/gpu_bench.jsonl" \
+    --summary "$OUT/gpu_bench.md" && cat "$OUT/gpu_bench.md"
 step "done in $(( $(date +%s) - START )) s; files under $OUT:"
 ls -l "$OUT"

@@ -96,16 +96,17 @@ SECTION = "## Hugging Face transformers (DP-SGD step time and memory)"
 #: defaults per device: steps, warm-up steps, rounds, max seconds of timed steps
 DEFAULTS = {"cpu": (6, 1, 2, 4.0), "cuda": (10, 3, 2, 5.0)}
 RERUN_ON_GPU = (
-    "How to rerun on a GPU: on a machine with internet access, `pip download --no-deps "
-    "opacus==1.6.0 -d wheels/` in the checkout (Opacus is the only benchmark dependency "
-    "that GPU images usually lack; the script installs it from `wheels/` without an "
-    "index), then on the GPU machine, in the checkout, `OUT=/tmp/gpu-check bash "
-    "benchmarks/gpu_check.sh` (at most 9 minutes, no internet needed: it installs "
-    "privlearn with `pip install --no-deps --no-build-isolation -e .`, runs the CUDA "
-    "tests, `python -m pytest tests/torch -k cuda`, and `python benchmarks/torch_hf.py "
-    "--device cuda --size small --dtype fp32,bf16`, writing logs, JUnit XML, the raw "
-    "results and an updated copy of this file under `$OUT`). Copy `$OUT/benchmarks.md` "
-    "over `docs/benchmarks.md` to keep the figures.")
+    'How to rerun on a GPU: on a machine with internet access, `pip download --no-deps '
+    'opacus==1.6.0 -d wheels/` in the checkout (Opacus is the only benchmark dependency '
+    'that GPU images usually lack), then on the GPU machine, in the checkout, '
+    '`OUT=/tmp/gpu-check bash benchmarks/gpu_check.sh` (at most 7 minutes, no internet '
+    'needed, nothing installed but Opacus from `wheels/`: it runs the CUDA tests, `python'
+    ' -m pytest tests/torch -k cuda`, timed, and `python benchmarks/gpu_bench.py`, which '
+    "appends each configuration's result to `$OUT/gpu_bench.jsonl` as soon as it is "
+    "measured and ends with a summary table, `$OUT/gpu_bench.md`). This section's full "
+    'grid (two rounds, every Opacus mode at both precisions) is `python '
+    'benchmarks/torch_hf.py --device cuda --size small --dtype fp32,bf16 --out '
+    'docs/benchmarks.md`.')
 
 
 # --------------------------------------------------------------------------- workloads

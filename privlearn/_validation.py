@@ -57,6 +57,7 @@ __all__ = [
     "check_enum",
     "check_choice",
     "check_callable",
+    "check_unit_ids",
 ]
 
 E = TypeVar("E", bound=Enum)
@@ -244,3 +245,105 @@ def check_callable(name: str, value: object, *, hint: str | None = None) -> obje
     if not callable(value):
         raise ParameterTypeError(_msg(name, "callable", value, hint or "pass a function"))
     return value
+
+
+def _missing_id(value: object) -> bool:
+    """Whether a unit id is a missing value: None, a float NaN (also NumPy's), pandas'
+    ``NA`` / ``NaT``, or anything else that is not equal to itself."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # NaN, NaT; pd.NA's comparison is ambiguous
+    except (TypeError, ValueError):
+        return type(value).__name__ in ("NAType", "NaTType")
+
+
+def _id_kind(value: object) -> str:
+    """The kind of a unit id, for the one-kind rule: numbers (ints and floats, NumPy's
+    too, compare equal across types: 1 == 1.0) form one kind; any other type is its own."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, numbers.Number):
+        return "number"
+    return type(value).__name__
+
+
+def check_unit_ids(name: str, values: Iterable, *, show: int = 5) -> list:
+    """The privacy-unit ids (users, groups) of every row, checked by the one rule of
+    privlearn for unit ids.
+
+    Two rows belong to the same unit exactly when their ids are equal, so an id must be
+    equal to itself and comparable with the others:
+
+    * a missing id (``None``, NaN -- what NumPy and pandas make of an integer column
+      with gaps --, ``pd.NA``, ``NaT``) is refused: ``nan != nan`` would make every NaN
+      row a unit of its own, so one person's rows would count as several units and the
+      per-unit guarantee would not cover them;
+    * ids of more than one kind (numbers and strings, say) are refused: ``1`` and ``"1"``
+      would be two units, which is rarely what the column means.
+
+    Numbers of any type are one kind (an integral float id ``2.0`` is the unit ``2``).
+
+    Parameters
+    ----------
+    name : str
+        What the ids are, for the message (``"users"``, ``"user_column='user'"``).
+    values : iterable
+        One id per row (a list, a NumPy array, a pandas Series, a tensor).
+
+    Returns
+    -------
+    list
+        The ids as Python objects (NumPy scalars as the Python numbers they hold).
+
+    Raises
+    ------
+    ParameterValueError
+        A missing id or ids of several kinds, naming the first rows concerned and what to
+        do (fill or drop them, or give every row an explicit id).
+    ParameterTypeError
+        An id that cannot be a key (unhashable).
+    """
+    kind = getattr(getattr(values, "dtype", None), "kind", None)  # a NumPy array's
+    if kind in ("i", "u") and getattr(values, "ndim", 1) == 1:
+        return values.tolist()  # integers: never missing, one kind
+    ids = list(values.tolist() if hasattr(values, "tolist") else values)
+    if kind == "f" and getattr(values, "ndim", 1) == 1:
+        bad = [i for i, v in enumerate(ids) if v != v]
+    else:
+        bad = [i for i, v in enumerate(ids) if _missing_id(v)]
+    if bad:
+        rows = ", ".join(str(i) for i in bad[:show]) + (", ..." if len(bad) > show else "")
+        raise ParameterValueError(
+            f"{name} has a missing id (None, NaN, NA or NaT) in {len(bad)} of its "
+            f"{len(ids)} rows (rows {rows}; first value {ids[bad[0]]!r}). A missing id names "
+            "no unit: NaN ids are all different from each other, so one person's rows would "
+            "count as several units and the per-unit guarantee would not cover them. Fill "
+            "them with the right ids, drop those rows, or give each such row an explicit "
+            "id of its own")
+    if kind == "f" and getattr(values, "ndim", 1) == 1:
+        return ids  # finite floats: one kind
+    kinds: dict[str, list[int]] = {}
+    for i, v in enumerate(ids):
+        try:
+            hash(v)
+        except TypeError:
+            raise ParameterTypeError(
+                f"{name} must hold one hashable id per row (an int or a str), got "
+                f"{type(v).__name__} {_show(v)} at row {i}") from None
+        kinds.setdefault(_id_kind(v), []).append(i)
+    if len(kinds) > 1:
+        main = max(kinds, key=lambda k: len(kinds[k]))
+        parts = []
+        for k, rows in kinds.items():
+            if k != main:
+                shown = ", ".join(str(i) for i in rows[:show]) + (
+                    ", ..." if len(rows) > show else "")
+                parts.append(f"{len(rows)} of type {k} (rows {shown})")
+        raise ParameterValueError(
+            f"{name} mixes id types: most ids are of type {main}, and "
+            + "; ".join(parts) + ". Ids of different types never match (1 != '1'), so "
+            "one unit could be split in two; convert the column to one type (e.g. all "
+            "str, or all int)")
+    return [v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
+            for v in ids]

@@ -6,6 +6,7 @@ locally they are random, which keeps finding new cases. ``HYPOTHESIS_PROFILE`` o
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -27,3 +28,21 @@ for _cand in (os.path.join(_root, "shared", "data"),
     if os.path.isdir(os.path.join(_cand, "mnist")):
         os.environ.setdefault("PRIVLEARN_DATA", _cand)
         break
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests (they need a CUDA device) skip, with the reason, where
+    torch or CUDA is not available; ``-m gpu`` selects them on a machine with one."""
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu:
+        return
+    try:
+        import torch
+
+        available = torch.cuda.is_available()
+    except ImportError:
+        available = False
+    if not available:
+        skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")
+        for item in gpu:
+            item.add_marker(skip)

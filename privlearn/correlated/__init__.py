@@ -1,6 +1,8 @@
 """Correlated noise across steps: matrix-factorization strategies (DP-FTRL, banded MF,
 buffered linear Toeplitz), their sensitivity, error and optimisation, and the samplers
-that bound participation.
+that bound participation. :data:`SAMPLINGS` is the registry of every sampling privlearn
+trains with (one :class:`SamplingLaw` each: the batch draw and the law its accountant
+assumes).
 
 NumPy/SciPy only; imports nothing from privlearn but the accounting and validation
 layers. The accounting of each (strategy, sampler) combination is in
@@ -14,13 +16,18 @@ from privlearn.correlated.error import (
     loss,
     per_query_error,
 )
-from privlearn.correlated.optimize import optimize_banded_toeplitz, optimize_blt
+from privlearn.correlated.optimize import (
+    StrategyOptimizationError,
+    optimize_banded_toeplitz,
+    optimize_blt,
+)
 from privlearn.correlated.participation import (
     FixedEpochs,
     MinSeparation,
     Participation,
     SingleParticipation,
 )
+from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw, register_sampling
 from privlearn.correlated.sensitivity import Sensitivity, sensitivity
 from privlearn.correlated.strategies import (
     BandedRecurrence,
@@ -42,13 +49,17 @@ __all__ = [
     "MomentumPrefixSum",
     "Participation",
     "PrefixSum",
+    "SAMPLINGS",
+    "SamplingLaw",
     "Sensitivity",
     "SingleParticipation",
+    "StrategyOptimizationError",
     "ToeplitzStrategy",
     "Workload",
     "loss",
     "optimize_banded_toeplitz",
     "optimize_blt",
     "per_query_error",
+    "register_sampling",
     "sensitivity",
 ]

@@ -9,9 +9,8 @@ convolution) or ``O(n b)`` (banded solves) instead of ``O(n^2)``.
 from __future__ import annotations
 
 import numpy as np
-from scipy import linalg
 
-__all__ = ["pad", "convolve", "correlate", "inverse", "materialize"]
+__all__ = ["pad", "convolve", "correlate", "banded_solve", "inverse", "materialize"]
 
 
 def pad(c: np.ndarray, n: int) -> np.ndarray:
@@ -40,23 +39,28 @@ def correlate(g: np.ndarray, a: np.ndarray, n: int) -> np.ndarray:
     return convolve(pad(g, n)[::-1], a, n)[::-1]
 
 
-def inverse(c: np.ndarray, n: int) -> np.ndarray:
-    """First column of ``T(c)^{-1}`` (length ``n``), by a banded triangular solve.
+def banded_solve(c: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """``T(c)^{-1} rhs`` for a short ``c`` (``c[0] != 0``): the recursion
+    ``x_t = (rhs_t - sum_{j >= 1} c_j x_{t-j}) / c_0`` (forward substitution, ``O(n b)``)
+    run by :func:`scipy.signal.lfilter`."""
+    from scipy import signal  # imported here: scipy.signal imports scipy.stats (slow)
 
-    ``c[0]`` must be non-zero. The cost is ``O(n * len(c))``.
-    """
+    if c[0] == 0.0:
+        raise ValueError("the strategy's leading coefficient c[0] must be non-zero")
+    return signal.lfilter([1.0], np.asarray(c, dtype=float), np.asarray(rhs, dtype=float))
+
+
+def inverse(c: np.ndarray, n: int) -> np.ndarray:
+    """First column of ``T(c)^{-1}`` (length ``n``), by forward substitution
+    (:func:`banded_solve`); trailing zeros of ``c`` are dropped, so ``b`` non-zero bands
+    cost ``O(n b)``. ``c[0]`` must be non-zero."""
     c = np.asarray(c, dtype=float)[:n]
-    b = c.size
-    if b == 0 or c[0] == 0.0:
+    nz = np.flatnonzero(c)
+    if nz.size == 0 or c[0] == 0.0:
         raise ValueError("the strategy's leading coefficient c[0] must be non-zero")
     rhs = np.zeros(n)
     rhs[0] = 1.0
-    if b == 1:
-        return rhs / c[0]
-    ab = np.zeros((b, n))  # lower banded storage: ab[i, j] = T[i + j, j]
-    for i in range(b):
-        ab[i, : n - i] = c[i]
-    return linalg.solve_banded((b - 1, 0), ab, rhs, check_finite=False)
+    return banded_solve(c[: int(nz[-1]) + 1], rhs)
 
 
 def materialize(c: np.ndarray, n: int) -> np.ndarray:

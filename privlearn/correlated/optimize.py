@@ -1,31 +1,51 @@
 """Optimised strategies: banded Toeplitz and BLT coefficients for a workload.
 
-Both minimise ``loss = reduce_t ||(A C^{-1})[t, :]||^2 * sens(C)^2``
+Both minimise ``log loss = log(reduce_t ||(A C^{-1})[t, :]||^2) + log sens(C)^2``
 (:func:`privlearn.correlated.error.loss`) over the strategy's few coefficients, for a
 given number of steps, participation schema and Toeplitz workload, with L-BFGS
-(:func:`scipy.optimize.minimize`) on analytic gradients:
+(:func:`scipy.optimize.minimize`) on analytic gradients
+(:mod:`privlearn.correlated._objective`). The log makes the objective scale-free; the
+parametrisations keep every iterate well defined, so there is no singular or overflowing
+``C^{-1}`` anywhere:
 
-* ``C^{-1}``'s first column ``r`` solves ``T(c) r = e_0``; ``d r / d c_k = -S_k (r * r)``
-  (Toeplitz matrices commute), so the error's gradient is one correlation with ``r * r``;
-* the sensitivity in the objective is that of the worst pattern -- participations
-  ``min_sep`` apart from step 0 -- exact for ``bands <= min_sep`` and for non-negative,
-  non-increasing coefficients ([KL24], Theorem 2). When ``bands > min_sep`` the banded
-  coefficients are constrained to be non-negative and non-increasing (and a BLT is by
-  construction), so the objective's sensitivity is the true one.
+* banded, ``bands <= min_sep`` (or single participation): ``C``'s coefficients are
+  those of a monic polynomial with reflection coefficients ``tanh(u)`` in (-1, 1)
+  (Levinson's step-up recursion): every root lies outside the unit disk, so ``C^{-1}`` is
+  bounded for every ``n`` (Schur-Cohn). ``C^{-1} a`` and the adjoint are two forward
+  substitutions (``O(n b)``); ``d b / d c_j = -S_j C^{-1} b`` (Toeplitz matrices
+  commute), so the gradient is one correlation (FFT, ``O(n log n)``);
+* banded, ``bands > min_sep``: non-negative, non-increasing coefficients (cumulative
+  sums of non-negative increments, bounded L-BFGS), which keep the closed-form
+  sensitivity exact ([KL24], Theorem 2) and ``C^{-1}`` bounded (Enestrom-Kakeya);
+* BLT: ``C`` and ``C^{-1}`` are both BLTs, with decays that interlace,
+  ``1 > theta_1 > hat_1 > theta_2 > ... > hat_m > 0``, and output weights in closed form
+  ([DMPST24], Lemma 5.2; the inversion theorem of McMahan & Pillutla (2025)). The
+  ``2m + 1`` gaps between these points are a softmax, so every iterate is a valid BLT
+  with positive, decreasing Toeplitz coefficients (exact sensitivity under every schema)
+  and a stable noise recurrence; ``C`` and ``C^{-1}``'s coefficients are sums of ``m``
+  exponentials, evaluated in ``O(n m)`` without a Python loop over ``n``. The BLT
+  objective has local optima; several start points are tried (all of them under several
+  participations, until two agree otherwise) ([DMPST24], Proposition 4.5 gives one of them).
 
-Every product is an FFT convolution (``O(n log n)``), so an optimisation for
-``n = 2000`` steps takes well under a second to a few seconds. The start points are fixed
-(the banded square root of [KL24]; BLT decays spread over time scales ``1 .. n``), so the
-result is deterministic. The returned strategy's sensitivity is computed afresh by
-:func:`privlearn.correlated.sensitivity.sensitivity`, never taken from the optimiser.
+The sensitivity in the objective is that of the worst pattern -- participations
+``min_sep`` apart from step 0 -- exact for ``bands <= min_sep`` and for non-negative,
+non-increasing coefficients ([KL24], Theorem 2). The result is deterministic, and its
+sensitivity is computed afresh by :func:`privlearn.correlated.sensitivity.sensitivity`
+when used, never taken from the optimiser. A numerical failure raises
+:class:`StrategyOptimizationError`.
 
 References
 ----------
 .. [CC23b] Choquette-Choo et al. (2023), (Amplified) Banded Matrix Factorization, NeurIPS.
 .. [KL24] Kalinin & Lampert (2024), Banded Square Root Matrix Factorization for
        Differentially Private Model Training, NeurIPS, Theorem 2.
+.. [DMPST24] Dvijotham, McMahan, Pillutla, Steinke & Thakurta (2024), Efficient and
+       Near-Optimal Noise Generation for Streaming Differential Privacy, FOCS
+       (arXiv:2404.16706), Lemma 5.2 and Proposition 4.5.
 .. [MJPD24] McMahan, Jia, Pillutla, Dvijotham et al. (2024), Hassle-Free Matrix
        Factorization Mechanisms for Private Learning (arXiv:2408.08868), Section 4.
+.. [McK24] McKenna (2024), Scaling up the Banded Matrix Factorization Mechanism for
+       Differentially Private ML (arXiv:2405.15913): Toeplitz objectives in ``O(n log n)``.
 """
 
 from __future__ import annotations
@@ -36,7 +56,19 @@ import numpy as np
 from scipy import optimize, special
 
 from privlearn._validation import check_choice, check_count
+from privlearn.accounting import AccountingError
 from privlearn.correlated import _toeplitz
+from privlearn.correlated._objective import (
+    InterlacedBLT,
+    Objective,
+    banded_error,
+    blt_coefs,
+    blt_coefs_adjoint,
+    step_down,
+    step_up,
+    step_up_adjoint,
+    weights,
+)
 from privlearn.correlated.error import REDUCTIONS, Workload, _workload
 from privlearn.correlated.participation import (
     FixedEpochs,
@@ -47,12 +79,16 @@ from privlearn.correlated.participation import (
 from privlearn.correlated.strategies import (
     BandedToeplitz,
     BufferedToeplitz,
+    blt_inverse_coefs,
     square_root_coefs,
 )
 
-__all__ = ["optimize_banded_toeplitz", "optimize_blt"]
+__all__ = ["optimize_banded_toeplitz", "optimize_blt", "StrategyOptimizationError"]
 
-_BIG = 1e300
+
+class StrategyOptimizationError(AccountingError):
+    """A strategy optimisation produced no finite loss (a numerical failure; never a
+    strategy returned silently)."""
 
 
 def _pattern(participation: Participation | None, n: int) -> tuple[int, int]:
@@ -64,42 +100,45 @@ def _pattern(participation: Participation | None, n: int) -> tuple[int, int]:
     if isinstance(participation, FixedEpochs):
         return participation.steps_per_epoch(n), participation.epochs
     raise TypeError(
-        f"participation must be a privlearn.correlated Participation, got {participation!r}"
+        f"participation must be a privlearn.correlated Participation (SingleParticipation, "
+        f"MinSeparation or FixedEpochs), got {participation!r}"
     )
 
 
-def _weights(n: int, reduction: str) -> np.ndarray:
-    """``E = sum_i w_i b_i^2``: the mean error weights ``b_i^2`` by the ``n - i`` queries
-    it enters; the max error is that of the last query (Toeplitz)."""
-    if reduction == "mean":
-        return (n - np.arange(n)) / n
-    return np.ones(n)
+def _minimize(fun, x0: np.ndarray, bounds, max_iterations: int) -> tuple[np.ndarray, float]:
+    """L-BFGS from ``x0``; the better of the end point and ``x0`` with its value."""
+    f0 = fun(x0)[0]
+    if not math.isfinite(f0):
+        raise StrategyOptimizationError(
+            "the strategy optimiser's start point has a non-finite loss (a numerical "
+            "failure); try fewer steps, bands or buffers"
+        )
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        res = optimize.minimize(
+            fun, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+            options={"maxiter": max_iterations, "maxfun": 4 * max_iterations,
+                     "ftol": 1e-15, "gtol": 1e-11, "maxcor": 20},
+        )
+    if math.isfinite(res.fun) and res.fun <= f0:
+        return np.asarray(res.x), float(res.fun)
+    return x0, f0
 
 
-def _log_loss_and_grad(
-    c: np.ndarray, r: np.ndarray, n: int, a: np.ndarray, w: np.ndarray, sep: int, k: int
-) -> tuple[float, np.ndarray]:
-    """``log(E(c) S(c))`` and its gradient in the full coefficient vector ``c`` (length n)."""
-    b = _toeplitz.convolve(a, r, n)
-    err = float(np.sum(w * b * b))
-    g_r = _toeplitz.correlate(2.0 * w * b, a, n)
-    g_err = -_toeplitz.correlate(g_r, _toeplitz.convolve(r, r, n), n)
-    v = np.zeros(n)
-    for m in range(k):
-        s = m * sep
-        if s >= n:
-            break
-        v[s:] += c[: n - s]
-    sens2 = float(v @ v)
-    g_sens = np.zeros(n)
-    for m in range(k):
-        s = m * sep
-        if s >= n:
-            break
-        g_sens[: n - s] += 2.0 * v[s:]
-    if not (math.isfinite(err) and err > 0 and sens2 > 0):
-        return _BIG, np.zeros(n)
-    return math.log(err) + math.log(sens2), g_err / err + g_sens / sens2
+def _safe(fun):
+    """``fun`` returning ``(inf, 0)`` instead of raising or returning non-finite values, so
+    the line search backs off."""
+
+    def wrapped(x: np.ndarray) -> tuple[float, np.ndarray]:
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+                f, g = fun(x)
+        except (FloatingPointError, ValueError, ZeroDivisionError, np.linalg.LinAlgError):
+            return math.inf, np.zeros_like(x)
+        if not (math.isfinite(f) and np.all(np.isfinite(g))):
+            return math.inf, np.zeros_like(x)
+        return f, g
+
+    return wrapped
 
 
 def optimize_banded_toeplitz(
@@ -130,6 +169,25 @@ def optimize_banded_toeplitz(
     max_iterations : int
         L-BFGS iterations.
 
+    Returns
+    -------
+    BandedToeplitz
+        Never worse than the banded square root it starts from ([KL24]). Coefficients
+        come from reflection coefficients in (-1, 1) (``bands <= min_sep``; every root of
+        ``c`` outside the unit disk, so ``C^{-1}`` is bounded) or are non-negative and
+        non-increasing (``bands > min_sep``; the closed-form sensitivity stays exact).
+
+    Raises
+    ------
+    StrategyOptimizationError
+        If no finite loss can be computed (a numerical failure, never a silent result).
+
+    Notes
+    -----
+    ``O(n b)`` per evaluation (two forward substitutions) plus an FFT correlation for the
+    gradient; ``n = 10,000`` with 64 bands takes about a second ([McK24] describes the
+    same Toeplitz objective in ``O(n log n)``).
+
     Examples
     --------
     >>> from privlearn.correlated import MinSeparation, loss, optimize_banded_toeplitz
@@ -139,55 +197,156 @@ def optimize_banded_toeplitz(
     """
     n = check_count("steps", steps, minimum=1)
     b = check_count("bands", bands, minimum=1)
+    max_iterations = check_count("max_iterations", max_iterations, minimum=1)
     if b > n:
         raise ValueError(f"bands must be in [1, steps={n}], got {bands!r}")
     reduction = check_choice("reduction", reduction, REDUCTIONS)
     if b == 1:
         return BandedToeplitz((1.0,))
     sep, k = _pattern(participation, n)
-    a = _workload(workload).coefs(n)
-    w = _weights(n, reduction)
-    monotone = k > 1 and b > sep  # keep the closed-form sensitivity exact
+    obj = Objective(_workload(workload).coefs(n), weights(n, reduction), sep, k)
 
-    def coefs(x: np.ndarray) -> np.ndarray:
-        return np.cumsum(x[::-1])[::-1] if monotone else x
-
-    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
-        c = coefs(x)
-        if not (c[0] > 0 and np.all(np.isfinite(c))):
-            return _BIG, np.zeros(b)
-        with np.errstate(over="ignore", invalid="ignore"):
-            r = _toeplitz.inverse(c, n)
-            if not np.all(np.isfinite(r)):
-                return _BIG, np.zeros(b)
-            f, g = _log_loss_and_grad(_toeplitz.pad(c, n), r, n, a, w, sep, k)
-        if not (math.isfinite(f) and np.all(np.isfinite(g))):
-            return _BIG, np.zeros(b)
-        g = g[:b]
-        if monotone:  # c_j = sum_{i >= j} x_i
-            g = np.cumsum(g)
-        return f, g
+    def log_loss(c: np.ndarray) -> tuple[float, np.ndarray]:
+        err, g_c = banded_error(obj, c)
+        s2, g_s = obj.sens_part(c if k == 1 else _toeplitz.pad(c, n))
+        return math.log(err) + math.log(s2), g_c + g_s[:b]
 
     c0 = square_root_coefs(b)
-    x0 = np.append(-np.diff(c0), c0[-1]) if monotone else c0
-    bounds = [(0.0, None)] * b if monotone else None
-    res = optimize.minimize(
-        fun, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-        options={"maxiter": max_iterations, "ftol": 1e-13, "gtol": 1e-10},
-    )
-    best = res.x if res.fun <= fun(x0)[0] else x0
-    return BandedToeplitz(tuple(coefs(best))).normalized()
+    kk0 = None if k > 1 and b > sep else step_down(c0)
+    if kk0 is None:
+        # bands > min_sep: c_j = sum_{i >= j} x_i with x >= 0 (non-negative, non-increasing
+        # coefficients keep the closed-form sensitivity exact; [KL24], Theorem 2), whose
+        # roots lie outside the open unit disk (Enestrom-Kakeya), so C^{-1} stays bounded
+        def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+            f, g = log_loss(np.cumsum(x[::-1])[::-1])
+            return f, np.cumsum(g)
+
+        x, _ = _minimize(_safe(fun), np.append(-np.diff(c0), c0[-1]), [(0.0, None)] * b,
+                         max_iterations)
+        c = np.cumsum(x[::-1])[::-1]
+    else:
+        # reflection coefficients tanh(u) in (-1, 1): every C^{-1} is stable
+        def fun(u: np.ndarray) -> tuple[float, np.ndarray]:
+            kk = np.tanh(u)
+            a, hist = step_up(kk)
+            f, g = log_loss(a)
+            return f, step_up_adjoint(kk, hist, g) * (1.0 - kk * kk)
+
+        u, _ = _minimize(_safe(fun), np.arctanh(kk0), None, max_iterations)
+        c = step_up(np.tanh(u))[0]
+    if not (np.all(np.isfinite(c)) and c[0] > 0):
+        raise StrategyOptimizationError(f"the optimised coefficients are not finite: {c!r}")
+    return BandedToeplitz(tuple(c)).normalized()
 
 
-def _blt_from(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-    """(theta, omega) from unconstrained parameters: ``theta = sigmoid(u)`` in (0, 1),
-    ``omega = sigmoid(s) softmax(v)`` (positive, summing to < 1 so that the Toeplitz
-    coefficients ``1, sum(omega), ...`` are positive and decreasing)."""
-    u, s, v = x[:m], x[m], x[m + 1 :]
-    theta = special.expit(u)
-    total = float(special.expit(s))
-    soft = special.softmax(v)
-    return theta, total * soft, total, soft
+def _blt_objective(obj: Objective):
+    """``f(z)`` and its gradient for the BLT of the gaps ``softmax(z)``
+    (:class:`~privlearn.correlated._objective.InterlacedBLT`)."""
+    n = obj.n
+
+    def fun(z: np.ndarray) -> tuple[float, np.ndarray]:
+        g = special.softmax(z)
+        blt = InterlacedBLT(g)
+        c, p_c = blt_coefs(blt.omega, blt.log_point(blt.i_theta), n)
+        r, p_r = blt_coefs(blt.hat_omega, blt.log_point(blt.i_hat), n)
+        err, g_b = obj.error_part(obj.apply_workload(r))
+        s2, g_c = obj.sens_part(c)
+        g_om, g_th = blt_coefs_adjoint(g_c, blt.omega, blt.theta, p_c)
+        g_ho, g_ha = blt_coefs_adjoint(obj.workload_adjoint(g_b), blt.hat_omega, blt.hat, p_r)
+        gg = blt.gaps_grad(g_om, g_th, g_ho, g_ha)
+        return math.log(err) + math.log(s2), g * (gg - g @ gg)
+
+    return fun
+
+
+def _raw_blt_objective(obj: Objective):
+    """``f(x)`` and its gradient for the BLT with decays ``1 - expit(s)`` and weights
+    ``softmax(v)[:m]`` (``x = (s, v)``, ``len(v) = m + 1``): every BLT with decays in
+    (0, 1) and positive weights summing to < 1 -- positive, decreasing coefficients, so the
+    sensitivity is exact, and a stable ``C^{-1}`` (``Re C(x) > 0`` on the unit disk) --
+    including those whose inverse has negative or complex decays, which the interlaced
+    parametrisation leaves out. ``C^{-1}`` by the blocked recurrence
+    (:func:`~privlearn.correlated.strategies.blt_inverse_coefs`);
+    ``d r / d c = -T(r * r)`` for ``r = C^{-1} e_0``."""
+    n = obj.n
+
+    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        m = (x.size - 1) // 2
+        s, v = x[:m], x[m:]
+        one_minus = special.expit(s)
+        theta = special.expit(-s)
+        log_theta = -np.logaddexp(0.0, s)
+        soft = special.softmax(v)
+        omega = soft[:m]
+        c, p_c = blt_coefs(omega, log_theta, n)
+        r = blt_inverse_coefs(theta, omega, n)
+        err, g_b = obj.error_part(obj.apply_workload(r))
+        g_r = obj.workload_adjoint(g_b)
+        s2, g_c = obj.sens_part(c)
+        g_c = g_c - _toeplitz.correlate(g_r, _toeplitz.convolve(r, r, n), n)
+        g_om, g_th = blt_coefs_adjoint(g_c, omega, theta, p_c)
+        g_v = soft * (np.append(g_om, 0.0) - soft[:m] @ g_om)
+        return math.log(err) + math.log(s2), np.concatenate([-g_th * one_minus * theta, g_v])
+
+    return fun
+
+
+def _raw_from_interlaced(blt: InterlacedBLT) -> np.ndarray:
+    one_minus = blt.one_minus[blt.i_theta - 1]
+    s = np.log(one_minus) - np.log1p(-one_minus)
+    slack = 1.0 - float(np.sum(blt.omega))
+    return np.concatenate([s, np.log(blt.omega), [math.log(max(slack, 1e-300))]])
+
+
+def _geometric_start(n: int, m: int, low: float, high: float) -> np.ndarray:
+    """Logits of the ``2m`` interlaced decays with ``1 - x`` spread geometrically from
+    ``low / n`` to ``high`` (the time scales of the problem)."""
+    one_minus = np.geomspace(min(low / n, high / 16), high, 2 * m)
+    gaps = np.diff(np.concatenate([[0.0], one_minus, [1.0]]))
+    return np.log(gaps)
+
+
+def _rational_start(m: int) -> np.ndarray:
+    """Logits of the decays of the rational approximation of ``sqrt(1 - x)`` (the noise
+    ``C^{-1}``) of [DMPST24], Proposition 4.5, with the step ``1.6 pi / sqrt(2 (d + 1))``
+    and the shift -1 that jax_privacy uses to initialise its optimiser; ``C``'s decays are
+    the eigenvalues of ``diag(hat) - hat_omega 1^T`` ([DMPST24], Lemma 5.2)."""
+    d1 = (m + 1) // 2
+    h = 1.6 * np.pi / np.sqrt(2 * (d1 + 1))
+    ks = np.arange(-d1 + 1, m - d1 + 1) - 1.0
+    hat = 1.0 / (1.0 + np.exp(2 * h * ks))
+    hat_omega = -(hat**2) * np.exp(3 * h * ks) / np.sum(np.exp(h * ks) * hat)
+    theta = np.linalg.eigvals(np.diag(hat) - np.outer(hat_omega, np.ones(m))).real
+    points = np.empty(2 * m)
+    points[0::2] = np.sort(theta)[::-1]
+    points[1::2] = np.sort(hat)[::-1]
+    gaps = -np.diff(np.concatenate([[1.0], points, [0.0]]))
+    return np.log(np.maximum(gaps, 1e-9))
+
+
+def _blt_starts(n: int, m: int, sep: int):
+    """Start points, in the order tried."""
+    yield _geometric_start(n, m, 0.5, 0.7)
+    yield _geometric_start(n, m, 0.1, 0.9)
+    yield _rational_start(m)
+    yield _geometric_start(n, m, 1.0, 0.99)
+    yield _geometric_start(n, m, 0.01, 0.5)
+    yield _geometric_start(n, m, 1e-3, 0.9)
+    if sep < n:  # slowest decay at the time scale of the separation
+        yield _geometric_start(n, m, n / sep, 0.9)
+
+
+def _collapsed(z: np.ndarray) -> bool:
+    """Whether the BLT of ``z`` uses fewer buffers than it has -- two of its interlaced
+    decays (nearly) coincide, so a buffer's weight vanishes or two buffers merge: a local
+    optimum worth escaping by another start."""
+    blt = InterlacedBLT(special.softmax(z))
+    if blt.m == 0:
+        return False
+    log_gap = np.log(blt.one_minus)  # log(1 - x_q), q = 1..2m, increasing
+    merged = np.min(np.diff(log_gap)) < 1e-3 if log_gap.size > 1 else False
+    idle = np.min(blt.omega) < 1e-6 * np.max(blt.omega)
+    return bool(merged or idle)
 
 
 def optimize_blt(
@@ -213,6 +372,22 @@ def optimize_blt(
     participation, workload, reduction
         As :func:`optimize_banded_toeplitz` (default reduction ``"max"``, the usual BLT
         objective).
+    max_iterations : int
+        L-BFGS iterations per start point.
+
+    Raises
+    ------
+    StrategyOptimizationError
+        If no finite loss can be computed.
+
+    Notes
+    -----
+    The search runs over BLTs whose decays interlace with those of their inverse
+    ([DMPST24], Lemma 5.2), from geometric start points and the rational approximation of
+    [DMPST24], Proposition 4.5, until two starts agree, then over every BLT with decays in
+    (0, 1) and positive weights summing below 1 when the first optimum lies on the boundary
+    of its class. Losses cost ``O(n m)`` per evaluation (no loop over ``n``):
+    ``optimize_blt(100_000, 4)`` takes about 10 s on a loaded 2-core machine.
 
     Examples
     --------
@@ -223,47 +398,41 @@ def optimize_blt(
     """
     n = check_count("steps", steps, minimum=1)
     m = check_count("buffers", buffers, minimum=1)
+    max_iterations = check_count("max_iterations", max_iterations, minimum=1)
     reduction = check_choice("reduction", reduction, REDUCTIONS)
     sep, k = _pattern(participation, n)
-    a = _workload(workload).coefs(n)
-    w = _weights(n, reduction)
-    t = np.arange(n - 1, dtype=float)
-
-    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
-        theta, omega, total, soft = _blt_from(x, m)
-        strategy = BufferedToeplitz(tuple(theta), tuple(omega))
-        order = np.argsort(-theta, kind="stable")  # the strategy sorts its buffers
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            c = strategy.toeplitz_coefs(n)
-            r = strategy.inverse_toeplitz_coefs(n)
-            if not np.all(np.isfinite(r)):
-                return _BIG, np.zeros_like(x)
-            f, g_c = _log_loss_and_grad(c, r, n, a, w, sep, k)
-        if not (math.isfinite(f) and np.all(np.isfinite(g_c))):
-            return _BIG, np.zeros_like(x)
-        g1 = g_c[1:]  # c_t = sum_j omega_j theta_j^(t-1), t >= 1
-        th, om = theta[order], omega[order]
-        with np.errstate(under="ignore"):
-            powers = th[None, :] ** t[:, None]  # (n-1, m)
-            d_theta_pow = np.zeros_like(powers)
-            d_theta_pow[1:] = t[1:, None] * th[None, :] ** t[:-1, None]
-        g_omega = np.empty(m)
-        g_theta = np.empty(m)
-        g_omega[order] = g1 @ powers
-        g_theta[order] = om * (g1 @ d_theta_pow)
-        g_u = g_theta * theta * (1.0 - theta)
-        # omega = total * soft: d/ds = total (1 - total) soft; d/dv = total * J_softmax
-        g_s = float(g_omega @ soft) * (1.0 - total)
-        g_v = total * soft * (g_omega - float(g_omega @ soft))
-        return f, np.concatenate([g_u, [g_s], g_v])
-
-    # decays spread geometrically over time scales 1 .. n
-    scales = np.geomspace(2.0, max(n, 4), m)
-    x0 = np.concatenate([special.logit(1.0 - 1.0 / scales), [0.0], np.zeros(m)])
-    res = optimize.minimize(
-        fun, x0, jac=True, method="L-BFGS-B",
-        options={"maxiter": max_iterations, "ftol": 1e-13, "gtol": 1e-10},
-    )
-    best = res.x if res.fun <= fun(x0)[0] else x0
-    theta, omega, _, _ = _blt_from(best, m)
+    obj = Objective(_workload(workload).coefs(n), weights(n, reduction), sep, k)
+    fun = _safe(_blt_objective(obj))
+    # multi-start. Single participation: stop once another start confirms the best optimum
+    # and it uses all its buffers. Several participations: the objective has distinct local
+    # optima that different starts reach (a decay at 1, or at the separation's time
+    # scale), so every start is run.
+    best_z, best_f, values = None, math.inf, []
+    for z0 in _blt_starts(n, m, sep):
+        try:
+            z, f = _minimize(fun, z0, None, max_iterations)
+        except StrategyOptimizationError:  # this start's loss is not finite: next one
+            continue
+        values.append(f)
+        if f < best_f:
+            best_z, best_f = z, f
+        confirmed = sum(v <= best_f + 1e-6 for v in values) >= 2
+        if k == 1 and confirmed and not _collapsed(best_z):
+            break
+    if best_z is None or not math.isfinite(best_f):
+        raise StrategyOptimizationError(
+            f"no finite loss found for a BLT with {m} buffers at steps={n}"
+        )
+    blt = InterlacedBLT(special.softmax(best_z))
+    # polish over every BLT with positive, decreasing coefficients: needed only when the
+    # interlaced optimum lies on the boundary of its class (a stationary point inside it
+    # is one of the wider class, the two having the same dimension)
+    raw = _safe(_raw_blt_objective(obj))
+    x = _raw_from_interlaced(blt)
+    if float(np.linalg.norm(raw(x)[1])) > 1e-6:
+        x, _ = _minimize(raw, x, None, max_iterations)
+    theta = special.expit(-x[:m])
+    omega = special.softmax(x[m:])[:m]
+    if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(omega))):
+        raise StrategyOptimizationError(f"the optimised BLT is not finite: {theta}, {omega}")
     return BufferedToeplitz(tuple(theta), tuple(omega))

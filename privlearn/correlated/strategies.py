@@ -85,6 +85,33 @@ def _as_coefs(name: str, values: object, *, allow_empty: bool = False) -> tuple[
     return tuple(float(v) for v in arr)
 
 
+def blt_inverse_coefs(theta: np.ndarray, omega: np.ndarray, n: int) -> np.ndarray:
+    """First column of ``C^{-1}`` for the BLT with decays ``theta`` and weights ``omega``
+    (see :meth:`BufferedToeplitz.inverse_toeplitz_coefs`)."""
+    out = np.zeros(n)
+    out[0] = 1.0
+    m = theta.size
+    if n == 1 or m == 0:
+        return out
+    mat = np.diag(theta) - np.outer(np.ones(m), omega)
+    width = max(1, int(math.isqrt(n - 1)))
+    rows = np.empty((width, m))
+    row = -omega
+    with np.errstate(under="ignore"):
+        for s in range(width):
+            rows[s] = row
+            row = row @ mat
+        step = np.linalg.matrix_power(mat, width)
+        blocks = -(-(n - 1) // width)
+        states = np.empty((m, blocks))
+        state = np.ones(m)
+        for j in range(blocks):
+            states[:, j] = state
+            state = step @ state
+        out[1:] = (rows @ states).T.reshape(-1)[: n - 1]
+    return out
+
+
 # -- the online recurrences ----------------------------------------------------------------
 @dataclass(frozen=True)
 class BandedRecurrence:
@@ -290,17 +317,16 @@ class BufferedToeplitz(ToeplitzStrategy):
         return out
 
     def inverse_toeplitz_coefs(self, n: int) -> np.ndarray:
-        """First column of ``C^{-1}`` by running the recurrence on ``e_0`` (``O(n m)``)."""
+        """First column of ``C^{-1}``: the recurrence run on ``e_0``, in blocks.
+
+        After step 0 the buffers hold ``1``; then ``buf <- M buf`` with
+        ``M = diag(theta) - 1 omega^T`` and ``r_t = -omega^T M^(t-1) 1`` ([MJPD24],
+        Algorithm 3). With ``L ~ sqrt(n)``, the rows ``-omega^T M^s`` (``s < L``) and the
+        states ``M^(jL) 1`` are tabulated by ``O(sqrt(n))`` small products, and each block
+        of ``r`` is one matrix product: ``O(n m)`` without a Python loop over ``n``, for
+        any decays and weights (no eigendecomposition)."""
         n = check_count("n", n, minimum=1)
-        theta = np.asarray(self.buf_decay)
-        omega = np.asarray(self.output_scale)
-        buf = np.zeros(theta.size)
-        out = np.empty(n)
-        for t in range(n):
-            x = (1.0 if t == 0 else 0.0) - float(omega @ buf)
-            buf = theta * buf + x
-            out[t] = x
-        return out
+        return blt_inverse_coefs(np.asarray(self.buf_decay), np.asarray(self.output_scale), n)
 
     def recurrence(self) -> BufferedRecurrence:
         return BufferedRecurrence(self.buf_decay, self.output_scale)

@@ -46,7 +46,11 @@ from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
 from privlearn.accounting import Mechanism, calibrate, compose, warn_if_delta_large
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    ParameterTypeError,
+    ParameterValueError,
+    UnsupportedMechanismError,
+)
 from privlearn.ledger import check_privacy_unit
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
@@ -107,6 +111,9 @@ class PrivateEstimator(BaseEstimator):
     """
 
     _parameter_constraints: ClassVar[dict[str, Constraint]] = {}
+    #: what to try when a ledger budget cannot account this estimator's release (None:
+    #: the budget's own error is enough)
+    _ledger_advice: ClassVar[str | None] = None
 
     # -- the estimator's parts ---------------------------------------------------------
     def _plan(self, params: dict[str, Any], X: Any, y: Any) -> ReleasePlan:
@@ -200,7 +207,14 @@ class PrivateEstimator(BaseEstimator):
             "users): pass a per-record budget, Ledger(path).budget(dataset), or, for a "
             "per-user guarantee, train with privlearn.torch.make_private(..., users=..., "
             "max_examples_per_user=...) on the per-user budget.")
-        return handle.reserve(mechanism, label=label)
+        if self._ledger_advice is None:
+            return handle.reserve(mechanism, label=label)
+        try:
+            return handle.reserve(mechanism, label=label)
+        except UnsupportedMechanismError as e:
+            raise UnsupportedMechanismError(
+                f"the ledger budget cannot account this {type(self).__name__} ({e}). "
+                f"{self._ledger_advice}") from e
 
     @contextlib.contextmanager
     def _refit(self) -> Iterator[None]:

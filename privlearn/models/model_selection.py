@@ -74,7 +74,6 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
-from privlearn.errors import UnsupportedMechanismError
 from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -418,15 +417,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         return SearchPlan(mechanism=mech, accountant=accountant, eta=eta, gamma=gamma,
                           expected_runs=ek, **common)
 
-    def _reserve(self, mechanism: Mechanism, label: str):
-        try:
-            return super()._reserve(mechanism, label)
-        except UnsupportedMechanismError as e:
-            raise UnsupportedMechanismError(
-                f"the ledger budget cannot account this search ({e}). Use "
-                "method='composition' (every run composed with the budget's accountant), "
-                "or a budget created with accountant='rdp' (privlearn budget init "
-                "--accountant rdp)") from e
+    _ledger_advice = (
+        "Use method='composition' (every run composed with the budget's accountant), or a "
+        "budget created with accountant='rdp' (privlearn budget init --accountant rdp)")
 
     def fit(self, X, y, *, X_val=None, y_val=None):
         """Run the search. ``X_val, y_val``: *public* validation data (no cost)."""

@@ -57,7 +57,7 @@ from privlearn.errors import (
 from privlearn.torch import _version  # noqa: F401  (first: refuses an unsupported torch)
 from privlearn.torch._allocator import retain_freed_memory
 from privlearn.torch.accountant import BudgetCap, PrivacyAccountant, Segment
-from privlearn.torch.config import DPConfig
+from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
 from privlearn.torch.data import (
     FixedSizeBatchSampler,
     PoissonBatchSampler,
@@ -88,18 +88,21 @@ __all__ = [
     "BatchDependenceError",
     "NonFiniteInputError",
     "BudgetCap",
+    "Clipping",
     "DPConfig",
     "DPOptimizer",
     "DistributedPoissonBatchSampler",
     "FixedSizeBatchSampler",
     "GradSampleTracker",
     "LayerRule",
+    "Noise",
     "NoiseSource",
     "Plan",
     "PoissonBatchSampler",
     "PrivacyAccountant",
     "PrivacyBudgetWarning",
     "PrivateTraining",
+    "Reduction",
     "Segment",
     "UnsupportedModuleError",
     "UntestedTorchWarning",

@@ -374,10 +374,19 @@ class LedgerLink:
         self._open[-1][4] += 1
 
     def settle(self) -> None:
-        """Record how many steps of each open reservation ran (idempotent)."""
+        """Record how many steps of each open reservation ran (idempotent).
+
+        A run accounted as one matrix-factorization mechanism and stopped early (early
+        stopping, an interrupted loop) settles at its plan: its first ``k`` steps are a
+        prefix of the planned mechanism's outputs (post-processing of it, so the plan
+        covers them), but not a sub-composition the ledger can check, as
+        ``run.mechanism(sigma, k)`` has another sensitivity."""
         while self._open:
-            r, s, q, _, k = self._open.pop(0)
-            r.settle(self._mech(s, q, k) if k else compose([]))
+            r, s, q, n, k = self._open.pop(0)
+            if self.run is not None and 0 < k < n:
+                r.settle(None)  # the plan
+            else:
+                r.settle(self._mech(s, q, k) if k else compose([]))
 
 
 def _largest_within(f: Callable[[int], float], cap: float, start: int = 64) -> int:

@@ -52,6 +52,7 @@ class RowBlocks(Contribution):
         self.params = (weight,) if bias is None else (weight, bias)
         self.bias = bias
         self.blocks = blocks
+        self.masks_rows = all(b.masks_rows for b in blocks)
         self._sq = None
 
     def sq_norms(self):

@@ -4,22 +4,70 @@
 these settings; every check of their values lives here (through
 :mod:`privlearn._validation`, so each error names the parameter, the valid range, the
 value received and what to try instead), before anything is built or any data is read.
+
+The dataclass is the one declaration of the settings: :func:`~privlearn.torch.make_private`
+takes its fields as keywords (``**settings``, shown in its signature), and the privacy
+fields of :class:`~privlearn.torch.hf.PrivacyArguments` are a subset of them under the same
+names, types and defaults. The closed choices are the string enums :class:`Clipping`,
+:class:`Reduction` and :class:`Noise` (a plain string works wherever a member does);
+``sampling`` and ``accountant`` name entries of registries.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from enum import StrEnum
 
 from privlearn import _validation as _v
 from privlearn.accounting import Sampling
+from privlearn.correlated.sampling import SAMPLINGS
+from privlearn.correlated.strategies import ToeplitzStrategy
 
-__all__ = ["DPConfig"]
+__all__ = ["Clipping", "DPConfig", "Noise", "Reduction"]
 
-_CLIPPING = ("flat", "per_layer", "adaptive")
-_SAMPLING = ("poisson", "fixed", "cyclic_poisson", "balls_in_bins", "shuffled_epochs")
-_REDUCTION = ("mean", "sum")
-_NOISE = ("dpsgd", "banded", "blt")
+
+class _Choice(StrEnum):
+    """A closed set of string choices: each member *is* its string (``Clipping.FLAT ==
+    "flat"``, hashes, formats and reprs as it), so settings given as strings keep
+    working and read back as they were written."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Clipping(_Choice):
+    """How per-example gradients are clipped (:attr:`DPConfig.clipping`)."""
+
+    FLAT = "flat"
+    """One bound on the norm over all parameters."""
+    PER_LAYER = "per_layer"
+    """One bound per parameter (McMahan et al. 2018, Sec. 3)."""
+    ADAPTIVE = "adaptive"
+    """A flat bound moved towards a quantile of the norms (Andrew et al. 2021, Alg. 1)."""
+
+
+class Reduction(_Choice):
+    """How a loss or a user's gradients reduce over examples
+    (:attr:`DPConfig.loss_reduction`, :attr:`DPConfig.user_reduction`)."""
+
+    MEAN = "mean"
+    SUM = "sum"
+
+
+class Noise(_Choice):
+    """The noise of the run (:attr:`DPConfig.noise`), or give a
+    :mod:`privlearn.correlated` strategy."""
+
+    DPSGD = "dpsgd"
+    """Independent Gaussian noise at every step (Abadi et al. 2016, Alg. 1)."""
+    BANDED = "banded"
+    """A banded Toeplitz matrix factorization (correlated noise)."""
+    BLT = "blt"
+    """A buffered linear Toeplitz matrix factorization (correlated noise)."""
+
+
 
 
 @dataclass(frozen=True)
@@ -43,7 +91,7 @@ class DPConfig:
         Clipping bound C on the per-example gradient norm over all parameters (``inf``:
         no clipping, only with ``noise_multiplier=0``, for testing). Per-layer: one bound
         per trainable parameter in ``model.parameters()`` order, or a dict by name.
-    clipping : {"flat", "per_layer", "adaptive"}
+    clipping : :class:`Clipping` or its string {"flat", "per_layer", "adaptive"}
         ``"per_layer"``: each parameter's per-example gradient is clipped to its own bound
         ``C_k`` (McMahan et al. 2018, Sec. 3); the noise std is ``noise_multiplier *
         sqrt(sum_k C_k^2)``. ``"adaptive"``: Andrew, Thakkar, McMahan & Ramaswamy 2021,
@@ -51,16 +99,29 @@ class DPConfig:
         update): ``max_grad_norm`` is the initial bound, moved after every step towards
         the ``target_unclipped_quantile`` of the per-example norms, estimated from a noisy
         count paid for inside ``noise_multiplier`` (see :mod:`privlearn.torch.optimizer`).
-    sampling : {"poisson", "fixed", "cyclic_poisson", "balls_in_bins", "shuffled_epochs"}
-        Poisson sampling (``scheme="poisson"``, add/remove neighbours); fixed-size
-        sampling without replacement (``scheme="fixed"``, replace-one); cyclic Poisson
-        (every example in one of ``cycle_length`` groups, Poisson within the group whose
-        turn it is: the batch size stays about the loader's); balls-in-bins (every example
-        in one random bin of ``cycle_length``, each bin one step: once per epoch, a fixed
-        position); shuffled epochs (one random order, the same every epoch). The last
-        three bound how often and how far apart an example participates, as correlated
-        noise needs (:mod:`privlearn.torch.data`).
-    noise : {"dpsgd", "banded", "blt"} or a privlearn.correlated strategy
+    sampling : str
+        A registered sampling (:data:`privlearn.correlated.sampling.SAMPLINGS`, whose
+        entry owns both the batch draw and the law the accountant assumes of it):
+
+        * ``"poisson"``: every example in every batch independently with probability
+          ``q = B / N``; accounted under **add/remove** neighbours (``scheme="poisson"``).
+        * ``"fixed"``: ``B`` distinct examples drawn uniformly at every step (sampling
+          without replacement); accounted under **replace-one** (``scheme="fixed"``).
+        * ``"cyclic_poisson"``: every example in one of ``cycle_length`` groups, Poisson
+          within the group whose turn it is (the batch size stays about the loader's);
+          add/remove.
+        * ``"balls_in_bins"``: every example in one random bin of ``cycle_length``, each
+          bin one step (once per epoch, a fixed position); add/remove.
+        * ``"shuffled_epochs"``: one random order cut into ``cycle_length`` near-equal
+          batches, the same every epoch; accounted under **replace-one** only (adding an
+          example changes the batch sizes, so other examples move to other steps), so
+          refused on an add/remove ledger budget: use ``"balls_in_bins"`` for add/remove.
+
+        The last three bound how often and how far apart an example participates, as
+        correlated noise needs, and are accounted as one mechanism for the planned run.
+        The relation a run's epsilon holds under is ``PrivateTraining.neighbouring``; a
+        replace-one run is refused by a ledger budget counted under add/remove.
+    noise : :class:`Noise` or its string {"dpsgd", "banded", "blt"}, or a strategy
         Independent noise at every step (DP-SGD), or noise correlated across steps by a
         matrix factorization whose coefficients are optimised for the planned steps and
         the sampler's participation (:mod:`privlearn.correlated`): ``"banded"`` (a
@@ -77,13 +138,16 @@ class DPConfig:
         size).
     users : sequence, optional
         The user (privacy unit) of every example of the dataset: privacy is then per
-        *user*. The sampler draws users (the loader's ``batch_size`` is the expected
+        *user*. Ids must be present and of one kind (numbers, or strings, ...): a missing
+        id (None, NaN, NA, NaT) or a mix of kinds is refused, naming the rows
+        (:func:`privlearn._validation.check_unit_ids`); integral float ids (``2.0``) are
+        the unit ``2``. The sampler draws users (the loader's ``batch_size`` is the expected
         number of users per batch), each drawn user contributes up to
         ``max_examples_per_user`` of their examples, and each user's gradient (the
         ``user_reduction`` of their examples' gradients) is clipped as one.
     max_examples_per_user : int >= 1
         k: a drawn user's examples in one batch at most (a uniform random subset).
-    user_reduction : {"mean", "sum"}
+    user_reduction : :class:`Reduction` or its string {"mean", "sum"}
         A user's gradient: the mean (default) or the sum of their examples' gradients.
     augmentation_multiplicity : int >= 1, optional
         K: each example is trained on as K augmented views (De et al. 2022, "Unlocking
@@ -103,7 +167,7 @@ class DPConfig:
         refused; mix only within an example's own views.
     max_physical_batch_size : int >= 1, optional
         Split logical batches into chunks of at most this size (virtual batches).
-    loss_reduction : {"mean", "sum"}
+    loss_reduction : :class:`Reduction` or its string {"mean", "sum"}
         How the user's loss reduces over the batch.
     accountant : str
         Accountant of :mod:`privlearn.accounting` for epsilon and calibration.
@@ -154,10 +218,10 @@ class DPConfig:
     epochs: int | None = None
     steps: int | None = None
     max_grad_norm: float | list | dict = 1.0
-    clipping: str = "flat"
+    clipping: Clipping | str = Clipping.FLAT
     sampling: str = "poisson"
     max_physical_batch_size: int | None = None
-    loss_reduction: str = "mean"
+    loss_reduction: Reduction | str = Reduction.MEAN
     accountant: str = "pld"
     secure_mode: bool = False
     seed: int | None = None
@@ -169,13 +233,13 @@ class DPConfig:
     unclipped_num_std: float | None = None
     batch_dims: dict | None = field(default=None, hash=False)
     check_batch_independence: bool = True
-    noise: object = "dpsgd"
+    noise: Noise | str | ToeplitzStrategy = Noise.DPSGD
     bands: int | None = None
     buffers: int | None = None
     cycle_length: int | None = None
     users: object = field(default=None, hash=False, repr=False)
     max_examples_per_user: int = 1
-    user_reduction: str = "mean"
+    user_reduction: Reduction | str = Reduction.MEAN
     augmentation_multiplicity: int | None = None
     augment: object = field(default=None, hash=False, repr=False, compare=False)
 
@@ -183,10 +247,10 @@ class DPConfig:
         put = object.__setattr__
         if isinstance(self.sampling, Sampling):
             put(self, "sampling", self.sampling.value)
-        put(self, "clipping", _v.check_choice("clipping", self.clipping, _CLIPPING))
-        put(self, "sampling", _v.check_choice("sampling", self.sampling, _SAMPLING))
-        put(self, "loss_reduction", _v.check_choice("loss_reduction", self.loss_reduction,
-                                                    _REDUCTION))
+        put(self, "clipping", Clipping(_v.check_choice("clipping", self.clipping, Clipping)))
+        put(self, "sampling", _v.check_choice("sampling", self.sampling, tuple(SAMPLINGS)))
+        put(self, "loss_reduction", Reduction(_v.check_choice(
+            "loss_reduction", self.loss_reduction, Reduction)))
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError(
                 "give exactly one of noise_multiplier and target_epsilon, got "
@@ -252,11 +316,11 @@ class DPConfig:
     def _check_correlated(self) -> None:
         put = object.__setattr__
         if isinstance(self.noise, str):
-            put(self, "noise", _v.check_choice("noise", self.noise, _NOISE))
+            put(self, "noise", Noise(_v.check_choice("noise", self.noise, Noise)))
         elif not hasattr(self.noise, "recurrence"):
             raise _v.ParameterTypeError(
-                f"noise must be one of {_NOISE} or a privlearn.correlated strategy (e.g. "
-                f"BandedToeplitz(...)), got {self.noise!r}")
+                f"noise must be one of {tuple(map(str, Noise))} or a privlearn.correlated "
+                f"strategy (e.g. BandedToeplitz(...)), got {self.noise!r}")
         for name in ("bands", "buffers", "cycle_length"):
             if getattr(self, name) is not None:
                 put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
@@ -266,25 +330,27 @@ class DPConfig:
         if self.buffers is not None and self.noise != "blt":
             raise ValueError(f"buffers={self.buffers} only applies to noise='blt', got "
                              f"noise={self.noise!r}")
-        if self.cycle_length is not None and self.sampling in ("poisson", "fixed"):
+        law = SAMPLINGS[self.sampling]
+        cycled = ", ".join(repr(k) for k, v in SAMPLINGS.items() if v.cycled)
+        if self.cycle_length is not None and not law.cycled:
             raise ValueError(
-                f"cycle_length only applies to sampling='cyclic_poisson', 'balls_in_bins' or "
-                f"'shuffled_epochs', got sampling={self.sampling!r}")
+                f"cycle_length only applies to sampling={cycled}, got "
+                f"sampling={self.sampling!r}")
         if self.noise != "dpsgd":
-            if self.sampling in ("poisson", "fixed"):
+            if law.describe is None:
                 raise ValueError(
                     f"noise={self.noise!r} correlates the noise across steps, which needs a "
                     "sampler that bounds how often and how far apart an example takes part: "
                     "pass sampling='cyclic_poisson' (amplified with noise='banded'), "
-                    f"'balls_in_bins' or 'shuffled_epochs', got sampling={self.sampling!r}")
+                    "'balls_in_bins' (add/remove) or 'shuffled_epochs' (replace-one), got "
+                    f"sampling={self.sampling!r}")
             if self.epochs is None and self.steps is None:
                 raise ValueError(f"noise={self.noise!r} is optimised for the planned number "
                                  "of steps: give epochs or steps")
             if self.clipping == "adaptive":
                 raise ValueError("clipping='adaptive' is not supported with correlated noise "
                                  "(its noisy count is accounted as independent noise)")
-        if self.sampling not in ("poisson", "fixed") and self.epochs is None \
-                and self.steps is None:
+        if law.describe is not None and self.epochs is None and self.steps is None:
             raise ValueError(
                 f"sampling={self.sampling!r} is accounted for the planned run: give epochs or "
                 "steps (max_epsilon then defaults to the plan's epsilon)")
@@ -294,7 +360,7 @@ class DPConfig:
         put(self, "max_examples_per_user",
             _v.check_count("max_examples_per_user", self.max_examples_per_user, minimum=1))
         put(self, "user_reduction",
-            _v.check_choice("user_reduction", self.user_reduction, _REDUCTION))
+            Reduction(_v.check_choice("user_reduction", self.user_reduction, Reduction)))
         if self.augmentation_multiplicity is not None:
             put(self, "augmentation_multiplicity",
                 _v.check_count("augmentation_multiplicity", self.augmentation_multiplicity,
@@ -354,11 +420,19 @@ class DPConfig:
         """The settings' names (the keyword arguments :func:`make_private` takes)."""
         return tuple(f.name for f in fields(cls))
 
+    @classmethod
+    def parameters(cls) -> list[inspect.Parameter]:
+        """The settings as keyword-only parameters (name, default, annotation): the
+        signature :func:`~privlearn.torch.make_private` shows for its ``**settings``."""
+        return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type,
+                                  default=inspect.Parameter.empty if f.default is MISSING
+                                  else f.default) for f in fields(cls)]
+
     @property
     def correlated(self) -> bool:
         """Whether the run is accounted as one matrix-factorization mechanism (correlated
         noise, or a sampler that bounds participation) rather than step by step."""
-        return self.noise != "dpsgd" or self.sampling not in ("poisson", "fixed")
+        return self.noise != "dpsgd" or SAMPLINGS[self.sampling].describe is not None
 
     @property
     def privacy_unit(self) -> str:
@@ -367,11 +441,11 @@ class DPConfig:
     def mechanism(self) -> dict:
         """What a checkpoint's mechanism must match (the settings that define what a step
         releases and how it is accounted)."""
-        return {"sampling": self.sampling, "loss_reduction": self.loss_reduction,
-                "accountant": self.accountant, "clipping": self.clipping,
-                "noise": self.noise if isinstance(self.noise, str) else repr(self.noise),
+        return {"sampling": str(self.sampling), "loss_reduction": self.loss_reduction.value,
+                "accountant": self.accountant, "clipping": self.clipping.value,
+                "noise": self.noise.value if isinstance(self.noise, Noise) else repr(self.noise),
                 "bands": self.bands, "buffers": self.buffers,
                 "cycle_length": self.cycle_length, "privacy_unit": self.privacy_unit,
                 "max_examples_per_user": self.max_examples_per_user,
-                "user_reduction": self.user_reduction,
+                "user_reduction": self.user_reduction.value,
                 "augmentation_multiplicity": self.augmentation_multiplicity}

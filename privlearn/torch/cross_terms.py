@@ -111,6 +111,7 @@ class CrossTerm(Contribution):
     gradient of its own (the weighted sums of the contributions add up)."""
 
     params = ()
+    masks_rows = True
 
     def __init__(self, param, sq: torch.Tensor):
         self.param = param

@@ -1,5 +1,6 @@
-"""Data loading that matches the accounting: Poisson and fixed-size batch samplers,
-empty-batch collation, and virtual (logical vs physical) batches.
+"""Data loading that matches the accounting: the DP loader over a registered sampling's
+batch sampler (:mod:`privlearn.torch.samplers`), empty-batch collation, and virtual
+(logical vs physical) batches.
 
 * :class:`PoissonBatchSampler` includes every example independently with probability
   ``q`` at every step (``round(1 / q)`` steps per epoch). Batch sizes vary and a batch
@@ -24,21 +25,28 @@ empty-batch collation, and virtual (logical vs physical) batches.
 
 from __future__ import annotations
 
-import collections
-import hashlib
+import functools
 import math
-import os
-import secrets
-from dataclasses import dataclass
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
-from privlearn import _validation as _v
-from privlearn.accounting import steps_per_epoch
+# the samplers live in privlearn.torch.samplers (wrapping the registered samplings of
+# privlearn.correlated.sampling); their names stay importable from here
+from privlearn.torch.samplers import (  # noqa: F401
+    BallsInBinsBatchSampler,
+    CyclicPoissonBatchSampler,
+    DrawnBatch,
+    FixedSizeBatchSampler,
+    PoissonBatchSampler,
+    RegisteredBatchSampler,
+    ShuffledEpochsBatchSampler,
+    UnitIndex,
+    _AccountedSampler,
+    dp_batch_sampler,
+)
 
 __all__ = [
     "PoissonBatchSampler",
@@ -55,569 +63,6 @@ __all__ = [
     "DrawnBatch",
     "make_dp_loader",
 ]
-
-
-_KEY_BYTES = 32
-
-
-def _initial_key(seed: int | None) -> bytes:
-    """The first key of a sampler's key chain: from the seed, or fresh OS entropy."""
-    if seed is None:
-        return secrets.token_bytes(_KEY_BYTES)
-    return hashlib.sha256(b"privlearn.sampler.seed" + int(seed).to_bytes(16, "little",
-                                                                          signed=True)).digest()
-
-
-def _next_key(key: bytes) -> bytes:
-    """One step of the key chain: ``k_{t+1} = SHA-256("privlearn.sampler.ratchet" || k_t)``.
-    One-way: a saved key reveals nothing about the keys (hence the batches) before it."""
-    return hashlib.sha256(b"privlearn.sampler.ratchet" + key).digest()
-
-
-@dataclass(frozen=True)
-class DrawnBatch:
-    """One batch drawn by a DP sampler (book-keeping, never shown to the model).
-
-    Attributes
-    ----------
-    index : int
-        Position of the draw among all draws of the sampler (0, 1, ...).
-    size : int
-        Number of examples in the batch (on this rank).
-    key_after : bytes or None
-        The sampler's key after this draw (None for a secure, OS-entropy sampler): what a
-        checkpoint taken after the step that trained on this batch saves.
-    pos_after : int
-        Position in the epoch of the next batch.
-    groups : tuple of int or None
-        With privacy units of several examples (users): the number of rows of each unit,
-        in the order of the batch's rows (None: one row per example).
-    """
-
-    index: int
-    size: int
-    key_after: bytes | None
-    pos_after: int
-    groups: tuple[int, ...] | None = None
-
-
-class _AccountedSampler(Sampler[list[int]]):
-    """Book-keeping shared by the DP batch samplers.
-
-    **Forward-secure randomness.** Each batch is drawn with a generator seeded from the
-    current key of a one-way key chain (:func:`_next_key`), and the key advances after
-    every draw. A checkpoint saves only the key after the last batch a step trained on:
-    it lets a resumed run continue with the same batches, but reveals nothing about which
-    examples were in the earlier batches (a saved Mersenne-Twister or PCG state could be
-    run backwards, and knowing the past batches would void the amplification by
-    subsampling that the accountant assumes). It does name the batches *after* it, so a
-    saved state is a secret like the data, never published with a later model.
-
-    **Which batch each step used.** The private loader (:class:`DPDataLoader`) reports
-    every batch it *delivers* to the training loop (batches drawn ahead by worker
-    processes are not delivered until the loop asks for them). A logical step
-    (:meth:`take`) uses exactly one delivered batch: a step without a new batch, or two
-    batches delivered before one step (their examples would be clipped together), is
-    refused. Batches delivered and abandoned when the loop was left and started again
-    are dropped (nothing of them was released).
-
-    Subclasses implement ``_draw(rng_seed)`` (one batch from a 64-bit seed, or from OS
-    entropy when secure) and ``_params()`` (what must match for a saved state to load).
-    """
-
-    secure = False
-
-    def _init_bookkeeping(self, seed: int | None) -> None:
-        self._key = None if self.secure else _initial_key(seed)
-        self.draws = 0  # batches drawn so far
-        self.delivered = 0  # batches handed to the training loop so far
-        self.consumed = 0  # logical steps that used a batch
-        self._fifo: collections.deque | None = None  # draws of the current iteration
-        self._unconsumed: list[DrawnBatch] = []  # delivered, no step yet
-        self._last_used: DrawnBatch | None = None
-        self._next_pos = 0
-        self._resume_pos = 0
-        self._resume_key = self._key
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self):
-        fifo: collections.deque = collections.deque()
-        self._fifo = fifo
-        # the k-th batch of this pass is the one the (base + k)-th step will train on (a
-        # step uses exactly one delivered batch, and a new pass drops undelivered ones):
-        # samplers with a schedule over steps (cycles, bins) follow this step index
-        self._iter_base = self.consumed + len(self._unconsumed)
-        return self._iterate(fifo)
-
-    units = None  # UnitIndex: privacy units of several examples (users)
-
-    def _iterate(self, fifo):
-        # the resumed position is taken when the pass draws its first batch, not when
-        # iter() is called: torch's multi-process loader calls iter() twice on start and
-        # advances only the second iterator
-        start, self._resume_pos = self._resume_pos, 0
-        for k, pos in enumerate(range(start, self.steps)):
-            self._step = self._iter_base + k
-            if self.secure:
-                seed = None
-            else:
-                seed = int.from_bytes(self._key[:8], "little") >> 1
-                self._key = _next_key(self._key)
-            batch = self._draw(seed)
-            groups = None
-            if self.units is not None:
-                batch, groups = self.units.expand(batch, seed)
-            nxt = pos + 1 if pos + 1 < self.steps else 0
-            fifo.append(DrawnBatch(self.draws, len(batch), self._key, nxt, groups))
-            self.draws += 1
-            self._next_pos = nxt
-            yield batch
-
-    # ---------------------------------------------------------------- consumption
-    def _deliver(self, fifo) -> DrawnBatch:
-        """The loader hands the next batch of iteration ``fifo`` to the training loop."""
-        drawn = fifo.popleft()
-        self.delivered += 1
-        self._unconsumed.append(drawn)
-        return drawn
-
-    def _restart(self) -> list[DrawnBatch]:
-        """A new pass over the loader begins: batches delivered by the previous pass and
-        never used by a step are abandoned. Returns them."""
-        dropped, self._unconsumed = self._unconsumed, []
-        return dropped
-
-    def has_unconsumed_batch(self) -> bool:
-        """Whether a batch was delivered that no optimizer step has used yet."""
-        return bool(self._unconsumed)
-
-    def pending(self) -> DrawnBatch | None:
-        """The one delivered batch the next step will use (None: none)."""
-        return self._unconsumed[-1] if self._unconsumed else None
-
-    def take(self) -> DrawnBatch:
-        """The batch the current logical step trains on (exactly one must be pending).
-
-        Raises
-        ------
-        RuntimeError
-            No batch delivered since the last step, or more than one.
-        """
-        n = len(self._unconsumed)
-        if n == 0:
-            raise RuntimeError(
-                "optimizer.step() was called without a new batch from p.data_loader: "
-                f"{self.consumed} steps have used all {self.delivered} batches it delivered. "
-                "Every step must train on the next batch of p.data_loader (the accountant "
-                "describes its sampling); do not train on batches of another loader, and "
-                "call step() once per batch (use max_physical_batch_size for batches that "
-                "do not fit in memory)")
-        if n > 1:
-            raise RuntimeError(
-                f"{n} batches of p.data_loader were drawn since the last optimizer.step(): "
-                "a step must train on exactly one batch (training on two at once would clip "
-                "example i of each batch together and count two draws as one step). Call "
-                "step() after every batch; to skip a batch, still call zero_grad() and step() "
-                "(the step then adds its noise only); for large batches use "
-                "max_physical_batch_size")
-        return self._unconsumed[0]
-
-    def consume(self, drawn: DrawnBatch) -> None:
-        """Record that one logical step used ``drawn`` (from :meth:`take`)."""
-        self._unconsumed.remove(drawn)
-        self.consumed += 1
-        self._last_used = drawn
-
-    # ---------------------------------------------------------------- state
-    def state_dict(self) -> dict:
-        """The sampler's state at the point training reached (after the last batch a step
-        used): the key after that batch's draw and the position in the epoch of the next
-        batch. ``key`` is None for a secure (OS-entropy) sampler, which cannot be
-        replayed. Past batches cannot be recovered from it, later ones can: keep it
-        private (see the class docstring)."""
-        last = self._last_used
-        if last is None:
-            key, pos = self._resume_key, self._resume_pos_start
-        else:
-            key, pos = last.key_after, last.pos_after
-        return {"format": _SAMPLER_FORMAT, "kind": type(self).__name__,
-                "params": self._params(), "batches": self.consumed, "pos": pos,
-                "key": None if key is None else key.hex()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from a state saved by :meth:`state_dict` (same sampler settings)."""
-        if not isinstance(state, dict) or state.get("format") != _SAMPLER_FORMAT:
-            raise ValueError("state is not a privlearn sampler state; pass what "
-                             "state_dict() returned")
-        if state["kind"] != type(self).__name__ or state["params"] != self._params():
-            raise ValueError(
-                f"the saved sampler was {state['kind']} with {state['params']}, this one is "
-                f"{type(self).__name__} with {self._params()}; rebuild with the same "
-                "sampling, batch size and dataset")
-        if state["key"] is not None and not self.secure:
-            self._key = bytes.fromhex(state["key"])
-        self.draws = self.delivered = self.consumed = int(state["batches"])
-        self._unconsumed = []
-        self._last_used = None
-        self._resume_key = self._key
-        self._resume_pos = self._next_pos = int(state["pos"])
-        self._resume_pos_start = self._resume_pos
-
-    _resume_pos_start = 0
-
-
-_SAMPLER_FORMAT = "privlearn.torch.sampler/2"
-
-
-def _read_only(name: str):
-    def getter(self):
-        return getattr(self, "_" + name)
-
-    def setter(self, value):
-        raise AttributeError(
-            f"{name} cannot be changed after the sampler is built: the accountant records "
-            f"the {name} the batches were drawn with. Build a new private training run "
-            "(make_private) with the new value")
-
-    return property(getter, setter, doc=f"{name} (read-only)")
-
-
-class PoissonBatchSampler(_AccountedSampler):
-    """Batches in which each index is included independently with probability
-    ``sample_rate``.
-
-    Parameters
-    ----------
-    num_samples : int
-        Size of the (global) dataset; ``indices`` restricts sampling to a shard (used
-        per rank in distributed training; every example still has inclusion probability
-        ``sample_rate``).
-    sample_rate : float in (0, 1]
-        Read-only after construction (the accountant records it).
-    steps : int, optional
-        Batches per epoch; default :func:`privlearn.accounting.steps_per_epoch`
-        (``round(1 / sample_rate)``).
-    seed : int, optional
-        Seed of the key chain the batches are drawn from (default: fresh OS entropy).
-    secure : bool
-        Draw the inclusion decisions from the OS CSPRNG (``os.urandom``) instead of a
-        seeded generator.
-    """
-
-    sample_rate = _read_only("sample_rate")
-
-    def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
-                 seed: int | None = None, indices=None, secure: bool = False):
-        sample_rate = _v.check_rate("sample_rate", sample_rate)
-        self.num_samples = int(num_samples)
-        self._sample_rate = float(sample_rate)
-        self.steps = steps_per_epoch(sample_rate) if steps is None else int(steps)
-        self.indices = None if indices is None else torch.as_tensor(list(indices))
-        if secure and seed is not None:
-            raise ValueError(f"seed must be None when secure=True, got {seed!r}")
-        self.secure = bool(secure)
-        self._init_bookkeeping(seed)
-
-    def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "sample_rate": self.sample_rate,
-                "steps": self.steps, "secure": self.secure,
-                "shard": None if self.indices is None else len(self.indices)}
-
-    def _draw(self, seed: int | None) -> list[int]:
-        n = self.num_samples if self.indices is None else len(self.indices)
-        if self.secure:  # 53-bit uniforms from the OS CSPRNG
-            bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
-            mask = torch.from_numpy(bits.astype(np.float64) * 2.0**-53 < self.sample_rate)
-            idx = mask.nonzero().flatten()
-        else:
-            # Poisson sampling drawn as "size ~ Binomial(n, q), then a uniformly random
-            # subset of that size": the same distribution as n independent coin flips
-            # (conditioned on its size, a Poisson sample is uniform), at O(q n) cost
-            # instead of n uniforms per step.
-            rng = np.random.default_rng(seed)
-            k = int(rng.binomial(n, self.sample_rate))
-            if k == n:
-                chosen = np.arange(n)
-            else:
-                chosen = np.sort(rng.choice(n, size=k, replace=False))
-            idx = torch.from_numpy(chosen.astype(np.int64))
-        if self.indices is not None:
-            idx = self.indices[idx]
-        return idx.tolist()
-
-
-class FixedSizeBatchSampler(_AccountedSampler):
-    """Batches of exactly ``batch_size`` distinct indices drawn uniformly at each step
-    (independently across steps): sampling without replacement, ``scheme="fixed"``.
-
-    Distributed (``world_size > 1``): every rank draws the same global sample of
-    ``world_size * batch_size`` distinct indices (the seed must be the same on all
-    ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
-    batches are disjoint and their union is one uniform fixed-size sample of the dataset.
-    ``batch_size`` is read-only after construction.
-    """
-
-    batch_size = _read_only("batch_size")
-
-    def __init__(self, num_samples: int, batch_size: int, steps: int | None = None,
-                 seed: int | None = None, rank: int = 0, world_size: int = 1):
-        if not 1 <= world_size or not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={rank!r}, "
-                             f"world_size={world_size!r}")
-        if not 0 < batch_size * world_size <= num_samples:
-            raise ValueError(f"batch_size must be in [1, {num_samples // world_size}], "
-                             f"got {batch_size!r}")
-        self.num_samples, self._batch_size = int(num_samples), int(batch_size)
-        self.rank, self.world_size = int(rank), int(world_size)
-        global_batch = self.batch_size * self.world_size
-        self._sample_rate = global_batch / num_samples
-        self.steps = steps_per_epoch(self._sample_rate) if steps is None else int(steps)
-        self._init_bookkeeping(seed)
-
-    @property
-    def sample_rate(self) -> float:
-        """``world_size * batch_size / num_samples`` (read-only)."""
-        return self._sample_rate
-
-    def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "batch_size": self.batch_size,
-                "steps": self.steps, "rank": self.rank, "world_size": self.world_size}
-
-    def _draw(self, seed: int | None) -> list[int]:
-        global_batch = self.batch_size * self.world_size
-        g = torch.Generator()
-        g.manual_seed(seed)
-        chosen = torch.randperm(self.num_samples, generator=g)[:global_batch]
-        return chosen[self.rank::self.world_size].tolist()
-
-
-class UnitIndex:
-    """The privacy units of a dataset when a unit holds several examples (the examples of
-    one user): the sampler draws *units*, and each drawn unit contributes at most
-    ``max_examples`` of its examples (a uniformly random subset, drawn independently of
-    the data), listed together in the batch.
-
-    Parameters
-    ----------
-    unit_of_example : sequence of hashable, length N
-        The unit (user id) of every example of the dataset.
-    max_examples : int >= 1
-        k: examples of one unit in one batch at most.
-
-    Attributes
-    ----------
-    members : list of ndarray
-        The example indices of each unit (units numbered ``0 .. n_units - 1`` in order of
-        first appearance).
-    """
-
-    def __init__(self, unit_of_example, max_examples: int):
-        self.max_examples = _v.check_count("max_examples_per_user", max_examples, minimum=1)
-        keys = list(unit_of_example.tolist() if hasattr(unit_of_example, "tolist")
-                    else unit_of_example)
-        if not keys:
-            raise ValueError("unit_of_example is empty: give the user id of every example")
-        number: dict = {}
-        codes = np.fromiter((number.setdefault(k, len(number)) for k in keys),
-                            dtype=np.int64, count=len(keys))
-        order = np.argsort(codes, kind="stable")
-        counts = np.bincount(codes, minlength=len(number))
-        self.members = np.split(order, np.cumsum(counts)[:-1])
-        self.n_units = len(number)
-        self.n_examples = len(keys)
-
-    def expand(self, units, seed: int | None) -> tuple[list[int], tuple[int, ...]]:
-        """The rows of the drawn ``units`` (at most ``max_examples`` each, a uniform
-        subset) and the number of rows of each."""
-        rng = np.random.default_rng(None if seed is None else [seed, 1])
-        rows, sizes = [], []
-        k = self.max_examples
-        for u in units:
-            m = self.members[int(u)]
-            if m.size > k:
-                m = np.sort(rng.choice(m, size=k, replace=False))
-            rows.extend(m.tolist())
-            sizes.append(int(m.size))
-        return rows, tuple(sizes)
-
-
-def _layout_seed(seed: int | None, label: bytes) -> int:
-    """A 63-bit seed for a sampler's fixed layout (groups, bins, order): from the run's
-    seed, or fresh OS entropy."""
-    if seed is None:
-        return secrets.randbits(63)
-    digest = hashlib.sha256(label + int(seed).to_bytes(16, "little", signed=True)).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def _partition(n: int, parts: int, seed: int) -> list[np.ndarray]:
-    """Every index of ``range(n)`` put in one of ``parts`` parts uniformly at random
-    (independently: adding or removing an example leaves the others' parts alone)."""
-    g = np.random.default_rng(seed).integers(0, parts, size=n)
-    order = np.argsort(g, kind="stable")
-    return np.split(order, np.cumsum(np.bincount(g, minlength=parts))[:-1])
-
-
-class _ScheduledSampler(_AccountedSampler):
-    """A sampler with a layout fixed for the whole run (groups, bins or an order, drawn
-    once from its own seed and saved with the state) and a schedule over steps: the batch
-    of step ``t`` comes from part ``t mod cycle_length`` of the layout. The layout may be
-    known (the accounting of these samplers does not rely on its secrecy)."""
-
-    _label = b""
-
-    def _init_layout(self, seed: int | None) -> None:
-        self._layout_seed = _layout_seed(seed, self._label)
-        self._parts: list[np.ndarray] | None = None
-
-    def parts(self) -> list[np.ndarray]:
-        """The layout: the examples of each of the ``cycle_length`` parts."""
-        if self._parts is None:
-            self._parts = self._make_parts(self._layout_seed)
-        return self._parts
-
-    def _part(self) -> np.ndarray:
-        return self.parts()[self._step % self.cycle_length]
-
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["layout"] = self._layout_seed
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self._layout_seed = int(state["layout"])
-        self._parts = None
-
-
-class CyclicPoissonBatchSampler(_ScheduledSampler):
-    """Cyclic Poisson sampling (Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
-    Factorization", NeurIPS, Algorithm 2): every example is put in one of
-    ``cycle_length`` groups uniformly at random, once for the run; step ``t``
-    Poisson-samples group ``t mod cycle_length`` at rate ``sample_rate``. An example
-    therefore takes part only in steps ``j, j + b, j + 2b, ...`` (``b`` the cycle length),
-    each independently with probability ``sample_rate``: the b-min-separation banded
-    matrix factorization needs, with amplification by sampling. ``cycle_length=1`` is
-    Poisson sampling. The Poisson draws come from the key chain.
-
-    Parameters
-    ----------
-    num_samples : int
-    sample_rate : float in (0, 1]
-        Inclusion probability in the steps where an example's group is sampled; the
-        expected batch is ``sample_rate * num_samples / cycle_length``.
-    cycle_length : int >= 1
-    steps : int, optional
-        Batches per epoch; default ``round(cycle_length / sample_rate)`` (every example
-        once in expectation per epoch).
-    seed : int, optional
-    secure : bool
-    """
-
-    sample_rate = _read_only("sample_rate")
-    _label = b"privlearn.groups"
-
-    def __init__(self, num_samples: int, sample_rate: float, cycle_length: int,
-                 steps: int | None = None, seed: int | None = None, secure: bool = False):
-        self._sample_rate = _v.check_rate("sample_rate", sample_rate)
-        self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
-        self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
-        self.steps = (max(1, round(self.cycle_length / self._sample_rate)) if steps is None
-                      else int(steps))
-        if secure and seed is not None:
-            raise ValueError(f"seed must be None when secure=True, got {seed!r}")
-        self.secure = bool(secure)
-        self._init_bookkeeping(seed)
-        self._init_layout(seed)
-
-    def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "sample_rate": self.sample_rate,
-                "cycle_length": self.cycle_length, "steps": self.steps,
-                "secure": self.secure}
-
-    def _make_parts(self, seed: int) -> list[np.ndarray]:
-        return _partition(self.num_samples, self.cycle_length, seed)
-
-    def _draw(self, seed: int | None) -> list[int]:
-        group = self._part()
-        if self.secure:
-            bits = np.frombuffer(os.urandom(8 * group.size), dtype=np.uint64) >> np.uint64(11)
-            keep = bits.astype(np.float64) * 2.0**-53 < self.sample_rate
-        else:
-            keep = np.random.default_rng(seed).random(group.size) < self.sample_rate
-        return group[keep].tolist()
-
-
-class BallsInBinsBatchSampler(_ScheduledSampler):
-    """Balls-in-bins sampling (Chua, Ghazi, Harrison et al. 2025, "Balls-and-Bins
-    Sampling for DP-SGD", AISTATS): every example is put in one of ``cycle_length`` bins
-    uniformly at random, once for the run, and step ``t`` trains on the whole bin
-    ``t mod cycle_length``: each example takes part in exactly one step per epoch, at
-    the same position every epoch. Accounted without amplification (the certified
-    analysis: b-min-separation with ``ceil(steps / b)`` participations).
-
-    Parameters
-    ----------
-    num_samples : int
-    cycle_length : int >= 1
-        Steps per epoch; the expected batch is ``num_samples / cycle_length``.
-    seed : int, optional
-    """
-
-    _label = b"privlearn.bins"
-
-    def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
-        self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
-        self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
-        self.steps = self.cycle_length
-        self._sample_rate = 1.0 / self.cycle_length
-        self._init_bookkeeping(seed)
-        self._init_layout(seed)
-
-    @property
-    def sample_rate(self) -> float:
-        """``1 / cycle_length``: the fraction of the data in each batch (read-only)."""
-        return self._sample_rate
-
-    def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "cycle_length": self.cycle_length}
-
-    def _make_parts(self, seed: int) -> list[np.ndarray]:
-        return _partition(self.num_samples, self.cycle_length, seed)
-
-    def _draw(self, seed: int | None) -> list[int]:
-        return self._part().tolist()
-
-
-class ShuffledEpochsBatchSampler(BallsInBinsBatchSampler):
-    """Fixed-order epochs ((k, b)-participation; Choquette-Choo, McMahan, Rush & Thakurta
-    2023, "Multi-Epoch Matrix Factorization Mechanisms for Private Machine Learning",
-    ICML, Sec. 2): one random permutation of the examples, drawn once, cut into
-    ``cycle_length`` batches of (nearly) equal size, trained on in the same order every
-    epoch. Accounted without amplification (each example contributes once per epoch,
-    ``cycle_length`` steps apart).
-
-    Parameters
-    ----------
-    num_samples : int
-    cycle_length : int >= 1
-        Batches per epoch (batch size about ``num_samples / cycle_length``).
-    seed : int, optional
-    """
-
-    _label = b"privlearn.order"
-
-    def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
-        if _v.check_count("cycle_length", cycle_length, minimum=1) > num_samples:
-            raise ValueError(f"cycle_length must be at most the dataset size {num_samples}, "
-                             f"got {cycle_length}; use a larger batch size")
-        super().__init__(num_samples, cycle_length, seed)
-
-    def _make_parts(self, seed: int) -> list[np.ndarray]:
-        perm = np.random.default_rng(seed).permutation(self.num_samples)
-        return np.array_split(perm, self.cycle_length)
 
 
 class EmptyAwareCollate:
@@ -719,26 +164,9 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
         raise ValueError("data_loader wraps an IterableDataset; DP sampling needs a "
                          "map-style dataset (random access by index)")
     n = len(ds) if units is None else units.n_units
-    if sampling == "poisson":
-        if world_size == 1:
-            bs = PoissonBatchSampler(n, sample_rate, steps=steps, seed=seed, secure=secure)
-        else:  # each rank samples its own part (privlearn.torch.distributed)
-            from privlearn.torch.distributed import DistributedPoissonBatchSampler
-
-            bs = DistributedPoissonBatchSampler(n, sample_rate, rank, world_size,
-                                                steps=steps, seed=seed, secure=secure)
-    elif sampling == "fixed":
-        # distributed fixed-size sampling needs the same generator on every rank
-        bs = FixedSizeBatchSampler(n, batch_size, steps=steps,
-                                   seed=seed if world_size == 1 else shared_seed,
-                                   rank=rank, world_size=world_size)
-    elif sampling == "cyclic_poisson":
-        bs = CyclicPoissonBatchSampler(n, sample_rate, cycle_length, steps=steps, seed=seed,
-                                       secure=secure)
-    elif sampling == "balls_in_bins":
-        bs = BallsInBinsBatchSampler(n, cycle_length, seed=seed)
-    else:
-        bs = ShuffledEpochsBatchSampler(n, cycle_length, seed=seed)
+    bs = dp_batch_sampler(sampling, n, sample_rate=sample_rate, batch_size=batch_size,
+                          steps=steps, seed=seed, rank=rank, world_size=world_size,
+                          secure=secure, shared_seed=shared_seed, cycle_length=cycle_length)
     bs.units = units
     if data_loader.collate_fn is default_collate and _gatherable(ds):
         loader_ds, collate_fn = TensorBatchGather(ds), TensorBatchGather.collate
@@ -843,7 +271,10 @@ class AugmentedLoader(_LoaderView):
     ``check_batch_independence=False``), ``augment`` is probed whenever the model is
     (the first step, and every step after a change that re-arms the probe): on the
     last batch it received, by :func:`privlearn.torch.probe.probe_augment` (one example
-    replaced under the same random state; every other row of the output unchanged).
+    replaced under the same random state; every other row of the output unchanged), and
+    at the next step whenever ``augment``'s own state has changed since the last batch
+    (:func:`augment_state`: a ``mixup`` flag switched on after the first step, an epoch
+    or call counter that a schedule reads).
     """
 
     def __init__(self, loader, augment, multiplicity: int, tracker=None):
@@ -851,12 +282,19 @@ class AugmentedLoader(_LoaderView):
         self.augment = augment
         self.multiplicity = int(multiplicity)
         self._last = None  # the batch behind the views the loop trains on now
+        self._tracker = tracker
+        self._state = None  # augment_state(augment) when the last batch was augmented
         if tracker is not None:
             tracker.input_checks.append(self.check_augment)
 
     def __iter__(self):
         for batch in self.loader:
             self._last = batch
+            if self._tracker is not None:
+                state = augment_state(self.augment)
+                if state != self._state:  # what augment does may have changed: re-probe
+                    self._state = state
+                    self._tracker._probe_pending = self._tracker._probe_enabled
             yield augmented_views(batch, self.augment, self.multiplicity)
 
     def check_augment(self) -> None:
@@ -871,6 +309,86 @@ class AugmentedLoader(_LoaderView):
             from privlearn.torch.probe import probe_augment
 
             probe_augment(self.augment, self._last)
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+_MAX_ITEMS = 64  # a longer container is read by identity and length
+
+
+def augment_state(augment, depth: int = 4) -> tuple:
+    """A fingerprint of what ``augment`` can read besides its batch, from Python
+    attributes only (no device access, no tensor values): an object's attributes (an
+    ``nn.Module``'s flags and submodules, a ``Compose``'s list of transforms), a
+    function's defaults, closure cells and the module globals it names, a
+    ``functools.partial``'s arguments, ``depth`` levels deep; a tensor or array counts by
+    identity and in-place version, a container of more than 64 items by identity and
+    length. Compared at every batch of :class:`AugmentedLoader`:
+    a change (``augment.mixup = True`` after the first step, a counter) re-arms the
+    probe, so a transform that starts mixing examples later is checked, not promised."""
+    seen: set[int] = set()
+
+    def state(o, d):
+        if isinstance(o, _PLAIN):
+            return o
+        if isinstance(o, torch.Tensor):
+            try:
+                return ("tensor", id(o), o._version)
+            except RuntimeError:  # an inference tensor has no version counter
+                return ("tensor", id(o))
+        if d <= 0 or id(o) in seen or isinstance(o, (type, type(math))):
+            return ("ref", id(o))
+        seen.add(id(o))
+        if isinstance(o, (list, tuple, set, frozenset, dict)) and len(o) > _MAX_ITEMS:
+            return (type(o).__name__, id(o), len(o))  # data, not settings
+        if isinstance(o, (list, tuple, set, frozenset)):
+            return (type(o).__name__, *(state(v, d - 1) for v in o))
+        if isinstance(o, dict):
+            return ("dict", *((repr(k), state(v, d - 1)) for k, v in o.items()))
+        code = getattr(o, "__code__", None)
+        if code is not None and hasattr(o, "__globals__"):  # a Python function
+            g = o.__globals__
+            return ("function", id(code), state(o.__defaults__, d - 1),
+                    state(o.__kwdefaults__, d - 1),
+                    *(state(c.cell_contents, d - 1) for c in (o.__closure__ or ())
+                      if _filled(c)),
+                    *((n, state(g[n], d - 1)) for n in code.co_names if n in g))
+        if isinstance(o, functools.partial):
+            return ("partial", state(o.func, d - 1), state(o.args, d - 1),
+                    state(o.keywords, d - 1))
+        bound = getattr(o, "__self__", None)
+        if bound is not None and getattr(o, "__func__", None) is not None:  # a method
+            return ("method", state(o.__func__, d - 1), state(bound, d - 1))
+        if hasattr(o, "shape") and hasattr(o, "dtype"):  # an array of another library
+            return ("array", id(o), getattr(o, "shape", None))
+        attrs = getattr(o, "__dict__", None)
+        if attrs is None:
+            return (type(o).__qualname__, id(o))
+        out = [id(type(o))]
+        for k, v in attrs.items():
+            if k in _MODULE_HOOK_DICTS:
+                out.append((k, tuple(v)))
+            else:
+                out.append((k, state(v, d - 1)))
+        call = type(o).__dict__.get("__call__")  # a class's own __call__ (its globals)
+        if getattr(call, "__code__", None) is not None:
+            out.append(("__call__", state(call, d - 1)))
+        return tuple(out)
+
+    return state(augment, depth)
+
+
+# an nn.Module's hook dictionaries: their keys (handle ids) are its hooks
+_MODULE_HOOK_DICTS = frozenset({
+    "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"})
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def augmented_views(batch, augment, k: int):

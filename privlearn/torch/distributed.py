@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from privlearn.torch.data import PoissonBatchSampler
+# the rank-partitioned Poisson sampler lives with the other samplers; its names stay
+# importable from here
+from privlearn.torch.samplers import DistributedPoissonBatchSampler, rank_partition
 
 __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler"]
@@ -64,55 +66,3 @@ def all_reduce_sum(tensors: list[torch.Tensor], process_group=None) -> list[torc
         out.append(flat[k:k + t.numel()].view_as(t))
         k += t.numel()
     return out
-
-
-def rank_partition(num_samples: int, rank: int, world_size: int) -> range:
-    """The examples rank ``rank`` of ``world_size`` considers: ``rank, rank + W, ...``.
-    The ranks' parts are disjoint and cover ``range(num_samples)``."""
-    if not (isinstance(world_size, int) and world_size >= 1
-            and isinstance(rank, int) and 0 <= rank < world_size):
-        raise ValueError(f"rank must be an int in [0, world_size) and world_size an int "
-                         f">= 1, got rank={rank!r}, world_size={world_size!r}")
-    return range(rank, int(num_samples), world_size)
-
-
-class DistributedPoissonBatchSampler(PoissonBatchSampler):
-    """Rank ``rank``'s part of a Poisson sample of the whole dataset at rate ``q``.
-
-    Each rank considers only its own part of the indices (``rank, rank + world_size,
-    ...``) and
-    includes each of them independently with probability ``q`` (its own key chain: the
-    ranks' draws are independent). Every example is considered exactly once per step, by
-    one rank, so the union of the ranks' batches includes every example of the dataset
-    independently with probability ``q``: it *is* a Poisson sample of the dataset at rate
-    ``q`` (Abadi et al. 2016, Sec. 3.1, the sampling the subsampled Gaussian accountant
-    assumes), with expected size ``q N``. Same interface and state as
-    :class:`~privlearn.torch.data.PoissonBatchSampler`.
-
-    Parameters
-    ----------
-    num_samples : int
-        Size of the whole dataset.
-    sample_rate : float in (0, 1]
-        q, the global rate (``world_size * batch_size / num_samples`` in
-        :func:`~privlearn.torch.make_private`).
-    rank, world_size : int
-    steps, seed, secure
-        As for :class:`~privlearn.torch.data.PoissonBatchSampler`; ``seed`` must differ
-        between ranks (``make_private`` derives it from its ``seed`` and the rank).
-    """
-
-    def __init__(self, num_samples: int, sample_rate: float, rank: int, world_size: int,
-                 steps: int | None = None, seed: int | None = None, secure: bool = False):
-        part = rank_partition(num_samples, rank, world_size)
-        self.rank, self.world_size = rank, world_size
-        super().__init__(num_samples, sample_rate, steps=steps, seed=seed,
-                         indices=None if world_size == 1 else part, secure=secure)
-
-    def load_state_dict(self, state: dict) -> None:
-        """As :meth:`PoissonBatchSampler.load_state_dict`; also accepts the state of a
-        rank's ``PoissonBatchSampler`` over the same part (the same sampler, saved by
-        earlier versions)."""
-        if isinstance(state, dict) and state.get("kind") == "PoissonBatchSampler":
-            state = {**state, "kind": type(self).__name__}
-        super().load_state_dict(state)

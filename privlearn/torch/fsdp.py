@@ -55,18 +55,16 @@ __all__ = ["is_sharded", "check_sharded_model", "ShardedTracker", "ShardedGradie
 
 
 def _dtensor_type():
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch without distributed
+    if not torch.distributed.is_available():  # pragma: no cover - torch without distributed
         return None
+    from torch.distributed.tensor import DTensor
     return DTensor
 
 
 def _fsdp_module_type():
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch without distributed / FSDP2
+    if not torch.distributed.is_available():  # pragma: no cover - torch without distributed
         return None
+    from torch.distributed.fsdp import FSDPModule
     return FSDPModule
 
 

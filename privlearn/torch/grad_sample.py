@@ -20,7 +20,9 @@ Two representations are used, chosen per layer by cost:
   batched matmuls (cost ``B T d p``), their norms and the weighted sum follow.
 
 The choice (:func:`use_ghost`) follows the book-keeping paper's rule: ghost when
-``T^2 (d + p) < d p`` or when materialising would exceed a memory budget.
+``T^2 (d + p) < d p`` or when materialising would exceed a memory budget (per layer, and
+one for all the layers of a step: materialised gradients live until the clip factors are
+known). The clipped sums of ghost layers are added into the noise buffer in place.
 
 This module holds the contribution types, the rule registry and shared helpers. Registered
 rules: ``nn.Linear``, ``nn.Conv1d/2d/3d``, ``nn.Embedding``, ``nn.EmbeddingBag``,
@@ -44,11 +46,29 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from privlearn.torch.rule_registry import (  # noqa: F401  (re-exported)
+    INSTRUMENTERS,
+    LAYOUTS,
+    PREDICATE_LAYOUTS,
+    PREDICATE_RULES,
+    RULES,
+    LayerRule,
+    Rule,
+    context_layout,
+    get_instrumenter,
+    get_rule,
+    register_instrumenter,
+    register_layout,
+    register_predicate_layout,
+    register_predicate_rule,
+    register_rule,
+)
 
 __all__ = [
     "Contribution",
@@ -73,6 +93,8 @@ __all__ = [
     "context_layout",
     "use_ghost",
     "GHOST_MEMORY_BUDGET_BYTES",
+    "STEP_MATERIALISE_BUDGET_BYTES",
+    "materialise_budget",
     "LOW_PRECISION_MATMUL",
     "keep_low_precision",
     "mm32",
@@ -82,6 +104,25 @@ __all__ = [
 #: Materialising per-example gradients of one layer above this many bytes switches the
 #: layer to ghost norms (no per-example gradient stored).
 GHOST_MEMORY_BUDGET_BYTES = 64 * 2**20
+#: The per-example gradients materialised in one step, all layers together, stay below
+#: this many bytes (they live until the clip factors are known): the layers evaluated once
+#: it is spent use ghost norms and the book-keeping matmul instead (Bu et al. 2023, Sec. 3).
+#: A per-layer bound alone let a deep model keep every layer's per-example gradients at
+#: once (GPT-2 small on 4 x 256 tokens: 1.3 GB, more than its non-private step adds).
+STEP_MATERIALISE_BUDGET_BYTES = 64 * 2**20
+_BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "privlearn_materialise_budget", default=None)
+
+
+@contextlib.contextmanager
+def materialise_budget(nbytes: int):
+    """Context in which :func:`use_ghost` materialises per-example gradients for at most
+    ``nbytes`` bytes in all (the tracker enters it around one step's rule evaluation)."""
+    token = _BUDGET.set([int(nbytes)])
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
 
 
 @dataclass
@@ -103,9 +144,13 @@ class Record:
     extra: dict | None = None  # tensors exposed by an instrumented forward (attention)
     batch_dim: int = 0  # where the recorded tensors carry the examples (rules that do not
     # have the engine move them, e.g. the generic fallback)
+    #: the contribution, when the rule was evaluated during backward (``LayerRule.early``;
+    #: the recorded tensors are then released) and the number of examples it saw
+    early: Contribution | None = None
+    examples: int | None = None
 
     def has_grad(self) -> bool:
-        return any(g is not None for g in self.grad_outputs)
+        return self.early is not None or any(g is not None for g in self.grad_outputs)
 
     def grad(self, i: int) -> torch.Tensor:
         g = self.grad_outputs[i]
@@ -119,6 +164,13 @@ class Contribution:
     """Per-example gradient information of one layer call (see module docstring)."""
 
     params: tuple[nn.Parameter, ...]
+    #: Whether :meth:`weighted_sum` and :meth:`accumulate_into` give exactly zero for
+    #: every example whose weight is exactly 0, even when that example's recorded rows
+    #: hold non-finite values (an overflowing example): the tracker then drops such
+    #: examples by their weight alone, on the device, without reading anything back to
+    #: the host. Rules that do not declare it (False) have the overflowing examples'
+    #: rows cleaned and are evaluated again (one host read a step).
+    masks_rows: bool = False
 
     def sq_norms(self) -> torch.Tensor:  # (B,)
         raise NotImplementedError
@@ -152,6 +204,20 @@ class Contribution:
         * ``("dense", G)``: ``G`` of shape ``(B, *param.shape)``.
         """
         return ("dense", self.per_sample()[j])
+
+
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with non-finite values replaced by 0 (a copy). Only an example whose squared
+    norm is not finite holds non-finite recorded values (an inf or NaN anywhere in its
+    rows makes its norm so), and its weight is 0: this changes no other example."""
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``c_i x_i`` for the rows ``x_i`` of ``x`` (batch first), exactly zero in the rows
+    where ``c_i == 0`` whatever they held (``inf * 0`` is cleaned in place)."""
+    y = x * c.to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
+    return y.nan_to_num_(0.0, 0.0, 0.0)
 
 
 def _rowdot(x: torch.Tensor) -> torch.Tensor:
@@ -241,12 +307,18 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dts[0]
 
 
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
 class Materialized(Contribution):
     """Per-example gradients held explicitly."""
+
+    masks_rows = True
 
     def __init__(self, params: Sequence[nn.Parameter], grads: Sequence[torch.Tensor]):
         self.params = tuple(params)
@@ -263,7 +335,8 @@ class Materialized(Contribution):
         return self._sq
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
-        return [(c.to(g.dtype) @ g.reshape(g.shape[0], -1)).view(g.shape[1:]) for g in self.grads]
+        return [_row_scaled(g.reshape(g.shape[0], -1), c).sum(0).view(g.shape[1:])
+                for g in self.grads]
 
     def per_sample(self) -> list[torch.Tensor]:
         return self.grads
@@ -281,6 +354,7 @@ class Compound(Contribution):
     def __init__(self, parts: Sequence[Contribution]):
         self.parts = list(parts)
         self.params = tuple(p for part in self.parts for p in part.params)
+        self.masks_rows = all(part.masks_rows for part in self.parts)
 
     def sq_norms(self) -> torch.Tensor:
         out = None
@@ -315,12 +389,26 @@ def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4
 
     Ghost adds ``T^2 (d + p)`` work per example and group on top of the weighted matmul;
     materialising adds ``d p`` (the weighted sum over stored per-example gradients) and
-    ``B G d p`` memory (Bu et al. 2023, Sec. 3.2, layerwise choice).
+    ``B G d p`` memory (Bu et al. 2023, Sec. 3.2, layerwise choice). Materialising stays
+    within :data:`GHOST_MEMORY_BUDGET_BYTES` per layer and, inside
+    :func:`materialise_budget` (a step), within what is left of the step's budget, which
+    a materialising answer consumes.
     """
     if t * t * (d + p) < d * p:
         return True
-    return batch * groups * d * p * itemsize > GHOST_MEMORY_BUDGET_BYTES
+    need = batch * groups * d * p * itemsize
+    if need > GHOST_MEMORY_BUDGET_BYTES:
+        return True
+    left = _BUDGET.get()
+    if left is not None:
+        if need > left[0]:
+            return True
+        left[0] -= need
+    return False
 
+
+#: Scaled output gradients formed at once by :meth:`OuterProduct.accumulate_into`.
+_CHUNK_BYTES = 32 * 2**20
 
 #: :func:`_live_positions` drops positions only when at least ``1 / _MIN_DEAD_SHARE`` of
 #: them may be dead: the check reads the whole output gradient twice.
@@ -380,24 +468,27 @@ class OuterProduct(Contribution):
     ghost : bool or None (choose by :func:`use_ghost`).
     """
 
+    masks_rows = True
+
     def __init__(self, weight, bias, a, g, ghost: bool | None = None,
                  transposed: bool = False):
         self.weight, self.bias = weight, bias  # parameters, or anything with a .shape
         self.params = (weight,) if bias is None else (weight, bias)
         self._low = keep_low_precision(a, g)
         dt = a.dtype if self._low else compute_dtype(a, g)
-        a, g = _as(a, dt), _as(g, dt)
+        # kept as recorded (half precision under autocast: half the memory until the
+        # step), converted to the working dtype where used, one layer at a time
         live = _live_positions(g)
         if live is not None:  # positions with a zero output gradient in every example
             a, g = a.index_select(2, live), g.index_select(2, live)
-        self.a, self.g = a, g
         self._dtype = dt
+        self.a, self.g = a, g
         self.transposed = transposed
         b, G, t, d = a.shape
         p = g.shape[-1]
         self.dims = (b, G, t, d, p)
         if ghost is None:
-            ghost = use_ghost(b, G, t, d, p, a.element_size())
+            ghost = use_ghost(b, G, t, d, p, _itemsize(dt))
         self.ghost = ghost
         self._ps = None
         self._sq = None
@@ -410,10 +501,28 @@ class OuterProduct(Contribution):
                 self._ps = mm32(g.transpose(-1, -2).reshape(b * G, p, t),
                                 a.reshape(b * G, t, d)).view(b, G, p, d)
             else:
-                self._ps = torch.matmul(g.transpose(-1, -2), a)
+                self._ps = torch.matmul(_as(g, dt).transpose(-1, -2), _as(a, dt))
             if bias is not None:
                 self._bias_ps()
             self.a = self.g = None
+
+    @property
+    def a(self) -> torch.Tensor | None:
+        """The recorded inputs ``(B, G, T, d)`` in the working dtype."""
+        return None if self._a is None else _as(self._a, self._dtype)
+
+    @a.setter
+    def a(self, value) -> None:
+        self._a = value
+
+    @property
+    def g(self) -> torch.Tensor | None:
+        """The recorded output gradients ``(B, G, T, p)`` in the working dtype."""
+        return None if self._g is None else _as(self._g, self._dtype)
+
+    @g.setter
+    def g(self, value) -> None:
+        self._g = value
 
     def _bias_ps(self) -> torch.Tensor:
         if self._bias_cache is None:
@@ -470,36 +579,71 @@ class OuterProduct(Contribution):
         c = c.to(self._ps.dtype if self._ps is not None else self._dtype)
         gc = None
         if self._ps is not None:
-            w = (c @ self._ps.reshape(b, -1)).view(G * p, d)
+            # the norms are known: the per-example gradients (ours) are cleaned in place
+            # of the values only an example with weight 0 can hold
+            ps = torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
+            w = (c @ ps.reshape(b, -1)).view(G * p, d)
             if self.transposed:
                 w = w.t()
         else:
-            gc = self.g * c.view(b, 1, 1, 1)
+            gc = _row_scaled(self.g, c)
+            a = _finite(self.a)
             if G == 1 and self.transposed:
-                w = self.a.reshape(b * t, d).t().mm(gc.reshape(b * t, p))
+                w = a.reshape(b * t, d).t().mm(gc.reshape(b * t, p))
             elif G == 1:
-                w = gc.reshape(b * t, p).t().mm(self.a.reshape(b * t, d))
+                w = gc.reshape(b * t, p).t().mm(a.reshape(b * t, d))
             else:
-                w = torch.einsum("bgtp,bgtd->gpd", gc, self.a).reshape(G * p, d)
+                w = torch.einsum("bgtp,bgtd->gpd", gc, a).reshape(G * p, d)
         out = [w.reshape(self.weight.shape)]
         if self.bias is not None:
             if gc is not None and G == 1:  # same summation order as autograd's Linear
                 out.append(gc.reshape(b * t, p).sum(0).view(self.bias.shape))
             else:
-                out.append((c @ self._bias_ps()).view(self.bias.shape))
+                out.append(_row_scaled(self._bias_ps(), c).sum(0).view(self.bias.shape))
         return out
+
+    def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        """``outs += sum_i c_i grad_i`` in place: ghost form, one matmul per group of
+        examples added straight into the buffer (the scaled output gradients of at most
+        :data:`_CHUNK_BYTES` at a time: a language-model head's are vocabulary-wide)."""
+        b, G, t, d, p = self.dims
+        o = outs[0]
+        if self._ps is not None or G != 1 or self._low or o.dtype != self._dtype:
+            return super().accumulate_into(c, outs)
+        c = c.to(self._dtype)
+        o = o.view(d, p) if self.transposed else o.view(p, d)
+        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
+        for s in range(0, b, k):
+            cs = c[s:s + k]
+            g = _as(self._g[s:s + k], self._dtype)
+            a = _as(self._a[s:s + k], self._dtype)
+            if p > d:  # the weights go on the narrower side (one pass over the wide one)
+                g, a = _finite(g), _row_scaled(a, cs)
+            else:
+                g, a = _row_scaled(g, cs), _finite(a)
+            g2, a2 = g.reshape(-1, p), a.reshape(-1, d)
+            if self.transposed:
+                o.addmm_(a2.t(), g2)
+            else:
+                o.addmm_(g2.t(), a2)
+            if self.bias is not None:
+                if p > d:
+                    outs[1].view(p).add_(cs @ g.reshape(cs.shape[0], t, p).sum(1))
+                else:
+                    outs[1].view(p).add_(g2.sum(0))
 
     def _weighted_sum_low(self, c: torch.Tensor) -> list[torch.Tensor]:
         """The clipped sum from half-precision operands: one matmul with float32
         accumulation and result (:func:`mm32`), factors rounded down (:func:`low_factors`)."""
         b, G, t, d, p = self.dims
-        gc = self.g * low_factors(c, self._dtype).view(b, 1, 1, 1)
+        gc = _row_scaled(self.g, low_factors(c, self._dtype))
+        a = _finite(self.a)
         if G == 1:
-            g2, a2 = gc.reshape(b * t, p), self.a.reshape(b * t, d)
+            g2, a2 = gc.reshape(b * t, p), a.reshape(b * t, d)
             w = mm32(a2.t(), g2) if self.transposed else mm32(g2.t(), a2)
         else:
             w = mm32(gc.permute(1, 3, 0, 2).reshape(G, p, b * t),
-                     self.a.permute(1, 0, 2, 3).reshape(G, b * t, d)).reshape(G * p, d)
+                     a.permute(1, 0, 2, 3).reshape(G, b * t, d)).reshape(G * p, d)
         out = [w.reshape(self.weight.shape)]
         if self.bias is not None:
             out.append(gc.reshape(b * t, G * p).sum(0, dtype=torch.float32).view(
@@ -541,6 +685,8 @@ class DenseOuterProduct(Contribution):
     would run for the non-private weight gradient. ``transposed``: the parameter is
     ``(d, p)`` (transformers' ``Conv1D``)."""
 
+    masks_rows = True
+
     def __init__(self, weight, bias, a: torch.Tensor, g: torch.Tensor,
                  transposed: bool = False):
         self.weight, self.bias = weight, bias
@@ -565,17 +711,16 @@ class DenseOuterProduct(Contribution):
     def _weighted_g(self, c: torch.Tensor) -> torch.Tensor:
         """Output gradients scaled per example, ``c_i g_i``."""
         if self._low:
-            return self.g * low_factors(c, self.g.dtype).unsqueeze(1)
-        if c.dtype != self.g.dtype:
-            c = c.to(self.g.dtype)
-        return self.g * c.unsqueeze(1)
+            return _row_scaled(self.g, low_factors(c, self.g.dtype))
+        return _row_scaled(self.g, c)
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         gc = self._weighted_g(c)
+        a = _finite(self.a)
         if self._low:
-            w = mm32(self.a.t(), gc) if self.transposed else mm32(gc.t(), self.a)
+            w = mm32(a.t(), gc) if self.transposed else mm32(gc.t(), a)
             return [w] if self.bias is None else [w, gc.sum(0, dtype=torch.float32)]
-        w = self.a.t().mm(gc) if self.transposed else gc.t().mm(self.a)
+        w = a.t().mm(gc) if self.transposed else gc.t().mm(a)
         if self.bias is None:
             return [w]
         return [w, gc.sum(0)]
@@ -600,7 +745,7 @@ class DenseOuterProduct(Contribution):
                 o.add_(w.reshape(o.shape).to(o.dtype))
             return
         gc = self._weighted_g(c)
-        a = self.a
+        a = _finite(self.a)
         if gc.dtype != outs[0].dtype:
             gc, a = gc.to(outs[0].dtype), a.to(outs[0].dtype)
         if self.transposed:
@@ -614,242 +759,6 @@ class DenseOuterProduct(Contribution):
 def _segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
     """``out[j] = sum_{i: index_i = j} values_i`` for ``j < n``."""
     return torch.ops.aten.embedding_dense_backward(values, index, n, -1, False)
-
-
-Rule = Callable[[nn.Module, Record, Sequence[nn.Parameter]], Contribution]
-
-
-@dataclass(frozen=True)
-class LayerRule:
-    """Everything the engine knows about one kind of layer: how to compute its
-    contribution and how its tensors are laid out. Registered with :func:`register_rule`
-    (by type) or :func:`register_predicate_rule`; the engine never tests layer types
-    itself.
-
-    Attributes
-    ----------
-    compute : callable
-        ``compute(module, record, params) -> Contribution``, linear in the recorded output
-        gradients. Unless ``own_layout``, the record it receives is *batch-first*: the
-        engine has moved the batch dimension of the first input and of every output (and
-        its gradient) to position 0.
-    batch_dim : int, callable or None
-        Where the layer's first input and its outputs carry the examples: an int, a
-        function of the module (``lambda m: 0 if m.batch_first else 1``: "ask the module"),
-        or None: "from the context" -- the user's ``batch_dims`` option for this layer,
-        else the layout of the nearest enclosing module registered with
-        :func:`register_layout`, else 0.
-    own_layout : bool
-        The rule reads the recorded tensors in the module's own layout (it handles
-        ``batch_first`` itself, e.g. ``nn.MultiheadAttention``, ``nn.LSTM``); the engine
-        passes them unchanged, and ``batch_size`` / ``record_dims`` say where the
-        examples are.
-    moves : bool
-        Whether the engine may move the batch dimension to 0 for this rule (False: the
-        record keeps the layer's layout and says where the examples are in
-        ``Record.batch_dim``; the generic fallback, which re-runs the layer on single
-        examples, needs the layout the layer expects).
-    expand_broadcast : bool
-        An input broadcast over the batch (batch dimension of size 1 while the model's
-        batch has ``B > 1``, e.g. Hugging Face's default ``position_ids`` of shape
-        ``(1, T)``) is expanded to ``B`` rows before the layer runs, so that its output
-        gradient has one row per example. Only for batch-first layers.
-    scope : {"subtree", "direct"}
-        "subtree": the rule covers every trainable parameter of the module and its
-        children; "direct": only the parameters the module owns itself (its children are
-        units of their own).
-    after_swap : callable or None
-        ``after_swap(module)``, called after the engine replaced the module's parameters
-        by detached aliases for a forward pass and after it put them back (e.g.
-        ``nn.RNNBase`` rebuilds its flat weight list).
-    batch_size : callable or None
-        ``batch_size(module, record) -> int`` for ``own_layout`` rules (default: the
-        size of the first input along ``batch_dim``).
-    record_dims : callable or None
-        ``record_dims(module, record, batch) -> (arg_dims, kwarg_dims, output_dims)``: the
-        batch dimension of every recorded tensor (None: shared by all examples), used to
-        drop single examples (overflowing gradients) and by the generic fallback.
-        Default: the dimension of size ``batch`` at position 0 (batch-first records).
-    observe : callable or None
-        ``observe(module, args, kwargs, output) -> list[(tensor, dim)]``: batch-first
-        views of what the layer received and produced, compared by the batch-independence
-        probe (default: the first input and the first floating output, batch dimension
-        ``batch_dim``).
-    check : callable or None
-        ``check(module) -> list[str]``: configurations of the module the rule cannot
-        handle, each a sentence saying what to do instead; listed with every other
-        problem by :func:`privlearn.torch.validator.validate` before training (for layers
-        matched by a predicate, which :func:`~privlearn.torch.validator.register_validator`
-        cannot key by type).
-    """
-
-    compute: Rule
-    batch_dim: int | Callable[[nn.Module], int] | None = None
-    own_layout: bool = False
-    moves: bool = True
-    expand_broadcast: bool = True
-    scope: str = "subtree"
-    after_swap: Callable[[nn.Module], None] | None = None
-    batch_size: Callable[[nn.Module, Record], int] | None = None
-    record_dims: Callable | None = None
-    observe: Callable | None = None
-    check: Callable[[nn.Module], list[str]] | None = None
-
-    def __post_init__(self):
-        if self.scope not in ("subtree", "direct"):
-            raise ValueError(f"scope must be 'subtree' or 'direct', got {self.scope!r}")
-        if self.own_layout and self.batch_dim is None:
-            raise ValueError("a rule with own_layout=True must declare batch_dim (an int or "
-                             "a function of the module)")
-
-    def __call__(self, module: nn.Module, record: Record, params) -> Contribution:
-        return self.compute(module, record, params)
-
-    def declared_dim(self, module: nn.Module) -> int | None:
-        """The batch dimension the rule declares for ``module`` (None: from the context)."""
-        d = self.batch_dim
-        return d(module) if callable(d) else d
-
-
-RULES: dict[type, LayerRule] = {}
-
-
-def _as_rule(fn, options: dict) -> LayerRule:
-    if isinstance(fn, LayerRule):
-        return LayerRule(**{**{f: getattr(fn, f) for f in fn.__dataclass_fields__},
-                            **options}) if options else fn
-    return LayerRule(fn, **options)
-
-
-def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
-    """Decorator registering ``rule(module, record, params) -> Contribution`` for
-    ``layer_types`` (and their subclasses).
-
-    ``params`` are the module's trainable parameters (recursive, unless
-    ``scope="direct"``), in ``named_parameters`` order; the contribution must cover exactly
-    these. The rule must be linear in the recorded output gradients (the tracker applies
-    the loss-reduction factor to its results). Keyword options are the fields of
-    :class:`LayerRule` (``batch_dim``, ``own_layout``, ``expand_broadcast``, ``scope``,
-    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``, ``check``). Returns the
-    function unchanged.
-    """
-
-    def deco(fn: Rule) -> Rule:
-        entry = _as_rule(fn, options)
-        for t in layer_types:
-            RULES[t] = entry
-        return fn
-
-    return deco
-
-
-#: Rules matched by a predicate on the module (layers of libraries privlearn does not
-#: import, recognised by class name and attributes), tried after :data:`RULES`.
-PREDICATE_RULES: list[tuple[Callable[[nn.Module], bool], LayerRule]] = []
-
-
-def register_predicate_rule(predicate: Callable[[nn.Module], bool],
-                            **options) -> Callable[[Rule], Rule]:
-    """Decorator registering a rule (with :class:`LayerRule` options) for every module for
-    which ``predicate`` holds."""
-
-    def deco(fn: Rule) -> Rule:
-        PREDICATE_RULES.append((predicate, _as_rule(fn, options)))
-        return fn
-
-    return deco
-
-
-def get_rule(module: nn.Module) -> LayerRule | None:
-    """The rule registered for ``type(module)`` (exact type first, then MRO), else the
-    first predicate rule that matches."""
-    for t in type(module).__mro__:
-        if t in RULES:
-            return RULES[t]
-    for pred, rule in PREDICATE_RULES:
-        if pred(module):
-            return rule
-    return None
-
-
-#: Layouts of container modules: ``fn(module) -> int``, the batch dimension of the
-#: tensors its descendant layers receive (for rules that take their dimension "from the
-#: context"), e.g. ``nn.TransformerEncoderLayer`` with ``batch_first=False`` -> 1.
-LAYOUTS: dict[type, Callable[[nn.Module], int]] = {}
-
-
-def register_layout(*module_types: type) -> Callable:
-    """Decorator registering ``fn(module) -> int``: the batch dimension of the tensors
-    that the layers inside a module of ``module_types`` receive."""
-
-    def deco(fn: Callable[[nn.Module], int]) -> Callable[[nn.Module], int]:
-        for t in module_types:
-            LAYOUTS[t] = fn
-        return fn
-
-    return deco
-
-
-#: Layouts of container modules matched by a predicate (modules of libraries privlearn
-#: does not import, recognised by class name and attributes), tried after :data:`LAYOUTS`.
-PREDICATE_LAYOUTS: list[tuple[Callable[[nn.Module], bool], Callable[[nn.Module], int]]] = []
-
-
-def register_predicate_layout(predicate: Callable[[nn.Module], bool]) -> Callable:
-    """Decorator registering ``fn(module) -> int`` (as :func:`register_layout`) for every
-    module for which ``predicate`` holds."""
-
-    def deco(fn: Callable[[nn.Module], int]) -> Callable[[nn.Module], int]:
-        PREDICATE_LAYOUTS.append((predicate, fn))
-        return fn
-
-    return deco
-
-
-def context_layout(module: nn.Module) -> int | None:
-    """The layout ``module`` declares for the layers inside it (registered with
-    :func:`register_layout` or :func:`register_predicate_layout`), else None. (An
-    arbitrary ``batch_first`` attribute of a user's module is not read: it may describe
-    its own inputs, not its children's.)"""
-    for t in type(module).__mro__:
-        if t in LAYOUTS:
-            return int(LAYOUTS[t](module))
-    for pred, fn in PREDICATE_LAYOUTS:
-        if pred(module):
-            return int(fn(module))
-    return None
-
-
-#: Instrumenters: per module type, a factory ``mode(sink)`` of a
-#: :class:`torch.overrides.TorchFunctionMode` that the tracker enters for each forward call
-#: of such a module (forward pre-hook) and leaves after it (forward hook, also on error).
-#: While active, the mode may intercept functions the module calls to capture
-#: intermediates its rule needs (e.g. the attention projections) and hands them to
-#: ``sink``; the tracker stores them in ``Record.extra`` of that call. Nothing is stored
-#: on the module.
-INSTRUMENTERS: dict[type, tuple[Callable[[nn.Module], bool], Callable]] = {}
-
-
-def register_instrumenter(module_type: type, *,
-                          applies: Callable[[nn.Module], bool] | None = None
-                          ) -> Callable[[Callable], Callable]:
-    """Decorator registering ``mode_factory(sink) -> TorchFunctionMode`` for modules of
-    ``module_type`` (and subclasses) for which ``applies(module)`` holds."""
-
-    def deco(factory: Callable) -> Callable:
-        INSTRUMENTERS[module_type] = (applies or (lambda m: True), factory)
-        return factory
-
-    return deco
-
-
-def get_instrumenter(module: nn.Module) -> Callable | None:
-    """The mode factory registered for ``module`` (MRO order), or None."""
-    for t in type(module).__mro__:
-        entry = INSTRUMENTERS.get(t)
-        if entry is not None:
-            return entry[1] if entry[0](module) else None
-    return None
 
 
 def _scaled(record: Record, i: int = 0) -> torch.Tensor:

@@ -116,10 +116,13 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("privlearn.torch.hf needs transformers: pip install "
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
+from privlearn._validation import check_unit_ids
 from privlearn.accounting import planned_steps
+from privlearn.correlated.sampling import SAMPLINGS
+from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
-from privlearn.torch.config import DPConfig
+from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
@@ -143,7 +146,9 @@ _TASK_MAPPINGS = {
 class PrivacyArguments:
     """The DP-SGD settings of a :class:`DPTrainer` (validated by
     :class:`~privlearn.torch.config.DPConfig`, which documents them; passed to
-    :func:`privlearn.torch.make_private`).
+    :func:`privlearn.torch.make_private`). Every field but ``user_column``, ``task`` and
+    ``log_training_loss`` is a field of ``DPConfig`` under the same name, type and
+    default.
 
     Attributes
     ----------
@@ -184,25 +189,25 @@ class PrivacyArguments:
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
     target_delta: float = 1e-5
-    max_grad_norm: float = 1.0
+    max_grad_norm: float | list | dict = 1.0
     max_epsilon: float | None = None
     sampling: str = "poisson"
     accountant: str = "pld"
     secure_mode: bool = False
     seed: int | None = None
-    clipping: str = "flat"
+    clipping: Clipping | str = Clipping.FLAT
     target_unclipped_quantile: float | None = None
     clipbound_learning_rate: float = 0.2
     unclipped_num_std: float | None = None
     batch_dims: dict | None = None
     check_batch_independence: bool = True
-    noise: str = "dpsgd"
+    noise: Noise | str | ToeplitzStrategy = Noise.DPSGD
     bands: int | None = None
     buffers: int | None = None
     cycle_length: int | None = None
     user_column: str | None = None
     max_examples_per_user: int = 1
-    user_reduction: str = "mean"
+    user_reduction: Reduction | str = Reduction.MEAN
     task: str | None = None
     log_training_loss: bool = False
 
@@ -216,14 +221,15 @@ class PrivacyArguments:
         DPConfig(**self.engine_settings(steps=1, users=users))
 
     def engine_settings(self, **extra) -> dict:
-        """The :func:`~privlearn.torch.make_private` settings (``max_epsilon`` defaults to
-        ``target_epsilon``)."""
-        kw = {f.name: getattr(self, f.name) for f in fields(self)
-              if f.name not in ("task", "log_training_loss", "user_column")}
-        if kw["max_epsilon"] is None:
-            kw["max_epsilon"] = self.target_epsilon
-        kw.update(extra)
-        return kw
+        """The :func:`~privlearn.torch.make_private` settings: the fields shared with
+        :class:`~privlearn.torch.config.DPConfig` (all but the Trainer's own
+        ``user_column``, ``task`` and ``log_training_loss``), and ``extra``."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)
+                   if f.name not in _TRAINER_FIELDS}, **extra}
+
+
+# the fields that are not DPConfig's (the others are, as tests/torch/test_settings.py checks)
+_TRAINER_FIELDS = ("user_column", "task", "log_training_loss")
 
 
 #: Keys of the logs, returned metrics and checkpoint states a DPTrainer releases (plus
@@ -485,9 +491,11 @@ class DPTrainer(Trainer):
         pa = self.privacy
         kw = pa.engine_settings()
         if pa.user_column is not None:
-            kw["users"] = _column(self.train_dataset, pa.user_column)
-        if pa.target_epsilon is not None or pa.noise != "dpsgd" or pa.sampling not in (
-                "poisson", "fixed"):
+            # the one rule for unit ids, the column named (make_private checks it again)
+            kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
+                                         _column(self.train_dataset, pa.user_column))
+        if pa.target_epsilon is not None or pa.noise != "dpsgd" or \
+                SAMPLINGS[pa.sampling].describe is not None:  # accounted for the plan
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
             kw["steps"] = self._planned_steps(world * self.args.per_device_train_batch_size / n)

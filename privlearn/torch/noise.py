@@ -39,7 +39,7 @@ knows the seed passed to ``make_private`` can still replay the whole run.
 
 Secure noise is computed in chunks (:data:`SECURE_CHUNK_ELEMENTS`), so the memory it needs
 beyond the output stays bounded (96 bytes per chunk element, plus about 150 with the tensor
-cipher: 6 MB on the CPU, about 60 MB on an accelerator), not four double-precision arrays
+cipher: 6 MB on the CPU, about 500 MB on an accelerator), not four double-precision arrays
 of the output's size; a non-contiguous output also takes one contiguous copy of itself.
 
 References
@@ -77,12 +77,15 @@ from privlearn.torch import _chacha
 
 __all__ = ["NoiseSource", "device_seed", "SECURE_CHUNK_ELEMENTS"]
 
-#: Output elements per chunk of secure noise, by device type (any other type: ``1 << 18``,
-#: about 60 MB of scratch with the tensor cipher). The CPU's chunks (96 bytes of scratch per
+#: Output elements per chunk of secure noise, by device type (any other type: ``1 << 21``,
+#: about 500 MB of scratch with the tensor cipher). The CPU's chunks (96 bytes of scratch per
 #: element, 6 MB) stay in cache: measured on a 2-core EPYC, 10M draws in 0.15 s with 2**16,
-#: 0.2 s with 2**12 (per-operation overhead) or 2**18.
+#: 0.2 s with 2**12 (per-operation overhead) or 2**18. On an accelerator a chunk is about
+#: 800 kernel launches whatever its size (the cipher's 20 rounds as tensor operations), so
+#: chunks are large: 124M draws (GPT-2 small) take 60 chunks, about 45 thousand launches
+#: (with chunks of 2**18 elements: 473 chunks, 357 thousand).
 SECURE_CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 16}
-_DEFAULT_SECURE_CHUNK = 1 << 18
+_DEFAULT_SECURE_CHUNK = 1 << 21
 
 #: Output elements per chunk of the scratch buffer of :meth:`NoiseSource.add_normal_`
 #: in the default mode.

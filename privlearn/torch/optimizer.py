@@ -160,7 +160,9 @@ class DPOptimizer:
     last_overflow_count : int
         Examples of the last logical batch left out of the clipped sum because their
         (loss-scaled) gradient was not finite (shown to the person running the loop, not
-        released).
+        released). Counted on the device; a step driven by a ``GradScaler`` reads it
+        back and warns (:class:`~privlearn.errors.GradientOverflowWarning`), any other
+        step keeps it there until this attribute is read (no host synchronisation).
     last_step_skipped : bool
         Whether the last step driven by a ``GradScaler`` left the parameters unchanged
         because the noisy gradient was not finite (the step is accounted all the same).
@@ -223,7 +225,7 @@ class DPOptimizer:
         self._sync_params()
         self._dynamic_scale = 1.0  # GradScaler's scale during a step it drives
         self._overflowed = 0  # examples dropped (overflow) in the logical batch so far
-        self.last_overflow_count = 0
+        self._last_overflow = 0
         self.last_step_skipped = False
         self._warned_unscale = False
         self._stepping_original = False
@@ -514,7 +516,7 @@ class DPOptimizer:
                                                   loss_scale=self._loss_scale(),
                                                   examples=examples, units=units,
                                                   refuse_nonfinite=True)
-        self._overflowed += self.tracker.last_overflow_count
+        self._overflowed = self._overflowed + self.tracker._overflow  # on the device
         self.last_grad_norms = norms
         self._count_unclipped(norms)
         return sums
@@ -738,7 +740,7 @@ class DPOptimizer:
         self.noise.advance()  # forward secrecy: a later state cannot replay this step's noise
         if scaler is not None:
             self._report_found_inf(scaler, found_inf)
-        self._warn_overflow()
+        self._warn_overflow(read=scaler is not None)
         return loss
 
     def guard_original(self):
@@ -828,10 +830,21 @@ class DPOptimizer:
         params = self.tracker.params
         return params[0].device if params else torch.device("cpu")
 
-    def _warn_overflow(self) -> None:
-        """Tell the person running the loop how many examples overflowed in this step."""
+    @property
+    def last_overflow_count(self) -> int:
+        n = self._last_overflow
+        return int(n) if isinstance(n, torch.Tensor) else n
+
+    def _warn_overflow(self, read: bool = True) -> None:
+        """Tell the person running the loop how many examples overflowed in this step
+        (``read``: the step already waits for the device, a GradScaler's; otherwise the
+        count stays on the device, see :attr:`last_overflow_count`)."""
         n, self._overflowed = self._overflowed, 0
-        self.last_overflow_count = n
+        self._last_overflow = n
+        if isinstance(n, torch.Tensor):
+            if not read:
+                return
+            n = self._last_overflow = int(n)
         if n:
             warnings.warn(
                 f"{n} example(s) of this batch had a non-finite (overflowing) loss-scaled "

@@ -23,6 +23,8 @@ model's gradient synchronisation is switched off for the run and restored by
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import math
 import weakref
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn.accounting import calibrate, warn_if_delta_large
+from privlearn.errors import LedgerConflictError, ParameterTypeError, ParameterValueError
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _guard_token_level_labels,
@@ -92,7 +95,10 @@ class PrivateTraining:
     sampling_rate, expected_batch_size : float
         q and q N (read-only).
     sampling : str
-        ``"poisson"`` or ``"fixed"``.
+        The registered sampling (``"poisson"``, ``"fixed"``, ...).
+    neighbouring : str
+        The neighbouring relation the epsilon holds under (``"add_remove"`` or
+        ``"replace_one"``), the sampling's.
 
     Notes
     -----
@@ -157,6 +163,14 @@ class PrivateTraining:
     @property
     def sampling(self) -> str:
         return self.config.sampling
+
+    @property
+    def neighbouring(self) -> str:
+        """The neighbouring relation :meth:`epsilon` holds under, the sampling's
+        (:data:`privlearn.correlated.sampling.SAMPLINGS`): ``"add_remove"``, or
+        ``"replace_one"`` for ``sampling="fixed"`` and ``"shuffled_epochs"`` (the
+        dataset size public, one example's data replaced)."""
+        return SAMPLINGS[self.config.sampling].relation.value
 
     def __repr__(self) -> str:
         return (f"PrivateTraining(noise_multiplier={self.noise_multiplier}, "
@@ -360,10 +374,12 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
         raise TypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
     rank, world = world_info(process_group)
-    if world > 1 and (cfg.correlated or cfg.users is not None):
+    if world > 1 and (cfg.correlated or cfg.users is not None
+                      or not SAMPLINGS[cfg.sampling].distributed):
         raise ValueError(
             f"sampling={cfg.sampling!r}, noise={cfg.noise!r} and user-level privacy run in "
-            "one process; distributed training supports sampling='poisson' or 'fixed' with "
+            "one process; distributed training supports sampling="
+            f"{' or '.join(repr(k) for k, v in SAMPLINGS.items() if v.distributed)} with "
             "DP-SGD noise")
     units = None
     if cfg.users is not None:
@@ -374,24 +390,21 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     n = len(data_loader.dataset) if units is None else units.n_units
     b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
                                 len(data_loader.dataset), world)
-    kind = SAMPLINGS[cfg.sampling]
-    cycle = 1
-    if kind.cycled:
-        default = (cfg.bands or 8 if cfg.noise == "banded" else 1) \
-            if cfg.sampling == "cyclic_poisson" else max(1, round(n / b))
-        cycle = cfg.cycle_length or default
-    q = world * b / n if not kind.cycled else kind.rate(b, n, cycle)
+    law = SAMPLINGS[cfg.sampling]  # the registry entry: the sampler and its law
+    cycle = cfg.cycle_length or law.cycle_for(
+        n, b, (cfg.bands or 8) if cfg.noise == "banded" else None)
+    q = law.rate(world * b, n, cycle)
     if not 0 < q <= 1:
         raise ValueError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
                          f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}); "
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
-    per_epoch = kind.per_epoch(q, cycle)
+    per_epoch = law.per_epoch(q, cycle)
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
     strategy = None
     if cfg.correlated:
-        desc = kind.describe(n, q, planned, cycle)
+        desc = law.describe(n, q, planned, cycle)
         schema = getattr(desc, "participation", desc)
         strategy = choose_strategy(cfg.noise, planned, schema, cfg.bands, cfg.buffers)
     run = RunAccounting(cfg.sampling, n, q, cycle, strategy)
@@ -412,7 +425,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     eps = cfg.target_epsilon
     if eps is None and planned is not None and nm > 0:
         eps = run.mechanism(nm, planned).epsilon(cfg.target_delta, accountant=cfg.accountant)
-    expected = (world * b if not kind.cycled else kind.expected_batch(q, n, cycle))
+    expected = (world * b if not law.cycled else law.expected_batch(q, n, cycle))
     return Plan(rank, world, n, b, q, per_epoch, planned, float(nm), eps, float(c), bounds,
                 adaptive, run, float(expected), units)
 
@@ -426,12 +439,22 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     if plan.noise_multiplier == 0:
         raise ValueError("noise_multiplier=0 is not private and cannot be spent from a "
                          "ledger; give noise_multiplier > 0 or target_epsilon")
-    link = LedgerLink(ledger, scheme=cfg.sampling, chunk=cfg.ledger_chunk,
+    law = SAMPLINGS[cfg.sampling]
+    link = LedgerLink(ledger, scheme=law.scheme or cfg.sampling, chunk=cfg.ledger_chunk,
                       label=f"make_private({type(inner).__name__})",
                       run=None if plan.run.stepwise else plan.run,
                       privacy_unit=cfg.privacy_unit)
-    link.reserve(plan.noise_multiplier, plan.sampling_rate,
-                 plan.planned_steps or cfg.ledger_chunk)
+    try:
+        link.reserve(plan.noise_multiplier, plan.sampling_rate,
+                     plan.planned_steps or cfg.ledger_chunk)
+    except LedgerConflictError as exc:
+        if law.add_remove or "replace-one" not in str(exc):
+            raise
+        # a replace-one sampling on a budget counted under add/remove: say which
+        # setting, why, and what to use instead (nothing was recorded)
+        raise LedgerConflictError(
+            law.refusal(f"the ledger budget {getattr(ledger, 'dataset', ledger)!r}")
+            + f"; nothing was recorded ({exc})") from exc
     undo(link.settle)
     return link
 
@@ -471,7 +494,8 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                             world_size=plan.world_size, secure=cfg.secure_mode,
                             shared_seed=shared, cycle_length=plan.run.cycle,
                             units=plan.units)
-    acct = PrivacyAccountant(scheme=cfg.sampling, accountant=cfg.accountant, run=plan.run)
+    acct = PrivacyAccountant(scheme=SAMPLINGS[cfg.sampling].scheme or cfg.sampling,
+                             accountant=cfg.accountant, run=plan.run)
     # a run accounted as one mechanism is capped at its plan (beyond it, the plan's
     # strategy and sensitivity no longer describe the steps)
     cap = None if cfg.max_epsilon is None or math.isinf(cfg.max_epsilon) else cfg.max_epsilon
@@ -519,20 +543,9 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
 
 
 def make_private(
-    model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader, *,
-    noise_multiplier: float | None = None, target_epsilon: float | None = None,
-    target_delta: float = 1e-5, epochs: int | None = None, steps: int | None = None,
-    max_grad_norm: float | list | dict = 1.0, clipping: str = "flat",
-    sampling: str = "poisson", max_physical_batch_size: int | None = None,
-    loss_reduction: str = "mean", accountant: str = "pld", secure_mode: bool = False,
-    seed: int | None = None, fix_model: bool = False, max_epsilon: float | None = None,
-    ledger_chunk: int = 1000, target_unclipped_quantile: float | None = None,
-    clipbound_learning_rate: float = 0.2, unclipped_num_std: float | None = None,
-    batch_dims: dict | None = None, check_batch_independence: bool = True,
-    noise: str = "dpsgd", bands: int | None = None, buffers: int | None = None,
-    cycle_length: int | None = None, users=None, max_examples_per_user: int = 1,
-    user_reduction: str = "mean", augmentation_multiplicity: int | None = None,
-    augment=None, ledger=None, process_group=None, grad_scaler=None,
+    model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
+    config: DPConfig | None = None, *, ledger=None, process_group=None, grad_scaler=None,
+    **settings,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
     "Deep Learning with Differential Privacy", Algorithm 1).
@@ -540,8 +553,11 @@ def make_private(
     ``model`` (in training mode; may be wrapped in DistributedDataParallel),
     ``optimizer`` (over its parameters) and ``data_loader`` (``DataLoader(dataset,
     batch_size=B)``, no shuffle, no sampler: B sets the sampling rate ``q = W B / N``)
-    are used as they are; the settings are those of
-    :class:`~privlearn.torch.config.DPConfig` (documented there). ``ledger``: a budget of
+    are used as they are. The settings are the fields of
+    :class:`~privlearn.torch.config.DPConfig` (documented there), given either as keywords
+    (``make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0)``, as the
+    signature shows) or as one ``config`` (``make_private(model, opt, loader,
+    DPConfig(noise_multiplier=1.0))``), not both. ``ledger``: a budget of
     a persistent privacy ledger (``Ledger(path).budget(dataset)``), in which the planned
     run is reserved before any data is read. ``process_group``: the torch.distributed
     group (default: the world, when initialised). ``grad_scaler``: the
@@ -558,7 +574,7 @@ def make_private(
         whose sampling cannot be accounted; always before any step, with the user's
         objects left as they were.
     """
-    cfg = DPConfig(**{k: v for k, v in locals().items() if k in DPConfig.names()})
+    cfg = _config(config, settings)
     with _Undo() as undo:
         inner = prepare_model(model, optimizer, cfg, undo)
         plan = plan_run(cfg, inner, data_loader, process_group)
@@ -580,3 +596,39 @@ def make_private(
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)
+
+
+def _config(config: DPConfig | None, settings: dict) -> DPConfig:
+    """The run's :class:`DPConfig`: ``config``, or one made of the keyword settings."""
+    unknown = sorted(set(settings) - set(DPConfig.names()))
+    if unknown:
+        close = {k: difflib.get_close_matches(k, DPConfig.names(), n=1) for k in unknown}
+        hints = "; ".join(f"did you mean {c[0]!r} for {k!r}?" for k, c in close.items() if c)
+        raise ParameterTypeError(
+            f"make_private got unknown settings {unknown}: the settings are the fields of "
+            f"DPConfig ({', '.join(DPConfig.names())})" + (f"; {hints}" if hints else ""))
+    if config is None:
+        return DPConfig(**settings)
+    if not isinstance(config, DPConfig):
+        raise ParameterTypeError(
+            f"config must be a privlearn.torch.DPConfig, got {type(config).__name__}; pass "
+            "the settings as keywords or as DPConfig(...)")
+    if settings:
+        raise ParameterValueError(
+            f"make_private got config= and the settings {sorted(settings)}: give the "
+            "settings either as one DPConfig or as keywords (dataclasses.replace(config, "
+            "...) makes a modified copy)")
+    return config
+
+
+def _signature(fn) -> inspect.Signature:
+    """``fn``'s signature with ``**settings`` spelled out as DPConfig's fields (what
+    help(), IDEs and the API reference show), before its own keyword-only arguments."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    first = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    return sig.replace(parameters=[*first, *DPConfig.parameters(),
+                                   *(p for p in params if p.kind is p.KEYWORD_ONLY)])
+
+
+make_private.__signature__ = _signature(make_private)

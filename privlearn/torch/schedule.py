@@ -1,6 +1,8 @@
-"""How a run draws its batches and how its steps are accounted: one registry entry per
-sampling, and :class:`RunAccounting`, the description the accountant, the budget cap,
-calibration and the ledger all read.
+"""How a run's steps are accounted: :class:`RunAccounting`, the description the
+accountant, the budget cap, calibration and the ledger all read. It reads the run's
+sampling from the one registry of samplings
+(:data:`privlearn.correlated.sampling.SAMPLINGS`, re-exported here), whose entry owns both
+the batch draw and the law assumed here.
 
 =================  ==========================  ===========================================
 sampling           batch of step ``t``         accounted as
@@ -16,8 +18,12 @@ sampling           batch of step ``t``         accounted as
 ``balls_in_bins``  bin ``t mod b``             the matrix mechanism of b-min-separation
                                                (certified, without amplification)
 ``shuffled_epochs``batch ``t mod b`` of one    the matrix mechanism of (k, b)-participation
-                   fixed order                 (certified, without amplification)
+                   fixed order                 (certified, without amplification) under
+                                               **replace-one** only (twice the add/remove
+                                               sensitivity); refused on add/remove budgets
 =================  ==========================  ===========================================
+
+Every entry but ``fixed`` and ``shuffled_epochs`` is accounted under add/remove.
 
 ``q`` is the rate an example is drawn at when it may be; the normaliser of the noisy sum
 is the expected batch size. With privacy units of several examples (users) every count
@@ -26,73 +32,21 @@ here is of units.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from privlearn.accounting import Mechanism, compose, steps_per_epoch
-from privlearn.correlated import (
-    FixedEpochs,
-    Identity,
-    MinSeparation,
-    optimize_banded_toeplitz,
-    optimize_blt,
-)
-from privlearn.correlated.accounting import correlated_mechanism
-from privlearn.correlated.sampling import BallsInBinsSampler, CyclicPoissonSampler
+from privlearn.accounting import Mechanism, compose
+from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_blt
+from privlearn.correlated.accounting import correlated_mechanism, stated_under
+from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw
 from privlearn.correlated.strategies import ToeplitzStrategy
 
 __all__ = ["SamplingKind", "SAMPLINGS", "RunAccounting", "choose_strategy"]
 
 
-@dataclass(frozen=True)
-class SamplingKind:
-    """What privlearn knows about one way of sampling batches.
-
-    Attributes
-    ----------
-    rate : callable
-        ``rate(batch_size, n, cycle) -> q``.
-    per_epoch : callable
-        ``per_epoch(q, cycle) -> steps`` in one epoch.
-    expected_batch : callable
-        ``expected_batch(q, n, cycle) -> float``, the normaliser of the noisy sum.
-    describe : callable or None
-        ``describe(n, q, steps, cycle)``: the :mod:`privlearn.correlated` sampler or
-        participation schema the accounting assumes (None: step-by-step DP-SGD
-        composition, no matrix mechanism).
-    cycled : bool
-        Whether it has a cycle length.
-    """
-
-    rate: Callable[[float, int, int], float]
-    per_epoch: Callable[[float, int], int]
-    expected_batch: Callable[[float, int, int], float]
-    describe: Callable | None
-    cycled: bool
-
-
-def _fixed_epochs(n: int, q: float, steps: int, cycle: int):
-    return FixedEpochs(steps // cycle) if steps % cycle == 0 else \
-        MinSeparation(cycle, math.ceil(steps / cycle))
-
-
-SAMPLINGS: dict[str, SamplingKind] = {
-    "poisson": SamplingKind(lambda b, n, c: b / n, lambda q, c: steps_per_epoch(q),
-                            lambda q, n, c: q * n, None, False),
-    "fixed": SamplingKind(lambda b, n, c: b / n, lambda q, c: steps_per_epoch(q),
-                          lambda q, n, c: q * n, None, False),
-    "cyclic_poisson": SamplingKind(
-        lambda b, n, c: b * c / n, lambda q, c: max(1, round(c / q)),
-        lambda q, n, c: q * n / c,
-        lambda n, q, steps, c: CyclicPoissonSampler(n, q, steps, c), True),
-    "balls_in_bins": SamplingKind(
-        lambda b, n, c: 1.0 / c, lambda q, c: c, lambda q, n, c: n / c,
-        lambda n, q, steps, c: BallsInBinsSampler(n, steps, c), True),
-    "shuffled_epochs": SamplingKind(
-        lambda b, n, c: 1.0 / c, lambda q, c: c, lambda q, n, c: n / c,
-        _fixed_epochs, True),
-}
+#: The former name of a registry entry (:class:`privlearn.correlated.sampling.SamplingLaw`,
+#: which has the same ``rate``, ``per_epoch``, ``expected_batch``, ``describe`` and
+#: ``cycled``); deprecated.
+SamplingKind = SamplingLaw
 
 
 def choose_strategy(noise, planned: int, participation, bands: int | None,
@@ -137,11 +91,17 @@ class RunAccounting:
     def mechanism(self, noise_multiplier: float, steps: int) -> Mechanism:
         """The mechanism of ``steps`` steps at ``noise_multiplier`` (sigma: the noise of
         step ``t`` is ``sigma C (C^{-1} z)_t``)."""
+        law = SAMPLINGS[self.sampling]
         if self.stepwise:
             from privlearn.torch.accountant import dpsgd_step
 
-            return compose(dpsgd_step(noise_multiplier, self.sampling_rate, self.sampling),
+            return compose(dpsgd_step(noise_multiplier, self.sampling_rate, law.scheme),
                            steps=steps)
-        kind = SAMPLINGS[self.sampling]
-        desc = kind.describe(self.units, self.sampling_rate, steps, self.cycle)
-        return correlated_mechanism(self.strategy, desc, noise_multiplier, steps=steps)
+        desc = law.describe(self.units, self.sampling_rate, steps, self.cycle)
+        mech = correlated_mechanism(self.strategy, desc, noise_multiplier, steps=steps)
+        return stated_under(mech, law.relation)
+
+    @property
+    def law(self) -> SamplingLaw:
+        """The registry entry of the run's sampling."""
+        return SAMPLINGS[self.sampling]

@@ -39,7 +39,6 @@ state (cross terms live in :mod:`privlearn.torch.cross_terms`).
 
 from __future__ import annotations
 
-import functools
 import weakref
 from dataclasses import dataclass
 
@@ -47,18 +46,41 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
-from privlearn.torch.cross_terms import CrossTerm, _cross_terms
-from privlearn.torch.fallback import FALLBACK, default_record_dims
+from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
+    _autocast_input,
+    _autocast_state,
+    _eager,
+    _flat_sq,
+    _in_backward,
+    _map_tensors,
+    _meta,
+    _mismatch_message,
+    _nonfinite,
+    _param_slots,
+    _per_param_sq,
+    _resolve_dim,
+    _restore,
+    _sanitize_record,
+    _to_front,
+    _trainable_signature,
+    record_batch,
+    record_dims,
+)
+from privlearn.torch.cross_terms import _cross_terms
+from privlearn.torch.fallback import FALLBACK
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     Contribution,
     LayerRule,
+    Materialized,
     Record,
     _MakeDifferentiable,
     context_layout,
     get_instrumenter,
     get_rule,
+    materialise_budget,
     rule_evaluation,
 )
 from privlearn.torch.units import Grouped, RowUnits
@@ -136,24 +158,6 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
     return units
 
 
-def _resolve_dim(name, module, rule, batch_dims, inherited) -> int:
-    declared = rule.declared_dim(module)
-    if name in batch_dims:
-        d = batch_dims[name]
-        if d not in (0, 1) or isinstance(d, bool):
-            raise ValueError(f"batch_dims[{name!r}] must be 0 (batch-first) or 1 "
-                             f"(sequence-first), got {d!r}")
-        if declared is not None and d != declared:
-            raise ValueError(
-                f"batch_dims[{name!r}]={d} contradicts the layer itself ({type(module).__name__} "
-                f"declares the batch on dimension {declared}, e.g. from its batch_first "
-                "flag); drop the entry or change the layer's flag")
-        return d
-    if declared is not None:
-        return int(declared)
-    return 0 if inherited is None else int(inherited)
-
-
 class GradSampleTracker:
     """Records what the rules need and computes clipped per-example gradient sums.
 
@@ -207,7 +211,8 @@ class GradSampleTracker:
         #: scale): recorded gradients are divided by it before clipping
         self.loss_scale = 1.0
         #: examples dropped from the last clipped sum because their gradient overflowed
-        self.last_overflow_count = 0
+        #: (an int, or a tensor on the device: see :attr:`last_overflow_count`)
+        self._overflow = 0
         self._batch_hint = 0  # batch size of the model's current forward (root input)
         self._recompute_unrecorded: str | None = None
         self._captured: dict[int, dict] = {}
@@ -233,6 +238,17 @@ class GradSampleTracker:
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
         self._install()
+
+    @property
+    def last_overflow_count(self) -> int:
+        """Examples dropped from the last clipped sum because their gradient overflowed
+        (0 when none). Kept on the device by the step; reading it reads it back."""
+        n = self._overflow
+        return int(n) if isinstance(n, torch.Tensor) else n
+
+    @last_overflow_count.setter
+    def last_overflow_count(self, value) -> None:
+        self._overflow = value
 
     # ------------------------------------------------------------------ units and hooks
     def _install(self) -> None:
@@ -501,6 +517,8 @@ class GradSampleTracker:
         Tensor = torch.Tensor
         unit = self.units[index]
         move = unit.batch_dim if unit.normalised and unit.batch_dim != 0 else None
+        early = unit if unit.rule.early else None
+        casts_input = unit.rule.casts_input
 
         def hook(module, args, kwargs, output):
             if _IN_RULE.get() or not module.training or not is_grad_enabled():
@@ -519,6 +537,8 @@ class GradSampleTracker:
             args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
             if move is not None and args and isinstance(args[0], Tensor):
                 args = (_to_front(args[0], move), *args[1:])
+            if casts_input and args and not self._probe_pending:
+                args = _autocast_input(args, output)
             rec = Record(
                 args=args,
                 kwargs={k: (v.detach() if isinstance(v, Tensor) else v)
@@ -542,7 +562,7 @@ class GradSampleTracker:
                 changed = not output.requires_grad
                 if changed:
                     output = _MakeDifferentiable.apply(dummy, output)
-                output.register_hook(grad_hook(rec, 0, move))
+                output.register_hook(grad_hook(rec, 0, move, early))
                 return output if changed else None
             flat, spec = tree_flatten(output)
             rec.out_spec = spec
@@ -568,7 +588,8 @@ class GradSampleTracker:
 
         return hook
 
-    def _grad_hook(self, rec: Record, j: int, move: int | None = None):
+    def _grad_hook(self, rec: Record, j: int, move: int | None = None,
+                   early: Unit | None = None):
         tracker = self
 
         def fn(g):
@@ -578,7 +599,25 @@ class GradSampleTracker:
                 g = _to_front(g, move)
             prev = rec.grad_outputs[j]
             rec.grad_outputs[j] = g if prev is None else prev + g
+            if early is not None and prev is None and not tracker._probe_pending:
+                tracker._evaluate_early(early, rec)
         return fn
+
+    def _evaluate_early(self, unit: Unit, rec: Record) -> None:
+        """Evaluate a rule declared ``early`` (:class:`~privlearn.torch.grad_sample.
+        LayerRule`) as soon as its layer's output gradient is known, during backward, and
+        release the recorded input and gradient: a normalisation layer's per-example
+        gradients are one row per example, its records one row per position. (After the
+        first step only: the batch-independence probe and the checks of the first step
+        read the records.)"""
+        examples = record_batch(unit, rec)
+        with torch.no_grad(), rule_evaluation():
+            c = unit.rule(unit.module, rec, unit.params)
+        if not isinstance(c, Materialized):
+            return  # kept as recorded: evaluated at the step as usual
+        rec.early, rec.examples = c, examples
+        rec.args, rec.kwargs = (), {}
+        rec.grad_outputs = [None] * len(rec.grad_outputs)
 
     def _begin_backward(self) -> None:
         """First recorded gradient of a backward pass: refuse a second backward pass
@@ -701,7 +740,7 @@ class GradSampleTracker:
         batch = None
         scale = None
         per_unit = []
-        with rule_evaluation():
+        with rule_evaluation(), materialise_budget(_gs.STEP_MATERIALISE_BUDGET_BYTES):
             for i, recs in self.records.items():
                 unit = self.units[i]
                 recs = [r for r in recs if r.has_grad()]
@@ -718,7 +757,8 @@ class GradSampleTracker:
                     s = self._scale(r, unit)
                     if scale is None:
                         scale = s
-                    c = unit.rule(unit.module, r, unit.params)
+                    c = r.early if r.early is not None else unit.rule(unit.module, r,
+                                                                      unit.params)
                     cs.append(c if units is None else Grouped(c, units))
                 per_unit.append(cs)
         for cs in per_unit:
@@ -800,22 +840,23 @@ class GradSampleTracker:
         sums = {} if out is None else out
         norms = None
         self.last_overflow_count = 0
+        # every contribution drops an example by its weight alone (masks_rows): the
+        # overflowing examples are masked on the device, nothing is read back
+        masked = all(c.masks_rows for c in contribs)
         if contribs and per_param is not None:
             sq, total = _per_param_sq(contribs)
-            bad = _nonfinite(total)
-            if bad is not None:
-                if refuse_nonfinite:
-                    self._refuse_nonfinite(bad, scaled=ls != 1.0)
+            bad = self._find_nonfinite(total, masked, refuse_nonfinite, scaled=ls != 1.0)
+            if bad is not None and not masked:
                 contribs = self._drop_examples(bad)
                 sq, total = _per_param_sq(contribs)
             norms = self._per_param_clip(contribs, scale, max_grad_norm, multiplier,
                                          per_param, sums, out, sq, total, bad)
+            if bad is not None and masked:
+                self.last_overflow_count = bad.sum()
         elif contribs:
             sq = _flat_sq(contribs)
-            bad = _nonfinite(sq)
-            if bad is not None:
-                if refuse_nonfinite:
-                    self._refuse_nonfinite(bad, scaled=ls != 1.0)
+            bad = self._find_nonfinite(sq, masked, refuse_nonfinite, scaled=ls != 1.0)
+            if bad is not None and not masked:
                 contribs = self._drop_examples(bad)
                 sq = _flat_sq(contribs)
             norms = sq.sqrt()
@@ -831,6 +872,8 @@ class GradSampleTracker:
             if bad is not None:
                 factors = factors.masked_fill(bad, 0.0)
                 norms = norms.masked_fill(bad, float("inf"))
+                if masked:
+                    self.last_overflow_count = bad.sum()
             for c in contribs:
                 if out is not None:
                     c.accumulate_into(factors, [out[id(p)] for p in c.params])
@@ -840,6 +883,25 @@ class GradSampleTracker:
                     sums[k] = w if k not in sums else sums[k] + w
         self.clear()
         return sums, (batch or 0), norms
+
+    def _find_nonfinite(self, sq: torch.Tensor, masked: bool, refuse: bool, scaled: bool
+                        ) -> torch.Tensor | None:
+        """The examples whose squared norm ``sq`` is not finite (see :meth:`clipped_sum`).
+
+        With ``refuse`` on the CPU, where reading one flag costs nothing, a non-finite
+        example is refused by :meth:`_refuse_nonfinite` (only a loss-scaled overflow is
+        left out). On an accelerator the examples are found and masked on the device, so
+        that a steady step never waits for the device: a non-finite example there is left
+        out (its contribution zero, the sensitivity unchanged) and counted in
+        ``last_overflow_count``; the batch-independence probe names a non-finite input
+        in the batches it checks."""
+        if refuse and sq.device.type == "cpu":
+            bad = ~torch.isfinite(sq)
+            if not bool(bad.any()):
+                return None
+            self._refuse_nonfinite(bad, scaled=scaled)  # raises unless an overflow
+            return bad
+        return _nonfinite(sq, masked)
 
     def _refuse_nonfinite(self, bad: torch.Tensor, scaled: bool) -> None:
         """An example whose gradient is not finite: refused, naming it, when its input
@@ -940,232 +1002,16 @@ class GradSampleTracker:
         return norms.masked_fill(bad, float("inf")) if bad is not None else norms
 
 
-def _flat_sq(contribs) -> torch.Tensor:
-    """Per-example squared norms over all parameters (a sum of per-example terms: no
-    reduction over examples)."""
-    sq = None
-    for c in contribs:
-        s = c.sq_norms()
-        sq = s if sq is None else sq + s
-    return sq
-
-
-def _per_param_sq(contribs):
-    """Per-parameter per-example squared norms ``{id(p): (B,)}`` and their total."""
-    sq: dict[int, torch.Tensor] = {}
-    for c in contribs:
-        if isinstance(c, CrossTerm):
-            k = id(c.param)
-            sq[k] = c.sq_norms() if k not in sq else sq[k] + c.sq_norms()
-            continue
-        for p, s in zip(c.params, c.param_sq_norms(), strict=True):
-            k = id(p)
-            sq[k] = s if k not in sq else sq[k] + s
-    total = None
-    for s in sq.values():
-        total = s if total is None else total + s
-    return sq, total
-
-
-def _nonfinite(sq: torch.Tensor | None) -> torch.Tensor | None:
-    """Boolean mask of the examples whose squared norm is not finite, or None when every
-    one is (one host synchronisation)."""
-    if sq is None:
-        return None
-    bad = ~torch.isfinite(sq)
-    return bad if bool(bad.any()) else None
-
-
-def _sanitize_record(unit: Unit, rec: Record, idx: torch.Tensor, batch: int) -> None:
-    """In ``rec``, zero the rows ``idx`` (along each tensor's batch dimension) of the
-    output gradients and of captured gradients, and replace non-finite values in those
-    rows of the floating inputs by 0. Tensors without a batch dimension are left alone
-    (they are shared by all examples, e.g. an additive attention mask)."""
-    arg_dims, kw_dims, out_dims = record_dims(unit, rec, batch)
-
-    def fixer(d, zero):
-        return lambda t: fix(t, d, zero)
-
-    def fix(t, d, zero):
-        if d is None or not isinstance(t, torch.Tensor) or not t.is_floating_point() \
-                or t.dim() <= d or t.shape[d] != batch:
-            return t
-        ix = idx.to(t.device)
-        if zero:
-            return t.index_fill(d, ix, 0.0)
-        rows = torch.nan_to_num(t.index_select(d, ix), nan=0.0, posinf=0.0, neginf=0.0)
-        return t.index_copy(d, ix, rows)
-
-    rec.args = tuple(_map_tensors(a, fixer(d, False))
-                     for a, d in zip(rec.args, arg_dims, strict=True))
-    rec.kwargs = {k: _map_tensors(v, fixer(kw_dims.get(k), False))
-                  for k, v in rec.kwargs.items()}
-    rec.grad_outputs = [None if g is None else fix(g, d, True)
-                        for g, d in zip(rec.grad_outputs, out_dims, strict=True)]
-    extra = rec.extra
-    if extra:  # attention capture: gradients and O, batch-first
-        extra = dict(extra)
-        if extra.get("grads") is not None:
-            extra["grads"] = [None if g is None else fix(g, 0, True) for g in extra["grads"]]
-        if extra.get("packed") is not None:
-            extra["packed"] = [None if g is None else fix(g, 0, True)
-                               for g in extra["packed"]]
-        if extra.get("O") is not None:
-            extra["O"] = fix(extra["O"], 0, False)
-        rec.extra = extra
-
-
-def _map_tensors(x, fn):
-    """``fn`` applied to a tensor, or to each tensor of a tuple/list (an LSTM's
-    ``(h0, c0)``)."""
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, tuple | list):
-        return type(x)(fn(t) if isinstance(t, torch.Tensor) else t for t in x)
-    return x
-
-
-def record_dims(unit: Unit, rec: Record, batch: int):
-    """Batch dimension of each recorded argument, keyword argument and (flattened)
-    output of one call (None: not batched): the rule's ``record_dims`` for layout-aware
-    rules, else the batch-first default."""
-    fn = unit.rule.record_dims or default_record_dims
-    arg_dims, kw_dims, out_dims = fn(unit.module, rec, batch)
-    out_dims = list(out_dims) + [None] * (len(rec.outputs_meta) - len(out_dims))
-    return list(arg_dims), kw_dims, out_dims
-
-
-def record_batch(unit: Unit, rec: Record) -> int:
-    """Number of examples in one recorded call of ``unit``."""
-    if unit.rule.batch_size is not None:
-        return int(unit.rule.batch_size(unit.module, rec))
-    x = rec.args[0] if rec.args else next(iter(rec.kwargs.values()))
-    d = 0 if unit.normalised else unit.batch_dim
-    return x.shape[d]
-
-
-def _to_front(t: torch.Tensor, d: int) -> torch.Tensor:
-    """``t`` with dimension ``d`` moved to the front (a view)."""
-    return t.movedim(d, 0) if t.dim() > d else t
-
-
-def _meta(o: torch.Tensor, move: int | None):
-    shape = tuple(o.shape)
-    if move is not None and len(shape) > move:
-        shape = (shape[move], *shape[:move], *shape[move + 1:])
-    return (shape, o.dtype, o.device)
-
-
-def _trainable_signature(model: nn.Module) -> tuple:
-    """The ids of the model's parameters that require gradients (a cheap fingerprint of
-    the trainable set, compared at every forward)."""
-    return tuple(id(p) for p in model.parameters() if p.requires_grad)
-
-
 def _mixing_fingerprint(model: nn.Module) -> tuple:
     """What can switch on an operation that mixes examples without changing the trainable
-    set, read from Python attributes only (no device access): every module of the tree,
-    its ``training`` flag (``F.batch_norm(..., training=self.training)``), its forward
+    set, read from Python attributes only (no device access): every module of the tree
+    and its class (a ``__class__`` swapped for one whose ``forward`` mixes), its
+    ``training`` flag (``F.batch_norm(..., training=self.training)``), its forward
     hooks and pre-hooks (handle ids), an instance-level ``forward`` override, and the
     global module hooks. Compared at every forward; a change re-arms the probe."""
-    out = [(id(m), m.training, tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
-            id(m.__dict__.get("forward"))) for m in model.modules()]
+    out = [(id(m), type(m), m.training, tuple(m._forward_hooks),
+            tuple(m._forward_pre_hooks), id(m.__dict__.get("forward")))
+           for m in model.modules()]
     g = nn.modules.module
     out.append((tuple(g._global_forward_hooks), tuple(g._global_forward_pre_hooks)))
     return tuple(out)
-
-
-def _autocast_state() -> tuple:
-    """Autocast settings in force (the probe re-runs the forward under the same)."""
-    out = []
-    for dev in ("cpu", "cuda"):
-        try:
-            if torch.is_autocast_enabled(dev):
-                out.append((dev, torch.get_autocast_dtype(dev)))
-        except (RuntimeError, TypeError, AttributeError):  # pragma: no cover - old torch
-            pass
-    return tuple(out)
-
-
-def _mismatch_message(unit: Unit, seen: int, examples: int, rec: Record | None = None) -> str:
-    """Why a layer that saw ``seen`` rows of a batch of ``examples`` examples cannot be
-    clipped per example."""
-    base = (f"layer {unit.name!r} ({type(unit.module).__name__}) saw {seen} rows on its "
-            f"batch dimension {unit.batch_dim}, but p.data_loader delivered {examples} "
-            "examples for this step: per-example clipping needs one row per example. ")
-    x = rec.args[0] if rec is not None and rec.args else None
-    if isinstance(x, torch.Tensor) and x.dim() > 1:
-        other = [d for d in range(1, x.dim()) if x.shape[d] == examples]
-        if other:
-            return base + (
-                f"Its input (shape {tuple(x.shape)}) has the batch's size on dimension "
-                f"{other[0]}: if the layer receives sequence-first activations (e.g. an "
-                "LSTM with batch_first=False feeding it), declare it: "
-                f"make_private(..., batch_dims={{{unit.name!r}: {other[0]}}}).")
-    if seen < examples:
-        return base + (
-            "The batch looks packed or flattened into fewer rows (e.g. Hugging Face's "
-            "DataCollatorWithFlattening puts the whole batch in one row, which would clip "
-            "it as one example): use a collator that pads (one row per example).")
-    if seen % examples == 0 and seen > examples:
-        return base + (
-            f"It saw {seen // examples} rows per example (e.g. several augmented views "
-            "concatenated into one batch): each row would be clipped as an example of its "
-            "own, so one example could move the update by several times max_grad_norm. "
-            "Average or sum the views per example before the loss, or feed them through "
-            "separate forward passes of the same batch.")
-    return base + (
-        "If the layer receives the batch on another dimension (sequence-first "
-        "activations, e.g. an LSTM with batch_first=False feeding it), declare it: "
-        f"make_private(..., batch_dims={{{unit.name!r}: 1}}).")
-
-
-def _eager(fn):
-    """Run a hook eagerly under ``torch.compile`` (a graph break around it): recording
-    inputs, registering tensor hooks and swapping parameters are Python side effects
-    that must happen on the real tensors of each call.
-
-    Outside compilation the hook is called directly: the ``torch.compiler.disable``
-    wrapper costs a few microseconds a call, about 1% of a small BERT's private step
-    with ~90 hook calls a forward. Dynamo folds ``is_compiling()`` to True while it
-    traces, so the traced path always meets the disabled function and breaks the graph
-    there."""
-    disabled = torch.compiler.disable(fn, recursive=True)
-    is_compiling = torch.compiler.is_compiling
-
-    @functools.wraps(fn)
-    def hook(*args, **kwargs):
-        if is_compiling():
-            return disabled(*args, **kwargs)
-        return fn(*args, **kwargs)
-
-    return hook
-
-
-def _restore(unit: Unit, slots) -> None:
-    """Put the parameters of ``slots`` back in their modules."""
-    changed = False
-    for owner, name, p in slots:
-        if owner._parameters.get(name) is not p:
-            owner._parameters[name] = p
-            changed = True
-    if changed and unit.rule.after_swap is not None:
-        unit.rule.after_swap(unit.module)
-
-
-def _param_slots(module: nn.Module, params) -> list:
-    """``(owner module, attribute name, parameter)`` of each handled parameter of a unit
-    (parameters behind a parametrization or shared with no plain slot are skipped: their
-    non-private gradient is then computed by autograd and discarded)."""
-    ids = {id(p) for p in params}
-    out = []
-    for mod in module.modules():
-        for name, p in mod._parameters.items():
-            if p is not None and id(p) in ids:
-                out.append((mod, name, p))
-    return out
-
-
-def _in_backward() -> bool:
-    """Whether autograd is executing a backward pass on this thread."""
-    return torch._C._current_graph_task_id() != -1

@@ -121,6 +121,7 @@ class Grouped(Contribution):
         self.inner = inner
         self.units = units
         self.params = inner.params
+        self.masks_rows = inner.masks_rows
         self._sq = None
         self._factors: dict[int, tuple] = {}
 

@@ -107,21 +107,17 @@ def trainable(model):
     return out
 
 
-def naive_grads(name, model, inputs, labels, autocast=None):
-    """Per-example gradients (B, P) in float64 from batch-of-one backward passes (forward
-    and loss under ``torch.autocast`` to the dtype ``autocast`` when given)."""
+def naive_grads(oracle, name, model, inputs, labels, autocast=None):
+    """Per-example gradients (B, P) in float64 by the batch-of-one loop of ``oracle``
+    (tests/torch/conftest.py) on a copy of ``model``, each example's inputs sliced from
+    ``inputs`` (forward and loss under ``torch.autocast`` to ``autocast`` when given)."""
     model = copy.deepcopy(model)
-    params = trainable(model)
-    rows = []
-    b = labels.shape[0]
-    for i in range(b):
-        sub = {k: v[i:i + 1] for k, v in inputs.items()}
-        with autocast_to(params[0].device.type, autocast):
-            loss = loss_of(name, model(**sub), labels[i:i + 1])
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
-                               for g, p in zip(grads, params, strict=True)]))
-    return torch.stack(rows)
+
+    def loss(i):
+        return loss_of(name, model(**{k: v[i:i + 1] for k, v in inputs.items()}),
+                       labels[i:i + 1])
+
+    return oracle.grads(loss, labels.shape[0], trainable(model), autocast=autocast)
 
 
 def engine_sum(name, model, inputs, labels, max_grad_norm, autocast=None):
@@ -139,8 +135,3 @@ def engine_sum(name, model, inputs, labels, max_grad_norm, autocast=None):
                       else torch.zeros(p.numel(), dtype=torch.float64, device=p.device)
                       for p in params])
     return flat, norms.double(), batch
-
-
-def clip_sum(rows, c):
-    norms = rows.norm(dim=1)
-    return (rows * (c / norms).clamp(max=1.0).unsqueeze(1)).sum(0), norms

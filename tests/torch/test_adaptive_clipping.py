@@ -34,23 +34,13 @@ def _mlp(seed=0, d=5, k=3):
     return nn.Sequential(nn.Linear(d, 7), nn.Tanh(), nn.Linear(7, k)).double()
 
 
-def _per_example_grads(model, x, y):
-    out = []
-    for i in range(x.shape[0]):
-        model.zero_grad()
-        nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
-        out.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
-    return torch.stack(out) if out else torch.zeros(0, sum(p.numel() for p in
-                                                               model.parameters()),
-                                                    dtype=torch.float64)
+def _grads(oracle, model, x, y):
+    """Per-example gradients by the batch-of-one loop (float64)."""
+    return oracle.grads(lambda i: nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]),
+                        len(y), list(model.parameters()))
 
 
-def _median_norm(model, ds):
-    x, y = ds.tensors
-    return _per_example_grads(model, x, y).norm(dim=1).median().item()
-
-
-def test_equals_naive_algorithm_with_same_noise():
+def test_equals_naive_algorithm_with_same_noise(oracle):
     """Several steps of the engine equal Algorithm 1 written out: clip at C_t, noise
     sigma_g C_t on the sum with sigma_g = (sigma^-2 - (2 sigma_b)^-2)^(-1/2), noisy centred
     count, geometric update of C, SGD step -- same batches and same noise draws (the
@@ -60,7 +50,7 @@ def test_equals_naive_algorithm_with_same_noise():
     ds = _data()
     model = _mlp()
     naive = copy.deepcopy(model)
-    c0 = _median_norm(model, ds) * 0.5  # starts clipping most examples
+    c0 = _grads(oracle, model, *ds.tensors).norm(dim=1).median().item() * 0.5  # clips most
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
                      DataLoader(ds, batch_size=B), noise_multiplier=sigma, max_grad_norm=c0,
                      clipping="adaptive", target_unclipped_quantile=gamma,
@@ -85,7 +75,7 @@ def test_equals_naive_algorithm_with_same_noise():
     c = c0
     for t, (x, y) in enumerate(batches):
         g = source.generator
-        grads = _per_example_grads(naive, x, y)
+        grads = _grads(oracle, naive, x, y)
         norms = grads.norm(dim=1)
         clipped = grads * (c / norms.clamp_min(1e-30)).clamp_max(1.0)[:, None]
         numel = sum(q.numel() for q in params)
@@ -158,12 +148,12 @@ def test_gradient_noise_is_sigma_g_times_bound():
     assert abs(std - sigma * c / b) > 0.05 * sigma * c / b
 
 
-def test_bound_tracks_target_quantile():
+def test_bound_tracks_target_quantile(oracle):
     """With the model fixed (lr = 0) and little count noise, the bound settles near the
     target quantile of the per-example norms over the data set."""
     ds = _data(n=512)
     model = _mlp()
-    norms = _per_example_grads(model, *ds.tensors).norm(dim=1)
+    norms = _grads(oracle, model, *ds.tensors).norm(dim=1)
     target = torch.quantile(norms, 0.3).item()
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
                      DataLoader(ds, batch_size=128), noise_multiplier=0.5,

@@ -43,24 +43,6 @@ def _flat(params, grads=None):
     return torch.cat([g.reshape(-1).double() for g in grads])
 
 
-def _per_example(model, x, y, loss_fn):
-    """Float32 per-example gradients by batch-size-1 backward passes (ground truth)."""
-    params = [q for q in model.parameters() if q.requires_grad]
-    out = []
-    for i in range(x.shape[0]):
-        g = torch.autograd.grad(loss_fn(model(x[i:i + 1]), y[i:i + 1]), params)
-        out.append(_flat(params, g))
-    return torch.stack(out)
-
-
-def _naive_clipped_sum(model, x, y, loss_fn, c, skip=()):
-    g = _per_example(model, x, y, loss_fn)
-    factors = (c / g.norm(dim=1)).clamp(max=1.0)
-    keep = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-    keep[list(skip)] = False
-    return (g * factors[:, None])[keep].sum(0), g.norm(dim=1)
-
-
 def _private(model, x, y, *, batch_size=16, noise_multiplier=0.0, max_grad_norm=1.0, lr=0.0):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     return make_private(model, opt, DataLoader(TensorDataset(x, y), batch_size=batch_size),
@@ -94,7 +76,7 @@ def _data(n=64, loss="ce"):
 
 
 # --------------------------------------------------------------------------- (a)
-def test_fp16_scaler_clipped_sum_matches_float32():
+def test_fp16_scaler_clipped_sum_matches_float32(oracle):
     """fp16 autocast + GradScaler with noise 0: the noisy gradient is the clipped sum of
     the unscaled per-example gradients (naive float32 loop), to fp16 tolerance, at a
     bound that clips about half the examples; the float32 engine agrees tightly."""
@@ -102,9 +84,9 @@ def test_fp16_scaler_clipped_sum_matches_float32():
     model, naive = _mlp(), _mlp()
     p = _private(model, x, y, max_grad_norm=1.0)
     xb, yb = _first_batch(p)
-    _, norms = _naive_clipped_sum(naive, xb, yb, _ce, float("inf"))
+    _, norms = oracle.clipped_sum(naive, xb, yb, float("inf"), _ce)
     c = norms.median().item()
-    ref_sum, _ = _naive_clipped_sum(naive, xb, yb, _ce, c)
+    ref_sum, _ = oracle.clipped_sum(naive, xb, yb, c, _ce)
     clipped = (norms > c).float().mean().item()
     assert 0.3 <= clipped <= 0.7
     m = p.optimizer.expected_batch_size
@@ -137,7 +119,7 @@ def test_fp16_scaler_clipped_sum_matches_float32():
     assert ((got - got32).norm() / got32.norm()).item() < FP16_TOL
 
 
-def test_scaler_scale_is_divided_out_at_any_scale():
+def test_scaler_scale_is_divided_out_at_any_scale(oracle):
     """Very different scales give the clipped sum of the unscaled gradients (a scale
     reaching the clip would clip every example)."""
     x, y = _data()
@@ -145,9 +127,9 @@ def test_scaler_scale_is_divided_out_at_any_scale():
         model, naive = _mlp(), _mlp()
         p = _private(model, x, y)
         xb, yb = _first_batch(p)
-        _, norms = _naive_clipped_sum(naive, xb, yb, _ce, float("inf"))
+        _, norms = oracle.clipped_sum(naive, xb, yb, float("inf"), _ce)
         c = norms.median().item()
-        ref_sum, _ = _naive_clipped_sum(naive, xb, yb, _ce, c)
+        ref_sum, _ = oracle.clipped_sum(naive, xb, yb, c, _ce)
         p.optimizer.max_grad_norm = c
         _scaled_step(p, torch.amp.GradScaler("cpu", init_scale=init), xb, yb, _ce)
         got = _flat(list(model.parameters())) * p.optimizer.expected_batch_size
@@ -155,7 +137,7 @@ def test_scaler_scale_is_divided_out_at_any_scale():
 
 
 # --------------------------------------------------------------------------- (b)
-def test_overflowing_example_contributes_zero():
+def test_overflowing_example_contributes_zero(oracle):
     """A planted example whose scaled gradient overflows fp16 is left out (zero
     contribution), the others' contributions are unchanged, the step is taken, the
     scale is not backed off, and a warning says so."""
@@ -165,9 +147,9 @@ def test_overflowing_example_contributes_zero():
     xb, yb = _first_batch(p)
     yb = yb.clone()
     yb[3] = 1e6  # its output gradient 2e6 / B * scale overflows fp16 (max 65504)
-    _, norms = _naive_clipped_sum(naive, xb, yb, _mse, float("inf"))
+    _, norms = oracle.clipped_sum(naive, xb, yb, float("inf"), _mse)
     c = norms[torch.arange(len(norms)) != 3].median().item()
-    ref_sum, _ = _naive_clipped_sum(naive, xb, yb, _mse, c, skip=(3,))
+    ref_sum, _ = oracle.clipped_sum(naive, xb, yb, c, _mse, skip=(3,))
     params = list(model.parameters())
     before = [q.detach().clone() for q in params]
     p.optimizer.max_grad_norm = c
@@ -356,15 +338,15 @@ def test_virtual_batches_under_scaler():
 
 
 # --------------------------------------------------------------------------- (e) CUDA
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_fp16_scaler_matches_float32():
+@pytest.mark.gpu
+def test_cuda_fp16_scaler_matches_float32(oracle):
     x, y = _data()
     model, naive = _mlp().cuda(), _mlp().cuda()
     p = _private(model, x.cuda(), y.cuda(), max_grad_norm=1.0)
     xb, yb = _first_batch(p)
-    _, norms = _naive_clipped_sum(naive, xb, yb, _ce, float("inf"))
+    _, norms = oracle.clipped_sum(naive, xb, yb, float("inf"), _ce)
     c = norms.median().item()
-    ref_sum, _ = _naive_clipped_sum(naive, xb, yb, _ce, c)
+    ref_sum, _ = oracle.clipped_sum(naive, xb, yb, c, _ce)
     p.optimizer.max_grad_norm = c
     scaler = torch.amp.GradScaler("cuda")
     _scaled_step(p, scaler, xb, yb, _ce, device="cuda")
@@ -374,17 +356,17 @@ def test_cuda_fp16_scaler_matches_float32():
     assert p.accountant.steps == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_overflowing_example_contributes_zero():
+@pytest.mark.gpu
+def test_cuda_overflowing_example_contributes_zero(oracle):
     x, y = _data(loss="mse")
     model, naive = _mlp().cuda(), _mlp().cuda()
     p = _private(model, x.cuda(), y.cuda(), max_grad_norm=1.0, lr=0.1)
     xb, yb = _first_batch(p)
     yb = yb.clone()
     yb[3] = 1e6
-    _, norms = _naive_clipped_sum(naive, xb, yb, _mse, float("inf"))
+    _, norms = oracle.clipped_sum(naive, xb, yb, float("inf"), _mse)
     c = norms[torch.arange(len(norms), device="cuda") != 3].median().item()
-    ref_sum, _ = _naive_clipped_sum(naive, xb, yb, _mse, c, skip=(3,))
+    ref_sum, _ = oracle.clipped_sum(naive, xb, yb, c, _mse, skip=(3,))
     p.optimizer.max_grad_norm = c
     scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
     with pytest.warns(GradientOverflowWarning):

@@ -127,3 +127,42 @@ def test_augment_is_probed_again_when_the_probe_re_arms():
     with pytest.raises(BatchDependenceError, match="augment mixes examples"):
         _step(p, x, y)
     assert p.accountant.steps == 1
+
+
+class _MixUpLater:
+    """A transform whose MixUp a schedule switches on after some epochs."""
+
+    def __init__(self):
+        self.mixup = False
+
+    def __call__(self, batch):
+        return _mixup(batch) if self.mixup else batch
+
+
+def _switch_on_by_attribute():
+    aug = _MixUpLater()
+    return aug, lambda: setattr(aug, "mixup", True)
+
+
+def _switch_on_in_a_closure():
+    mixing = []
+    return (lambda batch: _mixup(batch) if mixing else batch), lambda: mixing.append(1)
+
+
+@pytest.mark.parametrize("make", [_switch_on_by_attribute, _switch_on_in_a_closure],
+                         ids=["attribute", "closure"])
+def test_an_augment_that_starts_mixing_after_the_first_step_is_refused(make):
+    """Only the transform changes (the model does not): its state re-arms the probe, so
+    the step after the switch is refused before anything is released."""
+    augment, switch_on = make()
+    p = _private(augment)
+    it = iter(p.data_loader)
+    x, y = next(it)
+    _step(p, x, y)
+    switch_on()
+    x, y = next(it)
+    before = [q.detach().clone() for q in p.model.parameters()]
+    with pytest.raises(BatchDependenceError, match="augment mixes examples"):
+        _step(p, x, y)
+    assert p.accountant.steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, p.model.parameters(), strict=True))

@@ -203,6 +203,78 @@ def test_explicit_strategy_and_amplified_banded_accounting():
     assert p.epsilon(1e-5) == want.epsilon(1e-5)
 
 
+# ---------------------------------------------------- shuffled epochs: replace-one only
+def _gaussian_delta(eps, sigma, sens):
+    """The exact delta(eps) of the Gaussian mechanism of L2 sensitivity ``sens`` and
+    noise std ``sigma`` (Balle & Wang 2018, Theorem 8)."""
+    from scipy.stats import norm
+
+    a, b = sens / (2 * sigma), eps * sigma / sens
+    return norm.cdf(a - b) - np.exp(eps) * norm.cdf(-a - b)
+
+
+def test_shuffled_epochs_is_accounted_under_replace_one():
+    """N = 40, 2 batches of one permutation, sigma 2, 2 epochs: adding an example moves
+    another to the other batch, so no add/remove guarantee holds at the epsilon it was
+    accounted at (2.94; the release is 6.51-DP under add/remove). The run states
+    replace-one, where both participations of the replaced example move their sums by
+    up to 2 C: the Gaussian mechanism of sensitivity 2 sqrt 2 C, closed form."""
+    from privlearn.accounting.registry import stated_relations
+
+    ds = TensorDataset(torch.randn(40, 4), torch.zeros(40, dtype=torch.long))
+    model = nn.Linear(4, 3)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=20), noise_multiplier=2.0, epochs=2,
+                     sampling="shuffled_epochs", seed=0)
+    assert p.plan.run.cycle == 2
+    for _ in range(2):
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+    eps = p.epsilon(1e-5)
+    sens = 2 * np.sqrt(2.0)
+    assert _gaussian_delta(eps, 2.0, sens) <= 1e-5 * (1 + 1e-9)  # never below the truth
+    assert _gaussian_delta(eps - 0.01, 2.0, sens) > 1e-5  # and tight
+    assert eps > 6.51 and eps == pytest.approx(p.plan.planned_epsilon, rel=1e-12)
+    assert {r.value for r in stated_relations(p.accountant.mechanism())} == {"replace_one"}
+    assert p.neighbouring == "replace_one"
+
+
+def test_shuffled_epochs_is_refused_on_add_remove_budgets(tmp_path):
+    """A replace-one sampling on a ledger budget counted under add/remove: refused
+    before any step, naming sampling, why, and what to use instead; a replace-one
+    budget takes it."""
+    from privlearn.errors import LedgerConflictError
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("ar", epsilon=50.0, delta=1e-5, neighbouring="add_remove")
+    led.create_budget("ro", epsilon=50.0, delta=1e-5, neighbouring="replace_one")
+    kw = dict(noise_multiplier=2.0, epochs=2, sampling="shuffled_epochs", seed=0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(LedgerConflictError, match=r"sampling='shuffled_epochs' is accounted "
+                       r"under replace-one .*other examples move.*sampling='balls_in_bins'"):
+        make_private(model, opt, DataLoader(_indexed(), batch_size=6),
+                     ledger=led.budget("ar"), **kw)
+    assert led.spent("ar").entries == 0
+    # a budget whose relation its first (add/remove) release fixed refuses it alike
+    led.create_budget("fixed_by_use", epsilon=50.0, delta=1e-5)
+    led.budget("fixed_by_use").spend(subsample(Gaussian(2.0), rate=0.1), label="poisson")
+    with pytest.raises(LedgerConflictError, match=r"sampling='shuffled_epochs'.*balls_in_bins"):
+        make_private(model, opt, DataLoader(_indexed(), batch_size=6),
+                     ledger=led.budget("fixed_by_use"), **kw)
+    p = make_private(model, opt, DataLoader(_indexed(), batch_size=6),
+                     ledger=led.budget("ro"), **kw)
+    assert p.neighbouring == "replace_one"
+    p.detach()
+    # balls-in-bins, the add/remove alternative, is taken by the add/remove budget
+    p = make_private(model, opt, DataLoader(_indexed(), batch_size=6),
+                     ledger=led.budget("ar"), **{**kw, "sampling": "balls_in_bins"})
+    assert p.neighbouring == "add_remove"
+
+
 # ------------------------------------------------------------------ unfreezing mid-run
 
 

@@ -262,7 +262,7 @@ def test_checkpoint_reveals_no_past_batch():
     assert sampler.state_dict()["key"] != key  # ... but the saved key is past it
 
 
-def test_unfinished_logical_batch_is_discarded_not_released():
+def test_unfinished_logical_batch_is_discarded_not_released(oracle):
     """Virtual batches: leaving the loop between the chunks of a logical batch released
     the abandoned chunks' clipped sum inside the next step (3.5 -> 8.0). Now the next
     step equals a step on its own logical batch alone (float64, naive loop)."""
@@ -296,18 +296,130 @@ def test_unfinished_logical_batch_is_discarded_not_released():
         x = torch.cat([c[0] for c in chunks])
         y = torch.cat([c[1] for c in chunks])
         assert len(y) == 10
-        params = list(ref.parameters())
-        total = [torch.zeros_like(q) for q in params]
-        for i in range(10):
-            gs = torch.autograd.grad(nn.functional.cross_entropy(ref(x[i:i + 1]), y[i:i + 1]),
-                                     params)
-            norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
-            for t, g in zip(total, gs, strict=True):
-                t += min(1.0, C / norm) * g
-        with torch.no_grad():
-            for q, t in zip(params, total, strict=True):
-                q -= lr * t / 10
+        oracle.step(ref, x, y, C, lr, 10)
         for a, b in zip(p.model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+# ------------------------------------------ the samplings' laws, through the public loaders
+def _one_run(sampling, n, seed, epochs=2, b=5, cycle=4):
+    """The index batches of ``epochs`` passes of the DP loader ``make_dp_loader`` builds
+    for ``sampling`` over ``n`` examples (rate and cycle of an ``N = 40`` dataset)."""
+    from privlearn.correlated.sampling import SAMPLINGS
+    from privlearn.torch.data import make_dp_loader
+
+    law = SAMPLINGS[sampling]
+    c = cycle if law.cycled else 1
+    q = law.rate(b, 40, c)
+    loader = make_dp_loader(DataLoader(TensorDataset(torch.arange(n)), batch_size=b),
+                            sampling=sampling, sample_rate=q, batch_size=b,
+                            steps=law.per_epoch(q, c), seed=seed, cycle_length=c)
+    bs = loader.batch_sampler
+    out = []
+    for _ in range(epochs):
+        for batch in bs:
+            out.append(sorted(batch))
+    return out
+
+
+def _steps_of_each(batches, n):
+    steps = [[] for _ in range(n)]
+    for t, b in enumerate(batches):
+        for i in b:
+            steps[i].append(t)
+    return steps
+
+
+def test_adding_an_example_moves_no_other_example_in_add_remove_samplings():
+    """The layout change for N vs N + 1 examples, the same seed: for every sampling
+    accounted under add/remove, no other example changes step (what the accountant
+    assumes); for shuffled epochs, other examples move in most layouts, which is why it
+    is accounted under replace-one only."""
+    from privlearn.correlated.sampling import SAMPLINGS
+
+    n, seeds = 40, range(40)
+    for name, law in SAMPLINGS.items():
+        moved = 0
+        for s in seeds:
+            a = _steps_of_each(_one_run(name, n, s), n)
+            b = _steps_of_each(_one_run(name, n + 1, s), n + 1)
+            moved += a != b[:n]
+        if law.add_remove:
+            assert moved == 0, f"{name}: another example moved in {moved} of 40 layouts"
+        elif name == "shuffled_epochs":
+            assert moved >= 20, moved
+
+
+def _user_run(sampling, users, seed, k=2, b=3, cycle=3):
+    """``(step, user, rows)`` of 2 passes of the DP loader over users' rows."""
+    from privlearn.correlated.sampling import SAMPLINGS
+    from privlearn.torch.data import UnitIndex, make_dp_loader
+
+    law = SAMPLINGS[sampling]
+    units = UnitIndex(users, k)
+    c = cycle if law.cycled else 1
+    q = law.rate(b, 12, c)
+    loader = make_dp_loader(DataLoader(TensorDataset(torch.arange(len(users))), batch_size=b),
+                            sampling=sampling, sample_rate=q, batch_size=b,
+                            steps=law.per_epoch(q, c), seed=seed, cycle_length=c, units=units)
+    out, t = set(), 0
+    for _ in range(2):
+        for (x,) in loader:
+            rows, groups = x.tolist(), loader.batch_sampler.pending().groups
+            start = 0
+            for g in groups:
+                mine = rows[start:start + g]
+                owners = {users[i] for i in mine}
+                assert len(owners) == 1 and 1 <= g <= k  # one user's rows, at most k
+                out.add((t, owners.pop(), tuple(mine)))
+                start += g
+            t += 1
+    return out
+
+
+def test_adding_a_user_moves_no_other_users_rows_in_add_remove_samplings():
+    """User-level privacy (the per-user variant of every sampling): adding a user with
+    several rows leaves every other user's steps, and the rows each contributes to each
+    step, as they were (the same seed), for the samplings accounted under add/remove."""
+    from privlearn.correlated.sampling import SAMPLINGS
+
+    users = [u for u in range(12) for _ in range(1 + u % 4)]  # 1 to 4 rows per user
+    for name, law in SAMPLINGS.items():
+        if not law.add_remove:
+            continue
+        for s in range(15):
+            a = _user_run(name, users, s)
+            b = _user_run(name, users + [12, 12, 12], s)
+            assert {e for e in b if e[1] != 12} == a, name
+
+
+def test_a_sampling_registered_once_trains_through_make_private():
+    """Adding a sampling is one registry entry: make_private draws with its law (the
+    generic torch wrapper) and accounts it as the entry says."""
+    from dataclasses import replace
+
+    from torch import nn
+
+    from privlearn.accounting import Gaussian, compose, subsample
+    from privlearn.correlated.sampling import SAMPLINGS, register_sampling
+    from privlearn.torch import make_private
+    from privlearn.torch.samplers import RegisteredBatchSampler
+
+    register_sampling(replace(SAMPLINGS["poisson"], name="poisson_copy"))
+    try:
+        ds = TensorDataset(torch.randn(40, 3), torch.zeros(40, dtype=torch.long))
+        model = nn.Linear(3, 2)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=8), noise_multiplier=1.3,
+                         sampling="poisson_copy", seed=0)
+        assert isinstance(p.data_loader.batch_sampler, RegisteredBatchSampler)
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+        want = compose(subsample(Gaussian(1.3), rate=8 / 40), steps=5).epsilon(1e-5)
+        assert p.epsilon(1e-5) == want and p.neighbouring == "add_remove"
+    finally:
+        del SAMPLINGS["poisson_copy"]

@@ -61,22 +61,6 @@ def _wide_model() -> nn.Module:
     return nn.Linear(6, 2000)  # 14,000 coordinates for the noise-std estimate
 
 
-def _naive_step(model: nn.Module, x, y, lr: float, expected: float) -> None:
-    """Reference DP-SGD step without noise: one backward pass per example."""
-    loss_fn = nn.CrossEntropyLoss()
-    params = [p for p in model.parameters()]
-    total = [torch.zeros_like(p) for p in params]
-    for i in range(len(y)):
-        grads = torch.autograd.grad(loss_fn(model(x[i : i + 1]), y[i : i + 1]), params)
-        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
-        factor = min(1.0, C / float(norm))
-        for t, g in zip(total, grads, strict=True):
-            t += factor * g
-    with torch.no_grad():
-        for p, t in zip(params, total, strict=True):
-            p -= lr * t / expected
-
-
 def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS,
                  sampling="poisson"):
     """Train ``steps`` steps with make_private on this rank; return the global batches'
@@ -168,7 +152,7 @@ def ranks(tmp_path_factory):
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-def _single_process_references(batches, expected):
+def _single_process_references(batches, expected, oracle):
     """Naive and engine single-process runs on the given global batches (noise off)."""
     from privlearn.torch import make_private
 
@@ -189,7 +173,7 @@ def _single_process_references(batches, expected):
     naive_params, engine_params = [], []
     for b in batches:
         idx = torch.tensor(b, dtype=torch.long)
-        _naive_step(naive, x_all[idx], y_all[idx], LR, expected)
+        oracle.step(naive, x_all[idx], y_all[idx], C, LR, expected)
         naive_params.append(torch.cat([q.detach().reshape(-1).clone() for q in naive.parameters()]))
         p.optimizer.zero_grad()
         loss_fn(p.model(x_all[idx]), y_all[idx]).backward()
@@ -201,7 +185,7 @@ def _single_process_references(batches, expected):
 
 
 @pytest.mark.parametrize("ddp", [False, True], ids=["plain", "DistributedDataParallel"])
-def test_noise_free_distributed_step_equals_single_process(ranks, ddp):
+def test_noise_free_distributed_step_equals_single_process(ranks, ddp, oracle):
     key = f"exact_ddp={ddp}"
     r0, r1 = ranks[0][key], ranks[1][key]
     assert r0["batches"] == r1["batches"]
@@ -210,7 +194,7 @@ def test_noise_free_distributed_step_equals_single_process(ranks, ddp):
     assert all(len(b) > 0 for b in r0["batches"])
     # no wasted work: neither autograd nor DDP computed or reduced the weight gradients
     assert not r0["autograd_grads"] and not r1["autograd_grads"]
-    naive, engine = _single_process_references(r0["batches"], r0["expected"])
+    naive, engine = _single_process_references(r0["batches"], r0["expected"], oracle)
     start = torch.cat([q.detach().reshape(-1) for q in _model().parameters()])
     for k in range(STEPS):
         # the step moved the parameters (so equality is not vacuous) ...
@@ -221,7 +205,7 @@ def test_noise_free_distributed_step_equals_single_process(ranks, ddp):
         torch.testing.assert_close(r0["params"][k], engine[k], rtol=1e-5, atol=1e-6)
 
 
-def test_fixed_size_sampling_across_ranks(ranks):
+def test_fixed_size_sampling_across_ranks(ranks, oracle):
     r0, r1 = ranks[0]["fixed"], ranks[1]["fixed"]
     assert r0["batches"] == r1["batches"]
     assert r0["rate"] == pytest.approx(WORLD * PER_RANK_BATCH / N)
@@ -230,13 +214,13 @@ def test_fixed_size_sampling_across_ranks(ranks):
         assert len(set(b0) | set(b1)) == WORLD * PER_RANK_BATCH == len(union)
     # the steps draw different global samples (the shared seed is not a constant)
     assert len({tuple(b) for b in r0["batches"]}) == STEPS
-    naive, _ = _single_process_references(r0["batches"], r0["expected"])
+    naive, _ = _single_process_references(r0["batches"], r0["expected"], oracle)
     for k in range(STEPS):
         torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=1e-6)
         torch.testing.assert_close(r0["params"][k], naive[k], rtol=1e-5, atol=1e-6)
 
 
-def test_distributed_noise_std_matches_single_process_mechanism(ranks):
+def test_distributed_noise_std_matches_single_process_mechanism(ranks, oracle):
     r0, r1 = ranks[0]["noise"], ranks[1]["noise"]
     assert r0["noise_multiplier"] == SIGMA
     expected = r0["expected"]
@@ -256,7 +240,7 @@ def test_distributed_noise_std_matches_single_process_mechanism(ranks):
             ):
                 q.copy_(v.view_as(q))
         idx = torch.tensor(b, dtype=torch.long)
-        _naive_step(ref, x_all[idx], y_all[idx], 1.0, expected)
+        oracle.step(ref, x_all[idx], y_all[idx], C, 1.0, expected)
         clean = torch.cat([q.detach().reshape(-1) for q in ref.parameters()])
         residuals.append(r0["params"][k] - clean)  # = -lr * noise, lr = 1
         prev = r0["params"][k]

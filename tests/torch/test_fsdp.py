@@ -256,33 +256,29 @@ def ranks(tmp_path_factory):
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-def _naive(name, batches, expected, *, lr=LR, c=None, bounds=None, model=None, data=None,
-           loss=None):
-    """Naive noise-free DP-SGD: one backward pass per example, clip (flat, or per
-    parameter with ``bounds``), sum, divide by the expected batch size."""
+def _naive(oracle, name, batches, expected, *, lr=LR, c=None, bounds=None, model=None,
+           data=None, loss=None):
+    """Naive noise-free DP-SGD (the batch-of-one loop of ``oracle``): each example's
+    gradient clipped (flat, or per parameter with ``bounds``), summed, divided by the
+    expected batch size; the parameters after each batch."""
     model = model if model is not None else (_mlp() if name == "mlp" else _hf(name))
     data = data if data is not None else (_mlp_data() if name == "mlp" else _hf_data(name))
     loss = loss if loss is not None else (_mlp_loss if name == "mlp" else _hf_loss(name))
     c = c if c is not None else (C if name == "mlp" else HF_C)
-    names = [n for n, _ in model.named_parameters()]
-    params = list(model.parameters())
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    sizes = None if bounds is None else [p.numel() for p in params]
     out = []
     for b in batches:
-        total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
-        for i in b:
-            ex = tuple(t[i:i + 1] for t in data.tensors)
-            grads = torch.autograd.grad(loss(model, ex), params)
-            if bounds is None:
-                norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
-                factors = [min(1.0, c / norm)] * len(grads)
-            else:
-                factors = [min(1.0, bounds[n] / float(g.double().norm()))
-                           for n, g in zip(names, grads, strict=True)]
-            for t, g, f in zip(total, grads, factors, strict=True):
-                t += f * g.double()
+        rows = oracle.grads(lambda j, idx=list(b): loss(model, tuple(
+            t[idx[j]:idx[j] + 1] for t in data.tensors)), len(b), params)
+        total, _ = oracle.clip_and_sum(rows, c if bounds is None else
+                                       [bounds[n] for n, _ in named], sizes)
         with torch.no_grad():
-            for p, t in zip(params, total, strict=True):
-                p -= (lr * t / expected).to(p.dtype)
+            at = 0
+            for p in params:
+                p -= (lr * total[at:at + p.numel()].view_as(p) / expected).to(p.dtype)
+                at += p.numel()
         out.append(torch.cat([p.detach().reshape(-1).double().clone() for p in params]))
     return out
 
@@ -294,7 +290,7 @@ def _initial(name) -> torch.Tensor:
 
 @pytest.mark.parametrize("wrapper", ["fsdp", "ddp"])
 @pytest.mark.parametrize("name", ["mlp", "gpt2", "bert"])
-def test_noise_free_sharded_step_equals_naive_loop(ranks, name, wrapper):
+def test_noise_free_sharded_step_equals_naive_loop(ranks, name, wrapper, oracle):
     r0, r1 = ranks[0][name, wrapper], ranks[1][name, wrapper]
     assert r0["batches"] == r1["batches"]
     per_rank = PER_RANK if name == "mlp" else HF_N // WORLD
@@ -303,7 +299,7 @@ def test_noise_free_sharded_step_equals_naive_loop(ranks, name, wrapper):
     assert r0["expected"] == pytest.approx(WORLD * per_rank)
     if name != "mlp":  # sampling rate 1: every example in every step
         assert r0["batches"] == [list(range(HF_N))] * STEPS
-    naive = _naive(name, r0["batches"], r0["expected"])
+    naive = _naive(oracle, name, r0["batches"], r0["expected"])
     start = _initial(name)
     tol = dict(rtol=1e-5, atol=1e-6) if name == "mlp" else dict(rtol=1e-9, atol=1e-11)
     for k in range(STEPS):
@@ -312,16 +308,16 @@ def test_noise_free_sharded_step_equals_naive_loop(ranks, name, wrapper):
         torch.testing.assert_close(r0["params"][k], naive[k], **tol)
 
 
-def test_fixed_size_sampling_under_fsdp_equals_naive_loop(ranks):
+def test_fixed_size_sampling_under_fsdp_equals_naive_loop(ranks, oracle):
     r0 = ranks[0]["fixed"]
     assert r0["batches"] == ranks[1]["fixed"]["batches"]
     assert all(len(set(b)) == len(b) == WORLD * PER_RANK for b in r0["batches"])
-    naive = _naive("mlp", r0["batches"], r0["expected"])
+    naive = _naive(oracle, "mlp", r0["batches"], r0["expected"])
     for k in range(STEPS):
         torch.testing.assert_close(r0["params"][k], naive[k], rtol=1e-5, atol=1e-6)
 
 
-def test_sharded_noise_is_drawn_once_per_coordinate(ranks):
+def test_sharded_noise_is_drawn_once_per_coordinate(ranks, oracle):
     r0, r1 = ranks[0]["noise"], ranks[1]["noise"]
     expected = r0["expected"]
     data = _mlp_data()
@@ -332,7 +328,7 @@ def test_sharded_noise_is_drawn_once_per_coordinate(ranks):
     for k, b in enumerate(r0["batches"]):
         torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=0)
         _load(ref, prev)
-        clean = _naive("mlp", [b], expected, lr=1.0, model=ref, data=data, loss=loss)[0]
+        clean = _naive(oracle, "mlp", [b], expected, lr=1.0, model=ref, data=data, loss=loss)[0]
         residuals.append(r0["params"][k] - clean)  # = -lr * noise / (q N), lr = 1
         prev = r0["params"][k]
     noise = torch.cat(residuals)
@@ -358,13 +354,13 @@ def _load(model, flat) -> None:
             p.copy_(v.view_as(p))
 
 
-def test_per_layer_clipping_under_fsdp_equals_naive_loop(ranks):
+def test_per_layer_clipping_under_fsdp_equals_naive_loop(ranks, oracle):
     f0, d0 = ranks[0]["per_layer"]["fsdp"], ranks[0]["per_layer"]["ddp"]
     assert f0["batches"] == d0["batches"]
     names = [n for n, _ in _mlp().named_parameters()]
     bounds = dict(zip(names, (0.3, 0.1, 0.2, 0.05), strict=True))
     expected = f0["expected"]
-    naive = _naive("mlp", f0["batches"], expected, bounds=bounds)
+    naive = _naive(oracle, "mlp", f0["batches"], expected, bounds=bounds)
     for k in range(STEPS):
         torch.testing.assert_close(f0["params"][k], naive[k], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(d0["params"][k], naive[k], rtol=1e-5, atol=1e-6)

@@ -12,11 +12,6 @@ from torch import nn  # noqa: E402
 from privlearn.torch.tracker import GradSampleTracker  # noqa: E402
 
 
-def _mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 3))
-
-
 def _sum(model, run, c):
     tracker = GradSampleTracker(model)
     try:
@@ -28,11 +23,11 @@ def _sum(model, run, c):
 
 
 @pytest.mark.parametrize("order", ["compile_then_track", "track_then_compile"])
-def test_compiled_mlp_matches_eager(order):
+def test_compiled_mlp_matches_eager(order, make_mlp):
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
-    eager = _mlp()
+    eager = make_mlp(norm=True)
     ref, n = _sum(eager, lambda: nn.functional.cross_entropy(eager(x), y), 1.0)
-    model = _mlp()
+    model = make_mlp(norm=True)
     compiled = torch.compile(model)
     if order == "compile_then_track":
         tracker = GradSampleTracker(compiled)

@@ -10,7 +10,6 @@ pytest.importorskip("transformers")
 
 from hf_models import (  # noqa: E402
     build,
-    clip_sum,
     engine_sum,
     make_batch,
     naive_grads,
@@ -20,14 +19,14 @@ MODELS = ["gpt2", "gpt2_untied", "bert", "llama", "vit", "gpt2_lora"]
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_clipped_sum_matches_batch_of_one_loop(name):
+def test_clipped_sum_matches_batch_of_one_loop(name, oracle):
     if name == "gpt2_lora":
         pytest.importorskip("peft")
     model = build(name)
     inputs, labels = make_batch(name)
-    rows = naive_grads(name, model, inputs, labels)
+    rows = naive_grads(oracle, name, model, inputs, labels)
     c = rows.norm(dim=1).median().item()  # clips about half the examples
-    ref, ref_norms = clip_sum(rows, c)
+    ref, ref_norms = oracle.clip_and_sum(rows, c)
     got, norms, batch = engine_sum(name, model, inputs, labels, c)
     assert batch == labels.shape[0]
     assert (ref_norms > c).sum() >= 2 and (ref_norms <= c).sum() >= 2
@@ -38,14 +37,14 @@ def test_clipped_sum_matches_batch_of_one_loop(name):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
-def test_gradient_checkpointing(name):
+def test_gradient_checkpointing(name, oracle):
     """Hugging Face's (non-reentrant) checkpointing recomputes forwards inside backward:
     not recorded twice, not taken for a second backward pass."""
     model = build(name)
     inputs, labels = make_batch(name)
-    rows = naive_grads(name, model, inputs, labels)
+    rows = naive_grads(oracle, name, model, inputs, labels)
     c = rows.norm(dim=1).median().item()
-    ref, _ = clip_sum(rows, c)
+    ref, _ = oracle.clip_and_sum(rows, c)
     model.gradient_checkpointing_enable()
     got, _, _ = engine_sum(name, model, inputs, labels, c)
     assert (got - ref).norm() <= 1e-10 * ref.norm()
@@ -134,16 +133,16 @@ def test_dropout_inside_a_fallback_layer_is_refused_before_the_first_step():
                      noise_multiplier=1.0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["gpt2", "llama", "vit"])
-def test_clipped_sum_matches_batch_of_one_loop_cuda(name):
+def test_clipped_sum_matches_batch_of_one_loop_cuda(name, oracle):
     model = build(name).cuda()
     inputs, labels = make_batch(name)
     inputs = {k: v.cuda() for k, v in inputs.items()}
     labels = labels.cuda()
-    rows = naive_grads(name, model, inputs, labels)
+    rows = naive_grads(oracle, name, model, inputs, labels)
     c = rows.norm(dim=1).median().item()
-    ref, ref_norms = clip_sum(rows, c)
+    ref, ref_norms = oracle.clip_and_sum(rows, c)
     got, norms, _ = engine_sum(name, model, inputs, labels, c)
     tol = 1e-5 if name == "llama" else 1e-9
     torch.testing.assert_close(norms, ref_norms, rtol=tol, atol=0)

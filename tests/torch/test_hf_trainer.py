@@ -144,23 +144,23 @@ def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
 
 
 def test_stops_at_max_epsilon_and_calibrates(tmp_path):
-    cap = (_eps(1.0, 3) + _eps(1.0, 4)) / 2  # room for exactly 3 steps
-    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=10, logging_steps=50),
+    cap = (_eps(1.0, 2) + _eps(1.0, 3)) / 2  # room for exactly 2 steps
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=5, logging_steps=50),
                    train_dataset=_TextSet(),
                    privacy=PrivacyArguments(noise_multiplier=1.0, max_epsilon=cap, seed=0))
-    with pytest.warns(PrivacyBudgetWarning, match="stopped after step 3 of 10"):
+    with pytest.warns(PrivacyBudgetWarning, match="stopped after step 2 of 5"):
         tr.train()
-    assert tr.privacy_engine.accountant.steps == 3
-    assert tr.state.global_step == 3
+    assert tr.privacy_engine.accountant.steps == 2
+    assert tr.state.global_step == 2
     assert tr.epsilon() <= cap
     # target_epsilon: sigma calibrated for max_steps; the plan is spent, not exceeded
-    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=5, logging_steps=50),
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=3, logging_steps=50),
                    train_dataset=_TextSet(),
                    privacy=PrivacyArguments(target_epsilon=4.0, seed=0))
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyBudgetWarning)  # the planned end: no warning
         tr.train()
-    assert tr.privacy_engine.accountant.steps == 5
+    assert tr.privacy_engine.accountant.steps == 3
     assert 3.9 < tr.epsilon() <= 4.0
     # a cap below one step's epsilon: a clear error before any step
     tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=5), train_dataset=_TextSet(),
@@ -394,13 +394,13 @@ def test_every_run_of_model_init_trains_privately_and_composes(tmp_path):
 def test_three_runs_compose_each_run_once(tmp_path):
     """Each finished run's mechanism already includes the runs before it; composing the
     list of them counted the first run twice from the third run on."""
-    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=2,
+    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=1,
                                                               logging_steps=50),
                    train_dataset=_TextSet(),
                    privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
     for runs in (1, 2, 3):
         tr.train()
-        assert tr.epsilon() == pytest.approx(_eps(1.0, 2 * runs), rel=1e-9)
+        assert tr.epsilon() == pytest.approx(_eps(1.0, runs), rel=1e-9)
 
 
 def test_a_run_without_noise_makes_every_later_epsilon_infinite(tmp_path):
@@ -458,19 +458,22 @@ def test_packed_rows_are_refused_at_the_step_whatever_the_collator(tmp_path):
 
 
 def test_resumed_run_reports_the_epoch_it_reached(tmp_path):
+    """Two steps an epoch (q = 1/2); resumed in the middle of the second epoch, the run
+    reports the sampler's epoch, as the uninterrupted one does."""
     pa = PrivacyArguments(noise_multiplier=1.0, seed=1)
-    args = _args(tmp_path / "out", max_steps=12, save_strategy="steps", save_steps=11)
+    args = _args(tmp_path / "out", max_steps=4, save_strategy="steps", save_steps=3,
+                 per_device_train_batch_size=N // 2)
     private = tmp_path / "private"
     a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa,
                   private_state_dir=private)
     a.train()
     b = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa,
                   private_state_dir=private)
-    b.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-11"))
+    b.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-3"))
     epochs_a = [h["epoch"] for h in a.state.log_history if "learning_rate" in h]
     epochs_b = [h["epoch"] for h in b.state.log_history if "learning_rate" in h]
-    assert epochs_a[-1] == epochs_b[-1] == pytest.approx(12 / 8)
-    assert epochs_b[-1] == epochs_a[-1]
+    assert epochs_a == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    assert epochs_b == epochs_a  # the restored history and the step taken after it
 
 
 class _UserTextSet(_TextSet):
@@ -492,6 +495,56 @@ def test_user_column_makes_privacy_per_user(tmp_path):
     p = tr.privacy_engine
     assert p.config.privacy_unit == "user" and p.plan.dataset_size == 16
     assert tr.epsilon() == pytest.approx(_eps(1.0, 3, q=4 / 16), rel=1e-9)
+
+
+class _GappedUserTextSet(_TextSet):
+    """A user column with gaps (float ids, NaN where the id was lost): one person's 4
+    sequences have NaN ids."""
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        item["user"] = float("nan") if i in (3, 9, 20, 41) else float(i // 4)
+        return item
+
+
+def test_user_column_with_missing_ids_is_refused(tmp_path):
+    """NaN ids are never equal, so each NaN row would be a user of its own (one person's
+    4 rows, 4 users): refused before any step, naming the column and the rows."""
+    from privlearn.errors import ParameterValueError
+
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=3, logging_steps=50,
+                                              per_device_train_batch_size=4),
+                   train_dataset=_GappedUserTextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0, user_column="user"))
+    with pytest.raises(ParameterValueError, match=r"user_column='user' has a missing id .*"
+                       r"rows 3, 9, 20, 41"):
+        tr.train()
+    assert tr.state.global_step == 0
+
+
+def test_shuffled_epochs_through_the_trainer_is_accounted_under_replace_one(tmp_path):
+    """DPTrainer with sampling='shuffled_epochs' (one permutation cut into batches): the
+    epsilon holds under replace-one, as make_private's: each of the k participations of
+    the replaced example moves its batch's sum by up to 2 C, the Gaussian mechanism of
+    sensitivity 2 sqrt(k) C (closed form, Balle & Wang 2018, Theorem 8)."""
+    from scipy.stats import norm
+
+    cycle = N // B
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2 * cycle, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=2.0, seed=0,
+                                            sampling="shuffled_epochs"))
+    tr.train()
+    p = tr.privacy_engine
+    assert p.accountant.steps == 2 * cycle and p.plan.run.cycle == cycle
+    eps, sigma, sens = tr.epsilon(), 2.0, 2 * math.sqrt(2)
+    a = sens / (2 * sigma)
+
+    def delta(e):
+        return norm.cdf(a - e * sigma / sens) - math.exp(e) * norm.cdf(-a - e * sigma / sens)
+
+    assert delta(eps) <= 1e-5 * (1 + 1e-9) < delta(eps - 0.01)
+    assert p.neighbouring == "replace_one"
 
 
 def test_correlated_noise_through_the_trainer(tmp_path):

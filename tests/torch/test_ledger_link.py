@@ -72,6 +72,26 @@ def test_plan_reserved_before_training_and_settled_to_what_ran(tmp_path):
     assert ledger.verify()
 
 
+@pytest.mark.parametrize("kw", [dict(sampling="balls_in_bins"),
+                                dict(sampling="balls_in_bins", noise="blt")],
+                         ids=["balls-in-bins", "blt"])
+def test_a_run_accounted_as_one_mechanism_stopped_early_settles(tmp_path, kw):
+    """Early stopping after one of two planned epochs: finish() settles the reservation
+    (at the plan, which covers the steps that ran) instead of refusing the shorter run's
+    mechanism as not a sub-composition of the plan."""
+    ledger, ds, model = _setup(tmp_path, epsilon=50.0)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0, epochs=2,
+                     ledger=ledger.budget("toy"), seed=0, **kw)
+    planned = ledger.spent("toy").epsilon_spent
+    _train(p, 8)
+    p.finish()
+    assert ledger.pending("toy") == []
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(planned, rel=1e-9)
+    assert p.epsilon(DELTA) <= planned
+    assert ledger.verify()
+
+
 def test_refused_before_touching_anything(tmp_path):
     ledger, ds, model = _setup(tmp_path, epsilon=0.5)
     flags = [q.requires_grad for q in model.parameters()]

@@ -728,7 +728,7 @@ def test_legacy_methods_still_draw():
 
 # ------------------------------------------------------------------------------ CUDA
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+cuda = pytest.mark.gpu
 
 
 @cuda

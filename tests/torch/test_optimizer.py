@@ -9,26 +9,15 @@ rate, two batches of the private loader backpropagated into one step."""
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
-
-
-def _data(n=64, d=6, k=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g))
-
-
-def _mlp(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
 def _step(p, x, y, loss=None):
@@ -38,13 +27,13 @@ def _step(p, x, y, loss=None):
     p.optimizer.step()
 
 
-def test_parameter_outside_the_model_is_refused_before_anything_is_released():
+def test_parameter_outside_the_model_is_refused_before_anything_is_released(make_data, make_mlp):
     """A learnable temperature in its own param group: its gradient never went through
     clipping or noise, and the wrapped optimizer would step on it."""
-    model = _mlp()
+    model = make_mlp(act=nn.Tanh)
     temp = nn.Parameter(torch.ones(()))
     opt = torch.optim.SGD([{"params": model.parameters()}, {"params": [temp]}], lr=0.5)
-    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
+    p = make_private(model, opt, DataLoader(make_data(), batch_size=8), noise_multiplier=1.0,
                      seed=0)
     before = [q.detach().clone() for q in model.parameters()]
     x, y = next(iter(p.data_loader))
@@ -58,45 +47,29 @@ def test_parameter_outside_the_model_is_refused_before_anything_is_released():
         p.optimizer.add_param_group({"params": [nn.Parameter(torch.ones(2))]})
 
 
-def _naive_update(model, x, y, C, lr, expected):
-    """SGD step with the sum of per-example clipped gradients / expected batch size
-    (float64 loop of batch-size-1 backward passes over the trainable parameters)."""
-    params = [q for q in model.parameters() if q.requires_grad]
-    total = [torch.zeros_like(q) for q in params]
-    for i in range(len(y)):
-        gs = torch.autograd.grad(nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]),
-                                 params)
-        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
-        for t, g in zip(total, gs, strict=True):
-            t += min(1.0, C / norm) * g
-    with torch.no_grad():
-        for q, t in zip(params, total, strict=True):
-            q -= lr * t / expected
-
-
-def test_layer_unfrozen_after_make_private_is_clipped_with_the_others():
+def test_layer_unfrozen_after_make_private_is_clipped_with_the_others(oracle, make_data, make_mlp):
     """Progressive unfreezing: the unfrozen layer's gradient is clipped per example
     together with the others (equal to a naive per-example loop), never stepped raw."""
     torch.set_default_dtype(torch.float64)
     try:
-        model = _mlp(seed=1)
+        model = make_mlp(act=nn.Tanh, seed=1)
         for q in model[0].parameters():
             q.requires_grad_(False)
         ref = copy.deepcopy(model)
         C, lr = 0.05, 0.5
         p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
-                         DataLoader(_data(), batch_size=8), noise_multiplier=0.0,
+                         DataLoader(make_data(), batch_size=8), noise_multiplier=0.0,
                          max_grad_norm=C, sampling="fixed", seed=2)
         it = iter(p.data_loader)
         x, y = next(it)
         _step(p, x, y)
-        _naive_update(ref, x, y, C, lr, 8)
+        oracle.step(ref, x, y, C, lr, 8)
         for m in (model, ref):
             for q in m[0].parameters():
                 q.requires_grad_(True)
         x, y = next(it)
         _step(p, x, y)
-        _naive_update(ref, x, y, C, lr, 8)
+        oracle.step(ref, x, y, C, lr, 8)
         for a, b in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         assert id(model[0].weight) in p.optimizer.tracker.param_ids
@@ -104,12 +77,12 @@ def test_layer_unfrozen_after_make_private_is_clipped_with_the_others():
         torch.set_default_dtype(torch.float32)
 
 
-def test_raw_gradient_of_a_model_parameter_is_refused():
+def test_raw_gradient_of_a_model_parameter_is_refused(make_data, make_mlp):
     """A gradient set on a model parameter outside the engine (e.g. by a second,
     non-private backward through a detached copy) is refused by the gate."""
-    model = _mlp()
+    model = make_mlp(act=nn.Tanh)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=0)
+                     DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=0)
     for q in model[0].parameters():
         q.requires_grad_(False)  # the engine forgets it at the next forward ...
     x, y = next(iter(p.data_loader))
@@ -120,12 +93,12 @@ def test_raw_gradient_of_a_model_parameter_is_refused():
         p.optimizer.step()
 
 
-def test_sampling_rate_has_one_truth():
+def test_sampling_rate_has_one_truth(make_data, make_mlp):
     """The optimizer's sampling rate was a writable copy that the accountant recorded:
     setting it to 0.001 while the sampler drew at 0.1 reported 0.0235 for 10 steps
     instead of 2.85."""
-    ds = _data(n=80)
-    model = _mlp()
+    ds = make_data(n=80)
+    model = make_mlp(act=nn.Tanh)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(ds, batch_size=8), noise_multiplier=1.0, seed=0)
     for target in (p.optimizer, p):
@@ -143,12 +116,12 @@ def test_sampling_rate_has_one_truth():
     assert p.epsilon(1e-5) > 2.8
 
 
-def test_two_batches_backpropagated_into_one_step_are_refused():
+def test_two_batches_backpropagated_into_one_step_are_refused(make_data, make_mlp):
     """``(loss(b1) + loss(b2)).backward()`` then one step: example i of each batch would be
     clipped together and two draws counted as one step (7.2 -> 16.1)."""
-    model = _mlp()
+    model = make_mlp(act=nn.Tanh)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=0,
+                     DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=0,
                      sampling="fixed")  # equal batch sizes: nothing else can notice
     it = iter(p.data_loader)
     (x1, y1), (x2, y2) = next(it), next(it)
@@ -160,12 +133,12 @@ def test_two_batches_backpropagated_into_one_step_are_refused():
     assert p.accountant.steps == 0
 
 
-def test_rows_seen_by_the_layers_must_be_the_examples_delivered():
+def test_rows_seen_by_the_layers_must_be_the_examples_delivered(make_data, make_mlp):
     """Two augmented views concatenated into one batch: each row would be clipped as an
     example of its own (two rows per example). Refused, with the reason."""
-    model = _mlp()
+    model = make_mlp(act=nn.Tanh)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=0,
+                     DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=0,
                      sampling="fixed")
     x, y = next(iter(p.data_loader))
     p.optimizer.zero_grad()
@@ -175,13 +148,14 @@ def test_rows_seen_by_the_layers_must_be_the_examples_delivered():
     assert p.accountant.steps == 0
 
 
-def test_saved_noise_state_cannot_replay_past_steps():
+def test_saved_noise_state_cannot_replay_past_steps(make_data, make_mlp):
     """Forward secrecy: the noise source moves along a one-way chain after every step, so
     a checkpoint (a release) replays the noise of the next step, not of the last one."""
     from privlearn.torch import NoiseSource
 
-    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=5)
+    p = make_private(make_mlp(act=nn.Tanh),
+                     torch.optim.SGD(make_mlp(act=nn.Tanh).parameters(), lr=0.1),
+                     DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=5)
     first_seed = p.optimizer.noise.seed
     x, y = next(iter(p.data_loader))
     _step(p, x, y)
@@ -195,11 +169,12 @@ def test_saved_noise_state_cannot_replay_past_steps():
     assert not torch.equal(a, past)
 
 
-def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch):
+def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch, make_data, make_mlp):
     """No host synchronisation on the hot path of a step but the one documented check
     (non-finite per-example norms, one read a step): patched reads are counted."""
-    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0, seed=5)
+    p = make_private(make_mlp(act=nn.Tanh),
+                     torch.optim.SGD(make_mlp(act=nn.Tanh).parameters(), lr=0.1),
+                     DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=5)
     it = iter(p.data_loader)
     _step(p, *next(it))  # the first step runs the probe (documented, once)
     reads = []

@@ -83,7 +83,7 @@ def test_second_backward_before_step_is_refused():
     assert p.accountant.steps == 0
 
 
-def test_accumulation_via_virtual_batches_equals_naive_per_example_loop():
+def test_accumulation_via_virtual_batches_equals_naive_per_example_loop(oracle):
     """The supported way (max_physical_batch_size) equals clipping each example on its
     own (a loop of batch-size-1 backward passes) and summing, in float64."""
     torch.set_default_dtype(torch.float64)
@@ -104,17 +104,7 @@ def test_accumulation_via_virtual_batches_equals_naive_per_example_loop():
             p.optimizer.step()
             if p.accountant.steps == 1:
                 break
-        params = list(ref.parameters())
-        total = [torch.zeros_like(q) for q in params]
-        for i in batch:
-            gs = torch.autograd.grad(nn.functional.cross_entropy(
-                ref(x_all[i:i + 1]), y_all[i:i + 1]), params)
-            norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
-            for t, g in zip(total, gs, strict=True):
-                t += min(1.0, C / norm) * g
-        with torch.no_grad():
-            for q, t in zip(params, total, strict=True):
-                q -= lr * t / 10
+        oracle.step(ref, x_all[batch], y_all[batch], C, lr, 10)
         torch.testing.assert_close(_flat(model), _flat(ref), rtol=1e-10, atol=1e-12)
     finally:
         torch.set_default_dtype(torch.float32)
@@ -272,8 +262,9 @@ def test_going_past_the_target_is_one_explicit_setting_in_make_private_and_dptra
     from privlearn.torch.hf import PrivacyArguments
 
     pa = PrivacyArguments(target_epsilon=3.0, max_epsilon=float("inf"))
-    assert math.isinf(pa.engine_settings(steps=4)["max_epsilon"])
-    assert PrivacyArguments(target_epsilon=3.0).engine_settings(steps=4)["max_epsilon"] == 3.0
+    assert math.isinf(DPConfig(**pa.engine_settings(steps=4)).max_epsilon)
+    pa = PrivacyArguments(target_epsilon=3.0)
+    assert DPConfig(**pa.engine_settings(steps=4)).max_epsilon == 3.0
 
 
 def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
@@ -398,13 +389,16 @@ def test_hf_token_level_labels_refused_before_any_step():
     assert p.accountant.steps == 0
 
 
-def test_per_sequence_loss_with_padding_equals_naive_loop():
+def test_per_sequence_loss_with_padding_equals_naive_loop(oracle):
     """Per-sequence token-mean loss on a padded causal LM batch: the engine's clipped sum
     equals a loop of batch-size-1 backward passes (float64)."""
     model = _tiny_causal_lm()
     ref = copy.deepcopy(model)
     ids, mask, labels = _padded_batch()
-    C = _median_norm(ref, ids, mask, labels)  # clips about half the examples
+    rows = oracle.grads(lambda i: per_sequence_cross_entropy(
+        _lm(ref, ids[i:i + 1], mask[i:i + 1]), labels[i:i + 1], shift=True), len(ids),
+        oracle.trainable(ref))
+    C = rows.norm(dim=1).median().item()  # clips about half the examples
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
                      DataLoader(TensorDataset(ids, mask, labels), batch_size=6),
                      noise_multiplier=0.0, max_grad_norm=C)
@@ -413,33 +407,11 @@ def test_per_sequence_loss_with_padding_equals_naive_loop():
     per_sequence_cross_entropy(_lm(p.model, ids, mask), labels, shift=True).backward()
     p.optimizer.clip_and_accumulate()
     got = p.optimizer._accum
-    params = [q for q in ref.parameters() if q.requires_grad]
-    total = [torch.zeros_like(q) for q in params]
-    clipped = 0
-    for i in range(len(ids)):
-        gs = torch.autograd.grad(per_sequence_cross_entropy(
-            _lm(ref, ids[i:i + 1], mask[i:i + 1]), labels[i:i + 1], shift=True), params,
-            allow_unused=True)
-        gs = [torch.zeros_like(q) if g is None else g for q, g in zip(params, gs, strict=True)]
-        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
-        clipped += norm > C
-        for t, g in zip(total, gs, strict=True):
-            t += min(1.0, C / norm) * g / 6
-    assert 0 < clipped < len(ids)
-    for q, t in zip(model.parameters(), total, strict=True):
-        torch.testing.assert_close(got.get(id(q), torch.zeros_like(t)), t, rtol=1e-10,
-                                   atol=1e-12)
-
-
-def _median_norm(model, ids, mask, labels):
-    norms = []
-    params = list(model.parameters())
-    for i in range(len(ids)):
-        gs = torch.autograd.grad(per_sequence_cross_entropy(
-            _lm(model, ids[i:i + 1], mask[i:i + 1]), labels[i:i + 1], shift=True), params,
-            allow_unused=True)
-        norms.append(math.sqrt(sum(float((g ** 2).sum()) for g in gs if g is not None)))
-    return sorted(norms)[len(norms) // 2]
+    total, norms = oracle.clip_and_sum(rows, C)
+    assert 0 < (norms > C).sum() < len(ids)
+    torch.testing.assert_close(
+        oracle.flat(got.get(id(q), torch.zeros_like(q)) for q in model.parameters()),
+        total / 6, rtol=1e-10, atol=1e-12)
 
 
 def test_per_sequence_cross_entropy_matches_definition():

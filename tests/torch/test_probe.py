@@ -11,7 +11,6 @@ backward passes) or refused before the first step with the option that fixes it.
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 
@@ -111,27 +110,13 @@ class _LSTMHead(nn.Module):
         return self.fc(out).mean(0)
 
 
-def _naive_clipped_update(model, x, y, C, lr, expected):
-    params = list(model.parameters())
-    total = [torch.zeros_like(q) for q in params]
-    for i in range(len(y)):
-        gs = torch.autograd.grad(nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]),
-                                 params)
-        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
-        for t, g in zip(total, gs, strict=True):
-            t += min(1.0, C / norm) * g
-    with torch.no_grad():
-        for q, t in zip(params, total, strict=True):
-            q -= lr * t / expected
-
-
 @pytest.mark.parametrize("make,kw", [
     (lambda: _Encoder(batch_first=False), {}),
     (lambda: _Encoder(batch_first=True), {}),
     (_LSTMHead, {"batch_dims": {"fc": 1}}),
 ], ids=["encoder-seq-first", "encoder-batch-first", "lstm-linear-declared"])
 @pytest.mark.parametrize("batch", [8, T])  # B == T: a position-wise clip would pass unseen
-def test_sequence_first_layers_are_clipped_per_example(make, kw, batch):
+def test_sequence_first_layers_are_clipped_per_example(make, kw, batch, oracle):
     """Equal to the loop of batch-size-1 passes (float64); before, norms were 6-100% off
     and with B == T positions were clipped instead of examples."""
     torch.set_default_dtype(torch.float64)
@@ -147,7 +132,7 @@ def test_sequence_first_layers_are_clipped_per_example(make, kw, batch):
         p.optimizer.zero_grad()
         nn.functional.cross_entropy(p.model(x), y).backward()
         p.optimizer.step()
-        _naive_clipped_update(ref, x, y, C, 0.5, batch)
+        oracle.step(ref, x, y, C, 0.5, batch)
         for a, b in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
     finally:
@@ -254,8 +239,9 @@ class _Reaching(nn.Module):
 @pytest.mark.parametrize("how", ["others-mean", "reverse-cumsum", "last-row"])
 @pytest.mark.parametrize("batch", [4, 16])
 def test_mixing_from_the_last_example_is_refused(how, batch):
+    # fixed-size batches: a Poisson batch of one example has no other example to mix
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
-        _first_step(_Reaching(how), _seqs(), batch_size=batch)
+        _first_step(_Reaching(how), _seqs(), batch_size=batch, sampling="fixed")
 
 
 class _Sizes(nn.Module):
@@ -355,8 +341,19 @@ def _swap_norm(model):
     model.norm = _BatchCentre()
 
 
-@pytest.mark.parametrize("change", [_toggle_modes, _hook_on_norm, _swap_norm],
-                         ids=["eval-train-toggle", "forward-hook", "submodule-swapped"])
+class _CentringNorm(nn.Module):
+    def forward(self, x):
+        return x - x.mean(0)
+
+
+def _swap_class_of_norm(model):
+    model.norm.__class__ = _CentringNorm  # same module object, a forward that mixes
+
+
+@pytest.mark.parametrize("change", [_toggle_modes, _hook_on_norm, _swap_norm,
+                                    _swap_class_of_norm],
+                         ids=["eval-train-toggle", "forward-hook", "submodule-swapped",
+                              "class-swapped"])
 def test_the_probe_re_arms_on_changes_that_mix_examples(change):
     """Mixing switched on after the first step (the usual ``model.eval(); evaluate();
     model.train()`` puts a module kept in eval mode into training mode; a hook or a

@@ -7,8 +7,6 @@ ledger keeps per-user budgets apart from per-record ones."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -49,26 +47,22 @@ def _step(p, x, y, loss=None):
     p.optimizer.step()
 
 
-def _naive_unit_update(model, groups, C, lr, expected, reduction="mean"):
+def _naive_unit_update(oracle, model, groups, C, lr, expected, reduction="mean"):
     """SGD step with sum_u clip(G_u) / expected, G_u the mean (sum) over the unit's rows
-    of the rows' gradients of the mean loss times the row count (the engine's scale)."""
+    of the rows' gradients of the mean loss times the row count (the engine's scale): the
+    oracle's loop with one pass per unit instead of per example."""
+    def unit_loss(u):
+        x, y = groups[u]
+        loss = nn.functional.cross_entropy(model(x), y, reduction="sum")
+        return loss / len(y) if reduction == "mean" else loss
+
     params = list(model.parameters())
-    total = [torch.zeros_like(q) for q in params]
-    for x, y in groups:
-        losses = nn.functional.cross_entropy(model(x), y, reduction="sum")
-        gs = torch.autograd.grad(losses, params)
-        if reduction == "mean":
-            gs = [g / len(y) for g in gs]
-        norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
-        for t, g in zip(total, gs, strict=True):
-            t += min(1.0, C / norm) * g
-    with torch.no_grad():
-        for q, t in zip(params, total, strict=True):
-            q -= lr * t / expected
+    total, _ = oracle.clip_and_sum(oracle.grads(unit_loss, len(groups), params), C)
+    oracle.sgd_step(params, total, lr, expected)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_per_user_clipped_sum_equals_a_naive_loop_over_users(reduction):
+def test_per_user_clipped_sum_equals_a_naive_loop_over_users(reduction, oracle):
     torch.set_default_dtype(torch.float64)
     try:
         ds = _data()
@@ -92,7 +86,7 @@ def test_per_user_clipped_sum_equals_a_naive_loop_over_users(reduction):
         for g in drawn.groups:
             groups.append((x[start:start + g], y[start:start + g]))
             start += g
-        _naive_unit_update(ref, groups, C, lr, p.expected_batch_size, reduction)
+        _naive_unit_update(oracle, ref, groups, C, lr, p.expected_batch_size, reduction)
         for a, b in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         assert p.expected_batch_size == 4.0  # expected users per batch
@@ -132,7 +126,7 @@ def test_one_example_per_user_is_example_level_dp_sgd_exactly():
         torch.set_default_dtype(torch.float32)
 
 
-def test_augmentation_multiplicity_averages_views_before_clipping():
+def test_augmentation_multiplicity_averages_views_before_clipping(oracle):
     """The loader lays out each example's K views on consecutive rows; the update equals
     the loop over examples clipping the mean of their views' gradients."""
     torch.set_default_dtype(torch.float64)
@@ -158,7 +152,7 @@ def test_augmentation_multiplicity_averages_views_before_clipping():
             assert torch.equal(yv[j::k], yv[::k])
         _step(p, xv, yv)
         groups = [(xv[i * k:(i + 1) * k], yv[i * k:(i + 1) * k]) for i in range(6)]
-        _naive_unit_update(ref, groups, C, lr, 6.0, "mean")
+        _naive_unit_update(oracle, ref, groups, C, lr, 6.0, "mean")
         for a, b in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         # without the declaration the rows would be clipped one by one: refused
@@ -190,13 +184,16 @@ def test_one_example_moves_an_augmented_update_by_at_most_the_bound():
                      augmentation_multiplicity=k, augment=lambda batch: batch,
                      sampling="fixed", seed=1)
     moved = None
-    for xb, yb, ib in p.data_loader:
-        w0 = model.weight.detach().clone()
-        p.optimizer.zero_grad()
-        ((p.model(xb).squeeze(1) - yb) ** 2).mean().backward()
-        p.optimizer.step()
-        if 0 in ib.tolist():
-            moved = ((w0 - model.weight.detach()).norm() * p.expected_batch_size).item()
+    for _ in range(10):  # epochs, until a batch holds example 0
+        for xb, yb, ib in p.data_loader:
+            w0 = model.weight.detach().clone()
+            p.optimizer.zero_grad()
+            ((p.model(xb).squeeze(1) - yb) ** 2).mean().backward()
+            p.optimizer.step()
+            if 0 in ib.tolist():
+                moved = ((w0 - model.weight.detach()).norm() * p.expected_batch_size).item()
+                break
+        if moved is not None:
             break
     assert moved == pytest.approx(c, rel=1e-6)
 
@@ -267,3 +264,59 @@ def test_row_units_from_sizes():
     assert u.position.tolist() == [0, 1, 0, 0, 1, 2]
     assert u.weight.tolist() == [0.5, 0.5, 1.0, 1 / 3, 1 / 3, 1 / 3]
     assert (u.units, u.width, u.rows) == (3, 3, 6)
+
+
+# ----------------------------------------------------------------- the rule for unit ids
+def _private_with_users(users, **kw):
+    return make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+                        DataLoader(_data(), batch_size=4), noise_multiplier=1.0,
+                        users=users, **kw)
+
+
+def test_nan_user_ids_are_refused_not_split_into_units():
+    """One person with 4 NaN rows (a float id column with gaps) would be 4 units, each
+    moving the release by C under a per-user guarantee for one: refused, naming the rows."""
+    import numpy as np
+
+    from privlearn.errors import ParameterValueError
+
+    users = (np.arange(48) // 4).astype(np.float64)
+    users[[5, 17, 30, 44]] = np.nan  # one person's 4 rows, the id lost
+    with pytest.raises(ParameterValueError, match=r"users has a missing id .* 4 of its 48 "
+                       r"rows \(rows 5, 17, 30, 44; .*[Ff]ill"):
+        _private_with_users(users)
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), "nat"])
+def test_missing_user_ids_of_any_kind_are_refused(bad):
+    import numpy as np
+
+    from privlearn.errors import ParameterValueError
+
+    users = [i // 4 for i in range(48)]
+    if bad == "nat":
+        users = [np.datetime64("2024-01-01") + np.timedelta64(u, "D") for u in users]
+        bad = np.datetime64("NaT")
+    users[7] = bad
+    with pytest.raises(ParameterValueError, match=r"users has a missing id .*rows 7;"):
+        _private_with_users(users)
+
+
+def test_mixed_type_user_ids_are_refused():
+    from privlearn.errors import ParameterValueError
+
+    users = [str(i // 4) for i in range(48)]
+    users[3] = 0  # the same person's id as an int
+    with pytest.raises(ParameterValueError, match=r"users mixes id types: most ids are of "
+                       r"type str, and 1 of type number \(rows 3\)"):
+        _private_with_users(users)
+
+
+def test_integral_float_user_ids_are_the_same_units_as_ints():
+    import numpy as np
+
+    ints = _private_with_users(np.arange(48) // 4, epochs=1)
+    floats = _private_with_users((np.arange(48) // 4).astype(np.float64), epochs=1)
+    mixed = _private_with_users([float(i // 4) if i % 2 else i // 4 for i in range(48)],
+                                epochs=1)
+    assert ints.plan.dataset_size == floats.plan.dataset_size == mixed.plan.dataset_size == 12

@@ -12,6 +12,7 @@ from privlearn.torch.grad_sample import (
     Contribution,
     Record,
     _as,
+    _row_scaled,
     _rowdot,
     _scaled,
     _segment_sum,
@@ -29,6 +30,8 @@ class EmbeddingContribution(Contribution):
     the distinct (example, token) pairs (``B T D`` work; equals the ghost form
     ``sum_{t,s} [id_t = id_s] g_t . g_s``). The clipped sum is one ``index_add``.
     """
+
+    masks_rows = True
 
     def __init__(self, weight, ids, g, padding_idx):
         self.params = (weight,)
@@ -58,18 +61,20 @@ class EmbeddingContribution(Contribution):
         if ids.shape[1] == 1:
             return g.pow(2).sum((1, 2))
         if self._shared_ids():  # one id row for every example (position ids, token types)
-            uniq, inv = torch.unique(ids[0], return_inverse=True)
-            if uniq.numel() == ids.shape[1]:  # distinct ids: each row its own
-                return _rowdot(g.reshape(b, -1))
-            agg = g.new_zeros(b, uniq.numel(), D).index_add_(1, inv, g)
+            # the positions holding equal ids summed first (distinct ids: a copy of g)
+            seg = _segments(ids[0])
+            agg = g.new_zeros(b, ids.shape[1], D).index_add_(1, seg, g)
             return _rowdot(agg.reshape(b, -1))
-        keys = torch.arange(b, device=ids.device).unsqueeze(1) * V + ids
-        uniq, inv = torch.unique(keys.reshape(-1), return_inverse=True)
+        n = ids.numel()
+        keys = (torch.arange(b, device=ids.device) * V).unsqueeze(1) + ids
+        seg = _segments(keys.reshape(-1))  # one segment per distinct (example, id)
         # segment sums by the (sort-based) kernel autograd uses for Embedding: several
-        # times faster on CPU than index_add_
-        agg = _segment_sum(g.reshape(-1, D), inv, uniq.shape[0])
-        sq = _rowdot(agg)
-        return g.new_zeros(b).index_add_(0, uniq // V, sq)
+        # times faster on CPU than index_add_; n segments at most (a static bound: the
+        # unused ones stay zero)
+        sq = _rowdot(_segment_sum(g.reshape(-1, D), seg, n))
+        example = torch.arange(n, device=ids.device) // ids.shape[1]
+        owner = torch.zeros_like(seg).scatter_(0, seg, example)  # example of each segment
+        return g.new_zeros(b).index_add_(0, owner, sq)
 
     def _shared_ids(self) -> bool:
         """Whether every example looked up the same ids: an id row broadcast over the
@@ -78,7 +83,7 @@ class EmbeddingContribution(Contribution):
 
     def _weighted_rows(self, c: torch.Tensor) -> torch.Tensor:
         """Output gradients scaled per example, ``c_i g_{i,t}``, one row per token."""
-        return (self.g * c.to(self.g.dtype).view(-1, 1, 1)).reshape(-1, self.weight.shape[1])
+        return _row_scaled(self.g, c).reshape(-1, self.weight.shape[1])
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         return [_segment_sum(self._weighted_rows(c), self.ids.reshape(-1),
@@ -92,7 +97,7 @@ class EmbeddingContribution(Contribution):
         D = self.weight.shape[1]
         if self._shared_ids():  # sum over examples first: T rows to scatter, not B T
             t = self.ids.shape[1]
-            rows = (c.to(self.g.dtype) @ self.g.reshape(self.b, t * D)).view(t, D)
+            rows = _row_scaled(self.g.reshape(self.b, t * D), c).sum(0).view(t, D)
             o.view(-1, D).index_add_(0, self.ids[0], rows.to(o.dtype))
             return
         o.view(-1, D).index_add_(0, self.ids.reshape(-1), self._weighted_rows(c).to(o.dtype))
@@ -104,6 +109,20 @@ class EmbeddingContribution(Contribution):
         keys = (torch.arange(b, device=ids.device).unsqueeze(1) * V + ids).reshape(-1)
         out.index_add_(0, keys, g.reshape(-1, D))
         return [out.view(b, V, D)]
+
+
+def _segments(keys: torch.Tensor) -> torch.Tensor:
+    """Segment index of each entry of the 1-D ``keys``: equal keys share one, numbered
+    from 0 in sorted order (what ``torch.unique(return_inverse=True)`` returns as the
+    inverse), computed with fixed-size operations only, so nothing is read back from the
+    device (the number of distinct keys is never needed: ``len(keys)`` bounds it)."""
+    if keys.numel() == 0:
+        return keys
+    sorted_keys, order = torch.sort(keys)
+    new = torch.cat([torch.ones(1, dtype=torch.long, device=keys.device),
+                     (sorted_keys[1:] != sorted_keys[:-1]).long()])
+    seg = torch.cumsum(new, 0) - 1
+    return torch.empty_like(seg).scatter_(0, order, seg)
 
 
 @register_rule(nn.Embedding)

@@ -23,7 +23,7 @@ from privlearn.torch.grad_sample import (
 __all__ = ['linear_rule', 'linear_like']
 
 
-@register_rule(nn.Linear)
+@register_rule(nn.Linear, casts_input=True)
 def linear_rule(module: nn.Linear, record: Record, params) -> Contribution:
     return linear_like(record.args[0], _scaled(record), module.weight, module.bias, params)
 
@@ -39,8 +39,9 @@ def linear_like(a: torch.Tensor, g: torch.Tensor, weight, bias, params,
         return DenseOuterProduct(w, bias, a, g, transposed=transposed)
     b = a.shape[0]
     d, p = a.shape[-1], g.shape[-1]
-    dt = compute_dtype(a, g)
-    g = _as(g, dt).reshape(b, 1, -1, p)
+    g = g.reshape(b, 1, -1, p)
     if w is None:  # frozen weight, trainable bias
-        return Materialized([bias], [g.sum(2).reshape(b, p)])
-    return OuterProduct(w, bias, _as(a, dt).reshape(b, 1, -1, d), g, transposed=transposed)
+        return Materialized([bias], [_as(g, compute_dtype(g)).sum(2).reshape(b, p)])
+    # as recorded: the outer product converts them to its working dtype where it uses
+    # them (half precision stays so where LOW_PRECISION_MATMUL keeps it)
+    return OuterProduct(w, bias, a.reshape(b, 1, -1, d), g, transposed=transposed)

@@ -34,7 +34,7 @@ def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
     return Materialized(out_p, out_g)
 
 
-@register_rule(nn.LayerNorm)
+@register_rule(nn.LayerNorm, early=True)
 def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution:
     x, g = record.args[0], _scaled(record)
     dt = compute_dtype(x, g)
@@ -49,7 +49,7 @@ def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
 
 
-@register_rule(nn.GroupNorm, batch_dim=0)
+@register_rule(nn.GroupNorm, batch_dim=0, early=True)
 def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution:
     x, g = record.args[0], _scaled(record)
     dt = compute_dtype(x, g)
@@ -59,7 +59,7 @@ def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
 
 
-@register_rule(nn.modules.instancenorm._InstanceNorm, batch_dim=0)
+@register_rule(nn.modules.instancenorm._InstanceNorm, batch_dim=0, early=True)
 def instancenorm_rule(module: nn.modules.instancenorm._InstanceNorm, record: Record,
                       params) -> Contribution:
     """InstanceNorm (affine): each example and channel is normalised with its own

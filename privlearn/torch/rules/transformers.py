@@ -101,7 +101,7 @@ def _is_conv1d(m: nn.Module) -> bool:
             and set(m._parameters) <= {"weight", "bias"} and not m._modules)
 
 
-@register_predicate_rule(_is_conv1d)
+@register_predicate_rule(_is_conv1d, casts_input=True)
 @verified
 def conv1d_transposed_rule(module: nn.Module, record: Record, params) -> Contribution:
     """transformers' ``Conv1D``: ``addmm(bias, x, W)`` with ``W`` ``(nx, nf)``."""
@@ -131,7 +131,7 @@ def _rms_contribution(x, g, weight, params, xhat) -> Contribution:
     return Materialized([weight], [gx.sum(reduce_dims) if reduce_dims else gx])
 
 
-@register_rule(nn.RMSNorm)
+@register_rule(nn.RMSNorm, early=True)
 def torch_rmsnorm_rule(module: nn.RMSNorm, record: Record, params) -> Contribution:
     """``torch.nn.RMSNorm``: ``grad_w = sum_t g_t * x_t / rms(x_t)``."""
     x, g = record.args[0], record.grad(0)
@@ -140,7 +140,7 @@ def torch_rmsnorm_rule(module: nn.RMSNorm, record: Record, params) -> Contributi
     return _rms_contribution(x, g, module.weight, params, xhat)
 
 
-@register_predicate_rule(_is_hf_rmsnorm)
+@register_predicate_rule(_is_hf_rmsnorm, early=True)
 @verified
 def rmsnorm_rule(module: nn.Module, record: Record, params) -> Contribution:
     """Llama-style RMSNorm: ``w * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)``."""

@@ -1,0 +1,126 @@
+"""The settings of a DP-SGD run are declared once, by DPConfig's fields: make_private's
+keywords, the documented attributes and PrivacyArguments' privacy fields follow them."""
+
+import dataclasses
+import inspect
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from privlearn.errors import ParameterTypeError, ParameterValueError  # noqa: E402
+from privlearn.torch import DPConfig, make_private  # noqa: E402
+from privlearn.torch.config import Clipping, Noise, Reduction  # noqa: E402
+
+_OWN = ["model", "optimizer", "data_loader", "config"]
+_ENGINE = ["ledger", "process_group", "grad_scaler"]
+
+
+def documented_attributes(cls) -> list[str]:
+    """The names a NumPy docstring's Attributes section documents (``a, b : type`` lines,
+    also when a list of names runs over several lines)."""
+    doc = inspect.cleandoc(cls.__doc__)
+    section = re.search(r"^Attributes\n-+\n(.*?)(?=^\w[^\n]*\n-+\n|\Z)", doc, re.S | re.M)
+    names = []
+    for line in section.group(1).splitlines():
+        if line and not line.startswith(" "):  # a header line (descriptions are indented)
+            names += [n.strip() for n in line.split(" : ")[0].split(",") if n.strip()]
+    return names
+
+
+def test_make_private_signature_is_dpconfig_fields():
+    sig = inspect.signature(make_private)
+    params = list(sig.parameters.values())
+    settings = [f.name for f in dataclasses.fields(DPConfig)]
+    assert [p.name for p in params] == _OWN + settings + _ENGINE
+    by_name = sig.parameters
+    for f in dataclasses.fields(DPConfig):
+        p = by_name[f.name]
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY
+        assert p.default == f.default and type(p.default) is type(f.default), f.name
+        assert p.annotation == f.type, f.name
+
+
+def test_dpconfig_documents_every_field_once():
+    names = documented_attributes(DPConfig)
+    assert sorted(names) == sorted(DPConfig.names())
+    assert len(names) == len(set(names))
+
+
+def _training():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    return model, opt, torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def test_keywords_and_config_make_the_same_run():
+    settings = dict(noise_multiplier=1.3, max_grad_norm=0.7, clipping="flat", seed=3)
+    by_keywords = make_private(*_training(), **settings)
+    by_config = make_private(*_training(), DPConfig(**settings))
+    assert by_keywords.config == by_config.config == DPConfig(**settings)
+    assert by_keywords.noise_multiplier == by_config.noise_multiplier == 1.3
+
+
+def test_unknown_or_doubled_settings_are_refused_before_anything_is_built():
+    model, opt, loader = _training()
+    hooks_before = dict(model._forward_hooks)
+    with pytest.raises(ParameterTypeError, match="max_grad_norm"):
+        make_private(model, opt, loader, noise_multiplier=1.0, max_grad_nrom=1.0)
+    with pytest.raises(ParameterValueError, match="either as one DPConfig or as keywords"):
+        make_private(model, opt, loader, DPConfig(noise_multiplier=1.0), max_grad_norm=2.0)
+    with pytest.raises(ParameterTypeError, match="DPConfig"):
+        make_private(model, opt, loader, {"noise_multiplier": 1.0})
+    assert dict(model._forward_hooks) == hooks_before
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("name, enum", [("clipping", Clipping), ("loss_reduction", Reduction),
+                                        ("user_reduction", Reduction), ("noise", Noise)])
+def test_choices_are_string_enums(name, enum):
+    extra = {"clipping": {}, "loss_reduction": {}, "user_reduction": {},
+             "noise": {"sampling": "cyclic_poisson", "steps": 4}}[name]
+    for member in enum:
+        if name == "clipping" and member is Clipping.ADAPTIVE:
+            kw = {"target_unclipped_quantile": 0.5}
+        elif name == "clipping" and member is Clipping.PER_LAYER:
+            kw = {"max_grad_norm": [1.0]}
+        elif name == "noise" and member is Noise.DPSGD:
+            kw = {}
+        else:
+            kw = dict(extra)
+        from_string = DPConfig(noise_multiplier=1.0, **{name: member.value.upper()}, **kw)
+        from_member = DPConfig(noise_multiplier=1.0, **{name: member}, **kw)
+        value = getattr(from_string, name)
+        assert value is member and getattr(from_member, name) is member
+        assert value == member.value and f"{value}" == member.value
+        assert repr(value) == repr(member.value)  # the config's repr reads as written
+        assert {member.value: 1}[value] == 1
+    with pytest.raises(ParameterValueError, match=", ".join(repr(m.value) for m in enum)):
+        DPConfig(noise_multiplier=1.0, **{name: "nonesuch"})
+
+
+def test_mechanism_is_plain_data():
+    """A checkpoint's mechanism holds builtin values (loadable with weights_only=True)."""
+    cfg = DPConfig(noise_multiplier=1.0, clipping=Clipping.PER_LAYER, max_grad_norm=[1.0],
+                   loss_reduction="sum")
+    for key, value in cfg.mechanism().items():
+        assert value is None or type(value) in (str, int, float), key
+
+
+def test_privacy_arguments_fields_are_dpconfig_fields():
+    hf = pytest.importorskip("privlearn.torch.hf")
+    ours = {f.name: f for f in dataclasses.fields(DPConfig)}
+    theirs = dataclasses.fields(hf.PrivacyArguments)
+    shared = [f for f in theirs if f.name not in hf._TRAINER_FIELDS]
+    assert len(shared) >= 20 and set(hf._TRAINER_FIELDS) <= {f.name for f in theirs}
+    for f in shared:
+        assert f.name in ours, f"PrivacyArguments.{f.name} is not a DPConfig setting"
+        assert f.type == ours[f.name].type, f.name
+        assert f.default == ours[f.name].default, f.name
+        assert type(f.default) is type(ours[f.name].default), f.name
+    assert sorted(documented_attributes(hf.PrivacyArguments)) == sorted(f.name for f in theirs)
+    args = hf.PrivacyArguments(noise_multiplier=1.0, clipping="per_layer",
+                               max_grad_norm=[1.0, 2.0])
+    assert set(args.engine_settings()) == {f.name for f in shared}
