@@ -29,11 +29,12 @@ import hashlib
 import os
 import shutil
 import urllib.request
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from privlearn.errors import DataNotFoundError
+from privlearn.errors import DataFormatError, DataNotFoundError, ParameterValueError
 
 __all__ = [
     "Bunch",
@@ -89,7 +90,9 @@ CALIFORNIA_FEATURE_NAMES = [
 #: SSP/AdaSSP/NoisyGD linear-regression study.
 CALIFORNIA_FEATURE_SCALES = np.array([10.0, 50.0, 100.0, 40.0, 40000.0, 1000.0, 50.0, 100.0])
 
-_PREPROCESSINGS = (None, "bounded", "seed")  # "seed": former name of "bounded"
+_PREPROCESSINGS = (None, "bounded")
+#: Former names of preprocessings: accepted with a FutureWarning, removed in 0.3.
+_FORMER_PREPROCESSINGS = {"seed": "bounded"}
 
 _CAL_SHA256_GZ = "9ec0c7920a28267aa6fd23b11fab174e134d9dff83e17c1d19674a7650834755"
 
@@ -113,8 +116,11 @@ def load_california_housing(
     preprocessing : {None, "bounded"}
         ``None``: the raw 20640 x 8 matrix. ``"bounded"``: the bounded preprocessing of
         the linear-regression study (every row of norm ``x_bound``, labels in
-        ``[0, y_bound]``), see :func:`preprocess_california_housing`. ``"seed"`` is a
-        former name of ``"bounded"``, still accepted.
+        ``[0, y_bound]``), see :func:`preprocess_california_housing`.
+
+        .. deprecated:: 0.2
+           ``"seed"``, the former name of ``"bounded"``, warns (``FutureWarning``) and
+           will be removed in 0.3.
     x_bound, y_bound : float
         Bounds used by the bounded preprocessing (ignored otherwise).
 
@@ -124,8 +130,14 @@ def load_california_housing(
         ``data`` (20640, 8) float64, ``target`` (20640,) float64, ``feature_names``,
         ``target_names``, ``DESCR``.
     """
+    if preprocessing in _FORMER_PREPROCESSINGS:
+        new = _FORMER_PREPROCESSINGS[preprocessing]
+        warnings.warn(f"preprocessing={preprocessing!r} is deprecated and will be removed "
+                      f"in privlearn 0.3; pass preprocessing={new!r} (the same "
+                      "preprocessing)", FutureWarning, stacklevel=2)
+        preprocessing = new
     if preprocessing not in _PREPROCESSINGS:
-        raise ValueError(
+        raise ParameterValueError(
             f"preprocessing must be None or 'bounded', got {preprocessing!r}"
         )
     raw_bytes = _read_gz(_DATA_DIR / "cal_housing.data.gz")
@@ -143,7 +155,7 @@ def load_california_housing(
         "scikit-learn's fetch_california_housing. See privlearn/data/"
         "PROVENANCE_california_housing.md."
     )
-    if preprocessing in ("bounded", "seed"):
+    if preprocessing == "bounded":
         data, target = preprocess_california_housing(data, target, x_bound, y_bound)
         descr += " Bounded preprocessing applied (fixed rescaling, rows normalised, "
         descr += "labels clipped)."
@@ -286,9 +298,10 @@ def load_adult(
         ``data``, ``target`` (int64, 1 for income >50K), ``feature_names``, ``DESCR``.
     """
     if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise ParameterValueError(f"split must be 'train' or 'test', got {split!r}")
     if features not in ("onehot", "numeric", "raw"):
-        raise ValueError(f"features must be 'onehot', 'numeric' or 'raw', got {features!r}")
+        raise ParameterValueError(
+            f"features must be 'onehot', 'numeric' or 'raw', got {features!r}")
     rows = _read_adult_rows(split)
     if drop_missing:
         rows = [r for r in rows if "?" not in r]
@@ -314,7 +327,7 @@ def load_adult(
     X = np.hstack(cols)
     if row_norm is not None:
         if not row_norm > 0:
-            raise ValueError(f"row_norm must be > 0, got {row_norm!r}")
+            raise ParameterValueError(f"row_norm must be > 0, got {row_norm!r}")
         norms = np.linalg.norm(X, axis=1, keepdims=True)
         X = X * np.minimum(1.0, row_norm / np.maximum(norms, 1e-300))
     return Bunch(data=X, target=target, feature_names=names, DESCR=descr)
@@ -364,12 +377,13 @@ def _cache_dir() -> Path:
 def _parse_idx(raw: bytes, expected_magic: int) -> np.ndarray:
     magic = int.from_bytes(raw[:4], "big")
     if magic != expected_magic:
-        raise ValueError(f"not an IDX file with magic {expected_magic:#x} (got {magic:#x})")
+        raise DataFormatError(
+            f"not an IDX file with magic {expected_magic:#x} (got {magic:#x})")
     ndim = magic & 0xFF
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
-        raise ValueError(f"IDX file truncated: expected {int(np.prod(dims))} bytes")
+        raise DataFormatError(f"IDX file truncated: expected {int(np.prod(dims))} bytes")
     return data.reshape(dims)
 
 
@@ -428,7 +442,7 @@ def load_mnist(
         False.
     """
     if split not in _MNIST_FILES:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise ParameterValueError(f"split must be 'train' or 'test', got {split!r}")
     img_name, lbl_name = _MNIST_FILES[split]
     candidates = _mnist_candidate_dirs(data_home)
     found = next(
@@ -447,7 +461,7 @@ def load_mnist(
     images = _parse_idx(_read_gz(found / img_name), 0x00000803)
     labels = _parse_idx(_read_gz(found / lbl_name), 0x00000801).astype(np.int64)
     if images.shape[0] != labels.shape[0]:
-        raise ValueError("MNIST images and labels have different lengths")
+        raise DataFormatError("MNIST images and labels have different lengths")
     return Bunch(
         data=images,
         target=labels,
@@ -484,7 +498,7 @@ def make_logistic_data(
         ``B1``) and ``l2_bound`` (= 2 sqrt(d), its ``B2``).
     """
     if int(n_train) < 1 or int(n_test) < 0 or int(dim) < 1:
-        raise ValueError(
+        raise ParameterValueError(
             f"need n_train >= 1, n_test >= 0, dim >= 1; got {n_train}, {n_test}, {dim}"
         )
     rng = np.random.default_rng(random_state)

@@ -16,6 +16,7 @@ class                              raised when                                 C
 =================================  ==========================================  ===========
 :class:`ParameterValueError`       a parameter value is out of range           2
 :class:`ParameterTypeError`        a parameter has the wrong type              2
+:class:`ConfigurationError`        settings that contradict one another        2
 :class:`UnsupportedMechanismError` an accountant cannot evaluate a mechanism   2
 :class:`AccountingError`           a result cannot be certified (and its       2
                                    subclasses :class:`CertificationError`,
@@ -25,6 +26,7 @@ class                              raised when                                 C
 :class:`UnknownBudgetError`        no budget for the dataset in the ledger     2
 :class:`LedgerConflictError`       a request contradicts the ledger's state    2
 :class:`DataNotFoundError`         a dataset's files are not found             2
+:class:`DataFormatError`           a dataset's file is not in its format       2
 :class:`BudgetExceededError`       a spend would exceed the ledger's budget    3
 :class:`LedgerIntegrityError`      the ledger file was tampered with           4
 =================================  ==========================================  ===========
@@ -44,6 +46,7 @@ __all__ = [
     "AutodpArgumentWarning",
     "ParameterValueError",
     "ParameterTypeError",
+    "ConfigurationError",
     "AccountingError",
     "CertificationError",
     "PrivacyLossOverflowError",
@@ -56,6 +59,7 @@ __all__ = [
     "UnknownBudgetError",
     "LedgerConflictError",
     "DataNotFoundError",
+    "DataFormatError",
     "DataClippedWarning",
     "PrivacyBudgetWarning",
     "UntestedTorchWarning",
@@ -101,6 +105,12 @@ class ParameterValueError(ValueError):
     """A parameter has the right type but a value that is not allowed (out of range,
     NaN, infinite where a finite number is needed, an unknown choice). The message names
     the parameter, the valid range, the value received and what to try instead."""
+
+
+class ConfigurationError(ParameterValueError):
+    """Settings that are each allowed but contradict one another, or a registration
+    that conflicts with one already made (a name taken by another experiment or
+    accountant). The message names the settings and what to change."""
 
 
 class ParameterTypeError(TypeError, ValueError):
@@ -173,11 +183,46 @@ class LedgerIntegrityError(RuntimeError):
 
 
 class LedgerNotFoundError(FileNotFoundError):
-    """No privacy ledger at the given path (and creating one was not asked for)."""
+    """No privacy ledger at the given path (and creating one was not asked for), or a
+    path where none can be: a directory, or a file in a directory that does not exist.
+
+    Attributes
+    ----------
+    path : str or None
+        The path given.
+    reason : str or None
+        ``"missing"`` (no file), ``"empty"`` (an empty file), ``"directory"`` (the path
+        is a directory), ``"no_directory"`` (its directory does not exist) or
+        ``"unopenable"`` (the file cannot be opened).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None,
+                 reason: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class UnknownBudgetError(KeyError):
-    """The ledger has no budget for this dataset (and privacy unit)."""
+    """The ledger has no budget for this dataset (and privacy unit).
+
+    Attributes
+    ----------
+    dataset, privacy_unit, path : str or None
+        The budget asked for, and the ledger's path.
+    known : tuple of str
+        The budgets the ledger holds, as ``dataset/unit``.
+    """
+
+    def __init__(self, message: str, *, dataset: str | None = None,
+                 privacy_unit: str | None = None, path: str | None = None,
+                 known: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.dataset, self.privacy_unit, self.path = dataset, privacy_unit, path
+        self.known = tuple(known)
 
     def __str__(self) -> str:  # KeyError would show the message in quotes
         return str(self.args[0]) if self.args else ""
@@ -196,6 +241,11 @@ class LedgerConflictError(ValueError):
 class DataNotFoundError(FileNotFoundError):
     """A dataset's files are not in any of the documented places (and ``download`` was
     not asked for). The message is one line naming the places searched and what to do."""
+
+
+class DataFormatError(ValueError):
+    """A data file is not in the format it should be (a truncated or foreign file in
+    place of a dataset's file); re-download it."""
 
 
 # ----------------------------------------------------------------------------------

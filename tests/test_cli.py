@@ -481,7 +481,7 @@ def test_long_run_tiny_delta_certified_by_pld_below_rdp(runner: CliRunner) -> No
 def test_uncertifiable_delta_message_suggests_rdp(runner: CliRunner, monkeypatch) -> None:
     """Where the PLD accountant still cannot certify (fallback off), the one-line error
     ends with what to try."""
-    import privlearn.cli as cli_mod
+    import privlearn.cli.accounting as cli_mod
     from privlearn.errors import CertificationError
 
     def failing(*args, **kwargs):
@@ -503,7 +503,7 @@ class _Failing:
 def test_privacy_loss_overflow_suggests_more_noise(runner: CliRunner, monkeypatch) -> None:
     """A privacy loss too large to represent (PrivacyLossOverflowError): the hint is
     chosen by the error's type."""
-    import privlearn.cli as cli_mod
+    import privlearn.cli.accounting as cli_mod
     from privlearn.errors import PrivacyLossOverflowError
 
     def failing(*args, **kwargs):
@@ -556,21 +556,22 @@ def test_calibration_accounting_error_surfaces_as_calibration_error(runner: CliR
     """An AccountingError raised inside the calibration is reported as a failed
     calibration (CalibrationError) carrying the accountant's message; the hint follows
     the type of the accountant's error (its cause)."""
-    import privlearn.cli as cli_mod
+    import privlearn.cli._app as app_mod
+    import privlearn.cli.accounting as cli_mod
     from privlearn.errors import CalibrationError, PrivacyLossOverflowError
 
     def failing_calibrate(*args, **kwargs):
         raise PrivacyLossOverflowError("pld: privacy loss tail does not vanish below loss 1e4")
 
     seen = []
-    real_hint = cli_mod._hint
+    real_hint = app_mod._hint
 
     def spy(err, command):
         seen.append(err)
         return real_hint(err, command)
 
     monkeypatch.setattr(cli_mod, "calibrate", failing_calibrate)
-    monkeypatch.setattr(cli_mod, "_hint", spy)
+    monkeypatch.setattr(app_mod, "_hint", spy)
     line = _error_line(runner, ["calibrate", "--target-epsilon", "50", "--delta", "1e-5",
                                 "--sampling-rate", "0.5", "--steps", "10"])
     assert isinstance(seen[0], CalibrationError)
@@ -585,7 +586,7 @@ def test_unexpected_errors_are_not_turned_into_one_liners(runner: CliRunner,
                                                           monkeypatch) -> None:
     """A plain ValueError (or any type the CLI does not map) is a bug: it propagates with
     its traceback and status 1, it is never reported as a user error."""
-    import privlearn.cli as cli_mod
+    import privlearn.cli.accounting as cli_mod
 
     def broken(*args, **kwargs):
         raise ValueError("internal bug")
@@ -596,10 +597,11 @@ def test_unexpected_errors_are_not_turned_into_one_liners(runner: CliRunner,
     assert isinstance(r.exception, ValueError) and str(r.exception) == "internal bug"
     assert "error:" not in r.stderr
     proc = subprocess.run([sys.executable, "-c", (
-        "import privlearn.cli as c\n"
+        "import privlearn.cli.accounting as c\n"
         "def broken(*a, **k):\n    raise ValueError('internal bug')\n"
         "c.build_mechanism = broken\n"
-        "c.main(['epsilon', '--noise-multiplier', '1', '--delta', '1e-5'])\n")],
+        "import privlearn.cli\n"
+        "privlearn.cli.main(['epsilon', '--noise-multiplier', '1', '--delta', '1e-5'])\n")],
         capture_output=True, text=True)
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr and "ValueError: internal bug" in proc.stderr
@@ -614,7 +616,7 @@ def test_unexpected_errors_are_not_turned_into_one_liners(runner: CliRunner,
 ])
 def test_exit_status_follows_the_error_type(runner: CliRunner, monkeypatch, error: str,
                                             status: int) -> None:
-    import privlearn.cli as cli_mod
+    import privlearn.cli.accounting as cli_mod
     from privlearn import errors
 
     def failing(*args, **kwargs):
@@ -643,19 +645,14 @@ def test_unsupported_accountant_suggests_others(runner: CliRunner) -> None:
 
 
 def test_accountant_choices_come_from_the_registry(monkeypatch) -> None:
-    import importlib
-
+    """The choices are read from the registry when the command runs (an accountant
+    registered after the CLI was imported is offered too)."""
     import privlearn.accounting as acc
-    import privlearn.cli as cli_mod
+    import privlearn.cli.accounting as cli_mod
 
     monkeypatch.setattr(acc, "available_accountants", lambda: ["pld", "rdp", "analytic", "x"])
-    try:
-        fresh = importlib.reload(cli_mod)
-        opt = next(p for p in fresh.epsilon.params if p.name == "accountant")
-        assert list(opt.type.choices) == ["pld", "rdp", "analytic", "x"]
-    finally:
-        monkeypatch.undo()
-        importlib.reload(cli_mod)
+    opt = next(p for p in cli_mod.epsilon.params if p.name == "accountant")
+    assert list(opt.type.choices) == ["pld", "rdp", "analytic", "x"]
 
 
 # -- reproduce: data location ----------------------------------------------------------

@@ -160,9 +160,17 @@ def test_bunch_without_sklearn():
     assert out == "False"
 
 
-def test_bounded_preprocessing_alias():
+def test_bounded_preprocessing():
     a = load_california_housing(preprocessing="bounded")
-    b = load_california_housing(preprocessing="seed")  # former name, still accepted
-    np.testing.assert_array_equal(a.data, b.data)
     np.testing.assert_allclose(np.linalg.norm(a.data, axis=1), 1.0)
     assert a.target.max() <= 5.0
+
+
+def test_former_preprocessing_name_is_deprecated_not_silent():
+    from privlearn.datasets import load_california_housing
+
+    with pytest.warns(FutureWarning, match="preprocessing='bounded'"):
+        old = load_california_housing(preprocessing="seed")
+    new = load_california_housing(preprocessing="bounded")
+    np.testing.assert_array_equal(old.data, new.data)
+    np.testing.assert_array_equal(old.target, new.target)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import privlearn
 
 PKG = Path(privlearn.__file__).parent
@@ -192,3 +194,25 @@ def test_accounting_imports_no_other_privlearn_subpackage():
                 ):
                     offenders.setdefault(str(f.relative_to(PKG)), []).append(mod)
     assert not offenders, offenders
+
+
+#: The longest a module of privlearn/ may be: a file over it holds more than one idea.
+MAX_MODULE_LINES = 900
+#: Modules over the limit whose split is under way (empty this set once they are split;
+#: any other long module fails the test).
+BEING_SPLIT = {"privlearn/torch/tracker.py", "privlearn/torch/data.py"}
+
+
+def _long_modules() -> dict[str, int]:
+    root = Path(__file__).resolve().parents[1] / "privlearn"
+    lengths = {p.relative_to(root.parent).as_posix(): len(p.read_text().splitlines())
+               for p in root.rglob("*.py")}
+    return {p: n for p, n in sorted(lengths.items()) if n > MAX_MODULE_LINES}
+
+
+def test_no_module_over_900_lines():
+    long = _long_modules()
+    new = {p: n for p, n in long.items() if p not in BEING_SPLIT}
+    assert not new, f"split these into modules that each hold one idea: {new}"
+    if long:
+        pytest.xfail(f"still over {MAX_MODULE_LINES} lines: {long}")

@@ -46,6 +46,7 @@ from privlearn.accounting.mechanisms import (
     RDPMechanism,
 )
 from privlearn.accounting.registry import register_mechanism, upper_float
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__: list[str] = []
 
@@ -245,14 +246,14 @@ def _user_rdp(mechanism: RDPMechanism, alphas: np.ndarray) -> np.ndarray:
         try:
             v = float(v)
         except (TypeError, ValueError):
-            raise TypeError(
+            raise ParameterTypeError(
                 f"rdp_function of {mechanism.name!r} must return a real number, "
                 f"got {v!r} at alpha={a!r}"
             ) from None
         if math.isnan(v):
             v = math.inf
         if v < 0:
-            raise ValueError(
+            raise ParameterValueError(
                 f"rdp_function of {mechanism.name!r} must return values in [0, inf], "
                 f"got {v!r} at alpha={a!r}"
             )

@@ -27,7 +27,7 @@ from privlearn.accounting._pld_tails import (
     log_mgf,
     tail_bounds,
 )
-from privlearn.errors import AccountingError
+from privlearn.errors import AccountingError, ParameterValueError
 
 __all__ = ["ComposedPLD", "compose_fft", "compose_fft_tilted", "discounted_tail_sums",
            "tilt_pmfs"]
@@ -49,7 +49,7 @@ def discounted_tail_sums(pi: np.ndarray, h: float) -> np.ndarray:
     if n == 0:
         return np.zeros(0)
     if not (h > 0.0 and math.isfinite(h)):
-        raise ValueError(f"h must be a positive finite grid spacing, got {h!r}")
+        raise ParameterValueError(f"h must be a positive finite grid spacing, got {h!r}")
     B = max(1, min(n, int(50.0 / h)))
     nb = -(-n // B)
     x = np.zeros(nb * B)
@@ -377,7 +377,7 @@ def compose_fft_tilted(
     trivial bounds there and ``eps_for_delta`` refuses).
     """
     if not (theta > 0.0 and math.isfinite(theta)):
-        raise ValueError(f"theta must be a positive finite tilt, got {theta!r}")
+        raise ParameterValueError(f"theta must be a positive finite tilt, got {theta!r}")
     tp, log_m = tilt_pmfs(pmfs, h, theta)
     a, b, la, lb = chernoff_window(tp, h, tail_tol)
     pad = 0.05 * (b - a) + 4 * h

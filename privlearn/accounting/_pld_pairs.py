@@ -32,6 +32,8 @@ import math
 import numpy as np
 from scipy import special
 
+from privlearn.errors import ParameterValueError
+
 Tails = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -121,7 +123,7 @@ class DiscretePair(Pair):
         keep = (p > 0) | (q > 0)
         p, q = p[keep], q[keep]
         if np.any(q <= 0) or np.any(p <= 0):
-            raise ValueError("DiscretePair needs atoms with p > 0 and q > 0")
+            raise ParameterValueError("DiscretePair needs atoms with p > 0 and q > 0")
         loss = np.log(p) - np.log(q)
         order = np.argsort(loss)
         self.loss, self.p, self.q = loss[order], p[order], q[order]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 
 from privlearn.accounting._types import Accountant, PrivacyBound
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
     "PrivacyBound",
@@ -71,7 +72,7 @@ def get_accountant(name: str | Accountant) -> Accountant:
     if not isinstance(name, str):
         if isinstance(name, Accountant):
             return name
-        raise TypeError(
+        raise ParameterTypeError(
             f"accountant must be a name ({', '.join(map(repr, available_accountants()))}) "
             f"or an Accountant object, got {name!r} ({type(name).__name__})"
         )
@@ -81,7 +82,7 @@ def get_accountant(name: str | Accountant) -> Accountant:
         return _REGISTRY[key]
     except KeyError:
         valid = ", ".join(repr(k) for k in available_accountants())
-        raise ValueError(
+        raise ParameterValueError(
             f"accountant must be one of {valid}, got {name!r}; register a new one with "
             "privlearn.accounting.register_accountant"
         ) from None

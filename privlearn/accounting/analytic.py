@@ -121,20 +121,36 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
     """
     if delta <= 0.0:
         return math.inf, math.inf
-    if gaussian_delta(noise_multiplier, 0.0) <= delta:
-        return 0.0, 0.0
+    if not noise_multiplier >= 1e-300:  # 1 / sigma^2 is beyond floats (or no noise)
+        raise PrivacyLossOverflowError(
+            f"analytic Gaussian: noise multiplier {noise_multiplier:g} is so small that "
+            "epsilon cannot be represented (essentially non-private)")
     mu = 1.0 / noise_multiplier
+    # delta(0) = 2 Phi(mu / 2) - 1 <= mu / sqrt(2 pi) < 0.4 mu: no loss beyond delta at
+    # all (exactly epsilon 0), also where the evaluation below cancels (mu below 1e-8)
+    if 0.4 * mu <= delta or gaussian_delta(noise_multiplier, 0.0) <= delta:
+        return 0.0, 0.0
+    # a valid upper bound everywhere: the Renyi DP conversion at its best real order,
+    # mu^2 / 2 + mu sqrt(2 log(1 / delta)) (Mironov 2017, Proposition 3), rounded up; it
+    # answers where the evaluation below cannot certify (delta below the normal floats,
+    # delta(0) cancelling to below its error bound for noise multipliers near 1e8)
+    rdp = (mu * mu / 2.0 + mu * math.sqrt(-2.0 * math.log(delta))) * (1.0 + 1e-12)
+    if not math.isfinite(rdp) or rdp > 1e12:
+        raise PrivacyLossOverflowError(
+            f"analytic Gaussian: epsilon of noise multiplier {noise_multiplier:g} at delta "
+            f"{delta:g} is above 1e12 or cannot be represented (essentially non-private)")
     hi = max(1.0, mu * mu / 2.0 + mu * 10.0)
     while gaussian_delta(noise_multiplier, hi) > delta:
         hi *= 2.0
-        if hi > 1e12:
-            raise PrivacyLossOverflowError(
-                "analytic Gaussian: epsilon exceeds 1e12 (essentially non-private)")
+        if hi > 1e12:  # beyond the bound above: the evaluation cannot certify
+            return 0.0, float(rdp)
 
     def f(e: float) -> float:
         d = _gaussian_delta_and_error(noise_multiplier, e)[0]
         return math.log(max(d, 1e-300)) - math.log(delta)
 
+    if not f(0.0) > 0.0 >= f(hi):  # no bracket (the evaluation cancels)
+        return 0.0, float(rdp)
     eps = optimize.brentq(f, 0.0, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
     # round up until the certified inequality holds
     upper = eps
@@ -158,7 +174,7 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
         step *= 2.0
     else:  # pragma: no cover
         raise CertificationError("analytic Gaussian: could not certify a lower epsilon")
-    return float(max(lower, 0.0)), float(upper)
+    return float(max(lower, 0.0)), float(min(upper, rdp))
 
 
 def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:

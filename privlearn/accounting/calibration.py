@@ -18,7 +18,7 @@ import numpy as np
 
 from privlearn._validation import check_delta, check_positive, check_real
 from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
-from privlearn.errors import CalibrationError
+from privlearn.errors import CalibrationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["calibrate", "CalibrationError"]
 
@@ -79,7 +79,7 @@ def calibrate(
     target = check_positive("epsilon", epsilon)
     delta = check_delta("delta", delta)
     if not callable(factory):
-        raise TypeError(f"factory must be callable, got {factory!r}")
+        raise ParameterTypeError(f"factory must be callable, got {factory!r}")
     cache: dict[float, float] = {}
     n_eval = 0
 
@@ -100,7 +100,7 @@ def calibrate(
     if bounds is not None:
         lo, hi = (check_real("bounds[0]", bounds[0]), check_real("bounds[1]", bounds[1]))
         if not lo < hi:
-            raise ValueError(f"bounds must satisfy lower < upper, got {bounds!r}")
+            raise ParameterValueError(f"bounds must satisfy lower < upper, got {bounds!r}")
         if integer:
             lo, hi = math.ceil(lo), math.floor(hi)
         e_lo, e_hi = eps_of(lo), eps_of(hi)

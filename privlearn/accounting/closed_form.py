@@ -62,6 +62,7 @@ from privlearn.accounting.mechanisms import (
 )
 from privlearn.accounting.registry import kind_of
 from privlearn.accounting.registry import pure_epsilon as _pure_epsilon
+from privlearn.errors import ParameterValueError
 
 __all__ = [
     "Atoms",
@@ -256,7 +257,7 @@ def _log_multinomial_part(atoms: Atoms, k: int) -> tuple[np.ndarray, np.ndarray,
         i, j = i[keep], j[keep]
         counts = np.stack([k - i - j, i, j], axis=1)
         if r > 3:  # pragma: no cover - steps have at most 3 atoms
-            raise ValueError("at most 3 atoms per step")
+            raise ParameterValueError("at most 3 atoms per step")
     from scipy.special import gammaln
 
     log_coef = lg - gammaln(counts + 1.0).sum(axis=1)
@@ -453,7 +454,7 @@ def pure_dp_composition_epsilon(epsilons: Sequence[float], delta: float) -> floa
         return 0.0
     bounds = epsilon_bounds(compose([PureDP(float(e)) for e in epsilons]), delta)
     if bounds is None:
-        raise ValueError(
+        raise ParameterValueError(
             f"epsilons: the exact composition of {len(epsilons)} distinct pure-DP mechanisms "
             f"exceeds {MAX_ATOMS} atoms; use Mechanism.epsilon (numerical PLD) instead"
         )

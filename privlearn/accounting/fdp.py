@@ -38,7 +38,7 @@ from scipy.special import log_ndtr, ndtr, ndtri
 
 from privlearn.accounting.mechanisms import Mechanism
 from privlearn.accounting.registry import equivalent_gaussian, upper_float
-from privlearn.errors import AccountingError
+from privlearn.errors import AccountingError, ParameterTypeError, ParameterValueError
 
 __all__ = [
     "gaussian_tradeoff",
@@ -56,7 +56,8 @@ __all__ = [
 def _alphas(alphas) -> np.ndarray:
     a = np.asarray(alphas, dtype=float)
     if a.size == 0 or not np.all(np.isfinite(a)) or np.any((a < 0) | (a > 1)):
-        raise ValueError("alphas (false positive rates) must be finite values in [0, 1], got "
+        raise ParameterValueError(
+            "alphas (false positive rates) must be finite values in [0, 1], got "
                          f"{alphas!r}")
     return a
 
@@ -65,9 +66,9 @@ def _check_mu(mu) -> float:
     try:
         m = float(mu)
     except (TypeError, ValueError):
-        raise TypeError(f"mu must be a real number, got {type(mu).__name__}") from None
+        raise ParameterTypeError(f"mu must be a real number, got {type(mu).__name__}") from None
     if not (m >= 0) or math.isinf(m):
-        raise ValueError(f"mu must be in [0, inf), got {mu!r}")
+        raise ParameterValueError(f"mu must be in [0, inf), got {mu!r}")
     return m
 
 
@@ -100,7 +101,7 @@ def gdp_delta(mu: float, epsilon: float) -> float:
     m = _check_mu(mu)
     e = float(epsilon)
     if not (e >= 0) or math.isnan(e):
-        raise ValueError(f"epsilon must be in [0, inf], got {epsilon!r}")
+        raise ParameterValueError(f"epsilon must be in [0, inf], got {epsilon!r}")
     if m == 0 or math.isinf(e):
         return 0.0
     a = float(log_ndtr(-e / m + m / 2))
@@ -142,7 +143,7 @@ def gdp_epsilon_interval(mu: float, delta: float) -> tuple[float, float]:
     m = _check_mu(mu)
     d = float(delta)
     if not 0 < d < 1:
-        raise ValueError(f"delta must be in (0, 1) for a GDP epsilon, got {delta!r}")
+        raise ParameterValueError(f"delta must be in (0, 1) for a GDP epsilon, got {delta!r}")
     if m == 0 or gdp_delta(m, 0.0) <= d:
         return 0.0, 0.0
     return _crossing(lambda e: gdp_delta(m, e) > d, max(1.0, m * m), 1e6, 1e-10,
@@ -169,9 +170,9 @@ def gdp_mu_interval(epsilon: float, delta: float) -> tuple[float, float]:
     e = float(epsilon)
     d = float(delta)
     if not (e >= 0) or math.isinf(e):
-        raise ValueError(f"epsilon must be in [0, inf), got {epsilon!r}")
+        raise ParameterValueError(f"epsilon must be in [0, inf), got {epsilon!r}")
     if not 0 < d < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        raise ParameterValueError(f"delta must be in (0, 1), got {delta!r}")
     return _crossing(lambda mu: gdp_delta(mu, e) < d, 1.0, 1e4, 1e-12,
                      f"gdp_mu for epsilon={e}, delta={d}")
 
@@ -205,10 +206,10 @@ def tradeoff_from_profile(epsilons, deltas, alphas) -> np.ndarray:
     eps = np.asarray(epsilons, dtype=float).reshape(-1)
     dl = np.asarray(deltas, dtype=float).reshape(-1)
     if eps.size == 0 or eps.shape != dl.shape:
-        raise ValueError("epsilons and deltas must be non-empty and of equal length, got "
+        raise ParameterValueError("epsilons and deltas must be non-empty and of equal length, got "
                          f"{eps.size} and {dl.size}")
     if np.any(~np.isfinite(eps) | (eps < 0)) or np.any(~(dl >= 0) | (dl > 1)):
-        raise ValueError("epsilons must be finite and >= 0 and deltas in [0, 1]")
+        raise ParameterValueError("epsilons must be finite and >= 0 and deltas in [0, 1]")
     flat = a.reshape(-1, 1)
     e = np.exp(eps)[None, :]
     one_minus = (1.0 - dl)[None, :]
@@ -245,7 +246,7 @@ def tradeoff_curve(mechanism: Mechanism, alphas, *, epsilons=None,
         ``1 - f`` is the best true positive rate (the "accountant's ROC").
     """
     if not isinstance(mechanism, Mechanism):
-        raise TypeError(f"mechanism must be a privlearn.accounting Mechanism, got "
+        raise ParameterTypeError(f"mechanism must be a privlearn.accounting Mechanism, got "
                         f"{type(mechanism).__name__}")
     a = _alphas(alphas)
     mu = gaussian_mu(mechanism)
@@ -254,7 +255,7 @@ def tradeoff_curve(mechanism: Mechanism, alphas, *, epsilons=None,
     if epsilons is None:
         top = mechanism.epsilon(1e-12, accountant=accountant)
         if not math.isfinite(top):
-            raise ValueError("the mechanism has no finite epsilon at delta=1e-12; give an "
+            raise ParameterValueError("the mechanism has no finite epsilon at delta=1e-12; give an "
                              "explicit grid of epsilons")
         epsilons = np.concatenate([[0.0], top * np.linspace(0.0, 1.0, 201)[1:] ** 1.5])
     eps = np.asarray(epsilons, dtype=float).reshape(-1)

@@ -45,6 +45,7 @@ from privlearn._validation import check_positive
 from privlearn.accounting import _builtin_kinds  # noqa: F401  (Gaussian registered first)
 from privlearn.accounting.mechanisms import Gaussian, Mechanism
 from privlearn.accounting.registry import kind_of, register_mechanism
+from privlearn.errors import ParameterValueError
 
 __all__ = ["MatrixMechanism"]
 
@@ -109,7 +110,7 @@ def _to_dict(m: MatrixMechanism) -> dict[str, Any]:
 
 def _from_dict(d: dict[str, Any]) -> MatrixMechanism:
     if not isinstance(d, dict) or set(d) != {"noise_multiplier", "sensitivity"}:
-        raise ValueError(
+        raise ParameterValueError(
             f"a MatrixMechanism is stored as {{'noise_multiplier', 'sensitivity'}}, got {d!r}"
         )
     return MatrixMechanism(d["noise_multiplier"], d["sensitivity"])

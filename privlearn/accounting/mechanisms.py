@@ -38,8 +38,9 @@ References
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -54,6 +55,12 @@ from privlearn._validation import (
 )
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant
+from privlearn.errors import (
+    AccountingError,
+    ParameterTypeError,
+    ParameterValueError,
+    PrivacyLossOverflowError,
+)
 
 __all__ = [
     "Neighbouring",
@@ -136,7 +143,8 @@ class Mechanism:
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
-        return acc.epsilon(self, delta)
+        with _numerical_failure(acc.name, self):
+            return acc.epsilon(self, delta)
 
     def delta_bounds(self, epsilon: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
         """Upper bound and (where the accountant has one) lower bound on delta(epsilon)."""
@@ -144,7 +152,8 @@ class Mechanism:
         acc = get_accountant(accountant)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
-        return acc.delta(self, epsilon)
+        with _numerical_failure(acc.name, self):
+            return acc.delta(self, epsilon)
 
     def rdp(self, orders: float | Sequence[float]):
         """Renyi-DP upper bound ``eps_RDP(alpha)`` at the given order(s) alpha > 1.
@@ -239,7 +248,7 @@ class RandomizedResponse(Mechanism):
         k = check_count("num_categories", self.num_categories, minimum=2)
         p = check_probability("truth_probability", self.truth_probability)
         if not (1.0 / k <= p < 1.0):
-            raise ValueError(
+            raise ParameterValueError(
                 f"truth_probability must be in [1/num_categories, 1) = [{1.0 / k:g}, 1), "
                 f"got {self.truth_probability!r}"
             )
@@ -305,8 +314,9 @@ class ApproxDP(Mechanism):
         d = check_delta("dp_delta", self.dp_delta,
                         hint="a delta in (0, 1); for delta = 0 use PureDP(epsilon)")
         if d == 0.0:
-            raise ValueError("dp_delta must be in (0, 1), got 0.0: use PureDP(epsilon) for "
-                             "a pure (epsilon, 0)-DP mechanism")
+            raise ParameterValueError(
+                "dp_delta must be in (0, 1), got 0.0: use PureDP(epsilon) for a pure "
+                "(epsilon, 0)-DP mechanism")
         object.__setattr__(self, "dp_delta", d)
 
 
@@ -332,7 +342,7 @@ class RDPMechanism(Mechanism):
 
     def __post_init__(self) -> None:
         if not callable(self.rdp_function):
-            raise TypeError(f"rdp_function must be callable, got {self.rdp_function!r}")
+            raise ParameterTypeError(f"rdp_function must be callable, got {self.rdp_function!r}")
         check_positive("pure_epsilon", self.pure_epsilon, allow_inf=True)
 
     def __hash__(self) -> int:
@@ -353,7 +363,7 @@ class Subsampled(Mechanism):
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, Mechanism):
-            raise TypeError(f"base must be a Mechanism, got {self.base!r}")
+            raise ParameterTypeError(f"base must be a Mechanism, got {self.base!r}")
         object.__setattr__(self, "rate", check_rate("rate", self.rate))
         scheme = check_enum("scheme", self.scheme, Sampling)
         object.__setattr__(self, "scheme", scheme)
@@ -363,7 +373,7 @@ class Subsampled(Mechanism):
             nb = check_enum("neighbouring", self.neighbouring, Neighbouring)
         one_sided = nb in (Neighbouring.REMOVE_ONLY, Neighbouring.ADD_ONLY)
         if one_sided and scheme is not Sampling.POISSON:
-            raise ValueError(
+            raise ParameterValueError(
                 f"neighbouring={nb.value!r} (one-sided) requires scheme='poisson', got "
                 f"scheme={scheme.value!r}; use 'replace_one' for fixed-size sampling"
             )
@@ -383,7 +393,7 @@ class Composed(Mechanism):
     def __post_init__(self) -> None:
         for m, k in self.parts:
             if not isinstance(m, Mechanism) or isinstance(m, Composed):
-                raise TypeError(f"parts must hold non-composed Mechanisms, got {m!r}")
+                raise ParameterTypeError(f"parts must hold non-composed Mechanisms, got {m!r}")
             check_count("steps", k, minimum=1)
 
     @property
@@ -393,7 +403,7 @@ class Composed(Mechanism):
 
 def _as_mechanism(m: object, name: str) -> Mechanism:
     if not isinstance(m, Mechanism):
-        raise TypeError(f"{name} must be a privlearn Mechanism, got {m!r}")
+        raise ParameterTypeError(f"{name} must be a privlearn Mechanism, got {m!r}")
     return m
 
 
@@ -429,7 +439,8 @@ def compose(
         elif isinstance(steps, Sequence) and not isinstance(steps, str):
             counts = [check_count("steps", s) for s in steps]
             if len(counts) != 1:
-                raise ValueError(f"steps must be one integer for one mechanism, got {steps!r}")
+                raise ParameterValueError(
+                    f"steps must be one integer for one mechanism, got {steps!r}")
         else:
             counts = [check_count("steps", steps)]
     else:
@@ -439,7 +450,7 @@ def compose(
         elif isinstance(steps, Sequence) and not isinstance(steps, str):
             counts = [check_count("steps", s) for s in steps]
             if len(counts) != len(mlist):
-                raise ValueError(
+                raise ParameterValueError(
                     f"steps must have one entry per mechanism ({len(mlist)}), "
                     f"got {len(counts)} entries"
                 )
@@ -496,9 +507,30 @@ def subsample(
     """
     mechanism = _as_mechanism(mechanism, "mechanism")
     if isinstance(mechanism, Composed):
-        raise ValueError(
+        raise ParameterValueError(
             "mechanism must not be a composition: subsample each step, then compose "
             "(subsample(m, rate) composed T times)"
         )
     return Subsampled(mechanism, rate, scheme, neighbouring)
 
+
+@contextlib.contextmanager
+def _numerical_failure(accountant: str, mechanism: Mechanism) -> Iterator[None]:
+    """A floating-point failure inside an accountant (overflow, division by zero) becomes
+    a typed refusal: :class:`~privlearn.errors.PrivacyLossOverflowError` for an
+    overflow (the privacy loss is beyond the floating-point range: essentially
+    non-private), :class:`~privlearn.errors.AccountingError` otherwise; never a number."""
+    try:
+        yield
+    except AccountingError:
+        raise
+    except OverflowError as err:
+        raise PrivacyLossOverflowError(
+            f"{accountant} accountant: the privacy loss of this "
+            f"{type(mechanism).__name__.lower()} mechanism overflows floating point "
+            f"({err}): it is essentially non-private, or beyond what this accountant can "
+            "evaluate (accountant 'rdp' may answer)") from err
+    except (ZeroDivisionError, FloatingPointError) as err:
+        raise AccountingError(
+            f"{accountant} accountant: numerical failure evaluating this "
+            f"{type(mechanism).__name__.lower()} mechanism ({err})") from err

@@ -42,6 +42,7 @@ import numpy as np
 from privlearn._validation import check_count, check_delta, check_positive, check_probability
 from privlearn.accounting.mechanisms import Mechanism
 from privlearn.accounting.registry import declare_representation, kind_of, register_mechanism
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
     "BallsInBinsMatrixMechanism",
@@ -79,7 +80,7 @@ class BallsInBinsMatrixMechanism(Mechanism):
         )
         coefs = tuple(float(c) for c in self.strategy_coefs)
         if not coefs or not all(math.isfinite(c) for c in coefs) or coefs[0] == 0.0:
-            raise ValueError(
+            raise ParameterValueError(
                 f"strategy_coefs must be finite with a non-zero first entry, got {coefs[:5]!r}"
             )
         object.__setattr__(self, "strategy_coefs", coefs)
@@ -88,7 +89,7 @@ class BallsInBinsMatrixMechanism(Mechanism):
             self, "cycle_length", check_count("cycle_length", self.cycle_length, minimum=1)
         )
         if self.cycle_length > self.steps:
-            raise ValueError(
+            raise ParameterValueError(
                 f"cycle_length must be at most steps={self.steps}, got {self.cycle_length}"
             )
 
@@ -105,7 +106,8 @@ def _to_dict(m: BallsInBinsMatrixMechanism) -> dict[str, Any]:
 def _from_dict(d: dict[str, Any]) -> BallsInBinsMatrixMechanism:
     keys = {"noise_multiplier", "strategy_coefs", "steps", "cycle_length"}
     if not isinstance(d, dict) or set(d) != keys:
-        raise ValueError(f"a BallsInBinsMatrixMechanism is stored with fields {sorted(keys)}")
+        raise ParameterValueError(
+            f"a BallsInBinsMatrixMechanism is stored with fields {sorted(keys)}")
     return BallsInBinsMatrixMechanism(
         d["noise_multiplier"], tuple(d["strategy_coefs"]), d["steps"], d["cycle_length"]
     )
@@ -223,17 +225,17 @@ def estimate_epsilon(
     """
     kind = kind_of(mechanism)
     if kind is None or kind.get("monte_carlo_estimable") is None:
-        raise TypeError(
+        raise ParameterTypeError(
             f"mechanism must be a BallsInBinsMatrixMechanism, got {type(mechanism).__name__}; "
             "certified mechanisms are evaluated with mechanism.epsilon(delta)"
         )
     delta = check_delta("delta", delta)
     if delta == 0.0:
-        raise ValueError("delta must be in (0, 1) for an estimate, got 0.0")
+        raise ParameterValueError("delta must be in (0, 1) for an estimate, got 0.0")
     samples = check_count("samples", samples, minimum=100)
     confidence = check_probability("confidence", confidence)
     if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        raise ParameterValueError(f"confidence must be in (0, 1), got {confidence!r}")
     from scipy import special
 
     z = float(special.ndtri(0.5 + confidence / 2.0))
@@ -299,7 +301,8 @@ def calibrate_estimate(
     while not ok(est(hi)):
         hi *= 2.0
         if hi > 1e6:
-            raise ValueError(f"target epsilon={target} unreachable (noise multiplier > 1e6)")
+            raise ParameterValueError(
+                f"target epsilon={target} unreachable (noise multiplier > 1e6)")
     lo = hi / 2.0
     while ok(est(lo)):
         hi, lo = lo, lo / 2.0

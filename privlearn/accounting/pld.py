@@ -278,7 +278,8 @@ class PLDAccountant:
             if accurate:  # small delta: recompute the low frequencies without FFT error
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up, lo = self._eps_bounds(res, delta)
-        except AccountingError as err:  # e.g. delta below the certified FFT error terms
+        except (AccountingError, OverflowError) as err:
+            # e.g. delta below the certified FFT error terms, or a loss grid beyond floats
             tilted = self._tilted_epsilon(mechanism, parts, delta, pe)
             if tilted is not None:
                 return tilted
@@ -288,7 +289,7 @@ class PLDAccountant:
             try:  # the plain grid's lower bound stays valid (its allowance is subtracted)
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
                 lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
-            except (_TooLarge, AccountingError):
+            except (_TooLarge, AccountingError, OverflowError):
                 return fb
             return PrivacyBound(fb.upper, min(lo, fb.upper), fb.accountant)
         up, lo = min(up, pe), min(lo, pe)

@@ -98,7 +98,12 @@ from privlearn.accounting.registry import (
     relation_base,
 )
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
-from privlearn.errors import AccountingError, UnsupportedMechanismError
+from privlearn.errors import (
+    AccountingError,
+    ParameterTypeError,
+    ParameterValueError,
+    UnsupportedMechanismError,
+)
 
 __all__ = [
     "rdp_epsilon",
@@ -140,7 +145,7 @@ def rdp_epsilon(mechanism: Mechanism, orders: float | Sequence[float]) -> float 
     a = np.atleast_1d(np.asarray(orders, dtype=float))
     bad = np.isnan(a) | (a <= 1.0)
     if bad.any():
-        raise ValueError(f"orders must be in (1, inf], got {a[bad][0]!r} in {orders!r}")
+        raise ParameterValueError(f"orders must be in (1, inf], got {a[bad][0]!r} in {orders!r}")
     flat = a.ravel()
     out = np.empty_like(flat)
     inf_mask = np.isinf(flat)
@@ -365,7 +370,7 @@ class RDPAccountant:
         pure = pure_epsilon(mechanism)
         if delta == 0.0:
             if not isinstance(mechanism, Mechanism):
-                raise TypeError(f"mechanism must be a Mechanism, got {mechanism!r}")
+                raise ParameterTypeError(f"mechanism must be a Mechanism, got {mechanism!r}")
             self._curve(mechanism)
             return PrivacyBound(upper=pure, lower=None, accountant=self.name)
         eps = rdp_to_epsilon(self._curve(mechanism), delta, pure_epsilon=pure)

@@ -117,7 +117,7 @@ from privlearn.accounting.mechanisms import (
     Subsampled,
     compose,
 )
-from privlearn.errors import UnsupportedMechanismError
+from privlearn.errors import ParameterTypeError, ParameterValueError, UnsupportedMechanismError
 
 __all__ = [
     "MechanismKind",
@@ -178,15 +178,16 @@ _KINDS: dict[type, MechanismKind] = {}
 def declare_representation(name: str, signature: str) -> None:
     """Declare a new representation name (e.g. serialisation hooks) with its signature."""
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"name must be an identifier, got {name!r}")
+        raise ParameterValueError(f"name must be an identifier, got {name!r}")
     REPRESENTATIONS.setdefault(name, signature)
 
 
 def _check_class(cls: object) -> type:
     if not (isinstance(cls, type) and issubclass(cls, Mechanism)):
-        raise TypeError(f"cls must be a subclass of privlearn.accounting.Mechanism, got {cls!r}")
+        raise ParameterTypeError(
+            f"cls must be a subclass of privlearn.accounting.Mechanism, got {cls!r}")
     if issubclass(cls, _STRUCTURAL):
-        raise ValueError(
+        raise ParameterValueError(
             f"cls must be a mechanism kind, not the structural {cls.__name__} (subsampling "
             "and composition are derived from the kinds' functions)"
         )
@@ -197,14 +198,14 @@ def _check_functions(functions: Mapping[str, object]) -> dict[str, Callable[...,
     out: dict[str, Callable[..., Any]] = {}
     for name, fn in functions.items():
         if name not in REPRESENTATIONS:
-            raise ValueError(
+            raise ParameterValueError(
                 f"representation must be one of {', '.join(map(repr, REPRESENTATIONS))}, got "
                 f"{name!r}; declare new ones with declare_representation"
             )
         if fn is None:
             continue
         if not callable(fn):
-            raise TypeError(f"{name} must be callable, got {fn!r}")
+            raise ParameterTypeError(f"{name} must be callable, got {fn!r}")
         out[name] = fn
     return out
 
@@ -256,7 +257,8 @@ pld_replace_one_pair, rdp_poisson_subsampled : callable, optional
         }
     )
     if "pure_epsilon" not in functions:
-        raise TypeError("pure_epsilon must be callable (return math.inf when there is none)")
+        raise ParameterTypeError(
+            "pure_epsilon must be callable (return math.inf when there is none)")
     kind = MechanismKind(
         cls, MappingProxyType(functions), bool(replace_one_doubles_sensitivity)
     )
@@ -269,7 +271,7 @@ def register_representation(cls: type, representation: str, fn: Callable[..., An
     cls = _check_class(cls)
     kind = _KINDS.get(cls)
     if kind is None:
-        raise ValueError(
+        raise ParameterValueError(
             f"cls {cls.__name__} is not registered; call register_mechanism first"
         )
     functions = dict(kind.functions)
@@ -376,7 +378,7 @@ def stated_relations(mechanism: Mechanism) -> frozenset[Neighbouring]:
     ``subsample(m, 1.0, scheme="fixed")`` (replace-one, the whole dataset).
     """
     if not isinstance(mechanism, Mechanism):
-        raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+        raise ParameterTypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
     if isinstance(mechanism, Composed):
         if len(mechanism.parts) != 1:
             return frozenset(_stated(m) for m, _ in mechanism.parts)
@@ -518,7 +520,7 @@ def pure_epsilon(mechanism: Mechanism) -> float:
     Theorem 3.14, attained by the dominating pairs), rounded up to a float.
     """
     if not isinstance(mechanism, Mechanism):
-        raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+        raise ParameterTypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
     if isinstance(mechanism, Composed):
         terms = [(k, _step_pure_epsilon(m)) for m, k in mechanism.parts]
         if any(math.isinf(e) for _, e in terms):
@@ -543,7 +545,16 @@ def combine_gaussians(sigmas_and_counts: Iterable[tuple[float, float]]) -> float
     total = sum((Fraction(c) / Fraction(s) ** 2 for s, c in pairs if c != 0.0), Fraction(0))
     if total == 0:
         return math.inf
-    sigma = 1.0 / math.sqrt(float(total))
+    # (total * 4^-k)^(-1/2) * 2^-k: the float range is kept for every float sigma_i
+    # (1 / sigma^2 over- or underflows a float for sigma below 1e-154 or above 1e154)
+    k = (total.numerator.bit_length() - total.denominator.bit_length()) // 2
+    if abs(k) < 500:
+        sigma = 1.0 / math.sqrt(float(total))
+    else:
+        try:
+            sigma = math.ldexp(1.0 / math.sqrt(float(total / Fraction(4) ** k)), -k)
+        except OverflowError:  # above the largest float: that float is below (conservative)
+            sigma = sys.float_info.max
     # the largest float we can certify: sigma^2 * total <= 1 in exact arithmetic
     while Fraction(sigma) ** 2 * total > 1:
         sigma = math.nextafter(sigma, 0.0)

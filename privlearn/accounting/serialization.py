@@ -79,6 +79,7 @@ from privlearn.accounting.mechanisms import (
     Sampling,
     Subsampled,
 )
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -120,7 +121,7 @@ def register_serializer(
         Every field name ``to_dict`` may write (others are refused when reading).
     """
     if kind in _DECODERS and _ENCODERS.get(cls, (None,))[0] != kind:
-        raise ValueError(f"kind {kind!r} is already registered for another type")
+        raise ParameterValueError(f"kind {kind!r} is already registered for another type")
     _ENCODERS[cls] = (kind, to_dict)
     _DECODERS[kind] = (from_dict, frozenset(fields))
 
@@ -133,7 +134,7 @@ def register_serializer(
 def _num(x: float) -> float | str:
     x = float(x)
     if math.isnan(x):
-        raise ValueError("a mechanism parameter is NaN; it cannot be stored")
+        raise ParameterValueError("a mechanism parameter is NaN; it cannot be stored")
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return x
@@ -143,15 +144,15 @@ def _read_num(name: str, v: object) -> float:
     if isinstance(v, str):
         if v in ("inf", "-inf"):
             return float(v)
-        raise ValueError(f"field {name!r} must be a number or 'inf', got {v!r}")
+        raise ParameterValueError(f"field {name!r} must be a number or 'inf', got {v!r}")
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ValueError(f"field {name!r} must be a number, got {v!r}")
+        raise ParameterValueError(f"field {name!r} must be a number, got {v!r}")
     return float(v)
 
 
 def _read_int(name: str, v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"field {name!r} must be an integer, got {v!r}")
+        raise ParameterValueError(f"field {name!r} must be an integer, got {v!r}")
     return v
 
 
@@ -189,18 +190,18 @@ class TabulatedRDP:
         orders = tuple(float(a) for a in self.orders)
         values = tuple(float(v) for v in self.values)
         if not orders or len(orders) != len(values):
-            raise ValueError(
+            raise ParameterValueError(
                 f"orders and values must be non-empty and of equal length, got "
                 f"{len(orders)} orders and {len(values)} values"
             )
         if any(not (a > 1.0 and math.isfinite(a)) for a in orders):
-            raise ValueError(f"orders must be finite and > 1, got {orders!r}")
+            raise ParameterValueError(f"orders must be finite and > 1, got {orders!r}")
         if any(b <= a for a, b in zip(orders, orders[1:], strict=False)):
-            raise ValueError(f"orders must be strictly increasing, got {orders!r}")
+            raise ParameterValueError(f"orders must be strictly increasing, got {orders!r}")
         if any(math.isnan(v) or v < 0 for v in values):
-            raise ValueError(f"values must be in [0, inf], got {values!r}")
+            raise ParameterValueError(f"values must be in [0, inf], got {values!r}")
         if any(b < a for a, b in zip(values, values[1:], strict=False)):
-            raise ValueError(
+            raise ParameterValueError(
                 "values must be non-decreasing in the order (an RDP curve is; van Erven & "
                 f"Harremoes 2014, Theorem 3), got {values!r}"
             )
@@ -227,7 +228,7 @@ class TabulatedRDP:
 
 def _node(m: Mechanism) -> dict[str, Any]:
     if not isinstance(m, Mechanism):
-        raise TypeError(f"mechanism must be a privlearn Mechanism, got {m!r}")
+        raise ParameterTypeError(f"mechanism must be a privlearn Mechanism, got {m!r}")
     try:
         kind, enc = _ENCODERS[type(m)]
     except KeyError:
@@ -250,14 +251,15 @@ def _registry_node(m: Mechanism) -> dict[str, Any]:
     kind = registry.kind_of(m)
     fn = kind.get("to_dict") if kind is not None else None
     if fn is None:
-        raise TypeError(
+        raise ParameterTypeError(
             f"no serializer is registered for {type(m).__name__}; register one with "
             "privlearn.accounting.serialization.register_serializer, or pass to_dict= and "
             "from_dict= to privlearn.accounting.register_mechanism"
         )
     fields = fn(m)
     if not isinstance(fields, dict):
-        raise TypeError(f"to_dict of {type(m).__name__} must return a dict, got {fields!r}")
+        raise ParameterTypeError(
+            f"to_dict of {type(m).__name__} must return a dict, got {fields!r}")
     return {"kind": "registered", "class": _class_path(kind.cls), "fields": fields}
 
 
@@ -269,12 +271,13 @@ def _registry_from(d: dict[str, Any]) -> Mechanism:
         if _class_path(cls) == path:
             fn = registry.kind_of(cls).get("from_dict")
             if fn is None:
-                raise ValueError(f"mechanism kind {path} has no from_dict hook registered")
+                raise ParameterValueError(f"mechanism kind {path} has no from_dict hook registered")
             m = fn(d["fields"])
             if not isinstance(m, cls):
-                raise ValueError(f"from_dict of {path} returned {m!r}, not a {cls.__name__}")
+                raise ParameterValueError(
+                    f"from_dict of {path} returned {m!r}, not a {cls.__name__}")
             return m
-    raise ValueError(
+    raise ParameterValueError(
         f"mechanism kind {path!r} is not registered in this process; import the module "
         "that registers it (privlearn.accounting.register_mechanism) before loading"
     )
@@ -282,28 +285,28 @@ def _registry_from(d: dict[str, Any]) -> Mechanism:
 
 def _read_node(d: object) -> Mechanism:
     if not isinstance(d, dict):
-        raise ValueError(f"a mechanism node must be a JSON object, got {d!r}")
+        raise ParameterValueError(f"a mechanism node must be a JSON object, got {d!r}")
     kind = d.get("kind")
     if kind not in _DECODERS:
         valid = ", ".join(sorted(_DECODERS))
-        raise ValueError(f"unknown mechanism kind {kind!r}; known kinds: {valid}")
+        raise ParameterValueError(f"unknown mechanism kind {kind!r}; known kinds: {valid}")
     dec, fields = _DECODERS[kind]
     extra = set(d) - fields - {"kind", "format"}
     if extra:
-        raise ValueError(
+        raise ParameterValueError(
             f"unknown field(s) {sorted(extra)} for kind {kind!r} (written by a newer "
             "privlearn?); refusing rather than ignoring them"
         )
     missing = fields - set(d)
     if missing:
-        raise ValueError(f"missing field(s) {sorted(missing)} for kind {kind!r}")
+        raise ParameterValueError(f"missing field(s) {sorted(missing)} for kind {kind!r}")
     return dec(d)
 
 
 def _rdp_to(m: RDPMechanism) -> dict[str, Any]:
     f = m.rdp_function
     if not isinstance(f, TabulatedRDP):
-        raise TypeError(
+        raise ParameterTypeError(
             f"RDPMechanism {m.name!r} has an arbitrary callable rdp_function ({f!r}), which "
             "cannot be serialised; build it with rdp_function=TabulatedRDP.from_function("
             "f, orders) to store a conservative tabulated curve"
@@ -326,9 +329,9 @@ def _rdp_from(d: dict[str, Any]) -> RDPMechanism:
         "orders",
         "values",
     }:
-        raise ValueError(f"field 'curve' must be a tabulated curve object, got {c!r}")
+        raise ParameterValueError(f"field 'curve' must be a tabulated curve object, got {c!r}")
     if not isinstance(d["name"], str):
-        raise ValueError(f"field 'name' must be a string, got {d['name']!r}")
+        raise ParameterValueError(f"field 'name' must be a string, got {d['name']!r}")
     curve = TabulatedRDP(
         tuple(_read_num("orders", a) for a in c["orders"]),
         tuple(_read_num("values", v) for v in c["values"]),
@@ -340,11 +343,12 @@ def _rdp_from(d: dict[str, Any]) -> RDPMechanism:
 def _composed_from(d: dict[str, Any]) -> Composed:
     parts = d["parts"]
     if not isinstance(parts, list):
-        raise ValueError(f"field 'parts' must be a list, got {parts!r}")
+        raise ParameterValueError(f"field 'parts' must be a list, got {parts!r}")
     out = []
     for p in parts:
         if not isinstance(p, dict) or set(p) != {"mechanism", "count"}:
-            raise ValueError(f"each part must be {{'mechanism': ..., 'count': ...}}, got {p!r}")
+            raise ParameterValueError(
+                f"each part must be {{'mechanism': ..., 'count': ...}}, got {p!r}")
         out.append((_read_node(p["mechanism"]), _read_int("count", p["count"])))
     return Composed(tuple(out))
 
@@ -440,19 +444,20 @@ def mechanism_to_dict(mechanism: Mechanism) -> dict[str, Any]:
 def mechanism_from_dict(data: dict[str, Any]) -> Mechanism:
     """Inverse of :func:`mechanism_to_dict`; validates every field (``ValueError``)."""
     if not isinstance(data, dict):
-        raise TypeError(f"data must be a dict (the JSON form of a mechanism), got {data!r}")
+        raise ParameterTypeError(
+            f"data must be a dict (the JSON form of a mechanism), got {data!r}")
     fmt = data.get("format")
     if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
-        raise ValueError(f"field 'format' must be an integer >= 1, got {fmt!r}")
+        raise ParameterValueError(f"field 'format' must be an integer >= 1, got {fmt!r}")
     if fmt > FORMAT_VERSION:
-        raise ValueError(
+        raise ParameterValueError(
             f"mechanism format {fmt} is newer than this privlearn reads ({FORMAT_VERSION}); "
             "upgrade privlearn"
         )
     try:
         return _read_node(data)
     except (KeyError, TypeError) as exc:  # malformed nested content
-        raise ValueError(f"malformed mechanism document: {exc}") from exc
+        raise ParameterValueError(f"malformed mechanism document: {exc}") from exc
 
 
 def dumps(mechanism: Mechanism) -> str:

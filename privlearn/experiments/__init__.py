@@ -6,18 +6,18 @@ Each experiment writes a CSV of its numbers and a PNG plot into the output direc
 by default ``./privlearn-output/`` (:data:`DEFAULT_OUT_DIR`, relative to the current
 working directory).
 
-Each experiment module registers its runner with
-``@register_experiment("name", description=...)``; importing this package imports every
-module of it (so every experiment is registered) and :data:`EXPERIMENTS` /
+privlearn's experiments are declared by name and the path of their runner, and an
+experiment's module (with scikit-learn or torch behind it) is imported only when it
+runs; another experiment registers its runner with
+``@register_experiment("name", description=...)``. :data:`EXPERIMENTS` /
 :data:`DATA_EXPERIMENTS` are read-only views of the registry.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from pathlib import Path
 
+from privlearn.errors import ParameterValueError
 from privlearn.experiments._common import DEFAULT_OUT_DIR
 from privlearn.experiments._registry import (
     DATA_EXPERIMENTS,
@@ -30,10 +30,6 @@ from privlearn.experiments._registry import (
 __all__ = ["EXPERIMENTS", "DATA_EXPERIMENTS", "Experiment", "register_experiment",
            "run_experiment", "demo_linear_regression", "DEFAULT_OUT_DIR"]
 
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")  # registers its experiments
-
 
 def run_experiment(name: str, out_dir: str | Path | None = None, reps: int | None = None,
                    seed: int = 0, **options):
@@ -42,7 +38,7 @@ def run_experiment(name: str, out_dir: str | Path | None = None, reps: int | Non
     writes to ``./privlearn-output/``."""
     experiment = get_experiment(name)
     if reps is not None and (isinstance(reps, bool) or not isinstance(reps, int) or reps < 1):
-        raise ValueError(f"reps must be an integer >= 1, got {reps!r}")
+        raise ParameterValueError(f"reps must be an integer >= 1, got {reps!r}")
     options.setdefault("verbose", True)
     return experiment.run(out_dir, reps, seed, **options)
 

@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from privlearn.errors import ParameterValueError
+
 __all__ = [
     "ExperimentResult",
     "write_csv",
@@ -48,7 +50,7 @@ def prepare_out_dir(out_dir) -> Path:
 
 def write_csv(path: Path, rows: list[dict]) -> Path:
     if not rows:
-        raise ValueError("no rows to write")
+        raise ParameterValueError("no rows to write")
     keys: list[str] = []
     for r in rows:
         for k in r:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from privlearn.correlated import Identity, per_query_error
 from privlearn.datasets import load_mnist
+from privlearn.errors import ParameterValueError
 from privlearn.torch import make_private, retain_freed_memory
 from privlearn.torch.config import DPConfig
 from privlearn.torch.privacy_engine import plan_run
@@ -55,7 +56,7 @@ def mnist_split(n_validation: int, seed: int, n_train: int | None = None,
     test = load_mnist("test", data_home, download=download)
     order = np.random.default_rng(seed).permutation(len(train.target))
     if n_validation >= len(order):
-        raise ValueError(f"n_validation must be below the {len(order)} training images, "
+        raise ParameterValueError(f"n_validation must be below the {len(order)} training images, "
                          f"got {n_validation}")
     val = order[:n_validation]
     rest = order[n_validation:]

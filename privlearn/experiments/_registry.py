@@ -1,11 +1,19 @@
-"""The experiment registry: each experiment module registers its runner with
-:func:`register_experiment`; :mod:`privlearn.experiments` imports every module of the
-package (which registers them) and exposes read-only views for the CLI."""
+"""The experiment registry: name -> :class:`Experiment`.
+
+privlearn's own experiments are declared here by the path of their runner
+(``"privlearn.experiments.adult:run_adult"``), and their module is imported only when
+the experiment runs: listing the experiments (``privlearn reproduce --help``, the CLI's
+check of NAME) imports neither scikit-learn nor torch. Other experiments register a
+runner with :func:`register_experiment`."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
+from typing import Any
+
+from privlearn.errors import ConfigurationError, ParameterValueError
 
 __all__ = ["Experiment", "register_experiment", "EXPERIMENTS", "DATA_EXPERIMENTS",
            "get_experiment"]
@@ -22,7 +30,9 @@ class Experiment:
     description : str
         One line for the CLI's list.
     run : callable
-        ``run(out_dir, reps, seed, **options) -> ExperimentResult``.
+        ``run(out_dir, reps, seed, **options) -> ExperimentResult`` (for privlearn's own
+        experiments, a :class:`LazyRunner` that imports the runner's module on the first
+        call).
     needs_data : bool
         It reads data not bundled with privlearn (it accepts ``data_home`` and
         ``download``).
@@ -38,7 +48,54 @@ class Experiment:
     quick: bool = False
 
 
-_REGISTRY: dict[str, Experiment] = {}
+@dataclass(frozen=True)
+class LazyRunner:
+    """A runner named by ``"module:function"``, imported when first called (its module
+    may import scikit-learn or torch)."""
+
+    target: str
+
+    def load(self) -> Callable:
+        module, _, function = self.target.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load()(*args, **kwargs)
+
+
+_PKG = "privlearn.experiments"
+
+#: privlearn's own experiments (name, runner, description, needs_data, quick).
+_BUILTIN = (
+    Experiment(
+        "linear-regression", "Linear regression on California housing: median training "
+        "MSE vs epsilon (0.1..2, delta=1e-6) for SSP, AdaSSP, NoisyGD (two regimes), "
+        "non-private and trivial baselines",
+        LazyRunner(f"{_PKG}.linear_regression:run_linear_regression")),
+    Experiment(
+        "noisygd-learning-rate",
+        "NoisyGD learning-rate sensitivity (theoretical rate, x10, x0.1)",
+        LazyRunner(f"{_PKG}.linear_regression:run_noisygd_learning_rate")),
+    Experiment(
+        "logistic-regression", "DP-SGD logistic regression scenarios on synthetic data "
+        "(non-private, pure DP and (epsilon, delta)-DP, with and without subsampling): "
+        "test accuracy over repetitions",
+        LazyRunner(f"{_PKG}.logistic:run_logistic_regression")),
+    Experiment(
+        "adult", "DP-SGD logistic regression on UCI Adult vs non-private logistic "
+        "regression, across epsilon", LazyRunner(f"{_PKG}.adult:run_adult")),
+    Experiment(
+        "label-release", "PATE and Private kNN label release on MNIST (PCA features): "
+        "label accuracy vs epsilon", LazyRunner(f"{_PKG}.label_release:run_label_release"),
+        needs_data=True),
+    Experiment(
+        "correlated-noise", "DP-SGD vs banded (cyclic Poisson) vs BLT (balls-in-bins) "
+        "noise on MNIST: test accuracy vs epsilon, learning rates tuned on a validation "
+        "split", LazyRunner(f"{_PKG}.correlated_noise:run_correlated_noise"),
+        needs_data=True, quick=True),
+)
+
+_REGISTRY: dict[str, Experiment] = {e.name: e for e in _BUILTIN}
 
 
 def register_experiment(name: str, *, description: str, needs_data: bool = False,
@@ -48,12 +105,12 @@ def register_experiment(name: str, *, description: str, needs_data: bool = False
     unchanged. A name already registered to another function is refused. ``quick``: the
     runner accepts ``quick=True`` (a configuration that runs in seconds)."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"an experiment name must be a non-empty string, got {name!r}")
+        raise ParameterValueError(f"an experiment name must be a non-empty string, got {name!r}")
 
     def register(run: Callable) -> Callable:
         known = _REGISTRY.get(name)
         if known is not None and known.run is not run:
-            raise ValueError(
+            raise ConfigurationError(
                 f"experiment {name!r} is already registered by "
                 f"{known.run.__module__}.{known.run.__qualname__}; pick another name")
         _REGISTRY[name] = Experiment(name, description, run, needs_data, quick)
@@ -67,7 +124,7 @@ def get_experiment(name: str) -> Experiment:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(
+        raise ParameterValueError(
             f"unknown experiment {name!r}; choose one of {sorted(_REGISTRY)}") from None
 
 

@@ -25,7 +25,6 @@ from privlearn.experiments._common import (
     pyplot,
     write_csv,
 )
-from privlearn.experiments._registry import register_experiment
 from privlearn.models.dpsgd import DPSGDClassifier
 
 __all__ = ["ADULT_DPSGD", "run_adult", "adult_nonprivate_accuracy"]
@@ -44,11 +43,6 @@ def adult_nonprivate_accuracy(train=None, test=None) -> float:
     return float(clf.score(test.data, test.target))
 
 
-@register_experiment(
-    "adult",
-    description="DP-SGD logistic regression on UCI Adult vs non-private logistic "
-                "regression, across epsilon",
-)
 def run_adult(out_dir=None, reps: int | None = None, seed: int = 0, *,
               epsilons=(0.1, 0.3, 1.0, 3.0, 10.0), delta: float = ADULT_DELTA,
               dpsgd_params: dict | None = None, plot: bool = True,

@@ -59,6 +59,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from privlearn import _validation as _v
+from privlearn.errors import ParameterValueError
 from privlearn.experiments._common import (
     ExperimentResult,
     epsilon_log_axis,
@@ -68,7 +69,6 @@ from privlearn.experiments._common import (
     pyplot,
     write_csv,
 )
-from privlearn.experiments._registry import register_experiment
 
 __all__ = ["Strategy", "STRATEGIES", "StudyConfig", "FULL", "QUICK", "run_correlated_noise",
            "markdown_tables"]
@@ -160,11 +160,11 @@ class StudyConfig:
         for name in ("epsilons", "learning_rates"):
             values = tuple(_v.check_positive(name, float(x)) for x in getattr(self, name))
             if not values:
-                raise ValueError(f"{name} must hold at least one value, got ()")
+                raise ParameterValueError(f"{name} must hold at least one value, got ()")
             put(self, name, values)
         put(self, "bands", tuple(_v.check_count("bands", b, minimum=1) for b in self.bands))
         if not self.bands:
-            raise ValueError("bands must hold at least one candidate, got ()")
+            raise ParameterValueError("bands must hold at least one candidate, got ()")
         put(self, "delta", _v.check_delta("delta", self.delta))
         for name in ("epochs", "batch_size", "hidden", "n_validation", "buffers"):
             put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
@@ -199,12 +199,6 @@ def _config(quick: bool, config: StudyConfig | None, overrides: dict) -> StudyCo
     return replace(base, **overrides)
 
 
-@register_experiment(
-    "correlated-noise",
-    description="DP-SGD vs banded (cyclic Poisson) vs BLT (balls-in-bins) noise on MNIST: "
-                "test accuracy vs epsilon, learning rates tuned on a validation split",
-    needs_data=True, quick=True,
-)
 def run_correlated_noise(out_dir=None, reps: int | None = None, seed: int = 0, *,
                          quick: bool = False, config: StudyConfig | None = None,
                          data_home=None, download: bool = False, plot: bool = True,

@@ -27,7 +27,6 @@ from privlearn.experiments._common import (
     pyplot,
     write_csv,
 )
-from privlearn.experiments._registry import register_experiment
 from privlearn.models.label_release import PATE, PrivateKNN
 
 __all__ = ["run_label_release", "mnist_features", "nearest_centroid_teachers"]
@@ -74,11 +73,6 @@ def nearest_centroid_teachers(X, y, n_teachers: int, queries, rng, n_classes: in
     return votes
 
 
-@register_experiment(
-    "label-release",
-    description="PATE and Private kNN label release on MNIST (PCA features): label "
-                "accuracy vs epsilon", needs_data=True,
-)
 def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
                       epsilons=(0.5, 1.0, 2.0, 4.0, 8.0), delta: float = 1e-6,
                       n_queries: int = 1000, n_teachers: int = 100, n_neighbors: int = 100,

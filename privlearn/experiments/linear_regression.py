@@ -21,6 +21,7 @@ import numpy as np
 
 from privlearn.accounting import Gaussian, calibrate, compose
 from privlearn.datasets import load_california_housing
+from privlearn.errors import ParameterValueError
 from privlearn.experiments._common import (
     ExperimentResult,
     format_table,
@@ -29,7 +30,6 @@ from privlearn.experiments._common import (
     pyplot,
     write_csv,
 )
-from privlearn.experiments._registry import register_experiment
 from privlearn.models.linear import (
     AdaSSPRegressor,
     SSPRegressor,
@@ -106,7 +106,7 @@ def ssp_estimators(epsilon: float, rng: np.random.Generator, variant: str = "def
     """The study's SSP and AdaSSP as the package's estimators (``x_bound = 1``,
     ``y_bound = 5``, no intercept, delta = 1e-6), in the requested variant."""
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        raise ParameterValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     kw = dict(epsilon=float(epsilon), delta=DELTA, x_bound=X_BOUND, y_bound=Y_BOUND,
               fit_intercept=False, random_state=rng)
     if variant == "seed":
@@ -238,12 +238,6 @@ def summary_table(res: dict, epsilons=(0.1, 0.5, 1.0, 2.0)) -> list[dict]:
     return rows
 
 
-@register_experiment(
-    "linear-regression",
-    description="Linear regression on California housing: median training MSE vs epsilon "
-                "(0.1..2, delta=1e-6) for SSP, AdaSSP, NoisyGD (two regimes), non-private "
-                "and trivial baselines",
-)
 def run_linear_regression(out_dir=None, reps: int | None = None, seed: int = 0, *,
                           epsilons=None, noisygd: bool = True, noisygd_reps: int | None = None,
                           plot: bool = True, show_progress: bool | None = None,
@@ -268,10 +262,6 @@ def run_linear_regression(out_dir=None, reps: int | None = None, seed: int = 0, 
                             summary=dict(compute_seconds=elapsed, raw=res))
 
 
-@register_experiment(
-    "noisygd-learning-rate",
-    description="NoisyGD learning-rate sensitivity (theoretical rate, x10, x0.1)",
-)
 def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int = 0, *,
                               n_iter: int = 50000, sigma: float = 500.0, log_every: int = 100,
                               factors=(1.0, 10.0, 0.1), plot: bool = True,

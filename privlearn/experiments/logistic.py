@@ -31,7 +31,6 @@ from privlearn.experiments._common import (
     pyplot,
     write_csv,
 )
-from privlearn.experiments._registry import register_experiment
 from privlearn.models.dpsgd import DPSGDClassifier
 
 __all__ = ["SCENARIOS", "run_logistic_regression", "nonprivate_gd"]
@@ -61,12 +60,6 @@ def nonprivate_gd(Z, y, lam, eta, T):
     return path
 
 
-@register_experiment(
-    "logistic-regression",
-    description="DP-SGD logistic regression scenarios on synthetic data (non-private, "
-                "pure DP and (epsilon, delta)-DP, with and without subsampling): test "
-                "accuracy over repetitions",
-)
 def run_logistic_regression(out_dir=None, reps: int | None = None, seed: int = 0, *,
                             n_train: int = 10000, n_test: int = 10000, dim: int = 20,
                             scenarios=None, iteration_scale: float = 1.0, plot: bool = True,

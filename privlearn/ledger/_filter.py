@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from privlearn.accounting import Mechanism, UnsupportedMechanismError
+from privlearn.errors import ParameterValueError
 
 __all__ = ["default_filter_order", "filter_epsilon", "rdp_at_order"]
 
@@ -46,7 +47,7 @@ def default_filter_order(epsilon: float, delta: float) -> float:
     ``log(1/delta) / (alpha - 1)`` takes half of the budget (a standard choice; pass
     ``adaptive_order`` to :meth:`Ledger.create_budget` to pick another)."""
     if not 0.0 < delta < 1.0:
-        raise ValueError(
+        raise ParameterValueError(
             f"delta must be in (0, 1) for the adaptive (Renyi filter) rule, got {delta!r}"
         )
     return 1.0 + 2.0 * math.log(1.0 / delta) / epsilon

@@ -1,25 +1,24 @@
 """A persistent, tamper-evident privacy ledger in SQLite (see :mod:`privlearn.ledger`).
 
-Length: one class whose methods share a single transaction discipline (BEGIN IMMEDIATE,
-hash chain, head record); splitting them would spread the invariants over several files.
+The :class:`Ledger`: storage (the schema, the transaction discipline -- BEGIN
+IMMEDIATE, hash chain, head record -- and its integrity checks) and the budget
+operations that run inside it. Its value objects are in ``_records``, the reading of
+releases under a budget's neighbouring relation in ``_relations``, the reservation and
+budget handles in ``_handles``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import getpass
 import hashlib
 import hmac
 import json
 import math
 import os
-import socket
 import sqlite3
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 if sys.platform != "win32":
@@ -27,17 +26,15 @@ if sys.platform != "win32":
 else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
-from privlearn._validation import check_delta, check_enum, check_positive
+from privlearn._validation import check_delta, check_positive
 from privlearn.accounting import (
     Composed,
     Mechanism,
     Neighbouring,
-    as_replace_one,
     compose,
     get_accountant,
 )
-from privlearn.accounting.registry import stated_relations
-from privlearn.accounting.serialization import dumps, loads
+from privlearn.accounting.serialization import loads
 from privlearn.errors import (
     BudgetExceededError,
     LedgerConflictError,
@@ -46,9 +43,28 @@ from privlearn.errors import (
     ParameterTypeError,
     ParameterValueError,
     UnknownBudgetError,
-    UnsupportedMechanismError,
 )
 from privlearn.ledger._filter import default_filter_order, filter_epsilon, rdp_at_order
+from privlearn.ledger._handles import DEFAULT_UNIT, BudgetHandle, Reservation
+from privlearn.ledger._records import (
+    Budget,
+    Entry,
+    Spent,
+    VerifyReport,
+    _check_mechanism,
+    _check_name,
+    _check_opt_str,
+    _default_who,
+    _now,
+)
+from privlearn.ledger._relations import (
+    _check_budget_relation,
+    _check_relation,
+    _covered,
+    _read_all,
+    _relation,
+    check_privacy_unit,
+)
 
 __all__ = [
     "Budget",
@@ -63,7 +79,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 GENESIS = "0" * 64
-DEFAULT_UNIT = "record"
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -101,335 +117,6 @@ _CONTENT_KEYS = ("seq", "kind", "dataset", "privacy_unit", "mechanism", "payload
                  "who", "time", "ref")
 #: The hashed text of an entry: its content as compact JSON with sorted keys.
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
-
-
-# ----------------------------------------------------------------------------------
-# value objects
-# ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """The cap on one dataset (and privacy unit).
-
-    Attributes
-    ----------
-    dataset, privacy_unit : str
-    epsilon, delta : float
-        The cap: every admitted history is ``(epsilon, delta)``-DP.
-    accountant : str
-        Accountant composing the stored releases (default ``"pld"``).
-    adaptive : bool
-        Enforce the cap with the Renyi filter (valid under fully adaptive composition)
-        instead of the tight non-adaptive composition (see :mod:`privlearn.ledger`).
-    adaptive_order : float or None
-        The filter's Renyi order ``alpha`` (None when not adaptive).
-    neighbouring : Neighbouring or None
-        The neighbouring relation the cap holds under, when set at creation; None: the
-        relation of the budget's first release (see :meth:`Ledger.create_budget`).
-    """
-
-    dataset: str
-    privacy_unit: str
-    epsilon: float
-    delta: float
-    accountant: str
-    adaptive: bool = False
-    adaptive_order: float | None = None
-    neighbouring: Neighbouring | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One row of the ledger (immutable once written).
-
-    ``kind`` is ``"budget"`` (the cap was set), ``"spend"``, ``"reserve"`` (a planned
-    release, counted in full until settled) or ``"settle"`` (what a reservation actually
-    ran; ``ref`` is the reservation's ``seq``; ``mechanism`` None means nothing ran).
-    """
-
-    seq: int
-    kind: str
-    dataset: str
-    privacy_unit: str
-    mechanism: Mechanism | None
-    label: str | None
-    who: str | None
-    time: str
-    ref: int | None
-    hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class Spent:
-    """What has been spent on one budget.
-
-    Attributes
-    ----------
-    epsilon_spent : float
-        Certified upper bound on epsilon at ``delta`` of the tight composition of every
-        counted release (spends, settled reservations, and pending reservations in full),
-        treated as a sequence whose mechanisms were fixed in advance, under
-        ``neighbouring``.
-    epsilon_lower : float or None
-        Certified lower bound of the same composition (the accountant's, where it has one):
-        the true epsilon of that composition lies in ``[epsilon_lower, epsilon_spent]``.
-    epsilon_budget, delta : float
-        The cap.
-    epsilon_remaining : float
-        ``max(0, epsilon_budget - epsilon_spent)`` (non-adaptive), informative only: a
-        release's epsilon does not add to the total.
-    entries : int
-        Number of counted releases (spends and reservations).
-    pending : int
-        Reservations not yet settled (counted as their whole plan).
-    adaptive : bool
-        Whether the cap is enforced with the Renyi filter.
-    adaptive_epsilon, adaptive_order : float or None
-        The epsilon the Renyi filter certifies for the releases so far at ``delta`` (valid
-        under fully adaptive composition), and its order; None for non-adaptive budgets.
-    neighbouring : Neighbouring or None
-        The neighbouring relation every number here holds under (None: nothing spent on
-        a budget whose relation is fixed by its first release).
-    """
-
-    dataset: str
-    privacy_unit: str
-    epsilon_spent: float
-    epsilon_lower: float | None
-    epsilon_budget: float
-    delta: float
-    epsilon_remaining: float
-    entries: int
-    pending: int
-    accountant: str
-    adaptive: bool
-    adaptive_epsilon: float | None
-    adaptive_order: float | None
-    neighbouring: Neighbouring | None = None
-
-    def as_dict(self) -> dict:
-        """The fields as JSON types (``neighbouring`` by its value, inf as None)."""
-        d = {k: getattr(self, k) for k in self.__slots__}
-        d["neighbouring"] = None if self.neighbouring is None else self.neighbouring.value
-        return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in d.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class VerifyReport:
-    """Result of :meth:`Ledger.verify`; truthy when the ledger is intact."""
-
-    ok: bool
-    entries: int
-    problems: tuple[str, ...] = ()
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-
-# ----------------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------------
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def _default_who() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name in some containers
-        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
-def _check_name(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise ParameterTypeError(f"{name} must be a string, got {value!r}")
-    if not value.strip():
-        raise ParameterValueError(f"{name} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _check_opt_str(name: str, value: object) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ParameterTypeError(f"{name} must be a string or None, got {value!r}")
-    return value
-
-
-def _check_mechanism(mechanism: object) -> tuple[Mechanism, str]:
-    if not isinstance(mechanism, Mechanism):
-        raise ParameterTypeError(
-            f"mechanism must be a privlearn Mechanism, got {mechanism!r}; describe the "
-            "release with privlearn.accounting (e.g. Gaussian(noise_multiplier))")
-    return mechanism, dumps(mechanism)
-
-
-def _parts(m: Mechanism) -> list[tuple[Mechanism, int]]:
-    return list(m.parts) if isinstance(m, Composed) else [(m, 1)]
-
-
-def _covered(actual: Mechanism, plan: Mechanism) -> bool:
-    """True when ``actual`` runs a sub-multiset of ``plan``'s steps (e.g. a prefix of its
-    steps). Dropping releases from a composition is post-processing of the full one
-    (discard their outputs), so the plan's guarantee covers ``actual``."""
-    budget = [[m, k] for m, k in _parts(plan)]
-    for m, k in _parts(actual):
-        need = k
-        for slot in budget:
-            if slot[0] == m and need > 0:
-                take = min(need, slot[1])
-                slot[1] -= take
-                need -= take
-        if need > 0:
-            return False
-    return True
-
-
-_AR, _RO = Neighbouring.ADD_REMOVE, Neighbouring.REPLACE_ONE
-_ONE_SIDED = frozenset({Neighbouring.ADD_ONLY, Neighbouring.REMOVE_ONLY})
-_SAY = {_AR: "add/remove", _RO: "replace-one", Neighbouring.ADD_ONLY: "add-only",
-        Neighbouring.REMOVE_ONLY: "remove-only"}
-
-
-def _check_budget_relation(value: object) -> Neighbouring | None:
-    if value is None:
-        return None
-    hint = ("pass 'add_remove' or 'replace_one', or leave it out to take the relation of "
-            "the first release")
-    relation = check_enum("neighbouring", value, Neighbouring, hint=hint)
-    if relation in _ONE_SIDED:
-        raise ParameterValueError(
-            f"neighbouring must be 'add_remove' or 'replace_one' for a budget, got "
-            f"{relation.value!r} (one-sided: it bounds one direction only); {hint}")
-    return relation
-
-
-def _common_relation(relations: frozenset[Neighbouring]) -> Neighbouring | None:
-    """The one relation releases stating ``relations`` are counted under: replace-one when
-    one of them is (the add/remove ones read under replace-one), else the one-sided
-    relation when one is (add/remove implies both one-sided ones), else add/remove; None
-    when there is no release."""
-    if not relations:
-        return None
-    if _RO in relations:
-        return _RO
-    one_sided = relations & _ONE_SIDED
-    if len(one_sided) > 1:
-        raise LedgerConflictError(
-            "releases under add-only and under remove-only neighbouring bound opposite "
-            "directions and have no common guarantee to add up")
-    return next(iter(one_sided), _AR)
-
-
-def _relation(budget: Budget, mechs: Sequence[Mechanism]) -> Neighbouring | None:
-    """The relation the budget's total holds under: the one set at creation, else the
-    common relation of its releases (so a budget without one is counted under replace-one
-    as soon as it holds a replace-one release)."""
-    if budget.neighbouring is not None:
-        return budget.neighbouring
-    return _common_relation(frozenset().union(*(stated_relations(m) for m in mechs)))
-
-
-def _read(mechanism: Mechanism, relation: Neighbouring | None) -> Mechanism:
-    """``mechanism`` as counted under ``relation``; :class:`UnsupportedMechanismError`
-    when it holds no guarantee under it."""
-    stated = stated_relations(mechanism)
-    if relation is None or stated <= {relation} or (
-            relation in _ONE_SIDED and stated <= {relation, _AR}):
-        return mechanism
-    if relation is _RO:
-        return as_replace_one(mechanism)
-    raise UnsupportedMechanismError(
-        f"a release under {' and '.join(sorted(_SAY[r] for r in stated))} neighbouring "
-        f"holds no guarantee under {_SAY[relation]}")
-
-
-def _read_all(budget: Budget, mechs: Sequence[Mechanism], relation: Neighbouring | None
-              ) -> list[Mechanism]:
-    out = []
-    for i, m in enumerate(mechs, start=1):
-        try:
-            out.append(_read(m, relation))
-        except UnsupportedMechanismError as exc:
-            raise LedgerConflictError(
-                f"budget {budget.dataset!r} (privacy unit {budget.privacy_unit!r}) counts "
-                f"its releases under {_SAY[relation]} neighbours, and its counted release "
-                f"{i} cannot be read under that relation ({exc}); its total has no "
-                "guarantee: start a new budget for further releases") from exc
-    return out
-
-
-def _check_relation(budget: Budget, mechs: Sequence[Mechanism], mechanism: Mechanism,
-                    what: str) -> None:
-    """Refuse (:class:`LedgerConflictError`) a release that holds no guarantee under the
-    budget's relation: the one set at creation, else the one its releases so far fix."""
-    new = stated_relations(mechanism)
-    if budget.neighbouring is not None:
-        relation, why = budget.neighbouring, "set when it was created"
-    else:
-        relation = _relation(budget, mechs)
-        why = "fixed by the releases it holds"
-        if relation is None:  # the first release fixes it
-            relation = _common_relation(new)
-    if relation is None:
-        return
-    if relation is not _RO and _RO in new:
-        raise LedgerConflictError(
-            f"{what} refused: budget {budget.dataset!r} counts its releases under "
-            f"{_SAY[relation]} neighbours ({why}), and this release holds a replace-one "
-            "guarantee (e.g. fixed-size sampling), which implies none under "
-            f"{_SAY[relation]}: one total of both would hold under neither relation. "
-            "Describe the release under add/remove (Poisson sampling: "
-            "make_private(sampling='poisson'), `privlearn budget spend --sampling "
-            "poisson`), or spend it on a budget created with neighbouring='replace_one' "
-            "(`privlearn budget init --neighbouring replace_one`), which counts add/remove "
-            "releases at their replace-one cost (twice the sensitivity, group privacy); "
-            "nothing was recorded")
-    try:
-        _read(mechanism, relation)
-    except UnsupportedMechanismError as exc:
-        raise LedgerConflictError(
-            f"{what} refused: budget {budget.dataset!r} counts its releases under "
-            f"{_SAY[relation]} neighbours ({why}), and this release has no guarantee "
-            f"under that relation: {exc}; nothing was recorded") from exc
-
-
-def check_privacy_unit(handle: object, unit: str, *, spender: str, remedy: str) -> None:
-    """Refuse to spend a guarantee per ``unit`` from a budget per another privacy unit.
-
-    A guarantee covers one privacy unit: a release that is ``epsilon``-DP per record is
-    only ``k epsilon``-DP (group privacy; Dwork & Roth 2014, Section 2.3) for a user with
-    ``k`` records, and a per-user guarantee caps what a budget per record does not count.
-    So a budget only takes releases accounted per its own unit. Every spender checks here
-    (the estimators' ``ledger=``, :func:`privlearn.torch.make_private`), before it plans
-    or reads anything.
-
-    Parameters
-    ----------
-    handle
-        The budget handle (``Ledger(path).budget(dataset, privacy_unit=...)``); a handle
-        without a ``privacy_unit`` attribute (a custom integration) is not checked.
-    unit : str
-        The privacy unit the release is accounted per (``"record"`` or ``"user"``).
-    spender : str
-        Who spends, for the message (e.g. ``"SSPRegressor"``).
-    remedy : str
-        What the spender can do instead, for the message.
-
-    Raises
-    ------
-    LedgerConflictError
-        The budget's unit is not ``unit``.
-    """
-    budget_unit = getattr(handle, "privacy_unit", None)
-    if budget_unit is None or budget_unit == unit:
-        return
-    raise LedgerConflictError(
-        f"ledger={handle!r}: this budget is per {budget_unit!r} but "
-        f"{spender} gives a guarantee per {unit!r}: a guarantee per {unit} cannot be spent "
-        f"from a budget per {budget_unit}. {remedy}")
 
 
 # ----------------------------------------------------------------------------------
@@ -508,20 +195,45 @@ class Ledger:
         self._verified_version: int | None = None
         self._failure: tuple[int, LedgerIntegrityError] | None = None
         self._appended: tuple[int, str] | None = None
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            raise LedgerNotFoundError(
+                f"the directory {folder} of the ledger path {self.path} does not exist; "
+                "create the directory first (a ledger is created in an existing directory)",
+                path=self.path, reason="no_directory")
+        if os.path.isdir(self.path):
+            raise LedgerNotFoundError(
+                f"{self.path} is a directory, not a privacy ledger; pass the path of a file "
+                f"in it (e.g. {os.path.join(self.path, 'ledger.db')})",
+                path=self.path, reason="directory")
         if not create and not os.path.exists(self.path):
             raise LedgerNotFoundError(
                 f"no privacy ledger at {self.path}; check the path, or pass create=True to "
-                "create one (`privlearn budget init` creates one from the shell)"
-            )
+                "create one (`privlearn budget init` creates one from the shell)",
+                path=self.path, reason="missing")
         self._conn = self._connect(create)
 
     # -- connection / pickling ----------------------------------------------------------
     def _connect(self, create: bool) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
-        )
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.OperationalError as exc:  # e.g. a directory we may not write in
+            raise LedgerNotFoundError(
+                f"cannot open the privacy ledger at {self.path} ({exc}); check that the "
+                "path is a file in a directory you may write in",
+                path=self.path, reason="unopenable") from None
         try:
             return self._open_schema(conn, create)
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if not any(w in str(exc) for w in ("unable to open", "readonly")):
+                raise
+            raise LedgerNotFoundError(
+                f"cannot open the privacy ledger at {self.path} ({exc}); check that the "
+                "path is a file you may read and write, in a directory you may write in",
+                path=self.path, reason="unopenable") from None
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise LedgerIntegrityError(
@@ -548,7 +260,7 @@ class Ledger:
                 if not create:
                     raise LedgerNotFoundError(
                         f"{self.path} is empty, not a privacy ledger; pass create=True to "
-                        "create one there")
+                        "create one there", path=self.path, reason="empty")
                 for stmt in _SCHEMA.split(";\n"):
                     if stmt.strip():
                         cur.execute(stmt)
@@ -877,8 +589,8 @@ class Ledger:
                 "SELECT dataset, privacy_unit FROM entries WHERE kind='budget'")]
             raise UnknownBudgetError(
                 f"no budget for dataset {dataset!r} (privacy unit {unit!r}) in {self.path}; "
-                f"create one with create_budget (known: {', '.join(known) or 'none'})"
-            )
+                f"create one with create_budget (known: {', '.join(known) or 'none'})",
+                dataset=dataset, privacy_unit=unit, path=self.path, known=tuple(known))
         p = json.loads(row[0])
         relation = p.get("neighbouring")  # absent: bound by the releases (see _relation)
         return Budget(dataset, unit, p["epsilon"], p["delta"], p["accountant"],
@@ -914,19 +626,22 @@ class Ledger:
         settled = {ref: text for _, kind, text, ref in rows if kind == "settle"}
         mechs: list[Mechanism] = []
         n = pending = 0
-        for seq, kind, text, _ in rows:
+        released: set[int] = set()  # runs (first reservation's seq) that released
+        for seq, kind, text, ref in rows:
             if kind == "spend":
                 mechs.append(self._mech(text))
                 n += 1
             elif kind == "reserve":
-                n += 1
+                run = seq if ref is None else ref
                 if seq in settled:
-                    if settled[seq] is not None:
-                        mechs.append(self._mech(settled[seq]))
+                    if settled[seq] is None:  # nothing ran (e.g. a fit that failed)
+                        continue
+                    mechs.append(self._mech(settled[seq]))
                 else:
                     pending += 1
                     mechs.append(self._mech(text))
-        return mechs, n, pending
+                released.add(run)
+        return mechs, n + len(released), pending
 
     @staticmethod
     def _evaluate(budget: Budget, mechs: list[Mechanism]):
@@ -1021,6 +736,7 @@ class Ledger:
         label: str | None = None,
         who: str | None = None,
         privacy_unit: str | None = None,
+        extends: int | Reservation | None = None,
     ) -> Reservation:
         """Record a *planned* release (e.g. a whole training run) before it starts.
 
@@ -1028,21 +744,39 @@ class Ledger:
         actually ran (which must be covered by the plan, e.g. a prefix of its steps), so a
         process killed mid-run leaves at least its plan in the ledger. Refused exactly as
         :meth:`spend`.
+
+        ``extends``: an earlier reservation of the same run that this one extends (more
+        steps than planned); the privacy loss counts in full either way, but the run is
+        one release in :attr:`Spent.entries`.
         """
-        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit)
+        ref = None
+        if extends is not None:
+            ref = extends.seq if isinstance(extends, Reservation) else extends
+            if isinstance(ref, bool) or not isinstance(ref, int):
+                raise ParameterTypeError(
+                    f"extends must be a Reservation or its seq (an int), got {extends!r}")
+        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit, ref)
         return Reservation(self, self._entry(row))
 
     def _record(self, kind: str, dataset: str, mechanism: Mechanism, label: str | None,
-                who: str | None, privacy_unit: str | None) -> tuple:
+                who: str | None, privacy_unit: str | None, ref: int | None = None
+                ) -> tuple:
         """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
         label, who = _check_opt_str("label", label), _check_opt_str("who", who)
         unit = privacy_unit or DEFAULT_UNIT
         with self._write() as cur:
+            if ref is not None:
+                r = cur.execute("SELECT kind, dataset, privacy_unit FROM entries WHERE seq=?",
+                                (ref,)).fetchone()
+                if r is None or tuple(r) != ("reserve", dataset, unit):
+                    raise LedgerConflictError(
+                        f"extends={ref!r}: no reservation with that seq on dataset "
+                        f"{dataset!r} (privacy unit {unit!r}) in {self.path}")
             self._admit(cur, dataset, unit, mechanism,
                         "spend" if kind == "spend" else "reservation")
             return self._append(cur, kind, dataset, unit, mechanism=text, label=label,
-                                who=who or _default_who())
+                                who=who or _default_who(), ref=ref)
 
     def settle(self, reservation: int | Reservation, actual: Mechanism | None) -> Entry:
         """Record what a reservation actually ran (see :meth:`Reservation.settle`)."""
@@ -1138,67 +872,3 @@ class Ledger:
         return VerifyReport(not problems, n, tuple(problems))
 
 
-@dataclass(frozen=True)
-class Reservation:
-    """A planned release recorded by :meth:`Ledger.reserve`, counted in full until settled.
-
-    Use as a context manager to settle automatically: on normal exit with the plan (or
-    what :meth:`update` last recorded), on an exception with the plan kept in full.
-    """
-
-    ledger: Ledger = field(repr=False)
-    entry: Entry
-
-    @property
-    def seq(self) -> int:
-        return self.entry.seq
-
-    @property
-    def mechanism(self) -> Mechanism:
-        return self.entry.mechanism
-
-    def settle(self, actual: Mechanism | None = None) -> Entry:
-        """Record what actually ran: ``None`` = the plan ran in full; a mechanism covered
-        by the plan (a sub-composition, e.g. ``compose(step, steps=k)`` for ``k`` of a
-        planned ``T`` steps); ``compose([])`` = nothing ran (only if the data was never
-        touched)."""
-        return self.ledger.settle(self, self.mechanism if actual is None else actual)
-
-    def __enter__(self) -> Reservation:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.settle()
-
-
-@dataclass(frozen=True)
-class BudgetHandle:
-    """One budget of a :class:`Ledger` (``ledger.budget("adult")``): what estimators take
-    as ``ledger=``. Methods forward to the ledger with the dataset filled in."""
-
-    ledger: Ledger
-    dataset: str
-    privacy_unit: str = DEFAULT_UNIT
-
-    def spend(self, mechanism: Mechanism, *, label: str | None = None,
-              who: str | None = None) -> Entry:
-        return self.ledger.spend(self.dataset, mechanism, label=label, who=who,
-                                 privacy_unit=self.privacy_unit)
-
-    def reserve(self, mechanism: Mechanism, *, label: str | None = None,
-                who: str | None = None) -> Reservation:
-        return self.ledger.reserve(self.dataset, mechanism, label=label, who=who,
-                                   privacy_unit=self.privacy_unit)
-
-    def check(self, mechanism: Mechanism) -> Spent:
-        return self.ledger.check(self.dataset, mechanism, privacy_unit=self.privacy_unit)
-
-    def spent(self) -> Spent:
-        return self.ledger.spent(self.dataset, privacy_unit=self.privacy_unit)
-
-    def history(self) -> list[Entry]:
-        return self.ledger.history(self.dataset, privacy_unit=self.privacy_unit)
-
-    def __deepcopy__(self, memo) -> BudgetHandle:
-        return self

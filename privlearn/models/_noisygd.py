@@ -17,7 +17,7 @@ import numpy as np
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
-from privlearn.errors import PrivacyLeakWarning
+from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._ssp import ADASSP_Z
 from privlearn.models.base import make_rng, resolve_noise_multiplier
@@ -275,7 +275,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         if isinstance(lr, str) and lr.lower() == "theory":
             lr = None
         elif isinstance(lr, str):
-            raise ValueError(
+            raise ParameterValueError(
                 f"learning_rate must be 'theory' or a finite number > 0, got {lr!r}")
         else:
             lr = _v.check_positive("learning_rate", lr)
@@ -286,7 +286,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
             try:
                 sm = _v.check_positive("smoothness", sm)
             except ValueError:
-                raise ValueError(
+                raise ParameterValueError(
                     f"smoothness must be one of {SMOOTHNESS_MODES} or a finite number > 0, "
                     f"got {self.smoothness!r}; the default 'private' releases it with noise"
                 ) from None
@@ -297,7 +297,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
         eps, delta, acc = params["epsilon"], params["delta"], params["accountant"]
         sigma, n_iter = params["noise_multiplier"], params["n_iter"]
         if sigma is None and n_iter is None:
-            raise ValueError(
+            raise ParameterValueError(
                 "give noise_multiplier or n_iter (or both); got both None. E.g. "
                 "noise_multiplier=500 calibrates n_iter to the budget"
             )
@@ -307,7 +307,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
 
         if n_iter is None:
             if mech(sigma, 1).epsilon(delta, acc) > eps:
-                raise ValueError(
+                raise ParameterValueError(
                     f"noise_multiplier={sigma} is too small for epsilon={eps} at "
                     f"delta={delta}: even one iteration exceeds the budget; use a larger "
                     "noise_multiplier"

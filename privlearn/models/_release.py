@@ -36,7 +36,7 @@ from types import MappingProxyType
 import numpy as np
 
 from privlearn.accounting import Mechanism
-from privlearn.errors import DataClippedWarning
+from privlearn.errors import DataClippedWarning, ParameterValueError
 
 __all__ = [
     "RELEASED_ATTRIBUTES",
@@ -255,7 +255,7 @@ class LabelRelease:
         object.__setattr__(self, "noisy_votes", _frozen_array(self.noisy_votes))
         object.__setattr__(self, "classes", _frozen_array(self.classes))
         if self.noisy_votes.ndim != 2 or self.noisy_votes.shape[0] != self.labels.shape[0]:
-            raise ValueError(
+            raise ParameterValueError(
                 f"noisy_votes must have shape (n_queries, n_classes) = "
                 f"({self.labels.shape[0]}, ...), got {self.noisy_votes.shape}"
             )

@@ -15,6 +15,7 @@ import numpy as np
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
+from privlearn.errors import ParameterValueError
 
 #: the notebook's normal quantile used by AdaSSP's high-probability bounds (Wang 2018, Alg. 2).
 ADASSP_Z = 1.96
@@ -36,12 +37,12 @@ def _check_split(budget_split, n_parts: int) -> tuple[float, ...]:
     try:
         split = tuple(float(r) for r in budget_split)
     except TypeError:
-        raise ValueError(
+        raise ParameterValueError(
             f"budget_split must be a sequence of {n_parts} positive finite noise-multiplier "
             f"ratios, got {budget_split!r}"
         ) from None
     if len(split) != n_parts or not all(math.isfinite(r) and r > 0 for r in split):
-        raise ValueError(
+        raise ParameterValueError(
             f"budget_split must be a sequence of {n_parts} positive finite noise-multiplier "
             f"ratios, got {budget_split!r}"
         )
@@ -57,7 +58,7 @@ def check_label_range(y_bound) -> tuple[float, float]:
                 "y_bound", y_bound.item() if isinstance(y_bound, np.ndarray) else y_bound
             )
         except ValueError:
-            raise ValueError(
+            raise ParameterValueError(
                 "y_bound must be a finite number > 0 (labels in [-y_bound, y_bound]) or a "
                 f"pair (y_min, y_max) of finite numbers with y_min < y_max, got {y_bound!r}; "
                 "e.g. y_bound=5.0 or y_bound=(0.0, 5.0)"
@@ -69,7 +70,7 @@ def check_label_range(y_bound) -> tuple[float, float]:
         for v in pair
     )
     if not ok or not float(pair[0]) < float(pair[1]):
-        raise ValueError(
+        raise ParameterValueError(
             "y_bound as an interval must be a pair (y_min, y_max) of finite numbers with "
             f"y_min < y_max, got {y_bound!r}; e.g. y_bound=(0.0, 5.0), or a single number "
             "Y > 0 for [-Y, Y]"

@@ -46,7 +46,11 @@ from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
 from privlearn.accounting import Mechanism, calibrate, compose, warn_if_delta_large
-from privlearn.errors import UnsupportedMechanismError
+from privlearn.errors import (
+    ParameterTypeError,
+    ParameterValueError,
+    UnsupportedMechanismError,
+)
 from privlearn.ledger import check_privacy_unit
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
@@ -194,7 +198,7 @@ class PrivateEstimator(BaseEstimator):
         if handle is None:
             return None
         if not callable(getattr(handle, "reserve", None)) or not hasattr(handle, "dataset"):
-            raise TypeError(
+            raise ParameterTypeError(
                 f"ledger must be a budget handle, e.g. Ledger(path).budget('dataset'), got "
                 f"{handle!r}")
         check_privacy_unit(
@@ -293,7 +297,7 @@ def resolve_noise_multiplier(
         sigma = float(noise_multiplier)
         spent = float(mechanism_of(sigma).epsilon(delta, accountant))
         if spent > epsilon:
-            raise ValueError(
+            raise ParameterValueError(
                 f"noise_multiplier={sigma} spends epsilon={spent:.6g} > epsilon={epsilon} "
                 f"at delta={delta}{' ' + describe if describe else ''}; leave "
                 "noise_multiplier=None to calibrate it, or raise epsilon")
@@ -307,7 +311,7 @@ def require_delta_for_gaussian(delta: float, owner: str, *, laplace: bool) -> No
     if delta == 0.0:
         alternative = ("Use noise='laplace' (L1 clipping, pure DP) for delta=0, or pass "
                        "delta > 0, e.g. 1e-6" if laplace else "Pass a small delta such as 1e-6")
-        raise ValueError(
+        raise ParameterValueError(
             f"delta=0 is impossible with Gaussian noise: the Gaussian mechanism satisfies "
             f"no pure (epsilon, 0)-DP guarantee, and {owner} adds Gaussian noise. "
             f"{alternative}")

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from privlearn import _validation as _v
+from privlearn.errors import ParameterValueError
 
 __all__ = [
     "Constraint",
@@ -96,7 +97,7 @@ class Real(Constraint):
         if bad:
             fin = "" if self.allow_inf else " and finite"
             none = " or None" if self.allow_none else ""
-            raise ValueError(_v._msg(name, f"in {rng}{fin}{none}", value,
+            raise ParameterValueError(_v._msg(name, f"in {rng}{fin}{none}", value,
                                      self.hint or "see the estimator's docstring"))
         return x
 
@@ -164,7 +165,7 @@ class Seed(Constraint):
             return value
         if isinstance(value, numbers.Integral) and not isinstance(value, bool):
             if int(value) < 0:
-                raise ValueError(_v._msg(name, "None, an int >= 0, a numpy Generator or "
+                raise ParameterValueError(_v._msg(name, "None, an int >= 0, a numpy Generator or "
                                          "RandomState", value, "leave it None in production"))
             return int(value)
         raise _v.ParameterTypeError(

@@ -43,7 +43,7 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import Gaussian, Laplace, compose, subsample
-from privlearn.errors import PrivacyLeakWarning
+from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -361,7 +361,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             return None
         cl = np.asarray(self.classes)
         if cl.ndim != 1 or cl.size != 2 or cl[0] == cl[1]:
-            raise ValueError(
+            raise ParameterValueError(
                 "classes must be a sequence of exactly 2 distinct labels (negative, "
                 f"positive), got {self.classes!r}; e.g. classes=[0, 1]"
             )
@@ -384,7 +384,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         if public is not None:
             bad = ~np.isin(y, public)
             if np.any(bad):
-                raise ValueError(
+                raise ParameterValueError(
                     f"y contains labels not in classes={public.tolist()}: "
                     f"{np.unique(y[bad])[:5].tolist()}; DPSGDClassifier is binary"
                 )
@@ -392,12 +392,12 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         else:
             classes = np.unique(y)
             if classes.size < 2:
-                raise ValueError(
+                raise ParameterValueError(
                     "DPSGDClassifier needs binary labels; y has only one class: "
                     f"{classes.tolist()}. If the other class is known, pass classes=[a, b]"
                 )
             if classes.size > 2 or kind not in ("binary",):
-                raise ValueError(
+                raise ParameterValueError(
                     "Only binary classification is supported. The type of the target is "
                     f"{kind!r}: DPSGDClassifier needs binary labels y, got {classes.size} "
                     f"classes {classes[:10].tolist()}"

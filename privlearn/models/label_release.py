@@ -51,7 +51,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Laplace, Mechanism, compose, subsample
-from privlearn.errors import PrivacyLeakWarning
+from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 from privlearn.models._release import LabelRelease
 from privlearn.models.base import (
     PrivateEstimator,
@@ -126,7 +126,7 @@ class _LabelReleaseBase(PrivateEstimator):
             require_delta_for_gaussian(delta, type(self).__name__, laplace=True)
         prev = getattr(self, "_releases", None)
         if prev and prev[-1].delta != delta:
-            raise ValueError(
+            raise ParameterValueError(
                 f"delta changed from {prev[-1].delta} to {delta} between releases of one "
                 "account; the total epsilon_ is reported at one delta. Keep delta fixed, or "
                 "start a new account (a new PATE object / PrivateKNN.fit)"
@@ -186,7 +186,8 @@ class _LabelReleaseBase(PrivateEstimator):
         """
         releases = getattr(self, "_releases", None)
         if not releases:
-            raise ValueError(f"nothing released yet: call {type(self).__name__}.release first")
+            raise ParameterValueError(
+                f"nothing released yet: call {type(self).__name__}.release first")
         if len(releases) == 1:
             return releases[0]
         return LabelRelease(
@@ -279,13 +280,13 @@ class PATE(_LabelReleaseBase):
         if T.ndim == 2:
             if not np.issubdtype(T.dtype, np.integer):
                 if not np.all(np.isfinite(T)) or not np.all(T == np.round(T)):
-                    raise ValueError("hard teacher votes must be integer class labels")
+                    raise ParameterValueError("hard teacher votes must be integer class labels")
                 T = T.astype(np.int64)
             if T.size and T.min() < 0:
-                raise ValueError(f"class labels must be >= 0, got min {T.min()}")
+                raise ParameterValueError(f"class labels must be >= 0, got min {T.min()}")
             C = int(n_classes) if n_classes is not None else int(T.max()) + 1
             if T.size and T.max() >= C:
-                raise ValueError(f"label {T.max()} out of range for n_classes={C}")
+                raise ParameterValueError(f"label {T.max()} out of range for n_classes={C}")
             votes = np.zeros((T.shape[1], C))
             for row in T:
                 np.add.at(votes, (np.arange(T.shape[1]), row), 1.0)
@@ -293,11 +294,12 @@ class PATE(_LabelReleaseBase):
         if T.ndim == 3:
             T = T.astype(float)
             if not np.all(np.isfinite(T)):
-                raise ValueError("teacher probabilities contain NaN or infinity")
+                raise ParameterValueError("teacher probabilities contain NaN or infinity")
             if np.any(T < 0) or not np.allclose(T.sum(axis=2), 1.0, atol=1e-6):
-                raise ValueError("soft teacher votes must be probability vectors (>= 0, sum 1)")
+                raise ParameterValueError(
+                    "soft teacher votes must be probability vectors (>= 0, sum 1)")
             return T.sum(axis=0)
-        raise ValueError(
+        raise ParameterValueError(
             "teacher_outputs must have shape (n_teachers, n_queries) or "
             f"(n_teachers, n_queries, n_classes), got shape {T.shape}"
         )
@@ -337,7 +339,7 @@ class PATE(_LabelReleaseBase):
         """Check the votes' shape (orientation, number of classes) and calibrate."""
         shape = data_shape(X)
         if len(shape) not in (2, 3):
-            raise ValueError(
+            raise ParameterValueError(
                 "teacher_outputs must have shape (n_teachers, n_queries) (hard votes) or "
                 f"(n_teachers, n_queries, n_classes) (soft votes), got shape {shape}"
             )
@@ -350,13 +352,13 @@ class PATE(_LabelReleaseBase):
                     if shape[1] == k
                     else ""
                 )
-                raise ValueError(
+                raise ParameterValueError(
                     f"teacher_outputs must have the teachers on axis 0, i.e. shape "
                     f"({k}, n_queries{', n_classes' if len(shape) == 3 else ''}) for "
                     f"n_teachers={k}, got shape {shape}{hint}"
                 )
         elif shape[0] >= shape[1]:
-            raise ValueError(
+            raise ParameterValueError(
                 f"teacher_outputs of shape {shape} is ambiguous: the expected orientation "
                 "is (n_teachers, n_queries[, n_classes]) and this array has at least as "
                 "many teachers as queries, which usually means it is transposed. Pass "
@@ -364,7 +366,7 @@ class PATE(_LabelReleaseBase):
             )
         if len(shape) == 2:
             if n_classes is None:
-                raise ValueError(
+                raise ParameterValueError(
                     "n_classes is required for hard votes: inferring it from the votes "
                     "would release the largest label voted, un-noised; pass "
                     "n_classes=<number of classes>"
@@ -374,19 +376,19 @@ class PATE(_LabelReleaseBase):
             C = shape[2]
             if n_classes is not None and _v.check_count(
                     "n_classes", n_classes, minimum=2, integral_floats=False) != C:
-                raise ValueError(
+                raise ParameterValueError(
                     f"n_classes={n_classes} does not match the soft votes' last dimension "
                     f"{C} (shape {shape}: (n_teachers, n_queries, n_classes))"
                 )
         prev_c = getattr(self, "n_classes_", None)
         if prev_c is not None and prev_c != C:
-            raise ValueError(
+            raise ParameterValueError(
                 f"n_classes={C} differs from {prev_c} used by earlier releases of this "
                 "account; use a new PATE object for a different label set"
             )
         m = shape[1]  # queries (teachers first); the vote histogram has m rows
         if m < 1:
-            raise ValueError("need at least one query")
+            raise ParameterValueError("need at least one query")
         return self._release_plan(params, m, C)
 
     def _check_data(self, X, y, plan: LabelReleasePlan):
@@ -502,10 +504,10 @@ class PrivateKNN(_LabelReleaseBase):
         check_is_fitted(self, "_X", msg="call fit(X_private, y_private) before release")
         shape = data_shape(X)
         if len(shape) != 2 or shape[1] != self.n_features_in_:
-            raise ValueError(
+            raise ParameterValueError(
                 f"X_query must have shape (n_queries, {self.n_features_in_}), got {shape}")
         if shape[0] < 1:
-            raise ValueError("need at least one query")
+            raise ParameterValueError("need at least one query")
         return self._release_plan(params, shape[0], self.classes_.size,
                                   params["sampling_rate"])
 
@@ -566,7 +568,7 @@ def _encode_classes(classes, y: np.ndarray, owner: str) -> tuple[np.ndarray, np.
         return np.unique(y, return_inverse=True)
     cl = np.asarray(classes)
     if cl.ndim != 1 or cl.size < 2 or np.unique(cl).size != cl.size:
-        raise ValueError(
+        raise ParameterValueError(
             f"classes must be a 1-D sequence of at least 2 distinct labels, got {classes!r}"
         )
     order = np.argsort(cl, kind="stable")
@@ -575,7 +577,7 @@ def _encode_classes(classes, y: np.ndarray, owner: str) -> tuple[np.ndarray, np.
     found = sorted_cl[pos] == y
     if not np.all(found):
         bad = np.unique(y[~found])[:5]
-        raise ValueError(
+        raise ParameterValueError(
             f"y contains labels not in classes={cl.tolist()}: {bad.tolist()}; pass the "
             "complete public label set"
         )

@@ -40,6 +40,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, PureDP, calibrate, compose
+from privlearn.errors import ParameterTypeError, ParameterValueError
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -76,9 +77,10 @@ __all__ = [
 def _check_range(lower: object, upper: object) -> tuple[float, float]:
     for name, v in (("lower", lower), ("upper", upper)):
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-            raise ValueError(f"{name} must be a finite real number, got {v!r}")
+            raise ParameterValueError(f"{name} must be a finite real number, got {v!r}")
     if not lower < upper:
-        raise ValueError(f"the public range must satisfy lower < upper, got ({lower}, {upper})")
+        raise ParameterValueError(
+            f"the public range must satisfy lower < upper, got ({lower}, {upper})")
     return float(lower), float(upper)
 
 
@@ -121,16 +123,16 @@ def private_quantile(
         The released quantile and what ran, ``PureDP(epsilon)``.
     """
     if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be in [0, 1], got {q!r}")
+        raise ParameterValueError(f"q must be in [0, 1], got {q!r}")
     eps = _v.check_positive("epsilon", epsilon)
     lower, upper = _check_range(lower, upper)
     if isinstance(n_candidates, bool) or not isinstance(n_candidates, numbers.Integral) or (
         n_candidates < 2
     ):
-        raise ValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
+        raise ParameterValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
     v = np.asarray(values, dtype=float).ravel()
     if not np.all(np.isfinite(v)):
-        raise ValueError("values contain NaN or infinity")
+        raise ParameterValueError("values contain NaN or infinity")
     rng = make_rng(random_state)
     return _em_quantile(v, float(q), eps, lower, upper, int(n_candidates), rng), PureDP(eps)
 
@@ -145,7 +147,7 @@ def choose_x_bound(
     """
     X = np.asarray(X, dtype=float)
     if X.ndim != 2:
-        raise ValueError(f"X must be 2-D, got shape {X.shape}")
+        raise ParameterValueError(f"X must be 2-D, got shape {X.shape}")
     mb = _v.check_positive("max_bound", max_bound)
     b, m = private_quantile(np.linalg.norm(X, axis=1), quantile, epsilon, 0.0, mb,
                             random_state=random_state)
@@ -294,7 +296,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
 
     def _ranges(self, d: int) -> np.ndarray:
         if self.feature_range is None:
-            raise ValueError(
+            raise ParameterValueError(
                 "feature_range is required: the public (lower, upper) range of the features "
                 "(a data-derived range would leak); e.g. feature_range=(0, 100)"
             )
@@ -302,7 +304,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         if fr.shape == (2,):
             fr = np.tile(fr, (d, 1))
         if fr.shape != (d, 2) or not np.all(np.isfinite(fr)) or not np.all(fr[:, 0] < fr[:, 1]):
-            raise ValueError(
+            raise ParameterValueError(
                 f"feature_range must be (lower, upper) or an array of shape ({d}, 2) with "
                 f"finite lower < upper, got {self.feature_range!r}"
             )
@@ -327,7 +329,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         budget and the number of features (the columns of ``X``, public)."""
         shape = data_shape(X)
         if len(shape) != 2:
-            raise ValueError(
+            raise ParameterValueError(
                 f"Expected 2D array, got an array of shape {shape} instead: X must be "
                 "(n_samples, n_features); reshape a single feature with X.reshape(-1, 1)")
         require_delta_for_gaussian(params["delta"], type(self).__name__, laplace=False)
@@ -418,7 +420,7 @@ def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) ->
     ``public_steps`` (fitted on public data only -- your responsibility).
     """
     if not isinstance(pipe, Pipeline):
-        raise TypeError(f"pipe must be a scikit-learn Pipeline, got {type(pipe).__name__}")
+        raise ParameterTypeError(f"pipe must be a scikit-learn Pipeline, got {type(pipe).__name__}")
     mechs: list[Mechanism] = []
     for name, step in pipe.steps:
         if step is None or (isinstance(step, str) and step == "passthrough"):
@@ -429,7 +431,7 @@ def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) ->
         elif name in public_steps or not get_tags(step).requires_fit:
             continue
         else:
-            raise ValueError(
+            raise ParameterValueError(
                 f"pipeline step {name!r} ({type(step).__name__}) learned from the data but "
                 "has no mechanism_: it releases exact statistics. Use a private "
                 "counterpart (e.g. PrivateStandardScaler for StandardScaler), or list it "
@@ -493,7 +495,7 @@ class PrivatePipeline(Pipeline):
         """
         shape = data_shape(X)
         if len(shape) != 2:
-            raise ValueError(
+            raise ParameterValueError(
                 f"Expected 2D array, got an array of shape {shape} instead: X must be "
                 "(n_samples, n_features)")
         public = tuple(self.public_steps)
@@ -506,7 +508,7 @@ class PrivatePipeline(Pipeline):
             if isinstance(step, PrivateEstimator):  # its mechanism_ counts (as in fit)
                 mechs.append(step.planned_mechanism(placeholder, y))
             elif name not in public and get_tags(step).requires_fit:
-                raise TypeError(
+                raise ParameterTypeError(
                     f"pipeline step {name!r} ({type(step).__name__}) learns from the data "
                     "but has no planned mechanism, so the pipeline's cost cannot be known "
                     "before fitting: use a privlearn.models.PrivateEstimator step (e.g. "
@@ -520,7 +522,7 @@ class PrivatePipeline(Pipeline):
                 width = np.asarray(clone(step).fit_transform(np.zeros((1, shape[1])))).shape
                 shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
                 continue
-            raise TypeError(
+            raise ParameterTypeError(
                 f"pipeline step {name!r} ({type(step).__name__}) may change the number of "
                 "features, so the next steps' mechanisms cannot be planned from the shape "
                 "of X: put it last, or use a step that keeps the number of features")

@@ -110,3 +110,49 @@ def test_bounds_are_exact():
     b = Gaussian(1.3).epsilon_bounds(1e-6, accountant="analytic")
     assert b.accountant == "analytic"
     assert b.lower <= b.upper <= b.lower * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(("sigma", "delta"), [
+    (1e20, 1e-5), (1e300, 1e-300), (3e8, 1e-300), (1e4, 1e-300), (1.0, 5e-324),
+    (1e-6, 1e-300), (0.5, 1e-300), (1.7976931348623157e308, 1e-5)])
+def test_extreme_noise_and_delta_are_certified_against_mpmath(sigma, delta):
+    """Far noise and delta (where the float evaluation cancels or underflows): the
+    upper bound is still valid against 100-digit arithmetic, never optimistic, and at
+    most the Renyi DP conversion's mu^2/2 + mu sqrt(2 log(1/delta))."""
+    lo, hi = gaussian_epsilon_bounds(sigma, delta)
+    with mp.workdps(100):
+        mu = 1 / mp.mpf(sigma)
+        e = mp.mpf(hi)
+        exact_delta = mp.ncdf(-e / mu + mu / 2) - mp.exp(e) * mp.ncdf(-e / mu - mu / 2)
+        assert exact_delta <= delta
+        assert hi <= (mu * mu / 2 + mu * mp.sqrt(-2 * mp.log(delta))) * (1 + 1e-9)
+        if lo > 0:
+            e = mp.mpf(lo)
+            assert mp.ncdf(-e / mu + mu / 2) - mp.exp(e) * mp.ncdf(-e / mu - mu / 2) > delta
+
+
+@pytest.mark.parametrize("sigma", [1e-300, 5e-324, 1e-7])
+def test_noise_too_small_to_represent_is_a_typed_refusal(sigma):
+    from privlearn.errors import PrivacyLossOverflowError
+
+    with pytest.raises(PrivacyLossOverflowError, match="essentially non-private"):
+        gaussian_epsilon_bounds(sigma, 1e-5)
+    with pytest.raises(PrivacyLossOverflowError):
+        compose(Gaussian(sigma), steps=3).epsilon(1e-5)
+
+
+@pytest.mark.parametrize("sigma", [1e-300, 1e-160, 3.7, 1e160, 1e300,
+                                   1.7976931348623157e308])
+@pytest.mark.parametrize("count", [1, 2, 0.5])
+def test_combined_gaussian_over_the_whole_float_range(sigma, count):
+    """(sum c / sigma^2)^(-1/2) exactly, rounded down to a float (less noise is the
+    conservative side), for noise multipliers whose 1/sigma^2 is beyond floats."""
+    from fractions import Fraction
+
+    from privlearn.accounting.registry import combine_gaussians
+
+    s = combine_gaussians([(sigma, count)])
+    total = Fraction(count) / Fraction(sigma) ** 2
+    assert Fraction(s) ** 2 * total <= 1
+    if s < 1e308:  # tight (else the largest float is the answer)
+        assert Fraction(s * (1 + 1e-15)) ** 2 * total > 1

@@ -91,6 +91,8 @@ def test_noisygd_learning_rate_reduced(tmp_path):
     assert final["NoisyGD-lr*0.1"] > final["NoisyGD"]
 
 
+# the study's delta = 1/n, at a reduced n: warned about to a user, not the subject here
+@pytest.mark.filterwarnings("ignore:delta=.*is at least 1/n:privlearn.errors.PrivacyLeakWarning")
 def test_logistic_regression_reduced(tmp_path):
     res = run_experiment("logistic-regression", tmp_path, reps=2, seed=0, n_train=2000,
                          n_test=2000, dim=10, iteration_scale=0.1, verbose=False)
@@ -181,3 +183,31 @@ def test_a_decorated_experiment_is_available_to_the_cli(monkeypatch, tmp_path):
     assert calls[-1][3]["data_home"] == str(tmp_path)
     with pytest.raises(ValueError, match="already registered"):
         experiments.register_experiment("toy-experiment", description="x")(lambda *a: None)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["reproduce", "--help"],
+                                  ["reproduce", "no-such-experiment"]])
+def test_listing_the_experiments_imports_no_experiment(args):
+    """The CLI's help and its check of NAME read the registry only: no experiment's
+    module, and neither scikit-learn nor torch, is imported (cold start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom privlearn.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'torch')"
+            " or m.startswith('privlearn.experiments.') and not m.split('.')[-1]"
+            ".startswith('_'))\nprint('HEAVY', heavy, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                          text=True, timeout=120)
+    assert "HEAVY []" in proc.stderr, proc.stderr
+
+
+def test_an_experiment_module_is_imported_when_it_runs(monkeypatch):
+    from privlearn.experiments import _registry, get_experiment
+
+    exp = get_experiment("adult")
+    assert isinstance(exp.run, _registry.LazyRunner)
+    from privlearn.experiments.adult import run_adult
+
+    assert exp.run.load() is run_adult

@@ -207,3 +207,22 @@ def test_adaptive_budget_from_the_cli(tmp_path):
     s = json.loads(run("budget", "show", path, "--dataset", "d", "--json").output)
     assert s["adaptive"] is True and s["adaptive_order"] > 1
     assert s["epsilon_spent"] < s["adaptive_epsilon"] <= 1.0
+
+
+def test_a_missing_directory_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "newdir" / "x.db"
+    r = CliRunner().invoke(cli, ["budget", "init", str(path), "--dataset", "a", "--epsilon",
+                                 "1", "--delta", "1e-6"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.output
+    assert f"directory {tmp_path / 'newdir'} " in r.stderr
+
+
+def test_messages_name_commands_and_options_not_python(db, tmp_path):
+    for args in (["budget", "show", str(tmp_path / "none.db"), "--dataset", "adult"],
+                 ["budget", "show", db, "--dataset", "mnist"],
+                 ["budget", "spend", db, "--dataset", "mnist", "--noise-multiplier", "5"]):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 2, r.output
+        assert "privlearn budget init" in r.stderr, r.stderr
+        assert not any(w in r.stderr for w in ("create=True", "create_budget", "key=")), r.stderr

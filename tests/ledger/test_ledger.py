@@ -234,3 +234,34 @@ def test_random_histories_never_exceed_the_cap(tmp_path_factory, ops):
         assert s.epsilon_spent <= 1.0
         assert s.epsilon_spent == (compose(counted).epsilon(1e-6) if counted else 0.0)
     assert led.verify()
+
+
+def test_a_ledger_in_a_missing_directory_names_the_directory(tmp_path):
+    from privlearn.errors import LedgerNotFoundError
+
+    missing = tmp_path / "not-there"
+    for create in (True, False):
+        with pytest.raises(LedgerNotFoundError, match=f"directory {missing} .*does not exist"):
+            Ledger(missing / "x.db", create=create)
+    assert not missing.exists()
+    with pytest.raises(LedgerNotFoundError, match="is a directory"):
+        Ledger(tmp_path, create=True)
+
+
+def test_entries_count_releases(ledger):
+    """A reservation settled with nothing (a fit that failed before touching the data) is
+    no release; a reservation and the reservations extending it are one release; the
+    privacy loss of every reserved step still counts."""
+    step = subsample(Gaussian(1.0), 0.01)
+    ledger.spend("adult", step)
+    ledger.reserve("adult", step).settle(compose([]))
+    assert ledger.spent("adult").entries == 1
+    first = ledger.reserve("adult", compose(step, steps=5))
+    second = ledger.reserve("adult", compose(step, steps=2), extends=first)
+    s = ledger.spent("adult")
+    assert (s.entries, s.pending) == (2, 2)
+    first.settle()
+    second.settle(step)
+    s = ledger.spent("adult")
+    assert (s.entries, s.pending) == (2, 0)
+    assert s.epsilon_spent == pytest.approx(compose(step, steps=7).epsilon(1e-6), rel=1e-9)

@@ -18,6 +18,7 @@ def synth():
     return make_logistic_data(2000, 2000, 5, random_state=0)
 
 
+@pytest.mark.filterwarnings("ignore:.*classes=None infers:privlearn.errors.PrivacyLeakWarning")
 def test_gaussian_full_batch_mechanism_and_epsilon(synth):
     clf = DPSGDClassifier(epsilon=1.0, delta=1e-5, n_iter=50, random_state=0)
     clf.fit(synth.X_train, synth.y_train)
@@ -29,6 +30,7 @@ def test_gaussian_full_batch_mechanism_and_epsilon(synth):
     assert clf.epsilon_trajectory_[-1] == pytest.approx(clf.epsilon_)
 
 
+@pytest.mark.filterwarnings("ignore:.*classes=None infers:privlearn.errors.PrivacyLeakWarning")
 def test_laplace_pure_dp_closed_form(synth):
     # Pure DP of T compositions of the Poisson-subsampled Laplace mechanism with scale b:
     # T * log(1 + q (exp(1/b) - 1)) (Laplace: 1/b-DP; amplification by subsampling,
@@ -43,6 +45,7 @@ def test_laplace_pure_dp_closed_form(synth):
         assert clf.epsilon_ == pytest.approx(closed, rel=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:.*classes=None infers:privlearn.errors.PrivacyLeakWarning")
 def test_gaussian_subsampled_delta_positive(synth):
     clf = DPSGDClassifier(epsilon=1.0, delta=1e-4, sampling_rate=0.1, n_iter=30,
                           random_state=0).fit(synth.X_train, synth.y_train)
@@ -64,6 +67,7 @@ def _naive_dpsgd(Z, y, theta, C, noise_vec, denom, lr, lam):
     return theta - lr * ((g + noise_vec) / denom + lam * theta)
 
 
+@pytest.mark.filterwarnings("ignore:.*classes=None infers:privlearn.errors.PrivacyLeakWarning")
 def test_matches_naive_per_example_loop(synth):
     Z, y = synth.X_train[:300], synth.y_train[:300]
     clf = DPSGDClassifier(epsilon=2.0, delta=1e-5, n_iter=3, max_grad_norm=0.5,

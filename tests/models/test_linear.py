@@ -29,7 +29,7 @@ SEED_KW = dict(delta=1e-6, x_bound=1.0, y_bound=5.0, fit_intercept=False)
 
 @pytest.fixture(scope="module")
 def seed_data():
-    b = load_california_housing(preprocessing="seed")
+    b = load_california_housing(preprocessing="bounded")
     X, y = b.data, b.target
     XTX, XTy = X.T @ X, X.T @ y
     n = len(y)
@@ -523,6 +523,7 @@ def _capture(monkeypatch, name):
     return seen
 
 
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
 def test_label_interval_sensitivity(monkeypatch):
     rng = np.random.default_rng(0)
     X = rng.uniform(-0.5, 0.5, size=(300, 2))

@@ -314,7 +314,7 @@ def test_other_bad_arguments():
 def test_detach_restores_model():
     model = _mlp()
     p = _mk(model=model)
-    assert all(q.requires_grad for q in model.parameters())  # never changed (issue 11)
+    assert all(q.requires_grad for q in model.parameters())  # make_private never changes it
     p.detach()
     assert all(q.requires_grad for q in model.parameters())
     nn.functional.cross_entropy(model(torch.randn(3, 6)), torch.tensor([0, 1, 2])).backward()

@@ -1,4 +1,4 @@
-"""Extending the PyTorch engine by registration alone (issue 13): a layer defined outside
+"""Extending the PyTorch engine by registration alone: a layer defined outside
 privlearn gets a per-example rule, a validator and an instrumenter through the public
 registries, and its clipped gradient sum equals a naive loop of batch-size-1 backward
 passes (float64, 1e-10 relative). Nothing is written onto the user's modules."""

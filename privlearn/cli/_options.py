@@ -1,0 +1,244 @@
+"""Options shared by the commands, and the mechanism and schedule they describe."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import click
+
+from privlearn._validation import (
+    check_count,
+    check_delta,
+    check_gaussian_delta,
+    check_rate,
+)
+from privlearn.accounting import (
+    Gaussian,
+    Laplace,
+    Mechanism,
+    compose,
+    planned_steps,
+    subsample,
+    warn_if_delta_large,
+)
+from privlearn.cli._app import one_line
+from privlearn.errors import ParameterValueError
+
+__all__ = ["build_mechanism", "MECHANISMS", "SAMPLINGS"]
+
+MECHANISMS = ("gaussian", "laplace")
+SAMPLINGS = ("poisson", "fixed")
+
+#: One-line descriptions of the built-in accountants for ``--help``; the list of names
+#: itself comes from the registry (:func:`privlearn.accounting.available_accountants`).
+_ACCOUNTANT_HELP = {
+    "pld": "privacy loss distributions (certified upper and lower bounds)",
+    "rdp": "Renyi DP (a looser upper bound, always available)",
+    "analytic": "exact, Gaussian compositions without subsampling only",
+}
+
+
+def _accountant_names() -> list[str]:
+    """Accountant names as the registry lists them (``available_accountants``)."""
+    import privlearn.accounting
+
+    return list(privlearn.accounting.available_accountants())
+
+
+class _AccountantChoice(click.Choice):
+    """The accountants registered when the command runs (also those registered after
+    this module was imported)."""
+
+    def __init__(self) -> None:
+        super().__init__(_accountant_names(), case_sensitive=False)
+
+    @property  # type: ignore[override]
+    def choices(self) -> list[str]:
+        return _accountant_names()
+
+    @choices.setter
+    def choices(self, value: object) -> None:  # set by click.Choice.__init__
+        pass
+
+
+def build_mechanism(
+    mechanism: str,
+    noise_multiplier: float,
+    sampling_rate: float | None = None,
+    sampling: str = "poisson",
+    steps: int = 1,
+) -> Mechanism:
+    """The privlearn mechanism the ``epsilon``/``calibrate`` options describe.
+
+    ``compose(subsample(Base(noise_multiplier), sampling_rate, sampling), steps)``, with
+    no subsampling when ``sampling_rate`` is None.
+
+    Parameters
+    ----------
+    mechanism : {"gaussian", "laplace"}
+        The base mechanism.
+    noise_multiplier : float
+        Gaussian standard deviation over the L2 sensitivity, or Laplace scale over the
+        L1 sensitivity.
+    sampling_rate : float, optional
+        Subsampling rate in (0, 1].
+    sampling : {"poisson", "fixed"}
+        Subsampling scheme.
+    steps : int
+        Number of compositions.
+
+    Returns
+    -------
+    Mechanism
+        The composed mechanism.
+    """
+    base_cls = {"gaussian": Gaussian, "laplace": Laplace}[mechanism]
+    m: Mechanism = base_cls(noise_multiplier)
+    if sampling_rate is not None:
+        m = subsample(m, sampling_rate, scheme=sampling)
+    return compose(m, steps=steps)
+
+
+def schedule(
+    sampling_rate: float | None,
+    steps: int | None,
+    batch_size: int | None,
+    dataset_size: int | None,
+    epochs: int | None,
+) -> tuple[float | None, int, str]:
+    """(sampling rate, steps, a sentence on how they were obtained) from either form.
+
+    The epoch form counts steps with :func:`privlearn.accounting.planned_steps`, the rule
+    :func:`privlearn.torch.make_private`'s loader follows (``E x round(N / B)``).
+    """
+    epoch_form = {"--batch-size": batch_size, "--dataset-size": dataset_size,
+                  "--epochs": epochs}
+    rate_form = {"--sampling-rate": sampling_rate, "--steps": steps}
+    given_epoch = [k for k, v in epoch_form.items() if v is not None]
+    given_rate = [k for k, v in rate_form.items() if v is not None]
+    if given_epoch and given_rate:
+        raise click.UsageError(
+            f"{'/'.join(given_rate)} cannot be combined with {'/'.join(given_epoch)}: "
+            "describe the run either by --sampling-rate and --steps, or by --batch-size, "
+            "--dataset-size and --epochs (which set sampling rate = batch size / dataset "
+            "size and steps = epochs x round(dataset size / batch size))"
+        )
+    if given_epoch:
+        missing = [k for k, v in epoch_form.items() if v is None]
+        if missing:
+            raise click.UsageError(
+                f"{', '.join(missing)} missing: --batch-size, --dataset-size and --epochs "
+                "go together (or use --sampling-rate and --steps instead)"
+            )
+        b = check_count("--batch-size", batch_size, minimum=1)
+        n = check_count("--dataset-size", dataset_size, minimum=1)
+        e = check_count("--epochs", epochs, minimum=1)
+        if b > n:
+            raise ParameterValueError(
+                f"--batch-size must be <= --dataset-size (the sampling rate batch / dataset "
+                f"size must be in (0, 1]), got --batch-size {b} and --dataset-size {n}; "
+                "try a smaller --batch-size"
+            )
+        q = b / n
+        total = planned_steps(q, e)
+        note = (f"sampling rate = {b}/{n}; steps = {e} epochs x {total // e} steps per "
+                f"epoch (round({n} / {b})) = {total}, the steps "
+                "privlearn.torch.make_private's loader runs")
+        return q, total, note
+    rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
+    t = check_count("--steps", 1 if steps is None else steps, minimum=1)
+    return rate, t, ""
+
+
+def _warn_delta(delta: float, dataset_size: int | None) -> None:
+    """Print :func:`privlearn.accounting.warn_if_delta_large`'s warning (delta >= 1/n) on
+    stderr as ``warning: ...``; the command goes on."""
+    if dataset_size is None:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_delta_large(delta, dataset_size, name="--delta")
+    for w in caught:
+        click.echo(f"warning: {one_line(str(w.message))}", err=True)
+
+
+def run_json(rate: float | None, sampling: str, steps: int) -> dict[str, Any]:
+    """The schedule's fields of the ``--json`` objects of ``epsilon`` and ``calibrate``."""
+    return {"sampling_rate": rate, "sampling": sampling if rate is not None else None,
+            "steps": steps}
+
+
+def none_if_inf(x: float | None) -> float | str | None:
+    if x is None:
+        return None
+    return x if math.isfinite(x) else "inf"
+
+
+mechanism_opt = click.option(
+    "--mechanism",
+    type=click.Choice(MECHANISMS, case_sensitive=False),
+    default="gaussian",
+    show_default=True,
+    help="Base mechanism (noise multiplier = Gaussian std / L2 sensitivity, or Laplace "
+    "scale / L1 sensitivity).",
+)
+rate_opt = click.option(
+    "--sampling-rate",
+    type=float,
+    default=None,
+    help="Subsampling rate in (0, 1] (default: no subsampling).",
+)
+sampling_opt = click.option(
+    "--sampling",
+    type=click.Choice(SAMPLINGS, case_sensitive=False),
+    default="poisson",
+    show_default=True,
+    help="Subsampling scheme: Poisson (add/remove-one) or fixed-size without replacement "
+    "(replace-one).",
+)
+steps_opt = click.option(
+    "--steps", type=int, default=None, help="Number of compositions (integer; default 1)."
+)
+batch_opt = click.option(
+    "--batch-size", type=int, default=None,
+    help="Expected batch size B; with --dataset-size N and --epochs E instead of "
+    "--sampling-rate/--steps: sampling rate B/N and steps E x round(N/B), the steps "
+    "privlearn.torch.make_private's loader runs.",
+)
+dataset_opt = click.option(
+    "--dataset-size", type=int, default=None,
+    help="Number of training examples N (a --delta of 1/N or more is warned about).",
+)
+epochs_opt = click.option("--epochs", type=int, default=None, help="Number of epochs E.")
+delta_opt = click.option("--delta", type=float, required=True, help="Target delta in [0, 1).")
+accountant_opt = click.option(
+    "--accountant",
+    type=_AccountantChoice(),
+    default="pld",
+    show_default=True,
+    help="; ".join(f"{name}: {_ACCOUNTANT_HELP.get(name, 'registered accountant')}"
+                   for name in _accountant_names()) + ".",
+)
+json_opt = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def check_mechanism_delta(mechanism: str, delta: float, dataset_size: int | None) -> float:
+    """``--delta`` for ``--mechanism``: in [0, 1), positive for Gaussian noise (no pure-DP
+    guarantee), and warned about when it is at least 1 / ``--dataset-size``."""
+    if mechanism == "gaussian":
+        d = check_gaussian_delta("--delta", delta, pure_dp_alternative="--mechanism laplace")
+    else:
+        d = check_delta("--delta", delta)
+    _warn_delta(d, dataset_size)
+    return d
+
+
+def describe(mechanism: str, nm: float | None, rate: float | None, sampling: str,
+              steps: int) -> str:
+    noise = "" if nm is None else f", noise multiplier {nm:g}"
+    samp = "no subsampling" if rate is None else f"{sampling} sampling at rate {rate:.6g}"
+    return f"{mechanism}{noise}, {samp}, {steps} step{'s' if steps != 1 else ''}"
+
+

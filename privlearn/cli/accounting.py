@@ -1,0 +1,165 @@
+"""``privlearn epsilon`` and ``privlearn calibrate``: the accountants on the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+from privlearn._validation import check_positive
+from privlearn.accounting import Mechanism, calibrate
+from privlearn.cli._app import cli, one_line
+from privlearn.cli._options import (
+    accountant_opt,
+    batch_opt,
+    build_mechanism,
+    check_mechanism_delta,
+    dataset_opt,
+    delta_opt,
+    describe,
+    epochs_opt,
+    json_opt,
+    mechanism_opt,
+    none_if_inf,
+    rate_opt,
+    run_json,
+    sampling_opt,
+    schedule,
+    steps_opt,
+)
+from privlearn.errors import AccountingError, CalibrationError, PrivacyLossOverflowError
+
+__all__ = ["epsilon", "calibrate_cmd"]
+
+
+@cli.command()
+@mechanism_opt
+@click.option("--noise-multiplier", type=float, required=True, help="Noise multiplier (> 0).")
+@rate_opt
+@sampling_opt
+@steps_opt
+@batch_opt
+@dataset_opt
+@epochs_opt
+@delta_opt
+@accountant_opt
+@json_opt
+def epsilon(
+    mechanism: str,
+    noise_multiplier: float,
+    sampling_rate: float | None,
+    sampling: str,
+    steps: int | None,
+    batch_size: int | None,
+    dataset_size: int | None,
+    epochs: int | None,
+    delta: float,
+    accountant: str,
+    as_json: bool,
+) -> None:
+    """Certified epsilon of a (subsampled) mechanism composed STEPS times.
+
+    Describe the run by --sampling-rate and --steps, or by --batch-size, --dataset-size
+    and --epochs. With --json: one object with epsilon (certified upper bound),
+    epsilon_lower (null when the accountant has no lower bound), delta, accountant and the
+    mechanism's parameters.
+    """
+    nm = check_positive("--noise-multiplier", noise_multiplier)
+    rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
+    kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
+    d = check_mechanism_delta(kind, delta, dataset_size)
+    bound = build_mechanism(kind, nm, rate, samp, t).epsilon_bounds(d, acc)
+    if not math.isfinite(bound.upper):
+        raise PrivacyLossOverflowError(
+            f"epsilon is infinite for {describe(kind, nm, rate, samp, t)} at delta={d:g} "
+            f"({acc} accountant)"
+        )
+    if as_json:
+        out = {
+            "epsilon": none_if_inf(bound.upper),
+            "epsilon_lower": none_if_inf(bound.lower),
+            "delta": d,
+            "accountant": bound.accountant or acc,
+            "mechanism": kind,
+            "noise_multiplier": nm,
+            **run_json(rate, samp, t),
+        }
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"epsilon: {bound.upper!r} (certified upper bound, "
+               f"{bound.accountant or acc} accountant)")
+    if bound.lower is not None:
+        click.echo(f"epsilon lower bound: {bound.lower!r} (the exact epsilon of this "
+                   "mechanism is at least this)")
+    click.echo(f"delta: {d:g}")
+    click.echo(f"mechanism: {describe(kind, nm, rate, samp, t)}")
+    if note:
+        click.echo(f"schedule: {note}")
+
+
+@cli.command(name="calibrate")
+@mechanism_opt
+@click.option("--target-epsilon", type=float, required=True, help="Target epsilon (> 0).")
+@delta_opt
+@rate_opt
+@sampling_opt
+@steps_opt
+@batch_opt
+@dataset_opt
+@epochs_opt
+@accountant_opt
+@json_opt
+def calibrate_cmd(
+    mechanism: str,
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float | None,
+    sampling: str,
+    steps: int | None,
+    batch_size: int | None,
+    dataset_size: int | None,
+    epochs: int | None,
+    accountant: str,
+    as_json: bool,
+) -> None:
+    """Smallest noise multiplier whose epsilon(delta) meets the target (rounded up).
+
+    Describe the run by --sampling-rate and --steps, or by --batch-size, --dataset-size
+    and --epochs.
+    """
+    target = check_positive("--target-epsilon", target_epsilon)
+    rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
+    kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
+    d = check_mechanism_delta(kind, delta, dataset_size)
+
+    def factory(x: float) -> Mechanism:
+        return build_mechanism(kind, x, rate, samp, t)
+
+    try:
+        nm = calibrate(factory, target, d, accountant=acc)
+    except AccountingError as e:
+        # an accounting failure during the search is a failed calibration: report it as
+        # one, with the accountant's error as its cause (whose type gives the hint)
+        raise CalibrationError(f"calibration failed: {one_line(str(e))}") from e
+    achieved = factory(nm).epsilon(d, acc)
+    if as_json:
+        out = {
+            "noise_multiplier": nm,
+            "epsilon": achieved,
+            "target_epsilon": target,
+            "delta": d,
+            "accountant": acc,
+            "mechanism": kind,
+            **run_json(rate, samp, t),
+        }
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"noise multiplier: {nm!r} (smallest meeting epsilon <= {target:g} at "
+               f"delta = {d:g}, rounded up)")
+    click.echo(f"epsilon: {achieved!r} (certified, {acc} accountant)")
+    click.echo(f"mechanism: {describe(kind, None, rate, samp, t)}")
+    if note:
+        click.echo(f"schedule: {note}")
+
+

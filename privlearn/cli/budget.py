@@ -1,0 +1,223 @@
+"""``privlearn budget``: the persistent privacy ledger (:mod:`privlearn.ledger`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from privlearn._validation import check_count, check_positive, check_rate
+from privlearn.accounting import Mechanism
+from privlearn.cli._app import ExitStatus, cli
+from privlearn.cli._options import (
+    accountant_opt,
+    build_mechanism,
+    json_opt,
+    mechanism_opt,
+    none_if_inf,
+    rate_opt,
+    sampling_opt,
+    steps_opt,
+)
+
+__all__ = ["budget"]
+
+
+def _open_ledger(path: str, *, create: bool = False):
+    """The ledger at ``path``; its errors (none there, not a ledger, tampered) are typed
+    and reported by :class:`_OneLineErrors`."""
+    from privlearn.ledger import Ledger
+
+    return Ledger(path, create=create)
+
+
+def _spent_json(s) -> dict[str, Any]:
+    return {
+        "dataset": s.dataset,
+        "privacy_unit": s.privacy_unit,
+        "epsilon_spent": none_if_inf(s.epsilon_spent),
+        "epsilon_lower": none_if_inf(s.epsilon_lower),
+        "epsilon_budget": s.epsilon_budget,
+        "epsilon_remaining": s.epsilon_remaining,
+        "delta": s.delta,
+        "entries": s.entries,
+        "pending": s.pending,
+        "accountant": s.accountant,
+        "adaptive": s.adaptive,
+        "adaptive_epsilon": none_if_inf(s.adaptive_epsilon),
+        "adaptive_order": s.adaptive_order,
+        "neighbouring": None if s.neighbouring is None else s.neighbouring.value,
+    }
+
+
+def _relation(r) -> str:
+    """A budget's neighbouring relation as the budget commands print it."""
+    return "relation not fixed yet" if r is None else r.value
+
+
+def _print_spent(s) -> None:
+    lower = "" if s.epsilon_lower is None else f" (certified lower bound {s.epsilon_lower:.6g})"
+    click.echo(f"dataset {s.dataset} ({s.privacy_unit}, {_relation(s.neighbouring)}): "
+               f"epsilon spent {s.epsilon_spent:.6g}"
+               f"{lower} of {s.epsilon_budget:g} at delta {s.delta:g}, {s.entries} release(s)"
+               + (f", {s.pending} pending reservation(s)" if s.pending else ""))
+    if s.adaptive:
+        click.echo(f"  adaptive rule (Renyi filter, order {s.adaptive_order:.4g}): "
+                   f"epsilon {s.adaptive_epsilon:.6g}")
+
+
+@cli.group()
+def budget() -> None:
+    """A persistent privacy ledger: one budget per dataset, tight composition of every
+    release, hash-chained entries (see docs/guides/ledger.md)."""
+
+
+_ledger_dataset_opt = click.option("--dataset", required=True, help="Dataset name.")
+_unit_opt = click.option("--privacy-unit", default=None,
+                         help="Privacy unit of the budget (default: record).")
+
+
+@budget.command(name="init")
+@click.argument("path", type=click.Path(dir_okay=False))
+@_ledger_dataset_opt
+@click.option("--epsilon", type=float, required=True, help="Budget epsilon (> 0).")
+@click.option("--delta", type=float, required=True, help="Budget delta in [0, 1).")
+@_unit_opt
+@accountant_opt
+@click.option("--adaptive", is_flag=True,
+              help="Enforce the cap with a Renyi filter (valid under fully adaptive choice "
+              "of releases; admits less than the tight total).")
+@click.option("--neighbouring", type=click.Choice(["add_remove", "replace_one"]),
+              default=None,
+              help="Neighbouring relation of the cap (default: that of the first release). "
+              "replace_one also takes add/remove releases, at their replace-one cost.")
+def budget_init(path: str, dataset: str, epsilon: float, delta: float,
+                privacy_unit: str | None, accountant: str, adaptive: bool,
+                neighbouring: str | None) -> None:
+    """Create the ledger at PATH (if needed) and set DATASET's budget."""
+    led = _open_ledger(path, create=True)
+    b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
+                          accountant=accountant, adaptive=adaptive, neighbouring=neighbouring)
+    click.echo(f"budget for {b.dataset} ({b.privacy_unit}, {_relation(b.neighbouring)}): "
+               f"epsilon {b.epsilon:g}, delta {b.delta:g} "
+               f"({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
+
+
+@budget.command(name="spend")
+@click.argument("path", type=click.Path(dir_okay=False))
+@_ledger_dataset_opt
+@mechanism_opt
+@click.option("--noise-multiplier", type=float, required=True, help="Noise multiplier (> 0).")
+@rate_opt
+@sampling_opt
+@steps_opt
+@click.option("--label", default=None, help="What was released.")
+@click.option("--who", default=None, help="Who spent it (default: user@host).")
+@_unit_opt
+@json_opt
+def budget_spend(path: str, dataset: str, mechanism: str, noise_multiplier: float,
+                 sampling_rate: float | None, sampling: str, steps: int | None,
+                 label: str | None, who: str | None, privacy_unit: str | None,
+                 as_json: bool) -> None:
+    """Record a release on DATASET; refused (status 3, nothing recorded) if it would
+    exceed the budget."""
+    rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
+    t = check_count("--steps", 1 if steps is None else steps, minimum=1)
+    mech = build_mechanism(mechanism.lower(), check_positive("--noise-multiplier",
+                           noise_multiplier), rate, sampling.lower(), t)
+    led = _open_ledger(path)
+    entry = led.spend(dataset, mech, label=label, who=who, privacy_unit=privacy_unit)
+    s = led.spent(dataset, privacy_unit=privacy_unit)
+    if as_json:
+        click.echo(json.dumps({"seq": entry.seq, "hash": entry.hash, **_spent_json(s)}))
+    else:
+        click.echo(f"recorded entry {entry.seq}")
+        _print_spent(s)
+
+
+@budget.command(name="show")
+@click.argument("path", type=click.Path(dir_okay=False))
+@_ledger_dataset_opt
+@_unit_opt
+@json_opt
+def budget_show(path: str, dataset: str, privacy_unit: str | None, as_json: bool) -> None:
+    """What has been spent on DATASET (tight composition, certified bounds)."""
+    s = _open_ledger(path).spent(dataset, privacy_unit=privacy_unit)
+    if as_json:
+        click.echo(json.dumps(_spent_json(s)))
+    else:
+        _print_spent(s)
+
+
+@budget.command(name="history")
+@click.argument("path", type=click.Path(dir_okay=False))
+@_ledger_dataset_opt
+@_unit_opt
+@json_opt
+def budget_history(path: str, dataset: str, privacy_unit: str | None, as_json: bool) -> None:
+    """Every entry of DATASET, oldest first."""
+    from privlearn.accounting.serialization import mechanism_to_dict
+
+    led = _open_ledger(path)
+    led.budget_info(dataset, privacy_unit=privacy_unit)
+    entries = led.history(dataset, privacy_unit=privacy_unit)
+    if as_json:
+        click.echo(json.dumps([
+            {"seq": e.seq, "kind": e.kind, "time": e.time, "label": e.label, "who": e.who,
+             "ref": e.ref, "hash": e.hash,
+             "mechanism": None if e.mechanism is None else mechanism_to_dict(e.mechanism)}
+            for e in entries
+        ]))
+        return
+    for e in entries:
+        what = "" if e.mechanism is None else f"  {_describe_mechanism(e.mechanism)}"
+        ref = f" (reservation {e.ref})" if e.ref is not None else ""
+        click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {e.label or '-'}  [{e.who or '-'}]"
+                   f"{ref}{what}")
+
+
+def _describe_mechanism(m: Mechanism) -> str:
+    """A short human-readable description of a mechanism (for ``budget history``)."""
+    from privlearn.accounting import Composed, Subsampled
+
+    if isinstance(m, Composed):
+        return " + ".join(
+            (f"{k} x " if k > 1 else "") + _describe_mechanism(mm) for mm, k in m.parts
+        ) or "nothing"
+    if isinstance(m, Subsampled):
+        return (f"{_describe_mechanism(m.base)} subsampled q={m.rate:g} ({m.scheme.value}, "
+                f"{m.neighbouring.value})")
+    fields = getattr(m, "__dataclass_fields__", {})
+    args = ", ".join(f"{getattr(m, f):g}" if isinstance(getattr(m, f), float)
+                     else str(getattr(m, f)) for f in fields if f != "rdp_function")
+    return f"{type(m).__name__}({args})"
+
+
+@budget.command(name="verify")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--expect-head", default=None, metavar="COUNT:HASH",
+              help="A head printed earlier by `verify` (kept outside the file): also fail "
+              "unless the ledger extends it (detects truncation with the head rewritten).")
+def budget_verify(path: str, expect_head: str | None) -> None:
+    """Check the hash chain of the ledger at PATH: status 0 when intact, 4 (listing the
+    problems) when an entry was edited, removed or the ledger truncated. Every other
+    budget command also refuses a ledger that fails this check (status 4)."""
+    expected = None
+    if expect_head is not None:
+        count, _, h = expect_head.partition(":")
+        if not count.isdigit() or len(h) != 64:
+            raise click.BadParameter(f"must be COUNT:HASH (64 hex digits), got {expect_head!r}",
+                                     param_hint="'--expect-head'")
+        expected = (int(count), h)
+    led = _open_ledger(path)
+    report = led.verify(expected_head=expected)
+    if report.ok:
+        n, h = led.head()
+        click.echo(f"ok: {report.entries} entries, hash chain intact; head {n}:{h}")
+        return
+    for p in report.problems:
+        click.echo(f"TAMPERED: {p}", err=True)
+    raise click.exceptions.Exit(ExitStatus.LEDGER_TAMPERED)
+
+

@@ -1,0 +1,124 @@
+"""``privlearn demo`` and ``privlearn reproduce``: the end-to-end experiments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from privlearn._validation import check_count
+from privlearn.cli._app import ExitStatus, cli, one_line
+
+__all__ = ["demo", "reproduce"]
+
+
+@cli.command()
+@click.option(
+    "--no-experiment", is_flag=True, help="Print only the accounting table (skip the experiment)."
+)
+def demo(no_experiment: bool) -> None:
+    """Privacy accounting of four DP learning algorithms, then a short experiment.
+
+    Recomputes the epsilons of NoisyGD, NoisySGD, PATE and Private kNN (and their Laplace
+    variants) with privlearn's certified accountants next to the values published with
+    them, then runs a short SSP / AdaSSP / NoisyGD linear regression on California
+    housing that prints a table and saves a plot.
+    """
+    from privlearn.demo import main as demo_main
+
+    demo_main(experiment=not no_experiment, echo=click.echo)
+
+
+@cli.command()
+@click.argument("name")
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False), default=None,
+    help="Output directory (default ./privlearn-output).",
+)
+@click.option("--reps", type=int, default=None, help="Number of repetitions.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Random seed >= 0 (default 0).")
+@click.option(
+    "--data-home", type=click.Path(file_okay=False), default=None,
+    help="Directory holding the data files (label-release: the four MNIST .gz files). "
+    "Default: $PRIVLEARN_DATA, then the user cache ~/.cache/privlearn.",
+)
+@click.option(
+    "--download", is_flag=True,
+    help="Download missing data (checksums verified) into --data-home or the user cache.",
+)
+@click.option(
+    "--quick", is_flag=True,
+    help="Run the experiment's small configuration (seconds; a smoke test, not a result). "
+    "correlated-noise only.",
+)
+def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None,
+              data_home: str | None, download: bool, quick: bool) -> None:
+    """Run the experiment NAME, writing a CSV and a PNG plot.
+
+    \b
+    NAME is one of:
+      linear-regression      SSP, AdaSSP and NoisyGD on California housing:
+                             median MSE vs epsilon
+      noisygd-learning-rate  NoisyGD's sensitivity to its learning rate
+      logistic-regression    DP-SGD logistic regression scenarios: test accuracy
+      adult                  DP logistic regression on UCI Adult vs non-private
+      label-release          PATE and Private kNN on MNIST (needs the MNIST files:
+                             --data-home DIR, $PRIVLEARN_DATA, or --download)
+      correlated-noise       DP-SGD vs banded vs BLT noise on MNIST (an MLP, learning
+                             rates tuned on a validation split; needs the MNIST files
+                             and the torch extra; about 15 minutes on two cores,
+                             --quick for seconds)
+    """
+    try:
+        from privlearn.experiments import (  # type: ignore[attr-defined]
+            DATA_EXPERIMENTS,
+            EXPERIMENTS,
+            run_experiment,
+        )
+    except ImportError as e:
+        raise click.ClickException(f"the experiments are not available ({e})") from None
+    if name not in EXPERIMENTS:
+        valid = ", ".join(sorted(EXPERIMENTS))
+        raise click.BadParameter(f"must be one of {valid}, got {name!r}", param_hint="'NAME'")
+    kwargs: dict[str, Any] = {}
+    if out_dir is not None:
+        kwargs["out_dir"] = out_dir
+    if reps is not None:
+        kwargs["reps"] = check_count("--reps", reps, minimum=1)
+    if seed is not None:
+        kwargs["seed"] = seed
+    if data_home is not None or download:
+        if name not in DATA_EXPERIMENTS:
+            raise click.UsageError(
+                f"--data-home/--download apply only to {', '.join(sorted(DATA_EXPERIMENTS))}; "
+                f"{name} uses data bundled with privlearn, so drop them"
+            )
+        if data_home is not None:
+            kwargs["data_home"] = data_home
+        if download:
+            kwargs["download"] = True
+    if quick:
+        from privlearn.experiments import get_experiment
+
+        if not get_experiment(name).quick:
+            with_quick = sorted(n for n in EXPERIMENTS if get_experiment(n).quick)
+            raise click.UsageError(
+                f"--quick applies only to {', '.join(with_quick)}; {name} has no small "
+                "configuration, so drop it (or use --reps 1)")
+        kwargs["quick"] = True
+    try:
+        result = run_experiment(name, **kwargs)
+    except ImportError as e:  # an experiment that needs an optional extra (torch)
+        missing = click.ClickException(f"{name}: {one_line(str(e))}")
+        missing.exit_code = ExitStatus.USAGE
+        raise missing from None
+    except FileNotFoundError as e:
+        raise click.ClickException(
+            f"{name}: {one_line(str(e)).rstrip('.')}; run again with --data-home DIR "
+            "(a directory holding the files) or --download"
+        ) from None
+    for path in getattr(result, "paths", None) or ():
+        click.echo(f"wrote {path}")
+
+

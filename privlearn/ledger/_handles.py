@@ -1,0 +1,85 @@
+"""Handles on a ledger: a reservation (a planned release until settled) and one budget
+(what estimators take as ``ledger=``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from privlearn.accounting import Mechanism
+from privlearn.ledger._records import Entry, Spent
+
+if TYPE_CHECKING:
+    from privlearn.ledger._ledger import Ledger
+
+__all__ = ["Reservation", "BudgetHandle"]
+
+DEFAULT_UNIT = "record"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A planned release recorded by :meth:`Ledger.reserve`, counted in full until settled.
+
+    Use as a context manager to settle automatically: on normal exit with the plan (or
+    what :meth:`update` last recorded), on an exception with the plan kept in full.
+    """
+
+    ledger: Ledger = field(repr=False)
+    entry: Entry
+
+    @property
+    def seq(self) -> int:
+        return self.entry.seq
+
+    @property
+    def mechanism(self) -> Mechanism:
+        return self.entry.mechanism
+
+    def settle(self, actual: Mechanism | None = None) -> Entry:
+        """Record what actually ran: ``None`` = the plan ran in full; a mechanism covered
+        by the plan (a sub-composition, e.g. ``compose(step, steps=k)`` for ``k`` of a
+        planned ``T`` steps); ``compose([])`` = nothing ran (only if the data was never
+        touched)."""
+        return self.ledger.settle(self, self.mechanism if actual is None else actual)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.settle()
+
+
+@dataclass(frozen=True)
+class BudgetHandle:
+    """One budget of a :class:`Ledger` (``ledger.budget("adult")``): what estimators take
+    as ``ledger=``. Methods forward to the ledger with the dataset filled in."""
+
+    ledger: Ledger
+    dataset: str
+    privacy_unit: str = DEFAULT_UNIT
+
+    def spend(self, mechanism: Mechanism, *, label: str | None = None,
+              who: str | None = None) -> Entry:
+        return self.ledger.spend(self.dataset, mechanism, label=label, who=who,
+                                 privacy_unit=self.privacy_unit)
+
+    def reserve(self, mechanism: Mechanism, *, label: str | None = None,
+                who: str | None = None,
+                extends: int | Reservation | None = None) -> Reservation:
+        return self.ledger.reserve(self.dataset, mechanism, label=label, who=who,
+                                   privacy_unit=self.privacy_unit, extends=extends)
+
+    def check(self, mechanism: Mechanism) -> Spent:
+        return self.ledger.check(self.dataset, mechanism, privacy_unit=self.privacy_unit)
+
+    def spent(self) -> Spent:
+        return self.ledger.spent(self.dataset, privacy_unit=self.privacy_unit)
+
+    def history(self) -> list[Entry]:
+        return self.ledger.history(self.dataset, privacy_unit=self.privacy_unit)
+
+    def __deepcopy__(self, memo) -> BudgetHandle:
+        return self
+

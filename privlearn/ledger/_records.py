@@ -1,0 +1,172 @@
+"""The ledger's value objects (a budget, an entry, what was spent, a verify report) and
+the checks of what an entry records (names, labels, the mechanism, who and when)."""
+
+from __future__ import annotations
+
+import getpass
+import math
+import os
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from privlearn.accounting import Mechanism, Neighbouring
+from privlearn.accounting.serialization import dumps
+from privlearn.errors import ParameterTypeError, ParameterValueError
+
+__all__ = ["Budget", "Entry", "Spent", "VerifyReport"]
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The cap on one dataset (and privacy unit).
+
+    Attributes
+    ----------
+    dataset, privacy_unit : str
+    epsilon, delta : float
+        The cap: every admitted history is ``(epsilon, delta)``-DP.
+    accountant : str
+        Accountant composing the stored releases (default ``"pld"``).
+    adaptive : bool
+        Enforce the cap with the Renyi filter (valid under fully adaptive composition)
+        instead of the tight non-adaptive composition (see :mod:`privlearn.ledger`).
+    adaptive_order : float or None
+        The filter's Renyi order ``alpha`` (None when not adaptive).
+    neighbouring : Neighbouring or None
+        The neighbouring relation the cap holds under, when set at creation; None: the
+        relation of the budget's first release (see :meth:`Ledger.create_budget`).
+    """
+
+    dataset: str
+    privacy_unit: str
+    epsilon: float
+    delta: float
+    accountant: str
+    adaptive: bool = False
+    adaptive_order: float | None = None
+    neighbouring: Neighbouring | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One row of the ledger (immutable once written).
+
+    ``kind`` is ``"budget"`` (the cap was set), ``"spend"``, ``"reserve"`` (a planned
+    release, counted in full until settled) or ``"settle"`` (what a reservation actually
+    ran; ``ref`` is the reservation's ``seq``; ``mechanism`` None means nothing ran).
+    """
+
+    seq: int
+    kind: str
+    dataset: str
+    privacy_unit: str
+    mechanism: Mechanism | None
+    label: str | None
+    who: str | None
+    time: str
+    ref: int | None
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What has been spent on one budget.
+
+    Attributes
+    ----------
+    epsilon_spent : float
+        Certified upper bound on epsilon at ``delta`` of the tight composition of every
+        counted release (spends, settled reservations, and pending reservations in full),
+        treated as a sequence whose mechanisms were fixed in advance, under
+        ``neighbouring``.
+    epsilon_lower : float or None
+        Certified lower bound of the same composition (the accountant's, where it has one):
+        the true epsilon of that composition lies in ``[epsilon_lower, epsilon_spent]``.
+    epsilon_budget, delta : float
+        The cap.
+    epsilon_remaining : float
+        ``max(0, epsilon_budget - epsilon_spent)`` (non-adaptive), informative only: a
+        release's epsilon does not add to the total.
+    entries : int
+        Number of releases: spends, and reserved runs that released something or are
+        still pending (a reservation settled with nothing -- a fit that failed before
+        touching the data -- is not one; a reservation with those that extend it is one).
+    pending : int
+        Reservations not yet settled (counted as their whole plan).
+    adaptive : bool
+        Whether the cap is enforced with the Renyi filter.
+    adaptive_epsilon, adaptive_order : float or None
+        The epsilon the Renyi filter certifies for the releases so far at ``delta`` (valid
+        under fully adaptive composition), and its order; None for non-adaptive budgets.
+    neighbouring : Neighbouring or None
+        The neighbouring relation every number here holds under (None: nothing spent on
+        a budget whose relation is fixed by its first release).
+    """
+
+    dataset: str
+    privacy_unit: str
+    epsilon_spent: float
+    epsilon_lower: float | None
+    epsilon_budget: float
+    delta: float
+    epsilon_remaining: float
+    entries: int
+    pending: int
+    accountant: str
+    adaptive: bool
+    adaptive_epsilon: float | None
+    adaptive_order: float | None
+    neighbouring: Neighbouring | None = None
+
+    def as_dict(self) -> dict:
+        """The fields as JSON types (``neighbouring`` by its value, inf as None)."""
+        d = {k: getattr(self, k) for k in self.__slots__}
+        d["neighbouring"] = None if self.neighbouring is None else self.neighbouring.value
+        return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in d.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """Result of :meth:`Ledger.verify`; truthy when the ledger is intact."""
+
+    ok: bool
+    entries: int
+    problems: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _default_who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name in some containers
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _check_name(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ParameterTypeError(f"{name} must be a string, got {value!r}")
+    if not value.strip():
+        raise ParameterValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_opt_str(name: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ParameterTypeError(f"{name} must be a string or None, got {value!r}")
+    return value
+
+
+def _check_mechanism(mechanism: object) -> tuple[Mechanism, str]:
+    if not isinstance(mechanism, Mechanism):
+        raise ParameterTypeError(
+            f"mechanism must be a privlearn Mechanism, got {mechanism!r}; describe the "
+            "release with privlearn.accounting (e.g. Gaussian(noise_multiplier))")
+    return mechanism, dumps(mechanism)
