@@ -162,6 +162,12 @@ class ShardedTracker(GradSampleTracker):
             "requires_grad before fully_shard and make_private (the sharded step fixes its "
             "parameters then). No step was taken and nothing was released")
 
+    def _evaluate_early(self, unit, rec) -> None:
+        """No rule is evaluated during backward under FSDP2: the unit's parameters are
+        the unsharded tensors only inside :meth:`clipped_sum`, where every rule runs
+        (records kept until the step)."""
+        return None
+
     def check_independence(self, examples: int | None) -> None:
         if not self._probe_pending:
             return
