@@ -236,12 +236,12 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
                for i, u in enumerate(tracker.units)]
     saved = [(b, b.detach().clone()) for b in model.buffers()]
-    hint, tracker._batch_hint = tracker._batch_hint, examples  # broadcast inputs' rows
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=devices))
             stack.enter_context(torch.no_grad())
+            stack.enter_context(tracker.forward_batch_size(examples))  # broadcast inputs
             for dev, dtype in autocast:
                 stack.enter_context(torch.autocast(dev, dtype=dtype))
             torch.manual_seed(0x5EED)
@@ -250,7 +250,6 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
         outs = [o for o in flat if isinstance(o, torch.Tensor) and o.is_floating_point()]
         root = [col._print(o, 0) for o in outs[:1]]
     finally:
-        tracker._batch_hint = hint
         for h in handles:
             h.remove()
         with torch.no_grad():

@@ -33,12 +33,14 @@ Parameters shared by several layers or calls (tied embeddings) get exact norms f
 cross terms of their factored gradients (:func:`privlearn.torch.grad_sample.cross_term`)
 without materialising any per-example gradient.
 
-Length: one class whose recording hooks and clipping computation share its per-step
-state (cross terms live in :mod:`privlearn.torch.cross_terms`).
+The clipping computation (:meth:`GradSampleTracker.clipped_sum`) lives in
+:class:`privlearn.torch.clipping.ClippingMixin`, which reads the per-step state these
+hooks record; cross terms live in :mod:`privlearn.torch.cross_terms`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 
@@ -46,7 +48,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
@@ -68,11 +69,11 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     record_batch,
     record_dims,
 )
-from privlearn.torch.cross_terms import _cross_terms
+from privlearn.torch.clipping import ClippingMixin
+from privlearn.torch.cross_terms import _cross_terms  # noqa: F401  (re-exported)
 from privlearn.torch.fallback import FALLBACK
 from privlearn.torch.grad_sample import (
     _IN_RULE,
-    Contribution,
     LayerRule,
     Materialized,
     Record,
@@ -80,10 +81,8 @@ from privlearn.torch.grad_sample import (
     context_layout,
     get_instrumenter,
     get_rule,
-    materialise_budget,
     rule_evaluation,
 )
-from privlearn.torch.units import Grouped, RowUnits
 
 __all__ = ["GradSampleTracker", "Unit", "discover_units", "record_batch"]
 
@@ -158,7 +157,7 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
     return units
 
 
-class GradSampleTracker:
+class GradSampleTracker(ClippingMixin):
     """Records what the rules need and computes clipped per-example gradient sums.
 
     Parameters
@@ -435,6 +434,17 @@ class GradSampleTracker:
         if self._probe_pending and self._probe_inputs is None:
             self._probe_inputs = (args, dict(kwargs), _autocast_state())
         return None
+
+    @contextlib.contextmanager
+    def forward_batch_size(self, examples: int):
+        """Within the block, a batch-first layer called on an input broadcast over the
+        batch gets it expanded to ``examples`` rows (see :meth:`_expand_pre_hook`), for
+        forwards the tracker does not record (the batch-independence probe's)."""
+        hint, self._batch_hint = self._batch_hint, examples
+        try:
+            yield
+        finally:
+            self._batch_hint = hint
 
     def _expand_pre_hook(self, module, args, kwargs):
         """A batch-first unit called on an input broadcast over the batch (leading
@@ -713,293 +723,6 @@ class GradSampleTracker:
         finally:
             self._probing = False
         self._probe_pending = False
-
-    # ------------------------------------------------------------------ clipping
-    def _scale(self, rec: Record, unit: Unit) -> float:
-        if self.loss_reduction == "sum":
-            return 1.0
-        return float(record_batch(unit, rec))
-
-    def contributions(self, examples: int | None = None, units: RowUnits | None = None
-                      ) -> tuple[list[Contribution], int | None, float]:
-        """Evaluate the rules on the recorded calls.
-
-        Returns ``(contributions, batch size, scale)``: the contributions are computed
-        from the recorded output gradients; the true per-example gradients are ``scale``
-        times theirs (``scale`` = realised batch size for a mean loss, 1 for a sum). With
-        ``units`` (privacy units of several rows, :mod:`privlearn.torch.units`) every
-        contribution is grouped to the units and the batch size is their number.
-
-        Raises
-        ------
-        ValueError
-            The layers saw different numbers of examples, or (``examples`` given) not the
-            number of examples the sampler delivered for this batch.
-        """
-        contribs = []
-        batch = None
-        scale = None
-        per_unit = []
-        with rule_evaluation(), materialise_budget(_gs.STEP_MATERIALISE_BUDGET_BYTES):
-            for i, recs in self.records.items():
-                unit = self.units[i]
-                recs = [r for r in recs if r.has_grad()]
-                if not recs:
-                    continue
-                cs = []
-                for r in recs:
-                    n = record_batch(unit, r)
-                    if examples is not None and n != examples:
-                        self.clear()
-                        raise ValueError(_mismatch_message(unit, n, examples, r))
-                    if n == 0:
-                        continue  # empty batch: contributes nothing (noise is still added)
-                    s = self._scale(r, unit)
-                    if scale is None:
-                        scale = s
-                    c = r.early if r.early is not None else unit.rule(unit.module, r,
-                                                                      unit.params)
-                    cs.append(c if units is None else Grouped(c, units))
-                per_unit.append(cs)
-        for cs in per_unit:
-            contribs.extend(cs)
-        for c in contribs:
-            n = c.sq_norms().shape[0]
-            if batch is None:
-                batch = n
-            elif n != batch:
-                self.clear()
-                raise ValueError(
-                    f"layers saw different batch sizes in one step ({batch} and {n}); "
-                    "per-example clipping needs every layer to see the same examples")
-        if self._recompute_unrecorded is not None:
-            name, self._recompute_unrecorded = self._recompute_unrecorded, None
-            self.clear()
-            raise RuntimeError(
-                f"layer {name!r} ran during backward() without having been recorded in "
-                "the forward pass: reentrant activation checkpointing "
-                "(torch.utils.checkpoint with use_reentrant=True) runs the first forward "
-                "without autograd, so its layers' gradients cannot be clipped per example. "
-                "Use non-reentrant checkpointing: checkpoint(..., use_reentrant=False), or "
-                "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
-                "{'use_reentrant': False}) (the Hugging Face default)")
-        if self.shared or any(len(cs) > 1 for cs in per_unit):
-            contribs = contribs + _cross_terms(contribs)
-        return contribs, batch, (1.0 if scale is None else scale)
-
-    def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
-                    per_param: dict | None = None, loss_scale: float | None = None,
-                    examples: int | None = None, units: RowUnits | None = None,
-                    refuse_nonfinite: bool = False):
-        """``multiplier`` times the sum over examples of clipped per-example gradients.
-
-        Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
-        zero, its layers did not run); ``batch`` is the realised batch size and ``norms``
-        the per-example gradient norms before clipping. The multiplier and the
-        loss-reduction scale are folded into the per-example weights (no extra pass over
-        the gradients). With ``out`` (a dict ``id(p) -> tensor`` holding an entry for every
-        parameter), the sums are added into those tensors in place (the matmul of a
-        Linear layer accumulates straight into it) and ``out`` is returned as ``sums``.
-        The clip factor is ``min(1, C / ||g_i||)`` with the norm over all parameters (Abadi
-        et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1).
-
-        Per-layer clipping (McMahan et al. 2018, "A General Approach to Adding Differential
-        Privacy to Iterative Training Procedures", Sec. 3): with ``per_param`` (a dict
-        ``id(p) -> w_p`` with ``sum_p w_p^2 = 1``) parameter ``p``'s per-example gradient
-        is clipped to ``C_p = w_p * max_grad_norm`` on its own norm, so one example's
-        clipped gradient has norm at most ``sqrt(sum_p C_p^2) = max_grad_norm``, the
-        sensitivity the noise is calibrated to. ``norms`` stays the norm over all
-        parameters.
-
-        ``loss_scale`` (default :attr:`loss_scale`) is the factor the loss was multiplied
-        by before ``backward()``; the recorded gradients are divided by it, so clipping
-        acts on the unscaled per-example gradients.
-
-        ``examples`` (the number of examples the sampler delivered for this batch): every
-        recorded layer must have seen exactly that many (refused otherwise, see
-        :meth:`contributions`). ``units``: clip per privacy unit of several rows
-        (:mod:`privlearn.torch.units`); ``norms`` and the clip factors are then per unit.
-
-        **Overflow** (fp16 loss scaling): an example whose per-example squared norm is not
-        finite (an inf or NaN in its recorded gradients or inputs makes it so) contributes
-        zero to the sum: its rows of the recorded tensors are zeroed (gradients) or
-        cleaned of non-finite values (inputs) *before* any reduction over examples, so an
-        ``inf * 0`` cannot reach the other examples' contributions, and its clip factor is
-        0. Its contribution stays within the clip bound (the sensitivity is unchanged).
-        Its entry of ``norms`` is ``inf``; :attr:`last_overflow_count` holds how many
-        examples were dropped (0 when none). With ``refuse_nonfinite`` (the DP
-        optimizer's steps), only a loss-scaled overflow is dropped: a non-finite input,
-        or a non-finite gradient without loss scaling, raises
-        :class:`~privlearn.errors.NonFiniteInputError` naming it.
-        """
-        self._units = units
-        contribs, batch, scale = self.contributions(examples, units)
-        ls = self.loss_scale if loss_scale is None else loss_scale
-        if ls != 1.0:
-            scale = scale / float(ls)
-        sums = {} if out is None else out
-        norms = None
-        self.last_overflow_count = 0
-        # every contribution drops an example by its weight alone (masks_rows): the
-        # overflowing examples are masked on the device, nothing is read back
-        masked = all(c.masks_rows for c in contribs)
-        if contribs and per_param is not None:
-            sq, total = _per_param_sq(contribs)
-            bad = self._find_nonfinite(total, masked, refuse_nonfinite, scaled=ls != 1.0)
-            if bad is not None and not masked:
-                contribs = self._drop_examples(bad)
-                sq, total = _per_param_sq(contribs)
-            norms = self._per_param_clip(contribs, scale, max_grad_norm, multiplier,
-                                         per_param, sums, out, sq, total, bad)
-            if bad is not None and masked:
-                self.last_overflow_count = bad.sum()
-        elif contribs:
-            sq = _flat_sq(contribs)
-            bad = self._find_nonfinite(sq, masked, refuse_nonfinite, scaled=ls != 1.0)
-            if bad is not None and not masked:
-                contribs = self._drop_examples(bad)
-                sq = _flat_sq(contribs)
-            norms = sq.sqrt()
-            if scale != 1.0:
-                norms = norms * scale
-            if max_grad_norm == float("inf"):
-                factors = torch.ones_like(norms)
-            else:
-                factors = (max_grad_norm / norms.clamp_min(1e-30)).clamp_max(1.0)
-            weight = scale * multiplier
-            if weight != 1.0:
-                factors = factors * weight
-            if bad is not None:
-                factors = factors.masked_fill(bad, 0.0)
-                norms = norms.masked_fill(bad, float("inf"))
-                if masked:
-                    self.last_overflow_count = bad.sum()
-            for c in contribs:
-                if out is not None:
-                    c.accumulate_into(factors, [out[id(p)] for p in c.params])
-                    continue
-                for p, w in zip(c.params, c.weighted_sum(factors), strict=True):
-                    k = id(p)
-                    sums[k] = w if k not in sums else sums[k] + w
-        self.clear()
-        return sums, (batch or 0), norms
-
-    def _find_nonfinite(self, sq: torch.Tensor, masked: bool, refuse: bool, scaled: bool
-                        ) -> torch.Tensor | None:
-        """The examples whose squared norm ``sq`` is not finite (see :meth:`clipped_sum`).
-
-        With ``refuse`` on the CPU, where reading one flag costs nothing, a non-finite
-        example is refused by :meth:`_refuse_nonfinite` (only a loss-scaled overflow is
-        left out). On an accelerator the examples are found and masked on the device, so
-        that a steady step never waits for the device: a non-finite example there is left
-        out (its contribution zero, the sensitivity unchanged) and counted in
-        ``last_overflow_count``; the batch-independence probe names a non-finite input
-        in the batches it checks."""
-        if refuse and sq.device.type == "cpu":
-            bad = ~torch.isfinite(sq)
-            if not bool(bad.any()):
-                return None
-            self._refuse_nonfinite(bad, scaled=scaled)  # raises unless an overflow
-            return bad
-        return _nonfinite(sq, masked)
-
-    def _refuse_nonfinite(self, bad: torch.Tensor, scaled: bool) -> None:
-        """An example whose gradient is not finite: refused, naming it, when its input
-        holds a NaN (bad data, not an overflow; without loss scaling an infinity too) or
-        when no loss scaling is in use; only a loss-scaled overflow is dropped (see
-        :meth:`clipped_sum`).
-
-        Raises
-        ------
-        NonFiniteInputError
-        """
-        from privlearn.errors import NonFiniteInputError
-        from privlearn.torch.probe import nonfinite_message, nonfinite_rows
-
-        units = getattr(self, "_units", None)
-        rows = bad[units.unit_of_row.to(bad.device)] if units is not None else bad
-        rows = rows.nonzero().flatten().tolist()
-        live = {name: ref() for name, ref in self._last_inputs}
-        # under loss scaling an infinity may be meant (an additive mask's -inf): only a
-        # NaN input is then the data's fault rather than an overflow
-        found = nonfinite_rows((), {k: v for k, v in live.items() if v is not None},
-                               nan_only=scaled)
-        if found:
-            self.clear()
-            raise NonFiniteInputError(nonfinite_message(found))
-        if not scaled:
-            self.clear()
-            raise NonFiniteInputError(
-                f"the per-example gradient of row(s) {rows[:8]} of the batch is not finite "
-                "(NaN or inf) although the model's inputs hold no NaN and no loss scaler "
-                "is in use: the loss or a layer produced it from that example (a NaN or "
-                "inf label or target, log(0), a division by zero; in float16 without a "
-                "scaler, an overflow). A non-finite gradient cannot be clipped, and "
-                "leaving the example out silently would train on less than the batch "
-                "without saying so. Clean those examples or make the loss finite (for "
-                "float16, pass make_private(..., grad_scaler=torch.amp.GradScaler()), whose "
-                "overflows are left out with a warning, or train in bfloat16). No step was "
-                "taken and nothing was released")
-
-    def _drop_examples(self, bad: torch.Tensor) -> list[Contribution]:
-        """Zero the recorded output gradients of the examples flagged in ``bad`` and
-        replace non-finite values in their recorded inputs by 0 (out of place: the
-        user's tensors are untouched), then evaluate the rules again. Every rule is
-        linear in the output gradients, so those examples' contributions are exactly zero
-        and no non-finite value is left to meet a zero weight inside a reduction over
-        examples (``inf * 0 = nan`` in the clipped sum's matmuls or the Gram matrices).
-
-        Raises
-        ------
-        RuntimeError
-            An example's squared norm is still not finite after this (a layer that is not
-            finite at finite inputs): its isolation from the others cannot be guaranteed.
-        """
-        units = getattr(self, "_units", None)
-        self.last_overflow_count = int(bad.sum())
-        if units is not None:  # the rows of the units that overflowed
-            bad = bad[units.unit_of_row.to(bad.device)]
-        idx = bad.nonzero().flatten()
-        for i, recs in self.records.items():
-            unit = self.units[i]
-            for rec in recs:
-                if not rec.has_grad():
-                    continue
-                _sanitize_record(unit, rec, idx, bad.numel())
-        contribs, _, _ = self.contributions(units=units)
-        sq = _flat_sq(contribs)
-        if not bool(torch.isfinite(sq).all()):
-            self.clear()
-            raise RuntimeError(
-                "per-example gradient norms are still not finite after the overflowing "
-                "examples' gradients were zeroed: a layer produced non-finite values from "
-                "finite inputs. Lower the loss scale (GradScaler(init_scale=...)) or train "
-                "in bfloat16 or float32")
-        return contribs
-
-    @staticmethod
-    def _per_param_clip(contribs, scale, max_grad_norm, multiplier, per_param, sums, out,
-                        sq, total, bad=None):
-        factors = {}
-        weight = scale * multiplier
-        for k, s in sq.items():
-            n = s.clamp_min(0).sqrt() * scale
-            bound = per_param[k] * max_grad_norm
-            f = torch.ones_like(n) if bound == float("inf") else \
-                (bound / n.clamp_min(1e-30)).clamp_max(1.0)
-            f = f * weight if weight != 1.0 else f
-            factors[k] = f.masked_fill(bad, 0.0) if bad is not None else f
-        for c in contribs:
-            for j, p in enumerate(c.params):
-                w = c.weighted_sum(factors[id(p)])[j]
-                k = id(p)
-                if out is not None:
-                    out[k].add_(w.reshape(out[k].shape).to(out[k].dtype))
-                else:
-                    sums[k] = w if k not in sums else sums[k] + w
-        norms = total.clamp_min(0).sqrt()
-        norms = norms * scale if scale != 1.0 else norms
-        return norms.masked_fill(bad, float("inf")) if bad is not None else norms
 
 
 def _mixing_fingerprint(model: nn.Module) -> tuple:
