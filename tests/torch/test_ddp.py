@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 
 import pytest
 
@@ -36,11 +35,6 @@ C = 0.5  # small enough that most examples are clipped
 SIGMA = 1.3
 LR = 0.5
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _data():
@@ -103,11 +97,12 @@ def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS
     )
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _worker(rank: int, store: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # a rendezvous file in the test's own folder: no port to collide with a test running
+    # beside it (a free port found first can be taken before the group binds it)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, store)}",
+                            rank=rank, world_size=WORLD)
     try:
         results = {}
         for ddp in (False, True):
@@ -148,7 +143,7 @@ def ranks(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=("rendezvous", str(out)), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

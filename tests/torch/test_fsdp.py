@@ -26,7 +26,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import socket
 
 import pytest
 
@@ -45,11 +44,6 @@ LR = 0.5
 HF_N = 8  # q = 1 for the transformers: W * 4 = 8 examples, all in every batch
 HF_C = 0.05
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _mlp_data():
@@ -169,11 +163,12 @@ def _train(name, wrapper, mesh, *, sigma=0.0, seed=11, steps=STEPS, lr=LR, c=Non
     return out
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _worker(rank: int, store: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # a rendezvous file in the test's own folder: no port to collide with a test running
+    # beside it (a free port found first can be taken before the group binds it)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, store)}",
+                            rank=rank, world_size=WORLD)
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (WORLD,))
@@ -252,7 +247,7 @@ def ranks(tmp_path_factory):
     pytest.importorskip("torch.distributed.fsdp")
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=("rendezvous", str(out)), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

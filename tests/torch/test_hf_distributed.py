@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 
 import pytest
@@ -76,10 +75,16 @@ def _trainer(out, private_dir, sigma, steps, save=False, seed=3):
                                               seed=seed))
 
 
-def _worker(rank, port, tmp):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
+def _worker(rank, store, tmp):
+    # accelerate asks for MASTER_ADDR/PORT, but uses the group initialised below: no
+    # process listens on this port
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     torch.set_num_threads(1)
+    # the group made here, on a rendezvous file in the test's folder, is the one the
+    # Trainer (accelerate) finds and keeps: no port to collide with a test beside it
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, store)}",
+                            rank=rank, world_size=WORLD)
     warnings.simplefilter("ignore")
     res = {}
     tr = _trainer(os.path.join(tmp, "exact"), None, 0.0, 3)
@@ -116,10 +121,7 @@ def ranks(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     tmp = tmp_path_factory.mktemp("hfddp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(tmp)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=("rendezvous", str(tmp)), nprocs=WORLD, join=True)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
