@@ -41,6 +41,7 @@ a layer carries the batch on another dimension than declared) and
 from __future__ import annotations
 
 __all__ = [
+    "StrategyOptimizationError",
     "PrivacyLeakWarning",
     "GradientOverflowWarning",
     "AutodpArgumentWarning",
@@ -128,6 +129,11 @@ class AccountingError(ArithmeticError):
 
     Raised instead of returning nan, 0 or an optimistic value.
     """
+
+
+class StrategyOptimizationError(AccountingError):
+    """A correlated-noise strategy optimisation produced no finite loss (a numerical
+    failure; never a strategy returned silently)."""
 
 
 class CertificationError(AccountingError):

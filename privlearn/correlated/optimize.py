@@ -56,7 +56,6 @@ import numpy as np
 from scipy import optimize, special
 
 from privlearn._validation import check_choice, check_count
-from privlearn.accounting import AccountingError
 from privlearn.correlated import _toeplitz
 from privlearn.correlated._objective import (
     InterlacedBLT,
@@ -82,13 +81,9 @@ from privlearn.correlated.strategies import (
     blt_inverse_coefs,
     square_root_coefs,
 )
+from privlearn.errors import StrategyOptimizationError
 
 __all__ = ["optimize_banded_toeplitz", "optimize_blt", "StrategyOptimizationError"]
-
-
-class StrategyOptimizationError(AccountingError):
-    """A strategy optimisation produced no finite loss (a numerical failure; never a
-    strategy returned silently)."""
 
 
 def _pattern(participation: Participation | None, n: int) -> tuple[int, int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import privlearn.correlated
 
 PKG = Path(privlearn.correlated.__file__).parent
-ALLOWED = ("numpy", "scipy", "privlearn.accounting", "privlearn._validation",
+ALLOWED = ("numpy", "scipy", "privlearn.accounting", "privlearn._validation", "privlearn.errors",
            "privlearn.correlated")
 
 
