@@ -85,7 +85,6 @@ __all__ = [
     "register_instrumenter",
     "get_instrumenter",
     "compute_dtype",
-    "LayerRule",
     "LAYOUTS",
     "register_layout",
     "PREDICATE_LAYOUTS",

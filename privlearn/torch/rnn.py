@@ -278,7 +278,7 @@ def _rnn_observe(module: nn.Module, args, kwargs, output):
 
 
 def recurrent_rule_options(recurrence_of) -> dict:
-    """The :class:`~privlearn.torch.grad_sample.LayerRule` options of a recurrent layer
+    """The :class:`~privlearn.torch.LayerRule` options of a recurrent layer
     (own layout by ``batch_first``, batch size from the input or the packed batch sizes,
     batch dimension of every recorded tensor, probe views), for layers whose
     :class:`Recurrence` is ``recurrence_of(module)``."""
