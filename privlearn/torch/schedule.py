@@ -44,7 +44,7 @@ from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.torch.correlated_noise import CorrelatedNoise
 
 __all__ = ["NoisePlan", "RunAccounting", "SamplingKind", "SAMPLINGS", "choose_strategy",
-           "compose_steps", "dpsgd_step"]
+           "compose_steps", "dpsgd_step", "independent", "whole_run"]
 
 
 #: The former name of a registry entry (:class:`privlearn.correlated.sampling.SamplingLaw`,
@@ -162,9 +162,28 @@ class NoisePlan:
     def build(cls, noise, sampling: str, units: int, sampling_rate: float, cycle: int,
               planned: int | None, bands: int | None = None,
               buffers: int | None = None) -> NoisePlan:
-        """The plan of a run with the setting ``noise`` (``"dpsgd"``, ``"banded"``,
-        ``"blt"`` or a strategy), its strategy optimised for ``planned`` steps under the
-        sampling's participation when it is named."""
+        """The plan of a run: its strategy optimised for ``planned`` steps under the
+        sampling's participation when ``noise`` names one (Choquette-Choo et al. 2023,
+        banded MF; McMahan et al. 2024, BLT), the identity for DP-SGD.
+
+        Parameters
+        ----------
+        noise : Noise, str or ToeplitzStrategy
+            ``"dpsgd"``, ``"banded"``, ``"blt"`` or a strategy (kept as given).
+        sampling : str
+            A key of :data:`SAMPLINGS`.
+        units, sampling_rate, cycle :
+            The sampler's units, rate and cycle length.
+        planned : int or None
+            Planned steps (needed unless the run is accounted step by step).
+        bands, buffers : int or None
+            The size of ``"banded"`` (default 8, at most ``planned``) or ``"blt"``
+            (default 4).
+
+        Returns
+        -------
+        NoisePlan
+        """
         strategy = None
         if whole_run(noise, sampling):
             desc = SAMPLINGS[sampling].describe(units, sampling_rate, planned, cycle)
