@@ -15,12 +15,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from privlearn.correlated import Identity, per_query_error
+from privlearn.correlated import per_query_error
 from privlearn.datasets import load_mnist
 from privlearn.errors import ParameterValueError
 from privlearn.torch import make_private, retain_freed_memory
 from privlearn.torch.config import DPConfig
 from privlearn.torch.privacy_engine import plan_run
+from privlearn.torch.schedule import independent
 
 __all__ = ["MnistSplit", "RunPlan", "RunResult", "mnist_split", "plan_strategy", "train_once",
            "torch_threads"]
@@ -112,12 +113,12 @@ def plan_strategy(settings: dict, x_train: torch.Tensor, *, epsilon: float, delt
                    max_grad_norm=max_grad_norm, **settings)
     loader = DataLoader(TensorDataset(x_train), batch_size=batch_size)
     plan = plan_run(cfg, nn.Linear(1, 1), loader)
-    strategy = plan.run.strategy if plan.run.strategy is not None else Identity()
+    strategy = plan.run.strategy  # Identity() for DP-SGD
     steps = int(plan.planned_steps)
     err = float(np.mean(per_query_error(strategy, steps)))
     rmse = plan.noise_multiplier * plan.max_grad_norm / plan.expected_batch_size * err ** 0.5
     run_settings = {k: v for k, v in settings.items() if k not in ("bands", "buffers")}
-    if settings["noise"] != "dpsgd":
+    if not independent(settings["noise"]):
         run_settings["noise"] = plan.run.strategy
         run_settings["cycle_length"] = plan.run.cycle
     return RunPlan(dict(settings), run_settings, plan.noise_multiplier, steps,

@@ -18,22 +18,16 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from privlearn.accounting import Gaussian, compose, subsample
+from privlearn.accounting import compose
 from privlearn.accounting.serialization import dumps, loads
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyBudgetWarning
 from privlearn.ledger import check_privacy_unit
+from privlearn.torch.schedule import compose_steps, dpsgd_step
 
 __all__ = ["BudgetCap", "LedgerLink", "PrivacyAccountant", "PrivacyBudgetWarning", "Segment",
            "dpsgd_step"]
 
 _STATE_FORMAT = "privlearn.torch.accountant/2"
-
-
-def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poisson"):
-    """The mechanism of one DP-SGD step: ``subsample(Gaussian(noise_multiplier),
-    rate=sampling_rate, scheme=scheme)`` (Abadi et al. 2016, Sec. 3.1) -- the one place the
-    engine, its accountant and its ledger records describe a step."""
-    return subsample(Gaussian(noise_multiplier), rate=sampling_rate, scheme=scheme)
 
 
 @dataclass(frozen=True)
@@ -80,7 +74,7 @@ class PrivacyAccountant:
     def __init__(self, scheme: str = "poisson", accountant: str = "pld", run=None):
         self.scheme = scheme
         self.accountant = accountant
-        #: a :class:`privlearn.torch.schedule.RunAccounting` that is not step by step (a
+        #: a :class:`privlearn.torch.schedule.NoisePlan` that is not step by step (a
         #: matrix-factorization mechanism of all the steps taken), or None
         self.run = None if run is None or run.stepwise else run
         self._segments: tuple[Segment, ...] = ()
@@ -132,31 +126,10 @@ class PrivacyAccountant:
     def mechanism(self, extra: Segment | None = None):
         """The composed mechanism describing the steps taken (and ``extra`` steps after
         them); None when there are none."""
+        segs = (*self._segments, *(() if extra is None else (extra,)))
         if self.run is not None:
-            segs = [g for g in (*self._segments, *(() if extra is None else (extra,)))
-                    if g.steps > 0]
-            if not segs:
-                return self._prior
-            sigmas = {g.noise_multiplier for g in segs}
-            if len(sigmas) > 1:  # refused by the optimizer; never approximated
-                raise ValueError("a correlated-noise run has one noise multiplier")
-            mech = self.run.mechanism(sigmas.pop(), sum(g.steps for g in segs))
-            return mech if self._prior is None else compose([self._prior, mech])
-        parts: list[list] = []
-        for seg in (*self._segments, *(() if extra is None else (extra,))):
-            if seg.steps <= 0:
-                continue
-            if parts and parts[-1][:2] == [seg.noise_multiplier, seg.sampling_rate]:
-                parts[-1][2] += seg.steps  # same mechanism (the clipping bound does not matter)
-            else:
-                parts.append([seg.noise_multiplier, seg.sampling_rate, seg.steps])
-        mechs = [dpsgd_step(s, q, self.scheme) for s, q, _ in parts]
-        counts = [k for _, _, k in parts]
-        if self._prior is not None:
-            mechs, counts = [self._prior, *mechs], [1, *counts]
-        if not mechs:
-            return None
-        return compose(mechs, steps=counts)
+            return self.run.composed(segs, self._prior)
+        return compose_steps(segs, self.scheme, self._prior)
 
     def epsilon(self, delta: float, accountant: str | None = None,
                 extra: Segment | None = None) -> float:

@@ -24,6 +24,7 @@ from privlearn import _validation as _v
 from privlearn.accounting import Sampling
 from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.torch.schedule import whole_run
 
 __all__ = ["Clipping", "DPConfig", "Noise", "Reduction"]
 
@@ -432,7 +433,7 @@ class DPConfig:
     def correlated(self) -> bool:
         """Whether the run is accounted as one matrix-factorization mechanism (correlated
         noise, or a sampler that bounds participation) rather than step by step."""
-        return self.noise != "dpsgd" or SAMPLINGS[self.sampling].describe is not None
+        return whole_run(self.noise, self.sampling)
 
     @property
     def privacy_unit(self) -> str:

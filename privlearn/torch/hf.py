@@ -118,7 +118,6 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from privlearn._validation import check_unit_ids
 from privlearn.accounting import planned_steps
-from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -126,6 +125,7 @@ from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
+from privlearn.torch.schedule import independent, whole_run
 
 __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STATE_NAME",
            "RELEASED_LOGS"]
@@ -494,8 +494,7 @@ class DPTrainer(Trainer):
             # the one rule for unit ids, the column named (make_private checks it again)
             kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
                                          _column(self.train_dataset, pa.user_column))
-        if pa.target_epsilon is not None or pa.noise != "dpsgd" or \
-                SAMPLINGS[pa.sampling].describe is not None:  # accounted for the plan
+        if pa.target_epsilon is not None or whole_run(pa.noise, pa.sampling):  # planned
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
             kw["steps"] = self._planned_steps(world * self.args.per_device_train_batch_size / n)
@@ -754,7 +753,7 @@ def _secret_parts(privacy: PrivacyArguments) -> tuple[str, ...]:
     keys of the sampler and of the noise (they replay the next steps' batches and noise;
     a ``secure_mode`` run has none) and the correlated noise's state (past noises)."""
     parts = () if privacy.secure_mode else ("sampler", "noise")
-    return parts + (("correlated",) if privacy.noise != "dpsgd" else ())
+    return parts + (() if independent(privacy.noise) else ("correlated",))
 
 
 def _saves_checkpoints(args) -> bool:

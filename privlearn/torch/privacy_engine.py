@@ -43,7 +43,6 @@ from privlearn.torch._engine_checks import (
 )
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.config import DPConfig
-from privlearn.torch.correlated_noise import CorrelatedNoise
 from privlearn.torch.data import (
     AugmentedLoader,
     UnitIndex,
@@ -60,7 +59,7 @@ from privlearn.torch.fsdp import (
 )
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
-from privlearn.torch.schedule import SAMPLINGS, RunAccounting, choose_strategy
+from privlearn.torch.schedule import SAMPLINGS, NoisePlan, cycle_bands
 from privlearn.torch.tracker import GradSampleTracker
 from privlearn.torch.validator import apply_fixers, check_model
 
@@ -297,7 +296,7 @@ class Plan:
     per_layer_bounds : tuple or None
         ``((name, C_k), ...)`` with per-layer clipping.
     adaptive : AdaptiveClipping or None
-    run : RunAccounting
+    run : NoisePlan
         How the steps are accounted (step by step, or one matrix-factorization mechanism
         with the run's strategy).
     expected_batch_size : float
@@ -318,7 +317,7 @@ class Plan:
     max_grad_norm: float
     per_layer_bounds: tuple | None = None
     adaptive: AdaptiveClipping | None = None
-    run: RunAccounting | None = None
+    run: NoisePlan | None = None
     expected_batch_size: float = 0.0
     units: UnitIndex | None = None
 
@@ -391,8 +390,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
                                 len(data_loader.dataset), world)
     law = SAMPLINGS[cfg.sampling]  # the registry entry: the sampler and its law
-    cycle = cfg.cycle_length or law.cycle_for(
-        n, b, (cfg.bands or 8) if cfg.noise == "banded" else None)
+    cycle = cfg.cycle_length or law.cycle_for(n, b, cycle_bands(cfg.noise, cfg.bands))
     q = law.rate(world * b, n, cycle)
     if not 0 < q <= 1:
         raise ValueError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
@@ -402,12 +400,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     per_epoch = law.per_epoch(q, cycle)
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
-    strategy = None
-    if cfg.correlated:
-        desc = law.describe(n, q, planned, cycle)
-        schema = getattr(desc, "participation", desc)
-        strategy = choose_strategy(cfg.noise, planned, schema, cfg.bands, cfg.buffers)
-    run = RunAccounting(cfg.sampling, n, q, cycle, strategy)
+    run = NoisePlan.build(cfg.noise, cfg.sampling, n, q, cycle, planned, cfg.bands,
+                          cfg.buffers)
     nm = cfg.noise_multiplier
     if cfg.target_epsilon is not None:
         nm = calibrate(lambda s: run.mechanism(s, planned), cfg.target_epsilon,
@@ -523,10 +517,7 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                       noise=noise, sampler=loader.batch_sampler, world_size=plan.world_size,
                       process_group=process_group, adaptive=plan.adaptive, budget=budget,
                       ledger=link)
-    if not plan.run.stepwise:
-        rec = plan.run.strategy.recurrence()
-        if rec.buffers or getattr(rec, "coefs", None) != (1.0,):  # C is not the identity
-            opt.correlated = CorrelatedNoise(rec)
+    opt.correlated = plan.run.noise_transform()  # None: C is the identity
     opt.unit_reduction = cfg.user_reduction
     opt.augmentation = cfg.augmentation_multiplicity
     if plan.per_layer_bounds is not None:

@@ -1,5 +1,6 @@
-"""How a run's steps are accounted: :class:`RunAccounting`, the description the
-accountant, the budget cap, calibration and the ledger all read. It reads the run's
+"""How a run is noised and accounted: :class:`NoisePlan`, the one description the
+accountant, the budget cap, calibration, the ledger and the optimizer's noise all read
+(DP-SGD is its identity strategy; no other module tests the noise mode). It reads the run's
 sampling from the one registry of samplings
 (:data:`privlearn.correlated.sampling.SAMPLINGS`, re-exported here), whose entry owns both
 the batch draw and the law assumed here.
@@ -32,21 +33,61 @@ here is of units.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from privlearn.accounting import Mechanism, compose
+from privlearn.accounting import Gaussian, Mechanism, compose, subsample
 from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_blt
 from privlearn.correlated.accounting import correlated_mechanism, stated_under
 from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw
 from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.torch.correlated_noise import CorrelatedNoise
 
-__all__ = ["SamplingKind", "SAMPLINGS", "RunAccounting", "choose_strategy"]
+__all__ = ["NoisePlan", "RunAccounting", "SamplingKind", "SAMPLINGS", "choose_strategy",
+           "compose_steps", "dpsgd_step", "independent", "whole_run"]
 
 
 #: The former name of a registry entry (:class:`privlearn.correlated.sampling.SamplingLaw`,
 #: which has the same ``rate``, ``per_epoch``, ``expected_batch``, ``describe`` and
 #: ``cycled``); deprecated.
 SamplingKind = SamplingLaw
+
+#: the noise of DP-SGD (independent at every step: the identity strategy)
+_DPSGD = "dpsgd"
+#: the optimised strategies by name, each with the setting that sizes it and its default
+_OPTIMISED = {"banded": ("bands", 8), "blt": ("buffers", 4)}
+
+
+def independent(noise) -> bool:
+    """Whether ``noise`` (a :class:`~privlearn.torch.config.Noise`, its string, or a
+    strategy) is DP-SGD's independent noise, given by name."""
+    return isinstance(noise, str) and noise == _DPSGD
+
+
+def whole_run(noise, sampling: str) -> bool:
+    """Whether a run with this ``noise`` and ``sampling`` is accounted as one
+    matrix-factorization mechanism of its planned steps (correlated noise, or a sampler
+    that bounds participation) rather than step by step."""
+    return not independent(noise) or SAMPLINGS[sampling].describe is not None
+
+
+def sized_by(noise) -> str | None:
+    """The setting (``"bands"``, ``"buffers"``) that sizes the strategy ``noise`` names,
+    or None."""
+    return _OPTIMISED[noise][0] if isinstance(noise, str) and noise in _OPTIMISED else None
+
+
+def cycle_bands(noise, bands: int | None) -> int | None:
+    """The bands a default cycle must hold: those of ``noise="banded"`` (default 8), else
+    None."""
+    return (bands or _OPTIMISED["banded"][1]) if sized_by(noise) == "bands" else None
+
+
+def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poisson"):
+    """The mechanism of one DP-SGD step: ``subsample(Gaussian(noise_multiplier),
+    rate=sampling_rate, scheme=scheme)`` (Abadi et al. 2016, Sec. 3.1) -- the one place the
+    engine, its accountant and its ledger records describe a step."""
+    return subsample(Gaussian(noise_multiplier), rate=sampling_rate, scheme=scheme)
 
 
 def choose_strategy(noise, planned: int, participation, bands: int | None,
@@ -55,18 +96,46 @@ def choose_strategy(noise, planned: int, participation, bands: int | None,
     BLT for ``planned`` steps under ``participation``, or the strategy given."""
     if not isinstance(noise, str):
         return noise
-    if noise == "dpsgd":
+    if independent(noise):
         return Identity()
-    if noise == "banded":
+    if sized_by(noise) == "bands":
         return optimize_banded_toeplitz(planned, min(bands or 8, planned), participation)
     return optimize_blt(planned, buffers or 4, participation)
 
 
+def compose_steps(segments: Iterable, scheme: str, prior: Mechanism | None = None):
+    """The composition of DP-SGD steps (Abadi et al. 2016, Sec. 3.1): each segment
+    (``noise_multiplier``, ``sampling_rate``, ``steps``) is ``steps`` compositions of
+    :func:`dpsgd_step`, runs of the same mechanism merged (the
+    clipping bound does not matter), after ``prior``; None when there is nothing."""
+    parts: list[list] = []
+    for seg in segments:
+        if seg.steps <= 0:
+            continue
+        if parts and parts[-1][:2] == [seg.noise_multiplier, seg.sampling_rate]:
+            parts[-1][2] += seg.steps
+        else:
+            parts.append([seg.noise_multiplier, seg.sampling_rate, seg.steps])
+    mechs = [dpsgd_step(s, q, scheme) for s, q, _ in parts]
+    counts = [k for _, _, k in parts]
+    if prior is not None:
+        mechs, counts = [prior, *mechs], [1, *counts]
+    if not mechs:
+        return None
+    return compose(mechs, steps=counts)
+
+
 @dataclass(frozen=True)
-class RunAccounting:
-    """How a run's steps are accounted: step by step (DP-SGD with Poisson or fixed-size
-    sampling, ``strategy=None``) or as one matrix-factorization mechanism of the steps
-    taken (:func:`privlearn.correlated.accounting.correlated_mechanism`).
+class NoisePlan:
+    """How a run is noised and accounted: the sampling's participation law (its registry
+    entry), the strategy ``C`` of the noise (:class:`~privlearn.correlated.Identity` for
+    DP-SGD), the mechanism of the steps at a noise multiplier (sigma stays with the
+    run's plan and the accountant's segments, where a DP-SGD schedule may change it), and
+    the per-step noise transform. Step by step (DP-SGD with Poisson or fixed-size
+    sampling: compositions of the subsampled Gaussian) or one matrix-factorization
+    mechanism of the steps taken
+    (:func:`privlearn.correlated.accounting.correlated_mechanism`; Choquette-Choo et al.
+    2023).
 
     Attributes
     ----------
@@ -75,7 +144,8 @@ class RunAccounting:
         Examples (or users) the sampler draws from.
     sampling_rate : float
     cycle : int
-    strategy : ToeplitzStrategy or None
+    strategy : ToeplitzStrategy
+        ``Identity()`` for DP-SGD (None given is read as it).
     """
 
     sampling: str
@@ -84,24 +154,95 @@ class RunAccounting:
     cycle: int
     strategy: ToeplitzStrategy | None = None
 
+    def __post_init__(self):
+        if self.strategy is None:
+            object.__setattr__(self, "strategy", Identity())
+
+    @classmethod
+    def build(cls, noise, sampling: str, units: int, sampling_rate: float, cycle: int,
+              planned: int | None, bands: int | None = None,
+              buffers: int | None = None) -> NoisePlan:
+        """The plan of a run: its strategy optimised for ``planned`` steps under the
+        sampling's participation when ``noise`` names one (Choquette-Choo et al. 2023,
+        banded MF; McMahan et al. 2024, BLT), the identity for DP-SGD.
+
+        Parameters
+        ----------
+        noise : Noise, str or ToeplitzStrategy
+            ``"dpsgd"``, ``"banded"``, ``"blt"`` or a strategy (kept as given).
+        sampling : str
+            A key of :data:`SAMPLINGS`.
+        units, sampling_rate, cycle :
+            The sampler's units, rate and cycle length.
+        planned : int or None
+            Planned steps (needed unless the run is accounted step by step).
+        bands, buffers : int or None
+            The size of ``"banded"`` (default 8, at most ``planned``) or ``"blt"``
+            (default 4).
+
+        Returns
+        -------
+        NoisePlan
+        """
+        strategy = None
+        if whole_run(noise, sampling):
+            desc = SAMPLINGS[sampling].describe(units, sampling_rate, planned, cycle)
+            schema = getattr(desc, "participation", desc)
+            strategy = choose_strategy(noise, planned, schema, bands, buffers)
+        return cls(sampling, units, sampling_rate, cycle, strategy)
+
+    @property
+    def law(self) -> SamplingLaw:
+        """The registry entry of the run's sampling."""
+        return SAMPLINGS[self.sampling]
+
     @property
     def stepwise(self) -> bool:
-        return self.strategy is None
+        """Whether the steps are accounted one by one (DP-SGD under a sampling with no
+        participation schema) rather than as one mechanism of the planned run."""
+        return self.law.describe is None
+
+    @property
+    def correlates(self) -> bool:
+        """Whether the noise is correlated across steps (``C`` is not the identity)."""
+        rec = self.strategy.recurrence()
+        return bool(rec.buffers or getattr(rec, "coefs", None) != (1.0,))
 
     def mechanism(self, noise_multiplier: float, steps: int) -> Mechanism:
         """The mechanism of ``steps`` steps at ``noise_multiplier`` (sigma: the noise of
         step ``t`` is ``sigma C (C^{-1} z)_t``)."""
-        law = SAMPLINGS[self.sampling]
+        law = self.law
         if self.stepwise:
-            from privlearn.torch.accountant import dpsgd_step
-
             return compose(dpsgd_step(noise_multiplier, self.sampling_rate, law.scheme),
                            steps=steps)
         desc = law.describe(self.units, self.sampling_rate, steps, self.cycle)
         mech = correlated_mechanism(self.strategy, desc, noise_multiplier, steps=steps)
         return stated_under(mech, law.relation)
 
-    @property
-    def law(self) -> SamplingLaw:
-        """The registry entry of the run's sampling."""
-        return SAMPLINGS[self.sampling]
+    def composed(self, segments: Iterable, prior: Mechanism | None = None):
+        """The mechanism of the steps taken (the accountant's segments, after ``prior``):
+        their composition step by step, or the one mechanism of all of them (one noise
+        multiplier; a change is refused, never approximated); None when there is
+        nothing."""
+        segs = [g for g in segments if g.steps > 0]
+        if self.stepwise:
+            return compose_steps(segs, self.law.scheme, prior)
+        if not segs:
+            return prior
+        sigmas = {g.noise_multiplier for g in segs}
+        if len(sigmas) > 1:  # refused by the optimizer; never approximated
+            raise ValueError("a correlated-noise run has one noise multiplier")
+        mech = self.mechanism(sigmas.pop(), sum(g.steps for g in segs))
+        return mech if prior is None else compose([prior, mech])
+
+    def noise_transform(self):
+        """The per-step noise transform: a fresh
+        :class:`~privlearn.torch.correlated_noise.CorrelatedNoise` of the strategy's
+        recurrence when ``C`` is not the identity, else None (the draw is the noise)."""
+        if not self.correlates:
+            return None
+        return CorrelatedNoise(self.strategy.recurrence())
+
+
+#: The former name of :class:`NoisePlan`.
+RunAccounting = NoisePlan
