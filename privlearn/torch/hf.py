@@ -733,12 +733,11 @@ def _private_copy(args):
 def _column(dataset, name: str) -> list:
     """The values of column ``name`` of every example (a Hugging Face ``datasets.Dataset``
     column, or the key of each example of a map-style dataset)."""
-    try:
-        values = dataset[name]  # datasets.Dataset: the whole column
+    # only a datasets.Dataset is indexed by a column name (a tensor-backed dataset warns)
+    if name in (getattr(dataset, "column_names", None) or ()):
+        values = dataset[name]  # the whole column
         if len(values) == len(dataset):
             return list(values)
-    except (KeyError, TypeError, IndexError, ValueError):
-        pass
     out = []
     for i in range(len(dataset)):
         item = dataset[i]
