@@ -25,6 +25,8 @@ import math
 
 import numpy as np
 
+from privlearn.errors import ConfigurationError, ParameterValueError
+
 __all__ = ["BUGS", "planted_bug"]
 
 BUGS = ("none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10")
@@ -48,7 +50,8 @@ def _batch_sampler(private):
     loader = private.data_loader
     bs = getattr(loader, "batch_sampler", None)
     if bs is None or not hasattr(bs, "num_samples"):
-        raise ValueError("rate-x10 needs a Poisson-sampled p.data_loader (sampling='poisson')")
+        raise ConfigurationError(
+            "rate-x10 needs a Poisson-sampled p.data_loader (sampling='poisson')")
     return bs
 
 
@@ -89,7 +92,7 @@ def planted_bug(bug: str, private):
     """Plant ``bug`` (one of :data:`BUGS`) in the training ``private`` (what
     :func:`privlearn.torch.make_private` returned) for the duration of the block."""
     if bug not in BUGS:
-        raise ValueError(f"bug must be one of {BUGS}, got {bug!r}")
+        raise ParameterValueError(f"bug must be one of {BUGS}, got {bug!r}")
     opt = private.optimizer
     if bug == "none":
         yield

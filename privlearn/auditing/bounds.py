@@ -106,6 +106,7 @@ from scipy.special import betainc, betaincinv, expit, gammaln, ndtr, ndtri
 
 from privlearn._validation import check_delta, check_real
 from privlearn.accounting.fdp import gdp_mu_interval
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = [
     "METHODS",
@@ -131,34 +132,35 @@ def _scores(name: str, x) -> np.ndarray:
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor (possibly with grad)
         x = x.detach().cpu().numpy()
     if isinstance(x, (str, bytes)):
-        raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
+        raise ParameterTypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
     raw = np.asarray(x)
     if raw.dtype.kind in "c":
-        raise TypeError(f"{name} must be real numbers, got complex values (dtype "
+        raise ParameterTypeError(f"{name} must be real numbers, got complex values (dtype "
                         f"{raw.dtype}); pass the real scores, e.g. np.real(s) if that is meant")
     if raw.dtype.kind in "USO":
         odd = [v for v in raw.reshape(-1) if v is None or isinstance(v, (str, bytes))]
         if odd:
-            raise TypeError(f"{name} must be an array of real numbers, got "
+            raise ParameterTypeError(f"{name} must be an array of real numbers, got "
                             f"{type(odd[0]).__name__} {odd[0]!r} among them; pass one float "
                             "score per canary (np.asarray(s, dtype=float) converts numeric "
                             "strings)")
     try:
         a = np.asarray(raw, dtype=float)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be an array of real numbers, got "
+        raise ParameterTypeError(f"{name} must be an array of real numbers, got "
                         f"{type(x).__name__} of dtype {raw.dtype}") from None
     a = a.reshape(-1) if a.ndim == 0 else a
     if a.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional (one score per canary), got shape "
-                         f"{a.shape}; flatten it with np.ravel if it holds one score each")
+        raise ParameterValueError(
+            f"{name} must be one-dimensional (one score per canary), got shape "
+            f"{a.shape}; flatten it with np.ravel if it holds one score each")
     if a.size == 0:
-        raise ValueError(f"{name} is empty; the audit needs at least one included and one "
+        raise ParameterValueError(f"{name} is empty; the audit needs at least one included and one "
                          "excluded canary (use more canaries)")
     bad = ~np.isfinite(a)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must be finite, got {float(a[i])} at index {i} "
+        raise ParameterValueError(f"{name} must be finite, got {float(a[i])} at index {i} "
                          f"({int(bad.sum())} non-finite scores); a scorer that diverged "
                          "cannot be audited")
     return a
@@ -172,7 +174,7 @@ def _check_delta(delta) -> float:
 def _check_confidence(confidence) -> float:
     c = check_real("confidence", confidence, hint="pass a probability such as 0.95")
     if not 0 < c < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {c!r} (0.95 is "
+        raise ParameterValueError(f"confidence must be in (0, 1), got {c!r} (0.95 is "
                          "usual)")
     return c
 
@@ -517,9 +519,9 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
     d = _check_delta(delta)
     c = _check_confidence(confidence)
     if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        raise ParameterValueError(f"method must be one of {METHODS}, got {method!r}")
     if method in ("gdp", "one_run_fdp") and d == 0:
-        raise ValueError(f"method={method!r} compares against Gaussian trade-off curves, "
+        raise ConfigurationError(f"method={method!r} compares against Gaussian trade-off curves, "
                          "which satisfy no (epsilon, 0) guarantee: give delta in (0, 1), or "
                          "use method='one_run' or 'clopper_pearson' for delta=0")
     if method in ("one_run", "one_run_fdp"):
@@ -597,9 +599,9 @@ def tpr_at_fpr(in_scores, out_scores, fpr: float) -> float:
     try:
         f = float(fpr)
     except (TypeError, ValueError):
-        raise TypeError(f"fpr must be a real number, got {type(fpr).__name__}") from None
+        raise ParameterTypeError(f"fpr must be a real number, got {type(fpr).__name__}") from None
     if not 0 <= f <= 1:
-        raise ValueError(f"fpr must be in [0, 1], got {fpr!r}")
+        raise ParameterValueError(f"fpr must be in [0, 1], got {fpr!r}")
     x, y = roc_curve(in_scores, out_scores)
     return float(np.interp(f, x, y))
 

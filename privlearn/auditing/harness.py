@@ -27,7 +27,7 @@ from privlearn.auditing.bounds import (
     _warn_if_unrefutable,
     auc,
 )
-from privlearn.errors import ParameterTypeError
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["AuditResult", "ONE_RUN_METHODS", "one_run_audit"]
 
@@ -114,10 +114,10 @@ def _check_claim(name: str, value) -> float:
     try:
         e = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number (or a callable returning one), got "
+        raise ParameterTypeError(f"{name} must be a real number (or a callable returning one), got "
                         f"{type(value).__name__}") from None
     if math.isnan(e) or e < 0:
-        raise ValueError(f"{name} must be in [0, inf], got {value!r}")
+        raise ParameterValueError(f"{name} must be in [0, inf], got {value!r}")
     return e
 
 
@@ -127,11 +127,12 @@ def _check_seed(seed) -> int:
     if seed is None:
         return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0])
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-        raise TypeError(f"seed must be None or an integer >= 0, got {type(seed).__name__} "
+        raise ParameterTypeError(f"seed must be None or an integer >= 0, got {type(seed).__name__} "
                         f"{seed!r}; pass e.g. seed=0 to make the audit repeatable")
     if seed < 0:
-        raise ValueError(f"seed must be None or an integer >= 0, got {int(seed)}; pass e.g. "
-                         "seed=0 (None draws one from fresh entropy and records it)")
+        raise ParameterValueError(
+            f"seed must be None or an integer >= 0, got {int(seed)}; pass e.g. "
+            "seed=0 (None draws one from fresh entropy and records it)")
     return int(seed)
 
 
@@ -198,7 +199,8 @@ def one_run_audit(
     NeurIPS, Algorithm 1 and Theorem 3.1.
     """
     if not callable(train_and_score):
-        raise TypeError(f"train_and_score must be callable, got {type(train_and_score).__name__}")
+        raise ParameterTypeError(
+            f"train_and_score must be callable, got {type(train_and_score).__name__}")
     n_canaries = _check_n_canaries(n_canaries)
     d = _check_delta(delta)
     c = _check_confidence(confidence)
@@ -206,10 +208,11 @@ def one_run_audit(
         hint = (" (clopper_pearson and gdp assume independent trials, one training run per "
                 "score: call epsilon_lower_bound on such scores directly)"
                 if method in METHODS else "")
-        raise ValueError(f"method must be one of {ONE_RUN_METHODS} for a one-run audit, got "
-                         f"{method!r}{hint}")
+        raise ParameterValueError(
+            f"method must be one of {ONE_RUN_METHODS} for a one-run audit, got "
+            f"{method!r}{hint}")
     if method == "one_run_fdp" and d == 0:
-        raise ValueError(f"method={method!r} needs delta in (0, 1), got delta=0 (or use "
+        raise ConfigurationError(f"method={method!r} needs delta in (0, 1), got delta=0 (or use "
                          "method='one_run', valid at delta=0)")
     if not callable(claimed_epsilon):
         claim = _check_claim("claimed_epsilon", claimed_epsilon)
@@ -228,11 +231,12 @@ def one_run_audit(
         raise ParameterTypeError("train_and_score must return an array of real numbers, "
                                  f"one score per canary, got {type(raw).__name__}") from None
     if scores.shape != (n_canaries,):
-        raise ValueError(f"train_and_score must return one score per canary: expected shape "
-                         f"({n_canaries},), got {scores.shape}")
+        raise ParameterValueError(
+            f"train_and_score must return one score per canary: expected shape "
+            f"({n_canaries},), got {scores.shape}")
     if not np.all(np.isfinite(scores)):
         bad = int(np.count_nonzero(~np.isfinite(scores)))
-        raise ValueError(f"train_and_score returned {bad} non-finite scores; every canary "
+        raise ParameterValueError(f"train_and_score returned {bad} non-finite scores; every canary "
                          "needs a finite score")
     if callable(claimed_epsilon):
         claim = _check_claim("claimed_epsilon()", claimed_epsilon())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["audit_estimator"]
 
@@ -58,7 +59,7 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     n_canaries = _check_n_canaries(n_canaries)
     seed = _check_seed(seed)  # one seed for the signs, the inclusion and the fit
     if not hasattr(estimator, "get_params") or "delta" not in estimator.get_params():
-        raise TypeError(f"audit_estimator audits privlearn's linear DP estimators "
+        raise ParameterTypeError(f"audit_estimator audits privlearn's linear DP estimators "
                         f"(SSPRegressor, AdaSSPRegressor, NoisyGDRegressor, DPSGDRegressor, "
                         f"DPSGDClassifier), got {type(estimator).__name__}, which has no "
                         "privacy parameters; for another model write a train_and_score "
@@ -66,7 +67,7 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     X = np.asarray(X, dtype=float)
     y = np.asarray(y)
     if X.ndim != 2 or y.shape != (X.shape[0],):
-        raise ValueError(f"X must be 2-D and y 1-D of the same length, got {X.shape} and "
+        raise ParameterValueError(f"X must be 2-D and y 1-D of the same length, got {X.shape} and "
                          f"{y.shape}")
     params = estimator.get_params()
     d = float(params["delta"]) if delta is None else float(delta)
@@ -83,7 +84,7 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     if classifier:
         classes = np.unique(y)
         if classes.size != 2:
-            raise ValueError(f"audit_estimator supports binary classifiers, got "
+            raise ParameterValueError(f"audit_estimator supports binary classifiers, got "
                              f"{classes.size} classes")
     fitted: dict = {}
 
@@ -103,7 +104,7 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
             est.set_params(random_state=seed + 1)
         est.fit(Xa, ya)
         if not hasattr(est, "epsilon_") or not hasattr(est, "coef_"):
-            raise TypeError(f"{type(est).__name__} has no epsilon_ or coef_ after fit; "
+            raise ParameterTypeError(f"{type(est).__name__} has no epsilon_ or coef_ after fit; "
                             "audit_estimator needs a linear DP estimator that reports the "
                             "epsilon of its fit")
         fitted["epsilon"] = float(est.epsilon_)

@@ -52,6 +52,7 @@ from torch import nn
 
 from privlearn.auditing._planted import BUGS, planted_bug
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = [
     "DiracCanaries",
@@ -83,9 +84,9 @@ class DiracCanaries(nn.Module):
     def __init__(self, n_canaries: int, gradient_norm: float):
         super().__init__()
         if int(n_canaries) < 1:
-            raise ValueError(f"n_canaries must be >= 1, got {n_canaries!r}")
+            raise ParameterValueError(f"n_canaries must be >= 1, got {n_canaries!r}")
         if not (float(gradient_norm) > 0) or math.isinf(float(gradient_norm)):
-            raise ValueError(f"gradient_norm must be in (0, inf), got {gradient_norm!r}")
+            raise ParameterValueError(f"gradient_norm must be in (0, inf), got {gradient_norm!r}")
         self.n_canaries = int(n_canaries)
         self.gradient_norm = float(gradient_norm)
         self.weight = nn.Embedding(self.n_canaries + 1, 1)
@@ -121,7 +122,8 @@ def trajectory_scores(snapshots: np.ndarray, *, learning_rate: float, max_grad_n
     """
     s = np.asarray(snapshots, dtype=float)
     if s.ndim != 2 or s.shape[0] < 2:
-        raise ValueError(f"snapshots must have shape (T + 1, m) with T >= 1, got {s.shape}")
+        raise ParameterValueError(
+            f"snapshots must have shape (T + 1, m) with T >= 1, got {s.shape}")
     x = -np.diff(s, axis=0) * expected_batch_size / (learning_rate * max_grad_norm)
     sigma, q = float(noise_multiplier), float(sampling_rate)
     if sigma == 0:
@@ -148,8 +150,9 @@ def loss_scores(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     finally:
         model.train(was_training)
     if losses.shape[:1] != inputs.shape[:1] or losses.dim() != 1:
-        raise ValueError("loss_fn must return one loss per example (reduction='none'), got "
-                         f"shape {tuple(losses.shape)}")
+        raise ParameterValueError(
+            "loss_fn must return one loss per example (reduction='none'), got "
+            f"shape {tuple(losses.shape)}")
     return -losses.double().cpu().numpy()
 
 
@@ -244,17 +247,17 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     from privlearn.torch import make_private
 
     if bug not in BUGS:
-        raise ValueError(f"bug must be one of {BUGS}, got {bug!r}")
+        raise ParameterValueError(f"bug must be one of {BUGS}, got {bug!r}")
     n_canaries = _check_n_canaries(n_canaries)
     seed = _check_seed(seed)  # None: drawn here and recorded, so the run can be repeated
     if score not in ("trajectory", "final"):
-        raise ValueError(f"score must be 'trajectory' or 'final', got {score!r}")
+        raise ParameterValueError(f"score must be 'trajectory' or 'final', got {score!r}")
     if not 0 < float(sampling_rate) <= 0.1:
-        raise ValueError(f"sampling_rate must be in (0, 0.1], got {sampling_rate!r}")
+        raise ParameterValueError(f"sampling_rate must be in (0, 0.1], got {sampling_rate!r}")
     if int(steps) != steps or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        raise ParameterValueError(f"steps must be an integer >= 1, got {steps!r}")
     if int(n_data) != n_data or n_data < 1:
-        raise ValueError(f"n_data must be an integer >= 1, got {n_data!r}")
+        raise ParameterValueError(f"n_data must be an integer >= 1, got {n_data!r}")
     G = 100.0 * max_grad_norm if canary_gradient_norm is None else float(canary_gradient_norm)
     info: dict = {}
 
@@ -349,18 +352,19 @@ def _as_dataset(dataset):
             dataset, Dataset):
         X, y = (_tensor(a) for a in dataset)
         if X.shape[:1] != y.shape[:1]:
-            raise ValueError(f"dataset=(X, y) needs as many labels as rows, got {len(X)} rows "
-                             f"and {len(y)} labels")
+            raise ParameterValueError(
+                f"dataset=(X, y) needs as many labels as rows, got {len(X)} rows "
+                f"and {len(y)} labels")
         dataset = TensorDataset(X, y)
     try:
         n = len(dataset)
         first = dataset[0]
     except (TypeError, IndexError, KeyError):
-        raise TypeError(
+        raise ParameterTypeError(
             f"dataset must be a map-style torch Dataset of (input, label) records or an "
             f"(X, y) pair of tensors, got {type(dataset).__name__}") from None
     if n < 1 or not isinstance(first, tuple | list) or len(first) != 2:
-        raise ValueError("dataset must hold at least one (input, label) record; each item "
+        raise ParameterValueError("dataset must hold at least one (input, label) record; each item "
                          f"must be a pair, got {type(first).__name__}")
     return dataset
 
@@ -379,13 +383,14 @@ def _default_data_canaries(dataset, m: int, rng: np.random.Generator):
     fit unless it saw it)."""
     labels = _labels(dataset)
     if labels.dtype.is_floating_point or labels.dim() != 1:
-        raise ValueError(
+        raise ParameterValueError(
             "the default data canaries are mislabelled copies of records, which needs "
             "integer class labels; pass canaries=(inputs, targets), your own canary records")
     k = int(labels.max()) + 1
     if k < 2 or int(labels.min()) < 0:
-        raise ValueError(f"the default data canaries need class labels 0..K-1 with K >= 2, "
-                         f"got labels in [{int(labels.min())}, {int(labels.max())}]")
+        raise ParameterValueError(
+            f"the default data canaries need class labels 0..K-1 with K >= 2, "
+            f"got labels in [{int(labels.min())}, {int(labels.max())}]")
     rows = rng.integers(0, len(dataset), size=m)
     inputs = torch.stack([torch.as_tensor(dataset[int(i)][0]) for i in rows])
     shift = torch.from_numpy(rng.integers(1, k, size=m))
@@ -443,7 +448,7 @@ def _plain_sgd_lr(optimizer, parameter) -> float | None:
 def _per_example(loss_fn, out, target) -> torch.Tensor:
     losses = loss_fn(out, target)
     if losses.dim() != 1 or losses.shape[0] != target.shape[0]:
-        raise ValueError("loss_fn must return one loss per example (e.g. "
+        raise ParameterValueError("loss_fn must return one loss per example (e.g. "
                          "nn.CrossEntropyLoss(reduction='none')), got shape "
                          f"{tuple(losses.shape)} for a batch of {target.shape[0]}")
     return losses
@@ -550,37 +555,39 @@ def audit_training(
     from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
     if (train is None) == (make_model is None):
-        raise ValueError("give your training either as train(dataset) -> model (your loop) "
+        raise ConfigurationError("give your training either as train(dataset) -> model (your loop) "
                          "or as its pieces, make_model=... (with make_optimizer, loss_fn, "
                          "batch_size, epochs, private), not both or neither")
     if train is not None and not callable(train):
-        raise TypeError(f"train must be callable, got {type(train).__name__}")
+        raise ParameterTypeError(f"train must be callable, got {type(train).__name__}")
     explicit = isinstance(canaries, tuple | list)
     if not explicit and canaries not in _CANARY_KINDS:
-        raise ValueError(f"canaries must be one of {_CANARY_KINDS} or an (inputs, targets) "
-                         f"pair, got {canaries!r}")
+        raise ParameterValueError(
+            f"canaries must be one of {_CANARY_KINDS} or an (inputs, targets) "
+            f"pair, got {canaries!r}")
     gradient = canaries == "gradient"
     if gradient and train is not None:
-        raise ValueError(
+        raise ConfigurationError(
             "gradient canaries need a coordinate in your model and a term in your loss, so "
             "they run with the pieces of your training: pass make_model=..., "
             "make_optimizer=..., loss_fn=..., batch_size=..., epochs=..., private={...} "
             "instead of train, or use canaries='data' with your own loop")
     if gradient and score is not None and score not in ("trajectory", "final"):
-        raise ValueError(f"score must be 'trajectory' or 'final' for gradient canaries, got "
-                         f"{score!r}")
+        raise ConfigurationError(
+            f"score must be 'trajectory' or 'final' for gradient canaries, got "
+            f"{score!r}")
     if not gradient and score is not None and not callable(score):
-        raise TypeError("score must be callable for data canaries: score(model, inputs, "
+        raise ParameterTypeError("score must be callable for data canaries: score(model, inputs, "
                         f"targets) -> one score per canary, got {score!r}")
     base = _as_dataset(dataset)
     seed = _check_seed(seed)
     rng = np.random.default_rng(seed + 1)  # canaries: a stream apart from the inclusion draw
     if explicit:
         if len(canaries) != 2:
-            raise ValueError("canaries=(inputs, targets) must be a pair")
+            raise ParameterValueError("canaries=(inputs, targets) must be a pair")
         c_inputs, c_targets = (_tensor(a) for a in canaries)
         if c_inputs.shape[:1] != c_targets.shape[:1]:
-            raise ValueError("canaries=(inputs, targets) need one target per input")
+            raise ParameterValueError("canaries=(inputs, targets) need one target per input")
         n_canaries = int(c_inputs.shape[0])
     n_canaries = _check_n_canaries(n_canaries)
     if not explicit and not gradient:
@@ -589,13 +596,13 @@ def audit_training(
     opts = dict(private or {})
     if make_model is not None:
         if batch_size is None or int(batch_size) != batch_size or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1 with make_model, got "
+            raise ParameterValueError(f"batch_size must be an integer >= 1 with make_model, got "
                              f"{batch_size!r}")
         if int(epochs) != epochs or epochs < 1:
-            raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+            raise ParameterValueError(f"epochs must be an integer >= 1, got {epochs!r}")
         for key in ("loss_reduction", "epochs", "steps"):
             if key in opts:
-                raise ValueError(f"private must not set {key!r}: the audit's loop sums the "
+                raise ConfigurationError(f"private must not set {key!r}: the audit's loop sums the "
                                  "per-example losses and runs epochs=epochs")
         opts.setdefault("target_delta", delta)
         opts.setdefault("seed", seed)
@@ -646,9 +653,10 @@ def audit_training(
         if how == "final":
             return final_scores(snaps[0], snaps[-1], **common)
         if lr is None:
-            raise ValueError("score='trajectory' is the likelihood ratio of plain SGD steps "
-                             "(no momentum or weight decay); use score='final' with this "
-                             "optimizer")
+            raise ConfigurationError(
+                "score='trajectory' is the likelihood ratio of plain SGD steps "
+                "(no momentum or weight decay); use score='final' with this "
+                "optimizer")
         return trajectory_scores(np.stack(snaps), noise_multiplier=p.noise_multiplier,
                                  sampling_rate=p.sampling_rate, **common)
 
@@ -665,7 +673,7 @@ def audit_training(
         if not isinstance(out, nn.Module):
             model = getattr(out, "model", None)
             if not isinstance(model, nn.Module):
-                raise TypeError("train must return the trained nn.Module or the "
+                raise ParameterTypeError("train must return the trained nn.Module or the "
                                 f"PrivateTraining of make_private, got {type(out).__name__}")
             if callable(getattr(out, "epsilon", None)):
                 claim["epsilon"] = out.epsilon(delta)
@@ -675,7 +683,7 @@ def audit_training(
         if claimed_epsilon is not None:
             return claimed_epsilon() if callable(claimed_epsilon) else claimed_epsilon
         if "epsilon" not in claim:
-            raise ValueError(
+            raise ParameterValueError(
                 "no claim to test: train returned a model, not the PrivateTraining of "
                 "make_private; return p (the object make_private returned) or pass "
                 "claimed_epsilon=...")

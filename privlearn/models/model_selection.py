@@ -74,6 +74,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
+from privlearn.errors import ParameterTypeError, ParameterValueError
 from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -100,7 +101,7 @@ def planned_mechanism(estimator: PrivateEstimator | PrivatePipeline, X, y=None) 
     steps' planned mechanisms); ``TypeError`` for anything else (its cost cannot be
     planned)."""
     if not isinstance(estimator, PrivateEstimator | PrivatePipeline):
-        raise TypeError(
+        raise ParameterTypeError(
             f"no planned mechanism is known for {type(estimator).__name__}: a private "
             "search needs privlearn.models.PrivateEstimator candidates or a "
             "privlearn.models.PrivatePipeline of them (subclass PrivateEstimator, see "
@@ -329,7 +330,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             return loss_bound
         if is_classifier(self.estimator):
             return 1.0
-        raise ValueError(
+        raise ParameterValueError(
             "loss_bound is required for a regressor's private score: per-record squared "
             "errors are clipped to [0, loss_bound] (e.g. (2 * y_bound) ** 2), or pass "
             "public X_val, y_val to fit"
@@ -374,11 +375,11 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         it): the composition of every run, or Papernot & Steinke's bound."""
         public = X_val is not None
         if public and y_val is None:
-            raise ValueError("give y_val with X_val")
+            raise ParameterValueError("give y_val with X_val")
         lb = 1.0 if public else self._loss_bound(params["loss_bound"])
         grid = tuple(ParameterGrid(self.param_grid))
         if not grid:
-            raise ValueError("param_grid is empty")
+            raise ParameterValueError("param_grid is empty")
         fit_mechs = tuple(planned_mechanism(clone(self.estimator).set_params(**p), X, y)
                           for p in grid)
         score = None if public else Laplace(1.0 / params["score_epsilon"])

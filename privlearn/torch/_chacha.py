@@ -48,6 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from privlearn.errors import ParameterValueError
+
 __all__ = [
     "BACKENDS",
     "BLOCK_BYTES",
@@ -78,10 +80,11 @@ _SIGMA = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)
 
 def _check(key: bytes, position: int, blocks: int) -> None:
     if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
-        raise ValueError(f"key must be {KEY_BYTES} bytes, got {type(key).__name__} of "
+        raise ParameterValueError(f"key must be {KEY_BYTES} bytes, got {type(key).__name__} of "
                          f"length {len(key) if hasattr(key, '__len__') else '?'}")
     if not 0 <= position or position + blocks > POSITION_LIMIT or blocks < 0:
-        raise ValueError(f"blocks [{position}, {position} + {blocks}) are outside the stream "
+        raise ParameterValueError(
+            f"blocks [{position}, {position} + {blocks}) are outside the stream "
                          f"[0, 2**128)")
 
 
@@ -405,12 +408,12 @@ def uniform_bits53(key: bytes, position: int, out: torch.Tensor,
     """
     if out.dtype != torch.int64 or out.dim() != 2 or out.shape[1] != UNIFORMS_PER_BLOCK \
             or not out.is_contiguous():
-        raise ValueError("out must be a contiguous int64 tensor of shape (blocks, 8), got "
+        raise ParameterValueError("out must be a contiguous int64 tensor of shape (blocks, 8), got "
                          f"{out.dtype} {tuple(out.shape)}")
     _check(key, position, out.shape[0])
     chosen = backend_for(out.device) if backend is None else BACKENDS[backend]
     if not chosen.available(out.device):
-        raise ValueError(f"ChaCha20 backend {chosen.name!r} is not available for device "
+        raise ParameterValueError(f"ChaCha20 backend {chosen.name!r} is not available for device "
                          f"{out.device}; available: "
                          f"{[n for n, b in BACKENDS.items() if b.available(out.device)]}")
     chosen.bits53(key, position, out)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from privlearn.errors import BatchDependenceError, UnsupportedModuleError
 from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     Contribution,
@@ -104,8 +105,9 @@ def _mha_dim(name, t, batch_first):
         return 0
     if name == "attn_mask":
         if t.dim() == 3:
-            raise ValueError("MultiheadAttention with a 3-D (per-example) attn_mask is not "
-                             "supported by per-example clipping; use key_padding_mask")
+            raise UnsupportedModuleError(
+                "MultiheadAttention with a 3-D (per-example) attn_mask is not "
+                "supported by per-example clipping; use key_padding_mask")
         return None
     return None
 
@@ -126,7 +128,7 @@ def _mha_record_dims(module: nn.MultiheadAttention, record: Record, batch: int):
                record_dims=_mha_record_dims)
 def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribution:
     if module.dropout > 0 and module.training:
-        raise ValueError("MultiheadAttention with dropout > 0 is not supported by "
+        raise UnsupportedModuleError("MultiheadAttention with dropout > 0 is not supported by "
                          "per-example clipping (the dropout masks cannot be reproduced)")
     if module.bias_k is not None or module.add_zero_attn:
         b = _mha_batch_size(module, record)
@@ -139,7 +141,7 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
     average = _arg(record, 6, "average_attn_weights", True)
     is_causal = _arg(record, 7, "is_causal", False)
     if q.dim() != 3:
-        raise ValueError("MultiheadAttention received an unbatched input; per-example "
+        raise BatchDependenceError("MultiheadAttention received an unbatched input; per-example "
                          "clipping needs a batch dimension")
     if not module.batch_first:
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)

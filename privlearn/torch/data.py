@@ -33,6 +33,8 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
+from privlearn.errors import ParameterValueError
+
 # the samplers live in privlearn.torch.samplers (wrapping the registered samplings of
 # privlearn.correlated.sampling); their names stay importable from here
 from privlearn.torch.samplers import (  # noqa: F401
@@ -115,7 +117,7 @@ class TensorBatchGather(Dataset):
 
     def __init__(self, dataset):
         if not _gatherable(dataset):
-            raise ValueError("dataset must be a TensorDataset or a Subset chain over one, "
+            raise ParameterValueError("dataset must be a TensorDataset or a Subset chain over one, "
                              f"got {type(dataset).__name__}")
         base, chain = _subset_chain(dataset)
         index_map = None  # maps indices of ``dataset`` to rows of the tensors
@@ -161,7 +163,7 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
     """
     ds = data_loader.dataset
     if isinstance(ds, IterableDataset):
-        raise ValueError("data_loader wraps an IterableDataset; DP sampling needs a "
+        raise ParameterValueError("data_loader wraps an IterableDataset; DP sampling needs a "
                          "map-style dataset (random access by index)")
     n = len(ds) if units is None else units.n_units
     bs = dp_batch_sampler(sampling, n, sample_rate=sample_rate, batch_size=batch_size,
@@ -399,7 +401,7 @@ def augmented_views(batch, augment, k: int):
     flat, spec = tree_flatten(batch)
     sizes = {t.shape[0] for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
     if len(sizes) != 1:
-        raise ValueError(
+        raise ParameterValueError(
             "augmentation_multiplicity needs batches whose tensors share one leading "
             f"dimension, the examples; got leading sizes {sorted(sizes)}")
     n = sizes.pop()
@@ -407,14 +409,14 @@ def augmented_views(batch, augment, k: int):
     for _ in range(k):
         vf, _ = tree_flatten(augment(batch))
         if len(vf) != len(flat):
-            raise ValueError(
+            raise ParameterValueError(
                 "augment must return a batch of the structure it receives (one augmented "
                 f"view, same rows in the same order): it received {len(flat)} items "
                 f"and returned {len(vf)}")
         for t, v in zip(flat, vf, strict=True):
             if isinstance(t, torch.Tensor) and t.dim() > 0 and (
                     not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != n):
-                raise ValueError(
+                raise ParameterValueError(
                     f"augment must keep the {n} rows of the batch (one view of each "
                     "example, in the same order); a tensor of shape "
                     f"{tuple(t.shape)} came back as "
@@ -445,7 +447,7 @@ class VirtualBatchLoader(_LoaderView):
 
     def __init__(self, loader: DataLoader, max_physical_batch_size: int, optimizer):
         if int(max_physical_batch_size) < 1:
-            raise ValueError("max_physical_batch_size must be >= 1, got "
+            raise ParameterValueError("max_physical_batch_size must be >= 1, got "
                              f"{max_physical_batch_size!r}")
         self.loader = loader
         self.max_physical_batch_size = int(max_physical_batch_size)
@@ -460,11 +462,12 @@ class VirtualBatchLoader(_LoaderView):
             flat, spec = tree_flatten(batch)
             sizes = {t.shape[0] for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
             if len(sizes) > 1:
-                raise ValueError(f"batch tensors have different leading sizes {sorted(sizes)}")
+                raise ParameterValueError(
+                    f"batch tensors have different leading sizes {sorted(sizes)}")
             n = sizes.pop() if sizes else 0
             drawn = sampler.pending()
             if drawn is not None and drawn.size != n:
-                raise ValueError(
+                raise ParameterValueError(
                     f"the batch has {n} examples but the sampler drew {drawn.size}: "
                     "max_physical_batch_size needs a collate function that keeps one row "
                     "per example on the leading dimension")
@@ -490,7 +493,7 @@ def _chunks(n: int, m: int, groups):
         count = max(1, math.ceil(n / m))
         return [(k * m, min(n, (k + 1) * m), None, k == count - 1) for k in range(count)]
     if groups and max(groups) > m:
-        raise ValueError(
+        raise ParameterValueError(
             f"a privacy unit has {max(groups)} rows, more than max_physical_batch_size={m}: "
             "a unit must fit in one physical chunk (its rows are clipped together); raise "
             "max_physical_batch_size or lower max_examples_per_user")

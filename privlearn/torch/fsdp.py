@@ -49,6 +49,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from privlearn.errors import ConfigurationError
 from privlearn.torch.tracker import GradSampleTracker, _param_slots
 
 __all__ = ["is_sharded", "check_sharded_model", "ShardedTracker", "ShardedGradients"]
@@ -106,7 +107,7 @@ def check_sharded_model(model: nn.Module, cfg, world_size: int, optimizer=None) 
         elif p.dim() == 0:
             bad.append(f"{name} (a scalar)")
     if bad:
-        raise ValueError(
+        raise ConfigurationError(
             "make_private supports models sharded with FSDP2 (fully_shard) over a 1-D "
             "device mesh of all the ranks of the process group, every trainable parameter "
             "a DTensor with placements (Shard(0),); tensor parallelism, pipeline "
@@ -119,7 +120,7 @@ def check_sharded_model(model: nn.Module, cfg, world_size: int, optimizer=None) 
         stale = sum(1 for g in optimizer.param_groups for p in g["params"]
                     if id(p) not in owned)
         if stale:
-            raise ValueError(
+            raise ConfigurationError(
                 f"the optimizer holds {stale} tensor(s) that are not parameters of the "
                 "sharded model: fully_shard replaces the parameters by DTensors, so an "
                 "optimizer built before it would update nothing. Build the optimizer after "
@@ -132,7 +133,7 @@ def check_sharded_model(model: nn.Module, cfg, world_size: int, optimizer=None) 
     if cfg.correlated:
         refused.append(f"noise={cfg.noise!r} (correlated noise runs in one process)")
     if refused:
-        raise ValueError("under FSDP2 (fully_shard) make_private does not support "
+        raise ConfigurationError("under FSDP2 (fully_shard) make_private does not support "
                          + "; ".join(refused))
 
 

@@ -119,7 +119,13 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 from privlearn._validation import check_unit_ids
 from privlearn.accounting import planned_steps
 from privlearn.correlated.strategies import ToeplitzStrategy
-from privlearn.errors import PrivacyBudgetExceededError, PrivacyLeakWarning
+from privlearn.errors import (
+    ConfigurationError,
+    ParameterTypeError,
+    ParameterValueError,
+    PrivacyBudgetExceededError,
+    PrivacyLeakWarning,
+)
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
 from privlearn.torch.losses import per_sequence_cross_entropy
@@ -213,7 +219,7 @@ class PrivacyArguments:
 
     def __post_init__(self):
         if self.task is not None and self.task not in _TASKS:
-            raise ValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
+            raise ParameterValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
         if self.clipping == "adaptive" and self.target_unclipped_quantile is None:
             return  # refused with the other settings when training starts
         # one validation for every setting: DPConfig's (the planned length comes later)
@@ -386,7 +392,7 @@ class DPTrainer(Trainer):
     def __init__(self, *args, privacy: PrivacyArguments,
                  private_state_dir: str | os.PathLike | None = None, **kwargs):
         if not isinstance(privacy, PrivacyArguments):
-            raise TypeError(f"privacy must be a PrivacyArguments, got "
+            raise ParameterTypeError(f"privacy must be a PrivacyArguments, got "
                             f"{type(privacy).__name__}")
         a = kwargs.get("args", args[1] if len(args) > 1 else None)
         if a is not None:  # the Trainer works on a copy: the user's arguments stay as given
@@ -416,25 +422,24 @@ class DPTrainer(Trainer):
     def _refuse_unsupported(self) -> None:
         a = self.args
         if a.gradient_accumulation_steps != 1:
-            raise ValueError(
+            raise ConfigurationError(
                 "gradient_accumulation_steps must be 1 with DPTrainer, got "
                 f"{a.gradient_accumulation_steps}: accumulating micro-batches before one "
                 "step would clip example i of each micro-batch together. Use a larger "
                 "per_device_train_batch_size (the Poisson batch) instead")
         if a.fp16 and getattr(self.accelerator, "scaler", None) is not None:
-            raise ValueError("fp16=True with a loss scaler is not supported by DPTrainer: the "
-                             "Trainer's loss "
-                             "scaler runs through accelerate, which is not wired to the DP "
-                             "optimizer yet. Use bf16=True or float32, or fp16 with "
-                             "make_private and torch.amp.GradScaler (docs/guides/pytorch.md, "
-                             "'Mixed precision')")
+            raise ConfigurationError(
+                "fp16=True with a loss scaler is not supported by DPTrainer: the Trainer's loss "
+                "scaler runs through accelerate, which is not wired to the DP optimizer yet. Use "
+                "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
+                "(docs/guides/pytorch.md, 'Mixed precision')")
         sharded = [n for n in ("fsdp", "deepspeed", "tp") if getattr(self, f"is_{n}_enabled",
                                                                     False)]
         if getattr(a, "fsdp", None) and "fsdp" not in sharded:  # asked for, if not enabled
             sharded.append("fsdp")
         if a.n_gpu > 1 or sharded or (a.world_size > 1 and str(getattr(
                 a.parallel_mode, "value", a.parallel_mode)) != "distributed"):
-            raise ValueError(
+            raise ConfigurationError(
                 f"DPTrainer trains in one process or with DistributedDataParallel (torchrun "
                 f"or accelerate launch, one process per device), got world_size="
                 f"{a.world_size}, n_gpu={a.n_gpu}, parallel mode {a.parallel_mode}"
@@ -443,23 +448,22 @@ class DPTrainer(Trainer):
                 "fully_shard-ed model (tutorial 'Training on several GPUs'); nn.DataParallel "
                 "(several GPUs in one process) is not supported: launch one process per GPU")
         if a.label_smoothing_factor:
-            raise ValueError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
+            raise ConfigurationError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
                              "computed per example by DPTrainer)")
         if self.compute_loss_func is not None:
-            raise ValueError("compute_loss_func is not supported by DPTrainer: the loss must "
-                             "be a mean of per-example losses; pass "
-                             "PrivacyArguments(task=...) instead")
+            raise ConfigurationError(
+                "compute_loss_func is not supported by DPTrainer: the loss must be a mean of "
+                "per-example losses; pass PrivacyArguments(task=...) instead")
         if isinstance(self.train_dataset, IterableDataset):
-            raise ValueError("DPTrainer needs a map-style train_dataset (len and indexing) "
-                             "to Poisson-sample it; got an IterableDataset")
+            raise ParameterValueError("DPTrainer needs a map-style train_dataset (len and "
+                                      "indexing) to Poisson-sample it; got an IterableDataset")
         flattening = getattr(transformers, "DataCollatorWithFlattening", None)
         if flattening is not None and isinstance(self.data_collator, flattening):
-            raise ValueError(
-                "DataCollatorWithFlattening packs the whole batch into one row, which "
-                "per-example clipping would clip as one example (the sensitivity would be "
-                "the batch's, not one example's). Use a padding collator "
-                "(DataCollatorWithPadding, DataCollatorForLanguageModeling, "
-                "default_data_collator) with DPTrainer")
+            raise ConfigurationError(
+                "DataCollatorWithFlattening packs the whole batch into one row, which per-example "
+                "clipping would clip as one example (the sensitivity would be the batch's, not "
+                "one example's). Use a padding collator (DataCollatorWithPadding, "
+                "DataCollatorForLanguageModeling, default_data_collator) with DPTrainer")
 
     # ------------------------------------------------------------------ wiring
     def _planned_steps(self, q: float) -> int:
@@ -486,8 +490,8 @@ class DPTrainer(Trainer):
         if self.optimizer is None:
             self.create_optimizer()
         if isinstance(self.optimizer, DPOptimizer):
-            raise ValueError("the optimizer is already a DPOptimizer of another run; pass the "
-                             "plain torch optimizer")
+            raise ConfigurationError("the optimizer is already a DPOptimizer of another run; "
+                                     "pass the plain torch optimizer")
         pa = self.privacy
         kw = pa.engine_settings()
         if pa.user_column is not None:
@@ -543,24 +547,23 @@ class DPTrainer(Trainer):
         if len(tasks) == 1:
             (task,) = tasks
             if task != "sequence_classification" and labels.dim() < 2:
-                raise ValueError(
+                raise ParameterValueError(
                     f"{type(inner).__name__} is a {task} model (transformers' "
-                    f"{_TASK_MAPPINGS[task]}), but the labels have shape "
-                    f"{tuple(labels.shape)}, one per example; {task} needs one label per "
-                    "token, shape (batch, length). Fix the collator, or pass "
-                    f"PrivacyArguments(task=...) (one of {_TASKS})")
+                    f"{_TASK_MAPPINGS[task]}), but the labels have shape {tuple(labels.shape)}, "
+                    f"one per example; {task} needs one label per token, shape (batch, length). "
+                    f"Fix the collator, or pass PrivacyArguments(task=...) (one of {_TASKS})")
             return task
         if not tasks and per_example:
             return "sequence_classification"  # one target per example: no other reading
         found = (f"is in several of transformers' task mappings ({', '.join(sorted(tasks))})"
                  if tasks else "is not a transformers model class of a known task "
                  "(causal LM, masked LM, token or sequence classification)")
-        raise ValueError(
+        raise ParameterValueError(
             f"DPTrainer cannot tell how to compute the per-example loss: the model class "
-            f"{type(inner).__name__} {found}, and its labels (shape {tuple(labels.shape)}) "
-            "are per token. Pass PrivacyArguments(task=...): 'causal_lm' (next-token "
-            "prediction, the labels shifted), 'masked_lm' or 'token_classification' (one "
-            "label per position, not shifted), or 'sequence_classification'")
+            f"{type(inner).__name__} {found}, and its labels (shape {tuple(labels.shape)}) are "
+            "per token. Pass PrivacyArguments(task=...): 'causal_lm' (next-token prediction, "
+            "the labels shifted), 'masked_lm' or 'token_classification' (one label per "
+            "position, not shifted), or 'sequence_classification'")
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean over examples of per-example losses (never the token-level mean)."""
@@ -569,7 +572,7 @@ class DPTrainer(Trainer):
             inputs.pop(self.privacy.user_column, None)  # who, not what: not a model input
         labels = inputs.pop("labels", None)
         if labels is None:
-            raise ValueError("DPTrainer needs labels in each batch to compute per-example "
+            raise ParameterValueError("DPTrainer needs labels in each batch to compute per-example "
                              "losses (the model's own loss would average over tokens)")
         if getattr(model, "require_backward_grad_sync", False):
             # DistributedDataParallel (wrapped by the Trainer after make_private): the
@@ -681,25 +684,24 @@ class DPTrainer(Trainer):
                "last noises, the sampler and the noise from their keys), and restarting "
                "them mid-run would run a different mechanism than the one accounted")
         if not info["kept"]:
-            raise ValueError(
-                f"checkpoint {checkpoint!r} was saved without a private_state_dir, so the "
-                f"secret part of its privacy state ({parts}) was not kept; {why}. Start a "
-                "new run, and give DPTrainer(private_state_dir=...) to make resumable "
-                "checkpoints")
+            raise ConfigurationError(
+                f"checkpoint {checkpoint!r} was saved without a private_state_dir, so the secret "
+                f"part of its privacy state ({parts}) was not kept; {why}. Start a new run, and "
+                "give DPTrainer(private_state_dir=...) to make resumable checkpoints")
         if self.private_state_dir is None:
-            raise ValueError(
-                f"checkpoint {checkpoint!r} keeps the secret part of its privacy state "
-                f"({parts}) in a private folder; {why}. Pass DPTrainer(private_state_dir="
-                "...) naming the folder it was written to")
+            raise ConfigurationError(
+                f"checkpoint {checkpoint!r} keeps the secret part of its privacy state ({parts}) "
+                f"in a private folder; {why}. Pass DPTrainer(private_state_dir=...) naming the "
+                "folder it was written to")
         path = _private_state_path(self.private_state_dir, checkpoint, info["token"])
         if not os.path.isfile(path):
-            raise ValueError(
+            raise ConfigurationError(
                 f"the secret part of checkpoint {checkpoint!r}'s privacy state ({parts}) "
                 f"is not in private_state_dir={self.private_state_dir!r} (no {path}); "
                 f"{why}. Pass the private_state_dir the checkpoint was written with")
         secret = torch.load(path, weights_only=False)
         if secret.get("format") != _PRIVATE_FORMAT or secret.get("token") != info["token"]:
-            raise ValueError(f"{path} is not the private state of checkpoint "
+            raise ParameterValueError(f"{path} is not the private state of checkpoint "
                              f"{checkpoint!r} (its token differs)")
         state.update({k: secret[k] for k in info["parts"]})
         return state
@@ -730,19 +732,18 @@ def _private_copy(args):
 def _column(dataset, name: str) -> list:
     """The values of column ``name`` of every example (a Hugging Face ``datasets.Dataset``
     column, or the key of each example of a map-style dataset)."""
-    try:
-        values = dataset[name]  # datasets.Dataset: the whole column
+    # only a datasets.Dataset is indexed by a column name (a tensor-backed dataset warns)
+    if name in (getattr(dataset, "column_names", None) or ()):
+        values = dataset[name]  # the whole column
         if len(values) == len(dataset):
             return list(values)
-    except (KeyError, TypeError, IndexError, ValueError):
-        pass
     out = []
     for i in range(len(dataset)):
         item = dataset[i]
         if not isinstance(item, dict) or name not in item:
-            raise ValueError(f"user_column={name!r}: example {i} of the training set has no "
-                             f"such key (keys: {sorted(item) if isinstance(item, dict) else '?'}"
-                             ")")
+            raise ParameterValueError(
+                f"user_column={name!r}: example {i} of the training set has no such key "
+                f"(keys: {sorted(item) if isinstance(item, dict) else '?'})")
         v = item[name]
         out.append(v.item() if isinstance(v, torch.Tensor) else v)
     return out
@@ -772,20 +773,19 @@ def _check_private_state_dir(path, args, privacy: PrivacyArguments) -> str | Non
             if "sampler" in parts:
                 what.append("the sampler's and the noise's keys replay the next steps' "
                             "batches and noise")
-            raise ValueError(
+            raise ConfigurationError(
                 "private_state_dir is required with checkpoints (save_strategy="
                 f"{str(getattr(args.save_strategy, 'value', args.save_strategy))!r}): a "
-                "checkpoint folder is a release (push_to_hub uploads it), and continuing "
-                f"this run needs secret state ({'; '.join(what)}: with a later model they "
-                "reveal an un-noised clipped gradient). Give DPTrainer(private_state_dir="
-                "...) a folder outside output_dir, kept as private as the training data, "
-                "or set save_strategy='no'"
+                "checkpoint folder is a release (push_to_hub uploads it), and continuing this "
+                f"run needs secret state ({'; '.join(what)}: with a later model they reveal an "
+                "un-noised clipped gradient). Pass DPTrainer(private_state_dir=...) a folder "
+                "outside output_dir, as private as the training data, or set save_strategy='no'"
                 + ("" if "correlated" in parts else ", or use secure_mode=True (no keys)"))
         return None
     path = os.path.abspath(os.fspath(path))
     out = os.path.realpath(args.output_dir)
     if os.path.commonpath([out, os.path.realpath(path)]) == out:
-        raise ValueError(
+        raise ConfigurationError(
             f"private_state_dir={path!r} is inside output_dir={args.output_dir!r}: "
             "output_dir holds releases (the checkpoints, what push_to_hub uploads and "
             "save_model writes). Name a folder outside it, kept as private as the data")
@@ -862,7 +862,7 @@ def _state_name() -> str:
 def _privacy_state_path(checkpoint: str) -> str:
     path = os.path.join(checkpoint, _state_name())
     if not os.path.isfile(path):
-        raise ValueError(
+        raise ParameterValueError(
             f"checkpoint {checkpoint!r} has no {_state_name()}: it was not written "
             "by DPTrainer, and resuming from it would lose the privacy cost of the steps "
             "already taken. Resume from a DPTrainer checkpoint, or start a new run")

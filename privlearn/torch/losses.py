@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from privlearn.errors import ParameterValueError
+
 __all__ = ["per_sequence_cross_entropy"]
 
 
@@ -46,10 +48,11 @@ def per_sequence_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
         Scalar (or shape ``(B,)`` for ``"none"``).
     """
     if logits.dim() != 3 or labels.dim() != 2 or logits.shape[:2] != labels.shape:
-        raise ValueError(f"logits must be (B, T, V) and labels (B, T) with the same B and T, "
-                         f"got {tuple(logits.shape)} and {tuple(labels.shape)}")
+        raise ParameterValueError(
+            f"logits must be (B, T, V) and labels (B, T) with the same B and T, "
+            f"got {tuple(logits.shape)} and {tuple(labels.shape)}")
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        raise ParameterValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if shift:
         logits, labels = logits[:, :-1, :], labels[:, 1:]
     b, t, v = logits.shape

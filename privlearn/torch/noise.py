@@ -73,6 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch import _chacha
 
 __all__ = ["NoiseSource", "device_seed", "SECURE_CHUNK_ELEMENTS"]
@@ -106,7 +107,7 @@ def _device_key(device: torch.device | str) -> str:
     if device.type == "cpu":
         return "cpu"
     if device.type == "meta":
-        raise ValueError("cannot draw noise into a tensor on the 'meta' device (it has no "
+        raise ParameterValueError("cannot draw noise into a tensor on the 'meta' device (it has no "
                          "data); materialise it on a real device first")
     index = device.index
     if index is None:
@@ -338,20 +339,20 @@ _CHUNK_WORKERS: dict[str, Callable[[_SecureJob, range], None]] = {"cpu": _numpy_
 def _check_std(std, dtype: torch.dtype) -> float:
     if isinstance(std, torch.Tensor) or not isinstance(std, numbers.Real) \
             or isinstance(std, bool):
-        raise TypeError(f"std must be a real number (a Python float), got "
+        raise ParameterTypeError(f"std must be a real number (a Python float), got "
                         f"{type(std).__name__}; a tensor std would need a host "
                         "synchronisation to validate")
     std = float(std)
     if not (math.isfinite(std) and std >= 0.0):
-        raise ValueError(f"std must be a finite number >= 0, got {std!r}")
+        raise ParameterValueError(f"std must be a finite number >= 0, got {std!r}")
     info = torch.finfo(dtype)
     if std > 0.0 and std < info.tiny:
-        raise ValueError(
+        raise ParameterValueError(
             f"std={std!r} is below the smallest normal {dtype} ({info.tiny:.3g}): the noise "
             "would round to subnormals and zeros, weaker than the accounted Gaussian; draw "
             "into a wider dtype (float32) or use a larger std")
     if std * _MAX_ABS_Z > info.max:
-        raise ValueError(
+        raise ParameterValueError(
             f"std={std!r} is too large for {dtype} (largest {info.max:.3g}): draws would "
             "overflow to inf; draw into a wider dtype (float32)")
     return std
@@ -359,9 +360,9 @@ def _check_std(std, dtype: torch.dtype) -> float:
 
 def _check_out(out) -> None:
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        raise ParameterTypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
     if out.dtype not in _DTYPES:
-        raise TypeError(f"out must have a floating dtype in "
+        raise ParameterTypeError(f"out must have a floating dtype in "
                         f"{[str(d) for d in _DTYPES]}, got {out.dtype}; draw into a float "
                         "tensor and convert")
 
@@ -389,13 +390,13 @@ class NoiseSource:
 
     def __init__(self, secure_mode: bool = False, seed: int | None = None):
         if secure_mode and seed is not None:
-            raise ValueError("seed must be None when secure_mode=True (a seeded secure "
+            raise ConfigurationError("seed must be None when secure_mode=True (a seeded secure "
                              f"generator is not secure), got seed={seed!r}")
         if seed is not None:
             try:
                 seed = operator.index(seed)
             except TypeError:
-                raise TypeError(f"seed must be an integer or None, got "
+                raise ParameterTypeError(f"seed must be an integer or None, got "
                                 f"{type(seed).__name__} {seed!r}") from None
         self._secure = bool(secure_mode)
         if self._secure:
@@ -433,8 +434,9 @@ class NoiseSource:
             In secure mode (there is no ``torch.Generator``).
         """
         if self._secure:
-            raise ValueError("a secure NoiseSource has no torch.Generator (its noise comes "
-                             "from ChaCha20); use fill_normal_ / add_normal_")
+            raise ParameterValueError(
+                "a secure NoiseSource has no torch.Generator (its noise comes "
+                "from ChaCha20); use fill_normal_ / add_normal_")
         key = _device_key(device)
         gen = self._generators.get(key)
         if gen is None:
@@ -639,17 +641,18 @@ class NoiseSource:
             cannot be replayed); nothing is changed.
         """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"state is not a NoiseSource state (format {_STATE_FORMAT!r}); "
-                             "pass what NoiseSource.state_dict() returned")
+            raise ParameterValueError(
+                f"state is not a NoiseSource state (format {_STATE_FORMAT!r}); "
+                "pass what NoiseSource.state_dict() returned")
         saved_secure = state.get("secure_mode")
         if saved_secure is not self._secure:
             if self._secure:
-                raise ValueError(
+                raise ConfigurationError(
                     "cannot load a default-mode (seeded, replayable) noise state into a "
                     "secure NoiseSource: secure noise comes from fresh OS-keyed ChaCha20 "
                     "streams and never replays; build NoiseSource(secure_mode=False) to "
                     "resume that stream")
-            raise ValueError(
+            raise ConfigurationError(
                 "cannot load a secure-mode noise state into a default-mode NoiseSource: "
                 "secure noise is not replayable (its keys are never saved); resume with "
                 "NoiseSource(secure_mode=True), which draws fresh noise")
@@ -659,9 +662,10 @@ class NoiseSource:
         if not isinstance(seed, int) or not isinstance(states, dict) or not all(
                 isinstance(k, str) and isinstance(v, torch.Tensor)
                 and v.dtype == torch.uint8 for k, v in states.items()):
-            raise ValueError("state['seed'] must be an int and state['generators'] a dict of "
-                             "device name -> uint8 tensor; pass what "
-                             "NoiseSource.state_dict() returned")
+            raise ParameterValueError(
+                "state['seed'] must be an int and state['generators'] a dict of "
+                "device name -> uint8 tensor; pass what "
+                "NoiseSource.state_dict() returned")
         states = {_device_key(k): v for k, v in states.items()}
         # validate every state on a fresh generator before changing anything (a state of a
         # device this process cannot open is kept as it is, for when that device is used)
@@ -675,7 +679,7 @@ class NoiseSource:
                 try:
                     probe.set_state(s)
                 except (RuntimeError, ValueError) as e:
-                    raise ValueError(f"state['generators'][{key!r}] is not a generator "
+                    raise ParameterValueError(f"state['generators'][{key!r}] is not a generator "
                                      f"state for {key}: {e}") from None
             checked[key] = s.clone()
         self._seed = seed

@@ -37,6 +37,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from torch.overrides import TorchFunctionMode
 
+from privlearn.errors import BatchDependenceError, ParameterValueError, UnsupportedModuleError
 from privlearn.torch.grad_sample import (
     Compound,
     DenseOuterProduct,
@@ -75,7 +76,7 @@ class Recurrence:
 
     def __post_init__(self):
         if self.mode not in ("LSTM", "GRU", "RNN_TANH", "RNN_RELU"):
-            raise ValueError(f"mode must be one of 'LSTM', 'GRU', 'RNN_TANH', 'RNN_RELU', "
+            raise ParameterValueError(f"mode must be one of 'LSTM', 'GRU', 'RNN_TANH', 'RNN_RELU', "
                              f"got {self.mode!r}")
 
     @property
@@ -291,10 +292,12 @@ def recurrent_rule_options(recurrence_of) -> dict:
                after_swap=lambda m: m._init_flat_weights())
 def rnn_rule(module: nn.RNNBase, record: Record, params):
     if module.proj_size > 0:
-        raise ValueError("LSTM with proj_size > 0 is not supported by per-example clipping")
+        raise UnsupportedModuleError(
+            "LSTM with proj_size > 0 is not supported by per-example clipping")
     if module.dropout > 0 and module.num_layers > 1:
-        raise ValueError("recurrent layers with dropout > 0 are not supported by per-example "
-                         "clipping (the dropout masks cannot be reproduced)")
+        raise UnsupportedModuleError(
+            "recurrent layers with dropout > 0 are not supported by per-example "
+            "clipping (the dropout masks cannot be reproduced)")
     return recurrent_contribution(module, Recurrence.of(module), record, params)
 
 
@@ -328,12 +331,12 @@ def _cell_contribution(module: nn.Module, mode: str, record: Record, params) -> 
     them (with exact cross terms for the norms)."""
     x = record.args[0]
     if x.dim() != 2:
-        raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
+        raise BatchDependenceError(f"{type(module).__name__} received an unbatched input of shape "
                          f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
     lstm = mode == "LSTM"
     if lstm and len(record.grad_outputs) > 1 and record.grad_outputs[1] is not None \
             and record.extra is None:
-        raise ValueError(
+        raise UnsupportedModuleError(
             "nn.LSTMCell's new cell state reaches the loss, and this call was not "
             "instrumented (GradSampleTracker(..., instrument_attention=False), or a "
             "subclass whose forward does not call torch's lstm_cell): on CPU PyTorch "
@@ -459,7 +462,7 @@ def recurrent_contribution(module: nn.Module, spec: Recurrence, record: Record, 
         g_out, _ = pad_packed_sequence(packed_out, total_length=x.shape[0])
     else:
         if x.dim() != 3:
-            raise ValueError(f"{type(module).__name__} received an unbatched input; "
+            raise BatchDependenceError(f"{type(module).__name__} received an unbatched input; "
                              "per-example clipping needs a batch dimension")
         if spec.batch_first:
             x = x.transpose(0, 1)  # work time-major: (T, B, I)

@@ -24,6 +24,7 @@ from torch.utils.data import Sampler
 from privlearn import _validation as _v
 from privlearn.accounting import steps_per_epoch
 from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw, unit_subset
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = [
     "PoissonBatchSampler",
@@ -246,10 +247,10 @@ class _AccountedSampler(Sampler[list[int]]):
     def load_state_dict(self, state: dict) -> None:
         """Continue from a state saved by :meth:`state_dict` (same sampler settings)."""
         if not isinstance(state, dict) or state.get("format") != _SAMPLER_FORMAT:
-            raise ValueError("state is not a privlearn sampler state; pass what "
+            raise ParameterValueError("state is not a privlearn sampler state; pass what "
                              "state_dict() returned")
         if state["kind"] != type(self).__name__ or state["params"] != self._params():
-            raise ValueError(
+            raise ConfigurationError(
                 f"the saved sampler was {state['kind']} with {state['params']}, this one is "
                 f"{type(self).__name__} with {self._params()}; rebuild with the same "
                 "sampling, batch size and dataset")
@@ -328,7 +329,7 @@ class PoissonBatchSampler(_AccountedSampler):
         self.steps = steps_per_epoch(sample_rate) if steps is None else int(steps)
         self.indices = None if indices is None else np.asarray(list(indices), dtype=np.int64)
         if secure and seed is not None:
-            raise ValueError(f"seed must be None when secure=True, got {seed!r}")
+            raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
 
@@ -348,7 +349,7 @@ def rank_partition(num_samples: int, rank: int, world_size: int) -> range:
     The ranks' parts are disjoint and cover ``range(num_samples)``."""
     if not (isinstance(world_size, int) and world_size >= 1
             and isinstance(rank, int) and 0 <= rank < world_size):
-        raise ValueError(f"rank must be an int in [0, world_size) and world_size an int "
+        raise ParameterValueError(f"rank must be an int in [0, world_size) and world_size an int "
                          f">= 1, got rank={rank!r}, world_size={world_size!r}")
     return range(rank, int(num_samples), world_size)
 
@@ -421,10 +422,10 @@ class FixedSizeBatchSampler(_AccountedSampler):
     def __init__(self, num_samples: int, batch_size: int, steps: int | None = None,
                  seed: int | None = None, rank: int = 0, world_size: int = 1):
         if not 1 <= world_size or not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={rank!r}, "
+            raise ParameterValueError(f"rank must be in [0, world_size), got rank={rank!r}, "
                              f"world_size={world_size!r}")
         if not 0 < batch_size * world_size <= num_samples:
-            raise ValueError(f"batch_size must be in [1, {num_samples // world_size}], "
+            raise ParameterValueError(f"batch_size must be in [1, {num_samples // world_size}], "
                              f"got {batch_size!r}")
         self.num_samples, self._batch_size = int(num_samples), int(batch_size)
         self.rank, self.world_size = int(rank), int(world_size)
@@ -477,7 +478,7 @@ class UnitIndex:
         self.max_examples = _v.check_count("max_examples_per_user", max_examples, minimum=1)
         keys = _v.check_unit_ids(name, unit_of_example)
         if not keys:
-            raise ValueError("unit_of_example is empty: give the user id of every example")
+            raise ParameterValueError("unit_of_example is empty: give the user id of every example")
         number: dict = {}
         codes = np.fromiter((number.setdefault(k, len(number)) for k in keys),
                             dtype=np.int64, count=len(keys))
@@ -591,7 +592,7 @@ class CyclicPoissonBatchSampler(_ScheduledSampler):
         self.steps = (max(1, round(self.cycle_length / self._sample_rate)) if steps is None
                       else int(steps))
         if secure and seed is not None:
-            raise ValueError(f"seed must be None when secure=True, got {seed!r}")
+            raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
         self._init_layout(seed)
@@ -662,8 +663,9 @@ class ShuffledEpochsBatchSampler(BallsInBinsBatchSampler):
 
     def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
         if _v.check_count("cycle_length", cycle_length, minimum=1) > num_samples:
-            raise ValueError(f"cycle_length must be at most the dataset size {num_samples}, "
-                             f"got {cycle_length}; use a larger batch size")
+            raise ParameterValueError(
+                f"cycle_length must be at most the dataset size {num_samples}, "
+                f"got {cycle_length}; use a larger batch size")
         super().__init__(num_samples, cycle_length, seed)
 
 
@@ -691,7 +693,7 @@ class RegisteredBatchSampler(_ScheduledSampler):
                  batch_size: int | None = None, seed: int | None = None,
                  secure: bool = False):
         if not isinstance(law, SamplingLaw):
-            raise TypeError(f"law must be a SamplingLaw, got {law!r}")
+            raise ParameterTypeError(f"law must be a SamplingLaw, got {law!r}")
         self._law = law
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
         self._sample_rate = _v.check_rate("sample_rate", sample_rate)
@@ -700,7 +702,7 @@ class RegisteredBatchSampler(_ScheduledSampler):
         self.steps = (law.per_epoch(self._sample_rate, self.cycle_length) if steps is None
                       else int(steps))
         if secure and seed is not None:
-            raise ValueError(f"seed must be None when secure=True, got {seed!r}")
+            raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
         self.secure = bool(secure)
         self._label = b"privlearn.layout." + law.name.encode()
         self._init_bookkeeping(seed)
@@ -745,9 +747,9 @@ def dp_batch_sampler(sampling: str, num_samples: int, *, sample_rate: float,
     (:class:`PoissonBatchSampler`, ...), else a :class:`RegisteredBatchSampler`."""
     law = SAMPLINGS.get(sampling)
     if law is None:
-        raise ValueError(f"sampling must be one of {sorted(SAMPLINGS)}, got {sampling!r}")
+        raise ParameterValueError(f"sampling must be one of {sorted(SAMPLINGS)}, got {sampling!r}")
     if world_size > 1 and not law.distributed:
-        raise ValueError(f"sampling={sampling!r} draws its batches in one process; "
+        raise ConfigurationError(f"sampling={sampling!r} draws its batches in one process; "
                          "distributed training supports "
                          f"{sorted(k for k, v in SAMPLINGS.items() if v.distributed)}")
     run = {"sample_rate": sample_rate, "batch_size": batch_size, "steps": steps,

@@ -141,7 +141,7 @@ def test_audit_estimator_covers_ssp_adassp_and_the_classifier():
     for est, target in ((SSPRegressor(epsilon=4.0, delta=1e-5), y),
                         (AdaSSPRegressor(epsilon=4.0, delta=1e-5), y),
                         (DPSGDClassifier(epsilon=4.0, delta=1e-5, n_iter=100,
-                                         sampling_rate=0.2), yc)):
+                                         sampling_rate=0.2, classes=[0, 1]), yc)):
         res = audit_estimator(est, X, target, 100, seed=2)
         assert res.n_canaries == 100 and res.scores.shape == (100,)
         assert res.claimed_epsilon == pytest.approx(4.0, rel=1e-3)

@@ -11,6 +11,7 @@ import copy
 import math
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -260,7 +261,7 @@ def test_training_loss_is_not_logged_or_saved_unless_opted_in(tmp_path):
     assert tr.state.log_history and all("epsilon" in h for h in tr.state.log_history)
     assert not any(k in h for h in tr.state.log_history
                    for k in ("loss", "train_loss", "grad_norm"))
-    saved = open(os.path.join(tmp_path, "checkpoint-2", "trainer_state.json")).read()
+    saved = Path(tmp_path, "checkpoint-2", "trainer_state.json").read_text()
     assert '"loss"' not in saved and '"train_loss"' not in saved
     with pytest.warns(PrivacyLeakWarning, match="log_training_loss"):
         DPTrainer(model=_llama(), args=_args(tmp_path / "b"), train_dataset=_TextSet(),
@@ -337,7 +338,7 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
     out = tr.train()
     assert seen_logs and set().union(*seen_logs) <= RELEASED_LOGS
     assert set(out.metrics) <= RELEASED_LOGS
-    state = json.load(open(tmp_path / "checkpoint-2" / "trainer_state.json"))
+    state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
     allowed_state = {"epoch", "global_step", "max_steps", "num_train_epochs", "logging_steps",
                      "eval_steps", "save_steps", "train_batch_size", "total_flos",
                      "num_input_tokens_seen", "best_global_step", "best_metric"}

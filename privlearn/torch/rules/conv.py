@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privlearn.errors import BatchDependenceError
 from privlearn.torch import grad_sample
 from privlearn.torch.grad_sample import (
     Contribution,
@@ -59,7 +60,7 @@ def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
     x = record.args[0]
     g = _scaled(record)
     if x.dim() == nd + 1:  # unbatched input
-        raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
+        raise BatchDependenceError(f"{type(module).__name__} received an unbatched input of shape "
                          f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
     b, G = x.shape[0], module.groups
     p = module.out_channels // G

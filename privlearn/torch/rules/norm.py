@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
+from privlearn.errors import BatchDependenceError
 from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
@@ -67,7 +68,7 @@ def instancenorm_rule(module: nn.modules.instancenorm._InstanceNorm, record: Rec
     refuses), then scaled per channel: ``grad_w[c] = sum_s g[c, s] xhat[c, s]``."""
     x, g = record.args[0], _scaled(record)
     if x.dim() == module._get_no_batch_dim():
-        raise ValueError(f"{type(module).__name__} received an unbatched input of shape "
+        raise BatchDependenceError(f"{type(module).__name__} received an unbatched input of shape "
                          f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
     dt = compute_dtype(x, g)
     x, g = _as(x, dt), _as(g, dt)

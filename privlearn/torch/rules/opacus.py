@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from privlearn.errors import BatchDependenceError, UnsupportedModuleError
 from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
@@ -97,7 +98,7 @@ def opacus_recurrence(m: nn.Module) -> Recurrence | None:
 def _recurrence(m: nn.Module) -> Recurrence:
     spec = opacus_recurrence(m)
     if spec is None:
-        raise ValueError(
+        raise UnsupportedModuleError(
             f"{type(m).__name__} has cells other than Opacus's DPRNNCell, DPGRUCell and "
             "DPLSTMCell (or renamed weights), whose per-example gradients privlearn "
             "cannot compute: use torch.nn.LSTM / GRU / RNN or Opacus's own layer types")
@@ -126,9 +127,10 @@ def dp_rnn_rule(module: nn.Module, record: Record, params) -> Contribution:
     with an optional initial state (``state_init``)."""
     spec = _recurrence(module)
     if module.dropout > 0 and module.training:
-        raise ValueError(f"{type(module).__name__} with dropout > 0 is not supported by "
-                         "per-example clipping (Opacus applies it inside the recurrence; "
-                         "its masks cannot be reproduced); set dropout=0")
+        raise UnsupportedModuleError(
+            f"{type(module).__name__} with dropout > 0 is not supported by "
+            "per-example clipping (Opacus applies it inside the recurrence; "
+            "its masks cannot be reproduced); set dropout=0")
     return recurrent_contribution(module, spec, record, params)
 
 
@@ -148,7 +150,7 @@ def sequence_bias_rule(module: nn.Module, record: Record, params) -> Contributio
     per-example gradient is the output gradient at the appended (last) position."""
     g = _scaled(record)  # batch-first: (B, T + 1, E)
     if g.dim() != 3:
-        raise ValueError(f"SequenceBias received an input of {g.dim()} dimensions; "
+        raise BatchDependenceError(f"SequenceBias received an input of {g.dim()} dimensions; "
                          "per-example clipping needs a batch of sequences (3 dimensions)")
     g = _as(g, compute_dtype(g))
     return Materialized([module.bias], [g[:, -1, :]])
