@@ -35,7 +35,9 @@ The PyTorch engine's refusals are :class:`UnsupportedModuleError` (a layer per-e
 clipping cannot handle), :class:`BatchDependenceError` (an operation mixes examples, or
 a layer carries the batch on another dimension than declared) and
 :class:`NonFiniteInputError` (a NaN or inf in an example's input or gradient); all are
-``ValueError``.
+``ValueError``. A misuse of the training loop (a second ``backward()`` before ``step()``,
+``step()`` on the wrapped optimizer, a step with no per-example gradient recorded) is a
+:class:`TrainingLoopError`, a ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ __all__ = [
     "UnsupportedModuleError",
     "BatchDependenceError",
     "NonFiniteInputError",
+    "TrainingLoopError",
 ]
 
 
@@ -288,3 +291,11 @@ class NonFiniteInputError(ValueError):
     """An example's input (or, with no loss scaler in use, its per-example gradient) is
     not finite (NaN or inf); raised before the step, nothing released, naming the input
     and the example."""
+
+
+class TrainingLoopError(RuntimeError):
+    """The training loop used the engine in a way it cannot account or clip (a second
+    ``backward()`` before ``step()``, ``step()`` on the optimizer given to
+    ``make_private`` instead of ``p.optimizer``, a layer run in eval mode, trainable
+    parameters changed mid-step); raised before the step, nothing released. A
+    ``RuntimeError``: a refusal caused by the loop's state, not by a parameter."""

@@ -51,6 +51,7 @@ from privlearn.errors import (
     BatchDependenceError,
     NonFiniteInputError,
     PrivacyBudgetWarning,
+    TrainingLoopError,
     UnsupportedModuleError,
     UntestedTorchWarning,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "AdaptiveClipping",
     "BatchDependenceError",
     "NonFiniteInputError",
+    "TrainingLoopError",
     "BudgetCap",
     "Clipping",
     "DPConfig",

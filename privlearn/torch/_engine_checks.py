@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn import _validation as _v
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch.data import FixedSizeBatchSampler, PoissonBatchSampler
 
 
@@ -42,7 +43,7 @@ def _per_layer_bounds(model: nn.Module, max_grad_norm) -> dict:
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if isinstance(max_grad_norm, list | tuple):
         if len(max_grad_norm) != len(names):
-            raise ValueError(
+            raise ParameterValueError(
                 f"clipping='per_layer' needs max_grad_norm with one bound per trainable "
                 f"parameter in model.parameters() order: the model has {len(names)} "
                 f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}), got a list of "
@@ -53,13 +54,13 @@ def _per_layer_bounds(model: nn.Module, max_grad_norm) -> dict:
         unknown = sorted(set(max_grad_norm) - set(names))
         missing = [n for n in names if n not in max_grad_norm]
         if unknown or missing:
-            raise ValueError(
+            raise ParameterValueError(
                 "clipping='per_layer' with a dict max_grad_norm needs exactly the names of "
                 f"the trainable parameters (model.named_parameters()); unknown: {unknown}, "
                 f"missing: {missing}")
         items = [(n, max_grad_norm[n]) for n in names]
     else:
-        raise ValueError(
+        raise ParameterTypeError(
             "clipping='per_layer' needs max_grad_norm as a list (one bound per trainable "
             "parameter, model.parameters() order) or a dict {parameter name: bound}, got "
             f"{max_grad_norm!r}")
@@ -68,9 +69,9 @@ def _per_layer_bounds(model: nn.Module, max_grad_norm) -> dict:
         try:
             v = float(c)
         except (TypeError, ValueError):
-            raise TypeError(f"max_grad_norm[{n!r}] must be a number, got {c!r}") from None
+            raise ParameterTypeError(f"max_grad_norm[{n!r}] must be a number, got {c!r}") from None
         if not 0 < v < math.inf:
-            raise ValueError(f"max_grad_norm[{n!r}] must be in (0, inf), got {c!r}")
+            raise ParameterValueError(f"max_grad_norm[{n!r}] must be in (0, inf), got {c!r}")
         out[n] = v
     return out
 
@@ -97,7 +98,7 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
             return bs.sample_rate * n / world
         if isinstance(bs, FixedSizeBatchSampler) and sampling == "fixed":
             return bs.batch_size
-        raise ValueError(
+        raise ConfigurationError(
             f"data_loader uses batch_sampler={type(bs).__name__}, which is not "
             f"{sampling!r} sampling, so the accountant could not describe the batches it "
             f"draws. {_SAMPLING_HELP}")
@@ -106,7 +107,7 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
         what = ("shuffle=True (RandomSampler: shuffled fixed-size batches)"
                 if type(smp) is torch.utils.data.RandomSampler else
                 f"sampler={type(smp).__name__}")
-        raise ValueError(
+        raise ConfigurationError(
             f"data_loader uses {what}, a sampling privlearn cannot account: its batches "
             "are not Poisson or uniformly fixed-size samples, and accounting them as such "
             f"would overstate privacy. {_SAMPLING_HELP}")
@@ -125,7 +126,7 @@ def _guard_token_level_labels(model: nn.Module) -> list:
             labels = kwargs.get("labels")
             if (isinstance(labels, torch.Tensor) and labels.dim() >= 2 and module.training
                     and torch.is_grad_enabled()):
-                raise ValueError(
+                raise ConfigurationError(
                     f"{type(module).__name__} was called with token-level labels= (shape "
                     f"{tuple(labels.shape)}): Hugging Face then averages the loss over all "
                     "tokens of the batch, so each example's gradient is scaled by its share "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from privlearn.errors import ConfigurationError, ParameterValueError
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims
 from privlearn.torch.grad_sample import Materialized, Record
@@ -269,10 +270,10 @@ def _resolve_dim(name, module, rule, batch_dims, inherited) -> int:
     if name in batch_dims:
         d = batch_dims[name]
         if d not in (0, 1) or isinstance(d, bool):
-            raise ValueError(f"batch_dims[{name!r}] must be 0 (batch-first) or 1 "
+            raise ParameterValueError(f"batch_dims[{name!r}] must be 0 (batch-first) or 1 "
                              f"(sequence-first), got {d!r}")
         if declared is not None and d != declared:
-            raise ValueError(
+            raise ConfigurationError(
                 f"batch_dims[{name!r}]={d} contradicts the layer itself ({type(module).__name__} "
                 f"declares the batch on dimension {declared}, e.g. from its batch_first "
                 "flag); drop the entry or change the layer's flag")

@@ -20,7 +20,14 @@ from dataclasses import dataclass, replace
 
 from privlearn.accounting import compose
 from privlearn.accounting.serialization import dumps, loads
-from privlearn.errors import PrivacyBudgetExceededError, PrivacyBudgetWarning
+from privlearn.errors import (
+    ConfigurationError,
+    ParameterTypeError,
+    ParameterValueError,
+    PrivacyBudgetExceededError,
+    PrivacyBudgetWarning,
+    TrainingLoopError,
+)
 from privlearn.ledger import check_privacy_unit
 from privlearn.torch.schedule import compose_steps, dpsgd_step
 
@@ -87,7 +94,7 @@ class PrivacyAccountant:
     @prior.setter
     def prior(self, mechanism) -> None:
         if self._segments:
-            raise RuntimeError("the prior of a run must be set before its first step")
+            raise TrainingLoopError("the prior of a run must be set before its first step")
         self._prior = mechanism
 
     # ------------------------------------------------------------------ history
@@ -154,12 +161,13 @@ class PrivacyAccountant:
     def load_state_dict(self, state: dict) -> None:
         """Restore a history saved by :meth:`state_dict` (same scheme and accountant)."""
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError("state is not a privlearn accountant state (format "
+            raise ParameterValueError("state is not a privlearn accountant state (format "
                              f"{_STATE_FORMAT!r}); pass what state_dict() returned")
         for key in ("scheme", "accountant"):
             if state[key] != getattr(self, key):
-                raise ValueError(f"the saved accountant used {key}={state[key]!r}, this one "
-                                 f"{getattr(self, key)!r}; rebuild with the same settings")
+                raise ConfigurationError(
+                    f"the saved accountant used {key}={state[key]!r}, this one "
+                    f"{getattr(self, key)!r}; rebuild with the same settings")
         self._segments = tuple(Segment(float(s), float(q), float(c), int(k))
                                for s, q, c, k in state["segments"])
         self._prior = None if state.get("prior") is None else loads(state["prior"])
@@ -295,7 +303,7 @@ class LedgerLink:
     def __init__(self, handle, *, scheme: str, chunk: int, label: str, run=None,
                  privacy_unit: str = "example"):
         if not callable(getattr(handle, "reserve", None)):
-            raise TypeError("ledger must be a budget handle, e.g. "
+            raise ParameterTypeError("ledger must be a budget handle, e.g. "
                             f"Ledger(path).budget('dataset'), got {handle!r}")
         wanted = "user" if privacy_unit == "user" else "record"
         check_privacy_unit(

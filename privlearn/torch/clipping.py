@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from privlearn.errors import BatchDependenceError, TrainingLoopError
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch._tracker_util import (
     _flat_sq,
@@ -79,7 +80,7 @@ class ClippingMixin:
                     n = record_batch(unit, r)
                     if examples is not None and n != examples:
                         self.clear()
-                        raise ValueError(_mismatch_message(unit, n, examples, r))
+                        raise BatchDependenceError(_mismatch_message(unit, n, examples, r))
                     if n == 0:
                         continue  # empty batch: contributes nothing (noise is still added)
                     s = self._scale(r, unit)
@@ -97,13 +98,13 @@ class ClippingMixin:
                 batch = n
             elif n != batch:
                 self.clear()
-                raise ValueError(
+                raise BatchDependenceError(
                     f"layers saw different batch sizes in one step ({batch} and {n}); "
                     "per-example clipping needs every layer to see the same examples")
         if self._recompute_unrecorded is not None:
             name, self._recompute_unrecorded = self._recompute_unrecorded, None
             self.clear()
-            raise RuntimeError(
+            raise TrainingLoopError(
                 f"layer {name!r} ran during backward() without having been recorded in "
                 "the forward pass: reentrant activation checkpointing "
                 "(torch.utils.checkpoint with use_reentrant=True) runs the first forward "
@@ -298,7 +299,7 @@ class ClippingMixin:
         sq = _flat_sq(contribs)
         if not bool(torch.isfinite(sq).all()):
             self.clear()
-            raise RuntimeError(
+            raise TrainingLoopError(
                 "per-example gradient norms are still not finite after the overflowing "
                 "examples' gradients were zeroed: a layer produced non-finite values from "
                 "finite inputs. Lower the loss scale (GradScaler(init_scale=...)) or train "

@@ -24,7 +24,8 @@ from privlearn import _validation as _v
 from privlearn.accounting import Sampling
 from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.correlated.strategies import ToeplitzStrategy
-from privlearn.torch.schedule import whole_run
+from privlearn.errors import ConfigurationError, ParameterValueError
+from privlearn.torch.schedule import independent, sized_by, whole_run
 
 __all__ = ["Clipping", "DPConfig", "Noise", "Reduction"]
 
@@ -253,7 +254,7 @@ class DPConfig:
         put(self, "loss_reduction", Reduction(_v.check_choice(
             "loss_reduction", self.loss_reduction, Reduction)))
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
-            raise ValueError(
+            raise ConfigurationError(
                 "give exactly one of noise_multiplier and target_epsilon, got "
                 f"noise_multiplier={self.noise_multiplier!r}, target_epsilon="
                 f"{self.target_epsilon!r}: target_epsilon calibrates the noise for the planned "
@@ -264,7 +265,7 @@ class DPConfig:
                 hint="the noise std divided by max_grad_norm, e.g. 1.0"))
         if self.clipping != "per_layer":
             if isinstance(self.max_grad_norm, list | tuple | dict):
-                raise ValueError(
+                raise ConfigurationError(
                     "max_grad_norm is a list/dict of per-parameter bounds, which needs "
                     f"clipping='per_layer' (got clipping={self.clipping!r}); pass one number "
                     "for flat or adaptive clipping")
@@ -272,15 +273,16 @@ class DPConfig:
                                   hint="the per-example clipping bound, e.g. 1.0")
             put(self, "max_grad_norm", c)
             if math.isinf(c) and (self.target_epsilon is not None or self.noise_multiplier):
-                raise ValueError(
+                raise ConfigurationError(
                     "max_grad_norm=inf (no clipping) leaves the sensitivity unbounded, so no "
                     "noise scale is private; it is only allowed with noise_multiplier=0 "
                     "(non-private testing). Give a finite max_grad_norm > 0")
         delta = _v.check_delta("target_delta", self.target_delta,
                                hint="typical values are 1e-5 or below 1/dataset size")
         if delta == 0:
-            raise ValueError("target_delta must be in (0, 1), got 0: the Gaussian mechanism "
-                             "of DP-SGD has no finite epsilon at delta = 0; pass e.g. 1e-5")
+            raise ParameterValueError(
+                "target_delta must be in (0, 1), got 0: the Gaussian mechanism "
+                "of DP-SGD has no finite epsilon at delta = 0; pass e.g. 1e-5")
         put(self, "target_delta", delta)
         for name in ("epochs", "steps"):
             if getattr(self, name) is not None:
@@ -289,11 +291,13 @@ class DPConfig:
             put(self, "target_epsilon", _v.check_positive("target_epsilon",
                                                           self.target_epsilon))
             if self.epochs is None and self.steps is None:
-                raise ValueError("target_epsilon needs the length of training: give epochs or "
-                                 "steps (got neither)")
+                raise ConfigurationError(
+                    "target_epsilon needs the length of training: give epochs or "
+                    "steps (got neither)")
         if self.secure_mode and self.seed is not None:
-            raise ValueError(f"seed must be None when secure_mode=True (a seeded generator is "
-                             f"not secure), got seed={self.seed!r}")
+            raise ConfigurationError(
+                f"seed must be None when secure_mode=True (a seeded generator is "
+                f"not secure), got seed={self.seed!r}")
         if self.seed is not None:
             put(self, "seed", _v.check_count("seed", self.seed, minimum=0))
         if self.max_epsilon is not None:
@@ -325,34 +329,36 @@ class DPConfig:
         for name in ("bands", "buffers", "cycle_length"):
             if getattr(self, name) is not None:
                 put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
-        if self.bands is not None and self.noise != "banded":
-            raise ValueError(f"bands={self.bands} only applies to noise='banded', got "
+        if self.bands is not None and sized_by(self.noise) != "bands":
+            raise ConfigurationError(f"bands={self.bands} only applies to noise='banded', got "
                              f"noise={self.noise!r}")
-        if self.buffers is not None and self.noise != "blt":
-            raise ValueError(f"buffers={self.buffers} only applies to noise='blt', got "
+        if self.buffers is not None and sized_by(self.noise) != "buffers":
+            raise ConfigurationError(f"buffers={self.buffers} only applies to noise='blt', got "
                              f"noise={self.noise!r}")
         law = SAMPLINGS[self.sampling]
         cycled = ", ".join(repr(k) for k, v in SAMPLINGS.items() if v.cycled)
         if self.cycle_length is not None and not law.cycled:
-            raise ValueError(
+            raise ConfigurationError(
                 f"cycle_length only applies to sampling={cycled}, got "
                 f"sampling={self.sampling!r}")
-        if self.noise != "dpsgd":
+        if not independent(self.noise):
             if law.describe is None:
-                raise ValueError(
+                raise ConfigurationError(
                     f"noise={self.noise!r} correlates the noise across steps, which needs a "
                     "sampler that bounds how often and how far apart an example takes part: "
                     "pass sampling='cyclic_poisson' (amplified with noise='banded'), "
                     "'balls_in_bins' (add/remove) or 'shuffled_epochs' (replace-one), got "
                     f"sampling={self.sampling!r}")
             if self.epochs is None and self.steps is None:
-                raise ValueError(f"noise={self.noise!r} is optimised for the planned number "
-                                 "of steps: give epochs or steps")
+                raise ConfigurationError(
+                    f"noise={self.noise!r} is optimised for the planned number "
+                    "of steps: give epochs or steps")
             if self.clipping == "adaptive":
-                raise ValueError("clipping='adaptive' is not supported with correlated noise "
-                                 "(its noisy count is accounted as independent noise)")
+                raise ConfigurationError(
+                    "clipping='adaptive' is not supported with correlated noise "
+                    "(its noisy count is accounted as independent noise)")
         if law.describe is not None and self.epochs is None and self.steps is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"sampling={self.sampling!r} is accounted for the planned run: give epochs or "
                 "steps (max_epsilon then defaults to the plan's epsilon)")
 
@@ -367,10 +373,10 @@ class DPConfig:
                 _v.check_count("augmentation_multiplicity", self.augmentation_multiplicity,
                                minimum=1))
             if self.users is not None:
-                raise ValueError("augmentation_multiplicity and users cannot be combined: "
+                raise ConfigurationError("augmentation_multiplicity and users cannot be combined: "
                                  "give one privacy unit (the example's views, or the user)")
             if self.augment is None:
-                raise ValueError(
+                raise ConfigurationError(
                     f"augmentation_multiplicity={self.augmentation_multiplicity} needs "
                     "augment=fn, a function of one batch returning one augmented view of it "
                     "(e.g. lambda b: (b[0] + 0.05 * torch.randn_like(b[0]), b[1])): "
@@ -381,7 +387,7 @@ class DPConfig:
                     "clipping bounds")
         if self.augment is not None:
             if self.augmentation_multiplicity is None:
-                raise ValueError(
+                raise ConfigurationError(
                     "augment is given without augmentation_multiplicity: pass "
                     "augmentation_multiplicity=K, the number of views of each example")
             if not callable(self.augment):
@@ -400,12 +406,13 @@ class DPConfig:
                 ("target_unclipped_quantile", None), ("unclipped_num_std", None),
                 ("clipbound_learning_rate", 0.2)) if getattr(self, k) != default]
             if extra:
-                raise ValueError(f"{', '.join(extra)} only apply to clipping='adaptive', got "
-                                 f"clipping={self.clipping!r}: set clipping='adaptive' or "
-                                 "drop them")
+                raise ConfigurationError(
+                    f"{', '.join(extra)} only apply to clipping='adaptive', got "
+                    f"clipping={self.clipping!r}: set clipping='adaptive' or "
+                    "drop them")
             return
         if self.target_unclipped_quantile is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "clipping='adaptive' needs target_unclipped_quantile (gamma in [0, 1], the "
                 "fraction of examples the bound should leave unclipped, e.g. 0.5), got None")
         _v.check_probability("target_unclipped_quantile", self.target_unclipped_quantile)
@@ -413,8 +420,9 @@ class DPConfig:
         if self.unclipped_num_std is not None:
             _v.check_positive("unclipped_num_std", self.unclipped_num_std)
         if math.isinf(self.max_grad_norm):
-            raise ValueError("clipping='adaptive' needs a finite initial max_grad_norm > 0, "
-                             "got inf")
+            raise ConfigurationError(
+                "clipping='adaptive' needs a finite initial max_grad_norm > 0, "
+                "got inf")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

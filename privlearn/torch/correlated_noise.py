@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 
 from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence
+from privlearn.errors import ParameterValueError
 
 __all__ = ["CorrelatedNoise"]
 
@@ -82,7 +83,7 @@ class CorrelatedNoise:
         live = dict(layout)
         for key, n in layout:
             if key in old and old[key][1] != n:
-                raise ValueError(
+                raise ParameterValueError(
                     f"parameter {key!r} changed size during a correlated-noise run "
                     f"({old[key][1]} -> {n} elements): its noise stream cannot continue. "
                     "Keep parameter shapes fixed for the run")
@@ -105,7 +106,7 @@ class CorrelatedNoise:
         buf = self._buf
         m = self.buffers
         if buf is not None and self.steps and buf.shape[1] != z.numel():
-            raise ValueError(
+            raise ParameterValueError(
                 f"this step's draw covers {z.numel()} elements but the noise state holds "
                 f"{buf.shape[1]}: pass the parameters' layout (apply_(z, layout=...)) when "
                 "the trained parameters change")
@@ -156,7 +157,7 @@ class CorrelatedNoise:
         extra = sum(n for _, n in self._frozen)
         if extra:
             if draw is None:
-                raise ValueError("frozen parameters' noise streams need draw=")
+                raise ParameterValueError("frozen parameters' noise streams need draw=")
             full = z.new_empty(z.numel() + extra)
             full[:z.numel()].copy_(z)
             draw(full[z.numel():])
@@ -195,7 +196,7 @@ class CorrelatedNoise:
 
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError("state is not a privlearn correlated-noise state; pass what "
+            raise ParameterValueError("state is not a privlearn correlated-noise state; pass what "
                              "state_dict() returned")
         self.steps = int(state["steps"])
         self._buf = None if state["buffers"] is None else state["buffers"].clone()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from privlearn.errors import UnsupportedModuleError
 from privlearn.torch.grad_sample import (
     _LOW,
     Contribution,
@@ -67,7 +68,8 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     else:
         b, arg_dims, kw_dims, out_dims = dims
     if all(d is None for d in out_dims):
-        raise ValueError(f"cannot find the batch dimension of the outputs of {module!r}")
+        raise UnsupportedModuleError(
+            f"cannot find the batch dimension of the outputs of {module!r}")
     gouts = [_scaled(record, i) for i in range(outputs_n)]
     args, kwargs = record.args, record.kwargs
     floats = [t for t in (*args, *kwargs.values(), *gouts)
@@ -119,7 +121,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         except RuntimeError as e:
             if "randomness" not in str(e):
                 raise
-            raise ValueError(
+            raise UnsupportedModuleError(
                 f"{type(module).__name__} draws random numbers in its forward (e.g. "
                 "F.dropout or torch.rand_like on its inputs), and it has no per-example rule: "
                 "the generic rule recomputes the layer per example and cannot replay that "
@@ -161,7 +163,7 @@ def direct_fallback_rule(module: nn.Module, record: Record, params) -> Contribut
     aliases = aliased_parameters(module, set(params))
     if aliases:
         pairs = ", ".join(f"{a} = {b}" for a, b in list(aliases.items())[:4])
-        raise ValueError(
+        raise UnsupportedModuleError(
             f"{type(module).__name__} registers parameters of its submodules a second time "
             f"({pairs}): their per-example gradients would be counted twice (once by the "
             "generic rule of the module, once by the rule of the submodule). Register each "

@@ -76,7 +76,12 @@ import torch
 from torch.amp import GradScaler
 
 from privlearn import _validation as _v
-from privlearn.errors import GradientOverflowWarning
+from privlearn.errors import (
+    ConfigurationError,
+    GradientOverflowWarning,
+    ParameterValueError,
+    TrainingLoopError,
+)
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
@@ -120,7 +125,7 @@ def gradient_noise_multiplier(noise_multiplier: float, unclipped_num_std: float)
     if s == 0:
         return 0.0
     if not s < 2 * sb:
-        raise ValueError(
+        raise ConfigurationError(
             f"adaptive clipping with noise_multiplier={s:g} needs unclipped_num_std > "
             f"noise_multiplier / 2 = {s / 2:g} (Andrew et al. 2021: the noise on "
             f"the clipped sum is (sigma^-2 - (2 sigma_b)^-2)^(-1/2)), got {sb:g}. Increase "
@@ -243,13 +248,13 @@ class DPOptimizer:
             hint="the noise std divided by max_grad_norm, e.g. 1.0 (0 trains without noise "
                  "and is not private)")
         if v > 0 and math.isinf(self._max_grad_norm):
-            raise ValueError("noise_multiplier > 0 with max_grad_norm=inf is not private "
+            raise ConfigurationError("noise_multiplier > 0 with max_grad_norm=inf is not private "
                              "(unbounded sensitivity); set a finite max_grad_norm first")
         if self.adaptive is not None:
             gradient_noise_multiplier(v, self.adaptive.unclipped_num_std)  # checks
         if getattr(self, "correlated", None) is not None and v != self._noise_multiplier \
                 and self.accountant.steps:
-            raise ValueError(
+            raise ConfigurationError(
                 "noise_multiplier cannot change during a correlated-noise run: the noise of "
                 "every step is part of one matrix-factorization mechanism calibrated for one "
                 "noise multiplier. Plan the run with the noise you want")
@@ -276,7 +281,7 @@ class DPOptimizer:
             "max_grad_norm", _scalar(value), allow_inf=True,
             hint="the per-example clipping bound, e.g. 1.0")
         if math.isinf(v) and self._noise_multiplier > 0:
-            raise ValueError("max_grad_norm=inf (no clipping) leaves the sensitivity "
+            raise ConfigurationError("max_grad_norm=inf (no clipping) leaves the sensitivity "
                              "unbounded; only allowed with noise_multiplier=0")
         self._max_grad_norm = v
 
@@ -343,7 +348,7 @@ class DPOptimizer:
         owned = {id(q) for q in self.tracker.model.parameters()}
         foreign = [tuple(q.shape) for q in params if id(q) not in owned]
         if foreign:
-            raise ValueError(
+            raise ParameterValueError(
                 f"add_param_group: {len(foreign)} parameter(s) (shapes {foreign[:3]}) are not "
                 "parameters of the model given to make_private, so their gradients cannot be "
                 "clipped per example and would be released un-noised. Make them parameters "
@@ -415,7 +420,7 @@ class DPOptimizer:
                 names = {id(v): n for n, v in self.tracker.model.named_parameters()}
                 self.tracker.clear()
                 self._layout_version = None  # checked again at the next step
-                raise ValueError(
+                raise ConfigurationError(
                     "per-layer clipping fixes one bound per trainable parameter at "
                     "make_private (their root-sum-square is the sensitivity the run is "
                     "accounted with), and "
@@ -448,7 +453,7 @@ class DPOptimizer:
                         "make it a parameter of a module the model's forward uses (the "
                         "engine then clips it per example), or freeze it "
                         "(requires_grad_(False)) or remove it from the optimizer")
-                raise RuntimeError(
+                raise TrainingLoopError(
                     f"optimizer.step() refused: {what} holds a gradient the DP engine did not "
                     "clip and noise, and the wrapped optimizer would update it from its raw "
                     f"gradient; {hint}. Nothing was released and no step was taken")
@@ -487,7 +492,7 @@ class DPOptimizer:
             cause = ("the forward pass ran under torch.no_grad() or inference_mode, on "
                      "another model than p.model, or backward() was not called on a loss "
                      "of p.model's output before step()")
-        raise RuntimeError(
+        raise TrainingLoopError(
             f"this step's batch has {examples} examples but no per-example gradient was "
             f"recorded: {cause}. The step would add noise alone and still be charged; "
             "nothing was changed or charged")
@@ -753,7 +758,7 @@ class DPOptimizer:
 
         def hook(optimizer, args, kwargs):
             if not dp._stepping_original:
-                raise RuntimeError(
+                raise TrainingLoopError(
                     "step() was called on the optimizer given to make_private, not on "
                     "p.optimizer: the DP step (per-example clipping, noise, accounting) "
                     "runs only in p.optimizer.step(). Call p.optimizer.step() and "
@@ -775,7 +780,7 @@ class DPOptimizer:
             return None
         scaler = self.grad_scaler
         if scaler is None:
-            raise RuntimeError(
+            raise TrainingLoopError(
                 "optimizer.step() is driven by a torch.amp.GradScaler that the DP optimizer "
                 "was not given: it must tell the scaler whether the noisy gradient is finite "
                 "(its own check reads p.grad before the DP step makes it). Pass "
@@ -820,7 +825,7 @@ class DPOptimizer:
         states = getattr(scaler, "_per_optimizer_states", None)
         state = states.get(id(self)) if isinstance(states, dict) else None
         if not isinstance(state, dict) or "found_inf_per_device" not in state:
-            raise RuntimeError(
+            raise TrainingLoopError(
                 "this PyTorch's GradScaler does not keep its per-optimizer inf checks where "
                 "privlearn reports the noisy gradient's; train in bfloat16 or with a static "
                 "loss scale (p.optimizer.tracker.loss_scale) instead of a GradScaler")

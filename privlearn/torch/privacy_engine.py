@@ -34,7 +34,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn.accounting import calibrate, warn_if_delta_large
-from privlearn.errors import LedgerConflictError, ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    ConfigurationError,
+    LedgerConflictError,
+    ParameterTypeError,
+    ParameterValueError,
+)
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _guard_token_level_labels,
@@ -245,11 +250,11 @@ class PrivateTraining:
             this run has already taken steps (their privacy cost would be lost).
         """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError("state is not a privlearn training state (format "
+            raise ParameterValueError("state is not a privlearn training state (format "
                              f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
                              "returned")
         if self.accountant.steps or self._sampler.delivered:
-            raise ValueError(
+            raise ConfigurationError(
                 f"load_state_dict needs a fresh run, but this one has already taken "
                 f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
                 "batches), whose cost would be lost; call it right after make_private")
@@ -257,7 +262,7 @@ class PrivateTraining:
         diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
                 for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
         if diff:
-            raise ValueError("the saved state was made with a different mechanism, so its "
+            raise ConfigurationError("the saved state was made with a different mechanism, so its "
                              "privacy history does not describe this run: "
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments")
@@ -353,12 +358,12 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     Returns the model unwrapped from DDP."""
     inner = unwrap(model)
     if not isinstance(inner, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        raise ParameterTypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+        raise ParameterTypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     if not model.training:
-        raise ValueError("model is in eval mode (model.training is False); call "
+        raise ParameterValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")
     if cfg.fix_model:
         undo(apply_fixers(inner))
@@ -370,12 +375,12 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
              process_group=None) -> Plan:
     """The run's plan from the settings and the loader (no side effect)."""
     if not isinstance(data_loader, DataLoader):
-        raise TypeError(f"data_loader must be a torch DataLoader, got "
+        raise ParameterTypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
     rank, world = world_info(process_group)
     if world > 1 and (cfg.correlated or cfg.users is not None
                       or not SAMPLINGS[cfg.sampling].distributed):
-        raise ValueError(
+        raise ConfigurationError(
             f"sampling={cfg.sampling!r}, noise={cfg.noise!r} and user-level privacy run in "
             "one process; distributed training supports sampling="
             f"{' or '.join(repr(k) for k, v in SAMPLINGS.items() if v.distributed)} with "
@@ -383,7 +388,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     units = None
     if cfg.users is not None:
         if len(cfg.users) != len(data_loader.dataset):
-            raise ValueError(f"users must give the user of each of the "
+            raise ParameterValueError(f"users must give the user of each of the "
                              f"{len(data_loader.dataset)} examples, got {len(cfg.users)}")
         units = UnitIndex(cfg.users, cfg.max_examples_per_user)
     n = len(data_loader.dataset) if units is None else units.n_units
@@ -393,7 +398,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     cycle = cfg.cycle_length or law.cycle_for(n, b, cycle_bands(cfg.noise, cfg.bands))
     q = law.rate(world * b, n, cycle)
     if not 0 < q <= 1:
-        raise ValueError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
+        raise ConfigurationError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
                          f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}); "
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
@@ -431,7 +436,7 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     if ledger is None:
         return None
     if plan.noise_multiplier == 0:
-        raise ValueError("noise_multiplier=0 is not private and cannot be spent from a "
+        raise ConfigurationError("noise_multiplier=0 is not private and cannot be spent from a "
                          "ledger; give noise_multiplier > 0 or target_epsilon")
     law = SAMPLINGS[cfg.sampling]
     link = LedgerLink(ledger, scheme=law.scheme or cfg.sampling, chunk=cfg.ledger_chunk,
@@ -573,7 +578,7 @@ def make_private(
         if sharded:  # FSDP2: refused up front unless the sharded step is exact
             check_sharded_model(inner, cfg, plan.world_size, optimizer)
             if grad_scaler is not None:
-                raise ValueError("grad_scaler is not supported under FSDP2 (fully_shard); "
+                raise ConfigurationError("grad_scaler is not supported under FSDP2 (fully_shard); "
                                  "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
                                  "bfloat16), which needs no loss scaling")
         link = reserve_budget(ledger, cfg, plan, inner, undo)

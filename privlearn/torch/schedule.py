@@ -41,6 +41,7 @@ from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_bl
 from privlearn.correlated.accounting import correlated_mechanism, stated_under
 from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw
 from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.errors import ConfigurationError
 from privlearn.torch.correlated_noise import CorrelatedNoise
 
 __all__ = ["NoisePlan", "RunAccounting", "SamplingKind", "SAMPLINGS", "choose_strategy",
@@ -231,7 +232,7 @@ class NoisePlan:
             return prior
         sigmas = {g.noise_multiplier for g in segs}
         if len(sigmas) > 1:  # refused by the optimizer; never approximated
-            raise ValueError("a correlated-noise run has one noise multiplier")
+            raise ConfigurationError("a correlated-noise run has one noise multiplier")
         mech = self.mechanism(sigmas.pop(), sum(g.steps for g in segs))
         return mech if prior is None else compose([prior, mech])
 

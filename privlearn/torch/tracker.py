@@ -48,6 +48,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from privlearn.errors import BatchDependenceError, ParameterValueError, TrainingLoopError
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
@@ -150,7 +151,7 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
                           _resolve_dim(name, mod, rule, batch_dims, inherited)))
     unknown = sorted(set(batch_dims) - {u.name for u in units})
     if unknown:
-        raise ValueError(
+        raise ParameterValueError(
             f"batch_dims names {unknown}, which are not trainable layers of the model; give "
             "the qualified names of the layers (model.named_modules()) whose inputs carry "
             f"the batch on another dimension, e.g. {[u.name for u in units][:3]}")
@@ -328,13 +329,13 @@ class GradSampleTracker(ClippingMixin):
         self.outside_uses = set()
         self.clear()
         if evaluating:
-            raise RuntimeError(
+            raise TrainingLoopError(
                 f"layer(s) {evaluating} ran in eval mode inside a model in training mode: "
                 "the engine records per-example gradients only in training mode, so their "
                 f"parameters {used} got a gradient that is neither per example nor "
                 "clipped. Keep trainable layers in training mode (to switch dropout off, "
                 "set its probability to 0). No step was taken and nothing was released")
-        raise RuntimeError(
+        raise TrainingLoopError(
             f"parameter(s) {used} are used outside their layers as well (a functional call "
             "such as F.linear(h, self.emb.weight) or x @ self.lin.weight in forward): the "
             "engine computes per-example gradients layer by layer, so the gradient of that "
@@ -363,7 +364,7 @@ class GradSampleTracker(ClippingMixin):
         units again, check the new layers, and probe batch independence again."""
         if self.records:
             self.clear()
-            raise RuntimeError(
+            raise TrainingLoopError(
                 "the model's trainable parameters changed between a forward pass and "
                 "optimizer.step(); change requires_grad only between steps (after step(), "
                 "before the next forward)")
@@ -636,7 +637,7 @@ class GradSampleTracker(ClippingMixin):
         if self._backward_passes >= 1:
             self.records = {}
             self._backward_passes = 0
-            raise RuntimeError(
+            raise TrainingLoopError(
                 "a second backward() before optimizer.step(): gradient accumulation over "
                 "micro-batches is not supported this way (the engine would clip example i "
                 "of each micro-batch together, so one example could move the update by "
@@ -706,7 +707,7 @@ class GradSampleTracker(ClippingMixin):
                     n = record_batch(unit, r)
                     if r.has_grad() and n != examples:
                         self.clear()
-                        raise ValueError(_mismatch_message(unit, n, examples, r))
+                        raise BatchDependenceError(_mismatch_message(unit, n, examples, r))
         inputs, self._probe_inputs = self._probe_inputs, None
         if inputs is None or not self.records or examples is None or examples < 2:
             return
