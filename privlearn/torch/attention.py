@@ -31,8 +31,7 @@ from privlearn.torch.grad_sample import (
     Materialized,
     OuterProduct,
     Record,
-    _MakeDifferentiable,
-    _scaled,
+    make_differentiable,
     register_instrumenter,
     register_rule,
     rule_evaluation,
@@ -161,7 +160,7 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
 
     mask = _additive_mask(q, B, H, L, S, attn_mask, kpm, is_causal)
 
-    g_out = _scaled(record, 0)
+    g_out = record.grad(0)
     if not module.batch_first:
         g_out = g_out.transpose(0, 1)
     extra = record.extra
@@ -178,7 +177,7 @@ def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribut
         g_w = None
         if need_weights and len(record.grad_outputs) > 1 and \
                 record.grad_outputs[1] is not None:
-            g_w = _scaled(record, 1)
+            g_w = record.grad(1)
         with rule_evaluation(), torch.enable_grad():
             Q = F.linear(q, wq, bq).requires_grad_()
             K = F.linear(k, wk, bk).requires_grad_()
@@ -353,7 +352,7 @@ def _capture_forward(a: dict):
         # self-attention: one packed projection, as PyTorch does
         t = F.linear(q, in_w, in_b)
         if not t.requires_grad:
-            t = _MakeDifferentiable.apply(_DUMMY, t)
+            t = make_differentiable(t, _DUMMY)
         slot = [None]
         t.register_hook(_store(slot, 0))
         extra["packed"] = slot
@@ -363,7 +362,7 @@ def _capture_forward(a: dict):
         for j, (x, w, b) in enumerate(((q, wq, bq), (k, wk, bk), (v, wv, bv))):
             t = F.linear(x, w, b)
             if not t.requires_grad:
-                t = _MakeDifferentiable.apply(_DUMMY, t)
+                t = make_differentiable(t, _DUMMY)
             t.register_hook(_store(extra["grads"], j))
             proj.append(t)
     mask = _additive_mask(q, B, H, L, S, a["attn_mask"], a["key_padding_mask"],

@@ -10,9 +10,9 @@ import torch
 
 from privlearn.torch.grad_sample import (
     Contribution,
-    _as,
-    _segment_sum,
+    as_dtype,
     compute_dtype,
+    segment_sum,
 )
 
 __all__ = ["cross_term", "CrossTerm"]
@@ -35,8 +35,8 @@ def cross_term(f1, f2) -> torch.Tensor:
         a1, g1 = f1[1], f1[2]
         a2, g2 = f2[1], f2[2]
         dt = compute_dtype(a1, a2)
-        aa = torch.matmul(_as(a1, dt), _as(a2, dt).transpose(1, 2))  # (B, T1, T2)
-        gg = torch.matmul(_as(g1, dt), _as(g2, dt).transpose(1, 2))
+        aa = torch.matmul(as_dtype(a1, dt), as_dtype(a2, dt).transpose(1, 2))  # (B, T1, T2)
+        gg = torch.matmul(as_dtype(g1, dt), as_dtype(g2, dt).transpose(1, 2))
         return (aa * gg).sum((1, 2))
     if k1 == "outer" and k2 == "rows":
         f1, f2, k1, k2 = f2, f1, k2, k1
@@ -44,23 +44,23 @@ def cross_term(f1, f2) -> torch.Tensor:
         ids, e = f1[1], f1[2]  # (B, T), (B, T, D)
         a, g = f2[1], f2[2]  # (B, S, D), (B, S, V)
         dt = compute_dtype(e, a)
-        dots = torch.matmul(_as(e, dt), _as(a, dt).transpose(1, 2))  # (B, T, S)
+        dots = torch.matmul(as_dtype(e, dt), as_dtype(a, dt).transpose(1, 2))  # (B, T, S)
         b, s = g.shape[0], g.shape[1]
         sel = torch.gather(g, 2, ids.unsqueeze(1).expand(b, s, ids.shape[1]))  # (B, S, T)
-        return (dots * _as(sel, dt).transpose(1, 2)).sum((1, 2))
+        return (dots * as_dtype(sel, dt).transpose(1, 2)).sum((1, 2))
     if k1 == "rows" and k2 == "rows":
         ids = torch.cat([f1[1], f2[1]], 1)
         e1, e2 = f1[2], f2[2]
         dt = compute_dtype(e1, e2)
-        z1, z2 = torch.zeros_like(_as(e2, dt)), torch.zeros_like(_as(e1, dt))
-        x1 = torch.cat([_as(e1, dt), z1], 1)
-        x2 = torch.cat([z2, _as(e2, dt)], 1)
+        z1, z2 = torch.zeros_like(as_dtype(e2, dt)), torch.zeros_like(as_dtype(e1, dt))
+        x1 = torch.cat([as_dtype(e1, dt), z1], 1)
+        x2 = torch.cat([z2, as_dtype(e2, dt)], 1)
         b, t = ids.shape
         keys = (torch.arange(b, device=ids.device).unsqueeze(1) * f1[3] + ids).reshape(-1)
         uniq, inv = torch.unique(keys, return_inverse=True)
         n = uniq.shape[0]
-        s1 = _segment_sum(x1.reshape(b * t, -1), inv, n)
-        s2 = _segment_sum(x2.reshape(b * t, -1), inv, n)
+        s1 = segment_sum(x1.reshape(b * t, -1), inv, n)
+        s2 = segment_sum(x2.reshape(b * t, -1), inv, n)
         owner = torch.zeros(n, dtype=torch.long, device=ids.device).index_copy_(
             0, inv, torch.arange(b, device=ids.device).repeat_interleave(t))
         return torch.zeros(b, dtype=dt, device=ids.device).index_add_(0, owner,
@@ -72,13 +72,13 @@ def cross_term(f1, f2) -> torch.Tensor:
         dense = _dense(f2)
         dt = compute_dtype(e, dense)
         b, t = ids.shape
-        rows = torch.gather(_as(dense, dt).reshape(b, f1[3], -1), 1,
+        rows = torch.gather(as_dtype(dense, dt).reshape(b, f1[3], -1), 1,
                             ids.unsqueeze(2).expand(b, t, e.shape[2]))
-        return (rows * _as(e, dt)).sum((1, 2))
+        return (rows * as_dtype(e, dt)).sum((1, 2))
     d1, d2 = _dense(f1), _dense(f2)
     dt = compute_dtype(d1, d2)
     b = d1.shape[0]
-    return (_as(d1, dt).reshape(b, -1) * _as(d2, dt).reshape(b, -1)).sum(1)
+    return (as_dtype(d1, dt).reshape(b, -1) * as_dtype(d2, dt).reshape(b, -1)).sum(1)
 
 
 def _orient(f):

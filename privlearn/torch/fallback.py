@@ -14,8 +14,7 @@ from privlearn.torch.grad_sample import (
     LayerRule,
     Materialized,
     Record,
-    _as,
-    _scaled,
+    as_dtype,
     compute_dtype,
     rule_evaluation,
 )
@@ -70,7 +69,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     if all(d is None for d in out_dims):
         raise UnsupportedModuleError(
             f"cannot find the batch dimension of the outputs of {module!r}")
-    gouts = [_scaled(record, i) for i in range(outputs_n)]
+    gouts = [record.grad(i) for i in range(outputs_n)]
     args, kwargs = record.args, record.kwargs
     floats = [t for t in (*args, *kwargs.values(), *gouts)
               if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -78,7 +77,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         dt = compute_dtype(*floats, *pvals.values())
 
         def up(t):
-            return _as(t, dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+            return as_dtype(t, dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
         args = tuple(up(t) for t in args)
         kwargs = {k: up(v) for k, v in kwargs.items()}

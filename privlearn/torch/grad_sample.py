@@ -37,9 +37,9 @@ the layout it expects (:class:`LayerRule`: where the batch dimension is, whether
 inputs are expanded); :func:`register_layout` declares the layout a container module gives
 the layers inside it.
 
-Length: the contribution types, the rule registry and the helpers every rule module
-shares (the per-layer rules are in :mod:`privlearn.torch.rules`, the fallback in
-:mod:`privlearn.torch.fallback`); just over the ~500-line guide.
+Rule authors' kit: :func:`compute_dtype`, :func:`as_dtype`, :func:`row_sq_norms`,
+:func:`row_scaled`, :func:`segment_sum`, :func:`live_positions`,
+:func:`make_differentiable` (see the extending guide).
 """
 
 from __future__ import annotations
@@ -98,6 +98,12 @@ __all__ = [
     "keep_low_precision",
     "mm32",
     "low_factors",
+    "as_dtype",
+    "row_sq_norms",
+    "row_scaled",
+    "segment_sum",
+    "live_positions",
+    "make_differentiable",
 ]
 
 #: Materialising per-example gradients of one layer above this many bytes switches the
@@ -139,7 +145,6 @@ class Record:
     grad_outputs: list
     outputs_meta: list
     out_spec: object = None
-    scale: float = 1.0  # loss-reduction factor, set by the tracker
     extra: dict | None = None  # tensors exposed by an instrumented forward (attention)
     batch_dim: int = 0  # where the recorded tensors carry the examples (rules that do not
     # have the engine move them, e.g. the generic fallback)
@@ -190,7 +195,7 @@ class Contribution:
     def param_sq_norms(self) -> list[torch.Tensor]:
         """Per-example squared norms ``(B,)`` of each parameter's gradient, aligned with
         ``params`` (per-layer clipping). Default: from :meth:`per_sample`."""
-        return [_rowdot(g.reshape(g.shape[0], -1)) for g in self.per_sample()]
+        return [row_sq_norms(g.reshape(g.shape[0], -1)) for g in self.per_sample()]
 
     def factor(self, j: int):
         """A factored form of parameter ``j``'s per-example gradients, used for the
@@ -212,17 +217,41 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``c_i x_i`` for the rows ``x_i`` of ``x`` (batch first), exactly zero in the rows
-    where ``c_i == 0`` whatever they held (``inf * 0`` is cleaned in place)."""
+def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x`` weighted by per-example factors: ``c_i x_i``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Batch-first tensor ``(B, ...)``.
+    c : torch.Tensor
+        Per-example weights ``(B,)`` (the clip factors).
+
+    Returns
+    -------
+    torch.Tensor
+        ``c_i x_i`` in the dtype of ``x``, exactly zero in the rows where ``c_i == 0``
+        whatever they held (``inf * 0`` is cleaned), so that an overflowing example
+        dropped by its weight adds nothing (see :attr:`Contribution.masks_rows`).
+    """
     y = x * c.to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
     return y.nan_to_num_(0.0, 0.0, 0.0)
 
 
-def _rowdot(x: torch.Tensor) -> torch.Tensor:
-    """Squared norm of each row of a 2-D tensor (``vector_norm`` then square: one fused
-    reduction, several times faster on CPU than a batched dot product), accumulated and
-    returned in float32 for half-precision rows."""
+def row_sq_norms(x: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean norm of each row of a 2-D tensor: ``sum_j x_ij^2``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``(B, n)``; reshape per-example gradients to ``(B, -1)`` first.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(B,)``, float32 for half-precision rows (one fused ``vector_norm``: several
+        times faster on CPU than a batched dot product).
+    """
     if x.dtype in _LOW:
         return torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).square()
     return torch.linalg.vector_norm(x, dim=1).square()
@@ -310,7 +339,21 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in ``dtype``, without a copy when it already is.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Any tensor.
+    dtype : torch.dtype
+        Target dtype, usually :func:`compute_dtype` of the rule's operands.
+
+    Returns
+    -------
+    torch.Tensor
+        ``x`` itself when ``x.dtype == dtype``, else ``x.to(dtype)``.
+    """
     return x if x.dtype == dtype else x.to(dtype)
 
 
@@ -328,20 +371,20 @@ class Materialized(Contribution):
         if self._sq is None:
             out = None
             for g in self.grads:
-                s = _rowdot(g.reshape(g.shape[0], -1))
+                s = row_sq_norms(g.reshape(g.shape[0], -1))
                 out = s if out is None else out + s
             self._sq = out
         return self._sq
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
-        return [_row_scaled(g.reshape(g.shape[0], -1), c).sum(0).view(g.shape[1:])
+        return [row_scaled(g.reshape(g.shape[0], -1), c).sum(0).view(g.shape[1:])
                 for g in self.grads]
 
     def per_sample(self) -> list[torch.Tensor]:
         return self.grads
 
     def param_sq_norms(self) -> list[torch.Tensor]:
-        return [_rowdot(g.reshape(g.shape[0], -1)) for g in self.grads]
+        return [row_sq_norms(g.reshape(g.shape[0], -1)) for g in self.grads]
 
     def factor(self, j: int):
         return ("dense", self.grads[j])
@@ -409,10 +452,10 @@ def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4
 #: Scaled output gradients formed at once by :meth:`OuterProduct.accumulate_into`.
 _CHUNK_BYTES = 32 * 2**20
 
-#: :func:`_live_positions` drops positions only when at least ``1 / _MIN_DEAD_SHARE`` of
+#: :func:`live_positions` drops positions only when at least ``1 / _MIN_DEAD_SHARE`` of
 #: them may be dead: the check reads the whole output gradient twice.
 _MIN_DEAD_SHARE = 4
-#: Examples whose whole output gradient the cheap first check of :func:`_live_positions`
+#: Examples whose whole output gradient the cheap first check of :func:`live_positions`
 #: reads (a strided read of one feature of every example was slower on a cold cache).
 _PROBE_EXAMPLES = 4
 #: ... and the features of each of their rows it reads (bounded: a language-model head's
@@ -420,9 +463,8 @@ _PROBE_EXAMPLES = 4
 _PROBE_FEATURES = 64
 
 
-def _live_positions(g: torch.Tensor) -> torch.Tensor | None:
-    """Positions ``t`` of an output gradient ``g`` of shape ``(B, G, T, p)`` at which
-    some example's gradient is non-zero, or None when no position can be dropped.
+def live_positions(g: torch.Tensor) -> torch.Tensor | None:
+    """Positions of an output gradient at which some example's gradient is non-zero.
 
     A position whose output gradient is exactly zero in every example and group adds
     exactly zero to every per-example gradient ``sum_t g_t a_t^T``, to its norm and to the
@@ -432,8 +474,20 @@ def _live_positions(g: torch.Tensor) -> torch.Tensor | None:
     of ``T``) or on the last token. Cheap when nothing can be dropped: the first
     ``_PROBE_FEATURES`` features of the first ``_PROBE_EXAMPLES`` examples are read, and
     ``g`` is checked in full only when they are zero at a quarter of the positions or
-    more. A NaN counts as non-zero. CPU
-    only: on an accelerator the check would synchronise the device once per layer.
+    more. A NaN counts as non-zero. CPU only: on an accelerator the check would
+    synchronise the device once per layer.
+
+    Parameters
+    ----------
+    g : torch.Tensor
+        Output gradient ``(B, G, T, p)`` (examples, groups, positions, features).
+
+    Returns
+    -------
+    torch.Tensor or None
+        The live positions (a 1-D index tensor, for ``index_select`` on dimension 2 of
+        ``g`` and of the matching inputs; one zero position when all are dead), or None
+        when no position can be dropped (nothing to copy).
     """
     b, G, t, p = g.shape
     if t <= 1 or g.device.type != "cpu" or g.numel() == 0:
@@ -477,7 +531,7 @@ class OuterProduct(Contribution):
         dt = a.dtype if self._low else compute_dtype(a, g)
         # kept as recorded (half precision under autocast: half the memory until the
         # step), converted to the working dtype where used, one layer at a time
-        live = _live_positions(g)
+        live = live_positions(g)
         if live is not None:  # positions with a zero output gradient in every example
             a, g = a.index_select(2, live), g.index_select(2, live)
         self._dtype = dt
@@ -500,7 +554,7 @@ class OuterProduct(Contribution):
                 self._ps = mm32(g.transpose(-1, -2).reshape(b * G, p, t),
                                 a.reshape(b * G, t, d)).view(b, G, p, d)
             else:
-                self._ps = torch.matmul(_as(g, dt).transpose(-1, -2), _as(a, dt))
+                self._ps = torch.matmul(as_dtype(g, dt).transpose(-1, -2), as_dtype(a, dt))
             if bias is not None:
                 self._bias_ps()
             self.a = self.g = None
@@ -508,7 +562,7 @@ class OuterProduct(Contribution):
     @property
     def a(self) -> torch.Tensor | None:
         """The recorded inputs ``(B, G, T, d)`` in the working dtype."""
-        return None if self._a is None else _as(self._a, self._dtype)
+        return None if self._a is None else as_dtype(self._a, self._dtype)
 
     @a.setter
     def a(self, value) -> None:
@@ -517,7 +571,7 @@ class OuterProduct(Contribution):
     @property
     def g(self) -> torch.Tensor | None:
         """The recorded output gradients ``(B, G, T, p)`` in the working dtype."""
-        return None if self._g is None else _as(self._g, self._dtype)
+        return None if self._g is None else as_dtype(self._g, self._dtype)
 
     @g.setter
     def g(self, value) -> None:
@@ -537,13 +591,13 @@ class OuterProduct(Contribution):
     def sq_norms(self) -> torch.Tensor:
         if self._sq is None:
             w = self._weight_sq()
-            self._sq = w + _rowdot(self._bias_ps()) if self.bias is not None else w
+            self._sq = w + row_sq_norms(self._bias_ps()) if self.bias is not None else w
         return self._sq
 
     def param_sq_norms(self) -> list[torch.Tensor]:
         out = [self._weight_sq()]
         if self.bias is not None:
-            out.append(_rowdot(self._bias_ps()))
+            out.append(row_sq_norms(self._bias_ps()))
         return out
 
     def _weight_sq(self) -> torch.Tensor:
@@ -551,9 +605,9 @@ class OuterProduct(Contribution):
             return self._wsq
         b, G, t, d, p = self.dims
         if self._ps is not None:
-            w = _rowdot(self._ps.reshape(b, -1))
+            w = row_sq_norms(self._ps.reshape(b, -1))
         elif t == 1 and G == 1:  # |a|^2 |g|^2
-            w = _rowdot(self.g.reshape(b, p)) * _rowdot(self.a.reshape(b, d))
+            w = row_sq_norms(self.g.reshape(b, p)) * row_sq_norms(self.a.reshape(b, d))
         elif t == 1:
             a2 = self.a.float() if self._low else self.a
             g2 = self.g.float() if self._low else self.g
@@ -585,7 +639,7 @@ class OuterProduct(Contribution):
             if self.transposed:
                 w = w.t()
         else:
-            gc = _row_scaled(self.g, c)
+            gc = row_scaled(self.g, c)
             a = _finite(self.a)
             if G == 1 and self.transposed:
                 w = a.reshape(b * t, d).t().mm(gc.reshape(b * t, p))
@@ -598,7 +652,7 @@ class OuterProduct(Contribution):
             if gc is not None and G == 1:  # same summation order as autograd's Linear
                 out.append(gc.reshape(b * t, p).sum(0).view(self.bias.shape))
             else:
-                out.append(_row_scaled(self._bias_ps(), c).sum(0).view(self.bias.shape))
+                out.append(row_scaled(self._bias_ps(), c).sum(0).view(self.bias.shape))
         return out
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
@@ -614,12 +668,12 @@ class OuterProduct(Contribution):
         k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
         for s in range(0, b, k):
             cs = c[s:s + k]
-            g = _as(self._g[s:s + k], self._dtype)
-            a = _as(self._a[s:s + k], self._dtype)
+            g = as_dtype(self._g[s:s + k], self._dtype)
+            a = as_dtype(self._a[s:s + k], self._dtype)
             if p > d:  # the weights go on the narrower side (one pass over the wide one)
-                g, a = _finite(g), _row_scaled(a, cs)
+                g, a = _finite(g), row_scaled(a, cs)
             else:
-                g, a = _row_scaled(g, cs), _finite(a)
+                g, a = row_scaled(g, cs), _finite(a)
             g2, a2 = g.reshape(-1, p), a.reshape(-1, d)
             if self.transposed:
                 o.addmm_(a2.t(), g2)
@@ -635,7 +689,7 @@ class OuterProduct(Contribution):
         """The clipped sum from half-precision operands: one matmul with float32
         accumulation and result (:func:`mm32`), factors rounded down (:func:`low_factors`)."""
         b, G, t, d, p = self.dims
-        gc = _row_scaled(self.g, low_factors(c, self._dtype))
+        gc = row_scaled(self.g, low_factors(c, self._dtype))
         a = _finite(self.a)
         if G == 1:
             g2, a2 = gc.reshape(b * t, p), a.reshape(b * t, d)
@@ -692,26 +746,26 @@ class DenseOuterProduct(Contribution):
         self.params = (weight,) if bias is None else (weight, bias)
         self._low = keep_low_precision(a, g)
         dt = a.dtype if self._low else compute_dtype(a, g)
-        self.a, self.g = _as(a, dt), _as(g, dt)
+        self.a, self.g = as_dtype(a, dt), as_dtype(g, dt)
         self.transposed = transposed
         self._sq = None
 
     def sq_norms(self) -> torch.Tensor:
         if self._sq is None:
-            ga = _rowdot(self.g)
-            aa = _rowdot(self.a)
+            ga = row_sq_norms(self.g)
+            aa = row_sq_norms(self.a)
             self._sq = ga * (aa + 1.0) if self.bias is not None else ga * aa
         return self._sq
 
     def param_sq_norms(self) -> list[torch.Tensor]:
-        ga = _rowdot(self.g)
-        return [ga * _rowdot(self.a)] if self.bias is None else [ga * _rowdot(self.a), ga]
+        ga = row_sq_norms(self.g)
+        return [ga * row_sq_norms(self.a)] if self.bias is None else [ga * row_sq_norms(self.a), ga]
 
     def _weighted_g(self, c: torch.Tensor) -> torch.Tensor:
         """Output gradients scaled per example, ``c_i g_i``."""
         if self._low:
-            return _row_scaled(self.g, low_factors(c, self.g.dtype))
-        return _row_scaled(self.g, c)
+            return row_scaled(self.g, low_factors(c, self.g.dtype))
+        return row_scaled(self.g, c)
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         gc = self._weighted_g(c)
@@ -755,16 +809,26 @@ class DenseOuterProduct(Contribution):
             outs[1].add_(gc.sum(0))
 
 
-def _segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-    """``out[j] = sum_{i: index_i = j} values_i`` for ``j < n``."""
+def segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """Sum of the rows of ``values`` sharing a segment id: ``out[j] = sum_{i: index_i = j}
+    values_i`` for ``j < n`` (TensorFlow's ``unsorted_segment_sum``).
+
+    Parameters
+    ----------
+    values : torch.Tensor
+        ``(N, d)`` rows to add.
+    index : torch.Tensor
+        ``(N,)`` integer segment of each row, in ``[0, n)``.
+    n : int
+        Number of segments.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, d)``, zero for a segment no row belongs to (one fused kernel: the backward
+        of an embedding lookup).
+    """
     return torch.ops.aten.embedding_dense_backward(values, index, n, -1, False)
-
-
-def _scaled(record: Record, i: int = 0) -> torch.Tensor:
-    """Output gradient ``i`` as recorded. Rules are linear in it: the tracker applies the
-    loss-reduction factor to the norms and sums afterwards (one multiply per step, not
-    per layer)."""
-    return record.grad(i)
 
 
 # True while rules are evaluated (their internal module calls must not be recorded); a
@@ -787,7 +851,6 @@ def recording_disabled() -> bool:
     return _IN_RULE.get()
 
 
-
 class _MakeDifferentiable(torch.autograd.Function):
     """Identity on a tensor that does not require grad, made differentiable via ``dummy``.
 
@@ -803,3 +866,34 @@ class _MakeDifferentiable(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return None, g
+
+
+def make_differentiable(x: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
+    """``x`` itself, made part of the autograd graph through ``dummy``.
+
+    For an instrumenter (:func:`register_instrumenter`) that must catch the gradient of
+    an intermediate tensor computed from inputs that require no gradient (e.g. a frozen
+    first layer): ``make_differentiable(t, dummy).register_hook(...)`` then sees it.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        A tensor that does not require grad, returned in place (``mark_dirty``: safe,
+        since autograd saved it nowhere).
+    dummy : torch.Tensor
+        A scalar tensor with ``requires_grad=True``; it receives no gradient.
+
+    Returns
+    -------
+    torch.Tensor
+        ``x``, now requiring grad; the gradient reaching it passes through unchanged.
+    """
+    return _MakeDifferentiable.apply(dummy, x)
+
+
+# former private names of the rule-author kit, kept for code that imports them
+_as = as_dtype
+_rowdot = row_sq_norms
+_row_scaled = row_scaled
+_segment_sum = segment_sum
+_live_positions = live_positions

@@ -44,8 +44,7 @@ from privlearn.torch.grad_sample import (
     Materialized,
     OuterProduct,
     Record,
-    _as,
-    _scaled,
+    as_dtype,
     compute_dtype,
     register_instrumenter,
     register_rule,
@@ -344,32 +343,32 @@ def _cell_contribution(module: nn.Module, mode: str, record: Record, params) -> 
             "recorded for it may already include the hidden state's and its per-example "
             "gradients cannot be told apart. Keep the instrumentation on (the default), or "
             "use nn.LSTM")
-    g_h = _scaled(record, 0)
-    g_c = _scaled(record, 1) if lstm else None
+    g_h = record.grad(0)
+    g_c = record.grad(1) if lstm else None
     dt = compute_dtype(x, g_h, g_c)
     B, H = x.shape[0], module.hidden_size
     hx = _arg(record, 1, "hx")
     h, c = (hx if hx is not None else (None, None)) if lstm else (hx, None)
     # (a state tuple is recorded as passed: detached here, like every recorded tensor)
-    h = x.new_zeros(B, H, dtype=dt) if h is None else _as(h.detach(), dt)
+    h = x.new_zeros(B, H, dtype=dt) if h is None else as_dtype(h.detach(), dt)
     if lstm:
-        c = x.new_zeros(B, H, dtype=dt) if c is None else _as(c.detach(), dt)
-    x = _as(x, dt)
+        c = x.new_zeros(B, H, dtype=dt) if c is None else as_dtype(c.detach(), dt)
+    x = as_dtype(x, dt)
     w_ih, w_hh = module.weight_ih, module.weight_hh
     b_ih, b_hh = module.bias_ih, module.bias_hh
 
     def det(t):
-        return None if t is None else _as(t.detach(), dt)
+        return None if t is None else as_dtype(t.detach(), dt)
 
     with rule_evaluation(), torch.enable_grad():
         gi = torch.nn.functional.linear(x, det(w_ih), det(b_ih)).requires_grad_()
         gh = torch.nn.functional.linear(h, det(w_hh), det(b_hh)).requires_grad_()
         if lstm:
             targets = _lstm_cell(gi, gh, c)
-            seeds = (_as(g_h, dt), _as(g_c, dt))
+            seeds = (as_dtype(g_h, dt), as_dtype(g_c, dt))
         else:
             targets = (_cell(mode, gi, gh, h),)
-            seeds = (_as(g_h, dt),)
+            seeds = (as_dtype(g_h, dt),)
         dgi, dgh = torch.autograd.grad(targets, (gi, gh), seeds)
     ps = set(params)
     parts = [part for part in (_dense_part(w_ih, b_ih, x, dgi, ps),
@@ -466,7 +465,7 @@ def recurrent_contribution(module: nn.Module, spec: Recurrence, record: Record, 
                              "per-example clipping needs a batch dimension")
         if spec.batch_first:
             x = x.transpose(0, 1)  # work time-major: (T, B, I)
-        g_out = _scaled(record, 0)
+        g_out = record.grad(0)
         if spec.batch_first:
             g_out = g_out.transpose(0, 1)
     T, B = x.shape[:2]
@@ -482,11 +481,11 @@ def recurrent_contribution(module: nn.Module, spec: Recurrence, record: Record, 
         c0 = x.new_zeros(L * D, B, H, dtype=dtype)
     # gradients of the loss with respect to (output, h_n[, c_n]); output in (T, B, D*H)
     if mode == "LSTM":
-        g_h, g_c = _scaled(record, n_out - 2), _scaled(record, n_out - 1)
+        g_h, g_c = record.grad(n_out - 2), record.grad(n_out - 1)
         if lengths is None:
             return _lstm_contribution(module, spec, x, h0, c0, g_out, g_h, g_c, params)
     else:
-        g_h, g_c = _scaled(record, n_out - 1), None
+        g_h, g_c = record.grad(n_out - 1), None
     return _autograd_contribution(module, spec, x, h0, c0, g_out, g_h, g_c, params, lengths)
 
 

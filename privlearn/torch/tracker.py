@@ -78,10 +78,10 @@ from privlearn.torch.grad_sample import (
     LayerRule,
     Materialized,
     Record,
-    _MakeDifferentiable,
     context_layout,
     get_instrumenter,
     get_rule,
+    make_differentiable,
     rule_evaluation,
 )
 
@@ -543,7 +543,7 @@ class GradSampleTracker(ClippingMixin):
                     self._recompute_unrecorded = unit.name
                 if type(output) is Tensor and output.is_floating_point() \
                         and not output.requires_grad:
-                    return _MakeDifferentiable.apply(dummy, output)
+                    return make_differentiable(output, dummy)
                 return None
             args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
             if move is not None and args and isinstance(args[0], Tensor):
@@ -572,7 +572,7 @@ class GradSampleTracker(ClippingMixin):
                     return None
                 changed = not output.requires_grad
                 if changed:
-                    output = _MakeDifferentiable.apply(dummy, output)
+                    output = make_differentiable(output, dummy)
                 output.register_hook(grad_hook(rec, 0, move, early))
                 return output if changed else None
             flat, spec = tree_flatten(output)
@@ -586,7 +586,7 @@ class GradSampleTracker(ClippingMixin):
                     rec.grad_outputs.append(None)
                     if o.is_floating_point():
                         if not o.requires_grad:
-                            o = _MakeDifferentiable.apply(dummy, o)
+                            o = make_differentiable(o, dummy)
                         else:
                             # the hook on a view sees only the gradient from outside the
                             # layer (an output the layer itself consumed, e.g. y in

@@ -528,7 +528,7 @@ class _ReadsSomePositions(nn.Module):
 @given(b=st.integers(1, 4), t=st.integers(2, 6), d=dims, p=dims, data=st.data())
 def test_linear_positions_the_loss_never_reads(b, t, d, p, data):
     """Positions whose output gradient is zero in every example are dropped
-    (grad_sample._live_positions); the norms and sums still equal the naive loop, whatever
+    (grad_sample.live_positions); the norms and sums still equal the naive loop, whatever
     subset the loss reads (none, some, all)."""
     positions = data.draw(st.lists(st.integers(0, t - 1), max_size=t, unique=True))
     torch.manual_seed(b * 10 + t)
@@ -556,14 +556,48 @@ def test_positions_the_loss_never_reads_are_dropped():
 
 def test_live_positions_keeps_nan_and_nonzero_positions():
     g = torch.zeros(2, 1, 5, 3)
-    assert grad_sample._live_positions(torch.randn(2, 1, 5, 3)) is None  # all live: no copy
+    assert grad_sample.live_positions(torch.randn(2, 1, 5, 3)) is None  # all live: no copy
     g[1, 0, 3, 2] = 1e-45  # the smallest subnormal float32 is not zero
     g[0, 0, 1, 1] = float("nan")  # a NaN must propagate, never be dropped
     g[0, 0, 4, 0] = -2.0
-    assert grad_sample._live_positions(g).tolist() == [1, 3, 4]
+    assert grad_sample.live_positions(g).tolist() == [1, 3, 4]
     # nothing live: one (zero) position is kept so that every shape stays non-empty
-    assert grad_sample._live_positions(torch.zeros(2, 1, 5, 3)).tolist() == [0]
-    assert grad_sample._live_positions(torch.zeros(2, 1, 1, 3)) is None  # one position
+    assert grad_sample.live_positions(torch.zeros(2, 1, 5, 3)).tolist() == [0]
+    assert grad_sample.live_positions(torch.zeros(2, 1, 1, 3)) is None  # one position
+
+
+def test_rule_kit_against_naive_and_former_names():
+    """The public helpers rules import equal naive loops; the former private names are
+    the same objects (code that imported them keeps working)."""
+    torch.manual_seed(0)
+    v, ids = torch.randn(7, 3, dtype=torch.float64), torch.tensor([3, 0, 3, 1, 0, 3, 1])
+    naive = torch.stack([sum((v[i] for i in range(7) if ids[i] == j), torch.zeros(3,
+                         dtype=torch.float64)) for j in range(5)])
+    assert torch.equal(grad_sample.segment_sum(v, ids, 5), naive)  # segments 2, 4 empty
+    assert torch.allclose(grad_sample.row_sq_norms(v),
+                          torch.tensor([float(r @ r) for r in v], dtype=torch.float64))
+    h = v.to(torch.bfloat16)
+    assert grad_sample.row_sq_norms(h).dtype == torch.float32
+    c = torch.tensor([1.0, 0.0, 0.5, 0.0, 2.0, 1.0, 3.0])
+    x = v.clone()
+    x[1, 0], x[3, 2] = float("inf"), float("nan")  # rows with weight 0: exactly zero
+    y = grad_sample.row_scaled(x, c)
+    assert torch.equal(y[[1, 3]], torch.zeros(2, 3, dtype=torch.float64))
+    assert torch.equal(y[[0, 2, 4]], v[[0, 2, 4]] * c[[0, 2, 4]].double()[:, None])
+    assert grad_sample.as_dtype(v, torch.float64) is v
+    assert grad_sample.as_dtype(v, torch.float32).dtype == torch.float32
+    dummy = torch.zeros((), requires_grad=True)
+    t = torch.ones(3)
+    out = grad_sample.make_differentiable(t, dummy)
+    seen = []
+    out.register_hook(seen.append)
+    (out * torch.arange(3.0)).sum().backward()
+    assert out is t and torch.equal(seen[0], torch.arange(3.0)) and dummy.grad is None
+    for old, new in [("_as", "as_dtype"), ("_rowdot", "row_sq_norms"),
+                     ("_row_scaled", "row_scaled"), ("_segment_sum", "segment_sum"),
+                     ("_live_positions", "live_positions")]:
+        assert getattr(grad_sample, old) is getattr(grad_sample, new)
+        assert new in grad_sample.__all__
 
 
 class _FunctionalDropout(nn.Module):

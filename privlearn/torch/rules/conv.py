@@ -21,8 +21,7 @@ from privlearn.torch.grad_sample import (
     Materialized,
     OuterProduct,
     Record,
-    _as,
-    _scaled,
+    as_dtype,
     compute_dtype,
     register_rule,
 )
@@ -58,7 +57,7 @@ def _conv_patches(module, x: torch.Tensor, nd: int) -> torch.Tensor:
 
 def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
     x = record.args[0]
-    g = _scaled(record)
+    g = record.grad(0)
     if x.dim() == nd + 1:  # unbatched input
         raise BatchDependenceError(f"{type(module).__name__} received an unbatched input of shape "
                          f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
@@ -68,17 +67,17 @@ def _conv_rule(module, record: Record, params, nd: int) -> Contribution:
     w = module.weight if module.weight in ps else None
     bias = module.bias if module.bias is not None and module.bias in ps else None
     dt = compute_dtype(x, g)
-    gg = _as(g, dt).reshape(b, G, p, -1).transpose(-1, -2)  # (B, G, L, p)
+    gg = as_dtype(g, dt).reshape(b, G, p, -1).transpose(-1, -2)  # (B, G, L, p)
     if w is None:
         return Materialized([bias], [gg.sum(2).reshape(b, G * p)])
     if nd == 3:
         d = module.weight[0].numel()
         if not grad_sample.use_ghost(b, G, gg.shape[2], d, p, gg.element_size()):
-            grads = [_conv_weight_per_example(module, _as(x, dt), _as(g, dt))]
+            grads = [_conv_weight_per_example(module, as_dtype(x, dt), as_dtype(g, dt))]
             if bias is not None:
                 grads.append(gg.sum(2).reshape(b, G * p))
             return Materialized([w] if bias is None else [w, bias], grads)
-    a = _conv_patches(module, _as(x, dt), nd)  # (B, G, L, d)
+    a = _conv_patches(module, as_dtype(x, dt), nd)  # (B, G, L, d)
     return OuterProduct(w, bias, a, gg)
 
 

@@ -11,13 +11,12 @@ from torch import nn
 from privlearn.torch.grad_sample import (
     Contribution,
     Record,
-    _as,
-    _row_scaled,
-    _rowdot,
-    _scaled,
-    _segment_sum,
+    as_dtype,
     compute_dtype,
     register_rule,
+    row_scaled,
+    row_sq_norms,
+    segment_sum,
 )
 
 __all__ = ["EmbeddingContribution", "embedding_bag_rule", "embedding_rule"]
@@ -39,7 +38,7 @@ class EmbeddingContribution(Contribution):
         b = ids.shape[0]
         ids = ids.reshape(b, -1)  # copies expanded (stride-0) views: never written in place
         g = g.reshape(b, ids.shape[1], -1)
-        g = _as(g, compute_dtype(g))
+        g = as_dtype(g, compute_dtype(g))
         if padding_idx is not None:
             g = g * (ids != padding_idx).unsqueeze(-1).to(g.dtype)
         self.b, self.ids, self.g = b, ids, g
@@ -64,14 +63,14 @@ class EmbeddingContribution(Contribution):
             # the positions holding equal ids summed first (distinct ids: a copy of g)
             seg = _segments(ids[0])
             agg = g.new_zeros(b, ids.shape[1], D).index_add_(1, seg, g)
-            return _rowdot(agg.reshape(b, -1))
+            return row_sq_norms(agg.reshape(b, -1))
         n = ids.numel()
         keys = (torch.arange(b, device=ids.device) * V).unsqueeze(1) + ids
         seg = _segments(keys.reshape(-1))  # one segment per distinct (example, id)
         # segment sums by the (sort-based) kernel autograd uses for Embedding: several
         # times faster on CPU than index_add_; n segments at most (a static bound: the
         # unused ones stay zero)
-        sq = _rowdot(_segment_sum(g.reshape(-1, D), seg, n))
+        sq = row_sq_norms(segment_sum(g.reshape(-1, D), seg, n))
         example = torch.arange(n, device=ids.device) // ids.shape[1]
         owner = torch.zeros_like(seg).scatter_(0, seg, example)  # example of each segment
         return g.new_zeros(b).index_add_(0, owner, sq)
@@ -83,10 +82,10 @@ class EmbeddingContribution(Contribution):
 
     def _weighted_rows(self, c: torch.Tensor) -> torch.Tensor:
         """Output gradients scaled per example, ``c_i g_{i,t}``, one row per token."""
-        return _row_scaled(self.g, c).reshape(-1, self.weight.shape[1])
+        return row_scaled(self.g, c).reshape(-1, self.weight.shape[1])
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
-        return [_segment_sum(self._weighted_rows(c), self.ids.reshape(-1),
+        return [segment_sum(self._weighted_rows(c), self.ids.reshape(-1),
                              self.weight.shape[0])]
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
@@ -97,7 +96,7 @@ class EmbeddingContribution(Contribution):
         D = self.weight.shape[1]
         if self._shared_ids():  # sum over examples first: T rows to scatter, not B T
             t = self.ids.shape[1]
-            rows = _row_scaled(self.g.reshape(self.b, t * D), c).sum(0).view(t, D)
+            rows = row_scaled(self.g.reshape(self.b, t * D), c).sum(0).view(t, D)
             o.view(-1, D).index_add_(0, self.ids[0], rows.to(o.dtype))
             return
         o.view(-1, D).index_add_(0, self.ids.reshape(-1), self._weighted_rows(c).to(o.dtype))
@@ -128,7 +127,7 @@ def _segments(keys: torch.Tensor) -> torch.Tensor:
 @register_rule(nn.Embedding)
 def embedding_rule(module: nn.Embedding, record: Record, params) -> Contribution:
     ids = record.args[0]
-    return EmbeddingContribution(module.weight, ids, _scaled(record), module.padding_idx)
+    return EmbeddingContribution(module.weight, ids, record.grad(0), module.padding_idx)
 
 
 def _bags(module: nn.EmbeddingBag, record: Record):
@@ -195,7 +194,7 @@ def embedding_bag_rule(module: nn.EmbeddingBag, record: Record, params) -> Contr
     output gradients ``c_t g_b`` (2-D input or 1-D input with offsets, one example per
     bag). Mode "max" is refused by the validator."""
     ids, w = _bags(module, record)
-    g = _scaled(record)  # (B, D)
+    g = record.grad(0)  # (B, D)
     dt = compute_dtype(g)
-    rows = _as(w, dt).unsqueeze(-1) * _as(g, dt).unsqueeze(1)  # (B, L, D)
+    rows = as_dtype(w, dt).unsqueeze(-1) * as_dtype(g, dt).unsqueeze(1)  # (B, L, D)
     return EmbeddingContribution(module.weight, ids, rows, None)

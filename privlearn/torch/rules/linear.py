@@ -14,8 +14,7 @@ from privlearn.torch.grad_sample import (
     Materialized,
     OuterProduct,
     Record,
-    _as,
-    _scaled,
+    as_dtype,
     compute_dtype,
     register_rule,
 )
@@ -25,7 +24,7 @@ __all__ = ['linear_rule', 'linear_like']
 
 @register_rule(nn.Linear, casts_input=True)
 def linear_rule(module: nn.Linear, record: Record, params) -> Contribution:
-    return linear_like(record.args[0], _scaled(record), module.weight, module.bias, params)
+    return linear_like(record.args[0], record.grad(0), module.weight, module.bias, params)
 
 
 def linear_like(a: torch.Tensor, g: torch.Tensor, weight, bias, params,
@@ -41,7 +40,7 @@ def linear_like(a: torch.Tensor, g: torch.Tensor, weight, bias, params,
     d, p = a.shape[-1], g.shape[-1]
     g = g.reshape(b, 1, -1, p)
     if w is None:  # frozen weight, trainable bias
-        return Materialized([bias], [_as(g, compute_dtype(g)).sum(2).reshape(b, p)])
+        return Materialized([bias], [as_dtype(g, compute_dtype(g)).sum(2).reshape(b, p)])
     # as recorded: the outer product converts them to its working dtype where it uses
     # them (half precision stays so where LOW_PRECISION_MATMUL keeps it)
     return OuterProduct(w, bias, a.reshape(b, 1, -1, d), g, transposed=transposed)

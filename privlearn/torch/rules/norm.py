@@ -13,10 +13,9 @@ from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
     Record,
-    _as,
-    _live_positions,
-    _scaled,
+    as_dtype,
     compute_dtype,
+    live_positions,
     register_rule,
 )
 
@@ -37,12 +36,12 @@ def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
 
 @register_rule(nn.LayerNorm, early=True)
 def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution:
-    x, g = record.args[0], _scaled(record)
+    x, g = record.args[0], record.grad(0)
     dt = compute_dtype(x, g)
-    x, g = _as(x, dt), _as(g, dt)
+    x, g = as_dtype(x, dt), as_dtype(g, dt)
     k = len(module.normalized_shape)
     if x.dim() == k + 2 and g.shape == x.shape:  # (B, T, *shape): drop dead positions
-        live = _live_positions(g.reshape(g.shape[0], 1, g.shape[1], -1))
+        live = live_positions(g.reshape(g.shape[0], 1, g.shape[1], -1))
         if live is not None:
             x, g = x.index_select(1, live), g.index_select(1, live)
     xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
@@ -52,9 +51,9 @@ def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution
 
 @register_rule(nn.GroupNorm, batch_dim=0, early=True)
 def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution:
-    x, g = record.args[0], _scaled(record)
+    x, g = record.args[0], record.grad(0)
     dt = compute_dtype(x, g)
-    x, g = _as(x, dt), _as(g, dt)
+    x, g = as_dtype(x, dt), as_dtype(g, dt)
     xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
     reduce_dims = tuple(range(2, x.dim()))
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
@@ -66,12 +65,12 @@ def instancenorm_rule(module: nn.modules.instancenorm._InstanceNorm, record: Rec
     """InstanceNorm (affine): each example and channel is normalised with its own
     statistics (in training, with or without running statistics, which the validator
     refuses), then scaled per channel: ``grad_w[c] = sum_s g[c, s] xhat[c, s]``."""
-    x, g = record.args[0], _scaled(record)
+    x, g = record.args[0], record.grad(0)
     if x.dim() == module._get_no_batch_dim():
         raise BatchDependenceError(f"{type(module).__name__} received an unbatched input of shape "
                          f"{tuple(x.shape)}; per-example clipping needs a batch dimension")
     dt = compute_dtype(x, g)
-    x, g = _as(x, dt), _as(g, dt)
+    x, g = as_dtype(x, dt), as_dtype(g, dt)
     xhat = F.instance_norm(x, use_input_stats=True, eps=module.eps)
     reduce_dims = tuple(range(2, x.dim()))
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)

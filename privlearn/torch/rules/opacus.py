@@ -35,8 +35,7 @@ from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
     Record,
-    _as,
-    _scaled,
+    as_dtype,
     compute_dtype,
     register_predicate_layout,
     register_predicate_rule,
@@ -148,11 +147,11 @@ def _is_sequence_bias(m: nn.Module) -> bool:
 def sequence_bias_rule(module: nn.Module, record: Record, params) -> Contribution:
     """``SequenceBias``: ``cat([x, bias repeated], sequence dimension)``; the bias's
     per-example gradient is the output gradient at the appended (last) position."""
-    g = _scaled(record)  # batch-first: (B, T + 1, E)
+    g = record.grad(0)  # batch-first: (B, T + 1, E)
     if g.dim() != 3:
         raise BatchDependenceError(f"SequenceBias received an input of {g.dim()} dimensions; "
                          "per-example clipping needs a batch of sequences (3 dimensions)")
-    g = _as(g, compute_dtype(g))
+    g = as_dtype(g, compute_dtype(g))
     return Materialized([module.bias], [g[:, -1, :]])
 
 

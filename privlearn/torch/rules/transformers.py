@@ -28,7 +28,7 @@ from privlearn.torch.grad_sample import (
     Contribution,
     Materialized,
     Record,
-    _as,
+    as_dtype,
     compute_dtype,
     register_predicate_rule,
     register_rule,
@@ -127,7 +127,7 @@ def _rms_contribution(x, g, weight, params, xhat) -> Contribution:
     dt = compute_dtype(x, g)
     k = weight.dim()
     reduce_dims = tuple(range(1, x.dim() - k))
-    gx = _as(g, dt) * _as(xhat, dt)
+    gx = as_dtype(g, dt) * as_dtype(xhat, dt)
     return Materialized([weight], [gx.sum(reduce_dims) if reduce_dims else gx])
 
 
@@ -136,7 +136,7 @@ def torch_rmsnorm_rule(module: nn.RMSNorm, record: Record, params) -> Contributi
     """``torch.nn.RMSNorm``: ``grad_w = sum_t g_t * x_t / rms(x_t)``."""
     x, g = record.args[0], record.grad(0)
     dt = compute_dtype(x, g)
-    xhat = F.rms_norm(_as(x, dt), module.normalized_shape, None, module.eps)
+    xhat = F.rms_norm(as_dtype(x, dt), module.normalized_shape, None, module.eps)
     return _rms_contribution(x, g, module.weight, params, xhat)
 
 
@@ -172,7 +172,7 @@ def vit_embeddings_rule(module: nn.Module, record: Record, params) -> Contributi
     if special or (drop > 0 and module.dropout.training):
         return fallback_rule(module, record, params)
     g = record.grad(0)
-    g = _as(g, compute_dtype(g))
+    g = as_dtype(g, compute_dtype(g))
     b = g.shape[0]
     out_p, out_g = [], []
     for q in params:
