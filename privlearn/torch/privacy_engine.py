@@ -278,7 +278,7 @@ class PrivateTraining:
             self.optimizer.correlated.load_state_dict(state["correlated"])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """What a run is planned as (:func:`plan_run`).
 
@@ -425,8 +425,10 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     if eps is None and planned is not None and nm > 0:
         eps = run.mechanism(nm, planned).epsilon(cfg.target_delta, accountant=cfg.accountant)
     expected = (world * b if not law.cycled else law.expected_batch(q, n, cycle))
-    return Plan(rank, world, n, b, q, per_epoch, planned, float(nm), eps, float(c), bounds,
-                adaptive, run, float(expected), units)
+    return Plan(rank=rank, world_size=world, dataset_size=n, batch_size=b, sampling_rate=q,
+                steps_per_epoch=per_epoch, planned_steps=planned, noise_multiplier=float(nm),
+                planned_epsilon=eps, max_grad_norm=float(c), per_layer_bounds=bounds,
+                adaptive=adaptive, run=run, expected_batch_size=float(expected), units=units)
 
 
 def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
