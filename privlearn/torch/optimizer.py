@@ -171,6 +171,18 @@ class DPOptimizer:
     last_step_skipped : bool
         Whether the last step driven by a ``GradScaler`` left the parameters unchanged
         because the noisy gradient was not finite (the step is accounted all the same).
+    grad_scaler : torch.amp.GradScaler or None
+        The GradScaler driving the steps (``scaler.step(optimizer)``).
+    correlated : CorrelatedNoise or None
+        Matrix-factorization noise (None: independent noise, DP-SGD).
+    unit_reduction : {"mean", "sum"}
+        How a privacy unit's row gradients are combined before clipping.
+    augmentation : int or None
+        K augmented views per example, arriving as K consecutive rows.
+    per_param_clipping : dict or None
+        Per-layer clipping weights ``id(p) -> w_p`` (None: flat clipping).
+    sharded : ShardedGradients or None
+        The FSDP2 gradient exchange (None: replicated parameters).
     """
 
     #: ``torch.amp.GradScaler.step`` calls :meth:`step` directly and hands it the scale
@@ -183,7 +195,10 @@ class DPOptimizer:
                  accountant: PrivacyAccountant, noise: NoiseSource, sampler,
                  world_size: int = 1, process_group=None,
                  adaptive: AdaptiveClipping | None = None, budget: BudgetCap | None = None,
-                 ledger: LedgerLink | None = None, grad_scaler: GradScaler | None = None):
+                 ledger: LedgerLink | None = None, grad_scaler: GradScaler | None = None,
+                 correlated=None, unit_reduction: str = "mean",
+                 augmentation: int | None = None, per_param_clipping: dict | None = None,
+                 sharded=None):
         self.original_optimizer = optimizer
         self.tracker = tracker
         self._noise_multiplier = 0.0
@@ -199,18 +214,15 @@ class DPOptimizer:
         self._sampling_rate = float(sampler.sample_rate)
         self.budget = budget
         self.ledger = ledger
-        #: :class:`~privlearn.torch.correlated_noise.CorrelatedNoise` turning each step's
-        #: draw into ``(C^{-1} z)_t`` (None: independent noise, DP-SGD)
-        self.correlated = None
+        #: turns each step's draw into ``(C^{-1} z)_t`` (None: independent noise)
+        self.correlated = correlated
         #: the ``torch.amp.GradScaler`` that drives the steps (``scaler.step(optimizer)``),
         #: told whether each noisy gradient was finite
         self.grad_scaler = grad_scaler
         self.noise = noise
         self.world_size = int(world_size)
         self.process_group = process_group
-        #: :class:`~privlearn.torch.fsdp.ShardedGradients` for an FSDP2 model (None:
-        #: replicated parameters, the noisy sums all-reduced)
-        self.sharded = None
+        self.sharded = sharded
         self._accum: dict[int, torch.Tensor] = {}
         self._flat: torch.Tensor | None = None  # last step's noisy-gradient buffer
         self._final_chunk = True  # the next step() ends a logical batch
@@ -220,12 +232,11 @@ class DPOptimizer:
         #: of a unit's row gradients (users drawn by a sampler with a ``UnitIndex``), and
         #: ``augmentation`` K: each example arrives as K consecutive rows (augmented views,
         #: laid out by the loader, :class:`~privlearn.torch.data.AugmentedLoader`)
-        self.unit_reduction = "mean"
-        self.augmentation: int | None = None
+        self.unit_reduction = unit_reduction
+        self.augmentation: int | None = augmentation
         self.last_grad_norms = None
-        #: per-layer clipping: ``id(p) -> w_p`` (``sum w_p^2 = 1``), parameter ``p`` clipped
-        #: to ``w_p * max_grad_norm``; None: flat clipping (set by make_private)
-        self.per_param_clipping: dict | None = None
+        #: ``id(p) -> w_p`` (``sum w_p^2 = 1``): ``p`` clipped to ``w_p * max_grad_norm``
+        self.per_param_clipping: dict | None = per_param_clipping
         self._layout_version = -1
         self._sync_params()
         self._dynamic_scale = 1.0  # GradScaler's scale during a step it drives
@@ -391,9 +402,10 @@ class DPOptimizer:
                 "released. Finish every logical batch of p.data_loader before leaving the "
                 "loop to use all of it", RuntimeWarning, stacklevel=4)
 
-    def _abandon(self, dropped) -> None:
+    def abandon_pass(self, dropped) -> None:
         """A new pass over the loader began: batches delivered by the last pass that no
-        step used (and anything computed from them) are dropped."""
+        step used (and anything computed from them) are dropped. The loader's
+        ``on_restart`` callback (:class:`~privlearn.torch.data.DPDataLoader`)."""
         self._begin_logical_batch()
         self._final_chunk, self._chunk_size = True, None
         if dropped:

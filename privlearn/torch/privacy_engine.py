@@ -483,9 +483,12 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
 
 
 def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoader,
-                    cfg: DPConfig, plan: Plan, link, process_group=None):
+                    cfg: DPConfig, plan: Plan, link, process_group=None, *,
+                    grad_scaler=None, sharded: ShardedGradients | None = None):
     """The DP loader, accountant, budget cap, noise source and optimizer:
-    ``(dp_optimizer, loader, accountant, budget)``."""
+    ``(dp_optimizer, loader, accountant, budget)``. ``grad_scaler``: the GradScaler of
+    fp16 training; ``sharded``: the FSDP2 gradient exchange (None: replicated
+    parameters)."""
     seed = None if cfg.seed is None else cfg.seed + 1_000_003 * plan.rank
     shared = (_shared_seed(cfg.seed, process_group)
               if cfg.sampling == "fixed" and plan.world_size > 1 else None)
@@ -518,20 +521,21 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                        planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps,
                        beyond=beyond)
     noise = NoiseSource(secure_mode=cfg.secure_mode, seed=None if seed is None else seed + 7)
+    per_param = None
+    if plan.per_layer_bounds is not None:
+        by_name = dict(tracker.model.named_parameters())
+        per_param = {id(by_name[n]): c / plan.max_grad_norm for n, c in plan.per_layer_bounds}
     opt = DPOptimizer(optimizer, tracker, noise_multiplier=plan.noise_multiplier,
                       max_grad_norm=plan.max_grad_norm,
                       expected_batch_size=plan.expected_batch_size, accountant=acct,
                       noise=noise, sampler=loader.batch_sampler, world_size=plan.world_size,
                       process_group=process_group, adaptive=plan.adaptive, budget=budget,
-                      ledger=link)
-    opt.correlated = plan.run.noise_transform()  # None: C is the identity
-    opt.unit_reduction = cfg.user_reduction
-    opt.augmentation = cfg.augmentation_multiplicity
-    if plan.per_layer_bounds is not None:
-        by_name = dict(tracker.model.named_parameters())
-        opt.per_param_clipping = {id(by_name[n]): c / plan.max_grad_norm
-                                  for n, c in plan.per_layer_bounds}
-    loader.on_restart = opt._abandon
+                      ledger=link, grad_scaler=grad_scaler,
+                      correlated=plan.run.noise_transform(),  # None: C is the identity
+                      unit_reduction=cfg.user_reduction,
+                      augmentation=cfg.augmentation_multiplicity,
+                      per_param_clipping=per_param, sharded=sharded)
+    loader.on_restart = opt.abandon_pass
     if cfg.max_physical_batch_size is not None:
         loader = VirtualBatchLoader(loader, cfg.max_physical_batch_size, opt)
     if cfg.augment is not None:
@@ -585,12 +589,11 @@ def make_private(
                                  "bfloat16), which needs no loss scaling")
         link = reserve_budget(ledger, cfg, plan, inner, undo)
         tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
+        exchange = ShardedGradients(_mesh_group(inner)) if sharded else None
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
-                                                    plan, link, process_group)
-        opt.grad_scaler = grad_scaler
+                                                    plan, link, process_group,
+                                                    grad_scaler=grad_scaler, sharded=exchange)
         undo(opt.guard_original(), on_detach=True)
-        if sharded:
-            opt.sharded = ShardedGradients(_mesh_group(inner))
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)
