@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from _ranks import init_gloo, run_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
 WORLD = 2
@@ -97,12 +97,8 @@ def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS
     )
 
 
-def _worker(rank: int, store: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    # a rendezvous file in the test's own folder: no port to collide with a test running
-    # beside it (a free port found first can be taken before the group binds it)
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, store)}",
-                            rank=rank, world_size=WORLD)
+def _worker(rank: int, out_dir: str) -> None:
+    init_gloo(rank, WORLD, out_dir)
     try:
         results = {}
         for ddp in (False, True):
@@ -140,11 +136,8 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=("rendezvous", str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks(_worker, out, WORLD)
 
 
 def _single_process_references(batches, expected, oracle):

@@ -31,7 +31,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from _ranks import init_gloo, run_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
 WORLD = 2
@@ -163,12 +163,8 @@ def _train(name, wrapper, mesh, *, sigma=0.0, seed=11, steps=STEPS, lr=LR, c=Non
     return out
 
 
-def _worker(rank: int, store: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    # a rendezvous file in the test's own folder: no port to collide with a test running
-    # beside it (a free port found first can be taken before the group binds it)
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, store)}",
-                            rank=rank, world_size=WORLD)
+def _worker(rank: int, out_dir: str) -> None:
+    init_gloo(rank, WORLD, out_dir)
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (WORLD,))
@@ -242,13 +238,10 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
     pytest.importorskip("torch.distributed.fsdp")
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_worker, args=("rendezvous", str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks(_worker, out, WORLD)
 
 
 def _naive(oracle, name, batches, expected, *, lr=LR, c=None, bounds=None, model=None,

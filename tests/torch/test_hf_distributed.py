@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from _ranks import init_gloo, run_ranks  # noqa: E402
 
 WORLD = 2
 N = 8
@@ -75,16 +75,13 @@ def _trainer(out, private_dir, sigma, steps, save=False, seed=3):
                                               seed=seed))
 
 
-def _worker(rank, store, tmp):
+def _worker(rank, tmp):
     # accelerate asks for MASTER_ADDR/PORT, but uses the group initialised below: no
     # process listens on this port
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
-    torch.set_num_threads(1)
-    # the group made here, on a rendezvous file in the test's folder, is the one the
-    # Trainer (accelerate) finds and keeps: no port to collide with a test beside it
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, store)}",
-                            rank=rank, world_size=WORLD)
+    # the group made here is the one the Trainer (accelerate) finds and keeps
+    init_gloo(rank, WORLD, tmp)
     warnings.simplefilter("ignore")
     res = {}
     tr = _trainer(os.path.join(tmp, "exact"), None, 0.0, 3)
@@ -118,11 +115,8 @@ def _worker(rank, store, tmp):
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
     tmp = tmp_path_factory.mktemp("hfddp")
-    mp.spawn(_worker, args=("rendezvous", str(tmp)), nprocs=WORLD, join=True)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks(_worker, tmp, WORLD)
 
 
 def test_ddp_trainer_equals_naive_loop(ranks, oracle):
