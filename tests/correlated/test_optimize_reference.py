@@ -49,7 +49,7 @@ def _blt_cases():
                            f"{row['reduction']}", marks=[] if fast else [pytest.mark.slow])
 
 
-@pytest.mark.parametrize("row", _banded_cases())
+@pytest.mark.parametrize("row", list(_banded_cases()))
 def test_banded_reaches_peer_optimum(row):
     n, bands, red = row["n"], row["bands"], row["reduction"]
     peer = BandedToeplitz(tuple(row["coefs"]))
@@ -59,7 +59,7 @@ def test_banded_reaches_peer_optimum(row):
     assert loss(ours, n, reduction=red) <= row["loss"] * TOL
 
 
-@pytest.mark.parametrize("row", _blt_cases())
+@pytest.mark.parametrize("row", list(_blt_cases()))
 def test_blt_reaches_peer_optimum(row):
     n, m, red = row["n"], row["buffers"], row["reduction"]
     p = _participation(row)
