@@ -1,11 +1,16 @@
 """The ChaCha20 keystream (RFC 8439) on any torch device, with an optional OpenSSL backend.
 
 The cipher is written with vectorised integer tensor operations: a 32-bit word is held in
-an ``int64`` tensor element in ``[0, 2**32)`` and masked after every addition and left
-shift, so nothing depends on signed overflow, and right shifts (arithmetic on signed
-integers in torch) only ever see non-negative values. Every block of a chunk is computed at
-once (the 16 state words are 16 rows, one column per block), on the device of the output:
-no host copy and no host synchronisation.
+an ``int64`` tensor element whose low 32 bits are the word; the high bits are let run
+(additions and exclusive ors need no clean high bits) and cleared only before a right
+shift, so nothing depends on signed overflow (every value stays in ``[0, 2**55)``), and
+right shifts (arithmetic on signed integers in torch) only ever see non-negative values.
+Every block of a run is computed at once (the 16 state words are 16 rows, one column per
+block; a round is its four quarter rounds at once, on four rows of four words), on the
+device of the output: no host copy and no host synchronisation, and about 450 tensor
+operations per run whatever its number of blocks (so an accelerator computes a large
+run in about 450 kernel launches), in a workspace of :data:`TENSOR_WORK_ROWS` int64
+words per block.
 
 Stream definition
 -----------------
@@ -48,12 +53,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterValueError
 
 __all__ = [
     "BACKENDS",
     "BLOCK_BYTES",
     "KEY_BYTES",
+    "TENSOR_OUT_ROWS",
+    "TENSOR_WORK_ROWS",
     "UNIFORMS_PER_BLOCK",
     "backend_for",
     "block_words",
@@ -101,78 +108,105 @@ def _segments(position: int, blocks: int) -> Iterator[tuple[int, int, int]]:
 
 # --------------------------------------------------------------------------- tensor backend
 
+#: Rows of ``blocks`` int64 words of workspace the tensor cipher uses (one row per block
+#: and word): the 16 state words, and 12 more into which the rows of words 4..15 are
+#: permuted between a column round and a diagonal round. 224 bytes per block.
+TENSOR_WORK_ROWS = 28
+#: Rows of the workspace free when the output is written: a caller's ``out`` of
+#: :func:`uniform_bits53` may be these rows (as one contiguous ``(blocks, 8)`` view).
+TENSOR_OUT_ROWS = (16, 24)
 
-def _rotl_(v: torch.Tensor, r: int, scratch: torch.Tensor) -> None:
-    """``v <- v <<< r`` on 32-bit words held in int64 (values stay in [0, 2**32))."""
-    torch.bitwise_right_shift(v, 32 - r, out=scratch)
-    v.bitwise_left_shift_(r).bitwise_and_(_MASK32).bitwise_or_(scratch)
-
-
-def _quarter_round_(a, b, c, d, scratch) -> None:
-    """RFC 8439 sec. 2.1, on four rows at once (the 4 quarter rounds of a half round)."""
-    a.add_(b).bitwise_and_(_MASK32)
-    d.bitwise_xor_(a)
-    _rotl_(d, 16, scratch)
-    c.add_(d).bitwise_and_(_MASK32)
-    b.bitwise_xor_(c)
-    _rotl_(b, 12, scratch)
-    a.add_(b).bitwise_and_(_MASK32)
-    d.bitwise_xor_(a)
-    _rotl_(d, 8, scratch)
-    c.add_(d).bitwise_and_(_MASK32)
-    b.bitwise_xor_(c)
-    _rotl_(b, 7, scratch)
+#: Per device, the two row permutations of words 4..15 (within each row of the RFC's
+#: 4 x 4 state, a rotation by 1, 2, 3 turns the diagonals into columns, and back),
+#: built on the device from an ``arange`` (no host copy) the first time.
+_PERMUTATIONS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _initial_state_(x: torch.Tensor, key_words: tuple[int, ...], position: int) -> None:
-    """Write the RFC 8439 sec. 2.3 initial states of blocks ``position, position + 1, ...``
-    (one per column of ``x``; all within one nonce) with scalar fills only, so nothing is
-    copied from the host."""
-    blocks = x.shape[1]
-    for i, w in enumerate(_SIGMA + key_words):
-        x[i].fill_(w)
+def _permutations(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    perms = _PERMUTATIONS.get(device)
+    if perms is None:
+        i = torch.arange(12, dtype=torch.int64, device=device)
+        g = torch.div(i, 4, rounding_mode="floor")  # 0, 1, 2: rows b, c, d of the state
+        base = g * 4
+        # diagonal layout: row g, column k holds word (k + g + 1) mod 4 of row g
+        forward = (i + g + 1).remainder_(4).add_(base)
+        backward = (i - g + 3).remainder_(4).add_(base)
+        perms = _PERMUTATIONS[device] = (forward, backward)
+    return perms
+
+
+def _rounds_(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor,
+             s: torch.Tensor) -> None:
+    """One round (RFC 8439 sec. 2.1, the four quarter rounds of a column or diagonal round
+    at once): rows ``a, b, c, d`` (each ``(4, blocks)``), ``s`` scratch.
+
+    Words are held in int64 with only their low 32 bits meaningful: an addition or an
+    exclusive or does not need clean high bits (the low 32 bits of a sum depend only on
+    the low 32 bits of its terms), so the words are masked only before a right shift, the
+    one operation that brings high bits down. The left rotation by ``r`` of a masked word
+    ``t`` is ``(t >> (32 - r)) + t * 2**r``, one shift and one scaled addition (the two
+    parts share no bit). The high bits stay bounded (below ``2**55`` after 20 rounds and
+    the final addition), so no value overflows or turns negative.
+    """
+    for x, y, z, r in ((a, b, d, 16), (c, d, b, 12), (a, b, d, 8), (c, d, b, 7)):
+        x.add_(y)                                    # a += b        (c += d)
+        z.bitwise_xor_(x).bitwise_and_(_MASK32)      # d ^= a, masked (b ^= c)
+        torch.bitwise_right_shift(z, 32 - r, out=s)
+        torch.add(s, z, alpha=1 << r, out=z)         # d <<<= r      (b <<<= r)
+
+
+def _counter_rows_(rows: torch.Tensor, position: int) -> None:
+    """Words 12..15 of blocks ``position, position + 1, ...`` (one per column of the
+    ``(4, blocks)`` int64 ``rows``): the block position as a little-endian 128-bit integer.
+    By device operations on host scalars only, nothing copied from the host; a run that
+    crosses a multiple of ``2**32`` blocks carries into words 13..15."""
+    blocks = rows.shape[1]
     low = position & _MASK32
-    torch.arange(low, low + blocks, out=x[12])
     nonce = position >> 32
-    for i in range(3):
-        x[13 + i].fill_((nonce >> (32 * i)) & _MASK32)
+    torch.arange(low, low + blocks, out=rows[0])
+    if low + blocks <= _SEGMENT:
+        for i in range(3):
+            rows[1 + i].fill_((nonce >> (32 * i)) & _MASK32)
+        return
+    carry = torch.bitwise_right_shift(rows[0], 32, out=rows[1])  # 0 or 1 per block
+    rows[0].bitwise_and_(_MASK32)
+    for i in (2, 1, 0):  # the carry row itself last
+        before = (nonce >> (32 * i)) & _MASK32
+        after = ((nonce + 1) >> (32 * i)) & _MASK32
+        torch.mul(carry, after - before, out=rows[1 + i]).add_(before)
 
 
-def _add_initial_state_(x: torch.Tensor, key_words: tuple[int, ...], position: int) -> None:
-    """``x += initial state`` (the final addition of RFC 8439 sec. 2.3), by scalar adds."""
-    for i, w in enumerate(_SIGMA + key_words):
-        x[i].add_(w)
-    low = position & _MASK32
-    x[12].add_(torch.arange(low, low + x.shape[1], dtype=torch.int64, device=x.device))
-    nonce = position >> 32
-    for i in range(3):
-        x[13 + i].add_((nonce >> (32 * i)) & _MASK32)
-    x.bitwise_and_(_MASK32)
+def _state_words_(key: bytes, position: int, work: torch.Tensor) -> torch.Tensor:
+    """The block function's output (RFC 8439 sec. 2.3: 20 rounds, then the initial state
+    added) of blocks ``position, ...``, as a ``(16, blocks)`` view of ``work`` (words in
+    ``[0, 2**32)``), computed in ``work``: int64, contiguous, of
+    ``TENSOR_WORK_ROWS * blocks`` elements; its rows ``TENSOR_OUT_ROWS`` are free on
+    return.
 
-
-def _block_words_segment(key_words: tuple[int, ...], position: int, blocks: int,
-                         device: torch.device) -> torch.Tensor:
-    """Output words ``(16, blocks)`` of a run of blocks that shares one nonce."""
-    x = torch.empty((16, blocks), dtype=torch.int64, device=device)
-    _initial_state_(x, key_words, position)
-    a, b, c, d = x[0:4], x[4:8], x[8:12], x[12:16]
-    scratch = torch.empty_like(a)
-    for _ in range(10):  # 20 rounds: column round, then diagonal round (sec. 2.3)
-        _quarter_round_(a, b, c, d, scratch)
-        # the diagonal round is the column round on rows b, c, d rotated by 1, 2, 3
-        # (one at a time, so that at most one extra row block is alive at once)
-        b = b.roll(-1, 0)
-        c = c.roll(-2, 0)
-        d = d.roll(-3, 0)
-        _quarter_round_(a, b, c, d, scratch)
-        b = b.roll(1, 0)
-        c = c.roll(2, 0)
-        d = d.roll(3, 0)
-    x[4:8].copy_(b)
-    x[8:12].copy_(c)
-    x[12:16].copy_(d)
-    _add_initial_state_(x, key_words, position)
-    return x
+    About 450 tensor operations whatever the number of blocks: 5 per quarter-round step,
+    vectorised over the four quarter rounds of a round and every block, and one index
+    operation between a column round and a diagonal round.
+    """
+    blocks = work.numel() // TENSOR_WORK_ROWS
+    rows = work.view(TENSOR_WORK_ROWS, blocks)
+    x, other = rows[:16], rows[16:]
+    words = _SIGMA + _key_words(key)
+    consts = torch.empty((12, 1), dtype=torch.int64, device=work.device)
+    for i, w in enumerate(words):
+        consts[i].fill_(w)
+    x[:12].copy_(consts.expand(12, blocks))
+    _counter_rows_(x[12:16], position)
+    forward, backward = _permutations(work.device)
+    a, bcd = x[:4], x[4:]
+    for _ in range(10):  # 20 rounds: a column round, then a diagonal round (sec. 2.3)
+        _rounds_(a, bcd[0:4], bcd[4:8], bcd[8:12], other[:4])
+        torch.index_select(bcd, 0, forward, out=other)  # diagonals -> columns
+        _rounds_(a, other[0:4], other[4:8], other[8:12], bcd[:4])
+        torch.index_select(other, 0, backward, out=bcd)
+    x[:12].add_(consts)
+    _counter_rows_(other[8:12], position)
+    x[12:16].add_(other[8:12])
+    return x.bitwise_and_(_MASK32)
 
 
 def _key_words(key: bytes) -> tuple[int, ...]:
@@ -201,38 +235,45 @@ def block_words(key: bytes, position: int, blocks: int,
         block function's output state (RFC 8439 sec. 2.3) for block ``position + j``.
     """
     _check(key, position, blocks)
-    device = torch.device(device)
-    words = _key_words(key)
-    out = torch.empty((16, blocks), dtype=torch.int64, device=device)
-    for off, p, n in _segments(position, blocks):
-        out[:, off:off + n] = _block_words_segment(words, p, n, device)
-    return out
+    work = torch.empty(TENSOR_WORK_ROWS * blocks, dtype=torch.int64, device=device)
+    return _state_words_(key, position, work).clone()
 
 
 #: Most blocks the tensor backend computes at once, by device type (default: all asked
-#: for). On the CPU, small runs keep the 16-row state in cache: 4096 blocks run about 10x
-#: faster per block than 131072 (measured on a 2-core EPYC).
+#: for). On the CPU, small runs keep the 28-row workspace in cache: 4096 blocks run about
+#: 10x faster per block than 131072 (measured on a 2-core EPYC).
 TENSOR_RUN_BLOCKS: dict[str, int] = {"cpu": 4096}
 
 
-def _runs(position: int, blocks: int, limit: int | None) -> Iterator[tuple[int, int, int]]:
+def _runs(position: int, blocks: int, limit: int) -> Iterator[tuple[int, int, int]]:
     """:func:`_segments`, each cut further into runs of at most ``limit`` blocks."""
     for off, p, n in _segments(position, blocks):
-        step = n if limit is None else limit
-        for k in range(0, n, step):
-            yield off + k, p + k, min(step, n - k)
+        for k in range(0, n, limit):
+            yield off + k, p + k, min(limit, n - k)
 
 
-def _tensor_bits53(key: bytes, position: int, out: torch.Tensor) -> None:
-    words = _key_words(key)
+def _bits53_(x: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst`` (8, n) <- the top 53 bits of the 64-bit little-endian words of the output
+    words ``x`` (16, n): word ``k`` is ``x[2k] + 2**32 x[2k+1]``, its top 53 bits
+    ``(x[2k+1] << 21) | (x[2k] >> 11)``, formed without leaving ``[0, 2**53)``
+    (``x`` is overwritten)."""
+    torch.bitwise_left_shift(x[1::2], 21, out=dst)
+    dst.bitwise_or_(x[0::2].bitwise_right_shift_(11))
+
+
+def _tensor_bits53(key: bytes, position: int, out: torch.Tensor,
+                   work: torch.Tensor | None = None) -> None:
+    blocks = out.shape[0]
     limit = TENSOR_RUN_BLOCKS.get(out.device.type)
-    for off, p, n in _runs(position, out.shape[0], limit):
-        x = _block_words_segment(words, p, n, out.device)
-        # 64-bit little-endian word k of a block is w[2k] + 2**32 w[2k+1]; its top 53 bits
-        # are (w[2k+1] << 21) | (w[2k] >> 11), formed without leaving [0, 2**53)
-        dst = out[off:off + n].t()  # (8, n) view
-        torch.bitwise_left_shift(x[1::2], 21, out=dst)
-        dst.bitwise_or_(x[0::2].bitwise_right_shift_(11))
+    if limit is None or blocks <= limit:
+        if work is None:
+            work = torch.empty(TENSOR_WORK_ROWS * blocks, dtype=torch.int64,
+                               device=out.device)
+        _bits53_(_state_words_(key, position, work[:TENSOR_WORK_ROWS * blocks]), out.t())
+        return
+    run = torch.empty(TENSOR_WORK_ROWS * limit, dtype=torch.int64, device=out.device)
+    for off, p, n in _runs(position, blocks, limit):
+        _bits53_(_state_words_(key, p, run[:TENSOR_WORK_ROWS * n]), out[off:off + n].t())
 
 
 # ---------------------------------------------------------------------------- NumPy backend
@@ -286,7 +327,8 @@ def _block_words_np(key: bytes, position: int, blocks: int) -> np.ndarray:
     return x
 
 
-def _numpy_bits53(key: bytes, position: int, out: torch.Tensor) -> None:
+def _numpy_bits53(key: bytes, position: int, out: torch.Tensor,
+                  work: torch.Tensor | None = None) -> None:
     words = out.numpy().view(np.uint64)
     for off, p, n in _runs(position, out.shape[0], TENSOR_RUN_BLOCKS["cpu"]):
         x = _block_words_np(key, p, n)
@@ -324,11 +366,13 @@ def _zeros(n: int) -> memoryview:
     return memoryview(_ZEROS)[:n].toreadonly()
 
 
-def _openssl_bits53(key: bytes, position: int, out: torch.Tensor) -> None:
+def _openssl_bits53(key: bytes, position: int, out: torch.Tensor,
+                    work: torch.Tensor | None = None) -> None:
     make = _openssl_chacha20()
     if make is None:
-        raise RuntimeError("the openssl ChaCha20 backend needs the 'cryptography' package "
-                           "(pip install cryptography); the 'tensor' backend needs nothing")
+        raise ConfigurationError("the 'openssl' ChaCha20 backend needs the 'cryptography' "
+                                 "package (pip install cryptography); the 'numpy' and "
+                                 "'tensor' backends need nothing")
     words = out.numpy().reshape(-1).view(np.uint64)
     raw = words.view(np.uint8)
     for off, p, n in _segments(position, out.shape[0]):
@@ -353,16 +397,18 @@ class Backend:
         The available backend of highest priority is used.
     available : Callable[[torch.device], bool]
         Whether it can write into a tensor on that device.
-    bits53 : Callable[[bytes, int, torch.Tensor], None]
-        ``bits53(key, position, out)`` fills the contiguous ``int64`` tensor ``out`` of
-        shape ``(blocks, 8)`` with the top 53 bits of the stream's 64-bit little-endian
-        words, blocks ``position, ..., position + blocks - 1`` in order.
+    bits53 : Callable[[bytes, int, torch.Tensor, torch.Tensor | None], None]
+        ``bits53(key, position, out, work)`` fills the contiguous ``int64`` tensor ``out``
+        of shape ``(blocks, 8)`` with the top 53 bits of the stream's 64-bit little-endian
+        words, blocks ``position, ..., position + blocks - 1`` in order; ``work`` (None,
+        or ``TENSOR_WORK_ROWS * blocks`` int64 on ``out``'s device, which ``out`` may
+        share as described at :func:`uniform_bits53`) is scratch a backend may use.
     """
 
     name: str
     priority: int
     available: Callable[[torch.device], bool]
-    bits53: Callable[[bytes, int, torch.Tensor], None]
+    bits53: Callable[[bytes, int, torch.Tensor, torch.Tensor | None], None]
 
 
 #: The backends by name.
@@ -380,12 +426,14 @@ def backend_for(device: torch.device) -> Backend:
     """The available backend of highest priority for ``device``."""
     usable = [b for b in BACKENDS.values() if b.available(device)]
     if not usable:
-        raise RuntimeError(f"no ChaCha20 backend for device {device}")
+        raise ConfigurationError(f"no ChaCha20 backend is available for device {device}; "
+                                 f"the registered ones are {sorted(BACKENDS)}")
     return max(usable, key=lambda b: b.priority)
 
 
 def uniform_bits53(key: bytes, position: int, out: torch.Tensor,
-                   backend: str | None = None) -> torch.Tensor:
+                   backend: str | None = None,
+                   work: torch.Tensor | None = None) -> torch.Tensor:
     """Fill ``out`` with 53-bit uniform integers from the stream.
 
     Parameters
@@ -398,6 +446,11 @@ def uniform_bits53(key: bytes, position: int, out: torch.Tensor,
         Contiguous ``int64`` tensor of shape ``(blocks, 8)``, on any device.
     backend : str, optional
         A name in :data:`BACKENDS`; default :func:`backend_for` ``out.device``.
+    work : torch.Tensor, optional
+        Scratch for the tensor backend: a contiguous ``int64`` tensor of
+        ``TENSOR_WORK_ROWS * blocks`` elements on ``out``'s device (default: allocated).
+        ``out`` may be its words ``[16 * blocks, 24 * blocks)`` (rows
+        :data:`TENSOR_OUT_ROWS`), so the keystream needs no memory beyond ``work``.
 
     Returns
     -------
@@ -416,7 +469,14 @@ def uniform_bits53(key: bytes, position: int, out: torch.Tensor,
         raise ParameterValueError(f"ChaCha20 backend {chosen.name!r} is not available for device "
                          f"{out.device}; available: "
                          f"{[n for n, b in BACKENDS.items() if b.available(out.device)]}")
-    chosen.bits53(key, position, out)
+    if work is not None and (work.dtype != torch.int64 or work.device != out.device
+                             or not work.is_contiguous()
+                             or work.numel() < TENSOR_WORK_ROWS * out.shape[0]):
+        raise ParameterValueError(
+            f"work must be a contiguous int64 tensor on {out.device} of at least "
+            f"{TENSOR_WORK_ROWS} * {out.shape[0]} elements, got {work.dtype} "
+            f"{tuple(work.shape)} on {work.device}")
+    chosen.bits53(key, position, out, work)
     return out
 
 

@@ -37,10 +37,24 @@ knows the seed passed to ``make_private`` can still replay the whole run.
   is a mitigation; exact discrete samplers are the complete fix (Canonne, Kamath &
   Steinke 2020).
 
-Secure noise is computed in chunks (:data:`SECURE_CHUNK_ELEMENTS`), so the memory it needs
-beyond the output stays bounded (96 bytes per chunk element, plus about 150 with the tensor
-cipher: 6 MB on the CPU, about 500 MB on an accelerator), not four double-precision arrays
-of the output's size; a non-contiguous output also takes one contiguous copy of itself.
+The uniforms keep all 53 bits on every device and for every output dtype, although a
+float32 output has only 24 significand bits: they set how far the tails reach. A
+Box-Muller radius from ``k``-bit uniforms never exceeds ``sqrt(2 k ln 2)`` (8.57 for
+``k = 53``, 6.66 for ``k = 32``): the sampler misses probability ``2**-k`` of the ideal
+radius per pair, two pairs per coordinate. Over GPT-2 small's 124M coordinates that is a
+total variation from the Gaussian the accountant assumes of up to 6% per step with
+``k = 32`` (so 32-bit uniforms are not used) and up to ``3e-8`` with ``k = 53``. Timing
+attacks (Jin et al. 2022) find nothing to measure in the draw: its operations and their
+number depend only on the size of the output, never on the values drawn (Box-Muller, no
+rejection sampling).
+
+Secure noise is computed in chunks, so the memory it needs beyond the output stays
+bounded: on the CPU, :data:`SECURE_CHUNK_ELEMENTS` (2**16 elements, 96 bytes of scratch
+each: 6 MB, in cache); on an accelerator, as many elements as
+:data:`SECURE_SCRATCH_BYTES` allows at :data:`SECURE_BYTES_PER_ELEMENT` (112) bytes each
+(by default ``min(8 GiB, 1/8 of the device's memory)``), where a chunk is about 470 kernel
+launches whatever its size. A non-contiguous output also takes one contiguous copy of
+itself.
 
 References
 ----------
@@ -49,6 +63,9 @@ CCS 2012.
 
 N. Holohan and S. Braghin, "Secure Random Sampling in Differential Privacy", ESORICS 2021,
 sec. 4 (the sum of ``n`` Gaussian draws scaled by ``1 / sqrt(n)``).
+
+J. Jin, E. McMurtry, B. I. P. Rubinstein and O. Ohrimenko, "Are We There Yet?
+Timing and Floating-Point Attacks on Differential Privacy Systems", IEEE S&P 2022.
 
 S. Boldo and G. Melquiond, "Emulation of FMA and Correctly Rounded Sums: Proved
 Algorithms Using Rounding to Odd", IEEE Trans. Computers 57(4), 2008 (the single rounding
@@ -76,17 +93,32 @@ import torch
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch import _chacha
 
-__all__ = ["NoiseSource", "device_seed", "SECURE_CHUNK_ELEMENTS"]
+__all__ = ["NoiseSource", "device_seed", "SECURE_BYTES_PER_ELEMENT", "SECURE_CHUNK_ELEMENTS",
+           "SECURE_SCRATCH_BYTES"]
 
-#: Output elements per chunk of secure noise, by device type (any other type: ``1 << 21``,
-#: about 500 MB of scratch with the tensor cipher). The CPU's chunks (96 bytes of scratch per
-#: element, 6 MB) stay in cache: measured on a 2-core EPYC, 10M draws in 0.15 s with 2**16,
-#: 0.2 s with 2**12 (per-operation overhead) or 2**18. On an accelerator a chunk is about
-#: 800 kernel launches whatever its size (the cipher's 20 rounds as tensor operations), so
-#: chunks are large: 124M draws (GPT-2 small) take 60 chunks, about 45 thousand launches
-#: (with chunks of 2**18 elements: 473 chunks, 357 thousand).
+#: Output elements per chunk of secure noise, by device type; a type not listed (an
+#: accelerator) gets chunks sized by :data:`SECURE_SCRATCH_BYTES`. The CPU's chunks (96
+#: bytes of scratch per element, 6 MB) stay in cache: measured on a 2-core EPYC, 10M draws
+#: in 0.15 s with 2**16, 0.2 s with 2**12 (per-operation overhead) or 2**18.
 SECURE_CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 16}
-_DEFAULT_SECURE_CHUNK = 1 << 21
+
+#: Scratch memory, in bytes, a secure draw may use on an accelerator, by device type; a
+#: type not listed gets ``min(8 GiB, 1/8 of the device's memory)``. There a chunk is about
+#: 480 kernel launches whatever its size (the cipher's 20 rounds as tensor operations,
+#: :mod:`privlearn.torch._chacha`, and the Holohan-Braghin transform), and takes
+#: :data:`SECURE_BYTES_PER_ELEMENT` bytes of scratch per element, so chunks are as large as
+#: the budget allows: with 8 GiB, at most 76.7M float32 or float64 elements a chunk, and
+#: GPT-2 small's 124.4M parameters take two chunks of 62.2M (7.0 GB of scratch, about 960
+#: launches; with fixed chunks of 2**21 elements it took 60 chunks and 45 thousand).
+SECURE_SCRATCH_BYTES: dict[str, int] = {}
+_DEFAULT_SECURE_SCRATCH = 8 << 30
+
+#: Scratch bytes per element of a chunk of secure noise with the tensor cipher: its
+#: workspace (``TENSOR_WORK_ROWS`` int64 words per block of two elements), which the
+#: 53-bit uniforms and the float64 Holohan-Braghin arrays reuse; float16 and bfloat16
+#: outputs add up to 32 for their single rounding (:func:`_copy_rounded_`).
+SECURE_BYTES_PER_ELEMENT = _chacha.TENSOR_WORK_ROWS * 8 // 2
+_HALF_ROUNDING_BYTES = 32
 
 #: Output elements per chunk of the scratch buffer of :meth:`NoiseSource.add_normal_`
 #: in the default mode.
@@ -148,6 +180,40 @@ def device_seed(seed: int, device: torch.device | str) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
+def _scratch_budget(device: torch.device) -> int:
+    """:data:`SECURE_SCRATCH_BYTES` of ``device``'s type, or ``min(8 GiB, 1/8 of its
+    memory)`` (8 GiB where torch does not report its memory)."""
+    budget = SECURE_SCRATCH_BYTES.get(device.type)
+    if budget is not None:
+        return int(budget)
+    props = getattr(getattr(torch, device.type, None), "get_device_properties", None)
+    total = None
+    if callable(props):
+        try:
+            total = int(props(device).total_memory)
+        except (AttributeError, RuntimeError, TypeError, ValueError, AssertionError):
+            total = None
+    return _DEFAULT_SECURE_SCRATCH if not total else min(_DEFAULT_SECURE_SCRATCH, total // 8)
+
+
+def _secure_chunk(device: torch.device, n: int, dtype: torch.dtype) -> int:
+    """Output elements per chunk of a secure draw of ``n`` elements (even: Box-Muller
+    pairs). :data:`SECURE_CHUNK_ELEMENTS` where the device type is listed (the CPU);
+    otherwise as many elements as :func:`_scratch_budget` holds at
+    :data:`SECURE_BYTES_PER_ELEMENT` each, the draw cut into that many chunks of equal
+    size (two chunks of ``n / 2``, not one full and one nearly empty)."""
+    fixed = SECURE_CHUNK_ELEMENTS.get(device.type)
+    if fixed is not None:
+        chunk = min(int(fixed), n)
+    else:
+        per = SECURE_BYTES_PER_ELEMENT + (
+            _HALF_ROUNDING_BYTES if dtype in (torch.float16, torch.bfloat16) else 0)
+        most = max(2, _scratch_budget(device) // per)
+        pieces = -(-n // most)
+        chunk = -(-n // pieces)
+    return max(2, chunk + (chunk & 1))
+
+
 class _SecureStream:
     """The ChaCha20 stream of one device: a fresh key and the next unused block."""
 
@@ -162,8 +228,8 @@ class _SecureStream:
         """Reserve ``blocks`` blocks; returns the position of the first."""
         start = self.position
         if start + blocks > _chacha.POSITION_LIMIT:  # 2**128 blocks: never in practice
-            raise RuntimeError("the secure noise stream of this device is exhausted; make a "
-                               "new NoiseSource")
+            raise ConfigurationError("the secure noise stream of this device is exhausted "
+                                     "(2**128 ChaCha20 blocks); make a new NoiseSource")
         self.position = start + blocks
         return start
 
@@ -185,7 +251,9 @@ def _holohan_braghin_(bits: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
     ``tan``). Element ``j`` sums the cosine draws of pairs ``(0, j)``, ``(1, j)`` and the sine
     draws of pairs ``(0, k)``, ``(1, k)`` with ``k = j + m/2 (mod m)``: four draws from four
     distinct pairs, independent, and no draw is used twice, so the elements are independent
-    too.
+    too. The sum is formed as ``(c_0 + c_1) / 2 + (s_0 + s_1) / 2`` with the halving of the
+    sines folded into their factor 2 (``sin = 2 tau / ...``): scaling by 2 is exact, so
+    this is bit for bit ``(c_0 + c_1 + (s_0 + s_1)) / 2`` with one pass fewer.
     """
     m = u.shape[1]
     h = m // 2
@@ -197,43 +265,42 @@ def _holohan_braghin_(bits: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
     torch.add(w, 1.0, out=v)
     r.div_(v)  # r / (1 + tau^2)
     w.neg_().add_(1.0).mul_(r)  # r cos theta
-    tau.mul_(r).mul_(2.0)  # r sin theta
+    tau.mul_(r)  # r sin theta / 2
     z, s = v[0], v[1]
-    torch.add(w[0], w[1], out=z)
+    torch.add(w[0], w[1], out=z).mul_(0.5)
     torch.add(tau[0], tau[1], out=s)
     z[:h].add_(s[h:])
     z[h:].add_(s[:h])
-    return z.mul_(0.5)
+    return z
 
 
 def _holohan_braghin_numpy(bits: np.ndarray, u: np.ndarray, w: np.ndarray,
                            v: np.ndarray) -> np.ndarray:
-    """:func:`_holohan_braghin_` in NumPy: the same operations, in the same order."""
+    """:func:`_holohan_braghin_` in NumPy: the same operations, in the same order (the
+    integer-to-float conversion fused into the first operation on each half)."""
     m = u.shape[1]
     h = m // 2
-    u.reshape(-1)[:] = bits
+    b = bits.reshape(4, m)
     r, tau = u[0:2], u[2:4]
-    r += 1.0
+    np.add(b[0:2], 1.0, out=r)  # exact: converted to float64, then + 1 (at most 2**53)
     r *= 2.0**-53
     np.log(r, out=r)
     r *= -2.0
     np.sqrt(r, out=r)
-    tau *= math.pi * 2.0**-53
+    np.multiply(b[2:4], math.pi * 2.0**-53, out=tau)
     np.tan(tau, out=tau)
     np.multiply(tau, tau, out=w)
     np.add(w, 1.0, out=v)
     r /= v
-    np.negative(w, out=w)
-    w += 1.0
+    np.subtract(1.0, w, out=w)
     w *= r
     tau *= r
-    tau *= 2.0
     z, s = v[0], v[1]
     np.add(w[0], w[1], out=z)
+    z *= 0.5
     np.add(tau[0], tau[1], out=s)
     z[:h] += s[h:]
     z[h:] += s[:h]
-    z *= 0.5
     return z
 
 
@@ -271,21 +338,27 @@ class _SecureJob:
 
 def _torch_chunks(job: _SecureJob, starts: range) -> None:
     """The chunks ``starts`` of a job, with torch operations on ``job.flat``'s device (no
-    host copy, no host synchronisation)."""
+    host copy, no host synchronisation), in one workspace of
+    :data:`SECURE_BYTES_PER_ELEMENT` bytes per chunk element: the cipher's state, then,
+    in the same memory, the 53-bit uniforms (in the rows the cipher leaves free) and the
+    float64 arrays of the transform."""
     flat, chunk, dev = job.flat, job.chunk, job.flat.device
     n = flat.numel()
-    bits = torch.empty((chunk // 2, _chacha.UNIFORMS_PER_BLOCK), dtype=torch.int64,
-                       device=dev)
-    u = torch.empty(4 * chunk, dtype=torch.float64, device=dev)
-    w = torch.empty(2 * chunk, dtype=torch.float64, device=dev)
-    v = torch.empty(2 * chunk, dtype=torch.float64, device=dev)
+    rows = _chacha.TENSOR_WORK_ROWS
+    out_lo, out_hi = _chacha.TENSOR_OUT_ROWS
+    work = torch.empty(rows * (chunk // 2), dtype=torch.int64, device=dev)
     for start in starts:
         m = min(chunk, n - start)
         m2 = m + (m & 1)
-        b = bits[:m2 // 2]
-        _chacha.uniform_bits53(job.key, job.first + start // 2, b, backend=job.backend)
-        normal = _holohan_braghin_(b.view(-1), u[:4 * m2].view(4, m2), w[:2 * m2].view(2, m2),
-                                   v[:2 * m2].view(2, m2))[:m]
+        blocks = m2 // 2
+        ws = work[:rows * blocks]
+        bits = ws[out_lo * blocks:out_hi * blocks].view(blocks, _chacha.UNIFORMS_PER_BLOCK)
+        _chacha.uniform_bits53(job.key, job.first + start // 2, bits, backend=job.backend,
+                               work=ws)
+        f = ws[:16 * blocks].view(torch.float64)  # the state's rows, free once bits is out
+        normal = _holohan_braghin_(bits.view(-1), f[:4 * m2].view(4, m2),
+                                   f[4 * m2:6 * m2].view(2, m2),
+                                   f[6 * m2:8 * m2].view(2, m2))[:m]
         normal.mul_(job.std)
         piece = flat[start:start + m]
         if job.add:
@@ -318,17 +391,20 @@ def _numpy_chunks(job: _SecureJob, starts: range) -> None:
                                backend=job.backend)
         normal = _holohan_braghin_numpy(bits[:blocks].reshape(-1), u[:4 * m2].reshape(4, m2),
                                         w[:2 * m2].reshape(2, m2), v[:2 * m2].reshape(2, m2))[:m]
-        normal *= job.std
         if dst is not None:
             if job.add:
+                normal *= job.std
                 normal += dst[start:start + m]
-            dst[start:start + m] = normal  # NumPy rounds once, to nearest even
-        else:
-            piece = flat[start:start + m]
-            zt = torch.from_numpy(normal)
-            if job.add:
-                zt.add_(piece)
-            _copy_rounded_(piece, zt)
+                dst[start:start + m] = normal  # NumPy rounds once, to nearest even
+            else:  # the product in float64, rounded once into dst
+                np.multiply(normal, job.std, out=dst[start:start + m])
+            continue
+        normal *= job.std
+        piece = flat[start:start + m]
+        zt = torch.from_numpy(normal)
+        if job.add:
+            zt.add_(piece)
+        _copy_rounded_(piece, zt)
 
 
 #: How a secure draw computes its chunks, by device type; any other type:
@@ -570,8 +646,7 @@ class NoiseSource:
                                                                 device=out.device)
         flat = target.view(-1)
         n = flat.numel()
-        chunk = min(SECURE_CHUNK_ELEMENTS.get(out.device.type, _DEFAULT_SECURE_CHUNK), n)
-        chunk += chunk & 1  # Box-Muller pairs: an even number of elements per chunk
+        chunk = _secure_chunk(out.device, n, out.dtype)
         # 4 uniforms per element, 8 per block: chunk k (from element s = k * chunk) takes
         # the blocks from first + s / 2; only the last chunk can be odd (it takes a block
         # for its missing element)

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from scipy import stats
 
 torch = pytest.importorskip("torch")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from privlearn import errors  # noqa: E402
 from privlearn.torch import _chacha  # noqa: E402
 from privlearn.torch import noise as noise_mod  # noqa: E402
 from privlearn.torch.noise import NoiseSource, device_seed  # noqa: E402
@@ -191,13 +193,59 @@ def test_long_runs_cross_the_counter_carry_identically():
     assert a[carry - 1].tolist() == ref_bits53(key, position + carry - 1, 1).tolist()
 
 
-def test_uniform_bits53_rejects_bad_arguments():
+def test_uniform_bits53_rejects_bad_arguments(monkeypatch):
     with pytest.raises(ValueError, match="key must be 32 bytes"):
         _chacha.uniform_bits53(b"short", 0, torch.empty(1, 8, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"shape \(blocks, 8\)"):
         _chacha.uniform_bits53(KEY, 0, torch.empty(1, 7, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"outside the stream"):
         _chacha.uniform_bits53(KEY, 2**128 - 1, torch.empty(2, 8, dtype=torch.int64))
+
+    with pytest.raises(errors.ParameterValueError, match="work must be"):
+        _chacha.uniform_bits53(KEY, 0, torch.empty(4, 8, dtype=torch.int64), backend="tensor",
+                               work=torch.empty(27 * 4, dtype=torch.int64))
+    for name in list(_chacha.BACKENDS):
+        monkeypatch.delitem(_chacha.BACKENDS, name)
+    with pytest.raises(errors.ConfigurationError, match="no ChaCha20 backend"):
+        _chacha.backend_for(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("position", [
+    2**32 - 3,  # the RFC counter wraps, the nonce's first word goes 0 -> 1
+    ((2**32 - 1) << 32) + 2**32 - 2,  # ... and its first word wraps, carrying into the second
+    ((2**96 - 2) << 32) + 2**32 - 1,  # the last run of the stream but one
+    (7 << 32) + 5,  # no carry
+])
+def test_one_tensor_run_carries_the_position_like_the_reference(position, monkeypatch):
+    """The tensor cipher computes a run that crosses a multiple of 2**32 blocks at once
+    (words 12..15 carry on the device): block by block the scalar RFC reference, and the
+    53-bit uniforms of the OpenSSL backend (asked per nonce) when installed."""
+    monkeypatch.delitem(_chacha.TENSOR_RUN_BLOCKS, "cpu")
+    blocks = 5
+    assert _chacha.keystream_bytes(KEY, position, blocks) == ref_stream(KEY, position, blocks)
+    out = torch.empty(blocks, 8, dtype=torch.int64)
+    _chacha.uniform_bits53(KEY, position, out, backend="tensor")
+    assert out.view(-1).tolist() == ref_bits53(KEY, position, blocks).tolist()
+    if _chacha.BACKENDS["openssl"].available(torch.device("cpu")):
+        want = torch.empty(blocks, 8, dtype=torch.int64)
+        _chacha.uniform_bits53(KEY, position, want, backend="openssl")
+        assert torch.equal(out, want)
+
+
+def test_tensor_cipher_writes_into_the_free_rows_of_its_workspace(monkeypatch):
+    """``out`` sharing the workspace's rows TENSOR_OUT_ROWS gives the same bits as a
+    separate ``out``: the cipher does not use those rows once it writes the output."""
+    monkeypatch.delitem(_chacha.TENSOR_RUN_BLOCKS, "cpu")
+    key, position, blocks = os.urandom(32), 2**32 - 300, 1000
+    work = torch.full((_chacha.TENSOR_WORK_ROWS * blocks,), -1, dtype=torch.int64)
+    lo, hi = _chacha.TENSOR_OUT_ROWS
+    shared = work[lo * blocks:hi * blocks].view(blocks, 8)
+    _chacha.uniform_bits53(key, position, shared, backend="tensor", work=work)
+    alone = torch.empty(blocks, 8, dtype=torch.int64)
+    _chacha.uniform_bits53(key, position, alone, backend="openssl"
+                           if _chacha.BACKENDS["openssl"].available(torch.device("cpu"))
+                           else "numpy")
+    assert torch.equal(shared, alone)
 
 
 # --------------------------------------------------------------- statistical checks
@@ -369,6 +417,99 @@ def test_chunking_does_not_change_the_law(monkeypatch):
     assert abs(x.mean()) < 6 / math.sqrt(x.size)
     assert abs(x.var() - 1) < 6 * math.sqrt(2 / x.size)
     assert stats.kstest(x, "norm").pvalue > 1e-6
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the tensor operations dispatched (views aside: they launch nothing) and the
+    bytes of the tensors they create (outputs neither written in place nor views)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.fresh_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.ops += 1
+            if not func._schema.is_mutable and isinstance(out, torch.Tensor):
+                self.fresh_bytes += out.numel() * out.element_size()
+        return out
+
+
+def _accelerator_sizing_on_cpu(monkeypatch, budget: int) -> None:
+    """CPU tensors take the accelerators' path and chunk sizing, with ``budget`` bytes."""
+    _device_path_on_cpu(monkeypatch)
+    monkeypatch.delitem(_chacha.TENSOR_RUN_BLOCKS, "cpu")
+    monkeypatch.delitem(noise_mod.SECURE_CHUNK_ELEMENTS, "cpu")
+    monkeypatch.setitem(noise_mod.SECURE_SCRATCH_BYTES, "cpu", budget)
+
+
+GPT2_SMALL_PARAMETERS = 124_439_808
+
+
+@pytest.mark.parametrize(("memory", "chunks"), [(141e9, 2), (80e9, 2), (24e9, 5), (None, 2)])
+def test_accelerator_chunks_fill_the_scratch_budget(memory, chunks, monkeypatch):
+    """Default budget min(8 GiB, memory / 8), SECURE_BYTES_PER_ELEMENT bytes per element,
+    equal chunks: GPT-2 small's parameters take two chunks on an 80 GB or larger device."""
+    class Props:
+        total_memory = int(memory) if memory else 0
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    dev = torch.device("cuda:0")
+    budget = min(8 << 30, int(memory) // 8) if memory else 8 << 30
+    assert noise_mod._scratch_budget(dev) == budget
+    most = budget // noise_mod.SECURE_BYTES_PER_ELEMENT
+    chunk = noise_mod._secure_chunk(dev, GPT2_SMALL_PARAMETERS, torch.float32)
+    assert math.ceil(GPT2_SMALL_PARAMETERS / chunk) == chunks == math.ceil(
+        GPT2_SMALL_PARAMETERS / most)
+    assert chunk % 2 == 0 and chunk <= most
+    monkeypatch.setitem(noise_mod.SECURE_SCRATCH_BYTES, "cuda", 1 << 20)
+    assert noise_mod._secure_chunk(dev, 10**6, torch.float32) * 112 <= 1 << 20
+
+
+def test_secure_draw_of_gpt2_size_is_about_a_thousand_operations(monkeypatch):
+    """On an accelerator a chunk of secure noise is a fixed number of tensor operations
+    whatever its size, and GPT-2 small's 124.4M parameters take two chunks (test above).
+    Counted on the CPU, on the accelerators' path, with the budget scaled down so that a
+    draw of 2**15 elements also takes two chunks: the same count (checked independent of
+    the chunk's size at 2**13), within 1000; and no tensor created beyond the budget."""
+    counts = {}
+    for n in (1 << 13, 1 << 15):
+        budget = noise_mod.SECURE_BYTES_PER_ELEMENT * (n // 2)
+        _accelerator_sizing_on_cpu(monkeypatch, budget)
+        src = NoiseSource(secure_mode=True)
+        src.fill_normal_(torch.empty(4), 1.0)  # first use: the key, the permutations
+        out = torch.empty(n)
+        with _CountOps() as c:
+            src.fill_normal_(out, 0.5)
+        counts[n] = c.ops
+        assert c.fresh_bytes <= budget + 4096
+        assert src._streams["cpu"].position == 2 + n // 2
+        monkeypatch.undo()
+    assert counts[1 << 13] == counts[1 << 15] <= 1000, counts
+
+
+def test_accelerator_sized_chunks_draw_the_documented_construction(monkeypatch):
+    """Large chunks in one workspace (cipher state, uniforms and transform sharing it):
+    the same noise as the CPU's path (OpenSSL or NumPy, NumPy transform) with the same
+    chunks, for an odd size and a stream position whose run crosses a nonce carry."""
+    n = 40_001
+    a = NoiseSource(secure_mode=True)
+    a.fill_normal_(torch.empty(2), 1.0)
+    a._streams["cpu"].position = 2**32 - 7_000  # the second chunk's run carries
+    budget = noise_mod.SECURE_BYTES_PER_ELEMENT * (n // 2 + 1)
+    monkeypatch.setitem(noise_mod.SECURE_CHUNK_ELEMENTS, "cpu", 20_002)  # two chunks
+    x = a.fill_normal_(torch.empty(n, dtype=torch.float64), 1.5)
+    monkeypatch.undo()
+    _accelerator_sizing_on_cpu(monkeypatch, budget)
+    assert noise_mod._secure_chunk(torch.device("cpu"), n, torch.float64) == 20_002
+    b = NoiseSource(secure_mode=True)
+    _same_key(b, a)
+    b._streams["cpu"].position = 2**32 - 7_000
+    y = b.fill_normal_(torch.empty(n, dtype=torch.float64), 1.5)
+    torch.testing.assert_close(x, y, rtol=1e-13, atol=1e-13)
+    assert b._streams["cpu"].position == a._streams["cpu"].position
 
 
 # ----------------------------------------------------------- independence of streams
@@ -758,7 +899,7 @@ def test_cuda_draws_are_standard_normal(secure, dtype):
 def test_cuda_secure_noise_matches_the_cpu_stream(monkeypatch):
     """Same key, same chunking: the same uniforms on both devices (bit for bit), hence the
     same noise up to the last-ulp differences of the devices' log, sqrt and tan."""
-    chunk = noise_mod.SECURE_CHUNK_ELEMENTS.get("cuda", noise_mod._DEFAULT_SECURE_CHUNK)
+    chunk = noise_mod._secure_chunk(torch.device("cuda"), 600_001, torch.float64)
     monkeypatch.setitem(noise_mod.SECURE_CHUNK_ELEMENTS, "cpu", chunk)
     a = NoiseSource(secure_mode=True)
     x = a.fill_normal_(torch.empty(600_001, dtype=torch.float64, device="cuda"), 1.0)
