@@ -4,6 +4,8 @@ Usage::
 
     python benchmarks/noise.py [--sizes 1e6,1e7,1.24e8] [--repeats 5] [--device cpu]
                                [--threads 2] [--legacy-max 1e7] [--tensor-max 1e7]
+    python benchmarks/noise.py --stages [--sizes 1.24e8] [--repeats 3] [--threads 1]
+    python benchmarks/noise.py --launches [--parameters 124439808]
 
 Modes, each filling a preallocated tensor of ``size`` float32 elements on ``--device`` with
 ``N(0, 1)`` draws (:meth:`privlearn.torch.NoiseSource.fill_normal_`):
@@ -32,6 +34,15 @@ On Linux CPU runs, the table also gives the largest peak of resident memory a dr
 bound (memory the process freed earlier and still holds is reused without counting). On
 CUDA, the peak of ``torch.cuda.max_memory_allocated`` above the memory allocated before
 the draw.
+
+``--stages`` times the CPU's secure draw by stage instead (the real code path, its two
+stages wrapped with ``time.perf_counter``): the keystream (OpenSSL ChaCha20 into the
+preallocated uniforms, with their shift to 53 bits), the Holohan-Braghin transform
+(uniforms to normals, float64), and the rest (scaling, the rounding copy into the output,
+the chunk loop). ``--launches`` counts the tensor operations (aten calls, views aside) of
+the accelerators' secure path, run on the CPU with the chunk size scaled down (a chunk is
+the same operations whatever its size), and gives the chunks and operations of a draw of
+``--parameters`` elements on an accelerator with the default scratch budget.
 """
 
 from __future__ import annotations
@@ -146,6 +157,106 @@ def _time(fn, out: torch.Tensor) -> tuple[float, float | None]:
     return dt, extra
 
 
+def _stages(sizes: list[int], repeats: int) -> None:
+    """Per-stage times of the CPU's secure draw (see the module docstring)."""
+    from privlearn.torch import noise as noise_mod
+
+    spent = {"keystream": 0.0, "transform": 0.0}
+
+    def timed(fn, stage):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[stage] += time.perf_counter() - t0
+        return wrapper
+
+    saved = (_chacha.uniform_bits53, noise_mod._holohan_braghin_numpy)
+    _chacha.uniform_bits53 = timed(saved[0], "keystream")
+    noise_mod._holohan_braghin_numpy = timed(saved[1], "transform")
+    try:
+        src = NoiseSource(secure_mode=True)
+        backend = None
+        print("| size | round | keystream (s) | transform (s) | rest (s) | total (s) |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for n in sizes:
+            out = torch.zeros(n, dtype=torch.float32)
+            src.fill_normal_(out[: min(n, 1 << 20)], 1.0)
+            backend = src._streams["cpu"].backend.name
+            for r in range(repeats):
+                spent.update(keystream=0.0, transform=0.0)
+                t0 = time.perf_counter()
+                src.fill_normal_(out, 1.0)
+                total = time.perf_counter() - t0
+                rest = total - spent["keystream"] - spent["transform"]
+                print(f"| {n:,} | {r + 1} | {spent['keystream']:.3f} | "
+                      f"{spent['transform']:.3f} | {rest:.3f} | {total:.3f} |")
+        print(f"\nbackend {backend}, {torch.get_num_threads()} torch threads, load average "
+              f"at the end {os.getloadavg()[0]:.2f}")
+    finally:
+        _chacha.uniform_bits53, noise_mod._holohan_braghin_numpy = saved
+
+
+def _launches(parameters: int) -> None:
+    """Tensor operations of the accelerators' secure path (see the module docstring)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from privlearn.torch import noise as noise_mod
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    n = 1 << 15
+    saved = (dict(_chacha.BACKENDS), dict(noise_mod._CHUNK_WORKERS),
+             dict(_chacha.TENSOR_RUN_BLOCKS), dict(noise_mod.SECURE_CHUNK_ELEMENTS),
+             dict(noise_mod.SECURE_SCRATCH_BYTES))
+    try:
+        for name in [k for k in _chacha.BACKENDS if k != "tensor"]:
+            del _chacha.BACKENDS[name]
+        noise_mod._CHUNK_WORKERS.pop("cpu", None)
+        _chacha.TENSOR_RUN_BLOCKS.pop("cpu", None)
+        noise_mod.SECURE_CHUNK_ELEMENTS.pop("cpu", None)
+        rows = []
+        for chunks in (1, 2):
+            noise_mod.SECURE_SCRATCH_BYTES["cpu"] = \
+                noise_mod.SECURE_BYTES_PER_ELEMENT * (n // chunks)
+            for dtype in (torch.float32, torch.bfloat16):
+                src = NoiseSource(secure_mode=True)
+                src.fill_normal_(torch.empty(4, dtype=dtype), 1.0)
+                out = torch.empty(n, dtype=dtype)
+                with Count() as c:
+                    src.fill_normal_(out, 1.0)
+                got = -(-n // noise_mod._secure_chunk(torch.device("cpu"), n, dtype))
+                rows.append((chunks if dtype == torch.float32 else got, dtype, c.ops))
+    finally:
+        for target, old in zip((_chacha.BACKENDS, noise_mod._CHUNK_WORKERS,
+                                _chacha.TENSOR_RUN_BLOCKS, noise_mod.SECURE_CHUNK_ELEMENTS,
+                                noise_mod.SECURE_SCRATCH_BYTES), saved, strict=True):
+            target.clear()
+            target.update(old)
+    print("| chunks | dtype | tensor operations of the draw |")
+    print("|---:|---|---:|")
+    for chunks, dtype, ops in rows:
+        print(f"| {chunks} | {dtype} | {ops} |")
+    budget = noise_mod._DEFAULT_SECURE_SCRATCH
+    most = budget // noise_mod.SECURE_BYTES_PER_ELEMENT
+    chunks = -(-parameters // most)
+    chunk = -(-parameters // chunks)
+    per_chunk = rows[2][2] - rows[0][2]
+    print(f"\n{parameters:,} float32 elements with the default {budget / 2**30:.0f} GiB "
+          f"budget: {chunks} chunk(s) of {chunk:,} elements, "
+          f"{chunk * noise_mod.SECURE_BYTES_PER_ELEMENT / 1e9:.1f} GB of scratch, about "
+          f"{rows[0][2] + (chunks - 1) * per_chunk} tensor operations "
+          f"({per_chunk} a chunk).")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1e6,1e7,1.24e8")
@@ -158,9 +269,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--modes",
                     default="torch-normal_,default,secure,secure-numpy,secure-tensor,"
                             "legacy-secure")
+    ap.add_argument("--stages", action="store_true",
+                    help="time the CPU's secure draw by stage")
+    ap.add_argument("--launches", action="store_true",
+                    help="count the accelerators' secure path's tensor operations")
+    ap.add_argument("--parameters", type=int, default=124_439_808,
+                    help="with --launches: the draw to size (default GPT-2 small)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.launches:
+        _launches(args.parameters)
+        return
+    if args.stages:
+        _stages([int(float(s)) for s in args.sizes.split(",")], args.repeats)
+        return
     device = torch.device(args.device)
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     modes = args.modes.split(",")

@@ -276,18 +276,17 @@ def _holohan_braghin_(bits: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
 
 def _holohan_braghin_numpy(bits: np.ndarray, u: np.ndarray, w: np.ndarray,
                            v: np.ndarray) -> np.ndarray:
-    """:func:`_holohan_braghin_` in NumPy: the same operations, in the same order (the
-    integer-to-float conversion fused into the first operation on each half)."""
+    """:func:`_holohan_braghin_` in NumPy: the same operations, in the same order."""
     m = u.shape[1]
     h = m // 2
-    b = bits.reshape(4, m)
+    u.reshape(-1)[:] = bits
     r, tau = u[0:2], u[2:4]
-    np.add(b[0:2], 1.0, out=r)  # exact: converted to float64, then + 1 (at most 2**53)
+    r += 1.0
     r *= 2.0**-53
     np.log(r, out=r)
     r *= -2.0
     np.sqrt(r, out=r)
-    np.multiply(b[2:4], math.pi * 2.0**-53, out=tau)
+    tau *= math.pi * 2.0**-53
     np.tan(tau, out=tau)
     np.multiply(tau, tau, out=w)
     np.add(w, 1.0, out=v)
@@ -391,15 +390,12 @@ def _numpy_chunks(job: _SecureJob, starts: range) -> None:
                                backend=job.backend)
         normal = _holohan_braghin_numpy(bits[:blocks].reshape(-1), u[:4 * m2].reshape(4, m2),
                                         w[:2 * m2].reshape(2, m2), v[:2 * m2].reshape(2, m2))[:m]
+        normal *= job.std
         if dst is not None:
             if job.add:
-                normal *= job.std
                 normal += dst[start:start + m]
-                dst[start:start + m] = normal  # NumPy rounds once, to nearest even
-            else:  # the product in float64, rounded once into dst
-                np.multiply(normal, job.std, out=dst[start:start + m])
+            dst[start:start + m] = normal  # NumPy rounds once, to nearest even
             continue
-        normal *= job.std
         piece = flat[start:start + m]
         zt = torch.from_numpy(normal)
         if job.add:
