@@ -39,7 +39,9 @@ the draw.
 stages wrapped with ``time.perf_counter``): the keystream (OpenSSL ChaCha20 into the
 preallocated uniforms, with their shift to 53 bits), the Holohan-Braghin transform
 (uniforms to normals, float64), and the rest (scaling, the rounding copy into the output,
-the chunk loop). ``--launches`` counts the tensor operations (aten calls, views aside) of
+the chunk loop), wall-clock, and the process's CPU time for the whole draw (with one
+thread, the draw's own work: on a shared machine, less sensitive to the other jobs than the
+wall clock). ``--launches`` counts the tensor operations (aten calls, views aside) of
 the accelerators' secure path, run on the CPU with the chunk size scaled down (a chunk is
 the same operations whatever its size), and gives the chunks and operations of a draw of
 ``--parameters`` elements on an accelerator with the default scratch budget.
@@ -178,20 +180,21 @@ def _stages(sizes: list[int], repeats: int) -> None:
     try:
         src = NoiseSource(secure_mode=True)
         backend = None
-        print("| size | round | keystream (s) | transform (s) | rest (s) | total (s) |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        print("| size | round | keystream (s) | transform (s) | rest (s) | total (s) "
+              "| process CPU time (s) |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
         for n in sizes:
             out = torch.zeros(n, dtype=torch.float32)
             src.fill_normal_(out[: min(n, 1 << 20)], 1.0)
             backend = src._streams["cpu"].backend.name
             for r in range(repeats):
                 spent.update(keystream=0.0, transform=0.0)
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 src.fill_normal_(out, 1.0)
-                total = time.perf_counter() - t0
+                total, cpu = time.perf_counter() - t0, time.process_time() - c0
                 rest = total - spent["keystream"] - spent["transform"]
                 print(f"| {n:,} | {r + 1} | {spent['keystream']:.3f} | "
-                      f"{spent['transform']:.3f} | {rest:.3f} | {total:.3f} |")
+                      f"{spent['transform']:.3f} | {rest:.3f} | {total:.3f} | {cpu:.3f} |")
         print(f"\nbackend {backend}, {torch.get_num_threads()} torch threads, load average "
               f"at the end {os.getloadavg()[0]:.2f}")
     finally:
