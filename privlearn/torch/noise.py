@@ -79,12 +79,14 @@ Y. Nir and A. Langley, "ChaCha20 and Poly1305 for IETF Protocols", RFC 8439, 201
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import math
 import numbers
 import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -303,6 +305,15 @@ def _holohan_braghin_numpy(bits: np.ndarray, u: np.ndarray, w: np.ndarray,
     return z
 
 
+def _to_odd_float32(src: torch.Tensor) -> torch.Tensor:
+    """float64 ``src`` rounded to float32 *to odd*: truncated toward zero, then the last
+    bit set if anything was cut off (see :func:`_copy_rounded_`)."""
+    y = src.to(torch.float32)
+    y = torch.where(y.double().abs() > src.abs(), torch.nextafter(y, torch.zeros_like(y)), y)
+    y.view(torch.int32).bitwise_or_((y.double() != src).to(torch.int32))
+    return y
+
+
 def _copy_rounded_(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst <- src`` (float64) rounded once, to nearest (ties to even), to ``dst``'s dtype.
 
@@ -315,34 +326,52 @@ def _copy_rounded_(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.dtype in (torch.float32, torch.float64):
         dst.copy_(src)
         return
-    y = src.to(torch.float32)
-    y = torch.where(y.double().abs() > src.abs(), torch.nextafter(y, torch.zeros_like(y)), y)
-    y.view(torch.int32).bitwise_or_((y.double() != src).to(torch.int32))
-    dst.copy_(y)
+    dst.copy_(_to_odd_float32(src))
 
 
 @dataclass(frozen=True)
 class _SecureJob:
     """One secure draw: write (or add) ``std * HB`` from the stream ``key`` at block
-    ``first`` on into the contiguous 1-D ``flat``, in chunks of ``chunk`` elements."""
+    ``first`` on into the contiguous 1-D ``pieces`` (one dtype, one device), laid end to
+    end as one sequence of ``n`` elements, in chunks of ``chunk`` elements."""
 
     key: bytes
     backend: str
     first: int
-    flat: torch.Tensor
+    pieces: tuple[torch.Tensor, ...]
     chunk: int
     std: float
     add: bool
 
+    @property
+    def ends(self) -> list[int]:
+        """Cumulative sizes: piece ``i`` holds elements ``[ends[i-1], ends[i])``."""
+        return list(itertools.accumulate(p.numel() for p in self.pieces))
+
+    def overlaps(self, ends: list[int], start: int, m: int
+                 ) -> Iterator[tuple[int, int, int, int]]:
+        """``(lo, hi, i, at)``: elements ``[start + lo, start + hi)`` of the sequence are
+        elements ``[at, at + hi - lo)`` of piece ``i``."""
+        i = bisect.bisect_right(ends, start)
+        while i < len(ends) and ends[i] - self.pieces[i].numel() < start + m:
+            begin = ends[i] - self.pieces[i].numel()
+            lo, hi = max(begin, start), min(ends[i], start + m)
+            if hi > lo:
+                yield lo - start, hi - start, i, lo - begin
+            i += 1
+
 
 def _torch_chunks(job: _SecureJob, starts: range) -> None:
-    """The chunks ``starts`` of a job, with torch operations on ``job.flat``'s device (no
+    """The chunks ``starts`` of a job, with torch operations on the pieces' device (no
     host copy, no host synchronisation), in one workspace of
     :data:`SECURE_BYTES_PER_ELEMENT` bytes per chunk element: the cipher's state, then,
     in the same memory, the 53-bit uniforms (in the rows the cipher leaves free) and the
-    float64 arrays of the transform."""
-    flat, chunk, dev = job.flat, job.chunk, job.flat.device
-    n = flat.numel()
+    float64 arrays of the transform. Per chunk, besides the cipher and the transform: one
+    or two operations per piece it covers (the addition, the copy) and, for half-precision
+    pieces, one rounding to odd."""
+    ends = job.ends
+    n, chunk, dev = ends[-1], job.chunk, job.pieces[0].device
+    half = job.pieces[0].dtype in (torch.float16, torch.bfloat16)
     rows = _chacha.TENSOR_WORK_ROWS
     out_lo, out_hi = _chacha.TENSOR_OUT_ROWS
     work = torch.empty(rows * (chunk // 2), dtype=torch.int64, device=dev)
@@ -359,14 +388,25 @@ def _torch_chunks(job: _SecureJob, starts: range) -> None:
                                    f[4 * m2:6 * m2].view(2, m2),
                                    f[6 * m2:8 * m2].view(2, m2))[:m]
         normal.mul_(job.std)
-        piece = flat[start:start + m]
+        parts = [(lo, hi, job.pieces[i][at:at + hi - lo])
+                 for lo, hi, i, at in job.overlaps(ends, start, m)]
+        if not half:  # the sum (or the draw) in float64, rounded once to the piece's dtype
+            for lo, hi, piece in parts:
+                if job.add:
+                    piece.add_(normal[lo:hi])
+                else:
+                    piece.copy_(normal[lo:hi])
+            continue
         if job.add:
-            normal.add_(piece)
-        _copy_rounded_(piece, normal)
+            for lo, hi, piece in parts:
+                normal[lo:hi].add_(piece)
+        rounded = _to_odd_float32(normal)
+        for lo, hi, piece in parts:
+            piece.copy_(rounded[lo:hi])  # one rounding after the rounding to odd
 
 
 def _numpy_chunks(job: _SecureJob, starts: range) -> None:
-    """The chunks ``starts`` of a job on a CPU tensor, in NumPy, in the calling thread.
+    """The chunks ``starts`` of a job on CPU tensors, in NumPy, in the calling thread.
 
     Torch would run each operation in an OpenMP parallel region, and a secure draw is
     thousands of short operations: on a machine whose cores other processes also use, the
@@ -374,14 +414,15 @@ def _numpy_chunks(job: _SecureJob, starts: range) -> None:
     (measured on a loaded 2-core machine: 124M draws in 60 s, against 4 s there with
     ``OMP_WAIT_POLICY=PASSIVE``). NumPy runs each operation in this thread, unaffected.
     """
-    flat, chunk = job.flat, job.chunk
-    n = flat.numel()
+    ends = job.ends
+    n, chunk = ends[-1], job.chunk
     bits_t = torch.empty((chunk // 2, _chacha.UNIFORMS_PER_BLOCK), dtype=torch.int64)
     bits = bits_t.numpy()
     u = np.empty(4 * chunk)
     w = np.empty(2 * chunk)
     v = np.empty(2 * chunk)
-    dst = None if flat.dtype == torch.bfloat16 else flat.numpy()  # NumPy has no bfloat16
+    numpy_dtype = job.pieces[0].dtype != torch.bfloat16  # NumPy has no bfloat16
+    dsts = [p.numpy() for p in job.pieces] if numpy_dtype else None
     for start in starts:
         m = min(chunk, n - start)
         m2 = m + (m & 1)
@@ -391,16 +432,22 @@ def _numpy_chunks(job: _SecureJob, starts: range) -> None:
         normal = _holohan_braghin_numpy(bits[:blocks].reshape(-1), u[:4 * m2].reshape(4, m2),
                                         w[:2 * m2].reshape(2, m2), v[:2 * m2].reshape(2, m2))[:m]
         normal *= job.std
-        if dst is not None:
-            if job.add:
-                normal += dst[start:start + m]
-            dst[start:start + m] = normal  # NumPy rounds once, to nearest even
+        parts = list(job.overlaps(ends, start, m))
+        if numpy_dtype:
+            for lo, hi, i, at in parts:
+                dst = dsts[i][at:at + hi - lo]
+                if job.add:
+                    normal[lo:hi] += dst
+                dst[:] = normal[lo:hi]  # NumPy rounds once, to nearest even
             continue
-        piece = flat[start:start + m]
         zt = torch.from_numpy(normal)
+        pieces = [(lo, hi, job.pieces[i][at:at + hi - lo]) for lo, hi, i, at in parts]
         if job.add:
-            zt.add_(piece)
-        _copy_rounded_(piece, zt)
+            for lo, hi, piece in pieces:
+                zt[lo:hi].add_(piece)
+        rounded = _to_odd_float32(zt)
+        for lo, hi, piece in pieces:
+            piece.copy_(rounded[lo:hi])
 
 
 #: How a secure draw computes its chunks, by device type; any other type:
@@ -630,28 +677,103 @@ class NoiseSource:
                 out.copy_(target)
             return out
 
+    def fill_normal_foreach_(self, tensors: Sequence[torch.Tensor],
+                             std: float) -> list[torch.Tensor]:
+        """:meth:`fill_normal_` on each of ``tensors``, in as few draws as possible.
+
+        Every element gets an independent ``N(0, std^2)`` draw, as with one
+        :meth:`fill_normal_` per tensor. In secure mode the tensors that share a device and
+        a dtype are filled by one draw, as if they were one flat tensor: on an accelerator
+        one set of chunks of the cipher (about 470 kernel launches a chunk, see
+        :data:`SECURE_SCRATCH_BYTES`) plus one or two operations per tensor, instead of a
+        set of chunks per tensor. The tensors should not share memory (an element
+        written twice keeps its last draw).
+
+        Parameters
+        ----------
+        tensors : list or tuple of torch.Tensor
+            The tensors to fill (any shapes, devices and supported dtypes).
+        std : float
+            Standard deviation, as :meth:`fill_normal_`.
+
+        Returns
+        -------
+        list of torch.Tensor
+            ``tensors``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`fill_normal_`, for any of the tensors (nothing is drawn then).
+        """
+        return self._foreach_(tensors, std, add=False)
+
+    def add_normal_foreach_(self, tensors: Sequence[torch.Tensor],
+                            std: float) -> list[torch.Tensor]:
+        """:meth:`add_normal_` on each of ``tensors``, in as few draws as possible (see
+        :meth:`fill_normal_foreach_`); in secure mode each sum is formed in float64 and
+        rounded once. The tensors should not share memory (an element shared by two gets
+        both draws)."""
+        return self._foreach_(tensors, std, add=True)
+
+    def _foreach_(self, tensors, std, add: bool) -> list[torch.Tensor]:
+        if isinstance(tensors, torch.Tensor) or not isinstance(tensors, list | tuple):
+            raise ParameterTypeError(
+                f"tensors must be a list or tuple of tensors, got {type(tensors).__name__}; "
+                "for one tensor use fill_normal_ / add_normal_")
+        tensors = list(tensors)
+        for t in tensors:
+            _check_out(t)
+        std = _check_std(std, torch.float64)
+        for dtype in {t.dtype for t in tensors}:
+            _check_std(std, dtype)
+        one = self.add_normal_ if add else self.fill_normal_
+        if not self._secure or std == 0.0:
+            for t in tensors:
+                one(t, std)
+            return tensors
+        groups: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        for t in tensors:
+            if t.numel():
+                groups.setdefault((_device_key(t.device), t.dtype), []).append(t)
+        with torch.no_grad():
+            for group in groups.values():
+                self._secure_draws_(group, std, add)
+        return tensors
+
     def _secure_draw_(self, out: torch.Tensor, std: float, add: bool) -> torch.Tensor:
-        key = _device_key(out.device)
+        self._secure_draws_([out], std, add)
+        return out
+
+    def _secure_draws_(self, outs: list[torch.Tensor], std: float, add: bool) -> None:
+        """One secure draw into the tensors ``outs`` (one device, one dtype), laid end to
+        end: the same noise as one draw into their concatenation."""
+        device = outs[0].device
+        key = _device_key(device)
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = _SecureStream(out.device)
-        if out.is_contiguous():
-            target = out
-        else:  # one contiguous copy; its values matter only when adding
-            target = out.contiguous() if add else torch.empty(out.shape, dtype=out.dtype,
-                                                                device=out.device)
-        flat = target.view(-1)
-        n = flat.numel()
-        chunk = _secure_chunk(out.device, n, out.dtype)
+            stream = self._streams[key] = _SecureStream(device)
+        targets = []
+        for out in outs:
+            if out.is_contiguous():
+                targets.append(out)
+            else:  # one contiguous copy; its values matter only when adding
+                targets.append(out.contiguous() if add else torch.empty(
+                    out.shape, dtype=out.dtype, device=out.device))
+        pieces = tuple(t.view(-1) for t in targets if t.numel())
+        n = sum(p.numel() for p in pieces)
+        if n == 0:
+            return
+        chunk = _secure_chunk(device, n, outs[0].dtype)
         # 4 uniforms per element, 8 per block: chunk k (from element s = k * chunk) takes
         # the blocks from first + s / 2; only the last chunk can be odd (it takes a block
         # for its missing element)
         first = stream.take((n + 1) // 2)
-        job = _SecureJob(stream.key, stream.backend.name, first, flat, chunk, std, add)
-        _CHUNK_WORKERS.get(out.device.type, _torch_chunks)(job, range(0, n, chunk))
-        if target is not out:
-            out.copy_(target)
-        return out
+        job = _SecureJob(stream.key, stream.backend.name, first, pieces, chunk, std, add)
+        _CHUNK_WORKERS.get(device.type, _torch_chunks)(job, range(0, n, chunk))
+        for out, target in zip(outs, targets, strict=True):
+            if target is not out:
+                out.copy_(target)
 
     def standard_normal(self, n: int) -> torch.Tensor:
         """``n`` i.i.d. N(0, 1) float32 draws on the CPU.

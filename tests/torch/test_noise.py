@@ -512,6 +512,89 @@ def test_accelerator_sized_chunks_draw_the_documented_construction(monkeypatch):
     assert b._streams["cpu"].position == a._streams["cpu"].position
 
 
+def _pieces(dtype, make=torch.randn):
+    """Tensors of assorted sizes, one not contiguous and one empty, and a copy of each."""
+    shapes = [(3000,), (7, 11), (0,), (1,), (50, 40), (4999,), (2, 3, 5)]
+    xs = [make(s, dtype=torch.float64).to(dtype) for s in shapes]
+    xs[4] = xs[4].t()  # not contiguous
+    return xs, [x.clone() for x in xs]
+
+
+@pytest.mark.parametrize("path", ["cpu", "device"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("add", [False, True], ids=["fill", "add"])
+def test_foreach_is_one_draw_into_the_concatenation(path, dtype, add, monkeypatch):
+    """Secure fill/add over a list of tensors: bit for bit one draw into their
+    concatenation, chunks spanning several tensors (chunks of 1000 elements)."""
+    if path == "device":
+        _device_path_on_cpu(monkeypatch)
+    monkeypatch.setitem(noise_mod.SECURE_CHUNK_ELEMENTS, "cpu", 1000)
+    a = NoiseSource(secure_mode=True)
+    xs, originals = _pieces(dtype)
+    (a.add_normal_foreach_ if add else a.fill_normal_foreach_)(xs, 0.7)
+    b = NoiseSource(secure_mode=True)
+    _same_key(b, a)
+    flat = torch.cat([x.reshape(-1) for x in originals])
+    (b.add_normal_ if add else b.fill_normal_)(flat, 0.7)
+    assert torch.equal(torch.cat([x.reshape(-1) for x in xs]), flat)
+    assert b._streams["cpu"].position == a._streams["cpu"].position == (flat.numel() + 1) // 2
+
+
+def test_foreach_default_mode_and_mixed_groups():
+    """Default mode: one draw per tensor (the same as calling fill_normal_ in turn);
+    secure mode with two dtypes: one draw per dtype, each element standard normal."""
+    xs, _ = _pieces(torch.float32)
+    src = NoiseSource(seed=9)
+    src.fill_normal_foreach_(xs, 2.0)
+    ref = NoiseSource(seed=9)
+    assert all(torch.equal(x, ref.fill_normal_(torch.empty_like(x), 2.0)) for x in xs)
+    sec = NoiseSource(secure_mode=True)
+    ys = [torch.zeros(100_000), torch.zeros(100_001, dtype=torch.float64), torch.zeros(3)]
+    sec.fill_normal_foreach_(ys, 1.0)
+    assert sec._streams["cpu"].position == 50_000 + 50_001 + 2  # two draws, one per dtype
+    assert _uncorrelated(ys[0], ys[1][:100_000])
+    for y in ys[:2]:
+        assert _normality_failures(y.double().numpy()) == []
+
+
+def test_foreach_rejects_bad_arguments_before_drawing():
+    src = NoiseSource(secure_mode=True)
+    with pytest.raises(errors.ParameterTypeError, match="list or tuple"):
+        src.add_normal_foreach_(torch.zeros(3), 1.0)
+    xs = [torch.zeros(3), torch.zeros(3, dtype=torch.int64)]
+    with pytest.raises(errors.ParameterTypeError, match="floating dtype"):
+        src.fill_normal_foreach_(xs, 1.0)
+    xs = [torch.zeros(3), torch.zeros(3, dtype=torch.float16)]
+    with pytest.raises(errors.ParameterValueError, match="too large for torch.float16"):
+        src.add_normal_foreach_(xs, 1e4)
+    assert not src._streams and not xs[0].any()  # nothing drawn
+    assert src.fill_normal_foreach_([], 1.0) == []
+
+
+def test_foreach_of_many_parameters_is_about_a_thousand_operations(monkeypatch):
+    """GPT-2 small's 148 parameter tensors (bfloat16, as in a pure-bf16 run, where the
+    gradients are not one flat buffer), scaled down 2**12-fold, in two chunks: about a
+    thousand operations in one secure add, where one add per tensor takes 148 draws."""
+    sizes = [max(1, n >> 12) for n in [38597376, 786432] + (
+        [768, 768, 1769472, 2304, 589824, 768, 768, 768, 2359296, 3072, 2359296, 768]
+        * 12) + [768, 768]]
+    assert len(sizes) == 148
+    n = sum(sizes)
+    budget = (noise_mod.SECURE_BYTES_PER_ELEMENT + noise_mod._HALF_ROUNDING_BYTES) * (
+        n // 2 + 1)
+    _accelerator_sizing_on_cpu(monkeypatch, budget)
+    src = NoiseSource(secure_mode=True)
+    src.fill_normal_(torch.empty(4, dtype=torch.bfloat16), 1.0)
+    grads = [torch.zeros(k, dtype=torch.bfloat16) for k in sizes]
+    with _CountOps() as c:
+        src.add_normal_foreach_(grads, 0.1)
+    with _CountOps() as one:
+        src.add_normal_(grads[5], 0.1)
+    assert c.ops <= 1300, c.ops
+    assert 148 * one.ops > 50 * c.ops
+    assert all(g.any() for g in grads)
+
+
 # ----------------------------------------------------------- independence of streams
 
 
