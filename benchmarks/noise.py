@@ -44,7 +44,9 @@ thread, the draw's own work: on a shared machine, less sensitive to the other jo
 wall clock). ``--launches`` counts the tensor operations (aten calls, views aside) of
 the accelerators' secure path, run on the CPU with the chunk size scaled down (a chunk is
 the same operations whatever its size), and gives the chunks and operations of a draw of
-``--parameters`` elements on an accelerator with the default scratch budget.
+``--parameters`` elements on an accelerator with the default scratch budget, and the
+operations of one ``add_normal_foreach_`` over GPT-2 small's 148 parameter tensors (sizes
+scaled down 2**12-fold) against one ``add_normal_`` per tensor.
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ def _launches(parameters: int) -> None:
         noise_mod._CHUNK_WORKERS.pop("cpu", None)
         _chacha.TENSOR_RUN_BLOCKS.pop("cpu", None)
         noise_mod.SECURE_CHUNK_ELEMENTS.pop("cpu", None)
-        rows = []
+        rows, foreach = [], []
         for chunks in (1, 2):
             noise_mod.SECURE_SCRATCH_BYTES["cpu"] = \
                 noise_mod.SECURE_BYTES_PER_ELEMENT * (n // chunks)
@@ -238,6 +240,26 @@ def _launches(parameters: int) -> None:
                     src.fill_normal_(out, 1.0)
                 got = -(-n // noise_mod._secure_chunk(torch.device("cpu"), n, dtype))
                 rows.append((chunks if dtype == torch.float32 else got, dtype, c.ops))
+        # GPT-2 small's 148 parameter tensors, scaled down 2**12-fold, one secure add for
+        # all (add_normal_foreach_) against one add_normal_ per tensor, two chunks
+        sizes = [max(1, k >> 12) for k in [38597376, 786432] + [
+            768, 768, 1769472, 2304, 589824, 768, 768, 768, 2359296, 3072, 2359296, 768]
+            * 12 + [768, 768]]
+        total = sum(sizes)
+        for dtype in (torch.float32, torch.bfloat16):
+            half = dtype == torch.bfloat16
+            noise_mod.SECURE_SCRATCH_BYTES["cpu"] = (
+                noise_mod.SECURE_BYTES_PER_ELEMENT
+                + (noise_mod._HALF_ROUNDING_BYTES if half else 0)) * (total // 2 + 1)
+            src = NoiseSource(secure_mode=True)
+            grads = [torch.zeros(k, dtype=dtype) for k in sizes]
+            src.add_normal_(grads[0][:4], 1.0)
+            with Count() as many:
+                src.add_normal_foreach_(grads, 1.0)
+            with Count() as each:
+                for g in grads:
+                    src.add_normal_(g, 1.0)
+            foreach.append((dtype, len(sizes), many.ops, each.ops))
     finally:
         for target, old in zip((_chacha.BACKENDS, noise_mod._CHUNK_WORKERS,
                                 _chacha.TENSOR_RUN_BLOCKS, noise_mod.SECURE_CHUNK_ELEMENTS,
@@ -258,6 +280,10 @@ def _launches(parameters: int) -> None:
           f"{chunk * noise_mod.SECURE_BYTES_PER_ELEMENT / 1e9:.1f} GB of scratch, about "
           f"{rows[0][2] + (chunks - 1) * per_chunk} tensor operations "
           f"({per_chunk} a chunk).")
+    print("\n| dtype | tensors | add_normal_foreach_ (2 chunks) | add_normal_ per tensor |")
+    print("|---|---:|---:|---:|")
+    for dtype, k, many, each in foreach:
+        print(f"| {dtype} | {k} | {many} | {each} |")
 
 
 def main(argv: list[str] | None = None) -> None:
