@@ -184,17 +184,22 @@ def device_seed(seed: int, device: torch.device | str) -> int:
 
 def _scratch_budget(device: torch.device) -> int:
     """:data:`SECURE_SCRATCH_BYTES` of ``device``'s type, or ``min(8 GiB, 1/8 of its
-    memory)`` (8 GiB where torch does not report its memory)."""
+    memory)`` (its total memory, or on MPS the recommended working set; 8 GiB where
+    torch reports neither)."""
     budget = SECURE_SCRATCH_BYTES.get(device.type)
     if budget is not None:
         return int(budget)
-    props = getattr(getattr(torch, device.type, None), "get_device_properties", None)
+    module = getattr(torch, device.type, None)
+    props = getattr(module, "get_device_properties", None)
+    recommended = getattr(module, "recommended_max_memory", None)  # MPS: unified memory
     total = None
-    if callable(props):
-        try:
+    try:
+        if callable(props):
             total = int(props(device).total_memory)
-        except (AttributeError, RuntimeError, TypeError, ValueError, AssertionError):
-            total = None
+        elif callable(recommended):
+            total = int(recommended())
+    except (AttributeError, RuntimeError, TypeError, ValueError, AssertionError):
+        total = None
     return _DEFAULT_SECURE_SCRATCH if not total else min(_DEFAULT_SECURE_SCRATCH, total // 8)
 
 
