@@ -40,21 +40,21 @@ knows the seed passed to ``make_private`` can still replay the whole run.
 The uniforms keep all 53 bits on every device and for every output dtype, although a
 float32 output has only 24 significand bits: they set how far the tails reach. A
 Box-Muller radius from ``k``-bit uniforms never exceeds ``sqrt(2 k ln 2)`` (8.57 for
-``k = 53``, 6.66 for ``k = 32``): the sampler misses probability ``2**-k`` of the ideal
-radius per pair, two pairs per coordinate. Over GPT-2 small's 124M coordinates that is a
-total variation from the Gaussian the accountant assumes of up to 6% per step with
-``k = 32`` (so 32-bit uniforms are not used) and up to ``3e-8`` with ``k = 53``. Timing
-attacks (Jin et al. 2022) find nothing to measure in the draw: its operations and their
-number depend only on the size of the output, never on the values drawn (Box-Muller, no
-rejection sampling).
+``k = 53``, 6.66 for ``k = 32``), a tail of probability ``2**-k`` per pair (two pairs per
+coordinate) that the ideal Gaussian the accountant assumes has and the sampler never
+produces. Over GPT-2 small's 124M coordinates that tail is a probability of up to 6% per
+step with ``k = 32`` (so 32-bit uniforms are not used), up to ``3e-8`` with ``k = 53``.
+Timing attacks (Jin et al. 2022) find nothing to measure in the draw: its operations and
+their number depend only on the size of the output, never on the values drawn
+(Box-Muller, no rejection sampling).
 
 Secure noise is computed in chunks, so the memory it needs beyond the output stays
 bounded: on the CPU, :data:`SECURE_CHUNK_ELEMENTS` (2**16 elements, 96 bytes of scratch
 each: 6 MB, in cache); on an accelerator, as many elements as
 :data:`SECURE_SCRATCH_BYTES` allows at :data:`SECURE_BYTES_PER_ELEMENT` (112) bytes each
-(by default ``min(8 GiB, 1/8 of the device's memory)``), where a chunk is about 470 kernel
-launches whatever its size. A non-contiguous output also takes one contiguous copy of
-itself.
+(144 for float16 and bfloat16 outputs; by default ``min(8 GiB, 1/8 of the device's
+memory)``), where a chunk is about 470 kernel launches whatever its size. A
+non-contiguous output also takes one contiguous copy of itself.
 
 References
 ----------
