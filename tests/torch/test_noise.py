@@ -232,6 +232,31 @@ def test_one_tensor_run_carries_the_position_like_the_reference(position, monkey
         assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("key", [bytes(32), b"\xff" * 32, KEY])
+def test_tensor_cipher_words_stay_non_negative_and_below_2_55(key):
+    """The documented invariant that makes the int64 arithmetic exact: every value any
+    operation of the cipher produces (high bits let run) lies in [0, 2**55)."""
+
+    class Range(TorchDispatchMode):
+        lo, hi = 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if (isinstance(out, torch.Tensor) and out.dtype == torch.int64 and out.numel()
+                    and not func.is_view and "empty" not in str(func)):  # computed values
+                self.lo = min(self.lo, int(out.min()))
+                self.hi = max(self.hi, int(out.max()))
+            return out
+
+    position = ((2**96 - 1) << 32) + 2**32 - 64  # all-ones nonce words, the counter near 2**32
+    with Range() as r:
+        words = _chacha.block_words(key, position, 64)
+    assert r.lo >= 0 and r.hi < 2**55, (r.lo, r.hi)
+    assert r.hi >= 2**40  # the high bits do run
+    assert _chacha.keystream_bytes(key, position, 64) == ref_stream(key, position, 64)
+    assert words.max() < 2**32
+
+
 def test_tensor_cipher_writes_into_the_free_rows_of_its_workspace(monkeypatch):
     """``out`` sharing the workspace's rows TENSOR_OUT_ROWS gives the same bits as a
     separate ``out``: the cipher does not use those rows once it writes the output."""
