@@ -957,6 +957,8 @@ def test_drawing_needs_no_host_values(secure, device_path_on_cpu, no_host_sync):
         src.add_normal_(out, 1.0)
         src.fill_normal_(out[:3000].view(60, 50).t(), 0.5)  # not contiguous
         src.add_normal_(out[:3000].view(60, 50).t(), 0.5)
+        src.add_normal_foreach_([out[:1000], out[1000:3000].view(40, 50).t()], 0.5)
+        src.fill_normal_foreach_([out[:7], out[7:]], 0.5)
     src.state_dict()
 
 
