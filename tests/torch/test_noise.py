@@ -1060,6 +1060,7 @@ def test_cuda_drawing_never_synchronises(secure):
             src.fill_normal_(out, 1.0)
             src.add_normal_(out, 0.5)
             src.add_normal_(out[:300_000].view(600, 500).t(), 0.5)  # not contiguous
+            src.add_normal_foreach_([out[:1000], out[1000:300_000].view(500, 598).t()], 0.5)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.isfinite(o).all() for o in outs)
