@@ -208,6 +208,16 @@ class FSDP2Support:
             self.callback_handler.optimizer = dp
         return out
 
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        # called inside _prepare_for_training: the scheduler drives the torch optimizer the
+        # DP step steps, not accelerate's wrapper of it (whose step() never runs)
+        if optimizer is None and is_fsdp2(self):
+            from accelerate.optimizer import AcceleratedOptimizer
+
+            if isinstance(self.optimizer, AcceleratedOptimizer):
+                optimizer = self.optimizer.optimizer
+        return super().create_scheduler(num_training_steps, optimizer=optimizer)
+
     def _save_optimizer_and_scheduler(self, output_dir):
         with _torch_optimizer(self):
             return super()._save_optimizer_and_scheduler(output_dir)
@@ -223,7 +233,9 @@ def _torch_optimizer(trainer):
     if not is_fsdp2(trainer) or not hasattr(dp, "original_optimizer"):
         yield None
         return
-    trainer.optimizer = getattr(trainer, "_fsdp_torch_optimizer", None) or dp.original_optimizer
+    prepared = getattr(trainer, "_fsdp_torch_optimizer", None)  # this run's, if prepared
+    trainer.optimizer = (prepared if getattr(prepared, "optimizer", None)
+                         is dp.original_optimizer else dp.original_optimizer)
     dp._stepping_original = True  # the guard against stepping it directly: off meanwhile
     try:
         yield dp

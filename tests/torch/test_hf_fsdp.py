@@ -14,9 +14,9 @@ vocabulary of 97 rows: unevenly sharded).
     stand-in pass, whose records are discarded), AdamW: the logs and epsilon are
     identical on both ranks, epsilon is that of 6 Poisson-subsampled Gaussian steps at
     q = 0.25; a run resumed from the checkpoint of step 2 (sharded model and AdamW state
-    through torch.distributed.checkpoint, each rank's private state under
-    private_state_dir), built with another seed and other weights, ends with the
-    uninterrupted run's parameters and epsilon.
+    through torch.distributed.checkpoint, the linear learning-rate schedule, each rank's
+    private state under private_state_dir), built with another seed and other weights,
+    ends with the uninterrupted run's parameters and epsilon.
 (e) Refused when the trainer is built: FSDP1, FULL_STATE_DICT on CPU processes, bf16.
 """
 
@@ -71,11 +71,11 @@ def _flat(model):
 
 
 def _args(out, *, per_rank=4, steps=3, save=False, optim="sgd", lr=LR, fsdp_config=None,
-          **kw):
+          schedule="constant", **kw):
     return transformers.TrainingArguments(
         output_dir=out, per_device_train_batch_size=per_rank, max_steps=steps,
         learning_rate=lr, logging_steps=1, report_to=[], use_cpu=True, ddp_backend="gloo",
-        lr_scheduler_type="constant", disable_tqdm=True, dataloader_pin_memory=False,
+        lr_scheduler_type=schedule, disable_tqdm=True, dataloader_pin_memory=False,
         optim=optim, save_strategy="steps" if save else "no", save_steps=2, fsdp=True,
         fsdp_config=dict(SHARDED if fsdp_config is None else fsdp_config), **kw)
 
@@ -131,9 +131,10 @@ def _worker(rank, tmp):
     res["noisy"] = _flat(tr.model)
     priv = os.path.join(tmp, "private")
     full = _args(os.path.join(tmp, "full"), per_rank=1, steps=STEPS, save=True,
-                 optim="adamw_torch", lr=0.01)
+                 optim="adamw_torch", lr=0.01, schedule="linear")
     tr = _trainer(full, 1.0, private_dir=priv)
     tr.train()
+    res["lrs"] = [h["learning_rate"] for h in tr.state.log_history if "learning_rate" in h]
     res["full"] = (_flat(tr.model), tr.epsilon(),
                    [h["epsilon"] for h in tr.state.log_history if "epsilon" in h],
                    tr.privacy_engine.sampling_rate, list(stand_ins))
@@ -216,6 +217,9 @@ def test_fsdp_trainer_epsilon_logs_and_resume(ranks):
     want = compose(subsample(Gaussian(1.0), rate=WORLD / N), steps=STEPS).epsilon(1e-5)
     assert eps0 == pytest.approx(want, rel=1e-3)
     assert stand0 or stand1  # a rank had an empty Poisson batch and ran a stand-in pass
+    # the linear schedule ran on the optimizer the DP step steps: 0.01 (1 - k / STEPS)
+    lrs = ranks[0]["lrs"][:STEPS]
+    assert lrs == pytest.approx([0.01 * (1 - k / STEPS) for k in range(STEPS)], abs=1e-12)
     for r in ranks:
         assert {"pytorch_model_fsdp_0", "optimizer_0"} <= set(r["files"])  # DCP, sharded
         assert {f"privlearn_privacy.rank{k}.pt" for k in range(WORLD)} <= set(r["files"])
