@@ -103,6 +103,12 @@ def enable_fsdp2(trainer) -> None:
     refuse_unsupported(args)
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+    missing = [n for n in ("_prepare_for_training", "_save_optimizer_and_scheduler")
+               if not hasattr(super(FSDP2Support, trainer), n)]
+    if missing:  # the Trainer methods FSDP2Support hooks (transformers 5.17 to 5.24 have them)
+        raise ConfigurationError(
+            f"DPTrainer with TrainingArguments(fsdp=...) needs Trainer.{missing[0]}, which "
+            "this transformers version does not have; use transformers>=5.17,<6, or DDP")
     state = trainer.accelerator.state
     if state.distributed_type == DistributedType.FSDP and state.fsdp_plugin is not None:
         trainer.is_fsdp_enabled = True
@@ -144,9 +150,37 @@ def shard_model(trainer) -> None:
             "the optimizer over its sharded parameters; an optimizer passed in (optimizers="
             "...) holds the unsharded ones and would update nothing. Pass "
             "optimizer_cls_and_kwargs=(cls, kwargs) instead")
-    trainer.accelerator.state.fsdp_plugin.set_auto_wrap_policy(model)
+    plugin = trainer.accelerator.state.fsdp_plugin
+    plugin.set_auto_wrap_policy(model)
+    _check_wrap_policy(plugin, model)
     model = fsdp2_prepare_model(trainer.accelerator, model)
     trainer.model = trainer.model_wrapped = model
+
+
+def _check_wrap_policy(plugin, model) -> None:
+    """Refuse an auto-wrap policy that wraps a module holding the input or output
+    embeddings: ``fsdp2_prepare_model`` (accelerate 1.15) shards the embeddings again
+    after the policy's modules and fails on their already sharded parameters (BERT,
+    whose ``_no_split_modules`` lists ``BertEmbeddings``)."""
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from accelerate.utils.other import get_module_children_bottom_up
+
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    if policy is None:
+        return
+    ends = [m for m in (getattr(model, "get_input_embeddings", lambda: None)(),
+                        getattr(model, "get_output_embeddings", lambda: None)())
+            if m is not None]
+    for module in get_module_children_bottom_up(model)[:-1]:
+        if policy(module) and any(e is not module and any(e is s for s in module.modules())
+                                  for e in ends):
+            raise ConfigurationError(
+                f"the FSDP auto-wrap policy wraps {type(module).__name__}, which holds the "
+                "model's embeddings, and accelerate's FSDP2 preparation then shards the "
+                "embeddings a second time (it fails on their sharded parameters). Name the "
+                "transformer block class alone: TrainingArguments(fsdp_config={'version': "
+                "2, 'transformer_layer_cls_to_wrap': ['<the block class, e.g. BertLayer>'], "
+                "...})")
 
 
 def stand_in_pass(trainer, model) -> None:

@@ -6,7 +6,8 @@ vocabulary of 97 rows: unevenly sharded).
     on each rank), not wrapped in DDP as accelerate alone does on CPU processes.
 (b) Noise off, sampling rate 1 (2 ranks x 4 = all 8 examples every step): after 3 steps
     both ranks hold the parameters of a naive single-process loop (batch-of-one backward
-    passes, clipped per example at C below most norms, summed, divided by 8).
+    passes, clipped per example at C below most norms, summed, divided by 8), for the
+    GPT-2 and for a small BERT sequence classifier (sharded per BertLayer).
 (c) Noise on, one step on the same full batch: the update minus the naive noise-free
     update has standard deviation sigma C lr / 8 over its ~8,000 coordinates (noise drawn
     once per coordinate of the global sum: twice would give sqrt(2) times it).
@@ -17,7 +18,9 @@ vocabulary of 97 rows: unevenly sharded).
     through torch.distributed.checkpoint, the linear learning-rate schedule, each rank's
     private state under private_state_dir), built with another seed and other weights,
     ends with the uninterrupted run's parameters and epsilon.
-(e) Refused when the trainer is built: FSDP1, FULL_STATE_DICT on CPU processes, bf16.
+(e) Refused when the trainer is built: FSDP1, FULL_STATE_DICT on CPU processes, bf16;
+    when training starts: BERT under accelerate's default wrap policy (it wraps
+    BertEmbeddings, then shards the embeddings again and fails).
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ SHARDED = {"version": 2, "state_dict_type": "SHARDED_STATE_DICT"}
 
 
 class _Set(torch.utils.data.Dataset):
-    def __init__(self):
+    def __init__(self, name="gpt2"):
         from hf_models import make_batch
 
-        inputs, labels = make_batch("gpt2", b=N, seed=4, dtype=torch.float32)
+        inputs, labels = make_batch(name, b=N, seed=4, dtype=torch.float32)
         self.ids, self.mask, self.labels = inputs["input_ids"], inputs["attention_mask"], labels
 
     def __len__(self):
@@ -57,10 +60,10 @@ class _Set(torch.utils.data.Dataset):
                 "labels": self.labels[i]}
 
 
-def _model():
+def _model(name="gpt2"):
     from hf_models import build
 
-    return build("gpt2", dtype=torch.float32, seed=3)
+    return build(name, dtype=torch.float32, seed=3)
 
 
 def _flat(model):
@@ -80,15 +83,16 @@ def _args(out, *, per_rank=4, steps=3, save=False, optim="sgd", lr=LR, fsdp_conf
         fsdp_config=dict(SHARDED if fsdp_config is None else fsdp_config), **kw)
 
 
-def _trainer(args, sigma, *, private_dir=None, seed=3, other_weights=False, **kw):
+def _trainer(args, sigma, *, private_dir=None, seed=3, other_weights=False, name="gpt2",
+             **kw):
     from privlearn.torch.hf import DPTrainer, PrivacyArguments
 
-    model = _model()
+    model = _model(name)
     if other_weights:  # a resumed run must load the checkpoint's
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.1)
-    return DPTrainer(model=model, args=args, train_dataset=_Set(),
+    return DPTrainer(model=model, args=args, train_dataset=_Set(name),
                      private_state_dir=private_dir,
                      privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=C,
                                               seed=seed), **kw)
@@ -126,6 +130,11 @@ def _worker(rank, tmp):
                       sum(p.to_local().numel() for p in params), sum(p.numel() for p in params),
                       type(tr.model_wrapped).__name__)
     res["exact"] = _flat(tr.model)
+    # BERT: accelerate's default policy (its _no_split_modules) wraps BertEmbeddings
+    bert_layers = {**SHARDED, "transformer_layer_cls_to_wrap": ["BertLayer"]}
+    tr = _trainer(_args(os.path.join(tmp, "bert"), fsdp_config=bert_layers), 0.0, name="bert")
+    tr.train()
+    res["bert"] = _flat(tr.model)
     tr = _trainer(_args(os.path.join(tmp, "noisy"), steps=1), SIGMA, seed=5)
     tr.train()
     res["noisy"] = _flat(tr.model)
@@ -149,6 +158,7 @@ def _worker(rank, tmp):
             _args(out, fsdp_config={"version": 2, "state_dict_type": "FULL_STATE_DICT"}),
             1.0)),
         "bf16": _refused(lambda: _trainer(_args(out, bf16=True), 1.0)),
+        "bert_default_policy": _refused(_trainer(_args(out), 1.0, name="bert").train),
     }
     torch.save(res, os.path.join(tmp, f"rank{rank}.pt"))
     if dist.is_initialized():
@@ -161,16 +171,16 @@ def ranks(tmp_path_factory):
     return run_ranks(_worker, tmp, WORLD)
 
 
-def _naive(oracle, steps):
+def _naive(oracle, steps, name="gpt2"):
     from hf_models import loss_of
 
-    model = _model().double()
-    data = _Set()
+    model = _model(name).double()
+    data = _Set(name)
     params = list(model.parameters())
 
     def loss(i):
         out = model(input_ids=data.ids[i:i + 1], attention_mask=data.mask[i:i + 1])
-        return loss_of("gpt2", out, data.labels[i:i + 1])
+        return loss_of(name, out, data.labels[i:i + 1])
 
     start = _flat(model)
     for _ in range(steps):  # q = 1: every example in every step, normalised by q N = 8
@@ -187,9 +197,10 @@ def test_fsdp_trainer_shards_the_model(ranks):
     assert ranks[0]["sharded"][2] + ranks[1]["sharded"][2] == ranks[0]["sharded"][3]
 
 
-def test_fsdp_trainer_equals_naive_loop(ranks, oracle):
-    start, naive = _naive(oracle, 3)
-    r0, r1 = ranks[0]["exact"], ranks[1]["exact"]
+@pytest.mark.parametrize("name,key", [("gpt2", "exact"), ("bert", "bert")])
+def test_fsdp_trainer_equals_naive_loop(ranks, oracle, name, key):
+    start, naive = _naive(oracle, 3, name)
+    r0, r1 = ranks[0][key], ranks[1][key]
     assert (naive - start).abs().max() > 1e-4
     torch.testing.assert_close(r0, r1, rtol=0, atol=0)
     torch.testing.assert_close(r0, naive, rtol=1e-4, atol=1e-6)
@@ -237,3 +248,5 @@ def test_fsdp_trainer_refuses_what_it_cannot_run(ranks):
         assert msg["full_state_dict"].startswith("ConfigurationError")
         assert "SHARDED_STATE_DICT" in msg["full_state_dict"]
         assert msg["bf16"].startswith("ConfigurationError") and "bf16" in msg["bf16"]
+        bert = msg["bert_default_policy"]
+        assert bert.startswith("ConfigurationError") and "BertEmbeddings" in bert
