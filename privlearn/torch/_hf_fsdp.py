@@ -28,11 +28,22 @@ DPTrainer makes both run the same FSDP2 path:
   the clipped sums, noise ``N(0, (sigma C)^2)`` once per coordinate, accounting at the
   global rate ``q = W B / N``.
 
-Refused before any step: FSDP1 (``fsdp_config={"version": 1}``), ``cpu_offload``,
-FSDP's ``activation_checkpointing`` (the recomputed forward would record every
-example twice), and mixed precision (``bf16``/``fp16``: FSDP2's
-``MixedPrecisionPolicy`` casts the gathered parameters, a path the sharded DP step is not
-tested on).
+* :class:`FSDP2Support`: ``Accelerator.prepare`` and torch.distributed.checkpoint get
+  the torch optimizer the DP optimizer wraps, the Trainer's steps the DP optimizer;
+* :func:`stand_in_pass`: a rank whose Poisson batch is empty still runs the collectives
+  of a forward and backward pass.
+
+Refused before any step: FSDP1 (``fsdp_config={"version": 1}``; accelerate's FSDP1
+plugin cannot even be built on CPU: "There are currently no available devices found"),
+``cpu_offload``, activation/gradient checkpointing and mixed precision (``bf16``/``fp16``,
+FSDP2's ``MixedPrecisionPolicy``): not run with the sharded DP step yet; on CPU processes
+``state_dict_type="FULL_STATE_DICT"`` (transformers' default: ``Trainer.save_model``
+gathers the model and ``save_pretrained`` fails on it, for a plain Trainer too:
+"Cannot flatten unevenly sharded tensor" in ``remove_tied_weights_from_state_dict`` for
+tied embeddings, "Attempted to access the data pointer on an invalid python storage" in
+safetensors' ``save_file`` without); an auto-wrap policy that wraps the embeddings' module
+(``fsdp2_prepare_model`` then calls ``fully_shard`` on the embeddings again and torch
+fails with "Invariant encountered: value was None" in ``DeviceMesh._concatenate``).
 """
 
 from __future__ import annotations
@@ -63,8 +74,8 @@ def refuse_unsupported(args) -> None:
     if plugin.get("activation_checkpointing") or any(
             getattr(args, k, False) for k in ("gradient_checkpointing",
                                               "activation_checkpointing")):
-        bad.append("activation/gradient checkpointing (the recomputed forward would record "
-                   "every example's activations twice)")
+        bad.append("activation/gradient checkpointing (the recomputation inside FSDP2's "
+                   "units is not run with the sharded DP step yet)")
     if args.bf16 or args.fp16:
         bad.append("bf16/fp16 (FSDP2's MixedPrecisionPolicy casts the gathered parameters; "
                    "the sharded DP step is tested in float32 only): train in float32, or "

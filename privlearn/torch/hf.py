@@ -51,17 +51,16 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   (``privlearn_privacy.rank<r>.pt``; secret parts under ``private_state_dir``). FSDP2
   (``TrainingArguments(fsdp=True)``): the model is sharded with accelerate's FSDP2 before
   ``make_private`` (on CPU processes too, where accelerate alone would fall back to DDP)
-  and checkpoints hold the sharded model and optimizer (:mod:`privlearn.torch._hf_fsdp`).
+  and checkpoints hold the sharded model and optimizer (``privlearn.torch._hf_fsdp``).
 
 Refused, with the reason, before the first step: gradient accumulation
 (``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
 together), ``fp16`` *with a loss scaler* (on CUDA the Trainer's scaler runs through
 accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private`` with
 ``torch.amp.GradScaler``; on CPU accelerate runs fp16 autocast without a scaler, which
-trains as bf16 does: per-example norms and sums in float32),
-several GPUs in one process (``nn.DataParallel``), FSDP1, DeepSpeed or tensor
-parallelism through the Trainer (FSDP2's own refusals: :mod:`privlearn.torch._hf_fsdp`),
-an iterable training set (it cannot be
+trains as bf16 does: per-example norms and sums in float32), several GPUs in one process
+(``nn.DataParallel``), FSDP1, DeepSpeed or tensor parallelism through the Trainer (FSDP2's
+own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
 Poisson-sampled), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
 per example), ``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example).
@@ -69,10 +68,10 @@ would be clipped as one example).
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
 ``log``, ``train`` and callbacks; under FSDP2 also ``_prepare_for_training`` and
-``_save_optimizer_and_scheduler``: :class:`~privlearn.torch._hf_fsdp.FSDP2Support`); the
-user's ``TrainingArguments`` are not modified
-(the trainer works on a copy with ``max_grad_norm=0``: per-example clipping replaces the
-Trainer's, and ``ignore_data_skip=True``: the sampler resumes its own position).
+``_save_optimizer_and_scheduler``: ``privlearn.torch._hf_fsdp.FSDP2Support``); the
+user's ``TrainingArguments`` are not modified (the trainer works on a copy with
+``max_grad_norm=0``: per-example clipping replaces the Trainer's, and
+``ignore_data_skip=True``: the sampler resumes its own position).
 Tested with transformers 5.17 and 5.24 (the oldest 5.x it is measured on and the latest
 5.x), the range of the ``hf`` extra: ``transformers>=5.17,<6``.
 
@@ -591,7 +590,7 @@ class DPTrainer(FSDP2Support, Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """An empty Poisson batch trains on nothing (the step still adds its noise; under
-        FSDP2 the rank runs the collectives of a pass on a stand-in, :func:`stand_in_pass`)."""
+        FSDP2 the rank runs the collectives of a pass on a stand-in example, discarded)."""
         if _batch_size(inputs) == 0:
             if is_fsdp2(self):
                 stand_in_pass(self, model)
