@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from privlearn.errors import ConfigurationError, ParameterValueError
+
 if TYPE_CHECKING:  # grad_sample imports this module
     from privlearn.torch.grad_sample import Contribution, Record
 
@@ -132,10 +134,15 @@ class LayerRule:
 
     def __post_init__(self):
         if self.scope not in ("subtree", "direct"):
-            raise ValueError(f"scope must be 'subtree' or 'direct', got {self.scope!r}")
+            raise ParameterValueError(
+                f"scope must be 'subtree' or 'direct', got {self.scope!r}: 'subtree' when "
+                "the rule covers the parameters of the module and its children, 'direct' "
+                "when it covers only those the module owns")
         if self.own_layout and self.batch_dim is None:
-            raise ValueError("a rule with own_layout=True must declare batch_dim (an int or "
-                             "a function of the module)")
+            raise ConfigurationError(
+                "own_layout=True needs batch_dim (an int, or a function of the module such "
+                "as lambda m: 0 if m.batch_first else 1), got batch_dim=None: declare where "
+                "the module carries the examples, or leave own_layout=False")
 
     def __call__(self, module: nn.Module, record: Record, params) -> Contribution:
         return self.compute(module, record, params)

@@ -145,3 +145,15 @@ def test_without_registration_the_fallback_is_used():
     assert grad_sample.get_rule(model.had) is None
     assert grad_sample.get_instrumenter(model.had) is None
     assert pt.validate(model) == []
+
+
+def test_layer_rule_refuses_unknown_scope_and_own_layout_without_batch_dim():
+    """Typed refusals naming the setting, the allowed values and the value received."""
+    from privlearn.errors import ConfigurationError, ParameterValueError
+    from privlearn.torch.rule_registry import LayerRule
+
+    with pytest.raises(ParameterValueError, match=r"scope must be 'subtree' or 'direct', "
+                                                  r"got 'children'"):
+        LayerRule(lambda m, r, p: None, scope="children")
+    with pytest.raises(ConfigurationError, match=r"own_layout=True needs batch_dim.*None"):
+        LayerRule(lambda m, r, p: None, own_layout=True)
