@@ -345,7 +345,7 @@ def _self_check(device: torch.device, interpret: bool = False) -> str | None:
 def passed(device: torch.device) -> bool:
     """Whether the kernel passed its self-check on ``device`` (a CUDA device), running the
     check at the first call per device; a failed check warns once."""
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():
         return False
     name = _device_name(device)
     verdict = _PASSED.get(name)
@@ -354,15 +354,17 @@ def passed(device: torch.device) -> bool:
     with _LOCK:
         if name in _PASSED:
             return _PASSED[name]
-        debug = torch.cuda.get_sync_debug_mode()
+        debug = None
         try:
+            debug = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode(0)
             with torch.cuda.device(device):
                 why = _self_check(torch.device(name))
         except Exception as e:  # noqa: BLE001 - any failure keeps the checked fallback
             why = f"{type(e).__name__}: {e}"
         finally:
-            torch.cuda.set_sync_debug_mode(debug)
+            if debug is not None:
+                torch.cuda.set_sync_debug_mode(debug)
         _PASSED[name] = why is None
         if why is not None:
             _warn_once(name, f"its self-check failed: {why}")

@@ -77,9 +77,18 @@ def test_triton_backend_is_for_cuda_tensors_only():
         torch.device("cpu")).name
 
 
+def _forget_the_kernel_module(monkeypatch) -> None:
+    """As if this process had not imported the kernel's module (restored afterwards)."""
+    import privlearn.torch
+
+    _chacha._triton_module.cache_clear()
+    monkeypatch.delitem(sys.modules, "privlearn.torch._chacha_triton", raising=False)
+    monkeypatch.delattr(privlearn.torch, "_chacha_triton", raising=False)
+
+
 def test_without_triton_cuda_keeps_the_tensor_backend(monkeypatch):
     """triton absent: nothing imports it and CUDA tensors get the tensor cipher."""
-    _chacha._triton_module.cache_clear()
+    _forget_the_kernel_module(monkeypatch)
     monkeypatch.setitem(sys.modules, "triton", None)  # ``import triton`` raises
     try:
         assert _chacha._triton_module() is None
@@ -90,9 +99,8 @@ def test_without_triton_cuda_keeps_the_tensor_backend(monkeypatch):
 
 def test_a_broken_triton_warns_and_keeps_the_tensor_backend(monkeypatch):
     """triton found but failing to import: one warning, and the tensor cipher."""
-    _chacha._triton_module.cache_clear()
+    _forget_the_kernel_module(monkeypatch)
     monkeypatch.setitem(sys.modules, "triton", None)
-    monkeypatch.delitem(sys.modules, "privlearn.torch._chacha_triton", raising=False)
     monkeypatch.setattr(_chacha.importlib.util, "find_spec", lambda name: object())
     try:
         with pytest.warns(RuntimeWarning, match="does not import"):
