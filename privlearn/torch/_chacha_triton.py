@@ -86,7 +86,7 @@ def _chacha20_bits53_kernel(out_ptr, blocks, k0, k1, k2, k3, k4, k5, k6, k7, ctr
     i9 = zero + k5.to(tl.uint32, bitcast=True)
     i10 = zero + k6.to(tl.uint32, bitcast=True)
     i11 = zero + k7.to(tl.uint32, bitcast=True)
-    i12 = ctr.to(tl.uint32, bitcast=True) + (j & 0xFFFFFFFF).to(tl.uint32)
+    i12 = ctr.to(tl.uint32, bitcast=True) + j.to(tl.uint32)  # j < 2**32: exact
     i13 = zero + n0.to(tl.uint32, bitcast=True)
     i14 = zero + n1.to(tl.uint32, bitcast=True)
     i15 = zero + n2.to(tl.uint32, bitcast=True)

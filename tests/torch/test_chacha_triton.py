@@ -206,7 +206,7 @@ def test_cuda_triton_kernel_matches_openssl_and_tensor(kt):
 @needs_triton
 def test_cuda_secure_draw_is_one_kernel_launch_per_chunk(kt, monkeypatch):
     """Three chunks: three launches of the kernel (the module's counter, and the
-    profiler's CUDA kernel events when it records any), about 25 torch operations per
+    profiler's CUDA kernel events when it records any), about 23 torch operations per
     chunk besides (the Box-Muller / Holohan-Braghin transform), and the same noise, bit
     for bit, as the tensor cipher with the same key."""
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -228,7 +228,7 @@ def test_cuda_secure_draw_is_one_kernel_launch_per_chunk(kt, monkeypatch):
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     if kernels:  # CUPTI recorded the device's kernels
         assert sum("chacha20" in e.name for e in kernels) == 3
-    assert ops.ops <= 3 * 40, ops.ops
+    assert ops.ops <= 3 * 30, ops.ops
     ref = NoiseSource(secure_mode=True)
     ref._streams[key] = noise_mod._SecureStream(dev)
     ref._streams[key].key = src._streams[key].key
@@ -262,6 +262,7 @@ def test_cuda_failed_self_check_or_launch_falls_back_to_the_tensor_cipher(kt, mo
 
     # passed, then a launch raises: the whole run is recomputed by the tensor cipher
     kt._PASSED[name] = True
+    kt._WARNED.clear()
 
     def fail(key, position, out, interpret):
         out.fill_(-1)
