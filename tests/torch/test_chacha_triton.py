@@ -206,7 +206,7 @@ def test_cuda_triton_kernel_matches_openssl_and_tensor(kt):
 @needs_triton
 def test_cuda_secure_draw_is_one_kernel_launch_per_chunk(kt, monkeypatch):
     """Three chunks: three launches of the kernel (the module's counter, and the
-    profiler's CUDA kernel events when it records any), about 23 torch operations per
+    profiler's CUDA kernel events when it records any), about 22 torch operations per
     chunk besides (the Box-Muller / Holohan-Braghin transform), and the same noise, bit
     for bit, as the tensor cipher with the same key."""
     dev = torch.device("cuda", torch.cuda.current_device())
