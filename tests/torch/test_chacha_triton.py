@@ -180,6 +180,25 @@ def test_secure_noise_through_the_interpreted_kernel_is_the_tensor_paths(kt, mon
     assert torch.equal(x, y)
 
 
+@needs_triton
+def test_kernel_compiles_for_an_h100_class_gpu_without_one(kt):
+    """The compiled path (which the interpreter does not exercise: Triton's own type
+    rules and lowering) builds a cubin for sm_90 with Triton's bundled ptxas, no GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("this triton has no CUDA backend")
+    signature = {"out_ptr": "*i64", **dict.fromkeys(kt._SCALARS, "i32"), "BLOCK": "constexpr"}
+    source = ASTSource(fn=kt._kernel(False), signature=signature,
+                       constexprs={"BLOCK": kt.BLOCKS_PER_PROGRAM})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": kt._NUM_WARPS})
+    assert compiled.asm["cubin"]
+    assert "shf." in compiled.asm["ptx"]  # the rotations became funnel shifts
+
+
 # -------------------------------------------------------------------------- CUDA
 
 cuda = pytest.mark.gpu
