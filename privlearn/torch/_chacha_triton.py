@@ -3,8 +3,8 @@
 The ``"tensor"`` backend of :mod:`privlearn.torch._chacha` runs the cipher as about 450
 integer tensor operations per run, each streaming the run's whole int64 workspace through
 the device's memory. Here one kernel launch computes a run: each program instance holds
-the 16 state words of :data:`BLOCKS_PER_PROGRAM` blocks in 32-bit registers (one block per
-lane), runs the 20 rounds (RFC 8439 sec. 2.1-2.3), adds the initial state and writes the
+the 16 state words of :data:`BLOCKS_PER_PROGRAM` blocks in 32-bit registers (four blocks
+a lane), runs the 20 rounds (RFC 8439 sec. 2.1-2.3), adds the initial state and writes the
 top 53 bits of the block's eight 64-bit little-endian words, the same bits, in the same
 layout, as every other backend (``out[j, k] = w >> 11`` for the ``k``-th 64-bit word ``w``
 of block ``position + j``). A run that crosses a multiple of ``2**32`` blocks (the RFC
@@ -12,16 +12,16 @@ nonce advancing, see the stream definition of :mod:`privlearn.torch._chacha`) is
 as one kernel per side of the crossing. The kernel needs no workspace.
 
 Safety net: the kernel is used on a device only after it has passed a self-check there,
-once per device at its first use (:func:`usable`): the RFC 8439 sec. 2.3.2 test vector,
+once per device at its first use (:func:`passed`): the RFC 8439 sec. 2.3.2 test vector,
 and, against the tensor backend on the same device, a random key and a run of blocks from
 a random position that crosses a ``2**32`` carry (several programs, a partial last one).
-That check synchronises with the host once (it compares on the device and reads one
-boolean), with CUDA's synchronisation debug mode off for its duration. If Triton does not
-import, the kernel fails to compile or launch, or any word differs, the device keeps the
-tensor backend, with one warning; a later failure of a launch (an exception) falls back
-the same way, recomputing the whole run with the tensor backend, so no unchecked bits are
-ever used. This module imports ``triton``: :mod:`privlearn.torch._chacha` imports it only
-for CUDA tensors, when ``triton`` is installed.
+That check synchronises with the host (two comparisons on the device, each read back as
+one boolean), with CUDA's synchronisation debug mode off for its duration. If Triton does
+not import, the kernel fails to compile or launch, or any word differs, the device keeps
+the tensor backend, with one warning; a later launch that raises falls back the same way,
+recomputing the whole run with the tensor backend, so no unchecked bits are ever used.
+This module imports ``triton``: :mod:`privlearn.torch._chacha` imports it only for CUDA
+tensors, when ``triton`` is installed.
 
 References
 ----------
@@ -47,7 +47,7 @@ from privlearn.torch import _chacha
 
 __all__ = ["BLOCKS_PER_PROGRAM", "bits53", "interpret_bits53", "launches", "passed", "usable"]
 
-#: ChaCha20 blocks per program instance (one per lane: 4 warps of 32 lanes, 4 blocks each).
+#: ChaCha20 blocks per program instance (4 warps of 32 lanes, 4 blocks a lane).
 BLOCKS_PER_PROGRAM = 512
 _NUM_WARPS = 4
 #: Blocks of the random part of the self-check: several programs and a partial last one.
@@ -333,7 +333,7 @@ def _self_check(device: torch.device, interpret: bool = False) -> str | None:
     _launch(key, position, mine, interpret)
     ref = torch.empty_like(mine)
     _chacha._tensor_bits53(key, position, ref)
-    ok_rfc = torch.equal(rfc[0], expected)  # the one host synchronisation
+    ok_rfc = torch.equal(rfc[0], expected)  # host synchronisations, at first use only
     ok_ref = torch.equal(mine, ref)
     if not ok_rfc:
         return "it does not reproduce the RFC 8439 sec. 2.3.2 test vector"
