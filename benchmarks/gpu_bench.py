@@ -257,6 +257,11 @@ def summarise(path: Path) -> str:
             best = min(op, key=lambda r: r["step_ms"])
             out.append(f"\n{m}: fastest Opacus ({best['mode']}) / privlearn step time "
                        f"{best['step_ms'] / f32['step_ms']:.2f}")
+    fused, plain = rows.get(("noise", "secure-triton", "fp32")), rows.get(
+        ("noise", "secure-tensor", "fp32"))
+    if fused and plain and "error" not in fused and "error" not in plain:
+        out.append(f"\nsecure draw of {NOISE_ELEMENTS:,} float32: tensor keystream / Triton "
+                   f"keystream time {plain['step_ms'] / fused['step_ms']:.2f}")
     return "\n".join(out) + "\n"
 
 
