@@ -116,8 +116,7 @@ TYPED_LAYERS = ("accounting", "models", "ledger", "experiments", "cli", "dataset
                 "demo.py", "auditing") + tuple(f"torch/{name}" for name in (
                     "data.py", "samplers.py", "units.py", "probe.py", "hf.py",
                     "distributed.py", "fsdp.py", "rules", "grad_sample.py", "noise.py",
-                    "_chacha.py", "_chacha_triton.py", "validator.py", "models.py", "losses.py",
-                    "attention.py",
+                    "_chacha.py", "validator.py", "models.py", "losses.py", "attention.py",
                     "rnn.py", "tracker.py", "clipping.py", "optimizer.py",
                     "privacy_engine.py", "accountant.py", "config.py", "schedule.py",
                     "correlated_noise.py", "_engine_checks.py", "_tracker_util.py",
