@@ -11,16 +11,18 @@ Configurations, most important first (``--only`` picks some by name prefix): for
 GPT-2 small (tied, 16 x 256 tokens), BERT-base (32 x 128), a ~153M Llama (16 x 256) and
 GPT-2 small + LoRA rank 16 (16 x 256), the models of :mod:`torch_hf` at ``--size small``:
 non-private and privlearn in float32 (TF32 matmuls), then in bfloat16 autocast; then on
-GPT-2 small: privlearn in secure mode, with banded (8 bands) and BLT (4 buffers)
-correlated noise, and each Opacus mode (when opacus is installed); Opacus on BERT and
-Llama last. Each configuration trains a fresh copy of its model (plain SGD, lr 0.05;
-privlearn ``noise_multiplier=1``, ``max_grad_norm=1``); fixed-size batches
-(``sampling="fixed"``, or the sampler the correlated noise needs, with the same batch
-size), ``--warmup`` untimed steps (the first one probes batch independence), then up to
-``--steps`` timed steps, each ended by ``torch.cuda.synchronize()``; the median step
-time is reported, and the peak memory a step adds, ``max_memory_allocated()`` after
-``reset_peak_memory_stats()`` minus ``memory_allocated()`` before the step, the highest
-over the timed steps.
+GPT-2 small: privlearn in secure mode (its record names the keystream in use:
+``"triton"``, the fused kernel, or ``"tensor"``), with banded (8 bands) and BLT (4
+buffers) correlated noise; a secure draw alone (:func:`measure_noise`, GPT-2 small's
+124.4M parameters, float32) with each keystream backend; each Opacus mode (when opacus
+is installed); Opacus on BERT and Llama last. Each configuration trains a fresh copy of
+its model (plain SGD, lr 0.05; privlearn ``noise_multiplier=1``, ``max_grad_norm=1``);
+fixed-size batches (``sampling="fixed"``, or the sampler the correlated noise needs,
+with the same batch size), ``--warmup`` untimed steps (the first one probes batch
+independence), then up to ``--steps`` timed steps, each ended by
+``torch.cuda.synchronize()``; the median step time is reported, and the peak memory a
+step adds, ``max_memory_allocated()`` after ``reset_peak_memory_stats()`` minus
+``memory_allocated()`` before the step, the highest over the timed steps.
 """
 
 from __future__ import annotations
@@ -45,6 +47,69 @@ import torch_hf  # noqa: E402
 
 MODELS = ["gpt2", "bert", "llama", "gpt2-lora"]
 OPACUS = ["opacus-hooks", "opacus-functorch", "opacus-ghost", "opacus-ew"]
+#: Keystream backends timed alone on a secure draw of GPT-2 small's parameter count.
+NOISE_BACKENDS = ["triton", "tensor"]
+NOISE_ELEMENTS = 124_439_808
+
+
+def keystream_in_use(device) -> str:
+    """The ChaCha20 backend that secure noise on ``device`` uses now (``"triton"``, the
+    fused kernel once it passed its self-check there, or ``"tensor"``)."""
+    import torch
+
+    from privlearn.torch import _chacha
+
+    return _chacha.backend_in_use(torch.device(device))
+
+
+def measure_noise(backend: str, steps: int, warmup: int, device: str = "cuda",
+                  elements: int = NOISE_ELEMENTS) -> dict:
+    """Secure noise alone: ``fill_normal_`` into a preallocated float32 tensor of
+    ``elements`` elements with the keystream of ``backend``; the median time of
+    a draw (each ended by a synchronisation), the peak memory it adds, and the Triton
+    kernel launches per draw."""
+    import torch
+
+    from privlearn.torch import _chacha
+    from privlearn.torch.noise import NoiseSource
+
+    dev = torch.device(device)
+    if backend == "triton" and keystream_in_use(dev) != "triton":
+        raise RuntimeError("not run: no Triton kernel here (no triton, or its self-check "
+                           "failed)")
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    src = NoiseSource(secure_mode=True)
+    out = torch.empty(elements, device=dev)
+    src.fill_normal_(out[:2], 1.0)
+    stream = next(iter(src._streams.values()))
+    stream.backend = _chacha.BACKENDS[backend]
+    times, peaks = [], []
+    launches = None
+    for i in range(warmup + steps):
+        sync()
+        if cuda:
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        counted = _triton_launches()
+        t0 = time.perf_counter()
+        src.fill_normal_(out, 1.0)
+        sync()
+        dt = time.perf_counter() - t0
+        if counted is not None:
+            launches = _triton_launches() - counted
+        if i >= warmup:
+            times.append(dt)
+            peaks.append((torch.cuda.max_memory_allocated() - before) / 2**20 if cuda
+                         else float("nan"))
+    return {"step_ms": 1000 * statistics.median(times), "steps": len(times),
+            "peak_added_mb": max(peaks), "keystream": backend,
+            "triton_launches_per_draw": launches}
+
+
+def _triton_launches() -> int | None:
+    module = sys.modules.get("privlearn.torch._chacha_triton")
+    return None if module is None else module.launches()
 
 
 def plan() -> list[tuple[str, str, str]]:
@@ -52,6 +117,7 @@ def plan() -> list[tuple[str, str, str]]:
     jobs = [(m, mode, "fp32") for m in MODELS for mode in ("non-private", "privlearn")]
     jobs += [(m, mode, "bf16") for m in MODELS for mode in ("non-private", "privlearn")]
     jobs += [("gpt2", mode, "fp32") for mode in ("secure", "banded8", "blt4")]
+    jobs += [("noise", f"secure-{b}", "fp32") for b in NOISE_BACKENDS]
     jobs += [("gpt2", mode, "fp32") for mode in OPACUS]
     jobs += [(m, mode, "fp32") for m in ("bert", "llama") for mode in OPACUS]
     return jobs
@@ -144,8 +210,9 @@ def measure(base, w, mode: str, dtype: str, steps: int, warmup: int,
     value = float(loss.item())
     if not math.isfinite(value):
         raise RuntimeError(f"non-finite loss {value}")
+    extra = {"keystream": keystream_in_use(dev)} if mode == "secure" else {}
     return {"step_ms": 1000 * statistics.median(times), "steps": len(times),
-            "peak_added_mb": max(peaks), "mean_batch": statistics.fmean(sizes)}
+            "peak_added_mb": max(peaks), "mean_batch": statistics.fmean(sizes), **extra}
 
 
 def summarise(path: Path) -> str:
@@ -170,6 +237,8 @@ def summarise(path: Path) -> str:
             continue
         base = rows.get((m, "non-private", dt), {})
         priv = rows.get((m, "privlearn", dt), {})
+        if "keystream" in r and r["mode"] == "secure":
+            mode = f"secure ({r['keystream']} keystream)"
 
         def ratio(key, ref, r=r):
             return f"{r[key] / ref[key]:.2f}" if key in ref and "error" not in ref else ""
@@ -188,6 +257,11 @@ def summarise(path: Path) -> str:
             best = min(op, key=lambda r: r["step_ms"])
             out.append(f"\n{m}: fastest Opacus ({best['mode']}) / privlearn step time "
                        f"{best['step_ms'] / f32['step_ms']:.2f}")
+    fused, plain = rows.get(("noise", "secure-triton", "fp32")), rows.get(
+        ("noise", "secure-tensor", "fp32"))
+    if fused and plain and "error" not in fused and "error" not in plain:
+        out.append(f"\nsecure draw of {NOISE_ELEMENTS:,} float32: tensor keystream / Triton "
+                   f"keystream time {plain['step_ms'] / fused['step_ms']:.2f}")
     return "\n".join(out) + "\n"
 
 
@@ -203,6 +277,8 @@ def main(argv=None) -> None:
     ap.add_argument("--only", default="", help="comma-separated model/mode/dtype prefixes")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the code path")
     ap.add_argument("--size", default="small", choices=torch_hf.SIZES)
+    ap.add_argument("--noise-elements", type=int, default=NOISE_ELEMENTS,
+                    help="elements of the secure draws timed alone (GPT-2 small's)")
     ap.add_argument("--summary", type=Path, default=None,
                     help="only write the markdown summary of --out to this file")
     args = ap.parse_args(argv)
@@ -232,8 +308,14 @@ def main(argv=None) -> None:
         have_opacus = True
     except ImportError:
         have_opacus = False
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
     emit({"gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
-          "torch": torch.__version__, "opacus": have_opacus, "size": args.size})
+          "torch": torch.__version__, "opacus": have_opacus, "triton": triton_version,
+          "size": args.size})
     only = [s for s in args.only.split(",") if s]
     jobs = [j for j in plan() if not only or any("/".join(j).startswith(s) for s in only)]
     bases: dict[str, tuple] = {}
@@ -246,15 +328,19 @@ def main(argv=None) -> None:
             emit({**key, "error": "not run: opacus is not installed"})
             continue
         try:
-            if model_name not in bases:
-                bases.clear()
-                gc.collect()
-                empty_cache()
-                bases[model_name] = (torch_hf.build(model_name, args.size)[0],
-                                     torch_hf.workload(model_name, args.size))
-            base, w = bases[model_name]
-            r = measure(base, w, mode, dtype, args.steps, args.warmup, args.max_seconds,
-                        args.device)
+            if model_name == "noise":
+                r = measure_noise(mode.removeprefix("secure-"), args.steps, args.warmup,
+                                  args.device, args.noise_elements)
+            else:
+                if model_name not in bases:
+                    bases.clear()
+                    gc.collect()
+                    empty_cache()
+                    bases[model_name] = (torch_hf.build(model_name, args.size)[0],
+                                         torch_hf.workload(model_name, args.size))
+                base, w = bases[model_name]
+                r = measure(base, w, mode, dtype, args.steps, args.warmup,
+                            args.max_seconds, args.device)
             emit({**key, **r})
         except Exception as exc:  # one configuration failing does not stop the others
             emit({**key, "error": f"{type(exc).__name__}: {exc}"[:300],

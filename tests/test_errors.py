@@ -111,16 +111,9 @@ def test_unknown_budget_message_is_not_quoted_and_errors_pickle():
 
 
 #: Layers and modules whose public refusals are typed (privlearn.errors); the autodp
-#: facade raises what autodp raises; the torch modules not listed are still to be moved.
+#: facade raises what autodp raises.
 TYPED_LAYERS = ("accounting", "models", "ledger", "experiments", "cli", "datasets.py",
-                "demo.py", "auditing") + tuple(f"torch/{name}" for name in (
-                    "data.py", "samplers.py", "units.py", "probe.py", "hf.py",
-                    "distributed.py", "fsdp.py", "rules", "grad_sample.py", "noise.py",
-                    "_chacha.py", "validator.py", "models.py", "losses.py", "attention.py",
-                    "rnn.py", "tracker.py", "clipping.py", "optimizer.py",
-                    "privacy_engine.py", "accountant.py", "config.py", "schedule.py",
-                    "correlated_noise.py", "_engine_checks.py", "_tracker_util.py",
-                    "cross_terms.py", "fallback.py", "_allocator.py", "__init__.py"))
+                "demo.py", "auditing", "torch")
 NOT_YET_TYPED: set[str] = set()
 
 

@@ -109,6 +109,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
+from privlearn._type_registry import TypeRegistry
 from privlearn.accounting.mechanisms import (
     Composed,
     Mechanism,
@@ -172,7 +173,8 @@ class MechanismKind:
         return self.functions.get(representation)
 
 
-_KINDS: dict[type, MechanismKind] = {}
+_KINDS: TypeRegistry[MechanismKind] = TypeRegistry("mechanism kinds",
+                                                    register_with="register_mechanism")
 
 
 def declare_representation(name: str, signature: str) -> None:
@@ -288,12 +290,7 @@ def registered_kinds() -> list[type]:
 
 def kind_of(mechanism: Mechanism | type) -> MechanismKind | None:
     """The registered kind of a mechanism (or class), following the MRO; None if none."""
-    cls = mechanism if isinstance(mechanism, type) else type(mechanism)
-    for c in cls.__mro__:
-        kind = _KINDS.get(c)
-        if kind is not None:
-            return kind
-    return None
+    return _KINDS.lookup(mechanism)
 
 
 def lookup(representation: str, mechanism: Mechanism, *, accountant: str = "") -> Callable:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from privlearn import __version__
+from privlearn._type_registry import first_in_mro
 from privlearn.errors import (
     AccountingError,
     BudgetExceededError,
@@ -151,10 +152,8 @@ MESSAGES: dict[type[BaseException], Callable[[BaseException], str]] = {
 
 
 def _lookup(table: dict[type[BaseException], Any], err: BaseException) -> Any:
-    for cls in type(err).__mro__:
-        if cls in table:
-            return table[cls]
-    return None
+    cls = first_in_mro(err, table.__contains__)
+    return None if cls is None else table[cls]
 
 
 def _hint(err: BaseException, command: str) -> str | None:

@@ -42,6 +42,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from privlearn._type_registry import TypeRegistry
 from privlearn._validation import check_count
 from privlearn.correlated import _toeplitz
 from privlearn.correlated.participation import (
@@ -149,7 +150,8 @@ def gram_sensitivity_upper_bound(
     return _certified_sqrt(total, n * n + n)
 
 
-_RULES: dict[type, Callable[[ToeplitzStrategy, Participation, int], Sensitivity]] = {}
+_RULES: TypeRegistry[Callable[[ToeplitzStrategy, Participation, int], Sensitivity]] = (
+    TypeRegistry("sensitivity rules"))
 
 
 def register_sensitivity(
@@ -192,10 +194,9 @@ def sensitivity(
     if not isinstance(strategy, ToeplitzStrategy):
         raise TypeError(f"strategy must be a privlearn.correlated strategy, got {strategy!r}")
     steps = check_count("steps", steps, minimum=1)
-    for cls in type(participation).__mro__:
-        rule = _RULES.get(cls)
-        if rule is not None:
-            return rule(strategy, participation, steps)
+    rule = _RULES.lookup(participation)
+    if rule is not None:
+        return rule(strategy, participation, steps)
     raise TypeError(
         f"participation must be one of {', '.join(c.__name__ for c in _RULES)}, got "
         f"{participation!r}"

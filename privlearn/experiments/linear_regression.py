@@ -8,8 +8,14 @@ repetitions at one epsilon are drawn and solved in one batched call, and trainin
 are computed from the sufficient statistics,
 ``MSE(theta) = (y^T y - 2 theta^T X^T y + theta^T X^T X theta) / n``.
 
-Calibration goes through :mod:`privlearn.accounting` (exact composition of Gaussians);
-the NoisyGD epsilon log uses the analytic accountant, O(1) per logged point.
+SSP and AdaSSP run the release kernels of :class:`~privlearn.models.SSPRegressor` and
+:class:`~privlearn.models.AdaSSPRegressor` (:mod:`privlearn.models._ssp`: calibration,
+noise, solver) on the study's sufficient statistics, and NoisyGD the kernel of
+:class:`~privlearn.models.NoisyGDRegressor` (:mod:`privlearn.models._gd`): the same draws
+and solutions as the estimators' ``sample_coefficients`` (tested), without importing
+scikit-learn, which the estimator classes subclass and which would take a third of the
+command's time. Calibration goes through :mod:`privlearn.accounting` (exact composition of
+Gaussians); the NoisyGD epsilon log uses the analytic accountant, O(1) per logged point.
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ from privlearn.experiments._common import (
     pyplot,
     write_csv,
 )
-from privlearn.models.linear import (
-    AdaSSPRegressor,
-    SSPRegressor,
-    noisy_gd_paths,
-    theoretical_learning_rate,
+from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
+from privlearn.models._ssp import (
+    ADASSP_BUDGET_SPLIT,
+    SSP_BUDGET_SPLIT,
+    adassp_coefficients,
+    calibrate_ssp_scale,
+    ssp_coefficients,
 )
 
 __all__ = [
@@ -43,12 +51,19 @@ __all__ = [
     "run_noisygd_learning_rate",
     "compute_linear_regression",
     "ssp_estimators",
+    "ssp_samples",
     "VARIANTS",
 ]
 
-#: ``"default"``: the package's estimators as they are; ``"seed"``: the study's algorithms
-#: exactly (upper-triangle noise on X^T X, plain solve for SSP, ridge for AdaSSP).
-VARIANTS = ("default", "seed")
+#: The release options of each variant. ``"default"``: the estimators' defaults;
+#: ``"seed"``: the study's algorithms exactly (upper-triangle noise on X^T X, plain solve
+#: for SSP, ridge for AdaSSP).
+VARIANT_OPTIONS = {
+    "default": dict(matrix_noise="frobenius", project_psd=True,
+                    regularization="eigenvalue_floor"),
+    "seed": dict(matrix_noise="upper_triangle", project_psd=False, regularization="ridge"),
+}
+VARIANTS = tuple(VARIANT_OPTIONS)
 
 X_BOUND = 1.0
 Y_BOUND = 5.0
@@ -102,17 +117,62 @@ class SeedProblem:
         return dict(n_iter=n_iter, lr=lr, iters=iters, mse=mse, eps=eps)
 
 
+def _check_variant(variant: str) -> dict:
+    if variant not in VARIANTS:
+        raise ParameterValueError(
+            f"variant must be one of {VARIANTS}, got {variant!r}: 'default' for the "
+            "estimators' defaults, 'seed' for the study's algorithms")
+    return VARIANT_OPTIONS[variant]
+
+
 def ssp_estimators(epsilon: float, rng: np.random.Generator, variant: str = "default"):
     """The study's SSP and AdaSSP as the package's estimators (``x_bound = 1``,
-    ``y_bound = 5``, no intercept, delta = 1e-6), in the requested variant."""
-    if variant not in VARIANTS:
-        raise ParameterValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    ``y_bound = 5``, no intercept, delta = 1e-6), in the requested variant (imports
+    scikit-learn)."""
+    from privlearn.models.linear import AdaSSPRegressor, SSPRegressor
+
+    opts = _check_variant(variant)
     kw = dict(epsilon=float(epsilon), delta=DELTA, x_bound=X_BOUND, y_bound=Y_BOUND,
               fit_intercept=False, random_state=rng)
     if variant == "seed":
-        return (SSPRegressor(matrix_noise="upper_triangle", project_psd=False, **kw),
-                AdaSSPRegressor(matrix_noise="upper_triangle", regularization="ridge", **kw))
+        return (SSPRegressor(matrix_noise=opts["matrix_noise"],
+                             project_psd=opts["project_psd"], **kw),
+                AdaSSPRegressor(matrix_noise=opts["matrix_noise"],
+                                regularization=opts["regularization"], **kw))
     return SSPRegressor(**kw), AdaSSPRegressor(**kw)
+
+
+def ssp_samples(problem: SeedProblem, epsilon: float, rng: np.random.Generator, reps: int,
+                variant: str = "default") -> tuple[list[np.ndarray], list[float]]:
+    """``reps`` SSP and ``reps`` AdaSSP solutions at ``epsilon`` (delta = 1e-6) and their
+    calibrated noise scales: what ``sample_coefficients`` of :func:`ssp_estimators`'
+    estimators returns for the study's data with the same generator (the same kernels,
+    calibration and draws, in the same order), computed from the problem's sufficient
+    statistics.
+
+    Returns ``([theta_ssp, theta_adassp], [scale_ssp, scale_adassp])``, each ``theta`` of
+    shape (reps, dim).
+    """
+    opts = _check_variant(variant)
+    thetas, scales = [], []
+    for adaptive, split in ((False, SSP_BUDGET_SPLIT), (True, ADASSP_BUDGET_SPLIT)):
+        s = calibrate_ssp_scale(float(epsilon), DELTA, adaptive=adaptive)
+        sig = [r * s for r in split]
+        if adaptive:
+            theta, _ = adassp_coefficients(
+                problem.XTX, problem.XTy, *sig, X_BOUND, Y_BOUND, rng, reps=reps,
+                matrix_noise=opts["matrix_noise"], regularization=opts["regularization"])
+        else:
+            theta = ssp_coefficients(
+                problem.XTX, problem.XTy, *sig, X_BOUND, Y_BOUND, rng, reps=reps,
+                matrix_noise=opts["matrix_noise"], project_psd=opts["project_psd"])
+        if not np.all(np.isfinite(theta)):
+            raise FloatingPointError(
+                f"{'AdaSSP' if adaptive else 'SSP'} at epsilon={epsilon:g}: the noisy "
+                "normal equations gave non-finite coefficients")
+        thetas.append(theta)
+        scales.append(s)
+    return thetas, scales
 
 
 def compute_linear_regression(
@@ -128,23 +188,24 @@ def compute_linear_regression(
 ) -> dict:
     """The numbers of the linear-regression figure (no files, no plot).
 
-    SSP and AdaSSP run through the estimators' own code path
-    (:meth:`~privlearn.models.SSPRegressor.sample_coefficients`: all ``reps`` fits at one
-    epsilon in one batched draw); ``variant="seed"`` runs the study's original versions.
+    SSP and AdaSSP run the estimators' release kernels (:func:`ssp_samples`: all ``reps``
+    fits at one epsilon in one batched draw, as
+    :meth:`~privlearn.models.SSPRegressor.sample_coefficients`); ``variant="seed"`` runs
+    the study's original versions.
     NoisyGD runs ``noisygd_reps`` independent chains (default ``reps``), so its curves
     are medians too."""
     if epsilons is None:
         epsilons = np.linspace(0.1, 2.0, 50)
     epsilons = np.asarray(epsilons, dtype=float)
+    _check_variant(variant)
     P = problem or SeedProblem()
     rng = np.random.default_rng(seed)
     mse = np.zeros((len(epsilons), reps, 2))
     scales = np.zeros((len(epsilons), 2))
     for i, eps in enumerate(progress(epsilons, desc="SSP/AdaSSP", enabled=show_progress)):
-        for j, est in enumerate(ssp_estimators(eps, rng, variant)):
-            theta, _ = est.sample_coefficients(P.X, P.y, reps)
+        thetas, scales[i] = ssp_samples(P, eps, rng, reps, variant)
+        for j, theta in enumerate(thetas):
             mse[i, :, j] = P.mse(theta)
-            scales[i, j] = est.calibrated_noise_scale()
     out = dict(problem=P, epsilons=epsilons, mse=mse, scales=scales, gd={}, variant=variant)
     if noisygd:
         gd_reps = noisygd_reps if noisygd_reps is not None else reps

@@ -15,13 +15,32 @@ or generator state that would regenerate the noise (unless the user fixed
 private data; share its :meth:`PrivateKNN.public_release` instead.
 """
 
-from privlearn.models._release import DataClippedWarning, LabelRelease
-from privlearn.models.base import PrivateEstimator, ReleasePlan
-from privlearn.models.dpsgd import DPSGDClassifier, DPSGDRegressor
-from privlearn.models.label_release import PATE, PrivateKNN
-from privlearn.models.linear import AdaSSPRegressor, NoisyGDRegressor, SSPRegressor
-from privlearn.models.model_selection import PrivateSearchCV
-from privlearn.models.preprocessing import PrivatePipeline, PrivateStandardScaler
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Where each public name is defined. The estimators subclass scikit-learn's
+#: ``BaseEstimator``, whose import takes most of a second: the submodules are imported
+#: when a name is first used, so that code needing only the release kernels
+#: (``privlearn.models._ssp``, ``privlearn.models._gd``: the linear-regression
+#: experiment) does not pay for it.
+_HOMES = {
+    "PrivateEstimator": "base",
+    "ReleasePlan": "base",
+    "SSPRegressor": "linear",
+    "AdaSSPRegressor": "linear",
+    "NoisyGDRegressor": "linear",
+    "DPSGDClassifier": "dpsgd",
+    "DPSGDRegressor": "dpsgd",
+    "PATE": "label_release",
+    "PrivateKNN": "label_release",
+    "LabelRelease": "_release",
+    "DataClippedWarning": "_release",
+    "PrivateStandardScaler": "preprocessing",
+    "PrivatePipeline": "preprocessing",
+    "PrivateSearchCV": "model_selection",
+}
 
 __all__ = [
     "PrivateEstimator",
@@ -39,3 +58,25 @@ __all__ = [
     "PrivatePipeline",
     "PrivateSearchCV",
 ]
+
+if TYPE_CHECKING:
+    from privlearn.models._release import DataClippedWarning, LabelRelease
+    from privlearn.models.base import PrivateEstimator, ReleasePlan
+    from privlearn.models.dpsgd import DPSGDClassifier, DPSGDRegressor
+    from privlearn.models.label_release import PATE, PrivateKNN
+    from privlearn.models.linear import AdaSSPRegressor, NoisyGDRegressor, SSPRegressor
+    from privlearn.models.model_selection import PrivateSearchCV
+    from privlearn.models.preprocessing import PrivatePipeline, PrivateStandardScaler
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

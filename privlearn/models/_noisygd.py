@@ -1,8 +1,8 @@
 """Noisy gradient descent for least squares (Bassily, Smith & Thakurta 2014; the notebook).
 
-The NoisyGD loop, its learning rate, the private smoothness release and
-:class:`NoisyGDRegressor` (re-exported by :mod:`privlearn.models.linear`, where the
-sensitivities and the privacy argument are described).
+The private smoothness release and :class:`NoisyGDRegressor`, re-exported by
+:mod:`privlearn.models.linear`, where the sensitivities and the privacy argument are
+described; the loop and its learning rate are in :mod:`privlearn.models._gd`.
 """
 
 from __future__ import annotations
@@ -18,99 +18,11 @@ import numpy as np
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
 from privlearn.errors import ParameterValueError, PrivacyLeakWarning
+from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._ssp import ADASSP_Z
 from privlearn.models.base import make_rng, resolve_noise_multiplier
 from privlearn.models.constraints import Integer, Real, Unchecked
-
-
-def theoretical_learning_rate(
-    smoothness: float, dim: int, noise_std: float, n_iter: int
-) -> float:
-    """The notebook's learning rate ``min(1/L, 4 / sqrt(d * noise_std * L * n_iter))``.
-
-    ``L`` is the smoothness (largest eigenvalue of ``X^T X``) and ``noise_std`` the
-    per-coordinate gradient-noise level ``sigma * GS`` with the study's typical
-    ``GS = x_bound^2 + x_bound y_bound`` (the study's ``theoretical_lr_choice``, which
-    follows the standard noisy-GD rate of Bassily, Smith & Thakurta 2014).
-    """
-    return float(min(1.0 / smoothness, 4.0 / math.sqrt(dim * noise_std * smoothness * n_iter)))
-
-
-def noisy_gd_paths(
-    XTX: np.ndarray,
-    XTy: np.ndarray,
-    sigma: float,
-    lr: float | np.ndarray,
-    n_iter: int,
-    x_bound: float,
-    y_bound: float,
-    rng: np.random.Generator,
-    reps: int = 1,
-    log_every: int | None = None,
-    chunk: int = 256,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run ``reps`` independent NoisyGD chains at once (the notebook).
-
-    ``theta_{t+1} = theta_t - lr (X^T X theta_t - X^T y + GS_t sigma N(0, I))`` with
-    ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound``, from ``theta_0 = 0``. ``lr`` is
-    one learning rate for all chains or one per chain, shape (reps,).
-
-    Returns
-    -------
-    theta : (reps, dim) final iterates
-    path : (n_logs, reps, dim) iterates after iterations ``log_iters``
-    log_iters : (n_logs,) int, the number of iterations completed at each log point
-        (``1, 1 + log_every, 1 + 2 log_every, ...`` as the notebook logs ``i % log_gap == 0``)
-    """
-    dim = XTX.shape[0]
-    lr_arr = np.broadcast_to(np.asarray(lr, dtype=float), (reps,))
-    if reps == 1 and log_every is None:
-        return _noisy_gd_single(
-            XTX, XTy, sigma, float(lr_arr[0]), n_iter, x_bound, y_bound, rng, chunk
-        )
-    lr_col = lr_arr[:, None]
-    theta = np.zeros((reps, dim))
-    logs: list[np.ndarray] = []
-    iters: list[int] = []
-    i = 0
-    while i < n_iter:
-        m = min(chunk, n_iter - i)
-        noise = rng.standard_normal((m, reps, dim))
-        for j in range(m):
-            gs = x_bound**2 * np.sqrt(np.einsum("ij,ij->i", theta, theta)) + x_bound * y_bound
-            grad = theta @ XTX - XTy
-            theta = theta - lr_col * (grad + (gs * sigma)[:, None] * noise[j])
-            if log_every is not None and (i + j) % log_every == 0:
-                logs.append(theta.copy())
-                iters.append(i + j + 1)
-        i += m
-    path = np.array(logs) if logs else np.zeros((0, reps, dim))
-    return theta, path, np.array(iters, dtype=np.int64)
-
-
-def _noisy_gd_single(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, chunk):
-    """One chain of :func:`noisy_gd_paths` without logging, with scalar bookkeeping.
-
-    The same recursion and the same random draws (``(chunk, 1, dim)`` standard normals per
-    block) as the batched loop, written with 1-d arrays and ``math.sqrt`` because NumPy's
-    per-call overhead dominates at ``dim = 8`` (about 3x faster). Agrees with the batched
-    loop up to floating-point rounding (tested)."""
-    dim = XTX.shape[0]
-    theta = np.zeros(dim)
-    a, b = x_bound**2, x_bound * y_bound
-    dot, sqrt = np.dot, math.sqrt
-    i = 0
-    while i < n_iter:
-        m = min(chunk, n_iter - i)
-        noise = rng.standard_normal((m, 1, dim)) * sigma
-        for j in range(m):
-            gs = a * sqrt(dot(theta, theta)) + b
-            theta = theta - lr * (dot(XTX, theta) - XTy + gs * noise[j, 0])
-        i += m
-    empty = np.zeros((0, 1, dim))
-    return theta[None, :], empty, np.zeros(0, dtype=np.int64)
-
 
 #: Smoothness modes of :class:`NoisyGDRegressor` (besides a float).
 SMOOTHNESS_MODES = ("private", "public", "data")

@@ -67,6 +67,7 @@ from privlearn.torch.data import (
 from privlearn.torch.distributed import DistributedPoissonBatchSampler
 from privlearn.torch.grad_sample import (
     LayerRule,
+    Layout,
     register_instrumenter,
     register_layout,
     register_predicate_rule,
@@ -97,6 +98,7 @@ __all__ = [
     "FixedSizeBatchSampler",
     "GradSampleTracker",
     "LayerRule",
+    "Layout",
     "Noise",
     "NoiseSource",
     "Plan",

@@ -25,7 +25,11 @@ Equivalently, block ``p`` is the first block of ``ChaCha20(key, nonce16=p.to_byt
 followed by the RFC nonce.
 
 Backends (:data:`BACKENDS`), all producing the same bits: ``"tensor"`` runs anywhere torch
-does (accelerators use it); for CPU tensors, ``"openssl"`` uses OpenSSL's SIMD ChaCha20
+does (accelerators use it); for CUDA tensors, when ``triton`` is installed, ``"triton"``
+computes a run in one fused kernel launch (:mod:`privlearn.torch._chacha_triton`), used on
+a device only after a self-check there at its first use (the RFC test vector and the
+tensor backend on a random key, across a counter carry), else the tensor backend, with a
+warning; for CPU tensors, ``"openssl"`` uses OpenSSL's SIMD ChaCha20
 through the optional ``cryptography`` package (asked for one run of at most ``2**32``
 blocks at a time, so that no backend disagrees on how the counter carries), and
 ``"numpy"``, the tensor code in NumPy ``uint32`` (whose arithmetic wraps modulo ``2**32``),
@@ -47,6 +51,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -63,6 +68,7 @@ __all__ = [
     "TENSOR_WORK_ROWS",
     "UNIFORMS_PER_BLOCK",
     "backend_for",
+    "backend_in_use",
     "block_words",
     "keystream_bytes",
     "uniform_bits53",
@@ -411,8 +417,37 @@ class Backend:
     bits53: Callable[[bytes, int, torch.Tensor, torch.Tensor | None], None]
 
 
+@functools.cache
+def _triton_module():
+    """:mod:`privlearn.torch._chacha_triton`, or None when ``triton`` is not installed or
+    does not import (then with one warning)."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        from privlearn.torch import _chacha_triton
+    except Exception as e:  # noqa: BLE001 - a broken triton leaves the tensor backend
+        warnings.warn(f"privlearn: triton is installed but does not import ({type(e).__name__}:"
+                      f" {e}); secure noise on CUDA uses the tensor-operation cipher",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return _chacha_triton
+
+
+def _triton_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    module = _triton_module()
+    return module is not None and module.passed(device)
+
+
+def _triton_bits53(key: bytes, position: int, out: torch.Tensor,
+                   work: torch.Tensor | None = None) -> None:
+    _triton_module().bits53(key, position, out, work)
+
+
 #: The backends by name.
 BACKENDS: dict[str, Backend] = {
+    "triton": Backend("triton", 3, _triton_available, _triton_bits53),
     "openssl": Backend("openssl", 2,
                        lambda device: device.type == "cpu" and _LITTLE_ENDIAN
                        and _openssl_chacha20() is not None,
@@ -429,6 +464,16 @@ def backend_for(device: torch.device) -> Backend:
         raise ConfigurationError(f"no ChaCha20 backend is available for device {device}; "
                                  f"the registered ones are {sorted(BACKENDS)}")
     return max(usable, key=lambda b: b.priority)
+
+
+def backend_in_use(device: torch.device) -> str:
+    """The name of the backend that computes the keystream for ``device``'s tensors:
+    :func:`backend_for`'s, except ``"tensor"`` where ``"triton"`` was selected but a
+    launch of its kernel has failed since (it then runs the tensor backend)."""
+    name = backend_for(device).name
+    if name == "triton" and not _triton_module().usable(device):
+        return "tensor"
+    return name
 
 
 def uniform_bits53(key: bytes, position: int, out: torch.Tensor,

@@ -117,7 +117,7 @@ def record_dims(unit: Unit, rec: Record, batch: int):
     """Batch dimension of each recorded argument, keyword argument and (flattened)
     output of one call (None: not batched): the rule's ``record_dims`` for layout-aware
     rules, else the batch-first default."""
-    fn = unit.rule.record_dims or default_record_dims
+    fn = unit.rule.layout.record_dims or default_record_dims
     arg_dims, kw_dims, out_dims = fn(unit.module, rec, batch)
     out_dims = list(out_dims) + [None] * (len(rec.outputs_meta) - len(out_dims))
     return list(arg_dims), kw_dims, out_dims
@@ -127,8 +127,8 @@ def record_batch(unit: Unit, rec: Record) -> int:
     """Number of examples in one recorded call of ``unit``."""
     if rec.examples is not None:
         return rec.examples
-    if unit.rule.batch_size is not None:
-        return int(unit.rule.batch_size(unit.module, rec))
+    if unit.rule.layout.batch_size is not None:
+        return int(unit.rule.layout.batch_size(unit.module, rec))
     x = rec.args[0] if rec.args else next(iter(rec.kwargs.values()))
     d = 0 if unit.normalised else unit.batch_dim
     return x.shape[d]

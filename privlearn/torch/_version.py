@@ -29,7 +29,7 @@ import warnings
 
 import torch
 
-from privlearn.errors import UntestedTorchWarning
+from privlearn.errors import ParameterValueError, UntestedTorchWarning
 
 #: The oldest supported release, ``(major, minor)``.
 OLDEST_SUPPORTED: tuple[int, int] = (2, 11)
@@ -56,7 +56,9 @@ def _release(version: str) -> tuple[tuple[int, int, int], bool]:
     suffixes and relative ordering")."""
     m = _VERSION.match(version)
     if m is None:
-        raise ValueError(version)
+        raise ParameterValueError(
+            f"version must be a PEP 440 version string such as '2.13.0' or '2.13.0+cpu', "
+            f"got {version!r}; pass torch.__version__ or leave version unset")
     parts = [int(x) for x in m["release"].split(".")] + [0, 0]
     before = bool(m["pre"]) or (bool(m["dev"]) and not m["post"])
     return (parts[0], parts[1], parts[2]), before
@@ -97,7 +99,7 @@ def check_torch_version(version: str | None = None) -> None:
                  f"on {TESTED})")
     try:
         release, before = _release(found)
-    except ValueError:
+    except ParameterValueError:
         raise ImportError(f"{supported}; the installed torch reports the version {found!r}, "
                           f"which is not a version number. {_INSTALL}") from None
     oldest = (*OLDEST_SUPPORTED, 0)

@@ -28,6 +28,7 @@ from privlearn.errors import BatchDependenceError, UnsupportedModuleError
 from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     Contribution,
+    Layout,
     Materialized,
     OuterProduct,
     Record,
@@ -122,9 +123,10 @@ def _mha_record_dims(module: nn.MultiheadAttention, record: Record, batch: int):
     return arg_dims, kw_dims, out_dims
 
 
-@register_rule(nn.MultiheadAttention, batch_dim=_mha_batch_dim, own_layout=True,
-               expand_broadcast=False, batch_size=_mha_batch_size,
-               record_dims=_mha_record_dims)
+@register_rule(nn.MultiheadAttention,
+               layout=Layout(batch_dim=_mha_batch_dim, own_layout=True,
+                             expand_broadcast=False, batch_size=_mha_batch_size,
+                             record_dims=_mha_record_dims))
 def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribution:
     if module.dropout > 0 and module.training:
         raise UnsupportedModuleError("MultiheadAttention with dropout > 0 is not supported by "

@@ -12,6 +12,7 @@ from privlearn.torch.grad_sample import (
     _LOW,
     Contribution,
     LayerRule,
+    Layout,
     Materialized,
     Record,
     as_dtype,
@@ -174,4 +175,4 @@ def direct_fallback_rule(module: nn.Module, record: Record, params) -> Contribut
 
 #: The rule of layers without a registered one (their own trainable parameters only;
 #: batch dimension from the context, as for ``nn.Linear``).
-FALLBACK = LayerRule(direct_fallback_rule, scope="direct", moves=False)
+FALLBACK = LayerRule(direct_fallback_rule, Layout(moves=False), scope="direct")

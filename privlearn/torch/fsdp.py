@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from privlearn.errors import ConfigurationError
+from privlearn.errors import ConfigurationError, TrainingLoopError
 from privlearn.torch.tracker import GradSampleTracker, _param_slots
 
 __all__ = ["is_sharded", "check_sharded_model", "ShardedTracker", "ShardedGradients"]
@@ -158,7 +158,7 @@ class ShardedTracker(GradSampleTracker):
 
     def _rediscover(self) -> None:
         self.clear()
-        raise RuntimeError(
+        raise TrainingLoopError(
             "the model's trainable parameters changed after make_private: under FSDP2 set "
             "requires_grad before fully_shard and make_private (the sharded step fixes its "
             "parameters then). No step was taken and nothing was released")
@@ -247,12 +247,15 @@ class ShardedGradients:
         params = opt.tracker.params
         for p in params:
             if not isinstance(p, DTensor):
-                raise RuntimeError("a parameter of the FSDP2 model is no longer sharded "
-                                   "(not a DTensor) at step(); call step() after backward()")
+                raise TrainingLoopError(
+                    f"a parameter of shape {tuple(p.shape)} of the FSDP2 model is no longer "
+                    f"sharded at step() (a {type(p).__name__}, not a DTensor): call step() "
+                    "after backward() and before anything unshards the model (a "
+                    "summon_full_params or unshard() call). No step was taken")
             if p.grad is not None and p.grad is not self._given.get(id(p)):
                 names = {id(v): n for n, v in opt.tracker.model.named_parameters()}
                 opt.tracker.clear()
-                raise RuntimeError(
+                raise TrainingLoopError(
                     f"parameter {names.get(id(p), tuple(p.shape))!r} received a gradient "
                     "from autograd (FSDP reduced it): it is used outside its layers (a "
                     "functional call on the weight), so that gradient is neither per "
@@ -297,7 +300,7 @@ class ShardedGradients:
             n = max(0, min(c, rows - rank * c))
             local_shape = p.to_local().shape
             if local_shape[0] != n:
-                raise RuntimeError(
+                raise TrainingLoopError(
                     f"the local shard of a parameter of shape {tuple(p.shape)} has "
                     f"{local_shape[0]} rows on rank {rank}, not the {n} of torch.chunk's "
                     "split: this FSDP version shards differently; no step was taken")

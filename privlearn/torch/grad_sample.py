@@ -59,6 +59,7 @@ from privlearn.torch.rule_registry import (  # noqa: F401  (re-exported)
     PREDICATE_RULES,
     RULES,
     LayerRule,
+    Layout,
     Rule,
     context_layout,
     get_instrumenter,

@@ -48,27 +48,30 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   each rank Poisson-samples its own part of the data at the global rate ``W B / N``, the
   noisy clipped sums are all-reduced by the engine (DDP's own averaging is switched off),
   every rank logs the same epsilon, and each checkpoint holds one privacy state per rank
-  (``privlearn_privacy.rank<r>.pt``; secret parts under ``private_state_dir``). FSDP,
-  DeepSpeed and tensor parallelism through the Trainer are refused (use
-  :func:`~privlearn.torch.make_private` on a ``fully_shard``-ed model).
+  (``privlearn_privacy.rank<r>.pt``; secret parts under ``private_state_dir``). FSDP2
+  (``TrainingArguments(fsdp=True)``): the model is sharded with accelerate's FSDP2 before
+  ``make_private`` (on CPU processes too, where accelerate alone would fall back to DDP)
+  and checkpoints hold the sharded model and optimizer (``privlearn.torch._hf_fsdp``).
 
 Refused, with the reason, before the first step: gradient accumulation
 (``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
 together), ``fp16`` *with a loss scaler* (on CUDA the Trainer's scaler runs through
 accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private`` with
 ``torch.amp.GradScaler``; on CPU accelerate runs fp16 autocast without a scaler, which
-trains as bf16 does: per-example norms and sums in float32),
-several GPUs in one process (``nn.DataParallel``), FSDP, DeepSpeed or tensor
-parallelism through the Trainer, an iterable training set (it cannot be
+trains as bf16 does: per-example norms and sums in float32), several GPUs in one process
+(``nn.DataParallel``), FSDP1, DeepSpeed or tensor parallelism through the Trainer (FSDP2's
+own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
 Poisson-sampled), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
 per example), ``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example).
 
-The Trainer is used through its public API only (``get_train_dataloader``,
+The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
-``log``, ``train`` and callbacks); the user's ``TrainingArguments`` are not modified
-(the trainer works on a copy with ``max_grad_norm=0``: per-example clipping replaces the
-Trainer's, and ``ignore_data_skip=True``: the sampler resumes its own position).
+``log``, ``train`` and callbacks; under FSDP2 also ``_prepare_for_training`` and
+``_save_optimizer_and_scheduler``: ``privlearn.torch._hf_fsdp.FSDP2Support``); the
+user's ``TrainingArguments`` are not modified (the trainer works on a copy with
+``max_grad_norm=0``: per-example clipping replaces the Trainer's, and
+``ignore_data_skip=True``: the sampler resumes its own position).
 Tested with transformers 5.17 and 5.24 (the oldest 5.x it is measured on and the latest
 5.x), the range of the ``hf`` extra: ``transformers>=5.17,<6``.
 
@@ -125,6 +128,13 @@ from privlearn.errors import (
     ParameterValueError,
     PrivacyBudgetExceededError,
     PrivacyLeakWarning,
+)
+from privlearn.torch._hf_fsdp import (
+    FSDP2Support,
+    is_fsdp2,
+    refuse_parallelism,
+    shard_model,
+    stand_in_pass,
 )
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
@@ -355,7 +365,7 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(Trainer):
+class DPTrainer(FSDP2Support, Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -433,20 +443,7 @@ class DPTrainer(Trainer):
                 "scaler runs through accelerate, which is not wired to the DP optimizer yet. Use "
                 "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
                 "(docs/guides/pytorch.md, 'Mixed precision')")
-        sharded = [n for n in ("fsdp", "deepspeed", "tp") if getattr(self, f"is_{n}_enabled",
-                                                                    False)]
-        if getattr(a, "fsdp", None) and "fsdp" not in sharded:  # asked for, if not enabled
-            sharded.append("fsdp")
-        if a.n_gpu > 1 or sharded or (a.world_size > 1 and str(getattr(
-                a.parallel_mode, "value", a.parallel_mode)) != "distributed"):
-            raise ConfigurationError(
-                f"DPTrainer trains in one process or with DistributedDataParallel (torchrun "
-                f"or accelerate launch, one process per device), got world_size="
-                f"{a.world_size}, n_gpu={a.n_gpu}, parallel mode {a.parallel_mode}"
-                f"{', ' + '/'.join(sharded) + ' enabled' if sharded else ''}. For FSDP2 "
-                "write the training loop with privlearn.torch.make_private on a "
-                "fully_shard-ed model (tutorial 'Training on several GPUs'); nn.DataParallel "
-                "(several GPUs in one process) is not supported: launch one process per GPU")
+        refuse_parallelism(self)
         if a.label_smoothing_factor:
             raise ConfigurationError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
                              "computed per example by DPTrainer)")
@@ -487,6 +484,8 @@ class DPTrainer(Trainer):
                             collate_fn=base.collate_fn,
                             num_workers=self.args.dataloader_num_workers,
                             pin_memory=self.args.dataloader_pin_memory)
+        if is_fsdp2(self):  # the engine and the optimizer see the sharded parameters
+            shard_model(self)
         if self.optimizer is None:
             self.create_optimizer()
         if isinstance(self.optimizer, DPOptimizer):
@@ -590,8 +589,11 @@ class DPTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """An empty Poisson batch trains on nothing (the step still adds its noise)."""
+        """An empty Poisson batch trains on nothing (the step still adds its noise; under
+        FSDP2 the rank runs the collectives of a pass on a stand-in example, discarded)."""
         if _batch_size(inputs) == 0:
+            if is_fsdp2(self):
+                stand_in_pass(self, model)
             return torch.zeros((), device=self.args.device)
         return super().training_step(model, inputs, num_items_in_batch)
 

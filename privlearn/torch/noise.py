@@ -19,10 +19,12 @@ knows the seed passed to ``make_private`` can still replay the whole run.
   stream cipher) keyed with 32 bytes from the operating system's CSPRNG (``os.urandom``),
   a fresh key for every source and device, never stored in a state dict; its block
   position only moves forward, so no keystream block is used twice. The cipher runs on the
-  tensor's own device as integer tensor operations (:mod:`privlearn.torch._chacha`), and
-  so does the transform below; on the CPU, OpenSSL's ChaCha20 (through the optional
-  ``cryptography`` package, when installed) produces the same bits faster, and the
-  transform runs in NumPy (the same operations; see :func:`_numpy_chunks` for why).
+  tensor's own device as integer tensor operations (:mod:`privlearn.torch._chacha`), on
+  CUDA with ``triton`` installed as one fused kernel checked at its first use on each
+  device (:mod:`privlearn.torch._chacha_triton`), and so does the transform below; on
+  the CPU, OpenSSL's ChaCha20 (through the optional ``cryptography`` package, when
+  installed) produces the same bits faster, and the transform runs in NumPy (the same
+  operations; see :func:`_numpy_chunks` for why).
 * **Floating-point attack** (Mironov 2012, "On Significance of the Least Significant Bits
   for Differential Privacy", CCS): floating-point samplers do not produce every float
   with the probability of the ideal distribution; the set of reachable outputs of
@@ -53,7 +55,8 @@ bounded: on the CPU, :data:`SECURE_CHUNK_ELEMENTS` (2**16 elements, 96 bytes of 
 each: 6 MB, in cache); on an accelerator, as many elements as
 :data:`SECURE_SCRATCH_BYTES` allows at :data:`SECURE_BYTES_PER_ELEMENT` (112) bytes each
 (144 for float16 and bfloat16 outputs; by default ``min(8 GiB, 1/8 of the device's
-memory)``), where a chunk is about 470 kernel launches whatever its size. A
+memory)``), where a chunk is about 470 kernel launches whatever its size (about 23 with
+the fused Triton kernel). A
 non-contiguous output also takes one contiguous copy of itself.
 
 References
@@ -107,7 +110,8 @@ SECURE_CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 16}
 #: Scratch memory, in bytes, a secure draw may use on an accelerator, by device type; a
 #: type not listed gets ``min(8 GiB, 1/8 of the device's memory)``. There a chunk is about
 #: 480 kernel launches whatever its size (the cipher's 20 rounds as tensor operations,
-#: :mod:`privlearn.torch._chacha`, and the Holohan-Braghin transform), and takes
+#: :mod:`privlearn.torch._chacha`, or one launch of the fused Triton kernel on CUDA, and
+#: the Holohan-Braghin transform), and takes
 #: :data:`SECURE_BYTES_PER_ELEMENT` bytes of scratch per element, so chunks are as large as
 #: the budget allows: with 8 GiB, at most 76.7M float32 or float64 elements a chunk, and
 #: GPT-2 small's 124.4M parameters take two chunks of 62.2M (7.0 GB of scratch, about 960
@@ -689,7 +693,8 @@ class NoiseSource:
         Every element gets an independent ``N(0, std^2)`` draw, as with one
         :meth:`fill_normal_` per tensor. In secure mode the tensors that share a device and
         a dtype are filled by one draw, as if they were one flat tensor: on an accelerator
-        one set of chunks of the cipher (about 470 kernel launches a chunk, see
+        one set of chunks of the cipher (about 470 kernel launches a chunk, 23 with the
+        fused Triton kernel, see
         :data:`SECURE_SCRATCH_BYTES`) plus one or two operations per tensor, instead of a
         set of chunks per tensor. The tensors should not share memory (an element
         written twice keeps its last draw).

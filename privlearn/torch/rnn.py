@@ -41,6 +41,7 @@ from privlearn.errors import BatchDependenceError, ParameterValueError, Unsuppor
 from privlearn.torch.grad_sample import (
     Compound,
     DenseOuterProduct,
+    Layout,
     Materialized,
     OuterProduct,
     Record,
@@ -282,8 +283,9 @@ def recurrent_rule_options(recurrence_of) -> dict:
     (own layout by ``batch_first``, batch size from the input or the packed batch sizes,
     batch dimension of every recorded tensor, probe views), for layers whose
     :class:`Recurrence` is ``recurrence_of(module)``."""
-    return dict(batch_dim=_rnn_batch_dim, own_layout=True, expand_broadcast=False,
-                batch_size=_rnn_batch_size, record_dims=_record_dims(recurrence_of),
+    return dict(layout=Layout(batch_dim=_rnn_batch_dim, own_layout=True,
+                              expand_broadcast=False, batch_size=_rnn_batch_size,
+                              record_dims=_record_dims(recurrence_of)),
                 observe=_rnn_observe)
 
 
@@ -308,6 +310,10 @@ def _cell_record_dims(module: nn.Module, record: Record, batch: int):
     carry the examples on dimension 0."""
     return ([0] * len(record.args), {k: 0 for k in record.kwargs},
             [0] * len(record.outputs_meta))
+
+
+#: The cells' layout: batch-first, every recorded tensor batched on dimension 0.
+_CELL_LAYOUT = Layout(batch_dim=0, record_dims=_cell_record_dims)
 
 
 def _dense_part(w, b, a, g, ps):
@@ -410,19 +416,19 @@ class CellStateCapture(TorchFunctionMode):
 register_instrumenter(nn.LSTMCell)(CellStateCapture)
 
 
-@register_rule(nn.LSTMCell, batch_dim=0, record_dims=_cell_record_dims)
+@register_rule(nn.LSTMCell, layout=_CELL_LAYOUT)
 def lstm_cell_rule(module: nn.LSTMCell, record: Record, params) -> Compound:
     """``nn.LSTMCell`` (see :func:`_cell_contribution`)."""
     return _cell_contribution(module, "LSTM", record, params)
 
 
-@register_rule(nn.GRUCell, batch_dim=0, record_dims=_cell_record_dims)
+@register_rule(nn.GRUCell, layout=_CELL_LAYOUT)
 def gru_cell_rule(module: nn.GRUCell, record: Record, params) -> Compound:
     """``nn.GRUCell`` (see :func:`_cell_contribution`)."""
     return _cell_contribution(module, "GRU", record, params)
 
 
-@register_rule(nn.RNNCell, batch_dim=0, record_dims=_cell_record_dims)
+@register_rule(nn.RNNCell, layout=_CELL_LAYOUT)
 def rnn_cell_rule(module: nn.RNNCell, record: Record, params) -> Compound:
     """``nn.RNNCell`` with ``tanh`` or ``relu`` (see :func:`_cell_contribution`)."""
     mode = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}[module.nonlinearity]

@@ -7,16 +7,23 @@ every name.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
+
+from privlearn._type_registry import TypeRegistry
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 if TYPE_CHECKING:  # grad_sample imports this module
     from privlearn.torch.grad_sample import Contribution, Record
 
 __all__ = [
+    "Layout",
+    "LAYOUT_FIELDS",
     "LayerRule",
     "Rule",
     "RULES",
@@ -37,20 +44,20 @@ __all__ = [
 Rule = Callable[[nn.Module, "Record", Sequence[nn.Parameter]], "Contribution"]
 
 
+#: The fields of :class:`Layout`, once accepted by :class:`LayerRule` and
+#: :func:`register_rule` one by one (deprecated there: pass ``layout=Layout(...)``).
+LAYOUT_FIELDS = ("batch_dim", "own_layout", "moves", "expand_broadcast", "batch_size",
+                 "record_dims")
+
+
 @dataclass(frozen=True)
-class LayerRule:
-    """Everything the engine knows about one kind of layer: how to compute its
-    contribution and how its tensors are laid out. Registered with :func:`register_rule`
-    (by type) or :func:`register_predicate_rule`; the engine never tests layer types
-    itself.
+class Layout:
+    """Where a layer's recorded tensors carry the examples, and what the engine may do
+    to their layout: the part of a :class:`LayerRule` that the tracker, the probe and the
+    generic fallback read. A value object: ``Layout(batch_dim=0, own_layout=True)``.
 
     Attributes
     ----------
-    compute : callable
-        ``compute(module, record, params) -> Contribution``, linear in the recorded output
-        gradients. Unless ``own_layout``, the record it receives is *batch-first*: the
-        engine has moved the batch dimension of the first input and of every output (and
-        its gradient) to position 0.
     batch_dim : int, callable or None
         Where the layer's first input and its outputs carry the examples: an int, a
         function of the module (``lambda m: 0 if m.batch_first else 1``: "ask the module"),
@@ -72,14 +79,6 @@ class LayerRule:
         batch has ``B > 1``, e.g. Hugging Face's default ``position_ids`` of shape
         ``(1, T)``) is expanded to ``B`` rows before the layer runs, so that its output
         gradient has one row per example. Only for batch-first layers.
-    scope : {"subtree", "direct"}
-        "subtree": the rule covers every trainable parameter of the module and its
-        children; "direct": only the parameters the module owns itself (its children are
-        units of their own).
-    after_swap : callable or None
-        ``after_swap(module)``, called after the engine replaced the module's parameters
-        by detached aliases for a forward pass and after it put them back (e.g.
-        ``nn.RNNBase`` rebuilds its flat weight list).
     batch_size : callable or None
         ``batch_size(module, record) -> int`` for ``own_layout`` rules (default: the
         size of the first input along ``batch_dim``).
@@ -88,11 +87,63 @@ class LayerRule:
         batch dimension of every recorded tensor (None: shared by all examples), used to
         drop single examples (overflowing gradients) and by the generic fallback.
         Default: the dimension of size ``batch`` at position 0 (batch-first records).
+    """
+
+    batch_dim: int | Callable[[nn.Module], int] | None = None
+    own_layout: bool = False
+    moves: bool = True
+    expand_broadcast: bool = True
+    batch_size: Callable[[nn.Module, Record], int] | None = None
+    record_dims: Callable | None = None
+
+    def __post_init__(self) -> None:
+        if self.own_layout and self.batch_dim is None:
+            raise ConfigurationError(
+                "own_layout=True needs batch_dim (an int, or a function of the module such "
+                "as lambda m: 0 if m.batch_first else 1), got batch_dim=None: declare where "
+                "the module carries the examples, or leave own_layout=False")
+
+    def declared_dim(self, module: nn.Module) -> int | None:
+        """The batch dimension declared for ``module`` (None: from the context)."""
+        d = self.batch_dim
+        return d(module) if callable(d) else d
+
+
+@dataclass(frozen=True, init=False)
+class LayerRule:
+    """Everything the engine knows about one kind of layer: how to compute its
+    contribution (``compute``), how its tensors are laid out (``layout``, a
+    :class:`Layout`) and how the engine treats it. Registered with :func:`register_rule`
+    (by type) or :func:`register_predicate_rule`; the engine never tests layer types
+    itself.
+
+    The layout keywords ``batch_dim``, ``own_layout``, ``moves``, ``expand_broadcast``,
+    ``batch_size`` and ``record_dims`` of the constructor (and the attributes of the same
+    names) are deprecated: they are ``layout=Layout(...)`` and ``rule.layout.<name>``.
+
+    Attributes
+    ----------
+    compute : callable
+        ``compute(module, record, params) -> Contribution``, linear in the recorded output
+        gradients. Unless ``layout.own_layout``, the record it receives is *batch-first*: the
+        engine has moved the batch dimension of the first input and of every output (and
+        its gradient) to position 0.
+    layout : Layout
+        Where the recorded tensors carry the examples (default ``Layout()``: batch
+        dimension from the context, tensors moved batch-first).
+    scope : {"subtree", "direct"}
+        "subtree": the rule covers every trainable parameter of the module and its
+        children; "direct": only the parameters the module owns itself (its children are
+        units of their own).
+    after_swap : callable or None
+        ``after_swap(module)``, called after the engine replaced the module's parameters
+        by detached aliases for a forward pass and after it put them back (e.g.
+        ``nn.RNNBase`` rebuilds its flat weight list).
     observe : callable or None
         ``observe(module, args, kwargs, output) -> list[(tensor, dim)]``: batch-first
         views of what the layer received and produced, compared by the batch-independence
         probe (default: the first input and the first floating output, batch dimension
-        ``batch_dim``).
+        ``layout.batch_dim``).
     check : callable or None
         ``check(module) -> list[str]``: configurations of the module the rule cannot
         handle, each a sentence saying what to do instead; listed with every other
@@ -117,42 +168,93 @@ class LayerRule:
     """
 
     compute: Rule
-    batch_dim: int | Callable[[nn.Module], int] | None = None
-    own_layout: bool = False
-    moves: bool = True
-    expand_broadcast: bool = True
-    scope: str = "subtree"
-    after_swap: Callable[[nn.Module], None] | None = None
-    batch_size: Callable[[nn.Module, Record], int] | None = None
-    record_dims: Callable | None = None
-    observe: Callable | None = None
-    check: Callable[[nn.Module], list[str]] | None = None
-    early: bool = False
-    casts_input: bool = False
+    layout: Layout
+    scope: str
+    after_swap: Callable[[nn.Module], None] | None
+    observe: Callable | None
+    check: Callable[[nn.Module], list[str]] | None
+    early: bool
+    casts_input: bool
 
-    def __post_init__(self):
-        if self.scope not in ("subtree", "direct"):
-            raise ValueError(f"scope must be 'subtree' or 'direct', got {self.scope!r}")
-        if self.own_layout and self.batch_dim is None:
-            raise ValueError("a rule with own_layout=True must declare batch_dim (an int or "
-                             "a function of the module)")
+    def __init__(self, compute: Rule, layout: Layout | None = None, *,
+                 scope: str = "subtree", after_swap: Callable[[nn.Module], None] | None = None,
+                 observe: Callable | None = None,
+                 check: Callable[[nn.Module], list[str]] | None = None,
+                 early: bool = False, casts_input: bool = False, **layout_fields: Any) -> None:
+        unknown = sorted(set(layout_fields) - set(LAYOUT_FIELDS))
+        if unknown:
+            raise ParameterTypeError(
+                f"LayerRule got unknown option(s) {unknown}; the options are layout "
+                "(a Layout), scope, after_swap, observe, check, early and casts_input")
+        if scope not in ("subtree", "direct"):
+            raise ParameterValueError(
+                f"scope must be 'subtree' or 'direct', got {scope!r}: 'subtree' when the "
+                "rule covers the parameters of the module and its children, 'direct' when "
+                "it covers only those the module owns")
+        if layout is not None and not isinstance(layout, Layout):
+            raise ParameterTypeError(
+                f"layout must be a privlearn.torch.Layout, got {layout!r}; e.g. "
+                "layout=Layout(batch_dim=0)")
+        if layout_fields:  # the deprecated spelling: one keyword per layout field
+            layout = Layout(**_flat_layout({**layout_fields, "layout": layout}, "LayerRule"))
+        values = dict(compute=compute, layout=Layout() if layout is None else layout,
+                      scope=scope, after_swap=after_swap, observe=observe, check=check,
+                      early=bool(early), casts_input=bool(casts_input))
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     def __call__(self, module: nn.Module, record: Record, params) -> Contribution:
         return self.compute(module, record, params)
 
     def declared_dim(self, module: nn.Module) -> int | None:
-        """The batch dimension the rule declares for ``module`` (None: from the context)."""
-        d = self.batch_dim
-        return d(module) if callable(d) else d
+        """The batch dimension the rule declares for ``module`` (None: from the context);
+        ``self.layout.declared_dim(module)``."""
+        return self.layout.declared_dim(module)
 
 
-RULES: dict[type, LayerRule] = {}
+def _deprecated_layout_attribute(name: str) -> property:
+    def get(self: LayerRule) -> Any:
+        warnings.warn(f"LayerRule.{name} is deprecated; read rule.layout.{name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(self.layout, name)
+
+    get.__doc__ = f"Deprecated: ``layout.{name}``."
+    return property(get)
 
 
-def _as_rule(fn, options: dict) -> LayerRule:
+for _name in LAYOUT_FIELDS:
+    setattr(LayerRule, _name, _deprecated_layout_attribute(_name))
+del _name
+
+
+#: The rules registered by layer type (:func:`register_rule`), and after them by
+#: predicate (:func:`register_predicate_rule`, in ``RULES.predicates``).
+RULES: TypeRegistry[LayerRule] = TypeRegistry("layer rules", register_with="register_rule")
+
+
+def _flat_layout(options: dict, where: str) -> dict:
+    """Pop the deprecated layout keywords out of ``options`` (warning once for them)."""
+    flat = {k: options.pop(k) for k in LAYOUT_FIELDS if k in options}
+    if flat:
+        if options.get("layout") is not None:
+            raise ConfigurationError(
+                f"{where} got layout= and the layout keywords {sorted(flat)}; pass only "
+                f"layout=Layout({', '.join(f'{k}=...' for k in flat)})")
+        warnings.warn(
+            f"{where}: the keywords {', '.join(sorted(flat))} are deprecated; pass "
+            f"layout=Layout({', '.join(f'{k}=...' for k in flat)}) "
+            "(privlearn.torch.Layout)", DeprecationWarning, stacklevel=3)
+    return flat
+
+
+def _as_rule(fn, options: dict, flat: dict) -> LayerRule:
+    """``fn`` (a function or a :class:`LayerRule`) as a rule with ``options``; ``flat``:
+    layout fields given one by one, applied to ``fn``'s layout."""
+    if flat:
+        start = fn.layout if isinstance(fn, LayerRule) else Layout()
+        options = {**options, "layout": dataclasses.replace(start, **flat)}
     if isinstance(fn, LayerRule):
-        return LayerRule(**{**{f: getattr(fn, f) for f in fn.__dataclass_fields__},
-                            **options}) if options else fn
+        return dataclasses.replace(fn, **options) if options else fn
     return LayerRule(fn, **options)
 
 
@@ -163,34 +265,38 @@ def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
     ``params`` are the module's trainable parameters (recursive, unless
     ``scope="direct"``), in ``named_parameters`` order; the contribution must cover exactly
     these. The rule must be linear in the recorded output gradients (the tracker applies
-    the loss-reduction factor to its results). Keyword options are the fields of
-    :class:`LayerRule` (``batch_dim``, ``own_layout``, ``expand_broadcast``, ``scope``,
-    ``after_swap``, ``batch_size``, ``record_dims``, ``observe``, ``check``, ``early``,
-    ``casts_input``).
+    the loss-reduction factor to its results). Keyword options are those of
+    :class:`LayerRule`: ``layout`` (a :class:`Layout`: ``batch_dim``, ``own_layout``,
+    ``expand_broadcast``, ``batch_size``, ``record_dims``, ...), ``scope``,
+    ``after_swap``, ``observe``, ``check``, ``early``, ``casts_input``. The layout fields
+    given one by one (``register_rule(nn.GRUCell, batch_dim=0)``) are deprecated.
     Returns the function unchanged.
     """
+    for t in layer_types:
+        RULES._check(t)
+    flat = _flat_layout(options, "register_rule")
 
     def deco(fn: Rule) -> Rule:
-        entry = _as_rule(fn, options)
-        for t in layer_types:
-            RULES[t] = entry
+        RULES.register(*layer_types, value=_as_rule(fn, options, flat))
         return fn
 
     return deco
 
 
 #: Rules matched by a predicate on the module (layers of libraries privlearn does not
-#: import, recognised by class name and attributes), tried after :data:`RULES`.
-PREDICATE_RULES: list[tuple[Callable[[nn.Module], bool], LayerRule]] = []
+#: import, recognised by class name and attributes), tried after the types of
+#: :data:`RULES` (whose ``predicates`` list this is).
+PREDICATE_RULES: list[tuple[Callable[[nn.Module], bool], LayerRule]] = RULES.predicates
 
 
 def register_predicate_rule(predicate: Callable[[nn.Module], bool],
                             **options) -> Callable[[Rule], Rule]:
     """Decorator registering a rule (with :class:`LayerRule` options) for every module for
     which ``predicate`` holds."""
+    flat = _flat_layout(options, "register_predicate_rule")
 
     def deco(fn: Rule) -> Rule:
-        PREDICATE_RULES.append((predicate, _as_rule(fn, options)))
+        RULES.register_predicate(predicate, _as_rule(fn, options, flat))
         return fn
 
     return deco
@@ -199,36 +305,35 @@ def register_predicate_rule(predicate: Callable[[nn.Module], bool],
 def get_rule(module: nn.Module) -> LayerRule | None:
     """The rule registered for ``type(module)`` (exact type first, then MRO), else the
     first predicate rule that matches."""
-    for t in type(module).__mro__:
-        if t in RULES:
-            return RULES[t]
-    for pred, rule in PREDICATE_RULES:
-        if pred(module):
-            return rule
-    return None
+    return RULES.lookup(module)
 
 
 #: Layouts of container modules: ``fn(module) -> int``, the batch dimension of the
 #: tensors its descendant layers receive (for rules that take their dimension "from the
-#: context"), e.g. ``nn.TransformerEncoderLayer`` with ``batch_first=False`` -> 1.
-LAYOUTS: dict[type, Callable[[nn.Module], int]] = {}
+#: context"), e.g. ``nn.TransformerEncoderLayer`` with ``batch_first=False`` -> 1; after
+#: the types, by predicate (``LAYOUTS.predicates``).
+LAYOUTS: TypeRegistry[Callable[[nn.Module], int]] = TypeRegistry(
+    "container layouts", register_with="register_layout")
 
 
 def register_layout(*module_types: type) -> Callable:
     """Decorator registering ``fn(module) -> int``: the batch dimension of the tensors
     that the layers inside a module of ``module_types`` receive."""
+    for t in module_types:
+        LAYOUTS._check(t)
 
     def deco(fn: Callable[[nn.Module], int]) -> Callable[[nn.Module], int]:
-        for t in module_types:
-            LAYOUTS[t] = fn
+        LAYOUTS.register(*module_types, value=fn)
         return fn
 
     return deco
 
 
 #: Layouts of container modules matched by a predicate (modules of libraries privlearn
-#: does not import, recognised by class name and attributes), tried after :data:`LAYOUTS`.
-PREDICATE_LAYOUTS: list[tuple[Callable[[nn.Module], bool], Callable[[nn.Module], int]]] = []
+#: does not import, recognised by class name and attributes), tried after the types of
+#: :data:`LAYOUTS` (whose ``predicates`` list this is).
+PREDICATE_LAYOUTS: list[tuple[Callable[[nn.Module], bool], Callable[[nn.Module], int]]] = (
+    LAYOUTS.predicates)
 
 
 def register_predicate_layout(predicate: Callable[[nn.Module], bool]) -> Callable:
@@ -236,7 +341,7 @@ def register_predicate_layout(predicate: Callable[[nn.Module], bool]) -> Callabl
     module for which ``predicate`` holds."""
 
     def deco(fn: Callable[[nn.Module], int]) -> Callable[[nn.Module], int]:
-        PREDICATE_LAYOUTS.append((predicate, fn))
+        LAYOUTS.register_predicate(predicate, fn)
         return fn
 
     return deco
@@ -247,13 +352,8 @@ def context_layout(module: nn.Module) -> int | None:
     :func:`register_layout` or :func:`register_predicate_layout`), else None. (An
     arbitrary ``batch_first`` attribute of a user's module is not read: it may describe
     its own inputs, not its children's.)"""
-    for t in type(module).__mro__:
-        if t in LAYOUTS:
-            return int(LAYOUTS[t](module))
-    for pred, fn in PREDICATE_LAYOUTS:
-        if pred(module):
-            return int(fn(module))
-    return None
+    fn = LAYOUTS.lookup(module)
+    return None if fn is None else int(fn(module))
 
 
 #: Instrumenters: per module type, a factory ``mode(sink)`` of a
@@ -262,8 +362,9 @@ def context_layout(module: nn.Module) -> int | None:
 #: While active, the mode may intercept functions the module calls to capture
 #: intermediates its rule needs (e.g. the attention projections) and hands them to
 #: ``sink``; the tracker stores them in ``Record.extra`` of that call. Nothing is stored
-#: on the module.
-INSTRUMENTERS: dict[type, tuple[Callable[[nn.Module], bool], Callable]] = {}
+#: on the module. Entries are ``(applies(module) -> bool, factory)``.
+INSTRUMENTERS: TypeRegistry[tuple[Callable[[nn.Module], bool], Callable]] = TypeRegistry(
+    "instrumenters", register_with="register_instrumenter")
 
 
 def register_instrumenter(module_type: type, *,
@@ -271,9 +372,10 @@ def register_instrumenter(module_type: type, *,
                           ) -> Callable[[Callable], Callable]:
     """Decorator registering ``mode_factory(sink) -> TorchFunctionMode`` for modules of
     ``module_type`` (and subclasses) for which ``applies(module)`` holds."""
+    INSTRUMENTERS._check(module_type)
 
     def deco(factory: Callable) -> Callable:
-        INSTRUMENTERS[module_type] = (applies or (lambda m: True), factory)
+        INSTRUMENTERS.register(module_type, value=(applies or (lambda m: True), factory))
         return factory
 
     return deco
@@ -281,8 +383,8 @@ def register_instrumenter(module_type: type, *,
 
 def get_instrumenter(module: nn.Module) -> Callable | None:
     """The mode factory registered for ``module`` (MRO order), or None."""
-    for t in type(module).__mro__:
-        entry = INSTRUMENTERS.get(t)
-        if entry is not None:
-            return entry[1] if entry[0](module) else None
-    return None
+    entry = INSTRUMENTERS.lookup(module)
+    if entry is None:
+        return None
+    applies, factory = entry
+    return factory if applies(module) else None

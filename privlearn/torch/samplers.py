@@ -24,7 +24,12 @@ from torch.utils.data import Sampler
 from privlearn import _validation as _v
 from privlearn.accounting import steps_per_epoch
 from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw, unit_subset
-from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    ConfigurationError,
+    ParameterTypeError,
+    ParameterValueError,
+    TrainingLoopError,
+)
 
 __all__ = [
     "PoissonBatchSampler",
@@ -200,12 +205,13 @@ class _AccountedSampler(Sampler[list[int]]):
 
         Raises
         ------
-        RuntimeError
-            No batch delivered since the last step, or more than one.
+        TrainingLoopError
+            No batch delivered since the last step, or more than one (a
+            ``RuntimeError``).
         """
         n = len(self._unconsumed)
         if n == 0:
-            raise RuntimeError(
+            raise TrainingLoopError(
                 "optimizer.step() was called without a new batch from p.data_loader: "
                 f"{self.consumed} steps have used all {self.delivered} batches it delivered. "
                 "Every step must train on the next batch of p.data_loader (the accountant "
@@ -213,7 +219,7 @@ class _AccountedSampler(Sampler[list[int]]):
                 "call step() once per batch (use max_physical_batch_size for batches that "
                 "do not fit in memory)")
         if n > 1:
-            raise RuntimeError(
+            raise TrainingLoopError(
                 f"{n} batches of p.data_loader were drawn since the last optimizer.step(): "
                 "a step must train on exactly one batch (training on two at once would clip "
                 "example i of each batch together and count two draws as one step). Call "

@@ -105,7 +105,7 @@ class Unit:
         """Whether the records of this unit are stored batch-first (the engine moved the
         batch dimension to 0; every rule but the layout-aware ones and those that need the
         layer's own layout)."""
-        return not self.rule.own_layout and self.rule.moves
+        return not self.rule.layout.own_layout and self.rule.layout.moves
 
 
 def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -> list[Unit]:
@@ -270,7 +270,7 @@ class GradSampleTracker(ClippingMixin):
         #: ids of the parameters the engine clips and noises (the one update set)
         self.param_ids = frozenset(ids)
         for i, u in enumerate(self.units):
-            if u.rule.expand_broadcast and u.normalised and u.batch_dim == 0:
+            if u.rule.layout.expand_broadcast and u.normalised and u.batch_dim == 0:
                 h = u.module.register_forward_pre_hook(_eager(self._expand_pre_hook),
                                                        with_kwargs=True)
                 self._handles.append(h)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from privlearn._type_registry import TypeRegistry
 from privlearn.errors import UnsupportedModuleError
 
 __all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_model",
@@ -27,16 +28,13 @@ _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially privat
 #: Layers that draw random numbers in their forward pass: ``type -> active(module)``
 #: (whether it does with its current settings). A module whose parameters go through the
 #: generic fallback cannot contain one (the fallback re-runs the forward per example).
-RANDOM_LAYERS: dict[type, Callable[[nn.Module], bool]] = {
-    nn.modules.dropout._DropoutNd: lambda m: m.p > 0,
-}
+RANDOM_LAYERS: TypeRegistry[Callable[[nn.Module], bool]] = TypeRegistry("random layers")
+RANDOM_LAYERS[nn.modules.dropout._DropoutNd] = lambda m: m.p > 0
 
 
 def _draws_randomness(m: nn.Module) -> bool:
-    for t in type(m).__mro__:
-        if t in RANDOM_LAYERS:
-            return bool(RANDOM_LAYERS[t](m))
-    return False
+    active = RANDOM_LAYERS.lookup(m)
+    return active is not None and bool(active(m))
 
 
 def _fallback_with_dropout(m: nn.Module, trainable: bool) -> bool:
@@ -58,12 +56,15 @@ def _fallback_with_dropout(m: nn.Module, trainable: bool) -> bool:
 #: sentence saying what is wrong and what to do instead). ``trainable``: the module
 #: owns parameters with ``requires_grad``.
 Check = Callable[[nn.Module, bool], list[str]]
-VALIDATORS: dict[type, list[Check]] = {}
+VALIDATORS: TypeRegistry[list[Check]] = TypeRegistry("validators",
+                                                     register_with="register_validator")
 
 
 def register_validator(*module_types: type) -> Callable[[Check], Check]:
     """Decorator registering ``check(module, trainable) -> list[str]`` for modules of
     ``module_types`` (and subclasses); :func:`validate` reports what it returns."""
+    for t in module_types:
+        VALIDATORS._check(t)
 
     def deco(fn: Check) -> Check:
         for t in module_types:
@@ -74,10 +75,8 @@ def register_validator(*module_types: type) -> Callable[[Check], Check]:
 
 
 def _checks_for(m: nn.Module) -> list[Check]:
-    out: list[Check] = []
-    for t in type(m).__mro__:
-        out.extend(VALIDATORS.get(t, ()))
-    return out
+    """Every check registered for a class of ``m``'s MRO, most derived class first."""
+    return [check for checks in VALIDATORS.lookup_all(m) for check in checks]
 
 
 @register_validator(nn.Module)
@@ -210,7 +209,7 @@ def check_model(model: nn.Module) -> None:
 #: replacement in and can put the original back. Opacus's ``register_module_fixer`` is
 #: the model.
 Fixer = Callable[[nn.Module], "nn.Module | None"]
-FIXERS: dict[type, Fixer] = {}
+FIXERS: TypeRegistry[Fixer] = TypeRegistry("fixers", register_with="register_fixer")
 
 
 def register_fixer(*module_types: type) -> Callable[[Fixer], Fixer]:
@@ -218,19 +217,18 @@ def register_fixer(*module_types: type) -> Callable[[Fixer], Fixer]:
     ``module_types`` (and subclasses), applied by :func:`fix` /
     ``make_private(fix_model=True)``."""
 
+    for t in module_types:
+        FIXERS._check(t)
+
     def deco(fn: Fixer) -> Fixer:
-        for t in module_types:
-            FIXERS[t] = fn
+        FIXERS.register(*module_types, value=fn)
         return fn
 
     return deco
 
 
 def _fixer_for(m: nn.Module) -> Fixer | None:
-    for t in type(m).__mro__:
-        if t in FIXERS:
-            return FIXERS[t]
-    return None
+    return FIXERS.lookup(m)
 
 
 @register_fixer(nn.modules.batchnorm._BatchNorm)

@@ -65,6 +65,45 @@ def test_linear_regression_seed_variant_matches_estimators():
                                   problem=res["problem"])
 
 
+@pytest.mark.parametrize("variant", ["default", "seed"])
+def test_ssp_samples_are_the_estimators_sample_coefficients(variant):
+    """The experiment's SSP/AdaSSP draws (release kernels on the sufficient statistics)
+    are those of the estimators' ``sample_coefficients`` with the same generator, and
+    its scales their calibrated ones (the estimators clip rows of norm 1 + 1e-16, hence
+    rounding-level differences)."""
+    from privlearn.experiments.linear_regression import (
+        SeedProblem,
+        ssp_estimators,
+        ssp_samples,
+    )
+
+    P = SeedProblem()
+    for eps in (0.1, 1.0):
+        thetas, scales = ssp_samples(P, eps, np.random.default_rng(5), 6, variant)
+        ests = ssp_estimators(eps, np.random.default_rng(5), variant)
+        for theta, scale, est in zip(thetas, scales, ests, strict=True):
+            ref, _ = est.sample_coefficients(P.X, P.y, 6)
+            np.testing.assert_allclose(theta, ref, rtol=1e-9, atol=1e-12)
+            assert scale == est.calibrated_noise_scale()
+
+
+def test_linear_regression_imports_neither_scikit_learn_nor_the_estimators():
+    """Cold start: the linear-regression experiment runs on the release kernels, so
+    importing it (or ``privlearn.models``) loads neither scikit-learn nor the estimator
+    classes."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport privlearn.models\n"
+            "import privlearn.experiments.linear_regression\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn' or m in "
+            "('privlearn.models.base', 'privlearn.models.linear'))\n"
+            "print('HEAVY', heavy)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_demo_writes_to_default_directory(tmp_path, monkeypatch, capsys):
     from privlearn.experiments import DEFAULT_OUT_DIR, demo_linear_regression
     from privlearn.experiments._common import DEFAULT_OUT_DIR as COMMON_DEFAULT

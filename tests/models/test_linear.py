@@ -212,6 +212,41 @@ def test_noisygd_single_chain_fast_path_matches_batched_loop(seed_data):
     np.testing.assert_allclose(fast, slow, rtol=1e-10, atol=1e-12)
 
 
+def _naive_noisy_gd(XTX, XTy, sigma, lrs, n_iter, xb, yb, rng, reps, log_every, chunk=256):
+    """The docstring's recursion, one chain and one step at a time, from the same draws
+    ((chunk, reps, dim) standard normals per block of steps)."""
+    dim = XTX.shape[0]
+    theta = [np.zeros(dim) for _ in range(reps)]
+    logs, iters = [], []
+    for start in range(0, n_iter, chunk):
+        noise = rng.standard_normal((min(chunk, n_iter - start), reps, dim))
+        for j in range(noise.shape[0]):
+            for r in range(reps):
+                gs = xb**2 * math.sqrt(float(theta[r] @ theta[r])) + xb * yb
+                theta[r] = theta[r] - lrs[r] * (XTX @ theta[r] - XTy + gs * sigma * noise[j, r])
+            if (start + j) % log_every == 0:
+                logs.append(np.array(theta))
+                iters.append(start + j + 1)
+    return np.array(theta), np.array(logs), np.array(iters)
+
+
+@pytest.mark.parametrize("per_chain", [False, True])
+def test_noisygd_paths_match_the_naive_recursion(seed_data, per_chain):
+    """Both batched loops (one learning rate shared by the chains, rearranged; one per
+    chain) against the recursion written out chain by chain, across a chunk boundary."""
+    X, y, XTX, XTy, mse = seed_data
+    reps, n_iter = 3, 300
+    lrs = np.array([2e-5, 1e-5, 3e-5]) if per_chain else np.full(reps, 2e-5)
+    lr = lrs if per_chain else 2e-5
+    theta, path, iters = noisy_gd_paths(XTX, XTy, 500.0, lr, n_iter, 1.0, 5.0,
+                                        np.random.default_rng(4), reps=reps, log_every=50)
+    ref_theta, ref_path, ref_iters = _naive_noisy_gd(XTX, XTy, 500.0, lrs, n_iter, 1.0, 5.0,
+                                                     np.random.default_rng(4), reps, 50)
+    np.testing.assert_array_equal(iters, ref_iters)
+    np.testing.assert_allclose(theta, ref_theta, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(path, ref_path, rtol=1e-9, atol=1e-12)
+
+
 # ---------------------------------------------------------------------------------------
 # The seed's algorithms, transcribed independently from seed 000's notebook text
 # ---------------------------------------------------------------------------------------

@@ -7,8 +7,7 @@
     for q = 1; a run resumed from the checkpoint of step 2 (each rank's private state
     under private_state_dir) ends with the uninterrupted run's parameters and epsilon,
     although it was built with another seed and other initial weights.
-(c) FSDP through the Trainer (TrainingArguments(fsdp=...)) is refused when the trainer is
-    built, naming the supported route (make_private on a fully_shard-ed model).
+FSDP2 through the Trainer: test_hf_fsdp.py.
 """
 
 from __future__ import annotations
@@ -96,18 +95,6 @@ def _worker(rank, tmp):
     tr = _trainer(os.path.join(tmp, "full"), priv, 1.0, STEPS, save=True, seed=99)
     tr.train(resume_from_checkpoint=os.path.join(tmp, "full", "checkpoint-2"))
     res["resumed"] = (_flat(tr.model), tr.epsilon())
-    from privlearn.torch.hf import DPTrainer, PrivacyArguments
-
-    args = transformers.TrainingArguments(
-        output_dir=os.path.join(tmp, "fsdp"), per_device_train_batch_size=PER_RANK,
-        report_to=[], use_cpu=True, ddp_backend="gloo", save_strategy="no", fsdp=True,
-        fsdp_config={"version": 2})
-    try:
-        DPTrainer(model=_model(), args=args, train_dataset=_Set(),
-                  privacy=PrivacyArguments(noise_multiplier=1.0))
-        res["fsdp"] = None
-    except ValueError as e:
-        res["fsdp"] = str(e)
     torch.save(res, os.path.join(tmp, f"rank{rank}.pt"))
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -154,9 +141,3 @@ def test_ddp_trainer_epsilon_logs_and_resume(ranks):
         resumed, eps_r = r["resumed"]
         torch.testing.assert_close(resumed, full, rtol=0, atol=0)
         assert eps_r == pytest.approx(eps)
-
-
-def test_fsdp_through_the_trainer_is_refused_with_the_route_to_make_private(ranks):
-    for r in ranks:
-        assert r["fsdp"] is not None
-        assert "FSDP2" in r["fsdp"] and "make_private" in r["fsdp"]

@@ -19,7 +19,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
-from privlearn.errors import PrivacyBudgetExceededError  # noqa: E402
+from privlearn.errors import PrivacyBudgetExceededError, TrainingLoopError  # noqa: E402
 from privlearn.torch import (  # noqa: E402
     FixedSizeBatchSampler,
     PoissonBatchSampler,
@@ -341,7 +341,7 @@ def test_training_on_another_loader_is_refused():
     x, y = next(iter(plain))
     p.optimizer.zero_grad()
     nn.functional.cross_entropy(p.model(x), y).backward()
-    with pytest.raises(RuntimeError, match="without a new batch from p.data_loader"):
+    with pytest.raises(TrainingLoopError, match="without a new batch from p.data_loader"):
         p.optimizer.step()
     assert p.accountant.steps == 0
 

@@ -145,3 +145,65 @@ def test_without_registration_the_fallback_is_used():
     assert grad_sample.get_rule(model.had) is None
     assert grad_sample.get_instrumenter(model.had) is None
     assert pt.validate(model) == []
+
+
+def _noop_rule(module, record, params):
+    return None
+
+
+def test_layer_rule_refuses_unknown_scope_and_own_layout_without_batch_dim():
+    """Typed refusals naming the setting, the allowed values and the value received."""
+    from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+    from privlearn.torch import LayerRule, Layout
+
+    with pytest.raises(ParameterValueError, match=r"scope must be 'subtree' or 'direct', "
+                                                  r"got 'children'"):
+        LayerRule(_noop_rule, scope="children")
+    with pytest.raises(ConfigurationError, match=r"own_layout=True needs batch_dim.*None"):
+        Layout(own_layout=True)
+    with pytest.raises(ParameterTypeError, match=r"layout must be a privlearn.torch.Layout"):
+        LayerRule(_noop_rule, layout=0)
+    with pytest.raises(ParameterTypeError, match=r"unknown option\(s\) \['colour'\]"):
+        LayerRule(_noop_rule, colour="red")
+
+
+def test_layout_keywords_are_deprecated_not_broken():
+    """The six layout fields given one by one (the old spelling) still build the same
+    rule, with a DeprecationWarning; reading them from the rule warns too."""
+    from privlearn.errors import ConfigurationError
+    from privlearn.torch import LayerRule, Layout
+
+    dims = lambda m, rec, b: ([0], {}, [0])  # noqa: E731
+    with pytest.warns(DeprecationWarning, match=r"layout=Layout\("):
+        old = LayerRule(_noop_rule, batch_dim=1, own_layout=True, moves=False,
+                        expand_broadcast=False, record_dims=dims, scope="direct")
+    new = LayerRule(_noop_rule, Layout(batch_dim=1, own_layout=True, moves=False,
+                                       expand_broadcast=False, record_dims=dims),
+                    scope="direct")
+    assert old == new
+    with pytest.warns(DeprecationWarning, match=r"rule\.layout\.own_layout"):
+        assert old.own_layout is True
+    with pytest.raises(ConfigurationError, match="pass only layout="):
+        LayerRule(_noop_rule, Layout(), batch_dim=0)
+
+    class Odd(nn.Module):
+        pass
+
+    try:
+        with pytest.warns(DeprecationWarning, match="register_rule"):
+            grad_sample.register_rule(Odd, batch_dim=0, scope="direct")(_noop_rule)
+        rule = grad_sample.get_rule(Odd())
+        assert rule.layout == Layout(batch_dim=0) and rule.scope == "direct"
+        assert rule.compute is _noop_rule
+    finally:
+        grad_sample.RULES.pop(Odd, None)
+
+
+def test_registries_refuse_a_key_that_is_not_a_class():
+    from privlearn.errors import ParameterTypeError
+
+    with pytest.raises(ParameterTypeError, match=r"register_rule: .*keyed by class, got "
+                                                 r"'Linear'"):
+        grad_sample.register_rule("Linear")
+    with pytest.raises(ParameterTypeError, match="register_validator"):
+        validator.register_validator(nn.Linear(2, 2))

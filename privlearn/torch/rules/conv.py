@@ -18,6 +18,7 @@ from privlearn.errors import BatchDependenceError
 from privlearn.torch import grad_sample
 from privlearn.torch.grad_sample import (
     Contribution,
+    Layout,
     Materialized,
     OuterProduct,
     Record,
@@ -103,16 +104,16 @@ def _conv_weight_per_example(module, x: torch.Tensor, g: torch.Tensor) -> torch.
     return vmap(one)(x, g)
 
 
-@register_rule(nn.Conv1d, batch_dim=0)
+@register_rule(nn.Conv1d, layout=Layout(batch_dim=0))
 def conv1d_rule(module, record, params):
     return _conv_rule(module, record, params, 1)
 
 
-@register_rule(nn.Conv2d, batch_dim=0)
+@register_rule(nn.Conv2d, layout=Layout(batch_dim=0))
 def conv2d_rule(module, record, params):
     return _conv_rule(module, record, params, 2)
 
 
-@register_rule(nn.Conv3d, batch_dim=0)
+@register_rule(nn.Conv3d, layout=Layout(batch_dim=0))
 def conv3d_rule(module, record, params):
     return _conv_rule(module, record, params, 3)

@@ -10,6 +10,7 @@ from torch import nn
 
 from privlearn.torch.grad_sample import (
     Contribution,
+    Layout,
     Record,
     as_dtype,
     compute_dtype,
@@ -185,8 +186,10 @@ def _bag_observe(module, args, kwargs, output):
     return [(output, 0, "output")]
 
 
-@register_rule(nn.EmbeddingBag, batch_dim=0, own_layout=True, expand_broadcast=False,
-               batch_size=_bag_batch, record_dims=_bag_record_dims, observe=_bag_observe)
+@register_rule(nn.EmbeddingBag,
+               layout=Layout(batch_dim=0, own_layout=True, expand_broadcast=False,
+                             batch_size=_bag_batch, record_dims=_bag_record_dims),
+               observe=_bag_observe)
 def embedding_bag_rule(module: nn.EmbeddingBag, record: Record, params) -> Contribution:
     """``nn.EmbeddingBag`` with mode "sum" (with or without ``per_sample_weights``) or
     "mean": bag ``b``'s output is ``sum_t c_t E[id_t]``, so its per-example gradient

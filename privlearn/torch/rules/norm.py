@@ -11,6 +11,7 @@ from torch import nn
 from privlearn.errors import BatchDependenceError
 from privlearn.torch.grad_sample import (
     Contribution,
+    Layout,
     Materialized,
     Record,
     as_dtype,
@@ -49,7 +50,7 @@ def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
 
 
-@register_rule(nn.GroupNorm, batch_dim=0, early=True)
+@register_rule(nn.GroupNorm, layout=Layout(batch_dim=0), early=True)
 def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution:
     x, g = record.args[0], record.grad(0)
     dt = compute_dtype(x, g)
@@ -59,7 +60,8 @@ def groupnorm_rule(module: nn.GroupNorm, record: Record, params) -> Contribution
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
 
 
-@register_rule(nn.modules.instancenorm._InstanceNorm, batch_dim=0, early=True)
+@register_rule(nn.modules.instancenorm._InstanceNorm, layout=Layout(batch_dim=0),
+               early=True)
 def instancenorm_rule(module: nn.modules.instancenorm._InstanceNorm, record: Record,
                       params) -> Contribution:
     """InstanceNorm (affine): each example and channel is normalised with its own

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from privlearn._type_registry import first_in_mro
 from privlearn.errors import BatchDependenceError, UnsupportedModuleError
 from privlearn.torch.grad_sample import (
     Contribution,
+    Layout,
     Materialized,
     Record,
     as_dtype,
@@ -48,10 +50,8 @@ __all__ = ["dp_rnn_rule", "opacus_recurrence", "sequence_bias_rule"]
 def _opacus_base(m: nn.Module, name: str) -> type | None:
     """Opacus's class ``name`` if ``type(m)`` is it or a subclass that keeps its
     ``forward``, else None."""
-    for cls in type(m).__mro__:
-        if cls.__name__ == name and cls.__module__.startswith("opacus."):
-            return cls if type(m).forward is cls.forward else None
-    return None
+    cls = first_in_mro(m, lambda c: c.__name__ == name and c.__module__.startswith("opacus."))
+    return cls if cls is not None and type(m).forward is cls.forward else None
 
 
 # --------------------------------------------------------------------------- DPLSTM & co.
@@ -143,7 +143,8 @@ def _is_sequence_bias(m: nn.Module) -> bool:
             and isinstance(getattr(m, "batch_first", None), bool))
 
 
-@register_predicate_rule(_is_sequence_bias, batch_dim=lambda m: 0 if m.batch_first else 1)
+@register_predicate_rule(_is_sequence_bias,
+                         layout=Layout(batch_dim=lambda m: 0 if m.batch_first else 1))
 def sequence_bias_rule(module: nn.Module, record: Record, params) -> Contribution:
     """``SequenceBias``: ``cat([x, bias repeated], sequence dimension)``; the bias's
     per-example gradient is the output gradient at the appended (last) position."""

@@ -26,6 +26,7 @@ from torch import nn
 from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     Contribution,
+    Layout,
     Materialized,
     Record,
     as_dtype,
@@ -161,7 +162,7 @@ def _is_vit_embeddings(m: nn.Module) -> bool:
             and hasattr(m, "patch_embeddings") and hasattr(m, "dropout"))
 
 
-@register_predicate_rule(_is_vit_embeddings, batch_dim=0, scope="direct")
+@register_predicate_rule(_is_vit_embeddings, layout=Layout(batch_dim=0), scope="direct")
 def vit_embeddings_rule(module: nn.Module, record: Record, params) -> Contribution:
     """``ViTEmbeddings``: ``dropout(cat(cls, patches) + pos)``; the patch projection is a
     unit of its own, so this rule covers the two (three) parameters the module owns."""
