@@ -23,9 +23,22 @@ if TYPE_CHECKING:
 def _flat_sq(contribs) -> torch.Tensor:
     """Per-example squared norms over all parameters (a sum of per-example terms: no
     reduction over examples)."""
+    return _sum_rows([c.sq_norms() for c in contribs])
+
+
+def _sum_rows(terms: list) -> torch.Tensor | None:
+    """The sum of per-example vectors ``(B,)``: one stacked reduction when they share a
+    dtype and device (two operations whatever their number), else added one by one."""
+    if not terms:
+        return None
+    if len(terms) == 1:
+        return terms[0]
+    t0 = terms[0]
+    if all(t.dtype == t0.dtype and t.device == t0.device and t.shape == t0.shape
+           for t in terms):
+        return torch.stack(terms).sum(0)
     sq = None
-    for c in contribs:
-        s = c.sq_norms()
+    for s in terms:
         sq = s if sq is None else sq + s
     return sq
 
@@ -65,9 +78,10 @@ def _sanitize_record(unit: Unit, rec: Record, idx: torch.Tensor, batch: int) -> 
     rows of the floating inputs by 0. Tensors without a batch dimension are left alone
     (they are shared by all examples, e.g. an additive attention mask)."""
     if rec.early is not None:  # evaluated during backward: its per-example gradients
-        ix = idx.to(rec.early.grads[0].device) if rec.early.grads else idx
-        rec.early = Materialized(rec.early.params,
-                                 [g.index_fill(0, ix, 0.0) for g in rec.early.grads])
+        grads = rec.early.per_sample()
+        ix = idx.to(grads[0].device) if grads else idx
+        rec.early = Materialized(rec.early.params, [
+            g.index_fill(0, ix, 0.0).nan_to_num_(0.0, 0.0, 0.0) for g in grads])
         return
     arg_dims, kw_dims, out_dims = record_dims(unit, rec, batch)
 

@@ -120,10 +120,13 @@ _BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def materialise_budget(nbytes: int):
+def materialise_budget(nbytes: int, left: list | None = None):
     """Context in which :func:`use_ghost` materialises per-example gradients for at most
-    ``nbytes`` bytes in all (the tracker enters it around one step's rule evaluation)."""
-    token = _BUDGET.set([int(nbytes)])
+    ``nbytes`` bytes in all (the tracker enters it around one step's rule evaluation).
+    ``left``: a one-element list holding what is left of a budget shared with earlier
+    evaluations of the same step (the rules evaluated during backward), spent in place
+    (``nbytes`` is then ignored)."""
+    token = _BUDGET.set(left if left is not None else [int(nbytes)])
     try:
         yield
     finally:
@@ -210,11 +213,64 @@ class Contribution:
         return ("dense", self.per_sample()[j])
 
 
+#: True while the clipped sum is formed from examples whose squared norms are all known
+#: to be finite (read on the CPU, where the step reads that flag anyway): every recorded
+#: row is then finite, and the weighted sums skip the cleaning of the rows that only a
+#: dropped (overflowing) example can make non-finite
+_ROWS_FINITE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "privlearn_rows_finite", default=False)
+
+
+@contextlib.contextmanager
+def rows_finite(flag: bool):
+    """Context in which :func:`row_scaled` and the weighted sums know (``flag``) that
+    every example's recorded rows are finite (see :data:`_ROWS_FINITE`)."""
+    token = _ROWS_FINITE.set(bool(flag))
+    try:
+        yield
+    finally:
+        _ROWS_FINITE.reset(token)
+
+
 def _finite(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with non-finite values replaced by 0 (a copy). Only an example whose squared
-    norm is not finite holds non-finite recorded values (an inf or NaN anywhere in its
-    rows makes its norm so), and its weight is 0: this changes no other example."""
+    """``x`` with non-finite values replaced by 0 (a copy; ``x`` itself when every row is
+    known to be finite). Only an example whose squared norm is not finite holds
+    non-finite recorded values (an inf or NaN anywhere in its rows makes its norm so),
+    and its weight is 0: this changes no other example."""
+    if _ROWS_FINITE.get():
+        return x
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+_ROW_VIEWS: list = [None, {}]  # the last weights seen by _row_view and their views
+
+
+def _row_view(c: torch.Tensor, dim: int) -> torch.Tensor:
+    """``c`` (B,) viewed as ``(B, 1, ..., 1)`` with ``dim`` dimensions, made once per
+    weight vector and shape (one clipped sum weighs every layer with the same factors)."""
+    if _ROW_VIEWS[0] is not c:
+        _ROW_VIEWS[0], _ROW_VIEWS[1] = c, {}
+    v = _ROW_VIEWS[1].get(dim)
+    if v is None:
+        v = _ROW_VIEWS[1][dim] = c.view(-1, *([1] * (dim - 1)))
+    return v
+
+
+def _addmv_rows(o: torch.Tensor, rows: torch.Tensor, c: torch.Tensor) -> None:
+    """``o += sum_i c_i rows_i`` in place (``rows`` (B, ...) with ``o.numel()`` entries
+    per example): one matrix-vector product into ``o``."""
+    if rows.dim() != 2:
+        rows = rows.reshape(rows.shape[0], -1)
+    _addmv_cols(o, rows.t(), c)
+
+
+def _addmv_cols(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
+    """``o += cols @ c`` in place (``cols`` (n, B), ``o`` of ``n`` entries), the columns
+    of examples that only a weight of 0 can make non-finite cleaned first."""
+    cols = _finite(cols)
+    if cols.dtype != o.dtype:
+        cols = cols.to(o.dtype)
+    (o if o.dim() == 1 else o.view(-1)).addmv_(cols, c.to(o.dtype))
 
 
 def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -234,8 +290,8 @@ def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         whatever they held (``inf * 0`` is cleaned), so that an overflowing example
         dropped by its weight adds nothing (see :attr:`Contribution.masks_rows`).
     """
-    y = x * c.to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
-    return y.nan_to_num_(0.0, 0.0, 0.0)
+    y = x * _row_view(c, x.dim()).to(x.dtype)
+    return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
 
 
 def row_sq_norms(x: torch.Tensor) -> torch.Tensor:
@@ -336,7 +392,7 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -374,6 +430,10 @@ class Materialized(Contribution):
                 s = row_sq_norms(g.reshape(g.shape[0], -1))
                 out = s if out is None else out + s
             self._sq = out
+            # the (n, B) views the clipped sum multiplies by the weights, made with the
+            # norms (during backward for a rule evaluated then)
+            self._cols = [(g if g.dim() == 2 else g.reshape(g.shape[0], -1)).t()
+                          for g in self.grads]
         return self._sq
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -382,6 +442,14 @@ class Materialized(Contribution):
 
     def per_sample(self) -> list[torch.Tensor]:
         return self.grads
+
+    def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        cols = getattr(self, "_cols", None)
+        if cols is None:
+            self.sq_norms()
+            cols = self._cols
+        for o, g in zip(outs, cols, strict=True):
+            _addmv_cols(o, g, c)
 
     def param_sq_norms(self) -> list[torch.Tensor]:
         return [row_sq_norms(g.reshape(g.shape[0], -1)) for g in self.grads]
@@ -455,6 +523,9 @@ _CHUNK_BYTES = 32 * 2**20
 #: :func:`live_positions` drops positions only when at least ``1 / _MIN_DEAD_SHARE`` of
 #: them may be dead: the check reads the whole output gradient twice.
 _MIN_DEAD_SHARE = 4
+#: ... and only for output gradients of at least this many elements: on a smaller one the
+#: check's own operations (five a layer) cost more than the positions it could drop save.
+_MIN_CHECK_ELEMENTS = 2 ** 16
 #: Examples whose whole output gradient the cheap first check of :func:`live_positions`
 #: reads (a strided read of one feature of every example was slower on a cold cache).
 _PROBE_EXAMPLES = 4
@@ -475,7 +546,8 @@ def live_positions(g: torch.Tensor) -> torch.Tensor | None:
     ``_PROBE_FEATURES`` features of the first ``_PROBE_EXAMPLES`` examples are read, and
     ``g`` is checked in full only when they are zero at a quarter of the positions or
     more. A NaN counts as non-zero. CPU only: on an accelerator the check would
-    synchronise the device once per layer.
+    synchronise the device once per layer; and only for gradients of at least
+    ``_MIN_CHECK_ELEMENTS`` elements (on smaller ones the check costs more than it saves).
 
     Parameters
     ----------
@@ -490,7 +562,7 @@ def live_positions(g: torch.Tensor) -> torch.Tensor | None:
         when no position can be dropped (nothing to copy).
     """
     b, G, t, p = g.shape
-    if t <= 1 or g.device.type != "cpu" or g.numel() == 0:
+    if t <= 1 or g.device.type != "cpu" or g.numel() < _MIN_CHECK_ELEMENTS:
         return None
     # probe: positions with a non-zero entry in one of the first examples are surely live
     # (their rows are contiguous: a few cache-friendly reads; a NaN makes the max NaN)
@@ -547,14 +619,23 @@ class OuterProduct(Contribution):
         self._sq = None
         self._wsq = None
         self._bias_cache = None
+        self._bias_t = None
         if not ghost:
-            # (B, G, p, d) per-example weight gradients via batched matmul; the inputs
-            # (e.g. conv patches) are released right away to bound peak memory
-            if self._low:
+            # per-example weight gradients via batched matmul, laid out as the parameter
+            # ((B, G, p, d); transposed: (B, 1, d, p)); the inputs (e.g. conv patches) are
+            # released right away to bound peak memory
+            if self._low and transposed:
+                self._ps = mm32(a.transpose(-1, -2).reshape(b * G, d, t),
+                                g.reshape(b * G, t, p)).view(b, G, d, p)
+            elif self._low:
                 self._ps = mm32(g.transpose(-1, -2).reshape(b * G, p, t),
                                 a.reshape(b * G, t, d)).view(b, G, p, d)
+            elif transposed:
+                self._ps = torch.matmul(as_dtype(a, dt).transpose(-1, -2), as_dtype(g, dt))
             else:
                 self._ps = torch.matmul(as_dtype(g, dt).transpose(-1, -2), as_dtype(a, dt))
+            self._ps_rows = self._ps.view(b, -1)
+            self._ps_cols = self._ps_rows.t()
             if bias is not None:
                 self._bias_ps()
             self.a = self.g = None
@@ -588,10 +669,20 @@ class OuterProduct(Contribution):
             self._bias_cache = g
         return self._bias_cache
 
+    def _bias_cols(self) -> torch.Tensor:
+        """The per-example bias gradients as columns ``(G p, B)``."""
+        if self._bias_t is None:
+            self._bias_t = self._bias_ps().t()
+        return self._bias_t
+
     def sq_norms(self) -> torch.Tensor:
         if self._sq is None:
             w = self._weight_sq()
-            self._sq = w + row_sq_norms(self._bias_ps()) if self.bias is not None else w
+            if self.bias is not None:
+                self._sq = w + row_sq_norms(self._bias_ps())
+                self._bias_cols()
+            else:
+                self._sq = w
         return self._sq
 
     def param_sq_norms(self) -> list[torch.Tensor]:
@@ -605,7 +696,7 @@ class OuterProduct(Contribution):
             return self._wsq
         b, G, t, d, p = self.dims
         if self._ps is not None:
-            w = row_sq_norms(self._ps.reshape(b, -1))
+            w = row_sq_norms(self._ps_rows)
         elif t == 1 and G == 1:  # |a|^2 |g|^2
             w = row_sq_norms(self.g.reshape(b, p)) * row_sq_norms(self.a.reshape(b, d))
         elif t == 1:
@@ -634,10 +725,9 @@ class OuterProduct(Contribution):
         if self._ps is not None:
             # the norms are known: the per-example gradients (ours) are cleaned in place
             # of the values only an example with weight 0 can hold
-            ps = torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
-            w = (c @ ps.reshape(b, -1)).view(G * p, d)
-            if self.transposed:
-                w = w.t()
+            ps = self._ps if _ROWS_FINITE.get() else \
+                torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
+            w = (c @ ps.reshape(b, -1)).view(self.weight.shape)
         else:
             gc = row_scaled(self.g, c)
             a = _finite(self.a)
@@ -661,11 +751,38 @@ class OuterProduct(Contribution):
         :data:`_CHUNK_BYTES` at a time: a language-model head's are vocabulary-wide)."""
         b, G, t, d, p = self.dims
         o = outs[0]
+        if self._ps is not None and self._ps.dtype == o.dtype:
+            # the per-example gradients (ours, cleaned in place of what only an example
+            # of weight 0 can hold), in the parameter's layout: one matrix-vector product
+            if not _ROWS_FINITE.get():
+                torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
+            (o if o.dim() == 1 else o.view(-1)).addmv_(self._ps_cols, c.to(o.dtype))
+            if self.bias is not None:
+                _addmv_cols(outs[1], self._bias_cols(), c)
+            return
         if self._ps is not None or G != 1 or self._low or o.dtype != self._dtype:
             return super().accumulate_into(c, outs)
         c = c.to(self._dtype)
-        o = o.view(d, p) if self.transposed else o.view(p, d)
+        shape = (d, p) if self.transposed else (p, d)
+        o = o if o.shape == shape else o.view(shape)
         k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
+        if k >= b:  # one chunk: the weights on the narrower side, the bias from its rows
+            g, a = self.g, self.a
+            if p > d:
+                g, a = _finite(g), row_scaled(a, c)
+            else:
+                g, a = row_scaled(g, c), _finite(a)
+            g2, a2 = g.reshape(-1, p), a.reshape(-1, d)
+            if self.transposed:
+                o.addmm_(a2.t(), g2)
+            else:
+                o.addmm_(g2.t(), a2)
+            if self.bias is not None:
+                if p > d:
+                    _addmv_cols(outs[1], self._bias_cols(), c)
+                else:
+                    outs[1].add_(g2.sum(0))
+            return
         for s in range(0, b, k):
             cs = c[s:s + k]
             g = as_dtype(self._g[s:s + k], self._dtype)
@@ -706,15 +823,16 @@ class OuterProduct(Contribution):
 
     def per_sample(self) -> list[torch.Tensor]:
         b, G, t, d, p = self.dims
-        if self._ps is not None:
+        if self._ps is not None:  # already in the parameter's layout
             ps = self._ps
-        elif self._low:
-            ps = mm32(self.g.transpose(-1, -2).reshape(b * G, p, t),
-                      self.a.reshape(b * G, t, d)).view(b, G, p, d)
         else:
-            ps = torch.matmul(self.g.transpose(-1, -2), self.a)
-        if self.transposed:
-            ps = ps.reshape(b, p, d).transpose(1, 2)
+            if self._low:
+                ps = mm32(self.g.transpose(-1, -2).reshape(b * G, p, t),
+                          self.a.reshape(b * G, t, d)).view(b, G, p, d)
+            else:
+                ps = torch.matmul(self.g.transpose(-1, -2), self.a)
+            if self.transposed:
+                ps = ps.reshape(b, p, d).transpose(1, 2)
         out = [ps.reshape(b, *self.weight.shape)]
         if self.bias is not None:
             out.append(self._bias_ps().reshape(b, *self.bias.shape))
@@ -805,7 +923,7 @@ class DenseOuterProduct(Contribution):
             outs[0].addmm_(a.t(), gc)
         else:
             outs[0].addmm_(gc.t(), a)  # the GEMM adds into the noise in place
-        if self.bias is not None:
+        if self.bias is not None:  # same summation as autograd's Linear
             outs[1].add_(gc.sum(0))
 
 

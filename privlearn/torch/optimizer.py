@@ -632,8 +632,8 @@ class DPOptimizer:
         if flat is None:
             return False
         params = self.tracker.params
-        views = [v.view(p.shape) for v, p in zip(flat.split(self._numels), params,
-                                                  strict=True)]
+        views = [v if v.shape == p.shape else v.view(p.shape)
+                 for v, p in zip(flat.split(self._numels), params, strict=True)]
         out = {id(p): v for p, v in zip(params, views, strict=True)}
         self._clipped_sum(out, examples=examples, units=units)
         for k, a in self._accum.items():  # earlier chunks of a virtual batch
