@@ -49,6 +49,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, ParameterValueError, TrainingLoopError
+from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
@@ -73,7 +74,6 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
 from privlearn.torch.clipping import ClippingMixin
 from privlearn.torch.cross_terms import _cross_terms  # noqa: F401  (re-exported)
 from privlearn.torch.fallback import FALLBACK
-from privlearn.torch import grad_sample as _gs
 from privlearn.torch.grad_sample import (
     _IN_RULE,
     DenseOuterProduct,

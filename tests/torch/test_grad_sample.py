@@ -16,7 +16,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
-from privlearn.torch import grad_sample  # noqa: E402
+from privlearn.torch import _rows, grad_sample  # noqa: E402
 from privlearn.torch.tracker import GradSampleTracker  # noqa: E402
 
 SETTINGS = settings(max_examples=8, deadline=None)
@@ -26,7 +26,7 @@ SETTINGS = settings(max_examples=8, deadline=None)
 def _check_every_size(monkeypatch):
     """The dead-position check on gradients of any size (by default it skips the small
     ones these tests use), so that the dropping is exercised."""
-    monkeypatch.setattr(grad_sample, "_MIN_CHECK_ELEMENTS", 0)
+    monkeypatch.setattr(_rows, "_MIN_CHECK_ELEMENTS", 0)
 
 
 def naive_per_sample(model, inputs, loss_fn, batch_dims=None):
@@ -568,9 +568,9 @@ def test_live_positions_skips_small_gradients(monkeypatch):
     dropped positions save), above it the dead positions are found."""
     g = torch.zeros(2, 1, 5, 3)
     g[0, 0, 1] = 1.0
-    monkeypatch.setattr(grad_sample, "_MIN_CHECK_ELEMENTS", g.numel() + 1)
+    monkeypatch.setattr(_rows, "_MIN_CHECK_ELEMENTS", g.numel() + 1)
     assert grad_sample.live_positions(g) is None
-    monkeypatch.setattr(grad_sample, "_MIN_CHECK_ELEMENTS", g.numel())
+    monkeypatch.setattr(_rows, "_MIN_CHECK_ELEMENTS", g.numel())
     assert grad_sample.live_positions(g).tolist() == [1]
 
 
