@@ -130,17 +130,25 @@ _BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "privlearn_materialise_budget", default=None)
 
 
+_BUDGET_SHARE: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "privlearn_materialise_share", default=1.0)
+
+
 @contextlib.contextmanager
-def materialise_budget(nbytes: int, left: list | None = None):
+def materialise_budget(nbytes: int, left: list | None = None, share: float = 1.0):
     """Context in which :func:`use_ghost` materialises per-example gradients for at most
     ``nbytes`` bytes in all (the tracker enters it around one step's rule evaluation).
     ``left``: a one-element list holding what is left of a budget shared with earlier
     evaluations of the same step (the rules evaluated during backward), spent in place
-    (``nbytes`` is then ignored)."""
+    (``nbytes`` is then ignored). ``share``: one layer materialises at most this share of
+    what is left (during backward, where the layers come last first, a large last layer
+    would otherwise take the budget of all the others)."""
     token = _BUDGET.set(left if left is not None else [int(nbytes)])
+    token_share = _BUDGET_SHARE.set(float(share))
     try:
         yield
     finally:
+        _BUDGET_SHARE.reset(token_share)
         _BUDGET.reset(token)
 
 
@@ -421,7 +429,7 @@ def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4
         return True
     left = _BUDGET.get()
     if left is not None:
-        if need > left[0]:
+        if need > left[0] * _BUDGET_SHARE.get():
             return True
         left[0] -= need
     return False

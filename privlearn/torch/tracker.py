@@ -95,6 +95,10 @@ __all__ = ["GradSampleTracker", "Unit", "discover_units", "record_batch"]
 #: embedding lookups of the rules in :data:`_SELF_CONTAINED_RULES`
 _SELF_CONTAINED = (OuterProduct, DenseOuterProduct, _rules.embedding.EmbeddingContribution)
 _EARLY_TYPES = (Materialized, *_SELF_CONTAINED)
+#: during backward one layer materialises its per-example gradients within at most this
+#: share of the step's budget left (:func:`~privlearn.torch.grad_sample.
+#: materialise_budget`)
+_EARLY_SHARE = 0.25
 #: rules whose contribution holds everything it needs (the layer's own input and output
 #: gradient, no recomputation of the layer): evaluated during backward
 _SELF_CONTAINED_RULES = (_rules.linear.linear_rule,
@@ -241,6 +245,7 @@ class GradSampleTracker(ClippingMixin):
         #: (:data:`~privlearn.torch.grad_sample.STEP_MATERIALISE_BUDGET_BYTES`), shared by
         #: the rules evaluated during backward and those evaluated at the step
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
+        self._not_early: set[int] = set()  # units whose rule gave another contribution
         #: the model's tree, training flags and hooks at the last forward
         #: (:func:`_mixing_fingerprint`): a change re-arms the probe
         self._mixing_shape: tuple | None = None
@@ -647,12 +652,17 @@ class GradSampleTracker(ClippingMixin):
 
         (After the first step only: the batch-independence probe and the checks of the
         first step read the records.)"""
+        if id(unit) in self._not_early or (
+                unit.rule.compute is _rules.transformers.conv1d_transposed_rule
+                and _rules.transformers._RULE_STATE.get(unit.module) != "ok"):
+            return  # (a class-name rule is checked against the fallback at the step)
         examples = record_batch(unit, rec)
         with torch.no_grad(), rule_evaluation(), \
-                _gs.materialise_budget(0, left=self._budget_left):
+                _gs.materialise_budget(0, left=self._budget_left, share=_EARLY_SHARE):
             c = unit.rule(unit.module, rec, unit.params)
             if not isinstance(c, _EARLY_TYPES) or (
                     not unit.rule.early and not isinstance(c, _SELF_CONTAINED)):
+                self._not_early.add(id(unit))  # not tried again
                 return  # kept as recorded: evaluated at the step as usual
             c.sq_norms()  # cached: the step sums them
         rec.early, rec.examples = c, examples
