@@ -42,17 +42,21 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-_ROW_VIEWS: list = [None, {}]  # the last weights seen by _row_view and their views
+#: the last weights seen by :func:`_row_view` and their views (one tuple, replaced whole:
+#: a thread reading it sees a pair that belongs together)
+_ROW_VIEWS: tuple = (None, {})
 
 
 def _row_view(c: torch.Tensor, dim: int) -> torch.Tensor:
     """``c`` (B,) viewed as ``(B, 1, ..., 1)`` with ``dim`` dimensions, made once per
     weight vector and shape (one clipped sum weighs every layer with the same factors)."""
-    if _ROW_VIEWS[0] is not c:
-        _ROW_VIEWS[0], _ROW_VIEWS[1] = c, {}
-    v = _ROW_VIEWS[1].get(dim)
+    global _ROW_VIEWS
+    entry = _ROW_VIEWS
+    if entry[0] is not c:
+        entry = _ROW_VIEWS = (c, {})
+    v = entry[1].get(dim)
     if v is None:
-        v = _ROW_VIEWS[1][dim] = c.view(-1, *([1] * (dim - 1)))
+        v = entry[1][dim] = c.view(-1, *([1] * (dim - 1)))
     return v
 
 

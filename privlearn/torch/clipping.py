@@ -70,7 +70,9 @@ class ClippingMixin:
         batch = None
         scale = None
         per_unit = []
-        with rule_evaluation(), materialise_budget(_gs.STEP_MATERIALISE_BUDGET_BYTES):
+        with rule_evaluation(), materialise_budget(
+                0, left=getattr(self, "_budget_left", None)
+                or [_gs.STEP_MATERIALISE_BUDGET_BYTES]):
             for i, recs in self.records.items():
                 unit = self.units[i]
                 recs = [r for r in recs if r.has_grad()]

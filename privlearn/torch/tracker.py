@@ -90,11 +90,11 @@ from privlearn.torch.grad_sample import (
 
 __all__ = ["GradSampleTracker", "Unit", "discover_units", "record_batch"]
 
-#: contributions of rules evaluated during backward (:meth:`GradSampleTracker.
-#: _evaluate_early`): those of rules declared ``early``, and the outer products and
-#: embedding lookups of the rules in :data:`_SELF_CONTAINED_RULES`
-_SELF_CONTAINED = (OuterProduct, DenseOuterProduct, _rules.embedding.EmbeddingContribution)
-_EARLY_TYPES = (Materialized, *_SELF_CONTAINED)
+#: contributions kept when a rule is evaluated during backward (:meth:`
+#: GradSampleTracker._evaluate_early`; anything else is evaluated again at the step):
+#: per-example gradients, outer products and embedding lookups
+_EARLY_TYPES = (Materialized, OuterProduct, DenseOuterProduct,
+                _rules.embedding.EmbeddingContribution)
 #: during backward one layer materialises its per-example gradients within at most this
 #: share of the step's budget left (:func:`~privlearn.torch.grad_sample.
 #: materialise_budget`)
@@ -660,9 +660,9 @@ class GradSampleTracker(ClippingMixin):
         with torch.no_grad(), rule_evaluation(), \
                 _gs.materialise_budget(0, left=self._budget_left, share=_EARLY_SHARE):
             c = unit.rule(unit.module, rec, unit.params)
-            if not isinstance(c, _EARLY_TYPES) or (
-                    not unit.rule.early and not isinstance(c, _SELF_CONTAINED)):
-                self._not_early.add(id(unit))  # not tried again
+            if not isinstance(c, _EARLY_TYPES):
+                if not unit.rule.early:
+                    self._not_early.add(id(unit))  # not tried again
                 return  # kept as recorded: evaluated at the step as usual
             c.sq_norms()  # cached: the step sums them
         rec.early, rec.examples = c, examples
