@@ -15,7 +15,7 @@ from torch import nn
 from privlearn.errors import ConfigurationError, ParameterValueError
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims
-from privlearn.torch.grad_sample import Materialized, Record
+from privlearn.torch.grad_sample import DenseOuterProduct, Materialized, OuterProduct, Record
 
 if TYPE_CHECKING:
     from privlearn.torch.tracker import Unit
@@ -23,9 +23,22 @@ if TYPE_CHECKING:
 def _flat_sq(contribs) -> torch.Tensor:
     """Per-example squared norms over all parameters (a sum of per-example terms: no
     reduction over examples)."""
+    return _sum_rows([c.sq_norms() for c in contribs])
+
+
+def _sum_rows(terms: list) -> torch.Tensor | None:
+    """The sum of per-example vectors ``(B,)``: one stacked reduction when they share a
+    dtype and device (two operations whatever their number), else added one by one."""
+    if not terms:
+        return None
+    if len(terms) == 1:
+        return terms[0]
+    t0 = terms[0]
+    if all(t.dtype == t0.dtype and t.device == t0.device and t.shape == t0.shape
+           for t in terms):
+        return torch.stack(terms).sum(0)
     sq = None
-    for c in contribs:
-        s = c.sq_norms()
+    for s in terms:
         sq = s if sq is None else sq + s
     return sq
 
@@ -59,15 +72,37 @@ def _nonfinite(sq: torch.Tensor | None, masked: bool = False) -> torch.Tensor | 
     return bad if bool(bad.any()) else None
 
 
+def _without_rows(c, idx: torch.Tensor):
+    """A contribution evaluated during backward with the examples ``idx`` made to
+    contribute exactly zero: the rows of its recorded input and output gradient zeroed
+    (outer products kept in ghost form, embedding lookups), else its per-example
+    gradients with those rows zeroed."""
+    from privlearn.torch.rules.embedding import EmbeddingContribution
+
+    if isinstance(c, OuterProduct) and c._ps is None:
+        ix = idx.to(c._g.device)
+        return OuterProduct(c.weight, c.bias, c._a.index_fill(0, ix, 0.0),
+                            c._g.index_fill(0, ix, 0.0), ghost=True,
+                            transposed=c.transposed)
+    if isinstance(c, DenseOuterProduct):
+        ix = idx.to(c.g.device)
+        return DenseOuterProduct(c.weight, c.bias, c.a.index_fill(0, ix, 0.0),
+                                 c.g.index_fill(0, ix, 0.0), transposed=c.transposed)
+    if isinstance(c, EmbeddingContribution):
+        return EmbeddingContribution(c.weight, c.ids, c.g.index_fill(
+            0, idx.to(c.g.device), 0.0), None)  # padding rows already zero in c.g
+    grads = c.per_sample()
+    ix = idx.to(grads[0].device) if grads else idx
+    return Materialized(c.params, [g.index_fill(0, ix, 0.0) for g in grads])
+
+
 def _sanitize_record(unit: Unit, rec: Record, idx: torch.Tensor, batch: int) -> None:
     """In ``rec``, zero the rows ``idx`` (along each tensor's batch dimension) of the
     output gradients and of captured gradients, and replace non-finite values in those
     rows of the floating inputs by 0. Tensors without a batch dimension are left alone
     (they are shared by all examples, e.g. an additive attention mask)."""
-    if rec.early is not None:  # evaluated during backward: its per-example gradients
-        ix = idx.to(rec.early.grads[0].device) if rec.early.grads else idx
-        rec.early = Materialized(rec.early.params,
-                                 [g.index_fill(0, ix, 0.0) for g in rec.early.grads])
+    if rec.early is not None:  # evaluated during backward
+        rec.early = _without_rows(rec.early, idx)
         return
     arg_dims, kw_dims, out_dims = record_dims(unit, rec, batch)
 

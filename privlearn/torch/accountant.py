@@ -207,7 +207,7 @@ class BudgetCap:
                                  "noise) before training")
         self.planned_epsilon = None if planned_epsilon is None else float(planned_epsilon)
         self._hint = max(2, int(planned_steps)) if planned_steps else 64
-        self._room: dict[str, int | None] = {"max": None, "plan": None}
+        self._room = _Room()
         self._config: tuple[float, float] | None = None
         self._warned = False
 
@@ -226,13 +226,13 @@ class BudgetCap:
         would exceed ``max_epsilon`` (nothing is changed then)."""
         cfg = (float(noise_multiplier), float(sampling_rate))
         if cfg != self._config:  # a new mechanism: the room left changes
-            self._room = {"max": None, "plan": None}
+            self._room = _Room()
             self._config = cfg
         if self.max_epsilon is None:
             return
-        if self._room["max"] is None:
-            self._room["max"] = self._room_for(self.max_epsilon, *cfg)
-        if self._room["max"] < 1:
+        if self._room.cap is None:
+            self._room = replace(self._room, cap=self._room_for(self.max_epsilon, *cfg))
+        if self._room.cap < 1:
             acct = self.accountant
             raise PrivacyBudgetExceededError(
                 f"the next step would exceed max_epsilon={self.max_epsilon:g} at "
@@ -249,16 +249,17 @@ class BudgetCap:
 
     def after_step(self) -> None:
         """Count the step just recorded down from the room left; warn once past the plan."""
-        if self._room["max"] is not None:
-            self._room["max"] -= 1
+        if self._room.cap is not None:
+            self._room = replace(self._room, cap=self._room.cap - 1)
         if self.planned_epsilon is None or self._warned or self._config is None:
             return
-        if self._room["plan"] is None:
+        if self._room.plan is None:
             # room counted *after* this step: k more steps from here stay within plan
-            self._room["plan"] = self._room_for(self.planned_epsilon, *self._config)
+            self._room = replace(self._room, plan=self._room_for(self.planned_epsilon,
+                                                                 *self._config))
         else:
-            self._room["plan"] -= 1
-        if self._room["plan"] < 0:
+            self._room = replace(self._room, plan=self._room.plan - 1)
+        if self._room.plan < 0:
             self._warned = True
             acct = self.accountant
             warnings.warn(
@@ -272,7 +273,7 @@ class BudgetCap:
 
     def load_state_dict(self, state: dict) -> None:
         self._warned = bool(state.get("warned", False))
-        self._room = {"max": None, "plan": None}
+        self._room = _Room()
         self._config = None
 
 
@@ -317,7 +318,7 @@ class LedgerLink:
         self.label = label
         #: a run accounted as one mechanism (correlated noise): reserved whole, once
         self.run = run
-        self._open: list[list] = []  # [reservation, sigma, q, reserved, used]
+        self._open: list[_Reservation] = []  # the reservations not settled yet
 
     def _mech(self, sigma: float, q: float, k: int):
         if self.run is not None:
@@ -335,13 +336,13 @@ class LedgerLink:
                 if n == 1:
                     raise
                 n = max(1, n // 2)
-        self._open.append([r, sigma, q, n, 0])
+        self._open.append(_Reservation(r, sigma, q, n))
 
     def ensure(self, sigma: float, q: float) -> None:
         """Make sure the next step of this configuration is covered by a reservation."""
         if self._open:
-            _, s, r, n, k = self._open[-1]
-            if (s, r) == (sigma, q) and k < n:
+            last = self._open[-1]
+            if (last.sigma, last.q) == (sigma, q) and last.used < last.reserved:
                 return
         if self.run is not None and self._open:
             # the run's mechanism is not a composition of chunks: no step past the plan
@@ -352,7 +353,8 @@ class LedgerLink:
 
     def used(self, sigma: float, q: float) -> None:
         """One step of this configuration ran (it was covered by :meth:`ensure`)."""
-        self._open[-1][4] += 1
+        last = self._open[-1]
+        self._open[-1] = replace(last, used=last.used + 1)
 
     def settle(self) -> None:
         """Record how many steps of each open reservation ran (idempotent).
@@ -363,11 +365,35 @@ class LedgerLink:
         covers them), but not a sub-composition the ledger can check, as
         ``run.mechanism(sigma, k)`` has another sensitivity."""
         while self._open:
-            r, s, q, n, k = self._open.pop(0)
-            if self.run is not None and 0 < k < n:
-                r.settle(None)  # the plan
+            o = self._open.pop(0)
+            if self.run is not None and 0 < o.used < o.reserved:
+                o.reservation.settle(None)  # the plan
             else:
-                r.settle(self._mech(s, q, k) if k else compose([]))
+                o.reservation.settle(self._mech(o.sigma, o.q, o.used) if o.used
+                                     else compose([]))
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """Steps left for the current configuration (None: not computed yet): within the
+    hard cap ``max_epsilon`` (``cap``) and, counted after the last step, within the
+    planned epsilon (``plan``)."""
+
+    cap: int | None = None
+    plan: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Reservation:
+    """A chunk of steps reserved in the ledger and not settled yet: the ledger's
+    reservation, the configuration it covers, how many steps it reserved and how many of
+    them ran."""
+
+    reservation: object
+    sigma: float
+    q: float
+    reserved: int
+    used: int = 0
 
 
 def _largest_within(f: Callable[[int], float], cap: float, start: int = 64) -> int:

@@ -11,6 +11,7 @@ A mixin: it reads the per-step state the tracker's recording hooks write (``reco
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -69,7 +70,9 @@ class ClippingMixin:
         batch = None
         scale = None
         per_unit = []
-        with rule_evaluation(), materialise_budget(_gs.STEP_MATERIALISE_BUDGET_BYTES):
+        with rule_evaluation(), materialise_budget(
+                0, left=getattr(self, "_budget_left", None)
+                or [_gs.STEP_MATERIALISE_BUDGET_BYTES]):
             for i, recs in self.records.items():
                 unit = self.units[i]
                 recs = [r for r in recs if r.has_grad()]
@@ -203,13 +206,14 @@ class ClippingMixin:
                 norms = norms.masked_fill(bad, float("inf"))
                 if masked:
                     self.last_overflow_count = bad.sum()
-            for c in contribs:
-                if out is not None:
-                    c.accumulate_into(factors, [out[id(p)] for p in c.params])
-                    continue
-                for p, w in zip(c.params, c.weighted_sum(factors), strict=True):
-                    k = id(p)
-                    sums[k] = w if k not in sums else sums[k] + w
+            with _gs.rows_finite(bad is None):
+                for c in contribs:
+                    if out is not None:
+                        c.accumulate_into(factors, [out[id(p)] for p in c.params])
+                        continue
+                    for p, w in zip(c.params, c.weighted_sum(factors), strict=True):
+                        k = id(p)
+                        sums[k] = w if k not in sums else sums[k] + w
         self.clear()
         return sums, (batch or 0), norms
 
@@ -225,6 +229,10 @@ class ClippingMixin:
         ``last_overflow_count``; the batch-independence probe names a non-finite input
         in the batches it checks."""
         if refuse and sq.device.type == "cpu":
+            # squared norms are >= 0: their sum is finite exactly when each one is
+            # (unless the sum alone overflows: then the full check below)
+            if math.isfinite(sq.sum().item()):
+                return None
             bad = ~torch.isfinite(sq)
             if not bool(bad.any()):
                 return None

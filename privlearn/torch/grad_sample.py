@@ -52,6 +52,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from privlearn.torch._rows import (  # noqa: F401  (re-exported)
+    _LOW,
+    _ROWS_FINITE,
+    _addmv_cols,
+    _addmv_rows,
+    _finite,
+    live_positions,
+    row_scaled,
+    row_sq_norms,
+    rows_finite,
+)
 from privlearn.torch.rule_registry import (  # noqa: F401  (re-exported)
     INSTRUMENTERS,
     LAYOUTS,
@@ -120,14 +131,25 @@ _BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "privlearn_materialise_budget", default=None)
 
 
+_BUDGET_SHARE: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "privlearn_materialise_share", default=1.0)
+
+
 @contextlib.contextmanager
-def materialise_budget(nbytes: int):
+def materialise_budget(nbytes: int, left: list | None = None, share: float = 1.0):
     """Context in which :func:`use_ghost` materialises per-example gradients for at most
-    ``nbytes`` bytes in all (the tracker enters it around one step's rule evaluation)."""
-    token = _BUDGET.set([int(nbytes)])
+    ``nbytes`` bytes in all (the tracker enters it around one step's rule evaluation).
+    ``left``: a one-element list holding what is left of a budget shared with earlier
+    evaluations of the same step (the rules evaluated during backward), spent in place
+    (``nbytes`` is then ignored). ``share``: one layer materialises at most this share of
+    what is left (during backward, where the layers come last first, a large last layer
+    would otherwise take the budget of all the others)."""
+    token = _BUDGET.set(left if left is not None else [int(nbytes)])
+    token_share = _BUDGET_SHARE.set(float(share))
     try:
         yield
     finally:
+        _BUDGET_SHARE.reset(token_share)
         _BUDGET.reset(token)
 
 
@@ -211,53 +233,6 @@ class Contribution:
         return ("dense", self.per_sample()[j])
 
 
-def _finite(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with non-finite values replaced by 0 (a copy). Only an example whose squared
-    norm is not finite holds non-finite recorded values (an inf or NaN anywhere in its
-    rows makes its norm so), and its weight is 0: this changes no other example."""
-    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Rows of ``x`` weighted by per-example factors: ``c_i x_i``.
-
-    Parameters
-    ----------
-    x : torch.Tensor
-        Batch-first tensor ``(B, ...)``.
-    c : torch.Tensor
-        Per-example weights ``(B,)`` (the clip factors).
-
-    Returns
-    -------
-    torch.Tensor
-        ``c_i x_i`` in the dtype of ``x``, exactly zero in the rows where ``c_i == 0``
-        whatever they held (``inf * 0`` is cleaned), so that an overflowing example
-        dropped by its weight adds nothing (see :attr:`Contribution.masks_rows`).
-    """
-    y = x * c.to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
-    return y.nan_to_num_(0.0, 0.0, 0.0)
-
-
-def row_sq_norms(x: torch.Tensor) -> torch.Tensor:
-    """Squared Euclidean norm of each row of a 2-D tensor: ``sum_j x_ij^2``.
-
-    Parameters
-    ----------
-    x : torch.Tensor
-        ``(B, n)``; reshape per-example gradients to ``(B, -1)`` first.
-
-    Returns
-    -------
-    torch.Tensor
-        ``(B,)``, float32 for half-precision rows (one fused ``vector_norm``: several
-        times faster on CPU than a batched dot product).
-    """
-    if x.dtype in _LOW:
-        return torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).square()
-    return torch.linalg.vector_norm(x, dim=1).square()
-
-
 #: Half-precision operands of the outer-product rules (bf16/fp16 under autocast):
 #: ``"auto"`` keeps them as they are on accelerators, where the matmuls that give norms
 #: and clipped sums run in that dtype with float32 accumulation and a float32 result
@@ -319,7 +294,6 @@ def low_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(over, torch.nextafter(low, torch.zeros_like(low)), low)
 
 
-_LOW = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -337,7 +311,7 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -375,6 +349,10 @@ class Materialized(Contribution):
                 s = row_sq_norms(g.reshape(g.shape[0], -1))
                 out = s if out is None else out + s
             self._sq = out
+            # the (n, B) views the clipped sum multiplies by the weights, made with the
+            # norms (during backward for a rule evaluated then)
+            self._cols = [(g if g.dim() == 2 else g.reshape(g.shape[0], -1)).t()
+                          for g in self.grads]
         return self._sq
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -383,6 +361,14 @@ class Materialized(Contribution):
 
     def per_sample(self) -> list[torch.Tensor]:
         return self.grads
+
+    def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        cols = getattr(self, "_cols", None)
+        if cols is None:
+            self.sq_norms()
+            cols = self._cols
+        for o, g in zip(outs, cols, strict=True):
+            _addmv_cols(o, g, c)
 
     def param_sq_norms(self) -> list[torch.Tensor]:
         return [row_sq_norms(g.reshape(g.shape[0], -1)) for g in self.grads]
@@ -444,7 +430,7 @@ def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4
         return True
     left = _BUDGET.get()
     if left is not None:
-        if need > left[0]:
+        if need > left[0] * _BUDGET_SHARE.get():
             return True
         left[0] -= need
     return False
@@ -452,62 +438,6 @@ def use_ghost(batch: int, groups: int, t: int, d: int, p: int, itemsize: int = 4
 
 #: Scaled output gradients formed at once by :meth:`OuterProduct.accumulate_into`.
 _CHUNK_BYTES = 32 * 2**20
-
-#: :func:`live_positions` drops positions only when at least ``1 / _MIN_DEAD_SHARE`` of
-#: them may be dead: the check reads the whole output gradient twice.
-_MIN_DEAD_SHARE = 4
-#: Examples whose whole output gradient the cheap first check of :func:`live_positions`
-#: reads (a strided read of one feature of every example was slower on a cold cache).
-_PROBE_EXAMPLES = 4
-#: ... and the features of each of their rows it reads (bounded: a language-model head's
-#: rows are vocabulary-wide).
-_PROBE_FEATURES = 64
-
-
-def live_positions(g: torch.Tensor) -> torch.Tensor | None:
-    """Positions of an output gradient at which some example's gradient is non-zero.
-
-    A position whose output gradient is exactly zero in every example and group adds
-    exactly zero to every per-example gradient ``sum_t g_t a_t^T``, to its norm and to the
-    clipped sum, so dropping it is exact (floating-point sums lose only ``+0`` terms).
-    Such positions are common where the loss reads a few positions: a sequence
-    classifier on the ``[CLS]`` token (BERT's last layer sees a gradient at one position
-    of ``T``) or on the last token. Cheap when nothing can be dropped: the first
-    ``_PROBE_FEATURES`` features of the first ``_PROBE_EXAMPLES`` examples are read, and
-    ``g`` is checked in full only when they are zero at a quarter of the positions or
-    more. A NaN counts as non-zero. CPU only: on an accelerator the check would
-    synchronise the device once per layer.
-
-    Parameters
-    ----------
-    g : torch.Tensor
-        Output gradient ``(B, G, T, p)`` (examples, groups, positions, features).
-
-    Returns
-    -------
-    torch.Tensor or None
-        The live positions (a 1-D index tensor, for ``index_select`` on dimension 2 of
-        ``g`` and of the matching inputs; one zero position when all are dead), or None
-        when no position can be dropped (nothing to copy).
-    """
-    b, G, t, p = g.shape
-    if t <= 1 or g.device.type != "cpu" or g.numel() == 0:
-        return None
-    # probe: positions with a non-zero entry in one of the first examples are surely live
-    # (their rows are contiguous: a few cache-friendly reads; a NaN makes the max NaN)
-    probe = g[:_PROBE_EXAMPLES, :, :, :_PROBE_FEATURES].abs().amax(dim=(0, 1, 3)).ne(0)
-    maybe_dead = t - int(probe.sum())
-    if maybe_dead * _MIN_DEAD_SHARE < t:
-        # too few to pay for the full check and the copies (a causal LM head: only the
-        # last position has no target, and its (B, T, vocab) gradient is large)
-        return None
-    flat = g.reshape(b * G, t * p)  # full check: the largest and smallest value per position
-    live = flat.amax(0).view(t, p).amax(1).ne(0) | flat.amin(0).view(t, p).amin(1).ne(0)
-    if bool(live.all()):
-        return None
-    idx = live.nonzero().squeeze(1)
-    return idx if idx.numel() else idx.new_zeros(1)  # keep one (zero) position
-
 
 class OuterProduct(Contribution):
     """Layer whose weight gradient per example is ``sum_t g_t a_t^T`` (per group).
@@ -548,14 +478,23 @@ class OuterProduct(Contribution):
         self._sq = None
         self._wsq = None
         self._bias_cache = None
+        self._bias_t = None
         if not ghost:
-            # (B, G, p, d) per-example weight gradients via batched matmul; the inputs
-            # (e.g. conv patches) are released right away to bound peak memory
-            if self._low:
+            # per-example weight gradients via batched matmul, laid out as the parameter
+            # ((B, G, p, d); transposed: (B, 1, d, p)); the inputs (e.g. conv patches) are
+            # released right away to bound peak memory
+            if self._low and transposed:
+                self._ps = mm32(a.transpose(-1, -2).reshape(b * G, d, t),
+                                g.reshape(b * G, t, p)).view(b, G, d, p)
+            elif self._low:
                 self._ps = mm32(g.transpose(-1, -2).reshape(b * G, p, t),
                                 a.reshape(b * G, t, d)).view(b, G, p, d)
+            elif transposed:
+                self._ps = torch.matmul(as_dtype(a, dt).transpose(-1, -2), as_dtype(g, dt))
             else:
                 self._ps = torch.matmul(as_dtype(g, dt).transpose(-1, -2), as_dtype(a, dt))
+            self._ps_rows = self._ps.view(b, -1)
+            self._ps_cols = self._ps_rows.t()
             if bias is not None:
                 self._bias_ps()
             self.a = self.g = None
@@ -589,10 +528,20 @@ class OuterProduct(Contribution):
             self._bias_cache = g
         return self._bias_cache
 
+    def _bias_cols(self) -> torch.Tensor:
+        """The per-example bias gradients as columns ``(G p, B)``."""
+        if self._bias_t is None:
+            self._bias_t = self._bias_ps().t()
+        return self._bias_t
+
     def sq_norms(self) -> torch.Tensor:
         if self._sq is None:
             w = self._weight_sq()
-            self._sq = w + row_sq_norms(self._bias_ps()) if self.bias is not None else w
+            if self.bias is not None:
+                self._sq = w + row_sq_norms(self._bias_ps())
+                self._bias_cols()
+            else:
+                self._sq = w
         return self._sq
 
     def param_sq_norms(self) -> list[torch.Tensor]:
@@ -606,7 +555,7 @@ class OuterProduct(Contribution):
             return self._wsq
         b, G, t, d, p = self.dims
         if self._ps is not None:
-            w = row_sq_norms(self._ps.reshape(b, -1))
+            w = row_sq_norms(self._ps_rows)
         elif t == 1 and G == 1:  # |a|^2 |g|^2
             w = row_sq_norms(self.g.reshape(b, p)) * row_sq_norms(self.a.reshape(b, d))
         elif t == 1:
@@ -635,10 +584,9 @@ class OuterProduct(Contribution):
         if self._ps is not None:
             # the norms are known: the per-example gradients (ours) are cleaned in place
             # of the values only an example with weight 0 can hold
-            ps = torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
-            w = (c @ ps.reshape(b, -1)).view(G * p, d)
-            if self.transposed:
-                w = w.t()
+            ps = self._ps if _ROWS_FINITE.get() else \
+                torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
+            w = (c @ ps.reshape(b, -1)).view(self.weight.shape)
         else:
             gc = row_scaled(self.g, c)
             a = _finite(self.a)
@@ -662,11 +610,38 @@ class OuterProduct(Contribution):
         :data:`_CHUNK_BYTES` at a time: a language-model head's are vocabulary-wide)."""
         b, G, t, d, p = self.dims
         o = outs[0]
+        if self._ps is not None and self._ps.dtype == o.dtype:
+            # the per-example gradients (ours, cleaned in place of what only an example
+            # of weight 0 can hold), in the parameter's layout: one matrix-vector product
+            if not _ROWS_FINITE.get():
+                torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
+            (o if o.dim() == 1 else o.view(-1)).addmv_(self._ps_cols, c.to(o.dtype))
+            if self.bias is not None:
+                _addmv_cols(outs[1], self._bias_cols(), c)
+            return
         if self._ps is not None or G != 1 or self._low or o.dtype != self._dtype:
             return super().accumulate_into(c, outs)
         c = c.to(self._dtype)
-        o = o.view(d, p) if self.transposed else o.view(p, d)
+        shape = (d, p) if self.transposed else (p, d)
+        o = o if o.shape == shape else o.view(shape)
         k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
+        if k >= b:  # one chunk: the weights on the narrower side, the bias from its rows
+            g, a = self.g, self.a
+            if p > d:
+                g, a = _finite(g), row_scaled(a, c)
+            else:
+                g, a = row_scaled(g, c), _finite(a)
+            g2, a2 = g.reshape(-1, p), a.reshape(-1, d)
+            if self.transposed:
+                o.addmm_(a2.t(), g2)
+            else:
+                o.addmm_(g2.t(), a2)
+            if self.bias is not None:
+                if p > d:
+                    _addmv_cols(outs[1], self._bias_cols(), c)
+                else:
+                    outs[1].add_(g2.sum(0))
+            return
         for s in range(0, b, k):
             cs = c[s:s + k]
             g = as_dtype(self._g[s:s + k], self._dtype)
@@ -707,15 +682,16 @@ class OuterProduct(Contribution):
 
     def per_sample(self) -> list[torch.Tensor]:
         b, G, t, d, p = self.dims
-        if self._ps is not None:
+        if self._ps is not None:  # already in the parameter's layout
             ps = self._ps
-        elif self._low:
-            ps = mm32(self.g.transpose(-1, -2).reshape(b * G, p, t),
-                      self.a.reshape(b * G, t, d)).view(b, G, p, d)
         else:
-            ps = torch.matmul(self.g.transpose(-1, -2), self.a)
-        if self.transposed:
-            ps = ps.reshape(b, p, d).transpose(1, 2)
+            if self._low:
+                ps = mm32(self.g.transpose(-1, -2).reshape(b * G, p, t),
+                          self.a.reshape(b * G, t, d)).view(b, G, p, d)
+            else:
+                ps = torch.matmul(self.g.transpose(-1, -2), self.a)
+            if self.transposed:
+                ps = ps.reshape(b, p, d).transpose(1, 2)
         out = [ps.reshape(b, *self.weight.shape)]
         if self.bias is not None:
             out.append(self._bias_ps().reshape(b, *self.bias.shape))
@@ -806,7 +782,7 @@ class DenseOuterProduct(Contribution):
             outs[0].addmm_(a.t(), gc)
         else:
             outs[0].addmm_(gc.t(), a)  # the GEMM adds into the noise in place
-        if self.bias is not None:
+        if self.bias is not None:  # same summation as autograd's Linear
             outs[1].add_(gc.sum(0))
 
 

@@ -78,10 +78,10 @@ from torch.amp import GradScaler
 from privlearn import _validation as _v
 from privlearn.errors import (
     ConfigurationError,
-    GradientOverflowWarning,
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch._amp import LossScaling
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
@@ -134,7 +134,7 @@ def gradient_noise_multiplier(noise_multiplier: float, unclipped_num_std: float)
     return (s ** -2 - (2 * sb) ** -2) ** -0.5
 
 
-class DPOptimizer:
+class DPOptimizer(LossScaling):
     """Drop-in wrapper of a torch optimizer performing DP-SGD steps.
 
     Use ``zero_grad()``, ``step()``, ``param_groups``, ``state``, ``state_dict()`` as with
@@ -184,11 +184,6 @@ class DPOptimizer:
     sharded : ShardedGradients or None
         The FSDP2 gradient exchange (None: replicated parameters).
     """
-
-    #: ``torch.amp.GradScaler.step`` calls :meth:`step` directly and hands it the scale
-    #: (``grad_scale``): the DP step unscales per-example gradients before clipping and
-    #: decides on skipping from the noisy gradient (see the module docstring)
-    _step_supports_amp_scaling = True
 
     def __init__(self, optimizer: torch.optim.Optimizer, tracker: GradSampleTracker, *,
                  noise_multiplier: float, max_grad_norm: float, expected_batch_size: float,
@@ -538,11 +533,6 @@ class DPOptimizer:
         self._count_unclipped(norms)
         return sums
 
-    def _loss_scale(self) -> float:
-        """Factor the recorded gradients carry: the static ``tracker.loss_scale`` times
-        the scale of a ``GradScaler`` driving this step."""
-        return float(self.tracker.loss_scale) * self._dynamic_scale
-
     def _noise_std(self) -> float:
         """Noise std per coordinate of the averaged gradient on this rank,
         ``sigma_g C / sqrt(world) / expected_batch_size`` (0 when sigma is 0; ``sigma_g``
@@ -632,8 +622,8 @@ class DPOptimizer:
         if flat is None:
             return False
         params = self.tracker.params
-        views = [v.view(p.shape) for v, p in zip(flat.split(self._numels), params,
-                                                  strict=True)]
+        views = [v if v.shape == p.shape else v.view(p.shape)
+                 for v, p in zip(flat.split(self._numels), params, strict=True)]
         out = {id(p): v for p, v in zip(params, views, strict=True)}
         self._clipped_sum(out, examples=examples, units=units)
         for k, a in self._accum.items():  # earlier chunks of a virtual batch
@@ -782,94 +772,10 @@ class DPOptimizer:
         handle = self.original_optimizer.register_step_pre_hook(hook)
         return handle.remove
 
-    # ------------------------------------------------------------------ GradScaler
-    def _amp_scaler(self):
-        """The ``GradScaler`` driving this step (``scaler.step(optimizer)`` set
-        ``grad_scale`` and ``found_inf`` on this object), or None; sets the scale the
-        recorded gradients are divided by. The scaler's own ``found_inf`` (from ``p.grad``
-        before the step, which the DP step has not made yet) is ignored."""
-        if "found_inf" not in vars(self):
-            return None
-        scaler = self.grad_scaler
-        if scaler is None:
-            raise TrainingLoopError(
-                "optimizer.step() is driven by a torch.amp.GradScaler that the DP optimizer "
-                "was not given: it must tell the scaler whether the noisy gradient is finite "
-                "(its own check reads p.grad before the DP step makes it). Pass "
-                "make_private(..., grad_scaler=scaler), or set p.optimizer.grad_scaler = "
-                "scaler before the first scaler.step(p.optimizer)")
-        grad_scale = vars(self).get("grad_scale")
-        if grad_scale is None:  # the user called scaler.unscale_(optimizer) before step
-            if not self._warned_unscale:
-                self._warned_unscale = True
-                warnings.warn(
-                    "scaler.unscale_(optimizer) before scaler.step(optimizer) has nothing to "
-                    "unscale: the DP optimizer forms p.grad in its step, from per-example "
-                    "gradients that it divides by the scaler's scale and clips to "
-                    "max_grad_norm itself. Gradient clipping or inspection between "
-                    "backward() and step() acts on no gradient; drop the unscale_ call and "
-                    "set the bound with max_grad_norm (the step unscales as usual)",
-                    UserWarning, stacklevel=4)
-            grad_scale = scaler.get_scale()
-        self._dynamic_scale = float(grad_scale)  # one host synchronisation a step
-        return scaler
-
-    def _noisy_grad_nonfinite(self, scaler) -> torch.Tensor:
-        """1.0 where the noisy gradient (in ``p.grad``) has a non-finite entry, else 0.0:
-        a function of the released gradient only, on the parameters' device."""
-        dev = self._device()
-        flags = [(~torch.isfinite(p.grad)).any().to(dev) for p in self.tracker.params
-                 if p.grad is not None]
-        if not flags:
-            return torch.zeros((), dtype=torch.float32, device=dev)
-        return torch.stack(flags).any().to(torch.float32)
-
-    def _report_found_inf(self, scaler, found_inf) -> None:
-        """Make ``found_inf`` (None: finite) what ``scaler.update()`` sees for this
-        optimizer (replacing the check GradScaler made on ``p.grad`` before the step).
-
-        GradScaler has no public way to be told this: its per-optimizer state is written
-        (present in every supported PyTorch, tested); a PyTorch that keeps it differently
-        is refused with a clear error rather than left unable to back off."""
-        dev = self._device()
-        if found_inf is None:
-            found_inf = torch.zeros((), dtype=torch.float32, device=dev)
-        states = getattr(scaler, "_per_optimizer_states", None)
-        state = states.get(id(self)) if isinstance(states, dict) else None
-        if not isinstance(state, dict) or "found_inf_per_device" not in state:
-            raise TrainingLoopError(
-                "this PyTorch's GradScaler does not keep its per-optimizer inf checks where "
-                "privlearn reports the noisy gradient's; train in bfloat16 or with a static "
-                "loss scale (p.optimizer.tracker.loss_scale) instead of a GradScaler")
-        state["found_inf_per_device"] = {dev: found_inf}
-
+    # ------------------------------------------------------------------ devices
     def _device(self) -> torch.device:
         params = self.tracker.params
         return params[0].device if params else torch.device("cpu")
-
-    @property
-    def last_overflow_count(self) -> int:
-        n = self._last_overflow
-        return int(n) if isinstance(n, torch.Tensor) else n
-
-    def _warn_overflow(self, read: bool = True) -> None:
-        """Tell the person running the loop how many examples overflowed in this step
-        (``read``: the step already waits for the device, a GradScaler's; otherwise the
-        count stays on the device, see :attr:`last_overflow_count`)."""
-        n, self._overflowed = self._overflowed, 0
-        self._last_overflow = n
-        if isinstance(n, torch.Tensor):
-            if not read:
-                return
-            n = self._last_overflow = int(n)
-        if n:
-            warnings.warn(
-                f"{n} example(s) of this batch had a non-finite (overflowing) loss-scaled "
-                "gradient and were left out of the clipped sum (they contribute zero; the "
-                "step is taken and the loss scale is not lowered, so that no decision "
-                "depends on one example). Lower GradScaler(init_scale=...) or its "
-                "growth_factor, use a static loss scale (tracker.loss_scale), or train in "
-                "bfloat16 to avoid it", GradientOverflowWarning, stacklevel=3)
 
 
 def _storage_uses(t: torch.Tensor) -> int | None:

@@ -49,6 +49,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, ParameterValueError, TrainingLoopError
+from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
@@ -75,8 +76,10 @@ from privlearn.torch.cross_terms import _cross_terms  # noqa: F401  (re-exported
 from privlearn.torch.fallback import FALLBACK
 from privlearn.torch.grad_sample import (
     _IN_RULE,
+    DenseOuterProduct,
     LayerRule,
     Materialized,
+    OuterProduct,
     Record,
     context_layout,
     get_instrumenter,
@@ -86,6 +89,21 @@ from privlearn.torch.grad_sample import (
 )
 
 __all__ = ["GradSampleTracker", "Unit", "discover_units", "record_batch"]
+
+#: contributions kept when a rule is evaluated during backward (:meth:`
+#: GradSampleTracker._evaluate_early`; anything else is evaluated again at the step):
+#: per-example gradients, outer products and embedding lookups
+_EARLY_TYPES = (Materialized, OuterProduct, DenseOuterProduct,
+                _rules.embedding.EmbeddingContribution)
+#: during backward one layer materialises its per-example gradients within at most this
+#: share of the step's budget left (:func:`~privlearn.torch.grad_sample.
+#: materialise_budget`)
+_EARLY_SHARE = 0.25
+#: rules whose contribution holds everything it needs (the layer's own input and output
+#: gradient, no recomputation of the layer): evaluated during backward
+_SELF_CONTAINED_RULES = (_rules.linear.linear_rule,
+                         _rules.transformers.conv1d_transposed_rule,
+                         _rules.embedding.embedding_rule)
 
 
 @dataclass
@@ -223,6 +241,11 @@ class GradSampleTracker(ClippingMixin):
         self._probe_enabled = bool(check_independence)
         self._probe_pending = self._probe_enabled
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
+        #: what is left of the step's budget of materialised per-example gradients
+        #: (:data:`~privlearn.torch.grad_sample.STEP_MATERIALISE_BUDGET_BYTES`), shared by
+        #: the rules evaluated during backward and those evaluated at the step
+        self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
+        self._not_early: set[int] = set()  # units whose rule gave another contribution
         #: the model's tree, training flags and hooks at the last forward
         #: (:func:`_mixing_fingerprint`): a change re-arms the probe
         self._mixing_shape: tuple | None = None
@@ -528,7 +551,7 @@ class GradSampleTracker(ClippingMixin):
         Tensor = torch.Tensor
         unit = self.units[index]
         move = unit.batch_dim if unit.normalised and unit.batch_dim != 0 else None
-        early = unit if unit.rule.early else None
+        early = unit if unit.rule.early or unit.rule.compute in _SELF_CONTAINED_RULES else None
         casts_input = unit.rule.casts_input
 
         def hook(module, args, kwargs, output):
@@ -615,17 +638,33 @@ class GradSampleTracker(ClippingMixin):
         return fn
 
     def _evaluate_early(self, unit: Unit, rec: Record) -> None:
-        """Evaluate a rule declared ``early`` (:class:`~privlearn.torch.grad_sample.
-        LayerRule`) as soon as its layer's output gradient is known, during backward, and
-        release the recorded input and gradient: a normalisation layer's per-example
-        gradients are one row per example, its records one row per position. (After the
-        first step only: the batch-independence probe and the checks of the first step
-        read the records.)"""
+        """Evaluate the rule of a single-output layer as soon as its output gradient is
+        known, during backward, with its per-example squared norms (so that the step
+        only weighs and adds; on an accelerator, fewer launches at the step):
+
+        * a rule declared ``early`` (:class:`~privlearn.torch.grad_sample.LayerRule`), a
+          normalisation layer's: its per-example gradients are one row per example, its
+          records one row per position, released now instead of at ``step()``;
+        * an outer-product layer (``nn.Linear``, transformers' ``Conv1D``): ghost norms
+          from the recorded input and output gradient (kept for the clipped sum), or the
+          per-example gradients materialised within the step's budget (the records
+          released); an ``nn.Embedding``: the norms from its ids and output gradient.
+
+        (After the first step only: the batch-independence probe and the checks of the
+        first step read the records.)"""
+        if id(unit) in self._not_early or (
+                unit.rule.compute is _rules.transformers.conv1d_transposed_rule
+                and _rules.transformers._RULE_STATE.get(unit.module) != "ok"):
+            return  # (a class-name rule is checked against the fallback at the step)
         examples = record_batch(unit, rec)
-        with torch.no_grad(), rule_evaluation():
+        with torch.no_grad(), rule_evaluation(), \
+                _gs.materialise_budget(0, left=self._budget_left, share=_EARLY_SHARE):
             c = unit.rule(unit.module, rec, unit.params)
-        if not isinstance(c, Materialized):
-            return  # kept as recorded: evaluated at the step as usual
+            if not isinstance(c, _EARLY_TYPES):
+                if not unit.rule.early:
+                    self._not_early.add(id(unit))  # not tried again
+                return  # kept as recorded: evaluated at the step as usual
+            c.sq_norms()  # cached: the step sums them
         rec.early, rec.examples = c, examples
         rec.args, rec.kwargs = (), {}
         rec.grad_outputs = [None] * len(rec.grad_outputs)
@@ -646,6 +685,7 @@ class GradSampleTracker(ClippingMixin):
                 "step() once per chunk; the noise is added once per logical batch), and "
                 "call optimizer.step() after every backward()")
         self._in_backward = True
+        self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:

@@ -169,13 +169,16 @@ def test_overflowing_example_contributes_zero(oracle):
     assert p.accountant.steps == 1
 
 
+@pytest.mark.parametrize("during_backward", [False, True], ids=["at_step", "in_backward"])
 @pytest.mark.parametrize("per_layer", [False, True], ids=["flat", "per_layer"])
 @pytest.mark.parametrize("shape,width", [((6, 4), 4), ((6, 3, 4), 4), ((6, 2, 64), 64)],
                          ids=["dense", "materialised", "ghost"])
 def test_overflow_in_one_row_does_not_reach_the_others_through_matmuls(shape, width,
-                                                                       per_layer):
+                                                                       per_layer,
+                                                                       during_backward):
     """inf * 0 = nan inside the clipped sum's matmul (dense, materialised and ghost
-    Linear rules): the overflowing example's rows are cleaned before any reduction over
+    Linear rules, evaluated at the step or, without the first step's probe, during
+    backward): the overflowing example's rows are cleaned before any reduction over
     examples, so the others' clipped sum is exactly theirs."""
     from privlearn.torch.tracker import GradSampleTracker
 
@@ -188,7 +191,8 @@ def test_overflow_in_one_row_does_not_reach_the_others_through_matmuls(shape, wi
     x = torch.randn(*shape)
     x.view(6, -1)[2, 1] = float("inf")  # a non-finite activation of example 2
     keep = [0, 1, 3, 4, 5]
-    tracker = GradSampleTracker(model, loss_reduction="sum")
+    tracker = GradSampleTracker(model, loss_reduction="sum",
+                                check_independence=not during_backward)
     ref = GradSampleTracker(ref_model, loss_reduction="sum")
     try:
         w = 0.5  # four parameters: sum of w^2 = 1
@@ -203,6 +207,58 @@ def test_overflow_in_one_row_does_not_reach_the_others_through_matmuls(shape, wi
         ref.detach()
     assert tracker.last_overflow_count == 1
     assert torch.isinf(norms[2])
+    torch.testing.assert_close(norms[keep], ref_norms)
+    for q, r in zip(model.parameters(), ref_model.parameters(), strict=True):
+        assert torch.isfinite(sums[id(q)]).all()
+        torch.testing.assert_close(sums[id(q)], ref_sums[id(r)])
+
+
+class _Gain(nn.Module):
+    """A layer without a rule (the generic fallback, which does not drop examples by
+    their weight alone): the overflowing examples' records are then cleaned and every
+    rule evaluated again."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, d))
+
+    def forward(self, x):
+        return x * self.w
+
+
+@pytest.mark.parametrize("t", [1, 3, 40], ids=["dense", "materialised", "ghost"])
+def test_overflow_dropped_from_rules_evaluated_during_backward(t):
+    """Outer-product and embedding rules evaluated during backward (no first-step probe
+    here), next to a layer that cannot drop an example by its weight: the example whose
+    gradient is not finite is removed from what they hold, and the others' clipped sum
+    and norms are exactly theirs."""
+    from privlearn.torch.tracker import GradSampleTracker
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 8), _Gain(8), nn.Tanh(),
+                             nn.Linear(8, 2))
+
+    model, ref_model = build(), build()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 11, (6, t), generator=g)
+    weights = torch.ones(6, 1, 1)
+    weights[2] = float("inf")  # example 2's loss, and so its gradients, overflow
+    keep = [0, 1, 3, 4, 5]
+    tracker = GradSampleTracker(model, loss_reduction="sum", check_independence=False)
+    ref = GradSampleTracker(ref_model, loss_reduction="sum", check_independence=False)
+    try:
+        (model(ids) * weights).sum().backward()
+        assert all(r.early is not None for i, recs in tracker.records.items()
+                   for r in recs if not isinstance(tracker.units[i].module, _Gain))
+        sums, _, norms = tracker.clipped_sum(1.0)
+        ref_model(ids[keep]).sum().backward()
+        ref_sums, _, ref_norms = ref.clipped_sum(1.0)
+    finally:
+        tracker.detach()
+        ref.detach()
+    assert tracker.last_overflow_count == 1
+    assert not torch.isfinite(norms[2])
     torch.testing.assert_close(norms[keep], ref_norms)
     for q, r in zip(model.parameters(), ref_model.parameters(), strict=True):
         assert torch.isfinite(sums[id(q)]).all()

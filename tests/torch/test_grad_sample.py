@@ -16,10 +16,17 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
-from privlearn.torch import grad_sample  # noqa: E402
+from privlearn.torch import _rows, grad_sample  # noqa: E402
 from privlearn.torch.tracker import GradSampleTracker  # noqa: E402
 
 SETTINGS = settings(max_examples=8, deadline=None)
+
+
+@pytest.fixture(autouse=True)
+def _check_every_size(monkeypatch):
+    """The dead-position check on gradients of any size (by default it skips the small
+    ones these tests use), so that the dropping is exercised."""
+    monkeypatch.setattr(_rows, "_MIN_CHECK_ELEMENTS", 0)
 
 
 def naive_per_sample(model, inputs, loss_fn, batch_dims=None):
@@ -554,6 +561,17 @@ def test_positions_the_loss_never_reads_are_dropped():
     tracker.detach()
     ts = sorted(c.dims[2] for c in contribs if isinstance(c, grad_sample.OuterProduct))
     assert ts == [1, 1]  # both layers: only position 0 reaches the loss
+
+
+def test_live_positions_skips_small_gradients(monkeypatch):
+    """Below the size threshold nothing is checked (the check would cost more than the
+    dropped positions save), above it the dead positions are found."""
+    g = torch.zeros(2, 1, 5, 3)
+    g[0, 0, 1] = 1.0
+    monkeypatch.setattr(_rows, "_MIN_CHECK_ELEMENTS", g.numel() + 1)
+    assert grad_sample.live_positions(g) is None
+    monkeypatch.setattr(_rows, "_MIN_CHECK_ELEMENTS", g.numel())
+    assert grad_sample.live_positions(g).tolist() == [1]
 
 
 def test_live_positions_keeps_nan_and_nonzero_positions():

@@ -119,12 +119,16 @@ def test_bf16_autocast_records_the_cast_input_and_matches_a_float64_loop():
     params = list(ref_model.parameters())
     for i, (xb, yb) in enumerate(p.data_loader):
         p.optimizer.zero_grad()
-        loss_of(p.model, xb, yb).backward()
+        loss = loss_of(p.model, xb, yb)
         tracker = p.optimizer.tracker
         first = tracker.records[[u.module for u in tracker.units].index(model[0])][0]
         # the first layer's input is the float32 batch: recorded as it is on the first
         # step (its probe re-runs the layers), as the bf16 cast the layer used after it
+        # (the record of the forward: after the first step the rule is evaluated during
+        # backward, which releases it)
         assert first.args[0].dtype == (torch.float32 if i == 0 else torch.bfloat16)
+        loss.backward()
+        assert (first.early is None) == (i == 0)
         p.optimizer.step()
         got = torch.cat([q.grad.reshape(-1) for q in model.parameters()]).double()
         ref = None

@@ -1,0 +1,128 @@
+"""Operations dispatched by ``optimizer.step()``: the private step against plain SGD.
+
+Every aten operation that reaches the dispatcher (a kernel launch on an accelerator,
+views included) is counted by a ``torch.utils._python_dispatch.TorchDispatchMode`` during
+one steady ``optimizer.step()`` (the second step: the first probes batch independence) of
+the tiny config-initialised Hugging Face models of ``tests/torch/hf_models.py`` (batch
+6 x 7, float32, CPU), next to a plain ``torch.optim.SGD`` step (torch's default
+implementation, foreach) on the same model and batch. The backward passes are counted
+too: the private one includes the tracker's hooks (the per-example norms computed during
+``backward()``) and skips the non-private weight gradients.
+
+Usage::
+
+    python benchmarks/step_dispatch.py [--models gpt2,bert,llama,gpt2_lora] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's privlearn
+sys.path.insert(0, str(ROOT / "tests" / "torch"))  # the tiny models
+
+MODELS = ("gpt2", "bert", "llama", "gpt2_lora")
+
+
+def _counter():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func.overloadpacket.__name__)] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Count
+
+
+def _loss(name, model, ids, mask, labels):
+    from hf_models import loss_of
+
+    return loss_of(name, model(input_ids=ids, attention_mask=mask), labels)
+
+
+def count(name: str, steps: int = 2) -> dict:
+    """Dispatched operations of plain SGD's step and of the private step (and of the
+    private backward pass's hooks) on the tiny ``name`` model."""
+    import torch
+    from hf_models import build
+    from test_host_reads import _data
+    from torch.utils.data import DataLoader
+
+    from privlearn.torch import make_private
+
+    Count = _counter()
+    # plain SGD (foreach, torch's default) on the same model and batch
+    model = build(name, dtype=torch.float32)
+    params = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.01)
+    ids, mask, labels = next(iter(DataLoader(_data(name, 6), batch_size=6)))
+    loss = _loss(name, model, ids, mask, labels)
+    plain_backward = Count()
+    with plain_backward:
+        loss.backward()
+    sgd = Count()
+    with sgd:
+        opt.step()
+
+    model = build(name, dtype=torch.float32)
+    params = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.01)
+    loader = DataLoader(_data(name, 6 * steps), batch_size=6)
+    p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                     sampling="fixed", seed=0)
+    private, hooks = Count(), Count()
+    for i, (ids, mask, labels) in enumerate(p.data_loader):
+        steady = i == steps - 1
+        p.optimizer.zero_grad()
+        loss = _loss(name, p.model, ids, mask, labels)
+        if steady:
+            with hooks:
+                loss.backward()
+            with private:
+                p.optimizer.step()
+        else:
+            loss.backward()
+            p.optimizer.step()
+    return {"model": name, "parameters": len(params),
+            "sgd_step": sum(sgd.ops.values()), "private_step": sum(private.ops.values()),
+            "ratio": round(sum(private.ops.values()) / max(1, sum(sgd.ops.values())), 2),
+            "step_ops": dict(private.ops.most_common()),
+            "backward_plain": sum(plain_backward.ops.values()),
+            "backward_private": sum(hooks.ops.values())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--top", type=int, default=8, help="most frequent operations shown")
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    rows = [count(m) for m in a.models.split(",")]
+    print(f"{'model':<10} {'params':>6} {'SGD step':>9} {'private step':>13} {'ratio':>6} "
+          f"{'backward plain':>15} {'private':>8}")
+    for r in rows:
+        print(f"{r['model']:<10} {r['parameters']:>6} {r['sgd_step']:>9} "
+              f"{r['private_step']:>13} {r['ratio']:>6} {r['backward_plain']:>15} "
+              f"{r['backward_private']:>8}")
+        top = list(r["step_ops"].items())[:a.top]
+        print("    " + ", ".join(f"{k} {v}" for k, v in top))
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Per-example rows of the rules' recorded tensors: their squared norms, their weighing by
+the clip factors, and the positions of an output gradient that reach the loss (the
+rule-author kit's :func:`row_sq_norms`, :func:`row_scaled` and :func:`live_positions`,
+re-exported by :mod:`privlearn.torch.grad_sample`)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+#: True while the clipped sum is formed from examples whose squared norms are all known
+#: to be finite (read on the CPU, where the step reads that flag anyway): every recorded
+#: row is then finite, and the weighted sums skip the cleaning of the rows that only a
+#: dropped (overflowing) example can make non-finite
+_ROWS_FINITE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "privlearn_rows_finite", default=False)
+
+
+@contextlib.contextmanager
+def rows_finite(flag: bool):
+    """Context in which :func:`row_scaled` and the weighted sums know (``flag``) that
+    every example's recorded rows are finite (see :data:`_ROWS_FINITE`)."""
+    token = _ROWS_FINITE.set(bool(flag))
+    try:
+        yield
+    finally:
+        _ROWS_FINITE.reset(token)
+
+
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with non-finite values replaced by 0 (a copy; ``x`` itself when every row is
+    known to be finite). Only an example whose squared norm is not finite holds
+    non-finite recorded values (an inf or NaN anywhere in its rows makes its norm so),
+    and its weight is 0: this changes no other example."""
+    if _ROWS_FINITE.get():
+        return x
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+#: the last weights seen by :func:`_row_view` and their views (one tuple, replaced whole:
+#: a thread reading it sees a pair that belongs together)
+_ROW_VIEWS: tuple = (None, {})
+
+
+def _row_view(c: torch.Tensor, dim: int) -> torch.Tensor:
+    """``c`` (B,) viewed as ``(B, 1, ..., 1)`` with ``dim`` dimensions, made once per
+    weight vector and shape (one clipped sum weighs every layer with the same factors)."""
+    global _ROW_VIEWS
+    entry = _ROW_VIEWS
+    if entry[0] is not c:
+        entry = _ROW_VIEWS = (c, {})
+    v = entry[1].get(dim)
+    if v is None:
+        v = entry[1][dim] = c.view(-1, *([1] * (dim - 1)))
+    return v
+
+
+def _addmv_rows(o: torch.Tensor, rows: torch.Tensor, c: torch.Tensor) -> None:
+    """``o += sum_i c_i rows_i`` in place (``rows`` (B, ...) with ``o.numel()`` entries
+    per example): one matrix-vector product into ``o``."""
+    if rows.dim() != 2:
+        rows = rows.reshape(rows.shape[0], -1)
+    _addmv_cols(o, rows.t(), c)
+
+
+def _addmv_cols(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
+    """``o += cols @ c`` in place (``cols`` (n, B), ``o`` of ``n`` entries), the columns
+    of examples that only a weight of 0 can make non-finite cleaned first."""
+    cols = _finite(cols)
+    if cols.dtype != o.dtype:
+        cols = cols.to(o.dtype)
+    (o if o.dim() == 1 else o.view(-1)).addmv_(cols, c.to(o.dtype))
+
+
+def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x`` weighted by per-example factors: ``c_i x_i``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Batch-first tensor ``(B, ...)``.
+    c : torch.Tensor
+        Per-example weights ``(B,)`` (the clip factors).
+
+    Returns
+    -------
+    torch.Tensor
+        ``c_i x_i`` in the dtype of ``x``, exactly zero in the rows where ``c_i == 0``
+        whatever they held (``inf * 0`` is cleaned), so that an overflowing example
+        dropped by its weight adds nothing (see :attr:`Contribution.masks_rows`).
+    """
+    y = x * _row_view(c, x.dim()).to(x.dtype)
+    return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
+
+
+def row_sq_norms(x: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean norm of each row of a 2-D tensor: ``sum_j x_ij^2``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``(B, n)``; reshape per-example gradients to ``(B, -1)`` first.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(B,)``, float32 for half-precision rows (one fused ``vector_norm``: several
+        times faster on CPU than a batched dot product).
+    """
+    if x.dtype in _LOW:
+        return torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).square()
+    return torch.linalg.vector_norm(x, dim=1).square()
+
+
+#: :func:`live_positions` drops positions only when at least ``1 / _MIN_DEAD_SHARE`` of
+#: them may be dead: the check reads the whole output gradient twice.
+_MIN_DEAD_SHARE = 4
+#: ... and only for output gradients of at least this many elements: on a smaller one the
+#: check's own operations (five a layer) cost more than the positions it could drop save.
+_MIN_CHECK_ELEMENTS = 2 ** 16
+#: Examples whose whole output gradient the cheap first check of :func:`live_positions`
+#: reads (a strided read of one feature of every example was slower on a cold cache).
+_PROBE_EXAMPLES = 4
+#: ... and the features of each of their rows it reads (bounded: a language-model head's
+#: rows are vocabulary-wide).
+_PROBE_FEATURES = 64
+
+
+def live_positions(g: torch.Tensor) -> torch.Tensor | None:
+    """Positions of an output gradient at which some example's gradient is non-zero.
+
+    A position whose output gradient is exactly zero in every example and group adds
+    exactly zero to every per-example gradient ``sum_t g_t a_t^T``, to its norm and to the
+    clipped sum, so dropping it is exact (floating-point sums lose only ``+0`` terms).
+    Such positions are common where the loss reads a few positions: a sequence
+    classifier on the ``[CLS]`` token (BERT's last layer sees a gradient at one position
+    of ``T``) or on the last token. Cheap when nothing can be dropped: the first
+    ``_PROBE_FEATURES`` features of the first ``_PROBE_EXAMPLES`` examples are read, and
+    ``g`` is checked in full only when they are zero at a quarter of the positions or
+    more. A NaN counts as non-zero. CPU only: on an accelerator the check would
+    synchronise the device once per layer; and only for gradients of at least
+    ``_MIN_CHECK_ELEMENTS`` elements (on smaller ones the check costs more than it saves).
+
+    Parameters
+    ----------
+    g : torch.Tensor
+        Output gradient ``(B, G, T, p)`` (examples, groups, positions, features).
+
+    Returns
+    -------
+    torch.Tensor or None
+        The live positions (a 1-D index tensor, for ``index_select`` on dimension 2 of
+        ``g`` and of the matching inputs; one zero position when all are dead), or None
+        when no position can be dropped (nothing to copy).
+    """
+    b, G, t, p = g.shape
+    if t <= 1 or g.device.type != "cpu" or g.numel() < _MIN_CHECK_ELEMENTS:
+        return None
+    # probe: positions with a non-zero entry in one of the first examples are surely live
+    # (their rows are contiguous: a few cache-friendly reads; a NaN makes the max NaN)
+    probe = g[:_PROBE_EXAMPLES, :, :, :_PROBE_FEATURES].abs().amax(dim=(0, 1, 3)).ne(0)
+    maybe_dead = t - int(probe.sum())
+    if maybe_dead * _MIN_DEAD_SHARE < t:
+        # too few to pay for the full check and the copies (a causal LM head: only the
+        # last position has no target, and its (B, T, vocab) gradient is large)
+        return None
+    flat = g.reshape(b * G, t * p)  # full check: the largest and smallest value per position
+    live = flat.amax(0).view(t, p).amax(1).ne(0) | flat.amin(0).view(t, p).amin(1).ne(0)
+    if bool(live.all()):
+        return None
+    idx = live.nonzero().squeeze(1)
+    return idx if idx.numel() else idx.new_zeros(1)  # keep one (zero) position

@@ -1,0 +1,96 @@
+"""Few launches: a steady private ``optimizer.step()`` dispatches at most five times the
+operations of plain SGD's step on the same model.
+
+Every aten operation reaching the dispatcher (one kernel launch each on an accelerator,
+views included) is counted by a ``TorchDispatchMode`` during the second step (the first
+probes batch independence) of tiny Hugging Face models, float32, on the CPU. The plain
+step is torch's default ``SGD`` (the optimizer the private step wraps and also runs).
+The operations of the private backward pass (the tracker's hooks compute the per-example
+norms there) are counted too and reported, not bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import DataLoader
+
+pytest.importorskip("transformers")
+sys.path.insert(0, os.path.dirname(__file__))
+
+from privlearn.torch import make_private  # noqa: E402
+
+#: the bound of the private step, in plain SGD steps
+RATIO = 5
+
+
+class Dispatched(TorchDispatchMode):
+    """Counts the aten operations dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+
+def _loss(name, model, ids, mask, labels):
+    from hf_models import loss_of
+
+    return loss_of(name, model(input_ids=ids, attention_mask=mask), labels)
+
+
+def dispatch_counts(name: str) -> tuple[Dispatched, Dispatched, Dispatched, Dispatched]:
+    """(plain backward, plain SGD step, private backward, private step) of tiny ``name``."""
+    from hf_models import build
+    from test_host_reads import _data
+
+    model = build(name, dtype=torch.float32)
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.01)
+    ids, mask, labels = next(iter(DataLoader(_data(name, 6), batch_size=6)))
+    plain_backward, plain_step = Dispatched(), Dispatched()
+    loss = _loss(name, model, ids, mask, labels)
+    with plain_backward:
+        loss.backward()
+    with plain_step:
+        opt.step()
+
+    model = build(name, dtype=torch.float32)
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.01)
+    p = make_private(model, opt, DataLoader(_data(name, 12), batch_size=6),
+                     noise_multiplier=1.0, max_grad_norm=1.0, sampling="fixed", seed=0)
+    private_backward, private_step = Dispatched(), Dispatched()
+    for i, (ids, mask, labels) in enumerate(p.data_loader):
+        p.optimizer.zero_grad()
+        loss = _loss(name, p.model, ids, mask, labels)
+        with private_backward if i == 1 else Dispatched():
+            loss.backward()
+        with private_step if i == 1 else Dispatched():
+            p.optimizer.step()
+    assert p.accountant.steps == 2
+    return plain_backward, plain_step, private_backward, private_step
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
+def test_private_step_dispatches_at_most_five_sgd_steps(name):
+    if name == "gpt2_lora":
+        pytest.importorskip("peft")
+    plain_backward, plain_step, private_backward, private_step = dispatch_counts(name)
+    n_params = sum(1 for _ in plain_step.ops.elements())
+    assert n_params > 0  # the counter sees the plain step
+    print(f"\n{name}: SGD step {plain_step.total}, private step {private_step.total}; "
+          f"backward plain {plain_backward.total}, private (with the hooks) "
+          f"{private_backward.total}; most frequent in the private step: "
+          f"{private_step.ops.most_common(6)}")
+    assert private_step.total <= RATIO * plain_step.total, private_step.ops.most_common()
