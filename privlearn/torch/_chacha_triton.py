@@ -8,7 +8,7 @@ a lane), runs the 20 rounds (RFC 8439 sec. 2.1-2.3), adds the initial state and 
 top 53 bits of the block's eight 64-bit little-endian words, the same bits, in the same
 layout, as every other backend (``out[j, k] = w >> 11`` for the ``k``-th 64-bit word ``w``
 of block ``position + j``). A run that crosses a multiple of ``2**32`` blocks (the RFC
-nonce advancing, see the stream definition of :mod:`privlearn.torch._chacha`) is launched
+nonce advancing, see the stream definition of :mod:`privlearn.torch._chacha_cipher`) is launched
 as one kernel per side of the crossing. The kernel needs no workspace.
 
 Safety net: the kernel is used on a device only after it has passed a self-check there,
@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from privlearn.torch import _chacha
+from privlearn.torch import _chacha_cipher as _cipher
 
 __all__ = ["BLOCKS_PER_PROGRAM", "bits53", "interpret_bits53", "launches", "passed", "usable"]
 
@@ -274,8 +274,8 @@ def launches() -> int:
 
 def _launch(key: bytes, position: int, out: torch.Tensor, interpret: bool) -> None:
     kernel = _kernel(interpret)
-    key_words = [_signed32(w) for w in _chacha._key_words(key)]
-    for off, p, n in _chacha._segments(position, out.shape[0]):
+    key_words = [_signed32(w) for w in _cipher._key_words(key)]
+    for off, p, n in _cipher._segments(position, out.shape[0]):
         nonce = p >> 32
         grid = (triton.cdiv(n, BLOCKS_PER_PROGRAM),)
         kernel[grid](out[off:off + n], n, *key_words, _signed32(p & 0xFFFFFFFF),
@@ -287,7 +287,7 @@ def _launch(key: bytes, position: int, out: torch.Tensor, interpret: bool) -> No
 def interpret_bits53(key: bytes, position: int, out: torch.Tensor) -> torch.Tensor:
     """The kernel run by Triton's interpreter into the CPU tensor ``out`` (``(blocks, 8)``
     int64, contiguous): for tests on a machine without a GPU. Slow (NumPy per operation)."""
-    _chacha._check(key, position, out.shape[0])
+    _cipher._check(key, position, out.shape[0])
     _launch(key, position, out, interpret=True)
     return out
 
@@ -320,19 +320,19 @@ def _warn_once(name: str, why: str) -> None:
 def _self_check(device: torch.device, interpret: bool = False) -> str | None:
     """None if the kernel reproduces the RFC vector and the tensor backend on ``device``,
     else what went wrong (``interpret``: the interpreter's kernel, on the CPU)."""
-    rfc = torch.empty((1, _chacha.UNIFORMS_PER_BLOCK), dtype=torch.int64, device=device)
+    rfc = torch.empty((1, _cipher.UNIFORMS_PER_BLOCK), dtype=torch.int64, device=device)
     _launch(_RFC_KEY, _RFC_POSITION, rfc, interpret)
     words = [int.from_bytes(_RFC_BLOCK[8 * k:8 * k + 8], "little") >> 11 for k in range(8)]
     expected = torch.tensor(words, dtype=torch.int64).to(device)
-    key = os.urandom(_chacha.KEY_BYTES)
+    key = os.urandom(_cipher.KEY_BYTES)
     r = int.from_bytes(os.urandom(16), "little")
     # a random nonce (words 13..15), a counter 0..99 blocks before it wraps
     position = ((r >> 32) % ((1 << 96) - 1)) << 32 | ((1 << 32) - 1 - (r & 0xFFFFFFFF) % 100)
-    mine = torch.empty((_CHECK_BLOCKS, _chacha.UNIFORMS_PER_BLOCK), dtype=torch.int64,
+    mine = torch.empty((_CHECK_BLOCKS, _cipher.UNIFORMS_PER_BLOCK), dtype=torch.int64,
                        device=device)
     _launch(key, position, mine, interpret)
     ref = torch.empty_like(mine)
-    _chacha._tensor_bits53(key, position, ref)
+    _cipher._tensor_bits53(key, position, ref)
     ok_rfc = torch.equal(rfc[0], expected)  # host synchronisations, at first use only
     ok_ref = torch.equal(mine, ref)
     if not ok_rfc:
@@ -391,4 +391,4 @@ def bits53(key: bytes, position: int, out: torch.Tensor,
             name = _device_name(out.device)
             _BROKEN.add(name)
             _warn_once(name, f"a launch failed: {type(e).__name__}: {e}")
-    _chacha._tensor_bits53(key, position, out, work)
+    _cipher._tensor_bits53(key, position, out, work)
