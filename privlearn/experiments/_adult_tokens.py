@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from privlearn.datasets import ADULT_COLUMNS, _adult_categories
+from privlearn.errors import ParameterValueError
 
 __all__ = ["NUMERIC_EDGES", "AdultVocabulary", "adult_vocabulary"]
 
@@ -79,8 +80,9 @@ class AdultVocabulary:
         attributes (:func:`privlearn.datasets.load_adult` with ``features="raw"``)."""
         raw = np.asarray(raw, dtype=object)
         if raw.ndim != 2 or raw.shape[1] != len(ADULT_COLUMNS) - 1:
-            raise ValueError(f"raw must have shape (n, {len(ADULT_COLUMNS) - 1}) (the raw "
-                             f"Adult attributes), got {raw.shape}")
+            raise ParameterValueError(
+                f"raw must have shape (n, {len(ADULT_COLUMNS) - 1}) (the raw Adult "
+                f"attributes, load_adult(features='raw').data), got {raw.shape}")
         ids = np.empty((len(raw), self.length), dtype=np.int64)
         ids[:, 0] = CLS
         cats = _adult_categories()
