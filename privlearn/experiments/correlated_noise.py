@@ -39,6 +39,17 @@ and ``correlated_noise.png`` (accuracy vs epsilon, median and min-max of the see
 theoretical noise ratio beside it). ``quick=True`` runs :data:`QUICK`, a small
 configuration that finishes in seconds (a smoke test, not a result).
 
+Language-model row (``task="adult-bert"``, :data:`FULL_ADULT_BERT`; ``privlearn
+reproduce correlated-noise-adult-bert``): the same strategies, band selection, tuning and
+seeds on a config-initialised 2-block BERT classifier of width 128
+(``transformers.BertForSequenceClassification``) over the UCI Adult records written as
+13-token sequences (``[CLS]`` and one token per attribute; the vocabulary from the public
+schema and fixed bucket edges, :mod:`._adult_tokens`), predicting income > 50K: 5,000 of
+the 30,162 complete training records for validation, the other 25,162 private, the
+15,060 complete test records for the accuracy; epsilon 4 and 8; Adam (plain SGD did not
+train this model from its initialisation in a few hundred steps), and a non-private
+reference trained the same way.
+
 References
 ----------
 * Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta & Xu (2023b), (Amplified)
