@@ -284,6 +284,12 @@ def run_correlated_noise(out_dir=None, reps: int | None = None, seed: int = 0, *
         raise ImportError(f"the correlated-noise study trains PyTorch models and needs the "
                           f"torch extra (pip install 'privlearn[torch]'): {e}") from e
     cfg = _config(quick, config, overrides)
+    if cfg.task == "adult-bert":
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            raise ImportError(f"the adult-bert task trains a transformers BERT model and "
+                              f"needs the hf extra (pip install 'privlearn[hf]'): {e}") from e
     reps = reps or (1 if quick else 3)
     out = prepare_out_dir(out_dir)
     runs_path = out / "correlated_noise_runs.csv"
