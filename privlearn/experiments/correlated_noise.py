@@ -554,7 +554,8 @@ def _plot(rows: list[dict], cfg: StudyConfig, reps: int, path, reference=None):
     ax.set_xlabel(f"epsilon (delta={cfg.delta:g})")
     ax.set_ylabel("test accuracy")
     what = "MNIST MLP" if cfg.task == "mnist" else f"Adult BERT (width {cfg.hidden})"
-    ax.set_title(f"{what}, {cfg.epochs} epochs, batch {cfg.batch_size}: median of {reps} "
+    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}"
+    ax.set_title(f"{what}, {epochs}, batch {cfg.batch_size}: median of {reps} "
                  "seeds (band: min-max)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
