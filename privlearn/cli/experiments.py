@@ -74,7 +74,7 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
                              width 128 over UCI Adult records as token
                              sequences, epsilon 4 and 8, and a non-private
                              reference (needs torch and transformers; about
-                             an hour on two cores, --quick for seconds)
+                             20 minutes on two cores, --quick for seconds)
     """
     try:
         from privlearn.experiments import (  # type: ignore[attr-defined]
