@@ -50,7 +50,7 @@ def demo(no_experiment: bool) -> None:
 @click.option(
     "--quick", is_flag=True,
     help="Run the experiment's small configuration (seconds; a smoke test, not a result). "
-    "correlated-noise only.",
+    "correlated-noise and correlated-noise-adult-bert only.",
 )
 def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None,
               data_home: str | None, download: bool, quick: bool) -> None:
@@ -69,6 +69,12 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
                              rates tuned on a validation split; needs the MNIST files
                              and the torch extra; about 15 minutes on two cores,
                              --quick for seconds)
+      correlated-noise-adult-bert
+                             the same with DP-Adam on a BERT classifier of
+                             width 128 over UCI Adult records as token
+                             sequences, epsilon 4 and 8, and a non-private
+                             reference (needs torch and transformers; about
+                             20 minutes on two cores, --quick for seconds)
     """
     try:
         from privlearn.experiments import (  # type: ignore[attr-defined]

@@ -93,6 +93,12 @@ _BUILTIN = (
         "noise on MNIST: test accuracy vs epsilon, learning rates tuned on a validation "
         "split", LazyRunner(f"{_PKG}.correlated_noise:run_correlated_noise"),
         needs_data=True, quick=True),
+    Experiment(
+        "correlated-noise-adult-bert", "The correlated-noise study's language-model row: "
+        "DP-Adam with DP-SGD, banded and BLT noise on a 2-block BERT classifier of width "
+        "128 over UCI Adult records as token sequences, epsilon 4 and 8, vs non-private",
+        LazyRunner(f"{_PKG}.correlated_noise:run_correlated_noise_adult_bert"),
+        quick=True),
 )
 
 _REGISTRY: dict[str, Experiment] = {e.name: e for e in _BUILTIN}

@@ -39,6 +39,17 @@ and ``correlated_noise.png`` (accuracy vs epsilon, median and min-max of the see
 theoretical noise ratio beside it). ``quick=True`` runs :data:`QUICK`, a small
 configuration that finishes in seconds (a smoke test, not a result).
 
+Language-model row (``task="adult-bert"``, :data:`FULL_ADULT_BERT`; ``privlearn
+reproduce correlated-noise-adult-bert``): the same strategies, band selection, tuning and
+seeds on a config-initialised 2-block BERT classifier of width 128
+(``transformers.BertForSequenceClassification``) over the UCI Adult records written as
+13-token sequences (``[CLS]`` and one token per attribute; the vocabulary from the public
+schema and fixed bucket edges, :mod:`._adult_tokens`), predicting income > 50K: 5,000 of
+the 30,162 complete training records for validation, the other 25,162 private, the
+15,060 complete test records for the accuracy; epsilon 4 and 8; Adam (plain SGD did not
+train this model from its initialisation in a few hundred steps), and a non-private
+reference trained the same way.
+
 References
 ----------
 * Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta & Xu (2023b), (Amplified)
@@ -70,8 +81,9 @@ from privlearn.experiments._common import (
     write_csv,
 )
 
-__all__ = ["Strategy", "STRATEGIES", "StudyConfig", "FULL", "QUICK", "run_correlated_noise",
-           "markdown_tables"]
+__all__ = ["Strategy", "STRATEGIES", "NONPRIVATE", "StudyConfig", "TASKS", "FULL", "QUICK",
+           "FULL_ADULT_BERT", "QUICK_ADULT_BERT", "run_correlated_noise",
+           "run_correlated_noise_adult_bert", "markdown_tables"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,9 @@ class Strategy:
             kw["cycle_length"] = size
         return kw
 
+
+#: The non-private reference (no clipping, no noise, no sampler; only in the runs file).
+NONPRIVATE = Strategy("non-private", "none", "shuffle")
 
 #: The strategies compared, DP-SGD first (the baseline of every ratio).
 STRATEGIES: tuple[Strategy, ...] = (
@@ -139,6 +154,19 @@ class StudyConfig:
     threads : int or None
         PyTorch intra-op threads during the study (restored after; None: unchanged). One
         thread is the fastest for this small model on a shared two-core machine.
+    task : {"mnist", "adult-bert"}
+        The data and model (:data:`TASKS`): MNIST with the MLP, or the UCI Adult records
+        as token sequences with a config-initialised BERT classifier of width ``hidden``
+        (:mod:`._adult_tokens`).
+    layers : int
+        Transformer blocks of the BERT classifier (unused by the MLP).
+    optimizer : {"sgd", "adam"}
+        Plain SGD (constant learning rate, no momentum), or Adam (PyTorch's default betas
+        and eps) under the same noise: the strategies are optimised for SGD's prefix sums,
+        and Adam's preconditioning changes that workload.
+    nonprivate_reference : bool
+        Also train the model without clipping or noise (same optimizer, batch and epochs;
+        shuffled fixed-size batches), its learning rate tuned on the same grid and split.
     """
 
     epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
@@ -154,9 +182,21 @@ class StudyConfig:
     bands: tuple[int, ...] = (4, 8, 16, 32, 64)
     buffers: int = 4
     threads: int | None = 1
+    task: str = "mnist"
+    layers: int = 2
+    optimizer: str = "sgd"
+    nonprivate_reference: bool = False
 
     def __post_init__(self) -> None:
         put = object.__setattr__
+        if self.task not in TASKS:
+            raise ParameterValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ParameterValueError(
+                f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        if not isinstance(self.nonprivate_reference, bool):
+            raise _v.ParameterTypeError(
+                f"nonprivate_reference must be a bool, got {self.nonprivate_reference!r}")
         for name in ("epsilons", "learning_rates"):
             values = tuple(_v.check_positive(name, float(x)) for x in getattr(self, name))
             if not values:
@@ -166,7 +206,7 @@ class StudyConfig:
         if not self.bands:
             raise ParameterValueError("bands must hold at least one candidate, got ()")
         put(self, "delta", _v.check_delta("delta", self.delta))
-        for name in ("epochs", "batch_size", "hidden", "n_validation", "buffers"):
+        for name in ("epochs", "batch_size", "hidden", "n_validation", "buffers", "layers"):
             put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
         for name in ("n_train", "n_test", "threads"):
             if getattr(self, name) is not None:
@@ -179,15 +219,41 @@ class StudyConfig:
             strategy.size_option, (None,))
 
 
+#: The study's tasks: name -> what is trained on what.
+TASKS = {
+    "mnist": "MNIST, 784-hidden-10 MLP",
+    "adult-bert": "UCI Adult records as 13-token sequences, config-initialised BERT "
+                  "classifier (income > 50K)",
+}
+
 #: The study as recorded in docs/benchmarks.md.
 FULL = StudyConfig()
 #: A configuration that runs in seconds (for tests; its numbers are not a result).
 QUICK = StudyConfig(epsilons=(8.0,), learning_rates=(1.0, 4.0), epochs=2, batch_size=50,
                     hidden=32, n_validation=500, n_train=2000, n_test=1000, bands=(2, 4))
 
+#: The language-model row as recorded in docs/benchmarks.md: a 2-block BERT classifier of
+#: width 128 on Adult, epsilon 4 and 8, DP-Adam (plain SGD did not train this model from
+#: its initialisation within the budget), expected batch 125 (sampling rate 0.005, as on
+#: MNIST), 1 epoch = 201 steps (sized to run in under an hour on two shared cores).
+FULL_ADULT_BERT = StudyConfig(
+    task="adult-bert", epsilons=(4.0, 8.0), learning_rates=(0.001, 0.003, 0.01, 0.03, 0.1),
+    epochs=1, batch_size=125, hidden=128, layers=2, optimizer="adam", n_validation=5000,
+    bands=(4, 8, 16, 32), nonprivate_reference=True)
+#: Its small configuration (seconds; not a result).
+QUICK_ADULT_BERT = StudyConfig(
+    task="adult-bert", epsilons=(8.0,), learning_rates=(0.01,), epochs=1, batch_size=50,
+    hidden=32, layers=1, optimizer="adam", n_validation=300, n_train=1000, n_test=500,
+    bands=(2,), nonprivate_reference=True)
+
+_BASES = {"mnist": (FULL, QUICK), "adult-bert": (FULL_ADULT_BERT, QUICK_ADULT_BERT)}
+
 
 def _config(quick: bool, config: StudyConfig | None, overrides: dict) -> StudyConfig:
-    base = config if config is not None else (QUICK if quick else FULL)
+    task = overrides.get("task", "mnist")
+    if config is None and task not in _BASES:
+        raise ParameterValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+    base = config if config is not None else _BASES[task][1 if quick else 0]
     if not isinstance(base, StudyConfig):
         raise _v.ParameterTypeError(f"config must be a StudyConfig, got {base!r}")
     known = {f.name for f in fields(StudyConfig)}
@@ -218,18 +284,36 @@ def run_correlated_noise(out_dir=None, reps: int | None = None, seed: int = 0, *
         raise ImportError(f"the correlated-noise study trains PyTorch models and needs the "
                           f"torch extra (pip install 'privlearn[torch]'): {e}") from e
     cfg = _config(quick, config, overrides)
+    if cfg.task == "adult-bert":
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            raise ImportError(f"the adult-bert task trains a transformers BERT model and "
+                              f"needs the hf extra (pip install 'privlearn[hf]'): {e}") from e
     reps = reps or (1 if quick else 3)
     out = prepare_out_dir(out_dir)
     runs_path = out / "correlated_noise_runs.csv"
     t_start = time.perf_counter()
-    split = ct.mnist_split(cfg.n_validation, seed, cfg.n_train, cfg.n_test, data_home,
-                           download)
+    if cfg.task == "mnist":
+        split = ct.mnist_split(cfg.n_validation, seed, cfg.n_train, cfg.n_test, data_home,
+                               download)
+        model = dict(task="mnist", hidden=cfg.hidden, layers=cfg.layers, vocab_size=0,
+                     length=0)
+    else:  # Adult is bundled with privlearn: data_home and download are not used
+        from privlearn.experiments._adult_tokens import adult_vocabulary
+
+        vocab = adult_vocabulary()
+        split = ct.adult_split(cfg.n_validation, seed, cfg.n_train, cfg.n_test)
+        model = dict(task=cfg.task, hidden=cfg.hidden, layers=cfg.layers,
+                     vocab_size=vocab.size, length=vocab.length)
     common = dict(delta=cfg.delta, epochs=cfg.epochs, batch_size=cfg.batch_size,
                   max_grad_norm=cfg.max_grad_norm)
     rows: list[dict] = []
     runs: list[dict] = []
     candidates: dict[float, dict[int, float]] = {}
-    jobs = len(STRATEGIES) * len(cfg.epsilons) * (len(cfg.learning_rates) + reps)
+    jobs = ((len(STRATEGIES) * len(cfg.epsilons) + cfg.nonprivate_reference)
+            * (len(cfg.learning_rates) + reps))
+    cpu_start = time.process_time()
     with ct.torch_threads(cfg.threads):
         bar = progress(total=jobs, desc="correlated noise", enabled=show_progress)
         for eps in cfg.epsilons:
@@ -247,7 +331,7 @@ def run_correlated_noise(out_dir=None, reps: int | None = None, seed: int = 0, *
             base_rmse = plans[STRATEGIES[0].name][1].noise_rmse
             for strategy in STRATEGIES:
                 size, plan = plans[strategy.name]
-                train = dict(epsilon=eps, hidden=cfg.hidden, **common)
+                train = dict(epsilon=eps, model=model, optimizer=cfg.optimizer, **common)
                 val = {}
                 t_tune = 0.0
                 for lr in cfg.learning_rates:
@@ -287,12 +371,17 @@ def run_correlated_noise(out_dir=None, reps: int | None = None, seed: int = 0, *
                     reps=reps, tuning_runs=len(cfg.learning_rates),
                     tuning_seconds=t_tune, final_seconds=t_final,
                     plan_seconds=plan_seconds / len(STRATEGIES)))
+        reference = (_reference(split, cfg, model, reps, seed, runs, runs_path, bar)
+                     if cfg.nonprivate_reference else None)
         bar.close()
     summary = _summary(rows, runs, candidates, cfg, reps, time.perf_counter() - t_start)
+    summary["cpu_seconds"] = float(time.process_time() - cpu_start)
+    summary["nonprivate"] = reference
     csv_path = write_csv(out / "correlated_noise.csv", rows)
     md_path = out / "correlated_noise.md"
     md_path.write_text(markdown_tables(rows, summary, cfg) + "\n")
-    png = _plot(rows, cfg, reps, out / "correlated_noise.png") if plot else None
+    png = (_plot(rows, cfg, reps, out / "correlated_noise.png", reference)
+           if plot else None)
     if verbose:
         print(format_table(rows, ["method", "epsilon", "bands", "noise_multiplier",
                                   "noise_rmse_vs_dpsgd", "learning_rate", "median_accuracy",
@@ -300,6 +389,53 @@ def run_correlated_noise(out_dir=None, reps: int | None = None, seed: int = 0, *
         print(summary["verdict_text"])
     return ExperimentResult("correlated-noise", csv_path, png, rows=rows, summary=summary,
                             extra_paths=[runs_path, md_path])
+
+
+def _reference(split, cfg: StudyConfig, model: dict, reps: int, seed: int, runs: list,
+               runs_path, bar) -> dict:
+    """The non-private reference: tuned on the validation split like the strategies,
+    then ``reps`` seeds scored on the test set."""
+    from privlearn.experiments import _correlated_torch as ct
+
+    train = dict(epochs=cfg.epochs, batch_size=cfg.batch_size, model=model,
+                 optimizer=cfg.optimizer)
+    val = {}
+    for lr in cfg.learning_rates:
+        bar.set_postfix_str(f"non-private lr={lr:g} (tuning)")
+        r = ct.train_nonprivate(split, learning_rate=lr, seed=seed * 1000 + 999,
+                                evaluate_on="val", **train)
+        val[lr] = r.accuracy
+        runs.append(_run_row("reference-tuning", NONPRIVATE, math.inf, None, lr,
+                             seed * 1000 + 999, "validation", r))
+        write_csv(runs_path, runs)
+        bar.update(1)
+    best = max(cfg.learning_rates, key=lambda lr: val[lr])
+    acc = []
+    for rep in range(reps):
+        bar.set_postfix_str(f"non-private seed {rep + 1}/{reps}")
+        r = ct.train_nonprivate(split, learning_rate=best, seed=seed * 1000 + rep,
+                                evaluate_on="test", **train)
+        acc.append(r.accuracy)
+        runs.append(_run_row("reference-final", NONPRIVATE, math.inf, None, best,
+                             seed * 1000 + rep, "test", r))
+        write_csv(runs_path, runs)
+        bar.update(1)
+    seconds = sum(r["seconds"] for r in runs if r["method"] == NONPRIVATE.name)
+    return dict(learning_rate=best, val_accuracy=val[best],
+                median_accuracy=float(np.median(acc)), min_accuracy=float(min(acc)),
+                max_accuracy=float(max(acc)), seconds=float(seconds))
+
+
+def run_correlated_noise_adult_bert(out_dir=None, reps: int | None = None, seed: int = 0,
+                                    **options) -> ExperimentResult:
+    """The study's language-model row: :func:`run_correlated_noise` with
+    ``task="adult-bert"`` (:data:`FULL_ADULT_BERT`, or :data:`QUICK_ADULT_BERT` with
+    ``quick=True``)."""
+    if options.get("task", "adult-bert") != "adult-bert":
+        raise ParameterValueError(f"this experiment's task is 'adult-bert', got "
+                                  f"task={options['task']!r}; run correlated-noise instead")
+    options["task"] = "adult-bert"
+    return run_correlated_noise(out_dir, reps, seed, **options)
 
 
 def _run_row(phase: str, strategy: Strategy, eps: float, size, lr: float, seed: int,
@@ -382,10 +518,20 @@ def markdown_tables(rows: list[dict], summary: dict, cfg: StudyConfig) -> str:
             f"time {summary['wall_seconds']:.0f} s. The tuning reads a held-out split of the "
             "private training data and is not accounted (the epsilons are those of one "
             "training run, as in the papers compared)."]
+    ref = summary.get("nonprivate")
+    if ref:
+        out += ["", f"Non-private reference (same model, optimizer, batch and epochs; "
+                f"learning rate {ref['learning_rate']:g} tuned on the same grid and split, "
+                f"validation accuracy {ref['val_accuracy']:.4f}): test accuracy "
+                f"{ref['median_accuracy']:.4f} ({ref['min_accuracy']:.4f}-"
+                f"{ref['max_accuracy']:.4f}), {ref['seconds']:.0f} s."]
+    if "cpu_seconds" in summary:
+        out += ["", f"Cost of the whole run: {summary['wall_seconds']:.0f} s wall, "
+                f"{summary['cpu_seconds']:.0f} s CPU (this process)."]
     return "\n".join(out)
 
 
-def _plot(rows: list[dict], cfg: StudyConfig, reps: int, path):
+def _plot(rows: list[dict], cfg: StudyConfig, reps: int, path, reference=None):
     plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2),
                                   gridspec_kw={"width_ratios": [3, 2]})
@@ -400,11 +546,16 @@ def _plot(rows: list[dict], cfg: StudyConfig, reps: int, path):
         ax.fill_between(eps, lo, hi, color=line.get_color(), alpha=0.2)
         ax2.plot(eps, [r["noise_rmse_vs_dpsgd"] for r in mine], "o-", color=line.get_color(),
                  label=s.name)
+    if reference:
+        ax.axhline(reference["median_accuracy"], color="k", lw=0.8, ls=":",
+                   label="non-private")
     epsilon_log_axis(ax, eps)
     epsilon_log_axis(ax2, eps)
     ax.set_xlabel(f"epsilon (delta={cfg.delta:g})")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"MNIST MLP, {cfg.epochs} epochs, batch {cfg.batch_size}: median of {reps} "
+    what = "MNIST MLP" if cfg.task == "mnist" else f"Adult BERT (width {cfg.hidden})"
+    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}"
+    ax.set_title(f"{what}, {epochs}, batch {cfg.batch_size}: median of {reps} "
                  "seeds (band: min-max)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()

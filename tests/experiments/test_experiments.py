@@ -18,7 +18,7 @@ def _rows(path):
 def test_registry_names():
     assert set(EXPERIMENTS) == {"linear-regression", "noisygd-learning-rate",
                                 "logistic-regression", "adult", "label-release",
-                                "correlated-noise"}
+                                "correlated-noise", "correlated-noise-adult-bert"}
     with pytest.raises(ValueError, match="unknown experiment"):
         run_experiment("nope")
 
