@@ -1,19 +1,8 @@
 """The ChaCha20 keystream (RFC 8439) on any torch device, with an optional OpenSSL backend.
 
-The cipher is written with vectorised integer tensor operations: a 32-bit word is held in
-an ``int64`` tensor element whose low 32 bits are the word; the high bits are let run
-(additions and exclusive ors need no clean high bits) and cleared only before a right
-shift, so nothing depends on signed overflow (every value stays in ``[0, 2**55)``), and
-right shifts (arithmetic on signed integers in torch) only ever see non-negative values.
-Every block of a run is computed at once (the 16 state words are 16 rows, one column per
-block; a round is its four quarter rounds at once, on four rows of four words), on the
-device of the output: no host copy and no host synchronisation, and about 450 tensor
-operations per run whatever its number of blocks (so an accelerator computes a large
-run in about 450 kernel launches), in a workspace of :data:`TENSOR_WORK_ROWS` int64
-words per block.
-
-The stream (a 256-bit key and a 128-bit block position) and the cipher are defined in
-:mod:`privlearn.torch._chacha_cipher`.
+The stream (a 256-bit key and a 128-bit block position) and the cipher (integer tensor
+operations, about 450 a run whatever its number of blocks, no host synchronisation) are
+defined in :mod:`privlearn.torch._chacha_cipher`.
 
 Backends (:data:`BACKENDS`), all producing the same bits: ``"tensor"`` runs anywhere torch
 does (accelerators use it); for CUDA tensors, when ``triton`` is installed, ``"triton"``

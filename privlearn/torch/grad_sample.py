@@ -626,16 +626,7 @@ class OuterProduct(Contribution):
         o = o if o.shape == shape else o.view(shape)
         k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
         if k >= b:  # one chunk: the weights on the narrower side, the bias from its rows
-            g, a = self.g, self.a
-            if p > d:
-                g, a = _finite(g), row_scaled(a, c)
-            else:
-                g, a = row_scaled(g, c), _finite(a)
-            g2, a2 = g.reshape(-1, p), a.reshape(-1, d)
-            if self.transposed:
-                o.addmm_(a2.t(), g2)
-            else:
-                o.addmm_(g2.t(), a2)
+            g2 = self._add_weighted_(o, self.g, self.a, c, p, d)
             if self.bias is not None:
                 if p > d:
                     _addmv_cols(outs[1], self._bias_cols(), c)
@@ -644,22 +635,28 @@ class OuterProduct(Contribution):
             return
         for s in range(0, b, k):
             cs = c[s:s + k]
-            g = as_dtype(self._g[s:s + k], self._dtype)
-            a = as_dtype(self._a[s:s + k], self._dtype)
-            if p > d:  # the weights go on the narrower side (one pass over the wide one)
-                g, a = _finite(g), row_scaled(a, cs)
-            else:
-                g, a = row_scaled(g, cs), _finite(a)
-            g2, a2 = g.reshape(-1, p), a.reshape(-1, d)
-            if self.transposed:
-                o.addmm_(a2.t(), g2)
-            else:
-                o.addmm_(g2.t(), a2)
+            g2 = self._add_weighted_(o, as_dtype(self._g[s:s + k], self._dtype),
+                                     as_dtype(self._a[s:s + k], self._dtype), cs, p, d)
             if self.bias is not None:
                 if p > d:
-                    outs[1].view(p).add_(cs @ g.reshape(cs.shape[0], t, p).sum(1))
+                    outs[1].view(p).add_(cs @ g2.reshape(cs.shape[0], t, p).sum(1))
                 else:
                     outs[1].view(p).add_(g2.sum(0))
+
+    def _add_weighted_(self, o: torch.Tensor, g: torch.Tensor, a: torch.Tensor,
+                       c: torch.Tensor, p: int, d: int) -> torch.Tensor:
+        """``o += sum_i c_i g_i^T a_i`` with the weights on the narrower side (one pass over
+        the wide one); returns the output gradients' rows as used."""
+        if p > d:
+            g, a = _finite(g), row_scaled(a, c)
+        else:
+            g, a = row_scaled(g, c), _finite(a)
+        g2, a2 = g.reshape(-1, p), a.reshape(-1, d)
+        if self.transposed:
+            o.addmm_(a2.t(), g2)
+        else:
+            o.addmm_(g2.t(), a2)
+        return g2
 
     def _weighted_sum_low(self, c: torch.Tensor) -> list[torch.Tensor]:
         """The clipped sum from half-precision operands: one matmul with float32
