@@ -523,9 +523,13 @@ class DPOptimizer(LossScaling):
         ``1 / expected_batch_size``) to the logical batch's gradient buffers (one flat
         buffer per device and dtype of the parameters, the memory ``p.grad`` will view).
         :meth:`add_noise` then adds the noise and sets ``p.grad``; ``step()`` does both."""
-        if self._out is None:
-            self._open_buffers(fill=False)
-        self._clipped_sum(self._out, examples=examples, units=units)
+        carry = self._open_buffers(fill=False) if self._out is None else None
+        try:
+            self._clipped_sum(self._out, examples=examples, units=units)
+        except BaseException:
+            if carry is not None:  # opened by this call: closed again, nothing kept
+                self._out, self._carry = None, carry
+            raise
 
     def _clipped_sum(self, out: dict | None = None, examples: int | None = None,
                      units=None) -> dict:
@@ -562,9 +566,13 @@ class DPOptimizer(LossScaling):
         and dtype) into the sums :meth:`clip_and_accumulate` left there (zeros when it
         was not called), each sum formed at the draw's precision and rounded once to
         the buffer's dtype (:meth:`NoiseSource.add_normal_`)."""
-        if self._out is None:
-            self._open_buffers(fill=False)
-        self._noise_into(add=True)
+        carry = self._open_buffers(fill=False) if self._out is None else None
+        try:
+            self._noise_into(add=True)
+        except BaseException:
+            if carry is not None:
+                self._out, self._carry = None, carry
+            raise
         self._release()
 
     def _noisy_step(self, examples: int | None = None, units=None) -> None:
@@ -574,21 +582,26 @@ class DPOptimizer(LossScaling):
         gradients); otherwise the sums are accumulated first and the noise added to
         them. Either way: the same buffers and one draw per buffer, each coordinate of
         the sum receiving ``N(0, std^2)`` once."""
-        if self._out is None and all(dt in (torch.float32, torch.float64)
-                                     for _, dt, _ in self._groups):
-            self._open_buffers(fill=True)
+        fill = self._out is None and all(dt in (torch.float32, torch.float64)
+                                         for _, dt, _ in self._groups)
+        carry = self._open_buffers(fill) if self._out is None else None
+        try:
             self._clipped_sum(self._out, examples=examples, units=units)
-        else:
-            self.clip_and_accumulate(examples, units)
-            self._noise_into(add=True)
+            if not fill:
+                self._noise_into(add=True)
+        except BaseException:
+            if carry is not None:  # opened by this call: closed again, nothing kept
+                self._out, self._carry = None, carry
+            raise
         self._release()
 
-    def _open_buffers(self, fill: bool) -> None:
+    def _open_buffers(self, fill: bool) -> dict[int, torch.Tensor]:
         """Open a logical batch: take the gradient buffers (last step's when nobody
         references them any more: refilling one in place then changes nothing anyone
         holds and spares the page faults of a new one; else fresh), filled with this
         step's noise (``fill``) or zeroed, plus the sums carried over a change of the
-        trained parameters."""
+        trained parameters. Returns those carried sums (for a caller that closes the
+        batch again on failure); the batch stays closed if this raises."""
         params = self.tracker.params
         bufs = list(self._buffers)
         for i, (dev, dt, ix) in enumerate(self._groups):
@@ -607,15 +620,20 @@ class DPOptimizer(LossScaling):
                 q = params[j]
                 out[id(q)] = v if v.shape == q.shape else v.view(q.shape)
         self._out = out
-        if fill:
-            self._noise_into(add=False)
-        else:
-            for buf in self._buffers:
-                buf.zero_()
+        try:
+            if fill:
+                self._noise_into(add=False)
+            else:
+                for buf in self._buffers:
+                    buf.zero_()
+        except BaseException:
+            self._out = None
+            raise
         carry, self._carry = self._carry, {}
         for k, a in carry.items():  # earlier chunks, before the trained set changed
             if k in out:
                 out[k].add_(a)
+        return carry
 
     def _noise_into(self, add: bool) -> None:
         """This step's noise into the open buffers: ``N(0, std^2)`` per coordinate

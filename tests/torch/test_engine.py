@@ -384,3 +384,30 @@ def test_one_noise_draw_per_device_and_dtype(monkeypatch, half):
         assert g.numel() > 4000
         assert abs(g.std().item() / expected - 1) < 0.06
         assert abs(g.mean().item()) < 4 * expected / math.sqrt(g.numel())
+
+
+def test_a_refused_step_leaves_no_noise_behind():
+    """A step refused after its noise was drawn into the gradient buffer (an example's
+    gradient not finite) keeps nothing of it: the step retried on the batch holds one
+    draw of noise, std sigma C / expected batch size, not two."""
+    from privlearn.errors import NonFiniteInputError
+
+    torch.manual_seed(0)
+    model = nn.Linear(100, 200)
+    n, b, sigma, C = 1000, 50, 1.7, 0.3
+    ds = TensorDataset(torch.randn(n, 100), torch.zeros(n))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=b), noise_multiplier=sigma, max_grad_norm=C)
+    x, _ = next(iter(p.data_loader))
+    weight = torch.zeros(len(x), 1)
+    weight[0] = float("inf")  # example 0's gradient is not finite (a loss without scaler)
+    p.optimizer.zero_grad()
+    (p.model(x) * weight).sum().backward()
+    with pytest.raises(NonFiniteInputError, match="not finite"):
+        p.optimizer.step()
+    p.optimizer.zero_grad()  # the batch trained on again, with a finite loss
+    (p.model(x).sum() * 0).backward()
+    p.optimizer.step()
+    g = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
+    assert abs(g.std().item() / (sigma * C / b) - 1) < 0.05
+    assert p.accountant.steps == 1
