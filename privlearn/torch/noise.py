@@ -34,17 +34,13 @@ knows the seed passed to ``make_private`` can still replay the whole run.
   sample in double precision from 53-bit uniforms (Box-Muller) and return the normalised
   sum of ``n = 4`` independent draws, ``(Z_1 + ... + Z_4) / 2``, which has the same N(0, 1)
   law while smoothing the gaps that make the attack work; here it is scaled by ``std`` in
-  double precision and rounded once to the output dtype. :meth:`NoiseSource.add_normal_`
-  adds it to the tensor in double precision: the sum ``x + noise`` is the double-precision
-  sum that Holohan & Braghin analyse (one rounding, to float64), and that float64 value is
-  then rounded once to the output dtype (to nearest; for float16 and bfloat16 through a
-  rounding to odd, :func:`_copy_rounded_`). Two roundings of the exact sum, then, and not
-  always the float32 nearest to it; what the mitigation needs is that the noise enters the
-  sum at double precision, never first rounded to the output's coarser grid, and the final
-  rounding is a fixed function of the float64 noisy value, applied whatever ``x`` is:
-  post-processing, which reveals nothing the float64 value does not. This is a
-  mitigation; exact discrete samplers are the complete fix (Canonne, Kamath & Steinke
-  2020).
+  double precision and rounded once to the output dtype: what the mitigation needs is this
+  noise, whose values at the output's precision have the ideal law's probabilities.
+  :meth:`NoiseSource.add_normal_` forms ``x + noise`` in double precision and rounds that
+  value once to the output dtype (two roundings of the exact sum, the second a fixed
+  function of the float64 noisy value); the DP optimizer draws into its gradient buffer
+  and adds the clipped sums there. A mitigation; exact discrete samplers are the complete
+  fix (Canonne, Kamath & Steinke 2020).
 
 The uniforms keep all 53 bits on every device and for every output dtype, although a
 float32 output has only 24 significand bits: they set how far the tails reach. A
@@ -652,10 +648,8 @@ class NoiseSource:
 
         Default mode: the noise is drawn into a scratch buffer of at most 4M elements at a
         time (float32, float64 for a float64 ``out``) and added. Secure mode: the sum is
-        formed in float64 (rounded there, as in Holohan & Braghin's double-precision
-        setting) and that float64 value rounded once to ``out``'s dtype: for float32 and
-        half precision two roundings of the exact sum, the second a post-processing of the
-        float64 noisy value (module docstring).
+        formed in float64 and that value rounded once to ``out``'s dtype (two roundings
+        of the exact sum, the second a fixed function of the float64 value).
 
         Parameters
         ----------
