@@ -12,6 +12,7 @@ too: the private one includes the tracker's hooks (the per-example norms compute
 Usage::
 
     python benchmarks/step_dispatch.py [--models gpt2,bert,llama,gpt2_lora] [--json FILE]
+        [--dtype float32|bfloat16|float16] [--secure]
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def _loss(name, model, ids, mask, labels):
     return loss_of(name, model(input_ids=ids, attention_mask=mask), labels)
 
 
-def count(name: str, steps: int = 2) -> dict:
+def count(name: str, steps: int = 2, dtype: str = "float32", secure: bool = False) -> dict:
     """Dispatched operations of plain SGD's step and of the private step (and of the
-    private backward pass's hooks) on the tiny ``name`` model."""
+    private backward pass's hooks) on the tiny ``name`` model, its parameters in
+    ``dtype``, the noise in secure mode when ``secure``."""
     import torch
     from hf_models import build
     from test_host_reads import _data
@@ -62,7 +64,7 @@ def count(name: str, steps: int = 2) -> dict:
 
     Count = _counter()
     # plain SGD (foreach, torch's default) on the same model and batch
-    model = build(name, dtype=torch.float32)
+    model = build(name, dtype=getattr(torch, dtype))
     params = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(params, lr=0.01)
     ids, mask, labels = next(iter(DataLoader(_data(name, 6), batch_size=6)))
@@ -74,12 +76,12 @@ def count(name: str, steps: int = 2) -> dict:
     with sgd:
         opt.step()
 
-    model = build(name, dtype=torch.float32)
+    model = build(name, dtype=getattr(torch, dtype))
     params = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(params, lr=0.01)
     loader = DataLoader(_data(name, 6 * steps), batch_size=6)
     p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
-                     sampling="fixed", seed=0)
+                     sampling="fixed", secure_mode=secure, seed=None if secure else 0)
     private, hooks = Count(), Count()
     for i, (ids, mask, labels) in enumerate(p.data_loader):
         steady = i == steps - 1
@@ -106,11 +108,13 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--json", default=None)
     ap.add_argument("--top", type=int, default=8, help="most frequent operations shown")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--secure", action="store_true", help="secure-mode noise")
     a = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    rows = [count(m) for m in a.models.split(",")]
+    rows = [count(m, dtype=a.dtype, secure=a.secure) for m in a.models.split(",")]
     print(f"{'model':<10} {'params':>6} {'SGD step':>9} {'private step':>13} {'ratio':>6} "
           f"{'backward plain':>15} {'private':>8}")
     for r in rows:

@@ -17,6 +17,7 @@ class                              raised when                                 C
 :class:`ParameterValueError`       a parameter value is out of range           2
 :class:`ParameterTypeError`        a parameter has the wrong type              2
 :class:`ConfigurationError`        settings that contradict one another        2
+:class:`PlanMismatchError`         what ran differs from what was accounted    2
 :class:`UnsupportedMechanismError` an accountant cannot evaluate a mechanism   2
 :class:`AccountingError`           a result cannot be certified (and its       2
                                    subclasses :class:`CertificationError`,
@@ -50,6 +51,7 @@ __all__ = [
     "ParameterValueError",
     "ParameterTypeError",
     "ConfigurationError",
+    "PlanMismatchError",
     "AccountingError",
     "CertificationError",
     "PrivacyLossOverflowError",
@@ -115,6 +117,14 @@ class ConfigurationError(ParameterValueError):
     """Settings that are each allowed but contradict one another, or a registration
     that conflicts with one already made (a name taken by another experiment or
     accountant). The message names the settings and what to change."""
+
+
+class PlanMismatchError(ConfigurationError, RuntimeError):
+    """What ran differs from what was planned and accounted for: an estimator whose fit
+    ran another mechanism than its settings declare, a training run whose noise
+    multiplier or number of steps differs from the plan it was built for, a module named
+    as the provider of a built-in accountant that did not register it. Raised before
+    the result is released. Also a ``RuntimeError`` (the type these refusals had)."""
 
 
 class ParameterTypeError(TypeError, ValueError):

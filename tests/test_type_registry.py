@@ -99,3 +99,16 @@ def test_keys_that_are_not_classes_are_refused_by_name(key):
 def test_first_in_mro():
     assert first_in_mro(E(), lambda c: c.__name__ in ("C", "A")) is C
     assert first_in_mro(E, lambda c: c is F) is None
+
+
+def test_no_hand_written_mro_loops_in_the_package():
+    """Type-dependent lookups go through TypeRegistry / first_in_mro: no module of
+    privlearn walks ``__mro__`` itself."""
+    import pathlib
+
+    import privlearn
+
+    root = pathlib.Path(privlearn.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.name != "_type_registry.py" and "__mro__" in p.read_text()]
+    assert offenders == []

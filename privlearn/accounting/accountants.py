@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 
 from privlearn.accounting._types import Accountant, PrivacyBound
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import ParameterTypeError, ParameterValueError, PlanMismatchError
 
 __all__ = [
     "PrivacyBound",
@@ -59,7 +59,10 @@ def _load_builtin(name: str) -> None:
     module = BUILTIN_ACCOUNTANTS[name]
     importlib.import_module(module)
     if name not in _REGISTRY:
-        raise RuntimeError(f"module {module} was imported but did not register accountant {name!r}")
+        raise PlanMismatchError(
+            f"accountant {name!r}: module {module} was imported but did not register it; "
+            "the module must call register_accountant for this name (available: "
+            f"{sorted(_REGISTRY)})")
 
 
 def available_accountants() -> list[str]:

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from privlearn.errors import ParameterValueError
+
+_ZERO_LEAD = ("the strategy's leading coefficient c[0] must be non-zero (T(c) must be "
+              "invertible), got {!r}; use a strategy with a positive leading term, e.g. "
+              "BandedToeplitz((1.0, 0.5))")
+
 __all__ = ["pad", "convolve", "correlate", "banded_solve", "inverse", "materialize"]
 
 
@@ -46,7 +52,7 @@ def banded_solve(c: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     from scipy import signal  # imported here: scipy.signal imports scipy.stats (slow)
 
     if c[0] == 0.0:
-        raise ValueError("the strategy's leading coefficient c[0] must be non-zero")
+        raise ParameterValueError(_ZERO_LEAD.format(c[0]))
     return signal.lfilter([1.0], np.asarray(c, dtype=float), np.asarray(rhs, dtype=float))
 
 
@@ -57,7 +63,7 @@ def inverse(c: np.ndarray, n: int) -> np.ndarray:
     c = np.asarray(c, dtype=float)[:n]
     nz = np.flatnonzero(c)
     if nz.size == 0 or c[0] == 0.0:
-        raise ValueError("the strategy's leading coefficient c[0] must be non-zero")
+        raise ParameterValueError(_ZERO_LEAD.format(c[0]))
     rhs = np.zeros(n)
     rhs[0] = 1.0
     return banded_solve(c[: int(nz[-1]) + 1], rhs)

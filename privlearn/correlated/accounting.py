@@ -44,6 +44,7 @@ from privlearn.correlated.participation import MinSeparation, Participation
 from privlearn.correlated.sampling import BallsInBinsSampler, CyclicPoissonSampler
 from privlearn.correlated.sensitivity import sensitivity
 from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["correlated_mechanism", "is_amplified", "stated_under"]
 
@@ -97,19 +98,23 @@ def correlated_mechanism(
     >>> sigma = calibrate(lambda s: correlated_mechanism(C, sampler, s), 2.0, 1e-5)
     """
     if not isinstance(strategy, ToeplitzStrategy):
-        raise TypeError(f"strategy must be a privlearn.correlated strategy, got {strategy!r}")
+        raise ParameterTypeError(
+            f"strategy must be a privlearn.correlated strategy (BandedToeplitz, "
+            f"BufferedLinearToeplitz, ...), got {strategy!r}; build one with "
+            "optimize_banded_toeplitz or BandedToeplitz.square_root")
     sigma = check_positive("noise_multiplier", noise_multiplier)
     if isinstance(sampler, Participation):
         if steps is None:
-            raise ValueError("steps is required when sampler is a participation schema")
+            raise ConfigurationError(
+                f"steps is required when sampler is a participation schema ({sampler!r}), "
+                "got None; pass steps=<number of steps> (an integer >= 1)")
         n = check_count("steps", steps, minimum=1)
         sens = sensitivity(strategy, sampler, n).value
         return MatrixMechanism(sigma, sens)
     if not isinstance(sampler, CyclicPoissonSampler | BallsInBinsSampler):
-        raise TypeError(
+        raise ParameterTypeError(
             "sampler must be a CyclicPoissonSampler, a BallsInBinsSampler or a Participation "
-            f"schema, got {sampler!r}"
-        )
+            f"schema (SingleParticipation, MinSeparation, FixedEpochs), got {sampler!r}")
     n = sampler.steps if steps is None else check_count("steps", steps, minimum=1)
     cycle = sampler.cycle_length
     k = math.ceil(n / cycle)
@@ -133,7 +138,9 @@ def stated_under(mechanism: Mechanism, relation: Neighbouring) -> Mechanism:
     if relation is Neighbouring.ADD_REMOVE:
         return mechanism
     if relation is not Neighbouring.REPLACE_ONE:
-        raise ValueError(f"relation must be add_remove or replace_one, got {relation.value!r}")
+        raise ParameterValueError(
+            f"relation must be add_remove or replace_one, got {relation.value!r}; "
+            "state the mechanism under one of these neighbouring relations")
     if isinstance(mechanism, Composed):
         return compose([stated_under(m, relation) for m, _ in mechanism.parts],
                        steps=[k for _, k in mechanism.parts])

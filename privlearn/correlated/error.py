@@ -29,6 +29,7 @@ from privlearn.correlated import _toeplitz
 from privlearn.correlated.participation import Participation, SingleParticipation
 from privlearn.correlated.sensitivity import sensitivity
 from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["Workload", "PrefixSum", "MomentumPrefixSum", "per_query_error", "loss"]
 
@@ -62,7 +63,9 @@ class MomentumPrefixSum(Workload):
     def __post_init__(self) -> None:
         beta = check_real("momentum", self.momentum)
         if not 0.0 <= beta < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+            raise ParameterValueError(
+                f"momentum must be in [0, 1), got {self.momentum!r}; use 0.9 for typical "
+                "heavy-ball momentum, or PrefixSum() for plain SGD")
         object.__setattr__(self, "momentum", beta)
 
     def coefs(self, n: int) -> np.ndarray:
@@ -74,7 +77,9 @@ def _workload(workload: Workload | None) -> Workload:
     if workload is None:
         return PrefixSum()
     if not isinstance(workload, Workload):
-        raise TypeError(f"workload must be a privlearn.correlated Workload, got {workload!r}")
+        raise ParameterTypeError(
+            f"workload must be a privlearn.correlated Workload (PrefixSum, "
+            f"MomentumPrefixSum, ...) or None, got {workload!r}")
     return workload
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence
+from privlearn.errors import ParameterTypeError
 
 __all__ = ["CorrelatedNoise"]
 
@@ -39,9 +40,9 @@ class CorrelatedNoise:
         self, recurrence: BandedRecurrence | BufferedRecurrence, shape: tuple[int, ...]
     ) -> None:
         if not isinstance(recurrence, BandedRecurrence | BufferedRecurrence):
-            raise TypeError(
-                f"recurrence must be a BandedRecurrence or BufferedRecurrence, got {recurrence!r}"
-            )
+            raise ParameterTypeError(
+                "recurrence must be a BandedRecurrence or BufferedRecurrence (from a "
+                f"strategy's .recurrence()), got {recurrence!r}")
         self.recurrence = recurrence
         self.shape = tuple(shape)
         self.buffers = np.zeros((recurrence.buffers, *self.shape))

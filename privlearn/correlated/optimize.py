@@ -81,7 +81,7 @@ from privlearn.correlated.strategies import (
     blt_inverse_coefs,
     square_root_coefs,
 )
-from privlearn.errors import StrategyOptimizationError
+from privlearn.errors import ParameterTypeError, ParameterValueError, StrategyOptimizationError
 
 __all__ = ["optimize_banded_toeplitz", "optimize_blt", "StrategyOptimizationError"]
 
@@ -94,7 +94,7 @@ def _pattern(participation: Participation | None, n: int) -> tuple[int, int]:
         return participation.min_sep, participation.participations(n)
     if isinstance(participation, FixedEpochs):
         return participation.steps_per_epoch(n), participation.epochs
-    raise TypeError(
+    raise ParameterTypeError(
         f"participation must be a privlearn.correlated Participation (SingleParticipation, "
         f"MinSeparation or FixedEpochs), got {participation!r}"
     )
@@ -194,7 +194,9 @@ def optimize_banded_toeplitz(
     b = check_count("bands", bands, minimum=1)
     max_iterations = check_count("max_iterations", max_iterations, minimum=1)
     if b > n:
-        raise ValueError(f"bands must be in [1, steps={n}], got {bands!r}")
+        raise ParameterValueError(
+            f"bands must be in [1, steps={n}], got {bands!r}; use at most as many bands "
+            "as steps (bands=steps is a full lower-triangular strategy)")
     reduction = check_choice("reduction", reduction, REDUCTIONS)
     if b == 1:
         return BandedToeplitz((1.0,))

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from privlearn._validation import check_count
+from privlearn.errors import ParameterValueError
 
 __all__ = ["Participation", "SingleParticipation", "MinSeparation", "FixedEpochs"]
 
@@ -83,7 +84,7 @@ class FixedEpochs(Participation):
     def steps_per_epoch(self, steps: int) -> int:
         steps = check_count("steps", steps, minimum=1)
         if steps % self.epochs:
-            raise ValueError(
+            raise ParameterValueError(
                 f"steps must be a multiple of epochs={self.epochs} for FixedEpochs, got "
                 f"steps={steps}; use MinSeparation(steps // epochs) for a ragged last epoch"
             )

@@ -59,6 +59,7 @@ import numpy as np
 from privlearn._validation import check_count, check_rate
 from privlearn.accounting import Neighbouring, steps_per_epoch
 from privlearn.correlated.participation import FixedEpochs, MinSeparation, Participation
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["CyclicPoissonSampler", "BallsInBinsSampler", "check_participation",
            "SamplingLaw", "SAMPLINGS", "register_sampling", "partition", "poisson_subset",
@@ -269,27 +270,30 @@ def check_participation(
     limit = participation.participations(n)
     if counts.max() > limit:
         worst = np.unique(ids)[int(np.argmax(counts))]
-        raise ValueError(
-            f"record {int(worst)} participates {int(counts.max())} times, more than the "
-            f"{limit} that {participation!r} allows in {n} steps"
-        )
+        raise ParameterValueError(
+            f"batches: record {int(worst)} participates {int(counts.max())} times, more "
+            f"than the {limit} that participation={participation!r} allows in {n} steps; "
+            "check the sampler against this participation schema, or pass the schema "
+            "the batches follow")
     if isinstance(participation, MinSeparation):
         bad = np.nonzero(same & (gaps < participation.min_sep))[0]
         if bad.size:
             i = int(bad[0])
-            raise ValueError(
-                f"record {int(ids[i])} participates in steps {int(step_of[i])} and "
-                f"{int(step_of[i + 1])}, closer than min_sep={participation.min_sep}"
-            )
+            raise ParameterValueError(
+                f"batches: record {int(ids[i])} participates in steps {int(step_of[i])} "
+                f"and {int(step_of[i + 1])}, closer than min_sep={participation.min_sep} "
+                "steps; use a sampler that keeps each record's participations at least "
+                "min_sep apart (a cyclic one), or a smaller min_sep")
     elif isinstance(participation, FixedEpochs):
         per = participation.steps_per_epoch(n)
         bad = np.nonzero(same & (gaps != per))[0]
         if bad.size:
             i = int(bad[0])
-            raise ValueError(
-                f"record {int(ids[i])} participates in steps {int(step_of[i])} and "
-                f"{int(step_of[i + 1])}, not one epoch ({per} steps) apart"
-            )
+            raise ParameterValueError(
+                f"batches: record {int(ids[i])} participates in steps {int(step_of[i])} "
+                f"and {int(step_of[i + 1])}, not one epoch ({per} steps) apart as "
+                f"participation={participation!r} requires; use the same batch order in "
+                "every epoch, or MinSeparation for shuffled epochs")
 
 
 # ------------------------------------------------------------------------ the registry
@@ -421,7 +425,9 @@ def register_sampling(law: SamplingLaw) -> SamplingLaw:
         ``law`` is not a :class:`SamplingLaw`.
     """
     if not isinstance(law, SamplingLaw):
-        raise TypeError(f"law must be a SamplingLaw, got {law!r}")
+        raise ParameterTypeError(
+            f"register_sampling: law must be a SamplingLaw, got {law!r} (a "
+            f"{type(law).__name__}); build one with SamplingLaw(name=..., ...)")
     SAMPLINGS[law.name] = law
     return law
 

@@ -52,6 +52,7 @@ from privlearn.correlated.participation import (
     SingleParticipation,
 )
 from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
     "Sensitivity",
@@ -159,7 +160,9 @@ def register_sensitivity(
 ) -> None:
     """Register how the sensitivity is computed for a participation schema class."""
     if not (isinstance(cls, type) and issubclass(cls, Participation)):
-        raise TypeError(f"cls must be a Participation subclass, got {cls!r}")
+        raise ParameterTypeError(
+            f"register_sensitivity: cls must be a Participation subclass, got {cls!r}; "
+            "pass the class itself (e.g. MinSeparation), not an instance")
     _RULES[cls] = rule
 
 
@@ -192,15 +195,16 @@ def sensitivity(
     (2.0, True)
     """
     if not isinstance(strategy, ToeplitzStrategy):
-        raise TypeError(f"strategy must be a privlearn.correlated strategy, got {strategy!r}")
+        raise ParameterTypeError(
+            f"strategy must be a privlearn.correlated strategy (BandedToeplitz, "
+            f"BufferedLinearToeplitz, ...), got {strategy!r}")
     steps = check_count("steps", steps, minimum=1)
     rule = _RULES.lookup(participation)
     if rule is not None:
         return rule(strategy, participation, steps)
-    raise TypeError(
+    raise ParameterTypeError(
         f"participation must be one of {', '.join(c.__name__ for c in _RULES)}, got "
-        f"{participation!r}"
-    )
+        f"{participation!r}; register a rule for a new schema with register_sensitivity")
 
 
 def _single(strategy: ToeplitzStrategy, participation: Participation, n: int) -> Sensitivity:
@@ -230,7 +234,7 @@ def _dense_upper_bound(
     strategy: ToeplitzStrategy, n: int, sep: int, k: int, what: str
 ) -> Sensitivity:
     if n > MAX_DENSE_STEPS:
-        raise ValueError(
+        raise ParameterValueError(
             f"steps must be at most {MAX_DENSE_STEPS} for the general sensitivity bound of "
             f"{type(strategy).__name__} under {what}, got {n}; use a strategy with "
             "non-negative, non-increasing coefficients or one with at most min_sep bands"

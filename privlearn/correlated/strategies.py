@@ -49,6 +49,7 @@ import numpy as np
 
 from privlearn._validation import check_count
 from privlearn.correlated import _toeplitz
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = [
     "ToeplitzStrategy",
@@ -75,13 +76,16 @@ def _as_coefs(name: str, values: object, *, allow_empty: bool = False) -> tuple[
     try:
         arr = np.asarray(values, dtype=float)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a sequence of real numbers, got {values!r}") from None
+        raise ParameterTypeError(
+            f"{name} must be a sequence of real numbers, got {values!r}; pass e.g. "
+            "(1.0, 0.5)") from None
     if arr.ndim != 1 or (arr.size == 0 and not allow_empty):
-        raise ValueError(
-            f"{name} must be a non-empty 1-D sequence of real numbers, got shape {arr.shape}"
-        )
+        raise ParameterValueError(
+            f"{name} must be a non-empty 1-D sequence of real numbers, got shape "
+            f"{arr.shape}; pass a flat sequence such as (1.0, 0.5)")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite, got {arr.tolist()!r}")
+        raise ParameterValueError(
+            f"{name} must be finite, got {arr.tolist()!r}; remove the NaN or inf entries")
     return tuple(float(v) for v in arr)
 
 
@@ -224,7 +228,7 @@ class BandedToeplitz(ToeplitzStrategy):
     def __post_init__(self) -> None:
         coefs = _as_coefs("coefs", self.coefs)
         if coefs[0] <= 0.0:
-            raise ValueError(
+            raise ParameterValueError(
                 f"coefs[0] must be > 0 (C must be invertible), got {coefs[0]!r}; pass "
                 "coefficients with a positive leading term, e.g. BandedToeplitz((1.0, 0.5))"
             )
@@ -282,13 +286,12 @@ class BufferedToeplitz(ToeplitzStrategy):
         theta = _as_coefs("buf_decay", self.buf_decay, allow_empty=True)
         omega = _as_coefs("output_scale", self.output_scale, allow_empty=True)
         if len(theta) != len(omega):
-            raise ValueError(
+            raise ConfigurationError(
                 f"buf_decay and output_scale must have the same length, got {len(theta)} "
-                f"and {len(omega)}"
-            )
+                f"and {len(omega)}; pass one output_scale per buffer")
         bad = [t for t in theta if not 0.0 <= t <= 1.0]
         if bad:
-            raise ValueError(
+            raise ParameterValueError(
                 f"buf_decay must be in [0, 1], got {bad!r}; a decay above 1 makes the "
                 "strategy's entries grow without bound"
             )

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from privlearn.correlated import per_query_error
 from privlearn.datasets import load_mnist
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ParameterValueError, PlanMismatchError
 from privlearn.torch import make_private, retain_freed_memory
 from privlearn.torch.config import DPConfig
 from privlearn.torch.privacy_engine import plan_run
@@ -238,9 +238,11 @@ def train_once(split: Split, plan: RunPlan, *, learning_rate: float, epsilon: fl
                      epochs=epochs, max_grad_norm=max_grad_norm, seed=seed,
                      **plan.run_settings)
     if p.plan.noise_multiplier != plan.noise_multiplier or p.plan.planned_steps != plan.steps:
-        raise RuntimeError(
+        raise PlanMismatchError(
             f"the run's plan (sigma {p.plan.noise_multiplier}, {p.plan.planned_steps} steps) "
-            f"differs from the strategy's (sigma {plan.noise_multiplier}, {plan.steps} steps)")
+            f"differs from the strategy's (sigma {plan.noise_multiplier}, {plan.steps} "
+            "steps); build the strategy for the run's settings (same epsilon, delta, "
+            "batch size and epochs)")
     loss_fn = nn.CrossEntropyLoss()
     for _ in range(epochs):
         for xb, yb in p.data_loader:

@@ -74,7 +74,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import ParameterTypeError, ParameterValueError, PlanMismatchError
 from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -450,11 +450,12 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             est.set_params(**dict.fromkeys(ledgers))
             _fit_with_hidden_noise(est, X, y, rng)
             if getattr(est, "mechanism_", None) != plan.fit_mechanisms[i]:
-                raise RuntimeError(
+                raise PlanMismatchError(
                     f"candidate {plan.grid[i]} ran {getattr(est, 'mechanism_', None)!r}, not "
                     f"its planned mechanism {plan.fit_mechanisms[i]!r}; the search's "
-                    "accounting would not cover it"
-                )
+                    "accounting would not cover it. The estimator's fit must run the "
+                    "mechanism its settings declare (check its planned mechanism against "
+                    "what fit does)")
             ran.append(est.mechanism_)
             score = self._score(est, Xs, ys, public, plan.loss_bound, rng)
             scores.append(score)

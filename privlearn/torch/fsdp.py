@@ -264,9 +264,8 @@ class ShardedGradients:
         dev = params[0].to_local().device if params else torch.device("cpu")
         full = {id(p): torch.zeros(p.shape, dtype=p.dtype, device=dev) for p in params}
         opt._clipped_sum(full, examples=examples, units=units)
-        for k, a in opt._accum.items():  # earlier chunks (none under FSDP2) or sums
+        for k, a in opt._take_accumulated().items():  # earlier chunks (none under FSDP2)
             full[k].add_(a.to(full[k].dtype))
-        opt._accum = {}
         if not params:
             return
         world = params[0].device_mesh.size()

@@ -119,6 +119,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("privlearn.torch.hf needs transformers: pip install "
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
+from privlearn._type_registry import first_in_mro
 from privlearn._validation import check_unit_ids
 from privlearn.accounting import planned_steps
 from privlearn.correlated.strategies import ToeplitzStrategy
@@ -843,10 +844,9 @@ def _model_tasks(cls: type) -> frozenset[str]:
     """The tasks of the nearest transformers class in ``cls``'s MRO listed in an
     auto-model mapping (empty for a class with none: a custom model)."""
     table = _tasks_by_class_name()
-    for c in cls.__mro__:
-        if c.__module__.startswith("transformers.") and c.__name__ in table:
-            return table[c.__name__]
-    return frozenset()
+    c = first_in_mro(cls, lambda c: c.__module__.startswith("transformers.")
+                     and c.__name__ in table)
+    return frozenset() if c is None else table[c.__name__]
 
 
 def _state_name() -> str:

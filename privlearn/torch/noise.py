@@ -34,10 +34,13 @@ knows the seed passed to ``make_private`` can still replay the whole run.
   sample in double precision from 53-bit uniforms (Box-Muller) and return the normalised
   sum of ``n = 4`` independent draws, ``(Z_1 + ... + Z_4) / 2``, which has the same N(0, 1)
   law while smoothing the gaps that make the attack work; here it is scaled by ``std`` in
-  double precision and rounded once to the output dtype (:meth:`NoiseSource.add_normal_`
-  also adds it to the tensor in double precision, so ``x + noise`` is rounded once). This
-  is a mitigation; exact discrete samplers are the complete fix (Canonne, Kamath &
-  Steinke 2020).
+  double precision and rounded once to the output dtype: what the mitigation needs is this
+  noise, whose values at the output's precision have the ideal law's probabilities.
+  :meth:`NoiseSource.add_normal_` forms ``x + noise`` in double precision and rounds that
+  value once to the output dtype (two roundings of the exact sum, the second a fixed
+  function of the float64 noisy value); the DP optimizer draws into its gradient buffer
+  and adds the clipped sums there. A mitigation; exact discrete samplers are the complete
+  fix (Canonne, Kamath & Steinke 2020).
 
 The uniforms keep all 53 bits on every device and for every output dtype, although a
 float32 output has only 24 significand bits: they set how far the tails reach. A
@@ -399,7 +402,7 @@ def _torch_chunks(job: _SecureJob, starts: range) -> None:
         normal.mul_(job.std)
         parts = [(lo, hi, job.pieces[i][at:at + hi - lo])
                  for lo, hi, i, at in job.overlaps(ends, start, m)]
-        if not half:  # the sum (or the draw) in float64, rounded once to the piece's dtype
+        if not half:  # the sum (or the draw) in float64, then rounded to the piece's dtype
             for lo, hi, piece in parts:
                 if job.add:
                     piece.add_(normal[lo:hi])
@@ -447,7 +450,7 @@ def _numpy_chunks(job: _SecureJob, starts: range) -> None:
                 dst = dsts[i][at:at + hi - lo]
                 if job.add:
                     normal[lo:hi] += dst
-                dst[:] = normal[lo:hi]  # NumPy rounds once, to nearest even
+                dst[:] = normal[lo:hi]  # the float64 value, rounded to nearest even
             continue
         zt = torch.from_numpy(normal)
         pieces = [(lo, hi, job.pieces[i][at:at + hi - lo]) for lo, hi, i, at in parts]
@@ -645,7 +648,8 @@ class NoiseSource:
 
         Default mode: the noise is drawn into a scratch buffer of at most 4M elements at a
         time (float32, float64 for a float64 ``out``) and added. Secure mode: the sum is
-        formed in float64 and rounded once to ``out``'s dtype.
+        formed in float64 and that value rounded once to ``out``'s dtype (two roundings
+        of the exact sum, the second a fixed function of the float64 value).
 
         Parameters
         ----------
@@ -722,8 +726,9 @@ class NoiseSource:
                             std: float) -> list[torch.Tensor]:
         """:meth:`add_normal_` on each of ``tensors``, in as few draws as possible (see
         :meth:`fill_normal_foreach_`); in secure mode each sum is formed in float64 and
-        rounded once. The tensors should not share memory (an element shared by two gets
-        both draws)."""
+        that float64 value rounded once to the tensor's dtype (:meth:`add_normal_`).
+        The tensors should not share memory (an element shared by two gets both
+        draws)."""
         return self._foreach_(tensors, std, add=True)
 
     def _foreach_(self, tensors, std, add: bool) -> list[torch.Tensor]:

@@ -218,8 +218,14 @@ class DPOptimizer(LossScaling):
         self.world_size = int(world_size)
         self.process_group = process_group
         self.sharded = sharded
-        self._accum: dict[int, torch.Tensor] = {}
-        self._flat: torch.Tensor | None = None  # last step's noisy-gradient buffer
+        #: the flat gradient buffers, one per device and dtype of the parameters (last
+        #: step's, reused when nobody holds them any more)
+        self._buffers: list[torch.Tensor] = []
+        #: ``id(p) -> view`` of the buffers while a logical batch is open (its clipped
+        #: sums, or this step's noise, are in them); None between logical batches
+        self._out: dict[int, torch.Tensor] | None = None
+        #: the open batch's sums of the parameters of before a change of the trained set
+        self._carry: dict[int, torch.Tensor] = {}
         self._final_chunk = True  # the next step() ends a logical batch
         self._chunk_size: int | None = None  # examples of the next physical chunk
         self._chunk_groups: tuple | None = None  # its privacy units' row counts
@@ -389,8 +395,8 @@ class DPOptimizer(LossScaling):
     def _begin_logical_batch(self) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
         was left between its chunks) are discarded, never released."""
-        if self._accum:
-            self._accum = {}
+        if self._out is not None or self._carry:
+            self._out, self._carry = None, {}
             warnings.warn(
                 "a logical batch was left unfinished (the loop stopped between its physical "
                 "chunks); the clipped sums of its chunks were discarded and nothing of it was "
@@ -414,7 +420,15 @@ class DPOptimizer(LossScaling):
         self._layout_version = self.tracker.version
         self._numels = [p.numel() for p in self.tracker.params]
         self._numel = sum(self._numels)
-        self._flat = None
+        groups: dict[tuple, list[int]] = {}
+        for i, q in enumerate(self.tracker.params):
+            groups.setdefault((q.device, q.dtype), []).append(i)
+        #: ``(device, dtype, indices of the parameters)`` of each gradient buffer
+        self._groups = tuple((dev, dt, tuple(ix)) for (dev, dt), ix in groups.items())
+        self._buffers = []
+        if self._out is not None:  # an open logical batch: its sums carried over
+            self._carry = {**self._carry, **self._out}
+            self._out = None
         names = {id(v): n for n, v in self.tracker.model.named_parameters()}
         #: ``((name, numel), ...)`` of the noised parameters: correlated noise keeps one
         #: stream per parameter across unfreezing and freezing
@@ -506,14 +520,16 @@ class DPOptimizer(LossScaling):
 
     def clip_and_accumulate(self, examples: int | None = None, units=None) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
-        ``1 / expected_batch_size``) to the accumulator."""
-        sums = self._clipped_sum(examples=examples, units=units)
-        for p in self.tracker.params:
-            s = sums.get(id(p))
-            if s is None:
-                continue
-            k = id(p)
-            self._accum[k] = s if k not in self._accum else self._accum[k] + s
+        ``1 / expected_batch_size``) to the logical batch's gradient buffers (one flat
+        buffer per device and dtype of the parameters, the memory ``p.grad`` will view).
+        :meth:`add_noise` then adds the noise and sets ``p.grad``; ``step()`` does both."""
+        carry = self._open_buffers(fill=False) if self._out is None else None
+        try:
+            self._clipped_sum(self._out, examples=examples, units=units)
+        except BaseException:
+            if carry is not None:  # opened by this call: closed again, nothing kept
+                self._out, self._carry = None, carry
+            raise
 
     def _clipped_sum(self, out: dict | None = None, examples: int | None = None,
                      units=None) -> dict:
@@ -546,96 +562,152 @@ class DPOptimizer(LossScaling):
 
     def add_noise(self) -> None:
         """Steps 2-3: ``p.grad = accumulated + N(0, (sigma C)^2 / world) / expected``,
-        all-reduced over ranks when distributed."""
-        std_scaled = self._noise_std()
-        params = self.tracker.params
-        accum = self._accum
-        grads = []
-        for p in params:
-            g = accum.get(id(p))
-            if g is None:
-                g = torch.zeros_like(p)
-            elif g.dtype != p.dtype:
-                g = g.to(p.dtype)
-            grads.append(g)
-        if std_scaled > 0 and self.correlated is not None:
-            # one standard draw for all parameters, C^{-1} applied once, on the CPU (this
-            # path serves parameters on several devices or in half precision)
-            z = self.correlated.apply_(self.noise.standard_normal(self._numel),
-                                       self._noise_layout, self._draw_standard_)
-            for g, v in zip(grads, z.split(self._numels), strict=True):
-                g.add_(v.view(g.shape).to(device=g.device, dtype=g.dtype), alpha=std_scaled)
-        elif std_scaled > 0:
-            for g in grads:  # on each gradient's own device, in its dtype
-                self.noise.add_normal_(g, std_scaled)
-        if self.world_size > 1:
-            from privlearn.torch.distributed import all_reduce_sum
+        all-reduced over ranks when distributed: one draw per gradient buffer (device
+        and dtype) into the sums :meth:`clip_and_accumulate` left there (zeros when it
+        was not called), each sum formed at the draw's precision and rounded once to
+        the buffer's dtype (:meth:`NoiseSource.add_normal_`)."""
+        carry = self._open_buffers(fill=False) if self._out is None else None
+        try:
+            self._noise_into(add=True)
+        except BaseException:
+            if carry is not None:
+                self._out, self._carry = None, carry
+            raise
+        self._release()
 
-            grads = all_reduce_sum(grads, self.process_group)
-        for p, g in zip(params, grads, strict=True):
-            p.grad = g
-        self._accum = {}
+    def _noisy_step(self, examples: int | None = None, units=None) -> None:
+        """Steps 1-3 of a logical batch's last chunk. When the buffers hold nothing yet
+        (no earlier chunk) and are float32/64, the noise is drawn straight into them and
+        the clipped sums are accumulated into it in place (one pass fewer over the
+        gradients); otherwise the sums are accumulated first and the noise added to
+        them. Either way: the same buffers and one draw per buffer, each coordinate of
+        the sum receiving ``N(0, std^2)`` once."""
+        fill = self._out is None and all(dt in (torch.float32, torch.float64)
+                                         for _, dt, _ in self._groups)
+        carry = self._open_buffers(fill) if self._out is None else None
+        try:
+            self._clipped_sum(self._out, examples=examples, units=units)
+            if not fill:
+                self._noise_into(add=True)
+        except BaseException:
+            if carry is not None:  # opened by this call: closed again, nothing kept
+                self._out, self._carry = None, carry
+            raise
+        self._release()
 
-    def _noise_buffer(self, std: float) -> torch.Tensor | None:
-        """One flat tensor of ``N(0, std^2)`` draws (zeros if ``std == 0``) shaped to hold
-        every parameter's gradient, or None when the parameters do not share one device
-        and floating dtype (float32/64)."""
+    def _open_buffers(self, fill: bool) -> dict[int, torch.Tensor]:
+        """Open a logical batch: take the gradient buffers (last step's when nobody
+        references them any more: refilling one in place then changes nothing anyone
+        holds and spares the page faults of a new one; else fresh), filled with this
+        step's noise (``fill``) or zeroed, plus the sums carried over a change of the
+        trained parameters. Returns those carried sums (for a caller that closes the
+        batch again on failure); the batch stays closed if this raises."""
         params = self.tracker.params
-        if not params:
-            return None
-        dev, dt = params[0].device, params[0].dtype
-        if dt not in (torch.float32, torch.float64) or any(
-                p.device != dev or p.dtype != dt for p in params):
-            return None
-        flat = self._flat
-        if (flat is None or flat.device != dev or flat.dtype != dt
-                or flat.numel() != self._numel or not _sole_owner(flat)):
-            # a fresh buffer unless last step's is referenced by nobody (the gradients
-            # handed out as views of it were dropped by zero_grad): refilling it in place
-            # then changes nothing anyone holds, and spares the page faults of a new one
-            flat = torch.empty(self._numel, device=dev, dtype=dt)
-            self._flat = flat
+        bufs = list(self._buffers)
+        for i, (dev, dt, ix) in enumerate(self._groups):
+            n = sum(self._numels[j] for j in ix)
+            if i >= len(bufs):
+                bufs.append(None)
+            flat = bufs[i]
+            if (flat is None or flat.device != dev or flat.dtype != dt or flat.numel() != n
+                    or not _sole_owner(flat)):
+                bufs[i] = torch.empty(n, device=dev, dtype=dt)
+        self._buffers = bufs[:len(self._groups)]
+        out = {}
+        for buf, (_, _, ix) in zip(self._buffers, self._groups, strict=True):
+            views = buf.split([self._numels[j] for j in ix])
+            for j, v in zip(ix, views, strict=True):
+                q = params[j]
+                out[id(q)] = v if v.shape == q.shape else v.view(q.shape)
+        self._out = out
+        try:
+            if fill:
+                self._noise_into(add=False)
+            else:
+                for buf in self._buffers:
+                    buf.zero_()
+        except BaseException:
+            self._out = None
+            raise
+        carry, self._carry = self._carry, {}
+        for k, a in carry.items():  # earlier chunks, before the trained set changed
+            if k in out:
+                out[k].add_(a)
+        return carry
+
+    def _noise_into(self, add: bool) -> None:
+        """This step's noise into the open buffers: ``N(0, std^2)`` per coordinate
+        (:meth:`_noise_std`), added to their sums (``add``) or overwriting them; one draw
+        per buffer (:meth:`NoiseSource.add_normal_foreach_`)."""
+        std = self._noise_std()
+        bufs = self._buffers
         if std <= 0:
-            return flat.zero_()
-        if self.correlated is not None:  # sigma C (C^{-1} z)_t: the draw, then C^{-1}
-            return self.correlated.apply_(self._draw(flat, 1.0), self._noise_layout,
-                                          self._draw_standard_).mul_(std)
-        return self._draw(flat, std)
+            if not add:
+                for buf in bufs:
+                    buf.zero_()
+            return
+        if self.correlated is not None:
+            self._correlated_into(std, add)
+        elif add:
+            self.noise.add_normal_foreach_(bufs, std)
+        else:
+            self.noise.fill_normal_foreach_(bufs, std)
+
+    def _correlated_into(self, std: float, add: bool) -> None:
+        """``sigma C (C^{-1} z)_t``: one standard draw ``z`` for all parameters (in the
+        tracker's order, the streams' layout), ``C^{-1}`` applied once, scaled by ``std``.
+        Drawn in place into a single buffer being filled; otherwise into a scratch on
+        the first buffer's device (float32, float64 when every buffer is) and added to
+        each parameter's view at that precision (rounded once to the view's dtype)."""
+        bufs = self._buffers
+        if not add and len(bufs) == 1:
+            self.correlated.apply_(self.noise.fill_normal_(bufs[0], 1.0), self._noise_layout,
+                                   self._draw_standard_).mul_(std)
+            return
+        dt = (torch.float64 if all(b.dtype == torch.float64 for b in bufs)
+              else torch.float32)
+        z = torch.empty(self._numel, device=bufs[0].device, dtype=dt)
+        z = self.correlated.apply_(self.noise.fill_normal_(z, 1.0), self._noise_layout,
+                                   self._draw_standard_)
+        out = self._out
+        for q, piece in zip(self.tracker.params, z.split(self._numels), strict=True):
+            v = out[id(q)]
+            piece = piece.view(v.shape).to(v.device)
+            if add:
+                v.add_(piece, alpha=std)
+            else:
+                v.copy_(piece.mul_(std))
+
+    def _release(self) -> None:
+        """Close the logical batch: all-reduce the buffers over ranks (each rank's
+        buffer holds its sum and its ``1 / sqrt(world)`` share of the noise) and set
+        ``p.grad`` to the parameters' views of them."""
+        out = self._out
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            for buf in self._buffers:
+                dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.process_group)
+        for q in self.tracker.params:
+            q.grad = out[id(q)]
+        self._out = None
+
+    def _take_accumulated(self) -> dict[int, torch.Tensor]:
+        """The open logical batch's sums (``id(p) -> tensor``; empty when none), handed
+        over and the batch closed (the FSDP2 step reduce-scatters them itself)."""
+        out, self._out = self._out, None
+        carry, self._carry = self._carry, {}
+        if out is None:
+            return carry
+        for k, a in carry.items():
+            if k in out:
+                out[k].add_(a)
+        return out
 
     def _draw_standard_(self, out: torch.Tensor) -> torch.Tensor:
         """``out`` filled with standard Gaussian draws of the noise source (the steps of
         the correlated-noise streams of parameters frozen since they were trained)."""
         return self.noise.fill_normal_(out, 1.0)
-
-    def _draw(self, flat: torch.Tensor, std: float) -> torch.Tensor:
-        """``flat`` overwritten with ``N(0, std^2)`` draws of the noise source, on its own
-        device (no host copy; secure mode: scaled in float64, rounded once)."""
-        return self.noise.fill_normal_(flat, std)
-
-    def _noisy_step_fused(self, examples: int | None = None, units=None) -> bool:
-        """Steps 1-3 in one pass: the noise is drawn straight into one flat gradient
-        buffer and the clipped sums (scaled by ``1 / expected_batch_size``) are
-        accumulated into it in place. The result is the same mechanism as
-        ``clip_and_accumulate(); add_noise()`` with less memory traffic. Returns False
-        (nothing done) when the buffer cannot be used."""
-        flat = self._noise_buffer(self._noise_std())
-        if flat is None:
-            return False
-        params = self.tracker.params
-        views = [v if v.shape == p.shape else v.view(p.shape)
-                 for v, p in zip(flat.split(self._numels), params, strict=True)]
-        out = {id(p): v for p, v in zip(params, views, strict=True)}
-        self._clipped_sum(out, examples=examples, units=units)
-        for k, a in self._accum.items():  # earlier chunks of a virtual batch
-            out[k].add_(a)
-        self._accum = {}
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
-        for p, v in zip(params, views, strict=True):
-            p.grad = v
-        return True
 
     # ------------------------------------------------------------------ adaptive clipping
     def _count_unclipped(self, norms) -> None:
@@ -719,9 +791,8 @@ class DPOptimizer(LossScaling):
                 self.ledger.ensure(cfg[0], cfg[1])
             if self.sharded is not None:  # FSDP2: reduce-scatter, noise per shard
                 self.sharded.noisy_step(self, examples, units)
-            elif not self._noisy_step_fused(examples, units):
-                self.clip_and_accumulate(examples, units)
-                self.add_noise()
+            else:
+                self._noisy_step(examples, units)
             self._chunk_size, self._chunk_groups = None, None
         finally:
             self._dynamic_scale = 1.0

@@ -268,16 +268,13 @@ def test_overflow_dropped_from_rules_evaluated_during_backward(t):
 # --------------------------------------------------------------------------- (c)
 def _poison_noisy_gradient(monkeypatch, opt):
     """Make the noisy gradient of the next steps non-finite (after the DP step)."""
-    fused = opt._noisy_step_fused
+    release = opt._release
 
-    def poisoned(examples=None, units=None):
-        if not fused(examples, units):
-            opt.clip_and_accumulate(examples, units)
-            opt.add_noise()
+    def poisoned():
+        release()
         opt.tracker.params[0].grad.view(-1)[0] = float("nan")
-        return True
 
-    monkeypatch.setattr(opt, "_noisy_step_fused", poisoned)
+    monkeypatch.setattr(opt, "_release", poisoned)
 
 
 def _noisy_run_and_scaler():

@@ -54,12 +54,12 @@ def test_unreferenced_noise_buffer_is_reused_and_results_unchanged():
         for batch, batch_ref in zip(it, it_ref, strict=True):
             _step(p, batch)
             _step(ref, batch_ref)
-            ref.optimizer._flat = None  # the reference never reuses its buffer
+            ref.optimizer._buffers = []  # the reference never reuses its buffer
         it, it_ref = iter(p.data_loader), iter(ref.data_loader)
     assert next(p.model.parameters()).grad.data_ptr() == ptr
     for a, b in zip(p.model.parameters(), ref.model.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert sole_owner(torch.empty(2)) and not sole_owner(p.optimizer._flat)  # p.grad views
+    assert sole_owner(torch.empty(2)) and not sole_owner(p.optimizer._buffers[0])  # p.grad views
 
 
 def test_retain_freed_memory_is_idempotent_and_can_be_switched_off():

@@ -79,10 +79,11 @@ def test_clipped_aggregate_equals_naive_clip_and_sum(oracle):
                                rtol=1e-5, atol=1e-7)
 
 
-def test_fused_step_equals_two_phase_step():
-    """step() draws the noise into one flat gradient buffer and accumulates the clipped
-    sums into it in place; with noise 0 its gradients equal clip_and_accumulate() followed
-    by add_noise() (separate tensors), on a model with a conv and a dense layer."""
+def test_step_equals_its_public_pieces():
+    """step() draws the noise into the gradient buffer and accumulates the clipped sums
+    into it in place; clip_and_accumulate() accumulates into the zeroed buffer and
+    add_noise() adds the noise to it: with noise 0 the gradients agree, on a model with a
+    conv and a dense layer."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv1d(2, 3, 3), nn.Tanh(), nn.Flatten(), nn.Linear(12, 3))
     x, y = torch.randn(10, 2, 6), torch.randint(0, 3, (10,))
@@ -334,3 +335,79 @@ def test_fixed_size_sampling_is_accounted_as_fixed():
     m = compose(subsample(Gaussian(1.1), rate=8 / 64, scheme="fixed"), steps=8)
     assert p.accountant.mechanism() == m
     assert p.accountant.epsilon(1e-5) == m.epsilon(1e-5)
+
+
+class _Cast(nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x):
+        return x.to(self.dtype)
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_one_noise_draw_per_device_and_dtype(monkeypatch, half):
+    """Parameters of several dtypes: step() draws the noise once per gradient buffer (one
+    per device and dtype; secure mode), not once per parameter, and every coordinate gets
+    std sigma C / expected batch size. With a bfloat16 parameter the sums are accumulated
+    first and the noise added to them (formed in float64, rounded to the dtype)."""
+    from privlearn.torch.noise import NoiseSource
+
+    torch.manual_seed(0)
+    last = torch.bfloat16 if half else torch.float32
+    model = nn.Sequential(nn.Linear(40, 100).double(), _Cast(last),
+                          nn.Linear(100, 60).to(last))
+    n, b, sigma, C = 200, 20, 1.3, 0.5
+    ds = TensorDataset(torch.randn(n, 40, dtype=torch.float64), torch.zeros(n))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=b), noise_multiplier=sigma, max_grad_norm=C,
+                     secure_mode=True)
+    draws = []
+    real = NoiseSource._secure_draws_
+
+    def counted(self, outs, std, add):
+        draws.append((len(outs), outs[0].dtype, add))
+        return real(self, outs, std, add)
+
+    monkeypatch.setattr(NoiseSource, "_secure_draws_", counted)
+    x, _ = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    (p.model(x).float().sum() * 0).backward()  # a zero loss: the update is the noise
+    p.optimizer.step()
+    assert sorted(str(d[1]) for d in draws) == sorted([str(torch.float64), str(last)])
+    assert all(d[0] == 1 and d[2] == half for d in draws)  # one buffer each; add for half
+    expected = sigma * C / b
+    for dt in (torch.float64, last):
+        g = torch.cat([q.grad.reshape(-1).double() for q in model.parameters()
+                       if q.dtype == dt])
+        assert g.numel() > 4000
+        assert abs(g.std().item() / expected - 1) < 0.06
+        assert abs(g.mean().item()) < 4 * expected / math.sqrt(g.numel())
+
+
+def test_a_refused_step_leaves_no_noise_behind():
+    """A step refused after its noise was drawn into the gradient buffer (an example's
+    gradient not finite) keeps nothing of it: the step retried on the batch holds one
+    draw of noise, std sigma C / expected batch size, not two."""
+    from privlearn.errors import NonFiniteInputError
+
+    torch.manual_seed(0)
+    model = nn.Linear(100, 200)
+    n, b, sigma, C = 1000, 50, 1.7, 0.3
+    ds = TensorDataset(torch.randn(n, 100), torch.zeros(n))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(ds, batch_size=b), noise_multiplier=sigma, max_grad_norm=C)
+    x, _ = next(iter(p.data_loader))
+    weight = torch.zeros(len(x), 1)
+    weight[0] = float("inf")  # example 0's gradient is not finite (a loss without scaler)
+    p.optimizer.zero_grad()
+    (p.model(x) * weight).sum().backward()
+    with pytest.raises(NonFiniteInputError, match="not finite"):
+        p.optimizer.step()
+    p.optimizer.zero_grad()  # the batch trained on again, with a finite loss
+    (p.model(x).sum() * 0).backward()
+    p.optimizer.step()
+    g = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
+    assert abs(g.std().item() / (sigma * C / b) - 1) < 0.05
+    assert p.accountant.steps == 1
