@@ -12,7 +12,13 @@ too: the private one includes the tracker's hooks (the per-example norms compute
 Usage::
 
     python benchmarks/step_dispatch.py [--models gpt2,bert,llama,gpt2_lora] [--json FILE]
-        [--dtype float32|bfloat16|float16] [--secure]
+        [--dtype float32|bfloat16|float16] [--autocast bfloat16|float16] [--secure]
+        [--sites N]
+
+``--dtype`` sets the parameters' dtype (the gradient buffers follow it); ``--autocast``
+keeps float32 parameters and runs the forward passes under CPU autocast to that dtype
+(the layers record half-precision inputs and output gradients). ``--sites N`` prints the
+N call sites (file:line in privlearn) that dispatch most of the private step's operations.
 """
 
 from __future__ import annotations
@@ -30,16 +36,34 @@ sys.path.insert(0, str(ROOT / "tests" / "torch"))  # the tiny models
 MODELS = ("gpt2", "bert", "llama", "gpt2_lora")
 
 
-def _counter():
+def _site() -> str:
+    """The innermost frame of privlearn (else of torch.optim) on the stack."""
+    import traceback
+
+    optim = None
+    for fr in reversed(traceback.extract_stack()):
+        path = fr.filename.replace("\\", "/")
+        if "/privlearn/" in path:
+            return f"{path.split('/privlearn/')[-1]}:{fr.lineno} {fr.name}"
+        if optim is None and "/torch/optim/" in path:
+            optim = f"torch.optim {fr.name}"
+    return optim or "?"
+
+
+def _counter(sites: bool = False):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
         def __init__(self):
             super().__init__()
             self.ops = collections.Counter()
+            self.sites = collections.Counter()  # (call site, operation)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func.overloadpacket.__name__)] += 1
+            name = str(func.overloadpacket.__name__)
+            self.ops[name] += 1
+            if sites:
+                self.sites[(_site(), name)] += 1
             return func(*args, **(kwargs or {}))
 
     return Count
@@ -51,10 +75,13 @@ def _loss(name, model, ids, mask, labels):
     return loss_of(name, model(input_ids=ids, attention_mask=mask), labels)
 
 
-def count(name: str, steps: int = 2, dtype: str = "float32", secure: bool = False) -> dict:
+def count(name: str, steps: int = 2, dtype: str = "float32", secure: bool = False,
+          autocast: str | None = None, sites: bool = False) -> dict:
     """Dispatched operations of plain SGD's step and of the private step (and of the
     private backward pass's hooks) on the tiny ``name`` model, its parameters in
-    ``dtype``, the noise in secure mode when ``secure``."""
+    ``dtype``, the forward passes under CPU autocast to ``autocast`` when given, the
+    noise in secure mode when ``secure``; with ``sites``, the private step's operations
+    by call site too."""
     import torch
     from hf_models import build
     from test_host_reads import _data
@@ -62,13 +89,16 @@ def count(name: str, steps: int = 2, dtype: str = "float32", secure: bool = Fals
 
     from privlearn.torch import make_private
 
-    Count = _counter()
+    Count = _counter(sites)
+    cast = torch.autocast("cpu", dtype=getattr(torch, autocast or "bfloat16"),
+                          enabled=autocast is not None)
     # plain SGD (foreach, torch's default) on the same model and batch
     model = build(name, dtype=getattr(torch, dtype))
     params = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(params, lr=0.01)
     ids, mask, labels = next(iter(DataLoader(_data(name, 6), batch_size=6)))
-    loss = _loss(name, model, ids, mask, labels)
+    with cast:
+        loss = _loss(name, model, ids, mask, labels)
     plain_backward = Count()
     with plain_backward:
         loss.backward()
@@ -86,7 +116,8 @@ def count(name: str, steps: int = 2, dtype: str = "float32", secure: bool = Fals
     for i, (ids, mask, labels) in enumerate(p.data_loader):
         steady = i == steps - 1
         p.optimizer.zero_grad()
-        loss = _loss(name, p.model, ids, mask, labels)
+        with cast:
+            loss = _loss(name, p.model, ids, mask, labels)
         if steady:
             with hooks:
                 loss.backward()
@@ -99,6 +130,7 @@ def count(name: str, steps: int = 2, dtype: str = "float32", secure: bool = Fals
             "sgd_step": sum(sgd.ops.values()), "private_step": sum(private.ops.values()),
             "ratio": round(sum(private.ops.values()) / max(1, sum(sgd.ops.values())), 2),
             "step_ops": dict(private.ops.most_common()),
+            "step_sites": [[site, op, n] for (site, op), n in private.sites.most_common()],
             "backward_plain": sum(plain_backward.ops.values()),
             "backward_private": sum(hooks.ops.values())}
 
@@ -109,12 +141,17 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--top", type=int, default=8, help="most frequent operations shown")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--autocast", default=None, choices=("bfloat16", "float16"),
+                    help="float32 parameters, forward passes under CPU autocast")
     ap.add_argument("--secure", action="store_true", help="secure-mode noise")
+    ap.add_argument("--sites", type=int, default=0,
+                    help="call sites dispatching most of the private step shown")
     a = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    rows = [count(m, dtype=a.dtype, secure=a.secure) for m in a.models.split(",")]
+    rows = [count(m, dtype=a.dtype, secure=a.secure, autocast=a.autocast,
+                  sites=a.sites > 0) for m in a.models.split(",")]
     print(f"{'model':<10} {'params':>6} {'SGD step':>9} {'private step':>13} {'ratio':>6} "
           f"{'backward plain':>15} {'private':>8}")
     for r in rows:
@@ -123,6 +160,12 @@ def main(argv=None) -> int:
               f"{r['backward_private']:>8}")
         top = list(r["step_ops"].items())[:a.top]
         print("    " + ", ".join(f"{k} {v}" for k, v in top))
+        by_site = collections.Counter()
+        for site, op, n in r["step_sites"]:
+            by_site[site] += n
+        for site, n in by_site.most_common(a.sites):
+            ops = ", ".join(f"{op} {k}" for s, op, k in r["step_sites"] if s == site)
+            print(f"      {n:>4}  {site}: {ops}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
