@@ -161,7 +161,7 @@ def main(argv=None) -> int:
         top = list(r["step_ops"].items())[:a.top]
         print("    " + ", ".join(f"{k} {v}" for k, v in top))
         by_site = collections.Counter()
-        for site, op, n in r["step_sites"]:
+        for site, _op, n in r["step_sites"]:
             by_site[site] += n
         for site, n in by_site.most_common(a.sites):
             ops = ", ".join(f"{op} {k}" for s, op, k in r["step_sites"] if s == site)

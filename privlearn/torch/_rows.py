@@ -71,10 +71,22 @@ def _addmv_rows(o: torch.Tensor, rows: torch.Tensor, c: torch.Tensor) -> None:
 def _addmv_cols(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
     """``o += cols @ c`` in place (``cols`` (n, B), ``o`` of ``n`` entries), the columns
     of examples that only a weight of 0 can make non-finite cleaned first."""
-    cols = _finite(cols)
-    if cols.dtype != o.dtype:
-        cols = cols.to(o.dtype)
-    (o if o.dim() == 1 else o.view(-1)).addmv_(cols, c.to(o.dtype))
+    _add_mv(o, _finite(cols), c)
+
+
+def _add_mv(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
+    """``o += cols @ c`` in place, in the wider of the dtypes of ``o`` and ``cols``: one
+    ``addmv_`` when ``o`` is at least as wide (narrower columns are widened first),
+    else the product in the columns' dtype added into ``o`` (rounded once to its dtype,
+    the columns never rounded to it: a half-precision buffer of float32 per-example
+    gradients)."""
+    flat = o if o.dim() == 1 else o.view(-1)
+    if cols.dtype == o.dtype or cols.dtype.itemsize <= o.dtype.itemsize:
+        if cols.dtype != o.dtype:
+            cols = cols.to(o.dtype)
+        flat.addmv_(cols, c if c.dtype == o.dtype else c.to(o.dtype))
+    else:
+        flat.add_(torch.mv(cols, c if c.dtype == cols.dtype else c.to(cols.dtype)))
 
 
 def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

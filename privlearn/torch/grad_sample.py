@@ -55,6 +55,7 @@ from torch import nn
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _LOW,
     _ROWS_FINITE,
+    _add_mv,
     _addmv_cols,
     _addmv_rows,
     _finite,
@@ -213,7 +214,7 @@ class Contribution:
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         """``outs[j] += sum_i c_i grad_i`` in place, for each parameter ``j``."""
         for o, w in zip(outs, self.weighted_sum(c), strict=True):
-            o.add_(w.reshape(o.shape).to(o.dtype))
+            o.add_(w if w.shape == o.shape else w.reshape(o.shape))
 
     def param_sq_norms(self) -> list[torch.Tensor]:
         """Per-example squared norms ``(B,)`` of each parameter's gradient, aligned with
@@ -285,9 +286,28 @@ def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
 
 
+#: the last clip factors given to :func:`low_factors` and their half-precision forms by
+#: dtype (one tuple, replaced whole; one clipped sum weighs every layer with the same
+#: factors: they are rounded once per dtype, not once per layer)
+_LOW_FACTORS: tuple = (None, {})
+
+
 def low_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Clip factors in half precision, never larger than the float32 ones after the
-    product with a gradient is rounded (see :data:`_LOW_MARGIN`)."""
+    product with a gradient is rounded (see :data:`_LOW_MARGIN`); formed once per
+    factor vector and dtype."""
+    global _LOW_FACTORS
+    entry = _LOW_FACTORS
+    if entry[0] is not c:
+        entry = _LOW_FACTORS = (c, {})
+    low = entry[1].get(dtype)
+    if low is None:
+        low = entry[1][dtype] = _round_factors(c, dtype)
+    return low
+
+
+def _round_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`low_factors` without the cache."""
     c = c * (1.0 - _LOW_MARGIN.get(dtype, 2.0 ** -7))
     low = c.to(dtype)
     over = low.float().abs() > c.abs()
@@ -610,12 +630,13 @@ class OuterProduct(Contribution):
         :data:`_CHUNK_BYTES` at a time: a language-model head's are vocabulary-wide)."""
         b, G, t, d, p = self.dims
         o = outs[0]
-        if self._ps is not None and self._ps.dtype == o.dtype:
+        if self._ps is not None:
             # the per-example gradients (ours, cleaned in place of what only an example
             # of weight 0 can hold), in the parameter's layout: one matrix-vector product
+            # (float32 ones into a half-precision buffer: formed in float32, rounded once)
             if not _ROWS_FINITE.get():
                 torch.nan_to_num(self._ps, 0.0, 0.0, 0.0, out=self._ps)
-            (o if o.dim() == 1 else o.view(-1)).addmv_(self._ps_cols, c.to(o.dtype))
+            _add_mv(o, self._ps_cols, c)
             if self.bias is not None:
                 _addmv_cols(outs[1], self._bias_cols(), c)
             return
