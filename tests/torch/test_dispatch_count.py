@@ -3,8 +3,11 @@ operations of plain SGD's step on the same model.
 
 Every aten operation reaching the dispatcher (one kernel launch each on an accelerator,
 views included) is counted by a ``TorchDispatchMode`` during the second step (the first
-probes batch independence) of tiny Hugging Face models, float32, on the CPU. The plain
-step is torch's default ``SGD`` (the optimizer the private step wraps and also runs).
+probes batch independence) of tiny Hugging Face models on the CPU, float32 and under
+bfloat16 autocast (float32 parameters; the layers record bfloat16 inputs and output
+gradients, the norms and the clipped sum are float32). The plain step is torch's default
+``SGD`` (the optimizer the private step wraps and also runs), after a backward pass under
+the same autocast.
 The operations of the private backward pass (the tracker's hooks compute the per-example
 norms there) are counted too and reported, not bounded.
 """
@@ -51,16 +54,23 @@ def _loss(name, model, ids, mask, labels):
     return loss_of(name, model(input_ids=ids, attention_mask=mask), labels)
 
 
-def dispatch_counts(name: str) -> tuple[Dispatched, Dispatched, Dispatched, Dispatched]:
-    """(plain backward, plain SGD step, private backward, private step) of tiny ``name``."""
+def dispatch_counts(name: str, autocast=None) -> tuple[Dispatched, Dispatched,
+                                                        Dispatched, Dispatched]:
+    """(plain backward, plain SGD step, private backward, private step) of tiny ``name``,
+    its forward passes under CPU autocast to ``autocast`` when given."""
     from hf_models import build
     from test_host_reads import _data
+
+    def cast():
+        return torch.autocast("cpu", dtype=autocast or torch.bfloat16,
+                              enabled=autocast is not None)
 
     model = build(name, dtype=torch.float32)
     opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.01)
     ids, mask, labels = next(iter(DataLoader(_data(name, 6), batch_size=6)))
     plain_backward, plain_step = Dispatched(), Dispatched()
-    loss = _loss(name, model, ids, mask, labels)
+    with cast():
+        loss = _loss(name, model, ids, mask, labels)
     with plain_backward:
         loss.backward()
     with plain_step:
@@ -73,7 +83,8 @@ def dispatch_counts(name: str) -> tuple[Dispatched, Dispatched, Dispatched, Disp
     private_backward, private_step = Dispatched(), Dispatched()
     for i, (ids, mask, labels) in enumerate(p.data_loader):
         p.optimizer.zero_grad()
-        loss = _loss(name, p.model, ids, mask, labels)
+        with cast():
+            loss = _loss(name, p.model, ids, mask, labels)
         with private_backward if i == 1 else Dispatched():
             loss.backward()
         with private_step if i == 1 else Dispatched():
@@ -82,14 +93,17 @@ def dispatch_counts(name: str) -> tuple[Dispatched, Dispatched, Dispatched, Disp
     return plain_backward, plain_step, private_backward, private_step
 
 
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["float32", "bf16_autocast"])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
-def test_private_step_dispatches_at_most_five_sgd_steps(name):
+def test_private_step_dispatches_at_most_five_sgd_steps(name, autocast):
     if name == "gpt2_lora":
         pytest.importorskip("peft")
-    plain_backward, plain_step, private_backward, private_step = dispatch_counts(name)
+    plain_backward, plain_step, private_backward, private_step = dispatch_counts(
+        name, autocast)
     n_params = sum(1 for _ in plain_step.ops.elements())
     assert n_params > 0  # the counter sees the plain step
-    print(f"\n{name}: SGD step {plain_step.total}, private step {private_step.total}; "
+    print(f"\n{name} {autocast or torch.float32}: SGD step {plain_step.total}, "
+          f"private step {private_step.total}; "
           f"backward plain {plain_backward.total}, private (with the hooks) "
           f"{private_backward.total}; most frequent in the private step: "
           f"{private_step.ops.most_common(6)}")
