@@ -13,12 +13,16 @@ Usage::
 
     python benchmarks/step_dispatch.py [--models gpt2,bert,llama,gpt2_lora] [--json FILE]
         [--dtype float32|bfloat16|float16] [--autocast bfloat16|float16] [--secure]
-        [--sites N]
+        [--sites N] [--ghost] [--half-matmul auto|never|always]
 
 ``--dtype`` sets the parameters' dtype (the gradient buffers follow it); ``--autocast``
 keeps float32 parameters and runs the forward passes under CPU autocast to that dtype
 (the layers record half-precision inputs and output gradients). ``--sites N`` prints the
 N call sites (file:line in privlearn) that dispatch most of the private step's operations.
+``--ghost`` forces ghost norms in every layer (no materialised per-example gradients, as
+on layers of realistic width); ``--half-matmul always`` keeps half-precision operands in
+the outer-product rules as on an accelerator (``grad_sample.LOW_PRECISION_MATMUL``; the CPU
+emulates the float32 accumulation by two casts a product that a GPU does not dispatch).
 """
 
 from __future__ import annotations
@@ -144,12 +148,20 @@ def main(argv=None) -> int:
     ap.add_argument("--autocast", default=None, choices=("bfloat16", "float16"),
                     help="float32 parameters, forward passes under CPU autocast")
     ap.add_argument("--secure", action="store_true", help="secure-mode noise")
+    ap.add_argument("--ghost", action="store_true", help="ghost norms in every layer")
+    ap.add_argument("--half-matmul", default="auto", choices=("auto", "never", "always"),
+                    help="grad_sample.LOW_PRECISION_MATMUL")
     ap.add_argument("--sites", type=int, default=0,
                     help="call sites dispatching most of the private step shown")
     a = ap.parse_args(argv)
     import torch
 
+    from privlearn.torch import grad_sample
+
     torch.set_num_threads(1)
+    grad_sample.LOW_PRECISION_MATMUL = a.half_matmul
+    if a.ghost:
+        grad_sample.GHOST_MEMORY_BUDGET_BYTES = 0
     rows = [count(m, dtype=a.dtype, secure=a.secure, autocast=a.autocast,
                   sites=a.sites > 0) for m in a.models.split(",")]
     print(f"{'model':<10} {'params':>6} {'SGD step':>9} {'private step':>13} {'ratio':>6} "
