@@ -1,7 +1,7 @@
 """Per-example rows of the rules' recorded tensors: their squared norms, their weighing by
 the clip factors, and the positions of an output gradient that reach the loss (the
-rule-author kit's :func:`row_sq_norms`, :func:`row_scaled` and :func:`live_positions`,
-re-exported by :mod:`privlearn.torch.grad_sample`)."""
+rule-author kit's :func:`row_sq_norms`, :func:`row_scaled`, :func:`low_factors` and
+:func:`live_positions`, re-exported by :mod:`privlearn.torch.grad_sample`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ import contextvars
 import torch
 
 _LOW = (torch.float16, torch.bfloat16)
+
+
+#: Half-precision clip factors are rounded toward zero and reduced by this relative
+#: margin, twice the unit roundoff of the dtype (bf16: 2^-8, fp16: 2^-11), so that
+#: rounding a scaled gradient to half precision (relative error at most the unit
+#: roundoff) can never make an example's contribution larger than the clipping bound.
+_LOW_MARGIN = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
 
 
 #: True while the clipped sum is formed from examples whose squared norms are all known
@@ -187,3 +194,36 @@ def live_positions(g: torch.Tensor) -> torch.Tensor | None:
         return None
     idx = live.nonzero().squeeze(1)
     return idx if idx.numel() else idx.new_zeros(1)  # keep one (zero) position
+
+
+def _shaped(x: torch.Tensor, shape) -> torch.Tensor:
+    """``x`` reshaped to ``shape``, without dispatching a view when it has that shape."""
+    return x if x.shape == shape else x.reshape(shape)
+
+
+#: the last clip factors given to :func:`low_factors` and their half-precision forms by
+#: dtype (one tuple, replaced whole; one clipped sum weighs every layer with the same
+#: factors: they are rounded once per dtype, not once per layer)
+_LOW_FACTORS: tuple = (None, {})
+
+
+def low_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Clip factors in half precision, never larger than the float32 ones after the
+    product with a gradient is rounded (see :data:`_LOW_MARGIN`); formed once per
+    factor vector and dtype."""
+    global _LOW_FACTORS
+    entry = _LOW_FACTORS
+    if entry[0] is not c:
+        entry = _LOW_FACTORS = (c, {})
+    low = entry[1].get(dtype)
+    if low is None:
+        low = entry[1][dtype] = _round_factors(c, dtype)
+    return low
+
+
+def _round_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`low_factors` without the cache."""
+    c = c * (1.0 - _LOW_MARGIN.get(dtype, 2.0 ** -7))
+    low = c.to(dtype)
+    over = low.float().abs() > c.abs()
+    return torch.where(over, torch.nextafter(low, torch.zeros_like(low)), low)

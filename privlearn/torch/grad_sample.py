@@ -54,12 +54,15 @@ from torch import nn
 
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _LOW,
+    _LOW_MARGIN,
     _ROWS_FINITE,
     _add_mv,
     _addmv_cols,
     _addmv_rows,
     _finite,
+    _shaped,
     live_positions,
+    low_factors,
     row_scaled,
     row_sq_norms,
     rows_finite,
@@ -214,7 +217,7 @@ class Contribution:
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         """``outs[j] += sum_i c_i grad_i`` in place, for each parameter ``j``."""
         for o, w in zip(outs, self.weighted_sum(c), strict=True):
-            o.add_(w if w.shape == o.shape else w.reshape(o.shape))
+            o.add_(_shaped(w, o.shape))
 
     def param_sq_norms(self) -> list[torch.Tensor]:
         """Per-example squared norms ``(B,)`` of each parameter's gradient, aligned with
@@ -242,11 +245,6 @@ class Contribution:
 #: emulates the accumulation in float32: used by the tests). Norms, clip factors and the
 #: noisy sum are float32 either way.
 LOW_PRECISION_MATMUL = "auto"
-#: Half-precision clip factors are rounded toward zero and reduced by this relative
-#: margin, twice the unit roundoff of the dtype (bf16: 2^-8, fp16: 2^-11), so that
-#: rounding a scaled gradient to half precision (relative error at most the unit
-#: roundoff) can never make an example's contribution larger than the clipping bound.
-_LOW_MARGIN = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
 
 
 def keep_low_precision(*tensors: torch.Tensor) -> bool:
@@ -284,36 +282,6 @@ def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return torch.mm(a, b, out_dtype=torch.float32)
         return torch.bmm(a, b, out_dtype=torch.float32)
     return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
-
-
-#: the last clip factors given to :func:`low_factors` and their half-precision forms by
-#: dtype (one tuple, replaced whole; one clipped sum weighs every layer with the same
-#: factors: they are rounded once per dtype, not once per layer)
-_LOW_FACTORS: tuple = (None, {})
-
-
-def low_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Clip factors in half precision, never larger than the float32 ones after the
-    product with a gradient is rounded (see :data:`_LOW_MARGIN`); formed once per
-    factor vector and dtype."""
-    global _LOW_FACTORS
-    entry = _LOW_FACTORS
-    if entry[0] is not c:
-        entry = _LOW_FACTORS = (c, {})
-    low = entry[1].get(dtype)
-    if low is None:
-        low = entry[1][dtype] = _round_factors(c, dtype)
-    return low
-
-
-def _round_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`low_factors` without the cache."""
-    c = c * (1.0 - _LOW_MARGIN.get(dtype, 2.0 ** -7))
-    low = c.to(dtype)
-    over = low.float().abs() > c.abs()
-    return torch.where(over, torch.nextafter(low, torch.zeros_like(low)), low)
-
-
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -691,11 +659,11 @@ class OuterProduct(Contribution):
         else:
             w = mm32(gc.permute(1, 3, 0, 2).reshape(G, p, b * t),
                      a.permute(1, 0, 2, 3).reshape(G, b * t, d)).reshape(G * p, d)
-        out = [w.reshape(self.weight.shape)]
+        out = [_shaped(w, self.weight.shape)]
         if self.bias is not None:
-            out.append(gc.reshape(b * t, G * p).sum(0, dtype=torch.float32).view(
-                self.bias.shape) if G == 1 else gc.sum(2, dtype=torch.float32).reshape(
-                b, G * p).sum(0).view(self.bias.shape))
+            out.append(_shaped(g2.sum(0, dtype=torch.float32), self.bias.shape) if G == 1
+                       else gc.sum(2, dtype=torch.float32).reshape(b, G * p).sum(0).view(
+                           self.bias.shape))
         return out
 
     def per_sample(self) -> list[torch.Tensor]:
