@@ -780,3 +780,47 @@ def test_half_precision_matmuls_with_float32_accumulation(monkeypatch, seq, ghos
         one = c.weighted_sum(e)
         norm = torch.cat([x.reshape(-1) for x in one]).double().norm()
         assert norm <= C * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("ghost", [False, True])
+def test_float32_sum_into_half_precision_buffer_is_rounded_once(ghost):
+    """bf16 records with float32 per-example gradients (the CPU path) added into a bf16
+    gradient buffer that already holds a sum (a tied parameter, an earlier chunk): the
+    buffer holds the float64 sum of both rounded once to bf16 (half a unit in the last
+    place), not the float32 sum rounded first and the total rounded again."""
+    from privlearn.torch.grad_sample import OuterProduct
+
+    torch.manual_seed(int(ghost))
+    b, t, d, p = 5, 4, 6, 9
+    a = torch.randn(b, 1, t, d).to(torch.bfloat16)
+    g = torch.randn(b, 1, t, p).to(torch.bfloat16)
+    w = torch.nn.Parameter(torch.zeros(p, d, dtype=torch.bfloat16))
+    bias = torch.nn.Parameter(torch.zeros(p, dtype=torch.bfloat16))
+    c = torch.rand(b)
+    ref_w = torch.einsum("b,btp,btd->pd", c.double(), g[:, 0].double(), a[:, 0].double())
+    ref_b = torch.einsum("b,btp->p", c.double(), g[:, 0].double())
+    # buffers that nearly cancel the sums: a second rounding would show there
+    outs = [(-ref_w * 0.999).to(torch.bfloat16), (-ref_b * 0.999).to(torch.bfloat16)]
+    want = [o.double() + r for o, r in zip(outs, (ref_w, ref_b), strict=True)]
+    with grad_sample.rows_finite(True):
+        OuterProduct(w, bias, a, g, ghost=ghost).accumulate_into(c, outs)
+    for o, r, s in zip(outs, want, (ref_w, ref_b), strict=True):
+        assert o.dtype == torch.bfloat16
+        # one rounding to nearest: half a bf16 ulp of the result (at most 2^-8 of it),
+        # plus the float32 sum's error (a rounding of the sum to bf16 first: 2^-9 of it)
+        err = (o.double() - r).abs()
+        assert (err <= r.abs() * 2.0 ** -8 + s.abs() * 1e-5).all(), (err / s.abs()).max()
+
+
+def test_low_factors_follow_each_factor_vector():
+    """The half-precision clip factors, formed once per factor vector and dtype, are
+    those of the vector given: never larger than it and within the margin below it."""
+    from privlearn.torch.grad_sample import _LOW_MARGIN, low_factors
+
+    for seed in range(3):
+        c = torch.rand(7, generator=torch.Generator().manual_seed(seed))
+        for dt in (torch.bfloat16, torch.float16):
+            low = low_factors(c, dt)
+            assert low.dtype == dt and low is low_factors(c, dt)
+            assert (low.double() <= c.double()).all()
+            assert (low.double() >= c.double() * (1 - 2 * _LOW_MARGIN[dt])).all()
