@@ -756,10 +756,9 @@ class DenseOuterProduct(Contribution):
                 self.a.unsqueeze(1), self.g.unsqueeze(1))
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        if self._low:  # float32 results added into the (float32) buffer
-            for o, w in zip(outs, self.weighted_sum(c), strict=True):
-                o.add_(w.reshape(o.shape).to(o.dtype))
-            return
+        if self._low or self.g.dtype.itemsize > outs[0].dtype.itemsize:
+            # float32 sums added into the buffer (a half-precision one: rounded once)
+            return super().accumulate_into(c, outs)
         gc = self._weighted_g(c)
         a = _finite(self.a)
         if gc.dtype != outs[0].dtype:

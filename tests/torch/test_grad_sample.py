@@ -782,16 +782,17 @@ def test_half_precision_matmuls_with_float32_accumulation(monkeypatch, seq, ghos
         assert norm <= C * (1 + 1e-6)
 
 
-@pytest.mark.parametrize("ghost", [False, True])
+@pytest.mark.parametrize("ghost", [False, True, "dense"])
 def test_float32_sum_into_half_precision_buffer_is_rounded_once(ghost):
-    """bf16 records with float32 per-example gradients (the CPU path) added into a bf16
-    gradient buffer that already holds a sum (a tied parameter, an earlier chunk): the
-    buffer holds the float64 sum of both rounded once to bf16 (half a unit in the last
-    place), not the float32 sum rounded first and the total rounded again."""
-    from privlearn.torch.grad_sample import OuterProduct
+    """bf16 records with float32 per-example gradients or sums (the CPU path; dense: a
+    ``(B, d)`` input) added into a bf16 gradient buffer that already holds a sum (a tied
+    parameter, an earlier chunk): the buffer holds the float64 sum of both rounded once
+    to bf16 (half a unit in the last place), not the float32 sum (or the scaled rows)
+    rounded first and the total rounded again."""
+    from privlearn.torch.grad_sample import DenseOuterProduct, OuterProduct
 
-    torch.manual_seed(int(ghost))
-    b, t, d, p = 5, 4, 6, 9
+    torch.manual_seed(int(ghost is True))
+    b, t, d, p = 5, 1 if ghost == "dense" else 4, 6, 9
     a = torch.randn(b, 1, t, d).to(torch.bfloat16)
     g = torch.randn(b, 1, t, p).to(torch.bfloat16)
     w = torch.nn.Parameter(torch.zeros(p, d, dtype=torch.bfloat16))
@@ -802,8 +803,10 @@ def test_float32_sum_into_half_precision_buffer_is_rounded_once(ghost):
     # buffers that nearly cancel the sums: a second rounding would show there
     outs = [(-ref_w * 0.999).to(torch.bfloat16), (-ref_b * 0.999).to(torch.bfloat16)]
     want = [o.double() + r for o, r in zip(outs, (ref_w, ref_b), strict=True)]
+    rule = DenseOuterProduct(w, bias, a[:, 0, 0], g[:, 0, 0]) if ghost == "dense" else \
+        OuterProduct(w, bias, a, g, ghost=ghost)
     with grad_sample.rows_finite(True):
-        OuterProduct(w, bias, a, g, ghost=ghost).accumulate_into(c, outs)
+        rule.accumulate_into(c, outs)
     for o, r, s in zip(outs, want, (ref_w, ref_b), strict=True):
         assert o.dtype == torch.bfloat16
         # one rounding to nearest: half a bf16 ulp of the result (at most 2^-8 of it),
