@@ -51,20 +51,30 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
 
 #: the last weights seen by :func:`_row_view` and their views (one tuple, replaced whole:
 #: a thread reading it sees a pair that belongs together)
-_ROW_VIEWS: tuple = (None, {})
+class _PerVector:
+    """Values derived from one weight vector, kept while it is the latest one asked about
+    (one entry swapped whole, so a thread reading it sees one vector's values)."""
+
+    def __init__(self) -> None:
+        self._entry: tuple = (None, {})
+
+    def get(self, c: torch.Tensor, key, make):
+        entry = self._entry
+        if entry[0] is not c:
+            entry = self._entry = (c, {})
+        v = entry[1].get(key)
+        if v is None:
+            v = entry[1][key] = make()
+        return v
+
+
+_ROW_VIEWS = _PerVector()
 
 
 def _row_view(c: torch.Tensor, dim: int) -> torch.Tensor:
     """``c`` (B,) viewed as ``(B, 1, ..., 1)`` with ``dim`` dimensions, made once per
     weight vector and shape (one clipped sum weighs every layer with the same factors)."""
-    global _ROW_VIEWS
-    entry = _ROW_VIEWS
-    if entry[0] is not c:
-        entry = _ROW_VIEWS = (c, {})
-    v = entry[1].get(dim)
-    if v is None:
-        v = entry[1][dim] = c.view(-1, *([1] * (dim - 1)))
-    return v
+    return _ROW_VIEWS.get(c, dim, lambda: c.view(-1, *([1] * (dim - 1))))
 
 
 def _addmv_rows(o: torch.Tensor, rows: torch.Tensor, c: torch.Tensor) -> None:
@@ -204,21 +214,14 @@ def _shaped(x: torch.Tensor, shape) -> torch.Tensor:
 #: the last clip factors given to :func:`low_factors` and their half-precision forms by
 #: dtype (one tuple, replaced whole; one clipped sum weighs every layer with the same
 #: factors: they are rounded once per dtype, not once per layer)
-_LOW_FACTORS: tuple = (None, {})
+_LOW_FACTORS = _PerVector()
 
 
 def low_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Clip factors in half precision, never larger than the float32 ones after the
     product with a gradient is rounded (see :data:`_LOW_MARGIN`); formed once per
     factor vector and dtype."""
-    global _LOW_FACTORS
-    entry = _LOW_FACTORS
-    if entry[0] is not c:
-        entry = _LOW_FACTORS = (c, {})
-    low = entry[1].get(dtype)
-    if low is None:
-        low = entry[1][dtype] = _round_factors(c, dtype)
-    return low
+    return _LOW_FACTORS.get(c, dtype, lambda: _round_factors(c, dtype))
 
 
 def _round_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
