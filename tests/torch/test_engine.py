@@ -110,7 +110,8 @@ def test_step_equals_its_public_pieces():
 @pytest.mark.parametrize("secure", [False, True])
 def test_noise_std(secure):
     """Measured noise std = sigma C / expected batch size within 5% (on ~20k coordinates,
-    whose sampling error is ~0.5%)."""
+    whose sampling error is ~0.5%: 10 standard errors). Secure mode cannot be seeded: the
+    mean's bound is 7 standard errors, false alarm 2.6e-12 a run."""
     torch.manual_seed(0)
     model = nn.Linear(100, 200)
     n, b = 1000, 50
@@ -118,7 +119,7 @@ def test_noise_std(secure):
     ds = TensorDataset(torch.randn(n, 100), torch.zeros(n))
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
                      DataLoader(ds, batch_size=b), noise_multiplier=sigma, max_grad_norm=C,
-                     secure_mode=secure)
+                     secure_mode=secure, seed=None if secure else 0)
     x, _ = next(iter(p.data_loader))
     p.optimizer.zero_grad()
     (p.model(x).sum() * 0).backward()  # a zero loss: the update is the noise alone
@@ -126,7 +127,7 @@ def test_noise_std(secure):
     g = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
     expected = sigma * C / b
     assert abs(g.std().item() / expected - 1) < 0.05
-    assert abs(g.mean().item()) < 4 * expected / math.sqrt(g.numel())
+    assert abs(g.mean().item()) < 7 * expected / math.sqrt(g.numel())
     assert p.accountant.steps == 1
 
 
@@ -381,9 +382,11 @@ def test_one_noise_draw_per_device_and_dtype(monkeypatch, half):
     for dt in (torch.float64, last):
         g = torch.cat([q.grad.reshape(-1).double() for q in model.parameters()
                        if q.dtype == dt])
+        # secure noise (fresh OS entropy): with >= 4100 draws, (n - 1) s^2 / sd^2 ~
+        # chi2(n - 1) leaves 8% with probability 5e-13, the mean 7 standard errors 2.6e-12
         assert g.numel() > 4000
-        assert abs(g.std().item() / expected - 1) < 0.06
-        assert abs(g.mean().item()) < 4 * expected / math.sqrt(g.numel())
+        assert abs(g.std().item() / expected - 1) < 0.08
+        assert abs(g.mean().item()) < 7 * expected / math.sqrt(g.numel())
 
 
 def test_a_refused_step_leaves_no_noise_behind():
