@@ -192,6 +192,55 @@ def test_empty_batch_runs_noise_only_step():
     assert p.accountant.steps == 200
 
 
+class _Head(nn.Module):
+    """``layer`` then a linear head on its flattened output."""
+
+    def __init__(self, layer, width):
+        super().__init__()
+        self.layer, self.head = layer, nn.Linear(width, 3)
+
+    def forward(self, x):
+        return self.head(self.layer(x).flatten(1))
+
+
+_LAYERS = {  # a layer whose rule is evaluated during backward after the first step
+    "linear_on_sequences": (lambda: nn.Linear(6, 4), lambda n: torch.randn(n, 5, 6), 20),
+    "groupnorm": (lambda: nn.GroupNorm(2, 4), lambda n: torch.randn(n, 4, 3), 12),
+    "layernorm": (lambda: nn.LayerNorm(6), lambda n: torch.randn(n, 6), 6),
+    "embedding": (lambda: nn.Embedding(10, 4), lambda n: torch.randint(0, 10, (n, 5)), 20),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(_LAYERS))
+def test_empty_batch_after_a_full_one(layer, monkeypatch):
+    """An empty Poisson batch after the first step (when the layers' rules run during
+    backward, not at the step) contributes nothing: without noise the step leaves the
+    weights as they were, and it is accounted."""
+    from privlearn.torch.samplers import PoissonBatchSampler
+
+    draw = PoissonBatchSampler._draw
+    monkeypatch.setattr(PoissonBatchSampler, "_draw",
+                        lambda self, seed: [] if self.draws == 1 else draw(self, seed))
+    make, inputs, width = _LAYERS[layer]
+    torch.manual_seed(0)
+    model = _Head(make(), width)
+    ds = TensorDataset(inputs(32), torch.randint(0, 3, (32,)))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(ds, batch_size=8), noise_multiplier=0.0, max_grad_norm=1.0,
+                     loss_reduction="sum", seed=0)
+    weights, sizes = [], []
+    for x, y in p.data_loader:  # 4 steps
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y, reduction="sum").backward()
+        p.optimizer.step()
+        sizes.append(len(y))
+        weights.append(torch.cat([q.detach().reshape(-1).clone() for q in model.parameters()]))
+    assert sizes[1] == 0 and sizes[0] > 0 and sizes[2] > 0
+    assert torch.equal(weights[1], weights[0])
+    assert not torch.equal(weights[2], weights[1])
+    assert p.accountant.steps == 4
+
+
 def test_accountant_matches_composition():
     model = _mlp()
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
