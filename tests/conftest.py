@@ -5,6 +5,7 @@ locally they are random, which keeps finding new cases. ``HYPOTHESIS_PROFILE`` o
 """
 
 import os
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -46,3 +47,24 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")
         for item in gpu:
             item.add_marker(skip)
+
+
+class _Stopwatch:
+    """``with stopwatch() as t: ...`` then ``t.seconds``: the smaller of the block's wall
+    time and this process's CPU time. A loaded machine (other processes, xdist workers
+    sharing two cores) inflates the wall time, not the CPU time; idle-spinning BLAS
+    threads on a many-core machine inflate the CPU time, not the wall time: the minimum
+    measures the work itself, so a time budget fails on a slow algorithm, not by chance."""
+
+    def __enter__(self):
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = min(time.perf_counter() - self._wall, time.process_time() - self._cpu)
+
+
+@pytest.fixture
+def stopwatch():
+    """The class :class:`_Stopwatch`, for a test's time budget."""
+    return _Stopwatch

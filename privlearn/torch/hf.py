@@ -426,8 +426,7 @@ class DPTrainer(FSDP2Support, Trainer):
                           "checkpoints) without noise; it is not covered by the accounted "
                           "mechanism", PrivacyLeakWarning, stacklevel=2)
         self._refuse_unsupported()
-        self.private_state_dir = _check_private_state_dir(private_state_dir, self.args,
-                                                          privacy)
+        self.private_state_dir = _check_private_state_dir(private_state_dir, self.args, privacy)
         self.add_callback(_PrivacyCallback(self))
 
     def _refuse_unsupported(self) -> None:
@@ -593,6 +592,8 @@ class DPTrainer(FSDP2Support, Trainer):
         """An empty Poisson batch trains on nothing (the step still adds its noise; under
         FSDP2 the rank runs the collectives of a pass on a stand-in example, discarded)."""
         if _batch_size(inputs) == 0:
+            if "labels" in inputs:  # an undecidable task is refused here as well, not
+                self._task(model, inputs["labels"])  # after a noise step: whatever the draw
             if is_fsdp2(self):
                 stand_in_pass(self, model)
             return torch.zeros((), device=self.args.device)
@@ -617,8 +618,7 @@ class DPTrainer(FSDP2Support, Trainer):
         keep = self.privacy.log_training_loss
         metrics = {k: v for k, v in out.metrics.items() if _released(k, keep)}
         metrics["epsilon"] = self.epsilon()
-        return type(out)(out.global_step, out.training_loss if keep else float("nan"),
-                         metrics)
+        return type(out)(out.global_step, out.training_loss if keep else float("nan"), metrics)
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self, delta: float | None = None) -> float:

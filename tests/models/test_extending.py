@@ -89,9 +89,12 @@ def test_recipe_budgets_a_fit_on_a_ledger(tmp_path):
 def test_recipe_noise_has_the_calibrated_scale():
     """The released mean's spread matches the calibrated Gaussian: the sum of clipped
     rows gets std ``sigma sqrt(2) bound`` per coordinate, so with n rows the mean's std
-    is about ``sigma sqrt(2) bound / n`` (the count's noise is negligible at n=2000)."""
+    is about ``sigma sqrt(2) bound / n`` (the count's noise is negligible at n=2000).
+    Each fit is seeded: with fresh entropy the std of 400 draws leaves 15% in 4e-5 of the
+    runs."""
     X = np.random.default_rng(1).normal(0.0, 0.05, size=(2000, 2))
-    means = np.array([Recipe(epsilon=1.0, delta=1e-6).fit(X).mean_ for _ in range(400)])
+    means = np.array([Recipe(epsilon=1.0, delta=1e-6, random_state=k).fit(X).mean_
+                      for k in range(400)])
     sigma = Recipe(epsilon=1.0, delta=1e-6).planned_mechanism(X).noise_multiplier
     expected = sigma * np.sqrt(2.0) / 2000
     assert np.std(means - X.mean(0), axis=0) == pytest.approx([expected] * 2, rel=0.15)

@@ -417,7 +417,7 @@ def _noise_only_step(secure_mode: bool, sigma=1.7, c=0.3, b=50):
     ds = TensorDataset(torch.randn(1000, 100), torch.zeros(1000))
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
                      DataLoader(ds, batch_size=b), noise_multiplier=sigma, max_grad_norm=c,
-                     secure_mode=secure_mode)
+                     secure_mode=secure_mode, seed=None if secure_mode else 0)
     x, _ = next(iter(p.data_loader))
     p.optimizer.zero_grad()
     (p.model(x.to(DEVICE)).sum() * 0).backward()  # a zero loss: the update is the noise
@@ -431,15 +431,16 @@ def _noise_only_step(secure_mode: bool, sigma=1.7, c=0.3, b=50):
 @pytest.mark.parametrize("secure_mode", [False, True])
 def test_noise_is_gaussian_with_the_accounted_std(secure_mode):
     """The noise of a step without data on ~20k coordinates: std sigma C / B within 5%
-    (sampling error ~0.5%), mean within 4 standard errors, and the law N(0, std^2) by a
-    Kolmogorov-Smirnov distance under 0.02 (exceeded by chance with probability < 1e-6
-    for 20k draws); two secure draws differ."""
+    (sampling error ~0.5%), mean within 7 standard errors, and the law N(0, std^2) by a
+    Kolmogorov-Smirnov distance under 0.03; two secure draws differ. Secure noise cannot
+    be seeded: the bounds are exceeded by chance with probability 1e-23, 2.6e-12 and
+    4e-16 (exact KS law for 20,100 draws) a run."""
     from scipy import stats
 
     z, std = _noise_only_step(secure_mode)
     assert abs(z.std().item() / std - 1) < 0.05
-    assert abs(z.mean().item()) < 4 * std / math.sqrt(z.numel())
-    assert stats.kstest((z / std).numpy(), "norm").statistic < 0.02
+    assert abs(z.mean().item()) < 7 * std / math.sqrt(z.numel())
+    assert stats.kstest((z / std).numpy(), "norm").statistic < 0.03
     if secure_mode:
         z2, _ = _noise_only_step(True)
         assert not torch.equal(z, z2)

@@ -36,7 +36,11 @@ def _draws(n, q, world, seed):
     return per_rank
 
 
-@settings(max_examples=6, deadline=None)
+# The checks below are statistical: a correct sampler fails one of them by chance for
+# about 1 seed in 10^5 (the chi-square bound alone, chi2(20) beyond 20 + 6 sqrt(40), is
+# 1.5e-5). The examples, seeds included, are therefore fixed (derandomize) under every
+# profile, so that a run cannot fail by chance.
+@settings(max_examples=6, deadline=None, derandomize=True)
 @given(n=st.integers(20, 200), world=st.integers(1, 4), q=st.floats(0.05, 0.6),
        seed=st.integers(0, 2**31))
 def test_union_of_rank_samples_is_poisson_sampling(n, world, q, seed):

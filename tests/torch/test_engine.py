@@ -110,7 +110,8 @@ def test_step_equals_its_public_pieces():
 @pytest.mark.parametrize("secure", [False, True])
 def test_noise_std(secure):
     """Measured noise std = sigma C / expected batch size within 5% (on ~20k coordinates,
-    whose sampling error is ~0.5%)."""
+    whose sampling error is ~0.5%: 10 standard errors). Secure mode cannot be seeded: the
+    mean's bound is 7 standard errors, false alarm 2.6e-12 a run."""
     torch.manual_seed(0)
     model = nn.Linear(100, 200)
     n, b = 1000, 50
@@ -118,7 +119,7 @@ def test_noise_std(secure):
     ds = TensorDataset(torch.randn(n, 100), torch.zeros(n))
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
                      DataLoader(ds, batch_size=b), noise_multiplier=sigma, max_grad_norm=C,
-                     secure_mode=secure)
+                     secure_mode=secure, seed=None if secure else 0)
     x, _ = next(iter(p.data_loader))
     p.optimizer.zero_grad()
     (p.model(x).sum() * 0).backward()  # a zero loss: the update is the noise alone
@@ -126,7 +127,7 @@ def test_noise_std(secure):
     g = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
     expected = sigma * C / b
     assert abs(g.std().item() / expected - 1) < 0.05
-    assert abs(g.mean().item()) < 4 * expected / math.sqrt(g.numel())
+    assert abs(g.mean().item()) < 7 * expected / math.sqrt(g.numel())
     assert p.accountant.steps == 1
 
 
@@ -189,6 +190,55 @@ def test_empty_batch_runs_noise_only_step():
             assert not torch.equal(before, model[0].weight)  # noise moved the weights
     assert seen_empty
     assert p.accountant.steps == 200
+
+
+class _Head(nn.Module):
+    """``layer`` then a linear head on its flattened output."""
+
+    def __init__(self, layer, width):
+        super().__init__()
+        self.layer, self.head = layer, nn.Linear(width, 3)
+
+    def forward(self, x):
+        return self.head(self.layer(x).flatten(1))
+
+
+_LAYERS = {  # a layer whose rule is evaluated during backward after the first step
+    "linear_on_sequences": (lambda: nn.Linear(6, 4), lambda n: torch.randn(n, 5, 6), 20),
+    "groupnorm": (lambda: nn.GroupNorm(2, 4), lambda n: torch.randn(n, 4, 3), 12),
+    "layernorm": (lambda: nn.LayerNorm(6), lambda n: torch.randn(n, 6), 6),
+    "embedding": (lambda: nn.Embedding(10, 4), lambda n: torch.randint(0, 10, (n, 5)), 20),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(_LAYERS))
+def test_empty_batch_after_a_full_one(layer, monkeypatch):
+    """An empty Poisson batch after the first step (when the layers' rules run during
+    backward, not at the step) contributes nothing: without noise the step leaves the
+    weights as they were, and it is accounted."""
+    from privlearn.torch.samplers import PoissonBatchSampler
+
+    draw = PoissonBatchSampler._draw
+    monkeypatch.setattr(PoissonBatchSampler, "_draw",
+                        lambda self, seed: [] if self.draws == 1 else draw(self, seed))
+    make, inputs, width = _LAYERS[layer]
+    torch.manual_seed(0)
+    model = _Head(make(), width)
+    ds = TensorDataset(inputs(32), torch.randint(0, 3, (32,)))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(ds, batch_size=8), noise_multiplier=0.0, max_grad_norm=1.0,
+                     loss_reduction="sum", seed=0)
+    weights, sizes = [], []
+    for x, y in p.data_loader:  # 4 steps
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y, reduction="sum").backward()
+        p.optimizer.step()
+        sizes.append(len(y))
+        weights.append(torch.cat([q.detach().reshape(-1).clone() for q in model.parameters()]))
+    assert sizes[1] == 0 and sizes[0] > 0 and sizes[2] > 0
+    assert torch.equal(weights[1], weights[0])
+    assert not torch.equal(weights[2], weights[1])
+    assert p.accountant.steps == 4
 
 
 def test_accountant_matches_composition():
@@ -381,9 +431,11 @@ def test_one_noise_draw_per_device_and_dtype(monkeypatch, half):
     for dt in (torch.float64, last):
         g = torch.cat([q.grad.reshape(-1).double() for q in model.parameters()
                        if q.dtype == dt])
+        # secure noise (fresh OS entropy): with >= 4100 draws, (n - 1) s^2 / sd^2 ~
+        # chi2(n - 1) leaves 8% with probability 5e-13, the mean 7 standard errors 2.6e-12
         assert g.numel() > 4000
-        assert abs(g.std().item() / expected - 1) < 0.06
-        assert abs(g.mean().item()) < 4 * expected / math.sqrt(g.numel())
+        assert abs(g.std().item() / expected - 1) < 0.08
+        assert abs(g.mean().item()) < 7 * expected / math.sqrt(g.numel())
 
 
 def test_a_refused_step_leaves_no_noise_behind():

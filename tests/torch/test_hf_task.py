@@ -120,9 +120,19 @@ def test_an_undetermined_task_is_refused_until_given(tmp_path):
     assert given._task(TinyForCausalLM(), tokens) == given._task(xlm, tokens) == "causal_lm"
 
 
-def test_refused_before_any_step(tmp_path):
+@pytest.mark.parametrize("first_batch", ["drawn", "empty"])
+def test_refused_before_any_step(tmp_path, monkeypatch, first_batch):
+    """Refused at the first step, also when the first Poisson batch is empty (one run in
+    (7/8)^64 = 1 / 5,000 at B / N = 1/8): its labels' shape is checked as well."""
+    if first_batch == "empty":
+        from privlearn.torch.samplers import PoissonBatchSampler
+
+        draw = PoissonBatchSampler._draw
+        monkeypatch.setattr(PoissonBatchSampler, "_draw",
+                            lambda self, seed: [] if self.draws == 0 else draw(self, seed))
     tr = DPTrainer(model=TinyForCausalLM(), args=_args(tmp_path, max_steps=2),
-                   train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0))
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
     with pytest.raises(ValueError, match="cannot tell how to compute the per-example loss"):
         tr.train()
     assert tr.state.global_step == 0 and tr.privacy_engine.accountant.steps == 0

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+import privlearn  # noqa: E402
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
 from privlearn.errors import BudgetExceededError  # noqa: E402
 from privlearn.ledger import Ledger  # noqa: E402
@@ -148,8 +149,12 @@ def test_sigkill_mid_run_leaves_at_least_the_steps_that_ran(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     progress = tmp_path / "progress"
+    # the child imports the privlearn under test (the one this process imported), installed
+    # or not
+    root = os.path.dirname(os.path.dirname(os.path.abspath(privlearn.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "privacy.db"),
-                             str(progress)])
+                             str(progress)], env=env)
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
