@@ -271,11 +271,16 @@ def _eager(fn):
     return hook
 
 
-def _restore(unit: Unit, slots) -> None:
-    """Put the parameters of ``slots`` back in their modules."""
+def _restore(unit: Unit, slots, keep_assigned: bool = False) -> None:
+    """Put the parameters of ``slots`` back in their modules. ``keep_assigned``: leave a
+    slot that holds another ``nn.Parameter`` (one the user assigned since the slots were
+    taken, ``layer.weight = nn.Parameter(...)``) as it is; only an alias is replaced."""
     changed = False
     for owner, name, p in slots:
-        if owner._parameters.get(name) is not p:
+        cur = owner._parameters.get(name)
+        if keep_assigned and isinstance(cur, nn.Parameter):
+            continue
+        if cur is not p:
             owner._parameters[name] = p
             changed = True
     if changed and unit.rule.after_swap is not None:

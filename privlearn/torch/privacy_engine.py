@@ -65,7 +65,7 @@ from privlearn.torch.fsdp import (
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
 from privlearn.torch.schedule import SAMPLINGS, NoisePlan, cycle_bands
-from privlearn.torch.tracker import GradSampleTracker
+from privlearn.torch.tracker import GradSampleTracker, check_not_attached
 from privlearn.torch.validator import apply_fixers, check_model
 
 __all__ = ["make_private", "PrivateTraining", "Plan", "prepare_model", "plan_run",
@@ -359,9 +359,15 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     inner = unwrap(model)
     if not isinstance(inner, nn.Module):
         raise ParameterTypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(optimizer, DPOptimizer):
+        raise ParameterTypeError(
+            "optimizer is already the DPOptimizer of a private training run (p.optimizer "
+            "of an earlier make_private): pass the plain torch optimizer over the model's "
+            "parameters, after p.detach() if the same model is to be made private again")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ParameterTypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    check_not_attached(inner)
     if not model.training:
         raise ParameterValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")

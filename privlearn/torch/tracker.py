@@ -48,7 +48,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from privlearn.errors import BatchDependenceError, ParameterValueError, TrainingLoopError
+from privlearn.errors import (
+    BatchDependenceError,
+    ConfigurationError,
+    ParameterValueError,
+    TrainingLoopError,
+)
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
@@ -176,6 +181,36 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
     return units
 
 
+#: ``module -> weak reference to the tracker whose hooks are on it`` (every module of an
+#: attached tracker's model, until :meth:`GradSampleTracker.detach`)
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def check_not_attached(model: nn.Module) -> None:
+    """Refuse a model any of whose modules already carries a tracker's hooks (a model
+    given to :func:`~privlearn.torch.make_private` twice, or containing, or contained in,
+    one already made private): a second engine would record every forward twice, and
+    each would find the other's records at its step.
+
+    Raises
+    ------
+    ConfigurationError
+    """
+    names = {m: n for n, m in model.named_modules()}
+    for module, name in names.items():
+        ref = _ATTACHED.get(module)
+        if ref is not None and ref() is not None:
+            where = "the model" if not name else f"its submodule {name!r}"
+            raise ConfigurationError(
+                f"{where} is already attached to a private training run (an earlier "
+                "make_private, or a GradSampleTracker, on this model or on a model "
+                "containing it): a second engine on the same layers would record every "
+                "forward pass twice and neither step could clip what it recorded. Keep "
+                "training with the earlier run's p.optimizer and p.data_loader, or call "
+                "p.detach() on it first (it removes its hooks and returns the model), "
+                "then make_private again. Nothing was changed")
+
+
 class GradSampleTracker(ClippingMixin):
     """Records what the rules need and computes clipped per-example gradient sums.
 
@@ -258,9 +293,13 @@ class GradSampleTracker(ClippingMixin):
         self.unrecorded_forward: str | None = None
         #: ids of clipped parameters that received a gradient outside their layers
         self.outside_uses: set[int] = set()
+        check_not_attached(model)
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
         self._install()
+        me = weakref.ref(self)
+        for module in model.modules():
+            _ATTACHED[module] = me
 
     @property
     def last_overflow_count(self) -> int:
@@ -377,8 +416,8 @@ class GradSampleTracker(ClippingMixin):
                 stack.pop().__exit__(None, None, None)
         self._capturing = {}
         self._captured = {}
-        for u, slots in self._swapped:
-            _restore(u, slots)
+        for u, slots in self._swapped:  # a parameter assigned since is the user's
+            _restore(u, slots, keep_assigned=True)
         self._swapped = []
         self._swap_stack = {}
 
@@ -725,6 +764,9 @@ class GradSampleTracker(ClippingMixin):
         self._uninstall()
         self._root_handle.remove()
         self.clear()
+        for module, ref in list(_ATTACHED.items()):
+            if ref() is self:
+                del _ATTACHED[module]
 
     # ------------------------------------------------------------------ probe
     def check_independence(self, examples: int | None) -> None:

@@ -77,6 +77,32 @@ def test_layer_unfrozen_after_make_private_is_clipped_with_the_others(oracle, ma
         torch.set_default_dtype(torch.float32)
 
 
+def test_weights_assigned_after_make_private_are_the_ones_trained(oracle, make_data, make_mlp):
+    """Weights loaded after make_private by assignment (``load_state_dict(...,
+    assign=True)``, ``layer.weight = nn.Parameter(...)``) and handed to the optimizer are
+    the ones the forward uses and the step updates, exactly as the naive per-example loop
+    (the engine once put its own copies of the old parameters back into the model)."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = make_mlp(act=nn.Tanh, seed=1)
+        ref = make_mlp(act=nn.Tanh, seed=3)  # the weights to load
+        C, lr = 0.05, 0.5
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        p = make_private(model, opt, DataLoader(make_data(), batch_size=8),
+                         noise_multiplier=0.0, max_grad_norm=C, sampling="fixed", seed=2)
+        model.load_state_dict(copy.deepcopy(ref.state_dict()), assign=True)
+        opt.param_groups[0]["params"] = list(model.parameters())
+        it = iter(p.data_loader)
+        for _ in range(2):
+            x, y = next(it)
+            _step(p, x, y)
+            oracle.step(ref, x, y, C, lr, 8)
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_raw_gradient_of_a_model_parameter_is_refused(make_data, make_mlp):
     """A gradient set on a model parameter outside the engine (e.g. by a second,
     non-private backward through a detached copy) is refused by the gate."""

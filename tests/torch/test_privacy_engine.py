@@ -519,3 +519,30 @@ def test_an_additive_mask_with_minus_inf_is_not_a_bad_input():
         nn.functional.cross_entropy(p.model(xb, bb), yb).backward()
         p.optimizer.step()
     assert p.accountant.steps == len(p.data_loader)
+
+
+# ------------------------------------------------------------------ one engine per model
+
+
+def test_a_model_made_private_twice_is_refused_until_detached():
+    """A second make_private on a model that already carries an engine (the same model,
+    a model containing it, or one of its layers) used to be accepted, and the next
+    step failed with a bare KeyError: each engine found the other's records. It is
+    refused with the way out, the first run keeps training, and after ``p.detach()``
+    the model can be made private again."""
+    from privlearn.errors import ConfigurationError, ParameterTypeError
+
+    model = _mlp()
+    p = _private(model, seed=0)
+    for other in (model, nn.Sequential(model, nn.Tanh()), model[0]):
+        with pytest.raises(ConfigurationError, match=r"already attached.*p\.detach\(\)"):
+            make_private(other, torch.optim.SGD(other.parameters(), lr=0.1),
+                         DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+    with pytest.raises(ParameterTypeError, match="already the DPOptimizer"):
+        make_private(model, p.optimizer, DataLoader(_data(), batch_size=8),
+                     noise_multiplier=1.0)
+    _train(p, 2)
+    assert p.accountant.steps == 2
+    p2 = _private(p.detach(), seed=1)
+    _train(p2, 2)
+    assert p2.accountant.steps == 2
