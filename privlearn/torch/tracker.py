@@ -404,8 +404,11 @@ class GradSampleTracker(ClippingMixin):
             "use is neither per example nor clipped. Route every use through a module: "
             "e.g. a tied output head as an nn.Linear whose weight is the embedding's "
             "(head.weight = emb.weight; the engine clips the tied sum), or a layer rule "
-            "for a custom module (privlearn.torch.register_rule). No step was taken and "
-            "nothing was released")
+            "for a custom module (privlearn.torch.register_rule). A penalty on the "
+            "parameters added to the loss (an L2 term such as 1e-4 * sum(p.pow(2).sum() "
+            "for p in model.parameters())) is such a use too: give the optimizer "
+            "weight_decay instead (applied after the DP step, to the parameters, not the "
+            "data). No step was taken and nothing was released")
 
     def _uninstall(self) -> None:
         for h in self._handles:

@@ -158,6 +158,31 @@ def test_a_parameter_used_outside_its_layer_is_refused():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_an_l2_penalty_in_the_loss_is_refused_with_weight_decay_as_the_way_out():
+    """``loss + lam * sum(p.pow(2).sum())``: the penalty's gradient reaches every
+    parameter outside its layer (not per example, not clipped): refused before anything
+    is released, pointing to the optimizer's ``weight_decay``, which trains."""
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(32, 6), torch.randint(0, 3, (32,)))
+
+    def run(weight_decay, penalty):
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5,
+                                                weight_decay=weight_decay),
+                         DataLoader(ds, batch_size=8), noise_multiplier=1.0, seed=0)
+        x, y = next(iter(p.data_loader))
+        loss = nn.functional.cross_entropy(p.model(x), y)
+        if penalty:
+            loss = loss + 1e-4 * sum(q.pow(2).sum() for q in model.parameters())
+        loss.backward()
+        p.optimizer.step()
+        return p
+
+    with pytest.raises(RuntimeError, match="used outside their layers.*weight_decay"):
+        run(0.0, penalty=True)
+    assert run(1e-4, penalty=False).accountant.steps == 1
+
+
 def test_the_same_tie_through_a_module_trains():
     p = _lm_step(_FunctionalTied(functional=False))
     assert p.accountant.steps == 1
