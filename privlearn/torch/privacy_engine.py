@@ -397,6 +397,15 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
             raise ParameterValueError(f"users must give the user of each of the "
                              f"{len(data_loader.dataset)} examples, got {len(cfg.users)}")
         units = UnitIndex(cfg.users, cfg.max_examples_per_user)
+        rows = max(min(len(m), units.max_examples) for m in units.members)
+        if cfg.max_physical_batch_size is not None and rows > cfg.max_physical_batch_size:
+            raise ConfigurationError(
+                f"a drawn user can bring {rows} rows to a batch (max_examples_per_user="
+                f"{units.max_examples}; the largest user has {max(map(len, units.members))} "
+                f"examples), more than max_physical_batch_size={cfg.max_physical_batch_size}"
+                ": a user's rows are clipped together, so they must fit in one physical "
+                f"chunk. Pass max_physical_batch_size >= {rows} or lower "
+                "max_examples_per_user")
     n = len(data_loader.dataset) if units is None else units.n_units
     b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
                                 len(data_loader.dataset), world)

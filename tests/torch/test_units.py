@@ -232,13 +232,30 @@ def test_virtual_batches_keep_each_user_in_one_chunk():
         nn.functional.cross_entropy(p.model(x), torch.zeros(len(x), dtype=torch.long)
                                     ).backward()
         p.optimizer.step()
-    with pytest.raises(ValueError, match="more than max_physical_batch_size"):
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_user_larger_than_a_physical_chunk_is_refused_at_make_private(sampling):
+    """A user whose rows cannot fit in one physical chunk used to be refused only when
+    the loader first drew one, after steps had been taken and charged; now make_private
+    refuses it, before any batch, naming both settings. Users whose examples all fit
+    are accepted."""
+    from privlearn.errors import ConfigurationError
+
+    ds, users = _data(), torch.arange(48) // 4
+
+    def private(mpbs, k, users=users):
         model = _Feat(_mlp(d=4))
-        q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                         DataLoader(ds, batch_size=6), noise_multiplier=1.0,
-                         users=users, max_examples_per_user=4, max_physical_batch_size=3,
-                         seed=3, sampling="fixed")
-        list(q.data_loader)
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(ds, batch_size=6), noise_multiplier=1.0, users=users,
+                            max_examples_per_user=k, max_physical_batch_size=mpbs, seed=3,
+                            sampling=sampling)
+
+    with pytest.raises(ConfigurationError,
+                       match=r"bring 4 rows.*more than max_physical_batch_size=3"):
+        private(3, 4)
+    assert private(3, 3).accountant.steps == 0  # at most 3 rows of a user
+    assert private(1, 4, users=torch.arange(48)).accountant.steps == 0  # one example each
 
 
 def test_ledger_budgets_are_per_privacy_unit(tmp_path):
