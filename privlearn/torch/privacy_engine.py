@@ -42,6 +42,7 @@ from privlearn.errors import (
 )
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
+    _check_given_sampler,
     _guard_token_level_labels,
     _per_layer_bounds,
     _shared_seed,
@@ -418,6 +419,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
     per_epoch = law.per_epoch(q, cycle)
+    _check_given_sampler(data_loader, len(data_loader.dataset), cfg.secure_mode, per_epoch)
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
     run = NoisePlan.build(cfg.noise, cfg.sampling, n, q, cycle, planned, cfg.bands,

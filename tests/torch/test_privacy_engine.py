@@ -331,6 +331,30 @@ def test_accepted_samplers_and_recorded_rate():
     assert [(s.sampling_rate, s.steps) for s in p.accountant.segments] == [(0.25, 5)]
 
 
+@pytest.mark.parametrize("sampler,sampling,match", [
+    (lambda: PoissonBatchSampler(32, 0.25), "poisson", r"num_samples=32 \(the dataset has 64"),
+    (lambda: PoissonBatchSampler(64, 0.25, indices=range(10)), "poisson",
+     r"indices=.*Subset\(dataset, indices\)"),
+    (lambda: PoissonBatchSampler(64, 0.25, secure=True), "poisson", "secure_mode=True"),
+    (lambda: PoissonBatchSampler(64, 0.25, steps=10), "poisson",
+     r"steps=10 \(the run's epoch is 4 steps"),
+    (lambda: FixedSizeBatchSampler(128, 8), "fixed", "num_samples=128"),
+], ids=["num_samples", "indices", "secure", "steps", "fixed-num_samples"])
+def test_a_given_dp_sampler_is_not_silently_rebuilt_without_its_settings(sampler, sampling,
+                                                                        match):
+    """make_private rebuilds a given sampler from its rate over the whole dataset: its
+    subset of indices (the training split), another dataset size, secure sampling or
+    epoch length were silently dropped (the run sampled from held-out examples, or with
+    the seeded generator). Now refused before anything, naming the setting."""
+    from privlearn.errors import ConfigurationError
+
+    model = _mlp()
+    with pytest.raises(ConfigurationError, match=match):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(n=64), batch_sampler=sampler()), noise_multiplier=1.0,
+                     sampling=sampling)
+
+
 def test_training_on_another_loader_is_refused():
     """Batches that did not come from p.data_loader are not what is accounted."""
     ds = _data()
