@@ -222,6 +222,12 @@ def _mismatch_message(unit: Unit, seen: int, examples: int, rec: Record | None =
     base = (f"layer {unit.name!r} ({type(unit.module).__name__}) saw {seen} rows on its "
             f"batch dimension {unit.batch_dim}, but p.data_loader delivered {examples} "
             "examples for this step: per-example clipping needs one row per example. ")
+    if examples == 0:
+        return base + (
+            "The forward pass ran on rows that are not the (empty) batch's: a collate "
+            "function whose empty batch is not empty, or inputs taken from elsewhere. "
+            "Feed the model what p.data_loader yields (or skip the forward and backward "
+            "of an empty batch, still calling p.optimizer.step()).")
     x = rec.args[0] if rec is not None and rec.args else None
     if isinstance(x, torch.Tensor) and x.dim() > 1:
         other = [d for d in range(1, x.dim()) if x.shape[d] == examples]

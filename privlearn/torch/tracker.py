@@ -699,6 +699,8 @@ class GradSampleTracker(ClippingMixin):
                 and _rules.transformers._RULE_STATE.get(unit.module) != "ok"):
             return  # (a class-name rule is checked against the fallback at the step)
         examples = record_batch(unit, rec)
+        if examples == 0:
+            return  # an empty Poisson batch: nothing to clip (the step sees no rows)
         with torch.no_grad(), rule_evaluation(), \
                 _gs.materialise_budget(0, left=self._budget_left, share=_EARLY_SHARE):
             c = unit.rule(unit.module, rec, unit.params)
