@@ -727,7 +727,9 @@ class GradSampleTracker(ClippingMixin):
                 "more than max_grad_norm). Use make_private(..., max_physical_batch_size=k) "
                 "to split large batches into chunks of k examples (call backward() and "
                 "step() once per chunk; the noise is added once per logical batch), and "
-                "call optimizer.step() after every backward()")
+                "call optimizer.step() after every backward(). Several losses of one "
+                "batch (a GAN discriminator's real and fake terms): add them and call "
+                "backward() once")
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)

@@ -183,6 +183,31 @@ def test_rows_fed_in_place_of_an_empty_batch_are_named_not_a_division_by_zero():
             p.optimizer.step()
 
 
+def test_a_discriminator_s_two_backward_passes_point_to_one_summed_backward():
+    """The DCGAN loop of Opacus's example: ``errD_real.backward(); errD_fake.backward()``
+    before one step is refused (row i of the fake batch would be clipped with example i),
+    naming the fix; the same losses added and backpropagated once train."""
+    bce = nn.BCEWithLogitsLoss()
+    for summed in (False, True):
+        torch.manual_seed(0)
+        disc = nn.Sequential(nn.Linear(10, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+        p = make_private(disc, torch.optim.Adam(disc.parameters(), lr=1e-3),
+                         DataLoader(_data(), batch_size=16), noise_multiplier=1.0, seed=0)
+        x, _ = next(iter(p.data_loader))
+        fake = torch.randn(len(x), 10)
+        real_loss = bce(p.model(x), torch.ones(len(x), 1))
+        fake_loss = bce(p.model(fake), torch.zeros(len(x), 1))
+        p.optimizer.zero_grad()
+        if summed:
+            (real_loss + fake_loss).backward()
+            p.optimizer.step()
+            assert p.accountant.steps == 1
+        else:
+            real_loss.backward()
+            with pytest.raises(RuntimeError, match="add them and call backward"):
+                fake_loss.backward()
+
+
 class _FunctionalTied(nn.Module):
     """A tied output head written as a functional call on the embedding's weight."""
 
