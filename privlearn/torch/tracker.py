@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import (
@@ -162,7 +163,16 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
         if "" in covered:
             break
         rule = get_rule(mod)
-        if rule is not None and rule.scope == "subtree":
+        if parametrize.is_parametrized(mod):
+            # a parametrized tensor (weight_norm, spectral_norm, ...) is computed from
+            # the originals under ``mod.parametrizations``: a layer's rule would give the
+            # gradient of the computed tensor, so the torch.func fallback differentiates
+            # the layer's call with respect to the originals themselves
+            rule = FALLBACK
+            covered.add(f"{name}.parametrizations" if name else "parametrizations")
+            params = tuple(p for p in (*mod.parameters(recurse=False),
+                                       *mod.parametrizations.parameters()) if p.requires_grad)
+        elif rule is not None and rule.scope == "subtree":
             covered.add(name)
             params = tuple(p for p in mod.parameters() if p.requires_grad)
         else:

@@ -173,7 +173,27 @@ def _problems(model: nn.Module) -> list[str]:
         for check in _checks_for(m):
             out.extend(f"{label}: {msg}" for msg in check(m, trainable))
         out.extend(f"{label}: {msg}" for msg in _rule_problems(m, trainable))
+        legacy = _hook_reparametrization(m)
+        if legacy and trainable:
+            out.append(f"{label}: torch.nn.utils.{legacy} (the deprecated form, a forward "
+                       "pre-hook) computes the weight outside the layer's forward, so its "
+                       "gradient cannot be clipped per example; use "
+                       f"torch.nn.utils.parametrizations.{legacy} instead (supported)")
     return out
+
+
+def _hook_reparametrization(m: nn.Module) -> str | None:
+    """``"weight_norm"`` / ``"spectral_norm"`` when ``m`` carries the deprecated
+    hook-based reparametrization of that name, else None."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for hook in m._forward_pre_hooks.values():
+        if isinstance(hook, WeightNorm):
+            return "weight_norm"
+        if isinstance(hook, SpectralNorm):
+            return "spectral_norm"
+    return None
 
 
 def _rule_problems(m: nn.Module, trainable: bool) -> list[str]:
