@@ -26,6 +26,7 @@ import contextlib
 import difflib
 import inspect
 import math
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -369,6 +370,7 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
         raise ParameterTypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     check_not_attached(inner)
+    _warn_unoptimised(inner, optimizer)
     if not model.training:
         raise ParameterValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")
@@ -376,6 +378,24 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
         undo(apply_fixers(inner))
     check_model(inner)
     return inner
+
+
+def _warn_unoptimised(model: nn.Module, optimizer) -> None:
+    """Warn about trainable parameters of the model that no param group of the optimizer
+    holds: the engine clips every trainable parameter (their gradients count in each
+    example's norm, so the optimised ones are clipped harder) and the optimizer never
+    updates them."""
+    held = {id(q) for g in optimizer.param_groups for q in g["params"]}
+    names = [n for n, q in model.named_parameters() if q.requires_grad and id(q) not in held]
+    if names:
+        warnings.warn(
+            "trainable parameters of the model in no param group of the optimizer "
+            f"({len(names)}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): the DP "
+            "engine clips every trainable parameter, so their gradients count in each "
+            "example's norm (the optimised parameters are clipped harder) and get noise, "
+            "while the optimizer never updates them. Freeze them (requires_grad_(False)) to "
+            "clip only what is trained, or add them to the optimizer",
+            UserWarning, stacklevel=4)
 
 
 def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,

@@ -179,8 +179,8 @@ def test_saved_noise_state_cannot_replay_past_steps(make_data, make_mlp):
     a checkpoint (a release) replays the noise of the next step, not of the last one."""
     from privlearn.torch import NoiseSource
 
-    p = make_private(make_mlp(act=nn.Tanh),
-                     torch.optim.SGD(make_mlp(act=nn.Tanh).parameters(), lr=0.1),
+    model = make_mlp(act=nn.Tanh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=5)
     first_seed = p.optimizer.noise.seed
     x, y = next(iter(p.data_loader))
@@ -198,8 +198,8 @@ def test_saved_noise_state_cannot_replay_past_steps(make_data, make_mlp):
 def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch, make_data, make_mlp):
     """No host synchronisation on the hot path of a step but the one documented check
     (non-finite per-example norms, one read a step): patched reads are counted."""
-    p = make_private(make_mlp(act=nn.Tanh),
-                     torch.optim.SGD(make_mlp(act=nn.Tanh).parameters(), lr=0.1),
+    model = make_mlp(act=nn.Tanh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=5)
     it = iter(p.data_loader)
     _step(p, *next(it))  # the first step runs the probe (documented, once)

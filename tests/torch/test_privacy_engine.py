@@ -320,7 +320,8 @@ def test_unaccountable_samplers_refused_before_training(make_loader):
 
 def test_accepted_samplers_and_recorded_rate():
     ds = _data(n=64)
-    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(ds, batch_sampler=PoissonBatchSampler(64, 0.25)),
                      noise_multiplier=1.0)
     assert p.sampling_rate == 0.25
@@ -570,3 +571,20 @@ def test_a_model_made_private_twice_is_refused_until_detached():
     p2 = _private(p.detach(), seed=1)
     _train(p2, 2)
     assert p2.accountant.steps == 2
+
+
+def test_trainable_parameters_the_optimizer_does_not_hold_are_named():
+    """An optimizer over the head of a model whose backbone still requires gradients
+    (a fine-tuning loop that forgot to freeze it): the engine clips over every trainable
+    parameter, so the head is clipped harder than its own norm says and the backbone's
+    noise is wasted. make_private warns, naming them; frozen, nothing is said."""
+    model = _mlp()
+    with pytest.warns(UserWarning, match=r"in no param group of the optimizer \(2: 0\.weight"):
+        make_private(model, torch.optim.SGD(model[2].parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+    model = _mlp()
+    model[0].requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_private(model, torch.optim.SGD(model[2].parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
