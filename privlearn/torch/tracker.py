@@ -217,8 +217,10 @@ def check_not_attached(model: nn.Module) -> None:
                 "containing it): a second engine on the same layers would record every "
                 "forward pass twice and neither step could clip what it recorded. Keep "
                 "training with the earlier run's p.optimizer and p.data_loader, or call "
-                "p.detach() on it first (it removes its hooks and returns the model), "
-                "then make_private again. Nothing was changed")
+                "p.detach() on it first (a DPTrainer's: trainer.privacy_engine.detach(); "
+                "it removes its hooks and returns the model), then make_private again: "
+                "the new run's epsilon covers its own steps only, so compose it with the "
+                "earlier run's. Nothing was changed")
 
 
 class GradSampleTracker(ClippingMixin):
