@@ -114,6 +114,38 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
     return batch_size
 
 
+def _check_given_sampler(data_loader: DataLoader, n: int, secure: bool,
+                         per_epoch: int) -> None:
+    """A ``PoissonBatchSampler`` / ``FixedSizeBatchSampler`` given as the loader's
+    ``batch_sampler`` is rebuilt by make_private from its rate (or batch size) over the
+    whole dataset: refuse what the rebuilt sampler would silently drop (another dataset
+    size, a subset of indices, secure sampling, another epoch length)."""
+    bs = data_loader.batch_sampler
+    if data_loader.batch_size is not None or not isinstance(
+            bs, PoissonBatchSampler | FixedSizeBatchSampler):
+        return
+    name = type(bs).__name__
+    dropped = []
+    if bs.num_samples != n:
+        dropped.append(f"num_samples={bs.num_samples} (the dataset has {n} examples)")
+    if getattr(bs, "indices", None) is not None:
+        dropped.append(f"indices= (a subset of {len(bs.indices)} examples; pass "
+                       "DataLoader(torch.utils.data.Subset(dataset, indices), ...) to "
+                       "train on a subset)")
+    if getattr(bs, "secure", False) and not secure:
+        dropped.append("secure=True (pass make_private(..., secure_mode=True))")
+    if bs.steps != per_epoch:
+        dropped.append(f"steps={bs.steps} (the run's epoch is {per_epoch} steps at this "
+                       "rate)")
+    if dropped:
+        raise ConfigurationError(
+            f"data_loader's batch_sampler={name} is replaced by make_private's own sampler "
+            "over the whole dataset at its rate, which would drop its "
+            + "; ".join(dropped) + ". Give the sampler over the loader's dataset with "
+            "default settings, or simply DataLoader(dataset, batch_size=B). Nothing was "
+            "changed")
+
+
 def _guard_token_level_labels(model: nn.Module) -> list:
     """Forward pre-hooks refusing a Hugging Face model called with token-level
     ``labels=`` (its loss is a mean over all tokens of the batch, not over examples)."""

@@ -222,6 +222,12 @@ def _mismatch_message(unit: Unit, seen: int, examples: int, rec: Record | None =
     base = (f"layer {unit.name!r} ({type(unit.module).__name__}) saw {seen} rows on its "
             f"batch dimension {unit.batch_dim}, but p.data_loader delivered {examples} "
             "examples for this step: per-example clipping needs one row per example. ")
+    if examples == 0:
+        return base + (
+            "The forward pass ran on rows that are not the (empty) batch's: a collate "
+            "function whose empty batch is not empty, or inputs taken from elsewhere. "
+            "Feed the model what p.data_loader yields (or skip the forward and backward "
+            "of an empty batch, still calling p.optimizer.step()).")
     x = rec.args[0] if rec is not None and rec.args else None
     if isinstance(x, torch.Tensor) and x.dim() > 1:
         other = [d for d in range(1, x.dim()) if x.shape[d] == examples]
@@ -271,11 +277,16 @@ def _eager(fn):
     return hook
 
 
-def _restore(unit: Unit, slots) -> None:
-    """Put the parameters of ``slots`` back in their modules."""
+def _restore(unit: Unit, slots, keep_assigned: bool = False) -> None:
+    """Put the parameters of ``slots`` back in their modules. ``keep_assigned``: leave a
+    slot that holds another ``nn.Parameter`` (one the user assigned since the slots were
+    taken, ``layer.weight = nn.Parameter(...)``) as it is; only an alias is replaced."""
     changed = False
     for owner, name, p in slots:
-        if owner._parameters.get(name) is not p:
+        cur = owner._parameters.get(name)
+        if keep_assigned and isinstance(cur, nn.Parameter):
+            continue
+        if cur is not p:
             owner._parameters[name] = p
             changed = True
     if changed and unit.rule.after_swap is not None:

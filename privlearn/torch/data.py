@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
@@ -80,12 +82,32 @@ class EmptyAwareCollate:
         if len(batch) > 0:
             return self.collate_fn(batch)
         if self._empty is None:
-            from torch.utils._pytree import tree_map
-
-            one = self.collate_fn([self.dataset[0]])
-            self._empty = tree_map(
-                lambda t: t[:0].clone() if isinstance(t, torch.Tensor) else t, one)
+            self._empty = _no_rows(self.collate_fn([self.dataset[0]]))
         return self._empty
+
+
+def _no_rows(value):
+    """A collated batch of one example with its example removed: tensors and arrays cut
+    to zero rows, mappings of any type (a Hugging Face ``BatchEncoding`` too) and
+    sequences of such entries entered, and a sequence of plain values (a column of
+    strings, one per example) emptied, so nothing of that example is left."""
+    if isinstance(value, torch.Tensor):
+        return value[:0].clone()
+    if isinstance(value, np.ndarray):
+        return value[:0].copy()
+    if isinstance(value, Mapping):
+        items = {k: _no_rows(v) for k, v in value.items()}
+        try:
+            return type(value)(items)
+        except TypeError:
+            return items
+    if isinstance(value, list | tuple):
+        if not all(isinstance(v, torch.Tensor | np.ndarray | Mapping | list | tuple)
+                   for v in value):
+            return type(value)() if not hasattr(value, "_fields") else value
+        entries = [_no_rows(v) for v in value]
+        return type(value)(*entries) if hasattr(value, "_fields") else type(value)(entries)
+    return value
 
 
 def _subset_chain(ds) -> tuple[object, list[Subset]]:

@@ -872,7 +872,7 @@ def _privacy_state_path(checkpoint: str) -> str:
 
 
 def _batch_size(inputs) -> int | None:
-    for v in (inputs.values() if isinstance(inputs, dict) else ()):
+    for v in (inputs.values() if hasattr(inputs, "values") else ()):  # BatchEncoding too
         if isinstance(v, torch.Tensor) and v.dim() > 0:
             return v.shape[0]
     return None

@@ -26,6 +26,7 @@ import contextlib
 import difflib
 import inspect
 import math
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ from privlearn.errors import (
 )
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
+    _check_given_sampler,
     _guard_token_level_labels,
     _per_layer_bounds,
     _shared_seed,
@@ -65,7 +67,7 @@ from privlearn.torch.fsdp import (
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
 from privlearn.torch.schedule import SAMPLINGS, NoisePlan, cycle_bands
-from privlearn.torch.tracker import GradSampleTracker
+from privlearn.torch.tracker import GradSampleTracker, check_not_attached
 from privlearn.torch.validator import apply_fixers, check_model
 
 __all__ = ["make_private", "PrivateTraining", "Plan", "prepare_model", "plan_run",
@@ -359,9 +361,16 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     inner = unwrap(model)
     if not isinstance(inner, nn.Module):
         raise ParameterTypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(optimizer, DPOptimizer):
+        raise ParameterTypeError(
+            "optimizer is already the DPOptimizer of a private training run (p.optimizer "
+            "of an earlier make_private): pass the plain torch optimizer over the model's "
+            "parameters, after p.detach() if the same model is to be made private again")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ParameterTypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    check_not_attached(inner)
+    _warn_unoptimised(inner, optimizer)
     if not model.training:
         raise ParameterValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")
@@ -369,6 +378,24 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
         undo(apply_fixers(inner))
     check_model(inner)
     return inner
+
+
+def _warn_unoptimised(model: nn.Module, optimizer) -> None:
+    """Warn about trainable parameters of the model that no param group of the optimizer
+    holds: the engine clips every trainable parameter (their gradients count in each
+    example's norm, so the optimised ones are clipped harder) and the optimizer never
+    updates them."""
+    held = {id(q) for g in optimizer.param_groups for q in g["params"]}
+    names = [n for n, q in model.named_parameters() if q.requires_grad and id(q) not in held]
+    if names:
+        warnings.warn(
+            "trainable parameters of the model in no param group of the optimizer "
+            f"({len(names)}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): the DP "
+            "engine clips every trainable parameter, so their gradients count in each "
+            "example's norm (the optimised parameters are clipped harder) and get noise, "
+            "while the optimizer never updates them. Freeze them (requires_grad_(False)) to "
+            "clip only what is trained, or add them to the optimizer",
+            UserWarning, stacklevel=4)
 
 
 def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
@@ -391,6 +418,15 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
             raise ParameterValueError(f"users must give the user of each of the "
                              f"{len(data_loader.dataset)} examples, got {len(cfg.users)}")
         units = UnitIndex(cfg.users, cfg.max_examples_per_user)
+        rows = max(min(len(m), units.max_examples) for m in units.members)
+        if cfg.max_physical_batch_size is not None and rows > cfg.max_physical_batch_size:
+            raise ConfigurationError(
+                f"a drawn user can bring {rows} rows to a batch (max_examples_per_user="
+                f"{units.max_examples}; the largest user has {max(map(len, units.members))} "
+                f"examples), more than max_physical_batch_size={cfg.max_physical_batch_size}"
+                ": a user's rows are clipped together, so they must fit in one physical "
+                f"chunk. Pass max_physical_batch_size >= {rows} or lower "
+                "max_examples_per_user")
     n = len(data_loader.dataset) if units is None else units.n_units
     b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
                                 len(data_loader.dataset), world)
@@ -403,6 +439,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
     per_epoch = law.per_epoch(q, cycle)
+    _check_given_sampler(data_loader, len(data_loader.dataset), cfg.secure_mode, per_epoch)
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
     run = NoisePlan.build(cfg.noise, cfg.sampling, n, q, cycle, planned, cfg.bands,

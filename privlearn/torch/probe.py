@@ -235,8 +235,11 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
     col = _Collector(tracker, examples)
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
                for i, u in enumerate(tracker.units)]
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    # by slot: a forward may assign a new tensor to a buffer's name as well as update it
+    saved = [(mod, name, b, b.detach().clone()) for mod in model.modules()
+             for name, b in mod._buffers.items() if b is not None]
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+    written = {}
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=devices))
@@ -249,13 +252,18 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
         flat, _ = tree_flatten(out)
         outs = [o for o in flat if isinstance(o, torch.Tensor) and o.is_floating_point()]
         root = [col._print(o, 0) for o in outs[:1]]
+        for i, (mod, name, _, v) in enumerate(saved):  # the buffers the forward wrote
+            now = mod._buffers.get(name)
+            if now is not None and not (now.shape == v.shape and torch.equal(now, v)):
+                written[i] = now.detach().clone()
     finally:
         for h in handles:
             h.remove()
         with torch.no_grad():
-            for b, v in saved:
+            for mod, name, b, v in saved:
+                mod._buffers[name] = b
                 b.copy_(v)
-    return col.calls, root
+    return col.calls, root, written
 
 
 def _changed(fa, fb) -> set[int] | None:
@@ -310,11 +318,49 @@ def _verdict(pa, pb, j: int):
     return "mixed"
 
 
+def _buffer_slots(model) -> list[tuple[str, str]]:
+    """``(qualified name, owner class)`` of the model's buffers, in
+    :func:`_observe_run`'s order."""
+    return [(f"{prefix}.{name}" if prefix else name, type(mod).__name__)
+            for prefix, mod in model.named_modules()
+            for name, b in mod._buffers.items() if b is not None]
+
+
+def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int) -> None:
+    """Refuse a buffer the forward pass writes from the batch's data: it came out
+    differently when example ``j`` was replaced. It would be a function of the training
+    examples kept in the model (and in its ``state_dict``) without noise."""
+    for i in sorted(set(written_a) | set(written_b)):
+        a, b = written_a.get(i), written_b.get(i)
+        if a is not None and b is not None and a.shape == b.shape:
+            if a.is_floating_point() or a.is_complex():
+                rtol = _RTOL.get(a.dtype, 1e-5)
+                scale = float(torch.nan_to_num(a.abs(), posinf=0.0).amax()) if a.numel() else 0
+                if torch.allclose(a, b, rtol=rtol, atol=rtol * scale, equal_nan=True):
+                    continue
+            elif torch.equal(a, b):
+                continue
+        slots = _buffer_slots(tracker.model)
+        name, owner = slots[i] if i < len(slots) else (f"#{i}", "module")
+        raise BatchDependenceError(
+            f"buffer {name!r} of a {owner} is written from the batch during the forward "
+            f"pass: it came out differently when example {j} of the batch was replaced (a "
+            "running mean or a count of what the batches hold, updated in training mode). "
+            "Such a buffer is a function of the training examples without noise, kept in "
+            "the model and released with its state_dict; per-example clipping does not "
+            "cover it. Do not update it from the data during training (freeze it, or "
+            "compute the statistic per example without storing it: GroupNorm/LayerNorm "
+            "instead of running statistics, track_running_stats=False). No step was taken "
+            "and nothing was released")
+
+
 def _judge(tracker, run_a, run_b, examples: int, j: int) -> None:
-    calls_a, root_a = run_a
-    calls_b, root_b = run_b
+    calls_a, root_a, written_a = run_a
+    calls_b, root_b, written_b = run_b
     if [i for i, _ in calls_a] != [i for i, _ in calls_b]:
-        return  # data-dependent control flow: the runs are not comparable layer by layer
+        # data-dependent control flow: the runs are not comparable layer by layer
+        _judge_buffers(tracker, written_a, written_b, j)
+        return
     for (index, views_a), (_, views_b) in zip(calls_a, calls_b, strict=True):
         unit = tracker.units[index]
         label = f"{unit.name or '<model>'} ({type(unit.module).__name__})"
@@ -357,6 +403,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> None:
                 f"{pa['shape']}). An operation on the output combines examples (e.g. "
                 "subtracting the batch mean), so per-example clipping no longer bounds one "
                 "example's influence. No step was taken and nothing was released")
+    _judge_buffers(tracker, written_a, written_b, j)
 
 
 

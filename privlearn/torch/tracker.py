@@ -46,9 +46,15 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from privlearn.errors import BatchDependenceError, ParameterValueError, TrainingLoopError
+from privlearn.errors import (
+    BatchDependenceError,
+    ConfigurationError,
+    ParameterValueError,
+    TrainingLoopError,
+)
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
@@ -157,7 +163,16 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
         if "" in covered:
             break
         rule = get_rule(mod)
-        if rule is not None and rule.scope == "subtree":
+        if parametrize.is_parametrized(mod):
+            # a parametrized tensor (weight_norm, spectral_norm, ...) is computed from
+            # the originals under ``mod.parametrizations``: a layer's rule would give the
+            # gradient of the computed tensor, so the torch.func fallback differentiates
+            # the layer's call with respect to the originals themselves
+            rule = FALLBACK
+            covered.add(f"{name}.parametrizations" if name else "parametrizations")
+            params = tuple(p for p in (*mod.parameters(recurse=False),
+                                       *mod.parametrizations.parameters()) if p.requires_grad)
+        elif rule is not None and rule.scope == "subtree":
             covered.add(name)
             params = tuple(p for p in mod.parameters() if p.requires_grad)
         else:
@@ -174,6 +189,38 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
             "the qualified names of the layers (model.named_modules()) whose inputs carry "
             f"the batch on another dimension, e.g. {[u.name for u in units][:3]}")
     return units
+
+
+#: ``module -> weak reference to the tracker whose hooks are on it`` (every module of an
+#: attached tracker's model, until :meth:`GradSampleTracker.detach`)
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def check_not_attached(model: nn.Module) -> None:
+    """Refuse a model any of whose modules already carries a tracker's hooks (a model
+    given to :func:`~privlearn.torch.make_private` twice, or containing, or contained in,
+    one already made private): a second engine would record every forward twice, and
+    each would find the other's records at its step.
+
+    Raises
+    ------
+    ConfigurationError
+    """
+    names = {m: n for n, m in model.named_modules()}
+    for module, name in names.items():
+        ref = _ATTACHED.get(module)
+        if ref is not None and ref() is not None:
+            where = "the model" if not name else f"its submodule {name!r}"
+            raise ConfigurationError(
+                f"{where} is already attached to a private training run (an earlier "
+                "make_private, or a GradSampleTracker, on this model or on a model "
+                "containing it): a second engine on the same layers would record every "
+                "forward pass twice and neither step could clip what it recorded. Keep "
+                "training with the earlier run's p.optimizer and p.data_loader, or call "
+                "p.detach() on it first (a DPTrainer's: trainer.privacy_engine.detach(); "
+                "it removes its hooks and returns the model), then make_private again: "
+                "the new run's epsilon covers its own steps only, so compose it with the "
+                "earlier run's. Nothing was changed")
 
 
 class GradSampleTracker(ClippingMixin):
@@ -258,9 +305,13 @@ class GradSampleTracker(ClippingMixin):
         self.unrecorded_forward: str | None = None
         #: ids of clipped parameters that received a gradient outside their layers
         self.outside_uses: set[int] = set()
+        check_not_attached(model)
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
         self._install()
+        me = weakref.ref(self)
+        for module in model.modules():
+            _ATTACHED[module] = me
 
     @property
     def last_overflow_count(self) -> int:
@@ -365,8 +416,11 @@ class GradSampleTracker(ClippingMixin):
             "use is neither per example nor clipped. Route every use through a module: "
             "e.g. a tied output head as an nn.Linear whose weight is the embedding's "
             "(head.weight = emb.weight; the engine clips the tied sum), or a layer rule "
-            "for a custom module (privlearn.torch.register_rule). No step was taken and "
-            "nothing was released")
+            "for a custom module (privlearn.torch.register_rule). A penalty on the "
+            "parameters added to the loss (an L2 term such as 1e-4 * sum(p.pow(2).sum() "
+            "for p in model.parameters())) is such a use too: give the optimizer "
+            "weight_decay instead (applied after the DP step, to the parameters, not the "
+            "data). No step was taken and nothing was released")
 
     def _uninstall(self) -> None:
         for h in self._handles:
@@ -377,8 +431,8 @@ class GradSampleTracker(ClippingMixin):
                 stack.pop().__exit__(None, None, None)
         self._capturing = {}
         self._captured = {}
-        for u, slots in self._swapped:
-            _restore(u, slots)
+        for u, slots in self._swapped:  # a parameter assigned since is the user's
+            _restore(u, slots, keep_assigned=True)
         self._swapped = []
         self._swap_stack = {}
 
@@ -657,8 +711,8 @@ class GradSampleTracker(ClippingMixin):
                 and _rules.transformers._RULE_STATE.get(unit.module) != "ok"):
             return  # (a class-name rule is checked against the fallback at the step)
         examples = record_batch(unit, rec)
-        if examples == 0:  # an empty Poisson batch: nothing to evaluate (as at the step)
-            return
+        if examples == 0:
+            return  # an empty Poisson batch: nothing to clip (the step sees no rows)
         with torch.no_grad(), rule_evaluation(), \
                 _gs.materialise_budget(0, left=self._budget_left, share=_EARLY_SHARE):
             c = unit.rule(unit.module, rec, unit.params)
@@ -685,7 +739,9 @@ class GradSampleTracker(ClippingMixin):
                 "more than max_grad_norm). Use make_private(..., max_physical_batch_size=k) "
                 "to split large batches into chunks of k examples (call backward() and "
                 "step() once per chunk; the noise is added once per logical batch), and "
-                "call optimizer.step() after every backward()")
+                "call optimizer.step() after every backward(). Several losses of one "
+                "batch (a GAN discriminator's real and fake terms): add them and call "
+                "backward() once")
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
@@ -727,6 +783,9 @@ class GradSampleTracker(ClippingMixin):
         self._uninstall()
         self._root_handle.remove()
         self.clear()
+        for module, ref in list(_ATTACHED.items()):
+            if ref() is self:
+                del _ATTACHED[module]
 
     # ------------------------------------------------------------------ probe
     def check_independence(self, examples: int | None) -> None:

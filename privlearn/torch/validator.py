@@ -173,7 +173,27 @@ def _problems(model: nn.Module) -> list[str]:
         for check in _checks_for(m):
             out.extend(f"{label}: {msg}" for msg in check(m, trainable))
         out.extend(f"{label}: {msg}" for msg in _rule_problems(m, trainable))
+        legacy = _hook_reparametrization(m)
+        if legacy and trainable:
+            out.append(f"{label}: torch.nn.utils.{legacy} (the deprecated form, a forward "
+                       "pre-hook) computes the weight outside the layer's forward, so its "
+                       "gradient cannot be clipped per example; use "
+                       f"torch.nn.utils.parametrizations.{legacy} instead (supported)")
     return out
+
+
+def _hook_reparametrization(m: nn.Module) -> str | None:
+    """``"weight_norm"`` / ``"spectral_norm"`` when ``m`` carries the deprecated
+    hook-based reparametrization of that name, else None."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for hook in m._forward_pre_hooks.values():
+        if isinstance(hook, WeightNorm):
+            return "weight_norm"
+        if isinstance(hook, SpectralNorm):
+            return "spectral_norm"
+    return None
 
 
 def _rule_problems(m: nn.Module, trainable: bool) -> list[str]:
@@ -236,6 +256,7 @@ def _batch_norm_to_group_norm(bn) -> nn.GroupNorm:
     """GroupNorm with ``gcd(32, C)`` groups (Wu & He 2018 use 32 groups), *sharing* the
     BatchNorm's affine parameters: an optimizer built over the model before the fix holds
     them, so they train."""
+    _check_initialised(bn)
     c = bn.num_features
     new = nn.GroupNorm(math.gcd(32, c), c, eps=bn.eps, affine=False)
     if bn.affine:
@@ -250,6 +271,7 @@ def _instance_norm_without_running_stats(m):
     its affine parameters."""
     if not m.track_running_stats:
         return None
+    _check_initialised(m)
     new = type(m)(m.num_features, eps=m.eps, momentum=m.momentum, affine=False,
                   track_running_stats=False)
     if m.affine:
@@ -258,23 +280,41 @@ def _instance_norm_without_running_stats(m):
     return new
 
 
+def _check_initialised(m: nn.Module) -> None:
+    """Refuse to replace a lazy module whose parameters are not initialised yet (its
+    number of features is unknown until its first forward pass)."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params():
+        raise UnsupportedModuleError(
+            f"{type(m).__name__} is not initialised yet (its number of features is set by "
+            "its first forward pass), so it cannot be replaced by its DP equivalent: run "
+            "one forward pass of the model on an example batch before fix() / "
+            "make_private(fix_model=True), or give the layer its num_features")
+
+
 def apply_fixers(model: nn.Module) -> Callable[[], None]:
     """Replace every module that has a registered fixer (in place, children of
-    ``model``); returns a function that puts the originals back."""
+    ``model``); returns a function that puts the originals back (if a fixer refuses,
+    the modules already replaced are put back before the error propagates)."""
     done: list[tuple[nn.Module, str, nn.Module]] = []
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            fixer = _fixer_for(child)
-            new = fixer(child) if fixer is not None else None
-            if new is not None:
-                setattr(parent, name, new)
-                done.append((parent, name, child))
 
     def undo() -> None:
         while done:
             parent, name, child = done.pop()
             setattr(parent, name, child)
 
+    try:
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                fixer = _fixer_for(child)
+                new = fixer(child) if fixer is not None else None
+                if new is not None:
+                    setattr(parent, name, new)
+                    done.append((parent, name, child))
+    except BaseException:
+        undo()
+        raise
     return undo
 
 

@@ -55,6 +55,34 @@ def test_empty_batch_collates_to_zero_length_tensors():
     assert x.shape == (0, 3, 2) and y.shape == (0,) and y.dtype == torch.int64
 
 
+def test_empty_batch_keeps_nothing_of_the_example_it_was_shaped_from():
+    """The empty batch is shaped from a collated batch of example 0: a Hugging Face
+    ``BatchEncoding`` (what DataCollatorWithPadding returns) was kept whole and a column
+    of strings kept example 0's string, so an empty Poisson batch trained on example 0.
+    Now every per-example entry has zero rows, containers keep their types."""
+    transformers = pytest.importorskip("transformers")
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.full((3,), i), "text": f"secret {i}", "label": i,
+                    "pair": [i, i + 1]}
+
+    def collate(rows):
+        out = torch.utils.data.default_collate(rows)
+        return transformers.BatchEncoding(out)
+
+    for fn in (None, collate):
+        empty = EmptyAwareCollate(Rows(), fn)([])
+        assert isinstance(empty, transformers.BatchEncoding if fn else dict)
+        assert empty["input_ids"].shape == (0, 3) and empty["label"].shape == (0,)
+        assert empty["text"] == [] and [t.shape for t in empty["pair"]] == [(0,), (0,)]
+        full = EmptyAwareCollate(Rows(), fn)([Rows()[2]])
+        assert full["text"] == ["secret 2"] and full["input_ids"].shape == (1, 3)
+
+
 def test_fixed_size_sampler():
     s = FixedSizeBatchSampler(30, 7, steps=500, seed=0)
     counts = torch.zeros(30)

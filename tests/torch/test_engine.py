@@ -338,6 +338,31 @@ def test_unsupported_layers_listed_at_once_and_fixed():
     assert len(validate(model)) == 2  # the dropouts cannot be fixed
 
 
+def test_an_uninitialised_lazy_batch_norm_is_not_fixed_into_a_broken_group_norm():
+    """``fix`` replaced a LazyBatchNorm that had not seen a batch by GroupNorm(32, 0)
+    (its feature count was still 0), which failed at the first forward pass. It is now
+    refused, saying to run a forward pass first, and every layer replaced before it is
+    put back; once initialised it is fixed and trains."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
+                          nn.LazyBatchNorm1d(), nn.Linear(64, 2))
+    ds = TensorDataset(torch.randn(32, 1, 6, 6), torch.randint(0, 2, (32,)))
+    with pytest.raises(UnsupportedModuleError, match="not initialised yet.*forward pass"):
+        _mk(model=model, loader=DataLoader(ds, batch_size=8), fix_model=True)
+    assert isinstance(model[1], nn.BatchNorm2d)  # the model as it was given
+    with pytest.raises(UnsupportedModuleError, match="not initialised yet"):
+        fix(model)
+    assert isinstance(model[1], nn.BatchNorm2d)
+    model(ds.tensors[0][:2])  # initialises the lazy layer
+    p = _mk(model=model, loader=DataLoader(ds, batch_size=8), fix_model=True)
+    assert isinstance(model[3], nn.GroupNorm) and model[3].num_channels == 64
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.step()
+    assert p.accountant.steps == 1
+
+
 def test_fix_model_option_trains():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),

@@ -77,6 +77,56 @@ def _eps(sigma, steps, q=B / N, delta=1e-5):
     return compose(subsample(Gaussian(sigma), rate=q), steps=steps).epsilon(delta)
 
 
+def test_empty_batches_of_a_batch_encoding_collator_train_on_nothing(tmp_path):
+    """A collator returning a ``BatchEncoding`` (as DataCollatorWithPadding does): an
+    empty Poisson batch was example 0's batch of one, and the step then failed (a
+    ZeroDivisionError). Empty batches now have zero rows and take the noise-only step."""
+
+    class Counting(DPTrainer):
+        sizes: list = []
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            self.sizes.append(inputs["labels"].shape[0])
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def collate(rows):
+        return transformers.BatchEncoding({k: torch.stack([r[k] for r in rows])
+                                           for k in rows[0]})
+
+    trainer = Counting(model=_llama(classify=True),
+                       args=_args(tmp_path, per_device_train_batch_size=1, max_steps=12),
+                       train_dataset=_TextSet(n=8, classify=True), data_collator=collate,
+                       privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=1.0,
+                                                seed=0))
+    trainer.train()
+    assert 0 in trainer.sizes and len(trainer.sizes) == 12
+    assert trainer.privacy_engine.accountant.steps == 12
+
+
+def test_a_second_trainer_on_a_model_the_first_still_holds(tmp_path):
+    """Two DPTrainers over one model (a notebook cell re-run): the second's first step
+    died with a KeyError (two engines on one model). It is refused before training,
+    naming the way out, which trains."""
+    from privlearn.errors import ConfigurationError
+
+    model = _llama(classify=True)
+
+    def trainer():
+        return DPTrainer(model=model, args=_args(tmp_path, max_steps=2),
+                         train_dataset=_TextSet(n=32, classify=True),
+                         privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=1.0,
+                                                  seed=0))
+
+    first = trainer()
+    first.train()
+    second = trainer()
+    with pytest.raises(ConfigurationError, match=r"trainer\.privacy_engine\.detach\(\)"):
+        second.train()
+    first.privacy_engine.detach()
+    second.train()
+    assert second.privacy_engine.accountant.steps == 2
+
+
 def test_update_is_clipped_per_example_mean(tmp_path):
     """sigma = 0, no clipping, SGD: one step equals lr / (q N) times the sum of the
     per-sequence losses' gradients over the Poisson batch it drew (causal LM loss,

@@ -971,3 +971,76 @@ def test_fallback_on_a_sequence_first_layer():
     _seeded(0)
     x = torch.randn(3, 2, 4, dtype=F64)
     check(_CumulativeScale(), (x,), split(x, 1), batch_dims={"": 1})
+
+
+# --------------------------------------------------------------------------- parametrizations
+
+
+class _Symmetric(nn.Module):
+    def forward(self, w):
+        return w.triu() + w.triu(1).transpose(-1, -2)
+
+
+def _parametrized(kind):
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.parametrizations import weight_norm
+
+    _seeded(1)
+    if kind == "weight_norm linear":
+        return nn.Sequential(weight_norm(nn.Linear(4, 4)), nn.Tanh(),
+                             nn.Linear(4, 3)).double(), (5, 4)
+    if kind == "weight_norm conv":
+        return nn.Sequential(weight_norm(nn.Conv2d(2, 3, 2), dim=0), nn.Tanh()).double(), \
+            (5, 2, 4, 4)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    parametrize.register_parametrization(model[0], "weight", _Symmetric())
+    return model, (5, 4)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+@pytest.mark.parametrize("kind", ["weight_norm linear", "weight_norm conv", "symmetric"])
+def test_parametrized_weights_against_the_naive_loop(kind):
+    """``torch.nn.utils.parametrizations`` (weight_norm) and any custom parametrization:
+    the trained tensors are the originals under ``module.parametrizations``. The layer's
+    own rule gave the gradient of the computed weight, so the originals (``g``, ``v``)
+    got none: their update was the noise alone, with nothing said. Now their per-example
+    gradients are the naive loop's."""
+    model, shape = _parametrized(kind)
+    x = torch.randn(shape, dtype=F64)
+    check(model, (x,), split(x))
+
+
+def test_the_deprecated_hook_weight_norm_is_refused_naming_the_replacement():
+    """``torch.nn.utils.weight_norm``/``spectral_norm`` (forward pre-hooks computing the
+    weight outside the layer) are refused before anything, naming the parametrization
+    that works."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for legacy in (nn.utils.weight_norm, nn.utils.spectral_norm):
+            model = nn.Sequential(legacy(nn.Linear(4, 4)), nn.Tanh(), nn.Linear(4, 3))
+            with pytest.raises(UnsupportedModuleError,
+                               match=rf"parametrizations\.{legacy.__name__} instead"):
+                check_model(model)
+
+
+def test_spectral_norm_trains_its_power_iteration_buffers_are_no_release():
+    """spectral_norm's power iteration writes its ``_u``/``_v`` buffers at every forward,
+    from the weights alone: the probe's check of buffers written from the data accepts
+    them, and the run trains its originals."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    _seeded(2)
+    model = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(4, 6)),
+                          nn.Tanh(), nn.Linear(6, 3))
+    orig = model[0].parametrizations.weight.original
+    before = orig.detach().clone()
+    ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,)))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(ds, batch_size=8), noise_multiplier=0.0, seed=0)
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    assert p.accountant.steps == 4 and not torch.equal(before, orig)

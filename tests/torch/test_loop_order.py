@@ -4,6 +4,8 @@ eval mode recorded nothing; both ran every step, charged, with every check skipp
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -117,6 +119,95 @@ def test_an_empty_poisson_batch_still_takes_its_noisy_step():
     assert empty > 0 and p.accountant.steps == steps
 
 
+class _SeqModel(nn.Module):
+    """Token ids -> Embedding -> LayerNorm -> Linear on (B, T, D) -> Conv1d -> mean."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(12, 6, padding_idx=0)
+        self.norm = nn.LayerNorm(6)
+        self.lin = nn.Linear(6, 6)
+        self.conv = nn.Conv1d(6, 3, 2)
+
+    def forward(self, ids):
+        h = torch.tanh(self.lin(self.norm(self.emb(ids))))
+        return self.conv(h.transpose(1, 2)).mean(2)
+
+
+def test_empty_poisson_batches_after_the_first_step_take_the_noise_only_step(oracle):
+    """After the first step, rules are evaluated during backward; on an empty batch a
+    layer with a sequence dimension (Linear on (0, T, D), Conv, LayerNorm) failed to
+    reshape its zero rows and training stopped. Every step now equals the definition:
+    with noise 0, an empty batch leaves the parameters as they are and every other step
+    is the naive loop's clipped step."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        g = torch.Generator().manual_seed(0)
+        ds = TensorDataset(torch.randint(0, 12, (8, 5), generator=g),
+                           torch.randint(0, 3, (8,), generator=g))
+        model = _SeqModel()
+        ref = copy.deepcopy(model)
+        C, lr = 0.1, 0.5
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                         DataLoader(ds, batch_size=1), noise_multiplier=0.0,
+                         max_grad_norm=C, seed=3)  # rate 1/8: a third of batches empty
+        empty_after_first = 0
+        for _ in range(3):
+            for x, y in p.data_loader:
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                p.optimizer.step()
+                oracle.step(ref, x, y, C, lr, 1.0)
+                empty_after_first += len(x) == 0 and p.accountant.steps > 1
+        assert empty_after_first > 0 and p.accountant.steps == 24
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_rows_fed_in_place_of_an_empty_batch_are_named_not_a_division_by_zero():
+    """A loop that feeds the model other rows when the batch is empty: refused with the
+    cause (it was a ZeroDivisionError while building the message)."""
+    model = nn.Linear(10, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(_data(), batch_size=1), noise_multiplier=0.5, seed=0)
+    stand_in = _data().tensors
+    with pytest.raises(BatchDependenceError, match=r"delivered 0 examples.*\(empty\) batch"):
+        for x, y in p.data_loader:
+            if len(y) == 0:
+                x, y = stand_in[0][:2], stand_in[1][:2]
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+
+
+def test_a_discriminator_s_two_backward_passes_point_to_one_summed_backward():
+    """The DCGAN loop of Opacus's example: ``errD_real.backward(); errD_fake.backward()``
+    before one step is refused (row i of the fake batch would be clipped with example i),
+    naming the fix; the same losses added and backpropagated once train."""
+    bce = nn.BCEWithLogitsLoss()
+    for summed in (False, True):
+        torch.manual_seed(0)
+        disc = nn.Sequential(nn.Linear(10, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+        p = make_private(disc, torch.optim.Adam(disc.parameters(), lr=1e-3),
+                         DataLoader(_data(), batch_size=16), noise_multiplier=1.0, seed=0)
+        x, _ = next(iter(p.data_loader))
+        fake = torch.randn(len(x), 10)
+        real_loss = bce(p.model(x), torch.ones(len(x), 1))
+        fake_loss = bce(p.model(fake), torch.zeros(len(x), 1))
+        p.optimizer.zero_grad()
+        if summed:
+            (real_loss + fake_loss).backward()
+            p.optimizer.step()
+            assert p.accountant.steps == 1
+        else:
+            real_loss.backward()
+            with pytest.raises(RuntimeError, match="add them and call backward"):
+                fake_loss.backward()
+
+
 class _FunctionalTied(nn.Module):
     """A tied output head written as a functional call on the embedding's weight."""
 
@@ -156,6 +247,31 @@ def test_a_parameter_used_outside_its_layer_is_refused():
     with pytest.raises(RuntimeError, match=r"\['emb\.weight'\] are used outside their layers"):
         _lm_step(model)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_an_l2_penalty_in_the_loss_is_refused_with_weight_decay_as_the_way_out():
+    """``loss + lam * sum(p.pow(2).sum())``: the penalty's gradient reaches every
+    parameter outside its layer (not per example, not clipped): refused before anything
+    is released, pointing to the optimizer's ``weight_decay``, which trains."""
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(32, 6), torch.randint(0, 3, (32,)))
+
+    def run(weight_decay, penalty):
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5,
+                                                weight_decay=weight_decay),
+                         DataLoader(ds, batch_size=8), noise_multiplier=1.0, seed=0)
+        x, y = next(iter(p.data_loader))
+        loss = nn.functional.cross_entropy(p.model(x), y)
+        if penalty:
+            loss = loss + 1e-4 * sum(q.pow(2).sum() for q in model.parameters())
+        loss.backward()
+        p.optimizer.step()
+        return p
+
+    with pytest.raises(RuntimeError, match="used outside their layers.*weight_decay"):
+        run(0.0, penalty=True)
+    assert run(1e-4, penalty=False).accountant.steps == 1
 
 
 def test_the_same_tie_through_a_module_trains():

@@ -77,6 +77,32 @@ def test_layer_unfrozen_after_make_private_is_clipped_with_the_others(oracle, ma
         torch.set_default_dtype(torch.float32)
 
 
+def test_weights_assigned_after_make_private_are_the_ones_trained(oracle, make_data, make_mlp):
+    """Weights loaded after make_private by assignment (``load_state_dict(...,
+    assign=True)``, ``layer.weight = nn.Parameter(...)``) and handed to the optimizer are
+    the ones the forward uses and the step updates, exactly as the naive per-example loop
+    (the engine once put its own copies of the old parameters back into the model)."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = make_mlp(act=nn.Tanh, seed=1)
+        ref = make_mlp(act=nn.Tanh, seed=3)  # the weights to load
+        C, lr = 0.05, 0.5
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        p = make_private(model, opt, DataLoader(make_data(), batch_size=8),
+                         noise_multiplier=0.0, max_grad_norm=C, sampling="fixed", seed=2)
+        model.load_state_dict(copy.deepcopy(ref.state_dict()), assign=True)
+        opt.param_groups[0]["params"] = list(model.parameters())
+        it = iter(p.data_loader)
+        for _ in range(2):
+            x, y = next(it)
+            _step(p, x, y)
+            oracle.step(ref, x, y, C, lr, 8)
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_raw_gradient_of_a_model_parameter_is_refused(make_data, make_mlp):
     """A gradient set on a model parameter outside the engine (e.g. by a second,
     non-private backward through a detached copy) is refused by the gate."""
@@ -153,8 +179,8 @@ def test_saved_noise_state_cannot_replay_past_steps(make_data, make_mlp):
     a checkpoint (a release) replays the noise of the next step, not of the last one."""
     from privlearn.torch import NoiseSource
 
-    p = make_private(make_mlp(act=nn.Tanh),
-                     torch.optim.SGD(make_mlp(act=nn.Tanh).parameters(), lr=0.1),
+    model = make_mlp(act=nn.Tanh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=5)
     first_seed = p.optimizer.noise.seed
     x, y = next(iter(p.data_loader))
@@ -172,8 +198,8 @@ def test_saved_noise_state_cannot_replay_past_steps(make_data, make_mlp):
 def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch, make_data, make_mlp):
     """No host synchronisation on the hot path of a step but the one documented check
     (non-finite per-example norms, one read a step): patched reads are counted."""
-    p = make_private(make_mlp(act=nn.Tanh),
-                     torch.optim.SGD(make_mlp(act=nn.Tanh).parameters(), lr=0.1),
+    model = make_mlp(act=nn.Tanh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=5)
     it = iter(p.data_loader)
     _step(p, *next(it))  # the first step runs the probe (documented, once)

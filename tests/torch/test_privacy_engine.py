@@ -320,7 +320,8 @@ def test_unaccountable_samplers_refused_before_training(make_loader):
 
 def test_accepted_samplers_and_recorded_rate():
     ds = _data(n=64)
-    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(ds, batch_sampler=PoissonBatchSampler(64, 0.25)),
                      noise_multiplier=1.0)
     assert p.sampling_rate == 0.25
@@ -329,6 +330,30 @@ def test_accepted_samplers_and_recorded_rate():
                      DataLoader(ds, batch_size=16), noise_multiplier=1.0)
     _train(p, 5)
     assert [(s.sampling_rate, s.steps) for s in p.accountant.segments] == [(0.25, 5)]
+
+
+@pytest.mark.parametrize("sampler,sampling,match", [
+    (lambda: PoissonBatchSampler(32, 0.25), "poisson", r"num_samples=32 \(the dataset has 64"),
+    (lambda: PoissonBatchSampler(64, 0.25, indices=range(10)), "poisson",
+     r"indices=.*Subset\(dataset, indices\)"),
+    (lambda: PoissonBatchSampler(64, 0.25, secure=True), "poisson", "secure_mode=True"),
+    (lambda: PoissonBatchSampler(64, 0.25, steps=10), "poisson",
+     r"steps=10 \(the run's epoch is 4 steps"),
+    (lambda: FixedSizeBatchSampler(128, 8), "fixed", "num_samples=128"),
+], ids=["num_samples", "indices", "secure", "steps", "fixed-num_samples"])
+def test_a_given_dp_sampler_is_not_silently_rebuilt_without_its_settings(sampler, sampling,
+                                                                        match):
+    """make_private rebuilds a given sampler from its rate over the whole dataset: its
+    subset of indices (the training split), another dataset size, secure sampling or
+    epoch length were silently dropped (the run sampled from held-out examples, or with
+    the seeded generator). Now refused before anything, naming the setting."""
+    from privlearn.errors import ConfigurationError
+
+    model = _mlp()
+    with pytest.raises(ConfigurationError, match=match):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(n=64), batch_sampler=sampler()), noise_multiplier=1.0,
+                     sampling=sampling)
 
 
 def test_training_on_another_loader_is_refused():
@@ -519,3 +544,47 @@ def test_an_additive_mask_with_minus_inf_is_not_a_bad_input():
         nn.functional.cross_entropy(p.model(xb, bb), yb).backward()
         p.optimizer.step()
     assert p.accountant.steps == len(p.data_loader)
+
+
+# ------------------------------------------------------------------ one engine per model
+
+
+def test_a_model_made_private_twice_is_refused_until_detached():
+    """A second make_private on a model that already carries an engine (the same model,
+    a model containing it, or one of its layers) used to be accepted, and the next
+    step failed with a bare KeyError: each engine found the other's records. It is
+    refused with the way out, the first run keeps training, and after ``p.detach()``
+    the model can be made private again."""
+    from privlearn.errors import ConfigurationError, ParameterTypeError
+
+    model = _mlp()
+    p = _private(model, seed=0)
+    for other in (model, nn.Sequential(model, nn.Tanh()), model[0]):
+        with pytest.raises(ConfigurationError, match=r"already attached.*p\.detach\(\)"):
+            make_private(other, torch.optim.SGD(other.parameters(), lr=0.1),
+                         DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+    with pytest.raises(ParameterTypeError, match="already the DPOptimizer"):
+        make_private(model, p.optimizer, DataLoader(_data(), batch_size=8),
+                     noise_multiplier=1.0)
+    _train(p, 2)
+    assert p.accountant.steps == 2
+    p2 = _private(p.detach(), seed=1)
+    _train(p2, 2)
+    assert p2.accountant.steps == 2
+
+
+def test_trainable_parameters_the_optimizer_does_not_hold_are_named():
+    """An optimizer over the head of a model whose backbone still requires gradients
+    (a fine-tuning loop that forgot to freeze it): the engine clips over every trainable
+    parameter, so the head is clipped harder than its own norm says and the backbone's
+    noise is wasted. make_private warns, naming them; frozen, nothing is said."""
+    model = _mlp()
+    with pytest.warns(UserWarning, match=r"in no param group of the optimizer \(2: 0\.weight"):
+        make_private(model, torch.optim.SGD(model[2].parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+    model = _mlp()
+    model[0].requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_private(model, torch.optim.SGD(model[2].parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)

@@ -402,3 +402,65 @@ def test_a_mode_toggle_back_to_the_same_modes_does_not_re_probe():
         if k == 2:
             break
     assert len(calls) == 3 + 3  # three steps, three probe passes once
+
+
+class _RunningMean(nn.Module):
+    """A running mean of the inputs kept in a buffer, updated in training mode (in place,
+    or by assigning a new tensor to the buffer's name)."""
+
+    def __init__(self, assign: bool):
+        super().__init__()
+        self.lin = nn.Linear(E, 3)
+        self.assign = assign
+        self.register_buffer("running", torch.zeros(E))
+
+    def forward(self, x):
+        h = x.mean(1)
+        out = self.lin(h - self.running)  # each example on its own: no mixing in the step
+        if self.training:
+            new = 0.9 * self.running + 0.1 * h.detach().mean(0)
+            if self.assign:
+                self.running = new
+            else:
+                self.running.copy_(new)
+        return out
+
+
+@pytest.mark.parametrize("assign", [False, True], ids=["in_place", "assigned"])
+def test_a_buffer_written_from_the_batch_is_refused_before_the_first_step(assign):
+    """Every output row depends on its own example alone, but the buffer holds a mean of
+    the training inputs with no noise, released with the model's state_dict: refused,
+    naming the buffer, before anything is released; the probe's own passes leave the
+    buffer as the user's forward left it (also when the forward assigns a new tensor)."""
+    model = _RunningMean(assign)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_seqs(), batch_size=8), noise_multiplier=1.0, seed=0)
+    x, y = next(iter(p.data_loader))
+    before = [q.detach().clone() for q in model.parameters()]
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    after_forward = model.running.clone()
+    with pytest.raises(BatchDependenceError, match="buffer 'running'.*state_dict"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+    torch.testing.assert_close(model.running, after_forward, rtol=0, atol=0)
+
+
+def test_a_buffer_the_data_does_not_reach_trains():
+    """A step counter (the same whatever the examples hold) and a constant buffer read
+    in the forward pass are no release of the data: the run trains."""
+
+    class Counted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(E, 3)
+            self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+            self.register_buffer("scale", torch.full((E,), 2.0))
+
+        def forward(self, x):
+            self.steps += 1
+            return self.lin(x.mean(1) * self.scale)
+
+    model = Counted()
+    p, _, _ = _first_step(model, _seqs())
+    assert p.accountant.steps == 1 and model.steps.item() == 1

@@ -97,7 +97,8 @@ def test_per_user_clipped_sum_equals_a_naive_loop_over_users(reduction, oracle):
 def test_one_example_per_user_is_example_level_dp_sgd_exactly():
     ds = _data()
     kw = dict(noise_multiplier=1.1, max_grad_norm=0.7, seed=4)
-    a = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+    m = _mlp()
+    a = make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
                      DataLoader(ds, batch_size=6), **kw)
     m = _mlp()
     b = make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
@@ -156,7 +157,8 @@ def test_augmentation_multiplicity_averages_views_before_clipping(oracle):
         for a, b in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         # without the declaration the rows would be clipped one by one: refused
-        q = make_private(_Feat(_mlp(d=4)), torch.optim.SGD(model.parameters(), lr=lr),
+        other = _Feat(_mlp(d=4))
+        q = make_private(other, torch.optim.SGD(other.parameters(), lr=lr),
                          DataLoader(ds, batch_size=6), noise_multiplier=0.0,
                          sampling="fixed", seed=1)
         x, y = next(iter(q.data_loader))
@@ -232,13 +234,30 @@ def test_virtual_batches_keep_each_user_in_one_chunk():
         nn.functional.cross_entropy(p.model(x), torch.zeros(len(x), dtype=torch.long)
                                     ).backward()
         p.optimizer.step()
-    with pytest.raises(ValueError, match="more than max_physical_batch_size"):
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_user_larger_than_a_physical_chunk_is_refused_at_make_private(sampling):
+    """A user whose rows cannot fit in one physical chunk used to be refused only when
+    the loader first drew one, after steps had been taken and charged; now make_private
+    refuses it, before any batch, naming both settings. Users whose examples all fit
+    are accepted."""
+    from privlearn.errors import ConfigurationError
+
+    ds, users = _data(), torch.arange(48) // 4
+
+    def private(mpbs, k, users=users):
         model = _Feat(_mlp(d=4))
-        q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                         DataLoader(ds, batch_size=6), noise_multiplier=1.0,
-                         users=users, max_examples_per_user=4, max_physical_batch_size=3,
-                         seed=3, sampling="fixed")
-        list(q.data_loader)
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(ds, batch_size=6), noise_multiplier=1.0, users=users,
+                            max_examples_per_user=k, max_physical_batch_size=mpbs, seed=3,
+                            sampling=sampling)
+
+    with pytest.raises(ConfigurationError,
+                       match=r"bring 4 rows.*more than max_physical_batch_size=3"):
+        private(3, 4)
+    assert private(3, 3).accountant.steps == 0  # at most 3 rows of a user
+    assert private(1, 4, users=torch.arange(48)).accountant.steps == 0  # one example each
 
 
 def test_ledger_budgets_are_per_privacy_unit(tmp_path):
@@ -248,11 +267,13 @@ def test_ledger_budgets_are_per_privacy_unit(tmp_path):
     led.create_budget("d", epsilon=10.0, delta=1e-5)
     users = torch.arange(48) // 4
     with pytest.raises(ValueError, match="budget is per 'record'"):
-        make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+        m = _mlp()
+        make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
                      DataLoader(_data(), batch_size=4), noise_multiplier=1.0, epochs=1,
                      users=users, ledger=led.budget("d"))
     led.create_budget("d", epsilon=10.0, delta=1e-5, privacy_unit="user")
-    p = make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+    m = _mlp()
+    p = make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
                      DataLoader(_data(), batch_size=4), noise_multiplier=1.0, epochs=1,
                      users=users, ledger=led.budget("d", privacy_unit="user"))
     assert p.config.privacy_unit == "user"
@@ -268,7 +289,8 @@ def test_row_units_from_sizes():
 
 # ----------------------------------------------------------------- the rule for unit ids
 def _private_with_users(users, **kw):
-    return make_private(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1),
+    m = _mlp()
+    return make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
                         DataLoader(_data(), batch_size=4), noise_multiplier=1.0,
                         users=users, **kw)
 

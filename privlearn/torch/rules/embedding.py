@@ -5,6 +5,8 @@ output gradient scattered to the looked-up rows, padding row excluded) and
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -37,8 +39,10 @@ class EmbeddingContribution(Contribution):
         self.params = (weight,)
         self.weight = weight
         b = ids.shape[0]
-        ids = ids.reshape(b, -1)  # copies expanded (stride-0) views: never written in place
-        g = g.reshape(b, ids.shape[1], -1)
+        # copies expanded (stride-0) views: never written in place; sizes spelled out, as
+        # -1 is ambiguous for an empty batch
+        ids = ids.reshape(b, math.prod(ids.shape[1:]))
+        g = g.reshape(b, ids.shape[1], g.shape[-1])
         g = as_dtype(g, compute_dtype(g))
         if padding_idx is not None:
             g = g * (ids != padding_idx).unsqueeze(-1).to(g.dtype)
