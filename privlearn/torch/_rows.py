@@ -39,6 +39,37 @@ def rows_finite(flag: bool):
         _ROWS_FINITE.reset(token)
 
 
+#: ``id(view) -> (view, flat)`` of the parameters' views of the DP optimizer's gradient
+#: buffers and their one-dimensional pieces (None for a 1-D view), while the clipped sum is
+#: accumulated into them: the matrix-vector products write into the piece, kept from step
+#: to step, instead of viewing each parameter's buffer as one dimension anew
+_FLAT_VIEWS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "privlearn_flat_views", default=None)
+
+
+@contextlib.contextmanager
+def flat_views(mapping: dict | None):
+    """Context in which :func:`_add_mv` finds the one-dimensional pieces of the buffers'
+    views in ``mapping`` (see :data:`_FLAT_VIEWS`)."""
+    token = _FLAT_VIEWS.set(mapping)
+    try:
+        yield
+    finally:
+        _FLAT_VIEWS.reset(token)
+
+
+def _flat(o: torch.Tensor) -> torch.Tensor:
+    """``o`` as one dimension: ``o`` itself, the kept piece of a buffer's view
+    (:data:`_FLAT_VIEWS`) or a new view."""
+    if o.dim() == 1:
+        return o
+    m = _FLAT_VIEWS.get()
+    e = m.get(id(o)) if m is not None else None
+    if e is not None and e[0] is o and e[1] is not None:
+        return e[1]
+    return o.view(-1)
+
+
 def _finite(x: torch.Tensor) -> torch.Tensor:
     """``x`` with non-finite values replaced by 0 (a copy; ``x`` itself when every row is
     known to be finite). Only an example whose squared norm is not finite holds
@@ -97,7 +128,7 @@ def _add_mv(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
     else the product in the columns' dtype added into ``o`` (rounded once to its dtype,
     the columns never rounded to it: a half-precision buffer of float32 per-example
     gradients)."""
-    flat = o if o.dim() == 1 else o.view(-1)
+    flat = _flat(o)
     if cols.dtype == o.dtype or cols.dtype.itemsize <= o.dtype.itemsize:
         if cols.dtype != o.dtype:
             cols = cols.to(o.dtype)
