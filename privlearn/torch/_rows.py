@@ -137,6 +137,32 @@ def _add_mv(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
         flat.add_(torch.mv(cols, c if c.dtype == cols.dtype else c.to(cols.dtype)))
 
 
+_OUT_DTYPE: bool | None = None
+
+
+def _out_dtype_matmul() -> bool:
+    """Whether this PyTorch multiplies half-precision matrices into a float32 result
+    (``torch.mm(a, b, out_dtype=torch.float32)`` on CUDA)."""
+    global _OUT_DTYPE
+    if _OUT_DTYPE is None:
+        try:
+            a = torch.ones(2, 2, dtype=torch.bfloat16, device="cuda")
+            _OUT_DTYPE = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, AssertionError):
+            _OUT_DTYPE = False
+    return _OUT_DTYPE
+
+
+def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (2-D, or batched 3-D) of half-precision operands with float32
+    accumulation and result."""
+    if a.device.type == "cuda":
+        if a.dim() == 2:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
+
+
 def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Rows of ``x`` weighted by per-example factors: ``c_i x_i``.
 
@@ -155,6 +181,16 @@ def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         dropped by its weight adds nothing (see :attr:`Contribution.masks_rows`).
     """
     y = x * _row_view(c, x.dim()).to(x.dtype)
+    return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
+
+
+def token_scaled(x: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
+    """:func:`row_scaled` of a ``(B T, n)`` tensor whose ``T`` consecutive rows belong to
+    one example: ``c_i x_{i s}``, the factors repeated per row once per weight vector and
+    ``T`` (one multiplication a layer, on the form its matmul reads)."""
+    f = _ROW_VIEWS.get(c, ("rows of", t),
+                       lambda: c.unsqueeze(1).expand(c.shape[0], t).reshape(-1, 1))
+    y = x * (f if f.dtype == x.dtype else f.to(x.dtype))
     return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
 
 
