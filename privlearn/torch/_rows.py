@@ -163,6 +163,36 @@ def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
 
 
+_ADDMM_OUT: bool | None = None
+
+
+def _addmm_out_dtype() -> bool:
+    """Whether this PyTorch adds a product of half-precision matrices, accumulated in
+    float32, into a float32 matrix in place (``torch.addmm(o, a, b,
+    out_dtype=torch.float32, out=o)`` on CUDA), checked once on a small product."""
+    global _ADDMM_OUT
+    if _ADDMM_OUT is None:
+        try:
+            a = torch.arange(4.0, device="cuda").view(2, 2).to(torch.bfloat16)
+            o = torch.ones(2, 2, device="cuda")
+            want = 1.0 + a.float() @ a.float()
+            r = torch.addmm(o, a, a, out_dtype=torch.float32, out=o)
+            _ADDMM_OUT = r.data_ptr() == o.data_ptr() and bool(torch.equal(o, want))
+        except (RuntimeError, TypeError, AssertionError):
+            _ADDMM_OUT = False
+    return _ADDMM_OUT
+
+
+def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``o += a @ b`` for half-precision ``a`` and ``b``, accumulated in float32: one
+    ``addmm`` into a float32 ``o`` on CUDA where :func:`_addmm_out_dtype`, else
+    :func:`mm32` and an addition (the float32 product rounded once to ``o``'s dtype)."""
+    if o.dtype == torch.float32 and o.device.type == "cuda" and _addmm_out_dtype():
+        torch.addmm(o, a, b, out_dtype=torch.float32, out=o)
+    else:
+        o.add_(mm32(a, b))
+
+
 def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Rows of ``x`` weighted by per-example factors: ``c_i x_i``.
 

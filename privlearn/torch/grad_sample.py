@@ -62,6 +62,7 @@ from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _finite,
     _out_dtype_matmul,
     _shaped,
+    addmm32_,
     live_positions,
     low_factors,
     mm32,
@@ -622,8 +623,8 @@ class OuterProduct(Contribution):
         """:meth:`accumulate_into` of a ghost layer (one group, one chunk) from the 2-D
         forms made in the hook: the narrower side scaled per example (by factors rounded
         down for half-precision operands, :func:`low_factors`), one matmul added into the
-        buffer (``addmm_``; with float32 accumulation and result for half-precision
-        operands, :func:`mm32`, or a buffer of another dtype: then added, rounded once)."""
+        buffer (``addmm_``; half-precision operands: with float32 accumulation,
+        :func:`addmm32_`; a buffer of another dtype: the product added, rounded once)."""
         b, G, t, d, p = self.dims
         a2, g2, lt = self._flat2
         dt = self._dtype
@@ -641,7 +642,7 @@ class OuterProduct(Contribution):
         o = outs[0]
         o = o if o.shape == (left.shape[0], right.shape[1]) else o.view(left.shape[0], -1)
         if self._low:
-            o.add_(mm32(left, right))
+            addmm32_(o, left, right)
         elif o.dtype != dt:
             o.add_(left.mm(right))
         else:
