@@ -826,6 +826,29 @@ def test_float32_sum_into_half_precision_buffer_is_rounded_once(ghost):
         assert (err <= r.abs() * 2.0 ** -8 + s.abs() * 1e-5).all(), (err / s.abs()).max()
 
 
+def test_low_factors_are_rounded_toward_zero():
+    """The half-precision factors are the factors reduced by the margin and rounded
+    toward zero: the nearest half-precision value, one step toward zero where that is
+    larger in magnitude (the naive form), on values near every rounding boundary."""
+    from privlearn.torch._rows import _round_factors
+    from privlearn.torch.grad_sample import _LOW_MARGIN
+
+    g = torch.Generator().manual_seed(0)
+    c = torch.cat([torch.rand(4000, generator=g) * 2.0 ** torch.randint(-130, 20, (4000,),
+                                                                         generator=g),
+                   torch.tensor([0.0, 1.0, 0.5, 3.0, 1e-40, 3.4e38, -0.7, -1e-3])])
+    c = torch.cat([c, torch.nextafter(c, torch.full_like(c, float("inf")))])
+    for dt in (torch.bfloat16, torch.float16):
+        m = c * (1.0 - _LOW_MARGIN[dt])
+        near = m.to(dt)
+        want = torch.where(near.double().abs() > m.double().abs(),
+                           torch.nextafter(near, torch.zeros_like(near)), near)
+        got = _round_factors(c, dt)
+        assert got.dtype == dt
+        assert torch.equal(got.double(), want.double())
+        assert (got.double().abs() <= m.double().abs()).all()
+
+
 def test_low_factors_follow_each_factor_vector():
     """The half-precision clip factors, formed once per factor vector and dtype, are
     those of the vector given: never larger than it and within the margin below it."""
