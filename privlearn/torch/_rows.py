@@ -217,10 +217,12 @@ def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 def token_scaled(x: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
     """:func:`row_scaled` of a ``(B T, n)`` tensor whose ``T`` consecutive rows belong to
     one example: ``c_i x_{i s}``, the factors repeated per row once per weight vector and
-    ``T`` (one multiplication a layer, on the form its matmul reads)."""
+    ``T`` (one multiplication a layer, on the form its matmul reads). In the wider of
+    the two dtypes: half-precision rows and float32 factors give the float32 products
+    of the exact float32 values (no cast of the rows first)."""
     f = _ROW_VIEWS.get(c, ("rows of", t),
-                       lambda: c.unsqueeze(1).expand(c.shape[0], t).reshape(-1, 1))
-    y = x * (f if f.dtype == x.dtype else f.to(x.dtype))
+                       lambda: c.unsqueeze(1).repeat(1, t).view(-1, 1))
+    y = x * f
     return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
 
 

@@ -632,11 +632,11 @@ class OuterProduct(Contribution):
         c = low_factors(c, dt) if self._low else c0
         gs = None
         if p > d:  # the inputs are the narrower side
-            x = token_scaled(as_dtype(a2, dt), c, t)
+            x = token_scaled(a2, c, t)  # in dt: the factors' dtype
             left, right = ((x.t(), _finite(as_dtype(g2, dt))) if self.transposed
                            else (_finite(as_dtype(lt, dt)), x))
         else:
-            gs = token_scaled(as_dtype(g2, dt), c, t)
+            gs = token_scaled(g2, c, t)
             left, right = ((_finite(as_dtype(lt, dt)), gs) if self.transposed
                            else (gs.t(), _finite(as_dtype(a2, dt))))
         o = outs[0]
