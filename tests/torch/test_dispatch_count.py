@@ -6,7 +6,8 @@ views included) is counted by a ``TorchDispatchMode`` during the second step (th
 probes batch independence) of tiny Hugging Face models on the CPU, float32 and under
 bfloat16 autocast (float32 parameters; the layers record bfloat16 inputs and output
 gradients, the norms and the clipped sum are float32) and with bfloat16 parameters (the
-gradient buffers bfloat16, the clipped sums formed in float32). The plain step is torch's default
+gradient buffers bfloat16, the clipped sums formed in float32), and in float32 with ghost
+norms in every layer (as layers of realistic width choose). The plain step is torch's default
 ``SGD`` (the optimizer the private step wraps and also runs), after a backward pass under
 the same autocast.
 The operations of the private backward pass (the tracker's hooks compute the per-example
@@ -95,19 +96,27 @@ def dispatch_counts(name: str, autocast=None, dtype=torch.float32
     return plain_backward, plain_step, private_backward, private_step
 
 
-@pytest.mark.parametrize("autocast,dtype", [(None, torch.float32),
-                                           (torch.bfloat16, torch.float32),
-                                           (None, torch.bfloat16)],
-                         ids=["float32", "bf16_autocast", "bf16_params"])
+@pytest.mark.parametrize("autocast,dtype,ghost", [(None, torch.float32, False),
+                                                 (torch.bfloat16, torch.float32, False),
+                                                 (None, torch.bfloat16, False),
+                                                 (None, torch.float32, True)],
+                         ids=["float32", "bf16_autocast", "bf16_params", "float32_ghost"])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
-def test_private_step_dispatches_at_most_five_sgd_steps(name, autocast, dtype):
+def test_private_step_dispatches_at_most_five_sgd_steps(name, autocast, dtype, ghost,
+                                                        monkeypatch):
+    """... and with ghost norms in every layer (no per-example gradient materialised),
+    as layers of realistic width choose."""
     if name == "gpt2_lora":
         pytest.importorskip("peft")
+    if ghost:
+        from privlearn.torch import grad_sample
+
+        monkeypatch.setattr(grad_sample, "GHOST_MEMORY_BUDGET_BYTES", 0)
     plain_backward, plain_step, private_backward, private_step = dispatch_counts(
         name, autocast, dtype)
     n_params = sum(1 for _ in plain_step.ops.elements())
     assert n_params > 0  # the counter sees the plain step
-    print(f"\n{name} {dtype} {autocast or 'no autocast'}: SGD step {plain_step.total}, "
+    print(f"\n{name} {dtype} {autocast or 'no autocast'} ghost={ghost}: SGD step {plain_step.total}, "
           f"private step {private_step.total}; "
           f"backward plain {plain_backward.total}, private (with the hooks) "
           f"{private_backward.total}; most frequent in the private step: "
