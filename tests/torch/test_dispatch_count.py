@@ -116,8 +116,8 @@ def test_private_step_dispatches_at_most_five_sgd_steps(name, autocast, dtype, g
         name, autocast, dtype)
     n_params = sum(1 for _ in plain_step.ops.elements())
     assert n_params > 0  # the counter sees the plain step
-    print(f"\n{name} {dtype} {autocast or 'no autocast'} ghost={ghost}: SGD step {plain_step.total}, "
-          f"private step {private_step.total}; "
+    print(f"\n{name} {dtype} {autocast or 'no autocast'} ghost={ghost}: "
+          f"SGD step {plain_step.total}, private step {private_step.total}; "
           f"backward plain {plain_backward.total}, private (with the hooks) "
           f"{private_backward.total}; most frequent in the private step: "
           f"{private_step.ops.most_common(6)}")
