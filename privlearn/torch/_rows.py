@@ -39,6 +39,37 @@ def rows_finite(flag: bool):
         _ROWS_FINITE.reset(token)
 
 
+#: ``id(view) -> (view, flat)`` of the parameters' views of the DP optimizer's gradient
+#: buffers and their one-dimensional pieces (None for a 1-D view), while the clipped sum is
+#: accumulated into them: the matrix-vector products write into the piece, kept from step
+#: to step, instead of viewing each parameter's buffer as one dimension anew
+_FLAT_VIEWS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "privlearn_flat_views", default=None)
+
+
+@contextlib.contextmanager
+def flat_views(mapping: dict | None):
+    """Context in which :func:`_add_mv` finds the one-dimensional pieces of the buffers'
+    views in ``mapping`` (see :data:`_FLAT_VIEWS`)."""
+    token = _FLAT_VIEWS.set(mapping)
+    try:
+        yield
+    finally:
+        _FLAT_VIEWS.reset(token)
+
+
+def _flat(o: torch.Tensor) -> torch.Tensor:
+    """``o`` as one dimension: ``o`` itself, the kept piece of a buffer's view
+    (:data:`_FLAT_VIEWS`) or a new view."""
+    if o.dim() == 1:
+        return o
+    m = _FLAT_VIEWS.get()
+    e = m.get(id(o)) if m is not None else None
+    if e is not None and e[0] is o and e[1] is not None:
+        return e[1]
+    return o.view(-1)
+
+
 def _finite(x: torch.Tensor) -> torch.Tensor:
     """``x`` with non-finite values replaced by 0 (a copy; ``x`` itself when every row is
     known to be finite). Only an example whose squared norm is not finite holds
@@ -97,13 +128,69 @@ def _add_mv(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
     else the product in the columns' dtype added into ``o`` (rounded once to its dtype,
     the columns never rounded to it: a half-precision buffer of float32 per-example
     gradients)."""
-    flat = o if o.dim() == 1 else o.view(-1)
+    flat = _flat(o)
     if cols.dtype == o.dtype or cols.dtype.itemsize <= o.dtype.itemsize:
         if cols.dtype != o.dtype:
             cols = cols.to(o.dtype)
         flat.addmv_(cols, c if c.dtype == o.dtype else c.to(o.dtype))
     else:
         flat.add_(torch.mv(cols, c if c.dtype == cols.dtype else c.to(cols.dtype)))
+
+
+_OUT_DTYPE: bool | None = None
+
+
+def _out_dtype_matmul() -> bool:
+    """Whether this PyTorch multiplies half-precision matrices into a float32 result
+    (``torch.mm(a, b, out_dtype=torch.float32)`` on CUDA)."""
+    global _OUT_DTYPE
+    if _OUT_DTYPE is None:
+        try:
+            a = torch.ones(2, 2, dtype=torch.bfloat16, device="cuda")
+            _OUT_DTYPE = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, AssertionError):
+            _OUT_DTYPE = False
+    return _OUT_DTYPE
+
+
+def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (2-D, or batched 3-D) of half-precision operands with float32
+    accumulation and result."""
+    if a.device.type == "cuda":
+        if a.dim() == 2:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
+
+
+_ADDMM_OUT: bool | None = None
+
+
+def _addmm_out_dtype() -> bool:
+    """Whether this PyTorch adds a product of half-precision matrices, accumulated in
+    float32, into a float32 matrix in place (``torch.addmm(o, a, b,
+    out_dtype=torch.float32, out=o)`` on CUDA), checked once on a small product."""
+    global _ADDMM_OUT
+    if _ADDMM_OUT is None:
+        try:
+            a = torch.arange(4.0, device="cuda").view(2, 2).to(torch.bfloat16)
+            o = torch.ones(2, 2, device="cuda")
+            want = 1.0 + a.float() @ a.float()
+            r = torch.addmm(o, a, a, out_dtype=torch.float32, out=o)
+            _ADDMM_OUT = r.data_ptr() == o.data_ptr() and bool(torch.equal(o, want))
+        except (RuntimeError, TypeError, AssertionError):
+            _ADDMM_OUT = False
+    return _ADDMM_OUT
+
+
+def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``o += a @ b`` for half-precision ``a`` and ``b``, accumulated in float32: one
+    ``addmm`` into a float32 ``o`` on CUDA where :func:`_addmm_out_dtype`, else
+    :func:`mm32` and an addition (the float32 product rounded once to ``o``'s dtype)."""
+    if o.dtype == torch.float32 and o.device.type == "cuda" and _addmm_out_dtype():
+        torch.addmm(o, a, b, out_dtype=torch.float32, out=o)
+    else:
+        o.add_(mm32(a, b))
 
 
 def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -124,6 +211,18 @@ def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         dropped by its weight adds nothing (see :attr:`Contribution.masks_rows`).
     """
     y = x * _row_view(c, x.dim()).to(x.dtype)
+    return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
+
+
+def token_scaled(x: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
+    """:func:`row_scaled` of a ``(B T, n)`` tensor whose ``T`` consecutive rows belong to
+    one example: ``c_i x_{i s}``, the factors repeated per row once per weight vector and
+    ``T`` (one multiplication a layer, on the form its matmul reads). In the wider of
+    the two dtypes: half-precision rows and float32 factors give the float32 products
+    of the exact float32 values (no cast of the rows first)."""
+    f = _ROW_VIEWS.get(c, ("rows of", t),
+                       lambda: c.unsqueeze(1).repeat(1, t).view(-1, 1))
+    y = x * f
     return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
 
 
@@ -225,8 +324,13 @@ def low_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _round_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`low_factors` without the cache."""
+    """:func:`low_factors` without the cache: the factors reduced by the margin, then
+    rounded toward zero to ``dtype``."""
     c = c * (1.0 - _LOW_MARGIN.get(dtype, 2.0 ** -7))
+    if dtype == torch.bfloat16 and c.dtype == torch.float32:
+        # bfloat16 is float32's upper half: clearing the lower 16 bits rounds toward zero
+        # (exactly; a finite value stays finite), one operation instead of six
+        return c.view(torch.int32).bitwise_and_(-65536).view(torch.float32).to(dtype)
     low = c.to(dtype)
     over = low.float().abs() > c.abs()
     return torch.where(over, torch.nextafter(low, torch.zeros_like(low)), low)

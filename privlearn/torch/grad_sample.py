@@ -60,12 +60,16 @@ from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _addmv_cols,
     _addmv_rows,
     _finite,
+    _out_dtype_matmul,
     _shaped,
+    addmm32_,
     live_positions,
     low_factors,
+    mm32,
     row_scaled,
     row_sq_norms,
     rows_finite,
+    token_scaled,
 )
 from privlearn.torch.rule_registry import (  # noqa: F401  (re-exported)
     INSTRUMENTERS,
@@ -258,32 +262,6 @@ def keep_low_precision(*tensors: torch.Tensor) -> bool:
     return mode == "always" or (ts[0].device.type == "cuda" and _out_dtype_matmul())
 
 
-_OUT_DTYPE: bool | None = None
-
-
-def _out_dtype_matmul() -> bool:
-    """Whether this PyTorch multiplies half-precision matrices into a float32 result
-    (``torch.mm(a, b, out_dtype=torch.float32)`` on CUDA)."""
-    global _OUT_DTYPE
-    if _OUT_DTYPE is None:
-        try:
-            a = torch.ones(2, 2, dtype=torch.bfloat16, device="cuda")
-            _OUT_DTYPE = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
-        except (RuntimeError, TypeError, AssertionError):
-            _OUT_DTYPE = False
-    return _OUT_DTYPE
-
-
-def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` (2-D, or batched 3-D) of half-precision operands with float32
-    accumulation and result."""
-    if a.device.type == "cuda":
-        if a.dim() == 2:
-            return torch.mm(a, b, out_dtype=torch.float32)
-        return torch.bmm(a, b, out_dtype=torch.float32)
-    return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
-
-
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """Dtype in which a rule works: float32 when any operand is half precision (mixed
     precision: norms and clipped sums are accumulated in float32), else the widest
@@ -467,6 +445,13 @@ class OuterProduct(Contribution):
         self._wsq = None
         self._bias_cache = None
         self._bias_t = None
+        self._flat2 = None
+        if ghost and G == 1 and a.is_contiguous() and g.is_contiguous():
+            # the (B T, d) and (B T, p) forms the step's matmul reads, and the transpose
+            # of its unscaled left side (views, made here rather than in the step)
+            a2, g2 = a.view(b * t, d), g.view(b * t, p)
+            lt = (a2 if p <= d else None) if transposed else (g2 if p > d else None)
+            self._flat2 = (a2, g2, None if lt is None else lt.t())
         if not ghost:
             # per-example weight gradients via batched matmul, laid out as the parameter
             # ((B, G, p, d); transposed: (B, 1, d, p)); the inputs (e.g. conv patches) are
@@ -608,12 +593,14 @@ class OuterProduct(Contribution):
             if self.bias is not None:
                 _addmv_cols(outs[1], self._bias_cols(), c)
             return
+        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
+        if self._flat2 is not None and k >= b:
+            return self._accumulate_flat(c, outs)
         if self._ps is not None or G != 1 or self._low or o.dtype != self._dtype:
             return super().accumulate_into(c, outs)
         c = c.to(self._dtype)
         shape = (d, p) if self.transposed else (p, d)
         o = o if o.shape == shape else o.view(shape)
-        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
         if k >= b:  # one chunk: the weights on the narrower side, the bias from its rows
             g2 = self._add_weighted_(o, self.g, self.a, c, p, d)
             if self.bias is not None:
@@ -631,6 +618,41 @@ class OuterProduct(Contribution):
                     outs[1].view(p).add_(cs @ g2.reshape(cs.shape[0], t, p).sum(1))
                 else:
                     outs[1].view(p).add_(g2.sum(0))
+
+    def _accumulate_flat(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        """:meth:`accumulate_into` of a ghost layer (one group, one chunk) from the 2-D
+        forms made in the hook: the narrower side scaled per example (by factors rounded
+        down for half-precision operands, :func:`low_factors`), one matmul added into the
+        buffer (``addmm_``; half-precision operands: with float32 accumulation,
+        :func:`addmm32_`; a buffer of another dtype: the product added, rounded once)."""
+        b, G, t, d, p = self.dims
+        a2, g2, lt = self._flat2
+        dt = self._dtype
+        c0 = c if self._low else c.to(dt)
+        c = low_factors(c, dt) if self._low else c0
+        gs = None
+        if p > d:  # the inputs are the narrower side
+            x = token_scaled(a2, c, t)  # in dt: the factors' dtype
+            left, right = ((x.t(), _finite(as_dtype(g2, dt))) if self.transposed
+                           else (_finite(as_dtype(lt, dt)), x))
+        else:
+            gs = token_scaled(g2, c, t)
+            left, right = ((_finite(as_dtype(lt, dt)), gs) if self.transposed
+                           else (gs.t(), _finite(as_dtype(a2, dt))))
+        o = outs[0]
+        o = o if o.shape == (left.shape[0], right.shape[1]) else o.view(left.shape[0], -1)
+        if self._low:
+            addmm32_(o, left, right)
+        elif o.dtype != dt:
+            o.add_(left.mm(right))
+        else:
+            o.addmm_(left, right)
+        if self.bias is None:
+            return
+        if gs is None:
+            _addmv_cols(outs[1], self._bias_cols(), c0)
+        else:  # same summation as autograd's Linear
+            outs[1].add_(gs.sum(0, dtype=torch.float32) if self._low else gs.sum(0))
 
     def _add_weighted_(self, o: torch.Tensor, g: torch.Tensor, a: torch.Tensor,
                        c: torch.Tensor, p: int, d: int) -> torch.Tensor:

@@ -82,6 +82,9 @@ from privlearn.errors import (
     TrainingLoopError,
 )
 from privlearn.torch._amp import LossScaling
+from privlearn.torch._grad_views import BufferViews
+from privlearn.torch._grad_views import sole_owner as _sole_owner
+from privlearn.torch._rows import flat_views
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
@@ -221,6 +224,9 @@ class DPOptimizer(LossScaling):
         #: the flat gradient buffers, one per device and dtype of the parameters (last
         #: step's, reused when nobody holds them any more)
         self._buffers: list[torch.Tensor] = []
+        #: their parameters' views, kept with them (:mod:`privlearn.torch._grad_views`)
+        self._views: list[BufferViews] = []
+        self._flat_views: dict = {}
         #: ``id(p) -> view`` of the buffers while a logical batch is open (its clipped
         #: sums, or this step's noise, are in them); None between logical batches
         self._out: dict[int, torch.Tensor] | None = None
@@ -425,7 +431,7 @@ class DPOptimizer(LossScaling):
             groups.setdefault((q.device, q.dtype), []).append(i)
         #: ``(device, dtype, indices of the parameters)`` of each gradient buffer
         self._groups = tuple((dev, dt, tuple(ix)) for (dev, dt), ix in groups.items())
-        self._buffers = []
+        self._buffers, self._views = [], []
         if self._out is not None:  # an open logical batch: its sums carried over
             self._carry = {**self._carry, **self._out}
             self._out = None
@@ -538,12 +544,11 @@ class DPOptimizer(LossScaling):
         step's bookkeeping: overflow count, last norms, adaptive clipping's count.
         ``examples``: how many examples the sampler delivered for this batch (the layers
         must have seen exactly these)."""
-        sums, _, norms = self.tracker.clipped_sum(self.max_grad_norm,
-                                                  1.0 / self.expected_batch_size, out=out,
-                                                  per_param=self.per_param_clipping,
-                                                  loss_scale=self._loss_scale(),
-                                                  examples=examples, units=units,
-                                                  refuse_nonfinite=True)
+        with flat_views(self._flat_views if out is self._out else None):
+            sums, _, norms = self.tracker.clipped_sum(
+                self.max_grad_norm, 1.0 / self.expected_batch_size, out=out,
+                per_param=self.per_param_clipping, loss_scale=self._loss_scale(),
+                examples=examples, units=units, refuse_nonfinite=True)
         self._overflowed = self._overflowed + self.tracker._overflow  # on the device
         self.last_grad_norms = norms
         self._count_unclipped(norms)
@@ -603,22 +608,25 @@ class DPOptimizer(LossScaling):
         trained parameters. Returns those carried sums (for a caller that closes the
         batch again on failure); the batch stays closed if this raises."""
         params = self.tracker.params
-        bufs = list(self._buffers)
+        bufs, views = list(self._buffers), list(self._views)
         for i, (dev, dt, ix) in enumerate(self._groups):
             n = sum(self._numels[j] for j in ix)
-            if i >= len(bufs):
-                bufs.append(None)
-            flat = bufs[i]
-            if (flat is None or flat.device != dev or flat.dtype != dt or flat.numel() != n
-                    or not _sole_owner(flat)):
-                bufs[i] = torch.empty(n, device=dev, dtype=dt)
+            qs = [params[j] for j in ix]
+            flat = bufs[i] if i < len(bufs) else None
+            v = views[i] if i < len(views) else None
+            if v is None or v.buffer is not flat or not v.unshared(qs):
+                if (flat is None or flat.device != dev or flat.dtype != dt
+                        or flat.numel() != n or not _sole_owner(flat)):
+                    flat = torch.empty(n, device=dev, dtype=dt)
+                v = BufferViews(flat, qs, [self._numels[j] for j in ix])
+            bufs[i:i + 1], views[i:i + 1] = [flat], [v]
         self._buffers = bufs[:len(self._groups)]
+        self._views = views[:len(self._groups)]
+        self._flat_views = {k: e for v in self._views for k, e in v.entries.items()}
         out = {}
-        for buf, (_, _, ix) in zip(self._buffers, self._groups, strict=True):
-            views = buf.split([self._numels[j] for j in ix])
-            for j, v in zip(ix, views, strict=True):
-                q = params[j]
-                out[id(q)] = v if v.shape == q.shape else v.view(q.shape)
+        for v, (_, _, ix) in zip(self._views, self._groups, strict=True):
+            for j, view in zip(ix, v.shaped(), strict=True):
+                out[id(params[j])] = view
         self._out = out
         try:
             if fill:
@@ -847,24 +855,6 @@ class DPOptimizer(LossScaling):
     def _device(self) -> torch.device:
         params = self.tracker.params
         return params[0].device if params else torch.device("cpu")
-
-
-def _storage_uses(t: torch.Tensor) -> int | None:
-    """How many tensors share ``t``'s storage (None if this torch cannot tell)."""
-    try:
-        return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
-    except (AttributeError, RuntimeError, TypeError):
-        return None
-
-
-_ALONE = _storage_uses(torch.empty(1))
-
-
-def _sole_owner(t: torch.Tensor) -> bool:
-    """Whether no tensor but ``t`` itself references ``t``'s storage, so that writing into
-    it in place cannot change anything anyone else holds (False when unknown)."""
-    n = _storage_uses(t)
-    return n is not None and _ALONE is not None and n <= _ALONE
 
 
 def _scalar(value):

@@ -3,6 +3,8 @@ else still holds; the allocator tuning of make_private can be switched off."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -75,3 +77,50 @@ def test_retain_freed_memory_is_idempotent_and_can_be_switched_off():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_views_are_kept_while_nobody_else_holds_them():
+    p = _engine()
+    it = iter(p.data_loader)
+    _step(p, next(it))
+    first = [weakref.ref(q.grad) for q in p.model.parameters()]  # holds none of them
+    _step(p, next(it))  # p.grad are the same view objects, refilled
+    assert all(q.grad is r() for q, r in zip(p.model.parameters(), first, strict=True))
+
+
+@pytest.mark.parametrize("hold", ["one_view", "flat_view", "as_other_grad", "zero_in_place"])
+def test_a_held_view_is_never_overwritten(hold):
+    """Whoever keeps one gradient of a step, by any reference, keeps its values: the
+    next steps write into a fresh buffer (the same training as without the reuse)."""
+    p, ref = _engine(), _engine()
+    it, it_ref = iter(p.data_loader), iter(ref.data_loader)
+    _step(p, next(it))
+    _step(ref, next(it_ref))
+    w = p.model[0].weight
+    held = other = None
+    if hold == "one_view":
+        held = w.grad
+    elif hold == "flat_view":
+        held = w.grad.view(-1)
+    elif hold == "as_other_grad":
+        other = torch.zeros_like(w)
+        other.grad = w.grad  # a reference from C++ alone
+    copy = (held if held is not None else w.grad).clone()
+    for batch, batch_ref in zip(it, it_ref, strict=True):
+        if hold == "zero_in_place":  # p.grad kept, zeroed: the views are reused
+            kept = weakref.ref(w.grad)
+            p.optimizer.zero_grad(set_to_none=False)
+            xb, yb = batch
+            nn.functional.cross_entropy(p.model(xb).mean(1), yb).backward()
+            p.optimizer.step()
+            assert w.grad is kept()
+        else:
+            _step(p, batch)
+        _step(ref, batch_ref)
+        ref.optimizer._buffers = []
+    if held is not None:
+        assert torch.equal(held, copy)
+    if other is not None:
+        assert torch.equal(other.grad, copy)
+    for a, b in zip(p.model.parameters(), ref.model.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -5,7 +5,9 @@ Every aten operation reaching the dispatcher (one kernel launch each on an accel
 views included) is counted by a ``TorchDispatchMode`` during the second step (the first
 probes batch independence) of tiny Hugging Face models on the CPU, float32 and under
 bfloat16 autocast (float32 parameters; the layers record bfloat16 inputs and output
-gradients, the norms and the clipped sum are float32). The plain step is torch's default
+gradients, the norms and the clipped sum are float32) and with bfloat16 parameters (the
+gradient buffers bfloat16, the clipped sums formed in float32), and in float32 with ghost
+norms in every layer (as layers of realistic width choose). The plain step is torch's default
 ``SGD`` (the optimizer the private step wraps and also runs), after a backward pass under
 the same autocast.
 The operations of the private backward pass (the tracker's hooks compute the per-example
@@ -54,10 +56,11 @@ def _loss(name, model, ids, mask, labels):
     return loss_of(name, model(input_ids=ids, attention_mask=mask), labels)
 
 
-def dispatch_counts(name: str, autocast=None) -> tuple[Dispatched, Dispatched,
-                                                        Dispatched, Dispatched]:
-    """(plain backward, plain SGD step, private backward, private step) of tiny ``name``,
-    its forward passes under CPU autocast to ``autocast`` when given."""
+def dispatch_counts(name: str, autocast=None, dtype=torch.float32
+                    ) -> tuple[Dispatched, Dispatched, Dispatched, Dispatched]:
+    """(plain backward, plain SGD step, private backward, private step) of tiny ``name``
+    with parameters in ``dtype``, its forward passes under CPU autocast to ``autocast``
+    when given."""
     from hf_models import build
     from test_host_reads import _data
 
@@ -65,7 +68,7 @@ def dispatch_counts(name: str, autocast=None) -> tuple[Dispatched, Dispatched,
         return torch.autocast("cpu", dtype=autocast or torch.bfloat16,
                               enabled=autocast is not None)
 
-    model = build(name, dtype=torch.float32)
+    model = build(name, dtype=dtype)
     opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.01)
     ids, mask, labels = next(iter(DataLoader(_data(name, 6), batch_size=6)))
     plain_backward, plain_step = Dispatched(), Dispatched()
@@ -76,7 +79,7 @@ def dispatch_counts(name: str, autocast=None) -> tuple[Dispatched, Dispatched,
     with plain_step:
         opt.step()
 
-    model = build(name, dtype=torch.float32)
+    model = build(name, dtype=dtype)
     opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.01)
     p = make_private(model, opt, DataLoader(_data(name, 12), batch_size=6),
                      noise_multiplier=1.0, max_grad_norm=1.0, sampling="fixed", seed=0)
@@ -93,17 +96,28 @@ def dispatch_counts(name: str, autocast=None) -> tuple[Dispatched, Dispatched,
     return plain_backward, plain_step, private_backward, private_step
 
 
-@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["float32", "bf16_autocast"])
+@pytest.mark.parametrize("autocast,dtype,ghost", [(None, torch.float32, False),
+                                                 (torch.bfloat16, torch.float32, False),
+                                                 (None, torch.bfloat16, False),
+                                                 (None, torch.float32, True)],
+                         ids=["float32", "bf16_autocast", "bf16_params", "float32_ghost"])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
-def test_private_step_dispatches_at_most_five_sgd_steps(name, autocast):
+def test_private_step_dispatches_at_most_five_sgd_steps(name, autocast, dtype, ghost,
+                                                        monkeypatch):
+    """... and with ghost norms in every layer (no per-example gradient materialised),
+    as layers of realistic width choose."""
     if name == "gpt2_lora":
         pytest.importorskip("peft")
+    if ghost:
+        from privlearn.torch import grad_sample
+
+        monkeypatch.setattr(grad_sample, "GHOST_MEMORY_BUDGET_BYTES", 0)
     plain_backward, plain_step, private_backward, private_step = dispatch_counts(
-        name, autocast)
+        name, autocast, dtype)
     n_params = sum(1 for _ in plain_step.ops.elements())
     assert n_params > 0  # the counter sees the plain step
-    print(f"\n{name} {autocast or torch.float32}: SGD step {plain_step.total}, "
-          f"private step {private_step.total}; "
+    print(f"\n{name} {dtype} {autocast or 'no autocast'} ghost={ghost}: "
+          f"SGD step {plain_step.total}, private step {private_step.total}; "
           f"backward plain {plain_backward.total}, private (with the hooks) "
           f"{private_backward.total}; most frequent in the private step: "
           f"{private_step.ops.most_common(6)}")

@@ -738,16 +738,19 @@ def test_embedding_bag(mode, weighted, layout, padding_idx):
 @pytest.mark.parametrize("seq", [False, True])
 @pytest.mark.parametrize("ghost", [True, False])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_half_precision_matmuls_with_float32_accumulation(monkeypatch, seq, ghost, transposed):
+@pytest.mark.parametrize("d,p", [(7, 3), (3, 7)])
+def test_half_precision_matmuls_with_float32_accumulation(monkeypatch, seq, ghost, transposed,
+                                                          d, p):
     """The accelerator path for bf16 operands (kept in bf16, float32 accumulation and
     result; emulated on the CPU): norms equal the float64 ones of the same bf16 values,
-    the weighted sum is theirs within bf16 rounding of the factors, and no example's
-    clipped contribution exceeds the bound (factors rounded down with a margin)."""
+    the weighted sum and the in-place sum the step forms are theirs within bf16 rounding
+    of the factors, and no example's clipped contribution exceeds the bound (factors
+    rounded down with a margin)."""
     from privlearn.torch.grad_sample import DenseOuterProduct, OuterProduct
 
     monkeypatch.setattr(grad_sample, "LOW_PRECISION_MATMUL", "always")
-    torch.manual_seed(int(seq) * 4 + int(ghost) * 2 + int(transposed))
-    b, t, d, p = 6, 5, 7, 3
+    torch.manual_seed(int(seq) * 4 + int(ghost) * 2 + int(transposed) + 8 * d)
+    b, t = 6, 5
     a = torch.randn(b, t, d).to(torch.bfloat16) if seq else torch.randn(b, d).to(
         torch.bfloat16)
     g = torch.randn(b, t, p).to(torch.bfloat16) if seq else torch.randn(b, p).to(
@@ -768,18 +771,26 @@ def test_half_precision_matmuls_with_float32_accumulation(monkeypatch, seq, ghos
     torch.testing.assert_close(c.sq_norms().double(), (ref ** 2).sum(1), rtol=1e-5, atol=1e-6)
     C = float(ref.norm(dim=1).median())
     f = (C / ref.norm(dim=1)).clamp(max=1.0).float()
-    got = c.weighted_sum(f)
-    assert all(x.dtype == torch.float32 for x in got)
+
+    def weighted(f):
+        acc = [torch.zeros(shape), torch.zeros(p)]
+        c.accumulate_into(f, acc)  # the step's form: added into float32 buffers
+        return c.weighted_sum(f), acc
+
     want = f.double() @ ref
-    flat = torch.cat([(got[0].t() if transposed else got[0]).reshape(-1), got[1]]).double()
-    torch.testing.assert_close(flat, want, rtol=2e-2, atol=1e-2 * want.abs().max().item())
+    for got in weighted(f):
+        assert all(x.dtype == torch.float32 for x in got)
+        flat = torch.cat([(got[0].t() if transposed else got[0]).reshape(-1),
+                          got[1]]).double()
+        torch.testing.assert_close(flat, want, rtol=2e-2,
+                                   atol=1e-2 * want.abs().max().item())
     # each example's contribution alone stays within the bound
     for i in range(b):
         e = torch.zeros(b)
         e[i] = f[i]
-        one = c.weighted_sum(e)
-        norm = torch.cat([x.reshape(-1) for x in one]).double().norm()
-        assert norm <= C * (1 + 1e-6)
+        for one in weighted(e):
+            norm = torch.cat([x.reshape(-1) for x in one]).double().norm()
+            assert norm <= C * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("ghost", [False, True, "dense"])
@@ -813,6 +824,29 @@ def test_float32_sum_into_half_precision_buffer_is_rounded_once(ghost):
         # plus the float32 sum's error (a rounding of the sum to bf16 first: 2^-9 of it)
         err = (o.double() - r).abs()
         assert (err <= r.abs() * 2.0 ** -8 + s.abs() * 1e-5).all(), (err / s.abs()).max()
+
+
+def test_low_factors_are_rounded_toward_zero():
+    """The half-precision factors are the factors reduced by the margin and rounded
+    toward zero: the nearest half-precision value, one step toward zero where that is
+    larger in magnitude (the naive form), on values near every rounding boundary."""
+    from privlearn.torch._rows import _round_factors
+    from privlearn.torch.grad_sample import _LOW_MARGIN
+
+    g = torch.Generator().manual_seed(0)
+    c = torch.cat([torch.rand(4000, generator=g) * 2.0 ** torch.randint(-130, 20, (4000,),
+                                                                         generator=g),
+                   torch.tensor([0.0, 1.0, 0.5, 3.0, 1e-40, 3.4e38, -0.7, -1e-3])])
+    c = torch.cat([c, torch.nextafter(c, torch.full_like(c, float("inf")))])
+    for dt in (torch.bfloat16, torch.float16):
+        m = c * (1.0 - _LOW_MARGIN[dt])
+        near = m.to(dt)
+        want = torch.where(near.double().abs() > m.double().abs(),
+                           torch.nextafter(near, torch.zeros_like(near)), near)
+        got = _round_factors(c, dt)
+        assert got.dtype == dt
+        assert torch.equal(got.double(), want.double())
+        assert (got.double().abs() <= m.double().abs()).all()
 
 
 def test_low_factors_follow_each_factor_vector():
