@@ -483,7 +483,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
             self.privacy_engine = None
         base = super().get_train_dataloader()  # the Trainer's dataset and collator
         loader = DataLoader(base.dataset, batch_size=self.args.per_device_train_batch_size,
-                            collate_fn=base.collate_fn,
+                            collate_fn=base.collate_fn, drop_last=self.args.dataloader_drop_last,
                             num_workers=self.args.dataloader_num_workers,
                             pin_memory=self.args.dataloader_pin_memory)
         if is_fsdp2(self):  # the engine and the optimizer see the sharded parameters

@@ -638,3 +638,11 @@ def test_learning_rate_schedule_runs_with_the_dp_optimizer_as_the_trainers(tmp_p
     tr.train()  # the same run continues: its engine and optimizer are kept
     assert tr.privacy_engine is p and tr.optimizer is p.optimizer
     assert p.accountant.steps == 8
+
+
+def test_dataloader_drop_last_is_named_where_poisson_batches_ignore_it(tmp_path):
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, dataloader_drop_last=True),
+                   train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0,
+                                                                      seed=0))
+    with pytest.warns(UserWarning, match="drop_last=True, which does not apply"):
+        tr.get_train_dataloader()

@@ -332,6 +332,28 @@ def test_accepted_samplers_and_recorded_rate():
     assert [(s.sampling_rate, s.steps) for s in p.accountant.segments] == [(0.25, 5)]
 
 
+@pytest.mark.parametrize("sampling,warns", [("poisson", True), ("cyclic_poisson", True),
+                                             ("fixed", False)])
+def test_drop_last_is_named_where_it_cannot_apply(sampling, warns):
+    """``drop_last=True`` is not silently ignored: under a sampling of random batch sizes
+    (the Poisson family) make_private says it does not apply, and every batch, whatever
+    its size, is trained on; fixed-size batches are what drop_last asks for."""
+    model = _mlp()
+    loader = DataLoader(_data(n=64), batch_size=8, drop_last=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                         noise_multiplier=1.0, sampling=sampling, seed=0, steps=40)
+    named = [w for w in caught if "drop_last" in str(w.message)]
+    assert len(named) == int(warns)
+    if warns:
+        assert issubclass(named[0].category, UserWarning)
+        assert named[0].filename == __file__  # points at the make_private call
+        assert "random" in str(named[0].message) and repr(sampling) in str(named[0].message)
+        sizes = [len(y) for _, (_, y) in zip(range(40), p.data_loader, strict=False)]
+        assert len(set(sizes)) > 1  # not all batches of 8: nothing dropped or padded
+
+
 @pytest.mark.parametrize("sampler,sampling,match", [
     (lambda: PoissonBatchSampler(32, 0.25), "poisson", r"num_samples=32 \(the dataset has 64"),
     (lambda: PoissonBatchSampler(64, 0.25, indices=range(10)), "poisson",
