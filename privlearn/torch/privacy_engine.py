@@ -558,7 +558,7 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                   "training")
     budget = BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cap,
                        planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps,
-                       beyond=beyond)
+                       beyond=beyond, planned_noise_multiplier=plan.noise_multiplier)
     noise = NoiseSource(secure_mode=cfg.secure_mode, seed=None if seed is None else seed + 7)
     per_param = None
     if plan.per_layer_bounds is not None:

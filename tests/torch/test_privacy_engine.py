@@ -247,6 +247,33 @@ def test_target_epsilon_is_a_stop_by_default():
     assert torch.equal(before, _flat(p.model)) and p.accountant.steps == k
 
 
+@pytest.mark.parametrize("lowered_to,cause", [
+    (0.0, r"noise_multiplier=0: a step without noise has an infinite epsilon"),
+    ("half", r"noise_multiplier .*below the run's .*lowered during the run.* after 3 of the "
+             r"planned 8 steps"),
+])
+def test_a_refusal_after_the_noise_was_lowered_names_that_cause(lowered_to, cause):
+    """A planned run whose noise multiplier is lowered (to 0, or below the plan's) after 3
+    of its 8 planned steps runs out of budget early: the refusal says that, not that the
+    loop ran longer than planned; nothing of the refused step is released."""
+    p = _private(ds=_data(n=64), noise_multiplier=None, target_epsilon=3.0,
+                 target_delta=1e-5, epochs=1, max_grad_norm=1.0, seed=0)
+    _train(p, 3)
+    sigma = p.noise_multiplier
+    p.optimizer.noise_multiplier = sigma / 2 if lowered_to == "half" else lowered_to
+    before = _flat(p.model)
+    with pytest.raises(PrivacyBudgetExceededError, match=cause) as info:
+        _train(p, 8)
+    assert "ran longer" not in str(info.value)
+    k = p.accountant.steps
+    assert 3 <= k < 8 and p.epsilon(1e-5) <= 3.0
+    if lowered_to == 0.0:  # refused at once; back at the plan's noise, the plan runs
+        assert k == 3 and torch.equal(before, _flat(p.model))
+        p.optimizer.noise_multiplier = sigma
+        _train(p, 5)
+        assert p.accountant.steps == 8
+
+
 def test_going_past_the_target_is_one_explicit_setting_in_make_private_and_dptrainer():
     from privlearn.errors import ParameterValueError
     from privlearn.torch.config import DPConfig
