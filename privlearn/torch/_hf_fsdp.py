@@ -243,5 +243,5 @@ class FSDP2Support:
         enable_fsdp2(self)
 
     def _save_optimizer_and_scheduler(self, output_dir):
-        with torch_optimizer(self, only_fsdp2=True):
+        with torch_optimizer(self, active=is_fsdp2(self)):
             return super()._save_optimizer_and_scheduler(output_dir)

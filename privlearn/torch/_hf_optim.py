@@ -64,17 +64,14 @@ class OptimizerHandoff:
 
 
 @contextlib.contextmanager
-def torch_optimizer(trainer, only_fsdp2: bool = False):
+def torch_optimizer(trainer, active: bool = True):
     """Make the torch optimizer the DP optimizer wraps the Trainer's for the duration
     (accelerate's wrapper of it once ``Accelerator.prepare`` made one), its ``step()``
     allowed (torch.distributed.checkpoint creates a missing state with a zero learning
     rate and zero gradients); yields the DP optimizer, restored after. Nothing changes
-    (yields None) when the Trainer's optimizer is no DP optimizer, or with
-    ``only_fsdp2`` outside FSDP2."""
-    from privlearn.torch._hf_fsdp import is_fsdp2
-
+    (yields None) when the Trainer's optimizer is no DP optimizer, or not ``active``."""
     dp = trainer.optimizer
-    if not hasattr(dp, "original_optimizer") or (only_fsdp2 and not is_fsdp2(trainer)):
+    if not active or not hasattr(dp, "original_optimizer"):
         yield None
         return
     prepared = getattr(trainer, "_accelerated_optimizer", None)  # this run's, if prepared
