@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import secrets
+import warnings
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn import _validation as _v
+from privlearn.accounting import Neighbouring
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch.data import FixedSizeBatchSampler, PoissonBatchSampler
 
@@ -112,6 +114,25 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
             "are not Poisson or uniformly fixed-size samples, and accounting them as such "
             f"would overstate privacy. {_SAMPLING_HELP}")
     return batch_size
+
+
+def _warn_drop_last(data_loader: DataLoader, law, stacklevel: int) -> None:
+    """``drop_last=True`` cannot apply to the batches of a sampling of random batch sizes
+    (``law``, a :class:`~privlearn.torch.schedule.SamplingLaw` of add/remove neighbours:
+    the Poisson family): say so, instead of ignoring it silently. Fixed-size samplings
+    (replace-one) draw batches of ``batch_size`` examples, what ``drop_last`` asks for."""
+    if not getattr(data_loader, "drop_last", False) or \
+            law.relation is not Neighbouring.ADD_REMOVE:
+        return
+    warnings.warn(
+        f"data_loader has drop_last=True, which does not apply under sampling="
+        f"{law.name!r}: make_private replaces the loader's batches by the DP sampler's, "
+        "whose sizes are random (each example is in a batch independently, with "
+        "probability q), so there is no incomplete last batch to drop, any batch may be "
+        "smaller than batch_size (0 included), and every batch is trained on (the "
+        "accounting assumes it). Use sampling='fixed' for batches of exactly batch_size "
+        "examples, or drop_last=False to silence this", UserWarning,
+        stacklevel=stacklevel + 1)
 
 
 def _check_given_sampler(data_loader: DataLoader, n: int, secure: bool,

@@ -28,8 +28,9 @@ DPTrainer makes both run the same FSDP2 path:
   the clipped sums, noise ``N(0, (sigma C)^2)`` once per coordinate, accounting at the
   global rate ``q = W B / N``.
 
-* :class:`FSDP2Support`: ``Accelerator.prepare`` and torch.distributed.checkpoint get
-  the torch optimizer the DP optimizer wraps, the Trainer's steps the DP optimizer;
+* :class:`FSDP2Support`: torch.distributed.checkpoint gets the torch optimizer the DP
+  optimizer wraps (``Accelerator.prepare`` too, in every mode:
+  :mod:`privlearn.torch._hf_optim`), the Trainer's steps the DP optimizer;
 * :func:`stand_in_pass`: a rank whose Poisson batch is empty still runs the collectives
   of a forward and backward pass.
 
@@ -48,9 +49,8 @@ fails with "Invariant encountered: value was None" in ``DeviceMesh._concatenate`
 
 from __future__ import annotations
 
-import contextlib
-
 from privlearn.errors import ConfigurationError
+from privlearn.torch._hf_optim import torch_optimizer
 
 __all__ = ["fsdp_asked", "refuse_unsupported", "refuse_parallelism", "enable_fsdp2",
            "is_fsdp2", "shard_model", "stand_in_pass", "FSDP2Support"]
@@ -114,7 +114,7 @@ def enable_fsdp2(trainer) -> None:
     refuse_unsupported(args)
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    missing = [n for n in ("_prepare_for_training", "_save_optimizer_and_scheduler")
+    missing = [n for n in ("_save_optimizer_and_scheduler",)
                if not hasattr(super(FSDP2Support, trainer), n)]
     if missing:  # the Trainer methods FSDP2Support hooks (transformers 5.17 to 5.24 have them)
         raise ConfigurationError(
@@ -225,16 +225,15 @@ class FSDP2Support:
     Trainer's own).
 
     * ``create_accelerator_and_postprocess``: :func:`enable_fsdp2` after the Trainer's;
-    * ``_prepare_for_training`` and ``_save_optimizer_and_scheduler``: the Trainer hands
-      its optimizer to ``Accelerator.prepare`` (which, under FSDP2, accepts only a
-      ``torch.optim.Optimizer`` next to the model) and to torch.distributed.checkpoint
-      (whose ``get/set_optimizer_state_dict`` call ``step()`` on an optimizer without
-      state, with zero gradients and a zero learning rate, to create it). Both get the
-      torch optimizer the DP optimizer wraps: the same parameters, the same state, a
-      ``step()`` that changes nothing at a zero learning rate; a DP step there would
-      draw noise and count a step for no batch. Training steps go through the DP
-      optimizer, which is restored as the Trainer's (and its callbacks') optimizer
-      before the first step.
+    * ``_save_optimizer_and_scheduler``: torch.distributed.checkpoint (whose
+      ``get/set_optimizer_state_dict`` call ``step()`` on an optimizer without state,
+      with zero gradients and a zero learning rate, to create it) gets the torch
+      optimizer the DP optimizer wraps: the same parameters, the same state, a ``step()``
+      that changes nothing at a zero learning rate; a DP step there would draw noise and
+      count a step for no batch. ``Accelerator.prepare`` (which, under FSDP2, accepts only
+      a ``torch.optim.Optimizer`` next to the model) gets it too, in every mode
+      (:class:`~privlearn.torch._hf_optim.OptimizerHandoff`); training steps go through
+      the DP optimizer.
     """
 
     def create_accelerator_and_postprocess(self):
@@ -243,47 +242,6 @@ class FSDP2Support:
         super().create_accelerator_and_postprocess()
         enable_fsdp2(self)
 
-    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
-        with _torch_optimizer(self) as dp:
-            out = super()._prepare_for_training(max_steps, train_dataloader,
-                                                resume_from_checkpoint)
-            if dp is not None:
-                self._fsdp_torch_optimizer = self.optimizer  # as accelerate prepared it
-        if dp is not None:
-            self.callback_handler.optimizer = dp
-        return out
-
-    def create_scheduler(self, num_training_steps: int, optimizer=None):
-        # called inside _prepare_for_training: the scheduler drives the torch optimizer the
-        # DP step steps, not accelerate's wrapper of it (whose step() never runs)
-        if optimizer is None and is_fsdp2(self):
-            from accelerate.optimizer import AcceleratedOptimizer
-
-            if isinstance(self.optimizer, AcceleratedOptimizer):
-                optimizer = self.optimizer.optimizer
-        return super().create_scheduler(num_training_steps, optimizer=optimizer)
-
     def _save_optimizer_and_scheduler(self, output_dir):
-        with _torch_optimizer(self):
+        with torch_optimizer(self, active=is_fsdp2(self)):
             return super()._save_optimizer_and_scheduler(output_dir)
-
-
-@contextlib.contextmanager
-def _torch_optimizer(trainer):
-    """Under FSDP2, make the torch optimizer the DP optimizer wraps the Trainer's for the
-    duration (:class:`FSDP2Support`), its ``step()`` allowed (torch.distributed.checkpoint
-    creates a missing state with a zero learning rate and zero gradients); yields the DP
-    optimizer, restored after (None without FSDP2: nothing changes)."""
-    dp = trainer.optimizer
-    if not is_fsdp2(trainer) or not hasattr(dp, "original_optimizer"):
-        yield None
-        return
-    prepared = getattr(trainer, "_fsdp_torch_optimizer", None)  # this run's, if prepared
-    trainer.optimizer = (prepared if getattr(prepared, "optimizer", None)
-                         is dp.original_optimizer else dp.original_optimizer)
-    dp._stepping_original = True  # the guard against stepping it directly: off meanwhile
-    try:
-        yield dp
-    finally:
-        dp._stepping_original = False
-        trainer.optimizer = dp

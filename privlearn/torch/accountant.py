@@ -193,13 +193,20 @@ class BudgetCap:
     planned_steps : int, optional
         A guess of the room (speeds up the first search).
     beyond : str, optional
-        What the refusal tells the user to do to go further.
+        What the refusal tells the user to do to go further, when the steps ran as
+        planned (a refused step without noise, or a budget spent early by a lowered
+        noise multiplier, is told its own cause).
+    planned_noise_multiplier : float, optional
+        The noise multiplier the run was planned with.
     """
 
     def __init__(self, accountant: PrivacyAccountant, *, delta: float,
                  max_epsilon: float | None = None, planned_epsilon: float | None = None,
-                 planned_steps: int | None = None, beyond: str | None = None):
+                 planned_steps: int | None = None, beyond: str | None = None,
+                 planned_noise_multiplier: float | None = None):
         self.accountant = accountant
+        self.planned_steps = planned_steps
+        self.planned_noise_multiplier = planned_noise_multiplier
         self.delta = float(delta)
         self.max_epsilon = (None if max_epsilon is None or math.isinf(max_epsilon)
                             else float(max_epsilon))
@@ -237,7 +244,28 @@ class BudgetCap:
             raise PrivacyBudgetExceededError(
                 f"the next step would exceed max_epsilon={self.max_epsilon:g} at "
                 f"delta={self.delta:g} (spent so far: {acct.epsilon(self.delta):.6g} after "
-                f"{acct.steps} steps); the step was not taken: {self.beyond}")
+                f"{acct.steps} steps); the step was not taken: {self._cause(*cfg)}")
+
+    def _cause(self, sigma: float, q: float) -> str:
+        """Why the budget cannot hold the next step, and what to do: a step without
+        noise, a noise multiplier lowered below the plan's, else :attr:`beyond`."""
+        if sigma == 0:
+            return ("this step has noise_multiplier=0: a step without noise has an infinite "
+                    "epsilon, which no finite max_epsilon holds, however few steps were "
+                    "taken. Set p.optimizer.noise_multiplier back to a positive value, or "
+                    "stop training here")
+        planned = self.planned_noise_multiplier
+        used = {s.noise_multiplier for s in self.accountant.segments} | {sigma}
+        lowered = sorted(v for v in used if planned is not None and v < planned)
+        if lowered:
+            steps = (f"{self.accountant.steps} of the planned {self.planned_steps} steps"
+                     if self.planned_steps else f"{self.accountant.steps} steps")
+            return (f"steps at noise_multiplier {', '.join(f'{v:g}' for v in lowered)}, "
+                    f"below the run's {planned:g} (p.optimizer.noise_multiplier was lowered "
+                    f"during the run), spend the budget faster: it is used up after {steps}. "
+                    f"Set p.optimizer.noise_multiplier back to {planned:g} or more, or stop "
+                    "training here")
+        return self.beyond
 
     def exhausted(self, noise_multiplier: float, sampling_rate: float) -> bool:
         """Whether :meth:`check` would refuse the next step."""

@@ -67,7 +67,8 @@ would be clipped as one example).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
-``log``, ``train`` and callbacks; under FSDP2 also ``_prepare_for_training`` and
+``log``, ``train`` and callbacks; ``_prepare_for_training``, which hands accelerate the
+torch optimizer: ``privlearn.torch._hf_optim``; under FSDP2 also
 ``_save_optimizer_and_scheduler``: ``privlearn.torch._hf_fsdp.FSDP2Support``); the
 user's ``TrainingArguments`` are not modified (the trainer works on a copy with
 ``max_grad_norm=0``: per-example clipping replaces the Trainer's, and
@@ -137,6 +138,7 @@ from privlearn.torch._hf_fsdp import (
     shard_model,
     stand_in_pass,
 )
+from privlearn.torch._hf_optim import OptimizerHandoff
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
 from privlearn.torch.losses import per_sequence_cross_entropy
@@ -366,7 +368,7 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(FSDP2Support, Trainer):
+class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -481,7 +483,7 @@ class DPTrainer(FSDP2Support, Trainer):
             self.privacy_engine = None
         base = super().get_train_dataloader()  # the Trainer's dataset and collator
         loader = DataLoader(base.dataset, batch_size=self.args.per_device_train_batch_size,
-                            collate_fn=base.collate_fn,
+                            collate_fn=base.collate_fn, drop_last=self.args.dataloader_drop_last,
                             num_workers=self.args.dataloader_num_workers,
                             pin_memory=self.args.dataloader_pin_memory)
         if is_fsdp2(self):  # the engine and the optimizer see the sharded parameters
@@ -510,12 +512,6 @@ class DPTrainer(FSDP2Support, Trainer):
         self.privacy_engine = p
         self.optimizer = p.optimizer
         return p.data_loader
-
-    def create_scheduler(self, num_training_steps: int, optimizer=None):
-        """The learning-rate scheduler drives the wrapped torch optimizer."""
-        if optimizer is None and isinstance(self.optimizer, DPOptimizer):
-            optimizer = self.optimizer.original_optimizer
-        return super().create_scheduler(num_training_steps, optimizer=optimizer)
 
     def floating_point_ops(self, inputs) -> int:
         """0: the Trainer's FLOP count depends on the private batch's sequence lengths

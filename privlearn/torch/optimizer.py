@@ -84,6 +84,7 @@ from privlearn.errors import (
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
+from privlearn.torch._optimizer_api import OptimizerDelegation
 from privlearn.torch._rows import flat_views
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.noise import NoiseSource
@@ -137,11 +138,15 @@ def gradient_noise_multiplier(noise_multiplier: float, unclipped_num_std: float)
     return (s ** -2 - (2 * sb) ** -2) ** -0.5
 
 
-class DPOptimizer(LossScaling):
+class DPOptimizer(LossScaling, OptimizerDelegation):
     """Drop-in wrapper of a torch optimizer performing DP-SGD steps.
 
     Use ``zero_grad()``, ``step()``, ``param_groups``, ``state``, ``state_dict()`` as with
-    the wrapped optimizer. Built by :func:`privlearn.torch.make_private`.
+    the wrapped optimizer. Built by :func:`privlearn.torch.make_private`. A
+    ``torch.optim.Optimizer`` (the wrapped one's groups, state and defaults,
+    :mod:`privlearn.torch._optimizer_api`): learning-rate schedulers, step hooks
+    (``register_step_pre_hook``, run around the DP step) and state-dict hooks take it as
+    they take the wrapped optimizer.
 
     Attributes
     ----------
@@ -198,6 +203,7 @@ class DPOptimizer(LossScaling):
                  augmentation: int | None = None, per_param_clipping: dict | None = None,
                  sharded=None):
         self.original_optimizer = optimizer
+        self._init_optimizer_api()
         self.tracker = tracker
         self._noise_multiplier = 0.0
         self._max_grad_norm = 1.0
@@ -333,24 +339,6 @@ class DPOptimizer(LossScaling):
         return self._sampler
 
     # ------------------------------------------------------------------ delegation
-    @property
-    def param_groups(self):
-        return self.original_optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.original_optimizer.state
-
-    @property
-    def defaults(self):
-        return self.original_optimizer.defaults
-
-    def state_dict(self):
-        return self.original_optimizer.state_dict()
-
-    def load_state_dict(self, state_dict) -> None:
-        self.original_optimizer.load_state_dict(state_dict)
-
     def add_param_group(self, group) -> None:
         """Add a parameter group of the model's own parameters (progressive unfreezing:
         they are clipped and noised with the others once they require gradients).
@@ -844,7 +832,7 @@ class DPOptimizer(LossScaling):
                     "p.optimizer: the DP step (per-example clipping, noise, accounting) "
                     "runs only in p.optimizer.step(). Call p.optimizer.step() and "
                     "p.optimizer.zero_grad() in the loop (scaler.step(p.optimizer) with a "
-                    "GradScaler; a learning-rate scheduler may keep the original "
+                    "GradScaler; a learning-rate scheduler may be built on either "
                     "optimizer). No step was taken and nothing was released")
             return None
 

@@ -47,6 +47,7 @@ from privlearn.torch._engine_checks import (
     _guard_token_level_labels,
     _per_layer_bounds,
     _shared_seed,
+    _warn_drop_last,
 )
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.config import DPConfig
@@ -438,6 +439,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                          f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}); "
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
+    _warn_drop_last(data_loader, law, stacklevel=3)
     per_epoch = law.per_epoch(q, cycle)
     _check_given_sampler(data_loader, len(data_loader.dataset), cfg.secure_mode, per_epoch)
     planned = cfg.steps if cfg.steps is not None else (
@@ -556,7 +558,7 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                   "training")
     budget = BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cap,
                        planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps,
-                       beyond=beyond)
+                       beyond=beyond, planned_noise_multiplier=plan.noise_multiplier)
     noise = NoiseSource(secure_mode=cfg.secure_mode, seed=None if seed is None else seed + 7)
     per_param = None
     if plan.per_layer_bounds is not None:

@@ -607,3 +607,42 @@ def test_correlated_noise_through_the_trainer(tmp_path):
     p = tr.privacy_engine
     assert p.optimizer.correlated is not None and p.accountant.steps == 4
     assert tr.epsilon() == pytest.approx(p.plan.planned_epsilon, rel=1e-12)
+
+
+def test_learning_rate_schedule_runs_with_the_dp_optimizer_as_the_trainers(tmp_path):
+    """The DP optimizer is a torch Optimizer, yet accelerate does not wrap it: the
+    Trainer steps it (``trainer.optimizer is p.optimizer``, also for a second
+    ``train()``), the scheduler's rates are those of ``transformers.get_scheduler`` on a
+    plain optimizer, set on the groups the DP step updates with, and no scheduler warns
+    that it stepped before the optimizer."""
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, lr_scheduler_type="linear",
+                                              warmup_steps=1),
+                   train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0,
+                                                                      seed=0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr.train()
+    assert [str(w.message) for w in caught if "optimizer.step()" in str(w.message)] == []
+    p = tr.privacy_engine
+    assert isinstance(p.optimizer, torch.optim.Optimizer) and tr.optimizer is p.optimizer
+    ref = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.05)
+    s = transformers.get_scheduler("linear", ref, num_warmup_steps=1, num_training_steps=4)
+    expected = []
+    for _ in range(4):
+        expected.append(ref.param_groups[0]["lr"])
+        ref.step()
+        s.step()
+    logged = [e["learning_rate"] for e in tr.state.log_history if "learning_rate" in e]
+    assert logged == pytest.approx(expected) and len(set(expected)) > 2
+    assert p.optimizer.param_groups[0]["lr"] == pytest.approx(ref.param_groups[0]["lr"])
+    tr.train()  # the same run continues: its engine and optimizer are kept
+    assert tr.privacy_engine is p and tr.optimizer is p.optimizer
+    assert p.accountant.steps == 8
+
+
+def test_dataloader_drop_last_is_named_where_poisson_batches_ignore_it(tmp_path):
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, dataloader_drop_last=True),
+                   train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0,
+                                                                      seed=0))
+    with pytest.warns(UserWarning, match="drop_last=True, which does not apply"):
+        tr.get_train_dataloader()

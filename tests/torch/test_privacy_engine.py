@@ -247,6 +247,33 @@ def test_target_epsilon_is_a_stop_by_default():
     assert torch.equal(before, _flat(p.model)) and p.accountant.steps == k
 
 
+@pytest.mark.parametrize("lowered_to,cause", [
+    (0.0, r"noise_multiplier=0: a step without noise has an infinite epsilon"),
+    ("half", r"noise_multiplier .*below the run's .*lowered during the run.* after 3 of the "
+             r"planned 8 steps"),
+])
+def test_a_refusal_after_the_noise_was_lowered_names_that_cause(lowered_to, cause):
+    """A planned run whose noise multiplier is lowered (to 0, or below the plan's) after 3
+    of its 8 planned steps runs out of budget early: the refusal says that, not that the
+    loop ran longer than planned; nothing of the refused step is released."""
+    p = _private(ds=_data(n=64), noise_multiplier=None, target_epsilon=3.0,
+                 target_delta=1e-5, epochs=1, max_grad_norm=1.0, seed=0)
+    _train(p, 3)
+    sigma = p.noise_multiplier
+    p.optimizer.noise_multiplier = sigma / 2 if lowered_to == "half" else lowered_to
+    before = _flat(p.model)
+    with pytest.raises(PrivacyBudgetExceededError, match=cause) as info:
+        _train(p, 8)
+    assert "ran longer" not in str(info.value)
+    k = p.accountant.steps
+    assert 3 <= k < 8 and p.epsilon(1e-5) <= 3.0
+    if lowered_to == 0.0:  # refused at once; back at the plan's noise, the plan runs
+        assert k == 3 and torch.equal(before, _flat(p.model))
+        p.optimizer.noise_multiplier = sigma
+        _train(p, 5)
+        assert p.accountant.steps == 8
+
+
 def test_going_past_the_target_is_one_explicit_setting_in_make_private_and_dptrainer():
     from privlearn.errors import ParameterValueError
     from privlearn.torch.config import DPConfig
@@ -330,6 +357,28 @@ def test_accepted_samplers_and_recorded_rate():
                      DataLoader(ds, batch_size=16), noise_multiplier=1.0)
     _train(p, 5)
     assert [(s.sampling_rate, s.steps) for s in p.accountant.segments] == [(0.25, 5)]
+
+
+@pytest.mark.parametrize("sampling,warns", [("poisson", True), ("cyclic_poisson", True),
+                                             ("fixed", False)])
+def test_drop_last_is_named_where_it_cannot_apply(sampling, warns):
+    """``drop_last=True`` is not silently ignored: under a sampling of random batch sizes
+    (the Poisson family) make_private says it does not apply, and every batch, whatever
+    its size, is trained on; fixed-size batches are what drop_last asks for."""
+    model = _mlp()
+    loader = DataLoader(_data(n=64), batch_size=8, drop_last=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                         noise_multiplier=1.0, sampling=sampling, seed=0, steps=40)
+    named = [w for w in caught if "drop_last" in str(w.message)]
+    assert len(named) == int(warns)
+    if warns:
+        assert issubclass(named[0].category, UserWarning)
+        assert named[0].filename == __file__  # points at the make_private call
+        assert "random" in str(named[0].message) and repr(sampling) in str(named[0].message)
+        sizes = [len(y) for _, (_, y) in zip(range(40), p.data_loader, strict=False)]
+        assert len(set(sizes)) > 1  # not all batches of 8: nothing dropped or padded
 
 
 @pytest.mark.parametrize("sampler,sampling,match", [

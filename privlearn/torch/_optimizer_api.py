@@ -1,0 +1,98 @@
+"""The ``torch.optim.Optimizer`` interface of the DP optimizer, delegated to the optimizer
+it wraps.
+
+:class:`~privlearn.torch.optimizer.DPOptimizer` is a ``torch.optim.Optimizer`` (so that
+``isinstance`` checks pass and the learning-rate schedulers of ``torch.optim.lr_scheduler``,
+``torch.optim.swa_utils.SWALR`` and ``transformers.get_scheduler`` accept it) without
+being one of its own: ``Optimizer.__init__`` is not called. The parameter groups, the
+per-parameter state and the defaults are those of the wrapped optimizer (properties, so a
+scheduler that sets ``group["lr"]`` changes the learning rate the wrapped optimizer's
+update uses), and ``state_dict``/``load_state_dict`` are the wrapped optimizer's, run
+between this object's own state-dict hooks. What ``Optimizer`` keeps per instance and
+reads in its inherited methods is set up by :meth:`OptimizerDelegation._init_optimizer_api`:
+the step, state-dict and load-state-dict hook registries (``register_step_pre_hook`` and
+the others work as on any optimizer; the step hooks run around the DP step, through the
+wrapper ``Optimizer`` puts around every subclass's ``step``) and the profiler's name of
+``zero_grad``. The same pattern as accelerate's ``AcceleratedOptimizer``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+__all__ = ["OptimizerDelegation"]
+
+
+class OptimizerDelegation(torch.optim.Optimizer):
+    """``torch.optim.Optimizer`` whose groups, state and defaults are those of
+    ``self.original_optimizer`` (set by the subclass before :meth:`_init_optimizer_api`)."""
+
+    def _init_optimizer_api(self) -> None:
+        """The per-instance attributes ``Optimizer``'s own methods read (its ``__init__``,
+        which would build parameter groups of its own, is not called)."""
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        self._warned_capturable_if_run_uncaptured = True
+        self._patch_step_function()  # step hooks and the profiler's record of step()
+
+    @property
+    def param_groups(self):
+        return self.original_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value) -> None:
+        self.original_optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.original_optimizer.state
+
+    @state.setter
+    def state(self, value) -> None:
+        self.original_optimizer.state = value
+
+    @property
+    def defaults(self):
+        return self.original_optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value) -> None:
+        self.original_optimizer.defaults = value
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's ``state_dict()``, with this optimizer's state-dict hooks
+        (``register_state_dict_pre_hook``/``_post_hook``) run around it."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        state = self.original_optimizer.state_dict()
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            out = hook(self, state)
+            if out is not None:
+                state = out
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """The wrapped optimizer's ``load_state_dict``, with this optimizer's
+        load-state-dict hooks run around it."""
+        state_dict = dict(state_dict)
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            out = hook(self, state_dict)
+            if out is not None:
+                state_dict = out
+        self.original_optimizer.load_state_dict(state_dict)
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    def __getstate__(self) -> dict:
+        # the whole object (Optimizer's would keep only groups, state and defaults)
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._patch_step_function()
