@@ -227,6 +227,8 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
     Erven & Harremoes 2014, Thm 13) and, when the mechanism is pure DP, by the RDP of
     randomized response with its pure epsilon. ``rate == 1`` gives the base mechanism.
     """
+    if mechanism.rate == 1.0:  # every scheme runs the base at its relation's sensitivity
+        return _rdp(relation_base(mechanism, accountant="rdp"), alphas)
     if not _supported_pair(mechanism):
         raise UnsupportedMechanismError(
             f"accountant 'rdp' supports Poisson sampling with add/remove neighbouring and "

@@ -95,3 +95,19 @@ def test_pld_replace_one_tiny_delta_vs_dp_accounting() -> None:
     ours = compose(subsample(Gaussian(1.0), 0.01, neighbouring="replace_one"), 1000)
     b = ours.epsilon_bounds(1e-12)
     assert abs(b.upper / peer - 1.0) < 0.01, (b, peer)
+
+
+# ----------------------------------------------------------------------------------------
+# sampling at rate 1 is the base mechanism (at the sensitivity its relation implies)
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme, neighbouring, factor", [
+    ("poisson", "add_remove", 1.0), ("poisson", "replace_one", 2.0),
+    ("fixed", "replace_one", 2.0)])
+@pytest.mark.parametrize("accountant", ["pld", "analytic", "rdp"])
+def test_rate_one_is_the_gaussian(scheme, neighbouring, factor, accountant) -> None:
+    # dp_accounting: q = 1 under REPLACE_ONE is "the same privacy loss distribution with
+    # twice the sensitivity"; every accountant answers it as that Gaussian (exactly)
+    m = compose(subsample(Gaussian(0.5), 1.0, scheme=scheme, neighbouring=neighbouring), 1000)
+    g = compose(Gaussian(0.5 / factor), 1000)
+    assert m.epsilon(1e-5, accountant) == g.epsilon(1e-5, accountant)
+    assert m.delta(3000.0, accountant) == g.delta(3000.0, accountant)
