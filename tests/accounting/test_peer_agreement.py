@@ -111,3 +111,35 @@ def test_rate_one_is_the_gaussian(scheme, neighbouring, factor, accountant) -> N
     g = compose(Gaussian(0.5 / factor), 1000)
     assert m.epsilon(1e-5, accountant) == g.epsilon(1e-5, accountant)
     assert m.delta(3000.0, accountant) == g.delta(3000.0, accountant)
+
+
+# ----------------------------------------------------------------------------------------
+# a grid against dp_accounting's PLD (slow; benchmarks/accounting_vs_peers.py runs more)
+# ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("relation", ["add_remove", "replace_one"])
+@pytest.mark.parametrize("q", [1e-3, 0.1, 1.0])
+@pytest.mark.parametrize("sigma", [0.8, 2.0])
+def test_grid_against_dp_accounting_pld(relation: str, q: float, sigma: float) -> None:
+    pytest.importorskip("dp_accounting")
+    from dp_accounting import privacy_accountant as pa
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    rel = (pa.NeighboringRelation.ADD_OR_REMOVE_ONE if relation == "add_remove"
+           else pa.NeighboringRelation.REPLACE_ONE)
+    kw = dict(sampling_prob=q, neighboring_relation=rel, value_discretization_interval=1e-3)
+    up1 = pld.from_gaussian_mechanism(sigma, **kw)
+    low1 = pld.from_gaussian_mechanism(sigma, pessimistic_estimate=False, use_connect_dots=False,
+                                       **kw)
+    for steps in (1, 10, 1000):
+        up = up1.self_compose(steps) if steps > 1 else up1
+        low = low1.self_compose(steps) if steps > 1 else low1
+        m = compose(subsample(Gaussian(sigma), q, neighbouring=relation), steps)
+        for delta in (1e-5, 1e-8):
+            b = m.epsilon_bounds(delta)
+            peer_up, peer_low = up.get_epsilon_for_delta(delta), low.get_epsilon_for_delta(delta)
+            assert b.lower <= b.upper
+            # never looser than the peer's pessimistic value (beyond its grid's resolution)
+            assert b.upper <= max(1.05 * peer_up, peer_up + 1e-3), (steps, delta, b, peer_up)
+            # never below the peer's optimistic estimate (not certified: 0.1% slack)
+            assert b.upper >= peer_low * (1 - 1e-3) - 1e-9, (steps, delta, b, peer_low)
