@@ -366,13 +366,14 @@ def fixed_size(quick: bool) -> list[str]:
 
     from privlearn.accounting import Gaussian, compose, subsample
 
-    note = ("privlearn's rdp accountant uses Wang, Balle & Kasiviswanathan (2019), Theorem 9; "
-            "autodp (`improved_bound_flag=True`) and dp_accounting use their Theorem 27 for "
-            "the Gaussian, which is tighter where the last ratio exceeds 1 (large sigma); "
-            "below 1, privlearn's curve is capped by the base mechanism's RDP. The default "
-            "pld accountant is tight on every row. The RDP peers take the noise multiplier "
-            "relative to the replace-one sensitivity, privlearn relative to the add/remove "
-            "one (a replacement moves a contribution by 2 C), so they run at sigma / 2.")
+    note = ("RDP: Wang, Balle & Kasiviswanathan (2019), Theorem 27 for the Gaussian, in all "
+            "three (privlearn evaluates its forward differences in certified decimal "
+            "arithmetic, the peers in floating point); ratios below 1 are rows where "
+            "privlearn's curve is capped by the base mechanism's RDP. The default pld "
+            "accountant is tight on every row. The RDP "
+            "peers take the noise multiplier relative to the replace-one sensitivity, "
+            "privlearn relative to the add/remove one (a replacement moves a contribution "
+            "by 2 C), so they run at sigma / 2.")
     out = [note, "",
            "| q | sigma | T | privlearn pld [lower] | dp_accounting PLD (pess.) | ratio "
            "| privlearn rdp | autodp RDP (Thm 27) | dp_accounting RDP | ratio to best RDP |",
