@@ -14,7 +14,16 @@ Theorem 21). Solving (1) for delta gives the equivalent statement
 ``(1-1/alpha)^alpha / (alpha-1) = (1-1/alpha)^(alpha-1) / alpha``).
 
 Both hold for every real alpha > 1, so the minimum over any family of orders is a valid
-bound. We minimise over a dense grid of orders (fractional near 1, geometric up to 1e6,
+bound. Independently of epsilon, ``delta(epsilon) <= delta(0) = TV(P, Q)`` and
+
+    TV(P, Q) <= sqrt(1 - exp(-KL(P || Q))) <= sqrt(1 - exp(-tau(alpha)))                  (3)
+
+for every alpha > 1 (Bretagnolle & Huber 1979; the Renyi divergence is non-decreasing in
+its order, so ``KL <= tau(alpha)``; van Erven & Harremoes 2014, Theorem 3): the delta
+bound is the smaller of (2) and (3), and ``epsilon(delta) = 0`` once (3) is at most delta
+(Google dp_accounting's RDP conversion uses the same bound). It matters at small
+epsilon and for mechanisms with a tiny privacy loss (a huge noise multiplier), where (2)
+is far looser. We minimise over a dense grid of orders (fractional near 1, geometric up to 1e6,
 extended only when the optimum sits at the top of the evaluated range) and then refine
 the best grid point with a bounded one-dimensional minimisation over real alpha; the
 result is the minimum of the grid and refined values, so the refinement can only help.
@@ -32,6 +41,10 @@ References
        Renyi Differential Privacy, AISTATS, Theorem 21.
 .. [3] Mironov (2017), Renyi Differential Privacy, CSF, Proposition 3 (pure epsilon-DP
        implies (alpha, epsilon)-RDP; used for the cap at the pure epsilon).
+.. [4] Bretagnolle & Huber (1979), Estimation des densites: risque minimax, Z. Wahrsch.
+       Verw. Gebiete 47, Lemma 2.1 (``TV <= sqrt(1 - exp(-KL))``); van Erven & Harremoes
+       (2014), Renyi Divergence and Kullback-Leibler Divergence, IEEE Trans. Inf. Theory,
+       Theorem 3 (monotonicity in the order).
 """
 
 from __future__ import annotations
@@ -117,6 +130,19 @@ def delta_from_rdp(orders: np.ndarray, rdp: np.ndarray, epsilon: float) -> np.nd
 
 
 RDPFunction = Callable[[np.ndarray], np.ndarray]
+
+
+def _tv_bound(rdp_fn: RDPFunction) -> float:
+    """Upper bound (3) of the module docstring on ``delta(0)``, the total variation
+    distance: ``sqrt(1 - exp(-tau(alpha)))`` at the smallest order of the default grid
+    (the curve is non-decreasing in alpha, so that order gives the best bound), rounded
+    up; ``1`` when the curve is infinite or NaN there."""
+    tau = float(_clean(rdp_fn(DEFAULT_ORDERS[:1]))[0])
+    if not tau < math.inf:
+        return 1.0
+    if tau <= 0.0:
+        return 0.0
+    return min(1.0, math.sqrt(-math.expm1(-tau)) * (1.0 + 8 * _ULP))
 
 
 def _grid_search(
@@ -209,6 +235,8 @@ def rdp_to_epsilon(
     """
     if delta <= 0.0:
         return float(pure_epsilon)
+    if _tv_bound(rdp_fn) <= delta:  # (3): already (0, delta)-DP
+        return 0.0
     objective = lambda a, r: epsilon_from_rdp(a, r, delta)  # noqa: E731
     orders, values = _grid_search(rdp_fn, objective)
     best = _refine(rdp_fn, objective, orders, values) if refine else float(np.min(values))
@@ -225,16 +253,20 @@ def rdp_to_delta(
     """Certified delta(epsilon) from an RDP curve, minimised over orders.
 
     Returns ``0`` when ``epsilon >= pure_epsilon``; otherwise
-    ``min(1, min_alpha delta_alpha)`` with ``delta_alpha`` from (2) of the module docstring
-    (Canonne, Kamath & Steinke 2020, Proposition 12), rounded up.
+    ``min(1, min_alpha delta_alpha, sqrt(1 - exp(-tau(alpha_min))))`` with
+    ``delta_alpha`` from (2) of the module docstring (Canonne, Kamath & Steinke 2020,
+    Proposition 12) and the last term from (3) (Bretagnolle & Huber 1979), rounded up.
     """
     if epsilon >= pure_epsilon:
         return 0.0
     objective = lambda a, r: _log_delta_from_rdp(a, r, epsilon)  # noqa: E731
     orders, values = _grid_search(rdp_fn, objective)
     best = _refine(rdp_fn, objective, orders, values) if refine else float(np.min(values))
+    tv = _tv_bound(rdp_fn)
     if not math.isfinite(best):
-        return 1.0
-    delta = min(1.0, math.exp(best) * (1.0 + 4 * _ULP))
+        return tv
+    if tv == 0.0:  # a zero divergence: the distributions coincide
+        return 0.0
+    delta = min(1.0, tv, math.exp(best) * (1.0 + 4 * _ULP))
     # a positive bound below the floating-point range is rounded up, never to zero
     return float(max(delta, _TINY))

@@ -82,6 +82,7 @@ from privlearn.accounting._rdp_math import (
 )
 from privlearn.accounting._rdp_sampled_gaussian import clear_cache as _clear_sg_cache
 from privlearn.accounting._rdp_sampled_gaussian import subsampled_gaussian_rdp
+from privlearn.accounting._rdp_wor_gaussian import gaussian_log_forward_differences
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.conversion import rdp_to_delta, rdp_to_epsilon
@@ -93,6 +94,7 @@ from privlearn.accounting.mechanisms import (
     Subsampled,
 )
 from privlearn.accounting.registry import (
+    equivalent_gaussian,
     kind_of,
     lookup,
     relation_base,
@@ -178,6 +180,7 @@ def pure_epsilon(mechanism: Mechanism) -> float:
 def clear_caches() -> None:
     """Clear the memoised RDP curves (for honest cold-start timings)."""
     _clear_sg_cache()
+    gaussian_log_forward_differences.cache_clear()
 
 
 # ----------------------------------------------------------------------------------------
@@ -227,6 +230,8 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
     Erven & Harremoes 2014, Thm 13) and, when the mechanism is pure DP, by the RDP of
     randomized response with its pure epsilon. ``rate == 1`` gives the base mechanism.
     """
+    if mechanism.rate == 1.0:  # every scheme runs the base at its relation's sensitivity
+        return _rdp(relation_base(mechanism, accountant="rdp"), alphas)
     if not _supported_pair(mechanism):
         raise UnsupportedMechanismError(
             f"accountant 'rdp' supports Poisson sampling with add/remove neighbouring and "
@@ -245,7 +250,12 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
         else:
             out = poisson_subsampled_rdp(base, q, alphas, tight=False)
     else:
-        out = _interpolate_integer_bound(alphas, functools.partial(_fixed_generic_int, base, q))
+        # Theorem 27 of Wang, Balle & Kasiviswanathan (2019) for a Gaussian base
+        sigma = equivalent_gaussian(base)
+        log_pv = (gaussian_log_forward_differences(sigma)
+                  if sigma is not None and 0.0 < sigma < math.inf else None)
+        out = _interpolate_integer_bound(
+            alphas, functools.partial(_fixed_generic_int, base, q, log_pv=log_pv))
     out = np.minimum(out, base_rdp)
     eps_pure = pure_epsilon(mechanism)
     if math.isfinite(eps_pure):
@@ -293,7 +303,8 @@ def _poisson_generic_int(base: Mechanism, q: float, tight: bool, ns: np.ndarray)
     return out
 
 
-def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray) -> np.ndarray:
+def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray,
+                       log_pv: tuple[float, ...] | None = None) -> np.ndarray:
     """Wang, Balle & Kasiviswanathan (2019), Theorem 9, sampling a fixed-size subset
     without replacement (ratio q = m/n), replace-one neighbouring, integer orders n >= 2::
 
@@ -301,6 +312,11 @@ def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray) -> np.ndarray:
                                                   e^{eps(2)} min{2, (e^{eps(inf)} - 1)^2} }
                               + sum_{j=3}^{n} q^j C(n,j) e^{(j-1) eps(j)}
                                               min{2, (e^{eps(inf)} - 1)^j} )
+
+    With ``log_pv`` (log upper bounds on the forward differences ``D_k`` of the base's
+    moments, :mod:`._rdp_wor_gaussian`; a Gaussian base) the ``j``-th term is also
+    bounded by ``q^j C(n,j) 4 sqrt(D_{2 floor(j/2)} D_{2 ceil(j/2)})`` (their Theorem 27,
+    as autodp's ``improved_bound_flag`` and dp_accounting).
     """
     ns = np.asarray(ns, dtype=float)
     out = np.full(ns.shape, np.inf)
@@ -332,6 +348,16 @@ def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         cgf = (k - 1) * eps_int[(k - 2).astype(np.int64)]
         higher = cgf + np.minimum(math.log(2.0), k * log_em1)
+        if log_pv is not None:
+            lp = np.asarray(log_pv, dtype=float)
+            kk = k.astype(np.int64)
+            lo_i, hi_i = 2 * (kk // 2), 2 * ((kk + 1) // 2)
+            inside = hi_i < lp.size
+            a = np.where(inside, lp[np.minimum(lo_i, lp.size - 1)], np.inf)
+            b = np.where(inside, lp[np.minimum(hi_i, lp.size - 1)], np.inf)
+            unknown = (a == np.inf) | (b == np.inf)
+            pv = np.where(unknown, np.inf, math.log(4.0) + 0.5 * (a + b))
+            higher = np.minimum(higher, pv)
         terms = _log_binom(n_rep, k) + k * log_q + np.where(k == 2, log_two, higher)
     rest = _segment_logsumexp(terms, starts)
     log_a = np.logaddexp(0.0, rest)

@@ -560,10 +560,17 @@ def combine_gaussians(sigmas_and_counts: Iterable[tuple[float, float]]) -> float
 
 def equivalent_gaussian(mechanism: Mechanism) -> float | None:
     """Noise multiplier of one Gaussian with exactly the privacy curve of ``mechanism``
-    (every part's kind has an ``equivalent_gaussian``; no subsampling), else None."""
+    (every part's kind has an ``equivalent_gaussian``; no subsampling, or sampling at
+    rate 1, which runs the base at the sensitivity its relation implies:
+    :func:`relation_base`), else None."""
     parts = mechanism.parts if isinstance(mechanism, Composed) else ((mechanism, 1),)
     pairs = []
     for m, k in parts:
+        if isinstance(m, Subsampled) and m.rate == 1.0:
+            try:
+                m = relation_base(m)
+            except UnsupportedMechanismError:
+                return None
         kind = kind_of(m)
         fn = kind.get("equivalent_gaussian") if kind is not None else None
         sigma = fn(m) if fn is not None else None
