@@ -25,6 +25,13 @@ import torch
 __all__ = ["OptimizerDelegation"]
 
 
+def _delegated(name: str) -> property:
+    """A read-write property that reads and sets ``self.original_optimizer.<name>``."""
+    return property(lambda self: getattr(self.original_optimizer, name),
+                    lambda self, value: setattr(self.original_optimizer, name, value),
+                    doc=f"The wrapped optimizer's ``{name}``.")
+
+
 class OptimizerDelegation(torch.optim.Optimizer):
     """``torch.optim.Optimizer`` whose groups, state and defaults are those of
     ``self.original_optimizer`` (set by the subclass before :meth:`_init_optimizer_api`)."""
@@ -41,29 +48,9 @@ class OptimizerDelegation(torch.optim.Optimizer):
         self._warned_capturable_if_run_uncaptured = True
         self._patch_step_function()  # step hooks and the profiler's record of step()
 
-    @property
-    def param_groups(self):
-        return self.original_optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value) -> None:
-        self.original_optimizer.param_groups = value
-
-    @property
-    def state(self):
-        return self.original_optimizer.state
-
-    @state.setter
-    def state(self, value) -> None:
-        self.original_optimizer.state = value
-
-    @property
-    def defaults(self):
-        return self.original_optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value) -> None:
-        self.original_optimizer.defaults = value
+    param_groups = _delegated("param_groups")
+    state = _delegated("state")
+    defaults = _delegated("defaults")
 
     def state_dict(self) -> dict:
         """The wrapped optimizer's ``state_dict()``, with this optimizer's state-dict hooks
