@@ -181,7 +181,10 @@ class DPConfig:
     loss_reduction : :class:`Reduction` or its string {"mean", "sum"}
         How the user's loss reduces over the batch.
     accountant : str
-        Accountant of :mod:`privlearn.accounting` for epsilon and calibration.
+        Accountant of :mod:`privlearn.accounting` for epsilon and calibration: ``"pld"``
+        (default), ``"rdp"``, or a registered one (``"analytic"`` does not account
+        subsampling, so it cannot account Poisson-sampled steps). A name the registry does not know is refused
+        here, and one that cannot account the run by ``make_private``.
     secure_mode : bool
         CSPRNG noise with the floating-point-attack mitigation (:mod:`privlearn.torch.noise`)
         and CSPRNG Poisson sampling.
