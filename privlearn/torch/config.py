@@ -183,8 +183,9 @@ class DPConfig:
     accountant : str
         Accountant of :mod:`privlearn.accounting` for epsilon and calibration: ``"pld"``
         (default), ``"rdp"``, or a registered one (``"analytic"`` does not account
-        subsampling, so it cannot account Poisson-sampled steps). A name the registry does not know is refused
-        here, and one that cannot account the run by ``make_private``.
+        subsampling, so it cannot account Poisson-sampled steps). A name the registry
+        does not know is refused here, and one that cannot account the run by
+        ``make_private``.
     secure_mode : bool
         CSPRNG noise with the floating-point-attack mitigation (:mod:`privlearn.torch.noise`)
         and CSPRNG Poisson sampling.
@@ -334,12 +335,15 @@ class DPConfig:
     def _check_accountant(self) -> None:
         """Refuse an accountant the registry does not know now, not at the first
         ``epsilon()`` after training (the steps would have run unaccountable)."""
-        if self.accountant in _OTHER_ACCOUNTANTS:
+        try:
+            get_accountant(self.accountant)  # ParameterValueError naming the valid ones
+        except ParameterValueError:
+            if self.accountant not in _OTHER_ACCOUNTANTS:
+                raise
             valid = ", ".join(map(repr, available_accountants()))
             raise ParameterValueError(
                 f"accountant must be one of {valid}, got {self.accountant!r}: "
-                f"{_OTHER_ACCOUNTANTS[self.accountant]}")
-        get_accountant(self.accountant)  # ParameterValueError naming the valid ones
+                f"{_OTHER_ACCOUNTANTS[self.accountant]}") from None
 
     def _check_correlated(self) -> None:
         put = object.__setattr__
