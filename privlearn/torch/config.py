@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 
 from privlearn import _validation as _v
-from privlearn.accounting import Sampling
+from privlearn.accounting import Sampling, available_accountants, get_accountant
 from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import ConfigurationError, ParameterValueError
@@ -70,6 +70,15 @@ class Noise(_Choice):
     """A buffered linear Toeplitz matrix factorization (correlated noise)."""
 
 
+
+
+#: Accountant names of other libraries (Opacus), with what to use here instead.
+_OTHER_ACCOUNTANTS = {
+    "prv": "Opacus's PRV accountant is a numerical accountant of the privacy loss "
+           "distribution; 'pld' (the default) is privlearn's, with a certified upper bound",
+    "gdp": "Opacus's GDP accountant uses a central-limit approximation that can understate "
+           "epsilon, so privlearn does not offer it; use 'pld' (the default) or 'rdp'",
+}
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,11 @@ class DPConfig:
     loss_reduction : :class:`Reduction` or its string {"mean", "sum"}
         How the user's loss reduces over the batch.
     accountant : str
-        Accountant of :mod:`privlearn.accounting` for epsilon and calibration.
+        Accountant of :mod:`privlearn.accounting` for epsilon and calibration: ``"pld"``
+        (default), ``"rdp"``, or a registered one (``"analytic"`` does not account
+        subsampling, so it cannot account Poisson-sampled steps). A name the registry
+        does not know is refused here, and one that cannot account the run by
+        ``make_private``.
     secure_mode : bool
         CSPRNG noise with the floating-point-attack mitigation (:mod:`privlearn.torch.noise`)
         and CSPRNG Poisson sampling.
@@ -277,6 +290,7 @@ class DPConfig:
                     "max_grad_norm=inf (no clipping) leaves the sensitivity unbounded, so no "
                     "noise scale is private; it is only allowed with noise_multiplier=0 "
                     "(non-private testing). Give a finite max_grad_norm > 0")
+        self._check_accountant()
         delta = _v.check_delta("target_delta", self.target_delta,
                                hint="typical values are 1e-5 or below 1/dataset size")
         if delta == 0:
@@ -317,6 +331,19 @@ class DPConfig:
                 f"batch_dims must be a dict {{layer name: 0 or 1}}, got {self.batch_dims!r}")
         self._check_correlated()
         self._check_units()
+
+    def _check_accountant(self) -> None:
+        """Refuse an accountant the registry does not know now, not at the first
+        ``epsilon()`` after training (the steps would have run unaccountable)."""
+        try:
+            get_accountant(self.accountant)  # ParameterValueError naming the valid ones
+        except ParameterValueError:
+            if self.accountant not in _OTHER_ACCOUNTANTS:
+                raise
+            valid = ", ".join(map(repr, available_accountants()))
+            raise ParameterValueError(
+                f"accountant must be one of {valid}, got {self.accountant!r}: "
+                f"{_OTHER_ACCOUNTANTS[self.accountant]}") from None
 
     def _check_correlated(self) -> None:
         put = object.__setattr__

@@ -49,7 +49,7 @@ from privlearn.torch._engine_checks import (
     _shared_seed,
     _warn_drop_last,
 )
-from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
+from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant, Segment
 from privlearn.torch.config import DPConfig
 from privlearn.torch.data import (
     AugmentedLoader,
@@ -178,6 +178,13 @@ class PrivateTraining:
         ``"replace_one"`` for ``sampling="fixed"`` and ``"shuffled_epochs"`` (the
         dataset size public, one example's data replaced)."""
         return SAMPLINGS[self.config.sampling].relation.value
+
+    def __iter__(self):
+        # Opacus's make_private returns (model, optimizer, data_loader); this is one object
+        raise TypeError(
+            "make_private returns one PrivateTraining, not a (model, optimizer, data_loader) "
+            "tuple: write p = make_private(...) and use p.model, p.optimizer, p.data_loader "
+            "(and p.accountant, p.epsilon(delta), p.state_dict())")
 
     def __repr__(self) -> str:
         return (f"PrivateTraining(noise_multiplier={self.noise_multiplier}, "
@@ -539,6 +546,11 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                             units=plan.units)
     acct = PrivacyAccountant(scheme=SAMPLINGS[cfg.sampling].scheme or cfg.sampling,
                              accountant=cfg.accountant, run=plan.run)
+    if plan.planned_epsilon is None and plan.run.stepwise and plan.noise_multiplier > 0:
+        # nothing was accounted yet: account one step now, so that an accountant unable to
+        # describe this run's steps is refused before training, not at the first epsilon()
+        acct.epsilon(cfg.target_delta, extra=Segment(plan.noise_multiplier,
+                                                     plan.sampling_rate, 1.0, 1))
     # a run accounted as one mechanism is capped at its plan (beyond it, the plan's
     # strategy and sensitivity no longer describe the steps)
     cap = None if cfg.max_epsilon is None or math.isinf(cfg.max_epsilon) else cfg.max_epsilon
@@ -638,12 +650,25 @@ def make_private(
                            undo=undo.on_detach)
 
 
+#: Settings of Opacus's ``make_private`` that are not settings here, with what to use.
+_OPACUS_SETTINGS = {
+    "poisson_sampling": "poisson_sampling: Poisson sampling is the default (sampling="
+                        "'poisson'); sampling='fixed' draws fixed-size batches instead",
+    "grad_sample_mode": "grad_sample_mode: not needed, the engine picks the per-example "
+                        "gradient method of each layer itself",
+    "noise_generator": "noise_generator: use seed= (reproducible noise) or "
+                       "secure_mode=True (CSPRNG noise)",
+    "target_eps": "target_eps: use target_epsilon",
+}
+
+
 def _config(config: DPConfig | None, settings: dict) -> DPConfig:
     """The run's :class:`DPConfig`: ``config``, or one made of the keyword settings."""
     unknown = sorted(set(settings) - set(DPConfig.names()))
     if unknown:
         close = {k: difflib.get_close_matches(k, DPConfig.names(), n=1) for k in unknown}
-        hints = "; ".join(f"did you mean {c[0]!r} for {k!r}?" for k, c in close.items() if c)
+        hints = "; ".join(_OPACUS_SETTINGS.get(k) or f"did you mean {c[0]!r} for {k!r}?"
+                          for k, c in close.items() if c or k in _OPACUS_SETTINGS)
         raise ParameterTypeError(
             f"make_private got unknown settings {unknown}: the settings are the fields of "
             f"DPConfig ({', '.join(DPConfig.names())})" + (f"; {hints}" if hints else ""))

@@ -76,6 +76,44 @@ def test_unknown_or_doubled_settings_are_refused_before_anything_is_built():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("name, hint", [("prv", "'pld'"), ("gdp", "can understate"),
+                                        ("renyi", "register_accountant")])
+def test_unknown_accountant_is_refused_before_training(name, hint):
+    # a name the registry does not know used to pass make_private and fail only at the
+    # first epsilon() after the steps had run
+    model, opt, loader = _training()
+    with pytest.raises(ParameterValueError, match=hint) as err:
+        make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                     accountant=name)
+    assert repr(name) in str(err.value) and "'pld', 'rdp'" in str(err.value)
+    assert dict(model._forward_hooks) == {}
+
+
+def test_accountant_that_cannot_describe_the_steps_is_refused_before_training():
+    # "analytic" is exact for unsubsampled Gaussians only: refused when make_private
+    # returns, not at the first epsilon() after the steps (with or without a plan)
+    from privlearn.errors import UnsupportedMechanismError
+
+    for plan in ({}, {"epochs": 1}):
+        model, opt, loader = _training()
+        with pytest.raises(UnsupportedMechanismError, match="accountant='pld'"):
+            make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                         accountant="analytic", **plan)
+        assert dict(model._forward_hooks) == {}
+
+
+def test_opacus_settings_and_tuple_unpacking_say_what_to_use():
+    with pytest.raises(ParameterTypeError, match="sampling='poisson'"):
+        make_private(*_training(), noise_multiplier=1.0, max_grad_norm=1.0,
+                     poisson_sampling=True)
+    with pytest.raises(ParameterTypeError, match="engine picks"):
+        make_private(*_training(), noise_multiplier=1.0, max_grad_norm=1.0,
+                     grad_sample_mode="ghost")
+    with pytest.raises(TypeError, match="p.model, p.optimizer, p.data_loader"):
+        model, optimizer, loader = make_private(*_training(), noise_multiplier=1.0,
+                                                max_grad_norm=1.0)
+
+
 @pytest.mark.parametrize("name, enum", [("clipping", Clipping), ("loss_reduction", Reduction),
                                         ("user_reduction", Reduction), ("noise", Noise)])
 def test_choices_are_string_enums(name, enum):
