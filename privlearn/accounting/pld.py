@@ -310,8 +310,12 @@ class PLDAccountant:
         allow = self._allowance_gap(res, delta, up, lo)
         up, lo = min(up, pe), min(lo, pe)
         h_scale = 1.0
+        # (when the allowance part alone exceeds max_gap, no finer plain grid can bring
+        # the gap under it: the tilted composition below, whose allowance is relative,
+        # is what can)
         while (up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64
-               and not self._out_of_reach(up, lo, allow)):
+               and not self._out_of_reach(up, lo, allow)
+               and not (accurate and allow > self.max_gap * up)):
             h_scale /= 2.0
             try:
                 res2 = self._composed(mechanism, parts, h_scale=h_scale, accurate=accurate)
@@ -444,7 +448,7 @@ class PLDAccountant:
                     continue
                 if up is None or up2 < up:
                     up, lo, best, best_res = up2, lo2, guess, res
-                if abs(up2 - guess) <= 0.01 * up2:
+                if abs(up2 - guess) <= 0.02 * up2:  # (the tilt need not be optimal)
                     break
                 guess = up2
             if up is None:
