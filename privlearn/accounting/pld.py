@@ -79,7 +79,9 @@ the exponentially tilted PMFs instead (:func:`._pld_fft.compose_fft_tilted`, til
 Chernoff optimum for the target): the allowance becomes ``M e^{-theta eps}`` times the
 tilted one, i.e. relative to delta rather than absolute, and delta down to 1e-14 and
 below is certified with the usual gap; the tilted answer is also combined (tighter ends
-of both certified brackets) whenever the plain grid's gap stays above ``rel_gap``. Only
+of both certified brackets) whenever the plain grid's gap stays above ``max_gap``
+(refinement stops short of ``rel_gap`` when the error allowances keep it out of
+reach; see :class:`PLDAccountant`). Only
 when the tilted grid cannot answer either does ``epsilon(delta)`` return the smaller of
 the other certified answers -- the pure epsilon (when finite) and the RDP accountant's
 epsilon -- with ``PrivacyBound.accountant`` naming the one that answered and the plain
