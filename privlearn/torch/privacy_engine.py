@@ -181,7 +181,7 @@ class PrivateTraining:
 
     def __iter__(self):
         # Opacus's make_private returns (model, optimizer, data_loader); this is one object
-        raise TypeError(
+        raise ParameterTypeError(
             "make_private returns one PrivateTraining, not a (model, optimizer, data_loader) "
             "tuple: write p = make_private(...) and use p.model, p.optimizer, p.data_loader "
             "(and p.accountant, p.epsilon(delta), p.state_dict())")
