@@ -263,18 +263,13 @@ def _rotl_np(v: np.ndarray, r: int, scratch: np.ndarray) -> None:
 
 def _quarter_round_np(a, b, c, d, scratch) -> None:
     """RFC 8439 sec. 2.1 on uint32 rows (NumPy's unsigned arithmetic wraps mod 2**32)."""
-    a += b
-    d ^= a
-    _rotl_np(d, 16, scratch)
-    c += d
-    b ^= c
-    _rotl_np(b, 12, scratch)
-    a += b
-    d ^= a
-    _rotl_np(d, 8, scratch)
-    c += d
-    b ^= c
-    _rotl_np(b, 7, scratch)
+    for r1, r2 in ((16, 12), (8, 7)):
+        a += b
+        d ^= a
+        _rotl_np(d, r1, scratch)
+        c += d
+        b ^= c
+        _rotl_np(b, r2, scratch)
 
 
 def _block_words_np(key: bytes, position: int, blocks: int) -> np.ndarray:
