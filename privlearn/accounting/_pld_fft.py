@@ -213,6 +213,7 @@ def compose_fft(
         n_low = min(int(big[-1]) + 1, 256) if big.size else 0
         if any(math.fsum(pt[4]) <= 0 for pt in parts):
             n_low = 0
+
         # the direct formula works with |S + psi|^2 - 1 and loses its accuracy (and
         # underflows to log 0) where |phi_j| is small; such coefficients are not amplified
         # by a power either, so recompute only the prefix where every |phi_j| > 1/2
@@ -220,9 +221,12 @@ def compose_fft(
             small = np.nonzero(r[:n_low] <= 0.5)[0]
             if small.size:
                 n_low = int(small[0])
-        # its cost is n_low x (support size) sines per part: bounded (the plain FFT error
-        # bound, larger but certified, is kept beyond that)
-        nnz = sum(int(np.count_nonzero(pt[4])) for pt in parts)
+        # its cost is n_low x (bulk size) sines per part (the tail of each PMF goes
+        # through one more FFT, see below): bounded (the plain FFT error bound, larger
+        # but certified, is kept beyond that)
+        bulks = [_bulk_range(pt[4]) for pt in parts]
+        nnz = sum(int(np.count_nonzero(pt[4][lo:hi])) for pt, (lo, hi) in
+                  zip(parts, bulks, strict=True))
         n_low = min(n_low, int(3e7 // max(nnz, 1)))
         if n_low:
             # worth it only if those coefficients carry most of the FFT error allowance
@@ -241,12 +245,20 @@ def compose_fft(
         logr_low = np.zeros(n_low)
         ang_low = np.zeros(n_low)
         err_rel = np.zeros(n_low)
-        for r, lr, count, _l1, p in parts:
-            k = np.nonzero(p)[0]
+        for (r, lr, count, _l1, p), (b_lo, b_hi) in zip(parts, bulks, strict=True):
+            # the bulk [b_lo, b_hi) directly; the tail (relative mass <= _TAIL_FRAC) by
+            # one FFT, whose error (<= (5 log2 N + 16) u ||tail||_1 per coefficient,
+            # phase factor and subtraction included) is absolute but on a small mass
+            k = b_lo + np.nonzero(p[b_lo:b_hi])[0]
             pk = p[k]
-            S = math.fsum(pk)
-            c = int(round(float(np.sum(pk * k)) / S))
+            S_b = math.fsum(pk)
+            c = int(round(float(np.sum(pk * k)) / S_b)) if S_b > 0 else (b_lo + b_hi) // 2
             kk = (k - c).astype(np.int64)
+            tail = p.copy()
+            tail[b_lo:b_hi] = 0.0
+            S_t = math.fsum(tail)
+            S = S_b + S_t
+            t1 = math.fsum(np.abs(tail))
             re = np.empty(n_low)
             im = np.empty(n_low)
             B = np.empty(n_low)
@@ -263,6 +275,17 @@ def compose_fft(
                 re[sl_] = -np.sum(s2 * pk[None, :], axis=1)
                 im[sl_] = -np.sum(s1 * pk[None, :], axis=1)
                 B[sl_] = np.sum((s2 + np.abs(s1)) * pk[None, :], axis=1)
+            tail_err = 0.0
+            if t1 > 0.0:
+                xt = np.zeros(N)
+                xt[: tail.size] = tail
+                ft = sfft.rfft(xt)[:n_low]
+                # sum_tail p_k e^{-i w_j (k - c)}: the phase w_j c reduced exactly
+                ph = (2.0 * math.pi / N) * np.mod(jj * (c % N), N)
+                sh = ft * np.exp(1j * ph)
+                re += sh.real - S_t
+                im += sh.imag
+                tail_err = (5.0 * log2n + 16.0) * t1
             z = (S - 1.0 + re) * (S + 1.0 + re) + im * im  # |S + psi|^2 - 1
             lphi = 0.5 * np.log1p(z)
             ang = np.arctan2(im, S + re)
@@ -271,7 +294,8 @@ def compose_fft(
             ang_low += count * ang
             phase_int = np.mod(phase_int + np.mod(jj * ((count * c) % N), N), N)
             nlog = math.log2(max(k.size, 2)) + 8.0
-            err_rel += count * U * ((B * nlog + 1.0) / absphi + 4.0 * (np.abs(lphi) + np.abs(ang)))
+            err_rel += count * U * ((B * nlog + tail_err + 1.0) / absphi
+                                    + 4.0 * (np.abs(lphi) + np.abs(ang)))
             # replace the FFT values of this part (used by the bounds below)
             r[:n_low] = absphi
             lr[:n_low] = lphi
@@ -313,6 +337,27 @@ def compose_fft(
             pmfs=list(pmfs),
         )
     return ComposedPLD(h, j0, pi, 0.0, t_lo + t_hi, 0.0, t_lo + t_hi + fft_allow + single_allow)
+
+
+#: relative mass of a single-step PMF left out of the bulk of the direct low-frequency
+#: recomputation (its FFT error, amplified like the bulk's, stays below the per-step
+#: rounding allowance of the power: (5 log2 N + 16) x 1e-3 < 1 for N < 2^150)
+_TAIL_FRAC = 1e-3
+
+
+def _bulk_range(p: np.ndarray) -> tuple[int, int]:
+    """Index range ``[lo, hi)`` of a PMF holding all but about ``_TAIL_FRAC`` of its
+    absolute mass (half of it on each side): the part of
+    :func:`compose_fft`'s direct low-frequency recomputation done term by term. Which
+    range is chosen affects cost and tightness only; the error bound holds for any."""
+    a = np.abs(p)
+    cs = np.cumsum(a)
+    tot = float(cs[-1]) if cs.size else 0.0
+    if tot <= 0.0:
+        return 0, p.size
+    lo = int(np.searchsorted(cs, 0.5 * _TAIL_FRAC * tot, side="right"))
+    hi = int(np.searchsorted(cs, (1.0 - 0.5 * _TAIL_FRAC) * tot, side="left")) + 1
+    return min(lo, p.size - 1), max(min(hi, p.size), lo + 1)
 
 
 def tilt_pmfs(pmfs: list[tuple[StepPMF, int]], h: float, theta: float
