@@ -311,24 +311,11 @@ class PLDAccountant:
             return PrivacyBound(fb.upper, min(lo, fb.upper), fb.accountant)
         allow = self._allowance_gap(res, delta, up, lo)
         up, lo = min(up, pe), min(lo, pe)
-        h_scale = 1.0
         # (when the allowance part alone exceeds max_gap, no finer plain grid can bring
         # the gap under it: the tilted composition below, whose allowance is relative,
         # is what can)
-        while (up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64
-               and not self._out_of_reach(up, lo, allow)
-               and not (accurate and allow > self.max_gap * up)):
-            h_scale /= 2.0
-            try:
-                res2 = self._composed(mechanism, parts, h_scale=h_scale, accurate=accurate)
-                up2, lo2 = self._eps_bounds(res2, delta)
-            except (_TooLarge, AccountingError):
-                break
-            allow = self._allowance_gap(res2, delta, up2, lo2)
-            gap_before = up - lo
-            up, lo = min(up, up2), max(lo, lo2)
-            if up - lo > 0.8 * gap_before:  # the grid is no longer what limits the gap
-                break
+        up, lo = self._refine(mechanism, parts, self._eps_bracket(delta), up, lo, allow,
+                              accurate=accurate)
         if up > 0 and (up - lo) > self.max_gap * up and accurate:
             # the gap is held open by the FFT error allowance (small delta): the tilted
             # composition's allowance is relative; both brackets are certified, so take
@@ -360,25 +347,12 @@ class PLDAccountant:
             res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up = _delta_upper(res, epsilon)
         lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
-        # delta is far more sensitive than epsilon to the grid: refine only while the
-        # relative gap exceeds 10 x rel_gap, at most twice
-        # (and only while the grid's share of the gap is what exceeds it)
-        h_scale = 1.0
-        while (
-            up > 0
-            and (up - lo) > 10 * self.rel_gap * up
-            and _grid_gap(res, epsilon) > 5 * self.rel_gap * up
-            and h_scale > 1 / 4
-        ):
-            h_scale /= 2.0
-            try:
-                res2 = self._composed(mechanism, parts, h_scale=h_scale, accurate=accurate)
-                res = res2
-            except (_TooLarge, AccountingError):
-                break
-            up = min(up, _delta_upper(res2, epsilon))
-            lo = max(lo, max(_delta_at(low, epsilon, False) for _, low in res2.directions))
-        if up > 0 and (up - lo) > 10 * self.rel_gap * up and epsilon > 0:
+        allow = max(0.0, (up - lo) - _grid_gap(res, epsilon))
+        # delta is far more sensitive than epsilon to the grid: the targets are 10 x
+        # rel_gap and 10 x max_gap, and at most two halvings
+        up, lo = self._refine(mechanism, parts, self._delta_bracket(epsilon), up, lo, allow,
+                              accurate=accurate, scale=10.0, min_h_scale=1 / 4)
+        if up > 0 and (up - lo) > 10 * self.max_gap * up and epsilon > 0:
             # the gap is held open by the plain grid's absolute FFT allowance (delta far
             # below it, e.g. 1e-12 after 100 steps): the composition tilted at epsilon
             # has a relative allowance (module docstring, Limitations); both brackets are
@@ -438,15 +412,21 @@ class PLDAccountant:
             return None
         guess = min(guesses)
         up = lo = None
+        lowered = False
         try:
             for _ in range(8):
                 try:
-                    res = self._composed(mechanism, parts, 1.0, True, tilt_at=guess)
+                    res = self._composed(mechanism, parts, 1.0, True, tilt_at=guess,
+                                         tilt_delta=delta, check_gain=not lowered)
                     up2, lo2 = self._eps_bounds(res, delta)
+                except _NoTiltGain:
+                    break  # at the target itself: the tilt cannot help
                 except AccountingError:
                     # e.g. the guess was far above epsilon, so the tilted window starts
-                    # above it: aim lower
+                    # above it: aim lower (a tilt for a loss below the target; its
+                    # Chernoff factor at the guess says nothing of the allowance at it)
                     guess *= 0.7
+                    lowered = True
                     continue
                 if up is None or up2 < up:
                     up, lo, best, best_res = up2, lo2, guess, res
@@ -455,34 +435,71 @@ class PLDAccountant:
                 guess = up2
             if up is None:
                 return None
-            guess = best
-            h_scale = 1.0
             allow = self._allowance_gap(best_res, delta, up, lo)
-            while (up > 0 and (up - lo) > self.rel_gap * up and h_scale > 1 / 64
-                   and not self._out_of_reach(up, lo, allow)):
-                h_scale /= 2.0
-                try:
-                    res2 = self._composed(mechanism, parts, h_scale, True, tilt_at=guess)
-                    up2, lo2 = self._eps_bounds(res2, delta)
-                except (_TooLarge, AccountingError):
-                    break
-                allow = self._allowance_gap(res2, delta, up2, lo2)
-                gap_before = up - lo
-                up, lo = min(up, up2), max(lo, lo2)
-                if up - lo > 0.8 * gap_before:
-                    break
+            up, lo = self._refine(mechanism, parts, self._eps_bracket(delta), up, lo,
+                                  allow, accurate=True, tilt_at=best, tilt_delta=delta,
+                                  check_gain=False)
         except (_TooLarge, AccountingError):
             if up is None:
                 return None
         return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
 
-    def _out_of_reach(self, up: float, lo: float, allow: float) -> bool:
-        """Whether refinement should stop short of ``rel_gap``: the gap is below
-        ``max_gap`` and, with its grid part shrinking fourfold per halving (second order
-        in ``h``), two more halvings would leave it above ``rel_gap``. Only decides how
-        long to refine; every bracket returned is certified."""
+    def _refine(
+        self, mechanism: Mechanism, parts, bracket, up: float, lo: float, allow: float,
+        *, accurate: bool, tilt_at: float | None = None, scale: float = 1.0,
+        min_h_scale: float = 1 / 64, tilt_delta: float | None = None,
+        check_gain: bool = True,
+    ) -> tuple[float, float]:
+        """The grid refinement shared by every query: halve the grid spacing while the
+        certified bracket ``[lo, up]`` is wider than ``scale * rel_gap`` (relative) and
+        refining can still pay (:meth:`_out_of_reach`); keep the tighter end of each
+        bracket (each is certified). ``bracket(res) -> (up, lo, allow)`` reads one
+        composition; ``allow`` is the part of its gap held open by the error allowances.
+        Stops when a halving no longer shrinks the gap by 20% (the grid is no longer
+        what limits it) or the grid would exceed ``max_points``."""
+        h_scale = 1.0
+        while (up > 0 and (up - lo) > scale * self.rel_gap * up and h_scale > min_h_scale
+               and not self._out_of_reach(up, lo, allow, scale)):
+            h_scale /= 2.0
+            try:
+                res2 = self._composed(mechanism, parts, h_scale, accurate, tilt_at=tilt_at,
+                                      tilt_delta=tilt_delta, check_gain=check_gain)
+                up2, lo2, allow = bracket(res2)
+            except (_TooLarge, AccountingError, OverflowError):
+                break
+            gap_before = up - lo
+            up, lo = min(up, up2), max(lo, lo2)
+            if up - lo > 0.8 * gap_before:
+                break
+        return up, lo
+
+    def _eps_bracket(self, delta: float):
+        def bracket(res: _Result) -> tuple[float, float, float]:
+            up, lo = self._eps_bounds(res, delta)
+            return up, lo, self._allowance_gap(res, delta, up, lo)
+        return bracket
+
+    @staticmethod
+    def _delta_bracket(epsilon: float):
+        def bracket(res: _Result) -> tuple[float, float, float]:
+            up = _delta_upper(res, epsilon)
+            lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
+            # the allowance part: what the composed grid profiles' difference leaves
+            return up, lo, max(0.0, (up - lo) - _grid_gap(res, epsilon))
+        return bracket
+
+    def _out_of_reach(self, up: float, lo: float, allow: float, scale: float = 1.0) -> bool:
+        """Whether refinement should stop short of ``scale * rel_gap``: the allowance
+        part of the gap alone exceeds ``scale * max_gap`` (no finer grid brings the gap
+        under it), or the gap is below ``scale * max_gap`` and, with its grid part
+        shrinking fourfold per halving (second order in ``h``), two more halvings would
+        leave it above ``scale * rel_gap``. Only decides how long to refine; every
+        bracket returned is certified."""
         gap = up - lo
-        return gap <= self.max_gap * up and allow + (gap - allow) / 16.0 > self.rel_gap * up
+        if allow > scale * self.max_gap * up:
+            return True
+        return (gap <= scale * self.max_gap * up
+                and allow + (gap - allow) / 16.0 > scale * self.rel_gap * up)
 
     @staticmethod
     def _allowance_gap(res: _Result, delta: float, up: float, lo: float) -> float:
@@ -509,9 +526,14 @@ class PLDAccountant:
 
     def _composed(
         self, mechanism: Mechanism, parts, h_scale: float, accurate: bool = False,
-        tilt_at: float | None = None,
+        tilt_at: float | None = None, tilt_delta: float | None = None,
+        check_gain: bool = True,
     ) -> _Result:
-        key = (mechanism, h_scale, accurate, tilt_at)
+        """The composition at grid scale ``h_scale`` (cached). With ``tilt_at``, tilted
+        for that loss; ``tilt_delta`` (the target delta, when known) loosens the tilted
+        window's tails to what that target needs; ``check_gain`` refuses
+        (:class:`_NoTiltGain`) a tilt whose Chernoff factor at ``tilt_at`` is not small."""
+        key = (mechanism, h_scale, accurate, tilt_at, tilt_delta)
         with self._lock:
             res = self._cache.get(key)
             if res is not None:
@@ -519,7 +541,7 @@ class PLDAccountant:
                 return res
         # computed outside the lock (threads compose in parallel; a composition is
         # deterministic, so two threads computing the same key store equal results)
-        res = self._compute(parts, h_scale, accurate, tilt_at)
+        res = self._compute(parts, h_scale, accurate, tilt_at, tilt_delta, check_gain)
         with self._lock:
             self._cache[key] = res
             self._cache.move_to_end(key)
@@ -532,7 +554,8 @@ class PLDAccountant:
         return res
 
     def _compute(self, parts, h_scale: float, accurate: bool = False,
-                 tilt_at: float | None = None) -> _Result:
+                 tilt_at: float | None = None, tilt_delta: float | None = None,
+                 check_gain: bool = True) -> _Result:
         steps = [(_step(m), k) for m, k in parts]
         T = sum(k for _, k in parts)
         step_tol = self.tail_tol / max(T, 1)
@@ -568,9 +591,26 @@ class PLDAccountant:
         for (pm_up, pm_low), win in zip(fine, windows, strict=True):
             if tilt_at is not None:  # tiny delta: the tilted composition (Esscher)
                 theta = _chernoff_theta(pm_up, h, tilt_at)
-                cu = dsc.compose_fft_tilted(pm_up, h, theta, self.tail_tol, upper=True,
+                # its allowance is the plain one times the Chernoff bound
+                # M e^{-theta eps} at the target: useless unless that is small (a heavy
+                # single-step tail -- q=1e-5, sigma <= 0.8 -- can keep it near 1)
+                log_chernoff = float(dsc.log_mgf(pm_up, h, np.array([theta]), True)[0]
+                                     - theta * tilt_at)
+                if check_gain and log_chernoff > _LOG_TILT_GAIN:
+                    raise _NoTiltGain(
+                        f"pld: the tilted composition would not reduce the error allowance "
+                        f"(Chernoff bound {math.exp(min(log_chernoff, 0.0)):.3g} at the target)")
+                # the tilted window's tails enter the allowance times that factor: for
+                # a target delta, 1e-6 delta / factor (at most 1e-9) of the tilted mass
+                # suffices, and a heavy tilted tail makes a 1e-18 window twice as wide
+                ttol = self.tail_tol
+                if tilt_delta is not None and tilt_delta > 0:
+                    ttol = max(ttol, math.exp(min(
+                        math.log(_TILTED_TAIL_TOL),
+                        math.log(1e-6 * tilt_delta) - min(log_chernoff, 0.0))))
+                cu = dsc.compose_fft_tilted(pm_up, h, theta, ttol, upper=True,
                                             accurate=accurate, max_points=2 * self.max_points)
-                cl = dsc.compose_fft_tilted(pm_low, h, theta, self.tail_tol, upper=False,
+                cl = dsc.compose_fft_tilted(pm_low, h, theta, ttol, upper=False,
                                             accurate=accurate, max_points=2 * self.max_points)
                 cu.prepare()
                 cl.prepare()
@@ -660,6 +700,17 @@ def _points(res: _Result) -> int:
 
 class _TooLarge(Exception):
     pass
+
+
+class _NoTiltGain(AccountingError):
+    """The tilted composition's allowance would not be much below the plain one."""
+
+
+#: the tilted composition is computed only when its Chernoff factor ``M e^{-theta eps}``
+#: divides the error allowance by at least 10
+_LOG_TILT_GAIN = math.log(0.1)
+#: certified mass of the tilted distribution outside the tilted window (each side)
+_TILTED_TAIL_TOL = 1e-9
 
 
 def _chernoff_theta(pmfs, h: float, eps: float) -> float:
