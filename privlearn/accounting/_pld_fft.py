@@ -210,7 +210,7 @@ def compose_fft(
         # (only coefficients whose error the power amplifies: never for a single step)
         l1_tot = sum(pt[2] * pt[3] for pt in parts)
         big = np.nonzero((amp * 5.0 * U * log2n > 1e-19) & (amp > 2.0 * l1_tot / T_tot))[0]
-        n_low = min(int(big[-1]) + 1, 256) if big.size else 0
+        n_low = int(big[-1]) + 1 if big.size else 0
         if any(math.fsum(pt[4]) <= 0 for pt in parts):
             n_low = 0
 
@@ -257,13 +257,16 @@ def compose_fft(
             tail = p.copy()
             tail[b_lo:b_hi] = 0.0
             S_t = math.fsum(tail)
-            S = S_b + S_t
             t1 = math.fsum(np.abs(tail))
+            # S - 1, correctly rounded (S itself would carry an absolute error of u,
+            # which the power turns into a relative error T u of every coefficient)
+            sm1 = math.fsum(np.concatenate([p, [-1.0]]))
             re = np.empty(n_low)
             im = np.empty(n_low)
             B = np.empty(n_low)
-            for j_start in range(0, n_low, 16):
-                jb = jj[j_start : j_start + 16]
+            rows = max(16, int(2e6 // max(k.size, 1)))  # frequencies per block
+            for j_start in range(0, n_low, rows):
+                jb = jj[j_start : j_start + rows]
                 # theta_jk = 2 pi ((j (k - c)) mod N) / N in (-pi, pi]
                 m = np.mod(jb[:, None] * kk[None, :], N)
                 m = np.where(m > N // 2, m - N, m)
@@ -286,22 +289,31 @@ def compose_fft(
                 re += sh.real - S_t
                 im += sh.imag
                 tail_err = (5.0 * log2n + 16.0) * t1
-            z = (S - 1.0 + re) * (S + 1.0 + re) + im * im  # |S + psi|^2 - 1
+            a_ = sm1 + re  # S - 1 + Re psi
+            ab = a_ * (a_ + 2.0)
+            z = ab + im * im  # |S + psi|^2 - 1
             lphi = 0.5 * np.log1p(z)
-            ang = np.arctan2(im, S + re)
+            ang = np.arctan2(im, 1.0 + a_)
             absphi = np.exp(lphi)
             logr_low += count * lphi
             ang_low += count * ang
             phase_int = np.mod(phase_int + np.mod(jj * ((count * c) % N), N), N)
             nlog = math.log2(max(k.size, 2)) + 8.0
-            err_rel += count * U * ((B * nlog + tail_err + 1.0) / absphi
-                                    + 4.0 * (np.abs(lphi) + np.abs(ang)))
+            # errors of Re psi and Im psi (|d re| + |d im| <= u (B nlog + 2 tail_err)) and
+            # of S - 1 move log|phi| and arg phi by at most their sum over |phi| each;
+            # forming z rounds by u (3 |a (a + 2)| + im^2 + |z|), i.e. log|phi| by that
+            # over 2 |phi|^2; log1p, arctan2 and the sums: the 4 (|lphi| + |ang|) term
+            err_rel += count * U * (
+                2.0 * (B * nlog + 2.0 * tail_err + abs(sm1)) / absphi
+                + (3.0 * np.abs(ab) + im * im + np.abs(z)) / (2.0 * absphi * absphi)
+                + 4.0 * (np.abs(lphi) + np.abs(ang)))
             # replace the FFT values of this part (used by the bounds below)
             r[:n_low] = absphi
             lr[:n_low] = lphi
         logr_tot[:n_low] = logr_low
         ang_tot[:n_low] = ang_low - (2.0 * math.pi / N) * phase_int
-        low_err = np.exp(logr_low) * (err_rel + 8.0 * U)
+        # (+ 16 u: exp, cos, sin and the phase 2 pi m / N of the polar form)
+        low_err = np.exp(logr_low) * (err_rel + 16.0 * U)
         if not (np.all(np.isfinite(low_err)) and np.all(np.isfinite(logr_low))):
             raise AccountingError("pld: direct low-frequency recomputation failed")
     # Phi = prod phi_p^count in polar form (cheaper and no less accurate than exp(log))
