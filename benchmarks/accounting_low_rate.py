@@ -6,9 +6,18 @@ Usage::
     python benchmarks/accounting_low_rate.py [--quick] [--no-prv] [--csv FILE]
     python benchmarks/accounting_low_rate.py --timing
 
+    python benchmarks/accounting_low_rate.py --low-q [--before CHECKOUT]
+
 ``--timing`` times one query (q=1e-4, T=1e5, delta=1e-8, sigma 0.8 and 0.5; best of 3,
 minimum of wall and CPU time) against dp_accounting's PLD, and the calibration of sigma
 for epsilon=1 against dp_accounting's ``calibrate_dp_mechanism``.
+
+``--low-q`` times ``epsilon(delta=1e-8)`` and ``delta(epsilon)`` at that epsilon for
+q=1e-5, sigma in {0.5, 0.6, 0.8}, T in {1e5, 1e6}, each query in a fresh process with a
+fresh accountant; with ``--before CHECKOUT`` (another checkout of privlearn, e.g. a
+``git worktree`` of an older commit) the same queries on that checkout are run
+interleaved with this one's, and dp_accounting's PLD (interval 1e-4, pessimistic and
+optimistic) in the same run. Times are the minimum of wall and CPU time of one call.
 
 The regime of large datasets (N = 1e6, batch 100: q = 1e-4, 1e4-1e6 steps). For each
 Poisson-subsampled Gaussian (add/remove) of the grid q in {1e-5, 1e-4, 1e-3}, sigma in
@@ -112,6 +121,62 @@ def timing(repeats: int = 3) -> None:
           f"dp_accounting sigma {s_dpa:.7g} {t_dpa:.1f} s", flush=True)
 
 
+def _one_query(q: float, sigma: float, steps: int, delta: float) -> None:
+    """Child process of ``--low-q``: epsilon(delta) and delta at that epsilon, as JSON."""
+    import json
+
+    from privlearn.accounting import Gaussian, compose, subsample
+    from privlearn.accounting.pld import PLDAccountant
+
+    m = compose(subsample(Gaussian(sigma), q), steps)
+    b, t_eps = _clock(lambda: PLDAccountant().epsilon(m, delta))
+    d, t_del = _clock(lambda: PLDAccountant().delta(m, b.upper))
+    import privlearn
+
+    print(json.dumps(dict(module=privlearn.__file__, eps_up=b.upper, eps_low=b.lower, t_eps=t_eps, delta_up=d.upper,
+                          delta_low=d.lower, t_delta=t_del)))
+
+
+def _query_in(root: Path, q: float, sigma: float, steps: int, delta: float) -> dict:
+    import json
+    import os
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, __file__, "--root", str(root), "--one", str(q), str(sigma),
+           str(steps), str(delta)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def low_q(before: Path | None) -> None:
+    """q=1e-5 timing table: before (``before`` checkout) and after (this checkout),
+    interleaved, against dp_accounting."""
+    here = Path(__file__).resolve().parents[1]
+    d = 1e-8
+    print("| sigma | T | query | before: upper [lower] | time | after: upper [lower] | time "
+          "| dp_accounting pess. / opt. (1e-4) | time |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for T, s in itertools.product((10**5, 10**6), (0.8, 0.6, 0.5)):
+        old = _query_in(before, 1e-5, s, T, d) if before else None
+        new = _query_in(here, 1e-5, s, T, d)
+        (pe, t_pe), _ = _clock(lambda s=s, T=T: dpa(1e-5, s, T, d, True))
+        (op, _), _ = _clock(lambda s=s, T=T: dpa(1e-5, s, T, d, False))
+        cells = []
+        for r in (old, new):
+            if r is None:
+                cells.append(("-", "-", "-", "-"))
+                continue
+            cells.append((f"{r['eps_up']:.6g} [{r['eps_low']:.6g}]", f"{r['t_eps']:.2f} s",
+                          f"{r['delta_up']:.4g} [{r['delta_low']:.4g}]",
+                          f"{r['t_delta']:.2f} s"))
+        print(f"| {s:g} | {T:.0e} | epsilon(1e-8) | {cells[0][0]} | {cells[0][1]} "
+              f"| {cells[1][0]} | {cells[1][1]} | {pe:.6g} / {op:.6g} | {t_pe:.2f} s |",
+              flush=True)
+        print(f"| {s:g} | {T:.0e} | delta(eps) | {cells[0][2]} | {cells[0][3]} "
+              f"| {cells[1][2]} | {cells[1][3]} | | |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -120,9 +185,22 @@ def main() -> None:
                     help="skip prv_accountant (minutes per cell at delta_error = delta/1000)")
     ap.add_argument("--steps", type=int, nargs="+", help="the T values (default the grid's)")
     ap.add_argument("--timing", action="store_true", help="the timing tables only")
+    ap.add_argument("--low-q", action="store_true", help="the q=1e-5 timing table only")
+    ap.add_argument("--before", type=Path, help="with --low-q: the checkout to compare")
+    ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one:
+        if args.root:  # the checkout whose privlearn answers
+            sys.path.insert(0, str(args.root.resolve()))
+        q, s, T, d = args.one
+        _one_query(float(q), float(s), int(T), float(d))
+        return
     if args.timing:
         timing()
+        return
+    if args.low_q:
+        low_q(args.before)
         return
     qs, sigmas, steps, deltas = [1e-5, 1e-4, 1e-3], [0.5, 0.8, 1.0, 2.0], [10**4, 10**5, 10**6], [
         1e-5, 1e-8]
