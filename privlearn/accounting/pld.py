@@ -73,20 +73,24 @@ Limitations
 The floating-point allowance of the FFT composition is a worst-case bound that grows
 with the number of steps (about ``1e-9`` for 1e4 DP-SGD steps). When it exceeds
 ``1e-3 delta`` the low-frequency Fourier coefficients are recomputed directly (see
-:func:`._pld_fft.compose_fft`), which brings it down to about ``1e-10`` per 1e4
-steps. For smaller targets (tiny delta, 10^5-10^6 steps) ``epsilon(delta)`` composes
-the exponentially tilted PMFs instead (:func:`._pld_fft.compose_fft_tilted`, tilt at the
-Chernoff optimum for the target): the allowance becomes ``M e^{-theta eps}`` times the
-tilted one, i.e. relative to delta rather than absolute, and delta down to 1e-14 and
-below is certified with the usual gap; the tilted answer is also combined (tighter ends
-of both certified brackets) whenever the plain grid's gap stays above ``max_gap``
-(refinement stops short of ``rel_gap`` when the error allowances keep it out of
-reach; see :class:`PLDAccountant`). Only
-when the tilted grid cannot answer either does ``epsilon(delta)`` return the smaller of
-the other certified answers -- the pure epsilon (when finite) and the RDP accountant's
-epsilon -- with ``PrivacyBound.accountant`` naming the one that answered and the plain
-grid's lower bound; only when none exists is :class:`AccountingError` raised rather
-than returning an uncertified value.
+:func:`._pld_fft.compose_fft`; each step's bulk term by term, its light tail -- at most
+1e-3 of the mass, e.g. the sampled part at q=1e-5 -- through one FFT), which brings it
+down to about ``2e-11`` per 1e4 steps (the rounding of the single-step masses, ``8 u``
+per step, is then most of it). For smaller targets (tiny delta, 10^5-10^6 steps)
+``epsilon(delta)`` composes the exponentially tilted PMFs instead
+(:func:`._pld_fft.compose_fft_tilted`, tilt at the Chernoff optimum for the target): the
+allowance becomes ``M e^{-theta eps}`` times the tilted one, i.e. relative to delta
+rather than absolute, and delta down to 1e-14 and below is certified with the usual gap.
+A tilt is composed only when that Chernoff factor at the target is below 0.1: a heavy
+single-step tail (q=1e-5, sigma <= 0.8) keeps it near 1, and the tilted grid would cost
+millions of points for no smaller allowance. The tilted answer is also combined (tighter
+ends of both certified brackets) whenever the plain grid's gap stays above ``max_gap``
+(refinement stops short of ``rel_gap`` when the error allowances keep it out of reach;
+see :class:`PLDAccountant`). Only when the tilted grid cannot answer either does
+``epsilon(delta)`` return the smaller of the other certified answers -- the pure epsilon
+(when finite) and the RDP accountant's epsilon -- with ``PrivacyBound.accountant``
+naming the one that answered and the plain grid's lower bound; only when none exists is
+:class:`AccountingError` raised rather than returning an uncertified value.
 
 References
 ----------
@@ -235,7 +239,10 @@ class PLDAccountant:
         reduce) would keep it above ``rel_gap`` for two more halvings of the grid,
         refinement stops as soon as the gap is below ``max_gap``; the certified upper
         end is returned. Refining would cost 2-8 times the time for an upper bound
-        tighter by a fraction of the gap.
+        tighter by a fraction of the gap. Refinement also stops when the allowance part
+        alone exceeds ``max_gap``. ``delta()`` refines through the same loop with ten
+        times these targets (delta is far more sensitive to the grid than epsilon) and
+        at most two halvings.
     cache_size : int
         Number of composed mechanisms kept (epsilon and delta queries reuse them). The
         cache is shared by every thread that uses the accountant (the registered ``"pld"``
@@ -341,11 +348,12 @@ class PLDAccountant:
             return PrivacyBound(0.0, 0.0, self.name)
         res = self._composed(mechanism, parts, h_scale=1.0)
         up = _delta_upper(res, epsilon)
-        # (not when a Chernoff bound already took delta below the FFT allowance)
-        accurate = res.slack() > 1e-3 * up and up >= res.slack()
+        # (also when a Chernoff bound already took delta below the FFT allowance: the
+        # accurate allowance can be far smaller -- q=1e-5: 2e-10 instead of 1.7e-6)
+        accurate = res.slack() > 1e-3 * up
         if accurate:  # small delta: recompute the low frequencies without FFT error
             res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
-            up = _delta_upper(res, epsilon)
+            up = min(up, _delta_upper(res, epsilon))  # both certified
         lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
         allow = max(0.0, (up - lo) - _grid_gap(res, epsilon))
         # delta is far more sensitive than epsilon to the grid: the targets are 10 x
