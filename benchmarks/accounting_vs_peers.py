@@ -364,8 +364,6 @@ def fixed_size(quick: bool) -> list[str]:
     from dp_accounting import privacy_accountant as pa
     from dp_accounting.rdp import RdpAccountant
 
-    from privlearn.accounting import Gaussian, compose, subsample
-
     note = ("RDP: Wang, Balle & Kasiviswanathan (2019), Theorem 27 for the Gaussian, in all "
             "three (privlearn evaluates its forward differences in certified decimal "
             "arithmetic, the peers in floating point); ratios below 1 are rows where "
@@ -374,30 +372,44 @@ def fixed_size(quick: bool) -> list[str]:
             "peers take the noise multiplier relative to the replace-one sensitivity, "
             "privlearn relative to the add/remove one (a replacement moves a contribution "
             "by 2 C), so they run at sigma / 2.")
-    out = [note, "",
-           "| q | sigma | T | privlearn pld [lower] | dp_accounting PLD (pess.) | ratio "
-           "| privlearn rdp | autodp RDP (Thm 27) | dp_accounting RDP | ratio to best RDP |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
     n, delta = 10_000, 1e-5
-    for q in ([0.01] if quick else [0.001, 0.01, 0.1, 0.5]):
-        for s in ([1.0, 5.0] if quick else [0.5, 1.0, 2.0, 5.0]):
-            for T in [1, 1000]:
-                m = compose(subsample(Gaussian(s), q, scheme="fixed"), T)
-                b = m.epsilon_bounds(delta)
-                r = m.epsilon(delta, "rdp")
-                p = dpa_pld(s, q, T, "replace_one", 1e-4, True).get_epsilon_for_delta(delta)
-                gm = mechanism_zoo.GaussianMechanism(sigma=s / 2)
-                gm.neighboring = "replace_one"
-                sub = transformer_zoo.AmplificationBySampling(PoissonSampling=False)
-                am = transformer_zoo.Composition()([sub(gm, q, improved_bound_flag=True)], [T])
-                a = am.get_approxDP(delta)
-                acc = RdpAccountant(neighboring_relation=pa.NeighboringRelation.REPLACE_ONE)
-                acc.compose(de.SelfComposedDpEvent(de.SampledWithoutReplacementDpEvent(
-                    n, int(q * n), de.GaussianDpEvent(s / 2)), T))
-                d = acc.get_epsilon(delta)
-                out.append(f"| {q:g} | {s:g} | {T} | {b.upper:.6g} [{b.lower:.6g}] | {p:.6g} "
-                           f"| {b.upper / p:.4f} | {r:.6g} | {a:.6g} | {d:.6g} "
-                           f"| {r / min(a, d):.4f} |")
+
+    def row(q: float, s: float, T: int, m) -> list[list[str]]:
+        b = m.epsilon_bounds(delta)
+        r = m.epsilon(delta, "rdp")
+        p = dpa_pld(s, q, T, "replace_one", 1e-4, True).get_epsilon_for_delta(delta)
+        gm = mechanism_zoo.GaussianMechanism(sigma=s / 2)
+        gm.neighboring = "replace_one"
+        sub = transformer_zoo.AmplificationBySampling(PoissonSampling=False)
+        am = transformer_zoo.Composition()([sub(gm, q, improved_bound_flag=True)], [T])
+        a = am.get_approxDP(delta)
+        acc = RdpAccountant(neighboring_relation=pa.NeighboringRelation.REPLACE_ONE)
+        acc.compose(de.SelfComposedDpEvent(de.SampledWithoutReplacementDpEvent(
+            n, int(q * n), de.GaussianDpEvent(s / 2)), T))
+        d = acc.get_epsilon(delta)
+        return [[f"{q:g}", f"{s:g}", f"{T}", f"{b.upper:.6g} [{b.lower:.6g}]", f"{p:.6g}",
+                 f"{b.upper / p:.4f}", f"{r:.6g}", f"{a:.6g}", f"{d:.6g}",
+                 f"{r / min(a, d):.4f}"]]
+
+    configs = [(q, s, T) for q in ([0.01] if quick else [0.001, 0.01, 0.1, 0.5])
+               for s in ([1.0, 5.0] if quick else [0.5, 1.0, 2.0, 5.0]) for T in [1, 1000]]
+    return [note, ""] + _sgm_table(
+        "| q | sigma | T | privlearn pld [lower] | dp_accounting PLD (pess.) | ratio "
+        "| privlearn rdp | autodp RDP (Thm 27) | dp_accounting RDP | ratio to best RDP |",
+        configs, row, scheme="fixed")
+
+
+def _sgm_table(header: str, configs, row, **sampling) -> list[str]:
+    """A markdown table: ``header``, then the rows ``row(q, sigma, T, m)`` (lists of
+    formatted cells) of every ``(q, sigma, T)`` in ``configs``, ``m`` the T-fold
+    composition of the q-subsampled Gaussian (``sampling``: :func:`subsample`'s
+    keywords)."""
+    from privlearn.accounting import Gaussian, compose, subsample
+
+    out = [header, "|" + "---|" * (header.count("|") - 1)]
+    for q, s, T in configs:
+        m = compose(subsample(Gaussian(s), q, **sampling), T)
+        out.extend("| " + " | ".join(cells) + " |" for cells in row(q, s, T, m))
     return out
 
 
@@ -500,21 +512,21 @@ def calibration(quick: bool) -> list[str]:
 
 
 def conversions() -> list[str]:
-    from privlearn.accounting import Gaussian, compose, subsample
-
-    out = ["| q | sigma | T | epsilon | privlearn pld delta [lower] | dp_accounting PLD delta "
-           "(pess. 1e-4) | privlearn rdp delta | dp_accounting RDP delta |",
-           "|---|---|---|---|---|---|---|---|"]
-    for q, s, T in [(0.001, 0.8, 1), (0.01, 1.0, 100), (0.1, 2.0, 1000)]:
-        m = compose(subsample(Gaussian(s), q), T)
+    def row(q: float, s: float, T: int, m) -> list[list[str]]:
         p = dpa_pld(s, q, T, "add_remove", 1e-4, True)
         acc = dpa_rdp([sgm_event(s, q, T)])
+        rows = []
         for e in [0.0, 0.1, 1.0, 3.0]:
             b = m.delta_bounds(e)
-            out.append(f"| {q:g} | {s:g} | {T} | {e:g} | {b.upper:.4g} [{b.lower:.4g}] "
-                       f"| {p.get_delta_for_epsilon(e):.4g} | {m.delta(e, 'rdp'):.4g} "
-                       f"| {acc.get_delta(e):.4g} |")
-    return out
+            rows.append([f"{q:g}", f"{s:g}", f"{T}", f"{e:g}",
+                         f"{b.upper:.4g} [{b.lower:.4g}]", f"{p.get_delta_for_epsilon(e):.4g}",
+                         f"{m.delta(e, 'rdp'):.4g}", f"{acc.get_delta(e):.4g}"])
+        return rows
+
+    return _sgm_table(
+        "| q | sigma | T | epsilon | privlearn pld delta [lower] | dp_accounting PLD delta "
+        "(pess. 1e-4) | privlearn rdp delta | dp_accounting RDP delta |",
+        [(0.001, 0.8, 1), (0.01, 1.0, 100), (0.1, 2.0, 1000)], row)
 
 
 def extremes() -> list[str]:
