@@ -133,8 +133,8 @@ def _one_query(q: float, sigma: float, steps: int, delta: float) -> None:
     d, t_del = _clock(lambda: PLDAccountant().delta(m, b.upper))
     import privlearn
 
-    print(json.dumps(dict(module=privlearn.__file__, eps_up=b.upper, eps_low=b.lower, t_eps=t_eps, delta_up=d.upper,
-                          delta_low=d.lower, t_delta=t_del)))
+    print(json.dumps(dict(module=privlearn.__file__, eps_up=b.upper, eps_low=b.lower,
+                          t_eps=t_eps, delta_up=d.upper, delta_low=d.lower, t_delta=t_del)))
 
 
 def _query_in(root: Path, q: float, sigma: float, steps: int, delta: float) -> dict:
@@ -149,7 +149,7 @@ def _query_in(root: Path, q: float, sigma: float, steps: int, delta: float) -> d
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def low_q(before: Path | None) -> None:
+def low_q(before: Path | None, steps: list[int] | None = None) -> None:
     """q=1e-5 timing table: before (``before`` checkout) and after (this checkout),
     interleaved, against dp_accounting."""
     here = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def low_q(before: Path | None) -> None:
     print("| sigma | T | query | before: upper [lower] | time | after: upper [lower] | time "
           "| dp_accounting pess. / opt. (1e-4) | time |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for T, s in itertools.product((10**5, 10**6), (0.8, 0.6, 0.5)):
+    for T, s in itertools.product(steps or (10**5, 10**6), (0.8, 0.6, 0.5)):
         old = _query_in(before, 1e-5, s, T, d) if before else None
         new = _query_in(here, 1e-5, s, T, d)
         (pe, t_pe), _ = _clock(lambda s=s, T=T: dpa(1e-5, s, T, d, True))
@@ -200,7 +200,7 @@ def main() -> None:
         timing()
         return
     if args.low_q:
-        low_q(args.before)
+        low_q(args.before, args.steps)
         return
     qs, sigmas, steps, deltas = [1e-5, 1e-4, 1e-3], [0.5, 0.8, 1.0, 2.0], [10**4, 10**5, 10**6], [
         1e-5, 1e-8]
