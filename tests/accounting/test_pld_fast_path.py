@@ -151,3 +151,15 @@ def test_useless_tilt_is_refused_before_composing(monkeypatch):
     acc = pld.PLDAccountant(n_target=1 << 14)
     with pytest.raises(pld._NoTiltGain):
         acc._compute(pld._parts(m), 1.0, True, 0.0138)
+
+
+@pytest.mark.slow  # about 15 s
+def test_delta_at_the_returned_epsilon_is_near_the_target():
+    # q = 1e-5, sigma 0.6: the plain grid's allowance (1.7e-6) is above delta itself; a
+    # Chernoff bound used to answer delta() (4x the target at the epsilon whose delta is
+    # certified to be 1e-8) without trying the accurate composition
+    m = compose(subsample(Gaussian(0.6), 1e-5), 100_000)
+    e = pld.PLDAccountant().epsilon(m, 1e-8)
+    d = pld.PLDAccountant().delta(m, e.upper)
+    # (the true delta at e.upper is <= 1e-8: the lower end cannot exceed it)
+    assert d.lower <= 1e-8 and d.upper <= 1.1e-8
