@@ -406,8 +406,12 @@ def compose_fft_tilted(
     upper: bool,
     accurate: bool = False,
     max_points: int = 1 << 22,
+    refuse_above: int | None = None,
 ) -> ComposedPLD:
     """Composition of ``pmfs`` through the exponential tilt ``theta > 0`` (for tiny delta).
+
+    ``refuse_above``: raise :class:`AccountingError` before composing when the tilted
+    window needs more grid points than that (a refinement's cost bound).
 
     The plain FFT's round-off allowance is absolute (about ``u sqrt(N)`` times the total
     mass), which stops certification near delta ~ 1e-10 for long compositions. Here the
@@ -439,6 +443,9 @@ def compose_fft_tilted(
     a, b, la, lb = chernoff_window(tp, h, tail_tol)
     pad = 0.05 * (b - a) + 4 * h
     a, b = a - pad, b + pad
+    if refuse_above is not None and (b - a) / h > refuse_above:
+        raise AccountingError(f"pld: the tilted window needs {(b - a) / h:.3g} grid points, "
+                              f"more than {refuse_above}")
     for _ in range(6):
         c = compose_fft(tp, h, a, b, la, lb, upper=upper, accurate=accurate)
         if c.tails <= 1e3 * tail_tol or (b - a) / h > max_points:

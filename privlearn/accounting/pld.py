@@ -616,8 +616,18 @@ class PLDAccountant:
                     ttol = max(ttol, math.exp(min(
                         math.log(_TILTED_TAIL_TOL),
                         math.log(1e-6 * tilt_delta) - min(log_chernoff, 0.0))))
-                cu = dsc.compose_fft_tilted(pm_up, h, theta, ttol, upper=True,
-                                            accurate=accurate, max_points=2 * self.max_points)
+                # a refinement never composes a tilted grid above 2 max_points (the
+                # plain grid's bound is max_points), as _TooLarge
+                cap = 2 * self.max_points if h_scale < 1.0 else None
+                try:
+                    cu = dsc.compose_fft_tilted(pm_up, h, theta, ttol, upper=True,
+                                                accurate=accurate,
+                                                max_points=2 * self.max_points,
+                                                refuse_above=cap)
+                except AccountingError:
+                    if cap is None:
+                        raise
+                    raise _TooLarge from None
                 cl = dsc.compose_fft_tilted(pm_low, h, theta, ttol, upper=False,
                                             accurate=accurate, max_points=2 * self.max_points)
                 cu.prepare()
