@@ -302,10 +302,12 @@ def compose_fft(
             # errors of Re psi and Im psi (|d re| + |d im| <= u (B nlog + 2 tail_err)) and
             # of S - 1 move log|phi| and arg phi by at most their sum over |phi| each;
             # forming z rounds by u (3 |a (a + 2)| + im^2 + |z|), i.e. log|phi| by that
-            # over 2 |phi|^2; log1p, arctan2 and the sums: the 4 (|lphi| + |ang|) term
+            # over 2 |phi|^2; forming 1 + a rounds by u (1 + |a|), i.e. arg phi by that
+            # times |im| / |phi|^2; log1p, arctan2 and the sums: the 4 (|lphi| + |ang|) term
             err_rel += count * U * (
                 2.0 * (B * nlog + 2.0 * tail_err + abs(sm1)) / absphi
                 + (3.0 * np.abs(ab) + im * im + np.abs(z)) / (2.0 * absphi * absphi)
+                + np.abs(im) * (1.0 + np.abs(a_)) / (absphi * absphi)
                 + 4.0 * (np.abs(lphi) + np.abs(ang)))
             # replace the FFT values of this part (used by the bounds below)
             r[:n_low] = absphi

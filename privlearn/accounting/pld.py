@@ -227,7 +227,8 @@ class PLDAccountant:
         about this many points (finer grids are tighter and slower).
     max_points : int
         Largest FFT length allowed; coarser grids keep the upper bound certified and only
-        loosen the lower bound.
+        loosen the lower bound. A refinement of the tilted grid (tiny delta) stops before
+        a grid above twice this.
     tail_tol : float
         Certified bound on the probability mass outside the FFT window on each side.
     rel_gap : float
