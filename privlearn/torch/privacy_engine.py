@@ -218,12 +218,18 @@ class PrivateTraining:
     # ------------------------------------------------------------------ checkpoints
     def _mechanism(self) -> dict:
         plan = self.plan
-        return {**self.config.mechanism(), "noise_multiplier": plan.noise_multiplier,
-                "max_grad_norm": plan.max_grad_norm, "sampling_rate": plan.sampling_rate,
-                "expected_batch_size": plan.expected_batch_size,
-                "dataset_size": plan.dataset_size, "world_size": plan.world_size,
-                "rank": plan.rank, "per_layer_max_grad_norm": plan.per_layer_bounds,
-                "adaptive": plan.adaptive_tuple()}
+        out = {**self.config.mechanism(), "noise_multiplier": plan.noise_multiplier,
+               "max_grad_norm": plan.max_grad_norm, "sampling_rate": plan.sampling_rate,
+               "expected_batch_size": plan.expected_batch_size,
+               "dataset_size": plan.dataset_size, "world_size": plan.world_size,
+               "rank": plan.rank, "per_layer_max_grad_norm": plan.per_layer_bounds,
+               "adaptive": plan.adaptive_tuple()}
+        if plan.run is not None and plan.run.correlates:
+            # the strategy is optimised for the planned steps: the saved noise state
+            # continues only under the same coefficients (other ones would release a
+            # row-mixed C nobody accounted)
+            out["strategy"] = repr(plan.run.strategy)
+        return out
 
     def state_dict(self) -> dict:
         """Everything needed to continue this run: model and optimizer state, the
@@ -275,7 +281,10 @@ class PrivateTraining:
             raise ConfigurationError("the saved state was made with a different mechanism, so its "
                              "privacy history does not describe this run: "
                              + "; ".join(diff) + ". Rebuild with make_private using the "
-                             "original arguments")
+                             "original arguments"
+                             + (" (the correlated-noise strategy is optimised for the "
+                                "planned steps: pass the same epochs or steps)"
+                                if theirs.get("strategy") != mine.get("strategy") else ""))
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.optimizer.max_grad_norm = state["max_grad_norm"]

@@ -114,6 +114,26 @@ def test_banded_state_is_O_bands_and_resumes_bit_for_bit():
         torch.set_default_dtype(torch.float32)
 
 
+
+@pytest.mark.parametrize("noise,extra", [("banded", {"bands": 3}), ("blt", {"buffers": 2})])
+def test_resume_refuses_a_run_whose_strategy_differs(noise, extra):
+    """The strategy is optimised for the planned steps: a checkpoint of a 2-epoch run
+    loaded into a 3-epoch run would continue the saved noise state under other
+    coefficients (a row-mixed C that nobody accounted), so it is refused."""
+    from privlearn.errors import ConfigurationError
+
+    _, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
+    state = copy.deepcopy(p.state_dict())
+    model = _Frozenish()
+    q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                     max_grad_norm=1.0, sampling="shuffled_epochs", epochs=3, noise=noise,
+                     **extra)
+    assert q.plan.run.strategy != p.plan.run.strategy
+    with pytest.raises(ConfigurationError, match="strategy"):
+        q.load_state_dict(state)
+    assert q.accountant.steps == 0 and q.optimizer.correlated.steps == 0
+
 def _batches(p, steps):
     out = []
     while len(out) < steps:
