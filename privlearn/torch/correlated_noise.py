@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence
+from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence, check_stable
 from privlearn.errors import ParameterValueError
 
 __all__ = ["CorrelatedNoise"]
@@ -58,6 +58,7 @@ class CorrelatedNoise:
     """
 
     def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence):
+        check_stable(recurrence)  # a C^{-1} that grows geometrically is refused
         self.recurrence = recurrence
         self.banded = hasattr(recurrence, "coefs")
         self.steps = 0

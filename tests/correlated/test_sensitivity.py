@@ -152,7 +152,7 @@ def test_wrong_types_are_named():
         MinSeparation(0)
     with pytest.raises(ValueError, match="coefs\\[0\\] must be > 0"):
         BandedToeplitz((0.0, 1.0))
-    with pytest.raises(ValueError, match="buf_decay must be in \\[0, 1\\]"):
+    with pytest.raises(ValueError, match="buf_decay must be in \\[-1, 1\\]"):
         BufferedToeplitz((1.5,), (0.1,))
 
 

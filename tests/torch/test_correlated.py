@@ -209,6 +209,23 @@ def test_refused_combinations():
                      sampling="balls_in_bins")
 
 
+
+@pytest.mark.parametrize("strategy", [BufferedToeplitz((0.99,), (5.0,)),
+                                      BandedToeplitz((1.0, 2.0))], ids=repr)
+def test_a_strategy_whose_noise_overflows_is_refused_before_any_step(strategy):
+    """C^{-1} growing geometrically: the noise of step t grows like 4^t (inf/nan in a few
+    hundred steps), so the run is refused when it is made, not after the model is nan."""
+    from privlearn.errors import ConfigurationError
+
+    model = nn.Linear(4, 3)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ConfigurationError, match="grows without bound"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, epochs=20,
+                     sampling="shuffled_epochs", noise=strategy, seed=0)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+
 def test_explicit_strategy_and_amplified_banded_accounting():
     model = nn.Linear(4, 3)
     C = BandedToeplitz.square_root(bands=3)
