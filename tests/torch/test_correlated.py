@@ -83,11 +83,13 @@ def test_correlated_noise_is_C_inverse_of_the_independent_draws(noise, extra):
         assert not np.allclose(w, z)  # correlated: not the independent draws
 
 
-def test_banded_state_is_O_bands_and_resumes_bit_for_bit():
-    w, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise="banded", bands=3)
+@pytest.mark.parametrize("noise,extra,kept", [("banded", {"bands": 3}, 2),
+                                              ("blt", {"buffers": 2}, 2)])
+def test_correlated_state_is_O_bands_and_resumes_bit_for_bit(noise, extra, kept):
+    w, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
     state = copy.deepcopy(p.state_dict())
-    assert state["correlated"]["buffers"].shape[0] == 2  # b - 1 noises, not the history
-    full, _ = _noises(10, sampling="shuffled_epochs", epochs=2, noise="banded", bands=3)
+    assert state["correlated"]["buffers"].shape[0] == kept  # b - 1 noises / m buffers
+    full, _ = _noises(10, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
     np.testing.assert_array_equal(full[:7], w)
     # a new run loads the state and continues with the same noise
     torch.set_default_dtype(torch.float64)
@@ -97,7 +99,7 @@ def test_banded_state_is_O_bands_and_resumes_bit_for_bit():
         q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
                          DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
                          max_grad_norm=1.0, sampling="shuffled_epochs", epochs=2,
-                         noise="banded", bands=3)
+                         noise=noise, **extra)
         q.load_state_dict(state)
         rest = []
         while len(rest) < 3:
