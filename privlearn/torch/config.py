@@ -23,7 +23,7 @@ from enum import StrEnum
 from privlearn import _validation as _v
 from privlearn.accounting import Sampling, available_accountants, get_accountant
 from privlearn.correlated.sampling import SAMPLINGS
-from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.correlated.strategies import ToeplitzStrategy, check_stable
 from privlearn.errors import ConfigurationError, ParameterValueError
 from privlearn.torch.schedule import independent, sized_by, whole_run
 
@@ -353,6 +353,8 @@ class DPConfig:
             raise _v.ParameterTypeError(
                 f"noise must be one of {tuple(map(str, Noise))} or a privlearn.correlated "
                 f"strategy (e.g. BandedToeplitz(...)), got {self.noise!r}")
+        else:
+            check_stable(self.noise.recurrence())  # a C^{-1} that overflows: refused here
         for name in ("bands", "buffers", "cycle_length"):
             if getattr(self, name) is not None:
                 put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
