@@ -136,6 +136,40 @@ def test_resume_refuses_a_run_whose_strategy_differs(noise, extra):
         q.load_state_dict(state)
     assert q.accountant.steps == 0 and q.optimizer.correlated.steps == 0
 
+
+def _logical_noises(steps, **kw):
+    """The noise of each logical step (p.grad after the step that took it), with the loop
+    stepping every physical chunk."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = _Frozenish()
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                         max_grad_norm=1.0, sampling="cyclic_poisson", cycle_length=3,
+                         epochs=2, noise="banded", bands=3, **kw)
+        out = []
+        while len(out) < steps:
+            for x, y in p.data_loader:
+                taken = p.accountant.steps
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                p.optimizer.step()
+                if p.accountant.steps > taken:
+                    out.append(torch.cat([v.grad.reshape(-1) for v in model.parameters()]))
+                if len(out) == steps:
+                    break
+        return torch.stack(out).numpy(), p
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_virtual_batches_advance_the_correlated_noise_once_per_logical_step():
+    whole, _ = _logical_noises(6)
+    chunked, p = _logical_noises(6, max_physical_batch_size=2)
+    assert p.optimizer.correlated.steps == p.accountant.steps == 6
+    np.testing.assert_array_equal(chunked, whole)
+
 def _batches(p, steps):
     out = []
     while len(out) < steps:
