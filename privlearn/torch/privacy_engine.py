@@ -282,9 +282,7 @@ class PrivateTraining:
                              "privacy history does not describe this run: "
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments"
-                             + (" (the correlated-noise strategy is optimised for the "
-                                "planned steps: pass the same epochs or steps)"
-                                if theirs.get("strategy") != mine.get("strategy") else ""))
+                             + _strategy_hint(theirs, mine))
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.optimizer.max_grad_norm = state["max_grad_norm"]
@@ -295,6 +293,17 @@ class PrivateTraining:
         self.optimizer.noise.load_state_dict(state["noise"])
         if self.optimizer.correlated is not None:
             self.optimizer.correlated.load_state_dict(state["correlated"])
+
+
+def _strategy_hint(saved: dict, here: dict) -> str:
+    """What to do when a checkpoint's correlated-noise strategy is not this run's."""
+    if saved.get("strategy") == here.get("strategy"):
+        return ""
+    if "strategy" not in saved and here.get("strategy") is not None:
+        return (" (the checkpoint does not record its correlated-noise strategy, so "
+                "continuing its noise state cannot be checked against this run's)")
+    return (" (the correlated-noise strategy is optimised for the planned steps: pass the "
+            "same epochs or steps)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -132,9 +132,18 @@ def test_resume_refuses_a_run_whose_strategy_differs(noise, extra):
                      max_grad_norm=1.0, sampling="shuffled_epochs", epochs=3, noise=noise,
                      **extra)
     assert q.plan.run.strategy != p.plan.run.strategy
-    with pytest.raises(ConfigurationError, match="strategy"):
+    with pytest.raises(ConfigurationError, match="optimised for the planned steps"):
         q.load_state_dict(state)
     assert q.accountant.steps == 0 and q.optimizer.correlated.steps == 0
+    # a checkpoint that does not say its strategy cannot be checked: refused as well
+    del state["mechanism"]["strategy"]
+    model = _Frozenish()
+    same = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                        DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                        max_grad_norm=1.0, sampling="shuffled_epochs", epochs=2, noise=noise,
+                        **extra)
+    with pytest.raises(ConfigurationError, match="does not record"):
+        same.load_state_dict(state)
 
 
 def _logical_noises(steps, **kw):
