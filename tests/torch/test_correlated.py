@@ -479,3 +479,21 @@ def test_a_layer_unfrozen_and_frozen_mid_run_with_correlated_noise():
                                    atol=1e-9)
         assert all(name not in w[t] for t in (0, 1, 2, 8, 9))
     assert p.accountant.steps == n and math.isfinite(p.epsilon(1e-5))
+
+
+def test_the_noise_state_loads_only_into_the_same_recurrence():
+    from privlearn.errors import ParameterValueError
+    from privlearn.torch.correlated_noise import CorrelatedNoise
+
+    gen = CorrelatedNoise(BandedToeplitz((1.0, 0.5, 0.25)).recurrence())
+    for _ in range(3):
+        gen.apply_(torch.randn(5, dtype=torch.float64))
+    state = gen.state_dict()
+    same = CorrelatedNoise(BandedToeplitz((1.0, 0.5, 0.25)).recurrence())
+    same.load_state_dict(state)
+    z = torch.randn(5, dtype=torch.float64)
+    assert torch.equal(same.apply_(z.clone()), gen.apply_(z.clone()))
+    for other in (BandedToeplitz((1.0, 0.5, 0.3)), BandedToeplitz((1.0, 0.5)),
+                  BufferedToeplitz((0.9, 0.5), (0.2, 0.1))):
+        with pytest.raises(ParameterValueError, match="same strategy"):
+            CorrelatedNoise(other.recurrence()).load_state_dict(state)
