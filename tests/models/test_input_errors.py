@@ -99,3 +99,17 @@ def test_non_finite_data_spends_nothing(tmp_path):
     with pytest.raises(NonFiniteInputError):
         SSPRegressor(epsilon=0.5, random_state=0, ledger=ledger.budget("d")).fit(X, y)
     assert ledger.spent("d").epsilon_spent == 0.0
+
+
+def test_pipeline_refuses_a_non_finite_y_before_any_step_releases(tmp_path):
+    ledger = Ledger(tmp_path / "l.json", create=True)
+    ledger.create_budget("d", epsilon=2.0, delta=1e-5)
+    scaler = PrivateStandardScaler(feature_range=(-1, 1), random_state=0,
+                                   ledger=ledger.budget("d"))
+    pipe = PrivatePipeline([("scale", scaler), ("ssp", SSPRegressor(random_state=0))])
+    X, y = _data()
+    y[5] = np.nan
+    with pytest.raises(NonFiniteInputError, match="y contains"):
+        pipe.fit(X, y)
+    assert ledger.spent("d").epsilon_spent == 0.0
+    assert not hasattr(scaler, "mean_")
