@@ -186,7 +186,10 @@ class Unchecked(Constraint):
 
 #: Constraints shared by most estimators.
 EPSILON = Real(0, None, low_open=True,
-               hint="it is the privacy budget, typically between 0.1 and 10")
+               hint="it is the privacy budget, typically between 0.1 and 10 (epsilon=inf "
+                    "would be a non-private fit, which no accountant covers: for a "
+                    "non-private baseline fit the scikit-learn estimator instead, e.g. "
+                    "sklearn.linear_model.LinearRegression)")
 ACCOUNTANT = Unchecked("an accountant name, checked by the accounting registry")
 RANDOM_STATE = Seed()
 LEDGER = Unchecked("a budget handle, checked by the ledger layer")
