@@ -8,38 +8,28 @@ import pytest
 import scipy.sparse as sp
 from estimators import assert_covers
 
+import privlearn.models as M
 from privlearn.errors import NonFiniteInputError, ParameterTypeError, ParameterValueError
 from privlearn.ledger import Ledger
-from privlearn.models import (
-    AdaSSPRegressor,
-    DPSGDClassifier,
-    DPSGDRegressor,
-    NoisyGDRegressor,
-    PrivateKNN,
-    PrivatePipeline,
-    PrivateSearchCV,
-    PrivateStandardScaler,
-    SSPRegressor,
-)
 
 pytestmark = pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
 
 #: one configured instance of each estimator that is fitted on (X, y); PATE has no fit
 CASES = {
-    "SSPRegressor": lambda: SSPRegressor(random_state=0),
-    "AdaSSPRegressor": lambda: AdaSSPRegressor(random_state=0),
-    "NoisyGDRegressor": lambda: NoisyGDRegressor(noise_multiplier=None, n_iter=5,
+    "SSPRegressor": lambda: M.SSPRegressor(random_state=0),
+    "AdaSSPRegressor": lambda: M.AdaSSPRegressor(random_state=0),
+    "NoisyGDRegressor": lambda: M.NoisyGDRegressor(noise_multiplier=None, n_iter=5,
                                                  random_state=0),
-    "DPSGDClassifier": lambda: DPSGDClassifier(n_iter=5, classes=[0, 1], random_state=0),
-    "DPSGDRegressor": lambda: DPSGDRegressor(n_iter=5, random_state=0),
-    "PrivateStandardScaler": lambda: PrivateStandardScaler(feature_range=(-1, 1),
-                                                           random_state=0),
-    "PrivateKNN": lambda: PrivateKNN(n_neighbors=3, classes=[0, 1], random_state=0),
-    "PrivateSearchCV": lambda: PrivateSearchCV(SSPRegressor(), {"epsilon": [0.5, 1.0]},
-                                               loss_bound=4.0, random_state=0),
-    "PrivatePipeline": lambda: PrivatePipeline(
-        [("scale", PrivateStandardScaler(feature_range=(-1, 1), random_state=0)),
-         ("ssp", SSPRegressor(random_state=0))]),
+    "DPSGDClassifier": lambda: M.DPSGDClassifier(n_iter=5, classes=[0, 1], random_state=0),
+    "DPSGDRegressor": lambda: M.DPSGDRegressor(n_iter=5, random_state=0),
+    "PrivateStandardScaler": lambda: M.PrivateStandardScaler(feature_range=(-1, 1),
+                                                             random_state=0),
+    "PrivateKNN": lambda: M.PrivateKNN(n_neighbors=3, classes=[0, 1], random_state=0),
+    "PrivateSearchCV": lambda: M.PrivateSearchCV(M.SSPRegressor(), {"epsilon": [0.5, 1.0]},
+                                                 loss_bound=4.0, random_state=0),
+    "PrivatePipeline": lambda: M.PrivatePipeline(
+        [("scale", M.PrivateStandardScaler(feature_range=(-1, 1), random_state=0)),
+         ("ssp", M.SSPRegressor(random_state=0))]),
 }
 
 
@@ -75,7 +65,7 @@ def test_non_finite_input_is_a_typed_error_with_private_advice(name, where, bad)
 
 def test_non_finite_predict_input_is_typed():
     X, y = _data()
-    m = SSPRegressor(random_state=0).fit(X, y)
+    m = M.SSPRegressor(random_state=0).fit(X, y)
     X[0, 0] = np.nan
     with pytest.raises(NonFiniteInputError, match="X contains NaN"):
         m.predict(X)
@@ -97,16 +87,16 @@ def test_non_finite_data_spends_nothing(tmp_path):
     X, y = _data()
     X[0, 0] = np.nan
     with pytest.raises(NonFiniteInputError):
-        SSPRegressor(epsilon=0.5, random_state=0, ledger=ledger.budget("d")).fit(X, y)
+        M.SSPRegressor(epsilon=0.5, random_state=0, ledger=ledger.budget("d")).fit(X, y)
     assert ledger.spent("d").epsilon_spent == 0.0
 
 
 def test_pipeline_refuses_a_non_finite_y_before_any_step_releases(tmp_path):
     ledger = Ledger(tmp_path / "l.json", create=True)
     ledger.create_budget("d", epsilon=2.0, delta=1e-5)
-    scaler = PrivateStandardScaler(feature_range=(-1, 1), random_state=0,
+    scaler = M.PrivateStandardScaler(feature_range=(-1, 1), random_state=0,
                                    ledger=ledger.budget("d"))
-    pipe = PrivatePipeline([("scale", scaler), ("ssp", SSPRegressor(random_state=0))])
+    pipe = M.PrivatePipeline([("scale", scaler), ("ssp", M.SSPRegressor(random_state=0))])
     X, y = _data()
     y[5] = np.nan
     with pytest.raises(NonFiniteInputError, match="y contains"):
