@@ -103,3 +103,30 @@ def test_pipeline_refuses_a_non_finite_y_before_any_step_releases(tmp_path):
         pipe.fit(X, y)
     assert ledger.spent("d").epsilon_spent == 0.0
     assert not hasattr(scaler, "mean_")
+
+
+@pytest.mark.parametrize("make, attr", [
+    (lambda: M.SSPRegressor(x_bound=2.0, y_bound=(-3.0, 3.0), random_state=1), "coef_"),
+    (lambda: M.AdaSSPRegressor(x_bound=2.0, y_bound=3.0, fit_intercept=False,
+                               random_state=1), "coef_"),
+    (lambda: M.NoisyGDRegressor(x_bound=2.0, y_bound=3.0, noise_multiplier=None, n_iter=20,
+                                random_state=1), "coef_"),
+    (lambda: M.PrivateStandardScaler(feature_range=(-2.0, 2.0), quantile=None,
+                                     random_state=1), "scale_"),
+    (lambda: M.PrivateStandardScaler(feature_range=(-2.0, 2.0), random_state=1), "scale_"),
+], ids=["SSP", "AdaSSP", "NoisyGD", "scaler-public-bounds", "scaler-private-bounds"])
+def test_a_record_outside_the_bounds_releases_what_its_clipped_copy_does(make, attr):
+    """Data outside the declared bounds is clipped before anything is computed: with the
+    same noise, a far outlier gives the release of the record at the bound (naive ground
+    truth: the clipped dataset)."""
+    X, y = _data(200)
+    X_out, y_out = X.copy(), y.copy()
+    X_out[0], y_out[0] = [1e9, 0.0, 0.0], 1e9
+    X_clip, y_clip = X.copy(), y.copy()
+    X_clip[0] = [2.0, 0.0, 0.0]
+    y_clip[0] = 3.0
+    if "Scaler" in type(make()).__name__:
+        X_out[0], X_clip[0] = [1e9, -1e9, 0.0], [2.0, -2.0, 0.0]
+    a = getattr(make().fit(X_out, y_out), attr)
+    b = getattr(make().fit(X_clip, y_clip), attr)
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
