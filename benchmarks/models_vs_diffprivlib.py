@@ -252,52 +252,53 @@ def _table(res: dict, reference: str, metric: str, lower_is_better: bool) -> lis
 
 
 def render(lin: dict, log: dict, sc: dict, seeds: int, seconds: float) -> str:
-    out = [SECTION, "",
-           f"Command: `python benchmarks/models_vs_diffprivlib.py --seeds {seeds} --out "
-           f"docs/benchmarks.md` (run {time.strftime('%Y-%m-%d')}, Python "
-           f"{platform.python_version()}, {platform.machine()}, shared 2-core machine, "
-           f"{seconds:.0f} s). Same data, public bounds, split and seeds "
-           f"(0..{seeds - 1}) for both libraries; one fit per method, epsilon and seed. "
-           "diffprivlib's models are pure epsilon-DP (delta = 0), so at equal (epsilon, "
-           "delta = 1e-6) their guarantee is the stronger one; the DP-SGD Laplace rows "
-           "are pure DP too. The module docstring of the script gives every setting.", "",
-           f"Linear regression, California housing (bounded preprocessing, "
-           f"{lin['n_train']} training rows, 80/20 split), test MSE; non-private "
-           f"{lin['nonprivate']:.4f}, predicting the training mean {lin['trivial']:.4f}.",
-           ""]
-    out += _table(lin, "diffprivlib LinearRegression", "test MSE", True)
-    out += _times(lin, seeds)
-    out += ["", "diffprivlib's functional mechanism solves the noisy normal equations "
-                "without regularisation; this design matrix is ill-conditioned (rows of "
-                f"norm 1, smallest eigenvalue of X^T X {lin['lambda_min']:.2f}), so its noisy "
-                "quadratic is "
-                "often indefinite and the fit explodes at every epsilon shown. Its set-up is "
-                f"right: at epsilon = 1e4 its median test MSE is {lin['sanity']:.4f}. "
-                "AdaSSP's adaptive eigenvalue floor and SSP's PSD projection are what keep "
-                "privlearn's fits near the non-private error."]
-    out += ["", f"Logistic regression, Adult's five numeric columns ({log['n_train']} "
-                f"training rows), test accuracy; non-private {log['nonprivate']:.4f}, "
-                f"majority class {log['trivial']:.4f}.", ""]
-    out += _table(log, "diffprivlib LogisticRegression", "test accuracy", False)
-    out += _times(log, seeds)
-    out += ["", "Five features and 30,000 rows: the problem saturates early (most rows "
-                "are within 2% of the non-private accuracy), so these ratios say little "
-                "beyond parity; DP-SGD's 1,000 full-batch steps cost far more time than "
-                "diffprivlib's one perturbed lbfgs solve."]
-    out += ["", f"Standard scaling, Adult's five numeric columns ({sc['n_train']} rows), "
-                "error = mean relative error of the means + mean relative error of the "
-                "scales (both relative to the non-private standard deviation).", ""]
-    out += _table(sc, "diffprivlib StandardScaler", "error", True)
-    out += _times(sc, seeds)
-    out += ["", "The default's error does not fall with epsilon: its private 1%/99% "
-                "quantile bounds clip the long right tails of capital-gain and capital-loss "
-                f"(zero for {sc['zeros'][0]:.0%} and {sc['zeros'][1]:.0%} of the records), "
-                "which biases their scales (capital-gain's by "
-                f"{sc['gain_bias']:.0%} at epsilon = {EPSILONS[-1]:g}, median). With the public "
-                "ranges as bounds "
-                "(quantile=None) nothing is clipped and the error is below diffprivlib's "
-                "(privlearn releases the three sums with one Gaussian mechanism, diffprivlib "
-                "splits its budget between a pure-DP mean and a pure-DP variance)."]
+    head = (f"Command: `python benchmarks/models_vs_diffprivlib.py --seeds {seeds} --out "
+            f"docs/benchmarks.md` (run {time.strftime('%Y-%m-%d')}, Python "
+            f"{platform.python_version()}, {platform.machine()}, shared 2-core machine, "
+            f"{seconds:.0f} s). Same data, public bounds, split and seeds "
+            f"(0..{seeds - 1}) for both libraries; one fit per method, epsilon and seed. "
+            "diffprivlib's models are pure epsilon-DP (delta = 0), so at equal (epsilon, "
+            "delta = 1e-6) their guarantee is the stronger one; the DP-SGD Laplace rows "
+            "are pure DP too. The module docstring of the script gives every setting.")
+    parts = [
+        (lin, "diffprivlib LinearRegression", "test MSE", True,
+         f"Linear regression, California housing (bounded preprocessing, {lin['n_train']} "
+         f"training rows, 80/20 split), test MSE; non-private {lin['nonprivate']:.4f}, "
+         f"predicting the training mean {lin['trivial']:.4f}.",
+         "diffprivlib's functional mechanism solves the noisy normal equations without "
+         "regularisation; this design matrix is ill-conditioned (rows of norm 1, smallest "
+         f"eigenvalue of X^T X {lin['lambda_min']:.2f}), so its noisy quadratic is often "
+         "indefinite and the fit explodes at every epsilon shown. Its set-up is right: at "
+         f"epsilon = 1e4 its median test MSE is {lin['sanity']:.4f}. AdaSSP's adaptive "
+         "eigenvalue floor and SSP's PSD projection are what keep privlearn's fits near "
+         "the non-private error."),
+        (log, "diffprivlib LogisticRegression", "test accuracy", False,
+         f"Logistic regression, Adult's five numeric columns ({log['n_train']} training "
+         f"rows), test accuracy; non-private {log['nonprivate']:.4f}, majority class "
+         f"{log['trivial']:.4f}.",
+         "Five features and 30,000 rows: the problem saturates early (most rows are within "
+         "2% of the non-private accuracy), so these ratios say little beyond parity; "
+         "DP-SGD's 1,000 full-batch steps cost far more time than diffprivlib's one "
+         "perturbed lbfgs solve."),
+        (sc, "diffprivlib StandardScaler", "error", True,
+         f"Standard scaling, Adult's five numeric columns ({sc['n_train']} rows), error = "
+         "mean relative error of the means + mean relative error of the scales (both "
+         "relative to the non-private standard deviation).",
+         "The default's error does not fall with epsilon: its private 1%/99% quantile "
+         "bounds clip the long right tails of capital-gain and capital-loss (zero for "
+         f"{sc['zeros'][0]:.0%} and {sc['zeros'][1]:.0%} of the records), which biases "
+         f"their scales (capital-gain's by {sc['gain_bias']:.0%} at epsilon = "
+         f"{EPSILONS[-1]:g}, median). With the public ranges as bounds (quantile=None) "
+         "nothing is clipped and the error is below diffprivlib's (privlearn releases the "
+         "three sums with one Gaussian mechanism, diffprivlib splits its budget between a "
+         "pure-DP mean and a pure-DP variance)."),
+    ]
+    out = [SECTION, "", head]
+    for res, reference, metric, lower_is_better, intro, notes in parts:
+        out += ["", intro, ""]
+        out += _table(res, reference, metric, lower_is_better)
+        out += _times(res, seeds)
+        out += ["", notes]
     return "\n".join(out) + "\n"
 
 
@@ -308,7 +309,7 @@ def _replace_section(path: Path, text: str) -> None:
         doc = pattern.sub(lambda _: text + "\n", doc, count=1)
     else:
         doc = doc.rstrip("\n") + "\n\n" + text
-    path.write_text(doc)
+    path.write_text(doc.rstrip("\n") + "\n")
 
 
 def main(argv=None) -> None:
