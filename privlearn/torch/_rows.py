@@ -160,7 +160,21 @@ def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if a.dim() == 2:
             return torch.mm(a, b, out_dtype=torch.float32)
         return torch.bmm(a, b, out_dtype=torch.float32)
+    return _emulated_mm32(a, b)
+
+
+def _emulated_mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """:func:`mm32` off CUDA: both operands widened to float32, then one matmul (two
+    casts and a product where CUDA dispatches one ``mm``/``bmm`` with ``out_dtype``; the
+    only place the CPU emulates that product, so that a count of what the CUDA branch
+    dispatches can stand in for it here)."""
     return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
+
+
+def _emulated_addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """:func:`addmm32_` into a float32 ``o`` off CUDA: ``o += a @ b`` formed by
+    :func:`_emulated_mm32` (where CUDA dispatches one ``addmm`` with ``out_dtype``)."""
+    o.add_(_emulated_mm32(a, b))
 
 
 _ADDMM_OUT: bool | None = None
@@ -187,10 +201,12 @@ def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """``o += a @ b`` for half-precision ``a`` and ``b``, accumulated in float32: one
     ``addmm`` into a float32 ``o`` on CUDA where :func:`_addmm_out_dtype`, else
     :func:`mm32` and an addition (the float32 product rounded once to ``o``'s dtype)."""
-    if o.dtype == torch.float32 and o.device.type == "cuda" and _addmm_out_dtype():
+    if o.dtype != torch.float32 or (o.device.type == "cuda" and not _addmm_out_dtype()):
+        o.add_(mm32(a, b))
+    elif o.device.type == "cuda":
         torch.addmm(o, a, b, out_dtype=torch.float32, out=o)
     else:
-        o.add_(mm32(a, b))
+        _emulated_addmm32_(o, a, b)
 
 
 def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
