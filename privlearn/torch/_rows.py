@@ -236,9 +236,22 @@ def token_scaled(x: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
     ``T`` (one multiplication a layer, on the form its matmul reads). In the wider of
     the two dtypes: half-precision rows and float32 factors give the float32 products
     of the exact float32 values (no cast of the rows first)."""
-    f = _ROW_VIEWS.get(c, ("rows of", t),
-                       lambda: c.unsqueeze(1).repeat(1, t).view(-1, 1))
-    y = x * f
+    y = x * _token_factors(c, t)
+    return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
+
+
+def _token_factors(c: torch.Tensor, t: int) -> torch.Tensor:
+    """The factors repeated per row, ``(B T, 1)``, once per weight vector and ``T``."""
+    return _ROW_VIEWS.get(c, ("rows of", t), lambda: c.unsqueeze(1).repeat(1, t).view(-1, 1))
+
+
+def token_scaled_t(xt: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
+    """:func:`token_scaled` of the transpose: ``xt`` ``(n, B T)`` (the transposed view of
+    a ``(B T, n)`` tensor) with its columns weighted, in the transposed view's layout:
+    the same values and memory as ``token_scaled(xt.t(), c, t).t()``, without the
+    transposing view."""
+    f = _ROW_VIEWS.get(c, ("columns of", t), lambda: _token_factors(c, t).view(1, -1))
+    y = xt * f
     return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
 
 

@@ -1,0 +1,84 @@
+"""The clipped sum of many small layers added into the gradient buffers at once.
+
+A layer whose per-example gradients are held (``Contribution.mv_rows``) adds
+``sum_i c_i g_i`` to its buffer by one matrix-vector product per parameter. Into a
+buffer narrower than the gradients (a bfloat16 buffer, float32 per-example gradients)
+that product is formed in the gradients' dtype and then added (rounded once): two
+operations per parameter, for every LayerNorm of a model. Here the rows of all such
+parameters (up to :data:`GROUP_BYTES` of them) are put side by side and multiplied by the
+weights in one product, whose pieces are then added to the buffers: the same terms
+summed in the same order into each entry, the same single rounding into the buffer, with
+a few operations (one concatenation, one product, one split) instead of one product per
+parameter. Parameters with more than one contribution in the sum (tied weights) keep
+their own order of additions and are left to ``Contribution.accumulate_into``.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from privlearn.torch._rows import _ROWS_FINITE, _add_mv, _finite, _flat
+
+#: Bytes of per-example gradients concatenated at once (a copy alive during the product).
+GROUP_BYTES = 4 * 2**20
+
+#: Fewest parameters worth concatenating (three operations replace one per parameter).
+_MIN_GROUP = 4
+
+
+def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
+    """``out[id(p)] += sum_i c_i grad_i`` for every parameter of ``contribs`` (see the
+    module docstring), in place."""
+    uses = collections.Counter(id(p) for k in contribs for p in k.params)
+    groups: dict = {}
+    for k in contribs:
+        outs = [out[id(p)] for p in k.params]
+        rows = None
+        get = getattr(k, "mv_rows", None)
+        if get is not None and all(uses[id(p)] == 1 for p in k.params):
+            rows = get()
+        if rows is None or not all(_narrower(o, r) for o, r in zip(outs, rows, strict=True)):
+            k.accumulate_into(c, outs)
+            continue
+        for o, r in zip(outs, rows, strict=True):
+            nbytes = r.numel() * r.dtype.itemsize
+            if nbytes > GROUP_BYTES:
+                _add_one(o, r, c)
+                continue
+            key = (r.device, r.dtype)
+            g = groups.get(key)
+            if g is None or g[0] + nbytes > GROUP_BYTES:
+                if g is not None:
+                    _add_group(g[1], c)
+                g = groups[key] = [0, []]
+            g[0] += nbytes
+            g[1].append((o, r))
+    for g in groups.values():
+        _add_group(g[1], c)
+
+
+def _narrower(o: torch.Tensor, rows: torch.Tensor) -> bool:
+    """Whether the product is formed in the rows' dtype and then added to ``o``."""
+    return rows.dim() == 2 and rows.dtype.itemsize > o.dtype.itemsize
+
+
+def _add_one(o: torch.Tensor, rows: torch.Tensor, c: torch.Tensor) -> None:
+    _add_mv(o, _finite(rows.t()), c)
+
+
+def _add_group(members: list, c: torch.Tensor) -> None:
+    """The members' products in one matrix-vector product, each piece added to its
+    buffer (see the module docstring)."""
+    if len(members) < _MIN_GROUP:
+        for o, r in members:
+            _add_one(o, r, c)
+        return
+    rows = torch.cat([r for _, r in members], 1)  # (B, sum n): columns as each one's
+    if not _ROWS_FINITE.get():
+        rows.nan_to_num_(0.0, 0.0, 0.0)
+    w = c if c.dtype == rows.dtype else c.to(rows.dtype)
+    pieces = torch.mv(rows.t(), w).split([r.shape[1] for _, r in members])
+    for (o, _), piece in zip(members, pieces, strict=True):
+        _flat(o).add_(piece)
