@@ -19,7 +19,7 @@ import collections
 
 import torch
 
-from privlearn.torch._rows import _ROWS_FINITE, _add_mv, _finite, _flat
+from privlearn.torch._rows import _DEFER, _ROWS_FINITE, _add_mv, _finite, _flat
 
 #: Bytes of per-example gradients concatenated at once (a copy alive during the product).
 GROUP_BYTES = 4 * 2**20
@@ -32,29 +32,38 @@ def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
     """``out[id(p)] += sum_i c_i grad_i`` for every parameter of ``contribs`` (see the
     module docstring), in place."""
     uses = collections.Counter(id(p) for k in contribs for p in k.params)
+    sole = {id(out[k]) for k, n in uses.items() if n == 1}
     groups: dict = {}
-    for k in contribs:
-        outs = [out[id(p)] for p in k.params]
-        rows = None
-        get = getattr(k, "mv_rows", None)
-        if get is not None and all(uses[id(p)] == 1 for p in k.params):
-            rows = get()
-        if rows is None or not all(_narrower(o, r) for o, r in zip(outs, rows, strict=True)):
-            k.accumulate_into(c, outs)
-            continue
-        for o, r in zip(outs, rows, strict=True):
-            nbytes = r.numel() * r.dtype.itemsize
-            if nbytes > GROUP_BYTES:
-                _add_one(o, r, c)
+
+    def take(o: torch.Tensor, r: torch.Tensor) -> bool:
+        """Add ``o += r.T @ c`` to a group (True) unless it is left to the caller."""
+        nbytes = r.numel() * r.dtype.itemsize
+        if id(o) not in sole or not _narrower(o, r) or nbytes > GROUP_BYTES:
+            return False
+        key = (r.device, r.dtype)
+        g = groups.get(key)
+        if g is None or g[0] + nbytes > GROUP_BYTES:
+            if g is not None:
+                _add_group(g[1], c)
+            g = groups[key] = [0, []]
+        g[0] += nbytes
+        g[1].append((o, r))
+        return True
+
+    token = _DEFER.set(take)
+    try:
+        for k in contribs:
+            outs = [out[id(p)] for p in k.params]
+            get = getattr(k, "mv_rows", None)
+            rows = get() if get is not None and all(id(o) in sole for o in outs) else None
+            if rows is None or not all(_narrower(o, r) for o, r in zip(outs, rows, strict=True)):
+                k.accumulate_into(c, outs)  # its products may still join a group (take)
                 continue
-            key = (r.device, r.dtype)
-            g = groups.get(key)
-            if g is None or g[0] + nbytes > GROUP_BYTES:
-                if g is not None:
-                    _add_group(g[1], c)
-                g = groups[key] = [0, []]
-            g[0] += nbytes
-            g[1].append((o, r))
+            for o, r in zip(outs, rows, strict=True):
+                if not take(o, r):
+                    _add_one(o, r, c)
+    finally:
+        _DEFER.reset(token)
     for g in groups.values():
         _add_group(g[1], c)
 

@@ -122,6 +122,21 @@ def _addmv_cols(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
     _add_mv(o, _finite(cols), c)
 
 
+#: While the clipped sum groups the products of held per-example gradients
+#: (:mod:`privlearn.torch._grouped`): a function taking ``(o, rows)`` that returns True when
+#: it takes over ``o += rows.T @ c``
+_DEFER: contextvars.ContextVar = contextvars.ContextVar("privlearn_defer_mv", default=None)
+
+
+def _addmv_rows_cols(o: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                     c: torch.Tensor) -> None:
+    """:func:`_addmv_cols` of ``cols`` (``rows.t()``, kept), or handed to the grouped
+    product of the clipped sum being formed (:data:`_DEFER`)."""
+    take = _DEFER.get()
+    if take is None or not take(o, rows):
+        _addmv_cols(o, cols, c)
+
+
 def _add_mv(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
     """``o += cols @ c`` in place, in the wider of the dtypes of ``o`` and ``cols``: one
     ``addmv_`` when ``o`` is at least as wide (narrower columns are widened first),

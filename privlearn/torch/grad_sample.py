@@ -59,6 +59,7 @@ from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _add_mv,
     _addmv_cols,
     _addmv_rows,
+    _addmv_rows_cols,
     _finite,
     _out_dtype_matmul,
     _shaped,
@@ -674,7 +675,7 @@ class OuterProduct(Contribution):
         if self.bias is None:
             return
         if gs is None and gst is None:
-            _addmv_cols(outs[1], self._bias_cols(), c0)
+            _addmv_rows_cols(outs[1], self._bias_ps(), self._bias_cols(), c0)
         else:  # same summation as autograd's Linear
             k = 0 if gst is None else 1
             gs = gs if gst is None else gst
