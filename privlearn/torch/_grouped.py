@@ -6,7 +6,8 @@ buffer narrower than the gradients (a bfloat16 buffer, float32 per-example gradi
 that product is formed in the gradients' dtype and then added (rounded once): two
 operations per parameter, for every LayerNorm of a model. Here the rows of all such
 parameters (up to :data:`GROUP_BYTES` of them) are put side by side and multiplied by the
-weights in one product, whose pieces are then added to the buffers: the same terms
+weights in one product, whose pieces are then added to the buffers (one addition for
+the parameters adjacent in a flat buffer, in its order): the same terms
 summed in the same order into each entry, the same single rounding into the buffer, with
 a few operations (one concatenation, one product, one split) instead of one product per
 parameter. Parameters with more than one contribution in the sum (tied weights) keep
@@ -84,10 +85,49 @@ def _add_group(members: list, c: torch.Tensor) -> None:
         for o, r in members:
             _add_one(o, r, c)
         return
+    members = sorted(members, key=_place)
     rows = torch.cat([r for _, r in members], 1)  # (B, sum n): columns as each one's
     if not _ROWS_FINITE.get():
         rows.nan_to_num_(0.0, 0.0, 0.0)
     w = c if c.dtype == rows.dtype else c.to(rows.dtype)
-    pieces = torch.mv(rows.t(), w).split([r.shape[1] for _, r in members])
-    for (o, _), piece in zip(members, pieces, strict=True):
-        _flat(o).add_(piece)
+    runs = _runs(members)
+    sums = torch.mv(rows.t(), w)
+    pieces = [sums] if len(runs) == 1 else sums.split([n for _, n in runs])
+    for (target, _), piece in zip(runs, pieces, strict=True):
+        target.add_(piece)
+
+
+def _place(member) -> tuple:
+    """``(buffer, offset)`` of a member's buffer view within the flat buffer it views
+    (its own identity when it views none)."""
+    o = member[0]
+    base = o._base
+    if base is None or base.dim() != 1 or not o.is_contiguous():
+        return (id(o), 0)
+    return (id(base), o.storage_offset() - base.storage_offset())
+
+
+def _runs(members: list) -> list[tuple[torch.Tensor, int]]:
+    """The members (sorted by :func:`_place`) as runs of adjacent pieces of one flat
+    buffer: ``(piece of the buffer, elements)``, one addition each."""
+    runs = []
+    start = None  # (buffer, offset, count, first view) of the open run
+    for o, r in members:
+        key, off = _place((o, r))
+        n = r.shape[1]
+        if start is not None and start[0] == key and start[1] + start[2] == off:
+            start[2] += n
+            continue
+        if start is not None:
+            runs.append(_piece(*start))
+        start = [key, off, n, o]
+    runs.append(_piece(*start))
+    return runs
+
+
+def _piece(key, off: int, n: int, o: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The run's piece of the flat buffer (the first view's own flat form when it is
+    the only one)."""
+    if o.numel() == n:
+        return _flat(o), n
+    return o._base[off:off + n], n
