@@ -10,6 +10,9 @@ gradient buffers bfloat16, the clipped sums formed in float32), and in float32 w
 norms in every layer (as layers of realistic width choose). The plain step is torch's default
 ``SGD`` (the optimizer the private step wraps and also runs), after a backward pass under
 the same autocast.
+With bfloat16 parameters the step is also counted on the path CUDA takes (half-precision
+operands kept, each float32-accumulated product counted as the one operation CUDA
+dispatches for it, see ``cuda_dispatch.py``) and with secure-mode noise.
 The operations of the private backward pass (the tracker's hooks compute the per-example
 norms there) are counted too and reported, not bounded.
 """
