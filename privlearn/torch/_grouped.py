@@ -36,17 +36,18 @@ def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
     sole = {id(out[k]) for k, n in uses.items() if n == 1}
     groups: dict = {}
 
-    def take(o: torch.Tensor, r: torch.Tensor) -> bool:
-        """Add ``o += r.T @ c`` to a group (True) unless it is left to the caller."""
+    def take(o: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> bool:
+        """Add ``o += r.T @ w`` to a group (True) unless it is left to the caller (the
+        weights ``w``: ``c``, or what a wrapping rule made of them, e.g. per row)."""
         nbytes = r.numel() * r.dtype.itemsize
         if id(o) not in sole or not _narrower(o, r) or nbytes > GROUP_BYTES:
             return False
-        key = (r.device, r.dtype)
+        key = (r.device, r.dtype, id(w))
         g = groups.get(key)
         if g is None or g[0] + nbytes > GROUP_BYTES:
             if g is not None:
-                _add_group(g[1], c)
-            g = groups[key] = [0, []]
+                _add_group(g[1], g[2])
+            g = groups[key] = [0, [], w]
         g[0] += nbytes
         g[1].append((o, r))
         return True
@@ -61,12 +62,12 @@ def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
                 k.accumulate_into(c, outs)  # its products may still join a group (take)
                 continue
             for o, r in zip(outs, rows, strict=True):
-                if not take(o, r):
+                if not take(o, r, c):
                     _add_one(o, r, c)
     finally:
         _DEFER.reset(token)
     for g in groups.values():
-        _add_group(g[1], c)
+        _add_group(g[1], g[2])
 
 
 def _narrower(o: torch.Tensor, rows: torch.Tensor) -> bool:

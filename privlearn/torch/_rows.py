@@ -123,8 +123,8 @@ def _addmv_cols(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
 
 
 #: While the clipped sum groups the products of held per-example gradients
-#: (:mod:`privlearn.torch._grouped`): a function taking ``(o, rows)`` that returns True when
-#: it takes over ``o += rows.T @ c``
+#: (:mod:`privlearn.torch._grouped`): a function taking ``(o, rows, c)`` that returns True
+#: when it takes over ``o += rows.T @ c``
 _DEFER: contextvars.ContextVar = contextvars.ContextVar("privlearn_defer_mv", default=None)
 
 
@@ -133,7 +133,7 @@ def _addmv_rows_cols(o: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
     """:func:`_addmv_cols` of ``cols`` (``rows.t()``, kept), or handed to the grouped
     product of the clipped sum being formed (:data:`_DEFER`)."""
     take = _DEFER.get()
-    if take is None or not take(o, rows):
+    if take is None or not take(o, rows, c):
         _addmv_cols(o, cols, c)
 
 

@@ -109,3 +109,39 @@ def test_tied_parameters_and_large_rows_keep_their_own_sums(monkeypatch, budget)
         accumulate_all(contribs, c, out)
     for p in params:
         assert torch.equal(out[id(p)], ref[id(p)])
+
+
+@pytest.mark.parametrize("low", [False, True], ids=["float32_products", "half_products"])
+def test_a_wrapped_rule_defers_its_products_with_its_own_weights(monkeypatch, low):
+    """Ghost layers whose bias sum is formed from held rows, wrapped per privacy unit
+    (their weights per row, made from the per-unit ones): grouped with those weights,
+    the buffers bit for bit what each rule's own ``accumulate_into`` gives."""
+    from privlearn.torch.grad_sample import OuterProduct
+    from privlearn.torch.units import Grouped, RowUnits
+
+    monkeypatch.setattr(gs, "LOW_PRECISION_MATMUL", "always" if low else "never")
+    g = torch.Generator().manual_seed(4)
+    units = RowUnits.from_sizes([2, 1, 3])
+    c = torch.rand(3, generator=g)
+    rules, flat = [], []
+    for _ in range(4):  # p > d: the bias sum comes from the held per-example rows
+        a = torch.randn(6, 1, 3, 2, generator=g).to(torch.bfloat16)
+        o = torch.randn(6, 1, 3, 5, generator=g).to(torch.bfloat16)
+        w = torch.nn.Parameter(torch.zeros(5, 2, dtype=torch.bfloat16))
+        b = torch.nn.Parameter(torch.zeros(5, dtype=torch.bfloat16))
+        rule = Grouped(OuterProduct(w, b, a, o, ghost=True), units)
+        rule.inner.sq_norms()
+        rules.append(rule)
+        flat += [w, b]
+    buf = torch.randn(sum(q.numel() for q in flat), generator=g).to(torch.bfloat16)
+    out, at = {}, 0
+    for q in flat:
+        out[id(q)] = buf[at:at + q.numel()].view(q.shape)
+        at += q.numel()
+    ref = {k: v.clone() for k, v in out.items()}
+    with gs.rows_finite(True):
+        for k in rules:
+            k.accumulate_into(c, [ref[id(q)] for q in k.params])
+        accumulate_all(rules, c, out)
+    for q in flat:
+        assert torch.equal(out[id(q)], ref[id(q)])
