@@ -227,8 +227,7 @@ class Contribution:
 
     def mv_rows(self) -> list[torch.Tensor] | None:
         """The per-example gradients as ``(B, n)`` rows aligned with ``params`` when
-        :meth:`accumulate_into` is one matrix-vector product of each (their transposes
-        by the weights, :func:`_addmv_cols`), else None (the default)."""
+        :meth:`accumulate_into` is one product of each by the weights, else None."""
         return None
 
     def param_sq_norms(self) -> list[torch.Tensor]:
@@ -282,10 +281,6 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     if any(d in _LOW for d in dts):
         return torch.float32
     return dts[0]
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
 
 
 def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -452,7 +447,7 @@ class OuterProduct(Contribution):
         p = g.shape[-1]
         self.dims = (b, G, t, d, p)
         if ghost is None:
-            ghost = use_ghost(b, G, t, d, p, _itemsize(dt))
+            ghost = use_ghost(b, G, t, d, p, dt.itemsize)
         self.ghost = ghost
         self._ps = None
         self._sq = None
@@ -462,13 +457,11 @@ class OuterProduct(Contribution):
         self._flat2 = None
         if ghost and G == 1 and a.is_contiguous() and g.is_contiguous():
             # the (B T, d) and (B T, p) forms the step's matmul reads, and the transpose
-            # of its left side (unscaled, or to be scaled: then scaled in that layout;
-            # views, made here rather than in the step)
+            # of its left side (scaled in that layout where scaled; views, made here)
             a2, g2 = a.view(b * t, d), g.view(b * t, p)
             lt = (a2 if p <= d else None) if transposed else (g2 if p > d else None)
             st = (a2 if p > d else None) if transposed else (g2 if p <= d else None)
-            self._flat2 = (a2, g2, None if lt is None else lt.t(),
-                           None if st is None else st.t())
+            self._flat2 = tuple([a2, g2] + [None if x is None else x.t() for x in (lt, st)])
         if not ghost:
             # per-example weight gradients via batched matmul, laid out as the parameter
             # ((B, G, p, d); transposed: (B, 1, d, p)); the inputs (e.g. conv patches) are
@@ -615,7 +608,7 @@ class OuterProduct(Contribution):
             if self.bias is not None:
                 _addmv_cols(outs[1], self._bias_cols(), c)
             return
-        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
+        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * self._dtype.itemsize))
         if self._flat2 is not None and k >= b:
             return self._accumulate_flat(c, outs)
         if self._ps is not None or G != 1 or self._low or o.dtype != self._dtype:
@@ -659,11 +652,9 @@ class OuterProduct(Contribution):
                            if self.transposed
                            else (_finite(as_dtype(lt, dt)), token_scaled(a2, c, t)))
         elif self.transposed:
-            gs = token_scaled(g2, c, t)
-            left, right = _finite(as_dtype(lt, dt)), gs
+            left, right = _finite(as_dtype(lt, dt)), (gs := token_scaled(g2, c, t))
         else:
-            gst = token_scaled_t(st, c, t)
-            left, right = gst, _finite(as_dtype(a2, dt))
+            left, right = (gst := token_scaled_t(st, c, t)), _finite(as_dtype(a2, dt))
         o = outs[0]
         o = o if o.shape == (left.shape[0], right.shape[1]) else o.view(left.shape[0], -1)
         if self._low:
@@ -677,8 +668,7 @@ class OuterProduct(Contribution):
         if gs is None and gst is None:
             _addmv_rows_cols(outs[1], self._bias_ps(), self._bias_cols(), c0)
         else:  # same summation as autograd's Linear
-            k = 0 if gst is None else 1
-            gs = gs if gst is None else gst
+            k, gs = (0, gs) if gst is None else (1, gst)
             outs[1].add_(gs.sum(k, dtype=torch.float32) if self._low else gs.sum(k))
 
     def _add_weighted_(self, o: torch.Tensor, g: torch.Tensor, a: torch.Tensor,
