@@ -31,6 +31,8 @@ from collections import OrderedDict
 
 import torch
 
+from privlearn.errors import TrainingLoopError
+
 __all__ = ["OptimizerDelegation"]
 
 
@@ -73,7 +75,7 @@ class OptimizerDelegation(torch.optim.Optimizer):
                 result = hook(self, args, kwargs)
                 if result is not None:
                     if not (isinstance(result, tuple) and len(result) == 2):
-                        raise RuntimeError("a step pre-hook must return None or a tuple "
+                        raise TrainingLoopError("a step pre-hook must return None or a tuple "
                                            f"(new_args, new_kwargs), got {result!r}")
                     args, kwargs = result
             out = step(*args[1:], **kwargs)
