@@ -595,10 +595,21 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     return opt, loader, acct, budget
 
 
+class _Required:
+    """The default of make_private's three required arguments: their absence is reported
+    with the misnamed keywords that explain it (Opacus's ``module=``), as a typed error."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED = _Required()
+
+
 def make_private(
-    model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
-    config: DPConfig | None = None, *, ledger=None, process_group=None, grad_scaler=None,
-    **settings,
+    model: nn.Module = _REQUIRED, optimizer: torch.optim.Optimizer = _REQUIRED,
+    data_loader: DataLoader = _REQUIRED, config: DPConfig | None = None, *, ledger=None,
+    process_group=None, grad_scaler=None, **settings,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
     "Deep Learning with Differential Privacy", Algorithm 1).
@@ -627,7 +638,8 @@ def make_private(
         whose sampling cannot be accounted; always before any step, with the user's
         objects left as they were.
     """
-    cfg = _config(config, settings)
+    cfg = _config(config, settings,
+                  dict(model=model, optimizer=optimizer, data_loader=data_loader))
     with _Undo() as undo:
         inner = prepare_model(model, optimizer, cfg, undo)
         plan = plan_run(cfg, inner, data_loader, process_group)
@@ -650,28 +662,56 @@ def make_private(
                            undo=undo.on_detach)
 
 
-#: Settings of Opacus's ``make_private`` that are not settings here, with what to use.
+#: Keywords of Opacus's ``PrivacyEngine``, ``make_private`` and
+#: ``make_private_with_epsilon`` that are not arguments here, with what to use.
 _OPACUS_SETTINGS = {
+    "module": "module: the model is model= (or the first argument)",
+    "criterion": "criterion: not needed, compute the loss as usual; the engine picks the "
+                 "per-example gradient method (ghost clipping included) of each layer",
+    "batch_first": "batch_first: not needed, layers with a batch_first flag are read from "
+                   "it; batch_dims={layer name: 1} names a layer whose inputs carry the "
+                   "batch on dimension 1 without one",
     "poisson_sampling": "poisson_sampling: Poisson sampling is the default (sampling="
                         "'poisson'); sampling='fixed' draws fixed-size batches instead",
-    "grad_sample_mode": "grad_sample_mode: not needed, the engine picks the per-example "
-                        "gradient method of each layer itself",
     "noise_generator": "noise_generator: use seed= (reproducible noise) or "
                        "secure_mode=True (CSPRNG noise)",
+    "grad_sample_mode": "grad_sample_mode: not needed, the engine picks the per-example "
+                        "gradient method of each layer itself",
+    "wrap_model": "wrap_model: not needed, the model is used as it is (p.model is model)",
+    "rand_on_empty": "rand_on_empty: not needed, an empty Poisson batch is a step that "
+                     "adds the noise alone (and is accounted)",
+    "max_clipbound": "max_clipbound: the adaptive bound has no cap here "
+                     "(clipping='adaptive' with target_unclipped_quantile)",
+    "min_clipbound": "min_clipbound: the adaptive bound has no floor here "
+                     "(clipping='adaptive' with target_unclipped_quantile)",
     "target_eps": "target_eps: use target_epsilon",
+    "secure_rng": "secure_rng: use secure_mode=True",
+    "sample_rate": "sample_rate: the sampling rate is the data loader's batch_size / "
+                   "len(dataset)",
 }
 
+#: make_private's own arguments before the settings.
+_ARGUMENTS = ("model", "optimizer", "data_loader")
 
-def _config(config: DPConfig | None, settings: dict) -> DPConfig:
-    """The run's :class:`DPConfig`: ``config``, or one made of the keyword settings."""
+
+def _config(config: DPConfig | None, settings: dict, arguments: dict) -> DPConfig:
+    """The run's :class:`DPConfig`: ``config``, or one made of the keyword settings;
+    ``arguments`` (make_private's own, by name) must all have been given."""
     unknown = sorted(set(settings) - set(DPConfig.names()))
-    if unknown:
-        close = {k: difflib.get_close_matches(k, DPConfig.names(), n=1) for k in unknown}
+    missing = [k for k, v in arguments.items() if v is _REQUIRED]
+    if unknown or missing:
+        close = {k: difflib.get_close_matches(k, (*_ARGUMENTS, *DPConfig.names()), n=1)
+                 for k in unknown}
         hints = "; ".join(_OPACUS_SETTINGS.get(k) or f"did you mean {c[0]!r} for {k!r}?"
                           for k, c in close.items() if c or k in _OPACUS_SETTINGS)
-        raise ParameterTypeError(
-            f"make_private got unknown settings {unknown}: the settings are the fields of "
-            f"DPConfig ({', '.join(DPConfig.names())})" + (f"; {hints}" if hints else ""))
+        said = []
+        if missing:
+            said.append(f"make_private is missing {', '.join(missing)} (make_private(model, "
+                        "optimizer, data_loader, **settings))")
+        if unknown:
+            said.append(f"make_private got unknown settings {unknown}: the settings are the "
+                        f"fields of DPConfig ({', '.join(DPConfig.names())})")
+        raise ParameterTypeError("; ".join(said) + (f"; {hints}" if hints else ""))
     if config is None:
         return DPConfig(**settings)
     if not isinstance(config, DPConfig):
@@ -691,7 +731,8 @@ def _signature(fn) -> inspect.Signature:
     help(), IDEs and the API reference show), before its own keyword-only arguments."""
     sig = inspect.signature(fn)
     params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    first = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    first = [p.replace(default=p.empty) if p.default is _REQUIRED else p
+             for p in params if p.kind is not p.KEYWORD_ONLY]
     return sig.replace(parameters=[*first, *DPConfig.parameters(),
                                    *(p for p in params if p.kind is p.KEYWORD_ONLY)])
 
