@@ -622,6 +622,20 @@ def test_a_model_made_private_twice_is_refused_until_detached():
     assert p2.accountant.steps == 2
 
 
+def test_an_optimizer_over_another_models_parameters_is_refused():
+    """An optimizer built over a copy of the model (equal values, other tensors), as in
+    Opacus's ``test_parameters_match``: no step would ever update the model, while every
+    step is accounted. Refused up front, naming the cause; nothing attached."""
+    from privlearn.errors import ConfigurationError
+
+    model, twin = _mlp(), _mlp()
+    twin.load_state_dict(model.state_dict())
+    with pytest.raises(ConfigurationError, match="none of the model's 4 trainable"):
+        make_private(model, torch.optim.SGD(twin.parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+    assert dict(model._forward_hooks) == {} and dict(model._forward_pre_hooks) == {}
+
+
 def test_trainable_parameters_the_optimizer_does_not_hold_are_named():
     """An optimizer over the head of a model whose backbone still requires gradients
     (a fine-tuning loop that forgot to freeze it): the engine clips over every trainable
