@@ -48,6 +48,7 @@ from privlearn.torch._engine_checks import (
     _per_layer_bounds,
     _shared_seed,
     _warn_drop_last,
+    _warn_loader_generator,
 )
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant, Segment
 from privlearn.torch.config import DPConfig
@@ -457,6 +458,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
     _warn_drop_last(data_loader, law, stacklevel=3)
+    _warn_loader_generator(data_loader, cfg, stacklevel=3)
     per_epoch = law.per_epoch(q, cycle)
     _check_given_sampler(data_loader, len(data_loader.dataset), cfg.secure_mode, per_epoch)
     planned = cfg.steps if cfg.steps is not None else (

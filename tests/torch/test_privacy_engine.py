@@ -381,6 +381,29 @@ def test_drop_last_is_named_where_it_cannot_apply(sampling, warns):
         assert len(set(sizes)) > 1  # not all batches of 8: nothing dropped or padded
 
 
+@pytest.mark.parametrize("seed,warns", [(None, True), (3, False)])
+def test_a_loader_generator_without_seed_is_named(seed, warns):
+    """``DataLoader(..., generator=torch.Generator().manual_seed(0))`` draws no batch of
+    the DP run (the DP sampler draws them, from ``seed=`` or the OS's entropy): a loop
+    that sets it to repeat a run is told to pass ``seed=`` instead; with a seed, the batches
+    repeat and nothing is said."""
+    runs = []
+    for _ in range(2):
+        model = _mlp()
+        loader = DataLoader(_data(n=64), batch_size=8,
+                            generator=torch.Generator().manual_seed(0))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                             noise_multiplier=1.0, seed=seed)
+        named = [w for w in caught if "generator" in str(w.message)]
+        assert len(named) == int(warns)
+        if warns:
+            assert named[0].filename == __file__ and "seed=" in str(named[0].message)
+        runs.append([y.tolist() for _, y in p.data_loader])
+    assert (runs[0] == runs[1]) is (seed is not None)
+
+
 @pytest.mark.parametrize("sampler,sampling,match", [
     (lambda: PoissonBatchSampler(32, 0.25), "poisson", r"num_samples=32 \(the dataset has 64"),
     (lambda: PoissonBatchSampler(64, 0.25, indices=range(10)), "poisson",
