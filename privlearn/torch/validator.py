@@ -22,7 +22,8 @@ __all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_m
 
 _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially private; "
            "replace with GroupNorm (privlearn.torch.fix(model) / make_private(fix_model=True) "
-           "does it)")
+           "does it), or keep a pretrained one frozen with its running statistics "
+           "(bn.eval() and bn.requires_grad_(False) after model.train())")
 
 
 #: Layers that draw random numbers in their forward pass: ``type -> active(module)``
@@ -106,6 +107,8 @@ def _aliased(m, trainable):
 
 @register_validator(nn.modules.batchnorm._BatchNorm)
 def _batch_norm(m, trainable):
+    if not (m.training or trainable) and m.track_running_stats and m.running_mean is not None:
+        return []  # frozen with its statistics: a fixed map of each example on its own
     return [_BN_MSG]
 
 

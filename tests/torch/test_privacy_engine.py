@@ -674,3 +674,58 @@ def test_trainable_parameters_the_optimizer_does_not_hold_are_named():
         warnings.simplefilter("error")
         make_private(model, torch.optim.SGD(model[2].parameters(), lr=0.1),
                      DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+
+
+def _frozen_batchnorm_cnn():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(3 * 16, 3))
+    bn = model[1]
+    with torch.no_grad():  # pretrained statistics and affine terms
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.normal_()
+    return model
+
+
+def test_a_frozen_batchnorm_with_its_statistics_trains_the_rest(oracle):
+    """A pretrained BatchNorm kept frozen with its running statistics (eval mode, no
+    trainable parameter) is a fixed map of each example: make_private accepts it and the
+    step equals the naive per-example one. Switched back to training mode (batch
+    statistics, which mix examples), the next step is refused before anything is
+    released; trainable or in training mode, it is refused at make_private."""
+    from privlearn.errors import BatchDependenceError, UnsupportedModuleError
+    from privlearn.torch import validate
+
+    ds = TensorDataset(torch.randn(24, 2, 6, 6), torch.randint(0, 3, (24,)))
+    for change in (lambda bn: bn.requires_grad_(False), lambda bn: bn.eval()):
+        model = _frozen_batchnorm_cnn()
+        change(model[1])
+        assert validate(model) and "bn.eval()" in validate(model)[0]
+        with pytest.raises(UnsupportedModuleError, match="BatchNorm"):
+            make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=8), noise_multiplier=1.0)
+
+    model = _frozen_batchnorm_cnn()
+    model[1].eval().requires_grad_(False)
+    assert validate(model) == []
+    ref = copy.deepcopy(model)
+    trained = [q for q in model.parameters() if q.requires_grad]
+    p = make_private(model, torch.optim.SGD(trained, lr=0.5), DataLoader(ds, batch_size=8),
+                     noise_multiplier=0.0, max_grad_norm=0.3, sampling="fixed", seed=0)
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    p.optimizer.step()
+    oracle.step(ref, xb, yb, 0.3, lr=0.5, expected_batch=p.optimizer.expected_batch_size)
+    torch.testing.assert_close(oracle.flat(model.parameters()), oracle.flat(ref.parameters()),
+                               rtol=1e-4, atol=1e-6)
+
+    model.train()  # the whole model, BatchNorm included, back to batch statistics
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    with pytest.raises(BatchDependenceError):
+        p.optimizer.step()
+    assert p.accountant.steps == 1
