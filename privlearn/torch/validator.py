@@ -258,7 +258,10 @@ def _fixer_for(m: nn.Module) -> Fixer | None:
 def _batch_norm_to_group_norm(bn) -> nn.GroupNorm:
     """GroupNorm with ``gcd(32, C)`` groups (Wu & He 2018 use 32 groups), *sharing* the
     BatchNorm's affine parameters: an optimizer built over the model before the fix holds
-    them, so they train."""
+    them, so they train. None (nothing to fix) for a BatchNorm frozen with its running
+    statistics, which the validator accepts."""
+    if not _batch_norm(bn, any(q.requires_grad for q in bn.parameters(recurse=False))):
+        return None
     _check_initialised(bn)
     c = bn.num_features
     new = nn.GroupNorm(math.gcd(32, c), c, eps=bn.eps, affine=False)
