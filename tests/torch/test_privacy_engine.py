@@ -712,7 +712,8 @@ def test_a_frozen_batchnorm_with_its_statistics_trains_the_rest(oracle):
     assert validate(model) == []
     from privlearn.torch import fix
 
-    assert fix(model)[1] is model[1]  # nothing to fix: its statistics are kept
+    bn = model[1]
+    assert fix(model)[1] is bn  # nothing to fix: its statistics are kept
     ref = copy.deepcopy(model)
     trained = [q for q in model.parameters() if q.requires_grad]
     p = make_private(model, torch.optim.SGD(trained, lr=0.5), DataLoader(ds, batch_size=8),
