@@ -761,8 +761,8 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         PrivacyBudgetExceededError
             The step would exceed ``max_epsilon``; nothing is changed.
         """
-        if self._final_chunk:
-            return self._with_step_hooks(self._step, closure)
+        if self._final_chunk:  # the hooks see the arguments as given (none, or the closure)
+            return self._with_step_hooks(self._step, *(() if closure is None else (closure,)))
         return self._step(closure)
 
     def _step(self, closure=None):

@@ -179,3 +179,36 @@ def test_step_hooks_fire_once_per_logical_step(physical, make_data, make_mlp):
         assert o is (p.optimizer if kind in ("pre", "post") else opt)
         if kind == "global pre":  # the update's gradient: clipped, noised, averaged
             assert grad is not None and torch.isfinite(grad).all()
+
+
+def test_a_step_pre_hook_may_replace_the_step_arguments(make_data, make_mlp):
+    """As on torch's optimizers, a pre-hook of ``p.optimizer`` may return new ``(args,
+    kwargs)`` for the step (here: a closure, which the step then runs) and nothing else."""
+    from privlearn.errors import TrainingLoopError
+
+    model = make_mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(), batch_size=16), noise_multiplier=1.0,
+                     max_grad_norm=1.0, seed=0)
+    x, y = next(iter(p.data_loader))
+    ran = []
+
+    def closure():
+        ran.append(True)
+        p.optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(p.model(x), y)
+        loss.backward()
+        return loss
+
+    handle = p.optimizer.register_step_pre_hook(
+        lambda o, args, kwargs: (args, {"closure": closure}))
+    loss = p.optimizer.step()
+    handle.remove()
+    assert ran == [True] and loss is not None and p.accountant.steps == 1
+    p.optimizer.register_step_pre_hook(lambda o, args, kwargs: "not a pair")
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(TrainingLoopError, match="pre-hook"):
+        p.optimizer.step()
+    assert p.accountant.steps == 1
