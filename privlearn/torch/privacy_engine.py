@@ -399,6 +399,8 @@ def _warn_unoptimised(model: nn.Module, optimizer) -> None:
     trainable = [(n, q) for n, q in model.named_parameters() if q.requires_grad]
     names = [n for n, q in trainable if id(q) not in held]
     if trainable and len(names) == len(trainable):
+        if is_sharded(model):  # the sharded checks name an optimizer built before fully_shard
+            return
         raise ConfigurationError(
             f"the optimizer holds none of the model's {len(trainable)} trainable parameters "
             f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): it was built over "
