@@ -23,7 +23,6 @@ model's gradient synchronisation is switched off for the run and restored by
 from __future__ import annotations
 
 import contextlib
-import difflib
 import inspect
 import math
 import warnings
@@ -51,7 +50,7 @@ from privlearn.torch._engine_checks import (
     _warn_loader_generator,
 )
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant, Segment
-from privlearn.torch.config import DPConfig
+from privlearn.torch.config import DPConfig, unknown_settings_error
 from privlearn.torch.data import (
     AugmentedLoader,
     UnitIndex,
@@ -676,34 +675,6 @@ def make_private(
                            undo=undo.on_detach)
 
 
-#: Keywords of Opacus's ``PrivacyEngine``, ``make_private`` and
-#: ``make_private_with_epsilon`` that are not arguments here, with what to use.
-_OPACUS_SETTINGS = {
-    "module": "module: the model is model= (or the first argument)",
-    "criterion": "criterion: not needed, compute the loss as usual; the engine picks the "
-                 "per-example gradient method (ghost clipping included) of each layer",
-    "batch_first": "batch_first: not needed, layers with a batch_first flag are read from "
-                   "it; batch_dims={layer name: 1} names a layer whose inputs carry the "
-                   "batch on dimension 1 without one",
-    "poisson_sampling": "poisson_sampling: Poisson sampling is the default (sampling="
-                        "'poisson'); sampling='fixed' draws fixed-size batches instead",
-    "noise_generator": "noise_generator: use seed= (reproducible noise) or "
-                       "secure_mode=True (CSPRNG noise)",
-    "grad_sample_mode": "grad_sample_mode: not needed, the engine picks the per-example "
-                        "gradient method of each layer itself",
-    "wrap_model": "wrap_model: not needed, the model is used as it is (p.model is model)",
-    "rand_on_empty": "rand_on_empty: not needed, an empty Poisson batch is a step that "
-                     "adds the noise alone (and is accounted)",
-    "max_clipbound": "max_clipbound: the adaptive bound has no cap here "
-                     "(clipping='adaptive' with target_unclipped_quantile)",
-    "min_clipbound": "min_clipbound: the adaptive bound has no floor here "
-                     "(clipping='adaptive' with target_unclipped_quantile)",
-    "target_eps": "target_eps: use target_epsilon",
-    "secure_rng": "secure_rng: use secure_mode=True",
-    "sample_rate": "sample_rate: the sampling rate is the data loader's batch_size / "
-                   "len(dataset)",
-}
-
 #: make_private's own arguments before the settings.
 _ARGUMENTS = ("model", "optimizer", "data_loader")
 
@@ -714,18 +685,8 @@ def _config(config: DPConfig | None, settings: dict, arguments: dict) -> DPConfi
     unknown = sorted(set(settings) - set(DPConfig.names()))
     missing = [k for k, v in arguments.items() if v is _REQUIRED]
     if unknown or missing:
-        close = {k: difflib.get_close_matches(k, (*_ARGUMENTS, *DPConfig.names()), n=1)
-                 for k in unknown}
-        hints = "; ".join(_OPACUS_SETTINGS.get(k) or f"did you mean {c[0]!r} for {k!r}?"
-                          for k, c in close.items() if c or k in _OPACUS_SETTINGS)
-        said = []
-        if missing:
-            said.append(f"make_private is missing {', '.join(missing)} (make_private(model, "
-                        "optimizer, data_loader, **settings))")
-        if unknown:
-            said.append(f"make_private got unknown settings {unknown}: the settings are the "
-                        f"fields of DPConfig ({', '.join(DPConfig.names())})")
-        raise ParameterTypeError("; ".join(said) + (f"; {hints}" if hints else ""))
+        raise unknown_settings_error("make_private", unknown, missing=missing,
+                                     arguments=_ARGUMENTS)
     if config is None:
         return DPConfig(**settings)
     if not isinstance(config, DPConfig):

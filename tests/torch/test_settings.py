@@ -207,3 +207,18 @@ def test_missing_or_misspelt_arguments_are_typed_errors_naming_them():
     with pytest.raises(ParameterTypeError, match="'data_loader' for 'dataloader'"):
         make_private(model=model, optimizer=opt, dataloader=loader, noise_multiplier=1.0)
     assert dict(model._forward_hooks) == {}
+
+
+def test_dpconfig_names_unknown_settings_as_make_private_does():
+    """``DPConfig(...)`` refuses an unknown setting with the same typed error and hints as
+    make_private's keywords (Opacus's names included), not Python's bare TypeError; it
+    still copies, replaces and pickles."""
+    import pickle
+
+    with pytest.raises(ParameterTypeError, match="poisson_sampling: Poisson sampling"):
+        DPConfig(noise_multiplier=1.0, poisson_sampling=False)
+    with pytest.raises(ParameterTypeError, match="'max_grad_norm' for 'max_grad_nrom'"):
+        DPConfig(max_grad_nrom=1.0)
+    cfg = DPConfig(noise_multiplier=1.0, seed=3)
+    assert dataclasses.replace(cfg, seed=4).seed == 4
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
