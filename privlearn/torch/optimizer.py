@@ -744,8 +744,10 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
 
         The step hooks of this optimizer (``register_step_pre_hook`` and
         ``register_step_post_hook``) run around the calls that end a logical batch, once
-        per update; torch's global step hooks run once per update too, around the
-        wrapped optimizer's ``step`` (see :mod:`privlearn.torch._optimizer_api`).
+        per update; torch's global step hooks
+        (``torch.optim.optimizer.register_optimizer_step_pre_hook``) run once per update
+        too, around the wrapped optimizer's ``step`` (their optimizer argument is that
+        one, its ``.grad`` the clipped, noised gradient it applies).
 
         Called by ``torch.amp.GradScaler.step`` (which sets ``grad_scale`` and
         ``found_inf`` on this object first), the recorded gradients are divided by the
