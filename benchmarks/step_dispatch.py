@@ -13,7 +13,8 @@ Usage::
 
     python benchmarks/step_dispatch.py [--models gpt2,bert,llama,gpt2_lora] [--json FILE]
         [--dtype float32|bfloat16|float16] [--autocast bfloat16|float16] [--secure]
-        [--sites N] [--ghost] [--half-matmul auto|never|always]
+        [--sites N] [--ghost] [--half-matmul auto|never|always] [--cuda-products]
+        [--device-masking]
 
 ``--dtype`` sets the parameters' dtype (the gradient buffers follow it); ``--autocast``
 keeps float32 parameters and runs the forward passes under CPU autocast to that dtype
@@ -22,7 +23,10 @@ N call sites (file:line in privlearn) that dispatch most of the private step's o
 ``--ghost`` forces ghost norms in every layer (no materialised per-example gradients, as
 on layers of realistic width); ``--half-matmul always`` keeps half-precision operands in
 the outer-product rules as on an accelerator (``grad_sample.LOW_PRECISION_MATMUL``; the CPU
-emulates the float32 accumulation by two casts a product that a GPU does not dispatch).
+emulates the float32 accumulation by two casts a product that a GPU does not dispatch;
+``--cuda-products`` counts each such product as the one operation CUDA dispatches, see
+``tests/torch/cuda_dispatch.py``). ``--device-masking`` finds non-finite examples as on an
+accelerator (a mask on the device, no flag read back).
 """
 
 from __future__ import annotations
@@ -151,6 +155,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ghost", action="store_true", help="ghost norms in every layer")
     ap.add_argument("--half-matmul", default="auto", choices=("auto", "never", "always"),
                     help="grad_sample.LOW_PRECISION_MATMUL")
+    ap.add_argument("--cuda-products", action="store_true",
+                    help="count each float32-accumulated half-precision product as one "
+                         "operation, as CUDA dispatches it")
+    ap.add_argument("--device-masking", action="store_true",
+                    help="non-finite examples masked on the device, as on an accelerator")
     ap.add_argument("--sites", type=int, default=0,
                     help="call sites dispatching most of the private step shown")
     a = ap.parse_args(argv)
@@ -162,8 +171,15 @@ def main(argv=None) -> int:
     grad_sample.LOW_PRECISION_MATMUL = a.half_matmul
     if a.ghost:
         grad_sample.GHOST_MEMORY_BUDGET_BYTES = 0
-    rows = [count(m, dtype=a.dtype, secure=a.secure, autocast=a.autocast,
-                  sites=a.sites > 0) for m in a.models.split(",")]
+    import contextlib
+
+    from cuda_dispatch import cuda_products
+
+    stand_in = (cuda_products(a.device_masking) if a.cuda_products or a.device_masking
+                else contextlib.nullcontext())
+    with stand_in:
+        rows = [count(m, dtype=a.dtype, secure=a.secure, autocast=a.autocast,
+                      sites=a.sites > 0) for m in a.models.split(",")]
     print(f"{'model':<10} {'params':>6} {'SGD step':>9} {'private step':>13} {'ratio':>6} "
           f"{'backward plain':>15} {'private':>8}")
     for r in rows:

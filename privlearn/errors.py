@@ -35,9 +35,10 @@ class                              raised when                                 C
 The PyTorch engine's refusals are :class:`UnsupportedModuleError` (a layer per-example
 clipping cannot handle), :class:`BatchDependenceError` (an operation mixes examples, or
 a layer carries the batch on another dimension than declared) and
-:class:`NonFiniteInputError` (a NaN or inf in an example's input or gradient); all are
-``ValueError``. A misuse of the training loop (a second ``backward()`` before ``step()``,
-``step()`` on the wrapped optimizer, a step with no per-example gradient recorded) is a
+:class:`NonFiniteInputError` (a NaN or inf in an example's input or gradient; the
+estimators raise it too, for a NaN or inf in ``X`` or ``y``); all are ``ValueError``.
+A misuse of the training loop (a second ``backward()`` before ``step()``, ``step()`` on
+the wrapped optimizer, a step with no per-example gradient recorded) is a
 :class:`TrainingLoopError`, a ``RuntimeError``.
 """
 
@@ -300,7 +301,8 @@ class BatchDependenceError(ValueError):
 class NonFiniteInputError(ValueError):
     """An example's input (or, with no loss scaler in use, its per-example gradient) is
     not finite (NaN or inf); raised before the step, nothing released, naming the input
-    and the example."""
+    and the example. The estimators of :mod:`privlearn.models` raise it for a NaN or an
+    infinity in ``X`` or ``y``, before anything is released (nothing spent on a ledger)."""
 
 
 class TrainingLoopError(RuntimeError):

@@ -29,7 +29,7 @@ from privlearn.correlated import _toeplitz
 from privlearn.correlated.participation import Participation, SingleParticipation
 from privlearn.correlated.sensitivity import sensitivity
 from privlearn.correlated.strategies import ToeplitzStrategy
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import AccountingError, ParameterTypeError, ParameterValueError
 
 __all__ = ["Workload", "PrefixSum", "MomentumPrefixSum", "per_query_error", "loss"]
 
@@ -87,11 +87,24 @@ def per_query_error(
     strategy: ToeplitzStrategy, steps: int, workload: Workload | None = None
 ) -> np.ndarray:
     """Squared error of each query, ``||(A C^{-1})[t, :]||^2``, at unit noise (length
-    ``steps``). Multiply by ``sens(C)^2`` to compare strategies (:func:`loss`)."""
+    ``steps``). Multiply by ``sens(C)^2`` to compare strategies (:func:`loss`).
+
+    Raises
+    ------
+    AccountingError
+        The error overflows (``C^{-1}`` grows geometrically): never nan or inf.
+    """
     n = check_count("steps", steps, minimum=1)
-    r = strategy.inverse_toeplitz_coefs(n)
-    b = _toeplitz.convolve(_workload(workload).coefs(n), r, n)
-    return np.cumsum(b * b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = strategy.inverse_toeplitz_coefs(n)
+        b = _toeplitz.convolve(_workload(workload).coefs(n), r, n)
+        err = np.cumsum(b * b)
+    if not np.all(np.isfinite(err)):
+        raise AccountingError(
+            f"the error of {strategy!r} over {n} steps is not finite (C^{{-1}} overflows: "
+            "its entries grow geometrically); use a strategy with a stable inverse, or "
+            "fewer steps")
+    return err
 
 
 def loss(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence
+from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence, check_stable
 from privlearn.errors import ParameterTypeError
 
 __all__ = ["CorrelatedNoise"]
@@ -34,6 +34,12 @@ class CorrelatedNoise:
         From the strategy's ``recurrence()``.
     shape : tuple of int
         Shape of one draw (the parameters').
+
+    Raises
+    ------
+    ConfigurationError
+        ``C^{-1}`` grows without bound
+        (:func:`~privlearn.correlated.strategies.check_stable`).
     """
 
     def __init__(
@@ -43,6 +49,7 @@ class CorrelatedNoise:
             raise ParameterTypeError(
                 "recurrence must be a BandedRecurrence or BufferedRecurrence (from a "
                 f"strategy's .recurrence()), got {recurrence!r}")
+        check_stable(recurrence)
         self.recurrence = recurrence
         self.shape = tuple(shape)
         self.buffers = np.zeros((recurrence.buffers, *self.shape))

@@ -59,6 +59,7 @@ __all__ = [
     "BandedRecurrence",
     "BufferedRecurrence",
     "square_root_coefs",
+    "check_stable",
 ]
 
 
@@ -133,6 +134,15 @@ class BandedRecurrence:
         """Number of parameter-sized buffers the recurrence keeps (``b - 1``)."""
         return len(self.coefs) - 1
 
+    @property
+    def spectral_radius(self) -> float:
+        """Largest modulus of the roots of ``c_0 x^{b-1} + c_1 x^{b-2} + ... + c_{b-1}``:
+        the noise's entries ``(C^{-1})_{t0}`` grow like its ``t``-th power (Schur-Cohn:
+        bounded iff every root lies in the closed unit disk)."""
+        if len(self.coefs) == 1:
+            return 0.0
+        return float(np.max(np.abs(np.roots(self.coefs))))
+
 
 @dataclass(frozen=True)
 class BufferedRecurrence:
@@ -150,6 +160,45 @@ class BufferedRecurrence:
     def buffers(self) -> int:
         """Number of parameter-sized buffers the recurrence keeps."""
         return len(self.buf_decay)
+
+    @property
+    def spectral_radius(self) -> float:
+        """Largest modulus of the eigenvalues of ``diag(buf_decay) - 1 output_scale^T``,
+        the decays of the BLT ``C^{-1}`` ([DMPST24], Lemma 5.2): the noise's entries
+        grow like its ``t``-th power."""
+        if not self.buf_decay:
+            return 0.0
+        mat = np.diag(self.buf_decay) - np.outer(np.ones(self.buffers), self.output_scale)
+        return float(np.max(np.abs(np.linalg.eigvals(mat))))
+
+
+#: spectral radius above which a noise recurrence is refused (``1 +`` the round-off of a
+#: root on the unit circle, e.g. ``C^{-1}`` = prefix sums)
+STABLE_RADIUS = 1.0 + 1e-6
+
+
+def check_stable(recurrence: BandedRecurrence | BufferedRecurrence) -> None:
+    """Refuse a noise recurrence whose ``C^{-1}`` grows without bound.
+
+    The noise of step ``t`` is row ``t`` of ``C^{-1} z``; when the recurrence's spectral
+    radius exceeds 1 its entries grow geometrically and the noise overflows to inf/nan
+    within a few hundred steps. Such a ``C`` (a BLT whose inverse has a decay outside
+    the unit disk, [DMPST24] Lemma 5.2; a banded ``C`` with a root inside it) is refused
+    before any noise is drawn.
+
+    Raises
+    ------
+    ConfigurationError
+        The spectral radius is above 1.
+    """
+    radius = recurrence.spectral_radius
+    if not radius <= STABLE_RADIUS:
+        raise ConfigurationError(
+            f"the strategy's inverse C^{{-1}} grows without bound (its noise recurrence "
+            f"{recurrence!r} has spectral radius {radius:.6g} > 1, so the noise of step t "
+            f"grows like {radius:.4g}^t and overflows); use a strategy with a stable "
+            "inverse: optimize_banded_toeplitz / optimize_blt, BandedToeplitz.square_root, "
+            "or a BLT whose inverse decays lie in [-1, 1]")
 
 
 # -- strategies ----------------------------------------------------------------------------
@@ -267,8 +316,10 @@ class BufferedToeplitz(ToeplitzStrategy):
 
     Parameters
     ----------
-    buf_decay : sequence of float in [0, 1]
-        The decays ``theta_k`` (a decay above 1 would make ``C`` grow without bound).
+    buf_decay : sequence of float in [-1, 1]
+        The decays ``theta_k`` (a decay of modulus above 1 would make ``C`` grow without
+        bound). Optimised BLTs have decays in (0, 1); a negative decay is allowed as in
+        jax_privacy (the sensitivity then takes the general rule).
     output_scale : sequence of float
         The output weights ``omega_k`` (same length).
 
@@ -289,11 +340,11 @@ class BufferedToeplitz(ToeplitzStrategy):
             raise ConfigurationError(
                 f"buf_decay and output_scale must have the same length, got {len(theta)} "
                 f"and {len(omega)}; pass one output_scale per buffer")
-        bad = [t for t in theta if not 0.0 <= t <= 1.0]
+        bad = [t for t in theta if not -1.0 <= t <= 1.0]
         if bad:
             raise ParameterValueError(
-                f"buf_decay must be in [0, 1], got {bad!r}; a decay above 1 makes the "
-                "strategy's entries grow without bound"
+                f"buf_decay must be in [-1, 1], got {bad!r}; a decay of modulus above 1 "
+                "makes the strategy's entries grow without bound"
             )
         order = sorted(range(len(theta)), key=lambda k: -theta[k])  # canonical order
         object.__setattr__(self, "buf_decay", tuple(theta[k] for k in order))

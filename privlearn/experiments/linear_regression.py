@@ -40,9 +40,8 @@ from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
 from privlearn.models._ssp import (
     ADASSP_BUDGET_SPLIT,
     SSP_BUDGET_SPLIT,
-    adassp_coefficients,
     calibrate_ssp_scale,
-    ssp_coefficients,
+    ssp_release,
 )
 
 __all__ = [
@@ -157,19 +156,10 @@ def ssp_samples(problem: SeedProblem, epsilon: float, rng: np.random.Generator, 
     thetas, scales = [], []
     for adaptive, split in ((False, SSP_BUDGET_SPLIT), (True, ADASSP_BUDGET_SPLIT)):
         s = calibrate_ssp_scale(float(epsilon), DELTA, adaptive=adaptive)
-        sig = [r * s for r in split]
-        if adaptive:
-            theta, _ = adassp_coefficients(
-                problem.XTX, problem.XTy, *sig, X_BOUND, Y_BOUND, rng, reps=reps,
-                matrix_noise=opts["matrix_noise"], regularization=opts["regularization"])
-        else:
-            theta = ssp_coefficients(
-                problem.XTX, problem.XTy, *sig, X_BOUND, Y_BOUND, rng, reps=reps,
-                matrix_noise=opts["matrix_noise"], project_psd=opts["project_psd"])
-        if not np.all(np.isfinite(theta)):
-            raise FloatingPointError(
-                f"{'AdaSSP' if adaptive else 'SSP'} at epsilon={epsilon:g}: the noisy "
-                "normal equations gave non-finite coefficients")
+        theta, _ = ssp_release(
+            problem.XTX, problem.XTy, s, split, X_BOUND, Y_BOUND, rng, reps=reps,
+            adaptive=adaptive, name=f"{'AdaSSP' if adaptive else 'SSP'} at epsilon={epsilon:g}",
+            **opts)
         thetas.append(theta)
         scales.append(s)
     return thetas, scales

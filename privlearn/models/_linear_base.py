@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import RegressorMixin
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
 from privlearn.models._release import DataClippedWarning
@@ -19,6 +19,7 @@ from privlearn.models.base import (
     ReleasePlan,
     clip_rows,
     require_delta_for_gaussian,
+    validate_input,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -100,7 +101,7 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
     def _check_data(self, X, y, plan: LinearPlan):
         """Validate, clip rows to ``x_bound`` and labels to ``y_bound``, centre the labels
         and append the intercept column (reads the data, releases nothing)."""
-        X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
+        X, y = validate_input(self, X, y, y_numeric=True, dtype=np.float64)
         xb = plan.x_bound
         # Rows above the bound by floating-point rounding only (e.g. L2-normalised rows
         # with norm 1 + 2e-16) are clipped too, but not reported.
@@ -148,5 +149,5 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
     def predict(self, X) -> np.ndarray:
         """Linear prediction ``X @ coef_ + intercept_`` (post-processing: no privacy cost)."""
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = validate_input(self, X, reset=False, dtype=np.float64)
         return X @ self.coef_ + self.intercept_

@@ -255,3 +255,53 @@ def adassp_coefficients(
         return _psd_solve(hat_xtx, hat_xty, floor=lamb), lamb
     A = hat_xtx + lamb[:, None, None] * np.eye(dim)[None]
     return np.linalg.solve(A, hat_xty[..., None])[..., 0], lamb
+
+
+def ssp_release(
+    XTX: np.ndarray,
+    XTy: np.ndarray,
+    noise_scale: float,
+    budget_split,
+    x_bound: float,
+    y_bound: float,
+    rng: np.random.Generator,
+    reps: int = 1,
+    *,
+    adaptive: bool,
+    matrix_noise: str = "frobenius",
+    project_psd: bool = True,
+    regularization: str = "eigenvalue_floor",
+    name: str | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``reps`` SSP (Wang 2018, Alg. 1) or AdaSSP (Alg. 2) solutions from the sufficient
+    statistics: the release of :class:`~privlearn.models.SSPRegressor` /
+    :class:`~privlearn.models.AdaSSPRegressor` and of the linear-regression experiment.
+
+    The noise multipliers are ``budget_split * noise_scale`` (``noise_scale`` from
+    :func:`calibrate_ssp_scale`); ``x_bound`` and ``y_bound`` are the bounds the
+    sensitivities use (see :func:`ssp_coefficients`, :func:`adassp_coefficients`).
+    ``project_psd`` applies to SSP, ``regularization`` to AdaSSP.
+
+    Returns the coefficients (reps, dim) and AdaSSP's regularisation levels (reps,), None
+    for SSP. Raises ``FloatingPointError`` (naming ``name``) when the noisy normal
+    equations give a non-finite coefficient: nothing is released then.
+    """
+    split = _check_split(budget_split, 3 if adaptive else 2)
+    sig = [r * noise_scale for r in split]
+    lamb = None
+    if adaptive:
+        theta, lamb = adassp_coefficients(
+            XTX, XTy, *sig, x_bound, y_bound, rng, reps=reps,
+            matrix_noise=matrix_noise, regularization=regularization,
+        )
+    else:
+        theta = ssp_coefficients(
+            XTX, XTy, *sig, x_bound, y_bound, rng, reps=reps,
+            matrix_noise=matrix_noise, project_psd=bool(project_psd),
+        )
+    if not np.all(np.isfinite(theta)):
+        label = name or ("AdaSSP" if adaptive else "SSP")
+        raise FloatingPointError(
+            f"{label}: the noisy normal equations gave non-finite coefficients"
+        )
+    return theta, lamb

@@ -47,6 +47,7 @@ from sklearn.utils.validation import validate_data
 
 from privlearn.accounting import Mechanism, calibrate, compose, warn_if_delta_large
 from privlearn.errors import (
+    NonFiniteInputError,
     ParameterTypeError,
     ParameterValueError,
     UnsupportedMechanismError,
@@ -59,6 +60,8 @@ __all__ = [
     "ReleasePlan",
     "make_rng",
     "data_shape",
+    "validate_input",
+    "check_finite_target",
     "clip_rows",
     "resolve_noise_multiplier",
     "require_delta_for_gaussian",
@@ -127,8 +130,8 @@ class PrivateEstimator(BaseEstimator):
         and ``y`` of the same length (numeric for regressors; optional when the tags say
         the estimator needs no target)."""
         if y is None and not get_tags(self).target_tags.required:
-            return validate_data(self, X, dtype=np.float64), None
-        return validate_data(self, X, y, dtype=np.float64, y_numeric=is_regressor(self))
+            return validate_input(self, X, dtype=np.float64), None
+        return validate_input(self, X, y, dtype=np.float64, y_numeric=is_regressor(self))
 
     def _n_records(self, X: Any, y: Any) -> int | None:
         """The number of private records the release reads (None: unknown)."""
@@ -241,6 +244,69 @@ def data_shape(X: Any) -> tuple[int, ...]:
     DataFrames, sparse matrices: no value is read), else that of ``np.asarray(X)``."""
     shape = getattr(X, "shape", None)
     return tuple(np.asarray(X).shape if shape is None else shape)
+
+
+#: What to do about missing or infinite values without a data-dependent release.
+_NON_FINITE_ADVICE = (
+    "The private estimators need finite numbers. Replace them with a public constant "
+    "(e.g. a value inside the public bounds, chosen without looking at the data) or drop "
+    "those rows before fitting; an imputation statistic computed from the private data "
+    "(its mean or median) would be a release that nothing accounts"
+)
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether ``value`` (array-like) is numeric and holds a NaN or an infinity."""
+    if value is None or hasattr(value, "tocsr"):  # sparse inputs are refused as such
+        return False
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - whatever cannot be an array is not our case
+        return False
+    if arr.dtype.kind not in "fc":
+        if arr.dtype.kind != "O":
+            return False
+        try:
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError):
+            return False
+    return not bool(np.all(np.isfinite(arr)))
+
+
+def check_finite_target(owner: str, y: Any) -> None:
+    """Refuse a numeric ``y`` holding NaN or infinity (:class:`NonFiniteInputError`)."""
+    if _non_finite(y):
+        raise NonFiniteInputError(
+            f"{owner}: Input y contains NaN or infinity: y contains a non-finite label. "
+            f"{_NON_FINITE_ADVICE}.")
+
+
+def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_validation",
+                   **kwargs: Any) -> Any:
+    """:func:`sklearn.utils.validation.validate_data` with its refusals as privlearn's
+    typed errors (reads the data, releases nothing).
+
+    A NaN or an infinity in ``X`` or ``y`` is a :class:`~privlearn.errors.NonFiniteInputError`
+    that names the input and says what to do without a data-dependent release (never
+    scikit-learn's advice of a non-private estimator); any other refusal (no rows, a 1-D
+    ``X``, a feature count that differs from the fit's) is a
+    :class:`~privlearn.errors.ParameterValueError`, a sparse or non-numeric ``X`` a
+    :class:`~privlearn.errors.ParameterTypeError`. scikit-learn's own first sentence is
+    kept, so code matching on it still does.
+    """
+    try:
+        return validate_data(estimator, X, y, **kwargs)
+    except (ValueError, TypeError) as e:
+        owner = type(estimator).__name__
+        first = str(e).split("\n")[0]
+        for name, value in (("X", X), ("y", y)):
+            if not (isinstance(value, str) and value == "no_validation") and _non_finite(value):
+                raise NonFiniteInputError(
+                    f"{owner}: {first} {name} contains a NaN or an infinity. "
+                    f"{_NON_FINITE_ADVICE}.") from e
+        if isinstance(e, TypeError):
+            raise ParameterTypeError(f"{owner}: {e}") from e
+        raise ParameterValueError(f"{owner}: {e}") from e
 
 
 def make_rng(random_state: object) -> np.random.Generator:

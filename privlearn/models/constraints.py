@@ -82,6 +82,8 @@ class Real(Constraint):
     allow_none: bool = False
     allow_inf: bool = False
     hint: str | None = None
+    #: said instead of ``hint`` when an infinity is refused
+    inf_hint: str | None = None
 
     def check(self, name: str, value: object) -> float:
         x = _v.check_real(name, value, hint=self.hint)
@@ -97,8 +99,9 @@ class Real(Constraint):
         if bad:
             fin = "" if self.allow_inf else " and finite"
             none = " or None" if self.allow_none else ""
+            hint = self.inf_hint if math.isinf(x) and self.inf_hint else self.hint
             raise ParameterValueError(_v._msg(name, f"in {rng}{fin}{none}", value,
-                                     self.hint or "see the estimator's docstring"))
+                                     hint or "see the estimator's docstring"))
         return x
 
 
@@ -186,7 +189,10 @@ class Unchecked(Constraint):
 
 #: Constraints shared by most estimators.
 EPSILON = Real(0, None, low_open=True,
-               hint="it is the privacy budget, typically between 0.1 and 10")
+               hint="it is the privacy budget, typically between 0.1 and 10",
+               inf_hint="epsilon=inf would be a non-private fit, which no accountant "
+                        "covers: for a non-private baseline fit the scikit-learn estimator "
+                        "instead (e.g. sklearn.linear_model.LinearRegression)")
 ACCOUNTANT = Unchecked("an accountant name, checked by the accounting registry")
 RANDOM_STATE = Seed()
 LEDGER = Unchecked("a budget handle, checked by the ledger layer")

@@ -40,7 +40,7 @@ import numpy as np
 from scipy.special import expit
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import type_of_target
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from privlearn.accounting import Gaussian, Laplace, compose, subsample
 from privlearn.errors import ParameterValueError, PrivacyLeakWarning
@@ -50,6 +50,7 @@ from privlearn.models.base import (
     make_rng,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
+    validate_input,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -239,7 +240,7 @@ class _DPSGDBase(PrivateEstimator):
 
     def _decision(self, X) -> np.ndarray:
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = validate_input(self, X, reset=False, dtype=np.float64)
         return X @ self.coef_ + self.intercept_
 
 
@@ -379,7 +380,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         """Validate ``X``, check the labels against the public ``classes`` (or infer them,
         with a warning) and encode them as 0/1."""
         public = self._public_classes()
-        X, y = validate_data(self, X, y, dtype=np.float64)
+        X, y = validate_input(self, X, y, dtype=np.float64)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
         if public is not None:
             bad = ~np.isin(y, public)

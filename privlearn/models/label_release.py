@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Laplace, Mechanism, compose, subsample
@@ -60,6 +60,7 @@ from privlearn.models.base import (
     make_rng,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
+    validate_input,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -482,7 +483,7 @@ class PrivateKNN(_LabelReleaseBase):
         Releases nothing and spends nothing; the fitted object holds the private data
         (never share it; share :meth:`public_release`)."""
         with self._refit():
-            X, y = validate_data(self, X, y, dtype=np.float64)
+            X, y = validate_input(self, X, y, dtype=np.float64)
             classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
         self.__dict__.pop("_releases", None)  # the new data is a new account
         self.classes_ = classes
@@ -513,7 +514,7 @@ class PrivateKNN(_LabelReleaseBase):
 
     def _check_data(self, X, y, plan: LabelReleasePlan):
         """Validate the (public) queries."""
-        return validate_data(self, X, reset=False, dtype=np.float64), None
+        return validate_input(self, X, reset=False, dtype=np.float64), None
 
     def _n_records(self, X, y) -> int:
         return int(self._X.shape[0])

@@ -86,6 +86,7 @@ from privlearn.models._ssp import (
     noise_direction_scale,
     ssp_coefficients,
     ssp_mechanism,
+    ssp_release,
     symmetric_noise,
 )
 from privlearn.models.base import make_rng
@@ -251,30 +252,20 @@ class SSPRegressor(_PrivateLinearBase):
     def _release(self, X, y, plan: SSPPlan) -> dict[str, Any]:
         """Release the noisy statistics (``plan.draws`` times, one batched draw) and
         solve."""
-        rng = make_rng(self.random_state)
-        XTX, XTy = X.T @ X, X.T @ y
-        sig = [r * plan.noise_scale for r in plan.budget_split]
-        xb_eff, yb = self._effective_x_bound(plan), plan.label_bound
-        if self._adaptive:
-            theta, lamb = adassp_coefficients(
-                XTX, XTy, *sig, xb_eff, yb, rng, reps=plan.draws,
-                matrix_noise=self.matrix_noise.lower(),
-                regularization=self.regularization.lower(),
-            )
-        else:
-            theta = ssp_coefficients(
-                XTX, XTy, *sig, xb_eff, yb, rng, reps=plan.draws,
-                matrix_noise=self.matrix_noise.lower(), project_psd=bool(self.project_psd),
-            )
-        if not np.all(np.isfinite(theta)):
-            raise FloatingPointError(
-                f"{type(self).__name__}: the noisy normal equations gave non-finite "
-                "coefficients"
-            )
+        theta, lamb = ssp_release(
+            X.T @ X, X.T @ y, plan.noise_scale, plan.budget_split,
+            self._effective_x_bound(plan), plan.label_bound, make_rng(self.random_state),
+            reps=plan.draws, adaptive=self._adaptive, matrix_noise=self.matrix_noise.lower(),
+            name=type(self).__name__, **self._solver_options(),
+        )
         fitted = {"noise_scale_": plan.noise_scale, **self._coefficients(theta, plan)}
         if self._adaptive and plan.reps is None:
             fitted["ridge_"] = float(lamb[0])
         return fitted
+
+    def _solver_options(self) -> dict[str, Any]:
+        """The post-processing options of :func:`ssp_release` this estimator sets."""
+        return {"project_psd": bool(self.project_psd)}
 
     def fit(self, X, y):
         """Release noisy sufficient statistics and solve the normal equations."""
@@ -383,3 +374,6 @@ class AdaSSPRegressor(SSPRegressor):
         self.accountant = accountant
         self.random_state = random_state
         self.ledger = ledger
+
+    def _solver_options(self) -> dict[str, Any]:
+        return {"regularization": self.regularization.lower()}

@@ -70,12 +70,12 @@ import numpy as np
 from sklearn.base import MetaEstimatorMixin, clone, is_classifier
 from sklearn.model_selection import ParameterGrid
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.errors import ParameterTypeError, ParameterValueError, PlanMismatchError
-from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng
+from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng, validate_input
 from privlearn.models.constraints import (
     ACCOUNTANT,
     LEDGER,
@@ -429,7 +429,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     def _check_data(self, X, y, plan: SearchPlan):
         """Check ``X`` and ``y`` (the candidates validate them again); the candidates get
         them as given."""
-        validate_data(self, X, y, dtype=None)
+        validate_input(self, X, y, dtype=None)
         return X, y
 
     def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:

@@ -36,7 +36,7 @@ import numpy as np
 from sklearn.base import OneToOneFeatureMixin, TransformerMixin, clone
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Mechanism, PureDP, calibrate, compose
@@ -44,9 +44,11 @@ from privlearn.errors import ParameterTypeError, ParameterValueError
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
+    check_finite_target,
     data_shape,
     make_rng,
     require_delta_for_gaussian,
+    validate_input,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -346,7 +348,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         return self._fit(X, y)
 
     def _check_data(self, X, y, plan: ScalerPlan):
-        return validate_data(self, X, dtype=np.float64), None
+        return validate_input(self, X, dtype=np.float64), None
 
     def _release(self, X, y, plan: ScalerPlan) -> dict[str, Any]:
         """The noisy histogram (bounds), then the noisy clipped moments."""
@@ -397,7 +399,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
     def transform(self, X):
         """``(X - mean_) / scale_`` (post-processing: no privacy cost)."""
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = validate_input(self, X, reset=False, dtype=np.float64)
         return (X - self.mean_) / self.scale_
 
     def inverse_transform(self, X):
@@ -529,7 +531,10 @@ class PrivatePipeline(Pipeline):
         return compose(mechs)
 
     def fit(self, X, y=None, **params):
-        """Fit every step, then account the whole pipeline."""
+        """Fit every step, then account the whole pipeline. A numeric ``y`` with a NaN or
+        an infinity is refused before any step is fitted (a later step would refuse it
+        after the earlier ones had released)."""
+        check_finite_target(type(self).__name__, y)
         super().fit(X, y, **params)
         self.mechanism_ = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
         if self.delta is None:

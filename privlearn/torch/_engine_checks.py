@@ -135,6 +135,22 @@ def _warn_drop_last(data_loader: DataLoader, law, stacklevel: int) -> None:
         stacklevel=stacklevel + 1)
 
 
+def _warn_loader_generator(data_loader: DataLoader, cfg, stacklevel: int) -> None:
+    """A ``generator`` given to the loader draws none of the DP run's batches (the DP
+    sampler does, from ``seed`` or the operating system's entropy): without ``seed`` (and
+    outside secure mode, which never repeats), a loop that set it to repeat a run would
+    not; say so."""
+    if (getattr(data_loader, "generator", None) is None or cfg.seed is not None
+            or cfg.secure_mode):
+        return
+    warnings.warn(
+        "data_loader has a generator, which does not draw the batches of the DP run: "
+        "make_private replaces the loader's sampling by the DP sampler, which draws from "
+        "seed= or, without it, from the operating system's entropy (a different run each "
+        "time; the generator only seeds the workers). Pass seed= to repeat a run",
+        UserWarning, stacklevel=stacklevel + 1)
+
+
 def _check_given_sampler(data_loader: DataLoader, n: int, secure: bool,
                          per_epoch: int) -> None:
     """A ``PoissonBatchSampler`` / ``FixedSizeBatchSampler`` given as the loader's

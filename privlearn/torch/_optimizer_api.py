@@ -11,9 +11,18 @@ update uses), and ``state_dict``/``load_state_dict`` are the wrapped optimizer's
 between this object's own state-dict hooks. What ``Optimizer`` keeps per instance and
 reads in its inherited methods is set up by :meth:`OptimizerDelegation._init_optimizer_api`:
 the step, state-dict and load-state-dict hook registries (``register_step_pre_hook`` and
-the others work as on any optimizer; the step hooks run around the DP step, through the
-wrapper ``Optimizer`` puts around every subclass's ``step``) and the profiler's name of
-``zero_grad``. The same pattern as accelerate's ``AcceleratedOptimizer``.
+the others work as on any optimizer) and the profiler's name of ``zero_grad``. The same
+pattern as accelerate's ``AcceleratedOptimizer``.
+
+Step hooks fire once per parameter update, as on a plain optimizer. ``Optimizer`` wraps
+every subclass's ``step`` in a function that runs torch's global step hooks
+(``torch.optim.optimizer.register_optimizer_step_pre_hook``) and the instance's around
+every call; here the wrapped optimizer's own ``step`` (the update) already runs the
+global ones, and a call of the DP step on a virtual batch's earlier chunk updates
+nothing. So this class's ``step`` is left unwrapped, and the DP step runs this
+instance's hooks itself (:meth:`OptimizerDelegation._with_step_hooks`) on the calls that
+end a logical batch; the global hooks fire in the wrapped optimizer's update, their
+optimizer argument that one, with the clipped, noised gradient it applies in ``.grad``.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+
+from privlearn.errors import TrainingLoopError
 
 __all__ = ["OptimizerDelegation"]
 
@@ -47,6 +58,31 @@ class OptimizerDelegation(torch.optim.Optimizer):
         self._optimizer_load_state_dict_post_hooks = OrderedDict()
         self._warned_capturable_if_run_uncaptured = True
         self._patch_step_function()  # step hooks and the profiler's record of step()
+
+    def _patch_step_function(self) -> None:
+        # Optimizer's would wrap the class's step in its hook runner (see the module
+        # docstring); only the profiler's name of zero_grad is kept
+        self._zero_grad_profile_name = f"Optimizer.zero_grad#{type(self).__name__}.zero_grad"
+
+    def _with_step_hooks(self, step, *args, **kwargs):
+        """``step(*args, **kwargs)`` between this instance's step pre- and post-hooks,
+        as ``Optimizer``'s wrapper runs them (a pre-hook may return new ``(args,
+        kwargs)``), in the profiler's record of ``step``."""
+        args = (self, *args)
+        with torch.autograd.profiler.record_function(
+                f"Optimizer.step#{type(self).__name__}.step"):
+            for hook in self._optimizer_step_pre_hooks.values():
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise TrainingLoopError("a step pre-hook must return None or a tuple "
+                                           f"(new_args, new_kwargs), got {result!r}")
+                    args, kwargs = result
+            out = step(*args[1:], **kwargs)
+            self._optimizer_step_code()
+            for hook in self._optimizer_step_post_hooks.values():
+                hook(self, args, kwargs)
+        return out
 
     param_groups = _delegated("param_groups")
     state = _delegated("state")

@@ -122,6 +122,21 @@ def _addmv_cols(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
     _add_mv(o, _finite(cols), c)
 
 
+#: While the clipped sum groups the products of held per-example gradients
+#: (:mod:`privlearn.torch._grouped`): a function taking ``(o, rows, c)`` that returns True
+#: when it takes over ``o += rows.T @ c``
+_DEFER: contextvars.ContextVar = contextvars.ContextVar("privlearn_defer_mv", default=None)
+
+
+def _addmv_rows_cols(o: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                     c: torch.Tensor) -> None:
+    """:func:`_addmv_cols` of ``cols`` (``rows.t()``, kept), or handed to the grouped
+    product of the clipped sum being formed (:data:`_DEFER`)."""
+    take = _DEFER.get()
+    if take is None or not take(o, rows, c):
+        _addmv_cols(o, cols, c)
+
+
 def _add_mv(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
     """``o += cols @ c`` in place, in the wider of the dtypes of ``o`` and ``cols``: one
     ``addmv_`` when ``o`` is at least as wide (narrower columns are widened first),
@@ -160,7 +175,21 @@ def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if a.dim() == 2:
             return torch.mm(a, b, out_dtype=torch.float32)
         return torch.bmm(a, b, out_dtype=torch.float32)
+    return _emulated_mm32(a, b)
+
+
+def _emulated_mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """:func:`mm32` off CUDA: both operands widened to float32, then one matmul (two
+    casts and a product where CUDA dispatches one ``mm``/``bmm`` with ``out_dtype``; the
+    only place the CPU emulates that product, so that a count of what the CUDA branch
+    dispatches can stand in for it here)."""
     return torch.matmul(a.float(), b.float())  # bf16 x bf16 products are exact in float32
+
+
+def _emulated_addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """:func:`addmm32_` into a float32 ``o`` off CUDA: ``o += a @ b`` formed by
+    :func:`_emulated_mm32` (where CUDA dispatches one ``addmm`` with ``out_dtype``)."""
+    o.add_(_emulated_mm32(a, b))
 
 
 _ADDMM_OUT: bool | None = None
@@ -187,10 +216,12 @@ def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """``o += a @ b`` for half-precision ``a`` and ``b``, accumulated in float32: one
     ``addmm`` into a float32 ``o`` on CUDA where :func:`_addmm_out_dtype`, else
     :func:`mm32` and an addition (the float32 product rounded once to ``o``'s dtype)."""
-    if o.dtype == torch.float32 and o.device.type == "cuda" and _addmm_out_dtype():
+    if o.dtype != torch.float32 or (o.device.type == "cuda" and not _addmm_out_dtype()):
+        o.add_(mm32(a, b))
+    elif o.device.type == "cuda":
         torch.addmm(o, a, b, out_dtype=torch.float32, out=o)
     else:
-        o.add_(mm32(a, b))
+        _emulated_addmm32_(o, a, b)
 
 
 def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -220,9 +251,22 @@ def token_scaled(x: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
     ``T`` (one multiplication a layer, on the form its matmul reads). In the wider of
     the two dtypes: half-precision rows and float32 factors give the float32 products
     of the exact float32 values (no cast of the rows first)."""
-    f = _ROW_VIEWS.get(c, ("rows of", t),
-                       lambda: c.unsqueeze(1).repeat(1, t).view(-1, 1))
-    y = x * f
+    y = x * _token_factors(c, t)
+    return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
+
+
+def _token_factors(c: torch.Tensor, t: int) -> torch.Tensor:
+    """The factors repeated per row, ``(B T, 1)``, once per weight vector and ``T``."""
+    return _ROW_VIEWS.get(c, ("rows of", t), lambda: c.unsqueeze(1).repeat(1, t).view(-1, 1))
+
+
+def token_scaled_t(xt: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
+    """:func:`token_scaled` of the transpose: ``xt`` ``(n, B T)`` (the transposed view of
+    a ``(B T, n)`` tensor) with its columns weighted, in the transposed view's layout:
+    the same values and memory as ``token_scaled(xt.t(), c, t).t()``, without the
+    transposing view."""
+    f = _ROW_VIEWS.get(c, ("columns of", t), lambda: _token_factors(c, t).view(1, -1))
+    y = xt * f
     return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
 
 

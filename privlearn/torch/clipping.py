@@ -18,6 +18,7 @@ import torch
 
 from privlearn.errors import BatchDependenceError, TrainingLoopError
 from privlearn.torch import grad_sample as _gs
+from privlearn.torch._grouped import accumulate_all
 from privlearn.torch._tracker_util import (
     _flat_sq,
     _mismatch_message,
@@ -207,10 +208,9 @@ class ClippingMixin:
                 if masked:
                     self.last_overflow_count = bad.sum()
             with _gs.rows_finite(bad is None):
-                for c in contribs:
-                    if out is not None:
-                        c.accumulate_into(factors, [out[id(p)] for p in c.params])
-                        continue
+                if out is not None:  # the small layers' products grouped
+                    accumulate_all(contribs, factors, out)
+                for c in contribs if out is None else ():
                     for p, w in zip(c.params, c.weighted_sum(factors), strict=True):
                         k = id(p)
                         sums[k] = w if k not in sums else sums[k] + w

@@ -15,6 +15,7 @@ names, types and defaults. The closed choices are the string enums :class:`Clipp
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from dataclasses import MISSING, dataclass, field, fields
@@ -23,8 +24,8 @@ from enum import StrEnum
 from privlearn import _validation as _v
 from privlearn.accounting import Sampling, available_accountants, get_accountant
 from privlearn.correlated.sampling import SAMPLINGS
-from privlearn.correlated.strategies import ToeplitzStrategy
-from privlearn.errors import ConfigurationError, ParameterValueError
+from privlearn.correlated.strategies import ToeplitzStrategy, check_stable
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch.schedule import independent, sized_by, whole_run
 
 __all__ = ["Clipping", "DPConfig", "Noise", "Reduction"]
@@ -79,6 +80,54 @@ _OTHER_ACCOUNTANTS = {
     "gdp": "Opacus's GDP accountant uses a central-limit approximation that can understate "
            "epsilon, so privlearn does not offer it; use 'pld' (the default) or 'rdp'",
 }
+
+
+#: Keywords of Opacus's ``PrivacyEngine``, ``make_private`` and
+#: ``make_private_with_epsilon`` that are not arguments here, with what to use.
+_OPACUS_SETTINGS = {
+    "module": "module: the model is model= (or the first argument)",
+    "criterion": "criterion: not needed, compute the loss as usual; the engine picks the "
+                 "per-example gradient method (ghost clipping included) of each layer",
+    "batch_first": "batch_first: not needed, layers with a batch_first flag are read from "
+                   "it; batch_dims={layer name: 1} names a layer whose inputs carry the "
+                   "batch on dimension 1 without one",
+    "poisson_sampling": "poisson_sampling: Poisson sampling is the default (sampling="
+                        "'poisson'); sampling='fixed' draws fixed-size batches instead",
+    "noise_generator": "noise_generator: use seed= (reproducible noise) or "
+                       "secure_mode=True (CSPRNG noise)",
+    "grad_sample_mode": "grad_sample_mode: not needed, the engine picks the per-example "
+                        "gradient method of each layer itself",
+    "wrap_model": "wrap_model: not needed, the model is used as it is (p.model is model)",
+    "rand_on_empty": "rand_on_empty: not needed, an empty Poisson batch is a step that "
+                     "adds the noise alone (and is accounted)",
+    "max_clipbound": "max_clipbound: the adaptive bound has no cap here "
+                     "(clipping='adaptive' with target_unclipped_quantile)",
+    "min_clipbound": "min_clipbound: the adaptive bound has no floor here "
+                     "(clipping='adaptive' with target_unclipped_quantile)",
+    "target_eps": "target_eps: use target_epsilon",
+    "secure_rng": "secure_rng: use secure_mode=True",
+    "sample_rate": "sample_rate: the sampling rate is the data loader's batch_size / "
+                   "len(dataset)",
+}
+
+
+def unknown_settings_error(owner: str, unknown, *, missing=(),
+                           arguments=()) -> ParameterTypeError:
+    """The error for settings ``owner`` does not know (``unknown``) and its own
+    ``arguments`` left out (``missing``): DPConfig's fields listed, each unknown name with
+    what to use (:data:`_OPACUS_SETTINGS`) or the closest field or argument."""
+    names = DPConfig.names()
+    close = {k: difflib.get_close_matches(k, (*arguments, *names), n=1) for k in unknown}
+    hints = "; ".join(_OPACUS_SETTINGS.get(k) or f"did you mean {c[0]!r} for {k!r}?"
+                      for k, c in close.items() if c or k in _OPACUS_SETTINGS)
+    said = []
+    if missing:
+        said.append(f"{owner} is missing {', '.join(missing)} ({owner}("
+                    f"{', '.join(arguments)}, **settings))")
+    if unknown:
+        said.append(f"{owner} got unknown settings {sorted(unknown)}: the settings are the "
+                    f"fields of DPConfig ({', '.join(names)})")
+    return ParameterTypeError("; ".join(said) + (f"; {hints}" if hints else ""))
 
 
 @dataclass(frozen=True)
@@ -140,7 +189,9 @@ class DPConfig:
         ``bands <= cycle_length``), ``"blt"`` (a buffered linear Toeplitz strategy with
         ``buffers`` buffers). Needs the planned length (``epochs`` or ``steps``).
     bands : int >= 1, optional
-        Bands of ``noise="banded"`` (default: the cycle length, or 8).
+        Bands of ``noise="banded"`` (default: the cycle length, or 8). A run of fewer
+        planned steps gets as many bands as steps (a banded strategy has at most one
+        band per step).
     buffers : int >= 1, optional
         Buffers of ``noise="blt"`` (default 4).
     cycle_length : int >= 1, optional
@@ -258,6 +309,14 @@ class DPConfig:
     augmentation_multiplicity: int | None = None
     augment: object = field(default=None, hash=False, repr=False, compare=False)
 
+    def __new__(cls, *args, **kwargs):
+        # an unknown keyword is named with what to use (dataclass's __init__ would raise a
+        # bare TypeError); positional arguments are left to __init__
+        unknown = sorted(set(kwargs) - set(cls.names()))
+        if unknown:
+            raise unknown_settings_error(cls.__name__, unknown)
+        return super().__new__(cls)
+
     def __post_init__(self):
         put = object.__setattr__
         if isinstance(self.sampling, Sampling):
@@ -353,6 +412,8 @@ class DPConfig:
             raise _v.ParameterTypeError(
                 f"noise must be one of {tuple(map(str, Noise))} or a privlearn.correlated "
                 f"strategy (e.g. BandedToeplitz(...)), got {self.noise!r}")
+        else:
+            check_stable(self.noise.recurrence())  # a C^{-1} that overflows: refused here
         for name in ("bands", "buffers", "cycle_length"):
             if getattr(self, name) is not None:
                 put(self, name, _v.check_count(name, getattr(self, name), minimum=1))

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence
+from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence, check_stable
 from privlearn.errors import ParameterValueError
 
 __all__ = ["CorrelatedNoise"]
@@ -58,6 +58,7 @@ class CorrelatedNoise:
     """
 
     def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence):
+        check_stable(recurrence)  # a C^{-1} that grows geometrically is refused
         self.recurrence = recurrence
         self.banded = hasattr(recurrence, "coefs")
         self.steps = 0
@@ -189,7 +190,7 @@ class CorrelatedNoise:
 
     def state_dict(self) -> dict:
         """The step count and the buffers (past noises: keep such a state private)."""
-        return {"format": _FORMAT, "steps": self.steps,
+        return {"format": _FORMAT, "steps": self.steps, "recurrence": repr(self.recurrence),
                 "buffers": None if self._buf is None else self._buf.clone(),
                 "layout": None if self._live is None else list(self._live + self._frozen),
                 "live": None if self._live is None else len(self._live)}
@@ -198,6 +199,16 @@ class CorrelatedNoise:
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ParameterValueError("state is not a privlearn correlated-noise state; pass what "
                              "state_dict() returned")
+        saved = state.get("recurrence")  # absent in states saved before it was recorded
+        if saved is not None and saved != repr(self.recurrence):
+            raise ParameterValueError(
+                f"the state was saved by the noise recurrence {saved}, not this one "
+                f"({self.recurrence!r}): its past noises continue only under the same "
+                "coefficients; load it into a generator of the same strategy")
+        if state["buffers"] is not None and state["buffers"].shape[0] != self.buffers:
+            raise ParameterValueError(
+                f"the state holds {state['buffers'].shape[0]} buffers, this recurrence "
+                f"keeps {self.buffers}; load it into a generator of the same strategy")
         self.steps = int(state["steps"])
         self._buf = None if state["buffers"] is None else state["buffers"].clone()
         self._consts = {}

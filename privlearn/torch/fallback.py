@@ -60,6 +60,10 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
 
     names = [n for n, p in module.named_parameters() if p in set(params)]
     pvals = {n: p.detach() for n, p in module.named_parameters() if p in set(params)}
+    # the module's other parameters (a child layer's, a unit of its own, or frozen ones)
+    # are constants here: detached, so that the gradients of pvals are not attached to
+    # them, and in the compute dtype with the rest below
+    others = {n: p.detach() for n, p in module.named_parameters() if n not in pvals}
     outputs_n = len(record.outputs_meta)
     if dims is None:
         x = record.args[0] if record.args else next(iter(record.kwargs.values()))
@@ -84,6 +88,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         kwargs = {k: up(v) for k, v in kwargs.items()}
         gouts = [up(t) for t in gouts]
         pvals = {k: up(v) for k, v in pvals.items()}
+        others = {k: up(v) for k, v in others.items()}
     kw_keys = list(kwargs)
     kw_vals = [kwargs[k] for k in kw_keys]
     kw_in = [kw_dims[k] for k in kw_keys]
@@ -98,7 +103,8 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         g_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(g_i, out_dims, strict=True)]
 
         def f(p):
-            out = functional_call(module, p, tuple(a_i), dict(zip(kw_keys, k_i, strict=True)))
+            out = functional_call(module, {**others, **p}, tuple(a_i),
+                                  dict(zip(kw_keys, k_i, strict=True)))
             flat_out, _ = tree_flatten(out)
             return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
 

@@ -59,6 +59,7 @@ from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _add_mv,
     _addmv_cols,
     _addmv_rows,
+    _addmv_rows_cols,
     _finite,
     _out_dtype_matmul,
     _shaped,
@@ -70,6 +71,7 @@ from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     row_sq_norms,
     rows_finite,
     token_scaled,
+    token_scaled_t,
 )
 from privlearn.torch.rule_registry import (  # noqa: F401  (re-exported)
     INSTRUMENTERS,
@@ -223,6 +225,11 @@ class Contribution:
         for o, w in zip(outs, self.weighted_sum(c), strict=True):
             o.add_(_shaped(w, o.shape))
 
+    def mv_rows(self) -> list[torch.Tensor] | None:
+        """The per-example gradients as ``(B, n)`` rows aligned with ``params`` when
+        :meth:`accumulate_into` is one product of each by the weights, else None."""
+        return None
+
     def param_sq_norms(self) -> list[torch.Tensor]:
         """Per-example squared norms ``(B,)`` of each parameter's gradient, aligned with
         ``params`` (per-layer clipping). Default: from :meth:`per_sample`."""
@@ -276,10 +283,6 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dts[0]
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
-
-
 def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x`` in ``dtype``, without a copy when it already is.
 
@@ -317,9 +320,15 @@ class Materialized(Contribution):
             self._sq = out
             # the (n, B) views the clipped sum multiplies by the weights, made with the
             # norms (during backward for a rule evaluated then)
-            self._cols = [(g if g.dim() == 2 else g.reshape(g.shape[0], -1)).t()
+            self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
                           for g in self.grads]
+            self._cols = [r.t() for r in self._rows]
         return self._sq
+
+    def mv_rows(self) -> list[torch.Tensor]:
+        if getattr(self, "_rows", None) is None:
+            self.sq_norms()
+        return self._rows
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         return [row_scaled(g.reshape(g.shape[0], -1), c).sum(0).view(g.shape[1:])
@@ -438,7 +447,7 @@ class OuterProduct(Contribution):
         p = g.shape[-1]
         self.dims = (b, G, t, d, p)
         if ghost is None:
-            ghost = use_ghost(b, G, t, d, p, _itemsize(dt))
+            ghost = use_ghost(b, G, t, d, p, dt.itemsize)
         self.ghost = ghost
         self._ps = None
         self._sq = None
@@ -448,10 +457,11 @@ class OuterProduct(Contribution):
         self._flat2 = None
         if ghost and G == 1 and a.is_contiguous() and g.is_contiguous():
             # the (B T, d) and (B T, p) forms the step's matmul reads, and the transpose
-            # of its unscaled left side (views, made here rather than in the step)
+            # of its left side (scaled in that layout where scaled; views, made here)
             a2, g2 = a.view(b * t, d), g.view(b * t, p)
             lt = (a2 if p <= d else None) if transposed else (g2 if p > d else None)
-            self._flat2 = (a2, g2, None if lt is None else lt.t())
+            st = (a2 if p > d else None) if transposed else (g2 if p <= d else None)
+            self._flat2 = tuple([a2, g2] + [None if x is None else x.t() for x in (lt, st)])
         if not ghost:
             # per-example weight gradients via batched matmul, laid out as the parameter
             # ((B, G, p, d); transposed: (B, 1, d, p)); the inputs (e.g. conv patches) are
@@ -471,6 +481,11 @@ class OuterProduct(Contribution):
             if bias is not None:
                 self._bias_ps()
             self.a = self.g = None
+
+    def mv_rows(self) -> list[torch.Tensor] | None:
+        if self._ps is None:
+            return None
+        return [self._ps_rows] if self.bias is None else [self._ps_rows, self._bias_ps()]
 
     @property
     def a(self) -> torch.Tensor | None:
@@ -593,7 +608,7 @@ class OuterProduct(Contribution):
             if self.bias is not None:
                 _addmv_cols(outs[1], self._bias_cols(), c)
             return
-        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * _itemsize(self._dtype)))
+        k = max(1, _CHUNK_BYTES // max(1, t * (d + p) * self._dtype.itemsize))
         if self._flat2 is not None and k >= b:
             return self._accumulate_flat(c, outs)
         if self._ps is not None or G != 1 or self._low or o.dtype != self._dtype:
@@ -626,19 +641,20 @@ class OuterProduct(Contribution):
         buffer (``addmm_``; half-precision operands: with float32 accumulation,
         :func:`addmm32_`; a buffer of another dtype: the product added, rounded once)."""
         b, G, t, d, p = self.dims
-        a2, g2, lt = self._flat2
+        a2, g2, lt, st = self._flat2
         dt = self._dtype
         c0 = c if self._low else c.to(dt)
         c = low_factors(c, dt) if self._low else c0
-        gs = None
+        gs = gst = None
         if p > d:  # the inputs are the narrower side
-            x = token_scaled(a2, c, t)  # in dt: the factors' dtype
-            left, right = ((x.t(), _finite(as_dtype(g2, dt))) if self.transposed
-                           else (_finite(as_dtype(lt, dt)), x))
+            # in dt (the factors' dtype); scaled as the transpose the matmul reads
+            left, right = ((token_scaled_t(st, c, t), _finite(as_dtype(g2, dt)))
+                           if self.transposed
+                           else (_finite(as_dtype(lt, dt)), token_scaled(a2, c, t)))
+        elif self.transposed:
+            left, right = _finite(as_dtype(lt, dt)), (gs := token_scaled(g2, c, t))
         else:
-            gs = token_scaled(g2, c, t)
-            left, right = ((_finite(as_dtype(lt, dt)), gs) if self.transposed
-                           else (gs.t(), _finite(as_dtype(a2, dt))))
+            left, right = (gst := token_scaled_t(st, c, t)), _finite(as_dtype(a2, dt))
         o = outs[0]
         o = o if o.shape == (left.shape[0], right.shape[1]) else o.view(left.shape[0], -1)
         if self._low:
@@ -649,10 +665,11 @@ class OuterProduct(Contribution):
             o.addmm_(left, right)
         if self.bias is None:
             return
-        if gs is None:
-            _addmv_cols(outs[1], self._bias_cols(), c0)
+        if gs is None and gst is None:
+            _addmv_rows_cols(outs[1], self._bias_ps(), self._bias_cols(), c0)
         else:  # same summation as autograd's Linear
-            outs[1].add_(gs.sum(0, dtype=torch.float32) if self._low else gs.sum(0))
+            k, gs = (0, gs) if gst is None else (1, gst)
+            outs[1].add_(gs.sum(k, dtype=torch.float32) if self._low else gs.sum(k))
 
     def _add_weighted_(self, o: torch.Tensor, g: torch.Tensor, a: torch.Tensor,
                        c: torch.Tensor, p: int, d: int) -> torch.Tensor:

@@ -677,15 +677,14 @@ class NoiseSource:
                 return self._secure_draw_(out, std, add=True)
             gen = self.generator_for(out.device)
             target = out if out.is_contiguous() else out.contiguous()
-            flat = target.view(-1)
+            flat = target if target.dim() == 1 else target.view(-1)
             n = flat.numel()
-            scratch_dtype = torch.float64 if out.dtype == torch.float64 else torch.float32
-            scratch = torch.empty(min(n, _ADD_CHUNK_ELEMENTS), dtype=scratch_dtype,
-                                  device=out.device)
-            for start in range(0, n, scratch.numel()):
-                piece = flat[start:start + scratch.numel()]
-                z = scratch[:piece.numel()].normal_(0.0, std, generator=gen)
-                piece.add_(z)
+            scratch = torch.empty(min(n, _ADD_CHUNK_ELEMENTS), device=out.device, dtype=(
+                torch.float64 if out.dtype == torch.float64 else torch.float32))
+            for start in range(0, n, scratch.numel()):  # one chunk: no pieces viewed
+                piece = flat if n == scratch.numel() else flat[start:start + scratch.numel()]
+                z = scratch if n == scratch.numel() else scratch[:piece.numel()]
+                piece.add_(z.normal_(0.0, std, generator=gen))
             if target is not out:
                 out.copy_(target)
             return out

@@ -742,6 +742,13 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
     def step(self, closure=None):
         """One DP-SGD step (no parameter update on a non-final virtual chunk).
 
+        The step hooks of this optimizer (``register_step_pre_hook`` and
+        ``register_step_post_hook``) run around the calls that end a logical batch, once
+        per update; torch's global step hooks
+        (``torch.optim.optimizer.register_optimizer_step_pre_hook``) run once per update
+        too, around the wrapped optimizer's ``step`` (their optimizer argument is that
+        one, its ``.grad`` the clipped, noised gradient it applies).
+
         Called by ``torch.amp.GradScaler.step`` (which sets ``grad_scale`` and
         ``found_inf`` on this object first), the recorded gradients are divided by the
         scaler's scale before clipping, and the scaler is told whether the noisy gradient
@@ -756,6 +763,11 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         PrivacyBudgetExceededError
             The step would exceed ``max_epsilon``; nothing is changed.
         """
+        if self._final_chunk:  # the hooks see the arguments as given (none, or the closure)
+            return self._with_step_hooks(self._step, *(() if closure is None else (closure,)))
+        return self._step(closure)
+
+    def _step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -23,7 +23,6 @@ model's gradient synchronisation is switched off for the run and restored by
 from __future__ import annotations
 
 import contextlib
-import difflib
 import inspect
 import math
 import warnings
@@ -48,9 +47,10 @@ from privlearn.torch._engine_checks import (
     _per_layer_bounds,
     _shared_seed,
     _warn_drop_last,
+    _warn_loader_generator,
 )
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant, Segment
-from privlearn.torch.config import DPConfig
+from privlearn.torch.config import DPConfig, unknown_settings_error
 from privlearn.torch.data import (
     AugmentedLoader,
     UnitIndex,
@@ -218,12 +218,18 @@ class PrivateTraining:
     # ------------------------------------------------------------------ checkpoints
     def _mechanism(self) -> dict:
         plan = self.plan
-        return {**self.config.mechanism(), "noise_multiplier": plan.noise_multiplier,
-                "max_grad_norm": plan.max_grad_norm, "sampling_rate": plan.sampling_rate,
-                "expected_batch_size": plan.expected_batch_size,
-                "dataset_size": plan.dataset_size, "world_size": plan.world_size,
-                "rank": plan.rank, "per_layer_max_grad_norm": plan.per_layer_bounds,
-                "adaptive": plan.adaptive_tuple()}
+        out = {**self.config.mechanism(), "noise_multiplier": plan.noise_multiplier,
+               "max_grad_norm": plan.max_grad_norm, "sampling_rate": plan.sampling_rate,
+               "expected_batch_size": plan.expected_batch_size,
+               "dataset_size": plan.dataset_size, "world_size": plan.world_size,
+               "rank": plan.rank, "per_layer_max_grad_norm": plan.per_layer_bounds,
+               "adaptive": plan.adaptive_tuple()}
+        if plan.run is not None and plan.run.correlates:
+            # the strategy is optimised for the planned steps: the saved noise state
+            # continues only under the same coefficients (other ones would release a
+            # row-mixed C nobody accounted)
+            out["strategy"] = repr(plan.run.strategy)
+        return out
 
     def state_dict(self) -> dict:
         """Everything needed to continue this run: model and optimizer state, the
@@ -275,7 +281,8 @@ class PrivateTraining:
             raise ConfigurationError("the saved state was made with a different mechanism, so its "
                              "privacy history does not describe this run: "
                              + "; ".join(diff) + ". Rebuild with make_private using the "
-                             "original arguments")
+                             "original arguments"
+                             + _strategy_hint(theirs, mine))
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.optimizer.max_grad_norm = state["max_grad_norm"]
@@ -286,6 +293,17 @@ class PrivateTraining:
         self.optimizer.noise.load_state_dict(state["noise"])
         if self.optimizer.correlated is not None:
             self.optimizer.correlated.load_state_dict(state["correlated"])
+
+
+def _strategy_hint(saved: dict, here: dict) -> str:
+    """What to do when a checkpoint's correlated-noise strategy is not this run's."""
+    if saved.get("strategy") == here.get("strategy"):
+        return ""
+    if "strategy" not in saved and here.get("strategy") is not None:
+        return (" (the checkpoint does not record its correlated-noise strategy, so "
+                "continuing its noise state cannot be checked against this run's)")
+    return (" (the correlated-noise strategy is optimised for the planned steps: pass the "
+            "same epochs or steps)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -389,12 +407,24 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
 
 
 def _warn_unoptimised(model: nn.Module, optimizer) -> None:
-    """Warn about trainable parameters of the model that no param group of the optimizer
-    holds: the engine clips every trainable parameter (their gradients count in each
+    """Refuse an optimizer that holds none of the model's trainable parameters (built over
+    another model's); warn about trainable parameters of the model that no param group of
+    the optimizer holds: the engine clips every trainable parameter (their gradients count in each
     example's norm, so the optimised ones are clipped harder) and the optimizer never
     updates them."""
     held = {id(q) for g in optimizer.param_groups for q in g["params"]}
-    names = [n for n, q in model.named_parameters() if q.requires_grad and id(q) not in held]
+    trainable = [(n, q) for n, q in model.named_parameters() if q.requires_grad]
+    names = [n for n, q in trainable if id(q) not in held]
+    if trainable and len(names) == len(trainable):
+        if is_sharded(model):  # the sharded checks name an optimizer built before fully_shard
+            return
+        raise ConfigurationError(
+            f"the optimizer holds none of the model's {len(trainable)} trainable parameters "
+            f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): it was built over "
+            "other tensors (a copy of the model, or the model before a change that replaced "
+            "its parameters), so no step would update the model while every step would be "
+            "accounted. Build the optimizer over model.parameters() of the model passed "
+            "to make_private")
     if names:
         warnings.warn(
             "trainable parameters of the model in no param group of the optimizer "
@@ -447,6 +477,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
     _warn_drop_last(data_loader, law, stacklevel=3)
+    _warn_loader_generator(data_loader, cfg, stacklevel=3)
     per_epoch = law.per_epoch(q, cycle)
     _check_given_sampler(data_loader, len(data_loader.dataset), cfg.secure_mode, per_epoch)
     planned = cfg.steps if cfg.steps is not None else (
@@ -595,10 +626,21 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     return opt, loader, acct, budget
 
 
+class _Required:
+    """The default of make_private's three required arguments: their absence is reported
+    with the misnamed keywords that explain it (Opacus's ``module=``), as a typed error."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED = _Required()
+
+
 def make_private(
-    model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
-    config: DPConfig | None = None, *, ledger=None, process_group=None, grad_scaler=None,
-    **settings,
+    model: nn.Module = _REQUIRED, optimizer: torch.optim.Optimizer = _REQUIRED,
+    data_loader: DataLoader = _REQUIRED, config: DPConfig | None = None, *, ledger=None,
+    process_group=None, grad_scaler=None, **settings,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
     "Deep Learning with Differential Privacy", Algorithm 1).
@@ -627,7 +669,8 @@ def make_private(
         whose sampling cannot be accounted; always before any step, with the user's
         objects left as they were.
     """
-    cfg = _config(config, settings)
+    cfg = _config(config, settings,
+                  dict(model=model, optimizer=optimizer, data_loader=data_loader))
     with _Undo() as undo:
         inner = prepare_model(model, optimizer, cfg, undo)
         plan = plan_run(cfg, inner, data_loader, process_group)
@@ -650,28 +693,18 @@ def make_private(
                            undo=undo.on_detach)
 
 
-#: Settings of Opacus's ``make_private`` that are not settings here, with what to use.
-_OPACUS_SETTINGS = {
-    "poisson_sampling": "poisson_sampling: Poisson sampling is the default (sampling="
-                        "'poisson'); sampling='fixed' draws fixed-size batches instead",
-    "grad_sample_mode": "grad_sample_mode: not needed, the engine picks the per-example "
-                        "gradient method of each layer itself",
-    "noise_generator": "noise_generator: use seed= (reproducible noise) or "
-                       "secure_mode=True (CSPRNG noise)",
-    "target_eps": "target_eps: use target_epsilon",
-}
+#: make_private's own arguments before the settings.
+_ARGUMENTS = ("model", "optimizer", "data_loader")
 
 
-def _config(config: DPConfig | None, settings: dict) -> DPConfig:
-    """The run's :class:`DPConfig`: ``config``, or one made of the keyword settings."""
+def _config(config: DPConfig | None, settings: dict, arguments: dict) -> DPConfig:
+    """The run's :class:`DPConfig`: ``config``, or one made of the keyword settings;
+    ``arguments`` (make_private's own, by name) must all have been given."""
     unknown = sorted(set(settings) - set(DPConfig.names()))
-    if unknown:
-        close = {k: difflib.get_close_matches(k, DPConfig.names(), n=1) for k in unknown}
-        hints = "; ".join(_OPACUS_SETTINGS.get(k) or f"did you mean {c[0]!r} for {k!r}?"
-                          for k, c in close.items() if c or k in _OPACUS_SETTINGS)
-        raise ParameterTypeError(
-            f"make_private got unknown settings {unknown}: the settings are the fields of "
-            f"DPConfig ({', '.join(DPConfig.names())})" + (f"; {hints}" if hints else ""))
+    missing = [k for k, v in arguments.items() if v is _REQUIRED]
+    if unknown or missing:
+        raise unknown_settings_error("make_private", unknown, missing=missing,
+                                     arguments=_ARGUMENTS)
     if config is None:
         return DPConfig(**settings)
     if not isinstance(config, DPConfig):
@@ -691,7 +724,8 @@ def _signature(fn) -> inspect.Signature:
     help(), IDEs and the API reference show), before its own keyword-only arguments."""
     sig = inspect.signature(fn)
     params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    first = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    first = [p.replace(default=p.empty) if p.default is _REQUIRED else p
+             for p in params if p.kind is not p.KEYWORD_ONLY]
     return sig.replace(parameters=[*first, *DPConfig.parameters(),
                                    *(p for p in params if p.kind is p.KEYWORD_ONLY)])
 

@@ -94,12 +94,19 @@ def probe(tracker, inputs, examples: int) -> None:
     batched = [i for i, t in enumerate(leaves)
                if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples]
     if not batched:
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        inner = next(((i, d, tuple(t.shape)) for i, t in enumerate(tensors)
+                      for d in range(1, t.dim()) if t.shape[d] == examples), None)
+        where = "" if inner is None else (
+            f" The batch is on dimension {inner[1]} of input {inner[0]} (shape {inner[2]}): "
+            "a sequence-first batch, e.g. from a collate_fn that transposes it. Make the "
+            "loader yield batch-first tensors and transpose inside the model's forward "
+            "(batch_dims then names the layers that see sequence-first activations).")
         raise BatchDependenceError(
             f"none of the model's inputs has the batch of {examples} examples on its leading "
-            "dimension (shapes: "
-            f"{[tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)]}), so privlearn "
-            "cannot check that each example is processed on its own. Pass the batch as "
-            "p.data_loader yields it (one row per example; a packed or flattened batch "
+            f"dimension (shapes: {[tuple(t.shape) for t in tensors]}), so privlearn cannot "
+            "check that each example is processed on its own." + where + " Pass the batch "
+            "as p.data_loader yields it (one row per example; a packed or flattened batch "
             "would be clipped as one example)")
     m = _sub_batch(leaves, batched, examples)
     if m < examples:

@@ -77,6 +77,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     record_batch,
     record_dims,
 )
+from privlearn.torch._zero_rows import install_zero_row_forwards
 from privlearn.torch.clipping import ClippingMixin
 from privlearn.torch.cross_terms import _cross_terms  # noqa: F401  (re-exported)
 from privlearn.torch.fallback import FALLBACK
@@ -360,6 +361,8 @@ class GradSampleTracker(ClippingMixin):
                         _eager(self._capture_enter), with_kwargs=True))
                     self._handles.append(u.module.register_forward_hook(
                         _eager(self._capture_exit), prepend=True, always_call=True))
+        # layers torch cannot run on a zero-row (empty Poisson) batch
+        self._handles.extend(install_zero_row_forwards(self.model))
         if self._skip_param_grads:
             for u in self.units:
                 slots = _param_slots(u.module, u.params)

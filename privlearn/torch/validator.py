@@ -22,7 +22,8 @@ __all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_m
 
 _BN_MSG = ("BatchNorm mixes examples in a batch and is not differentially private; "
            "replace with GroupNorm (privlearn.torch.fix(model) / make_private(fix_model=True) "
-           "does it)")
+           "does it), or keep a pretrained one frozen with its running statistics "
+           "(bn.eval() and bn.requires_grad_(False) after model.train())")
 
 
 #: Layers that draw random numbers in their forward pass: ``type -> active(module)``
@@ -106,6 +107,8 @@ def _aliased(m, trainable):
 
 @register_validator(nn.modules.batchnorm._BatchNorm)
 def _batch_norm(m, trainable):
+    if not (m.training or trainable) and m.track_running_stats and m.running_mean is not None:
+        return []  # frozen with its statistics: a fixed map of each example on its own
     return [_BN_MSG]
 
 
@@ -255,7 +258,10 @@ def _fixer_for(m: nn.Module) -> Fixer | None:
 def _batch_norm_to_group_norm(bn) -> nn.GroupNorm:
     """GroupNorm with ``gcd(32, C)`` groups (Wu & He 2018 use 32 groups), *sharing* the
     BatchNorm's affine parameters: an optimizer built over the model before the fix holds
-    them, so they train."""
+    them, so they train. None (nothing to fix) for a BatchNorm frozen with its running
+    statistics, which the validator accepts."""
+    if not _batch_norm(bn, any(q.requires_grad for q in bn.parameters(recurse=False))):
+        return None
     _check_initialised(bn)
     c = bn.num_features
     new = nn.GroupNorm(math.gcd(32, c), c, eps=bn.eps, affine=False)

@@ -91,3 +91,15 @@ def test_bad_arguments():
         optimize_banded_toeplitz(10, 11)
     with pytest.raises(ValueError, match="reduction must be one of"):
         optimize_banded_toeplitz(10, 2, reduction="median")
+
+
+def test_the_loss_of_an_overflowing_inverse_raises_instead_of_nan():
+    from privlearn.correlated import BufferedToeplitz, per_query_error
+    from privlearn.errors import AccountingError
+
+    unstable = BufferedToeplitz((0.99,), (5.0,))  # C^{-1} grows like 4.01^t
+    assert np.isfinite(loss(unstable, 100))  # still representable: a (huge) number
+    with pytest.raises(AccountingError, match="not finite"):
+        loss(unstable, 1000)
+    with pytest.raises(AccountingError, match="not finite"):
+        per_query_error(unstable, 1000)

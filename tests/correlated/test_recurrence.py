@@ -84,3 +84,32 @@ def test_planted_bugs_are_caught():
     }
     for name, (strategy, rec) in planted.items():
         assert _correlation_error(strategy, rec) > 1e-3, name
+
+
+# an unstable C^{-1}: its noise grows geometrically (a BLT whose inverse decay, the
+# eigenvalue of diag(theta) - 1 omega^T, is 0.99 - 5 = -4.01; a banded C = 1 + 2x whose
+# inverse is sum (-2x)^t)
+UNSTABLE = [BufferedToeplitz((0.99,), (5.0,)), BandedToeplitz((1.0, 2.0)),
+            BufferedToeplitz((0.9, 0.5), (1.0, 1.5))]
+
+
+@pytest.mark.parametrize("strategy", UNSTABLE, ids=repr)
+def test_a_recurrence_whose_noise_grows_without_bound_is_refused(strategy):
+    from privlearn.errors import ConfigurationError
+
+    r = strategy.inverse_toeplitz_coefs(60)
+    assert abs(r[-1]) > 1e10  # the closed form: C^{-1}'s entries do grow geometrically
+    with pytest.raises(ConfigurationError, match="C\\^\\{-1\\}"):
+        CorrelatedNoise(strategy.recurrence(), (3,))
+
+
+@pytest.mark.parametrize("strategy", [
+    BandedToeplitz((1.0, -1.0)),  # C^{-1} = prefix sums: bounded (a root on the circle)
+    BufferedToeplitz((1.0,), (0.0,)),  # C = I
+    BufferedToeplitz((0.99, -0.1), (0.01, -0.1)),  # a negative decay (jax_privacy's tests)
+    *STRATEGIES,
+], ids=repr)
+def test_stable_recurrences_are_accepted(strategy):
+    z = np.random.default_rng(1).normal(size=(50, 2))
+    noise, _ = _run(strategy.recurrence(), z)
+    np.testing.assert_allclose(strategy.materialize(50) @ noise, z, atol=1e-9)

@@ -152,7 +152,7 @@ def test_wrong_types_are_named():
         MinSeparation(0)
     with pytest.raises(ValueError, match="coefs\\[0\\] must be > 0"):
         BandedToeplitz((0.0, 1.0))
-    with pytest.raises(ValueError, match="buf_decay must be in \\[0, 1\\]"):
+    with pytest.raises(ValueError, match="buf_decay must be in \\[-1, 1\\]"):
         BufferedToeplitz((1.5,), (0.1,))
 
 
@@ -164,3 +164,17 @@ def test_materialize_matches_definition():
             want = 0.0 if i < j else (1.0 if i == j else 0.3 * 0.8 ** (i - j - 1))
             assert m[i, j] == pytest.approx(want, rel=1e-15)
     assert np.allclose(materialize([1, 2], 3), [[1, 0, 0], [2, 1, 0], [0, 2, 1]])
+
+
+@pytest.mark.parametrize("theta,omega", [((0.99, -0.1), (0.01, -0.1)), ((0.5, -0.9), (0.3, 0.2))])
+@pytest.mark.parametrize("sep,k", [(1, 3), (2, 3), (3, 2)])
+def test_blt_with_a_negative_decay_is_never_below_an_attained_value(theta, omega, sep, k):
+    """A negative decay (jax_privacy's BLTs have them) gives signed coefficients: the
+    general rule applies, and no participation pattern attains more."""
+    C = BufferedToeplitz(theta, omega)
+    n = 8
+    s = sensitivity(C, MinSeparation(sep, k), n)
+    lo, _ = _brute_force(C.materialize(n), _patterns(n, sep, k))
+    assert s.value**2 >= lo * (1 - 1e-12)
+    single = sensitivity(C, MinSeparation(n), n)
+    assert single.exact and single.value == pytest.approx(np.linalg.norm(C.toeplitz_coefs(n)))

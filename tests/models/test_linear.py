@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-import privlearn.models.linear as linear_mod
+import privlearn.models._ssp as ssp_mod
 from privlearn.accounting import Gaussian, compose
 from privlearn.accounting.analytic import gaussian_epsilon
 from privlearn.datasets import load_california_housing
@@ -547,14 +547,16 @@ def test_linear_models_store_no_clipping_counts(cls):
 # --- label interval -------------------------------------------------------------------
 
 def _capture(monkeypatch, name):
+    """Record the arguments of the release kernel ``name`` of :mod:`privlearn.models._ssp`,
+    where the estimators' release (``ssp_release``) looks it up."""
     seen = {}
-    orig = getattr(linear_mod, name)
+    orig = getattr(ssp_mod, name)
 
     def spy(*args, **kwargs):
         seen["args"] = args
         return orig(*args, **kwargs)
 
-    monkeypatch.setattr(linear_mod, name, spy)
+    monkeypatch.setattr(ssp_mod, name, spy)
     return seen
 
 
@@ -650,3 +652,13 @@ def test_noisygd_default_learning_rate_is_accounted(monkeypatch):
 # epsilon 2, delta 1e-6, seed preprocessing) with the new default is tested in
 # tests/models/test_linear.py: test_noisygd_seed000_* (fast, 50 batched chains) and
 # test_noisygd_seed000_public_fits_50 (slow, 50 public fits, random_state 0..49).
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_ssp_release_refuses_non_finite_coefficients(adaptive):
+    from privlearn.models._ssp import ssp_release
+
+    XTX = np.array([[np.nan, 0.0], [0.0, 1.0]])
+    with pytest.raises(FloatingPointError, match="MyRegressor: the noisy normal equations"):
+        ssp_release(XTX, np.ones(2), 1.0, None, 1.0, 1.0, np.random.default_rng(0),
+                    adaptive=adaptive, name="MyRegressor")

@@ -154,3 +154,18 @@ def test_error_messages_name_range_value_and_suggest():
         NoisyGDRegressor(smoothness="privat").fit(X, y)
     with pytest.raises(ValueError, match=r"sampling_rate must be in \(0, 1\].*1.5.*Poisson"):
         DPSGDClassifier(sampling_rate=1.5, classes=[0, 1]).fit(X, y)
+
+
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=lambda c: c.__name__)
+def test_infinite_epsilon_is_refused_with_the_non_private_alternative(cls):
+    """epsilon=inf (diffprivlib: a non-private fit) is refused before anything runs, and
+    the message says where the non-private baseline is."""
+    if "epsilon" not in cls._parameter_constraints:
+        pytest.skip(f"{cls.__name__} has no epsilon of its own")
+    with pytest.raises(ValueError, match=r"got inf.*non-private.*scikit-learn") as info:
+        cls._parameter_constraints["epsilon"]("epsilon", math.inf)
+    assert isinstance(info.value, M.base.ParameterValueError)
+    if cls is SSPRegressor:
+        X, y = np.zeros((4, 2)), np.array([0.0, 1.0, 0.0, 1.0])
+        with pytest.raises(ValueError, match="non-private"):
+            SSPRegressor(epsilon=math.inf).fit(X, y)

@@ -83,11 +83,13 @@ def test_correlated_noise_is_C_inverse_of_the_independent_draws(noise, extra):
         assert not np.allclose(w, z)  # correlated: not the independent draws
 
 
-def test_banded_state_is_O_bands_and_resumes_bit_for_bit():
-    w, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise="banded", bands=3)
+@pytest.mark.parametrize("noise,extra,kept", [("banded", {"bands": 3}, 2),
+                                              ("blt", {"buffers": 2}, 2)])
+def test_correlated_state_is_O_bands_and_resumes_bit_for_bit(noise, extra, kept):
+    w, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
     state = copy.deepcopy(p.state_dict())
-    assert state["correlated"]["buffers"].shape[0] == 2  # b - 1 noises, not the history
-    full, _ = _noises(10, sampling="shuffled_epochs", epochs=2, noise="banded", bands=3)
+    assert state["correlated"]["buffers"].shape[0] == kept  # b - 1 noises / m buffers
+    full, _ = _noises(10, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
     np.testing.assert_array_equal(full[:7], w)
     # a new run loads the state and continues with the same noise
     torch.set_default_dtype(torch.float64)
@@ -97,7 +99,7 @@ def test_banded_state_is_O_bands_and_resumes_bit_for_bit():
         q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
                          DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
                          max_grad_norm=1.0, sampling="shuffled_epochs", epochs=2,
-                         noise="banded", bands=3)
+                         noise=noise, **extra)
         q.load_state_dict(state)
         rest = []
         while len(rest) < 3:
@@ -113,6 +115,69 @@ def test_banded_state_is_O_bands_and_resumes_bit_for_bit():
     finally:
         torch.set_default_dtype(torch.float32)
 
+
+
+@pytest.mark.parametrize("noise,extra", [("banded", {"bands": 3}), ("blt", {"buffers": 2})])
+def test_resume_refuses_a_run_whose_strategy_differs(noise, extra):
+    """The strategy is optimised for the planned steps: a checkpoint of a 2-epoch run
+    loaded into a 3-epoch run would continue the saved noise state under other
+    coefficients (a row-mixed C that nobody accounted), so it is refused."""
+    from privlearn.errors import ConfigurationError
+
+    _, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
+    state = copy.deepcopy(p.state_dict())
+    model = _Frozenish()
+    q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                     max_grad_norm=1.0, sampling="shuffled_epochs", epochs=3, noise=noise,
+                     **extra)
+    assert q.plan.run.strategy != p.plan.run.strategy
+    with pytest.raises(ConfigurationError, match="optimised for the planned steps"):
+        q.load_state_dict(state)
+    assert q.accountant.steps == 0 and q.optimizer.correlated.steps == 0
+    # a checkpoint that does not say its strategy cannot be checked: refused as well
+    del state["mechanism"]["strategy"]
+    model = _Frozenish()
+    same = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                        DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                        max_grad_norm=1.0, sampling="shuffled_epochs", epochs=2, noise=noise,
+                        **extra)
+    with pytest.raises(ConfigurationError, match="does not record"):
+        same.load_state_dict(state)
+
+
+def _logical_noises(steps, **kw):
+    """The noise of each logical step (p.grad after the step that took it), with the loop
+    stepping every physical chunk."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = _Frozenish()
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                         max_grad_norm=1.0, sampling="cyclic_poisson", cycle_length=3,
+                         epochs=2, noise="banded", bands=3, **kw)
+        out = []
+        while len(out) < steps:
+            for x, y in p.data_loader:
+                taken = p.accountant.steps
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                p.optimizer.step()
+                if p.accountant.steps > taken:
+                    out.append(torch.cat([v.grad.reshape(-1) for v in model.parameters()]))
+                if len(out) == steps:
+                    break
+        return torch.stack(out).numpy(), p
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_virtual_batches_advance_the_correlated_noise_once_per_logical_step():
+    whole, _ = _logical_noises(6)
+    chunked, p = _logical_noises(6, max_physical_batch_size=2)
+    assert p.optimizer.correlated.steps == p.accountant.steps == 6
+    np.testing.assert_array_equal(chunked, whole)
 
 def _batches(p, steps):
     out = []
@@ -188,6 +253,23 @@ def test_refused_combinations():
         make_private(model, opt, loader, noise_multiplier=1.0, epochs=1, noise="dp-ftrl",
                      sampling="balls_in_bins")
 
+
+
+@pytest.mark.parametrize("strategy", [BufferedToeplitz((0.99,), (5.0,)),
+                                      BandedToeplitz((1.0, 2.0))], ids=repr)
+def test_a_strategy_whose_noise_overflows_is_refused_before_any_step(strategy):
+    """C^{-1} growing geometrically: the noise of step t grows like 4^t (inf/nan in a few
+    hundred steps), so the run is refused when it is made, not after the model is nan."""
+    from privlearn.errors import ConfigurationError
+
+    model = nn.Linear(4, 3)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ConfigurationError, match="grows without bound"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, epochs=20,
+                     sampling="shuffled_epochs", noise=strategy, seed=0)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
 
 def test_explicit_strategy_and_amplified_banded_accounting():
     model = nn.Linear(4, 3)
@@ -397,3 +479,21 @@ def test_a_layer_unfrozen_and_frozen_mid_run_with_correlated_noise():
                                    atol=1e-9)
         assert all(name not in w[t] for t in (0, 1, 2, 8, 9))
     assert p.accountant.steps == n and math.isfinite(p.epsilon(1e-5))
+
+
+def test_the_noise_state_loads_only_into_the_same_recurrence():
+    from privlearn.errors import ParameterValueError
+    from privlearn.torch.correlated_noise import CorrelatedNoise
+
+    gen = CorrelatedNoise(BandedToeplitz((1.0, 0.5, 0.25)).recurrence())
+    for _ in range(3):
+        gen.apply_(torch.randn(5, dtype=torch.float64))
+    state = gen.state_dict()
+    same = CorrelatedNoise(BandedToeplitz((1.0, 0.5, 0.25)).recurrence())
+    same.load_state_dict(state)
+    z = torch.randn(5, dtype=torch.float64)
+    assert torch.equal(same.apply_(z.clone()), gen.apply_(z.clone()))
+    for other in (BandedToeplitz((1.0, 0.5, 0.3)), BandedToeplitz((1.0, 0.5)),
+                  BufferedToeplitz((0.9, 0.5), (0.2, 0.1))):
+        with pytest.raises(ParameterValueError, match="same strategy"):
+            CorrelatedNoise(other.recurrence()).load_state_dict(state)

@@ -428,6 +428,46 @@ def test_custom_multi_input_fallback():
     check(model, [torch.randn(4, 2, 3), torch.randn(4, 2, 3)], sq_loss, modes=("auto",))
 
 
+class _ExtraParam(nn.Module):
+    """Opacus's ``LinearWithExtraParam``: a child layer, then a parameter of the module
+    itself applied to its output (the torch.func fallback recomputes the child)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 8)
+        self.extra_param = nn.Parameter(torch.randn(8, 4))
+
+    def forward(self, x):
+        return self.fc(x).matmul(self.extra_param)
+
+
+def test_own_parameter_after_a_trainable_child_layer(oracle):
+    """The per-example gradients match the naive loop, and the DP step runs: the
+    fallback's gradients of the module's own parameter were still attached to the
+    child's trainable weights, and accumulating them into the step's buffers raised
+    inside autograd."""
+    torch.manual_seed(0)
+    check(_ExtraParam(), [torch.randn(4, 3, 5)], sq_loss, modes=("auto",))
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    model = _ExtraParam()
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(10, 3, 5), torch.zeros(10)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(TensorDataset(x, y), batch_size=10), noise_multiplier=0.0,
+                     max_grad_norm=0.5, sampling="fixed", loss_reduction="sum", seed=0)
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    sq_loss(p.model(xb)).backward()
+    p.optimizer.step()
+    oracle.step(ref, xb, yb, 0.5, lr=0.5, expected_batch=p.optimizer.expected_batch_size,
+                loss_fn=lambda out, _: sq_loss(out))
+    torch.testing.assert_close(oracle.flat(model.parameters()), oracle.flat(ref.parameters()),
+                               rtol=1e-4, atol=1e-5)
+
+
 class _Shared(nn.Module):
     """The same Linear called twice and weights tied between Embedding and output."""
 

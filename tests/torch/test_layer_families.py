@@ -402,7 +402,10 @@ def _empty_cases():
              ("Conv2d", nn.Conv2d(2, 3, 2), (0, 2, 5, 5)),
              ("Conv3d", nn.Conv3d(2, 3, 2), (0, 2, 3, 5, 5)),
              ("GroupNorm", nn.GroupNorm(2, 4), (0, 4, 3, 3)),
-             ("LayerNorm", nn.LayerNorm(3), (0, 2, 3)), ("RMSNorm", nn.RMSNorm(3), (0, 2, 3))]
+             ("LayerNorm", nn.LayerNorm(3), (0, 2, 3)), ("RMSNorm", nn.RMSNorm(3), (0, 2, 3)),
+             ("InstanceNorm1d", nn.InstanceNorm1d(4, affine=True), (0, 4, 5)),
+             ("InstanceNorm2d", nn.InstanceNorm2d(4, affine=True), (0, 4, 3, 3)),
+             ("InstanceNorm3d", nn.InstanceNorm3d(4, affine=True), (0, 4, 2, 3, 3))]
     return [pytest.param(m, s, id=n) for n, m, s in cases]
 
 

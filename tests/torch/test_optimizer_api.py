@@ -129,3 +129,86 @@ def test_optimizer_hooks_run_around_the_dp_step(make_data, make_mlp):
     assert opt2.param_groups[0]["lr"] == 0.01
     for a, b in zip(opt.state.values(), opt2.state.values(), strict=True):
         torch.testing.assert_close(a["exp_avg"], b["exp_avg"])
+
+
+@pytest.mark.parametrize("physical", [None, 3])
+def test_step_hooks_fire_once_per_logical_step(physical, make_data, make_mlp):
+    """As for a plain optimizer, a step hook fires once per parameter update: hooks on
+    ``p.optimizer`` once per ``step()`` that ends a logical batch (never on a virtual
+    batch's earlier chunks, which update nothing), torch's global step hooks once per
+    update, with the noisy gradient the update applies in ``p.grad``, and hooks on the
+    optimizer given to make_private once per update too."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    model = make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    p = make_private(model, opt, DataLoader(make_data(n=40), batch_size=10),
+                     noise_multiplier=1.0, max_grad_norm=1.0, seed=0, sampling="fixed",
+                     max_physical_batch_size=physical)
+    seen = []
+    first = next(model.parameters())
+
+    def record(kind):
+        return lambda o, a, k: seen.append(
+            (kind, o, p.accountant.steps, None if first.grad is None else first.grad.clone()))
+
+    handles = [register_optimizer_step_pre_hook(record("global pre")),
+               register_optimizer_step_post_hook(record("global post")),
+               p.optimizer.register_step_pre_hook(record("pre")),
+               p.optimizer.register_step_post_hook(record("post")),
+               opt.register_step_post_hook(record("given post"))]
+    try:
+        calls = 0
+        for _, (x, y) in zip(range(2 * (4 if physical else 1)), p.data_loader, strict=False):
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            calls += 1
+    finally:
+        for h in handles:
+            h.remove()
+    assert p.accountant.steps == 2 and calls == (8 if physical else 2)
+    kinds = [s[0] for s in seen]
+    one = ["pre", "global pre", "given post", "global post", "post"]
+    assert kinds == one + one
+    for k, (kind, o, steps, grad) in enumerate(seen):
+        assert steps == k // len(one) + (kind == "post")
+        assert o is (p.optimizer if kind in ("pre", "post") else opt)
+        if kind == "global pre":  # the update's gradient: clipped, noised, averaged
+            assert grad is not None and torch.isfinite(grad).all()
+
+
+def test_a_step_pre_hook_may_replace_the_step_arguments(make_data, make_mlp):
+    """As on torch's optimizers, a pre-hook of ``p.optimizer`` may return new ``(args,
+    kwargs)`` for the step (here: a closure, which the step then runs) and nothing else."""
+    from privlearn.errors import TrainingLoopError
+
+    model = make_mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(), batch_size=16), noise_multiplier=1.0,
+                     max_grad_norm=1.0, seed=0)
+    x, y = next(iter(p.data_loader))
+    ran = []
+
+    def closure():
+        ran.append(True)
+        p.optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(p.model(x), y)
+        loss.backward()
+        return loss
+
+    handle = p.optimizer.register_step_pre_hook(
+        lambda o, args, kwargs: (args, {"closure": closure}))
+    loss = p.optimizer.step()
+    handle.remove()
+    assert ran == [True] and loss is not None and p.accountant.steps == 1
+    p.optimizer.register_step_pre_hook(lambda o, args, kwargs: "not a pair")
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(TrainingLoopError, match="pre-hook"):
+        p.optimizer.step()
+    assert p.accountant.steps == 1

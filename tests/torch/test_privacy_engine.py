@@ -381,6 +381,29 @@ def test_drop_last_is_named_where_it_cannot_apply(sampling, warns):
         assert len(set(sizes)) > 1  # not all batches of 8: nothing dropped or padded
 
 
+@pytest.mark.parametrize("seed,warns", [(None, True), (3, False)])
+def test_a_loader_generator_without_seed_is_named(seed, warns):
+    """``DataLoader(..., generator=torch.Generator().manual_seed(0))`` draws no batch of
+    the DP run (the DP sampler draws them, from ``seed=`` or the OS's entropy): a loop
+    that sets it to repeat a run is told to pass ``seed=`` instead; with a seed, the batches
+    repeat and nothing is said."""
+    runs = []
+    for _ in range(2):
+        model = _mlp()
+        loader = DataLoader(_data(n=64), batch_size=8,
+                            generator=torch.Generator().manual_seed(0))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                             noise_multiplier=1.0, seed=seed)
+        named = [w for w in caught if "generator" in str(w.message)]
+        assert len(named) == int(warns)
+        if warns:
+            assert named[0].filename == __file__ and "seed=" in str(named[0].message)
+        runs.append([y.tolist() for _, y in p.data_loader])
+    assert (runs[0] == runs[1]) is (seed is not None)
+
+
 @pytest.mark.parametrize("sampler,sampling,match", [
     (lambda: PoissonBatchSampler(32, 0.25), "poisson", r"num_samples=32 \(the dataset has 64"),
     (lambda: PoissonBatchSampler(64, 0.25, indices=range(10)), "poisson",
@@ -622,6 +645,20 @@ def test_a_model_made_private_twice_is_refused_until_detached():
     assert p2.accountant.steps == 2
 
 
+def test_an_optimizer_over_another_models_parameters_is_refused():
+    """An optimizer built over a copy of the model (equal values, other tensors), as in
+    Opacus's ``test_parameters_match``: no step would ever update the model, while every
+    step is accounted. Refused up front, naming the cause; nothing attached."""
+    from privlearn.errors import ConfigurationError
+
+    model, twin = _mlp(), _mlp()
+    twin.load_state_dict(model.state_dict())
+    with pytest.raises(ConfigurationError, match="none of the model's 4 trainable"):
+        make_private(model, torch.optim.SGD(twin.parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+    assert dict(model._forward_hooks) == {} and dict(model._forward_pre_hooks) == {}
+
+
 def test_trainable_parameters_the_optimizer_does_not_hold_are_named():
     """An optimizer over the head of a model whose backbone still requires gradients
     (a fine-tuning loop that forgot to freeze it): the engine clips over every trainable
@@ -637,3 +674,62 @@ def test_trainable_parameters_the_optimizer_does_not_hold_are_named():
         warnings.simplefilter("error")
         make_private(model, torch.optim.SGD(model[2].parameters(), lr=0.1),
                      DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+
+
+def _frozen_batchnorm_cnn():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(3 * 16, 3))
+    bn = model[1]
+    with torch.no_grad():  # pretrained statistics and affine terms
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.normal_()
+    return model
+
+
+def test_a_frozen_batchnorm_with_its_statistics_trains_the_rest(oracle):
+    """A pretrained BatchNorm kept frozen with its running statistics (eval mode, no
+    trainable parameter) is a fixed map of each example: make_private accepts it and the
+    step equals the naive per-example one. Switched back to training mode (batch
+    statistics, which mix examples), the next step is refused before anything is
+    released; trainable or in training mode, it is refused at make_private."""
+    from privlearn.errors import BatchDependenceError, UnsupportedModuleError
+    from privlearn.torch import validate
+
+    ds = TensorDataset(torch.randn(24, 2, 6, 6), torch.randint(0, 3, (24,)))
+    for change in (lambda bn: bn.requires_grad_(False), lambda bn: bn.eval()):
+        model = _frozen_batchnorm_cnn()
+        change(model[1])
+        assert validate(model) and "bn.eval()" in validate(model)[0]
+        with pytest.raises(UnsupportedModuleError, match="BatchNorm"):
+            make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=8), noise_multiplier=1.0)
+
+    model = _frozen_batchnorm_cnn()
+    model[1].eval().requires_grad_(False)
+    assert validate(model) == []
+    from privlearn.torch import fix
+
+    bn = model[1]
+    assert fix(model)[1] is bn  # nothing to fix: its statistics are kept
+    ref = copy.deepcopy(model)
+    trained = [q for q in model.parameters() if q.requires_grad]
+    p = make_private(model, torch.optim.SGD(trained, lr=0.5), DataLoader(ds, batch_size=8),
+                     noise_multiplier=0.0, max_grad_norm=0.3, sampling="fixed", seed=0)
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    p.optimizer.step()
+    oracle.step(ref, xb, yb, 0.3, lr=0.5, expected_batch=p.optimizer.expected_batch_size)
+    torch.testing.assert_close(oracle.flat(model.parameters()), oracle.flat(ref.parameters()),
+                               rtol=1e-4, atol=1e-6)
+
+    model.train()  # the whole model, BatchNorm included, back to batch statistics
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    with pytest.raises(BatchDependenceError):
+        p.optimizer.step()
+    assert p.accountant.steps == 1

@@ -464,3 +464,40 @@ def test_a_buffer_the_data_does_not_reach_trains():
     model = Counted()
     p, _, _ = _first_step(model, _seqs())
     assert p.accountant.steps == 1 and model.steps.item() == 1
+
+
+class _SequenceFirst(nn.Module):
+    """Opacus's text test model: token ids ``(T, B)`` (its collate_fn transposes the
+    batch), Embedding and attention sequence-first, then batch-first logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.attn = nn.Embedding(20, 8), nn.MultiheadAttention(8, 2)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = self.attn(h, h, h, need_weights=False)[0]
+        return self.fc(h.mean(0))
+
+
+def test_a_sequence_first_batch_from_the_collate_fn_is_named():
+    """A collate_fn that puts the batch on dimension 1 of the model's input: the message
+    says where the batch is and what to change (a batch-first loader, the transpose in
+    forward), not only that no input has it first."""
+    def transpose(rows):
+        ids, labels = torch.utils.data.default_collate(rows)
+        return ids.t(), labels
+
+    ds = TensorDataset(torch.randint(0, 20, (40, 6)), torch.randint(0, 3, (40,)))
+    model = _SequenceFirst()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8, collate_fn=transpose), noise_multiplier=1.0,
+                     sampling="fixed", seed=0, batch_dims={"emb": 1, "attn": 1})
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(BatchDependenceError, match=r"on dimension 1 of input 0 \(shape \(6, 8\)\)"
+                       r".*collate_fn.*transpose"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0

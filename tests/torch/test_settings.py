@@ -162,3 +162,63 @@ def test_privacy_arguments_fields_are_dpconfig_fields():
     args = hf.PrivacyArguments(noise_multiplier=1.0, clipping="per_layer",
                                max_grad_norm=[1.0, 2.0])
     assert set(args.engine_settings()) == {f.name for f in shared}
+
+
+def _opacus_keywords() -> list[str]:
+    """The keyword names of Opacus's PrivacyEngine, make_private and
+    make_private_with_epsilon (the peer, test-only)."""
+    opacus = pytest.importorskip("opacus")
+    names = []
+    for fn in (opacus.PrivacyEngine.__init__, opacus.PrivacyEngine.make_private,
+               opacus.PrivacyEngine.make_private_with_epsilon):
+        names += [n for n, p in inspect.signature(fn).parameters.items()
+                  if n != "self" and p.kind is not p.VAR_KEYWORD and n not in names]
+    return names
+
+
+def test_every_opacus_keyword_is_ours_or_named_with_what_to_use():
+    """Each keyword of Opacus's make_private family either is a setting here or is
+    refused with a typed error that names it and what to use instead; ``module=`` (where
+    this library says ``model``) too, not Python's bare missing-argument TypeError."""
+    ours = set(inspect.signature(make_private).parameters)
+    foreign = [n for n in _opacus_keywords() if n not in ours]
+    assert "module" in foreign and "poisson_sampling" in foreign
+    for name in foreign:
+        model, opt, loader = _training()
+        args = dict(model=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0,
+                    max_grad_norm=1.0)
+        if name == "module":
+            args["module"] = args.pop("model")
+        else:
+            args[name] = None
+        with pytest.raises(ParameterTypeError) as err:
+            make_private(**args)
+        assert f"{name}: " in str(err.value), (name, str(err.value))
+        assert dict(model._forward_hooks) == {}
+    with pytest.raises(ParameterTypeError, match="model="):
+        make_private(module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0)
+
+
+def test_missing_or_misspelt_arguments_are_typed_errors_naming_them():
+    model, opt, loader = _training()
+    with pytest.raises(ParameterTypeError, match="data_loader") as err:
+        make_private(model, opt, noise_multiplier=1.0, max_grad_norm=1.0)
+    assert "missing" in str(err.value)
+    with pytest.raises(ParameterTypeError, match="'data_loader' for 'dataloader'"):
+        make_private(model=model, optimizer=opt, dataloader=loader, noise_multiplier=1.0)
+    assert dict(model._forward_hooks) == {}
+
+
+def test_dpconfig_names_unknown_settings_as_make_private_does():
+    """``DPConfig(...)`` refuses an unknown setting with the same typed error and hints as
+    make_private's keywords (Opacus's names included), not Python's bare TypeError; it
+    still copies, replaces and pickles."""
+    import pickle
+
+    with pytest.raises(ParameterTypeError, match="poisson_sampling: Poisson sampling"):
+        DPConfig(noise_multiplier=1.0, poisson_sampling=False)
+    with pytest.raises(ParameterTypeError, match="'max_grad_norm' for 'max_grad_nrom'"):
+        DPConfig(max_grad_nrom=1.0)
+    cfg = DPConfig(noise_multiplier=1.0, seed=3)
+    assert dataclasses.replace(cfg, seed=4).seed == 4
+    assert pickle.loads(pickle.dumps(cfg)) == cfg

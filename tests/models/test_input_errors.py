@@ -1,0 +1,132 @@
+"""Bad data at the public boundary: typed errors that name the input and say what to try
+in a private setting, raised before anything is released (nothing spent on a ledger)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from estimators import assert_covers
+
+import privlearn.models as M
+from privlearn.errors import NonFiniteInputError, ParameterTypeError, ParameterValueError
+from privlearn.ledger import Ledger
+
+pytestmark = pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+
+#: one configured instance of each estimator that is fitted on (X, y); PATE has no fit
+CASES = {
+    "SSPRegressor": lambda: M.SSPRegressor(random_state=0),
+    "AdaSSPRegressor": lambda: M.AdaSSPRegressor(random_state=0),
+    "NoisyGDRegressor": lambda: M.NoisyGDRegressor(noise_multiplier=None, n_iter=5,
+                                                 random_state=0),
+    "DPSGDClassifier": lambda: M.DPSGDClassifier(n_iter=5, classes=[0, 1], random_state=0),
+    "DPSGDRegressor": lambda: M.DPSGDRegressor(n_iter=5, random_state=0),
+    "PrivateStandardScaler": lambda: M.PrivateStandardScaler(feature_range=(-1, 1),
+                                                             random_state=0),
+    "PrivateKNN": lambda: M.PrivateKNN(n_neighbors=3, classes=[0, 1], random_state=0),
+    "PrivateSearchCV": lambda: M.PrivateSearchCV(M.SSPRegressor(), {"epsilon": [0.5, 1.0]},
+                                                 loss_bound=4.0, random_state=0),
+    "PrivatePipeline": lambda: M.PrivatePipeline(
+        [("scale", M.PrivateStandardScaler(feature_range=(-1, 1), random_state=0)),
+         ("ssp", M.SSPRegressor(random_state=0))]),
+}
+
+
+def test_cases_cover_every_fitted_estimator():
+    assert_covers(CASES, "CASES", except_for=("PATE",))
+
+
+def _data(n=40):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(n, 3))
+    return X, (X[:, 0] > 0).astype(float)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("where", ["X", "y"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_input_is_a_typed_error_with_private_advice(name, where, bad):
+    est = CASES[name]()
+    if where == "y" and name in ("PrivateStandardScaler",):
+        pytest.skip("the scaler takes no y")
+    X, y = _data()
+    (X if where == "X" else y)[3] = bad
+    with pytest.raises(NonFiniteInputError) as info:
+        est.fit(X, y)
+    msg = str(info.value)
+    # sklearn's wording kept (its check_estimators_nan_inf matches on it) ...
+    assert ("NaN" if np.isnan(bad) else "infinity") in msg
+    # ... names the input and says what to do without a data-dependent release
+    assert f"{where} contains" in msg and "public" in msg
+    # never advises a non-private estimator
+    assert "HistGradientBoosting" not in msg
+
+
+def test_non_finite_predict_input_is_typed():
+    X, y = _data()
+    m = M.SSPRegressor(random_state=0).fit(X, y)
+    X[0, 0] = np.nan
+    with pytest.raises(NonFiniteInputError, match="X contains NaN"):
+        m.predict(X)
+
+
+@pytest.mark.parametrize("name", ["SSPRegressor", "DPSGDClassifier", "PrivateStandardScaler",
+                                  "PrivateKNN"])
+def test_other_bad_data_is_typed(name):
+    X, y = _data()
+    with pytest.raises(ParameterValueError, match="0 sample"):
+        CASES[name]().fit(X[:0], y[:0])
+    with pytest.raises(ParameterTypeError, match="dense"):
+        CASES[name]().fit(sp.csr_matrix(X), y)
+
+
+def test_non_finite_data_spends_nothing(tmp_path):
+    ledger = Ledger(tmp_path / "l.json", create=True)
+    ledger.create_budget("d", epsilon=1.0, delta=1e-5)
+    X, y = _data()
+    X[0, 0] = np.nan
+    with pytest.raises(NonFiniteInputError):
+        M.SSPRegressor(epsilon=0.5, random_state=0, ledger=ledger.budget("d")).fit(X, y)
+    assert ledger.spent("d").epsilon_spent == 0.0
+
+
+def test_pipeline_refuses_a_non_finite_y_before_any_step_releases(tmp_path):
+    ledger = Ledger(tmp_path / "l.json", create=True)
+    ledger.create_budget("d", epsilon=2.0, delta=1e-5)
+    scaler = M.PrivateStandardScaler(feature_range=(-1, 1), random_state=0,
+                                   ledger=ledger.budget("d"))
+    pipe = M.PrivatePipeline([("scale", scaler), ("ssp", M.SSPRegressor(random_state=0))])
+    X, y = _data()
+    y[5] = np.nan
+    with pytest.raises(NonFiniteInputError, match="y contains"):
+        pipe.fit(X, y)
+    assert ledger.spent("d").epsilon_spent == 0.0
+    assert not hasattr(scaler, "mean_")
+
+
+@pytest.mark.parametrize("make, attr", [
+    (lambda: M.SSPRegressor(x_bound=2.0, y_bound=(-3.0, 3.0), random_state=1), "coef_"),
+    (lambda: M.AdaSSPRegressor(x_bound=2.0, y_bound=3.0, fit_intercept=False,
+                               random_state=1), "coef_"),
+    (lambda: M.NoisyGDRegressor(x_bound=2.0, y_bound=3.0, noise_multiplier=None, n_iter=20,
+                                random_state=1), "coef_"),
+    (lambda: M.PrivateStandardScaler(feature_range=(-2.0, 2.0), quantile=None,
+                                     random_state=1), "scale_"),
+    (lambda: M.PrivateStandardScaler(feature_range=(-2.0, 2.0), random_state=1), "scale_"),
+], ids=["SSP", "AdaSSP", "NoisyGD", "scaler-public-bounds", "scaler-private-bounds"])
+def test_a_record_outside_the_bounds_releases_what_its_clipped_copy_does(make, attr):
+    """Data outside the declared bounds is clipped before anything is computed: with the
+    same noise, a far outlier gives the release of the record at the bound (naive ground
+    truth: the clipped dataset)."""
+    X, y = _data(200)
+    X_out, y_out = X.copy(), y.copy()
+    X_out[0], y_out[0] = [1e9, 0.0, 0.0], 1e9
+    X_clip, y_clip = X.copy(), y.copy()
+    X_clip[0] = [2.0, 0.0, 0.0]
+    y_clip[0] = 3.0
+    if "Scaler" in type(make()).__name__:
+        X_out[0], X_clip[0] = [1e9, -1e9, 0.0], [2.0, -2.0, 0.0]
+    a = getattr(make().fit(X_out, y_out), attr)
+    b = getattr(make().fit(X_clip, y_clip), attr)
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,147 @@
+"""The grouped clipped sum of held per-example gradients into narrower (bfloat16) buffers:
+each buffer receives the float64 sum rounded once, whatever the grouping, the runs of
+adjacent parameters, the non-finite rows of a dropped example and the tied parameters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from privlearn.torch import _grouped
+from privlearn.torch import grad_sample as gs
+from privlearn.torch._grouped import accumulate_all
+from privlearn.torch.grad_sample import Materialized
+
+
+def _setup(seed: int, shapes, b: int = 5):
+    """Parameters of ``shapes`` (bfloat16) viewing one flat buffer in that order, held
+    float32 per-example gradients, and buffers prefilled to nearly cancel the sums (a
+    second rounding would show)."""
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.bfloat16)) for s in shapes]
+    grads = [torch.randn(b, *s, generator=g) for s in shapes]
+    c = torch.rand(b, generator=g)
+    refs = [torch.einsum("b,b...->...", c.double(), x.double()) for x in grads]
+    flat = torch.empty(sum(r.numel() for r in refs), dtype=torch.bfloat16)
+    out, at = {}, 0
+    for p, r in zip(params, refs, strict=True):
+        v = flat[at:at + r.numel()].view(r.shape)
+        v.copy_(-r * 0.999)
+        out[id(p)] = v
+        at += r.numel()
+    want = [out[id(p)].double() + r for p, r in zip(params, refs, strict=True)]
+    return params, grads, c, refs, out, want
+
+
+def _check_rounded_once(out, params, want, grads, c):
+    for p, w, x in zip(params, want, grads, strict=True):
+        o = out[id(p)]
+        assert o.dtype == torch.bfloat16
+        err = (o.double() - w).abs()
+        # half a bfloat16 ulp of the result (one rounding), plus the float32 sum's own
+        # error (relative to the sum of the terms' magnitudes)
+        mag = torch.einsum("b,b...->...", c.double(), torch.nan_to_num(x, 0.0, 0.0, 0.0)
+                           .double().abs())
+        assert (err <= w.abs() * 2.0 ** -8 + mag * 1e-6).all(), (err / mag).max()
+
+
+@pytest.mark.parametrize("order", ["adjacent", "interleaved"])
+def test_grouped_sum_is_the_float64_sum_rounded_once(order):
+    """LayerNorm-like contributions (weight and bias, held float32 rows): one product for
+    all, added per run of adjacent parameters; with ``interleaved`` every other parameter
+    belongs to a contribution whose sum is formed on its own, so the runs are broken."""
+    shapes = [(7,), (7,), (3, 4), (5,), (6,), (2, 3), (8,)]
+    params, grads, c, refs, out, want = _setup(0 if order == "adjacent" else 1, shapes)
+    if order == "adjacent":
+        contribs = [Materialized(params[i:i + 2], grads[i:i + 2]) for i in range(0, 6, 2)]
+        contribs.append(Materialized(params[6:], grads[6:]))
+    else:
+        contribs = [Materialized([p], [x]) for p, x in zip(params, grads, strict=True)]
+    for k in contribs:
+        k.sq_norms()
+    with gs.rows_finite(True):
+        accumulate_all(contribs, c, out)
+    _check_rounded_once(out, params, want, grads, c)
+
+
+def test_grouped_sum_drops_the_nonfinite_rows_of_a_zero_weight():
+    """An example of weight 0 whose held rows are inf and NaN adds exactly nothing."""
+    shapes = [(6,), (6,), (4,), (4,), (5,)]
+    params, grads, c, refs, out, want = _setup(2, shapes)
+    c[1] = 0.0
+    for x in grads:
+        x[1] = float("inf")
+        x[1, 0] = float("nan")
+    refs = [torch.einsum("b,b...->...", c.double(), torch.nan_to_num(x, 0.0, 0.0, 0.0)
+                         .double()) for x in grads]
+    want = [out[id(p)].double() + r for p, r in zip(params, refs, strict=True)]
+    contribs = [Materialized([p], [x]) for p, x in zip(params, grads, strict=True)]
+    with gs.rows_finite(False):
+        accumulate_all(contribs, c, out)
+    for p in params:
+        assert torch.isfinite(out[id(p)]).all()
+    _check_rounded_once(out, params, want, grads, c)
+
+
+@pytest.mark.parametrize("budget", [None, 5 * 5 * 4])
+def test_tied_parameters_and_large_rows_keep_their_own_sums(monkeypatch, budget):
+    """A parameter with two contributions is summed by each in turn (its order of
+    additions kept), rows over the byte budget (``budget``: the (5, 64) ones) by their own
+    product, the rest grouped: the same buffers as the contributions' own
+    ``accumulate_into``, bit for bit (the same terms in the same order per entry)."""
+    shapes = [(64,), (6,), (4,), (4,), (5,), (3,), (2,), (6,)]
+    params, grads, c, _, out, _ = _setup(3, shapes)
+    extra = torch.randn(5, 64, generator=torch.Generator().manual_seed(9))
+
+    class Own(Materialized):  # a rule that forms its own sum (e.g. a ghost layer)
+        def mv_rows(self):
+            return None
+
+    contribs = [Materialized([p], [x]) for p, x in zip(params, grads, strict=True)]
+    contribs.insert(1, Own([params[0]], [extra]))  # tied with the first
+    ref = {k: v.clone() for k, v in out.items()}
+    with gs.rows_finite(True):
+        for k in contribs:
+            k.accumulate_into(c, [ref[id(p)] for p in k.params])
+    if budget is not None:
+        monkeypatch.setattr(_grouped, "GROUP_BYTES", budget)
+    with gs.rows_finite(True):
+        accumulate_all(contribs, c, out)
+    for p in params:
+        assert torch.equal(out[id(p)], ref[id(p)])
+
+
+@pytest.mark.parametrize("low", [False, True], ids=["float32_products", "half_products"])
+def test_a_wrapped_rule_defers_its_products_with_its_own_weights(monkeypatch, low):
+    """Ghost layers whose bias sum is formed from held rows, wrapped per privacy unit
+    (their weights per row, made from the per-unit ones): grouped with those weights,
+    the buffers bit for bit what each rule's own ``accumulate_into`` gives."""
+    from privlearn.torch.grad_sample import OuterProduct
+    from privlearn.torch.units import Grouped, RowUnits
+
+    monkeypatch.setattr(gs, "LOW_PRECISION_MATMUL", "always" if low else "never")
+    g = torch.Generator().manual_seed(4)
+    units = RowUnits.from_sizes([2, 1, 3])
+    c = torch.rand(3, generator=g)
+    rules, flat = [], []
+    for _ in range(4):  # p > d: the bias sum comes from the held per-example rows
+        a = torch.randn(6, 1, 3, 2, generator=g).to(torch.bfloat16)
+        o = torch.randn(6, 1, 3, 5, generator=g).to(torch.bfloat16)
+        w = torch.nn.Parameter(torch.zeros(5, 2, dtype=torch.bfloat16))
+        b = torch.nn.Parameter(torch.zeros(5, dtype=torch.bfloat16))
+        rule = Grouped(OuterProduct(w, b, a, o, ghost=True), units)
+        rule.inner.sq_norms()
+        rules.append(rule)
+        flat += [w, b]
+    buf = torch.randn(sum(q.numel() for q in flat), generator=g).to(torch.bfloat16)
+    out, at = {}, 0
+    for q in flat:
+        out[id(q)] = buf[at:at + q.numel()].view(q.shape)
+        at += q.numel()
+    ref = {k: v.clone() for k, v in out.items()}
+    with gs.rows_finite(True):
+        for k in rules:
+            k.accumulate_into(c, [ref[id(q)] for q in k.params])
+        accumulate_all(rules, c, out)
+    for q in flat:
+        assert torch.equal(out[id(q)], ref[id(q)])
