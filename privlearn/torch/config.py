@@ -336,7 +336,9 @@ class DPConfig:
         ``training`` flag, the module tree, forward hooks), on the model and on
         ``augment`` (default). ``False`` skips it: you then promise that no operation
         (nor ``augment``) mixes examples and that ``batch_dims`` is right
-        (docs/trust-model.md).
+        (docs/trust-model.md). It also turns off make_private's check that the loader's
+        collate function puts the examples on dimension 0 (it collates ``dataset[0]``
+        once and twice).
     """
 
     noise_multiplier: float | None = None

@@ -477,7 +477,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                          f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}); "
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
-    check_batch_first(data_loader)  # the examples on dimension 0 of every batch
+    if cfg.check_batch_independence:  # the examples on dimension 0 of every batch
+        check_batch_first(data_loader)
     _warn_drop_last(data_loader, law, stacklevel=3)
     _warn_loader_generator(data_loader, cfg, stacklevel=3)
     per_epoch = law.per_epoch(q, cycle)

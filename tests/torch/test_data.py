@@ -514,6 +514,12 @@ def test_make_private_refuses_a_sequence_first_collate_before_anything_is_attach
         make_private(model, opt, DataLoader(ds, batch_size=8, collate_fn=_seq_first),
                      noise_multiplier=1.0, seed=0)
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    # check_batch_independence=False: the promise covers the layout, collate is not called
+    calls = []
+    counted = lambda rows: calls.append(len(rows)) or _seq_first(rows)  # noqa: E731
+    make_private(model, opt, DataLoader(ds, batch_size=8, collate_fn=counted),
+                 noise_multiplier=1.0, seed=0, check_batch_independence=False).detach()
+    assert calls == []
     # a batch-first collate with dynamic padding and a per-batch entry is accepted, and
     # the check leaves the global RNG where it was
     make_private(model, opt, DataLoader(_Ragged(), batch_size=2, collate_fn=_padded),
