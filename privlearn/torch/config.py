@@ -137,6 +137,9 @@ _OTHER_SETTINGS = {
                                     "clipping factor is min(1, C / norm) computed safely",
     "skip_checks": "skip_checks: the checks are not optional (check_batch_independence="
                    "False skips only the batch-independence probe)",
+    "privacy_args": "privacy_args: a DPTrainer takes privacy=PrivacyArguments(...)",
+    "author_mapping": "author_mapping: the users of the examples are a column of the "
+                      "training set, PrivacyArguments(user_column=...)",
     # DPConfig settings a DPTrainer takes from its Trainer
     "epochs": "epochs: a DPTrainer plans the run from its TrainingArguments "
               "(num_train_epochs or max_steps)",

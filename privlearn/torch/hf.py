@@ -141,7 +141,14 @@ from privlearn.torch._hf_fsdp import (
 )
 from privlearn.torch._hf_optim import OptimizerHandoff
 from privlearn.torch.accountant import PrivacyBudgetWarning
-from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction, refuse_unknown_settings
+from privlearn.torch.config import (
+    _OTHER_SETTINGS,
+    Clipping,
+    DPConfig,
+    Noise,
+    Reduction,
+    refuse_unknown_settings,
+)
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
@@ -385,11 +392,12 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         infinite from then on.
     """
 
-    def __init__(self, *args, privacy: PrivacyArguments,
+    def __init__(self, *args, privacy: PrivacyArguments | None = None,
                  private_state_dir: str | os.PathLike | None = None, **kwargs):
-        if not isinstance(privacy, PrivacyArguments):
-            raise ParameterTypeError(f"privacy must be a PrivacyArguments, got "
-                            f"{type(privacy).__name__}")
+        other = [_OTHER_SETTINGS[k] for k in ("privacy_args", "author_mapping") if k in kwargs]
+        if not isinstance(privacy, PrivacyArguments) or other:
+            raise ParameterTypeError("; ".join([
+                f"privacy must be a PrivacyArguments, got {type(privacy).__name__}", *other]))
         a = kwargs.get("args", args[1] if len(args) > 1 else None)
         if a is not None:  # the Trainer works on a copy: the user's arguments stay as given
             a = _private_copy(a)

@@ -649,3 +649,18 @@ def test_dataloader_drop_last_is_named_where_poisson_batches_ignore_it(tmp_path)
                                                                       seed=0))
     with pytest.warns(UserWarning, match="drop_last=True, which does not apply"):
         tr.get_train_dataloader()
+
+
+def test_dp_transformers_trainer_arguments_say_what_to_use(tmp_path):
+    """dp-transformers' ``OpacusDPTrainer(..., privacy_args=..., author_mapping=...)``
+    keywords: a typed error naming ``privacy=`` and ``user_column=``, not Python's bare
+    missing-argument TypeError; nothing is built."""
+    from privlearn.errors import ParameterTypeError
+
+    model = _llama()
+    with pytest.raises(ParameterTypeError, match=r"privacy must be a PrivacyArguments, got "
+                       r"NoneType.*privacy=PrivacyArguments.*user_column="):
+        DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
+                  privacy_args=PrivacyArguments(noise_multiplier=1.0),
+                  author_mapping=[[0, 1]])
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
