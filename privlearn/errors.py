@@ -309,5 +309,6 @@ class TrainingLoopError(RuntimeError):
     """The training loop used the engine in a way it cannot account or clip (a second
     ``backward()`` before ``step()``, ``step()`` on the optimizer given to
     ``make_private`` instead of ``p.optimizer``, a layer run in eval mode, trainable
-    parameters changed mid-step); raised before the step, nothing released. A
-    ``RuntimeError``: a refusal caused by the loop's state, not by a parameter."""
+    parameters changed mid-step, pickling the model while the engine is attached: save
+    ``p.state_dict()`` or ``p.detach()`` first); raised before the step, nothing
+    released. A ``RuntimeError``: a refusal caused by the loop's state, not by a parameter."""

@@ -6,13 +6,12 @@ re-exports :func:`record_batch`).
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from privlearn.errors import ConfigurationError, ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterValueError, TrainingLoopError
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims
 from privlearn.torch.grad_sample import DenseOuterProduct, Materialized, OuterProduct, Record
@@ -255,26 +254,56 @@ def _mismatch_message(unit: Unit, seen: int, examples: int, rec: Record | None =
         f"make_private(..., batch_dims={{{unit.name!r}: 1}}).")
 
 
-def _eager(fn):
-    """Run a hook eagerly under ``torch.compile`` (a graph break around it): recording
-    inputs, registering tensor hooks and swapping parameters are Python side effects
-    that must happen on the real tensors of each call.
+#: What to do instead of pickling a model (or an optimizer, or a run) with the engine's
+#: hooks on it.
+NOT_PICKLABLE = (
+    "the privacy engine is attached to this model: its hooks (per-example gradients, "
+    "clipping) cannot be pickled, so torch.save(model) / pickle.dumps of the model, of "
+    "p.optimizer or of p fails while it is. Save a checkpoint instead: torch.save("
+    "p.state_dict(), path) (model, optimizer and privacy state; p.load_state_dict after "
+    "make_private with the same arguments), or model.state_dict(); or call p.detach() "
+    "first (it removes the hooks and returns the model), then save the model")
+
+
+class _Hook:
+    """A module hook of the engine run eagerly under ``torch.compile`` (a graph break
+    around it): recording inputs, registering tensor hooks and swapping parameters are
+    Python side effects that must happen on the real tensors of each call.
 
     Outside compilation the hook is called directly: the ``torch.compiler.disable``
     wrapper costs a few microseconds a call, about 1% of a small BERT's private step
     with ~90 hook calls a forward. Dynamo folds ``is_compiling()`` to True while it
     traces, so the traced path always meets the disabled function and breaks the graph
-    there."""
-    disabled = torch.compiler.disable(fn, recursive=True)
-    is_compiling = torch.compiler.is_compiling
+    there. Pickling one (``torch.save(model)`` while attached) raises a
+    :class:`~privlearn.errors.TrainingLoopError` saying what to save instead, not
+    pickle's bare error about a local function."""
 
-    @functools.wraps(fn)
-    def hook(*args, **kwargs):
-        if is_compiling():
-            return disabled(*args, **kwargs)
-        return fn(*args, **kwargs)
+    __slots__ = ("fn", "disabled", "__wrapped__")
 
-    return hook
+    def __init__(self, fn):
+        self.fn = self.__wrapped__ = fn
+        self.disabled = torch.compiler.disable(fn, recursive=True)
+
+    def __call__(self, *args, **kwargs):
+        if _is_compiling():
+            return self.disabled(*args, **kwargs)
+        return self.fn(*args, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        raise TrainingLoopError(NOT_PICKLABLE)
+
+    def __copy__(self):  # copied as the function it replaces was: the same hook
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __repr__(self) -> str:
+        return f"<privlearn hook {getattr(self.fn, '__qualname__', self.fn)!r}>"
+
+
+_eager = _Hook
+_is_compiling = torch.compiler.is_compiling
 
 
 def _restore(unit: Unit, slots, keep_assigned: bool = False) -> None:

@@ -82,9 +82,14 @@ _OTHER_ACCOUNTANTS = {
 }
 
 
-#: Keywords of Opacus's ``PrivacyEngine``, ``make_private`` and
-#: ``make_private_with_epsilon`` that are not arguments here, with what to use.
-_OPACUS_SETTINGS = {
+#: Argument names of other DP-SGD libraries -- Opacus's ``PrivacyEngine``,
+#: ``make_private`` and ``make_private_with_epsilon``; dp-transformers' and
+#: private-transformers' privacy arguments -- and the :class:`DPConfig` settings a
+#: :class:`~privlearn.torch.hf.DPTrainer` takes from its ``TrainingArguments``, each with
+#: what to use here. One table for :func:`make_private`, :class:`DPConfig` and
+#: :class:`~privlearn.torch.hf.PrivacyArguments` (a name is looked up only where it is not
+#: an argument).
+_OTHER_SETTINGS = {
     "module": "module: the model is model= (or the first argument)",
     "criterion": "criterion: not needed, compute the loss as usual; the engine picks the "
                  "per-example gradient method (ghost clipping included) of each layer",
@@ -108,26 +113,85 @@ _OPACUS_SETTINGS = {
     "secure_rng": "secure_rng: use secure_mode=True",
     "sample_rate": "sample_rate: the sampling rate is the data loader's batch_size / "
                    "len(dataset)",
+    # dp-transformers / private-transformers
+    "per_sample_max_grad_norm": "per_sample_max_grad_norm: use max_grad_norm (the "
+                                "per-example clipping bound)",
+    "disable_dp": "disable_dp: train without privacy with the plain model, optimizer and "
+                  "loader (transformers.Trainer for a DPTrainer); the engine always adds "
+                  "the noise it accounts",
+    "clipping_mode": "clipping_mode: not needed, the engine picks the per-example gradient "
+                     "method (ghost clipping included) of each layer; clipping= chooses "
+                     "flat, per-layer or adaptive clipping",
+    "accounting_mode": "accounting_mode: use accountant= ('pld', the default, or 'rdp')",
+    "alphas": "alphas: the RDP orders are the accountant's own (accountant='rdp')",
+    "eps_error": "eps_error: 'pld' (the default accountant) bounds epsilon from above "
+                 "with its own certified discretisation",
+    "batch_size": "batch_size: the expected batch size is the data loader's batch_size "
+                  "(a DPTrainer's TrainingArguments per_device_train_batch_size)",
+    "sample_size": "sample_size: the size of the training set is len(dataset) of the "
+                   "data loader (a DPTrainer's train_dataset)",
+    "named_params": "named_params: parameters with requires_grad=False are left out",
+    "record_snr": "record_snr: not offered; p.noise_multiplier and p.max_grad_norm "
+                  "describe the noise",
+    "numerical_stability_constant": "numerical_stability_constant: not needed, the "
+                                    "clipping factor is min(1, C / norm) computed safely",
+    "skip_checks": "skip_checks: the checks are not optional (check_batch_independence="
+                   "False skips only the batch-independence probe)",
+    "privacy_args": "privacy_args: a DPTrainer takes privacy=PrivacyArguments(...)",
+    "author_mapping": "author_mapping: the users of the examples are a column of the "
+                      "training set, PrivacyArguments(user_column=...)",
+    # DPConfig settings a DPTrainer takes from its Trainer
+    "epochs": "epochs: a DPTrainer plans the run from its TrainingArguments "
+              "(num_train_epochs or max_steps)",
+    "steps": "steps: a DPTrainer plans the run from its TrainingArguments "
+             "(max_steps or num_train_epochs)",
+    "max_physical_batch_size": "max_physical_batch_size: a DPTrainer takes the physical "
+                               "batch from TrainingArguments (per_device_train_batch_size "
+                               "with gradient_accumulation_steps)",
+    "users": "users: a DPTrainer reads the users from a column, user_column=",
+    "optimizer": "optimizer: make_private's second argument (a DPTrainer builds it from "
+                 "its TrainingArguments, or takes optimizers=)",
+    "data_loader": "data_loader: make_private's third argument (a DPTrainer samples its "
+                   "train_dataset itself)",
+    "loss_reduction": "loss_reduction: a DPTrainer computes the per-example loss of its "
+                      "task itself (task=)",
+    **{k: f"{k}: not a DPTrainer setting; make_private with a training loop of your own "
+          "takes it" for k in ("fix_model", "ledger_chunk", "augment",
+                               "augmentation_multiplicity")},
 }
 
+#: Former name of :data:`_OTHER_SETTINGS`.
+_OPACUS_SETTINGS = _OTHER_SETTINGS
 
-def unknown_settings_error(owner: str, unknown, *, missing=(),
-                           arguments=()) -> ParameterTypeError:
+
+def unknown_settings_error(owner: str, unknown, *, missing=(), arguments=(),
+                           names=None, fields_of: str = "DPConfig") -> ParameterTypeError:
     """The error for settings ``owner`` does not know (``unknown``) and its own
-    ``arguments`` left out (``missing``): DPConfig's fields listed, each unknown name with
-    what to use (:data:`_OPACUS_SETTINGS`) or the closest field or argument."""
-    names = DPConfig.names()
+    ``arguments`` left out (``missing``): the settings (``names``, fields of ``fields_of``,
+    default DPConfig's) listed, each unknown name with what to use (:data:`_OTHER_SETTINGS`)
+    or the closest setting or argument."""
+    names = DPConfig.names() if names is None else tuple(names)
     close = {k: difflib.get_close_matches(k, (*arguments, *names), n=1) for k in unknown}
-    hints = "; ".join(_OPACUS_SETTINGS.get(k) or f"did you mean {c[0]!r} for {k!r}?"
-                      for k, c in close.items() if c or k in _OPACUS_SETTINGS)
+    hints = "; ".join(_OTHER_SETTINGS.get(k) or f"did you mean {c[0]!r} for {k!r}?"
+                      for k, c in close.items() if c or k in _OTHER_SETTINGS)
     said = []
     if missing:
         said.append(f"{owner} is missing {', '.join(missing)} ({owner}("
                     f"{', '.join(arguments)}, **settings))")
     if unknown:
         said.append(f"{owner} got unknown settings {sorted(unknown)}: the settings are the "
-                    f"fields of DPConfig ({', '.join(names)})")
+                    f"fields of {fields_of} ({', '.join(names)})")
     return ParameterTypeError("; ".join(said) + (f"; {hints}" if hints else ""))
+
+
+def refuse_unknown_settings(cls, kwargs: dict) -> None:
+    """Raise :func:`unknown_settings_error` for the keywords of ``kwargs`` that are not
+    fields of the dataclass ``cls`` (its ``__init__`` would raise a bare TypeError)."""
+    names = tuple(f.name for f in fields(cls))
+    unknown = sorted(set(kwargs) - set(names))
+    if unknown:
+        raise unknown_settings_error(cls.__name__, unknown, names=names,
+                                     fields_of=cls.__name__)
 
 
 @dataclass(frozen=True)
@@ -275,7 +339,9 @@ class DPConfig:
         ``training`` flag, the module tree, forward hooks), on the model and on
         ``augment`` (default). ``False`` skips it: you then promise that no operation
         (nor ``augment``) mixes examples and that ``batch_dims`` is right
-        (docs/trust-model.md).
+        (docs/trust-model.md). It also turns off make_private's check that the loader's
+        collate function puts the examples on dimension 0 (it collates ``dataset[0]``
+        once and twice).
     """
 
     noise_multiplier: float | None = None
@@ -312,9 +378,7 @@ class DPConfig:
     def __new__(cls, *args, **kwargs):
         # an unknown keyword is named with what to use (dataclass's __init__ would raise a
         # bare TypeError); positional arguments are left to __init__
-        unknown = sorted(set(kwargs) - set(cls.names()))
-        if unknown:
-            raise unknown_settings_error(cls.__name__, unknown)
+        refuse_unknown_settings(cls, kwargs)
         return super().__new__(cls)
 
     def __post_init__(self):

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
-from privlearn.errors import ParameterValueError
+from privlearn.errors import BatchDependenceError, ParameterValueError
 
 # the samplers live in privlearn.torch.samplers (wrapping the registered samplings of
 # privlearn.correlated.sampling); their names stay importable from here
@@ -71,7 +71,8 @@ __all__ = [
 
 class EmptyAwareCollate:
     """Wraps a collate function so that an empty batch becomes zero-length tensors shaped
-    like a real batch (built once from ``dataset[0]``)."""
+    like a real batch (built once from ``dataset[0]``: each tensor cut to zero rows on the
+    dimension the collate function stacks the examples on, see :func:`collated_pair`)."""
 
     def __init__(self, dataset, collate_fn=None):
         self.dataset = dataset
@@ -82,21 +83,95 @@ class EmptyAwareCollate:
         if len(batch) > 0:
             return self.collate_fn(batch)
         if self._empty is None:
-            self._empty = _no_rows(self.collate_fn([self.dataset[0]]))
+            self._empty = _no_rows(*collated_pair(self.dataset, self.collate_fn))
         return self._empty
 
 
-def _no_rows(value):
+def collated_pair(dataset, collate_fn) -> tuple[object, object]:
+    """``collate_fn`` of ``[dataset[0]]`` and of ``[dataset[0], dataset[0]]``: the same
+    example once and twice, so that the only dimension of a tensor that grows from 1 to 2
+    is the one the examples are stacked on (padding lengths stay the same). The global
+    RNGs (torch CPU, NumPy, ``random``) are left as they were, for a collate function that
+    draws (masking)."""
+    import random
+
+    item = dataset[0]
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return collate_fn([item]), collate_fn([item, item])
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+
+
+def _batch_dim(one, two) -> int | None:
+    """The dimension a collated array stacks the examples on: 0 if it grows from 1 (one
+    example) to 2 (two), else the first that does; None if none does."""
+    if one.ndim != two.ndim or one.ndim == 0:
+        return None
+    grows = [d for d in range(one.ndim) if one.shape[d] == 1 and two.shape[d] == 2]
+    return grows[0] if grows else None
+
+
+def batch_dims_of(one, two, path: str = "batch"):
+    """``(path, batch dimension, shape of two)`` of each tensor or array of the collated
+    structures ``one`` and ``two`` (:func:`collated_pair`), entering mappings and
+    sequences."""
+    if isinstance(one, torch.Tensor | np.ndarray) and isinstance(two, torch.Tensor | np.ndarray):
+        yield path, _batch_dim(one, two), tuple(two.shape)
+    elif isinstance(one, Mapping) and isinstance(two, Mapping):
+        for k in one:
+            if k in two:
+                yield from batch_dims_of(one[k], two[k], f"{path}[{k!r}]")
+    elif isinstance(one, list | tuple) and isinstance(two, list | tuple) and len(one) == len(two):
+        for i, (u, v) in enumerate(zip(one, two, strict=True)):
+            yield from batch_dims_of(u, v, f"{path}[{i}]")
+
+
+def check_batch_first(data_loader: DataLoader) -> None:
+    """Refuse a collate function that stacks the examples on another dimension than the
+    first (a sequence-first batch, e.g. one that transposes it): the engine's loader
+    (empty Poisson batches, physical batches) and its check of the model's inputs cut
+    and read batches on dimension 0. Collates ``dataset[0]`` once and twice
+    (:func:`collated_pair`); nothing is checked for a dataset without random access, or
+    where that collation fails (the first step's check of the inputs still runs)."""
+    ds = data_loader.dataset
+    if isinstance(ds, IterableDataset) or (
+            data_loader.collate_fn is default_collate and _gatherable(ds)):
+        return  # rows of tensors: stacked on dimension 0
+    try:
+        if len(ds) < 1:
+            return
+        one, two = collated_pair(ds, data_loader.collate_fn)
+    except Exception:  # noqa: BLE001 - the check of the first step's inputs covers it
+        return
+    for path, dim, shape in batch_dims_of(one, two):
+        if dim is not None and dim > 0:
+            raise BatchDependenceError(
+                f"data_loader's collate_fn puts the examples on dimension {dim} of {path} "
+                f"(shape {shape} for two examples): a sequence-first batch. The engine "
+                "cuts and reads batches on dimension 0 (one row per example). Make the "
+                "collate_fn yield batch-first tensors and transpose inside the model's "
+                "forward (batch_dims={layer name: 1} then names the layers that see "
+                "sequence-first activations)")
+
+
+def _no_rows(value, two=None):
     """A collated batch of one example with its example removed: tensors and arrays cut
     to zero rows, mappings of any type (a Hugging Face ``BatchEncoding`` too) and
     sequences of such entries entered, and a sequence of plain values (a column of
-    strings, one per example) emptied, so nothing of that example is left."""
-    if isinstance(value, torch.Tensor):
-        return value[:0].clone()
-    if isinstance(value, np.ndarray):
-        return value[:0].copy()
+    strings, one per example) emptied, so nothing of that example is left. ``two``: the
+    same example collated twice (:func:`collated_pair`); each tensor is then cut on the
+    dimension that holds the examples (dimension 0 where none does)."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        dim = 0 if two is None or not isinstance(two, torch.Tensor | np.ndarray) else (
+            _batch_dim(value, two) or 0)
+        cut = value[(slice(None),) * dim + (slice(0, 0),)]
+        return cut.clone() if isinstance(cut, torch.Tensor) else cut.copy()
     if isinstance(value, Mapping):
-        items = {k: _no_rows(v) for k, v in value.items()}
+        items = {k: _no_rows(v, None if not isinstance(two, Mapping) else two.get(k))
+                 for k, v in value.items()}
         try:
             return type(value)(items)
         except TypeError:
@@ -105,7 +180,9 @@ def _no_rows(value):
         if not all(isinstance(v, torch.Tensor | np.ndarray | Mapping | list | tuple)
                    for v in value):
             return type(value)() if not hasattr(value, "_fields") else value
-        entries = [_no_rows(v) for v in value]
+        pair = (two if isinstance(two, list | tuple) and len(two) == len(value)
+                else [None] * len(value))
+        entries = [_no_rows(v, t) for v, t in zip(value, pair, strict=True)]
         return type(value)(*entries) if hasattr(value, "_fields") else type(value)(entries)
     return value
 

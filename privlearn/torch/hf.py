@@ -131,6 +131,7 @@ from privlearn.errors import (
     PrivacyBudgetExceededError,
     PrivacyLeakWarning,
 )
+from privlearn.torch._hf_collate import expand_position_ids
 from privlearn.torch._hf_fsdp import (
     FSDP2Support,
     is_fsdp2,
@@ -140,7 +141,14 @@ from privlearn.torch._hf_fsdp import (
 )
 from privlearn.torch._hf_optim import OptimizerHandoff
 from privlearn.torch.accountant import PrivacyBudgetWarning
-from privlearn.torch.config import Clipping, DPConfig, Noise, Reduction
+from privlearn.torch.config import (
+    _OTHER_SETTINGS,
+    Clipping,
+    DPConfig,
+    Noise,
+    Reduction,
+    refuse_unknown_settings,
+)
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
@@ -230,6 +238,10 @@ class PrivacyArguments:
     task: str | None = None
     log_training_loss: bool = False
 
+    def __new__(cls, *args, **kwargs):  # an unknown keyword: what to use (DPConfig's table)
+        refuse_unknown_settings(cls, kwargs)
+        return super().__new__(cls)
+
     def __post_init__(self):
         if self.task is not None and self.task not in _TASKS:
             raise ParameterValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
@@ -263,28 +275,6 @@ _UNNOISED_LOGS = ("loss", "train_loss", "grad_norm")
 def _released(key: str, log_training_loss: bool) -> bool:
     return (key in RELEASED_LOGS or key.startswith(_EVAL_PREFIXES)
             or (log_training_loss and key in _UNNOISED_LOGS))
-
-
-def expand_position_ids(collator):
-    """Wrap a data collator so that its batches carry ``position_ids`` of shape
-    ``(B, T)`` (``0..T-1`` per row; with an ``attention_mask``, counted over its ones, as
-    for left padding). Not needed for the engine: it expands the broadcast ``(1, T)`` ids
-    GPT-2 and BERT build themselves; useful where explicit per-row positions are wanted
-    (left padding)."""
-
-    def collate(features):
-        batch = collator(features)
-        ids = batch.get("input_ids")
-        if ids is not None and "position_ids" not in batch:
-            mask = batch.get("attention_mask")
-            if mask is not None:
-                pos = (mask.long().cumsum(-1) - 1).clamp_min(0)
-            else:
-                pos = torch.arange(ids.shape[-1]).expand(ids.shape[0], -1)
-            batch["position_ids"] = pos.contiguous()
-        return batch
-
-    return collate
 
 
 class _PrivacyCallback(TrainerCallback):
@@ -402,11 +392,12 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         infinite from then on.
     """
 
-    def __init__(self, *args, privacy: PrivacyArguments,
+    def __init__(self, *args, privacy: PrivacyArguments | None = None,
                  private_state_dir: str | os.PathLike | None = None, **kwargs):
-        if not isinstance(privacy, PrivacyArguments):
-            raise ParameterTypeError(f"privacy must be a PrivacyArguments, got "
-                            f"{type(privacy).__name__}")
+        other = [_OTHER_SETTINGS[k] for k in ("privacy_args", "author_mapping") if k in kwargs]
+        if not isinstance(privacy, PrivacyArguments) or other:
+            raise ParameterTypeError("; ".join([
+                f"privacy must be a PrivacyArguments, got {type(privacy).__name__}", *other]))
         a = kwargs.get("args", args[1] if len(args) > 1 else None)
         if a is not None:  # the Trainer works on a copy: the user's arguments stay as given
             a = _private_copy(a)

@@ -55,6 +55,7 @@ from privlearn.torch.data import (
     AugmentedLoader,
     UnitIndex,
     VirtualBatchLoader,
+    check_batch_first,
     make_dp_loader,
 )
 from privlearn.torch.distributed import unwrap, world_info
@@ -476,6 +477,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                          f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}); "
                          "use a smaller batch_size or cycle_length")
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
+    if cfg.check_batch_independence:  # the examples on dimension 0 of every batch
+        check_batch_first(data_loader)
     _warn_drop_last(data_loader, law, stacklevel=3)
     _warn_loader_generator(data_loader, cfg, stacklevel=3)
     per_epoch = law.per_epoch(q, cycle)

@@ -454,3 +454,74 @@ def test_a_sampling_registered_once_trains_through_make_private():
         assert p.epsilon(1e-5) == want and p.neighbouring == "add_remove"
     finally:
         del SAMPLINGS["poisson_copy"]
+
+
+def _seq_first(rows):
+    ids, labels = torch.utils.data.default_collate(rows)
+    return ids.t(), labels
+
+
+def _padded(rows):
+    """Pads to the longest example: only the examples' dimension grows with the batch."""
+    ids = torch.nn.utils.rnn.pad_sequence([r[0] for r in rows], batch_first=True)
+    return {"input_ids": ids, "labels": torch.stack([r[1] for r in rows]),
+            "masked": torch.rand(ids.shape) < 0.15,  # draws, as a masking collator does
+            "vocab_mask": torch.ones(7)}  # one per batch, not per example
+
+
+class _Ragged(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.arange(i + 2), torch.tensor(i)
+
+
+@pytest.mark.parametrize("collate, dataset", [
+    (None, TensorDataset(torch.randn(5, 4, 2), torch.arange(5))),
+    (_seq_first, TensorDataset(torch.randint(0, 9, (5, 6)), torch.arange(5))),
+    (_padded, _Ragged())])
+def test_empty_batch_has_the_collates_own_shape_with_no_examples(collate, dataset):
+    """An empty batch is what the collate function builds, with zero examples on the
+    dimension that holds them (a sequence-first collate got shape ``(0, 1)``, not
+    ``(T, 0)``). Ground truth: that dimension is the one of length 3 in a batch of three
+    copies of one example."""
+    fn = collate or torch.utils.data.default_collate
+    three = fn([dataset[0]] * 3)
+    empty = EmptyAwareCollate(dataset, collate)([])
+    flat = lambda b: list(b.values()) if isinstance(b, dict) else list(b)  # noqa: E731
+    for full, got in zip(flat(three), flat(empty), strict=True):
+        dims = [d for d in range(full.dim()) if full.shape[d] == 3]
+        want = list(full.shape)
+        if dims:
+            want[dims[0]] = 0
+        else:  # not per example: cut on dimension 0 as before
+            want[0] = 0
+        assert list(got.shape) == want and got.dtype == full.dtype
+
+
+def test_make_private_refuses_a_sequence_first_collate_before_anything_is_attached():
+    from privlearn.errors import BatchDependenceError
+    from privlearn.torch import make_private
+
+    ds = TensorDataset(torch.randint(0, 9, (40, 6)), torch.randint(0, 3, (40,)))
+    model = torch.nn.Sequential(torch.nn.Embedding(9, 4), torch.nn.Flatten(),
+                                torch.nn.Linear(24, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rng = torch.get_rng_state()
+    with pytest.raises(BatchDependenceError, match=r"dimension 1 of batch\[0\] \(shape \(6, 2\)"
+                       r".*transpose inside the model's forward"):
+        make_private(model, opt, DataLoader(ds, batch_size=8, collate_fn=_seq_first),
+                     noise_multiplier=1.0, seed=0)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    # check_batch_independence=False: the promise covers the layout, collate is not called
+    calls = []
+    counted = lambda rows: calls.append(len(rows)) or _seq_first(rows)  # noqa: E731
+    make_private(model, opt, DataLoader(ds, batch_size=8, collate_fn=counted),
+                 noise_multiplier=1.0, seed=0, check_batch_independence=False).detach()
+    assert calls == []
+    # a batch-first collate with dynamic padding and a per-batch entry is accepted, and
+    # the check leaves the global RNG where it was
+    make_private(model, opt, DataLoader(_Ragged(), batch_size=2, collate_fn=_padded),
+                 noise_multiplier=1.0, seed=0).detach()
+    assert torch.equal(torch.get_rng_state(), rng)

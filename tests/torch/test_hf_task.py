@@ -48,7 +48,8 @@ def test_gpt2_lm_head_model_trains_on_the_next_token(tmp_path):
               data_collator=collate, optimizers=(opt, None),
               privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=float("inf"),
                                        seed=3)).train()
-    batch = seen[0]
+    batch = seen[-1]  # after make_private's collations of example 0 (its layout check)
+    assert len(seen) == 3 and batch["input_ids"].shape[0] > 0
     out = ref(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     per_sequence_cross_entropy(out.logits, batch["labels"], shift=True,
                                reduction="sum").backward()

@@ -147,8 +147,11 @@ def test_update_is_clipped_per_example_mean(tmp_path):
                    privacy=PrivacyArguments(noise_multiplier=0.0,
                                             max_grad_norm=float("inf"), seed=3))
     tr.train()
-    assert len(seen) == 1 and seen[0]["input_ids"].shape[0] > 0
-    batch = seen[0]
+    # make_private collates example 0 once and twice (the check that the examples are on
+    # dimension 0), then the loader collates the one step's batch
+    assert [b["input_ids"].shape[0] for b in seen[:-1]] == [1, 2]
+    batch = seen[-1]
+    assert batch["input_ids"].shape[0] > 0
     out = ref(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     per_sequence_cross_entropy(out.logits, batch["labels"], shift=True,
                                reduction="sum").backward()
@@ -646,3 +649,18 @@ def test_dataloader_drop_last_is_named_where_poisson_batches_ignore_it(tmp_path)
                                                                       seed=0))
     with pytest.warns(UserWarning, match="drop_last=True, which does not apply"):
         tr.get_train_dataloader()
+
+
+def test_dp_transformers_trainer_arguments_say_what_to_use(tmp_path):
+    """dp-transformers' ``OpacusDPTrainer(..., privacy_args=..., author_mapping=...)``
+    keywords: a typed error naming ``privacy=`` and ``user_column=``, not Python's bare
+    missing-argument TypeError; nothing is built."""
+    from privlearn.errors import ParameterTypeError
+
+    model = _llama()
+    with pytest.raises(ParameterTypeError, match=r"privacy must be a PrivacyArguments, got "
+                       r"NoneType.*privacy=PrivacyArguments.*user_column="):
+        DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
+                  privacy_args=PrivacyArguments(noise_multiplier=1.0),
+                  author_mapping=[[0, 1]])
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

@@ -482,21 +482,27 @@ class _SequenceFirst(nn.Module):
 
 
 def test_a_sequence_first_batch_from_the_collate_fn_is_named():
-    """A collate_fn that puts the batch on dimension 1 of the model's input: the message
-    says where the batch is and what to change (a batch-first loader, the transpose in
-    forward), not only that no input has it first."""
+    """A collate_fn that puts the batch on dimension 1 is refused by make_private (the
+    loader cuts batches on dimension 0); a loop that transposes the batch itself before
+    the model is refused at its step: the message says where the batch is and what to
+    change (a batch-first input, the transpose in forward), not only that no input has it
+    first."""
     def transpose(rows):
         ids, labels = torch.utils.data.default_collate(rows)
         return ids.t(), labels
 
     ds = TensorDataset(torch.randint(0, 20, (40, 6)), torch.randint(0, 3, (40,)))
     model = _SequenceFirst()
+    settings = dict(noise_multiplier=1.0, sampling="fixed", seed=0,
+                    batch_dims={"emb": 1, "attn": 1})
+    with pytest.raises(BatchDependenceError, match=r"dimension 1 of batch\[0\].*transpose"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8, collate_fn=transpose), **settings)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(ds, batch_size=8, collate_fn=transpose), noise_multiplier=1.0,
-                     sampling="fixed", seed=0, batch_dims={"emb": 1, "attn": 1})
+                     DataLoader(ds, batch_size=8), **settings)
     x, y = next(iter(p.data_loader))
     p.optimizer.zero_grad()
-    nn.functional.cross_entropy(p.model(x), y).backward()
+    nn.functional.cross_entropy(p.model(x.t()), y).backward()
     with pytest.raises(BatchDependenceError, match=r"on dimension 1 of input 0 \(shape \(6, 8\)\)"
                        r".*collate_fn.*transpose"):
         p.optimizer.step()

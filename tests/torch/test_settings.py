@@ -222,3 +222,52 @@ def test_dpconfig_names_unknown_settings_as_make_private_does():
     cfg = DPConfig(noise_multiplier=1.0, seed=3)
     assert dataclasses.replace(cfg, seed=4).seed == 4
     assert pickle.loads(pickle.dumps(cfg)) == cfg
+
+
+#: The privacy arguments of dp-transformers (``dp_transformers.PrivacyArguments``) and of
+#: private-transformers (``PrivacyEngine``), as their documentation lists them.
+_DP_TRANSFORMERS = ("per_sample_max_grad_norm", "noise_multiplier", "target_epsilon",
+                    "target_delta", "disable_dp")
+_PRIVATE_TRANSFORMERS = ("batch_size", "sample_size", "epochs", "max_grad_norm",
+                         "noise_multiplier", "target_epsilon", "target_delta", "alphas",
+                         "record_snr", "named_params", "numerical_stability_constant",
+                         "clipping_mode", "accounting_mode", "eps_error", "skip_checks")
+
+
+def test_privacy_arguments_name_other_libraries_settings_as_make_private_does():
+    """``PrivacyArguments(...)`` refuses a name of Opacus, dp-transformers or
+    private-transformers (or a DPConfig setting the Trainer plans itself) with the typed
+    error of make_private and DPConfig, saying what to use, not a bare TypeError."""
+    hf = pytest.importorskip("privlearn.torch.hf")
+    from privlearn.torch.config import _OTHER_SETTINGS
+
+    ours = {f.name for f in dataclasses.fields(hf.PrivacyArguments)}
+    foreign = sorted((set(_DP_TRANSFORMERS) | set(_PRIVATE_TRANSFORMERS)
+                      | set(_opacus_keywords()) | set(DPConfig.names())) - ours)
+    assert {"per_sample_max_grad_norm", "disable_dp", "poisson_sampling", "epochs"} <= set(
+        foreign)
+    for name in foreign:
+        with pytest.raises(ParameterTypeError) as err:
+            hf.PrivacyArguments(noise_multiplier=1.0, **{name: None})
+        said = str(err.value)
+        assert f"unknown settings [{name!r}]" in said and "fields of PrivacyArguments" in said
+        # what to use: the table's line, or the closest field
+        assert f"{name}: " in said or f"for {name!r}?" in said, (name, said)
+    with pytest.raises(ParameterTypeError, match="use max_grad_norm"):
+        hf.PrivacyArguments(target_epsilon=3.0, per_sample_max_grad_norm=1.0)
+    with pytest.raises(ParameterTypeError, match="num_train_epochs"):
+        hf.PrivacyArguments(target_epsilon=3.0, epochs=3)
+    with pytest.raises(ParameterTypeError, match="'max_grad_norm' for 'max_grad_nrom'"):
+        hf.PrivacyArguments(noise_multiplier=1.0, max_grad_nrom=1.0)
+    # one table: every name it holds that is not a DPConfig setting is refused there too
+    for name in sorted(set(_OTHER_SETTINGS) - set(DPConfig.names())):
+        with pytest.raises(ParameterTypeError, match=re.escape(_OTHER_SETTINGS[name])):
+            DPConfig(noise_multiplier=1.0, **{name: None})
+    # the names the libraries share with this one mean the same and are accepted
+    shared = dict(noise_multiplier=1.0, target_delta=1e-6, max_grad_norm=0.5)
+    args = hf.PrivacyArguments(**shared)
+    assert {k: getattr(args, k) for k in shared} == shared
+    import pickle
+
+    assert dataclasses.replace(args, noise_multiplier=2.0).noise_multiplier == 2.0
+    assert pickle.loads(pickle.dumps(args)) == args
