@@ -275,7 +275,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         default ``None`` the generator draws fresh OS entropy and nothing released lets
         anyone regenerate the noise. An int makes the whole search reproducible by
         whoever knows it (and so lets them remove the noise): fix it only for
-        experiments.
+        experiments. A Generator advances by the same four draws whatever the number of
+        runs (it stays on the search, so it must not reveal ``K``).
 
     Attributes
     ----------
@@ -435,7 +436,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:
         """Fit the runs (every candidate, or ``K`` random ones), score them, keep the
         best."""
-        rng = make_rng(self.random_state)
+        # the search's own generator, seeded by a fixed number of draws from the declared
+        # one: a Generator passed as ``random_state`` stays on the search (get_params, the
+        # pickle), and how far it advanced (or how many child streams it spawned) would
+        # otherwise reveal the number of runs K, which random stopping's guarantee needs
+        # hidden
+        rng = np.random.default_rng(
+            make_rng(self.random_state).bit_generator.random_raw(4).tolist())
         public = plan.score is None
         if plan.eta is None:
             order = list(range(len(plan.grid)))

@@ -1,7 +1,8 @@
-"""Random stopping's accounted privacy against Papernot & Steinke (2022), Theorem 2,
-computed here from the paper's formula and the base runs' closed-form RDP curves
-(Gaussian: Mironov 2017, Prop. 7; Laplace: Mironov 2017, Prop. 6), and the number of
-runs against the truncated negative binomial's probability mass function."""
+"""Random stopping's privacy: its accounted curve against Papernot & Steinke (2022),
+Theorem 2, computed here from the paper's formula and the base runs' closed-form RDP
+curves (Gaussian: Mironov 2017, Prop. 7; Laplace: Mironov 2017, Prop. 6); the number of
+runs ``K`` against the truncated negative binomial's probability mass function; and
+``K`` staying hidden (the theorem's premise) from everything the search releases."""
 
 from __future__ import annotations
 
@@ -166,3 +167,43 @@ def test_number_of_runs_follows_the_truncated_negative_binomial(eta, gamma):
     if (~keep).any():
         obs, exp = np.append(obs, observed[~keep].sum()), np.append(exp, expected[~keep].sum())
     assert stats.chisquare(obs, exp).pvalue > 1e-4
+
+
+RUNS: list[int] = []
+
+
+class CountingMean(NoisyMeanRegressor):
+    def fit(self, X, y):
+        RUNS.append(1)
+        return super().fit(X, y)
+
+
+def _draws_between(before: np.random.Generator, after: np.random.Generator) -> int:
+    """How many 64-bit outputs ``before`` must produce to reach ``after``'s state."""
+    target = after.bit_generator.state["state"]
+    bg = before.bit_generator
+    for d in range(20_000):
+        if bg.state["state"] == target:
+            return d
+        bg.random_raw()
+    raise AssertionError("not reached")
+
+
+def test_a_generator_random_state_does_not_reveal_the_number_of_runs():
+    """A Generator passed as ``random_state`` stays on the search (``get_params``, the
+    pickle): how far it advanced, and how many child streams it spawned, must not depend
+    on ``K``."""
+    X = np.zeros((200, 1))
+    y = np.random.default_rng(0).uniform(-1, 1, 200)
+    ks, footprints = set(), set()
+    for seed in range(8):
+        RUNS.clear()
+        g = np.random.default_rng(seed)
+        s = PrivateSearchCV(CountingMean(), {"noise_multiplier": [1.0, 2.0]}, eta=1.0,
+                            expected_runs=6.0, loss_bound=4.0, random_state=g).fit(X, y)
+        assert s.random_state is g
+        ks.add(len(RUNS))
+        footprints.add((_draws_between(np.random.default_rng(seed), g),
+                        g.bit_generator.seed_seq.n_children_spawned))
+    assert len(ks) > 1  # K varied ...
+    assert len(footprints) == 1  # ... and the released generator does not show it
