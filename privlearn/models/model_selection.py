@@ -35,10 +35,11 @@ convert the curve to ``(epsilon, delta)`` with
 
 Scores. A run's score is part of ``Q``: by default the sum over the training records of
 the loss clipped to ``[0, loss_bound]`` (squared error for regressors, 0-1 loss for
-classifiers), released with Laplace noise of scale ``loss_bound / score_epsilon``
-(sensitivity ``loss_bound`` under add/remove), i.e. ``Laplace(1 / score_epsilon)``
-composed into ``Q``. Divided by the number of rows (public: the plan is computed from the
-data's shape) it is reported as ``best_score_`` on the scale of
+classifiers) and the number of rows, each released with Laplace noise at half of
+``score_epsilon`` (scales ``2 loss_bound / score_epsilon`` and ``2 / score_epsilon``;
+sensitivities ``loss_bound`` and 1 under add/remove, where the number of rows is not
+public), i.e. ``compose(Laplace(2 / score_epsilon), steps=2)`` composed into ``Q``. Their
+ratio is reported as ``best_score_`` on the scale of
 :meth:`PrivateSearchCV.score`: accuracy for classifiers, minus the mean squared error for
 regressors. Pass *public* validation data to ``fit(X, y, X_val=, y_val=)`` to score
 without noise and at no cost.
@@ -252,7 +253,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         Shape of the truncated negative binomial (1: geometric, Liu & Talwar 2019; 0:
         logarithmic).
     score_epsilon : float > 0
-        Pure epsilon of each private score (Laplace), when no public validation data is
+        Pure epsilon of each private score (two Laplace releases at half of it: the
+        clipped losses' sum and the number of rows), when no public validation data is
         given.
     loss_bound : float > 0, optional
         Per-record loss clipping for the private score (required for regressors; 1 for
@@ -286,7 +288,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         squared error** for a regressor, as scikit-learn's ``GridSearchCV`` with
         ``scoring="accuracy"`` / ``"neg_mean_squared_error"``. Without public validation
         data it is measured on the training data, from the *noisy* sum of the clipped
-        per-record losses (``loss_bound``) divided by the number of rows (then clipped to
+        per-record losses (``loss_bound``) divided by the noisy number of rows (clipped to
         ``[0, 1]``, resp. ``<= 0``), so it is noisy and optimistic about generalisation:
         evaluate the released model on held-out data with :meth:`score`. With ``X_val,
         y_val`` it is the exact score on them.
@@ -340,8 +342,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     def _score(self, est, X, y, public: bool, lb: float, rng) -> float:
         """The run's score on the scale of :meth:`score`: accuracy (classifiers) or minus
         the mean squared error (regressors). Private: from the noisy sum of the clipped
-        per-record losses, divided by the number of rows (public: the data's shape is
-        part of the plan)."""
+        per-record losses, divided by the noisy number of rows (``n`` changes between
+        add/remove neighbours)."""
         pred = est.predict(X)
         if is_classifier(est):
             loss = (np.asarray(pred) != np.asarray(y)).astype(float)
@@ -350,8 +352,12 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         if public:
             mean = float(np.mean(loss))
         else:
-            total = float(np.sum(np.minimum(loss, lb)))
-            mean = (total + rng.laplace(scale=lb / self.score_epsilon)) / max(len(loss), 1)
+            # the number of rows changes between add/remove neighbours: released noisy,
+            # as is the sum of the clipped losses (each Laplace(2 / score_epsilon) of a
+            # sensitivity-1 count, the plan's score mechanism)
+            z = rng.laplace(scale=2.0 / self.score_epsilon, size=2)
+            total = float(np.sum(np.minimum(loss, lb))) / lb + z[0]
+            mean = lb * total / max(len(loss) + z[1], 1.0)
         return 1.0 - mean if is_classifier(est) else -mean
 
     _parameter_constraints = {
@@ -383,7 +389,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             raise ParameterValueError("param_grid is empty")
         fit_mechs = tuple(planned_mechanism(clone(self.estimator).set_params(**p), X, y)
                           for p in grid)
-        score = None if public else Laplace(1.0 / params["score_epsilon"])
+        # the clipped losses' sum (sensitivity loss_bound) and the number of rows
+        # (sensitivity 1), each with half of score_epsilon
+        score = None if public else compose(Laplace(2.0 / params["score_epsilon"]), steps=2)
         runs = [m if score is None else compose([m, score]) for m in fit_mechs]
         common = dict(delta=params["delta"], grid=grid, fit_mechanisms=fit_mechs, score=score,
                       loss_bound=lb)

@@ -117,7 +117,7 @@ def test_random_stopping_is_never_below_theorem_2(eta, ek, sigmas, score_eps):
     # each run: a candidate's Gaussian fit and the Laplace score (scale 1/score_eps);
     # a uniformly random candidate is bounded by the worst one (quasi-convexity)
     def base(a):
-        return gaussian_rdp(a, min(sigmas)) + laplace_rdp(a, 1.0 / score_eps)
+        return gaussian_rdp(a, min(sigmas)) + 2 * laplace_rdp(a, 2.0 / score_eps)
 
     gamma = gamma_for(ek, eta)
     envelope, at = theorem_2(base, eta, gamma, ek)
@@ -207,3 +207,33 @@ def test_a_generator_random_state_does_not_reveal_the_number_of_runs():
                         g.bit_generator.seed_seq.n_children_spawned))
     assert len(ks) > 1  # K varied ...
     assert len(footprints) == 1  # ... and the released generator does not show it
+
+
+class ZeroRegressor(NoisyMeanRegressor):
+    """Declares a (negligible) Gaussian fit and always predicts 0."""
+
+    def predict(self, X):
+        return np.zeros(len(X))
+
+
+def test_the_released_score_does_not_reveal_the_number_of_rows():
+    """The number of rows differs between add/remove neighbours (docs/trust-model.md), so
+    a score divided by the exact ``n`` is not covered by the score's epsilon. Labels 0,
+    predictions 0: every clipped loss is 0 on one row and on three rows, two datasets at
+    distance 2, so every released score obeys ``P_1[E] <= e^{2 score_epsilon} P_3[E]``
+    (group privacy). ``E = {score < -2}``; a score ``-Z / n`` with ``Z ~ Laplace(1)``
+    gives ``P_1[E] / P_3[E] = e^4``. Many independent scores per fit: every candidate of
+    a composition search is one."""
+    m = 3000
+
+    def tail(n):
+        s = PrivateSearchCV(ZeroRegressor(), {"noise_multiplier": [1e4] * m},
+                            method="composition", accountant="rdp", loss_bound=1.0,
+                            score_epsilon=1.0, random_state=n).fit(np.zeros((n, 1)),
+                                                                    np.zeros(n))
+        return int(np.sum(np.asarray(s.scores_) < -2.0))
+
+    k1, k3 = tail(1), tail(3)
+    lower_1 = stats.beta.ppf(1e-6, k1, m - k1 + 1) if k1 else 0.0  # Clopper-Pearson
+    upper_3 = stats.beta.ppf(1 - 1e-6, k3 + 1, m - k3)
+    assert lower_1 <= math.exp(2.0) * upper_3, (k1, k3)
