@@ -122,7 +122,7 @@ _LAMBDA_HAT = np.concatenate([1.0 + np.geomspace(1e-3, 1.0, 30), np.geomspace(2.
 def _expected_runs(eta: float, gamma: float) -> float:
     if eta == 0.0:
         return (1.0 - gamma) / (gamma * math.log(1.0 / gamma))
-    return eta * (1.0 - gamma) / (gamma * (1.0 - gamma**eta))
+    return eta * (1.0 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
 
 
 def _gamma_for(expected: float, eta: float) -> float:
@@ -163,10 +163,23 @@ def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:
         return int(rng.geometric(gamma))
     if eta == 0.0:
         return int(rng.logseries(1.0 - gamma))
-    while True:  # negative binomial conditioned on K >= 1
-        k = int(rng.negative_binomial(eta, gamma))
-        if k >= 1:
-            return k
+    if eta > 1.0:  # negative binomial conditioned on K >= 1 (accepted w.p. >= 1 - gamma)
+        while True:
+            k = int(rng.negative_binomial(eta, gamma))
+            if k >= 1:
+                return k
+    # 0 < eta < 1: rejection would accept with probability 1 - gamma^eta, which vanishes
+    # with eta; invert the CDF of P[K = k] = (1 - gamma)^k prod_{l<k} (l + eta) / (l + 1)
+    # / (gamma^-eta - 1) (Papernot & Steinke 2022, Definition 1) instead
+    u = rng.random()
+    p = (1.0 - gamma) * eta / math.expm1(-eta * math.log(gamma))
+    k, cdf = 1, p
+    while cdf < u:
+        p *= (1.0 - gamma) * (k + eta) / (k + 1)
+        if cdf + p == cdf:  # the rest of the tail is below rounding: u was within it
+            break
+        k, cdf = k + 1, cdf + p
+    return k
 
 
 def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:

@@ -146,7 +146,8 @@ def test_geometric_stopping_of_pure_dp_runs_is_within_liu_talwar():
     assert 2.9 * eps <= float(s.mechanism_.rdp(big)) <= 3 * eps + 0.01
 
 
-@pytest.mark.parametrize("eta, gamma", [(0.0, 0.2), (0.5, 0.1), (1.0, 0.25), (3.0, 0.3)])
+@pytest.mark.parametrize("eta, gamma", [(0.0, 0.2), (1e-9, 0.1), (0.5, 0.1), (1.0, 0.25),
+                                        (3.0, 0.3)])
 def test_number_of_runs_follows_the_truncated_negative_binomial(eta, gamma):
     """``P[K = k] proportional to (1 - gamma)^k prod_{l<k} (l + eta) / (l + 1)``,
     ``k >= 1`` (Papernot & Steinke 2022, Definition 1), by a chi-square test."""
