@@ -120,8 +120,8 @@ _LAMBDA_HAT = np.concatenate([1.0 + np.geomspace(1e-3, 1.0, 30), np.geomspace(2.
 
 
 def _expected_runs(eta: float, gamma: float) -> float:
-    if eta == 0.0:
-        return (1.0 - gamma) / (gamma * math.log(1.0 / gamma))
+    if eta == 0.0:  # -log(gamma), not log(1 / gamma): 1 / gamma rounds near gamma = 1
+        return (1.0 - gamma) / (gamma * -math.log(gamma))
     return eta * (1.0 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
 
 
@@ -144,10 +144,11 @@ def random_stopping_rdp(
     curve ``base_rdp`` (Papernot & Steinke 2022, Theorem 2), minimised over ``lambda_hat``
     on a fixed grid (every grid point gives a valid bound)."""
     rho_hat = np.asarray(base_rdp(_LAMBDA_HAT), dtype=float)
-    extra = (1.0 + eta) * ((1.0 - 1.0 / _LAMBDA_HAT) * rho_hat + math.log(1.0 / gamma)
+    extra = (1.0 + eta) * ((1.0 - 1.0 / _LAMBDA_HAT) * rho_hat - math.log(gamma)
                            / _LAMBDA_HAT)
     c = float(np.nanmin(np.where(np.isfinite(extra), extra, np.inf)))
-    log_ek = math.log(_expected_runs(eta, gamma))
+    # K >= 1, so E[K] >= 1: a rounded E[K] below 1 near gamma = 1 must not lower the bound
+    log_ek = max(0.0, math.log(_expected_runs(eta, gamma)))
 
     def curve(orders: np.ndarray) -> np.ndarray:
         a = np.asarray(orders, dtype=float)

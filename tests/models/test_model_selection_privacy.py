@@ -132,10 +132,10 @@ def test_random_stopping_is_never_below_theorem_2(eta, ek, sigmas, score_eps):
 
 
 def test_geometric_stopping_of_pure_dp_runs_is_within_liu_talwar():
-    """Pure epsilon-DP runs (a Laplace score, and a fit with tiny Gaussian cost): with
-    geometric stopping, Liu & Talwar (2019, Theorem 3.4) give 3 epsilon; Theorem 2 at
-    large orders recovers it, so the accounted curve there is about 3 epsilon and not
-    below Theorem 2."""
+    """Nearly pure epsilon-DP runs (the Laplace score releases, and a fit of negligible
+    Gaussian cost): Liu & Talwar (2019) show geometric random stopping of epsilon-DP runs
+    is 3 epsilon-DP; Theorem 2 with eta = 1 at large orders recovers it, so the accounted
+    curve there is about 3 epsilon."""
     X = np.zeros((500, 1))
     y = np.random.default_rng(0).uniform(-1, 1, 500)
     eps = 0.3
@@ -238,3 +238,18 @@ def test_the_released_score_does_not_reveal_the_number_of_rows():
     lower_1 = stats.beta.ppf(1e-6, k1, m - k1 + 1) if k1 else 0.0  # Clopper-Pearson
     upper_3 = stats.beta.ppf(1 - 1e-6, k3 + 1, m - k3)
     assert lower_1 <= math.exp(2.0) * upper_3, (k1, k3)
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.5, 1.0])
+def test_one_expected_run_costs_at_least_the_run(eta):
+    """``expected_runs=1``: ``K = 1``, so the release is one run (a Gaussian fit and the
+    two Laplace score releases) and its RDP curve is at least that run's, at every
+    order (``log E[K] >= 0`` since ``K >= 1``)."""
+    X = np.zeros((100, 1))
+    y = np.random.default_rng(0).uniform(-1, 1, 100)
+    s = PrivateSearchCV(NoisyMeanRegressor(), {"noise_multiplier": [2.0]}, eta=eta,
+                        expected_runs=1.0, score_epsilon=0.5, loss_bound=4.0,
+                        random_state=0).fit(X, y)
+    for lam in (1.01, 1.1, 1.5, 2.0, 8.0):
+        run = gaussian_rdp(lam, 2.0) + 2 * float(laplace_rdp(np.array([lam]), 4.0)[0])
+        assert float(s.mechanism_.rdp(lam)) >= run * (1 - 1e-12), lam
