@@ -370,7 +370,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             # as is the sum of the clipped losses (each Laplace(2 / score_epsilon) of a
             # sensitivity-1 count, the plan's score mechanism)
             z = rng.laplace(scale=2.0 / self.score_epsilon, size=2)
-            total = float(np.sum(np.minimum(loss, lb))) / lb + z[0]
+            # every clipped loss in [0, lb], a NaN (a prediction that failed) as lb: a
+            # NaN sum would release whether such a row exists, whatever the noise
+            clipped = np.where(np.isnan(loss), lb, np.minimum(loss, lb))
+            total = float(np.sum(clipped)) / lb + z[0]
             mean = lb * total / max(len(loss) + z[1], 1.0)
         return 1.0 - mean if is_classifier(est) else -mean
 

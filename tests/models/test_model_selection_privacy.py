@@ -253,3 +253,22 @@ def test_one_expected_run_costs_at_least_the_run(eta):
     for lam in (1.01, 1.1, 1.5, 2.0, 8.0):
         run = gaussian_rdp(lam, 2.0) + 2 * float(laplace_rdp(np.array([lam]), 4.0)[0])
         assert float(s.mechanism_.rdp(lam)) >= run * (1 - 1e-12), lam
+
+
+class NaNOnOutlierRegressor(NoisyMeanRegressor):
+    """Predicts NaN on rows with ``X[:, 0] > 0`` (a model that fails on some inputs)."""
+
+    def predict(self, X):
+        return np.where(np.asarray(X)[:, 0] > 0, np.nan, 0.0)
+
+
+def test_a_non_finite_prediction_is_clipped_like_any_loss():
+    """A NaN loss on one row would make the noisy score NaN whatever the noise: whether
+    the data holds such a row would be released exactly. The clipped loss of every row is
+    in ``[0, loss_bound]``, NaN included (counted as ``loss_bound``)."""
+    X = np.zeros((300, 1))
+    X[0, 0] = 1.0  # the one row the model fails on
+    y = np.zeros(300)
+    s = PrivateSearchCV(NaNOnOutlierRegressor(), {"noise_multiplier": [1.0, 2.0]},
+                        method="composition", loss_bound=4.0, random_state=0).fit(X, y)
+    assert np.all(np.isfinite(s.scores_)) and math.isfinite(s.best_score_)
