@@ -75,7 +75,12 @@ from sklearn.utils.validation import check_is_fitted
 
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
-from privlearn.errors import ParameterTypeError, ParameterValueError, PlanMismatchError
+from privlearn.errors import (
+    ParameterTypeError,
+    ParameterValueError,
+    PlanMismatchError,
+    UnsupportedMechanismError,
+)
 from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng, validate_input
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -424,7 +429,14 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                                     for r in runs]), axis=0)
 
         name = f"private selection (Papernot-Steinke, eta={eta:g}, E[K]={ek:g})"
-        curve = random_stopping_rdp(base_rdp, eta, gamma)
+        try:
+            curve = random_stopping_rdp(base_rdp, eta, gamma)
+        except UnsupportedMechanismError as e:
+            raise UnsupportedMechanismError(
+                "method='random_stopping' needs every run's RDP curve (Papernot & Steinke "
+                f"2022, Theorem 2), and a candidate's has none: {e}. Use "
+                "method='composition', which composes the candidates' (epsilon, delta) "
+                "guarantees") from e
         orders = np.concatenate([1.0 + np.geomspace(1e-2, 1.0, 40)[:-1], np.arange(2.0, 257.0),
                                  np.geomspace(257.0, 1e5, 60)[1:]])
         # Renyi divergence is non-decreasing in the order, so a bound at order a' holds at

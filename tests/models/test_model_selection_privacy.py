@@ -13,7 +13,8 @@ import pytest
 from scipy import optimize, stats
 from sklearn.base import RegressorMixin
 
-from privlearn.accounting import Gaussian
+from privlearn.accounting import ApproxDP, Gaussian
+from privlearn.errors import UnsupportedMechanismError
 from privlearn.models import PrivateEstimator, ReleasePlan
 from privlearn.models.base import make_rng
 from privlearn.models.constraints import LEDGER, RANDOM_STATE, Real
@@ -272,3 +273,27 @@ def test_a_non_finite_prediction_is_clipped_like_any_loss():
     s = PrivateSearchCV(NaNOnOutlierRegressor(), {"noise_multiplier": [1.0, 2.0]},
                         method="composition", loss_bound=4.0, random_state=0).fit(X, y)
     assert np.all(np.isfinite(s.scores_)) and math.isfinite(s.best_score_)
+
+
+class ApproxDPRegressor(NoisyMeanRegressor):
+    """Declares an (epsilon, delta) guarantee only (no RDP curve)."""
+
+    def _plan(self, params, X, y):
+        return ReleasePlan(mechanism=ApproxDP(1.0, 1e-7), delta=1e-6)
+
+
+def test_random_stopping_over_runs_without_an_rdp_curve_is_refused_before_any_fit():
+    RUNS.clear()
+
+    class Counting(ApproxDPRegressor):
+        def fit(self, X, y):
+            RUNS.append(1)
+            return super().fit(X, y)
+
+    X, y = np.zeros((50, 1)), np.zeros(50)
+    with pytest.raises(UnsupportedMechanismError, match="method='composition'"):
+        PrivateSearchCV(Counting(), {"noise_multiplier": [1.0]}, loss_bound=1.0).fit(X, y)
+    assert RUNS == []
+    s = PrivateSearchCV(Counting(), {"noise_multiplier": [1.0]}, method="composition",
+                        loss_bound=1.0).fit(X, y)
+    assert math.isfinite(s.epsilon_)
