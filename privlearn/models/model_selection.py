@@ -489,7 +489,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         Xs, ys = (X_val, y_val) if public else (X, y)
         best, scores, runs, ran = None, [], [], []
         for i in order:
-            est = clone(self.estimator).set_params(**plan.grid[i])
+            # a copy of the candidate's values too: estimator objects in the grid stay
+            # on the search (param_grid), and must not carry the runs' fitted models
+            est = clone(self.estimator).set_params(
+                **{k: clone(v, safe=False) for k, v in plan.grid[i].items()})
             ledgers = _nested_keys(est, "ledger")  # the search spends for all its runs, once
             est.set_params(**dict.fromkeys(ledgers))
             _fit_with_hidden_noise(est, X, y, rng)

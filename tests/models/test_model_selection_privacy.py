@@ -19,6 +19,7 @@ from privlearn.models import PrivateEstimator, ReleasePlan
 from privlearn.models.base import make_rng
 from privlearn.models.constraints import LEDGER, RANDOM_STATE, Real
 from privlearn.models.model_selection import PrivateSearchCV, _sample_runs
+from privlearn.models.preprocessing import PrivatePipeline
 
 
 class NoisyMeanRegressor(RegressorMixin, PrivateEstimator):
@@ -297,3 +298,21 @@ def test_random_stopping_over_runs_without_an_rdp_curve_is_refused_before_any_fi
     s = PrivateSearchCV(Counting(), {"noise_multiplier": [1.0]}, method="composition",
                         loss_bound=1.0).fit(X, y)
     assert math.isfinite(s.epsilon_)
+
+
+def test_estimators_in_the_grid_are_not_fitted_in_place():
+    """A grid over steps holds estimator objects, and ``param_grid`` stays on the search
+    (``get_params``, the pickle): each run must fit a copy, or the grid would carry the
+    models of the runs that were not selected (and reveal ``K``)."""
+    X = np.zeros((200, 1))
+    y = np.random.default_rng(0).uniform(-1, 1, 200)
+    models = [NoisyMeanRegressor(noise_multiplier=1.0), NoisyMeanRegressor(noise_multiplier=3.0)]
+    pipe = PrivatePipeline([("scale", "passthrough"), ("model", NoisyMeanRegressor())])
+    for method in ("random_stopping", "composition"):
+        s = PrivateSearchCV(pipe, {"model": models}, method=method, expected_runs=5.0,
+                            loss_bound=4.0, random_state=0).fit(X, y)
+        for m in s.param_grid["model"]:
+            assert not hasattr(m, "mean_") and not hasattr(m, "mechanism_")
+        assert all(s.best_estimator_.named_steps["model"] is not m for m in models)
+        assert s.best_estimator_.named_steps["model"].mechanism_ in {
+            Gaussian(1.0), Gaussian(3.0)}
