@@ -316,3 +316,18 @@ def test_estimators_in_the_grid_are_not_fitted_in_place():
         assert all(s.best_estimator_.named_steps["model"] is not m for m in models)
         assert s.best_estimator_.named_steps["model"].mechanism_ in {
             Gaussian(1.0), Gaussian(3.0)}
+
+
+def test_the_score_noise_has_the_accounted_scale():
+    """Zero losses on ``n`` rows: a run's score is ``-Z / (n + Z')`` with ``Z`` the
+    clipped-loss sum's Laplace noise, accounted as ``Laplace(2 / score_epsilon)`` of a
+    sensitivity-``loss_bound`` sum (scale ``2 loss_bound / score_epsilon``); the released
+    negative scores times ``n`` are ``Z | Z > 0`` (up to ``Z' / n``), exponential with
+    that mean."""
+    n, m, lb, eps = 20_000, 600, 3.0, 1.5
+    s = PrivateSearchCV(ZeroRegressor(), {"noise_multiplier": [1e4] * m},
+                        method="composition", accountant="rdp", loss_bound=lb,
+                        score_epsilon=eps, random_state=3).fit(np.zeros((n, 1)), np.zeros(n))
+    z = -np.asarray(s.scores_)[np.asarray(s.scores_) < 0] * n
+    scale = 2 * lb / eps
+    assert abs(z.mean() - scale) < 4 * scale / math.sqrt(z.size)
