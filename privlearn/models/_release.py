@@ -184,7 +184,7 @@ RELEASED_ATTRIBUTES = MappingProxyType(
                                           "selection"),
                 "best_score_": ("noisy", "the selected run's score (accuracy or minus "
                                          "the MSE) from its noisy clipped loss sum over "
-                                         "the public row count"),
+                                         "its noisy row count"),
                 "n_fits_": ("public", "composition only: the grid size"),
                 "runs_": ("public", "composition only: every candidate, in grid order"),
                 "scores_": ("noisy", "composition only: every run's noisy score, all "

@@ -35,10 +35,11 @@ convert the curve to ``(epsilon, delta)`` with
 
 Scores. A run's score is part of ``Q``: by default the sum over the training records of
 the loss clipped to ``[0, loss_bound]`` (squared error for regressors, 0-1 loss for
-classifiers), released with Laplace noise of scale ``loss_bound / score_epsilon``
-(sensitivity ``loss_bound`` under add/remove), i.e. ``Laplace(1 / score_epsilon)``
-composed into ``Q``. Divided by the number of rows (public: the plan is computed from the
-data's shape) it is reported as ``best_score_`` on the scale of
+classifiers) and the number of rows, each released with Laplace noise at half of
+``score_epsilon`` (scales ``2 loss_bound / score_epsilon`` and ``2 / score_epsilon``;
+sensitivities ``loss_bound`` and 1 under add/remove, where the number of rows is not
+public), i.e. ``compose(Laplace(2 / score_epsilon), steps=2)`` composed into ``Q``. Their
+ratio is reported as ``best_score_`` on the scale of
 :meth:`PrivateSearchCV.score`: accuracy for classifiers, minus the mean squared error for
 regressors. Pass *public* validation data to ``fit(X, y, X_val=, y_val=)`` to score
 without noise and at no cost.
@@ -74,7 +75,12 @@ from sklearn.utils.validation import check_is_fitted
 
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
-from privlearn.errors import ParameterTypeError, ParameterValueError, PlanMismatchError
+from privlearn.errors import (
+    ParameterTypeError,
+    ParameterValueError,
+    PlanMismatchError,
+    UnsupportedMechanismError,
+)
 from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng, validate_input
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -119,9 +125,9 @@ _LAMBDA_HAT = np.concatenate([1.0 + np.geomspace(1e-3, 1.0, 30), np.geomspace(2.
 
 
 def _expected_runs(eta: float, gamma: float) -> float:
-    if eta == 0.0:
-        return (1.0 - gamma) / (gamma * math.log(1.0 / gamma))
-    return eta * (1.0 - gamma) / (gamma * (1.0 - gamma**eta))
+    if eta == 0.0:  # -log(gamma), not log(1 / gamma): 1 / gamma rounds near gamma = 1
+        return (1.0 - gamma) / (gamma * -math.log(gamma))
+    return eta * (1.0 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
 
 
 def _gamma_for(expected: float, eta: float) -> float:
@@ -143,10 +149,11 @@ def random_stopping_rdp(
     curve ``base_rdp`` (Papernot & Steinke 2022, Theorem 2), minimised over ``lambda_hat``
     on a fixed grid (every grid point gives a valid bound)."""
     rho_hat = np.asarray(base_rdp(_LAMBDA_HAT), dtype=float)
-    extra = (1.0 + eta) * ((1.0 - 1.0 / _LAMBDA_HAT) * rho_hat + math.log(1.0 / gamma)
+    extra = (1.0 + eta) * ((1.0 - 1.0 / _LAMBDA_HAT) * rho_hat - math.log(gamma)
                            / _LAMBDA_HAT)
     c = float(np.nanmin(np.where(np.isfinite(extra), extra, np.inf)))
-    log_ek = math.log(_expected_runs(eta, gamma))
+    # K >= 1, so E[K] >= 1: a rounded E[K] below 1 near gamma = 1 must not lower the bound
+    log_ek = max(0.0, math.log(_expected_runs(eta, gamma)))
 
     def curve(orders: np.ndarray) -> np.ndarray:
         a = np.asarray(orders, dtype=float)
@@ -162,10 +169,23 @@ def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:
         return int(rng.geometric(gamma))
     if eta == 0.0:
         return int(rng.logseries(1.0 - gamma))
-    while True:  # negative binomial conditioned on K >= 1
-        k = int(rng.negative_binomial(eta, gamma))
-        if k >= 1:
-            return k
+    if eta > 1.0:  # negative binomial conditioned on K >= 1 (accepted w.p. >= 1 - gamma)
+        while True:
+            k = int(rng.negative_binomial(eta, gamma))
+            if k >= 1:
+                return k
+    # 0 < eta < 1: rejection would accept with probability 1 - gamma^eta, which vanishes
+    # with eta; invert the CDF of P[K = k] = (1 - gamma)^k prod_{l<k} (l + eta) / (l + 1)
+    # / (gamma^-eta - 1) (Papernot & Steinke 2022, Definition 1) instead
+    u = rng.random()
+    p = (1.0 - gamma) * eta / math.expm1(-eta * math.log(gamma))
+    k, cdf = 1, p
+    while cdf < u:
+        p *= (1.0 - gamma) * (k + eta) / (k + 1)
+        if cdf + p == cdf:  # the rest of the tail is below rounding: u was within it
+            break
+        k, cdf = k + 1, cdf + p
+    return k
 
 
 def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
@@ -252,7 +272,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         Shape of the truncated negative binomial (1: geometric, Liu & Talwar 2019; 0:
         logarithmic).
     score_epsilon : float > 0
-        Pure epsilon of each private score (Laplace), when no public validation data is
+        Pure epsilon of each private score (two Laplace releases at half of it: the
+        clipped losses' sum and the number of rows), when no public validation data is
         given.
     loss_bound : float > 0, optional
         Per-record loss clipping for the private score (required for regressors; 1 for
@@ -275,7 +296,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         default ``None`` the generator draws fresh OS entropy and nothing released lets
         anyone regenerate the noise. An int makes the whole search reproducible by
         whoever knows it (and so lets them remove the noise): fix it only for
-        experiments.
+        experiments. A Generator advances by the same four draws whatever the number of
+        runs (it stays on the search, so it must not reveal ``K``).
 
     Attributes
     ----------
@@ -285,7 +307,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         squared error** for a regressor, as scikit-learn's ``GridSearchCV`` with
         ``scoring="accuracy"`` / ``"neg_mean_squared_error"``. Without public validation
         data it is measured on the training data, from the *noisy* sum of the clipped
-        per-record losses (``loss_bound``) divided by the number of rows (then clipped to
+        per-record losses (``loss_bound``) divided by the noisy number of rows (clipped to
         ``[0, 1]``, resp. ``<= 0``), so it is noisy and optimistic about generalisation:
         evaluate the released model on held-out data with :meth:`score`. With ``X_val,
         y_val`` it is the exact score on them.
@@ -339,8 +361,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     def _score(self, est, X, y, public: bool, lb: float, rng) -> float:
         """The run's score on the scale of :meth:`score`: accuracy (classifiers) or minus
         the mean squared error (regressors). Private: from the noisy sum of the clipped
-        per-record losses, divided by the number of rows (public: the data's shape is
-        part of the plan)."""
+        per-record losses, divided by the noisy number of rows (``n`` changes between
+        add/remove neighbours)."""
         pred = est.predict(X)
         if is_classifier(est):
             loss = (np.asarray(pred) != np.asarray(y)).astype(float)
@@ -349,8 +371,15 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         if public:
             mean = float(np.mean(loss))
         else:
-            total = float(np.sum(np.minimum(loss, lb)))
-            mean = (total + rng.laplace(scale=lb / self.score_epsilon)) / max(len(loss), 1)
+            # the number of rows changes between add/remove neighbours: released noisy,
+            # as is the sum of the clipped losses (each Laplace(2 / score_epsilon) of a
+            # sensitivity-1 count, the plan's score mechanism)
+            z = rng.laplace(scale=2.0 / self.score_epsilon, size=2)
+            # every clipped loss in [0, lb], a NaN (a prediction that failed) as lb: a
+            # NaN sum would release whether such a row exists, whatever the noise
+            clipped = np.where(np.isnan(loss), lb, np.minimum(loss, lb))
+            total = float(np.sum(clipped)) / lb + z[0]
+            mean = lb * total / max(len(loss) + z[1], 1.0)
         return 1.0 - mean if is_classifier(est) else -mean
 
     _parameter_constraints = {
@@ -382,7 +411,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             raise ParameterValueError("param_grid is empty")
         fit_mechs = tuple(planned_mechanism(clone(self.estimator).set_params(**p), X, y)
                           for p in grid)
-        score = None if public else Laplace(1.0 / params["score_epsilon"])
+        # the clipped losses' sum (sensitivity loss_bound) and the number of rows
+        # (sensitivity 1), each with half of score_epsilon
+        score = None if public else compose(Laplace(2.0 / params["score_epsilon"]), steps=2)
         runs = [m if score is None else compose([m, score]) for m in fit_mechs]
         common = dict(delta=params["delta"], grid=grid, fit_mechanisms=fit_mechs, score=score,
                       loss_bound=lb)
@@ -398,7 +429,14 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                                     for r in runs]), axis=0)
 
         name = f"private selection (Papernot-Steinke, eta={eta:g}, E[K]={ek:g})"
-        curve = random_stopping_rdp(base_rdp, eta, gamma)
+        try:
+            curve = random_stopping_rdp(base_rdp, eta, gamma)
+        except UnsupportedMechanismError as e:
+            raise UnsupportedMechanismError(
+                "method='random_stopping' needs every run's RDP curve (Papernot & Steinke "
+                f"2022, Theorem 2), and a candidate's has none: {e}. Use "
+                "method='composition', which composes the candidates' (epsilon, delta) "
+                "guarantees") from e
         orders = np.concatenate([1.0 + np.geomspace(1e-2, 1.0, 40)[:-1], np.arange(2.0, 257.0),
                                  np.geomspace(257.0, 1e5, 60)[1:]])
         # Renyi divergence is non-decreasing in the order, so a bound at order a' holds at
@@ -435,7 +473,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:
         """Fit the runs (every candidate, or ``K`` random ones), score them, keep the
         best."""
-        rng = make_rng(self.random_state)
+        # the search's own generator, seeded by a fixed number of draws from the declared
+        # one: a Generator passed as ``random_state`` stays on the search (get_params, the
+        # pickle), and how far it advanced (or how many child streams it spawned) would
+        # otherwise reveal the number of runs K, which random stopping's guarantee needs
+        # hidden
+        rng = np.random.default_rng(
+            make_rng(self.random_state).bit_generator.random_raw(4).tolist())
         public = plan.score is None
         if plan.eta is None:
             order = list(range(len(plan.grid)))
@@ -445,7 +489,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         Xs, ys = (X_val, y_val) if public else (X, y)
         best, scores, runs, ran = None, [], [], []
         for i in order:
-            est = clone(self.estimator).set_params(**plan.grid[i])
+            # a copy of the candidate's values too: estimator objects in the grid stay
+            # on the search (param_grid), and must not carry the runs' fitted models
+            est = clone(self.estimator).set_params(
+                **{k: clone(v, safe=False) for k, v in plan.grid[i].items()})
             ledgers = _nested_keys(est, "ledger")  # the search spends for all its runs, once
             est.set_params(**dict.fromkeys(ledgers))
             _fit_with_hidden_noise(est, X, y, rng)

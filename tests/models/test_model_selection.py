@@ -49,7 +49,7 @@ def test_composition_epsilon_is_the_composition_of_every_fit_and_score(data):
     s = PrivateSearchCV(_est(), GRID, method="composition", loss_bound=36.0,
                         score_epsilon=0.2, delta=1e-6, random_state=0).fit(X, y)
     assert len(FITS) == s.n_fits_ == 8 == len(s.fit_mechanisms_) == len(s.scores_)
-    every = compose([compose([m, Laplace(1 / 0.2)]) for m in s.fit_mechanisms_])
+    every = compose([compose([m, compose(Laplace(2 / 0.2), steps=2)]) for m in s.fit_mechanisms_])
     assert s.mechanism_ == every
     assert s.epsilon_ == every.epsilon(1e-6)
     # covers each fit, and more than any single one
@@ -61,7 +61,8 @@ def test_random_stopping_epsilon_covers_every_run(data, eta):
     X, y = data
     planned = {planned_mechanism(_est().set_params(**p), X, y)
                for p in ParameterGrid(GRID)}
-    single = max(compose([m, Laplace(10.0)]).epsilon(1e-6, "rdp") for m in planned)
+    score = compose(Laplace(20.0), steps=2)
+    single = max(compose([m, score]).epsilon(1e-6, "rdp") for m in planned)
     counts = []
     for seed in range(5):
         FITS.clear()
@@ -92,7 +93,7 @@ def test_random_stopping_bound_against_a_naive_evaluation(data):
     s = PrivateSearchCV(_est(), {"regularization": ["ridge"]}, expected_runs=5.0,
                         loss_bound=36.0, delta=1e-6, random_state=0).fit(X, y)
     q = compose([planned_mechanism(_est().set_params(regularization="ridge"), X, y),
-                 Laplace(10.0)])
+                 compose(Laplace(20.0), steps=2)])
     gamma = 1 / 5.0
     lh = np.geomspace(1.001, 1e4, 4000)
     c = min(2 * ((1 - 1 / h) * q.rdp(h) + math.log(1 / gamma) / h) for h in lh)
@@ -196,7 +197,7 @@ def test_search_over_a_pipeline_with_a_ledger_charges_the_search_once(data, tmp_
     s = PrivateSearchCV(pipe, grid, method="composition", loss_bound=9.0, score_epsilon=0.2,
                         ledger=led.budget("d")).fit(X, y)
     every = compose([compose([planned_mechanism(_pipe().set_params(**p), X, y),
-                              Laplace(1 / 0.2)]) for p in ParameterGrid(grid)])
+                              compose(Laplace(2 / 0.2), steps=2)]) for p in ParameterGrid(grid)])
     assert s.mechanism_ == every and s.n_fits_ == 4
     assert led.mechanism("d") == compose([every])
     assert led.spent("steps").entries == 0  # the steps' own budget is not charged too
