@@ -49,14 +49,20 @@ class _Frozenish(nn.Module):
         return self.lin(x) * 0.0
 
 
+def _attach(model, **kw):
+    """``model`` made private at learning rate 0 (its parameters never move) on the
+    indexed set, batches of 6, noise multiplier 1, seed 3, clip norm 1."""
+    return make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                        DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
+                        max_grad_norm=1.0, **kw)
+
+
 def _noises(steps, **kw):
     torch.set_default_dtype(torch.float64)
     try:
         torch.manual_seed(0)
         model = _Frozenish()
-        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
-                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
-                         max_grad_norm=1.0, **kw)
+        p = _attach(model, **kw)
         out = []
         while len(out) < steps:
             for x, y in p.data_loader:
@@ -96,10 +102,7 @@ def test_correlated_state_is_O_bands_and_resumes_bit_for_bit(noise, extra, kept)
     try:
         torch.manual_seed(0)
         model = _Frozenish()
-        q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
-                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
-                         max_grad_norm=1.0, sampling="shuffled_epochs", epochs=2,
-                         noise=noise, **extra)
+        q = _attach(model, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
         q.load_state_dict(state)
         rest = []
         while len(rest) < 3:
@@ -127,10 +130,7 @@ def test_resume_refuses_a_run_whose_strategy_differs(noise, extra):
     _, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
     state = copy.deepcopy(p.state_dict())
     model = _Frozenish()
-    q = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
-                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
-                     max_grad_norm=1.0, sampling="shuffled_epochs", epochs=3, noise=noise,
-                     **extra)
+    q = _attach(model, sampling="shuffled_epochs", epochs=3, noise=noise, **extra)
     assert q.plan.run.strategy != p.plan.run.strategy
     with pytest.raises(ConfigurationError, match="optimised for the planned steps"):
         q.load_state_dict(state)
@@ -138,10 +138,7 @@ def test_resume_refuses_a_run_whose_strategy_differs(noise, extra):
     # a checkpoint that does not say its strategy cannot be checked: refused as well
     del state["mechanism"]["strategy"]
     model = _Frozenish()
-    same = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
-                        DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
-                        max_grad_norm=1.0, sampling="shuffled_epochs", epochs=2, noise=noise,
-                        **extra)
+    same = _attach(model, sampling="shuffled_epochs", epochs=2, noise=noise, **extra)
     with pytest.raises(ConfigurationError, match="does not record"):
         same.load_state_dict(state)
 
@@ -153,10 +150,8 @@ def _logical_noises(steps, **kw):
     try:
         torch.manual_seed(0)
         model = _Frozenish()
-        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
-                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
-                         max_grad_norm=1.0, sampling="cyclic_poisson", cycle_length=3,
-                         epochs=2, noise="banded", bands=3, **kw)
+        p = _attach(model, sampling="cyclic_poisson", cycle_length=3,
+                    epochs=2, noise="banded", bands=3, **kw)
         out = []
         while len(out) < steps:
             for x, y in p.data_loader:
@@ -436,10 +431,7 @@ def _unfreezing_noises(noise, schedule, steps=12):
         model = _TwoLayers()
         model.b.requires_grad_(False)
         kw = {} if noise == "dpsgd" else {"bands": 3}
-        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
-                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0, seed=3,
-                         max_grad_norm=1.0, sampling="balls_in_bins", epochs=2, noise=noise,
-                         **kw)
+        p = _attach(model, sampling="balls_in_bins", epochs=2, noise=noise, **kw)
         out = []
         while len(out) < steps:
             for x, y in p.data_loader:
