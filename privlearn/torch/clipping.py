@@ -207,7 +207,12 @@ class ClippingMixin:
                 norms = norms.masked_fill(bad, float("inf"))
                 if masked:
                     self.last_overflow_count = bad.sum()
-            with _gs.rows_finite(bad is None):
+            # a recorded tensor that several ghost layers read (one input of the query,
+            # key and value projections) cleaned once when the rows are cleaned
+            shared = _gs.shared_rows(
+                () if bad is None else
+                [x for c in contribs for x in (getattr(c, "_flat2", None) or ())[:2]])
+            with _gs.rows_finite(bad is None), shared:
                 if out is not None:  # the small layers' products grouped
                     accumulate_all(contribs, factors, out)
                 for c in contribs if out is None else ():

@@ -70,6 +70,7 @@ from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     row_scaled,
     row_sq_norms,
     rows_finite,
+    shared_rows,
     token_scaled,
     token_scaled_t,
 )
