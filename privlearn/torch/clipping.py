@@ -19,6 +19,7 @@ import torch
 from privlearn.errors import BatchDependenceError, TrainingLoopError
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch._grouped import accumulate_all
+from privlearn.torch._rows import shared_rows
 from privlearn.torch._tracker_util import (
     _flat_sq,
     _mismatch_message,
@@ -209,7 +210,7 @@ class ClippingMixin:
                     self.last_overflow_count = bad.sum()
             # a recorded tensor that several ghost layers read (one input of the query,
             # key and value projections) cleaned once when the rows are cleaned
-            shared = _gs.shared_rows(
+            shared = shared_rows(
                 () if bad is None else
                 [x for c in contribs for x in (getattr(c, "_flat2", None) or ())[:2]])
             with _gs.rows_finite(bad is None), shared:
