@@ -43,6 +43,22 @@ if TYPE_CHECKING:
 __all__ = ["ClippingMixin"]
 
 
+def _flat_reads(c) -> tuple:
+    """The recorded 2-D forms that a ghost layer's one-chunk product reads through
+    :func:`~privlearn.torch._rows.shared_rows`'s cache (``OuterProduct._accumulate_flat``,
+    taken by ``accumulate_into`` under these conditions), one entry a reading, so that a
+    shared form is released after its last reader; () for any other contribution."""
+    f = getattr(c, "_flat2", None)
+    if f is None or getattr(c, "_ps", None) is not None:
+        return ()
+    b, _, t, d, p = c.dims
+    dt = c._dtype
+    if max(1, _gs._CHUNK_BYTES // max(1, t * (d + p) * dt.itemsize)) < b \
+            or f[0].dtype != dt or f[1].dtype != dt:
+        return ()
+    return f[:2]
+
+
 class ClippingMixin:
     """Clipped per-example gradient sums from the records of
     :class:`~privlearn.torch.tracker.GradSampleTracker` (see :meth:`clipped_sum`)."""
@@ -210,9 +226,8 @@ class ClippingMixin:
                     self.last_overflow_count = bad.sum()
             # a recorded tensor that several ghost layers read (one input of the query,
             # key and value projections) cleaned once when the rows are cleaned
-            shared = shared_rows(
-                () if bad is None else
-                [x for c in contribs for x in (getattr(c, "_flat2", None) or ())[:2]])
+            shared = shared_rows(() if bad is None or out is None else
+                                 [x for c in contribs for x in _flat_reads(c)])
             with _gs.rows_finite(bad is None), shared:
                 if out is not None:  # the small layers' products grouped
                     accumulate_all(contribs, factors, out)

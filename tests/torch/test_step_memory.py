@@ -5,6 +5,7 @@ loop of batch-of-one backward passes)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -201,8 +202,22 @@ def test_tensor_read_by_several_layers_is_masked_once_with_the_same_sums(monkeyp
         torch.manual_seed(0)
         return _Shared(8).double()
 
+    from privlearn.torch import _rows, clipping
+
     monkeypatch.setattr(grad_sample, "GHOST_MEMORY_BUDGET_BYTES", 0)  # ghost norms
     monkeypatch.setattr(grad_sample, "STEP_MATERIALISE_BUDGET_BYTES", 0)
+    seen = []
+    real = clipping.shared_rows
+
+    @contextlib.contextmanager
+    def spy(tensors):
+        with real(tensors):
+            state = _rows._SHARED.get()
+            seen.append(len(state))  # the tensors read by several layers
+            yield
+            seen.append(len(state))  # ... left after the sum (each after its last reader)
+
+    monkeypatch.setattr(clipping, "shared_rows", spy)
     model, ref_model = build(), build()
     torch.manual_seed(1)
     x = torch.randn(6, 5, 8, dtype=torch.float64)
@@ -224,6 +239,7 @@ def test_tensor_read_by_several_layers_is_masked_once_with_the_same_sums(monkeyp
         tracker.detach()
         ref.detach()
     assert tracker.last_overflow_count == 1 and not torch.isfinite(norms[2])
+    assert seen[:2] == [2, 0]  # the input of q, k and v, that of gate and up; released
     torch.testing.assert_close(norms[keep], ref_norms)
     for q, r in zip(model.parameters(), ref_model.parameters(), strict=True):
         torch.testing.assert_close(out[id(q)], ref_sums[id(r)])
