@@ -10,7 +10,9 @@ weights in one product, whose pieces are then added to the buffers (one addition
 the parameters adjacent in a flat buffer, in its order): the same terms
 summed in the same order into each entry, the same single rounding into the buffer, with
 a few operations (one concatenation, one product, one split) instead of one product per
-parameter. Parameters with more than one contribution in the sum (tied weights) keep
+parameter. The same grouping serves float32 buffers while a dropped example's rows are
+cleaned (one cleaning of the concatenation instead of one cleaned copy a parameter).
+Parameters with more than one contribution in the sum (tied weights) keep
 their own order of additions and are left to ``Contribution.accumulate_into``.
 """
 
@@ -58,7 +60,9 @@ def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
             outs = [out[id(p)] for p in k.params]
             get = getattr(k, "mv_rows", None)
             rows = get() if get is not None and all(id(o) in sole for o in outs) else None
-            if rows is None or not all(_narrower(o, r) for o, r in zip(outs, rows, strict=True)):
+            own = getattr(k, "cleans_rows_in_place", False)
+            if rows is None or not all(_narrower(o, r, own)
+                                       for o, r in zip(outs, rows, strict=True)):
                 k.accumulate_into(c, outs)  # its products may still join a group (take)
                 continue
             for o, r in zip(outs, rows, strict=True):
@@ -70,9 +74,13 @@ def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
         _add_group(g[1], g[2])
 
 
-def _narrower(o: torch.Tensor, rows: torch.Tensor) -> bool:
-    """Whether the product is formed in the rows' dtype and then added to ``o``."""
-    return rows.dim() == 2 and rows.dtype.itemsize > o.dtype.itemsize
+def _narrower(o: torch.Tensor, rows: torch.Tensor, own: bool = False) -> bool:
+    """Whether the product is formed in the rows' dtype and then added to ``o``, or the
+    rows are cleaned by a copy first (not :data:`_ROWS_FINITE`, and not rows that their
+    layer owns and cleans in place (``own``): one copy a parameter, where the group
+    cleans its concatenation in place, once)."""
+    return rows.dim() == 2 and (rows.dtype.itemsize > o.dtype.itemsize
+                                or not (own or _ROWS_FINITE.get()))
 
 
 def _add_one(o: torch.Tensor, rows: torch.Tensor, c: torch.Tensor) -> None:

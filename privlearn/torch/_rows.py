@@ -74,10 +74,70 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     """``x`` with non-finite values replaced by 0 (a copy; ``x`` itself when every row is
     known to be finite). Only an example whose squared norm is not finite holds
     non-finite recorded values (an inf or NaN anywhere in its rows makes its norm so),
-    and its weight is 0: this changes no other example."""
+    and its weight is 0: this changes no other example. A tensor that several layers
+    read is cleaned once (:func:`shared_rows`)."""
     if _ROWS_FINITE.get():
         return x
-    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    return _shared(x, "finite",
+                   lambda: torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+#: While a clipped sum cleans the recorded rows (not :data:`_ROWS_FINITE`): ``{key of a
+#: recorded tensor: [readers left, {form: tensor}]}`` for the tensors that several layers'
+#: products read (the query, key and value projections of one input), see
+#: :func:`shared_rows`
+_SHARED: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "privlearn_shared_rows", default=None)
+
+
+def _key(x: torch.Tensor, transposed: bool = False) -> tuple:
+    """What identifies a recorded tensor's values while it is alive and unchanged (its
+    memory, layout, dtype and version; host-side attributes, nothing read back), or
+    those of its transpose (2-D; no view dispatched)."""
+    shape, stride = tuple(x.shape), x.stride()
+    if transposed:
+        shape, stride = shape[::-1], stride[::-1]
+    return (x.data_ptr(), shape, stride, x.dtype, x.device, x._version)
+
+
+@contextlib.contextmanager
+def shared_rows(tensors):
+    """Context in which the cleaned (and scaled) forms of a recorded tensor that more than
+    one of ``tensors`` (one entry per layer reading it, 2-D, contiguous) is are made once
+    by :func:`_finite`, :func:`token_scaled` and :func:`token_scaled_t`, kept until its
+    last reader has read them, then released: the same values (the same operations on
+    the same inputs), one cleaning instead of one per layer, and no copy alive longer
+    than while its readers run."""
+    counts: dict = {}
+    for x in tensors:
+        k = _key(x)
+        counts[k] = counts.get(k, 0) + 1
+    token = _SHARED.set({k: [n, {}] for k, n in counts.items() if n > 1})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _shared(x: torch.Tensor, form, make, keep=None):
+    """``make()`` (the ``form`` of ``x``), made once for the readers of a tensor that
+    several layers read (:func:`shared_rows`): ``x`` is it or its transpose. ``keep``
+    (the weights whose ``id`` is part of ``form``) is held with the form, so that the
+    ``id`` names them while it is kept."""
+    state = _SHARED.get()
+    if not state:
+        return make()
+    k = _key(x, x.dim() == 2 and not x.is_contiguous())
+    e = state.get(k)
+    if e is None:
+        return make()
+    v = e[1].get(form)
+    if v is None:
+        v = e[1][form] = (make(), keep)
+    e[0] -= 1
+    if e[0] <= 0:  # its last reader: released
+        del state[k]
+    return v[0]
 
 
 #: the last weights seen by :func:`_row_view` and their views (one tuple, replaced whole:
@@ -251,8 +311,10 @@ def token_scaled(x: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
     ``T`` (one multiplication a layer, on the form its matmul reads). In the wider of
     the two dtypes: half-precision rows and float32 factors give the float32 products
     of the exact float32 values (no cast of the rows first)."""
-    y = x * _token_factors(c, t)
-    return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
+    if _ROWS_FINITE.get():
+        return x * _token_factors(c, t)
+    return _shared(x, ("rows", t, id(c)),
+                   lambda: (x * _token_factors(c, t)).nan_to_num_(0.0, 0.0, 0.0), c)
 
 
 def _token_factors(c: torch.Tensor, t: int) -> torch.Tensor:
@@ -266,8 +328,10 @@ def token_scaled_t(xt: torch.Tensor, c: torch.Tensor, t: int) -> torch.Tensor:
     the same values and memory as ``token_scaled(xt.t(), c, t).t()``, without the
     transposing view."""
     f = _ROW_VIEWS.get(c, ("columns of", t), lambda: _token_factors(c, t).view(1, -1))
-    y = xt * f
-    return y if _ROWS_FINITE.get() else y.nan_to_num_(0.0, 0.0, 0.0)
+    if _ROWS_FINITE.get():
+        return xt * f
+    return _shared(xt, ("columns", t, id(c)), lambda: (xt * f).nan_to_num_(0.0, 0.0, 0.0),
+                   c)
 
 
 def row_sq_norms(x: torch.Tensor) -> torch.Tensor:

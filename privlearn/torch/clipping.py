@@ -19,6 +19,7 @@ import torch
 from privlearn.errors import BatchDependenceError, TrainingLoopError
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch._grouped import accumulate_all
+from privlearn.torch._rows import shared_rows
 from privlearn.torch._tracker_util import (
     _flat_sq,
     _mismatch_message,
@@ -40,6 +41,22 @@ if TYPE_CHECKING:
     from privlearn.torch.tracker import Unit
 
 __all__ = ["ClippingMixin"]
+
+
+def _flat_reads(c) -> tuple:
+    """The recorded 2-D forms that a ghost layer's one-chunk product reads through
+    :func:`~privlearn.torch._rows.shared_rows`'s cache (``OuterProduct._accumulate_flat``,
+    taken by ``accumulate_into`` under these conditions), one entry a reading, so that a
+    shared form is released after its last reader; () for any other contribution."""
+    f = getattr(c, "_flat2", None)
+    if f is None or getattr(c, "_ps", None) is not None:
+        return ()
+    b, _, t, d, p = c.dims
+    dt = c._dtype
+    if max(1, _gs._CHUNK_BYTES // max(1, t * (d + p) * dt.itemsize)) < b \
+            or f[0].dtype != dt or f[1].dtype != dt:
+        return ()
+    return f[:2]
 
 
 class ClippingMixin:
@@ -207,7 +224,11 @@ class ClippingMixin:
                 norms = norms.masked_fill(bad, float("inf"))
                 if masked:
                     self.last_overflow_count = bad.sum()
-            with _gs.rows_finite(bad is None):
+            # a recorded tensor that several ghost layers read (one input of the query,
+            # key and value projections) cleaned once when the rows are cleaned
+            shared = shared_rows(() if bad is None or out is None else
+                                 [x for c in contribs for x in _flat_reads(c)])
+            with _gs.rows_finite(bad is None), shared:
                 if out is not None:  # the small layers' products grouped
                     accumulate_all(contribs, factors, out)
                 for c in contribs if out is None else ():

@@ -427,7 +427,7 @@ class OuterProduct(Contribution):
     ghost : bool or None (choose by :func:`use_ghost`).
     """
 
-    masks_rows = True
+    masks_rows = cleans_rows_in_place = True  # held rows cleaned in place, not grouped
 
     def __init__(self, weight, bias, a, g, ghost: bool | None = None,
                  transposed: bool = False):

@@ -83,6 +83,52 @@ def test_grouped_sum_drops_the_nonfinite_rows_of_a_zero_weight():
     _check_rounded_once(out, params, want, grads, c)
 
 
+def test_float32_rows_cleaned_as_one_group_when_an_example_is_masked():
+    """Into float32 buffers, while the rows must be cleaned (an example of weight 0
+    whose rows are inf and NaN), the held rows are concatenated, cleaned once and
+    multiplied once instead of one cleaned copy and one product a parameter: the sums
+    are those without the example, and the held rows themselves are left as they were."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(4)
+    shapes = [(6,), (6,), (4,), (4,), (5,)]
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    grads = [torch.randn(5, *s, generator=g) for s in shapes]
+    c = torch.rand(5, generator=g)
+    c[1] = 0.0
+    for x in grads:
+        x[1] = float("inf")
+        x[1, 0] = float("nan")
+    held = [x.clone() for x in grads]
+    flat = torch.zeros(sum(x[0].numel() for x in grads))
+    out, at = {}, 0
+    for p in params:
+        out[id(p)] = flat[at:at + p.numel()].view(p.shape)
+        at += p.numel()
+    contribs = [Materialized([p], [x]) for p, x in zip(params, grads, strict=True)]
+    for k in contribs:
+        k.sq_norms()
+    ops = Ops()
+    with gs.rows_finite(False), ops:
+        accumulate_all(contribs, c, out)
+    assert ops.names.count("mv") + ops.names.count("addmv") + ops.names.count("addmv_") == 1
+    assert ops.names.count("nan_to_num") + ops.names.count("nan_to_num_") == 1
+    keep = torch.arange(5) != 1
+    for p, x, h in zip(params, grads, held, strict=True):
+        torch.testing.assert_close(x, h, equal_nan=True)  # not cleaned in place
+        want = torch.einsum("b,b...->...", c[keep].double(), x[keep].double())
+        torch.testing.assert_close(out[id(p)].double(), want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("budget", [None, 5 * 5 * 4])
 def test_tied_parameters_and_large_rows_keep_their_own_sums(monkeypatch, budget):
     """A parameter with two contributions is summed by each in turn (its order of

@@ -5,6 +5,7 @@ loop of batch-of-one backward passes)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -169,5 +170,76 @@ def test_overflowing_example_is_masked_whichever_side_carries_the_weights(monkey
         tracker.detach()
         ref.detach()
     assert tracker.last_overflow_count == 1 and torch.isinf(norms[2])
+    for q, r in zip(model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(out[id(q)], ref_sums[id(r)])
+
+
+class _Shared(nn.Module):
+    """Layers reading one input: three narrower ones (the wider input cleaned, as the
+    query, key and value projections) and two wider ones (the input scaled, as a gated
+    MLP's gate and up projections), and a layer reading another tensor between them."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d // 2), nn.Linear(d, d)
+        self.mid = nn.Linear(d, d)
+        self.gate, self.up = nn.Linear(d, 3 * d), nn.Linear(d, 3 * d, bias=False)
+        self.out = nn.Linear(3 * d, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.q(x)) + torch.tanh(self.v(x)) + self.k(x).repeat(1, 1, 2)
+        h = self.mid(h)
+        return self.out(torch.tanh(self.gate(h)) * self.up(h))
+
+
+@pytest.mark.parametrize("where", ["input", "gradient"])
+def test_tensor_read_by_several_layers_is_masked_once_with_the_same_sums(monkeypatch,
+                                                                         where):
+    """Layers reading one recorded tensor share its cleaned (and scaled) form in the
+    clipped sum that masks a non-finite example: the sums are those of the batch without
+    the example, exactly zero from it, whichever side it was non-finite on."""
+    def build():
+        torch.manual_seed(0)
+        return _Shared(8).double()
+
+    from privlearn.torch import _rows, clipping
+
+    monkeypatch.setattr(grad_sample, "GHOST_MEMORY_BUDGET_BYTES", 0)  # ghost norms
+    monkeypatch.setattr(grad_sample, "STEP_MATERIALISE_BUDGET_BYTES", 0)
+    seen = []
+    real = clipping.shared_rows
+
+    @contextlib.contextmanager
+    def spy(tensors):
+        with real(tensors):
+            state = _rows._SHARED.get()
+            seen.append(len(state))  # the tensors read by several layers
+            yield
+            seen.append(len(state))  # ... left after the sum (each after its last reader)
+
+    monkeypatch.setattr(clipping, "shared_rows", spy)
+    model, ref_model = build(), build()
+    torch.manual_seed(1)
+    x = torch.randn(6, 5, 8, dtype=torch.float64)
+    keep = [0, 1, 3, 4, 5]
+    w = torch.ones(6, 5, 2, dtype=torch.float64)
+    if where == "input":
+        x[2, 3, 1] = float("inf")
+    else:
+        w[2, 1, 0] = float("nan")  # a non-finite output gradient of example 2
+    tracker = GradSampleTracker(model, loss_reduction="sum")
+    ref = GradSampleTracker(ref_model, loss_reduction="sum")
+    try:
+        (model(x) * w).sum().backward()
+        out = {id(q): torch.zeros_like(q) for q in model.parameters()}
+        _, _, norms = tracker.clipped_sum(1.0, out=out)
+        (ref_model(x[keep]) * w[keep]).sum().backward()
+        ref_sums, _, ref_norms = ref.clipped_sum(1.0)
+    finally:
+        tracker.detach()
+        ref.detach()
+    assert tracker.last_overflow_count == 1 and not torch.isfinite(norms[2])
+    assert seen[:2] == [2, 0]  # the input of q, k and v, that of gate and up; released
+    torch.testing.assert_close(norms[keep], ref_norms)
     for q, r in zip(model.parameters(), ref_model.parameters(), strict=True):
         torch.testing.assert_close(out[id(q)], ref_sums[id(r)])
