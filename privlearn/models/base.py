@@ -273,12 +273,16 @@ def _non_finite(value: Any) -> bool:
     return not bool(np.all(np.isfinite(arr)))
 
 
+def _non_finite_error(owner: str, lead: str, name: str) -> NonFiniteInputError:
+    """The refusal of a NaN or an infinity in the input ``name``, with what to do."""
+    return NonFiniteInputError(
+        f"{owner}: {lead} {name} contains a NaN or an infinity. {_NON_FINITE_ADVICE}.")
+
+
 def check_finite_target(owner: str, y: Any) -> None:
     """Refuse a numeric ``y`` holding NaN or infinity (:class:`NonFiniteInputError`)."""
     if _non_finite(y):
-        raise NonFiniteInputError(
-            f"{owner}: Input y contains NaN or infinity: y contains a non-finite label. "
-            f"{_NON_FINITE_ADVICE}.")
+        raise _non_finite_error(owner, "Input y contains NaN or infinity:", "y")
 
 
 def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_validation",
@@ -301,9 +305,7 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
         first = str(e).split("\n")[0]
         for name, value in (("X", X), ("y", y)):
             if not (isinstance(value, str) and value == "no_validation") and _non_finite(value):
-                raise NonFiniteInputError(
-                    f"{owner}: {first} {name} contains a NaN or an infinity. "
-                    f"{_NON_FINITE_ADVICE}.") from e
+                raise _non_finite_error(owner, first, name) from e
         if isinstance(e, TypeError):
             raise ParameterTypeError(f"{owner}: {e}") from e
         raise ParameterValueError(f"{owner}: {e}") from e

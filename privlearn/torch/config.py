@@ -160,10 +160,6 @@ _OTHER_SETTINGS = {
                                "augmentation_multiplicity")},
 }
 
-#: Former name of :data:`_OTHER_SETTINGS`.
-_OPACUS_SETTINGS = _OTHER_SETTINGS
-
-
 def unknown_settings_error(owner: str, unknown, *, missing=(), arguments=(),
                            names=None, fields_of: str = "DPConfig") -> ParameterTypeError:
     """The error for settings ``owner`` does not know (``unknown``) and its own
