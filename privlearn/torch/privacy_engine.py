@@ -284,11 +284,12 @@ class PrivateTraining:
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments"
                              + _strategy_hint(theirs, mine))
+        # the history first: a state it refuses leaves the run as it was
+        self.accountant.load_state_dict(state["accountant"])
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.optimizer.max_grad_norm = state["max_grad_norm"]
         self.optimizer.noise_multiplier = state["noise_multiplier"]
-        self.accountant.load_state_dict(state["accountant"])
         self.budget.load_state_dict(state["budget"])
         self._sampler.load_state_dict(state["sampler"])
         self.optimizer.noise.load_state_dict(state["noise"])
