@@ -56,6 +56,7 @@ from privlearn.torch.data import (
     UnitIndex,
     VirtualBatchLoader,
     check_batch_first,
+    check_map_style,
     make_dp_loader,
 )
 from privlearn.torch.distributed import unwrap, world_info
@@ -444,6 +445,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     if not isinstance(data_loader, DataLoader):
         raise ParameterTypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
+    check_map_style(data_loader.dataset)
     rank, world = world_info(process_group)
     if world > 1 and (cfg.correlated or cfg.users is not None
                       or not SAMPLINGS[cfg.sampling].distributed):

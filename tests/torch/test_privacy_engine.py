@@ -345,6 +345,32 @@ def test_unaccountable_samplers_refused_before_training(make_loader):
     assert torch.equal(before, _flat(model))
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(_data())
+
+
+class _NoLength(torch.utils.data.Dataset):
+    def __getitem__(self, i):
+        return _data()[i]
+
+
+@pytest.mark.parametrize("dataset, error", [(_Stream(), ValueError),
+                                            (_NoLength(), TypeError)],
+                         ids=["iterable", "no-len"])
+def test_a_dataset_without_random_access_or_length_is_refused_by_name(dataset, error):
+    """No sampling rate can be set for a stream or a dataset without a length: refused
+    with a typed error naming the dataset (it was a bare ``TypeError: object of type
+    ... has no len()`` from inside the planning), and the model is left as it was."""
+    model = _mlp()
+    before = _flat(model)
+    with pytest.raises(error, match=type(dataset).__name__) as info:
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(dataset, batch_size=8), noise_multiplier=1.0)
+    assert "map-style" in str(info.value)
+    assert torch.equal(before, _flat(model)) and not model[0]._forward_hooks
+
+
 def test_accepted_samplers_and_recorded_rate():
     ds = _data(n=64)
     model = _mlp()
