@@ -307,7 +307,23 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         if math.isinf(v) and self._noise_multiplier > 0:
             raise ConfigurationError("max_grad_norm=inf (no clipping) leaves the sensitivity "
                              "unbounded; only allowed with noise_multiplier=0")
+        if v != self._max_grad_norm and self._logical_batch_open():
+            # the chunks already accumulated were clipped at the old bound, the noise and
+            # the record of the step would use the new one: with a lower bound the step
+            # would be noised for a sensitivity smaller than the one its sum has
+            raise TrainingLoopError(
+                f"max_grad_norm cannot change from {self._max_grad_norm!r} to {v!r} between "
+                "the physical chunks of a logical batch (max_physical_batch_size): its "
+                "earlier chunks were clipped at the old bound, while the noise and the "
+                "accountant would use the new one. Change it after the logical batch's last "
+                "step() (a step post-hook of p.optimizer runs once per update), or in the "
+                "loop when p.optimizer.accountant.steps has just grown. Nothing was changed")
         self._max_grad_norm = v
+
+    def _logical_batch_open(self) -> bool:
+        """Whether clipped sums of an unfinished logical batch are held (the physical
+        chunks stepped so far of a virtual batch)."""
+        return getattr(self, "_out", None) is not None or bool(getattr(self, "_carry", None))
 
     @property
     def sampling_rate(self) -> float:
