@@ -424,10 +424,13 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
 
     def _sync_params(self) -> None:
         """Follow the tracker's parameters (they change when parameters are unfrozen or
-        frozen after make_private)."""
-        if self._layout_version == self.tracker.version:
+        frozen after make_private, and move when the model is moved or cast after it:
+        ``p.model.to(device)``, ``p.model.double()``)."""
+        version = (self.tracker.version,
+                   tuple((q.device, q.dtype) for q in self.tracker.params))
+        if self._layout_version == version:
             return
-        self._layout_version = self.tracker.version
+        self._layout_version = version
         self._numels = [p.numel() for p in self.tracker.params]
         self._numel = sum(self._numels)
         groups: dict[tuple, list[int]] = {}

@@ -219,3 +219,29 @@ def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch, make_data
     reads.clear()
     p.optimizer.step()
     assert len(reads) <= 1, reads
+
+
+def test_a_model_cast_after_make_private_trains_as_the_naive_loop(make_data, make_mlp, oracle):
+    """``p.model.double()`` (or ``.to(device)``) after make_private: the optimizer's
+    gradient buffers follow the parameters' new dtype (they used to stay float32: the
+    step after the cast updated the parameters wrongly, by 0.07 here, or failed inside
+    torch assigning a float32 gradient to a float64 parameter), and the steps before and
+    after the cast equal the naive per-example loop."""
+    ds = make_data(n=40, spread=True)
+    model = make_mlp(seed=4)
+    ref = copy.deepcopy(model).double()
+    C, lr = 0.5, 1.0
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                     DataLoader(ds, batch_size=8), noise_multiplier=0.0, max_grad_norm=C,
+                     sampling="fixed", seed=0)
+    batches = iter(p.data_loader)
+    for k in range(3):
+        if k == 1:
+            p.model.double()
+        x, y = next(batches)
+        _step(p, x.to(model[0].weight.dtype), y)
+        oracle.step(ref, x.double(), y, C, lr, 8)
+        tol = 1e-5 if k == 0 else 1e-6  # float32 before the cast
+        torch.testing.assert_close(oracle.flat(model.parameters()),
+                                   oracle.flat(ref.parameters()), rtol=tol, atol=tol)
+    assert model[0].weight.grad.dtype == torch.float64 and p.accountant.steps == 3
