@@ -517,6 +517,10 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         noise alone and charge a step for it: refused, with the likely cause."""
         if examples is None or examples == 0 or self.tracker.has_gradients():
             return
+        if self.tracker.outside_uses and self.tracker.unrecorded_forward != "eval":
+            # the parameters were reached only outside their layers (a model whose
+            # parameters are all used functionally, e.g. from an nn.ParameterList): say so
+            self.tracker.check_outside_uses()
         if self.tracker.unrecorded_forward == "eval":
             cause = ("the model was in eval mode (model.eval()) during the forward pass, "
                      "and the engine records per-example gradients only in training mode: "

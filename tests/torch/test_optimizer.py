@@ -17,6 +17,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.errors import TrainingLoopError  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 
 
@@ -245,3 +246,35 @@ def test_a_model_cast_after_make_private_trains_as_the_naive_loop(make_data, mak
         torch.testing.assert_close(oracle.flat(model.parameters()),
                                    oracle.flat(ref.parameters()), rtol=tol, atol=tol)
     assert model[0].weight.grad.dtype == torch.float64 and p.accountant.steps == 3
+
+
+class _ParameterListOnly(nn.Module):
+    """Every parameter in an nn.ParameterList, used functionally by the forward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.weights = nn.ParameterList([nn.Parameter(torch.randn(6, 6) * 0.3),
+                                         nn.Parameter(torch.randn(6, 3) * 0.3)])
+
+    def forward(self, x):
+        for w in self.weights:
+            x = torch.tanh(x @ w)
+        return x
+
+
+def test_parameters_reached_only_outside_a_layer_are_named(make_data):
+    """A model whose parameters are all used outside any layer (an nn.ParameterList in
+    the forward) is refused naming them, as when a layer's parameter is also used
+    functionally; it was refused with 'no per-example gradient was recorded: the forward
+    ran under torch.no_grad() ...', a cause that did not apply."""
+    model = _ParameterListOnly()
+    before = [q.detach().clone() for q in model.parameters()]
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(n=32), batch_size=8), noise_multiplier=1.0)
+    x, y = next(iter(p.data_loader))
+    with pytest.raises(TrainingLoopError, match=r"\['weights.0', 'weights.1'\] are used "
+                                                "outside their layers"):
+        _step(p, x, y)
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
