@@ -828,15 +828,29 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         finally:
             self._dynamic_scale = 1.0
         found_inf = None
+        try:
+            if scaler is not None:
+                found_inf = self._noisy_grad_nonfinite(scaler)
+            self.last_step_skipped = bool(found_inf) if found_inf is not None else False
+            if not self.last_step_skipped:
+                self._stepping_original = True  # the one call of it that is not a slip
+                try:
+                    self.original_optimizer.step()
+                finally:
+                    self._stepping_original = False
+        finally:
+            # p.grad holds the noisy gradient from here on, and the update may have been
+            # applied: the step is accounted and its batch used even when the wrapped
+            # optimizer's step (or a hook of it) raises
+            self._account(cfg, drawn)
         if scaler is not None:
-            found_inf = self._noisy_grad_nonfinite(scaler)
-        self.last_step_skipped = bool(found_inf) if found_inf is not None else False
-        if not self.last_step_skipped:
-            self._stepping_original = True  # the one call of it that is not a slip
-            try:
-                self.original_optimizer.step()
-            finally:
-                self._stepping_original = False
+            self._report_found_inf(scaler, found_inf)
+        self._warn_overflow(read=scaler is not None)
+        return loss
+
+    def _account(self, cfg: tuple, drawn) -> None:
+        """Record the released step ``cfg`` (accountant, ledger, budget), use its batch,
+        set the next bound (adaptive), move the noise key on (forward secrecy)."""
         self.accountant.record_step(*cfg)  # a skipped update still released a gradient
         if self.ledger is not None:
             self.ledger.used(cfg[0], cfg[1])
@@ -846,11 +860,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self.sampler.consume(drawn)
         if self.adaptive is not None:
             self._update_clip_bound()  # the bound of the next step
-        self.noise.advance()  # forward secrecy: a later state cannot replay this step's noise
-        if scaler is not None:
-            self._report_found_inf(scaler, found_inf)
-        self._warn_overflow(read=scaler is not None)
-        return loss
+        self.noise.advance()
 
     def guard_original(self):
         """Refuse ``step()`` on the wrapped optimizer itself (a loop that keeps stepping

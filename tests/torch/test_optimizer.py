@@ -278,3 +278,41 @@ def test_parameters_reached_only_outside_a_layer_are_named(make_data):
         _step(p, x, y)
     assert p.accountant.steps == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+class _UpdatesThenFails(torch.optim.SGD):
+    """An optimizer whose step applies the update, then raises (a failing hook or
+    logging call, an interrupt arriving after the update)."""
+
+    fail = True
+
+    def step(self, closure=None):
+        super().step(closure)
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("after the update")
+
+
+def test_a_step_whose_wrapped_optimizer_raises_after_the_update_is_accounted(make_data,
+                                                                             make_mlp):
+    """The noisy gradient is released (``p.grad``, and the update the wrapped optimizer
+    applied) before the wrapped step returns: a step that raises there is still
+    accounted and its batch used. It used to leave the parameters updated with no step
+    recorded (epsilon understated) and the next step refused for two batches drawn."""
+    model = make_mlp()
+    before = [q.detach().clone() for q in model.parameters()]
+    p = make_private(model, _UpdatesThenFails(model.parameters(), lr=0.1),
+                     DataLoader(make_data(n=64), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    batches = iter(p.data_loader)
+    x, y = next(batches)
+    with pytest.raises(RuntimeError, match="after the update"):
+        _step(p, x, y)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    one = subsample(Gaussian(noise_multiplier=1.0), rate=8 / 64)
+    assert p.accountant.steps == 1
+    assert p.epsilon(1e-5) == compose(one, steps=1).epsilon(1e-5)
+    x, y = next(batches)
+    _step(p, x, y)  # the loop goes on: the failed step's batch was used
+    assert p.accountant.steps == 2
+    assert p.epsilon(1e-5) == compose(one, steps=2).epsilon(1e-5)
