@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 
 import torch
 from torch.amp import GradScaler
@@ -81,6 +80,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
@@ -92,50 +92,6 @@ from privlearn.torch.tracker import GradSampleTracker
 from privlearn.torch.units import RowUnits
 
 __all__ = ["AdaptiveClipping", "DPOptimizer", "gradient_noise_multiplier"]
-
-
-@dataclass(frozen=True)
-class AdaptiveClipping:
-    """Settings of adaptive clipping (Andrew et al. 2021, Algorithm 1, geometric update).
-
-    Attributes
-    ----------
-    target_unclipped_quantile : float in [0, 1]
-        gamma: the fraction of examples whose gradient norm the bound should exceed.
-    clipbound_learning_rate : float > 0
-        eta of the update ``C <- C exp(-eta (b - gamma))``.
-    unclipped_num_std : float > 0
-        sigma_b, std of the noise on the (centred) count of unclipped examples. Must
-        exceed ``noise_multiplier / 2``.
-    """
-
-    target_unclipped_quantile: float
-    clipbound_learning_rate: float
-    unclipped_num_std: float
-
-
-def gradient_noise_multiplier(noise_multiplier: float, unclipped_num_std: float) -> float:
-    """Noise multiplier of the clipped sum when the count of unclipped examples gets noise
-    ``unclipped_num_std`` and the step as a whole must be the Gaussian mechanism of
-    multiplier ``noise_multiplier``: ``(sigma^-2 - (2 sigma_b)^-2)^(-1/2)`` (Andrew et al.
-    2021; the count is centred, sensitivity 1/2).
-
-    Raises
-    ------
-    ValueError
-        ``noise_multiplier >= 2 * unclipped_num_std`` (no gradient noise could reach it).
-    """
-    s, sb = float(noise_multiplier), float(unclipped_num_std)
-    if s == 0:
-        return 0.0
-    if not s < 2 * sb:
-        raise ConfigurationError(
-            f"adaptive clipping with noise_multiplier={s:g} needs unclipped_num_std > "
-            f"noise_multiplier / 2 = {s / 2:g} (Andrew et al. 2021: the noise on "
-            f"the clipped sum is (sigma^-2 - (2 sigma_b)^-2)^(-1/2)), got {sb:g}. Increase "
-            "unclipped_num_std (its default is expected_batch_size / 20: use larger "
-            "batches) or lower noise_multiplier")
-    return (s ** -2 - (2 * sb) ** -2) ** -0.5
 
 
 class DPOptimizer(LossScaling, OptimizerDelegation):
@@ -307,23 +263,16 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         if math.isinf(v) and self._noise_multiplier > 0:
             raise ConfigurationError("max_grad_norm=inf (no clipping) leaves the sensitivity "
                              "unbounded; only allowed with noise_multiplier=0")
-        if v != self._max_grad_norm and self._logical_batch_open():
-            # the chunks already accumulated were clipped at the old bound, the noise and
-            # the record of the step would use the new one: with a lower bound the step
-            # would be noised for a sensitivity smaller than the one its sum has
-            raise TrainingLoopError(
+        if v != self._max_grad_norm and (getattr(self, "_out", None) is not None
+                                         or getattr(self, "_carry", None)):
+            raise TrainingLoopError(  # a lower bound would under-noise the earlier chunks
                 f"max_grad_norm cannot change from {self._max_grad_norm!r} to {v!r} between "
                 "the physical chunks of a logical batch (max_physical_batch_size): its "
                 "earlier chunks were clipped at the old bound, while the noise and the "
                 "accountant would use the new one. Change it after the logical batch's last "
-                "step() (a step post-hook of p.optimizer runs once per update), or in the "
-                "loop when p.optimizer.accountant.steps has just grown. Nothing was changed")
+                "step() (a step post-hook of p.optimizer runs once per update). Nothing "
+                "was changed")
         self._max_grad_norm = v
-
-    def _logical_batch_open(self) -> bool:
-        """Whether clipped sums of an unfinished logical batch are held (the physical
-        chunks stepped so far of a virtual batch)."""
-        return getattr(self, "_out", None) is not None or bool(getattr(self, "_carry", None))
 
     @property
     def sampling_rate(self) -> float:
@@ -581,7 +530,11 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         all-reduced over ranks when distributed: one draw per gradient buffer (device
         and dtype) into the sums :meth:`clip_and_accumulate` left there (zeros when it
         was not called), each sum formed at the draw's precision and rounded once to
-        the buffer's dtype (:meth:`NoiseSource.add_normal_`)."""
+        the buffer's dtype (:meth:`NoiseSource.add_normal_`). A release of the batch
+        drawn for it: checked against the budget and accounted as one step, as
+        ``step()`` is (which also updates the parameters)."""
+        drawn = self.sampler.take() if self.sampler is not None else None
+        cfg = self._checked_cfg()
         carry = self._open_buffers(fill=False) if self._out is None else None
         try:
             self._noise_into(add=True)
@@ -590,6 +543,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                 self._out, self._carry = None, carry
             raise
         self._release()
+        self._account(cfg, drawn)
 
     def _noisy_step(self, examples: int | None = None, units=None) -> None:
         """Steps 1-3 of a logical batch's last chunk. When the buffers hold nothing yet
@@ -815,11 +769,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self._require_recorded(examples)
             self.tracker.check_outside_uses()
             self.tracker.check_independence(examples)
-            cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
-            if self.budget is not None:  # before anything is released
-                self.budget.check(cfg[0], cfg[1])
-            if self.ledger is not None:
-                self.ledger.ensure(cfg[0], cfg[1])
+            cfg = self._checked_cfg()
             if self.sharded is not None:  # FSDP2: reduce-scatter, noise per shard
                 self.sharded.noisy_step(self, examples, units)
             else:
@@ -848,9 +798,17 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         self._warn_overflow(read=scaler is not None)
         return loss
 
+    def _checked_cfg(self) -> tuple:
+        """(sigma, q, C) of the step about to be released, after the budget and ledger."""
+        cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
+        if self.budget is not None:
+            self.budget.check(cfg[0], cfg[1])
+        if self.ledger is not None:
+            self.ledger.ensure(cfg[0], cfg[1])
+        return cfg
+
     def _account(self, cfg: tuple, drawn) -> None:
-        """Record the released step ``cfg`` (accountant, ledger, budget), use its batch,
-        set the next bound (adaptive), move the noise key on (forward secrecy)."""
+        """Record a released step, use its batch, set the next bound, move the noise on."""
         self.accountant.record_step(*cfg)  # a skipped update still released a gradient
         if self.ledger is not None:
             self.ledger.used(cfg[0], cfg[1])

@@ -316,3 +316,35 @@ def test_a_step_whose_wrapped_optimizer_raises_after_the_update_is_accounted(mak
     _step(p, x, y)  # the loop goes on: the failed step's batch was used
     assert p.accountant.steps == 2
     assert p.epsilon(1e-5) == compose(one, steps=2).epsilon(1e-5)
+
+
+def test_the_public_pieces_of_a_step_are_accounted_as_one(make_data, make_mlp):
+    """``clip_and_accumulate()`` then ``add_noise()`` puts the batch's noisy clipped sum
+    in ``p.grad``: a release, accounted as one step of the batch drawn for it (as
+    ``step()``, without the update). It used to be accounted as nothing: a loop of them,
+    applying ``p.grad`` by hand, trained with ``p.epsilon()`` reporting 0."""
+    model = make_mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(n=64), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    released = 0
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.clip_and_accumulate()
+        p.optimizer.add_noise()
+        released += 1
+        with torch.no_grad():
+            for q in model.parameters():
+                q -= 0.1 * q.grad
+        if released == 3:
+            break
+    one = subsample(Gaussian(noise_multiplier=1.0), rate=8 / 64)
+    assert p.accountant.steps == 3
+    assert p.epsilon(1e-5) == compose(one, steps=3).epsilon(1e-5) > 0
+    # a second release of the same batch (noise again, or a step) is refused
+    with pytest.raises(TrainingLoopError, match="without a new batch"):
+        p.optimizer.add_noise()
+    with pytest.raises(TrainingLoopError, match="without a new batch"):
+        p.optimizer.step()
+    assert p.accountant.steps == 3
