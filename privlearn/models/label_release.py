@@ -58,6 +58,7 @@ from privlearn.models.base import (
     ReleasePlan,
     data_shape,
     make_rng,
+    refuse_fit_params,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
     validate_input,
@@ -174,8 +175,9 @@ class _LabelReleaseBase(PrivateEstimator):
 
     def _release_call(self, plan: LabelReleasePlan, data, label: str,
                       **context: Any) -> np.ndarray:
+        account = self._certify(plan)  # before anything is reserved or read
         fitted = self._run(plan, data, None, label=label, **context)
-        self._record(plan, fitted)
+        self._record(plan, fitted, account)
         return self.labels_.copy()
 
     def public_release(self) -> LabelRelease:
@@ -477,11 +479,13 @@ class PrivateKNN(_LabelReleaseBase):
         self.ledger = ledger
         self.classes = classes
 
-    def fit(self, X, y) -> PrivateKNN:
+    def fit(self, X, y, **fit_params) -> PrivateKNN:
         """Store the private set and start a new account (``epsilon_`` back to none).
 
         Releases nothing and spends nothing; the fitted object holds the private data
-        (never share it; share :meth:`public_release`)."""
+        (never share it; share :meth:`public_release`). ``sample_weight`` is refused
+        (:func:`~privlearn.models.base.refuse_fit_params`)."""
+        refuse_fit_params(self, fit_params)
         with self._refit():
             X, y = validate_input(self, X, y, dtype=np.float64)
             classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)

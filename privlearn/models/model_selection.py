@@ -460,9 +460,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         "Use method='composition' (every run composed with the budget's accountant), or a "
         "budget created with accountant='rdp' (privlearn budget init --accountant rdp)")
 
-    def fit(self, X, y, *, X_val=None, y_val=None):
-        """Run the search. ``X_val, y_val``: *public* validation data (no cost)."""
-        return self._fit(X, y, X_val=X_val, y_val=y_val)
+    def fit(self, X, y, *, X_val=None, y_val=None, **fit_params):
+        """Run the search. ``X_val, y_val``: *public* validation data (no cost);
+        ``sample_weight`` is refused."""
+        return self._fit(X, y, fit_params=fit_params, X_val=X_val, y_val=y_val)
 
     def _check_data(self, X, y, plan: SearchPlan):
         """Check ``X`` and ``y`` (the candidates validate them again); the candidates get
