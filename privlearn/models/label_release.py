@@ -486,6 +486,9 @@ class PrivateKNN(_LabelReleaseBase):
         (never share it; share :meth:`public_release`). ``sample_weight`` is refused
         (:func:`~privlearn.models.base.refuse_fit_params`)."""
         refuse_fit_params(self, fit_params)
+        if y is None:
+            raise ParameterValueError(
+                "PrivateKNN.fit needs the private labels: fit(X_private, y_private)")
         with self._refit():
             X, y = validate_input(self, X, y, dtype=np.float64)
             classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)

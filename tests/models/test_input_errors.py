@@ -192,3 +192,9 @@ def test_scaler_inverse_transform_checks_its_input():
         sc.inverse_transform(X[:, :2])
     with pytest.raises(ParameterValueError, match="2D array"):
         sc.inverse_transform(X[:, 0])
+
+
+def test_knn_without_labels_is_typed():
+    X, _ = _data()
+    with pytest.raises(ParameterValueError, match="needs the private labels"):
+        CASES["PrivateKNN"]().fit(X, None)
