@@ -298,10 +298,13 @@ class PATE(_LabelReleaseBase):
             T = T.astype(float)
             if not np.all(np.isfinite(T)):
                 raise ParameterValueError("teacher probabilities contain NaN or infinity")
-            if np.any(T < 0) or not np.allclose(T.sum(axis=2), 1.0, atol=1e-6):
+            sums = T.sum(axis=2, keepdims=True)
+            if np.any(T < 0) or not np.allclose(sums, 1.0, atol=1e-6):
                 raise ParameterValueError(
                     "soft teacher votes must be probability vectors (>= 0, sum 1)")
-            return T.sum(axis=0)
+            # rows within the tolerance are rescaled onto the simplex: a row summing to
+            # 1 + t would move the sum by sqrt(2) (1 + t), above the accounted sensitivity
+            return (T / sums).sum(axis=0)
         raise ParameterValueError(
             "teacher_outputs must have shape (n_teachers, n_queries) or "
             f"(n_teachers, n_queries, n_classes), got shape {T.shape}"

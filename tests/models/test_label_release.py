@@ -251,3 +251,18 @@ def test_knn_classes_inferred_from_private_labels_warn():
     np.testing.assert_array_equal(knn.classes_[knn._y], y)
     with pytest.raises(ValueError, match="not in classes"):
         PrivateKNN(classes=[0, 1]).fit(X, y)
+
+
+def test_soft_votes_within_the_tolerance_are_put_on_the_simplex():
+    """Rows summing to 1 + 9e-6 pass the tolerance; unscaled, one teacher would move the
+    vote sum by more than the accounted sqrt(2) (L2) / 2 (L1). They are released as
+    their rescaled copy: same noise, same noisy votes as the exact probabilities."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(3), size=(9, 4))
+    exact = PATE(noise_multiplier=1.0, epsilon=100.0, random_state=0)
+    loose = PATE(noise_multiplier=1.0, epsilon=100.0, random_state=0)
+    exact.release(probs, n_teachers=9)
+    loose.release(probs * (1 + 9e-6), n_teachers=9)
+    np.testing.assert_allclose(loose.noisy_votes_, exact.noisy_votes_, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(PATE.vote_histogram(probs * (1 + 9e-6)).sum(axis=1), 9.0,
+                               rtol=1e-12)
