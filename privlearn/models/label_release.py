@@ -543,8 +543,7 @@ class PrivateKNN(_LabelReleaseBase):
             # Poisson subsample per query: excluded points get infinite distance
             keep = rng.random((Qb.shape[0], n)) < q
             d2 = np.where(keep, d2, np.inf)
-            kk = min(k, n)
-            nn = np.argpartition(d2, kk - 1, axis=1)[:, :kk]
+            nn = _nearest(d2, min(k, n))
             valid = np.take_along_axis(keep, nn, axis=1)
             labels = self._y[nn]
             for c in range(C):
@@ -553,6 +552,25 @@ class PrivateKNN(_LabelReleaseBase):
         del votes  # the exact histogram never leaves this call
         idx = np.argmax(noisy, axis=1)
         return self._released(noisy, self.classes_[idx], self.classes_, plan)
+
+
+def _nearest(d2: np.ndarray, k: int) -> np.ndarray:
+    """Column indices (rows of ``d2``, shape (b, k)) of the ``k`` smallest entries of each
+    row, ties broken by the lower index.
+
+    The tie-break is what the sensitivity needs: adding or removing one private record
+    (its column) then changes each query's neighbour set by at most that record in and
+    one boundary record out, so the vote histogram moves by at most ``sqrt(2)`` (L2) /
+    ``2`` (L1). ``np.argpartition`` picks an arbitrary subset of the records tied at the
+    k-th distance (duplicated rows, common in real data), and that subset can change
+    wholesale when a column is added: one record then moved the votes of several.
+    """
+    kth = np.partition(d2, k - 1, axis=1)[:, k - 1 : k]
+    below = d2 < kth
+    tied = d2 == kth
+    # of the ties, the first (k - #below) in index order
+    take = below | (tied & (np.cumsum(tied, axis=1) <= k - below.sum(axis=1, keepdims=True)))
+    return np.nonzero(take)[1].reshape(d2.shape[0], k)
 
 
 def _release_rng(random_state, k: int) -> np.random.Generator:
