@@ -1,7 +1,8 @@
 """Per-example rows of the rules' recorded tensors: their squared norms, their weighing by
-the clip factors, and the positions of an output gradient that reach the loss (the
-rule-author kit's :func:`row_sq_norms`, :func:`row_scaled`, :func:`low_factors` and
-:func:`live_positions`, re-exported by :mod:`privlearn.torch.grad_sample`)."""
+the clip factors, the positions of an output gradient that reach the loss and the sums
+of rows by segment (the rule-author kit's :func:`row_sq_norms`, :func:`row_scaled`,
+:func:`low_factors`, :func:`live_positions` and :func:`segment_sum`, re-exported by
+:mod:`privlearn.torch.grad_sample`)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,22 @@ def shared_rows(tensors):
         _SHARED.reset(token)
 
 
+def read_elsewhere(*tensors: torch.Tensor) -> None:
+    """Count one reading of each of ``tensors`` (as registered with :func:`shared_rows`)
+    as done without the shared forms (a product grouped with other layers' copies its
+    operands itself): a shared form is still released after its last reader."""
+    state = _SHARED.get()
+    if not state:
+        return
+    for x in tensors:
+        k = _key(x)
+        e = state.get(k)
+        if e is not None:
+            e[0] -= 1
+            if e[0] <= 0:
+                del state[k]
+
+
 def _shared(x: torch.Tensor, form, make, keep=None):
     """``make()`` (the ``form`` of ``x``), made once for the readers of a tensor that
     several layers read (:func:`shared_rows`): ``x`` is it or its transpose. ``keep``
@@ -186,6 +203,13 @@ def _addmv_cols(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
 #: (:mod:`privlearn.torch._grouped`): a function taking ``(o, rows, c)`` that returns True
 #: when it takes over ``o += rows.T @ c``
 _DEFER: contextvars.ContextVar = contextvars.ContextVar("privlearn_defer_mv", default=None)
+
+
+#: While the clipped sum groups the one-chunk products of ghost layers that clean their
+#: rows (:mod:`privlearn.torch._grouped`): a function taking ``(contribution, c, outs)``
+#: that returns True when it takes over the contribution's accumulation
+_GHOST_DEFER: contextvars.ContextVar = contextvars.ContextVar("privlearn_defer_mm",
+                                                              default=None)
 
 
 def _addmv_rows_cols(o: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
@@ -442,3 +466,25 @@ def _round_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     low = c.to(dtype)
     over = low.float().abs() > c.abs()
     return torch.where(over, torch.nextafter(low, torch.zeros_like(low)), low)
+
+
+def segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """Sum of the rows of ``values`` sharing a segment id: ``out[j] = sum_{i: index_i = j}
+    values_i`` for ``j < n`` (TensorFlow's ``unsorted_segment_sum``).
+
+    Parameters
+    ----------
+    values : torch.Tensor
+        ``(N, d)`` rows to add.
+    index : torch.Tensor
+        ``(N,)`` integer segment of each row, in ``[0, n)``.
+    n : int
+        Number of segments.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, d)``, zero for a segment no row belongs to (one fused kernel: the backward
+        of an embedding lookup).
+    """
+    return torch.ops.aten.embedding_dense_backward(values, index, n, -1, False)

@@ -174,7 +174,9 @@ def test_ghost_step_masking_on_the_device_dispatches_at_most_five_sgd_steps(name
     """float32, ghost norms in every layer (as wide layers choose on a GPU), the
     non-finite examples masked on the device as on an accelerator
     (``cuda_products(device_masking=True)``: nothing read back, so every layer cleans the
-    rows a dropped example could make non-finite)."""
+    rows a dropped example could make non-finite; the layers' rows cleaned together,
+    ``_grouped``). GPT-2 + LoRA has every LoRA matrix in ghost form (not chosen at
+    realistic lengths, where their per-example gradients are small)."""
     from cuda_dispatch import cuda_products
 
     from privlearn.torch import grad_sample
@@ -184,14 +186,6 @@ def test_ghost_step_masking_on_the_device_dispatches_at_most_five_sgd_steps(name
     monkeypatch.setattr(grad_sample, "GHOST_MEMORY_BUDGET_BYTES", 0)
     with cuda_products(device_masking=True):
         _, plain_step, _, private_step = dispatch_counts(name)
-    if name == "gpt2_lora":
-        # every LoRA matrix in ghost form (not chosen at realistic lengths: its
-        # per-example gradients are small) scales and cleans one side and cleans the
-        # other by a copy, four operations a parameter; recorded, not bounded
-        print(f"\n{name} ghost device masking: SGD step {plain_step.total}, private step "
-              f"{private_step.total}")
-        assert private_step.total <= 6 * plain_step.total, private_step.ops.most_common()
-        return
     _check(name, plain_step, private_step, "float32 ghost, masked on the device")
 
 
