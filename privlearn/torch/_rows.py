@@ -271,9 +271,34 @@ def _emulated_mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _emulated_addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """:func:`addmm32_` into a float32 ``o`` off CUDA: ``o += a @ b`` formed by
-    :func:`_emulated_mm32` (where CUDA dispatches one ``addmm`` with ``out_dtype``)."""
+    """:func:`addmm32_` into a float32 ``o``, or one of the operands' dtype, off CUDA:
+    ``o += a @ b`` formed by :func:`_emulated_mm32` and added (rounded once to ``o``'s
+    dtype), where CUDA dispatches one ``addmm``."""
     o.add_(_emulated_mm32(a, b))
+
+
+#: the cuBLAS settings that allow a half-precision product's reductions in half
+#: precision, by operand dtype
+_REDUCED_REDUCTION = {torch.bfloat16: "allow_bf16_reduced_precision_reduction",
+                      torch.float16: "allow_fp16_reduced_precision_reduction"}
+
+
+@contextlib.contextmanager
+def _float32_reductions(dtype: torch.dtype):
+    """Context in which cuBLAS keeps every reduction of a ``dtype`` product in float32
+    (its half-precision reductions disallowed; a host-side setting, restored after)."""
+    m = torch.backends.cuda.matmul
+    name = _REDUCED_REDUCTION[dtype]
+    allowed = getattr(m, name)
+    if not allowed:
+        yield
+        return
+    split_k = getattr(m, name + "_split_k", None)
+    setattr(m, name, False if split_k is None else (False, split_k))
+    try:
+        yield
+    finally:
+        setattr(m, name, True if split_k is None else (True, split_k))
 
 
 _ADDMM_OUT: bool | None = None
@@ -297,12 +322,22 @@ def _addmm_out_dtype() -> bool:
 
 
 def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``o += a @ b`` for half-precision ``a`` and ``b``, accumulated in float32: one
-    ``addmm`` into a float32 ``o`` on CUDA where :func:`_addmm_out_dtype`, else
-    :func:`mm32` and an addition (the float32 product rounded once to ``o``'s dtype)."""
-    if o.dtype != torch.float32 or (o.device.type == "cuda" and not _addmm_out_dtype()):
+    """``o += a @ b`` for half-precision ``a`` and ``b``, accumulated in float32 and
+    rounded once to ``o``'s dtype. On CUDA one ``addmm``: with ``out_dtype`` into a
+    float32 ``o`` (where :func:`_addmm_out_dtype`), or into an ``o`` of the operands'
+    dtype, whose GEMM accumulates ``a @ b + o`` in float32 (cuBLAS's float32 compute
+    type, half-precision reductions disallowed while it runs) and rounds it once; else
+    :func:`mm32` and an addition."""
+    cuda = o.device.type == "cuda"
+    if o.dtype == a.dtype == b.dtype and o.dtype in _REDUCED_REDUCTION:
+        if not cuda:
+            _emulated_addmm32_(o, a, b)
+            return
+        with _float32_reductions(o.dtype):
+            o.addmm_(a, b)
+    elif o.dtype != torch.float32 or (cuda and not _addmm_out_dtype()):
         o.add_(mm32(a, b))
-    elif o.device.type == "cuda":
+    elif cuda:
         torch.addmm(o, a, b, out_dtype=torch.float32, out=o)
     else:
         _emulated_addmm32_(o, a, b)
