@@ -641,7 +641,9 @@ class OuterProduct(Contribution):
         forms made in the hook: the narrower side scaled per example (by factors rounded
         down for half-precision operands, :func:`low_factors`), one matmul added into the
         buffer (``addmm_``; half-precision operands: with float32 accumulation,
-        :func:`addmm32_`; a buffer of another dtype: the product added, rounded once)."""
+        :func:`addmm32_`; a buffer of another dtype: the product added, rounded once).
+        Where the rows are cleaned, the clipped sum may take it over and form the
+        operands of several layers' products at once (:mod:`privlearn.torch._grouped`)."""
         take = _GHOST_DEFER.get()
         if take is not None and take(self, c, outs):  # grouped with other layers'
             return
