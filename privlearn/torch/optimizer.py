@@ -165,6 +165,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         self._max_grad_norm = 1.0
         self.adaptive = adaptive
         self._centred_count = 0.0  # sum_i (1[||g_i|| <= C] - 1/2) of the logical batch
+        self._grads_discarded = False  # zero_grad() cleared a backward pass before step()
         self.last_unclipped_fraction = None
         self.max_grad_norm = max_grad_norm
         self.noise_multiplier = noise_multiplier
@@ -452,7 +453,11 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         pass. The activations of a forward pass whose backward is still to come are kept,
         so ``out = model(x); optimizer.zero_grad(); loss.backward(); optimizer.step()``
         works as the usual order does; accumulated clipped sums of a virtual batch in
-        progress are kept."""
+        progress are kept. Per-example gradients recorded by a backward pass whose step is
+        still to come are discarded too: the next ``step()`` is then refused with that
+        cause (call ``zero_grad()`` before the forward pass or after ``step()``)."""
+        if self.tracker.has_gradients():  # recorded by a backward pass since the last step
+            self._grads_discarded = True
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         for p in self.tracker.params:
             if set_to_none:
@@ -464,8 +469,18 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
     def _require_recorded(self, examples: int | None) -> None:
         """A batch with examples whose step finds no per-example gradient would release
         noise alone and charge a step for it: refused, with the likely cause."""
+        discarded, self._grads_discarded = self._grads_discarded, False
         if examples is None or examples == 0 or self.tracker.has_gradients():
             return
+        if discarded:
+            raise TrainingLoopError(
+                f"this step's batch has {examples} examples but its per-example gradients "
+                "are gone: optimizer.zero_grad() was called after loss.backward() and "
+                "before optimizer.step(), and discarded the per-example gradients that "
+                "backward() recorded. Call zero_grad() before the forward pass or after "
+                "step() (zero_grad(); loss = ...; loss.backward(); step()). Nothing was "
+                "changed or charged; the next batch of p.data_loader can be trained on as "
+                "usual")
         if self.tracker.outside_uses and self.tracker.unrecorded_forward != "eval":
             # the parameters were reached only outside their layers (a model whose
             # parameters are all used functionally, e.g. from an nn.ParameterList): say so
@@ -766,7 +781,12 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                 return loss
             drawn = self.sampler.take() if self.sampler is not None else None
             units, examples = self._units_and_rows(drawn, self._expected_examples(drawn))
-            self._require_recorded(examples)
+            try:
+                self._require_recorded(examples)
+            except TrainingLoopError:
+                if drawn is not None:  # nothing was computed from it: the next batch
+                    self.sampler.refused(drawn)  # of the loader replaces it
+                raise
             self.tracker.check_outside_uses()
             self.tracker.check_independence(examples)
             cfg = self._checked_cfg()

@@ -143,6 +143,7 @@ class _AccountedSampler(Sampler[list[int]]):
         self.consumed = 0  # logical steps that used a batch
         self._fifo: collections.deque | None = None  # draws of the current iteration
         self._unconsumed: list[DrawnBatch] = []  # delivered, no step yet
+        self._refused: list[DrawnBatch] = []  # delivered, its step refused before release
         self._last_used: DrawnBatch | None = None
         self._next_pos = 0
         self._resume_pos = 0
@@ -189,6 +190,9 @@ class _AccountedSampler(Sampler[list[int]]):
         """The loader hands the next batch of iteration ``fifo`` to the training loop."""
         drawn = fifo.popleft()
         self.delivered += 1
+        if self._refused:  # a step refused on them released nothing: the new batch
+            self._unconsumed = [d for d in self._unconsumed if d not in self._refused]
+            self._refused = []
         self._unconsumed.append(drawn)
         return drawn
 
@@ -196,6 +200,7 @@ class _AccountedSampler(Sampler[list[int]]):
         """A new pass over the loader begins: batches delivered by the previous pass and
         never used by a step are abandoned. Returns them."""
         dropped, self._unconsumed = self._unconsumed, []
+        self._refused = []
         return dropped
 
     def has_unconsumed_batch(self) -> bool:
@@ -234,9 +239,18 @@ class _AccountedSampler(Sampler[list[int]]):
                 "max_physical_batch_size")
         return self._unconsumed[0]
 
+    def refused(self, drawn: DrawnBatch) -> None:
+        """A step refused ``drawn`` before releasing anything computed from it: it stays
+        pending (a retried step may still train on it) until the loader delivers the next
+        batch, which replaces it; it is never counted as used."""
+        if drawn not in self._refused:
+            self._refused.append(drawn)
+
     def consume(self, drawn: DrawnBatch) -> None:
         """Record that one logical step used ``drawn`` (from :meth:`take`)."""
         self._unconsumed.remove(drawn)
+        if drawn in self._refused:
+            self._refused.remove(drawn)
         self.consumed += 1
         self._last_used = drawn
 

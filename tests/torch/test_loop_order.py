@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+from privlearn.errors import TrainingLoopError  # noqa: E402
 from privlearn.torch import BatchDependenceError, make_private  # noqa: E402
 
 
@@ -64,21 +65,40 @@ def test_zero_grad_after_forward_still_probes_batch_independence():
         _run("zero_grad after forward", Centred())
 
 
-def test_zero_grad_after_backward_drops_that_backward():
-    """zero_grad() after backward() still discards the gradients: the step that follows
-    has nothing recorded and is refused rather than charged for noise alone."""
-    model = nn.Linear(10, 2)
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                     DataLoader(_data(), batch_size=16), noise_multiplier=0.5,
-                     max_grad_norm=1.0, seed=0, sampling="fixed")
-    x, y = next(iter(p.data_loader))
+def test_zero_grad_after_backward_is_refused_with_its_cause(oracle):
+    """``loss.backward(); optimizer.zero_grad(); optimizer.step()`` discards the per-example
+    gradients backward recorded: the step is refused naming that order (it was refused as
+    if the forward pass had run under no_grad or on another model), nothing is changed or
+    charged, and the next batches of the same pass train as the naive loop does (the next
+    one was refused as two batches drawn for one step)."""
+    x_all, y_all = _data().tensors
+    torch.manual_seed(0)
+    model = nn.Linear(10, 2).double()
+    ref = copy.deepcopy(model)
+    C, lr = 0.1, 0.5
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                     DataLoader(TensorDataset(x_all.double(), y_all), batch_size=16),
+                     noise_multiplier=0.0, max_grad_norm=C, seed=0, sampling="fixed")
+    it = iter(p.data_loader)
+    x, y = next(it)
     nn.functional.cross_entropy(p.model(x), y).backward()
     p.optimizer.zero_grad()
-    before = [q.detach().clone() for q in model.parameters()]
-    with pytest.raises(RuntimeError, match="no per-example gradient was recorded"):
+    with pytest.raises(TrainingLoopError, match=r"zero_grad\(\) was called after "
+                       r"loss\.backward\(\) and before optimizer\.step\(\)(.|\n)*before the "
+                       r"forward pass or after step\(\)"):
         p.optimizer.step()
     assert p.accountant.steps == 0
-    assert all(torch.equal(u, v) for u, v in zip(before, model.parameters(), strict=True))
+    assert all(torch.equal(u, v) for u, v in zip(ref.parameters(), model.parameters(),
+                                                 strict=True))
+    for _ in range(2):  # the usual order on the next batches of the same pass
+        x, y = next(it)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        oracle.step(ref, x, y, C, lr, 16)
+    assert p.accountant.steps == 2
+    for u, v in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
 
 
 def test_a_model_left_in_eval_mode_is_refused_not_charged():
