@@ -122,22 +122,58 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     dev = next(iter(pvals.values())).device.type if pvals else "cpu"
     with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]), \
             torch.autocast(dev, enabled=False):
+        flat_in = (*args, *kw_vals, *gouts)
         try:
-            grads = vmap(per_example, in_dims=in_dims)(pvals, *args, *kw_vals, *gouts)
+            grads = vmap(per_example, in_dims=in_dims)(pvals, *flat_in)
         except RuntimeError as e:
-            if "randomness" not in str(e):
-                raise
-            raise UnsupportedModuleError(
-                f"{type(module).__name__} draws random numbers in its forward (e.g. "
-                "F.dropout or torch.rand_like on its inputs), and it has no per-example rule: "
-                "the generic rule recomputes the layer per example and cannot replay that "
-                "randomness, so its per-example gradients cannot be computed. Move the "
-                "randomness into a child module (nn.Dropout) outside the layer that owns the "
-                "parameters, or register a rule for it (privlearn.torch.register_rule). No "
-                "step was taken and nothing was accounted") from None
+            if "randomness" in str(e):
+                raise UnsupportedModuleError(_random_forward(module)) from None
+            # an operation without a vmap batching rule for these inputs (a recurrent
+            # layer run inside the module: torch's RNN kernels write the batched gates
+            # into an unbatched state under vmap, all but float32 LSTM on the CPU): the
+            # same vjp, one example at a time
+            grads = _one_example_at_a_time(module, per_example, pvals, flat_in,
+                                           in_dims[1:], b)
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
+
+
+def _random_forward(module: nn.Module) -> str:
+    return (f"{type(module).__name__} draws random numbers in its forward (e.g. "
+            "F.dropout or torch.rand_like on its inputs), and it has no per-example rule: "
+            "the generic rule recomputes the layer per example and cannot replay that "
+            "randomness, so its per-example gradients cannot be computed. Move the "
+            "randomness into a child module (nn.Dropout) outside the layer that owns the "
+            "parameters, or register a rule for it (privlearn.torch.register_rule). No "
+            "step was taken and nothing was accounted")
+
+
+def _rng_states(device: torch.device) -> list:
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
+def _one_example_at_a_time(module: nn.Module, per_example, pvals: dict, flat_in, dims,
+                           batch: int) -> dict:
+    """``vmap(per_example, in_dims=(None, *dims))(pvals, *flat_in)`` as a loop over the
+    ``batch`` examples (each tensor with a batch dimension sliced there, the others
+    shared), for forwards with an operation vmap cannot batch. A forward that draws
+    random numbers (which vmap would have refused) is refused too: the recomputation
+    could not replay them."""
+    dev = next(iter(pvals.values())).device if pvals else torch.device("cpu")
+    before = _rng_states(dev)
+    rows = []
+    for i in range(batch):
+        sliced = [t.select(d, i) if d is not None else t
+                  for t, d in zip(flat_in, dims, strict=True)]
+        rows.append(per_example(pvals, *sliced))
+    after = _rng_states(dev)
+    if any(not torch.equal(u, v) for u, v in zip(before, after, strict=True)):
+        raise UnsupportedModuleError(_random_forward(module))
+    return {n: torch.stack([r[n] for r in rows]) for n in pvals}
 
 
 def aliased_parameters(module: nn.Module, params=None) -> dict[str, str]:

@@ -689,6 +689,69 @@ def test_fallback_layer_with_its_own_randomness_is_a_clear_error():
     assert p.accountant.steps == 0
 
 
+class _ScaledRecurrent(nn.Module):
+    """A parameter of its own applied to a recurrent child's output: the torch.func
+    fallback recomputes the child per example (``noise=True``: and draws noise)."""
+
+    def __init__(self, cls, noise=False):
+        super().__init__()
+        self.rnn = cls(3, 4, batch_first=True)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 4))
+        self.noise = noise
+
+    def forward(self, x):
+        out = self.rnn(x)[0] * self.scale
+        return out + 0.01 * torch.randn_like(out) if self.noise else out
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_fallback_over_a_float64_recurrent_child_matches_the_naive_loop(cls, oracle):
+    """torch's recurrent kernels cannot run under vmap here (float64 LSTM, and GRU/RNN in
+    any dtype: the batched gates are written into an unbatched state), and the step
+    raised torch's RuntimeError; the fallback now takes one example at a time, and the
+    per-example gradients and the DP step match a float64 loop of batches of one."""
+    torch.manual_seed(0)
+    model = _ScaledRecurrent(cls).double()
+    x = torch.randn(5, 4, 3, dtype=torch.float64)
+    check(model, [x], sq_loss, modes=("auto",), atol=1e-10)
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    ref = copy.deepcopy(model)
+    ds = TensorDataset(torch.randn(8, 4, 3, dtype=torch.float64), torch.zeros(8))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(ds, batch_size=8), noise_multiplier=0.0, max_grad_norm=0.05,
+                     sampling="fixed", loss_reduction="sum", seed=0)
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    sq_loss(p.model(xb)).backward()
+    p.optimizer.step()
+    oracle.step(ref, xb, yb, 0.05, lr=0.5, expected_batch=p.optimizer.expected_batch_size,
+                loss_fn=lambda out, _: sq_loss(out))
+    torch.testing.assert_close(oracle.flat(model.parameters()), oracle.flat(ref.parameters()),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_fallback_one_example_at_a_time_still_refuses_randomness():
+    """Where vmap cannot batch the forward (a GRU inside) it would not reach the random
+    draw either: the example-by-example recomputation notices the draw and refuses."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    net = _ScaledRecurrent(nn.GRU, noise=True).double()
+    ds = TensorDataset(torch.randn(8, 4, 3, dtype=torch.float64), torch.zeros(8))
+    p = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=4), noise_multiplier=1.0, max_grad_norm=1.0,
+                     seed=0)
+    x, _ = next(iter(p.data_loader))
+    sq_loss(p.model(x)).backward()
+    with pytest.raises(ValueError, match="_ScaledRecurrent draws random numbers"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+
+
 class _Packed(nn.Module):
     """A recurrent layer on a packed batch of sequences of different lengths (the
     lengths and the optional initial state travel with the examples)."""
