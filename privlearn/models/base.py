@@ -432,12 +432,16 @@ def resolve_noise_multiplier(
     return float(calibrate(mechanism_of, epsilon, delta, accountant=accountant))
 
 
-def require_delta_for_gaussian(delta: float, owner: str, *, laplace: bool) -> None:
+def require_delta_for_gaussian(delta: float, owner: str, *, laplace: bool,
+                               alternative: str | None = None) -> None:
     """Refuse ``delta == 0`` with Gaussian noise, which has no pure (epsilon, 0)-DP
-    guarantee; ``laplace``: the estimator offers ``noise="laplace"`` for pure DP."""
+    guarantee; ``laplace``: the estimator offers ``noise="laplace"`` for pure DP;
+    ``alternative``: what to do instead, when not the default advice."""
     if delta == 0.0:
-        alternative = ("Use noise='laplace' (L1 clipping, pure DP) for delta=0, or pass "
-                       "delta > 0, e.g. 1e-6" if laplace else "Pass a small delta such as 1e-6")
+        if alternative is None:
+            alternative = ("Use noise='laplace' (L1 clipping, pure DP) for delta=0, or pass "
+                           "delta > 0, e.g. 1e-6" if laplace
+                           else "Pass a small delta such as 1e-6")
         raise ParameterValueError(
             f"delta=0 is impossible with Gaussian noise: the Gaussian mechanism satisfies "
             f"no pure (epsilon, 0)-DP guarantee, and {owner} adds Gaussian noise. "

@@ -30,6 +30,7 @@ import functools
 import inspect
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,7 @@ from privlearn.accounting import (
     compose,
     get_accountant,
 )
+from privlearn.accounting.registry import pure_epsilon
 from privlearn.errors import ParameterTypeError, ParameterValueError
 from privlearn.models.base import (
     PrivateEstimator,
@@ -517,20 +519,31 @@ class PrivatePipeline(Pipeline):
         Mechanism
             Equal to the ``mechanism_`` that ``fit(X, y)`` will record.
         """
+        return compose([mech for *_, mech in self._planned_steps(X, y)])
+
+    def _planned_steps(self, X, y, *, strict: bool = True):
+        """``(name, step, placeholder, plan, mechanism)`` of every private step in order,
+        each planned on a read-only array of zeros (the placeholder) of the shape its
+        input will have: by its own ``_plan`` (``plan``; None for a nested pipeline) and
+        ``planned_mechanism``. A fitted step that may change the number of features
+        before the last step ends the plan: refused with ``TypeError`` when ``strict``,
+        else the steps after it are not yielded."""
         shape = data_shape(X)
         if len(shape) != 2:
             raise ParameterValueError(
                 f"Expected 2D array, got an array of shape {shape} instead: X must be "
                 "(n_samples, n_features)")
         public = tuple(self.public_steps)
-        mechs: list[Mechanism] = []
         steps = [(n, s) for n, s in self.steps
                  if not (s is None or (isinstance(s, str) and s == "passthrough"))]
         for i, (name, step) in enumerate(steps):
             last = i == len(steps) - 1
             placeholder = np.broadcast_to(np.float64(0.0), shape)
-            if isinstance(step, PrivateEstimator | PrivatePipeline):  # its mechanism_ counts
-                mechs.append(step.planned_mechanism(placeholder, y))
+            if isinstance(step, PrivateEstimator):  # its mechanism_ counts
+                plan = step._plan(step._validate_params(), placeholder, y)
+                yield name, step, placeholder, plan, plan.mechanism
+            elif isinstance(step, PrivatePipeline):
+                yield name, step, placeholder, None, step.planned_mechanism(placeholder, y)
             elif name not in public and get_tags(step).requires_fit:
                 raise _unplanned_step(name, step)
             if last:
@@ -541,11 +554,33 @@ class PrivatePipeline(Pipeline):
                 width = np.asarray(clone(step).fit_transform(np.zeros((1, shape[1])))).shape
                 shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
                 continue
+            if not strict:
+                return
             raise ParameterTypeError(
                 f"pipeline step {name!r} ({type(step).__name__}) may change the number of "
                 "features, so the next steps' mechanisms cannot be planned from the shape "
                 "of X: put it last, or use a step that keeps the number of features")
-        return compose(mechs)
+
+    def _check_before_fit(self, X, y, delta: float | None) -> None:
+        """Refuse, before the first step is fitted, what a later step would refuse after
+        the earlier ones had spent their budgets: each private step's planning (its own
+        ``_plan``: its parameters against the shape of its input), its own data checks
+        (``_check_data``, which releases nothing) on ``y`` and on zeros of the shape of
+        its input (the values of ``X`` a step sees exist only once the steps before it
+        are fitted), and ``delta=0`` with a step adding Gaussian noise (no pure-DP
+        guarantee). Steps after one that may change the number of features are checked
+        when they are fitted."""
+        for name, step, placeholder, plan, mech in self._planned_steps(X, y, strict=False):
+            if plan is not None:
+                with warnings.catch_warnings():  # the step warns when it is fitted
+                    warnings.simplefilter("ignore")
+                    step._check_data(placeholder, y, plan)
+            if delta == 0.0 and math.isinf(pure_epsilon(mech)):
+                require_delta_for_gaussian(
+                    delta, f"pipeline step {name!r} ({type(step).__name__})", laplace=False,
+                    alternative="Pass a small delta such as 1e-6 (below 1/n_samples), or "
+                                "leave delta=None to report epsilon_ at the sum of the "
+                                "steps' own deltas")
 
     def fit(self, X, y=None, **params):
         """Fit every step, then account the whole pipeline.
@@ -554,13 +589,16 @@ class PrivatePipeline(Pipeline):
         earlier ones had released and spent their budgets): a numeric ``y`` with a NaN or
         an infinity, an invalid ``delta`` or ``accountant``, a step that learns from the
         data without a mechanism (unless in ``public_steps``), a private step's invalid
-        parameter, and a fit parameter a private step cannot account
+        parameter or refusal of the shape or type of ``y`` (its own planning and data
+        checks, see :meth:`_check_before_fit`), ``delta=0`` with a step adding Gaussian
+        noise, and a fit parameter a private step cannot account
         (``model__sample_weight``)."""
         check_finite_target(type(self).__name__, y)
         delta = (None if self.delta is None
                  else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))
         get_accountant(self.accountant)
         self._check_steps(params)
+        self._check_before_fit(X, y, delta)
         super().fit(X, y, **params)
         self.mechanism_ = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
         if delta is None:

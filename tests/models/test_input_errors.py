@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from estimators import assert_covers
+from sklearn.preprocessing import Normalizer
 
 import privlearn.models as M
 from privlearn.errors import NonFiniteInputError, ParameterTypeError, ParameterValueError
@@ -103,6 +104,80 @@ def test_pipeline_refuses_a_non_finite_y_before_any_step_releases(tmp_path):
         pipe.fit(X, y)
     assert ledger.spent("d").epsilon_spent == 0.0
     assert not hasattr(scaler, "mean_")
+
+
+def _ledger_scaler(tmp_path):
+    ledger = Ledger(tmp_path / "l.json", create=True)
+    ledger.create_budget("d", epsilon=10.0, delta=1e-5)
+    return ledger, M.PrivateStandardScaler(feature_range=(-1, 1), random_state=0,
+                                           ledger=ledger.budget("d"))
+
+
+def test_pipeline_delta_0_with_gaussian_noise_is_refused_before_any_step_releases(tmp_path):
+    """``PrivatePipeline(..., delta=0)`` over Gaussian steps reported ``epsilon_ = inf``
+    after fitting (and charging) every step; refused first, as a single estimator
+    refuses ``delta=0`` with Gaussian noise, naming the step."""
+    ledger, scaler = _ledger_scaler(tmp_path)
+    pipe = M.PrivatePipeline([("scale", scaler), ("ssp", M.SSPRegressor(random_state=0))],
+                             delta=0)
+    X, y = _data()
+    with pytest.raises(ParameterValueError, match=r"delta=0 is impossible with Gaussian "
+                       r"noise(.|\n)*pipeline step 'scale' \(PrivateStandardScaler\)(.|\n)*"
+                       r"delta=None") as info:
+        pipe.fit(X, y)
+    with pytest.raises(ParameterValueError, match="delta=0 is impossible with Gaussian"):
+        M.SSPRegressor(delta=0.0, random_state=0).fit(X, y)  # the single estimator's
+    assert "1e-6" in str(info.value)
+    assert ledger.spent("d").epsilon_spent == 0.0 and ledger.pending("d") == []
+    assert not hasattr(scaler, "mean_") and not hasattr(pipe, "epsilon_")
+
+
+def test_pipeline_delta_0_over_pure_steps_reports_their_pure_epsilon():
+    """delta=0 is refused only where a step has no pure-DP guarantee: a Laplace DP-SGD
+    step (pure DP) reports its epsilon at delta 0 (basic composition of Laplace steps)."""
+    X, y = _data()
+    clf = M.DPSGDClassifier(noise="laplace", epsilon=1.0, delta=0.0, classes=[0.0, 1.0],
+                            random_state=0)
+    pipe = M.PrivatePipeline([("norm", Normalizer()), ("clf", clf)], delta=0).fit(X, y)
+    assert np.isfinite(pipe.epsilon_) and pipe.epsilon_ <= 1.0
+    assert pipe.epsilon_ == clf.mechanism_.epsilon(0.0)
+
+
+@pytest.mark.parametrize("bad", ["y_bound", "y 2-D", "y length", "y strings", "y None",
+                                 "classes"])
+def test_a_later_step_s_refusal_comes_before_the_first_step_releases(bad, tmp_path):
+    """The final step's invalid parameters (``y_bound`` is checked when it plans) and its
+    checks of ``y``'s shape and type ran only after the scaler had been fitted and
+    charged; they are now run (each step's own checks, on zeros of its input's shape)
+    before any step is fitted."""
+    ledger, scaler = _ledger_scaler(tmp_path)
+    X, y = _data()
+    model = M.SSPRegressor(random_state=0, y_bound=-1.0 if bad == "y_bound" else 1.0)
+    if bad == "classes":
+        model, y = M.DPSGDClassifier(random_state=0), X[:, 0]  # continuous labels
+    y = {"y 2-D": np.c_[y, y], "y length": y[:-3], "y strings": y.astype(str),
+         "y None": None}.get(bad, y)
+    pipe = M.PrivatePipeline([("scale", scaler), ("model", model)])
+    with pytest.raises((ParameterValueError, ParameterTypeError)) as before:
+        pipe.fit(X, y)
+    assert ledger.spent("d").epsilon_spent == 0.0 and ledger.pending("d") == []
+    assert not hasattr(scaler, "mean_")
+    # the same refusal as the step's own, on the data it would have seen
+    Z = M.PrivateStandardScaler(feature_range=(-1, 1), random_state=0).fit_transform(X)
+    with pytest.raises(type(before.value)) as own:
+        model.fit(Z, y)
+    assert str(own.value) == str(before.value)
+
+
+def test_a_pipeline_that_cannot_be_planned_past_a_public_step_still_fits():
+    """A public step that changes the number of features ends the checks before the
+    fit (the next step's input shape is unknown): the pipeline fits as before."""
+    from sklearn.decomposition import PCA
+
+    X, y = _data()
+    pipe = M.PrivatePipeline([("pca", PCA(2)), ("ssp", M.SSPRegressor(random_state=0))],
+                             public_steps=("pca",)).fit(X, y)
+    assert pipe.named_steps["ssp"].coef_.shape == (2,)
 
 
 @pytest.mark.parametrize("make, attr", [
