@@ -149,6 +149,10 @@ class PrivacyArguments:
         users = None if self.user_column is None else [0]
         DPConfig(**self.engine_settings(steps=1, users=users))
 
+    def __setstate__(self, state: dict) -> None:
+        # a pickle written before the fields were renamed holds max_grad_norm and seed
+        self.__dict__.update({_ALIASES.get(k, k): v for k, v in state.items()})
+
     @property
     def max_grad_norm(self) -> float | list | dict:
         """``dp_max_grad_norm`` under :func:`~privlearn.torch.make_private`'s name."""

@@ -97,6 +97,21 @@ def test_make_private_names_are_the_same_settings():
         PrivacyArguments(noise_multiplier=1.0, seed=1, dp_seed=1)
 
 
+def test_a_pickle_of_the_former_field_names_loads():
+    """Pickles of PrivacyArguments written when the fields were named max_grad_norm and
+    seed load into the renamed fields."""
+    import pickle
+
+    a = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, seed=3)
+    assert pickle.loads(pickle.dumps(a)) == a
+    renamed = {"dp_max_grad_norm": "max_grad_norm", "dp_seed": "seed"}
+    old = {renamed.get(k, k): v for k, v in vars(a).items()}  # the state as then pickled
+    assert "max_grad_norm" in old and "dp_max_grad_norm" not in old
+    b = PrivacyArguments.__new__(PrivacyArguments)
+    b.__setstate__(old)
+    assert b == a and (b.max_grad_norm, b.seed) == (0.5, 3)
+
+
 class _Set(torch.utils.data.Dataset):
     def __init__(self, n=32):
         g = torch.Generator().manual_seed(0)
