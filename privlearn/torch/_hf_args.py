@@ -178,9 +178,14 @@ def _with_make_private_names(init):
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
+        # dataclasses.replace(args, max_grad_norm=...) passes every field, and the change
+        # under its alias: the alias is the new value
+        replacing = not args and {f.name for f in fields(PrivacyArguments)} <= set(kwargs)
         for alias, name in _ALIASES.items():
             if alias in kwargs:
-                if name in kwargs:
+                if replacing:
+                    kwargs.pop(name)
+                elif name in kwargs:
                     raise ParameterTypeError(
                         f"PrivacyArguments got both {alias}= and {name}=, which are one "
                         f"setting ({alias} is make_private's name of {name}): give one")

@@ -91,6 +91,9 @@ def test_make_private_names_are_the_same_settings():
     a = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, seed=3)
     assert a == PrivacyArguments(noise_multiplier=1.0, dp_max_grad_norm=0.5, dp_seed=3)
     assert dataclasses.replace(a, dp_seed=4).seed == 4
+    # dataclasses.replace under make_private's names (every field and the change)
+    b = dataclasses.replace(a, seed=5, max_grad_norm=[1.0], clipping="per_layer")
+    assert (b.dp_seed, b.dp_max_grad_norm, b.clipping) == (5, [1.0], "per_layer")
     with pytest.raises(ParameterTypeError, match="both max_grad_norm= and dp_max_grad_norm="):
         PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, dp_max_grad_norm=0.5)
     with pytest.raises(ParameterTypeError, match="both seed= and dp_seed="):
