@@ -702,6 +702,10 @@ def test_reproduce_missing_data_is_one_line(runner: CliRunner, tmp_path, monkeyp
         assert lines[0].startswith("error: label-release: MNIST files not found in ")
         assert lines[0].endswith("run again with --data-home DIR (a directory holding the "
                                  "files) or --download")
+        # in the shell's words: the places searched and the options, not Python's keywords
+        assert "data_home=" not in lines[0] and "download=True" not in lines[0], lines[0]
+        assert "$PRIVLEARN_DATA" in lines[0]
+        assert (str(empty) in lines[0]) == bool(extra)
         assert "Traceback" not in r.output
 
 
