@@ -226,3 +226,20 @@ def test_messages_name_commands_and_options_not_python(db, tmp_path):
         assert r.exit_code == 2, r.output
         assert "privlearn budget init" in r.stderr, r.stderr
         assert not any(w in r.stderr for w in ("create=True", "create_budget", "key=")), r.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--dataset", "", "--epsilon", "1", "--delta", "1e-6"], "--dataset must be"),
+    (["--dataset", "d", "--epsilon", "1", "--delta", "1e-6", "--privacy-unit", " "],
+     "--privacy-unit must be"),
+    (["--dataset", "d", "--epsilon", "-1", "--delta", "1e-6"], "--epsilon must be in (0, inf)"),
+    (["--dataset", "d", "--epsilon", "1", "--delta", "2"], "--delta must be in [0, 1)"),
+    (["--dataset", "d", "--epsilon", "1", "--delta", "0", "--adaptive"],
+     "--delta must be in (0, 1) with --adaptive"),
+])
+def test_a_refused_init_names_the_option_and_leaves_no_file(tmp_path, args, said):
+    path = tmp_path / "new.db"
+    r = CliRunner().invoke(cli, ["budget", "init", str(path), *args])
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"error: {said}") and r.stderr.count("\n") == 1, r.stderr
+    assert not path.exists()
