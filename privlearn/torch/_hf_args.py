@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import ParameterTypeError, ParameterValueError
@@ -44,6 +44,11 @@ _TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classifica
 #: DPConfig name, also accepted by the constructor and readable as an attribute.
 _RENAMED = {"dp_max_grad_norm": "max_grad_norm", "dp_seed": "seed"}
 _ALIASES = {v: k for k, v in _RENAMED.items()}
+
+
+def _arg(default, help: str):
+    """A field with its default and the help ``HfArgumentParser`` prints for it."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -104,31 +109,55 @@ class PrivacyArguments:
         labels, a class in two mappings) is refused until ``task`` is given.
     """
 
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    target_delta: float = 1e-5
+    #: The section of ``HfArgumentParser``'s ``--help`` that lists these settings.
+    _argument_group_name = "DP-SGD settings (privlearn PrivacyArguments)"
+
+    noise_multiplier: float | None = _arg(
+        None, "Noise std / clipping bound (sigma). Exactly one of this and target_epsilon.")
+    target_epsilon: float | None = _arg(
+        None, "Calibrate the noise so that the planned run (max_steps or num_train_epochs) "
+        "is (target_epsilon, target_delta)-DP.")
+    target_delta: float = _arg(1e-5, "delta of the calibration and of the reported epsilon.")
     # a union with str, which HfArgumentParser reads as its other first member (float)
-    dp_max_grad_norm: float | str | list | dict = 1.0
-    max_epsilon: float | None = None
-    sampling: str = "poisson"
-    accountant: str = "pld"
-    secure_mode: bool = False
-    dp_seed: int | None = None
-    clipping: Clipping | str = Clipping.FLAT
-    target_unclipped_quantile: float | None = None
-    clipbound_learning_rate: float = 0.2
-    unclipped_num_std: float | None = None
-    batch_dims: dict | None = None
-    check_batch_independence: bool = True
-    noise: Noise | str | ToeplitzStrategy = Noise.DPSGD
-    bands: int | None = None
-    buffers: int | None = None
-    cycle_length: int | None = None
-    user_column: str | None = None
-    max_examples_per_user: int = 1
-    user_reduction: Reduction | str = Reduction.MEAN
-    task: str | None = None
-    log_training_loss: bool = False
+    dp_max_grad_norm: float | str | list | dict = _arg(
+        1.0, "Per-example clipping bound (replaces --max_grad_norm, which a DPTrainer does "
+        "not use); in a JSON/YAML file also a list or object of per-layer bounds.")
+    max_epsilon: float | None = _arg(
+        None, "Stop before the step that would take epsilon past this (None: "
+        "target_epsilon; inf trains past it).")
+    sampling: str = _arg("poisson", "Batch sampling: poisson, fixed, cyclic_poisson, "
+                         "balls_in_bins or shuffled_epochs.")
+    accountant: str = _arg("pld", "Privacy accountant: pld or rdp.")
+    secure_mode: bool = _arg(False, "Cryptographically secure noise and sampling.")
+    dp_seed: int | None = _arg(
+        None, "Seed of the Poisson sampler and of the noise (None: fresh entropy); "
+        "--seed seeds the model's initialisation.")
+    clipping: Clipping | str = _arg(Clipping.FLAT, "Clipping: flat, per_layer or adaptive.")
+    target_unclipped_quantile: float | None = _arg(
+        None, "Adaptive clipping: target fraction of unclipped examples.")
+    clipbound_learning_rate: float = _arg(0.2, "Adaptive clipping: the bound's learning rate.")
+    unclipped_num_std: float | None = _arg(
+        None, "Adaptive clipping: noise std of the unclipped count.")
+    batch_dims: dict | None = _arg(
+        None, "Layers whose inputs hold the batch on dimension 1 ({name: 0 or 1}).")
+    check_batch_independence: bool = _arg(
+        True, "Probe the model once for layers that mix examples of a batch.")
+    noise: Noise | str | ToeplitzStrategy = _arg(
+        Noise.DPSGD, "Noise: dpsgd (independent), banded or blt (correlated across steps).")
+    bands: int | None = _arg(None, "Bands of noise=banded.")
+    buffers: int | None = _arg(None, "Buffers of noise=blt.")
+    cycle_length: int | None = _arg(None, "Groups, bins or batches per epoch of the "
+                                    "participation-bounding samplings.")
+    user_column: str | None = _arg(
+        None, "Column of the training set holding each example's user: privacy per user.")
+    max_examples_per_user: int = _arg(1, "Examples of a sampled user in one batch, at most.")
+    user_reduction: Reduction | str = _arg(
+        Reduction.MEAN, "A user's gradient: the mean or the sum of their examples'.")
+    task: str | None = _arg(
+        None, "causal_lm, masked_lm, token_classification or sequence_classification "
+        "(default: the model's).")
+    log_training_loss: bool = _arg(
+        False, "Log the training loss (not covered by the accounting: a warning).")
 
     def __new__(cls, *args, **kwargs):  # an unknown keyword: what to use (DPConfig's table)
         names = (*(f.name for f in fields(cls)), *_ALIASES)

@@ -65,6 +65,10 @@ def test_help_lists_the_privacy_flags(parser, capsys):
     for flag in ("--dp_max_grad_norm", "--dp_seed", "--target_epsilon", "--noise_multiplier",
                  "--max_grad_norm", "--seed"):
         assert flag in out
+    # the privacy settings in a section of their own, each with its help
+    assert "DP-SGD settings (privlearn PrivacyArguments):" in out
+    assert all(f.metadata.get("help") for f in dataclasses.fields(PrivacyArguments))
+    assert "Per-example clipping bound" in out
 
 
 def test_a_bad_value_is_refused_with_the_setting_named(parser):
