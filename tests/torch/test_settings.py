@@ -208,6 +208,32 @@ def test_every_opacus_keyword_is_ours_or_named_with_what_to_use():
         make_private(module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0)
 
 
+def test_opacus_methods_called_on_what_make_private_returns_say_what_to_use():
+    """``p.get_epsilon(delta)``, ``p.accountant.get_epsilon(delta)``, ... (Opacus's
+    PrivacyEngine and accountant methods): an AttributeError naming the counterpart; each
+    name of the table is one of Opacus's (the peer, test-only); other missing attributes
+    keep Python's wording, and hasattr is False for all."""
+    opacus = pytest.importorskip("opacus")
+    from opacus.accountants import RDPAccountant
+
+    from privlearn.torch.accountant import OPACUS_METHODS
+
+    for name in OPACUS_METHODS:
+        assert hasattr(opacus.PrivacyEngine, name) or hasattr(RDPAccountant, name), name
+    model, opt, loader = _training()
+    p = make_private(model, opt, loader, noise_multiplier=1.0)
+    for obj, owner in ((p, "PrivateTraining"), (p.accountant, "PrivacyAccountant")):
+        for name, use in OPACUS_METHODS.items():
+            assert not hasattr(obj, name)
+            with pytest.raises(AttributeError) as err:
+                getattr(obj, name)
+            assert str(err.value) == (f"{owner} has no {name} (a method of Opacus's "
+                                      f"PrivacyEngine or accountants): use {use}")
+        with pytest.raises(AttributeError, match=f"^'{owner}' object has no attribute 'nope'$"):
+            _ = obj.nope
+    assert "p.epsilon(delta)" in OPACUS_METHODS["get_epsilon"]
+
+
 def test_missing_or_misspelt_arguments_are_typed_errors_naming_them():
     model, opt, loader = _training()
     with pytest.raises(ParameterTypeError, match="data_loader") as err:
