@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import math
+import operator
 import os
 import sqlite3
 import sys
@@ -36,6 +37,7 @@ from privlearn.accounting import (
 )
 from privlearn.accounting.serialization import loads
 from privlearn.errors import (
+    AccountingError,
     BudgetExceededError,
     LedgerConflictError,
     LedgerIntegrityError,
@@ -270,6 +272,7 @@ class Ledger:
                 )
                 cur.execute("INSERT INTO head VALUES (1, 0, ?)", (GENESIS,))
             else:
+                self._check_schema(cur)
                 keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
                 if keyed is not None and (keyed[0] == "1") != (self._key is not None):
                     raise ParameterValueError(
@@ -278,6 +281,26 @@ class Ledger:
                            else "without an HMAC key: do not pass key=")
                     )
         return conn
+
+    def _check_schema(self, cur: sqlite3.Cursor) -> None:
+        """Refuse a file whose format this version cannot read: one written by a newer
+        privlearn (its rows may hold what this code would misread), or a ``meta`` table
+        with no readable schema version."""
+        row = cur.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        try:
+            version = int(row[0]) if row is not None else None
+        except (TypeError, ValueError):
+            version = None
+        if version is None:
+            raise LedgerIntegrityError(
+                f"{self.path} has no readable schema version ({None if row is None else row[0]!r}"
+                "); it is not a privacy ledger this version can read: restore it from a "
+                "backup or pass the path of a ledger", ("no readable schema version",))
+        if version > SCHEMA_VERSION:
+            raise LedgerConflictError(
+                f"{self.path} is a privacy ledger of schema version {version}, written by a "
+                f"newer privlearn; this version reads schema {SCHEMA_VERSION} and would "
+                "misread it: upgrade privlearn to use this ledger (it was not changed)")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -671,7 +694,16 @@ class Ledger:
         budget = self._get_budget(cur, dataset, unit)
         mechs, n, pending = self._counted(cur, dataset, unit)
         _check_relation(budget, mechs, mechanism, what)
-        after = self._summary(budget, [*mechs, mechanism], n + 1, pending)
+        try:
+            after = self._summary(budget, [*mechs, mechanism], n + 1, pending)
+        except AccountingError as exc:
+            # no certified epsilon at the budget's delta exists for the total (e.g. the
+            # releases' own deltas already add up past it): it cannot be admitted
+            raise BudgetExceededError(
+                f"{what} refused: dataset {dataset!r} would have no certified epsilon at "
+                f"the budget's delta {budget.delta:g} ({exc}); the releases' own deltas "
+                "may add up past it: spend a release with a smaller delta or more noise; "
+                "nothing was recorded") from exc
         over = after.epsilon_spent > budget.epsilon
         if budget.adaptive:
             over = over or after.adaptive_epsilon > budget.epsilon
@@ -778,15 +810,29 @@ class Ledger:
             return self._append(cur, kind, dataset, unit, mechanism=text, label=label,
                                 who=who or _default_who(), ref=ref)
 
-    def settle(self, reservation: int | Reservation, actual: Mechanism | None) -> Entry:
-        """Record what a reservation actually ran (see :meth:`Reservation.settle`)."""
+    def settle(self, reservation: int | Reservation, actual: Mechanism | None = None
+               ) -> Entry:
+        """Record what a reservation actually ran (as :meth:`Reservation.settle`).
+
+        ``actual``: ``None`` (the default) = the plan ran in full; a mechanism covered by
+        the plan (a sub-composition, e.g. fewer steps); ``compose([])`` = nothing ran
+        (only if the data was never touched). Only an explicit empty composition takes
+        the plan back: a missing ``actual`` never does.
+        """
         seq = reservation.seq if isinstance(reservation, Reservation) else reservation
+        try:
+            if isinstance(seq, bool):
+                raise TypeError
+            seq = operator.index(seq)
+        except TypeError:
+            raise ParameterTypeError(
+                f"reservation must be a Reservation or its seq (an int), got "
+                f"{reservation!r}") from None
+        nothing_ran = False
         if actual is not None:
             actual, text = _check_mechanism(actual)
             if isinstance(actual, Composed) and not actual.parts:
-                actual, text = None, None
-        else:
-            text = None
+                nothing_ran = True
         with self._write() as cur:
             r = cur.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq=?", (seq,)).fetchone()
             if r is None or r[1] != "reserve":
@@ -795,6 +841,10 @@ class Ledger:
                            (seq,)).fetchone():
                 raise LedgerConflictError(f"reservation {seq} is already settled")
             plan = self._mech(r[4])
+            if nothing_ran:
+                actual, text = None, None
+            elif actual is None:  # the plan ran in full
+                actual, text = plan, r[4]
             if actual is not None and not _covered(actual, plan):
                 raise LedgerConflictError(
                     f"the actual mechanism {actual!r} is not covered by reservation {seq}'s "

@@ -1,0 +1,90 @@
+"""Ledger misuse: refunds through the public settle, totals whose deltas pass the cap,
+files of a format this version cannot read."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from privlearn.accounting import ApproxDP, Gaussian, compose, subsample
+from privlearn.errors import (
+    BudgetExceededError,
+    LedgerConflictError,
+    LedgerIntegrityError,
+    ParameterTypeError,
+)
+from privlearn.ledger import Ledger
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("adult", epsilon=1.0, delta=1e-6)
+    yield led
+    led.close()
+
+
+def test_ledger_settle_without_actual_keeps_the_plan(ledger):
+    # Ledger.settle(r) and Ledger.settle(r, None) mean what Reservation.settle() means:
+    # the plan ran in full. Only an explicit compose([]) takes the plan back.
+    plan = compose(subsample(Gaussian(1.5), 0.01), steps=100)
+    full = plan.epsilon_bounds(1e-6).upper
+    r = ledger.reserve("adult", plan)
+    ledger.settle(r, None)
+    assert ledger.spent("adult").epsilon_spent == full
+    assert ledger.pending("adult") == []
+    r2 = ledger.reserve("adult", Gaussian(20.0))
+    ledger.settle(r2.seq)
+    both = compose([plan, Gaussian(20.0)]).epsilon_bounds(1e-6).upper
+    assert ledger.spent("adult").epsilon_spent == both
+    r3 = ledger.reserve("adult", Gaussian(30.0))
+    ledger.settle(r3, compose([]))  # nothing ran: the explicit refund
+    assert ledger.spent("adult").epsilon_spent == both
+
+
+def test_ledger_settle_refuses_a_seq_that_is_not_an_int(ledger):
+    r = ledger.reserve("adult", Gaussian(20.0))
+    with pytest.raises(ParameterTypeError, match="reservation"):
+        ledger.settle(str(r.seq))
+    with pytest.raises(ParameterTypeError, match="reservation"):
+        ledger.settle(True)
+    assert len(ledger.pending("adult")) == 1
+
+
+def test_deltas_adding_up_past_the_cap_are_refused_as_over_budget(ledger):
+    # two (0.1, 6e-7)-DP releases: their deltas alone (1.2e-6) pass the budget's 1e-6,
+    # so no epsilon at delta=1e-6 holds for the total: over budget, nothing recorded
+    ledger.spend("adult", ApproxDP(0.1, 6e-7))
+    before = ledger.history()
+    with pytest.raises(BudgetExceededError, match="nothing was recorded"):
+        ledger.spend("adult", ApproxDP(0.1, 6e-7))
+    with pytest.raises(BudgetExceededError):
+        ledger.reserve("adult", ApproxDP(0.1, 6e-7))
+    with pytest.raises(BudgetExceededError):
+        ledger.check("adult", ApproxDP(0.1, 6e-7))
+    with pytest.raises(BudgetExceededError):
+        ledger.spend("adult", ApproxDP(0.01, 2e-6))  # one release over the cap's delta
+    assert ledger.history() == before
+
+
+def _set_schema(path, value):
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value=? WHERE key='schema'", (value,))
+    conn.commit()
+    conn.close()
+
+
+def test_a_ledger_of_a_newer_schema_is_refused(tmp_path):
+    p = str(tmp_path / "l.db")
+    with Ledger(p, create=True) as led:
+        led.create_budget("a", 1.0, 1e-6)
+    _set_schema(p, "2")
+    with pytest.raises(LedgerConflictError, match="schema version 2"):
+        Ledger(p)
+    _set_schema(p, "x")
+    with pytest.raises(LedgerIntegrityError, match="schema version"):
+        Ledger(p)
+    _set_schema(p, "1")
+    with Ledger(p) as led:
+        assert led.verify()
