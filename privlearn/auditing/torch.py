@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privlearn._validation import check_count, check_gaussian_delta, check_positive
 from privlearn.auditing._planted import BUGS, planted_bug
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
@@ -258,7 +259,16 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         raise ParameterValueError(f"steps must be an integer >= 1, got {steps!r}")
     if int(n_data) != n_data or n_data < 1:
         raise ParameterValueError(f"n_data must be an integer >= 1, got {n_data!r}")
-    G = 100.0 * max_grad_norm if canary_gradient_norm is None else float(canary_gradient_norm)
+    # every number the run depends on, checked before anything is calibrated or trained
+    epsilon = check_positive("epsilon", epsilon, hint="the target epsilon of the training, "
+                             "e.g. 2.0")
+    delta = check_gaussian_delta("delta", delta)
+    max_grad_norm = check_positive("max_grad_norm", max_grad_norm, hint="e.g. 1.0")
+    learning_rate = check_positive("learning_rate", learning_rate, hint="e.g. 0.5")
+    n_features = check_count("n_features", n_features, minimum=1, hint="e.g. 10")
+    G = (100.0 * max_grad_norm if canary_gradient_norm is None else check_positive(
+        "canary_gradient_norm", canary_gradient_norm,
+        hint="make it larger than max_grad_norm (default 100 * max_grad_norm)"))
     info: dict = {}
 
     def train_and_score(inclusion: np.ndarray) -> np.ndarray:
