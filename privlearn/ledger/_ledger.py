@@ -14,7 +14,6 @@ import hashlib
 import hmac
 import json
 import math
-import operator
 import os
 import sqlite3
 import sys
@@ -49,6 +48,7 @@ from privlearn.errors import (
 from privlearn.ledger._filter import default_filter_order, filter_epsilon, rdp_at_order
 from privlearn.ledger._handles import DEFAULT_UNIT, BudgetHandle, Reservation
 from privlearn.ledger._records import (
+    SCHEMA_VERSION,
     Budget,
     Entry,
     Spent,
@@ -56,6 +56,8 @@ from privlearn.ledger._records import (
     _check_mechanism,
     _check_name,
     _check_opt_str,
+    _check_schema,
+    _check_seq,
     _default_who,
     _now,
 )
@@ -79,7 +81,6 @@ __all__ = [
     "check_privacy_unit",
 ]
 
-SCHEMA_VERSION = 1
 GENESIS = "0" * 64
 
 
@@ -272,7 +273,8 @@ class Ledger:
                 )
                 cur.execute("INSERT INTO head VALUES (1, 0, ?)", (GENESIS,))
             else:
-                self._check_schema(cur)
+                _check_schema(self.path, cur.execute(
+                    "SELECT value FROM meta WHERE key='schema'").fetchone())
                 keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
                 if keyed is not None and (keyed[0] == "1") != (self._key is not None):
                     raise ParameterValueError(
@@ -281,26 +283,6 @@ class Ledger:
                            else "without an HMAC key: do not pass key=")
                     )
         return conn
-
-    def _check_schema(self, cur: sqlite3.Cursor) -> None:
-        """Refuse a file whose format this version cannot read: one written by a newer
-        privlearn (its rows may hold what this code would misread), or a ``meta`` table
-        with no readable schema version."""
-        row = cur.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        try:
-            version = int(row[0]) if row is not None else None
-        except (TypeError, ValueError):
-            version = None
-        if version is None:
-            raise LedgerIntegrityError(
-                f"{self.path} has no readable schema version ({None if row is None else row[0]!r}"
-                "); it is not a privacy ledger this version can read: restore it from a "
-                "backup or pass the path of a ledger", ("no readable schema version",))
-        if version > SCHEMA_VERSION:
-            raise LedgerConflictError(
-                f"{self.path} is a privacy ledger of schema version {version}, written by a "
-                f"newer privlearn; this version reads schema {SCHEMA_VERSION} and would "
-                "misread it: upgrade privlearn to use this ledger (it was not changed)")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -697,9 +679,7 @@ class Ledger:
         try:
             after = self._summary(budget, [*mechs, mechanism], n + 1, pending)
         except AccountingError as exc:
-            # no certified epsilon at the budget's delta exists for the total (e.g. the
-            # releases' own deltas already add up past it): it cannot be admitted
-            raise BudgetExceededError(
+            raise BudgetExceededError(  # e.g. the releases' deltas add up past the cap
                 f"{what} refused: dataset {dataset!r} would have no certified epsilon at "
                 f"the budget's delta {budget.delta:g} ({exc}); the releases' own deltas "
                 "may add up past it: spend a release with a smaller delta or more noise; "
@@ -781,27 +761,29 @@ class Ledger:
         steps than planned); the privacy loss counts in full either way, but the run is
         one release in :attr:`Spent.entries`.
         """
-        ref = None
+        ref = ref_hash = None
         if extends is not None:
-            ref = extends.seq if isinstance(extends, Reservation) else extends
-            if isinstance(ref, bool) or not isinstance(ref, int):
-                raise ParameterTypeError(
-                    f"extends must be a Reservation or its seq (an int), got {extends!r}")
-        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit, ref)
+            ref = _check_seq("extends", extends.seq if isinstance(extends, Reservation)
+                             else extends)
+            if isinstance(extends, Reservation):
+                ref_hash = extends.entry.hash
+        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit, ref,
+                           ref_hash)
         return Reservation(self, self._entry(row))
 
     def _record(self, kind: str, dataset: str, mechanism: Mechanism, label: str | None,
-                who: str | None, privacy_unit: str | None, ref: int | None = None
-                ) -> tuple:
+                who: str | None, privacy_unit: str | None, ref: int | None = None,
+                ref_hash: str | None = None) -> tuple:
         """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
         label, who = _check_opt_str("label", label), _check_opt_str("who", who)
         unit = privacy_unit or DEFAULT_UNIT
         with self._write() as cur:
             if ref is not None:
-                r = cur.execute("SELECT kind, dataset, privacy_unit FROM entries WHERE seq=?",
-                                (ref,)).fetchone()
-                if r is None or tuple(r) != ("reserve", dataset, unit):
+                r = cur.execute("SELECT kind, dataset, privacy_unit, hash FROM entries WHERE "
+                                "seq=?", (ref,)).fetchone()
+                if r is None or tuple(r[:3]) != ("reserve", dataset, unit) or (
+                        ref_hash is not None and r[3] != ref_hash):
                     raise LedgerConflictError(
                         f"extends={ref!r}: no reservation with that seq on dataset "
                         f"{dataset!r} (privacy unit {unit!r}) in {self.path}")
@@ -812,22 +794,10 @@ class Ledger:
 
     def settle(self, reservation: int | Reservation, actual: Mechanism | None = None
                ) -> Entry:
-        """Record what a reservation actually ran (as :meth:`Reservation.settle`).
-
-        ``actual``: ``None`` (the default) = the plan ran in full; a mechanism covered by
-        the plan (a sub-composition, e.g. fewer steps); ``compose([])`` = nothing ran
-        (only if the data was never touched). Only an explicit empty composition takes
-        the plan back: a missing ``actual`` never does.
-        """
-        seq = reservation.seq if isinstance(reservation, Reservation) else reservation
-        try:
-            if isinstance(seq, bool):
-                raise TypeError
-            seq = operator.index(seq)
-        except TypeError:
-            raise ParameterTypeError(
-                f"reservation must be a Reservation or its seq (an int), got "
-                f"{reservation!r}") from None
+        """Record what a reservation actually ran, as :meth:`Reservation.settle`: ``None``
+        (default) = the plan in full; only an explicit ``compose([])`` = nothing ran."""
+        seq = _check_seq("reservation", reservation.seq if isinstance(
+            reservation, Reservation) else reservation)
         nothing_ran = False
         if actual is not None:
             actual, text = _check_mechanism(actual)
@@ -837,14 +807,16 @@ class Ledger:
             r = cur.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq=?", (seq,)).fetchone()
             if r is None or r[1] != "reserve":
                 raise LedgerConflictError(f"no reservation with seq={seq!r} in {self.path}")
+            if isinstance(reservation, Reservation) and reservation.entry.hash != r[11]:
+                raise LedgerConflictError(
+                    f"reservation {seq} was made in {reservation.ledger.path}, not in "
+                    f"{self.path}: settle it on its own ledger (reservation.settle())")
             if cur.execute("SELECT 1 FROM entries WHERE kind='settle' AND ref=?",
                            (seq,)).fetchone():
                 raise LedgerConflictError(f"reservation {seq} is already settled")
             plan = self._mech(r[4])
-            if nothing_ran:
-                actual, text = None, None
-            elif actual is None:  # the plan ran in full
-                actual, text = plan, r[4]
+            if nothing_ran or actual is None:  # nothing / the plan in full
+                actual, text = (None, None) if nothing_ran else (plan, r[4])
             if actual is not None and not _covered(actual, plan):
                 raise LedgerConflictError(
                     f"the actual mechanism {actual!r} is not covered by reservation {seq}'s "

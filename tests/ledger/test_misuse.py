@@ -88,3 +88,24 @@ def test_a_ledger_of_a_newer_schema_is_refused(tmp_path):
     _set_schema(p, "1")
     with Ledger(p) as led:
         assert led.verify()
+
+
+def test_a_reservation_of_another_ledger_settles_nothing_here(tmp_path):
+    # a Reservation object carries its entry: passing it to another ledger whose entry
+    # of the same seq is a reservation too must not settle (refund) that one
+    with Ledger(tmp_path / "a.db", create=True) as a, Ledger(tmp_path / "b.db",
+                                                                create=True) as b:
+        for led in (a, b):
+            led.create_budget("adult", epsilon=1.0, delta=1e-6)
+        ra = a.reserve("adult", Gaussian(20.0))
+        rb = b.reserve("adult", Gaussian(30.0))
+        assert ra.seq == rb.seq
+        before = b.spent("adult").epsilon_spent
+        with pytest.raises(LedgerConflictError, match="settle it on its own ledger"):
+            b.settle(ra, compose([]))
+        with pytest.raises(LedgerConflictError, match="extends"):
+            b.reserve("adult", Gaussian(40.0), extends=ra)
+        assert b.spent("adult").epsilon_spent == before
+        assert len(b.pending("adult")) == 1
+        b.settle(rb, compose([]))  # its own reservation settles
+        assert b.spent("adult").epsilon_spent == 0.0
