@@ -27,7 +27,8 @@ def write_report(run, out_dir: str, *, stem: str | None = None) -> list[str]:
     """Write ``<stem>_scores.csv`` (canary, included, score), ``<stem>_roc.csv`` (the
     empirical ROC) and ``<stem>_roc.png`` (empirical ROC, the accountant's best ROC and
     the ROC of the Gaussian curve at the empirical lower bound) for a
-    :class:`privlearn.auditing.torch.DPSGDAudit`. Returns the paths written."""
+    :class:`privlearn.auditing.torch.DPSGDAudit` (the scores only when every canary was
+    drawn in, or none: there is no ROC). Returns the paths written."""
     res = run.result
     os.makedirs(out_dir, exist_ok=True)
     stem = stem or f"audit_dpsgd_{run.bug}"
@@ -39,6 +40,8 @@ def write_report(run, out_dir: str, *, stem: str | None = None) -> list[str]:
         for i, (inc, s) in enumerate(zip(res.inclusion, res.scores, strict=True)):
             w.writerow([i, int(inc), repr(float(s))])
     paths.append(p_scores)
+    if res.inclusion.all() or not res.inclusion.any():
+        return paths  # every canary on one side: a valid outcome, but no ROC to draw
     fpr, tpr = roc_curve(res.in_scores, res.out_scores)
     p_roc = os.path.join(out_dir, f"{stem}_roc.csv")
     with open(p_roc, "w", newline="") as fh:
