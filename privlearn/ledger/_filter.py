@@ -36,10 +36,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from privlearn.accounting import Mechanism, UnsupportedMechanismError
+from privlearn.accounting import Mechanism, UnsupportedMechanismError, compose
 from privlearn.errors import ParameterValueError
 
-__all__ = ["default_filter_order", "filter_epsilon", "rdp_at_order"]
+__all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order"]
 
 
 def default_filter_order(epsilon: float, delta: float) -> float:
@@ -80,3 +80,19 @@ def filter_epsilon(rdp_total: float, order: float, delta: float) -> float:
 
     eps = float(epsilon_from_rdp(np.array([order]), np.array([rdp_total]), delta)[0])
     return max(0.0, eps)
+
+
+def evaluate_budget(budget, mechs: Sequence[Mechanism]
+                    ) -> tuple[float, float | None, float | None]:
+    """``(upper, lower, adaptive_epsilon)`` of the releases ``mechs`` (already read under
+    the budget's neighbouring relation) at the budget's delta: the certified bounds of
+    their tight composition with the budget's accountant, and for an adaptive budget the
+    epsilon its Renyi filter certifies (None otherwise)."""
+    if not mechs:
+        return 0.0, 0.0, (0.0 if budget.adaptive else None)
+    b = compose(list(mechs)).epsilon_bounds(budget.delta, budget.accountant)
+    adaptive_eps = None
+    if budget.adaptive:
+        adaptive_eps = filter_epsilon(
+            rdp_at_order(mechs, budget.adaptive_order), budget.adaptive_order, budget.delta)
+    return b.upper, b.lower, adaptive_eps

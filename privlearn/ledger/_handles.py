@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from privlearn.accounting import Mechanism
+from privlearn.errors import ParameterValueError
 from privlearn.ledger._records import Entry, Spent
 
 if TYPE_CHECKING:
     from privlearn.ledger._ledger import Ledger
 
-__all__ = ["Reservation", "BudgetHandle"]
+__all__ = ["Reservation", "BudgetHandle", "KeylessConnection"]
 
 DEFAULT_UNIT = "record"
 
@@ -83,3 +84,21 @@ class BudgetHandle:
     def __deepcopy__(self, memo) -> BudgetHandle:
         return self
 
+
+
+class KeylessConnection:
+    """The connection of a keyed :class:`Ledger` unpickled: pickles never carry the HMAC
+    key (a secret; a fitted estimator holding a budget handle is a release), so such a
+    handle refuses every read and write until reopened with the key."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def cursor(self):
+        raise ParameterValueError(
+            f"key: this handle on the ledger {self.path} was unpickled, and pickles never "
+            "carry its HMAC key: reopen it with Ledger(path, key=...) (and its budget with "
+            ".budget(dataset))")
+
+    def close(self) -> None:
+        pass

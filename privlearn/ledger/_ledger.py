@@ -45,8 +45,13 @@ from privlearn.errors import (
     ParameterValueError,
     UnknownBudgetError,
 )
-from privlearn.ledger._filter import default_filter_order, filter_epsilon, rdp_at_order
-from privlearn.ledger._handles import DEFAULT_UNIT, BudgetHandle, Reservation
+from privlearn.ledger._filter import default_filter_order, evaluate_budget
+from privlearn.ledger._handles import (
+    DEFAULT_UNIT,
+    BudgetHandle,
+    KeylessConnection,
+    Reservation,
+)
 from privlearn.ledger._records import (
     SCHEMA_VERSION,
     Budget,
@@ -296,10 +301,18 @@ class Ledger:
         self.close()
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "key": self._key, "timeout": self._timeout}
+        # never the HMAC key, a secret: a pickle (e.g. of a fitted estimator holding a
+        # budget of this ledger, a release) may be published
+        return {"path": self.path, "keyed": self._key is not None, "timeout": self._timeout}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], key=state["key"], timeout=state["timeout"])
+        if not state.get("keyed") or state.get("key") is not None:  # "key": older pickles
+            self.__init__(state["path"], key=state.get("key"), timeout=state["timeout"])
+            return
+        self.path, self._key, self._timeout = state["path"], None, state["timeout"]
+        self._lock, self._parsed = threading.RLock(), {}
+        self._seen = self._verified_version = self._failure = self._appended = None
+        self._conn = KeylessConnection(self.path)  # refuses every use: reopen with the key
 
     def __deepcopy__(self, memo) -> Ledger:
         return self  # a handle on shared external state, not a value
@@ -648,26 +661,14 @@ class Ledger:
                 released.add(run)
         return mechs, n + len(released), pending
 
-    @staticmethod
-    def _evaluate(budget: Budget, mechs: list[Mechanism]):
-        """Bounds of ``mechs``, already read under the budget's relation."""
-        if not mechs:
-            return 0.0, 0.0, (0.0 if budget.adaptive else None)
-        b = compose(mechs).epsilon_bounds(budget.delta, budget.accountant)
-        adaptive_eps = None
-        if budget.adaptive:
-            adaptive_eps = filter_epsilon(
-                rdp_at_order(mechs, budget.adaptive_order), budget.adaptive_order, budget.delta
-            )
-        return b.upper, b.lower, adaptive_eps
-
     def _summary(self, budget: Budget, mechs, n, pending) -> Spent:
         relation = _relation(budget, mechs)
-        upper, lower, aeps = self._evaluate(budget, _read_all(budget, mechs, relation))
+        upper, lower, aeps = evaluate_budget(budget, _read_all(budget, mechs, relation))
+        binding = upper if aeps is None else max(upper, aeps)  # what the cap is checked on
         return Spent(
             dataset=budget.dataset, privacy_unit=budget.privacy_unit, epsilon_spent=upper,
             epsilon_lower=lower, epsilon_budget=budget.epsilon, delta=budget.delta,
-            epsilon_remaining=max(0.0, budget.epsilon - upper), entries=n, pending=pending,
+            epsilon_remaining=max(0.0, budget.epsilon - binding), entries=n, pending=pending,
             accountant=budget.accountant, adaptive=budget.adaptive, adaptive_epsilon=aeps,
             adaptive_order=budget.adaptive_order, neighbouring=relation,
         )

@@ -95,8 +95,9 @@ class Spent:
     epsilon_budget, delta : float
         The cap.
     epsilon_remaining : float
-        ``max(0, epsilon_budget - epsilon_spent)`` (non-adaptive), informative only: a
-        release's epsilon does not add to the total.
+        ``max(0, epsilon_budget - epsilon_spent)``; for an adaptive budget the larger
+        of ``epsilon_spent`` and ``adaptive_epsilon`` (both are capped) is subtracted.
+        Informative only: a release's epsilon does not add to the total.
     entries : int
         Number of releases: spends, and reserved runs that released something or are
         still pending (a reservation settled with nothing -- a fit that failed before

@@ -109,3 +109,40 @@ def test_a_reservation_of_another_ledger_settles_nothing_here(tmp_path):
         assert len(b.pending("adult")) == 1
         b.settle(rb, compose([]))  # its own reservation settles
         assert b.spent("adult").epsilon_spent == 0.0
+
+
+def test_remaining_of_an_adaptive_budget_is_what_its_filter_leaves(tmp_path):
+    # the Renyi filter certifies more than the tight composition of the same releases,
+    # and both are capped: what remains is the budget minus the larger one
+    with Ledger(tmp_path / "l.db", create=True) as led:
+        led.create_budget("a", epsilon=2.0, delta=1e-5, adaptive=True)
+        led.spend("a", Gaussian(5.0))
+        s = led.spent("a")
+        assert s.adaptive_epsilon > s.epsilon_spent
+        assert s.epsilon_remaining == pytest.approx(2.0 - s.adaptive_epsilon, abs=1e-12)
+
+
+def test_a_pickle_never_carries_the_hmac_key(tmp_path):
+    import pickle
+
+    p = tmp_path / "l.db"
+    key = b"a-secret-hmac-key"
+    with Ledger(p, create=True, key=key) as led:
+        led.create_budget("a", epsilon=2.0, delta=1e-5)
+        h = led.budget("a")
+        blob = pickle.dumps(h)  # e.g. inside a fitted estimator's ledger= parameter
+        assert key not in blob
+        h2 = pickle.loads(blob)  # loads, but cannot read or spend without the key
+        with pytest.raises(ValueError, match="pickles never carry its HMAC key"):
+            h2.spent()
+        with pytest.raises(ValueError, match="pickles never carry its HMAC key"):
+            h2.spend(Gaussian(5.0))
+        h2.ledger.close()
+        assert len(led.history("a")) == 1
+    plain = tmp_path / "plain.db"
+    with Ledger(plain, create=True) as led:  # an unkeyed ledger reopens from its pickle
+        led.create_budget("a", epsilon=2.0, delta=1e-5)
+        h3 = pickle.loads(pickle.dumps(led.budget("a")))
+        h3.spend(Gaussian(5.0))
+        assert led.spent("a").entries == 1
+        h3.ledger.close()
