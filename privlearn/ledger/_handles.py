@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from privlearn.accounting import Mechanism
 from privlearn.errors import ParameterValueError
-from privlearn.ledger._records import Entry, Spent
+from privlearn.ledger._records import Entry, Spent, _check_name
 
 if TYPE_CHECKING:
     from privlearn.ledger._ledger import Ledger
@@ -16,6 +16,12 @@ if TYPE_CHECKING:
 __all__ = ["Reservation", "BudgetHandle", "KeylessConnection"]
 
 DEFAULT_UNIT = "record"
+
+
+def _check_unit(privacy_unit: object) -> str:
+    """A budget's privacy unit: None is the default unit; an empty or non-string one is
+    refused (never read as the default: that would spend on another budget)."""
+    return DEFAULT_UNIT if privacy_unit is None else _check_name("privacy_unit", privacy_unit)
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,10 @@ from privlearn.errors import (
 )
 from privlearn.ledger._filter import default_filter_order, evaluate_budget
 from privlearn.ledger._handles import (
-    DEFAULT_UNIT,
     BudgetHandle,
     KeylessConnection,
     Reservation,
+    _check_unit,
 )
 from privlearn.ledger._records import (
     SCHEMA_VERSION,
@@ -552,7 +552,7 @@ class Ledger:
             if it holds a replace-one part, else add/remove.
         """
         dataset = _check_name("dataset", dataset)
-        unit = DEFAULT_UNIT if privacy_unit is None else _check_name("privacy_unit", privacy_unit)
+        unit = _check_unit(privacy_unit)
         epsilon = check_positive("epsilon", epsilon)
         delta = check_delta("delta", delta)
         acc = get_accountant(accountant).name
@@ -618,7 +618,7 @@ class Ledger:
     def budget_info(self, dataset: str, *, privacy_unit: str | None = None) -> Budget:
         """The :class:`Budget` of ``dataset``."""
         with self._read() as cur:
-            return self._get_budget(cur, dataset, privacy_unit or DEFAULT_UNIT)
+            return self._get_budget(cur, dataset, _check_unit(privacy_unit))
 
     def budgets(self) -> list[Budget]:
         """Every budget in the ledger."""
@@ -631,8 +631,8 @@ class Ledger:
     def budget(self, dataset: str, *, privacy_unit: str | None = None) -> BudgetHandle:
         """A handle bound to one budget, to pass to estimators (``ledger=``)."""
         with self._read() as cur:
-            self._get_budget(cur, dataset, privacy_unit or DEFAULT_UNIT)
-        return BudgetHandle(self, dataset, privacy_unit or DEFAULT_UNIT)
+            self._get_budget(cur, dataset, _check_unit(privacy_unit))
+        return BudgetHandle(self, dataset, _check_unit(privacy_unit))
 
     # -- accounting ------------------------------------------------------------------
     def _counted(self, cur, dataset: str, unit: str) -> tuple[list[Mechanism], int, int]:
@@ -710,7 +710,7 @@ class Ledger:
         or :meth:`reserve` before touching the data."""
         mechanism, _ = _check_mechanism(mechanism)
         with self._read() as cur:
-            return self._admit(cur, dataset, privacy_unit or DEFAULT_UNIT, mechanism, "spend")
+            return self._admit(cur, dataset, _check_unit(privacy_unit), mechanism, "spend")
 
     def spend(
         self,
@@ -778,7 +778,7 @@ class Ledger:
         """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
         label, who = _check_opt_str("label", label), _check_opt_str("who", who)
-        unit = privacy_unit or DEFAULT_UNIT
+        unit = _check_unit(privacy_unit)
         with self._write() as cur:
             if ref is not None:
                 r = cur.execute("SELECT kind, dataset, privacy_unit, hash FROM entries WHERE "
@@ -830,7 +830,7 @@ class Ledger:
 
     def pending(self, dataset: str, *, privacy_unit: str | None = None) -> list[Reservation]:
         """Reservations of ``dataset`` not yet settled (e.g. left by a killed process)."""
-        unit = privacy_unit or DEFAULT_UNIT
+        unit = _check_unit(privacy_unit)
         with self._read() as cur:
             rows = cur.execute(
                 f"SELECT {_COLUMNS} FROM entries e WHERE kind='reserve' AND dataset=? AND "
@@ -842,7 +842,7 @@ class Ledger:
 
     def spent(self, dataset: str, *, privacy_unit: str | None = None) -> Spent:
         """The certified total spent on ``dataset`` (see :class:`Spent`)."""
-        unit = privacy_unit or DEFAULT_UNIT
+        unit = _check_unit(privacy_unit)
         with self._read() as cur:
             budget = self._get_budget(cur, dataset, unit)
             mechs, n, pending = self._counted(cur, dataset, unit)
@@ -855,7 +855,7 @@ class Ledger:
         replace-one the add/remove releases are in their replace-one reading
         (:func:`~privlearn.accounting.as_replace_one`), so the result is for
         evaluation, not to be read again as add/remove."""
-        unit = privacy_unit or DEFAULT_UNIT
+        unit = _check_unit(privacy_unit)
         with self._read() as cur:
             budget = self._get_budget(cur, dataset, unit)
             mechs, _, _ = self._counted(cur, dataset, unit)
@@ -870,7 +870,7 @@ class Ledger:
             else:
                 rows = cur.execute(
                     f"SELECT {_COLUMNS} FROM entries WHERE dataset=? AND privacy_unit=? "
-                    "ORDER BY seq", (dataset, privacy_unit or DEFAULT_UNIT)).fetchall()
+                    "ORDER BY seq", (dataset, _check_unit(privacy_unit))).fetchall()
         return [self._entry(r) for r in rows]
 
     def head(self) -> tuple[int, str]:

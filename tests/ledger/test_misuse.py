@@ -13,6 +13,7 @@ from privlearn.errors import (
     LedgerConflictError,
     LedgerIntegrityError,
     ParameterTypeError,
+    ParameterValueError,
 )
 from privlearn.ledger import Ledger
 
@@ -146,3 +147,19 @@ def test_a_pickle_never_carries_the_hmac_key(tmp_path):
         h3.spend(Gaussian(5.0))
         assert led.spent("a").entries == 1
         h3.ledger.close()
+
+
+def test_an_empty_privacy_unit_is_refused_not_read_as_the_default(ledger):
+    # create_budget refuses privacy_unit=""; a spend with it was counted on the default
+    # ("record") budget, another budget than the one named
+    with pytest.raises(ParameterValueError, match="privacy_unit"):
+        ledger.create_budget("adult", epsilon=1.0, delta=1e-6, privacy_unit="")
+    with pytest.raises(ParameterValueError, match="privacy_unit"):
+        ledger.spend("adult", Gaussian(20.0), privacy_unit="")
+    with pytest.raises(ParameterValueError, match="privacy_unit"):
+        ledger.reserve("adult", Gaussian(20.0), privacy_unit="")
+    with pytest.raises(ParameterTypeError, match="privacy_unit"):
+        ledger.spent("adult", privacy_unit=0)
+    with pytest.raises(ParameterValueError, match="privacy_unit"):
+        ledger.budget("adult", privacy_unit="")
+    assert ledger.spent("adult").entries == 0
