@@ -57,3 +57,25 @@ def test_ties_resolved_against_the_auditor_but_distinct_scores_unchanged():
     coarse = epsilon_lower_bound(tied[lab], tied[~lab], delta=0.0, method="one_run")
     assert distinct > 1.0
     assert 0.0 <= coarse <= distinct
+
+
+@pytest.mark.parametrize("method", ["one_run", "clopper_pearson"])
+def test_valid_on_randomized_response_with_few_canaries(method):
+    # randomized response at epsilon 0.2 (scores 0/1: all ties): the bound exceeds 0.2
+    # in at most ~5% of runs (one_run with 20 canaries exceeded it in 17% of runs when
+    # tied scores were ordered by a key attached to label-sorted positions)
+    from scipy import stats
+
+    eps, m, trials = 0.2, 20, 400 if method == "one_run" else 150
+    rng = np.random.default_rng(11)
+    p = np.exp(eps) / (1 + np.exp(eps))
+    over = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(trials):
+            lab = rng.random(m) < 0.5
+            if lab.all() or not lab.any():
+                continue
+            s = (lab ^ (rng.random(m) > p)).astype(float)
+            over += epsilon_lower_bound(s[lab], s[~lab], delta=0.0, method=method) > eps
+    assert over <= stats.binom.isf(0.005, trials, 0.05)
