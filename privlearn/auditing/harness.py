@@ -229,6 +229,8 @@ def one_run_audit(
         raise ParameterTypeError(
             "train_and_score returned None; it must return one score per canary (an array "
             f"of {n_canaries} floats, higher = more likely included)")
+    if hasattr(raw, "detach") and hasattr(raw, "cpu"):  # a torch tensor (grad, device)
+        raw = raw.detach().cpu().numpy()
     try:
         scores = np.asarray(raw, dtype=float)
     except (TypeError, ValueError):

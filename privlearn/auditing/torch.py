@@ -670,9 +670,9 @@ def audit_training(
         return trajectory_scores(np.stack(snaps), noise_multiplier=p.noise_multiplier,
                                  sampling_rate=p.sampling_rate, **common)
 
-    def _data_scores(model: nn.Module) -> np.ndarray:
-        if score is not None:
-            return np.asarray(score(model, c_inputs, c_targets), dtype=float)
+    def _data_scores(model: nn.Module):
+        if score is not None:  # one_run_audit converts (a tensor too, with grad)
+            return score(model, c_inputs, c_targets)
         return loss_scores(model, c_inputs, c_targets, loss_fn)
 
     def run_loop(inclusion: np.ndarray) -> np.ndarray:
