@@ -614,12 +614,18 @@ def audit_training(
             if key in opts:
                 raise ConfigurationError(f"private must not set {key!r}: the audit's loop sums the "
                                  "per-example losses and runs epochs=epochs")
+        # the pieces run DP-SGD (Gaussian noise): no claim at delta = 0
+        delta = check_gaussian_delta("delta", delta)
         opts.setdefault("target_delta", delta)
         opts.setdefault("seed", seed)
     make_optimizer = make_optimizer or (lambda params: torch.optim.SGD(params, lr=0.1))
     C = opts.get("max_grad_norm", 1.0)
+    if gradient and isinstance(C, int | float):
+        C = check_positive("private['max_grad_norm']", C, hint="e.g. 1.0")
     G = (100.0 * float(C) if isinstance(C, int | float) else 100.0) if (
-        canary_gradient_norm is None) else float(canary_gradient_norm)
+        canary_gradient_norm is None) else check_positive(
+        "canary_gradient_norm", canary_gradient_norm,
+        hint="make it larger than max_grad_norm (default 100 * max_grad_norm)")
     claim: dict = {}
 
     def run_pieces(inclusion: np.ndarray) -> np.ndarray:

@@ -51,3 +51,24 @@ def test_audit_estimator_refuses_bad_numbers_before_fitting(kwargs, err, match, 
     X, y = np.zeros((10, 2)), np.zeros(10)
     with pytest.raises(err, match=match):
         audit_estimator(SSPRegressor(epsilon=1.0, delta=1e-5), X, y, 50, seed=0, **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"canaries": "gradient", "canary_gradient_norm": -1.0}, r"^canary_gradient_norm must"),
+    ({"canaries": "gradient", "private": {"noise_multiplier": 1.0, "max_grad_norm": -1.0}},
+     r"^private\['max_grad_norm'\] must .*got -1\.0"),
+    ({"delta": 0.0}, r"^delta must be in \(0, 1\)"),
+])
+def test_audit_training_refuses_bad_numbers_before_building_the_model(kwargs, match):
+    pytest.importorskip("torch")
+    from privlearn.auditing.torch import audit_training
+
+    def make_model():
+        raise AssertionError("built the model with a bad argument")
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)).astype(np.float32), rng.integers(0, 2, 40)
+    args = {"make_model": make_model, "batch_size": 10, "n_canaries": 50, "seed": 0,
+            "private": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}, **kwargs}
+    with pytest.raises(ParameterValueError, match=match):
+        audit_training((X, y), **args)
