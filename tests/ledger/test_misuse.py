@@ -3,6 +3,7 @@ files of a format this version cannot read."""
 
 from __future__ import annotations
 
+import math
 import sqlite3
 
 import pytest
@@ -15,7 +16,7 @@ from privlearn.errors import (
     ParameterTypeError,
     ParameterValueError,
 )
-from privlearn.ledger import Ledger
+from privlearn.ledger import Ledger, default_filter_order, filter_epsilon
 
 
 @pytest.fixture
@@ -163,3 +164,30 @@ def test_an_empty_privacy_unit_is_refused_not_read_as_the_default(ledger):
     with pytest.raises(ParameterValueError, match="privacy_unit"):
         ledger.budget("adult", privacy_unit="")
     assert ledger.spent("adult").entries == 0
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    ((1.0, 1.0, 1e-5), "order"),           # order 1: no (epsilon, delta) guarantee
+    ((1.0, 0.5, 1e-5), "order"),
+    ((1.0, math.inf, 1e-5), "order"),
+    ((1.0, 2.0, 1.5), "delta"),
+    ((1.0, 2.0, 0.0), "delta"),
+    ((-1.0, 2.0, 1e-5), "rdp_total"),
+    ((math.nan, 2.0, 1e-5), "rdp_total"),
+])
+def test_filter_epsilon_refuses_bad_input_instead_of_answering_zero(args, name):
+    # these returned 0.0 (or a number for a negative RDP total): an optimistic epsilon
+    with pytest.raises(ParameterValueError, match=f"^{name} must"):
+        filter_epsilon(*args)
+
+
+def test_filter_epsilon_is_the_rdp_conversion_and_default_order_checks_epsilon():
+    # Canonne, Kamath & Steinke 2020, Proposition 12, at order 12.5
+    a, rho, d = 12.5, 0.5, 1e-5
+    closed = rho + math.log((a - 1) / a) - (math.log(d) + math.log(a)) / (a - 1)
+    assert filter_epsilon(rho, a, d) == pytest.approx(closed, rel=1e-12)
+    assert filter_epsilon(math.inf, a, d) == math.inf
+    assert default_filter_order(1.0, 1e-5) == pytest.approx(1 + 2 * math.log(1e5))
+    for eps in (0.0, -1.0, math.nan):
+        with pytest.raises(ParameterValueError, match="^epsilon must"):
+            default_filter_order(eps, 1e-5)
