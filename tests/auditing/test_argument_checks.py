@@ -72,3 +72,14 @@ def test_audit_training_refuses_bad_numbers_before_building_the_model(kwargs, ma
             "private": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}, **kwargs}
     with pytest.raises(ParameterValueError, match=match):
         audit_training((X, y), **args)
+
+
+@pytest.mark.parametrize("fpr", [[-0.1], [float("nan")], 1.5, [0.2, 2.0]])
+def test_accountant_roc_names_fpr(fpr):
+    from privlearn.accounting import Gaussian
+    from privlearn.auditing import accountant_roc
+
+    with pytest.raises(ParameterValueError, match="^fpr must be"):
+        accountant_roc(Gaussian(1.0), fpr)
+    with pytest.raises(ParameterTypeError, match="^fpr must be"):
+        accountant_roc(Gaussian(1.0), "x")
