@@ -595,6 +595,7 @@ class Ledger:
         return Budget(dataset, unit, epsilon, delta, acc, adaptive, order, relation)
 
     def _budget_row(self, cur, dataset: str, unit: str):
+        _check_name("dataset", dataset)  # every lookup of a budget: a clear error, not SQL's
         return cur.execute(
             "SELECT payload FROM entries WHERE kind='budget' AND dataset=? AND privacy_unit=?",
             (dataset, unit),
@@ -830,7 +831,7 @@ class Ledger:
 
     def pending(self, dataset: str, *, privacy_unit: str | None = None) -> list[Reservation]:
         """Reservations of ``dataset`` not yet settled (e.g. left by a killed process)."""
-        unit = _check_unit(privacy_unit)
+        dataset, unit = _check_name("dataset", dataset), _check_unit(privacy_unit)
         with self._read() as cur:
             rows = cur.execute(
                 f"SELECT {_COLUMNS} FROM entries e WHERE kind='reserve' AND dataset=? AND "
@@ -870,7 +871,8 @@ class Ledger:
             else:
                 rows = cur.execute(
                     f"SELECT {_COLUMNS} FROM entries WHERE dataset=? AND privacy_unit=? "
-                    "ORDER BY seq", (dataset, _check_unit(privacy_unit))).fetchall()
+                    "ORDER BY seq", (_check_name("dataset", dataset),
+                                     _check_unit(privacy_unit))).fetchall()
         return [self._entry(r) for r in rows]
 
     def head(self) -> tuple[int, str]:

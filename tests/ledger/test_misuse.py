@@ -191,3 +191,14 @@ def test_filter_epsilon_is_the_rdp_conversion_and_default_order_checks_epsilon()
     for eps in (0.0, -1.0, math.nan):
         with pytest.raises(ParameterValueError, match="^epsilon must"):
             default_filter_order(eps, 1e-5)
+
+
+def test_a_dataset_that_is_not_a_string_is_a_typed_error(ledger):
+    # it reached SQLite as a parameter it cannot bind (sqlite3.ProgrammingError)
+    for call in (lambda: ledger.spend(["adult"], Gaussian(20.0)),
+                 lambda: ledger.pending(["adult"]),
+                 lambda: ledger.history(["adult"]),
+                 lambda: ledger.check(b"adult", Gaussian(20.0))):
+        with pytest.raises(ParameterTypeError, match="^dataset must be a string"):
+            call()
+    assert ledger.spent("adult").entries == 0
