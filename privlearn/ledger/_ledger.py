@@ -58,6 +58,7 @@ from privlearn.ledger._records import (
     Entry,
     Spent,
     VerifyReport,
+    _check_head,
     _check_mechanism,
     _check_name,
     _check_opt_str,
@@ -890,7 +891,7 @@ class Ledger:
         report lists the problems); a passing check lifts the refusal of the other methods
         (see :class:`Ledger`)."""
         with self._read(check=False) as cur:
-            anchors = [h for h in (expected_head, self._seen) if h is not None]
+            anchors = [h for h in (_check_head(expected_head), self._seen) if h is not None]
             problems, n = self._chain_problems(cur, anchors, parse=True)
             if not problems:  # the snapshot verified: later calls compare with it
                 self._mark_verified(cur)

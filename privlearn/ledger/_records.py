@@ -209,3 +209,22 @@ def _check_schema(path: str, row) -> None:
             f"{path} is a privacy ledger of schema version {version}, written by a newer "
             f"privlearn; this version reads schema {SCHEMA_VERSION} and would misread it: "
             "upgrade privlearn to use this ledger (it was not changed)")
+
+
+def _check_head(value: object) -> tuple[int, str] | None:
+    """An ``expected_head`` for :meth:`Ledger.verify`: None, or ``(count, hash)`` as
+    :meth:`Ledger.head` returns it (a count >= 0 and 64 hexadecimal digits)."""
+    if value is None:
+        return None
+    if not (isinstance(value, tuple | list) and len(value) == 2):
+        raise ParameterTypeError(
+            f"expected_head must be None or (count, hash) as Ledger.head() returns it, got "
+            f"{value!r}")
+    count, h = value
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0
+            and isinstance(h, str) and len(h) == 64
+            and all(c in "0123456789abcdef" for c in h.lower())):
+        raise ParameterValueError(
+            f"expected_head must be (count, hash) as Ledger.head() returns it (a count >= 0 "
+            f"and 64 hexadecimal digits), got {value!r}")
+    return int(count), h

@@ -202,3 +202,14 @@ def test_a_dataset_that_is_not_a_string_is_a_typed_error(ledger):
         with pytest.raises(ParameterTypeError, match="^dataset must be a string"):
             call()
     assert ledger.spent("adult").entries == 0
+
+
+def test_verify_refuses_a_malformed_expected_head(ledger):
+    # a malformed head raised a bare TypeError from the comparison inside
+    n, h = ledger.head()
+    assert ledger.verify((n, h))
+    for bad in (("1", h), (n, "abc"), (-1, h), (True, h), (n, "z" * 64)):
+        with pytest.raises(ParameterValueError, match="^expected_head must be"):
+            ledger.verify(bad)
+    with pytest.raises(ParameterTypeError, match="^expected_head must be"):
+        ledger.verify(5)
