@@ -53,7 +53,6 @@ from privlearn.ledger._handles import (
     _check_unit,
 )
 from privlearn.ledger._records import (
-    SCHEMA_VERSION,
     Budget,
     Entry,
     Spent,
@@ -62,7 +61,6 @@ from privlearn.ledger._records import (
     _check_mechanism,
     _check_name,
     _check_opt_str,
-    _check_schema,
     _check_seq,
     _default_who,
     _now,
@@ -74,6 +72,15 @@ from privlearn.ledger._relations import (
     _read_all,
     _relation,
     check_privacy_unit,
+)
+from privlearn.ledger._schema import (
+    _COLUMNS,
+    _CONTENT_KEYS,
+    _ENCODE,
+    _SCHEMA,
+    GENESIS,
+    SCHEMA_VERSION,
+    _check_schema,
 )
 
 __all__ = [
@@ -87,45 +94,6 @@ __all__ = [
     "check_privacy_unit",
 ]
 
-GENESIS = "0" * 64
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS entries (
-    seq INTEGER PRIMARY KEY,
-    kind TEXT NOT NULL,
-    dataset TEXT NOT NULL,
-    privacy_unit TEXT NOT NULL,
-    mechanism TEXT,
-    payload TEXT,
-    label TEXT,
-    who TEXT,
-    time TEXT NOT NULL,
-    ref INTEGER,
-    prev_hash TEXT NOT NULL,
-    hash TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_by_budget ON entries (dataset, privacy_unit, seq);
-CREATE TABLE IF NOT EXISTS head (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    count INTEGER NOT NULL,
-    hash TEXT NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
-BEGIN SELECT RAISE(ABORT, 'privlearn ledger entries are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
-BEGIN SELECT RAISE(ABORT, 'privlearn ledger entries are append-only'); END;
-"""
-
-_COLUMNS = (
-    "seq, kind, dataset, privacy_unit, mechanism, payload, label, who, time, ref, "
-    "prev_hash, hash"
-)
-_CONTENT_KEYS = ("seq", "kind", "dataset", "privacy_unit", "mechanism", "payload", "label",
-                 "who", "time", "ref")
-#: The hashed text of an entry: its content as compact JSON with sorted keys.
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 # ----------------------------------------------------------------------------------

@@ -13,17 +13,9 @@ from datetime import UTC, datetime
 
 from privlearn.accounting import Mechanism, Neighbouring
 from privlearn.accounting.serialization import dumps
-from privlearn.errors import (
-    LedgerConflictError,
-    LedgerIntegrityError,
-    ParameterTypeError,
-    ParameterValueError,
-)
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["Budget", "Entry", "Spent", "VerifyReport"]
-
-#: The format of the ledger file this version reads and writes.
-SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,24 +183,6 @@ def _check_seq(name: str, value: object) -> int:
     except TypeError:
         raise ParameterTypeError(
             f"{name} must be a Reservation or its seq (an int), got {value!r}") from None
-
-
-def _check_schema(path: str, row) -> None:
-    """Refuse a file whose format this version cannot read: one written by a newer
-    privlearn (its rows may hold what this code would misread), or a ``meta`` table
-    without a readable schema version (``row``: the ``meta`` row ``schema``)."""
-    try:
-        version = int(row[0])
-    except (TypeError, ValueError):
-        raise LedgerIntegrityError(
-            f"{path} has no readable schema version ({None if row is None else row[0]!r}); "
-            "it is not a privacy ledger this version can read: restore it from a backup "
-            "or pass the path of a ledger", ("no readable schema version",)) from None
-    if version > SCHEMA_VERSION:
-        raise LedgerConflictError(
-            f"{path} is a privacy ledger of schema version {version}, written by a newer "
-            f"privlearn; this version reads schema {SCHEMA_VERSION} and would misread it: "
-            "upgrade privlearn to use this ledger (it was not changed)")
 
 
 def _check_head(value: object) -> tuple[int, str] | None:
