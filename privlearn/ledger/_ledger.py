@@ -161,6 +161,8 @@ class Ledger:
             raise ParameterTypeError(f"key must be bytes or None, got {type(key).__name__}")
         if not isinstance(create, bool):
             raise ParameterTypeError(f"create must be a bool, got {create!r}")
+        if not isinstance(path, str | os.PathLike):
+            raise ParameterTypeError(f"path must be a file path (str or PathLike), got {path!r}")
         self.path = str(Path(path))
         self._key = key
         self._timeout = check_positive("timeout", timeout)

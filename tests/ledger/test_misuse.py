@@ -213,3 +213,9 @@ def test_verify_refuses_a_malformed_expected_head(ledger):
             ledger.verify(bad)
     with pytest.raises(ParameterTypeError, match="^expected_head must be"):
         ledger.verify(5)
+
+
+def test_a_path_that_is_not_a_path_is_a_typed_error():
+    for bad in (3, None, b"l.db"):
+        with pytest.raises(ParameterTypeError, match="^path must be a file path"):
+            Ledger(bad, create=True)
