@@ -28,8 +28,9 @@ def _check_unit(privacy_unit: object) -> str:
 class Reservation:
     """A planned release recorded by :meth:`Ledger.reserve`, counted in full until settled.
 
-    Use as a context manager to settle automatically: on normal exit with the plan (or
-    what :meth:`update` last recorded), on an exception with the plan kept in full.
+    Use as a context manager to settle automatically: on normal exit with the plan,
+    unless the block settled it already (``r.settle(actual)`` inside the block stands);
+    on an exception the plan is kept in full (pending).
     """
 
     ledger: Ledger = field(repr=False)
@@ -54,7 +55,9 @@ class Reservation:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
+        if exc_type is None and any(
+                r.seq == self.seq for r in self.ledger.pending(
+                    self.entry.dataset, privacy_unit=self.entry.privacy_unit)):
             self.settle()
 
 

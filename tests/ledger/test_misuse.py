@@ -219,3 +219,18 @@ def test_a_path_that_is_not_a_path_is_a_typed_error():
     for bad in (3, None, b"l.db"):
         with pytest.raises(ParameterTypeError, match="^path must be a file path"):
             Ledger(bad, create=True)
+
+
+def test_a_reservation_settled_inside_its_with_block_stands(ledger):
+    # settling inside the block (fewer steps than planned) made the exit's automatic
+    # settle raise "already settled" after a successful run
+    step = subsample(Gaussian(1.5), 0.01)
+    with ledger.reserve("adult", compose(step, steps=200)) as r:
+        r.settle(compose(step, steps=20))
+    assert ledger.pending("adult") == []
+    assert ledger.spent("adult").epsilon_spent == compose(step, steps=20).epsilon_bounds(
+        1e-6).upper
+    with ledger.reserve("adult", Gaussian(30.0)):  # not settled inside: the plan in full
+        pass
+    assert ledger.pending("adult") == []
+    assert ledger.spent("adult").entries == 2
