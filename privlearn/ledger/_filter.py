@@ -33,11 +33,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 
 from privlearn._validation import check_delta, check_nonnegative, check_positive
-from privlearn.accounting import Mechanism, UnsupportedMechanismError, compose
+from privlearn.accounting import (
+    AccountingError,
+    ApproxDP,
+    Mechanism,
+    PureDP,
+    UnsupportedMechanismError,
+    compose,
+)
 from privlearn.errors import ParameterValueError
 
 __all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order"]
@@ -104,17 +112,82 @@ def filter_epsilon(rdp_total: float, order: float, delta: float) -> float:
     return max(0.0, eps)
 
 
+def _float_up(x: Fraction) -> float:
+    """The smallest float >= ``x``."""
+    f = float(x)
+    return math.nextafter(f, math.inf) if Fraction(f) < x else f
+
+
+def _float_down(x: Fraction) -> float:
+    """The largest float <= ``x``."""
+    f = float(x)
+    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
+
+
+def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
+                              accountant: str) -> float | None:
+    """Epsilon at ``delta`` by basic composition of the releases known only through an
+    ``(epsilon, delta)`` guarantee (:class:`PureDP`, :class:`ApproxDP`) with the tight
+    composition of the others, or None when it does not apply.
+
+    Basic composition (Dwork, Roth 2014, Theorem 3.16; it holds under adaptive choice,
+    Theorem 3.20's setting) adds the epsilons and the deltas of ``(epsilon_i, delta_i)``
+    guarantees; composed with a mechanism that is ``(epsilon', delta')``-DP it gives
+    ``(sum epsilon_i + epsilon', sum delta_i + delta')``. The PLD accountant's certified
+    epsilon of the same releases is tighter in general but carries discretisation
+    error, which refuses ``ApproxDP(1, 1e-5)`` read at ``delta = 1e-5`` and inflates
+    ``ApproxDP(0.5, 4e-6)`` twice to just above 1; this bound, computed in exact
+    rational arithmetic and rounded up, is exact there. The rest is read at
+    ``delta - sum delta_i`` (rounded down).
+    """
+    explicit = [m for m in mechs if isinstance(m, (PureDP, ApproxDP))]
+    if not explicit:
+        return None
+    eps = sum((Fraction(m.pure_epsilon) if isinstance(m, PureDP) else Fraction(m.dp_epsilon)
+               for m in explicit), Fraction(0))
+    spent_delta = sum((Fraction(m.dp_delta) for m in explicit if isinstance(m, ApproxDP)),
+                      Fraction(0))
+    left = Fraction(delta) - spent_delta
+    if left < 0:
+        return None
+    rest = [m for m in mechs if not isinstance(m, (PureDP, ApproxDP))]
+    if rest:
+        left_f = _float_down(left)
+        if left_f <= 0.0:
+            return None
+        try:
+            eps_rest = compose(rest).epsilon_bounds(left_f, accountant).upper
+        except (AccountingError, UnsupportedMechanismError):
+            return None
+        if not math.isfinite(eps_rest):
+            return None
+        eps += Fraction(eps_rest)
+    return _float_up(eps)
+
+
 def evaluate_budget(budget, mechs: Sequence[Mechanism]
                     ) -> tuple[float, float | None, float | None]:
     """``(upper, lower, adaptive_epsilon)`` of the releases ``mechs`` (already read under
     the budget's neighbouring relation) at the budget's delta: the certified bounds of
-    their tight composition with the budget's accountant, and for an adaptive budget the
-    epsilon its Renyi filter certifies (None otherwise)."""
+    their tight composition with the budget's accountant (the upper one no larger than
+    their :func:`basic_composition_epsilon`, where that applies), and for an adaptive
+    budget the epsilon its Renyi filter certifies (None otherwise)."""
     if not mechs:
         return 0.0, 0.0, (0.0 if budget.adaptive else None)
-    b = compose(list(mechs)).epsilon_bounds(budget.delta, budget.accountant)
+    basic = basic_composition_epsilon(mechs, budget.delta, budget.accountant)
+    try:
+        b = compose(list(mechs)).epsilon_bounds(budget.delta, budget.accountant)
+    except AccountingError:
+        if basic is None:
+            raise
+        upper, lower = basic, None
+    else:
+        upper, lower = b.upper, b.lower
+        if basic is not None and basic < upper:
+            upper = basic
+            lower = None if lower is None else min(lower, upper)
     adaptive_eps = None
     if budget.adaptive:
         adaptive_eps = filter_epsilon(
             rdp_at_order(mechs, budget.adaptive_order), budget.adaptive_order, budget.delta)
-    return b.upper, b.lower, adaptive_eps
+    return upper, lower, adaptive_eps
