@@ -12,11 +12,16 @@ Usage::
 
     python benchmarks/step_memory.py [--models gpt2,bert,llama,gpt2-lora]
                                      [--device cpu] [--dtype fp32|bf16] [--json FILE]
+                                     [--device-masking]
 
 Models: ``gpt2`` GPT-2 small (``GPT2Config()``, tied embeddings) on 4 x 256 tokens;
 ``bert`` BERT-base (``BertConfig()``), sequence classification, 8 x 128; ``llama`` a
 ~150M Llama (width 768, 12 layers, 12 query / 4 key-value heads, MLP 3072, vocabulary
 32000) on 4 x 256; ``gpt2-lora`` GPT-2 small with LoRA rank 16 on ``c_attn``, 4 x 256.
+
+``--device-masking``: the non-finite examples are found and masked on the device as on
+an accelerator (``ClippingMixin._find_nonfinite``'s device branch: nothing read back, the
+rows cleaned in every layer), where the CPU reads one flag back and cleans nothing.
 """
 
 from __future__ import annotations
@@ -138,8 +143,17 @@ def main(argv=None):
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="append one line per result")
+    ap.add_argument("--device-masking", action="store_true",
+                    help="non-finite examples masked on the device, as on an accelerator")
     args = ap.parse_args(argv)
     import torch
+
+    if args.device_masking:
+        from privlearn.torch import clipping
+        from privlearn.torch._tracker_util import _nonfinite
+
+        clipping.ClippingMixin._find_nonfinite = (
+            lambda self, sq, masked, refuse, scaled: _nonfinite(sq, masked))
 
     torch.set_num_threads(args.threads)
     rows = {}

@@ -216,7 +216,8 @@ def budget_verify(path: str, expect_head: str | None) -> None:
     expected = None
     if expect_head is not None:
         count, _, h = expect_head.partition(":")
-        if not count.isdigit() or len(h) != 64:
+        if not count.isdigit() or len(h) != 64 or any(c not in "0123456789abcdef"
+                                                       for c in h.lower()):
             raise click.BadParameter(f"must be COUNT:HASH (64 hex digits), got {expect_head!r}",
                                      param_hint="'--expect-head'")
         expected = (int(count), h)

@@ -322,9 +322,9 @@ class NoisyGDRegressor(_PrivateLinearBase):
             )
         return fitted
 
-    def fit(self, X, y):
-        """Run noisy gradient descent from zero."""
-        return self._fit(X, y)
+    def fit(self, X, y, **fit_params):
+        """Run noisy gradient descent from zero (``sample_weight`` is refused)."""
+        return self._fit(X, y, fit_params=fit_params)
 
     def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
         """Final iterates of ``n_repetitions`` independent NoisyGD runs, as one batch.

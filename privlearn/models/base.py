@@ -8,7 +8,8 @@ scikit-learn's ``_fit_context`` owns validation:
    :mod:`privlearn.models.constraints`);
 2. **plan** (``_plan``, the estimator's part): calibrate the noise from the budget and
    describe the mechanism that will run, a :class:`ReleasePlan`, from the parameters and
-   the data's *shape* only;
+   the data's *shape* only; its epsilon is certified with the plan's accountant here, so
+   an accountant that cannot evaluate it refuses the fit before anything is spent;
 3. **reserve** the plan on the estimator's ``ledger`` (if any) before any value of the
    data is read (:meth:`privlearn.ledger.Ledger.reserve`; over budget it raises
    :class:`~privlearn.errors.BudgetExceededError` and records nothing); a budget per
@@ -36,6 +37,7 @@ complete example (and a test).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -65,6 +67,7 @@ __all__ = [
     "clip_rows",
     "resolve_noise_multiplier",
     "require_delta_for_gaussian",
+    "refuse_fit_params",
 ]
 
 
@@ -102,7 +105,10 @@ class PrivateEstimator(BaseEstimator):
       (``params``, normalised values) and the data's shape only (never its values);
     * ``_release(self, X, y, plan) -> dict``: the fitted attributes (names ending in
       ``_``), from the checked data; every value must be covered by ``plan.mechanism``;
-    * ``fit(self, X, y=None)``: ``return self._fit(X, y)`` (with its own docstring).
+    * ``fit(self, X, y=None, **fit_params)``: ``return self._fit(X, y, fit_params=fit_params)``
+      (with its own docstring); keyword arguments the release cannot account, such as
+      ``sample_weight``, are refused before anything is reserved
+      (:func:`refuse_fit_params`).
 
     and may override ``_check_data`` (default: :func:`sklearn.utils.validation.validate_data`
     to float64), ``_n_records`` (the number of private records, for
@@ -155,15 +161,27 @@ class PrivateEstimator(BaseEstimator):
         fitting."""
         return self._plan(self._validate_params(), X, y).mechanism
 
-    def _fit(self, X: Any, y: Any = None, **context: Any) -> PrivateEstimator:
-        """The whole ``fit``: validate, plan, reserve, check the data, release, settle,
-        record. ``context`` goes to ``_plan`` and ``_release`` (e.g. public validation
-        data). On an exception the previous fitted state is put back."""
+    def _fit(self, X: Any, y: Any = None, *, fit_params: Mapping[str, Any] | None = None,
+             **context: Any) -> PrivateEstimator:
+        """The whole ``fit``: refuse unaccountable ``fit_params``, validate, plan, certify,
+        reserve, check the data, release, settle, record. ``context`` goes to ``_plan``
+        and ``_release`` (e.g. public validation data). On an exception the previous
+        fitted state is put back."""
+        refuse_fit_params(self, fit_params)
         with self._refit():
             plan = self._plan(self._validate_params(), X, y, **context)
+            account = self._certify(plan)
             fitted = self._run(plan, X, y, **context)
-            self._record(plan, fitted)
+            self._record(plan, fitted, account)
         return self
+
+    def _certify(self, plan: ReleasePlan) -> tuple[Mechanism, float]:
+        """The mechanism to record and its certified epsilon at ``plan.delta``, computed
+        *before* anything is reserved or read: an accountant that cannot evaluate the
+        plan (an unknown name, a failed certification) refuses the fit while nothing has
+        been spent, instead of after the release."""
+        mechanism = self._account(plan)
+        return mechanism, float(mechanism.epsilon(plan.delta, plan.accountant))
 
     def _run(self, plan: ReleasePlan, X: Any, y: Any, *, label: str | None = None,
              **context: Any) -> dict[str, Any]:
@@ -186,11 +204,12 @@ class PrivateEstimator(BaseEstimator):
             if reservation is not None:
                 reservation.settle()
 
-    def _record(self, plan: ReleasePlan, fitted: Mapping[str, Any]) -> None:
+    def _record(self, plan: ReleasePlan, fitted: Mapping[str, Any],
+                account: tuple[Mechanism, float] | None = None) -> None:
         """Set the fitted attributes, ``mechanism_``, ``epsilon_`` and ``delta_``
-        together (the epsilon is computed first, so a failure sets nothing)."""
-        mechanism = self._account(plan)
-        epsilon = float(mechanism.epsilon(plan.delta, plan.accountant))
+        together; ``account`` is :meth:`_certify`'s result (computed here if None, before
+        anything is set, so a failure sets nothing)."""
+        mechanism, epsilon = self._certify(plan) if account is None else account
         self.__dict__.update(fitted)
         self.mechanism_ = mechanism
         self.epsilon_ = epsilon
@@ -323,12 +342,13 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
     scikit-learn's advice of a non-private estimator); any other refusal (no rows, a 1-D
     ``X``, a feature count that differs from the fit's, text in ``X``, with how to encode
     it without a data-dependent release) is a
-    :class:`~privlearn.errors.ParameterValueError`, a sparse ``X`` a
+    :class:`~privlearn.errors.ParameterValueError`, a sparse ``X`` (or, with
+    ``y_numeric=True``, a ``y`` of strings) a
     :class:`~privlearn.errors.ParameterTypeError`. scikit-learn's own first sentence is
     kept, so code matching on it still does.
     """
     try:
-        return validate_data(estimator, X, y, **kwargs)
+        out = validate_data(estimator, X, y, **kwargs)
     except (ValueError, TypeError) as e:
         owner = type(estimator).__name__
         first = str(e).split("\n")[0]
@@ -341,6 +361,45 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
             raise ParameterValueError(f"{owner}: {first.rstrip('.')}. {_NON_NUMERIC_ADVICE}.") \
                 from e
         raise ParameterValueError(f"{owner}: {e}") from e
+    # scikit-learn's y_numeric converts an object y only: an array of strings passes
+    # through and would fail later inside the release with a NumPy ufunc error
+    y_out = out[1] if isinstance(out, tuple) else None
+    if kwargs.get("y_numeric") and getattr(y_out, "dtype", None) is not None and (
+            y_out.dtype.kind in "USV"):
+        raise ParameterTypeError(
+            f"{type(estimator).__name__}: y must be numeric (the target of a regressor), got "
+            f"an array of dtype {y_out.dtype}; convert it with y.astype(float) if the strings "
+            "are numbers, or use a classifier for class labels")
+    return out
+
+
+def refuse_fit_params(estimator: Any, fit_params: Mapping[str, Any] | None) -> None:
+    """Refuse keyword arguments of ``fit`` that the release cannot account, before
+    anything is reserved or read (:class:`~privlearn.errors.ParameterTypeError`, a
+    ``TypeError``, naming each argument and what to do).
+
+    The estimators do not take ``sample_weight``: their noise is calibrated to the
+    sensitivity of one record counted once, and a weight above 1 multiplies a record's
+    contribution beyond it (a weighted release would need its own sensitivity). The
+    ``fit`` signatures keep it out, so scikit-learn's meta-estimators
+    (``has_fit_parameter(est, "sample_weight")``) see the estimators as unweighted.
+    """
+    if not fit_params:
+        return
+    owner = type(estimator).__name__
+    if "sample_weight" in fit_params:
+        raise ParameterTypeError(
+            f"{owner}.fit does not support sample_weight: the noise (and so epsilon_) is "
+            "calibrated to each record counting once, and a weight above 1 would multiply "
+            "one record's contribution beyond the accounted sensitivity. Fit without "
+            "sample_weight (drop the rows you would weight 0; duplicating rows multiplies "
+            "one record's influence too, which the guarantee does not cover)")
+    accepted = [p.name for p in inspect.signature(type(estimator).fit).parameters.values()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
+    raise ParameterTypeError(
+        f"{owner}.fit got unexpected keyword argument(s) {', '.join(map(repr, fit_params))}; "
+        f"it takes {', '.join(accepted)}. Set the estimator's options in its constructor "
+        "(or with set_params) before fitting")
 
 
 def make_rng(random_state: object) -> np.random.Generator:

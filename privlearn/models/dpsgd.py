@@ -42,7 +42,7 @@ from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted
 
-from privlearn.accounting import Gaussian, Laplace, compose, subsample
+from privlearn.accounting import Gaussian, Laplace, compose, get_accountant, subsample
 from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 from privlearn.models.base import (
     PrivateEstimator,
@@ -156,6 +156,10 @@ class _DPSGDBase(PrivateEstimator):
         eps, delta = params["epsilon"], params["delta"]
         if noise == "gaussian":
             require_delta_for_gaussian(delta, type(self).__name__, laplace=True)
+        if params["trajectory_accountant"] is not None:
+            # used after training (epsilon_trajectory_): an unknown name must be refused
+            # now, not once the release has been spent
+            get_accountant(params["trajectory_accountant"])
         sigma = resolve_noise_multiplier(
             params["noise_multiplier"], lambda s: dpsgd_mechanism(noise, s, q, steps), eps,
             delta, accountant=params["accountant"],
@@ -368,9 +372,10 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             )
         return cl
 
-    def fit(self, X, y):
-        """Train with DP-SGD; validates everything before any privacy is spent."""
-        return self._fit(X, y)
+    def fit(self, X, y, **fit_params):
+        """Train with DP-SGD; validates everything before any privacy is spent
+        (``sample_weight`` is refused)."""
+        return self._fit(X, y, fit_params=fit_params)
 
     def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
         self._public_classes()  # a wrong classes parameter is refused before anything
@@ -476,9 +481,10 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
             ledger=ledger,
         )
 
-    def fit(self, X, y):
-        """Train with DP-SGD; validates everything before any privacy is spent."""
-        return self._fit(X, y)
+    def fit(self, X, y, **fit_params):
+        """Train with DP-SGD; validates everything before any privacy is spent
+        (``sample_weight`` is refused)."""
+        return self._fit(X, y, fit_params=fit_params)
 
     def predict(self, X) -> np.ndarray:
         return self._decision(X)

@@ -58,6 +58,7 @@ from privlearn.models.base import (
     ReleasePlan,
     data_shape,
     make_rng,
+    refuse_fit_params,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
     validate_input,
@@ -174,8 +175,9 @@ class _LabelReleaseBase(PrivateEstimator):
 
     def _release_call(self, plan: LabelReleasePlan, data, label: str,
                       **context: Any) -> np.ndarray:
+        account = self._certify(plan)  # before anything is reserved or read
         fitted = self._run(plan, data, None, label=label, **context)
-        self._record(plan, fitted)
+        self._record(plan, fitted, account)
         return self.labels_.copy()
 
     def public_release(self) -> LabelRelease:
@@ -296,10 +298,13 @@ class PATE(_LabelReleaseBase):
             T = T.astype(float)
             if not np.all(np.isfinite(T)):
                 raise ParameterValueError("teacher probabilities contain NaN or infinity")
-            if np.any(T < 0) or not np.allclose(T.sum(axis=2), 1.0, atol=1e-6):
+            sums = T.sum(axis=2, keepdims=True)
+            if np.any(T < 0) or not np.allclose(sums, 1.0, atol=1e-6):
                 raise ParameterValueError(
                     "soft teacher votes must be probability vectors (>= 0, sum 1)")
-            return T.sum(axis=0)
+            # rows within the tolerance are rescaled onto the simplex: a row summing to
+            # 1 + t would move the sum by sqrt(2) (1 + t), above the accounted sensitivity
+            return (T / sums).sum(axis=0)
         raise ParameterValueError(
             "teacher_outputs must have shape (n_teachers, n_queries) or "
             f"(n_teachers, n_queries, n_classes), got shape {T.shape}"
@@ -477,11 +482,16 @@ class PrivateKNN(_LabelReleaseBase):
         self.ledger = ledger
         self.classes = classes
 
-    def fit(self, X, y) -> PrivateKNN:
+    def fit(self, X, y, **fit_params) -> PrivateKNN:
         """Store the private set and start a new account (``epsilon_`` back to none).
 
         Releases nothing and spends nothing; the fitted object holds the private data
-        (never share it; share :meth:`public_release`)."""
+        (never share it; share :meth:`public_release`). ``sample_weight`` is refused
+        (:func:`~privlearn.models.base.refuse_fit_params`)."""
+        refuse_fit_params(self, fit_params)
+        if y is None:
+            raise ParameterValueError(
+                "PrivateKNN.fit needs the private labels: fit(X_private, y_private)")
         with self._refit():
             X, y = validate_input(self, X, y, dtype=np.float64)
             classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
@@ -533,8 +543,7 @@ class PrivateKNN(_LabelReleaseBase):
             # Poisson subsample per query: excluded points get infinite distance
             keep = rng.random((Qb.shape[0], n)) < q
             d2 = np.where(keep, d2, np.inf)
-            kk = min(k, n)
-            nn = np.argpartition(d2, kk - 1, axis=1)[:, :kk]
+            nn = _nearest(d2, min(k, n))
             valid = np.take_along_axis(keep, nn, axis=1)
             labels = self._y[nn]
             for c in range(C):
@@ -543,6 +552,25 @@ class PrivateKNN(_LabelReleaseBase):
         del votes  # the exact histogram never leaves this call
         idx = np.argmax(noisy, axis=1)
         return self._released(noisy, self.classes_[idx], self.classes_, plan)
+
+
+def _nearest(d2: np.ndarray, k: int) -> np.ndarray:
+    """Column indices (rows of ``d2``, shape (b, k)) of the ``k`` smallest entries of each
+    row, ties broken by the lower index.
+
+    The tie-break is what the sensitivity needs: adding or removing one private record
+    (its column) then changes each query's neighbour set by at most that record in and
+    one boundary record out, so the vote histogram moves by at most ``sqrt(2)`` (L2) /
+    ``2`` (L1). ``np.argpartition`` picks an arbitrary subset of the records tied at the
+    k-th distance (duplicated rows, common in real data), and that subset can change
+    wholesale when a column is added: one record then moved the votes of several.
+    """
+    kth = np.partition(d2, k - 1, axis=1)[:, k - 1 : k]
+    below = d2 < kth
+    tied = d2 == kth
+    # of the ties, the first (k - #below) in index order
+    take = below | (tied & (np.cumsum(tied, axis=1) <= k - below.sum(axis=1, keepdims=True)))
+    return np.nonzero(take)[1].reshape(d2.shape[0], k)
 
 
 def _release_rng(random_state, k: int) -> np.random.Generator:

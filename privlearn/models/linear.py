@@ -267,9 +267,10 @@ class SSPRegressor(_PrivateLinearBase):
         """The post-processing options of :func:`ssp_release` this estimator sets."""
         return {"project_psd": bool(self.project_psd)}
 
-    def fit(self, X, y):
-        """Release noisy sufficient statistics and solve the normal equations."""
-        return self._fit(X, y)
+    def fit(self, X, y, **fit_params):
+        """Release noisy sufficient statistics and solve the normal equations
+        (``sample_weight`` is refused)."""
+        return self._fit(X, y, fit_params=fit_params)
 
     def sample_coefficients(self, X, y, n_repetitions: int) -> tuple[np.ndarray, np.ndarray]:
         """Coefficients of ``n_repetitions`` independent fits, drawn in one batch.

@@ -63,6 +63,7 @@ References
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import MetaEstimatorMixin, clone, is_classifier
 from sklearn.model_selection import ParameterGrid
+from sklearn.utils import get_tags
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
@@ -244,6 +246,8 @@ class SearchPlan(ReleasePlan):
 
     grid: tuple[dict, ...]
     fit_mechanisms: tuple[Mechanism, ...]
+    #: each candidate's own plan (None for a pipeline), for its data checks
+    fit_plans: tuple[ReleasePlan | None, ...] = ()
     score: Mechanism | None
     loss_bound: float
     eta: float | None = None
@@ -409,14 +413,17 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         grid = tuple(ParameterGrid(self.param_grid))
         if not grid:
             raise ParameterValueError("param_grid is empty")
-        fit_mechs = tuple(planned_mechanism(clone(self.estimator).set_params(**p), X, y)
-                          for p in grid)
+        candidates = [clone(self.estimator).set_params(**p) for p in grid]
+        fit_plans = tuple(c._plan(c._validate_params(), X, y)
+                          if isinstance(c, PrivateEstimator) else None for c in candidates)
+        fit_mechs = tuple(planned_mechanism(c, X, y) if fp is None else fp.mechanism
+                          for c, fp in zip(candidates, fit_plans, strict=True))
         # the clipped losses' sum (sensitivity loss_bound) and the number of rows
         # (sensitivity 1), each with half of score_epsilon
         score = None if public else compose(Laplace(2.0 / params["score_epsilon"]), steps=2)
         runs = [m if score is None else compose([m, score]) for m in fit_mechs]
-        common = dict(delta=params["delta"], grid=grid, fit_mechanisms=fit_mechs, score=score,
-                      loss_bound=lb)
+        common = dict(delta=params["delta"], grid=grid, fit_mechanisms=fit_mechs,
+                      fit_plans=fit_plans, score=score, loss_bound=lb)
         if params["method"] == "composition":
             return SearchPlan(mechanism=compose(runs), accountant=params["accountant"],
                               **common)
@@ -460,14 +467,25 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         "Use method='composition' (every run composed with the budget's accountant), or a "
         "budget created with accountant='rdp' (privlearn budget init --accountant rdp)")
 
-    def fit(self, X, y, *, X_val=None, y_val=None):
-        """Run the search. ``X_val, y_val``: *public* validation data (no cost)."""
-        return self._fit(X, y, X_val=X_val, y_val=y_val)
+    def fit(self, X, y, *, X_val=None, y_val=None, **fit_params):
+        """Run the search. ``X_val, y_val``: *public* validation data (no cost);
+        ``sample_weight`` is refused."""
+        return self._fit(X, y, fit_params=fit_params, X_val=X_val, y_val=y_val)
 
     def _check_data(self, X, y, plan: SearchPlan):
-        """Check ``X`` and ``y`` (the candidates validate them again); the candidates get
-        them as given."""
+        """Check ``X`` and ``y`` with the search's and every candidate's own data checks
+        (they read the data and release nothing: a refusal here cancels the search's
+        reservation, where a candidate refusing inside the release would charge the
+        whole search); the candidates get the data as given."""
         validate_input(self, X, y, dtype=None)
+        if y is None and get_tags(self.estimator).target_tags.required:
+            raise ParameterValueError(
+                f"PrivateSearchCV: {type(self.estimator).__name__} needs y; pass fit(X, y)")
+        with warnings.catch_warnings():  # each run warns its caller when it is fitted
+            warnings.simplefilter("ignore")
+            for params, fit_plan in zip(plan.grid, plan.fit_plans, strict=False):
+                if fit_plan is not None:
+                    clone(self.estimator).set_params(**params)._check_data(X, y, fit_plan)
         return X, y
 
     def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:

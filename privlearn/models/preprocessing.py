@@ -27,6 +27,7 @@ References
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 from dataclasses import dataclass
@@ -36,10 +37,17 @@ import numpy as np
 from sklearn.base import OneToOneFeatureMixin, TransformerMixin, clone
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_array, check_is_fitted
 
 from privlearn import _validation as _v
-from privlearn.accounting import Gaussian, Mechanism, PureDP, calibrate, compose
+from privlearn.accounting import (
+    Gaussian,
+    Mechanism,
+    PureDP,
+    calibrate,
+    compose,
+    get_accountant,
+)
 from privlearn.errors import ParameterTypeError, ParameterValueError
 from privlearn.models.base import (
     PrivateEstimator,
@@ -47,6 +55,7 @@ from privlearn.models.base import (
     check_finite_target,
     data_shape,
     make_rng,
+    refuse_fit_params,
     require_delta_for_gaussian,
     validate_input,
 )
@@ -343,9 +352,9 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
                           ranges=self._ranges(shape[1]), quantile=q, n_bins=params["n_bins"],
                           min_scale=params["min_scale"])
 
-    def fit(self, X, y=None):
-        """Estimate the means and scales privately."""
-        return self._fit(X, y)
+    def fit(self, X, y=None, **fit_params):
+        """Estimate the means and scales privately (``sample_weight`` is refused)."""
+        return self._fit(X, y, fit_params=fit_params)
 
     def _check_data(self, X, y, plan: ScalerPlan):
         return validate_input(self, X, dtype=np.float64), None
@@ -403,8 +412,21 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         return (X - self.mean_) / self.scale_
 
     def inverse_transform(self, X):
+        """``X * scale_ + mean_`` (post-processing: no privacy cost). ``X`` is in the
+        transformed space, so its column names are not checked; its number of columns
+        is."""
         check_is_fitted(self)
-        return np.asarray(X, dtype=float) * self.scale_ + self.mean_
+        try:
+            X = check_array(X, dtype=np.float64, input_name="X")
+        except (TypeError, ValueError) as e:
+            typed = ParameterTypeError if isinstance(e, TypeError) else ParameterValueError
+            raise typed(f"PrivateStandardScaler.inverse_transform: {e}") from e
+        if X.shape[1] != self.n_features_in_:
+            raise ParameterValueError(
+                f"PrivateStandardScaler.inverse_transform: X has {X.shape[1]} features, but "
+                f"the scaler was fitted on {self.n_features_in_}; pass an array of shape "
+                f"(n_samples, {self.n_features_in_})")
+        return X * self.scale_ + self.mean_
 
 
 # ----------------------------------------------------------------------------------
@@ -507,15 +529,10 @@ class PrivatePipeline(Pipeline):
         for i, (name, step) in enumerate(steps):
             last = i == len(steps) - 1
             placeholder = np.broadcast_to(np.float64(0.0), shape)
-            if isinstance(step, PrivateEstimator):  # its mechanism_ counts (as in fit)
+            if isinstance(step, PrivateEstimator | PrivatePipeline):  # its mechanism_ counts
                 mechs.append(step.planned_mechanism(placeholder, y))
             elif name not in public and get_tags(step).requires_fit:
-                raise ParameterTypeError(
-                    f"pipeline step {name!r} ({type(step).__name__}) learns from the data "
-                    "but has no planned mechanism, so the pipeline's cost cannot be known "
-                    "before fitting: use a privlearn.models.PrivateEstimator step (e.g. "
-                    "PrivateStandardScaler for StandardScaler), or list it in public_steps "
-                    "if it is fitted on public data")
+                raise _unplanned_step(name, step)
             if last:
                 break
             if isinstance(step, OneToOneFeatureMixin):
@@ -531,18 +548,58 @@ class PrivatePipeline(Pipeline):
         return compose(mechs)
 
     def fit(self, X, y=None, **params):
-        """Fit every step, then account the whole pipeline. A numeric ``y`` with a NaN or
-        an infinity is refused before any step is fitted (a later step would refuse it
-        after the earlier ones had released)."""
+        """Fit every step, then account the whole pipeline.
+
+        Refused before any step is fitted (a later step would refuse it after the
+        earlier ones had released and spent their budgets): a numeric ``y`` with a NaN or
+        an infinity, an invalid ``delta`` or ``accountant``, a step that learns from the
+        data without a mechanism (unless in ``public_steps``), a private step's invalid
+        parameter, and a fit parameter a private step cannot account
+        (``model__sample_weight``)."""
         check_finite_target(type(self).__name__, y)
+        delta = (None if self.delta is None
+                 else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))
+        get_accountant(self.accountant)
+        self._check_steps(params)
         super().fit(X, y, **params)
         self.mechanism_ = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
-        if self.delta is None:
+        if delta is None:
             deltas = [getattr(s, "delta_", 0.0) for _, s in self.steps
                       if isinstance(getattr(s, "mechanism_", None), Mechanism)]
             delta = float(sum(deltas))
-        else:
-            delta = _v.check_delta("delta", self.delta, hint="e.g. 1e-6")
         self.delta_ = delta
         self.epsilon_ = float(self.mechanism_.epsilon(delta, self.accountant))
         return self
+
+    def _check_steps(self, params: dict[str, Any]) -> None:
+        """What :meth:`fit` refuses before fitting any step: a step that learns from the
+        data without a mechanism (not in ``public_steps``), a private step's invalid
+        parameter (its declared constraints), and ``step__param`` fit parameters that a
+        private step's ``fit`` does not take (:func:`~privlearn.models.base.refuse_fit_params`)."""
+        public = tuple(self.public_steps)
+        routed: dict[str, dict[str, Any]] = {}
+        for key, value in params.items():
+            name, sep, param = key.partition("__")
+            if sep:
+                routed.setdefault(name, {})[param] = value
+        for name, step in self.steps:
+            if step is None or (isinstance(step, str) and step == "passthrough"):
+                continue
+            if isinstance(step, PrivateEstimator):
+                step._validate_params()
+                taken = inspect.signature(type(step).fit).parameters
+                refuse_fit_params(step, {k: v for k, v in routed.get(name, {}).items()
+                                         if k not in taken or k in ("self", "X", "y")})
+            elif not isinstance(step, PrivatePipeline) and name not in public and (
+                    get_tags(step).requires_fit):
+                raise _unplanned_step(name, step)
+
+
+def _unplanned_step(name: str, step: Any) -> ParameterTypeError:
+    """The refusal of a pipeline step that learns from the data without a mechanism."""
+    return ParameterTypeError(
+        f"pipeline step {name!r} ({type(step).__name__}) learns from the data but has no "
+        "planned mechanism: it would release exact statistics, and the pipeline's cost "
+        "cannot be known before fitting. Use a privlearn.models.PrivateEstimator step "
+        "(e.g. PrivateStandardScaler for StandardScaler), or list it in public_steps if it "
+        "is fitted on public data")

@@ -14,6 +14,17 @@ parameter. The same grouping serves float32 buffers while a dropped example's ro
 cleaned (one cleaning of the concatenation instead of one cleaned copy a parameter).
 Parameters with more than one contribution in the sum (tied weights) keep
 their own order of additions and are left to ``Contribution.accumulate_into``.
+
+Ghost layers (``OuterProduct`` in ghost form, one chunk) whose recorded rows are cleaned
+(an example may be dropped by its weight on the device, so each layer copies both sides
+of its product: the narrower one scaled and cleaned, the other cleaned) are grouped too:
+the rows of up to :data:`GROUP_BYTES` of them, each recorded tensor once however many
+layers read it, are put side by side in one copy, scaled in one multiplication (the
+sides the layers scale), cleaned in one pass and split into the operands of each
+layer's product (views, in the layouts the products read): three operations a layer
+(scale, clean, copy) become seven for the group, each layer keeping its one product.
+The products and their operands are those of the layers alone (the same values), and
+the biases are summed from the same scaled rows.
 """
 
 from __future__ import annotations
@@ -22,13 +33,33 @@ import collections
 
 import torch
 
-from privlearn.torch._rows import _DEFER, _ROWS_FINITE, _add_mv, _finite, _flat
+from privlearn.torch._rows import (
+    _DEFER,
+    _GHOST_DEFER,
+    _ROWS_FINITE,
+    _add_mv,
+    _addmv_rows_cols,
+    _finite,
+    _flat,
+    _key,
+    _PerVector,
+    _token_factors,
+    addmm32_,
+    low_factors,
+    read_elsewhere,
+)
 
 #: Bytes of per-example gradients concatenated at once (a copy alive during the product).
 GROUP_BYTES = 4 * 2**20
 
 #: Fewest parameters worth concatenating (three operations replace one per parameter).
 _MIN_GROUP = 4
+
+#: Fewest ghost products worth grouping (seven operations replace three a product).
+_MIN_PRODUCTS = 3
+
+#: the clip factors in a layer's working dtype, once per factor vector and dtype
+_IN_DTYPE = _PerVector()
 
 
 def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
@@ -54,7 +85,33 @@ def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
         g[1].append((o, r))
         return True
 
+    products: dict = {}
+
+    def take_product(k, c: torch.Tensor, outs: list) -> bool:
+        """Add a ghost layer's one-chunk product to a group (True) unless its rows are
+        known finite (nothing copied to share), a buffer is not its alone, or its rows
+        alone exceed the budget."""
+        if _ROWS_FINITE.get() or not all(id(o) in sole for o in outs):
+            return False
+        b, _, t, d, p = k.dims
+        a2, g2 = k._flat2[:2]
+        dt = k._dtype
+        w = low_factors(c, dt) if k._low else _IN_DTYPE.get(c, dt, lambda: c.to(dt))
+        srcs = [(a2, p > d), (g2, p <= d)]
+        nbytes = b * t * (d + p) * dt.itemsize
+        if nbytes > GROUP_BYTES:
+            return False
+        key = (a2.device, dt, k._low, b, t, id(w))
+        g = products.get(key)
+        if g is None or g.nbytes + nbytes > GROUP_BYTES:
+            if g is not None:
+                g.flush()
+            g = products[key] = _Products(w, t)
+        g.add(k, c, outs, srcs, nbytes)
+        return True
+
     token = _DEFER.set(take)
+    ghost_token = _GHOST_DEFER.set(take_product)
     try:
         for k in contribs:
             outs = [out[id(p)] for p in k.params]
@@ -68,7 +125,11 @@ def accumulate_all(contribs, c: torch.Tensor, out: dict) -> None:
             for o, r in zip(outs, rows, strict=True):
                 if not take(o, r, c):
                     _add_one(o, r, c)
+        _GHOST_DEFER.set(None)
+        for g in products.values():  # their biases may still join a group (take)
+            g.flush()
     finally:
+        _GHOST_DEFER.reset(ghost_token)
         _DEFER.reset(token)
     for g in groups.values():
         _add_group(g[1], g[2])
@@ -140,3 +201,78 @@ def _piece(key, off: int, n: int, o: torch.Tensor) -> tuple[torch.Tensor, int]:
     if o.numel() == n:
         return _flat(o), n
     return o._base[off:off + n], n
+
+
+class _Products:
+    """Ghost layers' one-chunk products weighed by the factors ``w`` (the layers' own
+    form of them) over ``t`` positions, formed together by :meth:`flush` (see the module
+    docstring)."""
+
+    def __init__(self, w: torch.Tensor, t: int) -> None:
+        self.w, self.t = w, t
+        self.members: list = []  # (contribution, factors given, buffers, source indices)
+        self.srcs: dict = {}  # (key of a recorded tensor, scaled) -> index
+        self.tensors: list = []  # (tensor, scaled), in order of index
+        self.nbytes = 0
+
+    def add(self, k, c: torch.Tensor, outs: list, srcs, nbytes: int) -> None:
+        ix = []
+        for x, scaled in srcs:
+            key = (_key(x), scaled)
+            i = self.srcs.get(key)
+            if i is None:
+                i = self.srcs[key] = len(self.tensors)
+                self.tensors.append((x, scaled))
+            else:
+                nbytes -= x.numel() * k._dtype.itemsize
+            ix.append(i)
+        self.nbytes += nbytes
+        self.members.append((k, c, outs, ix))
+
+    def flush(self) -> None:
+        members, self.members = self.members, []
+        if len(members) < _MIN_PRODUCTS:
+            token = _GHOST_DEFER.set(None)
+            try:
+                for k, c, outs, _ in members:
+                    k._accumulate_flat(c, outs)  # alone, as without grouping
+            finally:
+                _GHOST_DEFER.reset(token)
+            return
+        k0 = members[0][0]
+        dt, low = k0._dtype, k0._low
+        # the cleaned sides first, then the scaled ones: one multiplication scales them
+        order = sorted(range(len(self.tensors)), key=lambda i: self.tensors[i][1])
+        at = {i: j for j, i in enumerate(order)}
+        rows = torch.cat([self.tensors[i][0] for i in order], 1)  # (B T, sum of widths)
+        if rows.dtype != dt:
+            rows = rows.to(dt)
+        n_clean = sum(self.tensors[i][0].shape[1] for i in order
+                      if not self.tensors[i][1])
+        if n_clean < rows.shape[1]:
+            rows[:, n_clean:].mul_(_token_factors(self.w, self.t))
+        rows.nan_to_num_(0.0, 0.0, 0.0)
+        widths = [self.tensors[i][0].shape[1] for i in order]
+        cols = rows.split(widths, 1)  # (B T, n) each: a right side
+        lefts = rows.t().split(widths, 0)  # (n, B T) each: a left side
+        for k, c, outs, (ia, ig) in members:
+            read_elsewhere(*k._flat2[:2])
+            b, _, t, d, p = k.dims
+            il, ir = (ia, ig) if k.transposed else (ig, ia)
+            left, right = lefts[at[il]], cols[at[ir]]
+            o = outs[0]
+            o = o if o.shape == (left.shape[0], right.shape[1]) else o.view(left.shape[0], -1)
+            if low:
+                addmm32_(o, left, right)
+            elif o.dtype != dt:
+                o.add_(left.mm(right))
+            else:
+                o.addmm_(left, right)
+            if k.bias is None:
+                continue
+            if p > d:  # the inputs were scaled: the bias from its per-example rows
+                c0 = c if low else _IN_DTYPE.get(c, dt, lambda c=c: c.to(dt))
+                _addmv_rows_cols(outs[1], k._bias_ps(), k._bias_cols(), c0)
+            else:  # the scaled output gradients, summed as autograd's Linear sums them
+                gs = cols[at[ig]]
+                outs[1].add_(gs.sum(0, dtype=torch.float32) if low else gs.sum(0))

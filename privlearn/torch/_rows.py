@@ -1,7 +1,8 @@
 """Per-example rows of the rules' recorded tensors: their squared norms, their weighing by
-the clip factors, and the positions of an output gradient that reach the loss (the
-rule-author kit's :func:`row_sq_norms`, :func:`row_scaled`, :func:`low_factors` and
-:func:`live_positions`, re-exported by :mod:`privlearn.torch.grad_sample`)."""
+the clip factors, the positions of an output gradient that reach the loss and the sums
+of rows by segment (the rule-author kit's :func:`row_sq_norms`, :func:`row_scaled`,
+:func:`low_factors`, :func:`live_positions` and :func:`segment_sum`, re-exported by
+:mod:`privlearn.torch.grad_sample`)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,22 @@ def shared_rows(tensors):
         _SHARED.reset(token)
 
 
+def read_elsewhere(*tensors: torch.Tensor) -> None:
+    """Count one reading of each of ``tensors`` (as registered with :func:`shared_rows`)
+    as done without the shared forms (a product grouped with other layers' copies its
+    operands itself): a shared form is still released after its last reader."""
+    state = _SHARED.get()
+    if not state:
+        return
+    for x in tensors:
+        k = _key(x)
+        e = state.get(k)
+        if e is not None:
+            e[0] -= 1
+            if e[0] <= 0:
+                del state[k]
+
+
 def _shared(x: torch.Tensor, form, make, keep=None):
     """``make()`` (the ``form`` of ``x``), made once for the readers of a tensor that
     several layers read (:func:`shared_rows`): ``x`` is it or its transpose. ``keep``
@@ -188,6 +205,13 @@ def _addmv_cols(o: torch.Tensor, cols: torch.Tensor, c: torch.Tensor) -> None:
 _DEFER: contextvars.ContextVar = contextvars.ContextVar("privlearn_defer_mv", default=None)
 
 
+#: While the clipped sum groups the one-chunk products of ghost layers that clean their
+#: rows (:mod:`privlearn.torch._grouped`): a function taking ``(contribution, c, outs)``
+#: that returns True when it takes over the contribution's accumulation
+_GHOST_DEFER: contextvars.ContextVar = contextvars.ContextVar("privlearn_defer_mm",
+                                                              default=None)
+
+
 def _addmv_rows_cols(o: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
                      c: torch.Tensor) -> None:
     """:func:`_addmv_cols` of ``cols`` (``rows.t()``, kept), or handed to the grouped
@@ -247,9 +271,34 @@ def _emulated_mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _emulated_addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """:func:`addmm32_` into a float32 ``o`` off CUDA: ``o += a @ b`` formed by
-    :func:`_emulated_mm32` (where CUDA dispatches one ``addmm`` with ``out_dtype``)."""
+    """:func:`addmm32_` into a float32 ``o``, or one of the operands' dtype, off CUDA:
+    ``o += a @ b`` formed by :func:`_emulated_mm32` and added (rounded once to ``o``'s
+    dtype), where CUDA dispatches one ``addmm``."""
     o.add_(_emulated_mm32(a, b))
+
+
+#: the cuBLAS settings that allow a half-precision product's reductions in half
+#: precision, by operand dtype
+_REDUCED_REDUCTION = {torch.bfloat16: "allow_bf16_reduced_precision_reduction",
+                      torch.float16: "allow_fp16_reduced_precision_reduction"}
+
+
+@contextlib.contextmanager
+def _float32_reductions(dtype: torch.dtype):
+    """Context in which cuBLAS keeps every reduction of a ``dtype`` product in float32
+    (its half-precision reductions disallowed; a host-side setting, restored after)."""
+    m = torch.backends.cuda.matmul
+    name = _REDUCED_REDUCTION[dtype]
+    allowed = getattr(m, name)
+    if not allowed:
+        yield
+        return
+    split_k = getattr(m, name + "_split_k", None)
+    setattr(m, name, False if split_k is None else (False, split_k))
+    try:
+        yield
+    finally:
+        setattr(m, name, True if split_k is None else (True, split_k))
 
 
 _ADDMM_OUT: bool | None = None
@@ -273,12 +322,22 @@ def _addmm_out_dtype() -> bool:
 
 
 def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``o += a @ b`` for half-precision ``a`` and ``b``, accumulated in float32: one
-    ``addmm`` into a float32 ``o`` on CUDA where :func:`_addmm_out_dtype`, else
-    :func:`mm32` and an addition (the float32 product rounded once to ``o``'s dtype)."""
-    if o.dtype != torch.float32 or (o.device.type == "cuda" and not _addmm_out_dtype()):
+    """``o += a @ b`` for half-precision ``a`` and ``b``, accumulated in float32 and
+    rounded once to ``o``'s dtype. On CUDA one ``addmm``: with ``out_dtype`` into a
+    float32 ``o`` (where :func:`_addmm_out_dtype`), or into an ``o`` of the operands'
+    dtype, whose GEMM accumulates ``a @ b + o`` in float32 (cuBLAS's float32 compute
+    type, half-precision reductions disallowed while it runs) and rounds it once; else
+    :func:`mm32` and an addition."""
+    cuda = o.device.type == "cuda"
+    if o.dtype == a.dtype == b.dtype and o.dtype in _REDUCED_REDUCTION:
+        if not cuda:
+            _emulated_addmm32_(o, a, b)
+            return
+        with _float32_reductions(o.dtype):
+            o.addmm_(a, b)
+    elif o.dtype != torch.float32 or (cuda and not _addmm_out_dtype()):
         o.add_(mm32(a, b))
-    elif o.device.type == "cuda":
+    elif cuda:
         torch.addmm(o, a, b, out_dtype=torch.float32, out=o)
     else:
         _emulated_addmm32_(o, a, b)
@@ -442,3 +501,25 @@ def _round_factors(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     low = c.to(dtype)
     over = low.float().abs() > c.abs()
     return torch.where(over, torch.nextafter(low, torch.zeros_like(low)), low)
+
+
+def segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """Sum of the rows of ``values`` sharing a segment id: ``out[j] = sum_{i: index_i = j}
+    values_i`` for ``j < n`` (TensorFlow's ``unsorted_segment_sum``).
+
+    Parameters
+    ----------
+    values : torch.Tensor
+        ``(N, d)`` rows to add.
+    index : torch.Tensor
+        ``(N,)`` integer segment of each row, in ``[0, n)``.
+    n : int
+        Number of segments.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, d)``, zero for a segment no row belongs to (one fused kernel: the backward
+        of an embedding lookup).
+    """
+    return torch.ops.aten.embedding_dense_backward(values, index, n, -1, False)

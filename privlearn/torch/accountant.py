@@ -18,7 +18,8 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from privlearn.accounting import compose
+from privlearn import _validation as _v
+from privlearn.accounting import Sampling, compose, get_accountant
 from privlearn.accounting.serialization import dumps, loads
 from privlearn.errors import (
     ConfigurationError,
@@ -74,6 +75,24 @@ def opacus_method_error(owner: str, name: str) -> AttributeError:
     return AttributeError(f"{owner!r} object has no attribute {name!r}")
 
 
+def _checked_step(noise_multiplier, sampling_rate, max_grad_norm) -> tuple[float, ...]:
+    """The values of one recorded step, checked: a step that no sampler or optimizer can
+    have taken is refused before it enters (and corrupts) the history."""
+    sigma = _v.check_nonnegative(
+        "noise_multiplier", noise_multiplier,
+        hint="the noise std divided by max_grad_norm that the step used (0: no noise)")
+    q = _v.check_rate("sampling_rate", sampling_rate,
+                      hint="the probability that an example is in the step's batch")
+    c = _v.check_positive("max_grad_norm", max_grad_norm, allow_inf=True,
+                          hint="the clipping bound the step used, e.g. 1.0")
+    if math.isinf(c) and sigma > 0:
+        raise ParameterValueError(
+            f"max_grad_norm=inf (no clipping) with noise_multiplier={sigma!r}: an unclipped "
+            "step has unbounded sensitivity, so its noise gives no privacy; record it with "
+            "noise_multiplier=0 (epsilon is then inf) or with the finite bound it used")
+    return sigma, q, c
+
+
 class PrivacyAccountant:
     """The history of the DP-SGD steps actually taken, and its epsilon.
 
@@ -101,11 +120,17 @@ class PrivacyAccountant:
     """
 
     def __init__(self, scheme: str = "poisson", accountant: str = "pld", run=None):
-        self.scheme = scheme
-        self.accountant = accountant
         #: a :class:`privlearn.torch.schedule.NoisePlan` that is not step by step (a
         #: matrix-factorization mechanism of all the steps taken), or None
         self.run = None if run is None or run.stepwise else run
+        # checked here, so that a bad name fails before any step is recorded, not when
+        # an epsilon of the recorded steps is first asked for (a run that is not step
+        # by step names its sampling's registry entry, which its plan accounts)
+        if self.run is None:
+            scheme = _v.check_enum("scheme", scheme, Sampling).value
+        self.scheme = scheme
+        get_accountant(accountant)
+        self.accountant = accountant
         self._segments: tuple[Segment, ...] = ()
         self._prior = None
 
@@ -143,8 +168,16 @@ class PrivacyAccountant:
 
     def record_step(self, noise_multiplier: float, sampling_rate: float,
                     max_grad_norm: float) -> None:
-        """Record one step that used these parameters."""
-        cfg = (float(noise_multiplier), float(sampling_rate), float(max_grad_norm))
+        """Record one step that used these parameters.
+
+        Raises
+        ------
+        ParameterValueError or ParameterTypeError
+            A value no step can have used (a negative or non-finite noise multiplier, a
+            sampling rate outside (0, 1], a clipping bound that is not positive, an
+            infinite bound with noise); nothing is recorded.
+        """
+        cfg = _checked_step(noise_multiplier, sampling_rate, max_grad_norm)
         segs = self._segments
         if segs and (segs[-1].noise_multiplier, segs[-1].sampling_rate,
                      segs[-1].max_grad_norm) == cfg:
@@ -184,18 +217,41 @@ class PrivacyAccountant:
                 "prior": None if self._prior is None else dumps(self._prior)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a history saved by :meth:`state_dict` (same scheme and accountant)."""
+        """Restore a history saved by :meth:`state_dict` (same scheme and accountant)
+        into this accountant, which must not have recorded a step yet.
+
+        Raises
+        ------
+        ConfigurationError
+            This accountant already recorded steps (replacing its history would drop
+            them from every later epsilon), or the state was saved with another scheme
+            or accountant.
+        ParameterValueError or ParameterTypeError
+            The state is not one :meth:`state_dict` writes (a segment of no steps, a
+            fractional or negative count, a value no step can have used). Nothing is
+            changed when this raises.
+        """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise ParameterValueError("state is not a privlearn accountant state (format "
                              f"{_STATE_FORMAT!r}); pass what state_dict() returned")
+        if self._segments:
+            raise ConfigurationError(
+                f"load_state_dict needs an accountant with no steps, but this one has "
+                f"recorded {self.steps}: replacing its history would drop them from every "
+                "later epsilon. Load the saved state into a new PrivacyAccountant")
         for key in ("scheme", "accountant"):
             if state[key] != getattr(self, key):
                 raise ConfigurationError(
                     f"the saved accountant used {key}={state[key]!r}, this one "
                     f"{getattr(self, key)!r}; rebuild with the same settings")
-        self._segments = tuple(Segment(float(s), float(q), float(c), int(k))
-                               for s, q, c, k in state["segments"])
-        self._prior = None if state.get("prior") is None else loads(state["prior"])
+        segments = tuple(
+            Segment(*_checked_step(s, q, c),
+                    _v.check_count("steps of a saved segment", k, minimum=1,
+                                   integral_floats=False,
+                                   hint="the state was not written by state_dict()"))
+            for s, q, c, k in state["segments"])
+        prior = None if state.get("prior") is None else loads(state["prior"])
+        self._segments, self._prior = segments, prior
 
 
 class BudgetCap:

@@ -421,6 +421,12 @@ class DPConfig:
         for name in ("epochs", "steps"):
             if getattr(self, name) is not None:
                 put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
+        if self.epochs is not None and self.steps is not None:
+            raise ConfigurationError(
+                f"give one of epochs and steps for the planned length, got epochs="
+                f"{self.epochs} and steps={self.steps}: the plan (the calibrated noise, the "
+                "planned epsilon, the target as a stop) would follow steps alone, whatever "
+                "the epochs say. Pass steps=epochs * len(p.data_loader) to plan by steps")
         if self.target_epsilon is not None:
             put(self, "target_epsilon", _v.check_positive("target_epsilon",
                                                           self.target_epsilon))

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
-from privlearn.errors import BatchDependenceError, ParameterValueError
+from privlearn.errors import BatchDependenceError, ParameterTypeError, ParameterValueError
 
 # the samplers live in privlearn.torch.samplers (wrapping the registered samplings of
 # privlearn.correlated.sampling); their names stay importable from here
@@ -245,6 +245,24 @@ class TensorBatchGather(Dataset):
         return [t[idx] for t in self._tensors]
 
 
+def check_map_style(ds) -> None:
+    """Refuse a dataset the DP samplers cannot draw from: one without random access by
+    index or without a length (the sampling rate is ``batch_size / len(dataset)``)."""
+    if isinstance(ds, IterableDataset):
+        raise ParameterValueError(
+            f"data_loader wraps an IterableDataset ({type(ds).__name__}); DP sampling "
+            "needs a map-style dataset (random access by index, and a length that sets "
+            "the sampling rate). Materialise the examples, e.g. in a TensorDataset or a "
+            "list")
+    try:
+        len(ds)
+    except TypeError:
+        raise ParameterTypeError(
+            f"data_loader's dataset ({type(ds).__name__}) has no len(): the sampling rate "
+            "is batch_size / len(dataset), so DP sampling needs a map-style dataset with "
+            "__len__ and __getitem__") from None
+
+
 def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float,
                    batch_size: int, steps: int | None, seed: int | None,
                    rank: int = 0, world_size: int = 1, secure: bool = False,
@@ -261,9 +279,7 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
     each batch lists the drawn units' examples together.
     """
     ds = data_loader.dataset
-    if isinstance(ds, IterableDataset):
-        raise ParameterValueError("data_loader wraps an IterableDataset; DP sampling needs a "
-                         "map-style dataset (random access by index)")
+    check_map_style(ds)
     n = len(ds) if units is None else units.n_units
     bs = dp_batch_sampler(sampling, n, sample_rate=sample_rate, batch_size=batch_size,
                           steps=steps, seed=seed, rank=rank, world_size=world_size,

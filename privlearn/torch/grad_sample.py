@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
+    _GHOST_DEFER,
     _LOW,
     _LOW_MARGIN,
     _ROWS_FINITE,
@@ -70,6 +71,7 @@ from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     row_scaled,
     row_sq_norms,
     rows_finite,
+    segment_sum,
     token_scaled,
     token_scaled_t,
 )
@@ -639,7 +641,12 @@ class OuterProduct(Contribution):
         forms made in the hook: the narrower side scaled per example (by factors rounded
         down for half-precision operands, :func:`low_factors`), one matmul added into the
         buffer (``addmm_``; half-precision operands: with float32 accumulation,
-        :func:`addmm32_`; a buffer of another dtype: the product added, rounded once)."""
+        :func:`addmm32_`; a buffer of another dtype: the product added, rounded once).
+        Where the rows are cleaned, the clipped sum may take it over and form the
+        operands of several layers' products at once (:mod:`privlearn.torch._grouped`)."""
+        take = _GHOST_DEFER.get()
+        if take is not None and take(self, c, outs):  # grouped with other layers'
+            return
         b, G, t, d, p = self.dims
         a2, g2, lt, st = self._flat2
         dt = self._dtype
@@ -808,28 +815,6 @@ class DenseOuterProduct(Contribution):
             outs[0].addmm_(gc.t(), a)  # the GEMM adds into the noise in place
         if self.bias is not None:  # same summation as autograd's Linear
             outs[1].add_(gc.sum(0))
-
-
-def segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-    """Sum of the rows of ``values`` sharing a segment id: ``out[j] = sum_{i: index_i = j}
-    values_i`` for ``j < n`` (TensorFlow's ``unsorted_segment_sum``).
-
-    Parameters
-    ----------
-    values : torch.Tensor
-        ``(N, d)`` rows to add.
-    index : torch.Tensor
-        ``(N,)`` integer segment of each row, in ``[0, n)``.
-    n : int
-        Number of segments.
-
-    Returns
-    -------
-    torch.Tensor
-        ``(n, d)``, zero for a segment no row belongs to (one fused kernel: the backward
-        of an embedding lookup).
-    """
-    return torch.ops.aten.embedding_dense_backward(values, index, n, -1, False)
 
 
 # True while rules are evaluated (their internal module calls must not be recorded); a

@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 
 import torch
 from torch.amp import GradScaler
@@ -81,6 +80,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
@@ -92,50 +92,6 @@ from privlearn.torch.tracker import GradSampleTracker
 from privlearn.torch.units import RowUnits
 
 __all__ = ["AdaptiveClipping", "DPOptimizer", "gradient_noise_multiplier"]
-
-
-@dataclass(frozen=True)
-class AdaptiveClipping:
-    """Settings of adaptive clipping (Andrew et al. 2021, Algorithm 1, geometric update).
-
-    Attributes
-    ----------
-    target_unclipped_quantile : float in [0, 1]
-        gamma: the fraction of examples whose gradient norm the bound should exceed.
-    clipbound_learning_rate : float > 0
-        eta of the update ``C <- C exp(-eta (b - gamma))``.
-    unclipped_num_std : float > 0
-        sigma_b, std of the noise on the (centred) count of unclipped examples. Must
-        exceed ``noise_multiplier / 2``.
-    """
-
-    target_unclipped_quantile: float
-    clipbound_learning_rate: float
-    unclipped_num_std: float
-
-
-def gradient_noise_multiplier(noise_multiplier: float, unclipped_num_std: float) -> float:
-    """Noise multiplier of the clipped sum when the count of unclipped examples gets noise
-    ``unclipped_num_std`` and the step as a whole must be the Gaussian mechanism of
-    multiplier ``noise_multiplier``: ``(sigma^-2 - (2 sigma_b)^-2)^(-1/2)`` (Andrew et al.
-    2021; the count is centred, sensitivity 1/2).
-
-    Raises
-    ------
-    ValueError
-        ``noise_multiplier >= 2 * unclipped_num_std`` (no gradient noise could reach it).
-    """
-    s, sb = float(noise_multiplier), float(unclipped_num_std)
-    if s == 0:
-        return 0.0
-    if not s < 2 * sb:
-        raise ConfigurationError(
-            f"adaptive clipping with noise_multiplier={s:g} needs unclipped_num_std > "
-            f"noise_multiplier / 2 = {s / 2:g} (Andrew et al. 2021: the noise on "
-            f"the clipped sum is (sigma^-2 - (2 sigma_b)^-2)^(-1/2)), got {sb:g}. Increase "
-            "unclipped_num_std (its default is expected_batch_size / 20: use larger "
-            "batches) or lower noise_multiplier")
-    return (s ** -2 - (2 * sb) ** -2) ** -0.5
 
 
 class DPOptimizer(LossScaling, OptimizerDelegation):
@@ -307,6 +263,15 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         if math.isinf(v) and self._noise_multiplier > 0:
             raise ConfigurationError("max_grad_norm=inf (no clipping) leaves the sensitivity "
                              "unbounded; only allowed with noise_multiplier=0")
+        if v != self._max_grad_norm and (getattr(self, "_out", None) is not None
+                                         or getattr(self, "_carry", None)):
+            raise TrainingLoopError(  # a lower bound would under-noise the earlier chunks
+                f"max_grad_norm cannot change from {self._max_grad_norm!r} to {v!r} between "
+                "the physical chunks of a logical batch (max_physical_batch_size): its "
+                "earlier chunks were clipped at the old bound, while the noise and the "
+                "accountant would use the new one. Change it after the logical batch's last "
+                "step() (a step post-hook of p.optimizer runs once per update). Nothing "
+                "was changed")
         self._max_grad_norm = v
 
     @property
@@ -408,10 +373,13 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
 
     def _sync_params(self) -> None:
         """Follow the tracker's parameters (they change when parameters are unfrozen or
-        frozen after make_private)."""
-        if self._layout_version == self.tracker.version:
+        frozen after make_private, and move when the model is moved or cast after it:
+        ``p.model.to(device)``, ``p.model.double()``)."""
+        version = (self.tracker.version,
+                   tuple((q.device, q.dtype) for q in self.tracker.params))
+        if self._layout_version == version:
             return
-        self._layout_version = self.tracker.version
+        self._layout_version = version
         self._numels = [p.numel() for p in self.tracker.params]
         self._numel = sum(self._numels)
         groups: dict[tuple, list[int]] = {}
@@ -498,6 +466,10 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         noise alone and charge a step for it: refused, with the likely cause."""
         if examples is None or examples == 0 or self.tracker.has_gradients():
             return
+        if self.tracker.outside_uses and self.tracker.unrecorded_forward != "eval":
+            # the parameters were reached only outside their layers (a model whose
+            # parameters are all used functionally, e.g. from an nn.ParameterList): say so
+            self.tracker.check_outside_uses()
         if self.tracker.unrecorded_forward == "eval":
             cause = ("the model was in eval mode (model.eval()) during the forward pass, "
                      "and the engine records per-example gradients only in training mode: "
@@ -558,7 +530,11 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         all-reduced over ranks when distributed: one draw per gradient buffer (device
         and dtype) into the sums :meth:`clip_and_accumulate` left there (zeros when it
         was not called), each sum formed at the draw's precision and rounded once to
-        the buffer's dtype (:meth:`NoiseSource.add_normal_`)."""
+        the buffer's dtype (:meth:`NoiseSource.add_normal_`). A release of the batch
+        drawn for it: checked against the budget and accounted as one step, as
+        ``step()`` is (which also updates the parameters)."""
+        drawn = self.sampler.take() if self.sampler is not None else None
+        cfg = self._checked_cfg()
         carry = self._open_buffers(fill=False) if self._out is None else None
         try:
             self._noise_into(add=True)
@@ -567,6 +543,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                 self._out, self._carry = None, carry
             raise
         self._release()
+        self._account(cfg, drawn)
 
     def _noisy_step(self, examples: int | None = None, units=None) -> None:
         """Steps 1-3 of a logical batch's last chunk. When the buffers hold nothing yet
@@ -792,11 +769,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self._require_recorded(examples)
             self.tracker.check_outside_uses()
             self.tracker.check_independence(examples)
-            cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
-            if self.budget is not None:  # before anything is released
-                self.budget.check(cfg[0], cfg[1])
-            if self.ledger is not None:
-                self.ledger.ensure(cfg[0], cfg[1])
+            cfg = self._checked_cfg()
             if self.sharded is not None:  # FSDP2: reduce-scatter, noise per shard
                 self.sharded.noisy_step(self, examples, units)
             else:
@@ -805,15 +778,37 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         finally:
             self._dynamic_scale = 1.0
         found_inf = None
+        try:
+            if scaler is not None:
+                found_inf = self._noisy_grad_nonfinite(scaler)
+            self.last_step_skipped = bool(found_inf) if found_inf is not None else False
+            if not self.last_step_skipped:
+                self._stepping_original = True  # the one call of it that is not a slip
+                try:
+                    self.original_optimizer.step()
+                finally:
+                    self._stepping_original = False
+        finally:
+            # p.grad holds the noisy gradient from here on, and the update may have been
+            # applied: the step is accounted and its batch used even when the wrapped
+            # optimizer's step (or a hook of it) raises
+            self._account(cfg, drawn)
         if scaler is not None:
-            found_inf = self._noisy_grad_nonfinite(scaler)
-        self.last_step_skipped = bool(found_inf) if found_inf is not None else False
-        if not self.last_step_skipped:
-            self._stepping_original = True  # the one call of it that is not a slip
-            try:
-                self.original_optimizer.step()
-            finally:
-                self._stepping_original = False
+            self._report_found_inf(scaler, found_inf)
+        self._warn_overflow(read=scaler is not None)
+        return loss
+
+    def _checked_cfg(self) -> tuple:
+        """(sigma, q, C) of the step about to be released, after the budget and ledger."""
+        cfg = (self.noise_multiplier, self.sampling_rate, self.max_grad_norm)
+        if self.budget is not None:
+            self.budget.check(cfg[0], cfg[1])
+        if self.ledger is not None:
+            self.ledger.ensure(cfg[0], cfg[1])
+        return cfg
+
+    def _account(self, cfg: tuple, drawn) -> None:
+        """Record a released step, use its batch, set the next bound, move the noise on."""
         self.accountant.record_step(*cfg)  # a skipped update still released a gradient
         if self.ledger is not None:
             self.ledger.used(cfg[0], cfg[1])
@@ -823,11 +818,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self.sampler.consume(drawn)
         if self.adaptive is not None:
             self._update_clip_bound()  # the bound of the next step
-        self.noise.advance()  # forward secrecy: a later state cannot replay this step's noise
-        if scaler is not None:
-            self._report_found_inf(scaler, found_inf)
-        self._warn_overflow(read=scaler is not None)
-        return loss
+        self.noise.advance()
 
     def guard_original(self):
         """Refuse ``step()`` on the wrapped optimizer itself (a loop that keeps stepping

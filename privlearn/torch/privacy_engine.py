@@ -62,6 +62,7 @@ from privlearn.torch.data import (
     UnitIndex,
     VirtualBatchLoader,
     check_batch_first,
+    check_map_style,
     make_dp_loader,
 )
 from privlearn.torch.distributed import unwrap, world_info
@@ -293,11 +294,12 @@ class PrivateTraining:
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments"
                              + _strategy_hint(theirs, mine))
+        # the history first: a state it refuses leaves the run as it was
+        self.accountant.load_state_dict(state["accountant"])
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.optimizer.max_grad_norm = state["max_grad_norm"]
         self.optimizer.noise_multiplier = state["noise_multiplier"]
-        self.accountant.load_state_dict(state["accountant"])
         self.budget.load_state_dict(state["budget"])
         self._sampler.load_state_dict(state["sampler"])
         self.optimizer.noise.load_state_dict(state["noise"])
@@ -452,6 +454,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     if not isinstance(data_loader, DataLoader):
         raise ParameterTypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
+    check_map_style(data_loader.dataset)
     rank, world = world_info(process_group)
     if world > 1 and (cfg.correlated or cfg.users is not None
                       or not SAMPLINGS[cfg.sampling].distributed):

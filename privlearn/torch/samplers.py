@@ -49,6 +49,12 @@ __all__ = [
 _KEY_BYTES = 32
 
 
+def _check_steps(steps) -> int:
+    """The batches of one epoch of a sampler: an integer >= 1."""
+    return _v.check_count("steps", steps, minimum=1,
+                          hint="the number of batches of an epoch; None for round(1 / rate)")
+
+
 def _initial_key(seed: int | None) -> bytes:
     """The first key of a sampler's key chain: from the seed, or fresh OS entropy."""
     if seed is None:
@@ -330,9 +336,10 @@ class PoissonBatchSampler(_AccountedSampler):
     def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
                  seed: int | None = None, indices=None, secure: bool = False):
         sample_rate = _v.check_rate("sample_rate", sample_rate)
-        self.num_samples = int(num_samples)
+        self.num_samples = _v.check_count("num_samples", num_samples, minimum=1,
+                                          hint="pass the number of examples of the dataset")
         self._sample_rate = float(sample_rate)
-        self.steps = steps_per_epoch(sample_rate) if steps is None else int(steps)
+        self.steps = steps_per_epoch(sample_rate) if steps is None else _check_steps(steps)
         self.indices = None if indices is None else np.asarray(list(indices), dtype=np.int64)
         if secure and seed is not None:
             raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
@@ -427,6 +434,12 @@ class FixedSizeBatchSampler(_AccountedSampler):
 
     def __init__(self, num_samples: int, batch_size: int, steps: int | None = None,
                  seed: int | None = None, rank: int = 0, world_size: int = 1):
+        num_samples = _v.check_count("num_samples", num_samples, minimum=1,
+                                     hint="pass the number of examples of the dataset")
+        batch_size = _v.check_count("batch_size", batch_size, minimum=1,
+                                    hint="pass the number of examples of every batch")
+        world_size = _v.check_count("world_size", world_size, minimum=1)
+        rank = _v.check_count("rank", rank)
         if not 1 <= world_size or not 0 <= rank < world_size:
             raise ParameterValueError(f"rank must be in [0, world_size), got rank={rank!r}, "
                              f"world_size={world_size!r}")
@@ -437,7 +450,8 @@ class FixedSizeBatchSampler(_AccountedSampler):
         self.rank, self.world_size = int(rank), int(world_size)
         global_batch = self.batch_size * self.world_size
         self._sample_rate = global_batch / num_samples
-        self.steps = steps_per_epoch(self._sample_rate) if steps is None else int(steps)
+        self.steps = (steps_per_epoch(self._sample_rate) if steps is None
+                      else _check_steps(steps))
         self._init_bookkeeping(seed)
 
     @property
@@ -596,7 +610,7 @@ class CyclicPoissonBatchSampler(_ScheduledSampler):
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
         self.steps = (max(1, round(self.cycle_length / self._sample_rate)) if steps is None
-                      else int(steps))
+                      else _check_steps(steps))
         if secure and seed is not None:
             raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
         self.secure = bool(secure)
@@ -706,7 +720,7 @@ class RegisteredBatchSampler(_ScheduledSampler):
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.batch_size = batch_size
         self.steps = (law.per_epoch(self._sample_rate, self.cycle_length) if steps is None
-                      else int(steps))
+                      else _check_steps(steps))
         if secure and seed is not None:
             raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
         self.secure = bool(secure)

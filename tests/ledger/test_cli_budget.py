@@ -228,6 +228,14 @@ def test_messages_name_commands_and_options_not_python(db, tmp_path):
         assert not any(w in r.stderr for w in ("create=True", "create_budget", "key=")), r.stderr
 
 
+def test_verify_refuses_an_expected_head_that_is_not_hex(db):
+    # a 64-character head that is not hexadecimal is a usage error (status 2), not a
+    # tampered ledger (status 4)
+    r = run("budget", "verify", db, "--expect-head", "1:" + "z" * 64)
+    assert r.exit_code == 2, r.output
+    assert "COUNT:HASH" in r.output
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["--dataset", "", "--epsilon", "1", "--delta", "1e-6"], "--dataset must be"),
     (["--dataset", "d", "--epsilon", "1", "--delta", "1e-6", "--privacy-unit", " "],

@@ -148,3 +148,24 @@ def test_record_sets_mechanism_epsilon_and_delta():
         failed.fit(X)
     assert [k for k in vars(failed) if k.endswith("_")] == []
     assert compose([m.mechanism_]).epsilon(1e-6) == m.epsilon_
+
+
+@pytest.mark.parametrize("make", [
+    lambda led: M.DPSGDRegressor(n_iter=5, trajectory_accountant="rpd", ledger=led),
+    lambda led: M.PrivateSearchCV(SSPRegressor(y_bound=3.0), {"epsilon": [0.5, 1.0]},
+                                  method="composition", loss_bound=9.0, accountant="rpd",
+                                  ledger=led),
+], ids=["DPSGD-trajectory_accountant", "search-composition-accountant"])
+def test_an_accountant_that_cannot_certify_refuses_before_the_ledger_is_charged(make,
+                                                                                tmp_path):
+    """The accountant that reports epsilon_ (or the trajectory) is used once the release
+    ran: an unknown name was refused only then, with the ledger charged in full and
+    nothing released. It is now refused while nothing has been spent."""
+    X, y = _data()
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    m = make(led.budget("d"))
+    with pytest.raises(ValueError, match="accountant must be one of"):
+        m.fit(X, y)
+    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
+    assert not hasattr(m, "mechanism_")

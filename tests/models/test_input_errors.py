@@ -149,3 +149,71 @@ def test_a_record_outside_the_bounds_releases_what_its_clipped_copy_does(make, a
     a = getattr(make().fit(X_out, y_out), attr)
     b = getattr(make().fit(X_clip, y_clip), attr)
     np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_sample_weight_is_a_typed_refusal_before_anything_is_spent(name, tmp_path):
+    """A per-record weight above 1 would exceed the sensitivity the noise is calibrated
+    to: refused with a typed error naming it (a TypeError, as scikit-learn's estimators
+    without sample_weight raise), before the ledger is charged or any state changes."""
+    from sklearn.utils.validation import has_fit_parameter
+
+    ledger = Ledger(tmp_path / "l.json", create=True)
+    ledger.create_budget("d", epsilon=10.0, delta=1e-5)
+    est = CASES[name]()
+    key = "sample_weight"
+    if name == "PrivatePipeline":  # routed to the last step; the scaler must not fit first
+        est.steps[0][1].set_params(ledger=ledger.budget("d"))
+        key = "ssp__sample_weight"
+    else:
+        est.set_params(ledger=ledger.budget("d"))
+    X, y = _data()
+    with pytest.raises(ParameterTypeError, match="sample_weight") as info:
+        est.fit(X, y, **{key: np.ones(len(y))})
+    assert isinstance(info.value, TypeError)
+    assert ledger.spent("d").epsilon_spent == 0.0 and ledger.pending("d") == []
+    assert not [k for k in vars(est) if k.endswith("_") and not k.startswith("_")]
+    if name == "PrivatePipeline":
+        assert not hasattr(est.steps[0][1], "mean_")
+    else:  # scikit-learn's meta-estimators see an estimator without weights
+        assert not has_fit_parameter(est, "sample_weight")
+
+
+def test_an_unknown_fit_keyword_is_typed_and_names_what_fit_takes():
+    X, y = _data()
+    with pytest.raises(ParameterTypeError, match=r"'n_jobs'.*X, y"):
+        M.SSPRegressor().fit(X, y, n_jobs=2)
+    with pytest.raises(ParameterTypeError, match=r"X_val, y_val"):
+        M.PrivateSearchCV(M.SSPRegressor(), {"epsilon": [1.0]}, loss_bound=4.0).fit(
+            X, y, groups=np.zeros(len(y)))
+
+
+@pytest.mark.parametrize("name", ["SSPRegressor", "AdaSSPRegressor", "NoisyGDRegressor",
+                                  "DPSGDRegressor"])
+def test_a_string_target_of_a_regressor_is_typed(name, tmp_path):
+    """scikit-learn's y_numeric converts an object y only; an array of strings reached
+    the release and failed there with a NumPy ufunc error."""
+    ledger = Ledger(tmp_path / "l.json", create=True)
+    ledger.create_budget("d", epsilon=10.0, delta=1e-5)
+    X, y = _data()
+    est = CASES[name]().set_params(ledger=ledger.budget("d"))
+    with pytest.raises(ParameterTypeError, match=r"y must be numeric.*astype\(float\)"):
+        est.fit(X, y.astype(str))
+    assert ledger.spent("d").epsilon_spent == 0.0
+    assert not hasattr(est, "n_features_in_")
+
+
+def test_scaler_inverse_transform_checks_its_input():
+    X, _ = _data()
+    sc = CASES["PrivateStandardScaler"]().fit(X)
+    np.testing.assert_allclose(sc.inverse_transform(sc.transform(X)), X, atol=1e-12)
+    with pytest.raises(ParameterValueError, match="has 2 features.*fitted on 3"):
+        sc.inverse_transform(X[:, :2])
+    with pytest.raises(ParameterValueError, match="2D array"):
+        sc.inverse_transform(X[:, 0])
+
+
+def test_knn_without_labels_is_typed():
+    X, _ = _data()
+    with pytest.raises(ParameterValueError, match="needs the private labels"):
+        CASES["PrivateKNN"]().fit(X, None)

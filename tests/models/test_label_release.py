@@ -251,3 +251,54 @@ def test_knn_classes_inferred_from_private_labels_warn():
     np.testing.assert_array_equal(knn.classes_[knn._y], y)
     with pytest.raises(ValueError, match="not in classes"):
         PrivateKNN(classes=[0, 1]).fit(X, y)
+
+
+def test_soft_votes_within_the_tolerance_are_put_on_the_simplex():
+    """Rows summing to 1 + 9e-6 pass the tolerance; unscaled, one teacher would move the
+    vote sum by more than the accounted sqrt(2) (L2) / 2 (L1). They are released as
+    their rescaled copy: same noise, same noisy votes as the exact probabilities."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(3), size=(9, 4))
+    exact = PATE(noise_multiplier=1.0, epsilon=100.0, random_state=0)
+    loose = PATE(noise_multiplier=1.0, epsilon=100.0, random_state=0)
+    exact.release(probs, n_teachers=9)
+    loose.release(probs * (1 + 9e-6), n_teachers=9)
+    np.testing.assert_allclose(loose.noisy_votes_, exact.noisy_votes_, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(PATE.vote_histogram(probs * (1 + 9e-6)).sum(axis=1), 9.0,
+                               rtol=1e-12)
+
+
+def test_knn_votes_move_by_the_accounted_sensitivity_with_tied_neighbours(monkeypatch):
+    """Duplicated rows tie at the k-th distance. Removing one private record must change
+    each query's exact vote histogram by at most sqrt(2) in L2 and 2 in L1 (the accounted
+    sensitivity); choosing an arbitrary subset of the tied records moved it by up to
+    2 sqrt(2). The exact votes are read by releasing without noise (test only), at
+    sampling rate 1, against a brute-force histogram (stable sort: lower index first)."""
+    from privlearn.models import label_release
+
+    monkeypatch.setattr(label_release._LabelReleaseBase, "_noisy_votes",
+                        staticmethod(lambda votes, plan, rng: votes.copy()))
+    rng = np.random.default_rng(0)
+    Q = np.array([[0.5, 0.5], [0.0, 0.0], [1.0, 1.0]])
+
+    def votes(X, y, k):
+        knn = PrivateKNN(n_neighbors=k, sampling_rate=1.0, noise_multiplier=1.0,
+                         epsilon=100.0, delta=1e-5, classes=[0, 1, 2], random_state=0)
+        knn.fit(X, y).release(Q)
+        return knn.noisy_votes_
+
+    def brute(X, y, k):
+        d = ((Q[:, None, :] - X[None]) ** 2).sum(-1)
+        nn = np.argsort(d, axis=1, kind="stable")[:, :k]
+        return np.stack([np.bincount(y[row], minlength=3) for row in nn]).astype(float)
+
+    for _ in range(40):
+        n, k = int(rng.integers(20, 120)), int(rng.integers(2, 15))
+        X = np.zeros((n, 2))
+        X[: n // 2] = 1.0  # two blocks of duplicated rows: every distance is tied
+        y = rng.integers(0, 3, size=n)
+        i = int(rng.integers(0, n))
+        v, v2 = votes(X, y, k), votes(np.delete(X, i, 0), np.delete(y, i), k)
+        np.testing.assert_array_equal(v, brute(X, y, k))
+        assert np.linalg.norm(v - v2, axis=1).max() <= math.sqrt(2) + 1e-12
+        assert np.abs(v - v2).sum(axis=1).max() <= 2 + 1e-12

@@ -11,7 +11,7 @@ from sklearn.model_selection import ParameterGrid
 from privlearn.accounting import Laplace, compose
 from privlearn.errors import BudgetExceededError
 from privlearn.ledger import Ledger
-from privlearn.models import AdaSSPRegressor
+from privlearn.models import AdaSSPRegressor, DPSGDClassifier
 from privlearn.models.model_selection import PrivateSearchCV, planned_mechanism
 
 FITS: list[dict] = []
@@ -319,3 +319,24 @@ def test_random_stopping_on_a_budget_with_a_smaller_delta_is_charged_below_it(da
     spent = led.spent("d")
     # certified at the budget's delta, within the grid's precision of the charged epsilon
     assert spent.epsilon_spent == pytest.approx(s.mechanism_.dp_epsilon, abs=1e-3)
+
+
+@pytest.mark.parametrize("estimator, y_of", [
+    (lambda: AdaSSPRegressor(y_bound=3.0), lambda y: y.astype(str)),
+    (lambda: AdaSSPRegressor(y_bound=3.0), lambda y: None),
+    (lambda: DPSGDClassifier(n_iter=5, classes=[0, 1]), lambda y: np.where(y > 0, 1, 2)),
+], ids=["string-target", "no-target", "label-outside-classes"])
+def test_data_a_candidate_refuses_cancels_the_search_reservation(estimator, y_of, tmp_path):
+    """A candidate's data check reads the data and releases nothing: the search runs
+    every candidate's checks before its release, so a refusal cancels the reservation
+    (the candidate used to refuse inside the release, charging the whole search)."""
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(100, 2))
+    search = PrivateSearchCV(estimator(), {"epsilon": [0.5, 1.0]}, loss_bound=9.0,
+                             ledger=led.budget("d"), random_state=0)
+    with pytest.raises(ValueError):
+        search.fit(X, y_of(X[:, 0]))
+    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
+    assert not hasattr(search, "best_estimator_")

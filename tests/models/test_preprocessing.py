@@ -159,3 +159,31 @@ def test_scaler_spends_on_the_ledger_before_reading(tmp_path):
     assert led.spent("d").entries == 1
     with pytest.raises(TypeError, match="budget handle"):
         PrivateStandardScaler(feature_range=(-10, 10), ledger=led).fit(X)
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+@pytest.mark.parametrize("last, pipe_kw, fit_kw, match", [
+    (AdaSSPRegressor(), {"delta": 2.0}, {}, "delta must be in"),
+    (AdaSSPRegressor(), {"accountant": "rpd"}, {}, "accountant must be one of"),
+    (AdaSSPRegressor(epsilon=-1.0), {}, {}, "epsilon must be in"),
+    (AdaSSPRegressor(), {}, {"ada__sample_weight": np.ones(200)}, "sample_weight"),
+    (StandardScaler(), {}, {}, "PrivateStandardScaler"),
+], ids=["delta", "accountant", "step-parameter", "step-sample_weight", "non-private-step"])
+def test_pipeline_refuses_before_its_first_step_releases(last, pipe_kw, fit_kw, match,
+                                                          tmp_path):
+    """A pipeline the fit would refuse at its end (its delta or accountant, checked when
+    the total is composed) or at a later step (a bad parameter, an unaccountable fit
+    parameter, a step without a mechanism) is refused before the first step releases:
+    the private scaler in front had already spent its ledger budget and stayed fitted."""
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)
+    scaler = PrivateStandardScaler(feature_range=(-5, 5), random_state=0,
+                                   ledger=led.budget("d"))
+    pipe = PrivatePipeline([("scale", scaler), ("ada", last)], **pipe_kw)
+    X = np.random.default_rng(0).normal(size=(200, 2))
+    with pytest.raises(ValueError, match=match):
+        pipe.fit(X, X[:, 0], **fit_kw)
+    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
+    assert not hasattr(scaler, "mean_") and not hasattr(pipe, "mechanism_")

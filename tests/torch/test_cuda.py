@@ -319,6 +319,31 @@ def test_float32_matches_batch_of_one_loop(oracle):
     assert (got - ref).norm() <= 1e-5 * ref.norm()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_product_added_into_its_dtype_is_accumulated_in_float32(dtype):
+    """``addmm32_`` into a buffer of the operands' half-precision dtype (one ``addmm`` on
+    CUDA, half-precision reductions disallowed): the float64 value of ``o + a @ b``
+    rounded once, up to the float32 accumulation's own error, over a long inner
+    dimension (where a split-K GEMM would reduce in half precision if allowed); the
+    cuBLAS setting is as before afterwards."""
+    from privlearn.torch._rows import addmm32_
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(48, 8192, generator=g).to(DEVICE, dtype)
+    b = torch.randn(8192, 40, generator=g).to(DEVICE, dtype)
+    o = torch.randn(48, 40, generator=g).mul(50).to(DEVICE, dtype)
+    want = o.double() + a.double() @ b.double()
+    mag = o.double().abs() + a.double().abs() @ b.double().abs()
+    name = {torch.bfloat16: "allow_bf16_reduced_precision_reduction",
+            torch.float16: "allow_fp16_reduced_precision_reduction"}[dtype]
+    before = getattr(torch.backends.cuda.matmul, name)
+    addmm32_(o, a, b)
+    assert getattr(torch.backends.cuda.matmul, name) == before
+    ulp = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
+    err = (o.double() - want).abs()
+    assert (err <= want.abs() * ulp + mag * 2.0 ** -16).all(), (err / mag).max()
+
+
 # Same precision on both sides, so only the rounding of batched against batch-of-one
 # low-precision kernels separates them (measured 0.3% in bf16 on an H200). Against a
 # float32 reference the gap is the precision's own error, which an ill-conditioned

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+from privlearn.errors import ParameterTypeError, ParameterValueError  # noqa: E402
 from privlearn.torch import FixedSizeBatchSampler, PoissonBatchSampler  # noqa: E402
 from privlearn.torch.data import EmptyAwareCollate  # noqa: E402
 
@@ -525,3 +526,23 @@ def test_make_private_refuses_a_sequence_first_collate_before_anything_is_attach
     make_private(model, opt, DataLoader(_Ragged(), batch_size=2, collate_fn=_padded),
                  noise_multiplier=1.0, seed=0).detach()
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: PoissonBatchSampler(0, 0.1), "num_samples"),
+    (lambda: PoissonBatchSampler(-5, 0.1), "num_samples"),
+    (lambda: PoissonBatchSampler(10.5, 0.1), "num_samples"),
+    (lambda: PoissonBatchSampler(True, 0.1), "num_samples"),
+    (lambda: PoissonBatchSampler(10, 0.5, steps=0), "steps"),
+    (lambda: PoissonBatchSampler(10, 0.5, steps=-1), "steps"),
+    (lambda: PoissonBatchSampler(10, 0.5, steps=2.5), "steps"),
+    (lambda: FixedSizeBatchSampler(10, 2.5), "batch_size"),
+    (lambda: FixedSizeBatchSampler(10, 2, steps=-1), "steps"),
+    (lambda: FixedSizeBatchSampler(10.5, 2), "num_samples"),
+])
+def test_samplers_refuse_counts_that_are_not_counts(make, name):
+    """A sampler built with a dataset size, batch size or epoch length that is not a
+    positive integer is refused at construction with the parameter named (it used to be
+    truncated, or to fail later inside ``len()`` or the draw)."""
+    with pytest.raises((ParameterValueError, ParameterTypeError), match=name):
+        make()

@@ -191,3 +191,79 @@ def test_a_wrapped_rule_defers_its_products_with_its_own_weights(monkeypatch, lo
         accumulate_all(rules, c, out)
     for q in flat:
         assert torch.equal(out[id(q)], ref[id(q)])
+
+
+def _ghost_layers(dtype, seed: int = 0, b: int = 6, t: int = 3):
+    """Ghost-form layers of several shapes (Linear and transposed ``Conv1D`` layouts,
+    with and without bias, the inputs of three read by all three as a query, key and
+    value projection read theirs), their float64 per-example gradients, and weights that
+    drop examples 2 and 3, whose rows hold an infinity (an input) and a NaN (an output
+    gradient)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, 1, t, 8, generator=g, dtype=dtype)
+    x[2, 0, 1, 3] = float("inf")
+    specs = [(x, 8, 4, False, True), (x, 8, 4, False, False), (x, 8, 8, True, True),
+             (None, 4, 12, False, True), (None, 12, 4, True, False), (None, 5, 5, False, True),
+             (None, 4, 12, True, False)]
+    layers, refs = [], []
+    for i, (a, d, p, transposed, bias) in enumerate(specs):
+        a = torch.randn(b, 1, t, d, generator=g, dtype=dtype) if a is None else a
+        go = torch.randn(b, 1, t, p, generator=g, dtype=dtype)
+        if i == 4:
+            go[3, 0, 2, 1] = float("nan")
+        w = torch.nn.Parameter(torch.zeros((d, p) if transposed else (p, d), dtype=dtype))
+        bp = torch.nn.Parameter(torch.zeros(p, dtype=dtype)) if bias else None
+        layers.append(gs.OuterProduct(w, bp, a, go, ghost=True, transposed=transposed))
+        g64, a64 = go[:, 0].double(), a[:, 0].double()
+        per = torch.einsum("btp,btd->bpd", g64, a64)
+        mag = torch.einsum("btp,btd->bpd", g64.abs(), a64.abs())  # of the terms
+        if transposed:
+            per, mag = per.transpose(1, 2), mag.transpose(1, 2)
+        refs.append([(per, mag)] if bp is None else
+                    [(per, mag), (g64.sum(1), g64.abs().sum(1))])
+    c = torch.rand(b, generator=g, dtype=torch.float32) * 0.5 + 0.25
+    c[2] = c[3] = 0.0
+    return layers, refs, c
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_ghost_products_grouped_are_the_layers_own_and_drop_a_zero_weight(monkeypatch,
+                                                                         dtype):
+    """Ghost layers whose rows are cleaned (an example may be dropped by its weight)
+    form their products from one scaled and cleaned copy of all their rows: each buffer
+    receives exactly what the layer adds alone (the same operands, the same products),
+    which is the float64 weighted sum of the examples of non-zero weight, the dropped
+    examples' infinity and NaN nowhere (bfloat16: half-precision operands, float32
+    accumulation, factors rounded down)."""
+    monkeypatch.setattr(gs, "LOW_PRECISION_MATMUL", "always")
+    sums = []
+    for grouped in (True, False):
+        monkeypatch.setattr(_grouped, "_MIN_PRODUCTS", 3 if grouped else 10 ** 9)
+        formed = []
+        real = _grouped._Products.flush
+
+        def flush(self, real=real, formed=formed):
+            formed.append(len(self.members))
+            return real(self)
+
+        monkeypatch.setattr(_grouped._Products, "flush", flush)
+        layers, refs, c = _ghost_layers(dtype)
+        out = {id(q): torch.zeros_like(q) for k in layers for q in k.params}
+        accumulate_all(layers, c, out)
+        assert formed == [len(layers)]  # one group of all, formed at once or one by one
+        sums.append([out[id(q)] for k in layers for q in k.params])
+    for got, alone in zip(*sums, strict=True):
+        assert torch.equal(got, alone)
+    keep = torch.tensor([0, 1, 4, 5])
+    cw = c.double()[keep]
+    if dtype == torch.bfloat16:
+        cw = gs.low_factors(c, torch.bfloat16).double()[keep]
+    # the error relative to the sum of the terms' magnitudes: float64 and float32
+    # roundoff; bfloat16: the operands' and the factors' rounding (2^-8 each), the
+    # factors' margin (2^-7) and the buffer's rounding
+    tol = {torch.float64: 1e-13, torch.float32: 1e-6, torch.bfloat16: 2.0 ** -5}[dtype]
+    for got, (r, mag) in zip(sums[0], [x for rs in refs for x in rs], strict=True):
+        assert torch.isfinite(got).all()
+        want = torch.einsum("b,b...->...", cw, r[keep])
+        bound = tol * torch.einsum("b,b...->...", cw, mag[keep])
+        assert ((got.double() - want).abs() <= bound).all()

@@ -17,6 +17,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.errors import TrainingLoopError  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 
 
@@ -219,3 +220,131 @@ def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch, make_data
     reads.clear()
     p.optimizer.step()
     assert len(reads) <= 1, reads
+
+
+def test_a_model_cast_after_make_private_trains_as_the_naive_loop(make_data, make_mlp, oracle):
+    """``p.model.double()`` (or ``.to(device)``) after make_private: the optimizer's
+    gradient buffers follow the parameters' new dtype (they used to stay float32: the
+    step after the cast updated the parameters wrongly, by 0.07 here, or failed inside
+    torch assigning a float32 gradient to a float64 parameter), and the steps before and
+    after the cast equal the naive per-example loop."""
+    ds = make_data(n=40, spread=True)
+    model = make_mlp(seed=4)
+    ref = copy.deepcopy(model).double()
+    C, lr = 0.5, 1.0
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                     DataLoader(ds, batch_size=8), noise_multiplier=0.0, max_grad_norm=C,
+                     sampling="fixed", seed=0)
+    batches = iter(p.data_loader)
+    for k in range(3):
+        if k == 1:
+            p.model.double()
+        x, y = next(batches)
+        _step(p, x.to(model[0].weight.dtype), y)
+        oracle.step(ref, x.double(), y, C, lr, 8)
+        tol = 1e-5 if k == 0 else 1e-6  # float32 before the cast
+        torch.testing.assert_close(oracle.flat(model.parameters()),
+                                   oracle.flat(ref.parameters()), rtol=tol, atol=tol)
+    assert model[0].weight.grad.dtype == torch.float64 and p.accountant.steps == 3
+
+
+class _ParameterListOnly(nn.Module):
+    """Every parameter in an nn.ParameterList, used functionally by the forward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.weights = nn.ParameterList([nn.Parameter(torch.randn(6, 6) * 0.3),
+                                         nn.Parameter(torch.randn(6, 3) * 0.3)])
+
+    def forward(self, x):
+        for w in self.weights:
+            x = torch.tanh(x @ w)
+        return x
+
+
+def test_parameters_reached_only_outside_a_layer_are_named(make_data):
+    """A model whose parameters are all used outside any layer (an nn.ParameterList in
+    the forward) is refused naming them, as when a layer's parameter is also used
+    functionally; it was refused with 'no per-example gradient was recorded: the forward
+    ran under torch.no_grad() ...', a cause that did not apply."""
+    model = _ParameterListOnly()
+    before = [q.detach().clone() for q in model.parameters()]
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(n=32), batch_size=8), noise_multiplier=1.0)
+    x, y = next(iter(p.data_loader))
+    with pytest.raises(TrainingLoopError, match=r"\['weights.0', 'weights.1'\] are used "
+                                                "outside their layers"):
+        _step(p, x, y)
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+class _UpdatesThenFails(torch.optim.SGD):
+    """An optimizer whose step applies the update, then raises (a failing hook or
+    logging call, an interrupt arriving after the update)."""
+
+    fail = True
+
+    def step(self, closure=None):
+        super().step(closure)
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("after the update")
+
+
+def test_a_step_whose_wrapped_optimizer_raises_after_the_update_is_accounted(make_data,
+                                                                             make_mlp):
+    """The noisy gradient is released (``p.grad``, and the update the wrapped optimizer
+    applied) before the wrapped step returns: a step that raises there is still
+    accounted and its batch used. It used to leave the parameters updated with no step
+    recorded (epsilon understated) and the next step refused for two batches drawn."""
+    model = make_mlp()
+    before = [q.detach().clone() for q in model.parameters()]
+    p = make_private(model, _UpdatesThenFails(model.parameters(), lr=0.1),
+                     DataLoader(make_data(n=64), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    batches = iter(p.data_loader)
+    x, y = next(batches)
+    with pytest.raises(RuntimeError, match="after the update"):
+        _step(p, x, y)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    one = subsample(Gaussian(noise_multiplier=1.0), rate=8 / 64)
+    assert p.accountant.steps == 1
+    assert p.epsilon(1e-5) == compose(one, steps=1).epsilon(1e-5)
+    x, y = next(batches)
+    _step(p, x, y)  # the loop goes on: the failed step's batch was used
+    assert p.accountant.steps == 2
+    assert p.epsilon(1e-5) == compose(one, steps=2).epsilon(1e-5)
+
+
+def test_the_public_pieces_of_a_step_are_accounted_as_one(make_data, make_mlp):
+    """``clip_and_accumulate()`` then ``add_noise()`` puts the batch's noisy clipped sum
+    in ``p.grad``: a release, accounted as one step of the batch drawn for it (as
+    ``step()``, without the update). It used to be accounted as nothing: a loop of them,
+    applying ``p.grad`` by hand, trained with ``p.epsilon()`` reporting 0."""
+    model = make_mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(n=64), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    released = 0
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.clip_and_accumulate()
+        p.optimizer.add_noise()
+        released += 1
+        with torch.no_grad():
+            for q in model.parameters():
+                q -= 0.1 * q.grad
+        if released == 3:
+            break
+    one = subsample(Gaussian(noise_multiplier=1.0), rate=8 / 64)
+    assert p.accountant.steps == 3
+    assert p.epsilon(1e-5) == compose(one, steps=3).epsilon(1e-5) > 0
+    # a second release of the same batch (noise again, or a step) is refused
+    with pytest.raises(TrainingLoopError, match="without a new batch"):
+        p.optimizer.add_noise()
+    with pytest.raises(TrainingLoopError, match="without a new batch"):
+        p.optimizer.step()
+    assert p.accountant.steps == 3

@@ -168,6 +168,66 @@ def test_max_grad_norm_change_recorded_and_sampling_rate_refused():
         p.optimizer.max_grad_norm = float("inf")
 
 
+def test_max_grad_norm_cannot_change_between_the_chunks_of_a_logical_batch(oracle):
+    """With virtual batches ``step()`` runs once per physical chunk, so a clipping
+    schedule set after every ``step()`` (or in a step pre-hook) changed the bound in the
+    middle of a logical batch: the earlier chunks were clipped at the old bound while the
+    noise and the accountant used the new one (a lower bound: noise for a smaller
+    sensitivity than the sum had). Refused; the batch is clipped, noised and recorded at
+    the one bound, equal to the naive per-example loop; changing it after the logical
+    batch is recorded for the next step."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        ds = _data(n=40)
+        ds.tensors[0][:] *= 50  # every example's gradient is clipped
+        model = _mlp(seed=3)
+        ref = copy.deepcopy(model)
+        C, lr = 1.0, 0.5
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                         DataLoader(ds, batch_size=10), noise_multiplier=0.0,
+                         max_grad_norm=C, max_physical_batch_size=3, sampling="fixed", seed=1)
+        batch = next(iter(FixedSizeBatchSampler(len(ds), 10, seed=1)))
+        refused = 0
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            if p.accountant.steps == 1:
+                break
+            with pytest.raises(TrainingLoopError, match="between the physical chunks"):
+                p.optimizer.max_grad_norm = 0.01
+            refused += 1
+            assert p.optimizer.max_grad_norm == C
+        assert refused == 3  # 10 examples in chunks of 3: three chunks before the last
+        x_all, y_all = ds.tensors
+        oracle.step(ref, x_all[batch], y_all[batch], C, lr, 10)
+        torch.testing.assert_close(_flat(model), _flat(ref), rtol=1e-10, atol=1e-12)
+        assert p.accountant.segments[-1].max_grad_norm == C
+        # a step pre-hook runs before the last chunk is clipped: refused the same way
+        handle = p.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs: setattr(opt, "max_grad_norm", 0.01))
+        with pytest.raises(TrainingLoopError, match="between the physical chunks"):
+            _train(p, 4)  # the fourth step() ends the next logical batch of 10
+        handle.remove()
+        assert p.accountant.steps == 1 and p.optimizer.max_grad_norm == C
+        # between logical batches the change is the next step's bound, and recorded
+        model2 = _mlp()
+        p2 = make_private(model2, torch.optim.SGD(model2.parameters(), lr=lr),
+                          DataLoader(ds, batch_size=10), noise_multiplier=1.0,
+                          max_grad_norm=C, max_physical_batch_size=3, seed=2)
+        for x, y in p2.data_loader:
+            p2.optimizer.zero_grad()
+            nn.functional.cross_entropy(p2.model(x), y).backward()
+            steps = p2.accountant.steps
+            p2.optimizer.step()
+            if p2.accountant.steps > steps:  # a logical batch ended: change it now
+                p2.optimizer.max_grad_norm = 0.5 if steps == 0 else 0.25
+        assert [(s.max_grad_norm, s.steps) for s in p2.accountant.segments] == [
+            (C, 1), (0.5, 1), (0.25, 2)]  # 40 examples, logical batches of 10
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 # ------------------------------------------------------------------ resume
 
 
@@ -343,6 +403,32 @@ def test_unaccountable_samplers_refused_before_training(make_loader):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(ds),
                      noise_multiplier=1.0)
     assert torch.equal(before, _flat(model))
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(_data())
+
+
+class _NoLength(torch.utils.data.Dataset):
+    def __getitem__(self, i):
+        return _data()[i]
+
+
+@pytest.mark.parametrize("dataset, error", [(_Stream(), ValueError),
+                                            (_NoLength(), TypeError)],
+                         ids=["iterable", "no-len"])
+def test_a_dataset_without_random_access_or_length_is_refused_by_name(dataset, error):
+    """No sampling rate can be set for a stream or a dataset without a length: refused
+    with a typed error naming the dataset (it was a bare ``TypeError: object of type
+    ... has no len()`` from inside the planning), and the model is left as it was."""
+    model = _mlp()
+    before = _flat(model)
+    with pytest.raises(error, match=type(dataset).__name__) as info:
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(dataset, batch_size=8), noise_multiplier=1.0)
+    assert "map-style" in str(info.value)
+    assert torch.equal(before, _flat(model)) and not model[0]._forward_hooks
 
 
 def test_accepted_samplers_and_recorded_rate():

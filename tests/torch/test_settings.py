@@ -9,7 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from privlearn.errors import ParameterTypeError, ParameterValueError  # noqa: E402
+from privlearn.errors import (  # noqa: E402
+    ConfigurationError,
+    ParameterTypeError,
+    ParameterValueError,
+)
 from privlearn.torch import DPConfig, make_private  # noqa: E402
 from privlearn.torch.config import Clipping, Noise, Reduction  # noqa: E402
 
@@ -74,6 +78,23 @@ def test_unknown_or_doubled_settings_are_refused_before_anything_is_built():
         make_private(model, opt, loader, {"noise_multiplier": 1.0})
     assert dict(model._forward_hooks) == hooks_before
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("settings", [
+    dict(target_epsilon=2.0, epochs=10, steps=5),
+    dict(target_epsilon=2.0, epochs=1, steps=50),
+    dict(noise_multiplier=1.0, epochs=2, steps=3),
+])
+def test_epochs_and_steps_together_are_refused(settings):
+    """The planned length is epochs or steps: given both, the plan used to follow steps
+    alone (``epochs=10, steps=5`` calibrated the noise for 5 steps and stopped the
+    run at the target there), whatever the epochs said."""
+    model, opt, loader = _training()
+    with pytest.raises(ConfigurationError, match="one of epochs and steps"):
+        make_private(model, opt, loader, **settings)
+    with pytest.raises(ConfigurationError, match="one of epochs and steps"):
+        DPConfig(**settings)
+    assert not model._forward_hooks
 
 
 @pytest.mark.parametrize("name, hint", [("prv", "'pld'"), ("gdp", "can understate"),
