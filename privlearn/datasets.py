@@ -454,8 +454,7 @@ def load_mnist(
                 "MNIST files not found in "
                 + ", ".join(str(d) for d in candidates)
                 + f"; pass data_home=<dir with the four MNIST .gz files>, set {DATA_ENV}, "
-                "or download=True"
-            )
+                "or download=True", what="MNIST files", searched=candidates)
         found = Path(data_home).expanduser() if data_home is not None else _cache_dir() / "mnist"
         _download_mnist(found)
     images = _parse_idx(_read_gz(found / img_name), 0x00000803)

@@ -260,7 +260,20 @@ class LedgerConflictError(ValueError):
 # ----------------------------------------------------------------------------------
 class DataNotFoundError(FileNotFoundError):
     """A dataset's files are not in any of the documented places (and ``download`` was
-    not asked for). The message is one line naming the places searched and what to do."""
+    not asked for). The message is one line naming the places searched and what to do.
+
+    Attributes
+    ----------
+    what : str or None
+        The files missing, e.g. ``"MNIST files"``.
+    searched : tuple of str
+        The directories searched, in order.
+    """
+
+    def __init__(self, message: str, *, what: str | None = None, searched=()) -> None:
+        super().__init__(message)
+        self.what = what
+        self.searched = tuple(str(d) for d in searched)
 
 
 class DataFormatError(ValueError):

@@ -225,6 +225,38 @@ def test_bad_value_message_has_range_and_value(runner: CliRunner) -> None:
     assert r.stderr.strip().startswith("error: --sampling-rate must be in (0, 1], got 1.5")
 
 
+@pytest.mark.parametrize(("args", "command"), [
+    (["nosuchcommand"], "privlearn"),
+    (["epsilon", "--delta", "1e-5"], "privlearn epsilon"),
+    (["epsilon", "--noise-multipler", "1", "--delta", "1e-5"], "privlearn epsilon"),
+    (["budget", "show"], "privlearn budget show"),
+    (["budget", "nosuchcommand"], "privlearn budget"),
+])
+def test_usage_error_says_where_the_usage_is(runner: CliRunner, args: list[str],
+                                             command: str) -> None:
+    """The one line replaces click's usage block, so it names the help to read."""
+    r = runner.invoke(cli, args, prog_name="privlearn")
+    assert r.exit_code == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert lines[0].endswith(f"`{command} --help`"), lines[0]
+    # the help it names exists
+    assert invoke(runner, [*command.split()[1:], "--help"]).exit_code == 0
+
+
+@pytest.mark.parametrize("group", [[], ["budget"], ["audit"]])
+def test_a_group_without_its_command_prints_its_help(runner: CliRunner,
+                                                     group: list[str]) -> None:
+    """``privlearn`` (or ``privlearn budget``) alone: the group's help as --help prints
+    it (one command per line, not squeezed into one error line), status 2."""
+    r = runner.invoke(cli, group)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert not r.stderr.startswith("error: ")
+    assert r.stderr.strip() == invoke(runner, [*group, "--help"]).stdout.strip()
+    commands = r.stderr.split("Commands:\n")[1].rstrip().splitlines()
+    assert commands and all(line.startswith("  ") for line in commands)
+
+
 def test_unsupported_calibration_exits_2(runner: CliRunner) -> None:
     """An accountant that cannot evaluate the mechanism: one line, exit 2."""
     r = runner.invoke(
@@ -670,6 +702,10 @@ def test_reproduce_missing_data_is_one_line(runner: CliRunner, tmp_path, monkeyp
         assert lines[0].startswith("error: label-release: MNIST files not found in ")
         assert lines[0].endswith("run again with --data-home DIR (a directory holding the "
                                  "files) or --download")
+        # in the shell's words: the places searched and the options, not Python's keywords
+        assert "data_home=" not in lines[0] and "download=True" not in lines[0], lines[0]
+        assert "$PRIVLEARN_DATA" in lines[0]
+        assert (str(empty) in lines[0]) == bool(extra)
         assert "Traceback" not in r.output
 
 

@@ -7,7 +7,8 @@ runs (so tutorials and guides cannot rot), and its pages read as user documentat
   package's ``__all__`` must have its page with the object's anchor. A new public name
   without a page, or one whose docstring breaks the build, fails here.
 * The pages: the Python blocks of each page under ``docs/`` run in order in one fresh
-  interpreter per page (one intra-op thread for PyTorch: the pages' models are tiny);
+  interpreter per page (one intra-op thread for PyTorch: the pages' models are tiny),
+  where a ``PrivacyLeakWarning`` is an error (no page teaches a choice that leaks);
   their shell blocks run like README.md's (tests/test_readme.py), skipping ``pip
   install``, ``python -m pytest`` and ``sphinx-build`` (the build is tested above). A
   block preceded by ``<!-- docs-test: skip -->`` is not run; no tutorial may have one.
@@ -116,7 +117,8 @@ def test_page_code_runs(page: Path, tmp_path: Path) -> None:
         if any("import torch" in b.code for b in py):
             pytest.importorskip("torch")
         rel = page.relative_to(ROOT)
-        script = ["ns = {'__name__': '__docs__'}"]
+        # a page never teaches a choice that leaks: PrivacyLeakWarning is an error
+        script = [NO_LEAK, "ns = {'__name__': '__docs__'}"]
         for b in py:
             script.append(f"exec(compile({b.code!r}, {f'{rel} (block at line {b.line})'!r}, "
                           "'exec'), ns)")
@@ -137,6 +139,11 @@ def test_page_code_runs(page: Path, tmp_path: Path) -> None:
         p = subprocess.run([sys.executable, "-c", SHELL_RUNNER, json.dumps(commands)],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
         assert p.returncode == 0, f"{page}: {p.stderr[-6000:]}"
+
+
+#: Makes :class:`privlearn.errors.PrivacyLeakWarning` an error in a page's interpreter.
+NO_LEAK = ("import warnings; from privlearn.errors import PrivacyLeakWarning; "
+           "warnings.simplefilter('error', PrivacyLeakWarning)")
 
 
 #: Runs the ``privlearn`` commands of a page one after the other through

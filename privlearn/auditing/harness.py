@@ -88,11 +88,15 @@ class AuditResult:
 
     @property
     def auc(self) -> float:
-        """Area under the attack's ROC curve."""
+        """Area under the attack's ROC curve; ``nan`` when every canary was drawn in, or
+        none (a valid outcome of the one-run game, with no ROC)."""
+        if self.inclusion.all() or not self.inclusion.any():
+            return math.nan
         return auc(self.in_scores, self.out_scores)
 
     def to_dict(self) -> dict:
-        """JSON-ready summary (no per-canary arrays; ``inf`` written as ``"inf"``)."""
+        """JSON-ready summary (no per-canary arrays; ``inf`` written as ``"inf"``, an AUC
+        with no ROC -- every canary on one side -- as None)."""
         def num(x: float):
             return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
@@ -104,7 +108,7 @@ class AuditResult:
             "confidence": self.confidence,
             "canaries": self.n_canaries,
             "canaries_included": int(self.inclusion.sum()),
-            "auc": self.auc,
+            "auc": None if math.isnan(self.auc) else self.auc,
             "violation": bool(self.violation),
             "seed": self.seed,
         }
@@ -225,6 +229,8 @@ def one_run_audit(
         raise ParameterTypeError(
             "train_and_score returned None; it must return one score per canary (an array "
             f"of {n_canaries} floats, higher = more likely included)")
+    if hasattr(raw, "detach") and hasattr(raw, "cpu"):  # a torch tensor (grad, device)
+        raw = raw.detach().cpu().numpy()
     try:
         scores = np.asarray(raw, dtype=float)
     except (TypeError, ValueError):

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from privlearn._validation import check_positive
+from privlearn.auditing.bounds import _check_delta
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
@@ -70,11 +72,14 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         raise ParameterValueError(f"X must be 2-D and y 1-D of the same length, got {X.shape} and "
                          f"{y.shape}")
     params = estimator.get_params()
-    d = float(params["delta"]) if delta is None else float(delta)
-    b = canary_norm
-    if b is None:
+    d = _check_delta(params["delta"] if delta is None else delta)
+    if canary_norm is None:
         b = params.get("x_bound", params.get("max_grad_norm", 1.0))
-    b = float(b)
+        b = check_positive("canary_norm", 1.0 if b is None else b,
+                           hint="the estimator's row bound (x_bound) is the default")
+    else:
+        b = check_positive("canary_norm", canary_norm, hint="pass the norm of a canary's "
+                           "feature vector, e.g. the estimator's x_bound (the default)")
     y_bound = float(params.get("y_bound", 1.0))
     # the signs come from their own stream: drawn from the inclusion's seed they would
     # equal the inclusion bits, and a score could then read inclusion from the sign

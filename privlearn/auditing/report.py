@@ -12,6 +12,7 @@ import numpy as np
 
 from privlearn.accounting.fdp import gaussian_tradeoff, gdp_mu, tradeoff_curve
 from privlearn.auditing.bounds import roc_curve
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["accountant_roc", "write_report"]
 
@@ -19,15 +20,26 @@ __all__ = ["accountant_roc", "write_report"]
 def accountant_roc(mechanism, fpr) -> np.ndarray:
     """Best true positive rate any attack can reach at each false positive rate
     according to the accountant: ``1 - f(fpr)`` with ``f`` the certified trade-off curve
-    (:func:`privlearn.accounting.fdp.tradeoff_curve`)."""
-    return 1.0 - tradeoff_curve(mechanism, fpr)
+    (:func:`privlearn.accounting.fdp.tradeoff_curve`). ``fpr``: a rate or an array of
+    rates in [0, 1]."""
+    try:
+        a = np.asarray(fpr, dtype=float)
+    except (TypeError, ValueError):
+        raise ParameterTypeError(f"fpr must be a false positive rate or an array of them, "
+                                 f"got {type(fpr).__name__}") from None
+    if not np.all((a >= 0) & (a <= 1)):  # nan fails too
+        bad = a[~((a >= 0) & (a <= 1))].reshape(-1)[0]
+        raise ParameterValueError(f"fpr must be false positive rates in [0, 1], got {float(bad)!r} "
+                                  "among them")
+    return 1.0 - tradeoff_curve(mechanism, a)
 
 
 def write_report(run, out_dir: str, *, stem: str | None = None) -> list[str]:
     """Write ``<stem>_scores.csv`` (canary, included, score), ``<stem>_roc.csv`` (the
     empirical ROC) and ``<stem>_roc.png`` (empirical ROC, the accountant's best ROC and
     the ROC of the Gaussian curve at the empirical lower bound) for a
-    :class:`privlearn.auditing.torch.DPSGDAudit`. Returns the paths written."""
+    :class:`privlearn.auditing.torch.DPSGDAudit` (the scores only when every canary was
+    drawn in, or none: there is no ROC). Returns the paths written."""
     res = run.result
     os.makedirs(out_dir, exist_ok=True)
     stem = stem or f"audit_dpsgd_{run.bug}"
@@ -39,6 +51,8 @@ def write_report(run, out_dir: str, *, stem: str | None = None) -> list[str]:
         for i, (inc, s) in enumerate(zip(res.inclusion, res.scores, strict=True)):
             w.writerow([i, int(inc), repr(float(s))])
     paths.append(p_scores)
+    if res.inclusion.all() or not res.inclusion.any():
+        return paths  # every canary on one side: a valid outcome, but no ROC to draw
     fpr, tpr = roc_curve(res.in_scores, res.out_scores)
     p_roc = os.path.join(out_dir, f"{stem}_roc.csv")
     with open(p_roc, "w", newline="") as fh:

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privlearn._validation import check_count, check_gaussian_delta, check_positive
 from privlearn.auditing._planted import BUGS, planted_bug
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
@@ -258,7 +259,16 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         raise ParameterValueError(f"steps must be an integer >= 1, got {steps!r}")
     if int(n_data) != n_data or n_data < 1:
         raise ParameterValueError(f"n_data must be an integer >= 1, got {n_data!r}")
-    G = 100.0 * max_grad_norm if canary_gradient_norm is None else float(canary_gradient_norm)
+    # every number the run depends on, checked before anything is calibrated or trained
+    epsilon = check_positive("epsilon", epsilon, hint="the target epsilon of the training, "
+                             "e.g. 2.0")
+    delta = check_gaussian_delta("delta", delta)
+    max_grad_norm = check_positive("max_grad_norm", max_grad_norm, hint="e.g. 1.0")
+    learning_rate = check_positive("learning_rate", learning_rate, hint="e.g. 0.5")
+    n_features = check_count("n_features", n_features, minimum=1, hint="e.g. 10")
+    G = (100.0 * max_grad_norm if canary_gradient_norm is None else check_positive(
+        "canary_gradient_norm", canary_gradient_norm,
+        hint="make it larger than max_grad_norm (default 100 * max_grad_norm)"))
     info: dict = {}
 
     def train_and_score(inclusion: np.ndarray) -> np.ndarray:
@@ -604,12 +614,18 @@ def audit_training(
             if key in opts:
                 raise ConfigurationError(f"private must not set {key!r}: the audit's loop sums the "
                                  "per-example losses and runs epochs=epochs")
+        # the pieces run DP-SGD (Gaussian noise): no claim at delta = 0
+        delta = check_gaussian_delta("delta", delta)
         opts.setdefault("target_delta", delta)
         opts.setdefault("seed", seed)
     make_optimizer = make_optimizer or (lambda params: torch.optim.SGD(params, lr=0.1))
     C = opts.get("max_grad_norm", 1.0)
+    if gradient and isinstance(C, int | float):
+        C = check_positive("private['max_grad_norm']", C, hint="e.g. 1.0")
     G = (100.0 * float(C) if isinstance(C, int | float) else 100.0) if (
-        canary_gradient_norm is None) else float(canary_gradient_norm)
+        canary_gradient_norm is None) else check_positive(
+        "canary_gradient_norm", canary_gradient_norm,
+        hint="make it larger than max_grad_norm (default 100 * max_grad_norm)")
     claim: dict = {}
 
     def run_pieces(inclusion: np.ndarray) -> np.ndarray:
@@ -660,9 +676,9 @@ def audit_training(
         return trajectory_scores(np.stack(snaps), noise_multiplier=p.noise_multiplier,
                                  sampling_rate=p.sampling_rate, **common)
 
-    def _data_scores(model: nn.Module) -> np.ndarray:
-        if score is not None:
-            return np.asarray(score(model, c_inputs, c_targets), dtype=float)
+    def _data_scores(model: nn.Module):
+        if score is not None:  # one_run_audit converts (a tensor too, with grad)
+            return score(model, c_inputs, c_targets)
         return loss_scores(model, c_inputs, c_targets, loss_fn)
 
     def run_loop(inclusion: np.ndarray) -> np.ndarray:

@@ -199,8 +199,11 @@ class _OneLineErrors(click.Group):
         except click.exceptions.Abort:
             click.echo("error: aborted", err=True)
             code = 1
+        except _NO_ARGS_IS_HELP as e:  # a group without its command: its help, as written
+            click.echo(e.format_message(), err=True)
+            code = ExitStatus.USAGE
         except click.UsageError as e:
-            click.echo(f"error: {one_line(e.format_message())}", err=True)
+            click.echo(f"error: {_with_help(one_line(e.format_message()), e)}", err=True)
             code = ExitStatus.USAGE
         except click.ClickException as e:
             click.echo(f"error: {one_line(e.format_message())}", err=True)
@@ -208,6 +211,19 @@ class _OneLineErrors(click.Group):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+#: What click raises for a group called without its command (click >= 8.2; before, the
+#: group printed its help and exited itself).
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _with_help(msg: str, err: click.UsageError) -> str:
+    """``msg`` and where the usage of the command that refused the call is (``see
+    `privlearn epsilon --help```): the one line replaces click's usage block."""
+    ctx = getattr(err, "ctx", None)
+    see = f"`{ctx.command_path if ctx is not None else 'privlearn'} --help`"
+    return f"{msg} See {see}" if msg.endswith("?") else f"{msg.rstrip('.')}; see {see}"
 
 
 def one_line(msg: str) -> str:

@@ -34,7 +34,8 @@ def audit() -> None:
               show_default=True,
               help="Lower bound: one_run is valid for any (epsilon, delta) claim; "
               "one_run_fdp assumes a Gaussian trade-off curve.")
-@click.option("--confidence", type=float, default=0.95, show_default=True)
+@click.option("--confidence", type=float, default=0.95, show_default=True,
+              help="Confidence level in (0, 1) of the empirical lower bound.")
 @click.option("--steps", type=int, default=50, show_default=True, help="DP-SGD steps.")
 @click.option("--sampling-rate", type=float, default=0.1, show_default=True,
               help="Poisson sampling rate q in (0, 0.1].")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from privlearn._validation import check_count, check_positive, check_rate
+from privlearn._validation import check_count, check_delta, check_positive, check_rate
 from privlearn.accounting import Mechanism
 from privlearn.cli._app import ExitStatus, cli
 from privlearn.cli._options import (
@@ -20,6 +20,7 @@ from privlearn.cli._options import (
     sampling_opt,
     steps_opt,
 )
+from privlearn.errors import ParameterValueError
 
 __all__ = ["budget"]
 
@@ -96,6 +97,15 @@ def budget_init(path: str, dataset: str, epsilon: float, delta: float,
                 privacy_unit: str | None, accountant: str, adaptive: bool,
                 neighbouring: str | None) -> None:
     """Create the ledger at PATH (if needed) and set DATASET's budget."""
+    # checked in the shell's words before the file is created (a refused init leaves none)
+    for option, name in (("--dataset", dataset), ("--privacy-unit", privacy_unit)):
+        if name is not None and not name.strip():
+            raise ParameterValueError(f"{option} must be a non-empty name, got {name!r}")
+    epsilon = check_positive("--epsilon", epsilon, hint="e.g. --epsilon 1")
+    delta = check_delta("--delta", delta)
+    if adaptive and delta == 0.0:
+        raise ParameterValueError("--delta must be in (0, 1) with --adaptive (the Renyi "
+                                  "filter gives no delta=0 guarantee), got 0; e.g. 1e-6")
     led = _open_ledger(path, create=True)
     b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
                           accountant=accountant, adaptive=adaptive, neighbouring=neighbouring)
@@ -206,7 +216,8 @@ def budget_verify(path: str, expect_head: str | None) -> None:
     expected = None
     if expect_head is not None:
         count, _, h = expect_head.partition(":")
-        if not count.isdigit() or len(h) != 64:
+        if not count.isdigit() or len(h) != 64 or any(c not in "0123456789abcdef"
+                                                       for c in h.lower()):
             raise click.BadParameter(f"must be COUNT:HASH (64 hex digits), got {expect_head!r}",
                                      param_hint="'--expect-head'")
         expected = (int(count), h)

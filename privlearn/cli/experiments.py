@@ -120,9 +120,15 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
         missing.exit_code = ExitStatus.USAGE
         raise missing from None
     except FileNotFoundError as e:
+        from privlearn.datasets import DATA_ENV
+
+        searched = getattr(e, "searched", ())
+        said = (f"{e.what} not found in {', '.join(searched)} (--data-home, "  # type: ignore
+                f"${DATA_ENV}, the user cache)" if searched and getattr(e, "what", None)
+                else one_line(str(e)).rstrip("."))  # in the shell's words, not Python's
         raise click.ClickException(
-            f"{name}: {one_line(str(e)).rstrip('.')}; run again with --data-home DIR "
-            "(a directory holding the files) or --download"
+            f"{name}: {said}; run again with --data-home DIR (a directory holding the "
+            "files) or --download"
         ) from None
     for path in getattr(result, "paths", None) or ():
         click.echo(f"wrote {path}")

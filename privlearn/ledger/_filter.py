@@ -33,24 +33,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 
-from privlearn.accounting import Mechanism, UnsupportedMechanismError
+from privlearn._validation import check_delta, check_nonnegative, check_positive
+from privlearn.accounting import (
+    AccountingError,
+    ApproxDP,
+    Mechanism,
+    PureDP,
+    UnsupportedMechanismError,
+    compose,
+)
 from privlearn.errors import ParameterValueError
 
-__all__ = ["default_filter_order", "filter_epsilon", "rdp_at_order"]
+__all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order"]
 
 
 def default_filter_order(epsilon: float, delta: float) -> float:
     """``alpha = 1 + 2 log(1/delta) / epsilon``: the order at which the conversion term
     ``log(1/delta) / (alpha - 1)`` takes half of the budget (a standard choice; pass
     ``adaptive_order`` to :meth:`Ledger.create_budget` to pick another)."""
-    if not 0.0 < delta < 1.0:
-        raise ParameterValueError(
-            f"delta must be in (0, 1) for the adaptive (Renyi filter) rule, got {delta!r}"
-        )
+    epsilon = check_positive("epsilon", epsilon)
+    delta = _check_filter_delta(delta)
     return 1.0 + 2.0 * math.log(1.0 / delta) / epsilon
+
+
+def _check_filter_delta(delta: object) -> float:
+    d = check_delta("delta", delta)
+    if d == 0.0:
+        raise ParameterValueError(
+            f"delta must be in (0, 1) for the adaptive (Renyi filter) rule, got {delta!r}: "
+            "an RDP guarantee gives no delta = 0 one; pass a small delta such as 1e-6")
+    return d
 
 
 def rdp_at_order(mechanisms: Sequence[Mechanism], order: float) -> float:
@@ -66,12 +82,23 @@ def rdp_at_order(mechanisms: Sequence[Mechanism], order: float) -> float:
             ) from exc
         if math.isnan(v):
             v = math.inf
-        total += v
+        total += max(v, 0.0)  # a Renyi divergence is >= 0: a negative value is round-off
     return total
 
 
 def filter_epsilon(rdp_total: float, order: float, delta: float) -> float:
-    """Epsilon certified at ``delta`` by an ``(order, rdp_total)``-RDP guarantee."""
+    """Epsilon certified at ``delta`` by an ``(order, rdp_total)``-RDP guarantee.
+
+    ``rdp_total`` in [0, inf] (inf gives inf), ``order`` in (1, inf), ``delta`` in (0, 1);
+    anything else is refused (:class:`~privlearn.errors.ParameterValueError`), never
+    answered with an epsilon of 0."""
+    rdp_total = check_nonnegative("rdp_total", rdp_total, allow_inf=True)
+    order = check_positive("order", order)
+    if order <= 1.0:
+        raise ParameterValueError(
+            f"order must be in (1, inf), got {order!r}: Renyi divergences of order <= 1 "
+            "give no (epsilon, delta) guarantee; the default is 1 + 2 log(1/delta) / epsilon")
+    delta = _check_filter_delta(delta)
     if rdp_total == 0.0:
         return 0.0
     if not math.isfinite(rdp_total):
@@ -79,4 +106,88 @@ def filter_epsilon(rdp_total: float, order: float, delta: float) -> float:
     from privlearn.accounting.conversion import epsilon_from_rdp  # lazily: imports SciPy
 
     eps = float(epsilon_from_rdp(np.array([order]), np.array([rdp_total]), delta)[0])
+    if math.isnan(eps):
+        raise ArithmeticError(f"the RDP-to-DP conversion at order {order} returned nan for "
+                              f"rdp_total={rdp_total}, delta={delta}")
     return max(0.0, eps)
+
+
+def _float_up(x: Fraction) -> float:
+    """The smallest float >= ``x``."""
+    f = float(x)
+    return math.nextafter(f, math.inf) if Fraction(f) < x else f
+
+
+def _float_down(x: Fraction) -> float:
+    """The largest float <= ``x``."""
+    f = float(x)
+    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
+
+
+def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
+                              accountant: str) -> float | None:
+    """Epsilon at ``delta`` by basic composition of the releases known only through an
+    ``(epsilon, delta)`` guarantee (:class:`PureDP`, :class:`ApproxDP`) with the tight
+    composition of the others, or None when it does not apply.
+
+    Basic composition (Dwork, Roth 2014, Theorem 3.16; it holds under adaptive choice,
+    Theorem 3.20's setting) adds the epsilons and the deltas of ``(epsilon_i, delta_i)``
+    guarantees; composed with a mechanism that is ``(epsilon', delta')``-DP it gives
+    ``(sum epsilon_i + epsilon', sum delta_i + delta')``. The PLD accountant's certified
+    epsilon of the same releases is tighter in general but carries discretisation
+    error, which refuses ``ApproxDP(1, 1e-5)`` read at ``delta = 1e-5`` and inflates
+    ``ApproxDP(0.5, 4e-6)`` twice to just above 1; this bound, computed in exact
+    rational arithmetic and rounded up, is exact there. The rest is read at
+    ``delta - sum delta_i`` (rounded down).
+    """
+    explicit = [m for m in mechs if isinstance(m, (PureDP, ApproxDP))]
+    if not explicit:
+        return None
+    eps = sum((Fraction(m.pure_epsilon) if isinstance(m, PureDP) else Fraction(m.dp_epsilon)
+               for m in explicit), Fraction(0))
+    spent_delta = sum((Fraction(m.dp_delta) for m in explicit if isinstance(m, ApproxDP)),
+                      Fraction(0))
+    left = Fraction(delta) - spent_delta
+    if left < 0:
+        return None
+    rest = [m for m in mechs if not isinstance(m, (PureDP, ApproxDP))]
+    if rest:
+        left_f = _float_down(left)
+        if left_f <= 0.0:
+            return None
+        try:
+            eps_rest = compose(rest).epsilon_bounds(left_f, accountant).upper
+        except (AccountingError, UnsupportedMechanismError):
+            return None
+        if not math.isfinite(eps_rest):
+            return None
+        eps += Fraction(eps_rest)
+    return _float_up(eps)
+
+
+def evaluate_budget(budget, mechs: Sequence[Mechanism]
+                    ) -> tuple[float, float | None, float | None]:
+    """``(upper, lower, adaptive_epsilon)`` of the releases ``mechs`` (already read under
+    the budget's neighbouring relation) at the budget's delta: the certified bounds of
+    their tight composition with the budget's accountant (the upper one no larger than
+    their :func:`basic_composition_epsilon`, where that applies), and for an adaptive
+    budget the epsilon its Renyi filter certifies (None otherwise)."""
+    if not mechs:
+        return 0.0, 0.0, (0.0 if budget.adaptive else None)
+    basic = basic_composition_epsilon(mechs, budget.delta, budget.accountant)
+    try:
+        b = compose(list(mechs)).epsilon_bounds(budget.delta, budget.accountant)
+    except AccountingError:
+        if basic is None:
+            raise
+        upper, lower = basic, None
+    else:
+        upper, lower = b.upper, b.lower
+        if basic is not None and basic < upper:
+            upper = basic
+            lower = None if lower is None else min(lower, upper)
+    adaptive_eps = None
+    if budget.adaptive:
+        adaptive_eps = filter_epsilon(
+            rdp_at_order(mechs, budget.adaptive_order), budget.adaptive_order, budget.delta)
+    return upper, lower, adaptive_eps

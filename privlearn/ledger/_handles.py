@@ -7,22 +7,30 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from privlearn.accounting import Mechanism
-from privlearn.ledger._records import Entry, Spent
+from privlearn.errors import ParameterValueError
+from privlearn.ledger._records import Entry, Spent, _check_name
 
 if TYPE_CHECKING:
     from privlearn.ledger._ledger import Ledger
 
-__all__ = ["Reservation", "BudgetHandle"]
+__all__ = ["Reservation", "BudgetHandle", "KeylessConnection"]
 
 DEFAULT_UNIT = "record"
+
+
+def _check_unit(privacy_unit: object) -> str:
+    """A budget's privacy unit: None is the default unit; an empty or non-string one is
+    refused (never read as the default: that would spend on another budget)."""
+    return DEFAULT_UNIT if privacy_unit is None else _check_name("privacy_unit", privacy_unit)
 
 
 @dataclass(frozen=True)
 class Reservation:
     """A planned release recorded by :meth:`Ledger.reserve`, counted in full until settled.
 
-    Use as a context manager to settle automatically: on normal exit with the plan (or
-    what :meth:`update` last recorded), on an exception with the plan kept in full.
+    Use as a context manager to settle automatically: on normal exit with the plan,
+    unless the block settled it already (``r.settle(actual)`` inside the block stands);
+    on an exception the plan is kept in full (pending).
     """
 
     ledger: Ledger = field(repr=False)
@@ -47,7 +55,9 @@ class Reservation:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
+        if exc_type is None and any(
+                r.seq == self.seq for r in self.ledger.pending(
+                    self.entry.dataset, privacy_unit=self.entry.privacy_unit)):
             self.settle()
 
 
@@ -83,3 +93,21 @@ class BudgetHandle:
     def __deepcopy__(self, memo) -> BudgetHandle:
         return self
 
+
+
+class KeylessConnection:
+    """The connection of a keyed :class:`Ledger` unpickled: pickles never carry the HMAC
+    key (a secret; a fitted estimator holding a budget handle is a release), so such a
+    handle refuses every read and write until reopened with the key."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def cursor(self):
+        raise ParameterValueError(
+            f"key: this handle on the ledger {self.path} was unpickled, and pickles never "
+            "carry its HMAC key: reopen it with Ledger(path, key=...) (and its budget with "
+            ".budget(dataset))")
+
+    def close(self) -> None:
+        pass

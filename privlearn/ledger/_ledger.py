@@ -36,6 +36,7 @@ from privlearn.accounting import (
 )
 from privlearn.accounting.serialization import loads
 from privlearn.errors import (
+    AccountingError,
     BudgetExceededError,
     LedgerConflictError,
     LedgerIntegrityError,
@@ -44,16 +45,23 @@ from privlearn.errors import (
     ParameterValueError,
     UnknownBudgetError,
 )
-from privlearn.ledger._filter import default_filter_order, filter_epsilon, rdp_at_order
-from privlearn.ledger._handles import DEFAULT_UNIT, BudgetHandle, Reservation
+from privlearn.ledger._filter import default_filter_order, evaluate_budget
+from privlearn.ledger._handles import (
+    BudgetHandle,
+    KeylessConnection,
+    Reservation,
+    _check_unit,
+)
 from privlearn.ledger._records import (
     Budget,
     Entry,
     Spent,
     VerifyReport,
+    _check_head,
     _check_mechanism,
     _check_name,
     _check_opt_str,
+    _check_seq,
     _default_who,
     _now,
 )
@@ -64,6 +72,15 @@ from privlearn.ledger._relations import (
     _read_all,
     _relation,
     check_privacy_unit,
+)
+from privlearn.ledger._schema import (
+    _COLUMNS,
+    _CONTENT_KEYS,
+    _ENCODE,
+    _SCHEMA,
+    GENESIS,
+    SCHEMA_VERSION,
+    _check_schema,
 )
 
 __all__ = [
@@ -77,46 +94,6 @@ __all__ = [
     "check_privacy_unit",
 ]
 
-SCHEMA_VERSION = 1
-GENESIS = "0" * 64
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS entries (
-    seq INTEGER PRIMARY KEY,
-    kind TEXT NOT NULL,
-    dataset TEXT NOT NULL,
-    privacy_unit TEXT NOT NULL,
-    mechanism TEXT,
-    payload TEXT,
-    label TEXT,
-    who TEXT,
-    time TEXT NOT NULL,
-    ref INTEGER,
-    prev_hash TEXT NOT NULL,
-    hash TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_by_budget ON entries (dataset, privacy_unit, seq);
-CREATE TABLE IF NOT EXISTS head (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    count INTEGER NOT NULL,
-    hash TEXT NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
-BEGIN SELECT RAISE(ABORT, 'privlearn ledger entries are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
-BEGIN SELECT RAISE(ABORT, 'privlearn ledger entries are append-only'); END;
-"""
-
-_COLUMNS = (
-    "seq, kind, dataset, privacy_unit, mechanism, payload, label, who, time, ref, "
-    "prev_hash, hash"
-)
-_CONTENT_KEYS = ("seq", "kind", "dataset", "privacy_unit", "mechanism", "payload", "label",
-                 "who", "time", "ref")
-#: The hashed text of an entry: its content as compact JSON with sorted keys.
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 # ----------------------------------------------------------------------------------
@@ -184,6 +161,8 @@ class Ledger:
             raise ParameterTypeError(f"key must be bytes or None, got {type(key).__name__}")
         if not isinstance(create, bool):
             raise ParameterTypeError(f"create must be a bool, got {create!r}")
+        if not isinstance(path, str | os.PathLike):
+            raise ParameterTypeError(f"path must be a file path (str or PathLike), got {path!r}")
         self.path = str(Path(path))
         self._key = key
         self._timeout = check_positive("timeout", timeout)
@@ -270,6 +249,8 @@ class Ledger:
                 )
                 cur.execute("INSERT INTO head VALUES (1, 0, ?)", (GENESIS,))
             else:
+                _check_schema(self.path, cur.execute(
+                    "SELECT value FROM meta WHERE key='schema'").fetchone())
                 keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
                 if keyed is not None and (keyed[0] == "1") != (self._key is not None):
                     raise ParameterValueError(
@@ -291,10 +272,18 @@ class Ledger:
         self.close()
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "key": self._key, "timeout": self._timeout}
+        # never the HMAC key, a secret: a pickle (e.g. of a fitted estimator holding a
+        # budget of this ledger, a release) may be published
+        return {"path": self.path, "keyed": self._key is not None, "timeout": self._timeout}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], key=state["key"], timeout=state["timeout"])
+        if not state.get("keyed") or state.get("key") is not None:  # "key": older pickles
+            self.__init__(state["path"], key=state.get("key"), timeout=state["timeout"])
+            return
+        self.path, self._key, self._timeout = state["path"], None, state["timeout"]
+        self._lock, self._parsed = threading.RLock(), {}
+        self._seen = self._verified_version = self._failure = self._appended = None
+        self._conn = KeylessConnection(self.path)  # refuses every use: reopen with the key
 
     def __deepcopy__(self, memo) -> Ledger:
         return self  # a handle on shared external state, not a value
@@ -534,7 +523,7 @@ class Ledger:
             if it holds a replace-one part, else add/remove.
         """
         dataset = _check_name("dataset", dataset)
-        unit = DEFAULT_UNIT if privacy_unit is None else _check_name("privacy_unit", privacy_unit)
+        unit = _check_unit(privacy_unit)
         epsilon = check_positive("epsilon", epsilon)
         delta = check_delta("delta", delta)
         acc = get_accountant(accountant).name
@@ -577,6 +566,7 @@ class Ledger:
         return Budget(dataset, unit, epsilon, delta, acc, adaptive, order, relation)
 
     def _budget_row(self, cur, dataset: str, unit: str):
+        _check_name("dataset", dataset)  # every lookup of a budget: a clear error, not SQL's
         return cur.execute(
             "SELECT payload FROM entries WHERE kind='budget' AND dataset=? AND privacy_unit=?",
             (dataset, unit),
@@ -600,7 +590,7 @@ class Ledger:
     def budget_info(self, dataset: str, *, privacy_unit: str | None = None) -> Budget:
         """The :class:`Budget` of ``dataset``."""
         with self._read() as cur:
-            return self._get_budget(cur, dataset, privacy_unit or DEFAULT_UNIT)
+            return self._get_budget(cur, dataset, _check_unit(privacy_unit))
 
     def budgets(self) -> list[Budget]:
         """Every budget in the ledger."""
@@ -613,8 +603,8 @@ class Ledger:
     def budget(self, dataset: str, *, privacy_unit: str | None = None) -> BudgetHandle:
         """A handle bound to one budget, to pass to estimators (``ledger=``)."""
         with self._read() as cur:
-            self._get_budget(cur, dataset, privacy_unit or DEFAULT_UNIT)
-        return BudgetHandle(self, dataset, privacy_unit or DEFAULT_UNIT)
+            self._get_budget(cur, dataset, _check_unit(privacy_unit))
+        return BudgetHandle(self, dataset, _check_unit(privacy_unit))
 
     # -- accounting ------------------------------------------------------------------
     def _counted(self, cur, dataset: str, unit: str) -> tuple[list[Mechanism], int, int]:
@@ -643,26 +633,14 @@ class Ledger:
                 released.add(run)
         return mechs, n + len(released), pending
 
-    @staticmethod
-    def _evaluate(budget: Budget, mechs: list[Mechanism]):
-        """Bounds of ``mechs``, already read under the budget's relation."""
-        if not mechs:
-            return 0.0, 0.0, (0.0 if budget.adaptive else None)
-        b = compose(mechs).epsilon_bounds(budget.delta, budget.accountant)
-        adaptive_eps = None
-        if budget.adaptive:
-            adaptive_eps = filter_epsilon(
-                rdp_at_order(mechs, budget.adaptive_order), budget.adaptive_order, budget.delta
-            )
-        return b.upper, b.lower, adaptive_eps
-
     def _summary(self, budget: Budget, mechs, n, pending) -> Spent:
         relation = _relation(budget, mechs)
-        upper, lower, aeps = self._evaluate(budget, _read_all(budget, mechs, relation))
+        upper, lower, aeps = evaluate_budget(budget, _read_all(budget, mechs, relation))
+        binding = upper if aeps is None else max(upper, aeps)  # what the cap is checked on
         return Spent(
             dataset=budget.dataset, privacy_unit=budget.privacy_unit, epsilon_spent=upper,
             epsilon_lower=lower, epsilon_budget=budget.epsilon, delta=budget.delta,
-            epsilon_remaining=max(0.0, budget.epsilon - upper), entries=n, pending=pending,
+            epsilon_remaining=max(0.0, budget.epsilon - binding), entries=n, pending=pending,
             accountant=budget.accountant, adaptive=budget.adaptive, adaptive_epsilon=aeps,
             adaptive_order=budget.adaptive_order, neighbouring=relation,
         )
@@ -671,7 +649,14 @@ class Ledger:
         budget = self._get_budget(cur, dataset, unit)
         mechs, n, pending = self._counted(cur, dataset, unit)
         _check_relation(budget, mechs, mechanism, what)
-        after = self._summary(budget, [*mechs, mechanism], n + 1, pending)
+        try:
+            after = self._summary(budget, [*mechs, mechanism], n + 1, pending)
+        except AccountingError as exc:
+            raise BudgetExceededError(  # e.g. the releases' deltas add up past the cap
+                f"{what} refused: dataset {dataset!r} would have no certified epsilon at "
+                f"the budget's delta {budget.delta:g} ({exc}); the releases' own deltas "
+                "may add up past it: spend a release with a smaller delta or more noise; "
+                "nothing was recorded") from exc
         over = after.epsilon_spent > budget.epsilon
         if budget.adaptive:
             over = over or after.adaptive_epsilon > budget.epsilon
@@ -697,7 +682,7 @@ class Ledger:
         or :meth:`reserve` before touching the data."""
         mechanism, _ = _check_mechanism(mechanism)
         with self._read() as cur:
-            return self._admit(cur, dataset, privacy_unit or DEFAULT_UNIT, mechanism, "spend")
+            return self._admit(cur, dataset, _check_unit(privacy_unit), mechanism, "spend")
 
     def spend(
         self,
@@ -749,27 +734,29 @@ class Ledger:
         steps than planned); the privacy loss counts in full either way, but the run is
         one release in :attr:`Spent.entries`.
         """
-        ref = None
+        ref = ref_hash = None
         if extends is not None:
-            ref = extends.seq if isinstance(extends, Reservation) else extends
-            if isinstance(ref, bool) or not isinstance(ref, int):
-                raise ParameterTypeError(
-                    f"extends must be a Reservation or its seq (an int), got {extends!r}")
-        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit, ref)
+            ref = _check_seq("extends", extends.seq if isinstance(extends, Reservation)
+                             else extends)
+            if isinstance(extends, Reservation):
+                ref_hash = extends.entry.hash
+        row = self._record("reserve", dataset, mechanism, label, who, privacy_unit, ref,
+                           ref_hash)
         return Reservation(self, self._entry(row))
 
     def _record(self, kind: str, dataset: str, mechanism: Mechanism, label: str | None,
-                who: str | None, privacy_unit: str | None, ref: int | None = None
-                ) -> tuple:
+                who: str | None, privacy_unit: str | None, ref: int | None = None,
+                ref_hash: str | None = None) -> tuple:
         """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
         label, who = _check_opt_str("label", label), _check_opt_str("who", who)
-        unit = privacy_unit or DEFAULT_UNIT
+        unit = _check_unit(privacy_unit)
         with self._write() as cur:
             if ref is not None:
-                r = cur.execute("SELECT kind, dataset, privacy_unit FROM entries WHERE seq=?",
-                                (ref,)).fetchone()
-                if r is None or tuple(r) != ("reserve", dataset, unit):
+                r = cur.execute("SELECT kind, dataset, privacy_unit, hash FROM entries WHERE "
+                                "seq=?", (ref,)).fetchone()
+                if r is None or tuple(r[:3]) != ("reserve", dataset, unit) or (
+                        ref_hash is not None and r[3] != ref_hash):
                     raise LedgerConflictError(
                         f"extends={ref!r}: no reservation with that seq on dataset "
                         f"{dataset!r} (privacy unit {unit!r}) in {self.path}")
@@ -778,23 +765,31 @@ class Ledger:
             return self._append(cur, kind, dataset, unit, mechanism=text, label=label,
                                 who=who or _default_who(), ref=ref)
 
-    def settle(self, reservation: int | Reservation, actual: Mechanism | None) -> Entry:
-        """Record what a reservation actually ran (see :meth:`Reservation.settle`)."""
-        seq = reservation.seq if isinstance(reservation, Reservation) else reservation
+    def settle(self, reservation: int | Reservation, actual: Mechanism | None = None
+               ) -> Entry:
+        """Record what a reservation actually ran, as :meth:`Reservation.settle`: ``None``
+        (default) = the plan in full; only an explicit ``compose([])`` = nothing ran."""
+        seq = _check_seq("reservation", reservation.seq if isinstance(
+            reservation, Reservation) else reservation)
+        nothing_ran = False
         if actual is not None:
             actual, text = _check_mechanism(actual)
             if isinstance(actual, Composed) and not actual.parts:
-                actual, text = None, None
-        else:
-            text = None
+                nothing_ran = True
         with self._write() as cur:
             r = cur.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq=?", (seq,)).fetchone()
             if r is None or r[1] != "reserve":
                 raise LedgerConflictError(f"no reservation with seq={seq!r} in {self.path}")
+            if isinstance(reservation, Reservation) and reservation.entry.hash != r[11]:
+                raise LedgerConflictError(
+                    f"reservation {seq} was made in {reservation.ledger.path}, not in "
+                    f"{self.path}: settle it on its own ledger (reservation.settle())")
             if cur.execute("SELECT 1 FROM entries WHERE kind='settle' AND ref=?",
                            (seq,)).fetchone():
                 raise LedgerConflictError(f"reservation {seq} is already settled")
             plan = self._mech(r[4])
+            if nothing_ran or actual is None:  # nothing / the plan in full
+                actual, text = (None, None) if nothing_ran else (plan, r[4])
             if actual is not None and not _covered(actual, plan):
                 raise LedgerConflictError(
                     f"the actual mechanism {actual!r} is not covered by reservation {seq}'s "
@@ -807,7 +802,7 @@ class Ledger:
 
     def pending(self, dataset: str, *, privacy_unit: str | None = None) -> list[Reservation]:
         """Reservations of ``dataset`` not yet settled (e.g. left by a killed process)."""
-        unit = privacy_unit or DEFAULT_UNIT
+        dataset, unit = _check_name("dataset", dataset), _check_unit(privacy_unit)
         with self._read() as cur:
             rows = cur.execute(
                 f"SELECT {_COLUMNS} FROM entries e WHERE kind='reserve' AND dataset=? AND "
@@ -819,7 +814,7 @@ class Ledger:
 
     def spent(self, dataset: str, *, privacy_unit: str | None = None) -> Spent:
         """The certified total spent on ``dataset`` (see :class:`Spent`)."""
-        unit = privacy_unit or DEFAULT_UNIT
+        unit = _check_unit(privacy_unit)
         with self._read() as cur:
             budget = self._get_budget(cur, dataset, unit)
             mechs, n, pending = self._counted(cur, dataset, unit)
@@ -832,7 +827,7 @@ class Ledger:
         replace-one the add/remove releases are in their replace-one reading
         (:func:`~privlearn.accounting.as_replace_one`), so the result is for
         evaluation, not to be read again as add/remove."""
-        unit = privacy_unit or DEFAULT_UNIT
+        unit = _check_unit(privacy_unit)
         with self._read() as cur:
             budget = self._get_budget(cur, dataset, unit)
             mechs, _, _ = self._counted(cur, dataset, unit)
@@ -847,7 +842,8 @@ class Ledger:
             else:
                 rows = cur.execute(
                     f"SELECT {_COLUMNS} FROM entries WHERE dataset=? AND privacy_unit=? "
-                    "ORDER BY seq", (dataset, privacy_unit or DEFAULT_UNIT)).fetchall()
+                    "ORDER BY seq", (_check_name("dataset", dataset),
+                                     _check_unit(privacy_unit))).fetchall()
         return [self._entry(r) for r in rows]
 
     def head(self) -> tuple[int, str]:
@@ -865,7 +861,7 @@ class Ledger:
         report lists the problems); a passing check lifts the refusal of the other methods
         (see :class:`Ledger`)."""
         with self._read(check=False) as cur:
-            anchors = [h for h in (expected_head, self._seen) if h is not None]
+            anchors = [h for h in (_check_head(expected_head), self._seen) if h is not None]
             problems, n = self._chain_problems(cur, anchors, parse=True)
             if not problems:  # the snapshot verified: later calls compare with it
                 self._mark_verified(cur)

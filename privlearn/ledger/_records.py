@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import math
+import operator
 import os
 import socket
 from dataclasses import dataclass
@@ -86,8 +87,9 @@ class Spent:
     epsilon_budget, delta : float
         The cap.
     epsilon_remaining : float
-        ``max(0, epsilon_budget - epsilon_spent)`` (non-adaptive), informative only: a
-        release's epsilon does not add to the total.
+        ``max(0, epsilon_budget - epsilon_spent)``; for an adaptive budget the larger
+        of ``epsilon_spent`` and ``adaptive_epsilon`` (both are capped) is subtracted.
+        Informative only: a release's epsilon does not add to the total.
     entries : int
         Number of releases: spends, and reserved runs that released something or are
         still pending (a reservation settled with nothing -- a fit that failed before
@@ -170,3 +172,33 @@ def _check_mechanism(mechanism: object) -> tuple[Mechanism, str]:
             f"mechanism must be a privlearn Mechanism, got {mechanism!r}; describe the "
             "release with privlearn.accounting (e.g. Gaussian(noise_multiplier))")
     return mechanism, dumps(mechanism)
+
+
+def _check_seq(name: str, value: object) -> int:
+    """The ``seq`` of an entry (a reservation or its number), as an int."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ParameterTypeError(
+            f"{name} must be a Reservation or its seq (an int), got {value!r}") from None
+
+
+def _check_head(value: object) -> tuple[int, str] | None:
+    """An ``expected_head`` for :meth:`Ledger.verify`: None, or ``(count, hash)`` as
+    :meth:`Ledger.head` returns it (a count >= 0 and 64 hexadecimal digits)."""
+    if value is None:
+        return None
+    if not (isinstance(value, tuple | list) and len(value) == 2):
+        raise ParameterTypeError(
+            f"expected_head must be None or (count, hash) as Ledger.head() returns it, got "
+            f"{value!r}")
+    count, h = value
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0
+            and isinstance(h, str) and len(h) == 64
+            and all(c in "0123456789abcdef" for c in h.lower())):
+        raise ParameterValueError(
+            f"expected_head must be (count, hash) as Ledger.head() returns it (a count >= 0 "
+            f"and 64 hexadecimal digits), got {value!r}")
+    return int(count), h

@@ -292,6 +292,34 @@ def _non_finite(value: Any) -> bool:
     return not bool(np.all(np.isfinite(arr)))
 
 
+#: What to do about text in X without a data-dependent release.
+_NON_NUMERIC_ADVICE = (
+    "X must be numbers: encode text columns (categories) before fitting, with the "
+    "categories listed from the schema, not found in the data, e.g. "
+    "sklearn.preprocessing.OneHotEncoder(categories=[[...]], sparse_output=False) or "
+    "pandas.get_dummies(pandas.Categorical(column, categories=[...])); categories found in "
+    "the private data (OneHotEncoder's categories='auto', get_dummies of the raw column) "
+    "would release which values occur"
+)
+
+
+def _non_numeric(value: Any) -> bool:
+    """Whether ``value`` (array-like) holds text or objects that are not numbers."""
+    if value is None or hasattr(value, "tocsr"):
+        return False
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - whatever cannot be an array is not our case
+        return False
+    if arr.dtype.kind not in "OUS":
+        return False
+    try:
+        arr.astype(np.float64)
+    except (TypeError, ValueError):
+        return True
+    return False
+
+
 def _non_finite_error(owner: str, lead: str, name: str) -> NonFiniteInputError:
     """The refusal of a NaN or an infinity in the input ``name``, with what to do."""
     return NonFiniteInputError(
@@ -312,9 +340,10 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
     A NaN or an infinity in ``X`` or ``y`` is a :class:`~privlearn.errors.NonFiniteInputError`
     that names the input and says what to do without a data-dependent release (never
     scikit-learn's advice of a non-private estimator); any other refusal (no rows, a 1-D
-    ``X``, a feature count that differs from the fit's) is a
-    :class:`~privlearn.errors.ParameterValueError`, a sparse or non-numeric ``X`` (or,
-    with ``y_numeric=True``, a ``y`` of strings) a
+    ``X``, a feature count that differs from the fit's, text in ``X``, with how to encode
+    it without a data-dependent release) is a
+    :class:`~privlearn.errors.ParameterValueError`, a sparse ``X`` (or, with
+    ``y_numeric=True``, a ``y`` of strings) a
     :class:`~privlearn.errors.ParameterTypeError`. scikit-learn's own first sentence is
     kept, so code matching on it still does.
     """
@@ -328,6 +357,9 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
                 raise _non_finite_error(owner, first, name) from e
         if isinstance(e, TypeError):
             raise ParameterTypeError(f"{owner}: {e}") from e
+        if not (isinstance(X, str) and X == "no_validation") and _non_numeric(X):
+            raise ParameterValueError(f"{owner}: {first.rstrip('.')}. {_NON_NUMERIC_ADVICE}.") \
+                from e
         raise ParameterValueError(f"{owner}: {e}") from e
     # scikit-learn's y_numeric converts an object y only: an array of strings passes
     # through and would fail later inside the release with a NumPy ufunc error

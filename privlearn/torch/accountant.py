@@ -53,6 +53,28 @@ class Segment:
     steps: int
 
 
+#: Methods of Opacus's ``PrivacyEngine`` and accountants that a user coming from Opacus
+#: calls on what ``make_private`` returns (``p``) or on ``p.accountant``, and what to use
+#: (an AttributeError that says so, instead of Python's bare one).
+OPACUS_METHODS = {
+    "get_epsilon": "p.epsilon(delta), or p.accountant.epsilon(delta)",
+    "get_privacy_spent": "p.epsilon(delta) (delta is the one you choose)",
+    "make_private_with_epsilon": "make_private(model, optimizer, data_loader, "
+                                 "target_epsilon=..., target_delta=..., epochs=...)",
+    "save_checkpoint": "torch.save(p.state_dict(), path)",
+    "load_checkpoint": "p.load_state_dict(torch.load(path, weights_only=False))",
+}
+
+
+def opacus_method_error(owner: str, name: str) -> AttributeError:
+    """The AttributeError for ``owner.name``: with :data:`OPACUS_METHODS`'s counterpart
+    when ``name`` is a method of Opacus's, else Python's own wording."""
+    if name in OPACUS_METHODS:
+        return AttributeError(f"{owner} has no {name} (a method of Opacus's PrivacyEngine "
+                              f"or accountants): use {OPACUS_METHODS[name]}")
+    return AttributeError(f"{owner!r} object has no attribute {name!r}")
+
+
 def _checked_step(noise_multiplier, sampling_rate, max_grad_norm) -> tuple[float, ...]:
     """The values of one recorded step, checked: a step that no sampler or optimizer can
     have taken is refused before it enters (and corrupts) the history."""
@@ -162,6 +184,9 @@ class PrivacyAccountant:
             self._segments = (*segs[:-1], replace(segs[-1], steps=segs[-1].steps + 1))
         else:
             self._segments = (*segs, Segment(*cfg, 1))
+
+    def __getattr__(self, name: str):  # only for missing attributes: Opacus's names
+        raise opacus_method_error("PrivacyAccountant", name)
 
     def mechanism(self, extra: Segment | None = None):
         """The composed mechanism describing the steps taken (and ``extra`` steps after

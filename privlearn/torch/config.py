@@ -115,7 +115,8 @@ _OTHER_SETTINGS = {
                    "len(dataset)",
     # dp-transformers / private-transformers
     "per_sample_max_grad_norm": "per_sample_max_grad_norm: use max_grad_norm (the "
-                                "per-example clipping bound)",
+                                "per-example clipping bound, --dp_max_grad_norm on a "
+                                "command line parsed into PrivacyArguments)",
     "disable_dp": "disable_dp: train without privacy with the plain model, optimizer and "
                   "loader (transformers.Trainer for a DPTrainer); the engine always adds "
                   "the noise it accounts",

@@ -7,9 +7,10 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   ``make_private`` returns (Poisson sampling at rate ``per_device_train_batch_size / N``
   by default), so the accountant describes the batches actually trained on;
 * **clipping and noise**: the Trainer's optimizer is wrapped by the DP optimizer
-  (per-example clipping at :attr:`PrivacyArguments.max_grad_norm`, Gaussian noise,
+  (per-example clipping at :attr:`PrivacyArguments.dp_max_grad_norm`, Gaussian noise,
   division by the expected batch size); ``TrainingArguments.max_grad_norm`` (the Trainer's
-  clipping of the *averaged* gradient) is not used: per-example clipping replaces it;
+  clipping of the *averaged* gradient) is not used: per-example clipping replaces it (a
+  value other than its default is warned about);
 * **loss**: computed per example (:func:`privlearn.torch.per_sequence_cross_entropy` for
   language modelling, the mean over examples for sequence classification), never the
   token-level mean Hugging Face models return with ``labels=``;
@@ -100,6 +101,7 @@ padding).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import glob
 import math
@@ -107,7 +109,6 @@ import os
 import secrets
 import time
 import warnings
-from dataclasses import dataclass, fields
 
 import torch
 from torch.nn import functional as F
@@ -123,7 +124,6 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 from privlearn._type_registry import first_in_mro
 from privlearn._validation import check_unit_ids
 from privlearn.accounting import planned_steps
-from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import (
     ConfigurationError,
     ParameterTypeError,
@@ -131,6 +131,7 @@ from privlearn.errors import (
     PrivacyBudgetExceededError,
     PrivacyLeakWarning,
 )
+from privlearn.torch._hf_args import _TASKS, _TRAINER_FIELDS, PrivacyArguments  # noqa: F401
 from privlearn.torch._hf_collate import expand_position_ids
 from privlearn.torch._hf_fsdp import (
     FSDP2Support,
@@ -141,14 +142,7 @@ from privlearn.torch._hf_fsdp import (
 )
 from privlearn.torch._hf_optim import OptimizerHandoff
 from privlearn.torch.accountant import PrivacyBudgetWarning
-from privlearn.torch.config import (
-    _OTHER_SETTINGS,
-    Clipping,
-    DPConfig,
-    Noise,
-    Reduction,
-    refuse_unknown_settings,
-)
+from privlearn.torch.config import _OTHER_SETTINGS
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
@@ -159,7 +153,6 @@ __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STAT
 
 PRIVACY_STATE_NAME = "privlearn_privacy.pt"
 _PRIVATE_FORMAT = "privlearn.torch.hf.private_state/1"
-_TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classification")
 #: The auto-model mapping of transformers that names the model classes of each task.
 _TASK_MAPPINGS = {
     "causal_lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
@@ -167,100 +160,6 @@ _TASK_MAPPINGS = {
     "token_classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
     "sequence_classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
 }
-
-
-@dataclass(frozen=True)
-class PrivacyArguments:
-    """The DP-SGD settings of a :class:`DPTrainer` (validated by
-    :class:`~privlearn.torch.config.DPConfig`, which documents them; passed to
-    :func:`privlearn.torch.make_private`). Every field but ``user_column``, ``task`` and
-    ``log_training_loss`` is a field of ``DPConfig`` under the same name, type and
-    default.
-
-    Attributes
-    ----------
-    noise_multiplier, target_epsilon, target_delta, max_grad_norm, sampling, accountant,
-    secure_mode, seed, clipping, target_unclipped_quantile, clipbound_learning_rate,
-    unclipped_num_std, batch_dims, check_batch_independence, noise, bands, buffers,
-    cycle_length, max_examples_per_user, user_reduction
-        As in :class:`~privlearn.torch.config.DPConfig`; ``target_epsilon`` (and correlated
-        noise, and the participation-bounding samplers) use the Trainer's planned steps
-        (``max_steps``, or ``num_train_epochs`` times the steps of an epoch).
-    user_column : str, optional
-        The training set's column (key of each example) holding the user of each example:
-        privacy is then per user (``make_private(users=...)``); the column is not passed
-        to the model.
-    max_epsilon : float, optional
-        Stop training before the step that would take epsilon (of all this trainer's
-        runs) past this; default ``target_epsilon``, if given (as in
-        :func:`~privlearn.torch.make_private`); ``float("inf")`` trains past it.
-    log_training_loss : bool
-        The Trainer's ``loss`` / ``train_loss`` logs are means over private training
-        batches without noise, and they are saved in every checkpoint's
-        ``trainer_state.json``: by default they are not released. ``True`` keeps them
-        and emits a :class:`~privlearn.errors.PrivacyLeakWarning`: they are then not
-        covered by the accounted mechanism.
-    task : str, optional
-        How the per-example loss is computed: ``"causal_lm"`` (shifted per-sequence
-        token cross-entropy), ``"masked_lm"`` / ``"token_classification"`` (unshifted),
-        ``"sequence_classification"`` (labels of shape ``(B,)``, or floating-point
-        targets). Default: the model's task in transformers' auto-model mappings
-        (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, ``..._MASKED_LM_...``,
-        ``..._TOKEN_CLASSIFICATION_...``, ``..._SEQUENCE_CLASSIFICATION_...``) of its class
-        or nearest transformers base class, a peft wrapper unwrapped; for a model in none
-        of them, ``"sequence_classification"`` when the labels are one per example
-        (shape ``(B,)`` or floating point). Anything else (a custom class with per-token
-        labels, a class in two mappings) is refused until ``task`` is given.
-    """
-
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    target_delta: float = 1e-5
-    max_grad_norm: float | list | dict = 1.0
-    max_epsilon: float | None = None
-    sampling: str = "poisson"
-    accountant: str = "pld"
-    secure_mode: bool = False
-    seed: int | None = None
-    clipping: Clipping | str = Clipping.FLAT
-    target_unclipped_quantile: float | None = None
-    clipbound_learning_rate: float = 0.2
-    unclipped_num_std: float | None = None
-    batch_dims: dict | None = None
-    check_batch_independence: bool = True
-    noise: Noise | str | ToeplitzStrategy = Noise.DPSGD
-    bands: int | None = None
-    buffers: int | None = None
-    cycle_length: int | None = None
-    user_column: str | None = None
-    max_examples_per_user: int = 1
-    user_reduction: Reduction | str = Reduction.MEAN
-    task: str | None = None
-    log_training_loss: bool = False
-
-    def __new__(cls, *args, **kwargs):  # an unknown keyword: what to use (DPConfig's table)
-        refuse_unknown_settings(cls, kwargs)
-        return super().__new__(cls)
-
-    def __post_init__(self):
-        if self.task is not None and self.task not in _TASKS:
-            raise ParameterValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
-        if self.clipping == "adaptive" and self.target_unclipped_quantile is None:
-            return  # refused with the other settings when training starts
-        # one validation for every setting: DPConfig's (the planned length comes later)
-        users = None if self.user_column is None else [0]
-        DPConfig(**self.engine_settings(steps=1, users=users))
-
-    def engine_settings(self, **extra) -> dict:
-        """The :func:`~privlearn.torch.make_private` settings: the fields shared with
-        :class:`~privlearn.torch.config.DPConfig` (all but the Trainer's own
-        ``user_column``, ``task`` and ``log_training_loss``), and ``extra``."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self)
-                   if f.name not in _TRAINER_FIELDS}, **extra}
-
-
-# the fields that are not DPConfig's (the others are, as tests/torch/test_settings.py checks)
-_TRAINER_FIELDS = ("user_column", "task", "log_training_loss")
 
 
 #: Keys of the logs, returned metrics and checkpoint states a DPTrainer releases (plus
@@ -400,6 +299,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                 f"privacy must be a PrivacyArguments, got {type(privacy).__name__}", *other]))
         a = kwargs.get("args", args[1] if len(args) > 1 else None)
         if a is not None:  # the Trainer works on a copy: the user's arguments stay as given
+            _warn_unused_clipping(a, privacy)
             a = _private_copy(a)
             if "args" in kwargs:
                 kwargs["args"] = a
@@ -702,6 +602,22 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         state["model"] = p.model.state_dict()
         state["optimizer"] = p.optimizer.original_optimizer.state_dict()
         p.load_state_dict(state)
+
+
+def _warn_unused_clipping(args, privacy: PrivacyArguments) -> None:
+    """Warn when TrainingArguments.max_grad_norm was set (to other than its default, 0 or
+    the per-example bound): a DPTrainer does not use it, which a script passing
+    ``--max_grad_norm`` for DP-SGD's clipping would otherwise not learn."""
+    given = getattr(args, "max_grad_norm", None)
+    default = {f.name: f.default for f in dataclasses.fields(type(args))}.get("max_grad_norm")
+    if given in (None, 0, default) or given == privacy.dp_max_grad_norm:
+        return
+    warnings.warn(
+        f"TrainingArguments.max_grad_norm={given:g} (the Trainer's clipping of the averaged "
+        "gradient) is not used by DPTrainer: each example's gradient is clipped at "
+        f"PrivacyArguments.dp_max_grad_norm={privacy.dp_max_grad_norm!r} instead. Set that "
+        "(--dp_max_grad_norm with HfArgumentParser) for DP-SGD's clipping bound",
+        UserWarning, stacklevel=3)
 
 
 def _private_copy(args):

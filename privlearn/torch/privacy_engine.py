@@ -49,7 +49,13 @@ from privlearn.torch._engine_checks import (
     _warn_drop_last,
     _warn_loader_generator,
 )
-from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant, Segment
+from privlearn.torch.accountant import (
+    BudgetCap,
+    LedgerLink,
+    PrivacyAccountant,
+    Segment,
+    opacus_method_error,
+)
 from privlearn.torch.config import DPConfig, unknown_settings_error
 from privlearn.torch.data import (
     AugmentedLoader,
@@ -187,6 +193,9 @@ class PrivateTraining:
             "make_private returns one PrivateTraining, not a (model, optimizer, data_loader) "
             "tuple: write p = make_private(...) and use p.model, p.optimizer, p.data_loader "
             "(and p.accountant, p.epsilon(delta), p.state_dict())")
+
+    def __getattr__(self, name: str):  # only for missing attributes: Opacus's names
+        raise opacus_method_error("PrivateTraining", name)
 
     def __repr__(self) -> str:
         return (f"PrivateTraining(noise_multiplier={self.noise_multiplier}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -244,3 +245,36 @@ def test_estimator_audit_refuses_bad_input_before_fitting():
         audit_estimator(est, X, y, 10, seed=-1)
     with pytest.raises(TypeError, match="no privacy parameters"):
         audit_estimator(LinearRegression(), X, y, 10)
+
+
+@pytest.mark.parametrize("side", [True, False])
+def test_a_result_with_every_canary_on_one_side_still_reports(side):
+    """Every canary drawn in (or none) is a valid outcome: the result's AUC (no ROC) is
+    nan, its summary says None and stays valid JSON (they raised on the empty side)."""
+    import json
+
+    seed = next(s for s in range(10_000)
+                if (np.random.default_rng(s).random(2) < 0.5).all() == side
+                and (np.random.default_rng(s).random(2) < 0.5).any() == side)
+    with pytest.warns(UserWarning, match="no outcome"):
+        res = one_run_audit(lambda inc: inc.astype(float), 2, claimed_epsilon=1.0,
+                            delta=1e-5, seed=seed)
+    assert math.isnan(res.auc)
+    d = res.to_dict()
+    assert d["auc"] is None and d["canaries_included"] == (2 if side else 0)
+    assert json.loads(json.dumps(d, allow_nan=False)) == d
+
+
+def test_report_of_a_result_with_every_canary_on_one_side_writes_the_scores(tmp_path):
+    import types
+
+    from privlearn.auditing.report import write_report
+
+    seed = next(s for s in range(10_000) if (np.random.default_rng(s).random(2) < 0.5).all())
+    with pytest.warns(UserWarning, match="no outcome"):
+        res = one_run_audit(lambda inc: inc.astype(float), 2, claimed_epsilon=1.0,
+                            delta=1e-5, seed=seed)
+    run = types.SimpleNamespace(result=res, bug="none", mechanism=lambda: None)
+    (path,) = write_report(run, str(tmp_path))
+    assert path.endswith("_scores.csv")
+    assert open(path).read().splitlines()[1:] == ["0,1,1.0", "1,1,1.0"]

@@ -187,3 +187,15 @@ def test_cli_bug_is_an_alias_of_inject_bug(monkeypatch):
                                  "--bug", "no-noise"])
     assert r.exit_code == 5, r.output
     assert seen["bug"] == "no-noise" and "planted bug:            no-noise" in r.output
+
+
+def test_one_run_audit_takes_scores_as_a_tensor_that_requires_grad():
+    # a scorer that returns a model output (requires grad) is scored like its values
+    from privlearn.auditing import one_run_audit
+
+    w = torch.ones(1, requires_grad=True)
+    res = one_run_audit(lambda inc: torch.tensor(inc, dtype=torch.float32) * w, 200,
+                        claimed_epsilon=1.0, delta=1e-5, seed=0)
+    ref = one_run_audit(lambda inc: inc.astype(float), 200, claimed_epsilon=1.0,
+                        delta=1e-5, seed=0)
+    assert res.epsilon_lower_bound == ref.epsilon_lower_bound > 0

@@ -226,3 +226,28 @@ def test_messages_name_commands_and_options_not_python(db, tmp_path):
         assert r.exit_code == 2, r.output
         assert "privlearn budget init" in r.stderr, r.stderr
         assert not any(w in r.stderr for w in ("create=True", "create_budget", "key=")), r.stderr
+
+
+def test_verify_refuses_an_expected_head_that_is_not_hex(db):
+    # a 64-character head that is not hexadecimal is a usage error (status 2), not a
+    # tampered ledger (status 4)
+    r = run("budget", "verify", db, "--expect-head", "1:" + "z" * 64)
+    assert r.exit_code == 2, r.output
+    assert "COUNT:HASH" in r.output
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--dataset", "", "--epsilon", "1", "--delta", "1e-6"], "--dataset must be"),
+    (["--dataset", "d", "--epsilon", "1", "--delta", "1e-6", "--privacy-unit", " "],
+     "--privacy-unit must be"),
+    (["--dataset", "d", "--epsilon", "-1", "--delta", "1e-6"], "--epsilon must be in (0, inf)"),
+    (["--dataset", "d", "--epsilon", "1", "--delta", "2"], "--delta must be in [0, 1)"),
+    (["--dataset", "d", "--epsilon", "1", "--delta", "0", "--adaptive"],
+     "--delta must be in (0, 1) with --adaptive"),
+])
+def test_a_refused_init_names_the_option_and_leaves_no_file(tmp_path, args, said):
+    path = tmp_path / "new.db"
+    r = CliRunner().invoke(cli, ["budget", "init", str(path), *args])
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"error: {said}") and r.stderr.count("\n") == 1, r.stderr
+    assert not path.exists()

@@ -82,3 +82,39 @@ def test_sigkill_mid_spends_keeps_every_acknowledged_spend(tmp_path):
     ).epsilon(1e-6)
     led.spend("data", Gaussian(1000.0), label="after the crash")  # still writable
     assert led.verify()
+
+
+def test_threads_sharing_a_ledger_or_each_with_its_own_keep_the_cap(tmp_path):
+    import threading
+
+    from privlearn.errors import BudgetExceededError
+
+    sigma = 12.0
+    fit = max(k for k in range(1, 60) if compose(Gaussian(sigma), steps=k).epsilon(DELTA) <= CAP)
+    for shared in (True, False):
+        path = str(tmp_path / f"t{shared}.db")
+        main = Ledger(path, create=True)
+        main.create_budget("data", CAP, DELTA)
+        acked, errors = [], []
+
+        def worker(w, shared=shared, path=path, main=main, acked=acked, errors=errors):
+            led = main if shared else Ledger(path)
+            for i in range(8):
+                try:
+                    led.spend("data", Gaussian(sigma), label=f"{w}-{i}")
+                    acked.append(f"{w}-{i}")
+                except BudgetExceededError:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    errors.append(repr(exc))
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        labels = [e.label for e in main.history("data") if e.kind == "spend"]
+        assert sorted(labels) == sorted(acked) and len(acked) == fit  # none lost or extra
+        assert main.spent("data").epsilon_spent <= CAP and main.verify()
+        main.close()

@@ -84,3 +84,57 @@ def test_ledger_total_is_tight_and_beats_sum_of_epsilons(tmp_path):
           f"{direct.upper:.4f}; diffprivlib BudgetAccountant {dpl_eps:.4f}; ratio "
           f"{dpl_eps / spent.epsilon_spent:.2f}")
     assert 2 * spent.epsilon_spent <= dpl_eps
+
+
+def _approx_ledger(tmp_path, epsilon, delta):
+    from privlearn.ledger import Ledger as _Ledger
+
+    ledger = _Ledger(tmp_path / "approx.db", create=True)
+    ledger.create_budget("d", epsilon=epsilon, delta=delta)
+    return ledger
+
+
+def test_an_approx_dp_release_fills_its_own_budget_exactly(tmp_path):
+    # (1, 1e-5)-DP is exactly a (1, 1e-5) budget (basic composition of one release); the
+    # PLD's discretisation alone cannot certify any epsilon at a delta equal to the mass
+    # at infinity, which refused it
+    from privlearn.accounting import ApproxDP
+    from privlearn.errors import BudgetExceededError
+
+    ledger = _approx_ledger(tmp_path, 1.0, 1e-5)
+    ledger.spend("d", ApproxDP(1.0, 1e-5))
+    spent = ledger.spent("d")
+    assert spent.epsilon_spent == 1.0
+    with pytest.raises(BudgetExceededError):  # nothing more fits
+        ledger.spend("d", ApproxDP(1e-9, 1e-12))
+
+
+def test_approx_dp_releases_summing_to_the_budget_fit(tmp_path):
+    # (0.5, 4e-6) twice: sum (1, 8e-6) <= (1, 1e-5) by Dwork & Roth Theorem 3.16; the
+    # tight composition is below 1, its certified PLD bound was 1.00001 (refused)
+    from privlearn.accounting import ApproxDP
+    from privlearn.errors import BudgetExceededError
+
+    ledger = _approx_ledger(tmp_path, 1.0, 1e-5)
+    ledger.spend("d", ApproxDP(0.5, 4e-6))
+    ledger.spend("d", ApproxDP(0.5, 4e-6))
+    spent = ledger.spent("d")
+    assert spent.epsilon_spent <= 1.0
+    assert spent.epsilon_lower <= spent.epsilon_spent
+    with pytest.raises(BudgetExceededError):
+        ledger.spend("d", ApproxDP(0.5, 1e-6))  # epsilons past the cap
+
+
+def test_basic_composition_with_a_gaussian_reads_it_at_the_delta_left(tmp_path):
+    from privlearn.accounting import ApproxDP, Gaussian
+
+    ledger = _approx_ledger(tmp_path, 2.0, 1e-5)
+    ledger.spend("d", ApproxDP(0.5, 4e-6))
+    ledger.spend("d", Gaussian(noise_multiplier=5.0))
+    # basic composition: 0.5 + the Gaussian's epsilon at the 6e-6 left, an upper bound
+    basic = 0.5 + Gaussian(noise_multiplier=5.0).epsilon(6e-6)
+    spent = ledger.spent("d")
+    assert spent.epsilon_spent <= basic + 1e-12
+    # and never below the tight composition's certified lower bound
+    tight = compose([ApproxDP(0.5, 4e-6), Gaussian(noise_multiplier=5.0)]).epsilon_bounds(1e-5)
+    assert spent.epsilon_spent >= tight.lower

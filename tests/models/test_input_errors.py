@@ -3,6 +3,8 @@ in a private setting, raised before anything is released (nothing spent on a led
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -80,6 +82,23 @@ def test_other_bad_data_is_typed(name):
         CASES[name]().fit(X[:0], y[:0])
     with pytest.raises(ParameterTypeError, match="dense"):
         CASES[name]().fit(sp.csr_matrix(X), y)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_text_in_x_says_how_to_encode_it_without_a_release(name):
+    """A text column (a category) in X: the estimator names it and says how to encode it
+    with public categories, not with categories found in the private data."""
+    X, y = _data()
+    X = X.astype(object)
+    X[:, 1] = np.where(X[:, 1].astype(float) > 0, "north", "south")
+    with pytest.raises(ParameterValueError) as info:
+        CASES[name]().fit(X, y)
+    msg = str(info.value)
+    # the estimator that read X (a pipeline's or a search's step) names itself
+    assert re.match(r"\w+: could not convert string to float", msg), msg
+    assert "OneHotEncoder(categories=" in msg and "not found in the data" in msg
+    # numbers stored as objects are numbers: no such refusal
+    CASES[name]().fit(_data()[0].astype(object), y)
 
 
 def test_non_finite_data_spends_nothing(tmp_path):

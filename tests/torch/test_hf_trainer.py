@@ -414,8 +414,10 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
 def test_user_arguments_are_not_modified(tmp_path):
     args = _args(tmp_path, max_steps=1, max_grad_norm=3.0)
     before = args.to_dict()
-    DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(),
-              privacy=PrivacyArguments(noise_multiplier=1.0, seed=0)).train()
+    with pytest.warns(UserWarning, match="max_grad_norm=3 .*not used by DPTrainer"):
+        trainer = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(),
+                            privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    trainer.train()
     assert args.to_dict() == before and args.max_grad_norm == 3.0
 
 

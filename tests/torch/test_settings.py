@@ -171,18 +171,27 @@ def test_mechanism_is_plain_data():
 def test_privacy_arguments_fields_are_dpconfig_fields():
     hf = pytest.importorskip("privlearn.torch.hf")
     ours = {f.name: f for f in dataclasses.fields(DPConfig)}
+    from privlearn.torch._hf_args import _RENAMED
+
     theirs = dataclasses.fields(hf.PrivacyArguments)
     shared = [f for f in theirs if f.name not in hf._TRAINER_FIELDS]
     assert len(shared) >= 20 and set(hf._TRAINER_FIELDS) <= {f.name for f in theirs}
+    # the two fields TrainingArguments also has are renamed (one parser holds both)
+    assert _RENAMED == {"dp_max_grad_norm": "max_grad_norm", "dp_seed": "seed"}
     for f in shared:
-        assert f.name in ours, f"PrivacyArguments.{f.name} is not a DPConfig setting"
-        assert f.type == ours[f.name].type, f.name
-        assert f.default == ours[f.name].default, f.name
-        assert type(f.default) is type(ours[f.name].default), f.name
+        name = _RENAMED.get(f.name, f.name)
+        assert name in ours, f"PrivacyArguments.{f.name} is not a DPConfig setting"
+        if name == "max_grad_norm":  # also the text of a command line
+            assert f.type.split(" | ") == ["float", "str", "list", "dict"]
+            assert ours[name].type.split(" | ") == ["float", "list", "dict"]
+        else:
+            assert f.type == ours[name].type, f.name
+        assert f.default == ours[name].default, f.name
+        assert type(f.default) is type(ours[name].default), f.name
     assert sorted(documented_attributes(hf.PrivacyArguments)) == sorted(f.name for f in theirs)
     args = hf.PrivacyArguments(noise_multiplier=1.0, clipping="per_layer",
                                max_grad_norm=[1.0, 2.0])
-    assert set(args.engine_settings()) == {f.name for f in shared}
+    assert set(args.engine_settings()) == {_RENAMED.get(f.name, f.name) for f in shared}
 
 
 def _opacus_keywords() -> list[str]:
@@ -218,6 +227,32 @@ def test_every_opacus_keyword_is_ours_or_named_with_what_to_use():
         assert dict(model._forward_hooks) == {}
     with pytest.raises(ParameterTypeError, match="model="):
         make_private(module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0)
+
+
+def test_opacus_methods_called_on_what_make_private_returns_say_what_to_use():
+    """``p.get_epsilon(delta)``, ``p.accountant.get_epsilon(delta)``, ... (Opacus's
+    PrivacyEngine and accountant methods): an AttributeError naming the counterpart; each
+    name of the table is one of Opacus's (the peer, test-only); other missing attributes
+    keep Python's wording, and hasattr is False for all."""
+    opacus = pytest.importorskip("opacus")
+    from opacus.accountants import RDPAccountant
+
+    from privlearn.torch.accountant import OPACUS_METHODS
+
+    for name in OPACUS_METHODS:
+        assert hasattr(opacus.PrivacyEngine, name) or hasattr(RDPAccountant, name), name
+    model, opt, loader = _training()
+    p = make_private(model, opt, loader, noise_multiplier=1.0)
+    for obj, owner in ((p, "PrivateTraining"), (p.accountant, "PrivacyAccountant")):
+        for name, use in OPACUS_METHODS.items():
+            assert not hasattr(obj, name)
+            with pytest.raises(AttributeError) as err:
+                getattr(obj, name)
+            assert str(err.value) == (f"{owner} has no {name} (a method of Opacus's "
+                                      f"PrivacyEngine or accountants): use {use}")
+        with pytest.raises(AttributeError, match=f"^'{owner}' object has no attribute 'nope'$"):
+            _ = obj.nope
+    assert "p.epsilon(delta)" in OPACUS_METHODS["get_epsilon"]
 
 
 def test_missing_or_misspelt_arguments_are_typed_errors_naming_them():
@@ -262,7 +297,7 @@ def test_privacy_arguments_name_other_libraries_settings_as_make_private_does():
     hf = pytest.importorskip("privlearn.torch.hf")
     from privlearn.torch.config import _OTHER_SETTINGS
 
-    ours = {f.name for f in dataclasses.fields(hf.PrivacyArguments)}
+    ours = {f.name for f in dataclasses.fields(hf.PrivacyArguments)} | {"max_grad_norm", "seed"}
     foreign = sorted((set(_DP_TRANSFORMERS) | set(_PRIVATE_TRANSFORMERS)
                       | set(_opacus_keywords()) | set(DPConfig.names())) - ours)
     assert {"per_sample_max_grad_norm", "disable_dp", "poisson_sampling", "epochs"} <= set(

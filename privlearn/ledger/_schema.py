@@ -1,0 +1,70 @@
+"""The ledger file's format: its SQLite schema, the columns and hashed content of an
+entry, the genesis hash of the chain, and the check of the schema version of a file."""
+
+from __future__ import annotations
+
+import json
+
+from privlearn.errors import LedgerConflictError, LedgerIntegrityError
+
+#: The format of the ledger file this version reads and writes.
+SCHEMA_VERSION = 1
+#: The ``prev_hash`` of the first entry.
+GENESIS = "0" * 64
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    privacy_unit TEXT NOT NULL,
+    mechanism TEXT,
+    payload TEXT,
+    label TEXT,
+    who TEXT,
+    time TEXT NOT NULL,
+    ref INTEGER,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_by_budget ON entries (dataset, privacy_unit, seq);
+CREATE TABLE IF NOT EXISTS head (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    count INTEGER NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
+BEGIN SELECT RAISE(ABORT, 'privlearn ledger entries are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
+BEGIN SELECT RAISE(ABORT, 'privlearn ledger entries are append-only'); END;
+"""
+
+_COLUMNS = (
+    "seq, kind, dataset, privacy_unit, mechanism, payload, label, who, time, ref, "
+    "prev_hash, hash"
+)
+_CONTENT_KEYS = ("seq", "kind", "dataset", "privacy_unit", "mechanism", "payload", "label",
+                 "who", "time", "ref")
+#: The hashed text of an entry: its content as compact JSON with sorted keys.
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
+def _check_schema(path: str, row) -> None:
+    """Refuse a file whose format this version cannot read: one written by a newer
+    privlearn (its rows may hold what this code would misread), or a ``meta`` table
+    without a readable schema version (``row``: the ``meta`` row ``schema``)."""
+    try:
+        version = int(row[0])
+    except (TypeError, ValueError):
+        raise LedgerIntegrityError(
+            f"{path} has no readable schema version ({None if row is None else row[0]!r}); "
+            "it is not a privacy ledger this version can read: restore it from a backup "
+            "or pass the path of a ledger", ("no readable schema version",)) from None
+    if version > SCHEMA_VERSION:
+        raise LedgerConflictError(
+            f"{path} is a privacy ledger of schema version {version}, written by a newer "
+            f"privlearn; this version reads schema {SCHEMA_VERSION} and would misread it: "
+            "upgrade privlearn to use this ledger (it was not changed)")
+

@@ -1,0 +1,85 @@
+"""Bad arguments of the audit entry points are refused before anything is calibrated,
+fitted or trained, with a typed error naming the parameter the caller passed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privlearn.errors import ParameterTypeError, ParameterValueError
+
+
+@pytest.mark.parametrize(("kwargs", "err", "match"), [
+    ({"delta": 0.0}, ParameterValueError, r"^delta must be in \(0, 1\)"),
+    ({"epsilon": float("nan")}, ParameterValueError, "^epsilon must be"),
+    ({"max_grad_norm": -1.0}, ParameterValueError, r"^max_grad_norm must be .*got -1\.0"),
+    ({"learning_rate": float("nan")}, ParameterValueError, "^learning_rate must be"),
+    ({"learning_rate": -0.5}, ParameterValueError, "^learning_rate must be"),
+    ({"canary_gradient_norm": 0.0}, ParameterValueError, "^canary_gradient_norm must be"),
+    ({"n_features": 0}, ParameterValueError, "^n_features must be"),
+])
+def test_audit_dpsgd_refuses_bad_numbers_before_training(kwargs, err, match, monkeypatch):
+    pytest.importorskip("torch")
+    import privlearn.auditing.torch as at
+    import privlearn.torch
+
+    def no_training(*a, **k):
+        raise AssertionError("trained with a bad argument")
+
+    monkeypatch.setattr(privlearn.torch, "make_private", no_training)
+    monkeypatch.setattr(at, "_calibrated_sigma", no_training)
+    with pytest.raises(err, match=match):
+        at.audit_dpsgd(**{"epsilon": 2.0, "delta": 1e-5, "n_canaries": 100, "steps": 2,
+                          **kwargs})
+
+
+@pytest.mark.parametrize(("kwargs", "err", "match"), [
+    ({"delta": "abc"}, ParameterTypeError, "^delta must be a real number"),
+    ({"canary_norm": -1.0}, ParameterValueError, r"^canary_norm must be .*got -1\.0"),
+    ({"canary_norm": 0.0}, ParameterValueError, "^canary_norm must be"),
+    ({"canary_norm": float("nan")}, ParameterValueError, "^canary_norm must be"),
+])
+def test_audit_estimator_refuses_bad_numbers_before_fitting(kwargs, err, match, monkeypatch):
+    pytest.importorskip("sklearn")
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.models import SSPRegressor
+
+    def no_fit(self, *a, **k):
+        raise AssertionError("fitted with a bad argument")
+
+    monkeypatch.setattr(SSPRegressor, "fit", no_fit)
+    X, y = np.zeros((10, 2)), np.zeros(10)
+    with pytest.raises(err, match=match):
+        audit_estimator(SSPRegressor(epsilon=1.0, delta=1e-5), X, y, 50, seed=0, **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"canaries": "gradient", "canary_gradient_norm": -1.0}, r"^canary_gradient_norm must"),
+    ({"canaries": "gradient", "private": {"noise_multiplier": 1.0, "max_grad_norm": -1.0}},
+     r"^private\['max_grad_norm'\] must .*got -1\.0"),
+    ({"delta": 0.0}, r"^delta must be in \(0, 1\)"),
+])
+def test_audit_training_refuses_bad_numbers_before_building_the_model(kwargs, match):
+    pytest.importorskip("torch")
+    from privlearn.auditing.torch import audit_training
+
+    def make_model():
+        raise AssertionError("built the model with a bad argument")
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)).astype(np.float32), rng.integers(0, 2, 40)
+    args = {"make_model": make_model, "batch_size": 10, "n_canaries": 50, "seed": 0,
+            "private": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}, **kwargs}
+    with pytest.raises(ParameterValueError, match=match):
+        audit_training((X, y), **args)
+
+
+@pytest.mark.parametrize("fpr", [[-0.1], [float("nan")], 1.5, [0.2, 2.0]])
+def test_accountant_roc_names_fpr(fpr):
+    from privlearn.accounting import Gaussian
+    from privlearn.auditing import accountant_roc
+
+    with pytest.raises(ParameterValueError, match="^fpr must be"):
+        accountant_roc(Gaussian(1.0), fpr)
+    with pytest.raises(ParameterTypeError, match="^fpr must be"):
+        accountant_roc(Gaussian(1.0), "x")

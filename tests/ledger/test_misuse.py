@@ -1,0 +1,236 @@
+"""Ledger misuse: refunds through the public settle, totals whose deltas pass the cap,
+files of a format this version cannot read."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+
+import pytest
+
+from privlearn.accounting import ApproxDP, Gaussian, compose, subsample
+from privlearn.errors import (
+    BudgetExceededError,
+    LedgerConflictError,
+    LedgerIntegrityError,
+    ParameterTypeError,
+    ParameterValueError,
+)
+from privlearn.ledger import Ledger, default_filter_order, filter_epsilon
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("adult", epsilon=1.0, delta=1e-6)
+    yield led
+    led.close()
+
+
+def test_ledger_settle_without_actual_keeps_the_plan(ledger):
+    # Ledger.settle(r) and Ledger.settle(r, None) mean what Reservation.settle() means:
+    # the plan ran in full. Only an explicit compose([]) takes the plan back.
+    plan = compose(subsample(Gaussian(1.5), 0.01), steps=100)
+    full = plan.epsilon_bounds(1e-6).upper
+    r = ledger.reserve("adult", plan)
+    ledger.settle(r, None)
+    assert ledger.spent("adult").epsilon_spent == full
+    assert ledger.pending("adult") == []
+    r2 = ledger.reserve("adult", Gaussian(20.0))
+    ledger.settle(r2.seq)
+    both = compose([plan, Gaussian(20.0)]).epsilon_bounds(1e-6).upper
+    assert ledger.spent("adult").epsilon_spent == both
+    r3 = ledger.reserve("adult", Gaussian(30.0))
+    ledger.settle(r3, compose([]))  # nothing ran: the explicit refund
+    assert ledger.spent("adult").epsilon_spent == both
+
+
+def test_ledger_settle_refuses_a_seq_that_is_not_an_int(ledger):
+    r = ledger.reserve("adult", Gaussian(20.0))
+    with pytest.raises(ParameterTypeError, match="reservation"):
+        ledger.settle(str(r.seq))
+    with pytest.raises(ParameterTypeError, match="reservation"):
+        ledger.settle(True)
+    assert len(ledger.pending("adult")) == 1
+
+
+def test_deltas_adding_up_past_the_cap_are_refused_as_over_budget(ledger):
+    # two (0.1, 6e-7)-DP releases: their deltas alone (1.2e-6) pass the budget's 1e-6,
+    # so no epsilon at delta=1e-6 holds for the total: over budget, nothing recorded
+    ledger.spend("adult", ApproxDP(0.1, 6e-7))
+    before = ledger.history()
+    with pytest.raises(BudgetExceededError, match="nothing was recorded"):
+        ledger.spend("adult", ApproxDP(0.1, 6e-7))
+    with pytest.raises(BudgetExceededError):
+        ledger.reserve("adult", ApproxDP(0.1, 6e-7))
+    with pytest.raises(BudgetExceededError):
+        ledger.check("adult", ApproxDP(0.1, 6e-7))
+    with pytest.raises(BudgetExceededError):
+        ledger.spend("adult", ApproxDP(0.01, 2e-6))  # one release over the cap's delta
+    assert ledger.history() == before
+
+
+def _set_schema(path, value):
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value=? WHERE key='schema'", (value,))
+    conn.commit()
+    conn.close()
+
+
+def test_a_ledger_of_a_newer_schema_is_refused(tmp_path):
+    p = str(tmp_path / "l.db")
+    with Ledger(p, create=True) as led:
+        led.create_budget("a", 1.0, 1e-6)
+    _set_schema(p, "2")
+    with pytest.raises(LedgerConflictError, match="schema version 2"):
+        Ledger(p)
+    _set_schema(p, "x")
+    with pytest.raises(LedgerIntegrityError, match="schema version"):
+        Ledger(p)
+    _set_schema(p, "1")
+    with Ledger(p) as led:
+        assert led.verify()
+
+
+def test_a_reservation_of_another_ledger_settles_nothing_here(tmp_path):
+    # a Reservation object carries its entry: passing it to another ledger whose entry
+    # of the same seq is a reservation too must not settle (refund) that one
+    with Ledger(tmp_path / "a.db", create=True) as a, Ledger(tmp_path / "b.db",
+                                                                create=True) as b:
+        for led in (a, b):
+            led.create_budget("adult", epsilon=1.0, delta=1e-6)
+        ra = a.reserve("adult", Gaussian(20.0))
+        rb = b.reserve("adult", Gaussian(30.0))
+        assert ra.seq == rb.seq
+        before = b.spent("adult").epsilon_spent
+        with pytest.raises(LedgerConflictError, match="settle it on its own ledger"):
+            b.settle(ra, compose([]))
+        with pytest.raises(LedgerConflictError, match="extends"):
+            b.reserve("adult", Gaussian(40.0), extends=ra)
+        assert b.spent("adult").epsilon_spent == before
+        assert len(b.pending("adult")) == 1
+        b.settle(rb, compose([]))  # its own reservation settles
+        assert b.spent("adult").epsilon_spent == 0.0
+
+
+def test_remaining_of_an_adaptive_budget_is_what_its_filter_leaves(tmp_path):
+    # the Renyi filter certifies more than the tight composition of the same releases,
+    # and both are capped: what remains is the budget minus the larger one
+    with Ledger(tmp_path / "l.db", create=True) as led:
+        led.create_budget("a", epsilon=2.0, delta=1e-5, adaptive=True)
+        led.spend("a", Gaussian(5.0))
+        s = led.spent("a")
+        assert s.adaptive_epsilon > s.epsilon_spent
+        assert s.epsilon_remaining == pytest.approx(2.0 - s.adaptive_epsilon, abs=1e-12)
+
+
+def test_a_pickle_never_carries_the_hmac_key(tmp_path):
+    import pickle
+
+    p = tmp_path / "l.db"
+    key = b"a-secret-hmac-key"
+    with Ledger(p, create=True, key=key) as led:
+        led.create_budget("a", epsilon=2.0, delta=1e-5)
+        h = led.budget("a")
+        blob = pickle.dumps(h)  # e.g. inside a fitted estimator's ledger= parameter
+        assert key not in blob
+        h2 = pickle.loads(blob)  # loads, but cannot read or spend without the key
+        with pytest.raises(ValueError, match="pickles never carry its HMAC key"):
+            h2.spent()
+        with pytest.raises(ValueError, match="pickles never carry its HMAC key"):
+            h2.spend(Gaussian(5.0))
+        h2.ledger.close()
+        assert len(led.history("a")) == 1
+    plain = tmp_path / "plain.db"
+    with Ledger(plain, create=True) as led:  # an unkeyed ledger reopens from its pickle
+        led.create_budget("a", epsilon=2.0, delta=1e-5)
+        h3 = pickle.loads(pickle.dumps(led.budget("a")))
+        h3.spend(Gaussian(5.0))
+        assert led.spent("a").entries == 1
+        h3.ledger.close()
+
+
+def test_an_empty_privacy_unit_is_refused_not_read_as_the_default(ledger):
+    # create_budget refuses privacy_unit=""; a spend with it was counted on the default
+    # ("record") budget, another budget than the one named
+    with pytest.raises(ParameterValueError, match="privacy_unit"):
+        ledger.create_budget("adult", epsilon=1.0, delta=1e-6, privacy_unit="")
+    with pytest.raises(ParameterValueError, match="privacy_unit"):
+        ledger.spend("adult", Gaussian(20.0), privacy_unit="")
+    with pytest.raises(ParameterValueError, match="privacy_unit"):
+        ledger.reserve("adult", Gaussian(20.0), privacy_unit="")
+    with pytest.raises(ParameterTypeError, match="privacy_unit"):
+        ledger.spent("adult", privacy_unit=0)
+    with pytest.raises(ParameterValueError, match="privacy_unit"):
+        ledger.budget("adult", privacy_unit="")
+    assert ledger.spent("adult").entries == 0
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    ((1.0, 1.0, 1e-5), "order"),           # order 1: no (epsilon, delta) guarantee
+    ((1.0, 0.5, 1e-5), "order"),
+    ((1.0, math.inf, 1e-5), "order"),
+    ((1.0, 2.0, 1.5), "delta"),
+    ((1.0, 2.0, 0.0), "delta"),
+    ((-1.0, 2.0, 1e-5), "rdp_total"),
+    ((math.nan, 2.0, 1e-5), "rdp_total"),
+])
+def test_filter_epsilon_refuses_bad_input_instead_of_answering_zero(args, name):
+    # these returned 0.0 (or a number for a negative RDP total): an optimistic epsilon
+    with pytest.raises(ParameterValueError, match=f"^{name} must"):
+        filter_epsilon(*args)
+
+
+def test_filter_epsilon_is_the_rdp_conversion_and_default_order_checks_epsilon():
+    # Canonne, Kamath & Steinke 2020, Proposition 12, at order 12.5
+    a, rho, d = 12.5, 0.5, 1e-5
+    closed = rho + math.log((a - 1) / a) - (math.log(d) + math.log(a)) / (a - 1)
+    assert filter_epsilon(rho, a, d) == pytest.approx(closed, rel=1e-12)
+    assert filter_epsilon(math.inf, a, d) == math.inf
+    assert default_filter_order(1.0, 1e-5) == pytest.approx(1 + 2 * math.log(1e5))
+    for eps in (0.0, -1.0, math.nan):
+        with pytest.raises(ParameterValueError, match="^epsilon must"):
+            default_filter_order(eps, 1e-5)
+
+
+def test_a_dataset_that_is_not_a_string_is_a_typed_error(ledger):
+    # it reached SQLite as a parameter it cannot bind (sqlite3.ProgrammingError)
+    for call in (lambda: ledger.spend(["adult"], Gaussian(20.0)),
+                 lambda: ledger.pending(["adult"]),
+                 lambda: ledger.history(["adult"]),
+                 lambda: ledger.check(b"adult", Gaussian(20.0))):
+        with pytest.raises(ParameterTypeError, match="^dataset must be a string"):
+            call()
+    assert ledger.spent("adult").entries == 0
+
+
+def test_verify_refuses_a_malformed_expected_head(ledger):
+    # a malformed head raised a bare TypeError from the comparison inside
+    n, h = ledger.head()
+    assert ledger.verify((n, h))
+    for bad in (("1", h), (n, "abc"), (-1, h), (True, h), (n, "z" * 64)):
+        with pytest.raises(ParameterValueError, match="^expected_head must be"):
+            ledger.verify(bad)
+    with pytest.raises(ParameterTypeError, match="^expected_head must be"):
+        ledger.verify(5)
+
+
+def test_a_path_that_is_not_a_path_is_a_typed_error():
+    for bad in (3, None, b"l.db"):
+        with pytest.raises(ParameterTypeError, match="^path must be a file path"):
+            Ledger(bad, create=True)
+
+
+def test_a_reservation_settled_inside_its_with_block_stands(ledger):
+    # settling inside the block (fewer steps than planned) made the exit's automatic
+    # settle raise "already settled" after a successful run
+    step = subsample(Gaussian(1.5), 0.01)
+    with ledger.reserve("adult", compose(step, steps=200)) as r:
+        r.settle(compose(step, steps=20))
+    assert ledger.pending("adult") == []
+    assert ledger.spent("adult").epsilon_spent == compose(step, steps=20).epsilon_bounds(
+        1e-6).upper
+    with ledger.reserve("adult", Gaussian(30.0)):  # not settled inside: the plan in full
+        pass
+    assert ledger.pending("adult") == []
+    assert ledger.spent("adult").entries == 2

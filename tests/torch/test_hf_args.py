@@ -1,0 +1,183 @@
+"""PrivacyArguments (privlearn.torch._hf_args) parsed as Hugging Face scripts parse their
+arguments: ``HfArgumentParser((TrainingArguments, PrivacyArguments))``, from a command
+line and from a dict (a JSON or YAML file), into a DPTrainer that trains with what was
+parsed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from privlearn.errors import ParameterTypeError, ParameterValueError  # noqa: E402
+from privlearn.torch.config import Clipping, Noise  # noqa: E402
+from privlearn.torch.hf import DPTrainer, PrivacyArguments  # noqa: E402
+
+
+@pytest.fixture
+def parser():
+    """An HfArgumentParser of both dataclasses; the parser rewrites the ``type`` of the
+    dataclasses' fields (transformers' own behaviour), which is undone afterwards so that
+    other tests see the classes as declared."""
+    classes = (transformers.TrainingArguments, PrivacyArguments)
+    saved = [(f, f.type) for c in classes for f in dataclasses.fields(c)]
+    yield transformers.HfArgumentParser(classes)
+    for f, t in saved:
+        f.type = t
+
+
+def test_training_and_privacy_arguments_parse_from_one_command_line(parser):
+    training, privacy = parser.parse_args_into_dataclasses([
+        "--output_dir", "out", "--max_grad_norm", "7", "--seed", "5",
+        "--target_epsilon", "3", "--target_delta", "1e-6", "--dp_max_grad_norm", "0.5",
+        "--dp_seed", "11", "--clipping", "adaptive", "--target_unclipped_quantile", "0.5",
+        "--secure_mode", "false", "--no_check_batch_independence", "--noise", "dpsgd",
+        "--user_reduction", "sum", "--max_epsilon", "4"])
+    assert isinstance(privacy, PrivacyArguments)
+    # each parser's clipping bound and seed are its own
+    assert (training.max_grad_norm, training.seed) == (7.0, 5)
+    assert (privacy.dp_max_grad_norm, privacy.dp_seed) == (0.5, 11)
+    assert (privacy.max_grad_norm, privacy.seed) == (0.5, 11)  # make_private's names
+    assert privacy.target_epsilon == 3.0 and privacy.target_delta == 1e-6
+    assert privacy.max_epsilon == 4.0 and privacy.target_unclipped_quantile == 0.5
+    assert privacy.clipping == Clipping.ADAPTIVE and privacy.noise == Noise.DPSGD
+    assert privacy.user_reduction == "sum"
+    assert privacy.check_batch_independence is False and privacy.secure_mode is False
+    settings = privacy.engine_settings()
+    assert settings["max_grad_norm"] == 0.5 and settings["seed"] == 11
+    assert "dp_max_grad_norm" not in settings and "dp_seed" not in settings
+
+
+def test_defaults_parse_to_the_defaults_of_the_dataclass(parser):
+    _, privacy = parser.parse_args_into_dataclasses(["--output_dir", "out",
+                                                     "--noise_multiplier", "1.0"])
+    assert privacy == PrivacyArguments(noise_multiplier=1.0)
+
+
+def test_help_lists_the_privacy_flags(parser, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args_into_dataclasses(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--dp_max_grad_norm", "--dp_seed", "--target_epsilon", "--noise_multiplier",
+                 "--max_grad_norm", "--seed"):
+        assert flag in out
+    # the privacy settings in a section of their own, each with its help
+    assert "DP-SGD settings (privlearn PrivacyArguments):" in out
+    assert all(f.metadata.get("help") for f in dataclasses.fields(PrivacyArguments))
+    assert "Per-example clipping bound" in out
+
+
+def test_a_bad_value_is_refused_with_the_setting_named(parser):
+    with pytest.raises(ParameterValueError, match="target_delta"):
+        parser.parse_args_into_dataclasses(["--output_dir", "out", "--noise_multiplier",
+                                            "1.0", "--target_delta", "2"])
+
+
+def test_per_layer_bounds_from_a_dict_or_from_text(parser):
+    _, privacy = parser.parse_dict({"output_dir": "out", "noise_multiplier": 1.0,
+                                    "clipping": "per_layer", "dp_max_grad_norm": [1.0, 2.0]})
+    assert privacy.dp_max_grad_norm == [1.0, 2.0]
+    assert PrivacyArguments(noise_multiplier=1.0, dp_max_grad_norm="0.25").max_grad_norm == 0.25
+    as_text = PrivacyArguments(noise_multiplier=1.0, clipping="per_layer",
+                               dp_max_grad_norm='{"0.weight": 1.0, "0.bias": 0.5}')
+    assert as_text.dp_max_grad_norm == {"0.weight": 1.0, "0.bias": 0.5}
+    with pytest.raises(ParameterValueError, match="dp_max_grad_norm.*'one'"):
+        PrivacyArguments(noise_multiplier=1.0, dp_max_grad_norm="one")
+    with pytest.raises(ParameterValueError, match="max_grad_norm"):
+        PrivacyArguments(noise_multiplier=1.0, dp_max_grad_norm="-1")
+
+
+def test_make_private_names_are_the_same_settings():
+    a = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, seed=3)
+    assert a == PrivacyArguments(noise_multiplier=1.0, dp_max_grad_norm=0.5, dp_seed=3)
+    assert dataclasses.replace(a, dp_seed=4).seed == 4
+    # dataclasses.replace under make_private's names (every field and the change)
+    b = dataclasses.replace(a, seed=5, max_grad_norm=[1.0], clipping="per_layer")
+    assert (b.dp_seed, b.dp_max_grad_norm, b.clipping) == (5, [1.0], "per_layer")
+    with pytest.raises(ParameterTypeError, match="both max_grad_norm= and dp_max_grad_norm="):
+        PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, dp_max_grad_norm=0.5)
+    with pytest.raises(ParameterTypeError, match="both seed= and dp_seed="):
+        PrivacyArguments(noise_multiplier=1.0, seed=1, dp_seed=1)
+
+
+def test_a_pickle_of_the_former_field_names_loads():
+    """Pickles of PrivacyArguments written when the fields were named max_grad_norm and
+    seed load into the renamed fields."""
+    import pickle
+
+    a = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5, seed=3)
+    assert pickle.loads(pickle.dumps(a)) == a
+    renamed = {"dp_max_grad_norm": "max_grad_norm", "dp_seed": "seed"}
+    old = {renamed.get(k, k): v for k, v in vars(a).items()}  # the state as then pickled
+    assert "max_grad_norm" in old and "dp_max_grad_norm" not in old
+    b = PrivacyArguments.__new__(PrivacyArguments)
+    b.__setstate__(old)
+    assert b == a and (b.max_grad_norm, b.seed) == (0.5, 3)
+
+
+class _Set(torch.utils.data.Dataset):
+    def __init__(self, n=32):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 6, generator=g)
+        self.y = (self.x[:, 0] > 0).long()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 2)
+
+    def forward(self, x, labels=None):
+        logits = self.fc(x)
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+        return {"loss": loss, "logits": logits}
+
+
+def test_a_parsed_command_line_trains_with_the_parsed_bound_and_seed(parser, tmp_path):
+    argv = ["--output_dir", str(tmp_path), "--per_device_train_batch_size", "8",
+            "--max_steps", "2", "--report_to", "none", "--use_cpu", "--save_strategy", "no",
+            "--noise_multiplier", "1.3", "--dp_max_grad_norm", "0.25", "--dp_seed", "7",
+            "--disable_tqdm", "true"]
+    updates = []
+    for _ in range(2):
+        training, privacy = parser.parse_args_into_dataclasses(argv)
+        torch.manual_seed(0)
+        model = _Model()
+        before = model.fc.weight.detach().clone()
+        trainer = DPTrainer(model=model, args=training, train_dataset=_Set(), privacy=privacy)
+        trainer.train()
+        p = trainer.privacy_engine
+        assert p.max_grad_norm == 0.25 and p.noise_multiplier == 1.3
+        assert p.accountant.steps == 2
+        updates.append(model.fc.weight.detach() - before)
+    assert torch.equal(updates[0], updates[1])  # dp_seed seeds the sampler and the noise
+    assert updates[0].abs().sum() > 0
+
+
+def test_an_unused_trainer_clipping_bound_is_said(tmp_path):
+    args = transformers.TrainingArguments(str(tmp_path), max_grad_norm=0.1, report_to=[],
+                                          use_cpu=True, save_strategy="no")
+    with pytest.warns(UserWarning, match=r"max_grad_norm=0\.1 .*not used by DPTrainer"
+                                         r".*dp_max_grad_norm=1\.0"):
+        DPTrainer(model=_Model(), args=args, train_dataset=_Set(),
+                  privacy=PrivacyArguments(noise_multiplier=1.0))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for given in (1.0, 0.0):  # the Trainer's default, or none
+            a = transformers.TrainingArguments(str(tmp_path), max_grad_norm=given,
+                                               report_to=[], use_cpu=True,
+                                               save_strategy="no")
+            DPTrainer(model=_Model(), args=a, train_dataset=_Set(),
+                      privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5))
