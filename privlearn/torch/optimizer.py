@@ -196,6 +196,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         #: the open batch's sums of the parameters of before a change of the trained set
         self._carry: dict[int, torch.Tensor] = {}
         self._final_chunk = True  # the next step() ends a logical batch
+        self._skipping = False  # the rest of a logical batch refused at one of its chunks
         self._chunk_size: int | None = None  # examples of the next physical chunk
         self._chunk_groups: tuple | None = None  # its privacy units' row counts
         #: privacy units of several rows (:mod:`privlearn.torch.units`): "sum" or "mean"
@@ -355,6 +356,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
     def _begin_logical_batch(self) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
         was left between its chunks) are discarded, never released."""
+        self._skipping = False
         if self._out is not None or self._carry:
             self._out, self._carry = None, {}
             warnings.warn(
@@ -755,9 +757,23 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         PrivacyBudgetExceededError
             The step would exceed ``max_epsilon``; nothing is changed.
         """
+        if self._skipping:  # nothing of a logical batch refused at one of its chunks
+            return self._skip_chunk(closure)
         if self._final_chunk:  # the hooks see the arguments as given (none, or the closure)
             return self._with_step_hooks(self._step, *(() if closure is None else (closure,)))
         return self._step(closure)
+
+    def _skip_chunk(self, closure=None):
+        """A chunk of a logical batch refused at an earlier chunk: dropped, nothing released
+        (the rest alone is a position-dependent part of the batch, not the sampler's law)."""
+        with torch.enable_grad():
+            loss = None if closure is None else closure()
+        self.tracker.clear()
+        self._skipping = not self._final_chunk
+        self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
+        if (scaler := self._amp_scaler()) is not None:
+            self._report_found_inf(scaler, None)
+        return loss
 
     def _step(self, closure=None):
         loss = None
@@ -771,7 +787,14 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             if not self._final_chunk:  # a physical chunk of a virtual batch
                 drawn = self.sampler.take() if self.sampler is not None else None
                 units, rows = self._units_and_rows(drawn, self._chunk_size)
-                self._require_recorded(rows)
+                try:
+                    self._require_recorded(rows)
+                except TrainingLoopError:  # the whole logical batch is dropped
+                    self._out, self._carry, self._skipping = None, {}, True
+                    self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
+                    if drawn is not None:
+                        self.sampler.refused(drawn)
+                    raise
                 self.tracker.check_outside_uses()
                 self.tracker.check_independence(rows)
                 self.clip_and_accumulate(examples=rows, units=units)

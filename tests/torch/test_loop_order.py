@@ -101,6 +101,40 @@ def test_zero_grad_after_backward_is_refused_with_its_cause(oracle):
         torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("refused_chunk", [0, 1])
+def test_a_virtual_batch_refused_at_a_chunk_releases_none_of_its_chunks(refused_chunk):
+    """With virtual batches, a chunk refused for that order drops its whole logical batch:
+    the chunks after it used to be released alone as one step (a part of the batch chosen
+    by position, not the sampler's law), and one record could move it by more than C."""
+    n = 24
+    model = nn.Linear(n, 1, bias=False).double()
+    nn.init.zeros_(model.weight)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(torch.eye(n, dtype=torch.float64),
+                                              torch.zeros(n)), batch_size=12),
+                     noise_multiplier=0.0, max_grad_norm=100.0, seed=0, sampling="fixed",
+                     max_physical_batch_size=4, loss_reduction="sum")
+    released, before = [], model.weight.detach().clone()
+    for k, (x, _) in enumerate(p.data_loader):  # logical batches of 12: chunks of 4
+        p.model(x).sum().backward()
+        if k == refused_chunk:
+            p.optimizer.zero_grad()
+            with pytest.raises(TrainingLoopError, match="zero_grad"):
+                p.optimizer.step()
+            continue
+        p.optimizer.step()
+        p.optimizer.zero_grad()
+        after = model.weight.detach().clone()
+        if not torch.equal(after, before):  # an update: which examples it holds
+            released.append(set((after - before).ne(0).nonzero()[:, 1].tolist()))
+        before = after
+        if k == 5:
+            break
+    # the first logical batch (chunks 0-2) released nothing; the second one all 12 rows
+    assert p.accountant.steps == 1
+    assert [len(r) for r in released] == [12]
+
+
 def test_a_model_left_in_eval_mode_is_refused_not_charged():
     model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 2))
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
