@@ -551,3 +551,17 @@ def test_delta_at_pure_epsilon_is_negligible(q, b, steps):
     assert e.upper == pytest.approx(m.epsilon(0.0), rel=1e-12)
     assert m.delta(e.upper) <= 1e-13
     assert m.delta(0.999 * e.upper) > 1e-13  # and the grid is still used below it
+
+
+def test_composition_too_long_for_the_grid_falls_back_or_raises_typed() -> None:
+    # 1e15 steps: the composed window needs a grid spacing of ~400, whose spare points
+    # lie beyond the float range of e^loss; epsilon falls back to the RDP accountant (a
+    # certified answer), delta refuses with a typed error -- never a bare ValueError
+    from privlearn.errors import AccountingError
+
+    m = compose(subsample(Gaussian(1.0), 0.01), 10**15)
+    b = m.epsilon_bounds(1e-5)
+    assert b.accountant == "rdp"
+    assert b.upper == m.epsilon(1e-5, "rdp")
+    with pytest.raises(AccountingError, match="rdp"):
+        m.delta(1.0)
