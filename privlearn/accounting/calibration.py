@@ -107,11 +107,11 @@ def calibrate(
         if e_a != e_b or not math.isfinite(e_a):
             return e_a >= e_b
         try:  # delta at the common epsilon (<= the target delta for both)
-            d_a, d_b = (float(factory(int(x) if integer else x).delta(e_a, accountant))
+            d_a, d_b = (_delta_of(factory(int(x) if integer else x), e_a, accountant)
                         for x in (a, b))
         except (ArithmeticError, ValueError):
             return True
-        return d_a >= d_b
+        return d_a is None or d_b is None or d_a >= d_b
 
     if bounds is not None:
         lo, hi = (check_real("bounds[0]", bounds[0]), check_real("bounds[1]", bounds[1]))
@@ -189,6 +189,13 @@ def calibrate(
             lo = mid
     result = hi if decreasing else lo
     return int(result) if integer else float(result)
+
+
+def _delta_of(mechanism: object, epsilon: float, accountant: str) -> float | None:
+    """``mechanism.delta(epsilon, accountant)``, or None for an object without a delta
+    method (a factory may return any object with an ``epsilon(delta, accountant)``)."""
+    fn = getattr(mechanism, "delta", None)
+    return float(fn(epsilon, accountant)) if callable(fn) else None
 
 
 def _brent_refine(
