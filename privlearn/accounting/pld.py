@@ -385,17 +385,19 @@ class PLDAccountant:
     ) -> PrivacyBound:
         """When the grid cannot certify ``delta`` (tiny delta, long compositions), the
         smallest certified answer of the other methods: the pure epsilon (a valid
-        epsilon for every delta) and the RDP accountant. ``PrivacyBound.accountant`` says
+        epsilon for every delta) and the RDP accountant (for Poisson sampling under
+        replace-one, its bound for fixed-size sampling; see :func:`_rdp_guess`).
+        ``PrivacyBound.accountant`` says
         which one answered (``"pld"`` for the pure epsilon, ``"rdp"``); no lower bound.
         Raises the grid's error when neither can answer."""
         candidates: list[tuple[float, str]] = []
         if math.isfinite(pe):
             candidates.append((pe, self.name))
-        try:
-            rdp = get_accountant("rdp").epsilon(mechanism, delta)
-            candidates.append((rdp.upper, rdp.accountant))
-        except (UnsupportedMechanismError, AccountingError):
-            pass  # RDP cannot answer either; the candidates decide (or err is raised)
+        # the RDP accountant's epsilon; for Poisson sampling under replace-one, which it
+        # does not account, that of fixed-size sampling: the same dominating pair, which
+        # the fixed-size mechanism attains, so its RDP bound holds for the pair
+        # (:func:`_rdp_guess`); none when RDP cannot answer either
+        candidates.extend((e, "rdp") for e in _rdp_guess(mechanism, _parts(mechanism), delta))
         if not candidates or not math.isfinite(min(candidates)[0]):
             raise err
         up, who = min(candidates)
