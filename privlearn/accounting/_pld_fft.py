@@ -413,7 +413,9 @@ def compose_fft_tilted(
     """Composition of ``pmfs`` through the exponential tilt ``theta > 0`` (for tiny delta).
 
     ``refuse_above``: raise :class:`AccountingError` before composing when the tilted
-    window needs more grid points than that (a refinement's cost bound).
+    window needs more grid points than that (a refinement's cost bound). ``max_points``
+    bounds the memory: a window above it is refused the same way, and the widening for
+    the tails stops once it passes it.
 
     The plain FFT's round-off allowance is absolute (about ``u sqrt(N)`` times the total
     mass), which stops certification near delta ~ 1e-10 for long compositions. Here the
@@ -448,6 +450,11 @@ def compose_fft_tilted(
     if refuse_above is not None and (b - a) / h > refuse_above:
         raise AccountingError(f"pld: the tilted window needs {(b - a) / h:.3g} grid points, "
                               f"more than {refuse_above}")
+    if (b - a) / h > max_points:
+        # refused before any array is allocated: a heavy tilted tail (q=1e-6, sigma=0.3
+        # under replace-one, 1e5 steps) asked for 3e8 points, some 20 GB
+        raise AccountingError(f"pld: the tilted window needs {(b - a) / h:.3g} grid points, "
+                              f"more than max_points={max_points}")
     for _ in range(6):
         c = compose_fft(tp, h, a, b, la, lb, upper=upper, accurate=accurate)
         if c.tails <= 1e3 * tail_tol or (b - a) / h > max_points:

@@ -117,6 +117,13 @@ def _loss_grid(lo: float, hi: float, h: float) -> tuple[int, int, np.ndarray]:
     n = math.ceil(hi / h) + 1 - i0
     if n > MAX_STEP_POINTS:
         raise AccountingError(f"pld: single-step grid too large ({n} points)")
+    # the spare points lie up to 2 h beyond the range: a grid as coarse as the windows of
+    # very long compositions (h of order 1e8 at 1e15 steps) would put them past +-700
+    if (i0 * h < -700.0) or ((i0 + n) * h > 700.0):
+        raise PrivacyLossOverflowError(
+            f"pld: loss grid [{i0 * h:.4g}, {(i0 + n) * h:.4g}] (spacing {h:.3g}) exceeds "
+            "+-700 (e^loss overflows): the composition is too long for this accountant's "
+            "grid; accountant='rdp' answers it")
     return i0, n, (i0 + np.arange(n + 1)) * h
 
 

@@ -42,7 +42,8 @@ def calibrate(
     factory : callable
         Maps the parameter (noise multiplier, number of steps, sampling rate, ...) to a
         :class:`~privlearn.accounting.mechanisms.Mechanism`. Epsilon must be monotone in
-        the parameter (increasing or decreasing; the direction is detected).
+        the parameter (increasing or decreasing; the direction is detected, from delta
+        at the common epsilon where epsilon is the same at both probes, e.g. 0).
     epsilon : float > 0
         Target epsilon.
     delta : float in [0, 1)
@@ -97,6 +98,21 @@ def calibrate(
     def feasible(x: float) -> bool:
         return eps_of(x) <= target
 
+    def decreases(a: float, b: float) -> bool:
+        """Whether epsilon decreases from ``a`` to ``b > a``. Where both epsilons are
+        equal (e.g. both 0: a tiny sampling rate keeps every short run within delta),
+        the direction is read from ``delta`` at that epsilon, which still moves there;
+        equal in both, the parameter is taken as a noise scale (decreasing)."""
+        e_a, e_b = eps_of(a), eps_of(b)
+        if e_a != e_b or not math.isfinite(e_a):
+            return e_a >= e_b
+        try:  # delta at the common epsilon (<= the target delta for both)
+            d_a, d_b = (_delta_of(factory(int(x) if integer else x), e_a, accountant)
+                        for x in (a, b))
+        except (ArithmeticError, ValueError):
+            return True
+        return d_a is None or d_b is None or d_a >= d_b
+
     if bounds is not None:
         lo, hi = (check_real("bounds[0]", bounds[0]), check_real("bounds[1]", bounds[1]))
         if not lo < hi:
@@ -104,7 +120,7 @@ def calibrate(
         if integer:
             lo, hi = math.ceil(lo), math.floor(hi)
         e_lo, e_hi = eps_of(lo), eps_of(hi)
-        decreasing = e_lo >= e_hi
+        decreasing = decreases(lo, hi)
         if decreasing:
             if not feasible(hi):
                 raise CalibrationError(
@@ -123,8 +139,7 @@ def calibrate(
                 return hi
     else:
         # Detect the direction around 1, then expand geometrically.
-        a, b = 1.0, 2.0
-        decreasing = eps_of(a) >= eps_of(b)
+        decreasing = decreases(1.0, 2.0)
         if decreasing:
             hi = 1.0
             while not feasible(hi):
@@ -174,6 +189,13 @@ def calibrate(
             lo = mid
     result = hi if decreasing else lo
     return int(result) if integer else float(result)
+
+
+def _delta_of(mechanism: object, epsilon: float, accountant: str) -> float | None:
+    """``mechanism.delta(epsilon, accountant)``, or None for an object without a delta
+    method (a factory may return any object with an ``epsilon(delta, accountant)``)."""
+    fn = getattr(mechanism, "delta", None)
+    return float(fn(epsilon, accountant)) if callable(fn) else None
 
 
 def _brent_refine(

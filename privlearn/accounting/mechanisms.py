@@ -16,11 +16,14 @@ Conventions
   sensitivity, e.g. ``max_grad_norm`` in DP-SGD -- **whatever the neighbouring
   relation** (Google dp_accounting's convention). Under replace-one neighbouring a
   record's contribution can move from ``+c`` to ``-c``, i.e. by ``2 C``, and the
-  accountants account for that: a subsampled Gaussian under replace-one is analysed with
-  the tight pair ``((1-q) N(0, s^2) + q N(1, s^2), (1-q) N(0, s^2) + q N(-1, s^2))``
-  (``s`` the noise multiplier, ``q`` the rate; at ``q = 1`` a Gaussian with sensitivity
-  2), and likewise Laplace with ``Lap(+-1)``; the RDP accountant uses the base mechanism
-  at sensitivity 2 (Gaussian RDP ``2 alpha / s^2``). A bare (non-subsampled)
+  accountants account for that: a Poisson-subsampled Gaussian under replace-one is
+  analysed with the tight pair ``((1-q) N(0, s^2) + q N(1, s^2), (1-q) N(0, s^2) +
+  q N(-1, s^2))`` (``s`` the noise multiplier, ``q`` the rate; at ``q = 1`` a Gaussian
+  with sensitivity 2), and likewise Laplace with ``Lap(+-1)``; fixed-size sampling
+  (without replacement) under replace-one with the base at sensitivity 2 (the batch that
+  misses the record holds another in its place: ``(1-q) N(0, s^2) + q N(2, s^2)`` against
+  ``N(0, s^2)`` is attained); the RDP accountant uses the base mechanism at sensitivity 2
+  (Gaussian RDP ``2 alpha / s^2``). A bare (non-subsampled)
   :class:`Gaussian` or :class:`Laplace` is add/remove: sensitivity ``C``.
 * :class:`PureDP` and :class:`RandomizedResponse` state their guarantee (epsilon, truth
   probability) for the neighbouring relation under which they are used; no factor is
@@ -494,11 +497,16 @@ def subsample(
         replace-one for fixed-size sampling without replacement. The noise multiplier
         of a :class:`Gaussian` or :class:`Laplace` base stays relative to the bound
         ``C`` on one record's contribution; under replace-one the record's contribution
-        can move by ``2 C`` and the accountants use the tight pair
+        can move by ``2 C``. For Poisson sampling the accountants use the tight pair
         ``((1-q) N(0, s^2) + q N(1, s^2), (1-q) N(0, s^2) + q N(-1, s^2))`` (Laplace
-        likewise with ``Lap(+-1)``), for Poisson and fixed-size sampling alike (as
-        Google dp_accounting's ``NeighboringRelation.REPLACE_ONE``). :class:`PureDP` and
-        :class:`RandomizedResponse` bases state their epsilon for the given relation.
+        likewise with ``Lap(+-1)``; Google dp_accounting's
+        ``NeighboringRelation.REPLACE_ONE``). For fixed-size sampling that pair does not
+        dominate -- the batch that misses the record holds another in its place, so the
+        record ``+C`` against a replacement ``-C`` attains ``((1-q) N(0, s^2) +
+        q N(2, s^2), N(0, s^2))`` -- and the accountants use the base at sensitivity
+        ``2 C`` (the symmetrised profile of Dong, Roth & Su 2022, Theorem 9; Lebeda,
+        Regehr, Kamath & Steinke 2024). :class:`PureDP` and :class:`RandomizedResponse`
+        bases state their epsilon for the given relation.
 
     References
     ----------

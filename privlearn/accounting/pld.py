@@ -51,18 +51,24 @@ response state their epsilon for the relation of the :class:`Subsampled` object.
   ``(Q, (1-q) Q + q P)`` are composed separately and the worse one is reported (a fixed
   pair of neighbouring datasets has the same direction at every step; Zhu, Dong & Wang
   2022, Theorem 9 and Section 5; as in Google's dp_accounting).
-* replace-one, Gaussian or Laplace base (Poisson or fixed size): replacing a record
-  moves its contribution from ``+c`` to ``-c`` at worst, so one step is dominated by the
-  tight pair ``((1-q) N(0,s^2) + q N(1,s^2), (1-q) N(0,s^2) + q N(-1,s^2))`` (Laplace:
+* replace-one, Poisson sampling, Gaussian or Laplace base: replacing a record moves its
+  contribution from ``+c`` to ``-c`` at worst, so one step is dominated by the tight pair
+  ``((1-q) N(0,s^2) + q N(1,s^2), (1-q) N(0,s^2) + q N(-1,s^2))`` (Laplace:
   ``Lap(+-1, b)``; with probability ``1 - q`` the record is not in the batch and the
   outputs coincide; joint convexity, Balle, Barthe & Gaboardi 2018, Theorem 2). Its loss
   distribution is the same in both directions (reflection), so one composition
   suffices. This is dp_accounting's ``AdjacencyType.REPLACE`` for Poisson sampling; at
   ``q = 1`` it is the base at sensitivity ``2 C``.
-* replace-one, PureDP / randomized response base: the symmetrised profile
-  ``max(delta_remove, delta_add)``, i.e. the trade-off function ``C_q(f)`` of Dong, Roth &
-  Su 2022, Theorem 9 (sampling without replacement; Balle, Barthe & Gaboardi 2018,
-  Theorem 9 for its pure-DP case).
+* replace-one, fixed-size sampling (any base), and replace-one Poisson sampling of a
+  PureDP / randomized response base: the symmetrised profile ``max(delta_remove,
+  delta_add)`` of the base at the relation's sensitivity (Gaussian, Laplace: ``2 C``),
+  i.e. the trade-off function ``C_q(f)`` of Dong, Roth & Su 2022, Theorem 9 (sampling
+  without replacement; Balle, Barthe & Gaboardi 2018, Theorem 9 for its pure-DP case).
+  Without replacement the pair above does not dominate: a batch that misses the record
+  holds another one in its place, so the record ``+c`` against the replacement ``-c``
+  (every other record ``-c``) gives ``((1-q) N(0,s^2) + q N(2,s^2), N(0,s^2))``, which
+  ``C_q`` attains (Lebeda, Regehr, Kamath & Steinke 2024, Avoiding Pitfalls for Privacy
+  Accounting of Subsampled Mechanisms under Composition, Section 5).
 * fixed size, add/remove: the batch with and without the extra record differ by a
   replacement, whose sensitivity is at most twice the add/remove sensitivity (triangle
   inequality); the base pair is taken at twice the sensitivity (group privacy ``2 eps``
@@ -168,9 +174,17 @@ def _base_pair(m: Mechanism) -> Pair:
 
 
 def _replace_pair(m: Subsampled) -> Pair | None:
-    """The tight replace-one pair of a subsampled mechanism whose kind registers one (a
-    record's contribution moves from ``+c`` to ``-c``), or None."""
-    if m.neighbouring is not Neighbouring.REPLACE_ONE or m.rate >= 1.0:
+    """The tight replace-one pair of a Poisson-subsampled mechanism whose kind registers
+    one (a record's contribution moves from ``+c`` to ``-c``), or None.
+
+    Poisson sampling only: without replacement, the batch that misses the record holds
+    another record in its place, so the outputs with and without it differ by up to
+    ``2 c`` (e.g. the record ``+c``, every other ``-c``, the replacement ``-c``) and one
+    step is ``((1-q) N(0, s^2) + q N(2, s^2), N(0, s^2))``, far beyond the pair above
+    (Lebeda, Regehr, Kamath & Steinke 2024, Avoiding Pitfalls for Privacy Accounting of
+    Subsampled Mechanisms under Composition, Section 5)."""
+    if (m.neighbouring is not Neighbouring.REPLACE_ONE or m.rate >= 1.0
+            or m.scheme is not Sampling.POISSON):
         return None
     kind = kind_of(m.base)
     fn = kind.get("pld_replace_one_pair") if kind is not None else None
@@ -385,17 +399,19 @@ class PLDAccountant:
     ) -> PrivacyBound:
         """When the grid cannot certify ``delta`` (tiny delta, long compositions), the
         smallest certified answer of the other methods: the pure epsilon (a valid
-        epsilon for every delta) and the RDP accountant. ``PrivacyBound.accountant`` says
+        epsilon for every delta) and the RDP accountant (for Poisson sampling under
+        replace-one, its bound for fixed-size sampling; see :func:`_rdp_guess`).
+        ``PrivacyBound.accountant`` says
         which one answered (``"pld"`` for the pure epsilon, ``"rdp"``); no lower bound.
         Raises the grid's error when neither can answer."""
         candidates: list[tuple[float, str]] = []
         if math.isfinite(pe):
             candidates.append((pe, self.name))
-        try:
-            rdp = get_accountant("rdp").epsilon(mechanism, delta)
-            candidates.append((rdp.upper, rdp.accountant))
-        except (UnsupportedMechanismError, AccountingError):
-            pass  # RDP cannot answer either; the candidates decide (or err is raised)
+        # the RDP accountant's epsilon; for Poisson sampling under replace-one, which it
+        # does not account, that of fixed-size sampling, whose mechanism attains the
+        # Poisson pair (a record +c or -c, the one it replaces 0), so its RDP bound holds
+        # for that pair (:func:`_rdp_guess`); none when RDP cannot answer either
+        candidates.extend((e, "rdp") for e in _rdp_guess(mechanism, _parts(mechanism), delta))
         if not candidates or not math.isfinite(min(candidates)[0]):
             raise err
         up, who = min(candidates)
@@ -692,9 +708,10 @@ class PLDAccountant:
 def _rdp_guess(mechanism: Mechanism, parts, delta: float) -> list[float]:
     """An RDP epsilon near the answer, used only to place the tilt (never returned): the
     RDP accountant's, or -- for Poisson sampling under replace-one, which it does not
-    account -- that of the same steps with fixed-size sampling, whose replace-one
-    dominating pair is the same (module docstring) and which Wang, Balle &
-    Kasiviswanathan (2019) bound."""
+    account -- that of the same steps with fixed-size sampling, whose mechanism attains
+    the Poisson replace-one pair (the record ``+c`` or ``-c``, the one it replaces 0) and
+    which Wang, Balle & Kasiviswanathan (2019) bound (so the bound holds for the pair;
+    :meth:`PLDAccountant._fallback_epsilon` also returns it)."""
     rdp = get_accountant("rdp")
     try:
         return [rdp.epsilon(mechanism, delta).upper]

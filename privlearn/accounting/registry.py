@@ -50,9 +50,10 @@ An accountant that needs a representation the kind lacks raises
     for fixed-size sampling under add/remove and, when ``replace_one_doubles_sensitivity``,
     for replace-one neighbouring.
 ``pld_replace_one_pair(m, rate) -> Pair``
-    The tight pair of ``subsample(m, rate)`` under replace-one for ``0 < rate < 1``
-    (a record's contribution moving from ``+c`` to ``-c``); without it the PLD accountant
-    uses the symmetrised remove/add profile (Dong, Roth & Su 2022, Theorem 9).
+    The tight pair of ``subsample(m, rate)`` (Poisson sampling) under replace-one for
+    ``0 < rate < 1`` (a record's contribution moving from ``+c`` to ``-c``); without it,
+    and always for fixed-size sampling, the PLD accountant uses the symmetrised
+    remove/add profile (Dong, Roth & Su 2022, Theorem 9).
 ``rdp_poisson_subsampled(m, rate, alphas) -> ndarray``
     A Poisson-subsampled (add/remove) RDP bound tighter than Zhu & Wang's general one.
 ``pld_atoms(m) -> Atoms``
@@ -487,7 +488,8 @@ def _amplified(eps: float, q: float) -> float:
 def _step_pure_epsilon(m: Mechanism) -> float:
     """Pure epsilon of one (possibly subsampled) step; see :func:`pure_epsilon`."""
     if isinstance(m, Subsampled):
-        if m.neighbouring is Neighbouring.REPLACE_ONE and m.rate < 1.0:
+        if (m.neighbouring is Neighbouring.REPLACE_ONE and m.rate < 1.0
+                and m.scheme is Sampling.POISSON):  # (fixed size: not that pair)
             rep = kind_of(m.base)
             fn = rep.get("pld_replace_one_pair") if rep is not None else None
             if fn is not None:  # the supremum of the tight pair's privacy loss
@@ -511,8 +513,9 @@ def pure_epsilon(mechanism: Mechanism) -> float:
     The kind's ``pure_epsilon`` for one run (exact, or rounded up by the kind);
     ``log(1 + q (e^eps - 1))`` for subsampling of the base at the sensitivity of the
     neighbouring relation (:func:`relation_base`; Balle, Barthe & Gaboardi 2018,
-    Theorems 8 and 9), or the supremum of the privacy loss of the kind's
-    ``pld_replace_one_pair`` where it has one, each rounded up by 4 ulps; the exact sum
+    Theorems 8 and 9), or, for Poisson sampling under replace-one, the supremum of the
+    privacy loss of the kind's ``pld_replace_one_pair`` where it has one, each rounded up
+    by 4 ulps; the exact sum
     ``sum_i k_i eps_i`` over a composition (basic composition, Dwork & Roth 2014,
     Theorem 3.14, attained by the dominating pairs), rounded up to a float.
     """

@@ -49,6 +49,25 @@ def test_steps_integer_rounded_down():
     assert f(t + 1).epsilon(delta, "rdp") > eps
 
 
+@pytest.mark.parametrize("accountant, bounds", [("rdp", None), ("pld", (1, 100))])
+def test_steps_found_when_short_runs_all_cost_zero(accountant, bounds):
+    # at q = 1e-6 one and two steps (and, by the PLD, a hundred) are all (0, 1e-5)-DP:
+    # the direction (epsilon increases with the steps) is read from delta at that
+    # epsilon, not taken to be a noise scale's, which made the answer 1 step
+    eps, delta = 1.0, 1e-5
+
+    def f(t):
+        return compose(subsample(Gaussian(1.0), 1e-6), int(t))
+
+    ends = (1, 2) if bounds is None else bounds
+    assert all(f(t).epsilon(delta, accountant) == 0.0 for t in ends)
+    t = calibrate(f, eps, delta, accountant=accountant, integer=True, bounds=bounds)
+    if bounds is not None:
+        assert t == 100  # every count in the bounds is feasible: the largest
+        return
+    assert f(t).epsilon(delta, accountant) <= eps < f(t + 1).epsilon(delta, accountant)
+
+
 def test_steps_with_bounds():
     def f(t):
         return compose(Laplace(10.0), int(t))

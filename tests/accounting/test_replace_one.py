@@ -119,3 +119,42 @@ def test_one_sided_parts_and_kinds_without_a_sensitivity_scale_are_refused():
         as_replace_one(subsample(Gaussian(1.0), 0.1, neighbouring="add_only"))
     with pytest.raises(UnsupportedMechanismError, match="scale_sensitivity"):
         as_replace_one(RDPMechanism(lambda a: a / 2.0, name="custom"))
+
+
+# ----------------------------------------------------------------------------------------
+# fixed-size sampling (without replacement) under replace-one: the +-1 pair of Poisson
+# sampling does not dominate it
+# ----------------------------------------------------------------------------------------
+def _wor_attack_delta(eps: float, q: float, sigma: float) -> float:
+    """delta(eps) of ``((1-q) N(0, s^2) + q N(2, s^2), N(0, s^2))``, which fixed-size
+    sampling under replace-one attains: a sum of clipped contributions (C = 1) over a
+    batch of m drawn from n records, the record +1 in D and -1 in D', every other record
+    -1; D' gives N(-m, s^2) always, D gives N(-m + 2, s^2) when its record is drawn
+    (probability q = m/n), else N(-m, s^2). The loss is increasing in x, so delta is the
+    mass above the crossing point x*, in closed form."""
+    x = 1.0 + 0.5 * sigma**2 * math.log((math.exp(eps) - 1.0 + q) / q)
+    return ((1 - q) * norm.sf(x / sigma) + q * norm.sf((x - 2.0) / sigma)
+            - math.exp(eps) * norm.sf(x / sigma))
+
+
+@pytest.mark.parametrize("q, sigma", [(0.01, 1.0), (0.1, 1.0), (0.004, 1.1), (0.5, 4.0)])
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_fixed_size_replace_one_gaussian_covers_the_attained_pair(q, sigma, accountant):
+    m = subsample(Gaussian(sigma), q, scheme="fixed")
+    for delta in (1e-8, 1e-5, 1e-2):
+        eps = m.epsilon(delta, accountant)
+        assert _wor_attack_delta(eps, q, sigma) <= delta * (1 + 1e-9)
+    if accountant == "pld":  # and the PLD answer is that pair's (tight)
+        eps = m.epsilon(1e-5)
+        assert _wor_attack_delta(eps * (1 - 1e-3), q, sigma) > 1e-5
+
+
+@pytest.mark.parametrize("q, b, steps", [(0.1, 0.5, 1), (0.01, 2.0, 1), (0.05, 1.0, 100)])
+def test_fixed_size_replace_one_laplace_pure_epsilon_is_the_attained_one(q, b, steps):
+    # the same attack with Laplace noise: the likelihood ratio reaches (1-q) + q e^{2/b}
+    # (x >= 2), at every step at once with positive probability
+    m = compose(subsample(Laplace(b), q, scheme="fixed"), steps)
+    attained = steps * math.log1p(q * math.expm1(2.0 / b))
+    for accountant in ("pld", "rdp"):
+        assert m.epsilon(0.0, accountant) >= attained * (1 - 1e-12)
+    assert m.epsilon(0.0) <= attained * (1 + 1e-9)

@@ -107,3 +107,36 @@ def test_tilted_brackets_the_exact_gaussian_composition(sigma, steps, delta):
     up, lo = _tilted_bounds(m, delta, up_ex)
     assert up >= lo_ex and lo <= up_ex
     assert up <= 1.01 * lo
+
+
+def test_tilted_window_above_max_points_is_refused_before_composing():
+    # the window is sized before any array is allocated: above max_points it is refused
+    # (AccountingError, which the accountant answers by its fallbacks); q=1e-6, sigma=0.3
+    # under replace-one over 1e5 steps asked for 3e8 points (some 20 GB) with no cap
+    from privlearn.accounting import _pld_discrete as dsc
+    from privlearn.accounting._pld_fft import compose_fft_tilted
+
+    pair = pld._step(acc.subsample(acc.Gaussian(1.0), 0.5)).a
+    up, _ = dsc.discretize(pair, 0.01, 1e-20)
+    with pytest.raises(acc.AccountingError, match="max_points"):
+        compose_fft_tilted([(up, 1000)], 0.01, 0.5, 1e-18, upper=True, max_points=1024)
+
+
+@pytest.mark.slow
+def test_heavy_tilted_tail_answers_in_bounded_memory():
+    import tracemalloc
+
+    m = acc.compose(acc.subsample(acc.Gaussian(0.3), 1e-6, neighbouring="replace_one"),
+                    100_000)
+    tracemalloc.start()
+    try:
+        b = m.epsilon_bounds(1e-10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2e9
+    assert math.isfinite(b.upper) and b.lower <= b.upper
+    # the add/remove answer of the same steps is below it (replace-one is the larger
+    # change of a record's contribution)
+    assert b.upper >= acc.compose(acc.subsample(acc.Gaussian(0.3), 1e-6),
+                                  100_000).epsilon_bounds(1e-10).lower

@@ -341,3 +341,30 @@ def test_from_privlearn_roundtrip() -> None:
     assert m.get_approxDP(DELTA) == desc.epsilon(DELTA, "pld")
     with pytest.raises(TypeError):
         Mechanism.from_privlearn("not a mechanism")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sigma, q", [(1.0, 0.01), (2.0, 0.1), (0.8, 0.05)])
+def test_wor_subsampling_of_a_replace_one_gaussian_is_autodps_mechanism(sigma, q):
+    # autodp's GaussianMechanism(sigma) with neighboring="replace_one" has Renyi curve
+    # alpha / (2 sigma^2) between replace-one neighbours: unit replace-one sensitivity.
+    # Sampling without replacement then attains ((1-q) N(0, s^2) + q N(1, s^2),
+    # N(0, s^2)) (the record +1/2 against its replacement -1/2, every other record
+    # -1/2): the facade's epsilon covers it and is autodp's own (its RDP bound, or the
+    # tighter PLD), not that of twice the sensitivity
+    from scipy.stats import norm
+
+    autodp_zoo = pytest.importorskip("autodp.mechanism_zoo")
+    autodp_tz = pytest.importorskip("autodp.transformer_zoo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours, theirs = mechanism_zoo.GaussianMechanism(sigma), autodp_zoo.GaussianMechanism(sigma)
+        ours.neighboring = theirs.neighboring = "replace_one"
+        ours = transformer_zoo.AmplificationBySampling(PoissonSampling=False)(ours, q)
+        theirs = autodp_tz.AmplificationBySampling(PoissonSampling=False)(
+            theirs, q, improved_bound_flag=True)
+        eps, ref = ours.get_approxDP(1e-5), theirs.get_approxDP(1e-5)
+    x = 0.5 + sigma**2 * math.log((math.exp(eps) - 1 + q) / q)  # where the loss is eps
+    attained = ((1 - q) * norm.sf(x / sigma) + q * norm.sf((x - 1) / sigma)
+                - math.exp(eps) * norm.sf(x / sigma))
+    assert attained <= 1e-5 * (1 + 1e-9)
+    assert eps <= ref * (1 + 1e-6)

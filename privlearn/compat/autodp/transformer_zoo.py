@@ -26,7 +26,7 @@ from privlearn._validation import check_nonnegative, check_rate
 from privlearn.accounting import Composed, compose, subsample
 from privlearn.accounting import Mechanism as PrivlearnMechanism
 from privlearn.accounting.mechanisms import Gaussian
-from privlearn.accounting.registry import equivalent_gaussian
+from privlearn.accounting.registry import equivalent_gaussian, kind_of, scaled
 from privlearn.compat.autodp.autodp_core import (
     NO_PRIVACY_LOSS,
     Mechanism,
@@ -250,6 +250,20 @@ class ComposeGaussian(Composition):
         return newmech
 
 
+def _stated_under_replace_one(d: PrivlearnMechanism) -> PrivlearnMechanism:
+    """The privlearn description of a base whose autodp guarantee is stated under
+    replace-one (``mechanism.neighboring = "replace_one"``): autodp's Gaussian(sigma) then
+    has Renyi curve ``alpha / (2 sigma^2)`` between replace-one neighbours, i.e. unit
+    sensitivity under replace-one, which privlearn (noise relative to the add/remove bound
+    ``C``, doubled under replace-one) describes as ``Gaussian(2 sigma)``; likewise
+    Laplace. Kinds that state their own epsilon for the relation (PureDP, randomized
+    response) are unchanged."""
+    kind = kind_of(d)
+    if kind is not None and kind.replace_one_doubles_sensitivity:
+        return scaled(d, 0.5)
+    return d
+
+
 class AmplificationBySampling(Transformer):
     """Privacy amplification by subsampling.
 
@@ -326,6 +340,8 @@ class AmplificationBySampling(Transformer):
                         "mechanisms that share one subsample is not supported; subsample each "
                         "step, then compose"
                     )
+            if not self.PoissonSampling and mechanism.neighboring == "replace_one":
+                d = _stated_under_replace_one(d)
             scheme = "poisson" if self.PoissonSampling else "fixed"
             newmech._set_description(subsample(d, rate, scheme=scheme, neighbouring=one_sided))
         if one_sided is not None:
