@@ -216,6 +216,7 @@ register_mechanism(
     # input factor times as far (Dwork & Roth 2014, Section 2.3)
     scale_sensitivity=lambda m, factor: PureDP(factor * m.pure_epsilon),
     pld_atoms=lambda m: closed_form.pure_dp_atoms(m.pure_epsilon),
+    stated_dp=lambda m: (m.pure_epsilon, 0.0),
 )
 
 
@@ -230,6 +231,7 @@ register_mechanism(
     ApproxDP,
     pure_epsilon=lambda m: math.inf,  # delta > 0: no pure guarantee
     pld_pair=_approx_dp_pair,
+    stated_dp=lambda m: (m.dp_epsilon, m.dp_delta),
 )
 
 

@@ -144,6 +144,8 @@ __all__ = [
 #: Known representations and their signatures (see the module docstring).
 REPRESENTATIONS: dict[str, str] = {
     "pure_epsilon": "fn(m) -> float",
+    # a kind known only through an (epsilon, delta) statement, for basic composition
+    "stated_dp": "fn(m) -> (epsilon, delta)",
     "pld_pair": "fn(m) -> Pair",
     "rdp": "fn(m, alphas: ndarray) -> ndarray",
     "equivalent_gaussian": "fn(m) -> float | None",

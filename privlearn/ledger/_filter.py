@@ -38,14 +38,8 @@ from fractions import Fraction
 import numpy as np
 
 from privlearn._validation import check_delta, check_nonnegative, check_positive
-from privlearn.accounting import (
-    AccountingError,
-    ApproxDP,
-    Mechanism,
-    PureDP,
-    UnsupportedMechanismError,
-    compose,
-)
+from privlearn.accounting import AccountingError, Mechanism, UnsupportedMechanismError, compose
+from privlearn.accounting.registry import kind_of
 from privlearn.errors import ParameterValueError
 
 __all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order"]
@@ -127,7 +121,8 @@ def _float_down(x: Fraction) -> float:
 def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
                               accountant: str) -> float | None:
     """Epsilon at ``delta`` by basic composition of the releases known only through an
-    ``(epsilon, delta)`` guarantee (:class:`PureDP`, :class:`ApproxDP`) with the tight
+    ``(epsilon, delta)`` guarantee (the kinds with a ``stated_dp`` representation:
+    :class:`~privlearn.accounting.PureDP`, :class:`~privlearn.accounting.ApproxDP`) with the tight
     composition of the others, or None when it does not apply.
 
     Basic composition (Dwork, Roth 2014, Theorem 3.16; it holds under adaptive choice,
@@ -140,17 +135,18 @@ def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
     rational arithmetic and rounded up, is exact there. The rest is read at
     ``delta - sum delta_i`` (rounded down).
     """
-    explicit = [m for m in mechs if isinstance(m, (PureDP, ApproxDP))]
-    if not explicit:
+    stated, rest = [], []
+    for m in mechs:
+        kind = kind_of(m)
+        fn = None if kind is None else kind.get("stated_dp")
+        (rest if fn is None else stated).append(m if fn is None else fn(m))
+    if not stated:
         return None
-    eps = sum((Fraction(m.pure_epsilon) if isinstance(m, PureDP) else Fraction(m.dp_epsilon)
-               for m in explicit), Fraction(0))
-    spent_delta = sum((Fraction(m.dp_delta) for m in explicit if isinstance(m, ApproxDP)),
-                      Fraction(0))
+    eps = sum((Fraction(e) for e, _ in stated), Fraction(0))
+    spent_delta = sum((Fraction(d) for _, d in stated), Fraction(0))
     left = Fraction(delta) - spent_delta
     if left < 0:
         return None
-    rest = [m for m in mechs if not isinstance(m, (PureDP, ApproxDP))]
     if rest:
         left_f = _float_down(left)
         if left_f <= 0.0:

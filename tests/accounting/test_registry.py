@@ -23,7 +23,9 @@ def test_builtin_kinds_have_their_representations():
                       "exact_delta"},
         acc.RandomizedResponse: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity",
                                  "pld_atoms"},
-        acc.PureDP: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity", "pld_atoms"},
+        acc.PureDP: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity", "pld_atoms",
+                     "stated_dp"},
+        acc.ApproxDP: {"pure_epsilon", "pld_pair", "stated_dp"},
         acc.RDPMechanism: {"pure_epsilon", "rdp"},
     }
     for cls, reps in expect.items():
