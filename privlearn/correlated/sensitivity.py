@@ -99,6 +99,38 @@ def _certified_sqrt(square: float, terms: int) -> float:
     return math.nextafter(math.nextafter(s, math.inf), math.inf)
 
 
+#: entries of magnitude in this range are split exactly into halves whose products
+#: neither overflow nor underflow (:func:`_sum_of_squares`)
+_SPLIT_RANGE = (2.0**-450, 2.0**450)
+
+
+def _sum_of_squares(x: np.ndarray) -> Fraction:
+    """An upper bound, as a fraction, on ``sum x_i^2`` that equals it to within
+    ``2^-52`` of the rounding residual: exact for a sum of squares that is itself a float
+    (a unit vector gives 1).
+
+    Each ``x_i`` is split exactly into two 26-bit halves (Veltkamp), so ``x_i^2 = h^2 +
+    2 h l + l^2`` with every product exact; :func:`math.fsum` rounds the exact sum of
+    those terms correctly (``T``), and the rounded residual ``r = fsum(terms - T)``
+    bounds what ``T`` missed. ``O(n)`` in floats, not ``O(n)`` big rationals. Entries
+    outside :data:`_SPLIT_RANGE` are summed as exact fractions."""
+    a = np.abs(x)
+    inside = (a >= _SPLIT_RANGE[0]) & (a <= _SPLIT_RANGE[1])
+    rest = a[~inside].tolist()
+    total = sum((Fraction(y) ** 2 for y in rest), Fraction(0))
+    a = a[inside]
+    if a.size:
+        big = a * 134217729.0  # 2^27 + 1
+        hi = big - (big - a)
+        lo = a - hi
+        terms = np.concatenate([hi * hi, 2.0 * hi * lo, lo * lo]).tolist()
+        t = math.fsum(terms)
+        terms.append(-t)
+        r = math.fsum(terms)
+        total += Fraction(t) + Fraction(r) + abs(Fraction(r)) * Fraction(1, 2**52)
+    return total
+
+
 def _certified_norm(v: np.ndarray, relative_error: float = 0.0) -> float:
     """``||v||`` rounded up, exactly: the sum of squares in rational arithmetic (exact for
     float entries), times ``(1 + relative_error)^2`` for the error made computing ``v``
@@ -108,7 +140,7 @@ def _certified_norm(v: np.ndarray, relative_error: float = 0.0) -> float:
     nz = nz[nz != 0.0]
     if not np.all(np.isfinite(nz)):
         raise ArithmeticError("sensitivity computation overflowed")
-    total = sum((Fraction(x) ** 2 for x in nz.tolist()), Fraction(0))
+    total = _sum_of_squares(nz)
     if relative_error:
         total *= (1 + Fraction(relative_error)) ** 2
     root = math.sqrt(float(total))
@@ -125,6 +157,15 @@ def vector_sensitivity(x: np.ndarray, min_sep: int, max_participations: int) -> 
     squeeze = x.ndim == 1
     x = np.atleast_2d(x)
     rows, n = x.shape
+    if max_participations >= -(-n // min_sep):
+        # the count bound is vacuous (no pattern has more): one backward pass,
+        # g[i] = max(g[i + 1], x[i] + g[i + min_sep]), O(n) steps over the rows at once
+        # instead of max_participations passes over all of x
+        g = np.zeros((n + min_sep + 1, rows))
+        xt = np.ascontiguousarray(x.T)
+        for i in range(n - 1, -1, -1):
+            np.maximum(g[i + 1], xt[i] + g[i + min_sep], out=g[i])
+        return float(g[0, 0]) if squeeze else g[0].copy()
     f = np.zeros((rows, n + min_sep))
     for _ in range(max_participations):
         # f[i] = x[i] + best with one fewer participation from i + min_sep on, then the
@@ -218,16 +259,38 @@ def _nonneg_nonincreasing(c: np.ndarray) -> bool:
     return bool(np.all(c >= 0.0) and np.all(c[1:] <= c[:-1]))
 
 
+def _window_sums(a: np.ndarray, k: int) -> np.ndarray:
+    """``out[r] = sum_{r' = max(0, r - k + 1)}^{r} a[r']`` (rows of a non-negative 2-D
+    ``a``) in ``O(a.size)`` whatever ``k``: within blocks of ``k`` rows, each window is a
+    suffix of one block plus a prefix of the next (van Herk 1992; Gil & Werman 1993), a
+    sum of at most ``2k`` non-negative terms (relative error at most ``2k u``), with no
+    subtraction."""
+    rows = a.shape[0]
+    if k >= rows:
+        return np.cumsum(a, axis=0)
+    blocks = -(-rows // k)
+    padded = np.zeros((blocks * k, *a.shape[1:]))
+    padded[:rows] = a
+    tiles = padded.reshape(blocks, k, *a.shape[1:])
+    prefix = np.cumsum(tiles, axis=1).reshape(padded.shape)[:rows]
+    suffix = np.cumsum(tiles[:, ::-1], axis=1)[:, ::-1].reshape(padded.shape)
+    out = prefix.copy()
+    r = np.arange(rows)
+    start = r - k + 1
+    split = (start > 0) & (start % k != 0)  # the window starts inside the previous block
+    out[split] += suffix[start[split]]
+    return out
+
+
 def _spaced_sum(c: np.ndarray, n: int, sep: int, k: int) -> np.ndarray:
     """``sum_{m < k} shift(c, m * sep)`` truncated to ``n``: ``C u`` for the pattern
-    ``0, sep, ..., (k-1) sep``."""
-    w = np.zeros(n)
-    for m in range(k):
-        start = m * sep
-        if start >= n:
-            break
-        w[start:] += c[: n - start]
-    return w
+    ``0, sep, ..., (k-1) sep``. Entry ``t = r sep + j`` is the sum of ``c[r' sep + j]``
+    over the last ``k`` rows ``r' <= r`` of ``c`` cut into rows of ``sep``: ``O(n)``
+    (:func:`_window_sums`), each entry a sum of at most ``2k`` non-negative terms for
+    ``c >= 0``."""
+    rows = -(-n // sep)
+    a = _toeplitz.pad(c, rows * sep).reshape(rows, sep)
+    return _window_sums(a, k).reshape(-1)[:n]
 
 
 def _dense_upper_bound(
@@ -255,7 +318,10 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
     if b is not None and b <= sep:
         # columns of two participations are orthogonal; squared column norms:
         col2 = np.cumsum(c * c)[::-1]  # ||C[:, i]||^2 = sum_{j < n-i} c_j^2
-        total = vector_sensitivity(col2, sep, k)
+        # col2 is non-increasing (a cumulative sum of non-negative floats never
+        # decreases), and the m-th of any pattern is at step >= m * sep: the best
+        # pattern is steps 0, sep, ..., (k-1) sep ([CC23b] Algorithm 3 on such a vector)
+        total = math.fsum(col2[::sep][:k].tolist())
         return Sensitivity(
             _certified_sqrt(total, n), True,
             f"{b}-banded with min_sep={sep}: best pattern of column norms ([CC23b] Thm. 2)",
@@ -263,7 +329,7 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
     if _nonneg_nonincreasing(c):
         w = _spaced_sum(c, n, sep, k)
         return Sensitivity(
-            _certified_norm(w, 2 * k * _U), True,
+            _certified_norm(w, 4 * k * _U), True,
             f"non-negative non-increasing Toeplitz: {k} participations {sep} apart ([KL24] Thm. 2)",
         )
     return _dense_upper_bound(strategy, n, sep, k, f"MinSeparation({sep})")
@@ -281,7 +347,7 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
         # the largest ||C u|| (the others are truncations of it)
         w = _spaced_sum(c, n, per_epoch, k)
         return Sensitivity(
-            _certified_norm(w, 2 * k * _U), True,
+            _certified_norm(w, 4 * k * _U), True,
             f"C >= 0 entrywise, {k} epochs of {per_epoch} steps ([CC23] Sec. 2)",
         )
     if n > MAX_DENSE_STEPS:
