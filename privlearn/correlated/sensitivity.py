@@ -185,11 +185,35 @@ def gram_sensitivity_upper_bound(
     The bound drops the requirement that rows and columns use the same pattern, so it is
     valid for every ``C``; it is exact for ``b``-banded ``C`` with ``b <= min_sep``."""
     c_matrix = np.asarray(c_matrix, dtype=float)
-    n = c_matrix.shape[1]
-    x = np.abs(c_matrix.T @ c_matrix)
-    rows = vector_sensitivity(x, min_sep, max_participations)
+    return _abs_gram_bound(np.abs(c_matrix.T @ c_matrix), min_sep, max_participations)
+
+
+def _abs_gram_bound(x: np.ndarray, min_sep: int, max_participations: int) -> float:
+    """[CC23b] Algorithm 4 on ``x = |C^T C|``: the best pattern of each row, then of the
+    row maxima, rounded up."""
+    n = x.shape[1]
+    # x is symmetric: its transpose is the column-major layout the dynamic programme reads
+    rows = vector_sensitivity(x.T, min_sep, max_participations)
     total = vector_sensitivity(rows, min_sep, max_participations)
     return _certified_sqrt(total, n * n + n)
+
+
+def _toeplitz_abs_gram(c: np.ndarray, n: int) -> np.ndarray:
+    """``|C^T C|`` for the lower-triangular Toeplitz ``C = T(c)`` in ``O(n^2)`` (no
+    ``O(n^3)`` product): ``(C^T C)_{ij} = sum_{s <= n-1-max(i,j)} c_s c_{s+|i-j|}``, the
+    running sums of the lagged products ``P[d, t] = sum_{s <= t} c_s c_{s+d}``."""
+    c = _toeplitz.pad(c, n)
+    lagged = np.lib.stride_tricks.sliding_window_view(np.concatenate([c, np.zeros(n)]), n)
+    p = np.multiply(lagged[:n], c)  # p[d, s] = c_{s+d} c_s
+    np.cumsum(p, axis=1, out=p)
+    np.abs(p, out=p)
+    x = np.empty((n, n))
+    flat = x.reshape(-1)
+    for d in range(n):  # diagonal d: x[i, i+d] = x[i+d, i] = p[d, n-1-d-i]
+        run = p[d, n - 1 - d :: -1]
+        flat[d : (n - d) * n : n + 1] = run
+        flat[d * n : n * n : n + 1] = run
+    return x
 
 
 _RULES: TypeRegistry[Callable[[ToeplitzStrategy, Participation, int], Sensitivity]] = (
@@ -302,7 +326,7 @@ def _dense_upper_bound(
             f"{type(strategy).__name__} under {what}, got {n}; use a strategy with "
             "non-negative, non-increasing coefficients or one with at most min_sep bands"
         )
-    value = gram_sensitivity_upper_bound(strategy.materialize(n), sep, k)
+    value = _abs_gram_bound(_toeplitz_abs_gram(strategy.toeplitz_coefs(n), n), sep, k)
     return Sensitivity(
         value, False, "upper bound: row-then-column dynamic programme on |C^T C| ([CC23b] Alg. 4)"
     )
@@ -352,18 +376,13 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
         )
     if n > MAX_DENSE_STEPS:
         return _dense_upper_bound(strategy, n, per_epoch, k, f"FixedEpochs({k})")
-    x = np.abs(_gram(strategy, n))
+    x = _toeplitz_abs_gram(c, n)
     idx = np.arange(n).reshape(k, per_epoch)  # column j: the pattern j, j + b, ...
     sums = x[idx[:, None, :], idx[None, :, :]].sum(axis=(0, 1))
     return Sensitivity(
         _certified_sqrt(float(sums.max()), k * k), False,
         "upper bound: largest sum of |C^T C| over the epoch patterns ([CC23b] Eq. (5))",
     )
-
-
-def _gram(strategy: ToeplitzStrategy, n: int) -> np.ndarray:
-    cm = _toeplitz.materialize(strategy.toeplitz_coefs(n), n)
-    return cm.T @ cm
 
 
 register_sensitivity(SingleParticipation, _single)

@@ -266,3 +266,31 @@ def test_spaced_sum_matches_the_shifted_columns(coefs, n, sep, k):
     want = float(np.linalg.norm(C.materialize(n) @ u))
     s = sensitivity(C, MinSeparation(sep, k), n)
     assert s.exact and want * (1 - 1e-12) <= s.value <= want * (1 + 1e-9)
+
+
+@settings(max_examples=30)
+@given(coefs=st.lists(st.floats(-1.0, 1.0), min_size=2, max_size=8).filter(
+    lambda c: c[0] > 0.1 and min(c) < 0), per_epoch=st.integers(1, 6),
+    epochs=st.integers(2, 4))
+def test_signed_fixed_epochs_bound_is_its_definition(coefs, per_epoch, epochs):
+    # the bound max_j sum |C^T C| over the pattern j, j + b, ... from the dense product
+    n = per_epoch * epochs
+    C = BandedToeplitz(tuple(coefs))
+    x = np.abs(C.materialize(n).T @ C.materialize(n))
+    want = max(x[np.ix_(p, p)].sum() for p in (list(range(j, n, per_epoch))
+                                               for j in range(per_epoch)))
+    s = sensitivity(C, FixedEpochs(epochs), n)
+    assert s.value == pytest.approx(math.sqrt(want), rel=1e-12)
+    assert s.value >= math.sqrt(want) * (1 - 1e-14)
+
+
+@pytest.mark.slow
+def test_general_bound_at_its_largest_size(time_limit):
+    # the dense rule's largest n: seconds (an O(n^2) Toeplitz Gram, one pass per row)
+    from privlearn.correlated.sensitivity import MAX_DENSE_STEPS
+
+    C = BufferedToeplitz((0.9, -0.3), (0.2, 0.1))
+    with time_limit(60.0):
+        s = sensitivity(C, MinSeparation(4), MAX_DENSE_STEPS)
+    small = sensitivity(C, MinSeparation(4), 2048)
+    assert not s.exact and s.value > small.value
