@@ -272,8 +272,15 @@ def sensitivity(
         f"{participation!r}; register a rule for a new schema with register_sensitivity")
 
 
+def _leading_coefs(strategy: ToeplitzStrategy, n: int) -> np.ndarray:
+    """The first column of the ``n x n`` ``C`` up to its last possibly non-zero entry:
+    ``min(n, bands)`` entries for a banded ``C`` (the rest are zero, whatever ``n``)."""
+    b = strategy.bands
+    return strategy.toeplitz_coefs(n if b is None else min(n, b))
+
+
 def _single(strategy: ToeplitzStrategy, participation: Participation, n: int) -> Sensitivity:
-    c = strategy.toeplitz_coefs(n)
+    c = _leading_coefs(strategy, n)
     return Sensitivity(
         _certified_norm(c), True, "largest column norm (single participation)"
     )
@@ -337,19 +344,23 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
     sep, k = participation.min_sep, participation.participations(n)
     if k == 1:
         return _single(strategy, participation, n)
-    c = strategy.toeplitz_coefs(n)
     b = strategy.bands
     if b is not None and b <= sep:
-        # columns of two participations are orthogonal; squared column norms:
-        col2 = np.cumsum(c * c)[::-1]  # ||C[:, i]||^2 = sum_{j < n-i} c_j^2
-        # col2 is non-increasing (a cumulative sum of non-negative floats never
-        # decreases), and the m-th of any pattern is at step >= m * sep: the best
-        # pattern is steps 0, sep, ..., (k-1) sep ([CC23b] Algorithm 3 on such a vector)
-        total = math.fsum(col2[::sep][:k].tolist())
+        # columns of two participations are orthogonal; the squared column norms
+        # ||C[:, i]||^2 = sum_{j < min(b, n-i)} c_j^2 do not increase with i, and the
+        # m-th step of any pattern is >= m * sep: the best pattern is steps 0, sep, ...,
+        # (k-1) sep ([CC23b] Algorithm 3 on such a vector). Its columns are whole (norm^2
+        # cum[-1]) while n - m * sep >= len(c), then truncated: O(b), whatever n
+        c = _leading_coefs(strategy, n)
+        cum = np.cumsum(c * c)
+        whole = min(k, (n - c.size) // sep + 1)
+        cut = [float(cum[n - m * sep - 1]) for m in range(whole, k)]
+        total = math.fsum([whole * float(cum[-1]), *cut])
         return Sensitivity(
-            _certified_sqrt(total, n), True,
+            _certified_sqrt(total, 2 * c.size + 4), True,
             f"{b}-banded with min_sep={sep}: best pattern of column norms ([CC23b] Thm. 2)",
         )
+    c = strategy.toeplitz_coefs(n)
     if _nonneg_nonincreasing(c):
         w = _spaced_sum(c, n, sep, k)
         return Sensitivity(

@@ -294,3 +294,23 @@ def test_general_bound_at_its_largest_size(time_limit):
         s = sensitivity(C, MinSeparation(4), MAX_DENSE_STEPS)
     small = sensitivity(C, MinSeparation(4), 2048)
     assert not s.exact and s.value > small.value
+
+
+def test_banded_rules_do_not_grow_with_steps(time_limit):
+    # a banded C's columns are known from its b coefficients: no O(n) array, even for
+    # 10^12 steps (the amplified accounting of a long run asks for its column norm)
+    n = 10**12
+    c = np.array([1.0, -0.5, 0.3])
+    C = BandedToeplitz(tuple(c))
+    with time_limit(10.0):
+        one = sensitivity(C, SingleParticipation(), n)
+        every = sensitivity(Identity(), MinSeparation(1), n)
+        spaced = sensitivity(C, MinSeparation(7, 10**9), n)
+        last = sensitivity(C, MinSeparation(3), 10)  # steps 0, 3, 6, 9: the last cut
+    norm2 = float(c @ c)
+    assert one.exact and math.sqrt(norm2) <= one.value <= math.sqrt(norm2) * (1 + 1e-12)
+    assert every.exact and 1e6 <= every.value <= 1e6 * (1 + 1e-12)
+    want = math.sqrt(1e9 * norm2)
+    assert spaced.exact and want <= spaced.value <= want * (1 + 1e-12)
+    want = math.sqrt(3 * norm2 + 1.0)
+    assert last.exact and want <= last.value <= want * (1 + 1e-12)
