@@ -78,10 +78,14 @@ def sized_by(noise) -> str | None:
     return _OPTIMISED[noise][0] if isinstance(noise, str) and noise in _OPTIMISED else None
 
 
-def cycle_bands(noise, bands: int | None) -> int | None:
-    """The bands a default cycle must hold: those of ``noise="banded"`` (default 8), else
-    None."""
-    return (bands or _OPTIMISED["banded"][1]) if sized_by(noise) == "bands" else None
+def cycle_bands(noise, bands: int | None, steps: int | None = None) -> int | None:
+    """The bands a default cycle must hold: those of ``noise="banded"`` (default 8; at
+    most ``steps`` when the steps are given, as the strategy has at most one band per
+    step, :func:`choose_strategy`), else None."""
+    if sized_by(noise) != "bands":
+        return None
+    held = bands or _OPTIMISED["banded"][1]
+    return held if steps is None else min(held, steps)
 
 
 def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poisson"):

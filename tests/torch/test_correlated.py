@@ -280,6 +280,25 @@ def test_explicit_strategy_and_amplified_banded_accounting():
     assert p.epsilon(1e-5) == want.epsilon(1e-5)
 
 
+def test_more_bands_than_steps_cycles_over_the_steps():
+    """noise='banded' with more bands than planned steps gets one band per step, and the
+    default cycle of cyclic Poisson sampling is those bands, not the ones asked for (a
+    cycle of 100 over 60 examples in batches of 6 has no valid rate): 5 steps in 5
+    groups, each example in at most one step, accounted as one Poisson-subsampled
+    Gaussian of the column norm (Choquette-Choo et al. 2023, Theorem 4)."""
+    model = nn.Linear(4, 3)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.5, steps=5,
+                     sampling="cyclic_poisson", noise="banded", bands=100, seed=0)
+    C = p.plan.run.strategy
+    assert p.plan.run.cycle == 5 and C.bands == 5
+    batches = _batches(p, 5)
+    check_participation(batches, MinSeparation(5, 1), 5)
+    column = float(np.linalg.norm(C.coefs))
+    want = subsample(Gaussian(1.5 / column), rate=6 * 5 / N).epsilon(1e-5)
+    assert p.epsilon(1e-5) == pytest.approx(want, rel=1e-9)
+
+
 # ---------------------------------------------------- shuffled epochs: replace-one only
 def _gaussian_delta(eps, sigma, sens):
     """The exact delta(eps) of the Gaussian mechanism of L2 sensitivity ``sens`` and
