@@ -51,7 +51,7 @@ from privlearn.correlated.participation import (
     Participation,
     SingleParticipation,
 )
-from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -275,7 +275,7 @@ def sensitivity(
 def _leading_coefs(strategy: ToeplitzStrategy, n: int) -> np.ndarray:
     """The first column of the ``n x n`` ``C`` up to its last possibly non-zero entry:
     ``min(n, bands)`` entries for a banded ``C`` (the rest are zero, whatever ``n``)."""
-    b = strategy.bands
+    b = nonzero_bands(strategy)
     return strategy.toeplitz_coefs(n if b is None else min(n, b))
 
 
@@ -344,7 +344,7 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
     sep, k = participation.min_sep, participation.participations(n)
     if k == 1:
         return _single(strategy, participation, n)
-    b = strategy.bands
+    b = nonzero_bands(strategy)
     if b is not None and b <= sep:
         # columns of two participations are orthogonal; the squared column norms
         # ||C[:, i]||^2 = sum_{j < min(b, n-i)} c_j^2 do not increase with i, and the

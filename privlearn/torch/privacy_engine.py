@@ -475,7 +475,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     q = law.rate(world * b, n, cycle)
     if not 0 < q <= 1:
         source = ("" if cfg.cycle_length is not None or held is None or cycle != held
-                  else f", the default cycle of noise={str(cfg.noise)!r} with {held} bands")
+                  else f", the default cycle of noise={str(cfg.noise)[:60]!r} with {held} bands")
         raise ConfigurationError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
                          f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}"
                          f"{source}); use a smaller batch_size or cycle_length"

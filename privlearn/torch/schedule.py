@@ -37,7 +37,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from privlearn.accounting import Gaussian, Mechanism, compose, subsample
-from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_blt
+from privlearn.correlated import (
+    FixedEpochs,
+    Identity,
+    MinSeparation,
+    optimize_banded_toeplitz,
+    optimize_blt,
+)
 from privlearn.correlated.accounting import correlated_mechanism, stated_under
 from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw
 from privlearn.correlated.strategies import ToeplitzStrategy
@@ -81,10 +87,14 @@ def sized_by(noise) -> str | None:
 def cycle_bands(noise, bands: int | None, steps: int | None = None) -> int | None:
     """The bands a default cycle must hold: those of ``noise="banded"`` (default 8; at
     most ``steps`` when the steps are given, as the strategy has at most one band per
-    step, :func:`choose_strategy`), else None."""
-    if sized_by(noise) != "bands":
+    step, :func:`choose_strategy`) or of a banded strategy given (its ``bands``: a cycle
+    of them is what amplifies it), else None."""
+    if sized_by(noise) == "bands":
+        held = bands or _OPTIMISED["banded"][1]
+    elif not isinstance(noise, str) and getattr(noise, "bands", None) is not None:
+        held = int(noise.bands)
+    else:
         return None
-    held = bands or _OPTIMISED["banded"][1]
     return held if steps is None else min(held, steps)
 
 
@@ -98,13 +108,22 @@ def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poi
 def choose_strategy(noise, planned: int, participation, bands: int | None,
                     buffers: int | None) -> ToeplitzStrategy:
     """The strategy of ``noise``: the identity (DP-SGD), an optimised banded Toeplitz or
-    BLT for ``planned`` steps under ``participation``, or the strategy given."""
+    BLT for ``planned`` steps under ``participation``, or the strategy given. A banded
+    strategy has ``bands`` bands (default 8, or the participation's separation when
+    shorter: at most ``min_sep`` bands is what cyclic Poisson sampling amplifies,
+    Choquette-Choo et al. 2023, Theorem 4), at most ``planned``."""
     if not isinstance(noise, str):
         return noise
     if independent(noise):
         return Identity()
     if sized_by(noise) == "bands":
-        return optimize_banded_toeplitz(planned, min(bands or 8, planned), participation)
+        if bands is None:  # 8, or the separation of two participations when shorter
+            bands = _OPTIMISED["banded"][1]
+            if isinstance(participation, MinSeparation):
+                bands = min(bands, participation.min_sep)
+            elif isinstance(participation, FixedEpochs):
+                bands = min(bands, participation.steps_per_epoch(planned))
+        return optimize_banded_toeplitz(planned, min(bands, planned), participation)
     return optimize_blt(planned, buffers or 4, participation)
 
 

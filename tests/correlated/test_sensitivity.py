@@ -314,3 +314,13 @@ def test_banded_rules_do_not_grow_with_steps(time_limit):
     assert spaced.exact and want <= spaced.value <= want * (1 + 1e-12)
     want = math.sqrt(3 * norm2 + 1.0)
     assert last.exact and want <= last.value <= want * (1 + 1e-12)
+
+
+def test_trailing_zero_coefficients_are_no_bands():
+    # (1, -0.5, 0, 0) is 2-banded: under MinSeparation(2) its participations' columns are
+    # orthogonal, so the exact banded rule applies (not the general upper bound)
+    C = BandedToeplitz((1.0, -0.5, 0.0, 0.0))
+    n = 7
+    s = sensitivity(C, MinSeparation(2), n)
+    lo, hi = _brute_force(C.materialize(n), _patterns(n, 2, 4))
+    assert s.exact and math.sqrt(lo) <= s.value <= math.sqrt(lo) * (1 + 1e-12)

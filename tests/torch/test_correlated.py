@@ -299,6 +299,37 @@ def test_more_bands_than_steps_cycles_over_the_steps():
     assert p.epsilon(1e-5) == pytest.approx(want, rel=1e-9)
 
 
+def test_a_banded_strategy_given_cycles_over_its_bands():
+    """An explicit 3-banded strategy under cyclic Poisson sampling with no cycle_length
+    gets 3 groups, as noise='banded' with bands=3 does, so it is amplified: 9 steps are 3
+    participations, each a Poisson-subsampled Gaussian of the column norm
+    (Choquette-Choo et al. 2023, Theorem 4), not 9 un-amplified ones."""
+    model = nn.Linear(4, 3)
+    C = BandedToeplitz((1.0, -0.4, 0.3))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.2, steps=9,
+                     sampling="cyclic_poisson", noise=C, seed=0)
+    assert p.plan.run.cycle == 3
+    check_participation(_batches(p, 9), MinSeparation(3, 3), 9)
+    step = subsample(Gaussian(1.2 / math.sqrt(1.0 + 0.16 + 0.09)), rate=6 * 3 / N)
+    assert p.epsilon(1e-5) == pytest.approx(compose(step, steps=3).epsilon(1e-5), rel=1e-9)
+
+
+def test_banded_noise_defaults_to_bands_its_cycle_amplifies():
+    """noise='banded' under cyclic Poisson sampling with cycle_length=3 and no bands gets
+    3 bands (the documented default: the cycle length when shorter than 8), which the
+    cycle amplifies, rather than 8 bands accounted without amplification."""
+    model = nn.Linear(4, 3)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.2, steps=9,
+                     sampling="cyclic_poisson", cycle_length=3, noise="banded", seed=0)
+    C = p.plan.run.strategy
+    assert C.bands == 3
+    step = subsample(Gaussian(1.2 / float(np.linalg.norm(C.coefs))), rate=6 * 3 / N)
+    assert p.plan.planned_epsilon == pytest.approx(
+        compose(step, steps=3).epsilon(1e-5), rel=1e-9)
+
+
 # ---------------------------------------------------- shuffled epochs: replace-one only
 def _gaussian_delta(eps, sigma, sens):
     """The exact delta(eps) of the Gaussian mechanism of L2 sensitivity ``sens`` and
