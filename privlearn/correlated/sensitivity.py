@@ -157,10 +157,11 @@ def vector_sensitivity(x: np.ndarray, min_sep: int, max_participations: int) -> 
     squeeze = x.ndim == 1
     x = np.atleast_2d(x)
     rows, n = x.shape
-    if max_participations >= -(-n // min_sep):
+    if max_participations >= -(-n // min_sep) and max_participations * rows > 1024 + rows:
         # the count bound is vacuous (no pattern has more): one backward pass,
         # g[i] = max(g[i + 1], x[i] + g[i + min_sep]), O(n) steps over the rows at once
-        # instead of max_participations passes over all of x
+        # instead of max_participations passes over all of x (when those cost more than
+        # the n steps' overhead); the same sums in the same order, so the same value
         g = np.zeros((n + min_sep + 1, rows))
         xt = np.ascontiguousarray(x.T)
         for i in range(n - 1, -1, -1):
