@@ -249,9 +249,10 @@ class DPConfig:
         ``bands <= cycle_length``), ``"blt"`` (a buffered linear Toeplitz strategy with
         ``buffers`` buffers). Needs the planned length (``epochs`` or ``steps``).
     bands : int >= 1, optional
-        Bands of ``noise="banded"`` (default: 8, or the cycle length when shorter, so
-        that cyclic Poisson sampling amplifies it). A run of fewer planned steps gets as
-        many bands as steps (a banded strategy has at most one band per step).
+        Bands of ``noise="banded"`` (default: 8, or with ``cyclic_poisson`` the cycle
+        length when shorter, so that the sampling amplifies it). A run of fewer planned
+        steps gets as many bands as steps (a banded strategy has at most one band per
+        step).
     buffers : int >= 1, optional
         Buffers of ``noise="blt"`` (default 4).
     cycle_length : int >= 1, optional

@@ -37,15 +37,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from privlearn.accounting import Gaussian, Mechanism, compose, subsample
-from privlearn.correlated import (
-    FixedEpochs,
-    Identity,
-    MinSeparation,
-    optimize_banded_toeplitz,
-    optimize_blt,
-)
+from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_blt
 from privlearn.correlated.accounting import correlated_mechanism, stated_under
-from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw
+from privlearn.correlated.sampling import SAMPLINGS, CyclicPoissonSampler, SamplingLaw
 from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import ConfigurationError
 from privlearn.torch.correlated_noise import CorrelatedNoise
@@ -106,23 +100,22 @@ def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poi
 
 
 def choose_strategy(noise, planned: int, participation, bands: int | None,
-                    buffers: int | None) -> ToeplitzStrategy:
+                    buffers: int | None, amplifying_cycle: int | None = None
+                    ) -> ToeplitzStrategy:
     """The strategy of ``noise``: the identity (DP-SGD), an optimised banded Toeplitz or
     BLT for ``planned`` steps under ``participation``, or the strategy given. A banded
-    strategy has ``bands`` bands (default 8, or the participation's separation when
-    shorter: at most ``min_sep`` bands is what cyclic Poisson sampling amplifies,
-    Choquette-Choo et al. 2023, Theorem 4), at most ``planned``."""
+    strategy has ``bands`` bands, at most ``planned`` (default 8, or ``amplifying_cycle``
+    when shorter: the cycle of a sampling that amplifies a strategy of at most that many
+    bands, cyclic Poisson; Choquette-Choo et al. 2023, Theorem 4)."""
     if not isinstance(noise, str):
         return noise
     if independent(noise):
         return Identity()
     if sized_by(noise) == "bands":
-        if bands is None:  # 8, or the separation of two participations when shorter
+        if bands is None:  # 8, or the cycle that amplifies the strategy when shorter
             bands = _OPTIMISED["banded"][1]
-            if isinstance(participation, MinSeparation):
-                bands = min(bands, participation.min_sep)
-            elif isinstance(participation, FixedEpochs):
-                bands = min(bands, participation.steps_per_epoch(planned))
+            if amplifying_cycle is not None:
+                bands = min(bands, amplifying_cycle)
         return optimize_banded_toeplitz(planned, min(bands, planned), participation)
     return optimize_blt(planned, buffers or 4, participation)
 
@@ -212,7 +205,8 @@ class NoisePlan:
         if whole_run(noise, sampling):
             desc = SAMPLINGS[sampling].describe(units, sampling_rate, planned, cycle)
             schema = getattr(desc, "participation", desc)
-            strategy = choose_strategy(noise, planned, schema, bands, buffers)
+            amplifying = cycle if isinstance(desc, CyclicPoissonSampler) else None
+            strategy = choose_strategy(noise, planned, schema, bands, buffers, amplifying)
         return cls(sampling, units, sampling_rate, cycle, strategy)
 
     @property
