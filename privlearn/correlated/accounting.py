@@ -43,7 +43,7 @@ from privlearn.accounting.montecarlo import BallsInBinsMatrixMechanism
 from privlearn.correlated.participation import MinSeparation, Participation
 from privlearn.correlated.sampling import BallsInBinsSampler, CyclicPoissonSampler
 from privlearn.correlated.sensitivity import sensitivity
-from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["correlated_mechanism", "is_amplified", "stated_under"]
@@ -52,10 +52,11 @@ __all__ = ["correlated_mechanism", "is_amplified", "stated_under"]
 def is_amplified(strategy: ToeplitzStrategy, sampler: object) -> bool:
     """Whether :func:`correlated_mechanism` accounts ``sampler``'s amplification for
     ``strategy`` with a certified reduction (cyclic Poisson with ``bands <= cycle``)."""
+    bands = nonzero_bands(strategy)  # trailing zero coefficients are no bands
     return (
         isinstance(sampler, CyclicPoissonSampler)
-        and strategy.bands is not None
-        and strategy.bands <= sampler.cycle_length
+        and bands is not None
+        and bands <= sampler.cycle_length
         and sampler.sampling_rate < 1.0
     )
 

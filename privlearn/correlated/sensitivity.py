@@ -51,7 +51,7 @@ from privlearn.correlated.participation import (
     Participation,
     SingleParticipation,
 )
-from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -99,6 +99,38 @@ def _certified_sqrt(square: float, terms: int) -> float:
     return math.nextafter(math.nextafter(s, math.inf), math.inf)
 
 
+#: entries of magnitude in this range are split exactly into halves whose products
+#: neither overflow nor underflow (:func:`_sum_of_squares`)
+_SPLIT_RANGE = (2.0**-450, 2.0**450)
+
+
+def _sum_of_squares(x: np.ndarray) -> Fraction:
+    """An upper bound, as a fraction, on ``sum x_i^2`` that equals it to within
+    ``2^-52`` of the rounding residual: exact for a sum of squares that is itself a float
+    (a unit vector gives 1).
+
+    Each ``x_i`` is split exactly into two 26-bit halves (Veltkamp), so ``x_i^2 = h^2 +
+    2 h l + l^2`` with every product exact; :func:`math.fsum` rounds the exact sum of
+    those terms correctly (``T``), and the rounded residual ``r = fsum(terms - T)``
+    bounds what ``T`` missed. ``O(n)`` in floats, not ``O(n)`` big rationals. Entries
+    outside :data:`_SPLIT_RANGE` are summed as exact fractions."""
+    a = np.abs(x)
+    inside = (a >= _SPLIT_RANGE[0]) & (a <= _SPLIT_RANGE[1])
+    rest = a[~inside].tolist()
+    total = sum((Fraction(y) ** 2 for y in rest), Fraction(0))
+    a = a[inside]
+    if a.size:
+        big = a * 134217729.0  # 2^27 + 1
+        hi = big - (big - a)
+        lo = a - hi
+        terms = np.concatenate([hi * hi, 2.0 * hi * lo, lo * lo]).tolist()
+        t = math.fsum(terms)
+        terms.append(-t)
+        r = math.fsum(terms)
+        total += Fraction(t) + Fraction(r) + abs(Fraction(r)) * Fraction(1, 2**52)
+    return total
+
+
 def _certified_norm(v: np.ndarray, relative_error: float = 0.0) -> float:
     """``||v||`` rounded up, exactly: the sum of squares in rational arithmetic (exact for
     float entries), times ``(1 + relative_error)^2`` for the error made computing ``v``
@@ -108,7 +140,7 @@ def _certified_norm(v: np.ndarray, relative_error: float = 0.0) -> float:
     nz = nz[nz != 0.0]
     if not np.all(np.isfinite(nz)):
         raise ArithmeticError("sensitivity computation overflowed")
-    total = sum((Fraction(x) ** 2 for x in nz.tolist()), Fraction(0))
+    total = _sum_of_squares(nz)
     if relative_error:
         total *= (1 + Fraction(relative_error)) ** 2
     root = math.sqrt(float(total))
@@ -125,6 +157,16 @@ def vector_sensitivity(x: np.ndarray, min_sep: int, max_participations: int) -> 
     squeeze = x.ndim == 1
     x = np.atleast_2d(x)
     rows, n = x.shape
+    if max_participations >= -(-n // min_sep) and max_participations * rows > 1024 + rows:
+        # the count bound is vacuous (no pattern has more): one backward pass,
+        # g[i] = max(g[i + 1], x[i] + g[i + min_sep]), O(n) steps over the rows at once
+        # instead of max_participations passes over all of x (when those cost more than
+        # the n steps' overhead); the same sums in the same order, so the same value
+        g = np.zeros((n + min_sep + 1, rows))
+        xt = np.ascontiguousarray(x.T)
+        for i in range(n - 1, -1, -1):
+            np.maximum(g[i + 1], xt[i] + g[i + min_sep], out=g[i])
+        return float(g[0, 0]) if squeeze else g[0].copy()
     f = np.zeros((rows, n + min_sep))
     for _ in range(max_participations):
         # f[i] = x[i] + best with one fewer participation from i + min_sep on, then the
@@ -144,11 +186,35 @@ def gram_sensitivity_upper_bound(
     The bound drops the requirement that rows and columns use the same pattern, so it is
     valid for every ``C``; it is exact for ``b``-banded ``C`` with ``b <= min_sep``."""
     c_matrix = np.asarray(c_matrix, dtype=float)
-    n = c_matrix.shape[1]
-    x = np.abs(c_matrix.T @ c_matrix)
-    rows = vector_sensitivity(x, min_sep, max_participations)
+    return _abs_gram_bound(np.abs(c_matrix.T @ c_matrix), min_sep, max_participations)
+
+
+def _abs_gram_bound(x: np.ndarray, min_sep: int, max_participations: int) -> float:
+    """[CC23b] Algorithm 4 on ``x = |C^T C|``: the best pattern of each row, then of the
+    row maxima, rounded up."""
+    n = x.shape[1]
+    # x is symmetric: its transpose is the column-major layout the dynamic programme reads
+    rows = vector_sensitivity(x.T, min_sep, max_participations)
     total = vector_sensitivity(rows, min_sep, max_participations)
     return _certified_sqrt(total, n * n + n)
+
+
+def _toeplitz_abs_gram(c: np.ndarray, n: int) -> np.ndarray:
+    """``|C^T C|`` for the lower-triangular Toeplitz ``C = T(c)`` in ``O(n^2)`` (no
+    ``O(n^3)`` product): ``(C^T C)_{ij} = sum_{s <= n-1-max(i,j)} c_s c_{s+|i-j|}``, the
+    running sums of the lagged products ``P[d, t] = sum_{s <= t} c_s c_{s+d}``."""
+    c = _toeplitz.pad(c, n)
+    lagged = np.lib.stride_tricks.sliding_window_view(np.concatenate([c, np.zeros(n)]), n)
+    p = np.multiply(lagged[:n], c)  # p[d, s] = c_{s+d} c_s
+    np.cumsum(p, axis=1, out=p)
+    np.abs(p, out=p)
+    x = np.empty((n, n))
+    flat = x.reshape(-1)
+    for d in range(n):  # diagonal d: x[i, i+d] = x[i+d, i] = p[d, n-1-d-i]
+        run = p[d, n - 1 - d :: -1]
+        flat[d : (n - d) * n : n + 1] = run
+        flat[d * n : n * n : n + 1] = run
+    return x
 
 
 _RULES: TypeRegistry[Callable[[ToeplitzStrategy, Participation, int], Sensitivity]] = (
@@ -207,8 +273,15 @@ def sensitivity(
         f"{participation!r}; register a rule for a new schema with register_sensitivity")
 
 
+def _leading_coefs(strategy: ToeplitzStrategy, n: int) -> np.ndarray:
+    """The first column of the ``n x n`` ``C`` up to its last possibly non-zero entry:
+    ``min(n, bands)`` entries for a banded ``C`` (the rest are zero, whatever ``n``)."""
+    b = nonzero_bands(strategy)
+    return strategy.toeplitz_coefs(n if b is None else min(n, b))
+
+
 def _single(strategy: ToeplitzStrategy, participation: Participation, n: int) -> Sensitivity:
-    c = strategy.toeplitz_coefs(n)
+    c = _leading_coefs(strategy, n)
     return Sensitivity(
         _certified_norm(c), True, "largest column norm (single participation)"
     )
@@ -218,16 +291,38 @@ def _nonneg_nonincreasing(c: np.ndarray) -> bool:
     return bool(np.all(c >= 0.0) and np.all(c[1:] <= c[:-1]))
 
 
+def _window_sums(a: np.ndarray, k: int) -> np.ndarray:
+    """``out[r] = sum_{r' = max(0, r - k + 1)}^{r} a[r']`` (rows of a non-negative 2-D
+    ``a``) in ``O(a.size)`` whatever ``k``: within blocks of ``k`` rows, each window is a
+    suffix of one block plus a prefix of the next (van Herk 1992; Gil & Werman 1993), a
+    sum of at most ``2k`` non-negative terms (relative error at most ``2k u``), with no
+    subtraction."""
+    rows = a.shape[0]
+    if k >= rows:
+        return np.cumsum(a, axis=0)
+    blocks = -(-rows // k)
+    padded = np.zeros((blocks * k, *a.shape[1:]))
+    padded[:rows] = a
+    tiles = padded.reshape(blocks, k, *a.shape[1:])
+    prefix = np.cumsum(tiles, axis=1).reshape(padded.shape)[:rows]
+    suffix = np.cumsum(tiles[:, ::-1], axis=1)[:, ::-1].reshape(padded.shape)
+    out = prefix.copy()
+    r = np.arange(rows)
+    start = r - k + 1
+    split = (start > 0) & (start % k != 0)  # the window starts inside the previous block
+    out[split] += suffix[start[split]]
+    return out
+
+
 def _spaced_sum(c: np.ndarray, n: int, sep: int, k: int) -> np.ndarray:
     """``sum_{m < k} shift(c, m * sep)`` truncated to ``n``: ``C u`` for the pattern
-    ``0, sep, ..., (k-1) sep``."""
-    w = np.zeros(n)
-    for m in range(k):
-        start = m * sep
-        if start >= n:
-            break
-        w[start:] += c[: n - start]
-    return w
+    ``0, sep, ..., (k-1) sep``. Entry ``t = r sep + j`` is the sum of ``c[r' sep + j]``
+    over the last ``k`` rows ``r' <= r`` of ``c`` cut into rows of ``sep``: ``O(n)``
+    (:func:`_window_sums`), each entry a sum of at most ``2k`` non-negative terms for
+    ``c >= 0``."""
+    rows = -(-n // sep)
+    a = _toeplitz.pad(c, rows * sep).reshape(rows, sep)
+    return _window_sums(a, k).reshape(-1)[:n]
 
 
 def _dense_upper_bound(
@@ -239,7 +334,7 @@ def _dense_upper_bound(
             f"{type(strategy).__name__} under {what}, got {n}; use a strategy with "
             "non-negative, non-increasing coefficients or one with at most min_sep bands"
         )
-    value = gram_sensitivity_upper_bound(strategy.materialize(n), sep, k)
+    value = _abs_gram_bound(_toeplitz_abs_gram(strategy.toeplitz_coefs(n), n), sep, k)
     return Sensitivity(
         value, False, "upper bound: row-then-column dynamic programme on |C^T C| ([CC23b] Alg. 4)"
     )
@@ -250,20 +345,27 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
     sep, k = participation.min_sep, participation.participations(n)
     if k == 1:
         return _single(strategy, participation, n)
-    c = strategy.toeplitz_coefs(n)
-    b = strategy.bands
+    b = nonzero_bands(strategy)
     if b is not None and b <= sep:
-        # columns of two participations are orthogonal; squared column norms:
-        col2 = np.cumsum(c * c)[::-1]  # ||C[:, i]||^2 = sum_{j < n-i} c_j^2
-        total = vector_sensitivity(col2, sep, k)
+        # columns of two participations are orthogonal; the squared column norms
+        # ||C[:, i]||^2 = sum_{j < min(b, n-i)} c_j^2 do not increase with i, and the
+        # m-th step of any pattern is >= m * sep: the best pattern is steps 0, sep, ...,
+        # (k-1) sep ([CC23b] Algorithm 3 on such a vector). Its columns are whole (norm^2
+        # cum[-1]) while n - m * sep >= len(c), then truncated: O(b), whatever n
+        c = _leading_coefs(strategy, n)
+        cum = np.cumsum(c * c)
+        whole = min(k, (n - c.size) // sep + 1)
+        cut = [float(cum[n - m * sep - 1]) for m in range(whole, k)]
+        total = math.fsum([whole * float(cum[-1]), *cut])
         return Sensitivity(
-            _certified_sqrt(total, n), True,
+            _certified_sqrt(total, 2 * c.size + 4), True,
             f"{b}-banded with min_sep={sep}: best pattern of column norms ([CC23b] Thm. 2)",
         )
+    c = strategy.toeplitz_coefs(n)
     if _nonneg_nonincreasing(c):
         w = _spaced_sum(c, n, sep, k)
         return Sensitivity(
-            _certified_norm(w, 2 * k * _U), True,
+            _certified_norm(w, 4 * k * _U), True,
             f"non-negative non-increasing Toeplitz: {k} participations {sep} apart ([KL24] Thm. 2)",
         )
     return _dense_upper_bound(strategy, n, sep, k, f"MinSeparation({sep})")
@@ -281,23 +383,18 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
         # the largest ||C u|| (the others are truncations of it)
         w = _spaced_sum(c, n, per_epoch, k)
         return Sensitivity(
-            _certified_norm(w, 2 * k * _U), True,
+            _certified_norm(w, 4 * k * _U), True,
             f"C >= 0 entrywise, {k} epochs of {per_epoch} steps ([CC23] Sec. 2)",
         )
     if n > MAX_DENSE_STEPS:
         return _dense_upper_bound(strategy, n, per_epoch, k, f"FixedEpochs({k})")
-    x = np.abs(_gram(strategy, n))
+    x = _toeplitz_abs_gram(c, n)
     idx = np.arange(n).reshape(k, per_epoch)  # column j: the pattern j, j + b, ...
     sums = x[idx[:, None, :], idx[None, :, :]].sum(axis=(0, 1))
     return Sensitivity(
         _certified_sqrt(float(sums.max()), k * k), False,
         "upper bound: largest sum of |C^T C| over the epoch patterns ([CC23b] Eq. (5))",
     )
-
-
-def _gram(strategy: ToeplitzStrategy, n: int) -> np.ndarray:
-    cm = _toeplitz.materialize(strategy.toeplitz_coefs(n), n)
-    return cm.T @ cm
 
 
 register_sensitivity(SingleParticipation, _single)

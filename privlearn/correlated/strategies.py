@@ -60,6 +60,7 @@ __all__ = [
     "BufferedRecurrence",
     "square_root_coefs",
     "check_stable",
+    "nonzero_bands",
 ]
 
 
@@ -199,6 +200,18 @@ def check_stable(recurrence: BandedRecurrence | BufferedRecurrence) -> None:
             f"grows like {radius:.4g}^t and overflows); use a strategy with a stable "
             "inverse: optimize_banded_toeplitz / optimize_blt, BandedToeplitz.square_root, "
             "or a BLT whose inverse decays lie in [-1, 1]")
+
+
+def nonzero_bands(strategy: ToeplitzStrategy) -> int | None:
+    """The diagonals of ``strategy`` up to its last non-zero one (``strategy.bands`` less
+    trailing zero coefficients, which an optimised banded strategy may end with); None
+    when it is not banded. What the banded rules of the sensitivity and the amplified
+    accounting need: ``C[i, j] = 0`` for ``i - j >=`` it."""
+    b = strategy.bands
+    if b is None:
+        return None
+    nz = np.flatnonzero(strategy.toeplitz_coefs(b))
+    return int(nz[-1]) + 1 if nz.size else b
 
 
 # -- strategies ----------------------------------------------------------------------------

@@ -250,13 +250,15 @@ class DPConfig:
         ``bands <= cycle_length``), ``"blt"`` (a buffered linear Toeplitz strategy with
         ``buffers`` buffers). Needs the planned length (``epochs`` or ``steps``).
     bands : int >= 1, optional
-        Bands of ``noise="banded"`` (default: the cycle length, or 8). A run of fewer
-        planned steps gets as many bands as steps (a banded strategy has at most one
-        band per step).
+        Bands of ``noise="banded"`` (default: 8, or with ``cyclic_poisson`` the cycle
+        length when shorter, so that the sampling amplifies it). A run of fewer planned
+        steps gets as many bands as steps (a banded strategy has at most one band per
+        step).
     buffers : int >= 1, optional
         Buffers of ``noise="blt"`` (default 4).
     cycle_length : int >= 1, optional
-        Groups of ``cyclic_poisson`` (default: ``bands``, or 1), bins of ``balls_in_bins``
+        Groups of ``cyclic_poisson`` (default: the bands of ``noise="banded"`` or of a
+        banded strategy given, or 1), bins of ``balls_in_bins``
         and batches per epoch of ``shuffled_epochs`` (default: dataset size / batch
         size).
     users : sequence, optional

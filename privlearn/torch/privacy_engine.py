@@ -482,12 +482,16 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
                                 len(data_loader.dataset), world)
     law = SAMPLINGS[cfg.sampling]  # the registry entry: the sampler and its law
-    cycle = cfg.cycle_length or law.cycle_for(n, b, cycle_bands(cfg.noise, cfg.bands))
+    held = cycle_bands(cfg.noise, cfg.bands, cfg.steps)
+    cycle = cfg.cycle_length or law.cycle_for(n, b, held)
     q = law.rate(world * b, n, cycle)
     if not 0 < q <= 1:
+        source = ("" if cfg.cycle_length is not None or held is None or cycle != held
+                  else f", the default cycle of noise={str(cfg.noise)[:60]!r} with {held} bands")
         raise ConfigurationError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
-                         f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}); "
-                         "use a smaller batch_size or cycle_length")
+                         f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}"
+                         f"{source}); use a smaller batch_size or cycle_length"
+                         + (" or bands" if source else ""))
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
     if cfg.check_batch_independence:  # the examples on dimension 0 of every batch
         check_batch_first(data_loader)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from privlearn.accounting import Gaussian, Mechanism, compose, subsample
 from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_blt
 from privlearn.correlated.accounting import correlated_mechanism, stated_under
-from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw
+from privlearn.correlated.sampling import SAMPLINGS, CyclicPoissonSampler, SamplingLaw
 from privlearn.correlated.strategies import ToeplitzStrategy
 from privlearn.errors import ConfigurationError
 from privlearn.torch.correlated_noise import CorrelatedNoise
@@ -78,10 +78,18 @@ def sized_by(noise) -> str | None:
     return _OPTIMISED[noise][0] if isinstance(noise, str) and noise in _OPTIMISED else None
 
 
-def cycle_bands(noise, bands: int | None) -> int | None:
-    """The bands a default cycle must hold: those of ``noise="banded"`` (default 8), else
-    None."""
-    return (bands or _OPTIMISED["banded"][1]) if sized_by(noise) == "bands" else None
+def cycle_bands(noise, bands: int | None, steps: int | None = None) -> int | None:
+    """The bands a default cycle must hold: those of ``noise="banded"`` (default 8; at
+    most ``steps`` when the steps are given, as the strategy has at most one band per
+    step, :func:`choose_strategy`) or of a banded strategy given (its ``bands``: a cycle
+    of them is what amplifies it), else None."""
+    if sized_by(noise) == "bands":
+        held = bands or _OPTIMISED["banded"][1]
+    elif not isinstance(noise, str) and getattr(noise, "bands", None) is not None:
+        held = int(noise.bands)
+    else:
+        return None
+    return held if steps is None else min(held, steps)
 
 
 def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poisson"):
@@ -92,15 +100,23 @@ def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poi
 
 
 def choose_strategy(noise, planned: int, participation, bands: int | None,
-                    buffers: int | None) -> ToeplitzStrategy:
+                    buffers: int | None, amplifying_cycle: int | None = None
+                    ) -> ToeplitzStrategy:
     """The strategy of ``noise``: the identity (DP-SGD), an optimised banded Toeplitz or
-    BLT for ``planned`` steps under ``participation``, or the strategy given."""
+    BLT for ``planned`` steps under ``participation``, or the strategy given. A banded
+    strategy has ``bands`` bands, at most ``planned`` (default 8, or ``amplifying_cycle``
+    when shorter: the cycle of a sampling that amplifies a strategy of at most that many
+    bands, cyclic Poisson; Choquette-Choo et al. 2023, Theorem 4)."""
     if not isinstance(noise, str):
         return noise
     if independent(noise):
         return Identity()
     if sized_by(noise) == "bands":
-        return optimize_banded_toeplitz(planned, min(bands or 8, planned), participation)
+        if bands is None:  # 8, or the cycle that amplifies the strategy when shorter
+            bands = _OPTIMISED["banded"][1]
+            if amplifying_cycle is not None:
+                bands = min(bands, amplifying_cycle)
+        return optimize_banded_toeplitz(planned, min(bands, planned), participation)
     return optimize_blt(planned, buffers or 4, participation)
 
 
@@ -189,7 +205,8 @@ class NoisePlan:
         if whole_run(noise, sampling):
             desc = SAMPLINGS[sampling].describe(units, sampling_rate, planned, cycle)
             schema = getattr(desc, "participation", desc)
-            strategy = choose_strategy(noise, planned, schema, bands, buffers)
+            amplifying = cycle if isinstance(desc, CyclicPoissonSampler) else None
+            strategy = choose_strategy(noise, planned, schema, bands, buffers, amplifying)
         return cls(sampling, units, sampling_rate, cycle, strategy)
 
     @property

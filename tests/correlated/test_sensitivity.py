@@ -178,3 +178,149 @@ def test_blt_with_a_negative_decay_is_never_below_an_attained_value(theta, omega
     assert s.value**2 >= lo * (1 - 1e-12)
     single = sensitivity(C, MinSeparation(n), n)
     assert single.exact and single.value == pytest.approx(np.linalg.norm(C.toeplitz_coefs(n)))
+
+
+class _TooSlow(Exception):
+    pass
+
+
+@pytest.fixture
+def time_limit():
+    """``with time_limit(s):`` raises :class:`_TooSlow` past ``s`` seconds (SIGALRM): the
+    sensitivity of a long run must come in time to calibrate it (tens of evaluations),
+    not in quadratic time."""
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def limit(seconds: float):
+        def fire(signum, frame):
+            raise _TooSlow(f"took more than {seconds} s")
+
+        old = signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+    return limit
+
+
+def test_exact_rules_are_linear_in_steps(time_limit):
+    n = 1_000_000
+    sqrt4 = BandedToeplitz.square_root(4)
+    with time_limit(30.0):
+        ident = sensitivity(Identity(), MinSeparation(1), n)  # DP-SGD, every step
+        banded = sensitivity(sqrt4, MinSeparation(4), n)  # 4 bands, 4 apart
+        spaced = sensitivity(sqrt4, MinSeparation(2), n)  # non-increasing, 2 apart
+        epochs = sensitivity(sqrt4, FixedEpochs(1000), n)
+    assert ident.exact and math.sqrt(n) <= ident.value <= math.sqrt(n) * (1 + 1e-9)
+    # every column of a 4-banded C with ||c|| = 1 has norm 1 (n is a multiple of 4)
+    assert banded.exact and 500.0 <= banded.value <= 500.0 * (1 + 1e-9)
+    # C u for u = e_0 + e_2 + ...: entry t sums c_j over j = t, t-2, ... (the first k)
+    c = np.asarray(sqrt4.coefs)
+    head = np.array([c[0], c[1], c[0] + c[2], c[1] + c[3]])
+    tail = (c[0] + c[2]) ** 2 + (c[1] + c[3]) ** 2
+    want = math.sqrt(float(head[:2] @ head[:2]) + tail * (n - 2) / 2)
+    assert spaced.exact and spaced.value == pytest.approx(want, rel=1e-9)
+    assert spaced.value >= want * (1 - 1e-12)
+    # 1000 epochs of 1000 steps, 4 bands: the record's columns are disjoint, each norm 1
+    assert epochs.exact and 1000**0.5 <= epochs.value <= 1000**0.5 * (1 + 1e-9)
+
+
+def test_general_bound_is_fast_for_long_runs(time_limit):
+    # a BLT with a negative decay takes the dense rule of [CC23b] Alg. 4 (n <= 8192)
+    C = BufferedToeplitz((0.9, -0.3), (0.2, 0.1))
+    n, sep = 2048, 4
+    with time_limit(20.0):
+        s = sensitivity(C, MinSeparation(sep), n)
+    assert not s.exact
+    # every pattern's contributions, all equal, attain at least the bound's lower end
+    u = np.zeros(n)
+    u[::sep] = 1.0
+    attained = float(np.linalg.norm(C.materialize(n) @ u))
+    assert attained <= s.value <= math.sqrt(np.abs(C.materialize(n)).sum(axis=0) @
+                                            np.abs(C.materialize(n)).sum(axis=0))
+
+
+@settings(max_examples=40)
+@given(x=st.lists(st.floats(-2.0, 2.0), min_size=1, max_size=10), sep=st.integers(1, 4),
+       extra=st.integers(0, 3))
+def test_vector_sensitivity_without_a_binding_count(x, sep, extra):
+    # as many participations as the separation allows (or more): every pattern counts
+    x = np.asarray(x)
+    k = -(-x.size // sep) + extra
+    best = max([0.0] + [x[p].sum() for p in _patterns(x.size, sep, k)])
+    assert vector_sensitivity(x, sep, k) == pytest.approx(best, abs=1e-12)
+
+
+@settings(max_examples=40)
+@given(coefs=nonincreasing, n=st.integers(1, 60), sep=st.integers(1, 12), k=st.integers(1, 30))
+def test_spaced_sum_matches_the_shifted_columns(coefs, n, sep, k):
+    # C u for the pattern 0, sep, ..., (k-1) sep, summed column by column
+    C = BandedToeplitz(coefs)
+    u = np.zeros(n)
+    u[: sep * k : sep] = 1.0
+    want = float(np.linalg.norm(C.materialize(n) @ u))
+    s = sensitivity(C, MinSeparation(sep, k), n)
+    assert s.exact and want * (1 - 1e-12) <= s.value <= want * (1 + 1e-9)
+
+
+@settings(max_examples=30)
+@given(coefs=st.lists(st.floats(-1.0, 1.0), min_size=2, max_size=8).filter(
+    lambda c: c[0] > 0.1 and min(c) < 0), per_epoch=st.integers(1, 6),
+    epochs=st.integers(2, 4))
+def test_signed_fixed_epochs_bound_is_its_definition(coefs, per_epoch, epochs):
+    # the bound max_j sum |C^T C| over the pattern j, j + b, ... from the dense product
+    n = per_epoch * epochs
+    C = BandedToeplitz(tuple(coefs))
+    x = np.abs(C.materialize(n).T @ C.materialize(n))
+    want = max(x[np.ix_(p, p)].sum() for p in (list(range(j, n, per_epoch))
+                                               for j in range(per_epoch)))
+    s = sensitivity(C, FixedEpochs(epochs), n)
+    assert s.value == pytest.approx(math.sqrt(want), rel=1e-12)
+    assert s.value >= math.sqrt(want) * (1 - 1e-14)
+
+
+@pytest.mark.slow
+def test_general_bound_at_its_largest_size(time_limit):
+    # the dense rule's largest n: seconds (an O(n^2) Toeplitz Gram, one pass per row)
+    from privlearn.correlated.sensitivity import MAX_DENSE_STEPS
+
+    C = BufferedToeplitz((0.9, -0.3), (0.2, 0.1))
+    with time_limit(60.0):
+        s = sensitivity(C, MinSeparation(4), MAX_DENSE_STEPS)
+    small = sensitivity(C, MinSeparation(4), 2048)
+    assert not s.exact and s.value > small.value
+
+
+def test_banded_rules_do_not_grow_with_steps(time_limit):
+    # a banded C's columns are known from its b coefficients: no O(n) array, even for
+    # 10^12 steps (the amplified accounting of a long run asks for its column norm)
+    n = 10**12
+    c = np.array([1.0, -0.5, 0.3])
+    C = BandedToeplitz(tuple(c))
+    with time_limit(10.0):
+        one = sensitivity(C, SingleParticipation(), n)
+        every = sensitivity(Identity(), MinSeparation(1), n)
+        spaced = sensitivity(C, MinSeparation(7, 10**9), n)
+        last = sensitivity(C, MinSeparation(3), 10)  # steps 0, 3, 6, 9: the last cut
+    norm2 = float(c @ c)
+    assert one.exact and math.sqrt(norm2) <= one.value <= math.sqrt(norm2) * (1 + 1e-12)
+    assert every.exact and 1e6 <= every.value <= 1e6 * (1 + 1e-12)
+    want = math.sqrt(1e9 * norm2)
+    assert spaced.exact and want <= spaced.value <= want * (1 + 1e-12)
+    want = math.sqrt(3 * norm2 + 1.0)
+    assert last.exact and want <= last.value <= want * (1 + 1e-12)
+
+
+def test_trailing_zero_coefficients_are_no_bands():
+    # (1, -0.5, 0, 0) is 2-banded: under MinSeparation(2) its participations' columns are
+    # orthogonal, so the exact banded rule applies (not the general upper bound)
+    C = BandedToeplitz((1.0, -0.5, 0.0, 0.0))
+    n = 7
+    s = sensitivity(C, MinSeparation(2), n)
+    lo, hi = _brute_force(C.materialize(n), _patterns(n, 2, 4))
+    assert s.exact and math.sqrt(lo) <= s.value <= math.sqrt(lo) * (1 + 1e-12)

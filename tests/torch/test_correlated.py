@@ -280,6 +280,56 @@ def test_explicit_strategy_and_amplified_banded_accounting():
     assert p.epsilon(1e-5) == want.epsilon(1e-5)
 
 
+def test_more_bands_than_steps_cycles_over_the_steps():
+    """noise='banded' with more bands than planned steps gets one band per step, and the
+    default cycle of cyclic Poisson sampling is those bands, not the ones asked for (a
+    cycle of 100 over 60 examples in batches of 6 has no valid rate): 5 steps in 5
+    groups, each example in at most one step, accounted as one Poisson-subsampled
+    Gaussian of the column norm (Choquette-Choo et al. 2023, Theorem 4)."""
+    model = nn.Linear(4, 3)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.5, steps=5,
+                     sampling="cyclic_poisson", noise="banded", bands=100, seed=0)
+    C = p.plan.run.strategy
+    assert p.plan.run.cycle == 5 and C.bands == 5
+    batches = _batches(p, 5)
+    check_participation(batches, MinSeparation(5, 1), 5)
+    column = float(np.linalg.norm(C.coefs))
+    want = subsample(Gaussian(1.5 / column), rate=6 * 5 / N).epsilon(1e-5)
+    assert p.epsilon(1e-5) == pytest.approx(want, rel=1e-9)
+
+
+def test_a_banded_strategy_given_cycles_over_its_bands():
+    """An explicit 3-banded strategy under cyclic Poisson sampling with no cycle_length
+    gets 3 groups, as noise='banded' with bands=3 does, so it is amplified: 9 steps are 3
+    participations, each a Poisson-subsampled Gaussian of the column norm
+    (Choquette-Choo et al. 2023, Theorem 4), not 9 un-amplified ones."""
+    model = nn.Linear(4, 3)
+    C = BandedToeplitz((1.0, -0.4, 0.3))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.2, steps=9,
+                     sampling="cyclic_poisson", noise=C, seed=0)
+    assert p.plan.run.cycle == 3
+    check_participation(_batches(p, 9), MinSeparation(3, 3), 9)
+    step = subsample(Gaussian(1.2 / math.sqrt(1.0 + 0.16 + 0.09)), rate=6 * 3 / N)
+    assert p.epsilon(1e-5) == pytest.approx(compose(step, steps=3).epsilon(1e-5), rel=1e-9)
+
+
+def test_banded_noise_defaults_to_bands_its_cycle_amplifies():
+    """noise='banded' under cyclic Poisson sampling with cycle_length=3 and no bands gets
+    3 bands (the documented default: the cycle length when shorter than 8), which the
+    cycle amplifies, rather than 8 bands accounted without amplification."""
+    model = nn.Linear(4, 3)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.2, steps=9,
+                     sampling="cyclic_poisson", cycle_length=3, noise="banded", seed=0)
+    C = p.plan.run.strategy
+    assert C.bands == 3
+    step = subsample(Gaussian(1.2 / float(np.linalg.norm(C.coefs))), rate=6 * 3 / N)
+    assert p.plan.planned_epsilon == pytest.approx(
+        compose(step, steps=3).epsilon(1e-5), rel=1e-9)
+
+
 # ---------------------------------------------------- shuffled epochs: replace-one only
 def _gaussian_delta(eps, sigma, sens):
     """The exact delta(eps) of the Gaussian mechanism of L2 sensitivity ``sens`` and
