@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -25,12 +26,77 @@ from privlearn.errors import ParameterValueError
 __all__ = ["budget"]
 
 
-def _open_ledger(path: str, *, create: bool = False):
-    """The ledger at ``path``; its errors (none there, not a ledger, tampered) are typed
-    and reported by :class:`_OneLineErrors`."""
+#: Environment variable holding the HMAC key of a keyed ledger (when no ``--key-file``).
+KEY_ENV = "PRIVLEARN_LEDGER_KEY"
+
+_key_file_opt = click.option(
+    "--key-file", type=click.Path(dir_okay=False), default=None,
+    help="File holding the HMAC key of a keyed ledger (one trailing newline is stripped; "
+    f"default: the {KEY_ENV} environment variable). Never pass the key itself on the "
+    "command line (other users see it in `ps`).")
+
+
+def _ledger_key(key_file: str | None) -> tuple[bytes | None, str | None]:
+    """The HMAC key from ``--key-file`` (one trailing newline stripped), else from
+    :data:`KEY_ENV`, with where it came from; ``(None, None)`` without either."""
+    if key_file is not None:
+        try:
+            with open(key_file, "rb") as f:
+                key = f.read()
+        except OSError as exc:
+            raise ParameterValueError(
+                f"--key-file: cannot read {key_file} ({exc.strerror or exc}); pass a "
+                "readable file holding the key") from None
+        key = key[:-2] if key.endswith(b"\r\n") else key[:-1] if key.endswith(b"\n") else key
+        source = f"--key-file {key_file}"
+    else:
+        env = getattr(os, "environb", None)
+        key = env.get(KEY_ENV.encode()) if env is not None else (
+            None if os.environ.get(KEY_ENV) is None else os.fsencode(os.environ[KEY_ENV]))
+        if key is None:
+            return None, None
+        source = f"the {KEY_ENV} environment variable"
+    if not key:
+        raise ParameterValueError(
+            f"{'--key-file' if key_file is not None else KEY_ENV}: the HMAC key from "
+            f"{source} is empty; put the ledger's secret key there"
+            + ("" if key_file is not None else f" or unset {KEY_ENV}"))
+    return key, source
+
+
+def _open_ledger(path: str, key_file: str | None = None, *, create: bool = False,
+                 check_key: bool = True):
+    """The ledger at ``path``, opened with the key of ``--key-file`` or
+    :data:`KEY_ENV`; its errors (none there, not a ledger, tampered, a key missing or not
+    expected) are typed and reported by :class:`_OneLineErrors` in the shell's words.
+    With ``check_key``, a key that does not verify the ledger's hash chain is refused
+    here (status 4) with a message that names the key as a likely cause."""
+    from privlearn.errors import LedgerIntegrityError
     from privlearn.ledger import Ledger
 
-    return Ledger(path, create=create)
+    key, source = _ledger_key(key_file)
+    try:
+        led = Ledger(path, create=create, key=key)
+    except ParameterValueError:  # the only one here: a key missing or not expected
+        if key is None:
+            raise ParameterValueError(
+                f"ledger {path} was created with an HMAC key: pass the file holding it with "
+                f"--key-file PATH or set the {KEY_ENV} environment variable (never the key "
+                "itself on the command line)") from None
+        raise ParameterValueError(
+            f"ledger {path} was created without an HMAC key, but a key was given by "
+            f"{source}: "
+            + ("drop --key-file" if key_file is not None else f"unset {KEY_ENV}")) from None
+    if key is not None and check_key:
+        report = led.verify()
+        if not report.ok:
+            raise LedgerIntegrityError(
+                f"ledger {path} fails its integrity check with the key from {source}: "
+                "the key is not the one the ledger was created with, or the file was "
+                "tampered with (" + "; ".join(report.problems[:3])
+                + ("; ..." if len(report.problems) > 3 else "") + ")",
+                report.problems)
+    return led
 
 
 def _spent_json(s) -> dict[str, Any]:
@@ -81,6 +147,7 @@ _unit_opt = click.option("--privacy-unit", default=None,
 
 @budget.command(name="init")
 @click.argument("path", type=click.Path(dir_okay=False))
+@_key_file_opt
 @_ledger_dataset_opt
 @click.option("--epsilon", type=float, required=True, help="Budget epsilon (> 0).")
 @click.option("--delta", type=float, required=True, help="Budget delta in [0, 1).")
@@ -93,7 +160,7 @@ _unit_opt = click.option("--privacy-unit", default=None,
               default=None,
               help="Neighbouring relation of the cap (default: that of the first release). "
               "replace_one also takes add/remove releases, at their replace-one cost.")
-def budget_init(path: str, dataset: str, epsilon: float, delta: float,
+def budget_init(path: str, key_file: str | None, dataset: str, epsilon: float, delta: float,
                 privacy_unit: str | None, accountant: str, adaptive: bool,
                 neighbouring: str | None) -> None:
     """Create the ledger at PATH (if needed) and set DATASET's budget."""
@@ -106,7 +173,7 @@ def budget_init(path: str, dataset: str, epsilon: float, delta: float,
     if adaptive and delta == 0.0:
         raise ParameterValueError("--delta must be in (0, 1) with --adaptive (the Renyi "
                                   "filter gives no delta=0 guarantee), got 0; e.g. 1e-6")
-    led = _open_ledger(path, create=True)
+    led = _open_ledger(path, key_file, create=True)
     b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
                           accountant=accountant, adaptive=adaptive, neighbouring=neighbouring)
     click.echo(f"budget for {b.dataset} ({b.privacy_unit}, {_relation(b.neighbouring)}): "
@@ -116,6 +183,7 @@ def budget_init(path: str, dataset: str, epsilon: float, delta: float,
 
 @budget.command(name="spend")
 @click.argument("path", type=click.Path(dir_okay=False))
+@_key_file_opt
 @_ledger_dataset_opt
 @mechanism_opt
 @click.option("--noise-multiplier", type=float, required=True, help="Noise multiplier (> 0).")
@@ -126,7 +194,8 @@ def budget_init(path: str, dataset: str, epsilon: float, delta: float,
 @click.option("--who", default=None, help="Who spent it (default: user@host).")
 @_unit_opt
 @json_opt
-def budget_spend(path: str, dataset: str, mechanism: str, noise_multiplier: float,
+def budget_spend(path: str, key_file: str | None, dataset: str, mechanism: str,
+                 noise_multiplier: float,
                  sampling_rate: float | None, sampling: str, steps: int | None,
                  label: str | None, who: str | None, privacy_unit: str | None,
                  as_json: bool) -> None:
@@ -136,7 +205,7 @@ def budget_spend(path: str, dataset: str, mechanism: str, noise_multiplier: floa
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     mech = build_mechanism(mechanism.lower(), check_positive("--noise-multiplier",
                            noise_multiplier), rate, sampling.lower(), t)
-    led = _open_ledger(path)
+    led = _open_ledger(path, key_file)
     entry = led.spend(dataset, mech, label=label, who=who, privacy_unit=privacy_unit)
     s = led.spent(dataset, privacy_unit=privacy_unit)
     if as_json:
@@ -148,12 +217,14 @@ def budget_spend(path: str, dataset: str, mechanism: str, noise_multiplier: floa
 
 @budget.command(name="show")
 @click.argument("path", type=click.Path(dir_okay=False))
+@_key_file_opt
 @_ledger_dataset_opt
 @_unit_opt
 @json_opt
-def budget_show(path: str, dataset: str, privacy_unit: str | None, as_json: bool) -> None:
+def budget_show(path: str, key_file: str | None, dataset: str, privacy_unit: str | None,
+                as_json: bool) -> None:
     """What has been spent on DATASET (tight composition, certified bounds)."""
-    s = _open_ledger(path).spent(dataset, privacy_unit=privacy_unit)
+    s = _open_ledger(path, key_file).spent(dataset, privacy_unit=privacy_unit)
     if as_json:
         click.echo(json.dumps(_spent_json(s)))
     else:
@@ -162,14 +233,16 @@ def budget_show(path: str, dataset: str, privacy_unit: str | None, as_json: bool
 
 @budget.command(name="history")
 @click.argument("path", type=click.Path(dir_okay=False))
+@_key_file_opt
 @_ledger_dataset_opt
 @_unit_opt
 @json_opt
-def budget_history(path: str, dataset: str, privacy_unit: str | None, as_json: bool) -> None:
+def budget_history(path: str, key_file: str | None, dataset: str, privacy_unit: str | None,
+                   as_json: bool) -> None:
     """Every entry of DATASET, oldest first."""
     from privlearn.accounting.serialization import mechanism_to_dict
 
-    led = _open_ledger(path)
+    led = _open_ledger(path, key_file)
     led.budget_info(dataset, privacy_unit=privacy_unit)
     entries = led.history(dataset, privacy_unit=privacy_unit)
     if as_json:
@@ -206,10 +279,11 @@ def _describe_mechanism(m: Mechanism) -> str:
 
 @budget.command(name="verify")
 @click.argument("path", type=click.Path(dir_okay=False))
+@_key_file_opt
 @click.option("--expect-head", default=None, metavar="COUNT:HASH",
               help="A head printed earlier by `verify` (kept outside the file): also fail "
               "unless the ledger extends it (detects truncation with the head rewritten).")
-def budget_verify(path: str, expect_head: str | None) -> None:
+def budget_verify(path: str, key_file: str | None, expect_head: str | None) -> None:
     """Check the hash chain of the ledger at PATH: status 0 when intact, 4 (listing the
     problems) when an entry was edited, removed or the ledger truncated. Every other
     budget command also refuses a ledger that fails this check (status 4)."""
@@ -221,7 +295,7 @@ def budget_verify(path: str, expect_head: str | None) -> None:
             raise click.BadParameter(f"must be COUNT:HASH (64 hex digits), got {expect_head!r}",
                                      param_hint="'--expect-head'")
         expected = (int(count), h)
-    led = _open_ledger(path)
+    led = _open_ledger(path, key_file, check_key=False)
     report = led.verify(expected_head=expected)
     if report.ok:
         n, h = led.head()
@@ -229,6 +303,10 @@ def budget_verify(path: str, expect_head: str | None) -> None:
         return
     for p in report.problems:
         click.echo(f"TAMPERED: {p}", err=True)
+    _, source = _ledger_key(key_file)
+    if source is not None:
+        click.echo(f"(or the key from {source} is not the one the ledger was created with)",
+                   err=True)
     raise click.exceptions.Exit(ExitStatus.LEDGER_TAMPERED)
 
 

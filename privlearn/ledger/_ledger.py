@@ -159,6 +159,10 @@ class Ledger:
                  key: bytes | None = None, timeout: float = 60.0):
         if key is not None and not isinstance(key, bytes):
             raise ParameterTypeError(f"key must be bytes or None, got {type(key).__name__}")
+        if key is not None and not key:
+            raise ParameterValueError(
+                "key must be a non-empty secret (bytes) or None, got b''; pass the ledger's "
+                "HMAC key, or None for an unkeyed ledger")
         if not isinstance(create, bool):
             raise ParameterTypeError(f"create must be a bool, got {create!r}")
         if not isinstance(path, str | os.PathLike):

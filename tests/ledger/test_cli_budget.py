@@ -251,3 +251,120 @@ def test_a_refused_init_names_the_option_and_leaves_no_file(tmp_path, args, said
     assert r.exit_code == 2
     assert r.stderr.startswith(f"error: {said}") and r.stderr.count("\n") == 1, r.stderr
     assert not path.exists()
+
+
+# -- keyed ledgers: the HMAC key from --key-file or PRIVLEARN_LEDGER_KEY ------------------
+KEY = b"a-secret-hmac-key"
+
+
+def _keyed(tmp_path, key=KEY):
+    from privlearn.ledger import Ledger
+
+    path = str(tmp_path / "k.db")
+    with Ledger(path, create=True, key=key) as led:
+        led.create_budget("adult", 2.0, 1e-6)
+        led.spend("adult", Gaussian(8.0), label="first")
+    return path
+
+
+def _invoke(args, env=None):
+    env = {"PRIVLEARN_LEDGER_KEY": None, **(env or {})}  # unset unless given
+    return CliRunner().invoke(cli, args, env=env)
+
+
+def test_a_keyed_ledger_opens_with_key_file_or_environment_variable(tmp_path):
+    from privlearn.ledger import Ledger
+
+    path = _keyed(tmp_path)
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY + b"\n")  # one trailing newline, as an editor writes it
+    show = ["budget", "show", path, "--dataset", "adult", "--json"]
+    by_file = _invoke(show[:3] + ["--key-file", str(key_file)] + show[3:])
+    assert by_file.exit_code == 0, by_file.output
+    by_env = _invoke(show, env={"PRIVLEARN_LEDGER_KEY": KEY.decode()})
+    assert by_env.exit_code == 0, by_env.output
+    with Ledger(path, key=KEY) as led:
+        expected = led.spent("adult").epsilon_spent
+    assert json.loads(by_file.output)["epsilon_spent"] == expected
+    assert json.loads(by_env.output)["epsilon_spent"] == expected
+    # every budget subcommand takes the key; a spend is recorded under it
+    r = _invoke(["budget", "spend", path, "--key-file", str(key_file), "--dataset", "adult",
+                 "--noise-multiplier", "9"])
+    assert r.exit_code == 0, r.output
+    r = _invoke(["budget", "history", path, "--dataset", "adult"],
+                env={"PRIVLEARN_LEDGER_KEY": KEY.decode()})
+    assert r.exit_code == 0 and r.output.count("\n") == 3, r.output
+    r = _invoke(["budget", "verify", path, "--key-file", str(key_file)])
+    assert r.exit_code == 0 and r.output.startswith("ok: 3 entries"), r.output
+    with Ledger(path, key=KEY) as led:  # what the CLI wrote verifies in Python
+        assert led.verify().ok and len(led.history("adult")) == 3
+
+
+def test_init_creates_a_keyed_ledger_from_the_key_file(tmp_path):
+    from privlearn.ledger import Ledger
+
+    path, key_file = str(tmp_path / "new.db"), tmp_path / "key"
+    key_file.write_bytes(KEY)  # no trailing newline: taken as is
+    r = _invoke(["budget", "init", path, "--key-file", str(key_file), "--dataset", "adult",
+                 "--epsilon", "1", "--delta", "1e-6"])
+    assert r.exit_code == 0, r.output
+    with Ledger(path, key=KEY) as led:
+        assert led.verify().ok and led.budget_info("adult").epsilon == 1.0
+    with pytest.raises(ValueError, match="pass key="):
+        Ledger(path)
+
+
+def test_a_keyed_ledger_without_its_key_is_refused_naming_key_file(tmp_path):
+    path = _keyed(tmp_path)
+    for args in (["show", path, "--dataset", "adult"], ["verify", path],
+                 ["spend", path, "--dataset", "adult", "--noise-multiplier", "9"]):
+        r = _invoke(["budget", *args])
+        assert r.exit_code == 2, r.output
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.output
+        assert "--key-file" in r.stderr and "PRIVLEARN_LEDGER_KEY" in r.stderr, r.stderr
+        assert "key=" not in r.stderr, r.stderr
+
+
+def test_a_wrong_key_is_refused_with_status_4_and_records_nothing(tmp_path):
+    from privlearn.ledger import Ledger
+
+    path = _keyed(tmp_path)
+    key_file = tmp_path / "wrong"
+    key_file.write_bytes(b"not-the-key\n")
+    for args, env in (
+        (["show", path, "--key-file", str(key_file), "--dataset", "adult"], None),
+        (["spend", path, "--dataset", "adult", "--noise-multiplier", "9"],
+         {"PRIVLEARN_LEDGER_KEY": "not-the-key"}),
+        (["verify", path, "--key-file", str(key_file)], None),
+    ):
+        r = _invoke(["budget", *args], env=env)
+        assert r.exit_code == 4, r.output
+        assert "key" in r.stderr and "Traceback" not in r.output, r.stderr
+    with Ledger(path, key=KEY) as led:
+        assert led.verify().ok and len(led.history("adult")) == 2
+
+
+def test_a_key_for_an_unkeyed_ledger_or_an_empty_key_is_refused(db, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY)
+    r = _invoke(["budget", "show", db, "--key-file", str(key_file), "--dataset", "adult"])
+    assert r.exit_code == 2 and "without an HMAC key" in r.stderr, r.output
+    assert "--key-file" in r.stderr
+    r = _invoke(["budget", "show", db, "--dataset", "adult"],
+                env={"PRIVLEARN_LEDGER_KEY": KEY.decode()})
+    assert r.exit_code == 2 and "unset PRIVLEARN_LEDGER_KEY" in r.stderr, r.output
+    key_file.write_bytes(b"\n")
+    r = _invoke(["budget", "show", db, "--key-file", str(key_file), "--dataset", "adult"])
+    assert r.exit_code == 2 and "--key-file" in r.stderr and "empty" in r.stderr, r.output
+    r = _invoke(["budget", "show", db, "--key-file", str(tmp_path / "none"),
+                 "--dataset", "adult"])
+    assert r.exit_code == 2 and "--key-file" in r.stderr, r.output
+
+
+def test_the_ledger_refuses_an_empty_key(tmp_path):
+    from privlearn.errors import ParameterValueError
+    from privlearn.ledger import Ledger
+
+    with pytest.raises(ParameterValueError, match="key must be a non-empty"):
+        Ledger(str(tmp_path / "e.db"), create=True, key=b"")
+    assert not (tmp_path / "e.db").exists()
