@@ -48,11 +48,13 @@ __all__ = [
     "Delta",
     "Seed",
     "Unchecked",
+    "Verbosity",
     "EPSILON",
     "ACCOUNTANT",
     "RANDOM_STATE",
     "LEDGER",
     "NOISE_MULTIPLIER",
+    "VERBOSE",
 ]
 
 
@@ -116,6 +118,20 @@ class Integer(Constraint):
     def check(self, name: str, value: object) -> int:
         return _v.check_count(name, value, minimum=self.minimum, hint=self.hint,
                               integral_floats=False)
+
+
+@dataclass(frozen=True)
+class Verbosity(Integer):
+    """scikit-learn's ``verbose``: an ``int`` >= ``minimum`` (0: silent), or a bool
+    (``True`` is 1)."""
+
+    minimum: int = 0
+    hint: str | None = "0: silent, 1: a progress bar"
+
+    def check(self, name: str, value: object) -> int:
+        if isinstance(value, bool) or type(value).__name__ == "bool_":
+            return int(value)  # type: ignore[call-overload]
+        return super().check(name, value)
 
 
 @dataclass(frozen=True, init=False)
@@ -198,3 +214,4 @@ RANDOM_STATE = Seed()
 LEDGER = Unchecked("a budget handle, checked by the ledger layer")
 NOISE_MULTIPLIER = Real(0, None, low_open=True, allow_none=True,
                         hint="leave it None to calibrate from (epsilon, delta)")
+VERBOSE = Verbosity()

@@ -63,6 +63,7 @@ References
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ from privlearn.models.constraints import (
     ACCOUNTANT,
     LEDGER,
     RANDOM_STATE,
+    VERBOSE,
     Options,
     Real,
     Unchecked,
@@ -213,6 +215,15 @@ def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
         est.set_params(**declared)
 
 
+def _progress(runs: list[int], desc: str, enabled: bool):
+    """``runs``, with a tqdm progress bar over them on standard error when ``enabled``
+    (else nothing is written)."""
+    from tqdm import tqdm
+
+    return tqdm(runs, desc=desc, unit="fit", disable=not enabled, file=sys.stderr,
+                dynamic_ncols=True)
+
+
 def _budget_reading_no_rdp(handle):
     """The ledger budget of ``handle`` when its total is composed by an accountant other
     than ``"rdp"`` (e.g. the default PLD), which cannot read a tabulated RDP curve; else
@@ -302,6 +313,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         whoever knows it (and so lets them remove the noise): fix it only for
         experiments. A Generator advances by the same four draws whatever the number of
         runs (it stays on the search, so it must not reveal ``K``).
+    verbose : int >= 0 or bool
+        0 (default): silent, as scikit-learn's searches. 1 or more: a progress bar on
+        standard error over the runs (``tqdm``: runs done, their total, elapsed time and
+        rate). It shows counts and times only, never a score. With random stopping the
+        total is the number of runs ``K``, which the search's guarantee needs hidden
+        (see the attributes): whoever runs ``fit`` may see it, but do not publish the
+        output of a verbose search (e.g. a public CI log).
 
     Attributes
     ----------
@@ -335,7 +353,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
 
     def __init__(self, estimator, param_grid, *, method="random_stopping", expected_runs=None,
                  eta=1.0, score_epsilon=0.1, loss_bound=None, delta=1e-6,
-                 accountant="pld", ledger=None, random_state=None):
+                 accountant="pld", ledger=None, random_state=None, verbose=0):
         self.estimator = estimator
         self.param_grid = param_grid
         self.method = method
@@ -347,6 +365,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         self.accountant = accountant
         self.ledger = ledger
         self.random_state = random_state
+        self.verbose = verbose
 
     # -- pieces ----------------------------------------------------------------------
     def _loss_bound(self, loss_bound: float | None) -> float:
@@ -401,6 +420,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         "accountant": ACCOUNTANT,
         "ledger": LEDGER,
         "random_state": RANDOM_STATE,
+        "verbose": VERBOSE,
     }
 
     def _plan(self, params: dict[str, Any], X, y, *, X_val=None, y_val=None) -> SearchPlan:
@@ -506,7 +526,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             order = [int(i) for i in rng.integers(0, len(plan.grid), size=k)]
         Xs, ys = (X_val, y_val) if public else (X, y)
         best, scores, runs, ran = None, [], [], []
-        for i in order:
+        # counts and elapsed time only: never a score (a release of the data), and with
+        # random stopping the total K is shown only to whoever runs fit (see ``verbose``)
+        for i in _progress(order, type(self).__name__, bool(self.verbose)):
             # a copy of the candidate's values too: estimator objects in the grid stay
             # on the search (param_grid), and must not carry the runs' fitted models
             est = clone(self.estimator).set_params(

@@ -340,3 +340,47 @@ def test_data_a_candidate_refuses_cancels_the_search_reservation(estimator, y_of
         search.fit(X, y_of(X[:, 0]))
     assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
     assert not hasattr(search, "best_estimator_")
+
+
+# -- verbose: a progress bar over the runs, counts and times only ---------------------------
+@pytest.mark.parametrize("method", ["composition", "random_stopping"])
+def test_verbose_shows_a_progress_bar_of_the_runs_and_changes_nothing(data, capfd, method):
+    import re
+
+    from sklearn.base import clone
+
+    X, y = data
+    kw = dict(method=method, loss_bound=36.0, score_epsilon=0.2, random_state=3)
+    FITS.clear()
+    quiet = PrivateSearchCV(_est(), GRID, **kw).fit(X, y)
+    n_quiet = len(FITS)
+    out, err = capfd.readouterr()
+    assert out == err == ""  # verbose=0 (the default) writes nothing
+    FITS.clear()
+    loud = clone(PrivateSearchCV(_est(), GRID, verbose=1, **kw))  # a parameter: cloned
+    assert loud.get_params()["verbose"] == 1
+    loud.fit(X, y)
+    out, err = capfd.readouterr()
+    assert out == ""
+    # the bar counts the fits that ran (K for random stopping) on stderr, and says nothing
+    # about their scores
+    assert re.search(rf"PrivateSearchCV: 100%.*\b{len(FITS)}/{len(FITS)}\b", err), err
+    assert len(FITS) == n_quiet
+    assert all(f"{v:.3f}" not in err for v in getattr(loud, "scores_", []) + [loud.best_score_])
+    # the same search, the same release
+    assert loud.best_params_ == quiet.best_params_ and loud.best_score_ == quiet.best_score_
+    np.testing.assert_array_equal(loud.best_estimator_.coef_, quiet.best_estimator_.coef_)
+    assert loud.mechanism_ == quiet.mechanism_ and loud.epsilon_ == quiet.epsilon_
+
+
+def test_verbose_is_validated_naming_the_parameter(data):
+    from privlearn.errors import ParameterTypeError, ParameterValueError
+
+    X, y = data
+    for bad, err in ((-1, ParameterValueError), (1.5, ParameterTypeError),
+                     ("yes", ParameterTypeError)):
+        s = PrivateSearchCV(_est(), GRID, verbose=bad)
+        with pytest.raises(err, match="verbose"):
+            s.fit(X, y)
+        assert not hasattr(s, "best_estimator_")
+    assert PrivateSearchCV(_est(), GRID, verbose=True)._validate_params()["verbose"] == 1
