@@ -259,8 +259,9 @@ class Ledger:
                 if keyed is not None and (keyed[0] == "1") != (self._key is not None):
                     raise ParameterValueError(
                         f"key: ledger {self.path} was created "
-                        + ("with an HMAC key: pass key= (the same secret)" if keyed[0] == "1"
-                           else "without an HMAC key: do not pass key=")
+                        + ("with an HMAC key: pass key= (the same secret; `privlearn budget` "
+                           "reads it from --key-file PATH or PRIVLEARN_LEDGER_KEY)"
+                           if keyed[0] == "1" else "without an HMAC key: do not pass key=")
                     )
         return conn
 

@@ -310,8 +310,15 @@ def test_init_creates_a_keyed_ledger_from_the_key_file(tmp_path):
     assert r.exit_code == 0, r.output
     with Ledger(path, key=KEY) as led:
         assert led.verify().ok and led.budget_info("adult").epsilon == 1.0
-    with pytest.raises(ValueError, match="pass key="):
+    with pytest.raises(ValueError, match="pass key=") as info:  # Python: key=; and the CLI's
         Ledger(path)
+    assert "--key-file" in str(info.value)
+    key_file.write_bytes(KEY + b"\r\n")  # one Windows line ending, stripped too
+    r = _invoke(["budget", "verify", path, "--key-file", str(key_file)])
+    assert r.exit_code == 0, r.output
+    key_file.write_bytes(KEY + b"\n\n")  # only one newline is stripped: another key
+    r = _invoke(["budget", "verify", path, "--key-file", str(key_file)])
+    assert r.exit_code == 4, r.output
 
 
 def test_a_keyed_ledger_without_its_key_is_refused_naming_key_file(tmp_path):
