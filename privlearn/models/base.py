@@ -274,13 +274,20 @@ _NON_FINITE_ADVICE = (
 )
 
 
+def _dense_array(value: Any) -> np.ndarray | None:
+    """``value`` as a NumPy array, or None when it is None, sparse (refused as such
+    elsewhere) or not array-like at all (not the case of the checks below)."""
+    if value is None or hasattr(value, "tocsr"):
+        return None
+    try:
+        return np.asarray(value)
+    except Exception:  # noqa: BLE001 - whatever cannot be an array is not our case
+        return None
+
+
 def _non_finite(value: Any) -> bool:
     """Whether ``value`` (array-like) is numeric and holds a NaN or an infinity."""
-    if value is None or hasattr(value, "tocsr"):  # sparse inputs are refused as such
-        return False
-    try:
-        arr = np.asarray(value)
-    except Exception:  # noqa: BLE001 - whatever cannot be an array is not our case
+    if (arr := _dense_array(value)) is None:
         return False
     if arr.dtype.kind not in "fc":
         if arr.dtype.kind != "O":
@@ -305,11 +312,7 @@ _NON_NUMERIC_ADVICE = (
 
 def _non_numeric(value: Any) -> bool:
     """Whether ``value`` (array-like) holds text or objects that are not numbers."""
-    if value is None or hasattr(value, "tocsr"):
-        return False
-    try:
-        arr = np.asarray(value)
-    except Exception:  # noqa: BLE001 - whatever cannot be an array is not our case
+    if (arr := _dense_array(value)) is None:
         return False
     if arr.dtype.kind not in "OUS":
         return False

@@ -44,7 +44,7 @@ from privlearn.torch._rows import (
     _key,
     _PerVector,
     _token_factors,
-    addmm32_,
+    add_product_,
     low_factors,
     read_elsewhere,
 )
@@ -260,14 +260,7 @@ class _Products:
             b, _, t, d, p = k.dims
             il, ir = (ia, ig) if k.transposed else (ig, ia)
             left, right = lefts[at[il]], cols[at[ir]]
-            o = outs[0]
-            o = o if o.shape == (left.shape[0], right.shape[1]) else o.view(left.shape[0], -1)
-            if low:
-                addmm32_(o, left, right)
-            elif o.dtype != dt:
-                o.add_(left.mm(right))
-            else:
-                o.addmm_(left, right)
+            add_product_(outs[0], left, right, low, dt)
             if k.bias is None:
                 continue
             if p > d:  # the inputs were scaled: the bias from its per-example rows

@@ -343,6 +343,20 @@ def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         _emulated_addmm32_(o, a, b)
 
 
+def add_product_(o: torch.Tensor, left: torch.Tensor, right: torch.Tensor, low: bool,
+                 dt: torch.dtype) -> None:
+    """``o += left @ right`` for a ghost layer's weight gradient (``o`` viewed as the
+    product's shape): :func:`addmm32_` for half-precision operands (``low``), the product
+    added and rounded once into a buffer of another dtype than ``dt``, else one addmm."""
+    o = o if o.shape == (left.shape[0], right.shape[1]) else o.view(left.shape[0], -1)
+    if low:
+        addmm32_(o, left, right)
+    elif o.dtype != dt:
+        o.add_(left.mm(right))
+    else:
+        o.addmm_(left, right)
+
+
 def row_scaled(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Rows of ``x`` weighted by per-example factors: ``c_i x_i``.
 

@@ -64,6 +64,7 @@ from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _finite,
     _out_dtype_matmul,
     _shaped,
+    add_product_,
     addmm32_,
     live_positions,
     low_factors,
@@ -662,14 +663,7 @@ class OuterProduct(Contribution):
             left, right = _finite(as_dtype(lt, dt)), (gs := token_scaled(g2, c, t))
         else:
             left, right = (gst := token_scaled_t(st, c, t)), _finite(as_dtype(a2, dt))
-        o = outs[0]
-        o = o if o.shape == (left.shape[0], right.shape[1]) else o.view(left.shape[0], -1)
-        if self._low:
-            addmm32_(o, left, right)
-        elif o.dtype != dt:
-            o.add_(left.mm(right))
-        else:
-            o.addmm_(left, right)
+        add_product_(outs[0], left, right, self._low, dt)
         if self.bias is None:
             return
         if gs is None and gst is None:
