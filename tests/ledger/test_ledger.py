@@ -15,14 +15,6 @@ from privlearn.errors import BudgetExceededError
 from privlearn.ledger import Ledger, LedgerIntegrityError, default_filter_order
 
 
-@pytest.fixture
-def ledger(tmp_path):
-    led = Ledger(tmp_path / "l.db", create=True)
-    led.create_budget("adult", epsilon=1.0, delta=1e-6)
-    yield led
-    led.close()
-
-
 def test_total_is_the_tight_composition_not_a_sum(ledger):
     ms = [Gaussian(5.0), Laplace(10.0), subsample(Gaussian(1.0), 0.01)]
     for m in ms:

@@ -19,14 +19,6 @@ from privlearn.errors import (
 from privlearn.ledger import Ledger, default_filter_order, filter_epsilon
 
 
-@pytest.fixture
-def ledger(tmp_path):
-    led = Ledger(tmp_path / "l.db", create=True)
-    led.create_budget("adult", epsilon=1.0, delta=1e-6)
-    yield led
-    led.close()
-
-
 def test_ledger_settle_without_actual_keeps_the_plan(ledger):
     # Ledger.settle(r) and Ledger.settle(r, None) mean what Reservation.settle() means:
     # the plan ran in full. Only an explicit compose([]) takes the plan back.
