@@ -448,24 +448,32 @@ def test_own_parameter_after_a_trainable_child_layer(oracle):
     inside autograd."""
     torch.manual_seed(0)
     check(_ExtraParam(), [torch.randn(4, 3, 5)], sq_loss, modes=("auto",))
+    _one_dp_step_against_the_naive_loop(oracle, _ExtraParam(), torch.randn(10, 3, 5), 0.5,
+                                        rtol=1e-4, atol=1e-5)
+
+
+def _one_dp_step_against_the_naive_loop(oracle, model, x, max_grad_norm, rtol, atol):
+    """One noiseless DP-SGD step of ``model`` on the batch ``x`` (loss ``sq_loss``)
+    matches the float64 loop of batches of one."""
     from torch.utils.data import DataLoader, TensorDataset
 
     from privlearn.torch import make_private
 
-    model = _ExtraParam()
     ref = copy.deepcopy(model)
-    x, y = torch.randn(10, 3, 5), torch.zeros(10)
+    ds = TensorDataset(x, torch.zeros(len(x)))
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                     DataLoader(TensorDataset(x, y), batch_size=10), noise_multiplier=0.0,
-                     max_grad_norm=0.5, sampling="fixed", loss_reduction="sum", seed=0)
+                     DataLoader(ds, batch_size=len(x)), noise_multiplier=0.0,
+                     max_grad_norm=max_grad_norm, sampling="fixed", loss_reduction="sum",
+                     seed=0)
     xb, yb = next(iter(p.data_loader))
     p.optimizer.zero_grad()
     sq_loss(p.model(xb)).backward()
     p.optimizer.step()
-    oracle.step(ref, xb, yb, 0.5, lr=0.5, expected_batch=p.optimizer.expected_batch_size,
+    oracle.step(ref, xb, yb, max_grad_norm, lr=0.5,
+                expected_batch=p.optimizer.expected_batch_size,
                 loss_fn=lambda out, _: sq_loss(out))
     torch.testing.assert_close(oracle.flat(model.parameters()), oracle.flat(ref.parameters()),
-                               rtol=1e-4, atol=1e-5)
+                               rtol=rtol, atol=atol)
 
 
 class _Shared(nn.Module):
@@ -714,23 +722,8 @@ def test_fallback_over_a_float64_recurrent_child_matches_the_naive_loop(cls, ora
     model = _ScaledRecurrent(cls).double()
     x = torch.randn(5, 4, 3, dtype=torch.float64)
     check(model, [x], sq_loss, modes=("auto",), atol=1e-10)
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from privlearn.torch import make_private
-
-    ref = copy.deepcopy(model)
-    ds = TensorDataset(torch.randn(8, 4, 3, dtype=torch.float64), torch.zeros(8))
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                     DataLoader(ds, batch_size=8), noise_multiplier=0.0, max_grad_norm=0.05,
-                     sampling="fixed", loss_reduction="sum", seed=0)
-    xb, yb = next(iter(p.data_loader))
-    p.optimizer.zero_grad()
-    sq_loss(p.model(xb)).backward()
-    p.optimizer.step()
-    oracle.step(ref, xb, yb, 0.05, lr=0.5, expected_batch=p.optimizer.expected_batch_size,
-                loss_fn=lambda out, _: sq_loss(out))
-    torch.testing.assert_close(oracle.flat(model.parameters()), oracle.flat(ref.parameters()),
-                               rtol=1e-10, atol=1e-12)
+    _one_dp_step_against_the_naive_loop(oracle, model, torch.randn(8, 4, 3, dtype=torch.float64),
+                                        0.05, rtol=1e-10, atol=1e-12)
 
 
 def test_fallback_one_example_at_a_time_still_refuses_randomness():
