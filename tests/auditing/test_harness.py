@@ -160,16 +160,21 @@ def test_seed_is_drawn_and_recorded_when_none():
     assert a.epsilon_lower_bound == b.epsilon_lower_bound
 
 
+def _one_sided_audit(canaries, side):
+    """A one-run audit whose seed draws every canary in (``side``) or none in."""
+    seed = next(s for s in range(10_000)
+                if (np.random.default_rng(s).random(canaries) < 0.5).all() == side
+                and (np.random.default_rng(s).random(canaries) < 0.5).any() == side)
+    with pytest.warns(UserWarning, match="no outcome"):
+        return one_run_audit(lambda inc: inc.astype(float), canaries, claimed_epsilon=1.0,
+                             delta=1e-5, seed=seed)
+
+
 @pytest.mark.parametrize("side", [True, False])
 def test_every_canary_on_one_side_is_a_valid_outcome(side):
     """With few canaries all may be drawn in (or out): the one-run game still has an
     answer (no error about empty scores after the training ran)."""
-    seed = next(s for s in range(10_000)
-                if (np.random.default_rng(s).random(3) < 0.5).all() == side
-                and (np.random.default_rng(s).random(3) < 0.5).any() == side)
-    with pytest.warns(UserWarning, match="no outcome"):
-        res = one_run_audit(lambda inc: inc.astype(float), 3, claimed_epsilon=1.0,
-                            delta=1e-5, seed=seed)
+    res = _one_sided_audit(3, side)
     assert res.inclusion.all() == side and res.epsilon_lower_bound == 0.0
 
 
@@ -253,12 +258,7 @@ def test_a_result_with_every_canary_on_one_side_still_reports(side):
     nan, its summary says None and stays valid JSON (they raised on the empty side)."""
     import json
 
-    seed = next(s for s in range(10_000)
-                if (np.random.default_rng(s).random(2) < 0.5).all() == side
-                and (np.random.default_rng(s).random(2) < 0.5).any() == side)
-    with pytest.warns(UserWarning, match="no outcome"):
-        res = one_run_audit(lambda inc: inc.astype(float), 2, claimed_epsilon=1.0,
-                            delta=1e-5, seed=seed)
+    res = _one_sided_audit(2, side)
     assert math.isnan(res.auc)
     d = res.to_dict()
     assert d["auc"] is None and d["canaries_included"] == (2 if side else 0)
