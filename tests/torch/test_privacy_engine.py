@@ -83,20 +83,25 @@ def test_second_backward_before_step_is_refused():
     assert p.accountant.steps == 0
 
 
+def _virtual_fixed_run(ds, C, lr):
+    """A noiseless run on ``ds`` in logical batches of 10 (fixed size, seed 1) in chunks
+    of 3: ``(ds, model, its copy, the PrivateTraining, the first logical batch's
+    indices)`` (a sampler with the same seed draws them)."""
+    model = _mlp(seed=3)
+    ref = copy.deepcopy(model)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                     DataLoader(ds, batch_size=10), noise_multiplier=0.0,
+                     max_grad_norm=C, max_physical_batch_size=3, sampling="fixed", seed=1)
+    return ds, model, ref, p, next(iter(FixedSizeBatchSampler(len(ds), 10, seed=1)))
+
+
 def test_accumulation_via_virtual_batches_equals_naive_per_example_loop(oracle):
     """The supported way (max_physical_batch_size) equals clipping each example on its
     own (a loop of batch-size-1 backward passes) and summing, in float64."""
     torch.set_default_dtype(torch.float64)
     try:
-        ds = _data(n=40)
-        model = _mlp(seed=3)
-        ref = copy.deepcopy(model)
         C, lr = 0.05, 0.5
-        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
-                         DataLoader(ds, batch_size=10), noise_multiplier=0.0,
-                         max_grad_norm=C, max_physical_batch_size=3, sampling="fixed", seed=1)
-        # the indices of the first logical batch: a sampler with the same seed draws them
-        batch = next(iter(FixedSizeBatchSampler(len(ds), 10, seed=1)))
+        ds, model, ref, p, batch = _virtual_fixed_run(_data(n=40), C, lr)
         x_all, y_all = ds.tensors
         for x, y in p.data_loader:  # ... which the loader draws again, in 4 chunks
             p.optimizer.zero_grad()
@@ -180,13 +185,8 @@ def test_max_grad_norm_cannot_change_between_the_chunks_of_a_logical_batch(oracl
     try:
         ds = _data(n=40)
         ds.tensors[0][:] *= 50  # every example's gradient is clipped
-        model = _mlp(seed=3)
-        ref = copy.deepcopy(model)
         C, lr = 1.0, 0.5
-        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
-                         DataLoader(ds, batch_size=10), noise_multiplier=0.0,
-                         max_grad_norm=C, max_physical_batch_size=3, sampling="fixed", seed=1)
-        batch = next(iter(FixedSizeBatchSampler(len(ds), 10, seed=1)))
+        ds, model, ref, p, batch = _virtual_fixed_run(ds, C, lr)
         refused = 0
         for x, y in p.data_loader:
             p.optimizer.zero_grad()
