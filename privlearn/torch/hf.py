@@ -490,11 +490,13 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         """``Trainer.train``. What it returns is filtered like the logs: the returned
         ``TrainOutput.training_loss`` is NaN and ``metrics`` holds only released keys
         (:data:`RELEASED_LOGS`, with ``epsilon``), unless ``log_training_loss``. Resuming
-        from a checkpoint restores the privacy state saved in it (refused without one)."""
+        from a checkpoint restores the privacy state saved in it (refused without one, and
+        in a trainer that already trained: the checkpoint's history is its run's only)."""
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(
                 self.args.output_dir)
         if resume_from_checkpoint is not None:  # refused before anything runs
+            self._refuse_resume_after_training(resume_from_checkpoint)
             self._resume_state = self._read_privacy_state(resume_from_checkpoint)
         try:
             out = super().train(resume_from_checkpoint, *args, **kwargs)
@@ -553,6 +555,25 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                                "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
+
+    def _refuse_resume_after_training(self, checkpoint) -> None:
+        """A checkpoint's privacy state holds the history of its own run only: loading it
+        into a trainer that already took steps (an earlier ``train()``, a trial of
+        ``hyperparameter_search``) would replace this trainer's history with the
+        checkpoint's, and restore keys whose noise an earlier run may already have added
+        to other updates; refused before anything runs."""
+        p = self.privacy_engine
+        taken = 0 if p is None else p.accountant.steps
+        if self._spent is None and not self._unbounded and taken == 0:
+            return
+        raise ConfigurationError(
+            f"resume_from_checkpoint={checkpoint!r}: this DPTrainer already trained (epsilon "
+            f"{self.epsilon():.4g} at delta={self.privacy.target_delta:g}), and the "
+            "checkpoint's privacy state describes its own run only: resuming would drop "
+            "the cost of this trainer's other steps from epsilon and replay the noise of "
+            "steps it may have already taken on other updates (e.g. each trial of "
+            "hyperparameter_search resuming the same checkpoint). Resume in a new DPTrainer "
+            "(in practice a new process), or train() without resume_from_checkpoint")
 
     def _prune_private_states(self) -> None:
         """Delete the private state files this trainer wrote for checkpoints that no

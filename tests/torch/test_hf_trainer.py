@@ -666,3 +666,37 @@ def test_dp_transformers_trainer_arguments_say_what_to_use(tmp_path):
                   privacy_args=PrivacyArguments(noise_multiplier=1.0),
                   author_mapping=[[0, 1]])
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_resuming_in_a_trainer_that_already_trained_is_refused(tmp_path):
+    """Run A (checkpoint at step 2), then a fresh run B (model_init): epsilon composes
+    both (8 steps). Resuming A's checkpoint in the same trainer would load A's history in
+    place of the trainer's (epsilon back to 4 steps' while 8 were taken) and replay A's
+    noise keys: refused before anything runs, epsilon and the engine unchanged."""
+    from privlearn.errors import ConfigurationError
+
+    pa = PrivacyArguments(noise_multiplier=1.0, seed=0)
+    private = tmp_path / "private"
+    tr = DPTrainer(model_init=lambda *_: _llama(), train_dataset=_TextSet(), privacy=pa,
+                   args=_args(tmp_path / "out", save_strategy="steps", save_steps=2,
+                              logging_steps=50), private_state_dir=private)
+    tr.train()
+    ckpt = str(tmp_path / "out" / "checkpoint-2")
+    # the same trainer after one run: refused too (its history would be replaced)
+    with pytest.raises(ConfigurationError, match="already trained"):
+        tr.train(resume_from_checkpoint=ckpt)
+    assert tr.privacy_engine.accountant.steps == 4
+    tr.args.save_strategy = "no"  # run B must not overwrite A's checkpoint
+    tr.train()
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 8), rel=1e-9)
+    engine = tr.privacy_engine
+    with pytest.raises(ConfigurationError, match="already trained"):
+        tr.train(resume_from_checkpoint=ckpt)
+    assert tr.privacy_engine is engine and engine.accountant.steps == 4
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 8), rel=1e-9)
+    # a new trainer resumes the checkpoint, as before
+    fresh = DPTrainer(model=_llama(), train_dataset=_TextSet(), privacy=pa,
+                      args=_args(tmp_path / "out", logging_steps=50),
+                      private_state_dir=private)
+    fresh.train(resume_from_checkpoint=ckpt)
+    assert fresh.epsilon() == pytest.approx(_eps(1.0, 4), rel=1e-9)
