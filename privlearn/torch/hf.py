@@ -62,7 +62,8 @@ accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private``
 trains as bf16 does: per-example norms and sums in float32), several GPUs in one process
 (``nn.DataParallel``), FSDP1, DeepSpeed or tensor parallelism through the Trainer (FSDP2's
 own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
-Poisson-sampled), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
+Poisson-sampled), ``train_sampling_strategy`` other than ``"random"`` (length-grouped,
+rebalanced or sequential batches: the DP sampler draws the batches), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
 per example), ``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example).
 
@@ -337,6 +338,17 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                 "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
                 "(docs/guides/pytorch.md, 'Mixed precision')")
         refuse_parallelism(self)
+        strategy = str(getattr(a, "train_sampling_strategy", "random"))
+        if getattr(a, "group_by_length", False):  # the name before train_sampling_strategy
+            strategy = "group_by_length"
+        if strategy != "random":
+            raise ConfigurationError(
+                f"train_sampling_strategy={strategy!r} is not supported by DPTrainer: its "
+                "batches are drawn by the DP sampler (PrivacyArguments.sampling, Poisson by "
+                "default), which the accountant describes; batches grouped by length, "
+                "rebalanced or in order are not a sampling it can account, and the setting "
+                "would be silently replaced. Leave train_sampling_strategy='random' and choose "
+                "the sampling with PrivacyArguments(sampling=...)")
         if a.label_smoothing_factor:
             raise ConfigurationError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
                              "computed per example by DPTrainer)")

@@ -700,3 +700,18 @@ def test_resuming_in_a_trainer_that_already_trained_is_refused(tmp_path):
                       private_state_dir=private)
     fresh.train(resume_from_checkpoint=ckpt)
     assert fresh.epsilon() == pytest.approx(_eps(1.0, 4), rel=1e-9)
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "batch_rebalance", "sequential"])
+def test_a_train_sampling_strategy_other_than_random_is_refused(tmp_path, strategy):
+    """``train_sampling_strategy`` (length-grouped, rebalanced or sequential batches) is
+    not a sampling the accountant describes; the DP sampler would silently replace it:
+    refused when the trainer is built, naming the setting and PrivacyArguments.sampling."""
+    from privlearn.errors import ConfigurationError
+
+    model = _llama()
+    with pytest.raises(ConfigurationError,
+                       match=rf"train_sampling_strategy='{strategy}'.*sampling="):
+        DPTrainer(model=model, args=_args(tmp_path, train_sampling_strategy=strategy),
+                  train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
