@@ -63,8 +63,9 @@ trains as bf16 does: per-example norms and sums in float32), several GPUs in one
 (``nn.DataParallel``), FSDP1, DeepSpeed or tensor parallelism through the Trainer (FSDP2's
 own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
 Poisson-sampled), ``train_sampling_strategy`` other than ``"random"`` (length-grouped,
-rebalanced or sequential batches: the DP sampler draws the batches), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
-per example), ``DataCollatorWithFlattening`` (it packs the batch into one row, which
+rebalanced or sequential batches: the DP sampler draws the batches),
+``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example),
+``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example).
 
 The Trainer is used through its public API (``get_train_dataloader``,
