@@ -382,6 +382,9 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         p = self.privacy_engine
         if p is not None and p.model is self.model and self.optimizer is p.optimizer:
             return p.data_loader
+        # again for each run: hyperparameter_search's trials (and a script) set
+        # TrainingArguments after the trainer was built
+        self._refuse_unsupported()
         if p is not None:  # a new run of this trainer on the same data
             self._settle_run(p)
             self.privacy_engine = None

@@ -715,3 +715,22 @@ def test_a_train_sampling_strategy_other_than_random_is_refused(tmp_path, strate
         DPTrainer(model=model, args=_args(tmp_path, train_sampling_strategy=strategy),
                   train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0))
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("setting", [{"label_smoothing_factor": 0.1},
+                                     {"train_sampling_strategy": "group_by_length"}])
+def test_refused_settings_set_after_the_trainer_was_built_are_refused_at_train(tmp_path,
+                                                                               setting):
+    """hyperparameter_search's trials set TrainingArguments on the trainer's own after it
+    was built (so can a script): a refused setting is refused when the run starts, before
+    any step, not silently ignored (the smoothing was never applied, the batches were
+    Poisson's)."""
+    from privlearn.errors import ConfigurationError
+
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    for k, v in setting.items():
+        setattr(tr.args, k, v)
+    with pytest.raises(ConfigurationError, match=next(iter(setting))):
+        tr.train()
+    assert tr.state.global_step == 0 and tr.privacy_engine is None
