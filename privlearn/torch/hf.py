@@ -758,13 +758,15 @@ def _remove(path: str) -> None:
 
 
 def _unwrap(model):
-    """The transformers model inside peft wrappers (``get_base_model``)."""
-    while hasattr(model, "get_base_model"):
-        inner = model.get_base_model()
-        if inner is model:
-            break
+    """The transformers model inside ``torch.compile``'s wrapper (``_orig_mod``:
+    ``TrainingArguments(torch_compile=True)``) and peft wrappers (``get_base_model``)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and hasattr(model, "get_base_model"):
+            inner = model.get_base_model()
+        if inner is None or inner is model:
+            return model
         model = inner
-    return model
 
 
 @functools.cache

@@ -734,3 +734,25 @@ def test_refused_settings_set_after_the_trainer_was_built_are_refused_at_train(t
     with pytest.raises(ConfigurationError, match=next(iter(setting))):
         tr.train()
     assert tr.state.global_step == 0 and tr.privacy_engine is None
+
+
+def test_torch_compile_reads_the_task_of_the_compiled_model_and_trains_as_eager(tmp_path):
+    """``TrainingArguments(torch_compile=True)``: the Trainer hands compute_loss the
+    ``torch.compile`` wrapper (an ``OptimizedModule``); the task is the compiled model's
+    (causal LM, not refused as an unknown class), and with the same seed the run gives the
+    eager run's parameters and epsilon (the ``eager`` backend: no compiler needed)."""
+    pa = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.01, seed=0)
+    runs = []
+    for kw in ({}, {"torch_compile": True, "torch_compile_backend": "eager"}):
+        tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2, logging_steps=50,
+                                                  **kw),
+                       train_dataset=_TextSet(), privacy=pa)
+        tr.train()
+        runs.append((torch.cat([p.detach().flatten() for p in tr.model.parameters()]),
+                     tr.epsilon(), tr.privacy_engine.accountant.steps))
+    assert type(tr.model_wrapped).__name__ == "OptimizedModule"
+    (eager, eps_eager, steps_eager), (compiled, eps_compiled, steps_compiled) = runs
+    assert steps_eager == steps_compiled == 2
+    assert eps_compiled == eps_eager == pytest.approx(_eps(1.0, 2), rel=1e-9)
+    assert not torch.equal(eager, torch.cat([p.flatten() for p in _llama().parameters()]))
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
