@@ -32,7 +32,8 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
 * **releases**: every number the trainer logs, returns or writes into a checkpoint is on
   an allow-list (:data:`RELEASED_LOGS`): epsilon, the clipping bound, the learning rate,
   the step and the epoch (all data-independent or accounted), and evaluation metrics
-  (statistics of the evaluation set, which this run's accounting does not cover). The
+  (statistics of the evaluation set, which this run's accounting does not cover; a
+  ``PrivacyLeakWarning`` when the evaluation set is the training set). The
   un-noised training loss, FLOP and token counts (which depend on private sequence
   lengths) and timings are not released;
 * **several runs**: every ``train()`` (a fresh model from ``model_init``, each trial of
@@ -419,6 +420,21 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         self.privacy_engine = p
         self.optimizer = p.optimizer
         return p.data_loader
+
+    def evaluate(self, eval_dataset=None, *args, **kwargs):
+        """``Trainer.evaluate``; a :class:`~privlearn.errors.PrivacyLeakWarning` when the
+        evaluation set is the training set: its metrics are then un-noised statistics of
+        the private data, released in the logs and checkpoints and not covered by the
+        accounting (the evaluation metrics are released as statistics of a separate set)."""
+        given = self.eval_dataset if eval_dataset is None else eval_dataset
+        sets = given.values() if isinstance(given, dict) else (given,)
+        if self.train_dataset is not None and any(d is self.train_dataset for d in sets):
+            warnings.warn(
+                "the evaluation set is the training set: its metrics (eval_loss, ...) are "
+                "un-noised statistics of the private training data, released in the logs and "
+                "checkpoints without being covered by the accounted mechanism. Evaluate on a "
+                "held-out split", PrivacyLeakWarning, stacklevel=2)
+        return super().evaluate(eval_dataset, *args, **kwargs)
 
     def floating_point_ops(self, inputs) -> int:
         """0: the Trainer's FLOP count depends on the private batch's sequence lengths

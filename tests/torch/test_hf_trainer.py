@@ -756,3 +756,25 @@ def test_torch_compile_reads_the_task_of_the_compiled_model_and_trains_as_eager(
     assert eps_compiled == eps_eager == pytest.approx(_eps(1.0, 2), rel=1e-9)
     assert not torch.equal(eager, torch.cat([p.flatten() for p in _llama().parameters()]))
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluating_on_the_training_set_warns_of_the_leak(tmp_path):
+    """Evaluation metrics are released un-noised (as statistics of a separate set); when
+    the evaluation set is the training set they are statistics of the private data: a
+    PrivacyLeakWarning, during training and from evaluate(); a held-out set: none, and
+    evaluation takes no privacy step."""
+    from privlearn.errors import PrivacyLeakWarning
+
+    train = _TextSet()
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2, eval_strategy="steps",
+                                              eval_steps=1, logging_steps=50),
+                   train_dataset=train, eval_dataset=train,
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
+        tr.train()
+    with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
+        tr.evaluate(eval_dataset={"train": train, "held_out": _TextSet(n=8, seed=5)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        metrics = tr.evaluate(eval_dataset=_TextSet(n=8, seed=5))
+    assert "eval_loss" in metrics and tr.privacy_engine.accountant.steps == 2
