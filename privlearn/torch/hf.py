@@ -850,8 +850,18 @@ def _sequence_classification_loss(model, logits: torch.Tensor,
         else:
             problem = "multi_label_classification"
     if problem == "regression":
-        out = logits.squeeze(-1) if num_labels == 1 else logits
-        return F.mse_loss(out.float(), labels.to(torch.float32))
+        # one row of targets per example, shaped as its outputs: mse_loss would broadcast
+        # labels of shape (B, 1) against outputs (B,) into (B, B), each example's loss
+        # then holding every other example's label (its gradient no longer its own)
+        out = logits.float().reshape(logits.shape[0], -1)
+        if labels.dim() == 0 or labels.shape[0] != out.shape[0] or \
+                labels.numel() != out.numel():
+            raise ParameterValueError(
+                f"regression labels must hold {out.shape[1]} target(s) per example, shape "
+                f"({out.shape[0]},{' ' + str(out.shape[1]) if out.shape[1] > 1 else ''}) "
+                f"(num_labels={num_labels}), got shape {tuple(labels.shape)} for "
+                f"logits of shape {tuple(logits.shape)}. Fix the collator or num_labels")
+        return F.mse_loss(out, labels.to(torch.float32).reshape(out.shape))
     if problem == "single_label_classification":
         return F.cross_entropy(logits.float().view(-1, num_labels), labels.view(-1))
     # multi-label: mean over examples and labels (a fixed divisor per example)
