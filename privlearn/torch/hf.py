@@ -416,7 +416,16 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         if self._spent is not None:
             p.accountant.prior = self._spent
         if self._resume_state is not None:
-            self._load_privacy_state(p, self._resume_state)
+            try:
+                self._load_privacy_state(p, self._resume_state)
+            except ConfigurationError as exc:  # the model is left as it was given
+                p.detach()
+                raise ConfigurationError(
+                    f"resume_from_checkpoint: {exc}. With DPTrainer: keep the "
+                    "PrivacyArguments, the training set and, where they set the noise or "
+                    "the sampling rate, the TrainingArguments (per_device_train_batch_size; "
+                    "max_steps or num_train_epochs with target_epsilon) of the run that "
+                    "wrote the checkpoint") from exc
         self.privacy_engine = p
         self.optimizer = p.optimizer
         return p.data_loader

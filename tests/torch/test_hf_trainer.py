@@ -778,3 +778,30 @@ def test_evaluating_on_the_training_set_warns_of_the_leak(tmp_path):
         warnings.simplefilter("error", PrivacyLeakWarning)
         metrics = tr.evaluate(eval_dataset=_TextSet(n=8, seed=5))
     assert "eval_loss" in metrics and tr.privacy_engine.accountant.steps == 2
+
+
+@pytest.mark.parametrize("change", [
+    {"privacy": PrivacyArguments(noise_multiplier=0.5, seed=0)},
+    {"args": {"per_device_train_batch_size": 2 * B}},
+])
+def test_resuming_with_other_privacy_settings_is_refused_and_leaves_the_model(tmp_path,
+                                                                             change):
+    """A checkpoint resumed with another noise multiplier or batch size (sampling rate):
+    refused before any step, naming what differs and what to keep in DPTrainer's terms;
+    the model is left without the engine's hooks."""
+    from privlearn.errors import ConfigurationError
+
+    pa = PrivacyArguments(noise_multiplier=1.0, seed=0)
+    private = tmp_path / "private"
+    DPTrainer(model=_llama(), args=_args(tmp_path / "out", max_steps=2, save_strategy="steps",
+                                         save_steps=2), train_dataset=_TextSet(),
+              privacy=pa, private_state_dir=private).train()
+    model = _llama()
+    tr = DPTrainer(model=model, args=_args(tmp_path / "out", **change.get("args", {})),
+                   train_dataset=_TextSet(), privacy=change.get("privacy", pa),
+                   private_state_dir=private)
+    with pytest.raises(ConfigurationError,
+                       match=r"(noise_multiplier|sampling_rate): saved .*PrivacyArguments"):
+        tr.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert tr.privacy_engine is None and tr.state.global_step == 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
