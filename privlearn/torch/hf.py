@@ -426,6 +426,9 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                     "the sampling rate, the TrainingArguments (per_device_train_batch_size; "
                     "max_steps or num_train_epochs with target_epsilon) of the run that "
                     "wrote the checkpoint") from exc
+            except BaseException:
+                p.detach()
+                raise
         self.privacy_engine = p
         self.optimizer = p.optimizer
         return p.data_loader
