@@ -438,15 +438,24 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         evaluation set is the training set: its metrics are then un-noised statistics of
         the private data, released in the logs and checkpoints and not covered by the
         accounting (the evaluation metrics are released as statistics of a separate set)."""
-        given = self.eval_dataset if eval_dataset is None else eval_dataset
+        self._warn_training_set(self.eval_dataset if eval_dataset is None else eval_dataset,
+                                "its metrics (eval_loss, ...)")
+        return super().evaluate(eval_dataset, *args, **kwargs)
+
+    def predict(self, test_dataset, *args, **kwargs):
+        """``Trainer.predict``; a :class:`~privlearn.errors.PrivacyLeakWarning` when
+        ``test_dataset`` is the training set (as for :meth:`evaluate`)."""
+        self._warn_training_set(test_dataset, "its predictions and metrics")
+        return super().predict(test_dataset, *args, **kwargs)
+
+    def _warn_training_set(self, given, what: str) -> None:
         sets = given.values() if isinstance(given, dict) else (given,)
         if self.train_dataset is not None and any(d is self.train_dataset for d in sets):
             warnings.warn(
-                "the evaluation set is the training set: its metrics (eval_loss, ...) are "
-                "un-noised statistics of the private training data, released in the logs and "
-                "checkpoints without being covered by the accounted mechanism. Evaluate on a "
-                "held-out split", PrivacyLeakWarning, stacklevel=2)
-        return super().evaluate(eval_dataset, *args, **kwargs)
+                f"the evaluation set is the training set: {what} are un-noised statistics of "
+                "the private training data, released (in the logs and checkpoints) without "
+                "being covered by the accounted mechanism. Evaluate on a held-out split",
+                PrivacyLeakWarning, stacklevel=3)
 
     def floating_point_ops(self, inputs) -> int:
         """0: the Trainer's FLOP count depends on the private batch's sequence lengths

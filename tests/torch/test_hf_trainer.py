@@ -778,6 +778,8 @@ def test_evaluating_on_the_training_set_warns_of_the_leak(tmp_path):
         warnings.simplefilter("error", PrivacyLeakWarning)
         metrics = tr.evaluate(eval_dataset=_TextSet(n=8, seed=5))
     assert "eval_loss" in metrics and tr.privacy_engine.accountant.steps == 2
+    with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
+        tr.predict(train)
 
 
 @pytest.mark.parametrize("change", [
