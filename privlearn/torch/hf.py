@@ -114,7 +114,6 @@ import time
 import warnings
 
 import torch
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 try:
@@ -143,6 +142,7 @@ from privlearn.torch._hf_fsdp import (
     shard_model,
     stand_in_pass,
 )
+from privlearn.torch._hf_loss import sequence_classification_loss
 from privlearn.torch._hf_optim import OptimizerHandoff
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
@@ -386,6 +386,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         # again for each run: hyperparameter_search's trials (and a script) set
         # TrainingArguments after the trainer was built
         self._refuse_unsupported()
+        _private_settings(self.args, stacklevel=4)
         if p is not None:  # a new run of this trainer on the same data
             self._settle_run(p)
             self.privacy_engine = None
@@ -525,7 +526,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         elif task in ("masked_lm", "token_classification"):
             loss = per_sequence_cross_entropy(logits, labels, shift=False)
         else:
-            loss = _sequence_classification_loss(model, logits, labels)
+            loss = sequence_classification_loss(model, logits, labels)
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -695,16 +696,22 @@ def _warn_unused_clipping(args, privacy: PrivacyArguments) -> None:
 
 
 def _private_copy(args):
-    """A copy of the user's TrainingArguments with what DP-SGD needs: no clipping of the
-    averaged gradient (per-example clipping replaces it), no batch skipping on resume (the
-    sampler resumes its own position), no token counting (private sequence lengths)."""
-    a = copy.copy(args)
+    """A copy of the user's TrainingArguments with what DP-SGD needs
+    (:func:`_private_settings`)."""
+    return _private_settings(copy.copy(args), stacklevel=4)
+
+
+def _private_settings(a, stacklevel: int = 2):
+    """Set on the trainer's TrainingArguments ``a`` (its own copy) what DP-SGD needs: no
+    clipping of the averaged gradient (per-example clipping replaces it), no batch
+    skipping on resume (the sampler resumes its own position), no token counting (private
+    sequence lengths); again at each run (hyperparameter_search's trials set them)."""
     a.max_grad_norm = 0.0
     a.ignore_data_skip = True
     if getattr(a, "include_num_input_tokens_seen", "no") not in ("no", False, None):
         warnings.warn("include_num_input_tokens_seen is ignored by DPTrainer: the number of "
                       "tokens trained on depends on private sequence lengths and would be "
-                      "released un-noised", PrivacyLeakWarning, stacklevel=3)
+                      "released un-noised", PrivacyLeakWarning, stacklevel=stacklevel)
         a.include_num_input_tokens_seen = "no"
     return a
 
@@ -855,35 +862,3 @@ def _batch_size(inputs) -> int | None:
         if isinstance(v, torch.Tensor) and v.dim() > 0:
             return v.shape[0]
     return None
-
-
-def _sequence_classification_loss(model, logits: torch.Tensor,
-                                  labels: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's sequence-classification losses, as means over examples."""
-    cfg = getattr(model, "config", None)
-    problem = getattr(cfg, "problem_type", None)
-    num_labels = getattr(cfg, "num_labels", logits.shape[-1])
-    if problem is None:
-        if num_labels == 1:
-            problem = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            problem = "single_label_classification"
-        else:
-            problem = "multi_label_classification"
-    if problem == "regression":
-        # one row of targets per example, shaped as its outputs: mse_loss would broadcast
-        # labels of shape (B, 1) against outputs (B,) into (B, B), each example's loss
-        # then holding every other example's label (its gradient no longer its own)
-        out = logits.float().reshape(logits.shape[0], -1)
-        if labels.dim() == 0 or labels.shape[0] != out.shape[0] or \
-                labels.numel() != out.numel():
-            raise ParameterValueError(
-                f"regression labels must hold {out.shape[1]} target(s) per example, shape "
-                f"({out.shape[0]},{' ' + str(out.shape[1]) if out.shape[1] > 1 else ''}) "
-                f"(num_labels={num_labels}), got shape {tuple(labels.shape)} for "
-                f"logits of shape {tuple(logits.shape)}. Fix the collator or num_labels")
-        return F.mse_loss(out, labels.to(torch.float32).reshape(out.shape))
-    if problem == "single_label_classification":
-        return F.cross_entropy(logits.float().view(-1, num_labels), labels.view(-1))
-    # multi-label: mean over examples and labels (a fixed divisor per example)
-    return F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32))

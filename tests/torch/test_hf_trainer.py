@@ -807,3 +807,26 @@ def test_resuming_with_other_privacy_settings_is_refused_and_leaves_the_model(tm
         tr.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     assert tr.privacy_engine is None and tr.state.global_step == 0
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_token_counting_set_after_the_trainer_was_built_is_not_released(tmp_path):
+    """include_num_input_tokens_seen set on trainer.args after it was built (as
+    hyperparameter_search's trials set arguments): the token count of the private batches
+    was logged and saved in the checkpoint's trainer_state.json; now switched off again
+    when the run starts, with the PrivacyLeakWarning given at construction."""
+    import json
+
+    from privlearn.errors import PrivacyLeakWarning
+
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path / "out", max_steps=2,
+                                              save_strategy="steps", save_steps=2),
+                   train_dataset=_TextSet(), private_state_dir=tmp_path / "private",
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.args.include_num_input_tokens_seen = "all"
+    with pytest.warns(PrivacyLeakWarning, match="include_num_input_tokens_seen"):
+        tr.train()
+    with open(tmp_path / "out" / "checkpoint-2" / "trainer_state.json") as f:
+        state = json.load(f)
+    assert not state.get("num_input_tokens_seen")
+    assert all("tokens" not in k for entry in state["log_history"] for k in entry)
+    assert all("tokens" not in k for entry in tr.state.log_history for k in entry)
