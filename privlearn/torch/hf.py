@@ -549,6 +549,11 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(
                 self.args.output_dir)
+            if resume_from_checkpoint is None:  # as the Trainer: never a silent fresh start
+                raise ParameterValueError(
+                    f"resume_from_checkpoint=True: no checkpoint in output_dir="
+                    f"{self.args.output_dir!r}; a fresh run would report the epsilon of its "
+                    "own steps only. Name the checkpoint folder, or train() without it")
         if resume_from_checkpoint is not None:  # refused before anything runs
             self._refuse_resume_after_training(resume_from_checkpoint)
             self._resume_state = self._read_privacy_state(resume_from_checkpoint)

@@ -830,3 +830,14 @@ def test_token_counting_set_after_the_trainer_was_built_is_not_released(tmp_path
     assert not state.get("num_input_tokens_seen")
     assert all("tokens" not in k for entry in state["log_history"] for k in entry)
     assert all("tokens" not in k for entry in tr.state.log_history for k in entry)
+
+
+def test_resume_true_without_a_checkpoint_is_refused(tmp_path):
+    """train(resume_from_checkpoint=True) with no checkpoint in output_dir (a mistyped
+    folder): the Trainer refuses it; DPTrainer started a fresh run instead, whose epsilon
+    left out the steps of the run meant to be resumed. Refused before any step."""
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path / "empty"), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.raises(ValueError, match="no checkpoint in output_dir"):
+        tr.train(resume_from_checkpoint=True)
+    assert tr.state.global_step == 0 and tr.privacy_engine is None
