@@ -32,7 +32,8 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
 * **releases**: every number the trainer logs, returns or writes into a checkpoint is on
   an allow-list (:data:`RELEASED_LOGS`): epsilon, the clipping bound, the learning rate,
   the step and the epoch (all data-independent or accounted), and evaluation metrics
-  (statistics of the evaluation set, which this run's accounting does not cover). The
+  (statistics of the evaluation set, which this run's accounting does not cover; a
+  ``PrivacyLeakWarning`` when the evaluation set is the training set). The
   un-noised training loss, FLOP and token counts (which depend on private sequence
   lengths) and timings are not released;
 * **several runs**: every ``train()`` (a fresh model from ``model_init``, each trial of
@@ -62,8 +63,10 @@ accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private``
 trains as bf16 does: per-example norms and sums in float32), several GPUs in one process
 (``nn.DataParallel``), FSDP1, DeepSpeed or tensor parallelism through the Trainer (FSDP2's
 own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
-Poisson-sampled), ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be
-per example), ``DataCollatorWithFlattening`` (it packs the batch into one row, which
+Poisson-sampled), ``train_sampling_strategy`` other than ``"random"`` (length-grouped,
+rebalanced or sequential batches: the DP sampler draws the batches),
+``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example),
+``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example).
 
 The Trainer is used through its public API (``get_train_dataloader``,
@@ -111,7 +114,6 @@ import time
 import warnings
 
 import torch
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 try:
@@ -140,6 +142,7 @@ from privlearn.torch._hf_fsdp import (
     shard_model,
     stand_in_pass,
 )
+from privlearn.torch._hf_loss import sequence_classification_loss
 from privlearn.torch._hf_optim import OptimizerHandoff
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
@@ -337,6 +340,17 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                 "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
                 "(docs/guides/pytorch.md, 'Mixed precision')")
         refuse_parallelism(self)
+        strategy = str(getattr(a, "train_sampling_strategy", "random"))
+        if getattr(a, "group_by_length", False):  # the name before train_sampling_strategy
+            strategy = "group_by_length"
+        if strategy != "random":
+            raise ConfigurationError(
+                f"train_sampling_strategy={strategy!r} is not supported by DPTrainer: its "
+                "batches are drawn by the DP sampler (PrivacyArguments.sampling, Poisson by "
+                "default), which the accountant describes; batches grouped by length, "
+                "rebalanced or in order are not a sampling it can account, and the setting "
+                "would be silently replaced. Leave train_sampling_strategy='random' and choose "
+                "the sampling with PrivacyArguments(sampling=...)")
         if a.label_smoothing_factor:
             raise ConfigurationError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
                              "computed per example by DPTrainer)")
@@ -369,6 +383,10 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         p = self.privacy_engine
         if p is not None and p.model is self.model and self.optimizer is p.optimizer:
             return p.data_loader
+        # again for each run: hyperparameter_search's trials (and a script) set
+        # TrainingArguments after the trainer was built
+        self._refuse_unsupported()
+        _private_settings(self.args, stacklevel=4)
         if p is not None:  # a new run of this trainer on the same data
             self._settle_run(p)
             self.privacy_engine = None
@@ -399,10 +417,46 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         if self._spent is not None:
             p.accountant.prior = self._spent
         if self._resume_state is not None:
-            self._load_privacy_state(p, self._resume_state)
+            try:
+                self._load_privacy_state(p, self._resume_state)
+            except ConfigurationError as exc:  # the model is left as it was given
+                p.detach()
+                raise ConfigurationError(
+                    f"resume_from_checkpoint: {exc}. With DPTrainer: keep the "
+                    "PrivacyArguments, the training set and, where they set the noise or "
+                    "the sampling rate, the TrainingArguments (per_device_train_batch_size; "
+                    "max_steps or num_train_epochs with target_epsilon) of the run that "
+                    "wrote the checkpoint") from exc
+            except BaseException:
+                p.detach()
+                raise
         self.privacy_engine = p
         self.optimizer = p.optimizer
         return p.data_loader
+
+    def evaluate(self, eval_dataset=None, *args, **kwargs):
+        """``Trainer.evaluate``; a :class:`~privlearn.errors.PrivacyLeakWarning` when the
+        evaluation set is the training set: its metrics are then un-noised statistics of
+        the private data, released in the logs and checkpoints and not covered by the
+        accounting (the evaluation metrics are released as statistics of a separate set)."""
+        self._warn_training_set(self.eval_dataset if eval_dataset is None else eval_dataset,
+                                "its metrics (eval_loss, ...)")
+        return super().evaluate(eval_dataset, *args, **kwargs)
+
+    def predict(self, test_dataset, *args, **kwargs):
+        """``Trainer.predict``; a :class:`~privlearn.errors.PrivacyLeakWarning` when
+        ``test_dataset`` is the training set (as for :meth:`evaluate`)."""
+        self._warn_training_set(test_dataset, "its predictions and metrics")
+        return super().predict(test_dataset, *args, **kwargs)
+
+    def _warn_training_set(self, given, what: str) -> None:
+        sets = given.values() if isinstance(given, dict) else (given,)
+        if self.train_dataset is not None and any(d is self.train_dataset for d in sets):
+            warnings.warn(
+                f"the evaluation set is the training set: {what} are un-noised statistics of "
+                "the private training data, released (in the logs and checkpoints) without "
+                "being covered by the accounted mechanism. Evaluate on a held-out split",
+                PrivacyLeakWarning, stacklevel=3)
 
     def floating_point_ops(self, inputs) -> int:
         """0: the Trainer's FLOP count depends on the private batch's sequence lengths
@@ -472,7 +526,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         elif task in ("masked_lm", "token_classification"):
             loss = per_sequence_cross_entropy(logits, labels, shift=False)
         else:
-            loss = _sequence_classification_loss(model, logits, labels)
+            loss = sequence_classification_loss(model, logits, labels)
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -490,11 +544,18 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         """``Trainer.train``. What it returns is filtered like the logs: the returned
         ``TrainOutput.training_loss`` is NaN and ``metrics`` holds only released keys
         (:data:`RELEASED_LOGS`, with ``epsilon``), unless ``log_training_loss``. Resuming
-        from a checkpoint restores the privacy state saved in it (refused without one)."""
+        from a checkpoint restores the privacy state saved in it (refused without one, and
+        in a trainer that already trained: the checkpoint's history is its run's only)."""
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(
                 self.args.output_dir)
+            if resume_from_checkpoint is None:  # as the Trainer: never a silent fresh start
+                raise ParameterValueError(
+                    f"resume_from_checkpoint=True: no checkpoint in output_dir="
+                    f"{self.args.output_dir!r}; a fresh run would report the epsilon of its "
+                    "own steps only. Name the checkpoint folder, or train() without it")
         if resume_from_checkpoint is not None:  # refused before anything runs
+            self._refuse_resume_after_training(resume_from_checkpoint)
             self._resume_state = self._read_privacy_state(resume_from_checkpoint)
         try:
             out = super().train(resume_from_checkpoint, *args, **kwargs)
@@ -553,6 +614,25 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                                "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
+
+    def _refuse_resume_after_training(self, checkpoint) -> None:
+        """A checkpoint's privacy state holds the history of its own run only: loading it
+        into a trainer that already took steps (an earlier ``train()``, a trial of
+        ``hyperparameter_search``) would replace this trainer's history with the
+        checkpoint's, and restore keys whose noise an earlier run may already have added
+        to other updates; refused before anything runs."""
+        p = self.privacy_engine
+        taken = 0 if p is None else p.accountant.steps
+        if self._spent is None and not self._unbounded and taken == 0:
+            return
+        raise ConfigurationError(
+            f"resume_from_checkpoint={checkpoint!r}: this DPTrainer already trained (epsilon "
+            f"{self.epsilon():.4g} at delta={self.privacy.target_delta:g}), and the "
+            "checkpoint's privacy state describes its own run only: resuming would drop "
+            "the cost of this trainer's other steps from epsilon and replay the noise of "
+            "steps it may have already taken on other updates (e.g. each trial of "
+            "hyperparameter_search resuming the same checkpoint). Resume in a new DPTrainer "
+            "(in practice a new process), or train() without resume_from_checkpoint")
 
     def _prune_private_states(self) -> None:
         """Delete the private state files this trainer wrote for checkpoints that no
@@ -621,16 +701,22 @@ def _warn_unused_clipping(args, privacy: PrivacyArguments) -> None:
 
 
 def _private_copy(args):
-    """A copy of the user's TrainingArguments with what DP-SGD needs: no clipping of the
-    averaged gradient (per-example clipping replaces it), no batch skipping on resume (the
-    sampler resumes its own position), no token counting (private sequence lengths)."""
-    a = copy.copy(args)
+    """A copy of the user's TrainingArguments with what DP-SGD needs
+    (:func:`_private_settings`)."""
+    return _private_settings(copy.copy(args), stacklevel=4)
+
+
+def _private_settings(a, stacklevel: int = 2):
+    """Set on the trainer's TrainingArguments ``a`` (its own copy) what DP-SGD needs: no
+    clipping of the averaged gradient (per-example clipping replaces it), no batch
+    skipping on resume (the sampler resumes its own position), no token counting (private
+    sequence lengths); again at each run (hyperparameter_search's trials set them)."""
     a.max_grad_norm = 0.0
     a.ignore_data_skip = True
     if getattr(a, "include_num_input_tokens_seen", "no") not in ("no", False, None):
         warnings.warn("include_num_input_tokens_seen is ignored by DPTrainer: the number of "
                       "tokens trained on depends on private sequence lengths and would be "
-                      "released un-noised", PrivacyLeakWarning, stacklevel=3)
+                      "released un-noised", PrivacyLeakWarning, stacklevel=stacklevel)
         a.include_num_input_tokens_seen = "no"
     return a
 
@@ -721,13 +807,15 @@ def _remove(path: str) -> None:
 
 
 def _unwrap(model):
-    """The transformers model inside peft wrappers (``get_base_model``)."""
-    while hasattr(model, "get_base_model"):
-        inner = model.get_base_model()
-        if inner is model:
-            break
+    """The transformers model inside ``torch.compile``'s wrapper (``_orig_mod``:
+    ``TrainingArguments(torch_compile=True)``) and peft wrappers (``get_base_model``)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and hasattr(model, "get_base_model"):
+            inner = model.get_base_model()
+        if inner is None or inner is model:
+            return model
         model = inner
-    return model
 
 
 @functools.cache
@@ -779,25 +867,3 @@ def _batch_size(inputs) -> int | None:
         if isinstance(v, torch.Tensor) and v.dim() > 0:
             return v.shape[0]
     return None
-
-
-def _sequence_classification_loss(model, logits: torch.Tensor,
-                                  labels: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's sequence-classification losses, as means over examples."""
-    cfg = getattr(model, "config", None)
-    problem = getattr(cfg, "problem_type", None)
-    num_labels = getattr(cfg, "num_labels", logits.shape[-1])
-    if problem is None:
-        if num_labels == 1:
-            problem = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            problem = "single_label_classification"
-        else:
-            problem = "multi_label_classification"
-    if problem == "regression":
-        out = logits.squeeze(-1) if num_labels == 1 else logits
-        return F.mse_loss(out.float(), labels.to(torch.float32))
-    if problem == "single_label_classification":
-        return F.cross_entropy(logits.float().view(-1, num_labels), labels.view(-1))
-    # multi-label: mean over examples and labels (a fixed divisor per example)
-    return F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32))

@@ -137,3 +137,33 @@ def test_refused_before_any_step(tmp_path, monkeypatch, first_batch):
     with pytest.raises(ValueError, match="cannot tell how to compute the per-example loss"):
         tr.train()
     assert tr.state.global_step == 0 and tr.privacy_engine.accountant.steps == 0
+
+
+@pytest.mark.parametrize("label_shape", [(4,), (4, 1)])
+def test_regression_loss_of_a_batch_is_the_mean_of_its_examples_losses(tmp_path, label_shape):
+    """num_labels=1 (regression): a float target per example, given as shape (B,) or
+    (B, 1) (a one-element list per example, as collators build it). The batch's loss is
+    the mean of the batch-size-1 losses (nothing mixes examples: broadcasting (B, 1)
+    targets against (B,) outputs would give each example every other example's label);
+    targets of a shape that is not one per example are refused."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForSequenceClassification(transformers.LlamaConfig(
+        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+        pad_token_id=0, num_labels=1))
+    tr = DPTrainer(model=model, args=_args(tmp_path), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    ds = _TextSet()
+    g = torch.Generator().manual_seed(2)
+    x = {"input_ids": ds.ids[:4], "attention_mask": ds.mask[:4],
+         "labels": torch.randn(label_shape, generator=g)}
+    with torch.no_grad():
+        batch = tr.compute_loss(model, x)
+        singles = [tr.compute_loss(model, {k: v[i:i + 1] for k, v in x.items()})
+                   for i in range(4)]
+        out = model(input_ids=x["input_ids"], attention_mask=x["attention_mask"]).logits
+    torch.testing.assert_close(batch, torch.stack(singles).mean())
+    naive = ((out.reshape(-1) - x["labels"].reshape(-1)) ** 2).mean()
+    torch.testing.assert_close(batch, naive)
+    with pytest.raises(ValueError, match=r"1 target\(s\) per example.*got shape \(4, 2\)"):
+        tr.compute_loss(model, {**x, "labels": torch.randn(4, 2)})

@@ -666,3 +666,178 @@ def test_dp_transformers_trainer_arguments_say_what_to_use(tmp_path):
                   privacy_args=PrivacyArguments(noise_multiplier=1.0),
                   author_mapping=[[0, 1]])
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_resuming_in_a_trainer_that_already_trained_is_refused(tmp_path):
+    """Run A (checkpoint at step 2), then a fresh run B (model_init): epsilon composes
+    both (8 steps). Resuming A's checkpoint in the same trainer would load A's history in
+    place of the trainer's (epsilon back to 4 steps' while 8 were taken) and replay A's
+    noise keys: refused before anything runs, epsilon and the engine unchanged."""
+    from privlearn.errors import ConfigurationError
+
+    pa = PrivacyArguments(noise_multiplier=1.0, seed=0)
+    private = tmp_path / "private"
+    tr = DPTrainer(model_init=lambda *_: _llama(), train_dataset=_TextSet(), privacy=pa,
+                   args=_args(tmp_path / "out", save_strategy="steps", save_steps=2,
+                              logging_steps=50), private_state_dir=private)
+    tr.train()
+    ckpt = str(tmp_path / "out" / "checkpoint-2")
+    # the same trainer after one run: refused too (its history would be replaced)
+    with pytest.raises(ConfigurationError, match="already trained"):
+        tr.train(resume_from_checkpoint=ckpt)
+    assert tr.privacy_engine.accountant.steps == 4
+    tr.args.save_strategy = "no"  # run B must not overwrite A's checkpoint
+    tr.train()
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 8), rel=1e-9)
+    engine = tr.privacy_engine
+    with pytest.raises(ConfigurationError, match="already trained"):
+        tr.train(resume_from_checkpoint=ckpt)
+    assert tr.privacy_engine is engine and engine.accountant.steps == 4
+    assert tr.epsilon() == pytest.approx(_eps(1.0, 8), rel=1e-9)
+    # a new trainer resumes the checkpoint, as before
+    fresh = DPTrainer(model=_llama(), train_dataset=_TextSet(), privacy=pa,
+                      args=_args(tmp_path / "out", logging_steps=50),
+                      private_state_dir=private)
+    fresh.train(resume_from_checkpoint=ckpt)
+    assert fresh.epsilon() == pytest.approx(_eps(1.0, 4), rel=1e-9)
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "batch_rebalance", "sequential"])
+def test_a_train_sampling_strategy_other_than_random_is_refused(tmp_path, strategy):
+    """``train_sampling_strategy`` (length-grouped, rebalanced or sequential batches) is
+    not a sampling the accountant describes; the DP sampler would silently replace it:
+    refused when the trainer is built, naming the setting and PrivacyArguments.sampling."""
+    from privlearn.errors import ConfigurationError
+
+    model = _llama()
+    with pytest.raises(ConfigurationError,
+                       match=rf"train_sampling_strategy='{strategy}'.*sampling="):
+        DPTrainer(model=model, args=_args(tmp_path, train_sampling_strategy=strategy),
+                  train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("setting", [{"label_smoothing_factor": 0.1},
+                                     {"train_sampling_strategy": "group_by_length"}])
+def test_refused_settings_set_after_the_trainer_was_built_are_refused_at_train(tmp_path,
+                                                                               setting):
+    """hyperparameter_search's trials set TrainingArguments on the trainer's own after it
+    was built (so can a script): a refused setting is refused when the run starts, before
+    any step, not silently ignored (the smoothing was never applied, the batches were
+    Poisson's)."""
+    from privlearn.errors import ConfigurationError
+
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    for k, v in setting.items():
+        setattr(tr.args, k, v)
+    with pytest.raises(ConfigurationError, match=next(iter(setting))):
+        tr.train()
+    assert tr.state.global_step == 0 and tr.privacy_engine is None
+
+
+def test_torch_compile_reads_the_task_of_the_compiled_model_and_trains_as_eager(tmp_path):
+    """``TrainingArguments(torch_compile=True)``: the Trainer hands compute_loss the
+    ``torch.compile`` wrapper (an ``OptimizedModule``); the task is the compiled model's
+    (causal LM, not refused as an unknown class), and with the same seed the run gives the
+    eager run's parameters and epsilon (the ``eager`` backend: no compiler needed)."""
+    pa = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.01, seed=0)
+    runs = []
+    for kw in ({}, {"torch_compile": True, "torch_compile_backend": "eager"}):
+        tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2, logging_steps=50,
+                                                  **kw),
+                       train_dataset=_TextSet(), privacy=pa)
+        tr.train()
+        runs.append((torch.cat([p.detach().flatten() for p in tr.model.parameters()]),
+                     tr.epsilon(), tr.privacy_engine.accountant.steps))
+    assert type(tr.model_wrapped).__name__ == "OptimizedModule"
+    (eager, eps_eager, steps_eager), (compiled, eps_compiled, steps_compiled) = runs
+    assert steps_eager == steps_compiled == 2
+    assert eps_compiled == eps_eager == pytest.approx(_eps(1.0, 2), rel=1e-9)
+    assert not torch.equal(eager, torch.cat([p.flatten() for p in _llama().parameters()]))
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluating_on_the_training_set_warns_of_the_leak(tmp_path):
+    """Evaluation metrics are released un-noised (as statistics of a separate set); when
+    the evaluation set is the training set they are statistics of the private data: a
+    PrivacyLeakWarning, during training and from evaluate(); a held-out set: none, and
+    evaluation takes no privacy step."""
+    from privlearn.errors import PrivacyLeakWarning
+
+    train = _TextSet()
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2, eval_strategy="steps",
+                                              eval_steps=1, logging_steps=50),
+                   train_dataset=train, eval_dataset=train,
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
+        tr.train()
+    with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
+        tr.evaluate(eval_dataset={"train": train, "held_out": _TextSet(n=8, seed=5)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        metrics = tr.evaluate(eval_dataset=_TextSet(n=8, seed=5))
+    assert "eval_loss" in metrics and tr.privacy_engine.accountant.steps == 2
+    with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
+        tr.predict(train)
+
+
+@pytest.mark.parametrize("change", [
+    {"privacy": PrivacyArguments(noise_multiplier=0.5, seed=0)},
+    {"args": {"per_device_train_batch_size": 2 * B}},
+])
+def test_resuming_with_other_privacy_settings_is_refused_and_leaves_the_model(tmp_path,
+                                                                             change):
+    """A checkpoint resumed with another noise multiplier or batch size (sampling rate):
+    refused before any step, naming what differs and what to keep in DPTrainer's terms;
+    the model is left without the engine's hooks."""
+    from privlearn.errors import ConfigurationError
+
+    pa = PrivacyArguments(noise_multiplier=1.0, seed=0)
+    private = tmp_path / "private"
+    DPTrainer(model=_llama(), args=_args(tmp_path / "out", max_steps=2, save_strategy="steps",
+                                         save_steps=2), train_dataset=_TextSet(),
+              privacy=pa, private_state_dir=private).train()
+    model = _llama()
+    tr = DPTrainer(model=model, args=_args(tmp_path / "out", **change.get("args", {})),
+                   train_dataset=_TextSet(), privacy=change.get("privacy", pa),
+                   private_state_dir=private)
+    with pytest.raises(ConfigurationError,
+                       match=r"(noise_multiplier|sampling_rate): saved .*PrivacyArguments"):
+        tr.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert tr.privacy_engine is None and tr.state.global_step == 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_token_counting_set_after_the_trainer_was_built_is_not_released(tmp_path):
+    """include_num_input_tokens_seen set on trainer.args after it was built (as
+    hyperparameter_search's trials set arguments): the token count of the private batches
+    was logged and saved in the checkpoint's trainer_state.json; now switched off again
+    when the run starts, with the PrivacyLeakWarning given at construction."""
+    import json
+
+    from privlearn.errors import PrivacyLeakWarning
+
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path / "out", max_steps=2,
+                                              save_strategy="steps", save_steps=2),
+                   train_dataset=_TextSet(), private_state_dir=tmp_path / "private",
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.args.include_num_input_tokens_seen = "all"
+    with pytest.warns(PrivacyLeakWarning, match="include_num_input_tokens_seen"):
+        tr.train()
+    with open(tmp_path / "out" / "checkpoint-2" / "trainer_state.json") as f:
+        state = json.load(f)
+    assert not state.get("num_input_tokens_seen")
+    assert all("tokens" not in k for entry in state["log_history"] for k in entry)
+    assert all("tokens" not in k for entry in tr.state.log_history for k in entry)
+
+
+def test_resume_true_without_a_checkpoint_is_refused(tmp_path):
+    """train(resume_from_checkpoint=True) with no checkpoint in output_dir (a mistyped
+    folder): the Trainer refuses it; DPTrainer started a fresh run instead, whose epsilon
+    left out the steps of the run meant to be resumed. Refused before any step."""
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path / "empty"), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.raises(ValueError, match="no checkpoint in output_dir"):
+        tr.train(resume_from_checkpoint=True)
+    assert tr.state.global_step == 0 and tr.privacy_engine is None
