@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import torch
 
+from privlearn.errors import ConfigurationError
+
 # the rank-partitioned Poisson sampler lives with the other samplers; its names stay
 # importable from here
 from privlearn.torch.samplers import DistributedPoissonBatchSampler, rank_partition
 
 __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
-           "DistributedPoissonBatchSampler"]
+           "DistributedPoissonBatchSampler", "check_same_on_ranks"]
 
 
 def unwrap(model):
@@ -66,3 +68,56 @@ def all_reduce_sum(tensors: list[torch.Tensor], process_group=None) -> list[torc
         out.append(flat[k:k + t.numel()].view_as(t))
         k += t.numel()
     return out
+
+
+def check_same_on_ranks(values: dict[str, object], process_group=None) -> None:
+    """Refuse, on every rank, a run whose ranks disagree on any of ``values``.
+
+    The accountant of each rank describes one global mechanism (one noise multiplier,
+    clipping bound, sampling rate and dataset size; one sampling seed from which every
+    rank's streams are derived). Ranks given different settings would each account
+    their own values while the all-reduced update mixes them (a rank adding less noise,
+    or clipping to a larger bound, than its accountant's peers assume), so the ranks'
+    values are gathered once, before any step, and any difference is a
+    :class:`~privlearn.errors.ConfigurationError` raised on all ranks alike (no rank
+    is left waiting in a collective).
+
+    Parameters
+    ----------
+    values : dict
+        Setting name -> value; compared by ``repr`` (so any printable value works).
+    process_group : optional
+        The torch.distributed group (default: the world).
+
+    Raises
+    ------
+    ConfigurationError
+        Some setting differs between ranks; the message names each one with every
+        rank's value.
+    """
+    import torch.distributed as dist
+
+    _, world = world_info(process_group)
+    if world == 1:
+        return
+    mine = {k: repr(v) for k, v in values.items()}
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, mine, group=process_group)
+    keys = list(mine)
+    for other in gathered:
+        keys += [k for k in other if k not in keys]
+    differ = [k for k in keys if len({g.get(k, "<absent>") for g in gathered}) > 1]
+    if differ:
+        shown = "; ".join(
+            f"{k}: " + ", ".join(f"rank {r}: {str(g.get(k, '<absent>'))[:80]}"
+                                  for r, g in enumerate(gathered))
+            for k in differ[:6])
+        raise ConfigurationError(
+            f"make_private was called with different settings on the {world} ranks "
+            f"({shown}{f'; and {len(differ) - 6} more' if len(differ) > 6 else ''}). "
+            "Every rank's accountant describes one global mechanism, so the privacy "
+            "settings (noise_multiplier or target_epsilon, max_grad_norm, sampling, seed, "
+            "epochs/steps, target_delta, ...), the loader's batch_size, the dataset and "
+            "the model's trainable parameters must be the same on every rank (make_private "
+            "derives each rank's sampling and noise streams from the one seed). No step "
+            "was taken and nothing was released")

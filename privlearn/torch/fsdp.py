@@ -180,7 +180,23 @@ class ShardedTracker(GradSampleTracker):
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
         if not int(flag.item()):  # not every rank can probe: all wait for a later step
             self._probe_inputs = None
+            super().check_independence(examples)
+            return
+        # the probe's passes depend on this rank's rows (rows equal to the probed one give
+        # nothing to compare, and fewer passes); every pass all-gathers, so every rank runs
+        # as many as the rank with the most, padding with passes on its own inputs
+        from privlearn.torch.probe import pad_passes, planned_passes
+
+        inputs = self._probe_inputs
+        own = planned_passes(inputs, examples)
+        most = torch.tensor([own], dtype=torch.int64)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.process_group)
         super().check_independence(examples)
+        self._probing = True
+        try:
+            pad_passes(self, inputs, examples, int(most.item()) - own)
+        finally:
+            self._probing = False
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
                     per_param: dict | None = None, **kwargs):

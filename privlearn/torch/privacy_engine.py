@@ -65,7 +65,7 @@ from privlearn.torch.data import (
     check_map_style,
     make_dp_loader,
 )
-from privlearn.torch.distributed import unwrap, world_info
+from privlearn.torch.distributed import check_same_on_ranks, unwrap, world_info
 from privlearn.torch.fsdp import (
     ShardedGradients,
     ShardedTracker,
@@ -527,6 +527,32 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                 adaptive=adaptive, run=run, expected_batch_size=float(expected), units=units)
 
 
+#: settings that may differ between ranks: neither the mechanism nor its accounting
+#: depends on them (the physical chunking, the ledger's reservation size) or they are not
+#: comparable between processes (callables; per-example users are refused when distributed)
+_PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augment", "users"})
+
+
+def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,
+                     data_loader: DataLoader) -> dict:
+    """What every rank of a distributed run must agree on: the settings, the plan's
+    mechanism (after calibration), the dataset's size and the trainable parameters."""
+    from dataclasses import fields
+
+    out = {f.name: getattr(cfg, f.name) for f in fields(cfg)
+           if f.name not in _PER_RANK_SETTINGS}
+    out.update({
+        "dataset size": plan.dataset_size, "per-rank batch size": plan.batch_size,
+        "sampling rate": plan.sampling_rate, "planned noise multiplier": plan.noise_multiplier,
+        "planned clipping bound": plan.max_grad_norm, "steps per epoch": plan.steps_per_epoch,
+        "planned steps": plan.planned_steps, "planned epsilon": plan.planned_epsilon,
+        "expected batch size": plan.expected_batch_size})
+    out["dataset"] = (type(data_loader.dataset).__name__, len(data_loader.dataset))
+    out["trainable parameters"] = [(n, tuple(p.shape)) for n, p in inner.named_parameters()
+                                   if p.requires_grad]
+    return out
+
+
 def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
                    undo) -> LedgerLink | None:
     """Reserve the planned run (or ``ledger_chunk`` steps) in a privacy ledger before any
@@ -693,6 +719,9 @@ def make_private(
     with _Undo() as undo:
         inner = prepare_model(model, optimizer, cfg, undo)
         plan = plan_run(cfg, inner, data_loader, process_group)
+        if plan.world_size > 1:  # one global mechanism: the same settings on every rank
+            check_same_on_ranks(_run_fingerprint(cfg, plan, inner, data_loader),
+                                process_group)
         sharded = is_sharded(inner)
         if sharded:  # FSDP2: refused up front unless the sharded step is exact
             check_sharded_model(inner, cfg, plan.world_size, optimizer)

@@ -60,7 +60,7 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
-           "probe", "probe_augment"]
+           "pad_passes", "planned_passes", "probe", "probe_augment"]
 
 
 _RTOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 4e-3,
@@ -121,6 +121,50 @@ def probe(tracker, inputs, examples: int) -> None:
         except Exception:  # noqa: BLE001 - the model needs the whole batch: probe that
             pass
     _probe_rows(tracker, leaves, batched, spec, autocast, examples)
+
+
+def planned_passes(inputs, examples: int) -> int:
+    """How many forward passes :func:`probe` will run on these inputs (without running
+    any): it depends on the data (a batch whose rows all equal the probed row has nothing
+    to compare), so under FSDP2, whose every forward pass is a collective, the ranks agree
+    on the largest count and :func:`pad_passes` makes up the difference. A probe that
+    refuses the inputs (non-finite values, no batch dimension) counts as none."""
+    args, kwargs, _ = inputs
+    leaves, _ = tree_flatten((args, kwargs))
+    batched = [i for i, t in enumerate(leaves)
+               if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples]
+    if not batched:
+        return 0
+    m = _sub_batch(leaves, batched, examples)
+    done = 0
+    if m < examples:
+        sub = list(leaves)
+        for i in batched:
+            sub[i] = leaves[i][:m]
+        n, complete = _planned_rows(sub, batched, m)
+        if complete:
+            return n
+        done = n
+    return done + _planned_rows(leaves, batched, examples)[0]
+
+
+def _planned_rows(leaves, batched, examples: int) -> tuple[int, bool]:
+    """``(passes, completed)`` of :func:`_probe_rows` on these rows."""
+    n = 0
+    for j in (0, examples - 1):
+        if _replace_row(leaves, batched, j) is None:
+            return n, False
+        n += 2 if n == 0 else 1
+    return n, True
+
+
+def pad_passes(tracker, inputs, examples: int, count: int) -> None:
+    """``count`` more forward passes of the probe's kind on the step's own inputs, their
+    results discarded: under FSDP2 every rank must run as many passes as the rank whose
+    probe runs the most (:func:`planned_passes`)."""
+    args, kwargs, autocast = inputs
+    for _ in range(count):
+        _observe_run(tracker, args, kwargs, autocast, examples)
 
 
 def _sub_batch(leaves, batched, examples: int) -> int:

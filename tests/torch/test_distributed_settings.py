@@ -1,0 +1,103 @@
+"""make_private under torch.distributed (2 gloo processes) refuses, on every rank and
+before any step, ranks given different privacy settings: each rank's accountant
+describes one global mechanism, so a rank with less noise, a larger clipping bound, its
+own seed (under fixed-size sampling two seeds draw overlapping global samples), its own
+batch size or dataset would be accounted with the other ranks' values. Ranks given the
+same settings run, and each rank's epsilon is the single-process epsilon of the global
+sampling rate."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from _ranks import init_gloo, run_ranks  # noqa: E402
+from torch import nn  # noqa: E402
+
+WORLD = 2
+N = 100
+B = 10  # per rank: q = W B / N = 0.2
+STEPS = 2
+
+#: case -> (rank 0's settings, rank 1's settings) over the base ones
+CASES = {
+    "same": ({}, {}),
+    "noise_multiplier": ({}, {"noise_multiplier": 0.3}),
+    "max_grad_norm": ({}, {"max_grad_norm": 5.0}),
+    "seed": ({"sampling": "fixed"}, {"sampling": "fixed", "seed": 4}),
+    "seed_poisson": ({"seed": 1_000_003}, {"seed": 0}),
+    "batch_size": ({}, {"batch_size": 20}),
+    "dataset_size": ({}, {"n": 200}),
+    "target_delta": ({}, {"target_delta": 1e-3}),
+    "epochs": ({"epochs": 1}, {"epochs": 5}),
+    "target_epsilon": ({"noise_multiplier": None, "target_epsilon": 3.0, "epochs": 1},
+                       {"noise_multiplier": None, "target_epsilon": 8.0, "epochs": 1}),
+}
+
+
+def _attempt(rank: int, settings: dict):
+    from privlearn.torch import make_private
+
+    kw = dict(noise_multiplier=1.0, max_grad_norm=1.0, seed=3, batch_size=B, n=N)
+    kw.update(settings)
+    n, b = kw.pop("n"), kw.pop("batch_size")
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(n, 4, generator=g),
+                                        torch.randint(0, 2, (n,), generator=g))
+    torch.manual_seed(1)
+    model = nn.Linear(4, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        p = make_private(model, opt, torch.utils.data.DataLoader(ds, batch_size=b), **kw)
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        return dict(refused=type(exc).__name__, message=str(exc),
+                    untouched=all(torch.equal(a, q) for a, q in zip(before, model.parameters(),
+                                                                   strict=True)))
+    it = iter(p.data_loader)
+    for _ in range(STEPS):
+        x, y = next(it)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    out = dict(refused=None, epsilon=p.accountant.epsilon(1e-5), rate=p.sampling_rate)
+    p.detach()
+    return out
+
+
+def _worker(rank: int, out_dir: str) -> None:
+    init_gloo(rank, WORLD, out_dir)
+    try:
+        results = {case: _attempt(rank, pair[rank]) for case, pair in CASES.items()}
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_ranks(_worker, tmp_path_factory.mktemp("settings"), WORLD)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "same"])
+def test_ranks_with_different_settings_are_refused_on_every_rank(ranks, case):
+    for rank, res in enumerate(ranks):
+        r = res[case]
+        assert r["refused"] == "ConfigurationError", (rank, r)
+        assert "different settings" in r["message"] and "rank 1" in r["message"]
+        assert r["untouched"]
+
+
+def test_same_settings_run_and_account_the_global_rate_on_every_rank(ranks):
+    same = [res["same"] for res in ranks]
+    assert all(r["refused"] is None for r in same), same
+    q = WORLD * B / N
+    assert all(r["rate"] == pytest.approx(q) for r in same)
+    # one process, same settings, at the global rate: a loader of the global batch size
+    single = _attempt(0, {"batch_size": WORLD * B})
+    assert single["rate"] == pytest.approx(q)
+    for r in same:
+        assert r["epsilon"] == pytest.approx(single["epsilon"], rel=1e-9)
