@@ -67,7 +67,8 @@ Poisson-sampled), ``train_sampling_strategy`` other than ``"random"`` (length-gr
 rebalanced or sequential batches: the DP sampler draws the batches),
 ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example),
 ``DataCollatorWithFlattening`` (it packs the batch into one row, which
-would be clipped as one example).
+would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
+sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
@@ -340,6 +341,13 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                 "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
                 "(docs/guides/pytorch.md, 'Mixed precision')")
         refuse_parallelism(self)
+        if getattr(a, "auto_find_batch_size", False):
+            raise ConfigurationError(
+                "auto_find_batch_size=True is not supported by DPTrainer: the Trainer halves "
+                "the batch size after an out-of-memory error, but the expected Poisson batch "
+                "(per_device_train_batch_size) sets the accounted sampling rate, and the DP "
+                "loader keeps it. Set per_device_train_batch_size yourself, or bound memory "
+                "with make_private(..., max_physical_batch_size=...) (virtual batches)")
         strategy = str(getattr(a, "train_sampling_strategy", "random"))
         if getattr(a, "group_by_length", False):  # the name before train_sampling_strategy
             strategy = "group_by_length"

@@ -717,6 +717,20 @@ def test_a_train_sampling_strategy_other_than_random_is_refused(tmp_path, strate
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
+def test_auto_find_batch_size_is_refused(tmp_path):
+    """The Trainer halves the batch size after an out-of-memory error, which the DP loader
+    (whose expected Poisson batch sets the accounted rate) never followed: refused when
+    the trainer is built, naming the setting and what bounds memory instead."""
+    from privlearn.errors import ConfigurationError
+
+    model = _llama()
+    with pytest.raises(ConfigurationError,
+                       match=r"auto_find_batch_size=True.*max_physical_batch_size"):
+        DPTrainer(model=model, args=_args(tmp_path, auto_find_batch_size=True),
+                  train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
 @pytest.mark.parametrize("setting", [{"label_smoothing_factor": 0.1},
                                      {"train_sampling_strategy": "group_by_length"}])
 def test_refused_settings_set_after_the_trainer_was_built_are_refused_at_train(tmp_path,
