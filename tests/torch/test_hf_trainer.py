@@ -707,12 +707,18 @@ def test_a_train_sampling_strategy_other_than_random_is_refused(tmp_path, strate
     """``train_sampling_strategy`` (length-grouped, rebalanced or sequential batches) is
     not a sampling the accountant describes; the DP sampler would silently replace it:
     refused when the trainer is built, naming the setting and PrivacyArguments.sampling."""
+    _refused_at_build(tmp_path, rf"train_sampling_strategy='{strategy}'.*sampling=",
+                      train_sampling_strategy=strategy)
+
+
+def _refused_at_build(tmp_path, match, **training_arguments):
+    """Building a DPTrainer with these TrainingArguments raises ConfigurationError
+    matching ``match`` and leaves no hook on the model."""
     from privlearn.errors import ConfigurationError
 
     model = _llama()
-    with pytest.raises(ConfigurationError,
-                       match=rf"train_sampling_strategy='{strategy}'.*sampling="):
-        DPTrainer(model=model, args=_args(tmp_path, train_sampling_strategy=strategy),
+    with pytest.raises(ConfigurationError, match=match):
+        DPTrainer(model=model, args=_args(tmp_path, **training_arguments),
                   train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0))
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
@@ -721,14 +727,8 @@ def test_auto_find_batch_size_is_refused(tmp_path):
     """The Trainer halves the batch size after an out-of-memory error, which the DP loader
     (whose expected Poisson batch sets the accounted rate) never followed: refused when
     the trainer is built, naming the setting and what bounds memory instead."""
-    from privlearn.errors import ConfigurationError
-
-    model = _llama()
-    with pytest.raises(ConfigurationError,
-                       match=r"auto_find_batch_size=True.*max_physical_batch_size"):
-        DPTrainer(model=model, args=_args(tmp_path, auto_find_batch_size=True),
-                  train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0))
-    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    _refused_at_build(tmp_path, r"auto_find_batch_size=True.*max_physical_batch_size",
+                      auto_find_batch_size=True)
 
 
 @pytest.mark.parametrize("setting", [{"label_smoothing_factor": 0.1},
