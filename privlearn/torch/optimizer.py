@@ -775,6 +775,19 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self._report_found_inf(scaler, None)
         return loss
 
+    def _recorded_or_dropped(self, drawn, rows: int | None) -> None:
+        """:meth:`_require_recorded`; a refused batch is dropped (the loader's next one
+        replaces it), with the rest of its logical batch when this is a chunk of one."""
+        try:
+            self._require_recorded(rows)
+        except TrainingLoopError:
+            if not self._final_chunk:
+                self._out, self._carry, self._skipping = None, {}, True
+                self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
+            if drawn is not None:
+                self.sampler.refused(drawn)
+            raise
+
     def _step(self, closure=None):
         loss = None
         if closure is not None:
@@ -787,14 +800,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             if not self._final_chunk:  # a physical chunk of a virtual batch
                 drawn = self.sampler.take() if self.sampler is not None else None
                 units, rows = self._units_and_rows(drawn, self._chunk_size)
-                try:
-                    self._require_recorded(rows)
-                except TrainingLoopError:  # the whole logical batch is dropped
-                    self._out, self._carry, self._skipping = None, {}, True
-                    self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
-                    if drawn is not None:
-                        self.sampler.refused(drawn)
-                    raise
+                self._recorded_or_dropped(drawn, rows)
                 self.tracker.check_outside_uses()
                 self.tracker.check_independence(rows)
                 self.clip_and_accumulate(examples=rows, units=units)
@@ -804,12 +810,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                 return loss
             drawn = self.sampler.take() if self.sampler is not None else None
             units, examples = self._units_and_rows(drawn, self._expected_examples(drawn))
-            try:
-                self._require_recorded(examples)
-            except TrainingLoopError:
-                if drawn is not None:  # nothing was computed from it: the next batch
-                    self.sampler.refused(drawn)  # of the loader replaces it
-                raise
+            self._recorded_or_dropped(drawn, examples)
             self.tracker.check_outside_uses()
             self.tracker.check_independence(examples)
             cfg = self._checked_cfg()
