@@ -13,8 +13,7 @@ import os
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-from _ranks import init_gloo, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, run_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
 WORLD = 2
@@ -74,7 +73,7 @@ def _worker(rank: int, out_dir: str) -> None:
         results = {case: _attempt(rank, pair[rank]) for case, pair in CASES.items()}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        close_gloo()
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,7 @@ import os
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-from _ranks import init_gloo, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, run_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
 WORLD = 2
@@ -64,7 +63,7 @@ def _worker(rank: int, out_dir: str) -> None:
                         rate=p.sampling_rate),
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        close_gloo()
         faulthandler.cancel_dump_traceback_later()
 
 

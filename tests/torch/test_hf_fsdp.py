@@ -33,8 +33,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
-import torch.distributed as dist  # noqa: E402
-from _ranks import init_gloo, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, run_ranks  # noqa: E402
 
 WORLD = 2
 N = 8
@@ -161,8 +160,7 @@ def _worker(rank, tmp):
         "bert_default_policy": _refused(_trainer(_args(out), 1.0, name="bert").train),
     }
     torch.save(res, os.path.join(tmp, f"rank{rank}.pt"))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    close_gloo()
 
 
 @pytest.fixture(scope="module")
