@@ -11,6 +11,9 @@ added with :func:`register_accountant`.
 >>> eps = m.epsilon(delta=1e-5)            # certified upper bound, PLD accountant
 """
 
+import sys
+
+from privlearn._opacus_names import missing_name
 from privlearn.accounting import _builtin_kinds  # noqa: F401  (registers the built-in kinds)
 from privlearn.accounting.accountants import (
     PrivacyBound,
@@ -91,3 +94,9 @@ __all__ = [
     "subsample",
     "warn_if_delta_large",
 ]
+
+
+def __getattr__(name: str):
+    # only for names not defined above: Opacus's (get_noise_multiplier, RDPAccountant,
+    # ...) say what to use
+    raise missing_name(__name__, name, sys._getframe(1))

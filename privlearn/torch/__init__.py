@@ -47,6 +47,9 @@ Notes
 * ``p.model`` must stay in training mode; ``model.eval()`` forwards are not recorded.
 """
 
+import sys
+
+from privlearn._opacus_names import missing_name
 from privlearn.errors import (
     BatchDependenceError,
     NonFiniteInputError,
@@ -123,3 +126,8 @@ __all__ = [
     "retain_freed_memory",
     "validate",
 ]
+
+
+def __getattr__(name: str):
+    # only for names not defined above: Opacus's (PrivacyEngine, ...) say what to use
+    raise missing_name(__name__, name, sys._getframe(1))
