@@ -676,6 +676,26 @@ def test_unsupported_accountant_suggests_others(runner: CliRunner) -> None:
     assert line.endswith("try --accountant pld or --accountant rdp")
 
 
+@pytest.mark.parametrize(("args", "passed"), [
+    (["epsilon", "--noise-multiplier", "1.1", "--sampling-rate", "0.01", "--steps", "100"],
+     "gaussian, noise multiplier 1.1, poisson sampling at rate 0.01, 100 steps"),
+    (["epsilon", "--noise-multiplier", "2", "--mechanism", "laplace", "--steps", "3"],
+     "laplace, noise multiplier 2, no subsampling, 3 steps"),
+    (["epsilon", "--noise-multiplier", "1", "--batch-size", "64", "--dataset-size", "6400",
+      "--epochs", "2"], "gaussian, noise multiplier 1, poisson sampling at rate 0.01, 200 steps"),
+    (["calibrate", "--target-epsilon", "1", "--sampling-rate", "0.01", "--steps", "100",
+      "--sampling", "fixed"], "gaussian, fixed sampling at rate 0.01, 100 steps"),
+])
+def test_an_accountant_refusing_the_run_says_what_was_passed(runner, args, passed) -> None:
+    """The refusal is in the options' words (what was passed, what the accountant covers,
+    which accountant to use), not the names of the library's mechanism classes."""
+    line = _error_line(runner, [*args, "--delta", "1e-5", "--accountant", "analytic"])
+    assert line.startswith(f"error: --accountant analytic cannot account {passed} "
+                           "(analytic: exact, Gaussian compositions without subsampling only)")
+    assert line.endswith("try --accountant pld or --accountant rdp")
+    assert not any(name in line for name in ("Composed", "Subsampled", "Laplace(", "Gaussian("))
+
+
 def test_accountant_choices_come_from_the_registry(monkeypatch) -> None:
     """The choices are read from the registry when the command runs (an accountant
     registered after the CLI was imported is offered too)."""

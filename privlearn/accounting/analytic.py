@@ -31,7 +31,7 @@ from scipy import optimize, special
 
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
-from privlearn.accounting.mechanisms import Mechanism
+from privlearn.accounting.mechanisms import Composed, Mechanism
 from privlearn.accounting.registry import equivalent_gaussian
 from privlearn.errors import (
     CertificationError,
@@ -205,9 +205,12 @@ class AnalyticGaussianAccountant:
     def _sigma(self, mechanism: Mechanism) -> float:
         sigma = equivalent_gaussian(mechanism)
         if sigma is None:
+            parts = mechanism.parts if isinstance(mechanism, Composed) else ((mechanism, 1),)
+            part = next((m for m, _ in parts if equivalent_gaussian(m) is None), mechanism)
+            where = " (a part of the composition)" if part is not mechanism else ""
             raise UnsupportedMechanismError(
                 "accountant 'analytic' is exact only for Gaussian mechanisms and their "
-                f"compositions (no subsampling); got {type(mechanism).__name__}. "
+                f"compositions, without subsampling; got {part!r}{where}. "
                 "Use accountant='pld' or 'rdp'."
             )
         return sigma

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -24,9 +26,9 @@ from privlearn.accounting import (
     warn_if_delta_large,
 )
 from privlearn.cli._app import one_line
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
-__all__ = ["build_mechanism", "MECHANISMS", "SAMPLINGS"]
+__all__ = ["build_mechanism", "explain_unsupported", "MECHANISMS", "SAMPLINGS"]
 
 MECHANISMS = ("gaussian", "laplace")
 SAMPLINGS = ("poisson", "fixed")
@@ -242,3 +244,18 @@ def describe(mechanism: str, nm: float | None, rate: float | None, sampling: str
     return f"{mechanism}{noise}, {samp}, {steps} step{'s' if steps != 1 else ''}"
 
 
+@contextlib.contextmanager
+def explain_unsupported(accountant: str, mechanism: str, nm: float | None,
+                        rate: float | None, sampling: str, steps: int) -> Iterator[None]:
+    """An accountant's refusal of the mechanism (UnsupportedMechanismError) said in the
+    command's words: the ``--accountant`` and the run as the options described it, and
+    what the accountant covers (its ``--help`` line), instead of the library's message,
+    which names the internal mechanism objects."""
+    try:
+        yield
+    except UnsupportedMechanismError as e:
+        scope = _ACCOUNTANT_HELP.get(accountant)
+        raise UnsupportedMechanismError(
+            f"--accountant {accountant} cannot account "
+            f"{describe(mechanism, nm, rate, sampling, steps)}"
+            + (f" ({accountant}: {scope})" if scope else f": {one_line(str(e))}")) from e

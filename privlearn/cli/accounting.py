@@ -19,6 +19,7 @@ from privlearn.cli._options import (
     delta_opt,
     describe,
     epochs_opt,
+    explain_unsupported,
     json_opt,
     mechanism_opt,
     none_if_inf,
@@ -69,7 +70,9 @@ def epsilon(
     rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
     kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
     d = check_mechanism_delta(kind, delta, dataset_size)
-    bound = build_mechanism(kind, nm, rate, samp, t).epsilon_bounds(d, acc)
+    m = build_mechanism(kind, nm, rate, samp, t)
+    with explain_unsupported(acc, kind, nm, rate, samp, t):
+        bound = m.epsilon_bounds(d, acc)
     if not math.isfinite(bound.upper):
         raise PrivacyLossOverflowError(
             f"epsilon is infinite for {describe(kind, nm, rate, samp, t)} at delta={d:g} "
@@ -137,7 +140,8 @@ def calibrate_cmd(
         return build_mechanism(kind, x, rate, samp, t)
 
     try:
-        nm = calibrate(factory, target, d, accountant=acc)
+        with explain_unsupported(acc, kind, None, rate, samp, t):
+            nm = calibrate(factory, target, d, accountant=acc)
     except AccountingError as e:
         # an accounting failure during the search is a failed calibration: report it as
         # one, with the accountant's error as its cause (whose type gives the hint)

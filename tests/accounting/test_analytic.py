@@ -106,6 +106,19 @@ def test_delta_zero_and_unsupported():
         Laplace(1.0).epsilon(1e-5, accountant="analytic")
 
 
+def test_a_refused_mechanism_is_named_by_the_part_analytic_cannot_account():
+    """The message shows the part that is not Gaussian (its repr, with its parameters),
+    not the class of the whole composition."""
+    sub = subsample(Gaussian(1.1), 0.01)
+    for mechanism, part in ((compose(sub, steps=100), sub), (Laplace(2.0), Laplace(2.0)),
+                            (compose(Laplace(2.0), steps=3), Laplace(2.0))):
+        with pytest.raises(UnsupportedMechanismError) as err:
+            mechanism.epsilon(1e-5, accountant="analytic")
+        msg = str(err.value)
+        assert f"got {part!r}" in msg and "got Composed" not in msg
+        assert "accountant='pld' or 'rdp'" in msg
+
+
 def test_bounds_are_exact():
     b = Gaussian(1.3).epsilon_bounds(1e-6, accountant="analytic")
     assert b.accountant == "analytic"
