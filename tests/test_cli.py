@@ -279,6 +279,38 @@ def test_unsupported_calibration_exits_2(runner: CliRunner) -> None:
     assert "analytic" in r.stderr
 
 
+def _helps(command, path):
+    """``--help`` of ``command`` and of every subcommand, as (command path, text)."""
+    import click
+
+    yield path, command.get_help(click.Context(command, info_name=path))
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _helps(sub, f"{path} {name}")
+
+
+def test_help_points_to_what_an_installed_package_has(runner, tmp_path, monkeypatch) -> None:
+    """An installed package has no docs/ folder: no --help names a file there. The
+    commands that ``budget --help`` shows run as printed."""
+    import shlex
+
+    helps = dict(_helps(cli, "privlearn"))
+    assert len(helps) > 10
+    for path, text in helps.items():
+        assert "docs/" not in text and ".md" not in text, path
+    shown = helps["privlearn budget"].replace("\\\n", " ")
+    lines = [line.strip() for line in shown.splitlines()
+             if line.strip().startswith("privlearn budget ")]
+    assert [shlex.split(line)[2] for line in lines] == ["init", "spend", "show"]
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        r = invoke(runner, shlex.split(line)[1:])
+        assert r.exit_code == 0, (line, r.output)
+    assert "1 release(s)" in r.stdout
+    import privlearn.ledger
+
+    assert "privlearn.ledger.Ledger " in shown and hasattr(privlearn.ledger, "Ledger")
+
+
 # -- version, demo, reproduce ----------------------------------------------------------
 def test_version(runner: CliRunner) -> None:
     r = invoke(runner, ["--version"])

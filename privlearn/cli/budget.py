@@ -137,7 +137,19 @@ def _print_spent(s) -> None:
 @cli.group()
 def budget() -> None:
     """A persistent privacy ledger: one budget per dataset, tight composition of every
-    release, hash-chained entries (see docs/guides/ledger.md)."""
+    release, hash-chained entries.
+
+    \b
+    A first ledger:
+      privlearn budget init privacy.db --dataset adult --epsilon 3 --delta 1e-6
+      privlearn budget spend privacy.db --dataset adult --noise-multiplier 1.1 \\
+          --sampling-rate 0.01 --steps 1000 --label "dp-sgd run 1"
+      privlearn budget show privacy.db --dataset adult
+
+    `privlearn budget COMMAND --help` describes each command and its options; from
+    Python, privlearn.ledger.Ledger records the releases of estimators and of DP-SGD
+    runs (help(privlearn.ledger)).
+    """
 
 
 _ledger_dataset_opt = click.option("--dataset", required=True, help="Dataset name.")
