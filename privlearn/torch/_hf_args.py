@@ -72,6 +72,8 @@ class PrivacyArguments:
         As in :class:`~privlearn.torch.config.DPConfig`; ``target_epsilon`` (and correlated
         noise, and the participation-bounding samplers) use the Trainer's planned steps
         (``max_steps``, or ``num_train_epochs`` times the steps of an epoch).
+        ``batch_dims`` also takes the text of a JSON object, as a command line gives it
+        (``--batch_dims '{"encoder.lstm": 1}'``).
     dp_max_grad_norm : float, list, dict or str
         ``DPConfig.max_grad_norm``, the per-example clipping bound (default 1.0), which
         replaces ``TrainingArguments.max_grad_norm`` (the Trainer's clipping of the
@@ -138,8 +140,10 @@ class PrivacyArguments:
     clipbound_learning_rate: float = _arg(0.2, "Adaptive clipping: the bound's learning rate.")
     unclipped_num_std: float | None = _arg(
         None, "Adaptive clipping: noise std of the unclipped count.")
-    batch_dims: dict | None = _arg(
-        None, "Layers whose inputs hold the batch on dimension 1 ({name: 0 or 1}).")
+    # a union with str (read by HfArgumentParser as text, then as a JSON object)
+    batch_dims: dict | str | None = _arg(
+        None, "Layers whose inputs hold the batch on dimension 1: a JSON object "
+        "{layer name: 0 or 1}, e.g. --batch_dims '{\"encoder.lstm\": 1}'.")
     check_batch_independence: bool = _arg(
         True, "Probe the model once for layers that mix examples of a batch.")
     noise: Noise | str | ToeplitzStrategy = _arg(
@@ -172,6 +176,8 @@ class PrivacyArguments:
             raise ParameterValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
         if isinstance(self.dp_max_grad_norm, str):
             object.__setattr__(self, "dp_max_grad_norm", _read_bound(self.dp_max_grad_norm))
+        if isinstance(self.batch_dims, str):
+            object.__setattr__(self, "batch_dims", _read_batch_dims(self.batch_dims))
         if self.clipping == "adaptive" and self.target_unclipped_quantile is None:
             return  # refused with the other settings when training starts
         # one validation for every setting: DPConfig's (the planned length comes later)
@@ -242,6 +248,19 @@ def _read_bound(text: str) -> float | list | dict:
     raise ParameterValueError(
         f"dp_max_grad_norm must be a number > 0, or (with clipping='per_layer') a JSON list "
         f"or object of per-layer bounds, got the text {text!r}; e.g. --dp_max_grad_norm 1.0")
+
+
+def _read_batch_dims(text: str) -> dict:
+    """``batch_dims`` given as text (a command line): a JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    raise ParameterValueError(
+        f"batch_dims must be a JSON object {{layer name: 0 or 1}}, got the text {text!r}; "
+        "e.g. --batch_dims '{\"encoder.lstm\": 1}' (the names of model.named_modules())")
 
 
 # the fields that are not DPConfig's (the others are, as tests/torch/test_settings.py checks)

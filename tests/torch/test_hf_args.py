@@ -71,6 +71,73 @@ def test_help_lists_the_privacy_flags(parser, capsys):
     assert "Per-example clipping bound" in out
 
 
+_ADAPTIVE = ["--clipping", "adaptive", "--target_unclipped_quantile", "0.5"]
+#: Each field from a command line: (its flags, and the settings they mean in Python).
+_FROM_COMMAND_LINE = {
+    "noise_multiplier": (["--noise_multiplier", "1.5"], {"noise_multiplier": 1.5}),
+    "target_epsilon": (["--target_epsilon", "3"], {"target_epsilon": 3.0}),
+    "target_delta": (["--target_delta", "1e-6"], {"target_delta": 1e-6}),
+    "dp_max_grad_norm": (["--dp_max_grad_norm", "0.5"], {"max_grad_norm": 0.5}),
+    "max_epsilon": (["--max_epsilon", "4"], {"max_epsilon": 4.0}),
+    "sampling": (["--sampling", "fixed"], {"sampling": "fixed"}),
+    "accountant": (["--accountant", "rdp"], {"accountant": "rdp"}),
+    "secure_mode": (["--secure_mode", "true"], {"secure_mode": True}),
+    "dp_seed": (["--dp_seed", "3"], {"seed": 3}),
+    "clipping": (_ADAPTIVE, {"clipping": "adaptive", "target_unclipped_quantile": 0.5}),
+    "target_unclipped_quantile": (
+        ["--clipping", "adaptive", "--target_unclipped_quantile", "0.6"],
+        {"clipping": "adaptive", "target_unclipped_quantile": 0.6}),
+    "clipbound_learning_rate": (
+        [*_ADAPTIVE, "--clipbound_learning_rate", "0.1"],
+        {"clipping": "adaptive", "target_unclipped_quantile": 0.5,
+         "clipbound_learning_rate": 0.1}),
+    "unclipped_num_std": (
+        [*_ADAPTIVE, "--unclipped_num_std", "5"],
+        {"clipping": "adaptive", "target_unclipped_quantile": 0.5, "unclipped_num_std": 5.0}),
+    "batch_dims": (["--batch_dims", '{"encoder.lstm": 1, "head": 0}'],
+                   {"batch_dims": {"encoder.lstm": 1, "head": 0}}),
+    "check_batch_independence": (["--check_batch_independence", "false"],
+                                 {"check_batch_independence": False}),
+    "noise": (["--noise", "blt", "--sampling", "balls_in_bins"],
+              {"noise": "blt", "sampling": "balls_in_bins"}),
+    "bands": (["--noise", "banded", "--bands", "4", "--sampling", "cyclic_poisson"],
+              {"noise": "banded", "bands": 4, "sampling": "cyclic_poisson"}),
+    "buffers": (["--noise", "blt", "--buffers", "2", "--sampling", "balls_in_bins"],
+                {"noise": "blt", "buffers": 2, "sampling": "balls_in_bins"}),
+    "cycle_length": (["--sampling", "cyclic_poisson", "--cycle_length", "4"],
+                     {"sampling": "cyclic_poisson", "cycle_length": 4}),
+    "user_column": (["--user_column", "user"], {"user_column": "user"}),
+    "max_examples_per_user": (["--user_column", "user", "--max_examples_per_user", "2"],
+                              {"user_column": "user", "max_examples_per_user": 2}),
+    "user_reduction": (["--user_reduction", "sum"], {"user_reduction": "sum"}),
+    "task": (["--task", "causal_lm"], {"task": "causal_lm"}),
+    "log_training_loss": (["--log_training_loss", "true"], {"log_training_loss": True}),
+}
+
+
+def test_the_command_line_table_covers_every_field():
+    assert set(_FROM_COMMAND_LINE) == {f.name for f in dataclasses.fields(PrivacyArguments)}
+
+
+@pytest.mark.parametrize("name", sorted(_FROM_COMMAND_LINE))
+def test_every_field_parses_from_a_command_line(parser, name):
+    """Each setting given on a command line is the setting given in Python."""
+    flags, settings = _FROM_COMMAND_LINE[name]
+    base = {} if name == "target_epsilon" else {"noise_multiplier": 1.0}
+    argv = ["--output_dir", "out", *(f for k, v in base.items() if k not in settings
+                                      for f in (f"--{k}", str(v))), *flags]
+    _, privacy = parser.parse_args_into_dataclasses(argv)
+    assert privacy == PrivacyArguments(**{**base, **settings})
+
+
+def test_batch_dims_text_that_is_not_a_json_object_is_refused(parser):
+    for text in ("lstm=1", "[1]", "{'lstm': 1}"):
+        with pytest.raises(ParameterValueError, match=r"batch_dims must be a JSON object.*"
+                                                      r"--batch_dims '\{\"encoder.lstm\": 1\}'"):
+            parser.parse_args_into_dataclasses(["--output_dir", "out", "--noise_multiplier",
+                                                "1", "--batch_dims", text])
+
+
 def test_a_bad_value_is_refused_with_the_setting_named(parser):
     with pytest.raises(ParameterValueError, match="target_delta"):
         parser.parse_args_into_dataclasses(["--output_dir", "out", "--noise_multiplier",

@@ -184,6 +184,9 @@ def test_privacy_arguments_fields_are_dpconfig_fields():
         if name == "max_grad_norm":  # also the text of a command line
             assert f.type.split(" | ") == ["float", "str", "list", "dict"]
             assert ours[name].type.split(" | ") == ["float", "list", "dict"]
+        elif name == "batch_dims":  # also the text of a command line
+            assert f.type.split(" | ") == ["dict", "str", "None"]
+            assert ours[name].type.split(" | ") == ["dict", "None"]
         else:
             assert f.type == ours[name].type, f.name
         assert f.default == ours[name].default, f.name
