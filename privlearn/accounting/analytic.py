@@ -206,11 +206,12 @@ class AnalyticGaussianAccountant:
         sigma = equivalent_gaussian(mechanism)
         if sigma is None:
             parts = mechanism.parts if isinstance(mechanism, Composed) else ((mechanism, 1),)
-            part = next((m for m, _ in parts if equivalent_gaussian(m) is None), mechanism)
-            where = " (a part of the composition)" if part is not mechanism else ""
+            part, k = next(((m, k) for m, k in parts if equivalent_gaussian(m) is None),
+                           (mechanism, 1))
+            times = f", composed {k} times" if k > 1 else ""
             raise UnsupportedMechanismError(
                 "accountant 'analytic' is exact only for Gaussian mechanisms and their "
-                f"compositions, without subsampling; got {part!r}{where}. "
+                f"compositions, without subsampling; got {part!r}{times}. "
                 "Use accountant='pld' or 'rdp'."
             )
         return sigma

@@ -88,7 +88,10 @@ _HINT_DEFAULT = "try --accountant rdp, or a larger --noise-multiplier"
 #: What to try after an error of each type (``fn(error, command name) -> hint``), looked
 #: up along the MRO like :data:`EXIT_STATUS`.
 HINTS: dict[type[BaseException], Callable[[BaseException, str], str | None]] = {
-    UnsupportedMechanismError: lambda e, c: "try --accountant pld or --accountant rdp",
+    UnsupportedMechanismError: lambda e, c: (
+        "a budget's accountant is fixed when the budget is created (privlearn budget init "
+        "... --accountant; pld, the default, accounts every release that budget spend "
+        "describes)" if c == "budget" else "try --accountant pld or --accountant rdp"),
     CertificationError: lambda e, c: (
         "try --accountant rdp (Renyi DP needs no tail certification and gives a valid, "
         "looser bound) or a larger --delta"),

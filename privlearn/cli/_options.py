@@ -28,7 +28,8 @@ from privlearn.accounting import (
 from privlearn.cli._app import one_line
 from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
-__all__ = ["build_mechanism", "explain_unsupported", "MECHANISMS", "SAMPLINGS"]
+__all__ = ["build_mechanism", "explain_unsupported", "unsupported", "MECHANISMS",
+           "SAMPLINGS"]
 
 MECHANISMS = ("gaussian", "laplace")
 SAMPLINGS = ("poisson", "fixed")
@@ -244,18 +245,25 @@ def describe(mechanism: str, nm: float | None, rate: float | None, sampling: str
     return f"{mechanism}{noise}, {samp}, {steps} step{'s' if steps != 1 else ''}"
 
 
+def unsupported(subject: str, accountant: str, err: BaseException, mechanism: str,
+                nm: float | None, rate: float | None, sampling: str,
+                steps: int) -> UnsupportedMechanismError:
+    """An accountant's refusal of the mechanism (UnsupportedMechanismError) said in the
+    command's words: ``subject`` (what chose the accountant), the run as the options
+    described it and what the accountant covers (its ``--help`` line), instead of the
+    library's message, which names the mechanism objects."""
+    scope = _ACCOUNTANT_HELP.get(accountant)
+    return UnsupportedMechanismError(
+        f"{subject} cannot account {describe(mechanism, nm, rate, sampling, steps)}"
+        + (f" ({accountant}: {scope})" if scope else f": {one_line(str(err))}"))
+
+
 @contextlib.contextmanager
 def explain_unsupported(accountant: str, mechanism: str, nm: float | None,
                         rate: float | None, sampling: str, steps: int) -> Iterator[None]:
-    """An accountant's refusal of the mechanism (UnsupportedMechanismError) said in the
-    command's words: the ``--accountant`` and the run as the options described it, and
-    what the accountant covers (its ``--help`` line), instead of the library's message,
-    which names the internal mechanism objects."""
+    """:func:`unsupported` for an accountant chosen by ``--accountant``."""
     try:
         yield
     except UnsupportedMechanismError as e:
-        scope = _ACCOUNTANT_HELP.get(accountant)
-        raise UnsupportedMechanismError(
-            f"--accountant {accountant} cannot account "
-            f"{describe(mechanism, nm, rate, sampling, steps)}"
-            + (f" ({accountant}: {scope})" if scope else f": {one_line(str(e))}")) from e
+        raise unsupported(f"--accountant {accountant}", accountant, e, mechanism, nm, rate,
+                          sampling, steps) from e

@@ -20,8 +20,9 @@ from privlearn.cli._options import (
     rate_opt,
     sampling_opt,
     steps_opt,
+    unsupported,
 )
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
 __all__ = ["budget"]
 
@@ -215,10 +216,17 @@ def budget_spend(path: str, key_file: str | None, dataset: str, mechanism: str,
     exceed the budget."""
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
-    mech = build_mechanism(mechanism.lower(), check_positive("--noise-multiplier",
-                           noise_multiplier), rate, sampling.lower(), t)
+    kind, samp = mechanism.lower(), sampling.lower()
+    nm = check_positive("--noise-multiplier", noise_multiplier)
+    mech = build_mechanism(kind, nm, rate, samp, t)
     led = _open_ledger(path, key_file)
-    entry = led.spend(dataset, mech, label=label, who=who, privacy_unit=privacy_unit)
+    try:
+        entry = led.spend(dataset, mech, label=label, who=who, privacy_unit=privacy_unit)
+    except UnsupportedMechanismError as e:  # the budget's accountant, set by budget init
+        acc = led.spent(dataset, privacy_unit=privacy_unit).accountant
+        refusal = unsupported(f"the budget of dataset {dataset!r}, accounted with {acc},",
+                              acc, e, kind, nm, rate, samp, t)
+        raise UnsupportedMechanismError(f"{refusal}; nothing was recorded") from e
     s = led.spent(dataset, privacy_unit=privacy_unit)
     if as_json:
         click.echo(json.dumps({"seq": entry.seq, "hash": entry.hash, **_spent_json(s)}))

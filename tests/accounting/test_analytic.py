@@ -110,12 +110,15 @@ def test_a_refused_mechanism_is_named_by_the_part_analytic_cannot_account():
     """The message shows the part that is not Gaussian (its repr, with its parameters),
     not the class of the whole composition."""
     sub = subsample(Gaussian(1.1), 0.01)
-    for mechanism, part in ((compose(sub, steps=100), sub), (Laplace(2.0), Laplace(2.0)),
-                            (compose(Laplace(2.0), steps=3), Laplace(2.0))):
+    for mechanism, said in ((compose(sub, steps=100), f"{sub!r}, composed 100 times"),
+                            (Laplace(2.0), f"{Laplace(2.0)!r}."),
+                            (compose(Laplace(2.0), steps=1), f"{Laplace(2.0)!r}."),
+                            (compose([Gaussian(1.0), compose(Laplace(2.0), steps=3)]),
+                             f"{Laplace(2.0)!r}, composed 3 times")):
         with pytest.raises(UnsupportedMechanismError) as err:
             mechanism.epsilon(1e-5, accountant="analytic")
         msg = str(err.value)
-        assert f"got {part!r}" in msg and "got Composed" not in msg
+        assert f"got {said}" in msg and "got Composed" not in msg
         assert "accountant='pld' or 'rdp'" in msg
 
 

@@ -50,6 +50,33 @@ def test_spend_show_history_json(db):
     assert [e["kind"] for e in h] == ["budget"] + ["spend"] * 4
 
 
+def test_a_release_the_budgets_accountant_cannot_account_is_said_in_the_options_words(
+        tmp_path):
+    """A budget created with --accountant analytic refuses a subsampled or Laplace
+    release: one line naming the budget's accountant and the release as the options gave
+    it, nothing recorded, and no --accountant to try (budget spend has none)."""
+    path = str(tmp_path / "a.db")
+    assert run("budget", "init", path, "--dataset", "d", "--epsilon", "3", "--delta", "1e-6",
+               "--accountant", "analytic").exit_code == 0
+    for args, passed in (
+            (["--noise-multiplier", "5", "--sampling-rate", "0.01", "--steps", "100"],
+             "gaussian, noise multiplier 5, poisson sampling at rate 0.01, 100 steps"),
+            (["--noise-multiplier", "5", "--mechanism", "laplace"],
+             "laplace, noise multiplier 5, no subsampling, 1 step")):
+        r = CliRunner().invoke(cli, ["budget", "spend", path, "--dataset", "d", *args])
+        assert r.exit_code == 2 and r.stdout == ""
+        line = r.stderr.strip()
+        assert "\n" not in line
+        assert line.startswith(f"error: the budget of dataset 'd', accounted with analytic, "
+                               f"cannot account {passed} (analytic: ")
+        assert "nothing was recorded" in line and "privlearn budget init" in line
+        assert "try --accountant" not in line and "Subsampled(" not in line
+    assert json.loads(run("budget", "show", path, "--dataset", "d", "--json").output
+                      )["entries"] == 0
+    assert run("budget", "spend", path, "--dataset", "d", "--noise-multiplier", "5"
+               ).exit_code == 0  # a plain Gaussian it accounts
+
+
 def test_exceeding_the_budget_is_one_line_status_3_and_records_nothing(db):
     before = run("budget", "show", db, "--dataset", "adult", "--json").output
     r = CliRunner().invoke(cli, ["budget", "spend", db, "--dataset", "adult",
