@@ -149,11 +149,14 @@ def test_accounting_imports_only_numpy_scipy_stdlib():
     assert not offenders, f"privlearn.accounting must import only numpy/scipy/stdlib: {offenders}"
 
 
-#: Leaf modules every layer may import: ``errors`` imports nothing from privlearn,
-#: ``_validation`` and ``_type_registry`` only ``errors`` (the exceptions they raise).
-_SHARED_LEAVES = {"privlearn._validation", "privlearn._type_registry", "privlearn.errors"}
+#: Leaf modules every layer may import: ``errors`` and ``_opacus_names`` (what to use in
+#: place of Opacus's names) import nothing from privlearn, ``_validation`` and
+#: ``_type_registry`` only ``errors`` (the exceptions they raise).
+_SHARED_LEAVES = {"privlearn._validation", "privlearn._type_registry", "privlearn.errors",
+                  "privlearn._opacus_names"}
 _LEAF_IMPORTS = {"privlearn.errors": set(), "privlearn._validation": {"privlearn.errors"},
-                 "privlearn._type_registry": {"privlearn.errors"}}
+                 "privlearn._type_registry": {"privlearn.errors"},
+                 "privlearn._opacus_names": set()}
 
 
 def _privlearn_imports(path: Path) -> set[str]:
