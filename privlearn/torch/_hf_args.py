@@ -77,9 +77,10 @@ class PrivacyArguments:
     dp_max_grad_norm : float, list, dict or str
         ``DPConfig.max_grad_norm``, the per-example clipping bound (default 1.0), which
         replaces ``TrainingArguments.max_grad_norm`` (the Trainer's clipping of the
-        averaged gradient, not used by a DPTrainer). A string, as a command line or an
-        environment variable gives it, is read as a number or as a JSON list or object
-        (per-layer bounds, ``clipping="per_layer"``).
+        averaged gradient, not used by a DPTrainer). A string is read as a number or as
+        a JSON list or object (per-layer bounds, ``clipping="per_layer"``). On a command
+        line ``HfArgumentParser`` reads a number only; per-layer bounds come from a JSON
+        or YAML file (``parse_json_file``, ``parse_yaml_file``) or from Python.
     dp_seed : int, optional
         ``DPConfig.seed``: the seed of the Poisson sampler and of the noise (default: fresh
         entropy). ``TrainingArguments.seed`` seeds the model's initialisation and the
