@@ -23,7 +23,9 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   run's randomness is secret: the keys of the sampler and of the noise (they replay the
   *next* steps' batches and noise, so with any model released after the checkpoint they
   would reveal an un-noised clipped gradient) and, with correlated noise, the last noises
-  themselves. DPTrainer writes that part only under ``private_state_dir`` (outside
+  themselves; so are the global generators' states (the Trainer's ``rng_state.pth``:
+  how far dropout advanced them follows the private batches, :mod:`privlearn.torch._hf_rng`).
+  DPTrainer writes that part only under ``private_state_dir`` (outside
   ``output_dir``), one file per checkpoint; a run with such state and checkpointing but no
   ``private_state_dir`` is refused when it is built. ``trainer.train(
   resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
@@ -145,6 +147,7 @@ from privlearn.torch._hf_fsdp import (
 )
 from privlearn.torch._hf_loss import sequence_classification_loss
 from privlearn.torch._hf_optim import OptimizerHandoff
+from privlearn.torch._hf_rng import global_rng_states, set_global_rng_states
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
 from privlearn.torch.losses import per_sequence_cross_entropy
@@ -598,6 +601,18 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ checkpoints
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Not into the checkpoint folder (``rng_state.pth``): how far the global
+        generators advanced depends on the private batches (:mod:`privlearn.torch._hf_rng`).
+        Kept for the private state file, written next."""
+        self._checkpoint_rng = global_rng_states()
+
+    def _load_rng_state(self, checkpoint) -> None:
+        """The global generators' states from the checkpoint's private state file."""
+        rng = (self._resume_state or {}).get("rng")
+        if checkpoint is not None and rng is not None:
+            set_global_rng_states(rng)
+
     def _save_privacy_state(self, folder: str) -> None:
         """Write the public part of the run's state into the checkpoint ``folder`` and
         the secret part (:func:`_secret_parts`) under ``private_state_dir``; without one,
@@ -607,6 +622,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         state.pop("model")  # the model and the optimizer are the Trainer's own files
         state.pop("optimizer")
         secret = {k: state.pop(k) for k in _secret_parts(self.privacy)}
+        rng = self.__dict__.pop("_checkpoint_rng", None)
         for path, ckpt in list(self._private_files.items()):
             if os.path.abspath(ckpt) == os.path.abspath(folder):  # being rewritten
                 _remove(path)
@@ -618,7 +634,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
             state["private_state"] = {"token": token, "parts": sorted(secret), "kept": kept}
             if kept:
                 path = _private_state_path(self.private_state_dir, folder, token)
-                _save_private({"format": _PRIVATE_FORMAT, "token": token,
+                _save_private({"format": _PRIVATE_FORMAT, "token": token, "rng": rng,
                                "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
@@ -681,11 +697,12 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         if secret.get("format") != _PRIVATE_FORMAT or secret.get("token") != info["token"]:
             raise ParameterValueError(f"{path} is not the private state of checkpoint "
                              f"{checkpoint!r} (its token differs)")
-        state.update({k: secret[k] for k in info["parts"]})
+        state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
         return state
 
     def _load_privacy_state(self, p: PrivateTraining, state: dict) -> None:
         state = dict(state)
+        state.pop("rng", None)  # the global generators': restored by _load_rng_state
         # the model and the optimizer are the Trainer's (loaded from the same checkpoint)
         state["model"] = p.model.state_dict()
         state["optimizer"] = p.optimizer.original_optimizer.state_dict()
