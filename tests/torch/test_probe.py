@@ -446,6 +446,23 @@ def test_a_buffer_written_from_the_batch_is_refused_before_the_first_step(assign
     torch.testing.assert_close(model.running, after_forward, rtol=0, atol=0)
 
 
+def test_a_running_extreme_written_from_the_batch_is_refused():
+    """A quantization observer keeps the per-feature minimum and maximum of the training
+    inputs in buffers (released with the state_dict, no noise). The step's own forward
+    had already moved them to the batch's extremes, so the probe's passes over a part of
+    that batch, started from there, left them unchanged and the run trained. The passes
+    now start from the buffers as they were before the step's forward: refused."""
+    from torch.ao.quantization import PerChannelMinMaxObserver
+
+    n = 16  # example i alone holds feature i's maximum
+    x = torch.diag(torch.arange(1.0, n + 1))
+    ds = TensorDataset(x, torch.arange(n) % 3)
+    torch.manual_seed(0)
+    model = nn.Sequential(PerChannelMinMaxObserver(ch_axis=1), nn.Linear(n, 3))
+    with pytest.raises(BatchDependenceError, match="buffer '0.max_val'.*state_dict"):
+        _first_step(model, ds)
+
+
 def test_a_buffer_the_data_does_not_reach_trains():
     """A step counter (the same whatever the examples hold) and a constant buffer read
     in the forward pass are no release of the data: the run trains."""
