@@ -833,6 +833,7 @@ class GradSampleTracker(ClippingMixin):
             raise
         finally:
             self._probing = False
+            self._probe_buffers = None
         self._probe_pending = False
 
 
