@@ -608,10 +608,13 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         self._checkpoint_rng = global_rng_states()
 
     def _load_rng_state(self, checkpoint) -> None:
-        """The global generators' states from the checkpoint's private state file."""
+        """The global generators' states from the checkpoint's private state file (from
+        its folder for a checkpoint written before they were kept there)."""
         rng = (self._resume_state or {}).get("rng")
         if checkpoint is not None and rng is not None:
             set_global_rng_states(rng)
+        else:
+            super()._load_rng_state(checkpoint)
 
     def _save_privacy_state(self, folder: str) -> None:
         """Write the public part of the run's state into the checkpoint ``folder`` and
