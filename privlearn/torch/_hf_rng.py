@@ -21,7 +21,7 @@ import random
 import numpy as np
 import torch
 
-__all__ = ["global_rng_states", "set_global_rng_states"]
+__all__ = ["RngStatesKeptPrivate", "global_rng_states", "set_global_rng_states"]
 
 
 def global_rng_states() -> dict:
@@ -44,3 +44,25 @@ def set_global_rng_states(states: dict) -> None:
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.random.set_rng_state_all(cuda)
+
+
+class RngStatesKeptPrivate:
+    """The Trainer methods :class:`~privlearn.torch.hf.DPTrainer` overrides to keep the
+    global generators' states out of the checkpoint folder (module docstring); a mixin
+    placed before ``transformers.Trainer``. The trainer's ``_save_privacy_state`` writes
+    ``_checkpoint_rng`` into the private state file, and its ``_resume_state`` brings it
+    back as ``"rng"``."""
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Not into the checkpoint folder (``rng_state.pth``): kept for the private state
+        file, written next."""
+        self._checkpoint_rng = global_rng_states()
+
+    def _load_rng_state(self, checkpoint) -> None:
+        """The states from the checkpoint's private state file (from its folder for a
+        checkpoint written before they were kept there)."""
+        rng = (getattr(self, "_resume_state", None) or {}).get("rng")
+        if checkpoint is not None and rng is not None:
+            set_global_rng_states(rng)
+        else:
+            super()._load_rng_state(checkpoint)

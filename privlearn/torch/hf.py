@@ -70,7 +70,8 @@ rebalanced or sequential batches: the DP sampler draws the batches),
 ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example),
 ``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
-sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error).
+sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
+``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
@@ -147,7 +148,7 @@ from privlearn.torch._hf_fsdp import (
 )
 from privlearn.torch._hf_loss import sequence_classification_loss
 from privlearn.torch._hf_optim import OptimizerHandoff
-from privlearn.torch._hf_rng import global_rng_states, set_global_rng_states
+from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
 from privlearn.torch.losses import per_sequence_cross_entropy
@@ -264,7 +265,7 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
+class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -365,6 +366,14 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         if a.label_smoothing_factor:
             raise ConfigurationError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
                              "computed per example by DPTrainer)")
+        alpha = getattr(self, "neftune_noise_alpha", None)  # the Trainer's copy of the arg
+        if alpha is not None or getattr(a, "neftune_noise_alpha", None) is not None:
+            raise ConfigurationError(
+                f"neftune_noise_alpha={alpha or a.neftune_noise_alpha!r} is not supported by "
+                "DPTrainer: "
+                "NEFTune scales every example's embedding noise by the batch's padded length, "
+                "so the longest example of a batch moves the others' gradients, which "
+                "per-example clipping does not bound. Leave neftune_noise_alpha=None")
         if self.compute_loss_func is not None:
             raise ConfigurationError(
                 "compute_loss_func is not supported by DPTrainer: the loss must be a mean of "
@@ -565,6 +574,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                     f"resume_from_checkpoint=True: no checkpoint in output_dir="
                     f"{self.args.output_dir!r}; a fresh run would report the epsilon of its "
                     "own steps only. Name the checkpoint folder, or train() without it")
+        self._refuse_unsupported()  # before the Trainer hooks anything (NEFTune) on the model
         if resume_from_checkpoint is not None:  # refused before anything runs
             self._refuse_resume_after_training(resume_from_checkpoint)
             self._resume_state = self._read_privacy_state(resume_from_checkpoint)
@@ -601,21 +611,6 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_rng_state(self, output_dir: str) -> None:
-        """Not into the checkpoint folder (``rng_state.pth``): how far the global
-        generators advanced depends on the private batches (:mod:`privlearn.torch._hf_rng`).
-        Kept for the private state file, written next."""
-        self._checkpoint_rng = global_rng_states()
-
-    def _load_rng_state(self, checkpoint) -> None:
-        """The global generators' states from the checkpoint's private state file (from
-        its folder for a checkpoint written before they were kept there)."""
-        rng = (self._resume_state or {}).get("rng")
-        if checkpoint is not None and rng is not None:
-            set_global_rng_states(rng)
-        else:
-            super()._load_rng_state(checkpoint)
-
     def _save_privacy_state(self, folder: str) -> None:
         """Write the public part of the run's state into the checkpoint ``folder`` and
         the secret part (:func:`_secret_parts`) under ``private_state_dir``; without one,
