@@ -434,6 +434,12 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         if not grid:
             raise ParameterValueError("param_grid is empty")
         candidates = [clone(self.estimator).set_params(**p) for p in grid]
+        unscorable = sorted({type(c).__name__ for c in candidates if not hasattr(c, "predict")})
+        if unscorable:  # found before the runs read the data, not after the first fit
+            raise ParameterTypeError(
+                f"PrivateSearchCV scores each run by its predictions, and {unscorable} has "
+                "no predict method; search over a regressor or classifier (a "
+                "PrivatePipeline ending in one for a scaler's settings)")
         fit_plans = tuple(c._plan(c._validate_params(), X, y)
                           if isinstance(c, PrivateEstimator) else None for c in candidates)
         fit_mechs = tuple(planned_mechanism(c, X, y) if fp is None else fp.mechanism

@@ -23,7 +23,9 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   run's randomness is secret: the keys of the sampler and of the noise (they replay the
   *next* steps' batches and noise, so with any model released after the checkpoint they
   would reveal an un-noised clipped gradient) and, with correlated noise, the last noises
-  themselves. DPTrainer writes that part only under ``private_state_dir`` (outside
+  themselves; so are the global generators' states (the Trainer's ``rng_state.pth``:
+  how far dropout advanced them follows the private batches, :mod:`privlearn.torch._hf_rng`).
+  DPTrainer writes that part only under ``private_state_dir`` (outside
   ``output_dir``), one file per checkpoint; a run with such state and checkpointing but no
   ``private_state_dir`` is refused when it is built. ``trainer.train(
   resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
@@ -68,7 +70,8 @@ rebalanced or sequential batches: the DP sampler draws the batches),
 ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example),
 ``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
-sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error).
+sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
+``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
@@ -145,6 +148,7 @@ from privlearn.torch._hf_fsdp import (
 )
 from privlearn.torch._hf_loss import sequence_classification_loss
 from privlearn.torch._hf_optim import OptimizerHandoff
+from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
 from privlearn.torch.losses import per_sequence_cross_entropy
@@ -261,7 +265,7 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
+class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -362,6 +366,14 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         if a.label_smoothing_factor:
             raise ConfigurationError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
                              "computed per example by DPTrainer)")
+        alpha = getattr(self, "neftune_noise_alpha", None)  # the Trainer's copy of the arg
+        if alpha is not None or getattr(a, "neftune_noise_alpha", None) is not None:
+            raise ConfigurationError(
+                f"neftune_noise_alpha={alpha or a.neftune_noise_alpha!r} is not supported by "
+                "DPTrainer: "
+                "NEFTune scales every example's embedding noise by the batch's padded length, "
+                "so the longest example of a batch moves the others' gradients, which "
+                "per-example clipping does not bound. Leave neftune_noise_alpha=None")
         if self.compute_loss_func is not None:
             raise ConfigurationError(
                 "compute_loss_func is not supported by DPTrainer: the loss must be a mean of "
@@ -562,6 +574,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
                     f"resume_from_checkpoint=True: no checkpoint in output_dir="
                     f"{self.args.output_dir!r}; a fresh run would report the epsilon of its "
                     "own steps only. Name the checkpoint folder, or train() without it")
+        self._refuse_unsupported()  # before the Trainer hooks anything (NEFTune) on the model
         if resume_from_checkpoint is not None:  # refused before anything runs
             self._refuse_resume_after_training(resume_from_checkpoint)
             self._resume_state = self._read_privacy_state(resume_from_checkpoint)
@@ -607,6 +620,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         state.pop("model")  # the model and the optimizer are the Trainer's own files
         state.pop("optimizer")
         secret = {k: state.pop(k) for k in _secret_parts(self.privacy)}
+        rng = self.__dict__.pop("_checkpoint_rng", None)
         for path, ckpt in list(self._private_files.items()):
             if os.path.abspath(ckpt) == os.path.abspath(folder):  # being rewritten
                 _remove(path)
@@ -618,7 +632,7 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
             state["private_state"] = {"token": token, "parts": sorted(secret), "kept": kept}
             if kept:
                 path = _private_state_path(self.private_state_dir, folder, token)
-                _save_private({"format": _PRIVATE_FORMAT, "token": token,
+                _save_private({"format": _PRIVATE_FORMAT, "token": token, "rng": rng,
                                "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
@@ -681,11 +695,12 @@ class DPTrainer(FSDP2Support, OptimizerHandoff, Trainer):
         if secret.get("format") != _PRIVATE_FORMAT or secret.get("token") != info["token"]:
             raise ParameterValueError(f"{path} is not the private state of checkpoint "
                              f"{checkpoint!r} (its token differs)")
-        state.update({k: secret[k] for k in info["parts"]})
+        state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
         return state
 
     def _load_privacy_state(self, p: PrivateTraining, state: dict) -> None:
         state = dict(state)
+        state.pop("rng", None)  # the global generators': restored by _load_rng_state
         # the model and the optimizer are the Trainer's (loaded from the same checkpoint)
         state["model"] = p.model.state_dict()
         state["optimizer"] = p.optimizer.original_optimizer.state_dict()

@@ -114,7 +114,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         Clipping bound used by the next step (recorded likewise).
     expected_batch_size : float
     last_grad_norms : tensor or None
-        Per-example gradient norms (before clipping) of the last physical batch.
+        Exact per-example norms (before clipping) of the last batch: unaccounted, never log.
     sampler : PoissonBatchSampler or FixedSizeBatchSampler
         The sampler whose batches the steps consume (its rate is what is accounted;
         read-only, as are ``sampling_rate`` and ``expected_batch_size``).

@@ -12,9 +12,10 @@ without gradients, on the first few examples of the batch: once on their own inp
 once with example ``j`` replaced by another example ``k`` of the batch, for ``j`` the first
 and then the last example (an operation accumulating over the batch in either direction
 reaches the others from one of them; every input tensor whose leading dimension is the
-batch; same random state for all runs, so dropout masks agree; buffers restored
-afterwards). For every recorded layer, the rows its inputs and
-outputs hold along each dimension of the batch's size are compared between the two runs:
+batch; same random state for all runs, so dropout masks agree; each run starts from the
+buffers as they were before the step's forward, and they are restored afterwards). For
+every recorded layer, the rows its inputs and outputs hold along each dimension of the
+batch's size are compared between the two runs (and so are the buffers the runs write):
 
 * the rows that changed are exactly row ``j`` along the dimension the engine uses for
   that layer: the layer is fine;
@@ -280,8 +281,10 @@ def _default_views(args, kwargs, output, dim: int) -> list:
 
 
 def _observe_run(tracker, args, kwargs, autocast, examples: int):
-    """One forward pass without gradients, same random state as the other run, model
-    buffers restored afterwards; returns the units' fingerprints and the output's."""
+    """One forward pass without gradients, same random state as the other run, from the
+    buffers as the tracker kept them before the step's forward (a running maximum that
+    forward already moved would otherwise read as constant), restored afterwards; returns
+    the units' fingerprints, the output's and the buffers the pass wrote."""
     model = tracker.model
     col = _Collector(tracker, examples)
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
@@ -289,6 +292,12 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
     # by slot: a forward may assign a new tensor to a buffer's name as well as update it
     saved = [(mod, name, b, b.detach().clone()) for mod in model.modules()
              for name, b in mod._buffers.items() if b is not None]
+    # each run starts from the buffers as they were before the step's forward (when the
+    # tracker kept them and the layout is the same): a buffer that forward already moved
+    # to where the probe's rows cannot move it (a running maximum) would read as constant
+    start = getattr(tracker, "_probe_buffers", None)
+    if start is None or len(start) != len(saved):
+        start = [v for *_, v in saved]
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
     written = {}
     try:
@@ -298,13 +307,18 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
             stack.enter_context(tracker.forward_batch_size(examples))  # broadcast inputs
             for dev, dtype in autocast:
                 stack.enter_context(torch.autocast(dev, dtype=dtype))
+            for (mod, name, b, _), v in zip(saved, start, strict=True):
+                if v.shape == b.shape and v.dtype == b.dtype:
+                    b.copy_(v)
+                else:  # a buffer the forward sized (an observer's, empty before)
+                    mod._buffers[name] = v.clone()
             torch.manual_seed(0x5EED)
             out = model(*args, **kwargs)
         flat, _ = tree_flatten(out)
         outs = [o for o in flat if isinstance(o, torch.Tensor) and o.is_floating_point()]
         root = [col._print(o, 0) for o in outs[:1]]
-        for i, (mod, name, _, v) in enumerate(saved):  # the buffers the forward wrote
-            now = mod._buffers.get(name)
+        for i, ((mod, name, _, _), v) in enumerate(zip(saved, start, strict=True)):
+            now = mod._buffers.get(name)  # the buffers the forward wrote
             if now is not None and not (now.shape == v.shape and torch.equal(now, v)):
                 written[i] = now.detach().clone()
     finally:

@@ -289,6 +289,7 @@ class GradSampleTracker(ClippingMixin):
         self._probe_enabled = bool(check_independence)
         self._probe_pending = self._probe_enabled
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
+        self._probe_buffers = None  # the model's buffers before that forward
         #: what is left of the step's budget of materialised per-example gradients
         #: (:data:`~privlearn.torch.grad_sample.STEP_MATERIALISE_BUDGET_BYTES`), shared by
         #: the rules evaluated during backward and those evaluated at the step
@@ -514,6 +515,11 @@ class GradSampleTracker(ClippingMixin):
             *((k, weakref.ref(v)) for k, v in kwargs.items() if isinstance(v, torch.Tensor))]
         if self._probe_pending and self._probe_inputs is None:
             self._probe_inputs = (args, dict(kwargs), _autocast_state())
+            # the buffers before this forward: the probe's passes start from them, so that
+            # a buffer this forward already moved (a running maximum) still shows that it
+            # follows the batch
+            self._probe_buffers = [b.detach().clone() for m in self.model.modules()
+                                   for b in m._buffers.values() if b is not None]
         return None
 
     @contextlib.contextmanager
@@ -771,7 +777,7 @@ class GradSampleTracker(ClippingMixin):
         self._in_backward = False
         if not self.records:
             self._captured = {}
-            self._probe_inputs = None
+            self._probe_inputs = self._probe_buffers = None
 
     def clear(self) -> None:
         self.outside_uses = set()
@@ -779,7 +785,7 @@ class GradSampleTracker(ClippingMixin):
         self._captured = {}
         self._backward_passes = 0
         self._in_backward = False
-        self._probe_inputs = None
+        self._probe_inputs = self._probe_buffers = None
 
     def detach(self) -> None:
         """Remove the hooks and put the handled parameters back."""
@@ -827,6 +833,7 @@ class GradSampleTracker(ClippingMixin):
             raise
         finally:
             self._probing = False
+            self._probe_buffers = None
         self._probe_pending = False
 
 

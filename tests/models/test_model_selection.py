@@ -9,9 +9,9 @@ import pytest
 from sklearn.model_selection import ParameterGrid
 
 from privlearn.accounting import Laplace, compose
-from privlearn.errors import BudgetExceededError
+from privlearn.errors import BudgetExceededError, ParameterTypeError
 from privlearn.ledger import Ledger
-from privlearn.models import AdaSSPRegressor, DPSGDClassifier
+from privlearn.models import AdaSSPRegressor, DPSGDClassifier, PrivateStandardScaler
 from privlearn.models.model_selection import PrivateSearchCV, planned_mechanism
 
 FITS: list[dict] = []
@@ -129,6 +129,20 @@ def test_search_spends_on_the_ledger_before_reading_data(data, tmp_path):
     s = PrivateSearchCV(_est(), GRID, method="composition", loss_bound=36.0,
                         ledger=led2.budget("d")).fit(X, y)
     assert led2.mechanism("d") == compose([s.mechanism_])
+
+
+def test_a_candidate_without_predict_is_refused_before_the_data_is_read(data, tmp_path):
+    """A scaler has nothing to score: refused while planning, nothing charged (it used
+    to fit the first run, then fail on ``predict`` with the search's budget spent)."""
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    search = PrivateSearchCV(PrivateStandardScaler(feature_range=(-1, 1)),
+                             {"quantile": [None, 0.01]}, method="composition",
+                             loss_bound=1.0, ledger=led.budget("d"))
+    with pytest.raises(ParameterTypeError, match=r"\['PrivateStandardScaler'\] has no predict"):
+        search.fit(X, y)
+    assert led.spent("d").entries == 0
 
 
 def test_public_validation_scores_cost_nothing(data):

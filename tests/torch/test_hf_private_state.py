@@ -10,6 +10,7 @@ that would lose or leak it is refused with the reason."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 
 import pytest
@@ -230,3 +231,71 @@ def test_the_privacy_state_goes_to_the_checkpoint_this_run_wrote(tmp_path):
     fresh = ckpt(tmp_path / "run-1" / "checkpoint-4", age=0)
     assert checkpoint_folder(tmp_path, 4, started) == fresh != stale
     assert checkpoint_folder(tmp_path, 5, started) is None
+
+
+class _Lengths(torch.utils.data.Dataset):
+    """Token sequences of private lengths 2 to 4, or ``T`` for row ``long_row``."""
+
+    def __init__(self, long_row=None):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(1, 48, (64, 10), generator=g)
+        self.lengths = torch.randint(2, 5, (64,), generator=g)
+        if long_row is not None:
+            self.lengths[long_row] = 10
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        ids = self.ids[i, : int(self.lengths[i])]
+        return {"input_ids": ids, "labels": ids}
+
+
+def _pad(rows):
+    """Padding to the longest row of the batch (as DataCollatorWithPadding does)."""
+    t = max([len(r["input_ids"]) for r in rows], default=1)
+    ids, mask = torch.zeros(len(rows), t, dtype=torch.long), torch.zeros(len(rows), t,
+                                                                         dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r["input_ids"])], mask[i, : len(r["input_ids"])] = r["input_ids"], 1
+    return {"input_ids": ids, "attention_mask": mask,
+            "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def test_global_generator_states_stay_out_of_checkpoints(tmp_path):
+    """Dropout draws one number per element of the padded batch, so how far torch's
+    generator advanced follows the private batch sizes and sequence lengths; the Trainer
+    saved its state (``rng_state.pth``) in every checkpoint folder. Two neighbouring
+    training sets (one row made longer), the same seeds: every file of the checkpoint but
+    the accounted ones (the model, the optimizer's state, the privacy state with its random
+    token) is now byte for byte the same. The states go to the private file, and a run
+    resumed from it (dropout on) ends bit for bit where the uninterrupted one did."""
+    out, private = tmp_path / "out", tmp_path / "private"
+    args = _args(out, max_steps=4, save_strategy="steps", save_steps=2)
+    pa = PrivacyArguments(noise_multiplier=1.0, seed=0)
+    accounted = {"model.safetensors", "optimizer.pt", PRIVACY_STATE_NAME}
+
+    def train(data, model=None, **kw):
+        tr = DPTrainer(model=model or _llama(dropout=0.5), args=args, train_dataset=data,
+                       data_collator=_pad, privacy=pa, private_state_dir=private)
+        tr.train(**kw)
+        return tr
+
+    released = []
+    for long_row in (7, None):  # row 7 is in the second batch of this seed
+        train(_Lengths(long_row))
+        ckpt = out / "checkpoint-2"
+        released.append({f: (ckpt / f).read_bytes() for f in os.listdir(ckpt)
+                         if f not in accounted})
+        if long_row is not None:
+            shutil.rmtree(out)
+            shutil.rmtree(private)
+    assert released[0].keys() == released[1].keys()
+    differ = [f for f in released[0] if released[0][f] != released[1][f]]
+    assert not differ, f"released checkpoint files depend on the private data: {differ}"
+    assert not any(f.startswith("rng_state") for f in released[0])
+    assert torch.load(_private_file(private, str(ckpt)), weights_only=False)["rng"]["cpu"].numel()
+    a = train(_Lengths())  # the same run again (the same files), and one resumed
+    b = train(_Lengths(), model=_llama(seed=5, dropout=0.5), resume_from_checkpoint=str(ckpt))
+    for (name, u), v in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0, msg=name)

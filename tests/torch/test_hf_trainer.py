@@ -731,6 +731,39 @@ def test_auto_find_batch_size_is_refused(tmp_path):
                       auto_find_batch_size=True)
 
 
+def test_neftune_is_refused(tmp_path):
+    """NEFTune adds uniform noise of magnitude ``alpha / sqrt(L d)`` to the embeddings,
+    ``L`` the batch's padded length: under the same random state, example 0's noise is
+    twice as large next to an example of its own length (3) as next to one of length 12,
+    so its gradient follows another example's length (the probe, which swaps examples
+    of one padded batch, cannot see it). DPTrainer trained with it; now refused when it
+    is built."""
+    from transformers.integrations.neftune import neftune_post_forward_hook
+
+    emb = torch.nn.Embedding(10, 4)
+    emb.neftune_noise_alpha = 5.0
+    emb.register_forward_hook(neftune_post_forward_hook)
+
+    def noise_of_example_0(padded):  # example 0: three tokens, padded to the batch's longest
+        ids = torch.zeros(2, padded, dtype=torch.long)
+        ids[0, :3] = 1
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return emb(ids)[0, :3] - emb.weight[1]
+
+    torch.testing.assert_close(noise_of_example_0(3), 2 * noise_of_example_0(12))
+    _refused_at_build(tmp_path, r"neftune_noise_alpha=5\.0.*padded length",
+                      neftune_noise_alpha=5.0)
+    model = _llama()  # set on the trainer after it was built: refused at train, no hook left
+    tr = DPTrainer(model=model, args=_args(tmp_path), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0))
+    tr.neftune_noise_alpha = 5.0
+    with pytest.raises(ValueError, match="neftune_noise_alpha=5.0"):
+        tr.train()
+    assert tr.privacy_engine is None
+    assert all(not m._forward_hooks for m in model.modules())
+
+
 @pytest.mark.parametrize("setting", [{"label_smoothing_factor": 0.1},
                                      {"train_sampling_strategy": "group_by_length"}])
 def test_refused_settings_set_after_the_trainer_was_built_are_refused_at_train(tmp_path,

@@ -446,6 +446,54 @@ def test_a_buffer_written_from_the_batch_is_refused_before_the_first_step(assign
     torch.testing.assert_close(model.running, after_forward, rtol=0, atol=0)
 
 
+def test_a_running_extreme_written_from_the_batch_is_refused():
+    """A quantization observer keeps the per-feature minimum and maximum of the training
+    inputs in buffers (released with the state_dict, no noise). The step's own forward
+    had already moved them to the batch's extremes, so the probe's passes over a part of
+    that batch, started from there, left them unchanged and the run trained. The passes
+    now start from the buffers as they were before the step's forward: refused."""
+    from torch.ao.quantization import PerChannelMinMaxObserver
+
+    n = 16  # example i alone holds feature i's maximum
+    x = torch.diag(torch.arange(1.0, n + 1))
+    ds = TensorDataset(x, torch.arange(n) % 3)
+    torch.manual_seed(0)
+    model = nn.Sequential(PerChannelMinMaxObserver(ch_axis=1), nn.Linear(n, 3))
+    with pytest.raises(BatchDependenceError, match="buffer '0.max_val'.*state_dict"):
+        _first_step(model, ds)
+
+
+class _ActNorm(nn.Module):
+    """Glow's ActNorm (Kingma & Dhariwal 2018): its shift and log-scale initialised from
+    the first batch's mean and standard deviation, a buffer flag set once done."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.loc, self.logs = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
+        self.register_buffer("initialized", torch.tensor(0, dtype=torch.uint8))
+
+    def forward(self, x):
+        if self.initialized.item() == 0:
+            with torch.no_grad():
+                self.loc.copy_(-x.mean(0))
+                self.logs.copy_(-torch.log(x.std(0) + 1e-6))
+                self.initialized.fill_(1)
+        return (x + self.loc) * torch.exp(self.logs)
+
+
+def test_a_layer_initialised_from_the_first_batch_is_refused():
+    """Data-dependent initialisation sets parameters to the first batch's exact mean, no
+    noise: the step's forward had already set the flag, so the probe's passes (started
+    from there) saw no mixing and the run trained with the mean in ``loc``. They now
+    start from the buffers before that forward, initialise on their own rows, and the
+    mixing shows."""
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(64, 6), torch.randint(0, 3, (64,)))
+    model = nn.Sequential(_ActNorm(6), nn.Linear(6, 3))
+    with pytest.raises(BatchDependenceError, match=r"mixed.*layer 0 \(_ActNorm\)"):
+        _first_step(model, ds)
+
+
 def test_a_buffer_the_data_does_not_reach_trains():
     """A step counter (the same whatever the examples hold) and a constant buffer read
     in the forward pass are no release of the data: the run trains."""
