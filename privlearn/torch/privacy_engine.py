@@ -43,6 +43,7 @@ from privlearn.errors import (
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _check_given_sampler,
+    _check_optimizer_step,
     _guard_token_level_labels,
     _per_layer_bounds,
     _shared_seed,
@@ -407,6 +408,7 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ParameterTypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    _check_optimizer_step(optimizer)
     check_not_attached(inner)
     _warn_unoptimised(inner, optimizer)
     if not model.training:

@@ -819,3 +819,26 @@ def test_a_frozen_batchnorm_with_its_statistics_trains_the_rest(oracle):
     with pytest.raises(BatchDependenceError):
         p.optimizer.step()
     assert p.accountant.steps == 1
+
+
+@pytest.mark.parametrize("make_opt,named", [
+    (lambda m: torch.optim.LBFGS(m.parameters()), "closure"),
+    (lambda m: torch.optim.SparseAdam(list(m[0].parameters())), "sparse"),
+])
+def test_optimizer_whose_step_cannot_take_the_dp_gradient_is_refused_at_make_private(
+        make_opt, named):
+    """LBFGS's step requires a closure (the DP step calls the wrapped step() once, without
+    one) and SparseAdam refuses the dense noisy gradient: accepted, either raised inside
+    the first optimizer.step(), after its noisy gradient was released and accounted."""
+    model = nn.Sequential(nn.Embedding(5, 4), nn.Flatten(), nn.Linear(8, 3))
+    ds = TensorDataset(torch.randint(0, 5, (32, 2)), torch.randint(0, 3, (32,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SparseAdam holds only the embedding
+        with pytest.raises(TypeError, match=named):
+            make_private(model, make_opt(model), DataLoader(ds, batch_size=8),
+                         noise_multiplier=1.0)
+    # the model is left as it was: a first-order optimizer trains it
+    p = make_private(model, torch.optim.Adam(model.parameters()),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0)
+    _train(p, 1)
+    assert p.accountant.steps == 1
