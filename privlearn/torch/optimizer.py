@@ -316,8 +316,8 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             A parameter of the group is not a parameter of the model: its gradient could
             not be clipped per example.
         """
-        params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        params = group["params"]  # read once: a generator (module.parameters()) is then spent
+        params = group["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
         owned = {id(q) for q in self.tracker.model.parameters()}
         foreign = [tuple(q.shape) for q in params if id(q) not in owned]
         if foreign:
