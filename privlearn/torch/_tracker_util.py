@@ -297,11 +297,29 @@ class _Hook:
     def __copy__(self):  # copied as the function it replaces was: the same hook
         return self
 
-    def __deepcopy__(self, memo):
-        return self
+    def __deepcopy__(self, memo):  # a deep copy of the model is not the engine's: see below
+        return _CopiedHook()
 
     def __repr__(self) -> str:
         return f"<privlearn hook {getattr(self.fn, '__qualname__', self.fn)!r}>"
+
+
+class _CopiedHook:
+    """What a deep copy of an attached model (``copy.deepcopy(p.model)``: an EMA or
+    reference model, ``torch.optim.swa_utils.AveragedModel``) holds in place of each
+    engine hook: nothing. The copy's layers are not the engine's; the hook of the
+    original, bound to the original's layers, recorded the copy's calls as calls of the
+    original's layers (their gradients were added to the original's parameters, and the
+    copy could not be made private itself) and swapped the original's parameters. The
+    copy is a plain model: it trains, pickles and can be made private as any module."""
+
+    __slots__ = ()
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+    def __repr__(self) -> str:
+        return "<privlearn hook of the model this one was copied from: inactive>"
 
 
 _eager = _Hook
