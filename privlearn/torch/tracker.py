@@ -289,6 +289,7 @@ class GradSampleTracker(ClippingMixin):
         self._probe_enabled = bool(check_independence)
         self._probe_pending = self._probe_enabled
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
+        self._probe_later: list = []  # those of the later forwards (the first may be stray)
         #: what is left of the step's budget of materialised per-example gradients
         #: (:data:`~privlearn.torch.grad_sample.STEP_MATERIALISE_BUDGET_BYTES`), shared by
         #: the rules evaluated during backward and those evaluated at the step
@@ -512,9 +513,25 @@ class GradSampleTracker(ClippingMixin):
             *((f"positional argument {i}", weakref.ref(v)) for i, v in enumerate(args)
               if isinstance(v, torch.Tensor)),
             *((k, weakref.ref(v)) for k, v in kwargs.items() if isinstance(v, torch.Tensor))]
-        if self._probe_pending and self._probe_inputs is None:
-            self._probe_inputs = (args, dict(kwargs), _autocast_state())
+        if self._probe_pending:
+            seen = (args, dict(kwargs), _autocast_state())
+            if self._probe_inputs is None:
+                self._probe_inputs, self._probe_later = seen, []
+            elif len(self._probe_later) < 8:
+                self._probe_later.append(seen)
         return None
+
+    def _step_inputs(self, examples: int | None):
+        """The inputs the probe runs on: those of the first forward since the last step
+        whose batched inputs hold the step's ``examples`` rows (an earlier forward with
+        gradients may be a stray one, a shape check on a few examples before training,
+        that no backward used), else the first forward's."""
+        first = self._probe_inputs
+        for seen in () if first is None else (first, *self._probe_later):
+            if any(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples
+                   for t in tree_flatten((seen[0], seen[1]))[0]):
+                return seen
+        return first
 
     @contextlib.contextmanager
     def forward_batch_size(self, examples: int):
@@ -812,7 +829,7 @@ class GradSampleTracker(ClippingMixin):
                     if r.has_grad() and n != examples:
                         self.clear()
                         raise BatchDependenceError(_mismatch_message(unit, n, examples, r))
-        inputs, self._probe_inputs = self._probe_inputs, None
+        inputs, self._probe_inputs = self._step_inputs(examples), None
         if inputs is None or not self.records or examples is None or examples < 2:
             return
         from privlearn.torch.probe import probe

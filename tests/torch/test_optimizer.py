@@ -376,3 +376,24 @@ def test_the_public_pieces_of_a_step_are_accounted_as_one(make_data, make_mlp):
     with pytest.raises(TrainingLoopError, match="without a new batch"):
         p.optimizer.step()
     assert p.accountant.steps == 3
+
+
+def test_the_loop_goes_on_once_the_cause_of_a_refused_step_is_fixed(make_data, make_mlp):
+    """A step refused by a check of the model (here a layer left in eval mode) released
+    nothing; its batch is dropped, so that after the fix the next batch trains (the
+    refused batch stayed pending and every later step was refused for two batches
+    drawn)."""
+    model = make_mlp(act=nn.Tanh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=0)
+    model[2].eval()
+    it = iter(p.data_loader)
+    x, y = next(it)
+    with pytest.raises(TrainingLoopError, match="eval mode"):
+        _step(p, x, y)
+    assert p.accountant.steps == 0
+    model.train()
+    for done in (1, 2):
+        x, y = next(it)
+        _step(p, x, y)
+        assert p.accountant.steps == done

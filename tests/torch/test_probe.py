@@ -507,3 +507,37 @@ def test_a_sequence_first_batch_from_the_collate_fn_is_named():
                        r".*collate_fn.*transpose"):
         p.optimizer.step()
     assert p.accountant.steps == 0
+
+
+class _Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(E, 3)
+
+    def forward(self, x):
+        return self.lin(x.mean(1))
+
+
+@pytest.mark.parametrize("make, mixes", [(_Pooled, False), (_Centered, True)])
+def test_a_forward_on_a_few_examples_before_training_is_not_what_the_probe_runs_on(
+        make, mixes):
+    """A shape check in training mode before the loop (``print(model(x[:2]).shape)``):
+    the probe runs on the forward of the step's batch, so an independent model trains and
+    a mixing one is still refused (the probe ran on the stray forward's inputs and refused
+    every model: none of them held the step's batch)."""
+    torch.manual_seed(0)
+    model = make()
+    ds = _seqs()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0, seed=0)
+    model(ds.tensors[0][:2])
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    if mixes:
+        with pytest.raises(BatchDependenceError, match="lin"):
+            p.optimizer.step()
+        assert p.accountant.steps == 0
+    else:
+        p.optimizer.step()
+        assert p.accountant.steps == 1
