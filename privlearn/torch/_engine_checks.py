@@ -63,6 +63,28 @@ def _check_optimizer_step(optimizer: torch.optim.Optimizer) -> None:
             "AdamW, ...). Nothing was changed")
 
 
+def _check_loadable(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Refuse, before anything is loaded, a checkpoint whose model or optimizer state does
+    not fit this run's (another architecture, other parameter groups): loading it failed
+    half-way, after the privacy history (and torch, some of the weights) had been loaded,
+    so the run could neither train as it was nor load the right checkpoint."""
+    own, saved = model.state_dict(), state.get("model", {})
+    diff = [f"missing {k!r}" for k in own if k not in saved][:3]
+    diff += [f"unexpected {k!r}" for k in saved if k not in own][:3]
+    diff += [f"{k!r}: saved shape {tuple(v.shape)}, here {tuple(own[k].shape)}"
+             for k, v in saved.items() if k in own and isinstance(v, torch.Tensor)
+             and isinstance(own[k], torch.Tensor) and v.shape != own[k].shape][:3]
+    groups = [len(g["params"]) for g in state.get("optimizer", {}).get("param_groups", [])]
+    mine = [len(g["params"]) for g in optimizer.param_groups]
+    if groups != mine:
+        diff.append(f"optimizer parameters per group: saved {groups}, here {mine}")
+    if diff:
+        raise ConfigurationError(
+            "the saved state does not fit this run's model and optimizer (" + "; ".join(diff)
+            + "): build the same model and optimizer as the run that saved it, then "
+            "make_private with the same arguments. Nothing was loaded")
+
+
 def _shared_seed(seed: int | None, process_group=None) -> int:
     """A sampling seed equal on every rank: ``seed`` itself, or fresh OS entropy drawn on
     the group's first rank and broadcast."""

@@ -43,6 +43,7 @@ from privlearn.errors import (
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _check_given_sampler,
+    _check_loadable,
     _check_optimizer_step,
     _guard_token_level_labels,
     _per_layer_bounds,
@@ -295,6 +296,7 @@ class PrivateTraining:
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments"
                              + _strategy_hint(theirs, mine))
+        _check_loadable(self.model, self.optimizer.original_optimizer, state)
         # the history first: a state it refuses leaves the run as it was
         self.accountant.load_state_dict(state["accountant"])
         self.model.load_state_dict(state["model"])

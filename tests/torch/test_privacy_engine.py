@@ -842,3 +842,30 @@ def test_optimizer_whose_step_cannot_take_the_dp_gradient_is_refused_at_make_pri
                      DataLoader(ds, batch_size=8), noise_multiplier=1.0)
     _train(p, 1)
     assert p.accountant.steps == 1
+
+
+@pytest.mark.parametrize("other", ["architecture", "param_groups"])
+def test_a_checkpoint_that_does_not_fit_the_model_is_refused_before_anything_is_loaded(other):
+    """load_state_dict of a checkpoint saved from another model (or another optimizer
+    layout) is refused with nothing loaded: it failed in the model's own load, after the
+    privacy history (and some of the weights) had been loaded, so the run then neither
+    trained from its own start nor accepted the right checkpoint ("already taken steps")."""
+    saved = _private(seed=0)
+    _train(saved, 2)
+    state = saved.state_dict()
+    if other == "architecture":
+        model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        model = _mlp()
+        opt = torch.optim.SGD([{"params": model[0].parameters()},
+                               {"params": model[2].parameters()}], lr=0.1, momentum=0.9)
+    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(ValueError, match="does not fit"):
+        p.load_state_dict(state)
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    _train(p, 1)
+    assert p.accountant.steps == 1
