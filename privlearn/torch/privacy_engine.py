@@ -459,6 +459,11 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
         raise ParameterTypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
     check_map_style(data_loader.dataset)
+    if len(data_loader.dataset) == 0:
+        raise ParameterValueError(
+            "data_loader's dataset is empty (len(dataset) == 0): the sampling rate "
+            "batch_size / len(dataset) is undefined and there is nothing to train on. Pass "
+            "the loader of the training set")
     rank, world = world_info(process_group)
     if world > 1 and (cfg.correlated or cfg.users is not None
                       or not SAMPLINGS[cfg.sampling].distributed):

@@ -869,3 +869,12 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_refused_before_anything_is_
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     _train(p, 1)
     assert p.accountant.steps == 1
+
+
+def test_an_empty_dataset_is_refused_with_a_typed_error():
+    """An empty training set: a ValueError naming the dataset (it was a ZeroDivisionError
+    from the sampling rate)."""
+    empty = TensorDataset(torch.randn(0, 6), torch.randint(0, 3, (0,)))
+    for sampling in ("poisson", "fixed"):
+        with pytest.raises(ValueError, match="dataset is empty"):
+            _private(ds=empty, sampling=sampling)
