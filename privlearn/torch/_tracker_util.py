@@ -220,6 +220,16 @@ def _autocast_state() -> tuple:
 def _mismatch_message(unit: Unit, seen: int, examples: int, rec: Record | None = None) -> str:
     """Why a layer that saw ``seen`` rows of a batch of ``examples`` examples cannot be
     clipped per example."""
+    why = _mismatch_reason(unit, seen, examples, rec)
+    if examples == 0:
+        return why
+    return why + (" If the layer's input has no batch dimension at all (an embedding of "
+                  "torch.arange(T), a layer applied to a parameter or a constant table), "
+                  "give it a leading one of size 1 (pos[None]): the engine expands it to "
+                  "one row per example.")
+
+
+def _mismatch_reason(unit: Unit, seen: int, examples: int, rec: Record | None = None) -> str:
     base = (f"layer {unit.name!r} ({type(unit.module).__name__}) saw {seen} rows on its "
             f"batch dimension {unit.batch_dim}, but p.data_loader delivered {examples} "
             "examples for this step: per-example clipping needs one row per example. ")
