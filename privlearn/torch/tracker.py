@@ -310,7 +310,12 @@ class GradSampleTracker(ClippingMixin):
         check_not_attached(model)
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
-        self._install()
+        try:
+            self._install()
+        except BaseException:  # the model is left as it was: no hook of a tracker not made
+            self._uninstall()
+            self._root_handle.remove()
+            raise
         me = weakref.ref(self)
         for module in model.modules():
             _ATTACHED[module] = me
