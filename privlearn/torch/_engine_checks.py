@@ -1,11 +1,13 @@
 """Checks and helpers of :func:`privlearn.torch.make_private`: positive numbers, the
-sampling seed shared by all ranks, per-layer clipping bounds, which data loaders can be
-accounted (and with which batch size), and token-level labels; moved out of
+sampling seed shared by all ranks, per-layer clipping bounds, optimizers whose step the
+DP step cannot drive, which data loaders can be accounted (and with which batch size),
+and token-level labels; moved out of
 :mod:`privlearn.torch.privacy_engine`, which still imports (re-exports) every name.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import secrets
 import warnings
@@ -23,6 +25,64 @@ from privlearn.torch.data import FixedSizeBatchSampler, PoissonBatchSampler
 def _check_pos(name: str, value, allow_inf: bool = False) -> float:
     """A number > 0 (finite unless ``allow_inf``), by :mod:`privlearn._validation`."""
     return _v.check_positive(name, value, allow_inf=allow_inf)
+
+
+#: Optimizer classes whose ``step`` cannot apply the DP gradient, with the reason and what
+#: to use instead (besides those whose ``step`` requires a closure, refused by signature).
+REFUSED_OPTIMIZERS: dict[type, str] = {
+    torch.optim.SparseAdam: "it updates only from sparse gradients, and the DP gradient is "
+                            "dense (the noise is added to every row of an embedding, not "
+                            "only to the rows the batch used); use torch.optim.Adam",
+}
+
+
+def _check_optimizer_step(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse, before anything is built, an optimizer whose ``step`` the DP step cannot
+    drive: one whose ``step`` requires a closure (``torch.optim.LBFGS``: it re-evaluates
+    the loss of the batch several times per step, and its line search compares loss
+    values computed from the private batch without noise; the DP step calls the wrapped
+    ``step()`` once, with the clipped, noised gradient), or one of
+    :data:`REFUSED_OPTIMIZERS`. Accepted, either would fail inside the first
+    ``optimizer.step()``, after the noisy gradient was released and accounted."""
+    name = type(optimizer).__name__
+    for cls, why in REFUSED_OPTIMIZERS.items():
+        if isinstance(optimizer, cls):
+            raise ParameterTypeError(
+                f"optimizer {name} cannot run the DP step: {why}. Nothing was changed")
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):  # a step without an inspectable signature
+        return
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ParameterTypeError(
+            f"optimizer {name} requires a closure in step(): it re-evaluates the loss of "
+            "the batch several times per step (its line search compares loss values of the "
+            "private batch, which no noise covers), while DP-SGD releases one clipped, "
+            "noised gradient per batch and calls the wrapped step() once with it. Use a "
+            "first-order optimizer whose closure is optional (torch.optim.SGD, Adam, "
+            "AdamW, ...). Nothing was changed")
+
+
+def _check_loadable(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Refuse, before anything is loaded, a checkpoint whose model or optimizer state does
+    not fit this run's (another architecture, other parameter groups): loading it failed
+    half-way, after the privacy history (and torch, some of the weights) had been loaded,
+    so the run could neither train as it was nor load the right checkpoint."""
+    own, saved = model.state_dict(), state.get("model", {})
+    diff = [f"missing {k!r}" for k in own if k not in saved][:3]
+    diff += [f"unexpected {k!r}" for k in saved if k not in own][:3]
+    diff += [f"{k!r}: saved shape {tuple(v.shape)}, here {tuple(own[k].shape)}"
+             for k, v in saved.items() if k in own and isinstance(v, torch.Tensor)
+             and isinstance(own[k], torch.Tensor) and v.shape != own[k].shape][:3]
+    groups = [len(g["params"]) for g in state.get("optimizer", {}).get("param_groups", [])]
+    mine = [len(g["params"]) for g in optimizer.param_groups]
+    if groups != mine:
+        diff.append(f"optimizer parameters per group: saved {groups}, here {mine}")
+    if diff:
+        raise ConfigurationError(
+            "the saved state does not fit this run's model and optimizer (" + "; ".join(diff)
+            + "): build the same model and optimizer as the run that saved it, then "
+            "make_private with the same arguments. Nothing was loaded")
 
 
 def _shared_seed(seed: int | None, process_group=None) -> int:

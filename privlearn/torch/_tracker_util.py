@@ -220,6 +220,16 @@ def _autocast_state() -> tuple:
 def _mismatch_message(unit: Unit, seen: int, examples: int, rec: Record | None = None) -> str:
     """Why a layer that saw ``seen`` rows of a batch of ``examples`` examples cannot be
     clipped per example."""
+    why = _mismatch_reason(unit, seen, examples, rec)
+    if examples == 0:
+        return why
+    return why + (" If the layer's input has no batch dimension at all (an embedding of "
+                  "torch.arange(T), a layer applied to a parameter or a constant table), "
+                  "give it a leading one of size 1 (pos[None]): the engine expands it to "
+                  "one row per example.")
+
+
+def _mismatch_reason(unit: Unit, seen: int, examples: int, rec: Record | None = None) -> str:
     base = (f"layer {unit.name!r} ({type(unit.module).__name__}) saw {seen} rows on its "
             f"batch dimension {unit.batch_dim}, but p.data_loader delivered {examples} "
             "examples for this step: per-example clipping needs one row per example. ")
@@ -297,11 +307,29 @@ class _Hook:
     def __copy__(self):  # copied as the function it replaces was: the same hook
         return self
 
-    def __deepcopy__(self, memo):
-        return self
+    def __deepcopy__(self, memo):  # a deep copy of the model is not the engine's: see below
+        return _CopiedHook()
 
     def __repr__(self) -> str:
         return f"<privlearn hook {getattr(self.fn, '__qualname__', self.fn)!r}>"
+
+
+class _CopiedHook:
+    """What a deep copy of an attached model (``copy.deepcopy(p.model)``: an EMA or
+    reference model, ``torch.optim.swa_utils.AveragedModel``) holds in place of each
+    engine hook: nothing. The copy's layers are not the engine's; the hook of the
+    original, bound to the original's layers, recorded the copy's calls as calls of the
+    original's layers (their gradients were added to the original's parameters, and the
+    copy could not be made private itself) and swapped the original's parameters. The
+    copy is a plain model: it trains, pickles and can be made private as any module."""
+
+    __slots__ = ()
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+    def __repr__(self) -> str:
+        return "<privlearn hook of the model this one was copied from: inactive>"
 
 
 _eager = _Hook

@@ -200,7 +200,9 @@ class PrivacyAccountant:
                 extra: Segment | None = None) -> float:
         """Certified upper bound on epsilon at ``delta`` for the steps taken so far (and
         ``extra`` steps after them): 0 before any step, ``inf`` if any step ran without
-        noise."""
+        noise. A ``delta`` outside [0, 1] is refused whatever the history (it once
+        answered 0 before the first step and ``inf`` after a step without noise)."""
+        delta = _v.check_delta("delta", delta, allow_one=True)
         segs = [*self._segments, *(() if extra is None else (extra,))]
         if not any(seg.steps > 0 for seg in segs) and self._prior is None:
             return 0.0

@@ -174,6 +174,7 @@ class ShardedTracker(GradSampleTracker):
             return
         import torch.distributed as dist
 
+        self._probe_inputs = self._step_inputs(examples)
         ready = (examples is not None and examples >= 2 and self._probe_inputs is not None
                  and bool(self.records))
         flag = torch.tensor([1 if ready else 0], dtype=torch.int64)

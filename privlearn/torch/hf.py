@@ -128,7 +128,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
 from privlearn._type_registry import first_in_mro
-from privlearn._validation import check_unit_ids
+from privlearn._validation import check_delta, check_unit_ids
 from privlearn.accounting import planned_steps
 from privlearn.errors import (
     ConfigurationError,
@@ -593,7 +593,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     def epsilon(self, delta: float | None = None) -> float:
         """epsilon at ``delta`` (default ``target_delta``) of all the steps this trainer
         took (every run)."""
-        d = self.privacy.target_delta if delta is None else delta
+        d = self.privacy.target_delta if delta is None else check_delta(
+            "delta", delta, allow_one=True)
         if self._unbounded:
             return math.inf  # an earlier run took steps without noise
         if self.privacy_engine is not None:

@@ -316,8 +316,8 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             A parameter of the group is not a parameter of the model: its gradient could
             not be clipped per example.
         """
-        params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        params = group["params"]  # read once: a generator (module.parameters()) is then spent
+        params = group["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
         owned = {id(q) for q in self.tracker.model.parameters()}
         foreign = [tuple(q.shape) for q in params if id(q) not in owned]
         if foreign:
@@ -776,11 +776,15 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         return loss
 
     def _recorded_or_dropped(self, drawn, rows: int | None) -> None:
-        """:meth:`_require_recorded`; a refused batch is dropped (the loader's next one
-        replaces it), with the rest of its logical batch when this is a chunk of one."""
+        """:meth:`_require_recorded`, then the tracker's checks of the step (a parameter
+        used outside its layers, the batch-independence probe); a refused batch is dropped
+        (the loader's next one replaces it), with the rest of its logical batch when this
+        is a chunk of one, so that the loop can go on once the cause is fixed."""
         try:
             self._require_recorded(rows)
-        except TrainingLoopError:
+            self.tracker.check_outside_uses()
+            self.tracker.check_independence(rows)
+        except Exception:  # nothing was released: every check runs before the noise
             if not self._final_chunk:
                 self._out, self._carry, self._skipping = None, {}, True
                 self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
@@ -801,8 +805,6 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                 drawn = self.sampler.take() if self.sampler is not None else None
                 units, rows = self._units_and_rows(drawn, self._chunk_size)
                 self._recorded_or_dropped(drawn, rows)
-                self.tracker.check_outside_uses()
-                self.tracker.check_independence(rows)
                 self.clip_and_accumulate(examples=rows, units=units)
                 self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
                 if scaler is not None:
@@ -811,8 +813,6 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             drawn = self.sampler.take() if self.sampler is not None else None
             units, examples = self._units_and_rows(drawn, self._expected_examples(drawn))
             self._recorded_or_dropped(drawn, examples)
-            self.tracker.check_outside_uses()
-            self.tracker.check_independence(examples)
             cfg = self._checked_cfg()
             if self.sharded is not None:  # FSDP2: reduce-scatter, noise per shard
                 self.sharded.noisy_step(self, examples, units)

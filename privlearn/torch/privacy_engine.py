@@ -43,6 +43,8 @@ from privlearn.errors import (
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _check_given_sampler,
+    _check_loadable,
+    _check_optimizer_step,
     _guard_token_level_labels,
     _per_layer_bounds,
     _shared_seed,
@@ -294,6 +296,7 @@ class PrivateTraining:
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments"
                              + _strategy_hint(theirs, mine))
+        _check_loadable(self.model, self.optimizer.original_optimizer, state)
         # the history first: a state it refuses leaves the run as it was
         self.accountant.load_state_dict(state["accountant"])
         self.model.load_state_dict(state["model"])
@@ -407,6 +410,7 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ParameterTypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    _check_optimizer_step(optimizer)
     check_not_attached(inner)
     _warn_unoptimised(inner, optimizer)
     if not model.training:
@@ -455,6 +459,11 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
         raise ParameterTypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
     check_map_style(data_loader.dataset)
+    if len(data_loader.dataset) == 0:
+        raise ParameterValueError(
+            "data_loader's dataset is empty (len(dataset) == 0): the sampling rate "
+            "batch_size / len(dataset) is undefined and there is nothing to train on. Pass "
+            "the loader of the training set")
     rank, world = world_info(process_group)
     if world > 1 and (cfg.correlated or cfg.users is not None
                       or not SAMPLINGS[cfg.sampling].distributed):

@@ -29,7 +29,11 @@ batch's size are compared between the two runs (and so are the buffers the runs 
   bounds its influence. Refused, naming the first layer where it shows;
 * the layer's tensors have no dimension of the batch's size: the batch is packed or
   flattened (``DataCollatorWithFlattening``), refused (the step's check of the number of
-  rows per layer says so first).
+  rows per layer says so first);
+* no row moved in either run although the layer has as many rows as examples: one more
+  pass, on one example fewer, checks that its rows follow the batch; a layer whose input
+  has no batch dimension (``emb(torch.arange(T))`` with a batch of exactly ``T``) is
+  refused, since each of its rows sums every example's gradient.
 
 The comparison uses per-row fingerprints (the sum, the squared norm and a fixed weighted
 sum of each row, accumulated in float32) with a tolerance of the tensor's precision, so
@@ -190,7 +194,7 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
     # the first and the last row: an operation accumulating over the batch in either
     # direction (a mean over the others, a cumulative sum, the last row added to all)
     # reaches the other rows from one of them
-    base = None
+    base, unmoved = None, None
     for j in (0, examples - 1):
         perturbed = _replace_row(leaves, batched, j)
         if perturbed is None:
@@ -198,8 +202,48 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
         if base is None:
             base = _observe_run(tracker, *tree_unflatten(leaves, spec), autocast, examples)
         run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
-        _judge(tracker, base, run, examples, j)
+        same = _judge(tracker, base, run, examples, j)
+        unmoved = same if unmoved is None else unmoved & same
+    if unmoved:
+        _check_rows_follow(tracker, leaves, batched, spec, autocast, examples, base, unmoved)
     return True
+
+
+def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, base,
+                       unmoved: set) -> None:
+    """Refuse a layer whose rows on its batch dimension are as many as the examples but
+    do not follow them: its input has no batch dimension (``nn.Embedding`` of
+    ``torch.arange(T)``, a Linear of a parameter or a constant table) and ``T`` happens to
+    equal the batch size. The step's check of the rows per layer refuses it whenever the
+    sizes differ, but when they agree its rows were clipped as examples although each is
+    the sum over the whole batch, so one example moved all of them. Run only for the calls
+    in which no row moved when an example was replaced (``unmoved``: call and view
+    positions): one more forward pass, on one example fewer."""
+    sub = list(leaves)
+    for i in batched:
+        sub[i] = leaves[i][:examples - 1]
+    try:
+        calls, _, _ = _observe_run(tracker, *tree_unflatten(sub, spec), autocast,
+                                   examples - 1)
+    except Exception:  # noqa: BLE001 - the model cannot run on fewer rows: nothing to see
+        return
+    if [i for i, _ in calls] != [i for i, _ in base[0]]:
+        return  # data-dependent control flow: not comparable call by call
+    for c, v in sorted(unmoved):
+        pa, pb = base[0][c][1][v], calls[c][1][v]
+        if pb["shape"][pa["declared"]] != examples:
+            continue
+        unit = tracker.units[base[0][c][0]]
+        raise BatchDependenceError(
+            f"layer {unit.name or '<model>'} ({type(unit.module).__name__}) does not receive "
+            f"the batch: its {pa['label']} has {examples} rows on dimension {pa['declared']} "
+            f"with a batch of {examples} examples and with one of {examples - 1} (shape "
+            f"{pa['shape']}). Its input has no batch dimension (e.g. an embedding of "
+            "torch.arange(T), a layer applied to a parameter or a constant table), so each "
+            "row of its gradient sums every example's and cannot be clipped per example. "
+            "Give the input a leading batch dimension of 1 (pos[None]: the engine expands "
+            "it to one row per example) or move the layer's output into the model's "
+            "computation on the batch. No step was taken and nothing was released")
 
 
 def _replace_row(leaves, batched, j):
@@ -419,18 +463,25 @@ def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int) -> None:
             "and nothing was released")
 
 
-def _judge(tracker, run_a, run_b, examples: int, j: int) -> None:
+def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
+    """Refuse what the two runs show (module docstring); returns the ``(call, view)``
+    positions whose rows on the batch dimension are as many as the examples and none of
+    which moved."""
     calls_a, root_a, written_a = run_a
     calls_b, root_b, written_b = run_b
+    unmoved = set()
     if [i for i, _ in calls_a] != [i for i, _ in calls_b]:
         # data-dependent control flow: the runs are not comparable layer by layer
         _judge_buffers(tracker, written_a, written_b, j)
-        return
-    for (index, views_a), (_, views_b) in zip(calls_a, calls_b, strict=True):
+        return unmoved
+    for c, ((index, views_a), (_, views_b)) in enumerate(zip(calls_a, calls_b, strict=True)):
         unit = tracker.units[index]
         label = f"{unit.name or '<model>'} ({type(unit.module).__name__})"
-        for pa, pb in zip(views_a, views_b, strict=True):
+        for k, (pa, pb) in enumerate(zip(views_a, views_b, strict=True)):
             v = _verdict(pa, pb, j)
+            if v == "same" and len(pa["shape"]) > pa["declared"] \
+                    and pa["shape"][pa["declared"]] == examples:
+                unmoved.add((c, k))
             where = pa["label"]
             if v == "mixed":
                 raise BatchDependenceError(
@@ -469,6 +520,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> None:
                 "subtracting the batch mean), so per-example clipping no longer bounds one "
                 "example's influence. No step was taken and nothing was released")
     _judge_buffers(tracker, written_a, written_b, j)
+    return unmoved
 
 
 

@@ -290,6 +290,7 @@ class GradSampleTracker(ClippingMixin):
         self._probe_pending = self._probe_enabled
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
         self._probe_buffers = None  # the model's buffers before that forward
+        self._probe_later: list = []  # (inputs, buffers) of later forwards (the first may be stray)
         #: what is left of the step's budget of materialised per-example gradients
         #: (:data:`~privlearn.torch.grad_sample.STEP_MATERIALISE_BUDGET_BYTES`), shared by
         #: the rules evaluated during backward and those evaluated at the step
@@ -310,7 +311,12 @@ class GradSampleTracker(ClippingMixin):
         check_not_attached(model)
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
-        self._install()
+        try:
+            self._install()
+        except BaseException:  # the model is left as it was: no hook of a tracker not made
+            self._uninstall()
+            self._root_handle.remove()
+            raise
         me = weakref.ref(self)
         for module in model.modules():
             _ATTACHED[module] = me
@@ -513,14 +519,33 @@ class GradSampleTracker(ClippingMixin):
             *((f"positional argument {i}", weakref.ref(v)) for i, v in enumerate(args)
               if isinstance(v, torch.Tensor)),
             *((k, weakref.ref(v)) for k, v in kwargs.items() if isinstance(v, torch.Tensor))]
-        if self._probe_pending and self._probe_inputs is None:
-            self._probe_inputs = (args, dict(kwargs), _autocast_state())
+        if self._probe_pending and (self._probe_inputs is None or len(self._probe_later) < 8):
+            seen = (args, dict(kwargs), _autocast_state())
             # the buffers before this forward: the probe's passes start from them, so that
             # a buffer this forward already moved (a running maximum) still shows that it
             # follows the batch
-            self._probe_buffers = [b.detach().clone() for m in self.model.modules()
-                                   for b in m._buffers.values() if b is not None]
+            buffers = [b.detach().clone() for m in self.model.modules()
+                       for b in m._buffers.values() if b is not None]
+            if self._probe_inputs is None:
+                self._probe_inputs, self._probe_buffers, self._probe_later = seen, buffers, []
+            else:
+                self._probe_later.append((seen, buffers))
         return None
+
+    def _step_inputs(self, examples: int | None):
+        """The inputs the probe runs on: those of the first forward since the last step
+        whose batched inputs hold the step's ``examples`` rows (an earlier forward with
+        gradients may be a stray one, a shape check on a few examples before training,
+        that no backward used), else the first forward's."""
+        first, later, self._probe_later = self._probe_inputs, self._probe_later, []
+        if first is None:
+            return None
+        for seen, buffers in ((first, self._probe_buffers), *later):
+            if any(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples
+                   for t in tree_flatten((seen[0], seen[1]))[0]):
+                self._probe_buffers = buffers
+                return seen
+        return first
 
     @contextlib.contextmanager
     def forward_batch_size(self, examples: int):
@@ -778,6 +803,7 @@ class GradSampleTracker(ClippingMixin):
         if not self.records:
             self._captured = {}
             self._probe_inputs = self._probe_buffers = None
+            self._probe_later = []
 
     def clear(self) -> None:
         self.outside_uses = set()
@@ -786,6 +812,7 @@ class GradSampleTracker(ClippingMixin):
         self._backward_passes = 0
         self._in_backward = False
         self._probe_inputs = self._probe_buffers = None
+        self._probe_later = []
 
     def detach(self) -> None:
         """Remove the hooks and put the handled parameters back."""
@@ -818,7 +845,7 @@ class GradSampleTracker(ClippingMixin):
                     if r.has_grad() and n != examples:
                         self.clear()
                         raise BatchDependenceError(_mismatch_message(unit, n, examples, r))
-        inputs, self._probe_inputs = self._probe_inputs, None
+        inputs, self._probe_inputs = self._step_inputs(examples), None
         if inputs is None or not self.records or examples is None or examples < 2:
             return
         from privlearn.torch.probe import probe

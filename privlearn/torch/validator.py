@@ -176,6 +176,12 @@ def _problems(model: nn.Module) -> list[str]:
         for check in _checks_for(m):
             out.extend(f"{label}: {msg}" for msg in check(m, trainable))
         out.extend(f"{label}: {msg}" for msg in _rule_problems(m, trainable))
+        lazy = [n for n, q in m.named_parameters(recurse=False)
+                if isinstance(q, nn.parameter.UninitializedParameter)]
+        if lazy:
+            out.append(f"{label}: parameter(s) {lazy} are not initialised yet (a lazy "
+                       "module): run one forward pass on a batch (model(x), a dry run) "
+                       "before building the optimizer and calling make_private")
         legacy = _hook_reparametrization(m)
         if legacy and trainable:
             out.append(f"{label}: torch.nn.utils.{legacy} (the deprecated form, a forward "

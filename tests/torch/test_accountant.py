@@ -122,3 +122,18 @@ def test_state_round_trip_keeps_steps_and_epsilon():
     fresh.load_state_dict(acct.state_dict())
     assert fresh.segments == acct.segments and fresh.steps == 11
     assert fresh.epsilon(DELTA) == acct.epsilon(DELTA)
+
+
+@pytest.mark.parametrize("history", ["none", "noiseless", "noisy"])
+@pytest.mark.parametrize("delta, error", [
+    (-1e-5, ParameterValueError), (1.5, ParameterValueError), (math.nan, ParameterValueError),
+    ("1e-5", ParameterTypeError), (None, ParameterTypeError)])
+def test_epsilon_refuses_a_bad_delta_whatever_the_history(history, delta, error):
+    """A delta outside [0, 1] is refused, naming it, before any step and after a step
+    without noise too (it answered 0 and inf there, as if the delta were valid)."""
+    acct = PrivacyAccountant()
+    if history != "none":
+        acct.record_step(noise_multiplier=0.0 if history == "noiseless" else 1.0,
+                         sampling_rate=0.1, max_grad_norm=1.0)
+    with pytest.raises(error, match="delta"):
+        acct.epsilon(delta)

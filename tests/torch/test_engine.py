@@ -533,3 +533,44 @@ def test_empty_first_batch_through_affine_instance_norm_is_the_noise_only_step(d
     assert n > 200 and abs(float(z.std()) - 1.0) < 0.3 and abs(float(z.mean())) < 0.4
     p.detach()
     assert "forward" not in vars(norm)
+
+
+def _hook_count(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_a_lazy_layer_not_yet_initialised_is_refused_and_leaves_the_model_as_it_was(oracle):
+    """A LazyLinear before its first forward: refused by make_private naming the layer
+    and the dry run that fixes it, with no hook left on the model (the engine's hooks,
+    half installed when torch refused the uninitialised parameter, stayed on the model
+    and broke the step of a later make_private); after a dry run it trains as the naive
+    per-example loop."""
+    from privlearn.torch.tracker import GradSampleTracker
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.LazyLinear(3), nn.Tanh(), nn.Linear(3, 2))
+        ds = TensorDataset(torch.randn(24, 4), torch.randint(0, 2, (24,)))
+        hooks = _hook_count(model)
+        with pytest.raises(ValueError, match=r"0 \(LazyLinear\).*not initialised.*dry run"):
+            make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                         DataLoader(ds, batch_size=8), noise_multiplier=0.0)
+        with pytest.raises(ValueError):  # torch's refusal, inside the tracker itself
+            GradSampleTracker(model)
+        assert _hook_count(model) == hooks
+        with torch.no_grad():
+            model(ds.tensors[0][:2])
+        ref = copy.deepcopy(model)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                         DataLoader(ds, batch_size=8), noise_multiplier=0.0,
+                         max_grad_norm=0.1, sampling="fixed", seed=0)
+        x, y = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        p.optimizer.step()
+        oracle.step(ref, x, y, 0.1, 0.5, 8)
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)

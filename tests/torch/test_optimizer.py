@@ -78,6 +78,34 @@ def test_layer_unfrozen_after_make_private_is_clipped_with_the_others(oracle, ma
         torch.set_default_dtype(torch.float32)
 
 
+def test_param_group_added_from_a_generator_is_trained(oracle, make_data, make_mlp):
+    """Progressive unfreezing with the usual idiom, ``add_param_group({"params":
+    layer.parameters()})`` (a generator): the unfrozen layer is trained, clipped with the
+    others, exactly as the naive per-example loop (the check of the group once spent the
+    generator, so the wrapped optimizer got an empty group and the layer silently stayed
+    as it was)."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = make_mlp(act=nn.Tanh, seed=1)
+        model[0].requires_grad_(False)
+        ref = copy.deepcopy(model)
+        C, lr = 0.05, 0.5
+        opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=lr)
+        p = make_private(model, opt, DataLoader(make_data(), batch_size=8),
+                         noise_multiplier=0.0, max_grad_norm=C, sampling="fixed", seed=2)
+        for m in (model, ref):
+            m[0].requires_grad_(True)
+        p.optimizer.add_param_group({"params": model[0].parameters()})
+        assert [len(g["params"]) for g in p.optimizer.param_groups] == [2, 2]
+        x, y = next(iter(p.data_loader))
+        _step(p, x, y)
+        oracle.step(ref, x, y, C, lr, 8)
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_weights_assigned_after_make_private_are_the_ones_trained(oracle, make_data, make_mlp):
     """Weights loaded after make_private by assignment (``load_state_dict(...,
     assign=True)``, ``layer.weight = nn.Parameter(...)``) and handed to the optimizer are
@@ -348,3 +376,24 @@ def test_the_public_pieces_of_a_step_are_accounted_as_one(make_data, make_mlp):
     with pytest.raises(TrainingLoopError, match="without a new batch"):
         p.optimizer.step()
     assert p.accountant.steps == 3
+
+
+def test_the_loop_goes_on_once_the_cause_of_a_refused_step_is_fixed(make_data, make_mlp):
+    """A step refused by a check of the model (here a layer left in eval mode) released
+    nothing; its batch is dropped, so that after the fix the next batch trains (the
+    refused batch stayed pending and every later step was refused for two batches
+    drawn)."""
+    model = make_mlp(act=nn.Tanh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=0)
+    model[2].eval()
+    it = iter(p.data_loader)
+    x, y = next(it)
+    with pytest.raises(TrainingLoopError, match="eval mode"):
+        _step(p, x, y)
+    assert p.accountant.steps == 0
+    model.train()
+    for done in (1, 2):
+        x, y = next(it)
+        _step(p, x, y)
+        assert p.accountant.steps == done

@@ -819,3 +819,62 @@ def test_a_frozen_batchnorm_with_its_statistics_trains_the_rest(oracle):
     with pytest.raises(BatchDependenceError):
         p.optimizer.step()
     assert p.accountant.steps == 1
+
+
+@pytest.mark.parametrize("make_opt,named", [
+    (lambda m: torch.optim.LBFGS(m.parameters()), "closure"),
+    (lambda m: torch.optim.SparseAdam(list(m[0].parameters())), "sparse"),
+])
+def test_optimizer_whose_step_cannot_take_the_dp_gradient_is_refused_at_make_private(
+        make_opt, named):
+    """LBFGS's step requires a closure (the DP step calls the wrapped step() once, without
+    one) and SparseAdam refuses the dense noisy gradient: accepted, either raised inside
+    the first optimizer.step(), after its noisy gradient was released and accounted."""
+    model = nn.Sequential(nn.Embedding(5, 4), nn.Flatten(), nn.Linear(8, 3))
+    ds = TensorDataset(torch.randint(0, 5, (32, 2)), torch.randint(0, 3, (32,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SparseAdam holds only the embedding
+        with pytest.raises(TypeError, match=named):
+            make_private(model, make_opt(model), DataLoader(ds, batch_size=8),
+                         noise_multiplier=1.0)
+    # the model is left as it was: a first-order optimizer trains it
+    p = make_private(model, torch.optim.Adam(model.parameters()),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0)
+    _train(p, 1)
+    assert p.accountant.steps == 1
+
+
+@pytest.mark.parametrize("other", ["architecture", "param_groups"])
+def test_a_checkpoint_that_does_not_fit_the_model_is_refused_before_anything_is_loaded(other):
+    """load_state_dict of a checkpoint saved from another model (or another optimizer
+    layout) is refused with nothing loaded: it failed in the model's own load, after the
+    privacy history (and some of the weights) had been loaded, so the run then neither
+    trained from its own start nor accepted the right checkpoint ("already taken steps")."""
+    saved = _private(seed=0)
+    _train(saved, 2)
+    state = saved.state_dict()
+    if other == "architecture":
+        model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        model = _mlp()
+        opt = torch.optim.SGD([{"params": model[0].parameters()},
+                               {"params": model[2].parameters()}], lr=0.1, momentum=0.9)
+    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
+                     seed=0)
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(ValueError, match="does not fit"):
+        p.load_state_dict(state)
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    _train(p, 1)
+    assert p.accountant.steps == 1
+
+
+def test_an_empty_dataset_is_refused_with_a_typed_error():
+    """An empty training set: a ValueError naming the dataset (it was a ZeroDivisionError
+    from the sampling rate)."""
+    empty = TensorDataset(torch.randn(0, 6), torch.randint(0, 3, (0,)))
+    for sampling in ("poisson", "fixed"):
+        with pytest.raises(ValueError, match="dataset is empty"):
+            _private(ds=empty, sampling=sampling)

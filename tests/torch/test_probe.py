@@ -555,3 +555,81 @@ def test_a_sequence_first_batch_from_the_collate_fn_is_named():
                        r".*collate_fn.*transpose"):
         p.optimizer.step()
     assert p.accountant.steps == 0
+
+
+class _Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(E, 3)
+
+    def forward(self, x):
+        return self.lin(x.mean(1))
+
+
+@pytest.mark.parametrize("make, mixes", [(_Pooled, False), (_Centered, True)])
+def test_a_forward_on_a_few_examples_before_training_is_not_what_the_probe_runs_on(
+        make, mixes):
+    """A shape check in training mode before the loop (``print(model(x[:2]).shape)``):
+    the probe runs on the forward of the step's batch, so an independent model trains and
+    a mixing one is still refused (the probe ran on the stray forward's inputs and refused
+    every model: none of them held the step's batch)."""
+    torch.manual_seed(0)
+    model = make()
+    ds = _seqs()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0, seed=0)
+    model(ds.tensors[0][:2])
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    if mixes:
+        with pytest.raises(BatchDependenceError, match="lin"):
+            p.optimizer.step()
+        assert p.accountant.steps == 0
+    else:
+        p.optimizer.step()
+        assert p.accountant.steps == 1
+
+
+class _Positions(nn.Module):
+    """A position table looked up as ``emb(torch.arange(T))`` (nanoGPT's ``wpe(pos)``): no
+    batch dimension, unless ``batched`` gives it a leading one (``pos[None]``)."""
+
+    def __init__(self, batched):
+        super().__init__()
+        self.pos, self.lin, self.batched = nn.Embedding(T, E), nn.Linear(E, 3), batched
+
+    def forward(self, x):
+        pos = torch.arange(T)
+        return self.lin(x + self.pos(pos[None] if self.batched else pos)).mean(1)
+
+
+def test_a_layer_without_a_batch_dimension_is_refused_when_its_rows_match_the_batch(oracle):
+    """A batch of exactly T examples (fixed-size batches of T): the table's T rows were
+    read as the T examples and clipped one by one, although each row's gradient sums every
+    example's (the step's count of rows per layer refuses it only when the sizes differ).
+    With the table given a leading batch dimension (``pos[None]``) the step is the naive
+    one."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        for batched in (False, True):
+            torch.manual_seed(0)
+            model = _Positions(batched)
+            ref = copy.deepcopy(model)
+            ds = TensorDataset(torch.randn(40, T, E), torch.randint(0, 3, (40,)))
+            p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                             DataLoader(ds, batch_size=T), noise_multiplier=0.0,
+                             max_grad_norm=0.1, sampling="fixed", seed=0)
+            x, y = next(iter(p.data_loader))
+            nn.functional.cross_entropy(model(x), y).backward()
+            if not batched:
+                with pytest.raises(BatchDependenceError, match="does not receive the batch"):
+                    p.optimizer.step()
+                assert p.accountant.steps == 0
+                continue
+            p.optimizer.step()
+            oracle.step(ref, x, y, 0.1, 0.5, T)
+            for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)
