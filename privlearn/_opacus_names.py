@@ -17,7 +17,7 @@ import types
 
 __all__ = ["OPACUS_NAMES", "missing_name"]
 
-_GUIDE = ("the guide 'coming from Opacus' (docs/guides/from-opacus.md), which maps each "
+_GUIDE = ("the guide 'coming from Opacus' of privlearn's documentation, which maps each "
           "Opacus call to privlearn's")
 _MAKE_PRIVATE = ("p = privlearn.torch.make_private(model, optimizer, data_loader, "
                  "noise_multiplier=..., max_grad_norm=...)")

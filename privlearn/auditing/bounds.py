@@ -550,7 +550,8 @@ def _warn_if_unrefutable(m: int, delta: float, confidence: float, method: str,
                "test: audit a claim with a smaller delta (m * delta well below 0.05), or use "
                "method='one_run_fdp'")
     else:
-        fix = "use more canaries (hundreds at least; docs/guides/auditing.md has the power table)"
+        fix = ("use more canaries (hundreds at least; the guide 'auditing privacy empirically', "
+               "section 'How many canaries buy how much power', has the power table)")
     warnings.warn(f"with {m} canaries at delta={delta} and confidence={confidence}, no "
                   f"outcome of the {method!r} audit can refute epsilon = 0: the bound is 0 "
                   f"whatever the scores; {fix}", UserWarning, stacklevel=stacklevel)

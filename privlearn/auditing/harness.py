@@ -144,8 +144,9 @@ def _check_n_canaries(n_canaries) -> int:
     """``n_canaries`` as an int >= 2, or a clear error (shared by every audit entry
     point, checked before any training)."""
     return check_count("n_canaries", n_canaries, minimum=2, integral_floats=False,
-                       hint="use hundreds to thousands of canaries: docs/guides/auditing.md "
-                       "has the power each number buys")
+                       hint="use hundreds to thousands of canaries (the guide 'auditing privacy "
+                       "empirically', section 'How many canaries buy how much power', "
+                       "has the power each number buys)")
 
 
 def one_run_audit(

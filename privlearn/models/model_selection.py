@@ -114,8 +114,9 @@ def planned_mechanism(estimator: PrivateEstimator | PrivatePipeline, X, y=None) 
         raise ParameterTypeError(
             f"no planned mechanism is known for {type(estimator).__name__}: a private "
             "search needs privlearn.models.PrivateEstimator candidates or a "
-            "privlearn.models.PrivatePipeline of them (subclass PrivateEstimator, see "
-            "docs/guides/extending.md)")
+            "privlearn.models.PrivatePipeline of them (subclass PrivateEstimator: see "
+            "help(privlearn.models.PrivateEstimator) and the guide 'extending privlearn', "
+            "section 'A new estimator')")
     return estimator.planned_mechanism(X, y)
 
 

@@ -343,7 +343,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 "fp16=True with a loss scaler is not supported by DPTrainer: the Trainer's loss "
                 "scaler runs through accelerate, which is not wired to the DP optimizer yet. Use "
                 "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
-                "(docs/guides/pytorch.md, 'Mixed precision')")
+                "(the PyTorch guide, section 'Mixed precision')")
         refuse_parallelism(self)
         if getattr(a, "auto_find_batch_size", False):
             raise ConfigurationError(

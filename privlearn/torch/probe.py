@@ -719,8 +719,9 @@ def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bo
                     "on its own or mixes examples (a batch-level MixUp/CutMix). Draw "
                     "its randomness from the global generators (torch.rand..., "
                     "np.random...., random....) and apply per-example transforms, or "
-                    "pass check_batch_independence=False and promise it "
-                    "(docs/trust-model.md). No step was taken and nothing was released")
+                    "pass check_batch_independence=False and promise it (the documentation "
+                    "page 'Trust model: who sees what'). No step was taken and nothing was "
+                    "released")
         if moved:
             where, rows = moved
             raise BatchDependenceError(
