@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from privlearn.models.base import (
     clip_rows,
     require_delta_for_gaussian,
     validate_input,
+    warn_person_fitting,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -112,7 +112,7 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
         n_labels = int(np.count_nonzero(y_clipped != y))
         if n_clipped or n_labels:
             # To the person fitting only: the counts are never stored on the model.
-            warnings.warn(
+            warn_person_fitting(
                 f"{type(self).__name__}: clipping changed {n_clipped} of {X.shape[0]} rows "
                 f"(L2 norm > x_bound={xb:g}) and {n_labels} labels (outside "
                 f"[{lo:g}, {hi:g}]); the fit uses the clipped data. Raise x_bound / widen "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._ssp import ADASSP_Z
-from privlearn.models.base import make_rng, resolve_noise_multiplier
+from privlearn.models.base import make_rng, resolve_noise_multiplier, warn_person_fitting
 from privlearn.models.constraints import Integer, Real, Unchecked
 
 #: Smoothness modes of :class:`NoisyGDRegressor` (besides a float).
@@ -248,7 +247,7 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 "the exact largest eigenvalue of X^T X" if sm == "data"
                 else "x_bound^2 times the exact number of rows n"
             )
-            warnings.warn(
+            warn_person_fitting(
                 f"NoisyGDRegressor(smoothness={sm!r}) sets the learning rate from {what}, "
                 "which is not covered by mechanism_: the fitted model releases it "
                 "un-noised. Use smoothness='private' (default) or a public float.",

@@ -37,7 +37,9 @@ complete example (and a test).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -68,6 +70,9 @@ __all__ = [
     "resolve_noise_multiplier",
     "require_delta_for_gaussian",
     "refuse_fit_params",
+    "quiet_data_checks",
+    "warnings_once_per_fit",
+    "warn_person_fitting",
 ]
 
 
@@ -168,7 +173,7 @@ class PrivateEstimator(BaseEstimator):
         and ``_release`` (e.g. public validation data). On an exception the previous
         fitted state is put back."""
         refuse_fit_params(self, fit_params)
-        with self._refit():
+        with warnings_once_per_fit(), self._refit():
             plan = self._plan(self._validate_params(), X, y, **context)
             account = self._certify(plan)
             fitted = self._run(plan, X, y, **context)
@@ -374,6 +379,59 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
             f"an array of dtype {y_out.dtype}; convert it with y.astype(float) if the strings "
             "are numbers, or use a classifier for class labels")
     return out
+
+
+#: set while a pipeline or a search checks the data of a step or run it fits later
+_QUIET_CHECKS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "privlearn_quiet_data_checks", default=False)
+#: the warnings given so far in the outermost fit running (None: no fit is running)
+_GIVEN: contextvars.ContextVar[set[tuple[type, str]] | None] = contextvars.ContextVar(
+    "privlearn_warnings_given", default=None)
+
+
+@contextlib.contextmanager
+def quiet_data_checks() -> Iterator[None]:
+    """Run ``_check_data`` ahead of the fit it belongs to (a pipeline's or a search's
+    checks before anything is released) without its warnings: the fit itself warns.
+
+    A context variable that :func:`warn_person_fitting` reads, not
+    ``warnings.catch_warnings``, which would change the process's warning filters."""
+    token = _QUIET_CHECKS.set(True)
+    try:
+        yield
+    finally:
+        _QUIET_CHECKS.reset(token)
+
+
+@contextlib.contextmanager
+def warnings_once_per_fit() -> Iterator[None]:
+    """Within the outermost fit (an estimator's, a pipeline's, a search's), give each
+    distinct warning of :func:`warn_person_fitting` once: a search fits its runs (and a
+    pipeline its steps) each warning the same. Python's own once-per-location registry
+    cannot do it: it is reset whenever the warning filters change, which scikit-learn's
+    input validation does on every call."""
+    if _GIVEN.get() is not None:
+        yield
+        return
+    token = _GIVEN.set(set())
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
+
+
+def warn_person_fitting(message: str, category: type[Warning], stacklevel: int) -> None:
+    """``warnings.warn`` to the person fitting (``stacklevel`` counted from the caller),
+    except inside :func:`quiet_data_checks` or when the same warning was already given
+    in this fit (:func:`warnings_once_per_fit`)."""
+    if _QUIET_CHECKS.get():
+        return
+    given = _GIVEN.get()
+    if given is not None:
+        if (category, message) in given:
+            return
+        given.add((category, message))
+    warnings.warn(message, category, stacklevel=stacklevel + 1)
 
 
 def refuse_fit_params(estimator: Any, fit_params: Mapping[str, Any] | None) -> None:

@@ -32,7 +32,6 @@ References
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +50,7 @@ from privlearn.models.base import (
     require_delta_for_gaussian,
     resolve_noise_multiplier,
     validate_input,
+    warn_person_fitting,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -408,7 +408,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
                     f"{kind!r}: DPSGDClassifier needs binary labels y, got {classes.size} "
                     f"classes {classes[:10].tolist()}"
                 )
-            warnings.warn(
+            warn_person_fitting(
                 "DPSGDClassifier: classes=None infers the two labels from the private y; "
                 "classes_ and predict() then reveal which labels occur in the data. Pass "
                 "the public label pair, e.g. classes=[0, 1].",

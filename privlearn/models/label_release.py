@@ -42,7 +42,6 @@ References
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +61,7 @@ from privlearn.models.base import (
     require_delta_for_gaussian,
     resolve_noise_multiplier,
     validate_input,
+    warn_person_fitting,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -587,7 +587,7 @@ def _encode_classes(classes, y: np.ndarray, owner: str) -> tuple[np.ndarray, np.
     """``(classes_, indices of y in classes_)``; inferring the classes from ``y`` releases
     which labels occur, so it warns (:class:`~privlearn.errors.PrivacyLeakWarning`)."""
     if classes is None:
-        warnings.warn(
+        warn_person_fitting(
             f"{owner}: classes=None infers the label set from the private labels; "
             "classes_ (and the released vote vectors' width) then reveal which labels "
             "occur in the data. Pass the public label set, e.g. classes=[0, 1].",

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +83,13 @@ from privlearn.errors import (
     PlanMismatchError,
     UnsupportedMechanismError,
 )
-from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng, validate_input
+from privlearn.models.base import (
+    PrivateEstimator,
+    ReleasePlan,
+    make_rng,
+    quiet_data_checks,
+    validate_input,
+)
 from privlearn.models.constraints import (
     ACCOUNTANT,
     LEDGER,
@@ -508,8 +513,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         if y is None and get_tags(self.estimator).target_tags.required:
             raise ParameterValueError(
                 f"PrivateSearchCV: {type(self.estimator).__name__} needs y; pass fit(X, y)")
-        with warnings.catch_warnings():  # each run warns its caller when it is fitted
-            warnings.simplefilter("ignore")
+        with quiet_data_checks():  # each run warns its caller when it is fitted
             for params, fit_plan in zip(plan.grid, plan.fit_plans, strict=False):
                 if fit_plan is not None:
                     clone(self.estimator).set_params(**params)._check_data(X, y, fit_plan)

@@ -30,7 +30,6 @@ import functools
 import inspect
 import math
 import numbers
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +56,11 @@ from privlearn.models.base import (
     check_finite_target,
     data_shape,
     make_rng,
+    quiet_data_checks,
     refuse_fit_params,
     require_delta_for_gaussian,
     validate_input,
+    warnings_once_per_fit,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -572,8 +573,7 @@ class PrivatePipeline(Pipeline):
         when they are fitted."""
         for name, step, placeholder, plan, mech in self._planned_steps(X, y, strict=False):
             if plan is not None:
-                with warnings.catch_warnings():  # the step warns when it is fitted
-                    warnings.simplefilter("ignore")
+                with quiet_data_checks():  # the step warns when it is fitted
                     step._check_data(placeholder, y, plan)
             if delta == 0.0 and math.isinf(pure_epsilon(mech)):
                 require_delta_for_gaussian(
@@ -599,7 +599,8 @@ class PrivatePipeline(Pipeline):
         get_accountant(self.accountant)
         self._check_steps(params)
         self._check_before_fit(X, y, delta)
-        super().fit(X, y, **params)
+        with warnings_once_per_fit():  # a clipping step of a search's runs: one warning
+            super().fit(X, y, **params)
         self.mechanism_ = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
         if delta is None:
             deltas = [getattr(s, "delta_", 0.0) for _, s in self.steps

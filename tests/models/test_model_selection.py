@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -398,3 +399,39 @@ def test_verbose_is_validated_naming_the_parameter(data):
             s.fit(X, y)
         assert not hasattr(s, "best_estimator_")
     assert PrivateSearchCV(_est(), GRID, verbose=True)._validate_params()["verbose"] == 1
+
+
+def _clipping_pipe():
+    from privlearn.models import PrivatePipeline
+
+    # labels in [-3, 3] clipped to [-1, 1]: the same count in every run (rows are not
+    # clipped, whatever the scaler's noise)
+    return PrivatePipeline([
+        ("scale", PrivateStandardScaler(epsilon=0.5, delta=1e-7, feature_range=(-2, 2))),
+        ("model", AdaSSPRegressor(epsilon=0.5, delta=1e-7, x_bound=1e3, y_bound=1.0)),
+    ])
+
+
+def _clipping_warnings(fit) -> list[str]:
+    """The DataClippedWarnings a user sees under Python's default filter."""
+    from privlearn.models import DataClippedWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        fit()
+    return [str(w.message) for w in caught if issubclass(w.category, DataClippedWarning)]
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_a_clipping_is_reported_once_per_fit_of_a_pipeline_or_a_search(data, search):
+    """Under Python's default filter a user sees the clipping once per fit, not once
+    per run of the search (nor again for the checks made before the first run)."""
+    X, y = data
+    n_labels = int(np.count_nonzero(np.abs(y) > 1.0))
+    grid = {"scale__epsilon": [0.3, 0.6], "model__regularization": ["ridge", "eigenvalue_floor"]}
+    est = (PrivateSearchCV(_clipping_pipe(), grid, method="composition", loss_bound=9.0)
+           if search else _clipping_pipe())
+    seen = _clipping_warnings(lambda: est.fit(X, y))
+    assert len(seen) == 1 and f"and {n_labels} labels" in seen[0], seen
+    if search:
+        assert est.n_fits_ == 4
