@@ -295,7 +295,9 @@ class BudgetCap:
                             else float(max_epsilon))
         self.beyond = beyond or ("stop training here, or plan a larger budget (or more "
                                  "noise) before training")
-        self.planned_epsilon = None if planned_epsilon is None else float(planned_epsilon)
+        # an infinite plan (a run without noise) is never gone past
+        self.planned_epsilon = (None if planned_epsilon is None or math.isinf(planned_epsilon)
+                                else float(planned_epsilon))
         self._hint = max(2, int(planned_steps)) if planned_steps else 64
         self._room = _Room()
         self._config: tuple[float, float] | None = None

@@ -21,6 +21,8 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 
+import torch
+
 from privlearn import _validation as _v
 from privlearn.accounting import Sampling, available_accountants, get_accountant
 from privlearn.correlated.sampling import SAMPLINGS
@@ -161,6 +163,16 @@ _OTHER_SETTINGS = {
                                "augmentation_multiplicity")},
 }
 
+def scalar_setting(value):
+    """A one-element tensor as its Python number (schedules often compute with tensors),
+    for ``noise_multiplier`` and ``max_grad_norm`` alike in :class:`DPConfig` and the
+    optimizer's live setters; anything else unchanged, for :mod:`privlearn._validation`
+    to check."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value
+
+
 def unknown_settings_error(owner: str, unknown, *, missing=(), arguments=(),
                            names=None, fields_of: str = "DPConfig") -> ParameterTypeError:
     """The error for settings ``owner`` does not know (``unknown``) and its own
@@ -199,7 +211,8 @@ class DPConfig:
     ----------
     noise_multiplier : float >= 0, optional
         sigma: noise std = sigma * max_grad_norm on the clipped sum. Exactly one of
-        ``noise_multiplier`` and ``target_epsilon``.
+        ``noise_multiplier`` and ``target_epsilon``. A one-element tensor is read as its
+        number (so is ``max_grad_norm``), as by the optimizer's setters.
     target_epsilon : float > 0, optional
         Calibrate sigma (rounded up) so that the planned run (``steps``, or ``epochs`` x
         :func:`privlearn.accounting.steps_per_epoch`) is (target_epsilon,
@@ -396,7 +409,7 @@ class DPConfig:
                 "steps, noise_multiplier fixes it (then max_epsilon caps the steps)")
         if self.noise_multiplier is not None:
             put(self, "noise_multiplier", _v.check_nonnegative(
-                "noise_multiplier", self.noise_multiplier,
+                "noise_multiplier", scalar_setting(self.noise_multiplier),
                 hint="the noise std divided by max_grad_norm, e.g. 1.0"))
         if self.clipping != "per_layer":
             if isinstance(self.max_grad_norm, list | tuple | dict):
@@ -404,7 +417,8 @@ class DPConfig:
                     "max_grad_norm is a list/dict of per-parameter bounds, which needs "
                     f"clipping='per_layer' (got clipping={self.clipping!r}); pass one number "
                     "for flat or adaptive clipping")
-            c = _v.check_positive("max_grad_norm", self.max_grad_norm, allow_inf=True,
+            c = _v.check_positive("max_grad_norm", scalar_setting(self.max_grad_norm),
+                                  allow_inf=True,
                                   hint="the per-example clipping bound, e.g. 1.0")
             put(self, "max_grad_norm", c)
             if math.isinf(c) and (self.target_epsilon is not None or self.noise_multiplier):

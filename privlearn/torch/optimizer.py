@@ -87,6 +87,7 @@ from privlearn.torch._grad_views import sole_owner as _sole_owner
 from privlearn.torch._optimizer_api import OptimizerDelegation
 from privlearn.torch._rows import flat_views
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
+from privlearn.torch.config import scalar_setting as _scalar
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.tracker import GradSampleTracker
 from privlearn.torch.units import RowUnits
@@ -891,10 +892,3 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         params = self.tracker.params
         return params[0].device if params else torch.device("cpu")
 
-
-def _scalar(value):
-    """A one-element tensor as its Python number (schedules often compute with tensors);
-    anything else unchanged, for :mod:`privlearn._validation` to check."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    return value

@@ -338,7 +338,9 @@ class Plan:
     noise_multiplier : float
         sigma (calibrated and rounded up for ``target_epsilon``).
     planned_epsilon : float or None
-        epsilon of the planned steps at ``target_delta``.
+        epsilon of the planned steps at ``target_delta`` (``inf`` with
+        ``noise_multiplier=0``); None when the run has no planned length (neither
+        ``epochs`` nor ``steps`` given).
     max_grad_norm : float
         C (with per-layer clipping: ``sqrt(sum_k C_k^2)``).
     per_layer_bounds : tuple or None
@@ -529,6 +531,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     eps = cfg.target_epsilon
     if eps is None and planned is not None and nm > 0:
         eps = run.mechanism(nm, planned).epsilon(cfg.target_delta, accountant=cfg.accountant)
+    elif eps is None and planned:
+        eps = math.inf  # steps without noise release their gradients as they are
     expected = (world * b if not law.cycled else law.expected_batch(q, n, cycle))
     return Plan(rank=rank, world_size=world, dataset_size=n, batch_size=b, sampling_rate=q,
                 steps_per_epoch=per_epoch, planned_steps=planned, noise_multiplier=float(nm),

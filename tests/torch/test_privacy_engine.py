@@ -381,6 +381,37 @@ def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
     assert torch.equal(before, _flat(q.model)) and q.accountant.steps == k
 
 
+
+def test_a_planned_run_without_noise_plans_an_infinite_epsilon():
+    """Steps without noise release their gradients as they are: the plan says epsilon
+    is infinite (None is kept for a run with no planned length), and training past the
+    planned epoch does not warn of going past an infinite plan."""
+    ds = _data(n=64)
+    p = _private(ds=ds, noise_multiplier=0.0, epochs=1, seed=0)
+    assert p.plan.planned_epsilon == math.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)
+        _train(p, 12)  # past the planned 8 steps
+    assert p.epsilon(1e-5) == math.inf
+    assert _private(ds=ds, noise_multiplier=0.0).plan.planned_epsilon is None
+    assert _private(ds=ds, noise_multiplier=1.0).plan.planned_epsilon is None
+
+
+@pytest.mark.parametrize("name", ["noise_multiplier", "max_grad_norm"])
+def test_a_one_element_tensor_is_read_as_its_number_by_make_private_and_the_setter(name):
+    """A schedule computing with tensors gives a 0-d tensor: make_private reads it as
+    its optimizer's setter does; a tensor of several values is refused by both."""
+    p = _private(**{name: torch.tensor(0.5)})
+    assert getattr(p.optimizer, name) == 0.5 and type(getattr(p.optimizer, name)) is float
+    setattr(p.optimizer, name, torch.tensor([0.7]))
+    assert getattr(p.optimizer, name) == pytest.approx(0.7)
+    bad = torch.tensor([0.5, 0.5])
+    with pytest.raises(TypeError, match=name):
+        _private(**{name: bad})
+    with pytest.raises(TypeError, match=name):
+        setattr(p.optimizer, name, bad)
+
+
 # ------------------------------------------------------------------ samplers
 
 
