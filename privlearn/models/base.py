@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, is_regressor
+from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
@@ -70,6 +71,7 @@ __all__ = [
     "resolve_noise_multiplier",
     "require_delta_for_gaussian",
     "refuse_fit_params",
+    "refuse_as_step",
     "quiet_data_checks",
     "warnings_once_per_fit",
     "warn_person_fitting",
@@ -128,6 +130,9 @@ class PrivateEstimator(BaseEstimator):
     #: what to try when a ledger budget cannot account this estimator's release (None:
     #: the budget's own error is enough)
     _ledger_advice: ClassVar[str | None] = None
+    #: why this estimator cannot be a step of a PrivatePipeline or a PrivateSearchCV run,
+    #: and what to do instead (None: it can); see :func:`refuse_as_step`
+    _not_a_step: ClassVar[str | None] = None
 
     # -- the estimator's parts ---------------------------------------------------------
     def _plan(self, params: dict[str, Any], X: Any, y: Any) -> ReleasePlan:
@@ -432,6 +437,23 @@ def warn_person_fitting(message: str, category: type[Warning], stacklevel: int) 
             return
         given.add((category, message))
     warnings.warn(message, category, stacklevel=stacklevel + 1)
+
+
+def refuse_as_step(estimator: Any, where: str, name: str | None = None) -> None:
+    """Raise :class:`~privlearn.errors.ParameterTypeError` if ``estimator``, or a step of
+    it (a pipeline's, nested ones included), cannot be a pipeline step or a search's
+    candidate (its ``_not_a_step`` says why and what to do instead). ``where``: the
+    pipeline or search that refuses; ``name``: the step's name."""
+    reason = getattr(type(estimator), "_not_a_step", None)
+    if reason is not None:
+        what = type(estimator).__name__
+        label = what if name is None else f"pipeline step {name!r} ({what})"
+        raise ParameterTypeError(
+            f"{where}: {label} cannot be a step of a PrivatePipeline or a candidate of a "
+            f"PrivateSearchCV: {reason}")
+    if isinstance(estimator, Pipeline):
+        for step_name, step in estimator.steps:
+            refuse_as_step(step, where, step_name)
 
 
 def refuse_fit_params(estimator: Any, fit_params: Mapping[str, Any] | None) -> None:

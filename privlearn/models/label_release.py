@@ -450,6 +450,13 @@ class PrivateKNN(_LabelReleaseBase):
     The exact vote histogram is never stored.
     """
 
+    _not_a_step = (
+        "it spends its budget at each release(X_query) call, not in fit (which stores the "
+        "private set), and has no predict for a pipeline or a search to account. Use it on "
+        "its own: fit any private preprocessing first (e.g. a PrivatePipeline of "
+        "PrivateStandardScaler), then PrivateKNN(...).fit(pre.transform(X_private), "
+        "y_private) and .release(pre.transform(X_query)); pick n_neighbors and "
+        "sampling_rate from public knowledge or public data")
     _parameter_constraints = {
         **_LabelReleaseBase._parameter_constraints,
         "n_neighbors": Integer(1),

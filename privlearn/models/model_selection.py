@@ -88,6 +88,7 @@ from privlearn.models.base import (
     ReleasePlan,
     make_rng,
     quiet_data_checks,
+    refuse_as_step,
     validate_input,
 )
 from privlearn.models.constraints import (
@@ -440,6 +441,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         if not grid:
             raise ParameterValueError("param_grid is empty")
         candidates = [clone(self.estimator).set_params(**p) for p in grid]
+        for candidate in candidates:
+            refuse_as_step(candidate, "PrivateSearchCV")
         unscorable = sorted({type(c).__name__ for c in candidates if not hasattr(c, "predict")})
         if unscorable:  # found before the runs read the data, not after the first fit
             raise ParameterTypeError(

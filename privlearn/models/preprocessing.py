@@ -57,6 +57,7 @@ from privlearn.models.base import (
     data_shape,
     make_rng,
     quiet_data_checks,
+    refuse_as_step,
     refuse_fit_params,
     require_delta_for_gaussian,
     validate_input,
@@ -541,6 +542,7 @@ class PrivatePipeline(Pipeline):
             last = i == len(steps) - 1
             placeholder = np.broadcast_to(np.float64(0.0), shape)
             if isinstance(step, PrivateEstimator):  # its mechanism_ counts
+                refuse_as_step(step, type(self).__name__, name)
                 plan = step._plan(step._validate_params(), placeholder, y)
                 yield name, step, placeholder, plan, plan.mechanism
             elif isinstance(step, PrivatePipeline):

@@ -302,3 +302,38 @@ def test_knn_votes_move_by_the_accounted_sensitivity_with_tied_neighbours(monkey
         np.testing.assert_array_equal(v, brute(X, y, k))
         assert np.linalg.norm(v - v2, axis=1).max() <= math.sqrt(2) + 1e-12
         assert np.abs(v - v2).sum(axis=1).max() <= 2 + 1e-12
+
+
+def _knn_in_a_pipeline_or_a_search():
+    from privlearn.models import PrivatePipeline, PrivateSearchCV, PrivateStandardScaler
+
+    def pipe():
+        return PrivatePipeline([
+            ("scale", PrivateStandardScaler(feature_range=(-3, 3))),
+            ("knn", PrivateKNN(classes=[0, 1]))])
+
+    return [(pipe(), "pipeline step 'knn' (PrivateKNN)"),
+            (PrivateSearchCV(PrivateKNN(classes=[0, 1]), {"n_neighbors": [5, 10]},
+                             loss_bound=1.0), "PrivateSearchCV: PrivateKNN"),
+            (PrivateSearchCV(pipe(), {"knn__n_neighbors": [5, 10]}, loss_bound=1.0),
+             "pipeline step 'knn' (PrivateKNN)")]
+
+
+@pytest.mark.parametrize("case", range(3), ids=["pipeline", "search", "search-of-pipeline"])
+def test_knn_as_a_pipeline_step_or_search_candidate_is_refused_saying_why(case):
+    """PrivateKNN spends at release, not at fit: refused before any step is fitted, with
+    a message naming it and the way to use it on its own (not "call fit before release")."""
+    est, label = _knn_in_a_pipeline_or_a_search()[case]
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.raises(TypeError) as err:
+        est.fit(X, y)
+    msg = str(err.value)
+    assert f"{label} cannot be a step of a PrivatePipeline" in msg
+    assert "release(X_query)" in msg and "on its own" in msg and "before release" not in msg
+    pipe = getattr(est, "estimator", est)
+    if hasattr(pipe, "named_steps"):
+        assert not hasattr(pipe.named_steps["scale"], "mean_")  # nothing was fitted
+        with pytest.raises(TypeError, match="cannot be a step"):
+            pipe.planned_mechanism(X, y)
