@@ -38,6 +38,7 @@ import numpy as np
 from sklearn.base import OneToOneFeatureMixin, TransformerMixin, clone
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from privlearn import _validation as _v
@@ -593,21 +594,50 @@ class PrivatePipeline(Pipeline):
         checks, see :meth:`_check_before_fit`), ``delta=0`` with a step adding Gaussian
         noise, and a fit parameter a private step cannot account
         (``model__sample_weight``)."""
+        delta = self._check_fit(X, y, params)
+        super().fit(X, y, **params)
+        self._account(delta)
+        return self
+
+    @available_if(lambda self: _final_has(self, "transform", "fit_transform",
+                                                passthrough=True))
+    def fit_transform(self, X, y=None, **params):
+        """Fit every step and transform with the final one, accounted and refused as
+        :meth:`fit` (scikit-learn's ``Pipeline.fit_transform`` does not call ``fit``)."""
+        delta = self._check_fit(X, y, params)
+        Xt = super().fit_transform(X, y, **params)
+        self._account(delta)
+        return Xt
+
+    @available_if(lambda self: _final_has(self, "fit_predict"))
+    def fit_predict(self, X, y=None, **params):
+        """Fit every step and ``fit_predict`` with the final one, accounted and refused
+        as :meth:`fit` (scikit-learn's ``Pipeline.fit_predict`` does not call ``fit``)."""
+        delta = self._check_fit(X, y, params)
+        y_pred = super().fit_predict(X, y, **params)
+        self._account(delta)
+        return y_pred
+
+    def _check_fit(self, X, y, params: dict[str, Any]) -> float | None:
+        """What every fitting method refuses before the first step is fitted (see
+        :meth:`fit`); returns the validated ``delta`` (None: the steps' sum)."""
         check_finite_target(type(self).__name__, y)
         delta = (None if self.delta is None
                  else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))
         get_accountant(self.accountant)
         self._check_steps(params)
         self._check_before_fit(X, y, delta)
-        super().fit(X, y, **params)
-        self.mechanism_ = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
+        return delta
+
+    def _account(self, delta: float | None) -> None:
+        """Set ``mechanism_``, ``delta_`` and ``epsilon_`` from the fitted steps."""
+        mechanism = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
         if delta is None:
             deltas = [getattr(s, "delta_", 0.0) for _, s in self.steps
                       if isinstance(getattr(s, "mechanism_", None), Mechanism)]
             delta = float(sum(deltas))
-        self.delta_ = delta
-        self.epsilon_ = float(self.mechanism_.epsilon(delta, self.accountant))
-        return self
+        epsilon = float(mechanism.epsilon(delta, self.accountant))
+        self.mechanism_, self.delta_, self.epsilon_ = mechanism, delta, epsilon
 
     def _check_steps(self, params: dict[str, Any]) -> None:
         """What :meth:`fit` refuses before fitting any step: a step that learns from the
@@ -631,6 +661,17 @@ class PrivatePipeline(Pipeline):
             elif not isinstance(step, PrivatePipeline) and name not in public and (
                     get_tags(step).requires_fit):
                 raise _unplanned_step(name, step)
+
+
+def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool:
+    """``available_if`` check: the final step has one of ``methods`` (or, with
+    ``passthrough``, is ``"passthrough"``), as scikit-learn's ``Pipeline`` decides which
+    of its fitting methods exist."""
+    last = pipe._final_estimator
+    if (passthrough and isinstance(last, str) and last == "passthrough") or any(
+            hasattr(last, m) for m in methods):
+        return True
+    raise AttributeError(f"the final step {type(last).__name__} has none of {methods}")
 
 
 def _unplanned_step(name: str, step: Any) -> ParameterTypeError:

@@ -187,3 +187,34 @@ def test_pipeline_refuses_before_its_first_step_releases(last, pipe_kw, fit_kw, 
         pipe.fit(X, X[:, 0], **fit_kw)
     assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
     assert not hasattr(scaler, "mean_") and not hasattr(pipe, "mechanism_")
+
+
+def test_fit_transform_and_fit_predict_are_refused_and_accounted_as_fit():
+    """scikit-learn's ``Pipeline.fit_transform`` / ``fit_predict`` fit the steps without
+    calling ``fit``: they must refuse a step without a mechanism before any step is
+    fitted, and record the same account as ``fit``."""
+    from sklearn.cluster import KMeans
+
+    from privlearn.errors import ParameterTypeError
+
+    X = np.random.default_rng(0).normal(size=(200, 3))
+    scaler = PrivateStandardScaler(feature_range=(-5, 5), random_state=0)
+    leaky = PrivatePipeline([("private", scaler), ("exact", StandardScaler())])
+    with pytest.raises(ParameterTypeError, match="'exact'.*no planned mechanism"):
+        leaky.fit_transform(X)
+    assert not hasattr(scaler, "mechanism_") and not hasattr(leaky[-1], "mean_")
+    clusters = PrivatePipeline([("private", PrivateStandardScaler(feature_range=(-5, 5))),
+                                ("km", KMeans(2, n_init=1, random_state=0))])
+    with pytest.raises(ParameterTypeError, match="'km'"):
+        clusters.fit_predict(X)
+    assert not hasattr(clusters[-1], "cluster_centers_")
+
+    pipe = PrivatePipeline([("scale", PrivateStandardScaler(feature_range=(-5, 5),
+                                                            random_state=0))], delta=1e-6)
+    Z = pipe.fit_transform(X)
+    assert pipe.mechanism_ == pipe.planned_mechanism(X) == pipe[0].mechanism_
+    assert pipe.epsilon_ == pipe.mechanism_.epsilon(1e-6) and pipe.delta_ == 1e-6
+    assert np.array_equal(Z, pipe.transform(X))
+    public = clusters.set_params(public_steps=("km",))
+    assert public.fit_predict(X).shape == (200,)
+    assert public.mechanism_ == public[0].mechanism_ and public.epsilon_ > 0
