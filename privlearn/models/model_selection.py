@@ -79,12 +79,19 @@ from sklearn.utils.validation import check_is_fitted
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.errors import (
+    ConfigurationError,
     ParameterTypeError,
     ParameterValueError,
     PlanMismatchError,
     UnsupportedMechanismError,
 )
-from privlearn.models.base import PrivateEstimator, ReleasePlan, make_rng, validate_input
+from privlearn.models.base import (
+    PrivateEstimator,
+    ReleasePlan,
+    data_shape,
+    make_rng,
+    validate_input,
+)
 from privlearn.models.constraints import (
     ACCOUNTANT,
     LEDGER,
@@ -301,7 +308,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         ``ledger.budget(dataset)``: the search's whole cost is reserved before any data is
         read (refused with ``BudgetExceededError`` when over budget) and settled when the
         search is done; the candidates' own ledgers (a pipeline's steps' too) are not
-        charged. Random stopping on a budget whose accountant is not ``"rdp"`` is
+        charged. With ``ledger=None`` a searched estimator that has a ledger of its own
+        is refused (``ConfigurationError``): its fits would be charged nowhere. Random
+        stopping on a budget whose accountant is not ``"rdp"`` is
         charged its ``(epsilon, delta)`` conversion (see ``mechanism_``).
     random_state : None, int or Generator
         Seeds the search's own generator: which runs happen, the scores' noise, and a
@@ -429,11 +438,25 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         public = X_val is not None
         if public and y_val is None:
             raise ParameterValueError("give y_val with X_val")
+        if y_val is not None and not public:
+            raise ParameterValueError(
+                "give X_val with y_val: without public validation features the search "
+                "scores its runs privately on the training data and would ignore y_val")
+        if not hasattr(self.estimator, "predict"):
+            raise ParameterTypeError(
+                f"PrivateSearchCV scores every run by its predictions, and "
+                f"{type(self.estimator).__name__} has no predict; search a private "
+                "regressor or classifier, or a PrivatePipeline ending in one (a label "
+                "release, PATE or PrivateKNN, is not searched: it has no fit to account)")
         lb = 1.0 if public else self._loss_bound(params["loss_bound"])
         grid = tuple(ParameterGrid(self.param_grid))
         if not grid:
             raise ParameterValueError("param_grid is empty")
-        candidates = [clone(self.estimator).set_params(**p) for p in grid]
+        candidates = [self._candidate(p) for p in grid]
+        if params["ledger"] is None:
+            self._refuse_candidate_ledgers(candidates)
+        if public:
+            self._check_validation_data(X, X_val, y_val)
         fit_plans = tuple(c._plan(c._validate_params(), X, y)
                           if isinstance(c, PrivateEstimator) else None for c in candidates)
         fit_mechs = tuple(planned_mechanism(c, X, y) if fp is None else fp.mechanism
@@ -482,6 +505,47 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             mech, accountant = ApproxDP(float(mech.epsilon(d0, "rdp")), d0), "pld"
         return SearchPlan(mechanism=mech, accountant=accountant, eta=eta, gamma=gamma,
                           expected_runs=ek, **common)
+
+    def _candidate(self, params: dict[str, Any]):
+        """``clone(estimator).set_params(**params)``, a grid entry the estimator does not
+        take refused as a :class:`~privlearn.errors.ParameterValueError`."""
+        try:
+            return clone(self.estimator).set_params(**params)
+        except ValueError as e:
+            if isinstance(e, ParameterValueError):
+                raise
+            raise ParameterValueError(
+                f"param_grid has an entry {params} that {type(self.estimator).__name__} "
+                f"does not take: {e}") from e
+
+    @staticmethod
+    def _refuse_candidate_ledgers(candidates) -> None:
+        """Without a ledger of its own the search charges none: a candidate (or a
+        pipeline step) with a ledger would fit and release without the charge it
+        asks for."""
+        for cand in candidates:
+            keys = [k for k in _nested_keys(cand, "ledger")
+                    if cand.get_params(deep=True)[k] is not None]
+            if keys:
+                raise ConfigurationError(
+                    f"the searched estimator has a ledger ({', '.join(keys)}), but "
+                    "PrivateSearchCV(ledger=None) charges no budget: the search spends for "
+                    "all its runs on its own ledger, never on the candidates'. Pass "
+                    "PrivateSearchCV(..., ledger=<that budget>) (the search's whole cost is "
+                    "then reserved on it before the data is read)")
+
+    def _check_validation_data(self, X, X_val, y_val) -> None:
+        """Refuse public validation data the runs could not be scored on (before the
+        ledger is charged: a refusal after the fits would charge the whole search)."""
+        try:
+            X_val, _ = validate_input(self, X_val, y_val, reset=False, dtype=None)
+        except ValueError as e:  # the typed errors of validate_input, named for X_val
+            raise type(e)(f"public validation data (X_val, y_val): {e}") from e
+        width = data_shape(X)
+        if len(width) == 2 and X_val.shape[1] != width[1]:
+            raise ParameterValueError(
+                f"X_val has {X_val.shape[1]} features but X has {width[1]}: the public "
+                "validation data must have the training data's columns")
 
     _ledger_advice = (
         "Use method='composition' (every run composed with the budget's accountant), or a "
