@@ -573,9 +573,17 @@ class PrivatePipeline(Pipeline):
         when they are fitted."""
         for name, step, placeholder, plan, mech in self._planned_steps(X, y, strict=False):
             if plan is not None:
-                with warnings.catch_warnings():  # the step warns when it is fitted
-                    warnings.simplefilter("ignore")
-                    step._check_data(placeholder, y, plan)
+                # the checks set what they validate (n_features_in_, a classifier's
+                # classes_ read off y): put the step's state back, so that a pipeline
+                # whose fit fails later leaves no step looking fitted
+                state = dict(vars(step))
+                try:
+                    with warnings.catch_warnings():  # the step warns when it is fitted
+                        warnings.simplefilter("ignore")
+                        step._check_data(placeholder, y, plan)
+                finally:
+                    step.__dict__.clear()
+                    step.__dict__.update(state)
             if delta == 0.0 and math.isinf(pure_epsilon(mech)):
                 require_delta_for_gaussian(
                     delta, f"pipeline step {name!r} ({type(step).__name__})", laplace=False,

@@ -218,3 +218,32 @@ def test_fit_transform_and_fit_predict_are_refused_and_accounted_as_fit():
     public = clusters.set_params(public_steps=("km",))
     assert public.fit_predict(X).shape == (200,)
     assert public.mechanism_ == public[0].mechanism_ and public.epsilon_ > 0
+
+
+def test_a_failed_pipeline_fit_leaves_no_step_looking_fitted(tmp_path):
+    """The pipeline runs every private step's data checks before fitting the first one;
+    those checks set what they validate (``n_features_in_``, the classes read off ``y``).
+    When the fit then fails (here: the first step's budget is exhausted) no later step
+    may be left with attributes of a fit that never ran (``check_is_fitted`` passing,
+    ``classes_`` read from the private labels)."""
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    from privlearn.errors import BudgetExceededError
+    from privlearn.ledger import Ledger
+    from privlearn.models import DPSGDClassifier
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=0.1, delta=1e-5)
+    X = np.random.default_rng(0).normal(size=(100, 3))
+    y = np.where(X[:, 0] > 0, "pos", "neg")
+    clf = DPSGDClassifier(n_iter=5)
+    before = dict(vars(clf))
+    pipe = PrivatePipeline([
+        ("scale", PrivateStandardScaler(feature_range=(-5, 5), ledger=led.budget("d"))),
+        ("clf", clf)])
+    with pytest.raises(BudgetExceededError):
+        pipe.fit(X, y)
+    assert vars(clf) == before
+    with pytest.raises(NotFittedError):
+        check_is_fitted(clf)
