@@ -51,7 +51,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Laplace, Mechanism, compose, subsample
-from privlearn.errors import ParameterValueError, PrivacyLeakWarning
+from privlearn.errors import ParameterTypeError, ParameterValueError, PrivacyLeakWarning
 from privlearn.models._release import LabelRelease
 from privlearn.models.base import (
     PrivateEstimator,
@@ -280,6 +280,11 @@ class PATE(_LabelReleaseBase):
         teacher moves the sum by at most sqrt(2) in L2 and 2 in L1).
         """
         T = np.asarray(teacher_outputs)
+        if T.dtype.kind not in "biuf":
+            raise ParameterTypeError(
+                "teacher_outputs must be numbers: integer class labels 0..n_classes-1 "
+                f"(hard votes) or probabilities (soft votes), got an array of dtype "
+                f"{T.dtype}; map label names to their index in the public label list first")
         if T.ndim == 2:
             if not np.issubdtype(T.dtype, np.integer):
                 if not np.all(np.isfinite(T)) or not np.all(T == np.round(T)):

@@ -314,7 +314,10 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
                 "feature_range is required: the public (lower, upper) range of the features "
                 "(a data-derived range would leak); e.g. feature_range=(0, 100)"
             )
-        fr = np.asarray(self.feature_range, dtype=float)
+        try:
+            fr = np.asarray(self.feature_range, dtype=float)
+        except (TypeError, ValueError):
+            fr = np.full((0,), np.nan)  # refused below, with the expected shape
         if fr.shape == (2,):
             fr = np.tile(fr, (d, 1))
         if fr.shape != (d, 2) or not np.all(np.isfinite(fr)) or not np.all(fr[:, 0] < fr[:, 1]):

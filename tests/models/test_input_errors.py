@@ -292,3 +292,25 @@ def test_knn_without_labels_is_typed():
     X, _ = _data()
     with pytest.raises(ParameterValueError, match="needs the private labels"):
         CASES["PrivateKNN"]().fit(X, None)
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda X, y: M.SSPRegressor(budget_split="ab").fit(X, y), ParameterValueError),
+    (lambda X, y: M.AdaSSPRegressor(budget_split=["1", "x", "2"]).fit(X, y),
+     ParameterValueError),
+    (lambda X, y: M.PrivateStandardScaler(feature_range="ab").fit(X), ParameterValueError),
+    (lambda X, y: M.PrivateStandardScaler(feature_range=[(0, "x")] * 3).fit(X),
+     ParameterValueError),
+    (lambda X, y: M.PATE().release(np.full((5, 20), "a"), n_classes=2), ParameterTypeError),
+    (lambda X, y: M.PATE().release(sp.csr_matrix(np.zeros((5, 20), int)), n_classes=2),
+     ParameterTypeError),
+], ids=["ssp-split-text", "adassp-split-text", "scaler-range-text", "scaler-range-entry",
+        "pate-text-votes", "pate-sparse-votes"])
+def test_malformed_values_are_typed_refusals_naming_the_input(make, error):
+    """Text where numbers are expected used to escape as NumPy's or Python's own
+    ``ValueError`` / ``TypeError`` (``could not convert string to float``, ``ufunc
+    'isfinite' not supported``), naming neither the parameter nor what to pass."""
+    X, y = _data()
+    name = re.compile("budget_split|feature_range|teacher_outputs")
+    with pytest.raises(error, match=name):
+        make(X, y)
