@@ -451,6 +451,7 @@ def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) ->
     """
     if not isinstance(pipe, Pipeline):
         raise ParameterTypeError(f"pipe must be a scikit-learn Pipeline, got {type(pipe).__name__}")
+    public_steps = _check_public_steps(public_steps)
     mechs: list[Mechanism] = []
     for name, step in pipe.steps:
         if step is None or (isinstance(step, str) and step == "passthrough"):
@@ -537,7 +538,7 @@ class PrivatePipeline(Pipeline):
             raise ParameterValueError(
                 f"Expected 2D array, got an array of shape {shape} instead: X must be "
                 "(n_samples, n_features)")
-        public = tuple(self.public_steps)
+        public = _check_public_steps(self.public_steps)
         steps = [(n, s) for n, s in self.steps
                  if not (s is None or (isinstance(s, str) and s == "passthrough"))]
         for i, (name, step) in enumerate(steps):
@@ -642,7 +643,7 @@ class PrivatePipeline(Pipeline):
 
     def _account(self, delta: float | None) -> None:
         """Set ``mechanism_``, ``delta_`` and ``epsilon_`` from the fitted steps."""
-        mechanism = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
+        mechanism = pipeline_mechanism(self, public_steps=self.public_steps)
         if delta is None:
             deltas = [getattr(s, "delta_", 0.0) for _, s in self.steps
                       if isinstance(getattr(s, "mechanism_", None), Mechanism)]
@@ -655,7 +656,7 @@ class PrivatePipeline(Pipeline):
         data without a mechanism (not in ``public_steps``), a private step's invalid
         parameter (its declared constraints), and ``step__param`` fit parameters that a
         private step's ``fit`` does not take (:func:`~privlearn.models.base.refuse_fit_params`)."""
-        public = tuple(self.public_steps)
+        public = _check_public_steps(self.public_steps)
         routed: dict[str, dict[str, Any]] = {}
         for key, value in params.items():
             name, sep, param = key.partition("__")
@@ -672,6 +673,24 @@ class PrivatePipeline(Pipeline):
             elif not isinstance(step, PrivatePipeline) and name not in public and (
                     get_tags(step).requires_fit):
                 raise _unplanned_step(name, step)
+
+
+def _check_public_steps(public_steps: Any) -> tuple[str, ...]:
+    """``public_steps`` as a tuple of step names; a single string is refused (``"scale"
+    in "scaler"`` would make a step public by a substring match)."""
+    if isinstance(public_steps, str) or not all(
+            isinstance(n, str) for n in _iterable(public_steps)):
+        raise ParameterTypeError(
+            f"public_steps must be a sequence of step names, got {public_steps!r}; e.g. "
+            "public_steps=('encode',) for one step")
+    return tuple(public_steps)
+
+
+def _iterable(value: Any) -> tuple:
+    try:
+        return tuple(value)
+    except TypeError:
+        return (None,)  # not a sequence: refused as not holding names
 
 
 def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool:

@@ -247,3 +247,21 @@ def test_a_failed_pipeline_fit_leaves_no_step_looking_fitted(tmp_path):
     assert vars(clf) == before
     with pytest.raises(NotFittedError):
         check_is_fitted(clf)
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_public_steps_as_a_single_string_is_refused():
+    """``public_steps="scaler"`` is not a list of names: ``"scale" in "scaler"`` made the
+    exact StandardScaler step 'scale' public by a substring match."""
+    from privlearn.errors import ParameterTypeError
+
+    X = np.random.default_rng(0).normal(size=(100, 2))
+    y = X[:, 0]
+    plain = Pipeline([("scale", StandardScaler()), ("ada", AdaSSPRegressor())]).fit(X, y)
+    with pytest.raises(ParameterTypeError, match="public_steps must be a sequence"):
+        pipeline_mechanism(plain, public_steps="scaler")
+    pipe = PrivatePipeline([("scale", StandardScaler()), ("ada", AdaSSPRegressor())],
+                           public_steps="scale")
+    with pytest.raises(ParameterTypeError, match="public_steps"):
+        pipe.fit(X, y)
+    assert pipeline_mechanism(plain, public_steps=["scale"]) == plain[-1].mechanism_
