@@ -449,7 +449,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 "regressor or classifier, or a PrivatePipeline ending in one (a label "
                 "release, PATE or PrivateKNN, is not searched: it has no fit to account)")
         lb = 1.0 if public else self._loss_bound(params["loss_bound"])
-        grid = tuple(ParameterGrid(self.param_grid))
+        try:
+            grid = tuple(ParameterGrid(self.param_grid))
+        except (TypeError, ValueError) as e:
+            typed = ParameterTypeError if isinstance(e, TypeError) else ParameterValueError
+            raise typed(
+                f"param_grid must be a dict (or a list of dicts) mapping each parameter to "
+                f"a non-empty list of values, e.g. {{'epsilon': [0.5, 1.0]}}: {e}") from e
         if not grid:
             raise ParameterValueError("param_grid is empty")
         candidates = [self._candidate(p) for p in grid]
@@ -510,7 +516,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         """``clone(estimator).set_params(**params)``, a grid entry the estimator does not
         take refused as a :class:`~privlearn.errors.ParameterValueError`."""
         try:
-            return clone(self.estimator).set_params(**params)
+            est = clone(self.estimator)
+        except TypeError as e:
+            raise ParameterTypeError(
+                f"estimator must be an estimator instance, e.g. SSPRegressor(), got "
+                f"{self.estimator!r}: {e}") from e
+        try:
+            return est.set_params(**params)
         except ValueError as e:
             if isinstance(e, ParameterValueError):
                 raise

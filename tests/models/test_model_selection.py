@@ -406,10 +406,20 @@ def test_an_estimator_without_predict_is_refused_before_the_ledger(estimator, tm
     assert led.spent("d").entries == 0 and led.pending("d") == []
 
 
-def test_a_grid_entry_the_estimator_does_not_take_is_typed(data):
+@pytest.mark.parametrize("estimator, grid, error, match", [
+    (_est, {"epsilonn": [1.0]}, ParameterValueError, "param_grid.*'epsilonn'"),
+    (_est, {"epsilon": 1.0}, ParameterTypeError, "param_grid must be a dict"),
+    (_est, {"epsilon": []}, ParameterValueError, "param_grid must be a dict"),
+    (_est, "epsilon", ParameterTypeError, "param_grid must be a dict"),
+    (lambda: AdaSSPRegressor, {"epsilon": [1.0]}, ParameterTypeError,
+     "estimator must be an estimator instance"),
+], ids=["unknown-key", "scalar-value", "empty-values", "not-a-dict", "a-class"])
+def test_a_malformed_grid_or_estimator_is_typed(data, estimator, grid, error, match):
+    """scikit-learn's ParameterGrid / set_params / clone refusals, as privlearn's typed
+    errors naming the search's parameter."""
     X, y = data
-    with pytest.raises(ParameterValueError, match="param_grid.*'epsilonn'"):
-        PrivateSearchCV(_est(), {"epsilonn": [1.0]}, loss_bound=9.0).fit(X, y)
+    with pytest.raises(error, match=match):
+        PrivateSearchCV(estimator(), grid, loss_bound=9.0).fit(X, y)
 
 
 def test_a_candidate_s_ledger_is_not_dropped_by_a_search_without_one(data, tmp_path):
