@@ -62,6 +62,7 @@ References
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import warnings
@@ -640,6 +641,20 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             fitted.update(runs_=runs, scores_=[float(np.clip(v, lo, hi)) for v in scores],
                           n_fits_=len(runs), fit_mechanisms_=ran)
         return fitted
+
+    def __sklearn_tags__(self):
+        """The searched estimator's type and prediction tags, as scikit-learn's
+        ``GridSearchCV`` (``is_classifier(PrivateSearchCV(DPSGDClassifier(), ...))``)."""
+        tags = super().__sklearn_tags__()
+        try:
+            sub = get_tags(self.estimator)
+        except Exception:  # noqa: BLE001 - not an estimator: refused by fit, not here
+            return tags
+        tags.estimator_type = sub.estimator_type
+        tags.classifier_tags = copy.deepcopy(sub.classifier_tags)
+        tags.regressor_tags = copy.deepcopy(sub.regressor_tags)
+        tags.input_tags.sparse = sub.input_tags.sparse
+        return tags
 
     # -- the released model (post-processing: no privacy cost) --------------------------
     @available_if(_best_has("predict"))

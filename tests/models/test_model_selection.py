@@ -486,3 +486,15 @@ def test_verbose_is_validated_naming_the_parameter(data):
             s.fit(X, y)
         assert not hasattr(s, "best_estimator_")
     assert PrivateSearchCV(_est(), GRID, verbose=True)._validate_params()["verbose"] == 1
+
+
+def test_the_search_has_its_estimator_s_type_as_grid_search_cv():
+    """scikit-learn reads a meta-estimator's type from its tags (``GridSearchCV`` takes
+    its estimator's): a classifier search is stratified by ``cross_val_score`` and
+    scored by accuracy, a regressor search by R^2."""
+    from sklearn.base import is_classifier, is_regressor
+
+    clf = PrivateSearchCV(DPSGDClassifier(classes=[0, 1]), {"epsilon": [1.0]})
+    reg = PrivateSearchCV(_est(), {"epsilon": [1.0]}, loss_bound=9.0)
+    assert is_classifier(clf) and not is_regressor(clf)
+    assert is_regressor(reg) and not is_classifier(reg)
