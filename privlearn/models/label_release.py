@@ -56,6 +56,7 @@ from privlearn.models._release import LabelRelease
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
+    check_class_labels,
     data_shape,
     make_rng,
     refuse_fit_params,
@@ -499,6 +500,7 @@ class PrivateKNN(_LabelReleaseBase):
                 "PrivateKNN.fit needs the private labels: fit(X_private, y_private)")
         with self._refit():
             X, y = validate_input(self, X, y, dtype=np.float64)
+            check_class_labels(type(self).__name__, y)
             classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
         self.__dict__.pop("_releases", None)  # the new data is a new account
         self.classes_ = classes

@@ -314,3 +314,25 @@ def test_malformed_values_are_typed_refusals_naming_the_input(make, error):
     name = re.compile("budget_split|feature_range|teacher_outputs")
     with pytest.raises(error, match=name):
         make(X, y)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: M.DPSGDClassifier(n_iter=3, classes=[0, 1], random_state=0),
+    lambda: M.DPSGDClassifier(n_iter=3, random_state=0),
+    lambda: M.PrivateKNN(classes=[0, 1], random_state=0),
+    lambda: M.PrivateKNN(random_state=0),
+], ids=["dpsgd-classes", "dpsgd", "knn-classes", "knn"])
+@pytest.mark.parametrize("bad", [None, "a"], ids=["missing-label", "mixed-types"])
+@pytest.mark.filterwarnings("ignore::privlearn.errors.PrivacyLeakWarning")
+def test_labels_of_mixed_types_are_a_typed_refusal(make, bad, tmp_path):
+    """A missing label (None) or a string among numbers used to escape as scikit-learn's
+    ``Unknown label type`` or NumPy's ``'<' not supported`` (untyped)."""
+    X, y = _data()
+    y = y.astype(int).astype(object)
+    y[3] = bad
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)
+    est = make().set_params(ledger=led.budget("d"))
+    with pytest.raises(ParameterValueError, match="all numbers or all strings"):
+        est.fit(X, y)
+    assert led.spent("d").entries == 0 and led.pending("d") == []
