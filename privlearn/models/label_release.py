@@ -201,7 +201,9 @@ class _LabelReleaseBase(PrivateEstimator):
             mechanism=self.mechanism_,
             epsilon=self.epsilon_,
             delta=self.delta_,
-            accountant=self.accountant,
+            # the accountant that certified epsilon_ (the last call's), not the parameter,
+            # which may have been changed since
+            accountant=releases[-1].accountant,
         )
 
 
