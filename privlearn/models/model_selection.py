@@ -581,8 +581,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         with warnings.catch_warnings():  # each run warns its caller when it is fitted
             warnings.simplefilter("ignore")
             for params, fit_plan in zip(plan.grid, plan.fit_plans, strict=False):
+                candidate = clone(self.estimator).set_params(**params)
                 if fit_plan is not None:
-                    clone(self.estimator).set_params(**params)._check_data(X, y, fit_plan)
+                    candidate._check_data(X, y, fit_plan)
+                elif isinstance(candidate, PrivatePipeline):
+                    # what the pipeline's fit refuses before its first step (each private
+                    # step's own data checks, a non-finite y): refused here, not in a run
+                    candidate._check_fit(X, y, {})
         return X, y
 
     def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:

@@ -444,6 +444,35 @@ def test_a_candidate_s_ledger_is_not_dropped_by_a_search_without_one(data, tmp_p
                         ledger=led.budget("d")).fit(X, y)
     assert len(FITS) == 2 and led.mechanism("d") == compose([s.mechanism_])
 
+
+def _pipe_of(model):
+    from privlearn.models import PrivatePipeline
+
+    return PrivatePipeline([("scale", PrivateStandardScaler(feature_range=(-1, 1))),
+                            ("model", model)])
+
+
+@pytest.mark.parametrize("estimator, y_of", [
+    (lambda: _pipe_of(AdaSSPRegressor(y_bound=3.0)), lambda y: y.astype(str)),
+    (lambda: _pipe_of(AdaSSPRegressor(y_bound=3.0)), lambda y: None),
+    (lambda: _pipe_of(DPSGDClassifier(n_iter=5, classes=[0, 1])),
+     lambda y: np.where(y > 0, 1, 2)),
+], ids=["string-target", "no-target", "label-outside-classes"])
+def test_data_a_pipeline_step_refuses_cancels_the_search_reservation(estimator, y_of,
+                                                                      tmp_path):
+    """As for an estimator: a pipeline candidate's steps check the data before the
+    search's release (they used to refuse inside a run, charging the whole search)."""
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    X = np.random.default_rng(0).uniform(-0.5, 0.5, size=(100, 2))
+    search = PrivateSearchCV(estimator(), {"model__epsilon": [0.5, 1.0]}, loss_bound=9.0,
+                             ledger=led.budget("d"), random_state=0)
+    with pytest.raises(ValueError):
+        search.fit(X, y_of(X[:, 0]))
+    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
+    assert not hasattr(search, "best_estimator_")
+
+
 # -- verbose: a progress bar over the runs, counts and times only ---------------------------
 @pytest.mark.parametrize("method", ["composition", "random_stopping"])
 def test_verbose_shows_a_progress_bar_of_the_runs_and_changes_nothing(data, capfd, method):
