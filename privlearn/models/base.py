@@ -348,8 +348,9 @@ def check_class_labels(owner: str, y: np.ndarray) -> str:
         np.unique(y)  # sorting mixed types raises
     except (TypeError, ValueError) as e:
         raise ParameterValueError(
-            f"{owner}: the labels y must be all numbers or all strings; got labels of "
-            f"mixed types or missing labels (None) ({type(e).__name__}). Map each label "
+            f"{owner}: Unknown label type: the labels y must be all numbers or all "
+            "strings, got labels of mixed types, objects or missing labels (None). Map "
+            "each label "
             "to one of the public classes, and drop the rows without a label (a label "
             "imputed from the private data would be a release nothing accounts)") from e
     return kind
