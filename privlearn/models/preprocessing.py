@@ -639,6 +639,10 @@ class PrivatePipeline(Pipeline):
         get_accountant(self.accountant)
         self._check_steps(params)
         self._check_before_fit(X, y, delta)
+        # the steps are about to be refitted: the previous account would not describe
+        # them if a later step fails (set only once every step is fitted)
+        for name in ("mechanism_", "epsilon_", "delta_"):
+            self.__dict__.pop(name, None)
         return delta
 
     def _account(self, delta: float | None) -> None:

@@ -265,3 +265,26 @@ def test_public_steps_as_a_single_string_is_refused():
     with pytest.raises(ParameterTypeError, match="public_steps"):
         pipe.fit(X, y)
     assert pipeline_mechanism(plain, public_steps=["scale"]) == plain[-1].mechanism_
+
+
+def test_a_pipeline_refit_that_fails_after_a_step_released_keeps_no_stale_account(tmp_path):
+    """A refit whose second step fails (its budget is exhausted) after the first step
+    released at a new epsilon: the pipeline must not keep reporting the previous
+    account, which describes releases its steps no longer hold."""
+    from privlearn.errors import BudgetExceededError
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("model", epsilon=1.2, delta=1e-5)
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(200, 2))
+    y = np.clip(X[:, 0], -1, 1)
+    pipe = PrivatePipeline([
+        ("scale", PrivateStandardScaler(epsilon=0.5, feature_range=(-1, 1))),
+        ("model", AdaSSPRegressor(epsilon=1.0, x_bound=10.0,
+                                  ledger=led.budget("model")))]).fit(X, y)
+    pipe.set_params(scale__epsilon=3.0)
+    with pytest.raises(BudgetExceededError):
+        pipe.fit(X, y)
+    assert pipe.named_steps["scale"].epsilon_ > 2.0  # the first step did release
+    assert not hasattr(pipe, "mechanism_") and not hasattr(pipe, "epsilon_")
