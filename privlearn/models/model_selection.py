@@ -587,7 +587,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 elif isinstance(candidate, PrivatePipeline):
                     # what the pipeline's fit refuses before its first step (each private
                     # step's own data checks, a non-finite y): refused here, not in a run
-                    candidate._check_fit(X, y, {})
+                    candidate._check_fit(X, y, {}, budgets=False)  # not charged
         return X, y
 
     def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:

@@ -630,20 +630,42 @@ class PrivatePipeline(Pipeline):
         self._account(delta)
         return y_pred
 
-    def _check_fit(self, X, y, params: dict[str, Any]) -> float | None:
+    def _check_fit(self, X, y, params: dict[str, Any], *, budgets: bool = True
+                   ) -> float | None:
         """What every fitting method refuses before the first step is fitted (see
-        :meth:`fit`); returns the validated ``delta`` (None: the steps' sum)."""
+        :meth:`fit`); returns the validated ``delta`` (None: the steps' sum).
+        ``budgets``: also check that the steps' ledger budgets can hold their planned
+        mechanisms (False when the steps' ledgers will not be charged)."""
         check_finite_target(type(self).__name__, y)
         delta = (None if self.delta is None
                  else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))
         get_accountant(self.accountant)
         self._check_steps(params)
         self._check_before_fit(X, y, delta)
+        if budgets:
+            self._check_budgets(X, y)
         # the steps are about to be refitted: the previous account would not describe
         # them if a later step fails (set only once every step is fitted)
         for name in ("mechanism_", "epsilon_", "delta_"):
             self.__dict__.pop(name, None)
         return delta
+
+    def _check_budgets(self, X, y) -> None:
+        """Refuse, before the first step is fitted, a step whose ledger budget cannot
+        hold its planned mechanism (with those of the other steps charged to the same
+        budget): otherwise the steps before it would release and spend, and the fit
+        fail at that step (:class:`~privlearn.errors.BudgetExceededError`; advisory, as
+        :meth:`privlearn.ledger.Ledger.check`: each step still reserves its own)."""
+        groups: dict[tuple, tuple[Any, list[Mechanism]]] = {}
+        for _name, step, _placeholder, plan, mech in self._planned_steps(X, y, strict=False):
+            handle = getattr(step, "ledger", None) if plan is not None else None
+            if handle is None or not callable(getattr(handle, "check", None)):
+                continue  # no budget (or not a handle: the step's own fit refuses it)
+            key = (str(getattr(getattr(handle, "ledger", None), "path", id(handle))),
+                   getattr(handle, "dataset", None), getattr(handle, "privacy_unit", None))
+            groups.setdefault(key, (handle, []))[1].append(mech)
+        for handle, mechs in groups.values():
+            handle.check(compose(mechs))
 
     def _account(self, delta: float | None) -> None:
         """Set ``mechanism_``, ``delta_`` and ``epsilon_`` from the fitted steps."""

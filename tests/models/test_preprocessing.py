@@ -267,24 +267,54 @@ def test_public_steps_as_a_single_string_is_refused():
     assert pipeline_mechanism(plain, public_steps=["scale"]) == plain[-1].mechanism_
 
 
-def test_a_pipeline_refit_that_fails_after_a_step_released_keeps_no_stale_account(tmp_path):
-    """A refit whose second step fails (its budget is exhausted) after the first step
-    released at a new epsilon: the pipeline must not keep reporting the previous
-    account, which describes releases its steps no longer hold."""
-    from privlearn.errors import BudgetExceededError
-    from privlearn.ledger import Ledger
+def test_a_pipeline_refit_that_fails_after_a_step_released_keeps_no_stale_account():
+    """A refit whose second step fails (here it diverges, an error that depends on the
+    data and so comes after its release) after the first step released at a new
+    epsilon: the pipeline must not keep reporting the previous account, which
+    describes releases its steps no longer hold."""
+    from privlearn.models import NoisyGDRegressor
 
-    led = Ledger(tmp_path / "l.db", create=True)
-    led.create_budget("model", epsilon=1.2, delta=1e-5)
     rng = np.random.default_rng(0)
     X = rng.uniform(-1, 1, size=(200, 2))
     y = np.clip(X[:, 0], -1, 1)
     pipe = PrivatePipeline([
         ("scale", PrivateStandardScaler(epsilon=0.5, feature_range=(-1, 1))),
-        ("model", AdaSSPRegressor(epsilon=1.0, x_bound=10.0,
-                                  ledger=led.budget("model")))]).fit(X, y)
-    pipe.set_params(scale__epsilon=3.0)
-    with pytest.raises(BudgetExceededError):
+        ("model", NoisyGDRegressor(noise_multiplier=None, n_iter=20, x_bound=10.0,
+                                   learning_rate=1e-3))]).fit(X, y)
+    pipe.set_params(scale__epsilon=3.0, model__learning_rate=1e6)
+    with pytest.raises(FloatingPointError, match="diverged"):
         pipe.fit(X, y)
     assert pipe.named_steps["scale"].epsilon_ > 2.0  # the first step did release
     assert not hasattr(pipe, "mechanism_") and not hasattr(pipe, "epsilon_")
+
+
+def test_a_budget_that_cannot_hold_a_later_step_is_refused_before_the_first_releases(
+        tmp_path):
+    """Two steps on one budget that holds the first step's release but not both: the
+    pipeline used to fit (and charge) the scaler, then fail at the model, leaving a
+    spent budget and no model. Refused before any step, nothing recorded; a budget
+    that holds both is charged both."""
+    from privlearn.errors import BudgetExceededError
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("small", epsilon=1.2, delta=1e-5)
+    led.create_budget("large", epsilon=3.0, delta=1e-5)
+    X = np.random.default_rng(0).uniform(-1, 1, size=(200, 2))
+    y = X[:, 0]
+
+    def pipe(budget):
+        return PrivatePipeline([
+            ("scale", PrivateStandardScaler(epsilon=1.0, feature_range=(-1, 1),
+                                            ledger=led.budget(budget))),
+            ("model", AdaSSPRegressor(epsilon=1.0, x_bound=10.0,
+                                      ledger=led.budget(budget)))])
+
+    small = pipe("small")
+    with pytest.raises(BudgetExceededError):
+        small.fit(X, y)
+    assert led.spent("small").entries == 0 and led.pending("small") == []
+    assert not hasattr(small.named_steps["scale"], "mechanism_")
+    large = pipe("large").fit(X, y)
+    assert led.mechanism("large") == compose(
+        [large.named_steps["scale"].mechanism_, large.named_steps["model"].mechanism_])
