@@ -604,8 +604,9 @@ class PrivatePipeline(Pipeline):
         data without a mechanism (unless in ``public_steps``), a private step's invalid
         parameter or refusal of the shape or type of ``y`` (its own planning and data
         checks, see :meth:`_check_before_fit`), ``delta=0`` with a step adding Gaussian
-        noise, and a fit parameter a private step cannot account
-        (``model__sample_weight``)."""
+        noise, a fit parameter a private step cannot account
+        (``model__sample_weight``), and a step whose ledger budget cannot hold its
+        planned mechanism (``BudgetExceededError``, see :meth:`_check_budgets`)."""
         delta = self._check_fit(X, y, params)
         super().fit(X, y, **params)
         self._account(delta)
