@@ -550,8 +550,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     def _check_validation_data(self, X, X_val, y_val) -> None:
         """Refuse public validation data the runs could not be scored on (before the
         ledger is charged: a refusal after the fits would charge the whole search)."""
+        X_val_given = X_val
         try:
-            X_val, _ = validate_input(self, X_val, y_val, reset=False, dtype=None)
+            # on a copy: this search is not fitted yet (its own X is checked later)
+            X_val, _ = validate_input(clone(self), X_val, y_val, dtype=None)
         except ValueError as e:  # the typed errors of validate_input, named for X_val
             raise type(e)(f"public validation data (X_val, y_val): {e}") from e
         width = data_shape(X)
@@ -559,6 +561,12 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             raise ParameterValueError(
                 f"X_val has {X_val.shape[1]} features but X has {width[1]}: the public "
                 "validation data must have the training data's columns")
+        names, names_val = (getattr(getattr(a, "columns", None), "tolist", None)
+                            for a in (X, X_val_given))
+        if names is not None and names_val is not None and names() != names_val():
+            raise ParameterValueError(
+                f"X_val's columns {names_val()} differ from X's {names()} (names or "
+                "order): the runs could not be scored on it; pass X_val[X.columns]")
 
     _ledger_advice = (
         "Use method='composition' (every run composed with the budget's accountant), or a "

@@ -387,6 +387,19 @@ def test_validation_data_the_runs_cannot_be_scored_on_is_refused_before_the_ledg
     assert not hasattr(search, "best_estimator_")
 
 
+def test_validation_columns_other_than_the_training_columns_are_refused(tmp_path):
+    pd = pytest.importorskip("pandas")
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    X = pd.DataFrame(np.random.default_rng(0).uniform(-0.5, 0.5, size=(100, 2)),
+                     columns=["a", "b"])
+    search = PrivateSearchCV(AdaSSPRegressor(y_bound=3.0), {"epsilon": [0.5, 1.0]},
+                             ledger=led.budget("d"), random_state=0)
+    with pytest.raises(ParameterValueError, match=r"X_val's columns \['b', 'a'\]"):
+        search.fit(X, X["a"], X_val=X[["b", "a"]], y_val=X["a"])
+    assert led.spent("d").entries == 0 and led.pending("d") == []
+
+
 @pytest.mark.parametrize("estimator", [
     lambda: PrivateStandardScaler(feature_range=(-1, 1)),
     lambda: PrivateKNN(classes=[0, 1]),
