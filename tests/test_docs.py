@@ -3,7 +3,8 @@ entry for every public name of the documented packages, every code block of its 
 runs (so tutorials and guides cannot rot), and its pages read as user documentation.
 
 * The reference: ``docs/apigen.py`` lists the documented packages (``API_PACKAGES``); the
-  site is built into a temporary directory with ``sphinx-build -W`` and every name of each
+  site is built from a copy of ``docs/`` into a temporary directory with ``sphinx-build
+  -W`` (once, on one xdist worker; the checkout is not written) and every name of each
   package's ``__all__`` must have its page with the object's anchor. A new public name
   without a page, or one whose docstring breaks the build, fails here.
 * The pages: the Python blocks of each page under ``docs/`` run in order in one fresh
@@ -25,6 +26,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,12 +48,27 @@ REQUIRED = ["privlearn.accounting", "privlearn.models", "privlearn.torch", "priv
 SKIPPED = (("pip", "install"), ("python", "-m", "pytest"), ("sphinx-build",))
 
 
+#: The tests that read the built site: one xdist work unit, so the site is built once, on
+#: one worker (under ``-n`` the tests of a module are otherwise spread over the workers,
+#: and each would build it again).
+SITE = pytest.mark.xdist_group("docs_site")
+
+
 @pytest.fixture(scope="module")
 def built_site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("html")
+    """The site built from a copy of ``docs/`` beside links to the checkout's other
+    top-level entries (the package, ``CHANGELOG.md``, which a page includes): the API
+    pages that ``conf.py`` generates land in the copy, not in the checkout, where another
+    build (a test's, a person's) deletes and rewrites them while this one reads them."""
+    work = tmp_path_factory.mktemp("site")
+    src, out = work / "docs", work / "html"
+    shutil.copytree(DOCS, src, ignore=shutil.ignore_patterns("_build", "generated"))
+    for entry in ROOT.iterdir():
+        if entry.name != "docs" and not entry.name.startswith("."):
+            (work / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
     p = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b",
-                        "html", str(DOCS), str(out)], capture_output=True, text=True,
-                       timeout=1800, cwd=ROOT)
+                        "html", str(src), str(out)], capture_output=True, text=True,
+                       timeout=1800, cwd=work)
     assert p.returncode == 0, f"docs build failed (warnings are errors):\n{p.stderr[-6000:]}"
     return out
 
@@ -67,6 +84,7 @@ def test_package_list_covers_the_required_packages() -> None:
         assert name in present
 
 
+@SITE
 def test_reference_page_for_every_public_name(built_site: Path) -> None:
     present, _ = apigen.present_packages()
     checked = 0
@@ -318,6 +336,7 @@ def test_every_tutorial_block_runs() -> None:
         assert page in PAGES
 
 
+@SITE
 def test_api_roles_in_user_pages_resolve(built_site: Path) -> None:
     """Every {func}/{class}/{mod}/... role of a user page is a link to its reference page
     (Sphinx leaves an unresolved Python cross-reference as plain code, without a

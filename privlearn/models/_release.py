@@ -147,6 +147,7 @@ RELEASED_ATTRIBUTES = MappingProxyType(
                 "classes_": ("public", "the classes parameter; when inferred from y a "
                                        "PrivacyLeakWarning is emitted"),
                 "n_features_in_": _NFEAT,
+                "feature_names_in_": _FNAMES,
                 "_X": ("held-private", "the private features (needed to answer queries)"),
                 "_y": ("held-private", "the private labels (needed to answer queries)"),
                 "_sqnorm": ("held-private", "squared norms of the private features"),

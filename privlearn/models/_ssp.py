@@ -36,7 +36,7 @@ def _check_split(budget_split, n_parts: int) -> tuple[float, ...]:
         return SSP_BUDGET_SPLIT if n_parts == 2 else ADASSP_BUDGET_SPLIT
     try:
         split = tuple(float(r) for r in budget_split)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ParameterValueError(
             f"budget_split must be a sequence of {n_parts} positive finite noise-multiplier "
             f"ratios, got {budget_split!r}"

@@ -67,6 +67,7 @@ __all__ = [
     "data_shape",
     "validate_input",
     "check_finite_target",
+    "check_class_labels",
     "clip_rows",
     "resolve_noise_multiplier",
     "require_delta_for_gaussian",
@@ -343,6 +344,26 @@ def check_finite_target(owner: str, y: Any) -> None:
     """Refuse a numeric ``y`` holding NaN or infinity (:class:`NonFiniteInputError`)."""
     if _non_finite(y):
         raise _non_finite_error(owner, "Input y contains NaN or infinity:", "y")
+
+
+def check_class_labels(owner: str, y: np.ndarray) -> str:
+    """The kind of a classifier's labels ``y`` (:func:`sklearn.utils.multiclass.type_of_target`);
+    labels that are not all numbers or all strings (a ``None``, a mix of the two) are a
+    :class:`~privlearn.errors.ParameterValueError` saying what to do, not NumPy's
+    comparison error (reads the labels, releases nothing)."""
+    from sklearn.utils.multiclass import type_of_target
+
+    try:
+        kind = type_of_target(y, input_name="y", raise_unknown=True)
+        np.unique(y)  # sorting mixed types raises
+    except (TypeError, ValueError) as e:
+        raise ParameterValueError(
+            f"{owner}: Unknown label type: the labels y must be all numbers or all "
+            "strings, got labels of mixed types, objects or missing labels (None). Map "
+            "each label "
+            "to one of the public classes, and drop the rows without a label (a label "
+            "imputed from the private data would be a release nothing accounts)") from e
+    return kind
 
 
 def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_validation",

@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 from sklearn.base import ClassifierMixin, RegressorMixin
-from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted
 
 from privlearn.accounting import Gaussian, Laplace, compose, get_accountant, subsample
@@ -46,6 +45,7 @@ from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
+    check_class_labels,
     make_rng,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
@@ -386,7 +386,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         with a warning) and encode them as 0/1."""
         public = self._public_classes()
         X, y = validate_input(self, X, y, dtype=np.float64)
-        kind = type_of_target(y, input_name="y", raise_unknown=True)
+        kind = check_class_labels(type(self).__name__, y)
         if public is not None:
             bad = ~np.isin(y, public)
             if np.any(bad):

@@ -50,11 +50,12 @@ from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Laplace, Mechanism, compose, subsample
-from privlearn.errors import ParameterValueError, PrivacyLeakWarning
+from privlearn.errors import ParameterTypeError, ParameterValueError, PrivacyLeakWarning
 from privlearn.models._release import LabelRelease
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
+    check_class_labels,
     data_shape,
     make_rng,
     refuse_fit_params,
@@ -200,7 +201,9 @@ class _LabelReleaseBase(PrivateEstimator):
             mechanism=self.mechanism_,
             epsilon=self.epsilon_,
             delta=self.delta_,
-            accountant=self.accountant,
+            # the accountant that certified epsilon_ (the last call's), not the parameter,
+            # which may have been changed since
+            accountant=releases[-1].accountant,
         )
 
 
@@ -280,6 +283,11 @@ class PATE(_LabelReleaseBase):
         teacher moves the sum by at most sqrt(2) in L2 and 2 in L1).
         """
         T = np.asarray(teacher_outputs)
+        if T.dtype.kind not in "biuf":
+            raise ParameterTypeError(
+                "teacher_outputs must be numbers: integer class labels 0..n_classes-1 "
+                f"(hard votes) or probabilities (soft votes), got an array of dtype "
+                f"{T.dtype}; map label names to their index in the public label list first")
         if T.ndim == 2:
             if not np.issubdtype(T.dtype, np.integer):
                 if not np.all(np.isfinite(T)) or not np.all(T == np.round(T)):
@@ -501,6 +509,7 @@ class PrivateKNN(_LabelReleaseBase):
                 "PrivateKNN.fit needs the private labels: fit(X_private, y_private)")
         with self._refit():
             X, y = validate_input(self, X, y, dtype=np.float64)
+            check_class_labels(type(self).__name__, y)
             classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
         self.__dict__.pop("_releases", None)  # the new data is a new account
         self.classes_ = classes

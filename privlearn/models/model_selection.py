@@ -62,6 +62,7 @@ References
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from collections.abc import Callable
@@ -78,6 +79,7 @@ from sklearn.utils.validation import check_is_fitted
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.errors import (
+    ConfigurationError,
     ParameterTypeError,
     ParameterValueError,
     PlanMismatchError,
@@ -86,6 +88,7 @@ from privlearn.errors import (
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
+    data_shape,
     make_rng,
     quiet_data_checks,
     refuse_as_step,
@@ -308,7 +311,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         ``ledger.budget(dataset)``: the search's whole cost is reserved before any data is
         read (refused with ``BudgetExceededError`` when over budget) and settled when the
         search is done; the candidates' own ledgers (a pipeline's steps' too) are not
-        charged. Random stopping on a budget whose accountant is not ``"rdp"`` is
+        charged. With ``ledger=None`` a searched estimator that has a ledger of its own
+        is refused (``ConfigurationError``): its fits would be charged nowhere. Random
+        stopping on a budget whose accountant is not ``"rdp"`` is
         charged its ``(epsilon, delta)`` conversion (see ``mechanism_``).
     random_state : None, int or Generator
         Seeds the search's own generator: which runs happen, the scores' noise, and a
@@ -436,12 +441,33 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         public = X_val is not None
         if public and y_val is None:
             raise ParameterValueError("give y_val with X_val")
+        if y_val is not None and not public:
+            raise ParameterValueError(
+                "give X_val with y_val: without public validation features the search "
+                "scores its runs privately on the training data and would ignore y_val")
+        refuse_as_step(self.estimator, "PrivateSearchCV")
+        if not hasattr(self.estimator, "predict"):
+            raise ParameterTypeError(
+                f"PrivateSearchCV scores every run by its predictions, and "
+                f"{type(self.estimator).__name__} has no predict; search a private "
+                "regressor or classifier, or a PrivatePipeline ending in one (a label "
+                "release, PATE or PrivateKNN, is not searched: it has no fit to account)")
         lb = 1.0 if public else self._loss_bound(params["loss_bound"])
-        grid = tuple(ParameterGrid(self.param_grid))
+        try:
+            grid = tuple(ParameterGrid(self.param_grid))
+        except (TypeError, ValueError) as e:
+            typed = ParameterTypeError if isinstance(e, TypeError) else ParameterValueError
+            raise typed(
+                f"param_grid must be a dict (or a list of dicts) mapping each parameter to "
+                f"a non-empty list of values, e.g. {{'epsilon': [0.5, 1.0]}}: {e}") from e
         if not grid:
             raise ParameterValueError("param_grid is empty")
-        candidates = [clone(self.estimator).set_params(**p) for p in grid]
-        for candidate in candidates:
+        candidates = [self._candidate(p) for p in grid]
+        if params["ledger"] is None:
+            self._refuse_candidate_ledgers(candidates)
+        if public:
+            self._check_validation_data(X, X_val, y_val)
+        for candidate in candidates:  # a grid may put one in a pipeline
             refuse_as_step(candidate, "PrivateSearchCV")
         unscorable = sorted({type(c).__name__ for c in candidates if not hasattr(c, "predict")})
         if unscorable:  # found before the runs read the data, not after the first fit
@@ -498,6 +524,61 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         return SearchPlan(mechanism=mech, accountant=accountant, eta=eta, gamma=gamma,
                           expected_runs=ek, **common)
 
+    def _candidate(self, params: dict[str, Any]):
+        """``clone(estimator).set_params(**params)``, a grid entry the estimator does not
+        take refused as a :class:`~privlearn.errors.ParameterValueError`."""
+        try:
+            est = clone(self.estimator)
+        except TypeError as e:
+            raise ParameterTypeError(
+                f"estimator must be an estimator instance, e.g. SSPRegressor(), got "
+                f"{self.estimator!r}: {e}") from e
+        try:
+            return est.set_params(**params)
+        except ValueError as e:
+            if isinstance(e, ParameterValueError):
+                raise
+            raise ParameterValueError(
+                f"param_grid has an entry {params} that {type(self.estimator).__name__} "
+                f"does not take: {e}") from e
+
+    @staticmethod
+    def _refuse_candidate_ledgers(candidates) -> None:
+        """Without a ledger of its own the search charges none: a candidate (or a
+        pipeline step) with a ledger would fit and release without the charge it
+        asks for."""
+        for cand in candidates:
+            keys = [k for k in _nested_keys(cand, "ledger")
+                    if cand.get_params(deep=True)[k] is not None]
+            if keys:
+                raise ConfigurationError(
+                    f"the searched estimator has a ledger ({', '.join(keys)}), but "
+                    "PrivateSearchCV(ledger=None) charges no budget: the search spends for "
+                    "all its runs on its own ledger, never on the candidates'. Pass "
+                    "PrivateSearchCV(..., ledger=<that budget>) (the search's whole cost is "
+                    "then reserved on it before the data is read)")
+
+    def _check_validation_data(self, X, X_val, y_val) -> None:
+        """Refuse public validation data the runs could not be scored on (before the
+        ledger is charged: a refusal after the fits would charge the whole search)."""
+        X_val_given = X_val
+        try:
+            # on a copy: this search is not fitted yet (its own X is checked later)
+            X_val, _ = validate_input(clone(self), X_val, y_val, dtype=None)
+        except ValueError as e:  # the typed errors of validate_input, named for X_val
+            raise type(e)(f"public validation data (X_val, y_val): {e}") from e
+        width = data_shape(X)
+        if len(width) == 2 and X_val.shape[1] != width[1]:
+            raise ParameterValueError(
+                f"X_val has {X_val.shape[1]} features but X has {width[1]}: the public "
+                "validation data must have the training data's columns")
+        names, names_val = (getattr(getattr(a, "columns", None), "tolist", None)
+                            for a in (X, X_val_given))
+        if names is not None and names_val is not None and names() != names_val():
+            raise ParameterValueError(
+                f"X_val's columns {names_val()} differ from X's {names()} (names or "
+                "order): the runs could not be scored on it; pass X_val[X.columns]")
+
     _ledger_advice = (
         "Use method='composition' (every run composed with the budget's accountant), or a "
         "budget created with accountant='rdp' (privlearn budget init --accountant rdp)")
@@ -518,8 +599,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 f"PrivateSearchCV: {type(self.estimator).__name__} needs y; pass fit(X, y)")
         with quiet_data_checks():  # each run warns its caller when it is fitted
             for params, fit_plan in zip(plan.grid, plan.fit_plans, strict=False):
+                candidate = clone(self.estimator).set_params(**params)
                 if fit_plan is not None:
-                    clone(self.estimator).set_params(**params)._check_data(X, y, fit_plan)
+                    candidate._check_data(X, y, fit_plan)
+                elif isinstance(candidate, PrivatePipeline):
+                    # what the pipeline's fit refuses before its first step (each private
+                    # step's own data checks, a non-finite y): refused here, not in a run
+                    candidate._check_fit(X, y, {}, budgets=False)  # not charged
         return X, y
 
     def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:
@@ -578,6 +664,20 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             fitted.update(runs_=runs, scores_=[float(np.clip(v, lo, hi)) for v in scores],
                           n_fits_=len(runs), fit_mechanisms_=ran)
         return fitted
+
+    def __sklearn_tags__(self):
+        """The searched estimator's type and prediction tags, as scikit-learn's
+        ``GridSearchCV`` (``is_classifier(PrivateSearchCV(DPSGDClassifier(), ...))``)."""
+        tags = super().__sklearn_tags__()
+        try:
+            sub = get_tags(self.estimator)
+        except Exception:  # noqa: BLE001 - not an estimator: refused by fit, not here
+            return tags
+        tags.estimator_type = sub.estimator_type
+        tags.classifier_tags = copy.deepcopy(sub.classifier_tags)
+        tags.regressor_tags = copy.deepcopy(sub.regressor_tags)
+        tags.input_tags.sparse = sub.input_tags.sparse
+        return tags
 
     # -- the released model (post-processing: no privacy cost) --------------------------
     @available_if(_best_has("predict"))

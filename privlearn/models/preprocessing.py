@@ -37,6 +37,7 @@ import numpy as np
 from sklearn.base import OneToOneFeatureMixin, TransformerMixin, clone
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from privlearn import _validation as _v
@@ -315,7 +316,10 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
                 "feature_range is required: the public (lower, upper) range of the features "
                 "(a data-derived range would leak); e.g. feature_range=(0, 100)"
             )
-        fr = np.asarray(self.feature_range, dtype=float)
+        try:
+            fr = np.asarray(self.feature_range, dtype=float)
+        except (TypeError, ValueError):
+            fr = np.full((0,), np.nan)  # refused below, with the expected shape
         if fr.shape == (2,):
             fr = np.tile(fr, (d, 1))
         if fr.shape != (d, 2) or not np.all(np.isfinite(fr)) or not np.all(fr[:, 0] < fr[:, 1]):
@@ -449,6 +453,7 @@ def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) ->
     """
     if not isinstance(pipe, Pipeline):
         raise ParameterTypeError(f"pipe must be a scikit-learn Pipeline, got {type(pipe).__name__}")
+    public_steps = _check_public_steps(public_steps)
     mechs: list[Mechanism] = []
     for name, step in pipe.steps:
         if step is None or (isinstance(step, str) and step == "passthrough"):
@@ -535,7 +540,7 @@ class PrivatePipeline(Pipeline):
             raise ParameterValueError(
                 f"Expected 2D array, got an array of shape {shape} instead: X must be "
                 "(n_samples, n_features)")
-        public = tuple(self.public_steps)
+        public = _check_public_steps(self.public_steps)
         steps = [(n, s) for n, s in self.steps
                  if not (s is None or (isinstance(s, str) and s == "passthrough"))]
         for i, (name, step) in enumerate(steps):
@@ -575,8 +580,16 @@ class PrivatePipeline(Pipeline):
         when they are fitted."""
         for name, step, placeholder, plan, mech in self._planned_steps(X, y, strict=False):
             if plan is not None:
-                with quiet_data_checks():  # the step warns when it is fitted
-                    step._check_data(placeholder, y, plan)
+                # the checks set what they validate (n_features_in_, a classifier's
+                # classes_ read off y): put the step's state back, so that a pipeline
+                # whose fit fails later leaves no step looking fitted
+                state = dict(vars(step))
+                try:
+                    with quiet_data_checks():  # the step warns when it is fitted
+                        step._check_data(placeholder, y, plan)
+                finally:
+                    step.__dict__.clear()
+                    step.__dict__.update(state)
             if delta == 0.0 and math.isinf(pure_epsilon(mech)):
                 require_delta_for_gaussian(
                     delta, f"pipeline step {name!r} ({type(step).__name__})", laplace=False,
@@ -593,31 +606,89 @@ class PrivatePipeline(Pipeline):
         data without a mechanism (unless in ``public_steps``), a private step's invalid
         parameter or refusal of the shape or type of ``y`` (its own planning and data
         checks, see :meth:`_check_before_fit`), ``delta=0`` with a step adding Gaussian
-        noise, and a fit parameter a private step cannot account
-        (``model__sample_weight``)."""
+        noise, a fit parameter a private step cannot account
+        (``model__sample_weight``), and a step whose ledger budget cannot hold its
+        planned mechanism (``BudgetExceededError``, see :meth:`_check_budgets`)."""
+        delta = self._check_fit(X, y, params)
+        with warnings_once_per_fit():  # each step's clipping once in a search
+            super().fit(X, y, **params)
+        self._account(delta)
+        return self
+
+    @available_if(lambda self: _final_has(self, "transform", "fit_transform",
+                                                passthrough=True))
+    def fit_transform(self, X, y=None, **params):
+        """Fit every step and transform with the final one, accounted and refused as
+        :meth:`fit` (scikit-learn's ``Pipeline.fit_transform`` does not call ``fit``)."""
+        delta = self._check_fit(X, y, params)
+        with warnings_once_per_fit():  # each step's clipping once in a search
+            Xt = super().fit_transform(X, y, **params)
+        self._account(delta)
+        return Xt
+
+    @available_if(lambda self: _final_has(self, "fit_predict"))
+    def fit_predict(self, X, y=None, **params):
+        """Fit every step and ``fit_predict`` with the final one, accounted and refused
+        as :meth:`fit` (scikit-learn's ``Pipeline.fit_predict`` does not call ``fit``)."""
+        delta = self._check_fit(X, y, params)
+        with warnings_once_per_fit():  # each step's clipping once in a search
+            y_pred = super().fit_predict(X, y, **params)
+        self._account(delta)
+        return y_pred
+
+    def _check_fit(self, X, y, params: dict[str, Any], *, budgets: bool = True
+                   ) -> float | None:
+        """What every fitting method refuses before the first step is fitted (see
+        :meth:`fit`); returns the validated ``delta`` (None: the steps' sum).
+        ``budgets``: also check that the steps' ledger budgets can hold their planned
+        mechanisms (False when the steps' ledgers will not be charged)."""
         check_finite_target(type(self).__name__, y)
         delta = (None if self.delta is None
                  else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))
         get_accountant(self.accountant)
         self._check_steps(params)
         self._check_before_fit(X, y, delta)
-        with warnings_once_per_fit():  # a clipping step of a search's runs: one warning
-            super().fit(X, y, **params)
-        self.mechanism_ = pipeline_mechanism(self, public_steps=tuple(self.public_steps))
+        if budgets:
+            self._check_budgets(X, y)
+        # the steps are about to be refitted: the previous account would not describe
+        # them if a later step fails (set only once every step is fitted)
+        for name in ("mechanism_", "epsilon_", "delta_"):
+            self.__dict__.pop(name, None)
+        return delta
+
+    def _check_budgets(self, X, y) -> None:
+        """Refuse, before the first step is fitted, a step whose ledger budget cannot
+        hold its planned mechanism (with those of the other steps charged to the same
+        budget): otherwise the steps before it would release and spend, and the fit
+        fail at that step (:class:`~privlearn.errors.BudgetExceededError`; advisory, as
+        :meth:`privlearn.ledger.Ledger.check`: each step still reserves its own)."""
+        groups: dict[tuple, tuple[Any, list[Mechanism]]] = {}
+        for _name, step, _placeholder, plan, mech in self._planned_steps(X, y, strict=False):
+            handle = getattr(step, "ledger", None) if plan is not None else None
+            if handle is None or not callable(getattr(handle, "check", None)):
+                continue  # no budget (or not a handle: the step's own fit refuses it)
+            key = (str(getattr(getattr(handle, "ledger", None), "path", id(handle))),
+                   getattr(handle, "dataset", None), getattr(handle, "privacy_unit", None))
+            groups.setdefault(key, (handle, []))[1].append(mech)
+        for handle, mechs in groups.values():
+            handle.check(compose(mechs))
+
+    def _account(self, delta: float | None) -> None:
+        """Set ``mechanism_``, ``delta_`` and ``epsilon_`` from the fitted steps."""
+        mechanism = pipeline_mechanism(self, public_steps=self.public_steps)
         if delta is None:
             deltas = [getattr(s, "delta_", 0.0) for _, s in self.steps
                       if isinstance(getattr(s, "mechanism_", None), Mechanism)]
             delta = float(sum(deltas))
-        self.delta_ = delta
-        self.epsilon_ = float(self.mechanism_.epsilon(delta, self.accountant))
-        return self
+        epsilon = float(mechanism.epsilon(delta, self.accountant))
+        self.mechanism_, self.delta_, self.epsilon_ = mechanism, delta, epsilon
 
     def _check_steps(self, params: dict[str, Any]) -> None:
         """What :meth:`fit` refuses before fitting any step: a step that learns from the
         data without a mechanism (not in ``public_steps``), a private step's invalid
         parameter (its declared constraints), and ``step__param`` fit parameters that a
         private step's ``fit`` does not take (:func:`~privlearn.models.base.refuse_fit_params`)."""
-        public = tuple(self.public_steps)
+        public = _check_public_steps(self.public_steps)
         routed: dict[str, dict[str, Any]] = {}
         for key, value in params.items():
             name, sep, param = key.partition("__")
@@ -634,6 +705,35 @@ class PrivatePipeline(Pipeline):
             elif not isinstance(step, PrivatePipeline) and name not in public and (
                     get_tags(step).requires_fit):
                 raise _unplanned_step(name, step)
+
+
+def _check_public_steps(public_steps: Any) -> tuple[str, ...]:
+    """``public_steps`` as a tuple of step names; a single string is refused (``"scale"
+    in "scaler"`` would make a step public by a substring match)."""
+    if isinstance(public_steps, str) or not all(
+            isinstance(n, str) for n in _iterable(public_steps)):
+        raise ParameterTypeError(
+            f"public_steps must be a sequence of step names, got {public_steps!r}; e.g. "
+            "public_steps=('encode',) for one step")
+    return tuple(public_steps)
+
+
+def _iterable(value: Any) -> tuple:
+    try:
+        return tuple(value)
+    except TypeError:
+        return (None,)  # not a sequence: refused as not holding names
+
+
+def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool:
+    """``available_if`` check: the final step has one of ``methods`` (or, with
+    ``passthrough``, is ``"passthrough"``), as scikit-learn's ``Pipeline`` decides which
+    of its fitting methods exist."""
+    last = pipe._final_estimator
+    if (passthrough and isinstance(last, str) and last == "passthrough") or any(
+            hasattr(last, m) for m in methods):
+        return True
+    raise AttributeError(f"the final step {type(last).__name__} has none of {methods}")
 
 
 def _unplanned_step(name: str, step: Any) -> ParameterTypeError:

@@ -41,7 +41,7 @@ def _spy_bulk(monkeypatch) -> list[tuple[int, int, int]]:
 
 
 @settings(max_examples=12, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sigma=st.floats(0.7, 4.0), steps=st.integers(2, 3000),
        quantile=st.floats(1e-9, 0.3))
 def test_accurate_composition_is_certified_against_the_exact_gaussian(

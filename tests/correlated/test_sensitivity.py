@@ -185,8 +185,11 @@ class _TooSlow(Exception):
 
 
 @pytest.fixture
-def time_limit():
-    """``with time_limit(s):`` raises :class:`_TooSlow` past ``s`` seconds (SIGALRM): the
+def time_limit(stopwatch):
+    """``with time_limit(s):`` raises :class:`_TooSlow` if the block took more than ``s``
+    seconds of work (the ``stopwatch``'s measure: the smaller of wall and CPU time, so a
+    loaded machine does not fail it), and stops it (SIGALRM) once it has run ``5 s`` of
+    wall time, so a quadratic algorithm fails instead of running for hours: the
     sensitivity of a long run must come in time to calibrate it (tens of evaluations),
     not in quadratic time."""
     import contextlib
@@ -195,15 +198,18 @@ def time_limit():
     @contextlib.contextmanager
     def limit(seconds: float):
         def fire(signum, frame):
-            raise _TooSlow(f"took more than {seconds} s")
+            raise _TooSlow(f"still running after {5 * seconds} s of wall time")
 
         old = signal.signal(signal.SIGALRM, fire)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+        signal.setitimer(signal.ITIMER_REAL, 5 * seconds)
         try:
-            yield
+            with stopwatch() as took:
+                yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
+        if took.seconds > seconds:
+            raise _TooSlow(f"took {took.seconds:.1f} s, more than {seconds} s")
 
     return limit
 

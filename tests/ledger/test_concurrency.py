@@ -12,6 +12,7 @@ from pathlib import Path
 
 from _ledger_workers import spend_many
 
+import privlearn
 from privlearn.accounting import Gaussian, compose
 from privlearn.ledger import Ledger
 
@@ -49,7 +50,10 @@ def test_sigkill_mid_spends_keeps_every_acknowledged_spend(tmp_path):
     path = str(tmp_path / "k.db")
     Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
     worker = Path(__file__).with_name("_ledger_workers.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])}
+    # the child imports the privlearn under test (the one this process imported), whatever
+    # the working directory and whether or not it is installed
+    root = Path(privlearn.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path])}
     proc = subprocess.Popen([sys.executable, str(worker), path], stdout=subprocess.PIPE,
                             text=True, env=env)
     acked, reserved = [], None

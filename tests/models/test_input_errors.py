@@ -292,3 +292,47 @@ def test_knn_without_labels_is_typed():
     X, _ = _data()
     with pytest.raises(ParameterValueError, match="needs the private labels"):
         CASES["PrivateKNN"]().fit(X, None)
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda X, y: M.SSPRegressor(budget_split="ab").fit(X, y), ParameterValueError),
+    (lambda X, y: M.AdaSSPRegressor(budget_split=["1", "x", "2"]).fit(X, y),
+     ParameterValueError),
+    (lambda X, y: M.PrivateStandardScaler(feature_range="ab").fit(X), ParameterValueError),
+    (lambda X, y: M.PrivateStandardScaler(feature_range=[(0, "x")] * 3).fit(X),
+     ParameterValueError),
+    (lambda X, y: M.PATE().release(np.full((5, 20), "a"), n_classes=2), ParameterTypeError),
+    (lambda X, y: M.PATE().release(sp.csr_matrix(np.zeros((5, 20), int)), n_classes=2),
+     ParameterTypeError),
+], ids=["ssp-split-text", "adassp-split-text", "scaler-range-text", "scaler-range-entry",
+        "pate-text-votes", "pate-sparse-votes"])
+def test_malformed_values_are_typed_refusals_naming_the_input(make, error):
+    """Text where numbers are expected used to escape as NumPy's or Python's own
+    ``ValueError`` / ``TypeError`` (``could not convert string to float``, ``ufunc
+    'isfinite' not supported``), naming neither the parameter nor what to pass."""
+    X, y = _data()
+    name = re.compile("budget_split|feature_range|teacher_outputs")
+    with pytest.raises(error, match=name):
+        make(X, y)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: M.DPSGDClassifier(n_iter=3, classes=[0, 1], random_state=0),
+    lambda: M.DPSGDClassifier(n_iter=3, random_state=0),
+    lambda: M.PrivateKNN(classes=[0, 1], random_state=0),
+    lambda: M.PrivateKNN(random_state=0),
+], ids=["dpsgd-classes", "dpsgd", "knn-classes", "knn"])
+@pytest.mark.parametrize("bad", [None, "a"], ids=["missing-label", "mixed-types"])
+@pytest.mark.filterwarnings("ignore::privlearn.errors.PrivacyLeakWarning")
+def test_labels_of_mixed_types_are_a_typed_refusal(make, bad, tmp_path):
+    """A missing label (None) or a string among numbers used to escape as scikit-learn's
+    ``Unknown label type`` or NumPy's ``'<' not supported`` (untyped)."""
+    X, y = _data()
+    y = y.astype(int).astype(object)
+    y[3] = bad
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)
+    est = make().set_params(ledger=led.budget("d"))
+    with pytest.raises(ParameterValueError, match="all numbers or all strings"):
+        est.fit(X, y)
+    assert led.spent("d").entries == 0 and led.pending("d") == []

@@ -337,3 +337,21 @@ def test_knn_as_a_pipeline_step_or_search_candidate_is_refused_saying_why(case):
         assert not hasattr(pipe.named_steps["scale"], "mean_")  # nothing was fitted
         with pytest.raises(TypeError, match="cannot be a step"):
             pipe.planned_mechanism(X, y)
+
+
+def test_public_release_names_the_accountant_that_certified_its_epsilon():
+    """The shared LabelRelease carries ``epsilon`` with the accountant that computed it:
+    changing the ``accountant`` parameter after the releases (without a new one) must not
+    relabel a PLD epsilon as an RDP one (re-certifying with the stated accountant gives
+    another number)."""
+    votes = np.random.default_rng(0).integers(0, 2, size=(10, 20))
+    p = PATE(random_state=0)
+    p.release(votes, 2)
+    p.release(votes, 2)
+    p.set_params(accountant="rdp")
+    r = p.public_release()
+    assert r.accountant == "pld"
+    assert r.epsilon == r.mechanism.epsilon(r.delta, r.accountant)
+    p.release(votes, 2)  # a release under the new accountant certifies the total with it
+    r = p.public_release()
+    assert r.accountant == "rdp" and r.epsilon == r.mechanism.epsilon(r.delta, "rdp")

@@ -10,9 +10,21 @@ import pytest
 from sklearn.model_selection import ParameterGrid
 
 from privlearn.accounting import Laplace, compose
-from privlearn.errors import BudgetExceededError, ParameterTypeError
+from privlearn.errors import (
+    BudgetExceededError,
+    ConfigurationError,
+    NonFiniteInputError,
+    ParameterTypeError,
+    ParameterValueError,
+)
 from privlearn.ledger import Ledger
-from privlearn.models import AdaSSPRegressor, DPSGDClassifier, PrivateStandardScaler
+from privlearn.models import (
+    PATE,
+    AdaSSPRegressor,
+    DPSGDClassifier,
+    PrivateKNN,
+    PrivateStandardScaler,
+)
 from privlearn.models.model_selection import PrivateSearchCV, planned_mechanism
 
 FITS: list[dict] = []
@@ -141,7 +153,7 @@ def test_a_candidate_without_predict_is_refused_before_the_data_is_read(data, tm
     search = PrivateSearchCV(PrivateStandardScaler(feature_range=(-1, 1)),
                              {"quantile": [None, 0.01]}, method="composition",
                              loss_bound=1.0, ledger=led.budget("d"))
-    with pytest.raises(ParameterTypeError, match=r"\['PrivateStandardScaler'\] has no predict"):
+    with pytest.raises(ParameterTypeError, match=r"PrivateStandardScaler has no predict"):
         search.fit(X, y)
     assert led.spent("d").entries == 0
 
@@ -357,6 +369,138 @@ def test_data_a_candidate_refuses_cancels_the_search_reservation(estimator, y_of
     assert not hasattr(search, "best_estimator_")
 
 
+
+_X_VAL_REFUSALS = {
+    "X_val-width": (lambda X, y: {"X_val": X[:50, :1], "y_val": y[:50]}, ParameterValueError,
+                    "X_val has 1 features but X has 2"),
+    "X_val-nan": (lambda X, y: {"X_val": np.full((50, 2), np.nan), "y_val": y[:50]},
+                  NonFiniteInputError, "X_val"),
+    "y_val-length": (lambda X, y: {"X_val": X[:50], "y_val": y[:10]}, ParameterValueError,
+                     "inconsistent numbers of samples"),
+    "y_val-alone": (lambda X, y: {"y_val": y[:50]}, ParameterValueError,
+                    "give X_val with y_val"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_X_VAL_REFUSALS))
+def test_validation_data_the_runs_cannot_be_scored_on_is_refused_before_the_ledger(
+        case, tmp_path):
+    """Public validation data is read only to score the runs, after every fit: data it
+    cannot score on is refused (typed, naming it) before the search is reserved, not
+    after all the fits were charged."""
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(100, 2))
+    y = X[:, 0]
+    val, error, match = _X_VAL_REFUSALS[case]
+    search = PrivateSearchCV(AdaSSPRegressor(y_bound=3.0), {"epsilon": [0.5, 1.0]},
+                             ledger=led.budget("d"), random_state=0)
+    with pytest.raises(error, match=match):
+        search.fit(X, y, **val(X, y))
+    assert led.spent("d").entries == 0 and led.pending("d") == []
+    assert not hasattr(search, "best_estimator_")
+
+
+def test_validation_columns_other_than_the_training_columns_are_refused(tmp_path):
+    pd = pytest.importorskip("pandas")
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    X = pd.DataFrame(np.random.default_rng(0).uniform(-0.5, 0.5, size=(100, 2)),
+                     columns=["a", "b"])
+    search = PrivateSearchCV(AdaSSPRegressor(y_bound=3.0), {"epsilon": [0.5, 1.0]},
+                             ledger=led.budget("d"), random_state=0)
+    with pytest.raises(ParameterValueError, match=r"X_val's columns \['b', 'a'\]"):
+        search.fit(X, X["a"], X_val=X[["b", "a"]], y_val=X["a"])
+    assert led.spent("d").entries == 0 and led.pending("d") == []
+
+
+@pytest.mark.parametrize("estimator", [
+    lambda: PrivateStandardScaler(feature_range=(-1, 1)),
+    lambda: PrivateKNN(classes=[0, 1]),
+    lambda: PATE(),
+], ids=["scaler", "knn", "pate"])
+def test_an_estimator_without_predict_is_refused_before_the_ledger(estimator, tmp_path):
+    """The search scores every run by its predictions: an estimator without ``predict``
+    is refused (typed) before anything is reserved, not with an AttributeError after
+    the fits were charged."""
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    X = np.random.default_rng(0).uniform(-0.5, 0.5, size=(100, 2))
+    search = PrivateSearchCV(estimator(), {"epsilon": [0.5, 1.0]}, loss_bound=1.0,
+                             ledger=led.budget("d"))
+    with pytest.raises(ParameterTypeError, match="has no predict"):
+        search.fit(X, (X[:, 0] > 0).astype(int))
+    assert led.spent("d").entries == 0 and led.pending("d") == []
+
+
+@pytest.mark.parametrize("estimator, grid, error, match", [
+    (_est, {"epsilonn": [1.0]}, ParameterValueError, "param_grid.*'epsilonn'"),
+    (_est, {"epsilon": 1.0}, ParameterTypeError, "param_grid must be a dict"),
+    (_est, {"epsilon": []}, ParameterValueError, "param_grid must be a dict"),
+    (_est, "epsilon", ParameterTypeError, "param_grid must be a dict"),
+    (lambda: AdaSSPRegressor, {"epsilon": [1.0]}, ParameterTypeError,
+     "estimator must be an estimator instance"),
+], ids=["unknown-key", "scalar-value", "empty-values", "not-a-dict", "a-class"])
+def test_a_malformed_grid_or_estimator_is_typed(data, estimator, grid, error, match):
+    """scikit-learn's ParameterGrid / set_params / clone refusals, as privlearn's typed
+    errors naming the search's parameter."""
+    X, y = data
+    with pytest.raises(error, match=match):
+        PrivateSearchCV(estimator(), grid, loss_bound=9.0).fit(X, y)
+
+
+def test_a_candidate_s_ledger_is_not_dropped_by_a_search_without_one(data, tmp_path):
+    """The search charges its whole cost on its own ledger and none of the candidates':
+    without one, a searched estimator (or pipeline step) bound to a budget would fit
+    and release with nothing charged. Refused before any fit; with the budget passed
+    to the search, it is charged."""
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    FITS.clear()
+    for est, grid in ((CountingAdaSSP(y_bound=3.0, ledger=led.budget("d")),
+                       {"epsilon": [0.5, 1.0]}),
+                      (_pipe(ledger=led.budget("d")), {"scale__epsilon": [0.5, 1.0]})):
+        with pytest.raises(ConfigurationError, match="ledger=<that budget>"):
+            PrivateSearchCV(est, grid, loss_bound=9.0).fit(X, y)
+    with pytest.raises(ConfigurationError):
+        PrivateSearchCV(_est(), {"ledger": [led.budget("d")]}, loss_bound=9.0).fit(X, y)
+    assert FITS == [] and led.spent("d").entries == 0
+    s = PrivateSearchCV(CountingAdaSSP(y_bound=3.0, ledger=led.budget("d")),
+                        {"epsilon": [0.5, 1.0]}, loss_bound=9.0, method="composition",
+                        ledger=led.budget("d")).fit(X, y)
+    assert len(FITS) == 2 and led.mechanism("d") == compose([s.mechanism_])
+
+
+def _pipe_of(model):
+    from privlearn.models import PrivatePipeline
+
+    return PrivatePipeline([("scale", PrivateStandardScaler(feature_range=(-1, 1))),
+                            ("model", model)])
+
+
+@pytest.mark.parametrize("estimator, y_of", [
+    (lambda: _pipe_of(AdaSSPRegressor(y_bound=3.0)), lambda y: y.astype(str)),
+    (lambda: _pipe_of(AdaSSPRegressor(y_bound=3.0)), lambda y: None),
+    (lambda: _pipe_of(DPSGDClassifier(n_iter=5, classes=[0, 1])),
+     lambda y: np.where(y > 0, 1, 2)),
+], ids=["string-target", "no-target", "label-outside-classes"])
+def test_data_a_pipeline_step_refuses_cancels_the_search_reservation(estimator, y_of,
+                                                                      tmp_path):
+    """As for an estimator: a pipeline candidate's steps check the data before the
+    search's release (they used to refuse inside a run, charging the whole search)."""
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    X = np.random.default_rng(0).uniform(-0.5, 0.5, size=(100, 2))
+    search = PrivateSearchCV(estimator(), {"model__epsilon": [0.5, 1.0]}, loss_bound=9.0,
+                             ledger=led.budget("d"), random_state=0)
+    with pytest.raises(ValueError):
+        search.fit(X, y_of(X[:, 0]))
+    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
+    assert not hasattr(search, "best_estimator_")
+
+
 # -- verbose: a progress bar over the runs, counts and times only ---------------------------
 @pytest.mark.parametrize("method", ["composition", "random_stopping"])
 def test_verbose_shows_a_progress_bar_of_the_runs_and_changes_nothing(data, capfd, method):
@@ -435,3 +579,15 @@ def test_a_clipping_is_reported_once_per_fit_of_a_pipeline_or_a_search(data, sea
     assert len(seen) == 1 and f"and {n_labels} labels" in seen[0], seen
     if search:
         assert est.n_fits_ == 4
+
+
+def test_the_search_has_its_estimator_s_type_as_grid_search_cv():
+    """scikit-learn reads a meta-estimator's type from its tags (``GridSearchCV`` takes
+    its estimator's): a classifier search is stratified by ``cross_val_score`` and
+    scored by accuracy, a regressor search by R^2."""
+    from sklearn.base import is_classifier, is_regressor
+
+    clf = PrivateSearchCV(DPSGDClassifier(classes=[0, 1]), {"epsilon": [1.0]})
+    reg = PrivateSearchCV(_est(), {"epsilon": [1.0]}, loss_bound=9.0)
+    assert is_classifier(clf) and not is_regressor(clf)
+    assert is_regressor(reg) and not is_classifier(reg)

@@ -187,3 +187,134 @@ def test_pipeline_refuses_before_its_first_step_releases(last, pipe_kw, fit_kw, 
         pipe.fit(X, X[:, 0], **fit_kw)
     assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
     assert not hasattr(scaler, "mean_") and not hasattr(pipe, "mechanism_")
+
+
+def test_fit_transform_and_fit_predict_are_refused_and_accounted_as_fit():
+    """scikit-learn's ``Pipeline.fit_transform`` / ``fit_predict`` fit the steps without
+    calling ``fit``: they must refuse a step without a mechanism before any step is
+    fitted, and record the same account as ``fit``."""
+    from sklearn.cluster import KMeans
+
+    from privlearn.errors import ParameterTypeError
+
+    X = np.random.default_rng(0).normal(size=(200, 3))
+    scaler = PrivateStandardScaler(feature_range=(-5, 5), random_state=0)
+    leaky = PrivatePipeline([("private", scaler), ("exact", StandardScaler())])
+    with pytest.raises(ParameterTypeError, match="'exact'.*no planned mechanism"):
+        leaky.fit_transform(X)
+    assert not hasattr(scaler, "mechanism_") and not hasattr(leaky[-1], "mean_")
+    clusters = PrivatePipeline([("private", PrivateStandardScaler(feature_range=(-5, 5))),
+                                ("km", KMeans(2, n_init=1, random_state=0))])
+    with pytest.raises(ParameterTypeError, match="'km'"):
+        clusters.fit_predict(X)
+    assert not hasattr(clusters[-1], "cluster_centers_")
+
+    pipe = PrivatePipeline([("scale", PrivateStandardScaler(feature_range=(-5, 5),
+                                                            random_state=0))], delta=1e-6)
+    Z = pipe.fit_transform(X)
+    assert pipe.mechanism_ == pipe.planned_mechanism(X) == pipe[0].mechanism_
+    assert pipe.epsilon_ == pipe.mechanism_.epsilon(1e-6) and pipe.delta_ == 1e-6
+    assert np.array_equal(Z, pipe.transform(X))
+    public = clusters.set_params(public_steps=("km",))
+    assert public.fit_predict(X).shape == (200,)
+    assert public.mechanism_ == public[0].mechanism_ and public.epsilon_ > 0
+
+
+def test_a_failed_pipeline_fit_leaves_no_step_looking_fitted(tmp_path):
+    """The pipeline runs every private step's data checks before fitting the first one;
+    those checks set what they validate (``n_features_in_``, the classes read off ``y``).
+    When the fit then fails (here: the first step's budget is exhausted) no later step
+    may be left with attributes of a fit that never ran (``check_is_fitted`` passing,
+    ``classes_`` read from the private labels)."""
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    from privlearn.errors import BudgetExceededError
+    from privlearn.ledger import Ledger
+    from privlearn.models import DPSGDClassifier
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=0.1, delta=1e-5)
+    X = np.random.default_rng(0).normal(size=(100, 3))
+    y = np.where(X[:, 0] > 0, "pos", "neg")
+    clf = DPSGDClassifier(n_iter=5)
+    before = dict(vars(clf))
+    pipe = PrivatePipeline([
+        ("scale", PrivateStandardScaler(feature_range=(-5, 5), ledger=led.budget("d"))),
+        ("clf", clf)])
+    with pytest.raises(BudgetExceededError):
+        pipe.fit(X, y)
+    assert vars(clf) == before
+    with pytest.raises(NotFittedError):
+        check_is_fitted(clf)
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_public_steps_as_a_single_string_is_refused():
+    """``public_steps="scaler"`` is not a list of names: ``"scale" in "scaler"`` made the
+    exact StandardScaler step 'scale' public by a substring match."""
+    from privlearn.errors import ParameterTypeError
+
+    X = np.random.default_rng(0).normal(size=(100, 2))
+    y = X[:, 0]
+    plain = Pipeline([("scale", StandardScaler()), ("ada", AdaSSPRegressor())]).fit(X, y)
+    with pytest.raises(ParameterTypeError, match="public_steps must be a sequence"):
+        pipeline_mechanism(plain, public_steps="scaler")
+    pipe = PrivatePipeline([("scale", StandardScaler()), ("ada", AdaSSPRegressor())],
+                           public_steps="scale")
+    with pytest.raises(ParameterTypeError, match="public_steps"):
+        pipe.fit(X, y)
+    assert pipeline_mechanism(plain, public_steps=["scale"]) == plain[-1].mechanism_
+
+
+def test_a_pipeline_refit_that_fails_after_a_step_released_keeps_no_stale_account():
+    """A refit whose second step fails (here it diverges, an error that depends on the
+    data and so comes after its release) after the first step released at a new
+    epsilon: the pipeline must not keep reporting the previous account, which
+    describes releases its steps no longer hold."""
+    from privlearn.models import NoisyGDRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(200, 2))
+    y = np.clip(X[:, 0], -1, 1)
+    pipe = PrivatePipeline([
+        ("scale", PrivateStandardScaler(epsilon=0.5, feature_range=(-1, 1))),
+        ("model", NoisyGDRegressor(noise_multiplier=None, n_iter=20, x_bound=10.0,
+                                   learning_rate=1e-3))]).fit(X, y)
+    pipe.set_params(scale__epsilon=3.0, model__learning_rate=1e6)
+    with pytest.raises(FloatingPointError, match="diverged"):
+        pipe.fit(X, y)
+    assert pipe.named_steps["scale"].epsilon_ > 2.0  # the first step did release
+    assert not hasattr(pipe, "mechanism_") and not hasattr(pipe, "epsilon_")
+
+
+def test_a_budget_that_cannot_hold_a_later_step_is_refused_before_the_first_releases(
+        tmp_path):
+    """Two steps on one budget that holds the first step's release but not both: the
+    pipeline used to fit (and charge) the scaler, then fail at the model, leaving a
+    spent budget and no model. Refused before any step, nothing recorded; a budget
+    that holds both is charged both."""
+    from privlearn.errors import BudgetExceededError
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("small", epsilon=1.2, delta=1e-5)
+    led.create_budget("large", epsilon=3.0, delta=1e-5)
+    X = np.random.default_rng(0).uniform(-1, 1, size=(200, 2))
+    y = X[:, 0]
+
+    def pipe(budget):
+        return PrivatePipeline([
+            ("scale", PrivateStandardScaler(epsilon=1.0, feature_range=(-1, 1),
+                                            ledger=led.budget(budget))),
+            ("model", AdaSSPRegressor(epsilon=1.0, x_bound=10.0,
+                                      ledger=led.budget(budget)))])
+
+    small = pipe("small")
+    with pytest.raises(BudgetExceededError):
+        small.fit(X, y)
+    assert led.spent("small").entries == 0 and led.pending("small") == []
+    assert not hasattr(small.named_steps["scale"], "mechanism_")
+    large = pipe("large").fit(X, y)
+    assert led.mechanism("large") == compose(
+        [large.named_steps["scale"].mechanism_, large.named_steps["model"].mechanism_])

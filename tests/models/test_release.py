@@ -72,8 +72,9 @@ def _pate(soft=False, noise="gaussian", twice=False):
     return p
 
 
-def _knn(twice=False):
-    X, y = _data()
+def _knn(twice=False, X=None):
+    X_array, y = _data()
+    X = X_array if X is None else X
     yc = (y > 0).astype(int)
     knn = PrivateKNN(n_neighbors=5, epsilon=1.0, classes=[0, 1], random_state=0).fit(X, yc)
     for _ in range(2 if twice else 1):
@@ -156,6 +157,18 @@ else:
     CONFIGS.append(("search-dataframe", lambda: PrivateSearchCV(
         SSPRegressor(y_bound=3.0), {"matrix_noise": ["frobenius", "upper_triangle"]},
         loss_bound=36.0).fit(pd.DataFrame(_data()[0], columns=["a", "b", "c"]), _data()[1]),
+        True))
+    for _cls in (AdaSSPRegressor, NoisyGDRegressor):
+        CONFIGS.append((f"{_cls.__name__}-dataframe", lambda c=_cls: c(
+            y_bound=3.0, random_state=0, **({"noise_multiplier": None, "n_iter": 50}
+                                            if c is NoisyGDRegressor else {})).fit(
+            pd.DataFrame(_data()[0], columns=["a", "b", "c"]), _data()[1]), True))
+    CONFIGS.append(("dpsgd-reg-dataframe", lambda: _fit_dpsgd(DPSGDRegressor).fit(
+        pd.DataFrame(_data()[0], columns=["a", "b", "c"]), _data()[1]), True))
+    CONFIGS.append(("knn-dataframe", lambda: _knn(
+        X=pd.DataFrame(_data()[0], columns=["a", "b", "c"])), False))
+    CONFIGS.append(("dpsgd-clf-dataframe", lambda: _fit_dpsgd(DPSGDClassifier).fit(
+        pd.DataFrame(_data()[0], columns=["a", "b", "c"]), (_data()[1] > 0).astype(int)),
         True))
     CONFIGS.append(("scaler-dataframe", lambda: PrivateStandardScaler(
         feature_range=(-1, 1), random_state=0).fit(

@@ -81,12 +81,16 @@ ESTIMATORS = [
     _scaler(),
     PrivateKNN(random_state=0),
     PrivateSearchCV(SSPRegressor(), {"epsilon": [1.0, 2.0]}, loss_bound=10.0, random_state=0),
+    # a search takes its searched estimator's type: the classifier checks run on it too
+    PrivateSearchCV(DPSGDClassifier(n_iter=50), {"epsilon": [1.0, 2.0]}, random_state=0),
     PrivatePipeline([("scale", _scaler()), ("ssp", SSPRegressor(random_state=0))]),
 ]
 
 
 def _expected_failed_checks(est):
     if isinstance(est, SSPRegressor | NoisyGDRegressor):  # AdaSSP is an SSPRegressor
+        return {"check_regressors_train": _NOISY_FIT}
+    if isinstance(est, PrivateSearchCV) and isinstance(est.estimator, SSPRegressor):
         return {"check_regressors_train": _NOISY_FIT}
     if isinstance(est, PrivatePipeline):
         return {"check_estimators_overwrite_params": _PIPELINE_IN_PLACE,

@@ -1,13 +1,15 @@
 """Two-process gloo groups for the distributed tests: each group meets on a rendezvous
 file in its test's own folder (a free port found first can be taken by a test running
 beside it under xdist before the group binds it), and each rank saves its results as
-``rank{r}.pt`` there."""
+``rank{r}.pt`` there. A module's tests share one ``ranks`` fixture (module-scoped) and
+form one xdist group (:func:`one_worker`), so its group runs once."""
 
 from __future__ import annotations
 
 import gc
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,6 +17,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+def one_worker(module: str):
+    """The mark (a module's ``pytestmark``) that hands all the tests of ``module`` to one
+    xdist worker as one unit. Without it ``--dist loadgroup`` hands tests out one by one,
+    and every worker that receives one of the module's tests runs the module's two-rank
+    fixture again: as many gloo groups, and as many chances of a rank dying, as workers."""
+    return pytest.mark.xdist_group(f"ranks-{module}")
 
 
 def init_gloo(rank: int, world: int, folder: str) -> None:
@@ -41,9 +51,22 @@ def close_gloo() -> None:
         dist.destroy_process_group()
 
 
-def run_ranks(worker, folder: Path, world: int) -> list:
-    """``worker(rank, folder)`` in ``world`` processes; the results each rank saved."""
+def run_ranks(worker, folder: Path, world: int, timeout: float = 900.0) -> list:
+    """``worker(rank, folder)`` in ``world`` processes; the results each rank saved. A rank
+    that fails fails the test (``mp.spawn``'s join raises and ends the others); ranks still
+    running after ``timeout`` seconds (a collective that never completes: gloo's own
+    timeout is 30 minutes) are killed and the test fails, naming them, instead of holding
+    the run until the CI's time limit."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    mp.spawn(worker, args=(str(folder),), nprocs=world, join=True)
+    ctx = mp.start_processes(worker, args=(str(folder),), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
+            for p in ctx.processes:
+                p.kill()
+                p.join()
+            pytest.fail(f"ranks {alive} of {world} still running after {timeout:.0f} s: killed")
     return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]

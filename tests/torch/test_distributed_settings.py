@@ -13,9 +13,10 @@ import os
 import pytest
 
 torch = pytest.importorskip("torch")
-from _ranks import close_gloo, init_gloo, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
+pytestmark = one_worker(__name__)
 WORLD = 2
 N = 100
 B = 10  # per rank: q = W B / N = 0.2

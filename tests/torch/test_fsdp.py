@@ -31,9 +31,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
+pytestmark = one_worker(__name__)
 WORLD = 2
 N = 240
 PER_RANK = 12  # q = 0.1 for the MLP

@@ -19,8 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from _ranks import close_gloo, init_gloo, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
 
+pytestmark = one_worker(__name__)
 WORLD = 2
 N = 8
 PER_RANK = 4
