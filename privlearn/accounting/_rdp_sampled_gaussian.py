@@ -22,11 +22,14 @@ from privlearn.accounting._rdp_math import (
     MAX_FRACTIONAL_SERIES_ORDER,
     MAX_SUM_ORDER,
     _interpolate_integer_bound,
+    _log1p_of_log,
     _log_binom,
+    _log_expm1,
     _logsumexp,
     _segment_logsumexp,
     _segments,
     _sum_margin,
+    _term_margin,
 )
 
 __all__ = ["subsampled_gaussian_rdp", "clear_cache"]
@@ -87,16 +90,20 @@ def _subsampled_gaussian_int(q: float, sigma: float, ns: tuple[float, ...]) -> t
     ok = ~big
     if ok.any():
         n_ok = n[ok]
-        n_rep, k, starts = _segments(n_ok, start=0)
-        terms = (
-            _log_binom(n_rep, k)
-            + (n_rep - k) * math.log1p(-q)
-            + k * math.log(q)
-            + (k * k - k) / (2.0 * sigma * sigma)
-        )
-        log_a = _segment_logsumexp(terms, starts)
-        log_a = log_a + _sum_margin(log_a, n_ok)
-        out[ok] = np.minimum(np.maximum(log_a, 0.0) / (n_ok - 1), n_ok / (2 * sigma * sigma))
+        # A - 1 = sum_{k>=2} C(n,k) (1-q)^(n-k) q^k (e^{(k^2-k)/(2 sigma^2)} - 1): the
+        # binomial weights sum to 1 and the k = 0, 1 exponents are 0. Summing the excess
+        # over 1 (all terms positive) keeps a small divergence's relative accuracy.
+        n_rep, k, starts = _segments(n_ok, start=2)
+        log_c = _log_binom(n_rep, k)
+        t_q = k * math.log(q)
+        t_1q = np.where(n_rep == k, 0.0, (n_rep - k) * math.log1p(-q))
+        expo = (k * k - k) / (2.0 * sigma * sigma)
+        t_e = _log_expm1(expo)
+        terms = log_c + t_q + t_1q + t_e
+        terms = terms + _term_margin(log_c, np.log1p(n_rep), t_q, t_1q, expo, t_e)
+        log_am1 = _segment_logsumexp(terms, starts)
+        log_a = _log1p_of_log(log_am1 + _sum_margin(log_am1, n_ok))
+        out[ok] = np.minimum(log_a / (n_ok - 1), n_ok / (2 * sigma * sigma))
     return tuple(out.tolist())
 
 
