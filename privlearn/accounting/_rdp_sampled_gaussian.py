@@ -129,26 +129,33 @@ def _sg_frac(q: float, sigma: float, alpha: float) -> float | None:
     while True:
         i = np.arange(n_terms + 1, dtype=float)
         j = alpha - i
-        log_c = lgam_a - special.gammaln(i + 1.0) - special.gammaln(j + 1.0)
+        g_i, g_j = special.gammaln(i + 1.0), special.gammaln(j + 1.0)
+        log_c = lgam_a - g_i - g_j
+        # log |binom(alpha, i)| for i <= 2 without the cancellation of the gammaln
+        # difference (a few ulps of log Gamma(alpha + 1): 1e-12 at alpha = 256)
+        log_c[0] = 0.0
+        log_c[1] = math.log(alpha)
+        log_c[2] = math.log(alpha * (alpha - 1.0) / 2.0)
+        err_c = np.abs(lgam_a) + np.abs(g_i) + np.abs(g_j)
+        err_c[:3] = np.abs(log_c[:3])
         sign = special.gammasgn(j + 1.0)  # sign of binom(alpha, i)
-        ls0 = (
-            log_c
-            + i * log_q
-            + j * log_1q
-            + (i * i - i) / (2 * s2)
-            + special.log_ndtr((z0 - i) / sigma)
-        )
-        ls1 = (
-            log_c
-            + j * log_q
-            + i * log_1q
-            + (j * j - j) / (2 * s2)
-            + special.log_ndtr((j - z0) / sigma)
-        )
+        parts0 = (i * log_q, j * log_1q, (i * i - i) / (2 * s2),
+                  special.log_ndtr((z0 - i) / sigma))
+        parts1 = (j * log_q, i * log_1q, (j * j - j) / (2 * s2),
+                  special.log_ndtr((j - z0) / sigma))
+        ls0 = log_c + sum(parts0)
+        ls1 = log_c + sum(parts1)
+        # each term rounded on the safe side (up where it adds, down where it subtracts)
+        # by a bound on its floating-point error: a few ulps of each part's magnitude
+        e0 = _term_margin(err_c, *parts0)
+        e1 = _term_margin(err_c, *parts1)
+        tail_up = float(np.logaddexp(ls0[-1] + e0[-1], ls1[-1] + e1[-1]))
+        ls0 = ls0 + np.where(sign > 0, e0, -e0)
+        ls1 = ls1 + np.where(sign > 0, e1, -e1)
         lc = np.logaddexp(ls0, ls1)  # log |c_i|
         if np.isnan(lc).any() or np.isposinf(lc).any():
             return None
-        body, sg, tail = lc[:-1], sign[:-1], float(lc[-1])
+        body, sg, tail = lc[:-1], sign[:-1], tail_up
         decreasing = bool(lc[-1] <= lc[-2] <= lc[-3])
         pos = _logsumexp(body[sg > 0])
         neg = _logsumexp(body[sg < 0])
