@@ -190,21 +190,51 @@ def _log1p_of_log(log_x: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------
 
+def _expm1_minus_x(u: np.ndarray) -> np.ndarray:
+    """``e^u - 1 - u`` (>= 0) to a few ulps of its value: Taylor series ``sum_{k>=2}
+    u^k / k!`` in Horner form for ``|u| < 1/2`` (the omitted terms are below 1e-22 of
+    the value), ``expm1(u) - u`` above, where at most two bits cancel."""
+    u = np.asarray(u, dtype=float)
+    small = np.abs(u) < 0.5
+    us = np.where(small, u, 0.0)
+    acc = np.ones_like(us)
+    for k in range(22, 2, -1):
+        acc = 1.0 + us * acc / k
+    with np.errstate(over="ignore"):
+        big = np.expm1(np.where(small, 0.0, u)) - u
+    return np.where(small, 0.5 * us * us * acc, big)
+
+
 def _laplace_rdp(b: float, alphas: np.ndarray) -> np.ndarray:
-    """Mironov (2017), Proposition 6 (Table II), for scale b and sensitivity 1::
+    """Mironov (2017), Proposition 6 (Table II), for scale b and sensitivity 1
+    (``eps = 1/b``)::
 
-        eps(alpha) = log( alpha/(2 alpha - 1) exp((alpha-1)/b)
-                          + (alpha-1)/(2 alpha - 1) exp(-alpha/b) ) / (alpha - 1)
+        eps(alpha) = log( alpha/(2 alpha - 1) exp((alpha-1) eps)
+                          + (alpha-1)/(2 alpha - 1) exp(-alpha eps) ) / (alpha - 1)
 
-    evaluated with ``logaddexp``; capped at its alpha -> inf limit ``1/b``.
+    The argument of the logarithm is ``1 + z`` with ``z = (alpha phi((alpha-1) eps) +
+    (alpha-1) phi(-alpha eps)) / (2 alpha - 1)``, ``phi(u) = e^u - 1 - u >= 0`` (the
+    first-order terms cancel exactly), so ``log1p(z) / (alpha - 1)`` keeps full relative
+    precision for a small ``eps`` or an order near 1 (where the divergence is about
+    ``alpha eps^2 / 2``); for ``(alpha - 1) eps > 600`` the form above is evaluated with
+    ``logaddexp``. Rounded up (``eps`` rounded up first: the divergence increases with
+    it) and capped at its ``alpha -> inf`` limit ``eps``.
     """
-    a = alphas
-    t1 = np.log(a / (2 * a - 1)) + (a - 1) / b
-    t2 = np.log((a - 1) / (2 * a - 1)) - a / b
-    val = np.logaddexp(t1, t2) / (a - 1)
-    val = val + 8 * _ULP * (np.abs(t1) + np.abs(t2) + 1.0) / (a - 1)
-    return np.minimum(val, 1.0 / b)
-
+    eps = float(np.nextafter(1.0 / b, np.inf))
+    a = np.asarray(alphas, dtype=float)
+    am1 = a - 1.0
+    near = am1 * eps <= 600.0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        an = np.where(near, a, 2.0)
+        z = (an * _expm1_minus_x((an - 1.0) * eps) + (an - 1.0) * _expm1_minus_x(-an * eps)) / (
+            2.0 * an - 1.0)
+        v_near = np.log1p(z) / (an - 1.0) * (1.0 + 32 * _ULP)
+        af = np.where(near, 1e3, a)
+        t1 = np.log(af / (2 * af - 1)) + (af - 1) * eps
+        t2 = np.log((af - 1) / (2 * af - 1)) - af * eps
+        v_far = np.logaddexp(t1, t2) / (af - 1)
+        v_far = v_far + 8 * _ULP * (np.abs(t1) + np.abs(t2) + 1.0) / (af - 1)
+    return np.minimum(np.where(near, v_near, v_far), eps)
 
 
 def _clean_nan(x: np.ndarray) -> np.ndarray:

@@ -117,3 +117,30 @@ def test_sampled_gaussian_fractional_orders_never_below(q, sigma, alpha):
     ref = _mp_fractional_rdp(q, sigma, alpha)
     got = subsample(Gaussian(sigma), q).rdp(alpha)
     assert ref <= got <= ref * (1 + 1e-9)
+
+
+_LAPLACE_ORDERS = [1 + 1e-9, 1 + 1e-6, 1.1, 1.5, 2.0, 10.0, 1e3, 1e6, 1e10]
+
+
+@pytest.mark.parametrize("eps", [1e-4, 0.01, 1.0, 100.0])
+def test_laplace_rdp_exact_to_full_precision(eps):
+    # Mironov (2017), Prop. 6, in 50-digit arithmetic: the first-order terms cancel, so
+    # the divergence (~ alpha eps^2 / 2 for small eps or alpha near 1) was computed
+    # with absolute, not relative, error (530% high at alpha = 1 + 1e-6, eps = 1e-4)
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(50):
+        e = mp.mpf(eps)
+        ref = np.array([float(mp.log(a / (2 * a - 1) * mp.exp((a - 1) * e)
+                                     + (a - 1) / (2 * a - 1) * mp.exp(-a * e)) / (a - 1))
+                        for a in map(mp.mpf, _LAPLACE_ORDERS)])
+    got = Laplace(1 / eps).rdp(_LAPLACE_ORDERS)
+    assert np.all(got >= ref)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("eps", [1e-3, 0.1, 10.0])
+def test_laplace_rdp_matches_dp_accounting(eps):
+    dpa = pytest.importorskip("dp_accounting")
+    acc = dpa.rdp.RdpAccountant(_LAPLACE_ORDERS)
+    acc.compose(dpa.LaplaceDpEvent(1 / eps))
+    np.testing.assert_allclose(Laplace(1 / eps).rdp(_LAPLACE_ORDERS), acc._rdp, rtol=1e-9)
