@@ -26,8 +26,9 @@ def _rr_rdp(eps: float, alphas: np.ndarray) -> np.ndarray:
     """RDP of binary randomized response with ``P(truth) = e^eps / (1 + e^eps)``.
 
     ``D_alpha = log(p^alpha (1-p)^(1-alpha) + (1-p)^alpha p^(1-alpha)) / (alpha - 1)``,
-    the exact Renyi divergence between the two output distributions. Every eps-DP
-    mechanism is a post-processing of it (Kairouz, Oh & Viswanath 2015, Thm 2.1), so by the
+    the exact Renyi divergence between the two output distributions
+    (:func:`_randomized_response_divergence`). Every eps-DP mechanism is a
+    post-processing of it (Kairouz, Oh & Viswanath 2015, Thm 2.1), so by the
     data-processing inequality this bounds the RDP of every eps-DP mechanism; it is also
     at most ``eps`` (Mironov 2017, Prop. 3).
     """
@@ -36,11 +37,41 @@ def _rr_rdp(eps: float, alphas: np.ndarray) -> np.ndarray:
     if eps == 0.0:
         return np.zeros_like(alphas)
     log_p = -math.log1p(math.exp(-eps))  # log(e^eps / (1 + e^eps))
-    log_q = -eps + log_p  # log(1 / (1 + e^eps)), no overflow for eps > 709
-    a = alphas
-    val = np.logaddexp(a * log_p + (1 - a) * log_q, a * log_q + (1 - a) * log_p) / (a - 1)
-    val = val * (1 + 8 * _ULP) + 8 * _ULP * eps
+    val = _randomized_response_divergence(log_p, log_p - eps, math.tanh(eps / 2.0), eps, 0.0,
+                                          alphas)
     return np.minimum(val, eps)
+
+
+def _randomized_response_divergence(log_p: float, log_r: float, p_minus_r: float,
+                                    log_ratio: float, rest: float,
+                                    alphas: np.ndarray) -> np.ndarray:
+    """Renyi divergence ``log(p^a r^(1-a) + r^a p^(1-a) + rest) / (a - 1)`` between two
+    randomized-response output distributions (truth probability ``p = e^log_p``, another
+    given output ``r = e^log_r``, ``rest = 1 - p - r`` on the outputs where they agree),
+    rounded up.
+
+    The argument is ``1 + z``, ``z = (p - r) u + p phi(u) + r phi(-u)``, ``u = (a - 1)
+    log(p/r)``, ``phi(u) = e^u - 1 - u >= 0``: every term is non-negative, so a divergence
+    near 0 (``p`` near ``r`` or ``a`` near 1) keeps its relative precision; ``u > 600``
+    uses log-sum-exp. ``p_minus_r`` and ``log_ratio`` must be accurate to a few ulps.
+    """
+    a = np.asarray(alphas, dtype=float)
+    p, r = math.exp(log_p), math.exp(log_r)  # r may underflow: its terms are then < 1e-300
+    u = (a - 1.0) * log_ratio
+    near = u <= 600.0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        un = np.where(near, u, 0.0)
+        z = p_minus_r * un + p * _expm1_minus_x(un) + r * _expm1_minus_x(-un)
+        v_near = np.log1p(z) / (a - 1.0) * (1.0 + 64 * _ULP)
+        # a log p + (1 - a) log r = log r + a log(p/r), and symmetrically: the large
+        # products a log p, a log r never appear (their rounding is ~a ulps)
+        lp, lr = log_p, log_r
+        terms = [lr + a * log_ratio, lp - a * log_ratio]
+        if rest > 0.0:
+            terms.append(np.full_like(a, math.log(rest)))
+        v_far = _logsumexp(np.stack(terms), axis=0) / (a - 1)
+        v_far = v_far + 8 * _ULP * (np.abs(a * log_ratio) + abs(lp) + abs(lr) + 1.0) / (a - 1)
+    return np.maximum(np.where(near, v_near, v_far), 0.0)
 
 
 def _interpolate_integer_bound(alphas: np.ndarray, int_fn, cap_fn=None) -> np.ndarray:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from privlearn.accounting import Gaussian, Laplace, subsample
+from privlearn.accounting import Gaussian, Laplace, PureDP, RandomizedResponse, subsample
 from privlearn.accounting._rdp_math import _log_binom
 
 
@@ -144,3 +144,36 @@ def test_laplace_rdp_matches_dp_accounting(eps):
     acc = dpa.rdp.RdpAccountant(_LAPLACE_ORDERS)
     acc.compose(dpa.LaplaceDpEvent(1 / eps))
     np.testing.assert_allclose(Laplace(1 / eps).rdp(_LAPLACE_ORDERS), acc._rdp, rtol=1e-9)
+
+
+def _mp_rr_divergence(mp, p, r, rest, alpha):
+    return mp.log(p**alpha * r ** (1 - alpha) + r**alpha * p ** (1 - alpha) + rest) / (alpha - 1)
+
+
+@pytest.mark.parametrize("p,k", [(0.5001, 2), (0.75, 2), (0.34, 3), (0.2000001, 5), (0.9, 10)])
+def test_randomized_response_rdp_exact_and_never_below(p, k):
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(60):
+        mp_p = mp.mpf(p)
+        r = (1 - mp_p) / (k - 1)
+        ref = np.array([float(_mp_rr_divergence(mp, mp_p, r, (k - 2) * r, mp.mpf(a)))
+                        for a in _LAPLACE_ORDERS])
+    got = RandomizedResponse(p, k).rdp(_LAPLACE_ORDERS)
+    assert np.all(got >= ref)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-3, 1.0])
+def test_pure_dp_rdp_never_below_randomized_response(eps):
+    # the RDP of PureDP (also the cap of every subsampled pure-DP bound) is that of binary
+    # randomized response: it came out 0 at eps = 1e-6 for orders near 1, and below the
+    # exact divergence at order 1e6 (the products a log p were rounded without margin)
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(60):
+        e = mp.mpf(eps)
+        p = 1 / (1 + mp.exp(-e))
+        ref = np.array([float(_mp_rr_divergence(mp, p, 1 - p, 0, mp.mpf(a)))
+                        for a in _LAPLACE_ORDERS])
+    got = PureDP(eps).rdp(_LAPLACE_ORDERS)
+    assert np.all(got >= ref)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
