@@ -43,7 +43,8 @@ def subsampled_gaussian_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.nd
     (Mironov, Talwar & Zhang 2019, Section 3):
 
     * integer alpha: ``A = sum_{k=0}^{alpha} C(alpha,k) (1-q)^(alpha-k) q^k
-      exp((k^2 - k) / (2 sigma^2))`` (their Section 3.3), exact;
+      exp((k^2 - k) / (2 sigma^2))`` (their Section 3.3), exact, summed as ``A - 1``
+      (the terms k >= 2 with ``exp(.) - 1``) for relative precision at tiny rates;
     * fractional alpha <= :data:`MAX_FRACTIONAL_SERIES_ORDER`: their two-series expansion
       (Section 3.3, "fractional alpha"; as ``_compute_log_a_frac`` in TF-Privacy/Opacus),
       summed until the terms of the tail, which alternates in sign with decreasing

@@ -41,8 +41,12 @@ orders are extended to real orders with the convexity of ``(alpha - 1) D_alpha``
 neighbouring integers is a valid upper bound -- and with monotonicity in alpha (their
 Theorem 3) on (1, 2].
 
-All sums run in log space (log-sum-exp with the maximum factored out); each result is
-rounded up by a margin covering the floating-point error of the sum.
+All sums run in log space (log-sum-exp with the maximum factored out) over exact
+log-binomials; a Renyi moment ``A >= 1`` is summed as its excess ``A - 1`` over
+non-negative terms wherever the bound allows (sampled Gaussian, Zhu-Wang, Wang-Balle-
+Kasiviswanathan), and the closed forms (Laplace, randomized response) are written without
+first-order cancellation, so a divergence near 0 keeps its relative precision. Each term
+and each result is rounded up by a bound on its floating-point error.
 
 References
 ----------
