@@ -177,3 +177,11 @@ def test_pure_dp_rdp_never_below_randomized_response(eps):
     got = PureDP(eps).rdp(_LAPLACE_ORDERS)
     assert np.all(got >= ref)
     np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+def test_gaussian_rdp_below_float_range_is_silent_inf():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Gaussian(1e-300).rdp(2.0) == math.inf
