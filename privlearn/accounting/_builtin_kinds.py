@@ -59,7 +59,8 @@ def _gaussian_rdp(mechanism: Gaussian, alphas: np.ndarray) -> np.ndarray:
     from privlearn.accounting._rdp_math import _ULP
 
     s = mechanism.noise_multiplier
-    return alphas / (2.0 * s * s) * (1 + 2 * _ULP)
+    with np.errstate(over="ignore", divide="ignore"):  # s^2 below the float range: inf
+        return alphas / (2.0 * s * s) * (1 + 2 * _ULP)
 
 
 
@@ -148,21 +149,20 @@ def _randomized_response_rdp(mechanism: RandomizedResponse, alphas: np.ndarray) 
     the Renyi divergence between the output distributions for two different inputs (all
     pairs are equivalent by symmetry; Mironov 2017 Table II gives the binary case).
     """
-    from privlearn.accounting._rdp_math import _ULP, _logsumexp
+    from privlearn.accounting._rdp_math import _randomized_response_divergence
 
     p, k = mechanism.truth_probability, mechanism.num_categories
     r = (1.0 - p) / (k - 1)
     if p == r:  # p = 1/k: output independent of the input
         return np.zeros_like(alphas)
-    a = alphas
-    lp, lr = math.log(p), math.log(r)
-    terms = [a * lp + (1 - a) * lr, a * lr + (1 - a) * lp]
-    if k > 2:
-        terms.append(np.full_like(a, math.log((k - 2) * r)))
-    val = _logsumexp(np.stack(terms), axis=0) / (a - 1)
-    val = val + 8 * _ULP * (np.abs(terms[0]) + np.abs(terms[1]) + 1.0) / (a - 1)
-    return np.minimum(np.maximum(val, 0.0), mechanism.pure_epsilon)
-
+    # p - r = (k p - 1) / (k - 1) and log(p / r) = log1p((k p - 1) / (1 - p)), exactly
+    # rounded from the float p (no cancellation near p = 1/k)
+    excess = Fraction(k) * Fraction(p) - 1
+    p_minus_r = float(excess / (k - 1))
+    log_ratio = math.log1p(float(excess / (1 - Fraction(p))))
+    val = _randomized_response_divergence(math.log(p), math.log(r), p_minus_r, log_ratio,
+                                          (k - 2) * r, alphas)
+    return np.minimum(val, _randomized_response_pure_epsilon(mechanism))
 
 
 def _randomized_response_pair(m: RandomizedResponse):

@@ -132,7 +132,8 @@ class ComposedPLD:
             kk = log_mgf([(part, count)], w * self.h, _LAMBDAS_TAIL, True)
             shift = count * _LAMBDAS_TAIL * (k_top * self.h)
             tot += kk + shift + 4 * U * np.abs(shift)
-        k = tot - _LAMBDAS_TAIL * eps
+        with np.errstate(over="ignore", invalid="ignore"):  # a huge eps: k = -inf, bound 0
+            k = tot - _LAMBDAS_TAIL * eps
         return min(1.0, math.exp(min(0.0, float(np.min(k)))) * (1 + 1e-12) + self.inf)
 
     def prepare(self) -> None:

@@ -22,11 +22,14 @@ from privlearn.accounting._rdp_math import (
     MAX_FRACTIONAL_SERIES_ORDER,
     MAX_SUM_ORDER,
     _interpolate_integer_bound,
+    _log1p_of_log,
     _log_binom,
+    _log_expm1,
     _logsumexp,
     _segment_logsumexp,
     _segments,
     _sum_margin,
+    _term_margin,
 )
 
 __all__ = ["subsampled_gaussian_rdp", "clear_cache"]
@@ -40,7 +43,8 @@ def subsampled_gaussian_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.nd
     (Mironov, Talwar & Zhang 2019, Section 3):
 
     * integer alpha: ``A = sum_{k=0}^{alpha} C(alpha,k) (1-q)^(alpha-k) q^k
-      exp((k^2 - k) / (2 sigma^2))`` (their Section 3.3), exact;
+      exp((k^2 - k) / (2 sigma^2))`` (their Section 3.3), exact, summed as ``A - 1``
+      (the terms k >= 2 with ``exp(.) - 1``) for relative precision at tiny rates;
     * fractional alpha <= :data:`MAX_FRACTIONAL_SERIES_ORDER`: their two-series expansion
       (Section 3.3, "fractional alpha"; as ``_compute_log_a_frac`` in TF-Privacy/Opacus),
       summed until the terms of the tail, which alternates in sign with decreasing
@@ -87,16 +91,20 @@ def _subsampled_gaussian_int(q: float, sigma: float, ns: tuple[float, ...]) -> t
     ok = ~big
     if ok.any():
         n_ok = n[ok]
-        n_rep, k, starts = _segments(n_ok, start=0)
-        terms = (
-            _log_binom(n_rep, k)
-            + (n_rep - k) * math.log1p(-q)
-            + k * math.log(q)
-            + (k * k - k) / (2.0 * sigma * sigma)
-        )
-        log_a = _segment_logsumexp(terms, starts)
-        log_a = log_a + _sum_margin(log_a, n_ok)
-        out[ok] = np.minimum(np.maximum(log_a, 0.0) / (n_ok - 1), n_ok / (2 * sigma * sigma))
+        # A - 1 = sum_{k>=2} C(n,k) (1-q)^(n-k) q^k (e^{(k^2-k)/(2 sigma^2)} - 1): the
+        # binomial weights sum to 1 and the k = 0, 1 exponents are 0. Summing the excess
+        # over 1 (all terms positive) keeps a small divergence's relative accuracy.
+        n_rep, k, starts = _segments(n_ok, start=2)
+        log_c = _log_binom(n_rep, k)
+        t_q = k * math.log(q)
+        t_1q = np.where(n_rep == k, 0.0, (n_rep - k) * math.log1p(-q))
+        expo = (k * k - k) / (2.0 * sigma * sigma)
+        t_e = _log_expm1(expo)
+        terms = log_c + t_q + t_1q + t_e
+        terms = terms + _term_margin(log_c, np.log1p(n_rep), t_q, t_1q, expo, t_e)
+        log_am1 = _segment_logsumexp(terms, starts)
+        log_a = _log1p_of_log(log_am1 + _sum_margin(log_am1, n_ok))
+        out[ok] = np.minimum(log_a / (n_ok - 1), n_ok / (2 * sigma * sigma))
     return tuple(out.tolist())
 
 
@@ -122,26 +130,33 @@ def _sg_frac(q: float, sigma: float, alpha: float) -> float | None:
     while True:
         i = np.arange(n_terms + 1, dtype=float)
         j = alpha - i
-        log_c = lgam_a - special.gammaln(i + 1.0) - special.gammaln(j + 1.0)
+        g_i, g_j = special.gammaln(i + 1.0), special.gammaln(j + 1.0)
+        log_c = lgam_a - g_i - g_j
+        # log |binom(alpha, i)| for i <= 2 without the cancellation of the gammaln
+        # difference (a few ulps of log Gamma(alpha + 1): 1e-12 at alpha = 256)
+        log_c[0] = 0.0
+        log_c[1] = math.log(alpha)
+        log_c[2] = math.log(alpha * (alpha - 1.0) / 2.0)
+        err_c = np.abs(lgam_a) + np.abs(g_i) + np.abs(g_j)
+        err_c[:3] = np.abs(log_c[:3])
         sign = special.gammasgn(j + 1.0)  # sign of binom(alpha, i)
-        ls0 = (
-            log_c
-            + i * log_q
-            + j * log_1q
-            + (i * i - i) / (2 * s2)
-            + special.log_ndtr((z0 - i) / sigma)
-        )
-        ls1 = (
-            log_c
-            + j * log_q
-            + i * log_1q
-            + (j * j - j) / (2 * s2)
-            + special.log_ndtr((j - z0) / sigma)
-        )
+        parts0 = (i * log_q, j * log_1q, (i * i - i) / (2 * s2),
+                  special.log_ndtr((z0 - i) / sigma))
+        parts1 = (j * log_q, i * log_1q, (j * j - j) / (2 * s2),
+                  special.log_ndtr((j - z0) / sigma))
+        ls0 = log_c + sum(parts0)
+        ls1 = log_c + sum(parts1)
+        # each term rounded on the safe side (up where it adds, down where it subtracts)
+        # by a bound on its floating-point error: a few ulps of each part's magnitude
+        e0 = _term_margin(err_c, *parts0)
+        e1 = _term_margin(err_c, *parts1)
+        tail_up = float(np.logaddexp(ls0[-1] + e0[-1], ls1[-1] + e1[-1]))
+        ls0 = ls0 + np.where(sign > 0, e0, -e0)
+        ls1 = ls1 + np.where(sign > 0, e1, -e1)
         lc = np.logaddexp(ls0, ls1)  # log |c_i|
         if np.isnan(lc).any() or np.isposinf(lc).any():
             return None
-        body, sg, tail = lc[:-1], sign[:-1], float(lc[-1])
+        body, sg, tail = lc[:-1], sign[:-1], tail_up
         decreasing = bool(lc[-1] <= lc[-2] <= lc[-3])
         pos = _logsumexp(body[sg > 0])
         neg = _logsumexp(body[sg < 0])

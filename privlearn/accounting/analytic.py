@@ -72,6 +72,8 @@ def _gaussian_delta_and_error(
     a = -epsilon / mu + mu / 2.0
     b = -epsilon / mu - mu / 2.0
     log_pa = float(special.log_ndtr(a))
+    if log_pa == -math.inf:  # Phi(a) < exp(-1e308): delta <= Phi(a) is below every float
+        return 0.0, 0.0, 0.0
     log_pb = float(special.log_ndtr(b))
     r = epsilon + log_pb - log_pa  # log of the ratio of the two terms, <= 0
     da = 2.0 * _ULP * (abs(epsilon / mu) + mu + abs(a))  # rounding of a and b
@@ -91,11 +93,18 @@ def gaussian_delta_bounds(noise_multiplier: float, epsilon: float) -> tuple[floa
     error bound."""
     if math.isinf(epsilon):
         return 0.0, 0.0
+    # delta(0) = 2 Phi(mu/2) - 1 = erf(mu / (2 sqrt 2)), to a few ulps (no cancellation);
+    # delta(eps) <= delta(0) bounds the cases where the difference below cancels (a huge
+    # noise multiplier: mu/2 and -mu/2 give the same log Phi)
+    d0 = float(special.erf(1.0 / noise_multiplier / (2.0 * math.sqrt(2.0))))
+    if epsilon == 0.0:
+        return d0 * (1.0 - 8.0 * _ULP), max(min(1.0, d0 * (1.0 + 8.0 * _ULP)), _TINY)
     d, rel, crude = _gaussian_delta_and_error(noise_multiplier, epsilon)
+    d0_up = d0 * (1.0 + 8.0 * _ULP)
     if rel < 1.0:
-        lower, upper = d * (1.0 - rel), min(1.0, crude, d * (1.0 + rel))
-    else:  # the fine evaluation is unreliable: fall back on delta <= Phi(a)
-        lower, upper = 0.0, min(1.0, crude)
+        lower, upper = d * (1.0 - rel), min(1.0, crude, d0_up, d * (1.0 + rel))
+    else:  # the fine evaluation is unreliable: fall back on delta <= min(Phi(a), delta(0))
+        lower, upper = 0.0, min(1.0, crude, d0_up)
     if upper < _TINY:
         # the exact value is positive but below the normal floating-point range: round
         # up to the smallest normal float rather than returning an optimistic zero

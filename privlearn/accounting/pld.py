@@ -386,12 +386,23 @@ class PLDAccountant:
                 lo = max(lo, max(_delta_at(low, epsilon, False) for _, low in res_t.directions))
             except (_TooLarge, AccountingError, OverflowError):
                 pass
+        who = self.name
+        if up > 0 and (up - lo) > 10 * self.max_gap * up and epsilon > 0:
+            # still open: at a large epsilon the grid's absolute floor (its FFT and
+            # truncation allowances, ~1e-20) exceeds delta itself, which the RDP
+            # accountant's certified delta then beats by orders of magnitude
+            try:
+                rdp_up = get_accountant("rdp").delta(mechanism, epsilon).upper
+            except (UnsupportedMechanismError, AccountingError):
+                rdp_up = math.inf
+            if rdp_up < up:
+                up, who = rdp_up, "rdp"
         if math.isfinite(pe):
             # every composed loss is <= pe (to a few ulps), so delta(eps) =
             # E_P[(1 - e^{eps - L})_+] <= 1 - e^{eps - pe} <= pe - eps: near the pure
             # epsilon this beats the grid, whose atoms sit up to h above the true loss
             up = min(up, max(0.0, pe * (1.0 + 16.0 * dsc.U) - epsilon))
-        return PrivacyBound(up, min(lo, up), self.name)
+        return PrivacyBound(up, min(lo, up), who)
 
     # -- internals ---------------------------------------------------------------------
     def _fallback_epsilon(

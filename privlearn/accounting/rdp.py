@@ -41,8 +41,12 @@ orders are extended to real orders with the convexity of ``(alpha - 1) D_alpha``
 neighbouring integers is a valid upper bound -- and with monotonicity in alpha (their
 Theorem 3) on (1, 2].
 
-All sums run in log space (log-sum-exp with the maximum factored out); each result is
-rounded up by a margin covering the floating-point error of the sum.
+All sums run in log space (log-sum-exp with the maximum factored out) over exact
+log-binomials; a Renyi moment ``A >= 1`` is summed as its excess ``A - 1`` over
+non-negative terms wherever the bound allows (sampled Gaussian, Zhu-Wang, Wang-Balle-
+Kasiviswanathan), and the closed forms (Laplace, randomized response) are written without
+first-order cancellation, so a divergence near 0 keeps its relative precision. Each term
+and each result is rounded up by a bound on its floating-point error.
 
 References
 ----------
@@ -74,11 +78,14 @@ from privlearn.accounting._rdp_math import (
     MAX_SUM_ORDER,
     _clean_nan,
     _interpolate_integer_bound,
+    _log1p_of_log,
     _log_binom,
+    _log_expm1,
     _rr_rdp,
     _segment_logsumexp,
     _segments,
     _sum_margin,
+    _term_margin,
 )
 from privlearn.accounting._rdp_sampled_gaussian import clear_cache as _clear_sg_cache
 from privlearn.accounting._rdp_sampled_gaussian import subsampled_gaussian_rdp
@@ -290,16 +297,21 @@ def _poisson_generic_int(base: Mechanism, q: float, tight: bool, ns: np.ndarray)
     eps_int = _base_rdp_at_integers(base, int(n_ok.max()))
     n_rep, k, starts = _segments(n_ok, start=2)
     log_q, log_1q = math.log(q), math.log1p(-q)
+    # the bound minus 1, as a sum of non-negative terms (the binomial weights sum to 1):
+    #   C(n,2) q^2 (1-q)^(n-2) (e^{eps(2)} - 1) + sum_{l>=3} C(n,l) q^l (1-q)^(n-l)
+    #   (c e^{(l-1) eps(l)} - 1), so a small bound keeps its relative accuracy
     with np.errstate(invalid="ignore"):
         cgf = (k - 1) * eps_int[(k - 2).astype(np.int64)]
-        terms = _log_binom(n_rep, k) + k * log_q + (n_rep - k) * log_1q + cgf
-    if not tight:
-        terms = terms + np.where(k >= 3, math.log(3.0), 0.0)
-    rest = _segment_logsumexp(terms, starts)
-    first = (n_ok - 1) * log_1q + np.log1p((n_ok - 1) * q)
-    log_a = np.logaddexp(first, rest)
-    log_a = log_a + _sum_margin(log_a, n_ok)
-    out[ok] = np.maximum(log_a, 0.0) / (n_ok - 1)
+        if not tight:
+            cgf = cgf + np.where(k >= 3, math.log(3.0), 0.0)
+        log_c = _log_binom(n_rep, k)
+        t_q = k * log_q
+        t_1q = np.where(n_rep == k, 0.0, (n_rep - k) * log_1q)
+        t_e = _log_expm1(cgf)
+        terms = log_c + t_q + t_1q + t_e
+        terms = terms + _term_margin(log_c, np.log1p(n_rep), t_q, t_1q, cgf, t_e)
+    log_am1 = _segment_logsumexp(terms, starts)
+    out[ok] = _log1p_of_log(log_am1 + _sum_margin(log_am1, n_ok)) / (n_ok - 1)
     return out
 
 
@@ -358,11 +370,12 @@ def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray,
             unknown = (a == np.inf) | (b == np.inf)
             pv = np.where(unknown, np.inf, math.log(4.0) + 0.5 * (a + b))
             higher = np.minimum(higher, pv)
-        terms = _log_binom(n_rep, k) + k * log_q + np.where(k == 2, log_two, higher)
+        log_c = _log_binom(n_rep, k)
+        t_q = k * log_q
+        t_m = np.where(k == 2, log_two, higher)
+        terms = log_c + t_q + t_m + _term_margin(log_c, np.log1p(n_rep), t_q, t_m, cgf)
     rest = _segment_logsumexp(terms, starts)
-    log_a = np.logaddexp(0.0, rest)
-    log_a = log_a + _sum_margin(log_a, n_ok)
-    out[ok] = np.maximum(log_a, 0.0) / (n_ok - 1)
+    out[ok] = _log1p_of_log(rest + _sum_margin(rest, n_ok)) / (n_ok - 1)
     return out
 
 

@@ -15,6 +15,9 @@ and says whether it is exact:
 * b-min-separation with non-negative, non-increasing Toeplitz coefficients: the worst
   pattern is ``k`` participations exactly ``min_sep`` apart from step 0 (exact; [KL24]
   Theorem 2);
+* fixed epochs ((k, b)-participation) with a banded ``C`` of at most ``b`` bands: the
+  min-separation rule above (its best pattern, steps ``0, b, ..., (k-1) b``, is a
+  fixed-epoch pattern; exact);
 * fixed epochs ((k, b)-participation) with ``C >= 0``: ``C^T C >= 0`` entrywise, so equal
   contributions are worst and ``sens^2 = max_j 1^T (C^T C)[pi_j, pi_j] 1`` (exact;
   [CC23] Section 2, [CC23b] Eq. (5));
@@ -377,6 +380,17 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
     k = participation.epochs
     if k == 1:
         return _single(strategy, participation, n)
+    b = nonzero_bands(strategy)
+    if b is not None and b <= per_epoch:
+        # the patterns j, j + per_epoch, ... are min-separation patterns of k
+        # participations, and the best of those (steps 0, per_epoch, ...) is one of
+        # them: the exact banded rule, whatever the signs of C and whatever n
+        value = _min_sep(strategy, MinSeparation(per_epoch, k), n).value
+        return Sensitivity(
+            value, True,
+            f"{b}-banded, {k} epochs of {per_epoch} steps: column norms of steps 0, "
+            f"{per_epoch}, ... ([CC23b] Thm. 2)",
+        )
     c = strategy.toeplitz_coefs(n)
     if np.all(c >= 0.0):
         # C >= 0: equal contributions are worst, and the pattern starting at step 0 has

@@ -49,7 +49,12 @@ import numpy as np
 
 from privlearn._validation import check_count
 from privlearn.correlated import _toeplitz
-from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    AccountingError,
+    ConfigurationError,
+    ParameterTypeError,
+    ParameterValueError,
+)
 
 __all__ = [
     "ToeplitzStrategy",
@@ -116,6 +121,16 @@ def blt_inverse_coefs(theta: np.ndarray, omega: np.ndarray, n: int) -> np.ndarra
             state = step @ state
         out[1:] = (rows @ states).T.reshape(-1)[: n - 1]
     return out
+
+
+def _finite_inverse(strategy: object, r: np.ndarray, n: int) -> np.ndarray:
+    """``r`` (the first column of ``strategy``'s ``C^{-1}``) if every entry is finite."""
+    if not np.all(np.isfinite(r)):
+        raise AccountingError(
+            f"the inverse of {strategy!r} over {n} steps is not finite (C^{{-1}} overflows: "
+            "its entries grow geometrically); use a strategy with a stable inverse, or "
+            "fewer steps")
+    return r
 
 
 # -- the online recurrences ----------------------------------------------------------------
@@ -232,8 +247,16 @@ class ToeplitzStrategy:
 
     def inverse_toeplitz_coefs(self, n: int) -> np.ndarray:
         """First column of ``C^{-1}`` (the noise correlations: step ``t`` adds
-        ``sum_s r_{t-s} z_s``)."""
-        return _toeplitz.inverse(self.toeplitz_coefs(n), n)
+        ``sum_s r_{t-s} z_s``).
+
+        Raises
+        ------
+        AccountingError
+            An entry overflows (``C^{-1}`` grows geometrically): never inf or nan."""
+        n = check_count("n", n, minimum=1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = _toeplitz.inverse(self.toeplitz_coefs(n), n)
+        return _finite_inverse(self, r, n)
 
     def materialize(self, n: int) -> np.ndarray:
         """The dense ``n x n`` matrix ``C`` (for tests and small ``n``)."""
@@ -393,7 +416,9 @@ class BufferedToeplitz(ToeplitzStrategy):
         of ``r`` is one matrix product: ``O(n m)`` without a Python loop over ``n``, for
         any decays and weights (no eigendecomposition)."""
         n = check_count("n", n, minimum=1)
-        return blt_inverse_coefs(np.asarray(self.buf_decay), np.asarray(self.output_scale), n)
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = blt_inverse_coefs(np.asarray(self.buf_decay), np.asarray(self.output_scale), n)
+        return _finite_inverse(self, r, n)
 
     def recurrence(self) -> BufferedRecurrence:
         return BufferedRecurrence(self.buf_decay, self.output_scale)

@@ -113,3 +113,17 @@ def test_stable_recurrences_are_accepted(strategy):
     z = np.random.default_rng(1).normal(size=(50, 2))
     noise, _ = _run(strategy.recurrence(), z)
     np.testing.assert_allclose(strategy.materialize(50) @ noise, z, atol=1e-9)
+
+
+@pytest.mark.parametrize("strategy", [BufferedToeplitz((0.99, -0.9), (0.2, 0.3)),
+                                      BandedToeplitz((1.0, 2.0))], ids=repr)
+def test_an_overflowing_inverse_raises_instead_of_nan(strategy):
+    # C^{-1} grows like 1.23^t and 2^t: representable over 100 steps (and equal to the
+    # dense inverse there), inf or nan over 10^4, which is refused, never returned
+    from privlearn.errors import AccountingError
+
+    n = 100
+    dense = np.linalg.solve(strategy.materialize(n), np.eye(n)[:, 0])
+    np.testing.assert_allclose(strategy.inverse_toeplitz_coefs(n), dense, rtol=1e-6)
+    with pytest.raises(AccountingError, match="not finite"):
+        strategy.inverse_toeplitz_coefs(10_000)

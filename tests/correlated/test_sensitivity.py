@@ -275,6 +275,34 @@ def test_spaced_sum_matches_the_shifted_columns(coefs, n, sep, k):
 
 
 @settings(max_examples=30)
+@given(coefs=st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=4).filter(
+    lambda c: c[0] > 0.1), extra=st.integers(0, 2), epochs=st.integers(2, 3))
+def test_fixed_epochs_with_at_most_an_epoch_of_bands_is_exact(coefs, extra, epochs):
+    # b <= steps per epoch: the columns of one record's steps are orthogonal, whatever
+    # the signs, so the sensitivity is the best pattern's column norms (exact)
+    C = BandedToeplitz(tuple(coefs))
+    per_epoch = C.bands + extra
+    n = per_epoch * epochs
+    s = sensitivity(C, FixedEpochs(epochs), n)
+    lo, hi = _brute_force(C.materialize(n), [list(range(j, n, per_epoch))
+                                             for j in range(per_epoch)])
+    assert s.exact and hi == pytest.approx(lo, rel=1e-12)
+    assert s.value**2 == pytest.approx(lo, rel=1e-12) and s.value**2 >= lo * (1 - 1e-14)
+
+
+def test_fixed_epochs_of_a_signed_banded_strategy_past_the_dense_size():
+    # sqrt(k) ||c|| in closed form (each of the k columns whole): no dense Gram needed,
+    # so a long run is neither refused nor only bounded
+    from privlearn.correlated.sensitivity import MAX_DENSE_STEPS
+
+    coefs = (1.0, -0.3, 0.1)
+    n = 2 * (MAX_DENSE_STEPS // 2 + 1000)
+    s = sensitivity(BandedToeplitz(coefs), FixedEpochs(2), n)
+    want = math.sqrt(2 * sum(c * c for c in coefs))
+    assert s.exact and s.value == pytest.approx(want, rel=1e-14) and s.value >= want
+
+
+@settings(max_examples=30)
 @given(coefs=st.lists(st.floats(-1.0, 1.0), min_size=2, max_size=8).filter(
     lambda c: c[0] > 0.1 and min(c) < 0), per_epoch=st.integers(1, 6),
     epochs=st.integers(2, 4))
