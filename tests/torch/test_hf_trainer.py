@@ -479,6 +479,35 @@ def test_a_run_without_noise_makes_every_later_epsilon_infinite(tmp_path):
     assert tr.privacy_engine.accountant.steps == 0
 
 
+
+@pytest.mark.parametrize("noise", [1.0, 0.0])
+def test_epsilon_at_a_given_delta_is_the_accountants_and_a_bad_delta_is_refused(tmp_path,
+                                                                                noise):
+    """``epsilon(delta)`` reads the steps at that delta (the closed composition; delta=0:
+    the Gaussian mechanism's pure epsilon, inf), and a delta outside [0, 1] is refused
+    naming it, before training, after it, and when a run without noise makes every
+    epsilon infinite."""
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=1, logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=noise, seed=0))
+
+    def refused():
+        for bad, kind in ((-1e-5, ValueError), (1.5, ValueError),
+                          (float("nan"), ValueError), ("1e-5", TypeError)):
+            with pytest.raises(kind, match="delta"):
+                tr.epsilon(bad)
+
+    refused()
+    assert tr.epsilon(1e-6) == 0.0  # nothing trained yet
+    tr.train()
+    refused()
+    for delta in (1e-3, 1e-7):
+        expected = _eps(noise, 1, delta=delta) if noise else math.inf
+        assert tr.epsilon(delta) == pytest.approx(expected, rel=1e-9)
+    assert tr.epsilon() == tr.epsilon(tr.privacy.target_delta)
+    assert tr.epsilon(0.0) == math.inf
+
+
 def test_model_init_runs_share_one_budget(tmp_path):
     cap = (_eps(1.0, 3) + _eps(1.0, 4)) / 2  # room for 3 steps in all
     tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=2,
