@@ -261,7 +261,11 @@ class Ledger:
                         f"key: ledger {self.path} was created "
                         + ("with an HMAC key: pass key= (the same secret; `privlearn budget` "
                            "reads it from --key-file PATH or PRIVLEARN_LEDGER_KEY)"
-                           if keyed[0] == "1" else "without an HMAC key: do not pass key=")
+                           if keyed[0] == "1" else
+                           "without an HMAC key: do not pass key= (unless it was created "
+                           "with this key: then the file was rewritten without it, i.e. "
+                           "tampered with, which dropping the key would hide: restore it "
+                           "from a backup)")
                     )
         return conn
 
