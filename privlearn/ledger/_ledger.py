@@ -311,7 +311,16 @@ class Ledger:
         if fcntl is None:  # pragma: no cover - Windows
             yield
             return
-        fd = os.open(self.path + "-writelock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = self.path + "-writelock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # e.g. a ledger (and its lock file) another user owns
+            raise LedgerNotFoundError(
+                f"cannot open the privacy ledger at {self.path}: its lock file {lock} "
+                f"cannot be opened for writing ({exc.strerror or exc}); every use of a "
+                "ledger takes it, so check that you may read and write the ledger's files "
+                "and create files in its directory", path=self.path, reason="unopenable",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
