@@ -369,12 +369,17 @@ def _beta_quantiles_above(a: float, b: float) -> np.ndarray:
     """Quantiles of ``Beta(a, b)`` at :data:`_QUAD_LEVELS`, each nudged up until its CDF
     is at least its level (so every value is at or above the true quantile)."""
     f = betaincinv(a, b, _QUAD_LEVELS)
-    for _ in range(60):
+    # the relative nudge doubles at each round: the inversion's error (relative to the
+    # distribution's spread) grows with the counts, and near the upper levels a change of
+    # the CDF by one rounding unit of 1 can need a relative move of 1e-7 or more
+    step = 1e-12
+    for _ in range(80):
         low = betainc(a, b, f) < _QUAD_LEVELS
         if not low.any():
             return f
-        f = np.where(low, np.minimum(1.0, f * (1.0 + 1e-12) + 1e-300), f)
+        f = np.where(low, np.minimum(1.0, f * (1.0 + step) + 1e-300), f)
         f[low & (f >= 1.0)] = 1.0
+        step *= 2.0
     raise ArithmeticError(f"the Beta({a}, {b}) quantiles could not be certified; the audit "
                           "cannot be computed for these counts")
 

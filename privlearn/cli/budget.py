@@ -87,7 +87,10 @@ def _open_ledger(path: str, key_file: str | None = None, *, create: bool = False
         raise ParameterValueError(
             f"ledger {path} was created without an HMAC key, but a key was given by "
             f"{source}: "
-            + ("drop --key-file" if key_file is not None else f"unset {KEY_ENV}")) from None
+            + ("drop --key-file" if key_file is not None else f"unset {KEY_ENV}")
+            + " (unless the ledger was created with this key: then the file was rewritten "
+            "without it, i.e. tampered with, which dropping the key would hide: restore "
+            "it from a backup)") from None
     if key is not None and check_key:
         report = led.verify()
         if not report.ok:

@@ -28,8 +28,8 @@ from privlearn._validation import check_choice, check_count, check_real
 from privlearn.correlated import _toeplitz
 from privlearn.correlated.participation import Participation, SingleParticipation
 from privlearn.correlated.sensitivity import sensitivity
-from privlearn.correlated.strategies import ToeplitzStrategy
-from privlearn.errors import AccountingError, ParameterTypeError, ParameterValueError
+from privlearn.correlated.strategies import ToeplitzStrategy, _check_finite
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["Workload", "PrefixSum", "MomentumPrefixSum", "per_query_error", "loss"]
 
@@ -99,12 +99,7 @@ def per_query_error(
         r = strategy.inverse_toeplitz_coefs(n)
         b = _toeplitz.convolve(_workload(workload).coefs(n), r, n)
         err = np.cumsum(b * b)
-    if not np.all(np.isfinite(err)):
-        raise AccountingError(
-            f"the error of {strategy!r} over {n} steps is not finite (C^{{-1}} overflows: "
-            "its entries grow geometrically); use a strategy with a stable inverse, or "
-            "fewer steps")
-    return err
+    return _check_finite("error", strategy, err, n)
 
 
 def loss(

@@ -123,14 +123,16 @@ def blt_inverse_coefs(theta: np.ndarray, omega: np.ndarray, n: int) -> np.ndarra
     return out
 
 
-def _finite_inverse(strategy: object, r: np.ndarray, n: int) -> np.ndarray:
-    """``r`` (the first column of ``strategy``'s ``C^{-1}``) if every entry is finite."""
-    if not np.all(np.isfinite(r)):
+def _check_finite(what: str, strategy: object, values: np.ndarray, n: int) -> np.ndarray:
+    """``values`` (``what`` of ``strategy`` over ``n`` steps, computed from its ``C^{-1}``)
+    if every entry is finite, else :class:`~privlearn.errors.AccountingError`: an
+    inverse that overflows is refused, never returned as inf or nan."""
+    if not np.all(np.isfinite(values)):
         raise AccountingError(
-            f"the inverse of {strategy!r} over {n} steps is not finite (C^{{-1}} overflows: "
+            f"the {what} of {strategy!r} over {n} steps is not finite (C^{{-1}} overflows: "
             "its entries grow geometrically); use a strategy with a stable inverse, or "
             "fewer steps")
-    return r
+    return values
 
 
 # -- the online recurrences ----------------------------------------------------------------
@@ -256,7 +258,7 @@ class ToeplitzStrategy:
         n = check_count("n", n, minimum=1)
         with np.errstate(over="ignore", invalid="ignore"):
             r = _toeplitz.inverse(self.toeplitz_coefs(n), n)
-        return _finite_inverse(self, r, n)
+        return _check_finite("inverse", self, r, n)
 
     def materialize(self, n: int) -> np.ndarray:
         """The dense ``n x n`` matrix ``C`` (for tests and small ``n``)."""
@@ -418,7 +420,7 @@ class BufferedToeplitz(ToeplitzStrategy):
         n = check_count("n", n, minimum=1)
         with np.errstate(over="ignore", invalid="ignore"):
             r = blt_inverse_coefs(np.asarray(self.buf_decay), np.asarray(self.output_scale), n)
-        return _finite_inverse(self, r, n)
+        return _check_finite("inverse", self, r, n)
 
     def recurrence(self) -> BufferedRecurrence:
         return BufferedRecurrence(self.buf_decay, self.output_scale)

@@ -261,7 +261,11 @@ class Ledger:
                         f"key: ledger {self.path} was created "
                         + ("with an HMAC key: pass key= (the same secret; `privlearn budget` "
                            "reads it from --key-file PATH or PRIVLEARN_LEDGER_KEY)"
-                           if keyed[0] == "1" else "without an HMAC key: do not pass key=")
+                           if keyed[0] == "1" else
+                           "without an HMAC key: do not pass key= (unless it was created "
+                           "with this key: then the file was rewritten without it, i.e. "
+                           "tampered with, which dropping the key would hide: restore it "
+                           "from a backup)")
                     )
         return conn
 
@@ -307,7 +311,16 @@ class Ledger:
         if fcntl is None:  # pragma: no cover - Windows
             yield
             return
-        fd = os.open(self.path + "-writelock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = self.path + "-writelock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # e.g. a ledger (and its lock file) another user owns
+            raise LedgerNotFoundError(
+                f"cannot open the privacy ledger at {self.path}: its lock file {lock} "
+                f"cannot be opened for writing ({exc.strerror or exc}); every use of a "
+                "ledger takes it, so check that you may read and write the ledger's files "
+                "and create files in its directory", path=self.path, reason="unopenable",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
