@@ -114,7 +114,8 @@ def test_subsampled_gaussian_scenario_against_dp_accounting():
 def test_study_gaussian_formula_is_valid_but_about_twice_the_noise(label):
     """The study's sigma = sqrt(T) Delta / sqrt(rho) with sqrt(rho) = sqrt(log(1/delta) +
     eps) - sqrt(log(1/delta)) (per unit sensitivity: sqrt(T) / sqrt(rho)) is a valid
-    (eps, delta) calibration, with two to two and a half times the noise the exact one needs."""
+    (eps, delta) calibration, with about two to two and a half times the noise the exact
+    one needs."""
     sc = _scenario(label)
     _, eps, _, _, T, _, _ = sc
     root_rho = math.sqrt(math.log(1 / DELTA) + eps) - math.sqrt(math.log(1 / DELTA))
