@@ -71,7 +71,8 @@ rebalanced or sequential batches: the DP sampler draws the batches),
 ``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
 sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
-``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length).
+``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
+and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
@@ -147,7 +148,7 @@ from privlearn.torch._hf_fsdp import (
     stand_in_pass,
 )
 from privlearn.torch._hf_loss import sequence_classification_loss
-from privlearn.torch._hf_optim import OptimizerHandoff
+from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
@@ -345,6 +346,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
                 "(the PyTorch guide, section 'Mixed precision')")
         refuse_parallelism(self)
+        refuse_updates_in_backward(a, self.optimizer)
         if getattr(a, "auto_find_batch_size", False):
             raise ConfigurationError(
                 "auto_find_batch_size=True is not supported by DPTrainer: the Trainer halves "

@@ -793,6 +793,43 @@ def test_neftune_is_refused(tmp_path):
     assert all(not m._forward_hooks for m in model.modules())
 
 
+@pytest.mark.parametrize("optim", ["lomo", "adalomo", "galore_adamw_layerwise",
+                                   "apollo_adamw_layerwise"])
+def test_optimizers_that_update_inside_backward_are_refused(tmp_path, optim):
+    """LOMO/AdaLomo (accelerate's ``lomo_backward``) and the layer-wise GaLore/APOLLO
+    optimizers (a gradient hook steps each parameter) update the model inside
+    ``backward()`` from the batch's un-noised gradient, before the DP step: refused when
+    the trainer is built, before the Trainer creates the optimizer and hooks it in."""
+    _refused_at_build(tmp_path, rf"optim={optim!r}.*inside backward\(\)", optim=optim)
+
+
+def test_a_given_layerwise_optimizer_is_refused(tmp_path):
+    """The layer-wise optimizer passed in ``optimizers=``: its hooks step each parameter
+    with the raw gradient as soon as ``backward()`` accumulates it (shown here without DP),
+    so it is refused when the trainer is built, naming it."""
+    from transformers.trainer_pt_utils import LayerWiseDummyOptimizer
+
+    from privlearn.errors import ConfigurationError
+
+    model = _llama()
+    per_param = {p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}
+
+    def hook(p):
+        per_param[p].step()
+        per_param[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    before = model.lm_head.weight.detach().clone()
+    batch = transformers.default_data_collator([_TextSet()[i] for i in range(2)])
+    model(**batch).loss.backward()
+    assert not torch.equal(model.lm_head.weight, before)  # updated inside backward()
+    opt = LayerWiseDummyOptimizer(optimizer_dict=per_param, lr=0.1)
+    with pytest.raises(ConfigurationError, match=r"LayerWiseDummyOptimizer.*inside backward"):
+        DPTrainer(model=model, args=_args(tmp_path), train_dataset=_TextSet(),
+                  optimizers=(opt, None), privacy=PrivacyArguments(noise_multiplier=1.0))
+
+
 @pytest.mark.parametrize("setting", [{"label_smoothing_factor": 0.1},
                                      {"train_sampling_strategy": "group_by_length"}])
 def test_refused_settings_set_after_the_trainer_was_built_are_refused_at_train(tmp_path,
