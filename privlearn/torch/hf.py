@@ -242,6 +242,10 @@ class _PrivacyCallback(TrainerCallback):
         self.trainer._prune_private_states()  # of checkpoints rotated out (save_total_limit)
         return control
 
+    def on_train_end(self, args, state, control, **kwargs):
+        self.trainer._prune_private_states()  # the last rotation (load_best_model_at_end)
+        return control
+
 
 def checkpoint_folder(output_dir, step: int, since: float) -> str | None:
     """The checkpoint folder the Trainer wrote for ``step`` after time ``since``:
