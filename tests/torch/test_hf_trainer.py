@@ -161,6 +161,56 @@ def test_update_is_clipped_per_example_mean(tmp_path):
     assert tr.privacy_engine.accountant.steps == 1
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batches_give_each_example_its_own_loss(tmp_path, side):
+    """GPT-2 (absolute positions) with a collator padding to the batch's longest. Left
+    padding: the model numbered the positions of the padded batch, and the first token was
+    predicted from the padding, so an example's gradient followed the longest *other*
+    example's length. Right padding with ``labels`` copied from the padded ``input_ids``:
+    the padding's tokens were predicted, as many as the longest example made. sigma = 0,
+    no clipping, SGD: the step now equals the one computed from each example alone,
+    unpadded (a loop of batches of one)."""
+    from hf_models import build
+
+    model = build("gpt2", dtype=torch.float32)
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(1, 90, (int(n),), generator=g)
+            for n in torch.randint(2, 9, (16,), generator=g)]
+    seen = []
+
+    def pad_to_longest(feats):
+        width = max([len(f["input_ids"]) for f in feats], default=1)
+        pad = [width - len(f["input_ids"]) for f in feats]
+        batch = {"input_ids": torch.zeros(len(feats), width, dtype=torch.long),
+                 "attention_mask": torch.zeros(len(feats), width, dtype=torch.long),
+                 "labels": torch.full((len(feats), width), -100)}
+        for i, (f, k) in enumerate(zip(feats, pad, strict=True)):
+            at = slice(k, None) if side == "left" else slice(0, width - k)
+            batch["input_ids"][i, at] = batch["labels"][i, at] = f["input_ids"]
+            batch["attention_mask"][i, at] = 1
+        if side == "right":  # the padding's ids (0) as labels too
+            batch["labels"] = batch["input_ids"].clone()
+        seen.append([f["input_ids"] for f in feats])
+        return batch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=1, per_device_train_batch_size=4),
+                   train_dataset=[{"input_ids": r} for r in rows], data_collator=pad_to_longest,
+                   optimizers=(opt, None),
+                   privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=float("inf"),
+                                            seed=1))
+    tr.train()
+    lengths = {len(r) for r in seen[-1]}
+    assert len(lengths) > 1  # the step's batch was padded
+    for r in seen[-1]:  # each example alone, no padding
+        per_sequence_cross_entropy(ref(input_ids=r[None]).logits, r[None], shift=True,
+                                   reduction="sum").backward()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.detach(), b.detach() - 0.1 * b.grad / 4, rtol=1e-4,
+                                   atol=1e-6, msg=name)
+
+
 def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
     """Four steps with checkpoints at 2 and 4; each logged epsilon is the composition of
     the steps taken so far; a run resumed from checkpoint 2 ends with the same epsilon,
