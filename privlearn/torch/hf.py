@@ -486,6 +486,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         return super().predict(test_dataset, *args, **kwargs)
 
     def _warn_training_set(self, given, what: str) -> None:
+        if isinstance(given, str) and isinstance(self.eval_dataset, dict):  # a set's name
+            given = self.eval_dataset.get(given)
         sets = given.values() if isinstance(given, dict) else (given,)
         if self.train_dataset is not None and any(d is self.train_dataset for d in sets):
             warnings.warn(

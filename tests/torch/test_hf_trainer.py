@@ -945,6 +945,22 @@ def test_evaluating_on_the_training_set_warns_of_the_leak(tmp_path):
         tr.predict(train)
 
 
+def test_evaluating_the_training_set_by_its_name_warns_of_the_leak(tmp_path):
+    """``evaluate("train")`` names a set of an ``eval_dataset`` dict (as the Trainer's own
+    loop over the dict does): the training set named so gave no warning."""
+    from privlearn.errors import PrivacyLeakWarning
+
+    train = _TextSet(n=8)
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=train,
+                   eval_dataset={"train": train, "held_out": _TextSet(n=8, seed=5)},
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
+        tr.evaluate("train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        tr.evaluate("held_out")
+
+
 @pytest.mark.parametrize("change", [
     {"privacy": PrivacyArguments(noise_multiplier=0.5, seed=0)},
     {"args": {"per_device_train_batch_size": 2 * B}},
