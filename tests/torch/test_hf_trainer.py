@@ -331,6 +331,27 @@ def test_expand_position_ids():
     assert torch.equal(pos[0, :4], torch.arange(4))
 
 
+def test_left_padding_positions_and_the_model_that_cannot_take_them():
+    """Right-padded batches are left as they are; a left-padded one gets positions
+    counted over its mask (each example's tokens at 0..n-1), and is refused for a model
+    whose forward takes no position_ids (its positions would follow the longest row)."""
+    from privlearn.errors import ParameterValueError
+    from privlearn.torch._hf_collate import positions_of_left_padding
+
+    class NoPositions(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None):
+            return input_ids
+
+    right = {"input_ids": torch.ones(2, 4, dtype=torch.long),
+             "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])}
+    assert positions_of_left_padding(NoPositions(), right) is right
+    left = {**right, "attention_mask": torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])}
+    got = positions_of_left_padding(_llama(), left)["position_ids"]
+    assert torch.equal(got[1, 2:], torch.arange(2)) and torch.equal(got[0], torch.arange(4))
+    with pytest.raises(ParameterValueError, match="left-padded.*NoPositions.*padding_side"):
+        positions_of_left_padding(NoPositions(), left)
+
+
 def test_lora_adapters_train_and_save(tmp_path):
     """peft LoRA through DPTrainer: only the adapters move, epsilon is the accountant's,
     and the adapters save in peft's format."""
