@@ -45,7 +45,8 @@ def positions_of_left_padding(model, inputs: dict) -> dict:
     BERT) its gradient then depends on another example of the batch, which per-example
     clipping does not bound. Counted over the mask, its positions are its own (rotary
     models are unchanged: only position differences enter their attention). A model
-    whose ``forward`` takes no ``position_ids`` is refused for left-padded batches."""
+    whose ``forward`` has no ``position_ids`` parameter is refused for left-padded
+    batches."""
     mask = inputs.get("attention_mask")
     ids = inputs.get("input_ids")
     if (not isinstance(mask, torch.Tensor) or mask.dim() != 2 or "position_ids" in inputs
@@ -54,9 +55,8 @@ def positions_of_left_padding(model, inputs: dict) -> dict:
     mask = mask.long()
     if not bool((mask[:, 1:] > mask[:, :-1]).any()):  # right-padded (or no padding)
         return inputs
-    params = inspect.signature(model.forward).parameters
-    if "position_ids" not in params and not any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    # a parameter of its own (T5, BART take **kwargs but no position ids)
+    if "position_ids" not in inspect.signature(model.forward).parameters:
         raise ParameterValueError(
             f"the batch is left-padded (attention_mask has padding before tokens) and "
             f"{type(model).__name__}.forward takes no position_ids: its positions would "
@@ -75,7 +75,9 @@ def own_labels(labels: torch.Tensor, inputs: dict, shift: bool) -> torch.Tensor:
     first token predicted from the left padding before it, would put terms into an
     example's loss that exist only next to a longer example. Without them its loss is
     the one it has alone, unpadded."""
-    mask = inputs.get("attention_mask")
+    # an encoder-decoder's labels are the decoder's: its mask, if any, not the encoder's
+    decoder = any(str(k).startswith("decoder_") for k in inputs)
+    mask = inputs.get("decoder_attention_mask" if decoder else "attention_mask")
     if not isinstance(mask, torch.Tensor) or mask.shape != labels.shape or labels.dim() != 2:
         return labels
     pad = mask == 0

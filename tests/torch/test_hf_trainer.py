@@ -338,8 +338,8 @@ def test_left_padding_positions_and_the_model_that_cannot_take_them():
     from privlearn.errors import ParameterValueError
     from privlearn.torch._hf_collate import positions_of_left_padding
 
-    class NoPositions(torch.nn.Module):
-        def forward(self, input_ids, attention_mask=None):
+    class NoPositions(torch.nn.Module):  # T5 and BART: **kwargs, no position ids
+        def forward(self, input_ids, attention_mask=None, **kwargs):
             return input_ids
 
     right = {"input_ids": torch.ones(2, 4, dtype=torch.long),
@@ -350,6 +350,23 @@ def test_left_padding_positions_and_the_model_that_cannot_take_them():
     assert torch.equal(got[1, 2:], torch.arange(2)) and torch.equal(got[0], torch.arange(4))
     with pytest.raises(ParameterValueError, match="left-padded.*NoPositions.*padding_side"):
         positions_of_left_padding(NoPositions(), left)
+
+
+def test_labels_at_padding_are_ignored_with_the_mask_of_their_sequence():
+    """Labels at padding, and (shifted) predicted from padding, become -100; an
+    encoder-decoder's labels follow the decoder's mask, never the encoder's."""
+    from privlearn.torch._hf_collate import own_labels
+
+    labels = torch.arange(1, 9).reshape(2, 4)
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 0]])
+    assert own_labels(labels, {"attention_mask": mask}, False).tolist() == \
+        [[1, 2, 3, 4], [-100, 6, 7, -100]]
+    assert own_labels(labels, {"attention_mask": mask}, True).tolist() == \
+        [[1, 2, 3, 4], [-100, -100, 7, -100]]
+    seq2seq = {"attention_mask": mask, "decoder_input_ids": labels}
+    assert own_labels(labels, seq2seq, True) is labels
+    seq2seq["decoder_attention_mask"] = torch.ones(2, 4, dtype=torch.long)
+    assert own_labels(labels, seq2seq, True).tolist() == labels.tolist()
 
 
 def test_lora_adapters_train_and_save(tmp_path):
