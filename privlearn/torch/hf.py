@@ -157,7 +157,7 @@ from privlearn.torch._hf_fsdp import (
     shard_model,
     stand_in_pass,
 )
-from privlearn.torch._hf_loss import sequence_classification_loss
+from privlearn.torch._hf_loss import sequence_classification_loss, warn_own_compute_loss
 from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -342,6 +342,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                           "checkpoints) without noise; it is not covered by the accounted "
                           "mechanism", PrivacyLeakWarning, stacklevel=2)
         self._refuse_unsupported()
+        warn_own_compute_loss(type(self), DPTrainer)
         self.private_state_dir = _check_private_state_dir(private_state_dir, self.args, privacy)
         self.add_callback(_PrivacyCallback(self))
 

@@ -127,6 +127,29 @@ def test_a_second_trainer_on_a_model_the_first_still_holds(tmp_path):
     assert second.privacy_engine.accountant.steps == 2
 
 
+def test_a_compute_loss_of_ones_own_is_warned_about(tmp_path):
+    """A subclass's compute_loss is not checked: a token-level mean over the batch (each
+    example weighted by its share of the batch's tokens) trained silently. Building such
+    a trainer warns, saying what the loss must be; DPTrainer's own does not."""
+
+    class TokenMean(DPTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+            logits = model(**inputs).logits[:, :-1]
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     labels[:, 1:].reshape(-1))
+
+    kw = dict(args=_args(tmp_path), train_dataset=_TextSet(),
+              privacy=PrivacyArguments(noise_multiplier=1.0))
+    with pytest.warns(UserWarning, match=r"TokenMean\.compute_loss overrides.*token-level"):
+        TokenMean(model=_llama(), **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DPTrainer(model=_llama(), **kw)
+    assert not [w for w in caught if "compute_loss" in str(w.message)]
+
+
 def test_update_is_clipped_per_example_mean(tmp_path):
     """sigma = 0, no clipping, SGD: one step equals lr / (q N) times the sum of the
     per-sequence losses' gradients over the Poisson batch it drew (causal LM loss,
