@@ -21,8 +21,10 @@ No transformers import here: :mod:`privlearn.torch.hf` is the module that needs 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import warnings
 from dataclasses import dataclass, field, fields
 
 from privlearn.correlated.strategies import ToeplitzStrategy
@@ -35,7 +37,7 @@ from privlearn.torch.config import (
     unknown_settings_error,
 )
 
-__all__ = ["PrivacyArguments"]
+__all__ = ["PrivacyArguments", "warn_unused_clipping"]
 
 _TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classification")
 
@@ -266,3 +268,19 @@ def _read_batch_dims(text: str) -> dict:
 
 # the fields that are not DPConfig's (the others are, as tests/torch/test_settings.py checks)
 _TRAINER_FIELDS = ("user_column", "task", "log_training_loss")
+
+
+def warn_unused_clipping(args, privacy: PrivacyArguments) -> None:
+    """Warn when TrainingArguments.max_grad_norm was set (to other than its default, 0 or
+    the per-example bound): a DPTrainer does not use it, which a script passing
+    ``--max_grad_norm`` for DP-SGD's clipping would otherwise not learn."""
+    given = getattr(args, "max_grad_norm", None)
+    default = {f.name: f.default for f in dataclasses.fields(type(args))}.get("max_grad_norm")
+    if given in (None, 0, default) or given == privacy.dp_max_grad_norm:
+        return
+    warnings.warn(
+        f"TrainingArguments.max_grad_norm={given:g} (the Trainer's clipping of the averaged "
+        "gradient) is not used by DPTrainer: each example's gradient is clipped at "
+        f"PrivacyArguments.dp_max_grad_norm={privacy.dp_max_grad_norm!r} instead. Set that "
+        "(--dp_max_grad_norm with HfArgumentParser) for DP-SGD's clipping bound",
+        UserWarning, stacklevel=3)

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-__all__ = ["expand_position_ids"]
+from privlearn.errors import ParameterValueError
+
+__all__ = ["expand_position_ids", "own_labels", "positions_of_left_padding"]
 
 
 def expand_position_ids(collator):
@@ -28,3 +32,55 @@ def expand_position_ids(collator):
         return batch
 
     return collate
+
+
+def positions_of_left_padding(model, inputs: dict) -> dict:
+    """``inputs`` with ``position_ids`` counted over each row's ``attention_mask`` (as
+    :func:`expand_position_ids` does) when the batch is left-padded (a row has padding
+    before a token) and carries none.
+
+    Without them a model numbers the positions ``0..T-1`` of the padded batch, so a
+    left-padded example's tokens sit at positions shifted by its padding, i.e. by the
+    length of the batch's *longest* example: with absolute position embeddings (GPT-2,
+    BERT) its gradient then depends on another example of the batch, which per-example
+    clipping does not bound. Counted over the mask, its positions are its own (rotary
+    models are unchanged: only position differences enter their attention). A model
+    whose ``forward`` has no ``position_ids`` parameter is refused for left-padded
+    batches."""
+    mask = inputs.get("attention_mask")
+    ids = inputs.get("input_ids")
+    if (not isinstance(mask, torch.Tensor) or mask.dim() != 2 or "position_ids" in inputs
+            or not isinstance(ids, torch.Tensor) or mask.shape != ids.shape):
+        return inputs
+    mask = mask.long()
+    if not bool((mask[:, 1:] > mask[:, :-1]).any()):  # right-padded (or no padding)
+        return inputs
+    # a parameter of its own (T5, BART take **kwargs but no position ids)
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        raise ParameterValueError(
+            f"the batch is left-padded (attention_mask has padding before tokens) and "
+            f"{type(model).__name__}.forward takes no position_ids: its positions would "
+            "follow the batch's longest example, so one example's gradient would depend on "
+            "another's length. Pad on the right (tokenizer.padding_side='right')")
+    return {**inputs, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
+
+
+def own_labels(labels: torch.Tensor, inputs: dict, shift: bool) -> torch.Tensor:
+    """Per-token ``labels`` with ``-100`` (ignored) where the ``attention_mask`` marks
+    padding, and, with ``shift`` (causal LM: position ``t - 1`` predicts label ``t``),
+    where the predicting position is padding.
+
+    Whether an example is padded, and by how much, follows the batch's longest example; a
+    label at a padded position (a collator copying ``input_ids`` into ``labels``), or a
+    first token predicted from the left padding before it, would put terms into an
+    example's loss that exist only next to a longer example. Without them its loss is
+    the one it has alone, unpadded."""
+    # an encoder-decoder's labels are the decoder's: its mask, if any, not the encoder's
+    decoder = any(str(k).startswith("decoder_") for k in inputs)
+    mask = inputs.get("decoder_attention_mask" if decoder else "attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.shape != labels.shape or labels.dim() != 2:
+        return labels
+    pad = mask == 0
+    if shift:
+        pad = pad | torch.cat([torch.zeros_like(pad[:, :1]), pad[:, :-1]], dim=1)
+    return labels.masked_fill(pad, -100) if bool(pad.any()) else labels

@@ -4,12 +4,14 @@ transformers import)."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.nn import functional as F
 
 from privlearn.errors import ParameterValueError
 
-__all__ = ["sequence_classification_loss"]
+__all__ = ["sequence_classification_loss", "warn_own_compute_loss"]
 
 
 def sequence_classification_loss(model, logits: torch.Tensor,
@@ -42,3 +44,19 @@ def sequence_classification_loss(model, logits: torch.Tensor,
         return F.cross_entropy(logits.float().view(-1, num_labels), labels.view(-1))
     # multi-label: mean over examples and labels (a fixed divisor per example)
     return F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32))
+
+
+def warn_own_compute_loss(trainer_cls: type, base: type) -> None:
+    """Warn when a subclass of ``base`` (:class:`~privlearn.torch.hf.DPTrainer`)
+    overrides ``compute_loss``: what it returns is not checked, and DP-SGD's sensitivity
+    holds only for a mean over examples of per-example losses."""
+    if trainer_cls.compute_loss is base.compute_loss:
+        return
+    warnings.warn(
+        f"{trainer_cls.__name__}.compute_loss overrides DPTrainer's: it must return the mean "
+        "over the batch's examples of per-example losses (one value per example, each from "
+        "that example alone, e.g. privlearn.torch.per_sequence_cross_entropy). A token-level "
+        "mean over the whole batch (F.cross_entropy over its flattened tokens) weighs each "
+        "example by its share of the batch's tokens, so removing one example rescales the "
+        "others' gradients, which per-example clipping does not bound; DPTrainer cannot "
+        "check this. Prefer PrivacyArguments(task=...)", UserWarning, stacklevel=3)

@@ -27,7 +27,14 @@ import contextlib
 
 from privlearn.errors import ConfigurationError
 
-__all__ = ["OptimizerHandoff", "torch_optimizer"]
+__all__ = ["OptimizerHandoff", "refuse_updates_in_backward", "torch_optimizer"]
+
+#: ``TrainingArguments.optim`` values whose optimizer updates the parameters inside
+#: ``backward()``, from the batch's un-noised gradient, before any DP step: LOMO and AdaLomo
+#: (accelerate's ``lomo_backward`` runs their ``fused_backward``) and the layer-wise GaLore
+#: and APOLLO optimizers (a ``post_accumulate_grad`` hook on every parameter steps a
+#: per-parameter optimizer; the Trainer's optimizer is then a no-op stand-in).
+_UPDATES_IN_BACKWARD = ("lomo", "adalomo")
 
 
 class OptimizerHandoff:
@@ -83,3 +90,24 @@ def torch_optimizer(trainer, active: bool = True):
     finally:
         dp._stepping_original = False
         trainer.optimizer = dp
+
+
+def refuse_updates_in_backward(args, optimizer) -> None:
+    """Refuse, before the Trainer builds the optimizer (and hooks it into the model), an
+    optimizer that updates the parameters during ``backward()`` (:data:`_UPDATES_IN_BACKWARD`,
+    ``optim="*_layerwise"``, or such an optimizer passed in ``optimizers=``): those updates
+    use the un-noised, unclipped gradient of the private batch, which no accounting covers."""
+    name = str(getattr(getattr(args, "optim", None), "value", getattr(args, "optim", "")))
+    cls = type(optimizer) if optimizer is not None else None
+    given = cls is not None and (cls.__name__ == "LayerWiseDummyOptimizer"
+                                 or cls.__module__.split(".")[0] == "lomo_optim")
+    if name not in _UPDATES_IN_BACKWARD and not name.endswith("_layerwise") and not given:
+        return
+    what = f"optimizers=({cls.__name__}, ...)" if given else f"optim={name!r}"
+    raise ConfigurationError(
+        f"{what} is not supported by DPTrainer: it updates the parameters inside backward() "
+        "(LOMO and AdaLomo fuse the update into the backward pass; the layer-wise GaLore and "
+        "APOLLO optimizers step each parameter from a gradient hook), from the batch's "
+        "un-noised, unclipped gradient, before the DP optimizer clips and noises it: those "
+        "updates would not be private. Use an optimizer that steps once per batch "
+        "(optim='adamw_torch', 'sgd', 'adafactor', 'galore_adamw' without '_layerwise', ...)")

@@ -71,7 +71,8 @@ rebalanced or sequential batches: the DP sampler draws the batches),
 ``DataCollatorWithFlattening`` (it packs the batch into one row, which
 would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
 sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
-``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length).
+``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
+and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
@@ -100,15 +101,16 @@ Example
 >>> trainer.train(); trainer.epsilon()
 
 GPT-2 and BERT build position ids of shape ``(1, T)`` broadcast over the batch; the
-engine expands such inputs to one row per example itself, so no collator change is needed
-(:func:`expand_position_ids` is kept for collators that want explicit ids, e.g. with left
-padding).
+engine expands such inputs to one row per example itself, so no collator change is needed.
+A left-padded batch without ``position_ids`` gets them counted over its attention mask, and
+labels at padding (or, causal LM, predicted from padding) are ignored
+(``privlearn.torch._hf_collate``): an example's loss is then its own whatever the length of
+the batch's longest (:func:`expand_position_ids` is kept for collators that want the ids).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import glob
 import math
@@ -137,8 +139,17 @@ from privlearn.errors import (
     PrivacyBudgetExceededError,
     PrivacyLeakWarning,
 )
-from privlearn.torch._hf_args import _TASKS, _TRAINER_FIELDS, PrivacyArguments  # noqa: F401
-from privlearn.torch._hf_collate import expand_position_ids
+from privlearn.torch._hf_args import (  # noqa: F401
+    _TASKS,
+    _TRAINER_FIELDS,
+    PrivacyArguments,
+    warn_unused_clipping,
+)
+from privlearn.torch._hf_collate import (
+    expand_position_ids,
+    own_labels,
+    positions_of_left_padding,
+)
 from privlearn.torch._hf_fsdp import (
     FSDP2Support,
     is_fsdp2,
@@ -146,8 +157,8 @@ from privlearn.torch._hf_fsdp import (
     shard_model,
     stand_in_pass,
 )
-from privlearn.torch._hf_loss import sequence_classification_loss
-from privlearn.torch._hf_optim import OptimizerHandoff
+from privlearn.torch._hf_loss import sequence_classification_loss, warn_own_compute_loss
+from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
@@ -241,6 +252,10 @@ class _PrivacyCallback(TrainerCallback):
         self.trainer._prune_private_states()  # of checkpoints rotated out (save_total_limit)
         return control
 
+    def on_train_end(self, args, state, control, **kwargs):
+        self.trainer._prune_private_states()  # the last rotation (load_best_model_at_end)
+        return control
+
 
 def checkpoint_folder(output_dir, step: int, since: float) -> str | None:
     """The checkpoint folder the Trainer wrote for ``step`` after time ``since``:
@@ -307,7 +322,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 f"privacy must be a PrivacyArguments, got {type(privacy).__name__}", *other]))
         a = kwargs.get("args", args[1] if len(args) > 1 else None)
         if a is not None:  # the Trainer works on a copy: the user's arguments stay as given
-            _warn_unused_clipping(a, privacy)
+            warn_unused_clipping(a, privacy)
             a = _private_copy(a)
             if "args" in kwargs:
                 kwargs["args"] = a
@@ -327,6 +342,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                           "checkpoints) without noise; it is not covered by the accounted "
                           "mechanism", PrivacyLeakWarning, stacklevel=2)
         self._refuse_unsupported()
+        warn_own_compute_loss(type(self), DPTrainer)
         self.private_state_dir = _check_private_state_dir(private_state_dir, self.args, privacy)
         self.add_callback(_PrivacyCallback(self))
 
@@ -345,6 +361,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
                 "(the PyTorch guide, section 'Mixed precision')")
         refuse_parallelism(self)
+        refuse_updates_in_backward(a, self.optimizer)
         if getattr(a, "auto_find_batch_size", False):
             raise ConfigurationError(
                 "auto_find_batch_size=True is not supported by DPTrainer: the Trainer halves "
@@ -470,6 +487,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         return super().predict(test_dataset, *args, **kwargs)
 
     def _warn_training_set(self, given, what: str) -> None:
+        if isinstance(given, str) and isinstance(self.eval_dataset, dict):  # a set's name
+            given = self.eval_dataset.get(given)
         sets = given.values() if isinstance(given, dict) else (given,)
         if self.train_dataset is not None and any(d is self.train_dataset for d in sets):
             warnings.warn(
@@ -527,7 +546,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean over examples of per-example losses (never the token-level mean)."""
-        inputs = dict(inputs)
+        inputs = positions_of_left_padding(_unwrap(self.accelerator.unwrap_model(model)),
+                                           dict(inputs))  # an example's own positions
         if self.privacy.user_column is not None:
             inputs.pop(self.privacy.user_column, None)  # who, not what: not a model input
         labels = inputs.pop("labels", None)
@@ -541,10 +561,10 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         task = self._task(model, labels)
-        if task == "causal_lm":
-            loss = per_sequence_cross_entropy(logits, labels, shift=True)
+        if task == "causal_lm":  # (own_labels: no term that exists only next to a longer one)
+            loss = per_sequence_cross_entropy(logits, own_labels(labels, inputs, True), shift=True)
         elif task in ("masked_lm", "token_classification"):
-            loss = per_sequence_cross_entropy(logits, labels, shift=False)
+            loss = per_sequence_cross_entropy(logits, own_labels(labels, inputs, False))
         else:
             loss = sequence_classification_loss(model, logits, labels)
         return (loss, outputs) if return_outputs else loss
@@ -706,22 +726,6 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         state["model"] = p.model.state_dict()
         state["optimizer"] = p.optimizer.original_optimizer.state_dict()
         p.load_state_dict(state)
-
-
-def _warn_unused_clipping(args, privacy: PrivacyArguments) -> None:
-    """Warn when TrainingArguments.max_grad_norm was set (to other than its default, 0 or
-    the per-example bound): a DPTrainer does not use it, which a script passing
-    ``--max_grad_norm`` for DP-SGD's clipping would otherwise not learn."""
-    given = getattr(args, "max_grad_norm", None)
-    default = {f.name: f.default for f in dataclasses.fields(type(args))}.get("max_grad_norm")
-    if given in (None, 0, default) or given == privacy.dp_max_grad_norm:
-        return
-    warnings.warn(
-        f"TrainingArguments.max_grad_norm={given:g} (the Trainer's clipping of the averaged "
-        "gradient) is not used by DPTrainer: each example's gradient is clipped at "
-        f"PrivacyArguments.dp_max_grad_norm={privacy.dp_max_grad_norm!r} instead. Set that "
-        "(--dp_max_grad_norm with HfArgumentParser) for DP-SGD's clipping bound",
-        UserWarning, stacklevel=3)
 
 
 def _private_copy(args):

@@ -299,3 +299,29 @@ def test_global_generator_states_stay_out_of_checkpoints(tmp_path):
     b = train(_Lengths(), model=_llama(seed=5, dropout=0.5), resume_from_checkpoint=str(ckpt))
     for (name, u), v in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         torch.testing.assert_close(u, v, rtol=0, atol=0, msg=name)
+
+
+def test_private_files_follow_the_checkpoints_the_trainer_keeps_at_the_end(tmp_path):
+    """``save_total_limit=1`` with ``load_best_model_at_end``: at the end of training the
+    Trainer deletes every checkpoint but the best one (here the first: the metric falls
+    with each step). The private file of the deleted last checkpoint was left behind;
+    now the private folder holds exactly the files of the checkpoints that remain."""
+    out, private = tmp_path / "out", tmp_path / "private"
+    trainer = None
+
+    def metrics(_):  # one more step, a worse score: the first checkpoint is the best
+        return {"order": -trainer.state.global_step}
+
+    trainer = DPTrainer(
+        model=_llama(classify=True),
+        args=_args(out, max_steps=2, save_strategy="steps", save_steps=1,
+                   eval_strategy="steps", eval_steps=1, save_total_limit=1,
+                   load_best_model_at_end=True, metric_for_best_model="order",
+                   greater_is_better=True, logging_steps=50),
+        train_dataset=_TextSet(n=16, classify=True),
+        eval_dataset=_TextSet(n=4, classify=True, seed=1), compute_metrics=metrics,
+        privacy=PrivacyArguments(noise_multiplier=1.0, seed=0), private_state_dir=private)
+    trainer.train()
+    assert sorted(os.listdir(out)) == ["checkpoint-1"]
+    assert sorted(os.listdir(private)) == [os.path.basename(_private_file(private,
+                                                                          out / "checkpoint-1"))]

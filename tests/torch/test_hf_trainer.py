@@ -127,6 +127,29 @@ def test_a_second_trainer_on_a_model_the_first_still_holds(tmp_path):
     assert second.privacy_engine.accountant.steps == 2
 
 
+def test_a_compute_loss_of_ones_own_is_warned_about(tmp_path):
+    """A subclass's compute_loss is not checked: a token-level mean over the batch (each
+    example weighted by its share of the batch's tokens) trained silently. Building such
+    a trainer warns, saying what the loss must be; DPTrainer's own does not."""
+
+    class TokenMean(DPTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+            logits = model(**inputs).logits[:, :-1]
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     labels[:, 1:].reshape(-1))
+
+    kw = dict(args=_args(tmp_path), train_dataset=_TextSet(),
+              privacy=PrivacyArguments(noise_multiplier=1.0))
+    with pytest.warns(UserWarning, match=r"TokenMean\.compute_loss overrides.*token-level"):
+        TokenMean(model=_llama(), **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DPTrainer(model=_llama(), **kw)
+    assert not [w for w in caught if "compute_loss" in str(w.message)]
+
+
 def test_update_is_clipped_per_example_mean(tmp_path):
     """sigma = 0, no clipping, SGD: one step equals lr / (q N) times the sum of the
     per-sequence losses' gradients over the Poisson batch it drew (causal LM loss,
@@ -159,6 +182,56 @@ def test_update_is_clipped_per_example_mean(tmp_path):
         expect = b.detach() - 0.05 * b.grad / B
         torch.testing.assert_close(a.detach(), expect, rtol=1e-4, atol=1e-6, msg=name)
     assert tr.privacy_engine.accountant.steps == 1
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batches_give_each_example_its_own_loss(tmp_path, side):
+    """GPT-2 (absolute positions) with a collator padding to the batch's longest. Left
+    padding: the model numbered the positions of the padded batch, and the first token was
+    predicted from the padding, so an example's gradient followed the longest *other*
+    example's length. Right padding with ``labels`` copied from the padded ``input_ids``:
+    the padding's tokens were predicted, as many as the longest example made. sigma = 0,
+    no clipping, SGD: the step now equals the one computed from each example alone,
+    unpadded (a loop of batches of one)."""
+    from hf_models import build
+
+    model = build("gpt2", dtype=torch.float32)
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(1, 90, (int(n),), generator=g)
+            for n in torch.randint(2, 9, (16,), generator=g)]
+    seen = []
+
+    def pad_to_longest(feats):
+        width = max([len(f["input_ids"]) for f in feats], default=1)
+        pad = [width - len(f["input_ids"]) for f in feats]
+        batch = {"input_ids": torch.zeros(len(feats), width, dtype=torch.long),
+                 "attention_mask": torch.zeros(len(feats), width, dtype=torch.long),
+                 "labels": torch.full((len(feats), width), -100)}
+        for i, (f, k) in enumerate(zip(feats, pad, strict=True)):
+            at = slice(k, None) if side == "left" else slice(0, width - k)
+            batch["input_ids"][i, at] = batch["labels"][i, at] = f["input_ids"]
+            batch["attention_mask"][i, at] = 1
+        if side == "right":  # the padding's ids (0) as labels too
+            batch["labels"] = batch["input_ids"].clone()
+        seen.append([f["input_ids"] for f in feats])
+        return batch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=1, per_device_train_batch_size=4),
+                   train_dataset=[{"input_ids": r} for r in rows], data_collator=pad_to_longest,
+                   optimizers=(opt, None),
+                   privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=float("inf"),
+                                            seed=1))
+    tr.train()
+    lengths = {len(r) for r in seen[-1]}
+    assert len(lengths) > 1  # the step's batch was padded
+    for r in seen[-1]:  # each example alone, no padding
+        per_sequence_cross_entropy(ref(input_ids=r[None]).logits, r[None], shift=True,
+                                   reduction="sum").backward()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.detach(), b.detach() - 0.1 * b.grad / 4, rtol=1e-4,
+                                   atol=1e-6, msg=name)
 
 
 def test_epsilon_logged_is_accountants_and_resume_keeps_it(tmp_path):
@@ -279,6 +352,44 @@ def test_expand_position_ids():
     pos = batch["position_ids"]
     assert pos.shape == batch["input_ids"].shape
     assert torch.equal(pos[0, :4], torch.arange(4))
+
+
+def test_left_padding_positions_and_the_model_that_cannot_take_them():
+    """Right-padded batches are left as they are; a left-padded one gets positions
+    counted over its mask (each example's tokens at 0..n-1), and is refused for a model
+    whose forward takes no position_ids (its positions would follow the longest row)."""
+    from privlearn.errors import ParameterValueError
+    from privlearn.torch._hf_collate import positions_of_left_padding
+
+    class NoPositions(torch.nn.Module):  # T5 and BART: **kwargs, no position ids
+        def forward(self, input_ids, attention_mask=None, **kwargs):
+            return input_ids
+
+    right = {"input_ids": torch.ones(2, 4, dtype=torch.long),
+             "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])}
+    assert positions_of_left_padding(NoPositions(), right) is right
+    left = {**right, "attention_mask": torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])}
+    got = positions_of_left_padding(_llama(), left)["position_ids"]
+    assert torch.equal(got[1, 2:], torch.arange(2)) and torch.equal(got[0], torch.arange(4))
+    with pytest.raises(ParameterValueError, match="left-padded.*NoPositions.*padding_side"):
+        positions_of_left_padding(NoPositions(), left)
+
+
+def test_labels_at_padding_are_ignored_with_the_mask_of_their_sequence():
+    """Labels at padding, and (shifted) predicted from padding, become -100; an
+    encoder-decoder's labels follow the decoder's mask, never the encoder's."""
+    from privlearn.torch._hf_collate import own_labels
+
+    labels = torch.arange(1, 9).reshape(2, 4)
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 0]])
+    assert own_labels(labels, {"attention_mask": mask}, False).tolist() == \
+        [[1, 2, 3, 4], [-100, 6, 7, -100]]
+    assert own_labels(labels, {"attention_mask": mask}, True).tolist() == \
+        [[1, 2, 3, 4], [-100, -100, 7, -100]]
+    seq2seq = {"attention_mask": mask, "decoder_input_ids": labels}
+    assert own_labels(labels, seq2seq, True) is labels
+    seq2seq["decoder_attention_mask"] = torch.ones(2, 4, dtype=torch.long)
+    assert own_labels(labels, seq2seq, True).tolist() == labels.tolist()
 
 
 def test_lora_adapters_train_and_save(tmp_path):
@@ -793,6 +904,43 @@ def test_neftune_is_refused(tmp_path):
     assert all(not m._forward_hooks for m in model.modules())
 
 
+@pytest.mark.parametrize("optim", ["lomo", "adalomo", "galore_adamw_layerwise",
+                                   "apollo_adamw_layerwise"])
+def test_optimizers_that_update_inside_backward_are_refused(tmp_path, optim):
+    """LOMO/AdaLomo (accelerate's ``lomo_backward``) and the layer-wise GaLore/APOLLO
+    optimizers (a gradient hook steps each parameter) update the model inside
+    ``backward()`` from the batch's un-noised gradient, before the DP step: refused when
+    the trainer is built, before the Trainer creates the optimizer and hooks it in."""
+    _refused_at_build(tmp_path, rf"optim={optim!r}.*inside backward\(\)", optim=optim)
+
+
+def test_a_given_layerwise_optimizer_is_refused(tmp_path):
+    """The layer-wise optimizer passed in ``optimizers=``: its hooks step each parameter
+    with the raw gradient as soon as ``backward()`` accumulates it (shown here without DP),
+    so it is refused when the trainer is built, naming it."""
+    from transformers.trainer_pt_utils import LayerWiseDummyOptimizer
+
+    from privlearn.errors import ConfigurationError
+
+    model = _llama()
+    per_param = {p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}
+
+    def hook(p):
+        per_param[p].step()
+        per_param[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    before = model.lm_head.weight.detach().clone()
+    batch = transformers.default_data_collator([_TextSet()[i] for i in range(2)])
+    model(**batch).loss.backward()
+    assert not torch.equal(model.lm_head.weight, before)  # updated inside backward()
+    opt = LayerWiseDummyOptimizer(optimizer_dict=per_param, lr=0.1)
+    with pytest.raises(ConfigurationError, match=r"LayerWiseDummyOptimizer.*inside backward"):
+        DPTrainer(model=model, args=_args(tmp_path), train_dataset=_TextSet(),
+                  optimizers=(opt, None), privacy=PrivacyArguments(noise_multiplier=1.0))
+
+
 @pytest.mark.parametrize("setting", [{"label_smoothing_factor": 0.1},
                                      {"train_sampling_strategy": "group_by_length"}])
 def test_refused_settings_set_after_the_trainer_was_built_are_refused_at_train(tmp_path,
@@ -856,6 +1004,22 @@ def test_evaluating_on_the_training_set_warns_of_the_leak(tmp_path):
     assert "eval_loss" in metrics and tr.privacy_engine.accountant.steps == 2
     with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
         tr.predict(train)
+
+
+def test_evaluating_the_training_set_by_its_name_warns_of_the_leak(tmp_path):
+    """``evaluate("train")`` names a set of an ``eval_dataset`` dict (as the Trainer's own
+    loop over the dict does): the training set named so gave no warning."""
+    from privlearn.errors import PrivacyLeakWarning
+
+    train = _TextSet(n=8)
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=train,
+                   eval_dataset={"train": train, "held_out": _TextSet(n=8, seed=5)},
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.warns(PrivacyLeakWarning, match="evaluation set is the training set"):
+        tr.evaluate("train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        tr.evaluate("held_out")
 
 
 @pytest.mark.parametrize("change", [
