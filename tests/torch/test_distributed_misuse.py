@@ -8,7 +8,9 @@ expected global batch q N).
     model wrapped in DDP after make_private; the loop run inside ``no_sync()``;
     non-reentrant activation checkpointing under DDP; FSDP2 with
     ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a bf16
-    ``MixedPrecisionPolicy`` (to bf16's precision).
+    ``MixedPrecisionPolicy`` (to bf16's precision), whose clipping is nonetheless exact:
+    one example with a huge gradient among zero inputs moves the parameters by exactly
+    C / (q N) (the closed form of clipping it), not by C times a bf16 rounding error.
 (b) Refused before any step, on both ranks alike: DDP with ``static_graph=True`` (its
     first backward would fail inside DDP's reducer); each rank given its own shard of the
     data (a ``TensorDataset`` of its rows, or a ``Subset``), which would leave half of
@@ -178,6 +180,36 @@ REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "Configurat
            "frozen_one_rank": "ConfigurationError", "accumulate": "TrainingLoopError"}
 
 
+def _planted_bf16(mesh) -> list[float]:
+    """||update|| q N / C for one planted example (the others zero) under a bf16
+    mixed-precision policy, q = 1, lr = 1: 1 when its clipped gradient has norm C."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from privlearn.torch import make_private
+
+    ratios = []
+    for trial in range(3):
+        torch.manual_seed(trial)
+        model = nn.Sequential(nn.Linear(16, 40, bias=False), nn.Tanh(),
+                              nn.Linear(40, 5, bias=False))
+        x = torch.zeros(4, 16)
+        x[1] = torch.randn(16) * 37.0  # rank 1's part (odd indices); its norm >> C
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        before = _flat(model)
+        ds = torch.utils.data.TensorDataset(x, torch.arange(4) % 5)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                         torch.utils.data.DataLoader(ds, batch_size=2),
+                         noise_multiplier=0.0, max_grad_norm=C, seed=1)
+        xb, yb = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(xb), yb, reduction="sum").backward()
+        p.optimizer.step()
+        ratios.append(float((_flat(model) - before).norm()) * p.expected_batch_size / C)
+    return ratios
+
+
 def _worker(rank: int, out_dir: str) -> None:
     init_gloo(rank, WORLD, out_dir)
     try:
@@ -185,6 +217,7 @@ def _worker(rank: int, out_dir: str) -> None:
 
         mesh = init_device_mesh("cpu", (WORLD,))
         res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
+        res["planted_bf16"] = _planted_bf16(mesh)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
@@ -235,6 +268,12 @@ def test_noise_free_distributed_run_equals_naive_loop(ranks, case):
         tol = 1e-2 * moved if case == "fsdp_bf16" else 1e-6
         torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=0)
         assert float((r0["params"][k] - naive[k]).abs().max()) <= tol
+
+
+def test_bf16_mixed_precision_clips_to_exactly_c(ranks):
+    assert ranks[0]["planted_bf16"] == ranks[1]["planted_bf16"]
+    for ratio in ranks[0]["planted_bf16"]:
+        assert ratio == pytest.approx(1.0, abs=1e-5)
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
