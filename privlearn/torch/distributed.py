@@ -95,8 +95,10 @@ def dataset_digest(dataset) -> str | None:
         if inner is None:
             return None
         h.update(inner.encode())
-        idx = torch.as_tensor(list(dataset.indices), dtype=torch.int64)
-        h.update(idx.numpy().tobytes())
+        idx = dataset.indices
+        idx = (torch.arange(idx.start, idx.stop, idx.step) if isinstance(idx, range)
+               else torch.as_tensor(idx, dtype=torch.int64))
+        h.update(idx.to(torch.int64).cpu().numpy().tobytes())
         return h.hexdigest()[:16]
     if isinstance(dataset, TensorDataset):
         n = len(dataset)

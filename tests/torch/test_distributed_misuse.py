@@ -301,3 +301,30 @@ def test_resume_with_another_world_size_is_refused(ranks):
     assert p.sampling_rate == state["mechanism"]["sampling_rate"]
     with pytest.raises(ConfigurationError, match="world_size"):
         p.load_state_dict(state)
+
+
+def test_dataset_digest_tells_shards_apart_and_not_index_containers():
+    import numpy as np
+
+    from privlearn.torch.distributed import dataset_digest
+
+    ds = _data()
+    same = [dataset_digest(torch.utils.data.Subset(ds, idx))
+            for idx in (range(0, N, 2), list(range(0, N, 2)), np.arange(0, N, 2),
+                        torch.arange(0, N, 2))]
+    assert len(set(same)) == 1 and same[0] is not None
+    assert dataset_digest(torch.utils.data.Subset(ds, range(1, N, 2))) != same[0]
+    copy = torch.utils.data.TensorDataset(*(t.clone() for t in ds.tensors))
+    assert dataset_digest(copy) == dataset_digest(ds)
+    shard = torch.utils.data.TensorDataset(*(t[1::2] for t in ds.tensors))
+    assert dataset_digest(shard) != dataset_digest(ds)
+
+    class Items(torch.utils.data.Dataset):  # computed items: not read for a digest
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return torch.randn(2)
+
+    assert dataset_digest(Items()) is None
+    assert dataset_digest(torch.utils.data.Subset(Items(), [0])) is None
