@@ -78,6 +78,7 @@ from privlearn.torch.fsdp import (
     ShardedGradients,
     ShardedTracker,
     _mesh_group,
+    check_not_legacy_fsdp,
     check_sharded_model,
     is_sharded,
 )
@@ -408,6 +409,7 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     ``cfg.fix_model`` (undone if a later step refuses), refuse unsupported layers.
     Returns the model unwrapped from DDP."""
     check_ddp_wrapper(model)
+    check_not_legacy_fsdp(model)
     inner = unwrap(model)
     if not isinstance(inner, nn.Module):
         raise ParameterTypeError(f"model must be an nn.Module, got {type(model).__name__}")

@@ -15,7 +15,9 @@ expected global batch q N).
     first backward would fail inside DDP's reducer); each rank given its own shard of the
     data (a ``TensorDataset`` of its rows, or a ``Subset``), which would leave half of
     each shard unsampled and account the shard's size as the dataset's; a
-    ``DistributedSampler``; a parameter frozen on one rank only; gradient accumulation
+    ``DistributedSampler``; a parameter frozen on one rank only; the legacy
+    ``FullyShardedDataParallel`` (FSDP1: flat parameters no layer owns, or each rank's
+    slice of them) with either ``use_orig_params``; gradient accumulation
     over two backward passes; a checkpoint of the two-rank run resumed in one process.
 """
 
@@ -124,6 +126,11 @@ def _setup(case, rank, mesh):
     elif case == "own_subset_shard":
         model = ddp(_mlp())
         ds = torch.utils.data.Subset(ds, list(range(rank, N, WORLD)))
+    elif case in ("fsdp1", "fsdp1_orig_params"):  # legacy FullyShardedDataParallel
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = FullyShardedDataParallel(_mlp(), device_id=torch.device("cpu"),
+                                         use_orig_params=case == "fsdp1_orig_params")
     elif case == "distributed_sampler":
         model = ddp(_mlp())
         loader_kw = dict(sampler=torch.utils.data.distributed.DistributedSampler(ds))
@@ -158,9 +165,9 @@ def _train(case, rank, mesh) -> dict:
                     nn.functional.cross_entropy(run(x, use_b=rank == 1), y).backward()
                 else:
                     nn.functional.cross_entropy(run(x), y).backward()
+            p.optimizer.step()
         except Exception as exc:  # noqa: BLE001
             return dict(refused=type(exc).__name__, message=str(exc), at_step=True)
-        p.optimizer.step()
         gathered = [None] * WORLD
         dist.all_gather_object(gathered, idx.tolist())
         out["batches"].append(sorted(i for part in gathered for i in part))
@@ -177,7 +184,8 @@ EXACT = ("unused_branch", "bucket_view", "ddp_after", "no_sync", "checkpointed",
 REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "ConfigurationError",
            "own_subset_shard": "ConfigurationError",
            "distributed_sampler": "ConfigurationError",
-           "frozen_one_rank": "ConfigurationError", "accumulate": "TrainingLoopError"}
+           "frozen_one_rank": "ConfigurationError", "accumulate": "TrainingLoopError",
+           "fsdp1": "ConfigurationError", "fsdp1_orig_params": "ConfigurationError"}
 
 
 def _planted_bf16(mesh) -> list[float]:
@@ -281,9 +289,13 @@ def test_misuse_is_refused_on_every_rank_before_any_step(ranks, case):
     for rank in range(WORLD):
         r = ranks[rank][case]
         assert r["refused"] == REFUSED[case], (rank, r)
-        assert "batches" not in r
+        # before any step: at make_private (gradient accumulation: at its 2nd backward)
+        assert "at_step" not in r or case == "accumulate", (rank, r)
     if case == "static_graph":
         assert "static_graph" in ranks[0][case]["message"]
+    elif case.startswith("fsdp1"):  # named as the cause, with FSDP2 as the way out
+        assert "legacy FullyShardedDataParallel" in ranks[0][case]["message"]
+        assert "fully_shard" in ranks[0][case]["message"]
     elif case.startswith("own_"):
         assert "dataset" in ranks[0][case]["message"] and "rank 1" in ranks[0][case]["message"]
 
