@@ -23,6 +23,8 @@ class                              raised when                                 C
                                    subclasses :class:`CertificationError`,
                                    :class:`PrivacyLossOverflowError`)
 :class:`CalibrationError`          a calibration target cannot be met          2
+                                   (and its subclass
+                                   :class:`AutodpCalibrationError`)
 :class:`LedgerNotFoundError`       no ledger file at the path                  2
 :class:`UnknownBudgetError`        no budget for the dataset in the ledger     2
 :class:`LedgerConflictError`       a request contradicts the ledger's state    2
@@ -58,6 +60,7 @@ __all__ = [
     "PrivacyLossOverflowError",
     "UnsupportedMechanismError",
     "CalibrationError",
+    "AutodpCalibrationError",
     "PrivacyBudgetExceededError",
     "BudgetExceededError",
     "LedgerIntegrityError",
@@ -169,6 +172,13 @@ class UnsupportedMechanismError(ValueError):
 class CalibrationError(ValueError):
     """The calibration target cannot be met within the parameter bounds (or the
     accountant failed during the search: the cause is chained as ``__cause__``)."""
+
+
+class AutodpCalibrationError(CalibrationError, RuntimeError):
+    """A calibrator of the autodp facade (:mod:`privlearn.compat.autodp.calibrator_zoo`)
+    cannot meet its target within the bounds: a :class:`CalibrationError` that is also
+    the ``RuntimeError`` autodp's calibrators raise, so ported code catching either keeps
+    working. The error it replaces is chained as ``__cause__``."""
 
 
 # ----------------------------------------------------------------------------------

@@ -52,8 +52,15 @@ def demo(no_experiment: bool) -> None:
     help="Run the experiment's small configuration (seconds; a smoke test, not a result). "
     "correlated-noise and correlated-noise-adult-bert only.",
 )
+@click.option(
+    "--variant", default=None, metavar="VARIANT",
+    help="Which version of the algorithms to run. linear-regression only: 'default' (the "
+    "estimators' defaults) or 'seed' (the study's own SSP and AdaSSP: upper-triangle noise "
+    "on X^T X, no projection, ridge for AdaSSP).",
+)
 def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None,
-              data_home: str | None, download: bool, quick: bool) -> None:
+              data_home: str | None, download: bool, quick: bool,
+              variant: str | None) -> None:
     """Run the experiment NAME, writing a CSV and a PNG plot.
 
     \b
@@ -113,6 +120,20 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
                 f"--quick applies only to {', '.join(with_quick)}; {name} has no small "
                 "configuration, so drop it (or use --reps 1)")
         kwargs["quick"] = True
+    if variant is not None:
+        from privlearn.experiments import get_experiment
+
+        variants = get_experiment(name).variants
+        if not variants:
+            with_variants = sorted(n for n in EXPERIMENTS if get_experiment(n).variants)
+            raise click.UsageError(
+                f"--variant applies only to {', '.join(with_variants)}; {name} has one "
+                "version, so drop it")
+        if variant not in variants:
+            raise click.BadParameter(
+                f"{name} has the variants {', '.join(variants)}, got {variant!r}",
+                param_hint="'--variant'")
+        kwargs["variant"] = variant
     try:
         result = run_experiment(name, **kwargs)
     except ImportError as e:  # an experiment that needs an optional extra (torch)

@@ -39,6 +39,9 @@ class Experiment:
     quick : bool
         It accepts ``quick=True``: a small configuration that runs in seconds (a smoke
         test, not a result; ``privlearn reproduce NAME --quick``).
+    variants : tuple of str
+        The values its ``variant=`` option accepts, the first being the default
+        (``privlearn reproduce NAME --variant V``); empty when it has none.
     """
 
     name: str
@@ -46,6 +49,7 @@ class Experiment:
     run: Callable
     needs_data: bool = False
     quick: bool = False
+    variants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,8 @@ _BUILTIN = (
         "linear-regression", "Linear regression on California housing: median training "
         "MSE vs epsilon (0.1..2, delta=1e-6) for SSP, AdaSSP, NoisyGD (two regimes), "
         "non-private and trivial baselines",
-        LazyRunner(f"{_PKG}.linear_regression:run_linear_regression")),
+        LazyRunner(f"{_PKG}.linear_regression:run_linear_regression"),
+        variants=("default", "seed")),
     Experiment(
         "noisygd-learning-rate",
         "NoisyGD learning-rate sensitivity (theoretical rate, x10, x0.1)",
@@ -105,13 +110,19 @@ _REGISTRY: dict[str, Experiment] = {e.name: e for e in _BUILTIN}
 
 
 def register_experiment(name: str, *, description: str, needs_data: bool = False,
-                        quick: bool = False) -> Callable[[Callable], Callable]:
+                        quick: bool = False, variants: tuple[str, ...] = ()
+                        ) -> Callable[[Callable], Callable]:
     """Decorator registering ``run(out_dir=None, reps=None, seed=0, **options)`` as the
     experiment ``name`` (``privlearn reproduce NAME`` runs it); the function is returned
     unchanged. A name already registered to another function is refused. ``quick``: the
-    runner accepts ``quick=True`` (a configuration that runs in seconds)."""
+    runner accepts ``quick=True`` (a configuration that runs in seconds). ``variants``:
+    the values the runner's ``variant=`` option accepts, default first."""
     if not isinstance(name, str) or not name:
         raise ParameterValueError(f"an experiment name must be a non-empty string, got {name!r}")
+    variants = tuple(variants)
+    if not all(isinstance(v, str) and v for v in variants):
+        raise ParameterValueError(
+            f"variants must be non-empty strings, got {variants!r}")
 
     def register(run: Callable) -> Callable:
         known = _REGISTRY.get(name)
@@ -119,7 +130,7 @@ def register_experiment(name: str, *, description: str, needs_data: bool = False
             raise ConfigurationError(
                 f"experiment {name!r} is already registered by "
                 f"{known.run.__module__}.{known.run.__qualname__}; pick another name")
-        _REGISTRY[name] = Experiment(name, description, run, needs_data, quick)
+        _REGISTRY[name] = Experiment(name, description, run, needs_data, quick, variants)
         return run
 
     return register

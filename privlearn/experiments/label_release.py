@@ -58,8 +58,16 @@ def mnist_features(n_components: int = 50, n_private: int | None = None,
 
 def nearest_centroid_teachers(X, y, n_teachers: int, queries, rng, n_classes: int = 10):
     """Hard votes (n_teachers, n_queries) of nearest-centroid teachers trained on a random
-    disjoint partition of (X, y)."""
-    parts = np.array_split(rng.permutation(len(X)), n_teachers)
+    disjoint partition of (X, y).
+
+    Each record joins a teacher drawn for it alone (independent uniform draws), so adding
+    or removing one record changes one teacher's data and nothing else: the premise of
+    PATE's sensitivity (``sqrt(2)`` in L2, ``2`` in L1) under add/remove neighbouring.
+    Cutting one shuffled list into near-equal parts would not do: a record added moves
+    the cut points, and other records change teachers.
+    """
+    owner = rng.integers(n_teachers, size=len(X))
+    parts = [np.flatnonzero(owner == t) for t in range(n_teachers)]
     votes = np.zeros((n_teachers, len(queries)), dtype=np.int64)
     qsq = np.einsum("ij,ij->i", queries, queries)
     for t, idx in enumerate(parts):
@@ -68,7 +76,8 @@ def nearest_centroid_teachers(X, y, n_teachers: int, queries, rng, n_classes: in
         for c in range(n_classes):
             sel = yi == c
             cent[c] = Xi[sel].mean(axis=0) if np.any(sel) else np.inf
-        d2 = qsq[:, None] - 2 * queries @ cent.T + np.einsum("ij,ij->i", cent, cent)[None]
+        with np.errstate(invalid="ignore"):  # a class the part lacks: inf - inf, never chosen
+            d2 = qsq[:, None] - 2 * queries @ cent.T + np.einsum("ij,ij->i", cent, cent)[None]
         votes[t] = np.argmin(np.nan_to_num(d2, nan=np.inf), axis=1)
     return votes
 

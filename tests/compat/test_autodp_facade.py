@@ -288,6 +288,41 @@ def test_eps_delta_calibrator_unreachable() -> None:
         )
 
 
+def _unreachable_calibration(which: str, peer: bool):
+    """A budget no parameter in the bounds meets, with the facade or (``peer``) autodp."""
+    if peer:
+        from autodp import calibrator_zoo as cz
+        from autodp import mechanism_zoo as mz
+        from autodp import transformer_zoo as tz
+    else:
+        cz, mz, tz = calibrator_zoo, mechanism_zoo, transformer_zoo
+    if which == "eps_delta":
+        return cz.eps_delta_calibrator()(lambda s: mz.GaussianMechanism(s), 0.005, DELTA,
+                                         [0, 100])
+
+    def noisy_sgd(params, name=None):
+        sub = tz.AmplificationBySampling()(mz.GaussianMechanism(sigma=params["sigma"]),
+                                           params["prob"])
+        return tz.Composition()([sub], [params["coeff"]])
+
+    return cz.generalized_eps_delta_calibrator()(
+        noisy_sgd, 1e-4, DELTA, [0.5, 5], params={"prob": 0.01, "sigma": None, "coeff": 1000},
+        para_name="sigma")
+
+
+@pytest.mark.parametrize("which", ["eps_delta", "generalized"])
+def test_calibrator_failure_is_autodps_runtime_error(which: str) -> None:
+    """autodp's calibrators raise RuntimeError when no parameter in the bounds meets the
+    budget; ported code catching it keeps working, and privlearn's type still matches."""
+    with pytest.raises(RuntimeError) as info:
+        _unreachable_calibration(which, peer=False)
+    assert isinstance(info.value, CalibrationError)
+    assert "unreachable" in str(info.value)
+    pytest.importorskip("autodp")
+    with pytest.raises(RuntimeError):  # the peer's behaviour that ported code relies on
+        _unreachable_calibration(which, peer=True)
+
+
 def test_eps_delta_calibrator_passes_name() -> None:
     m = calibrator_zoo.eps_delta_calibrator()(
         mechanism_zoo.GaussianMechanism, 1.0, DELTA, [0, 100], name="calibrated"

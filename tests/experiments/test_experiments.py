@@ -250,3 +250,46 @@ def test_an_experiment_module_is_imported_when_it_runs(monkeypatch):
     from privlearn.experiments.adult import run_adult
 
     assert exp.run.load() is run_adult
+
+
+def test_the_cli_passes_a_variant_the_experiment_declares(monkeypatch, tmp_path):
+    """``privlearn reproduce NAME --variant V`` reaches the runner as ``variant=V``; a
+    variant the experiment does not declare, or one for an experiment without variants,
+    is a usage error (status 2) before anything runs."""
+    from click.testing import CliRunner
+
+    import privlearn.experiments as experiments
+    from privlearn.cli import cli
+    from privlearn.experiments import _registry
+
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
+    calls = []
+
+    @experiments.register_experiment("toy-variants", description="a toy",
+                                      variants=("plain", "other"))
+    def run_toy(out_dir=None, reps=None, seed=0, **options):
+        calls.append(options)
+        return None
+
+    r = CliRunner().invoke(cli, ["reproduce", "toy-variants", "--variant", "other"])
+    assert r.exit_code == 0, r.output
+    assert calls[-1]["variant"] == "other"
+    r = CliRunner().invoke(cli, ["reproduce", "toy-variants", "--variant", "nope"])
+    assert r.exit_code == 2 and "plain, other" in r.output
+    r = CliRunner().invoke(cli, ["reproduce", "adult", "--variant", "plain"])
+    assert r.exit_code == 2 and "--variant applies only to" in r.output
+    assert len(calls) == 1
+
+
+def test_linear_regression_declares_its_variants():
+    """The registry (read without importing the experiment) lists the variants the
+    runner accepts, the default first: the study's own SSP/AdaSSP are reachable from the
+    command line as ``--variant seed``."""
+    from privlearn.experiments import get_experiment
+    from privlearn.experiments.linear_regression import VARIANTS, run_linear_regression
+
+    declared = get_experiment("linear-regression").variants
+    assert declared == VARIANTS
+    import inspect
+
+    assert inspect.signature(run_linear_regression).parameters["variant"].default == declared[0]

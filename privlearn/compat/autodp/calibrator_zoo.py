@@ -17,6 +17,7 @@ from privlearn._validation import check_delta, check_positive
 from privlearn.accounting import calibrate as _calibrate
 from privlearn.accounting.analytic import gaussian_epsilon
 from privlearn.compat.autodp.autodp_core import Calibrator, Mechanism, as_float
+from privlearn.errors import AutodpCalibrationError, CalibrationError
 
 __all__ = ["eps_delta_calibrator", "generalized_eps_delta_calibrator", "ana_gaussian_calibrator"]
 
@@ -83,7 +84,11 @@ def _search(
             lo = math.sqrt(lo * hi)
             if hi - lo <= rtol * hi:
                 break
-    return float(_calibrate(factory, target, delta, bounds=(lo, hi), rtol=rtol))
+    try:
+        return float(_calibrate(factory, target, delta, bounds=(lo, hi), rtol=rtol))
+    except CalibrationError as e:
+        # autodp's calibrators raise RuntimeError here; ported code may catch it
+        raise AutodpCalibrationError(str(e)) from e
 
 
 class eps_delta_calibrator(Calibrator):  # noqa: N801 (autodp's name)
@@ -97,8 +102,10 @@ class eps_delta_calibrator(Calibrator):  # noqa: N801 (autodp's name)
 
     Raises
     ------
-    privlearn.accounting.CalibrationError
-        (a ``ValueError``) if no parameter in ``bounds`` meets the budget.
+    privlearn.errors.AutodpCalibrationError
+        if no parameter in ``bounds`` meets the budget: a
+        :class:`~privlearn.accounting.CalibrationError` (a ``ValueError``) and, as in
+        autodp, a ``RuntimeError``.
     """
 
     def __init__(self, rtol: float = 1e-7) -> None:
