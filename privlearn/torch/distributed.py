@@ -35,7 +35,8 @@ from privlearn.errors import ConfigurationError
 from privlearn.torch.samplers import DistributedPoissonBatchSampler, rank_partition
 
 __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
-           "DistributedPoissonBatchSampler", "check_same_on_ranks"]
+           "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
+           "dataset_digest"]
 
 
 def unwrap(model):
@@ -44,6 +45,70 @@ def unwrap(model):
     if hasattr(model, "require_backward_grad_sync") and hasattr(model, "module"):
         return model.module
     return model
+
+
+def check_ddp_wrapper(model) -> None:
+    """Refuse a ``DistributedDataParallel`` wrapper the engine cannot switch off.
+
+    make_private turns DDP's gradient synchronisation off for the run (as
+    ``model.no_sync()`` does) and all-reduces the noisy clipped sums itself. DDP built
+    with ``static_graph=True`` still enqueues its delayed all-reduce of the first
+    backward pass whatever the synchronisation flag says, and that all-reduce expects
+    autograd gradients of the weights, which the engine never produces: the first
+    ``backward()`` would fail inside DDP's reducer (an internal assertion) on every rank.
+
+    Raises
+    ------
+    ConfigurationError
+        ``model`` is a DDP wrapper with ``static_graph=True``.
+    """
+    if hasattr(model, "require_backward_grad_sync") and getattr(model, "static_graph",
+                                                                 False):
+        raise ConfigurationError(
+            "model is a DistributedDataParallel wrapper built with static_graph=True: "
+            "make_private switches DDP's gradient synchronisation off and all-reduces the "
+            "noisy clipped gradient sums itself, but a static-graph DDP still runs its own "
+            "all-reduce after the first backward(), which fails inside DDP (no autograd "
+            "weight gradient exists to reduce). Wrap the model without static_graph "
+            "(DistributedDataParallel(module)), or pass the module unwrapped: DDP's graph "
+            "options change nothing under make_private. Nothing was changed")
+
+
+def dataset_digest(dataset) -> str | None:
+    """A short digest of what ``dataset`` holds, to compare between ranks, or ``None``
+    when it cannot be read cheaply and deterministically.
+
+    Every rank must be given the whole dataset (the engine samples each rank's part of
+    it); a rank given its own shard of the same size would sample only the examples of
+    its shard that fall in its part, leaving the rest unused, and would account the
+    shard's size as the dataset's. A ``TensorDataset`` is digested from three of its
+    rows (first, middle, last), a ``Subset`` from its indices and its dataset's digest;
+    other datasets (whose items may be computed, or random) give ``None``.
+    """
+    import hashlib
+
+    from torch.utils.data import Subset, TensorDataset
+
+    h = hashlib.sha256()
+    if isinstance(dataset, Subset):
+        inner = dataset_digest(dataset.dataset)
+        if inner is None:
+            return None
+        h.update(inner.encode())
+        idx = dataset.indices
+        idx = (torch.arange(idx.start, idx.stop, idx.step) if isinstance(idx, range)
+               else torch.as_tensor(idx, dtype=torch.int64))
+        h.update(idx.to(torch.int64).cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+    if isinstance(dataset, TensorDataset):
+        n = len(dataset)
+        rows = torch.tensor(sorted({0, n // 2, n - 1}) if n else [], dtype=torch.int64)
+        for t in dataset.tensors:
+            part = t.detach()[rows].cpu().contiguous()
+            h.update(repr((str(part.dtype), tuple(t.shape))).encode())
+            h.update(part.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:16]
+    return None
 
 
 def world_info(process_group=None) -> tuple[int, int]:

@@ -52,7 +52,8 @@ from torch import nn
 from privlearn.errors import ConfigurationError, TrainingLoopError
 from privlearn.torch.tracker import GradSampleTracker, _param_slots
 
-__all__ = ["is_sharded", "check_sharded_model", "ShardedTracker", "ShardedGradients"]
+__all__ = ["is_sharded", "check_sharded_model", "check_not_legacy_fsdp", "ShardedTracker",
+           "ShardedGradients"]
 
 
 def _dtensor_type():
@@ -76,6 +77,35 @@ def is_sharded(model: nn.Module) -> bool:
     if fm is not None and any(isinstance(m, fm) for m in model.modules()):
         return True
     return dt is not None and any(isinstance(p, dt) for p in model.parameters())
+
+
+def check_not_legacy_fsdp(model: nn.Module) -> None:
+    """Refuse a model holding a legacy ``FullyShardedDataParallel`` (FSDP1) wrapper.
+
+    FSDP1 flattens each wrapped module's parameters into one flat parameter sharded over
+    the ranks (``use_orig_params=False``: no layer owns it, so no per-example gradient
+    can be formed for it) or exposes each rank's slice of that flat parameter as the
+    layers' parameters (``use_orig_params=True``: every rank sees other shapes). Neither
+    is a layout the engine can clip per example; FSDP2 (``fully_shard``) is.
+
+    Raises
+    ------
+    ConfigurationError
+        ``model`` is, or contains, a ``FullyShardedDataParallel`` module.
+    """
+    if not torch.distributed.is_available():  # pragma: no cover - torch without distributed
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, nn.Module) and any(isinstance(m, FullyShardedDataParallel)
+                                            for m in model.modules()):
+        raise ConfigurationError(
+            "model is wrapped in the legacy FullyShardedDataParallel (FSDP1), whose flat, "
+            "sharded parameters no layer owns, so their gradients cannot be clipped per "
+            "example. Shard with FSDP2 instead: fully_shard(layer, mesh=mesh) on the layers "
+            "and on the root model (torch.distributed.fsdp.fully_shard), then build the "
+            "optimizer and call make_private; or wrap in DistributedDataParallel. Nothing "
+            "was changed")
 
 
 def check_sharded_model(model: nn.Module, cfg, world_size: int, optimizer=None) -> None:

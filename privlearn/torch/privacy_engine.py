@@ -67,11 +67,18 @@ from privlearn.torch.data import (
     check_map_style,
     make_dp_loader,
 )
-from privlearn.torch.distributed import check_same_on_ranks, unwrap, world_info
+from privlearn.torch.distributed import (
+    check_ddp_wrapper,
+    check_same_on_ranks,
+    dataset_digest,
+    unwrap,
+    world_info,
+)
 from privlearn.torch.fsdp import (
     ShardedGradients,
     ShardedTracker,
     _mesh_group,
+    check_not_legacy_fsdp,
     check_sharded_model,
     is_sharded,
 )
@@ -401,6 +408,8 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     """Check the model and optimizer, apply the registered module fixers when
     ``cfg.fix_model`` (undone if a later step refuses), refuse unsupported layers.
     Returns the model unwrapped from DDP."""
+    check_ddp_wrapper(model)
+    check_not_legacy_fsdp(model)
     inner = unwrap(model)
     if not isinstance(inner, nn.Module):
         raise ParameterTypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -560,7 +569,10 @@ def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,
         "planned clipping bound": plan.max_grad_norm, "steps per epoch": plan.steps_per_epoch,
         "planned steps": plan.planned_steps, "planned epsilon": plan.planned_epsilon,
         "expected batch size": plan.expected_batch_size})
-    out["dataset"] = (type(data_loader.dataset).__name__, len(data_loader.dataset))
+    # the whole dataset on every rank (not each rank's own shard): its contents where
+    # they can be read cheaply
+    out["dataset"] = (type(data_loader.dataset).__name__, len(data_loader.dataset),
+                      dataset_digest(data_loader.dataset))
     out["trainable parameters"] = [(n, tuple(p.shape)) for n, p in inner.named_parameters()
                                    if p.requires_grad]
     return out

@@ -1,0 +1,342 @@
+"""make_private under torch.distributed (2 gloo processes) with the ways users wrap,
+shard and feed a model, against a naive single-process loop (noise off: batch-of-one
+backward passes over the union of the ranks' batches, clipped, summed, divided by the
+expected global batch q N).
+
+(a) Equal to the naive loop on both ranks: DDP with ``find_unused_parameters=True`` and
+    a branch only rank 1's examples take; DDP with ``gradient_as_bucket_view=True``; a
+    model wrapped in DDP after make_private; the loop run inside ``no_sync()``;
+    non-reentrant activation checkpointing under DDP; FSDP2 with
+    ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a bf16
+    ``MixedPrecisionPolicy`` (to bf16's precision), whose clipping is nonetheless exact:
+    one example with a huge gradient among zero inputs moves the parameters by exactly
+    C / (q N) (the closed form of clipping it), not by C times a bf16 rounding error.
+(b) Refused before any step, on both ranks alike: DDP with ``static_graph=True`` (its
+    first backward would fail inside DDP's reducer); each rank given its own shard of the
+    data (a ``TensorDataset`` of its rows, or a ``Subset``), which would leave half of
+    each shard unsampled and account the shard's size as the dataset's; a
+    ``DistributedSampler``; a parameter frozen on one rank only; the legacy
+    ``FullyShardedDataParallel`` (FSDP1: flat parameters no layer owns, or each rank's
+    slice of them) with either ``use_orig_params``; gradient accumulation
+    over two backward passes; a checkpoint of the two-rank run resumed in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from torch import nn  # noqa: E402
+
+pytestmark = one_worker(__name__)
+WORLD = 2
+N = 40
+B = 5  # per rank: q = W B / N = 0.25
+C = 0.5  # below most per-example norms
+LR = 0.5
+STEPS = 2
+
+
+class _TwoHeads(nn.Module):
+    """A trunk and two heads; the second only for the examples that ask for it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.trunk, self.h1, self.h2 = nn.Linear(6, 8), nn.Linear(8, 3), nn.Linear(8, 3)
+
+    def forward(self, x, use_b=False):
+        t = torch.tanh(self.trunk(x))
+        return self.h1(t) + self.h2(t) if use_b else self.h1(t)
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return self.b(checkpoint(lambda z: torch.tanh(self.a(z)), x, use_reentrant=False))
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(7)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _data() -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(123)
+    return torch.utils.data.TensorDataset(torch.randn(N, 6, generator=g),
+                                          torch.randint(0, 3, (N,), generator=g),
+                                          torch.arange(N))
+
+
+def _flat(model) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach()
+                      .reshape(-1).double().clone() for p in model.parameters()])
+
+
+def _fsdp(mesh, **kw) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _mlp()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh, **kw)
+    return fully_shard(model, mesh=mesh, **kw)
+
+
+def _setup(case, rank, mesh):
+    """(model given to make_private, its dataset, loader keywords)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    ddp = nn.parallel.DistributedDataParallel
+    ds, loader_kw = _data(), {}
+    if case == "unused_branch":
+        model = ddp(_TwoHeads(), find_unused_parameters=True)
+    elif case == "bucket_view":
+        model = ddp(_mlp(), gradient_as_bucket_view=True)
+    elif case in ("no_sync", "accumulate", "frozen_one_rank", "static_graph"):
+        model = ddp(_mlp(), static_graph=case == "static_graph")
+        if case == "frozen_one_rank" and rank == 1:
+            model.module[0].bias.requires_grad_(False)
+    elif case == "checkpointed":
+        model = ddp(_Checkpointed())
+    elif case == "fsdp_no_reshard":
+        model = _fsdp(mesh, reshard_after_forward=False)
+    elif case == "fsdp_offload":
+        model = _fsdp(mesh, offload_policy=CPUOffloadPolicy(pin_memory=False))
+    elif case == "fsdp_bf16":
+        model = _fsdp(mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                           reduce_dtype=torch.float32))
+    elif case == "own_tensor_shard":  # each rank builds the dataset of its own rows
+        model = ddp(_mlp())
+        ds = torch.utils.data.TensorDataset(*(t[rank::WORLD] for t in ds.tensors))
+    elif case == "own_subset_shard":
+        model = ddp(_mlp())
+        ds = torch.utils.data.Subset(ds, list(range(rank, N, WORLD)))
+    elif case in ("fsdp1", "fsdp1_orig_params"):  # legacy FullyShardedDataParallel
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = FullyShardedDataParallel(_mlp(), device_id=torch.device("cpu"),
+                                         use_orig_params=case == "fsdp1_orig_params")
+    elif case == "distributed_sampler":
+        model = ddp(_mlp())
+        loader_kw = dict(sampler=torch.utils.data.distributed.DistributedSampler(ds))
+    else:  # "ddp_after": plain model, wrapped in DDP after make_private
+        model = _mlp()
+    return model, ds, loader_kw
+
+
+def _train(case, rank, mesh) -> dict:
+    from privlearn.torch import make_private
+
+    model, ds, loader_kw = _setup(case, rank, mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loader = torch.utils.data.DataLoader(ds, batch_size=B, **loader_kw)
+    try:
+        p = make_private(model, opt, loader, noise_multiplier=0.0, max_grad_norm=C, seed=11)
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        return dict(refused=type(exc).__name__, message=str(exc))
+    run = nn.parallel.DistributedDataParallel(p.model) if case == "ddp_after" else p.model
+    inner = getattr(run, "module", run)
+    out = dict(refused=None, batches=[], params=[], expected=p.expected_batch_size)
+    it = iter(p.data_loader)
+    for _ in range(STEPS):
+        x, y, idx = next(it)
+        p.optimizer.zero_grad()
+        try:
+            with run.no_sync() if case == "no_sync" else contextlib.nullcontext():
+                if case == "accumulate":  # two micro-batches, one step
+                    for part in (slice(0, 2), slice(2, None)):
+                        nn.functional.cross_entropy(run(x[part]), y[part]).backward()
+                elif case == "unused_branch":
+                    nn.functional.cross_entropy(run(x, use_b=rank == 1), y).backward()
+                else:
+                    nn.functional.cross_entropy(run(x), y).backward()
+            p.optimizer.step()
+        except Exception as exc:  # noqa: BLE001
+            return dict(refused=type(exc).__name__, message=str(exc), at_step=True)
+        gathered = [None] * WORLD
+        dist.all_gather_object(gathered, idx.tolist())
+        out["batches"].append(sorted(i for part in gathered for i in part))
+        out["params"].append(_flat(inner))
+    if case == "no_sync":
+        buf = io.BytesIO()
+        torch.save(p.state_dict(), buf)
+        out["state"] = buf.getvalue()
+    return out
+
+
+EXACT = ("unused_branch", "bucket_view", "ddp_after", "no_sync", "checkpointed",
+         "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16")
+REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "ConfigurationError",
+           "own_subset_shard": "ConfigurationError",
+           "distributed_sampler": "ConfigurationError",
+           "frozen_one_rank": "ConfigurationError", "accumulate": "TrainingLoopError",
+           "fsdp1": "ConfigurationError", "fsdp1_orig_params": "ConfigurationError"}
+
+
+def _planted_bf16(mesh) -> list[float]:
+    """||update|| q N / C for one planted example (the others zero) under a bf16
+    mixed-precision policy, q = 1, lr = 1: 1 when its clipped gradient has norm C."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from privlearn.torch import make_private
+
+    ratios = []
+    for trial in range(3):
+        torch.manual_seed(trial)
+        model = nn.Sequential(nn.Linear(16, 40, bias=False), nn.Tanh(),
+                              nn.Linear(40, 5, bias=False))
+        x = torch.zeros(4, 16)
+        x[1] = torch.randn(16) * 37.0  # rank 1's part (odd indices); its norm >> C
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        before = _flat(model)
+        ds = torch.utils.data.TensorDataset(x, torch.arange(4) % 5)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                         torch.utils.data.DataLoader(ds, batch_size=2),
+                         noise_multiplier=0.0, max_grad_norm=C, seed=1)
+        xb, yb = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(xb), yb, reduction="sum").backward()
+        p.optimizer.step()
+        ratios.append(float((_flat(model) - before).norm()) * p.expected_batch_size / C)
+    return ratios
+
+
+def _worker(rank: int, out_dir: str) -> None:
+    init_gloo(rank, WORLD, out_dir)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (WORLD,))
+        res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
+        res["planted_bf16"] = _planted_bf16(mesh)
+        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        close_gloo()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    pytest.importorskip("torch.distributed.fsdp")
+    return run_ranks(_worker, tmp_path_factory.mktemp("misuse"), WORLD)
+
+
+def _naive(case, batches, expected) -> list[torch.Tensor]:
+    x, y, _ = _data().tensors
+    model = {"unused_branch": _TwoHeads, "checkpointed": _Checkpointed}.get(case, _mlp)()
+    params = list(model.parameters())
+    out = []
+    for b in batches:
+        total = [torch.zeros_like(q) for q in params]
+        for i in b:  # rank_partition: odd examples are rank 1's, which take the branch
+            kw = {"use_b": i % WORLD == 1} if case == "unused_branch" else {}
+            loss = nn.functional.cross_entropy(model(x[i:i + 1], **kw), y[i:i + 1])
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            grads = [torch.zeros_like(q) if g is None else g for g, q in zip(grads, params,
+                                                                            strict=True)]
+            norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+            for t, g in zip(total, grads, strict=True):
+                t += g * min(1.0, C / norm)
+        with torch.no_grad():
+            for q, t in zip(params, total, strict=True):
+                q -= LR * t / expected
+        out.append(torch.cat([q.detach().reshape(-1).double().clone() for q in params]))
+    return out
+
+
+@pytest.mark.parametrize("case", EXACT)
+def test_noise_free_distributed_run_equals_naive_loop(ranks, case):
+    r0, r1 = ranks[0][case], ranks[1][case]
+    assert r0["refused"] is None and r1["refused"] is None, (r0, r1)
+    assert r0["batches"] == r1["batches"] and r0["expected"] == WORLD * B
+    naive = _naive(case, r0["batches"], r0["expected"])
+    start = _flat({"unused_branch": _TwoHeads, "checkpointed": _Checkpointed}
+                  .get(case, _mlp)())
+    for k in range(STEPS):
+        moved = float((naive[k] - start).abs().max())
+        assert moved > 1e-3
+        # float32 parameters; under bf16 the forward and backward run at bf16's relative
+        # precision (a per-shard norm or a missed clip would be off by the update's size)
+        tol = 1e-2 * moved if case == "fsdp_bf16" else 1e-6
+        torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=0)
+        assert float((r0["params"][k] - naive[k]).abs().max()) <= tol
+
+
+def test_bf16_mixed_precision_clips_to_exactly_c(ranks):
+    assert ranks[0]["planted_bf16"] == ranks[1]["planted_bf16"]
+    for ratio in ranks[0]["planted_bf16"]:
+        assert ratio == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_misuse_is_refused_on_every_rank_before_any_step(ranks, case):
+    for rank in range(WORLD):
+        r = ranks[rank][case]
+        assert r["refused"] == REFUSED[case], (rank, r)
+        # before any step: at make_private (gradient accumulation: at its 2nd backward)
+        assert "at_step" not in r or case == "accumulate", (rank, r)
+    if case == "static_graph":
+        assert "static_graph" in ranks[0][case]["message"]
+    elif case.startswith("fsdp1"):  # named as the cause, with FSDP2 as the way out
+        assert "legacy FullyShardedDataParallel" in ranks[0][case]["message"]
+        assert "fully_shard" in ranks[0][case]["message"]
+    elif case.startswith("own_"):
+        assert "dataset" in ranks[0][case]["message"] and "rank 1" in ranks[0][case]["message"]
+
+
+def test_resume_with_another_world_size_is_refused(ranks):
+    from privlearn.errors import ConfigurationError
+    from privlearn.torch import make_private
+
+    state = torch.load(io.BytesIO(ranks[0]["no_sync"]["state"]), weights_only=False)
+    model = _mlp()
+    # one process, the same global sampling rate: only the world size differs
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(_data(), batch_size=WORLD * B),
+                     noise_multiplier=0.0, max_grad_norm=C, seed=11)
+    assert p.sampling_rate == state["mechanism"]["sampling_rate"]
+    with pytest.raises(ConfigurationError, match="world_size"):
+        p.load_state_dict(state)
+
+
+def test_dataset_digest_tells_shards_apart_and_not_index_containers():
+    import numpy as np
+
+    from privlearn.torch.distributed import dataset_digest
+
+    ds = _data()
+    same = [dataset_digest(torch.utils.data.Subset(ds, idx))
+            for idx in (range(0, N, 2), list(range(0, N, 2)), np.arange(0, N, 2),
+                        torch.arange(0, N, 2))]
+    assert len(set(same)) == 1 and same[0] is not None
+    assert dataset_digest(torch.utils.data.Subset(ds, range(1, N, 2))) != same[0]
+    copy = torch.utils.data.TensorDataset(*(t.clone() for t in ds.tensors))
+    assert dataset_digest(copy) == dataset_digest(ds)
+    shard = torch.utils.data.TensorDataset(*(t[1::2] for t in ds.tensors))
+    assert dataset_digest(shard) != dataset_digest(ds)
+
+    class Items(torch.utils.data.Dataset):  # computed items: not read for a digest
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return torch.randn(2)
+
+    assert dataset_digest(Items()) is None
+    assert dataset_digest(torch.utils.data.Subset(Items(), [0])) is None
