@@ -257,21 +257,26 @@ _FRAC_GRID_ORDERS = [1.1, 1.5, 2.5, 3.7, 7.5, 15.5, 31.5, 63.5]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0, 10.0])
-@pytest.mark.parametrize("q", [1e-7, 1e-5, 1e-3, 0.01, 0.1])
+@pytest.mark.parametrize("q", [1e-7, 1e-5, 1e-3, 0.01, 0.1, 0.45])
 def test_sampled_gaussian_fractional_orders_exact_on_grid(q, sigma):
     # against the defining integral in 30-digit quadrature (independent of the series),
-    # and, where Opacus's absolute-precision sum is itself within 1e-10 of it, Opacus
+    # and, where their absolute-precision sums are themselves within 1e-10 of it, Opacus
+    # and dp_accounting
     mp = pytest.importorskip("mpmath")
     orp = pytest.importorskip("opacus.accountants.analysis.rdp")
+    dpa = pytest.importorskip("dp_accounting")
     with mp.workdps(30):
         ref = np.array([_rdp_from_excess(mp, _mp_integral_excess(mp, q, sigma, a), a)
                         for a in _FRAC_GRID_ORDERS])
     got = subsample(Gaussian(sigma), q).rdp(_FRAC_GRID_ORDERS)
     assert np.all(got >= ref)
     np.testing.assert_allclose(got, ref, rtol=1e-10)
-    peer = orp.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=_FRAC_GRID_ORDERS)
-    accurate = np.abs(peer - ref) <= 1e-10 * ref
-    np.testing.assert_allclose(got[accurate], peer[accurate], rtol=1e-9)
+    acc = dpa.rdp.RdpAccountant(_FRAC_GRID_ORDERS)
+    acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)))
+    for peer in (orp.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
+                                 orders=_FRAC_GRID_ORDERS), np.array(acc._rdp)):
+        accurate = np.abs(peer - ref) <= 1e-10 * ref
+        np.testing.assert_allclose(got[accurate], peer[accurate], rtol=1e-9)
 
 
 @pytest.mark.parametrize("sigma", [2.0, 5.0])
