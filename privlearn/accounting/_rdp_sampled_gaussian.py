@@ -47,9 +47,10 @@ def subsampled_gaussian_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.nd
       (the terms k >= 2 with ``exp(.) - 1``) for relative precision at tiny rates;
     * fractional alpha <= :data:`MAX_FRACTIONAL_SERIES_ORDER`: their two-series expansion
       (Section 3.3, "fractional alpha"; as ``_compute_log_a_frac`` in TF-Privacy/Opacus),
-      summed until the terms of the tail, which alternates in sign with decreasing
-      magnitude, fall below ``exp(-50)``; the first omitted terms are added as an error
-      bound. If the series cannot be summed reliably the interpolation below is used;
+      rearranged to sum ``A - 1`` for relative precision at tiny rates (:func:`_sg_frac`),
+      until the tail, which alternates in sign with decreasing magnitude, is below 1e-11
+      of ``A - 1``; the first omitted terms are added as an error bound. If the series
+      cannot be summed reliably the interpolation below is used;
     * larger fractional alpha: linear interpolation of ``(alpha-1) eps(alpha)`` between
       neighbouring integers (valid by convexity, van Erven & Harremoes 2014 Thm 11).
 
@@ -62,10 +63,15 @@ def subsampled_gaussian_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.nd
         out[is_int] = _sg_int(q, sigma, alphas[is_int])
     frac_idx = np.flatnonzero(~is_int)
     if frac_idx.size:
+        series = frac_idx[alphas[frac_idx] <= MAX_FRACTIONAL_SERIES_ORDER]
+        if series.size:
+            out[series] = _sg_frac(q, sigma, alphas[series])
         interp_needed = []
         for i in frac_idx.tolist():
-            a = float(alphas[i])
-            v = _sg_frac(q, sigma, a) if a <= MAX_FRACTIONAL_SERIES_ORDER else None
+            if alphas[i] <= MAX_FRACTIONAL_SERIES_ORDER and not math.isnan(out[i]):
+                continue
+            v = (_sg_frac_absolute(q, sigma, float(alphas[i]))
+                 if alphas[i] <= MAX_FRACTIONAL_SERIES_ORDER else None)
             if v is None:
                 interp_needed.append(i)
             else:
@@ -108,8 +114,136 @@ def _subsampled_gaussian_int(q: float, sigma: float, ns: tuple[float, ...]) -> t
     return tuple(out.tolist())
 
 
-def _sg_frac(q: float, sigma: float, alpha: float) -> float | None:
-    """Fractional-alpha series of Mironov, Talwar & Zhang (2019), Section 3.3.
+def _sg_frac(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
+    """Fractional-alpha RDP from the series of Mironov, Talwar & Zhang (2019), Section 3.3,
+    summed as the excess ``A_alpha - 1`` for relative precision at small rates; NaN where
+    the series cannot be summed reliably (the caller then uses the absolute-precision form
+    :func:`_sg_frac_absolute`, or else a valid interpolation bound).
+
+    With ``L(x) = e^{(2x - 1) / (2 sigma^2)}``, ``X ~ N(0, sigma^2)``, ``z0 = sigma^2
+    log(1/q - 1) + 1/2`` (where ``q L = 1 - q``) and ``w_i = binom(alpha, i) q^i
+    (1-q)^(alpha-i)`` (which sum to 1 for ``q < 1/2``)::
+
+        A - 1 = sum_{i>=1} w_i (E[L^i; X <= z0] - P(X <= z0))
+                + sum_{i>=0} binom(alpha, i) s1_i - P(X > z0)
+
+    where ``E[L^i; X <= z0] = e^{c_i} Phi((z0 - i) / sigma)``, ``c_i = (i^2 - i) / (2
+    sigma^2)``, and ``s1_i`` is the second series of Mironov et al. For ``i <= z0`` the
+    region-1 difference is written ``expm1(c_i) - (e^{c_i} Phi_c((z0 - i) / sigma) -
+    Phi_c(z0 / sigma))`` (the bracket is ``E[L^i - 1; X > z0] >= 0``, with at most a factor
+    ``(q / (1-q))^i`` cancelling), so the first-order cancellation in ``(1 + q (L - 1))^alpha
+    - 1`` never reaches the floating-point sums. Each term is rounded on the safe side by a
+    bound on its floating-point error; positive and negative terms are summed apart and
+    their difference is rounded up by a bound that grows with their cancellation. The tail
+    (two series alternating in sign with decreasing magnitudes) is bounded by the sum of
+    their first omitted terms (for ``i > alpha`` both series' terms decrease: ``q L / (1-q)``
+    is below 1 on ``X <= z0`` and above 1 on ``X > z0``), which is added; terms are added
+    until that bound is below ``1e-11`` of ``A - 1`` (or ``2^16`` terms). All orders are
+    summed at once.
+    """
+    alphas = np.asarray(alphas, dtype=float)
+    out = np.full(alphas.shape, np.nan)
+    if not q < 0.5:
+        return out
+    todo = np.arange(alphas.size)
+    n_terms = int(math.ceil(float(alphas.max()))) + 64
+    while todo.size:
+        last = n_terms >= 1 << 16
+        val, done = _sg_frac_pass(q, sigma, alphas[todo], n_terms, last)
+        out[todo[done]] = val[done]
+        todo = todo[~done]
+        if last:
+            break
+        n_terms *= 4
+    return out
+
+
+def _sg_frac_pass(q: float, sigma: float, alphas: np.ndarray, n_terms: int,
+                  last: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One pass of :func:`_sg_frac` with ``n_terms`` terms: (value or NaN, finished)."""
+    s2 = sigma * sigma
+    z0 = s2 * math.log(1.0 / q - 1.0) + 0.5
+    b = z0 / sigma
+    log_q, log_1q = math.log(q), math.log1p(-q)
+    lphi_b, lphic_b = float(special.log_ndtr(b)), float(special.log_ndtr(-b))
+    al = alphas[:, None]
+    i = np.arange(n_terms + 1, dtype=float)[None, :]
+    j = al - i
+    lgam_a = special.gammaln(al + 1.0)
+    g_i, g_j = special.gammaln(i + 1.0), special.gammaln(j + 1.0)
+    log_c = lgam_a - g_i - g_j
+    # log |binom(alpha, i)| for i <= 2 without the cancellation of the gammaln difference
+    log_c[:, 0] = 0.0
+    log_c[:, 1] = np.log(alphas)
+    log_c[:, 2] = np.log(alphas * (alphas - 1.0) / 2.0)
+    err_c = np.abs(lgam_a) + np.abs(g_i) + np.abs(g_j)
+    err_c[:, :3] = np.abs(log_c[:, :3])
+    sign = special.gammasgn(j + 1.0)  # sign of binom(alpha, i)
+    t_q, t_1q = i * log_q, j * log_1q
+    c = (i * i - i) / (2 * s2)
+    a_i = (z0 - i) / sigma
+    split = (a_i >= 0.0) & (i >= 1)
+    direct = ~split & (i >= 1)
+    lphi_a, lphic_a = special.log_ndtr(a_i), special.log_ndtr(-a_i)
+    log_w = log_c + t_q + t_1q
+    w_parts = (err_c, t_q, t_1q)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t_e = _log_expm1(c)
+        x = c + lphic_a
+        d = np.minimum(lphic_b - x, 0.0)
+        rho = np.exp(d)
+        bracket = x + np.log(-np.expm1(d))  # log(e^{c_i} Phi_c(a_i) - Phi_c(b))
+        parts1 = (j * log_q, i * log_1q, (j * j - j) / (2 * s2),
+                  special.log_ndtr((j - z0) / sigma))
+        ls1 = log_c + sum(parts1)
+        # (log |term|, error bound, sign of the term relative to binom(alpha, i))
+        pieces = [
+            (np.where(split & (i >= 2), log_w + t_e, -np.inf),
+             _term_margin(*w_parts, c, t_e), 1),
+            (np.where(split, log_w + bracket, -np.inf),
+             _term_margin(*w_parts, c, lphic_a, lphic_b) * (1.0 + rho) / (1.0 - rho), -1),
+            (np.where(direct, log_w + c + lphi_a, -np.inf),
+             _term_margin(*w_parts, c, lphi_a), 1),
+            (np.where(direct, log_w + lphi_b, -np.inf), _term_margin(*w_parts, lphi_b), -1),
+            (ls1, _term_margin(err_c, *parts1), 1),
+        ]
+        # tail bound: the first omitted terms of the two alternating series
+        ls0 = log_w + c + lphi_a
+        tail = np.logaddexp(np.logaddexp(ls0[:, -1], ls1[:, -1]), log_w[:, -1] + lphi_b)
+        tail = tail + _term_margin(err_c[:, -1], t_q[:, -1], t_1q[:, -1], c[:, -1],
+                                   lphi_a[:, -1], *(p[:, -1] for p in parts1))
+        lc_orig = np.logaddexp(ls0, ls1)  # log |term| of the plain series
+        decreasing = (lc_orig[:, -1] <= lc_orig[:, -2]) & (lc_orig[:, -2] <= lc_orig[:, -3])
+        pos_l, neg_l = [tail[:, None]], [np.full((alphas.size, 1), lphic_b - 16 * _ULP * (
+            1.0 + abs(lphic_b)))]
+        bad = np.zeros(alphas.size, dtype=bool)
+        for lv, err, rel_sign in pieces:
+            lv = np.broadcast_to(lv, sign.shape)[:, :-1]
+            err = np.broadcast_to(err, sign.shape)[:, :-1]
+            sg = rel_sign * sign[:, :-1]
+            bad |= np.isnan(lv).any(axis=1) | np.isposinf(lv).any(axis=1)
+            live = np.isfinite(lv)
+            pos_l.append(np.where(live & (sg > 0), lv + err, -np.inf))
+            neg_l.append(np.where(live & (sg < 0), lv - err, -np.inf))
+        pos = np.asarray(_logsumexp(np.concatenate(pos_l, axis=1), axis=1))
+        neg = np.asarray(_logsumexp(np.concatenate(neg_l, axis=1), axis=1))
+        bad |= ~np.isfinite(pos) | np.isnan(neg) | (neg >= pos - 1e-3)  # heavy cancellation
+        r = np.exp(neg - pos)
+        log_am1 = pos + np.log1p(-r)
+        count = 5.0 * (n_terms + 1) + 2.0
+        log_am1 = log_am1 + (_ULP * (2.0 * math.log2(count) + 8.0) * (1.0 + r) / (1.0 - r)
+                             + 4 * _ULP * np.abs(log_am1))
+        log_a = _log1p_of_log(log_am1)
+        val = np.minimum(log_a / (alphas - 1.0), alphas / (2 * s2))
+    converged = decreasing & (tail < log_am1 + math.log(1e-11))
+    bad |= ~np.isfinite(val) | (last & ~decreasing)
+    val = np.where(bad, np.nan, val)
+    return val, bad | converged | last
+
+
+def _sg_frac_absolute(q: float, sigma: float, alpha: float) -> float | None:
+    """Fractional-alpha series of Mironov, Talwar & Zhang (2019), Section 3.3,
+    summed for ``A_alpha`` itself (absolute precision in ``log A``).
 
     ``A_alpha = sum_{i>=0} binom(alpha, i) (s0_i + s1_i)`` with (``j = alpha - i``,
     ``z0 = sigma^2 log(1/q - 1) + 1/2``)::
