@@ -22,9 +22,9 @@ import math
 import re
 from pathlib import Path
 
-import mpmath as mp
 import numpy as np
 import pytest
+from closed_forms import exact_gaussian_delta, exact_gaussian_epsilon
 
 from privlearn.accounting import Gaussian, Laplace, compose, subsample
 
@@ -308,30 +308,6 @@ def run_cell(code: str, ns: dict) -> object:
         return eval(compile(ast.Expression(last.value), "<cell>", "eval"), ns)
     exec(compile(tree, "<cell>", "exec"), ns)
     return None
-
-
-def exact_gaussian_delta(sigma: float, eps: float) -> mp.mpf:
-    """delta(eps) of the Gaussian mechanism at 50 digits (Balle & Wang 2018, Thm 8)."""
-    with mp.workdps(50):
-        mu = 1 / mp.mpf(sigma)
-        e = mp.mpf(eps)
-        return mp.ncdf(-e / mu + mu / 2) - mp.exp(e) * mp.ncdf(-e / mu - mu / 2)
-
-
-def exact_gaussian_epsilon(sigma: float, delta: float) -> float:
-    """The exact epsilon(delta) by bisection on the 50-digit curve (monotone in eps)."""
-    with mp.workdps(50):
-        target = mp.mpf(delta)
-        lo, hi = mp.mpf(0), mp.mpf(1)
-        while exact_gaussian_delta(sigma, hi) > target:
-            hi *= 2
-        for _ in range(120):
-            mid = (lo + hi) / 2
-            if exact_gaussian_delta(sigma, mid) > target:
-                lo = mid
-            else:
-                hi = mid
-        return float(hi)
 
 
 @pytest.fixture(scope="module")

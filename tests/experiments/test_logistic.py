@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 
-import mpmath as mp
 import pytest
+from closed_forms import exact_gaussian_delta, exact_gaussian_sigma
 
 from privlearn.experiments.logistic import SCENARIOS, run_logistic_regression
 
@@ -49,26 +49,6 @@ def _run(sc) -> dict:
     return row
 
 
-def _gaussian_delta(sigma: float, eps: float) -> mp.mpf:
-    """delta(eps) of Gaussian(sigma), unit sensitivity (Balle & Wang 2018, Theorem 8)."""
-    with mp.workdps(50):
-        mu = 1 / mp.mpf(sigma)
-        e = mp.mpf(eps)
-        return mp.ncdf(-e / mu + mu / 2) - mp.exp(e) * mp.ncdf(-e / mu - mu / 2)
-
-
-def _gaussian_sigma(eps: float, delta: float) -> float:
-    """The smallest sigma with delta(eps) <= delta, by bisection on the exact curve."""
-    lo, hi = 1e-3, 1e6
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if _gaussian_delta(mid, eps) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
 @pytest.mark.parametrize("label", ["1a", "1b"])
 def test_pure_dp_scenarios_run_the_closed_form_laplace_scale(label):
     sc = _scenario(label)
@@ -85,7 +65,7 @@ def test_gaussian_scenarios_run_the_exact_gaussian_noise(label):
     sc = _scenario(label)
     _, eps, _, _, T, _, _ = sc
     row = _run(sc)
-    exact = math.sqrt(T) * _gaussian_sigma(eps, DELTA)
+    exact = math.sqrt(T) * exact_gaussian_sigma(eps, DELTA)
     assert exact * (1 - 1e-9) <= row["noise_multiplier"] <= exact * (1 + 1e-5)
     assert row["epsilon_spent"] <= eps
 
@@ -120,7 +100,7 @@ def test_study_gaussian_formula_is_valid_but_about_twice_the_noise(label):
     _, eps, _, _, T, _, _ = sc
     root_rho = math.sqrt(math.log(1 / DELTA) + eps) - math.sqrt(math.log(1 / DELTA))
     study = math.sqrt(T) / root_rho
-    assert _gaussian_delta(study / math.sqrt(T), eps) <= DELTA  # valid
+    assert exact_gaussian_delta(study / math.sqrt(T), eps) <= DELTA  # valid
     ours = _run(sc)["noise_multiplier"]
     assert 1.8 < study / ours < 2.6  # what the docs state
 
