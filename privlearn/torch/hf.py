@@ -26,8 +26,10 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   themselves; so are the global generators' states (the Trainer's ``rng_state.pth``:
   how far dropout advanced them follows the private batches, :mod:`privlearn.torch._hf_rng`).
   DPTrainer writes that part only under ``private_state_dir`` (outside
-  ``output_dir``), one file per checkpoint; a run with such state and checkpointing but no
-  ``private_state_dir`` is refused when it is built. ``trainer.train(
+  ``output_dir``), one file per checkpoint, found on resume by a random token the
+  checkpoint carries (so a renamed or copied folder, e.g. the ``last-checkpoint`` that
+  ``push_to_hub`` uploads, resumes; :mod:`privlearn.torch._hf_private`); a run with such
+  state and checkpointing but no ``private_state_dir`` is refused when it is built. ``trainer.train(
   resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
   epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state, or
   whose private part is missing, is refused;
@@ -115,7 +117,6 @@ import functools
 import glob
 import math
 import os
-import secrets
 import time
 import warnings
 
@@ -159,6 +160,14 @@ from privlearn.torch._hf_fsdp import (
 )
 from privlearn.torch._hf_loss import sequence_classification_loss, warn_own_compute_loss
 from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
+from privlearn.torch._hf_private import (
+    PRIVATE_FORMAT,
+    find_private_state,
+    new_token,
+    private_state_path,
+    remove,
+    save_private,
+)
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
@@ -171,7 +180,6 @@ __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STAT
            "RELEASED_LOGS"]
 
 PRIVACY_STATE_NAME = "privlearn_privacy.pt"
-_PRIVATE_FORMAT = "privlearn.torch.hf.private_state/1"
 #: The auto-model mapping of transformers that names the model classes of each task.
 _TASK_MAPPINGS = {
     "causal_lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
@@ -644,16 +652,16 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         rng = self.__dict__.pop("_checkpoint_rng", None)
         for path, ckpt in list(self._private_files.items()):
             if os.path.abspath(ckpt) == os.path.abspath(folder):  # being rewritten
-                _remove(path)
+                remove(path)
                 del self._private_files[path]
         state["private_state"] = None
         if secret:
-            token = secrets.token_hex(8)  # binds the two parts; reveals nothing
+            token = new_token()  # binds the two parts; reveals nothing
             kept = self.private_state_dir is not None
             state["private_state"] = {"token": token, "parts": sorted(secret), "kept": kept}
             if kept:
-                path = _private_state_path(self.private_state_dir, folder, token)
-                _save_private({"format": _PRIVATE_FORMAT, "token": token, "rng": rng,
+                path = private_state_path(self.private_state_dir, folder, token)
+                save_private({"format": PRIVATE_FORMAT, "token": token, "rng": rng,
                                "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
@@ -682,7 +690,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         longer exist."""
         for path, ckpt in list(self._private_files.items()):
             if not os.path.isdir(ckpt):
-                _remove(path)
+                remove(path)
                 del self._private_files[path]
 
     def _read_privacy_state(self, checkpoint: str) -> dict:
@@ -706,14 +714,15 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 f"checkpoint {checkpoint!r} keeps the secret part of its privacy state ({parts}) "
                 f"in a private folder; {why}. Pass DPTrainer(private_state_dir=...) naming the "
                 "folder it was written to")
-        path = _private_state_path(self.private_state_dir, checkpoint, info["token"])
-        if not os.path.isfile(path):
+        path = find_private_state(self.private_state_dir, checkpoint, info["token"])
+        if path is None:  # looked up by the token: a renamed or copied folder resumes
             raise ConfigurationError(
                 f"the secret part of checkpoint {checkpoint!r}'s privacy state ({parts}) "
-                f"is not in private_state_dir={self.private_state_dir!r} (no {path}); "
-                f"{why}. Pass the private_state_dir the checkpoint was written with")
+                f"is not in private_state_dir={self.private_state_dir!r} (no file "
+                f"*.{info['token']}.pt); {why}. Pass the private_state_dir the checkpoint "
+                "was written with")
         secret = torch.load(path, weights_only=False)
-        if secret.get("format") != _PRIVATE_FORMAT or secret.get("token") != info["token"]:
+        if secret.get("format") != PRIVATE_FORMAT or secret.get("token") != info["token"]:
             raise ParameterValueError(f"{path} is not the private state of checkpoint "
                              f"{checkpoint!r} (its token differs)")
         state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
@@ -810,28 +819,6 @@ def _check_private_state_dir(path, args, privacy: PrivacyArguments) -> str | Non
             "output_dir holds releases (the checkpoints, what push_to_hub uploads and "
             "save_model writes). Name a folder outside it, kept as private as the data")
     return path
-
-
-def _private_state_path(private_dir: str, checkpoint: str, token: str) -> str:
-    name = os.path.basename(os.path.normpath(checkpoint))
-    return os.path.join(private_dir, f"{name}.{token}.pt")
-
-
-def _save_private(obj: dict, path: str) -> None:
-    """``torch.save`` into a file only its owner can read (written whole, then renamed)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        torch.save(obj, f)
-    os.replace(tmp, path)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _unwrap(model):
