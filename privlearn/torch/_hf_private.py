@@ -15,13 +15,18 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from typing import TYPE_CHECKING
 
 import torch
 
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterValueError
+from privlearn.torch.schedule import independent
 
-__all__ = ["PRIVATE_FORMAT", "find_private_state", "new_token", "private_state_path",
-           "remove", "save_private"]
+if TYPE_CHECKING:
+    from privlearn.torch._hf_args import PrivacyArguments
+
+__all__ = ["PRIVATE_FORMAT", "check_private_state_dir", "find_private_state", "new_token",
+           "private_state_path", "remove", "save_private", "saves_checkpoints", "secret_parts"]
 
 PRIVATE_FORMAT = "privlearn.torch.hf.private_state/1"
 _TOKEN = re.compile(r"[0-9a-f]{16}")
@@ -78,3 +83,46 @@ def remove(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
+
+
+def secret_parts(privacy: PrivacyArguments) -> tuple[str, ...]:
+    """The parts of :meth:`PrivateTraining.state_dict` that must not be released: the
+    keys of the sampler and of the noise (they replay the next steps' batches and noise;
+    a ``secure_mode`` run has none) and the correlated noise's state (past noises)."""
+    parts = () if privacy.secure_mode else ("sampler", "noise")
+    return parts + (() if independent(privacy.noise) else ("correlated",))
+
+
+def saves_checkpoints(args) -> bool:
+    return str(getattr(args.save_strategy, "value", args.save_strategy)) != "no"
+
+
+def check_private_state_dir(path, args, privacy: PrivacyArguments) -> str | None:
+    """Validate ``private_state_dir``: required with checkpoints and a secret state,
+    outside ``output_dir``."""
+    parts = secret_parts(privacy)
+    if path is None:
+        if parts and saves_checkpoints(args):
+            what = []
+            if "correlated" in parts:
+                what.append(f"noise={privacy.noise!r} continues from its last noises")
+            if "sampler" in parts:
+                what.append("the sampler's and the noise's keys replay the next steps' "
+                            "batches and noise")
+            raise ConfigurationError(
+                "private_state_dir is required with checkpoints (save_strategy="
+                f"{str(getattr(args.save_strategy, 'value', args.save_strategy))!r}): a "
+                "checkpoint folder is a release (push_to_hub uploads it), and continuing this "
+                f"run needs secret state ({'; '.join(what)}: with a later model they reveal an "
+                "un-noised clipped gradient). Pass DPTrainer(private_state_dir=...) a folder "
+                "outside output_dir, as private as the training data, or set save_strategy='no'"
+                + ("" if "correlated" in parts else ", or use secure_mode=True (no keys)"))
+        return None
+    path = os.path.abspath(os.fspath(path))
+    out = os.path.realpath(args.output_dir)
+    if os.path.commonpath([out, os.path.realpath(path)]) == out:
+        raise ConfigurationError(
+            f"private_state_dir={path!r} is inside output_dir={args.output_dir!r}: "
+            "output_dir holds releases (the checkpoints, what push_to_hub uploads and "
+            "save_model writes). Name a folder outside it, kept as private as the data")
+    return path

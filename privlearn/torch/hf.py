@@ -162,11 +162,13 @@ from privlearn.torch._hf_loss import sequence_classification_loss, warn_own_comp
 from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
 from privlearn.torch._hf_private import (
     PRIVATE_FORMAT,
+    check_private_state_dir,
     find_private_state,
     new_token,
     private_state_path,
     remove,
     save_private,
+    secret_parts,
 )
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -174,7 +176,7 @@ from privlearn.torch.config import _OTHER_SETTINGS
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
-from privlearn.torch.schedule import independent, whole_run
+from privlearn.torch.schedule import whole_run
 
 __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STATE_NAME",
            "RELEASED_LOGS"]
@@ -351,7 +353,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                           "mechanism", PrivacyLeakWarning, stacklevel=2)
         self._refuse_unsupported()
         warn_own_compute_loss(type(self), DPTrainer)
-        self.private_state_dir = _check_private_state_dir(private_state_dir, self.args, privacy)
+        self.private_state_dir = check_private_state_dir(private_state_dir, self.args, privacy)
         self.add_callback(_PrivacyCallback(self))
 
     def _refuse_unsupported(self) -> None:
@@ -642,13 +644,14 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     # ------------------------------------------------------------------ checkpoints
     def _save_privacy_state(self, folder: str) -> None:
         """Write the public part of the run's state into the checkpoint ``folder`` and
-        the secret part (:func:`_secret_parts`) under ``private_state_dir``; without one,
-        the secret part is not written at all (the checkpoint then cannot be resumed)."""
+        the secret part (:func:`~privlearn.torch._hf_private.secret_parts`) under
+        ``private_state_dir``; without one, the secret part is not written at all (the
+        checkpoint then cannot be resumed)."""
         p = self.privacy_engine
         state = p.state_dict()
         state.pop("model")  # the model and the optimizer are the Trainer's own files
         state.pop("optimizer")
-        secret = {k: state.pop(k) for k in _secret_parts(self.privacy)}
+        secret = {k: state.pop(k) for k in secret_parts(self.privacy)}
         rng = self.__dict__.pop("_checkpoint_rng", None)
         for path, ckpt in list(self._private_files.items()):
             if os.path.abspath(ckpt) == os.path.abspath(folder):  # being rewritten
@@ -776,49 +779,6 @@ def _column(dataset, name: str) -> list:
         v = item[name]
         out.append(v.item() if isinstance(v, torch.Tensor) else v)
     return out
-
-
-def _secret_parts(privacy: PrivacyArguments) -> tuple[str, ...]:
-    """The parts of :meth:`PrivateTraining.state_dict` that must not be released: the
-    keys of the sampler and of the noise (they replay the next steps' batches and noise;
-    a ``secure_mode`` run has none) and the correlated noise's state (past noises)."""
-    parts = () if privacy.secure_mode else ("sampler", "noise")
-    return parts + (() if independent(privacy.noise) else ("correlated",))
-
-
-def _saves_checkpoints(args) -> bool:
-    return str(getattr(args.save_strategy, "value", args.save_strategy)) != "no"
-
-
-def _check_private_state_dir(path, args, privacy: PrivacyArguments) -> str | None:
-    """Validate ``private_state_dir``: required with checkpoints and a secret state,
-    outside ``output_dir``."""
-    parts = _secret_parts(privacy)
-    if path is None:
-        if parts and _saves_checkpoints(args):
-            what = []
-            if "correlated" in parts:
-                what.append(f"noise={privacy.noise!r} continues from its last noises")
-            if "sampler" in parts:
-                what.append("the sampler's and the noise's keys replay the next steps' "
-                            "batches and noise")
-            raise ConfigurationError(
-                "private_state_dir is required with checkpoints (save_strategy="
-                f"{str(getattr(args.save_strategy, 'value', args.save_strategy))!r}): a "
-                "checkpoint folder is a release (push_to_hub uploads it), and continuing this "
-                f"run needs secret state ({'; '.join(what)}: with a later model they reveal an "
-                "un-noised clipped gradient). Pass DPTrainer(private_state_dir=...) a folder "
-                "outside output_dir, as private as the training data, or set save_strategy='no'"
-                + ("" if "correlated" in parts else ", or use secure_mode=True (no keys)"))
-        return None
-    path = os.path.abspath(os.fspath(path))
-    out = os.path.realpath(args.output_dir)
-    if os.path.commonpath([out, os.path.realpath(path)]) == out:
-        raise ConfigurationError(
-            f"private_state_dir={path!r} is inside output_dir={args.output_dir!r}: "
-            "output_dir holds releases (the checkpoints, what push_to_hub uploads and "
-            "save_model writes). Name a folder outside it, kept as private as the data")
-    return path
 
 
 def _unwrap(model):

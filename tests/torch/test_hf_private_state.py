@@ -356,4 +356,8 @@ def test_a_renamed_checkpoint_finds_its_private_state_by_its_token(tmp_path):
                   private_state_dir=private)
     with pytest.raises(ValueError, match="is not in private_state_dir"):
         c.train(resume_from_checkpoint=copy)
+    state["private_state"]["token"] = "../" + os.path.basename(private)  # not a token
+    torch.save(state, state_file)
+    with pytest.raises(ValueError, match="not one DPTrainer writes"):
+        c.train(resume_from_checkpoint=copy)
     assert c.state.global_step == 0 and c.privacy_engine is None
