@@ -26,8 +26,10 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   themselves; so are the global generators' states (the Trainer's ``rng_state.pth``:
   how far dropout advanced them follows the private batches, :mod:`privlearn.torch._hf_rng`).
   DPTrainer writes that part only under ``private_state_dir`` (outside
-  ``output_dir``), one file per checkpoint; a run with such state and checkpointing but no
-  ``private_state_dir`` is refused when it is built. ``trainer.train(
+  ``output_dir``), one file per checkpoint, found on resume by a random token the
+  checkpoint carries (so a renamed or copied folder, e.g. the ``last-checkpoint`` that
+  ``push_to_hub`` uploads, resumes; :mod:`privlearn.torch._hf_private`); a run with such
+  state and checkpointing but no ``private_state_dir`` is refused when it is built. ``trainer.train(
   resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
   epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state, or
   whose private part is missing, is refused;
@@ -115,7 +117,6 @@ import functools
 import glob
 import math
 import os
-import secrets
 import time
 import warnings
 
@@ -159,19 +160,28 @@ from privlearn.torch._hf_fsdp import (
 )
 from privlearn.torch._hf_loss import sequence_classification_loss, warn_own_compute_loss
 from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
+from privlearn.torch._hf_private import (
+    PRIVATE_FORMAT,
+    check_private_state_dir,
+    find_private_state,
+    new_token,
+    private_state_path,
+    remove,
+    save_private,
+    secret_parts,
+)
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, make_private
-from privlearn.torch.schedule import independent, whole_run
+from privlearn.torch.schedule import whole_run
 
 __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STATE_NAME",
            "RELEASED_LOGS"]
 
 PRIVACY_STATE_NAME = "privlearn_privacy.pt"
-_PRIVATE_FORMAT = "privlearn.torch.hf.private_state/1"
 #: The auto-model mapping of transformers that names the model classes of each task.
 _TASK_MAPPINGS = {
     "causal_lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
@@ -343,7 +353,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                           "mechanism", PrivacyLeakWarning, stacklevel=2)
         self._refuse_unsupported()
         warn_own_compute_loss(type(self), DPTrainer)
-        self.private_state_dir = _check_private_state_dir(private_state_dir, self.args, privacy)
+        self.private_state_dir = check_private_state_dir(private_state_dir, self.args, privacy)
         self.add_callback(_PrivacyCallback(self))
 
     def _refuse_unsupported(self) -> None:
@@ -634,26 +644,27 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     # ------------------------------------------------------------------ checkpoints
     def _save_privacy_state(self, folder: str) -> None:
         """Write the public part of the run's state into the checkpoint ``folder`` and
-        the secret part (:func:`_secret_parts`) under ``private_state_dir``; without one,
-        the secret part is not written at all (the checkpoint then cannot be resumed)."""
+        the secret part (:func:`~privlearn.torch._hf_private.secret_parts`) under
+        ``private_state_dir``; without one, the secret part is not written at all (the
+        checkpoint then cannot be resumed)."""
         p = self.privacy_engine
         state = p.state_dict()
         state.pop("model")  # the model and the optimizer are the Trainer's own files
         state.pop("optimizer")
-        secret = {k: state.pop(k) for k in _secret_parts(self.privacy)}
+        secret = {k: state.pop(k) for k in secret_parts(self.privacy)}
         rng = self.__dict__.pop("_checkpoint_rng", None)
         for path, ckpt in list(self._private_files.items()):
             if os.path.abspath(ckpt) == os.path.abspath(folder):  # being rewritten
-                _remove(path)
+                remove(path)
                 del self._private_files[path]
         state["private_state"] = None
         if secret:
-            token = secrets.token_hex(8)  # binds the two parts; reveals nothing
+            token = new_token()  # binds the two parts; reveals nothing
             kept = self.private_state_dir is not None
             state["private_state"] = {"token": token, "parts": sorted(secret), "kept": kept}
             if kept:
-                path = _private_state_path(self.private_state_dir, folder, token)
-                _save_private({"format": _PRIVATE_FORMAT, "token": token, "rng": rng,
+                path = private_state_path(self.private_state_dir, folder, token)
+                save_private({"format": PRIVATE_FORMAT, "token": token, "rng": rng,
                                "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
@@ -682,7 +693,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         longer exist."""
         for path, ckpt in list(self._private_files.items()):
             if not os.path.isdir(ckpt):
-                _remove(path)
+                remove(path)
                 del self._private_files[path]
 
     def _read_privacy_state(self, checkpoint: str) -> dict:
@@ -706,14 +717,15 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 f"checkpoint {checkpoint!r} keeps the secret part of its privacy state ({parts}) "
                 f"in a private folder; {why}. Pass DPTrainer(private_state_dir=...) naming the "
                 "folder it was written to")
-        path = _private_state_path(self.private_state_dir, checkpoint, info["token"])
-        if not os.path.isfile(path):
+        path = find_private_state(self.private_state_dir, checkpoint, info["token"])
+        if path is None:  # looked up by the token: a renamed or copied folder resumes
             raise ConfigurationError(
                 f"the secret part of checkpoint {checkpoint!r}'s privacy state ({parts}) "
-                f"is not in private_state_dir={self.private_state_dir!r} (no {path}); "
-                f"{why}. Pass the private_state_dir the checkpoint was written with")
+                f"is not in private_state_dir={self.private_state_dir!r} (no file "
+                f"*.{info['token']}.pt); {why}. Pass the private_state_dir the checkpoint "
+                "was written with")
         secret = torch.load(path, weights_only=False)
-        if secret.get("format") != _PRIVATE_FORMAT or secret.get("token") != info["token"]:
+        if secret.get("format") != PRIVATE_FORMAT or secret.get("token") != info["token"]:
             raise ParameterValueError(f"{path} is not the private state of checkpoint "
                              f"{checkpoint!r} (its token differs)")
         state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
@@ -767,71 +779,6 @@ def _column(dataset, name: str) -> list:
         v = item[name]
         out.append(v.item() if isinstance(v, torch.Tensor) else v)
     return out
-
-
-def _secret_parts(privacy: PrivacyArguments) -> tuple[str, ...]:
-    """The parts of :meth:`PrivateTraining.state_dict` that must not be released: the
-    keys of the sampler and of the noise (they replay the next steps' batches and noise;
-    a ``secure_mode`` run has none) and the correlated noise's state (past noises)."""
-    parts = () if privacy.secure_mode else ("sampler", "noise")
-    return parts + (() if independent(privacy.noise) else ("correlated",))
-
-
-def _saves_checkpoints(args) -> bool:
-    return str(getattr(args.save_strategy, "value", args.save_strategy)) != "no"
-
-
-def _check_private_state_dir(path, args, privacy: PrivacyArguments) -> str | None:
-    """Validate ``private_state_dir``: required with checkpoints and a secret state,
-    outside ``output_dir``."""
-    parts = _secret_parts(privacy)
-    if path is None:
-        if parts and _saves_checkpoints(args):
-            what = []
-            if "correlated" in parts:
-                what.append(f"noise={privacy.noise!r} continues from its last noises")
-            if "sampler" in parts:
-                what.append("the sampler's and the noise's keys replay the next steps' "
-                            "batches and noise")
-            raise ConfigurationError(
-                "private_state_dir is required with checkpoints (save_strategy="
-                f"{str(getattr(args.save_strategy, 'value', args.save_strategy))!r}): a "
-                "checkpoint folder is a release (push_to_hub uploads it), and continuing this "
-                f"run needs secret state ({'; '.join(what)}: with a later model they reveal an "
-                "un-noised clipped gradient). Pass DPTrainer(private_state_dir=...) a folder "
-                "outside output_dir, as private as the training data, or set save_strategy='no'"
-                + ("" if "correlated" in parts else ", or use secure_mode=True (no keys)"))
-        return None
-    path = os.path.abspath(os.fspath(path))
-    out = os.path.realpath(args.output_dir)
-    if os.path.commonpath([out, os.path.realpath(path)]) == out:
-        raise ConfigurationError(
-            f"private_state_dir={path!r} is inside output_dir={args.output_dir!r}: "
-            "output_dir holds releases (the checkpoints, what push_to_hub uploads and "
-            "save_model writes). Name a folder outside it, kept as private as the data")
-    return path
-
-
-def _private_state_path(private_dir: str, checkpoint: str, token: str) -> str:
-    name = os.path.basename(os.path.normpath(checkpoint))
-    return os.path.join(private_dir, f"{name}.{token}.pt")
-
-
-def _save_private(obj: dict, path: str) -> None:
-    """``torch.save`` into a file only its owner can read (written whole, then renamed)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        torch.save(obj, f)
-    os.replace(tmp, path)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _unwrap(model):

@@ -325,3 +325,39 @@ def test_private_files_follow_the_checkpoints_the_trainer_keeps_at_the_end(tmp_p
     assert sorted(os.listdir(out)) == ["checkpoint-1"]
     assert sorted(os.listdir(private)) == [os.path.basename(_private_file(private,
                                                                           out / "checkpoint-1"))]
+
+
+def test_a_renamed_checkpoint_finds_its_private_state_by_its_token(tmp_path):
+    """``push_to_hub(hub_strategy="checkpoint")`` uploads the checkpoint as
+    ``last-checkpoint``, and a user may copy ``checkpoint-2`` to ``best/``: the private
+    file was looked up by the folder's name, so resuming the copy was refused. It is now
+    found by the token the checkpoint carries; the copy resumes bit for bit, and a token
+    no private file has is still refused."""
+    out, private = tmp_path / "out", tmp_path / "private"
+    args = _args(out, max_steps=3, save_strategy="steps", save_steps=2)
+    pa = PrivacyArguments(noise_multiplier=1.0, seed=0)
+    a = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa,
+                  private_state_dir=private)
+    a.train()
+    copy = str(tmp_path / "last-checkpoint")
+    shutil.copytree(out / "checkpoint-2", copy)
+    b = DPTrainer(model=_llama(seed=5), args=args, train_dataset=_TextSet(), privacy=pa,
+                  private_state_dir=private)
+    b.train(resume_from_checkpoint=copy)
+    assert b.privacy_engine.accountant.steps == 3 and b.epsilon() == a.epsilon()
+    for (name, u), v in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0, msg=name)
+
+    state_file = os.path.join(copy, PRIVACY_STATE_NAME)
+    state = torch.load(state_file, weights_only=False)
+    state["private_state"]["token"] = "0" * 16  # a checkpoint no private file belongs to
+    torch.save(state, state_file)
+    c = DPTrainer(model=_llama(), args=args, train_dataset=_TextSet(), privacy=pa,
+                  private_state_dir=private)
+    with pytest.raises(ValueError, match="is not in private_state_dir"):
+        c.train(resume_from_checkpoint=copy)
+    state["private_state"]["token"] = "../" + os.path.basename(private)  # not a token
+    torch.save(state, state_file)
+    with pytest.raises(ValueError, match="not one DPTrainer writes"):
+        c.train(resume_from_checkpoint=copy)
+    assert c.state.global_step == 0 and c.privacy_engine is None
