@@ -435,6 +435,11 @@ def compose(
     >>> from privlearn.accounting import Gaussian, compose, subsample
     >>> m = compose(subsample(Gaussian(noise_multiplier=1.1), rate=256 / 60000), steps=14040)
     """
+    if isinstance(steps, Mechanism):
+        raise ParameterTypeError(
+            f"steps must be an integer number of repetitions, got the mechanism {steps!r}; "
+            "to compose several mechanisms pass them as one list: compose([m1, m2]) "
+            "(with steps=[k1, k2] for repetitions of each)")
     if isinstance(mechanisms, Mechanism):
         mlist: list[Mechanism] = [mechanisms]
         if steps is None:

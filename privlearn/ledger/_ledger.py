@@ -194,6 +194,9 @@ class Ledger:
                 f"no privacy ledger at {self.path}; check the path, or pass create=True to "
                 "create one (`privlearn budget init` creates one from the shell)",
                 path=self.path, reason="missing")
+        if create:  # owner-only (0600): a ledger lists what was released from which data
+            with contextlib.suppress(OSError):  # exists (mode kept), or SQLite reports it
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self._conn = self._connect(create)
 
     # -- connection / pickling ----------------------------------------------------------
@@ -313,7 +316,8 @@ class Ledger:
             return
         lock = self.path + "-writelock"
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            # created with the ledger's own permissions (0600 for a ledger created here)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, os.stat(self.path).st_mode & 0o666)
         except OSError as exc:  # e.g. a ledger (and its lock file) another user owns
             raise LedgerNotFoundError(
                 f"cannot open the privacy ledger at {self.path}: its lock file {lock} "

@@ -53,8 +53,9 @@ _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 def _check_schema(path: str, row) -> None:
     """Refuse a file whose format this version cannot read: one written by a newer
-    privlearn (its rows may hold what this code would misread), or a ``meta`` table
-    without a readable schema version (``row``: the ``meta`` row ``schema``)."""
+    privlearn (its rows may hold what this code would misread), one claiming a version
+    below 1 (which no privlearn writes), or a ``meta`` table without a readable schema
+    version (``row``: the ``meta`` row ``schema``)."""
     try:
         version = int(row[0])
     except (TypeError, ValueError):
@@ -62,6 +63,12 @@ def _check_schema(path: str, row) -> None:
             f"{path} has no readable schema version ({None if row is None else row[0]!r}); "
             "it is not a privacy ledger this version can read: restore it from a backup "
             "or pass the path of a ledger", ("no readable schema version",)) from None
+    if version < 1:
+        raise LedgerConflictError(
+            f"{path} claims schema version {version}, which no privlearn writes (versions "
+            f"start at 1; this version reads schema {SCHEMA_VERSION}), so it cannot be read "
+            "as a privacy ledger: restore it from a backup or pass the path of a ledger "
+            "(it was not changed)")
     if version > SCHEMA_VERSION:
         raise LedgerConflictError(
             f"{path} is a privacy ledger of schema version {version}, written by a newer "

@@ -513,6 +513,17 @@ class DPConfig:
                 f"cycle_length only applies to sampling={cycled}, got "
                 f"sampling={self.sampling!r}")
         if not independent(self.noise):
+            if law.describe is None and getattr(self.noise, "bands", None) == 1:
+                # a one-band strategy (Identity()) adds independent noise, but a strategy
+                # object is accounted as one matrix mechanism of the planned run
+                raise ConfigurationError(
+                    f"noise={self.noise!r} adds independent noise at every step, but a "
+                    "strategy given as an object is accounted as one matrix-factorization "
+                    "mechanism of the planned run, which needs a sampler that bounds how "
+                    "often and how far apart an example takes part, got "
+                    f"sampling={self.sampling!r}: for DP-SGD's independent noise pass "
+                    "noise='dpsgd' (the default), or pass sampling='cyclic_poisson', "
+                    "'balls_in_bins' (add/remove) or 'shuffled_epochs' (replace-one)")
             if law.describe is None:
                 raise ConfigurationError(
                     f"noise={self.noise!r} correlates the noise across steps, which needs a "

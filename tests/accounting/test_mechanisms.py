@@ -188,3 +188,14 @@ def test_empty_composition_is_zero_dp(accountant: str) -> None:
     assert m.epsilon(1e-5, accountant=accountant) == 0.0
     assert m.delta(0.0, accountant=accountant) == 0.0
     assert m.epsilon_bounds(0.0, accountant=accountant).lower == 0.0
+
+
+def test_compose_two_positional_mechanisms_points_to_list():
+    # autodp-style compose(m1, m2): the second mechanism lands in ``steps``
+    with pytest.raises(TypeError) as info:
+        compose(Gaussian(5.0), Gaussian(3.0))
+    msg = str(info.value)
+    assert "compose([m1, m2])" in msg and "Gaussian(noise_multiplier=3.0)" in msg
+    # the suggested call composes both
+    c = compose([Gaussian(5.0), Gaussian(3.0)])
+    assert c.rdp(4.0) == pytest.approx(Gaussian(5.0).rdp(4.0) + Gaussian(3.0).rdp(4.0))

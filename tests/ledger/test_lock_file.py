@@ -43,3 +43,35 @@ def test_the_cli_reports_it_in_one_line_with_status_2(locked_out):
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: ") and "writelock" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_a_new_ledger_and_its_lock_file_are_readable_by_their_owner_only(tmp_path, umask_022):
+    # under a umask of 022 a plain create would leave the ledger readable by every user
+    path = str(tmp_path / "l.db")
+    with Ledger(path, create=True) as led:
+        led.create_budget("adult", epsilon=1.0, delta=1e-6)
+    for p in (path, path + "-writelock"):
+        assert os.stat(p).st_mode & 0o777 == 0o600, p
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_opening_an_existing_ledger_keeps_its_mode(tmp_path, umask_022):
+    path = str(tmp_path / "l.db")
+    with Ledger(path, create=True) as led:
+        led.create_budget("adult", epsilon=1.0, delta=1e-6)
+    os.chmod(path, 0o640)  # a ledger its owner shares with a group
+    os.remove(path + "-writelock")
+    with Ledger(path, create=True) as led:
+        led.create_budget("census", epsilon=1.0, delta=1e-6)
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    assert os.stat(path + "-writelock").st_mode & 0o777 == 0o640

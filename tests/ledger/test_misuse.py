@@ -84,6 +84,19 @@ def test_a_ledger_of_a_newer_schema_is_refused(tmp_path):
         assert led.verify()
 
 
+@pytest.mark.parametrize("version", ["0", "-1", "-7"])
+def test_a_ledger_of_a_schema_below_one_is_refused(tmp_path, version):
+    p = str(tmp_path / "l.db")
+    with Ledger(p, create=True) as led:
+        led.create_budget("a", 1.0, 1e-6)
+    _set_schema(p, version)
+    with pytest.raises(LedgerConflictError, match=f"schema version {version}\\b"):
+        Ledger(p)
+    _set_schema(p, "1")
+    with Ledger(p) as led:
+        assert led.verify()
+
+
 def test_a_reservation_of_another_ledger_settles_nothing_here(tmp_path):
     # a Reservation object carries its entry: passing it to another ledger whose entry
     # of the same seq is a reservation too must not settle (refund) that one

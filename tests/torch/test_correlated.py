@@ -249,6 +249,23 @@ def test_refused_combinations():
                      sampling="balls_in_bins")
 
 
+def test_identity_strategy_with_poisson_sampling_message_is_accurate():
+    """Identity() under Poisson sampling is refused (a strategy object is accounted as a
+    matrix mechanism of the run), but not as noise correlated across steps: the message
+    says the noise is independent and names noise='dpsgd', which then runs."""
+    from privlearn.correlated import Identity
+
+    model = nn.Linear(4, 3)
+    loader = DataLoader(_indexed(), batch_size=6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError) as info:
+        make_private(model, opt, loader, noise_multiplier=1.0, epochs=1, noise=Identity())
+    msg = str(info.value)
+    assert "correlates" not in msg
+    assert "independent noise" in msg and "noise='dpsgd'" in msg and "'poisson'" in msg
+    make_private(model, opt, loader, noise_multiplier=1.0, epochs=1, noise="dpsgd")
+
+
 
 @pytest.mark.parametrize("strategy", [BufferedToeplitz((0.99,), (5.0,)),
                                       BandedToeplitz((1.0, 2.0))], ids=repr)
