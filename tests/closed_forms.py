@@ -16,31 +16,31 @@ def exact_gaussian_delta(sigma: float, eps: float) -> mp.mpf:
         return mp.ncdf(-e / mu + mu / 2) - mp.exp(e) * mp.ncdf(-e / mu - mu / 2)
 
 
+def smallest_meeting(delta_of, target, lo, hi, iterations: int):
+    """The smallest ``x`` in ``[lo, hi]`` with ``delta_of(x) <= target`` for ``delta_of``
+    non-increasing in ``x``, by bisection, rounded up (the bracket's upper end)."""
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if delta_of(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def exact_gaussian_epsilon(sigma: float, delta: float) -> float:
     """The exact epsilon(delta) by bisection on the 50-digit curve (monotone in eps),
     rounded up (the bracket's upper end)."""
     with mp.workdps(50):
         target = mp.mpf(delta)
-        lo, hi = mp.mpf(0), mp.mpf(1)
+        hi = mp.mpf(1)
         while exact_gaussian_delta(sigma, hi) > target:
             hi *= 2
-        for _ in range(120):
-            mid = (lo + hi) / 2
-            if exact_gaussian_delta(sigma, mid) > target:
-                lo = mid
-            else:
-                hi = mid
-        return float(hi)
+        return float(smallest_meeting(lambda e: exact_gaussian_delta(sigma, e), target,
+                                      mp.mpf(0), hi, 120))
 
 
 def exact_gaussian_sigma(eps: float, delta: float) -> float:
     """The smallest noise multiplier with delta(eps) <= delta, by bisection on the exact
     curve (delta(eps) decreases in sigma), rounded up."""
-    lo, hi = 1e-3, 1e6
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if exact_gaussian_delta(mid, eps) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    return smallest_meeting(lambda s: exact_gaussian_delta(s, eps), delta, 1e-3, 1e6, 200)

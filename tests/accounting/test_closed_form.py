@@ -15,6 +15,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from closed_forms import smallest_meeting
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,16 +72,10 @@ def _brute_delta(steps, eps) -> mpmath.mpf:
 
 
 def _brute_epsilon(steps, delta) -> float:
-    lo, hi = mpmath.mpf(0), mpmath.mpf(sum(_pure(m) for m in steps))
     if _brute_delta(steps, 0) <= delta:
         return 0.0
-    for _ in range(75):
-        mid = (lo + hi) / 2
-        if _brute_delta(steps, mid) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return float(hi)
+    return float(smallest_meeting(lambda e: _brute_delta(steps, e), delta, mpmath.mpf(0),
+                                  mpmath.mpf(sum(_pure(m) for m in steps)), 75))
 
 
 def _pure(m) -> float:
