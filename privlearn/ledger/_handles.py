@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from privlearn.accounting import Mechanism
-from privlearn.errors import ParameterValueError
+from privlearn.errors import LedgerNotFoundError, ParameterValueError
 from privlearn.ledger._records import Entry, Spent, _check_name
 
 if TYPE_CHECKING:
     from privlearn.ledger._ledger import Ledger
 
-__all__ = ["Reservation", "BudgetHandle", "KeylessConnection"]
+__all__ = ["Reservation", "BudgetHandle", "KeylessConnection", "MissingLedgerConnection"]
 
 DEFAULT_UNIT = "record"
 
@@ -108,6 +109,29 @@ class KeylessConnection:
             f"key: this handle on the ledger {self.path} was unpickled, and pickles never "
             "carry its HMAC key: reopen it with Ledger(path, key=...) (and its budget with "
             ".budget(dataset))")
+
+    def close(self) -> None:
+        pass
+
+
+class MissingLedgerConnection:
+    """The connection of a :class:`Ledger` unpickled where its file cannot be opened (a
+    fitted estimator's ``ledger=`` handle, loaded by whoever received the model, or in
+    another working directory): the model loads and predicts; a read or spend raises
+    :class:`~privlearn.errors.LedgerNotFoundError` saying what to do, and no empty ledger
+    is created in its place."""
+
+    def __init__(self, path: str, reason: str | None):
+        self.path, self.reason = path, reason
+
+    def cursor(self):
+        raise LedgerNotFoundError(
+            f"no privacy ledger can be opened at {self.path} (relative to {os.getcwd()}): "
+            "this handle on it was unpickled, e.g. with a fitted model, and nothing can be "
+            "spent from it here. To fit the model again, give it a budget of a ledger that "
+            "exists: est.set_params(ledger=Ledger(path).budget(dataset)) (a pipeline's step: "
+            "step__ledger=...), or ledger=None",
+            path=self.path, reason=self.reason)
 
     def close(self) -> None:
         pass

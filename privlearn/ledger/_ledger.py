@@ -49,6 +49,7 @@ from privlearn.ledger._filter import default_filter_order, evaluate_budget
 from privlearn.ledger._handles import (
     BudgetHandle,
     KeylessConnection,
+    MissingLedgerConnection,
     Reservation,
     _check_unit,
 )
@@ -289,13 +290,17 @@ class Ledger:
         return {"path": self.path, "keyed": self._key is not None, "timeout": self._timeout}
 
     def __setstate__(self, state: dict) -> None:
+        conn = None
         if not state.get("keyed") or state.get("key") is not None:  # "key": older pickles
-            self.__init__(state["path"], key=state.get("key"), timeout=state["timeout"])
-            return
+            try:
+                self.__init__(state["path"], key=state.get("key"), timeout=state["timeout"])
+                return
+            except LedgerNotFoundError as exc:  # e.g. a shared model: it loads, never spends
+                conn = MissingLedgerConnection(state["path"], exc.reason)
         self.path, self._key, self._timeout = state["path"], None, state["timeout"]
         self._lock, self._parsed = threading.RLock(), {}
         self._seen = self._verified_version = self._failure = self._appended = None
-        self._conn = KeylessConnection(self.path)  # refuses every use: reopen with the key
+        self._conn = conn or KeylessConnection(self.path)  # refuses every use
 
     def __deepcopy__(self, memo) -> Ledger:
         return self  # a handle on shared external state, not a value
@@ -336,21 +341,22 @@ class Ledger:
                ) -> Iterator[sqlite3.Cursor]:
         """One ``BEGIN IMMEDIATE`` transaction, the file's integrity checked first."""
         conn = conn or self._conn
-        with self._lock, self._file_lock():
-            cur = conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            self._appended = None
-            try:
-                if check:
-                    self._ensure_intact(cur)
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            else:
-                cur.execute("COMMIT")
-                if self._appended is not None and check:
-                    self._seen = self._appended  # our appends extend the verified chain
+        with self._lock:
+            cur = conn.cursor()  # first: an unpickled handle that cannot spend says why
+            with self._file_lock():
+                cur.execute("BEGIN IMMEDIATE")
+                self._appended = None
+                try:
+                    if check:
+                        self._ensure_intact(cur)
+                    yield cur
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                else:
+                    cur.execute("COMMIT")
+                    if self._appended is not None and check:
+                        self._seen = self._appended  # our appends extend the verified chain
 
     @contextlib.contextmanager
     def _read(self, *, check: bool = True) -> Iterator[sqlite3.Cursor]:

@@ -221,3 +221,39 @@ def test_the_torch_engine_and_the_estimators_share_one_unit_rule():
     assert base.check_privacy_unit is ledger_pkg.check_privacy_unit
     torch_accountant = pytest.importorskip("privlearn.torch.accountant")
     assert torch_accountant.check_privacy_unit is ledger_pkg.check_privacy_unit
+
+
+def test_a_fitted_model_loads_where_its_ledger_is_not(tmp_path, monkeypatch):
+    # a fitted estimator keeps its ledger= handle, and its pickle is a release: whoever
+    # receives it (without the ledger file) can load it and predict; only a spend fails,
+    # with the path and what to do
+    import pickle
+
+    from privlearn.errors import LedgerNotFoundError
+
+    X = np.random.default_rng(0).uniform(-1, 1, (200, 3)) / np.sqrt(3)
+    y = X @ np.array([1.0, -1.0, 0.5])
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(project)
+    with Ledger("privacy.db", create=True) as led:  # a relative path, as in the tutorials
+        led.create_budget("d", epsilon=5.0, delta=1e-6)
+        est = M.AdaSSPRegressor(epsilon=1.0, delta=1e-7, y_bound=2.0, random_state=0,
+                                ledger=led.budget("d")).fit(X, y)
+        blob = pickle.dumps(est)
+    monkeypatch.chdir(elsewhere)  # the recipient has no privacy.db
+    loaded = pickle.loads(blob)
+    np.testing.assert_array_equal(loaded.predict(X), est.predict(X))
+    assert loaded.epsilon_ == est.epsilon_
+    with pytest.raises(LedgerNotFoundError, match="privacy.db.*set_params"):
+        loaded.fit(X, y)
+    assert not (elsewhere / "privacy.db").exists()  # no empty ledger created
+    np.testing.assert_array_equal(loaded.predict(X), est.predict(X))  # fit left it as it was
+    loaded.ledger.ledger.close()
+    monkeypatch.chdir(project)  # where the ledger is, the same pickle spends as before
+    again = pickle.loads(blob)
+    again.fit(X, y)
+    with Ledger("privacy.db") as led:
+        assert led.spent("d").entries == 2
+    again.ledger.ledger.close()
