@@ -176,9 +176,12 @@ _unit_opt = click.option("--privacy-unit", default=None,
               default=None,
               help="Neighbouring relation of the cap (default: that of the first release). "
               "replace_one also takes add/remove releases, at their replace-one cost.")
+@click.option("--exist-ok", is_flag=True,
+              help="A budget DATASET already has with these same settings is not an error "
+              "(a script that runs more than once); other settings still are.")
 def budget_init(path: str, key_file: str | None, dataset: str, epsilon: float, delta: float,
                 privacy_unit: str | None, accountant: str, adaptive: bool,
-                neighbouring: str | None) -> None:
+                neighbouring: str | None, exist_ok: bool) -> None:
     """Create the ledger at PATH (if needed) and set DATASET's budget."""
     # checked in the shell's words before the file is created (a refused init leaves none)
     for option, name in (("--dataset", dataset), ("--privacy-unit", privacy_unit)):
@@ -191,7 +194,8 @@ def budget_init(path: str, key_file: str | None, dataset: str, epsilon: float, d
                                   "filter gives no delta=0 guarantee), got 0; e.g. 1e-6")
     led = _open_ledger(path, key_file, create=True)
     b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
-                          accountant=accountant, adaptive=adaptive, neighbouring=neighbouring)
+                          accountant=accountant, adaptive=adaptive, neighbouring=neighbouring,
+                          exist_ok=exist_ok)
     click.echo(f"budget for {b.dataset} ({b.privacy_unit}, {_relation(b.neighbouring)}): "
                f"epsilon {b.epsilon:g}, delta {b.delta:g} "
                f"({'adaptive, Renyi filter' if b.adaptive else b.accountant})")

@@ -40,7 +40,7 @@ import numpy as np
 from privlearn._validation import check_delta, check_nonnegative, check_positive
 from privlearn.accounting import AccountingError, Mechanism, UnsupportedMechanismError, compose
 from privlearn.accounting.registry import kind_of
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order"]
 
@@ -52,6 +52,34 @@ def default_filter_order(epsilon: float, delta: float) -> float:
     epsilon = check_positive("epsilon", epsilon)
     delta = _check_filter_delta(delta)
     return 1.0 + 2.0 * math.log(1.0 / delta) / epsilon
+
+
+def filter_order(epsilon: float, delta: float, adaptive: object,
+                 adaptive_order: object) -> float | None:
+    """The Renyi order of a budget's filter (None when not ``adaptive``), its settings
+    checked as :meth:`Ledger.create_budget` takes them."""
+    if not isinstance(adaptive, bool):
+        raise ParameterTypeError(f"adaptive must be a bool, got {adaptive!r}")
+    order = None
+    if adaptive:
+        order = (
+            default_filter_order(epsilon, delta)
+            if adaptive_order is None
+            else check_positive("adaptive_order", adaptive_order)
+        )
+        if order <= 1.0 or not math.isfinite(order):
+            raise ParameterValueError(
+                f"adaptive_order must be in (1, inf), got {adaptive_order!r}; leave it "
+                "out for the default 1 + 2 log(1/delta) / epsilon")
+        if delta == 0.0:
+            raise ParameterValueError(
+                "delta must be in (0, 1) with adaptive=True (the Renyi filter gives no "
+                "delta=0 guarantee), got 0; pass a small delta such as 1e-6")
+    elif adaptive_order is not None:
+        raise ParameterValueError(
+            f"adaptive_order is only used with adaptive=True, got {adaptive_order!r} "
+            "with adaptive=False; pass adaptive=True or drop adaptive_order")
+    return order
 
 
 def _check_filter_delta(delta: object) -> float:

@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import hmac
 import json
-import math
 import os
 import sqlite3
 import sys
@@ -45,7 +44,7 @@ from privlearn.errors import (
     ParameterValueError,
     UnknownBudgetError,
 )
-from privlearn.ledger._filter import default_filter_order, evaluate_budget
+from privlearn.ledger._filter import evaluate_budget, filter_order
 from privlearn.ledger._handles import (
     BudgetHandle,
     KeylessConnection,
@@ -65,6 +64,7 @@ from privlearn.ledger._records import (
     _check_seq,
     _default_who,
     _now,
+    budget_conflict,
 )
 from privlearn.ledger._relations import (
     _check_budget_relation,
@@ -520,6 +520,7 @@ class Ledger:
         adaptive_order: float | None = None,
         neighbouring: Neighbouring | str | None = None,
         who: str | None = None,
+        exist_ok: bool = False,
     ) -> Budget:
         """Set the cap of ``dataset`` (once; a budget is never changed or removed).
 
@@ -549,34 +550,22 @@ class Ledger:
             (:func:`privlearn.accounting.as_replace_one`: twice its sensitivity,
             group privacy). Default None: the relation of the first release, replace-one
             if it holds a replace-one part, else add/remove.
+        exist_ok : bool
+            What a budget already set for ``dataset`` (and ``privacy_unit``) does: with
+            False (default) it raises :class:`~privlearn.errors.LedgerConflictError`; with
+            True (a script that runs more than once) it is returned when it has exactly
+            these settings, and any other setting raises ``LedgerConflictError``.
         """
         dataset = _check_name("dataset", dataset)
         unit = _check_unit(privacy_unit)
         epsilon = check_positive("epsilon", epsilon)
         delta = check_delta("delta", delta)
         acc = get_accountant(accountant).name
-        if not isinstance(adaptive, bool):
-            raise ParameterTypeError(f"adaptive must be a bool, got {adaptive!r}")
-        order = None
-        if adaptive:
-            order = (
-                default_filter_order(epsilon, delta)
-                if adaptive_order is None
-                else check_positive("adaptive_order", adaptive_order)
-            )
-            if order <= 1.0 or not math.isfinite(order):
-                raise ParameterValueError(
-                    f"adaptive_order must be in (1, inf), got {adaptive_order!r}; leave it "
-                    "out for the default 1 + 2 log(1/delta) / epsilon")
-            if delta == 0.0:
-                raise ParameterValueError(
-                    "delta must be in (0, 1) with adaptive=True (the Renyi filter gives no "
-                    "delta=0 guarantee), got 0; pass a small delta such as 1e-6")
-        elif adaptive_order is not None:
-            raise ParameterValueError(
-                f"adaptive_order is only used with adaptive=True, got {adaptive_order!r} "
-                "with adaptive=False; pass adaptive=True or drop adaptive_order")
+        order = filter_order(epsilon, delta, adaptive, adaptive_order)
         relation = _check_budget_relation(neighbouring)
+        if not isinstance(exist_ok, bool):
+            raise ParameterTypeError(f"exist_ok must be a bool, got {exist_ok!r}")
+        budget = Budget(dataset, unit, epsilon, delta, acc, adaptive, order, relation)
         payload = json.dumps(
             {"epsilon": epsilon, "delta": delta, "accountant": acc, "adaptive": adaptive,
              "adaptive_order": order,
@@ -585,13 +574,14 @@ class Ledger:
         )
         with self._write() as cur:
             if self._budget_row(cur, dataset, unit) is not None:
-                raise LedgerConflictError(
-                    f"dataset {dataset!r} (privacy unit {unit!r}) already has a budget in "
-                    f"{self.path}; budgets are never changed"
-                )
+                existing = self._get_budget(cur, dataset, unit)
+                if exist_ok and existing == budget:
+                    return existing
+                raise LedgerConflictError(budget_conflict(self.path, existing, budget,
+                                                          exist_ok))
             self._append(cur, "budget", dataset, unit, payload=payload,
                          who=who or _default_who())
-        return Budget(dataset, unit, epsilon, delta, acc, adaptive, order, relation)
+        return budget
 
     def _budget_row(self, cur, dataset: str, unit: str):
         _check_name("dataset", dataset)  # every lookup of a budget: a clear error, not SQL's

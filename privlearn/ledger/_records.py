@@ -202,3 +202,26 @@ def _check_head(value: object) -> tuple[int, str] | None:
             f"expected_head must be (count, hash) as Ledger.head() returns it (a count >= 0 "
             f"and 64 hexadecimal digits), got {value!r}")
     return int(count), h
+
+
+def budget_conflict(path: str, existing: Budget, asked: Budget, exist_ok: bool) -> str:
+    """The message of :meth:`Ledger.create_budget` refusing a budget already set: the
+    settings that differ, and what to do instead."""
+    def shown(b: Budget, name: str) -> str:
+        value = getattr(b, name)
+        return getattr(value, "value", value) if value is not None else "None"
+
+    names = ("epsilon", "delta", "accountant", "adaptive", "adaptive_order", "neighbouring")
+    differ = [f"{n}={shown(existing, n)!r} (asked {shown(asked, n)!r})"
+              for n in names if getattr(existing, n) != getattr(asked, n)]
+    head = (f"dataset {existing.dataset!r} (privacy unit {existing.privacy_unit!r}) already "
+            f"has a budget in {path}")
+    if exist_ok:
+        return (f"{head} with other settings: {', '.join(differ)}; budgets are never "
+                "changed (the budget is the privacy of the data, not a quota to raise). "
+                "Spend from the existing one with ledger.budget(dataset), or name other data "
+                "another dataset")
+    return (f"{head} (epsilon={existing.epsilon:g}, delta={existing.delta:g}); budgets "
+            "are never changed. Spend from it with ledger.budget(dataset); in a script that "
+            "runs more than once, create_budget(..., exist_ok=True) returns the budget when "
+            "its settings are the ones given")

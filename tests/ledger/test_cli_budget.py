@@ -31,6 +31,19 @@ def db(tmp_path):
     return path
 
 
+def test_init_again_with_exist_ok(db):
+    # a setup script run twice: the same budget again is fine with --exist-ok, another
+    # one is still refused (usage status), and the message says what to do
+    args = ["budget", "init", db, "--dataset", "adult", "--epsilon", "1", "--delta", "1e-6"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and "exist_ok" in r.output
+    assert run(*args, "--exist-ok").exit_code == 0
+    r = CliRunner().invoke(cli, [*args[:6], "2", *args[7:], "--exist-ok"])
+    assert r.exit_code == 2 and "epsilon=1.0 (asked 2.0)" in r.output
+    r = run("budget", "show", db, "--dataset", "adult", "--json")
+    assert json.loads(r.output)["entries"] == 3
+
+
 def test_spend_show_history_json(db):
     r = run("budget", "spend", db, "--dataset", "adult", "--noise-multiplier", "2.0",
             "--sampling-rate", "0.01", "--steps", "50", "--label", "sgd", "--json")

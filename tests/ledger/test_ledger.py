@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privlearn.accounting import Gaussian, Laplace, RDPMechanism, compose, subsample
-from privlearn.errors import BudgetExceededError
+from privlearn.errors import BudgetExceededError, LedgerConflictError, ParameterTypeError
 from privlearn.ledger import Ledger, LedgerIntegrityError, default_filter_order
 
 
@@ -68,6 +68,42 @@ def test_budgets_are_separate_and_unique(tmp_path):
     assert led.spent("a").entries == 0
     assert led.spent("a", privacy_unit="user").entries == 1
     assert {(b.dataset, b.privacy_unit) for b in led.budgets()} == {("a", "record"), ("a", "user")}
+
+
+def test_a_script_run_twice_finds_its_budget_with_exist_ok(tmp_path):
+    # the second run of a project's script: create_budget(..., exist_ok=True) returns the
+    # budget set by the first run when the settings are the same, refuses any other
+    # setting (a budget is never raised), and writes nothing either way
+    p = tmp_path / "l.db"
+    settings_ = dict(epsilon=2.0, delta=1e-6)
+    with Ledger(p, create=True) as led:
+        first = led.create_budget("a", **settings_, exist_ok=True)
+        led.spend("a", Gaussian(3.0))
+    for adaptive in (False, True):
+        with Ledger(p, create=True) as led:  # the second run opens the same file
+            if adaptive:
+                first = led.create_budget("f", **settings_, adaptive=True)
+                n = len(led.history())
+                again = led.create_budget("f", **settings_, adaptive=True, exist_ok=True)
+            else:
+                n = len(led.history())
+                again = led.create_budget("a", **settings_, exist_ok=True)
+            assert again == first == led.budget_info(first.dataset)
+            assert len(led.history()) == n
+    with Ledger(p) as led:
+        n = len(led.history())
+        for changed in (dict(epsilon=3.0), dict(delta=1e-5), dict(accountant="rdp"),
+                        dict(adaptive=True), dict(neighbouring="replace_one")):
+            with pytest.raises(LedgerConflictError, match="asked") as err:
+                led.create_budget("a", **{**settings_, **changed}, exist_ok=True)
+            name, value = next(iter(changed.items()))
+            assert f"{name}=" in str(err.value) and repr(value) in str(err.value)
+        with pytest.raises(LedgerConflictError, match="exist_ok=True"):  # says what to do
+            led.create_budget("a", **settings_)
+        with pytest.raises(ParameterTypeError, match="exist_ok"):
+            led.create_budget("a", **settings_, exist_ok="yes")
+        assert len(led.history()) == n
+        assert led.spent("a").entries == 1
 
 
 def test_bad_input_is_rejected_at_the_boundary(tmp_path):
