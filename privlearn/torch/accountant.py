@@ -398,9 +398,11 @@ class LedgerLink:
     made, before any data is touched, and a new one whenever the next step is not covered
     (more steps than planned, or a changed noise multiplier). A reserved chunk counts in
     full until :meth:`settle` records how many of its steps ran, so a process killed at
-    step ``k`` leaves at least ``k`` steps in the ledger. A chunk the budget cannot hold
-    is retried at half the size down to one step; a single step it cannot hold raises
-    :class:`~privlearn.errors.BudgetExceededError` before the step runs.
+    step ``k`` leaves at least ``k`` steps in the ledger. A planned run the budget cannot
+    hold whole is refused (:class:`~privlearn.errors.BudgetExceededError`) before it
+    starts; any other chunk the budget cannot hold is retried at half the size down to one
+    step, and a single step it cannot hold raises ``BudgetExceededError`` before the step
+    runs.
 
     Parameters
     ----------
@@ -438,15 +440,17 @@ class LedgerLink:
             return self.run.mechanism(sigma, k)
         return compose(dpsgd_step(sigma, q, self.scheme), steps=k)
 
-    def reserve(self, sigma: float, q: float, steps: int) -> None:
-        """Reserve ``steps`` steps (fewer, down to one, if the budget cannot hold them)."""
+    def reserve(self, sigma: float, q: float, steps: int, *, whole: bool = False) -> None:
+        """Reserve ``steps`` steps (fewer, down to one, if the budget cannot hold them;
+        ``whole``: all of them or :class:`~privlearn.errors.BudgetExceededError`, for a
+        planned run, refused before it starts rather than stopped part-way)."""
         n = max(1, int(steps))
         while True:
             try:
                 r = self.handle.reserve(self._mech(sigma, q, n), label=self.label)
                 break
             except PrivacyBudgetExceededError:
-                if n == 1:
+                if n == 1 or whole:
                     raise
                 n = max(1, n // 2)
         self._open.append(_Reservation(r, sigma, q, n))

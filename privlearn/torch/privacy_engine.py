@@ -594,7 +594,8 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
                       privacy_unit=cfg.privacy_unit)
     try:
         link.reserve(plan.noise_multiplier, plan.sampling_rate,
-                     plan.planned_steps or cfg.ledger_chunk)
+                     plan.planned_steps or cfg.ledger_chunk,
+                     whole=plan.planned_steps is not None)  # a plan: all of it, or refused
     except LedgerConflictError as exc:
         if law.add_remove or "replace-one" not in str(exc):
             raise

@@ -105,6 +105,25 @@ def test_refused_before_touching_anything(tmp_path):
     assert ledger.history("toy") == [] or all(e.kind != "reserve" for e in ledger.history("toy"))
 
 
+def test_a_planned_run_the_budget_cannot_hold_whole_is_refused_before_any_step(tmp_path):
+    # the budget holds a few steps of the 16 planned, not all: make_private refuses the
+    # run up front (as the guide says), rather than reserving a part of it and failing
+    # mid-training after spending what is left of the budget
+    sigma, q = 1.0, 8 / 64
+    fits = _steps(sigma, q, 4).epsilon(DELTA)
+    assert fits < _steps(sigma, q, 16).epsilon(DELTA)
+    ledger, ds, model = _setup(tmp_path, epsilon=fits * 1.0001)
+    flags = [w.requires_grad for w in model.parameters()]
+    with pytest.raises(BudgetExceededError, match="refused"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=sigma, epochs=2,
+                     ledger=ledger.budget("toy"))
+    assert [w.requires_grad for w in model.parameters()] == flags
+    assert not model._forward_hooks and not model[0]._forward_hooks
+    assert [e.kind for e in ledger.history("toy")] == ["budget"]
+    assert ledger.spent("toy").epsilon_spent == 0.0
+
+
 def test_budget_exhausted_mid_run_stops_before_the_step(tmp_path):
     ledger, ds, model = _setup(tmp_path, epsilon=2.0)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
