@@ -328,8 +328,11 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                  private_state_dir: str | os.PathLike | None = None, **kwargs):
         other = [_OTHER_SETTINGS[k] for k in ("privacy_args", "author_mapping") if k in kwargs]
         if not isinstance(privacy, PrivacyArguments) or other:
-            raise ParameterTypeError("; ".join([
-                f"privacy must be a PrivacyArguments, got {type(privacy).__name__}", *other]))
+            got = f"privacy must be a PrivacyArguments, got {type(privacy).__name__}"
+            if not other:  # say what to pass
+                got += (": pass the DP-SGD settings, e.g. DPTrainer(..., privacy=PrivacyArguments("
+                        "target_epsilon=3.0, target_delta=1e-5, max_grad_norm=1.0))")
+            raise ParameterTypeError("; ".join([got, *other]))
         a = kwargs.get("args", args[1] if len(args) > 1 else None)
         if a is not None:  # the Trainer works on a copy: the user's arguments stay as given
             warn_unused_clipping(a, privacy)

@@ -808,6 +808,16 @@ def test_dp_transformers_trainer_arguments_say_what_to_use(tmp_path):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
+def test_a_trainer_without_privacy_says_what_to_pass(tmp_path):
+    from privlearn.errors import ParameterTypeError
+
+    model = _llama()
+    with pytest.raises(ParameterTypeError, match=r"got NoneType: pass .*privacy="
+                       r"PrivacyArguments\(target_epsilon="):
+        DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
 def test_resuming_in_a_trainer_that_already_trained_is_refused(tmp_path):
     """Run A (checkpoint at step 2), then a fresh run B (model_init): epsilon composes
     both (8 steps). Resuming A's checkpoint in the same trainer would load A's history in
