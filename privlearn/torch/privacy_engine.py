@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 
 from privlearn.accounting import calibrate, warn_if_delta_large
 from privlearn.errors import (
+    BudgetExceededError,
     ConfigurationError,
     LedgerConflictError,
     ParameterTypeError,
@@ -596,6 +597,16 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
         link.reserve(plan.noise_multiplier, plan.sampling_rate,
                      plan.planned_steps or cfg.ledger_chunk,
                      whole=plan.planned_steps is not None)  # a plan: all of it, or refused
+    except BudgetExceededError as exc:
+        if plan.planned_steps is None:
+            raise
+        raise BudgetExceededError(
+            f"{exc}. make_private reserves the whole planned run ({plan.planned_steps} "
+            "steps) before it starts: plan fewer epochs/steps or a smaller target_epsilon. "
+            "To resume a checkpoint whose first steps the ledger already counts, build the "
+            f"run with noise_multiplier={plan.noise_multiplier!r} (this plan's) and no "
+            "epochs/steps, so that its steps are reserved as they run, then "
+            "p.load_state_dict(...)") from exc
     except LedgerConflictError as exc:
         if law.add_remove or "replace-one" not in str(exc):
             raise

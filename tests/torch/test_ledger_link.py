@@ -124,6 +124,37 @@ def test_a_planned_run_the_budget_cannot_hold_whole_is_refused_before_any_step(t
     assert ledger.spent("toy").epsilon_spent == 0.0
 
 
+
+def test_a_resumed_run_on_a_tight_budget_reserves_its_steps_as_they_run(tmp_path):
+    # the first process ran half the plan (settled in the ledger); the budget holds the
+    # plan and no more. Rebuilt with the same arguments the resumed run is refused (the
+    # whole plan again would not fit), and the refusal says how to resume: the plan's
+    # noise multiplier without a plan, whose steps are reserved as they run
+    sigma, q = 1.0, 8 / 64
+    ledger, ds, _ = _setup(tmp_path, epsilon=_steps(sigma, q, 16).epsilon(DELTA) * 1.0001)
+
+    def build(**kw):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(ds, batch_size=8), ledger=ledger.budget("toy"),
+                            seed=0, **kw)
+
+    first = build(noise_multiplier=sigma, epochs=2)
+    _train(first, 8)
+    state = first.state_dict()
+    first.detach()
+    with pytest.raises(BudgetExceededError, match="noise_multiplier=1.0 .*no epochs/steps"):
+        build(noise_multiplier=sigma, epochs=2)
+    resumed = build(noise_multiplier=sigma)
+    resumed.load_state_dict(state)
+    _train(resumed, 8)
+    resumed.detach()
+    assert resumed.accountant.steps == 16
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(
+        _steps(sigma, q, 16).epsilon(DELTA), rel=1e-9)
+
+
 def test_budget_exhausted_mid_run_stops_before_the_step(tmp_path):
     ledger, ds, model = _setup(tmp_path, epsilon=2.0)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
