@@ -314,6 +314,12 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         (``save_total_limit``) are deleted with them. Required when checkpoints are
         saved (``save_strategy`` other than ``"no"``) and the run has such state; with
         ``save_strategy="no"`` nothing is written.
+    ledger : BudgetHandle, optional
+        A budget of a persistent privacy ledger (``Ledger(path).budget(dataset)``), spent
+        as ``make_private(..., ledger=...)`` spends it: each :meth:`train` reserves its
+        planned run (``max_steps``, or the epochs' steps) before the first batch (refused
+        with :class:`~privlearn.errors.BudgetExceededError`, before any step, when the
+        budget cannot hold it) and settles it to the steps that ran when it ends.
 
     Attributes
     ----------
@@ -325,7 +331,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     """
 
     def __init__(self, *args, privacy: PrivacyArguments | None = None,
-                 private_state_dir: str | os.PathLike | None = None, **kwargs):
+                 private_state_dir: str | os.PathLike | None = None, ledger=None, **kwargs):
         other = [_OTHER_SETTINGS[k] for k in ("privacy_args", "author_mapping") if k in kwargs]
         if not isinstance(privacy, PrivacyArguments) or other:
             got = f"privacy must be a PrivacyArguments, got {type(privacy).__name__}"
@@ -344,6 +350,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         super().__init__(*args, **kwargs)
         self.args = _private_copy(self.args) if a is None else self.args
         self.privacy = privacy
+        self.ledger = ledger  # checked by make_private, before any step
         self.privacy_engine: PrivateTraining | None = None
         self._spent = None  # the composed mechanism of the finished runs with noise
         self._unbounded = False  # a finished run took a step without noise
@@ -458,12 +465,13 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
             # the one rule for unit ids, the column named (make_private checks it again)
             kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
                                          _column(self.train_dataset, pa.user_column))
-        if pa.target_epsilon is not None or whole_run(pa.noise, pa.sampling):  # planned
+        if (pa.target_epsilon is not None or whole_run(pa.noise, pa.sampling)
+                or self.ledger is not None):  # planned (a ledger reserves the whole run)
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
             kw["steps"] = self._planned_steps(world * self.args.per_device_train_batch_size / n)
         self.model.train()
-        p = make_private(self.model, self.optimizer, loader, **kw)
+        p = make_private(self.model, self.optimizer, loader, ledger=self.ledger, **kw)
         if self._spent is not None:
             p.accountant.prior = self._spent
         if self._resume_state is not None:
@@ -615,6 +623,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
             out = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._resume_state = None
+            if self.privacy_engine is not None:
+                self.privacy_engine.finish()  # the ledger's reservation: the steps that ran
         if self.privacy_engine is None:
             return out
         keep = self.privacy.log_training_loss

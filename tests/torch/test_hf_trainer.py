@@ -808,6 +808,37 @@ def test_dp_transformers_trainer_arguments_say_what_to_use(tmp_path):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
+def test_a_trainer_spends_from_a_ledger_budget(tmp_path):
+    """DPTrainer(ledger=): the planned run is reserved before the first batch and settled
+    to the steps that ran (the ledger's total is the trainer's mechanism); a run the
+    budget cannot hold is refused before any step, the model untouched."""
+    from privlearn.errors import BudgetExceededError
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "privacy.db", create=True)
+    led.create_budget("text", epsilon=10.0, delta=1e-5)
+    trainer = DPTrainer(model=_llama(), args=_args(tmp_path / "a", max_steps=3),
+                        train_dataset=_TextSet(), ledger=led.budget("text"),
+                        privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=1.0))
+    trainer.train()
+    spent = led.spent("text")
+    assert spent.pending == 0 and spent.entries == 1
+    assert spent.epsilon_spent == pytest.approx(_eps(1.0, 3), rel=1e-9)
+    assert spent.epsilon_spent == pytest.approx(trainer.epsilon(1e-5), rel=1e-9)
+
+    led.create_budget("small", epsilon=_eps(1.0, 3) * 1.0001, delta=1e-5)
+    model = _llama()
+    before = [w.detach().clone() for w in model.parameters()]
+    small = DPTrainer(model=model, args=_args(tmp_path / "b", max_steps=4),
+                      train_dataset=_TextSet(), ledger=led.budget("small"),
+                      privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=1.0))
+    with pytest.raises(BudgetExceededError, match="whole planned run"):
+        small.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert led.spent("small").entries == 0
+
+
 def test_a_trainer_without_privacy_says_what_to_pass(tmp_path):
     from privlearn.errors import ParameterTypeError
 
