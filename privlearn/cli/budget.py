@@ -22,7 +22,7 @@ from privlearn.cli._options import (
     steps_opt,
     unsupported,
 )
-from privlearn.errors import ParameterValueError, UnsupportedMechanismError
+from privlearn.errors import LedgerConflictError, ParameterValueError, UnsupportedMechanismError
 
 __all__ = ["budget"]
 
@@ -193,9 +193,14 @@ def budget_init(path: str, key_file: str | None, dataset: str, epsilon: float, d
         raise ParameterValueError("--delta must be in (0, 1) with --adaptive (the Renyi "
                                   "filter gives no delta=0 guarantee), got 0; e.g. 1e-6")
     led = _open_ledger(path, key_file, create=True)
-    b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
-                          accountant=accountant, adaptive=adaptive, neighbouring=neighbouring,
-                          exist_ok=exist_ok)
+    try:
+        b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
+                              accountant=accountant, adaptive=adaptive,
+                              neighbouring=neighbouring, exist_ok=exist_ok)
+    except LedgerConflictError as exc:  # the option's name in the shell's words
+        if exist_ok:
+            raise
+        raise LedgerConflictError(f"{exc} (here: --exist-ok)") from None
     click.echo(f"budget for {b.dataset} ({b.privacy_unit}, {_relation(b.neighbouring)}): "
                f"epsilon {b.epsilon:g}, delta {b.delta:g} "
                f"({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
