@@ -212,9 +212,11 @@ class PrivateTraining:
                 f"max_grad_norm={self.max_grad_norm}, sampling_rate={self.sampling_rate}, "
                 f"sampling={self.sampling!r}, steps={self.accountant.steps})")
 
-    def epsilon(self, delta: float) -> float:
-        """Shorthand for ``accountant.epsilon(delta)``."""
-        return self.accountant.epsilon(delta)
+    def epsilon(self, delta: float | None = None) -> float:
+        """Shorthand for ``accountant.epsilon(delta)``: the certified epsilon of the steps
+        taken, at ``delta`` (default: the run's ``target_delta``, the delta its
+        calibration and ``max_epsilon`` use)."""
+        return self.accountant.epsilon(self.config.target_delta if delta is None else delta)
 
     def finish(self) -> None:
         """Record in the ledger (``make_private(ledger=...)``) how many of the reserved

@@ -137,6 +137,17 @@ def test_noise_change_mid_run_is_a_new_segment():
     assert p.accountant.segments[-1] == type(segs[0])(0.5, 8 / 64, 1.0, 1)
 
 
+def test_epsilon_without_delta_is_at_the_runs_target_delta():
+    # p.epsilon() reads at the delta the run was calibrated and capped at (as
+    # DPTrainer.epsilon() does), not a TypeError
+    for delta in (1e-5, 1e-7):
+        p = _private(noise_multiplier=None, target_epsilon=2.0, target_delta=delta, epochs=1,
+                     seed=0)
+        _train(p, 3)
+        ran = compose(subsample(Gaussian(p.noise_multiplier), rate=8 / 64), steps=3)
+        assert p.epsilon() == p.epsilon(delta) == ran.epsilon(delta)
+
+
 def test_noise_change_changes_the_noise_actually_added():
     """The value the accountant records is the one the step uses: measured noise std."""
     model = nn.Linear(100, 200)
