@@ -319,7 +319,9 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         as ``make_private(..., ledger=...)`` spends it: each :meth:`train` reserves its
         planned run (``max_steps``, or the epochs' steps) before the first batch (refused
         with :class:`~privlearn.errors.BudgetExceededError`, before any step, when the
-        budget cannot hold it) and settles it to the steps that ran when it ends.
+        budget cannot hold it) and settles it to the steps that ran when it ends. A run
+        resumed from a checkpoint with a ``noise_multiplier`` (not a ``target_epsilon``,
+        which plans the whole run) reserves its steps as they run.
 
     Attributes
     ----------
@@ -466,7 +468,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
             kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
                                          _column(self.train_dataset, pa.user_column))
         if (pa.target_epsilon is not None or whole_run(pa.noise, pa.sampling)
-                or self.ledger is not None):  # planned (a ledger reserves the whole run)
+                or (self.ledger is not None and self._resume_state is None)):
+            # planned: a ledger reserves a fresh run whole (a resumed one as it runs)
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
             kw["steps"] = self._planned_steps(world * self.args.per_device_train_batch_size / n)

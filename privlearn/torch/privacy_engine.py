@@ -603,8 +603,8 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
         if plan.planned_steps is None:
             raise
         raise BudgetExceededError(
-            f"{exc}. make_private reserves the whole planned run ({plan.planned_steps} "
-            "steps) before it starts: plan fewer epochs/steps or a smaller target_epsilon. "
+            f"{exc}. The whole planned run ({plan.planned_steps} steps) is reserved "
+            "before it starts: plan fewer epochs/steps or a smaller target_epsilon. "
             "To resume a checkpoint whose first steps the ledger already counts, build the "
             f"run with noise_multiplier={plan.noise_multiplier!r} (this plan's) and no "
             "epochs/steps, so that its steps are reserved as they run, then "

@@ -839,6 +839,32 @@ def test_a_trainer_spends_from_a_ledger_budget(tmp_path):
     assert led.spent("small").entries == 0
 
 
+def test_a_resumed_trainer_on_a_tight_ledger_budget_reserves_its_steps_as_they_run(tmp_path):
+    """The budget holds 4 steps; a first process ran 2 (checkpoint-2, settled). The
+    resumed trainer (noise_multiplier, max_steps=4) reserves its remaining steps as they
+    run instead of the whole run again, and the ledger ends at exactly the 4 steps."""
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "privacy.db", create=True)
+    led.create_budget("text", epsilon=_eps(1.0, 4) * 1.0001, delta=1e-5)
+    privacy = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
+    out, private = tmp_path / "out", tmp_path / "private"
+    first = DPTrainer(model=_llama(), train_dataset=_TextSet(), privacy=privacy,
+                      args=_args(out, max_steps=2, save_strategy="steps", save_steps=2),
+                      private_state_dir=private, ledger=led.budget("text"))
+    first.train()
+    assert led.spent("text").epsilon_spent == pytest.approx(_eps(1.0, 2), rel=1e-9)
+    resumed = DPTrainer(model=_llama(), train_dataset=_TextSet(), privacy=privacy,
+                        args=_args(out, max_steps=4, save_strategy="steps", save_steps=2),
+                        private_state_dir=private, ledger=led.budget("text"))
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert resumed.privacy_engine.accountant.steps == 4
+    spent = led.spent("text")
+    assert spent.pending == 0
+    assert spent.epsilon_spent == pytest.approx(_eps(1.0, 4), rel=1e-9)
+    assert resumed.epsilon(1e-5) == pytest.approx(_eps(1.0, 4), rel=1e-9)
+
+
 def test_a_trainer_without_privacy_says_what_to_pass(tmp_path):
     from privlearn.errors import ParameterTypeError
 
