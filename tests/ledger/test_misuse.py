@@ -220,6 +220,16 @@ def test_verify_refuses_a_malformed_expected_head(ledger):
         ledger.verify(5)
 
 
+def test_expected_head_is_compared_whatever_the_case_of_its_hex_digits(ledger):
+    # an upper-case head passed the format check, then never matched the stored
+    # lower-case hash: an intact ledger reported as not extending it
+    ledger.spend("adult", Gaussian(20.0))
+    n, h = ledger.head()
+    assert ledger.verify((n, h.upper()))
+    other = ("0" if h[0] != "0" else "1") + h[1:]
+    assert not ledger.verify((n, other.upper()))
+
+
 def test_a_path_that_is_not_a_path_is_a_typed_error():
     for bad in (3, None, b"l.db"):
         with pytest.raises(ParameterTypeError, match="^path must be a file path"):
