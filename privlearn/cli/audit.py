@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -74,6 +75,12 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
     if not 0 < sampling_rate <= 0.1:
         raise click.BadParameter(f"must be in (0, 0.1] (so that rate-x10 stays a rate), got "
                                  f"{sampling_rate!r}", param_hint="'--sampling-rate'")
+    if out_dir is not None:  # before training: a directory that cannot be made fails now
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot create the directory {out_dir!r} "
+                                     f"({exc.strerror or exc})", param_hint="'--out'") from None
     try:
         from privlearn.auditing.torch import audit_dpsgd
     except ImportError as e:  # torch missing

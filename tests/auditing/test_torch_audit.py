@@ -143,6 +143,22 @@ def test_cli_bad_input_is_one_line(args, match):
     assert r.stderr.count("\n") == 1 and match in r.stderr
 
 
+def test_cli_out_directory_that_cannot_be_made_is_refused_before_training(
+        monkeypatch, tmp_path):
+    # it was created after the training, where the failure was a traceback (status 1)
+    import privlearn.auditing.torch as audit_torch
+
+    def no_training(**kw):
+        raise AssertionError("trained before --out was checked")
+
+    monkeypatch.setattr(audit_torch, "audit_dpsgd", no_training)
+    (tmp_path / "a-file").write_text("")
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "2", "--delta", "1e-5",
+                                 "--out", str(tmp_path / "a-file" / "report")])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "--out" in r.stderr
+
+
 @pytest.mark.parametrize(("violation", "status"), [(False, 0), (True, 5)])
 @pytest.mark.parametrize("as_json", [False, True])
 def test_cli_exit_status_is_the_verdict(monkeypatch, violation, status, as_json):
