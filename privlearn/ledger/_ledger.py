@@ -48,6 +48,7 @@ from privlearn.errors import (
 from privlearn.ledger._filter import default_filter_order, evaluate_budget
 from privlearn.ledger._handles import (
     BudgetHandle,
+    ClosedConnection,
     KeylessConnection,
     Reservation,
     _check_unit,
@@ -273,9 +274,10 @@ class Ledger:
         return conn
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Close the database connection; later use raises a typed error."""
         with self._lock:
             self._conn.close()
+            self._conn = ClosedConnection(self.path)
 
     def __enter__(self) -> Ledger:
         return self
