@@ -642,12 +642,13 @@ class Ledger:
         mechs: list[Mechanism] = []
         n = pending = 0
         released: set[int] = set()  # runs (first reservation's seq) that released
+        run_of: dict[int, int] = {}  # reservation -> its run (through chains of extends)
         for seq, kind, text, ref in rows:
             if kind == "spend":
                 mechs.append(self._mech(text))
                 n += 1
             elif kind == "reserve":
-                run = seq if ref is None else ref
+                run = run_of[seq] = seq if ref is None else run_of.get(ref, ref)
                 if seq in settled:
                     if settled[seq] is None:  # nothing ran (e.g. a fit that failed)
                         continue
