@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import click
 
 from privlearn._validation import check_count, check_delta, check_positive
-from privlearn.cli._app import ExitStatus, cli
+from privlearn.cli._app import ExitStatus, cli, one_line
 from privlearn.cli._options import json_opt
 
 __all__ = ["audit"]
@@ -87,9 +88,13 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
         missing = click.ClickException(f"privlearn audit dpsgd needs torch ({e})")
         missing.exit_code = ExitStatus.USAGE
         raise missing from None
-    run = audit_dpsgd(epsilon=eps, delta=d, n_canaries=m, bug=inject_bug, steps=steps,
-                      sampling_rate=sampling_rate, score=score, method=method,
-                      confidence=confidence, seed=seed)
+    with warnings.catch_warnings(record=True) as caught:  # e.g. a claim no outcome refutes
+        warnings.simplefilter("default")
+        run = audit_dpsgd(epsilon=eps, delta=d, n_canaries=m, bug=inject_bug, steps=steps,
+                          sampling_rate=sampling_rate, score=score, method=method,
+                          confidence=confidence, seed=seed)
+    for w in caught:
+        click.echo(f"warning: {one_line(str(w.message))}", err=True)
     res = run.result
     paths: list[str] = []
     if out_dir is not None:
