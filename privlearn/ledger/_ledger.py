@@ -169,6 +169,7 @@ class Ledger:
         if not isinstance(path, str | os.PathLike):
             raise ParameterTypeError(f"path must be a file path (str or PathLike), got {path!r}")
         self.path = str(Path(path))
+        self._abs = os.path.abspath(self.path)  # the file, whatever the cwd later becomes
         self._key = key
         self._timeout = check_positive("timeout", timeout)
         self._lock = threading.RLock()
@@ -289,13 +290,14 @@ class Ledger:
     def __getstate__(self) -> dict:
         # never the HMAC key, a secret: a pickle (e.g. of a fitted estimator holding a
         # budget of this ledger, a release) may be published
-        return {"path": self.path, "keyed": self._key is not None, "timeout": self._timeout}
+        return {"path": self._abs, "keyed": self._key is not None, "timeout": self._timeout}
 
     def __setstate__(self, state: dict) -> None:
         if not state.get("keyed") or state.get("key") is not None:  # "key": older pickles
             self.__init__(state["path"], key=state.get("key"), timeout=state["timeout"])
             return
         self.path, self._key, self._timeout = state["path"], None, state["timeout"]
+        self._abs = os.path.abspath(self.path)
         self._lock, self._parsed = threading.RLock(), {}
         self._seen = self._verified_version = self._failure = self._appended = None
         self._conn = KeylessConnection(self.path)  # refuses every use: reopen with the key
@@ -317,10 +319,10 @@ class Ledger:
         if fcntl is None:  # pragma: no cover - Windows
             yield
             return
-        lock = self.path + "-writelock"
+        lock = self._abs + "-writelock"
         try:
             # created with the ledger's own permissions (0600 for a ledger created here)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, os.stat(self.path).st_mode & 0o666)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, os.stat(self._abs).st_mode & 0o666)
         except OSError as exc:  # e.g. a ledger (and its lock file) another user owns
             raise LedgerNotFoundError(
                 f"cannot open the privacy ledger at {self.path}: its lock file {lock} "
