@@ -25,6 +25,7 @@ from privlearn.auditing.bounds import (
     _bound,
     _check_confidence,
     _check_delta,
+    _one_run_refutable,
     _warn_if_unrefutable,
     auc,
 )
@@ -159,10 +160,11 @@ def _warn_if_claim_unrefutable(claim: float, inclusion: np.ndarray, delta: float
     if not math.isfinite(claim):
         return
     n_in = int(inclusion.sum())
-    ceiling = _bound(np.ones(n_in), np.zeros(inclusion.size - n_in), delta, method,
-                     confidence)
-    if ceiling > claim or ceiling == 0.0:  # 0: the warning before training said so
-        return
+    n_out = inclusion.size - n_in
+    if _one_run_refutable(n_in, n_out, claim, delta, 1.0 - confidence,
+                          method == "one_run_fdp") is not False:
+        return  # refutable, or not even epsilon = 0 is (the warning before training said so)
+    ceiling = _bound(np.ones(n_in), np.zeros(n_out), delta, method, confidence)
     warnings.warn(
         f"no outcome of this audit can refute the claim epsilon={claim:g}: with "
         f"{inclusion.size} canaries ({method}, delta={delta:g}, confidence={confidence:g}) "
