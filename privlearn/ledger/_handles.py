@@ -13,7 +13,7 @@ from privlearn.ledger._records import Entry, Spent, _check_name
 if TYPE_CHECKING:
     from privlearn.ledger._ledger import Ledger
 
-__all__ = ["Reservation", "BudgetHandle", "KeylessConnection"]
+__all__ = ["Reservation", "BudgetHandle", "ClosedConnection", "KeylessConnection"]
 
 DEFAULT_UNIT = "record"
 
@@ -108,6 +108,24 @@ class KeylessConnection:
             f"key: this handle on the ledger {self.path} was unpickled, and pickles never "
             "carry its HMAC key: reopen it with Ledger(path, key=...) (and its budget with "
             ".budget(dataset))")
+
+    def close(self) -> None:
+        pass
+
+
+class ClosedConnection:
+    """The connection of a :class:`Ledger` after :meth:`Ledger.close`: every read and write
+    (through the ledger or a budget handle or reservation of it) is refused with a typed
+    error naming the file, instead of SQLite's "Cannot operate on a closed database"."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def cursor(self):
+        raise ParameterValueError(
+            f"ledger: the Ledger on {self.path} was closed (e.g. a budget handle used after "
+            "its `with Ledger(...)` block): open it again with Ledger(path) and take its "
+            "budget with .budget(dataset)")
 
     def close(self) -> None:
         pass
