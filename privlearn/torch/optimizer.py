@@ -426,8 +426,9 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         names = None
         for i, group in enumerate(self.original_optimizer.param_groups):
             for q in group["params"]:
-                if q.grad is None or id(q) in noised or (
-                        not q.requires_grad and not q.grad.any()):  # frozen, zeroed in place
+                g = q.grad  # zeros (a frozen one's, zeroed in place) release nothing
+                if g is None or id(q) in noised or not q.requires_grad and not (
+                        g.to_local() if hasattr(g, "to_local") else g).any():
                     continue
                 if names is None:
                     names = {id(v): n for n, v in self.tracker.model.named_parameters()}
