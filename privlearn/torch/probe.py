@@ -121,8 +121,9 @@ def probe(tracker, inputs, examples: int) -> None:
         try:
             if _probe_rows(tracker, sub, batched, spec, autocast, m):
                 return
-        except BatchDependenceError:
-            raise
+        except BatchDependenceError as e:
+            if not getattr(e, "unrunnable", False):  # failed on a part: try the whole
+                raise
         except Exception:  # noqa: BLE001 - the model needs the whole batch: probe that
             pass
     _probe_rows(tracker, leaves, batched, spec, autocast, examples)
@@ -256,7 +257,7 @@ def _unrunnable(leaves, batched, error: Exception) -> BatchDependenceError:
     flattened ids), so the probe cannot check them."""
     shapes = [tuple(leaves[i].shape) for i in batched]
     said = (str(error).strip().splitlines() or [""])[0][:200]
-    return BatchDependenceError(
+    err = BatchDependenceError(
         "the model runs on this batch but fails on the same batch with one example's rows "
         f"replaced by another's in the inputs of the batch's size (shapes {shapes}): "
         f"{type(error).__name__}: {said}. Those inputs are then not "
@@ -266,6 +267,8 @@ def _unrunnable(leaves, batched, error: Exception) -> BatchDependenceError:
         "with padding_idx), or, if each example is processed on its own, "
         "check_batch_independence=False (docs/trust-model.md). No step was taken and "
         "nothing was released")
+    err.unrunnable = True
+    return err
 
 
 def _replace_row(leaves, batched, j):
