@@ -426,7 +426,9 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         names = None
         for i, group in enumerate(self.original_optimizer.param_groups):
             for q in group["params"]:
-                if q.grad is None or id(q) in noised:
+                g = q.grad  # zeros (a frozen one's, zeroed in place) release nothing
+                if g is None or id(q) in noised or not q.requires_grad and not (
+                        g.to_local() if hasattr(g, "to_local") else g).any():
                     continue
                 if names is None:
                     names = {id(v): n for n, v in self.tracker.model.named_parameters()}
@@ -436,7 +438,9 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                         "parameter of the model")
                 hint = ("it was not trainable when the engine last saw the model; run a "
                         "forward pass of p.model after unfreezing it (the engine then "
-                        "clips it) before step()" if name is not None else
+                        "clips it) before step()" if name is not None and q.requires_grad
+                        else "it is frozen but holds a gradient set before: clear it "
+                        "(p.optimizer.zero_grad(), or .grad = None)" if name is not None else
                         "make it a parameter of a module the model's forward uses (the "
                         "engine then clips it per example), or freeze it "
                         "(requires_grad_(False)) or remove it from the optimizer")
