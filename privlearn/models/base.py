@@ -250,6 +250,20 @@ class PrivateEstimator(BaseEstimator):
                 f"{self._ledger_advice}") from e
 
     @contextlib.contextmanager
+    def _not_fitting(self) -> Iterator[None]:
+        """Run a release that is not a fit (``sample_coefficients``): the data checks set
+        what they validate (``n_features_in_``, ``feature_names_in_``); put the fitted
+        state back as it was, whether the call succeeds or raises, so that the estimator
+        neither looks fitted nor has its fit's feature count replaced by this call's."""
+        previous = {k: v for k, v in vars(self).items() if _is_fitted_name(k)}
+        try:
+            yield
+        finally:
+            for k in [k for k in vars(self) if _is_fitted_name(k)]:
+                delattr(self, k)
+            self.__dict__.update(previous)
+
+    @contextlib.contextmanager
     def _refit(self) -> Iterator[None]:
         """Drop the previous fit's attributes (a release of other data, which this fit's
         ``mechanism_`` would not cover); put them back if the new fit raises."""
