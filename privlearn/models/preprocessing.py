@@ -50,7 +50,7 @@ from privlearn.accounting import (
     get_accountant,
 )
 from privlearn.accounting.registry import pure_epsilon
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import BatchDependenceError, ParameterTypeError, ParameterValueError
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -560,6 +560,7 @@ class PrivatePipeline(Pipeline):
                 continue
             if not get_tags(step).requires_fit:
                 width = np.asarray(clone(step).fit_transform(np.zeros((1, shape[1])))).shape
+                _refuse_row_mixing(name, step, shape[1])
                 shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
                 continue
             if not strict:
@@ -734,6 +735,40 @@ def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool
             hasattr(last, m) for m in methods):
         return True
     raise AttributeError(f"the final step {type(last).__name__} has none of {methods}")
+
+
+def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:
+    """Refuse a step that needs no fitting but whose output row depends on other rows
+    (e.g. ``FunctionTransformer(lambda X: X - X.mean(0))``) before a private step.
+
+    The private steps' sensitivities assume that adding or removing one record changes
+    one row of their input; a transform that mixes rows changes every row, so the
+    accounted noise would not cover the release. Probed on public, data-independent rows
+    (uniform on [0, 1), so logarithms and square roots stay defined): each row
+    transformed alone must equal its row of the transformed block. A step the probe
+    cannot run is not refused here (its fit on the data says why it fails).
+    """
+    probe = np.random.default_rng(0).uniform(size=(5, n_features))
+    try:
+        with np.errstate(all="ignore"):  # a NaN from the probe is compared, not warned
+            block = np.asarray(clone(step).fit_transform(probe), dtype=float)
+            alone = [np.asarray(clone(step).fit_transform(probe[i : i + 1]), dtype=float)
+                     for i in range(probe.shape[0])]
+    except Exception:  # noqa: BLE001 - not probed; the pipeline's own fit reports it
+        return
+    rows = block.reshape(probe.shape[0], -1)
+    if all(a.size == rows.shape[1] and np.allclose(a.ravel(), r, rtol=1e-9, atol=1e-12,
+                                                   equal_nan=True)
+           for a, r in zip(alone, rows, strict=True)):
+        return
+    raise BatchDependenceError(
+        f"pipeline step {name!r} ({type(step).__name__}) needs no fitting but transforms "
+        "each row using the other rows (a row transformed alone differs from the same row "
+        "transformed with others, e.g. centring by the column means): adding or removing "
+        "one record would then change every row the next private step sees, beyond the "
+        "sensitivity its noise is calibrated to. Use a row-wise transform (each output "
+        "row a function of its input row only), or PrivateStandardScaler for centring "
+        "and scaling")
 
 
 def _unplanned_step(name: str, step: Any) -> ParameterTypeError:

@@ -318,3 +318,41 @@ def test_a_budget_that_cannot_hold_a_later_step_is_refused_before_the_first_rele
     large = pipe("large").fit(X, y)
     assert led.mechanism("large") == compose(
         [large.named_steps["scale"].mechanism_, large.named_steps["model"].mechanism_])
+
+
+def _centre(Z):
+    return Z - Z.mean(axis=0)
+
+
+def test_a_step_that_mixes_rows_is_refused_before_a_private_step(tmp_path):
+    """A step that needs no fitting but transforms each row with the others (centring
+    by the batch's column means) hands the private step a data set in which one record
+    changed every row: the accounted noise would not cover it. Refused before anything
+    is fitted or charged, in fit and in planned_mechanism; row-wise steps still pass."""
+    from sklearn.preprocessing import FunctionTransformer
+
+    from privlearn.errors import BatchDependenceError
+    from privlearn.ledger import Ledger
+    from privlearn.models import SSPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(100, 3))
+    y = X @ [1.0, 2.0, 3.0]
+    ledger = Ledger(tmp_path / "l.db", create=True)
+    ledger.create_budget("d", epsilon=5.0, delta=1e-5)
+    budget = ledger.budget("d")
+    model = SSPRegressor(y_bound=10.0, random_state=0, ledger=budget)
+    pipe = PrivatePipeline([("centre", FunctionTransformer(_centre)), ("ssp", model)])
+    with pytest.raises(BatchDependenceError, match="'centre'.*row-wise"):
+        pipe.fit(X, y)
+    with pytest.raises(BatchDependenceError, match="'centre'"):
+        pipe.planned_mechanism(X)
+    assert not hasattr(model, "coef_") and budget.spent().entries == 0
+    # the same step after the private one transforms public predictions only: fine
+    PrivatePipeline([("scale", PrivateStandardScaler(feature_range=(-1, 1),
+                                                     random_state=0)),
+                     ("centre", FunctionTransformer(_centre))]).fit(X)
+    for rowwise in (Normalizer(), FunctionTransformer(np.log1p), FunctionTransformer()):
+        fitted = PrivatePipeline([("rows", rowwise),
+                                  ("ssp", SSPRegressor(y_bound=10.0, random_state=0))]).fit(X, y)
+        assert fitted.mechanism_ == fitted[-1].mechanism_
