@@ -211,12 +211,18 @@ def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
     refit with it, regenerate the noise and read the data back (a refit on a dataset with
     and without a record reproduces ``coef_`` exactly on the right one). The released
     model's ``random_state`` is the one it was declared with, which did not produce its
-    noise."""
-    keys = _nested_keys(est, "random_state")  # a pipeline: every step's own
+    noise.
+
+    Only the private estimators' seeds are replaced (a pipeline: each private step's
+    own): a scikit-learn step's ``random_state`` draws no privacy noise, and its
+    validation refuses a Generator."""
+    params = est.get_params(deep=True)
+    keys = [k for k in _nested_keys(est, "random_state")
+            if isinstance(params[k.rpartition("__")[0]] if "__" in k else est,
+                          PrivateEstimator)]
     if not keys:
         est.fit(X, y)
         return
-    params = est.get_params(deep=True)
     declared = {k: params[k] for k in keys}
     est.set_params(**{k: child for k, child in zip(keys, rng.spawn(len(keys)), strict=True)})
     try:
