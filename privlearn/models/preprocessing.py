@@ -607,7 +607,9 @@ class PrivatePipeline(Pipeline):
         data without a mechanism (unless in ``public_steps``), a private step's invalid
         parameter or refusal of the shape or type of ``y`` (its own planning and data
         checks, see :meth:`_check_before_fit`), ``delta=0`` with a step adding Gaussian
-        noise, a fit parameter a private step cannot account
+        noise, a step that needs no fitting but mixes rows before a private step
+        (:class:`~privlearn.errors.BatchDependenceError`: one record would change every
+        row the private step sees), a fit parameter a private step cannot account
         (``model__sample_weight``), and a step whose ledger budget cannot hold its
         planned mechanism (``BudgetExceededError``, see :meth:`_check_budgets`)."""
         delta = self._check_fit(X, y, params)
