@@ -54,6 +54,7 @@ from privlearn.errors import BatchDependenceError, ParameterTypeError, Parameter
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
+    _non_finite_error,
     check_finite_target,
     data_shape,
     make_rng,
@@ -115,6 +116,26 @@ def _em_quantile(
     return float(grid[rng.choice(n_candidates, p=p)])
 
 
+def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
+    """``values`` as a float array (reads the data, releases nothing): text or objects
+    are a :class:`~privlearn.errors.ParameterTypeError`, a NaN or an infinity a
+    :class:`~privlearn.errors.NonFiniteInputError` saying what to do, as the estimators'
+    own checks."""
+    if hasattr(values, "tocsr"):
+        raise ParameterTypeError(
+            f"{owner}: {name} must be a dense array, got a sparse matrix; convert it with "
+            f"{name}.toarray()")
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise ParameterTypeError(
+            f"{owner}: {name} must be numbers, got {type(values).__name__} that cannot be "
+            f"converted to float ({e}); encode text columns before choosing bounds") from e
+    if not np.all(np.isfinite(arr)):
+        raise _non_finite_error(owner, "the input", name)
+    return arr
+
+
 def private_quantile(
     values,
     q: float,
@@ -146,9 +167,7 @@ def private_quantile(
         n_candidates < 2
     ):
         raise ParameterValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
-    v = np.asarray(values, dtype=float).ravel()
-    if not np.all(np.isfinite(v)):
-        raise ParameterValueError("values contain NaN or infinity")
+    v = _finite_numbers("private_quantile", "values", values).ravel()
     rng = make_rng(random_state)
     return _em_quantile(v, float(q), eps, lower, upper, int(n_candidates), rng), PureDP(eps)
 
@@ -161,7 +180,7 @@ def choose_x_bound(
     ``max_bound`` is a public upper limit (e.g. ``sqrt(d)`` times a public per-feature
     bound). ``(epsilon, 0)``-DP; returns ``(x_bound, PureDP(epsilon))``.
     """
-    X = np.asarray(X, dtype=float)
+    X = _finite_numbers("choose_x_bound", "X", X)
     if X.ndim != 2:
         raise ParameterValueError(f"X must be 2-D, got shape {X.shape}")
     mb = _v.check_positive("max_bound", max_bound)
@@ -175,7 +194,7 @@ def choose_y_bound(
 ) -> tuple[float, Mechanism]:
     """A private ``y_bound``: the ``quantile`` of ``|y|``, in ``(0, max_bound]``.
     ``(epsilon, 0)``-DP; returns ``(y_bound, PureDP(epsilon))``."""
-    y = np.asarray(y, dtype=float).ravel()
+    y = _finite_numbers("choose_y_bound", "y", y).ravel()
     mb = _v.check_positive("max_bound", max_bound)
     b, m = private_quantile(np.abs(y), quantile, epsilon, 0.0, mb, random_state=random_state)
     return max(b, mb / 1024), m

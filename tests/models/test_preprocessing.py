@@ -78,6 +78,31 @@ def test_private_quantile_and_bounds():
         private_quantile(v, 1.5, 1.0, 0.0, 1.0)
 
 
+@pytest.mark.parametrize("call, name", [
+    (lambda v: private_quantile(v, 0.5, 1.0, 0.0, 1.0), "values"),
+    (lambda v: choose_x_bound(v.reshape(-1, 2), 1.0, 2.0), "X"),
+    (lambda v: choose_y_bound(v, 1.0, 2.0), "y"),
+])
+def test_private_bounds_refuse_non_finite_or_text_input_as_the_estimators_do(call, name):
+    """The bound choosers read private data as the estimators do: a NaN or an infinity
+    is a NonFiniteInputError naming the input with what to do (it was a bare
+    ParameterValueError without advice), text a ParameterTypeError (it was NumPy's
+    conversion error), a sparse matrix a ParameterTypeError."""
+    import scipy.sparse as sp
+
+    from privlearn.errors import NonFiniteInputError, ParameterTypeError
+
+    v = np.linspace(0.0, 1.0, 8)
+    for bad in (np.nan, np.inf):
+        with pytest.raises(NonFiniteInputError, match=rf"the input {name} contains a NaN.*"
+                                                      "public constant"):
+            call(np.where(v > 0.5, bad, v))
+    with pytest.raises(ParameterTypeError, match=rf"{name} must be numbers"):
+        call(np.array(["a"] * 8, dtype=object))
+    with pytest.raises(ParameterTypeError, match="sparse"):
+        call(sp.csr_matrix(v.reshape(-1, 2)) if name == "X" else sp.csr_matrix(v))
+
+
 @pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
 def test_pipeline_reports_one_total_epsilon():
     rng = np.random.default_rng(0)
