@@ -202,13 +202,14 @@ class PrivateEstimator(BaseEstimator):
         reservation = self._reserve(plan.mechanism, label or type(self).__name__)
         try:
             X, y = self._check_data(X, y, plan)
+            n = self._n_records(X, y)
+            if n is not None and n > 0:
+                # inside: a warning filtered into an error must cancel the reservation
+                warn_if_delta_large(plan.delta, n, stacklevel=5)
         except BaseException:
             if reservation is not None:  # the data was only validated: nothing ran
                 reservation.settle(compose([]))
             raise
-        n = self._n_records(X, y)
-        if n is not None and n > 0:
-            warn_if_delta_large(plan.delta, n, stacklevel=5)
         try:
             return self._release(X, y, plan, **context)
         finally:
