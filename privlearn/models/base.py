@@ -284,11 +284,23 @@ def _is_fitted_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("__")
 
 
-def data_shape(X: Any) -> tuple[int, ...]:
+def data_shape(X: Any, name: str = "X") -> tuple[int, ...]:
     """The shape of ``X`` for planning: its ``shape`` attribute when it has one (arrays,
-    DataFrames, sparse matrices: no value is read), else that of ``np.asarray(X)``."""
+    DataFrames, sparse matrices: no value is read), else that of ``np.asarray(X)``.
+
+    Rows of different lengths (a ragged list of lists) are a
+    :class:`~privlearn.errors.ParameterValueError` naming ``name``, not NumPy's
+    conversion error."""
     shape = getattr(X, "shape", None)
-    return tuple(np.asarray(X).shape if shape is None else shape)
+    if shape is not None:
+        return tuple(shape)
+    try:
+        return tuple(np.asarray(X).shape)
+    except ValueError as e:
+        raise ParameterValueError(
+            f"{name} must be a rectangular array (every row of the same length), got "
+            f"rows of different lengths ({str(e).split('. ')[0]}); pad or drop the short "
+            f"rows with a public rule, or pass a 2-D numpy array") from e
 
 
 #: What to do about missing or infinite values without a data-dependent release.

@@ -371,7 +371,7 @@ class PATE(_LabelReleaseBase):
     def _plan(self, params: dict[str, Any], X, y, *, n_classes: int | None = None,
               n_teachers: int | None = None) -> LabelReleasePlan:
         """Check the votes' shape (orientation, number of classes) and calibrate."""
-        shape = data_shape(X)
+        shape = data_shape(X, "teacher_outputs")
         if len(shape) not in (2, 3):
             raise ParameterValueError(
                 "teacher_outputs must have shape (n_teachers, n_queries) (hard votes) or "
@@ -549,7 +549,7 @@ class PrivateKNN(_LabelReleaseBase):
     def _plan(self, params: dict[str, Any], X, y) -> LabelReleasePlan:
         """Calibrate for the number of queries (the rows of ``X``, public)."""
         check_is_fitted(self, "_X", msg="call fit(X_private, y_private) before release")
-        shape = data_shape(X)
+        shape = data_shape(X, "X_query")
         if len(shape) != 2 or shape[1] != self.n_features_in_:
             raise ParameterValueError(
                 f"X_query must have shape (n_queries, {self.n_features_in_}), got {shape}")
