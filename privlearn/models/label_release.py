@@ -634,7 +634,8 @@ def _encode_classes(classes, y: np.ndarray, owner: str) -> tuple[np.ndarray, np.
     cl = np.asarray(classes)
     if cl.ndim != 1 or cl.size < 2 or np.unique(cl).size != cl.size:
         raise ParameterValueError(
-            f"classes must be a 1-D sequence of at least 2 distinct labels, got {classes!r}"
+            f"classes must be a 1-D sequence of at least 2 distinct labels, got {classes!r}; "
+            "pass the public label set, e.g. classes=[0, 1] or classes=range(10)"
         )
     order = np.argsort(cl, kind="stable")
     sorted_cl = cl[order]

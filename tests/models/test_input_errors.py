@@ -354,3 +354,23 @@ def test_ragged_rows_are_a_typed_error_naming_the_input(call, name):
 
     with pytest.raises(ParameterValueError, match=rf"^{name} must be a rectangular array"):
         call([[1.0, 2.0], [3.0]])
+
+
+@pytest.mark.parametrize("make, fit, match", [
+    (lambda: M.SSPRegressor(budget_split=[1.0]), "regress",
+     r"budget_split must be .* 2 .* got \[1\.0\]; e\.g\. budget_split=\(2, 3\)"),
+    (lambda: M.AdaSSPRegressor(budget_split="abc"), "regress",
+     r"budget_split must be .* 3 .* got 'abc'; e\.g\. budget_split=\(2, 3, 5\)"),
+    (lambda: M.NoisyGDRegressor(learning_rate="fast"), "regress",
+     r"learning_rate must be 'theory' .* got 'fast'; leave 'theory'"),
+    (lambda: M.PrivateKNN(classes=[0, 0]), "classify",
+     r"classes must be .* got \[0, 0\]; pass the public label set"),
+], ids=["SSP-split", "AdaSSP-split", "NoisyGD-learning_rate", "PrivateKNN-classes"])
+def test_unchecked_parameters_say_what_to_pass(make, fit, match):
+    """Parameters checked by the estimator itself (not a declared constraint) name the
+    value received and what to pass instead (they stopped at the value)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(20, 2))
+    y = (X[:, 0] > 0).astype(int) if fit == "classify" else X[:, 0]
+    with pytest.raises(ParameterValueError, match=match):
+        make().fit(X, y)
