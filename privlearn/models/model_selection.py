@@ -103,7 +103,7 @@ from privlearn.models.constraints import (
     Real,
     Unchecked,
 )
-from privlearn.models.preprocessing import PrivatePipeline
+from privlearn.models.preprocessing import PrivatePipeline, refuse_refitting_public_fits
 
 __all__ = [
     "PrivateSearchCV",
@@ -475,6 +475,11 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             self._check_validation_data(X, X_val, y_val)
         for candidate in candidates:  # a grid may put one in a pipeline
             refuse_as_step(candidate, "PrivateSearchCV")
+        # a public step fitted on public data (in the estimator, which the runs clone, or
+        # in the grid) would be refitted on the private data in every run
+        for pipe in (self.estimator, *candidates):
+            if isinstance(pipe, PrivatePipeline):
+                refuse_refitting_public_fits(pipe)
         unscorable = sorted({type(c).__name__ for c in candidates if not hasattr(c, "predict")})
         if unscorable:  # found before the runs read the data, not after the first fit
             raise ParameterTypeError(

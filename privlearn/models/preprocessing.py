@@ -26,6 +26,7 @@ References
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -50,7 +51,12 @@ from privlearn.accounting import (
     get_accountant,
 )
 from privlearn.accounting.registry import pure_epsilon
-from privlearn.errors import BatchDependenceError, ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    BatchDependenceError,
+    ConfigurationError,
+    ParameterTypeError,
+    ParameterValueError,
+)
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -503,7 +509,14 @@ class PrivatePipeline(Pipeline):
         The delta at which ``epsilon_`` is reported. Default: the sum of the steps'
         ``delta_`` (each step's own target).
     public_steps : tuple of str
-        Names of steps fitted on public data only (see :func:`pipeline_mechanism`).
+        Names of steps whose fitted state may be released without noise (see
+        :func:`pipeline_mechanism`). :meth:`fit` fits every step on the data it is given,
+        these included: list a step it fits only if what the step learns reveals nothing
+        about the data (e.g. ``OneHotEncoder(categories=[...])``). A step fitted
+        beforehand on public data is kept as it is when wrapped in
+        ``sklearn.frozen.FrozenEstimator``; passed fitted without it, it is refused
+        (:class:`~privlearn.errors.ConfigurationError`) rather than refitted on the
+        private data.
     accountant : str
         Accountant composing the steps (default ``"pld"``: tight composition, so the
         total is at most, and usually below, the sum of the steps' epsilons).
@@ -575,7 +588,12 @@ class PrivatePipeline(Pipeline):
                 raise _unplanned_step(name, step)
             if last:
                 break
-            if isinstance(step, OneToOneFeatureMixin):
+            if isinstance(step, OneToOneFeatureMixin) or isinstance(
+                    getattr(step, "estimator", None), OneToOneFeatureMixin) and _frozen(step):
+                continue
+            if _frozen(step):  # its fit (on public data) is kept: apply it to a zero row
+                width = np.asarray(step.transform(np.zeros((1, shape[1])))).shape
+                shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
                 continue
             if not get_tags(step).requires_fit:
                 width = np.asarray(clone(step).fit_transform(np.zeros((1, shape[1])))).shape
@@ -676,6 +694,10 @@ class PrivatePipeline(Pipeline):
         # them if a later step fails (set only once every step is fitted)
         for name in ("mechanism_", "epsilon_", "delta_"):
             self.__dict__.pop(name, None)
+        for step in _refitted_public_steps(self).values():
+            # fitted here from now on: a later fit of this pipeline may refit it
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(step, _FITTED_HERE, True)
         return delta
 
     def _check_budgets(self, X, y) -> None:
@@ -727,6 +749,55 @@ class PrivatePipeline(Pipeline):
             elif not isinstance(step, PrivatePipeline) and name not in public and (
                     get_tags(step).requires_fit):
                 raise _unplanned_step(name, step)
+        refuse_refitting_public_fits(self)
+
+
+def _frozen(step: Any) -> bool:
+    """Whether ``step`` is a ``sklearn.frozen.FrozenEstimator`` (its ``fit`` does nothing:
+    it keeps the fit it wraps)."""
+    from sklearn.frozen import FrozenEstimator
+
+    return isinstance(step, FrozenEstimator)
+
+
+#: set on a public step when a PrivatePipeline is about to fit it (on the data it is given)
+_FITTED_HERE = "_privlearn_fitted_by_pipeline"
+
+
+def _refitted_public_steps(pipe: Pipeline) -> dict[str, Any]:
+    """``{name: step}`` of the public steps that ``pipe.fit`` fits on the data it is given:
+    those that learn from data, other than a ``FrozenEstimator`` (whose ``fit`` keeps the
+    fit it wraps) or a private step (accounted)."""
+    public = _check_public_steps(pipe.public_steps)
+    return {name: step for name, step in pipe.steps
+            if name in public and not (step is None or isinstance(step, str))
+            and not isinstance(step, PrivateEstimator | PrivatePipeline) and not _frozen(step)
+            and get_tags(step).requires_fit}
+
+
+def refuse_refitting_public_fits(pipe: Pipeline) -> None:
+    """Refuse (:class:`~privlearn.errors.ConfigurationError`) a public step that is
+    already fitted, but not by a pipeline: ``public_steps`` names steps fitted on public
+    data, and the pipeline's ``fit`` would refit it on the private data it is given,
+    releasing what it learns there un-noised (a scaler's exact means). Wrapping it in
+    ``sklearn.frozen.FrozenEstimator`` keeps its public fit."""
+    from sklearn.exceptions import NotFittedError
+
+    for name, step in _refitted_public_steps(pipe).items():
+        if getattr(step, _FITTED_HERE, False):
+            continue
+        try:
+            check_is_fitted(step)
+        except (NotFittedError, TypeError):
+            continue
+        raise ConfigurationError(
+            f"public step {name!r} ({type(step).__name__}) is already fitted, but "
+            f"{type(pipe).__name__}.fit fits every step on the data it is given: it would "
+            "be refitted on the private data, and what it learns there released "
+            "un-noised. To keep its fit on public data, wrap it: "
+            f"({name!r}, sklearn.frozen.FrozenEstimator(step)); to have the pipeline fit "
+            "it (only if what it learns reveals nothing about the data, e.g. "
+            "OneHotEncoder(categories=[...])), pass it unfitted: sklearn.base.clone(step)")
 
 
 def _check_public_steps(public_steps: Any) -> tuple[str, ...]:

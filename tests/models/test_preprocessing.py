@@ -381,3 +381,52 @@ def test_a_step_that_mixes_rows_is_refused_before_a_private_step(tmp_path):
         fitted = PrivatePipeline([("rows", rowwise),
                                   ("ssp", SSPRegressor(y_bound=10.0, random_state=0))]).fit(X, y)
         assert fitted.mechanism_ == fitted[-1].mechanism_
+
+
+def test_a_public_step_fitted_beforehand_is_not_refitted_on_the_private_data(tmp_path):
+    """``public_steps`` named steps "fitted on public data only", but the pipeline's fit
+    refitted such a step on the private data it was given: a StandardScaler fitted on
+    public rows came back with the private rows' exact means. Passed fitted, it is now
+    refused before anything is fitted or charged (in a search too); wrapped in
+    FrozenEstimator its public fit is kept and planned; a public step passed unfitted is
+    fitted by the pipeline, again at every later fit."""
+    from sklearn.frozen import FrozenEstimator
+
+    from privlearn.errors import ConfigurationError
+    from privlearn.ledger import Ledger
+    from privlearn.models import PrivateSearchCV, SSPRegressor
+
+    rng = np.random.default_rng(0)
+    X, X_public = rng.normal(3.0, 2.0, size=(200, 3)), rng.normal(0.0, 1.0, size=(100, 3))
+    y = np.clip(X @ [0.1, 0.2, 0.3], -3, 3)
+    ledger = Ledger(tmp_path / "l.db", create=True)
+    ledger.create_budget("d", epsilon=10.0, delta=1e-5)
+    budget = ledger.budget("d")
+
+    def model(**kw):
+        return SSPRegressor(x_bound=30.0, y_bound=3.0, random_state=0, **kw)
+
+    public = StandardScaler().fit(X_public)
+    mean = public.mean_.copy()
+    pipe = PrivatePipeline([("scale", public), ("ssp", model(ledger=budget))],
+                           public_steps=("scale",))
+    with pytest.raises(ConfigurationError, match="'scale'.*already fitted.*FrozenEstimator"):
+        pipe.fit(X, y)
+    search = PrivateSearchCV(PrivatePipeline([("scale", public), ("ssp", model())],
+                                             public_steps=("scale",)),
+                             {"ssp__epsilon": [1.0]}, loss_bound=9.0, ledger=budget)
+    with pytest.raises(ConfigurationError, match="'scale'.*already fitted"):
+        search.fit(X, y)
+    assert np.array_equal(public.mean_, mean) and budget.spent().entries == 0
+    assert not hasattr(pipe[-1], "coef_")
+
+    frozen = PrivatePipeline([("scale", FrozenEstimator(public)), ("ssp", model())],
+                             public_steps=("scale",))
+    assert frozen.fit(X, y).mechanism_ == frozen.planned_mechanism(X) == frozen[-1].mechanism_
+    assert np.array_equal(public.mean_, mean)
+    np.testing.assert_allclose(frozen[-1].predict(public.transform(X)), frozen.predict(X))
+
+    fitted_here = PrivatePipeline([("scale", StandardScaler()), ("ssp", model())],
+                                  public_steps=("scale",))
+    for _ in range(2):  # the pipeline refits the step it fitted itself
+        np.testing.assert_allclose(fitted_here.fit(X, y)[0].mean_, X.mean(axis=0))
