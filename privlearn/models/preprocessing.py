@@ -844,12 +844,15 @@ def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:
     try:
         with np.errstate(all="ignore"):  # a NaN from the probe is compared, not warned
             block = np.asarray(clone(step).fit_transform(probe), dtype=float)
+            again = np.asarray(clone(step).fit_transform(probe), dtype=float)
             alone = [np.asarray(clone(step).fit_transform(probe[i : i + 1]), dtype=float)
                      for i in range(probe.shape[0])]
     except Exception:  # noqa: BLE001 - not probed; the pipeline's own fit reports it
         return
-    if block.ndim == 0 or block.shape[0] != probe.shape[0]:
-        return  # not one output row per input row: nothing to compare row by row
+    if block.ndim == 0 or block.shape[0] != probe.shape[0] or not np.array_equal(
+            block, again, equal_nan=True):
+        # not one output row per input row, or random (a jitter): nothing to compare
+        return
     rows = block.reshape(probe.shape[0], -1)
     if all(a.size == rows.shape[1] and np.allclose(a.ravel(), r, rtol=1e-9, atol=1e-12,
                                                    equal_nan=True)
