@@ -588,8 +588,8 @@ class PrivatePipeline(Pipeline):
                 raise _unplanned_step(name, step)
             if last:
                 break
-            if isinstance(step, OneToOneFeatureMixin) or isinstance(
-                    getattr(step, "estimator", None), OneToOneFeatureMixin) and _frozen(step):
+            if isinstance(step, OneToOneFeatureMixin) or (
+                    _frozen(step) and isinstance(step.estimator, OneToOneFeatureMixin)):
                 continue
             if _frozen(step):  # its fit (on public data) is kept: apply it to a zero row
                 width = np.asarray(step.transform(np.zeros((1, shape[1])))).shape
