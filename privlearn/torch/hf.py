@@ -170,6 +170,7 @@ from privlearn.torch._hf_private import (
     save_private,
     secret_parts,
 )
+from privlearn.torch._hf_resume import check_resumed_settings, recorded_seed, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
@@ -658,6 +659,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 remove(path)
                 del self._private_files[path]
         state["private_state"] = None
+        state["privacy_arguments"] = recorded_settings(self.privacy)  # compared on resume
         if secret:
             token = new_token()  # binds the two parts; reveals nothing
             kept = self.private_state_dir is not None
@@ -665,7 +667,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
             if kept:
                 path = private_state_path(self.private_state_dir, folder, token)
                 save_private({"format": PRIVATE_FORMAT, "token": token, "rng": rng,
-                               "steps": p.accountant.steps, **secret}, path)
+                              "steps": p.accountant.steps,
+                              "dp_seed": recorded_seed(self.privacy), **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
 
@@ -700,6 +703,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         """The whole state of ``checkpoint`` (its public part, and the secret part from
         ``private_state_dir``); refused, saying why, when a part is missing."""
         state = torch.load(_privacy_state_path(checkpoint), weights_only=False)
+        check_resumed_settings(checkpoint, state.pop("privacy_arguments", None), self.privacy)
         info = state.pop("private_state", None)
         if info is None:
             return state
@@ -728,6 +732,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         if secret.get("format") != PRIVATE_FORMAT or secret.get("token") != info["token"]:
             raise ParameterValueError(f"{path} is not the private state of checkpoint "
                              f"{checkpoint!r} (its token differs)")
+        check_resumed_settings(checkpoint, None, self.privacy, secret.get("dp_seed"),
+                               seed_recorded="dp_seed" in secret)
         state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
         return state
 
