@@ -363,8 +363,10 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
             raise ConfigurationError(
                 "gradient_accumulation_steps must be 1 with DPTrainer, got "
                 f"{a.gradient_accumulation_steps}: accumulating micro-batches before one "
-                "step would clip example i of each micro-batch together. Use a larger "
-                "per_device_train_batch_size (the Poisson batch) instead")
+                "step would clip example i of each micro-batch together, and the accounted "
+                "batch would not be the logical one. Use a larger per_device_train_batch_size "
+                "(the expected Poisson batch), more processes, or, for a logical batch larger "
+                "than memory, make_private(..., max_physical_batch_size=...) in your own loop")
         if a.fp16 and getattr(self.accelerator, "scaler", None) is not None:
             raise ConfigurationError(
                 "fp16=True with a loss scaler is not supported by DPTrainer: the Trainer's loss "
@@ -392,8 +394,11 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 "would be silently replaced. Leave train_sampling_strategy='random' and choose "
                 "the sampling with PrivacyArguments(sampling=...)")
         if a.label_smoothing_factor:
-            raise ConfigurationError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
-                             "computed per example by DPTrainer)")
+            raise ConfigurationError(
+                "label_smoothing_factor must be 0 with DPTrainer, got "
+                f"{a.label_smoothing_factor!r}: "
+                "the Trainer's label smoother averages over every token of the batch, and "
+                "DPTrainer's per-example loss has no smoothing. Set label_smoothing_factor=0")
         alpha = getattr(self, "neftune_noise_alpha", None)  # the Trainer's copy of the arg
         if alpha is not None or getattr(a, "neftune_noise_alpha", None) is not None:
             raise ConfigurationError(
