@@ -151,6 +151,7 @@ from privlearn.torch._hf_collate import (
     own_labels,
     positions_of_left_padding,
 )
+from privlearn.torch._hf_eval import shares_examples
 from privlearn.torch._hf_fsdp import (
     FSDP2Support,
     is_fsdp2,
@@ -489,7 +490,9 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
 
     def evaluate(self, eval_dataset=None, *args, **kwargs):
         """``Trainer.evaluate``; a :class:`~privlearn.errors.PrivacyLeakWarning` when the
-        evaluation set is the training set: its metrics are then un-noised statistics of
+        evaluation set holds training examples (it is the training set, a ``Subset`` of it,
+        the dataset a training ``Subset`` was cut from, ...:
+        :mod:`privlearn.torch._hf_eval`): its metrics are then un-noised statistics of
         the private data, released in the logs and checkpoints and not covered by the
         accounting (the evaluation metrics are released as statistics of a separate set)."""
         self._warn_training_set(self.eval_dataset if eval_dataset is None else eval_dataset,
@@ -506,11 +509,12 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         if isinstance(given, str) and isinstance(self.eval_dataset, dict):  # a set's name
             given = self.eval_dataset.get(given)
         sets = given.values() if isinstance(given, dict) else (given,)
-        if self.train_dataset is not None and any(d is self.train_dataset for d in sets):
+        if any(shares_examples(d, self.train_dataset) for d in sets):  # Subset, Concat too
             warnings.warn(
-                f"the evaluation set is the training set: {what} are un-noised statistics of "
-                "the private training data, released (in the logs and checkpoints) without "
-                "being covered by the accounted mechanism. Evaluate on a held-out split",
+                f"the evaluation set is the training set, or shares examples with it: {what} "
+                "are un-noised statistics of the private training data, released (in the "
+                "logs and checkpoints) without being covered by the accounted mechanism. "
+                "Evaluate on a held-out split",
                 PrivacyLeakWarning, stacklevel=3)
 
     def floating_point_ops(self, inputs) -> int:
