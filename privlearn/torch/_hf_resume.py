@@ -24,14 +24,14 @@ from dataclasses import fields
 
 from privlearn.errors import ConfigurationError
 
-__all__ = ["MAY_CHANGE", "check_resumed_settings", "recorded_settings", "recorded_seed"]
+__all__ = ["MAY_CHANGE", "check_resumed_settings", "recorded_settings"]
 
 #: PrivacyArguments fields a resumed run may change: they change neither the mechanism,
-#: nor its accounting, nor when it stops (a probe, the layout of the model's inputs, the
-#: reading of the model's task, whether the un-noised loss is logged).
-MAY_CHANGE = ("check_batch_independence", "batch_dims", "task", "log_training_loss")
-#: Recorded in the private state file only (never released, never shown).
-_SECRET = ("dp_seed",)
+#: nor its accounting, nor when it stops (the seed of a new run's streams, a probe, the
+#: layout of the model's inputs, the reading of the model's task, whether the un-noised
+#: loss is logged). They are not recorded.
+MAY_CHANGE = ("dp_seed", "check_batch_independence", "batch_dims", "task",
+              "log_training_loss")
 
 
 def _plain(value):
@@ -47,21 +47,14 @@ def recorded_settings(privacy) -> dict:
     """The public PrivacyArguments settings a checkpoint records (``max_epsilon`` as the
     run applies it: ``target_epsilon`` when not given)."""
     out = {f.name: _plain(getattr(privacy, f.name)) for f in fields(privacy)
-           if f.name not in MAY_CHANGE and f.name not in _SECRET}
+           if f.name not in MAY_CHANGE}
     if out.get("max_epsilon") is None:
         out["max_epsilon"] = out.get("target_epsilon")
     return out
 
 
-def recorded_seed(privacy):
-    """What the private state file records of ``dp_seed``."""
-    return privacy.dp_seed
-
-
-def check_resumed_settings(checkpoint, saved: dict | None, privacy,
-                           saved_seed=None, seed_recorded: bool = False) -> None:
-    """Refuse resuming ``checkpoint`` (whose recorded public settings are ``saved``, and
-    whose private file recorded ``saved_seed`` when ``seed_recorded``) with
+def check_resumed_settings(checkpoint, saved: dict | None, privacy) -> None:
+    """Refuse resuming ``checkpoint`` (whose recorded settings are ``saved``) with
     PrivacyArguments ``privacy`` that differ in a setting outside :data:`MAY_CHANGE`.
     A checkpoint that records nothing (written before settings were recorded) is not
     checked here (its mechanism still is, when it is loaded).
@@ -69,25 +62,20 @@ def check_resumed_settings(checkpoint, saved: dict | None, privacy,
     Raises
     ------
     ConfigurationError
-        Naming every setting that differs (saved and given values; for ``dp_seed``
-        neither value).
+        Naming every setting that differs, with the saved and the given value.
     """
-    diff = []
-    if saved is not None:
-        mine = recorded_settings(privacy)
-        diff = [f"{k}: saved {saved.get(k)!r}, given {mine.get(k)!r}"
-                for k in sorted(set(mine) | set(saved)) if saved.get(k) != mine.get(k)]
-    if seed_recorded and saved_seed != recorded_seed(privacy):
-        diff.append("dp_seed: differs from the saved run's (values not shown: the seed "
-                    "replays the sampler's batches and the noise)")
+    if saved is None:
+        return
+    mine = recorded_settings(privacy)
+    diff = [f"{k}: saved {saved.get(k)!r}, given {mine.get(k)!r}"
+            for k in sorted(set(mine) | set(saved)) if saved.get(k) != mine.get(k)]
     if not diff:
         return
     raise ConfigurationError(
         f"resume_from_checkpoint={str(checkpoint)!r}: the PrivacyArguments differ from those "
         f"of the run that wrote the checkpoint ({'; '.join(diff)}). A resumed run continues "
         "that run (its accountant's history, sampler and noise), so a different target_delta "
-        "would report its epsilon at another delta from the checkpoint on, a different "
-        "max_epsilon would move its stop, and a different dp_seed would be ignored. Resume "
-        "with the same PrivacyArguments (only "
+        "would report its epsilon at another delta from the checkpoint on, and a different "
+        "max_epsilon would move its stop. Resume with the same PrivacyArguments (only "
         f"{', '.join(MAY_CHANGE)} may change), or start a new run with the new settings. "
         "Nothing was run")

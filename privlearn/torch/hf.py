@@ -171,7 +171,7 @@ from privlearn.torch._hf_private import (
     save_private,
     secret_parts,
 )
-from privlearn.torch._hf_resume import check_resumed_settings, recorded_seed, recorded_settings
+from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
@@ -676,8 +676,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
             if kept:
                 path = private_state_path(self.private_state_dir, folder, token)
                 save_private({"format": PRIVATE_FORMAT, "token": token, "rng": rng,
-                              "steps": p.accountant.steps,
-                              "dp_seed": recorded_seed(self.privacy), **secret}, path)
+                              "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
 
@@ -741,8 +740,6 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         if secret.get("format") != PRIVATE_FORMAT or secret.get("token") != info["token"]:
             raise ParameterValueError(f"{path} is not the private state of checkpoint "
                              f"{checkpoint!r} (its token differs)")
-        check_resumed_settings(checkpoint, None, self.privacy, secret.get("dp_seed"),
-                               seed_recorded="dp_seed" in secret)
         state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
         return state
 

@@ -3,9 +3,9 @@
 A resumed run continues the run that wrote the checkpoint. Settings the engine's mechanism
 check does not see were silently taken over: another ``target_delta`` (every later epsilon
 logged at another delta than the checkpoint's history), another ``max_epsilon`` (the stop
-moved half-way), another ``dp_seed`` (ignored: the checkpoint's sampler and noise streams
-continue). Each is refused before anything runs, naming the setting; the seed's values
-are never shown, nor written into the released checkpoint folder."""
+moved half-way), another ``secure_mode``. Each is refused before anything runs, naming the
+setting. ``dp_seed`` may differ (a resumed run continues the checkpoint's streams); it is
+never written into the released checkpoint folder."""
 
 from __future__ import annotations
 
@@ -65,28 +65,32 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("change", [{"target_delta": 1e-6}, {"max_epsilon": 50.0},
-                                    {"seed": SEED + 1}, {"seed": None}],
-                         ids=["target_delta", "max_epsilon", "dp_seed", "dp_seed_none"])
+                                    {"secure_mode": True, "seed": None}],
+                         ids=["target_delta", "max_epsilon", "secure_mode"])
 def test_other_privacy_arguments_are_refused_before_anything_runs(checkpoint, change):
-    name = "dp_seed" if "seed" in change else next(iter(change))
+    name = next(iter(change))
     tr = _trainer(checkpoint / "out", checkpoint / "private",
                   dataclasses.replace(BASE, **change), 4)
     with pytest.raises(ConfigurationError, match=rf"{name}: .*same PrivacyArguments") as e:
         tr.train(resume_from_checkpoint=str(checkpoint / "out" / "checkpoint-2"))
     assert str(SEED) not in str(e.value)  # the seed replays the noise: never shown
+    assert "saved" in str(e.value) and "given" in str(e.value)
     assert tr.privacy_engine is None and tr.state.global_step == 0
 
 
 def test_the_same_arguments_and_the_free_ones_resume_to_the_uninterrupted_epsilon(
         checkpoint, tmp_path):
-    # log_training_loss and task may change (a PrivacyLeakWarning for the former)
-    free = dataclasses.replace(BASE, task="causal_lm", check_batch_independence=False)
+    # the seed (the checkpoint's streams continue), the task and the probe may change
+    free = dataclasses.replace(BASE, seed=SEED + 1, task="causal_lm",
+                               check_batch_independence=False)
     tr = _trainer(checkpoint / "out", checkpoint / "private", free, 4)
     tr.train(resume_from_checkpoint=str(checkpoint / "out" / "checkpoint-2"))
     whole = _trainer(tmp_path / "out", tmp_path / "private", BASE, 4)
     whole.train()
     assert tr.privacy_engine.accountant.steps == 4
     assert tr.epsilon() == pytest.approx(whole.epsilon(), rel=1e-12)
+    for a, b in zip(tr.model.parameters(), whole.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
 def test_the_seed_is_not_in_the_released_checkpoint(checkpoint):
