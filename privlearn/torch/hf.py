@@ -840,7 +840,22 @@ def _state_name() -> str:
 
 
 def _privacy_state_path(checkpoint: str) -> str:
+    """The privacy state file of this process in ``checkpoint``; refused when there is
+    none, or when it was saved by another number of processes."""
+    from privlearn.torch.distributed import world_info
+
     path = os.path.join(checkpoint, _state_name())
+    stem, ext = os.path.splitext(PRIVACY_STATE_NAME)
+    ranks = glob.glob(os.path.join(glob.escape(str(checkpoint)), f"{stem}.rank*{ext}"))
+    saved = len(ranks) or int(os.path.isfile(os.path.join(checkpoint, PRIVACY_STATE_NAME)))
+    world = world_info()[1]
+    if saved and saved != world:  # one state per process of the run that saved (every
+        raise ConfigurationError(  # rank sees them all: refused on every rank alike)
+            f"checkpoint {checkpoint!r} was written by a run of {saved} process(es) (its "
+            f"privacy states: {saved} file(s) {stem}*{ext}), and this run has "
+            f"{world}: each process continues its own sampler and noise, so the "
+            "number of processes must stay the same. Resume with as many processes as the "
+            "run that wrote it (torchrun --nproc_per_node), or start a new run")
     if not os.path.isfile(path):
         raise ParameterValueError(
             f"checkpoint {checkpoint!r} has no {_state_name()}: it was not written "

@@ -99,3 +99,21 @@ def test_the_seed_is_not_in_the_released_checkpoint(checkpoint):
     assert state["privacy_arguments"]["target_delta"] == 1e-5
     assert "dp_seed" not in state["privacy_arguments"]
     assert str(SEED) not in repr(state)
+
+
+def test_a_checkpoint_of_another_number_of_processes_is_refused_as_such(checkpoint, tmp_path):
+    """A checkpoint written by two processes (one privacy state per rank) resumed in one
+    process was refused as "not written by DPTrainer": now the numbers of processes are
+    named (each rank continues its own sampler and noise), before anything runs."""
+    import shutil
+
+    folder = tmp_path / "checkpoint-2"
+    shutil.copytree(checkpoint / "out" / "checkpoint-2", folder)
+    state = folder / PRIVACY_STATE_NAME
+    for r in range(2):
+        shutil.copy(state, folder / f"privlearn_privacy.rank{r}.pt")
+    state.unlink()
+    tr = _trainer(tmp_path / "out", checkpoint / "private", BASE, 4)
+    with pytest.raises(ConfigurationError, match=r"run of 2 process.*this run has 1"):
+        tr.train(resume_from_checkpoint=str(folder))
+    assert tr.privacy_engine is None and tr.state.global_step == 0
