@@ -31,13 +31,14 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   ``push_to_hub`` uploads, resumes; :mod:`privlearn.torch._hf_private`); a run with such
   state and checkpointing but no ``private_state_dir`` is refused when it is built. ``trainer.train(
   resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
-  epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state, or
-  whose private part is missing, is refused;
+  epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state,
+  whose private part is missing, of another number of processes, or resumed with other
+  privacy settings (:mod:`privlearn.torch._hf_resume`) is refused;
 * **releases**: every number the trainer logs, returns or writes into a checkpoint is on
   an allow-list (:data:`RELEASED_LOGS`): epsilon, the clipping bound, the learning rate,
   the step and the epoch (all data-independent or accounted), and evaluation metrics
   (statistics of the evaluation set, which this run's accounting does not cover; a
-  ``PrivacyLeakWarning`` when the evaluation set is the training set). The
+  ``PrivacyLeakWarning`` when the evaluation set holds training examples). The
   un-noised training loss, FLOP and token counts (which depend on private sequence
   lengths) and timings are not released;
 * **several runs**: every ``train()`` (a fresh model from ``model_init``, each trial of
