@@ -132,7 +132,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
 from privlearn._type_registry import first_in_mro
-from privlearn._validation import check_delta, check_unit_ids
+from privlearn._validation import check_delta, check_positive, check_unit_ids
 from privlearn.accounting import planned_steps
 from privlearn.errors import (
     ConfigurationError,
@@ -145,6 +145,7 @@ from privlearn.torch._hf_args import (  # noqa: F401
     _TASKS,
     _TRAINER_FIELDS,
     PrivacyArguments,
+    check_batch_size,
     warn_unused_clipping,
 )
 from privlearn.torch._hf_collate import (
@@ -428,7 +429,11 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     def _planned_steps(self, q: float) -> int:
         if self.args.max_steps > 0:
             return int(self.args.max_steps)
-        return planned_steps(q, self.args.num_train_epochs)
+        epochs = check_positive(  # the planned length: named in the Trainer's terms
+            "num_train_epochs", self.args.num_train_epochs,
+            hint="the run's length, which target_epsilon (or the sampling) is planned for: "
+            "e.g. 3, or set max_steps > 0")
+        return planned_steps(q, epochs)
 
     def get_train_dataloader(self) -> DataLoader:
         """The DP sampler's loader (:func:`make_private` over the Trainer's own dataset
@@ -442,6 +447,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         # TrainingArguments after the trainer was built
         self._refuse_unsupported()
         _private_settings(self.args, stacklevel=4)
+        check_batch_size(self.args, self.privacy, len(self.train_dataset),
+                         max(1, self.args.world_size))
         if p is not None:  # a new run of this trainer on the same data
             self._settle_run(p)
             self.privacy_engine = None

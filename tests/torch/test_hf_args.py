@@ -269,3 +269,32 @@ def test_an_unused_trainer_clipping_bound_is_said(tmp_path):
                                                save_strategy="no")
             DPTrainer(model=_Model(), args=a, train_dataset=_Set(),
                       privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5))
+
+
+@pytest.mark.parametrize("setting, error, match", [
+    ({"per_device_train_batch_size": 9}, "ConfigurationError",
+     r"per_device_train_batch_size=9 .*global batch of 9.*8 examples.*at most 8"),
+    ({"per_device_train_batch_size": 0}, "ParameterValueError",
+     r"per_device_train_batch_size must be an integer >= 1, got 0"),
+    ({"max_steps": -1, "num_train_epochs": 0}, "ParameterValueError",
+     r"num_train_epochs must be in \(0, inf\).*got 0"),
+])
+def test_batch_and_length_are_refused_in_the_trainers_terms(tmp_path, setting, error, match):
+    """A batch larger than the training set, an empty batch, or no planned length with
+    target_epsilon were refused in make_private's or DataLoader's words (the "batch size"
+    and "epochs" a DPTrainer user never set; DataLoader's plain ValueError): now named as
+    TrainingArguments names them, with the valid range, before anything runs."""
+    from privlearn import errors
+
+    setting = dict(setting)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    args = transformers.TrainingArguments(str(tmp_path), use_cpu=True, report_to=[],
+                                          save_strategy="no",
+                                          max_steps=setting.pop("max_steps", 2), **setting)
+    data = [{"input_ids": torch.tensor([1, 2, 3]), "labels": torch.tensor([1, 2, 3])}] * 8
+    tr = DPTrainer(model=model, args=args, train_dataset=data,
+                   privacy=PrivacyArguments(target_epsilon=3.0))
+    with pytest.raises(getattr(errors, error), match=match):
+        tr.train()
+    assert tr.privacy_engine is None and tr.state.global_step == 0
