@@ -357,7 +357,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
     def _begin_logical_batch(self) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
         was left between its chunks) are discarded, never released."""
-        self._skipping = False
+        self._skipping, self._centred_count = False, 0.0  # nothing of a dropped batch
         if self._out is not None or self._carry:
             self._out, self._carry = None, {}
             warnings.warn(
