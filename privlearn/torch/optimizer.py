@@ -733,7 +733,6 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         factor = math.exp(-a.clipbound_learning_rate * (frac - a.target_unclipped_quantile))
         self.max_grad_norm = self.max_grad_norm * factor
 
-
     def step(self, closure=None):
         """One DP-SGD step (no parameter update on a non-final virtual chunk).
 
@@ -776,16 +775,16 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self._report_found_inf(scaler, None)
         return loss
 
-    def _recorded_or_dropped(self, drawn, rows: int | None) -> None:
-        """:meth:`_require_recorded`, then the tracker's checks of the step (a parameter
-        used outside its layers, the batch-independence probe); a refused batch is dropped
-        (the loader's next one replaces it), with the rest of its logical batch when this
-        is a chunk of one, so that the loop can go on once the cause is fixed."""
+    def _recorded_or_dropped(self, drawn, rows: int | None, then):
+        """``then()`` (clip, and release) after :meth:`_require_recorded` and the tracker's
+        checks; a batch refused before its release (a non-finite gradient too) is dropped
+        with the rest of its logical batch: the loader's next one replaces it."""
         try:
             self._require_recorded(rows)
             self.tracker.check_outside_uses()
             self.tracker.check_independence(rows)
-        except Exception:  # nothing was released: every check runs before the noise
+            return then()
+        except Exception:  # nothing was released: p.grad is set last, once all passed
             if not self._final_chunk:
                 self._out, self._carry, self._skipping = None, {}, True
                 self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
@@ -805,20 +804,16 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             if not self._final_chunk:  # a physical chunk of a virtual batch
                 drawn = self.sampler.take() if self.sampler is not None else None
                 units, rows = self._units_and_rows(drawn, self._chunk_size)
-                self._recorded_or_dropped(drawn, rows)
-                self.clip_and_accumulate(examples=rows, units=units)
+                self._recorded_or_dropped(drawn, rows, lambda: self.clip_and_accumulate(
+                    examples=rows, units=units))
                 self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
                 if scaler is not None:
                     self._report_found_inf(scaler, None)
                 return loss
             drawn = self.sampler.take() if self.sampler is not None else None
             units, examples = self._units_and_rows(drawn, self._expected_examples(drawn))
-            self._recorded_or_dropped(drawn, examples)
-            cfg = self._checked_cfg()
-            if self.sharded is not None:  # FSDP2: reduce-scatter, noise per shard
-                self.sharded.noisy_step(self, examples, units)
-            else:
-                self._noisy_step(examples, units)
+            cfg = self._recorded_or_dropped(drawn, examples, lambda: self._released(
+                examples, units))
             self._chunk_size, self._chunk_groups = None, None
         finally:
             self._dynamic_scale = 1.0
@@ -842,6 +837,15 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self._report_found_inf(scaler, found_inf)
         self._warn_overflow(read=scaler is not None)
         return loss
+
+    def _released(self, examples, units) -> tuple:
+        """The budget's check, then steps 1-3 (FSDP2: reduce-scatter, noise per shard)."""
+        cfg = self._checked_cfg()
+        if self.sharded is not None:
+            self.sharded.noisy_step(self, examples, units)
+        else:
+            self._noisy_step(examples, units)
+        return cfg
 
     def _checked_cfg(self) -> tuple:
         """(sigma, q, C) of the step about to be released, after the budget and ledger."""

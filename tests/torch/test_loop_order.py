@@ -347,3 +347,38 @@ def test_a_trainable_layer_in_eval_mode_is_refused():
     with pytest.raises(RuntimeError, match=r"layer\(s\) \['0'\] ran in eval mode"):
         p.optimizer.step()
     assert p.accountant.steps == 0
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_a_batch_refused_for_a_non_finite_gradient_is_replaced_by_the_next(chunk):
+    """A NaN in one example's loss is refused with NonFiniteInputError before anything
+    is released, as the refusals of the checks before it are: the batch (with the rest
+    of its logical batch when it is a physical chunk of one) is dropped, not charged, and
+    the next batch of p.data_loader trains. It was left pending, so every later step of
+    the pass was refused ("2 batches were drawn") and the loop could not go on."""
+    from privlearn.accounting import Gaussian, compose, subsample
+    from privlearn.errors import NonFiniteInputError
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(_data(), batch_size=16), noise_multiplier=0.5,
+                     max_grad_norm=1.0, seed=0, sampling="fixed",
+                     max_physical_batch_size=chunk)
+    refused, physical = [], 0
+    for _ in range(2):  # two epochs of 4 logical batches
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(p.model(x), y, reduction="none")
+            if physical == 1:  # the first logical batch's second chunk, or second batch
+                loss = loss * torch.tensor([float("nan")] + [1.0] * (len(y) - 1))
+            loss.mean().backward()
+            try:
+                p.optimizer.step()
+            except NonFiniteInputError:
+                refused.append(physical)
+            physical += 1
+    assert refused == [1]
+    assert p.accountant.steps == 7 and p.data_loader.batch_sampler.consumed == 7
+    ref = compose(subsample(Gaussian(0.5), rate=16 / 64, scheme="fixed"), steps=7)
+    assert p.epsilon(1e-5) == pytest.approx(ref.epsilon(1e-5), rel=1e-9)
