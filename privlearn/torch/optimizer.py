@@ -235,12 +235,13 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                              "(unbounded sensitivity); set a finite max_grad_norm first")
         if self.adaptive is not None:
             gradient_noise_multiplier(v, self.adaptive.unclipped_num_std)  # checks
-        if getattr(self, "correlated", None) is not None and v != self._noise_multiplier \
-                and self.accountant.steps:
+        whole = getattr(getattr(self, "accountant", None), "run", None)  # one mechanism
+        if whole is not None and v != self._noise_multiplier and self.accountant.steps:
             raise ConfigurationError(
-                "noise_multiplier cannot change during a correlated-noise run: the noise of "
-                "every step is part of one matrix-factorization mechanism calibrated for one "
-                "noise multiplier. Plan the run with the noise you want")
+                f"noise_multiplier cannot change during a correlated-noise run or one of "
+                f"sampling={whole.sampling!r}: its {self.accountant.steps} steps so far and "
+                f"the rest are one mechanism of one noise multiplier, {self._noise_multiplier!r}"
+                f" here, got {v!r}. Keep it, or plan the run with the noise you want")
         self._noise_multiplier = v
 
     @property
