@@ -243,7 +243,9 @@ class PrivateTraining:
                "expected_batch_size": plan.expected_batch_size,
                "dataset_size": plan.dataset_size, "world_size": plan.world_size,
                "rank": plan.rank, "per_layer_max_grad_norm": plan.per_layer_bounds,
-               "adaptive": plan.adaptive_tuple()}
+               "adaptive": plan.adaptive_tuple(),
+               "users": None if plan.units is None else
+               f"{plan.units.n_units} users, partition sha256:{plan.units.partition[:16]}"}
         if plan.run is not None and plan.run.correlates:
             # the strategy is optimised for the planned steps: the saved noise state
             # continues only under the same coefficients (other ones would release a

@@ -522,6 +522,18 @@ class UnitIndex:
         self.n_units = len(number)
         self.n_examples = len(keys)
 
+    @property
+    def partition(self) -> str:
+        """SHA-256 of the partition of the examples into units (each unit's example
+        indices, units in order of first appearance; the ids themselves do not matter):
+        what a checkpoint of a user-level run must match, as the history of its steps
+        protects these units and no others."""
+        h = hashlib.sha256(b"privlearn.units")
+        for m in self.members:
+            h.update(len(m).to_bytes(8, "little"))
+            h.update(np.asarray(m, dtype="<i8").tobytes())
+        return h.hexdigest()
+
     def expand(self, units, seed: int | None) -> tuple[list[int], tuple[int, ...]]:
         """The rows of the drawn ``units`` (at most ``max_examples`` each, a uniform
         subset: :func:`privlearn.correlated.sampling.unit_subset`, which another unit
