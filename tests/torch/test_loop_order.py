@@ -5,6 +5,7 @@ eval mode recorded nothing; both ran every step, charged, with every check skipp
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 
@@ -382,3 +383,43 @@ def test_a_batch_refused_for_a_non_finite_gradient_is_replaced_by_the_next(chunk
     assert p.accountant.steps == 7 and p.data_loader.batch_sampler.consumed == 7
     ref = compose(subsample(Gaussian(0.5), rate=16 / 64, scheme="fixed"), steps=7)
     assert p.epsilon(1e-5) == pytest.approx(ref.epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("sampling", ["balls_in_bins", "shuffled_epochs", "cyclic_poisson"])
+def test_a_refused_batch_of_a_scheduled_sampling_keeps_every_step_on_its_part(sampling):
+    """Under a sampling whose batch of step t comes from part t mod b, the refused
+    batch's step is taken by the next one trained: the batches drawn after it in the
+    same pass belong to the steps after it, so the pass ends there (with a warning) and
+    the next pass continues the schedule. Every released step still trains on part
+    ``step mod b`` (ground truth: the sampler's own layout). The next batches of the pass
+    were trained one step early: an example of part 3 took part in released steps 2 and
+    3, less than b apart, which the accounted participation rules out."""
+    x = torch.arange(32, dtype=torch.float32)[:, None].repeat(1, 10)  # column 0: index
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(10, 2))
+    extra = {"cycle_length": 4} if sampling == "cyclic_poisson" else {}
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(TensorDataset(x, (x[:, 1] > 15).long()), batch_size=8),
+                     noise_multiplier=1.0, max_grad_norm=1.0, seed=0, sampling=sampling,
+                     epochs=3, **extra)
+    parts = [set(a.tolist()) for a in p.data_loader.batch_sampler.parts()]
+    assert len(parts) == 4
+    trained, k = [], 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            for xb, yb in p.data_loader:
+                p.model.train(k != 1)  # the second batch is refused (eval mode)
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(xb), yb).backward()
+                try:
+                    p.optimizer.step()
+                    trained.append(set(xb[:, 0].long().tolist()))
+                except TrainingLoopError:
+                    pass
+                k += 1
+    p.model.train()
+    assert len(trained) == p.accountant.steps >= 8
+    for t, ids in enumerate(trained):
+        assert ids <= parts[t % 4], f"step {t} trained outside part {t % 4}"
+    assert any("the pass ends here" in str(w.message) for w in caught)
