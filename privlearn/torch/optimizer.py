@@ -566,13 +566,13 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
 
     def _noisy_step(self, examples: int | None = None, units=None) -> None:
         """Steps 1-3 of a logical batch's last chunk. When the buffers hold nothing yet
-        (no earlier chunk) and are float32/64, the noise is drawn straight into them and
-        the clipped sums are accumulated into it in place (one pass fewer over the
-        gradients); otherwise the sums are accumulated first and the noise added to
-        them. Either way: the same buffers and one draw per buffer, each coordinate of
-        the sum receiving ``N(0, std^2)`` once."""
-        fill = self._out is None and all(dt in (torch.float32, torch.float64)
-                                         for _, dt, _ in self._groups)
+        (no earlier chunk), are float32/64 and the noise is independent (correlated noise
+        moves its state when drawn: not before clipping, which may refuse the step), the
+        noise is drawn straight into them and the clipped sums accumulated into it (one
+        pass fewer); otherwise the sums come first and the noise is added to them. Either
+        way: one draw per buffer, each coordinate of the sum receiving it once."""
+        fill = self._out is None and self.correlated is None and all(
+            dt in (torch.float32, torch.float64) for _, dt, _ in self._groups)
         carry = self._open_buffers(fill) if self._out is None else None
         try:
             self._clipped_sum(self._out, examples=examples, units=units)

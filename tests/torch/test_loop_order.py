@@ -423,3 +423,35 @@ def test_a_refused_batch_of_a_scheduled_sampling_keeps_every_step_on_its_part(sa
     for t, ids in enumerate(trained):
         assert ids <= parts[t % 4], f"step {t} trained outside part {t % 4}"
     assert any("the pass ends here" in str(w.message) for w in caught)
+
+
+def test_a_step_refused_while_clipping_draws_no_row_of_correlated_noise():
+    """Correlated noise moves its state (the rows of C^{-1} z) when it is drawn: a step
+    refused for a non-finite gradient must not draw it, or every later step's noise
+    is the next row of the one it is accounted as (the noise was drawn straight into
+    the gradient buffers before clipping, and ran one row ahead of the accountant)."""
+    from privlearn.errors import NonFiniteInputError
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(10, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(32), batch_size=2), noise_multiplier=1.0,
+                     max_grad_norm=1.0, seed=0, noise="banded", sampling="cyclic_poisson",
+                     cycle_length=4, epochs=2)
+    k, refused = 0, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the pass ends at the refusal
+        for _ in range(2):
+            for x, y in p.data_loader:
+                p.optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(p.model(x), y, reduction="none")
+                if not refused and len(y):
+                    loss = loss * torch.tensor([float("nan")] + [1.0] * (len(y) - 1))
+                loss.sum().backward()
+                try:
+                    p.optimizer.step()
+                except NonFiniteInputError:
+                    refused.append(k)
+                k += 1
+    assert len(refused) == 1 and p.accountant.steps > 4
+    assert p.optimizer.correlated.steps == p.accountant.steps
