@@ -166,3 +166,51 @@ def test_a_whole_run_refuses_a_new_noise_multiplier_where_it_is_set(sampling):
     assert {s.noise_multiplier for s in p.accountant.segments} == {1.2}
     assert p.epsilon(1e-5) == pytest.approx(
         p.plan.run.mechanism(1.2, done).epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("extra", [{"sampling": "balls_in_bins"},
+                                   {"sampling": "cyclic_poisson", "noise": "banded",
+                                    "cycle_length": 4}])
+def test_a_whole_run_resumes_at_the_noise_multiplier_it_ran_at(extra):
+    """A run of one mechanism whose noise multiplier was set before its first step
+    resumes from its checkpoint: the live value is restored before the history (after
+    it, the run has steps and refuses a new one, and the load stopped half done), and
+    the resumed run equals the uninterrupted one (epsilon, parameters bit for bit)."""
+    torch = pytest.importorskip("torch")
+    import copy
+
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g)
+    ds = TensorDataset(x, (x[:, 0] > 0).long())
+
+    def run(steps, state=None):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=8), noise_multiplier=1.0,
+                         max_grad_norm=1.0, epochs=2, seed=0, **extra)
+        if state is None:
+            p.optimizer.noise_multiplier = 1.2  # before the first step: the run's value
+        else:
+            p.load_state_dict(state)
+        while p.accountant.steps < steps:
+            for xb, yb in p.data_loader:
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(xb), yb).backward()
+                p.optimizer.step()
+                if p.accountant.steps == steps:
+                    break
+        return p
+
+    half = run(3)
+    resumed = run(6, copy.deepcopy(half.state_dict()))
+    full = run(6)
+    assert resumed.optimizer.noise_multiplier == 1.2
+    assert resumed.epsilon(1e-5) == full.epsilon(1e-5)
+    for a, b in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
+        assert torch.equal(a, b)
