@@ -240,9 +240,10 @@ class _AccountedSampler(Sampler[list[int]]):
                 f"{n} batches of p.data_loader were drawn since the last optimizer.step(): "
                 "a step must train on exactly one batch (training on two at once would clip "
                 "example i of each batch together and count two draws as one step). Call "
-                "step() after every batch; to skip a batch, still call zero_grad() and step() "
-                "(the step then adds its noise only); for large batches use "
-                "max_physical_batch_size")
+                "step() after every batch (an empty one too: its step adds the noise alone); "
+                "a batch left without its step cannot be trained on any more: start a new "
+                "pass over p.data_loader, which drops the batches of this one that no step "
+                "used. For large batches use max_physical_batch_size")
         return self._unconsumed[0]
 
     def refused(self, drawn: DrawnBatch) -> None:

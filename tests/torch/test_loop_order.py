@@ -455,3 +455,34 @@ def test_a_step_refused_while_clipping_draws_no_row_of_correlated_noise():
                 k += 1
     assert len(refused) == 1 and p.accountant.steps > 4
     assert p.optimizer.correlated.steps == p.accountant.steps
+
+
+def test_a_batch_left_without_its_step_is_dropped_by_the_new_pass_the_refusal_names():
+    """A loop that skips a batch (no step for it) is refused at the next step, which
+    would train on two draws. The refusal says what works: a new pass over the loader
+    drops the batches no step used, and training goes on from there, every step charged
+    once. It advised calling step() without backward(), which is itself refused for a
+    batch with examples (a step of noise alone is an empty Poisson batch's only)."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(10, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=16), noise_multiplier=1.0,
+                     max_grad_norm=1.0, seed=0, sampling="fixed")
+    trained = 0
+    for k, (x, y) in enumerate(p.data_loader):
+        if k == 1:
+            continue  # skipped: no step for this batch
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        if k == 2:
+            with pytest.raises(TrainingLoopError, match="start a new pass over p.data_loader"):
+                p.optimizer.step()
+            break
+        p.optimizer.step()
+        trained += 1
+    for x, y in p.data_loader:  # the new pass the refusal names
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        trained += 1
+    assert trained == 5 and p.accountant.steps == 5
