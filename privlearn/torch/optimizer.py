@@ -777,9 +777,8 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         return loss
 
     def _recorded_or_dropped(self, drawn, rows: int | None, then):
-        """``then()`` (clip, and release) after :meth:`_require_recorded` and the tracker's
-        checks; a batch refused before its release (a non-finite gradient too) is dropped
-        with the rest of its logical batch: the loader's next one replaces it."""
+        """``then()`` (clip, release) after :meth:`_require_recorded` and the tracker's
+        checks; a batch refused before its release is dropped with its logical batch's rest."""
         try:
             self._require_recorded(rows)
             self.tracker.check_outside_uses()
