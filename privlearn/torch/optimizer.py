@@ -238,10 +238,10 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         whole = getattr(getattr(self, "accountant", None), "run", None)  # one mechanism
         if whole is not None and v != self._noise_multiplier and self.accountant.steps:
             raise ConfigurationError(
-                f"noise_multiplier cannot change during a correlated-noise run or one of "
-                f"sampling={whole.sampling!r}: its {self.accountant.steps} steps so far and "
-                f"the rest are one mechanism of one noise multiplier, {self._noise_multiplier!r}"
-                f" here, got {v!r}. Keep it, or plan the run with the noise you want")
+                f"noise_multiplier cannot change during a correlated-noise run or one of sampling"
+                f"={whole.sampling!r}: its {self.accountant.steps} steps and the rest are one "
+                f"mechanism of noise multiplier {self._noise_multiplier!r} (kept), got {v!r}; "
+                "plan another with make_private")
         self._noise_multiplier = v
 
     @property
@@ -565,12 +565,9 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         self._account(cfg, drawn)
 
     def _noisy_step(self, examples: int | None = None, units=None) -> None:
-        """Steps 1-3 of a logical batch's last chunk. When the buffers hold nothing yet
-        (no earlier chunk), are float32/64 and the noise is independent (correlated noise
-        moves its state when drawn: not before clipping, which may refuse the step), the
-        noise is drawn straight into them and the clipped sums accumulated into it (one
-        pass fewer); otherwise the sums come first and the noise is added to them. Either
-        way: one draw per buffer, each coordinate of the sum receiving it once."""
+        """Steps 1-3 of a logical batch's last chunk: the noise drawn into empty float32/64
+        buffers and the sums accumulated into it (one pass fewer), unless correlated (its
+        state moves when drawn, and clipping may yet refuse the step); else sums, then noise."""
         fill = self._out is None and self.correlated is None and all(
             dt in (torch.float32, torch.float64) for _, dt, _ in self._groups)
         carry = self._open_buffers(fill) if self._out is None else None

@@ -159,7 +159,7 @@ def test_a_whole_run_refuses_a_new_noise_multiplier_where_it_is_set(sampling):
             p.optimizer.step()
             done += 1
             if done == 1:
-                with pytest.raises(ConfigurationError, match=r"1\.2 here, got 1\.5"):
+                with pytest.raises(ConfigurationError, match=r"1\.2 \(kept\), got 1\.5"):
                     p.optimizer.noise_multiplier = 1.5
                 assert p.optimizer.noise_multiplier == 1.2
     assert p.accountant.steps == done == 2 * len(p.data_loader)
