@@ -479,8 +479,10 @@ class DPConfig:
     def _check_accountant(self) -> None:
         """Refuse an accountant the registry does not know now, not at the first
         ``epsilon()`` after training (the steps would have run unaccountable)."""
-        try:
-            get_accountant(self.accountant)  # ParameterValueError naming the valid ones
+        try:  # ParameterValueError naming the valid ones; a name as the registry keys it
+            named = get_accountant(self.accountant).name
+            if isinstance(self.accountant, str):  # "PLD" is "pld" (checkpoints compare it)
+                object.__setattr__(self, "accountant", named)
         except ParameterValueError:
             if self.accountant not in _OTHER_ACCOUNTANTS:
                 raise
