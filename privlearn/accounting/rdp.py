@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -276,6 +276,30 @@ def _base_rdp_at_integers(base: Mechanism, n_max: int) -> np.ndarray:
     return _clean_nan(_rdp(base, js))
 
 
+def _sum_over_integer_orders(
+    base: Mechanism,
+    ns: np.ndarray,
+    log_terms: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """``eps'(n) = log(1 + sum_k exp(log_terms)) / (n - 1)`` at integer orders ``ns >= 2``,
+    the form of the subsampling bounds below: ``log_terms(eps_int, n_rep, k)`` gives, for
+    every order ``n_rep`` and summation index ``k = 2..n`` (flattened, one segment per
+    order), the log of the bound's ``k``-th term above 1, with ``eps_int[j - 2]`` the base
+    RDP at order ``j``. Orders above :data:`MAX_SUM_ORDER` get ``inf`` (the caller caps by
+    the base RDP)."""
+    ns = np.asarray(ns, dtype=float)
+    out = np.full(ns.shape, np.inf)
+    ok = ns <= MAX_SUM_ORDER
+    if not ok.any():
+        return out
+    n_ok = ns[ok]
+    eps_int = _base_rdp_at_integers(base, int(n_ok.max()))
+    n_rep, k, starts = _segments(n_ok, start=2)
+    rest = _segment_logsumexp(log_terms(eps_int, n_rep, k), starts)
+    out[ok] = _log1p_of_log(rest + _sum_margin(rest, n_ok)) / (n_ok - 1)
+    return out
+
+
 def _poisson_generic_int(base: Mechanism, q: float, tight: bool, ns: np.ndarray) -> np.ndarray:
     """Zhu & Wang (2019) bound for the Poisson-subsampled ``base`` at integer orders n >= 2::
 
@@ -288,14 +312,13 @@ def _poisson_generic_int(base: Mechanism, q: float, tight: bool, ns: np.ndarray)
     this is the bound autodp uses with ``improved_bound_flag=True``).
     Orders above :data:`MAX_SUM_ORDER` get ``inf`` (the caller caps by the base RDP).
     """
-    ns = np.asarray(ns, dtype=float)
-    out = np.full(ns.shape, np.inf)
-    ok = ns <= MAX_SUM_ORDER
-    if not ok.any():
-        return out
-    n_ok = ns[ok]
-    eps_int = _base_rdp_at_integers(base, int(n_ok.max()))
-    n_rep, k, starts = _segments(n_ok, start=2)
+    return _sum_over_integer_orders(
+        base, ns, functools.partial(_poisson_log_terms, q, tight))
+
+
+def _poisson_log_terms(q: float, tight: bool, eps_int: np.ndarray, n_rep: np.ndarray,
+                       k: np.ndarray) -> np.ndarray:
+    """The log terms of :func:`_poisson_generic_int`'s sum (``l = k``, orders ``n_rep``)."""
     log_q, log_1q = math.log(q), math.log1p(-q)
     # the bound minus 1, as a sum of non-negative terms (the binomial weights sum to 1):
     #   C(n,2) q^2 (1-q)^(n-2) (e^{eps(2)} - 1) + sum_{l>=3} C(n,l) q^l (1-q)^(n-l)
@@ -309,10 +332,7 @@ def _poisson_generic_int(base: Mechanism, q: float, tight: bool, ns: np.ndarray)
         t_1q = np.where(n_rep == k, 0.0, (n_rep - k) * log_1q)
         t_e = _log_expm1(cgf)
         terms = log_c + t_q + t_1q + t_e
-        terms = terms + _term_margin(log_c, np.log1p(n_rep), t_q, t_1q, cgf, t_e)
-    log_am1 = _segment_logsumexp(terms, starts)
-    out[ok] = _log1p_of_log(log_am1 + _sum_margin(log_am1, n_ok)) / (n_ok - 1)
-    return out
+        return terms + _term_margin(log_c, np.log1p(n_rep), t_q, t_1q, cgf, t_e)
 
 
 def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray,
@@ -330,13 +350,13 @@ def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray,
     bounded by ``q^j C(n,j) 4 sqrt(D_{2 floor(j/2)} D_{2 ceil(j/2)})`` (their Theorem 27,
     as autodp's ``improved_bound_flag`` and dp_accounting).
     """
-    ns = np.asarray(ns, dtype=float)
-    out = np.full(ns.shape, np.inf)
-    ok = ns <= MAX_SUM_ORDER
-    if not ok.any():
-        return out
-    n_ok = ns[ok]
-    eps_int = _base_rdp_at_integers(base, int(n_ok.max()))
+    return _sum_over_integer_orders(
+        base, ns, functools.partial(_fixed_log_terms, base, q, log_pv))
+
+
+def _fixed_log_terms(base: Mechanism, q: float, log_pv: tuple[float, ...] | None,
+                     eps_int: np.ndarray, n_rep: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """The log terms of :func:`_fixed_generic_int`'s sum (``j = k``, orders ``n_rep``)."""
     eps_inf = pure_epsilon(base)
     # log(e^{eps_inf} - 1): -inf if eps_inf == 0, inf if eps_inf == inf
     if eps_inf == 0.0:
@@ -355,7 +375,6 @@ def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray,
             math.log(4.0) + e2 + math.log(-math.expm1(-e2)),  # log 4 (e^{eps(2)} - 1)
             e2 + min(math.log(2.0), 2.0 * log_em1),
         )
-    n_rep, k, starts = _segments(n_ok, start=2)
     log_q = math.log(q)
     with np.errstate(invalid="ignore"):
         cgf = (k - 1) * eps_int[(k - 2).astype(np.int64)]
@@ -373,16 +392,9 @@ def _fixed_generic_int(base: Mechanism, q: float, ns: np.ndarray,
         log_c = _log_binom(n_rep, k)
         t_q = k * log_q
         t_m = np.where(k == 2, log_two, higher)
-        terms = log_c + t_q + t_m + _term_margin(log_c, np.log1p(n_rep), t_q, t_m, cgf)
-    rest = _segment_logsumexp(terms, starts)
-    out[ok] = _log1p_of_log(rest + _sum_margin(rest, n_ok)) / (n_ok - 1)
-    return out
+        return log_c + t_q + t_m + _term_margin(log_c, np.log1p(n_rep), t_q, t_m, cgf)
 
 
-
-# ----------------------------------------------------------------------------------------
-# the accountant
-# ----------------------------------------------------------------------------------------
 # ----------------------------------------------------------------------------------------
 # the accountant
 # ----------------------------------------------------------------------------------------

@@ -353,48 +353,29 @@ def _composed_from(d: dict[str, Any]) -> Composed:
     return Composed(tuple(out))
 
 
-register_serializer(
-    Gaussian,
-    "gaussian",
-    lambda m: {"noise_multiplier": _num(m.noise_multiplier)},
-    lambda d: Gaussian(_read_num("noise_multiplier", d["noise_multiplier"])),
-    ["noise_multiplier"],
-)
-register_serializer(
-    Laplace,
-    "laplace",
-    lambda m: {"noise_multiplier": _num(m.noise_multiplier)},
-    lambda d: Laplace(_read_num("noise_multiplier", d["noise_multiplier"])),
-    ["noise_multiplier"],
-)
-register_serializer(
-    RandomizedResponse,
-    "randomized_response",
-    lambda m: {
-        "truth_probability": _num(m.truth_probability),
-        "num_categories": int(m.num_categories),
-    },
-    lambda d: RandomizedResponse(
-        _read_num("truth_probability", d["truth_probability"]),
-        _read_int("num_categories", d["num_categories"]),
-    ),
-    ["truth_probability", "num_categories"],
-)
-register_serializer(
-    PureDP,
-    "pure_dp",
-    lambda m: {"pure_epsilon": _num(m.pure_epsilon)},
-    lambda d: PureDP(_read_num("pure_epsilon", d["pure_epsilon"])),
-    ["pure_epsilon"],
-)
-register_serializer(
-    ApproxDP,
-    "approx_dp",
-    lambda m: {"dp_epsilon": _num(m.dp_epsilon), "dp_delta": _num(m.dp_delta)},
-    lambda d: ApproxDP(_read_num("dp_epsilon", d["dp_epsilon"]),
-                       _read_num("dp_delta", d["dp_delta"])),
-    ["dp_epsilon", "dp_delta"],
-)
+#: How a scalar field is written and read back: a number (``inf`` as a string) or an int.
+_NUMBER = (_num, _read_num)
+_INTEGER = (int, _read_int)
+
+
+def _register_scalars(cls: type, kind: str, **fields: tuple[Callable, Callable]) -> None:
+    """Register a mechanism type whose fields are all scalars, each given as
+    ``name=(write, read)`` (:data:`_NUMBER` or :data:`_INTEGER`)."""
+    register_serializer(
+        cls,
+        kind,
+        lambda m: {f: write(getattr(m, f)) for f, (write, _) in fields.items()},
+        lambda d: cls(**{f: read(f, d[f]) for f, (_, read) in fields.items()}),
+        list(fields),
+    )
+
+
+_register_scalars(Gaussian, "gaussian", noise_multiplier=_NUMBER)
+_register_scalars(Laplace, "laplace", noise_multiplier=_NUMBER)
+_register_scalars(RandomizedResponse, "randomized_response",
+                  truth_probability=_NUMBER, num_categories=_INTEGER)
+_register_scalars(PureDP, "pure_dp", pure_epsilon=_NUMBER)
+_register_scalars(ApproxDP, "approx_dp", dp_epsilon=_NUMBER, dp_delta=_NUMBER)
 register_serializer(RDPMechanism, "rdp", _rdp_to, _rdp_from, ["name", "pure_epsilon", "curve"])
 register_serializer(
     Subsampled,

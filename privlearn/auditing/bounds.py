@@ -106,6 +106,7 @@ tests in all, each at ``(1 - confidence) / (2K)``; half that for ``"gdp"``).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -302,6 +303,7 @@ def _largest_refuted(refutes, eps_start: float) -> float:
     return lo
 
 
+@functools.lru_cache(maxsize=16)  # the harness asks before training, then bounds
 def _useful_guess_counts(m: int, delta: float, significance: float,
                          use_fdp: bool) -> tuple[np.ndarray, float]:
     """The grid of guess counts and the Bonferroni level of each test.
@@ -315,6 +317,7 @@ def _useful_guess_counts(m: int, delta: float, significance: float,
     the labels, so the Bonferroni correction over it is valid.
     """
     ks = _count_grid(1, m)
+    ks.setflags(write=False)  # shared by the cache
     while ks.size:
         alpha = significance / ks.size
         keep = np.array([_one_run_refutes(m, int(k), int(k), 0.0, delta, alpha, use_fdp)
@@ -322,6 +325,7 @@ def _useful_guess_counts(m: int, delta: float, significance: float,
         if keep.all():
             return ks, alpha
         ks = ks[keep]
+        ks.setflags(write=False)
     return ks, significance
 
 
@@ -352,6 +356,22 @@ def _one_run_bound(labels: np.ndarray, delta: float, significance: float,
             continue
         best = _largest_refuted(refutes, best)
     return best
+
+
+def _one_run_refutable(n_in: int, n_out: int, eps: float, delta: float, significance: float,
+                       use_fdp: bool) -> bool | None:
+    """Whether some outcome of the one-run audit of ``n_in`` included and ``n_out``
+    excluded canaries refutes ``eps``: whether the perfect attack (every included canary
+    ranked above every excluded one, which gets the most guesses right at every count of
+    the grid) does. None when no outcome refutes even ``epsilon = 0`` (the grid is
+    empty). Costs one test per count, not the search of :func:`_one_run_bound`."""
+    m = n_in + n_out
+    ks, alpha = _useful_guess_counts(m, delta, significance, use_fdp)
+    if ks.size == 0:
+        return None
+    correct = np.minimum(ks - ks // 2, n_in) + np.minimum(ks // 2, n_out)
+    return any(v > 0 and _one_run_refutes(m, int(k), int(v), eps, delta, alpha, use_fdp)
+               for k, v in zip(ks, correct, strict=True))
 
 
 # ---------------------------------------------------------------------------- independent trials

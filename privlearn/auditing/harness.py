@@ -13,6 +13,7 @@ accountant claims, the claim is refuted at the stated confidence: the implementa
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from privlearn.auditing.bounds import (
     _bound,
     _check_confidence,
     _check_delta,
+    _one_run_refutable,
     _warn_if_unrefutable,
     auc,
 )
@@ -149,6 +151,29 @@ def _check_n_canaries(n_canaries) -> int:
                        "has the power each number buys)")
 
 
+def _warn_if_claim_unrefutable(claim: float, inclusion: np.ndarray, delta: float,
+                               method: str, confidence: float) -> None:
+    """Warn (:class:`UserWarning`) when no outcome of the audit can refute ``claim``: the
+    bound of a perfect attack (every included canary scored above every excluded one,
+    given the drawn inclusion) does not exceed it, so the verdict is "no violation"
+    whatever the run leaks (a planted bug included)."""
+    if not math.isfinite(claim):
+        return
+    n_in = int(inclusion.sum())
+    n_out = inclusion.size - n_in
+    if _one_run_refutable(n_in, n_out, claim, delta, 1.0 - confidence,
+                          method == "one_run_fdp") is not False:
+        return  # refutable, or not even epsilon = 0 is (the warning before training said so)
+    ceiling = _bound(np.ones(n_in), np.zeros(n_out), delta, method, confidence)
+    warnings.warn(
+        f"no outcome of this audit can refute the claim epsilon={claim:g}: with "
+        f"{inclusion.size} canaries ({method}, delta={delta:g}, confidence={confidence:g}) "
+        f"even a perfect attack bounds epsilon by {ceiling:.4g} at most, so the verdict is "
+        "'no violation' whatever the run leaks; audit a smaller claim or use more canaries "
+        "(the guide 'auditing privacy empirically', section 'How many canaries buy how "
+        "much power')", UserWarning, stacklevel=3)
+
+
 def one_run_audit(
     train_and_score: Callable[[np.ndarray], object],
     n_canaries: int,
@@ -225,6 +250,8 @@ def one_run_audit(
     _warn_if_unrefutable(n_canaries, d, c, method, stacklevel=3)
     rng = np.random.default_rng(seed)
     inclusion = rng.random(n_canaries) < 0.5
+    if not callable(claimed_epsilon):  # known now: say so before training
+        _warn_if_claim_unrefutable(claim, inclusion, d, method, c)
     raw = train_and_score(inclusion.copy())
     if raw is None:
         raise ParameterTypeError(
@@ -247,6 +274,7 @@ def one_run_audit(
                          "needs a finite score")
     if callable(claimed_epsilon):
         claim = _check_claim("claimed_epsilon()", claimed_epsilon())
+        _warn_if_claim_unrefutable(claim, inclusion, d, method, c)
     # an empty side (every canary in, or none) is a valid outcome of the guessing game
     bound = _bound(scores[inclusion], scores[~inclusion], d, method, c)
     return AuditResult(epsilon_lower_bound=float(bound), claimed_epsilon=claim, delta=d,

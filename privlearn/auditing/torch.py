@@ -167,6 +167,18 @@ class _CanaryClassifier(nn.Module):
         return self.data(x), self.canaries(index, is_canary)
 
 
+def _check_torch_seed(seed) -> int:
+    """``seed`` as :func:`privlearn.auditing.harness._check_seed` gives it, refused
+    (before any training) when torch cannot take it: its generators take seeds below
+    ``2**64``."""
+    seed = _check_seed(seed)
+    if seed >= 2**64:
+        raise ParameterValueError(
+            f"seed must be None or an integer in [0, 2**64) for a torch audit (torch's "
+            f"generators take 64-bit seeds), got {seed}; pass e.g. seed=0")
+    return seed
+
+
 @functools.lru_cache(maxsize=64)
 def _calibrated_sigma(epsilon: float, delta: float, sampling_rate: float, steps: int) -> float:
     """The noise multiplier ``make_private(target_epsilon=...)`` would calibrate (same
@@ -250,7 +262,7 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     if bug not in BUGS:
         raise ParameterValueError(f"bug must be one of {BUGS}, got {bug!r}")
     n_canaries = _check_n_canaries(n_canaries)
-    seed = _check_seed(seed)  # None: drawn here and recorded, so the run can be repeated
+    seed = _check_torch_seed(seed)  # None: drawn here and recorded, so the run can be repeated
     if score not in ("trajectory", "final"):
         raise ParameterValueError(f"score must be 'trajectory' or 'final', got {score!r}")
     if not 0 < float(sampling_rate) <= 0.1:
@@ -590,7 +602,7 @@ def audit_training(
         raise ParameterTypeError("score must be callable for data canaries: score(model, inputs, "
                         f"targets) -> one score per canary, got {score!r}")
     base = _as_dataset(dataset)
-    seed = _check_seed(seed)
+    seed = _check_torch_seed(seed)
     rng = np.random.default_rng(seed + 1)  # canaries: a stream apart from the inclusion draw
     if explicit:
         if len(canaries) != 2:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import click
@@ -321,12 +322,12 @@ def budget_verify(path: str, key_file: str | None, expect_head: str | None) -> N
     budget command also refuses a ledger that fails this check (status 4)."""
     expected = None
     if expect_head is not None:
-        count, _, h = expect_head.partition(":")
-        if not count.isdigit() or len(h) != 64 or any(c not in "0123456789abcdef"
-                                                       for c in h.lower()):
+        # ASCII digits only (str.isdigit also takes e.g. superscripts, which int refuses)
+        head = re.fullmatch(r"([0-9]+):([0-9a-fA-F]{64})", expect_head.strip())
+        if head is None:
             raise click.BadParameter(f"must be COUNT:HASH (64 hex digits), got {expect_head!r}",
                                      param_hint="'--expect-head'")
-        expected = (int(count), h)
+        expected = (int(head[1]), head[2].lower())
     led = _open_ledger(path, key_file, check_key=False)
     report = led.verify(expected_head=expected)
     if report.ok:

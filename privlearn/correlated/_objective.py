@@ -34,18 +34,11 @@ def spaced(c: np.ndarray, sep: int, k: int) -> np.ndarray:
 
 
 def spaced_adjoint(g: np.ndarray, sep: int, k: int) -> np.ndarray:
-    """The adjoint of :func:`spaced`: ``out[s] = sum_{m < k, s + m sep < n} g[s + m sep]``."""
-    n = g.size
-    if k <= 1:
-        return g.copy()
-    blocks = -(-n // sep)
-    x = np.zeros(blocks * sep)
-    x[:n] = g
-    x = x.reshape(blocks, sep)
-    s = np.cumsum(x[::-1], axis=0)[::-1]
-    if k < blocks:
-        s[:-k] -= s[k:].copy()
-    return s.reshape(-1)[:n]
+    """The adjoint of :func:`spaced`: ``out[s] = sum_{m < k, s + m sep < n} g[s + m sep]``.
+
+    Shifting down is adjoint to shifting up, so this is :func:`spaced` of the reversed
+    ``g``, reversed (the same block sums, added in the same order)."""
+    return spaced(g[::-1], sep, k)[::-1].copy()
 
 
 def weights(n: int, reduction: str) -> np.ndarray:

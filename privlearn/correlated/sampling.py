@@ -160,8 +160,29 @@ def shuffled_order(n: int, parts: int, rng: np.random.Generator) -> list[np.ndar
     return np.array_split(rng.permutation(n), parts)
 
 
+class _CycledSampler:
+    """What the cycled samplers share: a record's steps are ``cycle_length`` apart, and the
+    batches are the :data:`SAMPLINGS` law ``_law``'s draw at the per-step rate ``_rate``."""
+
+    _law: str
+
+    @property
+    def participation(self) -> MinSeparation:
+        """``MinSeparation(cycle_length)`` with at most ``ceil(steps / cycle_length)``
+        participations."""
+        return MinSeparation(self.cycle_length, math.ceil(self.steps / self.cycle_length))
+
+    def batches(self, rng: np.random.Generator | int | None = None) -> Iterator[np.ndarray]:
+        """Yield the index array of each step's batch."""
+        rng = np.random.default_rng(rng)
+        law = SAMPLINGS[self._law]  # the registry's draw
+        groups = law.layout(self.dataset_size, self.cycle_length, rng)
+        for t in range(self.steps):
+            yield law.batch(self.dataset_size, self._rate, None, groups, t, rng)
+
+
 @dataclass(frozen=True)
-class CyclicPoissonSampler:
+class CyclicPoissonSampler(_CycledSampler):
     """Cyclic Poisson sampling ([CC23b], Algorithm 2).
 
     Every record is put in one of ``cycle_length`` groups uniformly at random; step ``t``
@@ -191,28 +212,20 @@ class CyclicPoissonSampler:
         _set_count(self, "steps")
         _set_count(self, "cycle_length")
 
+    _law = "cyclic_poisson"
+
     @property
-    def participation(self) -> MinSeparation:
-        """``MinSeparation(cycle_length)`` with at most ``ceil(steps / cycle_length)``
-        participations."""
-        return MinSeparation(self.cycle_length, math.ceil(self.steps / self.cycle_length))
+    def _rate(self) -> float:
+        return self.sampling_rate
 
     @property
     def participations(self) -> int:
         """Most participations of one record (its group's number of steps)."""
         return math.ceil(self.steps / self.cycle_length)
 
-    def batches(self, rng: np.random.Generator | int | None = None) -> Iterator[np.ndarray]:
-        """Yield the index array of each step's batch."""
-        rng = np.random.default_rng(rng)
-        law = SAMPLINGS["cyclic_poisson"]  # the registry's draw
-        groups = law.layout(self.dataset_size, self.cycle_length, rng)
-        for t in range(self.steps):
-            yield law.batch(self.dataset_size, self.sampling_rate, None, groups, t, rng)
-
 
 @dataclass(frozen=True)
-class BallsInBinsSampler:
+class BallsInBinsSampler(_CycledSampler):
     """Balls-in-bins sampling ([CGHKMSZ25]): every record is put in one of
     ``cycle_length`` bins uniformly at random, and step ``t`` uses the whole bin
     ``t mod cycle_length``: a record participates in exactly the steps
@@ -235,19 +248,11 @@ class BallsInBinsSampler:
         _set_count(self, "steps")
         _set_count(self, "cycle_length")
 
-    @property
-    def participation(self) -> MinSeparation:
-        """``MinSeparation(cycle_length)`` with at most ``ceil(steps / cycle_length)``
-        participations."""
-        return MinSeparation(self.cycle_length, math.ceil(self.steps / self.cycle_length))
+    _law = "balls_in_bins"
 
-    def batches(self, rng: np.random.Generator | int | None = None) -> Iterator[np.ndarray]:
-        """Yield the index array of each step's batch."""
-        rng = np.random.default_rng(rng)
-        law = SAMPLINGS["balls_in_bins"]  # the registry's draw
-        bins = law.layout(self.dataset_size, self.cycle_length, rng)
-        for t in range(self.steps):
-            yield law.batch(self.dataset_size, 1.0 / self.cycle_length, None, bins, t, rng)
+    @property
+    def _rate(self) -> float:
+        return 1.0 / self.cycle_length
 
 
 def check_participation(

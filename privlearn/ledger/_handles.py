@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,7 +13,8 @@ from privlearn.ledger._records import Entry, Spent, _check_name
 if TYPE_CHECKING:
     from privlearn.ledger._ledger import Ledger
 
-__all__ = ["Reservation", "BudgetHandle", "KeylessConnection", "MissingLedgerConnection"]
+__all__ = ["Reservation", "BudgetHandle", "ClosedConnection", "KeylessConnection",
+           "MissingLedgerConnection"]
 
 DEFAULT_UNIT = "record"
 
@@ -126,12 +126,30 @@ class MissingLedgerConnection:
 
     def cursor(self):
         raise LedgerNotFoundError(
-            f"no privacy ledger can be opened at {self.path} (relative to {os.getcwd()}): "
-            "this handle on it was unpickled, e.g. with a fitted model, and nothing can be "
+            f"no privacy ledger can be opened at {self.path}: this handle on it was "
+            "unpickled, e.g. with a fitted model, and nothing can be "
             "spent from it here. To fit the model again, give it a budget of a ledger that "
             "exists: est.set_params(ledger=Ledger(path).budget(dataset)) (a pipeline's step: "
             "step__ledger=...), or ledger=None",
             path=self.path, reason=self.reason)
+
+    def close(self) -> None:
+        pass
+
+
+class ClosedConnection:
+    """The connection of a :class:`Ledger` after :meth:`Ledger.close`: every read and write
+    (through the ledger or a budget handle or reservation of it) is refused with a typed
+    error naming the file, instead of SQLite's "Cannot operate on a closed database"."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def cursor(self):
+        raise ParameterValueError(
+            f"ledger: the Ledger on {self.path} was closed (e.g. a budget handle used after "
+            "its `with Ledger(...)` block): open it again with Ledger(path) and take its "
+            "budget with .budget(dataset)")
 
     def close(self) -> None:
         pass

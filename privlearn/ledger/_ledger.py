@@ -47,6 +47,7 @@ from privlearn.errors import (
 from privlearn.ledger._filter import evaluate_budget, filter_order
 from privlearn.ledger._handles import (
     BudgetHandle,
+    ClosedConnection,
     KeylessConnection,
     MissingLedgerConnection,
     Reservation,
@@ -169,6 +170,7 @@ class Ledger:
         if not isinstance(path, str | os.PathLike):
             raise ParameterTypeError(f"path must be a file path (str or PathLike), got {path!r}")
         self.path = str(Path(path))
+        self._abs = os.path.abspath(self.path)  # the file, whatever the cwd later becomes
         self._key = key
         self._timeout = check_positive("timeout", timeout)
         self._lock = threading.RLock()
@@ -234,7 +236,8 @@ class Ledger:
     def _open_schema(self, conn: sqlite3.Connection, create: bool) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute(f"PRAGMA busy_timeout={int(self._timeout * 1000)}")
+        # milliseconds in a C int: a longer wait (~25 days) wrapped to 0, i.e. no wait at all
+        conn.execute(f"PRAGMA busy_timeout={min(int(self._timeout * 1000), 2**31 - 1)}")
         with self._write(conn, check=False) as cur:
             tables = {r[0] for r in cur.execute(
                 "SELECT name FROM sqlite_master WHERE type='table'")}
@@ -274,9 +277,10 @@ class Ledger:
         return conn
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Close the database connection; later use raises a typed error."""
         with self._lock:
             self._conn.close()
+            self._conn = ClosedConnection(self.path)
 
     def __enter__(self) -> Ledger:
         return self
@@ -287,7 +291,7 @@ class Ledger:
     def __getstate__(self) -> dict:
         # never the HMAC key, a secret: a pickle (e.g. of a fitted estimator holding a
         # budget of this ledger, a release) may be published
-        return {"path": self.path, "keyed": self._key is not None, "timeout": self._timeout}
+        return {"path": self._abs, "keyed": self._key is not None, "timeout": self._timeout}
 
     def __setstate__(self, state: dict) -> None:
         conn = None
@@ -298,6 +302,7 @@ class Ledger:
             except LedgerNotFoundError as exc:  # e.g. a shared model: it loads, never spends
                 conn = MissingLedgerConnection(state["path"], exc.reason)
         self.path, self._key, self._timeout = state["path"], None, state["timeout"]
+        self._abs = os.path.abspath(self.path)
         self._lock, self._parsed = threading.RLock(), {}
         self._seen = self._verified_version = self._failure = self._appended = None
         self._conn = conn or KeylessConnection(self.path)  # refuses every use
@@ -319,10 +324,10 @@ class Ledger:
         if fcntl is None:  # pragma: no cover - Windows
             yield
             return
-        lock = self.path + "-writelock"
+        lock = self._abs + "-writelock"
         try:
             # created with the ledger's own permissions (0600 for a ledger created here)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, os.stat(self.path).st_mode & 0o666)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, os.stat(self._abs).st_mode & 0o666)
         except OSError as exc:  # e.g. a ledger (and its lock file) another user owns
             raise LedgerNotFoundError(
                 f"cannot open the privacy ledger at {self.path}: its lock file {lock} "
@@ -635,12 +640,13 @@ class Ledger:
         mechs: list[Mechanism] = []
         n = pending = 0
         released: set[int] = set()  # runs (first reservation's seq) that released
+        run_of: dict[int, int] = {}  # reservation -> its run (through chains of extends)
         for seq, kind, text, ref in rows:
             if kind == "spend":
                 mechs.append(self._mech(text))
                 n += 1
             elif kind == "reserve":
-                run = seq if ref is None else ref
+                run = run_of[seq] = seq if ref is None else run_of.get(ref, ref)
                 if seq in settled:
                     if settled[seq] is None:  # nothing ran (e.g. a fit that failed)
                         continue

@@ -187,7 +187,8 @@ def _check_seq(name: str, value: object) -> int:
 
 def _check_head(value: object) -> tuple[int, str] | None:
     """An ``expected_head`` for :meth:`Ledger.verify`: None, or ``(count, hash)`` as
-    :meth:`Ledger.head` returns it (a count >= 0 and 64 hexadecimal digits)."""
+    :meth:`Ledger.head` returns it (a count >= 0 and 64 hexadecimal digits, in either
+    case: returned in lower case, as the entries' hashes are stored)."""
     if value is None:
         return None
     if not (isinstance(value, tuple | list) and len(value) == 2):
@@ -201,7 +202,7 @@ def _check_head(value: object) -> tuple[int, str] | None:
         raise ParameterValueError(
             f"expected_head must be (count, hash) as Ledger.head() returns it (a count >= 0 "
             f"and 64 hexadecimal digits), got {value!r}")
-    return int(count), h
+    return int(count), h.lower()
 
 
 def budget_conflict(path: str, existing: Budget, asked: Budget, exist_ok: bool) -> str:

@@ -142,8 +142,9 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
         independent draws (one reservation of their composition); fits nothing."""
         reps = _v.check_count("n_repetitions", n_repetitions, minimum=1,
                               integral_floats=False)
-        plan = self._plan(self._validate_params(), X, y, reps=reps)
-        out = self._run(plan, X, y)
+        with self._not_fitting():
+            plan = self._plan(self._validate_params(), X, y, reps=reps)
+            out = self._run(plan, X, y)
         return out["coef_"], out["intercept_"]
 
     def predict(self, X) -> np.ndarray:

@@ -187,7 +187,8 @@ class NoisyGDRegressor(_PrivateLinearBase):
             lr = None
         elif isinstance(lr, str):
             raise ParameterValueError(
-                f"learning_rate must be 'theory' or a finite number > 0, got {lr!r}")
+                f"learning_rate must be 'theory' or a finite number > 0, got {lr!r}; leave "
+                "'theory' (the default) to set it from the smoothness, or pass e.g. 0.01")
         else:
             lr = _v.check_positive("learning_rate", lr)
         sm = self.smoothness

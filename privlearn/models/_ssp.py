@@ -31,21 +31,22 @@ MATRIX_NOISES = ("frobenius", "upper_triangle")
 REGULARIZATIONS = ("eigenvalue_floor", "ridge")
 
 
+def _split_message(budget_split, n_parts: int) -> str:
+    default = SSP_BUDGET_SPLIT if n_parts == 2 else ADASSP_BUDGET_SPLIT
+    return (f"budget_split must be a sequence of {n_parts} positive finite noise-multiplier "
+            f"ratios, got {budget_split!r}; e.g. budget_split={tuple(map(int, default))}, or "
+            "None for that default")
+
+
 def _check_split(budget_split, n_parts: int) -> tuple[float, ...]:
     if budget_split is None:
         return SSP_BUDGET_SPLIT if n_parts == 2 else ADASSP_BUDGET_SPLIT
     try:
         split = tuple(float(r) for r in budget_split)
     except (TypeError, ValueError):
-        raise ParameterValueError(
-            f"budget_split must be a sequence of {n_parts} positive finite noise-multiplier "
-            f"ratios, got {budget_split!r}"
-        ) from None
+        raise ParameterValueError(_split_message(budget_split, n_parts)) from None
     if len(split) != n_parts or not all(math.isfinite(r) and r > 0 for r in split):
-        raise ParameterValueError(
-            f"budget_split must be a sequence of {n_parts} positive finite noise-multiplier "
-            f"ratios, got {budget_split!r}"
-        )
+        raise ParameterValueError(_split_message(budget_split, n_parts))
     return split
 
 

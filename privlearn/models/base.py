@@ -202,13 +202,14 @@ class PrivateEstimator(BaseEstimator):
         reservation = self._reserve(plan.mechanism, label or type(self).__name__)
         try:
             X, y = self._check_data(X, y, plan)
+            n = self._n_records(X, y)
+            if n is not None and n > 0:
+                # inside: a warning filtered into an error must cancel the reservation
+                warn_if_delta_large(plan.delta, n, stacklevel=5)
         except BaseException:
             if reservation is not None:  # the data was only validated: nothing ran
                 reservation.settle(compose([]))
             raise
-        n = self._n_records(X, y)
-        if n is not None and n > 0:
-            warn_if_delta_large(plan.delta, n, stacklevel=5)
         try:
             return self._release(X, y, plan, **context)
         finally:
@@ -250,6 +251,20 @@ class PrivateEstimator(BaseEstimator):
                 f"{self._ledger_advice}") from e
 
     @contextlib.contextmanager
+    def _not_fitting(self) -> Iterator[None]:
+        """Run a release that is not a fit (``sample_coefficients``): the data checks set
+        what they validate (``n_features_in_``, ``feature_names_in_``); put the fitted
+        state back as it was, whether the call succeeds or raises, so that the estimator
+        neither looks fitted nor has its fit's feature count replaced by this call's."""
+        previous = {k: v for k, v in vars(self).items() if _is_fitted_name(k)}
+        try:
+            yield
+        finally:
+            for k in [k for k in vars(self) if _is_fitted_name(k)]:
+                delattr(self, k)
+            self.__dict__.update(previous)
+
+    @contextlib.contextmanager
     def _refit(self) -> Iterator[None]:
         """Drop the previous fit's attributes (a release of other data, which this fit's
         ``mechanism_`` would not cover); put them back if the new fit raises."""
@@ -269,11 +284,23 @@ def _is_fitted_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("__")
 
 
-def data_shape(X: Any) -> tuple[int, ...]:
+def data_shape(X: Any, name: str = "X") -> tuple[int, ...]:
     """The shape of ``X`` for planning: its ``shape`` attribute when it has one (arrays,
-    DataFrames, sparse matrices: no value is read), else that of ``np.asarray(X)``."""
+    DataFrames, sparse matrices: no value is read), else that of ``np.asarray(X)``.
+
+    Rows of different lengths (a ragged list of lists) are a
+    :class:`~privlearn.errors.ParameterValueError` naming ``name``, not NumPy's
+    conversion error."""
     shape = getattr(X, "shape", None)
-    return tuple(np.asarray(X).shape if shape is None else shape)
+    if shape is not None:
+        return tuple(shape)
+    try:
+        return tuple(np.asarray(X).shape)
+    except ValueError as e:
+        raise ParameterValueError(
+            f"{name} must be a rectangular array (every row of the same length), got "
+            f"rows of different lengths ({str(e).split('. ')[0]}); pad or drop the short "
+            f"rows with a public rule, or pass a 2-D numpy array") from e
 
 
 #: What to do about missing or infinite values without a data-dependent release.

@@ -41,7 +41,11 @@ from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from privlearn.accounting import Gaussian, Laplace, compose, get_accountant, subsample
-from privlearn.errors import ParameterValueError, PrivacyLeakWarning
+from privlearn.errors import (
+    ParameterValueError,
+    PrivacyLeakWarning,
+    UnsupportedMechanismError,
+)
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -156,15 +160,29 @@ class _DPSGDBase(PrivateEstimator):
         eps, delta = params["epsilon"], params["delta"]
         if noise == "gaussian":
             require_delta_for_gaussian(delta, type(self).__name__, laplace=True)
-        if params["trajectory_accountant"] is not None:
+        trajectory = params["trajectory_accountant"]
+        if trajectory is not None:
             # used after training (epsilon_trajectory_): an unknown name must be refused
             # now, not once the release has been spent
-            get_accountant(params["trajectory_accountant"])
+            get_accountant(trajectory)
         sigma = resolve_noise_multiplier(
             params["noise_multiplier"], lambda s: dpsgd_mechanism(noise, s, q, steps), eps,
             delta, accountant=params["accountant"],
             describe=f"over n_iter={steps} steps at sampling_rate={q}")
-        return DPSGDPlan(mechanism=dpsgd_mechanism(noise, sigma, q, steps), delta=delta,
+        mechanism = dpsgd_mechanism(noise, sigma, q, steps)
+        if trajectory is not None and trajectory != params["accountant"]:
+            # and so must an accountant that cannot evaluate this run (the trajectory's
+            # last point is the whole run): after training it would fail the fit with
+            # its budget spent and no model returned
+            try:
+                mechanism.epsilon(delta, trajectory)
+            except (UnsupportedMechanismError, ArithmeticError) as e:
+                raise type(e)(
+                    f"trajectory_accountant={trajectory!r} cannot evaluate this run "
+                    f"({noise} noise, sampling_rate={q}, n_iter={steps}): {e}. Leave "
+                    f"trajectory_accountant=None (the trajectory then uses "
+                    f"accountant={params['accountant']!r}) or pass 'rdp'") from e
+        return DPSGDPlan(mechanism=mechanism, delta=delta,
                          accountant=params["accountant"], noise=noise, noise_multiplier=sigma,
                          sampling_rate=q, steps=steps)
 

@@ -50,7 +50,12 @@ from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
 from privlearn.accounting import Gaussian, Laplace, Mechanism, compose, subsample
-from privlearn.errors import ParameterTypeError, ParameterValueError, PrivacyLeakWarning
+from privlearn.errors import (
+    NonFiniteInputError,
+    ParameterTypeError,
+    ParameterValueError,
+    PrivacyLeakWarning,
+)
 from privlearn.models._release import LabelRelease
 from privlearn.models.base import (
     PrivateEstimator,
@@ -290,8 +295,19 @@ class PATE(_LabelReleaseBase):
                 f"{T.dtype}; map label names to their index in the public label list first")
         if T.ndim == 2:
             if not np.issubdtype(T.dtype, np.integer):
-                if not np.all(np.isfinite(T)) or not np.all(T == np.round(T)):
-                    raise ParameterValueError("hard teacher votes must be integer class labels")
+                if not np.all(np.isfinite(T)):
+                    raise NonFiniteInputError(
+                        "PATE: hard teacher votes contain a NaN or an infinity; each vote "
+                        "must be a class index 0..n_classes-1. Map a teacher's missing "
+                        "vote to a public choice (e.g. drop that teacher for every query), "
+                        "never to a label imputed from the data")
+                if not np.all(T == np.round(T)):
+                    frac = float(T[T != np.round(T)].ravel()[0])
+                    raise ParameterValueError(
+                        "hard teacher votes must be integer class indices 0..n_classes-1 "
+                        f"(shape (n_teachers, n_queries)), got a non-integer vote {frac!r}; "
+                        "pass each teacher's predicted class index, or its probability "
+                        "vectors as soft votes of shape (n_teachers, n_queries, n_classes)")
                 T = T.astype(np.int64)
             if T.size and T.min() < 0:
                 raise ParameterValueError(f"class labels must be >= 0, got min {T.min()}")
@@ -305,7 +321,11 @@ class PATE(_LabelReleaseBase):
         if T.ndim == 3:
             T = T.astype(float)
             if not np.all(np.isfinite(T)):
-                raise ParameterValueError("teacher probabilities contain NaN or infinity")
+                raise NonFiniteInputError(
+                    "PATE: teacher probabilities contain a NaN or an infinity; each "
+                    "teacher's vote must be a probability vector (>= 0, sum 1). Replace a "
+                    "failed teacher's output by a public choice (e.g. the uniform vector), "
+                    "never by one computed from the data")
             sums = T.sum(axis=2, keepdims=True)
             if np.any(T < 0) or not np.allclose(sums, 1.0, atol=1e-6):
                 raise ParameterValueError(
@@ -351,7 +371,7 @@ class PATE(_LabelReleaseBase):
     def _plan(self, params: dict[str, Any], X, y, *, n_classes: int | None = None,
               n_teachers: int | None = None) -> LabelReleasePlan:
         """Check the votes' shape (orientation, number of classes) and calibrate."""
-        shape = data_shape(X)
+        shape = data_shape(X, "teacher_outputs")
         if len(shape) not in (2, 3):
             raise ParameterValueError(
                 "teacher_outputs must have shape (n_teachers, n_queries) (hard votes) or "
@@ -529,7 +549,7 @@ class PrivateKNN(_LabelReleaseBase):
     def _plan(self, params: dict[str, Any], X, y) -> LabelReleasePlan:
         """Calibrate for the number of queries (the rows of ``X``, public)."""
         check_is_fitted(self, "_X", msg="call fit(X_private, y_private) before release")
-        shape = data_shape(X)
+        shape = data_shape(X, "X_query")
         if len(shape) != 2 or shape[1] != self.n_features_in_:
             raise ParameterValueError(
                 f"X_query must have shape (n_queries, {self.n_features_in_}), got {shape}")
@@ -614,7 +634,8 @@ def _encode_classes(classes, y: np.ndarray, owner: str) -> tuple[np.ndarray, np.
     cl = np.asarray(classes)
     if cl.ndim != 1 or cl.size < 2 or np.unique(cl).size != cl.size:
         raise ParameterValueError(
-            f"classes must be a 1-D sequence of at least 2 distinct labels, got {classes!r}"
+            f"classes must be a 1-D sequence of at least 2 distinct labels, got {classes!r}; "
+            "pass the public label set, e.g. classes=[0, 1] or classes=range(10)"
         )
     order = np.argsort(cl, kind="stable")
     sorted_cl = cl[order]

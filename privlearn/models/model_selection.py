@@ -103,7 +103,7 @@ from privlearn.models.constraints import (
     Real,
     Unchecked,
 )
-from privlearn.models.preprocessing import PrivatePipeline
+from privlearn.models.preprocessing import PrivatePipeline, refuse_refitting_public_fits
 
 __all__ = [
     "PrivateSearchCV",
@@ -211,12 +211,18 @@ def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
     refit with it, regenerate the noise and read the data back (a refit on a dataset with
     and without a record reproduces ``coef_`` exactly on the right one). The released
     model's ``random_state`` is the one it was declared with, which did not produce its
-    noise."""
-    keys = _nested_keys(est, "random_state")  # a pipeline: every step's own
+    noise.
+
+    Only the private estimators' seeds are replaced (a pipeline: each private step's
+    own): a scikit-learn step's ``random_state`` draws no privacy noise, and its
+    validation refuses a Generator."""
+    params = est.get_params(deep=True)
+    keys = [k for k in _nested_keys(est, "random_state")
+            if isinstance(params[k.rpartition("__")[0]] if "__" in k else est,
+                          PrivateEstimator)]
     if not keys:
         est.fit(X, y)
         return
-    params = est.get_params(deep=True)
     declared = {k: params[k] for k in keys}
     est.set_params(**{k: child for k, child in zip(keys, rng.spawn(len(keys)), strict=True)})
     try:
@@ -469,6 +475,11 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             self._check_validation_data(X, X_val, y_val)
         for candidate in candidates:  # a grid may put one in a pipeline
             refuse_as_step(candidate, "PrivateSearchCV")
+        # a public step fitted on public data (in the estimator, which the runs clone, or
+        # in the grid) would be refitted on the private data in every run
+        for pipe in (self.estimator, *candidates):
+            if isinstance(pipe, PrivatePipeline):
+                refuse_refitting_public_fits(pipe)
         unscorable = sorted({type(c).__name__ for c in candidates if not hasattr(c, "predict")})
         if unscorable:  # found before the runs read the data, not after the first fit
             raise ParameterTypeError(

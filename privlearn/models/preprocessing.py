@@ -26,6 +26,7 @@ References
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -50,10 +51,16 @@ from privlearn.accounting import (
     get_accountant,
 )
 from privlearn.accounting.registry import pure_epsilon
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    BatchDependenceError,
+    ConfigurationError,
+    ParameterTypeError,
+    ParameterValueError,
+)
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
+    _non_finite_error,
     check_finite_target,
     data_shape,
     make_rng,
@@ -115,6 +122,26 @@ def _em_quantile(
     return float(grid[rng.choice(n_candidates, p=p)])
 
 
+def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
+    """``values`` as a float array (reads the data, releases nothing): text or objects
+    are a :class:`~privlearn.errors.ParameterTypeError`, a NaN or an infinity a
+    :class:`~privlearn.errors.NonFiniteInputError` saying what to do, as the estimators'
+    own checks."""
+    if hasattr(values, "tocsr"):
+        raise ParameterTypeError(
+            f"{owner}: {name} must be a dense array, got a sparse matrix; convert it with "
+            f"{name}.toarray()")
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise ParameterTypeError(
+            f"{owner}: {name} must be numbers, got {type(values).__name__} that cannot be "
+            f"converted to float ({e}); encode text columns before choosing bounds") from e
+    if not np.all(np.isfinite(arr)):
+        raise _non_finite_error(owner, "the input", name)
+    return arr
+
+
 def private_quantile(
     values,
     q: float,
@@ -146,9 +173,7 @@ def private_quantile(
         n_candidates < 2
     ):
         raise ParameterValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
-    v = np.asarray(values, dtype=float).ravel()
-    if not np.all(np.isfinite(v)):
-        raise ParameterValueError("values contain NaN or infinity")
+    v = _finite_numbers("private_quantile", "values", values).ravel()
     rng = make_rng(random_state)
     return _em_quantile(v, float(q), eps, lower, upper, int(n_candidates), rng), PureDP(eps)
 
@@ -161,7 +186,7 @@ def choose_x_bound(
     ``max_bound`` is a public upper limit (e.g. ``sqrt(d)`` times a public per-feature
     bound). ``(epsilon, 0)``-DP; returns ``(x_bound, PureDP(epsilon))``.
     """
-    X = np.asarray(X, dtype=float)
+    X = _finite_numbers("choose_x_bound", "X", X)
     if X.ndim != 2:
         raise ParameterValueError(f"X must be 2-D, got shape {X.shape}")
     mb = _v.check_positive("max_bound", max_bound)
@@ -175,7 +200,7 @@ def choose_y_bound(
 ) -> tuple[float, Mechanism]:
     """A private ``y_bound``: the ``quantile`` of ``|y|``, in ``(0, max_bound]``.
     ``(epsilon, 0)``-DP; returns ``(y_bound, PureDP(epsilon))``."""
-    y = np.asarray(y, dtype=float).ravel()
+    y = _finite_numbers("choose_y_bound", "y", y).ravel()
     mb = _v.check_positive("max_bound", max_bound)
     b, m = private_quantile(np.abs(y), quantile, epsilon, 0.0, mb, random_state=random_state)
     return max(b, mb / 1024), m
@@ -484,7 +509,14 @@ class PrivatePipeline(Pipeline):
         The delta at which ``epsilon_`` is reported. Default: the sum of the steps'
         ``delta_`` (each step's own target).
     public_steps : tuple of str
-        Names of steps fitted on public data only (see :func:`pipeline_mechanism`).
+        Names of steps whose fitted state may be released without noise (see
+        :func:`pipeline_mechanism`). :meth:`fit` fits every step on the data it is given,
+        these included: list a step it fits only if what the step learns reveals nothing
+        about the data (e.g. ``OneHotEncoder(categories=[...])``). A step fitted
+        beforehand on public data is kept as it is when wrapped in
+        ``sklearn.frozen.FrozenEstimator``; passed fitted without it, it is refused
+        (:class:`~privlearn.errors.ConfigurationError`) rather than refitted on the
+        private data.
     accountant : str
         Accountant composing the steps (default ``"pld"``: tight composition, so the
         total is at most, and usually below, the sum of the steps' epsilons).
@@ -556,10 +588,16 @@ class PrivatePipeline(Pipeline):
                 raise _unplanned_step(name, step)
             if last:
                 break
-            if isinstance(step, OneToOneFeatureMixin):
+            if isinstance(step, OneToOneFeatureMixin) or (
+                    _frozen(step) and isinstance(step.estimator, OneToOneFeatureMixin)):
+                continue
+            if _frozen(step):  # its fit (on public data) is kept: apply it to a zero row
+                width = np.asarray(step.transform(np.zeros((1, shape[1])))).shape
+                shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
                 continue
             if not get_tags(step).requires_fit:
                 width = np.asarray(clone(step).fit_transform(np.zeros((1, shape[1])))).shape
+                _refuse_row_mixing(name, step, shape[1])
                 shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
                 continue
             if not strict:
@@ -606,7 +644,9 @@ class PrivatePipeline(Pipeline):
         data without a mechanism (unless in ``public_steps``), a private step's invalid
         parameter or refusal of the shape or type of ``y`` (its own planning and data
         checks, see :meth:`_check_before_fit`), ``delta=0`` with a step adding Gaussian
-        noise, a fit parameter a private step cannot account
+        noise, a step that needs no fitting but mixes rows before a private step
+        (:class:`~privlearn.errors.BatchDependenceError`: one record would change every
+        row the private step sees), a fit parameter a private step cannot account
         (``model__sample_weight``), and a step whose ledger budget cannot hold its
         planned mechanism (``BudgetExceededError``, see :meth:`_check_budgets`)."""
         delta = self._check_fit(X, y, params)
@@ -654,6 +694,10 @@ class PrivatePipeline(Pipeline):
         # them if a later step fails (set only once every step is fitted)
         for name in ("mechanism_", "epsilon_", "delta_"):
             self.__dict__.pop(name, None)
+        for step in _refitted_public_steps(self).values():
+            # fitted here from now on: a later fit of this pipeline may refit it
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(step, _FITTED_HERE, True)
         return delta
 
     def _check_budgets(self, X, y) -> None:
@@ -705,6 +749,55 @@ class PrivatePipeline(Pipeline):
             elif not isinstance(step, PrivatePipeline) and name not in public and (
                     get_tags(step).requires_fit):
                 raise _unplanned_step(name, step)
+        refuse_refitting_public_fits(self)
+
+
+def _frozen(step: Any) -> bool:
+    """Whether ``step`` is a ``sklearn.frozen.FrozenEstimator`` (its ``fit`` does nothing:
+    it keeps the fit it wraps)."""
+    from sklearn.frozen import FrozenEstimator
+
+    return isinstance(step, FrozenEstimator)
+
+
+#: set on a public step when a PrivatePipeline is about to fit it (on the data it is given)
+_FITTED_HERE = "_privlearn_fitted_by_pipeline"
+
+
+def _refitted_public_steps(pipe: Pipeline) -> dict[str, Any]:
+    """``{name: step}`` of the public steps that ``pipe.fit`` fits on the data it is given:
+    those that learn from data, other than a ``FrozenEstimator`` (whose ``fit`` keeps the
+    fit it wraps) or a private step (accounted)."""
+    public = _check_public_steps(pipe.public_steps)
+    return {name: step for name, step in pipe.steps
+            if name in public and not (step is None or isinstance(step, str))
+            and not isinstance(step, PrivateEstimator | PrivatePipeline) and not _frozen(step)
+            and get_tags(step).requires_fit}
+
+
+def refuse_refitting_public_fits(pipe: Pipeline) -> None:
+    """Refuse (:class:`~privlearn.errors.ConfigurationError`) a public step that is
+    already fitted, but not by a pipeline: ``public_steps`` names steps fitted on public
+    data, and the pipeline's ``fit`` would refit it on the private data it is given,
+    releasing what it learns there un-noised (a scaler's exact means). Wrapping it in
+    ``sklearn.frozen.FrozenEstimator`` keeps its public fit."""
+    from sklearn.exceptions import NotFittedError
+
+    for name, step in _refitted_public_steps(pipe).items():
+        if getattr(step, _FITTED_HERE, False):
+            continue
+        try:
+            check_is_fitted(step)
+        except (NotFittedError, TypeError):
+            continue
+        raise ConfigurationError(
+            f"public step {name!r} ({type(step).__name__}) is already fitted, but "
+            f"{type(pipe).__name__}.fit fits every step on the data it is given: it would "
+            "be refitted on the private data, and what it learns there released "
+            "un-noised. To keep its fit on public data, wrap it: "
+            f"({name!r}, sklearn.frozen.FrozenEstimator(step)); to have the pipeline fit "
+            "it (only if what it learns reveals nothing about the data, e.g. "
+            "OneHotEncoder(categories=[...])), pass it unfitted: sklearn.base.clone(step)")
 
 
 def _check_public_steps(public_steps: Any) -> tuple[str, ...]:
@@ -734,6 +827,45 @@ def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool
             hasattr(last, m) for m in methods):
         return True
     raise AttributeError(f"the final step {type(last).__name__} has none of {methods}")
+
+
+def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:
+    """Refuse a step that needs no fitting but whose output row depends on other rows
+    (e.g. ``FunctionTransformer(lambda X: X - X.mean(0))``) before a private step.
+
+    The private steps' sensitivities assume that adding or removing one record changes
+    one row of their input; a transform that mixes rows changes every row, so the
+    accounted noise would not cover the release. Probed on public, data-independent rows
+    (uniform on [0, 1), so logarithms and square roots stay defined): each row
+    transformed alone must equal its row of the transformed block. A step the probe
+    cannot run is not refused here (its fit on the data says why it fails).
+    """
+    probe = np.random.default_rng(0).uniform(size=(5, n_features))
+    try:
+        with np.errstate(all="ignore"):  # a NaN from the probe is compared, not warned
+            block = np.asarray(clone(step).fit_transform(probe), dtype=float)
+            again = np.asarray(clone(step).fit_transform(probe), dtype=float)
+            alone = [np.asarray(clone(step).fit_transform(probe[i : i + 1]), dtype=float)
+                     for i in range(probe.shape[0])]
+    except Exception:  # noqa: BLE001 - not probed; the pipeline's own fit reports it
+        return
+    if block.ndim == 0 or block.shape[0] != probe.shape[0] or not np.array_equal(
+            block, again, equal_nan=True):
+        # not one output row per input row, or random (a jitter): nothing to compare
+        return
+    rows = block.reshape(probe.shape[0], -1)
+    if all(a.size == rows.shape[1] and np.allclose(a.ravel(), r, rtol=1e-9, atol=1e-12,
+                                                   equal_nan=True)
+           for a, r in zip(alone, rows, strict=True)):
+        return
+    raise BatchDependenceError(
+        f"pipeline step {name!r} ({type(step).__name__}) needs no fitting but transforms "
+        "each row using the other rows (a row transformed alone differs from the same row "
+        "transformed with others, e.g. centring by the column means): adding or removing "
+        "one record would then change every row the next private step sees, beyond the "
+        "sensitivity its noise is calibrated to. Use a row-wise transform (each output "
+        "row a function of its input row only), or PrivateStandardScaler for centring "
+        "and scaling")
 
 
 def _unplanned_step(name: str, step: Any) -> ParameterTypeError:

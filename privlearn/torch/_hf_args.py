@@ -27,8 +27,9 @@ import json
 import warnings
 from dataclasses import dataclass, field, fields
 
+from privlearn._validation import check_count
 from privlearn.correlated.strategies import ToeplitzStrategy
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch.config import (
     Clipping,
     DPConfig,
@@ -37,7 +38,7 @@ from privlearn.torch.config import (
     unknown_settings_error,
 )
 
-__all__ = ["PrivacyArguments", "warn_unused_clipping"]
+__all__ = ["PrivacyArguments", "check_batch_size", "warn_unused_clipping"]
 
 _TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classification")
 
@@ -284,3 +285,21 @@ def warn_unused_clipping(args, privacy: PrivacyArguments) -> None:
         f"PrivacyArguments.dp_max_grad_norm={privacy.dp_max_grad_norm!r} instead. Set that "
         "(--dp_max_grad_norm with HfArgumentParser) for DP-SGD's clipping bound",
         UserWarning, stacklevel=3)
+
+
+def check_batch_size(args, privacy: PrivacyArguments, examples: int, world: int) -> None:
+    """Refuse, in the Trainer's terms and before anything runs, a
+    ``per_device_train_batch_size`` that is no count, or (Poisson or fixed-size sampling of
+    examples) whose global batch ``world * per_device_train_batch_size`` exceeds the
+    ``examples`` of the training set: the sampling rate ``q = W B / N`` would exceed 1."""
+    b = check_count("per_device_train_batch_size", args.per_device_train_batch_size,
+                    minimum=1, hint="the expected Poisson batch of each process, e.g. 64")
+    if privacy.user_column is not None or str(privacy.sampling) not in ("poisson", "fixed"):
+        return  # other units and samplings: make_private's own check
+    if world * b > examples:
+        raise ConfigurationError(
+            f"per_device_train_batch_size={b} with {world} process(es) is a global batch of "
+            f"{world * b} (sampling rate q = {world * b}/{examples} > 1), more than the "
+            f"{examples} examples of the training set; it must be at most "
+            f"{examples // world}. Lower per_device_train_batch_size (or use a larger "
+            "training set)")

@@ -131,7 +131,10 @@ class PrivacyAccountant:
         self.scheme = scheme
         get_accountant(accountant)
         self.accountant = accountant
-        self._segments: tuple[Segment, ...] = ()
+        #: the history, extended in place (adaptive clipping changes the bound, hence the
+        #: segment, at every step: a tuple rebuilt per step made a run quadratic)
+        self._segments: list[Segment] = []
+        self._steps = 0
         self._prior = None
 
     @property
@@ -148,12 +151,12 @@ class PrivacyAccountant:
     @property
     def segments(self) -> tuple[Segment, ...]:
         """The history: one :class:`Segment` per run of identical steps."""
-        return self._segments
+        return tuple(self._segments)
 
     @property
     def steps(self) -> int:
         """Number of logical steps recorded."""
-        return sum(seg.steps for seg in self._segments)
+        return self._steps
 
     @property
     def noise_multiplier(self) -> float | None:
@@ -181,9 +184,10 @@ class PrivacyAccountant:
         segs = self._segments
         if segs and (segs[-1].noise_multiplier, segs[-1].sampling_rate,
                      segs[-1].max_grad_norm) == cfg:
-            self._segments = (*segs[:-1], replace(segs[-1], steps=segs[-1].steps + 1))
+            segs[-1] = replace(segs[-1], steps=segs[-1].steps + 1)
         else:
-            self._segments = (*segs, Segment(*cfg, 1))
+            segs.append(Segment(*cfg, 1))
+        self._steps += 1
 
     def __getattr__(self, name: str):  # only for missing attributes: Opacus's names
         raise opacus_method_error("PrivacyAccountant", name)
@@ -253,7 +257,8 @@ class PrivacyAccountant:
                                    hint="the state was not written by state_dict()"))
             for s, q, c, k in state["segments"])
         prior = None if state.get("prior") is None else loads(state["prior"])
-        self._segments, self._prior = segments, prior
+        self._segments, self._prior = list(segments), prior
+        self._steps = sum(seg.steps for seg in segments)
 
 
 class BudgetCap:

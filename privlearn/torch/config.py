@@ -148,9 +148,11 @@ _OTHER_SETTINGS = {
               "(num_train_epochs or max_steps)",
     "steps": "steps: a DPTrainer plans the run from its TrainingArguments "
              "(max_steps or num_train_epochs)",
-    "max_physical_batch_size": "max_physical_batch_size: a DPTrainer takes the physical "
-                               "batch from TrainingArguments (per_device_train_batch_size "
-                               "with gradient_accumulation_steps)",
+    "max_physical_batch_size": "max_physical_batch_size: a DPTrainer has no virtual "
+                               "batches (gradient_accumulation_steps must be 1): its "
+                               "expected Poisson batch is per_device_train_batch_size per "
+                               "process; for a logical batch larger than memory train with "
+                               "make_private(..., max_physical_batch_size=...)",
     "users": "users: a DPTrainer reads the users from a column, user_column=",
     "optimizer": "optimizer: make_private's second argument (a DPTrainer builds it from "
                  "its TrainingArguments, or takes optimizers=)",
@@ -477,8 +479,10 @@ class DPConfig:
     def _check_accountant(self) -> None:
         """Refuse an accountant the registry does not know now, not at the first
         ``epsilon()`` after training (the steps would have run unaccountable)."""
-        try:
-            get_accountant(self.accountant)  # ParameterValueError naming the valid ones
+        try:  # ParameterValueError naming the valid ones; a name as the registry keys it
+            named = get_accountant(self.accountant).name
+            if isinstance(self.accountant, str):  # "PLD" is "pld" (checkpoints compare it)
+                object.__setattr__(self, "accountant", named)
         except ParameterValueError:
             if self.accountant not in _OTHER_ACCOUNTANTS:
                 raise

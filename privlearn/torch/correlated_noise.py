@@ -122,11 +122,23 @@ class CorrelatedNoise:
         return buf
 
     def _const(self, name: str, values, z: torch.Tensor) -> torch.Tensor:
+        """The constant tensor ``name`` on ``z``'s device and dtype, made once: ``values``
+        (or ``values()`` for a callable, called only then) is not read again on later
+        steps, so a step costs no host work that grows with the strategy's size."""
         key = (name, z.device, z.dtype)
         if key not in self._consts:
+            if callable(values):
+                values = values()
             self._consts[key] = torch.as_tensor(values, dtype=torch.float64).to(
                 device=z.device, dtype=z.dtype)
         return self._consts[key]
+
+    def _ring_rows(self) -> list[list[float]]:
+        """Row ``t mod m`` holds the coefficient of each ring slot at step ``t``: slot
+        ``r`` holds ``noise_{t-j}`` with ``r = (t - j) mod m``, ``j`` in ``1..m``, so its
+        coefficient is ``c_j`` with ``j = ((t - r - 1) mod m) + 1``."""
+        c, m = self.recurrence.coefs, self.buffers
+        return [[c[(t_mod - r - 1) % m + 1] for r in range(m)] for t_mod in range(m)]
 
     def apply_(self, z: torch.Tensor, layout: tuple | None = None, draw=None
                ) -> torch.Tensor:
@@ -171,14 +183,12 @@ class CorrelatedNoise:
         buf = self._state_for(z)
         t = self.steps
         if self.banded:
-            c = self.recurrence.coefs
-            # ring slot r holds noise_{t-j} with r = (t - j) mod m, j in 1..m: the
-            # coefficient c_j there, j = ((t - r - 1) mod m) + 1
-            rows = [[c[(t_mod - r - 1) % m + 1] for r in range(m)] for t_mod in range(m)]
-            coef = self._const("ring", rows, z)[t % m]
+            # the (m x m) table of the ring's coefficients is made on the first step only
+            coef = self._const("ring", self._ring_rows, z)[t % m]
             z.addmv_(buf.t(), coef, alpha=-1.0)
-            if c[0] != 1.0:
-                z.div_(c[0])
+            c0 = self.recurrence.coefs[0]
+            if c0 != 1.0:
+                z.div_(c0)
             buf[t % m].copy_(z)
         else:
             w = self._const("scale", self.recurrence.output_scale, z)

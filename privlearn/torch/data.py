@@ -346,6 +346,8 @@ class _Delivering:
         return self
 
     def __next__(self):
+        if self._sampler._pass_must_end():
+            raise StopIteration
         batch = next(self._it)
         self._sampler._deliver(self._fifo)
         return batch

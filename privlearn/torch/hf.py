@@ -31,13 +31,14 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   ``push_to_hub`` uploads, resumes; :mod:`privlearn.torch._hf_private`); a run with such
   state and checkpointing but no ``private_state_dir`` is refused when it is built. ``trainer.train(
   resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
-  epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state, or
-  whose private part is missing, is refused;
+  epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state,
+  whose private part is missing, of another number of processes, or resumed with other
+  privacy settings (:mod:`privlearn.torch._hf_resume`) is refused;
 * **releases**: every number the trainer logs, returns or writes into a checkpoint is on
   an allow-list (:data:`RELEASED_LOGS`): epsilon, the clipping bound, the learning rate,
   the step and the epoch (all data-independent or accounted), and evaluation metrics
   (statistics of the evaluation set, which this run's accounting does not cover; a
-  ``PrivacyLeakWarning`` when the evaluation set is the training set). The
+  ``PrivacyLeakWarning`` when the evaluation set holds training examples). The
   un-noised training loss, FLOP and token counts (which depend on private sequence
   lengths) and timings are not released;
 * **several runs**: every ``train()`` (a fresh model from ``model_init``, each trial of
@@ -131,7 +132,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
                       "'privlearn[hf]' (transformers>=5.17,<6, peft>=0.21)") from exc
 
 from privlearn._type_registry import first_in_mro
-from privlearn._validation import check_delta, check_unit_ids
+from privlearn._validation import check_delta, check_positive, check_unit_ids
 from privlearn.accounting import planned_steps
 from privlearn.errors import (
     ConfigurationError,
@@ -144,6 +145,7 @@ from privlearn.torch._hf_args import (  # noqa: F401
     _TASKS,
     _TRAINER_FIELDS,
     PrivacyArguments,
+    check_batch_size,
     warn_unused_clipping,
 )
 from privlearn.torch._hf_collate import (
@@ -151,6 +153,7 @@ from privlearn.torch._hf_collate import (
     own_labels,
     positions_of_left_padding,
 )
+from privlearn.torch._hf_eval import shares_examples
 from privlearn.torch._hf_fsdp import (
     FSDP2Support,
     is_fsdp2,
@@ -170,6 +173,7 @@ from privlearn.torch._hf_private import (
     save_private,
     secret_parts,
 )
+from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS
@@ -374,8 +378,10 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
             raise ConfigurationError(
                 "gradient_accumulation_steps must be 1 with DPTrainer, got "
                 f"{a.gradient_accumulation_steps}: accumulating micro-batches before one "
-                "step would clip example i of each micro-batch together. Use a larger "
-                "per_device_train_batch_size (the Poisson batch) instead")
+                "step would clip example i of each micro-batch together, and the accounted "
+                "batch would not be the logical one. Use a larger per_device_train_batch_size "
+                "(the expected Poisson batch), more processes, or, for a logical batch larger "
+                "than memory, make_private(..., max_physical_batch_size=...) in your own loop")
         if a.fp16 and getattr(self.accelerator, "scaler", None) is not None:
             raise ConfigurationError(
                 "fp16=True with a loss scaler is not supported by DPTrainer: the Trainer's loss "
@@ -403,8 +409,11 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 "would be silently replaced. Leave train_sampling_strategy='random' and choose "
                 "the sampling with PrivacyArguments(sampling=...)")
         if a.label_smoothing_factor:
-            raise ConfigurationError("label_smoothing_factor must be 0 with DPTrainer (the loss is "
-                             "computed per example by DPTrainer)")
+            raise ConfigurationError(
+                "label_smoothing_factor must be 0 with DPTrainer, got "
+                f"{a.label_smoothing_factor!r}: "
+                "the Trainer's label smoother averages over every token of the batch, and "
+                "DPTrainer's per-example loss has no smoothing. Set label_smoothing_factor=0")
         alpha = getattr(self, "neftune_noise_alpha", None)  # the Trainer's copy of the arg
         if alpha is not None or getattr(a, "neftune_noise_alpha", None) is not None:
             raise ConfigurationError(
@@ -432,7 +441,11 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     def _planned_steps(self, q: float) -> int:
         if self.args.max_steps > 0:
             return int(self.args.max_steps)
-        return planned_steps(q, self.args.num_train_epochs)
+        epochs = check_positive(  # the planned length: named in the Trainer's terms
+            "num_train_epochs", self.args.num_train_epochs,
+            hint="the run's length, which target_epsilon (or the sampling) is planned for: "
+            "e.g. 3, or set max_steps > 0")
+        return planned_steps(q, epochs)
 
     def get_train_dataloader(self) -> DataLoader:
         """The DP sampler's loader (:func:`make_private` over the Trainer's own dataset
@@ -446,6 +459,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         # TrainingArguments after the trainer was built
         self._refuse_unsupported()
         _private_settings(self.args, stacklevel=4)
+        check_batch_size(self.args, self.privacy, len(self.train_dataset),
+                         max(1, self.args.world_size))
         if p is not None:  # a new run of this trainer on the same data
             self._settle_run(p)
             self.privacy_engine = None
@@ -497,7 +512,9 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
 
     def evaluate(self, eval_dataset=None, *args, **kwargs):
         """``Trainer.evaluate``; a :class:`~privlearn.errors.PrivacyLeakWarning` when the
-        evaluation set is the training set: its metrics are then un-noised statistics of
+        evaluation set holds training examples (it is the training set, a ``Subset`` of it,
+        the dataset a training ``Subset`` was cut from, ...:
+        :mod:`privlearn.torch._hf_eval`): its metrics are then un-noised statistics of
         the private data, released in the logs and checkpoints and not covered by the
         accounting (the evaluation metrics are released as statistics of a separate set)."""
         self._warn_training_set(self.eval_dataset if eval_dataset is None else eval_dataset,
@@ -514,11 +531,12 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         if isinstance(given, str) and isinstance(self.eval_dataset, dict):  # a set's name
             given = self.eval_dataset.get(given)
         sets = given.values() if isinstance(given, dict) else (given,)
-        if self.train_dataset is not None and any(d is self.train_dataset for d in sets):
+        if any(shares_examples(d, self.train_dataset) for d in sets):  # Subset, Concat too
             warnings.warn(
-                f"the evaluation set is the training set: {what} are un-noised statistics of "
-                "the private training data, released (in the logs and checkpoints) without "
-                "being covered by the accounted mechanism. Evaluate on a held-out split",
+                f"the evaluation set is the training set, or shares examples with it: {what} "
+                "are un-noised statistics of the private training data, released (in the "
+                "logs and checkpoints) without being covered by the accounted mechanism. "
+                "Evaluate on a held-out split",
                 PrivacyLeakWarning, stacklevel=3)
 
     def floating_point_ops(self, inputs) -> int:
@@ -674,6 +692,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 remove(path)
                 del self._private_files[path]
         state["private_state"] = None
+        state["privacy_arguments"] = recorded_settings(self.privacy)  # compared on resume
         if secret:
             token = new_token()  # binds the two parts; reveals nothing
             kept = self.private_state_dir is not None
@@ -681,7 +700,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
             if kept:
                 path = private_state_path(self.private_state_dir, folder, token)
                 save_private({"format": PRIVATE_FORMAT, "token": token, "rng": rng,
-                               "steps": p.accountant.steps, **secret}, path)
+                              "steps": p.accountant.steps, **secret}, path)
                 self._private_files[path] = folder
         torch.save(state, os.path.join(folder, _state_name()))
 
@@ -716,6 +735,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         """The whole state of ``checkpoint`` (its public part, and the secret part from
         ``private_state_dir``); refused, saying why, when a part is missing."""
         state = torch.load(_privacy_state_path(checkpoint), weights_only=False)
+        check_resumed_settings(checkpoint, state.pop("privacy_arguments", None), self.privacy)
         info = state.pop("private_state", None)
         if info is None:
             return state
@@ -844,7 +864,22 @@ def _state_name() -> str:
 
 
 def _privacy_state_path(checkpoint: str) -> str:
+    """The privacy state file of this process in ``checkpoint``; refused when there is
+    none, or when it was saved by another number of processes."""
+    from privlearn.torch.distributed import world_info
+
     path = os.path.join(checkpoint, _state_name())
+    stem, ext = os.path.splitext(PRIVACY_STATE_NAME)
+    ranks = glob.glob(os.path.join(glob.escape(str(checkpoint)), f"{stem}.rank*{ext}"))
+    saved = len(ranks) or int(os.path.isfile(os.path.join(checkpoint, PRIVACY_STATE_NAME)))
+    world = world_info()[1]
+    if saved and saved != world:  # one state per process of the run that saved (every
+        raise ConfigurationError(  # rank sees them all: refused on every rank alike)
+            f"checkpoint {checkpoint!r} was written by a run of {saved} process(es) (its "
+            f"privacy states: {saved} file(s) {stem}*{ext}), and this run has "
+            f"{world}: each process continues its own sampler and noise, so the "
+            "number of processes must stay the same. Resume with as many processes as the "
+            "run that wrote it (torchrun --nproc_per_node), or start a new run")
     if not os.path.isfile(path):
         raise ParameterValueError(
             f"checkpoint {checkpoint!r} has no {_state_name()}: it was not written "

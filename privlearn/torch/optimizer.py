@@ -235,12 +235,13 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                              "(unbounded sensitivity); set a finite max_grad_norm first")
         if self.adaptive is not None:
             gradient_noise_multiplier(v, self.adaptive.unclipped_num_std)  # checks
-        if getattr(self, "correlated", None) is not None and v != self._noise_multiplier \
-                and self.accountant.steps:
+        whole = getattr(getattr(self, "accountant", None), "run", None)  # one mechanism
+        if whole is not None and v != self._noise_multiplier and self.accountant.steps:
             raise ConfigurationError(
-                "noise_multiplier cannot change during a correlated-noise run: the noise of "
-                "every step is part of one matrix-factorization mechanism calibrated for one "
-                "noise multiplier. Plan the run with the noise you want")
+                f"noise_multiplier cannot change during a correlated-noise run or one of sampling"
+                f"={whole.sampling!r}: its {self.accountant.steps} steps and the rest are one "
+                f"mechanism of noise multiplier {self._noise_multiplier!r} (kept), got {v!r}; "
+                "plan another with make_private")
         self._noise_multiplier = v
 
     @property
@@ -357,7 +358,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
     def _begin_logical_batch(self) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
         was left between its chunks) are discarded, never released."""
-        self._skipping = False
+        self._skipping, self._centred_count = False, 0.0  # nothing of a dropped batch
         if self._out is not None or self._carry:
             self._out, self._carry = None, {}
             warnings.warn(
@@ -426,7 +427,9 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         names = None
         for i, group in enumerate(self.original_optimizer.param_groups):
             for q in group["params"]:
-                if q.grad is None or id(q) in noised:
+                g = q.grad  # zeros (a frozen one's, zeroed in place) release nothing
+                if g is None or id(q) in noised or not q.requires_grad and not (
+                        g.to_local() if hasattr(g, "to_local") else g).any():
                     continue
                 if names is None:
                     names = {id(v): n for n, v in self.tracker.model.named_parameters()}
@@ -436,7 +439,9 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                         "parameter of the model")
                 hint = ("it was not trainable when the engine last saw the model; run a "
                         "forward pass of p.model after unfreezing it (the engine then "
-                        "clips it) before step()" if name is not None else
+                        "clips it) before step()" if name is not None and q.requires_grad
+                        else "it is frozen but holds a gradient set before: clear it "
+                        "(p.optimizer.zero_grad(), or .grad = None)" if name is not None else
                         "make it a parameter of a module the model's forward uses (the "
                         "engine then clips it per example), or freeze it "
                         "(requires_grad_(False)) or remove it from the optimizer")
@@ -564,14 +569,11 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         self._account(cfg, drawn)
 
     def _noisy_step(self, examples: int | None = None, units=None) -> None:
-        """Steps 1-3 of a logical batch's last chunk. When the buffers hold nothing yet
-        (no earlier chunk) and are float32/64, the noise is drawn straight into them and
-        the clipped sums are accumulated into it in place (one pass fewer over the
-        gradients); otherwise the sums are accumulated first and the noise added to
-        them. Either way: the same buffers and one draw per buffer, each coordinate of
-        the sum receiving ``N(0, std^2)`` once."""
-        fill = self._out is None and all(dt in (torch.float32, torch.float64)
-                                         for _, dt, _ in self._groups)
+        """Steps 1-3 of a logical batch's last chunk: the noise drawn into empty float32/64
+        buffers and the sums accumulated into it (one pass fewer), unless correlated (its
+        state moves when drawn, and clipping may yet refuse the step); else sums, then noise."""
+        fill = self._out is None and self.correlated is None and all(
+            dt in (torch.float32, torch.float64) for _, dt, _ in self._groups)
         carry = self._open_buffers(fill) if self._out is None else None
         try:
             self._clipped_sum(self._out, examples=examples, units=units)
@@ -733,7 +735,6 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         factor = math.exp(-a.clipbound_learning_rate * (frac - a.target_unclipped_quantile))
         self.max_grad_norm = self.max_grad_norm * factor
 
-
     def step(self, closure=None):
         """One DP-SGD step (no parameter update on a non-final virtual chunk).
 
@@ -776,16 +777,15 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self._report_found_inf(scaler, None)
         return loss
 
-    def _recorded_or_dropped(self, drawn, rows: int | None) -> None:
-        """:meth:`_require_recorded`, then the tracker's checks of the step (a parameter
-        used outside its layers, the batch-independence probe); a refused batch is dropped
-        (the loader's next one replaces it), with the rest of its logical batch when this
-        is a chunk of one, so that the loop can go on once the cause is fixed."""
+    def _recorded_or_dropped(self, drawn, rows: int | None, then):
+        """``then()`` (clip, release) after :meth:`_require_recorded` and the tracker's
+        checks; a batch refused before its release is dropped with its logical batch's rest."""
         try:
             self._require_recorded(rows)
             self.tracker.check_outside_uses()
             self.tracker.check_independence(rows)
-        except Exception:  # nothing was released: every check runs before the noise
+            return then()
+        except Exception:  # nothing was released: p.grad is set last, once all passed
             if not self._final_chunk:
                 self._out, self._carry, self._skipping = None, {}, True
                 self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
@@ -805,20 +805,16 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             if not self._final_chunk:  # a physical chunk of a virtual batch
                 drawn = self.sampler.take() if self.sampler is not None else None
                 units, rows = self._units_and_rows(drawn, self._chunk_size)
-                self._recorded_or_dropped(drawn, rows)
-                self.clip_and_accumulate(examples=rows, units=units)
+                self._recorded_or_dropped(drawn, rows, lambda: self.clip_and_accumulate(
+                    examples=rows, units=units))
                 self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
                 if scaler is not None:
                     self._report_found_inf(scaler, None)
                 return loss
             drawn = self.sampler.take() if self.sampler is not None else None
             units, examples = self._units_and_rows(drawn, self._expected_examples(drawn))
-            self._recorded_or_dropped(drawn, examples)
-            cfg = self._checked_cfg()
-            if self.sharded is not None:  # FSDP2: reduce-scatter, noise per shard
-                self.sharded.noisy_step(self, examples, units)
-            else:
-                self._noisy_step(examples, units)
+            cfg = self._recorded_or_dropped(drawn, examples, lambda: self._released(
+                examples, units))
             self._chunk_size, self._chunk_groups = None, None
         finally:
             self._dynamic_scale = 1.0
@@ -842,6 +838,15 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self._report_found_inf(scaler, found_inf)
         self._warn_overflow(read=scaler is not None)
         return loss
+
+    def _released(self, examples, units) -> tuple:
+        """The budget's check, then steps 1-3 (FSDP2: reduce-scatter, noise per shard)."""
+        cfg = self._checked_cfg()
+        if self.sharded is not None:
+            self.sharded.noisy_step(self, examples, units)
+        else:
+            self._noisy_step(examples, units)
+        return cfg
 
     def _checked_cfg(self) -> tuple:
         """(sigma, q, C) of the step about to be released, after the budget and ledger."""

@@ -246,7 +246,9 @@ class PrivateTraining:
                "expected_batch_size": plan.expected_batch_size,
                "dataset_size": plan.dataset_size, "world_size": plan.world_size,
                "rank": plan.rank, "per_layer_max_grad_norm": plan.per_layer_bounds,
-               "adaptive": plan.adaptive_tuple()}
+               "adaptive": plan.adaptive_tuple(),
+               "users": None if plan.units is None else
+               f"{plan.units.n_units} users, partition sha256:{plan.units.partition[:16]}"}
         if plan.run is not None and plan.run.correlates:
             # the strategy is optimised for the planned steps: the saved noise state
             # continues only under the same coefficients (other ones would release a
@@ -307,12 +309,21 @@ class PrivateTraining:
                              "original arguments"
                              + _strategy_hint(theirs, mine))
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
-        # the history first: a state it refuses leaves the run as it was
-        self.accountant.load_state_dict(state["accountant"])
+        # the live values before the history (a run of one mechanism refuses a new noise
+        # multiplier once it has steps), then the history: a state it refuses leaves the
+        # run as it was
+        opt, live = self.optimizer, (self.optimizer.max_grad_norm,
+                                     self.optimizer.noise_multiplier)
+        try:
+            opt.max_grad_norm = state["max_grad_norm"]
+            opt.noise_multiplier = state["noise_multiplier"]
+            self.accountant.load_state_dict(state["accountant"])
+        except BaseException:
+            opt.noise_multiplier, opt.max_grad_norm = 0.0, live[0]
+            opt.noise_multiplier = live[1]
+            raise
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
-        self.optimizer.max_grad_norm = state["max_grad_norm"]
-        self.optimizer.noise_multiplier = state["noise_multiplier"]
         self.budget.load_state_dict(state["budget"])
         self._sampler.load_state_dict(state["sampler"])
         self.optimizer.noise.load_state_dict(state["noise"])

@@ -121,8 +121,9 @@ def probe(tracker, inputs, examples: int) -> None:
         try:
             if _probe_rows(tracker, sub, batched, spec, autocast, m):
                 return
-        except BatchDependenceError:
-            raise
+        except BatchDependenceError as e:
+            if not getattr(e, "unrunnable", False):  # failed on a part: try the whole
+                raise
         except Exception:  # noqa: BLE001 - the model needs the whole batch: probe that
             pass
     _probe_rows(tracker, leaves, batched, spec, autocast, examples)
@@ -201,7 +202,10 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
             return False
         if base is None:
             base = _observe_run(tracker, *tree_unflatten(leaves, spec), autocast, examples)
-        run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
+        try:
+            run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
+        except Exception as e:  # noqa: BLE001 - ran on the batch, not on this one
+            raise _unrunnable(leaves, batched, e) from e
         same = _judge(tracker, base, run, examples, j)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:
@@ -244,6 +248,27 @@ def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, 
             "Give the input a leading batch dimension of 1 (pos[None]: the engine expands "
             "it to one row per example) or move the layer's output into the model's "
             "computation on the batch. No step was taken and nothing was released")
+
+
+def _unrunnable(leaves, batched, error: Exception) -> BatchDependenceError:
+    """The error of a model that runs on the batch but not on the batch with one example's
+    rows replaced by another's: the inputs of the batch's size are not one row per
+    example (EmbeddingBag's 1-D ids with ``offsets``: its offsets are positions in the
+    flattened ids), so the probe cannot check them."""
+    shapes = [tuple(leaves[i].shape) for i in batched]
+    said = (str(error).strip().splitlines() or [""])[0][:200]
+    err = BatchDependenceError(
+        "the model runs on this batch but fails on the same batch with one example's rows "
+        f"replaced by another's in the inputs of the batch's size (shapes {shapes}): "
+        f"{type(error).__name__}: {said}. Those inputs are then not "
+        "one row per example (e.g. nn.EmbeddingBag's 1-D ids with offsets, whose rows are "
+        "positions in a flattened batch), so privlearn cannot check that each example is "
+        "processed on its own. Pass one row per example (nn.EmbeddingBag: 2-D ids padded "
+        "with padding_idx), or, if each example is processed on its own, "
+        "check_batch_independence=False (docs/trust-model.md). No step was taken and "
+        "nothing was released")
+    err.unrunnable = True
+    return err
 
 
 def _replace_row(leaves, batched, j):

@@ -146,14 +146,17 @@ def _lstm_contribution(module: nn.Module, spec: Recurrence, x, h0, c0, g_out, g_
     T, B = x.shape[:2]
     H, L, D = spec.hidden_size, spec.num_layers, spec.directions
     ps = set(params)
-    dtype = g_out.dtype
+    # mixed precision (autocast: bf16 output gradients, float32 weights and inputs; or a
+    # low-precision model) works in float32, as every rule does (compute_dtype)
+    dtype = compute_dtype(x, g_out, _weights(module, 0, 0)[0])
     states = []
     with torch.no_grad():
         inp = x.to(dtype)
         for layer in range(L):
             outs = []
             for direction in range(D):
-                w_ih, w_hh, b_ih, b_hh = _weights(module, layer, direction)
+                w_ih, w_hh, b_ih, b_hh = (None if w is None else w.to(dtype)
+                                          for w in _weights(module, layer, direction))
                 gates = torch.nn.functional.linear(inp, w_ih, b_ih)  # (T, B, 4H)
                 if b_hh is not None:
                     gates += b_hh
@@ -190,6 +193,7 @@ def _lstm_contribution(module: nn.Module, spec: Recurrence, x, h0, c0, g_out, g_
                 dg = gates.new_empty(B, T, 4 * H)  # batch-major gate gradients
                 dh = g_h[idx].to(dtype)
                 dc = g_c[idx].to(dtype)
+                w_back = w_hh.detach().to(dtype)
                 forward = direction == 0
                 for t in (range(T - 1, -1, -1) if forward else range(T)):
                     i, f, g, o = gates[t].split(H, 1)
@@ -206,7 +210,7 @@ def _lstm_contribution(module: nn.Module, spec: Recurrence, x, h0, c0, g_out, g_
                     torch.mul(dc * c_prev, f * (1 - f), out=da_f)
                     torch.mul(dc * i, 1 - g * g, out=da_g)
                     torch.mul(dh * tc, o * (1 - o), out=da_o)
-                    dh = torch.mm(da, w_hh.detach())
+                    dh = torch.mm(da, w_back)
                     dc = dc * f
                 del gates, cs
                 hp = hs.new_empty(B, T, H)  # h_{t-1} in processing order, batch-major
@@ -218,7 +222,7 @@ def _lstm_contribution(module: nn.Module, spec: Recurrence, x, h0, c0, g_out, g_
                     hp[:, :-1] = hs[1:].transpose(0, 1)
                 del hs
                 if layer > 0:
-                    below = torch.matmul(dg, w_ih.detach())  # (B, T, I)
+                    below = torch.matmul(dg, w_ih.detach().to(dtype))  # (B, T, I)
                     d_below = below if d_below is None else d_below.add_(below)
                 for w, b, a in ((w_ih, b_ih, inp.transpose(0, 1)), (w_hh, b_hh, hp)):
                     part = _part(w, b, a, dg, ps)

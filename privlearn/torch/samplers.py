@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import secrets
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -203,6 +204,11 @@ class _AccountedSampler(Sampler[list[int]]):
         self._refused = []
         return dropped
 
+    def _pass_must_end(self) -> bool:
+        """Whether the current pass must end before its next batch (a sampler with a
+        schedule over steps, after a refused batch: :class:`_ScheduledSampler`)."""
+        return False
+
     def has_unconsumed_batch(self) -> bool:
         """Whether a batch was delivered that no optimizer step has used yet."""
         return bool(self._unconsumed)
@@ -234,15 +240,17 @@ class _AccountedSampler(Sampler[list[int]]):
                 f"{n} batches of p.data_loader were drawn since the last optimizer.step(): "
                 "a step must train on exactly one batch (training on two at once would clip "
                 "example i of each batch together and count two draws as one step). Call "
-                "step() after every batch; to skip a batch, still call zero_grad() and step() "
-                "(the step then adds its noise only); for large batches use "
-                "max_physical_batch_size")
+                "step() after every batch (an empty one too: its step adds the noise alone); "
+                "a batch left without its step cannot be trained on any more: start a new "
+                "pass over p.data_loader, which drops the batches of this one that no step "
+                "used. For large batches use max_physical_batch_size")
         return self._unconsumed[0]
 
     def refused(self, drawn: DrawnBatch) -> None:
         """A step refused ``drawn`` before releasing anything computed from it: it stays
         pending (a retried step may still train on it) until the loader delivers the next
-        batch, which replaces it; it is never counted as used."""
+        batch, which replaces it (a sampler with a schedule over steps ends the pass
+        instead: :meth:`_ScheduledSampler._pass_must_end`); it is never counted as used."""
         if drawn not in self._refused:
             self._refused.append(drawn)
 
@@ -522,6 +530,18 @@ class UnitIndex:
         self.n_units = len(number)
         self.n_examples = len(keys)
 
+    @property
+    def partition(self) -> str:
+        """SHA-256 of the partition of the examples into units (each unit's example
+        indices, units in order of first appearance; the ids themselves do not matter):
+        what a checkpoint of a user-level run must match, as the history of its steps
+        protects these units and no others."""
+        h = hashlib.sha256(b"privlearn.units")
+        for m in self.members:
+            h.update(len(m).to_bytes(8, "little"))
+            h.update(np.asarray(m, dtype="<i8").tobytes())
+        return h.hexdigest()
+
     def expand(self, units, seed: int | None) -> tuple[list[int], tuple[int, ...]]:
         """The rows of the drawn ``units`` (at most ``max_examples`` each, a uniform
         subset: :func:`privlearn.correlated.sampling.unit_subset`, which another unit
@@ -563,6 +583,23 @@ class _ScheduledSampler(_AccountedSampler):
     def _draw(self, seed: int | None) -> list[int]:
         return self.law.batch(self.num_samples, self.sample_rate, None, self.parts(),
                               self._step, self._rng(seed)).tolist()
+
+    def _pass_must_end(self) -> bool:
+        """A batch of this pass was refused (nothing of it was released) and is not
+        retried: the batches drawn after it in the pass are those of the steps after its
+        own, one step ahead of the steps that would train on them, so an example of part
+        ``j`` could take part in two steps less than ``cycle_length`` apart, which the
+        participation the accountant assumes rules out. The pass ends there, with a
+        warning; the next pass continues the schedule at the step reached."""
+        if not self._refused or self.cycle_length == 1:
+            return False
+        warnings.warn(
+            f"a batch of p.data_loader was refused, and under sampling={self.law.name!r} "
+            "the batch of step t is drawn from part t mod cycle_length: the batches after "
+            "it in this pass were drawn for later steps, so the pass ends here (nothing "
+            f"of them was used). The next pass continues at step {self.consumed}",
+            RuntimeWarning, stacklevel=3)
+        return True
 
     def _init_layout(self, seed: int | None) -> None:
         self._layout_seed = _layout_seed(seed, self._label)

@@ -17,6 +17,9 @@ from privlearn.errors import ParameterTypeError, ParameterValueError
     ({"learning_rate": -0.5}, ParameterValueError, "^learning_rate must be"),
     ({"canary_gradient_norm": 0.0}, ParameterValueError, "^canary_gradient_norm must be"),
     ({"n_features": 0}, ParameterValueError, "^n_features must be"),
+    # torch's generators take seeds below 2**64: a larger one was a bare ValueError
+    # ("Overflow when unpacking long long") from inside the training
+    ({"seed": 2**64}, ParameterValueError, r"^seed must be .*2\*\*64"),
 ])
 def test_audit_dpsgd_refuses_bad_numbers_before_training(kwargs, err, match, monkeypatch):
     pytest.importorskip("torch")
@@ -58,6 +61,7 @@ def test_audit_estimator_refuses_bad_numbers_before_fitting(kwargs, err, match, 
     ({"canaries": "gradient", "private": {"noise_multiplier": 1.0, "max_grad_norm": -1.0}},
      r"^private\['max_grad_norm'\] must .*got -1\.0"),
     ({"delta": 0.0}, r"^delta must be in \(0, 1\)"),
+    ({"seed": 2**70}, r"^seed must be .*2\*\*64"),
 ])
 def test_audit_training_refuses_bad_numbers_before_building_the_model(kwargs, match):
     pytest.importorskip("torch")

@@ -107,6 +107,29 @@ def test_one_run_p_value_matches_naive_formula(m, k, v, eps, delta):
     assert got == pytest.approx(_naive_one_run_p(m, k, v, eps, delta), rel=1e-9, abs=1e-15)
 
 
+@pytest.mark.parametrize("use_fdp", [False, True])
+def test_each_one_run_test_is_valid_at_its_own_level(use_fdp):
+    # the grid's Bonferroni makes whole-bound coverage tests insensitive (a bound 2x too
+    # liberal at its level still shows ~0 exceedances at 95%); this checks the level of
+    # one test exactly. A guesser on k fixed canaries of m, each guess right independently
+    # with the largest probability the claim allows (randomized response: e^eps/(1+e^eps)
+    # for "one_run"; for the Gaussian curve G_mu, Phi(mu/2) at the symmetric point): the
+    # number right is Bin(k, p) exactly, and the test at level alpha may refute the true
+    # claim with probability at most alpha (measured: at most 0.80 alpha for one_run_fdp)
+    from privlearn.accounting.fdp import gdp_mu_interval
+
+    delta = 1e-5
+    for eps in (0.5, 2.0, 6.0):
+        p = (stats.norm.cdf(gdp_mu_interval(eps, delta)[0] / 2) if use_fdp
+             else math.exp(eps) / (1 + math.exp(eps)))
+        for m, k in ((4, 4), (10, 5), (50, 10), (200, 40), (200, 200)):
+            pmf = stats.binom.pmf(np.arange(k + 1), k, p)
+            for alpha in (0.01, 0.05, 0.2, 0.5):
+                rate = sum(pmf[v] for v in range(k + 1) if B._one_run_refutes(
+                    m, k, v, eps, delta, alpha, use_fdp))
+                assert rate <= alpha * (1 + 1e-9), (eps, m, k, alpha, rate)
+
+
 def test_clopper_pearson_bounds_match_beta_quantiles():
     k = np.array([0, 1, 5, 50, 99, 100])
     up = cp_upper(k, 100, 0.01)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -190,6 +191,30 @@ def test_an_audit_that_cannot_refute_anything_warns_before_training():
     assert calls == [0] and rec[0].filename == __file__  # points at the caller
     with pytest.warns(UserWarning, match="smaller delta"):  # the 2 m delta term swamps it
         one_run_audit(f, 10_000, claimed_epsilon=1.0, delta=1e-3, seed=0)
+
+
+def test_a_claim_no_outcome_can_refute_is_warned_about_before_training():
+    # with 200 canaries no outcome of the one-run audit bounds epsilon above ~3.5, so a
+    # claim of 6 always passed, silently, even when every canary was recognised
+    calls = []
+
+    def perfect(inc):
+        calls.append(1)
+        return inc.astype(float)
+
+    with pytest.warns(UserWarning, match="no outcome of this audit can refute the claim "
+                      "epsilon=6") as rec:
+        res = one_run_audit(perfect, 200, claimed_epsilon=6.0, delta=1e-5, seed=0)
+    assert rec[0].filename == __file__ and len(calls) == 1
+    assert 0 < res.epsilon_lower_bound <= 6.0 and not res.violation  # the perfect attack
+    # the ceiling the warning states is the bound of that perfect attack
+    assert f"by {res.epsilon_lower_bound:.4g} at most" in str(rec[0].message)
+    # a claim given as a callable is checked once it is known, after training
+    with pytest.warns(UserWarning, match="can refute the claim epsilon=6"):
+        one_run_audit(perfect, 200, claimed_epsilon=lambda: 6.0, delta=1e-5, seed=0)
+    with warnings.catch_warnings():  # a claim the perfect attack refutes: no warning
+        warnings.simplefilter("error")
+        assert one_run_audit(perfect, 200, claimed_epsilon=1.0, delta=1e-5, seed=0).violation
 
 
 def test_none_scores_are_a_clear_error():

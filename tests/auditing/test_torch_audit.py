@@ -143,6 +143,22 @@ def test_cli_bad_input_is_one_line(args, match):
     assert r.stderr.count("\n") == 1 and match in r.stderr
 
 
+def test_cli_out_directory_that_cannot_be_made_is_refused_before_training(
+        monkeypatch, tmp_path):
+    # it was created after the training, where the failure was a traceback (status 1)
+    import privlearn.auditing.torch as audit_torch
+
+    def no_training(**kw):
+        raise AssertionError("trained before --out was checked")
+
+    monkeypatch.setattr(audit_torch, "audit_dpsgd", no_training)
+    (tmp_path / "a-file").write_text("")
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "2", "--delta", "1e-5",
+                                 "--out", str(tmp_path / "a-file" / "report")])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "--out" in r.stderr
+
+
 @pytest.mark.parametrize(("violation", "status"), [(False, 0), (True, 5)])
 @pytest.mark.parametrize("as_json", [False, True])
 def test_cli_exit_status_is_the_verdict(monkeypatch, violation, status, as_json):
@@ -166,6 +182,31 @@ def test_cli_exit_status_is_the_verdict(monkeypatch, violation, status, as_json)
         assert "seed:                   7" in r.stdout
     assert r.stderr == ""
 
+
+
+def test_cli_prints_the_audit_warnings_as_one_line_each(monkeypatch):
+    # e.g. a claim no outcome of the audit can refute: "warning: ..." on stderr, as the
+    # other commands print theirs, and the report still on stdout
+    import warnings
+    from types import SimpleNamespace
+
+    import privlearn.auditing.torch as audit_torch
+
+    result = SimpleNamespace(violation=False, claimed_epsilon=9.0, epsilon_lower_bound=4.5,
+                             confidence=0.95, auc=1.0, seed=0)
+
+    def fake(**kw):
+        warnings.warn("no outcome of this audit can refute the claim epsilon=9:\n even a "
+                      "perfect attack ...", UserWarning, stacklevel=2)
+        return SimpleNamespace(result=result, noise_multiplier=0.5, sampling_rate=0.1,
+                               steps=50, to_dict=lambda: {})
+
+    monkeypatch.setattr(audit_torch, "audit_dpsgd", fake)
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "9", "--delta", "1e-5"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ("warning: no outcome of this audit can refute the claim epsilon=9: "
+                        "even a perfect attack ...\n")
+    assert "verdict:                no violation" in r.stdout
 
 
 def test_cli_bug_is_an_alias_of_inject_bug(monkeypatch):

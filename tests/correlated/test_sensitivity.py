@@ -358,3 +358,63 @@ def test_trailing_zero_coefficients_are_no_bands():
     s = sensitivity(C, MinSeparation(2), n)
     lo, hi = _brute_force(C.materialize(n), _patterns(n, 2, 4))
     assert s.exact and math.sqrt(lo) <= s.value <= math.sqrt(lo) * (1 + 1e-12)
+
+
+def _attained(x: np.ndarray, seed: int = 0) -> float:
+    """``<X, V V^T>`` for unit rows ``V`` found by block-coordinate ascent (each row set
+    to the best unit vector given the others): a value some choice of clipped
+    contributions of any dimension attains, so a valid sensitivity is at least it. For
+    the PSD ``X = (C^T C)[pi, pi]`` it converges to the semidefinite programme's value
+    ``max {<X, G> : G psd, diag(G) <= 1}``, the sensitivity of the pattern itself, which
+    the sign vectors of :func:`_brute_force` can miss for signed ``C``."""
+    p = x.shape[0]
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal((p, p))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    for _ in range(80):
+        for i in range(p):
+            g = x[i] @ v - x[i, i] * v[i]
+            norm = np.linalg.norm(g)
+            if norm > 0:
+                v[i] = g / norm
+    return float(np.sum(x * (v @ v.T)))
+
+
+def _maximal(patterns, n: int, sep: int, k: int):
+    """The patterns no index can be added to (a sub-pattern attains no more: g_i = 0)."""
+    for pi in patterns:
+        if len(pi) < k and any(
+            all(abs(i - j) >= sep for j in pi) for i in range(n) if i not in pi):
+            continue
+        yield pi
+
+
+@pytest.mark.slow  # about 1 s a strategy
+@pytest.mark.parametrize("strategy", [
+    BandedToeplitz((1.0, -0.7, 0.4)),
+    BandedToeplitz((0.5, 1.0, -0.3, 0.8)),
+    BufferedToeplitz((0.99, -0.1), (0.01, -0.1)),
+    BufferedToeplitz((0.9, -0.6), (-0.5, 0.4)),
+], ids=repr)
+def test_signed_strategies_against_every_unit_contribution(strategy):
+    """Signed coefficients, where the sign vectors are not the worst contributions: each
+    returned value is at least what unit contributions of any dimension attain on every
+    allowed pattern, and equal to it where it says it is exact (single participation, a
+    banded C with at most min_sep or one epoch of bands)."""
+    n = 8
+    x = strategy.materialize(n).T @ strategy.materialize(n)
+    schemas = [SingleParticipation(), MinSeparation(1, 3), MinSeparation(2), MinSeparation(3),
+               MinSeparation(4, 2), FixedEpochs(2), FixedEpochs(4)]
+    for schema in schemas:
+        if isinstance(schema, FixedEpochs):
+            per = n // schema.epochs
+            patterns = [list(range(j, n, per)) for j in range(per)]
+        else:
+            sep = n if isinstance(schema, SingleParticipation) else schema.min_sep
+            k = schema.participations(n)
+            patterns = list(_maximal(_patterns(n, sep, k), n, sep, k))
+        attained = max(_attained(x[np.ix_(pi, pi)]) for pi in patterns)
+        s = sensitivity(strategy, schema, n)
+        assert s.value**2 >= attained * (1 - 1e-12), schema
+        if s.exact:
+            assert s.value**2 == pytest.approx(attained, rel=1e-9), schema

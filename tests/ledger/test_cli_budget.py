@@ -276,6 +276,25 @@ def test_verify_refuses_an_expected_head_that_is_not_hex(db):
     assert "COUNT:HASH" in r.output
 
 
+def test_expected_head_in_upper_case_is_the_same_head(db):
+    # verify accepted an upper-case head as well-formed, then compared it with the stored
+    # lower-case hash and reported the intact ledger as tampered (status 4)
+    head = run("budget", "verify", db).output.split("head ")[1].strip()
+    r = run("budget", "verify", db, "--expect-head", head.upper())
+    assert r.exit_code == 0, r.output
+    count, h = head.split(":")
+    other = ("0" if h[0] != "0" else "1") + h[1:]
+    assert run("budget", "verify", db, "--expect-head", f"{count}:{other.upper()}").exit_code == 4
+
+
+@pytest.mark.parametrize("count", ["\u00b2", "\u0661", "-1", "1.0", ""])
+def test_expected_head_count_that_is_not_ascii_digits_is_a_usage_error(db, count):
+    # str.isdigit took '\u00b2' (superscript two) and int() then raised: a traceback, status 1
+    r = run("budget", "verify", db, "--expect-head", f"{count}:" + "a" * 64)
+    assert r.exit_code == 2, r.output
+    assert "COUNT:HASH" in r.output
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["--dataset", "", "--epsilon", "1", "--delta", "1e-6"], "--dataset must be"),
     (["--dataset", "d", "--epsilon", "1", "--delta", "1e-6", "--privacy-unit", " "],

@@ -5,8 +5,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,3 +124,23 @@ def test_threads_sharing_a_ledger_or_each_with_its_own_keep_the_cap(tmp_path):
         assert sorted(labels) == sorted(acked) and len(acked) == fit  # none lost or extra
         assert main.spent("data").epsilon_spent <= CAP and main.verify()
         main.close()
+
+
+def test_a_long_timeout_still_waits_for_another_writer(tmp_path):
+    # SQLite's busy timeout is milliseconds in a C int: timeout=1e7 seconds wrapped to 0
+    # (no wait at all), so a spend meeting another connection's write lock failed at once
+    # with sqlite3.OperationalError "database is locked"
+    path = str(tmp_path / "t.db")
+    Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
+    led = Ledger(path, timeout=1e7)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        led.spend("data", Gaussian(100.0), label="after the other writer")
+    finally:
+        release.join()
+        other.close()
+    assert [e.label for e in led.history("data") if e.kind == "spend"] == [
+        "after the other writer"]

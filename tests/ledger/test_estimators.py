@@ -233,27 +233,27 @@ def test_a_fitted_model_loads_where_its_ledger_is_not(tmp_path, monkeypatch):
 
     X = np.random.default_rng(0).uniform(-1, 1, (200, 3)) / np.sqrt(3)
     y = X @ np.array([1.0, -1.0, 0.5])
-    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project = tmp_path / "project"
     project.mkdir()
-    elsewhere.mkdir()
     monkeypatch.chdir(project)
     with Ledger("privacy.db", create=True) as led:  # a relative path, as in the tutorials
         led.create_budget("d", epsilon=5.0, delta=1e-6)
         est = M.AdaSSPRegressor(epsilon=1.0, delta=1e-7, y_bound=2.0, random_state=0,
                                 ledger=led.budget("d")).fit(X, y)
         blob = pickle.dumps(est)
-    monkeypatch.chdir(elsewhere)  # the recipient has no privacy.db
+    monkeypatch.chdir(tmp_path)
+    project.rename(tmp_path / "moved")  # the recipient has no ledger at the path
     loaded = pickle.loads(blob)
     np.testing.assert_array_equal(loaded.predict(X), est.predict(X))
     assert loaded.epsilon_ == est.epsilon_
     with pytest.raises(LedgerNotFoundError, match="privacy.db.*set_params"):
         loaded.fit(X, y)
-    assert not (elsewhere / "privacy.db").exists()  # no empty ledger created
+    assert not project.exists()  # no empty ledger (or folder) created in its place
     np.testing.assert_array_equal(loaded.predict(X), est.predict(X))  # fit left it as it was
     loaded.ledger.ledger.close()
-    monkeypatch.chdir(project)  # where the ledger is, the same pickle spends as before
+    (tmp_path / "moved").rename(project)  # where the ledger is, the same pickle spends
     again = pickle.loads(blob)
     again.fit(X, y)
-    with Ledger("privacy.db") as led:
+    with Ledger(project / "privacy.db") as led:
         assert led.spent("d").entries == 2
     again.ledger.ledger.close()

@@ -293,3 +293,19 @@ def test_entries_count_releases(ledger):
     s = ledger.spent("adult")
     assert (s.entries, s.pending) == (2, 0)
     assert s.epsilon_spent == pytest.approx(compose(step, steps=7).epsilon(1e-6), rel=1e-9)
+
+
+def test_a_chain_of_extensions_is_one_release(ledger):
+    # a reservation extending an extension was counted as a second run (its run was the
+    # reservation it extends, not the first of the chain)
+    step = subsample(Gaussian(1.0), 0.01)
+    first = ledger.reserve("adult", compose(step, steps=5))
+    second = ledger.reserve("adult", step, extends=first)
+    third = ledger.reserve("adult", step, extends=second)
+    ledger.reserve("adult", step, extends=first)
+    s = ledger.spent("adult")
+    assert (s.entries, s.pending) == (1, 4)
+    third.settle(compose([]))  # nothing ran in the last extension: the run still released
+    assert ledger.spent("adult").entries == 1
+    ledger.spend("adult", step)
+    assert ledger.spent("adult").entries == 2

@@ -75,3 +75,26 @@ def test_opening_an_existing_ledger_keeps_its_mode(tmp_path, umask_022):
         led.create_budget("census", epsilon=1.0, delta=1e-6)
     assert os.stat(path).st_mode & 0o777 == 0o640
     assert os.stat(path + "-writelock").st_mode & 0o777 == 0o640
+
+
+def test_a_ledger_opened_by_a_relative_path_survives_a_change_of_directory(
+        tmp_path, monkeypatch):
+    # the lock file was opened by the relative path at every write: after os.chdir (a
+    # job runner moving to its output directory, say) every spend of that Ledger failed
+    # with "cannot open the privacy ledger ... lock file", and a pickled Ledger reopened
+    # the path relative to the new directory
+    import pickle
+
+    from privlearn.accounting import Gaussian
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    led = Ledger("l.db", create=True)
+    led.create_budget("adult", epsilon=1.0, delta=1e-6)
+    pickled = pickle.dumps(led)
+    monkeypatch.chdir(tmp_path / "b")
+    led.spend("adult", Gaussian(20.0))
+    assert led.spent("adult").entries == 1
+    assert pickle.loads(pickled).spent("adult").entries == 1
+    assert list((tmp_path / "b").iterdir()) == []  # no stray lock file (or ledger) here

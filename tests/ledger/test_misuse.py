@@ -220,6 +220,31 @@ def test_verify_refuses_a_malformed_expected_head(ledger):
         ledger.verify(5)
 
 
+def test_expected_head_is_compared_whatever_the_case_of_its_hex_digits(ledger):
+    # an upper-case head passed the format check, then never matched the stored
+    # lower-case hash: an intact ledger reported as not extending it
+    ledger.spend("adult", Gaussian(20.0))
+    n, h = ledger.head()
+    assert ledger.verify((n, h.upper()))
+    other = ("0" if h[0] != "0" else "1") + h[1:]
+    assert not ledger.verify((n, other.upper()))
+
+
+def test_a_closed_ledger_refuses_use_with_a_typed_error(tmp_path):
+    # a budget handle used after its `with Ledger(...)` block reached SQLite's
+    # "Cannot operate on a closed database" (sqlite3.ProgrammingError)
+    path = tmp_path / "c.db"
+    with Ledger(path, create=True) as led:
+        led.create_budget("adult", epsilon=1.0, delta=1e-6)
+        handle = led.budget("adult")
+    for call in (lambda: handle.spend(Gaussian(20.0)), handle.spent,
+                 lambda: led.spend("adult", Gaussian(20.0)), led.verify, led.head):
+        with pytest.raises(ParameterValueError, match=r"^ledger: the Ledger on .* was closed"):
+            call()
+    led.close()  # closing again is harmless
+    assert Ledger(path).spent("adult").entries == 0  # nothing was recorded
+
+
 def test_a_path_that_is_not_a_path_is_a_typed_error():
     for bad in (3, None, b"l.db"):
         with pytest.raises(ParameterTypeError, match="^path must be a file path"):

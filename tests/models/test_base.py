@@ -169,3 +169,48 @@ def test_an_accountant_that_cannot_certify_refuses_before_the_ledger_is_charged(
         m.fit(X, y)
     assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
     assert not hasattr(m, "mechanism_")
+
+
+@pytest.mark.parametrize("kw", [dict(sampling_rate=0.5), dict(noise="laplace")],
+                         ids=["subsampled", "laplace"])
+def test_a_trajectory_accountant_that_cannot_evaluate_the_run_refuses_before_the_ledger(
+        kw, tmp_path):
+    """A known accountant that cannot evaluate the run (the analytic Gaussian accountant
+    on subsampling or on Laplace noise) was found only when the trajectory was computed,
+    after training: the fit failed with its budget charged and no model. It is refused
+    now while nothing has been spent, naming the parameter and what to pass instead."""
+    from privlearn.errors import UnsupportedMechanismError
+
+    X, y = _data()
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=1e-5)
+    m = M.DPSGDRegressor(n_iter=5, trajectory_accountant="analytic", ledger=led.budget("d"),
+                         **kw)
+    with pytest.raises(UnsupportedMechanismError,
+                       match="trajectory_accountant='analytic' cannot evaluate.*'rdp'"):
+        m.fit(X, y)
+    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
+    assert not hasattr(m, "mechanism_")
+    fitted = M.DPSGDRegressor(n_iter=5, trajectory_accountant="rdp", **kw).fit(X, y)
+    assert fitted.epsilon_trajectory_[-1] == fitted.mechanism_.epsilon(fitted.delta_, "rdp")
+
+
+def test_a_delta_warning_raised_as_an_error_cancels_the_reservation(tmp_path):
+    """With warnings turned into errors (``-W error``, a strict CI), the large-delta
+    warning raised after the data checks but outside the reservation's clean-up: the fit
+    failed with nothing released and a reservation left pending on the ledger for ever.
+    It is now cancelled like any other refusal of the data; the warning still points at
+    the caller's line."""
+    X, y = _data(n=20)
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=50.0, delta=0.5)
+    m = SSPRegressor(delta=0.1, y_bound=3.0, ledger=led.budget("d"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        with pytest.raises(PrivacyLeakWarning, match="delta=0.1 is at least 1/n"):
+            m.fit(X, y)
+    assert led.pending("d") == [] and led.spent("d").epsilon_spent == 0.0
+    assert not hasattr(m, "mechanism_")
+    with pytest.warns(PrivacyLeakWarning, match="delta=0.1") as record:
+        m.fit(X, y)
+    assert record[0].filename == __file__ and led.spent("d").entries == 1

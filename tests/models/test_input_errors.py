@@ -336,3 +336,41 @@ def test_labels_of_mixed_types_are_a_typed_refusal(make, bad, tmp_path):
     with pytest.raises(ParameterValueError, match="all numbers or all strings"):
         est.fit(X, y)
     assert led.spent("d").entries == 0 and led.pending("d") == []
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda R: M.PrivateStandardScaler(feature_range=(0, 1)).fit(R), "X"),
+    (lambda R: M.PrivateStandardScaler(feature_range=(0, 1)).planned_mechanism(R), "X"),
+    (lambda R: M.PrivatePipeline([("ssp", M.SSPRegressor())]).fit(R, [1.0, 2.0]), "X"),
+    (lambda R: M.PATE().release([[0, 1, 1], [1, 0]], 2), "teacher_outputs"),
+    (lambda R: M.PrivateKNN(classes=[0, 1]).fit([[0.0, 1.0], [1.0, 0.0]], [0, 1]).release(R),
+     "X_query"),
+], ids=["scaler", "scaler-planned", "pipeline", "PATE", "PrivateKNN"])
+def test_ragged_rows_are_a_typed_error_naming_the_input(call, name):
+    """Rows of different lengths (a list of lists) reached NumPy's conversion error, a
+    bare ValueError, wherever the plan read the input's shape first; they are a
+    ParameterValueError naming the input and what to do."""
+    from privlearn.errors import ParameterValueError
+
+    with pytest.raises(ParameterValueError, match=rf"^{name} must be a rectangular array"):
+        call([[1.0, 2.0], [3.0]])
+
+
+@pytest.mark.parametrize("make, fit, match", [
+    (lambda: M.SSPRegressor(budget_split=[1.0]), "regress",
+     r"budget_split must be .* 2 .* got \[1\.0\]; e\.g\. budget_split=\(2, 3\)"),
+    (lambda: M.AdaSSPRegressor(budget_split="abc"), "regress",
+     r"budget_split must be .* 3 .* got 'abc'; e\.g\. budget_split=\(2, 3, 5\)"),
+    (lambda: M.NoisyGDRegressor(learning_rate="fast"), "regress",
+     r"learning_rate must be 'theory' .* got 'fast'; leave 'theory'"),
+    (lambda: M.PrivateKNN(classes=[0, 0]), "classify",
+     r"classes must be .* got \[0, 0\]; pass the public label set"),
+], ids=["SSP-split", "AdaSSP-split", "NoisyGD-learning_rate", "PrivateKNN-classes"])
+def test_unchecked_parameters_say_what_to_pass(make, fit, match):
+    """Parameters checked by the estimator itself (not a declared constraint) name the
+    value received and what to pass instead (they stopped at the value)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(20, 2))
+    y = (X[:, 0] > 0).astype(int) if fit == "classify" else X[:, 0]
+    with pytest.raises(ParameterValueError, match=match):
+        make().fit(X, y)

@@ -355,3 +355,29 @@ def test_public_release_names_the_accountant_that_certified_its_epsilon():
     p.release(votes, 2)  # a release under the new accountant certifies the total with it
     r = p.public_release()
     assert r.accountant == "rdp" and r.epsilon == r.mechanism.epsilon(r.delta, "rdp")
+
+
+def test_non_finite_or_fractional_teacher_votes_are_refused_with_what_to_do(tmp_path):
+    """A NaN or an infinity among the teachers' votes is a NonFiniteInputError (as a NaN
+    in an estimator's X), a fractional hard vote a ParameterValueError naming the vote
+    and the two accepted shapes; either is refused before anything is spent."""
+    from privlearn.errors import NonFiniteInputError, ParameterValueError
+    from privlearn.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "l.db", create=True)
+    ledger.create_budget("d", epsilon=5.0, delta=1e-5)
+    budget = ledger.budget("d")
+    rng = np.random.default_rng(0)
+    hard = rng.integers(0, 3, size=(10, 40)).astype(float)
+    soft = rng.dirichlet(np.ones(3), size=(10, 40))
+    p = PATE(random_state=0, ledger=budget)
+    for bad in (np.nan, np.inf):
+        with pytest.raises(NonFiniteInputError, match="hard teacher votes contain a NaN"):
+            p.release(np.where(hard == 1, bad, hard), 3, n_teachers=10)
+        s = soft.copy()
+        s[2, 3, 0] = bad
+        with pytest.raises(NonFiniteInputError, match="probabilities contain a NaN"):
+            p.release(s, n_teachers=10)
+    with pytest.raises(ParameterValueError, match=r"non-integer vote 0\.5.*soft votes"):
+        p.release(np.where(hard == 1, 0.5, hard), 3, n_teachers=10)
+    assert budget.spent().epsilon_spent == 0.0 and not hasattr(p, "mechanism_")

@@ -124,6 +124,35 @@ def test_sample_coefficients_is_fit(seed_data, cls, fit_intercept):
         cls(**kw).sample_coefficients(X, y, 0)
 
 
+@pytest.mark.parametrize("cls", [SSPRegressor, AdaSSPRegressor, NoisyGDRegressor])
+def test_sample_coefficients_leaves_the_estimator_as_it_was(cls):
+    """``sample_coefficients`` fits nothing: an unfitted estimator stays unfitted (its data
+    checks set ``n_features_in_``, which made ``check_is_fitted`` pass and ``predict``
+    fail on the missing ``coef_``), and a fitted one keeps its fit's feature count (a
+    call on data of another width made ``predict`` refuse the fit's own width)."""
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(-0.5, 0.5, size=(50, 3)), rng.uniform(-1, 1, size=50)
+    wide = np.hstack([X, X[:, :1]])
+    extra = dict(noise_multiplier=50.0) if cls is NoisyGDRegressor else {}
+    est = cls(random_state=0, **extra)
+    est.sample_coefficients(X, y, 2)
+    assert vars(est) == vars(cls(random_state=0, **extra))
+    with pytest.raises(NotFittedError):
+        check_is_fitted(est)
+    with pytest.raises(ValueError, match="n_repetitions"):  # a refusal changes nothing
+        est.sample_coefficients(X, y, 0)
+    fitted = est.fit(X, y)
+    before = dict(vars(fitted))
+    coef, _ = fitted.sample_coefficients(wide, y, 2)
+    assert coef.shape == (2, 4)
+    assert vars(fitted).keys() == before.keys()
+    assert all(vars(fitted)[k] is v for k, v in before.items())
+    assert fitted.predict(X).shape == (50,)
+
+
 def test_random_state_draws_are_independent(seed_data):
     """Different seeds give different, uncorrelated noise (no stream reuse)."""
     X, y, XTX, XTy, mse = seed_data

@@ -23,6 +23,7 @@ from privlearn.models import (
     AdaSSPRegressor,
     DPSGDClassifier,
     PrivateKNN,
+    PrivatePipeline,
     PrivateStandardScaler,
 )
 from privlearn.models.model_selection import PrivateSearchCV, planned_mechanism
@@ -242,6 +243,26 @@ def test_pipeline_steps_get_hidden_noise_and_keep_their_declared_seed(data):
     assert best.get_params()["scale__random_state"] == 7
     refit = _pipe(random_state=7).fit(X, y)  # the declared seed did not make its noise
     assert not np.allclose(best.named_steps["scale"].mean_, refit.named_steps["scale"].mean_)
+
+
+def test_a_public_scikit_learn_step_keeps_its_seed_in_a_searched_pipeline(data):
+    """The hidden child streams replace the private steps' seeds only: a scikit-learn
+    step's ``random_state`` draws no privacy noise and its validation refuses a numpy
+    Generator, which failed every run of the search (after the search was charged)."""
+    from sklearn.preprocessing import QuantileTransformer
+
+    X, y = data
+    pipe = PrivatePipeline([("rank", QuantileTransformer(n_quantiles=20, random_state=3)),
+                            ("ada", AdaSSPRegressor(epsilon=0.5, delta=1e-7, x_bound=2.0,
+                                                    y_bound=3.0))],
+                           public_steps=("rank",))
+    s = PrivateSearchCV(pipe, {"ada__epsilon": [0.5, 1.0]}, method="composition",
+                        loss_bound=9.0, random_state=0).fit(X, y)
+    best = s.best_estimator_
+    assert best.get_params()["rank__random_state"] == 3
+    assert best.get_params()["ada__random_state"] is None
+    assert s.mechanism_ == compose([compose([m, compose(Laplace(2.0 / 0.1), steps=2)])
+                                    for m in s.fit_mechanisms_])
 
 
 def test_random_stopping_on_a_default_pld_budget_is_charged_its_epsilon_delta(data, tmp_path):

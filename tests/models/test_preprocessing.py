@@ -78,6 +78,31 @@ def test_private_quantile_and_bounds():
         private_quantile(v, 1.5, 1.0, 0.0, 1.0)
 
 
+@pytest.mark.parametrize("call, name", [
+    (lambda v: private_quantile(v, 0.5, 1.0, 0.0, 1.0), "values"),
+    (lambda v: choose_x_bound(v.reshape(-1, 2), 1.0, 2.0), "X"),
+    (lambda v: choose_y_bound(v, 1.0, 2.0), "y"),
+])
+def test_private_bounds_refuse_non_finite_or_text_input_as_the_estimators_do(call, name):
+    """The bound choosers read private data as the estimators do: a NaN or an infinity
+    is a NonFiniteInputError naming the input with what to do (it was a bare
+    ParameterValueError without advice), text a ParameterTypeError (it was NumPy's
+    conversion error), a sparse matrix a ParameterTypeError."""
+    import scipy.sparse as sp
+
+    from privlearn.errors import NonFiniteInputError, ParameterTypeError
+
+    v = np.linspace(0.0, 1.0, 8)
+    for bad in (np.nan, np.inf):
+        with pytest.raises(NonFiniteInputError, match=rf"the input {name} contains a NaN.*"
+                                                      "public constant"):
+            call(np.where(v > 0.5, bad, v))
+    with pytest.raises(ParameterTypeError, match=rf"{name} must be numbers"):
+        call(np.array(["a"] * 8, dtype=object))
+    with pytest.raises(ParameterTypeError, match="sparse"):
+        call(sp.csr_matrix(v.reshape(-1, 2)) if name == "X" else sp.csr_matrix(v))
+
+
 @pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
 def test_pipeline_reports_one_total_epsilon():
     rng = np.random.default_rng(0)
@@ -318,3 +343,90 @@ def test_a_budget_that_cannot_hold_a_later_step_is_refused_before_the_first_rele
     large = pipe("large").fit(X, y)
     assert led.mechanism("large") == compose(
         [large.named_steps["scale"].mechanism_, large.named_steps["model"].mechanism_])
+
+
+def _centre(Z):
+    return Z - Z.mean(axis=0)
+
+
+def test_a_step_that_mixes_rows_is_refused_before_a_private_step(tmp_path):
+    """A step that needs no fitting but transforms each row with the others (centring
+    by the batch's column means) hands the private step a data set in which one record
+    changed every row: the accounted noise would not cover it. Refused before anything
+    is fitted or charged, in fit and in planned_mechanism; row-wise steps still pass."""
+    from sklearn.preprocessing import FunctionTransformer
+
+    from privlearn.errors import BatchDependenceError
+    from privlearn.ledger import Ledger
+    from privlearn.models import SSPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(100, 3))
+    y = X @ [1.0, 2.0, 3.0]
+    ledger = Ledger(tmp_path / "l.db", create=True)
+    ledger.create_budget("d", epsilon=5.0, delta=1e-5)
+    budget = ledger.budget("d")
+    model = SSPRegressor(y_bound=10.0, random_state=0, ledger=budget)
+    pipe = PrivatePipeline([("centre", FunctionTransformer(_centre)), ("ssp", model)])
+    with pytest.raises(BatchDependenceError, match="'centre'.*row-wise"):
+        pipe.fit(X, y)
+    with pytest.raises(BatchDependenceError, match="'centre'"):
+        pipe.planned_mechanism(X)
+    assert not hasattr(model, "coef_") and budget.spent().entries == 0
+    # the same step after the private one transforms public predictions only: fine
+    PrivatePipeline([("scale", PrivateStandardScaler(feature_range=(-1, 1),
+                                                     random_state=0)),
+                     ("centre", FunctionTransformer(_centre))]).fit(X)
+    for rowwise in (Normalizer(), FunctionTransformer(np.log1p), FunctionTransformer()):
+        fitted = PrivatePipeline([("rows", rowwise),
+                                  ("ssp", SSPRegressor(y_bound=10.0, random_state=0))]).fit(X, y)
+        assert fitted.mechanism_ == fitted[-1].mechanism_
+
+
+def test_a_public_step_fitted_beforehand_is_not_refitted_on_the_private_data(tmp_path):
+    """``public_steps`` named steps "fitted on public data only", but the pipeline's fit
+    refitted such a step on the private data it was given: a StandardScaler fitted on
+    public rows came back with the private rows' exact means. Passed fitted, it is now
+    refused before anything is fitted or charged (in a search too); wrapped in
+    FrozenEstimator its public fit is kept and planned; a public step passed unfitted is
+    fitted by the pipeline, again at every later fit."""
+    from sklearn.frozen import FrozenEstimator
+
+    from privlearn.errors import ConfigurationError
+    from privlearn.ledger import Ledger
+    from privlearn.models import PrivateSearchCV, SSPRegressor
+
+    rng = np.random.default_rng(0)
+    X, X_public = rng.normal(3.0, 2.0, size=(200, 3)), rng.normal(0.0, 1.0, size=(100, 3))
+    y = np.clip(X @ [0.1, 0.2, 0.3], -3, 3)
+    ledger = Ledger(tmp_path / "l.db", create=True)
+    ledger.create_budget("d", epsilon=10.0, delta=1e-5)
+    budget = ledger.budget("d")
+
+    def model(**kw):
+        return SSPRegressor(x_bound=30.0, y_bound=3.0, random_state=0, **kw)
+
+    public = StandardScaler().fit(X_public)
+    mean = public.mean_.copy()
+    pipe = PrivatePipeline([("scale", public), ("ssp", model(ledger=budget))],
+                           public_steps=("scale",))
+    with pytest.raises(ConfigurationError, match="'scale'.*already fitted.*FrozenEstimator"):
+        pipe.fit(X, y)
+    search = PrivateSearchCV(PrivatePipeline([("scale", public), ("ssp", model())],
+                                             public_steps=("scale",)),
+                             {"ssp__epsilon": [1.0]}, loss_bound=9.0, ledger=budget)
+    with pytest.raises(ConfigurationError, match="'scale'.*already fitted"):
+        search.fit(X, y)
+    assert np.array_equal(public.mean_, mean) and budget.spent().entries == 0
+    assert not hasattr(pipe[-1], "coef_")
+
+    frozen = PrivatePipeline([("scale", FrozenEstimator(public)), ("ssp", model())],
+                             public_steps=("scale",))
+    assert frozen.fit(X, y).mechanism_ == frozen.planned_mechanism(X) == frozen[-1].mechanism_
+    assert np.array_equal(public.mean_, mean)
+    np.testing.assert_allclose(frozen[-1].predict(public.transform(X)), frozen.predict(X))
+
+    fitted_here = PrivatePipeline([("scale", StandardScaler()), ("ssp", model())],
+                                  public_steps=("scale",))
+    for _ in range(2):  # the pipeline refits the step it fitted itself
+        np.testing.assert_allclose(fitted_here.fit(X, y)[0].mean_, X.mean(axis=0))

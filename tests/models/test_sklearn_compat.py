@@ -121,3 +121,31 @@ def test_pate_passes_every_check_that_does_not_fit():
     assert not [n for n, st in status.items() if "failed" in st]
     assert {n for n, st in status.items() if st == {"xfail"}} == set(_PATE_FIT_CHECKS)
     assert len([n for n, st in status.items() if "passed" in st]) >= 10
+
+
+def test_the_declared_scikit_learn_floor_has_every_api_the_estimators_use():
+    """pyproject.toml accepted scikit-learn 1.3, but the estimators import APIs added in
+    1.6 (``import privlearn.models`` failed on 1.5 with an ImportError): the declared
+    floor must be at least the version each API used says it was added in (its
+    ``versionadded`` in scikit-learn's own docstring)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from sklearn.pipeline import Pipeline
+    from sklearn.utils import get_tags
+    from sklearn.utils.multiclass import type_of_target
+    from sklearn.utils.validation import validate_data
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    (req,) = [r for r in meta["project"]["dependencies"] if r.startswith("scikit-learn")]
+    floor = tuple(int(p) for p in re.search(r">=\s*([\d.]+)", req)[1].split("."))
+    used = {"validate_data": (validate_data.__doc__, r""),
+            "get_tags": (get_tags.__doc__, r""),
+            "Pipeline(transform_input=)": (Pipeline.__doc__, r"transform_input\b.*?"),
+            "type_of_target(raise_unknown=)": (type_of_target.__doc__, r"raise_unknown\b.*?")}
+    for api, (doc, lead) in used.items():
+        m = re.search(lead + r"versionadded:: ([\d.]+)", doc, re.S)
+        assert m, api
+        added = tuple(int(p) for p in m[1].split("."))
+        assert floor >= added, f"{req} but {api} was added in scikit-learn {m[1]}"

@@ -295,3 +295,36 @@ def test_virtual_batches_count_every_chunk():
     assert b2 == pytest.approx(b1, rel=1e-12)
     for u, v in zip(whole.parameters(), chunked.parameters(), strict=True):
         torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
+
+
+def test_a_logical_batch_left_between_chunks_is_not_in_the_next_count():
+    """A logical batch left between its physical chunks releases nothing: its chunks'
+    examples must not reach the next step's released count either (they would move it by
+    up to 1, twice the sensitivity the noise split assumes, from a batch nobody
+    accounted). With the count's noise set to zero and every example clipped, the
+    released fraction is exactly ``1/2 - rows / (2 m)`` of the batch that was trained."""
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=B), noise_multiplier=1.0,
+                     max_grad_norm=1e-9, clipping="adaptive", target_unclipped_quantile=0.5,
+                     sampling="fixed", seed=2, max_physical_batch_size=3)
+    p.optimizer.noise.normal = lambda std, like: torch.zeros_like(like)
+    for k, (x, y) in enumerate(p.data_loader):  # two chunks of a logical batch, then left
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        if k == 1:
+            break
+    assert p.accountant.steps == 0
+    rows = 0
+    with pytest.warns(RuntimeWarning, match="left unfinished"):
+        for x, y in p.data_loader:
+            rows += len(y)
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            if p.accountant.steps == 1:
+                break
+    assert rows == B
+    assert p.optimizer.last_unclipped_fraction == pytest.approx(0.5 - rows / (2 * B),
+                                                               abs=1e-12)

@@ -574,3 +574,39 @@ def test_a_lazy_layer_not_yet_initialised_is_refused_and_leaves_the_model_as_it_
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+class _RecurrentHead(nn.Module):
+    def __init__(self, layers, bidirectional):
+        super().__init__()
+        self.rnn = nn.LSTM(6, 5, num_layers=layers, bidirectional=bidirectional,
+                           batch_first=True)
+        self.head = nn.Linear(5 * (2 if bidirectional else 1), 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("layers,bidirectional", [(1, False), (2, True)])
+def test_lstm_under_bf16_autocast_matches_the_float64_loop(layers, bidirectional, oracle):
+    """nn.LSTM under bf16 autocast (float32 weights and inputs, bf16 output gradients):
+    the LSTM rule recomputed the recurrence in the output gradient's dtype and step()
+    raised torch's dtype mismatch on the float32 weights. It works in float32 as the
+    other rules do: the clipped sum is the float64 loop of batch-of-one passes up to bf16
+    rounding."""
+    torch.manual_seed(0)
+    model = _RecurrentHead(layers, bidirectional)
+    x, y = torch.randn(8, 4, 6), torch.randint(0, 3, (8,))
+    _, norms = oracle.clipped_sum(copy.deepcopy(model).double(), x.double(), y, 1.0)
+    C = norms.median().item()  # about half the examples clipped
+    ref, _ = oracle.clipped_sum(copy.deepcopy(model).double(), x.double(), y, C)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
+                     max_grad_norm=C, sampling="fixed", seed=0)
+    xb, yb = next(iter(p.data_loader))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = nn.functional.cross_entropy(p.model(xb).float(), yb)
+    loss.backward()
+    p.optimizer.step()
+    got = oracle.flat(q.grad for q in model.parameters()) * 8
+    torch.testing.assert_close(got, ref, rtol=0, atol=2e-2 * ref.abs().max().item())

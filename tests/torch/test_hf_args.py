@@ -144,6 +144,27 @@ def test_a_bad_value_is_refused_with_the_setting_named(parser):
                                             "1.0", "--target_delta", "2"])
 
 
+def test_virtual_batches_are_not_pointed_at_gradient_accumulation(tmp_path):
+    """max_physical_batch_size in PrivacyArguments used to be answered with "a DPTrainer
+    takes the physical batch from per_device_train_batch_size with
+    gradient_accumulation_steps", which DPTrainer then refuses: the two errors sent a user
+    in a circle. Both now name the way that exists (make_private's virtual batches), and
+    the refusal names the value received."""
+    from privlearn.errors import ConfigurationError
+
+    with pytest.raises(ParameterTypeError, match=r"max_physical_batch_size: .*"
+                       r"gradient_accumulation_steps must be 1.*make_private") as e:
+        PrivacyArguments(noise_multiplier=1.0, max_physical_batch_size=4)
+    assert "with gradient_accumulation_steps" not in str(e.value)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    args = transformers.TrainingArguments(str(tmp_path), gradient_accumulation_steps=4,
+                                          use_cpu=True, report_to=[])
+    with pytest.raises(ConfigurationError, match=r"got 4: .*logical.*max_physical_batch_size"):
+        DPTrainer(model=model, args=args, train_dataset=[{"input_ids": [1, 2]}] * 4,
+                  privacy=PrivacyArguments(noise_multiplier=1.0))
+
+
 def test_per_layer_bounds_from_a_dict_or_from_text(parser):
     _, privacy = parser.parse_dict({"output_dir": "out", "noise_multiplier": 1.0,
                                     "clipping": "per_layer", "dp_max_grad_norm": [1.0, 2.0]})
@@ -248,3 +269,32 @@ def test_an_unused_trainer_clipping_bound_is_said(tmp_path):
                                                save_strategy="no")
             DPTrainer(model=_Model(), args=a, train_dataset=_Set(),
                       privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5))
+
+
+@pytest.mark.parametrize("setting, error, match", [
+    ({"per_device_train_batch_size": 9}, "ConfigurationError",
+     r"per_device_train_batch_size=9 .*global batch of 9.*8 examples.*at most 8"),
+    ({"per_device_train_batch_size": 0}, "ParameterValueError",
+     r"per_device_train_batch_size must be an integer >= 1, got 0"),
+    ({"max_steps": -1, "num_train_epochs": 0}, "ParameterValueError",
+     r"num_train_epochs must be in \(0, inf\).*got 0"),
+])
+def test_batch_and_length_are_refused_in_the_trainers_terms(tmp_path, setting, error, match):
+    """A batch larger than the training set, an empty batch, or no planned length with
+    target_epsilon were refused in make_private's or DataLoader's words (the "batch size"
+    and "epochs" a DPTrainer user never set; DataLoader's plain ValueError): now named as
+    TrainingArguments names them, with the valid range, before anything runs."""
+    from privlearn import errors
+
+    setting = dict(setting)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    args = transformers.TrainingArguments(str(tmp_path), use_cpu=True, report_to=[],
+                                          save_strategy="no",
+                                          max_steps=setting.pop("max_steps", 2), **setting)
+    data = [{"input_ids": torch.tensor([1, 2, 3]), "labels": torch.tensor([1, 2, 3])}] * 8
+    tr = DPTrainer(model=model, args=args, train_dataset=data,
+                   privacy=PrivacyArguments(target_epsilon=3.0))
+    with pytest.raises(getattr(errors, error), match=match):
+        tr.train()
+    assert tr.privacy_engine is None and tr.state.global_step == 0

@@ -7,6 +7,12 @@
     for q = 1; a run resumed from the checkpoint of step 2 (each rank's private state
     under private_state_dir) ends with the uninterrupted run's parameters and epsilon,
     although it was built with another seed and other initial weights.
+(c) Noise on, Poisson sampling at q = 2 x 2 / 8, one step, a clipping bound so small that
+    the update is the noise: both ranks account the global rate q (not the rank's 2 / 8)
+    and epsilon of one subsampled Gaussian step at q; the update has standard deviation
+    sigma C lr / (q N) over its coordinates (each rank's N(0, (sigma C)^2 / 2) summed
+    once: noise added twice, or DDP averaging the sums, would give sqrt(2) or 1/2 times
+    it).
 FSDP2 through the Trainer: test_hf_fsdp.py.
 """
 
@@ -28,6 +34,8 @@ PER_RANK = 4
 C = 0.05
 LR = 0.5
 STEPS = 4
+SIGMA = 2.0
+TINY = 1e-6  # the clipped sum is negligible beside the noise
 
 
 class _Set(torch.utils.data.Dataset):
@@ -55,11 +63,11 @@ def _flat(model):
     return torch.cat([p.detach().reshape(-1).double().clone() for p in model.parameters()])
 
 
-def _trainer(out, private_dir, sigma, steps, save=False, seed=3):
+def _trainer(out, private_dir, sigma, steps, save=False, seed=3, per_rank=PER_RANK, clip=C):
     from privlearn.torch.hf import DPTrainer, PrivacyArguments
 
     args = transformers.TrainingArguments(
-        output_dir=out, per_device_train_batch_size=PER_RANK, max_steps=steps,
+        output_dir=out, per_device_train_batch_size=per_rank, max_steps=steps,
         learning_rate=LR, logging_steps=1, report_to=[], use_cpu=True, ddp_backend="gloo",
         lr_scheduler_type="constant", disable_tqdm=True, dataloader_pin_memory=False,
         optim="sgd", save_strategy="steps" if save else "no", save_steps=2)
@@ -70,7 +78,7 @@ def _trainer(out, private_dir, sigma, steps, save=False, seed=3):
                 p.add_(0.1)
     return DPTrainer(model=model, args=args, train_dataset=_Set(),
                      private_state_dir=private_dir if save else None,
-                     privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=C,
+                     privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=clip,
                                               seed=seed))
 
 
@@ -86,6 +94,11 @@ def _worker(rank, tmp):
     tr = _trainer(os.path.join(tmp, "exact"), None, 0.0, 3)
     tr.train()
     res["exact"] = _flat(tr.model)
+    tr = _trainer(os.path.join(tmp, "noise"), None, SIGMA, 1, seed=5, per_rank=2, clip=TINY)
+    start = _flat(tr.model)
+    tr.train()
+    p = tr.privacy_engine
+    res["noise"] = (_flat(tr.model) - start, p.sampling_rate, tr.epsilon())
     priv = os.path.join(tmp, "private")
     tr = _trainer(os.path.join(tmp, "full"), priv, 1.0, STEPS, save=True)
     tr.train()
@@ -141,3 +154,18 @@ def test_ddp_trainer_epsilon_logs_and_resume(ranks):
         resumed, eps_r = r["resumed"]
         torch.testing.assert_close(resumed, full, rtol=0, atol=0)
         assert eps_r == pytest.approx(eps)
+
+
+def test_ddp_trainer_accounts_the_global_rate_and_adds_the_noise_once(ranks):
+    from privlearn.accounting import Gaussian, compose, subsample
+
+    (u0, q0, eps0), (u1, q1, eps1) = ranks[0]["noise"], ranks[1]["noise"]
+    torch.testing.assert_close(u0, u1, rtol=0, atol=0)
+    q = WORLD * 2 / N
+    assert q0 == q1 == pytest.approx(q)
+    want = compose(subsample(Gaussian(SIGMA), rate=q), steps=1).epsilon(1e-5)
+    assert eps0 == eps1 == pytest.approx(want, rel=1e-6)
+    std = SIGMA * TINY * LR / (q * N)
+    assert u0.numel() > 5000
+    # ~8,000 draws: the sample standard deviation is within 4% (about 5 standard errors)
+    assert u0.std().item() == pytest.approx(std, rel=0.04)

@@ -23,8 +23,9 @@ from test_hf_trainer import B, _args, _llama, _TextSet  # noqa: E402
 from privlearn.torch.hf import PRIVACY_STATE_NAME, DPTrainer, PrivacyArguments  # noqa: E402
 from privlearn.torch.noise import NoiseSource  # noqa: E402
 
+# privacy_arguments: the public PrivacyArguments, compared on resume (dp_seed is not one)
 _PUBLIC = {"format", "mechanism", "noise_multiplier", "max_grad_norm", "accountant", "budget",
-           "private_state"}
+           "private_state", "privacy_arguments"}
 
 
 def _banded(**kw):

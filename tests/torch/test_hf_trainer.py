@@ -517,8 +517,11 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
     assert state["total_flos"] == 0 and state.get("num_input_tokens_seen", 0) == 0
     privacy = torch.load(tmp_path / "checkpoint-2" / PRIVACY_STATE_NAME, weights_only=False)
     # the keys of the sampler and the noise replay the next steps: kept out of the release
+    # privacy_arguments: the settings chosen (data-independent), without the seed
     assert set(privacy) == {"format", "mechanism", "noise_multiplier", "max_grad_norm",
-                            "accountant", "budget", "correlated", "private_state"}
+                            "accountant", "budget", "correlated", "private_state",
+                            "privacy_arguments"}
+    assert "dp_seed" not in privacy["privacy_arguments"]
     assert privacy["correlated"] is None  # DP-SGD: no correlated-noise state
 
 

@@ -5,6 +5,7 @@ eval mode recorded nothing; both ran every step, charged, with every check skipp
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 
@@ -347,3 +348,141 @@ def test_a_trainable_layer_in_eval_mode_is_refused():
     with pytest.raises(RuntimeError, match=r"layer\(s\) \['0'\] ran in eval mode"):
         p.optimizer.step()
     assert p.accountant.steps == 0
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_a_batch_refused_for_a_non_finite_gradient_is_replaced_by_the_next(chunk):
+    """A NaN in one example's loss is refused with NonFiniteInputError before anything
+    is released, as the refusals of the checks before it are: the batch (with the rest
+    of its logical batch when it is a physical chunk of one) is dropped, not charged, and
+    the next batch of p.data_loader trains. It was left pending, so every later step of
+    the pass was refused ("2 batches were drawn") and the loop could not go on."""
+    from privlearn.accounting import Gaussian, compose, subsample
+    from privlearn.errors import NonFiniteInputError
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(_data(), batch_size=16), noise_multiplier=0.5,
+                     max_grad_norm=1.0, seed=0, sampling="fixed",
+                     max_physical_batch_size=chunk)
+    refused, physical = [], 0
+    for _ in range(2):  # two epochs of 4 logical batches
+        for x, y in p.data_loader:
+            p.optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(p.model(x), y, reduction="none")
+            if physical == 1:  # the first logical batch's second chunk, or second batch
+                loss = loss * torch.tensor([float("nan")] + [1.0] * (len(y) - 1))
+            loss.mean().backward()
+            try:
+                p.optimizer.step()
+            except NonFiniteInputError:
+                refused.append(physical)
+            physical += 1
+    assert refused == [1]
+    assert p.accountant.steps == 7 and p.data_loader.batch_sampler.consumed == 7
+    ref = compose(subsample(Gaussian(0.5), rate=16 / 64, scheme="fixed"), steps=7)
+    assert p.epsilon(1e-5) == pytest.approx(ref.epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("sampling", ["balls_in_bins", "shuffled_epochs", "cyclic_poisson"])
+def test_a_refused_batch_of_a_scheduled_sampling_keeps_every_step_on_its_part(sampling):
+    """Under a sampling whose batch of step t comes from part t mod b, the refused
+    batch's step is taken by the next one trained: the batches drawn after it in the
+    same pass belong to the steps after it, so the pass ends there (with a warning) and
+    the next pass continues the schedule. Every released step still trains on part
+    ``step mod b`` (ground truth: the sampler's own layout). The next batches of the pass
+    were trained one step early: an example of part 3 took part in released steps 2 and
+    3, less than b apart, which the accounted participation rules out."""
+    x = torch.arange(32, dtype=torch.float32)[:, None].repeat(1, 10)  # column 0: index
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(10, 2))
+    extra = {"cycle_length": 4} if sampling == "cyclic_poisson" else {}
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(TensorDataset(x, (x[:, 1] > 15).long()), batch_size=8),
+                     noise_multiplier=1.0, max_grad_norm=1.0, seed=0, sampling=sampling,
+                     epochs=3, **extra)
+    parts = [set(a.tolist()) for a in p.data_loader.batch_sampler.parts()]
+    assert len(parts) == 4
+    trained, k = [], 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            for xb, yb in p.data_loader:
+                p.model.train(k != 1)  # the second batch is refused (eval mode)
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(xb), yb).backward()
+                try:
+                    p.optimizer.step()
+                    trained.append(set(xb[:, 0].long().tolist()))
+                except TrainingLoopError:
+                    pass
+                k += 1
+    p.model.train()
+    assert len(trained) == p.accountant.steps >= 8
+    for t, ids in enumerate(trained):
+        assert ids <= parts[t % 4], f"step {t} trained outside part {t % 4}"
+    assert any("the pass ends here" in str(w.message) for w in caught)
+
+
+def test_a_step_refused_while_clipping_draws_no_row_of_correlated_noise():
+    """Correlated noise moves its state (the rows of C^{-1} z) when it is drawn: a step
+    refused for a non-finite gradient must not draw it, or every later step's noise
+    is the next row of the one it is accounted as (the noise was drawn straight into
+    the gradient buffers before clipping, and ran one row ahead of the accountant)."""
+    from privlearn.errors import NonFiniteInputError
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(10, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(32), batch_size=2), noise_multiplier=1.0,
+                     max_grad_norm=1.0, seed=0, noise="banded", sampling="cyclic_poisson",
+                     cycle_length=4, epochs=2)
+    k, refused = 0, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the pass ends at the refusal
+        for _ in range(2):
+            for x, y in p.data_loader:
+                p.optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(p.model(x), y, reduction="none")
+                if not refused and len(y):
+                    loss = loss * torch.tensor([float("nan")] + [1.0] * (len(y) - 1))
+                loss.sum().backward()
+                try:
+                    p.optimizer.step()
+                except NonFiniteInputError:
+                    refused.append(k)
+                k += 1
+    assert len(refused) == 1 and p.accountant.steps > 4
+    assert p.optimizer.correlated.steps == p.accountant.steps
+
+
+def test_a_batch_left_without_its_step_is_dropped_by_the_new_pass_the_refusal_names():
+    """A loop that skips a batch (no step for it) is refused at the next step, which
+    would train on two draws. The refusal says what works: a new pass over the loader
+    drops the batches no step used, and training goes on from there, every step charged
+    once. It advised calling step() without backward(), which is itself refused for a
+    batch with examples (a step of noise alone is an empty Poisson batch's only)."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(10, 2))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(), batch_size=16), noise_multiplier=1.0,
+                     max_grad_norm=1.0, seed=0, sampling="fixed")
+    trained = 0
+    for k, (x, y) in enumerate(p.data_loader):
+        if k == 1:
+            continue  # skipped: no step for this batch
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        if k == 2:
+            with pytest.raises(TrainingLoopError, match="start a new pass over p.data_loader"):
+                p.optimizer.step()
+            break
+        p.optimizer.step()
+        trained += 1
+    for x, y in p.data_loader:  # the new pass the refusal names
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        trained += 1
+    assert trained == 5 and p.accountant.steps == 5

@@ -148,6 +148,47 @@ def test_raw_gradient_of_a_model_parameter_is_refused(make_data, make_mlp):
         p.optimizer.step()
 
 
+def test_layer_frozen_mid_run_with_gradients_zeroed_in_place(oracle, make_data, make_mlp):
+    """A layer frozen between steps, gradients cleared with ``zero_grad(set_to_none=
+    False)`` (which zeroes the frozen layer's gradient in place, as torch's does): every
+    later step was refused (the gate took the zero gradient for a raw one and said to run
+    a forward pass after unfreezing). A zero gradient releases nothing: the steps go on,
+    the frozen layer stays where it was (plain SGD) and the trained ones step as the
+    naive per-example loop says. A frozen parameter holding a gradient set before is still
+    refused, with what to do."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = make_mlp(act=nn.Tanh)
+        C, lr = 0.05, 0.5
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                         DataLoader(make_data(), batch_size=8), noise_multiplier=0.0,
+                         max_grad_norm=C, sampling="fixed", seed=0)
+        it = iter(p.data_loader)
+        _step(p, *next(it))
+        model[0].requires_grad_(False)
+        ref, frozen = copy.deepcopy(model), copy.deepcopy(model[0])
+        for _ in range(2):
+            x, y = next(it)
+            p.optimizer.zero_grad(set_to_none=False)
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            oracle.step(ref, x, y, C, lr, 8)
+        assert p.accountant.steps == 3
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        for a, b in zip(model[0].parameters(), frozen.parameters(), strict=True):
+            assert torch.equal(a, b)
+        x, y = next(it)
+        p.optimizer.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        model[0].bias.grad.fill_(1.0)
+        with pytest.raises(TrainingLoopError, match="'0.bias' of the model.*frozen"):
+            p.optimizer.step()
+        assert p.accountant.steps == 3
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_sampling_rate_has_one_truth(make_data, make_mlp):
     """The optimizer's sampling rate was a writable copy that the accountant recorded:
     setting it to 0.001 while the sampler drew at 0.1 reported 0.0235 for 10 steps

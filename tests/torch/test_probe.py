@@ -633,3 +633,58 @@ def test_a_layer_without_a_batch_dimension_is_refused_when_its_rows_match_the_ba
                 torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+class _Bags(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(10, 4, mode="mean", dtype=torch.float64)
+        self.out = nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, ids, offsets):
+        return self.out(self.bag(ids, offsets))
+
+
+def _flatten_bags(batch):
+    """A collate_fn joining the examples' bags into EmbeddingBag's 1-D ids with offsets."""
+    ids = [b for b, _ in batch]
+    offsets = torch.tensor([0] + [len(b) for b in ids[:-1]]).cumsum(0)
+    return torch.cat(ids), offsets, torch.stack([y for _, y in batch])
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_flattened_embedding_bag_batch(check, oracle):
+    """EmbeddingBag's 1-D ids with offsets: the offsets have the batch's size, but they
+    are positions in the flattened ids, so the probe's batch with one example's offset
+    replaced by another's is no batch the model can run (torch's RuntimeError came out of
+    step()). Refused with a BatchDependenceError saying why and what to pass instead,
+    nothing released; with ``check_batch_independence=False`` the step is the naive
+    one (the EmbeddingBag rule reads the bags from the offsets)."""
+    g = torch.Generator().manual_seed(0)
+    ds = [(torch.randint(0, 10, (int(torch.randint(1, 5, (), generator=g)),), generator=g),
+           torch.randint(0, 3, (), generator=g)) for _ in range(16)]
+    torch.manual_seed(0)
+    model = _Bags()
+    ref = copy.deepcopy(model)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                     DataLoader(ds, batch_size=8, collate_fn=_flatten_bags),
+                     noise_multiplier=0.0, max_grad_norm=0.05, sampling="fixed", seed=0,
+                     check_batch_independence=check)
+    ids, offsets, y = next(iter(p.data_loader))
+    nn.functional.cross_entropy(p.model(ids, offsets), y).backward()
+    if check:
+        with pytest.raises(BatchDependenceError, match="not one row per example"):
+            p.optimizer.step()
+        assert p.accountant.steps == 0
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            assert torch.equal(a, b)
+        return
+    p.optimizer.step()
+    ends = torch.cat([offsets[1:], torch.tensor([len(ids)])])
+    rows = oracle.grads(lambda i: nn.functional.cross_entropy(
+        ref(ids[offsets[i]:ends[i]], torch.tensor([0])), y[i:i + 1]), len(y),
+        oracle.trainable(ref))
+    total, _ = oracle.clip_and_sum(rows, 0.05)
+    oracle.sgd_step(oracle.trainable(ref), total, 0.5, 8)
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

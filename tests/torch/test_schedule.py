@@ -127,3 +127,90 @@ def test_a_strategy_given_is_kept_and_the_former_name_works():
     assert plan.strategy is given and plan.correlates
     assert RunAccounting is NoisePlan
     assert RunAccounting("poisson", 10, 0.1, 1).strategy == Identity()
+
+
+@pytest.mark.parametrize("sampling", ["balls_in_bins", "cyclic_poisson", "shuffled_epochs"])
+def test_a_whole_run_refuses_a_new_noise_multiplier_where_it_is_set(sampling):
+    """DP-SGD under a sampling accounted as one mechanism of the run: a new noise
+    multiplier after its first step is refused by the setter, naming both values, and
+    the run goes on at the old one. It was accepted, and every later step was refused
+    from inside the budget check with a bare "a correlated-noise run has one noise
+    multiplier" (no value, no remedy), the batch left pending."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.errors import ConfigurationError
+    from privlearn.torch import make_private
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g)
+    model = nn.Linear(4, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=8),
+                     noise_multiplier=1.0, max_grad_norm=1.0, sampling=sampling, epochs=2,
+                     seed=0)
+    p.optimizer.noise_multiplier = 1.2  # before the first step: the run's one value
+    done = 0
+    for _ in range(2):
+        for xb, yb in p.data_loader:
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(xb), yb).backward()
+            p.optimizer.step()
+            done += 1
+            if done == 1:
+                with pytest.raises(ConfigurationError, match=r"1\.2 \(kept\), got 1\.5"):
+                    p.optimizer.noise_multiplier = 1.5
+                assert p.optimizer.noise_multiplier == 1.2
+    assert p.accountant.steps == done == 2 * len(p.data_loader)
+    assert {s.noise_multiplier for s in p.accountant.segments} == {1.2}
+    assert p.epsilon(1e-5) == pytest.approx(
+        p.plan.run.mechanism(1.2, done).epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("extra", [{"sampling": "balls_in_bins"},
+                                   {"sampling": "cyclic_poisson", "noise": "banded",
+                                    "cycle_length": 4}])
+def test_a_whole_run_resumes_at_the_noise_multiplier_it_ran_at(extra):
+    """A run of one mechanism whose noise multiplier was set before its first step
+    resumes from its checkpoint: the live value is restored before the history (after
+    it, the run has steps and refuses a new one, and the load stopped half done), and
+    the resumed run equals the uninterrupted one (epsilon, parameters bit for bit)."""
+    torch = pytest.importorskip("torch")
+    import copy
+
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g)
+    ds = TensorDataset(x, (x[:, 0] > 0).long())
+
+    def run(steps, state=None):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=8), noise_multiplier=1.0,
+                         max_grad_norm=1.0, epochs=2, seed=0, **extra)
+        if state is None:
+            p.optimizer.noise_multiplier = 1.2  # before the first step: the run's value
+        else:
+            p.load_state_dict(state)
+        while p.accountant.steps < steps:
+            for xb, yb in p.data_loader:
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(xb), yb).backward()
+                p.optimizer.step()
+                if p.accountant.steps == steps:
+                    break
+        return p
+
+    half = run(3)
+    resumed = run(6, copy.deepcopy(half.state_dict()))
+    full = run(6)
+    assert resumed.optimizer.noise_multiplier == 1.2
+    assert resumed.epsilon(1e-5) == full.epsilon(1e-5)
+    for a, b in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -110,6 +110,36 @@ def test_unknown_accountant_is_refused_before_training(name, hint):
     assert dict(model._forward_hooks) == {}
 
 
+def test_an_accountant_name_is_kept_as_the_registry_keys_it():
+    """"PLD" and " rdp" name the registry's "pld" and "rdp" (get_accountant strips and
+    lowercases): the run keeps that name, so a checkpoint of a run made with
+    accountant="pld" loads into one made with "PLD" (it was refused as another
+    accountant), and one made with "rdp" is still refused."""
+    import copy
+
+    from torch import nn
+
+    def run(name):
+        model, opt, loader = _training()
+        return make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                            accountant=name, seed=0)
+
+    assert DPConfig(noise_multiplier=1.0, accountant=" Rdp").accountant == "rdp"
+    p = run("pld")
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    out = p.model(x)
+    (nn.functional.cross_entropy(out, y) if len(y) else out.sum()).backward()
+    p.optimizer.step()
+    state = copy.deepcopy(p.state_dict())
+    upper = run("PLD")
+    assert upper.accountant.accountant == "pld"
+    upper.load_state_dict(state)
+    assert upper.epsilon(1e-5) == p.epsilon(1e-5) > 0
+    with pytest.raises(ConfigurationError, match="accountant"):
+        run("rdp").load_state_dict(state)
+
+
 def test_accountant_that_cannot_describe_the_steps_is_refused_before_training():
     # "analytic" is exact for unsubsampled Gaussians only: refused when make_private
     # returns, not at the first epsilon() after the steps (with or without a plan)

@@ -342,3 +342,36 @@ def test_integral_float_user_ids_are_the_same_units_as_ints():
     mixed = _private_with_users([float(i // 4) if i % 2 else i // 4 for i in range(48)],
                                 epochs=1)
     assert ints.plan.dataset_size == floats.plan.dataset_size == mixed.plan.dataset_size == 12
+
+
+def test_a_checkpoint_loads_only_into_a_run_of_the_same_users():
+    """The saved history protects the users it was run with: a run whose examples are
+    grouped into other users (the same number of them) refuses the checkpoint (a user
+    of the new grouping who spans two old ones had group privacy 2 in the saved steps),
+    while the same grouping under other ids loads and continues the same epsilon."""
+    ds = _data(n=48)
+    by_block = [i // 4 for i in range(48)]  # 12 users of 4 consecutive examples
+    interleaved = [i % 12 for i in range(48)]  # 12 users of 4 examples, spread out
+    renamed = [f"user-{11 - u}" for u in by_block]  # by_block's grouping, other ids
+
+    def run(users):
+        model = _Feat(_mlp(d=4))
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(ds, batch_size=3), noise_multiplier=1.0,
+                            max_grad_norm=1.0, users=users, max_examples_per_user=4, seed=0)
+
+    p = run(by_block)
+    for x, y in p.data_loader:
+        if len(y):
+            _step(p, x, y)
+        if p.accountant.steps == 3:
+            break
+    state = p.state_dict()
+    other = run(interleaved)
+    with pytest.raises(ValueError, match="users: saved '12 users, partition"):
+        other.load_state_dict(state)
+    assert other.accountant.steps == 0
+    same = run(renamed)
+    same.load_state_dict(state)
+    assert same.accountant.steps == 3
+    assert same.epsilon(1e-5) == p.epsilon(1e-5)
