@@ -4,9 +4,9 @@ budget already spent, and the refusal of encoder-decoder models."""
 
 from __future__ import annotations
 
-from privlearn.errors import PrivacyBudgetExceededError
+from privlearn.errors import ConfigurationError, PrivacyBudgetExceededError
 
-__all__ = ["spent_budget_error"]
+__all__ = ["refuse_encoder_decoder", "spent_budget_error"]
 
 
 def spent_budget_error(p, epsilon: float) -> PrivacyBudgetExceededError:
@@ -21,3 +21,29 @@ def spent_budget_error(p, epsilon: float) -> PrivacyBudgetExceededError:
         "would exceed it; no batch was drawn. Release the model trained so far (its epsilon "
         "is the one above), or, if a larger budget is acceptable, train in a new DPTrainer "
         "with a larger max_epsilon and count both runs' epsilon yourself")
+
+
+def refuse_encoder_decoder(model) -> None:
+    """Refuse an encoder-decoder model (``config.is_encoder_decoder``: T5, BART,
+    ``EncoderDecoderModel``, ...), before any step, saying what to use instead.
+
+    Its decoder is fed from the labels (``decoder_input_ids``, the labels shifted right),
+    which DPTrainer's per-example loss takes out of the batch; and these models compute
+    tensors once for the whole batch that the engine cannot split per example (T5's
+    relative attention bias embedding sees the ``(length, length)`` position grid, not
+    one row per example, and BART's learned positions fail to reshape), so no per-example
+    gradient, hence no clipping, exists for them."""
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False) is not True:
+        return
+    raise ConfigurationError(
+        f"{type(model).__name__} is an encoder-decoder model (config.is_encoder_decoder="
+        "True: T5, BART, ...), which DPTrainer does not support: no task of "
+        "PrivacyArguments(task=...) feeds its decoder (the decoder_input_ids built from the "
+        "labels), and parts of it are computed once for the whole batch (T5's relative "
+        "attention bias, BART's learned positions), so per-example gradients, hence "
+        "per-example clipping, do not exist for them. For sequence-to-sequence training use "
+        "a decoder-only model (GPT-2, Llama, ...) with PrivacyArguments(task='causal_lm'), "
+        "source and target concatenated into one sequence and the source's labels set to "
+        "-100; for classification, an encoder-only model (BERT, RoBERTa, ...) with "
+        "task='sequence_classification'")

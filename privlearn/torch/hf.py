@@ -75,7 +75,8 @@ rebalanced or sequential batches: the DP sampler draws the batches),
 would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
 sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
 ``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
-and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``).
+and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``),
+encoder-decoder models (T5, BART: ``privlearn.torch._hf_release.refuse_encoder_decoder``).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
@@ -173,7 +174,7 @@ from privlearn.torch._hf_private import (
     save_private,
     secret_parts,
 )
-from privlearn.torch._hf_release import spent_budget_error
+from privlearn.torch._hf_release import refuse_encoder_decoder, spent_budget_error
 from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -381,6 +382,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 "(the PyTorch guide, section 'Mixed precision')")
         refuse_parallelism(self)
         refuse_updates_in_backward(a, self.optimizer)
+        if self.model is not None:  # (model_init: the Trainer has built one)
+            refuse_encoder_decoder(_unwrap(self.model))
         if getattr(a, "auto_find_batch_size", False):
             raise ConfigurationError(
                 "auto_find_batch_size=True is not supported by DPTrainer: the Trainer halves "
