@@ -174,7 +174,12 @@ from privlearn.torch._hf_private import (
     save_private,
     secret_parts,
 )
-from privlearn.torch._hf_release import refuse_encoder_decoder, spent_budget_error
+from privlearn.torch._hf_release import (
+    ReportOnSave,
+    refuse_encoder_decoder,
+    run_description,
+    spent_budget_error,
+)
 from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -298,7 +303,8 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
+class DPTrainer(ReportOnSave, RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff,
+                Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -352,6 +358,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         self.privacy_engine: PrivateTraining | None = None
         self._spent = None  # the composed mechanism of the finished runs with noise
         self._unbounded = False  # a finished run took a step without noise
+        self._earlier_runs: list[dict] = []  # their public descriptions (privacy report)
         self._resume_state: dict | None = None
         self._private_files: dict[str, str] = {}  # private state file -> its checkpoint
         self._stopped_at_budget = False
@@ -539,6 +546,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     def _settle_run(self, p: PrivateTraining) -> None:
         """Keep the privacy cost of a finished run (its mechanism includes the earlier
         runs, its prior) and detach its engine."""
+        if p.accountant.steps:
+            self._earlier_runs.append(run_description(p))
         if any(s.noise_multiplier == 0 and s.steps > 0 for s in p.accountant.segments):
             self._unbounded = True  # no mechanism describes it: epsilon is infinite
         else:

@@ -4,18 +4,20 @@ up front."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_hf_trainer import _args, _eps, _TextSet  # noqa: E402
+from test_hf_trainer import B, N, _args, _eps, _TextSet  # noqa: E402
 
+import privlearn  # noqa: E402
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
 from privlearn.errors import ConfigurationError, PrivacyBudgetExceededError  # noqa: E402
 from privlearn.torch.accountant import PrivacyBudgetWarning  # noqa: E402
 from privlearn.torch.hf import DPTrainer, PrivacyArguments  # noqa: E402
-
-V = 48
 
 
 def _gpt2(seed=0):
@@ -97,3 +99,89 @@ def test_peft_wrapped_encoder_decoder_is_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="T5ForConditionalGeneration is an encoder"):
         DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
                   privacy=PrivacyArguments(noise_multiplier=1.0))
+
+
+def _strict_json(path):
+    def refuse(c):
+        raise ValueError(f"non-standard JSON constant {c}")
+
+    with open(path, encoding="utf-8") as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def _keys(x):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield k
+            yield from _keys(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _keys(v)
+
+
+def test_saved_model_comes_with_its_privacy_report(tmp_path):
+    """save_model writes privacy_report.json next to the weights: epsilon at target_delta
+    equal to the closed-form composition of the steps taken, and the mechanism that ran;
+    no seed, no training set size."""
+    tr = DPTrainer(model=_gpt2(), args=_args(tmp_path / "out", max_steps=3),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.3, max_grad_norm=0.7,
+                                            target_delta=1e-6, seed=987654321))
+    tr.train()
+    tr.save_model(str(tmp_path / "release"))
+    assert (tmp_path / "release" / "model.safetensors").is_file()
+    r = _strict_json(tmp_path / "release" / "privacy_report.json")
+    assert r["delta"] == 1e-6 and r["accountant"] == "pld"
+    assert r["epsilon"] == pytest.approx(_eps(1.3, 3, delta=1e-6), rel=1e-9)
+    assert r["privlearn_version"] == privlearn.__version__
+    m = r["mechanism"]
+    assert (m["noise_multiplier"], m["max_grad_norm"], m["steps"]) == (1.3, 0.7, 3)
+    assert m["sampling_rate"] == B / N and m["sampling"] == "poisson"
+    assert m["scheme"] == "poisson" and m["neighbouring"] == "add_remove"
+    assert m["segments"] == [{"noise_multiplier": 1.3, "sampling_rate": B / N,
+                              "max_grad_norm": 0.7, "steps": 3}]
+    assert r["earlier_runs"] == []
+    keys = set(_keys(r))
+    assert not keys & {"seed", "dataset_size", "sampler", "noise_state", "loss", "rank"}
+    assert "987654321" not in json.dumps(r)  # not the seed in any form
+
+
+def test_checkpoints_and_later_runs_report_what_they_cost(tmp_path):
+    """Each checkpoint folder (what push_to_hub uploads) has the report of its step; a
+    second run (model_init) reports the composition of both runs."""
+    args = _args(tmp_path / "out", max_steps=2, save_strategy="steps", save_steps=1)
+    tr = DPTrainer(model_init=lambda: _gpt2(), args=args, train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0),
+                   private_state_dir=str(tmp_path / "private"))
+    tr.train()
+    for step in (1, 2):
+        r = _strict_json(tmp_path / "out" / f"checkpoint-{step}" / "privacy_report.json")
+        assert r["mechanism"]["steps"] == step
+        assert r["epsilon"] == pytest.approx(_eps(1.0, step), rel=1e-9)
+    tr.train()  # a second run on the same training set: composed
+    tr.save_model()
+    r = _strict_json(tmp_path / "out" / "privacy_report.json")
+    both = compose(subsample(Gaussian(1.0), rate=B / N), steps=4).epsilon(1e-5)
+    assert r["epsilon"] == pytest.approx(both, rel=1e-9)
+    assert [run["steps"] for run in (*r["earlier_runs"], r["mechanism"])] == [2, 2]
+
+
+def test_report_of_a_run_without_noise_is_strict_json(tmp_path):
+    tr = DPTrainer(model=_gpt2(), args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=float("inf"),
+                                            seed=0))
+    tr.train()
+    tr.save_model(str(tmp_path / "release"))
+    r = _strict_json(tmp_path / "release" / "privacy_report.json")
+    assert r["epsilon"] == "inf" and r["mechanism"]["max_grad_norm"] == "inf"
+
+
+def test_only_the_process_that_saves_writes_the_report(tmp_path, monkeypatch):
+    """Under several processes only the one that writes the weights (should_save: the
+    main process) writes the report."""
+    tr = DPTrainer(model=_gpt2(), args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.train()
+    monkeypatch.setattr(type(tr.args), "should_save", property(lambda self: False))
+    tr.save_model(str(tmp_path / "other-rank"))
+    assert not (tmp_path / "other-rank" / "privacy_report.json").exists()
