@@ -33,7 +33,9 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
   epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state,
   whose private part is missing, of another number of processes, or resumed with other
-  privacy settings (:mod:`privlearn.torch._hf_resume`) is refused;
+  privacy settings (:mod:`privlearn.torch._hf_resume`) is refused; ``save_model`` (so
+  each checkpoint and ``push_to_hub``) writes the public ``privacy_report.json``
+  (epsilon, delta, accountant, mechanism: :mod:`privlearn.torch._hf_release`);
 * **releases**: every number the trainer logs, returns or writes into a checkpoint is on
   an allow-list (:data:`RELEASED_LOGS`): epsilon, the clipping bound, the learning rate,
   the step and the epoch (all data-independent or accounted), and evaluation metrics
