@@ -128,16 +128,18 @@ class ReportOnSave:
 
 def spent_budget_error(p, epsilon: float) -> PrivacyBudgetExceededError:
     """The error for a ``train()`` whose engine ``p`` has no room left for one step under
-    its ``max_epsilon`` (an earlier ``train()`` of the same trainer spent it); raised
-    before the run draws a batch."""
+    its ``max_epsilon`` (an earlier ``train()`` of the same trainer, or the run of the
+    checkpoint it resumes, spent it); raised before the run draws a batch."""
     b = p.budget
     return PrivacyBudgetExceededError(
-        f"max_epsilon={b.max_epsilon:g} at delta={b.delta:g} is spent: this trainer already "
-        f"took {p.accountant.steps} step(s) (epsilon {epsilon:.4g}), and one more step "
+        f"max_epsilon={b.max_epsilon:g} at delta={b.delta:g} is spent: "
+        f"{p.accountant.steps} step(s) were already taken (epsilon {epsilon:.4g}: an "
+        "earlier train() of this trainer, or the run of the checkpoint resumed), and one "
+        "more step "
         f"(noise_multiplier={p.noise_multiplier:.4g}, sampling rate {p.sampling_rate:.4g}) "
-        "would exceed it; no batch was drawn. Release the model trained so far (its epsilon "
-        "is the one above), or, if a larger budget is acceptable, train in a new DPTrainer "
-        "with a larger max_epsilon and count both runs' epsilon yourself")
+        "would exceed it; no batch was drawn. Stop here: the model trained so far is "
+        "covered by the epsilon above; training further needs a larger max_epsilon, "
+        "planned before the run's first step")
 
 
 def refuse_encoder_decoder(model) -> None:

@@ -185,3 +185,18 @@ def test_only_the_process_that_saves_writes_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr(type(tr.args), "should_save", property(lambda self: False))
     tr.save_model(str(tmp_path / "other-rank"))
     assert not (tmp_path / "other-rank" / "privacy_report.json").exists()
+
+
+def test_resuming_a_run_whose_budget_is_spent_is_refused_before_any_batch(tmp_path):
+    cap = (_eps(1.0, 2) + _eps(1.0, 3)) / 2  # room for exactly 2 steps
+    privacy = PrivacyArguments(noise_multiplier=1.0, max_epsilon=cap, seed=0)
+    args = _args(tmp_path / "out", max_steps=2, save_strategy="steps", save_steps=2)
+    DPTrainer(model=_gpt2(), args=args, train_dataset=_TextSet(), privacy=privacy,
+              private_state_dir=str(tmp_path / "private")).train()
+    model = _gpt2()
+    forwards = _count_forwards(model)
+    tr = DPTrainer(model=model, args=args, train_dataset=_TextSet(), privacy=privacy,
+                   private_state_dir=str(tmp_path / "private"))
+    with pytest.raises(PrivacyBudgetExceededError, match="is spent.*no batch was drawn"):
+        tr.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert not forwards and tr.privacy_engine.accountant.steps == 2
