@@ -33,7 +33,9 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   resume_from_checkpoint=...)`` restores both parts, so a resumed run reports the same
   epsilon and epoch as an uninterrupted one; a checkpoint without its privacy state,
   whose private part is missing, of another number of processes, or resumed with other
-  privacy settings (:mod:`privlearn.torch._hf_resume`) is refused;
+  privacy settings (:mod:`privlearn.torch._hf_resume`) is refused; ``save_model`` (so
+  each checkpoint and ``push_to_hub``) writes the public ``privacy_report.json``
+  (epsilon, delta, accountant, mechanism: :mod:`privlearn.torch._hf_release`);
 * **releases**: every number the trainer logs, returns or writes into a checkpoint is on
   an allow-list (:data:`RELEASED_LOGS`): epsilon, the clipping bound, the learning rate,
   the step and the epoch (all data-independent or accounted), and evaluation metrics
@@ -75,7 +77,8 @@ rebalanced or sequential batches: the DP sampler draws the batches),
 would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
 sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
 ``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
-and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``).
+and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``),
+encoder-decoder models (T5, BART: ``privlearn.torch._hf_release.refuse_encoder_decoder``).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
@@ -173,6 +176,12 @@ from privlearn.torch._hf_private import (
     save_private,
     secret_parts,
 )
+from privlearn.torch._hf_release import (
+    ReportOnSave,
+    refuse_encoder_decoder,
+    run_description,
+    spent_budget_error,
+)
 from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -223,6 +232,8 @@ class _PrivacyCallback(TrainerCallback):
                 f"max_epsilon={p.budget.max_epsilon:g}: an earlier run of this trainer took "
                 "steps without noise (noise_multiplier=0), so the epsilon of its runs is "
                 "already infinite; no step was taken. Build a new DPTrainer")
+        if p is not None and p.accountant.steps > 0 and _exhausted(p):
+            raise spent_budget_error(p, self.trainer.epsilon(p.budget.delta))  # no batch drawn
         if p is not None and p.accountant.steps == 0 and _exhausted(p):
             raise PrivacyBudgetExceededError(
                 f"max_epsilon={p.budget.max_epsilon:g} at delta={p.budget.delta:g} "
@@ -294,7 +305,8 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
+class DPTrainer(ReportOnSave, RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff,
+                Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -360,6 +372,7 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
         self.privacy_engine: PrivateTraining | None = None
         self._spent = None  # the composed mechanism of the finished runs with noise
         self._unbounded = False  # a finished run took a step without noise
+        self._earlier_runs: list[dict] = []  # their public descriptions (privacy report)
         self._resume_state: dict | None = None
         self._private_files: dict[str, str] = {}  # private state file -> its checkpoint
         self._stopped_at_budget = False
@@ -390,6 +403,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
                 "(the PyTorch guide, section 'Mixed precision')")
         refuse_parallelism(self)
         refuse_updates_in_backward(a, self.optimizer)
+        if self.model is not None:  # (model_init: the Trainer has built one)
+            refuse_encoder_decoder(_unwrap(self.model))
         if getattr(a, "auto_find_batch_size", False):
             raise ConfigurationError(
                 "auto_find_batch_size=True is not supported by DPTrainer: the Trainer halves "
@@ -547,6 +562,8 @@ class DPTrainer(RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     def _settle_run(self, p: PrivateTraining) -> None:
         """Keep the privacy cost of a finished run (its mechanism includes the earlier
         runs, its prior) and detach its engine."""
+        if p.accountant.steps:
+            self._earlier_runs.append(run_description(p))
         if any(s.noise_multiplier == 0 and s.steps > 0 for s in p.accountant.segments):
             self._unbounded = True  # no mechanism describes it: epsilon is infinite
         else:
