@@ -13,10 +13,13 @@ each; two sets share examples when they reach the same object at a common index.
 from __future__ import annotations
 
 import bisect
+import warnings
 
 from torch.utils.data import ConcatDataset, Subset
 
-__all__ = ["shares_examples"]
+from privlearn.errors import PrivacyLeakWarning
+
+__all__ = ["EvaluationWarnings", "shares_examples"]
 
 
 def _parts(dataset, index=None, depth: int = 0) -> list:
@@ -60,3 +63,37 @@ def shares_examples(given, training) -> bool:
                                     or not index.isdisjoint(other_index)):
                 return True
     return False
+
+
+class EvaluationWarnings:
+    """DPTrainer's ``evaluate`` and ``predict``: the Trainer's, with a warning when the
+    set holds training examples."""
+
+    def evaluate(self, eval_dataset=None, *args, **kwargs):
+        """``Trainer.evaluate``; a :class:`~privlearn.errors.PrivacyLeakWarning` when the
+        evaluation set holds training examples (it is the training set, a ``Subset`` of it,
+        the dataset a training ``Subset`` was cut from, ...:
+        :mod:`privlearn.torch._hf_eval`): its metrics are then un-noised statistics of
+        the private data, released in the logs and checkpoints and not covered by the
+        accounting (the evaluation metrics are released as statistics of a separate set)."""
+        self._warn_training_set(self.eval_dataset if eval_dataset is None else eval_dataset,
+                                "its metrics (eval_loss, ...)")
+        return super().evaluate(eval_dataset, *args, **kwargs)
+
+    def predict(self, test_dataset, *args, **kwargs):
+        """``Trainer.predict``; a :class:`~privlearn.errors.PrivacyLeakWarning` when
+        ``test_dataset`` is the training set (as for :meth:`evaluate`)."""
+        self._warn_training_set(test_dataset, "its predictions and metrics")
+        return super().predict(test_dataset, *args, **kwargs)
+
+    def _warn_training_set(self, given, what: str) -> None:
+        if isinstance(given, str) and isinstance(self.eval_dataset, dict):  # a set's name
+            given = self.eval_dataset.get(given)
+        sets = given.values() if isinstance(given, dict) else (given,)
+        if any(shares_examples(d, self.train_dataset) for d in sets):  # Subset, Concat too
+            warnings.warn(
+                f"the evaluation set is the training set, or shares examples with it: {what} "
+                "are un-noised statistics of the private training data, released (in the "
+                "logs and checkpoints) without being covered by the accounted mechanism. "
+                "Evaluate on a held-out split",
+                PrivacyLeakWarning, stacklevel=3)

@@ -156,7 +156,7 @@ from privlearn.torch._hf_collate import (
     own_labels,
     positions_of_left_padding,
 )
-from privlearn.torch._hf_eval import shares_examples
+from privlearn.torch._hf_eval import EvaluationWarnings
 from privlearn.torch._hf_fsdp import (
     FSDP2Support,
     is_fsdp2,
@@ -305,8 +305,8 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(ReportOnSave, RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff,
-                Trainer):
+class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Support,
+                OptimizerHandoff, Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -524,35 +524,6 @@ class DPTrainer(ReportOnSave, RngStatesKeptPrivate, FSDP2Support, OptimizerHando
         self.privacy_engine = p
         self.optimizer = p.optimizer
         return p.data_loader
-
-    def evaluate(self, eval_dataset=None, *args, **kwargs):
-        """``Trainer.evaluate``; a :class:`~privlearn.errors.PrivacyLeakWarning` when the
-        evaluation set holds training examples (it is the training set, a ``Subset`` of it,
-        the dataset a training ``Subset`` was cut from, ...:
-        :mod:`privlearn.torch._hf_eval`): its metrics are then un-noised statistics of
-        the private data, released in the logs and checkpoints and not covered by the
-        accounting (the evaluation metrics are released as statistics of a separate set)."""
-        self._warn_training_set(self.eval_dataset if eval_dataset is None else eval_dataset,
-                                "its metrics (eval_loss, ...)")
-        return super().evaluate(eval_dataset, *args, **kwargs)
-
-    def predict(self, test_dataset, *args, **kwargs):
-        """``Trainer.predict``; a :class:`~privlearn.errors.PrivacyLeakWarning` when
-        ``test_dataset`` is the training set (as for :meth:`evaluate`)."""
-        self._warn_training_set(test_dataset, "its predictions and metrics")
-        return super().predict(test_dataset, *args, **kwargs)
-
-    def _warn_training_set(self, given, what: str) -> None:
-        if isinstance(given, str) and isinstance(self.eval_dataset, dict):  # a set's name
-            given = self.eval_dataset.get(given)
-        sets = given.values() if isinstance(given, dict) else (given,)
-        if any(shares_examples(d, self.train_dataset) for d in sets):  # Subset, Concat too
-            warnings.warn(
-                f"the evaluation set is the training set, or shares examples with it: {what} "
-                "are un-noised statistics of the private training data, released (in the "
-                "logs and checkpoints) without being covered by the accounted mechanism. "
-                "Evaluate on a held-out split",
-                PrivacyLeakWarning, stacklevel=3)
 
     def floating_point_ops(self, inputs) -> int:
         """0: the Trainer's FLOP count depends on the private batch's sequence lengths
