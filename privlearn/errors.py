@@ -28,6 +28,8 @@ class                              raised when                                 C
 :class:`LedgerNotFoundError`       no ledger file at the path                  2
 :class:`UnknownBudgetError`        no budget for the dataset in the ledger     2
 :class:`LedgerConflictError`       a request contradicts the ledger's state    2
+:class:`LedgerBusyError`           another writer held the ledger past         2
+                                   ``timeout`` (nothing recorded)
 :class:`DataNotFoundError`         a dataset's files are not found             2
 :class:`DataFormatError`           a dataset's file is not in its format       2
 :class:`BudgetExceededError`       a spend would exceed the ledger's budget    3
@@ -67,6 +69,7 @@ __all__ = [
     "LedgerNotFoundError",
     "UnknownBudgetError",
     "LedgerConflictError",
+    "LedgerBusyError",
     "DataNotFoundError",
     "DataFormatError",
     "DataClippedWarning",
@@ -263,6 +266,28 @@ class LedgerConflictError(ValueError):
     reservation that is unknown or already settled, a settlement its plan does not
     cover, a release accounted per another privacy unit or under another neighbouring
     relation than the budget's. Nothing was recorded."""
+
+
+class LedgerBusyError(TimeoutError):
+    """Another writer held the ledger's write lock for longer than the ``timeout`` this
+    :class:`~privlearn.ledger.Ledger` waits: the request was abandoned and nothing was
+    recorded (try again, pass a larger ``timeout=``, or find the process that holds a
+    write transaction open on the file).
+
+    Attributes
+    ----------
+    path : str
+        The ledger's file.
+    timeout : float
+        The seconds waited.
+    """
+
+    def __init__(self, message: str, *, path: str, timeout: float) -> None:
+        super().__init__(message)
+        self.path, self.timeout = path, timeout
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 # ----------------------------------------------------------------------------------

@@ -20,6 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from privlearn._validation import check_count
+from privlearn.accounting import (
+    ApproxDP,
+    Composed,
+    Laplace,
+    Mechanism,
+    PureDP,
+    RandomizedResponse,
+    Subsampled,
+)
 from privlearn.auditing.bounds import (
     METHODS,
     _bound,
@@ -34,6 +43,42 @@ from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterVa
 __all__ = ["AuditResult", "ONE_RUN_METHODS", "one_run_audit"]
 
 ONE_RUN_METHODS = ("one_run", "one_run_fdp")
+
+#: Mechanisms whose trade-off curve is known not to be Gaussian (a pure-DP corner, or
+#: Laplace's piecewise curve): the Gaussian-curve method ``"one_run_fdp"`` can report a
+#: violation of their claim although they keep it.
+NOT_GAUSSIAN = (Laplace, RandomizedResponse, PureDP, ApproxDP)
+
+
+def _non_gaussian_parts(mechanism: Mechanism) -> list[str]:
+    """The parts of ``mechanism`` (through compositions and subsampling) whose trade-off
+    curve is not Gaussian, by class name."""
+    if isinstance(mechanism, Composed):
+        return [n for m, _ in mechanism.parts for n in _non_gaussian_parts(m)]
+    if isinstance(mechanism, Subsampled):
+        return _non_gaussian_parts(mechanism.base)
+    return [type(mechanism).__name__] if isinstance(mechanism, NOT_GAUSSIAN) else []
+
+
+def _warn_if_not_gaussian(mechanism: Mechanism | None, method: str, delta: float,
+                          stacklevel: int) -> None:
+    """One ``UserWarning`` when the Gaussian-curve method audits a mechanism known to
+    have another curve: recommend ``method='one_run'``."""
+    if method != "one_run_fdp" or mechanism is None:
+        return
+    if not isinstance(mechanism, Mechanism):
+        raise ParameterTypeError(
+            f"mechanism must be a privlearn Mechanism (or a callable returning one), got "
+            f"{type(mechanism).__name__}")
+    parts = sorted(set(_non_gaussian_parts(mechanism)))
+    if not parts:
+        return
+    warnings.warn(
+        f"method='one_run_fdp' tests the Gaussian trade-off curve through (epsilon, "
+        f"delta={delta:g}), but the audited mechanism contains {', '.join(parts)}, whose "
+        "curve is not Gaussian: an honest mechanism can be reported as a violation. Use "
+        "method='one_run' (Steinke, Nasr & Jagielski 2023), valid for every (epsilon, "
+        "delta)-DP mechanism", UserWarning, stacklevel=stacklevel + 1)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -183,6 +228,7 @@ def one_run_audit(
     seed: int | None = None,
     method: str = "one_run",
     confidence: float = 0.95,
+    mechanism: Mechanism | Callable[[], Mechanism] | None = None,
 ) -> AuditResult:
     """Audit one training run with ``n_canaries`` canaries.
 
@@ -212,6 +258,14 @@ def one_run_audit(
         as a violation although it keeps its claim. (The canaries of one run are not
         independent trials, so ``"clopper_pearson"`` and ``"gdp"`` do not apply here.)
     confidence : float in (0, 1)
+    mechanism : Mechanism or callable, optional
+        The audited mechanism, if known (or a callable returning it, evaluated after
+        training like ``claimed_epsilon``). Used only to warn, once per audit
+        (``UserWarning``), when ``method="one_run_fdp"`` audits a mechanism whose
+        trade-off curve is known not to be Gaussian (a part that is
+        :data:`NOT_GAUSSIAN`: Laplace, randomized response, pure DP), recommending
+        ``method="one_run"``. :func:`~privlearn.auditing.audit_estimator` passes the
+        estimator's ``mechanism_``.
 
     Returns
     -------
@@ -246,6 +300,8 @@ def one_run_audit(
                          "method='one_run', valid at delta=0)")
     if not callable(claimed_epsilon):
         claim = _check_claim("claimed_epsilon", claimed_epsilon)
+    if not callable(mechanism):  # known now: say so before training
+        _warn_if_not_gaussian(mechanism, method, d, stacklevel=2)
     seed = _check_seed(seed)  # drawn and recorded when None: the audit can be repeated
     _warn_if_unrefutable(n_canaries, d, c, method, stacklevel=3)
     rng = np.random.default_rng(seed)
@@ -275,6 +331,8 @@ def one_run_audit(
     if callable(claimed_epsilon):
         claim = _check_claim("claimed_epsilon()", claimed_epsilon())
         _warn_if_claim_unrefutable(claim, inclusion, d, method, c)
+    if callable(mechanism):
+        _warn_if_not_gaussian(mechanism(), method, d, stacklevel=2)
     # an empty side (every canary in, or none) is a valid outcome of the guessing game
     bound = _bound(scores[inclusion], scores[~inclusion], d, method, c)
     return AuditResult(epsilon_lower_bound=float(bound), claimed_epsilon=claim, delta=d,

@@ -47,7 +47,9 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         estimator's ``random_state`` (default: drawn from fresh entropy and recorded in
         the result's ``seed``).
     method, confidence : see :func:`privlearn.auditing.one_run_audit` ("one_run" or
-        "one_run_fdp").
+        "one_run_fdp"). With ``"one_run_fdp"``, an estimator whose ``mechanism_`` is not
+        Gaussian (``DPSGDRegressor(noise="laplace")``) gets a ``UserWarning``
+        recommending ``"one_run"``.
     canary_norm : float, optional
         ``b``, the norm of a canary's feature vector (default: the estimator's
         ``x_bound``, or ``max_grad_norm`` for the DP-SGD estimators).
@@ -113,9 +115,11 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
                             "audit_estimator needs a linear DP estimator that reports the "
                             "epsilon of its fit")
         fitted["epsilon"] = float(est.epsilon_)
+        fitted["mechanism"] = getattr(est, "mechanism_", None)
         coef = np.asarray(est.coef_, dtype=float).reshape(-1)
         return signs * coef[p:p + m]
 
     return one_run_audit(train_and_score, n_canaries,
                          claimed_epsilon=lambda: fitted["epsilon"], delta=d, seed=seed,
-                         method=method, confidence=confidence)
+                         method=method, confidence=confidence,
+                         mechanism=lambda: fitted["mechanism"])

@@ -71,6 +71,7 @@ fact all ``T``) in the ledger. ``ledger.pending(dataset)`` lists unsettled reser
 
 from privlearn.errors import (
     BudgetExceededError,
+    LedgerBusyError,
     LedgerConflictError,
     LedgerIntegrityError,
     LedgerNotFoundError,
@@ -94,6 +95,7 @@ __all__ = [
     "BudgetHandle",
     "Entry",
     "Ledger",
+    "LedgerBusyError",
     "LedgerConflictError",
     "LedgerIntegrityError",
     "LedgerNotFoundError",

@@ -44,6 +44,7 @@ from privlearn.errors import (
     ParameterValueError,
     UnknownBudgetError,
 )
+from privlearn.ledger._busy import as_busy_error, lock_file, lock_timeout_refused
 from privlearn.ledger._filter import evaluate_budget, filter_order
 from privlearn.ledger._handles import (
     BudgetHandle,
@@ -125,7 +126,7 @@ class Ledger:
         recompute the chain; with a key (kept outside the file) nobody without the key
         can forge a consistent chain. Record :meth:`head` elsewhere for the same effect.
     timeout : float
-        Seconds to wait for another process's write lock.
+        Seconds to wait for another writer's lock; then LedgerBusyError, nothing recorded.
 
     Notes
     -----
@@ -218,7 +219,7 @@ class Ledger:
         except sqlite3.OperationalError as exc:
             conn.close()
             if not any(w in str(exc) for w in ("unable to open", "readonly")):
-                raise
+                raise as_busy_error(exc, self.path, self._timeout) from None
             raise LedgerNotFoundError(
                 f"cannot open the privacy ledger at {self.path} ({exc}); check that the "
                 "path is a file you may read and write, in a directory you may write in",
@@ -336,7 +337,7 @@ class Ledger:
                 "and create files in its directory", path=self.path, reason="unopenable",
             ) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            lock_file(fd, self.path, self._timeout)
             yield
         finally:
             os.close(fd)  # releases the lock
@@ -348,7 +349,7 @@ class Ledger:
         conn = conn or self._conn
         with self._lock:
             cur = conn.cursor()  # first: an unpickled handle that cannot spend says why
-            with self._file_lock():
+            with self._file_lock(), lock_timeout_refused(conn, self.path, self._timeout):
                 cur.execute("BEGIN IMMEDIATE")
                 self._appended = None
                 try:
@@ -366,7 +367,7 @@ class Ledger:
     @contextlib.contextmanager
     def _read(self, *, check: bool = True) -> Iterator[sqlite3.Cursor]:
         """One read transaction (a consistent snapshot), the file's integrity checked."""
-        with self._lock:
+        with self._lock, lock_timeout_refused(self._conn, self.path, self._timeout):
             cur = self._conn.cursor()
             cur.execute("BEGIN")
             try:

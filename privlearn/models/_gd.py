@@ -8,6 +8,7 @@ importing the estimators; re-exported by :mod:`privlearn.models.linear`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -39,6 +40,7 @@ def noisy_gd_paths(
     reps: int = 1,
     log_every: int | None = None,
     chunk: int = 256,
+    progress: Callable[[int], object] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Run ``reps`` independent NoisyGD chains at once (the notebook).
 
@@ -52,16 +54,20 @@ def noisy_gd_paths(
     path : (n_logs, reps, dim) iterates after iterations ``log_iters``
     log_iters : (n_logs,) int, the number of iterations completed at each log point
         (``1, 1 + log_every, 1 + 2 log_every, ...`` as the notebook logs ``i % log_gap == 0``)
+
+    ``progress``, if given, is called with the number of iterations of each block of
+    ``chunk`` iterations once it is done (a progress bar's ``update``); it never changes
+    the iterates or the random draws.
     """
     dim = XTX.shape[0]
     lr_arr = np.broadcast_to(np.asarray(lr, dtype=float), (reps,))
     if reps == 1 and log_every is None:
         return _noisy_gd_single(
-            XTX, XTy, sigma, float(lr_arr[0]), n_iter, x_bound, y_bound, rng, chunk
+            XTX, XTy, sigma, float(lr_arr[0]), n_iter, x_bound, y_bound, rng, chunk, progress
         )
     if np.all(lr_arr == lr_arr[0]):
         return _noisy_gd_shared_lr(XTX, XTy, sigma, float(lr_arr[0]), n_iter, x_bound,
-                                   y_bound, rng, reps, log_every, chunk)
+                                   y_bound, rng, reps, log_every, chunk, progress)
     lr_col = lr_arr[:, None]
     theta = np.zeros((reps, dim))
     logs: list[np.ndarray] = []
@@ -78,11 +84,14 @@ def noisy_gd_paths(
                 logs.append(theta.copy())
                 iters.append(i + j + 1)
         i += m
+        if progress is not None:
+            progress(m)
     path = np.array(logs) if logs else np.zeros((0, reps, dim))
     return theta, path, np.array(iters, dtype=np.int64)
 
 
-def _noisy_gd_single(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, chunk):
+def _noisy_gd_single(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, chunk,
+                     progress=None):
     """One chain of :func:`noisy_gd_paths` without logging, with scalar bookkeeping.
 
     The same recursion and the same random draws (``(chunk, 1, dim)`` standard normals per
@@ -101,12 +110,14 @@ def _noisy_gd_single(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, chunk):
             gs = a * sqrt(dot(theta, theta)) + b
             theta = theta - lr * (dot(XTX, theta) - XTy + gs * noise[j, 0])
         i += m
+        if progress is not None:
+            progress(m)
     empty = np.zeros((0, 1, dim))
     return theta[None, :], empty, np.zeros(0, dtype=np.int64)
 
 
 def _noisy_gd_shared_lr(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, reps, log_every,
-                        chunk):
+                        chunk, progress=None):
     """:func:`noisy_gd_paths` for chains sharing one learning rate, in fewer NumPy calls.
 
     The recursion rearranged: with ``A = I - lr X^T X`` (symmetric) and the chunk's noise
@@ -143,5 +154,7 @@ def _noisy_gd_shared_lr(XTX, XTy, sigma, lr, n_iter, x_bound, y_bound, rng, reps
                 logs.append(theta.T.copy())
                 iters.append(i + j + 1)
         i += m
+        if progress is not None:
+            progress(m)
     path = np.array(logs) if logs else np.zeros((0, reps, dim))
     return np.ascontiguousarray(theta.T), path, np.array(iters, dtype=np.int64)

@@ -166,14 +166,27 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
             f"draws. {_SAMPLING_HELP}")
     smp = data_loader.sampler
     if type(smp) is not torch.utils.data.SequentialSampler:
-        what = ("shuffle=True (RandomSampler: shuffled fixed-size batches)"
-                if type(smp) is torch.utils.data.RandomSampler else
-                f"sampler={type(smp).__name__}")
         raise ConfigurationError(
-            f"data_loader uses {what}, a sampling privlearn cannot account: its batches "
-            "are not Poisson or uniformly fixed-size samples, and accounting them as such "
-            f"would overstate privacy. {_SAMPLING_HELP}")
+            f"data_loader uses {_sampler_in_words(smp)}, a sampling privlearn cannot "
+            "account: its batches are not Poisson or uniformly fixed-size samples, and "
+            f"accounting them as such would overstate privacy. {_SAMPLING_HELP}")
     return batch_size
+
+
+def _sampler_in_words(smp) -> str:
+    """The loader's ``sampler`` as the user gave it: its class and, for a sampler that
+    has one, its ``replacement`` flag (``shuffle=True`` builds a ``RandomSampler``
+    without replacement, which is the only way the flag is not the user's own)."""
+    name = type(smp).__name__
+    replacement = getattr(smp, "replacement", None)
+    if type(smp) is torch.utils.data.RandomSampler and not replacement:
+        return (f"sampler={name}(replacement=False) (what shuffle=True builds: every "
+                "epoch a random permutation cut into fixed-size batches)")
+    if isinstance(replacement, bool):
+        return (f"sampler={name}(replacement={replacement})"
+                + (" (batches of examples drawn with replacement, so an example may "
+                   "appear several times in a batch)" if replacement else ""))
+    return f"sampler={name}"
 
 
 def _warn_drop_last(data_loader: DataLoader, law, stacklevel: int) -> None:

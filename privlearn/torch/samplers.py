@@ -137,7 +137,27 @@ class _AccountedSampler(Sampler[list[int]]):
             return np.random.default_rng(seed)
         return None if self.law is not None and self.law.secure else np.random.default_rng()
 
+    #: the fields that define the sampling law the accountant describes (and their
+    #: backing fields): set while the sampler is built, read-only afterwards
+    _LAW_FIELDS = frozenset({
+        "num_samples", "sample_rate", "_sample_rate", "steps", "secure", "indices",
+        "rank", "world_size", "cycle_length", "batch_size", "_batch_size", "law", "_law"})
+
+    def __setattr__(self, name: str, value) -> None:
+        if self.__dict__.get("_built"):
+            if name in self._LAW_FIELDS:
+                raise _law_field_error(name)
+            if name == "units" and self.units is not None:
+                raise _law_field_error(name)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._LAW_FIELDS or name == "units":
+            raise _law_field_error(name)
+        object.__delattr__(self, name)
+
     def _init_bookkeeping(self, seed: int | None) -> None:
+        self._built = True  # the law's fields are set: read-only from now on
         self._key = None if self.secure else _initial_key(seed)
         self.draws = 0  # batches drawn so far
         self.delivered = 0  # batches handed to the training loop so far
@@ -303,15 +323,22 @@ class _AccountedSampler(Sampler[list[int]]):
 _SAMPLER_FORMAT = "privlearn.torch.sampler/2"
 
 
+def _law_field_error(name: str) -> AttributeError:
+    """The refusal to change a field of a built sampler's sampling law."""
+    name = name.lstrip("_")
+    return AttributeError(
+        f"{name} cannot be changed after the sampler is built: it is part of the sampling "
+        f"law the batches are drawn with and the accountant describes (dataset size, "
+        "sampling rate, batch size, steps per epoch, shard, privacy units). Build a new "
+        f"sampler, or a new private training run (make_private), with the new {name}")
+
+
 def _read_only(name: str):
     def getter(self):
         return getattr(self, "_" + name)
 
     def setter(self, value):
-        raise AttributeError(
-            f"{name} cannot be changed after the sampler is built: the accountant records "
-            f"the {name} the batches were drawn with. Build a new private training run "
-            "(make_private) with the new value")
+        raise _law_field_error(name)
 
     return property(getter, setter, doc=f"{name} (read-only)")
 

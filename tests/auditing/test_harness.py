@@ -303,3 +303,78 @@ def test_report_of_a_result_with_every_canary_on_one_side_writes_the_scores(tmp_
     (path,) = write_report(run, str(tmp_path))
     assert path.endswith("_scores.csv")
     assert open(path).read().splitlines()[1:] == ["0,1,1.0", "1,1,1.0"]
+
+
+# -- the Gaussian-curve method on a mechanism known not to be Gaussian -------------------
+
+def _randomized_response(eps, seed=12345):
+    """Exact eps-DP randomized response of each canary's inclusion bit."""
+    rng = np.random.default_rng(seed)
+    p = math.exp(eps) / (1 + math.exp(eps))
+
+    def train_and_score(inclusion):
+        keep = rng.random(inclusion.size) < p
+        return np.where(keep, inclusion, ~inclusion).astype(float)
+
+    return train_and_score
+
+
+def _gaussian_warnings(record):
+    return [w for w in record if "not Gaussian" in str(w.message)]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_one_run_fdp_on_a_mechanism_known_not_gaussian_warns_once(when):
+    """Randomized response keeps its (1, 0)-DP claim, yet the Gaussian-curve method
+    reports a violation; told the mechanism, the harness warns once, recommending
+    method='one_run', which does not flag it."""
+    from privlearn.accounting import RandomizedResponse, compose
+
+    mech = compose(RandomizedResponse(math.e / (1 + math.e)), steps=1)  # epsilon 1
+    given = mech if when == "before" else (lambda: mech)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        res = one_run_audit(_randomized_response(1.0), 2000, claimed_epsilon=1.0,
+                            delta=1e-5, seed=0, method="one_run_fdp", mechanism=given)
+    (w,) = _gaussian_warnings(record)
+    assert w.category is UserWarning and "method='one_run'" in str(w.message)
+    assert "RandomizedResponse" in str(w.message) and w.filename == __file__
+    assert res.violation  # the false flag the warning is about
+    honest = one_run_audit(_randomized_response(1.0), 2000, claimed_epsilon=1.0,
+                           delta=1e-5, seed=0, method="one_run", mechanism=given)
+    assert not honest.violation
+
+
+def test_no_gaussian_warning_for_gaussian_mechanisms_or_one_run():
+    from privlearn.accounting import Gaussian, Laplace, compose, subsample
+
+    dpsgd = compose([Gaussian(3.0), compose(subsample(Gaussian(1.0), 0.01), steps=100)])
+    cases = [(dpsgd, "one_run_fdp"), (None, "one_run_fdp"), (Laplace(1.0), "one_run")]
+    for mech, method in cases:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            one_run_audit(_gdp_release(1.0), 500, claimed_epsilon=4.0, delta=1e-5, seed=0,
+                          method=method, mechanism=mech)
+        assert not _gaussian_warnings(record), (mech, method)
+    with pytest.raises(TypeError, match="mechanism"):
+        one_run_audit(_gdp_release(1.0), 500, claimed_epsilon=4.0, delta=1e-5,
+                      method="one_run_fdp", mechanism="laplace")
+
+
+def test_audit_estimator_warns_for_laplace_dpsgd_with_one_run_fdp():
+    pytest.importorskip("sklearn")
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.models import DPSGDRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
+    y = np.clip(X @ np.array([0.5, -0.3, 0.2]), -1, 1)
+    est = DPSGDRegressor(epsilon=4.0, delta=1e-5, n_iter=20, sampling_rate=0.2,
+                         noise="laplace")
+    with pytest.warns(UserWarning, match="Laplace.*method='one_run'"):
+        audit_estimator(est, X, y, 100, seed=1, method="one_run_fdp")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        audit_estimator(est, X, y, 100, seed=1)  # the default, one_run: no such warning
+    assert not _gaussian_warnings(record)

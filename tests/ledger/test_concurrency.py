@@ -12,11 +12,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from _ledger_workers import spend_many
 
 import privlearn
 from privlearn.accounting import Gaussian, compose
-from privlearn.ledger import Ledger
+from privlearn.ledger import Ledger, LedgerBusyError
 
 SIGMA = 70.0
 CAP = 1.0
@@ -144,3 +145,64 @@ def test_a_long_timeout_still_waits_for_another_writer(tmp_path):
         other.close()
     assert [e.label for e in led.history("data") if e.kind == "spend"] == [
         "after the other writer"]
+
+
+@pytest.mark.parametrize("holder", ["sqlite", "ledger"])
+def test_a_lock_timeout_is_a_ledger_busy_error_and_records_nothing(tmp_path, holder):
+    """Another writer holds the write lock past this Ledger's timeout: the spend raises
+    LedgerBusyError naming the file, the timeout and what to do (never SQLite's raw
+    'database is locked'), nothing is recorded, and the ledger works once released.
+    The holder is a plain SQLite connection in a write transaction, or another Ledger in
+    the middle of its own write (which holds the OS write lock too)."""
+    path = str(tmp_path / "t.db")
+    Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
+    led = Ledger(path, timeout=0.05)
+    if holder == "sqlite":
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        release = other.close
+    else:
+        held = Ledger(path)._write()
+        held.__enter__()
+
+        def release():
+            held.__exit__(None, None, None)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(LedgerBusyError) as info:
+            led.spend("data", Gaussian(100.0), label="while locked")
+        waited = time.monotonic() - t0
+    finally:
+        release()
+    err = info.value
+    assert isinstance(err, TimeoutError) and not isinstance(err, sqlite3.Error)
+    assert err.path == path and err.timeout == 0.05 and 0.04 <= waited < 5
+    msg = str(err)
+    assert path in msg and "timeout=0.05" in msg and "nothing was recorded" in msg
+    assert "larger timeout=" in msg and "another writer" in msg
+    assert err.__cause__ is None and err.__suppress_context__
+    assert led.history("data") == [e for e in led.history("data") if e.kind != "spend"]
+    led.spend("data", Gaussian(100.0), label="after")  # the connection is usable again
+    assert [e.label for e in led.history("data") if e.kind == "spend"] == ["after"]
+
+
+def test_a_busy_ledger_is_status_2_from_the_shell(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from privlearn.cli import cli
+
+    # the shell's Ledger waits the default timeout: shorten it for the test
+    monkeypatch.setattr(Ledger.__init__, "__kwdefaults__",
+                        {**Ledger.__init__.__kwdefaults__, "timeout": 0.05})
+    path = str(tmp_path / "t.db")
+    Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        res = CliRunner().invoke(cli, ["budget", "spend", path, "--dataset", "data",
+                                       "--mechanism", "gaussian", "--noise-multiplier",
+                                       "100"])
+    finally:
+        other.close()
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and "timeout=0.05" in res.output

@@ -691,3 +691,52 @@ def test_ssp_release_refuses_non_finite_coefficients(adaptive):
     with pytest.raises(FloatingPointError, match="MyRegressor: the noisy normal equations"):
         ssp_release(XTX, np.ones(2), 1.0, None, 1.0, 1.0, np.random.default_rng(0),
                     adaptive=adaptive, name="MyRegressor")
+
+
+# --- NoisyGD's number of iterations and its progress bar --------------------------------
+
+def _small_regression(n=200, d=3):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, d))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    return X, np.clip(X @ rng.normal(size=d), -1, 1)
+
+
+@pytest.mark.parametrize("eps, smoothness", [(1.0, "private"), (5.0, "private"),
+                                             (5.0, 1.0)])
+def test_noisygd_iteration_count_is_the_documented_closed_form(eps, smoothness):
+    """n_iter=None runs T = floor(0.99 (sigma mu)^2) iterations (floor((sigma mu)^2)
+    without the private smoothness release), mu the Gaussian-DP parameter of the budget:
+    the Gaussian composition closed form (Dong, Roth & Su 2022, Cor. 3.3), from the
+    analytic Gaussian mechanism's mu(eps, delta)."""
+    from scipy.optimize import brentq
+
+    X, y = _small_regression()
+    sigma, delta = 30.0, 1e-6
+    mu = brentq(lambda m: gaussian_epsilon(1.0 / m, delta) - eps, 1e-3, 50, xtol=1e-14)
+    share = 0.99 if smoothness == "private" else 1.0
+    m = NoisyGDRegressor(epsilon=eps, delta=delta, noise_multiplier=sigma,
+                         smoothness=smoothness, fit_intercept=False, random_state=0).fit(X, y)
+    # up to the rounding up of the smoothness release's multiplier (a few in millions)
+    closed = math.floor(share * (sigma * mu) ** 2)
+    assert abs(m.n_iter_ - closed) <= 1 + 1e-5 * closed
+
+
+def test_noisygd_verbose_shows_the_iterations_and_changes_nothing(capfd):
+    from sklearn.base import clone
+
+    X, y = _small_regression()
+    kw = dict(epsilon=2.0, noise_multiplier=50.0, fit_intercept=False, random_state=3)
+    quiet = NoisyGDRegressor(**kw).fit(X, y)
+    out, err = capfd.readouterr()
+    assert out == err == ""  # verbose=0 (the default) writes nothing
+    loud = clone(NoisyGDRegressor(verbose=1, **kw))  # a parameter: cloned
+    assert loud.get_params()["verbose"] == 1
+    loud.fit(X, y)
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "NoisyGDRegressor" in err and f"{quiet.n_iter_}/{quiet.n_iter_}" in err
+    np.testing.assert_array_equal(loud.coef_, quiet.coef_)
+    assert loud.n_iter_ == quiet.n_iter_ and loud.epsilon_ == quiet.epsilon_
+    with pytest.raises(ValueError, match="verbose"):
+        NoisyGDRegressor(verbose=-1, **kw).fit(X, y)

@@ -546,3 +546,44 @@ def test_samplers_refuse_counts_that_are_not_counts(make, name):
     truncated, or to fail later inside ``len()`` or the draw)."""
     with pytest.raises((ParameterValueError, ParameterTypeError), match=name):
         make()
+
+
+_LAW_FIELDS = {"num_samples": 10, "sample_rate": 0.9, "steps": 1, "secure": True,
+               "indices": [0, 1], "rank": 1, "world_size": 4, "cycle_length": 7,
+               "batch_size": 1, "law": None}
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed", "cyclic_poisson",
+                                      "balls_in_bins"])
+def test_sampling_law_fields_are_read_only_after_make_private(sampling):
+    """The fields of the sampling law the accountant describes cannot be reassigned (or
+    deleted) on the sampler make_private built: the error names the field, the sampler
+    still draws by the law it was built with, and the epsilon is unchanged."""
+    kw = ({"cycle_length": 2, "steps": 4} if sampling in ("cyclic_poisson", "balls_in_bins")
+          else {})
+    p = _private_linear(_indexed(), sampling=sampling, **kw)
+    bs = p.data_loader.batch_sampler
+    before = {f: getattr(bs, f) for f in _LAW_FIELDS if hasattr(bs, f)}
+    assert {"num_samples", "sample_rate", "steps"} <= set(before)
+    _train(p, 2, [])
+    eps = p.epsilon(1e-5)
+    for field, value in _LAW_FIELDS.items():
+        with pytest.raises(AttributeError, match=f"{field} cannot be changed"):
+            setattr(bs, field, value)
+        if field in before:
+            with pytest.raises(AttributeError, match=f"{field} cannot be changed"):
+                delattr(bs, field)
+    assert {f: getattr(bs, f) for f in before} == before
+    assert max(len(b) for b in bs) <= 48 and p.epsilon(1e-5) == eps
+
+
+def test_sampler_built_by_hand_is_read_only_but_units_set_once():
+    s = PoissonBatchSampler(100, 0.1, seed=0)
+    with pytest.raises(AttributeError, match="num_samples cannot be changed"):
+        s.num_samples = 1000
+    assert s.num_samples == 100 and all(max(b, default=0) < 100 for b in s)
+    from privlearn.torch.samplers import UnitIndex
+
+    s.units = UnitIndex(list(range(100)), 1)  # make_private attaches the units once
+    with pytest.raises(AttributeError, match="units cannot be changed"):
+        s.units = UnitIndex([0] * 100, 1)

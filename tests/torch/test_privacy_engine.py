@@ -19,7 +19,11 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
-from privlearn.errors import PrivacyBudgetExceededError, TrainingLoopError  # noqa: E402
+from privlearn.errors import (  # noqa: E402
+    ConfigurationError,
+    PrivacyBudgetExceededError,
+    TrainingLoopError,
+)
 from privlearn.torch import (  # noqa: E402
     FixedSizeBatchSampler,
     PoissonBatchSampler,
@@ -445,6 +449,25 @@ def test_unaccountable_samplers_refused_before_training(make_loader):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(ds),
                      noise_multiplier=1.0)
     assert torch.equal(before, _flat(model))
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_random_sampler_refusal_names_what_was_passed(replacement):
+    """A loader built with sampler=RandomSampler(ds, replacement=...) is refused in the
+    terms the user wrote (the sampler class and its flag), not as shuffle=True, with the
+    accounted samplings to use instead."""
+    ds = _data()
+    model = _mlp()
+    loader = DataLoader(ds, batch_size=8, sampler=torch.utils.data.RandomSampler(
+        ds, replacement=replacement))
+    with pytest.raises(ConfigurationError) as info:
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                     noise_multiplier=1.0)
+    msg = str(info.value)
+    assert f"sampler=RandomSampler(replacement={replacement})" in msg
+    assert "sampling='poisson'" in msg and "sampling='fixed'" in msg
+    if replacement:
+        assert "shuffle=True" not in msg and "with replacement" in msg
 
 
 class _Stream(torch.utils.data.IterableDataset):

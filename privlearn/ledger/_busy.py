@@ -1,0 +1,80 @@
+"""Waiting for another writer of a ledger file, within the ledger's ``timeout``: the OS
+write lock every writer queues on, and SQLite's lock; past the timeout both are a
+:class:`~privlearn.errors.LedgerBusyError` naming the file, the timeout and what to do,
+with the transaction rolled back (nothing recorded)."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator
+
+try:  # POSIX
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+from privlearn.errors import LedgerBusyError
+
+#: the longest sleep between two tries of a held OS write lock (seconds)
+_MAX_POLL = 0.002
+
+
+def busy_error(path: str, timeout: float) -> LedgerBusyError:
+    """The refusal of a request that waited ``timeout`` seconds for ``path``'s lock."""
+    return LedgerBusyError(
+        f"the privacy ledger {path} stayed locked by another writer for the whole "
+        f"timeout={timeout:g} s this Ledger waits; nothing was recorded. Try again, pass "
+        "a larger timeout= to Ledger(...), or find the process that holds a write "
+        "transaction open on the file (another Ledger, or an SQLite client such as "
+        "sqlite3 or DB Browser, in a transaction)", path=path, timeout=timeout)
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether SQLite gave up waiting for a lock (``SQLITE_BUSY`` / ``SQLITE_LOCKED``)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def as_busy_error(exc: sqlite3.OperationalError, path: str,
+                  timeout: float) -> BaseException:
+    """SQLite's error ``exc``, or :class:`LedgerBusyError` if it is a lock timeout."""
+    return busy_error(path, timeout) if is_lock_timeout(exc) else exc
+
+
+@contextlib.contextmanager
+def lock_timeout_refused(conn: sqlite3.Connection, path: str,
+                         timeout: float) -> Iterator[None]:
+    """Turn SQLite's lock timeout inside the block into :class:`LedgerBusyError`, after
+    rolling back what the block's transaction had written."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if not is_lock_timeout(exc):
+            raise
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise busy_error(path, timeout) from None
+
+
+def lock_file(fd: int, path: str, timeout: float) -> None:
+    """Take the exclusive OS lock on ``fd`` (``flock``), waiting at most ``timeout``
+    seconds for the writer that holds it (tries every 2 ms at most once it is held)."""
+    deadline = time.monotonic() + timeout
+    pause = 0.0001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise busy_error(path, timeout) from None
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, _MAX_POLL)
