@@ -47,8 +47,20 @@ _REGISTRY: dict[str, Accountant] = {}
 
 
 def register_accountant(accountant: Accountant) -> Accountant:
-    """Register an accountant under ``accountant.name`` (replacing any previous one)."""
-    _REGISTRY[accountant.name] = accountant
+    """Register an accountant under ``accountant.name`` (replacing any previous one; names
+    are case-insensitive: ``get_accountant("Basic")`` finds one named ``"basic"``).
+
+    ``accountant`` must have a string ``name`` and ``epsilon(mechanism, delta)`` and
+    ``delta(mechanism, epsilon)`` methods (:class:`Accountant`).
+    """
+    if not isinstance(accountant, Accountant) or not isinstance(accountant.name, str) or (
+            not accountant.name.strip()):
+        raise ParameterTypeError(
+            f"accountant must have a non-empty string name and epsilon(mechanism, delta) "
+            f"and delta(mechanism, epsilon) methods, got {accountant!r} "
+            f"({type(accountant).__name__}); see privlearn.accounting.accountants.Accountant")
+    # looked up case-insensitively (get_accountant), so stored under the same key
+    _REGISTRY[accountant.name.strip().lower()] = accountant
     return accountant
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from privlearn._validation import check_delta, check_positive, check_real
+from privlearn._validation import check_count, check_delta, check_positive, check_real
 from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
 from privlearn.errors import CalibrationError, ParameterTypeError, ParameterValueError
 
@@ -55,8 +55,11 @@ def calibrate(
         Accountant used for every evaluation (default ``"pld"``).
     integer : bool
         Restrict the parameter to integers (e.g. number of steps).
-    rtol : float
-        Relative width of the final bracket (ignored when ``integer``).
+    rtol : float in (0, 1)
+        Relative width of the final bracket (ignored when ``integer``); a width below
+        the floating-point spacing stops at adjacent floats.
+    max_evaluations : int >= 1
+        Evaluations of ``factory(x).epsilon`` allowed before giving up.
 
     Returns
     -------
@@ -81,6 +84,16 @@ def calibrate(
     delta = check_delta("delta", delta)
     if not callable(factory):
         raise ParameterTypeError(f"factory must be callable, got {factory!r}")
+    rtol_hint = "pass a relative tolerance in (0, 1), e.g. 1e-6"
+    rtol = check_real("rtol", rtol, hint=rtol_hint)
+    if not 0.0 < rtol < 1.0:
+        raise ParameterValueError(f"rtol must be in (0, 1), got {rtol!r}; {rtol_hint}")
+    max_evaluations = check_count("max_evaluations", max_evaluations, minimum=1,
+                                  hint="pass a positive integer, e.g. 200")
+    if not isinstance(integer, bool):
+        raise ParameterTypeError(
+            f"integer must be True or False, got {integer!r} ({type(integer).__name__}); "
+            "pass integer=True to search integers (a number of steps)")
     cache: dict[float, float] = {}
     n_eval = 0
 
@@ -114,6 +127,11 @@ def calibrate(
         return d_a is None or d_b is None or d_a >= d_b
 
     if bounds is not None:
+        if isinstance(bounds, str | bytes) or not hasattr(bounds, "__len__") or len(
+                bounds) != 2:
+            raise ParameterTypeError(
+                f"bounds must be a pair (lower, upper) of real numbers, got {bounds!r}; "
+                "pass e.g. bounds=(1e-9, 1.0) for a rate")
         lo, hi = (check_real("bounds[0]", bounds[0]), check_real("bounds[1]", bounds[1]))
         if not lo < hi:
             raise ParameterValueError(f"bounds must satisfy lower < upper, got {bounds!r}")
@@ -183,6 +201,8 @@ def calibrate(
             if hi - lo <= rtol * abs(hi):
                 break
             mid = math.sqrt(lo * hi) if lo > 0 else 0.5 * (lo + hi)
+            if not lo < mid < hi:  # adjacent floats: rtol is below their spacing
+                break
         if feasible(mid) == decreasing:
             hi = mid
         else:

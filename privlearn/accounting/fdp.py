@@ -36,6 +36,7 @@ from fractions import Fraction
 import numpy as np
 from scipy.special import log_ndtr, ndtr, ndtri
 
+from privlearn._validation import check_delta, check_nonnegative
 from privlearn.accounting.mechanisms import Mechanism
 from privlearn.accounting.registry import equivalent_gaussian, upper_float
 from privlearn.errors import AccountingError, ParameterTypeError, ParameterValueError
@@ -53,23 +54,47 @@ __all__ = [
 ]
 
 
+def _reals(name: str, values, hint: str) -> np.ndarray:
+    """``values`` as a float array, refusing what is not an array of real numbers (a
+    string, ``None``, booleans, complex numbers) with a :class:`ParameterTypeError`."""
+    try:
+        raw = np.asarray(values)
+    except (TypeError, ValueError):  # pragma: no cover - a ragged nested sequence
+        raw = np.asarray(values, dtype=object)
+    if raw.dtype.kind not in "iuf":
+        raise ParameterTypeError(
+            f"{name} must be a real number or an array of real numbers, got {values!r} "
+            f"({type(values).__name__}); {hint}")
+    return raw.astype(float)
+
+
 def _alphas(alphas) -> np.ndarray:
-    a = np.asarray(alphas, dtype=float)
+    hint = "pass false positive rates in [0, 1], e.g. numpy.linspace(0, 1, 101)"
+    a = _reals("alphas", alphas, hint)
     if a.size == 0 or not np.all(np.isfinite(a)) or np.any((a < 0) | (a > 1)):
         raise ParameterValueError(
-            "alphas (false positive rates) must be finite values in [0, 1], got "
-                         f"{alphas!r}")
+            f"alphas (false positive rates) must be a non-empty array of finite values in "
+            f"[0, 1], got {alphas!r}; {hint}")
     return a
 
 
+def _scalar(value: object) -> object:
+    """A 0-d NumPy array as the number it holds (the validators take numbers)."""
+    return value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+
+
 def _check_mu(mu) -> float:
-    try:
-        m = float(mu)
-    except (TypeError, ValueError):
-        raise ParameterTypeError(f"mu must be a real number, got {type(mu).__name__}") from None
-    if not (m >= 0) or math.isinf(m):
-        raise ParameterValueError(f"mu must be in [0, inf), got {mu!r}")
-    return m
+    return check_nonnegative("mu", _scalar(mu),
+                             hint="pass the Gaussian DP parameter, e.g. 1.0 (1 / sigma)")
+
+
+def _check_gdp_delta(delta) -> float:
+    d = check_delta("delta", _scalar(delta), hint="pass a delta in (0, 1), e.g. 1e-5")
+    if d == 0.0:
+        raise ParameterValueError(
+            "delta must be in (0, 1) for mu-GDP, got 0.0: mu-GDP with mu > 0 is not "
+            "(epsilon, 0)-DP for any finite epsilon; pass a positive delta, e.g. 1e-5")
+    return d
 
 
 def gaussian_tradeoff(mu: float, alphas) -> np.ndarray:
@@ -99,9 +124,8 @@ def gdp_delta(mu: float, epsilon: float) -> float:
     """Exact ``delta(epsilon)`` of ``mu``-GDP (Dong, Roth & Su 2022, Corollary 2.13):
     ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, evaluated in the log domain."""
     m = _check_mu(mu)
-    e = float(epsilon)
-    if not (e >= 0) or math.isnan(e):
-        raise ParameterValueError(f"epsilon must be in [0, inf], got {epsilon!r}")
+    e = check_nonnegative("epsilon", _scalar(epsilon), allow_inf=True,
+                          hint="pass an epsilon >= 0, e.g. 1.0")
     if m == 0 or math.isinf(e):
         return 0.0
     a = float(log_ndtr(-e / m + m / 2))
@@ -141,9 +165,7 @@ def gdp_epsilon_interval(mu: float, delta: float) -> tuple[float, float]:
     ``lo`` (:mod:`privlearn.auditing`), so neither is ever optimistic.
     """
     m = _check_mu(mu)
-    d = float(delta)
-    if not 0 < d < 1:
-        raise ParameterValueError(f"delta must be in (0, 1) for a GDP epsilon, got {delta!r}")
+    d = _check_gdp_delta(delta)
     if m == 0 or gdp_delta(m, 0.0) <= d:
         return 0.0, 0.0
     return _crossing(lambda e: gdp_delta(m, e) > d, max(1.0, m * m), 1e6, 1e-10,
@@ -167,12 +189,8 @@ def gdp_mu_interval(epsilon: float, delta: float) -> tuple[float, float]:
     """``(lo, hi)`` bracketing the ``mu`` for which ``mu``-GDP has ``delta(epsilon) =
     delta`` exactly (``gdp_delta(lo, eps) <= delta <= gdp_delta(hi, eps)``, width
     <= 1e-12 relative)."""
-    e = float(epsilon)
-    d = float(delta)
-    if not (e >= 0) or math.isinf(e):
-        raise ParameterValueError(f"epsilon must be in [0, inf), got {epsilon!r}")
-    if not 0 < d < 1:
-        raise ParameterValueError(f"delta must be in (0, 1), got {delta!r}")
+    e = check_nonnegative("epsilon", _scalar(epsilon), hint="pass an epsilon >= 0, e.g. 1.0")
+    d = _check_gdp_delta(delta)
     return _crossing(lambda mu: gdp_delta(mu, e) < d, 1.0, 1e4, 1e-12,
                      f"gdp_mu for epsilon={e}, delta={d}")
 
@@ -203,13 +221,18 @@ def tradeoff_from_profile(epsilons, deltas, alphas) -> np.ndarray:
     (Dong, Roth & Su 2022, Proposition 2.12; Kairouz, Oh & Viswanath 2015, Theorem 2.1).
     """
     a = _alphas(alphas)
-    eps = np.asarray(epsilons, dtype=float).reshape(-1)
-    dl = np.asarray(deltas, dtype=float).reshape(-1)
+    hint = "pass the profile's points: epsilons >= 0 and the deltas in [0, 1] they hold at"
+    eps = _reals("epsilons", epsilons, hint).reshape(-1)
+    dl = _reals("deltas", deltas, hint).reshape(-1)
     if eps.size == 0 or eps.shape != dl.shape:
-        raise ParameterValueError("epsilons and deltas must be non-empty and of equal length, got "
-                         f"{eps.size} and {dl.size}")
-    if np.any(~np.isfinite(eps) | (eps < 0)) or np.any(~(dl >= 0) | (dl > 1)):
-        raise ParameterValueError("epsilons must be finite and >= 0 and deltas in [0, 1]")
+        raise ParameterValueError(
+            "epsilons and deltas must be non-empty and of equal length, got "
+            f"{eps.size} and {dl.size} values; {hint}")
+    if np.any(~np.isfinite(eps) | (eps < 0)):
+        raise ParameterValueError(
+            f"epsilons must be finite and >= 0, got {epsilons!r}; {hint}")
+    if np.any(~(dl >= 0) | (dl > 1)):
+        raise ParameterValueError(f"deltas must be in [0, 1], got {deltas!r}; {hint}")
     flat = a.reshape(-1, 1)
     e = np.exp(eps)[None, :]
     one_minus = (1.0 - dl)[None, :]
@@ -258,6 +281,6 @@ def tradeoff_curve(mechanism: Mechanism, alphas, *, epsilons=None,
             raise ParameterValueError("the mechanism has no finite epsilon at delta=1e-12; give an "
                              "explicit grid of epsilons")
         epsilons = np.concatenate([[0.0], top * np.linspace(0.0, 1.0, 201)[1:] ** 1.5])
-    eps = np.asarray(epsilons, dtype=float).reshape(-1)
+    eps = _reals("epsilons", epsilons, "pass a grid of epsilons >= 0, or leave it out").reshape(-1)
     deltas = np.array([mechanism.delta(float(e), accountant=accountant) for e in eps])
     return tradeoff_from_profile(eps, deltas, a)

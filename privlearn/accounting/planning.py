@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import warnings
 
-from privlearn._validation import check_positive, check_rate
-from privlearn.errors import PrivacyLeakWarning
+from privlearn._validation import check_count, check_delta, check_positive, check_rate
+from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 
 __all__ = ["steps_per_epoch", "planned_steps", "warn_if_delta_large"]
 
@@ -34,6 +34,10 @@ def steps_per_epoch(sampling_rate: float) -> int:
         At least 1.
     """
     q = check_rate("sampling_rate", sampling_rate)
+    if not math.isfinite(1 / q):  # a subnormal rate: 1 / q overflows
+        raise ParameterValueError(
+            f"sampling_rate must be in (0, 1] with a finite 1 / sampling_rate, got {q!r}; "
+            "use batch size / dataset size")
     return max(1, round(1 / q))
 
 
@@ -70,7 +74,8 @@ def warn_if_delta_large(delta: float, n: int, *, name: str = "delta",
     still accounted exactly; the warning tells the person running it to pick a smaller
     delta (``1 / n^1.1`` or ``1e-5`` for ``n`` up to ~100k are usual).
     """
-    n = int(n)
+    delta = check_delta(name, delta, allow_one=True)
+    n = check_count("n", n, hint="pass the number of records in the dataset")
     if n >= 1 and delta > 0 and delta >= 1.0 / n:
         warnings.warn(
             f"{name}={delta:g} is at least 1/n = 1/{n} = {1.0 / n:.3g} for a dataset of {n} "

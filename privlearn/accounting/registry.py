@@ -421,6 +421,10 @@ def as_replace_one(mechanism: Mechanism) -> Mechanism:
         implies nothing about a replacement) or a kind without ``scale_sensitivity``
         (e.g. an ``RDPMechanism``).
     """
+    if not isinstance(mechanism, Mechanism):
+        raise ParameterTypeError(
+            f"mechanism must be a privlearn.accounting Mechanism, got {mechanism!r} "
+            f"({type(mechanism).__name__}); pass e.g. subsample(Gaussian(1.0), rate=0.01)")
     if isinstance(mechanism, Composed):
         return compose([as_replace_one(m) for m, _ in mechanism.parts],
                        steps=[k for _, k in mechanism.parts])

@@ -114,3 +114,52 @@ def test_calibration_input_validation():
         calibrate(lambda s: Gaussian(s), 1.0, 2.0)
     with pytest.raises(ValueError, match="bounds"):
         calibrate(lambda s: Gaussian(s), 1.0, 1e-5, bounds=(2.0, 1.0))
+
+
+# ----------------------------------------------------------------------------------------
+# the tolerance and the search's own parameters: validated, and the bisection always stops
+# ----------------------------------------------------------------------------------------
+def _within(seconds: int, fn):
+    """``fn()``, failing (not hanging) if it has not returned after ``seconds``."""
+    import signal
+
+    def on_alarm(*_):
+        raise TimeoutError(f"calibrate did not return within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_rtol_below_the_float_spacing_stops_at_adjacent_floats():
+    # no bracket of floats is narrower than their spacing (~2e-16 relative): the search
+    # stops there, with the feasible end, instead of bisecting the same point forever
+    from closed_forms import exact_gaussian_sigma
+
+    x = _within(20, lambda: calibrate(lambda s: Gaussian(s), 1.0, 1e-5,
+                                      accountant="analytic", rtol=1e-20))
+    assert Gaussian(x).epsilon(1e-5, "analytic") <= 1.0
+    assert abs(x / exact_gaussian_sigma(1.0, 1e-5) - 1.0) < 1e-9
+
+
+@pytest.mark.parametrize("rtol", [0.0, -1e-6, math.nan, math.inf, 1.0, "1e-6", None])
+def test_bad_rtol_is_refused_naming_it(rtol):
+    from privlearn.errors import ParameterTypeError, ParameterValueError
+
+    with pytest.raises((ParameterValueError, ParameterTypeError), match=r"rtol.*got"):
+        _within(20, lambda: calibrate(lambda s: Gaussian(s), 1.0, 1e-5, rtol=rtol))
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(max_evaluations=0), "max_evaluations"), (dict(max_evaluations=2.5), "max_evaluations"),
+    (dict(max_evaluations=None), "max_evaluations"), (dict(bounds=(1.0,)), "bounds"),
+    (dict(bounds=5.0), "bounds"), (dict(integer="yes"), "integer")])
+def test_bad_search_parameters_are_refused_naming_them(kwargs, name):
+    from privlearn.errors import ParameterTypeError, ParameterValueError
+
+    with pytest.raises((ParameterValueError, ParameterTypeError), match=rf"{name}.*got"):
+        _within(20, lambda: calibrate(lambda s: Gaussian(s), 1.0, 1e-5, **kwargs))

@@ -130,3 +130,33 @@ def test_bad_arguments():
         gdp_epsilon(1.0, 0.0)
     with pytest.raises(TypeError, match="Mechanism"):
         tradeoff_curve("gaussian", [0.5])
+
+
+# every public function refuses a value of the wrong type or outside its range with a typed
+# error naming the parameter and the value received (a string or a bool is not a number)
+@pytest.mark.parametrize("call, name", [
+    (lambda: gdp_delta("1.0", 1.0), "mu"), (lambda: gdp_delta(True, 1.0), "mu"),
+    (lambda: gdp_delta(1.0, "1.0"), "epsilon"), (lambda: gdp_delta(1.0, None), "epsilon"),
+    (lambda: gdp_delta(1.0, -1.0), "epsilon"), (lambda: gdp_delta(math.nan, 1.0), "mu"),
+    (lambda: gdp_epsilon("1.0", 1e-5), "mu"), (lambda: gdp_epsilon(1.0, None), "delta"),
+    (lambda: gdp_epsilon(1.0, 1.0), "delta"), (lambda: gdp_epsilon(1.0, math.nan), "delta"),
+    (lambda: gdp_mu("1.0", 1e-5), "epsilon"), (lambda: gdp_mu(True, 1e-5), "epsilon"),
+    (lambda: gdp_mu(1.0, [1e-5]), "delta"), (lambda: gdp_mu(1.0, 0.0), "delta"),
+    (lambda: gaussian_tradeoff("1.0", [0.1]), "mu"),
+    (lambda: gaussian_tradeoff(1.0, "0.5"), "alphas"),
+    (lambda: gaussian_tradeoff(1.0, [True]), "alphas"),
+    (lambda: gaussian_tradeoff(1.0, [0.1 + 1j]), "alphas"),
+    (lambda: tradeoff_from_profile("1.0", [1e-5], [0.1]), "epsilons"),
+    (lambda: tradeoff_from_profile([1.0], [-1e-5], [0.1]), "deltas"),
+    (lambda: tradeoff_from_profile([math.inf], [1e-5], [0.1]), "epsilons"),
+    (lambda: tradeoff_curve(PureDP(1.0), [0.1], epsilons="1.0"), "epsilons")])
+def test_bad_values_are_refused_naming_the_parameter(call, name):
+    from privlearn.errors import ParameterTypeError, ParameterValueError
+
+    with pytest.raises((ParameterTypeError, ParameterValueError), match=rf"^{name}\b.*got"):
+        call()
+
+
+def test_numpy_scalars_are_numbers():
+    assert gdp_delta(np.float64(1.0), np.array(1.0)) == gdp_delta(1.0, 1.0)
+    assert gdp_mu(np.float32(1.0), np.float64(1e-5)) == gdp_mu(1.0, 1e-5)

@@ -119,3 +119,12 @@ def test_subsampled_pure_epsilon_is_finite_and_rounded_up(eps0, q):
     with mpmath.workdps(60):
         exact = mpmath.log1p(mpmath.mpf(q) * mpmath.expm1(mpmath.mpf(eps0)))
         assert exact <= got <= exact * (1 + mpmath.mpf(1e-12))
+
+
+@pytest.mark.parametrize("bad", [3, None, "gaussian", [acc.Gaussian(1.0)]])
+def test_as_replace_one_refuses_what_is_not_a_mechanism(bad):
+    from privlearn.accounting import as_replace_one
+    from privlearn.errors import ParameterTypeError
+
+    with pytest.raises(ParameterTypeError, match=r"^mechanism must be .*got"):
+        as_replace_one(bad)
