@@ -265,8 +265,8 @@ def _unrunnable(leaves, batched, error: Exception) -> BatchDependenceError:
         "positions in a flattened batch), so privlearn cannot check that each example is "
         "processed on its own. Pass one row per example (nn.EmbeddingBag: 2-D ids padded "
         "with padding_idx), or, if each example is processed on its own, "
-        "check_batch_independence=False (the guide 'Trust model: who sees what'). No step was taken and "
-        "nothing was released")
+        "check_batch_independence=False (the guide 'Trust model: who sees what'). No step "
+        "was taken and nothing was released")
     err.unrunnable = True
     return err
 
