@@ -141,7 +141,13 @@ from privlearn.accounting.mechanisms import (
     Sampling,
     Subsampled,
 )
-from privlearn.accounting.registry import equivalent_gaussian, kind_of, lookup, relation_base
+from privlearn.accounting.registry import (
+    equivalent_gaussian,
+    kind_of,
+    lookup,
+    relation_base,
+    representation_of,
+)
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
 from privlearn.errors import AccountingError, UnsupportedMechanismError
 
@@ -186,8 +192,7 @@ def _replace_pair(m: Subsampled) -> Pair | None:
     if (m.neighbouring is not Neighbouring.REPLACE_ONE or m.rate >= 1.0
             or m.scheme is not Sampling.POISSON):
         return None
-    kind = kind_of(m.base)
-    fn = kind.get("pld_replace_one_pair") if kind is not None else None
+    fn = representation_of(m.base, "pld_replace_one_pair")
     return None if fn is None else fn(m.base, m.rate)
 
 

@@ -78,9 +78,9 @@ Serialisation hooks (the documented place): ``"to_dict"`` (``fn(m) -> dict`` of 
 types, the kind's fields) and ``"from_dict"`` (``fn(dict) -> Mechanism``) are declared
 here so that a new kind can pass them to :func:`register_mechanism` today.
 ``privlearn.accounting.serialization`` (built separately, with its own
-``register_serializer`` table keyed by type) is expected to read them with
-``lookup("to_dict", m)`` / ``lookup("from_dict", ...)`` for kinds it has no encoder for, or
-to move its encoders here. The closed forms of :mod:`privlearn.accounting.closed_form` are
+``register_serializer`` table keyed by type) reads them with
+``representation_of(m, "to_dict")`` / ``representation_of(cls, "from_dict")`` for kinds it
+has no encoder for. The closed forms of :mod:`privlearn.accounting.closed_form` are
 representations like the others (``pld_atoms``, ``exact_epsilon``, ``exact_delta``).
 
 Structural mechanisms (:class:`~privlearn.accounting.Subsampled`,
@@ -130,6 +130,7 @@ __all__ = [
     "kind_of",
     "registered_kinds",
     "lookup",
+    "representation_of",
     "supports",
     "pure_epsilon",
     "equivalent_gaussian",
@@ -296,14 +297,23 @@ def kind_of(mechanism: Mechanism | type) -> MechanismKind | None:
     return _KINDS.lookup(mechanism)
 
 
+def representation_of(
+    mechanism: Mechanism | type, representation: str
+) -> Callable[..., Any] | None:
+    """The registered ``representation`` function of ``mechanism``'s kind (or class's),
+    following the MRO; None if the kind is not registered or registers none (see
+    :func:`lookup` for the refusing form)."""
+    kind = kind_of(mechanism)
+    return kind.get(representation) if kind is not None else None
+
+
 def lookup(representation: str, mechanism: Mechanism, *, accountant: str = "") -> Callable:
     """The registered ``representation`` function of ``mechanism``'s kind.
 
     Raises :class:`UnsupportedMechanismError` (naming the accountant, the kind and how to
     register one) when there is none.
     """
-    kind = kind_of(mechanism)
-    fn = kind.get(representation) if kind is not None else None
+    fn = representation_of(mechanism, representation)
     if fn is None:
         who = f"accountant {accountant!r}" if accountant else "privlearn"
         have = ", ".join(c.__name__ for c in _KINDS if representation in _KINDS[c].functions)
@@ -328,11 +338,8 @@ def _leaves(mechanism: Mechanism) -> Iterable[Mechanism]:
 
 def supports(mechanism: Mechanism, representation: str) -> bool:
     """Whether every kind inside ``mechanism`` has ``representation``."""
-    for leaf in _leaves(mechanism):
-        kind = kind_of(leaf)
-        if kind is None or kind.get(representation) is None:
-            return False
-    return True
+    return all(representation_of(leaf, representation) is not None
+               for leaf in _leaves(mechanism))
 
 
 def scaled(mechanism: Mechanism, factor: float, *, accountant: str = "") -> Mechanism:
@@ -446,8 +453,7 @@ def as_replace_one(mechanism: Mechanism) -> Mechanism:
 
 def _doubled(m: Mechanism) -> Mechanism:
     """``m`` when one record moves its output twice as far (group privacy of size 2)."""
-    kind = kind_of(m)
-    fn = kind.get("scale_sensitivity") if kind is not None else None
+    fn = representation_of(m, "scale_sensitivity")
     if fn is None:
         raise UnsupportedMechanismError(
             f"{type(m).__name__} has no replace-one reading: its kind registers no "
@@ -496,8 +502,7 @@ def _step_pure_epsilon(m: Mechanism) -> float:
     if isinstance(m, Subsampled):
         if (m.neighbouring is Neighbouring.REPLACE_ONE and m.rate < 1.0
                 and m.scheme is Sampling.POISSON):  # (fixed size: not that pair)
-            rep = kind_of(m.base)
-            fn = rep.get("pld_replace_one_pair") if rep is not None else None
+            fn = representation_of(m.base, "pld_replace_one_pair")
             if fn is not None:  # the supremum of the tight pair's privacy loss
                 e = float(fn(m.base, m.rate).pure_epsilon)
                 return e * (1.0 + _RATE_ULPS) if math.isfinite(e) else math.inf
@@ -580,8 +585,7 @@ def equivalent_gaussian(mechanism: Mechanism) -> float | None:
                 m = relation_base(m)
             except UnsupportedMechanismError:
                 return None
-        kind = kind_of(m)
-        fn = kind.get("equivalent_gaussian") if kind is not None else None
+        fn = representation_of(m, "equivalent_gaussian")
         sigma = fn(m) if fn is not None else None
         if sigma is None:
             return None
