@@ -142,8 +142,8 @@ from privlearn.accounting.mechanisms import (
     Subsampled,
 )
 from privlearn.accounting.registry import (
+    doubles_on_replace_one,
     equivalent_gaussian,
-    kind_of,
     lookup,
     relation_base,
     representation_of,
@@ -771,8 +771,7 @@ def _via_add_remove(m: Mechanism) -> Mechanism | None:
     D_{pa}(P||Q) + D_{(qa - 1)/(q - 1)}(Q||R)`` (Mironov 2017, Renyi Differential Privacy,
     Proposition 11, with p = q = 2). None for any other step (a kind stating its own
     epsilon states nothing about add/remove)."""
-    kind = kind_of(m.base) if _poisson_replace_one(m) else None
-    if kind is None or not kind.replace_one_doubles_sensitivity:
+    if not (_poisson_replace_one(m) and doubles_on_replace_one(m.base)):
         return None
     from privlearn.accounting.mechanisms import RDPMechanism
     from privlearn.accounting.rdp import rdp_epsilon

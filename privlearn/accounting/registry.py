@@ -131,6 +131,7 @@ __all__ = [
     "registered_kinds",
     "lookup",
     "representation_of",
+    "doubles_on_replace_one",
     "supports",
     "pure_epsilon",
     "equivalent_gaussian",
@@ -307,6 +308,14 @@ def representation_of(
     return kind.get(representation) if kind is not None else None
 
 
+def doubles_on_replace_one(mechanism: Mechanism | type) -> bool:
+    """Whether ``mechanism``'s kind is registered with ``replace_one_doubles_sensitivity``
+    (its parameters are relative to the add/remove bound under every relation, so a
+    replacement moves its output twice as far; module docstring); False if unregistered."""
+    kind = kind_of(mechanism)
+    return kind is not None and kind.replace_one_doubles_sensitivity
+
+
 def lookup(representation: str, mechanism: Mechanism, *, accountant: str = "") -> Callable:
     """The registered ``representation`` function of ``mechanism``'s kind.
 
@@ -363,9 +372,7 @@ def relation_base(m: Subsampled, *, accountant: str = "") -> Mechanism:
     """
     base = m.base
     if m.neighbouring is Neighbouring.REPLACE_ONE:
-        kind = kind_of(base)
-        doubles = kind is not None and kind.replace_one_doubles_sensitivity
-        return scaled(base, 2.0, accountant=accountant) if doubles else base
+        return scaled(base, 2.0, accountant=accountant) if doubles_on_replace_one(base) else base
     if m.scheme is Sampling.FIXED:
         return scaled(base, 2.0, accountant=accountant)
     return base
@@ -445,9 +452,7 @@ def as_replace_one(mechanism: Mechanism) -> Mechanism:
             f"{mechanism.neighbouring.value!r} bounds one direction only and has no "
             "replace-one guarantee; describe the release under 'add_remove' or "
             "'replace_one'")
-    kind = kind_of(mechanism.base)
-    doubles = kind is not None and kind.replace_one_doubles_sensitivity
-    base = mechanism.base if doubles else _doubled(mechanism.base)
+    base = mechanism.base if doubles_on_replace_one(mechanism.base) else _doubled(mechanism.base)
     return Subsampled(base, mechanism.rate, mechanism.scheme, Neighbouring.REPLACE_ONE)
 
 
