@@ -60,8 +60,8 @@ from privlearn.accounting.mechanisms import (
     Sampling,
     Subsampled,
 )
-from privlearn.accounting.registry import kind_of
 from privlearn.accounting.registry import pure_epsilon as _pure_epsilon
+from privlearn.accounting.registry import representation_of
 from privlearn.errors import ParameterValueError
 
 __all__ = [
@@ -144,17 +144,11 @@ def _add_atoms(base: Atoms, q: float) -> Atoms:
     return Atoms(tuple(-x for x in rem.loss), rem.log_q, rem.log_p)
 
 
-def _representation(m: Mechanism, name: str):
-    """The kind's registered closed-form function ``name``, or None."""
-    kind = kind_of(m)
-    return kind.get(name) if kind is not None else None
-
-
 def _step_directions(m: Mechanism) -> list[Atoms] | None:
     """Atoms of one step per direction (one entry: symmetric; two: remove, add), or None
     if this step has no finite closed form here (same modelling as the PLD accountant)."""
     if isinstance(m, Subsampled):
-        atoms = _representation(m.base, "pld_atoms")
+        atoms = representation_of(m.base, "pld_atoms")
         nb = m.neighbouring
         if atoms is None or m.scheme is not Sampling.POISSON or nb is Neighbouring.REPLACE_ONE:
             return None
@@ -167,7 +161,7 @@ def _step_directions(m: Mechanism) -> list[Atoms] | None:
         if nb is Neighbouring.ADD_ONLY:
             return [add]
         return [rem, add]
-    atoms = _representation(m, "pld_atoms")
+    atoms = representation_of(m, "pld_atoms")
     return None if atoms is None else [atoms(m)]
 
 
@@ -356,7 +350,7 @@ def _single_run(mechanism: Mechanism, representation: str):
     parts = _parts(mechanism)
     if len(parts) == 1 and parts[0][1] == 1:
         m = parts[0][0]
-        fn = _representation(m, representation)
+        fn = representation_of(m, representation)
         if fn is not None:
             return lambda x: fn(m, x)
     return None
@@ -377,7 +371,7 @@ def _split_huge(mechanism: Mechanism) -> tuple[float, Mechanism | None] | None:
     no closed form; else None."""
     parts = _parts(mechanism)
     eps = {m: _pure_epsilon(m) for m, _ in parts
-           if _representation(m, "pld_atoms") is not None}
+           if representation_of(m, "pld_atoms") is not None}
     huge = [(m, k) for m, k in parts if eps.get(m, 0.0) > HUGE_PURE_EPSILON]
     if not huge:
         return None

@@ -44,7 +44,7 @@ import numpy as np
 from privlearn._validation import check_positive
 from privlearn.accounting import _builtin_kinds  # noqa: F401  (Gaussian registered first)
 from privlearn.accounting.mechanisms import Gaussian, Mechanism
-from privlearn.accounting.registry import kind_of, register_mechanism
+from privlearn.accounting.registry import register_mechanism, representation_of
 from privlearn.errors import ParameterValueError
 
 __all__ = ["MatrixMechanism"]
@@ -99,7 +99,7 @@ class MatrixMechanism(Mechanism):
 
 
 def _delegate(name: str):
-    fn = kind_of(Gaussian).get(name)
+    fn = representation_of(Gaussian, name)
     assert fn is not None, name
     return lambda m, *args: fn(m.gaussian, *args)
 
@@ -117,7 +117,7 @@ def _from_dict(d: dict[str, Any]) -> MatrixMechanism:
 
 
 def _rdp(m: MatrixMechanism, alphas: np.ndarray) -> np.ndarray:
-    return kind_of(Gaussian).get("rdp")(m.gaussian, alphas)
+    return representation_of(Gaussian, "rdp")(m.gaussian, alphas)
 
 
 register_mechanism(

@@ -41,7 +41,11 @@ import numpy as np
 
 from privlearn._validation import check_count, check_delta, check_positive, check_probability
 from privlearn.accounting.mechanisms import Mechanism
-from privlearn.accounting.registry import declare_representation, kind_of, register_mechanism
+from privlearn.accounting.registry import (
+    declare_representation,
+    register_mechanism,
+    representation_of,
+)
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -223,8 +227,7 @@ def estimate_epsilon(
         The same seed gives the same estimate (common random numbers across calls, which
         also makes :func:`calibrate_estimate` monotone in practice).
     """
-    kind = kind_of(mechanism)
-    if kind is None or kind.get("monte_carlo_estimable") is None:
+    if representation_of(mechanism, "monte_carlo_estimable") is None:
         raise ParameterTypeError(
             f"mechanism must be a BallsInBinsMatrixMechanism, got {type(mechanism).__name__}; "
             "certified mechanisms are evaluated with mechanism.epsilon(delta)"

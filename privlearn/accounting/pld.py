@@ -141,7 +141,13 @@ from privlearn.accounting.mechanisms import (
     Sampling,
     Subsampled,
 )
-from privlearn.accounting.registry import equivalent_gaussian, kind_of, lookup, relation_base
+from privlearn.accounting.registry import (
+    doubles_on_replace_one,
+    equivalent_gaussian,
+    lookup,
+    relation_base,
+    representation_of,
+)
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
 from privlearn.errors import AccountingError, UnsupportedMechanismError
 
@@ -186,8 +192,7 @@ def _replace_pair(m: Subsampled) -> Pair | None:
     if (m.neighbouring is not Neighbouring.REPLACE_ONE or m.rate >= 1.0
             or m.scheme is not Sampling.POISSON):
         return None
-    kind = kind_of(m.base)
-    fn = kind.get("pld_replace_one_pair") if kind is not None else None
+    fn = representation_of(m.base, "pld_replace_one_pair")
     return None if fn is None else fn(m.base, m.rate)
 
 
@@ -766,8 +771,7 @@ def _via_add_remove(m: Mechanism) -> Mechanism | None:
     D_{pa}(P||Q) + D_{(qa - 1)/(q - 1)}(Q||R)`` (Mironov 2017, Renyi Differential Privacy,
     Proposition 11, with p = q = 2). None for any other step (a kind stating its own
     epsilon states nothing about add/remove)."""
-    kind = kind_of(m.base) if _poisson_replace_one(m) else None
-    if kind is None or not kind.replace_one_doubles_sensitivity:
+    if not (_poisson_replace_one(m) and doubles_on_replace_one(m.base)):
         return None
     from privlearn.accounting.mechanisms import RDPMechanism
     from privlearn.accounting.rdp import rdp_epsilon

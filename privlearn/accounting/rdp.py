@@ -102,9 +102,9 @@ from privlearn.accounting.mechanisms import (
 )
 from privlearn.accounting.registry import (
     equivalent_gaussian,
-    kind_of,
     lookup,
     relation_base,
+    representation_of,
 )
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
 from privlearn.errors import (
@@ -250,8 +250,7 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
     if q == 1.0:
         return base_rdp
     if mechanism.scheme is Sampling.POISSON:
-        kind = kind_of(base)
-        special_fn = kind.get("rdp_poisson_subsampled") if kind is not None else None
+        special_fn = representation_of(base, "rdp_poisson_subsampled")
         if special_fn is not None:
             out = special_fn(base, q, alphas)
         else:

@@ -78,9 +78,9 @@ Serialisation hooks (the documented place): ``"to_dict"`` (``fn(m) -> dict`` of 
 types, the kind's fields) and ``"from_dict"`` (``fn(dict) -> Mechanism``) are declared
 here so that a new kind can pass them to :func:`register_mechanism` today.
 ``privlearn.accounting.serialization`` (built separately, with its own
-``register_serializer`` table keyed by type) is expected to read them with
-``lookup("to_dict", m)`` / ``lookup("from_dict", ...)`` for kinds it has no encoder for, or
-to move its encoders here. The closed forms of :mod:`privlearn.accounting.closed_form` are
+``register_serializer`` table keyed by type) reads them with
+``representation_of(m, "to_dict")`` / ``representation_of(cls, "from_dict")`` for kinds it
+has no encoder for. The closed forms of :mod:`privlearn.accounting.closed_form` are
 representations like the others (``pld_atoms``, ``exact_epsilon``, ``exact_delta``).
 
 Structural mechanisms (:class:`~privlearn.accounting.Subsampled`,
@@ -130,6 +130,8 @@ __all__ = [
     "kind_of",
     "registered_kinds",
     "lookup",
+    "representation_of",
+    "doubles_on_replace_one",
     "supports",
     "pure_epsilon",
     "equivalent_gaussian",
@@ -296,14 +298,31 @@ def kind_of(mechanism: Mechanism | type) -> MechanismKind | None:
     return _KINDS.lookup(mechanism)
 
 
+def representation_of(
+    mechanism: Mechanism | type, representation: str
+) -> Callable[..., Any] | None:
+    """The registered ``representation`` function of ``mechanism``'s kind (or class's),
+    following the MRO; None if the kind is not registered or registers none (see
+    :func:`lookup` for the refusing form)."""
+    kind = kind_of(mechanism)
+    return kind.get(representation) if kind is not None else None
+
+
+def doubles_on_replace_one(mechanism: Mechanism | type) -> bool:
+    """Whether ``mechanism``'s kind is registered with ``replace_one_doubles_sensitivity``
+    (its parameters are relative to the add/remove bound under every relation, so a
+    replacement moves its output twice as far; module docstring); False if unregistered."""
+    kind = kind_of(mechanism)
+    return kind is not None and kind.replace_one_doubles_sensitivity
+
+
 def lookup(representation: str, mechanism: Mechanism, *, accountant: str = "") -> Callable:
     """The registered ``representation`` function of ``mechanism``'s kind.
 
     Raises :class:`UnsupportedMechanismError` (naming the accountant, the kind and how to
     register one) when there is none.
     """
-    kind = kind_of(mechanism)
-    fn = kind.get(representation) if kind is not None else None
+    fn = representation_of(mechanism, representation)
     if fn is None:
         who = f"accountant {accountant!r}" if accountant else "privlearn"
         have = ", ".join(c.__name__ for c in _KINDS if representation in _KINDS[c].functions)
@@ -328,11 +347,8 @@ def _leaves(mechanism: Mechanism) -> Iterable[Mechanism]:
 
 def supports(mechanism: Mechanism, representation: str) -> bool:
     """Whether every kind inside ``mechanism`` has ``representation``."""
-    for leaf in _leaves(mechanism):
-        kind = kind_of(leaf)
-        if kind is None or kind.get(representation) is None:
-            return False
-    return True
+    return all(representation_of(leaf, representation) is not None
+               for leaf in _leaves(mechanism))
 
 
 def scaled(mechanism: Mechanism, factor: float, *, accountant: str = "") -> Mechanism:
@@ -356,9 +372,7 @@ def relation_base(m: Subsampled, *, accountant: str = "") -> Mechanism:
     """
     base = m.base
     if m.neighbouring is Neighbouring.REPLACE_ONE:
-        kind = kind_of(base)
-        doubles = kind is not None and kind.replace_one_doubles_sensitivity
-        return scaled(base, 2.0, accountant=accountant) if doubles else base
+        return scaled(base, 2.0, accountant=accountant) if doubles_on_replace_one(base) else base
     if m.scheme is Sampling.FIXED:
         return scaled(base, 2.0, accountant=accountant)
     return base
@@ -438,16 +452,13 @@ def as_replace_one(mechanism: Mechanism) -> Mechanism:
             f"{mechanism.neighbouring.value!r} bounds one direction only and has no "
             "replace-one guarantee; describe the release under 'add_remove' or "
             "'replace_one'")
-    kind = kind_of(mechanism.base)
-    doubles = kind is not None and kind.replace_one_doubles_sensitivity
-    base = mechanism.base if doubles else _doubled(mechanism.base)
+    base = mechanism.base if doubles_on_replace_one(mechanism.base) else _doubled(mechanism.base)
     return Subsampled(base, mechanism.rate, mechanism.scheme, Neighbouring.REPLACE_ONE)
 
 
 def _doubled(m: Mechanism) -> Mechanism:
     """``m`` when one record moves its output twice as far (group privacy of size 2)."""
-    kind = kind_of(m)
-    fn = kind.get("scale_sensitivity") if kind is not None else None
+    fn = representation_of(m, "scale_sensitivity")
     if fn is None:
         raise UnsupportedMechanismError(
             f"{type(m).__name__} has no replace-one reading: its kind registers no "
@@ -496,8 +507,7 @@ def _step_pure_epsilon(m: Mechanism) -> float:
     if isinstance(m, Subsampled):
         if (m.neighbouring is Neighbouring.REPLACE_ONE and m.rate < 1.0
                 and m.scheme is Sampling.POISSON):  # (fixed size: not that pair)
-            rep = kind_of(m.base)
-            fn = rep.get("pld_replace_one_pair") if rep is not None else None
+            fn = representation_of(m.base, "pld_replace_one_pair")
             if fn is not None:  # the supremum of the tight pair's privacy loss
                 e = float(fn(m.base, m.rate).pure_epsilon)
                 return e * (1.0 + _RATE_ULPS) if math.isfinite(e) else math.inf
@@ -580,8 +590,7 @@ def equivalent_gaussian(mechanism: Mechanism) -> float | None:
                 m = relation_base(m)
             except UnsupportedMechanismError:
                 return None
-        kind = kind_of(m)
-        fn = kind.get("equivalent_gaussian") if kind is not None else None
+        fn = representation_of(m, "equivalent_gaussian")
         sigma = fn(m) if fn is not None else None
         if sigma is None:
             return None

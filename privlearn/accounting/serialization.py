@@ -248,8 +248,7 @@ def _registry_node(m: Mechanism) -> dict[str, Any]:
     "fields": to_dict(m)}``."""
     from privlearn.accounting import registry
 
-    kind = registry.kind_of(m)
-    fn = kind.get("to_dict") if kind is not None else None
+    fn = registry.representation_of(m, "to_dict")
     if fn is None:
         raise ParameterTypeError(
             f"no serializer is registered for {type(m).__name__}; register one with "
@@ -260,7 +259,8 @@ def _registry_node(m: Mechanism) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise ParameterTypeError(
             f"to_dict of {type(m).__name__} must return a dict, got {fields!r}")
-    return {"kind": "registered", "class": _class_path(kind.cls), "fields": fields}
+    return {"kind": "registered", "class": _class_path(registry.kind_of(m).cls),
+            "fields": fields}
 
 
 def _registry_from(d: dict[str, Any]) -> Mechanism:
@@ -269,7 +269,7 @@ def _registry_from(d: dict[str, Any]) -> Mechanism:
     path = d["class"]
     for cls in registry.registered_kinds():
         if _class_path(cls) == path:
-            fn = registry.kind_of(cls).get("from_dict")
+            fn = registry.representation_of(cls, "from_dict")
             if fn is None:
                 raise ParameterValueError(f"mechanism kind {path} has no from_dict hook registered")
             m = fn(d["fields"])

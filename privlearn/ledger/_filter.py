@@ -39,7 +39,7 @@ import numpy as np
 
 from privlearn._validation import check_delta, check_nonnegative, check_positive
 from privlearn.accounting import AccountingError, Mechanism, UnsupportedMechanismError, compose
-from privlearn.accounting.registry import kind_of
+from privlearn.accounting.registry import representation_of
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order"]
@@ -165,8 +165,7 @@ def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
     """
     stated, rest = [], []
     for m in mechs:
-        kind = kind_of(m)
-        fn = None if kind is None else kind.get("stated_dp")
+        fn = representation_of(m, "stated_dp")
         (rest if fn is None else stated).append(m if fn is None else fn(m))
     if not stated:
         return None

@@ -26,7 +26,7 @@ from privlearn._validation import check_nonnegative, check_rate
 from privlearn.accounting import Composed, compose, subsample
 from privlearn.accounting import Mechanism as PrivlearnMechanism
 from privlearn.accounting.mechanisms import Gaussian
-from privlearn.accounting.registry import equivalent_gaussian, kind_of, scaled
+from privlearn.accounting.registry import doubles_on_replace_one, equivalent_gaussian, scaled
 from privlearn.compat.autodp.autodp_core import (
     NO_PRIVACY_LOSS,
     Mechanism,
@@ -258,8 +258,7 @@ def _stated_under_replace_one(d: PrivlearnMechanism) -> PrivlearnMechanism:
     ``C``, doubled under replace-one) describes as ``Gaussian(2 sigma)``; likewise
     Laplace. Kinds that state their own epsilon for the relation (PureDP, randomized
     response) are unchanged."""
-    kind = kind_of(d)
-    if kind is not None and kind.replace_one_doubles_sensitivity:
+    if doubles_on_replace_one(d):
         return scaled(d, 0.5)
     return d
 
