@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import sys
 import time
 from collections.abc import Iterator
 
-try:  # POSIX
+if sys.platform != "win32":
     import fcntl
-except ImportError:  # pragma: no cover - Windows
+else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
 from privlearn.errors import LedgerBusyError
