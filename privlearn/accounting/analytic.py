@@ -29,12 +29,14 @@ import math
 import numpy as np
 from scipy import optimize, special
 
+from privlearn._validation import check_delta, check_nonnegative
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.mechanisms import Composed, Mechanism
 from privlearn.accounting.registry import equivalent_gaussian
 from privlearn.errors import (
     CertificationError,
+    ParameterTypeError,
     PrivacyLossOverflowError,
     UnsupportedMechanismError,
 )
@@ -51,6 +53,21 @@ __all__ = [
 
 _ULP = float(np.finfo(float).eps)
 _TINY = float(np.finfo(float).smallest_normal)
+
+_SIGMA_HINT = ("pass the noise standard deviation divided by the sensitivity, e.g. 1.0 "
+               "(inf for no privacy loss)")
+
+
+def _check_sigma(noise_multiplier: object) -> float:
+    """The public functions' noise multiplier: a number in [0, inf] (0, no noise, is
+    what a combined noise multiplier below the floats rounds down to)."""
+    return check_nonnegative("noise_multiplier", noise_multiplier, allow_inf=True,
+                             hint=_SIGMA_HINT)
+
+
+def _check_epsilon(epsilon: object) -> float:
+    return check_nonnegative("epsilon", epsilon, allow_inf=True,
+                             hint="pass an epsilon >= 0 such as 1.0")
 
 
 def _gaussian_delta_and_error(
@@ -90,9 +107,28 @@ def _gaussian_delta_and_error(
 def gaussian_delta_bounds(noise_multiplier: float, epsilon: float) -> tuple[float, float]:
     """Certified ``(lower, upper)`` bounds on the exact delta(epsilon) of the Gaussian
     mechanism (Balle & Wang 2018, Thm 8), bracketing the floating-point evaluation by its
-    error bound."""
-    if math.isinf(epsilon):
+    error bound.
+
+    Parameters
+    ----------
+    noise_multiplier : float in [0, inf]
+        0 (no noise) gives delta 1 at every finite epsilon.
+    epsilon : float in [0, inf]
+
+    Raises
+    ------
+    ParameterTypeError, ParameterValueError
+        For a value that is not a number or outside the range above (NaN included).
+    """
+    noise_multiplier = _check_sigma(noise_multiplier)
+    epsilon = _check_epsilon(epsilon)
+    if math.isinf(epsilon) or math.isinf(noise_multiplier):  # no privacy loss beyond eps
         return 0.0, 0.0
+    if not noise_multiplier >= 1e-300:
+        # 1 / sigma is beyond floats (or there is no noise): Phi(a) = 1 and
+        # exp(eps) Phi(b) < exp(eps - 1e600 / 8) are both within rounding of 1 and 0, so
+        # delta(eps) = 1 to working precision for every finite eps (exactly 1 without noise)
+        return 1.0 - 4.0 * _ULP, 1.0
     # delta(0) = 2 Phi(mu/2) - 1 = erf(mu / (2 sqrt 2)), to a few ulps (no cancellation);
     # delta(eps) <= delta(0) bounds the cases where the difference below cancels (a huge
     # noise multiplier: mu/2 and -mu/2 give the same log Phi)
@@ -127,7 +163,14 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
     mechanism: ``upper`` satisfies ``delta_upper(upper) <= delta`` and ``lower`` satisfies
     ``delta_lower(lower) > delta`` (or is 0), with the bounds of
     :func:`gaussian_delta_bounds`. Returns ``(inf, inf)`` for ``delta == 0``.
+
+    ``noise_multiplier`` must be in [0, inf] and ``delta`` in [0, 1]; anything else (NaN,
+    a string) raises :class:`~privlearn.errors.ParameterTypeError` or
+    :class:`~privlearn.errors.ParameterValueError`.
     """
+    noise_multiplier = _check_sigma(noise_multiplier)
+    delta = check_delta("delta", delta, allow_one=True,
+                        hint="typical values are 1e-5 or 1/dataset size")
     if delta <= 0.0:
         return math.inf, math.inf
     if not noise_multiplier >= 1e-300:  # 1 / sigma^2 is beyond floats (or no noise)
@@ -203,6 +246,11 @@ def effective_noise_multiplier(mechanism: Mechanism) -> float | None:
     Same as :func:`privlearn.accounting.registry.equivalent_gaussian` (kept as the
     historical name).
     """
+    if not isinstance(mechanism, Mechanism):
+        raise ParameterTypeError(
+            f"mechanism must be a privlearn Mechanism, got {mechanism!r} "
+            f"({type(mechanism).__name__}); pass e.g. Gaussian(noise_multiplier=1.0) "
+            "from privlearn.accounting")
     return equivalent_gaussian(mechanism)
 
 

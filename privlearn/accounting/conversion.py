@@ -55,6 +55,9 @@ from collections.abc import Callable
 import numpy as np
 from scipy import optimize
 
+from privlearn._validation import check_callable, check_delta, check_nonnegative
+from privlearn.errors import ParameterTypeError, ParameterValueError
+
 __all__ = [
     "DEFAULT_ORDERS",
     "epsilon_from_rdp",
@@ -89,6 +92,49 @@ EXTENSION_BLOCKS: tuple[np.ndarray, ...] = (
 )
 
 
+def _check_orders(orders: object) -> np.ndarray:
+    """Orders as a float array, every one a real number > 1 (the conversions divide by
+    ``alpha - 1``)."""
+    try:
+        a = np.asarray(orders, dtype=float)
+    except (TypeError, ValueError):
+        raise ParameterTypeError(
+            f"orders must be an array of real numbers > 1, got {orders!r}; pass e.g. "
+            "privlearn.accounting.conversion.DEFAULT_ORDERS") from None
+    bad = ~(a > 1.0)
+    if np.any(bad):
+        raise ParameterValueError(
+            f"orders must be real numbers in (1, inf), got {float(a[bad].flat[0])!r} among "
+            "them; Renyi orders start above 1 (pass e.g. DEFAULT_ORDERS)")
+    return a
+
+
+def _check_rdp_fn(rdp_fn: object) -> None:
+    check_callable("rdp_fn", rdp_fn,
+                   hint="pass a vectorised function orders -> RDP values, e.g. "
+                        "lambda a: a / (2 * sigma**2) for a Gaussian")
+
+
+def _check_pure(pure_epsilon: object) -> float:
+    return check_nonnegative("pure_epsilon", pure_epsilon, allow_inf=True,
+                             hint="pass a known pure-DP epsilon, or inf when there is none")
+
+
+def _check_eps(epsilon: object) -> float:
+    return check_nonnegative("epsilon", epsilon, allow_inf=True,
+                             hint="pass an epsilon >= 0 such as 1.0")
+
+
+def _check_refine(refine: object) -> bool:
+    if not isinstance(refine, (bool, np.bool_)):
+        raise ParameterTypeError(f"refine must be True or False, got {refine!r} "
+                                 f"({type(refine).__name__}); pass a bool")
+    return bool(refine)
+
+
+_DELTA_HINT = "typical values are 1e-5 or 1/dataset size"
+
+
 def _clean(rdp: np.ndarray) -> np.ndarray:
     rdp = np.asarray(rdp, dtype=float)
     return np.where(np.isnan(rdp), np.inf, rdp)
@@ -97,9 +143,15 @@ def _clean(rdp: np.ndarray) -> np.ndarray:
 def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.ndarray:
     """Elementwise epsilon of (1) for each order (``inf`` where the RDP value is inf/NaN).
 
-    Rounded up by a few ulps of the terms involved. Not clamped at 0.
+    Rounded up by a few ulps of the terms involved. Not clamped at 0. ``orders`` must be
+    real numbers > 1 and ``delta`` in (0, 1] (typed errors otherwise).
     """
-    a = np.asarray(orders, dtype=float)
+    a = _check_orders(orders)
+    delta = check_delta("delta", delta, allow_one=True, hint=_DELTA_HINT)
+    if delta == 0.0:
+        raise ParameterValueError(
+            "delta must be in (0, 1] for the per-order conversion, got 0; pass a positive "
+            "delta (rdp_to_epsilon answers delta 0 with the pure epsilon)")
     tau = _clean(rdp)
     t1 = np.log1p(-1.0 / a)
     t2 = (math.log(delta) + np.log(a)) / (a - 1.0)
@@ -124,7 +176,12 @@ def _log_delta_from_rdp(orders: np.ndarray, rdp: np.ndarray, epsilon: float) -> 
 
 
 def delta_from_rdp(orders: np.ndarray, rdp: np.ndarray, epsilon: float) -> np.ndarray:
-    """Elementwise delta of (2) for each order, capped at 1 (``1`` where RDP is inf/NaN)."""
+    """Elementwise delta of (2) for each order, capped at 1 (``1`` where RDP is inf/NaN).
+
+    ``orders`` must be real numbers > 1 and ``epsilon`` in [0, inf] (typed errors
+    otherwise)."""
+    orders = _check_orders(orders)
+    epsilon = _check_eps(epsilon)
     with np.errstate(over="ignore"):
         return np.minimum(1.0, np.exp(_log_delta_from_rdp(orders, rdp, epsilon)))
 
@@ -232,7 +289,17 @@ def rdp_to_epsilon(
         ``min(pure_epsilon, max(0, min_alpha eps_alpha))`` with ``eps_alpha`` from (1) of the
         module docstring (Canonne, Kamath & Steinke 2020, Prop. 12; Balle et al. 2020,
         Thm 21); rounded up.
+
+    Raises
+    ------
+    ParameterTypeError, ParameterValueError
+        For a non-callable ``rdp_fn``, a ``delta`` outside [0, 1] (NaN included), a
+        ``pure_epsilon`` outside [0, inf] or a ``refine`` that is not a bool.
     """
+    _check_rdp_fn(rdp_fn)
+    delta = check_delta("delta", delta, allow_one=True, hint=_DELTA_HINT)
+    pure_epsilon = _check_pure(pure_epsilon)
+    refine = _check_refine(refine)
     if delta <= 0.0:
         return float(pure_epsilon)
     if _tv_bound(rdp_fn) <= delta:  # (3): already (0, delta)-DP
@@ -256,7 +323,16 @@ def rdp_to_delta(
     ``min(1, min_alpha delta_alpha, sqrt(1 - exp(-tau(alpha_min))))`` with
     ``delta_alpha`` from (2) of the module docstring (Canonne, Kamath & Steinke 2020,
     Proposition 12) and the last term from (3) (Bretagnolle & Huber 1979), rounded up.
+
+    ``epsilon`` and ``pure_epsilon`` must be in [0, inf], ``rdp_fn`` callable and
+    ``refine`` a bool; anything else (NaN, a string) raises
+    :class:`~privlearn.errors.ParameterTypeError` or
+    :class:`~privlearn.errors.ParameterValueError`.
     """
+    _check_rdp_fn(rdp_fn)
+    epsilon = _check_eps(epsilon)
+    pure_epsilon = _check_pure(pure_epsilon)
+    refine = _check_refine(refine)
     if epsilon >= pure_epsilon:
         return 0.0
     objective = lambda a, r: _log_delta_from_rdp(a, r, epsilon)  # noqa: E731

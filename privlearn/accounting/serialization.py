@@ -450,5 +450,29 @@ def dumps(mechanism: Mechanism) -> str:
 
 
 def loads(text: str | bytes) -> Mechanism:
-    """Inverse of :func:`dumps`."""
-    return mechanism_from_dict(json.loads(text))
+    """Inverse of :func:`dumps`.
+
+    Raises
+    ------
+    ParameterTypeError
+        For ``text`` that is not a ``str``, ``bytes`` or ``bytearray``.
+    ParameterValueError
+        For text that is not a JSON document (the parser's message says where), or a
+        JSON document that is not a mechanism (as :func:`mechanism_from_dict`).
+    """
+    if not isinstance(text, str | bytes | bytearray):
+        raise ParameterTypeError(
+            f"text must be str or bytes (the JSON text of a mechanism, as written by "
+            f"dumps), got {type(text).__name__}; pass dumps(mechanism) or the contents "
+            "of a file it was saved to")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8/16/32
+        more = "..." if len(text) > 60 else ""
+        raise ParameterValueError(
+            f"malformed mechanism document: expected the JSON text of a mechanism (an "
+            f"object with 'format' and 'kind', as written by dumps), got "
+            f"{text[:60]!r}{more}, which is not valid JSON ({exc}); pass the text dumps "
+            "returned, unchanged"
+        ) from exc
+    return mechanism_from_dict(data)

@@ -99,6 +99,9 @@ HINTS: dict[type[BaseException], Callable[[BaseException, str], str | None]] = {
         "looser bound) or a larger --delta"),
     PrivacyLossOverflowError: _overflow_hint,
     AccountingError: lambda e, c: _HINT_DEFAULT,
+    LedgerBusyError: lambda e, c: (
+        "from the shell, wait longer (or less) with privlearn budget ... --timeout SECONDS "
+        "(default 60)" if c == "budget" else None),
     CalibrationError: _calibration_hint,
     DataNotFoundError: lambda e, c: (
         "run again with --data-home DIR (a directory holding the files) or --download"),

@@ -38,6 +38,22 @@ _key_file_opt = click.option(
     "command line (other users see it in `ps`).")
 
 
+#: The seconds a ``budget`` command waits for another writer by default (Ledger's own).
+DEFAULT_TIMEOUT = 60.0
+
+_timeout_opt = click.option(
+    "--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
+    metavar="SECONDS",
+    help="Seconds to wait while another writer holds the ledger's write lock; past them "
+    "the command gives up (status 2, nothing recorded). Must be > 0.")
+
+
+def _check_timeout(timeout: float) -> float:
+    return check_positive("--timeout", timeout,
+                          hint="pass the seconds to wait for another writer, e.g. "
+                          "--timeout 5 (default 60)")
+
+
 def _ledger_key(key_file: str | None) -> tuple[bytes | None, str | None]:
     """The HMAC key from ``--key-file`` (one trailing newline stripped), else from
     :data:`KEY_ENV`, with where it came from; ``(None, None)`` without either."""
@@ -67,18 +83,20 @@ def _ledger_key(key_file: str | None) -> tuple[bytes | None, str | None]:
 
 
 def _open_ledger(path: str, key_file: str | None = None, *, create: bool = False,
-                 check_key: bool = True):
+                 check_key: bool = True, timeout: float = DEFAULT_TIMEOUT):
     """The ledger at ``path``, opened with the key of ``--key-file`` or
     :data:`KEY_ENV`; its errors (none there, not a ledger, tampered, a key missing or not
     expected) are typed and reported by :class:`_OneLineErrors` in the shell's words.
     With ``check_key``, a key that does not verify the ledger's hash chain is refused
-    here (status 4) with a message that names the key as a likely cause."""
+    here (status 4) with a message that names the key as a likely cause. ``timeout``
+    (``--timeout``) is the seconds each request waits for another writer."""
     from privlearn.errors import LedgerIntegrityError
     from privlearn.ledger import Ledger
 
+    timeout = _check_timeout(timeout)
     key, source = _ledger_key(key_file)
     try:
-        led = Ledger(path, create=create, key=key)
+        led = Ledger(path, create=create, key=key, timeout=timeout)
     except ParameterValueError:  # the only one here: a key missing or not expected
         if key is None:
             raise ParameterValueError(
@@ -151,6 +169,9 @@ def budget() -> None:
           --sampling-rate 0.01 --steps 1000 --label "dp-sgd run 1"
       privlearn budget show privacy.db --dataset adult
 
+    A command waits up to 60 s while another process writes the ledger, then gives up
+    (status 2, nothing recorded); --timeout SECONDS changes the wait.
+
     `privlearn budget COMMAND --help` describes each command and its options; from
     Python, privlearn.ledger.Ledger records the releases of estimators and of DP-SGD
     runs (help(privlearn.ledger)).
@@ -165,6 +186,7 @@ _unit_opt = click.option("--privacy-unit", default=None,
 @budget.command(name="init")
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
+@_timeout_opt
 @_ledger_dataset_opt
 @click.option("--epsilon", type=float, required=True, help="Budget epsilon (> 0).")
 @click.option("--delta", type=float, required=True, help="Budget delta in [0, 1).")
@@ -180,7 +202,8 @@ _unit_opt = click.option("--privacy-unit", default=None,
 @click.option("--exist-ok", is_flag=True,
               help="A budget DATASET already has with these same settings is not an error "
               "(a script that runs more than once); other settings still are.")
-def budget_init(path: str, key_file: str | None, dataset: str, epsilon: float, delta: float,
+def budget_init(path: str, key_file: str | None, timeout: float, dataset: str,
+                epsilon: float, delta: float,
                 privacy_unit: str | None, accountant: str, adaptive: bool,
                 neighbouring: str | None, exist_ok: bool) -> None:
     """Create the ledger at PATH (if needed) and set DATASET's budget."""
@@ -193,7 +216,7 @@ def budget_init(path: str, key_file: str | None, dataset: str, epsilon: float, d
     if adaptive and delta == 0.0:
         raise ParameterValueError("--delta must be in (0, 1) with --adaptive (the Renyi "
                                   "filter gives no delta=0 guarantee), got 0; e.g. 1e-6")
-    led = _open_ledger(path, key_file, create=True)
+    led = _open_ledger(path, key_file, create=True, timeout=timeout)
     try:
         b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
                               accountant=accountant, adaptive=adaptive,
@@ -210,6 +233,7 @@ def budget_init(path: str, key_file: str | None, dataset: str, epsilon: float, d
 @budget.command(name="spend")
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
+@_timeout_opt
 @_ledger_dataset_opt
 @mechanism_opt
 @click.option("--noise-multiplier", type=float, required=True, help="Noise multiplier (> 0).")
@@ -220,7 +244,8 @@ def budget_init(path: str, key_file: str | None, dataset: str, epsilon: float, d
 @click.option("--who", default=None, help="Who spent it (default: user@host).")
 @_unit_opt
 @json_opt
-def budget_spend(path: str, key_file: str | None, dataset: str, mechanism: str,
+def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
+                 mechanism: str,
                  noise_multiplier: float,
                  sampling_rate: float | None, sampling: str, steps: int | None,
                  label: str | None, who: str | None, privacy_unit: str | None,
@@ -232,7 +257,7 @@ def budget_spend(path: str, key_file: str | None, dataset: str, mechanism: str,
     kind, samp = mechanism.lower(), sampling.lower()
     nm = check_positive("--noise-multiplier", noise_multiplier)
     mech = build_mechanism(kind, nm, rate, samp, t)
-    led = _open_ledger(path, key_file)
+    led = _open_ledger(path, key_file, timeout=timeout)
     try:
         entry = led.spend(dataset, mech, label=label, who=who, privacy_unit=privacy_unit)
     except UnsupportedMechanismError as e:  # the budget's accountant, set by budget init
@@ -251,13 +276,15 @@ def budget_spend(path: str, key_file: str | None, dataset: str, mechanism: str,
 @budget.command(name="show")
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
+@_timeout_opt
 @_ledger_dataset_opt
 @_unit_opt
 @json_opt
-def budget_show(path: str, key_file: str | None, dataset: str, privacy_unit: str | None,
+def budget_show(path: str, key_file: str | None, timeout: float, dataset: str,
+                privacy_unit: str | None,
                 as_json: bool) -> None:
     """What has been spent on DATASET (tight composition, certified bounds)."""
-    s = _open_ledger(path, key_file).spent(dataset, privacy_unit=privacy_unit)
+    s = _open_ledger(path, key_file, timeout=timeout).spent(dataset, privacy_unit=privacy_unit)
     if as_json:
         click.echo(json.dumps(_spent_json(s)))
     else:
@@ -267,15 +294,17 @@ def budget_show(path: str, key_file: str | None, dataset: str, privacy_unit: str
 @budget.command(name="history")
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
+@_timeout_opt
 @_ledger_dataset_opt
 @_unit_opt
 @json_opt
-def budget_history(path: str, key_file: str | None, dataset: str, privacy_unit: str | None,
+def budget_history(path: str, key_file: str | None, timeout: float, dataset: str,
+                   privacy_unit: str | None,
                    as_json: bool) -> None:
     """Every entry of DATASET, oldest first."""
     from privlearn.accounting.serialization import mechanism_to_dict
 
-    led = _open_ledger(path, key_file)
+    led = _open_ledger(path, key_file, timeout=timeout)
     led.budget_info(dataset, privacy_unit=privacy_unit)
     entries = led.history(dataset, privacy_unit=privacy_unit)
     if as_json:
@@ -313,10 +342,12 @@ def _describe_mechanism(m: Mechanism) -> str:
 @budget.command(name="verify")
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
+@_timeout_opt
 @click.option("--expect-head", default=None, metavar="COUNT:HASH",
               help="A head printed earlier by `verify` (kept outside the file): also fail "
               "unless the ledger extends it (detects truncation with the head rewritten).")
-def budget_verify(path: str, key_file: str | None, expect_head: str | None) -> None:
+def budget_verify(path: str, key_file: str | None, timeout: float,
+                  expect_head: str | None) -> None:
     """Check the hash chain of the ledger at PATH: status 0 when intact, 4 (listing the
     problems) when an entry was edited, removed or the ledger truncated. Every other
     budget command also refuses a ledger that fails this check (status 4)."""
@@ -328,7 +359,7 @@ def budget_verify(path: str, key_file: str | None, expect_head: str | None) -> N
             raise click.BadParameter(f"must be COUNT:HASH (64 hex digits), got {expect_head!r}",
                                      param_hint="'--expect-head'")
         expected = (int(head[1]), head[2].lower())
-    led = _open_ledger(path, key_file, check_key=False)
+    led = _open_ledger(path, key_file, check_key=False, timeout=timeout)
     report = led.verify(expected_head=expected)
     if report.ok:
         n, h = led.head()

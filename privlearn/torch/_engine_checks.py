@@ -224,6 +224,40 @@ def _warn_loader_generator(data_loader: DataLoader, cfg, stacklevel: int) -> Non
         UserWarning, stacklevel=stacklevel + 1)
 
 
+def _warn_user_rate(data_loader: DataLoader, n_examples: int, n_users: int,
+                    rate: float, stacklevel: int) -> None:
+    """With ``users=``, a ``PoissonBatchSampler`` given as the loader's ``batch_sampler``
+    states an inclusion probability of *examples*; make_private keeps its expected batch
+    size, ``sample_rate * len(dataset)``, as the expected number of *users* per batch
+    (the meaning of ``batch_size`` under user-level privacy), so each user is drawn with
+    probability ``rate`` -- the rate accounted, and the one the rebuilt sampler draws at
+    -- not the ``sample_rate`` written: say so, and what to pass instead."""
+    bs = data_loader.batch_sampler
+    if data_loader.batch_size is not None or not isinstance(bs, PoissonBatchSampler):
+        return
+    given = float(bs.sample_rate)
+    if math.isclose(rate, given, rel_tol=1e-12, abs_tol=0.0):
+        return
+    b = given * n_users  # the expected users per batch that draws each with prob. given
+    if b >= 1 and math.isclose(b, round(b)):
+        instead = f"DataLoader(dataset, batch_size={round(b)})"
+    else:
+        lo, hi = max(1, math.floor(b)), max(1, math.ceil(b))
+        instead = (f"DataLoader(dataset, batch_size=B) with B = {b:g} rounded to an "
+                   f"integer (batch_size={lo} draws each user with probability "
+                   f"{min(1.0, lo / n_users):g}"
+                   + (f", {hi} with {min(1.0, hi / n_users):g}" if hi != lo else "") + ")")
+    warnings.warn(
+        f"data_loader's batch_sampler=PoissonBatchSampler(sample_rate={given:g}) samples "
+        f"examples, but with users= make_private samples users: it keeps the expected "
+        f"batch size sample_rate * len(dataset) = {given * n_examples:g} as the expected "
+        f"number of users per batch, so each of the {n_users} users joins a batch with "
+        f"probability {rate:g}, the rate accounted (not {given:g}). To draw each user with "
+        f"probability {given:g}, pass {instead}: under users= a loader's batch_size is the "
+        "expected number of users per batch",
+        UserWarning, stacklevel=stacklevel + 1)
+
+
 def _check_given_sampler(data_loader: DataLoader, n: int, secure: bool,
                          per_epoch: int) -> None:
     """A ``PoissonBatchSampler`` / ``FixedSizeBatchSampler`` given as the loader's

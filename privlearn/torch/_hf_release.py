@@ -21,7 +21,8 @@ import os
 from privlearn.errors import ConfigurationError, PrivacyBudgetExceededError
 
 __all__ = ["REPORT_FORMAT", "REPORT_NAME", "ReportOnSave", "privacy_report",
-           "refuse_encoder_decoder", "run_description", "spent_budget_error",
+           "refuse_encoder_decoder", "report_segments", "run_description",
+           "spent_budget_error",
            "write_privacy_report"]
 
 #: The file :meth:`DPTrainer.save_model` writes next to the weights (so every checkpoint
@@ -36,11 +37,41 @@ _LEFT_OUT = frozenset({"dataset_size", "rank", "noise_multiplier", "max_grad_nor
                        "sampling_rate"})
 
 
+def report_segments(segments) -> list[dict]:
+    """The accountant's ``segments`` (:class:`~privlearn.torch.accountant.Segment`) as
+    the report lists them: consecutive segments with the same noise multiplier and
+    sampling rate -- the same privacy cost per step -- run-length merged into one entry
+    with their total ``steps``, so a run of adaptive clipping, whose bound changes every
+    step (a new segment each), takes one entry per change of the noise or the rate, not
+    one per step. ``max_grad_norm`` is the bound of the entry's last step; where its steps
+    used different bounds, ``max_grad_norm_range`` is ``[min, max]`` over them. The
+    composition the entries describe is that of the segments: each step's privacy
+    depends on the noise multiplier (noise std / clipping bound) and the rate only."""
+    out: list[dict] = []
+    lo = hi = None
+    for s in segments:
+        if out and (out[-1]["noise_multiplier"], out[-1]["sampling_rate"]) == (
+                s.noise_multiplier, s.sampling_rate):
+            e = out[-1]
+            e["steps"] += s.steps
+            e["max_grad_norm"] = s.max_grad_norm
+            lo, hi = min(lo, s.max_grad_norm), max(hi, s.max_grad_norm)
+        else:
+            out.append({"noise_multiplier": s.noise_multiplier,
+                        "sampling_rate": s.sampling_rate, "max_grad_norm": s.max_grad_norm,
+                        "steps": s.steps})
+            lo = hi = s.max_grad_norm
+        if lo != hi:
+            out[-1]["max_grad_norm_range"] = [lo, hi]
+    return out
+
+
 def run_description(p) -> dict:
     """The public description of one run's mechanism, from its engine ``p`` (a
     :class:`~privlearn.torch.privacy_engine.PrivateTraining`): the steps taken with the
     noise multiplier, sampling rate and clipping bound of the last step (``segments``:
-    each run of identical steps, as the accountant recorded them), the sampling, its
+    each run of steps of the same noise multiplier and sampling rate, from the
+    accountant's history: :func:`report_segments`), the sampling, its
     neighbouring relation and subsampling scheme, and the engine's other mechanism
     settings (noise kind, clipping, loss reduction, privacy unit, ...)."""
     segments = p.accountant.segments
@@ -56,9 +87,7 @@ def run_description(p) -> dict:
         "scheme": p.accountant.scheme,
         "neighbouring": p.neighbouring,
         **{k: v for k, v in mech.items() if k not in _LEFT_OUT and k != "sampling"},
-        "segments": [{"noise_multiplier": s.noise_multiplier,
-                      "sampling_rate": s.sampling_rate, "max_grad_norm": s.max_grad_norm,
-                      "steps": s.steps} for s in segments],
+        "segments": report_segments(segments),
     }
     return out
 

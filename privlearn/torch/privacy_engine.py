@@ -51,6 +51,7 @@ from privlearn.torch._engine_checks import (
     _shared_seed,
     _warn_drop_last,
     _warn_loader_generator,
+    _warn_user_rate,
 )
 from privlearn.torch.accountant import (
     BudgetCap,
@@ -526,6 +527,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                          f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}"
                          f"{source}); use a smaller batch_size or cycle_length"
                          + (" or bands" if source else ""))
+    if units is not None:
+        _warn_user_rate(data_loader, len(data_loader.dataset), n, q, stacklevel=3)
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
     if cfg.check_batch_independence:  # the examples on dimension 0 of every batch
         check_batch_first(data_loader)

@@ -172,3 +172,53 @@ def test_combined_gaussian_over_the_whole_float_range(sigma, count):
     assert Fraction(s) ** 2 * total <= 1
     if s < 1e308:  # tight (else the largest float is the answer)
         assert Fraction(s * (1 + 1e-15)) ** 2 * total > 1
+
+
+@pytest.mark.parametrize("fn", [gaussian_delta, gaussian_delta_bounds])
+@pytest.mark.parametrize("sigma, eps, err, names", [
+    (-1, 1.0, "ParameterValueError", "noise_multiplier"),
+    (float("nan"), 1.0, "ParameterValueError", "noise_multiplier"),
+    ("1", 1.0, "ParameterTypeError", "noise_multiplier"),
+    (None, 1.0, "ParameterTypeError", "noise_multiplier"),
+    (1.0, -0.5, "ParameterValueError", "epsilon"),
+    (1.0, float("nan"), "ParameterValueError", "epsilon"),
+    (1.0, "1", "ParameterTypeError", "epsilon"),
+])
+def test_delta_functions_refuse_bad_input_with_typed_errors(fn, sigma, eps, err, names):
+    import privlearn.errors as errors
+
+    with pytest.raises(getattr(errors, err), match=names) as info:
+        fn(sigma, eps)
+    assert "got" in str(info.value) and ";" in str(info.value)  # value received, a hint
+
+
+@pytest.mark.parametrize("fn", [gaussian_epsilon, gaussian_epsilon_bounds])
+@pytest.mark.parametrize("sigma, delta, err, names", [
+    (-1.0, 1e-5, "ParameterValueError", "noise_multiplier"),
+    (1.0, float("nan"), "ParameterValueError", "delta"),
+    (1.0, 1.5, "ParameterValueError", "delta"),
+    (1.0, -1e-5, "ParameterValueError", "delta"),
+    (1.0, "1e-5", "ParameterTypeError", "delta"),
+])
+def test_epsilon_functions_refuse_bad_input_with_typed_errors(fn, sigma, delta, err, names):
+    import privlearn.errors as errors
+
+    with pytest.raises(getattr(errors, err), match=names):
+        fn(sigma, delta)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1.0, 50.0])
+def test_no_noise_has_delta_one(eps):
+    """Without noise the outputs on neighbours are two distinct point masses: delta(eps)
+    is exactly 1 at every finite epsilon (it used to divide by zero)."""
+    lo, hi = gaussian_delta_bounds(0.0, eps)
+    assert hi == 1.0 and lo <= 1.0
+    assert gaussian_delta(0, eps) == 1.0
+
+
+def test_effective_noise_multiplier_refuses_a_non_mechanism():
+    from privlearn.errors import ParameterTypeError
+
+    with pytest.raises(ParameterTypeError, match="mechanism"):
+        effective_noise_multiplier("gaussian")
+    assert effective_noise_multiplier(Gaussian(2.0)) == 2.0

@@ -217,3 +217,25 @@ def test_registry_kinds_round_trip_through_their_hooks():
     bad["class"] = "nowhere.Missing"
     with pytest.raises(ValueError, match="not registered"):
         mechanism_from_dict(bad)
+
+
+@pytest.mark.parametrize("text", ["x", "", '{"format": 1', b"\xff\xfe\x00", "{'kind': 'gaussian'}"])
+def test_loads_of_text_that_is_not_json_raises_the_typed_error(text):
+    from privlearn.accounting.serialization import loads
+    from privlearn.errors import ParameterValueError
+
+    with pytest.raises(ParameterValueError, match="malformed mechanism document") as info:
+        loads(text)
+    assert "expected the JSON text of a mechanism" in str(info.value)
+    assert not isinstance(info.value, json.JSONDecodeError)
+
+
+def test_loads_of_a_non_text_raises_a_type_error_and_good_text_still_loads():
+    from privlearn.accounting.serialization import dumps, loads
+    from privlearn.errors import ParameterTypeError
+
+    with pytest.raises(ParameterTypeError, match="text must be str or bytes"):
+        loads(5)
+    m = compose(Gaussian(1.3), steps=4)
+    assert loads(dumps(m)) == m
+    assert loads(dumps(m).encode()) == m

@@ -186,14 +186,11 @@ def test_a_lock_timeout_is_a_ledger_busy_error_and_records_nothing(tmp_path, hol
     assert [e.label for e in led.history("data") if e.kind == "spend"] == ["after"]
 
 
-def test_a_busy_ledger_is_status_2_from_the_shell(tmp_path, monkeypatch):
+def test_a_busy_ledger_is_status_2_from_the_shell(tmp_path):
     from click.testing import CliRunner
 
     from privlearn.cli import cli
 
-    # the shell's Ledger waits the default timeout: shorten it for the test
-    monkeypatch.setattr(Ledger.__init__, "__kwdefaults__",
-                        {**Ledger.__init__.__kwdefaults__, "timeout": 0.05})
     path = str(tmp_path / "t.db")
     Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
     other = sqlite3.connect(path, isolation_level=None)
@@ -201,8 +198,58 @@ def test_a_busy_ledger_is_status_2_from_the_shell(tmp_path, monkeypatch):
     try:
         res = CliRunner().invoke(cli, ["budget", "spend", path, "--dataset", "data",
                                        "--mechanism", "gaussian", "--noise-multiplier",
-                                       "100"])
+                                       "100", "--timeout", "0.05"])
     finally:
         other.close()
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output and "timeout=0.05" in res.output
+
+
+@pytest.mark.parametrize("holder", ["sqlite", "ledger"])
+def test_the_shell_timeout_option_gives_up_after_its_seconds(tmp_path, holder):
+    """`privlearn budget spend ... --timeout 0.2` behind another writer exits with the
+    LedgerBusyError status (2) after about 0.2 s, not the default 60 s, naming the
+    option; nothing is recorded."""
+    from click.testing import CliRunner
+
+    from privlearn.cli import cli
+
+    path = str(tmp_path / "t.db")
+    Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
+    if holder == "sqlite":
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        release = other.close
+    else:
+        held = Ledger(path)._write()
+        held.__enter__()
+
+        def release():
+            held.__exit__(None, None, None)
+    try:
+        t0 = time.monotonic()
+        res = CliRunner().invoke(cli, ["budget", "spend", path, "--dataset", "data",
+                                       "--noise-multiplier", "100", "--timeout", "0.2"])
+        waited = time.monotonic() - t0
+    finally:
+        release()
+    assert res.exit_code == 2, res.output
+    assert 0.15 <= waited < 10, waited
+    assert "timeout=0.2" in res.output and "--timeout SECONDS" in res.output
+    assert "Traceback" not in res.output
+    assert not [e for e in Ledger(path).history("data") if e.kind == "spend"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "soon"])
+def test_the_shell_timeout_option_is_validated(tmp_path, value):
+    from click.testing import CliRunner
+
+    from privlearn.cli import cli
+
+    path = str(tmp_path / "t.db")
+    res = CliRunner().invoke(cli, ["budget", "init", path, "--dataset", "data",
+                                   "--epsilon", "1", "--delta", "1e-6", "--timeout", value])
+    assert res.exit_code == 2, res.output
+    assert "--timeout" in res.output and "Traceback" not in res.output
+    assert "No such option" not in res.output
+    assert not os.path.exists(path)  # a refused init leaves no file

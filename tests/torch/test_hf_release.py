@@ -200,3 +200,55 @@ def test_resuming_a_run_whose_budget_is_spent_is_refused_before_any_batch(tmp_pa
     with pytest.raises(PrivacyBudgetExceededError, match="is spent.*no batch was drawn"):
         tr.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     assert not forwards and tr.privacy_engine.accountant.steps == 2
+
+
+def test_report_merges_consecutive_steps_of_the_same_cost_and_keeps_the_epsilon():
+    """Steps whose bound changes (adaptive clipping) but not their noise multiplier or
+    rate are one entry with their count; a change of noise starts a new one. The entries
+    describe exactly the accountant's mechanism (same composition, same epsilon)."""
+    from privlearn.torch._hf_release import report_segments
+    from privlearn.torch.accountant import PrivacyAccountant, Segment
+    from privlearn.torch.schedule import compose_steps
+
+    acc = PrivacyAccountant()
+    q = 0.01
+    for sigma, bound in [(1.0, 0.5), (1.0, 0.6), (1.0, 0.6), (1.0, 0.4), (0.8, 0.4),
+                         (0.8, 0.7), (1.0, 0.7), (1.0, 0.7)]:
+        acc.record_step(sigma, q, bound)
+    assert len(acc.segments) == 6  # the accountant's history: one per change of anything
+    entries = report_segments(acc.segments)
+    assert entries == [
+        {"noise_multiplier": 1.0, "sampling_rate": q, "max_grad_norm": 0.4, "steps": 4,
+         "max_grad_norm_range": [0.4, 0.6]},
+        {"noise_multiplier": 0.8, "sampling_rate": q, "max_grad_norm": 0.7, "steps": 2,
+         "max_grad_norm_range": [0.4, 0.7]},
+        {"noise_multiplier": 1.0, "sampling_rate": q, "max_grad_norm": 0.7, "steps": 2},
+    ]
+    rebuilt = [Segment(e["noise_multiplier"], e["sampling_rate"], e["max_grad_norm"],
+                       e["steps"]) for e in entries]
+    assert compose_steps(rebuilt, acc.scheme) == acc.mechanism()
+    assert compose_steps(rebuilt, acc.scheme).epsilon(1e-5) == acc.epsilon(1e-5)
+
+
+def test_adaptive_clipping_report_is_one_entry_not_one_per_step(tmp_path):
+    """A run of adaptive clipping (the bound moves every step, so the accountant records a
+    segment per step) is reported as one entry of all its steps, with the range of the
+    bounds it used; the report's epsilon is the closed-form composition."""
+    steps = 5
+    tr = DPTrainer(model=_gpt2(), args=_args(tmp_path / "out", max_steps=steps),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=0.2, max_grad_norm=1e-4,
+                                            clipping="adaptive",
+                                            target_unclipped_quantile=0.5, seed=0))
+    tr.train()
+    segs = tr.privacy_engine.accountant.segments
+    assert len(segs) == steps  # every step clipped everything: the bound grew each step
+    tr.save_model(str(tmp_path / "release"))
+    r = _strict_json(tmp_path / "release" / "privacy_report.json")
+    bounds = [s.max_grad_norm for s in segs]
+    assert r["mechanism"]["segments"] == [
+        {"noise_multiplier": 0.2, "sampling_rate": B / N, "max_grad_norm": bounds[-1],
+         "steps": steps, "max_grad_norm_range": [min(bounds), max(bounds)]}]
+    assert r["mechanism"]["max_grad_norm"] == bounds[-1]
+    assert r["epsilon"] == tr.epsilon()
+    assert r["epsilon"] == pytest.approx(_eps(0.2, steps), rel=1e-9)

@@ -375,3 +375,47 @@ def test_a_checkpoint_loads_only_into_a_run_of_the_same_users():
     same.load_state_dict(state)
     assert same.accountant.steps == 3
     assert same.epsilon(1e-5) == p.epsilon(1e-5)
+
+
+def test_an_example_rate_sampler_under_users_warns_of_the_user_rate_it_accounts():
+    """A PoissonBatchSampler(sample_rate=0.1) over 40 examples of 10 users: make_private
+    samples users at the same expected batch size (4 users), i.e. each user with
+    probability 0.4. It warns, naming both rates and what to pass; the rebuilt sampler
+    draws users at 0.4 (measured) and the epsilon is that of rate 0.4."""
+    import warnings
+
+    from privlearn.torch import PoissonBatchSampler
+
+    ds = _data(n=40)
+    users = torch.arange(40) // 4
+    model = _Feat(_mlp(d=4))
+    loader = DataLoader(ds, batch_sampler=PoissonBatchSampler(40, sample_rate=0.1, steps=2))
+    with pytest.warns(UserWarning, match=r"PoissonBatchSampler\(sample_rate=0.1\)") as rec:
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                         noise_multiplier=1.0, max_grad_norm=1.0, users=users, seed=3)
+    msg = " ".join(str(w.message) for w in rec if "users=" in str(w.message))
+    assert "each of the 10 users joins a batch with probability 0.4" in msg
+    assert "the rate accounted (not 0.1)" in msg
+    assert "DataLoader(dataset, batch_size=1)" in msg
+    assert p.sampling_rate == pytest.approx(0.4)
+    for x, y in p.data_loader:  # one epoch: the steps it takes are accounted at 0.4
+        _step(p, x, y)
+    steps = p.accountant.steps
+    assert steps == 2
+    assert p.epsilon(1e-5) == pytest.approx(
+        compose(subsample(Gaussian(1.0), rate=0.4), steps=steps).epsilon(1e-5), rel=1e-9)
+    # what the rebuilt sampler draws: each user in about 40% of the batches
+    drawn, batches = 0, 0
+    for _ in range(75):
+        for x, _y in p.data_loader:
+            drawn += len(set(users[x[:, 0].long()].tolist()))
+            batches += 1
+    assert abs(drawn / (10 * batches) - 0.4) < 0.05, drawn / (10 * batches)
+    # what the warning says to pass draws each user with probability 0.1, silently
+    model = _Feat(_mlp(d=4))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*samples users")
+        p2 = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                          DataLoader(ds, batch_size=1), noise_multiplier=1.0,
+                          max_grad_norm=1.0, users=users, seed=3)
+    assert p2.sampling_rate == pytest.approx(0.1)
