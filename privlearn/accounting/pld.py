@@ -311,21 +311,37 @@ class PLDAccountant:
             # dominating pairs attain it
             return PrivacyBound(e, e * (1.0 - 16.0 * dsc.U), self.name)
         pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
+        res = None
         try:
             res = self._composed(mechanism, parts, h_scale=1.0)
             accurate = res.slack() > 1e-3 * delta
             if accurate:  # small delta: recompute the low frequencies without FFT error
+                res = None
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up, lo = self._eps_bounds(res, delta)
         except (AccountingError, OverflowError) as err:
-            # e.g. delta below the certified FFT error terms, or a loss grid beyond floats
-            tilted = self._tilted_epsilon(mechanism, parts, delta, pe)
+            # e.g. delta below the certified FFT error terms, or a loss grid beyond floats.
+            # The plain grid's lower bound stays valid (its allowance is subtracted): it
+            # is also the floor of the tilt's search (:meth:`_tilted_epsilon`)
+            # Its Chernoff bound (:meth:`ComposedPLD.chernoff_epsilon`) is a certified
+            # upper bound, the first guess of the tilt and a fallback
+            floor, cher = None, math.inf
+            if res is not None:
+                try:
+                    floor = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
+                except (AccountingError, OverflowError):
+                    floor = None
+                cher = max(u.chernoff_epsilon(delta) for u, _ in res.directions)
+            tilted = self._tilted_epsilon(mechanism, parts, delta, min(pe, cher), floor=floor)
             if tilted is not None:
+                if floor is not None and tilted.lower is not None:
+                    return PrivacyBound(tilted.upper, min(max(tilted.lower, floor),
+                                                          tilted.upper), tilted.accountant)
                 return tilted
             if not self.fallback:
                 raise
-            fb = self._fallback_epsilon(mechanism, delta, pe, err)
-            try:  # the plain grid's lower bound stays valid (its allowance is subtracted)
+            fb = self._fallback_epsilon(mechanism, delta, min(pe, cher), err)
+            try:
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
                 lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
             except (_TooLarge, AccountingError, OverflowError):
@@ -409,11 +425,12 @@ class PLDAccountant:
         self, mechanism: Mechanism, delta: float, pe: float, err: AccountingError
     ) -> PrivacyBound:
         """When the grid cannot certify ``delta`` (tiny delta, long compositions), the
-        smallest certified answer of the other methods: the pure epsilon (a valid
-        epsilon for every delta) and the RDP accountant (for Poisson sampling under
+        smallest certified answer of the other methods: ``pe`` (the pure epsilon, a valid
+        epsilon for every delta, or the plain grid's Chernoff bound where smaller) and
+        the RDP accountant (for Poisson sampling under
         replace-one, its bound for fixed-size sampling; see :func:`_rdp_guess`).
         ``PrivacyBound.accountant`` says
-        which one answered (``"pld"`` for the pure epsilon, ``"rdp"``); no lower bound.
+        which one answered (``"pld"`` for ``pe``, ``"rdp"``); no lower bound.
         Raises the grid's error when neither can answer."""
         candidates: list[tuple[float, str]] = []
         if math.isfinite(pe):
@@ -430,27 +447,39 @@ class PLDAccountant:
 
     def _tilted_epsilon(
         self, mechanism: Mechanism, parts, delta: float, pe: float,
-        first_guess: float | None = None,
+        first_guess: float | None = None, floor: float | None = None,
     ) -> PrivacyBound | None:
         """Epsilon from the exponentially tilted composition (tiny delta, very long
         runs; :func:`privlearn.accounting._pld_fft.compose_fft_tilted`), or None when it
         cannot certify either. The tilt is the Chernoff-optimal one for a guess of
         epsilon (the pure or RDP epsilon first, then the tilted answer itself, until it
-        moves by less than 1%); the grid is then refined while the certified gap exceeds
-        ``rel_gap``, as on the plain path."""
+        moves by less than 2%); the grid is then refined while the certified gap exceeds
+        ``rel_gap``, as on the plain path.
+
+        ``floor``: a certified lower bound on epsilon (the plain grid's), or None. A
+        guess far above epsilon puts the tilted window above it (or makes it too wide
+        for the grid); the next guess is then the geometric mean of the guess and the
+        floor, or 0.7 times the guess without one. Only the tilt's placement depends
+        on the guesses, never the certification: an RDP guess loose by orders of
+        magnitude (fixed-size sampling under replace-one at small noise multipliers:
+        21500 for a true ~163) costs a few refused windows, not the answer."""
         guesses = [pe] if math.isfinite(pe) else []
         if first_guess is not None:
             guesses.append(first_guess)
         else:
             guesses.extend(_rdp_guess(mechanism, parts, delta))
         guesses = [g for g in guesses if math.isfinite(g) and g > 0]
+        if floor is not None and not (math.isfinite(floor) and floor > 0):
+            floor = None
         if not guesses:
-            return None
+            if floor is None:
+                return None
+            guesses = [2.0 * floor]
         guess = min(guesses)
         up = lo = None
         lowered = False
         try:
-            for _ in range(8):
+            for _ in range(12):
                 try:
                     res = self._composed(mechanism, parts, 1.0, True, tilt_at=guess,
                                          tilt_delta=delta, check_gain=not lowered)
@@ -461,7 +490,10 @@ class PLDAccountant:
                     # e.g. the guess was far above epsilon, so the tilted window starts
                     # above it: aim lower (a tilt for a loss below the target; its
                     # Chernoff factor at the guess says nothing of the allowance at it)
-                    guess *= 0.7
+                    if floor is not None and guess > 1.1 * floor:
+                        guess = math.sqrt(guess * floor)
+                    else:
+                        guess *= 0.7
                     lowered = True
                     continue
                 if up is None or up2 < up:
