@@ -500,6 +500,10 @@ class PLDAccountant:
                     up, lo, best, best_res = up2, lo2, guess, res
                 if abs(up2 - guess) <= 0.02 * up2:  # (the tilt need not be optimal)
                     break
+                if up2 - lo2 <= self.rel_gap * up2:
+                    # already as tight as a refinement would make it: a tilt placed at
+                    # the answer would only shrink an allowance that does not matter
+                    break
                 guess = up2
             if up is None:
                 return None
