@@ -671,3 +671,30 @@ def test_chernoff_epsilon_of_the_grid_is_certified(s, k, delta):
     lam = math.sqrt(2 * math.log(1 / delta) / mu2)
     rdp = (lam * (lam + 1) * mu2 / 2 + math.log(1 / delta)) / lam
     assert gaussian_epsilon(s / math.sqrt(k), delta) <= e <= 1.05 * rdp
+
+
+@pytest.mark.slow
+def test_tiny_delta_query_composes_one_tilted_grid_when_it_is_tight(monkeypatch):
+    # sigma 0.61, q 1.5e-4, 9617 steps, delta 1.4e-11: the plain grid (and its accurate
+    # variant) cannot certify, the first tilted grid certifies a bracket 1e-5 wide; a
+    # second tilted composition (placed nearer the answer) only cost time. The answer is
+    # within the peer's pessimistic PLD and above its optimistic one
+    calls = []
+    orig = PLDAccountant._compute
+
+    def counting(self, *a, **k):
+        # _compute(parts, h_scale, accurate, tilt_at, ...)
+        calls.append(a[3] if len(a) > 3 else k.get("tilt_at"))
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(PLDAccountant, "_compute", counting)
+    s, q, steps, delta = 0.61, 1.5e-4, 9617, 1.4e-11
+    b = _pld().epsilon(compose(subsample(Gaussian(s), q), steps), delta)
+    assert sum(t is not None for t in calls) == 1
+    assert b.upper - b.lower <= 0.003 * b.upper
+    pldm = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
+    peer = [pldm.from_gaussian_mechanism(s, sampling_prob=q, pessimistic_estimate=pess,
+                                         value_discretization_interval=1e-3,
+                                         use_connect_dots=pess)
+            .self_compose(steps).get_epsilon_for_delta(delta) for pess in (True, False)]
+    assert peer[1] <= b.lower <= b.upper <= peer[0]
