@@ -476,6 +476,13 @@ class PLDAccountant:
                 return None
             guesses = [2.0 * floor]
         guess = min(guesses)
+        retry_at = None
+        if floor is not None and guess > 1.1 * floor:
+            # epsilon lies between the certified floor and the upper guesses, usually far
+            # nearer the floor (an RDP or Chernoff guess is loose, the plain grid's lower
+            # bound only by its allowance): aim between them, and at the upper guess
+            # itself if that window is refused
+            retry_at, guess = guess, math.sqrt(guess * floor)
         up = lo = None
         lowered = False
         try:
@@ -485,17 +492,24 @@ class PLDAccountant:
                                          tilt_delta=delta, check_gain=not lowered)
                     up2, lo2 = self._eps_bounds(res, delta)
                 except _NoTiltGain:
+                    if retry_at is not None:  # (a Chernoff factor at the lower aim)
+                        guess, retry_at = retry_at, None
+                        continue
                     break  # at the target itself: the tilt cannot help
                 except AccountingError:
                     # e.g. the guess was far above epsilon, so the tilted window starts
                     # above it: aim lower (a tilt for a loss below the target; its
                     # Chernoff factor at the guess says nothing of the allowance at it)
+                    if retry_at is not None:
+                        guess, retry_at = retry_at, None
+                        continue
                     if floor is not None and guess > 1.1 * floor:
                         guess = math.sqrt(guess * floor)
                     else:
                         guess *= 0.7
                     lowered = True
                     continue
+                retry_at = None
                 if up is None or up2 < up:
                     up, lo, best, best_res = up2, lo2, guess, res
                 if abs(up2 - guess) <= 0.02 * up2:  # (the tilt need not be optimal)
