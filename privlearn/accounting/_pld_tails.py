@@ -13,7 +13,7 @@ import numpy as np
 
 from privlearn.accounting._pld_grid import StepPMF, U
 
-__all__ = ["log_mgf", "chernoff_window", "tail_bounds"]
+__all__ = ["log_mgf", "coarse_log_mgf", "chernoff_window", "tail_bounds"]
 
 _LAMBDAS = np.geomspace(1e-3, 3e3, 48)
 _LAMBDAS_TAIL = np.geomspace(1e-2, 1e9, 89)
@@ -45,7 +45,7 @@ def chernoff_window(pmfs, h: float, tol: float) -> tuple[float, float, float, fl
     ``P(S > b) <= exp(K(lam) - lam b)``, finite parts only).
 
     Any ``lam`` gives a valid bound; the best of the 48 in ``_LAMBDAS`` is located on the
-    PMFs coarsened to at most 4096 blocks (:func:`_coarse_log_mgf`, a heuristic input),
+    PMFs coarsened to at most 4096 blocks (:func:`coarse_log_mgf`, a heuristic input),
     and the bound is then evaluated exactly (:func:`log_mgf`, rounded up) at the 5 values
     around it: on PMFs of 10^5-10^6 points this is about 8 times cheaper than 48 exact
     evaluations, and the window differs only by how far the coarse optimum is off."""
@@ -53,7 +53,7 @@ def chernoff_window(pmfs, h: float, tol: float) -> tuple[float, float, float, fl
     out = []
     for upper_tail in (True, False):
         if max(pmf.p.size for pmf, _ in pmfs) > 4 * _COARSE_BLOCKS:
-            kc = _coarse_log_mgf(pmfs, h, _LAMBDAS, upper_tail, _COARSE_BLOCKS)
+            kc = coarse_log_mgf(pmfs, h, _LAMBDAS, upper_tail, _COARSE_BLOCKS)
             i = int(np.argmin((kc - lt) / _LAMBDAS))
             lam = _LAMBDAS[max(i - 2, 0): i + 3]
         else:
@@ -71,7 +71,7 @@ def chernoff_window(pmfs, h: float, tol: float) -> tuple[float, float, float, fl
 _COARSE_BLOCKS = 4096
 
 
-def _coarse_log_mgf(pmfs, h: float, lam: np.ndarray, upper_tail: bool,
+def coarse_log_mgf(pmfs, h: float, lam: np.ndarray, upper_tail: bool,
                     max_blocks: int) -> np.ndarray:
     """``log E[exp(+-lam S)]`` approximately: every ``w`` consecutive masses summed at
     their mean loss, at most about ``max_blocks`` blocks per PMF (each step's mean is

@@ -92,9 +92,11 @@ single-step tail (q=1e-5, sigma <= 0.8) keeps it near 1, and the tilted grid wou
 millions of points for no smaller allowance. The tilted answer is also combined (tighter
 ends of both certified brackets) whenever the plain grid's gap stays above ``max_gap``
 (refinement stops short of ``rel_gap`` when the error allowances keep it out of reach;
-see :class:`PLDAccountant`). Only when the tilted grid cannot answer either does
-``epsilon(delta)`` return the smaller of the other certified answers -- the pure epsilon
-(when finite) and the RDP accountant's epsilon -- with ``PrivacyBound.accountant``
+see :class:`PLDAccountant`). The tilt is first aimed between the plain grid's certified
+lower bound and the smallest certified upper guess (the pure epsilon, the plain grid's
+Chernoff bound -- the Renyi conversion of its own pair -- and the RDP accountant's).
+Only when the tilted grid cannot answer either does ``epsilon(delta)`` return the
+smallest of those certified upper guesses, with ``PrivacyBound.accountant``
 naming the one that answered and the plain grid's lower bound; only when none exists is
 :class:`AccountingError` raised rather than returning an uncertified value.
 
@@ -131,6 +133,7 @@ from privlearn.accounting._pld_profile import delta_at as _delta_at
 from privlearn.accounting._pld_profile import delta_upper as _delta_upper
 from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
+from privlearn.accounting._pld_tails import coarse_log_mgf
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant, register_accountant
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
@@ -863,10 +866,10 @@ def _chernoff_theta(pmfs, h: float, eps: float) -> float:
 
     Any positive tilt gives a certified composition (:func:`._pld_fft.compose_fft_tilted`);
     the optimum only keeps its allowance small, and ``K - theta eps`` is flat there. So
-    it is located on PMFs coarsened to at most 16384 blocks (:func:`_coarse_log_mgf`),
+    it is located on PMFs coarsened to at most 16384 blocks (:func:`coarse_log_mgf`),
     then refined on the exact PMFs (to about 0.1%)."""
     grid = np.geomspace(1e-4, 1e3, 141)
-    k = _coarse_log_mgf(pmfs, h, grid, 16384) - grid * eps
+    k = coarse_log_mgf(pmfs, h, grid, True, 16384) - grid * eps
     i = int(np.argmin(k))
     # exact values on the 17 grid points around the coarse optimum, then a
     # golden-section search in the cells around the best of them (K is convex)
@@ -883,33 +886,6 @@ def _chernoff_theta(pmfs, h: float, eps: float) -> float:
         else:
             lo = m1
     return 0.5 * (lo + hi)
-
-
-
-def _coarse_log_mgf(pmfs, h: float, lam: np.ndarray, max_blocks: int) -> np.ndarray:
-    """``log E[exp(lam S)]`` of the finite composed loss, approximately: the masses of
-    every ``w`` consecutive grid points summed at their mean loss, at most about
-    ``max_blocks`` points per PMF (a heuristic input only; never used in a bound)."""
-    tot = np.zeros_like(lam)
-    for pmf, count in pmfs:
-        n = pmf.p.size
-        w = max(1, -(-n // max_blocks))
-        nb = -(-n // w)
-        x = np.zeros(nb * w)
-        x[:n] = np.maximum(pmf.p, 0.0)
-        x = x.reshape(nb, w)
-        blocks = x.sum(1)
-        keep = blocks > 0
-        if not np.any(keep):
-            return np.full_like(lam, -np.inf)
-        # each block's mass at its mean loss: the mean of every step's loss is kept
-        # exactly (a per-step bias would be amplified by the step count)
-        idx = (x @ np.arange(w, dtype=float))[keep] / blocks[keep]
-        loss = (pmf.k0 + w * np.nonzero(keep)[0] + idx) * h
-        a = np.log(blocks[keep])[None, :] + lam[:, None] * loss[None, :]
-        mx = a.max(1)
-        tot += count * (mx + np.log(np.exp(a - mx[:, None]).sum(1)))
-    return tot
 
 
 register_accountant(PLDAccountant())
