@@ -146,7 +146,7 @@ from privlearn.accounting.mechanisms import (
 )
 from privlearn.accounting.registry import equivalent_gaussian, kind_of, lookup, relation_base
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
-from privlearn.errors import AccountingError, UnsupportedMechanismError
+from privlearn.errors import AccountingError, CertificationError, UnsupportedMechanismError
 
 __all__ = ["PLDAccountant", "pure_epsilon"]
 
@@ -318,6 +318,14 @@ class PLDAccountant:
         try:
             res = self._composed(mechanism, parts, h_scale=1.0)
             accurate = res.slack() > 1e-3 * delta
+            steps = sum(k for _, k in parts)
+            if accurate and 8.0 * dsc.U * steps >= delta:
+                # the accurate grid keeps the per-step rounding allowance (8 u a step,
+                # :func:`._pld_fft.compose_fft`), which alone reaches delta: it cannot
+                # certify either (composing it cost seconds at 1e3-1e5 steps)
+                raise CertificationError(
+                    f"pld: cannot certify delta={delta:g}: the rounding allowance of "
+                    f"{steps} steps alone is {8.0 * dsc.U * steps:.3g}")
             if accurate:  # small delta: recompute the low frequencies without FFT error
                 res = None
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
