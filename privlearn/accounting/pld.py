@@ -369,7 +369,8 @@ class PLDAccountant:
             # the gap is held open by the FFT error allowance (small delta): the tilted
             # composition's allowance is relative; both brackets are certified, so take
             # the tighter ends
-            tilted = self._tilted_epsilon(mechanism, parts, delta, pe, first_guess=up)
+            tilted = self._tilted_epsilon(mechanism, parts, delta, pe, first_guess=up,
+                                          floor=lo)
             if tilted is not None:
                 up = min(up, tilted.upper)
                 lo = max(lo, tilted.lower if tilted.lower is not None else lo)
