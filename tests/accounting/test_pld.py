@@ -702,3 +702,18 @@ def test_tiny_delta_query_composes_one_tilted_grid_when_it_is_tight(monkeypatch)
                                          value_discretization_interval=1e-4)
             .self_compose(steps).get_epsilon_for_delta(delta))
     assert b.lower <= b.upper == pytest.approx(peer, rel=1e-3)
+
+
+def test_fixed_size_add_remove_tiny_delta_is_certified_not_refused():
+    # fixed-size add/remove has no RDP accountant and no finite pure epsilon, so when
+    # neither grid certified (the tilt had no guess) the query raised; the plain grid's
+    # Chernoff bound now places the tilt. The modelled pair is the Poisson pair at twice
+    # the sensitivity, i.e. Poisson sampling at sigma / 2, whose RDP epsilon is an
+    # independent certified bound; dp_accounting (interval 1e-4) gives 27.03
+    s, q, steps, delta = 0.6, 5e-4, 50, 1e-14
+    m = compose(subsample(Gaussian(s), q, scheme="fixed", neighbouring="add_remove"), steps)
+    b = _pld().epsilon(m, delta)
+    rdp = compose(subsample(Gaussian(s / 2), q), steps).epsilon(delta, "rdp")
+    assert b.accountant == "pld"
+    assert 0.95 * rdp >= b.upper >= b.lower >= 0.85 * rdp  # 26.905 against 29.80
+    assert b.upper - b.lower <= 0.003 * b.upper
