@@ -114,6 +114,35 @@ class ComposedPLD:
         allowance; useful far in the tail, where that allowance dominates."""
         if self.pmfs is None:
             return 1.0
+        tot = self._chernoff_log_mgf()
+        with np.errstate(over="ignore", invalid="ignore"):  # a huge eps: k = -inf, bound 0
+            k = tot - _LAMBDAS_TAIL * eps
+        return min(1.0, math.exp(min(0.0, float(np.min(k)))) * (1 + 1e-12) + self.inf)
+
+    def chernoff_epsilon(self, delta: float) -> float:
+        """Certified upper bound on ``epsilon(delta)`` of the composed (upper) grid pair
+        from the same Chernoff bound as :meth:`chernoff_delta`: the smallest ``eps`` with
+        ``min_lam E[e^{lam S}] e^{-lam eps} + inf <= delta`` (the Renyi-divergence
+        conversion of the pair itself, independent of the FFT and its allowance; ``inf``
+        when the mass at infinity alone reaches delta or the PMFs are not kept)."""
+        if self.pmfs is None:
+            return math.inf
+        room = delta - self.inf * (1 + 1e-12)
+        if not room > 0.0:
+            return math.inf
+        tot = self._chernoff_log_mgf()
+        # exp(K - lam eps) (1 + 1e-12) <= room  <=>  eps >= (K + log((1 + 1e-12)/room))/lam
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = (tot + math.log1p(1e-12) - math.log(room)) / _LAMBDAS_TAIL
+        e = e[np.isfinite(e)]
+        if e.size == 0:
+            return math.inf
+        eps = float(np.min(e))
+        return max(0.0, eps + 4.0 * U * abs(eps))
+
+    def _chernoff_log_mgf(self) -> np.ndarray:
+        """Upper bound on ``log E[e^{lam S}]`` at ``_LAMBDAS_TAIL`` from the single-step
+        PMFs (block-aggregated, rounded up)."""
         # block-aggregate each PMF to at most 4096 points, every block's mass moved to
         # the block's largest loss (this only increases E[e^{lam S}] for lam > 0)
         agg = []
@@ -132,9 +161,7 @@ class ComposedPLD:
             kk = log_mgf([(part, count)], w * self.h, _LAMBDAS_TAIL, True)
             shift = count * _LAMBDAS_TAIL * (k_top * self.h)
             tot += kk + shift + 4 * U * np.abs(shift)
-        with np.errstate(over="ignore", invalid="ignore"):  # a huge eps: k = -inf, bound 0
-            k = tot - _LAMBDAS_TAIL * eps
-        return min(1.0, math.exp(min(0.0, float(np.min(k)))) * (1 + 1e-12) + self.inf)
+        return tot
 
     def prepare(self) -> None:
         pi = self.pi

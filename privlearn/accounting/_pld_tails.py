@@ -13,7 +13,7 @@ import numpy as np
 
 from privlearn.accounting._pld_grid import StepPMF, U
 
-__all__ = ["log_mgf", "chernoff_window", "tail_bounds"]
+__all__ = ["log_mgf", "coarse_log_mgf", "chernoff_window", "tail_bounds"]
 
 _LAMBDAS = np.geomspace(1e-3, 3e3, 48)
 _LAMBDAS_TAIL = np.geomspace(1e-2, 1e9, 89)
@@ -42,17 +42,60 @@ def log_mgf(
 
 def chernoff_window(pmfs, h: float, tol: float) -> tuple[float, float, float, float]:
     """(a, b, lam_a, lam_b) with P(S < a) <= tol and P(S > b) <= tol (Chernoff bound
-    ``P(S > b) <= exp(K(lam) - lam b)``, finite parts only)."""
+    ``P(S > b) <= exp(K(lam) - lam b)``, finite parts only).
+
+    Any ``lam`` gives a valid bound; the best of the 48 in ``_LAMBDAS`` is located on the
+    PMFs coarsened to at most 4096 blocks (:func:`coarse_log_mgf`, a heuristic input),
+    and the bound is then evaluated exactly (:func:`log_mgf`, rounded up) at the 5 values
+    around it: on PMFs of 10^5-10^6 points this is about 8 times cheaper than 48 exact
+    evaluations, and the window differs only by how far the coarse optimum is off."""
     lt = math.log(tol)
-    K_up = log_mgf(pmfs, h, _LAMBDAS, True)
-    vb = (K_up - lt) / _LAMBDAS
-    ib = int(np.argmin(vb))
-    K_lo = log_mgf(pmfs, h, _LAMBDAS, False)
-    va = (K_lo - lt) / _LAMBDAS
-    ia = int(np.argmin(va))
+    out = []
+    for upper_tail in (True, False):
+        if max(pmf.p.size for pmf, _ in pmfs) > 4 * _COARSE_BLOCKS:
+            kc = coarse_log_mgf(pmfs, h, _LAMBDAS, upper_tail, _COARSE_BLOCKS)
+            i = int(np.argmin((kc - lt) / _LAMBDAS))
+            lam = _LAMBDAS[max(i - 2, 0): i + 3]
+        else:
+            lam = _LAMBDAS
+        v = (log_mgf(pmfs, h, lam, upper_tail) - lt) / lam
+        i = int(np.argmin(v))
+        out.append((float(v[i]), float(lam[i])))
+    (vb, lam_b), (va, lam_a) = out
     lo_sup = sum(c * pmf.k0 for pmf, c in pmfs) * h
     hi_sup = sum(c * (pmf.k0 + pmf.p.size - 1) for pmf, c in pmfs) * h
-    return max(-float(va[ia]), lo_sup), min(float(vb[ib]), hi_sup), _LAMBDAS[ia], _LAMBDAS[ib]
+    return max(-va, lo_sup), min(vb, hi_sup), lam_a, lam_b
+
+
+#: block count of the coarsened PMFs that locate the Chernoff exponent
+_COARSE_BLOCKS = 4096
+
+
+def coarse_log_mgf(pmfs, h: float, lam: np.ndarray, upper_tail: bool,
+                    max_blocks: int) -> np.ndarray:
+    """``log E[exp(+-lam S)]`` approximately: every ``w`` consecutive masses summed at
+    their mean loss, at most about ``max_blocks`` blocks per PMF (each step's mean is
+    kept exactly). Locates the exponent only; never used in a bound."""
+    tot = np.zeros_like(lam)
+    for pmf, count in pmfs:
+        n = pmf.p.size
+        w = max(1, -(-n // max_blocks))
+        nb = -(-n // w)
+        x = np.zeros(nb * w)
+        x[:n] = np.maximum(pmf.p, 0.0)
+        x = x.reshape(nb, w)
+        blocks = x.sum(1)
+        keep = blocks > 0
+        if not np.any(keep):
+            return np.full_like(lam, -np.inf)
+        idx = (x @ np.arange(w, dtype=float))[keep] / blocks[keep]
+        loss = (pmf.k0 + w * np.nonzero(keep)[0] + idx) * h
+        if not upper_tail:
+            loss = -loss
+        a = np.log(blocks[keep])[None, :] + lam[:, None] * loss[None, :]
+        mx = a.max(1)
+        tot += count * (mx + np.log(np.exp(a - mx[:, None]).sum(1)))
+    return tot
 
 
 def tail_bounds(pmfs, h: float, lo: float, hi: float, lam_a: float, lam_b: float):

@@ -92,9 +92,11 @@ single-step tail (q=1e-5, sigma <= 0.8) keeps it near 1, and the tilted grid wou
 millions of points for no smaller allowance. The tilted answer is also combined (tighter
 ends of both certified brackets) whenever the plain grid's gap stays above ``max_gap``
 (refinement stops short of ``rel_gap`` when the error allowances keep it out of reach;
-see :class:`PLDAccountant`). Only when the tilted grid cannot answer either does
-``epsilon(delta)`` return the smaller of the other certified answers -- the pure epsilon
-(when finite) and the RDP accountant's epsilon -- with ``PrivacyBound.accountant``
+see :class:`PLDAccountant`). The tilt is first aimed between the plain grid's certified
+lower bound and the smallest certified upper guess (the pure epsilon, the plain grid's
+Chernoff bound -- the Renyi conversion of its own pair -- and the RDP accountant's).
+Only when the tilted grid cannot answer either does ``epsilon(delta)`` return the
+smallest of those certified upper guesses, with ``PrivacyBound.accountant``
 naming the one that answered and the plain grid's lower bound; only when none exists is
 :class:`AccountingError` raised rather than returning an uncertified value.
 
@@ -131,6 +133,7 @@ from privlearn.accounting._pld_profile import delta_at as _delta_at
 from privlearn.accounting._pld_profile import delta_upper as _delta_upper
 from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
+from privlearn.accounting._pld_tails import coarse_log_mgf
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant, register_accountant
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
@@ -149,7 +152,7 @@ from privlearn.accounting.registry import (
     representation_of,
 )
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
-from privlearn.errors import AccountingError, UnsupportedMechanismError
+from privlearn.errors import AccountingError, CertificationError, UnsupportedMechanismError
 
 __all__ = ["PLDAccountant", "pure_epsilon"]
 
@@ -316,21 +319,45 @@ class PLDAccountant:
             # dominating pairs attain it
             return PrivacyBound(e, e * (1.0 - 16.0 * dsc.U), self.name)
         pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
+        res = None
         try:
             res = self._composed(mechanism, parts, h_scale=1.0)
             accurate = res.slack() > 1e-3 * delta
+            steps = sum(k for _, k in parts)
+            if accurate and 8.0 * dsc.U * steps >= delta:
+                # the accurate grid keeps the per-step rounding allowance (8 u a step,
+                # :func:`._pld_fft.compose_fft`), which alone reaches delta: it cannot
+                # certify either (composing it cost seconds at 1e3-1e5 steps)
+                raise CertificationError(
+                    f"pld: cannot certify delta={delta:g}: the rounding allowance of "
+                    f"{steps} steps alone is {8.0 * dsc.U * steps:.3g}")
             if accurate:  # small delta: recompute the low frequencies without FFT error
+                res = None
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up, lo = self._eps_bounds(res, delta)
         except (AccountingError, OverflowError) as err:
-            # e.g. delta below the certified FFT error terms, or a loss grid beyond floats
-            tilted = self._tilted_epsilon(mechanism, parts, delta, pe)
+            # e.g. delta below the certified FFT error terms, or a loss grid beyond floats.
+            # The plain grid's lower bound stays valid (its allowance is subtracted): it
+            # is also the floor of the tilt's search (:meth:`_tilted_epsilon`)
+            # Its Chernoff bound (:meth:`ComposedPLD.chernoff_epsilon`) is a certified
+            # upper bound, the first guess of the tilt and a fallback
+            floor, cher = None, math.inf
+            if res is not None:
+                try:
+                    floor = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
+                except (AccountingError, OverflowError):
+                    floor = None
+                cher = max(u.chernoff_epsilon(delta) for u, _ in res.directions)
+            tilted = self._tilted_epsilon(mechanism, parts, delta, min(pe, cher), floor=floor)
             if tilted is not None:
+                if floor is not None and tilted.lower is not None:
+                    return PrivacyBound(tilted.upper, min(max(tilted.lower, floor),
+                                                          tilted.upper), tilted.accountant)
                 return tilted
             if not self.fallback:
                 raise
-            fb = self._fallback_epsilon(mechanism, delta, pe, err)
-            try:  # the plain grid's lower bound stays valid (its allowance is subtracted)
+            fb = self._fallback_epsilon(mechanism, delta, min(pe, cher), err)
+            try:
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
                 lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
             except (_TooLarge, AccountingError, OverflowError):
@@ -347,7 +374,8 @@ class PLDAccountant:
             # the gap is held open by the FFT error allowance (small delta): the tilted
             # composition's allowance is relative; both brackets are certified, so take
             # the tighter ends
-            tilted = self._tilted_epsilon(mechanism, parts, delta, pe, first_guess=up)
+            tilted = self._tilted_epsilon(mechanism, parts, delta, pe, first_guess=up,
+                                          floor=lo)
             if tilted is not None:
                 up = min(up, tilted.upper)
                 lo = max(lo, tilted.lower if tilted.lower is not None else lo)
@@ -414,11 +442,12 @@ class PLDAccountant:
         self, mechanism: Mechanism, delta: float, pe: float, err: AccountingError
     ) -> PrivacyBound:
         """When the grid cannot certify ``delta`` (tiny delta, long compositions), the
-        smallest certified answer of the other methods: the pure epsilon (a valid
-        epsilon for every delta) and the RDP accountant (for Poisson sampling under
+        smallest certified answer of the other methods: ``pe`` (the pure epsilon, a valid
+        epsilon for every delta, or the plain grid's Chernoff bound where smaller) and
+        the RDP accountant (for Poisson sampling under
         replace-one, its bound for fixed-size sampling; see :func:`_rdp_guess`).
         ``PrivacyBound.accountant`` says
-        which one answered (``"pld"`` for the pure epsilon, ``"rdp"``); no lower bound.
+        which one answered (``"pld"`` for ``pe``, ``"rdp"``); no lower bound.
         Raises the grid's error when neither can answer."""
         candidates: list[tuple[float, str]] = []
         if math.isfinite(pe):
@@ -435,43 +464,76 @@ class PLDAccountant:
 
     def _tilted_epsilon(
         self, mechanism: Mechanism, parts, delta: float, pe: float,
-        first_guess: float | None = None,
+        first_guess: float | None = None, floor: float | None = None,
     ) -> PrivacyBound | None:
         """Epsilon from the exponentially tilted composition (tiny delta, very long
         runs; :func:`privlearn.accounting._pld_fft.compose_fft_tilted`), or None when it
         cannot certify either. The tilt is the Chernoff-optimal one for a guess of
         epsilon (the pure or RDP epsilon first, then the tilted answer itself, until it
-        moves by less than 1%); the grid is then refined while the certified gap exceeds
-        ``rel_gap``, as on the plain path."""
+        moves by less than 2%); the grid is then refined while the certified gap exceeds
+        ``rel_gap``, as on the plain path.
+
+        ``floor``: a certified lower bound on epsilon (the plain grid's), or None. A
+        guess far above epsilon puts the tilted window above it (or makes it too wide
+        for the grid); the next guess is then the geometric mean of the guess and the
+        floor, or 0.7 times the guess without one. Only the tilt's placement depends
+        on the guesses, never the certification: an RDP guess loose by orders of
+        magnitude (fixed-size sampling under replace-one at small noise multipliers:
+        21500 for a true ~163) costs a few refused windows, not the answer."""
         guesses = [pe] if math.isfinite(pe) else []
         if first_guess is not None:
             guesses.append(first_guess)
         else:
             guesses.extend(_rdp_guess(mechanism, parts, delta))
         guesses = [g for g in guesses if math.isfinite(g) and g > 0]
+        if floor is not None and not (math.isfinite(floor) and floor > 0):
+            floor = None
         if not guesses:
-            return None
+            if floor is None:
+                return None
+            guesses = [2.0 * floor]
         guess = min(guesses)
+        retry_at = None
+        if floor is not None and guess > 1.1 * floor:
+            # epsilon lies between the certified floor and the upper guesses, usually far
+            # nearer the floor (an RDP or Chernoff guess is loose, the plain grid's lower
+            # bound only by its allowance): aim between them, and at the upper guess
+            # itself if that window is refused
+            retry_at, guess = guess, math.sqrt(guess * floor)
         up = lo = None
         lowered = False
         try:
-            for _ in range(8):
+            for _ in range(12):
                 try:
                     res = self._composed(mechanism, parts, 1.0, True, tilt_at=guess,
                                          tilt_delta=delta, check_gain=not lowered)
                     up2, lo2 = self._eps_bounds(res, delta)
                 except _NoTiltGain:
+                    if retry_at is not None:  # (a Chernoff factor at the lower aim)
+                        guess, retry_at = retry_at, None
+                        continue
                     break  # at the target itself: the tilt cannot help
                 except AccountingError:
                     # e.g. the guess was far above epsilon, so the tilted window starts
                     # above it: aim lower (a tilt for a loss below the target; its
                     # Chernoff factor at the guess says nothing of the allowance at it)
-                    guess *= 0.7
+                    if retry_at is not None:
+                        guess, retry_at = retry_at, None
+                        continue
+                    if floor is not None and guess > 1.1 * floor:
+                        guess = math.sqrt(guess * floor)
+                    else:
+                        guess *= 0.7
                     lowered = True
                     continue
+                retry_at = None
                 if up is None or up2 < up:
                     up, lo, best, best_res = up2, lo2, guess, res
                 if abs(up2 - guess) <= 0.02 * up2:  # (the tilt need not be optimal)
+                    break
+                if up2 - lo2 <= self.rel_gap * up2:
+                    # already as tight as a refinement would make it: a tilt placed at
+                    # the answer would only shrink an allowance that does not matter
                     break
                 guess = up2
             if up is None:
@@ -817,10 +879,10 @@ def _chernoff_theta(pmfs, h: float, eps: float) -> float:
 
     Any positive tilt gives a certified composition (:func:`._pld_fft.compose_fft_tilted`);
     the optimum only keeps its allowance small, and ``K - theta eps`` is flat there. So
-    it is located on PMFs coarsened to at most 16384 blocks (:func:`_coarse_log_mgf`),
+    it is located on PMFs coarsened to at most 16384 blocks (:func:`coarse_log_mgf`),
     then refined on the exact PMFs (to about 0.1%)."""
     grid = np.geomspace(1e-4, 1e3, 141)
-    k = _coarse_log_mgf(pmfs, h, grid, 16384) - grid * eps
+    k = coarse_log_mgf(pmfs, h, grid, True, 16384) - grid * eps
     i = int(np.argmin(k))
     # exact values on the 17 grid points around the coarse optimum, then a
     # golden-section search in the cells around the best of them (K is convex)
@@ -837,33 +899,6 @@ def _chernoff_theta(pmfs, h: float, eps: float) -> float:
         else:
             lo = m1
     return 0.5 * (lo + hi)
-
-
-
-def _coarse_log_mgf(pmfs, h: float, lam: np.ndarray, max_blocks: int) -> np.ndarray:
-    """``log E[exp(lam S)]`` of the finite composed loss, approximately: the masses of
-    every ``w`` consecutive grid points summed at their mean loss, at most about
-    ``max_blocks`` points per PMF (a heuristic input only; never used in a bound)."""
-    tot = np.zeros_like(lam)
-    for pmf, count in pmfs:
-        n = pmf.p.size
-        w = max(1, -(-n // max_blocks))
-        nb = -(-n // w)
-        x = np.zeros(nb * w)
-        x[:n] = np.maximum(pmf.p, 0.0)
-        x = x.reshape(nb, w)
-        blocks = x.sum(1)
-        keep = blocks > 0
-        if not np.any(keep):
-            return np.full_like(lam, -np.inf)
-        # each block's mass at its mean loss: the mean of every step's loss is kept
-        # exactly (a per-step bias would be amplified by the step count)
-        idx = (x @ np.arange(w, dtype=float))[keep] / blocks[keep]
-        loss = (pmf.k0 + w * np.nonzero(keep)[0] + idx) * h
-        a = np.log(blocks[keep])[None, :] + lam[:, None] * loss[None, :]
-        mx = a.max(1)
-        tot += count * (mx + np.log(np.exp(a - mx[:, None]).sum(1)))
-    return tot
 
 
 register_accountant(PLDAccountant())

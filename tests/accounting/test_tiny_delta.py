@@ -88,6 +88,6 @@ def test_fallback_can_be_switched_off():
 
     m = acc.compose([acc.RandomizedResponse(0.75), acc.Laplace(1.0)], [1000, 1])
     a = PLDAccountant(fallback=False)
-    a._tilted_epsilon = lambda *args: None  # the tilted grid cannot answer either
+    a._tilted_epsilon = lambda *args, **kwargs: None  # the tilted grid cannot answer either
     with pytest.raises(acc.AccountingError, match="cannot certify"):
         a.epsilon(m, 1e-12)
