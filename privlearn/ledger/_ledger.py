@@ -238,7 +238,7 @@ class Ledger:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         # milliseconds in a C int: a longer wait (~25 days) wrapped to 0, i.e. no wait at all
-        conn.execute(f"PRAGMA busy_timeout={min(int(self._timeout * 1000), 2**31 - 1)}")
+        conn.execute(f"PRAGMA busy_timeout={int(min(self._timeout * 1000, 2**31 - 1))}")
         with self._write(conn, check=False) as cur:
             tables = {r[0] for r in cur.execute(
                 "SELECT name FROM sqlite_master WHERE type='table'")}
