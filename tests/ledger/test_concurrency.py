@@ -147,6 +147,19 @@ def test_a_long_timeout_still_waits_for_another_writer(tmp_path):
         "after the other writer"]
 
 
+def _hold_the_write_lock(path: str, holder: str):
+    """Another writer in the middle of a write on ``path``: a plain SQLite connection in a
+    write transaction, or another Ledger inside its own write (which holds the OS write
+    lock too). Returns the function that releases it."""
+    if holder == "sqlite":
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        return other.close
+    held = Ledger(path)._write()
+    held.__enter__()
+    return lambda: held.__exit__(None, None, None)
+
+
 @pytest.mark.parametrize("holder", ["sqlite", "ledger"])
 def test_a_lock_timeout_is_a_ledger_busy_error_and_records_nothing(tmp_path, holder):
     """Another writer holds the write lock past this Ledger's timeout: the spend raises
@@ -157,16 +170,7 @@ def test_a_lock_timeout_is_a_ledger_busy_error_and_records_nothing(tmp_path, hol
     path = str(tmp_path / "t.db")
     Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
     led = Ledger(path, timeout=0.05)
-    if holder == "sqlite":
-        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        other.execute("BEGIN IMMEDIATE")
-        release = other.close
-    else:
-        held = Ledger(path)._write()
-        held.__enter__()
-
-        def release():
-            held.__exit__(None, None, None)
+    release = _hold_the_write_lock(path, holder)
     try:
         t0 = time.monotonic()
         with pytest.raises(LedgerBusyError) as info:
@@ -216,16 +220,7 @@ def test_the_shell_timeout_option_gives_up_after_its_seconds(tmp_path, holder):
 
     path = str(tmp_path / "t.db")
     Ledger(path, create=True).create_budget("data", 1e6, 1e-6)
-    if holder == "sqlite":
-        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        other.execute("BEGIN IMMEDIATE")
-        release = other.close
-    else:
-        held = Ledger(path)._write()
-        held.__enter__()
-
-        def release():
-            held.__exit__(None, None, None)
+    release = _hold_the_write_lock(path, holder)
     try:
         t0 = time.monotonic()
         res = CliRunner().invoke(cli, ["budget", "spend", path, "--dataset", "data",

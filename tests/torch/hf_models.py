@@ -17,6 +17,22 @@ T = 7
 B = 6
 
 
+class TokenSet(torch.utils.data.Dataset):
+    """``n`` random sequences of ``t`` token ids in ``[1, vocab)``, unpadded and labelled by
+    themselves: a causal language-modelling training set for DPTrainer tests."""
+
+    def __init__(self, n: int, t: int, vocab: int, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, vocab, (n, t), generator=g)
+
+    def __len__(self):
+        return self.ids.shape[0]
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]),
+                "labels": self.ids[i]}
+
+
 def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
     import transformers as tf
 

@@ -70,21 +70,14 @@ def test_shares_examples_is_a_common_example_id(a, b):
 V, T, N = 32, 6, 24
 
 
-class _TextSet(Dataset):
-    def __init__(self):
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(1, V, (N, T), generator=g)
+def _text_set():  # the training set of these tests
+    from hf_models import TokenSet
 
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones(T, dtype=torch.long),
-                "labels": self.ids[i]}
+    return TokenSet(N, T, V)
 
 
 def test_evaluating_on_sets_holding_training_examples_warns(tmp_path):
-    full = _TextSet()
+    full = _text_set()
     train, held_out = Subset(full, range(0, 16)), Subset(full, range(16, N))
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(

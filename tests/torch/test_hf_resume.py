@@ -23,17 +23,10 @@ V, T, N, B = 48, 8, 32, 8
 SEED = 918273
 
 
-class _TextSet(torch.utils.data.Dataset):
-    def __init__(self):
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(1, V, (N, T), generator=g)
+def _text_set():  # the training set of these tests
+    from hf_models import TokenSet
 
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones(T, dtype=torch.long),
-                "labels": self.ids[i]}
+    return TokenSet(N, T, V)
 
 
 def _gpt2():
@@ -49,7 +42,7 @@ def _trainer(out, private, privacy, max_steps):
         learning_rate=0.05, logging_steps=1, save_strategy="steps", save_steps=2,
         report_to=[], use_cpu=True, lr_scheduler_type="constant", disable_tqdm=True,
         dataloader_pin_memory=False)
-    return DPTrainer(model=_gpt2(), args=args, train_dataset=_TextSet(), privacy=privacy,
+    return DPTrainer(model=_gpt2(), args=args, train_dataset=_text_set(), privacy=privacy,
                      private_state_dir=str(private))
 
 
