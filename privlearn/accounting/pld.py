@@ -133,7 +133,7 @@ from privlearn.accounting._pld_profile import delta_at as _delta_at
 from privlearn.accounting._pld_profile import delta_upper as _delta_upper
 from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
-from privlearn.accounting._pld_tails import coarse_log_mgf
+from privlearn.accounting._pld_tails import chernoff_theta
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant, register_accountant
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
@@ -332,7 +332,6 @@ class PLDAccountant:
                     f"pld: cannot certify delta={delta:g}: the rounding allowance of "
                     f"{steps} steps alone is {8.0 * dsc.U * steps:.3g}")
             if accurate:  # small delta: recompute the low frequencies without FFT error
-                res = None
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up, lo = self._eps_bounds(res, delta)
         except (AccountingError, OverflowError) as err:
@@ -693,7 +692,7 @@ class PLDAccountant:
         fine = self._discretize_all(steps, h, step_tol, directional)
         for (pm_up, pm_low), win in zip(fine, windows, strict=True):
             if tilt_at is not None:  # tiny delta: the tilted composition (Esscher)
-                theta = _chernoff_theta(pm_up, h, tilt_at)
+                theta = chernoff_theta(pm_up, h, tilt_at)
                 # its allowance is the plain one times the Chernoff bound
                 # M e^{-theta eps} at the target: useless unless that is small (a heavy
                 # single-step tail -- q=1e-5, sigma <= 0.8 -- can keep it near 1)
@@ -870,35 +869,6 @@ class _NoTiltGain(AccountingError):
 _LOG_TILT_GAIN = math.log(0.1)
 #: certified mass of the tilted distribution outside the tilted window (each side)
 _TILTED_TAIL_TOL = 1e-9
-
-
-def _chernoff_theta(pmfs, h: float, eps: float) -> float:
-    """The tilt minimising the Chernoff bound ``K(theta) - theta eps`` of the composed
-    finite loss (``K`` its log moment generating function, from the PMFs): the tilted
-    distribution is then centred at ``eps``.
-
-    Any positive tilt gives a certified composition (:func:`._pld_fft.compose_fft_tilted`);
-    the optimum only keeps its allowance small, and ``K - theta eps`` is flat there. So
-    it is located on PMFs coarsened to at most 16384 blocks (:func:`coarse_log_mgf`),
-    then refined on the exact PMFs (to about 0.1%)."""
-    grid = np.geomspace(1e-4, 1e3, 141)
-    k = coarse_log_mgf(pmfs, h, grid, True, 16384) - grid * eps
-    i = int(np.argmin(k))
-    # exact values on the 17 grid points around the coarse optimum, then a
-    # golden-section search in the cells around the best of them (K is convex)
-    local = grid[max(i - 8, 0): i + 9]
-    k = dsc.log_mgf(pmfs, h, local, True) - local * eps
-    j = int(np.argmin(k))
-    lo, hi = local[max(j - 1, 0)], local[min(j + 1, local.size - 1)]
-    for _ in range(12):
-        m1, m2 = lo + 0.382 * (hi - lo), lo + 0.618 * (hi - lo)
-        f1, f2 = (float(dsc.log_mgf(pmfs, h, np.array([t]), True)[0]) - t * eps
-                  for t in (m1, m2))
-        if f1 < f2:
-            hi = m2
-        else:
-            lo = m1
-    return 0.5 * (lo + hi)
 
 
 register_accountant(PLDAccountant())
