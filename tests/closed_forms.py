@@ -44,3 +44,24 @@ def exact_gaussian_sigma(eps: float, delta: float) -> float:
     """The smallest noise multiplier with delta(eps) <= delta, by bisection on the exact
     curve (delta(eps) decreases in sigma), rounded up."""
     return smallest_meeting(lambda s: exact_gaussian_delta(s, eps), delta, 1e-3, 1e6, 200)
+
+
+def poisson_replace_one_renyi(q: float, s: float, alpha: float) -> float:
+    """Renyi divergence of order ``alpha`` of ``(1-q) N(0,s^2) + q N(1,s^2)`` from
+    ``(1-q) N(0,s^2) + q N(-1,s^2)`` (the replace-one pair of a Poisson-sampled Gaussian
+    of noise multiplier ``s``), by quadrature."""
+    import math
+
+    import numpy as np
+    from scipy import integrate, stats
+
+    def f(x: float) -> float:
+        lp = np.logaddexp(math.log1p(-q) + stats.norm.logpdf(x, 0, s),
+                          math.log(q) + stats.norm.logpdf(x, 1, s))
+        lq = np.logaddexp(math.log1p(-q) + stats.norm.logpdf(x, 0, s),
+                          math.log(q) + stats.norm.logpdf(x, -1, s))
+        return math.exp(alpha * lp + (1 - alpha) * lq)
+
+    v, _ = integrate.quad(f, -40 * s - 40, 40 * s + 40, limit=1000, epsabs=0,
+                          epsrel=1e-13, points=[0])
+    return math.log(v) / (alpha - 1)

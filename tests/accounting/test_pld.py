@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from closed_forms import poisson_replace_one_renyi
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
@@ -575,28 +576,13 @@ def test_composition_too_long_for_the_grid_falls_back_or_raises_typed() -> None:
 # Poisson sampling under replace-one at tiny delta and small noise: when neither grid can
 # certify, the answer is still within group privacy of the add/remove one
 # ----------------------------------------------------------------------------------------
-def _replace_one_renyi(q: float, s: float, alpha: float) -> float:
-    """Renyi divergence of ((1-q) N(0,s^2) + q N(1,s^2)) from ((1-q) N(0,s^2) +
-    q N(-1,s^2)) by quadrature (the replace-one pair of Poisson sampling)."""
-    def f(x: float) -> float:
-        lp = np.logaddexp(math.log1p(-q) + stats.norm.logpdf(x, 0, s),
-                          math.log(q) + stats.norm.logpdf(x, 1, s))
-        lq = np.logaddexp(math.log1p(-q) + stats.norm.logpdf(x, 0, s),
-                          math.log(q) + stats.norm.logpdf(x, -1, s))
-        return math.exp(alpha * lp + (1 - alpha) * lq)
-
-    v, _ = integrate.quad(f, -40 * s - 40, 40 * s + 40, limit=1000, epsabs=0,
-                          epsrel=1e-13, points=[0])
-    return math.log(v) / (alpha - 1)
-
-
 @pytest.mark.parametrize("q, s", [(1e-4, 0.4), (0.01, 1.0), (0.5, 5.0)])
 def test_replace_one_through_add_remove_curve_is_not_below_the_exact_divergence(q, s):
     from privlearn.accounting.pld import _via_add_remove
 
     curve = _via_add_remove(subsample(Gaussian(s), q, neighbouring="replace_one"))
     for alpha in (1.5, 2.0, 4.0, 16.0):
-        assert curve.rdp_function(alpha) >= _replace_one_renyi(q, s, alpha) * (1 - 1e-9)
+        assert curve.rdp_function(alpha) >= poisson_replace_one_renyi(q, s, alpha) * (1 - 1e-9)
 
 
 @pytest.mark.slow
