@@ -24,6 +24,7 @@ from privlearn.cli._options import (
     unsupported,
 )
 from privlearn.errors import LedgerConflictError, ParameterValueError, UnsupportedMechanismError
+from privlearn.ledger._busy import DEFAULT_TIMEOUT
 
 __all__ = ["budget"]
 
@@ -38,8 +39,6 @@ _key_file_opt = click.option(
     "command line (other users see it in `ps`).")
 
 
-#: The seconds a ``budget`` command waits for another writer by default (Ledger's own).
-DEFAULT_TIMEOUT = 60.0
 
 _timeout_opt = click.option(
     "--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,

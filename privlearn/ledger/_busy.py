@@ -18,6 +18,9 @@ else:  # pragma: no cover - Windows: SQLite's own locking only
 
 from privlearn.errors import LedgerBusyError
 
+#: the seconds a Ledger (and a ``privlearn budget`` command) waits for another writer
+#: by default
+DEFAULT_TIMEOUT = 60.0
 #: the longest sleep between two tries of a held OS write lock (seconds)
 _MAX_POLL = 0.002
 

@@ -44,7 +44,12 @@ from privlearn.errors import (
     ParameterValueError,
     UnknownBudgetError,
 )
-from privlearn.ledger._busy import as_busy_error, lock_file, lock_timeout_refused
+from privlearn.ledger._busy import (
+    DEFAULT_TIMEOUT,
+    as_busy_error,
+    lock_file,
+    lock_timeout_refused,
+)
 from privlearn.ledger._filter import evaluate_budget, filter_order
 from privlearn.ledger._handles import (
     BudgetHandle,
@@ -159,7 +164,7 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike, *, create: bool = False,
-                 key: bytes | None = None, timeout: float = 60.0):
+                 key: bytes | None = None, timeout: float = DEFAULT_TIMEOUT):
         if key is not None and not isinstance(key, bytes):
             raise ParameterTypeError(f"key must be bytes or None, got {type(key).__name__}")
         if key is not None and not key:
