@@ -1,0 +1,79 @@
+"""Checks of the DP optimizer before a step releases anything: every parameter the
+wrapped optimizer will update is one the engine clips and noises, and each physical
+batch's clipped per-example gradients are added to the open logical batch once, for the
+batch they were recorded from.
+
+A mixin of :class:`~privlearn.torch.optimizer.DPOptimizer`: it reads the optimizer's
+``tracker``, ``original_optimizer``, ``sampler``, the open buffers ``_out``/``_carry``,
+the chunk announced by the loader (``_chunk_size``, ``_chunk_serial``) and keeps
+``_open_batch`` and ``_open_chunks``.
+"""
+
+from __future__ import annotations
+
+from privlearn.errors import TrainingLoopError
+
+__all__ = ["StepChecks"]
+
+
+class StepChecks:
+    """The DP optimizer's checks of what a step is about to update and add."""
+
+    def _check_update_set(self) -> None:
+        """The one gate for updates: every parameter the wrapped optimizer will update
+        this step (each one holding a gradient) must be one the engine clips and noises.
+        A parameter outside the model, or one whose gradient autograd computed outside
+        the engine, is refused before anything is released."""
+        noised = self.tracker.param_ids
+        names = None
+        for i, group in enumerate(self.original_optimizer.param_groups):
+            for q in group["params"]:
+                g = q.grad  # zeros (a frozen one's, zeroed in place) release nothing
+                if g is None or id(q) in noised or not q.requires_grad and not (
+                        g.to_local() if hasattr(g, "to_local") else g).any():
+                    continue
+                if names is None:
+                    names = {id(v): n for n, v in self.tracker.model.named_parameters()}
+                name = names.get(id(q))
+                what = (f"parameter {name!r} of the model" if name is not None else
+                        f"a tensor of shape {tuple(q.shape)} in param group {i} that is not a "
+                        "parameter of the model")
+                hint = ("it was not trainable when the engine last saw the model; run a "
+                        "forward pass of p.model after unfreezing it (the engine then "
+                        "clips it) before step()" if name is not None and q.requires_grad
+                        else "it is frozen but holds a gradient set before: clear it "
+                        "(p.optimizer.zero_grad(), or .grad = None)" if name is not None else
+                        "make it a parameter of a module the model's forward uses (the "
+                        "engine then clips it per example), or freeze it "
+                        "(requires_grad_(False)) or remove it from the optimizer")
+                raise TrainingLoopError(
+                    f"optimizer.step() refused: {what} holds a gradient the DP engine did not "
+                    "clip and noise, and the wrapped optimizer would update it from its raw "
+                    f"gradient; {hint}. Nothing was released and no step was taken")
+
+    def _check_accumulation(self, rows: bool) -> tuple:
+        """Before this physical step adds rows (``rows``) to, or releases, the open
+        logical batch: sums left open for an earlier batch that no step released (its
+        step was refused after :meth:`clip_and_accumulate`) are dropped, never added to
+        this one's; the rows of a batch (or physical chunk) already added are refused.
+        Returns ``(batch, chunk)``: the delivered batch this step trains on and its
+        physical chunk (None: the whole batch, no chunking)."""
+        drawn = self.sampler.pending() if self.sampler is not None else None
+        chunk = self._chunk_serial if self._chunk_size is not None else None
+        open_ = self._out is not None or bool(self._carry)
+        if not open_ or drawn is None:
+            self._open_chunks = set()
+            return drawn, chunk
+        if self._open_batch is not drawn:
+            self._begin_logical_batch()  # dropped, with a warning
+            self._open_chunks = set()
+        elif rows and chunk in self._open_chunks and self.tracker.has_gradients():
+            part = "this physical chunk of the batch" if chunk is not None else "this batch"
+            raise TrainingLoopError(
+                f"the clipped per-example gradients of {part} were already added to the "
+                "step by clip_and_accumulate(): adding those of another backward pass over "
+                "the same examples would count each example twice (moving the update by "
+                "up to twice max_grad_norm) in one accounted step. Call backward() once per "
+                "batch, and clip_and_accumulate() at most once before add_noise(), or only "
+                "step(), which clips and accumulates by itself. Nothing was changed")
+        return drawn, chunk
