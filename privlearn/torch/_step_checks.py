@@ -77,3 +77,27 @@ class StepChecks:
                 "batch, and clip_and_accumulate() at most once before add_noise(), or only "
                 "step(), which clips and accumulates by itself. Nothing was changed")
         return drawn, chunk
+
+    def _check_noise_only(self, drawn) -> None:
+        """Before :meth:`add_noise` releases the open sums of ``drawn`` (the batch it
+        takes): per-example gradients recorded and not added would stay behind for the
+        next step (which, without a backward pass of its own, would release them as its
+        batch's), and a batch with examples of which nothing was added would be charged
+        for noise alone; both are refused (``drawn`` stays pending, replaced by the
+        next batch the loader delivers)."""
+        pending = self.tracker.has_gradients()
+        empty = (drawn is not None and drawn.size > 0 and self._out is None
+                 and not self._carry)
+        if not (pending or empty):
+            return
+        if drawn is not None:
+            self.sampler.refused(drawn)
+        cause = ("backward() recorded per-example gradients that clip_and_accumulate() has "
+                 "not added: released, the step would be noise alone and they would stay "
+                 "behind for the next step" if pending else
+                 f"the batch has {drawn.size} examples and nothing of it was added by "
+                 "clip_and_accumulate(): the step would add noise alone and still be "
+                 "charged")
+        raise TrainingLoopError(
+            f"add_noise() refused: {cause}. Call clip_and_accumulate() after backward() "
+            "and before add_noise(), or step(), which does both. Nothing was released")

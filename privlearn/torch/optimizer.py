@@ -541,9 +541,18 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
         was not called), each sum formed at the draw's precision and rounded once to
         the buffer's dtype (:meth:`NoiseSource.add_normal_`). A release of the batch
         drawn for it: checked against the budget and accounted as one step, as
-        ``step()`` is (which also updates the parameters)."""
+        ``step()`` is (which also updates the parameters).
+
+        Raises
+        ------
+        TrainingLoopError
+            ``backward()`` recorded per-example gradients that
+            :meth:`clip_and_accumulate` has not added, or the batch has examples and
+            nothing of it was added (noise alone, charged as a step of the batch, as
+            ``step()`` refuses too). Nothing is released."""
         drawn = self.sampler.take() if self.sampler is not None else None
         self._check_accumulation(rows=False)
+        self._check_noise_only(drawn)
         cfg = self._checked_cfg()
         carry = self._open_buffers(fill=False) if self._out is None else None
         try:

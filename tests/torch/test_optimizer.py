@@ -528,3 +528,31 @@ def test_each_chunk_of_a_virtual_batch_is_added_once(oracle, make_data, make_mlp
     total, _ = oracle.clipped_sum(ref, torch.cat(xs), torch.cat(ys), 0.05)
     assert torch.allclose(oracle.flat(q.grad for q in model.parameters()), total / 8,
                           rtol=1e-10, atol=1e-14)
+
+
+def test_add_noise_without_the_batch_s_clipped_sum_is_refused(oracle, make_data, make_mlp):
+    """``add_noise()`` after ``backward()`` but without ``clip_and_accumulate()``
+    released noise alone, charged as the batch's step, and left its per-example
+    gradients behind: the next batch's ``step()`` without a backward pass of its own
+    then released them as that batch's (fixed-size batches: the row count agrees).
+    Refused, as is ``add_noise()`` for a batch with examples of which nothing was added;
+    the batch then trains through ``clip_and_accumulate()`` and ``add_noise()``."""
+    model, p = _noise_free(make_data, make_mlp, sampling="fixed")
+    ref = copy.deepcopy(model)
+    it = iter(p.data_loader)
+    x, y = next(it)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(TrainingLoopError, match="clip_and_accumulate"):
+        p.optimizer.add_noise()
+    assert p.accountant.steps == 0 and all(q.grad is None for q in model.parameters())
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    total, _ = oracle.clipped_sum(ref, x, y, 0.05)
+    assert torch.allclose(oracle.flat(q.grad for q in model.parameters()), total / 8,
+                          rtol=1e-10, atol=1e-14)
+    x, y = next(it)
+    p.optimizer.zero_grad()
+    with pytest.raises(TrainingLoopError, match="nothing of it was added"):
+        p.optimizer.add_noise()
+    assert p.accountant.steps == 1
