@@ -65,7 +65,10 @@ class StepChecks:
             self._open_chunks = set()
             return drawn, chunk
         if self._open_batch is not drawn:
-            self._begin_logical_batch()  # dropped, with a warning
+            self._begin_logical_batch(
+                "the clipped sums clip_and_accumulate() added for an earlier batch, whose "
+                "step was refused, were discarded (nothing of them was released): a step "
+                "releases the batch it trains on alone")
             self._open_chunks = set()
         elif rows and chunk in self._open_chunks and self.tracker.has_gradients():
             part = "this physical chunk of the batch" if chunk is not None else "this batch"

@@ -362,17 +362,18 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
             return RowUnits.repeated(examples, k, "mean", self._device()), examples * k
         return None, examples
 
-    def _begin_logical_batch(self) -> None:
+    def _begin_logical_batch(self, why: str | None = None) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
-        was left between its chunks) are discarded, never released."""
+        was left between its chunks, or ``why``) are discarded, never released."""
         self._skipping, self._centred_count = False, 0.0  # nothing of a dropped batch
         if self._out is not None or self._carry:
             self._out, self._carry = None, {}
             warnings.warn(
-                "a logical batch was left unfinished (the loop stopped between its physical "
-                "chunks); the clipped sums of its chunks were discarded and nothing of it was "
-                "released. Finish every logical batch of p.data_loader before leaving the "
-                "loop to use all of it", RuntimeWarning, stacklevel=4)
+                (why or "a logical batch was left unfinished (the loop stopped between its "
+                 "physical chunks); the clipped sums of its chunks were discarded and "
+                 "nothing of it was released. Finish every logical batch of "
+                 "p.data_loader before leaving the loop to use all of it"),
+                RuntimeWarning, stacklevel=4)
 
     def abandon_pass(self, dropped) -> None:
         """A new pass over the loader began: batches delivered by the last pass that no
