@@ -1,12 +1,14 @@
 """Checks of the DP optimizer before a step releases anything: every parameter the
-wrapped optimizer will update is one the engine clips and noises, and each physical
-batch's clipped per-example gradients are added to the open logical batch once, for the
-batch they were recorded from.
+wrapped optimizer will update is one the engine clips and noises; a batch with examples
+has per-example gradients to release (else the cause is named); each physical batch's
+clipped per-example gradients are added to the open logical batch once, for the batch
+they were recorded from; ``add_noise()`` releases a batch's added gradients, not noise
+alone.
 
 A mixin of :class:`~privlearn.torch.optimizer.DPOptimizer`: it reads the optimizer's
 ``tracker``, ``original_optimizer``, ``sampler``, the open buffers ``_out``/``_carry``,
 the chunk announced by the loader (``_chunk_size``, ``_chunk_serial``) and keeps
-``_open_batch`` and ``_open_chunks``.
+``_grads_discarded``, ``_open_batch`` and ``_open_chunks``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,49 @@ class StepChecks:
                     f"optimizer.step() refused: {what} holds a gradient the DP engine did not "
                     "clip and noise, and the wrapped optimizer would update it from its raw "
                     f"gradient; {hint}. Nothing was released and no step was taken")
+
+    def _require_recorded(self, examples: int | None) -> None:
+        """A batch with examples whose step finds no per-example gradient would release
+        noise alone and charge a step for it: refused, with the likely cause."""
+        discarded, self._grads_discarded = self._grads_discarded, False
+        if examples is None or examples == 0 or self.tracker.has_gradients():
+            return
+        drawn = self.sampler.pending() if self.sampler is not None else None
+        chunk = self._chunk_serial if self._chunk_size is not None else None
+        if (drawn is not None and self._open_batch is drawn and chunk in self._open_chunks
+                and (self._out is not None or self._carry)):
+            raise TrainingLoopError(
+                f"this step's batch has {examples} examples whose per-example gradients "
+                "clip_and_accumulate() already added to the step: step() clips and "
+                "accumulates by itself, so it finds none left. Release them with "
+                "add_noise() (then update the parameters from p.grad yourself), or call "
+                "step() alone after backward(). Nothing was changed or charged")
+        if discarded:
+            raise TrainingLoopError(
+                f"this step's batch has {examples} examples but its per-example gradients "
+                "are gone: optimizer.zero_grad() was called after loss.backward() and "
+                "before optimizer.step(), and discarded the per-example gradients that "
+                "backward() recorded. Call zero_grad() before the forward pass or after "
+                "step() (zero_grad(); loss = ...; loss.backward(); step()). Nothing was "
+                "changed or charged; the next batch of p.data_loader can be trained on as "
+                "usual")
+        if self.tracker.outside_uses and self.tracker.unrecorded_forward != "eval":
+            # the parameters were reached only outside their layers (a model whose
+            # parameters are all used functionally, e.g. from an nn.ParameterList): say so
+            self.tracker.check_outside_uses()
+        if self.tracker.unrecorded_forward == "eval":
+            cause = ("the model was in eval mode (model.eval()) during the forward pass, "
+                     "and the engine records per-example gradients only in training mode: "
+                     "call p.model.train() after evaluating (to train without dropout, set "
+                     "the dropout probabilities to 0)")
+        else:
+            cause = ("the forward pass ran under torch.no_grad() or inference_mode, on "
+                     "another model than p.model, or backward() was not called on a loss "
+                     "of p.model's output before step()")
+        raise TrainingLoopError(
+            f"this step's batch has {examples} examples but no per-example gradient was "
+            f"recorded: {cause}. The step would add noise alone and still be charged; "
+            "nothing was changed or charged")
 
     def _check_accumulation(self, rows: bool) -> tuple:
         """Before this physical step adds rows (``rows``) to, or releases, the open

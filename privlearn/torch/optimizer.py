@@ -450,39 +450,6 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
                 p.grad.zero_()
         self.tracker.clear_gradients()
 
-    def _require_recorded(self, examples: int | None) -> None:
-        """A batch with examples whose step finds no per-example gradient would release
-        noise alone and charge a step for it: refused, with the likely cause."""
-        discarded, self._grads_discarded = self._grads_discarded, False
-        if examples is None or examples == 0 or self.tracker.has_gradients():
-            return
-        if discarded:
-            raise TrainingLoopError(
-                f"this step's batch has {examples} examples but its per-example gradients "
-                "are gone: optimizer.zero_grad() was called after loss.backward() and "
-                "before optimizer.step(), and discarded the per-example gradients that "
-                "backward() recorded. Call zero_grad() before the forward pass or after "
-                "step() (zero_grad(); loss = ...; loss.backward(); step()). Nothing was "
-                "changed or charged; the next batch of p.data_loader can be trained on as "
-                "usual")
-        if self.tracker.outside_uses and self.tracker.unrecorded_forward != "eval":
-            # the parameters were reached only outside their layers (a model whose
-            # parameters are all used functionally, e.g. from an nn.ParameterList): say so
-            self.tracker.check_outside_uses()
-        if self.tracker.unrecorded_forward == "eval":
-            cause = ("the model was in eval mode (model.eval()) during the forward pass, "
-                     "and the engine records per-example gradients only in training mode: "
-                     "call p.model.train() after evaluating (to train without dropout, set "
-                     "the dropout probabilities to 0)")
-        else:
-            cause = ("the forward pass ran under torch.no_grad() or inference_mode, on "
-                     "another model than p.model, or backward() was not called on a loss "
-                     "of p.model's output before step()")
-        raise TrainingLoopError(
-            f"this step's batch has {examples} examples but no per-example gradient was "
-            f"recorded: {cause}. The step would add noise alone and still be charged; "
-            "nothing was changed or charged")
-
     def clip_and_accumulate(self, examples: int | None = None, units=None) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
         ``1 / expected_batch_size``) to the logical batch's gradient buffers (one flat

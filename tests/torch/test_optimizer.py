@@ -460,6 +460,8 @@ def test_a_batch_accumulated_twice_is_refused_not_counted_twice(oracle, make_dat
     p.optimizer.zero_grad()
     nn.functional.cross_entropy(p.model(x), y).backward()
     p.optimizer.clip_and_accumulate()
+    with pytest.raises(TrainingLoopError, match="already added to the step"):
+        p.optimizer.step()  # finds nothing left to clip: says where it went
     p.optimizer.zero_grad()
     nn.functional.cross_entropy(p.model(x), y).backward()  # the same examples again
     with pytest.raises(TrainingLoopError, match="count each example twice"):
