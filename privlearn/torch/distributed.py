@@ -36,7 +36,7 @@ from privlearn.torch.samplers import DistributedPoissonBatchSampler, rank_partit
 
 __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
-           "dataset_digest"]
+           "dataset_digest", "first_rank_decides", "ledger_on_first_rank"]
 
 
 def unwrap(model):
@@ -186,3 +186,70 @@ def check_same_on_ranks(values: dict[str, object], process_group=None) -> None:
             "the model's trainable parameters must be the same on every rank (make_private "
             "derives each rank's sampling and noise streams from the one seed). No step "
             "was taken and nothing was released")
+
+
+def first_rank_decides(fn, process_group=None):
+    """``fn()`` run on the group's first rank only, its result (or the exception it
+    raised) handed to every rank: the other ranks return the same value or raise the
+    same error, so that a decision only one process can take (a privacy ledger's
+    reservation, written once for the whole run) is followed by all ranks alike and no
+    rank is left waiting in a collective. ``fn``'s result must be picklable; an error
+    that cannot be pickled reaches the other ranks as a ``RuntimeError`` naming it.
+    One process (no group, or a group of one): ``fn()`` itself."""
+    import pickle
+
+    import torch.distributed as dist
+
+    rank, world = world_info(process_group)
+    if world == 1:
+        return fn()
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+    box: list = [None]
+    if rank == 0:
+        try:
+            box[0] = (True, fn())
+        except Exception as exc:
+            try:
+                pickle.dumps(exc)
+                shipped = exc
+            except Exception:  # noqa: BLE001 - any pickling failure: its name and text
+                shipped = RuntimeError(f"{type(exc).__name__} on the first rank: {exc}")
+            dist.broadcast_object_list([(False, shipped)], src=src, group=process_group)
+            raise
+    dist.broadcast_object_list(box, src=src, group=process_group)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def ledger_on_first_rank(ledger, process_group=None) -> bool:
+    """Whether the group's first rank was given a privacy ledger (every rank gets the
+    same answer); one process: whether ``ledger`` is given.
+
+    A distributed run is one mechanism, recorded once, by the group's first rank: the
+    other ranks may pass the same budget handle or ``None``. A run whose first rank has
+    no ledger while another rank has one is refused on every rank (that rank's budget
+    would never be charged).
+
+    Raises
+    ------
+    ConfigurationError
+        A rank other than the first was given a ledger and the first was not.
+    """
+    import torch.distributed as dist
+
+    _, world = world_info(process_group)
+    if world == 1:
+        return ledger is not None
+    given: list = [None] * world
+    dist.all_gather_object(given, ledger is not None, group=process_group)
+    if not given[0] and any(given):
+        raise ConfigurationError(
+            f"a privacy ledger was given to make_private on rank(s) "
+            f"{[r for r, g in enumerate(given) if g]} of {world} but not on rank 0: a "
+            "distributed run is one mechanism, recorded once by the group's first rank, "
+            "so its budget would never be charged. Pass ledger= on rank 0 (and, if you "
+            "like, the same handle on the other ranks, which do not write). No step was "
+            "taken and nothing was recorded")
+    return bool(given[0])

@@ -73,6 +73,7 @@ from privlearn.torch.distributed import (
     check_ddp_wrapper,
     check_same_on_ranks,
     dataset_digest,
+    ledger_on_first_rank,
     unwrap,
     world_info,
 )
@@ -596,10 +597,11 @@ def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,
 
 
 def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
-                   undo) -> LedgerLink | None:
+                   undo, process_group=None) -> LedgerLink | None:
     """Reserve the planned run (or ``ledger_chunk`` steps) in a privacy ledger before any
-    data is read; the reservation is released if a later step refuses."""
-    if ledger is None:
+    data is read; the reservation is released if a later step refuses. Distributed: the
+    group's first rank's ledger records the run, once (the other ranks follow it)."""
+    if not ledger_on_first_rank(ledger, process_group if plan.world_size > 1 else None):
         return None
     if plan.noise_multiplier == 0:
         raise ConfigurationError("noise_multiplier=0 is not private and cannot be spent from a "
@@ -608,7 +610,8 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     link = LedgerLink(ledger, scheme=law.scheme or cfg.sampling, chunk=cfg.ledger_chunk,
                       label=f"make_private({type(inner).__name__})",
                       run=None if plan.run.stepwise else plan.run,
-                      privacy_unit=cfg.privacy_unit)
+                      privacy_unit=cfg.privacy_unit,
+                      process_group=process_group if plan.world_size > 1 else None)
     try:
         link.reserve(plan.noise_multiplier, plan.sampling_rate,
                      plan.planned_steps or cfg.ledger_chunk,
@@ -782,7 +785,7 @@ def make_private(
                 raise ConfigurationError("grad_scaler is not supported under FSDP2 (fully_shard); "
                                  "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
                                  "bfloat16), which needs no loss scaling")
-        link = reserve_budget(ledger, cfg, plan, inner, undo)
+        link = reserve_budget(ledger, cfg, plan, inner, undo, process_group)
         tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
         exchange = ShardedGradients(_mesh_group(inner)) if sharded else None
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
