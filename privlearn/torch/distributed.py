@@ -36,7 +36,8 @@ from privlearn.torch.samplers import DistributedPoissonBatchSampler, rank_partit
 
 __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
-           "dataset_digest", "first_rank_decides", "ledger_on_first_rank"]
+           "dataset_digest", "first_rank_decides", "ledger_on_first_rank",
+           "refuse_on_every_rank"]
 
 
 def unwrap(model):
@@ -253,3 +254,36 @@ def ledger_on_first_rank(ledger, process_group=None) -> bool:
             "like, the same handle on the other ranks, which do not write). No step was "
             "taken and nothing was recorded")
     return bool(given[0])
+
+
+def refuse_on_every_rank(error: BaseException | None, what: str, process_group=None) -> None:
+    """Raise on every rank when any rank of the group has an ``error`` (``None``: this
+    rank's checks passed): each rank raises its own error, a rank whose checks passed a
+    :class:`~privlearn.errors.ConfigurationError` naming the ranks that refused and
+    their reasons, so that no rank goes on alone to wait in the next collective. One
+    process: raises ``error`` if there is one.
+
+    Parameters
+    ----------
+    error : exception or None
+        This rank's refusal.
+    what : str
+        What was refused, for the message (``"load_state_dict"``).
+    process_group : optional
+        The torch.distributed group (default: the world).
+    """
+    import torch.distributed as dist
+
+    _, world = world_info(process_group)
+    if world > 1:
+        mine = None if error is None else f"{type(error).__name__}: {error}"
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, mine, group=process_group)
+        refused = [(r, m) for r, m in enumerate(gathered) if m is not None]
+        if refused and error is None:
+            raise ConfigurationError(
+                f"{what} was refused on rank(s) {[r for r, _ in refused]} of {world}, so "
+                "it is refused on every rank (the ranks continue one run together): "
+                + "; ".join(f"rank {r}: {m[:600]}" for r, m in refused))
+    if error is not None:
+        raise error

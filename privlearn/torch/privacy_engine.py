@@ -74,6 +74,7 @@ from privlearn.torch.distributed import (
     check_same_on_ranks,
     dataset_digest,
     ledger_on_first_rank,
+    refuse_on_every_rank,
     unwrap,
     world_info,
 )
@@ -292,25 +293,16 @@ class PrivateTraining:
             rate or scheme, clipping bound, loss reduction, accountant, world size), or
             this run has already taken steps (their privacy cost would be lost).
         """
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ParameterValueError("state is not a privlearn training state (format "
-                             f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
-                             "returned")
-        if self.accountant.steps or self._sampler.delivered:
-            raise ConfigurationError(
-                f"load_state_dict needs a fresh run, but this one has already taken "
-                f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
-                "batches), whose cost would be lost; call it right after make_private")
-        mine, theirs = self._mechanism(), state["mechanism"]
-        diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
-                for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
-        if diff:
-            raise ConfigurationError("the saved state was made with a different mechanism, so its "
-                             "privacy history does not describe this run: "
-                             + "; ".join(diff) + ". Rebuild with make_private using the "
-                             "original arguments"
-                             + _strategy_hint(theirs, mine))
-        _check_loadable(self.model, self.optimizer.original_optimizer, state)
+        try:  # distributed: refused on every rank when one rank refuses
+            self._check_state(state)
+        except Exception as exc:  # noqa: BLE001 - raised again, on every rank
+            error = exc
+        else:
+            error = None
+        if self.plan.world_size > 1:
+            refuse_on_every_rank(error, "load_state_dict", self.optimizer.process_group)
+        elif error is not None:
+            raise error
         # the live values before the history (a run of one mechanism refuses a new noise
         # multiplier once it has steps), then the history: a state it refuses leaves the
         # run as it was
@@ -331,6 +323,33 @@ class PrivateTraining:
         self.optimizer.noise.load_state_dict(state["noise"])
         if self.optimizer.correlated is not None:
             self.optimizer.correlated.load_state_dict(state["correlated"])
+
+    def _check_state(self, state: dict) -> None:
+        """:meth:`load_state_dict`'s refusals, before anything is changed."""
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ParameterValueError("state is not a privlearn training state (format "
+                             f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
+                             "returned")
+        if self.accountant.steps or self._sampler.delivered:
+            raise ConfigurationError(
+                f"load_state_dict needs a fresh run, but this one has already taken "
+                f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
+                "batches), whose cost would be lost; call it right after make_private")
+        mine, theirs = self._mechanism(), state["mechanism"]
+        diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
+                for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
+        ranks = ("" if (theirs.get("rank"), theirs.get("world_size"))
+                 == (mine.get("rank"), mine.get("world_size")) else
+                 " (each rank of a distributed run saves its own p.state_dict(), whose "
+                 "sampler and noise keys are its own, and loads the one it saved, with as "
+                 "many ranks as the run that saved them)")
+        if diff:
+            raise ConfigurationError("the saved state was made with a different mechanism, so its "
+                             "privacy history does not describe this run: "
+                             + "; ".join(diff) + ". Rebuild with make_private using the "
+                             "original arguments" + ranks
+                             + _strategy_hint(theirs, mine))
+        _check_loadable(self.model, self.optimizer.original_optimizer, state)
 
 
 def _strategy_hint(saved: dict, here: dict) -> str:

@@ -18,7 +18,8 @@ expected global batch q N).
     ``DistributedSampler``; a parameter frozen on one rank only; the legacy
     ``FullyShardedDataParallel`` (FSDP1: flat parameters no layer owns, or each rank's
     slice of them) with either ``use_orig_params``; gradient accumulation
-    over two backward passes; a checkpoint of the two-rank run resumed in one process.
+    over two backward passes; a checkpoint of the two-rank run resumed in one process;
+    rank 0's checkpoint loaded on both ranks (rank 1 refuses it, and rank 0 with it).
 """
 
 from __future__ import annotations
@@ -218,6 +219,28 @@ def _planted_bf16(mesh) -> list[float]:
     return ratios
 
 
+def _load_on_ranks(own: bytes, rank: int) -> dict:
+    """Every rank loads rank 0's state (as after saving on rank 0 only), then its own, into
+    a fresh run: None (loaded) or (error type, message)."""
+    from privlearn.torch import make_private
+
+    box = [own if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    out = {}
+    for name, blob in (("rank0", box[0]), ("own", own)):
+        model = nn.parallel.DistributedDataParallel(_mlp())
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                         torch.utils.data.DataLoader(_data(), batch_size=B),
+                         noise_multiplier=0.0, max_grad_norm=C, seed=11)
+        try:
+            p.load_state_dict(torch.load(io.BytesIO(blob), weights_only=False))
+            out[name] = None
+        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+            out[name] = (type(exc).__name__, str(exc))
+        out[name, "steps"] = p.accountant.steps
+    return out
+
+
 def _worker(rank: int, out_dir: str) -> None:
     init_gloo(rank, WORLD, out_dir)
     try:
@@ -226,6 +249,7 @@ def _worker(rank: int, out_dir: str) -> None:
         mesh = init_device_mesh("cpu", (WORLD,))
         res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
         res["planted_bf16"] = _planted_bf16(mesh)
+        res["loaded"] = _load_on_ranks(res["no_sync"]["state"], rank)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
@@ -340,3 +364,17 @@ def test_dataset_digest_tells_shards_apart_and_not_index_containers():
 
     assert dataset_digest(Items()) is None
     assert dataset_digest(torch.utils.data.Subset(Items(), [0])) is None
+
+
+def test_a_state_loaded_on_another_rank_is_refused_on_every_rank(ranks):
+    """Rank 0's state loaded on both ranks: rank 1 refuses it (its sampler and noise keys
+    are rank 0's), and so does rank 0, rather than train on alone into a collective rank 1
+    never joins; each rank's own state loads."""
+    for rank in range(WORLD):
+        loaded = ranks[rank]["loaded"]
+        assert loaded["rank0"] is not None, rank
+        kind, message = loaded["rank0"]
+        assert kind == "ConfigurationError"
+        assert "rank" in message and "saves its own" in message
+        assert loaded["own"] is None and loaded["own", "steps"] == STEPS
+    assert "rank(s) [1]" in ranks[0]["loaded"]["rank0"][1]
