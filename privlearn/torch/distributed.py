@@ -37,7 +37,7 @@ from privlearn.torch.samplers import DistributedPoissonBatchSampler, rank_partit
 __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
            "dataset_digest", "first_rank_decides", "ledger_on_first_rank",
-           "refuse_on_every_rank"]
+           "refuse_on_every_rank", "parameters_digest", "sync_replicas"]
 
 
 def unwrap(model):
@@ -110,6 +110,61 @@ def dataset_digest(dataset) -> str | None:
             h.update(part.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:16]
     return None
+
+
+def parameters_digest(model, rows: int = 1024) -> str:
+    """A short digest of the values of ``model``'s parameters, to compare between ranks:
+    each parameter's name, shape and dtype, at most ``rows`` evenly spaced values of it
+    (bit for bit) and the float64 sum of all of them."""
+    import hashlib
+
+    h = hashlib.sha256()
+    sums = []
+    for name, p in model.named_parameters():
+        h.update(repr((name, tuple(p.shape), str(p.dtype))).encode())
+        if p.device.type == "meta" or p.numel() == 0:
+            continue
+        flat = p.detach().reshape(-1)
+        part = flat[::max(1, flat.numel() // rows)][:rows].cpu().contiguous()
+        h.update(part.view(torch.uint8).numpy().tobytes())
+        sums.append(torch.sum(flat, dtype=torch.float64).reshape(1).cpu())
+    if sums:
+        h.update(torch.cat(sums).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def sync_replicas(model, process_group=None) -> bool:
+    """Give every rank the first rank's parameter values when they differ between ranks
+    (as ``DistributedDataParallel`` does when it wraps a model); returns whether they
+    differed (every rank gets the same answer).
+
+    Replicated training needs the same weights on every rank: each rank computes its
+    examples' gradients at its own weights and applies the one all-reduced update to
+    them, so ranks that start apart would train apart, every rank's model a different
+    one. DDP copies rank 0's weights when it wraps the model; a plain module given to
+    make_private has nothing that does. The ranks compare a digest of their parameters
+    (:func:`parameters_digest`: one small gather) and broadcast only when it differs.
+    The parameters' names, shapes and dtypes must already agree (make_private's
+    :func:`check_same_on_ranks`).
+    """
+    import torch.distributed as dist
+
+    _, world = world_info(process_group)
+    if world == 1:
+        return False
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, parameters_digest(model), group=process_group)
+    if len(set(gathered)) == 1:
+        return False
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+    with torch.no_grad():
+        for p in model.parameters():
+            t = p.detach()
+            buf = t if t.is_contiguous() else t.contiguous()
+            dist.broadcast(buf, src=src, group=process_group)
+            if buf is not t:
+                t.copy_(buf)
+    return True
 
 
 def world_info(process_group=None) -> tuple[int, int]:

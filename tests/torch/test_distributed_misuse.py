@@ -10,7 +10,10 @@ expected global batch q N).
     ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a bf16
     ``MixedPrecisionPolicy`` (to bf16's precision), whose clipping is nonetheless exact:
     one example with a huge gradient among zero inputs moves the parameters by exactly
-    C / (q N) (the closed form of clipping it), not by C times a bf16 rounding error.
+    C / (q N) (the closed form of clipping it), not by C times a bf16 rounding error; a
+    plain model whose initial weights differ on rank 1 (no common seed), which starts
+    from rank 0's on both ranks, with a warning, as under DDP (each rank applying the
+    update to its own weights would train two models).
 (b) Refused before any step, on both ranks alike: DDP with ``static_graph=True`` (its
     first backward would fail inside DDP's reducer); each rank given its own shard of the
     data (a ``TensorDataset`` of its rows, or a ``Subset``), which would leave half of
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import warnings
 
 import pytest
 
@@ -135,6 +139,12 @@ def _setup(case, rank, mesh):
     elif case == "distributed_sampler":
         model = ddp(_mlp())
         loader_kw = dict(sampler=torch.utils.data.distributed.DistributedSampler(ds))
+    elif case == "own_init":  # a plain model built without a common seed
+        model = _mlp()
+        if rank == 1:
+            with torch.no_grad():
+                for q in model.parameters():
+                    q.add_(torch.randn(q.shape, generator=torch.Generator().manual_seed(9)))
     else:  # "ddp_after": plain model, wrapped in DDP after make_private
         model = _mlp()
     return model, ds, loader_kw
@@ -147,12 +157,16 @@ def _train(case, rank, mesh) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loader = torch.utils.data.DataLoader(ds, batch_size=B, **loader_kw)
     try:
-        p = make_private(model, opt, loader, noise_multiplier=0.0, max_grad_norm=C, seed=11)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            p = make_private(model, opt, loader, noise_multiplier=0.0, max_grad_norm=C,
+                             seed=11)
     except Exception as exc:  # noqa: BLE001 - the test reads the type and message
         return dict(refused=type(exc).__name__, message=str(exc))
     run = nn.parallel.DistributedDataParallel(p.model) if case == "ddp_after" else p.model
     inner = getattr(run, "module", run)
-    out = dict(refused=None, batches=[], params=[], expected=p.expected_batch_size)
+    out = dict(refused=None, batches=[], params=[], expected=p.expected_batch_size,
+               warned=[str(w.message) for w in caught if "differed between" in str(w.message)])
     it = iter(p.data_loader)
     for _ in range(STEPS):
         x, y, idx = next(it)
@@ -181,7 +195,7 @@ def _train(case, rank, mesh) -> dict:
 
 
 EXACT = ("unused_branch", "bucket_view", "ddp_after", "no_sync", "checkpointed",
-         "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16")
+         "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16", "own_init")
 REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "ConfigurationError",
            "own_subset_shard": "ConfigurationError",
            "distributed_sampler": "ConfigurationError",
@@ -300,6 +314,8 @@ def test_noise_free_distributed_run_equals_naive_loop(ranks, case):
         tol = 1e-2 * moved if case == "fsdp_bf16" else 1e-6
         torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=0)
         assert float((r0["params"][k] - naive[k]).abs().max()) <= tol
+    # rank 1's own initial weights: both ranks start from rank 0's, and say so
+    assert bool(r0["warned"]) == bool(r1["warned"]) == (case == "own_init")
 
 
 def test_bf16_mixed_precision_clips_to_exactly_c(ranks):
