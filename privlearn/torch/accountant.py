@@ -425,13 +425,15 @@ class LedgerLink:
         is not used and may be ``None``) and every other rank follows its decisions
         (:func:`~privlearn.torch.distributed.first_rank_decides`): the steps each
         reservation covers, or the error that refused it, raised on all ranks alike.
+        ``None`` (default): one process, which writes (``torch.distributed.group.WORLD``
+        for the default group of a distributed run).
     """
 
     def __init__(self, handle, *, scheme: str, chunk: int, label: str, run=None,
                  privacy_unit: str = "example", process_group=None):
-        from privlearn.torch.distributed import first_rank_decides, world_info
+        from privlearn.torch.distributed import world_info
 
-        rank, world = world_info(process_group)
+        rank, world = (0, 1) if process_group is None else world_info(process_group)
         #: whether this process writes to the ledger (the only one, or a group's first)
         self.writes = rank == 0
         self._group = process_group if world > 1 else None
@@ -448,7 +450,7 @@ class LedgerLink:
                    "max_examples_per_user=) to make_private for a per-user guarantee")
                 + ".")
 
-        first_rank_decides(check, self._group)
+        self._decided(check)
         self.handle = handle if self.writes else None
         self.scheme = scheme
         self.chunk = max(1, int(chunk))
@@ -456,6 +458,15 @@ class LedgerLink:
         #: a run accounted as one mechanism (correlated noise): reserved whole, once
         self.run = run
         self._open: list[_Reservation] = []  # the reservations not settled yet
+
+    def _decided(self, fn):
+        """``fn()`` here (one process), or on the group's first rank and followed by the
+        others (:func:`~privlearn.torch.distributed.first_rank_decides`)."""
+        if self._group is None:
+            return fn()
+        from privlearn.torch.distributed import first_rank_decides
+
+        return first_rank_decides(fn, self._group)
 
     def _mech(self, sigma: float, q: float, k: int):
         if self.run is not None:
@@ -466,8 +477,6 @@ class LedgerLink:
         """Reserve ``steps`` steps (fewer, down to one, if the budget cannot hold them;
         ``whole``: all of them or :class:`~privlearn.errors.BudgetExceededError`, for a
         planned run, refused before it starts rather than stopped part-way)."""
-        from privlearn.torch.distributed import first_rank_decides
-
         made = []
 
         def reserve() -> int:  # on the writing rank: the steps reserved
@@ -482,7 +491,7 @@ class LedgerLink:
                         raise
                     n = max(1, n // 2)
 
-        n = first_rank_decides(reserve, self._group)
+        n = self._decided(reserve)
         self._open.append(_Reservation(made[0] if made else None, sigma, q, n))
 
     def ensure(self, sigma: float, q: float) -> None:

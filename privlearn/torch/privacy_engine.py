@@ -622,7 +622,12 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     """Reserve the planned run (or ``ledger_chunk`` steps) in a privacy ledger before any
     data is read; the reservation is released if a later step refuses. Distributed: the
     group's first rank's ledger records the run, once (the other ranks follow it)."""
-    if not ledger_on_first_rank(ledger, process_group if plan.world_size > 1 else None):
+    group = None
+    if plan.world_size > 1:  # the plan's group (None: the world)
+        import torch.distributed as dist
+
+        group = dist.group.WORLD if process_group is None else process_group
+    if not (ledger_on_first_rank(ledger, group) if group is not None else ledger is not None):
         return None
     if plan.noise_multiplier == 0:
         raise ConfigurationError("noise_multiplier=0 is not private and cannot be spent from a "
@@ -632,7 +637,7 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
                       label=f"make_private({type(inner).__name__})",
                       run=None if plan.run.stepwise else plan.run,
                       privacy_unit=cfg.privacy_unit,
-                      process_group=process_group if plan.world_size > 1 else None)
+                      process_group=group)
     try:
         link.reserve(plan.noise_multiplier, plan.sampling_rate,
                      plan.planned_steps or cfg.ledger_chunk,
