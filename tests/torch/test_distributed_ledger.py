@@ -18,6 +18,7 @@ q = W B / N).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -85,27 +86,27 @@ def _record(handle) -> dict:
                 spent=handle.spent().epsilon_spent)
 
 
-def _worker(rank: int, out_dir: str) -> None:
+#: case -> (budget epsilon, rank 0's handle?, rank 1's handle?, make_private keywords)
+CASES = {
+    "both": (50.0, True, True, {"steps": 4}),
+    "first": (50.0, True, False, {"steps": 4}),
+    "chunks": (50.0, True, True, {"ledger_chunk": (2, 1000)}),
+    "exceeded": (0.5, True, True, {"steps": 40}),
+    "second": (50.0, False, True, {"steps": 4}),
+}
+
+
+def _worker(rank: int, out_dir: str, cases: tuple[str, ...]) -> None:
     init_gloo(rank, WORLD, out_dir)
     try:
         res = {}
-        h = _budget(out_dir, "both", rank)
-        res["both"] = _run(h, steps=4)
-        dist.barrier()
-        res["both"]["ledger"] = _record(h)
-        h = _budget(out_dir, "first", rank)
-        res["first"] = _run(h if rank == 0 else None, steps=4)
-        dist.barrier()
-        res["first"]["ledger"] = _record(h)
-        h = _budget(out_dir, "chunks", rank)
-        res["chunks"] = _run(h, ledger_chunk=2 if rank == 0 else 1000)
-        dist.barrier()
-        res["chunks"]["ledger"] = _record(h)
-        res["exceeded"] = _run(_budget(out_dir, "small", rank, epsilon=0.5), steps=40)
-        h = _budget(out_dir, "second", rank)
-        res["second"] = _run(h if rank == 1 else None, steps=4)
-        dist.barrier()
-        res["second"]["ledger"] = _record(h)
+        for case in cases:
+            epsilon, first, second, kw = CASES[case]
+            h = _budget(out_dir, case, rank, epsilon)
+            kw = {k: v[rank] if isinstance(v, tuple) else v for k, v in kw.items()}
+            res[case] = _run(h if (first, second)[rank] else None, **kw)
+            dist.barrier()
+            res[case]["ledger"] = _record(h)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
@@ -113,7 +114,15 @@ def _worker(rank: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_ranks(_worker, tmp_path_factory.mktemp("ledger"), WORLD)
+    """The essential case alone (the default suite)."""
+    return run_ranks(functools.partial(_worker, cases=("both",)),
+                     tmp_path_factory.mktemp("ledger"), WORLD)
+
+
+@pytest.fixture(scope="module")
+def all_ranks(tmp_path_factory):
+    return run_ranks(functools.partial(_worker, cases=tuple(CASES)),
+                     tmp_path_factory.mktemp("ledger_all"), WORLD)
 
 
 def _one_run_epsilon(steps: int) -> float:
@@ -122,8 +131,16 @@ def _one_run_epsilon(steps: int) -> float:
     return compose(subsample(Gaussian(SIGMA), rate=WORLD * B / N), steps=steps).epsilon(DELTA)
 
 
-@pytest.mark.parametrize("case", ["both", "first"])
-def test_a_distributed_run_is_recorded_once(ranks, case):
+def test_a_distributed_run_is_recorded_once(ranks):
+    _recorded_once(ranks, "both")
+
+
+@pytest.mark.slow
+def test_a_ledger_on_the_first_rank_only_records_the_run_once(all_ranks):
+    _recorded_once(all_ranks, "first")
+
+
+def _recorded_once(ranks, case):
     r0, r1 = ranks[0][case], ranks[1][case]
     assert r0["refused"] is None and r1["refused"] is None, (r0, r1)
     assert r0["rate"] == WORLD * B / N and r0["steps"] == r1["steps"] == 4
@@ -135,8 +152,9 @@ def test_a_distributed_run_is_recorded_once(ranks, case):
         assert led["spent"] == pytest.approx(one_run, rel=1e-9)
 
 
-def test_chunks_reserved_as_the_run_goes_are_recorded_once(ranks):
-    r0, r1 = ranks[0]["chunks"], ranks[1]["chunks"]
+@pytest.mark.slow
+def test_chunks_reserved_as_the_run_goes_are_recorded_once(all_ranks):
+    r0, r1 = all_ranks[0]["chunks"], all_ranks[1]["chunks"]
     assert r0["refused"] is None and r1["refused"] is None, (r0, r1)
     assert r0["steps"] == r1["steps"] == 5
     # rank 0's chunks of 2 steps: 2 + 2 + 1 steps ran in three reservations
@@ -145,15 +163,17 @@ def test_chunks_reserved_as_the_run_goes_are_recorded_once(ranks):
     assert r0["ledger"]["spent"] == pytest.approx(_one_run_epsilon(5), rel=1e-6)
 
 
-def test_a_budget_that_cannot_hold_the_run_refuses_it_on_every_rank(ranks):
+@pytest.mark.slow
+def test_a_budget_that_cannot_hold_the_run_refuses_it_on_every_rank(all_ranks):
     for rank in range(WORLD):
-        r = ranks[rank]["exceeded"]
+        r = all_ranks[rank]["exceeded"]
         assert r["refused"] == "BudgetExceededError", (rank, r)
 
 
-def test_a_ledger_only_on_another_rank_than_the_first_is_refused(ranks):
+@pytest.mark.slow
+def test_a_ledger_only_on_another_rank_than_the_first_is_refused(all_ranks):
     for rank in range(WORLD):
-        r = ranks[rank]["second"]
+        r = all_ranks[rank]["second"]
         assert r["refused"] == "ConfigurationError", (rank, r)
         assert "rank 0" in r["message"]
         assert r["ledger"]["kinds"] == ["budget"]
