@@ -135,7 +135,7 @@ def parameters_digest(model, rows: int = 1024) -> str:
     return h.hexdigest()[:16]
 
 
-def sync_replicas(model, process_group=None) -> bool:
+def sync_replicas(model, process_group=None, warn_as: str | None = None) -> bool:
     """Give every rank the first rank's parameter values when they differ between ranks
     (as ``DistributedDataParallel`` does when it wraps a model); returns whether they
     differed (every rank gets the same answer).
@@ -147,7 +147,8 @@ def sync_replicas(model, process_group=None) -> bool:
     make_private has nothing that does. The ranks compare a digest of their parameters
     (:func:`parameters_digest`: one small gather) and broadcast only when it differs.
     The parameters' names, shapes and dtypes must already agree (make_private's
-    :func:`check_same_on_ranks`).
+    :func:`check_same_on_ranks`). ``warn_as``: the caller's name, for a ``UserWarning``
+    on every rank when the weights differed (None: no warning).
     """
     import torch.distributed as dist
 
@@ -166,6 +167,16 @@ def sync_replicas(model, process_group=None) -> bool:
             dist.broadcast(buf, src=src, group=process_group)
             if buf is not t:
                 t.copy_(buf)
+    if warn_as is not None:
+        import warnings
+
+        warnings.warn(
+            f"the model's weights differed between the ranks: {warn_as} copied the first "
+            "rank's to every rank (as DistributedDataParallel does when it wraps a "
+            "model), since each rank applies the one all-reduced update to its own "
+            "weights and replicas that start apart would train apart. Build the model "
+            "after the same torch.manual_seed on every rank, or wrap it in "
+            "DistributedDataParallel", UserWarning, stacklevel=3)
     return True
 
 

@@ -840,24 +840,10 @@ def make_private(
                                                     grad_scaler=grad_scaler, sharded=exchange)
         undo(opt.guard_original(), on_detach=True)
         if plan.world_size > 1 and not sharded:  # replicas start from rank 0's weights
-            _sync_replicas(inner, process_group)
+            sync_replicas(inner, process_group, warn_as="make_private")
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)
-
-
-def _sync_replicas(inner: nn.Module, process_group) -> None:
-    """Copy the group's first rank's weights to every rank when they differ, with a
-    warning saying so (a model wrapped in DDP already has them)."""
-    if not sync_replicas(inner, process_group):
-        return
-    warnings.warn(
-        "the model's weights differed between the ranks: make_private copied the first "
-        "rank's to every rank (as DistributedDataParallel does when it wraps a model), "
-        "since each rank applies the one all-reduced update to its own weights and "
-        "replicas that start apart would train apart. Build the model after the same "
-        "torch.manual_seed on every rank, or wrap it in DistributedDataParallel",
-        UserWarning, stacklevel=3)
 
 
 #: make_private's own arguments before the settings.
