@@ -185,6 +185,7 @@ from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS, DPConfig
+from privlearn.torch.distributed import ledger_on_first_rank
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, epoch_steps, make_private
@@ -336,7 +337,9 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         with :class:`~privlearn.errors.BudgetExceededError`, before any step, when the
         budget cannot hold it) and settles it to the steps that ran when it ends. A run
         resumed from a checkpoint with a ``noise_multiplier`` (not a ``target_epsilon``,
-        which plans the whole run) reserves its steps as they run.
+        which plans the whole run) reserves its steps as they run. On several processes
+        the run is recorded once, by the first (pass the budget there; on the other
+        processes the same budget or ``None``).
 
     Attributes
     ----------
@@ -502,8 +505,9 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
             kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
                                          _column(self.train_dataset, pa.user_column))
         if (pa.target_epsilon is not None or whole_run(pa.noise, pa.sampling)
-                or (self.ledger is not None and self._resume_state is None)):
-            # planned: a ledger reserves a fresh run whole (a resumed one as it runs)
+                or (ledger_on_first_rank(self.ledger) and self._resume_state is None)):
+            # planned: a ledger (on the first process) reserves a fresh run whole (a
+            # resumed one as it runs)
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
             kw["steps"] = self._planned_steps(kw, n, world)

@@ -12,8 +12,8 @@
     and epsilon of one subsampled Gaussian step at q; the update has standard deviation
     sigma C lr / (q N) over its coordinates (each rank's N(0, (sigma C)^2 / 2) summed
     once: noise added twice, or DDP averaging the sums, would give sqrt(2) or 1/2 times
-    it). Given a ledger budget on both ranks, the run is recorded in it once, at the
-    epsilon of that one step.
+    it). Given a ledger budget on rank 0 (None on rank 1), the run is recorded in it once,
+    at the epsilon of that one step.
 FSDP2 through the Trainer: test_hf_fsdp.py.
 """
 
@@ -99,12 +99,12 @@ def _worker(rank, tmp):
     from privlearn.ledger import Ledger
 
     path = os.path.join(tmp, "privacy.db")
-    if rank == 0:  # a ledger budget, handed to the trainer of every rank
+    if rank == 0:  # a ledger budget, handed to the trainer of rank 0
         Ledger(path, create=True).create_budget("toy", epsilon=50.0, delta=1e-5)
     torch.distributed.barrier()
     budget = Ledger(path).budget("toy")
     tr = _trainer(os.path.join(tmp, "noise"), None, SIGMA, 1, seed=5, per_rank=2, clip=TINY,
-                  ledger=budget)
+                  ledger=budget if rank == 0 else None)  # the first process's is the one
     start = _flat(tr.model)
     tr.train()
     p = tr.privacy_engine
