@@ -142,6 +142,31 @@ class _Tied(nn.Module):
         return self.head(h) + self.head(self.lin(h.mean(1)))[:, None, :]
 
 
+class _TiedAcross(nn.Module):
+    """Parameters shared between layers of different kinds: a LayerNorm's weight with an
+    RMSNorm and its bias with a GroupNorm (normalisation rules evaluated during
+    backward), a Linear's bias with a Conv1d, an Embedding's weight with a Linear head,
+    a GRU's input weight with a Linear (each pair's cross terms from different forms)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln, self.rms, self.gn = nn.LayerNorm(4), nn.RMSNorm(4), nn.GroupNorm(2, 4)
+        self.rms.weight, self.gn.bias = self.ln.weight, self.ln.bias
+        self.lin, self.conv = nn.Linear(4, 4), nn.Conv1d(4, 4, 1)
+        self.conv.bias = self.lin.bias
+        self.emb, self.head = nn.Embedding(4, 4), nn.Linear(4, 4, bias=False)
+        self.head.weight = self.emb.weight
+        self.gru, self.proj = nn.GRU(4, 4, batch_first=True), nn.Linear(4, 12, bias=False)
+        self.proj.weight = self.gru.weight_ih_l0
+
+    def forward(self, x):
+        h = self.rms(self.lin(self.ln(x)))
+        h = self.gn(self.conv(h.transpose(1, 2))).transpose(1, 2)
+        ids = (x[..., 0] > 0).long()
+        return (self.head(h) + self.emb(ids) + self.gru(h)[0]
+                + self.proj(torch.tanh(h))[..., :4])
+
+
 class _Frozen(nn.Module):
     """Frozen parameters among trainable ones: a frozen weight with a trainable bias, a
     frozen embedding, a BatchNorm frozen with its running statistics (a fixed affine map
@@ -278,6 +303,7 @@ CASES = {
                                   bidirectional=True, batch_first=True), False),
         _sequences),
     "tied-and-called-twice": (_Tied, _ids(4)),
+    "tied-across-layer-types": (_TiedAcross, _x(3, 4)),
     "frozen": (_Frozen, _frozen_inputs),
     "opacus-dp-lstm-packed": (lambda: _Recurrent(_opacus_layer("DPLSTM")(), True),
                               _sequences),
