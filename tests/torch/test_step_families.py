@@ -532,3 +532,62 @@ def test_frozen_embedding_max_norm_would_write_the_looked_up_rows():
                      DataLoader(TensorDataset(ids), batch_size=4), noise_multiplier=1.0,
                      max_grad_norm=1.0)
     assert torch.equal(emb.weight, before) and not _hooked(model)
+
+
+# --------------------------------------------------------------------------- numerics
+
+
+class _Cancelling(nn.Module):
+    """A Linear on two equal positions whose output gradients nearly cancel: each
+    example's weight gradient is nearly zero, and its ghost norm (the sum of the products
+    of two Gram matrices) rounds below zero in float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16, bias=False)
+
+    def forward(self, x, w):
+        out = self.lin(x)
+        return (out[:, 0] * w - out[:, 1] * w * (1 + 1e-4)).sum(1)
+
+
+def _cancelling_batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(8, 1, 16, generator=g) * 3).expand(8, 2, 16).contiguous()
+    return x, torch.randn(8, 16, generator=g)
+
+
+def test_squared_norms_rounded_below_zero_leave_the_parameters_finite(oracle):
+    """A per-example squared norm that rounds below zero is a norm of 0: before, its
+    square root was NaN, so was the example's clip factor, and the flat-clipped step wrote
+    NaN into every parameter of the layer (the per-layer path clamped already). The
+    engine picks ghost norms for this layer by itself (T = 2 positions, 16 x 16)."""
+    for seed in range(5):  # a batch whose float32 ghost norms do round below zero
+        torch.manual_seed(seed)
+        model = _Cancelling()
+        x, w = _cancelling_batch(seed)
+        tracker = GradSampleTracker(copy.deepcopy(model), loss_reduction="sum")
+        tracker.model(x, w).sum().backward()
+        contribs, _, _ = tracker.contributions()
+        tracker.detach()
+        if (sum(c.sq_norms() for c in contribs) < 0).any():
+            break
+    else:
+        pytest.skip("this BLAS rounds these Gram products without going below zero")
+    before = copy.deepcopy(model)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(x, w), batch_size=8), noise_multiplier=0.0,
+                     max_grad_norm=1.0, sampling="fixed", loss_reduction="sum", seed=0)
+    xb, wb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    p.model(xb, wb).sum().backward()
+    p.optimizer.step()
+    norms = p.optimizer.last_grad_norms
+    assert torch.isfinite(norms).all() and (norms >= 0).all()
+    assert torch.isfinite(model.lin.weight).all()
+    ref = before.double()
+    rows = oracle.grads(lambda i: ref(xb[i:i + 1].double(), wb[i:i + 1].double()).sum(), 8,
+                        [ref.lin.weight])
+    want, _ = oracle.clip_and_sum(rows, 1.0)
+    moved = oracle.flat([before.lin.weight - model.lin.weight])
+    torch.testing.assert_close(moved, want / 8, rtol=1e-3, atol=1e-3 * want.abs().max().item())
