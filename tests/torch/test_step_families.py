@@ -431,6 +431,38 @@ def test_step_materialise_budget_splits_the_layers(budget, oracle, monkeypatch):
     check_steps(oracle, "tied-and-called-twice", clipping="per_layer", steps=3)
 
 
+# --------------------------------------------------------------------------- forward
+
+
+#: one case of each way the engine runs a layer's forward (detached aliases, instrumented
+#: attention, recurrences, the torch.func fallback, tied and frozen parameters)
+UNALTERED = ["attention-bias-kv-zero-attn", "conv-transpose2d-groups",
+             "embedding-bag-mean-offsets-last", "frozen", "lstm-packed-bidirectional",
+             "opacus-dp-attention", "tied-across-layer-types", "tied-and-called-twice"]
+
+
+@pytest.mark.parametrize("name", UNALTERED)
+def test_outputs_unaltered_and_hooks_removed(name):
+    """Opacus's ``test_outputs_unaltered`` / ``test_remove_hooks``: the private model's
+    forward computes what the model computes (its layers run on detached aliases of their
+    parameters, attention on an instrumented forward), and ``detach()`` leaves no hook,
+    the same parameters and the same ``requires_grad``."""
+    make, inputs = CASES[name]
+    torch.manual_seed(0)
+    model = make().to(F64)
+    data = inputs(torch.Generator().manual_seed(1))
+    ref = copy.deepcopy(model)
+    params = [(n, q, q.requires_grad) for n, q in model.named_parameters()]
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(*data), batch_size=N), noise_multiplier=1.0,
+                     max_grad_norm=1.0, sampling="fixed", seed=0)
+    batch = next(iter(p.data_loader))
+    torch.testing.assert_close(p.model(*batch), ref(*batch), rtol=1e-12, atol=1e-12)
+    p.detach()
+    assert not _hooked(model)
+    assert [(n, q, q.requires_grad) for n, q in model.named_parameters()] == params
+
+
 # --------------------------------------------------------------------------- refusals
 
 
