@@ -96,6 +96,8 @@ class DPSGDPlan(ReleasePlan):
 class _DPSGDBase(PrivateEstimator):
     _loss = "logistic"
 
+    # the signature is DPSGDRegressor's (which inherits it); DPSGDClassifier's adds
+    # ``classes`` and starts at learning_rate=1.0
     def __init__(
         self,
         epsilon: float = 1.0,
@@ -103,7 +105,7 @@ class _DPSGDBase(PrivateEstimator):
         noise: str = "gaussian",
         sampling_rate: float = 1.0,
         n_iter: int = 1000,
-        learning_rate: float = 1.0,
+        learning_rate: float = 0.5,
         max_grad_norm: float = 1.0,
         l2_regularization: float = 1e-3,
         fit_intercept: bool = True,
@@ -153,6 +155,11 @@ class _DPSGDBase(PrivateEstimator):
         "random_state": RANDOM_STATE,
         "ledger": LEDGER,
     }
+
+    def fit(self, X, y, **fit_params):
+        """Train with DP-SGD; validates everything before any privacy is spent
+        (``sample_weight`` is refused)."""
+        return self._fit(X, y, fit_params=fit_params)
 
     def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
         """Calibrate the noise multiplier (or check the given one) for ``n_iter`` steps."""
@@ -390,11 +397,6 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             )
         return cl
 
-    def fit(self, X, y, **fit_params):
-        """Train with DP-SGD; validates everything before any privacy is spent
-        (``sample_weight`` is refused)."""
-        return self._fit(X, y, fit_params=fit_params)
-
     def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
         self._public_classes()  # a wrong classes parameter is refused before anything
         return super()._plan(params, X, y)
@@ -460,49 +462,6 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
     )
 
     _loss = "squared"
-
-    def __init__(
-        self,
-        epsilon: float = 1.0,
-        delta: float = 1e-5,
-        noise: str = "gaussian",
-        sampling_rate: float = 1.0,
-        n_iter: int = 1000,
-        learning_rate: float = 0.5,
-        max_grad_norm: float = 1.0,
-        l2_regularization: float = 1e-3,
-        fit_intercept: bool = True,
-        noise_multiplier: float | None = None,
-        accountant: str = "pld",
-        trajectory_points: int = 20,
-        trajectory_accountant: str | None = None,
-        record_path: bool = False,
-        random_state=None,
-        ledger=None,
-    ):
-        super().__init__(
-            epsilon=epsilon,
-            delta=delta,
-            noise=noise,
-            sampling_rate=sampling_rate,
-            n_iter=n_iter,
-            learning_rate=learning_rate,
-            max_grad_norm=max_grad_norm,
-            l2_regularization=l2_regularization,
-            fit_intercept=fit_intercept,
-            noise_multiplier=noise_multiplier,
-            accountant=accountant,
-            trajectory_points=trajectory_points,
-            trajectory_accountant=trajectory_accountant,
-            record_path=record_path,
-            random_state=random_state,
-            ledger=ledger,
-        )
-
-    def fit(self, X, y, **fit_params):
-        """Train with DP-SGD; validates everything before any privacy is spent
-        (``sample_weight`` is refused)."""
-        return self._fit(X, y, fit_params=fit_params)
 
     def predict(self, X) -> np.ndarray:
         return self._decision(X)
