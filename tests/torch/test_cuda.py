@@ -36,6 +36,7 @@ from test_grad_sample import (  # noqa: E402
     check,
     sq_loss,
 )
+from test_hf_precision import _mlp as _precision_mlp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
@@ -266,21 +267,9 @@ def test_make_private_step_is_the_clipped_mean_of_the_batch_of_one_loop(physical
 
 
 # --------------------------------------------------------------------------- mixed precision
-class _Scale(nn.Module):
-    """A layer without a rule (handled by the torch.func fallback)."""
-
-    def __init__(self, d):
-        super().__init__()
-        self.s = nn.Parameter(torch.linspace(0.5, 1.5, d))
-
-    def forward(self, x):
-        return x * self.s
-
-
 def _mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.LayerNorm(8), _Scale(8),
-                         nn.Linear(8, 3)).to(DEVICE)
+    """test_hf_precision's model (a layer with no rule among ruled ones) on DEVICE."""
+    return _precision_mlp().to(DEVICE)
 
 
 def _loss(model, x, y):
