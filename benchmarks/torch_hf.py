@@ -83,6 +83,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch_dpsgd import combine_rounds  # benchmarks/, this script's folder
+
 ALL_MODELS = ["gpt2", "bert", "llama", "gpt2-lora"]
 MODES = ["non-private", "privlearn", "opacus-hooks", "opacus-ew", "opacus-functorch",
          "opacus-ghost"]
@@ -504,17 +506,6 @@ def run_grid(jobs: list[tuple], opts: dict, timeout: float, report) -> None:
 
 
 # --------------------------------------------------------------------------- report
-def combine(rounds: list[dict]) -> dict:
-    ok = [r for r in rounds if "error" not in r]
-    if not ok:
-        return rounds[0]
-    best = dict(min(ok, key=lambda r: r["step_s"]))
-    best["peak_added_mb"] = max(r["peak_added_mb"] for r in ok)
-    best["rounds"] = len(ok)
-    best["steps"] = sum(r["steps"] for r in ok)
-    return best
-
-
 def table(results: list[dict]) -> str:
     by = {r["mode"]: r for r in results}
     base = by.get("non-private", {})
@@ -830,7 +821,8 @@ def main(argv: list[str] | None = None) -> dict:
                 r = run_config(m, mo, args.steps, args.warmup, args.max_seconds,
                                args.timeout, args.device, args.size, d)
             report(job, r)
-    all_results = {(m, d): [combine(rounds[(m, d, mo)]) for mo in args.mode_list]
+    all_results = {(m, d): [combine_rounds(rounds[(m, d, mo)], time_key="step_s")
+                                  for mo in args.mode_list]
                    for m, d in cells}
     tagged = args.device != "cpu" or args.dtype_list != ["fp32"]
     for (m, d), results in all_results.items():
