@@ -241,6 +241,26 @@ def _reset_peak() -> None:
         fh.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
 
 
+def train_step(model, optimizer, criterion, model_name: str, xb, yb, bf16: bool):
+    """One training step on the token ids ``xb`` and targets ``yb`` (on the model's
+    device), under bf16 autocast with ``bf16``; returns the loss."""
+    import torch
+
+    b, t = xb.shape
+    # input_ids positional: Opacus's expanded-weights module takes its input that way
+    kw = {"attention_mask": torch.ones_like(xb),
+          "position_ids": torch.arange(t, device=xb.device).expand(b, t).contiguous()}
+    if model_name == "bert":
+        kw["token_type_ids"] = torch.zeros_like(xb)
+    optimizer.zero_grad()
+    with torch.autocast(xb.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(xb, **kw).logits
+        loss = criterion(logits, yb)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def measure(model, w: Workload, mode: str, dtype: str, steps: int, warmup: int,
             max_seconds: float, device: str = "cpu", held_from: int = 0) -> dict:
     """Train ``model`` (already on ``device``) in ``mode`` and time its steps. On CUDA,
@@ -301,18 +321,8 @@ def measure(model, w: Workload, mode: str, dtype: str, steps: int, warmup: int,
         t0 = time.perf_counter()
         xb, yb = next(it)
         xb, yb = xb.to(dev), yb.to(dev)
-        b, t = xb.shape
-        # input_ids positional: Opacus's expanded-weights module takes its input that way
-        kw = {"attention_mask": torch.ones_like(xb),
-              "position_ids": torch.arange(t, device=dev).expand(b, t).contiguous()}
-        if w.model == "bert":
-            kw["token_type_ids"] = torch.zeros_like(xb)
-        optimizer.zero_grad()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(xb, **kw).logits
-            loss = criterion(logits, yb)
-        loss.backward()
-        optimizer.step()
+        b = xb.shape[0]
+        loss = train_step(model, optimizer, criterion, w.model, xb, yb, bf16)
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
