@@ -8,6 +8,7 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from toys import trainable  # noqa: F401  (re-exported: tests take it from here too)
 
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.tracker import GradSampleTracker
@@ -112,15 +113,6 @@ def autocast_to(device_type: str, dtype=None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype)
-
-
-def trainable(model):
-    seen, out = set(), []
-    for p in model.parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
 
 
 def naive_grads(oracle, name, model, inputs, labels, autocast=None):
