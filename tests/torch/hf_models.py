@@ -34,6 +34,22 @@ class TokenSet(torch.utils.data.Dataset):
                 "labels": self.ids[i]}
 
 
+class BatchSet(torch.utils.data.Dataset):
+    """The ``n`` examples of :func:`make_batch` (``name``'s inputs, float32, from
+    ``seed``) as Trainer features: ``input_ids``, ``attention_mask``, ``labels``."""
+
+    def __init__(self, name: str = "gpt2", n: int = B, seed: int = 4):
+        inputs, labels = make_batch(name, b=n, seed=seed, dtype=torch.float32)
+        self.ids, self.mask, self.labels = inputs["input_ids"], inputs["attention_mask"], labels
+
+    def __len__(self):
+        return self.ids.shape[0]
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i],
+                "labels": self.labels[i]}
+
+
 def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
     import transformers as tf
 
