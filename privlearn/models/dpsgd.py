@@ -40,7 +40,7 @@ from scipy.special import expit
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
-from privlearn.accounting import Gaussian, Laplace, compose, get_accountant, subsample
+from privlearn.accounting import get_accountant
 from privlearn.errors import (
     ParameterValueError,
     PrivacyLeakWarning,
@@ -51,6 +51,7 @@ from privlearn.models.base import (
     ReleasePlan,
     check_class_labels,
     make_rng,
+    noisy_sum_mechanism,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
     validate_input,
@@ -76,10 +77,7 @@ __all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
 def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, steps: int):
     """The mechanism DP-SGD runs: ``steps`` compositions of the (Poisson-subsampled, if
     ``sampling_rate < 1``) Gaussian or Laplace mechanism with the given multiplier."""
-    base = Gaussian(noise_multiplier) if noise == "gaussian" else Laplace(noise_multiplier)
-    if sampling_rate < 1.0:
-        base = subsample(base, sampling_rate, scheme="poisson")
-    return compose(base, steps=steps)
+    return noisy_sum_mechanism(noise, noise_multiplier, sampling_rate, steps)
 
 
 @dataclass(frozen=True, kw_only=True)
