@@ -363,7 +363,7 @@ def test_target_epsilon_run_reports_a_valid_near_tight_epsilon_against_a_peer(ac
 
     model = _mlp()
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_data(n=100), batch_size=10), target_epsilon=2.0,
+                     DataLoader(toy_data(n=100), batch_size=10), target_epsilon=2.0,
                      target_delta=1e-5, epochs=2, max_grad_norm=1.0, accountant=accountant,
                      seed=0)
     for _epoch in range(2):
