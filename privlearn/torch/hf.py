@@ -681,6 +681,9 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
                 del self._private_files[path]
         state["private_state"] = None
         state["privacy_arguments"] = recorded_settings(self.privacy)  # compared on resume
+        # the runs composed before this one (the accountant's prior): public, as in the
+        # report, so a resumed run's report still lists what its epsilon composes
+        state["earlier_runs"] = list(self._earlier_runs)
         if secret:
             token = new_token()  # binds the two parts; reveals nothing
             kept = self.private_state_dir is not None
@@ -758,10 +761,12 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
     def _load_privacy_state(self, p: PrivateTraining, state: dict) -> None:
         state = dict(state)
         state.pop("rng", None)  # the global generators': restored by _load_rng_state
+        earlier = state.pop("earlier_runs", [])  # the report's runs before the resumed one
         # the model and the optimizer are the Trainer's (loaded from the same checkpoint)
         state["model"] = p.model.state_dict()
         state["optimizer"] = p.optimizer.original_optimizer.state_dict()
         p.load_state_dict(state)
+        self._earlier_runs = list(earlier)  # (this trainer had none: a resume is its first)
 
 
 def _private_copy(args):
