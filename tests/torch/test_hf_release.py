@@ -270,7 +270,7 @@ def test_a_resumed_run_reports_the_runs_its_epsilon_composes(tmp_path):
     """A trainer's second run (model_init) checkpoints, and a new trainer resumes it: the
     accountant's history carries the first run (epsilon 3 steps), and so does the report,
     so its epsilon is the composition of its own entries (the first run was dropped from
-    the resumed run's report: 2.01 recomputed for 2.42 reported)."""
+    the resumed run's report: 2.20 recomputed for 2.42 reported)."""
     def trainer(**kw):
         return DPTrainer(args=_args(tmp_path / "out", max_steps=2, save_strategy="steps",
                                     save_steps=1),
