@@ -164,7 +164,11 @@ from privlearn.torch._hf_fsdp import (
     shard_model,
     stand_in_pass,
 )
-from privlearn.torch._hf_loss import sequence_classification_loss, warn_own_compute_loss
+from privlearn.torch._hf_loss import (
+    check_per_example_loss,
+    sequence_classification_loss,
+    warn_own_compute_loss,
+)
 from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
 from privlearn.torch._hf_private import (
     PRIVATE_FORMAT,
@@ -242,6 +246,8 @@ class _PrivacyCallback(TrainerCallback):
                 + (", after the earlier runs of this trainer" if p.accountant.prior else "")
                 + "); no step was taken. Raise max_epsilon, or the noise "
                 "(noise_multiplier, or target_epsilon with the planned steps)")
+        if p is not None and type(self.trainer).compute_loss is not DPTrainer.compute_loss:
+            check_per_example_loss(self.trainer, self.trainer.model_wrapped)  # no batch drawn
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
