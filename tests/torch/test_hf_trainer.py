@@ -520,8 +520,9 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
     # privacy_arguments: the settings chosen (data-independent), without the seed
     assert set(privacy) == {"format", "mechanism", "noise_multiplier", "max_grad_norm",
                             "accountant", "budget", "correlated", "private_state",
-                            "privacy_arguments"}
+                            "privacy_arguments", "earlier_runs"}
     assert "dp_seed" not in privacy["privacy_arguments"]
+    assert privacy["earlier_runs"] == []  # the report's descriptions of earlier runs: none
     assert privacy["correlated"] is None  # DP-SGD: no correlated-noise state
 
 
