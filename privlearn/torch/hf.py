@@ -72,9 +72,12 @@ trains as bf16 does: per-example norms and sums in float32), several GPUs in one
 own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
 Poisson-sampled), ``train_sampling_strategy`` other than ``"random"`` (length-grouped,
 rebalanced or sequential batches: the DP sampler draws the batches),
-``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example),
-``DataCollatorWithFlattening`` (it packs the batch into one row, which
-would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
+``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example; a
+subclass's ``compute_loss`` is checked when training starts:
+``privlearn.torch._hf_loss.check_per_example_loss``), ``DataCollatorWithFlattening`` (it
+packs the batch into one row, which would be clipped as one example) and rows packing
+several sequences (``position_ids`` starting over in a row: at that batch, before its
+step), ``auto_find_batch_size`` (the expected Poisson batch
 sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
 ``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
 and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``),
@@ -152,9 +155,11 @@ from privlearn.torch._hf_args import (  # noqa: F401
     warn_unused_clipping,
 )
 from privlearn.torch._hf_collate import (
+    batch_rows,
     expand_position_ids,
     own_labels,
     positions_of_left_padding,
+    refuse_packed_rows,
 )
 from privlearn.torch._hf_eval import EvaluationWarnings
 from privlearn.torch._hf_fsdp import (
@@ -447,9 +452,13 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
             raise ConfigurationError(
                 "compute_loss_func is not supported by DPTrainer: the loss must be a mean of "
                 "per-example losses; pass PrivacyArguments(task=...) instead")
-        if isinstance(self.train_dataset, IterableDataset):
-            raise ParameterValueError("DPTrainer needs a map-style train_dataset (len and "
-                                      "indexing) to Poisson-sample it; got an IterableDataset")
+        if isinstance(self.train_dataset, IterableDataset) or (
+                self.train_dataset is not None and not hasattr(self.train_dataset, "__len__")):
+            raise ParameterValueError(
+                "DPTrainer needs a map-style train_dataset (len and indexing) to sample "
+                f"it; got {type(self.train_dataset).__name__}, "
+                + ("an IterableDataset" if isinstance(self.train_dataset, IterableDataset)
+                   else "which has no len()") + ". Pass a torch Dataset or datasets.Dataset")
         flattening = getattr(transformers, "DataCollatorWithFlattening", None)
         if flattening is not None and isinstance(self.data_collator, flattening):
             raise ConfigurationError(
@@ -608,7 +617,8 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
     def training_step(self, model, inputs, num_items_in_batch=None):
         """An empty Poisson batch trains on nothing (the step still adds its noise; under
         FSDP2 the rank runs the collectives of a pass on a stand-in example, discarded)."""
-        if _batch_size(inputs) == 0:
+        refuse_packed_rows(inputs)  # several records in a row: not the accounted unit
+        if batch_rows(inputs) == 0:
             if "labels" in inputs:  # an undecidable task is refused here as well, not
                 self._task(model, inputs["labels"])  # after a noise step: whatever the draw
             if is_fsdp2(self):
@@ -885,10 +895,3 @@ def _privacy_state_path(checkpoint: str) -> str:
             "by DPTrainer, and resuming from it would lose the privacy cost of the steps "
             "already taken. Resume from a DPTrainer checkpoint, or start a new run")
     return path
-
-
-def _batch_size(inputs) -> int | None:
-    for v in (inputs.values() if hasattr(inputs, "values") else ()):  # BatchEncoding too
-        if isinstance(v, torch.Tensor) and v.dim() > 0:
-            return v.shape[0]
-    return None

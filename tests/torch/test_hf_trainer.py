@@ -657,6 +657,53 @@ def test_packed_rows_are_refused_at_the_step_whatever_the_collator(tmp_path):
     assert tr.privacy_engine.accountant.steps == 0
 
 
+class _PackedSet(_TextSet):
+    """Each row two texts packed together: positions start over at token 4 (trl's
+    packing, texts concatenated with their own positions); ``restart=False``: one text."""
+
+    def __init__(self, restart=True):
+        super().__init__()
+        self.restart = restart
+
+    def __getitem__(self, i):
+        pos = torch.cat([torch.arange(4), torch.arange(4, T) - 4 * self.restart])
+        return {"input_ids": self.ids[i].clamp_min(1), "labels": self.ids[i].clamp_min(1),
+                "position_ids": pos}
+
+
+def test_rows_packing_several_sequences_are_refused_before_their_step(tmp_path):
+    """Rows whose position_ids start over hold several records each (a record shares its
+    row and clipping bound with others, or is cut across rows): they trained, accounted
+    as one example per row. Refused at the first such batch, before its step; the same
+    rows with one sequence each train."""
+    model = _llama()
+    before = [q.detach().clone() for q in model.parameters()]
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=_PackedSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.raises(ValueError, match=r"position_ids start over inside row 0 \(token 4 "
+                       r"has position 0 after 3\).*No step was taken"):
+        tr.train()
+    assert tr.privacy_engine.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2),
+                   train_dataset=_PackedSet(restart=False),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.train()
+    assert tr.privacy_engine.accountant.steps == 2
+
+
+def test_a_training_set_without_len_is_refused_when_the_trainer_is_built(tmp_path):
+    """A map-style set without ``__len__`` cannot be sampled at rate B/N (a bare
+    TypeError from len() when training started)."""
+    class Indexed:
+        def __getitem__(self, i):
+            return _TextSet()[i]
+
+    with pytest.raises(ValueError, match="train_dataset.*Indexed, which has no len"):
+        DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=Indexed(),
+                  privacy=PrivacyArguments(noise_multiplier=1.0))
+
+
 def test_resumed_run_reports_the_epoch_it_reached(tmp_path):
     """Two steps an epoch (q = 1/2); resumed in the middle of the second epoch, the run
     reports the sampler's epoch, as the uninterrupted one does."""
