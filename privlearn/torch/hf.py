@@ -520,8 +520,8 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
             kw["steps"] = self._planned_steps(world * self.args.per_device_train_batch_size / n)
         self.model.train()
         p = make_private(self.model, self.optimizer, loader, ledger=self.ledger, **kw)
-        if self._spent is not None:
-            p.accountant.prior = self._spent
+        if self._spent is not None:  # (a plan's cap and epsilon move after the earlier runs)
+            p.compose_after(self._spent)
         if self._resume_state is not None:
             try:
                 self._load_privacy_state(p, self._resume_state)

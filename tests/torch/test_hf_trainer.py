@@ -794,6 +794,52 @@ def test_shuffled_epochs_through_the_trainer_is_accounted_under_replace_one(tmp_
     assert p.neighbouring == "replace_one"
 
 
+def test_a_second_run_of_a_sampling_accounted_whole_runs_its_plan_and_composes(tmp_path):
+    """model_init, sampling='shuffled_epochs', one epoch a run: a run accounted as one
+    mechanism is capped at its plan, and the cap was the plan's epsilon alone, which the
+    first run already spent: every later run was refused before its first step (naming a
+    max_epsilon never given). Each run now takes its planned steps, and the two compose
+    to the closed form: two participations of the replaced example, a Gaussian of
+    sensitivity 2 sqrt(2) C (Balle & Wang 2018, Theorem 8)."""
+    from scipy.stats import norm
+
+    cycle = N // B
+    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=cycle,
+                                                          logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=2.0, seed=0,
+                                            sampling="shuffled_epochs"))
+    tr.train()
+    tr.train()
+    assert tr.privacy_engine.accountant.steps == cycle
+    eps, sigma, sens = tr.epsilon(), 2.0, 2 * math.sqrt(2)
+    a = sens / (2 * sigma)
+
+    def delta(e):
+        return norm.cdf(a - e * sigma / sens) - math.exp(e) * norm.cdf(-a - e * sigma / sens)
+
+    assert delta(eps) <= 1e-5 * (1 + 1e-9) < delta(eps - 0.01)
+
+
+def test_a_second_run_planned_by_target_epsilon_is_not_warned_past_its_plan(tmp_path):
+    """With max_epsilon=inf, each model_init run is calibrated to target_epsilon; the
+    second run's planned epsilon was its own plan's, which the first run's cost already
+    exceeds, so its first step warned that training went past its plan. It now runs
+    its planned steps silently; epsilon is the composition of both runs."""
+    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=3,
+                                                          logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(target_epsilon=2.0, max_epsilon=float("inf"),
+                                            seed=0))
+    tr.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)
+        tr.train()
+    p = tr.privacy_engine
+    assert p.accountant.steps == 3
+    assert tr.epsilon() == pytest.approx(_eps(p.noise_multiplier, 6), rel=1e-9)
+
+
 def test_correlated_noise_through_the_trainer(tmp_path):
     tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=4, logging_steps=50),
                    train_dataset=_TextSet(),
