@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import random
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -107,7 +108,10 @@ def check_per_example_loss(trainer, model, examples: int = PROBED_EXAMPLES) -> N
     with _generators_kept():
         batch = loader.collate_fn([loader.dataset[i] for i in range(n)])
     batch = trainer._prepare_inputs(batch)
-    if not isinstance(batch, dict) or not any(
+    if not isinstance(batch, Mapping):  # (a BatchEncoding too: the tokenizers' collators)
+        return
+    batch = dict(batch)
+    if not any(
             isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n for v in batch.values()):
         return
     with _probing(model):

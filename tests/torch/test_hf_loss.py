@@ -72,24 +72,31 @@ class Delegating(DPTrainer):  # e.g. to log something, then DPTrainer's own loss
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
-def _trainer(cls, tmp_path, classify=False, **kw):
+def _batch_encoding(features):
+    """A collator returning a ``BatchEncoding`` (a mapping, not a dict), as the tokenizers'
+    padding collators do."""
+    return transformers.BatchEncoding(transformers.default_data_collator(features))
+
+
+def _trainer(cls, tmp_path, classify=False, collator=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the override is warned about
-        return cls(model=_llama(classify=classify), args=_args(tmp_path, max_steps=1, **kw),
-                   train_dataset=_TextSet(classify=classify),
+        return cls(model=_llama(classify=classify), args=_args(tmp_path, max_steps=1),
+                   train_dataset=_TextSet(classify=classify), data_collator=collator,
                    privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
 
 
-@pytest.mark.parametrize("cls, classify, share", [
-    (TokenMean, False, r"0\.5455 / 8"), (PerTokenItems, False, r"0\.5455 / 8"),
-    (Summed, False, "8 / 8"), (ClassWeighted, True, r"0\.4706 / 8")])
+@pytest.mark.parametrize("cls, classify, share, collator", [
+    (TokenMean, False, r"0\.5455 / 8", None), (TokenMean, False, r"0\.5455 / 8", _batch_encoding),
+    (PerTokenItems, False, r"0\.5455 / 8", None), (Summed, False, "8 / 8", None),
+    (ClassWeighted, True, r"0\.4706 / 8", None)])
 def test_a_loss_that_is_not_a_mean_of_per_example_losses_is_refused_before_any_batch(
-        tmp_path, cls, classify, share):
+        tmp_path, cls, classify, share, collator):
     """The gradient of the batch's loss with respect to example 0's outputs, over that of
     its loss alone, must be 1/8 on 8 examples: a token-level mean gives its share of the
     batch's label tokens (3 of 44: 0.5455/8), a sum 8/8, a class-weighted mean its
     weight's share of the batch's (1 of 17: 0.4706/8). These trained with a warning only."""
-    tr = _trainer(cls, tmp_path, classify)
+    tr = _trainer(cls, tmp_path, classify, collator)
     before = [q.detach().clone() for q in tr.model.parameters()]
     with pytest.raises(ConfigurationError, match=rf"not a mean over the batch's examples.*"
                        rf"example 0's model outputs is {share}"):
