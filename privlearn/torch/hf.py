@@ -488,6 +488,7 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         # again for each run: hyperparameter_search's trials (and a script) set
         # TrainingArguments after the trainer was built
         self._refuse_unsupported()
+        warn_unused_clipping(self.args, self.privacy)  # set since (a trial): still not used
         _private_settings(self.args, stacklevel=4)
         check_batch_size(self.args, self.privacy, len(self.train_dataset),
                          max(1, self.args.world_size))
