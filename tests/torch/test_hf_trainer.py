@@ -184,6 +184,64 @@ def test_update_is_clipped_per_example_mean(tmp_path):
     assert tr.privacy_engine.accountant.steps == 1
 
 
+def _lora_classifier():
+    """LoRA on the attention of a frozen sequence classifier whose head is trained whole
+    (peft's modules_to_save: a trainable copy of ``score``), the adapters' B moved off 0."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_llama(classify=True), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+        task_type="SEQ_CLS"))
+    with torch.no_grad():
+        for n, q in model.named_parameters():
+            if "lora_B" in n:
+                q.normal_(0, 0.1)
+    return model
+
+
+@pytest.mark.parametrize("case", ["gradient_checkpointing", "lora_modules_to_save"])
+def test_one_step_equals_the_naive_clipped_loop(tmp_path, case):
+    """sigma = 0, a clipping bound below every example's norm, SGD: one step moves the
+    trainable parameters by lr / (q N) times the sum of the per-example gradients, each
+    computed alone (batch of one) and clipped -- with TrainingArguments'
+    gradient_checkpointing (recomputed forwards) and with a peft LoRA model whose head is
+    a modules_to_save copy (both trainable, the base frozen)."""
+    classify = case == "lora_modules_to_save"
+    model = _lora_classifier() if classify else _llama()
+    ref = copy.deepcopy(model)
+    seen = []
+
+    def collate(feats):
+        batch = transformers.default_data_collator(feats)
+        seen.append({k: v.clone() for k, v in batch.items()})
+        return batch
+
+    c, lr = 1e-3, 1.0
+    params = [q for q in model.parameters() if q.requires_grad]
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=1, learning_rate=lr,
+                                           gradient_checkpointing=not classify),
+                   train_dataset=_TextSet(classify=classify), data_collator=collate,
+                   optimizers=(torch.optim.SGD(params, lr=lr), None),
+                   privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3))
+    tr.train()
+    batch = seen[-1]
+    mine = [q for q in ref.parameters() if q.requires_grad]
+    total = [torch.zeros_like(q) for q in mine]
+    for i in range(batch["input_ids"].shape[0]):
+        out = ref(input_ids=batch["input_ids"][i:i + 1],
+                  attention_mask=batch["attention_mask"][i:i + 1])
+        labels = batch["labels"][i:i + 1]
+        loss = (torch.nn.functional.cross_entropy(out.logits, labels) if classify
+                else per_sequence_cross_entropy(out.logits, labels, shift=True))
+        g = torch.autograd.grad(loss, mine)
+        norm = torch.sqrt(sum((x.double() ** 2).sum() for x in g)).item()
+        assert norm > c  # every example clipped: the bound is what is compared
+        for t, x in zip(total, g, strict=True):
+            t += (c / norm) * x
+    assert batch["input_ids"].shape[0] > 0
+    for a, b, t in zip(params, mine, total, strict=True):
+        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padded_batches_give_each_example_its_own_loss(tmp_path, side):
     """GPT-2 (absolute positions) with a collator padding to the batch's longest. Left
