@@ -1136,6 +1136,41 @@ def test_optimizers_that_update_inside_backward_are_refused(tmp_path, optim):
     _refused_at_build(tmp_path, rf"optim={optim!r}.*inside backward\(\)", optim=optim)
 
 
+class _ModalSGD(torch.optim.SGD):
+    """An optimizer with train and eval modes, as the schedule-free ones
+    (``optim="schedule_free_adamw"``): ``step()`` refuses to run outside train mode."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, lr=lr)
+        self.modes = []
+
+    def train(self):
+        self.modes.append("train")
+
+    def eval(self):
+        self.modes.append("eval")
+
+    def step(self, closure=None):
+        if not self.modes or self.modes[-1] != "train":
+            raise RuntimeError("Optimizer was not in train mode when step is called")
+        return super().step(closure)
+
+
+def test_an_optimizer_with_train_and_eval_modes_gets_the_trainers_calls(tmp_path):
+    """The Trainer puts an optimizer that has them in train mode before each step and in
+    eval mode before evaluating; through the DP optimizer the calls were lost (it has no
+    train()/eval()), and a schedule-free optimizer refused every step."""
+    model = _llama()
+    opt = _ModalSGD(model.parameters(), lr=0.05)
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=_TextSet(),
+                   eval_dataset=_TextSet(n=8, seed=1), optimizers=(opt, None),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.train()
+    assert tr.privacy_engine.accountant.steps == 2 and opt.modes == ["train", "train"]
+    tr.evaluate()
+    assert opt.modes[-1] == "eval"
+
+
 def test_a_given_layerwise_optimizer_is_refused(tmp_path):
     """The layer-wise optimizer passed in ``optimizers=``: its hooks step each parameter
     with the raw gradient as soon as ``backward()`` accumulates it (shown here without DP),
