@@ -1,5 +1,7 @@
-"""A data collator wrapper for :class:`~privlearn.torch.hf.DPTrainer` (re-exported by
-:mod:`privlearn.torch.hf`)."""
+"""What :class:`~privlearn.torch.hf.DPTrainer` reads of its examples and batches: a data
+collator wrapper (:func:`expand_position_ids`, re-exported by :mod:`privlearn.torch.hf`),
+each example's own positions and labels in a padded batch, the rows of a batch (refused
+when they pack several sequences), and a column of the training set."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import torch
 
 from privlearn.errors import ConfigurationError, ParameterValueError
 
-__all__ = ["batch_rows", "expand_position_ids", "own_labels", "positions_of_left_padding",
-           "refuse_packed_rows"]
+__all__ = ["batch_rows", "column_of", "expand_position_ids", "own_labels",
+           "positions_of_left_padding", "refuse_packed_rows"]
 
 
 def expand_position_ids(collator):
@@ -134,3 +136,24 @@ def refuse_packed_rows(inputs) -> None:
         "one row does not describe. No step was taken with this batch. Give each record a "
         "row of its own (pad instead of packing: e.g. DataCollatorWithPadding, trl's "
         "packing=False)")
+
+
+def column_of(dataset, name: str) -> list:
+    """The values of column ``name`` of every example (a Hugging Face ``datasets.Dataset``
+    column, or the key of each example of a map-style dataset): the users of
+    ``PrivacyArguments(user_column=...)``."""
+    # only a datasets.Dataset is indexed by a column name (a tensor-backed dataset warns)
+    if name in (getattr(dataset, "column_names", None) or ()):
+        values = dataset[name]  # the whole column
+        if len(values) == len(dataset):
+            return list(values)
+    out = []
+    for i in range(len(dataset)):
+        item = dataset[i]
+        if not isinstance(item, dict) or name not in item:
+            raise ParameterValueError(
+                f"user_column={name!r}: example {i} of the training set has no such key "
+                f"(keys: {sorted(item) if isinstance(item, dict) else '?'})")
+        v = item[name]
+        out.append(v.item() if isinstance(v, torch.Tensor) else v)
+    return out

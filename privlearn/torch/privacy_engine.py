@@ -509,6 +509,36 @@ def _warn_unoptimised(model: nn.Module, optimizer) -> None:
             UserWarning, stacklevel=4)
 
 
+def _cycle_and_rate(cfg: DPConfig, n: int, b: float, world: int, steps: int | None,
+                    users: bool = False) -> tuple[int, float]:
+    """The cycle length and sampling rate of the run ``cfg`` plans over ``n`` units in
+    batches of ``b`` per rank (``steps``: the planned steps, which bound a default cycle
+    of bands); the sampling rate checked to be in (0, 1]."""
+    law = SAMPLINGS[cfg.sampling]
+    held = cycle_bands(cfg.noise, cfg.bands, steps)
+    cycle = cfg.cycle_length or law.cycle_for(n, b, held)
+    q = law.rate(world * b, n, cycle)
+    if not 0 < q <= 1:
+        source = ("" if cfg.cycle_length is not None or held is None or cycle != held
+                  else f", the default cycle of noise={str(cfg.noise)[:60]!r} with {held} bands")
+        raise ConfigurationError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
+                         f"{n} {'users' if users else 'examples'}, cycle {cycle}"
+                         f"{source}); use a smaller batch_size or cycle_length"
+                         + (" or bands" if source else ""))
+    return cycle, q
+
+
+def epoch_steps(cfg: DPConfig, units: int, batch_size: int, world: int = 1) -> int:
+    """Steps in one epoch of the run ``cfg`` plans over ``units`` examples (or users) in
+    batches of ``batch_size`` per process: the length of one pass over the private
+    loader (:func:`make_private`'s ``len(p.data_loader)``), e.g. ``cycle_length``
+    batches of ``balls_in_bins``, ``round(1 / q)`` of Poisson sampling. What a caller
+    that plans by epochs (a Hugging Face Trainer's ``num_train_epochs``) multiplies."""
+    law = SAMPLINGS[cfg.sampling]
+    cycle, q = _cycle_and_rate(cfg, units, batch_size, world, None, cfg.users is not None)
+    return law.per_epoch(q, cycle)
+
+
 def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
              process_group=None) -> Plan:
     """The run's plan from the settings and the loader (no side effect)."""
@@ -548,16 +578,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
                                 len(data_loader.dataset), world)
     law = SAMPLINGS[cfg.sampling]  # the registry entry: the sampler and its law
-    held = cycle_bands(cfg.noise, cfg.bands, cfg.steps)
-    cycle = cfg.cycle_length or law.cycle_for(n, b, held)
-    q = law.rate(world * b, n, cycle)
-    if not 0 < q <= 1:
-        source = ("" if cfg.cycle_length is not None or held is None or cycle != held
-                  else f", the default cycle of noise={str(cfg.noise)[:60]!r} with {held} bands")
-        raise ConfigurationError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
-                         f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}"
-                         f"{source}); use a smaller batch_size or cycle_length"
-                         + (" or bands" if source else ""))
+    cycle, q = _cycle_and_rate(cfg, n, b, world, cfg.steps, units is not None)
     if units is not None:
         _warn_user_rate(data_loader, len(data_loader.dataset), n, q, stacklevel=3)
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)

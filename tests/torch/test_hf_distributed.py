@@ -26,6 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from hf_models import BatchSet  # noqa: E402
 
 pytestmark = one_worker(__name__)
 WORLD = 2
@@ -36,21 +37,6 @@ LR = 0.5
 STEPS = 4
 SIGMA = 2.0
 TINY = 1e-6  # the clipped sum is negligible beside the noise
-
-
-class _Set(torch.utils.data.Dataset):
-    def __init__(self):
-        from hf_models import make_batch
-
-        inputs, labels = make_batch("gpt2", b=N, seed=4, dtype=torch.float32)
-        self.ids, self.mask, self.labels = inputs["input_ids"], inputs["attention_mask"], labels
-
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": self.mask[i],
-                "labels": self.labels[i]}
 
 
 def _model():
@@ -76,7 +62,7 @@ def _trainer(out, private_dir, sigma, steps, save=False, seed=3, per_rank=PER_RA
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.1)
-    return DPTrainer(model=model, args=args, train_dataset=_Set(),
+    return DPTrainer(model=model, args=args, train_dataset=BatchSet("gpt2", N),
                      private_state_dir=private_dir if save else None,
                      privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=clip,
                                               seed=seed))
@@ -123,7 +109,7 @@ def test_ddp_trainer_equals_naive_loop(ranks, oracle):
     from hf_models import loss_of
 
     model = _model().double()
-    data = _Set()
+    data = BatchSet("gpt2", N)
     params = list(model.parameters())
     start = _flat(model)
     def loss(i):
