@@ -308,6 +308,18 @@ class BudgetCap:
         self._config: tuple[float, float] | None = None
         self._warned = False
 
+    def rebase(self, *, max_epsilon: float | None, planned_epsilon: float | None) -> None:
+        """New caps for a run whose history changed before its first step (a prior
+        composed in: :meth:`PrivateTraining.compose_after
+        <privlearn.torch.privacy_engine.PrivateTraining.compose_after>`); the room left
+        is computed again at the next check."""
+        self.max_epsilon = (None if max_epsilon is None or math.isinf(max_epsilon)
+                            else float(max_epsilon))
+        self.planned_epsilon = (None if planned_epsilon is None
+                                or math.isinf(planned_epsilon) else float(planned_epsilon))
+        self._room = _Room()
+        self._config = None
+
     def _room_for(self, cap: float, sigma: float, q: float) -> int:
         """Largest ``k >= 0`` such that the history plus ``k`` steps of ``(sigma, q)``
         stays within ``cap`` at ``delta``."""

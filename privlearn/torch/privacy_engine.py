@@ -222,6 +222,36 @@ class PrivateTraining:
         calibration and ``max_epsilon`` use)."""
         return self.accountant.epsilon(self.config.target_delta if delta is None else delta)
 
+    def compose_after(self, prior) -> None:
+        """Continue this fresh run after ``prior``, the composed mechanism of earlier runs
+        on the same data (e.g. a trainer's earlier ``train()``): :meth:`epsilon` composes
+        it from here on (Abadi et al. 2016, Sec. 3.1), and what the run takes from its
+        own plan moves with it: the planned epsilon becomes that of ``prior`` and the
+        planned steps, and so does the cap of a run accounted as one mechanism, which
+        cannot go past its plan (it was the plan's epsilon alone, which the prior already
+        exceeds: no step could run). A ``max_epsilon`` given caps the total, as before.
+        Call it before the first step (a resumed run's restored history moves them
+        the same way, in :meth:`load_state_dict`)."""
+        self.accountant.prior = prior  # refused after a step
+        self._plan_after_prior()
+
+    def _plan_after_prior(self) -> None:
+        """The planned epsilon (and a whole-run cap at the plan) of the accountant's
+        prior composed with the planned steps; nothing without a prior or a plan."""
+        plan, prior = self.plan, self.accountant.prior
+        if prior is None or plan.planned_epsilon is None or math.isinf(plan.planned_epsilon):
+            return
+        steps = Segment(plan.noise_multiplier, plan.sampling_rate, plan.max_grad_norm,
+                        plan.planned_steps)  # the run's own plan, whatever it took so far
+        planned = plan.run.composed([steps], prior).epsilon(
+            self.config.target_delta, accountant=self.accountant.accountant)
+        given = self.config.max_epsilon
+        given = None if given is None or math.isinf(given) else float(given)
+        cap = self.budget.max_epsilon
+        if not plan.run.stepwise:
+            cap = planned if given is None else min(given, planned)
+        self.budget.rebase(max_epsilon=cap, planned_epsilon=planned)
+
     def finish(self) -> None:
         """Record in the ledger (``make_private(ledger=...)``) how many of the reserved
         steps ran; a no-op without a ledger. Called by :meth:`detach` and when this object
@@ -320,6 +350,7 @@ class PrivateTraining:
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.budget.load_state_dict(state["budget"])
+        self._plan_after_prior()  # a history after earlier runs: the plan follows them
         self._sampler.load_state_dict(state["sampler"])
         self.optimizer.noise.load_state_dict(state["noise"])
         if self.optimizer.correlated is not None:

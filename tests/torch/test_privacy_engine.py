@@ -939,3 +939,28 @@ def test_an_empty_dataset_is_refused_with_a_typed_error():
     for sampling in ("poisson", "fixed"):
         with pytest.raises(ValueError, match="dataset is empty"):
             _private(ds=empty, sampling=sampling)
+
+
+@pytest.mark.parametrize("sampling", ["shuffled_epochs", "balls_in_bins"])
+def test_a_run_composed_after_earlier_runs_takes_its_planned_steps_and_no_more(sampling):
+    """compose_after(prior) before the first step: a run accounted as one mechanism is
+    capped at its plan, and that cap (the plan's epsilon alone) was below the prior's:
+    no step could run. The cap is now the plan composed after the prior: the planned
+    steps run, epsilon is the composition, and the step past the plan is refused."""
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(toy_data(n=32), batch_size=8), noise_multiplier=1.0,
+                     max_grad_norm=1.0, sampling=sampling, epochs=1, seed=0)
+    run = p.plan.run.mechanism(1.0, p.plan.planned_steps)
+    p.compose_after(run)  # as if an identical run came before
+    steps = 0
+    with pytest.raises(PrivacyBudgetExceededError, match="cannot go past its plan"):
+        for _ in range(2):
+            for xb, yb in p.data_loader:
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(xb), yb).backward()
+                p.optimizer.step()
+                steps += 1
+    assert steps == p.accountant.steps == p.plan.planned_steps
+    assert p.epsilon() == pytest.approx(
+        compose([run, run], steps=[1, 1]).epsilon(1e-5), rel=1e-9)
