@@ -54,6 +54,7 @@ from privlearn.accounting.registry import pure_epsilon
 from privlearn.errors import (
     BatchDependenceError,
     ConfigurationError,
+    DataClippedWarning,
     ParameterTypeError,
     ParameterValueError,
 )
@@ -69,6 +70,7 @@ from privlearn.models.base import (
     refuse_fit_params,
     require_delta_for_gaussian,
     validate_input,
+    warn_person_fitting,
     warnings_once_per_fit,
 )
 from privlearn.models.constraints import (
@@ -275,6 +277,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
     delta : float in (0, 1)
     feature_range : (lower, upper) or array (n_features, 2)
         Public range of each feature (known without looking at the data). Required.
+        Values outside it are clipped to it (a ``DataClippedWarning`` says how many).
     quantile : float in (0, 0.5) or None
         Clip at privately found quantiles (default 0.01) or, None, at ``feature_range``.
     n_bins : int >= 2
@@ -390,7 +393,23 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         return self._fit(X, y, fit_params=fit_params)
 
     def _check_data(self, X, y, plan: ScalerPlan):
-        return validate_input(self, X, dtype=np.float64), None
+        """Validate ``X``; values outside ``feature_range`` are clipped to it (a
+        :class:`DataClippedWarning` gives their count, which is never stored)."""
+        X = validate_input(self, X, dtype=np.float64)
+        outside = (X < plan.ranges[:, 0]) | (X > plan.ranges[:, 1])
+        if np.any(outside):
+            cols = np.flatnonzero(outside.any(axis=0))
+            warn_person_fitting(
+                f"{type(self).__name__}: {int(np.count_nonzero(outside))} values in "
+                f"{int(np.count_nonzero(outside.any(axis=1)))} of {X.shape[0]} rows lie "
+                f"outside feature_range (features {cols[:10].tolist()}"
+                f"{', ...' if cols.size > 10 else ''}) and are clipped to it; the fit uses "
+                "the clipped data. Widen feature_range (using public knowledge only) if "
+                "this is more than expected.",
+                DataClippedWarning,
+                stacklevel=5,
+            )
+        return X, None
 
     def _release(self, X, y, plan: ScalerPlan) -> dict[str, Any]:
         """The noisy histogram (bounds), then the noisy clipped moments."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.pipeline import Pipeline
@@ -9,6 +11,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 
 from privlearn.accounting import Gaussian, PureDP, compose
 from privlearn.datasets import load_california_housing
+from privlearn.errors import DataClippedWarning
 from privlearn.models import AdaSSPRegressor
 from privlearn.models.preprocessing import (
     PrivatePipeline,
@@ -48,6 +51,31 @@ def test_scaler_is_randomised_and_reproducible():
     b = PrivateStandardScaler(epsilon=0.5, feature_range=(0, 10), random_state=3).fit(X)
     c = PrivateStandardScaler(epsilon=0.5, feature_range=(0, 10), random_state=4).fit(X)
     assert np.array_equal(a.mean_, b.mean_) and not np.array_equal(a.mean_, c.mean_)
+
+
+@pytest.mark.parametrize("quantile", [None, 0.01])
+def test_scaler_warns_that_values_outside_feature_range_are_clipped(quantile):
+    """Values outside the declared public range are clipped (the fit equals that on the
+    clipped data, same noise) and the person fitting is told how many, as the linear
+    models do; nothing on the fitted scaler holds the count."""
+    rng = np.random.default_rng(2)
+    X = rng.uniform(-1.0, 1.0, size=(400, 3))
+    X[:7, 1] = 5.0   # 7 values above the range, in 7 rows
+    X[3:9, 2] = -3.0  # 6 below, 3 of them in rows already counted
+    kw = dict(feature_range=(-1, 1), quantile=quantile, random_state=0)
+    with pytest.warns(DataClippedWarning) as record:
+        sc = PrivateStandardScaler(**kw).fit(X)
+    (w,) = [r for r in record if issubclass(r.category, DataClippedWarning)]
+    assert "13 values in 9 of 400 rows" in str(w.message), str(w.message)
+    assert "features [1, 2]" in str(w.message)
+    assert w.filename == __file__  # addressed to the caller of fit
+    ref = PrivateStandardScaler(**kw).fit(np.clip(X, -1, 1))
+    np.testing.assert_array_equal(sc.mean_, ref.mean_)
+    np.testing.assert_array_equal(sc.bounds_, ref.bounds_)
+    assert not any(v in (7, 9, 13) for v in vars(sc).values() if isinstance(v, int))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataClippedWarning)  # inside the range: silent
+        PrivateStandardScaler(**kw).fit(np.clip(X, -1, 1))
 
 
 def test_scaler_rejects_bad_parameters():
