@@ -529,7 +529,16 @@ class PrivateKNN(_LabelReleaseBase):
                 "PrivateKNN.fit needs the private labels: fit(X_private, y_private)")
         with self._refit():
             X, y = validate_input(self, X, y, dtype=np.float64)
-            check_class_labels(type(self).__name__, y)
+            kind = check_class_labels(type(self).__name__, y)
+            if self.classes is None and kind.startswith("continuous"):
+                # every distinct target value would become a class: classes_ (and the
+                # width of the released votes) would publish the private targets' set
+                raise ParameterValueError(
+                    "PrivateKNN: Unknown label type: continuous. y holds non-integer "
+                    "numbers, and classes=None would make each distinct value a class, "
+                    "released in classes_. PrivateKNN releases class labels: map y to "
+                    "public classes (e.g. np.digitize(y, bins) with public bins) or pass "
+                    "the public label set, classes=[...]")
             classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
         self.__dict__.pop("_releases", None)  # the new data is a new account
         self.classes_ = classes

@@ -253,6 +253,24 @@ def test_knn_classes_inferred_from_private_labels_warn():
         PrivateKNN(classes=[0, 1]).fit(X, y)
 
 
+def test_knn_refuses_a_continuous_target_without_public_classes():
+    """A regression target with classes=None would make every distinct value a class,
+    published in classes_ (scikit-learn's classifiers refuse it the same way); refused
+    before anything is stored. With the public label set given, non-integer labels that
+    are in it are fine."""
+    X, _, _ = _knn_data()
+    y = np.random.default_rng(0).normal(size=X.shape[0])
+    knn = PrivateKNN()
+    with pytest.raises(ValueError, match="continuous"):
+        knn.fit(X, y)
+    assert not hasattr(knn, "classes_") and not hasattr(knn, "_X")
+    halves = np.where(y > 0, 1.5, 0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        knn = PrivateKNN(classes=[0.5, 1.5], random_state=0).fit(X, halves)
+    assert set(knn.release(X[:5]).tolist()) <= {0.5, 1.5}
+
+
 def test_soft_votes_within_the_tolerance_are_put_on_the_simplex():
     """Rows summing to 1 + 9e-6 pass the tolerance; unscaled, one teacher would move the
     vote sum by more than the accounted sqrt(2) (L2) / 2 (L1). They are released as
