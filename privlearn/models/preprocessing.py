@@ -55,6 +55,7 @@ from privlearn.errors import (
     DataClippedWarning,
     ParameterTypeError,
     ParameterValueError,
+    UnsupportedMechanismError,
 )
 from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
 from privlearn.models.base import (
@@ -517,9 +518,14 @@ class PrivatePipeline(Pipeline):
         (``_check_data``, which releases nothing) on ``y`` and on zeros of the shape of
         its input (the values of ``X`` a step sees exist only once the steps before it
         are fitted), and ``delta=0`` with a step adding Gaussian noise (no pure-DP
-        guarantee). Steps after one that may change the number of features are checked
-        when they are fitted."""
+        guarantee), and a composition of the steps' planned mechanisms that ``accountant``
+        cannot evaluate (the account after the fit would fail once every step has spent).
+        Steps after one that may change the number of features are checked when they are
+        fitted."""
+        mechs, deltas = [], []
         for name, step, placeholder, plan, mech in self._planned_steps(X, y, strict=False):
+            mechs.append(mech)
+            deltas.append(plan.delta if plan is not None else 0.0)
             if plan is not None:
                 # the checks set what they validate (n_features_in_, a classifier's
                 # classes_ read off y): put the step's state back, so that a pipeline
@@ -537,6 +543,15 @@ class PrivatePipeline(Pipeline):
                     alternative="Pass a small delta such as 1e-6 (below 1/n_samples), or "
                                 "leave delta=None to report epsilon_ at the sum of the "
                                 "steps' own deltas")
+        try:
+            compose(mechs).epsilon(sum(deltas) if delta is None else delta, self.accountant)
+        except UnsupportedMechanismError as e:
+            raise UnsupportedMechanismError(
+                f"{type(self).__name__}(accountant={self.accountant!r}) cannot compose its "
+                f"steps' mechanisms ({e}), so the pipeline could not be accounted after its "
+                "steps had spent; nothing was fitted. Pass an accountant that evaluates every "
+                "step, e.g. accountant='rdp' for a PrivateSearchCV step with "
+                "method='random_stopping' (an RDP curve)") from e
 
     def fit(self, X, y=None, **params):
         """Fit every step, then account the whole pipeline.

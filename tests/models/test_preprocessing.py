@@ -458,3 +458,34 @@ def test_a_public_step_fitted_beforehand_is_not_refitted_on_the_private_data(tmp
                                   public_steps=("scale",))
     for _ in range(2):  # the pipeline refits the step it fitted itself
         np.testing.assert_allclose(fitted_here.fit(X, y)[0].mean_, X.mean(axis=0))
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_a_pipeline_its_accountant_cannot_compose_is_refused_before_any_step_spends():
+    """A random-stopping PrivateSearchCV step releases an RDP curve, which the default PLD
+    accountant cannot compose: the pipeline used to fit the scaler and run the whole
+    search, then fail to account them (both spent, no epsilon_). Refused before the first
+    step; with accountant='rdp' it fits and reports the composition of what ran."""
+    from privlearn.errors import UnsupportedMechanismError
+    from privlearn.models import PrivateSearchCV, SSPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(300, 3))
+    y = X @ [0.5, -0.2, 0.1]
+
+    def pipe(**kw):
+        return PrivatePipeline([
+            ("scale", PrivateStandardScaler(feature_range=(-1, 1), random_state=0)),
+            ("search", PrivateSearchCV(SSPRegressor(), {"epsilon": [0.5, 1.0]},
+                                       loss_bound=4.0, random_state=0))], **kw)
+
+    p = pipe()
+    with pytest.raises(UnsupportedMechanismError, match="accountant='rdp'"):
+        p.fit(X, y)
+    scale, search = (step for _, step in p.steps)
+    assert not hasattr(scale, "mechanism_") and not hasattr(search, "best_estimator_")
+    assert not hasattr(p, "epsilon_")
+    p = pipe(accountant="rdp").fit(X, y)
+    scale, search = (step for _, step in p.steps)
+    expected = compose([scale.mechanism_, search.mechanism_]).epsilon(p.delta_, "rdp")
+    assert p.epsilon_ == pytest.approx(expected, rel=1e-12)
