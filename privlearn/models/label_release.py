@@ -544,7 +544,8 @@ class PrivateKNN(_LabelReleaseBase):
         self.classes_ = classes
         self._X = X
         self._y = y_idx
-        self._sqnorm = np.einsum("ij,ij->i", X, X)
+        with np.errstate(over="ignore"):  # an extreme row: inf, ordered last
+            self._sqnorm = np.einsum("ij,ij->i", X, X)
         return self
 
     def release(self, X_query, batch_size: int = 256) -> np.ndarray:
@@ -584,10 +585,13 @@ class PrivateKNN(_LabelReleaseBase):
         votes = np.zeros((m, C))
         for start in range(0, m, batch_size):
             Qb = X[start : start + batch_size]
-            d2 = self._sqnorm[None, :] - 2.0 * Qb @ self._X.T
-            # Poisson subsample per query: excluded points get infinite distance
+            with np.errstate(over="ignore", invalid="ignore"):
+                d2 = self._sqnorm[None, :] - 2.0 * Qb @ self._X.T
+            # Poisson subsample per query: excluded points get infinite distance, and so
+            # does a point whose distance is not a number (an extreme row overflowing
+            # inf - inf): ordered by index among the others at infinity, as _nearest needs
             keep = rng.random((Qb.shape[0], n)) < q
-            d2 = np.where(keep, d2, np.inf)
+            d2 = np.where(keep & ~np.isnan(d2), d2, np.inf)
             nn = _nearest(d2, min(k, n))
             valid = np.take_along_axis(keep, nn, axis=1)
             labels = self._y[nn]
