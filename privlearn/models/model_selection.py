@@ -402,7 +402,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         )
 
     def _score(self, est, X, y, public: bool, lb: float, rng,
-               clipped_counts: list[int] | None = None) -> float:
+               clipped_counts: list[tuple[int, int]] | None = None) -> float:
         """The run's score on the scale of :meth:`score`: accuracy (classifiers) or minus
         the mean squared error (regressors). Private: from the noisy sum of the clipped
         per-record losses, divided by the noisy number of rows (``n`` changes between
@@ -424,7 +424,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             # NaN sum would release whether such a row exists, whatever the noise
             clipped = np.where(np.isnan(loss), lb, np.minimum(loss, lb))
             if clipped_counts is not None:
-                clipped_counts.append(int(np.count_nonzero(~(loss <= lb))))
+                clipped_counts.append((int(np.count_nonzero(~(loss <= lb))), loss.size))
             total = float(np.sum(clipped)) / lb + z[0]
             mean = lb * total / max(len(loss) + z[1], 1.0)
         return 1.0 - mean if is_classifier(est) else -mean
@@ -667,11 +667,12 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             if best is None or score > best[1]:
                 best = (est, score, plan.grid[i])
         best_estimator, best_score, best_params = best
-        if any(clipped):  # to the person fitting only; the counts are never stored
+        if any(count for count, _ in clipped):  # to the person fitting only, not stored
+            count, n = max(clipped)
             warn_person_fitting(
                 f"{type(self).__name__}: the private score clipped per-record losses above "
-                f"loss_bound={plan.loss_bound:g} (up to {max(clipped)} of {len(ys)} records "
-                "in one run); scores then understate those runs' losses. Raise loss_bound "
+                f"loss_bound={plan.loss_bound:g} (up to {count} of {n} records in one "
+                "run); scores then understate those runs' losses. Raise loss_bound "
                 "(using public knowledge only) if this is more than expected.",
                 DataClippedWarning, stacklevel=5)
         if self.ledger is not None:  # a refit of the released model spends too
