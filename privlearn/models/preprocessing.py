@@ -30,6 +30,7 @@ import contextlib
 import functools
 import inspect
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,7 @@ from privlearn.errors import (
     DataClippedWarning,
     ParameterTypeError,
     ParameterValueError,
+    PrivacyLeakWarning,
     UnsupportedMechanismError,
 )
 from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
@@ -606,6 +608,7 @@ class PrivatePipeline(Pipeline):
         get_accountant(self.accountant)
         self._check_steps(params)
         self._check_before_fit(X, y, delta)
+        _warn_shared_seeds(self)
         if budgets:
             self._check_budgets(X, y)
         # the steps are about to be refitted: the previous account would not describe
@@ -668,6 +671,35 @@ class PrivatePipeline(Pipeline):
                     get_tags(step).requires_fit):
                 raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
+
+
+def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:
+    """``{seed: [step names]}`` of the private steps (nested pipelines' too) whose
+    ``random_state`` is an integer."""
+    seeds: dict[int, list[str]] = {}
+    for name, step in pipe.steps:
+        if isinstance(step, PrivatePipeline):
+            for seed, names in _private_seeds(step, f"{prefix}{name}__").items():
+                seeds.setdefault(seed, []).extend(names)
+        elif isinstance(step, PrivateEstimator):
+            seed = getattr(step, "random_state", None)
+            if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+                seeds.setdefault(int(seed), []).append(prefix + name)
+    return seeds
+
+
+def _warn_shared_seeds(pipe: Pipeline) -> None:
+    """Warn (:class:`~privlearn.errors.PrivacyLeakWarning`) when private steps share an
+    integer ``random_state``: they draw the same normals, so a combination of their
+    releases cancels the noise, and ``mechanism_`` composes them as independent."""
+    for seed, names in _private_seeds(pipe).items():
+        if len(names) > 1:
+            warn_person_fitting(
+                f"{type(pipe).__name__}: steps {names} share random_state={seed}: they "
+                "draw the same noise, so their releases can be combined to cancel it, "
+                "which mechanism_ (the composition of independent noise draws) does not "
+                "cover. Give each private step its own seed, or leave random_state=None.",
+                PrivacyLeakWarning, stacklevel=4)
 
 
 def _frozen(step: Any) -> bool:

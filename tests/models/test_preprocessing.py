@@ -489,3 +489,38 @@ def test_a_pipeline_its_accountant_cannot_compose_is_refused_before_any_step_spe
     scale, search = (step for _, step in p.steps)
     expected = compose([scale.mechanism_, search.mechanism_]).epsilon(p.delta_, "rdp")
     assert p.epsilon_ == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_private_steps_sharing_an_integer_seed_are_reported():
+    """Two private steps with one integer random_state draw the same normals: here two
+    scalers release their noisy row counts with the very same noise (equal
+    n_samples_seen_, which independent noise gives with probability 0), so a combination
+    of their releases cancels it, outside what mechanism_ composes. The pipeline warns
+    (nested pipelines' steps included); distinct seeds, None, and a search's runs (fitted
+    from hidden child streams) do not."""
+    from privlearn.errors import PrivacyLeakWarning
+    from privlearn.models import PrivateSearchCV
+
+    X = np.random.default_rng(0).uniform(-1, 1, size=(500, 2))
+
+    def scaler(seed):
+        return PrivateStandardScaler(feature_range=(-1, 1), quantile=None, random_state=seed)
+
+    shared = PrivatePipeline([("a", scaler(7)), ("b", scaler(7))])
+    with pytest.warns(PrivacyLeakWarning, match=r"\['a', 'b'\] share random_state=7"):
+        shared.fit(X)
+    a, b = (s for _, s in shared.steps)
+    assert a.n_samples_seen_ == b.n_samples_seen_ != 500
+    nested = PrivatePipeline([("a", scaler(3)), ("inner", PrivatePipeline([("b", scaler(3))]))])
+    with pytest.warns(PrivacyLeakWarning, match=r"\['a', 'inner__b'\] share"):
+        nested.fit(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        own = PrivatePipeline([("a", scaler(7)), ("b", scaler(8))]).fit(X)
+        PrivatePipeline([("a", scaler(None)), ("b", scaler(None))]).fit(X)
+        y = X @ [0.3, -0.2]
+        PrivateSearchCV(PrivatePipeline([("a", scaler(1)), ("m", AdaSSPRegressor(
+            random_state=1))]), {"m__epsilon": [1.0]}, loss_bound=4.0).fit(X, y)
+    a, b = (s for _, s in own.steps)
+    assert a.n_samples_seen_ != b.n_samples_seen_

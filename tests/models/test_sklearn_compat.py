@@ -31,6 +31,8 @@ from privlearn.models import (
 pytestmark = [
     pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning"),
     pytest.mark.filterwarnings("ignore:.*classes=None infers:privlearn.errors.PrivacyLeakWarning"),
+    # the checks seed every step alike (set_random_state): the pipeline says so
+    pytest.mark.filterwarnings("ignore:.*share random_state:privlearn.errors.PrivacyLeakWarning"),
     pytest.mark.filterwarnings("ignore:Skipping check:sklearn.exceptions.SkipTestWarning"),
 ]
 
