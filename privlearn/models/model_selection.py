@@ -595,6 +595,17 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             raise ParameterValueError(
                 f"X_val's columns {names_val()} differ from X's {names()} (names or "
                 "order): the runs could not be scored on it; pass X_val[X.columns]")
+        X_arr, X_val_arr = (None if hasattr(a, "tocsr") else np.asarray(a)
+                            for a in (X, X_val_given))
+        if X_arr is not None and X_val_arr is not None and (
+                np.shares_memory(X_arr, X_val_arr) or (
+                    X_arr.shape == X_val_arr.shape and np.array_equal(X_arr, X_val_arr))):
+            raise ParameterValueError(
+                "X_val is the private training data X (or a view of it): its scores are "
+                "exact statistics of the private data, and best_params_ / best_score_ "
+                "chosen on them are not covered by the search's epsilon_. Pass public "
+                "validation data (held out by a public rule and never used privately), "
+                "or leave X_val=None to score each run privately on X")
 
     _ledger_advice = (
         "Use method='composition' (every run composed with the budget's accountant), or a "
