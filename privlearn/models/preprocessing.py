@@ -490,6 +490,8 @@ class PrivatePipeline(Pipeline):
                 yield name, step, placeholder, plan, plan.mechanism
             elif isinstance(step, PrivatePipeline):
                 yield name, step, placeholder, None, step.planned_mechanism(placeholder, y)
+            elif _frozen_release(step) is not None:  # released before, held by the fit
+                yield name, step, placeholder, None, _frozen_release(step)
             elif name not in public and get_tags(step).requires_fit:
                 raise _unplanned_step(name, step)
             if last:
@@ -668,7 +670,7 @@ class PrivatePipeline(Pipeline):
                 refuse_fit_params(step, {k: v for k, v in routed.get(name, {}).items()
                                          if k not in taken or k in ("self", "X", "y")})
             elif not isinstance(step, PrivatePipeline) and name not in public and (
-                    get_tags(step).requires_fit):
+                    _frozen_release(step) is None and get_tags(step).requires_fit):
                 raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
 
@@ -708,6 +710,17 @@ def _frozen(step: Any) -> bool:
     from sklearn.frozen import FrozenEstimator
 
     return isinstance(step, FrozenEstimator)
+
+
+def _frozen_release(step: Any) -> Mechanism | None:
+    """The ``mechanism_`` of a private fit that a ``FrozenEstimator`` step keeps (None
+    for any other step): the fitted pipeline holds that release, so it is part of the
+    pipeline's ``mechanism_`` and of its plan alike (counted again by each fit, never
+    less)."""
+    if not _frozen(step):
+        return None
+    m = getattr(step.estimator, "mechanism_", None)
+    return m if isinstance(m, Mechanism) else None
 
 
 #: set on a public step when a PrivatePipeline is about to fit it (on the data it is given)

@@ -524,3 +524,35 @@ def test_private_steps_sharing_an_integer_seed_are_reported():
             random_state=1))]), {"m__epsilon": [1.0]}, loss_bound=4.0).fit(X, y)
     a, b = (s for _, s in own.steps)
     assert a.n_samples_seen_ != b.n_samples_seen_
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_a_frozen_private_step_is_planned_as_it_is_accounted():
+    """A PrivateStandardScaler fitted beforehand and kept with FrozenEstimator: the fitted
+    pipeline holds its release, so mechanism_ composes it; the plan now does too
+    (planned_mechanism equals mechanism_), where it was planned as free. A search over
+    such a pipeline checks every run against its plan: it failed with PlanMismatchError
+    after the first run had spent; it now runs, each run counting the frozen release
+    (never less than what the fitted models hold)."""
+    from sklearn.base import clone
+    from sklearn.frozen import FrozenEstimator
+
+    from privlearn.models import PrivateSearchCV, SSPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(300, 3))
+    y = X @ [0.5, -0.2, 0.1]
+    scaler = PrivateStandardScaler(feature_range=(-1, 1), random_state=0).fit(X)
+    for kw in ({}, {"public_steps": ("scale",)}):
+        pipe = PrivatePipeline([("scale", FrozenEstimator(scaler)),
+                                ("ssp", SSPRegressor(random_state=1))], **kw)
+        planned = pipe.planned_mechanism(X, y)
+        pipe.fit(X, y)
+        assert pipe.mechanism_ == planned == compose([scaler.mechanism_,
+                                                      pipe.steps[1][1].mechanism_])
+    search = PrivateSearchCV(pipe, {"ssp__epsilon": [0.5, 1.0]}, loss_bound=4.0,
+                             method="composition", random_state=0).fit(X, y)
+    assert search.n_fits_ == 2
+    for run, ran in zip(search.runs_, search.fit_mechanisms_, strict=True):
+        assert ran == clone(pipe).set_params(**run).planned_mechanism(X, y)
+        assert ran.parts[0] == scaler.mechanism_.parts[0]  # the frozen release, counted
