@@ -11,12 +11,13 @@ strategy x sampler                     mechanism
 =====================================  ====================================================
 any x participation schema (a fixed    ``MatrixMechanism(sigma, sens(C, schema))``: the
 order, no sampling)                    Gaussian mechanism of sensitivity ``sens(C)``
-banded (``b <= cycle``) x cyclic       ``compose(subsample(MatrixMechanism(sigma, c), q),
-Poisson (rate ``q``, cycle ``b'``)     ceil(n / b'))``, ``c`` the largest column norm
-                                       ([CC23b] Theorem 4); ``b' = 1``, ``C = I`` is
-                                       DP-SGD, with exactly DP-SGD's epsilon
+banded (``b <= cycle``), or any ``C``  ``compose(subsample(MatrixMechanism(sigma, c), q),
+over ``n <= cycle`` steps, x cyclic    ceil(n / b'))``, ``c`` the largest column norm
+Poisson (rate ``q``, cycle ``b'``)     ([CC23b] Theorem 4; the ``n x n`` ``C`` has at most
+                                       ``n`` bands); ``b' = 1``, ``C = I`` is DP-SGD, with
+                                       exactly DP-SGD's epsilon
 BLT, or ``bands > cycle``, x cyclic    ``MatrixMechanism(sigma, sens(C, MinSeparation(b',
-Poisson                                k)))``: un-amplified (certified; the reduction needs
+Poisson, over ``n > cycle`` steps      k)))``: un-amplified (certified; the reduction needs
                                        a banded ``C`` with ``b <= b'``)
 any x balls-in-bins                    un-amplified ``MatrixMechanism`` (certified) by
                                        default; ``amplified=True``: a
@@ -49,16 +50,17 @@ from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterVa
 __all__ = ["correlated_mechanism", "is_amplified", "stated_under"]
 
 
-def is_amplified(strategy: ToeplitzStrategy, sampler: object) -> bool:
+def is_amplified(strategy: ToeplitzStrategy, sampler: object, steps: int | None = None) -> bool:
     """Whether :func:`correlated_mechanism` accounts ``sampler``'s amplification for
-    ``strategy`` with a certified reduction (cyclic Poisson with ``bands <= cycle``)."""
+    ``strategy`` over ``steps`` steps (default the sampler's) with a certified reduction:
+    cyclic Poisson with ``bands <= cycle``, the bands being those of the ``steps x steps``
+    ``C`` that runs -- at most ``steps``, so any strategy (a BLT too) when ``steps <=
+    cycle``, where each record has one step it may take part in."""
+    if not isinstance(sampler, CyclicPoissonSampler) or sampler.sampling_rate >= 1.0:
+        return False
+    n = sampler.steps if steps is None else check_count("steps", steps, minimum=1)
     bands = nonzero_bands(strategy)  # trailing zero coefficients are no bands
-    return (
-        isinstance(sampler, CyclicPoissonSampler)
-        and bands is not None
-        and bands <= sampler.cycle_length
-        and sampler.sampling_rate < 1.0
-    )
+    return min(n if bands is None else bands, n) <= sampler.cycle_length
 
 
 def correlated_mechanism(
@@ -121,7 +123,7 @@ def correlated_mechanism(
     k = math.ceil(n / cycle)
     if isinstance(sampler, BallsInBinsSampler) and amplified:
         return BallsInBinsMatrixMechanism(sigma, tuple(strategy.toeplitz_coefs(n)), n, cycle)
-    if is_amplified(strategy, sampler):
+    if is_amplified(strategy, sampler, n):
         column = sensitivity(strategy, MinSeparation(n, 1), n).value
         return compose(subsample(MatrixMechanism(sigma, column), rate=sampler.sampling_rate), k)
     return MatrixMechanism(sigma, sensitivity(strategy, MinSeparation(cycle, k), n).value)

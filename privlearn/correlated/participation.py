@@ -74,20 +74,39 @@ class MinSeparation(Participation):
 class FixedEpochs(Participation):
     """(k, b)-participation in a fixed order ([CC23], Section 2): the steps are
     ``epochs`` passes of ``b = steps / epochs`` steps over the data in the same order, so a
-    record contributes exactly at steps ``j, j + b, ..., j + (k-1) b`` for one ``j``."""
+    record contributes exactly at steps ``j, j + b, ..., j + (k-1) b`` for one ``j``.
+
+    ``epoch_length=b`` given: the same order of ``b`` batches, run for any ``steps``
+    in ``((epochs - 1) b, epochs b]`` -- the last pass may stop early, and a record
+    contributes at the steps ``j + m b < steps`` (a prefix of the full passes' release).
+    """
 
     epochs: int
+    epoch_length: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epochs", check_count("epochs", self.epochs, minimum=1))
+        if self.epoch_length is not None:
+            object.__setattr__(self, "epoch_length", check_count(
+                "epoch_length", self.epoch_length, minimum=1))
 
     def steps_per_epoch(self, steps: int) -> int:
         steps = check_count("steps", steps, minimum=1)
+        per = self.epoch_length
+        if per is not None:
+            if not (self.epochs - 1) * per < steps <= self.epochs * per:
+                raise ParameterValueError(
+                    f"steps must be in ({(self.epochs - 1) * per}, {self.epochs * per}] for "
+                    f"FixedEpochs({self.epochs}) of {per} steps per epoch (its last epoch "
+                    f"may be cut short), got steps={steps}; pass epochs="
+                    f"{-(-steps // per)} for {steps} steps")
+            return per
         if steps % self.epochs:
             raise ParameterValueError(
                 f"steps must be a multiple of epochs={self.epochs} for FixedEpochs, got "
-                f"steps={steps}; use MinSeparation(steps // epochs) for a ragged last epoch"
-            )
+                f"steps={steps}; for a last epoch cut short pass the epoch's length, "
+                f"FixedEpochs({self.epochs}, epoch_length={-(-steps // self.epochs)}), "
+                f"or use MinSeparation(steps // epochs)")
         return steps // self.epochs
 
     def participations(self, steps: int) -> int:

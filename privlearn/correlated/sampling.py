@@ -450,7 +450,8 @@ def _cycled(n: int, q: float, steps: int, c: int) -> Participation:
 
 
 def _fixed_epochs(n: int, q: float, steps: int, c: int) -> Participation:
-    return FixedEpochs(steps // c) if steps % c == 0 else MinSeparation(c, math.ceil(steps / c))
+    # the batches of one order, passed over until ``steps``: the last pass may be cut short
+    return FixedEpochs(math.ceil(steps / c), c)
 
 
 def _own_part(n, q, size, parts, t, rng):

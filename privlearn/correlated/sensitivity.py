@@ -15,9 +15,9 @@ and says whether it is exact:
 * b-min-separation with non-negative, non-increasing Toeplitz coefficients: the worst
   pattern is ``k`` participations exactly ``min_sep`` apart from step 0 (exact; [KL24]
   Theorem 2);
-* fixed epochs ((k, b)-participation) with a banded ``C`` of at most ``b`` bands: the
-  min-separation rule above (its best pattern, steps ``0, b, ..., (k-1) b``, is a
-  fixed-epoch pattern; exact);
+* fixed epochs ((k, b)-participation, the last epoch possibly cut short) with a banded
+  ``C`` of at most ``b`` bands: the min-separation rule above (its best pattern, steps
+  ``0, b, ..., (k-1) b``, is a fixed-epoch pattern; exact);
 * fixed epochs ((k, b)-participation) with ``C >= 0``: ``C^T C >= 0`` entrywise, so equal
   contributions are worst and ``sens^2 = max_j 1^T (C^T C)[pi_j, pi_j] 1`` (exact;
   [CC23] Section 2, [CC23b] Eq. (5));
@@ -402,8 +402,9 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
         )
     if n > MAX_DENSE_STEPS:
         return _dense_upper_bound(strategy, n, per_epoch, k, f"FixedEpochs({k})")
-    x = _toeplitz_abs_gram(c, n)
-    idx = np.arange(n).reshape(k, per_epoch)  # column j: the pattern j, j + b, ...
+    x = np.zeros((k * per_epoch, k * per_epoch))  # a last epoch cut short: the steps
+    x[:n, :n] = _toeplitz_abs_gram(c, n)  # past n take no part (zero rows and columns)
+    idx = np.arange(k * per_epoch).reshape(k, per_epoch)  # column j: j, j + b, ...
     sums = x[idx[:, None, :], idx[None, :, :]].sum(axis=(0, 1))
     return Sensitivity(
         _certified_sqrt(float(sums.max()), k * k), False,

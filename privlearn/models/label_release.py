@@ -49,7 +49,7 @@ import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
-from privlearn.accounting import Gaussian, Laplace, Mechanism, compose, subsample
+from privlearn.accounting import Mechanism, compose
 from privlearn.errors import (
     NonFiniteInputError,
     ParameterTypeError,
@@ -63,6 +63,7 @@ from privlearn.models.base import (
     check_class_labels,
     data_shape,
     make_rng,
+    noisy_sum_mechanism,
     refuse_fit_params,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
@@ -93,10 +94,7 @@ def label_release_mechanism(
     """``n_queries`` compositions of Gaussian(noise_multiplier) or Laplace(noise_multiplier)
     (Poisson-subsampled when ``sampling_rate < 1``). The multiplier is the noise
     std (resp. Laplace scale) divided by the vote histogram's L2 (resp. L1) sensitivity."""
-    base = Gaussian(noise_multiplier) if noise == "gaussian" else Laplace(noise_multiplier)
-    if sampling_rate < 1.0:
-        base = subsample(base, sampling_rate, scheme="poisson")
-    return compose(base, steps=n_queries)
+    return noisy_sum_mechanism(noise, noise_multiplier, sampling_rate, n_queries)
 
 
 @dataclass(frozen=True, kw_only=True)

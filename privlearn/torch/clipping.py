@@ -209,7 +209,10 @@ class ClippingMixin:
             if bad is not None and not masked:
                 contribs = self._drop_examples(bad)
                 sq = _flat_sq(contribs)
-            norms = sq.sqrt()
+            # a squared norm from Gram matrices or cross terms (ghost norms, tied weights)
+            # rounds below 0 when the gradient is (nearly) zero: its norm is 0, not NaN,
+            # as on the per-layer path (a NaN factor would write NaN into the parameters)
+            norms = sq.clamp_min(0).sqrt()
             if scale != 1.0:
                 norms = norms * scale
             if max_grad_norm == float("inf"):

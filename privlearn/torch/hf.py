@@ -136,7 +136,6 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from privlearn._type_registry import first_in_mro
 from privlearn._validation import check_delta, check_positive, check_unit_ids
-from privlearn.accounting import planned_steps
 from privlearn.errors import (
     ConfigurationError,
     ParameterTypeError,
@@ -185,10 +184,11 @@ from privlearn.torch._hf_release import (
 from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
-from privlearn.torch.config import _OTHER_SETTINGS
+from privlearn.torch.config import _OTHER_SETTINGS, DPConfig
+from privlearn.torch.distributed import ledger_on_first_rank
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
-from privlearn.torch.privacy_engine import PrivateTraining, make_private
+from privlearn.torch.privacy_engine import PrivateTraining, epoch_steps, make_private
 from privlearn.torch.schedule import whole_run
 
 __all__ = ["DPTrainer", "PrivacyArguments", "expand_position_ids", "PRIVACY_STATE_NAME",
@@ -337,7 +337,9 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         with :class:`~privlearn.errors.BudgetExceededError`, before any step, when the
         budget cannot hold it) and settles it to the steps that ran when it ends. A run
         resumed from a checkpoint with a ``noise_multiplier`` (not a ``target_epsilon``,
-        which plans the whole run) reserves its steps as they run.
+        which plans the whole run) reserves its steps as they run. On several processes
+        the run is recorded once, by the first (pass the budget there; on the other
+        processes the same budget or ``None``).
 
     Attributes
     ----------
@@ -453,14 +455,19 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
                 "DataCollatorForLanguageModeling, default_data_collator) with DPTrainer")
 
     # ------------------------------------------------------------------ wiring
-    def _planned_steps(self, q: float) -> int:
+    def _planned_steps(self, settings: dict, n: int, world: int) -> int:
+        """``max_steps``, or ``num_train_epochs`` passes over the private loader: the
+        steps of its epoch as the sampling has them (``cycle_length`` batches of a cycled
+        sampling, not ``N / B``), rounded up as the Trainer rounds its ``max_steps``."""
         if self.args.max_steps > 0:
             return int(self.args.max_steps)
         epochs = check_positive(  # the planned length: named in the Trainer's terms
             "num_train_epochs", self.args.num_train_epochs,
             hint="the run's length, which target_epsilon (or the sampling) is planned for: "
             "e.g. 3, or set max_steps > 0")
-        return planned_steps(q, epochs)
+        per = epoch_steps(DPConfig(**{**settings, "steps": 1}), n,
+                          self.args.per_device_train_batch_size, world)
+        return int(epochs) * per if float(epochs).is_integer() else math.ceil(epochs * per)
 
     def get_train_dataloader(self) -> DataLoader:
         """The DP sampler's loader (:func:`make_private` over the Trainer's own dataset
@@ -498,11 +505,12 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
             kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
                                          _column(self.train_dataset, pa.user_column))
         if (pa.target_epsilon is not None or whole_run(pa.noise, pa.sampling)
-                or (self.ledger is not None and self._resume_state is None)):
-            # planned: a ledger reserves a fresh run whole (a resumed one as it runs)
+                or (ledger_on_first_rank(self.ledger) and self._resume_state is None)):
+            # planned: a ledger (on the first process) reserves a fresh run whole (a
+            # resumed one as it runs)
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
-            kw["steps"] = self._planned_steps(world * self.args.per_device_train_batch_size / n)
+            kw["steps"] = self._planned_steps(kw, n, world)
         self.model.train()
         p = make_private(self.model, self.optimizer, loader, ledger=self.ledger, **kw)
         if self._spent is not None:

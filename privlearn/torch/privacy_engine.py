@@ -73,6 +73,9 @@ from privlearn.torch.distributed import (
     check_ddp_wrapper,
     check_same_on_ranks,
     dataset_digest,
+    ledger_on_first_rank,
+    refuse_on_every_rank,
+    sync_replicas,
     unwrap,
     world_info,
 )
@@ -291,25 +294,16 @@ class PrivateTraining:
             rate or scheme, clipping bound, loss reduction, accountant, world size), or
             this run has already taken steps (their privacy cost would be lost).
         """
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ParameterValueError("state is not a privlearn training state (format "
-                             f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
-                             "returned")
-        if self.accountant.steps or self._sampler.delivered:
-            raise ConfigurationError(
-                f"load_state_dict needs a fresh run, but this one has already taken "
-                f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
-                "batches), whose cost would be lost; call it right after make_private")
-        mine, theirs = self._mechanism(), state["mechanism"]
-        diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
-                for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
-        if diff:
-            raise ConfigurationError("the saved state was made with a different mechanism, so its "
-                             "privacy history does not describe this run: "
-                             + "; ".join(diff) + ". Rebuild with make_private using the "
-                             "original arguments"
-                             + _strategy_hint(theirs, mine))
-        _check_loadable(self.model, self.optimizer.original_optimizer, state)
+        try:  # distributed: refused on every rank when one rank refuses
+            self._check_state(state)
+        except Exception as exc:  # noqa: BLE001 - raised again, on every rank
+            error = exc
+        else:
+            error = None
+        if self.plan.world_size > 1:
+            refuse_on_every_rank(error, "load_state_dict", self.optimizer.process_group)
+        elif error is not None:
+            raise error
         # the live values before the history (a run of one mechanism refuses a new noise
         # multiplier once it has steps), then the history: a state it refuses leaves the
         # run as it was
@@ -330,6 +324,33 @@ class PrivateTraining:
         self.optimizer.noise.load_state_dict(state["noise"])
         if self.optimizer.correlated is not None:
             self.optimizer.correlated.load_state_dict(state["correlated"])
+
+    def _check_state(self, state: dict) -> None:
+        """:meth:`load_state_dict`'s refusals, before anything is changed."""
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ParameterValueError("state is not a privlearn training state (format "
+                             f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
+                             "returned")
+        if self.accountant.steps or self._sampler.delivered:
+            raise ConfigurationError(
+                f"load_state_dict needs a fresh run, but this one has already taken "
+                f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
+                "batches), whose cost would be lost; call it right after make_private")
+        mine, theirs = self._mechanism(), state["mechanism"]
+        diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
+                for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
+        ranks = ("" if (theirs.get("rank"), theirs.get("world_size"))
+                 == (mine.get("rank"), mine.get("world_size")) else
+                 " (each rank of a distributed run saves its own p.state_dict(), whose "
+                 "sampler and noise keys are its own, and loads the one it saved, with as "
+                 "many ranks as the run that saved them)")
+        if diff:
+            raise ConfigurationError("the saved state was made with a different mechanism, so its "
+                             "privacy history does not describe this run: "
+                             + "; ".join(diff) + ". Rebuild with make_private using the "
+                             "original arguments" + ranks
+                             + _strategy_hint(theirs, mine))
+        _check_loadable(self.model, self.optimizer.original_optimizer, state)
 
 
 def _strategy_hint(saved: dict, here: dict) -> str:
@@ -478,6 +499,36 @@ def _warn_unoptimised(model: nn.Module, optimizer) -> None:
             UserWarning, stacklevel=4)
 
 
+def _cycle_and_rate(cfg: DPConfig, n: int, b: float, world: int, steps: int | None,
+                    users: bool = False) -> tuple[int, float]:
+    """The cycle length and sampling rate of the run ``cfg`` plans over ``n`` units in
+    batches of ``b`` per rank (``steps``: the planned steps, which bound a default cycle
+    of bands); the sampling rate checked to be in (0, 1]."""
+    law = SAMPLINGS[cfg.sampling]
+    held = cycle_bands(cfg.noise, cfg.bands, steps)
+    cycle = cfg.cycle_length or law.cycle_for(n, b, held)
+    q = law.rate(world * b, n, cycle)
+    if not 0 < q <= 1:
+        source = ("" if cfg.cycle_length is not None or held is None or cycle != held
+                  else f", the default cycle of noise={str(cfg.noise)[:60]!r} with {held} bands")
+        raise ConfigurationError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
+                         f"{n} {'users' if users else 'examples'}, cycle {cycle}"
+                         f"{source}); use a smaller batch_size or cycle_length"
+                         + (" or bands" if source else ""))
+    return cycle, q
+
+
+def epoch_steps(cfg: DPConfig, units: int, batch_size: int, world: int = 1) -> int:
+    """Steps in one epoch of the run ``cfg`` plans over ``units`` examples (or users) in
+    batches of ``batch_size`` per process: the length of one pass over the private
+    loader (:func:`make_private`'s ``len(p.data_loader)``), e.g. ``cycle_length``
+    batches of ``balls_in_bins``, ``round(1 / q)`` of Poisson sampling. What a caller
+    that plans by epochs (a Hugging Face Trainer's ``num_train_epochs``) multiplies."""
+    law = SAMPLINGS[cfg.sampling]
+    cycle, q = _cycle_and_rate(cfg, units, batch_size, world, None, cfg.users is not None)
+    return law.per_epoch(q, cycle)
+
+
 def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
              process_group=None) -> Plan:
     """The run's plan from the settings and the loader (no side effect)."""
@@ -517,16 +568,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
                                 len(data_loader.dataset), world)
     law = SAMPLINGS[cfg.sampling]  # the registry entry: the sampler and its law
-    held = cycle_bands(cfg.noise, cfg.bands, cfg.steps)
-    cycle = cfg.cycle_length or law.cycle_for(n, b, held)
-    q = law.rate(world * b, n, cycle)
-    if not 0 < q <= 1:
-        source = ("" if cfg.cycle_length is not None or held is None or cycle != held
-                  else f", the default cycle of noise={str(cfg.noise)[:60]!r} with {held} bands")
-        raise ConfigurationError(f"sampling rate must be in (0, 1], got {q!r} (batch size {b}, "
-                         f"{n} {'users' if units is not None else 'examples'}, cycle {cycle}"
-                         f"{source}); use a smaller batch_size or cycle_length"
-                         + (" or bands" if source else ""))
+    cycle, q = _cycle_and_rate(cfg, n, b, world, cfg.steps, units is not None)
     if units is not None:
         _warn_user_rate(data_loader, len(data_loader.dataset), n, q, stacklevel=3)
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
@@ -592,14 +634,21 @@ def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,
                       dataset_digest(data_loader.dataset))
     out["trainable parameters"] = [(n, tuple(p.shape)) for n, p in inner.named_parameters()
                                    if p.requires_grad]
+    out["parameters"] = [(n, tuple(p.shape), str(p.dtype)) for n, p in inner.named_parameters()]
     return out
 
 
 def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
-                   undo) -> LedgerLink | None:
+                   undo, process_group=None) -> LedgerLink | None:
     """Reserve the planned run (or ``ledger_chunk`` steps) in a privacy ledger before any
-    data is read; the reservation is released if a later step refuses."""
-    if ledger is None:
+    data is read; the reservation is released if a later step refuses. Distributed: the
+    group's first rank's ledger records the run, once (the other ranks follow it)."""
+    group = None
+    if plan.world_size > 1:  # the plan's group (None: the world)
+        import torch.distributed as dist
+
+        group = dist.group.WORLD if process_group is None else process_group
+    if not (ledger_on_first_rank(ledger, group) if group is not None else ledger is not None):
         return None
     if plan.noise_multiplier == 0:
         raise ConfigurationError("noise_multiplier=0 is not private and cannot be spent from a "
@@ -608,7 +657,8 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     link = LedgerLink(ledger, scheme=law.scheme or cfg.sampling, chunk=cfg.ledger_chunk,
                       label=f"make_private({type(inner).__name__})",
                       run=None if plan.run.stepwise else plan.run,
-                      privacy_unit=cfg.privacy_unit)
+                      privacy_unit=cfg.privacy_unit,
+                      process_group=group)
     try:
         link.reserve(plan.noise_multiplier, plan.sampling_rate,
                      plan.planned_steps or cfg.ledger_chunk,
@@ -782,13 +832,15 @@ def make_private(
                 raise ConfigurationError("grad_scaler is not supported under FSDP2 (fully_shard); "
                                  "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
                                  "bfloat16), which needs no loss scaling")
-        link = reserve_budget(ledger, cfg, plan, inner, undo)
+        link = reserve_budget(ledger, cfg, plan, inner, undo, process_group)
         tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
         exchange = ShardedGradients(_mesh_group(inner)) if sharded else None
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
                                                     plan, link, process_group,
                                                     grad_scaler=grad_scaler, sharded=exchange)
         undo(opt.guard_original(), on_detach=True)
+        if plan.world_size > 1 and not sharded:  # replicas start from rank 0's weights
+            sync_replicas(inner, process_group, warn_as="make_private")
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)

@@ -258,6 +258,13 @@ class GradSampleTracker(ClippingMixin):
     version : int
         Incremented whenever the units are discovered again (parameters unfrozen or
         frozen after construction).
+
+    Raises
+    ------
+    UnsupportedModuleError
+        The model holds layers per-example clipping cannot handle (every one listed, as
+        by :func:`privlearn.torch.validator.check_model`): BatchNorm in training, an
+        Embedding with ``scale_grad_by_freq``, ``max_norm`` or ``sparse``, ...
     """
 
     def __init__(self, model: nn.Module, loss_reduction: str = "mean",
@@ -309,6 +316,12 @@ class GradSampleTracker(ClippingMixin):
         #: ids of clipped parameters that received a gradient outside their layers
         self.outside_uses: set[int] = set()
         check_not_attached(model)
+        from privlearn.torch.validator import check_model
+
+        # the layers per-example clipping cannot handle (BatchNorm, an Embedding with
+        # scale_grad_by_freq, ...) refused here, as make_private and a rediscovery do:
+        # their rules would give wrong per-example gradients, or fail untyped at the step
+        check_model(model)
         self._root_handle = model.register_forward_pre_hook(_eager(self._root_pre_hook),
                                                             with_kwargs=True)
         try:

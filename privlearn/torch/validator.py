@@ -133,13 +133,19 @@ def _recurrent(m, trainable):
 
 @register_validator(nn.Embedding, nn.EmbeddingBag)
 def _embedding(m, trainable):
-    if not trainable:
-        return []
     out = []
+    if m.max_norm is not None:
+        # frozen too: the rows the batches look up are rescaled in the released weight
+        # (and only those), which tells which ids the training data holds, without noise
+        out.append(f"max_norm={m.max_norm} renormalises, in place during the forward pass, "
+                   "the rows of the weight that the batch looks up, so the weight (frozen "
+                   "or not) records which ids the training data holds, without noise; set "
+                   "max_norm=None (renormalise the weight once before training, e.g. "
+                   "torch.renorm on its rows, if that is what the model needs)")
+    if not trainable:
+        return out
     if m.sparse:
         out.append("sparse=True gradients are not supported")
-    if m.max_norm is not None:
-        out.append("max_norm renormalises weights in place during forward, not supported")
     if m.scale_grad_by_freq:
         out.append("scale_grad_by_freq mixes examples in a batch")
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from privlearn.accounting import Gaussian, compose, subsample
@@ -35,3 +36,23 @@ def test_more_bands_than_the_cycle_is_not_amplified(strategy):
     sens = sensitivity(strategy, MinSeparation(2, 5), 10).value
     got = correlated_mechanism(strategy, sampler, 1.3)
     assert got == MatrixMechanism(1.3, sens)
+
+
+@pytest.mark.parametrize("strategy", [BandedToeplitz((1.0, -0.5, 0.25, 0.1, 0.3, 0.2)),
+                                      BufferedToeplitz((0.9,), (0.2,))], ids=repr)
+def test_a_run_no_longer_than_the_cycle_is_amplified_whatever_the_bands(strategy):
+    # 4 steps in 4 groups: each record may take part in one step only, with probability
+    # q, and the 4 x 4 C has at most 4 bands: one Poisson-subsampled Gaussian of the
+    # largest column norm ([CC23b] Theorem 4), as for a strategy of at most 4 bands
+    sampler = CyclicPoissonSampler(100, 0.1, 4, 4)
+    assert is_amplified(strategy, sampler)
+    column = float(np.linalg.norm(strategy.toeplitz_coefs(4)))
+    want = subsample(Gaussian(1.3 / column), rate=0.1)
+    got = correlated_mechanism(strategy, sampler, 1.3)
+    assert got.epsilon(1e-5) == pytest.approx(want.epsilon(1e-5), rel=1e-9)
+    assert got.epsilon(1e-5) < MatrixMechanism(1.3, column).epsilon(1e-5)
+    # one step more than the cycle: two participations sharing rows, not amplified
+    longer = CyclicPoissonSampler(100, 0.1, 5, 4)
+    assert not is_amplified(strategy, longer)
+    sens = sensitivity(strategy, MinSeparation(4, 2), 5).value
+    assert correlated_mechanism(strategy, longer, 1.3) == MatrixMechanism(1.3, sens)

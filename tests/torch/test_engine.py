@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import toy_data  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
 from privlearn.torch import (  # noqa: E402
@@ -19,11 +20,6 @@ from privlearn.torch import (  # noqa: E402
     make_private,
     validate,
 )
-
-
-def _data(n=64, d=6, k=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g))
 
 
 def _mlp(seed=0, d=6, k=3):
@@ -39,7 +35,7 @@ def test_noise_zero_infinite_clip_is_plain_sgd(reduction):
     ref = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    p = make_private(model, opt, DataLoader(_data(), batch_size=16), noise_multiplier=0.0,
+    p = make_private(model, opt, DataLoader(toy_data(), batch_size=16), noise_multiplier=0.0,
                      max_grad_norm=float("inf"), sampling="fixed", loss_reduction=reduction,
                      seed=3)
     loss_fn = nn.CrossEntropyLoss(reduction=reduction)
@@ -150,7 +146,7 @@ def test_noise_added_once_per_logical_step_with_virtual_batches():
 
 
 def test_virtual_batches_equal_one_big_batch():
-    ds = _data(n=60)
+    ds = toy_data(n=60)
     results = []
     for phys in (None, 4):
         model = _mlp(seed=5)
@@ -174,7 +170,7 @@ def test_virtual_batches_equal_one_big_batch():
 
 def test_empty_batch_runs_noise_only_step():
     model = _mlp()
-    ds = _data(n=200)
+    ds = toy_data(n=200)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(ds, batch_size=1), noise_multiplier=1.0, max_grad_norm=1.0,
                      seed=4)
@@ -250,7 +246,7 @@ def test_empty_batch_after_a_full_one(layer, monkeypatch):
 def test_accountant_matches_composition():
     model = _mlp()
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_data(n=64), batch_size=8), noise_multiplier=1.1,
+                     DataLoader(toy_data(n=64), batch_size=8), noise_multiplier=1.1,
                      max_grad_norm=1.0)
     assert p.accountant.epsilon(1e-5) == 0.0
     for x, y in p.data_loader:
@@ -264,7 +260,7 @@ def test_accountant_matches_composition():
 
 def test_target_epsilon_calibrates_noise():
     model = _mlp()
-    ds = _data(n=64)
+    ds = toy_data(n=64)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(ds, batch_size=8), target_epsilon=5.0, target_delta=1e-3,
                      epochs=2, max_grad_norm=1.0)
@@ -279,7 +275,7 @@ def test_target_epsilon_calibrates_noise():
 
 def _mk(model=None, loader=None, **kw):
     model = model if model is not None else _mlp()
-    loader = loader if loader is not None else DataLoader(_data(), batch_size=8)
+    loader = loader if loader is not None else DataLoader(toy_data(), batch_size=8)
     kw.setdefault("noise_multiplier", 1.0)
     return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, **kw)
 
@@ -319,7 +315,7 @@ def test_eval_mode_rejected():
 
 
 def test_non_poisson_loader_rejected():
-    ds = _data()
+    ds = toy_data()
     sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(ds), 8, False)
     with pytest.raises(ValueError, match="not 'poisson' sampling"):
         _mk(loader=DataLoader(ds, batch_sampler=sampler))
@@ -406,7 +402,7 @@ def test_detach_restores_model():
 def test_fixed_size_sampling_is_accounted_as_fixed():
     model = _mlp()
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_data(n=64), batch_size=8), noise_multiplier=1.1,
+                     DataLoader(toy_data(n=64), batch_size=8), noise_multiplier=1.1,
                      sampling="fixed", seed=0)
     for x, y in p.data_loader:
         assert len(y) == 8

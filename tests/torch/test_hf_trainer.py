@@ -1151,3 +1151,24 @@ def test_resume_true_without_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint in output_dir"):
         tr.train(resume_from_checkpoint=True)
     assert tr.state.global_step == 0 and tr.privacy_engine is None
+
+
+@pytest.mark.parametrize("sampling,cycle", [("balls_in_bins", 4), ("shuffled_epochs", 16)])
+def test_num_train_epochs_plans_the_epochs_of_the_private_loader(tmp_path, sampling, cycle):
+    """num_train_epochs=2 plans two passes over the private loader, whose epoch is
+    cycle_length batches under a cycled sampling (not N / B = 8): the target epsilon is
+    spent by the steps the Trainer runs, neither calibrated for steps that never run
+    (cycle 4: too much noise) nor stopped half-way by the plan (cycle 16)."""
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=-1, num_train_epochs=2,
+                                              logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(target_epsilon=2.0, seed=0, sampling=sampling,
+                                            cycle_length=cycle))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)  # no stop before the end
+        tr.train()
+    p = tr.privacy_engine
+    assert p.plan.steps_per_epoch == len(p.data_loader)
+    assert p.accountant.steps == tr.state.max_steps == 2 * len(p.data_loader)
+    assert p.plan.planned_steps == p.accountant.steps
+    assert tr.epsilon() == pytest.approx(2.0, rel=1e-3)

@@ -46,6 +46,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_grad_sample import _OutputOnly  # noqa: E402  (Opacus's DPRNNAdapter: the output only)
 from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import (  # noqa: E402
     PackedSequence,
@@ -533,17 +534,6 @@ class _Recurrent(nn.Module):
         return out, h
 
 
-class _Output(nn.Module):
-    """Opacus's ``DPRNNAdapter``: the output sequence only."""
-
-    def __init__(self, rnn):
-        super().__init__()
-        self.rnn = rnn
-
-    def forward(self, x):
-        return self.rnn(x)[0]
-
-
 def _recurrent_classes():
     layers = pytest.importorskip("opacus.layers")
     return {"DPLSTM": layers.DPLSTM, "DPGRU": layers.DPGRU, "DPRNN": layers.DPRNN,
@@ -593,8 +583,8 @@ def test_recurrent(name, layers, bias, batch_first, bidir, kind):
     check(_Recurrent(rnn), inputs, examples)
     if name.startswith("DP"):
         _opacus()
-        ref = naive(_Output(rnn), examples)
-        theirs = opacus_per_sample(_Output(rnn), inputs, batch_first)
+        ref = naive(_OutputOnly(rnn), examples)
+        theirs = opacus_per_sample(_OutputOnly(rnn), inputs, batch_first)
         if kind == "packed":  # Opacus returns them in the packed (length-sorted) order
             ref = ref[inputs[0].sorted_indices]
         torch.testing.assert_close(theirs, ref, rtol=1e-7,
@@ -670,14 +660,18 @@ def test_opacus_recurrent_dropout_is_refused():
     rnn = layers.DPLSTM(3, 4, num_layers=2, dropout=0.5).double()
     with pytest.raises(UnsupportedModuleError, match="DPLSTM.*dropout > 0"):
         check_model(nn.Sequential(rnn))
+    with pytest.raises(UnsupportedModuleError, match="DPLSTM.*dropout > 0"):
+        GradSampleTracker(rnn, loss_reduction="sum")
+    rnn.dropout = 0.0
     tracker = GradSampleTracker(rnn, loss_reduction="sum")
+    rnn.dropout = 0.5  # set after the tracker checked the model: the rule refuses it
     loss_of(rnn(torch.randn(3, 2, 3, dtype=F64))).backward()
     with pytest.raises(ValueError, match="DPLSTM with dropout > 0"):
         tracker.contributions()
     tracker.detach()
 
 
-def test_opacus_recurrent_custom_cell_is_refused():
+def test_opacus_recurrent_custom_cell_is_refused(monkeypatch):
     """A DPRNNBase with a cell of its own: refused up front and at the step (its
     weights are registered twice; before, they were counted twice)."""
     layers = _opacus_layers()
@@ -689,6 +683,10 @@ def test_opacus_recurrent_custom_cell_is_refused():
     rnn = DPRNNBase(MyCell, 3, 4).double()
     with pytest.raises(UnsupportedModuleError, match="cells other than Opacus's"):
         check_model(rnn)
+    with pytest.raises(UnsupportedModuleError, match="cells other than Opacus's"):
+        GradSampleTracker(rnn, loss_reduction="sum")
+    # the rule's own refusal, behind the validator's
+    monkeypatch.setattr("privlearn.torch.validator.check_model", lambda model: None)
     tracker = GradSampleTracker(rnn, loss_reduction="sum")
     loss_of(rnn(torch.randn(2, 3, 3, dtype=F64))).backward()
     with pytest.raises(ValueError, match="cells other than Opacus's"):
@@ -711,13 +709,17 @@ class _Aliasing(nn.Module):
         return self.lin(x) * self.scale
 
 
-def test_aliased_parameters_are_refused():
+def test_aliased_parameters_are_refused(monkeypatch):
     """A parameter registered by a module and by its child would get two rules (the
-    generic one of the module and the child's): refused by the validator and at the step
-    instead of counted twice."""
+    generic one of the module and the child's): refused by the validator (so by the
+    tracker) and at the step instead of counted twice."""
     model = _Aliasing()
     with pytest.raises(UnsupportedModuleError, match=r"alias = lin\.weight"):
         check_model(model)
+    with pytest.raises(UnsupportedModuleError, match=r"alias = lin\.weight"):
+        GradSampleTracker(model, loss_reduction="sum")
+    # the step's own refusal, behind the validator's
+    monkeypatch.setattr("privlearn.torch.validator.check_model", lambda model: None)
     tracker = GradSampleTracker(model, loss_reduction="sum")
     loss_of(model(torch.randn(3, 3, dtype=F64))).backward()
     with pytest.raises(ValueError, match="counted twice"):
