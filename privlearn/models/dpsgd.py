@@ -212,7 +212,8 @@ class _DPSGDBase(PrivateEstimator):
         path = np.zeros((steps, d)) if self.record_path else None
         # Per-example gradient g_i = r_i z_i, so ||g_i|| = |r_i| ||z_i|| (any norm): the
         # clipping factor needs only the row norms, computed once.
-        znorm = np.linalg.norm(Z, ord=ord_, axis=1)
+        with np.errstate(over="ignore"):  # an extreme row's norm: inf, clipped below
+            znorm = np.linalg.norm(Z, ord=ord_, axis=1)
         for t in range(steps):
             # 1. sample (Poisson)
             if q < 1.0:
@@ -221,9 +222,17 @@ class _DPSGDBase(PrivateEstimator):
             else:
                 Zb, yb, nb = Z, y, znorm
             # 2. clip per example: g_i * min(1, C / ||g_i||), summed
-            r = self._residual(Zb, yb, theta)
-            gnorm = np.abs(r) * nb
-            r = r * np.minimum(1.0, C / np.maximum(gnorm, 1e-300))
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                r = self._residual(Zb, yb, theta)
+                gnorm = np.abs(r) * nb
+                # above C: the residual of norm exactly C (its sign, C / ||z_i||), also
+                # when an extreme row overflows r or ||z_i|| to infinity; a residual that
+                # is not a number (inf - inf in z_i . theta) contributes nothing. Either
+                # way one record moves the sum by at most C, and one finite but extreme
+                # row cannot turn the release into a NaN (and the fit into an error)
+                r = np.where(gnorm > C, np.where(np.isfinite(gnorm), r * (C / gnorm),
+                                                 np.sign(r) * (C / nb)), r)
+                r = np.where(np.isfinite(r), r, 0.0)
             total = Zb.T @ r
             # 3. noise on the sum
             if noise == "gaussian":
