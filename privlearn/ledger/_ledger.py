@@ -40,16 +40,12 @@ from privlearn.errors import (
     LedgerConflictError,
     LedgerIntegrityError,
     LedgerNotFoundError,
+    LedgerStorageError,
     ParameterTypeError,
     ParameterValueError,
     UnknownBudgetError,
 )
-from privlearn.ledger._busy import (
-    DEFAULT_TIMEOUT,
-    as_busy_error,
-    lock_file,
-    lock_timeout_refused,
-)
+from privlearn.ledger._busy import DEFAULT_TIMEOUT, as_busy_error, lock_file, lock_timeout_refused
 from privlearn.ledger._filter import evaluate_budget, filter_order
 from privlearn.ledger._handles import (
     BudgetHandle,
@@ -91,18 +87,8 @@ from privlearn.ledger._schema import (
     _check_schema,
 )
 
-__all__ = [
-    "Budget",
-    "BudgetHandle",
-    "Entry",
-    "Ledger",
-    "Reservation",
-    "Spent",
-    "VerifyReport",
-    "check_privacy_unit",
-]
-
-
+__all__ = ["Budget", "BudgetHandle", "Entry", "Ledger", "Reservation", "Spent", "VerifyReport",
+           "check_privacy_unit"]
 
 # ----------------------------------------------------------------------------------
 # the ledger
@@ -221,12 +207,14 @@ class Ledger:
                 path=self.path, reason="unopenable") from None
         try:
             return self._open_schema(conn, create)
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, LedgerStorageError) as exc:
             conn.close()
-            if not any(w in str(exc) for w in ("unable to open", "readonly")):
-                raise as_busy_error(exc, self.path, self._timeout) from None
+            cause = exc if isinstance(exc, sqlite3.Error) else exc.__context__
+            typed = as_busy_error(cause, self.path, self._timeout)  # disk full: as it is
+            if getattr(typed, "reason", None) not in ("readonly", "unopenable"):
+                raise typed from None
             raise LedgerNotFoundError(
-                f"cannot open the privacy ledger at {self.path} ({exc}); check that the "
+                f"cannot open the privacy ledger at {self.path} ({cause}); check that the "
                 "path is a file you may read and write, in a directory you may write in",
                 path=self.path, reason="unopenable") from None
         except sqlite3.DatabaseError as exc:
