@@ -105,8 +105,9 @@ class Ledger:
         SQLite file. Opened in WAL mode with ``synchronous=FULL``: a spend that returned
         is on disk, and concurrent writers are serialised by ``BEGIN IMMEDIATE``
         transactions. SQLite keeps ``PATH-wal`` / ``PATH-shm`` next to it, and writers
-        queue on an empty ``PATH-writelock`` file (POSIX); copy the ledger with SQLite's
-        backup API or after closing every connection.
+        queue on an empty ``PATH-writelock`` file (POSIX; all three next to the file a
+        symbolic link names); copy the ledger with SQLite's backup API or after closing
+        every connection.
     create : bool
         Create the ledger when there is none at ``path`` (default False: a missing file
         raises :class:`~privlearn.errors.LedgerNotFoundError`, so a mistyped path is an
@@ -191,7 +192,9 @@ class Ledger:
                 path=self.path, reason="missing")
         if create:  # owner-only (0600): a ledger lists what was released from which data
             with contextlib.suppress(OSError):  # exists (mode kept), or SQLite reports it
-                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                # the file a symbolic link names (O_EXCL on the link itself fails)
+                os.close(os.open(os.path.realpath(self.path),
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self._conn = self._connect(create)
 
     # -- connection / pickling ----------------------------------------------------------
@@ -318,7 +321,7 @@ class Ledger:
         if fcntl is None:  # pragma: no cover - Windows
             yield
             return
-        lock = self._abs + "-writelock"
+        lock = os.path.realpath(self._abs) + "-writelock"  # one per file, whatever its path
         try:
             # created with the ledger's own permissions (0600 for a ledger created here)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, os.stat(self._abs).st_mode & 0o666)
