@@ -749,7 +749,7 @@ def test_reproduce_missing_data_is_one_line(runner: CliRunner, tmp_path, monkeyp
     for extra in ([], ["--data-home", str(empty)]):
         r = runner.invoke(cli, ["reproduce", "label-release", "--out", str(tmp_path / "o"),
                                 *extra])
-        assert r.exit_code != 0
+        assert r.exit_code == 2  # bad input, as documented (1 is an unexpected error)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1, r.stderr
         assert lines[0].startswith("error: label-release: MNIST files not found in ")

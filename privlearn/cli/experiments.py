@@ -147,10 +147,11 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
         said = (f"{e.what} not found in {', '.join(searched)} (--data-home, "  # type: ignore
                 f"${DATA_ENV}, the user cache)" if searched and getattr(e, "what", None)
                 else one_line(str(e)).rstrip("."))  # in the shell's words, not Python's
-        raise click.ClickException(
+        missing = click.ClickException(
             f"{name}: {said}; run again with --data-home DIR (a directory holding the "
-            "files) or --download"
-        ) from None
+            "files) or --download")
+        missing.exit_code = ExitStatus.USAGE  # missing data is bad input (status 2)
+        raise missing from None
     for path in getattr(result, "paths", None) or ():
         click.echo(f"wrote {path}")
 
