@@ -640,10 +640,7 @@ def tpr_at_fpr(in_scores, out_scores, fpr: float) -> float:
     """Largest true positive rate of the attack at false positive rate ``fpr``
     (thresholds randomised between neighbouring points of the ROC, i.e. the ROC
     interpolated linearly)."""
-    try:
-        f = float(fpr)
-    except (TypeError, ValueError):
-        raise ParameterTypeError(f"fpr must be a real number, got {type(fpr).__name__}") from None
+    f = check_real("fpr", fpr, hint="pass a false positive rate in [0, 1] such as 0.01")
     if not 0 <= f <= 1:
         raise ParameterValueError(f"fpr must be in [0, 1], got {fpr!r}")
     x, y = roc_curve(in_scores, out_scores)
