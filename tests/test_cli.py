@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -821,3 +822,17 @@ def test_user_facing_text_has_no_seed_jargon(runner: CliRunner) -> None:
     texts.append(invoke(runner, ["demo", "--no-experiment"]).stdout)
     for text in texts:
         assert not re.search(r"seed \d{3}|seed's|seeds'", text, re.I), text
+
+
+def test_a_subnormal_delta_gives_an_epsilon_not_a_traceback(runner: CliRunner) -> None:
+    # 1e-6 * delta underflowed to 0 in the PLD's tilted-tail tolerance: math.log(0),
+    # "ValueError: math domain error" and status 1
+    args = ["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10",
+            "--json", "--delta"]
+    eps = {}
+    for delta in ("1e-300", "1e-320"):
+        r = invoke(runner, [*args, delta])
+        assert r.exit_code == 0, r.output
+        eps[delta] = json.loads(r.stdout)["epsilon"]
+    # a smaller delta needs a larger epsilon (the RDP conversion's log(1/delta) term)
+    assert math.isfinite(eps["1e-320"]) and eps["1e-320"] >= eps["1e-300"]
