@@ -391,3 +391,14 @@ def test_a_claim_that_is_not_a_number_is_refused_before_training(claim):
     with pytest.raises(TypeError, match=r"claimed_epsilon\(\) must be a real number"):
         one_run_audit(lambda inc: inc.astype(float), 100, claimed_epsilon=lambda: claim,
                       delta=1e-5, seed=0)
+
+
+@pytest.mark.parametrize("method", ["one_run", "one_run_fdp"])
+@pytest.mark.parametrize("claim", [37.0, 40.0, 500.0])
+def test_a_claim_too_large_for_any_outcome_is_warned_about_not_a_crash(method, claim):
+    # e^eps / (1 + e^eps) rounds to 1 from eps ~ 37: log(1 - p) was a math domain
+    # error in the check, before training, whether a perfect attack could refute it
+    with pytest.warns(UserWarning, match="no outcome of this audit can refute"):
+        res = one_run_audit(lambda inc: inc.astype(float), 1000, claimed_epsilon=claim,
+                            delta=1e-5, seed=0, method=method)
+    assert 0 < res.epsilon_lower_bound < claim and not res.violation
