@@ -43,9 +43,9 @@ def audit() -> None:
 @click.option("--score", type=click.Choice(("trajectory", "final")), default="trajectory",
               show_default=True, help="Canary score: per-step likelihood ratio or final "
               "movement.")
-@click.option("--seed", type=click.IntRange(min=0), default=None,
-              help="Seed >= 0 (default: fresh entropy; the seed used is printed, so a run "
-              "can be repeated).")
+@click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
+              help="Seed in [0, 2**64) (default: fresh entropy; the seed used is printed, so "
+              "a run can be repeated).")
 @json_opt
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the ROC plot (PNG) and the scores (CSV).")
