@@ -137,6 +137,9 @@ class Ledger:
         No ledger at ``path`` and ``create`` is False.
     LedgerIntegrityError
         ``path`` is not a privacy ledger (another SQLite database, or not a database).
+    LedgerStorageError
+        The file cannot be written or read (a full disk, an I/O error), here or in any
+        later call; nothing is recorded.
 
     Examples
     --------
