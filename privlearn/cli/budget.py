@@ -177,6 +177,14 @@ def budget() -> None:
     """
 
 
+def _check_names(dataset: str, privacy_unit: str | None) -> None:
+    """Refuse an empty --dataset or --privacy-unit in the shell's words (the ledger's
+    own refusal names its Python parameters)."""
+    for option, name in (("--dataset", dataset), ("--privacy-unit", privacy_unit)):
+        if name is not None and not name.strip():
+            raise ParameterValueError(f"{option} must be a non-empty name, got {name!r}")
+
+
 _ledger_dataset_opt = click.option("--dataset", required=True, help="Dataset name.")
 _unit_opt = click.option("--privacy-unit", default=None,
                          help="Privacy unit of the budget (default: record).")
@@ -206,10 +214,7 @@ def budget_init(path: str, key_file: str | None, timeout: float, dataset: str,
                 privacy_unit: str | None, accountant: str, adaptive: bool,
                 neighbouring: str | None, exist_ok: bool) -> None:
     """Create the ledger at PATH (if needed) and set DATASET's budget."""
-    # checked in the shell's words before the file is created (a refused init leaves none)
-    for option, name in (("--dataset", dataset), ("--privacy-unit", privacy_unit)):
-        if name is not None and not name.strip():
-            raise ParameterValueError(f"{option} must be a non-empty name, got {name!r}")
+    _check_names(dataset, privacy_unit)  # before the file is created: a refused init leaves none
     epsilon = check_positive("--epsilon", epsilon, hint="e.g. --epsilon 1")
     delta = check_delta("--delta", delta)
     if adaptive and delta == 0.0:
@@ -251,6 +256,7 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
                  as_json: bool) -> None:
     """Record a release on DATASET; refused (status 3, nothing recorded) if it would
     exceed the budget."""
+    _check_names(dataset, privacy_unit)
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     kind, samp = mechanism.lower(), sampling.lower()
@@ -283,6 +289,7 @@ def budget_show(path: str, key_file: str | None, timeout: float, dataset: str,
                 privacy_unit: str | None,
                 as_json: bool) -> None:
     """What has been spent on DATASET (tight composition, certified bounds)."""
+    _check_names(dataset, privacy_unit)
     s = _open_ledger(path, key_file, timeout=timeout).spent(dataset, privacy_unit=privacy_unit)
     if as_json:
         click.echo(json.dumps(_spent_json(s)))
@@ -303,6 +310,7 @@ def budget_history(path: str, key_file: str | None, timeout: float, dataset: str
     """Every entry of DATASET, oldest first."""
     from privlearn.accounting.serialization import mechanism_to_dict
 
+    _check_names(dataset, privacy_unit)
     led = _open_ledger(path, key_file, timeout=timeout)
     led.budget_info(dataset, privacy_unit=privacy_unit)
     entries = led.history(dataset, privacy_unit=privacy_unit)

@@ -434,3 +434,17 @@ def test_the_ledger_refuses_an_empty_key(tmp_path):
     with pytest.raises(ParameterValueError, match="key must be a non-empty"):
         Ledger(str(tmp_path / "e.db"), create=True, key=b"")
     assert not (tmp_path / "e.db").exists()
+
+
+@pytest.mark.parametrize("command", ["init", "spend", "show", "history"])
+@pytest.mark.parametrize("option", ["--dataset", "--privacy-unit"])
+def test_an_empty_name_is_refused_naming_the_option(db, command, option):
+    rest = {"init": ["--epsilon", "1", "--delta", "1e-6"],
+            "spend": ["--noise-multiplier", "5"]}.get(command, [])
+    names = {"--dataset": "adult", "--privacy-unit": "record", option: " "}
+    r = CliRunner().invoke(cli, ["budget", command, db, "--dataset", names["--dataset"],
+                                 "--privacy-unit", names["--privacy-unit"], *rest],
+                           env={"PRIVLEARN_LEDGER_KEY": None})
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {option} must be a non-empty name"), r.stderr
+    assert "privacy_unit" not in r.stderr and "string" not in r.stderr
