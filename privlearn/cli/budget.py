@@ -276,17 +276,34 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
 @_timeout_opt
-@_ledger_dataset_opt
+@click.option("--dataset", default=None,
+              help="Dataset name (default: every budget of the ledger).")
 @_unit_opt
 @json_opt
-def budget_show(path: str, key_file: str | None, timeout: float, dataset: str,
+def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | None,
                 privacy_unit: str | None,
                 as_json: bool) -> None:
-    """What has been spent on DATASET (tight composition, certified bounds)."""
-    s = _open_ledger(path, key_file, timeout=timeout).spent(dataset, privacy_unit=privacy_unit)
+    """What has been spent on DATASET (tight composition, certified bounds); without
+    --dataset, on every budget of the ledger (with --json, a list of objects)."""
+    led = _open_ledger(path, key_file, timeout=timeout)
+    if dataset is not None:
+        s = led.spent(dataset, privacy_unit=privacy_unit)
+        if as_json:
+            click.echo(json.dumps(_spent_json(s)))
+        else:
+            _print_spent(s)
+        return
+    spent = [led.spent(b.dataset, privacy_unit=b.privacy_unit) for b in led.budgets()
+             if privacy_unit is None or b.privacy_unit == privacy_unit]
     if as_json:
-        click.echo(json.dumps(_spent_json(s)))
-    else:
+        click.echo(json.dumps([_spent_json(s) for s in spent]))
+        return
+    if not spent:
+        click.echo(f"no budget{'' if privacy_unit is None else ' per ' + privacy_unit} "
+                   f"in {path}; create one with `privlearn budget init {path} --dataset "
+                   "NAME --epsilon E --delta D"
+                   + ("" if privacy_unit is None else f" --privacy-unit {privacy_unit}") + "`")
+    for s in spent:
         _print_spent(s)
 
 

@@ -63,6 +63,34 @@ def test_spend_show_history_json(db):
     assert [e["kind"] for e in h] == ["budget"] + ["spend"] * 4
 
 
+def test_show_without_dataset_lists_every_budget(db, tmp_path):
+    """`budget show PATH` without --dataset shows every budget of the file (a user who
+    does not remember the dataset's name has no other way to find it from the shell),
+    each as `--dataset` shows it; --json gives a list of the same objects."""
+    assert run("budget", "init", db, "--dataset", "census", "--epsilon", "2", "--delta",
+               "1e-7", "--privacy-unit", "user").exit_code == 0
+    assert run("budget", "spend", db, "--dataset", "census", "--privacy-unit", "user",
+               "--noise-multiplier", "3").exit_code == 0
+    one = {(d, u): json.loads(run("budget", "show", db, "--dataset", d, "--privacy-unit", u,
+                                  "--json").output)
+           for d, u in (("adult", "record"), ("census", "user"))}
+    r = run("budget", "show", db, "--json")
+    assert r.exit_code == 0, r.output
+    assert sorted(json.loads(r.output), key=lambda s: s["dataset"]) == list(one.values())
+    assert one["census", "user"]["epsilon_spent"] == Gaussian(3.0).epsilon(1e-7)
+    r = run("budget", "show", db)
+    assert r.exit_code == 0 and r.output.count("\n") == 2
+    assert "dataset adult (record" in r.output and "dataset census (user" in r.output
+    r = run("budget", "show", db, "--privacy-unit", "user", "--json")
+    assert [s["dataset"] for s in json.loads(r.output)] == ["census"]
+    empty = str(tmp_path / "empty.db")
+    from privlearn.ledger import Ledger
+    Ledger(empty, create=True).close()
+    assert json.loads(run("budget", "show", empty, "--json").output) == []
+    r = run("budget", "show", empty)
+    assert r.exit_code == 0 and "privlearn budget init" in r.output
+
+
 def test_a_release_the_budgets_accountant_cannot_account_is_said_in_the_options_words(
         tmp_path):
     """A budget created with --accountant analytic refuses a subsampled or Laplace
