@@ -311,21 +311,29 @@ def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | 
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
 @_timeout_opt
-@_ledger_dataset_opt
+@click.option("--dataset", default=None,
+              help="Dataset name (default: the entries of every budget, each line naming "
+                   "its dataset).")
 @_unit_opt
 @json_opt
-def budget_history(path: str, key_file: str | None, timeout: float, dataset: str,
+def budget_history(path: str, key_file: str | None, timeout: float, dataset: str | None,
                    privacy_unit: str | None,
                    as_json: bool) -> None:
-    """Every entry of DATASET, oldest first."""
+    """Every entry of DATASET, oldest first; without --dataset, every entry of the
+    ledger."""
     from privlearn.accounting.serialization import mechanism_to_dict
 
     led = _open_ledger(path, key_file, timeout=timeout)
-    led.budget_info(dataset, privacy_unit=privacy_unit)
-    entries = led.history(dataset, privacy_unit=privacy_unit)
+    if dataset is not None:
+        led.budget_info(dataset, privacy_unit=privacy_unit)
+        entries = led.history(dataset, privacy_unit=privacy_unit)
+    else:
+        entries = [e for e in led.history()
+                   if privacy_unit is None or e.privacy_unit == privacy_unit]
     if as_json:
         click.echo(json.dumps([
-            {"seq": e.seq, "kind": e.kind, "time": e.time, "label": e.label, "who": e.who,
+            {"seq": e.seq, "kind": e.kind, "dataset": e.dataset,
+             "privacy_unit": e.privacy_unit, "time": e.time, "label": e.label, "who": e.who,
              "ref": e.ref, "hash": e.hash,
              "mechanism": None if e.mechanism is None else mechanism_to_dict(e.mechanism)}
             for e in entries
@@ -334,8 +342,9 @@ def budget_history(path: str, key_file: str | None, timeout: float, dataset: str
     for e in entries:
         what = "" if e.mechanism is None else f"  {_describe_mechanism(e.mechanism)}"
         ref = f" (reservation {e.ref})" if e.ref is not None else ""
-        click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {e.label or '-'}  [{e.who or '-'}]"
-                   f"{ref}{what}")
+        where = "" if dataset is not None else f"{e.dataset}/{e.privacy_unit}  "
+        click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {where}{e.label or '-'}  "
+                   f"[{e.who or '-'}]{ref}{what}")
 
 
 def _describe_mechanism(m: Mechanism) -> str:

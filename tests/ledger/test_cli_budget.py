@@ -91,6 +91,29 @@ def test_show_without_dataset_lists_every_budget(db, tmp_path):
     assert r.exit_code == 0 and "privlearn budget init" in r.output
 
 
+def test_history_without_dataset_lists_every_entry(db):
+    """`budget history PATH` without --dataset: every entry of the file, oldest first,
+    each naming its budget; the entries of one budget are those `--dataset` lists."""
+    from privlearn.ledger import Ledger
+
+    assert run("budget", "init", db, "--dataset", "census", "--epsilon", "2", "--delta",
+               "1e-7").exit_code == 0
+    assert run("budget", "spend", db, "--dataset", "census", "--noise-multiplier", "3",
+               "--label", "census count").exit_code == 0
+    r = run("budget", "history", db, "--json")
+    assert r.exit_code == 0, r.output
+    every = json.loads(r.output)
+    direct = Ledger(db).history()
+    assert [(e["seq"], e["dataset"], e["privacy_unit"], e["kind"], e["label"])
+            for e in every] == [(e.seq, e.dataset, e.privacy_unit, e.kind, e.label)
+                                for e in direct]
+    assert [e["dataset"] for e in every] == ["adult"] * 4 + ["census"] * 2
+    one = json.loads(run("budget", "history", db, "--dataset", "census", "--json").output)
+    assert one == [e for e in every if e["dataset"] == "census"]
+    lines = run("budget", "history", db).output.splitlines()
+    assert len(lines) == 6 and "census/record  census count" in lines[-1]
+
+
 def test_a_release_the_budgets_accountant_cannot_account_is_said_in_the_options_words(
         tmp_path):
     """A budget created with --accountant analytic refuses a subsampled or Laplace
