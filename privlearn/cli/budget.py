@@ -146,14 +146,7 @@ def _relation(r) -> str:
 
 
 def _print_spent(s) -> None:
-    lower = "" if s.epsilon_lower is None else f" (certified lower bound {s.epsilon_lower:.6g})"
-    click.echo(f"dataset {s.dataset} ({s.privacy_unit}, {_relation(s.neighbouring)}): "
-               f"epsilon spent {s.epsilon_spent:.6g}"
-               f"{lower} of {s.epsilon_budget:g} at delta {s.delta:g}, {s.entries} release(s)"
-               + (f", {s.pending} pending reservation(s)" if s.pending else ""))
-    if s.adaptive:
-        click.echo(f"  adaptive rule (Renyi filter, order {s.adaptive_order:.4g}): "
-                   f"epsilon {s.adaptive_epsilon:.6g}")
+    click.echo(str(s))
 
 
 @cli.group()

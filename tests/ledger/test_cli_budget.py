@@ -114,6 +114,30 @@ def test_history_without_dataset_lists_every_entry(db):
     assert len(lines) == 6 and "census/record  census count" in lines[-1]
 
 
+def test_str_of_spent_is_what_budget_show_prints(db, tmp_path):
+    """print(ledger.spent(name)) in Python reads as `privlearn budget show` does (not
+    as a dataclass repr), adaptive budgets with their filter's line."""
+    from privlearn.ledger import Ledger
+
+    led = Ledger(db)
+    s = led.spent("adult")
+    assert str(s) + "\n" == run("budget", "show", db, "--dataset", "adult").output
+    assert str(s).startswith("dataset adult (record, add_remove): epsilon spent "
+                             f"{s.epsilon_spent:.6g} (certified lower bound ")
+    assert str(s).endswith(f"of 1 at delta 1e-06, {s.entries} release(s)")
+    path = str(tmp_path / "adaptive.db")
+    assert run("budget", "init", path, "--dataset", "a", "--epsilon", "2", "--delta",
+               "1e-6", "--adaptive").exit_code == 0
+    assert run("budget", "spend", path, "--dataset", "a", "--noise-multiplier",
+               "5").exit_code == 0
+    a = Ledger(path).spent("a")
+    assert str(a) + "\n" == run("budget", "show", path, "--dataset", "a").output
+    assert str(a).splitlines()[1] == (f"  adaptive rule (Renyi filter, order "
+                                      f"{a.adaptive_order:.4g}): epsilon "
+                                      f"{a.adaptive_epsilon:.6g}")
+    assert repr(s).startswith("Spent(dataset='adult'")
+
+
 def test_a_release_the_budgets_accountant_cannot_account_is_said_in_the_options_words(
         tmp_path):
     """A budget created with --accountant analytic refuses a subsampled or Laplace
