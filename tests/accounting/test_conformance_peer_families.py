@@ -23,12 +23,15 @@ from scipy import stats
 
 from privlearn.accounting import (
     ApproxDP,
+    CertificationError,
     Gaussian,
     Laplace,
+    PureDP,
     RandomizedResponse,
     RDPMechanism,
     calibrate,
     compose,
+    planned_steps,
     subsample,
 )
 
@@ -336,3 +339,109 @@ def test_opacus_gdp_noise_multiplier_is_optimistic() -> None:
     # bound; at that sigma the certified epsilon exceeds 8 (its lower end included)
     m = compose(subsample(Gaussian(1.3232421875), _Q), _T)
     assert m.epsilon_bounds(_DELTA).lower > 8.0
+
+
+@pytest.mark.parametrize("epsilon, epochs, q, delta", [
+    (1.0, 10, 1e-2, 1e-5), (8.0, 50, 0.1, 1e-6), (3.3, 100, 1e-3, 1e-4),
+])
+def test_opacus_get_noise_multiplier_never_overshoots(epsilon, epochs, q, delta) -> None:
+    # test_get_noise_multiplier_overshoot (a hypothesis grid there; three of its points
+    # here, the grid in the slow test below): the RDP epsilon at the returned sigma is
+    # below the target
+    steps = int(epochs / q)
+
+    def mech(s: float):
+        return compose(subsample(Gaussian(s), q), steps)
+
+    sigma = calibrate(mech, epsilon=epsilon, delta=delta, accountant="rdp", rtol=1e-4)
+    assert mech(sigma).epsilon(delta, "rdp") <= epsilon
+    assert mech(sigma * (1 - 1e-3)).epsilon(delta, "rdp") > epsilon
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q", [1e-4, 1e-3, 1e-2, 1e-1])
+@pytest.mark.parametrize("delta", [1e-4, 1e-6])
+def test_opacus_get_noise_multiplier_never_overshoots_grid(q: float, delta: float) -> None:
+    for epsilon, epochs in ((1.0, 10), (10.0, 100)):
+        test_opacus_get_noise_multiplier_never_overshoots(epsilon, epochs, q, delta)
+
+
+def test_opacus_make_private_with_epsilon() -> None:
+    # privacy_engine_test.test_make_private_with_epsilon: 512 records, batches of 64
+    # (q = 1/8), 2 epochs, target (2, 1e-5): the epsilon spent is the target to 2 places
+    steps = planned_steps(64 / 512, epochs=2)
+    assert steps == 16
+
+    def mech(s: float):
+        return compose(subsample(Gaussian(s), 64 / 512), steps)
+
+    for accountant in ("rdp", "pld"):
+        sigma = calibrate(mech, epsilon=2.0, delta=1e-5, accountant=accountant)
+        assert 2.0 - 0.005 < mech(sigma).epsilon(1e-5, accountant) <= 2.0
+
+
+# ----------------------------------------------------------------------------------------
+# dp_accounting pld/pld_privacy_accountant_test.py: generic (epsilon, delta) events
+# ----------------------------------------------------------------------------------------
+def test_pure_dp_events_compose_to_the_sum() -> None:
+    # test_epsilon_basic / test_exponential_mechanism_basic: (1, 0) and (2, 0) compose to
+    # (3, 0); the delta at 3 is 0 up to the rounding of the pure epsilon
+    m = compose([PureDP(1.0), PureDP(2.0)])
+    assert m.epsilon(0.0) == 3.0
+    assert 0.0 <= m.delta(3.0) <= 1e-13
+    assert m.delta(3.0 * (1 + 1e-12)) == 0.0
+
+
+def test_approximate_dp_events_compose() -> None:
+    # test_epsilon_delta_basic: (1, 0.1) and (2, 0.2) give delta(3) = 1 - 0.9 x 0.8 = 0.28
+    # and epsilon(0.28) = 3. The delta 0.28 is mass at infinity, which a certified
+    # epsilon needs a little more than (ApproxDP's docstring): at 0.28 it is refused,
+    # just above it the certified epsilon is 3 to within 1e-4
+    m = compose([ApproxDP(1.0, 0.1), ApproxDP(2.0, 0.2)])
+    b = m.delta_bounds(3.0)
+    assert b.lower <= 0.28 <= b.upper <= 0.28 * (1 + 1e-4)
+    with pytest.raises(CertificationError):
+        m.epsilon(0.28)
+    assert 3.0 - 1e-6 <= m.epsilon(0.28 * (1 + 1e-6)) <= 3.0 + 1e-4
+
+
+# ----------------------------------------------------------------------------------------
+# dp_accounting mechanism_calibration_test.py: number of steps and sampling probability
+# ----------------------------------------------------------------------------------------
+def test_calibrated_steps_are_the_largest_feasible() -> None:
+    # discrete calibration (discrete=True there; integer=True here): 1202 steps of a
+    # Poisson-subsampled Gaussian (q 0.01, sigma 1) fit (2, 1e-5) -- dp_accounting's
+    # calibrate_dp_mechanism with its PLD accountant answers the same (slow test below)
+    def mech(t: float):
+        return compose(subsample(Gaussian(1.0), 0.01), int(t))
+
+    steps = calibrate(mech, epsilon=2.0, delta=1e-5, integer=True, bounds=(1, 100_000))
+    assert isinstance(steps, int)
+    assert mech(steps).epsilon(1e-5) <= 2.0 < mech(steps + 1).epsilon_bounds(1e-5).lower
+
+
+@pytest.mark.slow
+def test_calibration_agrees_with_dp_accounting() -> None:
+    pytest.importorskip("dp_accounting")
+    from dp_accounting import dp_event
+    from dp_accounting import mechanism_calibration as mc
+    from dp_accounting.pld import PLDAccountant
+
+    def event(q: float, t: int):
+        return dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(1.0)), t)
+
+    peer_steps = mc.calibrate_dp_mechanism(
+        PLDAccountant, lambda t: event(0.01, t), 2.0, 1e-5,
+        mc.ExplicitBracketInterval(1, 100_000), discrete=True)
+    ours = calibrate(lambda t: compose(subsample(Gaussian(1.0), 0.01), int(t)),
+                     epsilon=2.0, delta=1e-5, integer=True, bounds=(1, 100_000))
+    assert abs(ours - peer_steps) <= 1  # the peer's PLD is not certified: one step apart
+    peer_q = mc.calibrate_dp_mechanism(
+        PLDAccountant, lambda q: event(q, 1000), 2.0, 1e-5,
+        mc.ExplicitBracketInterval(1e-6, 1.0), tol=1e-7)
+    ours_q = calibrate(lambda q: compose(subsample(Gaussian(1.0), q), 1000),
+                       epsilon=2.0, delta=1e-5, bounds=(1e-6, 1.0))
+    # certified: not above the peer's estimate beyond its tolerance, and close to it
+    assert ours_q <= peer_q + 1e-7
+    assert ours_q == pytest.approx(peer_q, rel=1e-4)
