@@ -110,8 +110,74 @@ def test_delta_for_epsilon_of_additive_mechanisms(kind, row) -> None:
     # the certified bracket holds dp_accounting's value (given to 8 digits at q = 1) ...
     assert b.lower is not None and b.lower <= expected + _PLACES_7
     assert b.upper >= expected - _PLACES_7
-    # ... and is as tight as its tolerance
+    # ... and is as tight as its tolerance at both ends (the upper end is dp_accounting's
+    # pessimistic estimate, the lower its optimistic one)
     assert b.upper - expected < _PLACES_7
+    assert expected - b.lower < _PLACES_7
+
+
+# dp_accounting's from_privacy_guarantee: the noise for a target (epsilon, delta)
+_GAUSSIAN_NOISE = [
+    # (sensitivity, sampling probability, adjacency, epsilon, delta, standard deviation)
+    (1.0, 1.0, _ADD, 1.0, 0.12693674, 1.0),
+    (2.0, 1.0, _REM, 1.0, 0.12693674, 2.0),
+    (2.0, 1.0, _REP, 1.0, 0.12693674, 4.0),
+    (3.0, 1.0, _ADD, 1.0, 0.78760074, 1.0),
+    (5.0, 1.0, _REP, 2.0, 0.02092364, 10.0),
+    (1.0, 1.0, _ADD, 16.0, 1.016e-05, 0.344),
+    (2.0, 1.0, _REP, 16.0, 1.016e-05, 1.376),
+    (1.0, 0.8, _ADD, 1.0, 0.02313621, 1.0),
+    (2.0, 0.7, _ADD, 1.0, 0.01080649, 1.5),
+    (1.0, 0.1, _REM, 2.0, 2.355e-06, 1.0),
+    (5.0, 0.75, _REM, 2.0, 0.00877201, 5.0),
+    (1.0, 0.3, _REM, 16, 3.294e-05, 0.3),
+    (2.0, 0.2, _REM, 16, 0.02302382, 0.4),
+    (5.0, 0.75, _REP, 2.0, 0.09233932, 5.0),
+    (1.0, 0.3, _REP, 16, 4.960e-05, 0.3),
+    (1.0, 0.1, _REP, 2.0, 3.828e-06, 1.0),
+    (2.0, 0.2, _REP, 16, 0.02477823, 0.4),
+]
+
+
+@pytest.mark.parametrize("row", _GAUSSIAN_NOISE)
+def test_gaussian_noise_for_a_target(row) -> None:
+    sens, q, adjacency, eps, delta, expected = row
+
+    def mech(s: float):
+        return _described(Gaussian, s, 1.0, q, adjacency)
+
+    s = calibrate(mech, epsilon=eps, delta=delta, rtol=1e-7)
+    assert s * sens == pytest.approx(expected, abs=5e-4)  # dp_accounting: 3 places
+    assert mech(s).epsilon(delta) <= eps
+
+
+@pytest.mark.parametrize("row", [
+    # (sensitivity, sampling probability, adjacency, epsilon, delta, Laplace scale)
+    (1.0, 1.0, _ADD, 1.0, 0.0, 1.0),
+    (1.0, 1.0, _ADD, 1.0, 0.1, 1.0),
+    (2.0, 1.0, _REM, 1.0, 0.01, 2.0),
+    (1.0, 1.0, _REM, 3.0, 0.01, 0.33333333),
+    (1.0, 0.8, _ADD, 1.0, 0.0, 0.8720521537764049),
+    (1.0, 0.5, _REM, 1.0, 0.1, 0.671194938966816),
+    (2.0, 0.9, _ADD, 1.0, 0.01, 1.8728716669259162),
+    (1.0, 0.7, _REM, 3.0, 0.01, 0.2992554981396725),
+])
+def test_laplace_noise_for_a_target(row) -> None:
+    # dp_accounting's Laplace from_privacy_guarantee ignores delta: the scale is that of
+    # pure epsilon-DP, sensitivity / log(1 + (e^eps - 1) / q). privlearn's calibration
+    # at delta = 0 is that value; with the delta it uses it, so its scale is not larger
+    sens, q, adjacency, eps, delta, expected = row
+
+    def mech(b: float):
+        return _described(Laplace, b, 1.0, q, adjacency)
+
+    pure = calibrate(mech, epsilon=eps, delta=0.0, rtol=1e-9)
+    assert pure * sens == pytest.approx(expected, rel=1e-7)
+    assert mech(pure).epsilon(0.0) <= eps
+    if delta > 0:
+        b = calibrate(mech, epsilon=eps, delta=delta, rtol=1e-7)
+        assert b <= pure
+        assert mech(b).epsilon(delta) <= eps
 
 
 # ----------------------------------------------------------------------------------------
@@ -342,11 +408,11 @@ def test_opacus_gdp_noise_multiplier_is_optimistic() -> None:
 
 
 @pytest.mark.parametrize("epsilon, epochs, q, delta", [
-    (1.0, 10, 1e-2, 1e-5), (8.0, 50, 0.1, 1e-6), (3.3, 100, 1e-3, 1e-4),
+    (1.0, 10, 1e-2, 1e-5), (3.3, 100, 1e-3, 1e-4),
 ])
 def test_opacus_get_noise_multiplier_never_overshoots(epsilon, epochs, q, delta) -> None:
-    # test_get_noise_multiplier_overshoot (a hypothesis grid there; three of its points
-    # here, the grid in the slow test below): the RDP epsilon at the returned sigma is
+    # test_get_noise_multiplier_overshoot (a hypothesis grid there; two of its points
+    # here, a grid in the slow test below): the RDP epsilon at the returned sigma is
     # below the target
     steps = int(epochs / q)
 
@@ -362,10 +428,11 @@ def test_opacus_get_noise_multiplier_never_overshoots(epsilon, epochs, q, delta)
 @pytest.mark.parametrize("q", [1e-4, 1e-3, 1e-2, 1e-1])
 @pytest.mark.parametrize("delta", [1e-4, 1e-6])
 def test_opacus_get_noise_multiplier_never_overshoots_grid(q: float, delta: float) -> None:
-    for epsilon, epochs in ((1.0, 10), (10.0, 100)):
+    for epsilon, epochs in ((1.0, 10), (8.0, 50), (10.0, 100)):
         test_opacus_get_noise_multiplier_never_overshoots(epsilon, epochs, q, delta)
 
 
+@pytest.mark.slow
 def test_opacus_make_private_with_epsilon() -> None:
     # privacy_engine_test.test_make_private_with_epsilon: 512 records, batches of 64
     # (q = 1/8), 2 epochs, target (2, 1e-5): the epsilon spent is the target to 2 places
