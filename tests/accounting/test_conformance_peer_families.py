@@ -34,6 +34,7 @@ from privlearn.accounting import (
     planned_steps,
     subsample,
 )
+from privlearn.accounting.conversion import delta_from_rdp, epsilon_from_rdp
 
 # dp_accounting's assertAlmostEqual (7 places): |difference| < 5e-8
 _PLACES_7 = 5e-8
@@ -266,6 +267,29 @@ def test_zcdp_curves_compose_and_match_the_gaussian() -> None:
     # the same curve, the same conversion
     assert z.epsilon(1e-5, "rdp") == pytest.approx(Gaussian(sigma).epsilon(1e-5, "rdp"),
                                                    rel=1e-9)
+
+
+def test_rdp_conversion_on_the_peers_order_grids() -> None:
+    # the conversion (Canonne, Kamath & Steinke 2020, Prop. 12; Balle et al. 2020,
+    # Thm 21) order by order, on dp_accounting's test_compute_epsilon_delta_pure_dp and
+    # test_compute_epsilon_delta_gaussian and on Opacus's default order grid (7 places)
+    orders = np.arange(2.0, 33.0)
+    rdp = np.full(orders.shape, 1.1)
+    eps = epsilon_from_rdp(orders, rdp, 1e-5)
+    assert eps.min() == pytest.approx(1.32783806176, abs=_PLACES_7)
+    assert orders[eps.argmin()] == 32
+    assert delta_from_rdp(orders, rdp, 1.32783806176).min() == pytest.approx(1e-5, abs=_PLACES_7)
+
+    orders = np.arange(1001, 100_000) * 1e-3  # sigma chosen for exactly (1, 1e-6)-DP
+    rdp = np.asarray(Gaussian(4.530877117).rdp(orders))
+    assert epsilon_from_rdp(orders, rdp, 1e-6).min() == pytest.approx(1.0, abs=_PLACES_7)
+    assert delta_from_rdp(orders, rdp, 1.0).min() == pytest.approx(1e-6, abs=_PLACES_7)
+
+    opacus_orders = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+    m = compose(subsample(Gaussian(1.5), 0.04), int(90 / 0.04))
+    on_grid = epsilon_from_rdp(opacus_orders, np.asarray(m.rdp(opacus_orders)), 1e-5).min()
+    assert on_grid == pytest.approx(7.32911117143, abs=_PLACES_7)  # Opacus's RDPAccountant
+    assert m.epsilon(1e-5, "rdp") <= on_grid  # every order, refined: never looser
 
 
 # ----------------------------------------------------------------------------------------
