@@ -117,6 +117,46 @@ def test_delta_for_epsilon_of_additive_mechanisms(kind, row) -> None:
     assert expected - b.lower < _PLACES_7
 
 
+def _check_delta_curve(kind, scale: float, q: float, adjacency: str) -> None:
+    # dp_accounting's privacy-loss classes compute delta(epsilon) in closed form (a
+    # test-only peer): privlearn's bracket holds it from epsilon 0 to huge epsilons, and
+    # its upper end is within 1% of it, or (deltas far below any use) within 100x or
+    # under 1e-19 -- the grid's absolute floor, which the RDP fallback lowers where it
+    # accounts the pair
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    peer_kind = plm.GaussianPrivacyLoss if kind is Gaussian else plm.LaplacePrivacyLoss
+    adj = {_ADD: "ADD", _REM: "REMOVE", _REP: "REPLACE"}[adjacency]
+    peer = peer_kind(scale, sensitivity=1.0, sampling_prob=q,
+                     adjacency_type=plm.AdjacencyType[adj])
+    m = _described(kind, scale, 1.0, q, adjacency)
+    for eps in (0.0, 0.5, 3.0, 10.0, 30.0):
+        exact = float(peer.get_delta_for_epsilon(eps))
+        b = m.delta_bounds(eps)
+        assert b.lower <= exact * (1 + 1e-9) + 1e-300, (eps, b, exact)
+        assert b.upper >= exact * (1 - 1e-9), (eps, b, exact)
+        if exact > 1e-10:
+            assert b.upper <= exact * 1.01 + _PLACES_7, (eps, b, exact)
+        else:
+            assert b.upper <= max(100 * exact, 1e-19), (eps, b, exact)
+
+
+@pytest.mark.parametrize("adjacency", [_ADD, _REM, _REP])
+def test_delta_curve_from_zero_to_huge_epsilon(adjacency: str) -> None:
+    pytest.importorskip("dp_accounting")
+    _check_delta_curve(Gaussian, 1.0, 0.2, adjacency)
+
+
+@pytest.mark.slow
+def test_delta_curve_from_zero_to_huge_epsilon_grid() -> None:
+    pytest.importorskip("dp_accounting")
+    for kind in (Gaussian, Laplace):
+        for scale in (0.5, 1.0, 3.0):
+            for q in (0.01, 0.2, 1.0):
+                for adjacency in (_ADD, _REM) if kind is Laplace else (_ADD, _REM, _REP):
+                    _check_delta_curve(kind, scale, q, adjacency)
+
+
 # dp_accounting's from_privacy_guarantee: the noise for a target (epsilon, delta)
 _GAUSSIAN_NOISE = [
     # (sensitivity, sampling probability, adjacency, epsilon, delta, standard deviation)
