@@ -222,6 +222,44 @@ def test_laplace_noise_for_a_target(row) -> None:
 
 
 # ----------------------------------------------------------------------------------------
+# dp_accounting gaussian_mechanism_test.py: the Gaussian's epsilon and its inverse
+# ----------------------------------------------------------------------------------------
+_SCALES = [1e-5, 1e-3, 0.1, 1.0, 10.0, 1e3, 1e5]
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-10, 1e-5, 0.1, 0.5, 0.9, 1.0])
+def test_gaussian_epsilon_over_ten_decades(delta: float) -> None:
+    # get_epsilon_gaussian (the exact curve of Balle & Wang 2018, inverted to 1e-15):
+    # privlearn's certified bracket holds it and is as tight as 1e-8 relative; delta 0 is
+    # inf (no pure guarantee), delta 1 is 0
+    pytest.importorskip("dp_accounting")
+    from dp_accounting import gaussian_mechanism as peer
+
+    for sigma in _SCALES:
+        theirs = peer.get_epsilon_gaussian(sigma, delta)
+        b = Gaussian(sigma).epsilon_bounds(delta)
+        if math.isinf(theirs) or theirs == 0.0:
+            assert b.upper == theirs
+            continue
+        assert b.lower <= theirs * (1 + 1e-12) and theirs * (1 - 1e-12) <= b.upper
+        assert b.upper <= theirs * (1 + 1e-8)
+
+
+@pytest.mark.parametrize("delta", [1e-10, 1e-5, 0.1, 0.5, 0.9])
+def test_gaussian_noise_for_epsilon_over_ten_decades(delta: float) -> None:
+    # get_sigma_gaussian: the smallest sigma for (eps, delta); privlearn's calibration is
+    # that sigma (never below it: its epsilon is certified at the target), to 1e-7
+    pytest.importorskip("dp_accounting")
+    from dp_accounting import gaussian_mechanism as peer
+
+    for eps in _SCALES:
+        theirs = peer.get_sigma_gaussian(eps, delta, tol=1e-15)
+        ours = calibrate(Gaussian, epsilon=eps, delta=delta, rtol=1e-12)
+        assert Gaussian(ours).epsilon(delta) <= eps
+        assert ours == pytest.approx(theirs, rel=1e-7)
+
+
+# ----------------------------------------------------------------------------------------
 # dp_accounting rdp/rdp_privacy_accountant_test.py: randomized response, log A, zCDP
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("noise, k, expected", [
@@ -401,6 +439,16 @@ def test_prv_approximate_dp_obeys_strong_composition(steps: int, delta_1: float)
         strong = (eps0 * math.sqrt(2 * steps * math.log(1 / delta_prime))
                   + steps * eps0 * math.expm1(eps0) / (math.exp(eps0) + 1))
         assert m.epsilon(steps * delta_1 + delta_prime) < strong
+
+
+def test_prv_refuses_a_tiny_delta_privlearn_certifies_it() -> None:
+    # test_throw_error_small_delta: prv_accountant refuses delta 1.13e-18 for q 0.00038,
+    # sigma 4, 1000 steps (its delta_error would have to be below it). privlearn's PLD
+    # (tilted composition) certifies a bracket there, within 0.1% and below the RDP bound
+    m = compose(subsample(Gaussian(4.0), 0.00038), 1000)
+    b = m.epsilon_bounds(1.13e-18)
+    assert b.accountant == "pld" and 0 < b.lower <= b.upper <= 1.001 * b.lower
+    assert b.upper <= m.epsilon(1.13e-18, "rdp")
 
 
 # ----------------------------------------------------------------------------------------
