@@ -398,6 +398,20 @@ def test_prv_heterogeneous_gaussian_brackets_the_exact_delta() -> None:
     assert b.lower <= exact <= b.upper <= exact * (1 + 1e-9)
 
 
+def test_prv_readme_heterogeneous_composition() -> None:
+    # tests/test_readme.py: PoissonSubsampledGaussian(0.8, 5e-3) x 100, Gaussian(8) x 200
+    # and LaplaceMechanism(mu=0.1) (Laplace scale 10) x 100 at delta 1e-6. prv_accountant
+    # 0.2.0's (lower, estimate, upper) with eps_error 0.01: (11.138969719566626,
+    # 11.149011362138985, 11.15905300870603); privlearn's certified bracket lies inside
+    # its bracket, under 1e-3 wide and within 1e-3 of its estimate
+    m = compose([subsample(Gaussian(0.8), 5e-3), Gaussian(8.0), Laplace(10.0)],
+                steps=[100, 200, 100])
+    b = m.epsilon_bounds(1e-6)
+    assert 11.138969719566626 <= b.lower <= b.upper <= 11.15905300870603
+    assert b.upper - b.lower <= 1e-3
+    assert abs(b.upper - 11.149011362138985) <= 1e-3
+
+
 @pytest.mark.parametrize("steps", [10_000, 100_000])
 @pytest.mark.parametrize("delta", [1e-5, 1e-6])
 def test_prv_laplace_obeys_advanced_composition(steps: int, delta: float) -> None:
