@@ -205,7 +205,13 @@ _GAUSSIAN_NOISE = [
 ]
 
 
-@pytest.mark.parametrize("row", _GAUSSIAN_NOISE)
+def _slow_beyond(rows, keep):
+    """The rows, those not in ``keep`` marked slow (the default suite runs ``keep``)."""
+    return [r if i in keep else pytest.param(r, marks=pytest.mark.slow)
+            for i, r in enumerate(rows)]
+
+
+@pytest.mark.parametrize("row", _slow_beyond(_GAUSSIAN_NOISE, keep={0, 2, 5, 7, 9, 14}))
 def test_gaussian_noise_for_a_target(row) -> None:
     sens, q, adjacency, eps, delta, expected = row
 
@@ -497,7 +503,7 @@ def test_prv_refuses_a_tiny_delta_privlearn_certifies_it() -> None:
     # prv_sigma: find_noise_multiplier's answer (prv_accountant 0.2.0); its accountant
     # is an estimate with eps_error 0.01 -- privlearn's certified sigma may be smaller,
     # never meaningfully larger
-    (2e-3, 10_000, 4.0, 1e-7, 0.6764091552751089),
+    pytest.param(2e-3, 10_000, 4.0, 1e-7, 0.6764091552751089, marks=pytest.mark.slow),
     (0.26058631921824105, 18_800, 4.0, 0.00011448277499759097, 34.492140032720805),
 ])
 def test_prv_find_noise_multiplier(q, steps, eps, delta, prv_sigma) -> None:
@@ -597,9 +603,9 @@ def test_opacus_rdp_and_prv_accountant_values() -> None:
     # Opacus stops its search once epsilon is within epsilon_tolerance 0.01 below the
     # target, so its sigma is up to that much larger than needed
     ("rdp", int(90 / 0.04), 1.416),
-    ("rdp", 2000, 1.3562),
+    pytest.param("rdp", 2000, 1.3562, marks=pytest.mark.slow),
     ("pld", int(90 / 0.04), 1.34765625),  # Opacus's accountant="prv"
-    ("pld", 2000, 1.2915),
+    pytest.param("pld", 2000, 1.2915, marks=pytest.mark.slow),
 ])
 def test_opacus_get_noise_multiplier(accountant: str, steps: int, opacus_sigma: float) -> None:
     def mech(s: float):
