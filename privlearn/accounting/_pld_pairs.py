@@ -62,6 +62,11 @@ class Pair:
     #: pure-DP epsilon of the pair (sup of the loss), inf when unbounded
     pure_epsilon: float = math.inf
 
+    @property
+    def mass_at_infinity(self) -> float:
+        """A lower bound on ``P(L = +inf)`` (P-mass where Q is 0): 0 unless known."""
+        return 0.0
+
     def tails(self, x: np.ndarray) -> Tails:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -166,6 +171,10 @@ class ApproxDPPair(Pair):
     stays outside the finite support ``[-eps, eps]``; the grid sends its P-mass to
     ``+inf`` (it always counts in delta)."""
 
+    @property
+    def mass_at_infinity(self) -> float:
+        return self.mass_inf
+
     def __init__(self, eps: float, delta: float) -> None:
         self.eps, self.mass_inf = float(eps), float(delta)
         w = 1.0 - self.mass_inf
@@ -192,6 +201,11 @@ class RemovePair(Pair):
     Loss ``L_s = log(1 - q + q e^L)`` is an increasing function of the base loss, so
     ``L_s > x  <=>  L > g(x)`` with ``g(x) = log((e^x - 1 + q) / q)``.
     """
+
+    @property
+    def mass_at_infinity(self) -> float:
+        # P_s = (1-q) Q + q P is q P where Q is 0 (rounded down)
+        return self.qr * self.base.mass_at_infinity * (1.0 - 1e-15)
 
     def __init__(self, base: Pair, q: float) -> None:
         self.base, self.qr = base, float(q)

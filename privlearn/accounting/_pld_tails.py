@@ -103,17 +103,33 @@ def tail_bounds(pmfs, h: float, lo: float, hi: float, lam_a: float, lam_b: float
     lo_sup = sum(c * pmf.k0 for pmf, c in pmfs) * h
     hi_sup = sum(c * (pmf.k0 + pmf.p.size - 1) for pmf, c in pmfs) * h
     mult = np.array([0.6, 1.0, 1.6])
-    if hi >= hi_sup:
-        t_hi = 0.0
-    else:
-        lam = lam_b * mult
-        t_hi = float(np.exp(min(0.0, float(np.min(log_mgf(pmfs, h, lam, True) - lam * hi)))))
-    if lo <= lo_sup:
-        t_lo = 0.0
-    else:
-        lam = lam_a * mult
-        t_lo = float(np.exp(min(0.0, float(np.min(log_mgf(pmfs, h, lam, False) + lam * lo)))))
+
+    def bound(lam: np.ndarray, upper_tail: bool) -> float:
+        edge = hi if upper_tail else -lo
+        return float(np.exp(min(0.0, float(np.min(log_mgf(pmfs, h, lam, upper_tail)
+                                                   - lam * edge)))))
+
+    t_hi = 0.0 if hi >= hi_sup else bound(lam_b * mult, True)
+    t_lo = 0.0 if lo <= lo_sup else bound(lam_a * mult, False)
+    # the window's exponents come from a coarser grid; where the losses live on a scale
+    # of a few fine grid steps (e.g. an (epsilon=0, delta) part, whose finite losses are
+    # 0 up to rounding) they are far too small to bound anything, so a poor bound is
+    # retried with exponents up to ~1/h (any exponent gives a valid bound)
+    if t_hi > _RETRY_ABOVE:
+        t_hi = min(t_hi, bound(_fine_lambdas(h), True))
+    if t_lo > _RETRY_ABOVE:
+        t_lo = min(t_lo, bound(_fine_lambdas(h), False))
     return t_lo * (1 + 1e-12), t_hi * (1 + 1e-12)
+
+
+#: a tail bound above this is retried with :func:`_fine_lambdas` (the accountants' tail
+#: tolerance is ~1e-18, so only a bound that is useless as it stands)
+_RETRY_ABOVE = 1e-12
+
+
+def _fine_lambdas(h: float) -> np.ndarray:
+    """Chernoff exponents from 1e-3 up to ``1e3 / h`` (at least ``_LAMBDAS``' range)."""
+    return np.geomspace(_LAMBDAS[0], max(float(_LAMBDAS[-1]), 1e3 / h), 96)
 
 
 def chernoff_theta(pmfs, h: float, eps: float) -> float:

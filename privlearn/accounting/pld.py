@@ -434,6 +434,8 @@ class PLDAccountant:
             # E_P[(1 - e^{eps - L})_+] <= 1 - e^{eps - pe} <= pe - eps: near the pure
             # epsilon this beats the grid, whose atoms sit up to h above the true loss
             up = min(up, max(0.0, pe * (1.0 + 16.0 * dsc.U) - epsilon))
+        # the grid's lower pairs drop the mass at infinity, which delta never falls below
+        lo = max(lo, _mass_at_infinity(parts))
         return PrivacyBound(up, min(lo, up), who)
 
     # -- internals ---------------------------------------------------------------------
@@ -781,6 +783,20 @@ class PLDAccountant:
         if directional:
             out.append((add_up, add_low))
         return out
+
+
+def _mass_at_infinity(parts) -> float:
+    """A lower bound on delta at every epsilon: the composed P-mass at loss ``+inf`` of
+    each direction's pairs (``1 - prod (1 - m_i)^k_i``, rounded down), the larger."""
+    out = 0.0
+    for direction in (0, 1):
+        log_finite = 0.0
+        for m, k in parts:
+            s = _step(m)
+            pair = s.a if direction == 0 or s.b is None else s.b
+            log_finite += k * math.log1p(-min(pair.mass_at_infinity, 1.0))
+        out = max(out, -math.expm1(log_finite) * (1.0 - 1e-12))
+    return out
 
 
 def _rdp_guess(mechanism: Mechanism, parts, delta: float) -> list[float]:

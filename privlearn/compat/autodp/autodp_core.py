@@ -253,13 +253,19 @@ class RenyiDPFunction:
     pure_epsilon : float
         A known pure-DP epsilon; RDP of every order is at most this (eps-DP implies
         (alpha, eps)-RDP for all alpha; Mironov 2017, Proposition 3).
+    alternatives : tuple of privlearn Mechanism
+        Further valid descriptions of the same mechanism (e.g. the exponential
+        mechanism's ``eps^2 / 8``-zCDP next to its ``eps``-DP): the RDP reported is the
+        pointwise minimum over all of them, as autodp's ``propagate_updates`` keeps it.
     """
 
-    __slots__ = ("mechanism", "pure_epsilon")
+    __slots__ = ("mechanism", "pure_epsilon", "alternatives")
 
-    def __init__(self, mechanism: Description, pure_epsilon: float = math.inf) -> None:
+    def __init__(self, mechanism: Description, pure_epsilon: float = math.inf,
+                 alternatives: tuple[PrivlearnMechanism, ...] = ()) -> None:
         self.mechanism = mechanism
         self.pure_epsilon = pure_epsilon
+        self.alternatives = tuple(alternatives)
 
     def __call__(self, alpha: Any) -> Any:
         scalar = np.ndim(alpha) == 0
@@ -270,6 +276,11 @@ class RenyiDPFunction:
             value = math.inf if scalar else np.full(len(orders), math.inf)
         else:
             value = self.mechanism.rdp(orders)
+        for alt in self.alternatives:
+            try:
+                value = np.minimum(value, alt.rdp(orders))
+            except UnsupportedMechanismError:  # (an alternative without an RDP bound)
+                continue
         if math.isfinite(self.pure_epsilon):
             value = np.minimum(value, self.pure_epsilon)
         return float(value) if scalar else np.asarray(value, float)
@@ -430,7 +441,8 @@ class Mechanism:
     @property
     def RenyiDP(self) -> RenyiDPFunction:  # noqa: N802 (autodp's name)
         """RDP function ``alpha -> eps_RDP(alpha)`` carrying this mechanism's description."""
-        return RenyiDPFunction(self._mechanism, self._pure_eps_bound)
+        return RenyiDPFunction(self._mechanism, self._pure_eps_bound,
+                               tuple(self._alt_descriptions))
 
     @RenyiDP.setter
     def RenyiDP(self, func: Callable[[float], float]) -> None:  # noqa: N802
@@ -589,6 +601,8 @@ class Mechanism:
         if type_of_update == "RDP":
             if isinstance(func, RenyiDPFunction):
                 self._tighten_description(func.mechanism)
+                for alt in func.alternatives:
+                    self._tighten_description(alt)
                 if math.isfinite(func.pure_epsilon):
                     self._pure_eps_bound = min(self._pure_eps_bound, func.pure_epsilon)
             elif callable(func):
