@@ -1,4 +1,4 @@
-"""Hugging Face models unchanged (default position ids, padding, tied embeddings, LoRA):
+"""Hugging Face models unchanged (default position ids, padding, tied embeddings and masked-LM biases, LoRA):
 the engine's clipped gradient sum against a naive loop of batch-of-one backward passes."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hf_models import (  # noqa: E402
     naive_grads,
 )
 
-MODELS = ["gpt2", "gpt2_untied", "bert", "llama", "vit", "gpt2_lora"]
+MODELS = ["gpt2", "gpt2_untied", "bert", "llama", "vit", "gpt2_lora", "bert_mlm", "roberta_mlm"]
 
 
 @pytest.mark.parametrize("name", MODELS)
