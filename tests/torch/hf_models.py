@@ -17,7 +17,7 @@ VOCAB = 97
 T = 7
 B = 6
 #: masked language models (labels -100 but at the masked positions, loss unshifted)
-MASKED_LM = ("bert_mlm", "roberta_mlm")
+MASKED_LM = ("bert_mlm", "roberta_mlm", "albert_mlm", "distilbert_mlm")
 #: the id of the mask token in :func:`make_batch`'s masked-LM inputs
 MASK_ID = VOCAB - 1
 
@@ -82,6 +82,17 @@ def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
                                max_position_embeddings=40, hidden_dropout_prob=0.0,
                                attention_probs_dropout_prob=0.0)
         model = tf.RobertaForMaskedLM(cfg)
+    elif name == "albert_mlm":  # predictions.decoder.bias is predictions.bias
+        cfg = tf.AlbertConfig(vocab_size=vocab, embedding_size=8, hidden_size=16,
+                              num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=32, max_position_embeddings=32,
+                              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        model = tf.AlbertForMaskedLM(cfg)
+    elif name == "distilbert_mlm":  # vocab_projector.weight tied, its bias its own
+        cfg = tf.DistilBertConfig(vocab_size=vocab, dim=16, n_layers=2, n_heads=2,
+                                  hidden_dim=32, max_position_embeddings=32, dropout=0.0,
+                                  attention_dropout=0.0)
+        model = tf.DistilBertForMaskedLM(cfg)
     elif name == "llama":
         cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
                              num_hidden_layers=2, num_attention_heads=2,
@@ -99,7 +110,8 @@ def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
     with torch.no_grad():  # non-trivial norm weights and biases (and masked-LM biases)
         for n, p in model.named_parameters():
             if ("norm" in n.lower() or "ln" in n.split(".")[-2:][0]
-                    or n in ("cls.predictions.bias", "lm_head.bias")):
+                    or n in ("cls.predictions.bias", "lm_head.bias", "predictions.bias",
+                             "vocab_projector.bias")):
                 p.add_(0.1 * torch.randn_like(p))
     if name == "gpt2_lora":
         import peft

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hf_models import MASKED_LM, build, make_batch, trainable  # noqa: E402
+from hf_models import build, make_batch, trainable  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privlearn.errors import ConfigurationError  # noqa: E402
@@ -24,6 +24,8 @@ from privlearn.torch.hf import DPTrainer, PrivacyArguments  # noqa: E402
 
 #: examples in the training set, expected batch size
 N, B = 8, 4
+#: masked language models whose head registers its decoder's bias a second time
+MASKED_LM = ["bert_mlm", "roberta_mlm"]
 #: the per-example gradient forms the engine can choose from ("auto": its own choice)
 MODES = ["auto", "ghost", "materialise"]
 #: the registrations of the tied bias, (enclosing module's, decoder's)
