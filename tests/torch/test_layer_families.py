@@ -746,6 +746,28 @@ def test_an_enclosing_modules_own_use_of_a_parameter_it_registers_again_is_refus
     tracker.detach()
 
 
+def test_an_enclosing_modules_own_use_is_refused_by_make_private_before_any_release():
+    """Through make_private: the first step raises, nothing is released or accounted."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    _seeded(7)
+    model = nn.Sequential(nn.Linear(2, 3, dtype=F64), _Aliasing(uses_alias=True))
+    x = torch.randn(16, 2, dtype=F64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    p = make_private(model, opt, DataLoader(TensorDataset(x), batch_size=8),
+                     noise_multiplier=1.0, max_grad_norm=1.0, loss_reduction="sum", seed=0)
+    before = [q.detach().clone() for q in model.parameters()]
+    (xb,) = next(iter(p.data_loader))
+    loss_of(p.model(xb)).backward()
+    with pytest.raises(UnsupportedModuleError, match=r"\['1\.alias'\].*own forward"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+    assert all(q.grad is None for q in model.parameters())
+
+
 # --------------------------------------------------------------------------- cells
 
 
