@@ -766,6 +766,12 @@ def test_an_enclosing_modules_own_use_is_refused_by_make_private_before_any_rele
     assert p.accountant.steps == 0
     assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
     assert all(q.grad is None for q in model.parameters())
+    # the same through the two-step API (clip_and_accumulate, add_noise)
+    (xb,) = next(iter(p.data_loader))
+    loss_of(p.model(xb)).backward()
+    with pytest.raises(UnsupportedModuleError, match="own forward"):
+        p.optimizer.clip_and_accumulate()
+    assert p.accountant.steps == 0
 
 
 # --------------------------------------------------------------------------- cells
