@@ -116,10 +116,19 @@ def _per_layer_bounds(model: nn.Module, max_grad_norm) -> dict:
         unknown = sorted(set(max_grad_norm) - set(names))
         missing = [n for n in names if n not in max_grad_norm]
         if unknown or missing:
+            # a tensor registered under several names (tied weights, a masked-LM head's
+            # decoder bias) is one parameter, with one bound, under its first name
+            first = {id(p): n for n, p in reversed(list(
+                model.named_parameters(remove_duplicate=False)))}
+            tied = "".join(
+                f"; {n!r} is the same tensor as {first[id(p)]!r} (one parameter, one bound, "
+                f"under the name {first[id(p)]!r})"
+                for n, p in model.named_parameters(remove_duplicate=False)
+                if n in unknown and first[id(p)] != n)
             raise ParameterValueError(
                 "clipping='per_layer' with a dict max_grad_norm needs exactly the names of "
                 f"the trainable parameters (model.named_parameters()); unknown: {unknown}, "
-                f"missing: {missing}")
+                f"missing: {missing}{tied}")
         items = [(n, max_grad_norm[n]) for n in names]
     else:
         raise ParameterTypeError(

@@ -461,9 +461,14 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
         TrainingLoopError
             The rows of this batch (or of this physical chunk of it) were already added:
             adding those of another backward pass over the same examples would count
-            each of them twice in one accounted step. Nothing is changed.
+            each of them twice in one accounted step; or a clipped parameter received a
+            gradient outside its layers. Nothing is changed.
+        UnsupportedModuleError
+            A module used, in its own forward, a parameter that a submodule registers
+            too (no rule covers that use). Nothing is changed.
         """
         key = self._check_accumulation(rows=True)
+        self.tracker.check_outside_uses()  # as step() does: a gradient no rule clipped
         carry = self._open_buffers(fill=False) if self._out is None else None
         try:
             self._clipped_sum(self._out, examples=examples, units=units)

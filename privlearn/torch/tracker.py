@@ -57,6 +57,7 @@ from privlearn.errors import (
 )
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
+from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
@@ -171,13 +172,13 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
             # the layer's call with respect to the originals themselves
             rule = FALLBACK
             covered.add(f"{name}.parametrizations" if name else "parametrizations")
-            params = tuple(p for p in (*mod.parameters(recurse=False),
-                                       *mod.parametrizations.parameters()) if p.requires_grad)
+            params = (*own_parameters(mod),
+                      *(p for p in mod.parametrizations.parameters() if p.requires_grad))
         elif rule is not None and rule.scope == "subtree":
             covered.add(name)
             params = tuple(p for p in mod.parameters() if p.requires_grad)
-        else:
-            params = tuple(p for p in mod.parameters(recurse=False) if p.requires_grad)
+        else:  # (less a tensor a submodule registers too: its unit covers it, _aliases)
+            params = own_parameters(mod)
         if not params:
             continue
         rule = rule if rule is not None else FALLBACK
@@ -315,6 +316,7 @@ class GradSampleTracker(ClippingMixin):
         self.unrecorded_forward: str | None = None
         #: ids of clipped parameters that received a gradient outside their layers
         self.outside_uses: set[int] = set()
+        self.alias_uses: dict[int, str] = {}  # id -> name, used by a module registering it again
         check_not_attached(model)
         from privlearn.torch.validator import check_model
 
@@ -399,6 +401,7 @@ class GradSampleTracker(ClippingMixin):
             watched = {id(p): p for u, _ in self._swapped for p in u.params}
             for p in watched.values():
                 self._handles.append(p.register_hook(self._make_outside_hook(p)))
+        self._handles.extend(guard_alias_slots(self))  # a tensor registered a second time
 
     def _trainable_signature(self) -> tuple:
         """Fingerprint of the trainable set, compared at every forward (a subclass for
@@ -419,6 +422,7 @@ class GradSampleTracker(ClippingMixin):
         per example nor clipped."""
         if not self.outside_uses:
             return
+        refuse_alias_uses(self)
         names = {id(v): n for n, v in self.model.named_parameters()}
         used = sorted(names.get(k, "?") for k in self.outside_uses)
         evaluating = sorted({u.name or "<model>" for u in self.units if not u.module.training

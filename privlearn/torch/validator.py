@@ -16,6 +16,7 @@ from torch import nn
 
 from privlearn._type_registry import TypeRegistry
 from privlearn.errors import UnsupportedModuleError
+from privlearn.torch._aliases import own_parameters
 
 __all__ = ["validate", "fix", "apply_fixers", "UnsupportedModuleError", "check_model",
            "register_validator", "register_fixer", "VALIDATORS", "FIXERS"]
@@ -78,31 +79,6 @@ def register_validator(*module_types: type) -> Callable[[Check], Check]:
 def _checks_for(m: nn.Module) -> list[Check]:
     """Every check registered for a class of ``m``'s MRO, most derived class first."""
     return [check for checks in VALIDATORS.lookup_all(m) for check in checks]
-
-
-@register_validator(nn.Module)
-def _aliased(m, trainable):
-    """A module that registers a parameter of one of its submodules a second time and has
-    no rule covering its whole subtree: the generic rule of the module and the rule of the
-    submodule would each count the parameter's gradient."""
-    if not trainable:
-        return []
-    from privlearn.torch import rules as _rules  # noqa: F401  (registers the rules)
-    from privlearn.torch.fallback import aliased_parameters
-    from privlearn.torch.grad_sample import get_rule
-
-    rule = get_rule(m)
-    if rule is not None and rule.scope == "subtree":
-        return []
-    aliases = aliased_parameters(m)
-    if not aliases:
-        return []
-    pairs = ", ".join(f"{a} = {b}" for a, b in list(aliases.items())[:4])
-    return [f"registers parameters of its submodules a second time ({pairs}"
-            f"{', ...' if len(aliases) > 4 else ''}); per-example gradients would count "
-            "them twice. Register each parameter on one module only, or register a rule "
-            "covering the whole module (privlearn.torch.register_rule(..., "
-            "scope='subtree'))"]
 
 
 @register_validator(nn.modules.batchnorm._BatchNorm)
@@ -173,7 +149,8 @@ def _problems(model: nn.Module) -> list[str]:
     for name, m in model.named_modules():
         label = f"{name or '<model>'} ({type(m).__name__})"
         trainable = any(p.requires_grad for p in m.parameters(recurse=False))
-        if _fallback_with_dropout(m, trainable):
+        # (a tensor a submodule registers too is that submodule's: privlearn.torch._aliases)
+        if _fallback_with_dropout(m, trainable and bool(own_parameters(m))):
             out.append(f"{label}: owns trainable parameters and applies dropout inside its "
                        "forward; their per-example gradients need the forward re-run per "
                        "example, which cannot reproduce the dropout masks. Set that dropout "

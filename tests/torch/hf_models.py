@@ -16,6 +16,10 @@ from privlearn.torch.tracker import GradSampleTracker
 VOCAB = 97
 T = 7
 B = 6
+#: masked language models (labels -100 but at the masked positions, loss unshifted)
+MASKED_LM = ("bert_mlm", "roberta_mlm", "albert_mlm", "distilbert_mlm")
+#: the id of the mask token in :func:`make_batch`'s masked-LM inputs
+MASK_ID = VOCAB - 1
 
 
 class TokenSet(torch.utils.data.Dataset):
@@ -66,6 +70,29 @@ def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
                             max_position_embeddings=32, hidden_dropout_prob=0.0,
                             attention_probs_dropout_prob=0.0, num_labels=3)
         model = tf.BertForSequenceClassification(cfg)
+    elif name == "bert_mlm":  # decoder.bias is cls.predictions.bias, its weight the embedding
+        cfg = tf.BertConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=32,
+                            max_position_embeddings=32, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+        model = tf.BertForMaskedLM(cfg)
+    elif name == "roberta_mlm":  # decoder.bias is lm_head.bias
+        cfg = tf.RobertaConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2,
+                               num_attention_heads=2, intermediate_size=32,
+                               max_position_embeddings=40, hidden_dropout_prob=0.0,
+                               attention_probs_dropout_prob=0.0)
+        model = tf.RobertaForMaskedLM(cfg)
+    elif name == "albert_mlm":  # predictions.decoder.bias is predictions.bias
+        cfg = tf.AlbertConfig(vocab_size=vocab, embedding_size=8, hidden_size=16,
+                              num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=32, max_position_embeddings=32,
+                              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        model = tf.AlbertForMaskedLM(cfg)
+    elif name == "distilbert_mlm":  # vocab_projector.weight tied, its bias its own
+        cfg = tf.DistilBertConfig(vocab_size=vocab, dim=16, n_layers=2, n_heads=2,
+                                  hidden_dim=32, max_position_embeddings=32, dropout=0.0,
+                                  attention_dropout=0.0)
+        model = tf.DistilBertForMaskedLM(cfg)
     elif name == "llama":
         cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
                              num_hidden_layers=2, num_attention_heads=2,
@@ -80,9 +107,11 @@ def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
         model = tf.ViTForImageClassification(cfg)
     else:
         raise KeyError(name)
-    with torch.no_grad():  # non-trivial norm weights and biases
+    with torch.no_grad():  # non-trivial norm weights and biases (and masked-LM biases)
         for n, p in model.named_parameters():
-            if "norm" in n.lower() or "ln" in n.split(".")[-2:][0]:
+            if ("norm" in n.lower() or "ln" in n.split(".")[-2:][0]
+                    or n in ("cls.predictions.bias", "lm_head.bias", "predictions.bias",
+                             "vocab_projector.bias")):
                 p.add_(0.1 * torch.randn_like(p))
     if name == "gpt2_lora":
         import peft
@@ -112,6 +141,11 @@ def make_batch(name: str, b: int = B, t: int = T, seed: int = 1, dtype=torch.flo
         ids[i, n:] = 0
     if name == "bert":
         return {"input_ids": ids, "attention_mask": mask}, torch.randint(0, 3, (b,), generator=g)
+    if name in MASKED_LM:  # about a third of the real tokens masked, the rest -100
+        picked = (torch.rand(b, t, generator=g) < 0.35) & (mask == 1)
+        picked[:, 0] |= mask[:, 0] == 1  # every example has a masked token
+        labels = ids.masked_fill(~picked, -100)
+        return {"input_ids": ids.masked_fill(picked, MASK_ID), "attention_mask": mask}, labels
     labels = ids.masked_fill(mask == 0, -100)
     return {"input_ids": ids, "attention_mask": mask}, labels
 
@@ -119,7 +153,8 @@ def make_batch(name: str, b: int = B, t: int = T, seed: int = 1, dtype=torch.flo
 def loss_of(name: str, out, labels, reduction: str = "mean"):
     logits = out.logits
     if logits.dim() == 3:
-        return per_sequence_cross_entropy(logits, labels, shift=True, reduction=reduction)
+        return per_sequence_cross_entropy(logits, labels, shift=name not in MASKED_LM,
+                                          reduction=reduction)
     return F.cross_entropy(logits.float() if logits.dtype in (torch.bfloat16, torch.float16)
                            else logits, labels, reduction=reduction)
 

@@ -1,5 +1,6 @@
-"""Hugging Face models unchanged (default position ids, padding, tied embeddings, LoRA):
-the engine's clipped gradient sum against a naive loop of batch-of-one backward passes."""
+"""Hugging Face models unchanged (default position ids, padding, tied embeddings, tied
+masked-LM biases, LoRA): the engine's clipped gradient sum against a naive loop of
+batch-of-one backward passes."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hf_models import (  # noqa: E402
     naive_grads,
 )
 
-MODELS = ["gpt2", "gpt2_untied", "bert", "llama", "vit", "gpt2_lora"]
+MODELS = ["gpt2", "gpt2_untied", "bert", "llama", "vit", "gpt2_lora", "bert_mlm", "roberta_mlm",
+          "albert_mlm", "distilbert_mlm"]
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -697,34 +697,81 @@ def test_opacus_recurrent_custom_cell_is_refused(monkeypatch):
 
 class _Aliasing(nn.Module):
     """Registers its child's weight a second time under another name (as Opacus's
-    RenameParamsMixin does)."""
+    RenameParamsMixin does, and Hugging Face's masked-LM heads their decoder's bias) and
+    owns a parameter of its own; ``uses_alias``: its own forward uses the second name
+    too."""
 
-    def __init__(self):
+    def __init__(self, uses_alias=False):
         super().__init__()
         self.lin = nn.Linear(3, 2, dtype=F64)
-        self.scale = nn.Parameter(torch.ones(2, dtype=F64))
+        self.scale = nn.Parameter(torch.ones(2, dtype=F64) + 0.1 * torch.randn(2, dtype=F64))
         self.register_parameter("alias", self.lin.weight)
+        self.uses_alias = uses_alias
 
     def forward(self, x):
-        return self.lin(x) * self.scale
+        y = torch.tanh(self.lin(x)) * self.scale
+        return y + x @ self.alias.T if self.uses_alias else y
 
 
-def test_aliased_parameters_are_refused(monkeypatch):
-    """A parameter registered by a module and by its child would get two rules (the
-    generic one of the module and the child's): refused by the validator (so by the
-    tracker) and at the step instead of counted twice."""
+def test_a_parameter_registered_again_by_an_enclosing_module_is_its_submodules():
+    """The enclosing module's own rule (the generic fallback) covers its own parameter
+    only; the child's rule covers the shared tensor, counted once (the naive loop's
+    gradient over model.parameters(), which lists it once), in every mode."""
+    _seeded(5)
     model = _Aliasing()
-    with pytest.raises(UnsupportedModuleError, match=r"alias = lin\.weight"):
-        check_model(model)
-    with pytest.raises(UnsupportedModuleError, match=r"alias = lin\.weight"):
-        GradSampleTracker(model, loss_reduction="sum")
-    # the step's own refusal, behind the validator's
-    monkeypatch.setattr("privlearn.torch.validator.check_model", lambda model: None)
+    check_model(model)
     tracker = GradSampleTracker(model, loss_reduction="sum")
-    loss_of(model(torch.randn(3, 3, dtype=F64))).backward()
-    with pytest.raises(ValueError, match="counted twice"):
-        tracker.clipped_sum(1.0)
+    assert {u.name: tuple(u.params) for u in tracker.units} == {
+        "": (model.scale,), "lin": (model.lin.weight, model.lin.bias)}
     tracker.detach()
+    x = torch.randn(5, 3, dtype=F64)
+    check(model, (x,), split(x), modes=("auto", "ghost", "materialise"))
+
+
+@pytest.mark.parametrize("skip_param_grads", [True, False])
+def test_an_enclosing_modules_own_use_of_a_parameter_it_registers_again_is_refused(
+        skip_param_grads):
+    """That use has no rule (the child's rule sees the child's use only): refused at the
+    step, typed, whether or not the layers run on detached aliases, and the tracker's
+    records are dropped."""
+    _seeded(6)
+    model = _Aliasing(uses_alias=True)
+    tracker = GradSampleTracker(model, loss_reduction="sum", skip_param_grads=skip_param_grads)
+    loss_of(model(torch.randn(4, 3, dtype=F64))).backward()
+    with pytest.raises(UnsupportedModuleError, match=r"\['alias'\].*own forward.*lin\.weight"):
+        tracker.check_outside_uses()
+    assert not tracker.has_gradients() and not tracker.alias_uses
+    # the module's slot holds the parameter again after its forward
+    assert model._parameters["alias"] is model.lin.weight
+    tracker.detach()
+
+
+def test_an_enclosing_modules_own_use_is_refused_by_make_private_before_any_release():
+    """Through make_private: the first step raises, nothing is released or accounted."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    _seeded(7)
+    model = nn.Sequential(nn.Linear(2, 3, dtype=F64), _Aliasing(uses_alias=True))
+    x = torch.randn(16, 2, dtype=F64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    p = make_private(model, opt, DataLoader(TensorDataset(x), batch_size=8),
+                     noise_multiplier=1.0, max_grad_norm=1.0, loss_reduction="sum", seed=0)
+    before = [q.detach().clone() for q in model.parameters()]
+    (xb,) = next(iter(p.data_loader))
+    loss_of(p.model(xb)).backward()
+    with pytest.raises(UnsupportedModuleError, match=r"\['1\.alias'\].*own forward"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+    assert all(q.grad is None for q in model.parameters())
+    # the same through the two-step API (clip_and_accumulate, add_noise)
+    (xb,) = next(iter(p.data_loader))
+    loss_of(p.model(xb)).backward()
+    with pytest.raises(UnsupportedModuleError, match="own forward"):
+        p.optimizer.clip_and_accumulate()
+    assert p.accountant.steps == 0
 
 
 # --------------------------------------------------------------------------- cells

@@ -304,6 +304,23 @@ def test_a_parameter_used_outside_its_layer_is_refused():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_a_parameter_used_outside_its_layer_is_refused_by_clip_and_accumulate_too():
+    """The two-step API (``clip_and_accumulate()`` then ``add_noise()``) dropped that use's
+    gradient without a word; now refused as ``step()`` refuses it, nothing added."""
+    model = _FunctionalTied()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 20, (64, 5), generator=g)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(ids), batch_size=16), noise_multiplier=0.0,
+                     max_grad_norm=1e-3, seed=0, sampling="fixed")
+    (xb,) = next(iter(p.data_loader))
+    logits = p.model(xb)
+    nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 20), xb[:, 1:].reshape(-1)).backward()
+    with pytest.raises(RuntimeError, match=r"\['emb\.weight'\] are used outside their layers"):
+        p.optimizer.clip_and_accumulate()
+    assert p.accountant.steps == 0
+
+
 def test_an_l2_penalty_in_the_loss_is_refused_with_weight_decay_as_the_way_out():
     """``loss + lam * sum(p.pow(2).sum())``: the penalty's gradient reaches every
     parameter outside its layer (not per example, not clipped): refused before anything
