@@ -481,7 +481,7 @@ register_sampling(SamplingLaw(
     participation=_per_step, eligible_rate=lambda q: q, scheme="fixed", distributed=True))
 register_sampling(SamplingLaw(
     "cyclic_poisson", Neighbouring.ADD_REMOVE, True,
-    rate=lambda b, n, c: b * c / n, per_epoch=lambda q, c: max(1, round(c / q)),
+    rate=lambda b, n, c: b * c / n, per_epoch=steps_per_epoch,
     expected_batch=lambda q, n, c: q * n / c, layout=partition, batch=_poisson_in_part,
     participation=_cycled, eligible_rate=lambda q: q,
     describe=lambda n, q, steps, c: CyclicPoissonSampler(n, q, steps, c), secure=True,

@@ -667,7 +667,9 @@ class CyclicPoissonBatchSampler(_ScheduledSampler):
         expected batch is ``sample_rate * num_samples / cycle_length``.
     cycle_length : int >= 1
     steps : int, optional
-        Batches per epoch; default ``round(cycle_length / sample_rate)`` (every example
+        Batches per epoch; default
+        :func:`privlearn.accounting.steps_per_epoch` ``(sample_rate, cycle_length)``,
+        ``round(cycle_length / sample_rate)`` (every example
         once in expectation per epoch).
     seed : int, optional
     secure : bool
@@ -687,7 +689,7 @@ class CyclicPoissonBatchSampler(_ScheduledSampler):
         self._sample_rate = _v.check_rate("sample_rate", sample_rate)
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
-        self.steps = (max(1, round(self.cycle_length / self._sample_rate)) if steps is None
+        self.steps = (self.law.per_epoch(self._sample_rate, self.cycle_length) if steps is None
                       else _check_steps(steps))
         if secure and seed is not None:
             raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")

@@ -642,3 +642,25 @@ def test_a_dataset_resized_after_make_private_is_refused_before_its_next_batch(c
     with pytest.raises(PlanMismatchError, match="accounted with 40"):
         next(iter(p.data_loader))
     assert p.accountant.steps == 1
+
+
+@pytest.mark.parametrize("sampling,c", [("poisson", None), ("cyclic_poisson", 2),
+                                        ("cyclic_poisson", 4)])
+def test_epoch_at_a_tie_is_round_n_over_b_for_sampler_and_accountant(sampling, c):
+    """49 examples in batches of 2: an epoch is round(49 / 2) = 24 steps (half to even),
+    for the sampler built by make_private, the sampler built by hand at the same rate and
+    the planned steps the accountant accounts; the float c / q said 25."""
+    from torch import nn
+
+    from privlearn.torch import make_private
+    from privlearn.torch.samplers import CyclicPoissonBatchSampler
+
+    ds = TensorDataset(torch.randn(49, 3), torch.randn(49))
+    model = nn.Linear(3, 1)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=2), noise_multiplier=1.0, epochs=2,
+                     sampling=sampling, cycle_length=c)
+    by_hand = (PoissonBatchSampler(49, p.sampling_rate) if c is None
+               else CyclicPoissonBatchSampler(49, p.sampling_rate, c))
+    assert len(p.data_loader) == len(by_hand) == p.plan.steps_per_epoch == round(49 / 2)
+    assert p.plan.planned_steps == 2 * round(49 / 2)
