@@ -709,7 +709,7 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                             steps=plan.steps_per_epoch, seed=seed, rank=plan.rank,
                             world_size=plan.world_size, secure=cfg.secure_mode,
                             shared_seed=shared, cycle_length=plan.run.cycle,
-                            units=plan.units)
+                            units=plan.units, stacklevel=4)
     acct = PrivacyAccountant(scheme=SAMPLINGS[cfg.sampling].scheme or cfg.sampling,
                              accountant=cfg.accountant, run=plan.run)
     if plan.planned_epsilon is None and plan.run.stepwise and plan.noise_multiplier > 0:
