@@ -793,3 +793,15 @@ def test_linear_fit_on_extreme_finite_rows_is_quiet_and_as_on_their_directions(c
             fits.append(cls(epsilon=1.0, delta=1e-5, x_bound=1.0, y_bound=1.0,
                             random_state=0).fit(np.ldexp(X, k), y).coef_)
     np.testing.assert_allclose(fits[0], fits[1], rtol=1e-9, atol=1e-12)
+
+
+def test_choose_x_bound_of_extreme_finite_rows_is_quiet():
+    """The private norm quantile reads norms computed without overflow: rows near 1e308
+    give no RuntimeWarning and the bound of rows that are all above max_bound alike."""
+    from privlearn.models.preprocessing import choose_x_bound
+
+    X = np.random.default_rng(0).uniform(0.5, 1.0, size=(50, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = choose_x_bound(np.ldexp(X, 1020), 1.0, 10.0, random_state=0)[0]
+    assert got == choose_x_bound(np.ldexp(X, 8), 1.0, 10.0, random_state=0)[0]
