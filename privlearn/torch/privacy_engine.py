@@ -346,6 +346,13 @@ class PrivateTraining:
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.budget.load_state_dict(state["budget"])
         self._plan_after_prior()  # a history after earlier runs: the plan follows them
+        if self.ledger_link is not None and not self.plan.run.stepwise and self.accountant.steps:
+            warnings.warn(
+                f"this run reserved its whole plan in the ledger again, and resumes a "
+                f"checkpoint of {self.accountant.steps} steps of a run accounted as one "
+                "mechanism, whose run reserved (or, stopped part-way, settled at) the same "
+                "plan: the ledger counts it twice. Resume it with ledger=None (and the same "
+                "settings)", UserWarning, stacklevel=2)
         self._sampler.load_state_dict(state["sampler"])
         self.optimizer.noise.load_state_dict(state["noise"])
         if self.optimizer.correlated is not None:

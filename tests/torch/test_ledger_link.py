@@ -186,6 +186,11 @@ def test_a_resumed_whole_run_is_told_its_plan_is_already_counted(tmp_path, kw):
     with pytest.raises(BudgetExceededError) as err:
         build(ledger.budget("tight"))
     assert "ledger=None" in str(err.value) and "no epochs/steps" not in str(err.value)
+    ledger.create_budget("roomy", epsilon=1e6, delta=DELTA)
+    twice = build(ledger.budget("roomy"))  # a budget that holds the plan again: told
+    with pytest.warns(UserWarning, match="counts it twice.*ledger=None"):
+        twice.load_state_dict(state)
+    twice.detach()
     resumed = build(None)  # as the refusal says
     resumed.load_state_dict(state)
     _train(resumed, total - total // 2)
