@@ -20,13 +20,24 @@ from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 __all__ = ["steps_per_epoch", "planned_steps", "warn_if_delta_large"]
 
 
-def steps_per_epoch(sampling_rate: float) -> int:
-    """Steps in one epoch at sampling rate ``q``: ``max(1, round(1 / q))``.
+def steps_per_epoch(sampling_rate: float, cycle_length: int = 1) -> int:
+    """Steps in one epoch at sampling rate ``q``: ``max(1, round(c / q))``, ``c`` the
+    cycle length (1 without one), which is ``round(N / B)`` for the rate ``q = B c / N``
+    of batches of ``B`` of ``N`` examples.
+
+    One exact integer rule for every sampler and the accountant: ``c / q`` is computed in
+    floats, so an exact tie ``N / B = k + 1/2`` lands a few ulps on either side of it
+    (``N = 49, B = 2``: ``1 / (2 / 49) = 24.500000000000004``). A ratio within a relative
+    ``1e-12`` of a half-integer is that tie (a ratio of integers below ``5e11`` that is not
+    a tie is further from one) and rounds half to even, as ``round(N / B)`` does.
 
     Parameters
     ----------
     sampling_rate : float in (0, 1]
-        Probability that an example is in a given batch (batch size / dataset size).
+        Probability that an example is in a given batch (batch size / dataset size;
+        ``B c / N`` for cyclic Poisson sampling within ``c`` groups).
+    cycle_length : int >= 1
+        The number of groups an example's steps cycle through (1: Poisson, fixed-size).
 
     Returns
     -------
@@ -34,11 +45,16 @@ def steps_per_epoch(sampling_rate: float) -> int:
         At least 1.
     """
     q = check_rate("sampling_rate", sampling_rate)
-    if not math.isfinite(1 / q):  # a subnormal rate: 1 / q overflows
+    c = check_count("cycle_length", cycle_length, minimum=1)
+    ratio = c / q
+    if not math.isfinite(ratio):  # a subnormal rate: 1 / q overflows
         raise ParameterValueError(
             f"sampling_rate must be in (0, 1] with a finite 1 / sampling_rate, got {q!r}; "
             "use batch size / dataset size")
-    return max(1, round(1 / q))
+    k = math.floor(ratio)
+    if abs(ratio - (k + 0.5)) <= 1e-12 * ratio:  # the tie N / B = k + 1/2
+        return max(1, k if k % 2 == 0 else k + 1)
+    return max(1, round(ratio))
 
 
 def planned_steps(sampling_rate: float, epochs: float) -> int:

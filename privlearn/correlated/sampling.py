@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -70,16 +71,17 @@ def _set_count(obj: object, name: str) -> None:
     object.__setattr__(obj, name, check_count(name, getattr(obj, name), minimum=1))
 
 
-def partition(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
+def partition(n: int, parts: int, rng: np.random.Generator | None) -> list[np.ndarray]:
     """Every index of ``range(n)`` put in one of ``parts`` parts uniformly at random, one
     draw per index in index order (so the parts of the first ``n`` indices are the same
     for any larger ``n`` with the same ``rng``: adding an example leaves the others'
-    parts alone). Each part lists its indices in increasing order.
+    parts alone). Each part lists its indices in increasing order. ``rng=None``: one
+    uniform draw per index from the OS CSPRNG (secure mode).
 
     The one group partition of privlearn: the groups of cyclic Poisson sampling and the
     bins of balls-in-bins sampling, in :mod:`privlearn.correlated` and
     :mod:`privlearn.torch` alike."""
-    g = rng.integers(0, parts, size=n)
+    g = _os_integers(parts, n) if rng is None else rng.integers(0, parts, size=n)
     order = np.argsort(g, kind="stable")
     return np.split(order, np.cumsum(np.bincount(g, minlength=parts))[:-1])
 
@@ -89,6 +91,27 @@ def _os_uniforms(n: int) -> np.ndarray:
     """``n`` uniforms in [0, 1) with 53 random bits each from the OS CSPRNG."""
     bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
     return bits.astype(np.float64) * 2.0**-53
+
+
+def _os_integers(high: int, n: int) -> np.ndarray:
+    """``n`` integers uniform on ``range(high)`` from the OS CSPRNG: 64-bit words below
+    the largest multiple of ``high``, reduced modulo ``high`` (exactly uniform)."""
+    limit = (2**64 // high) * high
+    out = np.empty(0, dtype=np.uint64)
+    while out.size < n:
+        w = np.frombuffer(os.urandom(8 * (n - out.size)), dtype=np.uint64)
+        out = np.concatenate([out, w[w <= np.uint64(limit - 1)]])
+    return (out % np.uint64(high)).astype(np.int64)
+
+
+def _os_permutation(n: int) -> np.ndarray:
+    """A uniformly random permutation of ``range(n)`` from the OS CSPRNG: the order of
+    ``n`` i.i.d. 64-bit keys, drawn again until they are distinct (uniform by symmetry)."""
+    while True:
+        keys = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+        order = np.argsort(keys, kind="stable")
+        if n < 2 or np.all(keys[order][1:] != keys[order][:-1]):
+            return order.astype(np.int64)
 
 
 _SKIP_CHUNK = 256  # geometric skips drawn at a time (a constant: the stream never
@@ -116,9 +139,11 @@ def poisson_subset(n: int, rate: float, rng: np.random.Generator | None) -> np.n
         last = int(idx[-1])
 
 
-def fixed_subset(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
+def fixed_subset(n: int, size: int, rng: np.random.Generator | None) -> np.ndarray:
     """``size`` distinct indices of ``range(n)``, uniformly at random (sampling without
-    replacement), in random order."""
+    replacement), in random order. ``rng=None``: from the OS CSPRNG (secure mode)."""
+    if rng is None:
+        return np.asarray(secrets.SystemRandom().sample(range(n), size), dtype=np.int64)
     return rng.permutation(n)[:size]
 
 
@@ -153,11 +178,12 @@ def unit_subset(members: np.ndarray, k: int, seed: int | None) -> np.ndarray:
     return np.sort(members[np.argpartition(keys, k - 1)[:k]])
 
 
-def shuffled_order(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
+def shuffled_order(n: int, parts: int, rng: np.random.Generator | None) -> list[np.ndarray]:
     """One random permutation of ``range(n)`` cut into ``parts`` near-equal batches
     (``np.array_split``). Adding an example changes the batch sizes, so other examples
-    move to other batches: a replace-one layout only."""
-    return np.array_split(rng.permutation(n), parts)
+    move to other batches: a replace-one layout only. ``rng=None``: the permutation from
+    the OS CSPRNG (secure mode)."""
+    return np.array_split(_os_permutation(n) if rng is None else rng.permutation(n), parts)
 
 
 class _CycledSampler:
@@ -349,7 +375,8 @@ class SamplingLaw:
     scheme : str or None
         The subsampling scheme of a step-by-step accounting (``"poisson"``, ``"fixed"``).
     secure : bool
-        Whether the draw supports OS-CSPRNG randomness (``rng=None``).
+        Whether the draw supports OS-CSPRNG randomness (``rng=None`` given to ``batch``
+        and to ``layout``); secure mode refuses a sampling without it.
     distributed : bool
         Whether it runs on several ranks (each rank drawing its part of one batch).
     default_cycle : callable or None
@@ -478,10 +505,11 @@ register_sampling(SamplingLaw(
     rate=lambda b, n, c: b / n, per_epoch=lambda q, c: steps_per_epoch(q),
     expected_batch=lambda q, n, c: q * n, layout=None,
     batch=lambda n, q, size, parts, t, rng: fixed_subset(n, size, rng),
-    participation=_per_step, eligible_rate=lambda q: q, scheme="fixed", distributed=True))
+    participation=_per_step, eligible_rate=lambda q: q, scheme="fixed", secure=True,
+    distributed=True))
 register_sampling(SamplingLaw(
     "cyclic_poisson", Neighbouring.ADD_REMOVE, True,
-    rate=lambda b, n, c: b * c / n, per_epoch=lambda q, c: max(1, round(c / q)),
+    rate=lambda b, n, c: b * c / n, per_epoch=steps_per_epoch,
     expected_batch=lambda q, n, c: q * n / c, layout=partition, batch=_poisson_in_part,
     participation=_cycled, eligible_rate=lambda q: q,
     describe=lambda n, q, steps, c: CyclicPoissonSampler(n, q, steps, c), secure=True,
@@ -491,9 +519,9 @@ register_sampling(SamplingLaw(
     rate=lambda b, n, c: 1.0 / c, per_epoch=lambda q, c: c,
     expected_batch=lambda q, n, c: n / c, layout=partition, batch=_own_part,
     participation=_cycled, eligible_rate=_whole,
-    describe=lambda n, q, steps, c: BallsInBinsSampler(n, steps, c)))
+    describe=lambda n, q, steps, c: BallsInBinsSampler(n, steps, c), secure=True))
 register_sampling(SamplingLaw(
     "shuffled_epochs", Neighbouring.REPLACE_ONE, True,
     rate=lambda b, n, c: 1.0 / c, per_epoch=lambda q, c: c,
     expected_batch=lambda q, n, c: n / c, layout=shuffled_order, batch=_own_part,
-    participation=_fixed_epochs, eligible_rate=_whole, describe=_fixed_epochs))
+    participation=_fixed_epochs, eligible_rate=_whole, describe=_fixed_epochs, secure=True))

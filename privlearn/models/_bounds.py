@@ -21,7 +21,7 @@ import numpy as np
 from privlearn import _validation as _v
 from privlearn.accounting import Mechanism, PureDP
 from privlearn.errors import ParameterTypeError, ParameterValueError
-from privlearn.models.base import _non_finite_error, make_rng
+from privlearn.models.base import _non_finite_error, make_rng, row_norms
 
 __all__ = ["private_quantile", "choose_x_bound", "choose_y_bound"]
 
@@ -119,7 +119,7 @@ def choose_x_bound(
     if X.ndim != 2:
         raise ParameterValueError(f"X must be 2-D, got shape {X.shape}")
     mb = _v.check_positive("max_bound", max_bound)
-    b, m = private_quantile(np.linalg.norm(X, axis=1), quantile, epsilon, 0.0, mb,
+    b, m = private_quantile(row_norms(X), quantile, epsilon, 0.0, mb,
                             random_state=random_state)
     return max(b, mb / 1024), m
 

@@ -18,6 +18,7 @@ from privlearn.models.base import (
     ReleasePlan,
     clip_rows,
     require_delta_for_gaussian,
+    row_norms,
     validate_input,
     warn_person_fitting,
 )
@@ -105,7 +106,7 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
         xb = plan.x_bound
         # Rows above the bound by floating-point rounding only (e.g. L2-normalised rows
         # with norm 1 + 2e-16) are clipped too, but not reported.
-        n_clipped = int(np.count_nonzero(np.linalg.norm(X, axis=1) > xb * (1.0 + 1e-9)))
+        n_clipped = int(np.count_nonzero(row_norms(X) > xb * (1.0 + 1e-9)))
         X, _ = clip_rows(X, xb)
         lo, hi = check_label_range(self.y_bound)
         y_clipped = np.clip(y, lo, hi)

@@ -77,6 +77,7 @@ __all__ = [
     "check_finite_target",
     "check_class_labels",
     "clip_rows",
+    "row_norms",
     "resolve_noise_multiplier",
     "require_delta_for_gaussian",
     "refuse_fit_params",
@@ -417,7 +418,11 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
     kept, so code matching on it still does.
     """
     try:
-        out = validate_data(estimator, X, y, **kwargs)
+        # scikit-learn's quick finiteness check sums the data: extreme finite entries
+        # (near 1e308) overflow that sum and it checks entry by entry instead; its
+        # overflow warning is not the caller's
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = validate_data(estimator, X, y, **kwargs)
     except (ValueError, TypeError) as e:
         owner = type(estimator).__name__
         first = str(e).split("\n")[0]
@@ -559,18 +564,49 @@ def make_rng(random_state: object) -> np.random.Generator:
     return np.random.default_rng(random_state)
 
 
+def row_norms(X: np.ndarray, ord: int | float = 2) -> np.ndarray:
+    """The ``ord``-norm of every row of ``X``, without overflow in the squares: a row
+    whose plain norm overflows (entries beyond about ``1e154``) is scaled by its largest
+    entry first, ``s ||x / s||``, which is ``inf`` only when the norm itself exceeds the
+    largest float (and says nothing). Every other row's norm is ``np.linalg.norm``'s."""
+    X = np.asarray(X, dtype=float)
+    with np.errstate(over="ignore", invalid="ignore"):
+        norms = np.linalg.norm(X, ord=ord, axis=1)
+    big = ~np.isfinite(norms) & np.all(np.isfinite(X), axis=1)
+    if np.any(big):
+        scale, rel = _scaled_rows(X[big], ord)
+        with np.errstate(over="ignore"):
+            norms[big] = scale * rel
+    return norms
+
+
+def _scaled_rows(X: np.ndarray, ord) -> tuple[np.ndarray, np.ndarray]:
+    """The largest absolute entry ``s`` of each (finite, non-zero) row and the norm of
+    ``x / s`` (entries in [-1, 1]: no overflow)."""
+    scale = np.max(np.abs(X), axis=1)
+    return scale, np.linalg.norm(X / scale[:, None], ord=ord, axis=1)
+
+
 def clip_rows(X: np.ndarray, bound: float, ord: int | float = 2) -> tuple[np.ndarray, int]:
     """Scale every row whose ``ord``-norm exceeds ``bound`` down to norm ``bound``.
 
     Returns the clipped copy and the number of rows that were clipped. Rows within the
-    bound are unchanged, so data that already satisfies the bound is never altered.
+    bound are unchanged, so data that already satisfies the bound is never altered. A row
+    of extreme finite entries (near ``1e308``, whose squares overflow) is scaled by its
+    largest entry first, ``bound (x / s) / ||x / s||``: no overflow warning, and the row
+    clipped to norm ``bound`` in its own direction (not to zero).
     """
-    norms = np.linalg.norm(X, ord=ord, axis=1)
+    norms = row_norms(X, ord)
     over = norms > bound
     if not np.any(over):
         return X, 0
     Xc = np.array(X, dtype=float, copy=True)
-    Xc[over] *= (bound / norms[over])[:, None]
+    huge = over & ~np.isfinite(norms)  # the norm exceeds the largest float
+    plain = over & ~huge
+    Xc[plain] *= (bound / norms[plain])[:, None]
+    if np.any(huge):
+        scale, rel = _scaled_rows(Xc[huge], ord)
+        Xc[huge] = (Xc[huge] / scale[:, None]) * (bound / rel)[:, None]
     return Xc, int(np.count_nonzero(over))
 
 

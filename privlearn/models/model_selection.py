@@ -300,7 +300,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     method : {"random_stopping", "composition"}
         See the module docstring.
     expected_runs : float >= 1
-        ``E[K]`` for random stopping (default: the number of candidates).
+        ``E[K]`` for random stopping (default: the number of candidates); refused with
+        ``method="composition"``, which fits every candidate.
     eta : float >= 0
         Shape of the truncated negative binomial (1: geometric, Liu & Talwar 2019; 0:
         logarithmic).
@@ -458,6 +459,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 "give X_val with y_val: without public validation features the search "
                 "scores its runs privately on the training data and would ignore y_val")
         refuse_as_step(self.estimator, "PrivateSearchCV")
+        if params["method"] == "composition" and params["expected_runs"] is not None:
+            raise ConfigurationError(
+                f"expected_runs={params['expected_runs']!r} applies to "
+                "method='random_stopping' only (the mean number of candidates it tries); "
+                "method='composition' fits every candidate once and composes all of them, "
+                "so it would be ignored. Leave expected_runs out (None) with "
+                "method='composition', or use method='random_stopping'")
         if not hasattr(self.estimator, "predict"):
             raise ParameterTypeError(
                 f"PrivateSearchCV scores every run by its predictions, and "

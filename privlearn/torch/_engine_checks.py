@@ -20,6 +20,8 @@ from privlearn import _validation as _v
 from privlearn.accounting import Neighbouring
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch.data import FixedSizeBatchSampler, PoissonBatchSampler
+from privlearn.torch.samplers import DistributedPoissonBatchSampler, _AccountedSampler
+from privlearn.torch.schedule import SAMPLINGS
 
 
 def _check_pos(name: str, value, allow_inf: bool = False) -> float:
@@ -151,9 +153,9 @@ _SAMPLING_HELP = (
     "Pass DataLoader(dataset, batch_size=B) with no shuffle and no sampler: make_private "
     "replaces the batching by the sampling it accounts, sampling='poisson' (each example "
     "joins each batch independently with probability B / len(dataset)) or "
-    "sampling='fixed' (B distinct examples drawn uniformly at every step); or pass "
-    "batch_sampler=PoissonBatchSampler(...) / FixedSizeBatchSampler(...) from "
-    "privlearn.torch")
+    "sampling='fixed' (B distinct examples drawn uniformly at every step); or pass one "
+    "of privlearn.torch's DP samplers as batch_sampler= (PoissonBatchSampler, "
+    "FixedSizeBatchSampler, CyclicPoissonBatchSampler, ...) with the sampling= it draws")
 
 
 def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
@@ -161,14 +163,11 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
     """The per-rank (expected) batch size of a loader whose sampling make_private can
     replace by the accounted one; refuses every other loader (Chua et al. 2024, "How
     Private are DP-SGD Implementations?": shuffled batches accounted as Poisson overstate
-    privacy)."""
+    privacy). A loader with one of privlearn's DP samplers is read by
+    :func:`_given_dp_sampling`."""
     batch_size = data_loader.batch_size
     if batch_size is None:
         bs = data_loader.batch_sampler
-        if isinstance(bs, PoissonBatchSampler) and sampling == "poisson":
-            return bs.sample_rate * n / world
-        if isinstance(bs, FixedSizeBatchSampler) and sampling == "fixed":
-            return bs.batch_size
         raise ConfigurationError(
             f"data_loader uses batch_sampler={type(bs).__name__}, which is not "
             f"{sampling!r} sampling, so the accountant could not describe the batches it "
@@ -180,6 +179,39 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
             "account: its batches are not Poisson or uniformly fixed-size samples, and "
             f"accounting them as such would overstate privacy. {_SAMPLING_HELP}")
     return batch_size
+
+
+def _given_dp_sampling(data_loader: DataLoader, sampling: str, cycle_length: int | None,
+                       n: int, world: int) -> tuple[float, int | None, float] | None:
+    """For a loader whose ``batch_sampler`` is one of privlearn's DP samplers (a
+    registered sampling's draw): ``(per-rank batch size, cycle length or None, sampling
+    rate)`` of the run that draws exactly its batches, which make_private then rebuilds
+    and accounts (its other settings are checked by :func:`_check_given_sampler`); None
+    for any other loader. Refused when the sampler draws another sampling than
+    ``sampling`` or another cycle than ``cycle_length``, naming what to pass instead."""
+    bs = data_loader.batch_sampler
+    if data_loader.batch_size is not None or not isinstance(bs, _AccountedSampler):
+        return None
+    law, name = bs.law, type(bs).__name__
+    cycle = int(bs.cycle_length) if law.cycled else None
+    settings = f"sampling={law.name!r}" + ("" if cycle is None else f", cycle_length={cycle}")
+    if SAMPLINGS.get(sampling) is not law:
+        raise ConfigurationError(
+            f"data_loader's batch_sampler={name} draws {settings} batches, but "
+            f"make_private was given sampling={sampling!r}: the accountant would describe "
+            f"other batches than those drawn. Pass make_private(..., {settings}) to train "
+            f"on this sampler's batches, or DataLoader(dataset, batch_size=B) with the "
+            f"sampling= of your choice. Nothing was changed")
+    if cycle is not None and cycle_length is not None and cycle_length != cycle:
+        raise ConfigurationError(
+            f"data_loader's batch_sampler={name} has cycle_length={cycle}, but make_private "
+            f"was given cycle_length={cycle_length}: pass make_private(..., {settings}) "
+            "(or leave cycle_length out, which takes the sampler's), or build the sampler "
+            f"with cycle_length={cycle_length}. Nothing was changed")
+    rate = float(bs.sample_rate)
+    if isinstance(bs, FixedSizeBatchSampler):
+        return float(bs.batch_size), cycle, rate
+    return law.expected_batch(rate, n, cycle or 1) / world, cycle, rate
 
 
 def _sampler_in_words(smp) -> str:
@@ -268,20 +300,29 @@ def _warn_user_rate(data_loader: DataLoader, n_examples: int, n_users: int,
 
 
 def _check_given_sampler(data_loader: DataLoader, n: int, secure: bool,
-                         per_epoch: int) -> None:
-    """A ``PoissonBatchSampler`` / ``FixedSizeBatchSampler`` given as the loader's
-    ``batch_sampler`` is rebuilt by make_private from its rate (or batch size) over the
-    whole dataset: refuse what the rebuilt sampler would silently drop (another dataset
-    size, a subset of indices, secure sampling, another epoch length)."""
+                         per_epoch: int, rank: int = 0, world: int = 1) -> None:
+    """One of privlearn's DP samplers given as the loader's ``batch_sampler`` is rebuilt
+    by make_private from its rate (or batch size) over the whole dataset, on this
+    process's ``rank`` of ``world``: refuse what the rebuilt sampler would silently drop
+    (another dataset size, a subset of indices, another shard, secure sampling, another
+    epoch length)."""
     bs = data_loader.batch_sampler
-    if data_loader.batch_size is not None or not isinstance(
-            bs, PoissonBatchSampler | FixedSizeBatchSampler):
+    if data_loader.batch_size is not None or not isinstance(bs, _AccountedSampler):
         return
     name = type(bs).__name__
     dropped = []
     if bs.num_samples != n:
         dropped.append(f"num_samples={bs.num_samples} (the dataset has {n} examples)")
-    if getattr(bs, "indices", None) is not None:
+    shard = (getattr(bs, "rank", 0), getattr(bs, "world_size", 1))
+    if shard != (rank, world):
+        dropped.append(
+            f"rank={shard[0]}, world_size={shard[1]} (this process is rank {rank} of "
+            f"{world}" + (", no process group is initialised" if world == 1 else "")
+            + "; make_private draws each rank's part of the sample itself: pass "
+            + ("PoissonBatchSampler(len(dataset), q)" if world == 1
+               else f"build it with rank={rank}, world_size={world}") + ")")
+    elif (getattr(bs, "indices", None) is not None
+          and not isinstance(bs, DistributedPoissonBatchSampler)):
         dropped.append(f"indices= (a subset of {len(bs.indices)} examples; pass "
                        "DataLoader(torch.utils.data.Subset(dataset, indices), ...) to "
                        "train on a subset)")
@@ -294,9 +335,9 @@ def _check_given_sampler(data_loader: DataLoader, n: int, secure: bool,
         raise ConfigurationError(
             f"data_loader's batch_sampler={name} is replaced by make_private's own sampler "
             "over the whole dataset at its rate, which would drop its "
-            + "; ".join(dropped) + ". Give the sampler over the loader's dataset with "
-            "default settings, or simply DataLoader(dataset, batch_size=B). Nothing was "
-            "changed")
+            + "; ".join(dropped) + ". Give the sampler over the loader's whole dataset "
+            "with this process's rank and world size and its default steps, or simply "
+            "DataLoader(dataset, batch_size=B). Nothing was changed")
 
 
 def _guard_token_level_labels(model: nn.Module) -> list:

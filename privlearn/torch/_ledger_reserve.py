@@ -51,10 +51,7 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
         raise BudgetExceededError(
             f"{exc}. The whole planned run ({plan.planned_steps} steps) is reserved "
             "before it starts: plan fewer epochs/steps or a smaller target_epsilon. "
-            "To resume a checkpoint whose first steps the ledger already counts, build the "
-            f"run with noise_multiplier={plan.noise_multiplier!r} (this plan's) and no "
-            "epochs/steps, so that its steps are reserved as they run, then "
-            "p.load_state_dict(...)") from exc
+            + _resume_advice(plan)) from exc
     except LedgerConflictError as exc:
         if law.add_remove or "replace-one" not in str(exc):
             raise
@@ -65,3 +62,21 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
             + f"; nothing was recorded ({exc})") from exc
     undo(link.settle)
     return link
+
+
+def _resume_advice(plan: Plan) -> str:
+    """How to resume, on this ledger, a checkpoint of a run planned as ``plan`` whose
+    first steps the ledger already counts (what a refusal of the whole plan says)."""
+    if plan.run.stepwise:  # DP-SGD steps compose: the ledger takes the rest as it runs
+        return ("To resume a checkpoint whose first steps the ledger already counts, build "
+                f"the run with noise_multiplier={plan.noise_multiplier!r} (this plan's) and "
+                "no epochs/steps, so that its steps are reserved as they run, then "
+                "p.load_state_dict(...)")
+    # one mechanism of the planned steps: its run reserved all of them (settled at the
+    # plan when it stopped early), so the ledger already counts the steps left
+    return ("To resume a checkpoint of this run (same settings), whose run reserved this "
+            "whole plan in the ledger (a run accounted as one mechanism, correlated noise "
+            "or a sampling of bounded participation, is reserved whole and, stopped early, "
+            "settled at its plan, so its remaining steps are already counted there), build "
+            "it with ledger=None and the same epochs/steps, then p.load_state_dict(...): "
+            "reserving the plan again would count it twice")

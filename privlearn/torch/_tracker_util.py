@@ -248,21 +248,32 @@ def _mismatch_reason(unit: Unit, seen: int, examples: int, rec: Record | None = 
                 f"{other[0]}: if the layer receives sequence-first activations (e.g. an "
                 "LSTM with batch_first=False feeding it), declare it: "
                 f"make_private(..., batch_dims={{{unit.name!r}: {other[0]}}}).")
+    elsewhere = ("the forward ran on other inputs than this step's batch of "
+                 "p.data_loader (a slice such as x[:k], a batch of another loader, or "
+                 "inputs kept from an earlier step): feed the model exactly what "
+                 "p.data_loader yields, one optimizer step per batch")
+    packed = ("the batch was packed or flattened into fewer rows (e.g. Hugging Face's "
+              "DataCollatorWithFlattening puts the whole batch in one row, which would "
+              "clip it as one example): use a collator that pads, one row per example")
     if seen < examples:
-        return base + (
-            "The batch looks packed or flattened into fewer rows (e.g. Hugging Face's "
-            "DataCollatorWithFlattening puts the whole batch in one row, which would clip "
-            "it as one example): use a collator that pads (one row per example).")
+        causes = [elsewhere, "the model drops rows on the way (boolean masking or "
+                  "filtering of examples): keep every example's row and mask its loss "
+                  "instead", packed]
+        if seen == 1:  # the whole batch in one row: packing is the likeliest
+            causes.insert(0, causes.pop())
+        return base + (f"Fewer rows ({seen}) than examples ({examples}); likely causes: "
+                       + "; or ".join(causes) + ".")
     if seen % examples == 0 and seen > examples:
         return base + (
             f"It saw {seen // examples} rows per example (e.g. several augmented views "
             "concatenated into one batch): each row would be clipped as an example of its "
             "own, so one example could move the update by several times max_grad_norm. "
             "Average or sum the views per example before the loss, or feed them through "
-            "separate forward passes of the same batch.")
+            "separate forward passes of the same batch. Or " + elsewhere + ".")
     return base + (
-        "If the layer receives the batch on another dimension (sequence-first "
-        "activations, e.g. an LSTM with batch_first=False feeding it), declare it: "
+        f"More rows ({seen}) than examples ({examples}); likely causes: " + elsewhere
+        + "; or the layer receives the batch on another dimension (sequence-first "
+        "activations, e.g. an LSTM with batch_first=False feeding it): declare it, "
         f"make_private(..., batch_dims={{{unit.name!r}: 1}}).")
 
 

@@ -317,7 +317,7 @@ class DPConfig:
         ``make_private``.
     secure_mode : bool
         CSPRNG noise with the floating-point-attack mitigation (:mod:`privlearn.torch.noise`)
-        and CSPRNG Poisson sampling.
+        and every sampling drawn from the OS CSPRNG (batches and layouts).
     seed : int, optional
         Seed of the sampler's and the noise's key chains (reproducible runs); None: OS
         entropy. Must be None in secure mode.

@@ -268,13 +268,52 @@ def check_map_style(ds) -> None:
             "__len__ and __getitem__") from None
 
 
+#: The DataLoader options that say how batches are loaded, not which examples form them:
+#: the private loader takes each from the user's loader (those this torch has)
+_LOADING_OPTIONS = ("num_workers", "pin_memory", "timeout", "worker_init_fn",
+                    "multiprocessing_context", "prefetch_factor", "persistent_workers",
+                    "pin_memory_device", "in_order")
+
+
+def loading_options(data_loader: DataLoader, stacklevel: int = 2) -> dict:
+    """The options of ``data_loader`` the private loader keeps: every one of
+    :data:`_LOADING_OPTIONS` this torch's DataLoader takes, as the user set it
+    (``prefetch_factor`` and ``persistent_workers`` only with workers, where they apply).
+    ``in_order=False`` is not kept, with a warning: workers would hand batches over in
+    the order they finish, not the order drawn, so a step could train on another step's
+    batch (with a sampling scheduled over steps, from another step's group) than the one
+    it is accounted for."""
+    import inspect
+
+    accepted = inspect.signature(DataLoader.__init__).parameters
+    out = {k: getattr(data_loader, k) for k in _LOADING_OPTIONS
+           if k in accepted and hasattr(data_loader, k)}
+    if not out.get("num_workers"):
+        out.pop("prefetch_factor", None)
+        out["persistent_workers"] = False
+    if not out.get("pin_memory_device"):
+        out.pop("pin_memory_device", None)
+    if out.get("in_order") is False:
+        import warnings
+
+        warnings.warn(
+            "data_loader has in_order=False, which the private loader does not keep: its "
+            "workers would hand batches over in the order they finish, so a step could "
+            "train on another batch than the one drawn (and accounted) for it. The "
+            "private loader delivers the batches in the order drawn (in_order=True)",
+            UserWarning, stacklevel=stacklevel)
+        out["in_order"] = True
+    return out
+
+
 def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float,
                    batch_size: int, steps: int | None, seed: int | None,
                    rank: int = 0, world_size: int = 1, secure: bool = False,
                    shared_seed: int | None = None, cycle_length: int | None = None,
-                   units: UnitIndex | None = None) -> DataLoader:
-    """A loader over the same dataset with the DP batch sampler (keeps workers, pinning,
-    the collate function and the worker settings of ``data_loader``).
+                   units: UnitIndex | None = None, stacklevel: int = 2) -> DataLoader:
+    """A loader over the same dataset with the DP batch sampler (keeps the collate
+    function and every loading option of ``data_loader``: workers, pinning, prefetching,
+    persistent workers, ...; :func:`loading_options`).
 
     With the default collate function and a ``TensorDataset`` (or ``Subset`` chain over
     one), the loader's ``dataset`` is a :class:`TensorBatchGather` around yours (its
@@ -304,18 +343,9 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
             generator.seed()
         else:
             generator.manual_seed((int(seed) * 0x9E3779B1 + rank) % 2**63)
-    loader = DPDataLoader(
-        loader_ds,
-        batch_sampler=bs,
-        collate_fn=collate_fn,
-        generator=generator,
-        num_workers=data_loader.num_workers,
-        pin_memory=data_loader.pin_memory,
-        timeout=data_loader.timeout,
-        worker_init_fn=data_loader.worker_init_fn,
-        multiprocessing_context=data_loader.multiprocessing_context,
-        persistent_workers=data_loader.persistent_workers if data_loader.num_workers else False,
-    )
+    loader = DPDataLoader(loader_ds, batch_sampler=bs, collate_fn=collate_fn,
+                          generator=generator,
+                          **loading_options(data_loader, stacklevel + 1))
     loader.dataset_size = len(ds)
     return loader
 

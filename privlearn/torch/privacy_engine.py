@@ -44,6 +44,7 @@ from privlearn.torch._engine_checks import (
     _check_given_sampler,
     _check_loadable,
     _check_optimizer_step,
+    _given_dp_sampling,
     _guard_token_level_labels,
     _per_layer_bounds,
     _shared_seed,
@@ -94,9 +95,6 @@ __all__ = ["make_private", "PrivateTraining", "Plan", "prepare_model", "plan_run
            "reserve_budget", "attach_engine", "build_optimizer"]
 
 _STATE_FORMAT = "privlearn.torch.private_training/2"
-#: the loader a sampling accepts: ordinary batches (the DP sampler replaces them)
-_LOADER_KIND = {"fixed": "fixed"}
-
 
 class PrivateTraining:
     """What :func:`make_private` returns.
@@ -348,6 +346,13 @@ class PrivateTraining:
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.budget.load_state_dict(state["budget"])
         self._plan_after_prior()  # a history after earlier runs: the plan follows them
+        if self.ledger_link is not None and not self.plan.run.stepwise and self.accountant.steps:
+            warnings.warn(
+                f"this run reserved its whole plan in the ledger again, and resumes a "
+                f"checkpoint of {self.accountant.steps} steps of a run accounted as one "
+                "mechanism, whose run reserved (or, stopped part-way, settled at) the same "
+                "plan: the ledger counts it twice. Resume it with ledger=None (and the same "
+                "settings)", UserWarning, stacklevel=2)
         self._sampler.load_state_dict(state["sampler"])
         self.optimizer.noise.load_state_dict(state["noise"])
         if self.optimizer.correlated is not None:
@@ -528,13 +533,14 @@ def _warn_unoptimised(model: nn.Module, optimizer) -> None:
 
 
 def _cycle_and_rate(cfg: DPConfig, n: int, b: float, world: int, steps: int | None,
-                    users: bool = False) -> tuple[int, float]:
+                    users: bool = False, given_cycle: int | None = None) -> tuple[int, float]:
     """The cycle length and sampling rate of the run ``cfg`` plans over ``n`` units in
     batches of ``b`` per rank (``steps``: the planned steps, which bound a default cycle
-    of bands); the sampling rate checked to be in (0, 1]."""
+    of bands; ``given_cycle``: the cycle of a DP sampler given with the loader); the
+    sampling rate checked to be in (0, 1]."""
     law = SAMPLINGS[cfg.sampling]
     held = cycle_bands(cfg.noise, cfg.bands, steps)
-    cycle = cfg.cycle_length or law.cycle_for(n, b, held)
+    cycle = cfg.cycle_length or given_cycle or law.cycle_for(n, b, held)
     q = law.rate(world * b, n, cycle)
     if not 0 < q <= 1:
         source = ("" if cfg.cycle_length is not None or held is None or cycle != held
@@ -593,10 +599,16 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                 f"chunk. Pass max_physical_batch_size >= {rows} or lower "
                 "max_examples_per_user")
     n = len(data_loader.dataset) if units is None else units.n_units
-    b = _accountable_batch_size(data_loader, _LOADER_KIND.get(cfg.sampling, "poisson"),
-                                len(data_loader.dataset), world)
+    # one of privlearn's DP samplers given: (batch size, cycle, rate) of what it draws
+    given = _given_dp_sampling(data_loader, cfg.sampling, cfg.cycle_length,
+                               len(data_loader.dataset), world)
+    b = given[0] if given else _accountable_batch_size(data_loader, cfg.sampling,
+                                                       len(data_loader.dataset), world)
     law = SAMPLINGS[cfg.sampling]  # the registry entry: the sampler and its law
-    cycle, q = _cycle_and_rate(cfg, n, b, world, cfg.steps, units is not None)
+    cycle, q = _cycle_and_rate(cfg, n, b, world, cfg.steps, units is not None,
+                               given[1] if given else None)
+    if given and units is None and math.isclose(q, given[2], rel_tol=1e-12):
+        q = given[2]  # the sampler's own rate, not its round trip through the batch size
     if units is not None:
         _warn_user_rate(data_loader, len(data_loader.dataset), n, q, stacklevel=3)
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
@@ -605,7 +617,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     _warn_drop_last(data_loader, law, stacklevel=3)
     _warn_loader_generator(data_loader, cfg, stacklevel=3)
     per_epoch = law.per_epoch(q, cycle)
-    _check_given_sampler(data_loader, len(data_loader.dataset), cfg.secure_mode, per_epoch)
+    _check_given_sampler(data_loader, len(data_loader.dataset), cfg.secure_mode, per_epoch,
+                         rank, world)
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
     run = NoisePlan.build(cfg.noise, cfg.sampling, n, q, cycle, planned, cfg.bands,
@@ -703,7 +716,7 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
                             steps=plan.steps_per_epoch, seed=seed, rank=plan.rank,
                             world_size=plan.world_size, secure=cfg.secure_mode,
                             shared_seed=shared, cycle_length=plan.run.cycle,
-                            units=plan.units)
+                            units=plan.units, stacklevel=4)
     acct = PrivacyAccountant(scheme=SAMPLINGS[cfg.sampling].scheme or cfg.sampling,
                              accountant=cfg.accountant, run=plan.run)
     if plan.planned_epsilon is None and plan.run.stepwise and plan.noise_multiplier > 0:

@@ -303,7 +303,10 @@ class _AccountedSampler(Sampler[list[int]]):
         if not isinstance(state, dict) or state.get("format") != _SAMPLER_FORMAT:
             raise ParameterValueError("state is not a privlearn sampler state; pass what "
                              "state_dict() returned")
-        if state["kind"] != type(self).__name__ or state["params"] != self._params():
+        saved = {**state["params"]}
+        if "secure" in self._params():  # saved before the sampler had a secure mode
+            saved.setdefault("secure", False)
+        if state["kind"] != type(self).__name__ or saved != self._params():
             raise ConfigurationError(
                 f"the saved sampler was {state['kind']} with {state['params']}, this one is "
                 f"{type(self).__name__} with {self._params()}; rebuild with the same "
@@ -321,6 +324,11 @@ class _AccountedSampler(Sampler[list[int]]):
 
 
 _SAMPLER_FORMAT = "privlearn.torch.sampler/2"
+
+
+def _check_secure(secure: bool, seed: int | None) -> None:  # OS CSPRNG: no seed
+    if secure and seed is not None:
+        raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
 
 
 def _law_field_error(name: str) -> AttributeError:
@@ -390,8 +398,7 @@ class PoissonBatchSampler(_AccountedSampler):
         self._sample_rate = float(sample_rate)
         self.steps = steps_per_epoch(sample_rate) if steps is None else _check_steps(steps)
         self.indices = None if indices is None else np.asarray(list(indices), dtype=np.int64)
-        if secure and seed is not None:
-            raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
+        _check_secure(secure, seed)
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
 
@@ -467,7 +474,8 @@ class FixedSizeBatchSampler(_AccountedSampler):
     ``world_size * batch_size`` distinct indices (the seed must be the same on all
     ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
     batches are disjoint and their union is one uniform fixed-size sample of the dataset.
-    ``batch_size`` is read-only after construction.
+    ``batch_size`` is read-only after construction. ``secure=True`` draws every batch
+    from the OS CSPRNG (one process only).
     """
 
     batch_size = _read_only("batch_size")
@@ -479,10 +487,11 @@ class FixedSizeBatchSampler(_AccountedSampler):
         world = run["world_size"]
         return cls(n, run["batch_size"], steps=run["steps"],
                    seed=run["seed"] if world == 1 else run["shared_seed"], rank=run["rank"],
-                   world_size=world)
+                   world_size=world, secure=run["secure"])
 
     def __init__(self, num_samples: int, batch_size: int, steps: int | None = None,
-                 seed: int | None = None, rank: int = 0, world_size: int = 1):
+                 seed: int | None = None, rank: int = 0, world_size: int = 1,
+                 secure: bool = False):
         num_samples = _v.check_count("num_samples", num_samples, minimum=1,
                                      hint="pass the number of examples of the dataset")
         batch_size = _v.check_count("batch_size", batch_size, minimum=1,
@@ -501,6 +510,13 @@ class FixedSizeBatchSampler(_AccountedSampler):
         self._sample_rate = global_batch / num_samples
         self.steps = (steps_per_epoch(self._sample_rate) if steps is None
                       else _check_steps(steps))
+        _check_secure(secure, seed)
+        if secure and world_size > 1:
+            raise ConfigurationError(
+                "secure=True with world_size > 1: the ranks draw one global fixed-size "
+                "sample with one shared generator, which the OS CSPRNG cannot be. Use "
+                "sampling='poisson' (each rank draws its own part) in secure mode")
+        self.secure = bool(secure)
         self._init_bookkeeping(seed)
 
     @property
@@ -510,7 +526,8 @@ class FixedSizeBatchSampler(_AccountedSampler):
 
     def _params(self) -> dict:
         return {"num_samples": self.num_samples, "batch_size": self.batch_size,
-                "steps": self.steps, "rank": self.rank, "world_size": self.world_size}
+                "steps": self.steps, "rank": self.rank, "world_size": self.world_size,
+                "secure": self.secure}
 
     def _draw(self, seed: int | None) -> list[int]:
         global_batch = self.batch_size * self.world_size
@@ -603,9 +620,10 @@ class _ScheduledSampler(_AccountedSampler):
     def _for_run(cls, n: int, run: dict) -> _ScheduledSampler:
         return cls(n, run["cycle_length"], seed=run["seed"])
 
-    def _make_parts(self, seed: int) -> list[np.ndarray]:
+    def _make_parts(self, seed: int | None) -> list[np.ndarray]:
+        # secure: the layout from the OS CSPRNG (kept in the state, it cannot be replayed)
         return self.law.layout(self.num_samples, self.cycle_length,
-                               np.random.default_rng(seed))
+                               None if seed is None else np.random.default_rng(seed))
 
     def _draw(self, seed: int | None) -> list[int]:
         return self.law.batch(self.num_samples, self.sample_rate, None, self.parts(),
@@ -629,7 +647,7 @@ class _ScheduledSampler(_AccountedSampler):
         return True
 
     def _init_layout(self, seed: int | None) -> None:
-        self._layout_seed = _layout_seed(seed, self._label)
+        self._layout_seed = None if self.secure else _layout_seed(seed, self._label)
         self._parts: list[np.ndarray] | None = None
 
     def parts(self) -> list[np.ndarray]:
@@ -641,10 +659,16 @@ class _ScheduledSampler(_AccountedSampler):
     def state_dict(self) -> dict:
         state = super().state_dict()
         state["layout"] = self._layout_seed
+        if self.secure:  # drawn from the OS CSPRNG: the parts themselves
+            state["parts"] = [p.tolist() for p in self.parts()]
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
+        if state.get("parts") is not None:
+            self._layout_seed = None
+            self._parts = [np.asarray(p, dtype=np.int64) for p in state["parts"]]
+            return
         self._layout_seed = int(state["layout"])
         self._parts = None
 
@@ -667,7 +691,9 @@ class CyclicPoissonBatchSampler(_ScheduledSampler):
         expected batch is ``sample_rate * num_samples / cycle_length``.
     cycle_length : int >= 1
     steps : int, optional
-        Batches per epoch; default ``round(cycle_length / sample_rate)`` (every example
+        Batches per epoch; default
+        :func:`privlearn.accounting.steps_per_epoch` ``(sample_rate, cycle_length)``,
+        ``round(cycle_length / sample_rate)`` (every example
         once in expectation per epoch).
     seed : int, optional
     secure : bool
@@ -687,10 +713,9 @@ class CyclicPoissonBatchSampler(_ScheduledSampler):
         self._sample_rate = _v.check_rate("sample_rate", sample_rate)
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
-        self.steps = (max(1, round(self.cycle_length / self._sample_rate)) if steps is None
+        self.steps = (self.law.per_epoch(self._sample_rate, self.cycle_length) if steps is None
                       else _check_steps(steps))
-        if secure and seed is not None:
-            raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
+        _check_secure(secure, seed)
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
         self._init_layout(seed)
@@ -714,17 +739,25 @@ class BallsInBinsBatchSampler(_ScheduledSampler):
     num_samples : int
     cycle_length : int >= 1
         Steps per epoch; the expected batch is ``num_samples / cycle_length``.
-    seed : int, optional
+    seed, secure : int or None, bool
+        The layout's seed; ``secure=True``: the bins from the OS CSPRNG (no seed).
     """
 
     _label = b"privlearn.bins"
     law = SAMPLINGS["balls_in_bins"]
 
-    def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
+    @classmethod
+    def _for_run(cls, n: int, run: dict) -> BallsInBinsBatchSampler:
+        return cls(n, run["cycle_length"], seed=run["seed"], secure=run["secure"])
+
+    def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None,
+                 secure: bool = False):
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.steps = self.cycle_length
         self._sample_rate = 1.0 / self.cycle_length
+        _check_secure(secure, seed)
+        self.secure = bool(secure)
         self._init_bookkeeping(seed)
         self._init_layout(seed)
 
@@ -734,7 +767,8 @@ class BallsInBinsBatchSampler(_ScheduledSampler):
         return self._sample_rate
 
     def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "cycle_length": self.cycle_length}
+        return {"num_samples": self.num_samples, "cycle_length": self.cycle_length,
+                "secure": self.secure}
 
 
 class ShuffledEpochsBatchSampler(BallsInBinsBatchSampler):
@@ -759,12 +793,13 @@ class ShuffledEpochsBatchSampler(BallsInBinsBatchSampler):
     _label = b"privlearn.order"
     law = SAMPLINGS["shuffled_epochs"]
 
-    def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None):
+    def __init__(self, num_samples: int, cycle_length: int, seed: int | None = None,
+                 secure: bool = False):
         if _v.check_count("cycle_length", cycle_length, minimum=1) > num_samples:
             raise ParameterValueError(
                 f"cycle_length must be at most the dataset size {num_samples}, "
                 f"got {cycle_length}; use a larger batch size")
-        super().__init__(num_samples, cycle_length, seed)
+        super().__init__(num_samples, cycle_length, seed, secure)
 
 
 
@@ -799,8 +834,13 @@ class RegisteredBatchSampler(_ScheduledSampler):
         self.batch_size = batch_size
         self.steps = (law.per_epoch(self._sample_rate, self.cycle_length) if steps is None
                       else _check_steps(steps))
-        if secure and seed is not None:
-            raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
+        _check_secure(secure, seed)
+        if secure and not law.secure:
+            raise ConfigurationError(
+                f"secure=True (secure_mode) with sampling={law.name!r}, whose registry entry "
+                "has secure=False (a seeded draw only): register it with secure=True (its "
+                "batch and layout drawn from the OS CSPRNG given rng=None), or use another "
+                f"sampling ({', '.join(k for k, v in SAMPLINGS.items() if v.secure)})")
         self.secure = bool(secure)
         self._label = b"privlearn.layout." + law.name.encode()
         self._init_bookkeeping(seed)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 import warnings
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
 
 from privlearn.accounting import steps_per_epoch, warn_if_delta_large
 from privlearn.errors import ParameterTypeError, ParameterValueError, PrivacyLeakWarning
@@ -40,3 +42,21 @@ def test_steps_per_epoch_refuses_a_rate_whose_inverse_overflows():
     assert steps_per_epoch(1e-300) == round(1 / 1e-300)
     with pytest.raises(ParameterValueError, match=r"^sampling_rate .*got 1e-320"):
         steps_per_epoch(1e-320)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 10**9), st.integers(1, 10**6), st.integers(1, 64))
+def test_steps_per_epoch_is_round_n_over_b_exactly(n, b, c):
+    """Batches of ``b`` of ``n`` examples (rate ``b c / n`` in ``c`` groups) run
+    ``round(n / b)`` steps an epoch, ties to even as Python's exact rounding: the float
+    ``c / q`` used to land either side of an exact tie (n = 49, b = 2: 25, not 24)."""
+    from fractions import Fraction
+
+    q = b * c / n
+    assume(q <= 1)
+    assert steps_per_epoch(q, c) == max(1, round(Fraction(n, b)))
+
+
+@pytest.mark.parametrize("n,b,c", [(49, 2, 1), (49, 2, 2), (51, 2, 7), (98, 4, 1)])
+def test_steps_per_epoch_at_a_tie(n, b, c):
+    assert steps_per_epoch(b * c / n, c) == round(n / b)  # 24, 26, 24: half to even

@@ -757,3 +757,51 @@ def test_excess_risk_on_california_falls_as_epsilon_grows(seed_data, cls):
         for eps in (0.1, 0.3, 1.0, 3.0, 10.0)])
     assert np.all(excess > 0), excess
     assert np.all(excess[1:] < 0.95 * excess[:-1]), excess
+
+
+@settings(max_examples=30, deadline=None)
+@given(hnp.arrays(np.float64, (4, 3), elements=st.floats(-4, 4).filter(lambda v: abs(v) > 1e-3)),
+       st.integers(500, 1020), st.sampled_from([1, 2]))
+def test_row_clipping_of_extreme_finite_rows_scales_first(rows, k, ord_):
+    """Rows near 1e308 (squares overflow): clipped without a warning to the norm bound in
+    their own direction, as the same rows scaled by a power of two (exact in floats)
+    into the ordinary range are; they used to come back as zeros (an infinite norm)."""
+    from privlearn.models.base import clip_rows, row_norms
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        big, n_big = clip_rows(np.ldexp(rows, k), 0.5, ord=ord_)
+        norms = row_norms(np.ldexp(rows, k), ord=ord_)
+    small, n_small = clip_rows(np.ldexp(rows, 4), 0.5, ord=ord_)
+    assert n_big == n_small == 4
+    np.testing.assert_allclose(big, small, rtol=1e-12, atol=0)
+    plain = np.linalg.norm(rows, ord=ord_, axis=1)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(norms, np.ldexp(plain, k), rtol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [SSPRegressor, AdaSSPRegressor, NoisyGDRegressor])
+def test_linear_fit_on_extreme_finite_rows_is_quiet_and_as_on_their_directions(cls):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(40, 3))
+    y = X @ [0.3, -0.2, 0.1]
+    fits = []
+    for k in (1020, 8):  # every row above x_bound=1 either way: the same clipped rows
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            fits.append(cls(epsilon=1.0, delta=1e-5, x_bound=1.0, y_bound=1.0,
+                            random_state=0).fit(np.ldexp(X, k), y).coef_)
+    np.testing.assert_allclose(fits[0], fits[1], rtol=1e-9, atol=1e-12)
+
+
+def test_choose_x_bound_of_extreme_finite_rows_is_quiet():
+    """The private norm quantile reads norms computed without overflow: rows near 1e308
+    give no RuntimeWarning and the bound of rows that are all above max_bound alike."""
+    from privlearn.models.preprocessing import choose_x_bound
+
+    X = np.random.default_rng(0).uniform(0.5, 1.0, size=(50, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = choose_x_bound(np.ldexp(X, 1020), 1.0, 10.0, random_state=0)[0]
+    assert got == choose_x_bound(np.ldexp(X, 8), 1.0, 10.0, random_state=0)[0]

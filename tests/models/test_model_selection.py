@@ -623,7 +623,7 @@ def test_losses_clipped_by_the_private_score_are_reported_to_the_person_fitting(
     from privlearn.errors import DataClippedWarning
 
     X, y = data
-    kw = dict(method=method, expected_runs=1, delta=1e-6, random_state=0)
+    kw = dict(method=method, delta=1e-6, random_state=0)  # one candidate: E[K] = 1
     grid = {"epsilon": [1.0]}
     with pytest.warns(DataClippedWarning, match="loss_bound=0.05") as record:
         s = PrivateSearchCV(_est(), grid, loss_bound=0.05, **kw).fit(X, y)
@@ -656,3 +656,17 @@ def test_the_private_training_data_as_validation_data_is_refused_before_any_fit(
     s = PrivateSearchCV(_est(), {"epsilon": [1.0]}, **kw).fit(X, y, X_val=X_all[1500:],
                                                               y_val=y_all[1500:])
     assert len(FITS) == 1 and hasattr(s, "best_estimator_")
+
+
+def test_expected_runs_with_composition_is_refused_naming_it(data, tmp_path):
+    """``expected_runs`` sizes random stopping only; with ``method="composition"`` (every
+    candidate fitted) it was ignored without a word. Refused before any fit or charge."""
+    X, y = data
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=100.0, delta=1e-5)
+    FITS.clear()
+    search = PrivateSearchCV(_est(), GRID, method="composition", expected_runs=3.0,
+                             loss_bound=36.0, ledger=led.budget("d"))
+    with pytest.raises(ConfigurationError, match=r"expected_runs=3\.0.*random_stopping"):
+        search.fit(X, y)
+    assert FITS == [] and led.budget("d").spent().entries == 0

@@ -642,3 +642,75 @@ def test_a_dataset_resized_after_make_private_is_refused_before_its_next_batch(c
     with pytest.raises(PlanMismatchError, match="accounted with 40"):
         next(iter(p.data_loader))
     assert p.accountant.steps == 1
+
+
+@pytest.mark.parametrize("sampling,c", [("poisson", None), ("cyclic_poisson", 2),
+                                        ("cyclic_poisson", 4)])
+def test_epoch_at_a_tie_is_round_n_over_b_for_sampler_and_accountant(sampling, c):
+    """49 examples in batches of 2: an epoch is round(49 / 2) = 24 steps (half to even),
+    for the sampler built by make_private, the sampler built by hand at the same rate and
+    the planned steps the accountant accounts; the float c / q said 25."""
+    from torch import nn
+
+    from privlearn.torch import make_private
+    from privlearn.torch.samplers import CyclicPoissonBatchSampler
+
+    ds = TensorDataset(torch.randn(49, 3), torch.randn(49))
+    model = nn.Linear(3, 1)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=2), noise_multiplier=1.0, epochs=2,
+                     sampling=sampling, cycle_length=c)
+    by_hand = (PoissonBatchSampler(49, p.sampling_rate) if c is None
+               else CyclicPoissonBatchSampler(49, p.sampling_rate, c))
+    assert len(p.data_loader) == len(by_hand) == p.plan.steps_per_epoch == round(49 / 2)
+    assert p.plan.planned_steps == 2 * round(49 / 2)
+
+
+def test_the_private_loader_keeps_every_loading_option():
+    """prefetch_factor, persistent_workers, pin_memory_device (and the worker settings)
+    say how batches are loaded, not which examples form them: the private loader keeps
+    them as the user's loader set them (it used to drop prefetch_factor and the device)."""
+    import inspect
+    import warnings
+
+    from torch import nn
+
+    from privlearn.torch import make_private
+
+    accepted = inspect.signature(DataLoader.__init__).parameters
+    given = dict(num_workers=1, prefetch_factor=5, persistent_workers=True, timeout=30.0,
+                 multiprocessing_context="spawn")
+    if "pin_memory_device" in accepted:
+        given["pin_memory_device"] = "cpu"
+    ds = TensorDataset(torch.randn(32, 3), torch.randn(32))
+    model = nn.Linear(3, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # pin_memory_device's
+        user = DataLoader(ds, batch_size=4, **given)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), user,
+                         noise_multiplier=1.0)
+    for k, v in given.items():
+        got = getattr(p.data_loader, k)
+        assert (got == v if k != "multiprocessing_context" else got is not None), k
+
+
+def test_in_order_false_is_not_kept_and_says_so():
+    """in_order=False lets workers hand batches over out of the order drawn, so a step
+    could train on another step's batch than the one it is accounted for: not kept,
+    with a warning pointing at the make_private call."""
+    import inspect
+
+    from torch import nn
+
+    from privlearn.torch import make_private
+
+    if "in_order" not in inspect.signature(DataLoader.__init__).parameters:
+        pytest.skip("this torch's DataLoader has no in_order")
+    ds = TensorDataset(torch.randn(32, 3), torch.randn(32))
+    model = nn.Linear(3, 1)
+    with pytest.warns(UserWarning, match="in_order=False") as rec:
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(ds, batch_size=4, num_workers=1, in_order=False),
+                         noise_multiplier=1.0)
+    assert p.data_loader.in_order is True
+    assert [w.filename for w in rec if "in_order" in str(w.message)] == [__file__]

@@ -155,6 +155,49 @@ def test_a_resumed_run_on_a_tight_budget_reserves_its_steps_as_they_run(tmp_path
         _steps(sigma, q, 16).epsilon(DELTA), rel=1e-9)
 
 
+
+@pytest.mark.parametrize("kw", [dict(sampling="balls_in_bins"),
+                                dict(sampling="cyclic_poisson", cycle_length=2)],
+                         ids=["balls_in_bins", "cyclic_poisson"])
+def test_a_resumed_whole_run_is_told_its_plan_is_already_counted(tmp_path, kw):
+    """A run accounted as one mechanism of its planned steps (a sampling of bounded
+    participation, or correlated noise) needs epochs/steps, so the advice for a stepwise
+    run (no epochs/steps) cannot be followed. Its run reserved the whole plan and, stopped
+    part-way, settled at it: the refusal says the steps left are already counted and to
+    resume with ledger=None, which runs within what the ledger holds."""
+    ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
+
+    def build(led, **more):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(ds, batch_size=8), ledger=led, seed=0,
+                            noise_multiplier=1.0, epochs=2, **kw, **more)
+
+    plan_eps = build(None).plan.planned_epsilon
+    ledger.create_budget("tight", epsilon=plan_eps * 1.0001, delta=DELTA)
+    first = build(ledger.budget("tight"))
+    total = first.plan.planned_steps
+    _train(first, total // 2)
+    state = first.state_dict()
+    first.detach()  # stopped part-way: settled at the plan
+    counted = ledger.spent("tight").epsilon_spent
+    assert counted == pytest.approx(plan_eps, rel=1e-9)
+    with pytest.raises(BudgetExceededError) as err:
+        build(ledger.budget("tight"))
+    assert "ledger=None" in str(err.value) and "no epochs/steps" not in str(err.value)
+    ledger.create_budget("roomy", epsilon=1e6, delta=DELTA)
+    twice = build(ledger.budget("roomy"))  # a budget that holds the plan again: told
+    with pytest.warns(UserWarning, match="counts it twice.*ledger=None"):
+        twice.load_state_dict(state)
+    twice.detach()
+    resumed = build(None)  # as the refusal says
+    resumed.load_state_dict(state)
+    _train(resumed, total - total // 2)
+    assert resumed.accountant.steps == total
+    assert resumed.epsilon(DELTA) <= counted * (1 + 1e-9)
+    assert ledger.spent("tight").epsilon_spent == counted
+
 def test_budget_exhausted_mid_run_stops_before_the_step(tmp_path):
     ledger, ds, model = _setup(tmp_path, epsilon=2.0)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),

@@ -244,6 +244,34 @@ def test_rows_seen_by_the_layers_must_be_the_examples_delivered(make_data, make_
     assert p.accountant.steps == 0
 
 
+
+@pytest.mark.parametrize("rows,causes", [
+    (lambda x: x[:-1], ["Fewer rows (7) than examples (8)", "x[:k]", "masking"]),
+    (lambda x: torch.cat([x, x[:3]]), ["More rows (11) than examples (8)", "x[:k]",
+                                       "batch_dims="]),
+], ids=["fewer", "more"])
+def test_a_forward_of_another_size_names_what_was_seen_and_the_causes(make_data, make_mlp,
+                                                                      rows, causes):
+    """A forward pass on a slice of the batch (no packing anywhere) was blamed on "packed"
+    batches; the refusal now says what was seen and the likely causes, a slice of the
+    batch or another loader's batch first."""
+    model = make_mlp(act=nn.Tanh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=0,
+                     sampling="fixed")
+    x, y = next(iter(p.data_loader))
+    xs = rows(x)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xs), y[:1].expand(len(xs))).backward()
+    with pytest.raises(ValueError) as err:
+        p.optimizer.step()
+    msg = str(err.value)
+    assert f"saw {len(xs)} rows" in msg and "delivered 8 examples" in msg
+    for cause in causes:
+        assert cause in msg
+    assert msg.index("x[:k]") < msg.find("packed") or "packed" not in msg
+    assert p.accountant.steps == 0
+
 def test_saved_noise_state_cannot_replay_past_steps(make_data, make_mlp):
     """Forward secrecy: the noise source moves along a one-way chain after every step, so
     a checkpoint (a release) replays the noise of the next step, not of the last one."""
