@@ -311,8 +311,9 @@ def test_estimators_in_the_grid_are_not_fitted_in_place():
     models = [NoisyMeanRegressor(noise_multiplier=1.0), NoisyMeanRegressor(noise_multiplier=3.0)]
     pipe = PrivatePipeline([("scale", "passthrough"), ("model", NoisyMeanRegressor())])
     for method in ("random_stopping", "composition"):
-        s = PrivateSearchCV(pipe, {"model": models}, method=method, expected_runs=5.0,
-                            loss_bound=4.0, random_state=0).fit(X, y)
+        runs = {"expected_runs": 5.0} if method == "random_stopping" else {}
+        s = PrivateSearchCV(pipe, {"model": models}, method=method, loss_bound=4.0,
+                            random_state=0, **runs).fit(X, y)
         for m in s.param_grid["model"]:
             assert not hasattr(m, "mean_") and not hasattr(m, "mechanism_")
         assert all(s.best_estimator_.named_steps["model"] is not m for m in models)
