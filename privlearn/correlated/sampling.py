@@ -116,9 +116,18 @@ def poisson_subset(n: int, rate: float, rng: np.random.Generator | None) -> np.n
         last = int(idx[-1])
 
 
-def fixed_subset(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
+def fixed_subset(n: int, size: int, rng: np.random.Generator | None) -> np.ndarray:
     """``size`` distinct indices of ``range(n)``, uniformly at random (sampling without
-    replacement), in random order."""
+    replacement), in random order. ``rng=None``: the ``size`` smallest of ``n`` i.i.d.
+    64-bit keys from the OS CSPRNG, in the order of their keys (secure mode; ties, of
+    probability below ``n^2 / 2^65``, go to the lower index)."""
+    if rng is None:
+        keys = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+        if size < n:
+            chosen = np.argpartition(keys, size - 1)[:size]
+        else:
+            chosen = np.arange(n)
+        return chosen[np.argsort(keys[chosen], kind="stable")].astype(np.int64)
     return rng.permutation(n)[:size]
 
 
@@ -478,7 +487,8 @@ register_sampling(SamplingLaw(
     rate=lambda b, n, c: b / n, per_epoch=lambda q, c: steps_per_epoch(q),
     expected_batch=lambda q, n, c: q * n, layout=None,
     batch=lambda n, q, size, parts, t, rng: fixed_subset(n, size, rng),
-    participation=_per_step, eligible_rate=lambda q: q, scheme="fixed", distributed=True))
+    participation=_per_step, eligible_rate=lambda q: q, scheme="fixed", secure=True,
+    distributed=True))
 register_sampling(SamplingLaw(
     "cyclic_poisson", Neighbouring.ADD_REMOVE, True,
     rate=lambda b, n, c: b * c / n, per_epoch=lambda q, c: max(1, round(c / q)),

@@ -467,7 +467,9 @@ class FixedSizeBatchSampler(_AccountedSampler):
     ``world_size * batch_size`` distinct indices (the seed must be the same on all
     ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
     batches are disjoint and their union is one uniform fixed-size sample of the dataset.
-    ``batch_size`` is read-only after construction.
+    ``batch_size`` is read-only after construction. ``secure=True`` (single process
+    only: ranks could not share a draw without a key): each batch from the OS CSPRNG,
+    no key kept or saved, as :class:`PoissonBatchSampler`'s.
     """
 
     batch_size = _read_only("batch_size")
@@ -479,10 +481,11 @@ class FixedSizeBatchSampler(_AccountedSampler):
         world = run["world_size"]
         return cls(n, run["batch_size"], steps=run["steps"],
                    seed=run["seed"] if world == 1 else run["shared_seed"], rank=run["rank"],
-                   world_size=world)
+                   world_size=world, secure=run["secure"])
 
     def __init__(self, num_samples: int, batch_size: int, steps: int | None = None,
-                 seed: int | None = None, rank: int = 0, world_size: int = 1):
+                 seed: int | None = None, rank: int = 0, world_size: int = 1,
+                 secure: bool = False):
         num_samples = _v.check_count("num_samples", num_samples, minimum=1,
                                      hint="pass the number of examples of the dataset")
         batch_size = _v.check_count("batch_size", batch_size, minimum=1,
@@ -501,6 +504,16 @@ class FixedSizeBatchSampler(_AccountedSampler):
         self._sample_rate = global_batch / num_samples
         self.steps = (steps_per_epoch(self._sample_rate) if steps is None
                       else _check_steps(steps))
+        if secure and world_size > 1:
+            raise ConfigurationError(
+                f"secure=True with world_size={world_size}: every rank must draw the same "
+                "global sample, which needs a shared key (a seed a checkpoint would hold), "
+                "while secure sampling draws each batch from the operating system's CSPRNG "
+                "and keeps no key. Use Poisson sampling (sampling='poisson') for secure "
+                "distributed training, or secure=False")
+        if secure and seed is not None:
+            raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
+        self.secure = bool(secure)
         self._init_bookkeeping(seed)
 
     @property
@@ -509,8 +522,11 @@ class FixedSizeBatchSampler(_AccountedSampler):
         return self._sample_rate
 
     def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "batch_size": self.batch_size,
-                "steps": self.steps, "rank": self.rank, "world_size": self.world_size}
+        params = {"num_samples": self.num_samples, "batch_size": self.batch_size,
+                  "steps": self.steps, "rank": self.rank, "world_size": self.world_size}
+        if self.secure:  # only then: states saved without it still load
+            params["secure"] = True
+        return params
 
     def _draw(self, seed: int | None) -> list[int]:
         global_batch = self.batch_size * self.world_size
