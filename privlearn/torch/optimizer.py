@@ -80,7 +80,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
-from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier
+from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier, next_clip_bound
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
@@ -732,8 +732,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             noisy = t.cpu()
         frac = float(noisy.item()) / self.expected_batch_size + 0.5
         self.last_unclipped_fraction = frac
-        factor = math.exp(-a.clipbound_learning_rate * (frac - a.target_unclipped_quantile))
-        self.max_grad_norm = self.max_grad_norm * factor
+        self.max_grad_norm = next_clip_bound(self.max_grad_norm, frac, a)
 
     def step(self, closure=None):
         """One DP-SGD step (no parameter update on a non-final virtual chunk).
@@ -866,9 +865,11 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             self.budget.after_step()
         if drawn is not None:
             self.sampler.consume(drawn)
-        if self.adaptive is not None:
-            self._update_clip_bound()  # the bound of the next step
-        self.noise.advance()
+        try:
+            if self.adaptive is not None:
+                self._update_clip_bound()  # the bound of the next step
+        finally:
+            self.noise.advance()  # this step's noise key gone, even if the update raised
 
     def guard_original(self):
         """Refuse ``step()`` on the wrapped optimizer itself (a loop that keeps stepping

@@ -328,3 +328,31 @@ def test_a_logical_batch_left_between_chunks_is_not_in_the_next_count():
     assert rows == B
     assert p.optimizer.last_unclipped_fraction == pytest.approx(0.5 - rows / (2 * B),
                                                                abs=1e-12)
+
+
+@pytest.mark.parametrize("bound,gamma", [(1e-9, 1.0), (1e9, 0.0)],
+                         ids=["overflow", "underflow"])
+def test_a_bound_out_of_float_range_raises_after_an_accounted_step(bound, gamma):
+    """eta = 2000 with every example clipped and gamma = 1 (or none clipped and
+    gamma = 0): exp(-eta (b - gamma)) overflows (underflows to a bound of 0). That raised
+    Python's OverflowError (or a max_grad_norm error naming nothing the caller set) in the
+    middle of the step's bookkeeping, which then skipped moving the noise source past the
+    step: a checkpoint taken next held the key of the noise just released. Now a
+    ConfigurationError names clipbound_learning_rate; the step is accounted, the bound
+    kept, and the noise key moved on as after any step."""
+    from privlearn.errors import ConfigurationError
+
+    p = _make(clipping="adaptive", target_unclipped_quantile=gamma, max_grad_norm=bound,
+              clipbound_learning_rate=2000.0, sampling="fixed", seed=4)
+    p.optimizer.noise.normal = lambda std, like: torch.zeros_like(like)  # b exactly 0 or 1
+    key = p.optimizer.noise.seed
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(ConfigurationError, match="clipbound_learning_rate"):
+        p.optimizer.step()
+    assert p.optimizer.last_unclipped_fraction == pytest.approx(1.0 - gamma, abs=1e-12)
+    assert p.accountant.steps == 1
+    assert p.optimizer.max_grad_norm == bound
+    assert p.optimizer.noise.seed != key
+    assert p.state_dict()["noise"]["seed"] != key
