@@ -356,3 +356,46 @@ def test_a_bound_out_of_float_range_raises_after_an_accounted_step(bound, gamma)
     assert p.optimizer.max_grad_norm == bound
     assert p.optimizer.noise.seed != key
     assert p.state_dict()["noise"]["seed"] != key
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_bound_sequence_matches_opacus_adaclip_where_comparable():
+    """Opacus 1.6's AdaClipDPOptimizer on the same batches (fixed size m: Opacus divides
+    the count by the realised batch size, the engine by the expected one, which agree
+    only then), without gradient noise and with a count noise of std 1e-12 on both
+    sides: the same geometric update, so the same bounds step after step and the same
+    parameters (to Opacus's 1e-6 in its clip factor). Opacus counts the uncentred
+    number of unclipped examples; with n = m the fraction is the same."""
+    opacus = pytest.importorskip("opacus")
+    from opacus.optimizers import AdaClipDPOptimizer
+
+    gamma, eta, lr, c0 = 0.6, 0.5, 0.3, 0.05
+    ds = _data()
+    model = _mlp()
+    twin = copy.deepcopy(model)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                     DataLoader(ds, batch_size=B), noise_multiplier=0.0, max_grad_norm=c0,
+                     clipping="adaptive", target_unclipped_quantile=gamma,
+                     clipbound_learning_rate=eta, unclipped_num_std=1e-12,
+                     sampling="fixed", seed=SEED)
+    gsm = opacus.GradSampleModule(twin)
+    opt = AdaClipDPOptimizer(torch.optim.SGD(twin.parameters(), lr=lr), noise_multiplier=0.0,
+                             target_unclipped_quantile=gamma, clipbound_learning_rate=eta,
+                             max_clipbound=1e9, min_clipbound=1e-9, unclipped_num_std=1e-12,
+                             max_grad_norm=c0, expected_batch_size=B)
+    ours, theirs = [], []
+    for _ in range(2):
+        for x, y in p.data_loader:
+            assert len(y) == B
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            opt.zero_grad()
+            nn.functional.cross_entropy(gsm(x), y).backward()
+            opt.step()
+            ours.append(p.optimizer.max_grad_norm)
+            theirs.append(float(opt.max_grad_norm))
+    assert len(set(ours)) == len(ours) > 4  # the bound moved every step
+    assert ours == pytest.approx(theirs, rel=1e-6)
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
