@@ -859,17 +859,17 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
     def _account(self, cfg: tuple, drawn) -> None:
         """Record a released step, use its batch, set the next bound, move the noise on."""
         self.accountant.record_step(*cfg)  # a skipped update still released a gradient
-        if self.ledger is not None:
-            self.ledger.used(cfg[0], cfg[1])
-        if self.budget is not None:
-            self.budget.after_step()
-        if drawn is not None:
-            self.sampler.consume(drawn)
         try:
+            if self.ledger is not None:
+                self.ledger.used(cfg[0], cfg[1])
+            if drawn is not None:
+                self.sampler.consume(drawn)
             if self.adaptive is not None:
                 self._update_clip_bound()  # the bound of the next step
         finally:
-            self.noise.advance()  # this step's noise key gone, even if the update raised
+            self.noise.advance()  # this step's noise key gone, whatever raised above
+            if self.budget is not None:  # counted always; last: its warning may be an error
+                self.budget.after_step()
 
     def guard_original(self):
         """Refuse ``step()`` on the wrapped optimizer itself (a loop that keeps stepping

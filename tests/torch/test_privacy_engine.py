@@ -943,3 +943,36 @@ def test_an_empty_dataset_is_refused_with_a_typed_error():
     for sampling in ("poisson", "fixed"):
         with pytest.raises(ValueError, match="dataset is empty"):
             _private(ds=empty, sampling=sampling)
+
+
+def test_the_warning_past_the_plan_raised_as_an_error_leaves_the_step_complete():
+    """Under warnings-as-errors (-W error, or a filter to stop at the plan) the
+    PrivacyBudgetWarning of the first step past the planned epsilon was raised before the
+    step used its batch and moved its noise key on: every later step was refused (the
+    loader's batches piled up) and a checkpoint held the key of the noise just released.
+    Now the step is complete when the warning is raised: the next batches train, the
+    key moved on, and the accountant holds every step once."""
+    from privlearn.errors import PrivacyBudgetWarning
+
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_data(n=64), batch_size=16), noise_multiplier=1.0,
+                     max_grad_norm=1.0, epochs=1, seed=0)
+    raised = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)
+        for _ in range(2):
+            for x, y in p.data_loader:
+                key = p.optimizer.noise.seed
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                try:
+                    p.optimizer.step()
+                except PrivacyBudgetWarning:
+                    raised.append(p.accountant.steps)
+                    assert p.optimizer.noise.seed != key
+                    assert p.state_dict()["noise"]["seed"] != key
+    assert raised == [5]
+    assert p.accountant.steps == 8 and p.data_loader.batch_sampler.consumed == 8
+    assert p.epsilon(1e-5) == pytest.approx(
+        compose(subsample(Gaussian(1.0), rate=0.25), steps=8).epsilon(1e-5), rel=1e-9)
