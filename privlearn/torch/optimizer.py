@@ -531,7 +531,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             sums, _, norms = self.tracker.clipped_sum(
                 self.max_grad_norm, 1.0 / self.expected_batch_size, out=out,
                 per_param=self.per_param_clipping, loss_scale=self._loss_scale(),
-                examples=examples, units=units, refuse_nonfinite=True, probe=False)
+                examples=examples, units=units, refuse_nonfinite=True, checks=False)
         self._overflowed = self._overflowed + self.tracker._overflow  # on the device
         self.last_grad_norms = norms
         self._count_unclipped(norms)

@@ -742,3 +742,31 @@ def test_a_tracker_used_alone_on_an_independent_model_probes_once():
             assert not t._probe_pending
         t.detach()
     torch.testing.assert_close(sums[0], sums[1])
+
+
+def test_a_tracker_used_alone_refuses_a_parameter_used_outside_its_layers():
+    """A tied output head written functionally (h @ emb.weight.T): the tracker on its own
+    returned a clipped sum without that use's part of the gradient (off from the loop
+    of batch-size-1 passes by more than the gradient itself), where make_private's step
+    refuses it. Now its clipped_sum refuses it too, and clears the records."""
+    from privlearn.errors import TrainingLoopError
+    from privlearn.torch import GradSampleTracker
+
+    class TiedHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, ids):
+            return torch.tanh(self.lin(self.emb(ids))) @ self.emb.weight.T
+
+    torch.manual_seed(0)
+    model = TiedHead()
+    ids = torch.randint(0, 10, (6, 5))
+    tracker = GradSampleTracker(model, loss_reduction="sum", check_independence=False)
+    (model(ids) ** 2).sum().backward()
+    with pytest.raises(TrainingLoopError, match=r"\['emb.weight'\] are used outside"):
+        tracker.clipped_sum(1.0)
+    assert not tracker.has_gradients()
+    tracker.detach()
