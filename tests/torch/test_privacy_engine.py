@@ -976,3 +976,36 @@ def test_the_warning_past_the_plan_raised_as_an_error_leaves_the_step_complete()
     assert p.accountant.steps == 8 and p.data_loader.batch_sampler.consumed == 8
     assert p.epsilon(1e-5) == pytest.approx(
         compose(subsample(Gaussian(1.0), rate=0.25), steps=8).epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_refused_checkpoint_leaves_the_run_fresh(sampling):
+    """A seeded run's state loaded into a secure_mode run is refused (its sampler, or its
+    noise, cannot continue a replayable stream): the history and the model were loaded
+    before the sampler refused, so the refused run had the checkpoint's steps (and every
+    later load_state_dict was refused as "already taken steps") and its weights. Now
+    nothing is changed: no step, the same weights, and the run's own state still loads."""
+    from privlearn.errors import ConfigurationError
+
+    def run(**kw):
+        model = _mlp()
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(_data(n=64), batch_size=16), noise_multiplier=1.0,
+                            max_grad_norm=1.0, sampling=sampling, **kw)
+
+    seeded = run(seed=0)
+    for x, y in seeded.data_loader:
+        seeded.optimizer.zero_grad()
+        nn.functional.cross_entropy(seeded.model(x), y).backward()
+        seeded.optimizer.step()
+        break
+    secure = run(secure_mode=True)
+    before = [q.detach().clone() for q in secure.model.parameters()]
+    own = secure.state_dict()
+    with pytest.raises(ConfigurationError, match="sampler|secure"):
+        secure.load_state_dict(seeded.state_dict())
+    assert secure.accountant.steps == 0 and secure.epsilon(1e-5) == 0.0
+    for a, b in zip(secure.model.parameters(), before, strict=True):
+        assert torch.equal(a, b)
+    secure.load_state_dict(own)  # still a fresh run
+    assert secure.accountant.steps == 0
