@@ -187,17 +187,9 @@ def measure(base, w, mode: str, dtype: str, steps: int, warmup: int,
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
-        b, t = xb.shape
-        kw = {"attention_mask": torch.ones_like(xb),
-              "position_ids": torch.arange(t, device=dev).expand(b, t).contiguous()}
-        if w.model == "bert":
-            kw["token_type_ids"] = torch.zeros_like(xb)
-        optimizer.zero_grad()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            logits = model(xb, **kw).logits
-            loss = criterion(logits, yb)
-        loss.backward()
-        optimizer.step()
+        b = xb.shape[0]
+        loss = torch_hf.train_step(model, optimizer, criterion, w.model, xb, yb,
+                                   dtype == "bf16")
         sync()
         dt = time.perf_counter() - t0
         if i >= warmup:

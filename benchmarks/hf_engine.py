@@ -58,27 +58,38 @@ def build(name: str):
     return model
 
 
-def worker(name: str, mode: str, steps: int, threads: int, batch: int, seq: int) -> dict:
+def make_batch(name: str, n: int, seq: int):
+    """``n`` sequences of ``seq`` token ids (every other one padded from ``seq // 2``),
+    their attention mask and a class label each (for BERT); and the task's loss of a
+    forward's output on them, ``loss(out, ids, mask, y)``."""
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
 
-    from privlearn.torch import make_private, per_sequence_cross_entropy, retain_freed_memory
+    from privlearn.torch import per_sequence_cross_entropy
 
-    torch.set_num_threads(threads)
-    model = build(name)
-    n = batch * 4
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 8000, (n, seq), generator=g)
     mask = torch.ones(n, seq, dtype=torch.long)
     mask[::2, seq // 2:] = 0
     y = torch.randint(0, 2, (n,), generator=g)
 
-    def loss_fn(out, ids_b, mask_b, y_b):
+    def loss(out, ids_b, mask_b, y_b):
         if name == "bert":
             return torch.nn.functional.cross_entropy(out.logits, y_b)
         return per_sequence_cross_entropy(out.logits, ids_b.masked_fill(mask_b == 0, -100),
                                           shift=True)
 
+    return ids, mask, y, loss
+
+
+def worker(name: str, mode: str, steps: int, threads: int, batch: int, seq: int) -> dict:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private, retain_freed_memory
+
+    torch.set_num_threads(threads)
+    model = build(name)
+    ids, mask, y, loss_fn = make_batch(name, batch * 4, seq)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=1e-3)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -119,22 +130,15 @@ def interleaved(name: str, steps: int, threads: int, batch: int, seq: int) -> di
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from privlearn.torch import make_private, per_sequence_cross_entropy, retain_freed_memory
+    from privlearn.torch import make_private, retain_freed_memory
 
     torch.set_num_threads(threads)
     base = build(name)
     priv = copy.deepcopy(base)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 8000, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq, dtype=torch.long)
-    mask[::2, seq // 2:] = 0
-    y = torch.randint(0, 2, (batch,), generator=g)
+    ids, mask, y, loss = make_batch(name, batch, seq)
 
     def loss_fn(out):
-        if name == "bert":
-            return torch.nn.functional.cross_entropy(out.logits, y)
-        return per_sequence_cross_entropy(out.logits, ids.masked_fill(mask == 0, -100),
-                                          shift=True)
+        return loss(out, ids, mask, y)
 
     opt_n = torch.optim.SGD([q for q in base.parameters() if q.requires_grad], lr=1e-3)
     opt_p = torch.optim.SGD([q for q in priv.parameters() if q.requires_grad], lr=1e-3)

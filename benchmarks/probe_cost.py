@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's privlearn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hf_engine import build  # noqa: E402
+from hf_engine import build, make_batch  # noqa: E402
 
 
 def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
@@ -31,20 +31,13 @@ def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
     from torch.utils.data import DataLoader, TensorDataset
 
     import privlearn.torch.probe as probe_mod
-    from privlearn.torch import make_private, per_sequence_cross_entropy, retain_freed_memory
+    from privlearn.torch import make_private, retain_freed_memory
 
     model = build(name)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 8000, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq, dtype=torch.long)
-    mask[::2, seq // 2:] = 0
-    y = torch.randint(0, 2, (batch,), generator=g)
+    ids, mask, y, loss = make_batch(name, batch, seq)
 
     def loss_fn(out):
-        if name == "bert":
-            return torch.nn.functional.cross_entropy(out.logits, y)
-        return per_sequence_cross_entropy(out.logits, ids.masked_fill(mask == 0, -100),
-                                          shift=True)
+        return loss(out, ids, mask, y)
 
     opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=1e-3)
     loader = DataLoader(TensorDataset(ids), batch_size=batch)  # rate 1: one batch a step

@@ -15,26 +15,14 @@ Run: ``python benchmarks/tiny_delta.py [--out docs/benchmarks.md]``
 from __future__ import annotations
 
 import argparse
-import math
+import sys
 import time
-
-import numpy as np
-from scipy import optimize, special
+from pathlib import Path
 
 import privlearn.accounting as acc
 
-
-def _rr_exact(p: float, k: int, delta: float) -> float:
-    eps0 = math.log(p / (1 - p))
-    j = np.arange(k + 1)
-    logpmf = (special.gammaln(k + 1) - special.gammaln(j + 1) - special.gammaln(k - j + 1)
-              + j * math.log(p) + (k - j) * math.log1p(-p))
-    loss = (2 * j - k) * eps0
-
-    def d(e: float) -> float:
-        return float(np.sum(np.exp(logpmf) * -np.expm1(np.minimum(e - loss, 0.0)))) - delta
-
-    return optimize.brentq(d, 0.0, k * eps0, xtol=1e-13)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from closed_forms import exact_randomized_response_epsilon  # noqa: E402  (the exact values)
 
 
 def _dpa(kind: str, param: float, q: float, steps: int, delta: float, vdi: float):
@@ -88,7 +76,8 @@ def main() -> None:
         b = m.epsilon_bounds(delta)
         t = time.perf_counter() - t0
         rows.append((f"randomized response p={p}, {k:,} times", delta, b, t,
-                     m.epsilon(delta, accountant="rdp"), _rr_exact(p, k, delta), None, None))
+                     m.epsilon(delta, accountant="rdp"),
+                     exact_randomized_response_epsilon(p, k, delta), None, None))
         print(rows[-1], flush=True)
     for b_, k in [(2.0, 5), (1.0, 50)]:
         m = acc.compose(acc.Laplace(b_), k)

@@ -255,12 +255,13 @@ def run_config(
     return {"model": model_name, "mode": mode, "error": _short_error(proc.stderr or proc.stdout)}
 
 
-def combine_rounds(rounds: list[dict]) -> dict:
-    """Fastest round's time; highest round's peak memory (conservative for every mode)."""
+def combine_rounds(rounds: list[dict], time_key: str = "epoch_s") -> dict:
+    """Fastest round's time (``time_key``); highest round's peak memory (conservative
+    for every mode); the first round's error if every round failed. Also torch_hf's."""
     ok = [r for r in rounds if "error" not in r]
     if not ok:
         return rounds[0]
-    best = dict(min(ok, key=lambda r: r["epoch_s"]))
+    best = dict(min(ok, key=lambda r: r[time_key]))
     best["peak_added_mb"] = max(r["peak_added_mb"] for r in ok)
     best["rounds"] = len(ok)
     best["steps"] = sum(r["steps"] for r in ok)

@@ -83,6 +83,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch_dpsgd import combine_rounds  # benchmarks/, this script's folder
+
 ALL_MODELS = ["gpt2", "bert", "llama", "gpt2-lora"]
 MODES = ["non-private", "privlearn", "opacus-hooks", "opacus-ew", "opacus-functorch",
          "opacus-ghost"]
@@ -239,6 +241,26 @@ def _reset_peak() -> None:
         fh.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
 
 
+def train_step(model, optimizer, criterion, model_name: str, xb, yb, bf16: bool):
+    """One training step on the token ids ``xb`` and targets ``yb`` (on the model's
+    device), under bf16 autocast with ``bf16``; returns the loss."""
+    import torch
+
+    b, t = xb.shape
+    # input_ids positional: Opacus's expanded-weights module takes its input that way
+    kw = {"attention_mask": torch.ones_like(xb),
+          "position_ids": torch.arange(t, device=xb.device).expand(b, t).contiguous()}
+    if model_name == "bert":
+        kw["token_type_ids"] = torch.zeros_like(xb)
+    optimizer.zero_grad()
+    with torch.autocast(xb.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(xb, **kw).logits
+        loss = criterion(logits, yb)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def measure(model, w: Workload, mode: str, dtype: str, steps: int, warmup: int,
             max_seconds: float, device: str = "cpu", held_from: int = 0) -> dict:
     """Train ``model`` (already on ``device``) in ``mode`` and time its steps. On CUDA,
@@ -299,18 +321,8 @@ def measure(model, w: Workload, mode: str, dtype: str, steps: int, warmup: int,
         t0 = time.perf_counter()
         xb, yb = next(it)
         xb, yb = xb.to(dev), yb.to(dev)
-        b, t = xb.shape
-        # input_ids positional: Opacus's expanded-weights module takes its input that way
-        kw = {"attention_mask": torch.ones_like(xb),
-              "position_ids": torch.arange(t, device=dev).expand(b, t).contiguous()}
-        if w.model == "bert":
-            kw["token_type_ids"] = torch.zeros_like(xb)
-        optimizer.zero_grad()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(xb, **kw).logits
-            loss = criterion(logits, yb)
-        loss.backward()
-        optimizer.step()
+        b = xb.shape[0]
+        loss = train_step(model, optimizer, criterion, w.model, xb, yb, bf16)
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -504,17 +516,6 @@ def run_grid(jobs: list[tuple], opts: dict, timeout: float, report) -> None:
 
 
 # --------------------------------------------------------------------------- report
-def combine(rounds: list[dict]) -> dict:
-    ok = [r for r in rounds if "error" not in r]
-    if not ok:
-        return rounds[0]
-    best = dict(min(ok, key=lambda r: r["step_s"]))
-    best["peak_added_mb"] = max(r["peak_added_mb"] for r in ok)
-    best["rounds"] = len(ok)
-    best["steps"] = sum(r["steps"] for r in ok)
-    return best
-
-
 def table(results: list[dict]) -> str:
     by = {r["mode"]: r for r in results}
     base = by.get("non-private", {})
@@ -830,7 +831,8 @@ def main(argv: list[str] | None = None) -> dict:
                 r = run_config(m, mo, args.steps, args.warmup, args.max_seconds,
                                args.timeout, args.device, args.size, d)
             report(job, r)
-    all_results = {(m, d): [combine(rounds[(m, d, mo)]) for mo in args.mode_list]
+    all_results = {(m, d): [combine_rounds(rounds[(m, d, mo)], time_key="step_s")
+                                  for mo in args.mode_list]
                    for m, d in cells}
     tagged = args.device != "cpu" or args.dtype_list != ["fp32"]
     for (m, d), results in all_results.items():

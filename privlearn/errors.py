@@ -30,6 +30,9 @@ class                              raised when                                 C
 :class:`LedgerConflictError`       a request contradicts the ledger's state    2
 :class:`LedgerBusyError`           another writer held the ledger past         2
                                    ``timeout`` (nothing recorded)
+:class:`LedgerStorageError`        the ledger's file could not be written or   2
+                                   read (disk full, I/O error; nothing
+                                   recorded)
 :class:`DataNotFoundError`         a dataset's files are not found             2
 :class:`DataFormatError`           a dataset's file is not in its format       2
 :class:`BudgetExceededError`       a spend would exceed the ledger's budget    3
@@ -70,6 +73,7 @@ __all__ = [
     "UnknownBudgetError",
     "LedgerConflictError",
     "LedgerBusyError",
+    "LedgerStorageError",
     "DataNotFoundError",
     "DataFormatError",
     "DataClippedWarning",
@@ -285,6 +289,28 @@ class LedgerBusyError(TimeoutError):
     def __init__(self, message: str, *, path: str, timeout: float) -> None:
         super().__init__(message)
         self.path, self.timeout = path, timeout
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class LedgerStorageError(OSError):
+    """The ledger's file could not be written or read: the disk (or the quota, or the
+    file size limit) is full, an I/O error, a file system that became read-only. The
+    request was abandoned and nothing was recorded (the transaction rolled back; what
+    returned before is on disk).
+
+    Attributes
+    ----------
+    path : str
+        The ledger's file.
+    reason : str
+        ``"full"``, ``"io"``, ``"readonly"`` or ``"unopenable"``.
+    """
+
+    def __init__(self, message: str, *, path: str, reason: str) -> None:
+        super().__init__(message)
+        self.path, self.reason = path, reason
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

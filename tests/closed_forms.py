@@ -1,6 +1,7 @@
 """Closed forms the tests compare privlearn with, computed independently of it (mpmath at
-50 digits). Importable from every test module: pytest puts this folder, which holds the
-suite's conftest.py, on ``sys.path``."""
+50 digits, or exact sums). Importable from every test module: pytest puts this folder,
+which holds the suite's conftest.py, on ``sys.path`` (benchmarks/tiny_delta.py puts it
+there itself)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,27 @@ def poisson_replace_one_renyi(q: float, s: float, alpha: float) -> float:
     v, _ = integrate.quad(f, -40 * s - 40, 40 * s + 40, limit=1000, epsabs=0,
                           epsrel=1e-13, points=[0])
     return math.log(v) / (alpha - 1)
+
+
+def exact_randomized_response_epsilon(p: float, k: int, delta: float,
+                                      xtol: float = 1e-13) -> float:
+    """Exact epsilon(delta) of ``k``-fold binary randomized response (truth with
+    probability ``p``): the privacy loss is ``(2j - k) eps0``, ``eps0 = log(p / (1 - p))``,
+    with ``j ~ Binomial(k, p)`` under P (Kairouz, Oh & Viswanath 2015); the root of
+    ``E[(1 - e^(eps - L))_+] = delta`` by brentq to ``xtol``."""
+    import math
+
+    import numpy as np
+    from scipy import optimize, special
+
+    eps0 = math.log(p / (1 - p))
+    j = np.arange(k + 1)
+    logpmf = (special.gammaln(k + 1) - special.gammaln(j + 1) - special.gammaln(k - j + 1)
+              + j * math.log(p) + (k - j) * math.log1p(-p))
+    loss = (2 * j - k) * eps0
+
+    def d(e: float) -> float:
+        gain = -np.expm1(np.minimum(e - loss, 0.0))  # (1 - e^{e - L})_+
+        return float(np.sum(np.exp(logpmf) * gain)) - delta
+
+    return optimize.brentq(d, 0.0, k * eps0, xtol=xtol)

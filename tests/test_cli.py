@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -749,7 +750,7 @@ def test_reproduce_missing_data_is_one_line(runner: CliRunner, tmp_path, monkeyp
     for extra in ([], ["--data-home", str(empty)]):
         r = runner.invoke(cli, ["reproduce", "label-release", "--out", str(tmp_path / "o"),
                                 *extra])
-        assert r.exit_code != 0
+        assert r.exit_code == 2  # bad input, as documented (1 is an unexpected error)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1, r.stderr
         assert lines[0].startswith("error: label-release: MNIST files not found in ")
@@ -821,3 +822,48 @@ def test_user_facing_text_has_no_seed_jargon(runner: CliRunner) -> None:
     texts.append(invoke(runner, ["demo", "--no-experiment"]).stdout)
     for text in texts:
         assert not re.search(r"seed \d{3}|seed's|seeds'", text, re.I), text
+
+
+def test_a_subnormal_delta_gives_an_epsilon_not_a_traceback(runner: CliRunner) -> None:
+    # 1e-6 * delta underflowed to 0 in the PLD's tilted-tail tolerance: math.log(0),
+    # "ValueError: math domain error" and status 1
+    args = ["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10",
+            "--json", "--delta"]
+    eps = {}
+    for delta in ("1e-300", "1e-320"):
+        r = invoke(runner, [*args, delta])
+        assert r.exit_code == 0, r.output
+        eps[delta] = json.loads(r.stdout)["epsilon"]
+    # a smaller delta needs a larger epsilon (the RDP conversion's log(1/delta) term)
+    assert math.isfinite(eps["1e-320"]) and eps["1e-320"] >= eps["1e-300"]
+
+
+def test_reproduce_refuses_an_out_directory_it_cannot_write_before_running(
+        runner: CliRunner, tmp_path, monkeypatch) -> None:
+    # a read-only file system: the experiment ran, then its mkdir was a traceback
+    import errno
+    import os
+
+    import privlearn.experiments as experiments
+
+    def not_run(*args, **kwargs):
+        raise AssertionError("ran before --out was checked")
+
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def read_only(real):
+        def refuse(path, *args, **kwargs):
+            if str(path).startswith(str(tmp_path / "ro")):
+                raise OSError(errno.EROFS, "Read-only file system", str(path))
+            return real(path, *args, **kwargs)
+        return refuse
+
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(experiments, "run_experiment", not_run)
+    monkeypatch.setattr(os, "open", read_only(real_open))
+    monkeypatch.setattr(os, "mkdir", read_only(real_mkdir))
+    for out in (tmp_path / "ro", tmp_path / "ro" / "new"):
+        r = runner.invoke(cli, ["reproduce", "linear-regression", "--out", str(out)])
+        assert r.exit_code == 2, r.output
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--out" in lines[0] and "Read-only" in lines[0], r.stderr

@@ -384,6 +384,17 @@ def _split_huge(mechanism: Mechanism) -> tuple[float, Mechanism | None] | None:
     return e, compose([m for m, _ in rest], steps=[k for _, k in rest])
 
 
+def _pld_bounds(mechanism: Mechanism, what: str, at: float) -> tuple[float, float] | None:
+    """``(lower, upper)`` on ``what`` ("epsilon" or "delta") at ``at`` from the exact
+    discrete PLDs of :func:`discrete_pld` (the worst of its directions), or ``None``."""
+    plds = discrete_pld(mechanism)
+    if plds is None:
+        return None
+    up = max(getattr(p, what)(at, upper=True) for p in plds)
+    lo = max(getattr(p, what)(at, upper=False) for p in plds)
+    return min(lo, up), up
+
+
 def epsilon_bounds(mechanism: Mechanism, delta: float) -> tuple[float, float] | None:
     """``(lower, upper)`` on the exact epsilon(delta) of ``mechanism``, or ``None`` when
     no closed form applies (see module docstring). ``delta`` in ``(0, 1)``.
@@ -410,12 +421,7 @@ def epsilon_bounds(mechanism: Mechanism, delta: float) -> tuple[float, float] | 
         up = e_huge * (1 + 4 * U) + b.upper
         lo = max(hb[0] if hb else 0.0, b.lower if b.lower is not None else 0.0)
         return min(lo, up), up
-    plds = discrete_pld(mechanism)
-    if plds is None:
-        return None
-    up = max(p.epsilon(delta, upper=True) for p in plds)
-    lo = max(p.epsilon(delta, upper=False) for p in plds)
-    return min(lo, up), up
+    return _pld_bounds(mechanism, "epsilon", delta)
 
 
 def delta_bounds(mechanism: Mechanism, epsilon: float) -> tuple[float, float] | None:
@@ -430,12 +436,7 @@ def delta_bounds(mechanism: Mechanism, epsilon: float) -> tuple[float, float] | 
         if epsilon < e_huge * (1 + 4 * U):
             return 0.0, 1.0
         return 0.0, float(rest.delta(epsilon - e_huge * (1 + 4 * U)))
-    plds = discrete_pld(mechanism)
-    if plds is None:
-        return None
-    up = max(p.delta(epsilon, upper=True) for p in plds)
-    lo = max(p.delta(epsilon, upper=False) for p in plds)
-    return min(lo, up), up
+    return _pld_bounds(mechanism, "delta", epsilon)
 
 
 def pure_dp_composition_epsilon(epsilons: Sequence[float], delta: float) -> float:

@@ -709,7 +709,8 @@ class PLDAccountant:
                 if tilt_delta is not None and tilt_delta > 0:
                     ttol = max(ttol, math.exp(min(
                         math.log(_TILTED_TAIL_TOL),
-                        math.log(1e-6 * tilt_delta) - min(log_chernoff, 0.0))))
+                        math.log(1e-6) + math.log(tilt_delta)  # no underflow to 0
+                        - min(log_chernoff, 0.0))))
                 # a refinement never composes a tilted grid above 2 max_points (the
                 # plain grid's bound is max_points), as _TooLarge
                 cap = 2 * self.max_points if h_scale < 1.0 else None

@@ -111,7 +111,7 @@ import math
 import warnings
 
 import numpy as np
-from scipy.special import betainc, betaincinv, expit, gammaln, ndtr, ndtri
+from scipy.special import betainc, betaincinv, expit, gammaln, ndtr, ndtri, xlog1py, xlogy
 
 from privlearn._validation import check_delta, check_real
 from privlearn.accounting.fdp import gdp_mu_interval
@@ -210,8 +210,10 @@ def _ranked_labels(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- one run
 def _log_binom_pmf(j: np.ndarray, n: int, p: float) -> np.ndarray:
+    # xlogy / xlog1py: p = e^eps / (1 + e^eps) rounds to 1 from eps ~ 37 (a claim that
+    # large, or the search for the bound), where (n - j) log(1 - p) must be 0 at j = n
     return (gammaln(n + 1) - gammaln(j + 1) - gammaln(n - j + 1)
-            + j * math.log(p) + (n - j) * math.log1p(-p))
+            + xlogy(j, p) + xlog1py(n - j, -p))
 
 
 def _binom_sf(v: int, n: int, p: float) -> float:
@@ -640,10 +642,7 @@ def tpr_at_fpr(in_scores, out_scores, fpr: float) -> float:
     """Largest true positive rate of the attack at false positive rate ``fpr``
     (thresholds randomised between neighbouring points of the ROC, i.e. the ROC
     interpolated linearly)."""
-    try:
-        f = float(fpr)
-    except (TypeError, ValueError):
-        raise ParameterTypeError(f"fpr must be a real number, got {type(fpr).__name__}") from None
+    f = check_real("fpr", fpr, hint="pass a false positive rate in [0, 1] such as 0.01")
     if not 0 <= f <= 1:
         raise ParameterValueError(f"fpr must be in [0, 1], got {fpr!r}")
     x, y = roc_curve(in_scores, out_scores)

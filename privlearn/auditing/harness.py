@@ -163,6 +163,8 @@ class AuditResult:
 
 def _check_claim(name: str, value) -> float:
     try:
+        if isinstance(value, bool | str | bytes):  # float() would read True as 1, "2" as 2
+            raise TypeError
         e = float(value)
     except (TypeError, ValueError):
         raise ParameterTypeError(f"{name} must be a real number (or a callable returning one), got "

@@ -24,7 +24,7 @@ import numpy as np
 from privlearn._validation import check_positive
 from privlearn.auditing.bounds import _check_delta
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["audit_estimator"]
 
@@ -41,7 +41,11 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     X, y : the training data (the canaries are added to it).
     n_canaries : int >= 2
     delta : float, optional
-        The delta of the claim (default: the estimator's ``delta``).
+        The delta of the claim (default: the estimator's ``delta``). The claim is the
+        epsilon of the fit at this delta: the estimator's ``epsilon_`` at its own
+        ``delta_``, else its ``mechanism_`` accounted at ``delta`` (with the estimator's
+        ``accountant``, default PLD; ``inf`` for a Gaussian release at ``delta=0``), so
+        that the bound and the claim hold at one delta.
     seed : int >= 0, optional
         Seeds the inclusion draw, the canary signs (an independent stream) and the
         estimator's ``random_state`` (default: drawn from fresh entropy and recorded in
@@ -114,8 +118,8 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
             raise ParameterTypeError(f"{type(est).__name__} has no epsilon_ or coef_ after fit; "
                             "audit_estimator needs a linear DP estimator that reports the "
                             "epsilon of its fit")
-        fitted["epsilon"] = float(est.epsilon_)
         fitted["mechanism"] = getattr(est, "mechanism_", None)
+        fitted["epsilon"] = _claim_at(est, d, fitted["mechanism"])
         coef = np.asarray(est.coef_, dtype=float).reshape(-1)
         return signs * coef[p:p + m]
 
@@ -123,3 +127,20 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
                          claimed_epsilon=lambda: fitted["epsilon"], delta=d, seed=seed,
                          method=method, confidence=confidence,
                          mechanism=lambda: fitted["mechanism"])
+
+
+def _claim_at(est, delta: float, mechanism) -> float:
+    """The epsilon the fitted ``est`` claims at ``delta``: its ``epsilon_`` when
+    ``delta`` is the delta of that epsilon, else its ``mechanism_`` accounted at
+    ``delta`` (an epsilon at another delta is another claim: compared with a bound at a
+    smaller delta it would refute an honest release)."""
+    fit_delta = getattr(est, "delta_", est.get_params()["delta"])
+    if fit_delta is not None and float(fit_delta) == delta:
+        return float(est.epsilon_)
+    if mechanism is None:
+        raise ConfigurationError(
+            f"delta={delta:g}: {type(est).__name__} states its epsilon_ at delta="
+            f"{fit_delta!r} only and has no mechanism_ to account at another delta; audit "
+            "at its own delta (leave delta out)")
+    accountant = est.get_params().get("accountant") or "pld"
+    return float(mechanism.epsilon(delta, accountant))

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from privlearn.accounting import Mechanism
 from privlearn.accounting.fdp import gaussian_tradeoff, gdp_mu, tradeoff_curve
 from privlearn.auditing.bounds import roc_curve
 from privlearn.errors import ParameterTypeError, ParameterValueError
@@ -22,6 +23,7 @@ def accountant_roc(mechanism, fpr) -> np.ndarray:
     according to the accountant: ``1 - f(fpr)`` with ``f`` the certified trade-off curve
     (:func:`privlearn.accounting.fdp.tradeoff_curve`). ``fpr``: a rate or an array of
     rates in [0, 1]."""
+    _check_mechanism(mechanism)
     try:
         a = np.asarray(fpr, dtype=float)
     except (TypeError, ValueError):
@@ -32,6 +34,27 @@ def accountant_roc(mechanism, fpr) -> np.ndarray:
         raise ParameterValueError(f"fpr must be false positive rates in [0, 1], got {float(bad)!r} "
                                   "among them")
     return 1.0 - tradeoff_curve(mechanism, a)
+
+
+def _check_mechanism(mechanism) -> None:
+    """Refuse what is not a mechanism, naming the mechanism of the object given when it
+    holds one (a ``make_private`` run, a fitted estimator, an audit's run)."""
+    if isinstance(mechanism, Mechanism):
+        return
+    name = type(mechanism).__name__
+    accountant = getattr(mechanism, "accountant", None)
+    if callable(getattr(accountant, "mechanism", None)):
+        hint = f"pass the mechanism that ran, p.accountant.mechanism() (p: this {name})"
+    elif hasattr(mechanism, "mechanism_"):
+        hint = f"pass the mechanism that ran, est.mechanism_ (est: this fitted {name})"
+    elif isinstance(getattr(mechanism, "mechanism", None), Mechanism):
+        hint = f"pass the mechanism it holds, .mechanism of this {name}"
+    else:
+        hint = ("describe what ran with privlearn.accounting, e.g. "
+                "compose(subsample(Gaussian(1.1), rate=0.01), steps=1000), or pass "
+                "p.accountant.mechanism() of a make_private run")
+    raise ParameterTypeError(f"mechanism must be a privlearn.accounting Mechanism, got "
+                             f"{name}: {hint}")
 
 
 def write_report(run, out_dir: str, *, stem: str | None = None) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -165,6 +166,23 @@ def _warn_delta(delta: float, dataset_size: int | None) -> None:
         warn_if_delta_large(delta, dataset_size, name="--delta")
     for w in caught:
         click.echo(f"warning: {one_line(str(w.message))}", err=True)
+
+
+def check_out_dir(out_dir: str, option: str = "--out") -> str:
+    """Create the output directory ``out_dir`` if needed and check that a file can be
+    written in it, before any work (a read-only file system, a directory of another
+    user), as a usage error naming ``option``."""
+    import tempfile
+
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot write in the directory {out_dir!r} ({exc.strerror or exc}); pass a "
+            "directory you may write in", param_hint=f"'{option}'") from None
+    return out_dir
 
 
 def run_json(rate: float | None, sampling: str, steps: int) -> dict[str, Any]:

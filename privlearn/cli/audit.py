@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import warnings
 
 import click
 
 from privlearn._validation import check_count, check_delta, check_positive
 from privlearn.cli._app import ExitStatus, cli, one_line
-from privlearn.cli._options import json_opt
+from privlearn.cli._options import check_out_dir, json_opt
 
 __all__ = ["audit"]
 
@@ -44,9 +43,9 @@ def audit() -> None:
 @click.option("--score", type=click.Choice(("trajectory", "final")), default="trajectory",
               show_default=True, help="Canary score: per-step likelihood ratio or final "
               "movement.")
-@click.option("--seed", type=click.IntRange(min=0), default=None,
-              help="Seed >= 0 (default: fresh entropy; the seed used is printed, so a run "
-              "can be repeated).")
+@click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
+              help="Seed in [0, 2**64) (default: fresh entropy; the seed used is printed, so "
+              "a run can be repeated).")
 @json_opt
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the ROC plot (PNG) and the scores (CSV).")
@@ -76,12 +75,8 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
     if not 0 < sampling_rate <= 0.1:
         raise click.BadParameter(f"must be in (0, 0.1] (so that rate-x10 stays a rate), got "
                                  f"{sampling_rate!r}", param_hint="'--sampling-rate'")
-    if out_dir is not None:  # before training: a directory that cannot be made fails now
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-        except OSError as exc:
-            raise click.BadParameter(f"cannot create the directory {out_dir!r} "
-                                     f"({exc.strerror or exc})", param_hint="'--out'") from None
+    if out_dir is not None:  # before training: a directory that cannot be written fails now
+        check_out_dir(out_dir)
     try:
         from privlearn.auditing.torch import audit_dpsgd
     except ImportError as e:  # torch missing

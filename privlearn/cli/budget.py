@@ -146,14 +146,7 @@ def _relation(r) -> str:
 
 
 def _print_spent(s) -> None:
-    lower = "" if s.epsilon_lower is None else f" (certified lower bound {s.epsilon_lower:.6g})"
-    click.echo(f"dataset {s.dataset} ({s.privacy_unit}, {_relation(s.neighbouring)}): "
-               f"epsilon spent {s.epsilon_spent:.6g}"
-               f"{lower} of {s.epsilon_budget:g} at delta {s.delta:g}, {s.entries} release(s)"
-               + (f", {s.pending} pending reservation(s)" if s.pending else ""))
-    if s.adaptive:
-        click.echo(f"  adaptive rule (Renyi filter, order {s.adaptive_order:.4g}): "
-                   f"epsilon {s.adaptive_epsilon:.6g}")
+    click.echo(str(s))
 
 
 @cli.group()
@@ -175,6 +168,14 @@ def budget() -> None:
     Python, privlearn.ledger.Ledger records the releases of estimators and of DP-SGD
     runs (help(privlearn.ledger)).
     """
+
+
+def _check_names(dataset: str | None, privacy_unit: str | None) -> None:
+    """Refuse an empty --dataset or --privacy-unit in the shell's words (the ledger's
+    own refusal names its Python parameters)."""
+    for option, name in (("--dataset", dataset), ("--privacy-unit", privacy_unit)):
+        if name is not None and not name.strip():
+            raise ParameterValueError(f"{option} must be a non-empty name, got {name!r}")
 
 
 _ledger_dataset_opt = click.option("--dataset", required=True, help="Dataset name.")
@@ -206,10 +207,7 @@ def budget_init(path: str, key_file: str | None, timeout: float, dataset: str,
                 privacy_unit: str | None, accountant: str, adaptive: bool,
                 neighbouring: str | None, exist_ok: bool) -> None:
     """Create the ledger at PATH (if needed) and set DATASET's budget."""
-    # checked in the shell's words before the file is created (a refused init leaves none)
-    for option, name in (("--dataset", dataset), ("--privacy-unit", privacy_unit)):
-        if name is not None and not name.strip():
-            raise ParameterValueError(f"{option} must be a non-empty name, got {name!r}")
+    _check_names(dataset, privacy_unit)  # before the file is created: a refused init leaves none
     epsilon = check_positive("--epsilon", epsilon, hint="e.g. --epsilon 1")
     delta = check_delta("--delta", delta)
     if adaptive and delta == 0.0:
@@ -251,6 +249,7 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
                  as_json: bool) -> None:
     """Record a release on DATASET; refused (status 3, nothing recorded) if it would
     exceed the budget."""
+    _check_names(dataset, privacy_unit)
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     kind, samp = mechanism.lower(), sampling.lower()
@@ -276,17 +275,35 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
 @_timeout_opt
-@_ledger_dataset_opt
+@click.option("--dataset", default=None,
+              help="Dataset name (default: every budget of the ledger).")
 @_unit_opt
 @json_opt
-def budget_show(path: str, key_file: str | None, timeout: float, dataset: str,
+def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | None,
                 privacy_unit: str | None,
                 as_json: bool) -> None:
-    """What has been spent on DATASET (tight composition, certified bounds)."""
-    s = _open_ledger(path, key_file, timeout=timeout).spent(dataset, privacy_unit=privacy_unit)
+    """What has been spent on DATASET (tight composition, certified bounds); without
+    --dataset, on every budget of the ledger (with --json, a list of objects)."""
+    _check_names(dataset, privacy_unit)
+    led = _open_ledger(path, key_file, timeout=timeout)
+    if dataset is not None:
+        s = led.spent(dataset, privacy_unit=privacy_unit)
+        if as_json:
+            click.echo(json.dumps(_spent_json(s)))
+        else:
+            _print_spent(s)
+        return
+    spent = [led.spent(b.dataset, privacy_unit=b.privacy_unit) for b in led.budgets()
+             if privacy_unit is None or b.privacy_unit == privacy_unit]
     if as_json:
-        click.echo(json.dumps(_spent_json(s)))
-    else:
+        click.echo(json.dumps([_spent_json(s) for s in spent]))
+        return
+    if not spent:
+        click.echo(f"no budget{'' if privacy_unit is None else ' per ' + privacy_unit} "
+                   f"in {path}; create one with `privlearn budget init {path} --dataset "
+                   "NAME --epsilon E --delta D"
+                   + ("" if privacy_unit is None else f" --privacy-unit {privacy_unit}") + "`")
+    for s in spent:
         _print_spent(s)
 
 
@@ -294,21 +311,30 @@ def budget_show(path: str, key_file: str | None, timeout: float, dataset: str,
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
 @_timeout_opt
-@_ledger_dataset_opt
+@click.option("--dataset", default=None,
+              help="Dataset name (default: the entries of every budget, each line naming "
+                   "its dataset).")
 @_unit_opt
 @json_opt
-def budget_history(path: str, key_file: str | None, timeout: float, dataset: str,
+def budget_history(path: str, key_file: str | None, timeout: float, dataset: str | None,
                    privacy_unit: str | None,
                    as_json: bool) -> None:
-    """Every entry of DATASET, oldest first."""
+    """Every entry of DATASET, oldest first; without --dataset, every entry of the
+    ledger."""
     from privlearn.accounting.serialization import mechanism_to_dict
 
+    _check_names(dataset, privacy_unit)
     led = _open_ledger(path, key_file, timeout=timeout)
-    led.budget_info(dataset, privacy_unit=privacy_unit)
-    entries = led.history(dataset, privacy_unit=privacy_unit)
+    if dataset is not None:
+        led.budget_info(dataset, privacy_unit=privacy_unit)
+        entries = led.history(dataset, privacy_unit=privacy_unit)
+    else:
+        entries = [e for e in led.history()
+                   if privacy_unit is None or e.privacy_unit == privacy_unit]
     if as_json:
         click.echo(json.dumps([
-            {"seq": e.seq, "kind": e.kind, "time": e.time, "label": e.label, "who": e.who,
+            {"seq": e.seq, "kind": e.kind, "dataset": e.dataset,
+             "privacy_unit": e.privacy_unit, "time": e.time, "label": e.label, "who": e.who,
              "ref": e.ref, "hash": e.hash,
              "mechanism": None if e.mechanism is None else mechanism_to_dict(e.mechanism)}
             for e in entries
@@ -317,8 +343,9 @@ def budget_history(path: str, key_file: str | None, timeout: float, dataset: str
     for e in entries:
         what = "" if e.mechanism is None else f"  {_describe_mechanism(e.mechanism)}"
         ref = f" (reservation {e.ref})" if e.ref is not None else ""
-        click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {e.label or '-'}  [{e.who or '-'}]"
-                   f"{ref}{what}")
+        where = "" if dataset is not None else f"{e.dataset}/{e.privacy_unit}  "
+        click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {where}{e.label or '-'}  "
+                   f"[{e.who or '-'}]{ref}{what}")
 
 
 def _describe_mechanism(m: Mechanism) -> str:

@@ -8,6 +8,7 @@ import click
 
 from privlearn._validation import check_count
 from privlearn.cli._app import ExitStatus, cli, one_line
+from privlearn.cli._options import check_out_dir
 
 __all__ = ["demo", "reproduce"]
 
@@ -134,6 +135,8 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
                 f"{name} has the variants {', '.join(variants)}, got {variant!r}",
                 param_hint="'--variant'")
         kwargs["variant"] = variant
+    if out_dir is not None:  # before the run: a directory that cannot be written fails now
+        check_out_dir(out_dir)
     try:
         result = run_experiment(name, **kwargs)
     except ImportError as e:  # an experiment that needs an optional extra (torch)
@@ -147,10 +150,11 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
         said = (f"{e.what} not found in {', '.join(searched)} (--data-home, "  # type: ignore
                 f"${DATA_ENV}, the user cache)" if searched and getattr(e, "what", None)
                 else one_line(str(e)).rstrip("."))  # in the shell's words, not Python's
-        raise click.ClickException(
+        missing = click.ClickException(
             f"{name}: {said}; run again with --data-home DIR (a directory holding the "
-            "files) or --download"
-        ) from None
+            "files) or --download")
+        missing.exit_code = ExitStatus.USAGE  # missing data is bad input (status 2)
+        raise missing from None
     for path in getattr(result, "paths", None) or ():
         click.echo(f"wrote {path}")
 

@@ -75,6 +75,7 @@ from privlearn.errors import (
     LedgerConflictError,
     LedgerIntegrityError,
     LedgerNotFoundError,
+    LedgerStorageError,
     UnknownBudgetError,
 )
 from privlearn.ledger._filter import default_filter_order, filter_epsilon
@@ -99,6 +100,7 @@ __all__ = [
     "LedgerConflictError",
     "LedgerIntegrityError",
     "LedgerNotFoundError",
+    "LedgerStorageError",
     "UnknownBudgetError",
     "Reservation",
     "Spent",

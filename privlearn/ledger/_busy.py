@@ -1,7 +1,9 @@
 """Waiting for another writer of a ledger file, within the ledger's ``timeout``: the OS
 write lock every writer queues on, and SQLite's lock; past the timeout both are a
 :class:`~privlearn.errors.LedgerBusyError` naming the file, the timeout and what to do,
-with the transaction rolled back (nothing recorded)."""
+with the transaction rolled back (nothing recorded). A file that cannot be written or
+read (disk full, I/O error, read-only) is a :class:`~privlearn.errors.LedgerStorageError`,
+rolled back the same way."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ if sys.platform != "win32":
 else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
-from privlearn.errors import LedgerBusyError
+from privlearn.errors import LedgerBusyError, LedgerStorageError
 
 #: the seconds a Ledger (and a ``privlearn budget`` command) waits for another writer
 #: by default
@@ -45,26 +47,64 @@ def is_lock_timeout(exc: BaseException) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
+#: SQLite's primary result codes of a file that cannot be written or read, and the
+#: ``reason`` of the :class:`LedgerStorageError` each one is
+_STORAGE_CODES = {
+    sqlite3.SQLITE_FULL: "full",
+    sqlite3.SQLITE_IOERR: "io",
+    sqlite3.SQLITE_READONLY: "readonly",
+    sqlite3.SQLITE_CANTOPEN: "unopenable",
+}
+_STORAGE_SAY = {
+    "full": "the disk, quota or file size limit is full",
+    "io": "an I/O error (often a full disk, or a file size limit)",
+    "readonly": "the file or its file system is read-only",
+    "unopenable": "a file of the ledger cannot be opened",
+}
+
+
+def storage_error(exc: BaseException, path: str) -> LedgerStorageError | None:
+    """:class:`LedgerStorageError` when SQLite's ``exc`` says the file could not be
+    written or read (disk full, I/O error, read-only), else None."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return None
+    code = getattr(exc, "sqlite_errorcode", None)
+    reason = None if code is None else _STORAGE_CODES.get(code & 0xFF)
+    if reason is None:
+        return None
+    return LedgerStorageError(
+        f"the privacy ledger {path} could not be written or read: {_STORAGE_SAY[reason]} "
+        f"({exc}); nothing was recorded. Free space (or raise the limit) where the ledger "
+        "and its -wal and -shm files live, check that they and their directory are "
+        "writable, and try again", path=path, reason=reason)
+
+
 def as_busy_error(exc: sqlite3.OperationalError, path: str,
                   timeout: float) -> BaseException:
-    """SQLite's error ``exc``, or :class:`LedgerBusyError` if it is a lock timeout."""
-    return busy_error(path, timeout) if is_lock_timeout(exc) else exc
+    """SQLite's error ``exc``, or :class:`LedgerBusyError` if it is a lock timeout, or
+    :class:`LedgerStorageError` if the file could not be written or read."""
+    if is_lock_timeout(exc):
+        return busy_error(path, timeout)
+    return storage_error(exc, path) or exc
 
 
 @contextlib.contextmanager
 def lock_timeout_refused(conn: sqlite3.Connection, path: str,
                          timeout: float) -> Iterator[None]:
-    """Turn SQLite's lock timeout inside the block into :class:`LedgerBusyError`, after
-    rolling back what the block's transaction had written."""
+    """Turn SQLite's lock timeout inside the block into :class:`LedgerBusyError`, and a
+    file that could not be written or read into :class:`LedgerStorageError`, after
+    rolling back what the block's transaction had written (a failed ``COMMIT`` leaves
+    the transaction open)."""
     try:
         yield
     except sqlite3.OperationalError as exc:
-        if not is_lock_timeout(exc):
+        typed = as_busy_error(exc, path, timeout)
+        if typed is exc:
             raise
-        if conn.in_transaction:
+        if getattr(conn, "in_transaction", False):
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-        raise busy_error(path, timeout) from None
+        raise typed from None
 
 
 def lock_file(fd: int, path: str, timeout: float) -> None:

@@ -146,6 +146,17 @@ def _float_down(x: Fraction) -> float:
     return math.nextafter(f, -math.inf) if Fraction(f) > x else f
 
 
+def _stated_delta(mechs: Sequence[Mechanism]) -> Fraction:
+    """The sum of the deltas of the releases known through an ``(epsilon, delta)``
+    statement (exactly)."""
+    total = Fraction(0)
+    for m in mechs:
+        fn = representation_of(m, "stated_dp")
+        if fn is not None:
+            total += Fraction(fn(m)[1])
+    return total
+
+
 def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
                               accountant: str) -> float | None:
     """Epsilon at ``delta`` by basic composition of the releases known only through an
@@ -193,15 +204,22 @@ def evaluate_budget(budget, mechs: Sequence[Mechanism]
     """``(upper, lower, adaptive_epsilon)`` of the releases ``mechs`` (already read under
     the budget's neighbouring relation) at the budget's delta: the certified bounds of
     their tight composition with the budget's accountant (the upper one no larger than
-    their :func:`basic_composition_epsilon`, where that applies), and for an adaptive
+    their :func:`basic_composition_epsilon`, where that applies; that one alone when the
+    accountant cannot evaluate them, e.g. RDP and an ``ApproxDP``), and for an adaptive
     budget the epsilon its Renyi filter certifies (None otherwise)."""
     if not mechs:
         return 0.0, 0.0, (0.0 if budget.adaptive else None)
     basic = basic_composition_epsilon(mechs, budget.delta, budget.accountant)
     try:
         b = compose(list(mechs)).epsilon_bounds(budget.delta, budget.accountant)
-    except AccountingError:
+    except (AccountingError, UnsupportedMechanismError) as exc:
+        # e.g. RDP, which has no curve for an (epsilon, delta) statement, or a PLD
+        # that cannot certify the releases: basic composition, where it applies
         if basic is None:
+            if _stated_delta(mechs) > budget.delta:  # no accountant admits these
+                raise AccountingError(
+                    f"the releases' stated deltas add up to {float(_stated_delta(mechs)):g}, "
+                    f"past the budget's delta {budget.delta:g}") from exc
             raise
         upper, lower = basic, None
     else:

@@ -40,16 +40,12 @@ from privlearn.errors import (
     LedgerConflictError,
     LedgerIntegrityError,
     LedgerNotFoundError,
+    LedgerStorageError,
     ParameterTypeError,
     ParameterValueError,
     UnknownBudgetError,
 )
-from privlearn.ledger._busy import (
-    DEFAULT_TIMEOUT,
-    as_busy_error,
-    lock_file,
-    lock_timeout_refused,
-)
+from privlearn.ledger._busy import DEFAULT_TIMEOUT, as_busy_error, lock_file, lock_timeout_refused
 from privlearn.ledger._filter import evaluate_budget, filter_order
 from privlearn.ledger._handles import (
     BudgetHandle,
@@ -91,18 +87,8 @@ from privlearn.ledger._schema import (
     _check_schema,
 )
 
-__all__ = [
-    "Budget",
-    "BudgetHandle",
-    "Entry",
-    "Ledger",
-    "Reservation",
-    "Spent",
-    "VerifyReport",
-    "check_privacy_unit",
-]
-
-
+__all__ = ["Budget", "BudgetHandle", "Entry", "Ledger", "Reservation", "Spent", "VerifyReport",
+           "check_privacy_unit"]
 
 # ----------------------------------------------------------------------------------
 # the ledger
@@ -119,8 +105,9 @@ class Ledger:
         SQLite file. Opened in WAL mode with ``synchronous=FULL``: a spend that returned
         is on disk, and concurrent writers are serialised by ``BEGIN IMMEDIATE``
         transactions. SQLite keeps ``PATH-wal`` / ``PATH-shm`` next to it, and writers
-        queue on an empty ``PATH-writelock`` file (POSIX); copy the ledger with SQLite's
-        backup API or after closing every connection.
+        queue on an empty ``PATH-writelock`` file (POSIX; all three next to the file a
+        symbolic link names); copy the ledger with SQLite's backup API or after closing
+        every connection.
     create : bool
         Create the ledger when there is none at ``path`` (default False: a missing file
         raises :class:`~privlearn.errors.LedgerNotFoundError`, so a mistyped path is an
@@ -150,6 +137,9 @@ class Ledger:
         No ledger at ``path`` and ``create`` is False.
     LedgerIntegrityError
         ``path`` is not a privacy ledger (another SQLite database, or not a database).
+    LedgerStorageError
+        The file cannot be written or read (a full disk, an I/O error), here or in any
+        later call; nothing is recorded.
 
     Examples
     --------
@@ -205,7 +195,9 @@ class Ledger:
                 path=self.path, reason="missing")
         if create:  # owner-only (0600): a ledger lists what was released from which data
             with contextlib.suppress(OSError):  # exists (mode kept), or SQLite reports it
-                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                # the file a symbolic link names (O_EXCL on the link itself fails)
+                os.close(os.open(os.path.realpath(self.path),
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self._conn = self._connect(create)
 
     # -- connection / pickling ----------------------------------------------------------
@@ -221,12 +213,14 @@ class Ledger:
                 path=self.path, reason="unopenable") from None
         try:
             return self._open_schema(conn, create)
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, LedgerStorageError) as exc:
             conn.close()
-            if not any(w in str(exc) for w in ("unable to open", "readonly")):
-                raise as_busy_error(exc, self.path, self._timeout) from None
+            cause = exc if isinstance(exc, sqlite3.Error) else exc.__context__
+            typed = as_busy_error(cause, self.path, self._timeout)  # disk full: as it is
+            if getattr(typed, "reason", None) not in ("readonly", "unopenable"):
+                raise typed from None
             raise LedgerNotFoundError(
-                f"cannot open the privacy ledger at {self.path} ({exc}); check that the "
+                f"cannot open the privacy ledger at {self.path} ({cause}); check that the "
                 "path is a file you may read and write, in a directory you may write in",
                 path=self.path, reason="unopenable") from None
         except sqlite3.DatabaseError as exc:
@@ -330,7 +324,7 @@ class Ledger:
         if fcntl is None:  # pragma: no cover - Windows
             yield
             return
-        lock = self._abs + "-writelock"
+        lock = os.path.realpath(self._abs) + "-writelock"  # one per file, whatever its path
         try:
             # created with the ledger's own permissions (0600 for a ledger created here)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, os.stat(self._abs).st_mode & 0o666)

@@ -121,6 +121,23 @@ class Spent:
     adaptive_order: float | None
     neighbouring: Neighbouring | None = None
 
+    def __str__(self) -> str:
+        """The summary ``privlearn budget show`` prints: the total with its certified
+        lower bound, the cap, the number of releases (and the Renyi filter's epsilon for
+        an adaptive budget)."""
+        relation = ("relation not fixed yet" if self.neighbouring is None
+                    else self.neighbouring.value)
+        lower = ("" if self.epsilon_lower is None
+                 else f" (certified lower bound {self.epsilon_lower:.6g})")
+        text = (f"dataset {self.dataset} ({self.privacy_unit}, {relation}): epsilon spent "
+                f"{self.epsilon_spent:.6g}{lower} of {self.epsilon_budget:g} at delta "
+                f"{self.delta:g}, {self.entries} release(s)"
+                + (f", {self.pending} pending reservation(s)" if self.pending else ""))
+        if self.adaptive:
+            text += (f"\n  adaptive rule (Renyi filter, order {self.adaptive_order:.4g}): "
+                     f"epsilon {self.adaptive_epsilon:.6g}")
+        return text
+
     def as_dict(self) -> dict:
         """The fields as JSON types (``neighbouring`` by its value, inf as None)."""
         d = {k: getattr(self, k) for k in self.__slots__}

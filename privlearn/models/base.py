@@ -50,7 +50,15 @@ from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
-from privlearn.accounting import Mechanism, calibrate, compose, warn_if_delta_large
+from privlearn.accounting import (
+    Gaussian,
+    Laplace,
+    Mechanism,
+    calibrate,
+    compose,
+    subsample,
+    warn_if_delta_large,
+)
 from privlearn.errors import (
     NonFiniteInputError,
     ParameterTypeError,
@@ -564,6 +572,19 @@ def clip_rows(X: np.ndarray, bound: float, ord: int | float = 2) -> tuple[np.nda
     Xc = np.array(X, dtype=float, copy=True)
     Xc[over] *= (bound / norms[over])[:, None]
     return Xc, int(np.count_nonzero(over))
+
+
+def noisy_sum_mechanism(noise: str, noise_multiplier: float, sampling_rate: float,
+                        steps: int) -> Mechanism:
+    """``steps`` compositions of ``Gaussian(noise_multiplier)`` (``noise="gaussian"``) or
+    ``Laplace(noise_multiplier)``, Poisson-subsampled at ``sampling_rate`` when it is below
+    1: the account of a sum of contributions of L2 (resp. L1) sensitivity 1 released with
+    noise ``steps`` times (Abadi et al. 2016, Algorithm 1; Zhu & Wang 2019 for the
+    sampling). DP-SGD's steps and the label releases' queries are this mechanism."""
+    base = Gaussian(noise_multiplier) if noise == "gaussian" else Laplace(noise_multiplier)
+    if sampling_rate < 1.0:
+        base = subsample(base, sampling_rate, scheme="poisson")
+    return compose(base, steps=steps)
 
 
 def resolve_noise_multiplier(

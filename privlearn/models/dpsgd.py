@@ -40,7 +40,7 @@ from scipy.special import expit
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
-from privlearn.accounting import Gaussian, Laplace, compose, get_accountant, subsample
+from privlearn.accounting import get_accountant
 from privlearn.errors import (
     ParameterValueError,
     PrivacyLeakWarning,
@@ -51,6 +51,7 @@ from privlearn.models.base import (
     ReleasePlan,
     check_class_labels,
     make_rng,
+    noisy_sum_mechanism,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
     validate_input,
@@ -76,10 +77,7 @@ __all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
 def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, steps: int):
     """The mechanism DP-SGD runs: ``steps`` compositions of the (Poisson-subsampled, if
     ``sampling_rate < 1``) Gaussian or Laplace mechanism with the given multiplier."""
-    base = Gaussian(noise_multiplier) if noise == "gaussian" else Laplace(noise_multiplier)
-    if sampling_rate < 1.0:
-        base = subsample(base, sampling_rate, scheme="poisson")
-    return compose(base, steps=steps)
+    return noisy_sum_mechanism(noise, noise_multiplier, sampling_rate, steps)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +94,8 @@ class DPSGDPlan(ReleasePlan):
 class _DPSGDBase(PrivateEstimator):
     _loss = "logistic"
 
+    # the signature is DPSGDRegressor's (which inherits it); DPSGDClassifier's adds
+    # ``classes`` and starts at learning_rate=1.0
     def __init__(
         self,
         epsilon: float = 1.0,
@@ -103,7 +103,7 @@ class _DPSGDBase(PrivateEstimator):
         noise: str = "gaussian",
         sampling_rate: float = 1.0,
         n_iter: int = 1000,
-        learning_rate: float = 1.0,
+        learning_rate: float = 0.5,
         max_grad_norm: float = 1.0,
         l2_regularization: float = 1e-3,
         fit_intercept: bool = True,
@@ -153,6 +153,11 @@ class _DPSGDBase(PrivateEstimator):
         "random_state": RANDOM_STATE,
         "ledger": LEDGER,
     }
+
+    def fit(self, X, y, **fit_params):
+        """Train with DP-SGD; validates everything before any privacy is spent
+        (``sample_weight`` is refused)."""
+        return self._fit(X, y, fit_params=fit_params)
 
     def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
         """Calibrate the noise multiplier (or check the given one) for ``n_iter`` steps."""
@@ -207,7 +212,8 @@ class _DPSGDBase(PrivateEstimator):
         path = np.zeros((steps, d)) if self.record_path else None
         # Per-example gradient g_i = r_i z_i, so ||g_i|| = |r_i| ||z_i|| (any norm): the
         # clipping factor needs only the row norms, computed once.
-        znorm = np.linalg.norm(Z, ord=ord_, axis=1)
+        with np.errstate(over="ignore"):  # an extreme row's norm: inf, clipped below
+            znorm = np.linalg.norm(Z, ord=ord_, axis=1)
         for t in range(steps):
             # 1. sample (Poisson)
             if q < 1.0:
@@ -216,9 +222,17 @@ class _DPSGDBase(PrivateEstimator):
             else:
                 Zb, yb, nb = Z, y, znorm
             # 2. clip per example: g_i * min(1, C / ||g_i||), summed
-            r = self._residual(Zb, yb, theta)
-            gnorm = np.abs(r) * nb
-            r = r * np.minimum(1.0, C / np.maximum(gnorm, 1e-300))
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                r = self._residual(Zb, yb, theta)
+                gnorm = np.abs(r) * nb
+                # above C: the residual of norm exactly C (its sign, C / ||z_i||), also
+                # when an extreme row overflows r or ||z_i|| to infinity; a residual that
+                # is not a number (inf - inf in z_i . theta) contributes nothing. Either
+                # way one record moves the sum by at most C, and one finite but extreme
+                # row cannot turn the release into a NaN (and the fit into an error)
+                r = np.where(gnorm > C, np.where(np.isfinite(gnorm), r * (C / gnorm),
+                                                 np.sign(r) * (C / nb)), r)
+                r = np.where(np.isfinite(r), r, 0.0)
             total = Zb.T @ r
             # 3. noise on the sum
             if noise == "gaussian":
@@ -390,11 +404,6 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             )
         return cl
 
-    def fit(self, X, y, **fit_params):
-        """Train with DP-SGD; validates everything before any privacy is spent
-        (``sample_weight`` is refused)."""
-        return self._fit(X, y, fit_params=fit_params)
-
     def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
         self._public_classes()  # a wrong classes parameter is refused before anything
         return super()._plan(params, X, y)
@@ -460,49 +469,6 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
     )
 
     _loss = "squared"
-
-    def __init__(
-        self,
-        epsilon: float = 1.0,
-        delta: float = 1e-5,
-        noise: str = "gaussian",
-        sampling_rate: float = 1.0,
-        n_iter: int = 1000,
-        learning_rate: float = 0.5,
-        max_grad_norm: float = 1.0,
-        l2_regularization: float = 1e-3,
-        fit_intercept: bool = True,
-        noise_multiplier: float | None = None,
-        accountant: str = "pld",
-        trajectory_points: int = 20,
-        trajectory_accountant: str | None = None,
-        record_path: bool = False,
-        random_state=None,
-        ledger=None,
-    ):
-        super().__init__(
-            epsilon=epsilon,
-            delta=delta,
-            noise=noise,
-            sampling_rate=sampling_rate,
-            n_iter=n_iter,
-            learning_rate=learning_rate,
-            max_grad_norm=max_grad_norm,
-            l2_regularization=l2_regularization,
-            fit_intercept=fit_intercept,
-            noise_multiplier=noise_multiplier,
-            accountant=accountant,
-            trajectory_points=trajectory_points,
-            trajectory_accountant=trajectory_accountant,
-            record_path=record_path,
-            random_state=random_state,
-            ledger=ledger,
-        )
-
-    def fit(self, X, y, **fit_params):
-        """Train with DP-SGD; validates everything before any privacy is spent
-        (``sample_weight`` is refused)."""
-        return self._fit(X, y, fit_params=fit_params)
 
     def predict(self, X) -> np.ndarray:
         return self._decision(X)

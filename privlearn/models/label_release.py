@@ -49,7 +49,7 @@ import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
-from privlearn.accounting import Gaussian, Laplace, Mechanism, compose, subsample
+from privlearn.accounting import Mechanism, compose
 from privlearn.errors import (
     NonFiniteInputError,
     ParameterTypeError,
@@ -63,6 +63,7 @@ from privlearn.models.base import (
     check_class_labels,
     data_shape,
     make_rng,
+    noisy_sum_mechanism,
     refuse_fit_params,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
@@ -93,10 +94,7 @@ def label_release_mechanism(
     """``n_queries`` compositions of Gaussian(noise_multiplier) or Laplace(noise_multiplier)
     (Poisson-subsampled when ``sampling_rate < 1``). The multiplier is the noise
     std (resp. Laplace scale) divided by the vote histogram's L2 (resp. L1) sensitivity."""
-    base = Gaussian(noise_multiplier) if noise == "gaussian" else Laplace(noise_multiplier)
-    if sampling_rate < 1.0:
-        base = subsample(base, sampling_rate, scheme="poisson")
-    return compose(base, steps=n_queries)
+    return noisy_sum_mechanism(noise, noise_multiplier, sampling_rate, n_queries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -529,13 +527,23 @@ class PrivateKNN(_LabelReleaseBase):
                 "PrivateKNN.fit needs the private labels: fit(X_private, y_private)")
         with self._refit():
             X, y = validate_input(self, X, y, dtype=np.float64)
-            check_class_labels(type(self).__name__, y)
+            kind = check_class_labels(type(self).__name__, y)
+            if self.classes is None and kind.startswith("continuous"):
+                # every distinct target value would become a class: classes_ (and the
+                # width of the released votes) would publish the private targets' set
+                raise ParameterValueError(
+                    "PrivateKNN: Unknown label type: continuous. y holds non-integer "
+                    "numbers, and classes=None would make each distinct value a class, "
+                    "released in classes_. PrivateKNN releases class labels: map y to "
+                    "public classes (e.g. np.digitize(y, bins) with public bins) or pass "
+                    "the public label set, classes=[...]")
             classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
         self.__dict__.pop("_releases", None)  # the new data is a new account
         self.classes_ = classes
         self._X = X
         self._y = y_idx
-        self._sqnorm = np.einsum("ij,ij->i", X, X)
+        with np.errstate(over="ignore"):  # an extreme row: inf, ordered last
+            self._sqnorm = np.einsum("ij,ij->i", X, X)
         return self
 
     def release(self, X_query, batch_size: int = 256) -> np.ndarray:
@@ -575,10 +583,13 @@ class PrivateKNN(_LabelReleaseBase):
         votes = np.zeros((m, C))
         for start in range(0, m, batch_size):
             Qb = X[start : start + batch_size]
-            d2 = self._sqnorm[None, :] - 2.0 * Qb @ self._X.T
-            # Poisson subsample per query: excluded points get infinite distance
+            with np.errstate(over="ignore", invalid="ignore"):
+                d2 = self._sqnorm[None, :] - 2.0 * Qb @ self._X.T
+            # Poisson subsample per query: excluded points get infinite distance, and so
+            # does a point whose distance is not a number (an extreme row overflowing
+            # inf - inf): ordered by index among the others at infinity, as _nearest needs
             keep = rng.random((Qb.shape[0], n)) < q
-            d2 = np.where(keep, d2, np.inf)
+            d2 = np.where(keep & ~np.isnan(d2), d2, np.inf)
             nn = _nearest(d2, min(k, n))
             valid = np.take_along_axis(keep, nn, axis=1)
             labels = self._y[nn]

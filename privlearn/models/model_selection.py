@@ -80,6 +80,7 @@ from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, com
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.errors import (
     ConfigurationError,
+    DataClippedWarning,
     ParameterTypeError,
     ParameterValueError,
     PlanMismatchError,
@@ -93,6 +94,7 @@ from privlearn.models.base import (
     quiet_data_checks,
     refuse_as_step,
     validate_input,
+    warn_person_fitting,
 )
 from privlearn.models.constraints import (
     ACCOUNTANT,
@@ -308,7 +310,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         given.
     loss_bound : float > 0, optional
         Per-record loss clipping for the private score (required for regressors; 1 for
-        classifiers' 0-1 loss).
+        classifiers' 0-1 loss); a ``DataClippedWarning`` says how many losses it clipped.
     delta : float in (0, 1)
         Delta at which ``epsilon_`` is reported.
     accountant : str
@@ -399,11 +401,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             "public X_val, y_val to fit"
         )
 
-    def _score(self, est, X, y, public: bool, lb: float, rng) -> float:
+    def _score(self, est, X, y, public: bool, lb: float, rng,
+               clipped_counts: list[tuple[int, int]] | None = None) -> float:
         """The run's score on the scale of :meth:`score`: accuracy (classifiers) or minus
         the mean squared error (regressors). Private: from the noisy sum of the clipped
         per-record losses, divided by the noisy number of rows (``n`` changes between
-        add/remove neighbours)."""
+        add/remove neighbours). ``clipped_counts`` gets the number of losses the private
+        score clipped (for the person fitting only)."""
         pred = est.predict(X)
         if is_classifier(est):
             loss = (np.asarray(pred) != np.asarray(y)).astype(float)
@@ -419,6 +423,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             # every clipped loss in [0, lb], a NaN (a prediction that failed) as lb: a
             # NaN sum would release whether such a row exists, whatever the noise
             clipped = np.where(np.isnan(loss), lb, np.minimum(loss, lb))
+            if clipped_counts is not None:
+                clipped_counts.append((int(np.count_nonzero(~(loss <= lb))), loss.size))
             total = float(np.sum(clipped)) / lb + z[0]
             mean = lb * total / max(len(loss) + z[1], 1.0)
         return 1.0 - mean if is_classifier(est) else -mean
@@ -589,6 +595,17 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             raise ParameterValueError(
                 f"X_val's columns {names_val()} differ from X's {names()} (names or "
                 "order): the runs could not be scored on it; pass X_val[X.columns]")
+        X_arr, X_val_arr = (None if hasattr(a, "tocsr") else np.asarray(a)
+                            for a in (X, X_val_given))
+        if X_arr is not None and X_val_arr is not None and (
+                np.shares_memory(X_arr, X_val_arr) or (
+                    X_arr.shape == X_val_arr.shape and np.array_equal(X_arr, X_val_arr))):
+            raise ParameterValueError(
+                "X_val is the private training data X (or a view of it): its scores are "
+                "exact statistics of the private data, and best_params_ / best_score_ "
+                "chosen on them are not covered by the search's epsilon_. Pass public "
+                "validation data (held out by a public rule and never used privately), "
+                "or leave X_val=None to score each run privately on X")
 
     _ledger_advice = (
         "Use method='composition' (every run composed with the budget's accountant), or a "
@@ -636,7 +653,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             k = _sample_runs(plan.eta, plan.gamma, rng)
             order = [int(i) for i in rng.integers(0, len(plan.grid), size=k)]
         Xs, ys = (X_val, y_val) if public else (X, y)
-        best, scores, runs, ran = None, [], [], []
+        best, scores, runs, ran, clipped = None, [], [], [], []
         # counts and elapsed time only: never a score (a release of the data), and with
         # random stopping the total K is shown only to whoever runs fit (see ``verbose``)
         for i in _progress(order, type(self).__name__, bool(self.verbose)):
@@ -655,12 +672,20 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                     "mechanism its settings declare (check its planned mechanism against "
                     "what fit does)")
             ran.append(est.mechanism_)
-            score = self._score(est, Xs, ys, public, plan.loss_bound, rng)
+            score = self._score(est, Xs, ys, public, plan.loss_bound, rng, clipped)
             scores.append(score)
             runs.append(plan.grid[i])
             if best is None or score > best[1]:
                 best = (est, score, plan.grid[i])
         best_estimator, best_score, best_params = best
+        if any(count for count, _ in clipped):  # to the person fitting only, not stored
+            count, n = max(clipped)
+            warn_person_fitting(
+                f"{type(self).__name__}: the private score clipped per-record losses above "
+                f"loss_bound={plan.loss_bound:g} (up to {count} of {n} records in one "
+                "run); scores then understate those runs' losses. Raise loss_bound "
+                "(using public knowledge only) if this is more than expected.",
+                DataClippedWarning, stacklevel=5)
         if self.ledger is not None:  # a refit of the released model spends too
             best_estimator.set_params(**dict.fromkeys(_nested_keys(best_estimator, "ledger"),
                                                       self.ledger))

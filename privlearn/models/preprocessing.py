@@ -45,7 +45,6 @@ from privlearn import _validation as _v
 from privlearn.accounting import (
     Gaussian,
     Mechanism,
-    PureDP,
     calibrate,
     compose,
     get_accountant,
@@ -54,13 +53,16 @@ from privlearn.accounting.registry import pure_epsilon
 from privlearn.errors import (
     BatchDependenceError,
     ConfigurationError,
+    DataClippedWarning,
     ParameterTypeError,
     ParameterValueError,
+    PrivacyLeakWarning,
+    UnsupportedMechanismError,
 )
+from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
-    _non_finite_error,
     check_finite_target,
     data_shape,
     make_rng,
@@ -69,6 +71,7 @@ from privlearn.models.base import (
     refuse_fit_params,
     require_delta_for_gaussian,
     validate_input,
+    warn_person_fitting,
     warnings_once_per_fit,
 )
 from privlearn.models.constraints import (
@@ -90,120 +93,6 @@ __all__ = [
     "pipeline_mechanism",
     "private_quantile",
 ]
-
-
-# ----------------------------------------------------------------------------------
-# private quantiles and bounds
-# ----------------------------------------------------------------------------------
-
-
-def _check_range(lower: object, upper: object) -> tuple[float, float]:
-    for name, v in (("lower", lower), ("upper", upper)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-            raise ParameterValueError(f"{name} must be a finite real number, got {v!r}")
-    if not lower < upper:
-        raise ParameterValueError(
-            f"the public range must satisfy lower < upper, got ({lower}, {upper})")
-    return float(lower), float(upper)
-
-
-def _em_quantile(
-    values: np.ndarray, q: float, epsilon: float, lower: float, upper: float,
-    n_candidates: int, rng: np.random.Generator,
-) -> float:
-    grid = np.linspace(lower, upper, n_candidates)
-    v = np.clip(np.sort(values), lower, upper)
-    below = np.searchsorted(v, grid, side="right")
-    utility = -np.abs(below - q * v.size)
-    logits = 0.5 * epsilon * utility
-    logits -= logits.max()
-    p = np.exp(logits)
-    p /= p.sum()
-    return float(grid[rng.choice(n_candidates, p=p)])
-
-
-def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
-    """``values`` as a float array (reads the data, releases nothing): text or objects
-    are a :class:`~privlearn.errors.ParameterTypeError`, a NaN or an infinity a
-    :class:`~privlearn.errors.NonFiniteInputError` saying what to do, as the estimators'
-    own checks."""
-    if hasattr(values, "tocsr"):
-        raise ParameterTypeError(
-            f"{owner}: {name} must be a dense array, got a sparse matrix; convert it with "
-            f"{name}.toarray()")
-    try:
-        arr = np.asarray(values, dtype=float)
-    except (TypeError, ValueError) as e:
-        raise ParameterTypeError(
-            f"{owner}: {name} must be numbers, got {type(values).__name__} that cannot be "
-            f"converted to float ({e}); encode text columns before choosing bounds") from e
-    if not np.all(np.isfinite(arr)):
-        raise _non_finite_error(owner, "the input", name)
-    return arr
-
-
-def private_quantile(
-    values,
-    q: float,
-    epsilon: float,
-    lower: float,
-    upper: float,
-    *,
-    n_candidates: int = 1024,
-    random_state=None,
-) -> tuple[float, Mechanism]:
-    """The ``q``-quantile of ``values`` by the exponential mechanism, ``(epsilon, 0)``-DP.
-
-    Candidates are ``n_candidates`` points evenly spaced on the *public* range
-    ``[lower, upper]``; candidate ``t`` has utility ``-|#{v <= t} - q n|``, which changes
-    by at most 1 when a record is added or removed, and is drawn with probability
-    proportional to ``exp(epsilon * utility / 2)`` (McSherry & Talwar 2007, Theorem 6;
-    Smith 2011).
-
-    Returns
-    -------
-    (float, Mechanism)
-        The released quantile and what ran, ``PureDP(epsilon)``.
-    """
-    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
-        raise ParameterValueError(f"q must be in [0, 1], got {q!r}")
-    eps = _v.check_positive("epsilon", epsilon)
-    lower, upper = _check_range(lower, upper)
-    if isinstance(n_candidates, bool) or not isinstance(n_candidates, numbers.Integral) or (
-        n_candidates < 2
-    ):
-        raise ParameterValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
-    v = _finite_numbers("private_quantile", "values", values).ravel()
-    rng = make_rng(random_state)
-    return _em_quantile(v, float(q), eps, lower, upper, int(n_candidates), rng), PureDP(eps)
-
-
-def choose_x_bound(
-    X, epsilon: float, max_bound: float, *, quantile: float = 0.95, random_state=None
-) -> tuple[float, Mechanism]:
-    """A private ``x_bound``: the ``quantile`` of the rows' L2 norms, in ``(0, max_bound]``.
-
-    ``max_bound`` is a public upper limit (e.g. ``sqrt(d)`` times a public per-feature
-    bound). ``(epsilon, 0)``-DP; returns ``(x_bound, PureDP(epsilon))``.
-    """
-    X = _finite_numbers("choose_x_bound", "X", X)
-    if X.ndim != 2:
-        raise ParameterValueError(f"X must be 2-D, got shape {X.shape}")
-    mb = _v.check_positive("max_bound", max_bound)
-    b, m = private_quantile(np.linalg.norm(X, axis=1), quantile, epsilon, 0.0, mb,
-                            random_state=random_state)
-    return max(b, mb / 1024), m
-
-
-def choose_y_bound(
-    y, epsilon: float, max_bound: float, *, quantile: float = 0.95, random_state=None
-) -> tuple[float, Mechanism]:
-    """A private ``y_bound``: the ``quantile`` of ``|y|``, in ``(0, max_bound]``.
-    ``(epsilon, 0)``-DP; returns ``(y_bound, PureDP(epsilon))``."""
-    y = _finite_numbers("choose_y_bound", "y", y).ravel()
-    mb = _v.check_positive("max_bound", max_bound)
-    b, m = private_quantile(np.abs(y), quantile, epsilon, 0.0, mb, random_state=random_state)
-    return max(b, mb / 1024), m
 
 
 # ----------------------------------------------------------------------------------
@@ -275,6 +164,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
     delta : float in (0, 1)
     feature_range : (lower, upper) or array (n_features, 2)
         Public range of each feature (known without looking at the data). Required.
+        Values outside it are clipped to it (a ``DataClippedWarning`` says how many).
     quantile : float in (0, 0.5) or None
         Clip at privately found quantiles (default 0.01) or, None, at ``feature_range``.
     n_bins : int >= 2
@@ -390,7 +280,23 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         return self._fit(X, y, fit_params=fit_params)
 
     def _check_data(self, X, y, plan: ScalerPlan):
-        return validate_input(self, X, dtype=np.float64), None
+        """Validate ``X``; values outside ``feature_range`` are clipped to it (a
+        :class:`DataClippedWarning` gives their count, which is never stored)."""
+        X = validate_input(self, X, dtype=np.float64)
+        outside = (X < plan.ranges[:, 0]) | (X > plan.ranges[:, 1])
+        if np.any(outside):
+            cols = np.flatnonzero(outside.any(axis=0))
+            warn_person_fitting(
+                f"{type(self).__name__}: {int(np.count_nonzero(outside))} values in "
+                f"{int(np.count_nonzero(outside.any(axis=1)))} of {X.shape[0]} rows lie "
+                f"outside feature_range (features {cols[:10].tolist()}"
+                f"{', ...' if cols.size > 10 else ''}) and are clipped to it; the fit uses "
+                "the clipped data. Widen feature_range (using public knowledge only) if "
+                "this is more than expected.",
+                DataClippedWarning,
+                stacklevel=5,
+            )
+        return X, None
 
     def _release(self, X, y, plan: ScalerPlan) -> dict[str, Any]:
         """The noisy histogram (bounds), then the noisy clipped moments."""
@@ -584,6 +490,8 @@ class PrivatePipeline(Pipeline):
                 yield name, step, placeholder, plan, plan.mechanism
             elif isinstance(step, PrivatePipeline):
                 yield name, step, placeholder, None, step.planned_mechanism(placeholder, y)
+            elif _frozen_release(step) is not None:  # released before, held by the fit
+                yield name, step, placeholder, None, _frozen_release(step)
             elif name not in public and get_tags(step).requires_fit:
                 raise _unplanned_step(name, step)
             if last:
@@ -614,9 +522,14 @@ class PrivatePipeline(Pipeline):
         (``_check_data``, which releases nothing) on ``y`` and on zeros of the shape of
         its input (the values of ``X`` a step sees exist only once the steps before it
         are fitted), and ``delta=0`` with a step adding Gaussian noise (no pure-DP
-        guarantee). Steps after one that may change the number of features are checked
-        when they are fitted."""
+        guarantee), and a composition of the steps' planned mechanisms that ``accountant``
+        cannot evaluate (the account after the fit would fail once every step has spent).
+        Steps after one that may change the number of features are checked when they are
+        fitted."""
+        mechs, deltas = [], []
         for name, step, placeholder, plan, mech in self._planned_steps(X, y, strict=False):
+            mechs.append(mech)
+            deltas.append(plan.delta if plan is not None else 0.0)
             if plan is not None:
                 # the checks set what they validate (n_features_in_, a classifier's
                 # classes_ read off y): put the step's state back, so that a pipeline
@@ -634,6 +547,15 @@ class PrivatePipeline(Pipeline):
                     alternative="Pass a small delta such as 1e-6 (below 1/n_samples), or "
                                 "leave delta=None to report epsilon_ at the sum of the "
                                 "steps' own deltas")
+        try:
+            compose(mechs).epsilon(sum(deltas) if delta is None else delta, self.accountant)
+        except UnsupportedMechanismError as e:
+            raise UnsupportedMechanismError(
+                f"{type(self).__name__}(accountant={self.accountant!r}) cannot compose its "
+                f"steps' mechanisms ({e}), so the pipeline could not be accounted after its "
+                "steps had spent; nothing was fitted. Pass an accountant that evaluates every "
+                "step, e.g. accountant='rdp' for a PrivateSearchCV step with "
+                "method='random_stopping' (an RDP curve)") from e
 
     def fit(self, X, y=None, **params):
         """Fit every step, then account the whole pipeline.
@@ -688,6 +610,7 @@ class PrivatePipeline(Pipeline):
         get_accountant(self.accountant)
         self._check_steps(params)
         self._check_before_fit(X, y, delta)
+        _warn_shared_seeds(self)
         if budgets:
             self._check_budgets(X, y)
         # the steps are about to be refitted: the previous account would not describe
@@ -747,9 +670,38 @@ class PrivatePipeline(Pipeline):
                 refuse_fit_params(step, {k: v for k, v in routed.get(name, {}).items()
                                          if k not in taken or k in ("self", "X", "y")})
             elif not isinstance(step, PrivatePipeline) and name not in public and (
-                    get_tags(step).requires_fit):
+                    _frozen_release(step) is None and get_tags(step).requires_fit):
                 raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
+
+
+def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:
+    """``{seed: [step names]}`` of the private steps (nested pipelines' too) whose
+    ``random_state`` is an integer."""
+    seeds: dict[int, list[str]] = {}
+    for name, step in pipe.steps:
+        if isinstance(step, PrivatePipeline):
+            for seed, names in _private_seeds(step, f"{prefix}{name}__").items():
+                seeds.setdefault(seed, []).extend(names)
+        elif isinstance(step, PrivateEstimator):
+            seed = getattr(step, "random_state", None)
+            if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+                seeds.setdefault(int(seed), []).append(prefix + name)
+    return seeds
+
+
+def _warn_shared_seeds(pipe: Pipeline) -> None:
+    """Warn (:class:`~privlearn.errors.PrivacyLeakWarning`) when private steps share an
+    integer ``random_state``: they draw the same normals, so a combination of their
+    releases cancels the noise, and ``mechanism_`` composes them as independent."""
+    for seed, names in _private_seeds(pipe).items():
+        if len(names) > 1:
+            warn_person_fitting(
+                f"{type(pipe).__name__}: steps {names} share random_state={seed}: they "
+                "draw the same noise, so their releases can be combined to cancel it, "
+                "which mechanism_ (the composition of independent noise draws) does not "
+                "cover. Give each private step its own seed, or leave random_state=None.",
+                PrivacyLeakWarning, stacklevel=4)
 
 
 def _frozen(step: Any) -> bool:
@@ -758,6 +710,17 @@ def _frozen(step: Any) -> bool:
     from sklearn.frozen import FrozenEstimator
 
     return isinstance(step, FrozenEstimator)
+
+
+def _frozen_release(step: Any) -> Mechanism | None:
+    """The ``mechanism_`` of a private fit that a ``FrozenEstimator`` step keeps (None
+    for any other step): the fitted pipeline holds that release, so it is part of the
+    pipeline's ``mechanism_`` and of its plan alike (counted again by each fit, never
+    less)."""
+    if not _frozen(step):
+        return None
+    m = getattr(step.estimator, "mechanism_", None)
+    return m if isinstance(m, Mechanism) else None
 
 
 #: set on a public step when a PrivatePipeline is about to fit it (on the data it is given)

@@ -39,9 +39,21 @@ class LossScaling:
         ``grad_scale`` and ``found_inf`` on this object), or None; sets the scale the
         recorded gradients are divided by. The scaler's own ``found_inf`` (from ``p.grad``
         before the step, which the DP step has not made yet) is ignored."""
-        if "found_inf" not in vars(self):
-            return None
         scaler = self.grad_scaler
+        if "found_inf" not in vars(self):
+            enabled = getattr(scaler, "is_enabled", None)
+            if scaler is not None and (enabled is None or enabled()):
+                raise TrainingLoopError(
+                    "p.optimizer.step() was called directly, but make_private was given "
+                    "grad_scaler=GradScaler: the per-example gradients of "
+                    "scaler.scale(loss).backward() carry the scaler's scale, which only "
+                    "scaler.step(p.optimizer) hands to the DP step to divide out before "
+                    "clipping (stepped directly, every example would be clipped at "
+                    "max_grad_norm / scale and the scale would never adapt). Call "
+                    "scaler.step(p.optimizer) then scaler.update(), or set "
+                    "p.optimizer.grad_scaler = None to train without loss scaling. Nothing "
+                    "was changed or charged")
+            return None
         if scaler is None:
             raise TrainingLoopError(
                 "optimizer.step() is driven by a torch.amp.GradScaler that the DP optimizer "

@@ -1,5 +1,7 @@
-"""A data collator wrapper for :class:`~privlearn.torch.hf.DPTrainer` (re-exported by
-:mod:`privlearn.torch.hf`)."""
+"""What :class:`~privlearn.torch.hf.DPTrainer` reads of its examples and batches: a data
+collator wrapper (:func:`expand_position_ids`, re-exported by :mod:`privlearn.torch.hf`),
+each example's own positions and labels in a padded batch, the rows of a batch (refused
+when they pack several sequences), and a column of the training set."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import inspect
 
 import torch
 
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterValueError
 
-__all__ = ["expand_position_ids", "own_labels", "positions_of_left_padding"]
+__all__ = ["batch_rows", "column_of", "expand_position_ids", "own_labels",
+           "positions_of_left_padding", "refuse_packed_rows"]
 
 
 def expand_position_ids(collator):
@@ -84,3 +87,73 @@ def own_labels(labels: torch.Tensor, inputs: dict, shift: bool) -> torch.Tensor:
     if shift:
         pad = pad | torch.cat([torch.zeros_like(pad[:, :1]), pad[:, :-1]], dim=1)
     return labels.masked_fill(pad, -100) if bool(pad.any()) else labels
+
+
+def batch_rows(inputs) -> int | None:
+    """The rows of a batch: the leading dimension of its first tensor of at least one
+    dimension (a dict, a ``BatchEncoding``); None when it has none."""
+    for v in (inputs.values() if hasattr(inputs, "values") else ()):
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            return v.shape[0]
+    return None
+
+
+def refuse_packed_rows(inputs) -> None:
+    """Refuse a batch whose rows each hold several sequences: ``position_ids`` (of shape
+    ``(B, T)``) that start over inside a row, between two tokens the ``attention_mask``
+    (if any) attends to -- packing, as trl's ``packing=True`` or a dataset of texts
+    concatenated into rows with per-text positions make.
+
+    DP-SGD samples, clips and accounts rows of the training set (Abadi et al. 2016,
+    Algorithm 1: one example per row). Packed, a record shares its row (and its clipping
+    bound) with other records, and a record cut across rows is in several: removing it
+    changes one row's content, or several rows, which the accounted add/remove of one row
+    does not describe. Packing that leaves no position marker (texts concatenated and cut
+    into blocks without ``position_ids``) cannot be seen in the batch; the training set's
+    rows are then the privacy unit.
+
+    Raises
+    ------
+    ConfigurationError
+        Naming the row and the token where the positions start over."""
+    pos = inputs.get("position_ids") if hasattr(inputs, "get") else None
+    if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.shape[-1] < 2:
+        return
+    restart = pos[:, 1:] <= pos[:, :-1]
+    mask = inputs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.shape == pos.shape:
+        restart &= (mask[:, 1:] != 0) & (mask[:, :-1] != 0)  # between attended tokens
+    if not bool(restart.any()):
+        return
+    row, token = (int(i) for i in restart.nonzero()[0])
+    raise ConfigurationError(
+        f"the batch's rows hold several sequences: position_ids start over inside row "
+        f"{row} (token {token + 1} has position {int(pos[row, token + 1])} after "
+        f"{int(pos[row, token])}), i.e. the rows are packed (trl's packing=True, texts "
+        "concatenated into rows with per-text positions). DP-SGD samples, clips and "
+        "accounts rows: a record packed with others shares their row and its clipping "
+        "bound, and one cut across rows is in several, which the accounted add/remove of "
+        "one row does not describe. No step was taken with this batch. Give each record a "
+        "row of its own (pad instead of packing: e.g. DataCollatorWithPadding, trl's "
+        "packing=False)")
+
+
+def column_of(dataset, name: str) -> list:
+    """The values of column ``name`` of every example (a Hugging Face ``datasets.Dataset``
+    column, or the key of each example of a map-style dataset): the users of
+    ``PrivacyArguments(user_column=...)``."""
+    # only a datasets.Dataset is indexed by a column name (a tensor-backed dataset warns)
+    if name in (getattr(dataset, "column_names", None) or ()):
+        values = dataset[name]  # the whole column
+        if len(values) == len(dataset):
+            return list(values)
+    out = []
+    for i in range(len(dataset)):
+        item = dataset[i]
+        if not isinstance(item, dict) or name not in item:
+            raise ParameterValueError(
+                f"user_column={name!r}: example {i} of the training set has no such key "
+                f"(keys: {sorted(item) if isinstance(item, dict) else '?'})")
+        v = item[name]
+        out.append(v.item() if isinstance(v, torch.Tensor) else v)
+    return out

@@ -1,17 +1,29 @@
-"""The sequence-classification loss of :class:`privlearn.torch.hf.DPTrainer`: Hugging
-Face's losses of ``*ForSequenceClassification`` models, as means over examples (no
-transformers import)."""
+"""The losses of :class:`privlearn.torch.hf.DPTrainer` (no transformers import): Hugging
+Face's losses of ``*ForSequenceClassification`` models as means over examples, and the
+check of a subclass's own ``compute_loss`` (:func:`check_per_example_loss`)."""
 
 from __future__ import annotations
 
+import contextlib
+import random
 import warnings
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterValueError
 
-__all__ = ["sequence_classification_loss", "warn_own_compute_loss"]
+__all__ = ["check_per_example_loss", "sequence_classification_loss",
+           "warn_own_compute_loss"]
+
+#: Training examples the check of a subclass's ``compute_loss`` is run on.
+PROBED_EXAMPLES = 8
+#: Relative tolerance of that check: an example's share of the gradient is 1/k of its own
+#: loss's up to float rounding (a token-level mean over examples of 4 and 10 tokens is off
+#: by a factor 0.57 or 1.43).
+_SHARE_TOLERANCE = 1e-2
 
 
 def sequence_classification_loss(model, logits: torch.Tensor,
@@ -58,5 +70,168 @@ def warn_own_compute_loss(trainer_cls: type, base: type) -> None:
         "that example alone, e.g. privlearn.torch.per_sequence_cross_entropy). A token-level "
         "mean over the whole batch (F.cross_entropy over its flattened tokens) weighs each "
         "example by its share of the batch's tokens, so removing one example rescales the "
-        "others' gradients, which per-example clipping does not bound; DPTrainer cannot "
-        "check this. Prefer PrivacyArguments(task=...)", UserWarning, stacklevel=3)
+        "others' gradients, which per-example clipping does not bound; DPTrainer checks it on "
+        "a few training examples when training starts (refusing such a loss), not on "
+        "every batch. Prefer PrivacyArguments(task=...)", UserWarning, stacklevel=3)
+
+
+def check_per_example_loss(trainer, model, examples: int = PROBED_EXAMPLES) -> None:
+    """Refuse, before the first batch is drawn, a ``compute_loss`` (a subclass's own) that
+    is not a mean over the batch's examples of per-example losses.
+
+    DP-SGD's per-example clipping bounds one example's contribution only when the loss is
+    ``(1/B) sum_i l_i`` with ``l_i`` a function of example ``i`` alone (Abadi et al. 2016,
+    Algorithm 1). Then the gradient of the batch's loss with respect to example ``i``'s
+    model outputs is exactly ``1/B`` of the gradient of ``l_i`` alone, whatever the other
+    examples. A token-level mean (``F.cross_entropy`` over the batch's flattened tokens,
+    or the model's own ``outputs.loss``) gives it ``n_i / sum_j n_j`` instead (its share of
+    the batch's tokens), a sum ``1``, a class-weighted mean ``w_i / sum_j w_j``: removing
+    an example would rescale the others' gradients, which clipping does not bound.
+
+    The check collates the first ``examples`` training examples into one batch (the
+    trainer's loader's collate function, the global generators left as they were), runs
+    ``trainer.compute_loss`` on it and on each of its rows alone, the model in eval mode
+    and its forward without gradients (nothing is recorded, no parameter gradient), and
+    compares the gradients with respect to the model's outputs row by row. Nothing is
+    checked when the model's outputs cannot be traced to the loss (a ``compute_loss``
+    calling a submodule, a loss of no tensor output).
+
+    Raises
+    ------
+    ConfigurationError
+        An example's share differs from ``1/k`` by more than 1%.
+    """
+    loader = trainer.privacy_engine.data_loader
+    n = min(examples, len(loader.dataset))
+    if n < 2:
+        return
+    with _generators_kept():
+        batch = loader.collate_fn([loader.dataset[i] for i in range(n)])
+    batch = trainer._prepare_inputs(batch)
+    if not isinstance(batch, Mapping):  # (a BatchEncoding too: the tokenizers' collators)
+        return
+    batch = dict(batch)
+    if not any(
+            isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n for v in batch.values()):
+        return
+    with _probing(model):
+        full = _output_grads(trainer, model, batch, n)
+        if full is None:
+            return
+        alone = []
+        for i in range(n):
+            row = {k: v[i:i + 1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n
+                   else v for k, v in batch.items()}
+            g = _output_grads(trainer, model, row, 1)
+            if g is None:
+                return
+            alone.append(g[0])
+    for i, (mine, own) in enumerate(zip(full.tolist(), alone, strict=True)):
+        share = n * mine / own if own > 0 else (1.0 if mine == 0 else float("inf"))
+        if abs(share - 1.0) <= _SHARE_TOLERANCE:
+            continue
+        raise ConfigurationError(
+            f"{type(trainer).__name__}.compute_loss is not a mean over the batch's examples "
+            f"of per-example losses: on the first {n} training examples, the gradient of "
+            f"the batch's loss with respect to example {i}'s model outputs is {share:.4g} / "
+            f"{n} of the gradient of that example's loss alone; it must be exactly 1/{n} "
+            "whatever the other examples (a token-level mean, e.g. the model's own "
+            "outputs.loss or F.cross_entropy over the batch's tokens, weighs an example by "
+            "its share of the batch's tokens, a sum by the batch size, a weighted mean by "
+            "the others' weights). Removing one example would then rescale the others' "
+            "gradients, which per-example clipping does not bound. No batch was drawn. "
+            "Return the mean over examples of per-example losses "
+            "(privlearn.torch.per_sequence_cross_entropy), or drop the override and pass "
+            "PrivacyArguments(task=...)")
+
+
+@contextlib.contextmanager
+def _generators_kept():
+    """The global generators (torch CPU, NumPy, ``random``) as they were, after a collate
+    function that draws (masking)."""
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+
+
+@contextlib.contextmanager
+def _probing(model):
+    """Every module of ``model`` in eval mode (no dropout: a row alone and in the batch
+    see the same function), each module's own mode restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def _output_grads(trainer, model, inputs: dict, rows: int):
+    """Squared norms, per row, of the gradient of ``trainer.compute_loss(model, inputs)``
+    with respect to the tensors ``model`` returns (its forward run without gradients, its
+    floating-point outputs made leaves); None when no output reaches the loss."""
+    leaves: list[torch.Tensor] = []
+    modes: list[bool] = []
+
+    def before(module, args, kwargs):
+        modes.append(torch.is_grad_enabled())
+        torch.set_grad_enabled(False)
+
+    def after(module, args, kwargs, out):
+        torch.set_grad_enabled(modes.pop())
+        return _as_leaves(out, leaves)
+
+    hooks = [model.register_forward_pre_hook(before, prepend=True, with_kwargs=True),
+             model.register_forward_hook(after, with_kwargs=True, always_call=True)]
+    try:
+        with torch.enable_grad():
+            loss = trainer.compute_loss(model, inputs,
+                                        num_items_in_batch=_items(trainer, inputs))
+            if isinstance(loss, tuple):
+                loss = loss[0]
+            if not isinstance(loss, torch.Tensor) or not loss.requires_grad or not leaves:
+                return None
+            grads = torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    per_row = [g.detach().double().reshape(rows, -1).pow(2).sum(1) for g in grads
+               if g is not None and g.dim() and g.shape[0] == rows]
+    return None if not per_row else torch.stack(per_row).sum(0).sqrt().cpu()
+
+
+def _as_leaves(out, leaves: list):
+    """``out`` with its floating-point tensors (a tensor, a mapping's values, a tuple's
+    items) replaced by detached copies that require gradients, collected in ``leaves``."""
+    def leaf(v):
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            v = v.detach().requires_grad_(True)
+            leaves.append(v)
+        return v
+
+    if isinstance(out, torch.Tensor):
+        return leaf(out)
+    if isinstance(out, dict):  # a ModelOutput sets the attribute with the key
+        for k in list(out.keys()):
+            out[k] = leaf(out[k])
+        return out
+    if isinstance(out, tuple) and type(out) is tuple:
+        return tuple(leaf(v) for v in out)
+    return out
+
+
+def _items(trainer, inputs: dict):
+    """The ``num_items_in_batch`` the Trainer passes ``compute_loss`` for ``inputs``
+    (its label tokens), or None."""
+    count = getattr(trainer, "_get_num_items_in_batch", None)
+    if count is None or "labels" not in inputs:
+        return None
+    try:
+        return count([inputs], trainer.args.device)
+    except Exception:  # noqa: BLE001 - not counted: None, as the Trainer does then
+        return None

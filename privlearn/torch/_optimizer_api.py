@@ -112,6 +112,22 @@ class OptimizerDelegation(torch.optim.Optimizer):
         for hook in self._optimizer_load_state_dict_post_hooks.values():
             hook(self)
 
+    def train(self) -> None:
+        """The wrapped optimizer's ``train()``, if it has one (schedule-free optimizers:
+        the parameters set to the point the gradients are taken at; transformers'
+        Trainer calls it before each training step); nothing otherwise."""
+        mode = getattr(self.original_optimizer, "train", None)
+        if callable(mode):
+            mode()
+
+    def eval(self) -> None:
+        """The wrapped optimizer's ``eval()``, if it has one (schedule-free optimizers:
+        the parameters set to the averaged point evaluated and saved; the Trainer calls
+        it before evaluating); nothing otherwise."""
+        mode = getattr(self.original_optimizer, "eval", None)
+        if callable(mode):
+            mode()
+
     def __getstate__(self) -> dict:
         # the whole object (Optimizer's would keep only groups, state and defaults)
         return dict(self.__dict__)

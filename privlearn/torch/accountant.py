@@ -308,6 +308,18 @@ class BudgetCap:
         self._config: tuple[float, float] | None = None
         self._warned = False
 
+    def rebase(self, *, max_epsilon: float | None, planned_epsilon: float | None) -> None:
+        """New caps for a run whose history changed before its first step (a prior
+        composed in: :meth:`PrivateTraining.compose_after
+        <privlearn.torch.privacy_engine.PrivateTraining.compose_after>`); the room left
+        is computed again at the next check."""
+        self.max_epsilon = (None if max_epsilon is None or math.isinf(max_epsilon)
+                            else float(max_epsilon))
+        self.planned_epsilon = (None if planned_epsilon is None
+                                or math.isinf(planned_epsilon) else float(planned_epsilon))
+        self._room = _Room()
+        self._config = None
+
     def _room_for(self, cap: float, sigma: float, q: float) -> int:
         """Largest ``k >= 0`` such that the history plus ``k`` steps of ``(sigma, q)``
         stays within ``cap`` at ``delta``."""
@@ -419,26 +431,54 @@ class LedgerLink:
     chunk : int
         Steps reserved at a time beyond the plan.
     label : str
+    process_group : optional
+        A distributed run's torch.distributed group: the run is one mechanism, so only
+        the group's first rank writes to the ledger (its ``handle``; the other ranks'
+        is not used and may be ``None``) and every other rank follows its decisions
+        (:func:`~privlearn.torch.distributed.first_rank_decides`): the steps each
+        reservation covers, or the error that refused it, raised on all ranks alike.
+        ``None`` (default): one process, which writes (``torch.distributed.group.WORLD``
+        for the default group of a distributed run).
     """
 
     def __init__(self, handle, *, scheme: str, chunk: int, label: str, run=None,
-                 privacy_unit: str = "example"):
-        if not callable(getattr(handle, "reserve", None)):
-            raise ParameterTypeError("ledger must be a budget handle, e.g. "
-                            f"Ledger(path).budget('dataset'), got {handle!r}")
-        wanted = "user" if privacy_unit == "user" else "record"
-        check_privacy_unit(
-            handle, wanted, spender=f"this run (privacy unit {privacy_unit!r})",
-            remedy=f"Use Ledger(path).budget(dataset, privacy_unit={wanted!r})"
-            + ("" if wanted == "user" else ", or pass users= (and max_examples_per_user=) "
-               "to make_private for a per-user guarantee") + ".")
-        self.handle = handle
+                 privacy_unit: str = "example", process_group=None):
+        from privlearn.torch.distributed import world_info
+
+        rank, world = (0, 1) if process_group is None else world_info(process_group)
+        #: whether this process writes to the ledger (the only one, or a group's first)
+        self.writes = rank == 0
+        self._group = process_group if world > 1 else None
+
+        def check() -> None:
+            if not callable(getattr(handle, "reserve", None)):
+                raise ParameterTypeError("ledger must be a budget handle, e.g. "
+                                         f"Ledger(path).budget('dataset'), got {handle!r}")
+            wanted = "user" if privacy_unit == "user" else "record"
+            check_privacy_unit(
+                handle, wanted, spender=f"this run (privacy unit {privacy_unit!r})",
+                remedy=f"Use Ledger(path).budget(dataset, privacy_unit={wanted!r})"
+                + ("" if wanted == "user" else ", or pass users= (and "
+                   "max_examples_per_user=) to make_private for a per-user guarantee")
+                + ".")
+
+        self._decided(check)
+        self.handle = handle if self.writes else None
         self.scheme = scheme
         self.chunk = max(1, int(chunk))
         self.label = label
         #: a run accounted as one mechanism (correlated noise): reserved whole, once
         self.run = run
         self._open: list[_Reservation] = []  # the reservations not settled yet
+
+    def _decided(self, fn):
+        """``fn()`` here (one process), or on the group's first rank and followed by the
+        others (:func:`~privlearn.torch.distributed.first_rank_decides`)."""
+        if self._group is None:
+            return fn()
+        from privlearn.torch.distributed import first_rank_decides
+
+        return first_rank_decides(fn, self._group)
 
     def _mech(self, sigma: float, q: float, k: int):
         if self.run is not None:
@@ -449,16 +489,22 @@ class LedgerLink:
         """Reserve ``steps`` steps (fewer, down to one, if the budget cannot hold them;
         ``whole``: all of them or :class:`~privlearn.errors.BudgetExceededError`, for a
         planned run, refused before it starts rather than stopped part-way)."""
-        n = max(1, int(steps))
-        while True:
-            try:
-                r = self.handle.reserve(self._mech(sigma, q, n), label=self.label)
-                break
-            except PrivacyBudgetExceededError:
-                if n == 1 or whole:
-                    raise
-                n = max(1, n // 2)
-        self._open.append(_Reservation(r, sigma, q, n))
+        made = []
+
+        def reserve() -> int:  # on the writing rank: the steps reserved
+            n = max(1, int(steps))
+            while True:
+                try:
+                    made.append(self.handle.reserve(self._mech(sigma, q, n),
+                                                    label=self.label))
+                    return n
+                except PrivacyBudgetExceededError:
+                    if n == 1 or whole:
+                        raise
+                    n = max(1, n // 2)
+
+        n = self._decided(reserve)
+        self._open.append(_Reservation(made[0] if made else None, sigma, q, n))
 
     def ensure(self, sigma: float, q: float) -> None:
         """Make sure the next step of this configuration is covered by a reservation."""
@@ -488,6 +534,8 @@ class LedgerLink:
         ``run.mechanism(sigma, k)`` has another sensitivity."""
         while self._open:
             o = self._open.pop(0)
+            if o.reservation is None:  # a rank that follows the writing one
+                continue
             if self.run is not None and 0 < o.used < o.reserved:
                 o.reservation.settle(None)  # the plan
             else:
@@ -508,8 +556,8 @@ class _Room:
 @dataclass(frozen=True, slots=True)
 class _Reservation:
     """A chunk of steps reserved in the ledger and not settled yet: the ledger's
-    reservation, the configuration it covers, how many steps it reserved and how many of
-    them ran."""
+    reservation (``None`` on a distributed rank that does not write), the configuration
+    it covers, how many steps it reserved and how many of them ran."""
 
     reservation: object
     sigma: float

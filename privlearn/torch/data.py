@@ -35,7 +35,12 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
-from privlearn.errors import BatchDependenceError, ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    BatchDependenceError,
+    ParameterTypeError,
+    ParameterValueError,
+    PlanMismatchError,
+)
 
 # the samplers live in privlearn.torch.samplers (wrapping the registered samplings of
 # privlearn.correlated.sampling); their names stay importable from here
@@ -299,7 +304,7 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
             generator.seed()
         else:
             generator.manual_seed((int(seed) * 0x9E3779B1 + rank) % 2**63)
-    return DPDataLoader(
+    loader = DPDataLoader(
         loader_ds,
         batch_sampler=bs,
         collate_fn=collate_fn,
@@ -311,6 +316,8 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
         multiprocessing_context=data_loader.multiprocessing_context,
         persistent_workers=data_loader.persistent_workers if data_loader.num_workers else False,
     )
+    loader.dataset_size = len(ds)
+    return loader
 
 
 class DPDataLoader(DataLoader):
@@ -326,21 +333,50 @@ class DPDataLoader(DataLoader):
     """
 
     on_restart = None
+    #: ``len(dataset)`` when the sampler was built (None: not checked)
+    dataset_size: int | None = None
+
+    def check_dataset_size(self) -> None:
+        """Refuse to draw from a dataset whose length changed since the sampler was
+        built: the sampler draws indices of the examples there were then, at the rate
+        accounted for them, so a shrunk dataset fails on an index past its end (or, one
+        that wraps indices, includes each example at a multiple of that rate) and the
+        examples of a grown one are never drawn.
+
+        Raises
+        ------
+        PlanMismatchError
+            ``len(dataset)`` is not the size the run was planned and accounted with.
+        """
+        if self.dataset_size is None:
+            return
+        now = len(self.dataset)
+        if now != self.dataset_size:
+            raise PlanMismatchError(
+                f"the dataset of p.data_loader has {now} examples, but the run was planned "
+                f"and accounted with {self.dataset_size} (its length at make_private): the "
+                f"sampler draws indices of those {self.dataset_size} at the rate accounted "
+                "for them, so a shrunk dataset would be read past its end (or, with indices "
+                "wrapped, its examples drawn more often than accounted) and the examples of "
+                "a grown one never drawn. Keep the dataset unchanged while training, or call "
+                "make_private again (after p.detach()) with a loader over the new dataset. "
+                "No batch was drawn")
 
     def __iter__(self):
+        self.check_dataset_size()
         sampler = self.batch_sampler
         dropped = sampler._restart()
         if self.on_restart is not None:
             self.on_restart(dropped)
         it = super().__iter__()
-        return _Delivering(it, sampler, sampler._fifo)
+        return _Delivering(it, sampler, sampler._fifo, self)
 
 
 class _Delivering:
     """Iterator over a DataLoader iterator that reports each delivered batch."""
 
-    def __init__(self, it, sampler, fifo):
-        self._it, self._sampler, self._fifo = it, sampler, fifo
+    def __init__(self, it, sampler, fifo, loader=None):
+        self._it, self._sampler, self._fifo, self._loader = it, sampler, fifo, loader
 
     def __iter__(self):
         return self
@@ -348,6 +384,8 @@ class _Delivering:
     def __next__(self):
         if self._sampler._pass_must_end():
             raise StopIteration
+        if self._loader is not None:  # before the next batch's indices are drawn
+            self._loader.check_dataset_size()
         batch = next(self._it)
         self._sampler._deliver(self._fifo)
         return batch

@@ -4,7 +4,9 @@ Usage: initialise the process group, build the model (optionally wrapped in
 ``DistributedDataParallel``), an optimizer and an ordinary ``DataLoader`` whose
 ``batch_size`` is the *per-rank* batch size, and call
 :func:`privlearn.torch.make_private` on every rank (same arguments, same initial
-weights). The engine then
+weights: when a plain module's weights differ between the ranks, make_private gives
+every rank the first rank's, with a warning, as DDP does when it wraps a model). The
+engine then
 
 * samples each rank's shard (indices ``rank, rank + W, ...``) with Poisson rate
   ``q = W * batch_size / len(dataset)``: every example of the dataset is included
@@ -36,7 +38,8 @@ from privlearn.torch.samplers import DistributedPoissonBatchSampler, rank_partit
 
 __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
-           "dataset_digest"]
+           "dataset_digest", "first_rank_decides", "ledger_on_first_rank",
+           "refuse_on_every_rank", "parameters_digest", "sync_replicas"]
 
 
 def unwrap(model):
@@ -109,6 +112,72 @@ def dataset_digest(dataset) -> str | None:
             h.update(part.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:16]
     return None
+
+
+def parameters_digest(model, rows: int = 1024) -> str:
+    """A short digest of the values of ``model``'s parameters, to compare between ranks:
+    each parameter's name, shape and dtype, at most ``rows`` evenly spaced values of it
+    (bit for bit) and the float64 sum of all of them."""
+    import hashlib
+
+    h = hashlib.sha256()
+    sums = []
+    for name, p in model.named_parameters():
+        h.update(repr((name, tuple(p.shape), str(p.dtype))).encode())
+        if p.device.type == "meta" or p.numel() == 0:
+            continue
+        flat = p.detach().reshape(-1)
+        part = flat[::max(1, flat.numel() // rows)][:rows].cpu().contiguous()
+        h.update(part.view(torch.uint8).numpy().tobytes())
+        sums.append(torch.sum(flat, dtype=torch.float64).reshape(1).cpu())
+    if sums:
+        h.update(torch.cat(sums).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def sync_replicas(model, process_group=None, warn_as: str | None = None) -> bool:
+    """Give every rank the first rank's parameter values when they differ between ranks
+    (as ``DistributedDataParallel`` does when it wraps a model); returns whether they
+    differed (every rank gets the same answer).
+
+    Replicated training needs the same weights on every rank: each rank computes its
+    examples' gradients at its own weights and applies the one all-reduced update to
+    them, so ranks that start apart would train apart, every rank's model a different
+    one. DDP copies rank 0's weights when it wraps the model; a plain module given to
+    make_private has nothing that does. The ranks compare a digest of their parameters
+    (:func:`parameters_digest`: one small gather) and broadcast only when it differs.
+    The parameters' names, shapes and dtypes must already agree (make_private's
+    :func:`check_same_on_ranks`). ``warn_as``: the caller's name, for a ``UserWarning``
+    on every rank when the weights differed (None: no warning).
+    """
+    import torch.distributed as dist
+
+    _, world = world_info(process_group)
+    if world == 1:
+        return False
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, parameters_digest(model), group=process_group)
+    if len(set(gathered)) == 1:
+        return False
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+    with torch.no_grad():
+        for p in model.parameters():
+            t = p.detach()
+            buf = t if t.is_contiguous() else t.contiguous()
+            dist.broadcast(buf, src=src, group=process_group)
+            if buf is not t:
+                t.copy_(buf)
+    if warn_as is not None:
+        import warnings
+
+        warnings.warn(
+            f"the model's weights differed between the ranks: {warn_as} copied the first "
+            "rank's to every rank (as DistributedDataParallel does when it wraps a "
+            "model), since each rank applies the one all-reduced update to its own "
+            "weights and replicas that start apart would train apart. Build the model "
+            "after the same torch.manual_seed on every rank, or wrap it in "
+            "DistributedDataParallel", UserWarning, stacklevel=3)
+    return True
 
 
 def world_info(process_group=None) -> tuple[int, int]:
@@ -186,3 +255,103 @@ def check_same_on_ranks(values: dict[str, object], process_group=None) -> None:
             "the model's trainable parameters must be the same on every rank (make_private "
             "derives each rank's sampling and noise streams from the one seed). No step "
             "was taken and nothing was released")
+
+
+def first_rank_decides(fn, process_group=None):
+    """``fn()`` run on the group's first rank only, its result (or the exception it
+    raised) handed to every rank: the other ranks return the same value or raise the
+    same error, so that a decision only one process can take (a privacy ledger's
+    reservation, written once for the whole run) is followed by all ranks alike and no
+    rank is left waiting in a collective. ``fn``'s result must be picklable; an error
+    that cannot be pickled reaches the other ranks as a ``RuntimeError`` naming it.
+    One process (no group, or a group of one): ``fn()`` itself."""
+    import pickle
+
+    import torch.distributed as dist
+
+    rank, world = world_info(process_group)
+    if world == 1:
+        return fn()
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+    box: list = [None]
+    if rank == 0:
+        try:
+            box[0] = (True, fn())
+        except Exception as exc:
+            try:
+                pickle.dumps(exc)
+                shipped = exc
+            except Exception:  # noqa: BLE001 - any pickling failure: its name and text
+                shipped = RuntimeError(f"{type(exc).__name__} on the first rank: {exc}")
+            dist.broadcast_object_list([(False, shipped)], src=src, group=process_group)
+            raise
+    dist.broadcast_object_list(box, src=src, group=process_group)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def ledger_on_first_rank(ledger, process_group=None) -> bool:
+    """Whether the group's first rank was given a privacy ledger (every rank gets the
+    same answer); one process: whether ``ledger`` is given.
+
+    A distributed run is one mechanism, recorded once, by the group's first rank: the
+    other ranks may pass the same budget handle or ``None``. A run whose first rank has
+    no ledger while another rank has one is refused on every rank (that rank's budget
+    would never be charged).
+
+    Raises
+    ------
+    ConfigurationError
+        A rank other than the first was given a ledger and the first was not.
+    """
+    import torch.distributed as dist
+
+    _, world = world_info(process_group)
+    if world == 1:
+        return ledger is not None
+    given: list = [None] * world
+    dist.all_gather_object(given, ledger is not None, group=process_group)
+    if not given[0] and any(given):
+        raise ConfigurationError(
+            f"a privacy ledger was given to make_private on rank(s) "
+            f"{[r for r, g in enumerate(given) if g]} of {world} but not on rank 0: a "
+            "distributed run is one mechanism, recorded once by the group's first rank, "
+            "so its budget would never be charged. Pass ledger= on rank 0 (and, if you "
+            "like, the same handle on the other ranks, which do not write). No step was "
+            "taken and nothing was recorded")
+    return bool(given[0])
+
+
+def refuse_on_every_rank(error: BaseException | None, what: str, process_group=None) -> None:
+    """Raise on every rank when any rank of the group has an ``error`` (``None``: this
+    rank's checks passed): each rank raises its own error, a rank whose checks passed a
+    :class:`~privlearn.errors.ConfigurationError` naming the ranks that refused and
+    their reasons, so that no rank goes on alone to wait in the next collective. One
+    process: raises ``error`` if there is one.
+
+    Parameters
+    ----------
+    error : exception or None
+        This rank's refusal.
+    what : str
+        What was refused, for the message (``"load_state_dict"``).
+    process_group : optional
+        The torch.distributed group (default: the world).
+    """
+    import torch.distributed as dist
+
+    _, world = world_info(process_group)
+    if world > 1:
+        mine = None if error is None else f"{type(error).__name__}: {error}"
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, mine, group=process_group)
+        refused = [(r, m) for r, m in enumerate(gathered) if m is not None]
+        if refused and error is None:
+            raise ConfigurationError(
+                f"{what} was refused on rank(s) {[r for r, _ in refused]} of {world}, so "
+                "it is refused on every rank (the ranks continue one run together): "
+                + "; ".join(f"rank {r}: {m[:600]}" for r, m in refused))
+    if error is not None:
+        raise error

@@ -72,9 +72,12 @@ trains as bf16 does: per-example norms and sums in float32), several GPUs in one
 own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
 Poisson-sampled), ``train_sampling_strategy`` other than ``"random"`` (length-grouped,
 rebalanced or sequential batches: the DP sampler draws the batches),
-``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example),
-``DataCollatorWithFlattening`` (it packs the batch into one row, which
-would be clipped as one example), ``auto_find_batch_size`` (the expected Poisson batch
+``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example; a
+subclass's ``compute_loss`` is checked when training starts:
+``privlearn.torch._hf_loss.check_per_example_loss``), ``DataCollatorWithFlattening`` (it
+packs the batch into one row, which would be clipped as one example) and rows packing
+several sequences (``position_ids`` starting over in a row: at that batch, before its
+step), ``auto_find_batch_size`` (the expected Poisson batch
 sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
 ``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
 and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``),
@@ -151,9 +154,12 @@ from privlearn.torch._hf_args import (  # noqa: F401
     warn_unused_clipping,
 )
 from privlearn.torch._hf_collate import (
+    batch_rows,
+    column_of,
     expand_position_ids,
     own_labels,
     positions_of_left_padding,
+    refuse_packed_rows,
 )
 from privlearn.torch._hf_eval import EvaluationWarnings
 from privlearn.torch._hf_fsdp import (
@@ -163,7 +169,11 @@ from privlearn.torch._hf_fsdp import (
     shard_model,
     stand_in_pass,
 )
-from privlearn.torch._hf_loss import sequence_classification_loss, warn_own_compute_loss
+from privlearn.torch._hf_loss import (
+    check_per_example_loss,
+    sequence_classification_loss,
+    warn_own_compute_loss,
+)
 from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
 from privlearn.torch._hf_private import (
     PRIVATE_FORMAT,
@@ -187,6 +197,7 @@ from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS, DPConfig
+from privlearn.torch.distributed import ledger_on_first_rank
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, epoch_steps, make_private
@@ -243,6 +254,8 @@ class _PrivacyCallback(TrainerCallback):
                 + (", after the earlier runs of this trainer" if p.accountant.prior else "")
                 + "); no step was taken. Raise max_epsilon, or the noise "
                 "(noise_multiplier, or target_epsilon with the planned steps)")
+        if p is not None and type(self.trainer).compute_loss is not DPTrainer.compute_loss:
+            check_per_example_loss(self.trainer, self.trainer.model_wrapped)  # no batch drawn
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -338,7 +351,9 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         with :class:`~privlearn.errors.BudgetExceededError`, before any step, when the
         budget cannot hold it) and settles it to the steps that ran when it ends. A run
         resumed from a checkpoint with a ``noise_multiplier`` (not a ``target_epsilon``,
-        which plans the whole run) reserves its steps as they run.
+        which plans the whole run) reserves its steps as they run. On several processes
+        the run is recorded once, by the first (pass the budget there; on the other
+        processes the same budget or ``None``).
 
     Attributes
     ----------
@@ -442,9 +457,13 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
             raise ConfigurationError(
                 "compute_loss_func is not supported by DPTrainer: the loss must be a mean of "
                 "per-example losses; pass PrivacyArguments(task=...) instead")
-        if isinstance(self.train_dataset, IterableDataset):
-            raise ParameterValueError("DPTrainer needs a map-style train_dataset (len and "
-                                      "indexing) to Poisson-sample it; got an IterableDataset")
+        if isinstance(self.train_dataset, IterableDataset) or (
+                self.train_dataset is not None and not hasattr(self.train_dataset, "__len__")):
+            raise ParameterValueError(
+                "DPTrainer needs a map-style train_dataset (len and indexing) to sample "
+                f"it; got {type(self.train_dataset).__name__}, "
+                + ("an IterableDataset" if isinstance(self.train_dataset, IterableDataset)
+                   else "which has no len()") + ". Pass a torch Dataset or datasets.Dataset")
         flattening = getattr(transformers, "DataCollatorWithFlattening", None)
         if flattening is not None and isinstance(self.data_collator, flattening):
             raise ConfigurationError(
@@ -479,6 +498,7 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         # again for each run: hyperparameter_search's trials (and a script) set
         # TrainingArguments after the trainer was built
         self._refuse_unsupported()
+        warn_unused_clipping(self.args, self.privacy)  # set since (a trial): still not used
         _private_settings(self.args, stacklevel=4)
         check_batch_size(self.args, self.privacy, len(self.train_dataset),
                          max(1, self.args.world_size))
@@ -502,17 +522,18 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         if pa.user_column is not None:
             # the one rule for unit ids, the column named (make_private checks it again)
             kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
-                                         _column(self.train_dataset, pa.user_column))
+                                         column_of(self.train_dataset, pa.user_column))
         if (pa.target_epsilon is not None or whole_run(pa.noise, pa.sampling)
-                or (self.ledger is not None and self._resume_state is None)):
-            # planned: a ledger reserves a fresh run whole (a resumed one as it runs)
+                or (ledger_on_first_rank(self.ledger) and self._resume_state is None)):
+            # planned: a ledger (on the first process) reserves a fresh run whole (a
+            # resumed one as it runs)
             n = len(base.dataset) if pa.user_column is None else len(set(kw["users"]))
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
             kw["steps"] = self._planned_steps(kw, n, world)
         self.model.train()
         p = make_private(self.model, self.optimizer, loader, ledger=self.ledger, **kw)
-        if self._spent is not None:
-            p.accountant.prior = self._spent
+        if self._spent is not None:  # (a plan's cap and epsilon move after the earlier runs)
+            p.compose_after(self._spent)
         if self._resume_state is not None:
             try:
                 self._load_privacy_state(p, self._resume_state)
@@ -608,7 +629,8 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
     def training_step(self, model, inputs, num_items_in_batch=None):
         """An empty Poisson batch trains on nothing (the step still adds its noise; under
         FSDP2 the rank runs the collectives of a pass on a stand-in example, discarded)."""
-        if _batch_size(inputs) == 0:
+        refuse_packed_rows(inputs)  # several records in a row: not the accounted unit
+        if batch_rows(inputs) == 0:
             if "labels" in inputs:  # an undecidable task is refused here as well, not
                 self._task(model, inputs["labels"])  # after a noise step: whatever the draw
             if is_fsdp2(self):
@@ -689,6 +711,9 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
                 del self._private_files[path]
         state["private_state"] = None
         state["privacy_arguments"] = recorded_settings(self.privacy)  # compared on resume
+        # the runs composed before this one (the accountant's prior): public, as in the
+        # report, so a resumed run's report still lists what its epsilon composes
+        state["earlier_runs"] = list(self._earlier_runs)
         if secret:
             token = new_token()  # binds the two parts; reveals nothing
             kept = self.private_state_dir is not None
@@ -766,10 +791,12 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
     def _load_privacy_state(self, p: PrivateTraining, state: dict) -> None:
         state = dict(join_users(state))
         state.pop("rng", None)  # the global generators': restored by _load_rng_state
+        earlier = state.pop("earlier_runs", [])  # the report's runs before the resumed one
         # the model and the optimizer are the Trainer's (loaded from the same checkpoint)
         state["model"] = p.model.state_dict()
         state["optimizer"] = p.optimizer.original_optimizer.state_dict()
         p.load_state_dict(state)
+        self._earlier_runs = list(earlier)  # (this trainer had none: a resume is its first)
 
 
 def _private_copy(args):
@@ -791,26 +818,6 @@ def _private_settings(a, stacklevel: int = 2):
                       "released un-noised", PrivacyLeakWarning, stacklevel=stacklevel)
         a.include_num_input_tokens_seen = "no"
     return a
-
-
-def _column(dataset, name: str) -> list:
-    """The values of column ``name`` of every example (a Hugging Face ``datasets.Dataset``
-    column, or the key of each example of a map-style dataset)."""
-    # only a datasets.Dataset is indexed by a column name (a tensor-backed dataset warns)
-    if name in (getattr(dataset, "column_names", None) or ()):
-        values = dataset[name]  # the whole column
-        if len(values) == len(dataset):
-            return list(values)
-    out = []
-    for i in range(len(dataset)):
-        item = dataset[i]
-        if not isinstance(item, dict) or name not in item:
-            raise ParameterValueError(
-                f"user_column={name!r}: example {i} of the training set has no such key "
-                f"(keys: {sorted(item) if isinstance(item, dict) else '?'})")
-        v = item[name]
-        out.append(v.item() if isinstance(v, torch.Tensor) else v)
-    return out
 
 
 def _unwrap(model):
@@ -882,10 +889,3 @@ def _privacy_state_path(checkpoint: str) -> str:
             "by DPTrainer, and resuming from it would lose the privacy cost of the steps "
             "already taken. Resume from a DPTrainer checkpoint, or start a new run")
     return path
-
-
-def _batch_size(inputs) -> int | None:
-    for v in (inputs.values() if hasattr(inputs, "values") else ()):  # BatchEncoding too
-        if isinstance(v, torch.Tensor) and v.dim() > 0:
-            return v.shape[0]
-    return None

@@ -86,6 +86,7 @@ from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
 from privlearn.torch._optimizer_api import OptimizerDelegation
 from privlearn.torch._rows import flat_views
+from privlearn.torch._step_checks import StepChecks
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.config import scalar_setting as _scalar
 from privlearn.torch.noise import NoiseSource
@@ -95,7 +96,7 @@ from privlearn.torch.units import RowUnits
 __all__ = ["AdaptiveClipping", "DPOptimizer", "gradient_noise_multiplier"]
 
 
-class DPOptimizer(LossScaling, OptimizerDelegation):
+class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
     """Drop-in wrapper of a torch optimizer performing DP-SGD steps.
 
     Use ``zero_grad()``, ``step()``, ``param_groups``, ``state``, ``state_dict()`` as with
@@ -200,6 +201,11 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         self._skipping = False  # the rest of a logical batch refused at one of its chunks
         self._chunk_size: int | None = None  # examples of the next physical chunk
         self._chunk_groups: tuple | None = None  # its privacy units' row counts
+        self._chunk_serial = 0  # counts the physical chunks announced by the loader
+        #: the delivered batch whose clipped sums are open in the buffers, and the
+        #: physical chunks of it already added (None: the whole batch, no chunking)
+        self._open_batch = None
+        self._open_chunks: set = set()
         #: privacy units of several rows (:mod:`privlearn.torch.units`): "sum" or "mean"
         #: of a unit's row gradients (users drawn by a sampler with a ``UnitIndex``), and
         #: ``augmentation`` K: each example arrives as K consecutive rows (augmented views,
@@ -342,6 +348,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         self._chunk_size = int(size)
         self._chunk_groups = groups
         self._final_chunk = bool(final)
+        self._chunk_serial += 1
 
     def _units_and_rows(self, drawn, examples: int | None):
         """The privacy units of this physical step's rows and the number of rows the
@@ -355,17 +362,18 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             return RowUnits.repeated(examples, k, "mean", self._device()), examples * k
         return None, examples
 
-    def _begin_logical_batch(self) -> None:
+    def _begin_logical_batch(self, why: str | None = None) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
-        was left between its chunks) are discarded, never released."""
+        was left between its chunks, or ``why``) are discarded, never released."""
         self._skipping, self._centred_count = False, 0.0  # nothing of a dropped batch
         if self._out is not None or self._carry:
             self._out, self._carry = None, {}
             warnings.warn(
-                "a logical batch was left unfinished (the loop stopped between its physical "
-                "chunks); the clipped sums of its chunks were discarded and nothing of it was "
-                "released. Finish every logical batch of p.data_loader before leaving the "
-                "loop to use all of it", RuntimeWarning, stacklevel=4)
+                (why or "a logical batch was left unfinished (the loop stopped between its "
+                 "physical chunks); the clipped sums of its chunks were discarded and "
+                 "nothing of it was released. Finish every logical batch of "
+                 "p.data_loader before leaving the loop to use all of it"),
+                RuntimeWarning, stacklevel=4)
 
     def abandon_pass(self, dropped) -> None:
         """A new pass over the loader began: batches delivered by the last pass that no
@@ -418,38 +426,6 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                     "(clipping='flat'), which covers parameters unfrozen later. No step was "
                     "taken and nothing was released")
 
-    def _check_update_set(self) -> None:
-        """The one gate for updates: every parameter the wrapped optimizer will update
-        this step (each one holding a gradient) must be one the engine clips and noises.
-        A parameter outside the model, or one whose gradient autograd computed outside
-        the engine, is refused before anything is released."""
-        noised = self.tracker.param_ids
-        names = None
-        for i, group in enumerate(self.original_optimizer.param_groups):
-            for q in group["params"]:
-                g = q.grad  # zeros (a frozen one's, zeroed in place) release nothing
-                if g is None or id(q) in noised or not q.requires_grad and not (
-                        g.to_local() if hasattr(g, "to_local") else g).any():
-                    continue
-                if names is None:
-                    names = {id(v): n for n, v in self.tracker.model.named_parameters()}
-                name = names.get(id(q))
-                what = (f"parameter {name!r} of the model" if name is not None else
-                        f"a tensor of shape {tuple(q.shape)} in param group {i} that is not a "
-                        "parameter of the model")
-                hint = ("it was not trainable when the engine last saw the model; run a "
-                        "forward pass of p.model after unfreezing it (the engine then "
-                        "clips it) before step()" if name is not None and q.requires_grad
-                        else "it is frozen but holds a gradient set before: clear it "
-                        "(p.optimizer.zero_grad(), or .grad = None)" if name is not None else
-                        "make it a parameter of a module the model's forward uses (the "
-                        "engine then clips it per example), or freeze it "
-                        "(requires_grad_(False)) or remove it from the optimizer")
-                raise TrainingLoopError(
-                    f"optimizer.step() refused: {what} holds a gradient the DP engine did not "
-                    "clip and noise, and the wrapped optimizer would update it from its raw "
-                    f"gradient; {hint}. Nothing was released and no step was taken")
-
     def _expected_examples(self, drawn) -> int | None:
         """Examples the recorded layers must have seen this (physical) step."""
         if self._chunk_size is not None:
@@ -474,44 +450,20 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
                 p.grad.zero_()
         self.tracker.clear_gradients()
 
-    def _require_recorded(self, examples: int | None) -> None:
-        """A batch with examples whose step finds no per-example gradient would release
-        noise alone and charge a step for it: refused, with the likely cause."""
-        discarded, self._grads_discarded = self._grads_discarded, False
-        if examples is None or examples == 0 or self.tracker.has_gradients():
-            return
-        if discarded:
-            raise TrainingLoopError(
-                f"this step's batch has {examples} examples but its per-example gradients "
-                "are gone: optimizer.zero_grad() was called after loss.backward() and "
-                "before optimizer.step(), and discarded the per-example gradients that "
-                "backward() recorded. Call zero_grad() before the forward pass or after "
-                "step() (zero_grad(); loss = ...; loss.backward(); step()). Nothing was "
-                "changed or charged; the next batch of p.data_loader can be trained on as "
-                "usual")
-        if self.tracker.outside_uses and self.tracker.unrecorded_forward != "eval":
-            # the parameters were reached only outside their layers (a model whose
-            # parameters are all used functionally, e.g. from an nn.ParameterList): say so
-            self.tracker.check_outside_uses()
-        if self.tracker.unrecorded_forward == "eval":
-            cause = ("the model was in eval mode (model.eval()) during the forward pass, "
-                     "and the engine records per-example gradients only in training mode: "
-                     "call p.model.train() after evaluating (to train without dropout, set "
-                     "the dropout probabilities to 0)")
-        else:
-            cause = ("the forward pass ran under torch.no_grad() or inference_mode, on "
-                     "another model than p.model, or backward() was not called on a loss "
-                     "of p.model's output before step()")
-        raise TrainingLoopError(
-            f"this step's batch has {examples} examples but no per-example gradient was "
-            f"recorded: {cause}. The step would add noise alone and still be charged; "
-            "nothing was changed or charged")
-
     def clip_and_accumulate(self, examples: int | None = None, units=None) -> None:
         """Step 1: add this physical batch's clipped per-example gradient sum (scaled by
         ``1 / expected_batch_size``) to the logical batch's gradient buffers (one flat
         buffer per device and dtype of the parameters, the memory ``p.grad`` will view).
-        :meth:`add_noise` then adds the noise and sets ``p.grad``; ``step()`` does both."""
+        :meth:`add_noise` then adds the noise and sets ``p.grad``; ``step()`` does both.
+
+        Raises
+        ------
+        TrainingLoopError
+            The rows of this batch (or of this physical chunk of it) were already added:
+            adding those of another backward pass over the same examples would count
+            each of them twice in one accounted step. Nothing is changed.
+        """
+        key = self._check_accumulation(rows=True)
         carry = self._open_buffers(fill=False) if self._out is None else None
         try:
             self._clipped_sum(self._out, examples=examples, units=units)
@@ -519,6 +471,8 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
             if carry is not None:  # opened by this call: closed again, nothing kept
                 self._out, self._carry = None, carry
             raise
+        self._open_batch, chunk = key
+        self._open_chunks.add(chunk)
 
     def _clipped_sum(self, out: dict | None = None, examples: int | None = None,
                      units=None) -> dict:
@@ -555,8 +509,18 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
         was not called), each sum formed at the draw's precision and rounded once to
         the buffer's dtype (:meth:`NoiseSource.add_normal_`). A release of the batch
         drawn for it: checked against the budget and accounted as one step, as
-        ``step()`` is (which also updates the parameters)."""
+        ``step()`` is (which also updates the parameters).
+
+        Raises
+        ------
+        TrainingLoopError
+            ``backward()`` recorded per-example gradients that
+            :meth:`clip_and_accumulate` has not added, or the batch has examples and
+            nothing of it was added (noise alone, charged as a step of the batch, as
+            ``step()`` refuses too). Nothing is released."""
         drawn = self.sampler.take() if self.sampler is not None else None
+        self._check_accumulation(rows=False)
+        self._check_noise_only(drawn)
         cfg = self._checked_cfg()
         carry = self._open_buffers(fill=False) if self._out is None else None
         try:
@@ -840,6 +804,7 @@ class DPOptimizer(LossScaling, OptimizerDelegation):
 
     def _released(self, examples, units) -> tuple:
         """The budget's check, then steps 1-3 (FSDP2: reduce-scatter, noise per shard)."""
+        self._check_accumulation(rows=True)
         cfg = self._checked_cfg()
         if self.sharded is not None:
             self.sharded.noisy_step(self, examples, units)

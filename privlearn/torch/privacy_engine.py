@@ -35,9 +35,7 @@ from torch.utils.data import DataLoader
 
 from privlearn.accounting import calibrate, warn_if_delta_large
 from privlearn.errors import (
-    BudgetExceededError,
     ConfigurationError,
-    LedgerConflictError,
     ParameterTypeError,
     ParameterValueError,
 )
@@ -53,9 +51,9 @@ from privlearn.torch._engine_checks import (
     _warn_loader_generator,
     _warn_user_rate,
 )
+from privlearn.torch._ledger_reserve import reserve_budget
 from privlearn.torch.accountant import (
     BudgetCap,
-    LedgerLink,
     PrivacyAccountant,
     Segment,
     opacus_method_error,
@@ -73,6 +71,8 @@ from privlearn.torch.distributed import (
     check_ddp_wrapper,
     check_same_on_ranks,
     dataset_digest,
+    refuse_on_every_rank,
+    sync_replicas,
     unwrap,
     world_info,
 )
@@ -219,6 +219,36 @@ class PrivateTraining:
         calibration and ``max_epsilon`` use)."""
         return self.accountant.epsilon(self.config.target_delta if delta is None else delta)
 
+    def compose_after(self, prior) -> None:
+        """Continue this fresh run after ``prior``, the composed mechanism of earlier runs
+        on the same data (e.g. a trainer's earlier ``train()``): :meth:`epsilon` composes
+        it from here on (Abadi et al. 2016, Sec. 3.1), and what the run takes from its
+        own plan moves with it: the planned epsilon becomes that of ``prior`` and the
+        planned steps, and so does the cap of a run accounted as one mechanism, which
+        cannot go past its plan (it was the plan's epsilon alone, which the prior already
+        exceeds: no step could run). A ``max_epsilon`` given caps the total, as before.
+        Call it before the first step (a resumed run's restored history moves them
+        the same way, in :meth:`load_state_dict`)."""
+        self.accountant.prior = prior  # refused after a step
+        self._plan_after_prior()
+
+    def _plan_after_prior(self) -> None:
+        """The planned epsilon (and a whole-run cap at the plan) of the accountant's
+        prior composed with the planned steps; nothing without a prior or a plan."""
+        plan, prior = self.plan, self.accountant.prior
+        if prior is None or plan.planned_epsilon is None or math.isinf(plan.planned_epsilon):
+            return
+        steps = Segment(plan.noise_multiplier, plan.sampling_rate, plan.max_grad_norm,
+                        plan.planned_steps)  # the run's own plan, whatever it took so far
+        planned = plan.run.composed([steps], prior).epsilon(
+            self.config.target_delta, accountant=self.accountant.accountant)
+        given = self.config.max_epsilon
+        given = None if given is None or math.isinf(given) else float(given)
+        cap = self.budget.max_epsilon
+        if not plan.run.stepwise:
+            cap = planned if given is None else min(given, planned)
+        self.budget.rebase(max_epsilon=cap, planned_epsilon=planned)
+
     def finish(self) -> None:
         """Record in the ledger (``make_private(ledger=...)``) how many of the reserved
         steps ran; a no-op without a ledger. Called by :meth:`detach` and when this object
@@ -291,25 +321,16 @@ class PrivateTraining:
             rate or scheme, clipping bound, loss reduction, accountant, world size), or
             this run has already taken steps (their privacy cost would be lost).
         """
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ParameterValueError("state is not a privlearn training state (format "
-                             f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
-                             "returned")
-        if self.accountant.steps or self._sampler.delivered:
-            raise ConfigurationError(
-                f"load_state_dict needs a fresh run, but this one has already taken "
-                f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
-                "batches), whose cost would be lost; call it right after make_private")
-        mine, theirs = self._mechanism(), state["mechanism"]
-        diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
-                for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
-        if diff:
-            raise ConfigurationError("the saved state was made with a different mechanism, so its "
-                             "privacy history does not describe this run: "
-                             + "; ".join(diff) + ". Rebuild with make_private using the "
-                             "original arguments"
-                             + _strategy_hint(theirs, mine))
-        _check_loadable(self.model, self.optimizer.original_optimizer, state)
+        try:  # distributed: refused on every rank when one rank refuses
+            self._check_state(state)
+        except Exception as exc:  # noqa: BLE001 - raised again, on every rank
+            error = exc
+        else:
+            error = None
+        if self.plan.world_size > 1:
+            refuse_on_every_rank(error, "load_state_dict", self.optimizer.process_group)
+        elif error is not None:
+            raise error
         # the live values before the history (a run of one mechanism refuses a new noise
         # multiplier once it has steps), then the history: a state it refuses leaves the
         # run as it was
@@ -333,8 +354,36 @@ class PrivateTraining:
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.budget.load_state_dict(state["budget"])
+        self._plan_after_prior()  # a history after earlier runs: the plan follows them
         if self.optimizer.correlated is not None:
             self.optimizer.correlated.load_state_dict(state["correlated"])
+
+    def _check_state(self, state: dict) -> None:
+        """:meth:`load_state_dict`'s refusals, before anything is changed."""
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ParameterValueError("state is not a privlearn training state (format "
+                             f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
+                             "returned")
+        if self.accountant.steps or self._sampler.delivered:
+            raise ConfigurationError(
+                f"load_state_dict needs a fresh run, but this one has already taken "
+                f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
+                "batches), whose cost would be lost; call it right after make_private")
+        mine, theirs = self._mechanism(), state["mechanism"]
+        diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
+                for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
+        ranks = ("" if (theirs.get("rank"), theirs.get("world_size"))
+                 == (mine.get("rank"), mine.get("world_size")) else
+                 " (each rank of a distributed run saves its own p.state_dict(), whose "
+                 "sampler and noise keys are its own, and loads the one it saved, with as "
+                 "many ranks as the run that saved them)")
+        if diff:
+            raise ConfigurationError("the saved state was made with a different mechanism, so its "
+                             "privacy history does not describe this run: "
+                             + "; ".join(diff) + ". Rebuild with make_private using the "
+                             "original arguments" + ranks
+                             + _strategy_hint(theirs, mine))
+        _check_loadable(self.model, self.optimizer.original_optimizer, state)
 
 
 def _strategy_hint(saved: dict, here: dict) -> str:
@@ -618,47 +667,8 @@ def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,
                       dataset_digest(data_loader.dataset))
     out["trainable parameters"] = [(n, tuple(p.shape)) for n, p in inner.named_parameters()
                                    if p.requires_grad]
+    out["parameters"] = [(n, tuple(p.shape), str(p.dtype)) for n, p in inner.named_parameters()]
     return out
-
-
-def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
-                   undo) -> LedgerLink | None:
-    """Reserve the planned run (or ``ledger_chunk`` steps) in a privacy ledger before any
-    data is read; the reservation is released if a later step refuses."""
-    if ledger is None:
-        return None
-    if plan.noise_multiplier == 0:
-        raise ConfigurationError("noise_multiplier=0 is not private and cannot be spent from a "
-                         "ledger; give noise_multiplier > 0 or target_epsilon")
-    law = SAMPLINGS[cfg.sampling]
-    link = LedgerLink(ledger, scheme=law.scheme or cfg.sampling, chunk=cfg.ledger_chunk,
-                      label=f"make_private({type(inner).__name__})",
-                      run=None if plan.run.stepwise else plan.run,
-                      privacy_unit=cfg.privacy_unit)
-    try:
-        link.reserve(plan.noise_multiplier, plan.sampling_rate,
-                     plan.planned_steps or cfg.ledger_chunk,
-                     whole=plan.planned_steps is not None)  # a plan: all of it, or refused
-    except BudgetExceededError as exc:
-        if plan.planned_steps is None:
-            raise
-        raise BudgetExceededError(
-            f"{exc}. The whole planned run ({plan.planned_steps} steps) is reserved "
-            "before it starts: plan fewer epochs/steps or a smaller target_epsilon. "
-            "To resume a checkpoint whose first steps the ledger already counts, build the "
-            f"run with noise_multiplier={plan.noise_multiplier!r} (this plan's) and no "
-            "epochs/steps, so that its steps are reserved as they run, then "
-            "p.load_state_dict(...)") from exc
-    except LedgerConflictError as exc:
-        if law.add_remove or "replace-one" not in str(exc):
-            raise
-        # a replace-one sampling on a budget counted under add/remove: say which
-        # setting, why, and what to use instead (nothing was recorded)
-        raise LedgerConflictError(
-            law.refusal(f"the ledger budget {getattr(ledger, 'dataset', ledger)!r}")
-            + f"; nothing was recorded ({exc})") from exc
-    undo(link.settle)
-    return link
 
 
 def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
@@ -808,13 +818,15 @@ def make_private(
                 raise ConfigurationError("grad_scaler is not supported under FSDP2 (fully_shard); "
                                  "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
                                  "bfloat16), which needs no loss scaling")
-        link = reserve_budget(ledger, cfg, plan, inner, undo)
+        link = reserve_budget(ledger, cfg, plan, inner, undo, process_group)
         tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
         exchange = ShardedGradients(_mesh_group(inner)) if sharded else None
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
                                                     plan, link, process_group,
                                                     grad_scaler=grad_scaler, sharded=exchange)
         undo(opt.guard_original(), on_detach=True)
+        if plan.world_size > 1 and not sharded:  # replicas start from rank 0's weights
+            sync_replicas(inner, process_group, warn_as="make_private")
     return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
                            budget=budget, plan=plan, config=cfg, ledger_link=link,
                            undo=undo.on_detach)

@@ -156,6 +156,14 @@ def test_subsampled_laplace_profile_vs_quadrature(q, b, eps):
     assert float(add.delta(np.array([eps]))[0]) == pytest.approx(exp_add, rel=1e-7, abs=1e-13)
 
 
+def _delta_profile(pmf, h, eps):
+    """delta(eps) of a discrete pair, at each of ``eps``, by its definition
+    ``sum_L P(L) (1 - e^(eps - L))_+`` (plus its mass at infinite loss)."""
+    loss = (pmf.k0 + np.arange(pmf.p.size)) * h
+    w = np.clip(1.0 - np.exp(eps[:, None] - loss[None, :]), 0.0, None)
+    return (w * pmf.p[None, :]).sum(1) + pmf.inf
+
+
 @pytest.mark.parametrize(
     "pair",
     [
@@ -175,12 +183,7 @@ def test_single_step_grid_pairs_bracket_exact_profile(pair, h):
     eps = np.linspace(-1.5, 3.0, 301)
     exact = pair.delta(eps)
 
-    def profile(pmf):
-        loss = (pmf.k0 + np.arange(pmf.p.size)) * h
-        w = np.clip(1.0 - np.exp(eps[:, None] - loss[None, :]), 0.0, None)
-        return (w * pmf.p[None, :]).sum(1) + pmf.inf
-
-    pu, pl = profile(up), profile(low)
+    pu, pl = _delta_profile(up, h, eps), _delta_profile(low, h, eps)
     assert np.all(pu >= exact - 1e-13)
     assert np.all(pl <= exact + 1e-13)
     assert up.p.sum() + up.inf == pytest.approx(1.0, abs=1e-12)
@@ -395,12 +398,7 @@ def test_grid_pairs_bracket_profile_at_large_losses(pair):
     eps = np.linspace(0.0, 25.0, 126)
     exact = pair.delta(eps)
 
-    def profile(pmf):
-        loss = (pmf.k0 + np.arange(pmf.p.size)) * h
-        w = np.clip(1.0 - np.exp(eps[:, None] - loss[None, :]), 0.0, None)
-        return (w * pmf.p[None, :]).sum(1) + pmf.inf
-
-    pu, pl = profile(up), profile(low)
+    pu, pl = _delta_profile(up, h, eps), _delta_profile(low, h, eps)
     assert np.all(pu >= exact * (1 - 1e-9))
     assert np.all(pl <= exact * (1 + 1e-9) + 1e-300)
     assert np.all(pl[exact > 1e-12] >= 0.9 * exact[exact > 1e-12])

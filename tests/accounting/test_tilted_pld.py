@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy import optimize, special
+from closed_forms import exact_randomized_response_epsilon
 
 import privlearn.accounting as acc
 from privlearn.accounting import pld
@@ -58,23 +58,10 @@ def test_tilted_agrees_with_plain_grid_where_both_certify(sigma, q, steps, delta
     assert tu <= pu * (1 + 1e-3)  # and the tilted one is no looser
 
 
-def _rr_exact_epsilon(p, k, delta):
-    eps0 = math.log(p / (1 - p))
-    j = np.arange(k + 1)
-    logpmf = (special.gammaln(k + 1) - special.gammaln(j + 1) - special.gammaln(k - j + 1)
-              + j * math.log(p) + (k - j) * math.log1p(-p))
-    loss = (2 * j - k) * eps0
-
-    def d(e):
-        return float(np.sum(np.exp(logpmf) * -np.expm1(np.minimum(e - loss, 0.0)))) - delta
-
-    return optimize.brentq(d, 0.0, k * eps0, xtol=1e-13)
-
-
 @pytest.mark.parametrize("p,k,delta", [(0.7, 300, 1e-12), (0.6, 2000, 1e-14)])
 def test_tilted_brackets_the_exact_randomized_response_value(p, k, delta):
     m = acc.compose(acc.RandomizedResponse(p), k)
-    exact = _rr_exact_epsilon(p, k, delta)
+    exact = exact_randomized_response_epsilon(p, k, delta)
     up, lo = _tilted_bounds(m, delta, exact)
     assert lo <= exact * (1 + 1e-12) and up >= exact * (1 - 1e-12)
     assert up <= exact * 1.01

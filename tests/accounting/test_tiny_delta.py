@@ -7,27 +7,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
-from scipy import optimize, special
+from closed_forms import exact_randomized_response_epsilon
 
 import privlearn.accounting as acc
-
-
-def _rr_exact_epsilon(p: float, k: int, delta: float) -> float:
-    """Exact epsilon(delta) of k-fold binary randomized response: the privacy loss is
-    ``(2j - k) eps0`` with ``j ~ Binomial(k, p)`` under P (Kairouz, Oh & Viswanath 2015)."""
-    eps0 = math.log(p / (1 - p))
-    j = np.arange(k + 1)
-    logpmf = (special.gammaln(k + 1) - special.gammaln(j + 1) - special.gammaln(k - j + 1)
-              + j * math.log(p) + (k - j) * math.log1p(-p))
-    loss = (2 * j - k) * eps0
-
-    def d(e: float) -> float:
-        gain = -np.expm1(np.minimum(e - loss, 0.0))  # (1 - e^{e - L})_+
-        return float(np.sum(np.exp(logpmf) * gain)) - delta
-
-    return optimize.brentq(d, 0.0, k * eps0, xtol=1e-12)
 
 
 def test_laplace_composition_at_1e_14_is_its_pure_epsilon():
@@ -43,7 +26,7 @@ def test_thousand_randomized_responses_at_1e_12_exact():
     # form (privlearn.accounting.closed_form) at any delta
     m = acc.compose(acc.RandomizedResponse(0.75), 1000)
     b = m.epsilon_bounds(1e-12)
-    exact = _rr_exact_epsilon(0.75, 1000, 1e-12)
+    exact = exact_randomized_response_epsilon(0.75, 1000, 1e-12, xtol=1e-12)
     assert b.upper >= exact * (1 - 1e-12)  # certified (brentq's xtol is 1e-12)
     assert b.upper == pytest.approx(exact, rel=1e-9)
     assert b.lower <= exact * (1 + 1e-12)
@@ -55,7 +38,7 @@ def test_thousand_randomized_responses_and_a_laplace_at_1e_12_tilted_pld():
     # exponentially tilted composition does, far below RDP, with a tight certified gap
     m = acc.compose([acc.RandomizedResponse(0.75), acc.Laplace(1.0)], [1000, 1])
     b = m.epsilon_bounds(1e-12)
-    exact_rr = _rr_exact_epsilon(0.75, 1000, 1e-12)
+    exact_rr = exact_randomized_response_epsilon(0.75, 1000, 1e-12, xtol=1e-12)
     assert math.isfinite(b.upper) and b.accountant == "pld"
     assert b.upper >= exact_rr  # adding a mechanism never lowers epsilon
     assert b.upper <= exact_rr + 1.0 + 1e-9  # nor raises it by more than its pure epsilon

@@ -87,3 +87,35 @@ def test_accountant_roc_names_fpr(fpr):
         accountant_roc(Gaussian(1.0), fpr)
     with pytest.raises(ParameterTypeError, match="^fpr must be"):
         accountant_roc(Gaussian(1.0), "x")
+
+
+def test_accountant_roc_says_where_the_mechanism_of_a_run_is():
+    """Handed the object of a run instead of its mechanism (the natural first try when
+    plotting an audit), accountant_roc says which attribute holds the mechanism, and the
+    curve it then draws is that of the mechanism."""
+    from privlearn.accounting import Gaussian, compose, subsample
+    from privlearn.accounting.fdp import tradeoff_curve
+    from privlearn.auditing import accountant_roc
+    from privlearn.models import SSPRegressor
+
+    mech = compose(subsample(Gaussian(1.0), rate=0.1), steps=20)
+
+    class Accountant:
+        def mechanism(self):
+            return mech
+
+    class Run:  # what make_private returns, as far as the mechanism goes
+        accountant = Accountant()
+
+    with pytest.raises(ParameterTypeError, match=r"p\.accountant\.mechanism\(\) \(p: this Run\)"):
+        accountant_roc(Run(), [0.1])
+    fitted = SSPRegressor(epsilon=1.0, delta=1e-6, x_bound=1.0, y_bound=1.0).fit(
+        np.full((50, 2), 0.5), np.zeros(50))
+    with pytest.raises(ParameterTypeError,
+                       match=r"est\.mechanism_ \(est: this fitted SSPRegressor\)"):
+        accountant_roc(fitted, [0.1])
+    with pytest.raises(ParameterTypeError, match="describe what ran"):
+        accountant_roc(3.0, [0.1])
+    grid = np.linspace(0, 1, 11)
+    np.testing.assert_array_equal(accountant_roc(Run.accountant.mechanism(), grid),
+                                  1.0 - tradeoff_curve(mech, grid))

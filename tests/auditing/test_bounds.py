@@ -428,6 +428,14 @@ def test_bad_method_and_types():
         tpr_at_fpr([1.0], [0.0], 1.5)
 
 
+@pytest.mark.parametrize("fpr", [True, "0.1", None, [0.1]])
+def test_tpr_at_fpr_refuses_a_rate_that_is_not_a_real_number(fpr):
+    # a bool was read as the rate 1.0 and a numeric string as its number, where
+    # epsilon_lower_bound refuses both for delta and confidence
+    with pytest.raises(TypeError, match="fpr must be a real number"):
+        tpr_at_fpr([1.0, 2.0], [0.0, 0.5], fpr)
+
+
 # tiny samples are the subject: that no outcome can refute epsilon = 0 there is warned of
 # (tests/auditing/test_harness.py tests the warning), not an error
 @pytest.mark.filterwarnings(r"ignore:with \d+ canaries at delta=.* no outcome of the "

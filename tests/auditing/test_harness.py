@@ -378,3 +378,27 @@ def test_audit_estimator_warns_for_laplace_dpsgd_with_one_run_fdp():
         warnings.simplefilter("always")
         audit_estimator(est, X, y, 100, seed=1)  # the default, one_run: no such warning
     assert not _gaussian_warnings(record)
+
+
+@pytest.mark.parametrize("claim", [True, "2.0", b"2"])
+def test_a_claim_that_is_not_a_number_is_refused_before_training(claim):
+    # float() read True as the claim 1.0 and "2.0" as 2.0
+    calls = []
+    with pytest.raises(TypeError, match="claimed_epsilon must be a real number"):
+        one_run_audit(lambda inc: calls.append(1) or inc.astype(float), 100,
+                      claimed_epsilon=claim, delta=1e-5, seed=0)
+    assert not calls
+    with pytest.raises(TypeError, match=r"claimed_epsilon\(\) must be a real number"):
+        one_run_audit(lambda inc: inc.astype(float), 100, claimed_epsilon=lambda: claim,
+                      delta=1e-5, seed=0)
+
+
+@pytest.mark.parametrize("method", ["one_run", "one_run_fdp"])
+@pytest.mark.parametrize("claim", [37.0, 40.0, 500.0])
+def test_a_claim_too_large_for_any_outcome_is_warned_about_not_a_crash(method, claim):
+    # e^eps / (1 + e^eps) rounds to 1 from eps ~ 37: log(1 - p) was a math domain
+    # error in the check, before training, whether a perfect attack could refute it
+    with pytest.warns(UserWarning, match="no outcome of this audit can refute"):
+        res = one_run_audit(lambda inc: inc.astype(float), 1000, claimed_epsilon=claim,
+                            delta=1e-5, seed=0, method=method)
+    assert 0 < res.epsilon_lower_bound < claim and not res.violation

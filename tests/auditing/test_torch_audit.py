@@ -159,6 +159,51 @@ def test_cli_out_directory_that_cannot_be_made_is_refused_before_training(
     assert r.stderr.count("\n") == 1 and "--out" in r.stderr
 
 
+def test_cli_seed_beyond_64_bits_is_a_usage_error_naming_the_option(monkeypatch):
+    # torch's generators take 64-bit seeds; the refusal named the Python parameter
+    # ("seed must be None or ...; pass e.g. seed=0")
+    import privlearn.auditing.torch as audit_torch
+
+    def no_training(**kw):
+        raise AssertionError("trained with a seed torch cannot take")
+
+    monkeypatch.setattr(audit_torch, "audit_dpsgd", no_training)
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "2", "--delta", "1e-5",
+                                 "--seed", str(2**64)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "'--seed'" in r.stderr
+    assert "18446744073709551615" in r.stderr and "seed=0" not in r.stderr
+
+
+def test_cli_out_directory_that_cannot_be_written_is_refused_before_training(
+        monkeypatch, tmp_path):
+    # an existing directory on a read-only file system: the report's files failed to open
+    # after the training, with a traceback (status 1)
+    import errno
+    import os
+
+    import privlearn.auditing.torch as audit_torch
+
+    def no_training(**kw):
+        raise AssertionError("trained before --out was checked")
+
+    out = tmp_path / "report"
+    out.mkdir()
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):  # what EROFS on a file in the directory is
+        if str(path).startswith(str(out)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(audit_torch, "audit_dpsgd", no_training)
+    monkeypatch.setattr(os, "open", read_only)
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "2", "--delta", "1e-5",
+                                 "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "--out" in r.stderr and "Read-only" in r.stderr
+
+
 @pytest.mark.parametrize(("violation", "status"), [(False, 0), (True, 5)])
 @pytest.mark.parametrize("as_json", [False, True])
 def test_cli_exit_status_is_the_verdict(monkeypatch, violation, status, as_json):

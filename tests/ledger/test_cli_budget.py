@@ -63,6 +63,81 @@ def test_spend_show_history_json(db):
     assert [e["kind"] for e in h] == ["budget"] + ["spend"] * 4
 
 
+def test_show_without_dataset_lists_every_budget(db, tmp_path):
+    """`budget show PATH` without --dataset shows every budget of the file (a user who
+    does not remember the dataset's name has no other way to find it from the shell),
+    each as `--dataset` shows it; --json gives a list of the same objects."""
+    assert run("budget", "init", db, "--dataset", "census", "--epsilon", "2", "--delta",
+               "1e-7", "--privacy-unit", "user").exit_code == 0
+    assert run("budget", "spend", db, "--dataset", "census", "--privacy-unit", "user",
+               "--noise-multiplier", "3").exit_code == 0
+    one = {(d, u): json.loads(run("budget", "show", db, "--dataset", d, "--privacy-unit", u,
+                                  "--json").output)
+           for d, u in (("adult", "record"), ("census", "user"))}
+    r = run("budget", "show", db, "--json")
+    assert r.exit_code == 0, r.output
+    assert sorted(json.loads(r.output), key=lambda s: s["dataset"]) == list(one.values())
+    assert one["census", "user"]["epsilon_spent"] == Gaussian(3.0).epsilon(1e-7)
+    r = run("budget", "show", db)
+    assert r.exit_code == 0 and r.output.count("\n") == 2
+    assert "dataset adult (record" in r.output and "dataset census (user" in r.output
+    r = run("budget", "show", db, "--privacy-unit", "user", "--json")
+    assert [s["dataset"] for s in json.loads(r.output)] == ["census"]
+    empty = str(tmp_path / "empty.db")
+    from privlearn.ledger import Ledger
+    Ledger(empty, create=True).close()
+    assert json.loads(run("budget", "show", empty, "--json").output) == []
+    r = run("budget", "show", empty)
+    assert r.exit_code == 0 and "privlearn budget init" in r.output
+
+
+def test_history_without_dataset_lists_every_entry(db):
+    """`budget history PATH` without --dataset: every entry of the file, oldest first,
+    each naming its budget; the entries of one budget are those `--dataset` lists."""
+    from privlearn.ledger import Ledger
+
+    assert run("budget", "init", db, "--dataset", "census", "--epsilon", "2", "--delta",
+               "1e-7").exit_code == 0
+    assert run("budget", "spend", db, "--dataset", "census", "--noise-multiplier", "3",
+               "--label", "census count").exit_code == 0
+    r = run("budget", "history", db, "--json")
+    assert r.exit_code == 0, r.output
+    every = json.loads(r.output)
+    direct = Ledger(db).history()
+    assert [(e["seq"], e["dataset"], e["privacy_unit"], e["kind"], e["label"])
+            for e in every] == [(e.seq, e.dataset, e.privacy_unit, e.kind, e.label)
+                                for e in direct]
+    assert [e["dataset"] for e in every] == ["adult"] * 4 + ["census"] * 2
+    one = json.loads(run("budget", "history", db, "--dataset", "census", "--json").output)
+    assert one == [e for e in every if e["dataset"] == "census"]
+    lines = run("budget", "history", db).output.splitlines()
+    assert len(lines) == 6 and "census/record  census count" in lines[-1]
+
+
+def test_str_of_spent_is_what_budget_show_prints(db, tmp_path):
+    """print(ledger.spent(name)) in Python reads as `privlearn budget show` does (not
+    as a dataclass repr), adaptive budgets with their filter's line."""
+    from privlearn.ledger import Ledger
+
+    led = Ledger(db)
+    s = led.spent("adult")
+    assert str(s) + "\n" == run("budget", "show", db, "--dataset", "adult").output
+    assert str(s).startswith("dataset adult (record, add_remove): epsilon spent "
+                             f"{s.epsilon_spent:.6g} (certified lower bound ")
+    assert str(s).endswith(f"of 1 at delta 1e-06, {s.entries} release(s)")
+    path = str(tmp_path / "adaptive.db")
+    assert run("budget", "init", path, "--dataset", "a", "--epsilon", "2", "--delta",
+               "1e-6", "--adaptive").exit_code == 0
+    assert run("budget", "spend", path, "--dataset", "a", "--noise-multiplier",
+               "5").exit_code == 0
+    a = Ledger(path).spent("a")
+    assert str(a) + "\n" == run("budget", "show", path, "--dataset", "a").output
+    assert str(a).splitlines()[1] == (f"  adaptive rule (Renyi filter, order "
+                                      f"{a.adaptive_order:.4g}): epsilon "
+                                      f"{a.adaptive_epsilon:.6g}")
+    assert repr(s).startswith("Spent(dataset='adult'")
+
+
 def test_a_release_the_budgets_accountant_cannot_account_is_said_in_the_options_words(
         tmp_path):
     """A budget created with --accountant analytic refuses a subsampled or Laplace
@@ -434,3 +509,17 @@ def test_the_ledger_refuses_an_empty_key(tmp_path):
     with pytest.raises(ParameterValueError, match="key must be a non-empty"):
         Ledger(str(tmp_path / "e.db"), create=True, key=b"")
     assert not (tmp_path / "e.db").exists()
+
+
+@pytest.mark.parametrize("command", ["init", "spend", "show", "history"])
+@pytest.mark.parametrize("option", ["--dataset", "--privacy-unit"])
+def test_an_empty_name_is_refused_naming_the_option(db, command, option):
+    rest = {"init": ["--epsilon", "1", "--delta", "1e-6"],
+            "spend": ["--noise-multiplier", "5"]}.get(command, [])
+    names = {"--dataset": "adult", "--privacy-unit": "record", option: " "}
+    r = CliRunner().invoke(cli, ["budget", command, db, "--dataset", names["--dataset"],
+                                 "--privacy-unit", names["--privacy-unit"], *rest],
+                           env={"PRIVLEARN_LEDGER_KEY": None})
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {option} must be a non-empty name"), r.stderr
+    assert "privacy_unit" not in r.stderr and "string" not in r.stderr

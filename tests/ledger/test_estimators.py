@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from sentinels import Untouchable
 from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV
 
@@ -28,19 +29,6 @@ from privlearn.models import (
     SSPRegressor,
 )
 from privlearn.models.model_selection import planned_mechanism
-
-
-class Untouchable:
-    """Array-like that fails the test if anything reads its values."""
-
-    shape = (300, 3)
-    ndim = 2
-
-    def __array__(self, *args, **kwargs):
-        raise AssertionError("the data was read")
-
-    def __len__(self):
-        return 300
 
 
 @pytest.fixture
@@ -92,7 +80,7 @@ def test_over_budget_fit_is_refused_before_reading_the_data(make, tmp_path):
     est = make(led.budget("d"))
     assert planned_mechanism(est, np.zeros((300, 3)), None).epsilon(1e-5) > 0.5
     with pytest.raises(BudgetExceededError):
-        est.fit(Untouchable(), np.zeros(300))
+        est.fit(Untouchable(300), np.zeros(300))
     assert not hasattr(est, "mechanism_")
     assert led.spent("d").entries == 0
 
@@ -170,20 +158,20 @@ def _knn_release(h):
 #: the fits cannot be read (the refusal comes before the data check).
 SPENDS = {
     "SSPRegressor": lambda h: (e := SSPRegressor(y_bound=3.0, ledger=h),
-                               lambda: e.fit(Untouchable(), np.zeros(300))),
+                               lambda: e.fit(Untouchable(300), np.zeros(300))),
     "AdaSSPRegressor": lambda h: (e := AdaSSPRegressor(y_bound=3.0, ledger=h),
-                                  lambda: e.fit(Untouchable(), np.zeros(300))),
+                                  lambda: e.fit(Untouchable(300), np.zeros(300))),
     "NoisyGDRegressor": lambda h: (e := NoisyGDRegressor(y_bound=3.0, n_iter=5, ledger=h),
-                                   lambda: e.fit(Untouchable(), np.zeros(300))),
+                                   lambda: e.fit(Untouchable(300), np.zeros(300))),
     "DPSGDRegressor": lambda h: (e := DPSGDRegressor(n_iter=5, ledger=h),
-                                 lambda: e.fit(Untouchable(), np.zeros(300))),
+                                 lambda: e.fit(Untouchable(300), np.zeros(300))),
     "DPSGDClassifier": lambda h: (e := DPSGDClassifier(n_iter=5, classes=[0, 1], ledger=h),
-                                  lambda: e.fit(Untouchable(), np.zeros(300, dtype=int))),
+                                  lambda: e.fit(Untouchable(300), np.zeros(300, dtype=int))),
     "PrivateStandardScaler": lambda h: (e := PrivateStandardScaler(
-        feature_range=(-1, 1), ledger=h), lambda: e.fit(Untouchable())),
+        feature_range=(-1, 1), ledger=h), lambda: e.fit(Untouchable(300))),
     "PrivateSearchCV": lambda h: (e := PrivateSearchCV(
         SSPRegressor(y_bound=3.0), {"epsilon": [0.5, 1.0]}, loss_bound=10.0, ledger=h),
-        lambda: e.fit(Untouchable(), np.zeros(300))),
+        lambda: e.fit(Untouchable(300), np.zeros(300))),
     "PATE": lambda h: (e := PATE(epsilon=1.0, delta=1e-6, ledger=h),
                        lambda: e.release(np.zeros((20, 40), dtype=int), 3, n_teachers=20)),
     "PrivateKNN": _knn_release,

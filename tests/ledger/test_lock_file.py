@@ -98,3 +98,37 @@ def test_a_ledger_opened_by_a_relative_path_survives_a_change_of_directory(
     assert led.spent("adult").entries == 1
     assert pickle.loads(pickled).spent("adult").entries == 1
     assert list((tmp_path / "b").iterdir()) == []  # no stray lock file (or ledger) here
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes and symbolic links")
+def test_a_ledger_created_through_a_symbolic_link_is_its_owners_only(tmp_path, umask_022):
+    # a link to where the ledger will be (e.g. "current.db" -> "ledgers/2026.db"): the
+    # exclusive create hit the link (EEXIST, taken for "exists") and SQLite created the
+    # file under the umask, readable by every user
+    (tmp_path / "ledgers").mkdir()
+    target = tmp_path / "ledgers" / "2026.db"
+    link = tmp_path / "current.db"
+    link.symlink_to(target)
+    with Ledger(link, create=True) as led:
+        led.create_budget("adult", epsilon=1.0, delta=1e-6)
+    assert target.is_file() and link.is_symlink()
+    assert os.stat(target).st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(os.name != "posix", reason="symbolic links")
+def test_every_path_of_one_ledger_queues_on_one_lock_file(tmp_path):
+    # writers through a link and through the file's own path wait on the same OS lock
+    from privlearn.accounting import Gaussian
+
+    target = tmp_path / "l.db"
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "l.db"
+    link.symlink_to(target)
+    with Ledger(target, create=True) as led:
+        led.create_budget("adult", epsilon=1.0, delta=1e-6)
+    with Ledger(link) as led:
+        led.spend("adult", Gaussian(20.0))
+    assert not (tmp_path / "links" / "l.db-writelock").exists()
+    assert (tmp_path / "l.db-writelock").exists()
+    with Ledger(target) as led:
+        assert led.spent("adult").entries == 1

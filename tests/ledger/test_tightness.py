@@ -138,3 +138,29 @@ def test_basic_composition_with_a_gaussian_reads_it_at_the_delta_left(tmp_path):
     # and never below the tight composition's certified lower bound
     tight = compose([ApproxDP(0.5, 4e-6), Gaussian(noise_multiplier=5.0)]).epsilon_bounds(1e-5)
     assert spent.epsilon_spent >= tight.lower
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "analytic"])
+def test_a_budget_whose_accountant_has_no_curve_for_approx_dp_uses_basic_composition(
+        tmp_path, accountant):
+    # RDP and the analytic Gaussian accountant have no curve for an (epsilon, delta)
+    # statement, but basic composition (Dwork & Roth Theorem 3.16) accounts it: the
+    # release was refused with UnsupportedMechanismError instead of admitted at its sum
+    from privlearn.accounting import ApproxDP, Gaussian
+    from privlearn.errors import BudgetExceededError
+
+    ledger = Ledger(tmp_path / "l.db", create=True)
+    ledger.create_budget("d", epsilon=2.0, delta=1e-5, accountant=accountant)
+    ledger.spend("d", ApproxDP(0.5, 4e-6))
+    assert ledger.spent("d").epsilon_spent == 0.5
+    ledger.spend("d", Gaussian(noise_multiplier=5.0))
+    # 0.5 + the Gaussian's epsilon at the 6e-6 left, by the budget's own accountant
+    basic = 0.5 + Gaussian(noise_multiplier=5.0).epsilon(6e-6, accountant)
+    spent = ledger.spent("d")
+    assert spent.epsilon_spent == pytest.approx(basic, rel=1e-12)
+    assert spent.epsilon_spent >= basic
+    with pytest.raises(BudgetExceededError):
+        ledger.spend("d", ApproxDP(2.0 - spent.epsilon_spent + 1e-9, 1e-9))
+    with pytest.raises(BudgetExceededError):  # the deltas alone exceed the cap
+        ledger.spend("d", ApproxDP(1e-3, 7e-6))
+    assert ledger.spent("d").entries == 2

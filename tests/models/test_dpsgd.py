@@ -158,3 +158,31 @@ def test_dpsgd_classes_inferred_from_private_labels_warn():
         DPSGDClassifier(n_iter=5, classes=[0, 1]).fit(X, y)
     with pytest.raises(ValueError, match="exactly 2"):
         DPSGDClassifier(n_iter=5, classes=[0, 1, 2]).fit(X, y)
+
+
+@pytest.mark.parametrize("cls", [DPSGDRegressor, DPSGDClassifier])
+@pytest.mark.parametrize("noise", ["gaussian", "laplace"])
+def test_one_extreme_finite_record_is_clipped_not_a_failure(cls, noise):
+    """A finite but extreme row (its norm, or x . theta, overflows) is clipped like any
+    other: the fit returns a model, as without it (it used to turn one per-example
+    gradient into NaN and the whole fit into a FloatingPointError after the release,
+    an outcome one record decides). Naive bound on one step from theta = 0: replacing
+    one record moves the noisy sum by at most 2 C, the iterate by lr 2 C / n."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    y = (X[:, 0] > 0).astype(float)
+    kw = dict(noise=noise, delta=1e-5 if noise == "gaussian" else 0.0, max_grad_norm=0.5,
+              learning_rate=0.5, l2_regularization=0.0, random_state=0)
+    if cls is DPSGDClassifier:
+        kw["classes"] = [0.0, 1.0]
+    ord_ = 2 if noise == "gaussian" else 1
+    for row in ([1e308, 1e308, 0.0], [1e300, -1e300, 1e300], [-1e200, 0.0, 0.0]):
+        Xe = X.copy()
+        Xe[0] = row
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # nor an overflow warning
+            model = cls(n_iter=30, **kw).fit(Xe, y)
+        assert np.all(np.isfinite(model.coef_)) and np.isfinite(model.intercept_)
+        a, b = (cls(n_iter=1, **kw).fit(Z, y) for Z in (X, Xe))
+        step = np.append(a.coef_ - b.coef_, a.intercept_ - b.intercept_)
+        assert np.linalg.norm(step, ord=ord_) <= 0.5 * 2 * 0.5 / len(y) * (1 + 1e-9)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sentinels import Untouchable
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from privlearn.accounting import Gaussian
@@ -53,19 +54,6 @@ def test_recipe_is_sklearn_compatible(estimator, check):
     check(estimator)
 
 
-class Untouchable:
-    """Array-like that fails the test if anything reads its values."""
-
-    shape = (1000, 3)
-    ndim = 2
-
-    def __array__(self, *args, **kwargs):
-        raise AssertionError("the data was read")
-
-    def __len__(self):
-        return 1000
-
-
 def test_recipe_budgets_a_fit_on_a_ledger(tmp_path):
     X = np.random.default_rng(0).normal(0.2, 0.1, size=(1000, 3))
     led = Ledger(tmp_path / "l.db", create=True)
@@ -82,7 +70,7 @@ def test_recipe_budgets_a_fit_on_a_ledger(tmp_path):
     # a second fit would exceed the budget: refused before the data is read
     again = Recipe(epsilon=1.0, delta=1e-6, ledger=led.budget("d"))
     with pytest.raises(BudgetExceededError):
-        again.fit(Untouchable())
+        again.fit(Untouchable(1000))
     assert not hasattr(again, "mean_") and len(led.history("d")) == 3
 
 

@@ -253,6 +253,44 @@ def test_knn_classes_inferred_from_private_labels_warn():
         PrivateKNN(classes=[0, 1]).fit(X, y)
 
 
+def test_knn_refuses_a_continuous_target_without_public_classes():
+    """A regression target with classes=None would make every distinct value a class,
+    published in classes_ (scikit-learn's classifiers refuse it the same way); refused
+    before anything is stored. With the public label set given, non-integer labels that
+    are in it are fine."""
+    X, _, _ = _knn_data()
+    y = np.random.default_rng(0).normal(size=X.shape[0])
+    knn = PrivateKNN()
+    with pytest.raises(ValueError, match="continuous"):
+        knn.fit(X, y)
+    assert not hasattr(knn, "classes_") and not hasattr(knn, "_X")
+    halves = np.where(y > 0, 1.5, 0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        knn = PrivateKNN(classes=[0.5, 1.5], random_state=0).fit(X, halves)
+    assert set(knn.release(X[:5]).tolist()) <= {0.5, 1.5}
+
+
+def test_knn_an_extreme_private_row_is_a_neighbour_like_any_other():
+    """A finite private row whose squared norm overflows (distance inf - inf, not a
+    number) is ordered with the points at infinity, by index: with every record a
+    neighbour (k = n, q = 1) the votes are the class counts, that row's included (naive
+    ground truth). It used to leave the neighbour selection short and fail the release
+    with a reshape error after the budget was spent."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 2))
+    y = (X[:, 0] > 0).astype(int)
+    X[0] = [1e308, 1e308]
+    knn = PrivateKNN(n_neighbors=30, sampling_rate=1.0, classes=[0, 1], noise_multiplier=0.01,
+                     epsilon=1e5, random_state=0).fit(X, y)
+    counts = np.bincount(y, minlength=2)
+    knn.release(rng.normal(size=(4, 2)))
+    np.testing.assert_allclose(knn.noisy_votes_, np.tile(counts, (4, 1)), atol=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no overflow warning escapes
+        knn.release(rng.normal(size=(4, 2)))
+
+
 def test_soft_votes_within_the_tolerance_are_put_on_the_simplex():
     """Rows summing to 1 + 9e-6 pass the tolerance; unscaled, one teacher would move the
     vote sum by more than the accounted sqrt(2) (L2) / 2 (L1). They are released as

@@ -162,7 +162,7 @@ def test_a_candidate_without_predict_is_refused_before_the_data_is_read(data, tm
 def test_public_validation_scores_cost_nothing(data):
     X, y = data
     s = PrivateSearchCV(_est(), GRID, method="composition",
-                        random_state=0).fit(X, y, X_val=X[:100], y_val=y[:100])
+                        random_state=0).fit(X[100:], y[100:], X_val=X[:100], y_val=y[:100])
     assert s.mechanism_ == compose(s.fit_mechanisms_)
 
 
@@ -612,3 +612,47 @@ def test_the_search_has_its_estimator_s_type_as_grid_search_cv():
     reg = PrivateSearchCV(_est(), {"epsilon": [1.0]}, loss_bound=9.0)
     assert is_classifier(clf) and not is_regressor(clf)
     assert is_regressor(reg) and not is_classifier(reg)
+
+
+@pytest.mark.parametrize("method", ["composition", "random_stopping"])
+def test_losses_clipped_by_the_private_score_are_reported_to_the_person_fitting(data, method):
+    """The private score clips each record's loss to loss_bound (a declared bound, as the
+    linear models' x_bound): the person fitting is told how many (the largest count of a
+    run; naive count of the released run's losses here, one candidate), nothing stored;
+    silent when no loss exceeds it, and with public validation data (nothing clipped)."""
+    from privlearn.errors import DataClippedWarning
+
+    X, y = data
+    kw = dict(method=method, expected_runs=1, delta=1e-6, random_state=0)
+    grid = {"epsilon": [1.0]}
+    with pytest.warns(DataClippedWarning, match="loss_bound=0.05") as record:
+        s = PrivateSearchCV(_est(), grid, loss_bound=0.05, **kw).fit(X, y)
+    n_over = int(np.sum((s.best_estimator_.predict(X) - y) ** 2 > 0.05))
+    assert 0 < n_over < len(y)
+    (w,) = [r for r in record if issubclass(r.category, DataClippedWarning)]
+    assert f"up to {n_over} of {len(y)} records" in str(w.message)
+    assert w.filename == __file__
+    assert n_over not in [v for v in vars(s).values() if isinstance(v, int)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataClippedWarning)
+        PrivateSearchCV(_est(), grid, loss_bound=1e6, **kw).fit(X, y)
+        PrivateSearchCV(_est(), grid, **kw).fit(X[50:], y[50:], X_val=X[:50], y_val=y[:50])
+
+
+def test_the_private_training_data_as_validation_data_is_refused_before_any_fit(data):
+    """X_val must be public: the training X itself (the same array, a view of its rows, or
+    an equal copy) would have every run scored exactly on the private data, the selection
+    uncovered by epsilon_. Refused before any fit; a held-out part of the same base array
+    (disjoint rows) is fine."""
+    X_all, y_all = data
+    X, y = X_all[:1500], y_all[:1500]
+    kw = dict(method="composition", delta=1e-6, random_state=0)
+    FITS.clear()
+    for X_val, y_val in ((X, y), (X[:200], y[:200]), (X.copy(), y.copy())):
+        with pytest.raises(ParameterValueError, match="X_val is the private training data"):
+            PrivateSearchCV(_est(), {"epsilon": [1.0]}, **kw).fit(X, y, X_val=X_val,
+                                                                  y_val=y_val)
+    assert FITS == []
+    s = PrivateSearchCV(_est(), {"epsilon": [1.0]}, **kw).fit(X, y, X_val=X_all[1500:],
+                                                              y_val=y_all[1500:])
+    assert len(FITS) == 1 and hasattr(s, "best_estimator_")

@@ -133,6 +133,7 @@ def test_random_stopping_is_never_below_theorem_2(eta, ek, sigmas, score_eps):
     assert s.epsilon_ <= reference * 1.05
 
 
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")  # losses above the bound
 def test_geometric_stopping_of_pure_dp_runs_is_within_liu_talwar():
     """Nearly pure epsilon-DP runs (the Laplace score releases, and a fit of negligible
     Gaussian cost): Liu & Talwar (2019) show geometric random stopping of epsilon-DP runs
@@ -264,6 +265,7 @@ class NaNOnOutlierRegressor(NoisyMeanRegressor):
         return np.where(np.asarray(X)[:, 0] > 0, np.nan, 0.0)
 
 
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")  # the point
 def test_a_non_finite_prediction_is_clipped_like_any_loss():
     """A NaN loss on one row would make the noisy score NaN whatever the noise: whether
     the data holds such a row would be released exactly. The clipped loss of every row is

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.pipeline import Pipeline
@@ -9,6 +11,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 
 from privlearn.accounting import Gaussian, PureDP, compose
 from privlearn.datasets import load_california_housing
+from privlearn.errors import DataClippedWarning
 from privlearn.models import AdaSSPRegressor
 from privlearn.models.preprocessing import (
     PrivatePipeline,
@@ -48,6 +51,31 @@ def test_scaler_is_randomised_and_reproducible():
     b = PrivateStandardScaler(epsilon=0.5, feature_range=(0, 10), random_state=3).fit(X)
     c = PrivateStandardScaler(epsilon=0.5, feature_range=(0, 10), random_state=4).fit(X)
     assert np.array_equal(a.mean_, b.mean_) and not np.array_equal(a.mean_, c.mean_)
+
+
+@pytest.mark.parametrize("quantile", [None, 0.01])
+def test_scaler_warns_that_values_outside_feature_range_are_clipped(quantile):
+    """Values outside the declared public range are clipped (the fit equals that on the
+    clipped data, same noise) and the person fitting is told how many, as the linear
+    models do; nothing on the fitted scaler holds the count."""
+    rng = np.random.default_rng(2)
+    X = rng.uniform(-1.0, 1.0, size=(400, 3))
+    X[:7, 1] = 5.0   # 7 values above the range, in 7 rows
+    X[3:9, 2] = -3.0  # 6 below, 3 of them in rows already counted
+    kw = dict(feature_range=(-1, 1), quantile=quantile, random_state=0)
+    with pytest.warns(DataClippedWarning) as record:
+        sc = PrivateStandardScaler(**kw).fit(X)
+    (w,) = [r for r in record if issubclass(r.category, DataClippedWarning)]
+    assert "13 values in 9 of 400 rows" in str(w.message), str(w.message)
+    assert "features [1, 2]" in str(w.message)
+    assert w.filename == __file__  # addressed to the caller of fit
+    ref = PrivateStandardScaler(**kw).fit(np.clip(X, -1, 1))
+    np.testing.assert_array_equal(sc.mean_, ref.mean_)
+    np.testing.assert_array_equal(sc.bounds_, ref.bounds_)
+    assert not any(v in (7, 9, 13) for v in vars(sc).values() if isinstance(v, int))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataClippedWarning)  # inside the range: silent
+        PrivateStandardScaler(**kw).fit(np.clip(X, -1, 1))
 
 
 def test_scaler_rejects_bad_parameters():
@@ -430,3 +458,101 @@ def test_a_public_step_fitted_beforehand_is_not_refitted_on_the_private_data(tmp
                                   public_steps=("scale",))
     for _ in range(2):  # the pipeline refits the step it fitted itself
         np.testing.assert_allclose(fitted_here.fit(X, y)[0].mean_, X.mean(axis=0))
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_a_pipeline_its_accountant_cannot_compose_is_refused_before_any_step_spends():
+    """A random-stopping PrivateSearchCV step releases an RDP curve, which the default PLD
+    accountant cannot compose: the pipeline used to fit the scaler and run the whole
+    search, then fail to account them (both spent, no epsilon_). Refused before the first
+    step; with accountant='rdp' it fits and reports the composition of what ran."""
+    from privlearn.errors import UnsupportedMechanismError
+    from privlearn.models import PrivateSearchCV, SSPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(300, 3))
+    y = X @ [0.5, -0.2, 0.1]
+
+    def pipe(**kw):
+        return PrivatePipeline([
+            ("scale", PrivateStandardScaler(feature_range=(-1, 1), random_state=0)),
+            ("search", PrivateSearchCV(SSPRegressor(), {"epsilon": [0.5, 1.0]},
+                                       loss_bound=4.0, random_state=0))], **kw)
+
+    p = pipe()
+    with pytest.raises(UnsupportedMechanismError, match="accountant='rdp'"):
+        p.fit(X, y)
+    scale, search = (step for _, step in p.steps)
+    assert not hasattr(scale, "mechanism_") and not hasattr(search, "best_estimator_")
+    assert not hasattr(p, "epsilon_")
+    p = pipe(accountant="rdp").fit(X, y)
+    scale, search = (step for _, step in p.steps)
+    expected = compose([scale.mechanism_, search.mechanism_]).epsilon(p.delta_, "rdp")
+    assert p.epsilon_ == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_private_steps_sharing_an_integer_seed_are_reported():
+    """Two private steps with one integer random_state draw the same normals: here two
+    scalers release their noisy row counts with the very same noise (equal
+    n_samples_seen_, which independent noise gives with probability 0), so a combination
+    of their releases cancels it, outside what mechanism_ composes. The pipeline warns
+    (nested pipelines' steps included); distinct seeds, None, and a search's runs (fitted
+    from hidden child streams) do not."""
+    from privlearn.errors import PrivacyLeakWarning
+    from privlearn.models import PrivateSearchCV
+
+    X = np.random.default_rng(0).uniform(-1, 1, size=(500, 2))
+
+    def scaler(seed):
+        return PrivateStandardScaler(feature_range=(-1, 1), quantile=None, random_state=seed)
+
+    shared = PrivatePipeline([("a", scaler(7)), ("b", scaler(7))])
+    with pytest.warns(PrivacyLeakWarning, match=r"\['a', 'b'\] share random_state=7"):
+        shared.fit(X)
+    a, b = (s for _, s in shared.steps)
+    assert a.n_samples_seen_ == b.n_samples_seen_ != 500
+    nested = PrivatePipeline([("a", scaler(3)), ("inner", PrivatePipeline([("b", scaler(3))]))])
+    with pytest.warns(PrivacyLeakWarning, match=r"\['a', 'inner__b'\] share"):
+        nested.fit(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        own = PrivatePipeline([("a", scaler(7)), ("b", scaler(8))]).fit(X)
+        PrivatePipeline([("a", scaler(None)), ("b", scaler(None))]).fit(X)
+        y = X @ [0.3, -0.2]
+        PrivateSearchCV(PrivatePipeline([("a", scaler(1)), ("m", AdaSSPRegressor(
+            random_state=1))]), {"m__epsilon": [1.0]}, loss_bound=4.0).fit(X, y)
+    a, b = (s for _, s in own.steps)
+    assert a.n_samples_seen_ != b.n_samples_seen_
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_a_frozen_private_step_is_planned_as_it_is_accounted():
+    """A PrivateStandardScaler fitted beforehand and kept with FrozenEstimator: the fitted
+    pipeline holds its release, so mechanism_ composes it; the plan now does too
+    (planned_mechanism equals mechanism_), where it was planned as free. A search over
+    such a pipeline checks every run against its plan: it failed with PlanMismatchError
+    after the first run had spent; it now runs, each run counting the frozen release
+    (never less than what the fitted models hold)."""
+    from sklearn.base import clone
+    from sklearn.frozen import FrozenEstimator
+
+    from privlearn.models import PrivateSearchCV, SSPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(300, 3))
+    y = X @ [0.5, -0.2, 0.1]
+    scaler = PrivateStandardScaler(feature_range=(-1, 1), random_state=0).fit(X)
+    for kw in ({}, {"public_steps": ("scale",)}):
+        pipe = PrivatePipeline([("scale", FrozenEstimator(scaler)),
+                                ("ssp", SSPRegressor(random_state=1))], **kw)
+        planned = pipe.planned_mechanism(X, y)
+        pipe.fit(X, y)
+        assert pipe.mechanism_ == planned == compose([scaler.mechanism_,
+                                                      pipe.steps[1][1].mechanism_])
+    search = PrivateSearchCV(pipe, {"ssp__epsilon": [0.5, 1.0]}, loss_bound=4.0,
+                             method="composition", random_state=0).fit(X, y)
+    assert search.n_fits_ == 2
+    for run, ran in zip(search.runs_, search.fit_mechanisms_, strict=True):
+        assert ran == clone(pipe).set_params(**run).planned_mechanism(X, y)
+        assert ran.parts[0] == scaler.mechanism_.parts[0]  # the frozen release, counted

@@ -55,6 +55,7 @@ def test_scaler_noise_has_the_accounted_scale():
     assert 0.88 < np.std(counts) / sd < 1.12  # sqrt(2 d) / sqrt(2 d + 1) = 0.82
 
 
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")  # the point
 @pytest.mark.parametrize("outlier", [1e9, -1e9, 3.0])
 def test_a_record_outside_the_range_moves_the_sums_by_at_most_one(outlier):
     """Same noise (same seed), datasets differing in one record far outside

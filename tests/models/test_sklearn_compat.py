@@ -31,15 +31,10 @@ from privlearn.models import (
 pytestmark = [
     pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning"),
     pytest.mark.filterwarnings("ignore:.*classes=None infers:privlearn.errors.PrivacyLeakWarning"),
+    # the checks seed every step alike (set_random_state): the pipeline says so
+    pytest.mark.filterwarnings("ignore:.*share random_state:privlearn.errors.PrivacyLeakWarning"),
     pytest.mark.filterwarnings("ignore:Skipping check:sklearn.exceptions.SkipTestWarning"),
 ]
-
-_NOISY_FIT = (
-    "requires R^2 > 0.5 on ~200 unbounded, standardised samples: a private estimator's "
-    "noise is calibrated to the worst case over the bounded domain, so at epsilon=1 with "
-    "n=200 the released coefficients are noise-dominated (utility is tested on real data "
-    "in test_linear.py instead)"
-)
 
 _PATE_NO_FIT = (
     "PATE has no fit: it is not trained on (X, y) but releases labels from the teachers' "
@@ -88,14 +83,13 @@ ESTIMATORS = [
 
 
 def _expected_failed_checks(est):
-    if isinstance(est, SSPRegressor | NoisyGDRegressor):  # AdaSSP is an SSPRegressor
-        return {"check_regressors_train": _NOISY_FIT}
-    if isinstance(est, PrivateSearchCV) and isinstance(est.estimator, SSPRegressor):
-        return {"check_regressors_train": _NOISY_FIT}
+    # The private linear regressors carry scikit-learn's ``poor_score`` tag (their noise
+    # is calibrated to the worst case over the public bounds, so check_regressors_train's
+    # R^2 > 0.5 on 200 unbounded rows is not asked of them); every other assertion of
+    # that check runs: no expected failure hides it.
     if isinstance(est, PrivatePipeline):
         return {"check_estimators_overwrite_params": _PIPELINE_IN_PLACE,
-                "check_dont_overwrite_parameters": _PIPELINE_IN_PLACE,
-                "check_regressors_train": _NOISY_FIT}
+                "check_dont_overwrite_parameters": _PIPELINE_IN_PLACE}
     return {}
 
 

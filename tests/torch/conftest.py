@@ -23,19 +23,9 @@ import pytest
 try:
     import torch
     from torch import nn
-    from torch.utils.data import TensorDataset
+    from toys import toy_data, toy_mlp, trainable
 except ImportError:  # the modules here skip themselves without torch
-    torch = nn = TensorDataset = None
-
-
-def trainable(model) -> list:
-    """The parameters that take gradients, each once (tied ones once), in model order."""
-    seen, out = set(), []
-    for p in model.parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
+    torch = nn = toy_data = toy_mlp = trainable = None
 
 
 def batch_of_one_grads(loss_of, n: int, params, *, autocast=None):
@@ -123,30 +113,6 @@ def oracle():
     return SimpleNamespace(grads=batch_of_one_grads, clip_and_sum=clip_and_sum,
                            clipped_sum=naive_clipped_sum, step=naive_step,
                            sgd_step=sgd_step, trainable=trainable, flat=flat)
-
-
-def toy_data(n: int = 64, d: int = 6, k: int = 3, seed: int = 0, dtype=None,
-             spread: bool = False):
-    """``n`` examples of ``d`` standard normal features (scaled from 0.2 to 3 across the
-    examples with ``spread``, so that per-example norms differ) and a class in
-    ``range(k)``, from their own generator."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=dtype or torch.get_default_dtype())
-    if spread:
-        x = x * torch.linspace(0.2, 3.0, n, dtype=x.dtype)[:, None]
-    return TensorDataset(x, torch.randint(0, k, (n,), generator=g))
-
-
-def toy_mlp(d: int = 6, k: int = 3, hidden: int = 8, seed: int = 0, act=None, dtype=None,
-            norm: bool = False):
-    """``Linear(d, hidden) - act (default ReLU) [- LayerNorm(hidden)] - Linear(hidden,
-    k)``, initialised from ``seed`` (the global generator), in ``dtype`` (default:
-    torch's)."""
-    torch.manual_seed(seed)
-    layers = [nn.Linear(d, hidden), (act or nn.ReLU)(),
-              *([nn.LayerNorm(hidden)] if norm else []), nn.Linear(hidden, k)]
-    model = nn.Sequential(*layers)
-    return model if dtype is None else model.to(dtype)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from toys import trainable  # noqa: F401  (re-exported: tests take it from here too)
 
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.tracker import GradSampleTracker
@@ -31,6 +32,22 @@ class TokenSet(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]),
                 "labels": self.ids[i]}
+
+
+class BatchSet(torch.utils.data.Dataset):
+    """The ``n`` examples of :func:`make_batch` (``name``'s inputs, float32, from
+    ``seed``) as Trainer features: ``input_ids``, ``attention_mask``, ``labels``."""
+
+    def __init__(self, name: str = "gpt2", n: int = B, seed: int = 4):
+        inputs, labels = make_batch(name, b=n, seed=seed, dtype=torch.float32)
+        self.ids, self.mask, self.labels = inputs["input_ids"], inputs["attention_mask"], labels
+
+    def __len__(self):
+        return self.ids.shape[0]
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i],
+                "labels": self.labels[i]}
 
 
 def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
@@ -112,15 +129,6 @@ def autocast_to(device_type: str, dtype=None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype)
-
-
-def trainable(model):
-    seen, out = set(), []
-    for p in model.parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
 
 
 def naive_grads(oracle, name, model, inputs, labels, autocast=None):

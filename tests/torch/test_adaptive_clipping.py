@@ -14,6 +14,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import toy_data  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
@@ -23,10 +24,7 @@ N, B, SEED = 64, 16, 5
 
 
 def _data(n=N, d=5, k=3, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=dtype) * torch.linspace(0.2, 3.0, n,
-                                                                    dtype=dtype)[:, None]
-    return TensorDataset(x, torch.randint(0, k, (n,), generator=g))
+    return toy_data(n, d, k, seed, dtype=dtype, spread=True)
 
 
 def _mlp(seed=0, d=5, k=3):

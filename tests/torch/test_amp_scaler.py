@@ -6,6 +6,7 @@ depend on the noisy gradient only; a skipped step is accounted."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -15,7 +16,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from privlearn.errors import GradientOverflowWarning  # noqa: E402
+from privlearn.errors import GradientOverflowWarning, TrainingLoopError  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 
 FP16_TOL = 1e-2  # relative error of the clipped sum: fp16 rounding (2^-11) over layers
@@ -428,3 +429,42 @@ def test_cuda_overflowing_example_contributes_zero(oracle):
     assert ((got - ref_sum).norm() / ref_sum.norm()).item() < FP16_TOL
     assert not p.optimizer.last_step_skipped
     assert scaler.get_scale() == 1024.0
+
+
+def test_a_direct_step_of_a_run_given_a_scaler_is_refused_until_the_scaler_steps(oracle):
+    """``make_private(..., grad_scaler=scaler)``, ``scaler.scale(loss).backward()`` and
+    then ``p.optimizer.step()`` instead of ``scaler.step(p.optimizer)``: the recorded
+    gradients carry the scale (1024) and nothing divides it out, so every example was
+    clipped at C / 1024 and the scaler never adapted, silently. Refused before anything
+    is released; ``scaler.step`` then takes the same batch's step, whose gradient is the
+    naive clipped sum of the unscaled loss. A disabled scaler scales nothing: its run
+    steps directly as any other."""
+    x, y = _data(n=64)
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                     DataLoader(TensorDataset(x, y), batch_size=16), noise_multiplier=0.0,
+                     max_grad_norm=0.5, seed=0, grad_scaler=scaler)
+    xb, yb = _first_batch(p)
+    p.optimizer.zero_grad()
+    scaler.scale(_ce(p.model(xb), yb)).backward()
+    with pytest.raises(TrainingLoopError, match=r"scaler\.step\(p\.optimizer\)"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0 and all(q.grad is None for q in model.parameters())
+    scaler.step(p.optimizer)
+    scaler.update()
+    total, _ = oracle.clipped_sum(ref, xb, yb, 0.5, _ce)
+    assert p.accountant.steps == 1
+    torch.testing.assert_close(_flat(list(model.parameters())), total / 16, rtol=1e-4,
+                               atol=1e-6)
+    off = torch.amp.GradScaler("cpu", enabled=False)
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                     DataLoader(TensorDataset(x, y), batch_size=16), noise_multiplier=0.0,
+                     max_grad_norm=0.5, seed=0, grad_scaler=off)
+    xb, yb = _first_batch(p)
+    p.optimizer.zero_grad()
+    off.scale(_ce(p.model(xb), yb)).backward()
+    p.optimizer.step()
+    assert p.accountant.steps == 1

@@ -36,6 +36,7 @@ from test_grad_sample import (  # noqa: E402
     check,
     sq_loss,
 )
+from test_hf_precision import _mlp as _precision_mlp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
@@ -206,10 +207,11 @@ def test_layer_rule_matches_batch_of_one_loop(case):
     check(model, inputs, sq_loss, **kw)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gpt2_untied", "bert", "llama", "vit", "gpt2_lora"])
-def test_hf_model_float32_matches_batch_of_one_loop(name, oracle):
-    """Whole Hugging Face models in float32 (the dtype of GPU training): norms and
-    clipped sum against the naive loop, at a bound that clips about half the examples."""
+def _hf_engine_and_loop(name, oracle, autocast=None):
+    """Hugging Face model ``name`` in float32 on DEVICE and a batch: the engine's clipped
+    sum, per-example norms and batch size, the naive loop's clipped sum and norms (both
+    under ``autocast`` when given) at a bound that clips about half the examples, and the
+    number of examples."""
     pytest.importorskip("transformers")
     if name == "gpt2_lora":
         pytest.importorskip("peft")
@@ -218,11 +220,19 @@ def test_hf_model_float32_matches_batch_of_one_loop(name, oracle):
     model = build(name, dtype=torch.float32).to(DEVICE)
     inputs, labels = make_batch(name, dtype=torch.float32)
     inputs, labels = {k: v.to(DEVICE) for k, v in inputs.items()}, labels.to(DEVICE)
-    rows = naive_grads(oracle, name, model, inputs, labels)
+    rows = naive_grads(oracle, name, model, inputs, labels, autocast=autocast)
     c = rows.norm(dim=1).median().item()
     ref, ref_norms = oracle.clip_and_sum(rows, c)
-    got, norms, batch = engine_sum(name, model, inputs, labels, c)
-    assert batch == labels.shape[0]
+    got, norms, batch = engine_sum(name, model, inputs, labels, c, autocast=autocast)
+    return got, norms, batch, ref, ref_norms, labels.shape[0]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt2_untied", "bert", "llama", "vit", "gpt2_lora"])
+def test_hf_model_float32_matches_batch_of_one_loop(name, oracle):
+    """Whole Hugging Face models in float32 (the dtype of GPU training): norms and
+    clipped sum against the naive loop, at a bound that clips about half the examples."""
+    got, norms, batch, ref, ref_norms, n = _hf_engine_and_loop(name, oracle)
+    assert batch == n
     torch.testing.assert_close(norms, ref_norms, rtol=1e-4, atol=0)
     assert (got - ref).norm() <= 1e-4 * ref.norm()
 
@@ -266,21 +276,9 @@ def test_make_private_step_is_the_clipped_mean_of_the_batch_of_one_loop(physical
 
 
 # --------------------------------------------------------------------------- mixed precision
-class _Scale(nn.Module):
-    """A layer without a rule (handled by the torch.func fallback)."""
-
-    def __init__(self, d):
-        super().__init__()
-        self.s = nn.Parameter(torch.linspace(0.5, 1.5, d))
-
-    def forward(self, x):
-        return x * self.s
-
-
 def _mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.LayerNorm(8), _Scale(8),
-                         nn.Linear(8, 3)).to(DEVICE)
+    """test_hf_precision's model (a layer with no rule among ruled ones) on DEVICE."""
+    return _precision_mlp().to(DEVICE)
 
 
 def _loss(model, x, y):
@@ -366,18 +364,7 @@ def test_autocast_matches_batch_of_one_loop_under_the_same_autocast(dtype, oracl
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
 def test_hf_bf16_autocast_matches_batch_of_one_loop_under_the_same_autocast(name, oracle):
-    pytest.importorskip("transformers")
-    if name == "gpt2_lora":
-        pytest.importorskip("peft")
-    from hf_models import build, engine_sum, make_batch, naive_grads
-
-    model = build(name, dtype=torch.float32).to(DEVICE)
-    inputs, labels = make_batch(name, dtype=torch.float32)
-    inputs, labels = {k: v.to(DEVICE) for k, v in inputs.items()}, labels.to(DEVICE)
-    rows = naive_grads(oracle, name, model, inputs, labels, autocast=torch.bfloat16)
-    c = rows.norm(dim=1).median().item()
-    ref, ref_norms = oracle.clip_and_sum(rows, c)
-    got, norms, _ = engine_sum(name, model, inputs, labels, c, autocast=torch.bfloat16)
+    got, norms, _, ref, ref_norms, _ = _hf_engine_and_loop(name, oracle, torch.bfloat16)
     tol = AUTOCAST_TOL[torch.bfloat16]
     assert ((norms - ref_norms).abs() / ref_norms).max() < tol
     assert 0 < (got - ref).norm() < tol * ref.norm()

@@ -633,3 +633,58 @@ def test_sampler_built_by_hand_is_read_only_but_units_set_once():
     s.units = UnitIndex(list(range(100)), 1)  # make_private attaches the units once
     with pytest.raises(AttributeError, match="units cannot be changed"):
         s.units = UnitIndex([0] * 100, 1)
+
+
+class _ListDataset(torch.utils.data.Dataset):
+    """A dataset over a list the loop may change, reading index ``i`` as ``i mod len``
+    (as repeat/augmentation wrappers do): a shrunk list then answers every index the
+    sampler draws, each of its examples at more than one."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i % len(self.rows)]
+
+
+@pytest.mark.parametrize("change", ["shrink", "grow"])
+@pytest.mark.parametrize("physical", [None, 3])
+def test_a_dataset_resized_after_make_private_is_refused_before_its_next_batch(change,
+                                                                              physical):
+    """The sampler draws indices of the ``N`` examples there were at make_private, at the
+    rate ``B / N`` accounted for them. A dataset halved after it (wrapping its indices)
+    would include each remaining example at twice that rate, a grown one would never
+    draw its new examples: the next batch is refused with a typed error, in the pass
+    under way and in the next one, and only the steps that ran are accounted."""
+    from torch import nn
+
+    from privlearn.errors import PlanMismatchError
+    from privlearn.torch import make_private
+
+    torch.manual_seed(0)
+    rows = [(torch.randn(4), int(i % 2)) for i in range(40)]
+    ds = _ListDataset(rows)
+    model = nn.Linear(4, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=8), noise_multiplier=1.0, seed=0,
+                     max_physical_batch_size=physical)
+    it = iter(p.data_loader)
+    for x, y in it:  # one logical step (the chunks of one batch, with physical)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        if p.accountant.steps:
+            break
+    assert p.accountant.steps == 1
+    if change == "shrink":
+        del rows[20:]
+    else:
+        rows.extend(rows[:8])
+    with pytest.raises(PlanMismatchError, match=f"{len(rows)} examples.*accounted with 40"):
+        next(it)
+    with pytest.raises(PlanMismatchError, match="accounted with 40"):
+        next(iter(p.data_loader))
+    assert p.accountant.steps == 1

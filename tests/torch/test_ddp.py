@@ -8,7 +8,8 @@
 (b) Noise on: the noise of the aggregated gradient (update minus the noise-free update
     on the same batches) has standard deviation sigma C / (q N) over ~10^4 coordinates,
     is identical on both ranks, and is not duplicated across ranks (same-seeded noise on
-    the two ranks would give sqrt(2) times the right std).
+    the two ranks would give sqrt(2) times the right std); also in secure mode under DDP
+    (each rank's CSPRNG noise, its 1 / sqrt(W) share, summed once).
 (c) Fixed-size sampling: the ranks' batches have exactly B distinct indices each, are
     disjoint, and the noise-free step on their union equals the single-process step.
 (d) Sampling: the ranks' Poisson batches are disjoint and the global batch size has
@@ -57,7 +58,7 @@ def _wide_model() -> nn.Module:
 
 
 def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS,
-                 sampling="poisson"):
+                 sampling="poisson", secure_mode=False):
     """Train ``steps`` steps with make_private on this rank; return the global batches'
     index sets (gathered over ranks) and the parameter vector after each step."""
     from privlearn.torch import make_private
@@ -69,7 +70,7 @@ def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS
     loader = torch.utils.data.DataLoader(ds, batch_size=PER_RANK_BATCH)
     p = make_private(
         model, opt, loader, noise_multiplier=noise_multiplier, max_grad_norm=C, seed=seed,
-        sampling=sampling,
+        sampling=sampling, secure_mode=secure_mode,
     )
     loss_fn = nn.CrossEntropyLoss()
     batches, local_batches, params = [], [], []
@@ -112,6 +113,11 @@ def _worker(rank: int, out_dir: str) -> None:
         )
         results["noise"] = _run_private(
             _wide_model(), rank, noise_multiplier=SIGMA, seed=None, ddp=False, lr=1.0, steps=4
+        )
+        # secure mode: each rank's CSPRNG noise (OS entropy, no seed), DDP-wrapped
+        results["secure"] = _run_private(
+            _wide_model(), rank, noise_multiplier=SIGMA, seed=None, ddp=True, lr=1.0, steps=4,
+            secure_mode=True,
         )
         # sampling statistics: many draws of the per-rank Poisson samplers, no training
         from privlearn.torch import make_private
@@ -209,8 +215,9 @@ def test_fixed_size_sampling_across_ranks(ranks, oracle):
         torch.testing.assert_close(r0["params"][k], naive[k], rtol=1e-5, atol=1e-6)
 
 
-def test_distributed_noise_std_matches_single_process_mechanism(ranks, oracle):
-    r0, r1 = ranks[0]["noise"], ranks[1]["noise"]
+@pytest.mark.parametrize("key", ["noise", "secure"], ids=["seeded", "secure_mode"])
+def test_distributed_noise_std_matches_single_process_mechanism(ranks, oracle, key):
+    r0, r1 = ranks[0][key], ranks[1][key]
     assert r0["noise_multiplier"] == SIGMA
     expected = r0["expected"]
     x_all, y_all, _ = _data().tensors

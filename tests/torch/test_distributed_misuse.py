@@ -10,7 +10,10 @@ expected global batch q N).
     ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a bf16
     ``MixedPrecisionPolicy`` (to bf16's precision), whose clipping is nonetheless exact:
     one example with a huge gradient among zero inputs moves the parameters by exactly
-    C / (q N) (the closed form of clipping it), not by C times a bf16 rounding error.
+    C / (q N) (the closed form of clipping it), not by C times a bf16 rounding error; a
+    plain model whose initial weights differ on rank 1 (no common seed), which starts
+    from rank 0's on both ranks, with a warning, as under DDP (each rank applying the
+    update to its own weights would train two models).
 (b) Refused before any step, on both ranks alike: DDP with ``static_graph=True`` (its
     first backward would fail inside DDP's reducer); each rank given its own shard of the
     data (a ``TensorDataset`` of its rows, or a ``Subset``), which would leave half of
@@ -18,7 +21,8 @@ expected global batch q N).
     ``DistributedSampler``; a parameter frozen on one rank only; the legacy
     ``FullyShardedDataParallel`` (FSDP1: flat parameters no layer owns, or each rank's
     slice of them) with either ``use_orig_params``; gradient accumulation
-    over two backward passes; a checkpoint of the two-rank run resumed in one process.
+    over two backward passes; a checkpoint of the two-rank run resumed in one process;
+    rank 0's checkpoint loaded on both ranks (rank 1 refuses it, and rank 0 with it).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import warnings
 
 import pytest
 
@@ -134,6 +139,12 @@ def _setup(case, rank, mesh):
     elif case == "distributed_sampler":
         model = ddp(_mlp())
         loader_kw = dict(sampler=torch.utils.data.distributed.DistributedSampler(ds))
+    elif case == "own_init":  # a plain model built without a common seed
+        model = _mlp()
+        if rank == 1:
+            with torch.no_grad():
+                for q in model.parameters():
+                    q.add_(torch.randn(q.shape, generator=torch.Generator().manual_seed(9)))
     else:  # "ddp_after": plain model, wrapped in DDP after make_private
         model = _mlp()
     return model, ds, loader_kw
@@ -146,12 +157,16 @@ def _train(case, rank, mesh) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loader = torch.utils.data.DataLoader(ds, batch_size=B, **loader_kw)
     try:
-        p = make_private(model, opt, loader, noise_multiplier=0.0, max_grad_norm=C, seed=11)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            p = make_private(model, opt, loader, noise_multiplier=0.0, max_grad_norm=C,
+                             seed=11)
     except Exception as exc:  # noqa: BLE001 - the test reads the type and message
         return dict(refused=type(exc).__name__, message=str(exc))
     run = nn.parallel.DistributedDataParallel(p.model) if case == "ddp_after" else p.model
     inner = getattr(run, "module", run)
-    out = dict(refused=None, batches=[], params=[], expected=p.expected_batch_size)
+    out = dict(refused=None, batches=[], params=[], expected=p.expected_batch_size,
+               warned=[str(w.message) for w in caught if "differed between" in str(w.message)])
     it = iter(p.data_loader)
     for _ in range(STEPS):
         x, y, idx = next(it)
@@ -180,7 +195,7 @@ def _train(case, rank, mesh) -> dict:
 
 
 EXACT = ("unused_branch", "bucket_view", "ddp_after", "no_sync", "checkpointed",
-         "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16")
+         "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16", "own_init")
 REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "ConfigurationError",
            "own_subset_shard": "ConfigurationError",
            "distributed_sampler": "ConfigurationError",
@@ -218,6 +233,28 @@ def _planted_bf16(mesh) -> list[float]:
     return ratios
 
 
+def _load_on_ranks(own: bytes, rank: int) -> dict:
+    """Every rank loads rank 0's state (as after saving on rank 0 only), then its own, into
+    a fresh run: None (loaded) or (error type, message)."""
+    from privlearn.torch import make_private
+
+    box = [own if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    out = {}
+    for name, blob in (("rank0", box[0]), ("own", own)):
+        model = nn.parallel.DistributedDataParallel(_mlp())
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                         torch.utils.data.DataLoader(_data(), batch_size=B),
+                         noise_multiplier=0.0, max_grad_norm=C, seed=11)
+        try:
+            p.load_state_dict(torch.load(io.BytesIO(blob), weights_only=False))
+            out[name] = None
+        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+            out[name] = (type(exc).__name__, str(exc))
+        out[name, "steps"] = p.accountant.steps
+    return out
+
+
 def _worker(rank: int, out_dir: str) -> None:
     init_gloo(rank, WORLD, out_dir)
     try:
@@ -226,6 +263,7 @@ def _worker(rank: int, out_dir: str) -> None:
         mesh = init_device_mesh("cpu", (WORLD,))
         res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
         res["planted_bf16"] = _planted_bf16(mesh)
+        res["loaded"] = _load_on_ranks(res["no_sync"]["state"], rank)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
@@ -276,6 +314,8 @@ def test_noise_free_distributed_run_equals_naive_loop(ranks, case):
         tol = 1e-2 * moved if case == "fsdp_bf16" else 1e-6
         torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=0)
         assert float((r0["params"][k] - naive[k]).abs().max()) <= tol
+    # rank 1's own initial weights: both ranks start from rank 0's, and say so
+    assert bool(r0["warned"]) == bool(r1["warned"]) == (case == "own_init")
 
 
 def test_bf16_mixed_precision_clips_to_exactly_c(ranks):
@@ -340,3 +380,17 @@ def test_dataset_digest_tells_shards_apart_and_not_index_containers():
 
     assert dataset_digest(Items()) is None
     assert dataset_digest(torch.utils.data.Subset(Items(), [0])) is None
+
+
+def test_a_state_loaded_on_another_rank_is_refused_on_every_rank(ranks):
+    """Rank 0's state loaded on both ranks: rank 1 refuses it (its sampler and noise keys
+    are rank 0's), and so does rank 0, rather than train on alone into a collective rank 1
+    never joins; each rank's own state loads."""
+    for rank in range(WORLD):
+        loaded = ranks[rank]["loaded"]
+        assert loaded["rank0"] is not None, rank
+        kind, message = loaded["rank0"]
+        assert kind == "ConfigurationError"
+        assert "rank" in message and "saves its own" in message
+        assert loaded["own"] is None and loaded["own", "steps"] == STEPS
+    assert "rank(s) [1]" in ranks[0]["loaded"]["rank0"][1]

@@ -271,6 +271,21 @@ def test_an_unused_trainer_clipping_bound_is_said(tmp_path):
                       privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5))
 
 
+def test_a_trainer_clipping_bound_set_after_the_trainer_was_built_is_said(tmp_path):
+    """TrainingArguments.max_grad_norm set on the trainer's arguments after it was built
+    (a hyperparameter_search trial's search space, a script) was silently replaced by 0
+    when training started; it is said, as at construction, and still not used."""
+    args = transformers.TrainingArguments(str(tmp_path), max_steps=1, report_to=[],
+                                          use_cpu=True, save_strategy="no",
+                                          per_device_train_batch_size=8)
+    tr = DPTrainer(model=_Model(), args=args, train_dataset=_Set(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.args.max_grad_norm = 0.3
+    with pytest.warns(UserWarning, match=r"max_grad_norm=0\.3 .*not used by DPTrainer"):
+        tr.train()
+    assert tr.args.max_grad_norm == 0 and tr.privacy_engine.max_grad_norm == 1.0
+
+
 @pytest.mark.parametrize("setting, error, match", [
     ({"per_device_train_batch_size": 9}, "ConfigurationError",
      r"per_device_train_batch_size=9 .*global batch of 9.*8 examples.*at most 8"),

@@ -12,7 +12,8 @@
     and epsilon of one subsampled Gaussian step at q; the update has standard deviation
     sigma C lr / (q N) over its coordinates (each rank's N(0, (sigma C)^2 / 2) summed
     once: noise added twice, or DDP averaging the sums, would give sqrt(2) or 1/2 times
-    it).
+    it). Given a ledger budget on rank 0 (None on rank 1), the run is recorded in it once,
+    at the epsilon of that one step.
 FSDP2 through the Trainer: test_hf_fsdp.py.
 """
 
@@ -26,6 +27,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from hf_models import BatchSet  # noqa: E402
 
 pytestmark = one_worker(__name__)
 WORLD = 2
@@ -38,21 +40,6 @@ SIGMA = 2.0
 TINY = 1e-6  # the clipped sum is negligible beside the noise
 
 
-class _Set(torch.utils.data.Dataset):
-    def __init__(self):
-        from hf_models import make_batch
-
-        inputs, labels = make_batch("gpt2", b=N, seed=4, dtype=torch.float32)
-        self.ids, self.mask, self.labels = inputs["input_ids"], inputs["attention_mask"], labels
-
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": self.mask[i],
-                "labels": self.labels[i]}
-
-
 def _model():
     from hf_models import build
 
@@ -63,7 +50,8 @@ def _flat(model):
     return torch.cat([p.detach().reshape(-1).double().clone() for p in model.parameters()])
 
 
-def _trainer(out, private_dir, sigma, steps, save=False, seed=3, per_rank=PER_RANK, clip=C):
+def _trainer(out, private_dir, sigma, steps, save=False, seed=3, per_rank=PER_RANK, clip=C,
+             ledger=None):
     from privlearn.torch.hf import DPTrainer, PrivacyArguments
 
     args = transformers.TrainingArguments(
@@ -76,8 +64,8 @@ def _trainer(out, private_dir, sigma, steps, save=False, seed=3, per_rank=PER_RA
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.1)
-    return DPTrainer(model=model, args=args, train_dataset=_Set(),
-                     private_state_dir=private_dir if save else None,
+    return DPTrainer(model=model, args=args, train_dataset=BatchSet("gpt2", N),
+                     private_state_dir=private_dir if save else None, ledger=ledger,
                      privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=clip,
                                               seed=seed))
 
@@ -94,11 +82,21 @@ def _worker(rank, tmp):
     tr = _trainer(os.path.join(tmp, "exact"), None, 0.0, 3)
     tr.train()
     res["exact"] = _flat(tr.model)
-    tr = _trainer(os.path.join(tmp, "noise"), None, SIGMA, 1, seed=5, per_rank=2, clip=TINY)
+    from privlearn.ledger import Ledger
+
+    path = os.path.join(tmp, "privacy.db")
+    if rank == 0:  # a ledger budget, handed to the trainer of rank 0
+        Ledger(path, create=True).create_budget("toy", epsilon=50.0, delta=1e-5)
+    torch.distributed.barrier()
+    budget = Ledger(path).budget("toy")
+    tr = _trainer(os.path.join(tmp, "noise"), None, SIGMA, 1, seed=5, per_rank=2, clip=TINY,
+                  ledger=budget if rank == 0 else None)  # the first process's is the one
     start = _flat(tr.model)
     tr.train()
     p = tr.privacy_engine
     res["noise"] = (_flat(tr.model) - start, p.sampling_rate, tr.epsilon())
+    torch.distributed.barrier()
+    res["ledger"] = ([e.kind for e in budget.history()], budget.spent().epsilon_spent)
     priv = os.path.join(tmp, "private")
     tr = _trainer(os.path.join(tmp, "full"), priv, 1.0, STEPS, save=True)
     tr.train()
@@ -123,7 +121,7 @@ def test_ddp_trainer_equals_naive_loop(ranks, oracle):
     from hf_models import loss_of
 
     model = _model().double()
-    data = _Set()
+    data = BatchSet("gpt2", N)
     params = list(model.parameters())
     start = _flat(model)
     def loss(i):
@@ -165,6 +163,10 @@ def test_ddp_trainer_accounts_the_global_rate_and_adds_the_noise_once(ranks):
     assert q0 == q1 == pytest.approx(q)
     want = compose(subsample(Gaussian(SIGMA), rate=q), steps=1).epsilon(1e-5)
     assert eps0 == eps1 == pytest.approx(want, rel=1e-6)
+    for r in ranks:  # the run is recorded in the ledger once (not once per rank)
+        kinds, spent = r["ledger"]
+        assert kinds == ["budget", "reserve", "settle"]
+        assert spent == pytest.approx(want, rel=1e-6)
     std = SIGMA * TINY * LR / (q * N)
     assert u0.numel() > 5000
     # ~8,000 draws: the sample standard deviation is within 4% (about 5 standard errors)

@@ -34,6 +34,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from hf_models import BatchSet  # noqa: E402
 
 pytestmark = one_worker(__name__)
 WORLD = 2
@@ -43,21 +44,6 @@ LR = 0.5
 SIGMA = 2.0
 STEPS = 6
 SHARDED = {"version": 2, "state_dict_type": "SHARDED_STATE_DICT"}
-
-
-class _Set(torch.utils.data.Dataset):
-    def __init__(self, name="gpt2"):
-        from hf_models import make_batch
-
-        inputs, labels = make_batch(name, b=N, seed=4, dtype=torch.float32)
-        self.ids, self.mask, self.labels = inputs["input_ids"], inputs["attention_mask"], labels
-
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": self.mask[i],
-                "labels": self.labels[i]}
 
 
 def _model(name="gpt2"):
@@ -92,7 +78,7 @@ def _trainer(args, sigma, *, private_dir=None, seed=3, other_weights=False, name
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.1)
-    return DPTrainer(model=model, args=args, train_dataset=_Set(name),
+    return DPTrainer(model=model, args=args, train_dataset=BatchSet(name, N),
                      private_state_dir=private_dir,
                      privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=C,
                                               seed=seed), **kw)
@@ -174,7 +160,7 @@ def _naive(oracle, steps, name="gpt2"):
     from hf_models import loss_of
 
     model = _model(name).double()
-    data = _Set(name)
+    data = BatchSet(name, N)
     params = list(model.parameters())
 
     def loss(i):

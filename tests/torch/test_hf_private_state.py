@@ -23,9 +23,10 @@ from test_hf_trainer import B, _args, _llama, _TextSet  # noqa: E402
 from privlearn.torch.hf import PRIVACY_STATE_NAME, DPTrainer, PrivacyArguments  # noqa: E402
 from privlearn.torch.noise import NoiseSource  # noqa: E402
 
-# privacy_arguments: the public PrivacyArguments, compared on resume (dp_seed is not one)
+# privacy_arguments: the public PrivacyArguments, compared on resume (dp_seed is not one);
+# earlier_runs: the privacy report's descriptions of the trainer's runs before this one
 _PUBLIC = {"format", "mechanism", "noise_multiplier", "max_grad_norm", "accountant", "budget",
-           "private_state", "privacy_arguments"}
+           "private_state", "privacy_arguments", "earlier_runs"}
 
 
 def _banded(**kw):

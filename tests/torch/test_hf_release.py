@@ -252,3 +252,40 @@ def test_adaptive_clipping_report_is_one_entry_not_one_per_step(tmp_path):
     assert r["mechanism"]["max_grad_norm"] == bounds[-1]
     assert r["epsilon"] == tr.epsilon()
     assert r["epsilon"] == pytest.approx(_eps(0.2, steps), rel=1e-9)
+
+
+def _epsilon_of_the_report(r) -> float:
+    """The epsilon a reader recomputes from the report's own entries: every run's
+    segments (earlier runs, then the latest), composed (Abadi et al. 2016, Sec. 3.1)."""
+    mechs, counts = [], []
+    for run in (*r["earlier_runs"], r["mechanism"]):
+        assert run["scheme"] == "poisson"
+        for e in run["segments"]:
+            mechs.append(subsample(Gaussian(e["noise_multiplier"]), rate=e["sampling_rate"]))
+            counts.append(e["steps"])
+    return compose(mechs, steps=counts).epsilon(r["delta"])
+
+
+def test_a_resumed_run_reports_the_runs_its_epsilon_composes(tmp_path):
+    """A trainer's second run (model_init) checkpoints, and a new trainer resumes it: the
+    accountant's history carries the first run (epsilon 3 steps), and so does the report,
+    so its epsilon is the composition of its own entries (the first run was dropped from
+    the resumed run's report: 2.20 recomputed for 2.42 reported)."""
+    def trainer(**kw):
+        return DPTrainer(args=_args(tmp_path / "out", max_steps=2, save_strategy="steps",
+                                    save_steps=1),
+                         train_dataset=_TextSet(), private_state_dir=str(tmp_path / "private"),
+                         privacy=PrivacyArguments(noise_multiplier=1.0, seed=0), **kw)
+
+    first = trainer(model_init=lambda: _gpt2())
+    first.args.max_steps = 1
+    first.train()
+    first.args.max_steps = 2
+    first.train()  # writes checkpoint-1 and -2 of the second run (one earlier run)
+    resumed = trainer(model=_gpt2())
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+    resumed.save_model(str(tmp_path / "release"))
+    r = _strict_json(tmp_path / "release" / "privacy_report.json")
+    assert r["epsilon"] == pytest.approx(_eps(1.0, 3), rel=1e-9)
+    assert [run["steps"] for run in (*r["earlier_runs"], r["mechanism"])] == [1, 2]
+    assert _epsilon_of_the_report(r) == pytest.approx(r["epsilon"], rel=1e-9)

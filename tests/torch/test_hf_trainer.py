@@ -184,6 +184,64 @@ def test_update_is_clipped_per_example_mean(tmp_path):
     assert tr.privacy_engine.accountant.steps == 1
 
 
+def _lora_classifier():
+    """LoRA on the attention of a frozen sequence classifier whose head is trained whole
+    (peft's modules_to_save: a trainable copy of ``score``), the adapters' B moved off 0."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_llama(classify=True), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+        task_type="SEQ_CLS"))
+    with torch.no_grad():
+        for n, q in model.named_parameters():
+            if "lora_B" in n:
+                q.normal_(0, 0.1)
+    return model
+
+
+@pytest.mark.parametrize("case", ["gradient_checkpointing", "lora_modules_to_save"])
+def test_one_step_equals_the_naive_clipped_loop(tmp_path, case):
+    """sigma = 0, a clipping bound below every example's norm, SGD: one step moves the
+    trainable parameters by lr / (q N) times the sum of the per-example gradients, each
+    computed alone (batch of one) and clipped -- with TrainingArguments'
+    gradient_checkpointing (recomputed forwards) and with a peft LoRA model whose head is
+    a modules_to_save copy (both trainable, the base frozen)."""
+    classify = case == "lora_modules_to_save"
+    model = _lora_classifier() if classify else _llama()
+    ref = copy.deepcopy(model)
+    seen = []
+
+    def collate(feats):
+        batch = transformers.default_data_collator(feats)
+        seen.append({k: v.clone() for k, v in batch.items()})
+        return batch
+
+    c, lr = 1e-3, 1.0
+    params = [q for q in model.parameters() if q.requires_grad]
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=1, learning_rate=lr,
+                                           gradient_checkpointing=not classify),
+                   train_dataset=_TextSet(classify=classify), data_collator=collate,
+                   optimizers=(torch.optim.SGD(params, lr=lr), None),
+                   privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3))
+    tr.train()
+    batch = seen[-1]
+    mine = [q for q in ref.parameters() if q.requires_grad]
+    total = [torch.zeros_like(q) for q in mine]
+    for i in range(batch["input_ids"].shape[0]):
+        out = ref(input_ids=batch["input_ids"][i:i + 1],
+                  attention_mask=batch["attention_mask"][i:i + 1])
+        labels = batch["labels"][i:i + 1]
+        loss = (torch.nn.functional.cross_entropy(out.logits, labels) if classify
+                else per_sequence_cross_entropy(out.logits, labels, shift=True))
+        g = torch.autograd.grad(loss, mine)
+        norm = torch.sqrt(sum((x.double() ** 2).sum() for x in g)).item()
+        assert norm > c  # every example clipped: the bound is what is compared
+        for t, x in zip(total, g, strict=True):
+            t += (c / norm) * x
+    assert batch["input_ids"].shape[0] > 0
+    for a, b, t in zip(params, mine, total, strict=True):
+        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padded_batches_give_each_example_its_own_loss(tmp_path, side):
     """GPT-2 (absolute positions) with a collator padding to the batch's longest. Left
@@ -520,8 +578,9 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
     # privacy_arguments: the settings chosen (data-independent), without the seed
     assert set(privacy) == {"format", "mechanism", "noise_multiplier", "max_grad_norm",
                             "accountant", "budget", "correlated", "private_state",
-                            "privacy_arguments"}
+                            "privacy_arguments", "earlier_runs"}
     assert "dp_seed" not in privacy["privacy_arguments"]
+    assert privacy["earlier_runs"] == []  # the report's descriptions of earlier runs: none
     assert privacy["correlated"] is None  # DP-SGD: no correlated-noise state
 
 
@@ -656,6 +715,53 @@ def test_packed_rows_are_refused_at_the_step_whatever_the_collator(tmp_path):
     assert tr.privacy_engine.accountant.steps == 0
 
 
+class _PackedSet(_TextSet):
+    """Each row two texts packed together: positions start over at token 4 (trl's
+    packing, texts concatenated with their own positions); ``restart=False``: one text."""
+
+    def __init__(self, restart=True):
+        super().__init__()
+        self.restart = restart
+
+    def __getitem__(self, i):
+        pos = torch.cat([torch.arange(4), torch.arange(4, T) - 4 * self.restart])
+        return {"input_ids": self.ids[i].clamp_min(1), "labels": self.ids[i].clamp_min(1),
+                "position_ids": pos}
+
+
+def test_rows_packing_several_sequences_are_refused_before_their_step(tmp_path):
+    """Rows whose position_ids start over hold several records each (a record shares its
+    row and clipping bound with others, or is cut across rows): they trained, accounted
+    as one example per row. Refused at the first such batch, before its step; the same
+    rows with one sequence each train."""
+    model = _llama()
+    before = [q.detach().clone() for q in model.parameters()]
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=_PackedSet(),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    with pytest.raises(ValueError, match=r"position_ids start over inside row 0 \(token 4 "
+                       r"has position 0 after 3\).*No step was taken"):
+        tr.train()
+    assert tr.privacy_engine.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    tr = DPTrainer(model=_llama(), args=_args(tmp_path, max_steps=2),
+                   train_dataset=_PackedSet(restart=False),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.train()
+    assert tr.privacy_engine.accountant.steps == 2
+
+
+def test_a_training_set_without_len_is_refused_when_the_trainer_is_built(tmp_path):
+    """A map-style set without ``__len__`` cannot be sampled at rate B/N (a bare
+    TypeError from len() when training started)."""
+    class Indexed:
+        def __getitem__(self, i):
+            return _TextSet()[i]
+
+    with pytest.raises(ValueError, match="train_dataset.*Indexed, which has no len"):
+        DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=Indexed(),
+                  privacy=PrivacyArguments(noise_multiplier=1.0))
+
+
 def test_resumed_run_reports_the_epoch_it_reached(tmp_path):
     """Two steps an epoch (q = 1/2); resumed in the middle of the second epoch, the run
     reports the sampler's epoch, as the uninterrupted one does."""
@@ -744,6 +850,52 @@ def test_shuffled_epochs_through_the_trainer_is_accounted_under_replace_one(tmp_
 
     assert delta(eps) <= 1e-5 * (1 + 1e-9) < delta(eps - 0.01)
     assert p.neighbouring == "replace_one"
+
+
+def test_a_second_run_of_a_sampling_accounted_whole_runs_its_plan_and_composes(tmp_path):
+    """model_init, sampling='shuffled_epochs', one epoch a run: a run accounted as one
+    mechanism is capped at its plan, and the cap was the plan's epsilon alone, which the
+    first run already spent: every later run was refused before its first step (naming a
+    max_epsilon never given). Each run now takes its planned steps, and the two compose
+    to the closed form: two participations of the replaced example, a Gaussian of
+    sensitivity 2 sqrt(2) C (Balle & Wang 2018, Theorem 8)."""
+    from scipy.stats import norm
+
+    cycle = N // B
+    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=cycle,
+                                                          logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(noise_multiplier=2.0, seed=0,
+                                            sampling="shuffled_epochs"))
+    tr.train()
+    tr.train()
+    assert tr.privacy_engine.accountant.steps == cycle
+    eps, sigma, sens = tr.epsilon(), 2.0, 2 * math.sqrt(2)
+    a = sens / (2 * sigma)
+
+    def delta(e):
+        return norm.cdf(a - e * sigma / sens) - math.exp(e) * norm.cdf(-a - e * sigma / sens)
+
+    assert delta(eps) <= 1e-5 * (1 + 1e-9) < delta(eps - 0.01)
+
+
+def test_a_second_run_planned_by_target_epsilon_is_not_warned_past_its_plan(tmp_path):
+    """With max_epsilon=inf, each model_init run is calibrated to target_epsilon; the
+    second run's planned epsilon was its own plan's, which the first run's cost already
+    exceeds, so its first step warned that training went past its plan. It now runs
+    its planned steps silently; epsilon is the composition of both runs."""
+    tr = DPTrainer(model_init=lambda: _llama(), args=_args(tmp_path, max_steps=3,
+                                                          logging_steps=50),
+                   train_dataset=_TextSet(),
+                   privacy=PrivacyArguments(target_epsilon=2.0, max_epsilon=float("inf"),
+                                            seed=0))
+    tr.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)
+        tr.train()
+    p = tr.privacy_engine
+    assert p.accountant.steps == 3
+    assert tr.epsilon() == pytest.approx(_eps(p.noise_multiplier, 6), rel=1e-9)
 
 
 def test_correlated_noise_through_the_trainer(tmp_path):
@@ -982,6 +1134,41 @@ def test_optimizers_that_update_inside_backward_are_refused(tmp_path, optim):
     ``backward()`` from the batch's un-noised gradient, before the DP step: refused when
     the trainer is built, before the Trainer creates the optimizer and hooks it in."""
     _refused_at_build(tmp_path, rf"optim={optim!r}.*inside backward\(\)", optim=optim)
+
+
+class _ModalSGD(torch.optim.SGD):
+    """An optimizer with train and eval modes, as the schedule-free ones
+    (``optim="schedule_free_adamw"``): ``step()`` refuses to run outside train mode."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, lr=lr)
+        self.modes = []
+
+    def train(self):
+        self.modes.append("train")
+
+    def eval(self):
+        self.modes.append("eval")
+
+    def step(self, closure=None):
+        if not self.modes or self.modes[-1] != "train":
+            raise RuntimeError("Optimizer was not in train mode when step is called")
+        return super().step(closure)
+
+
+def test_an_optimizer_with_train_and_eval_modes_gets_the_trainers_calls(tmp_path):
+    """The Trainer puts an optimizer that has them in train mode before each step and in
+    eval mode before evaluating; through the DP optimizer the calls were lost (it has no
+    train()/eval()), and a schedule-free optimizer refused every step."""
+    model = _llama()
+    opt = _ModalSGD(model.parameters(), lr=0.05)
+    tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=_TextSet(),
+                   eval_dataset=_TextSet(n=8, seed=1), optimizers=(opt, None),
+                   privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
+    tr.train()
+    assert tr.privacy_engine.accountant.steps == 2 and opt.modes == ["train", "train"]
+    tr.evaluate()
+    assert opt.modes[-1] == "eval"
 
 
 def test_a_given_layerwise_optimizer_is_refused(tmp_path):

@@ -46,6 +46,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_grad_sample import _OutputOnly  # noqa: E402  (Opacus's DPRNNAdapter: the output only)
 from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import (  # noqa: E402
     PackedSequence,
@@ -533,17 +534,6 @@ class _Recurrent(nn.Module):
         return out, h
 
 
-class _Output(nn.Module):
-    """Opacus's ``DPRNNAdapter``: the output sequence only."""
-
-    def __init__(self, rnn):
-        super().__init__()
-        self.rnn = rnn
-
-    def forward(self, x):
-        return self.rnn(x)[0]
-
-
 def _recurrent_classes():
     layers = pytest.importorskip("opacus.layers")
     return {"DPLSTM": layers.DPLSTM, "DPGRU": layers.DPGRU, "DPRNN": layers.DPRNN,
@@ -593,8 +583,8 @@ def test_recurrent(name, layers, bias, batch_first, bidir, kind):
     check(_Recurrent(rnn), inputs, examples)
     if name.startswith("DP"):
         _opacus()
-        ref = naive(_Output(rnn), examples)
-        theirs = opacus_per_sample(_Output(rnn), inputs, batch_first)
+        ref = naive(_OutputOnly(rnn), examples)
+        theirs = opacus_per_sample(_OutputOnly(rnn), inputs, batch_first)
         if kind == "packed":  # Opacus returns them in the packed (length-sorted) order
             ref = ref[inputs[0].sorted_indices]
         torch.testing.assert_close(theirs, ref, rtol=1e-7,

@@ -438,3 +438,123 @@ def test_the_loop_goes_on_once_the_cause_of_a_refused_step_is_fixed(make_data, m
         x, y = next(it)
         _step(p, x, y)
         assert p.accountant.steps == done
+
+
+def _noise_free(make_data, make_mlp, **kw):
+    """A float64 run without noise (``p.grad`` is then the clipped sum / the expected
+    batch size) of the toy MLP, with a clipping bound that binds."""
+    model = make_mlp(act=nn.Tanh, seed=1, dtype=torch.float64)
+    return model, make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                               DataLoader(make_data(dtype=torch.float64), batch_size=8),
+                               noise_multiplier=0.0, max_grad_norm=0.05, seed=0, **kw)
+
+
+def test_a_batch_accumulated_twice_is_refused_not_counted_twice(oracle, make_data, make_mlp):
+    """``clip_and_accumulate()``, then a second backward pass over the same batch and its
+    ``step()``: each example's clipped gradient was added twice (sensitivity 2 C) to one
+    step accounted at C. Refused before anything is released; ``add_noise()`` then
+    releases the batch counted once (the naive clipped sum)."""
+    model, p = _noise_free(make_data, make_mlp)
+    ref = copy.deepcopy(model)
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    with pytest.raises(TrainingLoopError, match="already added to the step"):
+        p.optimizer.step()  # finds nothing left to clip: says where it went
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()  # the same examples again
+    with pytest.raises(TrainingLoopError, match="count each example twice"):
+        p.optimizer.step()
+    with pytest.raises(TrainingLoopError, match="count each example twice"):
+        p.optimizer.clip_and_accumulate()
+    assert p.accountant.steps == 0 and all(q.grad is None for q in model.parameters())
+    p.optimizer.zero_grad()
+    p.optimizer.add_noise()
+    total, _ = oracle.clipped_sum(ref, x, y, 0.05)
+    assert torch.allclose(oracle.flat(q.grad for q in model.parameters()), total / 8,
+                          rtol=1e-10, atol=1e-14)
+    assert p.accountant.steps == 1
+
+
+def test_sums_of_a_batch_whose_step_was_refused_are_not_added_to_the_next(oracle, make_data,
+                                                                          make_mlp):
+    """``clip_and_accumulate()`` on one batch, its ``step()`` refused (nothing recorded
+    since), then the next batch's ordinary step: the refused batch's clipped sums were
+    added to it, two batches released as one step at rate q. They are dropped with a
+    warning: the step releases its own batch alone."""
+    model, p = _noise_free(make_data, make_mlp)
+    it = iter(p.data_loader)
+    x, y = next(it)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    with pytest.raises(TrainingLoopError):
+        p.optimizer.step()
+    x2, y2 = next(it)
+    assert len(x) and len(x2)
+    ref = copy.deepcopy(model)
+    with pytest.warns(RuntimeWarning, match="earlier batch, whose step was refused"):
+        _step(p, x2, y2)
+    total, _ = oracle.clipped_sum(ref, x2, y2, 0.05)
+    assert torch.allclose(oracle.flat(q.grad for q in model.parameters()), total / 8,
+                          rtol=1e-10, atol=1e-14)
+    assert p.accountant.steps == 1
+
+
+def test_each_chunk_of_a_virtual_batch_is_added_once(oracle, make_data, make_mlp):
+    """With physical chunks, a chunk's rows added by ``clip_and_accumulate()`` and again
+    by ``step()`` after a second backward pass are refused too; the logical batch is then
+    dropped (nothing of it released) and the next one's chunks, each added once, give
+    the naive clipped sum of that batch."""
+    model, p = _noise_free(make_data, make_mlp, max_physical_batch_size=3, sampling="fixed")
+    it = iter(p.data_loader)
+    x, y = next(it)  # the first of the chunks 3, 3, 2 of a batch of 8
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(TrainingLoopError, match="physical chunk"):
+        p.optimizer.step()
+    for _ in range(2):  # the rest of the refused batch
+        _step(p, *next(it))
+    assert p.accountant.steps == 0 and all(q.grad is None for q in model.parameters())
+    ref, xs, ys = copy.deepcopy(model), [], []
+    for x, y in it:
+        xs.append(x)
+        ys.append(y)
+        _step(p, x, y)
+        if p.accountant.steps:
+            break
+    assert [len(c) for c in xs] == [3, 3, 2]
+    total, _ = oracle.clipped_sum(ref, torch.cat(xs), torch.cat(ys), 0.05)
+    assert torch.allclose(oracle.flat(q.grad for q in model.parameters()), total / 8,
+                          rtol=1e-10, atol=1e-14)
+
+
+def test_add_noise_without_the_batch_s_clipped_sum_is_refused(oracle, make_data, make_mlp):
+    """``add_noise()`` after ``backward()`` but without ``clip_and_accumulate()``
+    released noise alone, charged as the batch's step, and left its per-example
+    gradients behind: the next batch's ``step()`` without a backward pass of its own
+    then released them as that batch's (fixed-size batches: the row count agrees).
+    Refused, as is ``add_noise()`` for a batch with examples of which nothing was added;
+    the batch then trains through ``clip_and_accumulate()`` and ``add_noise()``."""
+    model, p = _noise_free(make_data, make_mlp, sampling="fixed")
+    ref = copy.deepcopy(model)
+    it = iter(p.data_loader)
+    x, y = next(it)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(TrainingLoopError, match="clip_and_accumulate"):
+        p.optimizer.add_noise()
+    assert p.accountant.steps == 0 and all(q.grad is None for q in model.parameters())
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    total, _ = oracle.clipped_sum(ref, x, y, 0.05)
+    assert torch.allclose(oracle.flat(q.grad for q in model.parameters()), total / 8,
+                          rtol=1e-10, atol=1e-14)
+    x, y = next(it)
+    p.optimizer.zero_grad()
+    with pytest.raises(TrainingLoopError, match="nothing of it was added"):
+        p.optimizer.add_noise()
+    assert p.accountant.steps == 1

@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import toy_data  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
 from privlearn.errors import (  # noqa: E402
@@ -33,11 +34,6 @@ from privlearn.torch import (  # noqa: E402
 )
 
 
-def _data(n=64, d=6, k=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g))
-
-
 def _mlp(seed=0, d=6, k=3):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(d, 8), nn.Tanh(), nn.Linear(8, k))
@@ -45,7 +41,7 @@ def _mlp(seed=0, d=6, k=3):
 
 def _private(model=None, ds=None, batch_size=8, **kw):
     model = model if model is not None else _mlp()
-    ds = ds if ds is not None else _data()
+    ds = ds if ds is not None else toy_data()
     kw.setdefault("noise_multiplier", 1.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return make_private(model, opt, DataLoader(ds, batch_size=batch_size), **kw)
@@ -105,7 +101,7 @@ def test_accumulation_via_virtual_batches_equals_naive_per_example_loop(oracle):
     torch.set_default_dtype(torch.float64)
     try:
         C, lr = 0.05, 0.5
-        ds, model, ref, p, batch = _virtual_fixed_run(_data(n=40), C, lr)
+        ds, model, ref, p, batch = _virtual_fixed_run(toy_data(n=40), C, lr)
         x_all, y_all = ds.tensors
         for x, y in p.data_loader:  # ... which the loader draws again, in 4 chunks
             p.optimizer.zero_grad()
@@ -198,7 +194,7 @@ def test_max_grad_norm_cannot_change_between_the_chunks_of_a_logical_batch(oracl
     batch is recorded for the next step."""
     torch.set_default_dtype(torch.float64)
     try:
-        ds = _data(n=40)
+        ds = toy_data(n=40)
         ds.tensors[0][:] *= 50  # every example's gradient is clipped
         C, lr = 1.0, 0.5
         ds, model, ref, p, batch = _virtual_fixed_run(ds, C, lr)
@@ -305,7 +301,7 @@ def test_target_epsilon_is_a_stop_by_default():
     """make_private(target_epsilon=3, epochs=1) and a loop of 3 epochs (the two epoch
     counts disagree): the step that would take epsilon past 3 is refused before it runs,
     saying how to go further; nothing of it is released."""
-    ds = _data(n=64)
+    ds = toy_data(n=64)
     p = _private(ds=ds, noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
                  epochs=1, max_grad_norm=1.0, seed=0)
     with pytest.raises(PrivacyBudgetExceededError, match=r"max_epsilon=float\('inf'\)"):
@@ -331,7 +327,7 @@ def test_a_refusal_after_the_noise_was_lowered_names_that_cause(lowered_to, caus
     """A planned run whose noise multiplier is lowered (to 0, or below the plan's) after 3
     of its 8 planned steps runs out of budget early: the refusal says that, not that the
     loop ran longer than planned; nothing of the refused step is released."""
-    p = _private(ds=_data(n=64), noise_multiplier=None, target_epsilon=3.0,
+    p = _private(ds=toy_data(n=64), noise_multiplier=None, target_epsilon=3.0,
                  target_delta=1e-5, epochs=1, max_grad_norm=1.0, seed=0)
     _train(p, 3)
     sigma = p.noise_multiplier
@@ -370,7 +366,7 @@ def test_going_past_the_target_is_one_explicit_setting_in_make_private_and_dptra
 
 
 def test_planned_epsilon_warns_once_and_max_epsilon_stops_before_the_step():
-    ds = _data(n=64)
+    ds = toy_data(n=64)
     p = _private(ds=ds, noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
                  epochs=1, max_grad_norm=1.0, seed=0, max_epsilon=float("inf"))
     with warnings.catch_warnings():
@@ -401,7 +397,7 @@ def test_a_planned_run_without_noise_plans_an_infinite_epsilon():
     """Steps without noise release their gradients as they are: the plan says epsilon
     is infinite (None is kept for a run with no planned length), and training past the
     planned epoch does not warn of going past an infinite plan."""
-    ds = _data(n=64)
+    ds = toy_data(n=64)
     p = _private(ds=ds, noise_multiplier=0.0, epochs=1, seed=0)
     assert p.plan.planned_epsilon == math.inf
     with warnings.catch_warnings():
@@ -442,7 +438,7 @@ def test_a_one_element_tensor_is_read_as_its_number_by_make_private_and_the_sett
     lambda ds: DataLoader(ds, batch_sampler=FixedSizeBatchSampler(len(ds), 8)),
 ], ids=["shuffle", "weighted", "subset-random", "custom", "custom-batch", "fixed-as-poisson"])
 def test_unaccountable_samplers_refused_before_training(make_loader):
-    ds = _data()
+    ds = toy_data()
     model = _mlp()
     before = _flat(model)
     with pytest.raises(ValueError, match="sampling='poisson'"):
@@ -456,7 +452,7 @@ def test_random_sampler_refusal_names_what_was_passed(replacement):
     """A loader built with sampler=RandomSampler(ds, replacement=...) is refused in the
     terms the user wrote (the sampler class and its flag), not as shuffle=True, with the
     accounted samplings to use instead."""
-    ds = _data()
+    ds = toy_data()
     model = _mlp()
     loader = DataLoader(ds, batch_size=8, sampler=torch.utils.data.RandomSampler(
         ds, replacement=replacement))
@@ -472,12 +468,12 @@ def test_random_sampler_refusal_names_what_was_passed(replacement):
 
 class _Stream(torch.utils.data.IterableDataset):
     def __iter__(self):
-        return iter(_data())
+        return iter(toy_data())
 
 
 class _NoLength(torch.utils.data.Dataset):
     def __getitem__(self, i):
-        return _data()[i]
+        return toy_data()[i]
 
 
 @pytest.mark.parametrize("dataset, error", [(_Stream(), ValueError),
@@ -497,7 +493,7 @@ def test_a_dataset_without_random_access_or_length_is_refused_by_name(dataset, e
 
 
 def test_accepted_samplers_and_recorded_rate():
-    ds = _data(n=64)
+    ds = toy_data(n=64)
     model = _mlp()
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(ds, batch_sampler=PoissonBatchSampler(64, 0.25)),
@@ -517,7 +513,7 @@ def test_drop_last_is_named_where_it_cannot_apply(sampling, warns):
     (the Poisson family) make_private says it does not apply, and every batch, whatever
     its size, is trained on; fixed-size batches are what drop_last asks for."""
     model = _mlp()
-    loader = DataLoader(_data(n=64), batch_size=8, drop_last=True)
+    loader = DataLoader(toy_data(n=64), batch_size=8, drop_last=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
@@ -541,7 +537,7 @@ def test_a_loader_generator_without_seed_is_named(seed, warns):
     runs = []
     for _ in range(2):
         model = _mlp()
-        loader = DataLoader(_data(n=64), batch_size=8,
+        loader = DataLoader(toy_data(n=64), batch_size=8,
                             generator=torch.Generator().manual_seed(0))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -575,13 +571,13 @@ def test_a_given_dp_sampler_is_not_silently_rebuilt_without_its_settings(sampler
     model = _mlp()
     with pytest.raises(ConfigurationError, match=match):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_data(n=64), batch_sampler=sampler()), noise_multiplier=1.0,
+                     DataLoader(toy_data(n=64), batch_sampler=sampler()), noise_multiplier=1.0,
                      sampling=sampling)
 
 
 def test_training_on_another_loader_is_refused():
     """Batches that did not come from p.data_loader are not what is accounted."""
-    ds = _data()
+    ds = toy_data()
     plain = DataLoader(ds, batch_size=8)
     model = _mlp()
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), plain,
@@ -689,7 +685,7 @@ def test_a_nan_input_is_named_not_reported_as_mixing_or_overflow(first):
     silently dropped. Now the input and the row are named, and no step is taken."""
     from privlearn.errors import NonFiniteInputError
 
-    x, y = _data(n=48).tensors
+    x, y = toy_data(n=48).tensors
     x = x.clone()
     p = _private(ds=TensorDataset(x, y), batch_size=48, sampling="fixed", seed=0)
     if not first:
@@ -709,7 +705,7 @@ def test_a_nan_input_is_named_not_reported_as_mixing_or_overflow(first):
 def test_a_nan_target_without_a_loss_scaler_is_refused_not_dropped():
     from privlearn.errors import NonFiniteInputError
 
-    x, _ = _data(n=48).tensors
+    x, _ = toy_data(n=48).tensors
     t = torch.randn(48, 3)
     t[5, 1] = float("nan")
     p = _private(ds=TensorDataset(x, t), batch_size=48, sampling="fixed", seed=0)
@@ -726,7 +722,7 @@ def test_stepping_the_original_optimizer_says_to_use_p_optimizer():
     told, at the next backward, that gradient accumulation is not supported."""
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
+    p = make_private(model, opt, DataLoader(toy_data(), batch_size=8), noise_multiplier=1.0,
                      seed=0)
     before = _flat(model)
     it = iter(p.data_loader)
@@ -755,7 +751,7 @@ def test_an_additive_mask_with_minus_inf_is_not_a_bad_input():
         def forward(self, x, bias):
             return self.lin(x) + torch.softmax(bias, -1)
 
-    x, y = _data(n=48).tensors
+    x, y = toy_data(n=48).tensors
     bias = torch.zeros(48, 3)
     bias[:, 2] = float("-inf")
     model = Masked()
@@ -785,9 +781,9 @@ def test_a_model_made_private_twice_is_refused_until_detached():
     for other in (model, nn.Sequential(model, nn.Tanh()), model[0]):
         with pytest.raises(ConfigurationError, match=r"already attached.*p\.detach\(\)"):
             make_private(other, torch.optim.SGD(other.parameters(), lr=0.1),
-                         DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+                         DataLoader(toy_data(), batch_size=8), noise_multiplier=1.0)
     with pytest.raises(ParameterTypeError, match="already the DPOptimizer"):
-        make_private(model, p.optimizer, DataLoader(_data(), batch_size=8),
+        make_private(model, p.optimizer, DataLoader(toy_data(), batch_size=8),
                      noise_multiplier=1.0)
     _train(p, 2)
     assert p.accountant.steps == 2
@@ -806,7 +802,7 @@ def test_an_optimizer_over_another_models_parameters_is_refused():
     twin.load_state_dict(model.state_dict())
     with pytest.raises(ConfigurationError, match="none of the model's 4 trainable"):
         make_private(model, torch.optim.SGD(twin.parameters(), lr=0.1),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+                     DataLoader(toy_data(), batch_size=8), noise_multiplier=1.0)
     assert dict(model._forward_hooks) == {} and dict(model._forward_pre_hooks) == {}
 
 
@@ -818,13 +814,13 @@ def test_trainable_parameters_the_optimizer_does_not_hold_are_named():
     model = _mlp()
     with pytest.warns(UserWarning, match=r"in no param group of the optimizer \(2: 0\.weight"):
         make_private(model, torch.optim.SGD(model[2].parameters(), lr=0.1),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+                     DataLoader(toy_data(), batch_size=8), noise_multiplier=1.0)
     model = _mlp()
     model[0].requires_grad_(False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         make_private(model, torch.optim.SGD(model[2].parameters(), lr=0.1),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0)
+                     DataLoader(toy_data(), batch_size=8), noise_multiplier=1.0)
 
 
 def _frozen_batchnorm_cnn():
@@ -925,7 +921,7 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_refused_before_anything_is_
         model = _mlp()
         opt = torch.optim.SGD([{"params": model[0].parameters()},
                                {"params": model[2].parameters()}], lr=0.1, momentum=0.9)
-    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
+    p = make_private(model, opt, DataLoader(toy_data(), batch_size=8), noise_multiplier=1.0,
                      seed=0)
     before = [q.detach().clone() for q in model.parameters()]
     with pytest.raises(ValueError, match="does not fit"):
@@ -956,7 +952,7 @@ def test_the_warning_past_the_plan_raised_as_an_error_leaves_the_step_complete()
 
     model = _mlp()
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_data(n=64), batch_size=16), noise_multiplier=1.0,
+                     DataLoader(toy_data(n=64), batch_size=16), noise_multiplier=1.0,
                      max_grad_norm=1.0, epochs=1, seed=0)
     raised = []
     with warnings.catch_warnings():
@@ -990,7 +986,7 @@ def test_a_refused_checkpoint_leaves_the_run_fresh(sampling):
     def run(**kw):
         model = _mlp()
         return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                            DataLoader(_data(n=64), batch_size=16), noise_multiplier=1.0,
+                            DataLoader(toy_data(n=64), batch_size=16), noise_multiplier=1.0,
                             max_grad_norm=1.0, sampling=sampling, **kw)
 
     seeded = run(seed=0)
@@ -1009,3 +1005,26 @@ def test_a_refused_checkpoint_leaves_the_run_fresh(sampling):
         assert torch.equal(a, b)
     secure.load_state_dict(own)  # still a fresh run
     assert secure.accountant.steps == 0
+@pytest.mark.parametrize("sampling", ["shuffled_epochs", "balls_in_bins"])
+def test_a_run_composed_after_earlier_runs_takes_its_planned_steps_and_no_more(sampling):
+    """compose_after(prior) before the first step: a run accounted as one mechanism is
+    capped at its plan, and that cap (the plan's epsilon alone) was below the prior's:
+    no step could run. The cap is now the plan composed after the prior: the planned
+    steps run, epsilon is the composition, and the step past the plan is refused."""
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(toy_data(n=32), batch_size=8), noise_multiplier=1.0,
+                     max_grad_norm=1.0, sampling=sampling, epochs=1, seed=0)
+    run = p.plan.run.mechanism(1.0, p.plan.planned_steps)
+    p.compose_after(run)  # as if an identical run came before
+    steps = 0
+    with pytest.raises(PrivacyBudgetExceededError, match="cannot go past its plan"):
+        for _ in range(2):
+            for xb, yb in p.data_loader:
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(xb), yb).backward()
+                p.optimizer.step()
+                steps += 1
+    assert steps == p.accountant.steps == p.plan.planned_steps
+    assert p.epsilon() == pytest.approx(
+        compose([run, run], steps=[1, 1]).epsilon(1e-5), rel=1e-9)

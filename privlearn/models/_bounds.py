@@ -1,0 +1,135 @@
+"""Private quantiles and clipping bounds by the exponential mechanism (McSherry & Talwar
+2007, Theorem 6; Smith 2011): :func:`private_quantile`, :func:`choose_x_bound`,
+:func:`choose_y_bound`, re-exported by :mod:`privlearn.models.preprocessing`.
+
+References
+----------
+.. [1] F. McSherry, K. Talwar (2007), Mechanism Design via Differential Privacy, FOCS
+       (exponential mechanism, Theorem 6).
+.. [2] A. Smith (2011), Privacy-preserving statistical estimation with optimal
+       convergence rates, STOC (private quantiles by the exponential mechanism).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from privlearn import _validation as _v
+from privlearn.accounting import Mechanism, PureDP
+from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.models.base import _non_finite_error, make_rng
+
+__all__ = ["private_quantile", "choose_x_bound", "choose_y_bound"]
+
+
+def _check_range(lower: object, upper: object) -> tuple[float, float]:
+    for name, v in (("lower", lower), ("upper", upper)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise ParameterValueError(f"{name} must be a finite real number, got {v!r}")
+    if not lower < upper:
+        raise ParameterValueError(
+            f"the public range must satisfy lower < upper, got ({lower}, {upper})")
+    return float(lower), float(upper)
+
+
+def _em_quantile(
+    values: np.ndarray, q: float, epsilon: float, lower: float, upper: float,
+    n_candidates: int, rng: np.random.Generator,
+) -> float:
+    grid = np.linspace(lower, upper, n_candidates)
+    v = np.clip(np.sort(values), lower, upper)
+    below = np.searchsorted(v, grid, side="right")
+    utility = -np.abs(below - q * v.size)
+    logits = 0.5 * epsilon * utility
+    logits -= logits.max()
+    p = np.exp(logits)
+    p /= p.sum()
+    return float(grid[rng.choice(n_candidates, p=p)])
+
+
+def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
+    """``values`` as a float array (reads the data, releases nothing): text or objects
+    are a :class:`~privlearn.errors.ParameterTypeError`, a NaN or an infinity a
+    :class:`~privlearn.errors.NonFiniteInputError` saying what to do, as the estimators'
+    own checks."""
+    if hasattr(values, "tocsr"):
+        raise ParameterTypeError(
+            f"{owner}: {name} must be a dense array, got a sparse matrix; convert it with "
+            f"{name}.toarray()")
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise ParameterTypeError(
+            f"{owner}: {name} must be numbers, got {type(values).__name__} that cannot be "
+            f"converted to float ({e}); encode text columns before choosing bounds") from e
+    if not np.all(np.isfinite(arr)):
+        raise _non_finite_error(owner, "the input", name)
+    return arr
+
+
+def private_quantile(
+    values,
+    q: float,
+    epsilon: float,
+    lower: float,
+    upper: float,
+    *,
+    n_candidates: int = 1024,
+    random_state=None,
+) -> tuple[float, Mechanism]:
+    """The ``q``-quantile of ``values`` by the exponential mechanism, ``(epsilon, 0)``-DP.
+
+    Candidates are ``n_candidates`` points evenly spaced on the *public* range
+    ``[lower, upper]``; candidate ``t`` has utility ``-|#{v <= t} - q n|``, which changes
+    by at most 1 when a record is added or removed, and is drawn with probability
+    proportional to ``exp(epsilon * utility / 2)`` (McSherry & Talwar 2007, Theorem 6;
+    Smith 2011).
+
+    Returns
+    -------
+    (float, Mechanism)
+        The released quantile and what ran, ``PureDP(epsilon)``.
+    """
+    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
+        raise ParameterValueError(f"q must be in [0, 1], got {q!r}")
+    eps = _v.check_positive("epsilon", epsilon)
+    lower, upper = _check_range(lower, upper)
+    if isinstance(n_candidates, bool) or not isinstance(n_candidates, numbers.Integral) or (
+        n_candidates < 2
+    ):
+        raise ParameterValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
+    v = _finite_numbers("private_quantile", "values", values).ravel()
+    rng = make_rng(random_state)
+    return _em_quantile(v, float(q), eps, lower, upper, int(n_candidates), rng), PureDP(eps)
+
+
+def choose_x_bound(
+    X, epsilon: float, max_bound: float, *, quantile: float = 0.95, random_state=None
+) -> tuple[float, Mechanism]:
+    """A private ``x_bound``: the ``quantile`` of the rows' L2 norms, in ``(0, max_bound]``.
+
+    ``max_bound`` is a public upper limit (e.g. ``sqrt(d)`` times a public per-feature
+    bound). ``(epsilon, 0)``-DP; returns ``(x_bound, PureDP(epsilon))``.
+    """
+    X = _finite_numbers("choose_x_bound", "X", X)
+    if X.ndim != 2:
+        raise ParameterValueError(f"X must be 2-D, got shape {X.shape}")
+    mb = _v.check_positive("max_bound", max_bound)
+    b, m = private_quantile(np.linalg.norm(X, axis=1), quantile, epsilon, 0.0, mb,
+                            random_state=random_state)
+    return max(b, mb / 1024), m
+
+
+def choose_y_bound(
+    y, epsilon: float, max_bound: float, *, quantile: float = 0.95, random_state=None
+) -> tuple[float, Mechanism]:
+    """A private ``y_bound``: the ``quantile`` of ``|y|``, in ``(0, max_bound]``.
+    ``(epsilon, 0)``-DP; returns ``(y_bound, PureDP(epsilon))``."""
+    y = _finite_numbers("choose_y_bound", "y", y).ravel()
+    mb = _v.check_positive("max_bound", max_bound)
+    b, m = private_quantile(np.abs(y), quantile, epsilon, 0.0, mb, random_state=random_state)
+    return max(b, mb / 1024), m

@@ -1,0 +1,43 @@
+"""The small models and data sets of the engine's tests and the parameters a step
+trains (the ``make_mlp`` / ``make_data`` fixtures and the ``oracle`` of conftest.py; test
+modules and hf_models.py import them from here: ``from toys import toy_data``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+def trainable(model) -> list:
+    """The parameters that take gradients, each once (tied ones once), in model order."""
+    seen, out = set(), []
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def toy_data(n: int = 64, d: int = 6, k: int = 3, seed: int = 0, dtype=None,
+             spread: bool = False):
+    """``n`` examples of ``d`` standard normal features (scaled from 0.2 to 3 across the
+    examples with ``spread``, so that per-example norms differ) and a class in
+    ``range(k)``, from their own generator."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=dtype or torch.get_default_dtype())
+    if spread:
+        x = x * torch.linspace(0.2, 3.0, n, dtype=x.dtype)[:, None]
+    return TensorDataset(x, torch.randint(0, k, (n,), generator=g))
+
+
+def toy_mlp(d: int = 6, k: int = 3, hidden: int = 8, seed: int = 0, act=None, dtype=None,
+            norm: bool = False):
+    """``Linear(d, hidden) - act (default ReLU) [- LayerNorm(hidden)] - Linear(hidden,
+    k)``, initialised from ``seed`` (the global generator), in ``dtype`` (default:
+    torch's)."""
+    torch.manual_seed(seed)
+    layers = [nn.Linear(d, hidden), (act or nn.ReLU)(),
+              *([nn.LayerNorm(hidden)] if norm else []), nn.Linear(hidden, k)]
+    model = nn.Sequential(*layers)
+    return model if dtype is None else model.to(dtype)
