@@ -4,11 +4,12 @@ step itself is :class:`privlearn.torch.optimizer.DPOptimizer`'s."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from privlearn.errors import ConfigurationError
 
-__all__ = ["AdaptiveClipping", "gradient_noise_multiplier"]
+__all__ = ["AdaptiveClipping", "gradient_noise_multiplier", "next_clip_bound"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +54,28 @@ def gradient_noise_multiplier(noise_multiplier: float, unclipped_num_std: float)
             "unclipped_num_std (its default is expected_batch_size / 20: use larger "
             "batches) or lower noise_multiplier")
     return (s ** -2 - (2 * sb) ** -2) ** -0.5
+
+
+def next_clip_bound(bound: float, unclipped_fraction: float,
+                    settings: AdaptiveClipping) -> float:
+    """The geometric update of the clipping bound (Andrew et al. 2021, Algorithm 1):
+    ``C exp(-eta (b - gamma))`` with ``b`` the noisy unclipped fraction of the step.
+
+    Raises
+    ------
+    ConfigurationError
+        The new bound is not a positive finite float (``exp`` overflowed or underflowed:
+        a learning rate ``eta`` far too large for the spread of ``b``); the caller keeps
+        the old bound.
+    """
+    step = -settings.clipbound_learning_rate * (
+        unclipped_fraction - settings.target_unclipped_quantile)
+    new = bound * math.exp(step) if step < 709.0 else math.inf  # exp(709.8) overflows
+    if not 0.0 < new < math.inf:
+        raise ConfigurationError(
+            f"adaptive clipping's bound left the floating-point range: C = {bound:g} times "
+            f"exp(-{settings.clipbound_learning_rate:g} x ({unclipped_fraction:g} - "
+            f"{settings.target_unclipped_quantile:g})) is {new:g}. The step was taken and "
+            "accounted; the bound is kept. Lower clipbound_learning_rate (e.g. 0.2, the "
+            "paper's), or unclipped_num_std if the noisy fraction is far outside [0, 1]")
+    return new

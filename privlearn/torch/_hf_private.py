@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from privlearn.torch._hf_args import PrivacyArguments
 
 __all__ = ["PRIVATE_FORMAT", "check_private_state_dir", "find_private_state", "new_token",
-           "private_state_path", "remove", "save_private", "saves_checkpoints", "secret_parts"]
+           "join_users", "private_state_path", "remove", "save_private", "saves_checkpoints",
+           "secret_parts", "split_users"]
 
 PRIVATE_FORMAT = "privlearn.torch.hf.private_state/1"
 _TOKEN = re.compile(r"[0-9a-f]{16}")
@@ -90,7 +91,28 @@ def secret_parts(privacy: PrivacyArguments) -> tuple[str, ...]:
     keys of the sampler and of the noise (they replay the next steps' batches and noise;
     a ``secure_mode`` run has none) and the correlated noise's state (past noises)."""
     parts = () if privacy.secure_mode else ("sampler", "noise")
-    return parts + (() if independent(privacy.noise) else ("correlated",))
+    parts += () if independent(privacy.noise) else ("correlated",)
+    return parts + (() if privacy.user_column is None else ("users",))
+
+
+def split_users(state: dict) -> dict:
+    """``state`` with the grouping of the examples into users (the mechanism's
+    ``users``: a digest of which examples each user holds, an un-noised function of the
+    training set) moved out of the mechanism into a ``users`` part of its own, kept with
+    the secret part; the mechanism keeps the number of users."""
+    mechanism = dict(state["mechanism"])
+    grouping = mechanism["users"]
+    mechanism["users"] = grouping.split(",")[0]  # "N users"
+    return {**state, "mechanism": mechanism, "users": grouping}
+
+
+def join_users(state: dict) -> dict:
+    """The inverse of :func:`split_users` (a state without a ``users`` part unchanged)."""
+    if "users" not in state:
+        return state
+    state = dict(state)
+    grouping = state.pop("users")
+    return {**state, "mechanism": {**state["mechanism"], "users": grouping}}
 
 
 def saves_checkpoints(args) -> bool:
@@ -109,14 +131,20 @@ def check_private_state_dir(path, args, privacy: PrivacyArguments) -> str | None
             if "sampler" in parts:
                 what.append("the sampler's and the noise's keys replay the next steps' "
                             "batches and noise")
+            secret = [f"({'; '.join(what)}: with a later model they reveal an un-noised "
+                      "clipped gradient)"] if what else []
+            if "users" in parts:
+                secret.append("(the grouping of the examples into users, checked on resume: "
+                              "a digest of which examples each user holds, un-noised)")
             raise ConfigurationError(
                 "private_state_dir is required with checkpoints (save_strategy="
                 f"{str(getattr(args.save_strategy, 'value', args.save_strategy))!r}): a "
                 "checkpoint folder is a release (push_to_hub uploads it), and continuing this "
-                f"run needs secret state ({'; '.join(what)}: with a later model they reveal an "
-                "un-noised clipped gradient). Pass DPTrainer(private_state_dir=...) a folder "
-                "outside output_dir, as private as the training data, or set save_strategy='no'"
-                + ("" if "correlated" in parts else ", or use secure_mode=True (no keys)"))
+                f"run needs secret state {' and '.join(secret)}. Pass "
+                "DPTrainer(private_state_dir=...) a folder outside output_dir, as private as "
+                "the training data, or set save_strategy='no'"
+                + ("" if {"correlated", "users"} & set(parts)
+                   else ", or use secure_mode=True (no keys)"))
         return None
     path = os.path.abspath(os.fspath(path))
     out = os.path.realpath(args.output_dir)

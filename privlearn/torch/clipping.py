@@ -140,7 +140,7 @@ class ClippingMixin:
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
                     per_param: dict | None = None, loss_scale: float | None = None,
                     examples: int | None = None, units: RowUnits | None = None,
-                    refuse_nonfinite: bool = False):
+                    refuse_nonfinite: bool = False, checks: bool = True):
         """``multiplier`` times the sum over examples of clipped per-example gradients.
 
         Returns ``(sums, batch, norms)``: ``sums[id(p)]`` for parameter ``p`` (missing:
@@ -181,7 +181,29 @@ class ClippingMixin:
         optimizer's steps), only a loss-scaled overflow is dropped: a non-finite input,
         or a non-finite gradient without loss scaling, raises
         :class:`~privlearn.errors.NonFiniteInputError` naming it.
+
+        ``checks``: first run the checks the DP optimizer runs before its sums, so that
+        the tracker used on its own refuses what ``make_private``'s steps refuse: a
+        parameter that also got a gradient from a use outside its layers (a functional
+        ``h @ emb.weight.T``: that part of its gradient is neither per example nor
+        clipped, and the sum would leave it out), and, while the batch-independence
+        probe is pending (a tracker built with ``check_independence=True``: its first
+        clipped sum, and the first after a change that could mix examples), the probe on
+        the recorded forward's inputs (a model mixing examples, ``x - x.mean(0)``). The
+        DP optimizer runs them itself and passes ``checks=False``.
+
+        Raises
+        ------
+        BatchDependenceError
+            The probe found examples mixed, or the layers saw another number of rows than
+            ``examples`` (the records are then cleared).
+        TrainingLoopError
+            A parameter was also used outside its layers (the records are cleared).
         """
+        if checks:
+            self.check_outside_uses()
+            if getattr(self, "_probe_pending", False):
+                self.check_independence(self._probe_rows(examples, units))
         self._units = units
         contribs, batch, scale = self.contributions(examples, units)
         ls = self.loss_scale if loss_scale is None else loss_scale
@@ -240,6 +262,19 @@ class ClippingMixin:
                         sums[k] = w if k not in sums else sums[k] + w
         self.clear()
         return sums, (batch or 0), norms
+
+    def _probe_rows(self, examples: int | None, units: RowUnits | None) -> int | None:
+        """The rows of the recorded batch the probe checks: ``examples`` when given, else
+        the rows of the privacy ``units``, else the rows the first recorded layer saw."""
+        if examples is not None:
+            return examples
+        if units is not None:
+            return units.rows
+        for i, recs in self.records.items():
+            for r in recs:
+                if r.has_grad():
+                    return record_batch(self.units[i], r)
+        return None
 
     def _find_nonfinite(self, sq: torch.Tensor, masked: bool, refuse: bool, scaled: bool
                         ) -> torch.Tensor | None:

@@ -179,11 +179,13 @@ from privlearn.torch._hf_private import (
     PRIVATE_FORMAT,
     check_private_state_dir,
     find_private_state,
+    join_users,
     new_token,
     private_state_path,
     remove,
     save_private,
     secret_parts,
+    split_users,
 )
 from privlearn.torch._hf_release import (
     ReportOnSave,
@@ -699,6 +701,8 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         state = p.state_dict()
         state.pop("model")  # the model and the optimizer are the Trainer's own files
         state.pop("optimizer")
+        if self.privacy.user_column is not None:  # the grouping is no release
+            state = split_users(state)
         secret = {k: state.pop(k) for k in secret_parts(self.privacy)}
         rng = self.__dict__.pop("_checkpoint_rng", None)
         for path, ckpt in list(self._private_files.items()):
@@ -785,7 +789,7 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         return state
 
     def _load_privacy_state(self, p: PrivateTraining, state: dict) -> None:
-        state = dict(state)
+        state = dict(join_users(state))
         state.pop("rng", None)  # the global generators': restored by _load_rng_state
         earlier = state.pop("earlier_runs", [])  # the report's runs before the resumed one
         # the model and the optimizer are the Trainer's (loaded from the same checkpoint)

@@ -80,7 +80,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
-from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier
+from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier, next_clip_bound
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
@@ -490,7 +490,7 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
             sums, _, norms = self.tracker.clipped_sum(
                 self.max_grad_norm, 1.0 / self.expected_batch_size, out=out,
                 per_param=self.per_param_clipping, loss_scale=self._loss_scale(),
-                examples=examples, units=units, refuse_nonfinite=True)
+                examples=examples, units=units, refuse_nonfinite=True, checks=False)
         self._overflowed = self._overflowed + self.tracker._overflow  # on the device
         self.last_grad_norms = norms
         self._count_unclipped(norms)
@@ -701,8 +701,7 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
             noisy = t.cpu()
         frac = float(noisy.item()) / self.expected_batch_size + 0.5
         self.last_unclipped_fraction = frac
-        factor = math.exp(-a.clipbound_learning_rate * (frac - a.target_unclipped_quantile))
-        self.max_grad_norm = self.max_grad_norm * factor
+        self.max_grad_norm = next_clip_bound(self.max_grad_norm, frac, a)
 
     def step(self, closure=None):
         """One DP-SGD step (no parameter update on a non-final virtual chunk).
@@ -830,15 +829,17 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
     def _account(self, cfg: tuple, drawn) -> None:
         """Record a released step, use its batch, set the next bound, move the noise on."""
         self.accountant.record_step(*cfg)  # a skipped update still released a gradient
-        if self.ledger is not None:
-            self.ledger.used(cfg[0], cfg[1])
-        if self.budget is not None:
-            self.budget.after_step()
-        if drawn is not None:
-            self.sampler.consume(drawn)
-        if self.adaptive is not None:
-            self._update_clip_bound()  # the bound of the next step
-        self.noise.advance()
+        try:
+            if self.ledger is not None:
+                self.ledger.used(cfg[0], cfg[1])
+            if drawn is not None:
+                self.sampler.consume(drawn)
+            if self.adaptive is not None:
+                self._update_clip_bound()  # the bound of the next step
+        finally:
+            self.noise.advance()  # this step's noise key gone, whatever raised above
+            if self.budget is not None:  # counted always; last: its warning may be an error
+                self.budget.after_step()
 
     def guard_original(self):
         """Refuse ``step()`` on the wrapped optimizer itself (a loop that keeps stepping

@@ -334,13 +334,20 @@ class PrivateTraining:
         # run as it was
         opt, live = self.optimizer, (self.optimizer.max_grad_norm,
                                      self.optimizer.noise_multiplier)
+        # the sampler's and the noise's states first (each refuses another sampler, or
+        # another secure_mode, before changing itself), all undone if anything here fails
+        was = (self._sampler.state_dict(), opt.noise.state_dict())
         try:
+            self._sampler.load_state_dict(state["sampler"])
+            opt.noise.load_state_dict(state["noise"])
             opt.max_grad_norm = state["max_grad_norm"]
             opt.noise_multiplier = state["noise_multiplier"]
             self.accountant.load_state_dict(state["accountant"])
         except BaseException:
             opt.noise_multiplier, opt.max_grad_norm = 0.0, live[0]
             opt.noise_multiplier = live[1]
+            self._sampler.load_state_dict(was[0])
+            opt.noise.load_state_dict(was[1])
             raise
         self.model.load_state_dict(state["model"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
@@ -353,8 +360,6 @@ class PrivateTraining:
                 "mechanism, whose run reserved (or, stopped part-way, settled at) the same "
                 "plan: the ledger counts it twice. Resume it with ledger=None (and the same "
                 "settings)", UserWarning, stacklevel=2)
-        self._sampler.load_state_dict(state["sampler"])
-        self.optimizer.noise.load_state_dict(state["noise"])
         if self.optimizer.correlated is not None:
             self.optimizer.correlated.load_state_dict(state["correlated"])
 

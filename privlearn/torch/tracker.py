@@ -252,7 +252,10 @@ class GradSampleTracker(ClippingMixin):
         Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
         and after any change that could mix examples (the trainable set, a module's
         ``training`` flag, the module tree, forward hooks: :func:`_mixing_fingerprint`),
-        with the checks in :attr:`input_checks` (the loader's ``augment``).
+        with the checks in :attr:`input_checks` (the loader's ``augment``). A tracker
+        used on its own runs it at the start of :meth:`clipped_sum` (a model mixing
+        examples raises :class:`~privlearn.errors.BatchDependenceError` there); False
+        only for a model whose examples are known to stay apart.
 
     Attributes
     ----------

@@ -326,3 +326,74 @@ def test_a_logical_batch_left_between_chunks_is_not_in_the_next_count():
     assert rows == B
     assert p.optimizer.last_unclipped_fraction == pytest.approx(0.5 - rows / (2 * B),
                                                                abs=1e-12)
+
+
+@pytest.mark.parametrize("bound,gamma", [(1e-9, 1.0), (1e9, 0.0)],
+                         ids=["overflow", "underflow"])
+def test_a_bound_out_of_float_range_raises_after_an_accounted_step(bound, gamma):
+    """eta = 2000 with every example clipped and gamma = 1 (or none clipped and
+    gamma = 0): exp(-eta (b - gamma)) overflows (underflows to a bound of 0). That raised
+    Python's OverflowError (or a max_grad_norm error naming nothing the caller set) in the
+    middle of the step's bookkeeping, which then skipped moving the noise source past the
+    step: a checkpoint taken next held the key of the noise just released. Now a
+    ConfigurationError names clipbound_learning_rate; the step is accounted, the bound
+    kept, and the noise key moved on as after any step."""
+    from privlearn.errors import ConfigurationError
+
+    p = _make(clipping="adaptive", target_unclipped_quantile=gamma, max_grad_norm=bound,
+              clipbound_learning_rate=2000.0, sampling="fixed", seed=4)
+    p.optimizer.noise.normal = lambda std, like: torch.zeros_like(like)  # b exactly 0 or 1
+    key = p.optimizer.noise.seed
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(ConfigurationError, match="clipbound_learning_rate"):
+        p.optimizer.step()
+    assert p.optimizer.last_unclipped_fraction == pytest.approx(1.0 - gamma, abs=1e-12)
+    assert p.accountant.steps == 1
+    assert p.optimizer.max_grad_norm == bound
+    assert p.optimizer.noise.seed != key
+    assert p.state_dict()["noise"]["seed"] != key
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_bound_sequence_matches_opacus_adaclip_where_comparable():
+    """Opacus 1.6's AdaClipDPOptimizer on the same batches (fixed size m: Opacus divides
+    the count by the realised batch size, the engine by the expected one, which agree
+    only then), without gradient noise and with a count noise of std 1e-12 on both
+    sides: the same geometric update, so the same bounds step after step and the same
+    parameters (to Opacus's 1e-6 in its clip factor). Opacus counts the uncentred
+    number of unclipped examples; with n = m the fraction is the same."""
+    opacus = pytest.importorskip("opacus")
+    from opacus.optimizers import AdaClipDPOptimizer
+
+    gamma, eta, lr, c0 = 0.6, 0.5, 0.3, 0.05
+    ds = _data()
+    model = _mlp()
+    twin = copy.deepcopy(model)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
+                     DataLoader(ds, batch_size=B), noise_multiplier=0.0, max_grad_norm=c0,
+                     clipping="adaptive", target_unclipped_quantile=gamma,
+                     clipbound_learning_rate=eta, unclipped_num_std=1e-12,
+                     sampling="fixed", seed=SEED)
+    gsm = opacus.GradSampleModule(twin)
+    opt = AdaClipDPOptimizer(torch.optim.SGD(twin.parameters(), lr=lr), noise_multiplier=0.0,
+                             target_unclipped_quantile=gamma, clipbound_learning_rate=eta,
+                             max_clipbound=1e9, min_clipbound=1e-9, unclipped_num_std=1e-12,
+                             max_grad_norm=c0, expected_batch_size=B)
+    ours, theirs = [], []
+    for _ in range(2):
+        for x, y in p.data_loader:
+            assert len(y) == B
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+            opt.zero_grad()
+            nn.functional.cross_entropy(gsm(x), y).backward()
+            opt.step()
+            ours.append(p.optimizer.max_grad_norm)
+            theirs.append(float(opt.max_grad_norm))
+    assert len(set(ours)) == len(ours) > 4  # the bound moved every step
+    assert ours == pytest.approx(theirs, rel=1e-6)
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)

@@ -84,6 +84,52 @@ def test_empty_batch_keeps_nothing_of_the_example_it_was_shaped_from():
         assert full["text"] == ["secret 2"] and full["input_ids"].shape == (1, 3)
 
 
+def test_secure_fixed_size_sampling_draws_uniform_subsets_and_keeps_no_key():
+    """make_private(secure_mode=True, sampling="fixed") sampled with a key chain (a numpy
+    generator seeded per batch) whose key every checkpoint held, replaying the next
+    batches, while secure mode promises OS-CSPRNG draws and no keys. Now each batch is
+    drawn from the OS CSPRNG: exactly b distinct indices, every ordered b-tuple equally
+    likely (chi-square over all 60 of them, with a false-alarm rate below 1e-9), and the
+    saved state holds no key. A seed, or several ranks (which would need a shared key),
+    is refused."""
+    from torch import nn
+
+    from privlearn.errors import ConfigurationError
+    from privlearn.torch import make_private
+
+    n, b, steps = 5, 3, 6000
+    s = FixedSizeBatchSampler(n, b, steps=steps, secure=True)
+    counts: dict[tuple, int] = {}
+    for batch in s:
+        assert len(batch) == b and len(set(batch)) == b
+        counts[tuple(batch)] = counts.get(tuple(batch), 0) + 1
+    cells = math.perm(n, b)
+    assert len(counts) == cells
+    expected = steps / cells
+    chi2 = sum((c - expected) ** 2 / expected for c in counts.values())
+    assert chi2 < 140.0  # chi-square with 59 degrees of freedom: P(> 140) < 1e-9
+    assert s.state_dict()["key"] is None
+    with pytest.raises(ConfigurationError, match="seed must be None"):
+        FixedSizeBatchSampler(n, b, seed=0, secure=True)
+    with pytest.raises(ConfigurationError, match="world_size=2"):
+        FixedSizeBatchSampler(10, 2, rank=0, world_size=2, secure=True)
+
+    ds = TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+    model = nn.Linear(4, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=4), noise_multiplier=1.0, max_grad_norm=1.0,
+                     sampling="fixed", secure_mode=True)
+    assert p.data_loader.batch_sampler.secure
+    for x, y in p.data_loader:
+        assert len(y) == 4
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        break
+    state = p.state_dict()
+    assert state["sampler"]["key"] is None and state["noise"].get("replayable") is False
+
+
 def test_fixed_size_sampler():
     s = FixedSizeBatchSampler(30, 7, steps=500, seed=0)
     counts = torch.zeros(30)

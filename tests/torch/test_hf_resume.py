@@ -110,3 +110,49 @@ def test_a_checkpoint_of_another_number_of_processes_is_refused_as_such(checkpoi
     with pytest.raises(ConfigurationError, match=r"run of 2 process.*this run has 1"):
         tr.train(resume_from_checkpoint=str(folder))
     assert tr.privacy_engine is None and tr.state.global_step == 0
+
+
+class _UserTextSet(torch.utils.data.Dataset):
+    """The training set with a user column: 8 users of 4 sequences."""
+
+    def __init__(self):
+        self.inner = _text_set()
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return {**self.inner[i], "user": i // 4}
+
+
+def test_the_grouping_into_users_is_kept_out_of_the_released_checkpoint(tmp_path):
+    """A user-level run's checkpoint folder held, in its privacy state, a digest of which
+    examples each user holds (un-noised: who is in the data, with how many examples, can
+    be tested against it), also in secure mode without a private folder. Now the folder
+    holds the number of users only, the grouping goes to the private state (required
+    for a user-level run that checkpoints, secure mode too), and resuming still checks
+    it and continues to the uninterrupted epsilon."""
+    users = dataclasses.replace(BASE, user_column="user", max_examples_per_user=2)
+
+    def trainer(out, private, privacy, steps):
+        tr = _trainer(out, private, privacy, steps)
+        tr.train_dataset = _UserTextSet()
+        return tr
+
+    trainer(tmp_path / "out", tmp_path / "private", users, 2).train()
+    public = torch.load(tmp_path / "out" / "checkpoint-2" / PRIVACY_STATE_NAME,
+                        weights_only=False)
+    assert public["mechanism"]["users"] == "8 users"
+    assert "partition" not in repr(public) and "sha256" not in repr(public)
+    resumed = trainer(tmp_path / "out", tmp_path / "private", users, 4)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    whole = trainer(tmp_path / "whole", tmp_path / "private2", users, 4)
+    whole.train()
+    assert resumed.privacy_engine.accountant.steps == 4
+    assert resumed.epsilon() == pytest.approx(whole.epsilon(), rel=1e-12)
+    secure = dataclasses.replace(users, secure_mode=True, seed=None)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "s"), per_device_train_batch_size=B, max_steps=2,
+        save_strategy="steps", save_steps=2, report_to=[], use_cpu=True)
+    with pytest.raises(ConfigurationError, match="private_state_dir is required.*users"):
+        DPTrainer(model=_gpt2(), args=args, train_dataset=_UserTextSet(), privacy=secure)

@@ -941,6 +941,70 @@ def test_an_empty_dataset_is_refused_with_a_typed_error():
             _private(ds=empty, sampling=sampling)
 
 
+def test_the_warning_past_the_plan_raised_as_an_error_leaves_the_step_complete():
+    """Under warnings-as-errors (-W error, or a filter to stop at the plan) the
+    PrivacyBudgetWarning of the first step past the planned epsilon was raised before the
+    step used its batch and moved its noise key on: every later step was refused (the
+    loader's batches piled up) and a checkpoint held the key of the noise just released.
+    Now the step is complete when the warning is raised: the next batches train, the
+    key moved on, and the accountant holds every step once."""
+    from privlearn.errors import PrivacyBudgetWarning
+
+    model = _mlp()
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(toy_data(n=64), batch_size=16), noise_multiplier=1.0,
+                     max_grad_norm=1.0, epochs=1, seed=0)
+    raised = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyBudgetWarning)
+        for _ in range(2):
+            for x, y in p.data_loader:
+                key = p.optimizer.noise.seed
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                try:
+                    p.optimizer.step()
+                except PrivacyBudgetWarning:
+                    raised.append(p.accountant.steps)
+                    assert p.optimizer.noise.seed != key
+                    assert p.state_dict()["noise"]["seed"] != key
+    assert raised == [5]
+    assert p.accountant.steps == 8 and p.data_loader.batch_sampler.consumed == 8
+    assert p.epsilon(1e-5) == pytest.approx(
+        compose(subsample(Gaussian(1.0), rate=0.25), steps=8).epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_refused_checkpoint_leaves_the_run_fresh(sampling):
+    """A seeded run's state loaded into a secure_mode run is refused (its sampler, or its
+    noise, cannot continue a replayable stream): the history and the model were loaded
+    before the sampler refused, so the refused run had the checkpoint's steps (and every
+    later load_state_dict was refused as "already taken steps") and its weights. Now
+    nothing is changed: no step, the same weights, and the run's own state still loads."""
+    from privlearn.errors import ConfigurationError
+
+    def run(**kw):
+        model = _mlp()
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(toy_data(n=64), batch_size=16), noise_multiplier=1.0,
+                            max_grad_norm=1.0, sampling=sampling, **kw)
+
+    seeded = run(seed=0)
+    for x, y in seeded.data_loader:
+        seeded.optimizer.zero_grad()
+        nn.functional.cross_entropy(seeded.model(x), y).backward()
+        seeded.optimizer.step()
+        break
+    secure = run(secure_mode=True)
+    before = [q.detach().clone() for q in secure.model.parameters()]
+    own = secure.state_dict()
+    with pytest.raises(ConfigurationError, match="sampler|secure"):
+        secure.load_state_dict(seeded.state_dict())
+    assert secure.accountant.steps == 0 and secure.epsilon(1e-5) == 0.0
+    for a, b in zip(secure.model.parameters(), before, strict=True):
+        assert torch.equal(a, b)
+    secure.load_state_dict(own)  # still a fresh run
+    assert secure.accountant.steps == 0
 @pytest.mark.parametrize("sampling", ["shuffled_epochs", "balls_in_bins"])
 def test_a_run_composed_after_earlier_runs_takes_its_planned_steps_and_no_more(sampling):
     """compose_after(prior) before the first step: a run accounted as one mechanism is

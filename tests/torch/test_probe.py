@@ -688,3 +688,85 @@ def test_flattened_embedding_bag_batch(check, oracle):
     oracle.sgd_step(oracle.trainable(ref), total, 0.5, 8)
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [_Centered, _FunctionalBatchNorm, _MixedOutput])
+def test_a_tracker_used_alone_probes_before_its_first_clipped_sum(cls):
+    """GradSampleTracker on its own (no make_private, no optimizer step) runs the same
+    probe before its first clipped sum: a model mixing examples is refused, nothing is
+    returned and the records are cleared. Switched off (check_independence=False), the
+    same sum is returned and adding one outlier moves it by more than the clip bound,
+    which is what the probe prevents."""
+    from privlearn.torch import GradSampleTracker
+
+    x, y = _seqs(n=6).tensors
+    model = cls()
+    tracker = GradSampleTracker(model, loss_reduction="sum")
+    nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+    with pytest.raises(BatchDependenceError, match="mixed|combines examples"):
+        tracker.clipped_sum(0.1)
+    assert not tracker.has_gradients()
+    tracker.detach()
+
+    def unprobed(xs, ys):
+        m = copy.deepcopy(model)
+        t = GradSampleTracker(m, loss_reduction="sum", check_independence=False)
+        nn.functional.cross_entropy(m(xs), ys, reduction="sum").backward()
+        sums, _, _ = t.clipped_sum(0.1)
+        t.detach()
+        return torch.cat([sums[id(q)].flatten() for q in m.parameters()])
+
+    xo = torch.cat([50.0 * torch.randn_like(x[:1]), x])  # an outlier added
+    yo = torch.cat([y[:1], y])
+    assert (unprobed(xo, yo) - unprobed(x, y)).norm() > 0.1  # add/remove sensitivity C
+
+
+def test_a_tracker_used_alone_on_an_independent_model_probes_once():
+    """An independent model passes the tracker's probe and its clipped sum is the one
+    without the probe; the probe is not run again on the next batch."""
+    from privlearn.torch import GradSampleTracker
+
+    x, y = _seqs(n=6).tensors
+    model = nn.Sequential(nn.Flatten(), nn.Linear(T * E, 3))
+    ref = copy.deepcopy(model)
+    sums = []
+    for m, check in ((model, True), (ref, False)):
+        t = GradSampleTracker(m, loss_reduction="sum", check_independence=check)
+        nn.functional.cross_entropy(m(x), y, reduction="sum").backward()
+        s, _, _ = t.clipped_sum(0.5)
+        sums.append(torch.cat([s[id(q)].flatten() for q in m.parameters()]))
+        if check:
+            assert not t._probe_pending
+            nn.functional.cross_entropy(m(x[:3]), y[:3], reduction="sum").backward()
+            t.clipped_sum(0.5)
+            assert not t._probe_pending
+        t.detach()
+    torch.testing.assert_close(sums[0], sums[1])
+
+
+def test_a_tracker_used_alone_refuses_a_parameter_used_outside_its_layers():
+    """A tied output head written functionally (h @ emb.weight.T): the tracker on its own
+    returned a clipped sum without that use's part of the gradient (off from the loop
+    of batch-size-1 passes by more than the gradient itself), where make_private's step
+    refuses it. Now its clipped_sum refuses it too, and clears the records."""
+    from privlearn.errors import TrainingLoopError
+    from privlearn.torch import GradSampleTracker
+
+    class TiedHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, ids):
+            return torch.tanh(self.lin(self.emb(ids))) @ self.emb.weight.T
+
+    torch.manual_seed(0)
+    model = TiedHead()
+    ids = torch.randint(0, 10, (6, 5))
+    tracker = GradSampleTracker(model, loss_reduction="sum", check_independence=False)
+    (model(ids) ** 2).sum().backward()
+    with pytest.raises(TrainingLoopError, match=r"\['emb.weight'\] are used outside"):
+        tracker.clipped_sum(1.0)
+    assert not tracker.has_gradients()
+    tracker.detach()
