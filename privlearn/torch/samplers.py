@@ -513,7 +513,7 @@ class FixedSizeBatchSampler(_AccountedSampler):
         _check_secure(secure, seed)
         if secure and world_size > 1:
             raise ConfigurationError(
-                "secure=True with world_size > 1: the ranks draw one global fixed-size "
+                f"secure=True with world_size={world_size}: the ranks draw one global fixed-size "
                 "sample with one shared generator, which the OS CSPRNG cannot be. Use "
                 "sampling='poisson' (each rank draws its own part) in secure mode")
         self.secure = bool(secure)
