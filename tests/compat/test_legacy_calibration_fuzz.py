@@ -60,7 +60,7 @@ def test_get_prob_below_the_smallest_rate_is_a_typed_refusal() -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(e=st.floats(0.01, 50.0), log_d=st.floats(-12, -2), k=st.integers(1, 1000),
        s=st.floats(0.5, 10.0))
 def test_get_prob_meets_its_target(e: float, log_d: float, k: int, s: float) -> None:
@@ -73,7 +73,7 @@ def test_get_prob_meets_its_target(e: float, log_d: float, k: int, s: float) -> 
 
 
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(e=st.floats(0.01, 50.0), log_d=st.floats(-12, -2), k=st.integers(1, 1000),
        q=st.one_of(st.just(1.0), st.floats(1e-3, 0.9)))
 def test_rdp_mech_meets_its_target(e: float, log_d: float, k: int, q: float) -> None:
