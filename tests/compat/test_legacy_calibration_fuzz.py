@@ -74,10 +74,11 @@ def test_get_prob_meets_its_target(e: float, log_d: float, k: int, s: float) -> 
 
 @pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(e=st.floats(0.01, 50.0), log_d=st.floats(-12, -2), k=st.integers(1, 1000),
-       q=st.one_of(st.just(1.0), st.floats(1e-3, 0.9)))
-def test_rdp_mech_meets_its_target(e: float, log_d: float, k: int, q: float) -> None:
-    d = 10.0 ** log_d
+@given(e=st.floats(0.01, 50.0), log_d=st.floats(-12, -2), k=st.integers(1, 1000))
+def test_rdp_mech_meets_its_target(e: float, log_d: float, k: int) -> None:
+    # without subsampling: a subsampled generic RDP curve costs seconds per evaluation
+    # (the subsampled search shares _feasible_root with get_prob, fuzzed above)
+    d, q = 10.0 ** log_d, 1.0
     s = pc.RDP_mech(rdp_bank.RDP_gaussian, e, d, "sigma", {"sigma": 1.0}, k=k,
                     prob=q)["sigma"]
     assert _rdp_gaussian_epsilon(s, q, k, d) <= e
