@@ -105,6 +105,8 @@ def _check_not_optimistic(parts, delta: float) -> None:
         pk = p.self_compose(k) if k > 1 else p
         peer = pk if peer is None else peer.compose(pk)
     low = peer.get_epsilon_for_delta(delta)
+    if not math.isfinite(low):  # the peer's grid ends (losses beyond ~700): no reference
+        return
     m = compose([_ours_part(kind, x, q, rel) for kind, x, q, rel, _ in parts],
                 steps=[k for *_, k in parts])
     b = m.epsilon_bounds(delta)
