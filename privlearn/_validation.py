@@ -20,8 +20,10 @@ instead, e.g.::
 
 Callers pass ``hint=`` for a domain-specific suggestion; without one a generic
 suggestion derived from the range is appended. NumPy scalars are real numbers
-(``numpy.float64`` registers with :class:`numbers.Real`), so ``check_real`` accepts them;
-0-d arrays are the caller's business (see ``privlearn.compat.autodp.autodp_core.as_float``).
+(``numpy.float64`` registers with :class:`numbers.Real`), so ``check_real`` accepts them,
+and so are 0-d NumPy arrays of a real dtype (``numpy.array(1.5)``, what array arithmetic
+such as ``np.sqrt(np.array(x))`` gives), read as the number they hold; a boolean array,
+an array of several values and a 0-d array of objects are refused as any non-number is.
 
 Who uses it
 -----------
@@ -67,6 +69,16 @@ def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _unwrap_0d(value: object) -> object:
+    """A 0-d NumPy array of integers or floats as the Python number it holds (duck-typed:
+    this module does not import NumPy); anything else unchanged."""
+    if (type(value).__name__ == "ndarray" and type(value).__module__ == "numpy"
+            and getattr(value, "ndim", None) == 0
+            and getattr(getattr(value, "dtype", None), "kind", None) in ("i", "u", "f")):
+        return value.item()  # type: ignore[attr-defined]
+    return value
+
+
 def _show(value: object) -> str:
     """``repr`` of a value, NumPy scalars as the Python number they hold (``1.5``, not
     ``np.float64(1.5)``)."""
@@ -82,7 +94,9 @@ def _msg(name: str, expected: str, value: object, hint: str | None) -> str:
 
 
 def check_real(name: str, value: object, *, hint: str | None = None) -> float:
-    """A real number (bool excluded), returned as ``float``; :class:`TypeError` otherwise."""
+    """A real number (bool excluded; a 0-d NumPy array of a real dtype is read as its
+    number), returned as ``float``; :class:`TypeError` otherwise."""
+    value = _unwrap_0d(value)
     if not _is_real(value):
         raise ParameterTypeError(
             f"{name} must be a real number, got {value!r} ({type(value).__name__}); "
@@ -181,8 +195,9 @@ def check_count(name: str, value: object, *, minimum: int = 0, hint: str | None 
     Integral floats such as ``10.0`` are accepted (unless ``integral_floats=False``, as
     the estimators' scikit-learn parameters want: then a float is a wrong type);
     ``10.5`` is a :class:`ValueError` (a real number, but not a count) and ``"10"`` a
-    :class:`TypeError`.
+    :class:`TypeError`. A 0-d NumPy array is read as the number it holds.
     """
+    value = _unwrap_0d(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         if not _is_real(value) or not integral_floats:
             raise ParameterTypeError(

@@ -44,6 +44,7 @@ from privlearn.errors import (
 __all__ = [
     "gaussian_delta",
     "gaussian_delta_bounds",
+    "gdp_delta_bounds",
     "gaussian_epsilon",
     "gaussian_epsilon_bounds",
     "effective_noise_multiplier",
@@ -71,7 +72,7 @@ def _check_epsilon(epsilon: object) -> float:
 
 
 def _gaussian_delta_and_error(
-    noise_multiplier: float, epsilon: float
+    mu: float, epsilon: float
 ) -> tuple[float, float, float]:
     """Balle & Wang (2018), Theorem 8, as evaluated in floating point, together with a
     bound on the relative error of that evaluation.
@@ -84,8 +85,8 @@ def _gaussian_delta_and_error(
 
     Returns ``(delta, relative_error, upper)`` where ``upper >= Phi(a) >= delta`` is a
     cruder certified bound that stays valid when the relative error is large.
+    ``mu = 1 / noise_multiplier`` (the GDP parameter).
     """
-    mu = 1.0 / noise_multiplier
     a = -epsilon / mu + mu / 2.0
     b = -epsilon / mu - mu / 2.0
     log_pa = float(special.log_ndtr(a))
@@ -129,13 +130,21 @@ def gaussian_delta_bounds(noise_multiplier: float, epsilon: float) -> tuple[floa
         # exp(eps) Phi(b) < exp(eps - 1e600 / 8) are both within rounding of 1 and 0, so
         # delta(eps) = 1 to working precision for every finite eps (exactly 1 without noise)
         return 1.0 - 4.0 * _ULP, 1.0
+    return gdp_delta_bounds(1.0 / noise_multiplier, epsilon)
+
+
+def gdp_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
+    """:func:`gaussian_delta_bounds` in the GDP parameter ``mu = 1 / noise_multiplier``,
+    finite and > 0 (``epsilon`` finite, >= 0; checked by the callers): certified
+    ``(lower, upper)`` on ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` (Dong, Roth
+    & Su 2022, Corollary 2.13)."""
     # delta(0) = 2 Phi(mu/2) - 1 = erf(mu / (2 sqrt 2)), to a few ulps (no cancellation);
     # delta(eps) <= delta(0) bounds the cases where the difference below cancels (a huge
     # noise multiplier: mu/2 and -mu/2 give the same log Phi)
-    d0 = float(special.erf(1.0 / noise_multiplier / (2.0 * math.sqrt(2.0))))
+    d0 = float(special.erf(mu / (2.0 * math.sqrt(2.0))))
     if epsilon == 0.0:
         return d0 * (1.0 - 8.0 * _ULP), max(min(1.0, d0 * (1.0 + 8.0 * _ULP)), _TINY)
-    d, rel, crude = _gaussian_delta_and_error(noise_multiplier, epsilon)
+    d, rel, crude = _gaussian_delta_and_error(mu, epsilon)
     d0_up = d0 * (1.0 + 8.0 * _ULP)
     if rel < 1.0:
         lower, upper = d * (1.0 - rel), min(1.0, crude, d0_up, d * (1.0 + rel))
@@ -198,7 +207,7 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
             return 0.0, float(rdp)
 
     def f(e: float) -> float:
-        d = _gaussian_delta_and_error(noise_multiplier, e)[0]
+        d = _gaussian_delta_and_error(1.0 / noise_multiplier, e)[0]
         return math.log(max(d, 1e-300)) - math.log(delta)
 
     if not f(0.0) > 0.0 >= f(hi):  # no bracket (the evaluation cancels)

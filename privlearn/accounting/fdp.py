@@ -34,7 +34,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
-from scipy.special import log_ndtr, ndtr, ndtri
+from scipy.special import ndtr, ndtri
 
 from privlearn._validation import check_delta, check_nonnegative
 from privlearn.accounting.mechanisms import Mechanism
@@ -121,18 +121,24 @@ def gaussian_tradeoff(mu: float, alphas) -> np.ndarray:
 
 
 def gdp_delta(mu: float, epsilon: float) -> float:
-    """Exact ``delta(epsilon)`` of ``mu``-GDP (Dong, Roth & Su 2022, Corollary 2.13):
-    ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, evaluated in the log domain."""
+    """``delta(epsilon)`` of ``mu``-GDP (Dong, Roth & Su 2022, Corollary 2.13):
+    ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, evaluated in the log domain and
+    rounded *up* by a bound on the floating-point error (a certified upper bound, as
+    :func:`privlearn.accounting.analytic.gaussian_delta`; the plain evaluation could be
+    ~1e-9 relative below the exact value where the difference cancels)."""
+    return _gdp_delta_bounds(mu, epsilon)[1]
+
+
+def _gdp_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
+    """Certified ``(lower, upper)`` on the exact ``delta(epsilon)`` of ``mu``-GDP."""
     m = _check_mu(mu)
     e = check_nonnegative("epsilon", _scalar(epsilon), allow_inf=True,
                           hint="pass an epsilon >= 0, e.g. 1.0")
     if m == 0 or math.isinf(e):
-        return 0.0
-    a = float(log_ndtr(-e / m + m / 2))
-    b = e + float(log_ndtr(-e / m - m / 2))
-    if b >= a:
-        return 0.0
-    return float(math.exp(a) * -math.expm1(b - a))
+        return 0.0, 0.0
+    from privlearn.accounting.analytic import gdp_delta_bounds
+
+    return gdp_delta_bounds(m, e)
 
 
 def _crossing(below: Callable[[float], bool], hi: float, limit: float, rtol: float,
@@ -166,10 +172,14 @@ def gdp_epsilon_interval(mu: float, delta: float) -> tuple[float, float]:
     """
     m = _check_mu(mu)
     d = _check_gdp_delta(delta)
-    if m == 0 or gdp_delta(m, 0.0) <= d:
+    if m == 0 or _gdp_delta_bounds(m, 0.0)[1] <= d:
         return 0.0, 0.0
-    return _crossing(lambda e: gdp_delta(m, e) > d, max(1.0, m * m), 1e6, 1e-10,
-                     f"gdp_epsilon for mu={m}, delta={d}")
+    what = f"gdp_epsilon for mu={m}, delta={d}"
+    start = max(1.0, m * m)
+    # hi: the certified upper delta is <= d there; lo: the certified lower delta is > d
+    hi = _crossing(lambda e: _gdp_delta_bounds(m, e)[1] > d, start, 1e6, 1e-10, what)[1]
+    lo = _crossing(lambda e: _gdp_delta_bounds(m, e)[0] > d, start, 1e6, 1e-10, what)[0]
+    return min(lo, hi), hi
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
@@ -191,8 +201,11 @@ def gdp_mu_interval(epsilon: float, delta: float) -> tuple[float, float]:
     <= 1e-12 relative)."""
     e = check_nonnegative("epsilon", _scalar(epsilon), hint="pass an epsilon >= 0, e.g. 1.0")
     d = _check_gdp_delta(delta)
-    return _crossing(lambda mu: gdp_delta(mu, e) < d, 1.0, 1e4, 1e-12,
-                     f"gdp_mu for epsilon={e}, delta={d}")
+    what = f"gdp_mu for epsilon={e}, delta={d}"
+    # lo: the certified upper delta is < d there; hi: the certified lower delta is >= d
+    lo = _crossing(lambda mu: _gdp_delta_bounds(mu, e)[1] < d, 1.0, 1e4, 1e-12, what)[0]
+    hi = _crossing(lambda mu: _gdp_delta_bounds(mu, e)[0] < d, 1.0, 1e4, 1e-12, what)[1]
+    return lo, max(lo, hi)
 
 
 def gdp_mu(epsilon: float, delta: float) -> float:

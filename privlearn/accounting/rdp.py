@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -150,11 +151,14 @@ def rdp_epsilon(mechanism: Mechanism, orders: float | Sequence[float]) -> float 
     UnsupportedMechanismError
         If no RDP bound is registered for (part of) the mechanism.
     """
-    scalar = np.ndim(orders) == 0
-    a = np.atleast_1d(np.asarray(orders, dtype=float))
+    a = _real_orders(orders)
+    scalar = a.ndim == 0
+    a = np.atleast_1d(a)
     bad = np.isnan(a) | (a <= 1.0)
     if bad.any():
-        raise ParameterValueError(f"orders must be in (1, inf], got {a[bad][0]!r} in {orders!r}")
+        raise ParameterValueError(
+            f"orders must be in (1, inf], got {float(a[bad][0])!r} in {orders!r}; Renyi "
+            "orders start above 1 (e.g. 2, 8, 32)")
     flat = a.ravel()
     out = np.empty_like(flat)
     inf_mask = np.isinf(flat)
@@ -165,6 +169,22 @@ def rdp_epsilon(mechanism: Mechanism, orders: float | Sequence[float]) -> float 
     out = out.reshape(a.shape)
     return float(out.ravel()[0]) if scalar else out
 
+
+
+def _real_orders(orders: object) -> np.ndarray:
+    """``orders`` as a float array; a string, ``None``, a bool or an array holding one
+    is a :class:`ParameterTypeError` (``np.asarray("2", dtype=float)`` would read the
+    string ``"2"`` as the order 2, and ``True`` as the order 1)."""
+    try:
+        flat = np.ravel(np.asarray(orders, dtype=object))
+    except (TypeError, ValueError):
+        flat = None
+    if flat is None or not all(isinstance(x, numbers.Real) and not isinstance(x, bool)
+                               for x in flat):
+        raise ParameterTypeError(
+            f"orders must be a real number > 1 or an array of them, got {orders!r} "
+            f"({type(orders).__name__}); pass e.g. 2.0 or [2, 4, 8, 16, 32]")
+    return np.asarray(orders, dtype=float)
 
 
 def _rdp(mechanism: Mechanism, alphas: np.ndarray) -> np.ndarray:

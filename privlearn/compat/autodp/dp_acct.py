@@ -61,21 +61,25 @@ class DP_acct:  # noqa: N801 (autodp's name)
         return -math.expm1(self._log_keep)
 
     def get_eps(self, delta: Any) -> float:
-        """Optimal composition epsilon at ``delta`` (``inf`` below the minimum delta)."""
+        """Optimal composition epsilon at ``delta`` (``inf`` below the minimum delta; at
+        the minimum delta, 0 for pure steps, the sum of the epsilons)."""
         d = as_float("delta", delta)
         if d < 0:
             raise ValueError(f"delta must be >= 0, got {delta!r}")
         if d >= 1:
             return 0.0
-        epsilons = [e for e, _ in self.DPlosses]
-        if not epsilons:
-            return 0.0
         # 1 - delta = (1 - delta~) prod (1 - delta_i)  =>  delta~ for the pure part
         log_rest = math.log1p(-d) - self._log_keep
-        if log_rest >= 0:
+        if log_rest > 0:  # below the minimum delta: no epsilon holds
+            return math.inf
+        # a (0, delta_i)-DP step adds nothing once its delta_i is taken out above
+        epsilons = [e for e, _ in self.DPlosses if e > 0]
+        if not epsilons:
+            return 0.0
+        if math.isinf(max(epsilons)):
             return math.inf
         d_pure = -math.expm1(log_rest)
-        if d_pure == 0.0:
+        if d_pure == 0.0:  # delta is the minimum delta (0 for pure steps): basic composition
             return math.fsum(epsilons)
         try:
             return pure_dp_composition_epsilon(epsilons, d_pure)

@@ -34,6 +34,7 @@ from privlearn.accounting import (
 )
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float
+from privlearn.errors import AutodpCalibrationError
 
 __all__ = [
     "subsample_epsdelta",
@@ -87,6 +88,37 @@ def subsample_epsdelta_get_prob(eps_target: Any, delta_target: Any, eps_base: An
     return min(1.0, q)
 
 
+_MIN_PROB = 1e-12
+"""Smallest sampling probability :func:`subsampled_RDP_mech_get_prob` searches."""
+
+
+def _feasible_root(f: Callable[[float], float], a: float, b: float) -> float:
+    """A point ``x`` of ``[a, b]`` with ``f(x) <= 0`` next to where ``f`` changes sign
+    (``f(a)`` and ``f(b)`` have opposite signs), ``f(x) = epsilon(x) - target``.
+
+    Brent's root is within its tolerance of the crossing but on either side of it, and
+    epsilon need not be continuous (the RDP accountant's epsilon jumps from 0 where its
+    bound on delta at epsilon 0 crosses the target delta), so the root is checked and,
+    when infeasible, the bracket between it and the feasible end is bisected on
+    feasibility until adjacent to the crossing: the parameter returned always meets the
+    target by an actual evaluation.
+    """
+    fa = f(a)
+    root = brentq(f, a, b)
+    if f(root) <= 0:
+        return root
+    good, bad = (a, root) if fa <= 0 else (b, root)
+    for _ in range(200):
+        mid = 0.5 * (good + bad)
+        if not min(good, bad) < mid < max(good, bad) or abs(bad - good) <= 1e-12 * abs(good):
+            break
+        if f(mid) <= 0:
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
 def _rdp_epsilon(rdp: Callable[[float], float], delta: float, k: int, prob: float) -> float:
     base = RDPMechanism(rdp)
     if 0 < prob < 1:
@@ -116,12 +148,7 @@ def RDP_mech(rdp_func: Callable, eps: Any, delta: Any, param_name: str, params: 
     else:
         raise ValueError("infeasible privacy parameters for this RDP function and bounds; "
                          "widen bounds or raise eps/delta")
-    root = brentq(f, a, b)
-    # the side of the root that meets the target (brentq's root is within xtol)
-    for x in (root, root * (1 + 1e-9), root * (1 - 1e-9)):
-        if f(x) <= 0:
-            root = x
-            break
+    root = _feasible_root(f, a, b)
     params[param_name] = root
     return params
 
@@ -136,7 +163,12 @@ def subsampled_RDP_mech_get_prob(rdp_func: Callable, eps: Any, delta: Any, param
 
     if f(1.0) <= 0:
         return 1.0
-    return brentq(f, 1e-12, 1.0)
+    if f(_MIN_PROB) > 0:
+        raise AutodpCalibrationError(
+            f"infeasible privacy parameters: {int(k)} runs exceed eps={e!r} at delta={d!r} "
+            f"even at sampling probability {_MIN_PROB:g}; raise eps or delta, or use "
+            "fewer runs")
+    return _feasible_root(f, _MIN_PROB, 1.0)
 
 
 def gaussian_mech(eps: Any, delta: Any, k: int = 1, prob: float = 1.0) -> dict:
@@ -157,15 +189,20 @@ def laplace_mech(eps: Any, delta: Any, k: int = 1, prob: float = 1.0) -> dict:
     """``{'b': b}`` for the Laplace mechanism (``b = k / eps`` at ``delta = 0``)."""
     e, d = _check(eps, delta, delta_zero=True)
     q, k = as_float("prob", prob), int(k)
-    binf = k / e
-    if d == 0:
-        return {"b": binf}
 
     def mech(b: float):
         base = Laplace(b) if q >= 1 else subsample(Laplace(b), q)
         return compose(base, steps=k)
 
-    return {"b": min(float(calibrate(mech, e, d)), binf)}
+    # k runs of Laplace(k / eps) are (eps, 0)-DP; k / eps is rounded up until the
+    # accountant certifies it (k * (1 / b) can round to a float above eps)
+    binf = k / e
+    while compose(Laplace(binf), steps=k).epsilon(0.0) > e:
+        binf = math.nextafter(binf, math.inf)
+    if d == 0:
+        return {"b": binf}
+    b = float(calibrate(mech, e, d))
+    return {"b": binf if binf < b and mech(binf).epsilon(d) <= e else b}
 
 
 def randresponse_mech(eps: Any, delta: Any, k: int = 1, prob: float = 1.0) -> dict:
@@ -173,9 +210,13 @@ def randresponse_mech(eps: Any, delta: Any, k: int = 1, prob: float = 1.0) -> di
     response such that ``k`` runs are ``(eps, delta)``-DP."""
     e, d = _check(eps, delta, delta_zero=True)
     q, k = as_float("prob", prob), int(k)
-    pinf = 1.0 / (1.0 + math.exp(-e / k))
     if d >= 1:
         return {"p": 1.0}
+    # k runs at p = 1 / (1 + e^{-eps/k}) are (eps, 0)-DP; p is rounded down until the
+    # accountant certifies it (log(p / (1 - p)) can round to a float above eps / k)
+    pinf = 1.0 / (1.0 + math.exp(-e / k))
+    while compose(RandomizedResponse(pinf), steps=k).epsilon(0.0) > e:
+        pinf = math.nextafter(pinf, 0.0)
     if d == 0:
         return {"p": pinf}
 
@@ -184,6 +225,8 @@ def randresponse_mech(eps: Any, delta: Any, k: int = 1, prob: float = 1.0) -> di
         return compose(base, steps=k).epsilon(d)
 
     lo, hi = pinf, 1.0 - 1e-12
+    while eps_of(lo) > e:  # the certified bound at d may carry a rounding allowance
+        lo = math.nextafter(lo, 0.0)
     if eps_of(hi) <= e:
         return {"p": hi}
     for _ in range(100):  # bisection on p (epsilon increases with p)
