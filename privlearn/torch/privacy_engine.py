@@ -52,6 +52,7 @@ from privlearn.torch._engine_checks import (
     _warn_loader_generator,
     _warn_user_rate,
 )
+from privlearn.torch._layout_state import check_sampler_state
 from privlearn.torch._ledger_reserve import reserve_budget
 from privlearn.torch.accountant import (
     BudgetCap,
@@ -384,6 +385,7 @@ class PrivateTraining:
                              "original arguments" + ranks
                              + _strategy_hint(theirs, mine))
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
+        check_sampler_state(self._sampler, state["sampler"])  # its layout, if it has one
 
 
 def _strategy_hint(saved: dict, here: dict) -> str:
