@@ -159,6 +159,7 @@ class _AccountedSampler(Sampler[list[int]]):
 
     def _init_bookkeeping(self, seed: int | None) -> None:
         self._built = True  # the law's fields are set: read-only from now on
+        self.seed = seed  # (make_private rebuilds a sampler given to it with its seed)
         self._key = None if self.secure else _initial_key(seed)
         self.draws = 0  # batches drawn so far
         self.delivered = 0  # batches handed to the training loop so far
