@@ -49,11 +49,13 @@ from privlearn.errors import (
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
+    _scaled_rows,
     check_class_labels,
     make_rng,
     noisy_sum_mechanism,
     require_delta_for_gaussian,
     resolve_noise_multiplier,
+    row_norms,
     validate_input,
     warn_person_fitting,
 )
@@ -78,6 +80,22 @@ def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, s
     """The mechanism DP-SGD runs: ``steps`` compositions of the (Poisson-subsampled, if
     ``sampling_rate < 1``) Gaussian or Laplace mechanism with the given multiplier."""
     return noisy_sum_mechanism(noise, noise_multiplier, sampling_rate, steps)
+
+
+def _scaled_design(Z: np.ndarray, ord_: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(U, s, ||u||)`` with ``z_i = s_i u_i`` for every row: ``s_i = 1`` and ``u_i = z_i``
+    for a row whose ``ord_``-norm is a float (:func:`~privlearn.models.base.row_norms`,
+    overflow-safe), else ``s_i`` its largest absolute entry (the rows
+    :func:`~privlearn.models.base.clip_rows` scales first), so ``||u_i||`` is finite."""
+    norms = row_norms(Z, ord_)
+    scale = np.ones(Z.shape[0])
+    huge = ~np.isfinite(norms) & np.all(np.isfinite(Z), axis=1)
+    if not np.any(huge):
+        return Z, scale, norms
+    U = np.array(Z, dtype=float, copy=True)
+    scale[huge], norms[huge] = _scaled_rows(Z[huge], ord_)
+    U[huge] = Z[huge] / scale[huge][:, None]
+    return U, scale, norms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,29 +229,31 @@ class _DPSGDBase(PrivateEstimator):
         theta = np.zeros(d)
         path = np.zeros((steps, d)) if self.record_path else None
         # Per-example gradient g_i = r_i z_i, so ||g_i|| = |r_i| ||z_i|| (any norm): the
-        # clipping factor needs only the row norms, computed once.
-        with np.errstate(over="ignore"):  # an extreme row's norm: inf, clipped below
-            znorm = np.linalg.norm(Z, ord=ord_, axis=1)
+        # clipping factor needs only the row norms, computed once, without overflow
+        # (row_norms). A row whose norm exceeds the largest float is kept as s_i u_i (s_i
+        # its largest entry, u_i = z_i / s_i), so its gradient is clipped to norm C in its
+        # own direction, u_i / ||u_i||, not to zero (the rows clip_rows scales the same way)
+        U, scale, unorm = _scaled_design(Z, ord_)
         for t in range(steps):
             # 1. sample (Poisson)
             if q < 1.0:
                 idx = np.flatnonzero(rng.random(n) < q)
-                Zb, yb, nb = Z[idx], y[idx], znorm[idx]
+                Zb, Ub, yb, sb, nb = Z[idx], U[idx], y[idx], scale[idx], unorm[idx]
             else:
-                Zb, yb, nb = Z, y, znorm
-            # 2. clip per example: g_i * min(1, C / ||g_i||), summed
+                Zb, Ub, yb, sb, nb = Z, U, y, scale, unorm
+            # 2. clip per example: g_i * min(1, C / ||g_i||), summed; g_i = (r_i s_i) u_i
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 r = self._residual(Zb, yb, theta)
-                gnorm = np.abs(r) * nb
-                # above C: the residual of norm exactly C (its sign, C / ||z_i||), also
-                # when an extreme row overflows r or ||z_i|| to infinity; a residual that
-                # is not a number (inf - inf in z_i . theta) contributes nothing. Either
-                # way one record moves the sum by at most C, and one finite but extreme
-                # row cannot turn the release into a NaN (and the fit into an error)
-                r = np.where(gnorm > C, np.where(np.isfinite(gnorm), r * (C / gnorm),
-                                                 np.sign(r) * (C / nb)), r)
-                r = np.where(np.isfinite(r), r, 0.0)
-            total = Zb.T @ r
+                gnorm = np.abs(r) * sb * nb
+                # above C: the coefficient of u_i of norm exactly C (its sign,
+                # C / ||u_i||), also when an extreme row overflows r or ||g_i|| to
+                # infinity; a residual that is not a number (inf - inf in z_i . theta)
+                # contributes nothing. Either way one record moves the sum by at most
+                # C, and one finite but extreme row cannot turn the release into a NaN
+                c = np.where(gnorm > C, np.where(np.isfinite(gnorm), r * sb * (C / gnorm),
+                                                 np.sign(r) * (C / nb)), r * sb)
+                c = np.where(np.isfinite(c), c, 0.0)
+            total = Ub.T @ c
             # 3. noise on the sum
             if noise == "gaussian":
                 total = total + rng.normal(scale=sigma * C, size=d)

@@ -365,3 +365,35 @@ def _guard_token_level_labels(model: nn.Module) -> list:
 
         hooks.append(m.register_forward_pre_hook(pre_hook, with_kwargs=True))
     return hooks
+
+
+def given_sampler_seed(data_loader: DataLoader, cfg, seed: int | None, world: int,
+                       stacklevel: int) -> int | None:
+    """The seed of the sampler make_private builds for ``data_loader`` (``seed``, from its
+    own ``seed=`` and the rank): one of privlearn's DP samplers given as the loader's
+    ``batch_sampler`` with a ``seed`` of its own is rebuilt with that seed, so the run
+    draws the batches (and the layout) the sampler was built to draw. Secure mode (the OS
+    CSPRNG), a distributed fixed-size run (one generator shared by the ranks) and a
+    different ``seed=`` given to make_private are said in a warning."""
+    bs = data_loader.batch_sampler
+    own = getattr(bs, "seed", None)
+    if data_loader.batch_size is not None or not isinstance(bs, _AccountedSampler) \
+            or own is None or own == seed:
+        return seed
+    name = f"{type(bs).__name__}(seed={own})"
+    if cfg.secure_mode or (cfg.sampling == "fixed" and world > 1):
+        why = ("secure_mode draws every batch from the OS CSPRNG" if cfg.secure_mode else
+               "the ranks of a distributed fixed-size run share one generator, seeded from "
+               "make_private's seed=")
+        warnings.warn(
+            f"data_loader's batch_sampler={name} is rebuilt without its seed: {why}, so "
+            "the run's batches are not the ones this sampler would draw",
+            UserWarning, stacklevel=stacklevel + 1)
+        return seed
+    if cfg.seed is not None:
+        warnings.warn(
+            f"data_loader's batch_sampler={name} draws its batches from its own seed, "
+            f"not from make_private's seed={cfg.seed} (which seeds the noise): the run "
+            "trains on the batches this sampler draws. Build the sampler without seed= "
+            "to draw them from make_private's seed", UserWarning, stacklevel=stacklevel + 1)
+    return own

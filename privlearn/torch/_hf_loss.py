@@ -60,8 +60,9 @@ def sequence_classification_loss(model, logits: torch.Tensor,
 
 def warn_own_compute_loss(trainer_cls: type, base: type) -> None:
     """Warn when a subclass of ``base`` (:class:`~privlearn.torch.hf.DPTrainer`)
-    overrides ``compute_loss``: what it returns is not checked, and DP-SGD's sensitivity
-    holds only for a mean over examples of per-example losses."""
+    overrides ``compute_loss``: DP-SGD's sensitivity holds only for a mean over examples
+    of per-example losses, which :func:`check_per_example_loss` checks on a few training
+    examples when training starts, not on every batch."""
     if trainer_cls.compute_loss is base.compute_loss:
         return
     warnings.warn(

@@ -51,7 +51,9 @@ from privlearn.torch._engine_checks import (
     _warn_drop_last,
     _warn_loader_generator,
     _warn_user_rate,
+    given_sampler_seed,
 )
+from privlearn.torch._layout_state import check_sampler_state
 from privlearn.torch._ledger_reserve import reserve_budget
 from privlearn.torch.accountant import (
     BudgetCap,
@@ -389,6 +391,7 @@ class PrivateTraining:
                              "original arguments" + ranks
                              + _strategy_hint(theirs, mine))
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
+        check_sampler_state(self._sampler, state["sampler"])  # its layout, if it has one
 
 
 def _strategy_hint(saved: dict, here: dict) -> str:
@@ -718,7 +721,8 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
               if cfg.sampling == "fixed" and plan.world_size > 1 else None)
     loader = make_dp_loader(data_loader, sampling=cfg.sampling,
                             sample_rate=plan.sampling_rate, batch_size=int(plan.batch_size),
-                            steps=plan.steps_per_epoch, seed=seed, rank=plan.rank,
+                            steps=plan.steps_per_epoch, rank=plan.rank,
+                            seed=given_sampler_seed(data_loader, cfg, seed, plan.world_size, 4),
                             world_size=plan.world_size, secure=cfg.secure_mode,
                             shared_seed=shared, cycle_length=plan.run.cycle,
                             units=plan.units, stacklevel=4)

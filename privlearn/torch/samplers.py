@@ -31,6 +31,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch._layout_state import saved_layout
 
 __all__ = [
     "PoissonBatchSampler",
@@ -158,6 +159,7 @@ class _AccountedSampler(Sampler[list[int]]):
 
     def _init_bookkeeping(self, seed: int | None) -> None:
         self._built = True  # the law's fields are set: read-only from now on
+        self.seed = seed  # (make_private rebuilds a sampler given to it with its seed)
         self._key = None if self.secure else _initial_key(seed)
         self.draws = 0  # batches drawn so far
         self.delivered = 0  # batches handed to the training loop so far
@@ -664,13 +666,9 @@ class _ScheduledSampler(_AccountedSampler):
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        seed, parts = saved_layout(self, state)  # the run's layout, or refused first
         super().load_state_dict(state)
-        if state.get("parts") is not None:
-            self._layout_seed = None
-            self._parts = [np.asarray(p, dtype=np.int64) for p in state["parts"]]
-            return
-        self._layout_seed = int(state["layout"])
-        self._parts = None
+        self._layout_seed, self._parts = seed, parts
 
 
 class CyclicPoissonBatchSampler(_ScheduledSampler):

@@ -186,3 +186,35 @@ def test_one_extreme_finite_record_is_clipped_not_a_failure(cls, noise):
         a, b = (cls(n_iter=1, **kw).fit(Z, y) for Z in (X, Xe))
         step = np.append(a.coef_ - b.coef_, a.intercept_ - b.intercept_)
         assert np.linalg.norm(step, ord=ord_) <= 0.5 * 2 * 0.5 / len(y) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "laplace"])
+def test_a_row_whose_norm_overflows_is_clipped_in_its_own_direction(noise):
+    """A row of entries near 1e308 (its norm exceeds the largest float) contributes its
+    gradient clipped to norm C in its own direction, as clip_rows scales it, not zero.
+    Naive ground truth for one step from theta = 0 with every example (the same noise
+    draw with and without the row): r_0 = -y_0, so the clipped gradient is
+    -sign(y_0) C z_0 / ||z_0||, with ||z_0|| computed on z_0 / 1e300."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(50, 3))
+    y = X[:, 0] + 0.1
+    y[0] = 2.0
+    C, lr = 0.5, 0.5
+    kw = dict(noise=noise, delta=1e-5 if noise == "gaussian" else 0.0, max_grad_norm=C,
+              learning_rate=lr, l2_regularization=0.0, n_iter=1, random_state=0)
+    ord_ = 2 if noise == "gaussian" else 1
+    Xe = X.copy()
+    Xe[0] = [1.5e308, 1.5e308, 0.0]
+    a, b = (DPSGDRegressor(**kw).fit(Z, y) for Z in (X, Xe))
+
+    def clipped(z, r):
+        u = np.append(z, 1.0) / 1e300 if np.max(np.abs(z)) > 1e300 else np.append(z, 1.0)
+        g = r * u
+        if np.max(np.abs(z)) > 1e300:  # |r| ||z|| > C: the unit direction times C
+            return np.sign(r) * C * u / np.linalg.norm(u, ord=ord_)
+        return g * min(1.0, C / np.linalg.norm(g, ord=ord_))
+
+    want = -lr / len(y) * (clipped(Xe[0], -y[0]) - clipped(X[0], -y[0]))
+    got = np.append(b.coef_ - a.coef_, b.intercept_ - a.intercept_)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
+    assert np.linalg.norm(got[:2]) > 0  # the extreme row moves the model along itself

@@ -98,3 +98,25 @@ def test_a_sampler_of_another_cycle_is_refused():
     with pytest.raises(ConfigurationError, match="cycle_length=2.*cycle_length=4"):
         _private(CyclicPoissonBatchSampler(N, 0.3, 2), sampling="cyclic_poisson",
                  cycle_length=4, epochs=1)
+
+
+@pytest.mark.parametrize("build,sampling", [
+    (lambda seed: PoissonBatchSampler(N, 0.25, seed=seed), "poisson"),
+    (lambda seed: FixedSizeBatchSampler(N, 8, seed=seed), "fixed"),
+    (lambda seed: CyclicPoissonBatchSampler(N, 0.3, 4, seed=seed), "cyclic_poisson"),
+    (lambda seed: BallsInBinsBatchSampler(N, 4, seed=seed), "balls_in_bins"),
+    (lambda seed: ShuffledEpochsBatchSampler(N, 4, seed=seed), "shuffled_epochs"),
+], ids=["poisson", "fixed", "cyclic", "bins", "shuffled"])
+def test_a_seeded_sampler_is_rebuilt_with_its_seed(build, sampling):
+    """The rebuilt sampler draws the batches (and the layout) the given one draws from its
+    seed, not batches of a seed of its own; a different make_private seed= is warned
+    about (it seeds the noise), and secure mode, which cannot use the seed, says so."""
+    want = [sorted(b) for b in build(7)]
+    p = _private(build(7), sampling=sampling, epochs=1)
+    assert [sorted(b) for b in p.data_loader.batch_sampler] == want
+    with pytest.warns(UserWarning, match=r"from its own seed, not from make_private's seed=3"):
+        p = _private(build(7), sampling=sampling, epochs=1, seed=3)
+    assert [sorted(b) for b in p.data_loader.batch_sampler] == want
+    with pytest.warns(UserWarning, match="rebuilt without its seed: secure_mode"):
+        p = _private(build(7), sampling=sampling, epochs=1, secure_mode=True)
+    assert p.data_loader.batch_sampler.secure

@@ -156,3 +156,44 @@ def test_the_grouping_into_users_is_kept_out_of_the_released_checkpoint(tmp_path
         save_strategy="steps", save_steps=2, report_to=[], use_cpu=True)
     with pytest.raises(ConfigurationError, match="private_state_dir is required.*users"):
         DPTrainer(model=_gpt2(), args=args, train_dataset=_UserTextSet(), privacy=secure)
+
+
+@pytest.mark.parametrize("sampling", [
+    "balls_in_bins",
+    pytest.param("shuffled_epochs", marks=pytest.mark.slow),
+    pytest.param("cyclic_poisson", marks=pytest.mark.slow)])
+def test_a_secure_run_resumed_mid_epoch_keeps_its_layout(sampling, tmp_path, monkeypatch):
+    """secure_mode draws the layout (bins, order, groups) from the OS CSPRNG: the
+    checkpoint keeps it (no private folder needed), and the resumed run follows it, so
+    over the whole run every example takes part only in steps of one residue mod
+    cycle_length (a new layout would put examples in two bins of one epoch)."""
+    from privlearn.torch import samplers
+
+    drawn: list = []
+    iterate = samplers._AccountedSampler._iterate
+
+    def recorded(self, fifo):
+        for batch in iterate(self, fifo):
+            drawn.append((self._step, list(batch)))
+            yield batch
+
+    monkeypatch.setattr(samplers._AccountedSampler, "_iterate", recorded)
+    cycle = 4
+    pa = PrivacyArguments(noise_multiplier=1.0, max_grad_norm=1.0, target_delta=1e-5,
+                          sampling=sampling, cycle_length=cycle, secure_mode=True)
+    args = dict(per_device_train_batch_size=B, learning_rate=0.05, save_strategy="steps",
+                save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True,
+                dataloader_pin_memory=False, output_dir=str(tmp_path / "out"))
+    DPTrainer(model=_gpt2(), args=transformers.TrainingArguments(max_steps=2, **args),
+              train_dataset=_text_set(), privacy=pa).train()
+    resumed = DPTrainer(model=_gpt2(), args=transformers.TrainingArguments(
+        max_steps=2 * cycle, **args), train_dataset=_text_set(), privacy=pa)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert resumed.privacy_engine.accountant.steps == 2 * cycle
+    steps = dict(drawn)  # each step's batch (a batch drawn again for a step: the same)
+    assert sorted(steps) == list(range(2 * cycle))
+    residues: dict = {}
+    for step, batch in steps.items():
+        for i in batch:
+            residues.setdefault(i, set()).add(step % cycle)
+    assert all(len(r) == 1 for r in residues.values()), residues
