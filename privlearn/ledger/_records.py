@@ -8,6 +8,7 @@ import math
 import operator
 import os
 import socket
+import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -161,8 +162,19 @@ def _check_name(name: str, value: object) -> str:
 
 
 def _check_opt_str(name: str, value: object) -> str | None:
+    """A one-line text (a label, who spent) or None: a line break or another control
+    character would break the one-line-per-entry listing of ``privlearn budget history``
+    (or write terminal escapes into it), so it is refused before anything is recorded."""
     if value is not None and not isinstance(value, str):
         raise ParameterTypeError(f"{name} must be a string or None, got {value!r}")
+    if value is not None:
+        bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Zl", "Zp")),
+                   None)
+        if bad is not None:
+            raise ParameterValueError(
+                f"{name} must be one line of printable text, got {value!r} (holding "
+                f"{bad!r}, a line break or control character); replace it, e.g. with a "
+                "space or ' / '")
     return value
 
 
