@@ -81,7 +81,12 @@ class Spent:
         Certified upper bound on epsilon at ``delta`` of the tight composition of every
         counted release (spends, settled reservations, and pending reservations in full),
         treated as a sequence whose mechanisms were fixed in advance, under
-        ``neighbouring``.
+        ``neighbouring``. Never lower than the total reported after the last spend or
+        reservation (the PLD bound is not monotone in the releases; the running maximum
+        of upper bounds is one), so it never decreases with a new release; a settle that
+        ran less than planned may lower it. With a release the budget's accountant has no
+        representation for (an ``RDPMechanism`` on a PLD budget), the Renyi DP bound of
+        every release.
     epsilon_lower : float or None
         Certified lower bound of the same composition (the accountant's, where it has one):
         the true epsilon of that composition lies in ``[epsilon_lower, epsilon_spent]``.
