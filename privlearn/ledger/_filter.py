@@ -201,6 +201,13 @@ def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
     return _float_up(eps)
 
 
+#: The accountants of the budgets on which a release the accountant cannot evaluate is
+#: composed under Renyi DP instead of refused: the general-purpose default. A budget
+#: created with a specialised accountant (e.g. ``"analytic"``, the exact Gaussian) keeps
+#: refusing what that accountant does not cover, as its creator chose.
+RDP_FALLBACK_ACCOUNTANTS = ("pld",)
+
+
 def _rdp_fallback(mechs: Sequence[Mechanism], delta: float, basic: float | None,
                   refusal: Exception) -> float:
     """The certified epsilon at ``delta`` of the releases composed by the RDP accountant
@@ -248,6 +255,8 @@ def evaluate_budget(budget, mechs: Sequence[Mechanism]
         # a release the accountant has no representation for (e.g. an RDPMechanism,
         # known only by its RDP curve, on a PLD budget): every release composed under
         # Renyi DP, a valid and looser upper bound (Mironov 2017, Proposition 1 and 3)
+        if budget.accountant not in RDP_FALLBACK_ACCOUNTANTS:
+            raise
         upper = _rdp_fallback(mechs, budget.delta, basic, exc)
         lower = None
     except AccountingError as exc:
