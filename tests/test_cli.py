@@ -867,3 +867,12 @@ def test_reproduce_refuses_an_out_directory_it_cannot_write_before_running(
         assert r.exit_code == 2, r.output
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "--out" in lines[0] and "Read-only" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("count", ["1", str(10**22)])
+def test_audit_canaries_out_of_range_is_a_usage_error(runner: CliRunner, count) -> None:
+    # a huge count was a numpy TypeError (traceback) after the calibration
+    r = runner.invoke(cli, ["audit", "dpsgd", "--epsilon", "1", "--delta", "1e-5",
+                            "--canaries", count])
+    assert r.exit_code == 2, r.output
+    assert "'--canaries'" in r.output and "2<=x<=1000000000" in r.output

@@ -189,13 +189,26 @@ def _check_seed(seed) -> int:
     return int(seed)
 
 
+#: The most canaries an audit takes: it holds a few arrays of ``n_canaries`` numbers
+#: (inclusion, scores; one parameter per canary in the DP-SGD audit), so more would not
+#: fit in memory, and NumPy's integers stop at 2**63 (a larger count was a TypeError).
+MAX_CANARIES = 10**9
+
+_CANARIES_HINT = ("use hundreds to thousands of canaries (the guide 'auditing privacy "
+                  "empirically', section 'How many canaries buy how much power', has the "
+                  "power each number buys)")
+
+
 def _check_n_canaries(n_canaries) -> int:
-    """``n_canaries`` as an int >= 2, or a clear error (shared by every audit entry
-    point, checked before any training)."""
-    return check_count("n_canaries", n_canaries, minimum=2, integral_floats=False,
-                       hint="use hundreds to thousands of canaries (the guide 'auditing privacy "
-                       "empirically', section 'How many canaries buy how much power', "
-                       "has the power each number buys)")
+    """``n_canaries`` as an int in [2, :data:`MAX_CANARIES`], or a clear error (shared by
+    every audit entry point, checked before any training)."""
+    n = check_count("n_canaries", n_canaries, minimum=2, integral_floats=False,
+                    hint=_CANARIES_HINT)
+    if n > MAX_CANARIES:
+        raise ParameterValueError(
+            f"n_canaries must be an integer in [2, {MAX_CANARIES:_}], got {n_canaries!r}; "
+            + _CANARIES_HINT)
+    return n
 
 
 def _warn_if_claim_unrefutable(claim: float, inclusion: np.ndarray, delta: float,

@@ -4,6 +4,7 @@ what to try (:data:`HINTS`)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from enum import IntEnum
@@ -48,6 +49,9 @@ class ExitStatus(IntEnum):
     LEDGER_TAMPERED = 4
     #: ``privlearn audit`` found a VIOLATION (an empirical lower bound above the claim)
     AUDIT_VIOLATION = 5
+    #: the reader of the output closed the pipe (``privlearn budget history | head``):
+    #: 128 + SIGPIPE, the status of a command killed by SIGPIPE, without a message
+    BROKEN_PIPE = 141
 
 
 #: Exit status of each error type the CLI reports in one line (looked up along the MRO).
@@ -187,6 +191,9 @@ class _OneLineErrors(click.Group):
             hint = _hint(err, command)
             click.echo(f"error: {msg}" + (f"; {hint}" if hint else ""), err=True)
             raise click.exceptions.Exit(int(_lookup(EXIT_STATUS, err))) from None
+        except BrokenPipeError:  # e.g. `privlearn budget history ... | head`: the reader left
+            _silence_stdout()
+            raise click.exceptions.Exit(ExitStatus.BROKEN_PIPE) from None
 
     def main(  # type: ignore[override]
         self,
@@ -236,6 +243,18 @@ def _with_help(msg: str, err: click.UsageError) -> str:
     return f"{msg} See {see}" if msg.endswith("?") else f"{msg.rstrip('.')}; see {see}"
 
 
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's last flush of what is
+    left in its buffer does not raise ``BrokenPipeError`` again (the recipe of Python's
+    ``signal`` module documentation, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (e.g. captured by a test runner)
+        pass
+
+
 def one_line(msg: str) -> str:
     return " ".join(msg.split())
 
@@ -248,7 +267,8 @@ def cli() -> None:
     \b
     Exit status: 0 success; 2 bad usage or input, or a run that cannot be accounted;
     3 a ledger spend refused (budget exceeded); 4 a ledger that failed its integrity
-    check; 5 an audit VIOLATION; 1 an unexpected error (with a traceback).
+    check; 5 an audit VIOLATION; 141 the reader of the output closed the pipe (e.g.
+    `| head`); 1 an unexpected error (with a traceback).
     """
 
 

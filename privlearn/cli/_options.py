@@ -219,6 +219,20 @@ sampling_opt = click.option(
     help="Subsampling scheme: Poisson (add/remove-one) or fixed-size without replacement "
     "(replace-one).",
 )
+
+
+def check_sampling_has_rate(ctx: click.Context, rate: float | None) -> None:
+    """Refuse ``--sampling`` given on the command line without a sampling rate: the scheme
+    describes subsampling, and without ``--sampling-rate`` there is none, so the option
+    would be silently ignored (the release counted without subsampling)."""
+    source = ctx.get_parameter_source("sampling")
+    if rate is None and source is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError(
+            f"--sampling {ctx.params['sampling']} needs --sampling-rate (the subsampling "
+            "rate in (0, 1]); without it the release is counted without subsampling, so "
+            "drop --sampling or pass e.g. --sampling-rate 0.01", ctx=ctx)
+
+
 steps_opt = click.option(
     "--steps", type=int, default=None, help="Number of compositions (integer; default 1)."
 )

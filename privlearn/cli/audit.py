@@ -8,6 +8,7 @@ import warnings
 import click
 
 from privlearn._validation import check_count, check_delta, check_positive
+from privlearn.auditing.harness import MAX_CANARIES
 from privlearn.cli._app import ExitStatus, cli, one_line
 from privlearn.cli._options import check_out_dir, json_opt
 
@@ -26,8 +27,10 @@ def audit() -> None:
 @audit.command(name="dpsgd")
 @click.option("--epsilon", type=float, required=True, help="Target epsilon of the training.")
 @click.option("--delta", type=float, required=True, help="Target delta in (0, 1).")
-@click.option("--canaries", type=int, default=1000, show_default=True,
-              help="Number of canaries (each included with probability 1/2).")
+@click.option("--canaries", type=click.IntRange(min=2, max=MAX_CANARIES), default=1000,
+              show_default=True,
+              help=f"Number of canaries in [2, {MAX_CANARIES:_}] (each included with "
+              "probability 1/2).")
 @click.option("--inject-bug", "--bug", "inject_bug", type=click.Choice(_AUDIT_BUGS),
               default="none", show_default=True,
               help="Plant a known defect (self-test of the audit); --bug is an alias.")

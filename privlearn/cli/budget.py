@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 from typing import Any
 
 import click
@@ -15,6 +16,7 @@ from privlearn.cli._app import ExitStatus, cli
 from privlearn.cli._options import (
     accountant_opt,
     build_mechanism,
+    check_sampling_has_rate,
     json_opt,
     mechanism_opt,
     none_if_inf,
@@ -25,6 +27,7 @@ from privlearn.cli._options import (
 )
 from privlearn.errors import LedgerConflictError, ParameterValueError, UnsupportedMechanismError
 from privlearn.ledger._busy import DEFAULT_TIMEOUT
+from privlearn.ledger._records import _check_opt_str
 
 __all__ = ["budget"]
 
@@ -250,7 +253,9 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
     """Record a release on DATASET; refused (status 3, nothing recorded) if it would
     exceed the budget."""
     _check_names(dataset, privacy_unit)
+    label, who = _check_opt_str("--label", label), _check_opt_str("--who", who)
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
+    check_sampling_has_rate(click.get_current_context(), rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     kind, samp = mechanism.lower(), sampling.lower()
     nm = check_positive("--noise-multiplier", noise_multiplier)
@@ -343,9 +348,18 @@ def budget_history(path: str, key_file: str | None, timeout: float, dataset: str
     for e in entries:
         what = "" if e.mechanism is None else f"  {_describe_mechanism(e.mechanism)}"
         ref = f" (reservation {e.ref})" if e.ref is not None else ""
-        where = "" if dataset is not None else f"{e.dataset}/{e.privacy_unit}  "
-        click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {where}{e.label or '-'}  "
-                   f"[{e.who or '-'}]{ref}{what}")
+        where = "" if dataset is not None else f"{_escaped(e.dataset)}/{e.privacy_unit}  "
+        click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {where}{_escaped(e.label) or '-'}  "
+                   f"[{_escaped(e.who) or '-'}]{ref}{what}")
+
+
+def _escaped(text: str | None) -> str | None:
+    """``text`` with its line breaks and control characters escaped (``\\n``), so that
+    an entry stays on one line (labels written before the ledger refused them)."""
+    if text is None:
+        return None
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
 
 
 def _describe_mechanism(m: Mechanism) -> str:

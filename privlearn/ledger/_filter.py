@@ -31,6 +31,7 @@ References
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -42,7 +43,8 @@ from privlearn.accounting import AccountingError, Mechanism, UnsupportedMechanis
 from privlearn.accounting.registry import representation_of
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
-__all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order"]
+__all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order",
+           "reported_floor", "reported_payload"]
 
 
 def default_filter_order(epsilon: float, delta: float) -> float:
@@ -199,20 +201,65 @@ def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
     return _float_up(eps)
 
 
+#: The accountants of the budgets on which a release the accountant cannot evaluate is
+#: composed under Renyi DP instead of refused: the general-purpose default. A budget
+#: created with a specialised accountant (e.g. ``"analytic"``, the exact Gaussian) keeps
+#: refusing what that accountant does not cover, as its creator chose.
+RDP_FALLBACK_ACCOUNTANTS = ("pld",)
+
+
+def _rdp_fallback(mechs: Sequence[Mechanism], delta: float, basic: float | None,
+                  refusal: Exception) -> float:
+    """The certified epsilon at ``delta`` of the releases composed by the RDP accountant
+    (with basic composition of the ``(epsilon, delta)`` statements, where smaller), for a
+    budget whose accountant cannot evaluate one of them; ``refusal`` (that accountant's
+    error) is raised, with what to choose instead, when RDP cannot bound them either."""
+    bounds = [] if basic is None else [basic]
+    for fn in (lambda: compose(list(mechs)).epsilon_bounds(delta, "rdp").upper,
+               lambda: basic_composition_epsilon(mechs, delta, "rdp")):
+        try:
+            eps = fn()
+        except (AccountingError, UnsupportedMechanismError):
+            continue
+        if eps is not None and math.isfinite(eps):
+            bounds.append(eps)
+    if not bounds:
+        if _stated_delta(mechs) > delta:  # no accountant admits these
+            raise AccountingError(
+                f"the releases' stated deltas add up to {float(_stated_delta(mechs)):g}, "
+                f"past the budget's delta {delta:g}") from refusal
+        raise UnsupportedMechanismError(
+            f"{refusal}; neither that accountant nor Renyi DP can bound every release of "
+            "this budget: record such releases on a budget created with another "
+            "accountant (create_budget(..., accountant='rdp') for a mechanism known by "
+            "its RDP curve, e.g. an RDPMechanism)") from refusal
+    return min(bounds)
+
+
 def evaluate_budget(budget, mechs: Sequence[Mechanism]
                     ) -> tuple[float, float | None, float | None]:
     """``(upper, lower, adaptive_epsilon)`` of the releases ``mechs`` (already read under
     the budget's neighbouring relation) at the budget's delta: the certified bounds of
     their tight composition with the budget's accountant (the upper one no larger than
     their :func:`basic_composition_epsilon`, where that applies; that one alone when the
-    accountant cannot evaluate them, e.g. RDP and an ``ApproxDP``), and for an adaptive
+    accountant cannot evaluate them, e.g. RDP and an ``ApproxDP``; with a release the
+    accountant has no representation for, e.g. an ``RDPMechanism`` on a PLD budget, their
+    composition under Renyi DP), and for an adaptive
     budget the epsilon its Renyi filter certifies (None otherwise)."""
     if not mechs:
         return 0.0, 0.0, (0.0 if budget.adaptive else None)
     basic = basic_composition_epsilon(mechs, budget.delta, budget.accountant)
     try:
         b = compose(list(mechs)).epsilon_bounds(budget.delta, budget.accountant)
-    except (AccountingError, UnsupportedMechanismError) as exc:
+    except UnsupportedMechanismError as exc:
+        # a release the accountant has no representation for (e.g. an RDPMechanism,
+        # known only by its RDP curve, on a PLD budget): every release composed under
+        # Renyi DP, a valid and looser upper bound (Mironov 2017, Proposition 1 and 3)
+        if budget.accountant not in RDP_FALLBACK_ACCOUNTANTS:
+            raise
+        upper = _rdp_fallback(mechs, budget.delta, basic, exc)
+        lower = None
+    except AccountingError as exc:
         # e.g. RDP, which has no curve for an (epsilon, delta) statement, or a PLD
         # that cannot certify the releases: basic composition, where it applies
         if basic is None:
@@ -232,3 +279,28 @@ def evaluate_budget(budget, mechs: Sequence[Mechanism]
         adaptive_eps = filter_epsilon(
             rdp_at_order(mechs, budget.adaptive_order), budget.adaptive_order, budget.delta)
     return upper, lower, adaptive_eps
+
+
+def reported_payload(epsilon_spent: float | None) -> str:
+    """The payload of a spend or reservation entry: the epsilon spent reported once it was
+    admitted (``None`` for a settle entry: what a settle leaves is not bounded below by
+    what was reported while the plan counted in full)."""
+    return json.dumps({"epsilon_spent": epsilon_spent})
+
+
+def reported_floor(payloads) -> float | None:
+    """The epsilon spent last reported, from the payloads of a budget's entries in order
+    (None when none was recorded since the last settle, or in ledgers written before).
+
+    The PLD accountant's certified upper bound is not monotone in the releases: its
+    discretisation adapts to the composition, so one more release can certify a total a
+    few 1e-8 below the previous one. Each total is an upper bound, and so is their running
+    maximum (the true epsilon only grows with releases), so the ledger reports (and caps)
+    ``max(certified bound, last reported)``: the spent epsilon never decreases with a new
+    release and is never below a certified bound."""
+    floor = None
+    for p in payloads:
+        if p is not None:
+            value = json.loads(p).get("epsilon_spent")
+            floor = None if value is None else float(value)
+    return floor

@@ -46,7 +46,7 @@ from privlearn.errors import (
     UnknownBudgetError,
 )
 from privlearn.ledger._busy import DEFAULT_TIMEOUT, as_busy_error, lock_file, lock_timeout_refused
-from privlearn.ledger._filter import evaluate_budget, filter_order
+from privlearn.ledger._filter import evaluate_budget, filter_order, reported_floor, reported_payload
 from privlearn.ledger._handles import (
     BudgetHandle,
     ClosedConnection,
@@ -81,10 +81,9 @@ from privlearn.ledger._schema import (
     _COLUMNS,
     _CONTENT_KEYS,
     _ENCODE,
-    _SCHEMA,
     GENESIS,
-    SCHEMA_VERSION,
-    _check_schema,
+    open_schema,
+    read_only_uri,
 )
 
 __all__ = ["Budget", "BudgetHandle", "Entry", "Ledger", "Reservation", "Spent", "VerifyReport",
@@ -119,6 +118,10 @@ class Ledger:
         can forge a consistent chain. Record :meth:`head` elsewhere for the same effect.
     timeout : float
         Seconds to wait for another writer's lock; then LedgerBusyError, nothing recorded.
+    read_only : bool, optional
+        Open the file read-only (reports and :meth:`verify` work; every write raises
+        :class:`~privlearn.errors.LedgerStorageError`). Default: read-only exactly when
+        this process may not write the file.
 
     Notes
     -----
@@ -154,7 +157,8 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike, *, create: bool = False,
-                 key: bytes | None = None, timeout: float = DEFAULT_TIMEOUT):
+                 key: bytes | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 read_only: bool | None = None):
         if key is not None and not isinstance(key, bytes):
             raise ParameterTypeError(f"key must be bytes or None, got {type(key).__name__}")
         if key is not None and not key:
@@ -188,6 +192,14 @@ class Ledger:
                 f"{self.path} is a directory, not a privacy ledger; pass the path of a file "
                 f"in it (e.g. {os.path.join(self.path, 'ledger.db')})",
                 path=self.path, reason="directory")
+        if read_only is None:  # a file this process may not write: read it read-only
+            read_only = not create and os.path.isfile(self.path) and not os.access(
+                self.path, os.W_OK)
+        if not isinstance(read_only, bool) or (read_only and create):
+            raise ParameterValueError(f"read_only must be a bool (None: the file's own "
+                                      f"permission), and not with create=True, got "
+                                      f"{read_only!r}")
+        self.read_only = read_only
         if not create and not os.path.exists(self.path):
             raise LedgerNotFoundError(
                 f"no privacy ledger at {self.path}; check the path, or pass create=True to "
@@ -204,8 +216,8 @@ class Ledger:
     def _connect(self, create: bool) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
-                self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
-            )
+                read_only_uri(self._abs) if self.read_only else self.path, timeout=self._timeout,
+                isolation_level=None, check_same_thread=False, uri=self.read_only)
         except sqlite3.OperationalError as exc:  # e.g. a directory we may not write in
             raise LedgerNotFoundError(
                 f"cannot open the privacy ledger at {self.path} ({exc}); check that the "
@@ -234,46 +246,15 @@ class Ledger:
             raise
 
     def _open_schema(self, conn: sqlite3.Connection, create: bool) -> sqlite3.Connection:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
+        if not self.read_only:  # a read-only connection reads the file's journal mode
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
         # milliseconds in a C int: a longer wait (~25 days) wrapped to 0, i.e. no wait at all
         conn.execute(f"PRAGMA busy_timeout={int(min(self._timeout * 1000, 2**31 - 1))}")
-        with self._write(conn, check=False) as cur:
-            tables = {r[0] for r in cur.execute(
-                "SELECT name FROM sqlite_master WHERE type='table'")}
-            if "meta" not in tables:
-                if tables:
-                    raise LedgerIntegrityError(
-                        f"{self.path} is an SQLite database but not a privacy ledger (tables "
-                        f"{', '.join(sorted(tables))}); pass the path of a ledger",
-                        ("not a privacy ledger",))
-                if not create:
-                    raise LedgerNotFoundError(
-                        f"{self.path} is empty, not a privacy ledger; pass create=True to "
-                        "create one there", path=self.path, reason="empty")
-                for stmt in _SCHEMA.split(";\n"):
-                    if stmt.strip():
-                        cur.execute(stmt)
-                cur.execute(
-                    "INSERT INTO meta VALUES ('schema', ?), ('keyed', ?)",
-                    (str(SCHEMA_VERSION), "1" if self._key else "0"),
-                )
-                cur.execute("INSERT INTO head VALUES (1, 0, ?)", (GENESIS,))
-            else:
-                _check_schema(self.path, cur.execute(
-                    "SELECT value FROM meta WHERE key='schema'").fetchone())
-                keyed = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
-                if keyed is not None and (keyed[0] == "1") != (self._key is not None):
-                    raise ParameterValueError(
-                        f"key: ledger {self.path} was created "
-                        + ("with an HMAC key: pass key= (the same secret; `privlearn budget` "
-                           "reads it from --key-file PATH or PRIVLEARN_LEDGER_KEY)"
-                           if keyed[0] == "1" else
-                           "without an HMAC key: do not pass key= (unless it was created "
-                           "with this key: then the file was rewritten without it, i.e. "
-                           "tampered with, which dropping the key would hide: restore it "
-                           "from a backup)")
-                    )
+        opened = (self._read(conn, check=False) if self.read_only
+                  else self._write(conn, check=False))
+        with opened as cur:
+            open_schema(cur, self.path, self._key is not None, create)
         return conn
 
     def close(self) -> None:
@@ -364,10 +345,12 @@ class Ledger:
                         self._seen = self._appended  # our appends extend the verified chain
 
     @contextlib.contextmanager
-    def _read(self, *, check: bool = True) -> Iterator[sqlite3.Cursor]:
+    def _read(self, conn: sqlite3.Connection | None = None, *, check: bool = True
+              ) -> Iterator[sqlite3.Cursor]:
         """One read transaction (a consistent snapshot), the file's integrity checked."""
-        with self._lock, lock_timeout_refused(self._conn, self.path, self._timeout):
-            cur = self._conn.cursor()
+        conn = conn or self._conn
+        with self._lock, lock_timeout_refused(conn, self.path, self._timeout):
+            cur = conn.cursor()
             cur.execute("BEGIN")
             try:
                 if check:
@@ -630,12 +613,14 @@ class Ledger:
         return BudgetHandle(self, dataset, _check_unit(privacy_unit))
 
     # -- accounting ------------------------------------------------------------------
-    def _counted(self, cur, dataset: str, unit: str) -> tuple[list[Mechanism], int, int]:
+    def _counted(self, cur, dataset: str, unit: str
+                 ) -> tuple[list[Mechanism], int, int, float | None]:
         rows = cur.execute(
-            "SELECT seq, kind, mechanism, ref FROM entries WHERE dataset=? AND privacy_unit=? "
-            "AND kind IN ('spend', 'reserve', 'settle') ORDER BY seq",
+            "SELECT seq, kind, mechanism, ref, payload FROM entries WHERE dataset=? AND "
+            "privacy_unit=? AND kind IN ('spend', 'reserve', 'settle') ORDER BY seq",
             (dataset, unit),
         ).fetchall()
+        floor, rows = reported_floor(r[4] for r in rows), [r[:4] for r in rows]
         settled = {ref: text for _, kind, text, ref in rows if kind == "settle"}
         mechs: list[Mechanism] = []
         n = pending = 0
@@ -655,11 +640,12 @@ class Ledger:
                     pending += 1
                     mechs.append(self._mech(text))
                 released.add(run)
-        return mechs, n + len(released), pending
+        return mechs, n + len(released), pending, floor
 
-    def _summary(self, budget: Budget, mechs, n, pending) -> Spent:
+    def _summary(self, budget: Budget, mechs, n, pending, floor=None) -> Spent:
         relation = _relation(budget, mechs)
         upper, lower, aeps = evaluate_budget(budget, _read_all(budget, mechs, relation))
+        upper = upper if floor is None else max(upper, floor)  # monotone in the spends
         binding = upper if aeps is None else max(upper, aeps)  # what the cap is checked on
         return Spent(
             dataset=budget.dataset, privacy_unit=budget.privacy_unit, epsilon_spent=upper,
@@ -671,10 +657,12 @@ class Ledger:
 
     def _admit(self, cur, dataset: str, unit: str, mechanism: Mechanism, what: str) -> Spent:
         budget = self._get_budget(cur, dataset, unit)
-        mechs, n, pending = self._counted(cur, dataset, unit)
+        mechs, n, pending, floor = self._counted(cur, dataset, unit)
         _check_relation(budget, mechs, mechanism, what)
         try:
-            after = self._summary(budget, [*mechs, mechanism], n + 1, pending)
+            if floor is None and mechs:  # first spend since a settle: what was reported
+                floor = self._summary(budget, mechs, n, pending).epsilon_spent
+            after = self._summary(budget, [*mechs, mechanism], n + 1, pending, floor)
         except AccountingError as exc:
             raise BudgetExceededError(  # e.g. the releases' deltas add up past the cap
                 f"{what} refused: dataset {dataset!r} would have no certified epsilon at "
@@ -685,7 +673,7 @@ class Ledger:
         if budget.adaptive:
             over = over or after.adaptive_epsilon > budget.epsilon
         if over:
-            before = self._summary(budget, mechs, n, pending)
+            before = self._summary(budget, mechs, n, pending, floor)
             rule = (
                 f"; Renyi filter at order {budget.adaptive_order:.4g}: "
                 f"{after.adaptive_epsilon:.6g}" if budget.adaptive else ""
@@ -784,9 +772,10 @@ class Ledger:
                     raise LedgerConflictError(
                         f"extends={ref!r}: no reservation with that seq on dataset "
                         f"{dataset!r} (privacy unit {unit!r}) in {self.path}")
-            self._admit(cur, dataset, unit, mechanism,
-                        "spend" if kind == "spend" else "reservation")
+            after = self._admit(cur, dataset, unit, mechanism,
+                                "spend" if kind == "spend" else "reservation")
             return self._append(cur, kind, dataset, unit, mechanism=text, label=label,
+                                payload=reported_payload(after.epsilon_spent),
                                 who=who or _default_who(), ref=ref)
 
     def settle(self, reservation: int | Reservation, actual: Mechanism | None = None
@@ -821,7 +810,7 @@ class Ledger:
                     "steps) and spend anything beyond it separately"
                 )
             row = self._append(cur, "settle", r[2], r[3], mechanism=text, label=r[6],
-                               who=r[7], ref=seq)
+                               who=r[7], ref=seq, payload=reported_payload(None))
         return self._entry(row)
 
     def pending(self, dataset: str, *, privacy_unit: str | None = None) -> list[Reservation]:
@@ -841,8 +830,8 @@ class Ledger:
         unit = _check_unit(privacy_unit)
         with self._read() as cur:
             budget = self._get_budget(cur, dataset, unit)
-            mechs, n, pending = self._counted(cur, dataset, unit)
-        return self._summary(budget, mechs, n, pending)
+            mechs, n, pending, floor = self._counted(cur, dataset, unit)
+        return self._summary(budget, mechs, n, pending, floor)
 
     def mechanism(self, dataset: str, *, privacy_unit: str | None = None) -> Composed:
         """The composition of every counted release of ``dataset``, read under the
@@ -854,7 +843,7 @@ class Ledger:
         unit = _check_unit(privacy_unit)
         with self._read() as cur:
             budget = self._get_budget(cur, dataset, unit)
-            mechs, _, _ = self._counted(cur, dataset, unit)
+            mechs, *_ = self._counted(cur, dataset, unit)
         return compose(_read_all(budget, mechs, _relation(budget, mechs)))
 
     def history(self, dataset: str | None = None, *, privacy_unit: str | None = None

@@ -8,6 +8,7 @@ import math
 import operator
 import os
 import socket
+import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -80,7 +81,12 @@ class Spent:
         Certified upper bound on epsilon at ``delta`` of the tight composition of every
         counted release (spends, settled reservations, and pending reservations in full),
         treated as a sequence whose mechanisms were fixed in advance, under
-        ``neighbouring``.
+        ``neighbouring``. Never lower than the total reported after the last spend or
+        reservation (the PLD bound is not monotone in the releases; the running maximum
+        of upper bounds is one), so it never decreases with a new release; a settle that
+        ran less than planned may lower it. With a release the budget's accountant has no
+        representation for (an ``RDPMechanism`` on a PLD budget), the Renyi DP bound of
+        every release.
     epsilon_lower : float or None
         Certified lower bound of the same composition (the accountant's, where it has one):
         the true epsilon of that composition lies in ``[epsilon_lower, epsilon_spent]``.
@@ -178,8 +184,19 @@ def _check_name(name: str, value: object) -> str:
 
 
 def _check_opt_str(name: str, value: object) -> str | None:
+    """A one-line text (a label, who spent) or None: a line break or another control
+    character would break the one-line-per-entry listing of ``privlearn budget history``
+    (or write terminal escapes into it), so it is refused before anything is recorded."""
     if value is not None and not isinstance(value, str):
         raise ParameterTypeError(f"{name} must be a string or None, got {value!r}")
+    if value is not None:
+        bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Zl", "Zp")),
+                   None)
+        if bad is not None:
+            raise ParameterValueError(
+                f"{name} must be one line of printable text, got {value!r} (holding "
+                f"{bad!r}, a line break or control character); replace it, e.g. with a "
+                "space or ' / '")
     return value
 
 

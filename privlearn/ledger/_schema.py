@@ -4,8 +4,14 @@ entry, the genesis hash of the chain, and the check of the schema version of a f
 from __future__ import annotations
 
 import json
+import urllib.parse
 
-from privlearn.errors import LedgerConflictError, LedgerIntegrityError
+from privlearn.errors import (
+    LedgerConflictError,
+    LedgerIntegrityError,
+    LedgerNotFoundError,
+    ParameterValueError,
+)
 
 #: The format of the ledger file this version reads and writes.
 SCHEMA_VERSION = 1
@@ -75,3 +81,48 @@ def _check_schema(path: str, row) -> None:
             f"privlearn; this version reads schema {SCHEMA_VERSION} and would misread it: "
             "upgrade privlearn to use this ledger (it was not changed)")
 
+
+
+def read_only_uri(path: str) -> str:
+    """The SQLite URI opening ``path`` (absolute) read-only (``mode=ro``): it never
+    writes the file, so a ledger this process may only read can be shown and verified."""
+    return "file:" + urllib.parse.quote(path) + "?mode=ro"
+
+
+def open_schema(cur, path: str, keyed: bool, create: bool) -> None:
+    """Inside a transaction on a new connection: create the ledger's tables in an empty
+    file (``create``), or check that the file is a ledger this version reads, created
+    with an HMAC key exactly when ``keyed``."""
+    tables = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "meta" not in tables:
+        if tables:
+            raise LedgerIntegrityError(
+                f"{path} is an SQLite database but not a privacy ledger (tables "
+                f"{', '.join(sorted(tables))}); pass the path of a ledger",
+                ("not a privacy ledger",))
+        if not create:
+            raise LedgerNotFoundError(
+                f"{path} is empty, not a privacy ledger; pass create=True to "
+                "create one there", path=path, reason="empty")
+        for stmt in _SCHEMA.split(";\n"):
+            if stmt.strip():
+                cur.execute(stmt)
+        cur.execute(
+            "INSERT INTO meta VALUES ('schema', ?), ('keyed', ?)",
+            (str(SCHEMA_VERSION), "1" if keyed else "0"),
+        )
+        cur.execute("INSERT INTO head VALUES (1, 0, ?)", (GENESIS,))
+        return
+    _check_schema(path, cur.execute("SELECT value FROM meta WHERE key='schema'").fetchone())
+    row = cur.execute("SELECT value FROM meta WHERE key='keyed'").fetchone()
+    if row is not None and (row[0] == "1") != keyed:
+        raise ParameterValueError(
+            f"key: ledger {path} was created "
+            + ("with an HMAC key: pass key= (the same secret; `privlearn budget` "
+               "reads it from --key-file PATH or PRIVLEARN_LEDGER_KEY)"
+               if row[0] == "1" else
+               "without an HMAC key: do not pass key= (unless it was created "
+               "with this key: then the file was rewritten without it, i.e. "
+               "tampered with, which dropping the key would hide: restore it "
+               "from a backup)")
+        )

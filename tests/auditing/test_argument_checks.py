@@ -20,6 +20,8 @@ from privlearn.errors import ParameterTypeError, ParameterValueError
     # torch's generators take seeds below 2**64: a larger one was a bare ValueError
     # ("Overflow when unpacking long long") from inside the training
     ({"seed": 2**64}, ParameterValueError, r"^seed must be .*2\*\*64"),
+    # past NumPy's integers a count was a TypeError from inside numpy (log10 of an int)
+    ({"n_canaries": 10**22}, ParameterValueError, r"^n_canaries must be .*\[2, 1_000_000_000\]"),
 ])
 def test_audit_dpsgd_refuses_bad_numbers_before_training(kwargs, err, match, monkeypatch):
     pytest.importorskip("torch")

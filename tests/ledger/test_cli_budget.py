@@ -523,3 +523,70 @@ def test_an_empty_name_is_refused_naming_the_option(db, command, option):
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith(f"error: {option} must be a non-empty name"), r.stderr
     assert "privacy_unit" not in r.stderr and "string" not in r.stderr
+
+
+def test_spend_sampling_without_rate_is_a_usage_error(db):
+    # --sampling describes subsampling; without --sampling-rate it was silently ignored
+    # and the release counted without subsampling
+    r = CliRunner().invoke(cli, ["budget", "spend", db, "--dataset", "adult",
+                                 "--noise-multiplier", "20", "--sampling", "fixed"])
+    assert r.exit_code == 2, r.output
+    assert "--sampling fixed needs --sampling-rate" in r.output
+    assert json.loads(run("budget", "show", db, "--dataset", "adult",
+                          "--json").output)["entries"] == 3  # nothing recorded
+    # the default scheme without a rate is no subsampling, as documented
+    assert run("budget", "spend", db, "--dataset", "adult",
+               "--noise-multiplier", "20").exit_code == 0
+
+
+@pytest.mark.parametrize("label", ["two\nlines", "cr\rhere", "esc\x1b[31m", "ls\u2028x"])
+def test_label_with_a_line_break_is_refused(db, label):
+    r = CliRunner().invoke(cli, ["budget", "spend", db, "--dataset", "adult",
+                                 "--noise-multiplier", "20", "--label", label])
+    assert r.exit_code == 2 and "--label must be one line" in r.output, r.output
+    r = CliRunner().invoke(cli, ["budget", "spend", db, "--dataset", "adult",
+                                 "--noise-multiplier", "20", "--who", label])
+    assert r.exit_code == 2 and "--who must be one line" in r.output, r.output
+    from privlearn.errors import ParameterValueError
+    from privlearn.ledger import Ledger
+
+    led = Ledger(db)
+    with pytest.raises(ParameterValueError, match="label must be one line"):
+        led.spend("adult", Gaussian(20.0), label=label)
+    with pytest.raises(ParameterValueError, match="who must be one line"):
+        led.reserve("adult", Gaussian(20.0), who=label)
+    assert led.spent("adult").entries == 3  # nothing recorded
+    led.spend("adult", Gaussian(20.0), label="tab-free, unicode ok: é → ü")
+
+
+def test_history_escapes_a_line_break_already_in_the_ledger(db, monkeypatch):
+    # a label written before they were refused: history keeps one line per entry
+    import privlearn.ledger._ledger as ledger_mod
+    from privlearn.ledger import Ledger
+
+    monkeypatch.setattr(ledger_mod, "_check_opt_str", lambda name, v: v)  # the old check
+    Ledger(db).spend("adult", Gaussian(20.0), label="old\nlabel")
+    monkeypatch.undo()
+    lines = run("budget", "history", db, "--dataset", "adult").output.splitlines()
+    assert len(lines) == 5 and lines[-1].split()[3] == "old\\nlabel", lines
+
+
+def test_history_into_a_closed_pipe_exits_quietly(tmp_path):
+    # `privlearn budget history | head`: the reader leaves; no traceback, and not
+    # status 1 (an internal error): 141, as a command killed by SIGPIPE
+    from privlearn.ledger import Ledger
+
+    path = str(tmp_path / "big.db")
+    led = Ledger(path, create=True)
+    led.create_budget("a", 1e6, 1e-6)
+    for i in range(1500):  # more than a pipe's buffer (64 KiB)
+        led.spend("a", Gaussian(1000.0), label=f"release number {i}")
+    led.close()
+    proc = subprocess.Popen([sys.executable, "-m", "privlearn", "budget", "history", path,
+                             "--dataset", "a"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # as head does after its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""

@@ -94,3 +94,54 @@ def test_the_error_is_exported_where_the_other_ledger_errors_are():
 
     assert privlearn.ledger.LedgerStorageError is LedgerStorageError
     assert issubclass(LedgerStorageError, OSError)
+
+
+def _ledger_with_a_release(path) -> None:
+    from privlearn.accounting import Gaussian
+
+    with Ledger(path, create=True) as led:
+        led.create_budget("adult", 1.0, 1e-6)
+        led.spend("adult", Gaussian(8.0), label="mean age")
+
+
+def test_a_ledger_opened_read_only_reads_and_never_writes(tmp_path):
+    from privlearn.accounting import Gaussian
+
+    path = tmp_path / "r.db"
+    _ledger_with_a_release(path)
+    before = path.read_bytes()
+    led = Ledger(path, read_only=True)
+    assert led.read_only and Ledger(path).read_only is False
+    assert led.spent("adult").entries == 1 and led.verify().ok
+    assert [e.label for e in led.history("adult")] == [None, "mean age"]
+    with pytest.raises(LedgerStorageError, match="read-only"):
+        led.spend("adult", Gaussian(8.0))
+    led.close()
+    assert path.read_bytes() == before
+    with pytest.raises(ValueError, match="read_only"):
+        Ledger(tmp_path / "new.db", create=True, read_only=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root may write a file whatever its mode")
+def test_show_history_verify_read_a_ledger_the_user_may_not_write(tmp_path):
+    # a ledger shared read-only (e.g. an auditor's copy): the reading commands worked
+    # only on a file the user may write (LedgerNotFoundError "unopenable")
+    from click.testing import CliRunner
+
+    from privlearn.cli import cli
+
+    path = tmp_path / "r.db"
+    _ledger_with_a_release(path)
+    for suffix in ("", "-writelock"):
+        p = Path(str(path) + suffix)
+        if p.exists():
+            p.chmod(0o444)
+    assert Ledger(path).read_only
+    for args in (["show", "--dataset", "adult"], ["history", "--dataset", "adult"],
+                 ["verify"]):
+        r = CliRunner().invoke(cli, ["budget", args[0], str(path), *args[1:]])
+        assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["budget", "spend", str(path), "--dataset", "adult",
+                                 "--noise-multiplier", "8"])
+    assert r.exit_code == 2 and "read-only" in r.output, r.output
