@@ -236,6 +236,20 @@ def _rdp_fallback(mechs: Sequence[Mechanism], delta: float, basic: float | None,
     return min(bounds)
 
 
+def _basic_or_refuse(mechs: Sequence[Mechanism], delta: float, basic: float | None,
+                     refusal: Exception) -> float:
+    """``basic`` (the releases' basic composition) when it applies; otherwise an
+    :class:`AccountingError` when their stated deltas alone exceed ``delta`` (no
+    accountant admits them), else ``refusal`` (the accountant's own error) again."""
+    if basic is not None:
+        return basic
+    if _stated_delta(mechs) > delta:
+        raise AccountingError(
+            f"the releases' stated deltas add up to {float(_stated_delta(mechs)):g}, "
+            f"past the budget's delta {delta:g}") from refusal
+    raise refusal
+
+
 def evaluate_budget(budget, mechs: Sequence[Mechanism]
                     ) -> tuple[float, float | None, float | None]:
     """``(upper, lower, adaptive_epsilon)`` of the releases ``mechs`` (already read under
@@ -255,20 +269,14 @@ def evaluate_budget(budget, mechs: Sequence[Mechanism]
         # a release the accountant has no representation for (e.g. an RDPMechanism,
         # known only by its RDP curve, on a PLD budget): every release composed under
         # Renyi DP, a valid and looser upper bound (Mironov 2017, Proposition 1 and 3)
-        if budget.accountant not in RDP_FALLBACK_ACCOUNTANTS:
-            raise
-        upper = _rdp_fallback(mechs, budget.delta, basic, exc)
+        if budget.accountant in RDP_FALLBACK_ACCOUNTANTS:
+            upper = _rdp_fallback(mechs, budget.delta, basic, exc)
+        else:  # e.g. RDP and an ApproxDP: basic composition, where it applies
+            upper = _basic_or_refuse(mechs, budget.delta, basic, exc)
         lower = None
     except AccountingError as exc:
-        # e.g. RDP, which has no curve for an (epsilon, delta) statement, or a PLD
-        # that cannot certify the releases: basic composition, where it applies
-        if basic is None:
-            if _stated_delta(mechs) > budget.delta:  # no accountant admits these
-                raise AccountingError(
-                    f"the releases' stated deltas add up to {float(_stated_delta(mechs)):g}, "
-                    f"past the budget's delta {budget.delta:g}") from exc
-            raise
-        upper, lower = basic, None
+        # e.g. a PLD that cannot certify the releases: basic composition, where it applies
+        upper, lower = _basic_or_refuse(mechs, budget.delta, basic, exc), None
     else:
         upper, lower = b.upper, b.lower
         if basic is not None and basic < upper:
