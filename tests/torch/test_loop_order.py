@@ -280,7 +280,9 @@ class _FunctionalTied(nn.Module):
         return nn.functional.linear(h, self.emb.weight) if self.functional else self.head(h)
 
 
-def _lm_step(model):
+def _lm_backward(model):
+    """A private run of ``model`` on token sequences and one batch's forward and
+    backward (no step)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 20, (64, 5), generator=g)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
@@ -290,6 +292,11 @@ def _lm_step(model):
     p.optimizer.zero_grad()
     logits = p.model(xb)
     nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 20), xb[:, 1:].reshape(-1)).backward()
+    return p
+
+
+def _lm_step(model):
+    p = _lm_backward(model)
     p.optimizer.step()
     return p
 
@@ -308,14 +315,7 @@ def test_a_parameter_used_outside_its_layer_is_refused_by_clip_and_accumulate_to
     """The two-step API (``clip_and_accumulate()`` then ``add_noise()``) dropped that use's
     gradient without a word; now refused as ``step()`` refuses it, nothing added."""
     model = _FunctionalTied()
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 20, (64, 5), generator=g)
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                     DataLoader(TensorDataset(ids), batch_size=16), noise_multiplier=0.0,
-                     max_grad_norm=1e-3, seed=0, sampling="fixed")
-    (xb,) = next(iter(p.data_loader))
-    logits = p.model(xb)
-    nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 20), xb[:, 1:].reshape(-1)).backward()
+    p = _lm_backward(model)
     with pytest.raises(RuntimeError, match=r"\['emb\.weight'\] are used outside their layers"):
         p.optimizer.clip_and_accumulate()
     assert p.accountant.steps == 0

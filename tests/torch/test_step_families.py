@@ -31,6 +31,7 @@ from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import trainable  # noqa: E402
 
 from privlearn.torch import GradSampleTracker, make_private  # noqa: E402
 from privlearn.torch import grad_sample as _gs  # noqa: E402
@@ -319,13 +320,6 @@ MODES = ("auto", "ghost", "materialise")
 # --------------------------------------------------------------------------- reference
 
 
-def _trainable(model) -> list:
-    seen, out = set(), []
-    for p in model.parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
 
 
 def _naive_update(oracle, model, batch, bounds, reduction_n: int | None = None):
@@ -333,7 +327,7 @@ def _naive_update(oracle, model, batch, bounds, reduction_n: int | None = None):
     copy of ``model``, each example's gradient clipped flat (``bounds`` a number) or per
     parameter (a list), summed."""
     model = copy.deepcopy(model)
-    params = _trainable(model)
+    params = trainable(model)
     rows = oracle.grads(lambda i: loss_of(model(*[x[i:i + 1] for x in batch])),
                         batch[0].shape[0], params)
     if isinstance(bounds, list):
@@ -357,7 +351,7 @@ def check_steps(oracle, name, *, mode="auto", clipping="flat", reduction="sum",
     torch.manual_seed(seed)
     model = make().to(F64)
     data = inputs(torch.Generator().manual_seed(seed + 1))
-    params = _trainable(model)
+    params = trainable(model)
     bounds = ([CLIP * (1 + k / 2) for k in range(len(params))] if clipping == "per_layer"
               else CLIP)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
@@ -375,7 +369,7 @@ def check_steps(oracle, name, *, mode="auto", clipping="flat", reduction="sum",
             p.optimizer.step()
         batch = [torch.cat(parts) for parts in zip(*chunks, strict=True)]
         want = _naive_update(oracle, before, batch, bounds) / p.optimizer.expected_batch_size
-        moved = oracle.flat(b - a for a, b in zip(params, _trainable(before), strict=True))
+        moved = oracle.flat(b - a for a, b in zip(params, trainable(before), strict=True))
         scale = want.abs().max().item() + 1.0
         torch.testing.assert_close(moved, want, rtol=TOL, atol=TOL * scale,
                                    msg=lambda m: f"{name} {mode} {clipping} {reduction}: {m}")
