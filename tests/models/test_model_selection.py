@@ -297,16 +297,21 @@ def test_random_stopping_on_an_rdp_budget_is_charged_the_curve(data, tmp_path):
     assert s.mechanism_.rdp(8.0) > 0
 
 
-def test_a_budget_that_cannot_account_the_search_names_the_working_fix(data, tmp_path):
-    from privlearn.errors import UnsupportedMechanismError
-
+def test_an_adaptive_budget_accounts_the_random_stopping_search_under_renyi_dp(data, tmp_path):
+    """The random-stopping search's release is known by its RDP curve only (Papernot &
+    Steinke 2022); an adaptive PLD budget, which refused it before any fit, now composes
+    it under Renyi DP (and its filter reads the same curve): the ledger's total is that
+    release's RDP epsilon at the budget's delta."""
     X, y = data
     led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=10.0, delta=1e-5, adaptive=True)
     FITS.clear()
-    with pytest.raises(UnsupportedMechanismError, match="method='composition'"):
-        PrivateSearchCV(_est(), GRID, loss_bound=36.0, ledger=led.budget("d")).fit(X, y)
-    assert FITS == []
+    s = PrivateSearchCV(_est(), GRID, loss_bound=36.0, ledger=led.budget("d")).fit(X, y)
+    assert FITS  # it ran
+    spent = led.spent("d")
+    assert spent.entries == 1
+    assert spent.epsilon_spent == pytest.approx(s.mechanism_.epsilon(1e-5, "rdp"), rel=1e-9)
+    assert spent.epsilon_spent >= s.mechanism_.epsilon(1e-5, "rdp")
 
 
 def test_the_search_delegates_to_the_released_model_and_scores_like_sklearn(data):
