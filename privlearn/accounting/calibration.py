@@ -23,6 +23,19 @@ from privlearn.errors import CalibrationError, ParameterTypeError, ParameterValu
 __all__ = ["calibrate", "CalibrationError"]
 
 
+def _unreachable_message(target: float, delta: float, param: float, eps: float) -> str:
+    """Why a target no parameter up to ``param`` meets is refused, and what to try."""
+    if math.isinf(eps) and delta == 0.0:
+        return (f"target epsilon={target} unreachable at delta=0: epsilon is infinite for "
+                f"every parameter tried (up to {param:g}), so the mechanism has no pure-DP "
+                "guarantee (e.g. Gaussian noise); give a delta > 0, or a mechanism with a "
+                "pure-DP guarantee (e.g. Laplace noise)")
+    return (f"target epsilon={target} unreachable at delta={delta:g}: epsilon is still "
+            f"{eps:g} at the parameter {param:g} (searched up to 1e12); loosen the target "
+            "(a larger epsilon or delta), or pass bounds=(lower, upper) if the parameter "
+            "should be searched elsewhere")
+
+
 def calibrate(
     factory: Callable[[float], Mechanism],
     epsilon: float,
@@ -163,7 +176,8 @@ def calibrate(
             while not feasible(hi):
                 hi *= 2.0
                 if hi > 1e12:
-                    raise CalibrationError(f"target epsilon={target} unreachable (param > 1e12)")
+                    raise CalibrationError(_unreachable_message(target, delta, hi / 2.0,
+                                                                eps_of(hi / 2.0)))
             lo = hi / 2.0
             while feasible(lo):
                 lo /= 2.0

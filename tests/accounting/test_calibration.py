@@ -163,3 +163,15 @@ def test_bad_search_parameters_are_refused_naming_them(kwargs, name):
 
     with pytest.raises((ParameterValueError, ParameterTypeError), match=rf"{name}.*got"):
         _within(20, lambda: calibrate(lambda s: Gaussian(s), 1.0, 1e-5, **kwargs))
+
+
+def test_a_gaussian_at_delta_zero_is_refused_saying_it_has_no_pure_dp_guarantee():
+    """Gaussian noise has no pure-DP guarantee (epsilon is infinite at delta=0 for every
+    noise multiplier): the refusal says so and what to pass instead, where it only said
+    'unreachable (param > 1e12)'."""
+    from privlearn.accounting import CalibrationError, Gaussian, Laplace
+
+    with pytest.raises(CalibrationError, match=r"delta=0.*no pure-DP guarantee.*delta > 0"):
+        calibrate(Gaussian, epsilon=1.0, delta=0.0)
+    # a mechanism with a pure-DP guarantee calibrates at delta=0 (Laplace: b = 1 / epsilon)
+    assert calibrate(Laplace, epsilon=1.0, delta=0.0) == pytest.approx(1.0, rel=1e-5)
