@@ -11,7 +11,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_hf_trainer import B, T, V, _args, _llama, _TextSet  # noqa: E402
+from test_hf_trainer import (  # noqa: E402
+    B,
+    T,
+    V,
+    _args,
+    _llama,
+    _recording_collate,
+    _TextSet,
+)
 
 from privlearn.torch import per_sequence_cross_entropy  # noqa: E402
 from privlearn.torch.hf import DPTrainer, PrivacyArguments  # noqa: E402
@@ -38,10 +46,7 @@ def test_gpt2_lm_head_model_trains_on_the_next_token(tmp_path):
     ref = copy.deepcopy(model)
     seen = []
 
-    def collate(feats):
-        batch = transformers.default_data_collator(feats)
-        seen.append({k: v.clone() for k, v in batch.items()})
-        return batch
+    collate = _recording_collate(seen)
 
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),

@@ -53,6 +53,16 @@ class _TextSet(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": labels}
 
 
+def _recording_collate(seen: list):
+    """Hugging Face's default collator, keeping a copy of every batch it makes in
+    ``seen`` (the batches the Trainer's private loader drew, for a naive replay)."""
+    def collate(feats):
+        batch = transformers.default_data_collator(feats)
+        seen.append({k: v.clone() for k, v in batch.items()})
+        return batch
+    return collate
+
+
 def _llama(classify=False, seed=0, dropout=0.0):
     cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32,
                                    num_hidden_layers=2, num_attention_heads=2,
@@ -159,10 +169,7 @@ def test_update_is_clipped_per_example_mean(tmp_path):
     ref = copy.deepcopy(model)
     seen = []
 
-    def collate(feats):
-        batch = transformers.default_data_collator(feats)
-        seen.append({k: v.clone() for k, v in batch.items()})
-        return batch
+    collate = _recording_collate(seen)
 
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     tr = DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
@@ -210,10 +217,7 @@ def test_one_step_equals_the_naive_clipped_loop(tmp_path, case):
     ref = copy.deepcopy(model)
     seen = []
 
-    def collate(feats):
-        batch = transformers.default_data_collator(feats)
-        seen.append({k: v.clone() for k, v in batch.items()})
-        return batch
+    collate = _recording_collate(seen)
 
     c, lr = 1e-3, 1.0
     params = [q for q in model.parameters() if q.requires_grad]
