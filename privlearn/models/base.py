@@ -39,6 +39,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import numbers
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -342,7 +344,11 @@ def _non_finite(value: Any) -> bool:
         try:
             arr = arr.astype(np.float64)
         except (TypeError, ValueError):
-            return False
+            # numbers with missing values of pandas' nullable dtypes (pandas.NA) or None
+            na = getattr(sys.modules.get("pandas"), "NA", None)
+            missing = [v is None or (na is not None and v is na) for v in arr.ravel()]
+            return any(missing) and all(m or isinstance(v, numbers.Real)
+                                        for m, v in zip(missing, arr.ravel(), strict=True))
     return not bool(np.all(np.isfinite(arr)))
 
 
@@ -444,6 +450,9 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
             f"{type(estimator).__name__}: y must be numeric (the target of a regressor), got "
             f"an array of dtype {y_out.dtype}; convert it with y.astype(float) if the strings "
             "are numbers, or use a classifier for class labels")
+    if kwargs.get("y_numeric") and _non_finite(y_out):
+        # scikit-learn converts an object y (a None, pandas.NA) to NaN without checking
+        raise _non_finite_error(type(estimator).__name__, "Input y contains NaN.", "y")
     return out
 
 
