@@ -171,6 +171,24 @@ class PrivateEstimator(BaseEstimator):
         accumulate into one account, as PATE's do)."""
         return plan.mechanism
 
+    def set_params(self, **params: Any) -> PrivateEstimator:
+        """As scikit-learn's ``set_params``; a name the estimator does not take is a
+        :class:`~privlearn.errors.ParameterValueError` (a ``ValueError``, as before)
+        naming it and the parameters it takes, and nothing is set (scikit-learn sets the
+        valid names before the first invalid one)."""
+        valid = self.get_params(deep=False)
+        for key in params:
+            name = key.partition("__")[0]
+            if name not in valid:
+                hint = (" Each fit is a new release from scratch: there is no warm start "
+                        "(training on, from a released model, is a further release its "
+                        "mechanism_ would not cover)"
+                        if name in ("warm_start", "partial_fit") else "")
+                raise ParameterValueError(
+                    f"Invalid parameter {name!r} for estimator {type(self).__name__}: it "
+                    f"takes {', '.join(sorted(valid))}.{hint}")
+        return super().set_params(**params)
+
     # -- the pipeline ------------------------------------------------------------------
     def _validate_params(self) -> dict[str, Any]:
         """Check every declared parameter; returns ``{name: normalised value}``."""

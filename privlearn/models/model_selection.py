@@ -561,8 +561,8 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         try:
             return est.set_params(**params)
         except ValueError as e:
-            if isinstance(e, ParameterValueError):
-                raise
+            if isinstance(e, ParameterValueError) and str(e).startswith("param_grid"):
+                raise  # a nested search's, already naming its grid
             raise ParameterValueError(
                 f"param_grid has an entry {params} that {type(self.estimator).__name__} "
                 f"does not take: {e}") from e
