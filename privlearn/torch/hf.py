@@ -4,8 +4,14 @@ The Trainer's loop, logging, evaluation and checkpointing stay; what DP-SGD need
 swapped in underneath through :func:`privlearn.torch.make_private`:
 
 * **sampling**: the Trainer's shuffled training loader is replaced by the loader
-  ``make_private`` returns (Poisson sampling at rate ``per_device_train_batch_size / N``
-  by default), so the accountant describes the batches actually trained on;
+  ``make_private`` returns (Poisson sampling at rate ``q = B k W / N`` by default: the
+  expected logical batch is the Trainer's effective batch, ``per_device_train_batch_size``
+  ``B`` times ``gradient_accumulation_steps`` ``k`` times the processes ``W``), so the
+  accountant describes the batches actually trained on, one step per logical batch;
+* **gradient accumulation**: with ``k > 1`` each logical batch is trained in physical
+  chunks of at most ``B`` rows (forward and backward per chunk, the clipped sums added,
+  the noise added once after the last chunk), so a step's peak memory is a chunk's; the
+  Trainer counts one step per logical batch (:mod:`privlearn.torch._hf_accumulate`);
 * **clipping and noise**: the Trainer's optimizer is wrapped by the DP optimizer
   (per-example clipping at :attr:`PrivacyArguments.dp_max_grad_norm`, Gaussian noise,
   division by the expected batch size); ``TrainingArguments.max_grad_norm`` (the Trainer's
@@ -62,9 +68,9 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   ``make_private`` (on CPU processes too, where accelerate alone would fall back to DDP)
   and checkpoints hold the sharded model and optimizer (``privlearn.torch._hf_fsdp``).
 
-Refused, with the reason, before the first step: gradient accumulation
-(``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
-together), ``fp16`` *with a loss scaler* (on CUDA the Trainer's scaler runs through
+Refused, with the reason, before the first step: ``gradient_accumulation_steps > 1``
+under FSDP2 (each process would run its own number of chunks; FSDP2's collectives need
+the same), ``fp16`` *with a loss scaler* (on CUDA the Trainer's scaler runs through
 accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private`` with
 ``torch.amp.GradScaler``; on CPU accelerate runs fp16 autocast without a scaler, which
 trains as bf16 does: per-example norms and sums in float32), several GPUs in one process
@@ -78,19 +84,22 @@ subclass's ``compute_loss`` is checked when training starts:
 packs the batch into one row, which would be clipped as one example) and rows packing
 several sequences (``position_ids`` starting over in a row: at that batch, before its
 step), ``auto_find_batch_size`` (the expected Poisson batch
-sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
+sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error:
+lower ``per_device_train_batch_size`` and raise ``gradient_accumulation_steps`` instead),
 ``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
 and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``),
 encoder-decoder models (T5, BART: ``privlearn.torch._hf_release.refuse_encoder_decoder``).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
-``log``, ``train`` and callbacks; ``_prepare_for_training``, which hands accelerate the
+``get_total_train_batch_size``, ``save_model``, ``log``, ``train`` and callbacks;
+``_prepare_for_training``, which hands accelerate the
 torch optimizer: ``privlearn.torch._hf_optim``; under FSDP2 also
 ``_save_optimizer_and_scheduler``: ``privlearn.torch._hf_fsdp.FSDP2Support``); the
 user's ``TrainingArguments`` are not modified (the trainer works on a copy with
 ``max_grad_norm=0``: per-example clipping replaces the Trainer's, and
-``ignore_data_skip=True``: the sampler resumes its own position).
+``ignore_data_skip=True``: the sampler resumes its own position; while it trains,
+``gradient_accumulation_steps=1``: one item of its loader is one logical batch).
 Tested with transformers 5.17 and 5.24 (the oldest 5.x it is measured on and the latest
 5.x), the range of the ``hf`` extra: ``transformers>=5.17,<6``.
 
@@ -348,6 +357,11 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
 
     Attributes
     ----------
+    gradient_accumulation_steps : int
+        ``TrainingArguments.gradient_accumulation_steps`` as given: physical chunks of at
+        most ``per_device_train_batch_size`` rows per logical batch (its expected size
+        ``per_device_train_batch_size * gradient_accumulation_steps`` per process, the
+        sampled and accounted batch: :mod:`privlearn.torch._hf_accumulate`).
     privacy_engine : PrivateTraining or None
         What ``make_private`` returned for the current run (set when training starts).
         Its ``epsilon()`` includes the earlier runs of this trainer, except that a run
