@@ -317,3 +317,32 @@ def test_the_peak_memory_of_a_step_follows_the_chunk_not_the_logical_batch(tmp_p
     assert logical <= chunk + 2 * params
     assert logical < whole / 2
 
+
+
+def test_empty_logical_batches_take_the_noise_only_step(tmp_path):
+    """q = 1 x 2 / 16: among 12 logical batches some are empty (one chunk of no rows,
+    no forward pass) and still take their step, accounted; the others of 1 to 3+ rows
+    are trained in chunks of 1."""
+    class Sizes(DPTrainer):
+        sizes: list = []
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            self.sizes.append(inputs["input_ids"].shape[0])
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    tr = Sizes(model=_gpt2(), args=_args(tmp_path, 1, 2, max_steps=12),
+               train_dataset=_data(n=16),
+               privacy=PrivacyArguments(noise_multiplier=1.0, seed=1))
+    tr.train()
+    assert len(tr.sizes) == 12 and 0 in tr.sizes and max(tr.sizes) > 1
+    assert tr.state.global_step == tr.privacy_engine.accountant.steps == 12
+
+
+def test_evaluation_is_that_of_the_trained_model(pair):
+    """Evaluation runs as in any Trainer: the two runs (the same parameters) evaluate
+    alike, on examples that are not training examples."""
+    from hf_models import TokenSet
+
+    held_out = TokenSet(8, T, V, seed=1)
+    a, b = (t.evaluate(eval_dataset=held_out)["eval_loss"] for t in (pair[3], pair[1]))
+    assert a == pytest.approx(b, rel=1e-5)
