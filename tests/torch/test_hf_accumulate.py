@@ -346,3 +346,32 @@ def test_evaluation_is_that_of_the_trained_model(pair):
     held_out = TokenSet(8, T, V, seed=1)
     a, b = (t.evaluate(eval_dataset=held_out)["eval_loss"] for t in (pair[3], pair[1]))
     assert a == pytest.approx(b, rel=1e-5)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(clipping="adaptive", target_unclipped_quantile=0.5),
+    dict(sampling="fixed"),
+    pytest.param(dict(noise="banded", bands=2, sampling="cyclic_poisson", cycle_length=2),
+                 marks=pytest.mark.slow),
+], ids=["adaptive", "fixed", "banded"])
+def test_other_mechanisms_run_as_with_the_whole_logical_batch(tmp_path, settings):
+    """Adaptive clipping (the unclipped count summed over the chunks), fixed-size batches
+    and correlated noise: k = 3 chunks of 4 is the run of B = 12 (same seed), the same
+    parameters, epsilon and clipping bound."""
+    runs = []
+    for b, k in ((4, 3), (12, 1)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tr = DPTrainer(model=_gpt2(), args=_args(tmp_path / str(k), b, k,
+                                                     lr_scheduler_type="constant"),
+                           train_dataset=_data(),
+                           privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5,
+                                                    seed=3, **settings))
+            tr.train()
+        runs.append(tr)
+    acc, whole = runs
+    assert acc.privacy_engine.accountant.steps == 3
+    assert acc.epsilon() == whole.epsilon()
+    assert acc.privacy_engine.max_grad_norm == whole.privacy_engine.max_grad_norm
+    for u, v in zip(acc.model.parameters(), whole.model.parameters(), strict=True):
+        torch.testing.assert_close(u, v, rtol=1e-4, atol=1e-6)
