@@ -148,11 +148,11 @@ _OTHER_SETTINGS = {
               "(num_train_epochs or max_steps)",
     "steps": "steps: a DPTrainer plans the run from its TrainingArguments "
              "(max_steps or num_train_epochs)",
-    "max_physical_batch_size": "max_physical_batch_size: a DPTrainer has no virtual "
-                               "batches (gradient_accumulation_steps must be 1): its "
-                               "expected Poisson batch is per_device_train_batch_size per "
-                               "process; for a logical batch larger than memory train with "
-                               "make_private(..., max_physical_batch_size=...)",
+    "max_physical_batch_size": "max_physical_batch_size: a DPTrainer trains its logical "
+                               "batch (expected per_device_train_batch_size * "
+                               "gradient_accumulation_steps per process) in physical chunks "
+                               "of per_device_train_batch_size rows: set "
+                               "TrainingArguments(gradient_accumulation_steps=...)",
     "users": "users: a DPTrainer reads the users from a column, user_column=",
     "optimizer": "optimizer: make_private's second argument (a DPTrainer builds it from "
                  "its TrainingArguments, or takes optimizers=)",
