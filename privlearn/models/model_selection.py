@@ -559,7 +559,11 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 f"estimator must be an estimator instance, e.g. SSPRegressor(), got "
                 f"{self.estimator!r}: {e}") from e
         try:
-            return est.set_params(**params)
+            # a copy of each value: ``{"step": [est], "step__param": [...]}`` would
+            # otherwise set every candidate's value on the grid's one ``est`` (each plan
+            # then reading the last value); a deep copy, not a clone, keeps a fitted
+            # public step fitted for the checks that refuse refitting it
+            return est.set_params(**{k: copy.deepcopy(v) for k, v in params.items()})
         except ValueError as e:
             if isinstance(e, ParameterValueError) and str(e).startswith("param_grid"):
                 raise  # a nested search's, already naming its grid
@@ -635,7 +639,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 f"PrivateSearchCV: {type(self.estimator).__name__} needs y; pass fit(X, y)")
         with quiet_data_checks():  # each run warns its caller when it is fitted
             for params, fit_plan in zip(plan.grid, plan.fit_plans, strict=False):
-                candidate = clone(self.estimator).set_params(**params)
+                candidate = self._candidate(params)
                 if fit_plan is not None:
                     candidate._check_data(X, y, fit_plan)
                 elif isinstance(candidate, PrivatePipeline):
