@@ -298,7 +298,11 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     param_grid : dict or list of dicts
         As :class:`sklearn.model_selection.GridSearchCV`.
     method : {"random_stopping", "composition"}
-        See the module docstring.
+        ``"random_stopping"`` (default): a random number of runs ``K`` (mean
+        ``expected_runs``), each a random candidate; only the best is released and ``K``
+        stays hidden (Papernot & Steinke 2022, Theorem 2), at two to three times the
+        costliest candidate's epsilon. ``"composition"``: every candidate once, all fits
+        and scores composed. Details in the module docstring.
     expected_runs : float >= 1
         ``E[K]`` for random stopping (default: the number of candidates); refused with
         ``method="composition"``, which fits every candidate.
