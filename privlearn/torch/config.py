@@ -286,7 +286,8 @@ class DPConfig:
         ``max_examples_per_user`` of their examples, and each user's gradient (the
         ``user_reduction`` of their examples' gradients) is clipped as one.
     max_examples_per_user : int >= 1
-        k: a drawn user's examples in one batch at most (a uniform random subset).
+        k: a drawn user's examples in one batch at most (a uniform random subset). Only
+        with ``users``: without them a value other than 1 is refused.
     user_reduction : :class:`Reduction` or its string {"mean", "sum"}
         A user's gradient: the mean (default) or the sum of their examples' gradients.
     augmentation_multiplicity : int >= 1, optional
@@ -552,6 +553,13 @@ class DPConfig:
         put = object.__setattr__
         put(self, "max_examples_per_user",
             _v.check_count("max_examples_per_user", self.max_examples_per_user, minimum=1))
+        if self.max_examples_per_user != 1 and self.users is None:
+            raise ConfigurationError(
+                f"max_examples_per_user={self.max_examples_per_user} applies to user-level "
+                "privacy only, and no users are given: the run would be per example, one "
+                "example per privacy unit, whatever this says. Pass users=[the user of each "
+                "example] (DPTrainer: PrivacyArguments(user_column=...)) for a guarantee per "
+                "user, or drop max_examples_per_user")
         put(self, "user_reduction",
             Reduction(_v.check_choice("user_reduction", self.user_reduction, Reduction)))
         if self.augmentation_multiplicity is not None:
