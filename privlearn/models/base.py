@@ -62,6 +62,7 @@ from privlearn.accounting import (
     warn_if_delta_large,
 )
 from privlearn.errors import (
+    BudgetExceededError,
     NonFiniteInputError,
     ParameterTypeError,
     ParameterValueError,
@@ -142,6 +143,8 @@ class PrivateEstimator(BaseEstimator):
     #: what to try when a ledger budget cannot account this estimator's release (None:
     #: the budget's own error is enough)
     _ledger_advice: ClassVar[str | None] = None
+    #: what lowers this estimator's cost when a ledger budget refuses it as too large
+    _budget_advice: ClassVar[str] = "fit with a smaller epsilon"
     #: why this estimator cannot be a step of a PrivatePipeline or a PrivateSearchCV run,
     #: and what to do instead (None: it can); see :func:`refuse_as_step`
     _not_a_step: ClassVar[str | None] = None
@@ -270,11 +273,16 @@ class PrivateEstimator(BaseEstimator):
             "users): pass a per-record budget, Ledger(path).budget(dataset), or, for a "
             "per-user guarantee, train with privlearn.torch.make_private(..., users=..., "
             "max_examples_per_user=...) on the per-user budget.")
-        if self._ledger_advice is None:
-            return handle.reserve(mechanism, label=label)
         try:
             return handle.reserve(mechanism, label=label)
+        except BudgetExceededError as e:
+            raise BudgetExceededError(
+                f"{e}. The whole {type(self).__name__} release is reserved before the data "
+                f"is read: {self._budget_advice}, or see what is left with "
+                f"Ledger(path).spent({handle.dataset!r})") from e
         except UnsupportedMechanismError as e:
+            if self._ledger_advice is None:
+                raise
             raise UnsupportedMechanismError(
                 f"the ledger budget cannot account this {type(self).__name__} ({e}). "
                 f"{self._ledger_advice}") from e

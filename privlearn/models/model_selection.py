@@ -623,6 +623,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 "validation data (held out by a public rule and never used privately), "
                 "or leave X_val=None to score each run privately on X")
 
+    _budget_advice = (
+        "lower expected_runs (random stopping's cost grows with it), the candidates' "
+        "epsilons or score_epsilon; for a small grid, method='composition' may cost less")
     _ledger_advice = (
         "Use method='composition' (every run composed with the budget's accountant), or a "
         "budget created with accountant='rdp' (privlearn budget init --accountant rdp)")
