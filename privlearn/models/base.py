@@ -40,18 +40,22 @@ import contextlib
 import contextvars
 import inspect
 import numbers
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import joblib
 import numpy as np
+import sklearn
 from sklearn.base import BaseEstimator, is_regressor
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
+import privlearn
 from privlearn.accounting import (
     Gaussian,
     Laplace,
@@ -532,7 +536,24 @@ def warn_person_fitting(message: str, category: type[Warning], stacklevel: int) 
         if (category, message) in given:
             return
         given.add((category, message))
-    warnings.warn(message, category, stacklevel=stacklevel + 1)
+    warnings.warn(message, category, stacklevel=_past_library_frames(stacklevel + 1))
+
+
+#: the packages whose frames a warning to the person fitting passes over: a fit called
+#: by scikit-learn's Pipeline (through joblib's caching) or by privlearn's own pipeline
+#: or search is attributed to the code that called the pipeline, not to a library line
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
+                      for m in (sklearn, joblib, privlearn))
+
+
+def _past_library_frames(stacklevel: int) -> int:
+    """``stacklevel`` for ``warnings.warn`` called by the caller of this function, moved
+    up past the frames of scikit-learn and privlearn (never below the one given)."""
+    frame = sys._getframe(stacklevel)  # the frame ``stacklevel`` names, seen from there
+    while frame is not None and frame.f_back is not None and (
+            os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS)):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    return stacklevel
 
 
 def refuse_as_step(estimator: Any, where: str, name: str | None = None) -> None:

@@ -53,6 +53,28 @@ def test_scaler_is_randomised_and_reproducible():
     assert np.array_equal(a.mean_, b.mean_) and not np.array_equal(a.mean_, c.mean_)
 
 
+def test_a_pipeline_steps_clipping_warning_points_at_the_caller_of_fit():
+    """Inside a pipeline the steps' fits are called by scikit-learn's ``Pipeline``: their
+    warnings to the person fitting are attributed to the line that called the pipeline's
+    ``fit``, not to a line of scikit-learn or privlearn."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1.0, 1.0, size=(300, 2))
+    X[:5, 0] = 4.0                                     # outside feature_range
+    y = rng.uniform(-1.0, 1.0, 300)
+    y[:3] = 9.0                                        # outside y_bound
+    pipe = PrivatePipeline([
+        ("scale", PrivateStandardScaler(epsilon=0.5, delta=1e-7, feature_range=(-1, 1),
+                                        random_state=0)),
+        ("rows", Normalizer()),
+        ("model", AdaSSPRegressor(epsilon=0.5, delta=1e-7, y_bound=1.0, random_state=1)),
+    ])
+    with pytest.warns(DataClippedWarning) as record:
+        pipe.fit(X, y)
+    clipped = [r for r in record if issubclass(r.category, DataClippedWarning)]
+    assert len(clipped) == 2                           # the scaler's and the model's
+    assert all(r.filename == __file__ for r in clipped), [r.filename for r in clipped]
+
+
 @pytest.mark.parametrize("quantile", [None, 0.01])
 def test_scaler_warns_that_values_outside_feature_range_are_clipped(quantile):
     """Values outside the declared public range are clipped (the fit equals that on the
