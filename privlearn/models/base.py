@@ -549,7 +549,10 @@ _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
 def _past_library_frames(stacklevel: int) -> int:
     """``stacklevel`` for ``warnings.warn`` called by the caller of this function, moved
     up past the frames of scikit-learn and privlearn (never below the one given)."""
-    frame = sys._getframe(stacklevel)  # the frame ``stacklevel`` names, seen from there
+    try:
+        frame = sys._getframe(stacklevel)  # the frame ``stacklevel`` names, seen from there
+    except ValueError:  # past the outermost frame: warnings.warn attributes it to sys
+        return stacklevel
     while frame is not None and frame.f_back is not None and (
             os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS)):
         frame, stacklevel = frame.f_back, stacklevel + 1
