@@ -320,7 +320,8 @@ def get_rule(module: nn.Module) -> LayerRule | None:
     for predicate, value in RULES.predicates:
         if predicate(module):
             return value
-    if owner is not None:
+    if owner is not None and any(p is not None and p.requires_grad
+                                 for p in module._parameters.values()):
         _note_overridden(type(module), owner)
     return None
 

@@ -151,7 +151,8 @@ ZOO = {
                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
                  decoder_ffn_dim=32, max_position_embeddings=32, dropout=0.0,
                  attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0,
-                 decoder_layerdrop=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                 decoder_layerdrop=0.0, scale_embedding=True, pad_token_id=1, bos_token_id=0,
+                 eos_token_id=2,
                  decoder_start_token_id=2))),
     "t5": ("seq2seq", "T5ForConditionalGeneration", lambda tf: tf.T5ForConditionalGeneration(
         tf.T5Config(vocab_size=VOCAB, d_model=H, d_kv=8, d_ff=32, num_layers=2,

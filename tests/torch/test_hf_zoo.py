@@ -136,3 +136,16 @@ def test_refused_before_any_release(name, oracle):
     with pytest.raises(error, match=words):
         private_step(oracle, name, model, inputs, labels, 1.0)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize("name", ["gemma", "bart_frozen_positions"])
+def test_scaled_word_embeddings_get_their_own_rule(name):
+    """Gemma's and BART's word embeddings (``embedding(ids) * embed_scale``) are not
+    handed to the plain Embedding rule (which would miss the scale) nor, for their large
+    vocabularies, to the generic rule: the scaled rule, checked above by the step."""
+    from privlearn.torch.grad_sample import get_rule
+
+    model = build(name, torch.float32)
+    emb = model.get_input_embeddings()
+    assert type(emb).__name__.endswith("ScaledWordEmbedding")
+    assert get_rule(emb).compute.__name__ == "scaled_embedding_rule"

@@ -4,6 +4,8 @@ is never imported here).
 * ``Conv1D`` (GPT-2, GPT): ``y = x W + b`` with ``W`` of shape ``(in, out)``, a
   Linear layer with a transposed weight; it reuses the Linear machinery (ghost norms or
   materialised outer products, :func:`privlearn.torch.grad_sample.linear_like`).
+* ``FalconLinear``: ``x @ W.T + b``, the Linear rule (an ``nn.Linear`` subclass
+  overriding its forward does not inherit the Linear rule otherwise).
 * RMSNorm (``torch.nn.RMSNorm`` and ``LlamaRMSNorm``-style modules: class name ending in
   ``RMSNorm``, one ``weight`` vector, an ``eps`` or ``variance_epsilon``): the
   per-example weight gradient is ``sum_t g_t * xhat_t`` with ``xhat`` the normalised
@@ -42,7 +44,7 @@ from privlearn.torch.grad_sample import (
 from privlearn.torch.rules.embedding import EmbeddingContribution
 from privlearn.torch.rules.linear import linear_like
 
-__all__ = ["conv1d_transposed_rule", "rmsnorm_rule", "scaled_embedding_rule",
+__all__ = ["conv1d_transposed_rule", "falcon_linear_rule", "rmsnorm_rule", "scaled_embedding_rule",
            "vit_embeddings_rule", "verified"]
 
 _CHECK_EXAMPLES = 2
@@ -115,6 +117,18 @@ def conv1d_transposed_rule(module: nn.Module, record: Record, params) -> Contrib
     """transformers' ``Conv1D``: ``addmm(bias, x, W)`` with ``W`` ``(nx, nf)``."""
     return linear_like(record.args[0], record.grad(0), module.weight, module.bias, params,
                        transposed=True)
+
+
+def _is_falcon_linear(m: nn.Module) -> bool:
+    return (type(m).__name__ == "FalconLinear" and isinstance(m, nn.Linear)
+            and not m._modules)
+
+
+@register_predicate_rule(_is_falcon_linear, casts_input=True)
+@verified
+def falcon_linear_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """Falcon's ``FalconLinear``: ``x @ W.T (+ b)``, ``nn.Linear``'s map written out."""
+    return linear_like(record.args[0], record.grad(0), module.weight, module.bias, params)
 
 
 # --------------------------------------------------------------------------- RMSNorm
