@@ -26,7 +26,7 @@ from privlearn.errors import (  # noqa: E402
 
 #: the models whose step is checked in the default suite (the rest are marked slow)
 FAST = {"gpt_neox", "bloom", "falcon", "gemma", "phi3", "electra_mlm", "xlm_roberta_mlm",
-        "convnext", "bart_frozen_positions", "t5", "opt", "deberta_v2_cls"}
+        "convnext", "bart_frozen_positions", "t5", "opt", "deberta_v2_cls", "mistral"}
 #: models refused before any release: the error and the words it says
 REFUSED = {
     # each example's tokens flattened into rows of their own: no per-example grouping
