@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from privlearn.errors import ConfigurationError, ParameterValueError, TrainingLoopError
+from privlearn.errors import (
+    BatchDependenceError,
+    ConfigurationError,
+    ParameterValueError,
+    TrainingLoopError,
+)
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims
 from privlearn.torch.grad_sample import DenseOuterProduct, Materialized, OuterProduct, Record
@@ -165,7 +170,18 @@ def record_batch(unit: Unit, rec: Record) -> int:
         return rec.examples
     if unit.rule.layout.batch_size is not None:
         return int(unit.rule.layout.batch_size(unit.module, rec))
-    x = rec.args[0] if rec.args else next(iter(rec.kwargs.values()))
+    x = next((t for t in (*rec.args, *rec.kwargs.values()) if isinstance(t, torch.Tensor)),
+             None)
+    if x is None:
+        raise BatchDependenceError(
+            f"layer {unit.name!r} ({type(unit.module).__name__}) owns trainable parameters "
+            "but was called without any tensor input, so its output is the same for every "
+            "example (a table computed from sizes alone, e.g. BEiT's relative position "
+            "bias) and broadcast over the batch afterwards: its gradient is summed over "
+            "the batch before any hook sees it, so it has no per-example gradient. Freeze "
+            "its parameters (requires_grad_(False)), or use a model whose position "
+            "parameters enter per example (ViT, DeiT, DINOv2). No step was taken and "
+            "nothing was accounted")
     d = 0 if unit.normalised else unit.batch_dim
     return x.shape[d]
 

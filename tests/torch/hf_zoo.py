@@ -11,7 +11,8 @@ model from the ``transformers`` module ``tf``; ``kind`` picks the inputs and the
 * ``image``: 3x16x16 pixels and a class out of 3;
 * ``audio``: 400 raw samples (``input_values``) and a class out of 3;
 * ``features``: 8 mel bins x 16 frames (``input_features``) and a class out of 3;
-* ``seq2seq``: source ids, decoder ids (labels shifted right), unshifted loss.
+* ``seq2seq``: source ids, decoder ids (labels shifted right), unshifted loss;
+* ``seq2seq_audio``: ``features``' inputs and a decoder as ``seq2seq``'s.
 """
 
 from __future__ import annotations
@@ -96,6 +97,18 @@ ZOO = {
         tf.MixtralConfig(**_decoder_cfg(num_key_value_heads=1, num_local_experts=4,
                                         num_experts_per_tok=2, head_dim=8,
                                         experts_implementation="eager")))),
+    "gptj": ("causal", "GPTJForCausalLM", lambda tf: tf.GPTJForCausalLM(tf.GPTJConfig(
+        vocab_size=VOCAB, n_embd=H, n_layer=2, n_head=2, rotary_dim=4, n_positions=32,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))),
+    "gpt_bigcode": ("causal", "GPTBigCodeForCausalLM", lambda tf: tf.GPTBigCodeForCausalLM(
+        tf.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=H, n_layer=2, n_head=2, multi_query=True,
+                            n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            bos_token_id=0, eos_token_id=0))),
+    "gemma3": ("causal", "Gemma3ForCausalLM", lambda tf: tf.Gemma3ForCausalLM(
+        tf.Gemma3TextConfig(**_decoder_cfg(num_key_value_heads=1, head_dim=8,
+                                           sliding_window=6)))),
+    "qwen3": ("causal", "Qwen3ForCausalLM", lambda tf: tf.Qwen3ForCausalLM(
+        tf.Qwen3Config(**_decoder_cfg(num_key_value_heads=1, head_dim=8)))),
     "electra_mlm": ("mlm", "ElectraForMaskedLM", lambda tf: tf.ElectraForMaskedLM(
         tf.ElectraConfig(**_bert_like(embedding_size=8)))),
     "electra_cls": ("cls", "ElectraForSequenceClassification",
@@ -121,6 +134,23 @@ ZOO = {
     "deit": ("image", "DeiTForImageClassification", lambda tf: tf.DeiTForImageClassification(
         tf.DeiTConfig(image_size=16, patch_size=8, hidden_size=H, num_hidden_layers=2,
                       num_attention_heads=2, intermediate_size=32, num_labels=3, **_DROP))),
+    "dinov2": ("image", "Dinov2ForImageClassification",
+               lambda tf: tf.Dinov2ForImageClassification(tf.Dinov2Config(
+                   image_size=16, patch_size=8, hidden_size=H, num_hidden_layers=2,
+                   num_attention_heads=2, mlp_ratio=2, layerscale_value=0.5,
+                   drop_path_rate=0.0, num_labels=3, **_DROP))),
+    "clip_vision": ("image", "CLIPForImageClassification",
+                    lambda tf: tf.CLIPForImageClassification(tf.CLIPConfig(
+                        text_config=dict(vocab_size=VOCAB, hidden_size=H, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2),
+                        vision_config=dict(image_size=16, patch_size=8, hidden_size=H,
+                                           intermediate_size=32, num_hidden_layers=2,
+                                           num_attention_heads=2),
+                        num_labels=3))),
+    "beit": ("image", "BeitForImageClassification", lambda tf: tf.BeitForImageClassification(
+        tf.BeitConfig(image_size=16, patch_size=8, hidden_size=H, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=32, use_relative_position_bias=True,
+                      layer_scale_init_value=0.5, drop_path_rate=0.0, num_labels=3, **_DROP))),
     "swin": ("image", "SwinForImageClassification", lambda tf: tf.SwinForImageClassification(
         tf.SwinConfig(image_size=16, patch_size=2, embed_dim=8, depths=[2, 1],
                       num_heads=[2, 2], window_size=4, mlp_ratio=2.0, hidden_dropout_prob=0.0,
@@ -154,6 +184,14 @@ ZOO = {
                  decoder_layerdrop=0.0, scale_embedding=True, pad_token_id=1, bos_token_id=0,
                  eos_token_id=2,
                  decoder_start_token_id=2))),
+    "whisper": ("seq2seq_audio", "WhisperForConditionalGeneration",
+                lambda tf: tf.WhisperForConditionalGeneration(tf.WhisperConfig(
+                    vocab_size=VOCAB, num_mel_bins=8, d_model=H, encoder_layers=2,
+                    encoder_attention_heads=2, decoder_layers=2, decoder_attention_heads=2,
+                    encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=8,
+                    max_target_positions=16, dropout=0.0, attention_dropout=0.0,
+                    activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                    decoder_start_token_id=1))),
     "t5": ("seq2seq", "T5ForConditionalGeneration", lambda tf: tf.T5ForConditionalGeneration(
         tf.T5Config(vocab_size=VOCAB, d_model=H, d_kv=8, d_ff=32, num_layers=2,
                     num_decoder_layers=2, num_heads=2, relative_attention_num_buckets=8,
@@ -167,10 +205,11 @@ LORA = {"mistral_lora": ("mistral", ["q_proj", "v_proj", "o_proj"]),
         "phi3_lora": ("phi3", ["qkv_proj", "gate_up_proj"])}
 
 
-#: encoder-decoder models with the tables they compute once for the whole batch frozen
+#: models with the tables they compute once for the whole batch frozen
 #: (what the refusal of the trainable ones advises): ``variant -> (model, frozen names)``
 FROZEN = {"bart_frozen_positions": ("bart", "embed_positions"),
-          "t5_frozen_bias": ("t5", "relative_attention_bias")}
+          "t5_frozen_bias": ("t5", "relative_attention_bias"),
+          "beit_frozen_bias": ("beit", "relative_position_bias")}
 
 
 def base_of(name: str) -> str:
@@ -226,6 +265,11 @@ def make_batch(name: str, b: int = B, t: int = T, seed: int = 1, dtype=torch.flo
     if k == "audio":
         return ({"input_values": torch.randn(b, 400, generator=g, dtype=dtype)},
                 torch.randint(0, 3, (b,), generator=g))
+    if k == "seq2seq_audio":
+        target = torch.randint(3, VOCAB - 1, (b, t - 2), generator=g)
+        dec = torch.cat([torch.full((b, 1), 1), target[:, :-1]], dim=1)
+        return ({"input_features": torch.randn(b, 8, 16, generator=g, dtype=dtype),
+                 "decoder_input_ids": dec}, target)
     if k == "features":
         return ({"input_features": torch.randn(b, 8, 16, generator=g, dtype=dtype)},
                 torch.randint(0, 3, (b,), generator=g))

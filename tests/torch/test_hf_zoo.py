@@ -1,6 +1,7 @@
 """Hugging Face architectures users fine-tune (tests/torch/hf_zoo.py: tiny configs of
 OPT, GPT-Neo, GPT-NeoX, BLOOM, Falcon, Mistral, Qwen2, Gemma, Phi, StableLM, MPT,
-Mixtral, ELECTRA, DeBERTa-v2, XLM-RoBERTa, MobileBERT, ConvBERT, DeiT, Swin, ConvNeXt,
+Mixtral, GPT-J, GPTBigCode, Gemma 3, Qwen3, ELECTRA, DeBERTa-v2, XLM-RoBERTa, MobileBERT,
+ConvBERT, DeiT, DINOv2, CLIP, BEiT, Swin, ConvNeXt, Whisper, BART, T5,
 Wav2Vec2, Whisper's encoder, LoRA adapters) trained through ``make_private``: one
 noise-free step of plain SGD moves the weights by the naive clipped sum (a loop of
 batch-of-one backward passes, each gradient clipped on its own) over the expected batch
@@ -26,7 +27,8 @@ from privlearn.errors import (  # noqa: E402
 
 #: the models whose step is checked in the default suite (the rest are marked slow)
 FAST = {"gpt_neox", "bloom", "falcon", "gemma", "phi3", "electra_mlm", "xlm_roberta_mlm",
-        "convnext", "bart_frozen_positions", "t5", "opt", "deberta_v2_cls", "mistral"}
+        "convnext", "bart_frozen_positions", "t5", "opt", "deberta_v2_cls", "mistral",
+        "beit", "whisper"}
 #: models refused before any release: the error and the words it says
 REFUSED = {
     # each example's tokens flattened into rows of their own: no per-example grouping
@@ -38,11 +40,13 @@ REFUSED = {
     "deberta_v2_cls": (UnsupportedModuleError, "disentangled relative attention"),
     "t5": (UnsupportedModuleError, "relative_attention_bias.requires_grad_"),
     "bart": (UnsupportedModuleError, "shared by every example"),
+    "beit": (BatchDependenceError, "without any tensor input"),
     # its output layer multiplies by the tied embedding's weight outside the Embedding
     "mobilebert_mlm": (TrainingLoopError, "used outside their layers"),
 }
 #: RMSNorm computed in float32 whatever the model's dtype (by design of those models)
-FLOAT32_INSIDE = {"mistral", "qwen2", "gemma", "gemma2", "phi3", "t5", "mixtral"}
+FLOAT32_INSIDE = {"mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "t5",
+                  "mixtral"}
 
 
 def _param(name):
