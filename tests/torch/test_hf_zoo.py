@@ -53,10 +53,11 @@ def _param(name):
     return pytest.param(name, marks=() if name in FAST else pytest.mark.slow, id=name)
 
 
-def private_step(oracle, name, model, inputs, labels, c, autocast=None):
+def private_step(oracle, name, model, inputs, labels, c, autocast=None, made=None):
     """One noise-free make_private step of SGD (lr 1, fixed batches of all ``B``
     examples) on ``model`` in place; returns the naive clipped sum over the batch drawn
-    and the move of the trainable parameters times ``B`` (both flat, float64)."""
+    and the move of the trainable parameters times ``B`` (both flat, float64). The engine
+    is appended to ``made`` (a list) once make_private returns."""
     from torch.utils.data import DataLoader, Dataset
 
     from privlearn.torch import make_private
@@ -75,6 +76,8 @@ def private_step(oracle, name, model, inputs, labels, c, autocast=None):
     opt = torch.optim.SGD(params, lr=1.0)
     p = make_private(model, opt, DataLoader(Rows(), batch_size=b), noise_multiplier=0.0,
                      max_grad_norm=c, sampling="fixed", seed=0)
+    if made is not None:
+        made.append(p)
     try:
         batch = dict(next(iter(p.data_loader)))
         y = batch.pop("labels")
@@ -112,10 +115,11 @@ def test_private_step_matches_batch_of_one_loop(name, oracle):
     assert (got - ref).norm() <= tol * ref.norm(), (got - ref).norm() / ref.norm()
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in ["llama", "mistral", "gemma2", "deit"]])
+@pytest.mark.parametrize("name", [_param(n) for n in ["llama", "mistral", "gemma", "gemma2",
+                                                       "deit"]])
 def test_private_step_under_bf16_autocast(name, oracle):
     """Forward under CPU bfloat16 autocast (float32 weights): the engine's sum against
-    the naive loop under the same autocast, to bfloat16's rounding."""
+    the naive loop under the same autocast, to bfloat16's rounding (measured: 0.3-0.7%)."""
     if name == "llama":
         from hf_models import build as build_llama
         from hf_models import make_batch as llama_batch
@@ -126,7 +130,7 @@ def test_private_step_under_bf16_autocast(name, oracle):
     inputs = {k: v.float() if v.is_floating_point() else v for k, v in inputs.items()}
     c = _clip(oracle, name, copy.deepcopy(model), inputs, labels)
     ref, got = private_step(oracle, name, model, inputs, labels, c, autocast=torch.bfloat16)
-    assert (got - ref).norm() <= 0.05 * ref.norm(), (got - ref).norm() / ref.norm()
+    assert (got - ref).norm() <= 0.02 * ref.norm(), (got - ref).norm() / ref.norm()
 
 
 @pytest.mark.parametrize("name", [_param(n) for n in REFUSED])
@@ -137,9 +141,11 @@ def test_refused_before_any_release(name, oracle):
     inputs, labels = make_batch(name, dtype=torch.float32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     error, words = REFUSED[name]
+    made = []
     with pytest.raises(error, match=words):
-        private_step(oracle, name, model, inputs, labels, 1.0)
+        private_step(oracle, name, model, inputs, labels, 1.0, made=made)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert all(p.accountant.steps == 0 for p in made)
 
 
 @pytest.mark.parametrize("name", ["gemma", "bart_frozen_positions"])
