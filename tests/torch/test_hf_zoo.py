@@ -154,8 +154,21 @@ def test_scaled_word_embeddings_get_their_own_rule(name):
     handed to the plain Embedding rule (which would miss the scale) nor, for their large
     vocabularies, to the generic rule: the scaled rule, checked above by the step."""
     from privlearn.torch.grad_sample import get_rule
+    from privlearn.torch.rules.transformers import _RULE_STATE
+    from privlearn.torch.tracker import GradSampleTracker
 
     model = build(name, torch.float32)
     emb = model.get_input_embeddings()
     assert type(emb).__name__.endswith("ScaledWordEmbedding")
     assert get_rule(emb).compute.__name__ == "scaled_embedding_rule"
+    inputs, labels = make_batch(name, dtype=torch.float32)
+    tracker = GradSampleTracker(model, loss_reduction="mean")
+    try:
+        loss_of(name, model(**inputs), labels).backward()
+        tracker.clipped_sum(1.0)
+    finally:
+        tracker.detach()
+    # the embeddings called (BART's encoder and decoder hold their own, tied) agreed with
+    # the generic rule: not replaced by it
+    states = [_RULE_STATE.get(m) for m in model.modules() if type(m) is type(emb)]
+    assert "ok" in states and "fallback" not in states
