@@ -160,6 +160,7 @@ def _problems(model: nn.Module) -> list[str]:
             out.extend(f"{label}: {msg}" for msg in check(m, trainable))
         out.extend(f"{label}: {msg}" for msg in _rule_problems(m, trainable))
         out.extend(f"{label}: {msg}" for msg in _position_tables(m))
+        out.extend(f"{label}: {msg}" for msg in _spec_augment(m))
         lazy = [n for n, q in m.named_parameters(recurse=False)
                 if isinstance(q, nn.parameter.UninitializedParameter)]
         if lazy:
@@ -206,6 +207,28 @@ def _position_tables(m: nn.Module) -> list[str]:
                     "in the config, or an encoder with absolute positions (BERT, RoBERTa, "
                     "ELECTRA); freezing these projections also works"]
     return []
+
+
+def _spec_augment(m: nn.Module) -> list[str]:
+    """A Hugging Face speech model (Wav2Vec2, HuBERT, WavLM, ...: it owns
+    ``masked_spec_embed``) whose forward applies SpecAugment in training: the time and
+    feature masks are drawn from NumPy's global generator for the whole batch inside the
+    model's forward, which neither the batch-independence probe nor a per-example
+    recomputation can replay."""
+    cfg = getattr(m, "config", None)
+    if not hasattr(m, "masked_spec_embed") or cfg is None \
+            or getattr(cfg, "apply_spec_augment", True) is False:
+        return []
+    probs = {k: getattr(cfg, k, 0.0) or 0.0 for k in ("mask_time_prob", "mask_feature_prob")}
+    on = {k: v for k, v in probs.items() if v > 0}
+    if not on:
+        return []
+    return [f"SpecAugment is on ({', '.join(f'{k}={v}' for k, v in on.items())}): its masks "
+            "are drawn from NumPy's global generator inside the model's forward, for the "
+            "whole batch, which per-example gradients cannot replay. Set "
+            "config.apply_spec_augment=False (or mask_time_prob=0.0 and "
+            "mask_feature_prob=0.0) before make_private, and augment each example in the "
+            "data pipeline instead"]
 
 
 def _hook_reparametrization(m: nn.Module) -> str | None:

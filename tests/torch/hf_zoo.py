@@ -40,6 +40,16 @@ def _bert_like(**kw):
                 intermediate_size=32, max_position_embeddings=40, **_DROP, **kw)
 
 
+def _wav2vec2(tf, mask_time_prob: float):
+    return tf.Wav2Vec2ForSequenceClassification(tf.Wav2Vec2Config(
+        vocab_size=VOCAB, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, conv_dim=(8, 8), conv_stride=(5, 4), conv_kernel=(10, 8),
+        num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, hidden_dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+        final_dropout=0.0, layerdrop=0.0, mask_time_prob=mask_time_prob, mask_time_length=2,
+        classifier_proj_size=8, num_labels=3))
+
+
 ZOO = {
     "opt": ("causal", "OPTForCausalLM", lambda tf: tf.OPTForCausalLM(tf.OPTConfig(
         vocab_size=VOCAB, hidden_size=H, num_hidden_layers=2, ffn_dim=32,
@@ -159,15 +169,10 @@ ZOO = {
                  lambda tf: tf.ConvNextForImageClassification(tf.ConvNextConfig(
                      num_channels=3, patch_size=4, hidden_sizes=[8, 16], depths=[1, 1],
                      num_stages=2, drop_path_rate=0.0, layer_scale_init_value=0.5, num_labels=3))),
-    "wav2vec2": ("audio", "Wav2Vec2ForSequenceClassification",
-                 lambda tf: tf.Wav2Vec2ForSequenceClassification(tf.Wav2Vec2Config(
-                     vocab_size=VOCAB, hidden_size=H, num_hidden_layers=2,
-                     num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
-                     conv_stride=(5, 4), conv_kernel=(10, 8), num_conv_pos_embeddings=4,
-                     num_conv_pos_embedding_groups=2, hidden_dropout=0.0,
-                     attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
-                     final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0,
-                     classifier_proj_size=8, num_labels=3))),
+    "wav2vec2": ("audio", "Wav2Vec2ForSequenceClassification", lambda tf: _wav2vec2(tf, 0.0)),
+    # SpecAugment on, as Wav2Vec2Config has it by default
+    "wav2vec2_specaugment": ("audio", "Wav2Vec2ForSequenceClassification",
+                             lambda tf: _wav2vec2(tf, 0.05)),
     "whisper_enc": ("features", "WhisperForAudioClassification",
                     lambda tf: tf.WhisperForAudioClassification(tf.WhisperConfig(
                         vocab_size=VOCAB, num_mel_bins=8, d_model=H, encoder_layers=2,

@@ -41,6 +41,8 @@ REFUSED = {
     "t5": (UnsupportedModuleError, "relative_attention_bias.requires_grad_"),
     "bart": (UnsupportedModuleError, "shared by every example"),
     "beit": (BatchDependenceError, "without any tensor input"),
+    # SpecAugment's masks drawn from NumPy inside the forward, for the whole batch
+    "wav2vec2_specaugment": (UnsupportedModuleError, "apply_spec_augment=False"),
     # its output layer multiplies by the tied embedding's weight outside the Embedding
     "mobilebert_mlm": (TrainingLoopError, "used outside their layers"),
 }
