@@ -260,7 +260,8 @@ def _as_rule(fn, options: dict, flat: dict) -> LayerRule:
 
 def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
     """Decorator registering ``rule(module, record, params) -> Contribution`` for
-    ``layer_types`` (and their subclasses).
+    ``layer_types`` (and their subclasses that do not override the forward computation:
+    :func:`get_rule`).
 
     ``params`` are the module's trainable parameters (recursive, unless
     ``scope="direct"``), in ``named_parameters`` order; the contribution must cover exactly
