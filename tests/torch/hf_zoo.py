@@ -204,10 +204,13 @@ ZOO = {
                     eos_token_id=1, decoder_start_token_id=0))),
 }
 
-#: LoRA (peft) on decoders of the zoo: the target modules' names in each
+#: LoRA (peft) on models of the zoo: the target modules' names in each (the adapters
+#: alone train: T5's relative attention bias and BART's positions stay frozen)
 LORA = {"mistral_lora": ("mistral", ["q_proj", "v_proj", "o_proj"]),
         "gpt_neox_lora": ("gpt_neox", ["query_key_value", "dense"]),
-        "phi3_lora": ("phi3", ["qkv_proj", "gate_up_proj"])}
+        "phi3_lora": ("phi3", ["qkv_proj", "gate_up_proj"]),
+        "t5_lora": ("t5", ["q", "v"]),
+        "bart_lora": ("bart", ["q_proj", "v_proj"])}
 
 
 #: models with the tables they compute once for the whole batch frozen
