@@ -63,6 +63,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _autocast_state,
     _eager,
     _flat_sq,
+    _hookable,
     _in_backward,
     _map_tensors,
     _meta,
@@ -701,11 +702,9 @@ class GradSampleTracker(ClippingMixin):
                 rec.grad_outputs.append(None)
                 if not output.is_floating_point():
                     return None
-                changed = not output.requires_grad
-                if changed:
-                    output = make_differentiable(output, dummy)
-                output.register_hook(grad_hook(rec, 0, move, early))
-                return output if changed else None
+                hooked = _hookable(output, dummy, own_node=False)
+                hooked.register_hook(grad_hook(rec, 0, move, early))
+                return hooked if hooked is not output else None
             flat, spec = tree_flatten(output)
             rec.out_spec = spec
             changed = False
@@ -716,13 +715,10 @@ class GradSampleTracker(ClippingMixin):
                     rec.outputs_meta.append(_meta(o, move))
                     rec.grad_outputs.append(None)
                     if o.is_floating_point():
-                        if not o.requires_grad:
-                            o = make_differentiable(o, dummy)
-                        else:
-                            # the hook on a view sees only the gradient from outside the
-                            # layer (an output the layer itself consumed, e.g. y in
-                            # (y, f(y)), would otherwise bring f's share in twice)
-                            o = o.view_as(o)
+                        # own node: the hook sees only the gradient from outside the
+                        # layer (an output the layer itself consumed, e.g. y in
+                        # (y, f(y)), would otherwise bring f's share in twice)
+                        o = _hookable(o, dummy, own_node=True)
                         changed = True
                         o.register_hook(grad_hook(rec, j, move))
                 new_flat.append(o)

@@ -720,3 +720,78 @@ def test_lstm_under_bf16_autocast_matches_the_float64_loop(layers, bidirectional
     p.optimizer.step()
     got = oracle.flat(q.grad for q in model.parameters()) * 8
     torch.testing.assert_close(got, ref, rtol=0, atol=2e-2 * ref.abs().max().item())
+
+
+class _InPlaceAfter(nn.Module):
+    """``head(f(layer(x)))`` where ``f`` modifies the layer's output in place."""
+
+    def __init__(self, layer, head_in, inplace, pick=lambda out: out):
+        super().__init__()
+        self.layer, self.head = layer, nn.Linear(head_in, 3)
+        self.inplace, self.pick = inplace, pick
+
+    def forward(self, x):
+        out = self.pick(self.layer(x))
+        self.inplace(out)
+        return self.head(out.flatten(1))
+
+
+class _ViewOut(nn.Module):
+    """A layer of no registered rule (the torch.func fallback) returning a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return (x * self.w).view(x.shape[0], 2, 2)
+
+
+class _MHASelf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.att = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.att(x, x, x)
+
+
+@pytest.mark.parametrize("name", ["instance_norm_first", "instance_norm_after_conv",
+                                  "lstm_output", "attention_output", "fallback_view"])
+def test_output_modified_in_place_keeps_the_layer_gradient(name, oracle):
+    """A layer whose output is a view (InstanceNorm's ``view_as``, a custom ``.view``; a
+    multi-output layer's outputs, which the tracker aliased by a view) followed by an
+    in-place op (``ReLU(inplace=True)``, ``relu_``): autograd rebases a view modified in
+    place, the hook registered on it never fired, and the layer's parameters were left
+    out of the per-example norms and the clipped sum, silently. The clipped sum is now the
+    float64 loop of batch-of-one passes."""
+    torch.manual_seed(0)
+    relu_ = nn.ReLU(inplace=True)
+    models = {
+        "instance_norm_first": (lambda: _InPlaceAfter(
+            nn.InstanceNorm2d(2, affine=True), 32, relu_), (2, 4, 4)),
+        "instance_norm_after_conv": (lambda: _InPlaceAfter(
+            nn.Sequential(nn.Conv2d(2, 3, 3, padding=1),
+                          nn.InstanceNorm2d(3, affine=True)), 48, relu_), (2, 4, 4)),
+        "lstm_output": (lambda: _InPlaceAfter(nn.LSTM(4, 5, batch_first=True), 15, relu_,
+                                              pick=lambda out: out[0]), (3, 4)),
+        "attention_output": (lambda: _InPlaceAfter(_MHASelf(), 12, lambda t: t.mul_(2),
+                                                   pick=lambda out: out[0]), (3, 4)),
+        "fallback_view": (lambda: _InPlaceAfter(_ViewOut(), 4, relu_), (4,)),
+    }
+    build, shape = models[name]
+    model = build().double()
+    x, y = torch.randn(8, *shape, dtype=torch.float64), torch.randint(0, 3, (8,))
+    C = 0.5
+    ref, norms = oracle.clipped_sum(model, x, y, C)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
+                     max_grad_norm=C, sampling="fixed", seed=0)
+    p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    torch.testing.assert_close(p.optimizer.last_grad_norms, norms, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(oracle.flat(q.grad for q in model.parameters()), ref / 8.0,
+                               rtol=1e-9, atol=1e-12)
