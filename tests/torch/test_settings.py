@@ -272,8 +272,8 @@ def test_opacus_methods_called_on_what_make_private_returns_say_what_to_use():
 
     from privlearn.torch.accountant import OPACUS_METHODS
 
-    for name in OPACUS_METHODS:
-        assert hasattr(opacus.PrivacyEngine, name) or hasattr(RDPAccountant, name), name
+    for name in OPACUS_METHODS:  # history: set by the accountant's __init__
+        assert hasattr(opacus.PrivacyEngine, name) or hasattr(RDPAccountant(), name), name
     model, opt, loader = _training()
     p = make_private(model, opt, loader, noise_multiplier=1.0)
     for obj, owner in ((p, "PrivateTraining"), (p.accountant, "PrivacyAccountant")):
@@ -281,11 +281,36 @@ def test_opacus_methods_called_on_what_make_private_returns_say_what_to_use():
             assert not hasattr(obj, name)
             with pytest.raises(AttributeError) as err:
                 getattr(obj, name)
-            assert str(err.value) == (f"{owner} has no {name} (a method of Opacus's "
+            assert str(err.value) == (f"{owner} has no {name} (a name of Opacus's "
                                       f"PrivacyEngine or accountants): use {use}")
         with pytest.raises(AttributeError, match=f"^'{owner}' object has no attribute 'nope'$"):
             _ = obj.nope
     assert "p.epsilon(delta)" in OPACUS_METHODS["get_epsilon"]
+
+
+def test_opacus_optimizer_methods_on_p_optimizer_say_what_to_use():
+    """``p.optimizer.signal_skip_step``, ``attach_step_hook``, ``grad_samples``, ... (Opacus's
+    DPOptimizer; ``virtual_step``, Opacus 0.x's): an AttributeError naming the counterpart;
+    other missing attributes keep Python's wording, also on an object ``__new__`` made
+    (as copy and pickle make it), where ``__getattr__`` must not recurse."""
+    opacus = pytest.importorskip("opacus")
+    from privlearn.torch._optimizer_api import OPACUS_OPTIMIZER_METHODS
+
+    for name in OPACUS_OPTIMIZER_METHODS:
+        assert hasattr(opacus.optimizers.DPOptimizer, name) or name == "virtual_step", name
+    model, opt, loader = _training()
+    p = make_private(model, opt, loader, noise_multiplier=1.0)
+    for name, use in OPACUS_OPTIMIZER_METHODS.items():
+        assert not hasattr(p.optimizer, name)
+        with pytest.raises(AttributeError) as err:
+            getattr(p.optimizer, name)
+        assert str(err.value) == (f"DPOptimizer has no {name} (of Opacus's DPOptimizer): "
+                                  f"use {use}")
+    with pytest.raises(AttributeError, match="^'DPOptimizer' object has no attribute 'nope'$"):
+        _ = p.optimizer.nope
+    bare = type(p.optimizer).__new__(type(p.optimizer))
+    assert not hasattr(bare, "signal_skip_step") and not hasattr(bare, "param_groups")
+    assert "max_physical_batch_size" in OPACUS_OPTIMIZER_METHODS["signal_skip_step"]
 
 
 def test_missing_or_misspelt_arguments_are_typed_errors_naming_them():
