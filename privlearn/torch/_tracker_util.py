@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import ConfigurationError, ParameterValueError, TrainingLoopError
 from privlearn.torch.cross_terms import CrossTerm
@@ -55,6 +56,25 @@ def _hookable(output: torch.Tensor, dummy: torch.Tensor, own_node: bool) -> torc
     elif own_node:
         return _OutputAlias.apply(output)
     return _OutputAlias.apply(output) if output._is_view() else output
+
+
+def _recomputed_outputs(output, dummy: torch.Tensor):
+    """A layer's outputs in a forward recomputed during backward (activation
+    checkpointing), given the nodes the recording hook gave them in the first forward
+    (:func:`_hookable`, without hooks: the gradients are recorded through the first
+    forward's outputs), so that the recomputed graph saves the same tensors; None when
+    nothing changes."""
+    if type(output) is torch.Tensor:
+        if not output.is_floating_point():
+            return None
+        hooked = _hookable(output, dummy, own_node=False)
+        return hooked if hooked is not output else None
+    flat, spec = tree_flatten(output)
+    if not any(isinstance(o, torch.Tensor) and o.is_floating_point() for o in flat):
+        return None
+    return tree_unflatten([_hookable(o, dummy, own_node=True)
+                           if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                           for o in flat], spec)
 
 def _flat_sq(contribs) -> torch.Tensor:
     """Per-example squared norms over all parameters (a sum of per-example terms: no

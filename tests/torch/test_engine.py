@@ -795,3 +795,56 @@ def test_output_modified_in_place_keeps_the_layer_gradient(name, oracle):
     torch.testing.assert_close(p.optimizer.last_grad_norms, norms, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(oracle.flat(q.grad for q in model.parameters()), ref / 8.0,
                                rtol=1e-9, atol=1e-12)
+
+
+class _Checkpointed(nn.Module):
+    """``head(f(layer(x)))`` with ``f(layer(x))`` run under non-reentrant activation
+    checkpointing (recomputed during backward)."""
+
+    def __init__(self, layer, head_in, after=lambda t: t, pick=lambda out: out):
+        super().__init__()
+        self.layer, self.head = layer, nn.Linear(head_in, 3)
+        self.after, self.pick = after, pick
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(lambda z: self.after(self.pick(self.layer(z))), x, use_reentrant=False)
+        return self.head(h.flatten(1))
+
+
+@pytest.mark.parametrize("name", ["attention", "lstm_then_relu_", "instance_norm_then_relu_"])
+def test_activation_checkpointing_recomputes_the_recorded_graph(name, oracle):
+    """Non-reentrant checkpointing recomputes a forward during backward and requires it
+    to save the tensors the first forward saved. Around ``nn.MultiheadAttention`` (whose
+    first forward the engine computes with its projections exposed) and around a layer
+    whose outputs the engine gave nodes of their own, followed by an in-place op, the
+    recomputation saved other tensors and backward() raised torch's CheckpointError. The
+    recomputation now builds the same graph: the clipped sum is the float64 loop of
+    batch-of-one passes."""
+    torch.manual_seed(0)
+    models = {
+        "attention": (lambda: _Checkpointed(_MHASelf(), 12, pick=lambda out: out[0]),
+                      (3, 4)),
+        "lstm_then_relu_": (lambda: _Checkpointed(nn.LSTM(4, 5, batch_first=True), 15,
+                                                  after=torch.relu_,
+                                                  pick=lambda out: out[0]), (3, 4)),
+        "instance_norm_then_relu_": (lambda: _Checkpointed(
+            nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.InstanceNorm2d(3, affine=True)),
+            48, after=torch.relu_), (2, 4, 4)),
+    }
+    build, shape = models[name]
+    model = build().double()
+    x, y = torch.randn(8, *shape, dtype=torch.float64), torch.randint(0, 3, (8,))
+    ref, norms = oracle.clipped_sum(model, x, y, 0.5)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
+                     max_grad_norm=0.5, sampling="fixed", seed=0)
+    p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    torch.testing.assert_close(p.optimizer.last_grad_norms, norms, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(oracle.flat(q.grad for q in model.parameters()), ref / 8.0,
+                               rtol=1e-9, atol=1e-12)
