@@ -33,7 +33,7 @@ import torch
 
 from privlearn.errors import TrainingLoopError
 
-__all__ = ["OPACUS_OPTIMIZER_METHODS", "OptimizerDelegation"]
+__all__ = ["OPACUS_OPTIMIZER_METHODS", "OptimizerDelegation", "not_built_by_make_private"]
 
 _CHUNKS = ("make_private(..., max_physical_batch_size=k): p.data_loader yields chunks of at "
            "most k examples of each logical batch; call p.optimizer.step() after every "
@@ -59,6 +59,20 @@ def _delegated(name: str) -> property:
     return property(lambda self: getattr(self.original_optimizer, name),
                     lambda self, value: setattr(self.original_optimizer, name, value),
                     doc=f"The wrapped optimizer's ``{name}``.")
+
+
+def not_built_by_make_private(name: str) -> TypeError:
+    """The error for a DP optimizer built by hand, as Opacus's tutorials build theirs
+    (``DPOptimizer(optimizer, noise_multiplier=..., max_grad_norm=...,
+    expected_batch_size=...)``): :func:`~privlearn.torch.make_private` builds it, with the
+    per-example gradients, the sampler and the accountant it needs."""
+    return TypeError(
+        f"{name} is built by privlearn.torch.make_private, not by hand (Opacus's "
+        f"{name}(optimizer, noise_multiplier=..., max_grad_norm=..., "
+        "expected_batch_size=...)): p = make_private(model, optimizer, data_loader, "
+        "noise_multiplier=..., max_grad_norm=...) hooks the model, replaces the loader's "
+        "batching by Poisson sampling (expected batch size: the loader's batch_size) and "
+        "returns p.optimizer, which clips, adds the noise and is accounted by p.accountant")
 
 
 class OptimizerDelegation(torch.optim.Optimizer):

@@ -1,6 +1,7 @@
 """The settings of a DP-SGD run are declared once, by DPConfig's fields: make_private's
 keywords, the documented attributes and PrivacyArguments' privacy fields follow them."""
 
+import copy
 import dataclasses
 import inspect
 import re
@@ -311,6 +312,26 @@ def test_opacus_optimizer_methods_on_p_optimizer_say_what_to_use():
     bare = type(p.optimizer).__new__(type(p.optimizer))
     assert not hasattr(bare, "signal_skip_step") and not hasattr(bare, "param_groups")
     assert "max_physical_batch_size" in OPACUS_OPTIMIZER_METHODS["signal_skip_step"]
+
+
+def test_a_dp_optimizer_built_by_hand_says_make_private_builds_it():
+    """Opacus's tutorials build ``DPOptimizer(optimizer, noise_multiplier=...,
+    max_grad_norm=..., expected_batch_size=...)`` by hand; here that raised Python's
+    "missing 1 required positional argument: 'tracker'". It says what builds it; the
+    optimizer make_private builds still deep-copies."""
+    from privlearn.torch import DPOptimizer
+
+    model, opt, loader = _training()
+    for args, kwargs in (((opt,), dict(noise_multiplier=1.0, max_grad_norm=1.0,
+                                       expected_batch_size=10)),
+                         ((), dict(optimizer=opt, noise_multiplier=1.0, max_grad_norm=1.0)),
+                         ((opt, object()), {})):
+        with pytest.raises(TypeError, match=r"^DPOptimizer is built by privlearn\.torch\."
+                                            r"make_private, not by hand") as err:
+            DPOptimizer(*args, **kwargs)
+        assert "p = make_private(model, optimizer, data_loader" in str(err.value)
+    p = make_private(model, opt, loader, noise_multiplier=1.0)
+    assert copy.deepcopy(p.optimizer).noise_multiplier == 1.0
 
 
 def test_missing_or_misspelt_arguments_are_typed_errors_naming_them():
