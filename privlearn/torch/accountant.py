@@ -66,6 +66,8 @@ OPACUS_METHODS = {
     "load_checkpoint": "p.load_state_dict(torch.load(path, weights_only=False))",
     "history": "p.accountant.segments (runs of identical steps: noise_multiplier, "
                "sampling_rate, max_grad_norm, steps)",
+    "get_optimizer_hook_fn": "nothing: p.optimizer records every step it takes in "
+                             "p.accountant itself",
     "step": "p.accountant.record_step(noise_multiplier=..., sampling_rate=..., "
             "max_grad_norm=...) on an accountant of your own (p.optimizer records every "
             "step of p's itself)",
