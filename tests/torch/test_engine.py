@@ -439,7 +439,7 @@ def test_unsupported_layers_listed_at_once_and_fixed():
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
                           nn.Conv2d(4, 8, 3), nn.BatchNorm2d(8),
                           nn.LSTM(3, 3, num_layers=2, dropout=0.5),
-                          nn.MultiheadAttention(4, 2, dropout=0.1))
+                          nn.MultiheadAttention(4, 2, dropout=0.1, add_bias_kv=True))
     problems = validate(model)
     assert len(problems) == 4
     with pytest.raises(UnsupportedModuleError) as err:
@@ -848,3 +848,90 @@ def test_activation_checkpointing_recomputes_the_recorded_graph(name, oracle):
     torch.testing.assert_close(p.optimizer.last_grad_norms, norms, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(oracle.flat(q.grad for q in model.parameters()), ref / 8.0,
                                rtol=1e-9, atol=1e-12)
+
+
+class _AttentionHead(nn.Module):
+    def __init__(self, attention, need_weights=True, cross=False):
+        super().__init__()
+        self.att, self.head = attention, nn.Linear(8, 3)
+        self.need_weights, self.cross = need_weights, cross
+
+    def forward(self, x):
+        kv = x[..., :6] if self.cross else x
+        return self.head(self.att(x, kv, kv, need_weights=self.need_weights)[0].mean(1))
+
+
+class _Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.3, batch_first=True)
+        # the residual dropout after attention draws its mask in the memory layout of
+        # the attention's output, which differs between the two forwards compared
+        self.enc.dropout1.p = 0.0
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.enc(x).mean(1))
+
+
+@pytest.mark.parametrize("name", ["weights", "fused", "cross_kdim", "encoder_layer"])
+def test_attention_dropout_trains_with_the_step_masks(name):
+    """``nn.MultiheadAttention(dropout > 0)`` (``nn.TransformerEncoderLayer``'s default)
+    was refused. The instrumented forward applies the dropout itself and captures the
+    gradients of Q, K, V and the head outputs as the step's masks made them. Ground
+    truth: each example's gradient of its own loss in one batched forward of a plain
+    copy of the model, drawn from the same generator state (the same masks; examples do
+    not interact), clipped and summed in float64."""
+    torch.manual_seed(0)
+    model = {
+        "weights": lambda: _AttentionHead(nn.MultiheadAttention(8, 2, dropout=0.3,
+                                                                batch_first=True)),
+        "fused": lambda: _AttentionHead(nn.MultiheadAttention(8, 2, dropout=0.3,
+                                                              batch_first=True), False),
+        "cross_kdim": lambda: _AttentionHead(nn.MultiheadAttention(
+            8, 2, dropout=0.3, kdim=6, vdim=6, batch_first=True), cross=True),
+        "encoder_layer": _Encoder,
+    }[name]().double()
+    x, y = torch.randn(8, 5, 8, dtype=torch.float64), torch.randint(0, 3, (8,))
+    ref = copy.deepcopy(model)
+    torch.manual_seed(123)
+    losses = nn.functional.cross_entropy(ref(x), y, reduction="none")
+    rows = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+        losses[i], list(ref.parameters()), retain_graph=True)]) for i in range(8)])
+    C = rows.norm(dim=1).median().item()  # about half the examples clipped
+    clipped = (rows * (C / rows.norm(dim=1)).clamp(max=1.0)[:, None]).sum(0)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
+                     max_grad_norm=C, sampling="fixed", seed=0,
+                     check_batch_independence=False)  # the probe would draw masks too
+    p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
+    p.optimizer.zero_grad()
+    torch.manual_seed(123)
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    torch.testing.assert_close(p.optimizer.last_grad_norms, rows.norm(dim=1), rtol=1e-9,
+                               atol=1e-12)
+    torch.testing.assert_close(torch.cat([q.grad.reshape(-1) for q in model.parameters()]),
+                               clipped / 8, rtol=1e-8, atol=1e-12)
+
+
+def test_attention_dropout_with_the_probe_trains():
+    """The default run (batch-independence probe on, Poisson batches) of a Transformer
+    encoder layer with its default dropout 0.1: it trains and is accounted."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+                          nn.Flatten(), nn.Linear(40, 3))
+    ds = TensorDataset(torch.randn(64, 5, 8), torch.randint(0, 3, (64,)))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=16), noise_multiplier=1.0, max_grad_norm=1.0,
+                     seed=0)
+    before = copy.deepcopy(model.state_dict())
+    for xb, yb in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(xb), yb).backward()
+        p.optimizer.step()
+    assert p.accountant.steps == 4
+    after = model.state_dict()
+    assert not torch.equal(before["0.self_attn.in_proj_weight"],
+                           after["0.self_attn.in_proj_weight"])
