@@ -26,6 +26,15 @@ _ACCOUNTANT = ("privlearn.torch.PrivacyAccountant(accountant='rdp' or 'pld'), fe
                "read by .epsilon(delta); or, torch-free, privlearn.accounting: "
                "compose(subsample(Gaussian(noise_multiplier=s), rate=q), steps=T)"
                ".epsilon(delta, accountant='rdp')")
+_NO_WRAPPER = ("no wrapper: make_private hooks your model in place (p.model is your "
+               "model, p.detach() removes the hooks) and picks each layer's per-example "
+               "gradient method itself")
+_PICKED = ("p.optimizer, the optimizer make_private returns: one class for every clipping "
+           "(clipping='flat', 'per_layer' or 'adaptive'), every per-example gradient "
+           "method and distributed training (a model wrapped in DistributedDataParallel)")
+_SCHEDULE = ("set p.optimizer.{0} between steps (e.g. p.optimizer.{1} once per epoch): "
+             "the next steps use it and the accountant records each step with the value "
+             "it used")
 _LAYERS = ("PyTorch's own {} as it is: make_private computes its per-example gradient "
            "norms itself (Opacus's layers also work)")
 
@@ -73,6 +82,48 @@ OPACUS_NAMES: dict[str, str] = {
     "DPGRU": _LAYERS.format("torch.nn.GRU"),
     "DPRNN": _LAYERS.format("torch.nn.RNN"),
     "DPMultiheadAttention": _LAYERS.format("torch.nn.MultiheadAttention"),
+    "register_grad_sampler": (
+        "privlearn.torch.register_rule(YourModule), on a function (module, record, params) "
+        "-> Materialized(params, per-example gradients): Opacus's activations are "
+        "record.args[0], its backprops record.grad(0) (the guide 'extending privlearn'); "
+        "a module with no rule needs none (a torch.func fallback computes its per-example "
+        "gradients)"),
+    "register_norm_sampler": (
+        "privlearn.torch.register_rule(YourModule), on a function returning a factored "
+        "contribution whose norms are computed without materialising the per-example "
+        "gradients (privlearn.torch.grad_sample.OuterProduct, as the rule of nn.Linear)"),
+    "check_per_sample_gradients_are_correct": (
+        "the check of the guide 'extending privlearn' (a new layer rule): one "
+        "make_private step with noise_multiplier=0 against a loop of batch-of-one "
+        "backward passes; make_private itself checks before the first step that each "
+        "example's outputs depend on that example alone"),
+    "GradSampleModuleExpandedWeights": _NO_WRAPPER,
+    "GradSampleModuleNoOp": _NO_WRAPPER,
+    "DifferentiallyPrivateDistributedDataParallel": (
+        "PyTorch's torch.nn.parallel.DistributedDataParallel as it is: make_private(DDP("
+        "model), optimizer, data_loader, ...) on every rank, after "
+        "torch.distributed.init_process_group"),
+    "DistributedDPOptimizer": _PICKED,
+    "SimpleDistributedPerLayerOptimizer": _PICKED,
+    "DPOptimizerFastGradientClipping": _PICKED,
+    "DistributedDPOptimizerFastGradientClipping": _PICKED,
+    "FSDPOptimizerFastGradientClipping": _PICKED,
+    "DPLossFastGradientClipping": (
+        "no loss wrapper: compute the loss as usual and call loss.backward() once; the "
+        "engine uses ghost norms where they are cheaper, with no second backward pass"),
+    "wrap_data_loader": (
+        "make_private(..., max_physical_batch_size=k): p.data_loader then yields chunks "
+        "of at most k examples (p.optimizer.step() after every chunk)"),
+    "ExponentialNoise": _SCHEDULE.format("noise_multiplier", "noise_multiplier *= gamma"),
+    "StepNoise": _SCHEDULE.format("noise_multiplier", "noise_multiplier *= gamma"),
+    "LambdaNoise": _SCHEDULE.format("noise_multiplier", "noise_multiplier = f(epoch)"),
+    "ExponentialGradClip": _SCHEDULE.format("max_grad_norm", "max_grad_norm *= gamma"),
+    "StepGradClip": _SCHEDULE.format("max_grad_norm", "max_grad_norm *= gamma"),
+    "LambdaGradClip": _SCHEDULE.format("max_grad_norm", "max_grad_norm = f(epoch)"),
+    "IAccountant": (
+        "privlearn.accounting.register_accountant(accountant) for an accountant of your "
+        "own (an object with a name, epsilon(mechanism, delta) and delta(mechanism, "
+        "epsilon); the guide 'extending privlearn')"),
 }
 
 _IMPORT_FROM = dis.opmap["IMPORT_FROM"]

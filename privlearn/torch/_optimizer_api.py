@@ -33,7 +33,25 @@ import torch
 
 from privlearn.errors import TrainingLoopError
 
-__all__ = ["OptimizerDelegation"]
+__all__ = ["OPACUS_OPTIMIZER_METHODS", "OptimizerDelegation", "not_built_by_make_private"]
+
+_CHUNKS = ("make_private(..., max_physical_batch_size=k): p.data_loader yields chunks of at "
+           "most k examples of each logical batch; call p.optimizer.step() after every "
+           "chunk (the noise and the update happen once per logical batch)")
+
+#: Methods and attributes of Opacus's ``DPOptimizer`` (``virtual_step``: of Opacus 0.x) that
+#: a user coming from Opacus reaches for on ``p.optimizer``, and what to use (an
+#: AttributeError that says so, instead of Python's bare one).
+OPACUS_OPTIMIZER_METHODS = {
+    "virtual_step": _CHUNKS,
+    "signal_skip_step": _CHUNKS,
+    "attach_step_hook": ("p.optimizer.register_step_post_hook(hook), PyTorch's own, which "
+                         "fires once per parameter update; the accountant records every "
+                         "step itself"),
+    "grad_samples": ("p.optimizer.last_grad_norms, the last batch's per-example norms "
+                     "(the per-example gradients are not materialised)"),
+    "params": "[q for group in p.optimizer.param_groups for q in group['params']]",
+}
 
 
 def _delegated(name: str) -> property:
@@ -43,9 +61,29 @@ def _delegated(name: str) -> property:
                     doc=f"The wrapped optimizer's ``{name}``.")
 
 
+def not_built_by_make_private(name: str) -> TypeError:
+    """The error for a DP optimizer built by hand, as Opacus's tutorials build theirs
+    (``DPOptimizer(optimizer, noise_multiplier=..., max_grad_norm=...,
+    expected_batch_size=...)``): :func:`~privlearn.torch.make_private` builds it, with the
+    per-example gradients, the sampler and the accountant it needs."""
+    return TypeError(
+        f"{name} is built by privlearn.torch.make_private, not by hand (Opacus's "
+        f"{name}(optimizer, noise_multiplier=..., max_grad_norm=..., "
+        "expected_batch_size=...)): p = make_private(model, optimizer, data_loader, "
+        "noise_multiplier=..., max_grad_norm=...) hooks the model, replaces the loader's "
+        "batching by Poisson sampling (expected batch size: the loader's batch_size) and "
+        "returns p.optimizer, which clips, adds the noise and is accounted by p.accountant")
+
+
 class OptimizerDelegation(torch.optim.Optimizer):
     """``torch.optim.Optimizer`` whose groups, state and defaults are those of
     ``self.original_optimizer`` (set by the subclass before :meth:`_init_optimizer_api`)."""
+
+    def __getattr__(self, name: str):  # only for missing attributes: Opacus's names
+        if name in OPACUS_OPTIMIZER_METHODS:
+            raise AttributeError(f"{type(self).__name__} has no {name} (of Opacus's "
+                                 f"DPOptimizer): use {OPACUS_OPTIMIZER_METHODS[name]}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _init_optimizer_api(self) -> None:
         """The per-instance attributes ``Optimizer``'s own methods read (its ``__init__``,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import (
     BatchDependenceError,
@@ -19,10 +20,66 @@ from privlearn.errors import (
 )
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims
-from privlearn.torch.grad_sample import DenseOuterProduct, Materialized, OuterProduct, Record
+from privlearn.torch.grad_sample import (
+    DenseOuterProduct,
+    Materialized,
+    OuterProduct,
+    Record,
+    make_differentiable,
+)
 
 if TYPE_CHECKING:
     from privlearn.torch.tracker import Unit
+
+
+class _OutputAlias(torch.autograd.Function):
+    """Identity returning a tensor that shares ``x``'s storage and version counter but is
+    not a view in autograd's sense: its own node, which stays in the graph if the caller
+    modifies it in place (a view modified in place has its history rebased, and a hook
+    registered on it before never fires)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _hookable(output: torch.Tensor, dummy: torch.Tensor, own_node: bool) -> torch.Tensor:
+    """A layer's floating-point output ready for a gradient hook: made differentiable
+    (through ``dummy``) if it requires no grad, and given a node of its own
+    (:class:`_OutputAlias`) if it is a view (InstanceNorm's ``view_as``, a custom layer's
+    ``.view``), so that an in-place op after the layer (``relu_``, ``ReLU(inplace=True)``)
+    does not drop the hook and, with it, the layer's gradient; with ``own_node``, always
+    (an output the layer itself consumes, ``y`` in ``(y, f(y))``: the hook then sees only
+    the gradient from outside the layer). The returned tensor is ``output`` when nothing
+    was needed; an in-place op on it is checked against saved tensors as on ``output``."""
+    if not output.requires_grad:
+        output = make_differentiable(output, dummy)
+    elif own_node:
+        return _OutputAlias.apply(output)
+    return _OutputAlias.apply(output) if output._is_view() else output
+
+
+def _recomputed_outputs(output, dummy: torch.Tensor):
+    """A layer's outputs in a forward recomputed during backward (activation
+    checkpointing), given the nodes the recording hook gave them in the first forward
+    (:func:`_hookable`, without hooks: the gradients are recorded through the first
+    forward's outputs), so that the recomputed graph saves the same tensors; None when
+    nothing changes."""
+    if type(output) is torch.Tensor:
+        if not output.is_floating_point():
+            return None
+        hooked = _hookable(output, dummy, own_node=False)
+        return hooked if hooked is not output else None
+    flat, spec = tree_flatten(output)
+    if not any(isinstance(o, torch.Tensor) and o.is_floating_point() for o in flat):
+        return None
+    return tree_unflatten([_hookable(o, dummy, own_node=True)
+                           if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                           for o in flat], spec)
 
 def _flat_sq(contribs) -> torch.Tensor:
     """Per-example squared norms over all parameters (a sum of per-example terms: no

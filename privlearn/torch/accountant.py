@@ -53,8 +53,9 @@ class Segment:
     steps: int
 
 
-#: Methods of Opacus's ``PrivacyEngine`` and accountants that a user coming from Opacus
-#: calls on what ``make_private`` returns (``p``) or on ``p.accountant``, and what to use
+#: Methods (and ``history``) of Opacus's ``PrivacyEngine`` and accountants that a user
+#: coming from Opacus calls on what ``make_private`` returns (``p``) or on ``p.accountant``,
+#: and what to use
 #: (an AttributeError that says so, instead of Python's bare one).
 OPACUS_METHODS = {
     "get_epsilon": "p.epsilon(delta), or p.accountant.epsilon(delta)",
@@ -63,6 +64,13 @@ OPACUS_METHODS = {
                                  "target_epsilon=..., target_delta=..., epochs=...)",
     "save_checkpoint": "torch.save(p.state_dict(), path)",
     "load_checkpoint": "p.load_state_dict(torch.load(path, weights_only=False))",
+    "history": "p.accountant.segments (runs of identical steps: noise_multiplier, "
+               "sampling_rate, max_grad_norm, steps)",
+    "get_optimizer_hook_fn": "nothing: p.optimizer records every step it takes in "
+                             "p.accountant itself",
+    "step": "p.accountant.record_step(noise_multiplier=..., sampling_rate=..., "
+            "max_grad_norm=...) on an accountant of your own (p.optimizer records every "
+            "step of p's itself)",
 }
 
 
@@ -70,7 +78,7 @@ def opacus_method_error(owner: str, name: str) -> AttributeError:
     """The AttributeError for ``owner.name``: with :data:`OPACUS_METHODS`'s counterpart
     when ``name`` is a method of Opacus's, else Python's own wording."""
     if name in OPACUS_METHODS:
-        return AttributeError(f"{owner} has no {name} (a method of Opacus's PrivacyEngine "
+        return AttributeError(f"{owner} has no {name} (a name of Opacus's PrivacyEngine "
                               f"or accountants): use {OPACUS_METHODS[name]}")
     return AttributeError(f"{owner!r} object has no attribute {name!r}")
 

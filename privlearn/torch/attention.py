@@ -10,8 +10,11 @@ dot-product attention from the recorded inputs (Vaswani et al. 2017, Eq. 1; PyTo
 ``F.multi_head_attention_forward``) and gets ``dQ, dK, dV`` with one
 ``torch.autograd.grad`` call seeded by the recorded output gradients. No loop over
 examples. ``add_bias_kv`` and ``add_zero_attn`` use the generic ``torch.func``
-fallback; attention dropout is rejected by the validator (its masks cannot be
-reproduced).
+fallback. Attention dropout (``dropout > 0``, as in ``nn.TransformerEncoderLayer``'s
+default) is applied by the instrumented forward itself (:class:`AttentionCapture`), which
+catches ``dQ, dK, dV`` and ``O`` as the step's masks made them, so nothing is replayed;
+where that forward cannot run (``add_bias_kv``, ``add_zero_attn``, a tracker built with
+``instrument_attention=False``) dropout is refused, since its masks cannot be reproduced.
 """
 
 from __future__ import annotations
@@ -128,9 +131,10 @@ def _mha_record_dims(module: nn.MultiheadAttention, record: Record, batch: int):
                              expand_broadcast=False, batch_size=_mha_batch_size,
                              record_dims=_mha_record_dims))
 def mha_rule(module: nn.MultiheadAttention, record: Record, params) -> Contribution:
-    if module.dropout > 0 and module.training:
-        raise UnsupportedModuleError("MultiheadAttention with dropout > 0 is not supported by "
-                         "per-example clipping (the dropout masks cannot be reproduced)")
+    if module.dropout > 0 and module.training and record.extra is None:
+        raise UnsupportedModuleError("MultiheadAttention with dropout > 0 is supported only "
+                         "where its forward is instrumented (no add_bias_kv, no "
+                         "add_zero_attn): the dropout masks cannot be reproduced")
     if module.bias_k is not None or module.add_zero_attn:
         b = _mha_batch_size(module, record)
         return fallback_rule(module, record, params,
@@ -267,9 +271,11 @@ def _additive_mask(q, B, H, L, S, attn_mask, kpm, is_causal):
     return mask
 
 
-def _attend(Q, K, V, H, mask, need_weights):
+def _attend(Q, K, V, H, mask, need_weights, dropout_p=0.0):
     """Scaled dot-product attention of batch-first projections ``(B, L|S, E)``: returns
-    ``O (B, L, E)`` (heads concatenated) and the attention matrix (when asked)."""
+    ``O (B, L, E)`` (heads concatenated) and the attention matrix (when asked; after
+    dropout with probability ``dropout_p``, as ``F.multi_head_attention_forward``
+    returns it)."""
     B, L, E = Q.shape
     S = K.shape[1]
     hd = E // H
@@ -278,12 +284,14 @@ def _attend(Q, K, V, H, mask, need_weights):
     Vh = V.view(B, S, H, hd).transpose(1, 2)
     attn = None
     if not need_weights:  # fused kernel (no attention matrix kept)
-        O = F.scaled_dot_product_attention(Qh, Kh, Vh, attn_mask=mask)
+        O = F.scaled_dot_product_attention(Qh, Kh, Vh, attn_mask=mask, dropout_p=dropout_p)
     else:
         scores = torch.matmul(Qh, Kh.transpose(-1, -2)) / math.sqrt(hd)
         if mask is not None:
             scores = scores + mask
         attn = torch.softmax(scores, -1)
+        if dropout_p > 0:
+            attn = F.dropout(attn, p=dropout_p)
         O = torch.matmul(attn, Vh)
     return O.transpose(1, 2).reshape(B, L, E), attn
 
@@ -291,7 +299,7 @@ def _attend(Q, K, V, H, mask, need_weights):
 def instrumentable(module: nn.MultiheadAttention) -> bool:
     """Whether :class:`AttentionCapture` reproduces this attention layer (registered
     for ``nn.MultiheadAttention`` and its subclasses)."""
-    return module.bias_k is None and not module.add_zero_attn and module.dropout == 0
+    return module.bias_k is None and not module.add_zero_attn
 
 
 _MHA_FORWARD = F.multi_head_attention_forward
@@ -332,8 +340,9 @@ class AttentionCapture(TorchFunctionMode):
 
 def _capture_forward(a: dict):
     """``F.multi_head_attention_forward`` (sequence-first inputs ``(L, B, E)``) for an
-    instrumentable layer (no ``bias_k``, no ``add_zero_attn``, no dropout), with the
-    projections' gradients and ``O`` captured. Returns ``(output, weights, extra)``."""
+    instrumentable layer (no ``bias_k``, no ``add_zero_attn``), with the projections'
+    gradients and ``O`` captured (after attention dropout in training, drawn here).
+    Returns ``(output, weights, extra)``."""
     query, key, value = a["query"], a["key"], a["value"]
     self_attention = query is key and key is value and not a["use_separate_proj_weight"]
     q, k, v = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
@@ -370,7 +379,8 @@ def _capture_forward(a: dict):
     mask = _additive_mask(q, B, H, L, S, a["attn_mask"], a["key_padding_mask"],
                           a["is_causal"])
     need_weights = a["need_weights"]
-    O, attn = _attend(proj[0], proj[1], proj[2], H, mask, need_weights)
+    dropout_p = a["dropout_p"] if a["training"] else 0.0
+    O, attn = _attend(proj[0], proj[1], proj[2], H, mask, need_weights, dropout_p)
     extra["O"] = O.detach()
     out = F.linear(O, a["out_proj_weight"], a["out_proj_bias"]).transpose(0, 1)
     weights = None

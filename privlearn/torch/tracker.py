@@ -63,6 +63,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _autocast_state,
     _eager,
     _flat_sq,
+    _hookable,
     _in_backward,
     _map_tensors,
     _meta,
@@ -70,6 +71,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _nonfinite,
     _param_slots,
     _per_param_sq,
+    _recomputed_outputs,
     _resolve_dim,
     _restore,
     _sanitize_record,
@@ -92,7 +94,6 @@ from privlearn.torch.grad_sample import (
     context_layout,
     get_instrumenter,
     get_rule,
-    make_differentiable,
     rule_evaluation,
 )
 
@@ -489,15 +490,16 @@ class GradSampleTracker(ClippingMixin):
     def _capture_enter(self, module, args, kwargs):
         """Enter the registered instrumenter's mode (:func:`~privlearn.torch.grad_sample.
         register_instrumenter`, e.g. :class:`~privlearn.torch.attention.AttentionCapture`)
-        for this call (training, gradients on, not a rule's own evaluation nor a
-        checkpoint recomputation)."""
-        if (_IN_RULE.get() or not module.training or not torch.is_grad_enabled()
-                or _in_backward()):
+        for this call (training, gradients on, not a rule's own evaluation); in a
+        checkpoint recomputation too, so that the recomputed forward saves the tensors
+        the first one saved, but what it captures is dropped."""
+        if _IN_RULE.get() or not module.training or not torch.is_grad_enabled():
             return None
-        key = id(module)
+        key, recomputed = id(module), _in_backward()
 
         def sink(extra, key=key):
-            self._captured[key] = extra
+            if not recomputed:
+                self._captured[key] = extra
 
         mode = get_instrumenter(module)(sink)
         mode.__enter__()
@@ -668,14 +670,11 @@ class GradSampleTracker(ClippingMixin):
             if _in_backward():
                 # a forward recomputed during backward (activation checkpointing): the
                 # gradients flow through the first forward's outputs, recorded then;
-                # the output is made differentiable as in the first forward so that the
+                # the outputs are given the nodes of the first forward so that the
                 # recomputed graph saves the same tensors
                 if not self.records.get(index):
                     self._recompute_unrecorded = unit.name
-                if type(output) is Tensor and output.is_floating_point() \
-                        and not output.requires_grad:
-                    return make_differentiable(output, dummy)
-                return None
+                return _recomputed_outputs(output, dummy)
             args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
             if move is not None and args and isinstance(args[0], Tensor):
                 args = (_to_front(args[0], move), *args[1:])
@@ -701,11 +700,9 @@ class GradSampleTracker(ClippingMixin):
                 rec.grad_outputs.append(None)
                 if not output.is_floating_point():
                     return None
-                changed = not output.requires_grad
-                if changed:
-                    output = make_differentiable(output, dummy)
-                output.register_hook(grad_hook(rec, 0, move, early))
-                return output if changed else None
+                hooked = _hookable(output, dummy, own_node=False)
+                hooked.register_hook(grad_hook(rec, 0, move, early))
+                return hooked if hooked is not output else None
             flat, spec = tree_flatten(output)
             rec.out_spec = spec
             changed = False
@@ -716,13 +713,10 @@ class GradSampleTracker(ClippingMixin):
                     rec.outputs_meta.append(_meta(o, move))
                     rec.grad_outputs.append(None)
                     if o.is_floating_point():
-                        if not o.requires_grad:
-                            o = make_differentiable(o, dummy)
-                        else:
-                            # the hook on a view sees only the gradient from outside the
-                            # layer (an output the layer itself consumed, e.g. y in
-                            # (y, f(y)), would otherwise bring f's share in twice)
-                            o = o.view_as(o)
+                        # own node: the hook sees only the gradient from outside the
+                        # layer (an output the layer itself consumed, e.g. y in
+                        # (y, f(y)), would otherwise bring f's share in twice)
+                        o = _hookable(o, dummy, own_node=True)
                         changed = True
                         o.register_hook(grad_hook(rec, j, move))
                 new_flat.append(o)

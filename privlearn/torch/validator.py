@@ -129,10 +129,10 @@ def _embedding(m, trainable):
 
 @register_validator(nn.MultiheadAttention)
 def _attention(m, trainable):
-    if m.dropout > 0:
-        return ["attention dropout > 0 is not supported (its masks cannot be reproduced "
-                "for per-example gradients); set dropout=0 and apply nn.Dropout to the "
-                "layer's output instead"]
+    if m.dropout > 0 and (m.bias_k is not None or m.add_zero_attn):
+        return ["attention dropout > 0 with add_bias_kv or add_zero_attn is not supported "
+                "(its masks cannot be reproduced for per-example gradients); set dropout=0 "
+                "and apply nn.Dropout to the layer's output instead"]
     return []
 
 

@@ -439,7 +439,7 @@ def test_unsupported_layers_listed_at_once_and_fixed():
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
                           nn.Conv2d(4, 8, 3), nn.BatchNorm2d(8),
                           nn.LSTM(3, 3, num_layers=2, dropout=0.5),
-                          nn.MultiheadAttention(4, 2, dropout=0.1))
+                          nn.MultiheadAttention(4, 2, dropout=0.1, add_bias_kv=True))
     problems = validate(model)
     assert len(problems) == 4
     with pytest.raises(UnsupportedModuleError) as err:
@@ -720,3 +720,218 @@ def test_lstm_under_bf16_autocast_matches_the_float64_loop(layers, bidirectional
     p.optimizer.step()
     got = oracle.flat(q.grad for q in model.parameters()) * 8
     torch.testing.assert_close(got, ref, rtol=0, atol=2e-2 * ref.abs().max().item())
+
+
+class _InPlaceAfter(nn.Module):
+    """``head(f(layer(x)))`` where ``f`` modifies the layer's output in place."""
+
+    def __init__(self, layer, head_in, inplace, pick=lambda out: out):
+        super().__init__()
+        self.layer, self.head = layer, nn.Linear(head_in, 3)
+        self.inplace, self.pick = inplace, pick
+
+    def forward(self, x):
+        out = self.pick(self.layer(x))
+        self.inplace(out)
+        return self.head(out.flatten(1))
+
+
+class _ViewOut(nn.Module):
+    """A layer of no registered rule (the torch.func fallback) returning a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return (x * self.w).view(x.shape[0], 2, 2)
+
+
+class _MHASelf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.att = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.att(x, x, x)
+
+
+@pytest.mark.parametrize("name", ["instance_norm_first", "instance_norm_after_conv",
+                                  "lstm_output", "attention_output", "fallback_view"])
+def test_output_modified_in_place_keeps_the_layer_gradient(name, oracle):
+    """A layer whose output is a view (InstanceNorm's ``view_as``, a custom ``.view``; a
+    multi-output layer's outputs, which the tracker aliased by a view) followed by an
+    in-place op (``ReLU(inplace=True)``, ``relu_``): autograd rebases a view modified in
+    place, the hook registered on it never fired, and the layer's parameters were left
+    out of the per-example norms and the clipped sum, silently. The clipped sum is now the
+    float64 loop of batch-of-one passes."""
+    torch.manual_seed(0)
+    relu_ = nn.ReLU(inplace=True)
+    models = {
+        "instance_norm_first": (lambda: _InPlaceAfter(
+            nn.InstanceNorm2d(2, affine=True), 32, relu_), (2, 4, 4)),
+        "instance_norm_after_conv": (lambda: _InPlaceAfter(
+            nn.Sequential(nn.Conv2d(2, 3, 3, padding=1),
+                          nn.InstanceNorm2d(3, affine=True)), 48, relu_), (2, 4, 4)),
+        "lstm_output": (lambda: _InPlaceAfter(nn.LSTM(4, 5, batch_first=True), 15, relu_,
+                                              pick=lambda out: out[0]), (3, 4)),
+        "attention_output": (lambda: _InPlaceAfter(_MHASelf(), 12, lambda t: t.mul_(2),
+                                                   pick=lambda out: out[0]), (3, 4)),
+        "fallback_view": (lambda: _InPlaceAfter(_ViewOut(), 4, relu_), (4,)),
+    }
+    build, shape = models[name]
+    model = build().double()
+    x, y = torch.randn(8, *shape, dtype=torch.float64), torch.randint(0, 3, (8,))
+    C = 0.5
+    ref, norms = oracle.clipped_sum(model, x, y, C)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
+                     max_grad_norm=C, sampling="fixed", seed=0)
+    p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    torch.testing.assert_close(p.optimizer.last_grad_norms, norms, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(oracle.flat(q.grad for q in model.parameters()), ref / 8.0,
+                               rtol=1e-9, atol=1e-12)
+
+
+class _Checkpointed(nn.Module):
+    """``head(f(layer(x)))`` with ``f(layer(x))`` run under non-reentrant activation
+    checkpointing (recomputed during backward)."""
+
+    def __init__(self, layer, head_in, after=lambda t: t, pick=lambda out: out):
+        super().__init__()
+        self.layer, self.head = layer, nn.Linear(head_in, 3)
+        self.after, self.pick = after, pick
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(lambda z: self.after(self.pick(self.layer(z))), x, use_reentrant=False)
+        return self.head(h.flatten(1))
+
+
+@pytest.mark.parametrize("name", ["attention", "lstm_then_relu_", "instance_norm_then_relu_"])
+def test_activation_checkpointing_recomputes_the_recorded_graph(name, oracle):
+    """Non-reentrant checkpointing recomputes a forward during backward and requires it
+    to save the tensors the first forward saved. Around ``nn.MultiheadAttention`` (whose
+    first forward the engine computes with its projections exposed) and around a layer
+    whose outputs the engine gave nodes of their own, followed by an in-place op, the
+    recomputation saved other tensors and backward() raised torch's CheckpointError. The
+    recomputation now builds the same graph: the clipped sum is the float64 loop of
+    batch-of-one passes."""
+    torch.manual_seed(0)
+    models = {
+        "attention": (lambda: _Checkpointed(_MHASelf(), 12, pick=lambda out: out[0]),
+                      (3, 4)),
+        "lstm_then_relu_": (lambda: _Checkpointed(nn.LSTM(4, 5, batch_first=True), 15,
+                                                  after=torch.relu_,
+                                                  pick=lambda out: out[0]), (3, 4)),
+        "instance_norm_then_relu_": (lambda: _Checkpointed(
+            nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.InstanceNorm2d(3, affine=True)),
+            48, after=torch.relu_), (2, 4, 4)),
+    }
+    build, shape = models[name]
+    model = build().double()
+    x, y = torch.randn(8, *shape, dtype=torch.float64), torch.randint(0, 3, (8,))
+    ref, norms = oracle.clipped_sum(model, x, y, 0.5)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
+                     max_grad_norm=0.5, sampling="fixed", seed=0)
+    p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    torch.testing.assert_close(p.optimizer.last_grad_norms, norms, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(oracle.flat(q.grad for q in model.parameters()), ref / 8.0,
+                               rtol=1e-9, atol=1e-12)
+
+
+class _AttentionHead(nn.Module):
+    def __init__(self, attention, need_weights=True, cross=False):
+        super().__init__()
+        self.att, self.head = attention, nn.Linear(8, 3)
+        self.need_weights, self.cross = need_weights, cross
+
+    def forward(self, x):
+        kv = x[..., :6] if self.cross else x
+        return self.head(self.att(x, kv, kv, need_weights=self.need_weights)[0].mean(1))
+
+
+class _Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.3, batch_first=True)
+        # the residual dropout after attention draws its mask in the memory layout of
+        # the attention's output, which differs between the two forwards compared
+        self.enc.dropout1.p = 0.0
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.enc(x).mean(1))
+
+
+@pytest.mark.parametrize("name", ["weights", "fused", "cross_kdim", "encoder_layer"])
+def test_attention_dropout_trains_with_the_step_masks(name):
+    """``nn.MultiheadAttention(dropout > 0)`` (``nn.TransformerEncoderLayer``'s default)
+    was refused. The instrumented forward applies the dropout itself and captures the
+    gradients of Q, K, V and the head outputs as the step's masks made them. Ground
+    truth: each example's gradient of its own loss in one batched forward of a plain
+    copy of the model, drawn from the same generator state (the same masks; examples do
+    not interact), clipped and summed in float64."""
+    torch.manual_seed(0)
+    model = {
+        "weights": lambda: _AttentionHead(nn.MultiheadAttention(8, 2, dropout=0.3,
+                                                                batch_first=True)),
+        "fused": lambda: _AttentionHead(nn.MultiheadAttention(8, 2, dropout=0.3,
+                                                              batch_first=True), False),
+        "cross_kdim": lambda: _AttentionHead(nn.MultiheadAttention(
+            8, 2, dropout=0.3, kdim=6, vdim=6, batch_first=True), cross=True),
+        "encoder_layer": _Encoder,
+    }[name]().double()
+    x, y = torch.randn(8, 5, 8, dtype=torch.float64), torch.randint(0, 3, (8,))
+    ref = copy.deepcopy(model)
+    torch.manual_seed(123)
+    losses = nn.functional.cross_entropy(ref(x), y, reduction="none")
+    rows = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+        losses[i], list(ref.parameters()), retain_graph=True)]) for i in range(8)])
+    C = rows.norm(dim=1).median().item()  # about half the examples clipped
+    clipped = (rows * (C / rows.norm(dim=1)).clamp(max=1.0)[:, None]).sum(0)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
+                     max_grad_norm=C, sampling="fixed", seed=0,
+                     check_batch_independence=False)  # the probe would draw masks too
+    p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
+    p.optimizer.zero_grad()
+    torch.manual_seed(123)
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    p.optimizer.clip_and_accumulate()
+    p.optimizer.add_noise()
+    torch.testing.assert_close(p.optimizer.last_grad_norms, rows.norm(dim=1), rtol=1e-9,
+                               atol=1e-12)
+    torch.testing.assert_close(torch.cat([q.grad.reshape(-1) for q in model.parameters()]),
+                               clipped / 8, rtol=1e-8, atol=1e-12)
+
+
+def test_attention_dropout_with_the_probe_trains():
+    """The default run (batch-independence probe on, Poisson batches) of a Transformer
+    encoder layer with its default dropout 0.1: it trains and is accounted."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+                          nn.Flatten(), nn.Linear(40, 3))
+    ds = TensorDataset(torch.randn(64, 5, 8), torch.randint(0, 3, (64,)))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=16), noise_multiplier=1.0, max_grad_norm=1.0,
+                     seed=0)
+    before = copy.deepcopy(model.state_dict())
+    for xb, yb in p.data_loader:
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(xb), yb).backward()
+        p.optimizer.step()
+    assert p.accountant.steps == 4
+    after = model.state_dict()
+    assert not torch.equal(before["0.self_attn.in_proj_weight"],
+                           after["0.self_attn.in_proj_weight"])

@@ -1,6 +1,7 @@
 """The settings of a DP-SGD run are declared once, by DPConfig's fields: make_private's
 keywords, the documented attributes and PrivacyArguments' privacy fields follow them."""
 
+import copy
 import dataclasses
 import inspect
 import re
@@ -272,8 +273,8 @@ def test_opacus_methods_called_on_what_make_private_returns_say_what_to_use():
 
     from privlearn.torch.accountant import OPACUS_METHODS
 
-    for name in OPACUS_METHODS:
-        assert hasattr(opacus.PrivacyEngine, name) or hasattr(RDPAccountant, name), name
+    for name in OPACUS_METHODS:  # history: set by the accountant's __init__
+        assert hasattr(opacus.PrivacyEngine, name) or hasattr(RDPAccountant(), name), name
     model, opt, loader = _training()
     p = make_private(model, opt, loader, noise_multiplier=1.0)
     for obj, owner in ((p, "PrivateTraining"), (p.accountant, "PrivacyAccountant")):
@@ -281,11 +282,56 @@ def test_opacus_methods_called_on_what_make_private_returns_say_what_to_use():
             assert not hasattr(obj, name)
             with pytest.raises(AttributeError) as err:
                 getattr(obj, name)
-            assert str(err.value) == (f"{owner} has no {name} (a method of Opacus's "
+            assert str(err.value) == (f"{owner} has no {name} (a name of Opacus's "
                                       f"PrivacyEngine or accountants): use {use}")
         with pytest.raises(AttributeError, match=f"^'{owner}' object has no attribute 'nope'$"):
             _ = obj.nope
     assert "p.epsilon(delta)" in OPACUS_METHODS["get_epsilon"]
+
+
+def test_opacus_optimizer_methods_on_p_optimizer_say_what_to_use():
+    """``p.optimizer.signal_skip_step``, ``attach_step_hook``, ``grad_samples``, ... (Opacus's
+    DPOptimizer; ``virtual_step``, Opacus 0.x's): an AttributeError naming the counterpart;
+    other missing attributes keep Python's wording, also on an object ``__new__`` made
+    (as copy and pickle make it), where ``__getattr__`` must not recurse."""
+    opacus = pytest.importorskip("opacus")
+    from privlearn.torch._optimizer_api import OPACUS_OPTIMIZER_METHODS
+
+    for name in OPACUS_OPTIMIZER_METHODS:
+        assert hasattr(opacus.optimizers.DPOptimizer, name) or name == "virtual_step", name
+    model, opt, loader = _training()
+    p = make_private(model, opt, loader, noise_multiplier=1.0)
+    for name, use in OPACUS_OPTIMIZER_METHODS.items():
+        assert not hasattr(p.optimizer, name)
+        with pytest.raises(AttributeError) as err:
+            getattr(p.optimizer, name)
+        assert str(err.value) == (f"DPOptimizer has no {name} (of Opacus's DPOptimizer): "
+                                  f"use {use}")
+    with pytest.raises(AttributeError, match="^'DPOptimizer' object has no attribute 'nope'$"):
+        _ = p.optimizer.nope
+    bare = type(p.optimizer).__new__(type(p.optimizer))
+    assert not hasattr(bare, "signal_skip_step") and not hasattr(bare, "param_groups")
+    assert "max_physical_batch_size" in OPACUS_OPTIMIZER_METHODS["signal_skip_step"]
+
+
+def test_a_dp_optimizer_built_by_hand_says_make_private_builds_it():
+    """Opacus's tutorials build ``DPOptimizer(optimizer, noise_multiplier=...,
+    max_grad_norm=..., expected_batch_size=...)`` by hand; here that raised Python's
+    "missing 1 required positional argument: 'tracker'". It says what builds it; the
+    optimizer make_private builds still deep-copies."""
+    from privlearn.torch import DPOptimizer
+
+    model, opt, loader = _training()
+    for args, kwargs in (((opt,), dict(noise_multiplier=1.0, max_grad_norm=1.0,
+                                       expected_batch_size=10)),
+                         ((), dict(optimizer=opt, noise_multiplier=1.0, max_grad_norm=1.0)),
+                         ((opt, object()), {})):
+        with pytest.raises(TypeError, match=r"^DPOptimizer is built by privlearn\.torch\."
+                                            r"make_private, not by hand") as err:
+            DPOptimizer(*args, **kwargs)
+        assert "p = make_private(model, optimizer, data_loader" in str(err.value)
+    p = make_private(model, opt, loader, noise_multiplier=1.0)
+    assert copy.deepcopy(p.optimizer).noise_multiplier == 1.0
 
 
 def test_missing_or_misspelt_arguments_are_typed_errors_naming_them():
