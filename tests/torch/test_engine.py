@@ -780,14 +780,20 @@ def test_output_modified_in_place_keeps_the_layer_gradient(name, oracle):
         "fallback_view": (lambda: _InPlaceAfter(_ViewOut(), 4, relu_), (4,)),
     }
     build, shape = models[name]
-    model = build().double()
+    _assert_one_step_is_the_loop(build().double(), shape, oracle)
+
+
+
+def _assert_one_step_is_the_loop(model, shape, oracle, C=0.5):
+    """One noise-free step of ``make_private`` on 8 random float64 examples of ``shape``
+    (3 classes): its per-example norms and clipped sum are the float64 loop of
+    batch-of-one passes (``oracle``)."""
     x, y = torch.randn(8, *shape, dtype=torch.float64), torch.randint(0, 3, (8,))
-    C = 0.5
     ref, norms = oracle.clipped_sum(model, x, y, C)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
                      DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
                      max_grad_norm=C, sampling="fixed", seed=0)
-    p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
+    p.optimizer._sampler = None  # the test feeds its own batch (no sampler check)
     p.optimizer.zero_grad()
     nn.functional.cross_entropy(p.model(x), y).backward()
     p.optimizer.clip_and_accumulate()
@@ -795,7 +801,6 @@ def test_output_modified_in_place_keeps_the_layer_gradient(name, oracle):
     torch.testing.assert_close(p.optimizer.last_grad_norms, norms, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(oracle.flat(q.grad for q in model.parameters()), ref / 8.0,
                                rtol=1e-9, atol=1e-12)
-
 
 class _Checkpointed(nn.Module):
     """``head(f(layer(x)))`` with ``f(layer(x))`` run under non-reentrant activation
@@ -834,20 +839,7 @@ def test_activation_checkpointing_recomputes_the_recorded_graph(name, oracle):
             48, after=torch.relu_), (2, 4, 4)),
     }
     build, shape = models[name]
-    model = build().double()
-    x, y = torch.randn(8, *shape, dtype=torch.float64), torch.randint(0, 3, (8,))
-    ref, norms = oracle.clipped_sum(model, x, y, 0.5)
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=0.0,
-                     max_grad_norm=0.5, sampling="fixed", seed=0)
-    p.optimizer._sampler = None  # this test feeds its own batch (no sampler check)
-    p.optimizer.zero_grad()
-    nn.functional.cross_entropy(p.model(x), y).backward()
-    p.optimizer.clip_and_accumulate()
-    p.optimizer.add_noise()
-    torch.testing.assert_close(p.optimizer.last_grad_norms, norms, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(oracle.flat(q.grad for q in model.parameters()), ref / 8.0,
-                               rtol=1e-9, atol=1e-12)
+    _assert_one_step_is_the_loop(build().double(), shape, oracle)
 
 
 class _AttentionHead(nn.Module):
