@@ -217,6 +217,35 @@ def test_bad_input_one_line_exit_2(runner: CliRunner, args: list[str], names: st
     assert r.stdout == ""
 
 
+@pytest.mark.parametrize("command", [
+    ["epsilon", "--noise-multiplier", "1"], ["calibrate", "--target-epsilon", "1"]])
+@pytest.mark.parametrize("scheme", ["fixed", "poisson"])
+@pytest.mark.parametrize("run", [[], ["--steps", "100"]])
+def test_sampling_without_a_rate_is_a_usage_error(runner: CliRunner, command: list[str],
+                                                  scheme: str, run: list[str]) -> None:
+    """``--sampling`` without a rate (neither --sampling-rate nor --batch-size,
+    --dataset-size and --epochs) describes no subsampling: refused (status 2) naming the
+    options that give the rate, not silently accounted without subsampling."""
+    r = runner.invoke(cli, [*command, "--delta", "1e-5", "--sampling", scheme, *run])
+    assert r.exit_code == 2 and r.stdout == "", (r.stdout, r.stderr)
+    line = r.stderr.strip()
+    assert line.startswith(f"error: --sampling {scheme} needs --sampling-rate")
+    assert "--batch-size, --dataset-size and --epochs" in line
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_sampling_with_the_epoch_form_is_accounted_subsampled(runner: CliRunner) -> None:
+    """The epoch form gives the rate: ``--sampling fixed`` is then the fixed-size
+    subsampled Gaussian at B/N for E x round(N/B) steps."""
+    r = invoke(runner, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5",
+                        "--sampling", "fixed", "--batch-size", "10", "--dataset-size",
+                        "1000", "--epochs", "1", "--json"])
+    out = json.loads(r.stdout)
+    want = compose(subsample(Gaussian(1.0), 0.01, scheme="fixed"), steps=100)
+    assert (out["sampling"], out["sampling_rate"], out["steps"]) == ("fixed", 0.01, 100)
+    assert out["epsilon"] == want.epsilon_bounds(1e-5, "pld").upper
+
+
 def test_bad_value_message_has_range_and_value(runner: CliRunner) -> None:
     r = runner.invoke(
         cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--sampling-rate", "1.5"]

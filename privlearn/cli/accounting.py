@@ -15,6 +15,7 @@ from privlearn.cli._options import (
     batch_opt,
     build_mechanism,
     check_mechanism_delta,
+    check_sampling_has_rate,
     dataset_opt,
     delta_opt,
     describe,
@@ -68,6 +69,7 @@ def epsilon(
     """
     nm = check_positive("--noise-multiplier", noise_multiplier)
     rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
+    check_sampling_has_rate(click.get_current_context(), rate, epoch_form=True)
     kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
     d = check_mechanism_delta(kind, delta, dataset_size)
     m = build_mechanism(kind, nm, rate, samp, t)
@@ -133,6 +135,7 @@ def calibrate_cmd(
     """
     target = check_positive("--target-epsilon", target_epsilon)
     rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
+    check_sampling_has_rate(click.get_current_context(), rate, epoch_form=True)
     kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
     d = check_mechanism_delta(kind, delta, dataset_size)
 
