@@ -65,6 +65,7 @@ from privlearn.ledger._records import (
     _check_name,
     _check_opt_str,
     _check_seq,
+    _check_who,
     _default_who,
     _now,
     budget_conflict,
@@ -538,6 +539,9 @@ class Ledger:
             (:func:`privlearn.accounting.as_replace_one`: twice its sensitivity,
             group privacy). Default None: the relation of the first release, replace-one
             if it holds a replace-one part, else add/remove.
+        who : str, optional
+            Who set the budget, recorded in its entry (default ``user@host``): one line
+            of printable text, not blank (as ``spend``'s ``who``).
         exist_ok : bool
             What a budget already set for ``dataset`` (and ``privacy_unit``) does: with
             False (default) it raises :class:`~privlearn.errors.LedgerConflictError`; with
@@ -551,6 +555,7 @@ class Ledger:
         acc = get_accountant(accountant).name
         order = filter_order(epsilon, delta, adaptive, adaptive_order)
         relation = _check_budget_relation(neighbouring)
+        who = _check_who("who", who)
         if not isinstance(exist_ok, bool):
             raise ParameterTypeError(f"exist_ok must be a bool, got {exist_ok!r}")
         budget = Budget(dataset, unit, epsilon, delta, acc, adaptive, order, relation)
@@ -761,7 +766,7 @@ class Ledger:
                 ref_hash: str | None = None) -> tuple:
         """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
-        label, who = _check_opt_str("label", label), _check_opt_str("who", who)
+        label, who = _check_opt_str("label", label), _check_who("who", who)
         unit = _check_unit(privacy_unit)
         with self._write() as cur:
             if ref is not None:
