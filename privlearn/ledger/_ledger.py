@@ -52,8 +52,11 @@ from privlearn.ledger._handles import (
     ClosedConnection,
     KeylessConnection,
     MissingLedgerConnection,
+    OtherLedgerConnection,
     Reservation,
     _check_unit,
+    holds_head,
+    pickled_head,
 )
 from privlearn.ledger._records import (
     Budget,
@@ -273,14 +276,19 @@ class Ledger:
     def __getstate__(self) -> dict:
         # never the HMAC key, a secret: a pickle (e.g. of a fitted estimator holding a
         # budget of this ledger, a release) may be published
-        return {"path": self._abs, "keyed": self._key is not None, "timeout": self._timeout}
+        # the head, to recognise the file where the pickle is loaded (docs/trust-model.md)
+        return {"path": self._abs, "keyed": self._key is not None, "timeout": self._timeout,
+                "head": pickled_head(self)}
 
     def __setstate__(self, state: dict) -> None:
-        conn = None
+        conn, head = None, state.get("head")
         if not state.get("keyed") or state.get("key") is not None:  # "key": older pickles
             try:
                 self.__init__(state["path"], key=state.get("key"), timeout=state["timeout"])
-                return
+                if head is None or holds_head(self._conn, head):
+                    return
+                self._conn.close()  # another ledger at this path: never read nor spent
+                conn = OtherLedgerConnection(state["path"], tuple(head))
             except LedgerNotFoundError as exc:  # e.g. a shared model: it loads, never spends
                 conn = MissingLedgerConnection(state["path"], exc.reason)
         self.path, self._key, self._timeout = state["path"], None, state["timeout"]

@@ -292,3 +292,27 @@ def test_who_is_one_line_of_text_or_refused_before_anything_is_recorded(
 def test_who_given_to_create_budget_is_recorded(ledger):
     ledger.create_budget("census", 1.0, 1e-6, who="alice@lab")
     assert ledger.history("census")[0].who == "alice@lab" and ledger.verify().ok
+
+
+def test_an_unpickled_handle_refuses_its_ledger_rolled_back(tmp_path):
+    # a handle pickled after a spend, loaded where the file was restored from a backup
+    # older than that spend: spending there would forget it, so every use is refused
+    import pickle
+    import shutil
+
+    from privlearn.errors import LedgerNotFoundError
+
+    path, backup = tmp_path / "l.db", tmp_path / "backup.db"
+    with Ledger(path, create=True) as led:
+        led.create_budget("a", epsilon=2.0, delta=1e-5)
+    shutil.copy(path, backup)
+    with Ledger(path) as led:
+        led.spend("a", Gaussian(5.0))
+        blob = pickle.dumps(led.budget("a"))
+    shutil.copy(backup, path)
+    h = pickle.loads(blob)
+    with pytest.raises(LedgerNotFoundError, match="older backup"):
+        h.spend(Gaussian(5.0))
+    with Ledger(path) as led:
+        assert led.spent("a").entries == 0
+    h.ledger.close()
