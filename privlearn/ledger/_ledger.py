@@ -86,6 +86,7 @@ from privlearn.ledger._schema import (
     _CONTENT_KEYS,
     _ENCODE,
     GENESIS,
+    check_ledger_path,
     open_schema,
     read_only_uri,
 )
@@ -185,17 +186,7 @@ class Ledger:
         self._verified_version: int | None = None
         self._failure: tuple[int, LedgerIntegrityError] | None = None
         self._appended: tuple[int, str] | None = None
-        folder = os.path.dirname(os.path.abspath(self.path))
-        if not os.path.isdir(folder):
-            raise LedgerNotFoundError(
-                f"the directory {folder} of the ledger path {self.path} does not exist; "
-                "create the directory first (a ledger is created in an existing directory)",
-                path=self.path, reason="no_directory")
-        if os.path.isdir(self.path):
-            raise LedgerNotFoundError(
-                f"{self.path} is a directory, not a privacy ledger; pass the path of a file "
-                f"in it (e.g. {os.path.join(self.path, 'ledger.db')})",
-                path=self.path, reason="directory")
+        check_ledger_path(self.path)  # an existing directory; not a directory or device
         if read_only is None:  # a file this process may not write: read it read-only
             read_only = not create and os.path.isfile(self.path) and not os.access(
                 self.path, os.W_OK)
