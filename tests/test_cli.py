@@ -246,6 +246,21 @@ def test_sampling_with_the_epoch_form_is_accounted_subsampled(runner: CliRunner)
     assert out["epsilon"] == want.epsilon_bounds(1e-5, "pld").upper
 
 
+@pytest.mark.parametrize("name", ["adult", "correlated-noise-adult-bert"])
+@pytest.mark.parametrize("seed", [str(2**32), str(2**70), "-1"])
+def test_reproduce_refuses_a_seed_out_of_range_before_running(runner: CliRunner, name: str,
+                                                               seed: str) -> None:
+    """A seed the experiments cannot use (torch.manual_seed overflows past 2**64, and
+    they seed with seed x 1000 + repetition) is a usage error naming --seed and its
+    range, before anything runs; before, correlated-noise-adult-bert --seed 2**70 ran
+    and ended in a traceback."""
+    r = runner.invoke(cli, ["reproduce", name, "--quick", "--seed", seed])
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    line = r.stderr.strip()
+    assert line.startswith("error: Invalid value for '--seed'") and "4294967295" in line
+    assert len(line.splitlines()) == 1
+
+
 def test_bad_value_message_has_range_and_value(runner: CliRunner) -> None:
     r = runner.invoke(
         cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--sampling-rate", "1.5"]
