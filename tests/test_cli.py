@@ -622,9 +622,25 @@ def test_privacy_loss_overflow_suggests_more_noise(runner: CliRunner, monkeypatc
     monkeypatch.setattr(cli_mod, "build_mechanism", lambda *a, **k: _Failing(failing))
     line = _error_line(runner, ["epsilon", "--noise-multiplier", "0.001", "--sampling-rate",
                                 "0.5", "--steps", "10", "--delta", "1e-5"])
-    assert line == ("error: pld: the privacy loss tail does not vanish; try a larger "
-                    "--noise-multiplier (with this little noise the mechanism is essentially "
-                    "non-private)")
+    assert line == ("error: epsilon of gaussian, noise multiplier 0.001, poisson sampling at "
+                    "rate 0.5, 10 steps at delta=1e-05 cannot be represented (pld accountant: "
+                    "pld: the privacy loss tail does not vanish); try a larger "
+                    "--noise-multiplier or fewer --steps (with this little noise the run is "
+                    "essentially non-private)")
+
+
+def test_an_overflow_names_the_run_as_given_not_the_accountants_reduced_form(
+        runner: CliRunner) -> None:
+    """10**20 steps of noise multiplier 1: the composition is the one Gaussian of noise
+    multiplier 1 / sqrt(10**20) = 1e-10, whose epsilon overflows; the message names the
+    noise multiplier and steps given (not 1e-10, which was never typed) and suggests
+    fewer steps too."""
+    line = _error_line(runner, ["epsilon", "--noise-multiplier", "1", "--steps",
+                                str(10**20), "--delta", "1e-5"])
+    assert line.startswith("error: epsilon of gaussian, noise multiplier 1, no subsampling, "
+                           f"{10**20} steps at delta=1e-05 cannot be represented")
+    assert line.endswith("try a larger --noise-multiplier or fewer --steps (with this "
+                         "little noise the run is essentially non-private)")
 
 
 def test_tiny_laplace_noise_gets_its_finite_pure_epsilon(runner: CliRunner) -> None:

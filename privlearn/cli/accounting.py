@@ -73,8 +73,14 @@ def epsilon(
     kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
     d = check_mechanism_delta(kind, delta, dataset_size)
     m = build_mechanism(kind, nm, rate, samp, t)
-    with explain_unsupported(acc, kind, nm, rate, samp, t):
-        bound = m.epsilon_bounds(d, acc)
+    try:
+        with explain_unsupported(acc, kind, nm, rate, samp, t):
+            bound = m.epsilon_bounds(d, acc)
+    except PrivacyLossOverflowError as e:  # the run as the options describe it, not the
+        # accountant's reduced form (e.g. the one Gaussian of a composition's noise)
+        raise PrivacyLossOverflowError(
+            f"epsilon of {describe(kind, nm, rate, samp, t)} at delta={d:g} cannot be "
+            f"represented ({acc} accountant: {one_line(str(e))})") from e
     if not math.isfinite(bound.upper):
         raise PrivacyLossOverflowError(
             f"epsilon is infinite for {describe(kind, nm, rate, samp, t)} at delta={d:g} "
