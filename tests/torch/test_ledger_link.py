@@ -209,8 +209,8 @@ def _build_on(ds, led, **kw):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
     return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                        DataLoader(ds, batch_size=8), ledger=led, seed=0,
-                        **{"noise_multiplier": 1.0, "epochs": 2, **kw})
+                        DataLoader(ds, batch_size=8), ledger=led,
+                        **{"noise_multiplier": 1.0, "epochs": 2, "seed": 0, **kw})
 
 
 @pytest.mark.parametrize("killed", [False, True], ids=["stopped", "killed"])
@@ -244,6 +244,24 @@ def test_a_run_resumed_on_its_ledger_is_charged_once(tmp_path, kw, killed):
     assert ledger.pending("once") == []
     assert ledger.spent("once").epsilon_spent == pytest.approx(one_run, rel=1e-9)
     assert ledger.verify().ok
+
+
+def test_a_killed_secure_mode_run_resumed_is_charged_its_new_steps_too(tmp_path):
+    """secure_mode=True draws from OS entropy, so the resumed steps do not replay the
+    killed run's: the pending plan (16 steps) stays counted in full, and the 8 steps
+    after the checkpoint are new releases, reserved on top (24 steps in all)."""
+    ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
+    first = _build_on(ds, ledger.budget("toy"), secure_mode=True, seed=None)
+    _train(first, 8)
+    state = first.state_dict()
+    first.ledger_link._open.clear()  # killed: its reservation stays pending
+    first.detach()
+    resumed = _build_on(ds, ledger.budget("toy"), secure_mode=True, seed=None, resume=state)
+    _train(resumed, 8)
+    resumed.detach()
+    assert resumed.accountant.steps == 16 and ledger.pending("toy") == []
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(
+        _steps(1.0, 8 / 64, 24).epsilon(DELTA), rel=1e-9)
 
 
 def test_a_run_resumed_twice_with_more_epochs_is_charged_once(tmp_path):
