@@ -579,10 +579,13 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
     assert state["total_flos"] == 0 and state.get("num_input_tokens_seen", 0) == 0
     privacy = torch.load(tmp_path / "checkpoint-2" / PRIVACY_STATE_NAME, weights_only=False)
     # the keys of the sampler and the noise replay the next steps: kept out of the release
-    # privacy_arguments: the settings chosen (data-independent), without the seed
+    # privacy_arguments: the settings chosen (data-independent), without the seed;
+    # ledger: a planned run's ledger reservations (budget name, entry numbers and hashes,
+    # the planned and taken step counts: none data-derived), None without a ledger
     assert set(privacy) == {"format", "mechanism", "noise_multiplier", "max_grad_norm",
                             "accountant", "budget", "correlated", "private_state",
-                            "privacy_arguments", "earlier_runs"}
+                            "privacy_arguments", "earlier_runs", "ledger"}
+    assert privacy["ledger"] is None
     assert "dp_seed" not in privacy["privacy_arguments"]
     assert privacy["earlier_runs"] == []  # the report's descriptions of earlier runs: none
     assert privacy["correlated"] is None  # DP-SGD: no correlated-noise state
