@@ -286,6 +286,8 @@ class Ledger:
         self._abs = os.path.abspath(self.path)
         self._lock, self._parsed = threading.RLock(), {}
         self._seen = self._verified_version = self._failure = self._appended = None
+        if head is not None:  # kept for a pickle of this copy (it never reads the file)
+            self._seen = (int(head[0]), str(head[1]))
         self._conn = conn or KeylessConnection(self.path)  # refuses every use
 
     def __deepcopy__(self, memo) -> Ledger:

@@ -276,6 +276,9 @@ def test_a_fitted_model_refuses_another_ledger_at_its_ledgers_path(tmp_path):
     assert info.value.reason == "other_ledger" and info.value.path == str(path)
     with Ledger(path) as other:
         assert other.head() == head and other.verify().ok  # nothing written
+    again = pickle.loads(pickle.dumps(loaded))  # pickled again there: still refused
+    with pytest.raises(LedgerNotFoundError, match="not the one this handle was pickled"):
+        again.ledger.spent()
     loaded.ledger.ledger.close()
     path.rename(tmp_path / "other.db")
     (tmp_path / "first.db").rename(path)  # its own ledger, grown since: the pickle spends
