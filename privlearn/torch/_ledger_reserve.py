@@ -278,10 +278,12 @@ def check_take_over(p, state: dict) -> None:
         check_lineage(link, record, p.plan)
 
 
-def load_resume(p, state: dict):
-    """``make_private(..., resume=state)``: ``p`` with ``state`` loaded, or, if it is
-    refused, ``p`` detached (its ledger reservation settled: nothing ran) and the error
-    raised."""
+def load_resume(p, state: dict | None):
+    """``make_private(..., resume=state)``: ``p`` with ``state`` loaded (``p`` as it is
+    for None), or, if it is refused, ``p`` detached (its ledger reservation settled:
+    nothing ran) and the error raised."""
+    if state is None:
+        return p
     try:
         p.load_state_dict(state)
     except BaseException:

@@ -810,10 +810,9 @@ def make_private(
     run is reserved before any data is read. ``process_group``: the torch.distributed
     group (default: the world, when initialised). ``grad_scaler``: the
     ``torch.amp.GradScaler`` of fp16 training (``scaler.step(p.optimizer)``).
-    ``resume``: a :meth:`PrivateTraining.state_dict` to continue, loaded into the run
-    (as ``p.load_state_dict(resume)``); with ``ledger``, a planned run takes over the
-    checkpoint's reservation instead of reserving the plan again, so the budget is
-    charged once across the interruption (a budget that holds one run suffices).
+    ``resume``: a :meth:`PrivateTraining.state_dict` to continue, loaded into the run;
+    with ``ledger``, a planned run takes over the checkpoint's reservation instead of
+    reserving the plan again (``p.load_state_dict`` alone reserves first), charged once.
 
     Returns
     -------
@@ -850,10 +849,9 @@ def make_private(
         undo(opt.guard_original(), on_detach=True)
         if plan.world_size > 1 and not sharded:  # replicas start from rank 0's weights
             sync_replicas(inner, process_group, warn_as="make_private")
-    p = PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
-                        budget=budget, plan=plan, config=cfg, ledger_link=link,
-                        undo=undo.on_detach)
-    return p if resume is None else load_resume(p, resume)
+    return load_resume(PrivateTraining(model=model, optimizer=opt, data_loader=loader,
+                                       accountant=acct, budget=budget, plan=plan, config=cfg,
+                                       ledger_link=link, undo=undo.on_detach), resume)
 
 
 #: make_private's own arguments before the settings.
