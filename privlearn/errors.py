@@ -229,8 +229,10 @@ class LedgerNotFoundError(FileNotFoundError):
         The path given.
     reason : str or None
         ``"missing"`` (no file), ``"empty"`` (an empty file), ``"directory"`` (the path
-        is a directory), ``"no_directory"`` (its directory does not exist) or
-        ``"unopenable"`` (the file cannot be opened).
+        is a directory), ``"no_directory"`` (its directory does not exist),
+        ``"unopenable"`` (the file cannot be opened), ``"not_a_file"`` (a device, pipe
+        or socket) or ``"other_ledger"`` (a handle
+        unpickled where the file at its path is not the ledger it was pickled from).
     """
 
     def __init__(self, message: str, *, path: str | None = None,

@@ -217,6 +217,50 @@ def test_bad_input_one_line_exit_2(runner: CliRunner, args: list[str], names: st
     assert r.stdout == ""
 
 
+@pytest.mark.parametrize("command", [
+    ["epsilon", "--noise-multiplier", "1"], ["calibrate", "--target-epsilon", "1"]])
+@pytest.mark.parametrize("scheme", ["fixed", "poisson"])
+@pytest.mark.parametrize("run", [[], ["--steps", "100"]])
+def test_sampling_without_a_rate_is_a_usage_error(runner: CliRunner, command: list[str],
+                                                  scheme: str, run: list[str]) -> None:
+    """``--sampling`` without a rate (neither --sampling-rate nor --batch-size,
+    --dataset-size and --epochs) describes no subsampling: refused (status 2) naming the
+    options that give the rate, not silently accounted without subsampling."""
+    r = runner.invoke(cli, [*command, "--delta", "1e-5", "--sampling", scheme, *run])
+    assert r.exit_code == 2 and r.stdout == "", (r.stdout, r.stderr)
+    line = r.stderr.strip()
+    assert line.startswith(f"error: --sampling {scheme} needs --sampling-rate")
+    assert "--batch-size, --dataset-size and --epochs" in line
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_sampling_with_the_epoch_form_is_accounted_subsampled(runner: CliRunner) -> None:
+    """The epoch form gives the rate: ``--sampling fixed`` is then the fixed-size
+    subsampled Gaussian at B/N for E x round(N/B) steps."""
+    r = invoke(runner, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5",
+                        "--sampling", "fixed", "--batch-size", "10", "--dataset-size",
+                        "1000", "--epochs", "1", "--json"])
+    out = json.loads(r.stdout)
+    want = compose(subsample(Gaussian(1.0), 0.01, scheme="fixed"), steps=100)
+    assert (out["sampling"], out["sampling_rate"], out["steps"]) == ("fixed", 0.01, 100)
+    assert out["epsilon"] == want.epsilon_bounds(1e-5, "pld").upper
+
+
+@pytest.mark.parametrize("name", ["adult", "correlated-noise-adult-bert"])
+@pytest.mark.parametrize("seed", [str(2**32), str(2**70), "-1"])
+def test_reproduce_refuses_a_seed_out_of_range_before_running(runner: CliRunner, name: str,
+                                                               seed: str) -> None:
+    """A seed the experiments cannot use (torch.manual_seed overflows past 2**64, and
+    they seed with seed x 1000 + repetition) is a usage error naming --seed and its
+    range, before anything runs; before, correlated-noise-adult-bert --seed 2**70 ran
+    and ended in a traceback."""
+    r = runner.invoke(cli, ["reproduce", name, "--quick", "--seed", seed])
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    line = r.stderr.strip()
+    assert line.startswith("error: Invalid value for '--seed'") and "4294967295" in line
+    assert len(line.splitlines()) == 1
+
+
 def test_bad_value_message_has_range_and_value(runner: CliRunner) -> None:
     r = runner.invoke(
         cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--sampling-rate", "1.5"]
@@ -578,9 +622,25 @@ def test_privacy_loss_overflow_suggests_more_noise(runner: CliRunner, monkeypatc
     monkeypatch.setattr(cli_mod, "build_mechanism", lambda *a, **k: _Failing(failing))
     line = _error_line(runner, ["epsilon", "--noise-multiplier", "0.001", "--sampling-rate",
                                 "0.5", "--steps", "10", "--delta", "1e-5"])
-    assert line == ("error: pld: the privacy loss tail does not vanish; try a larger "
-                    "--noise-multiplier (with this little noise the mechanism is essentially "
-                    "non-private)")
+    assert line == ("error: epsilon of gaussian, noise multiplier 0.001, poisson sampling at "
+                    "rate 0.5, 10 steps at delta=1e-05 cannot be represented (pld accountant: "
+                    "pld: the privacy loss tail does not vanish); try a larger "
+                    "--noise-multiplier or fewer --steps (with this little noise the run is "
+                    "essentially non-private)")
+
+
+def test_an_overflow_names_the_run_as_given_not_the_accountants_reduced_form(
+        runner: CliRunner) -> None:
+    """10**20 steps of noise multiplier 1: the composition is the one Gaussian of noise
+    multiplier 1 / sqrt(10**20) = 1e-10, whose epsilon overflows; the message names the
+    noise multiplier and steps given (not 1e-10, which was never typed) and suggests
+    fewer steps too."""
+    line = _error_line(runner, ["epsilon", "--noise-multiplier", "1", "--steps",
+                                str(10**20), "--delta", "1e-5"])
+    assert line.startswith("error: epsilon of gaussian, noise multiplier 1, no subsampling, "
+                           f"{10**20} steps at delta=1e-05 cannot be represented")
+    assert line.endswith("try a larger --noise-multiplier or fewer --steps (with this "
+                         "little noise the run is essentially non-private)")
 
 
 def test_tiny_laplace_noise_gets_its_finite_pure_epsilon(runner: CliRunner) -> None:

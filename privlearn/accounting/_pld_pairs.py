@@ -88,7 +88,8 @@ class GaussianPair(Pair):
 
     def tails(self, x: np.ndarray) -> Tails:
         mu = self.mu
-        y = (np.asarray(x, dtype=float) + 0.5 * mu * mu) / mu  # L > x  <=>  Y > y
+        with np.errstate(over="ignore"):  # a tiny mu (huge noise): y = +-inf, exact tails
+            y = (np.asarray(x, dtype=float) + 0.5 * mu * mu) / mu  # L > x  <=>  Y > y
         return _sf(y - mu), special.ndtr(y - mu), _sf(y), special.ndtr(y)
 
 

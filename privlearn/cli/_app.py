@@ -72,8 +72,8 @@ EXIT_STATUS: dict[type[BaseException], ExitStatus] = {
     LedgerIntegrityError: ExitStatus.LEDGER_TAMPERED,
 }
 
-_NON_PRIVATE = ("try a larger --noise-multiplier (with this little noise the mechanism is "
-                "essentially non-private)")
+_NON_PRIVATE = ("try a larger --noise-multiplier or fewer --steps (with this little noise "
+                "the run is essentially non-private)")
 
 
 def _calibration_hint(err: BaseException, command: str) -> str:

@@ -30,7 +30,7 @@ from privlearn.cli._app import one_line
 from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
 __all__ = ["build_mechanism", "explain_unsupported", "unsupported", "MECHANISMS",
-           "SAMPLINGS"]
+           "SAMPLINGS", "check_sampling_has_rate"]
 
 MECHANISMS = ("gaussian", "laplace")
 SAMPLINGS = ("poisson", "fixed")
@@ -221,16 +221,21 @@ sampling_opt = click.option(
 )
 
 
-def check_sampling_has_rate(ctx: click.Context, rate: float | None) -> None:
+def check_sampling_has_rate(ctx: click.Context, rate: float | None, *,
+                            epoch_form: bool = False) -> None:
     """Refuse ``--sampling`` given on the command line without a sampling rate: the scheme
     describes subsampling, and without ``--sampling-rate`` there is none, so the option
-    would be silently ignored (the release counted without subsampling)."""
+    would be silently ignored (the release counted without subsampling). ``epoch_form``:
+    the command also takes the rate as ``--batch-size``/``--dataset-size``/``--epochs``."""
     source = ctx.get_parameter_source("sampling")
     if rate is None and source is click.core.ParameterSource.COMMANDLINE:
+        rate_from = ("--sampling-rate (the subsampling rate in (0, 1]) or --batch-size, "
+                     "--dataset-size and --epochs" if epoch_form else
+                     "--sampling-rate (the subsampling rate in (0, 1])")
         raise click.UsageError(
-            f"--sampling {ctx.params['sampling']} needs --sampling-rate (the subsampling "
-            "rate in (0, 1]); without it the release is counted without subsampling, so "
-            "drop --sampling or pass e.g. --sampling-rate 0.01", ctx=ctx)
+            f"--sampling {ctx.params['sampling']} needs {rate_from}; without a rate the "
+            "release is counted without subsampling, so drop --sampling or pass e.g. "
+            "--sampling-rate 0.01", ctx=ctx)
 
 
 steps_opt = click.option(

@@ -15,6 +15,7 @@ from privlearn.cli._options import (
     batch_opt,
     build_mechanism,
     check_mechanism_delta,
+    check_sampling_has_rate,
     dataset_opt,
     delta_opt,
     describe,
@@ -68,11 +69,18 @@ def epsilon(
     """
     nm = check_positive("--noise-multiplier", noise_multiplier)
     rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
+    check_sampling_has_rate(click.get_current_context(), rate, epoch_form=True)
     kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
     d = check_mechanism_delta(kind, delta, dataset_size)
     m = build_mechanism(kind, nm, rate, samp, t)
-    with explain_unsupported(acc, kind, nm, rate, samp, t):
-        bound = m.epsilon_bounds(d, acc)
+    try:
+        with explain_unsupported(acc, kind, nm, rate, samp, t):
+            bound = m.epsilon_bounds(d, acc)
+    except PrivacyLossOverflowError as e:  # the run as the options describe it, not the
+        # accountant's reduced form (e.g. the one Gaussian of a composition's noise)
+        raise PrivacyLossOverflowError(
+            f"epsilon of {describe(kind, nm, rate, samp, t)} at delta={d:g} cannot be "
+            f"represented ({acc} accountant: {one_line(str(e))})") from e
     if not math.isfinite(bound.upper):
         raise PrivacyLossOverflowError(
             f"epsilon is infinite for {describe(kind, nm, rate, samp, t)} at delta={d:g} "
@@ -133,6 +141,7 @@ def calibrate_cmd(
     """
     target = check_positive("--target-epsilon", target_epsilon)
     rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
+    check_sampling_has_rate(click.get_current_context(), rate, epoch_form=True)
     kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
     d = check_mechanism_delta(kind, delta, dataset_size)
 

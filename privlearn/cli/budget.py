@@ -27,7 +27,7 @@ from privlearn.cli._options import (
 )
 from privlearn.errors import LedgerConflictError, ParameterValueError, UnsupportedMechanismError
 from privlearn.ledger._busy import DEFAULT_TIMEOUT
-from privlearn.ledger._records import _check_opt_str
+from privlearn.ledger._records import _check_opt_str, _check_who
 
 __all__ = ["budget"]
 
@@ -253,7 +253,7 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
     """Record a release on DATASET; refused (status 3, nothing recorded) if it would
     exceed the budget."""
     _check_names(dataset, privacy_unit)
-    label, who = _check_opt_str("--label", label), _check_opt_str("--who", who)
+    label, who = _check_opt_str("--label", label), _check_who("--who", who)
     rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
     check_sampling_has_rate(click.get_current_context(), rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)

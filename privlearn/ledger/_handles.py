@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,7 +16,7 @@ if TYPE_CHECKING:
     from privlearn.ledger._ledger import Ledger
 
 __all__ = ["Reservation", "BudgetHandle", "ClosedConnection", "KeylessConnection",
-           "MissingLedgerConnection"]
+           "MissingLedgerConnection", "OtherLedgerConnection", "pickled_head", "holds_head"]
 
 DEFAULT_UNIT = "record"
 
@@ -153,3 +155,52 @@ class ClosedConnection:
 
     def close(self) -> None:
         pass
+
+
+class OtherLedgerConnection:
+    """The connection of a :class:`Ledger` unpickled where the file at its path is not
+    the ledger it was pickled from (it holds no entry ``count`` with the hash the pickle
+    recorded: another ledger at the same path, e.g. on another machine, or the file
+    rolled back behind what the pickled handle had seen). Every read and spend raises
+    :class:`~privlearn.errors.LedgerNotFoundError` (reason ``"other_ledger"``): spending
+    there would charge a budget that never counted what the handle spent before."""
+
+    def __init__(self, path: str, head: tuple[int, str]):
+        self.path, self.head = path, head
+
+    def cursor(self):
+        count, h = self.head
+        raise LedgerNotFoundError(
+            f"the privacy ledger at {self.path} is not the one this handle was pickled from "
+            f"(that one had entry {count} with hash {h[:12]}..., this file has not: another "
+            "ledger at the same path, e.g. on another machine, or the file restored from an "
+            "older backup), so nothing is read or spent from it. To fit the model again, "
+            "give it a budget explicitly: est.set_params(ledger=Ledger(path).budget(dataset)) "
+            "(a pipeline's step: step__ledger=...), or ledger=None",
+            path=self.path, reason="other_ledger")
+
+    def close(self) -> None:
+        pass
+
+
+def pickled_head(ledger: Ledger) -> tuple[int, str] | None:
+    """The head ``(count, hash)`` a pickle of ``ledger`` records, so that the copy it
+    unpickles into recognises the file (:func:`holds_head`): the head last verified, else
+    read now; None for a ledger that cannot be read (closed, tampered, keyed and
+    unpickled) or has no entry (nothing of it to recognise)."""
+    if ledger._seen is None:
+        with contextlib.suppress(Exception):  # noqa: BLE001 - the pickle is made regardless
+            ledger.head()
+    seen = ledger._seen
+    return None if seen is None or seen[0] == 0 else (int(seen[0]), str(seen[1]))
+
+
+def holds_head(conn: sqlite3.Connection, head: tuple[int, str]) -> bool:
+    """Whether the ledger file of ``conn`` holds entry ``head[0]`` with hash ``head[1]``
+    (it is the ledger a pickle recorded, possibly grown since). A file that cannot be
+    read here is not judged: its first use reports what is wrong with it."""
+    try:
+        row = conn.execute("SELECT hash FROM entries WHERE seq=?", (head[0],)).fetchone()
+    except sqlite3.Error:
+        return True
+    return row is not None and row[0] == head[1]

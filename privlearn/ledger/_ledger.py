@@ -52,8 +52,11 @@ from privlearn.ledger._handles import (
     ClosedConnection,
     KeylessConnection,
     MissingLedgerConnection,
+    OtherLedgerConnection,
     Reservation,
     _check_unit,
+    holds_head,
+    pickled_head,
 )
 from privlearn.ledger._records import (
     Budget,
@@ -65,6 +68,7 @@ from privlearn.ledger._records import (
     _check_name,
     _check_opt_str,
     _check_seq,
+    _check_who,
     _default_who,
     _now,
     budget_conflict,
@@ -82,6 +86,7 @@ from privlearn.ledger._schema import (
     _CONTENT_KEYS,
     _ENCODE,
     GENESIS,
+    check_ledger_path,
     open_schema,
     read_only_uri,
 )
@@ -181,17 +186,7 @@ class Ledger:
         self._verified_version: int | None = None
         self._failure: tuple[int, LedgerIntegrityError] | None = None
         self._appended: tuple[int, str] | None = None
-        folder = os.path.dirname(os.path.abspath(self.path))
-        if not os.path.isdir(folder):
-            raise LedgerNotFoundError(
-                f"the directory {folder} of the ledger path {self.path} does not exist; "
-                "create the directory first (a ledger is created in an existing directory)",
-                path=self.path, reason="no_directory")
-        if os.path.isdir(self.path):
-            raise LedgerNotFoundError(
-                f"{self.path} is a directory, not a privacy ledger; pass the path of a file "
-                f"in it (e.g. {os.path.join(self.path, 'ledger.db')})",
-                path=self.path, reason="directory")
+        check_ledger_path(self.path)  # an existing directory; not a directory or device
         if read_only is None:  # a file this process may not write: read it read-only
             read_only = not create and os.path.isfile(self.path) and not os.access(
                 self.path, os.W_OK)
@@ -272,20 +267,27 @@ class Ledger:
     def __getstate__(self) -> dict:
         # never the HMAC key, a secret: a pickle (e.g. of a fitted estimator holding a
         # budget of this ledger, a release) may be published
-        return {"path": self._abs, "keyed": self._key is not None, "timeout": self._timeout}
+        # the head, to recognise the file where the pickle is loaded (docs/trust-model.md)
+        return {"path": self._abs, "keyed": self._key is not None, "timeout": self._timeout,
+                "head": pickled_head(self)}
 
     def __setstate__(self, state: dict) -> None:
-        conn = None
+        conn, head = None, state.get("head")
         if not state.get("keyed") or state.get("key") is not None:  # "key": older pickles
             try:
                 self.__init__(state["path"], key=state.get("key"), timeout=state["timeout"])
-                return
+                if head is None or holds_head(self._conn, head):
+                    return
+                self._conn.close()  # another ledger at this path: never read nor spent
+                conn = OtherLedgerConnection(state["path"], tuple(head))
             except LedgerNotFoundError as exc:  # e.g. a shared model: it loads, never spends
                 conn = MissingLedgerConnection(state["path"], exc.reason)
         self.path, self._key, self._timeout = state["path"], None, state["timeout"]
         self._abs = os.path.abspath(self.path)
         self._lock, self._parsed = threading.RLock(), {}
         self._seen = self._verified_version = self._failure = self._appended = None
+        if head is not None:  # kept for a pickle of this copy (it never reads the file)
+            self._seen = (int(head[0]), str(head[1]))
         self._conn = conn or KeylessConnection(self.path)  # refuses every use
 
     def __deepcopy__(self, memo) -> Ledger:
@@ -538,6 +540,9 @@ class Ledger:
             (:func:`privlearn.accounting.as_replace_one`: twice its sensitivity,
             group privacy). Default None: the relation of the first release, replace-one
             if it holds a replace-one part, else add/remove.
+        who : str, optional
+            Who set the budget, recorded in its entry (default ``user@host``): one line
+            of printable text, not blank (as ``spend``'s ``who``).
         exist_ok : bool
             What a budget already set for ``dataset`` (and ``privacy_unit``) does: with
             False (default) it raises :class:`~privlearn.errors.LedgerConflictError`; with
@@ -551,6 +556,7 @@ class Ledger:
         acc = get_accountant(accountant).name
         order = filter_order(epsilon, delta, adaptive, adaptive_order)
         relation = _check_budget_relation(neighbouring)
+        who = _check_who("who", who)
         if not isinstance(exist_ok, bool):
             raise ParameterTypeError(f"exist_ok must be a bool, got {exist_ok!r}")
         budget = Budget(dataset, unit, epsilon, delta, acc, adaptive, order, relation)
@@ -761,7 +767,7 @@ class Ledger:
                 ref_hash: str | None = None) -> tuple:
         """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
-        label, who = _check_opt_str("label", label), _check_opt_str("who", who)
+        label, who = _check_opt_str("label", label), _check_who("who", who)
         unit = _check_unit(privacy_unit)
         with self._write() as cur:
             if ref is not None:

@@ -200,6 +200,18 @@ def _check_opt_str(name: str, value: object) -> str | None:
     return value
 
 
+def _check_who(name: str, value: object) -> str | None:
+    """Who made an entry (``user@host`` when None): one line of text, as
+    :func:`_check_opt_str`, and not empty or blank (which would be recorded as no one,
+    or silently replaced by ``user@host``)."""
+    value = _check_opt_str(name, value)
+    if value is not None and not value.strip():
+        raise ParameterValueError(
+            f"{name} must name who makes the entry (e.g. 'alice' or 'team-a'), got "
+            f"{value!r}; pass None for the default, user@host")
+    return value
+
+
 def _check_mechanism(mechanism: object) -> tuple[Mechanism, str]:
     if not isinstance(mechanism, Mechanism):
         raise ParameterTypeError(

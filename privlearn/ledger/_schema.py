@@ -4,6 +4,8 @@ entry, the genesis hash of the chain, and the check of the schema version of a f
 from __future__ import annotations
 
 import json
+import os
+import stat
 import urllib.parse
 
 from privlearn.errors import (
@@ -81,6 +83,33 @@ def _check_schema(path: str, row) -> None:
             f"privlearn; this version reads schema {SCHEMA_VERSION} and would misread it: "
             "upgrade privlearn to use this ledger (it was not changed)")
 
+
+
+def check_ledger_path(path: str) -> None:
+    """Refuse, before SQLite opens anything, a ledger path whose directory does not
+    exist, that is a directory, or that exists but is not a regular file (a device such
+    as /dev/null, a FIFO, a socket: SQLite would write its journal and the lock file
+    next to it, e.g. in /dev, and fail)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise LedgerNotFoundError(
+            f"the directory {folder} of the ledger path {path} does not exist; "
+            "create the directory first (a ledger is created in an existing directory)",
+            path=path, reason="no_directory")
+    if os.path.isdir(path):
+        raise LedgerNotFoundError(
+            f"{path} is a directory, not a privacy ledger; pass the path of a file "
+            f"in it (e.g. {os.path.join(path, 'ledger.db')})",
+            path=path, reason="directory")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # none there yet (created by create=True), or not ours to stat
+        return
+    if not stat.S_ISREG(mode):
+        raise LedgerNotFoundError(
+            f"{path} is not a regular file (a device, pipe or socket), so it cannot be a "
+            "privacy ledger; pass the path of a ledger file (or of a new one to create)",
+            path=path, reason="not_a_file")
 
 
 def read_only_uri(path: str) -> str:

@@ -478,6 +478,12 @@ class LedgerLink:
         #: a run accounted as one mechanism (correlated noise): reserved whole, once
         self.run = run
         self._open: list[_Reservation] = []  # the reservations not settled yet
+        #: the ledger reservations (seq, hash) of the planned run, in a checkpoint's
+        #: privacy state so that a resume recognises them; its planned steps; and the
+        #: steps of the checkpoint a resume took them over from (None: a fresh run)
+        self.lineage: list[tuple[int, str]] = []
+        self.plan_steps: int | None = None
+        self.resumed: int | None = None
 
     def _decided(self, fn):
         """``fn()`` here (one process), or on the group's first rank and followed by the
@@ -513,6 +519,9 @@ class LedgerLink:
 
         n = self._decided(reserve)
         self._open.append(_Reservation(made[0] if made else None, sigma, q, n))
+        entry = getattr(made[0], "entry", None) if made else None
+        if whole and entry is not None:  # a planned run: what a checkpoint names
+            self.lineage, self.plan_steps = [(entry.seq, entry.hash)], n
 
     def ensure(self, sigma: float, q: float) -> None:
         """Make sure the next step of this configuration is covered by a reservation."""
@@ -547,8 +556,8 @@ class LedgerLink:
             if self.run is not None and 0 < o.used < o.reserved:
                 o.reservation.settle(None)  # the plan
             else:
-                o.reservation.settle(self._mech(o.sigma, o.q, o.used) if o.used
-                                     else compose([]))
+                n = max(0, o.used - o.replayed)  # (a resumed run's replayed steps)
+                o.reservation.settle(self._mech(o.sigma, o.q, n) if n else compose([]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -565,13 +574,17 @@ class _Room:
 class _Reservation:
     """A chunk of steps reserved in the ledger and not settled yet: the ledger's
     reservation (``None`` on a distributed rank that does not write), the configuration
-    it covers, how many steps it reserved and how many of them ran."""
+    it covers, how many steps it reserved and how many of them ran; ``replayed``: of a
+    resumed run, the steps at its start that the ledger already counts (they replay the
+    interrupted run's batches and noise), negative for steps of the checkpoint's history
+    it does not count yet."""
 
     reservation: object
     sigma: float
     q: float
     reserved: int
     used: int = 0
+    replayed: int = 0
 
 
 def _largest_within(f: Callable[[int], float], cap: float, start: int = 64) -> int:

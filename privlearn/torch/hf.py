@@ -475,23 +475,26 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
             world = max(1, self.args.world_size)  # q = W B / N, as make_private plans it
             kw["steps"] = self._planned_steps(kw, n, world)
         self.model.train()
-        p = make_private(self.model, self.optimizer, loader, ledger=self.ledger, **kw)
+        # a resume is loaded by make_private (detached if refused), whose ledger then
+        # recognises the checkpoint's reservation instead of reserving the plan again
+        resume = None if self._resume_state is None else self._privacy_state(
+            self._resume_state)
+        try:
+            p = make_private(self.model, self.optimizer, loader, ledger=self.ledger,
+                             resume=resume, **kw)
+        except ConfigurationError as exc:  # the model is left as it was given
+            if resume is None:
+                raise
+            raise ConfigurationError(
+                f"resume_from_checkpoint: {exc}. With DPTrainer: keep the "
+                "PrivacyArguments, the training set and, where they set the noise or "
+                "the sampling rate, the TrainingArguments (per_device_train_batch_size; "
+                "max_steps or num_train_epochs with target_epsilon) of the run that "
+                "wrote the checkpoint") from exc
         if self._spent is not None:  # (a plan's cap and epsilon move after the earlier runs)
             p.compose_after(self._spent)
-        if self._resume_state is not None:
-            try:
-                self._load_privacy_state(p, self._resume_state)
-            except ConfigurationError as exc:  # the model is left as it was given
-                p.detach()
-                raise ConfigurationError(
-                    f"resume_from_checkpoint: {exc}. With DPTrainer: keep the "
-                    "PrivacyArguments, the training set and, where they set the noise or "
-                    "the sampling rate, the TrainingArguments (per_device_train_batch_size; "
-                    "max_steps or num_train_epochs with target_epsilon) of the run that "
-                    "wrote the checkpoint") from exc
-            except BaseException:
-                p.detach()
-                raise
+        if resume is not None:  # the report's runs before the resumed one
+            self._earlier_runs = list(self._resume_state.get("earlier_runs", []))
         self.privacy_engine = p
         self.optimizer = p.optimizer
         return logical_loader(p.data_loader)
@@ -743,15 +746,15 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
         state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
         return state
 
-    def _load_privacy_state(self, p: PrivateTraining, state: dict) -> None:
+    def _privacy_state(self, state: dict) -> dict:
+        """The saved privacy state as make_private(resume=) loads it."""
         state = dict(join_users(state))
         state.pop("rng", None)  # the global generators': restored by _load_rng_state
-        earlier = state.pop("earlier_runs", [])  # the report's runs before the resumed one
+        state.pop("earlier_runs", None)  # the report's (this trainer had none)
         # the model and the optimizer are the Trainer's (loaded from the same checkpoint)
-        state["model"] = p.model.state_dict()
-        state["optimizer"] = p.optimizer.original_optimizer.state_dict()
-        p.load_state_dict(state)
-        self._earlier_runs = list(earlier)  # (this trainer had none: a resume is its first)
+        state["model"] = self.model.state_dict()
+        state["optimizer"] = self.optimizer.state_dict()
+        return state
 
 
 def _private_copy(args):

@@ -54,7 +54,13 @@ from privlearn.torch._engine_checks import (
     given_sampler_seed,
 )
 from privlearn.torch._layout_state import check_sampler_state
-from privlearn.torch._ledger_reserve import reserve_budget
+from privlearn.torch._ledger_reserve import (
+    check_take_over,
+    ledger_record,
+    load_resume,
+    reserve_budget,
+    take_over_on_load,
+)
 from privlearn.torch.accountant import (
     BudgetCap,
     PrivacyAccountant,
@@ -309,6 +315,7 @@ class PrivateTraining:
             "noise": self.optimizer.noise.state_dict(),
             "correlated": (None if self.optimizer.correlated is None
                            else self.optimizer.correlated.state_dict()),
+            "ledger": ledger_record(self.ledger_link, self.accountant.steps),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -355,13 +362,7 @@ class PrivateTraining:
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.budget.load_state_dict(state["budget"])
         self._plan_after_prior()  # a history after earlier runs: the plan follows them
-        if self.ledger_link is not None and not self.plan.run.stepwise and self.accountant.steps:
-            warnings.warn(
-                f"this run reserved its whole plan in the ledger again, and resumes a "
-                f"checkpoint of {self.accountant.steps} steps of a run accounted as one "
-                "mechanism, whose run reserved (or, stopped part-way, settled at) the same "
-                "plan: the ledger counts it twice. Resume it with ledger=None (and the same "
-                "settings)", UserWarning, stacklevel=2)
+        take_over_on_load(self, state)  # the ledger charges the resumed run once
         if self.optimizer.correlated is not None:
             self.optimizer.correlated.load_state_dict(state["correlated"])
 
@@ -391,6 +392,7 @@ class PrivateTraining:
                              "original arguments" + ranks
                              + _strategy_hint(theirs, mine))
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
+        check_take_over(self, state)  # its ledger record names this budget's reservation
         check_sampler_state(self._sampler, state["sampler"])  # its layout, if it has one
 
 
@@ -796,7 +798,7 @@ _REQUIRED = _Required()
 def make_private(
     model: nn.Module = _REQUIRED, optimizer: torch.optim.Optimizer = _REQUIRED,
     data_loader: DataLoader = _REQUIRED, config: DPConfig | None = None, *, ledger=None,
-    process_group=None, grad_scaler=None, **settings,
+    process_group=None, grad_scaler=None, resume: dict | None = None, **settings,
 ) -> PrivateTraining:
     """Make ``model``/``optimizer``/``data_loader`` train with DP-SGD (Abadi et al. 2016,
     "Deep Learning with Differential Privacy", Algorithm 1).
@@ -813,6 +815,9 @@ def make_private(
     run is reserved before any data is read. ``process_group``: the torch.distributed
     group (default: the world, when initialised). ``grad_scaler``: the
     ``torch.amp.GradScaler`` of fp16 training (``scaler.step(p.optimizer)``).
+    ``resume``: a :meth:`PrivateTraining.state_dict` to continue, loaded into the run;
+    with ``ledger``, a planned run takes over the checkpoint's reservation instead of
+    reserving the plan again (``p.load_state_dict`` alone reserves first), charged once.
 
     Returns
     -------
@@ -840,7 +845,7 @@ def make_private(
                 raise ConfigurationError("grad_scaler is not supported under FSDP2 (fully_shard); "
                                  "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
                                  "bfloat16), which needs no loss scaling")
-        link = reserve_budget(ledger, cfg, plan, inner, undo, process_group)
+        link = reserve_budget(ledger, cfg, plan, inner, undo, process_group, resume)
         tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
         exchange = ShardedGradients(_mesh_group(inner)) if sharded else None
         opt, loader, acct, budget = build_optimizer(optimizer, tracker, data_loader, cfg,
@@ -849,9 +854,9 @@ def make_private(
         undo(opt.guard_original(), on_detach=True)
         if plan.world_size > 1 and not sharded:  # replicas start from rank 0's weights
             sync_replicas(inner, process_group, warn_as="make_private")
-    return PrivateTraining(model=model, optimizer=opt, data_loader=loader, accountant=acct,
-                           budget=budget, plan=plan, config=cfg, ledger_link=link,
-                           undo=undo.on_detach)
+    return load_resume(PrivateTraining(model=model, optimizer=opt, data_loader=loader,
+                                       accountant=acct, budget=budget, plan=plan, config=cfg,
+                                       ledger_link=link, undo=undo.on_detach), resume)
 
 
 #: make_private's own arguments before the settings.

@@ -30,3 +30,20 @@ def test_composed_huge_noise_delta_not_one():
     # 1e9 releases at noise multiplier 1e300: effective noise 3e295, delta(1) ~ 0 (was 1.0)
     b = compose(Gaussian(1e300), steps=10**9).delta_bounds(1.0)
     assert b.upper < 1e-300
+
+
+@pytest.mark.parametrize("scheme", ["poisson", "fixed"])
+def test_subsampled_gaussian_at_huge_noise_is_zero_without_warnings(scheme):
+    # mu = 1/sigma so small that the privacy loss threshold x / mu overflows: the tails
+    # are exact (0 and 1) and the run, whose delta(0) <= erf(1/(2 sqrt 2 sigma)) per step
+    # is far below 1e-5, has epsilon 0; no overflow warning (the CLI printed it on every
+    # `privlearn budget show` of a ledger holding such a release)
+    import warnings
+
+    from privlearn.accounting import subsample
+
+    m = compose(subsample(Gaussian(1e308), 0.1, scheme=scheme), steps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bound = m.epsilon_bounds(1e-5, "pld")
+    assert bound.upper == 0.0 and bound.lower == 0.0

@@ -25,6 +25,32 @@ def spend_many(path: str, worker: int, n: int, sigma: float) -> tuple[list[str],
     return ok, refused
 
 
+def create_and_reserve(path: str, worker: int, n: int, sigma: float, start: float
+                       ) -> tuple[list[str], list[str]]:
+    """From ``start`` (a wall-clock time, so that processes race): create the ledger and
+    its budget (``exist_ok``), as a script run on two machines of a cluster at once would,
+    then try ``n`` reservations, each settled at its plan; the labels acknowledged and
+    those refused."""
+    import time
+
+    while time.time() < start:
+        pass
+    ledger = Ledger(path, create=True)
+    ledger.create_budget("data", 1.0, 1e-6, exist_ok=True)
+    ok, refused = [], []
+    for i in range(n):
+        label = f"w{worker}-{i}"
+        try:
+            with ledger.reserve("data", Gaussian(sigma), label=label):
+                pass
+        except BudgetExceededError:
+            refused.append(label)
+        else:
+            ok.append(label)
+    ledger.close()
+    return ok, refused
+
+
 if __name__ == "__main__":  # crash test: spend forever, acknowledging each spend
     path = sys.argv[1]
     ledger = Ledger(path)

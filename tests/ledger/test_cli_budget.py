@@ -590,3 +590,13 @@ def test_history_into_a_closed_pipe_exits_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert err == ""
+
+
+@pytest.mark.parametrize("who", ["", "  "])
+def test_a_blank_who_is_refused_not_replaced_by_user_at_host(db, who):
+    r = CliRunner().invoke(cli, ["budget", "spend", db, "--dataset", "adult",
+                                 "--noise-multiplier", "20", "--who", who])
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    assert r.stderr.startswith("error: --who must name who makes the entry"), r.stderr
+    assert json.loads(run("budget", "show", db, "--dataset", "adult",
+                          "--json").output)["entries"] == 3  # nothing recorded

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _ledger_workers import spend_many
+from _ledger_workers import create_and_reserve, spend_many
 
 import privlearn
 from privlearn.accounting import Gaussian, compose
@@ -47,6 +47,31 @@ def test_eight_processes_fifty_spends_each(tmp_path):
     s = led.spent("data")
     assert s.epsilon_spent <= CAP
     assert s.entries == fit
+
+
+@pytest.mark.slow  # (two spawned interpreters; the eight-process test is the default check)
+def test_two_processes_creating_and_reserving_at_once_keep_the_cap(tmp_path):
+    """Two processes start at the same instant on a path where no ledger is yet: each
+    creates it and the budget (exist_ok) and reserves until refused. One budget entry,
+    an intact chain, every acknowledged reservation stored once (settled), none refused
+    stored, and the cap filled exactly (the closed-form count of releases under it)."""
+    path = str(tmp_path / "race.db")
+    fit = max(k for k in range(1, 100) if compose(Gaussian(25.0), steps=k).epsilon(DELTA)
+              <= CAP)
+    assert 20 < fit < 60  # binds part-way through the 60 attempts
+    start = time.time() + 1.5  # after both children imported privlearn
+    with mp.get_context("spawn").Pool(2) as pool:
+        results = pool.starmap(create_and_reserve,
+                               [(path, w, 30, 25.0, start) for w in range(2)])
+    acked = [lab for ok, _ in results for lab in ok]
+    led = Ledger(path)
+    assert led.verify().ok
+    kinds = [e.kind for e in led.history("data")]
+    assert kinds.count("budget") == 1 and led.pending("data") == []
+    stored = [e.label for e in led.history("data") if e.kind == "reserve"]
+    assert sorted(stored) == sorted(acked) and len(set(stored)) == len(stored)
+    assert len(stored) == fit and led.spent("data").epsilon_spent <= CAP
+    led.close()
 
 
 def test_sigkill_mid_spends_keeps_every_acknowledged_spend(tmp_path):

@@ -13,7 +13,7 @@ from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV
 
 import privlearn.models as M
-from privlearn.accounting import compose
+from privlearn.accounting import Gaussian, compose
 from privlearn.errors import BudgetExceededError, LedgerConflictError
 from privlearn.ledger import Ledger
 from privlearn.models import (
@@ -262,4 +262,48 @@ def test_a_fitted_model_loads_where_its_ledger_is_not(tmp_path, monkeypatch):
     again.fit(X, y)
     with Ledger(project / "privacy.db") as led:
         assert led.spent("d").entries == 2
+    again.ledger.ledger.close()
+
+
+def test_a_fitted_model_refuses_another_ledger_at_its_ledgers_path(tmp_path):
+    # the pickle of a model fitted with ledger= loaded where another ledger sits at the
+    # same path (another machine, another user's project): it loads and predicts, but
+    # neither reads nor spends that ledger (whose budget never counted the first fit)
+    import pickle
+
+    from privlearn.errors import LedgerNotFoundError
+
+    X = np.random.default_rng(0).uniform(-1, 1, (200, 3)) / np.sqrt(3)
+    y = X @ np.array([1.0, -1.0, 0.5])
+    path = tmp_path / "privacy.db"
+    with Ledger(path, create=True) as led:
+        led.create_budget("d", epsilon=5.0, delta=1e-6)
+        est = M.AdaSSPRegressor(epsilon=1.0, delta=1e-7, y_bound=2.0, random_state=0,
+                                ledger=led.budget("d")).fit(X, y)
+        blob = pickle.dumps(est)
+    path.rename(tmp_path / "first.db")
+    with Ledger(path, create=True) as other:  # same path, same budget name
+        other.create_budget("d", epsilon=5.0, delta=1e-6)
+        head = other.head()
+    loaded = pickle.loads(blob)
+    np.testing.assert_array_equal(loaded.predict(X), est.predict(X))
+    with pytest.raises(LedgerNotFoundError, match="not the one this handle was pickled"):
+        loaded.fit(X, y)
+    with pytest.raises(LedgerNotFoundError) as info:
+        loaded.ledger.spent()
+    assert info.value.reason == "other_ledger" and info.value.path == str(path)
+    with Ledger(path) as other:
+        assert other.head() == head and other.verify().ok  # nothing written
+    again = pickle.loads(pickle.dumps(loaded))  # pickled again there: still refused
+    with pytest.raises(LedgerNotFoundError, match="not the one this handle was pickled"):
+        again.ledger.spent()
+    loaded.ledger.ledger.close()
+    path.rename(tmp_path / "other.db")
+    (tmp_path / "first.db").rename(path)  # its own ledger, grown since: the pickle spends
+    with Ledger(path) as led:
+        led.spend("d", Gaussian(50.0))
+    again = pickle.loads(blob)
+    again.fit(X, y)
+    with Ledger(path) as led:
+        assert led.spent("d").entries == 3
     again.ledger.ledger.close()

@@ -264,3 +264,55 @@ def test_a_reservation_settled_inside_its_with_block_stands(ledger):
         pass
     assert ledger.pending("adult") == []
     assert ledger.spent("adult").entries == 2
+
+
+@pytest.mark.parametrize(("who", "error"), [
+    (123, ParameterTypeError), (b"alice", ParameterTypeError), (["alice"], ParameterTypeError),
+    ("", ParameterValueError), ("   ", ParameterValueError),
+    ("alice\nbob", ParameterValueError), ("alice\x1b[2J", ParameterValueError),
+])
+@pytest.mark.parametrize("call", ["create_budget", "spend", "reserve"])
+def test_who_is_one_line_of_text_or_refused_before_anything_is_recorded(
+        ledger, who, error, call):
+    """``who`` of every entry (a budget's too): a number would be stored as text and
+    break the entry's hash (the whole ledger then fails verification), a line break or
+    escape would break ``budget history``'s one line per entry, a blank one would be
+    silently replaced by user@host. Each is refused with a typed error naming ``who``;
+    the ledger is unchanged and still verifies."""
+    head = ledger.head()
+    with pytest.raises(error, match="who"):
+        if call == "create_budget":
+            ledger.create_budget("census", 1.0, 1e-6, who=who)
+        else:
+            getattr(ledger, call)("adult", Gaussian(50.0), who=who)
+    assert ledger.head() == head and ledger.verify().ok
+    assert [b.dataset for b in ledger.budgets()] == ["adult"]
+
+
+def test_who_given_to_create_budget_is_recorded(ledger):
+    ledger.create_budget("census", 1.0, 1e-6, who="alice@lab")
+    assert ledger.history("census")[0].who == "alice@lab" and ledger.verify().ok
+
+
+def test_an_unpickled_handle_refuses_its_ledger_rolled_back(tmp_path):
+    # a handle pickled after a spend, loaded where the file was restored from a backup
+    # older than that spend: spending there would forget it, so every use is refused
+    import pickle
+    import shutil
+
+    from privlearn.errors import LedgerNotFoundError
+
+    path, backup = tmp_path / "l.db", tmp_path / "backup.db"
+    with Ledger(path, create=True) as led:
+        led.create_budget("a", epsilon=2.0, delta=1e-5)
+    shutil.copy(path, backup)
+    with Ledger(path) as led:
+        led.spend("a", Gaussian(5.0))
+        blob = pickle.dumps(led.budget("a"))
+    shutil.copy(backup, path)
+    h = pickle.loads(blob)
+    with pytest.raises(LedgerNotFoundError, match="older backup"):
+        h.spend(Gaussian(5.0))
+    with Ledger(path) as led:
+        assert led.spent("a").entries == 0
+    h.ledger.close()

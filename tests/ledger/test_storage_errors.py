@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import privlearn
-from privlearn.errors import LedgerStorageError
+from privlearn.errors import LedgerNotFoundError, LedgerStorageError
 from privlearn.ledger import Ledger
 
 resource = pytest.importorskip("resource")
@@ -145,3 +146,22 @@ def test_show_history_verify_read_a_ledger_the_user_may_not_write(tmp_path):
     r = CliRunner().invoke(cli, ["budget", "spend", str(path), "--dataset", "adult",
                                  "--noise-multiplier", "8"])
     assert r.exit_code == 2 and "read-only" in r.output, r.output
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+@pytest.mark.parametrize("create", [False, True])
+def test_a_path_that_is_not_a_regular_file_is_refused_before_sqlite_opens_it(tmp_path,
+                                                                           create):
+    # a device (budget init /dev/null wrote /dev/null-journal and a lock file in /dev),
+    # a pipe or a socket cannot be a ledger: refused by name, nothing created next to it
+    from privlearn.cli import cli
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(LedgerNotFoundError, match="not a regular file") as info:
+        Ledger(fifo, create=create)
+    assert info.value.reason == "not_a_file" and info.value.path == str(fifo)
+    r = CliRunner().invoke(cli, ["budget", "show", str(fifo)])
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and "not a regular file" in (
+        r.stderr), r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]

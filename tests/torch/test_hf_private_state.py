@@ -24,9 +24,11 @@ from privlearn.torch.hf import PRIVACY_STATE_NAME, DPTrainer, PrivacyArguments  
 from privlearn.torch.noise import NoiseSource  # noqa: E402
 
 # privacy_arguments: the public PrivacyArguments, compared on resume (dp_seed is not one);
-# earlier_runs: the privacy report's descriptions of the trainer's runs before this one
+# earlier_runs: the privacy report's descriptions of the trainer's runs before this one;
+# ledger: the planned run's ledger reservations (entry numbers and hashes, no path), which
+# a resume on that ledger takes over (None without a ledger)
 _PUBLIC = {"format", "mechanism", "noise_multiplier", "max_grad_norm", "accountant", "budget",
-           "private_state", "privacy_arguments", "earlier_runs"}
+           "private_state", "privacy_arguments", "earlier_runs", "ledger"}
 
 
 def _banded(**kw):

@@ -579,10 +579,13 @@ def test_every_number_written_is_on_the_allow_list(tmp_path):
     assert state["total_flos"] == 0 and state.get("num_input_tokens_seen", 0) == 0
     privacy = torch.load(tmp_path / "checkpoint-2" / PRIVACY_STATE_NAME, weights_only=False)
     # the keys of the sampler and the noise replay the next steps: kept out of the release
-    # privacy_arguments: the settings chosen (data-independent), without the seed
+    # privacy_arguments: the settings chosen (data-independent), without the seed;
+    # ledger: a planned run's ledger reservations (budget name, entry numbers and hashes,
+    # the planned and taken step counts: none data-derived), None without a ledger
     assert set(privacy) == {"format", "mechanism", "noise_multiplier", "max_grad_norm",
                             "accountant", "budget", "correlated", "private_state",
-                            "privacy_arguments", "earlier_runs"}
+                            "privacy_arguments", "earlier_runs", "ledger"}
+    assert privacy["ledger"] is None
     assert "dp_seed" not in privacy["privacy_arguments"]
     assert privacy["earlier_runs"] == []  # the report's descriptions of earlier runs: none
     assert privacy["correlated"] is None  # DP-SGD: no correlated-noise state
@@ -1022,6 +1025,39 @@ def test_a_resumed_trainer_on_a_tight_ledger_budget_reserves_its_steps_as_they_r
     assert spent.pending == 0
     assert spent.epsilon_spent == pytest.approx(_eps(1.0, 4), rel=1e-9)
     assert resumed.epsilon(1e-5) == pytest.approx(_eps(1.0, 4), rel=1e-9)
+
+
+def test_a_trainer_resumed_on_its_ledger_is_charged_once(tmp_path):
+    """target_epsilon plans the whole run (4 steps), reserved in a budget that holds one
+    run. Stopped after its checkpoint at step 2 and resumed from it on the same budget,
+    the trainer takes over the checkpoint's reservation instead of reserving the plan
+    again (which the budget would refuse): the ledger ends at the 4 steps the accountant
+    composed, once."""
+    from privlearn.ledger import Ledger
+
+    class Stop(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            control.should_training_stop = state.global_step == 2
+
+    led = Ledger(tmp_path / "privacy.db", create=True)
+    led.create_budget("text", epsilon=4.0 * 1.0001, delta=1e-5)
+    privacy = PrivacyArguments(target_epsilon=4.0, max_grad_norm=1.0, seed=0)
+    out, private = tmp_path / "out", tmp_path / "private"
+    args = _args(out, max_steps=4, save_strategy="steps", save_steps=2)
+    first = DPTrainer(model=_llama(), train_dataset=_TextSet(), privacy=privacy, args=args,
+                      private_state_dir=private, ledger=led.budget("text"),
+                      callbacks=[Stop()])
+    first.train()
+    assert first.privacy_engine.accountant.steps == 2
+    resumed = DPTrainer(model=_llama(), train_dataset=_TextSet(), privacy=privacy,
+                        args=args, private_state_dir=private, ledger=led.budget("text"))
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert resumed.privacy_engine.accountant.steps == 4
+    sigma = resumed.privacy_engine.plan.noise_multiplier
+    spent = led.spent("text")
+    assert spent.pending == 0
+    assert spent.epsilon_spent == pytest.approx(_eps(sigma, 4), rel=1e-9)
+    assert resumed.epsilon(1e-5) == pytest.approx(_eps(sigma, 4), rel=1e-9)
 
 
 def test_a_trainer_without_privacy_says_what_to_pass(tmp_path):

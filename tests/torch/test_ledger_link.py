@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import privlearn  # noqa: E402
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
-from privlearn.errors import BudgetExceededError  # noqa: E402
+from privlearn.errors import BudgetExceededError, LedgerConflictError  # noqa: E402
 from privlearn.ledger import Ledger  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 
@@ -186,10 +186,17 @@ def test_a_resumed_whole_run_is_told_its_plan_is_already_counted(tmp_path, kw):
     with pytest.raises(BudgetExceededError) as err:
         build(ledger.budget("tight"))
     assert "ledger=None" in str(err.value) and "no epochs/steps" not in str(err.value)
+    assert "resume=state" in str(err.value)
     ledger.create_budget("roomy", epsilon=1e6, delta=DELTA)
+    twice = build(ledger.budget("roomy"))  # another budget: not the one that reserved it
+    with pytest.raises(LedgerConflictError, match="reserved on the budget .'tight'"):
+        twice.load_state_dict(state)
+    assert twice.accountant.steps == 0  # refused before anything was loaded
+    twice.detach()
+    old = {**state, "ledger": None}  # a checkpoint without the record: told
     twice = build(ledger.budget("roomy"))  # a budget that holds the plan again: told
     with pytest.warns(UserWarning, match="counts it twice.*ledger=None"):
-        twice.load_state_dict(state)
+        twice.load_state_dict(old)
     twice.detach()
     resumed = build(None)  # as the refusal says
     resumed.load_state_dict(state)
@@ -197,6 +204,135 @@ def test_a_resumed_whole_run_is_told_its_plan_is_already_counted(tmp_path, kw):
     assert resumed.accountant.steps == total
     assert resumed.epsilon(DELTA) <= counted * (1 + 1e-9)
     assert ledger.spent("tight").epsilon_spent == counted
+
+def _build_on(ds, led, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+    return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                        DataLoader(ds, batch_size=8), ledger=led,
+                        **{"noise_multiplier": 1.0, "epochs": 2, "seed": 0, **kw})
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["stopped", "killed"])
+@pytest.mark.parametrize("kw", [{}, dict(sampling="balls_in_bins")],
+                         ids=["poisson", "balls_in_bins"])
+def test_a_run_resumed_on_its_ledger_is_charged_once(tmp_path, kw, killed):
+    """One planned run of 16 steps, interrupted after 8 (its process stopped, settling
+    what ran, or killed, leaving its reservation pending) and resumed from the checkpoint
+    with make_private(..., resume=state) on the same budget, which holds one run: the
+    ledger ends up counting the run once, the naive expectation, i.e. the epsilon of the
+    16 steps the accountant composed (Poisson: 16 subsampled Gaussian steps; balls in
+    bins: the plan, one mechanism); nothing pending."""
+    ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
+    one_run = _build_on(ds, None, **kw).plan.planned_epsilon
+    if not kw:
+        assert one_run == pytest.approx(_steps(1.0, 8 / 64, 16).epsilon(DELTA), rel=1e-9)
+    ledger.create_budget("once", epsilon=one_run * 1.0001, delta=DELTA)
+    first = _build_on(ds, ledger.budget("once"), **kw)
+    _train(first, 8)
+    state = first.state_dict()
+    if killed:  # the process dies without settling: its reservation stays pending
+        first.ledger_link._open.clear()
+        assert len(ledger.pending("once")) == 1
+    first.detach()
+    resumed = _build_on(ds, ledger.budget("once"), resume=state, **kw)
+    assert resumed.accountant.steps == 8
+    _train(resumed, 8)
+    resumed.detach()
+    assert resumed.accountant.steps == 16
+    assert resumed.epsilon(DELTA) == pytest.approx(one_run, rel=1e-6)
+    assert ledger.pending("once") == []
+    assert ledger.spent("once").epsilon_spent == pytest.approx(one_run, rel=1e-9)
+    assert ledger.verify().ok
+
+
+def test_a_killed_secure_mode_run_resumed_is_charged_its_new_steps_too(tmp_path):
+    """secure_mode=True draws from OS entropy, so the resumed steps do not replay the
+    killed run's: the pending plan (16 steps) stays counted in full, and the 8 steps
+    after the checkpoint are new releases, reserved on top (24 steps in all)."""
+    ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
+    first = _build_on(ds, ledger.budget("toy"), secure_mode=True, seed=None)
+    _train(first, 8)
+    state = first.state_dict()
+    first.ledger_link._open.clear()  # killed: its reservation stays pending
+    first.detach()
+    resumed = _build_on(ds, ledger.budget("toy"), secure_mode=True, seed=None, resume=state)
+    _train(resumed, 8)
+    resumed.detach()
+    assert resumed.accountant.steps == 16 and ledger.pending("toy") == []
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(
+        _steps(1.0, 8 / 64, 24).epsilon(DELTA), rel=1e-9)
+
+
+def test_a_run_resumed_twice_with_more_epochs_is_charged_once(tmp_path):
+    """Stopped at 4 steps, resumed with a plan of 3 epochs instead of 2 (24 steps),
+    stopped again at 12, killed this time, resumed again: the ledger counts the 24
+    steps the accountant composed, once."""
+    ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
+    first = _build_on(ds, ledger.budget("toy"))
+    _train(first, 4)
+    state = first.state_dict()
+    first.detach()
+    second = _build_on(ds, ledger.budget("toy"), resume=state, epochs=3)
+    _train(second, 8)
+    state = second.state_dict()
+    second.ledger_link._open.clear()  # killed: its reservation stays pending
+    second.detach()
+    third = _build_on(ds, ledger.budget("toy"), resume=state, epochs=3)
+    _train(third, 12)
+    third.detach()
+    assert third.accountant.steps == 24 and ledger.pending("toy") == []
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(
+        _steps(1.0, 8 / 64, 24).epsilon(DELTA), rel=1e-9)
+
+
+def test_a_resume_loaded_after_make_private_gives_its_fresh_reservation_back(tmp_path):
+    """make_private without resume= reserves the plan afresh (a budget with room for it);
+    load_state_dict then recognises the checkpoint's reservation (left pending by a
+    killed process), gives the fresh one back (no data was read) and the run is charged
+    once all the same."""
+    ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
+    first = _build_on(ds, ledger.budget("toy"))
+    _train(first, 8)
+    state = first.state_dict()
+    first.ledger_link._open.clear()  # killed: its reservation stays pending
+    first.detach()
+    resumed = _build_on(ds, ledger.budget("toy"))
+    resumed.load_state_dict(state)
+    _train(resumed, 8)
+    resumed.detach()
+    assert ledger.pending("toy") == []
+    assert ledger.spent("toy").epsilon_spent == pytest.approx(
+        _steps(1.0, 8 / 64, 16).epsilon(DELTA), rel=1e-9)
+
+
+@pytest.mark.parametrize("tamper", ["seq", "hash", "dataset", "other_file"])
+def test_a_resume_on_another_ledger_or_with_an_altered_record_is_refused(tmp_path, tamper):
+    ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
+    first = _build_on(ds, ledger.budget("toy"))
+    _train(first, 4)
+    state = first.state_dict()
+    first.detach()
+    record = dict(state["ledger"])
+    (seq, h), = record["reservations"]
+    budget = ledger.budget("toy")
+    if tamper == "seq":
+        record["reservations"] = [[seq - 1, h]]
+    elif tamper == "hash":
+        record["reservations"] = [[seq, "0" * 64]]
+    elif tamper == "dataset":
+        ledger.create_budget("other", epsilon=1e6, delta=DELTA)
+        budget = ledger.budget("other")
+    else:  # another file with the same budget name and entry numbers
+        other = Ledger(tmp_path / "other.db", create=True)
+        other.create_budget("toy", epsilon=1e6, delta=DELTA)
+        _build_on(ds, other.budget("toy")).detach()
+        budget = other.budget("toy")
+    head = budget.ledger.head()
+    with pytest.raises(LedgerConflictError, match="resume: .*nothing was recorded"):
+        _build_on(ds, budget, resume={**state, "ledger": record})
+    assert budget.ledger.head() == head and budget.ledger.pending(budget.dataset) == []
+
 
 def test_budget_exhausted_mid_run_stops_before_the_step(tmp_path):
     ledger, ds, model = _setup(tmp_path, epsilon=2.0)

@@ -19,7 +19,7 @@ from privlearn.torch import DPConfig, make_private  # noqa: E402
 from privlearn.torch.config import Clipping, Noise, Reduction  # noqa: E402
 
 _OWN = ["model", "optimizer", "data_loader", "config"]
-_ENGINE = ["ledger", "process_group", "grad_scaler"]
+_ENGINE = ["ledger", "process_group", "grad_scaler", "resume"]
 
 
 def documented_attributes(cls) -> list[str]:
