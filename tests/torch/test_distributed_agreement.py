@@ -1,0 +1,327 @@
+"""A step refused on one rank only is refused on every rank (2 gloo processes).
+
+The ranks release one gradient per step together (DDP: one all-reduce of the noisy
+sums; FSDP2: an unshard and a reduce-scatter), so a rank whose step is refused before
+that collective would leave the others waiting in it for ever (or pair its next step's
+sums with their current ones). Each case below refuses a step on rank 1 only, at the
+second of its steps; the loop catches the error and goes on, as a loop that skips bad
+batches does. Checked on both ranks: the same error type, naming rank 1 and its cause;
+nothing released or accounted (the parameters and the step count of the refused step
+are those of the step before, on both ranks); the next batch trains on both; and the
+ranks end with identical parameters. The whole group is killed after a minute, so a
+hang fails the tests instead of holding the run.
+
+(a) DDP: a NaN in rank 1's batch; rank 1's forward run in eval mode (no per-example
+    gradient recorded); rank 1 training on twice the batch it drew;
+    rank 1 calling ``step()`` twice for one batch (its next draws then lag one behind
+    rank 0's: the next step is refused on both ranks as out of step, not released with
+    rank 0's draw 3 beside rank 1's draw 2).
+(b) FSDP2: a NaN in rank 1's batch (refused by the batch-independence probe, whose
+    passes are collectives, or after the unshard, before the reduce-scatter); rank 1
+    calling ``zero_grad()`` between ``backward()`` and ``step()`` (refused before the
+    unshard).
+(c) FSDP2 with a tied output bias (a head registering its decoder's bias, as Hugging
+    Face's LM heads do): noise-free steps equal the naive loop of batch-of-one passes
+    over the union of the ranks' batches; the head also using that bias in its own
+    forward is refused on both ranks, typed as in one process, nothing released.
+(d) Refused at make_private on both ranks, before any step: ranks built with another
+    sampling, a model whose parameters are in another order or of another shape on
+    rank 1, and a dataset (not a TensorDataset) of another length on rank 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from torch import nn  # noqa: E402
+
+pytestmark = one_worker(__name__)
+WORLD = 2
+N = 40
+B = 5  # per rank: q = W B / N = 0.25
+C = 0.5
+LR = 0.5
+BAD = 1  # the iteration at which rank 1 misbehaves
+
+ONE_RANK = {"nan": "NonFiniteInputError", "eval": "TrainingLoopError",
+            "other_size": "BatchDependenceError", "fsdp_nan": "NonFiniteInputError",
+            "fsdp_discarded": "TrainingLoopError"}
+CAUSE = {"nan": "not finite", "eval": "eval mode", "other_size": "saw 12 rows",
+         "fsdp_nan": "not finite", "fsdp_discarded": "zero_grad() was called after"}
+AT_SETUP = ("sampling", "param_order", "param_shape", "dataset_length")
+DDP = ("nan", "eval", "other_size", "twice")
+SHARDED = ("fsdp_nan", "fsdp_discarded")
+
+
+def _data(n=N) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(123)
+    return torch.utils.data.TensorDataset(torch.randn(n, 6, generator=g),
+                                          torch.randint(0, 3, (n,), generator=g))
+
+
+class _Mlp(nn.Module):
+    def __init__(self, hidden=8, swapped=False):
+        super().__init__()
+        torch.manual_seed(7)
+        if swapped:  # the same names and shapes, registered in the other order
+            self.fc2 = nn.Linear(hidden, 3)
+            self.fc1 = nn.Linear(6, hidden)
+        else:
+            self.fc1 = nn.Linear(6, hidden)
+            self.fc2 = nn.Linear(hidden, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class _TiedHead(nn.Module):
+    """A body and a decoder whose bias the model registers again as its own ``bias``
+    (as Hugging Face's masked-LM heads do); ``uses``: its own forward adds it too."""
+
+    def __init__(self, uses=False):
+        super().__init__()
+        torch.manual_seed(7)
+        self.body, self.decoder = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.bias = self.decoder.bias
+        self.uses = uses
+
+    def forward(self, x):
+        y = self.decoder(torch.tanh(self.body(x)))
+        return y + self.bias if self.uses else y
+
+
+class _Items(torch.utils.data.Dataset):
+    """A dataset whose items are read one by one (no digest to compare)."""
+
+    def __init__(self, n):
+        self.x, self.y = _data(n).tensors
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def _flat(model) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach()
+                      .reshape(-1).double().clone() for p in model.parameters()])
+
+
+def _build(case, rank, mesh):
+    from torch.distributed.fsdp import fully_shard
+
+    if case.startswith("fsdp") or case.startswith("tied"):
+        model = _TiedHead(uses=case == "tied_used") if case.startswith("tied") else _Mlp()
+        for sub in (model.body,) if case.startswith("tied") else (model.fc1, model.fc2):
+            fully_shard(sub, mesh=mesh)  # a tied head: the decoder stays with the root
+        return fully_shard(model, mesh=mesh)
+    if case == "param_order":  # (DistributedDataParallel would refuse these itself)
+        return _Mlp(swapped=rank == 1)
+    if case == "param_shape":
+        return _Mlp(hidden=9 if rank == 1 else 8)
+    return nn.parallel.DistributedDataParallel(_Mlp())
+
+
+def _run(case, rank, mesh) -> dict:
+    from privlearn.torch import make_private
+
+    model = _build(case, rank, mesh)
+    ds = _Items(48 if rank == 1 else N) if case == "dataset_length" else _data()
+    kw = dict(sampling="fixed") if case == "sampling" and rank == 1 else {}
+    try:
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                         torch.utils.data.DataLoader(ds, batch_size=B),
+                         noise_multiplier=0.0, max_grad_norm=C, seed=11, **kw)
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        return dict(setup=(type(exc).__name__, str(exc)))
+    out = dict(setup=None, outcomes=[], params=[_flat(model)], steps=[], batches=[])
+    # rank 1 calls step() twice at BAD: rank 0 runs one more batch, so that both make
+    # the same number of step() calls
+    iterations = 4 if case == "twice" and rank == 0 else 3
+    for k, (x, y) in zip(range(iterations), p.data_loader, strict=False):
+        bad = rank == 1 and k == BAD
+        if bad and case.endswith("nan"):
+            x = x.clone()
+            x[0, 0] = float("nan")
+        if bad and case == "other_size":  # trained on twice the batch it drew
+            x, y = torch.cat([x, x]), torch.cat([y, y])
+        calls = 2 if bad and case == "twice" else 1
+        p.optimizer.zero_grad()
+        if bad and case == "eval":
+            p.model.eval()
+        loss = nn.functional.cross_entropy(p.model(x), y)
+        p.model.train()
+        loss.backward()
+        if bad and case == "fsdp_discarded":
+            p.optimizer.zero_grad()
+        for _ in range(calls):
+            try:
+                p.optimizer.step()
+                out["outcomes"].append(None)
+            except Exception as exc:  # noqa: BLE001 - a loop that skips a bad batch
+                out["outcomes"].append((type(exc).__name__, str(exc),
+                                        getattr(exc, "refused_ranks", None)))
+        out["params"].append(_flat(model))
+        out["steps"].append(p.accountant.steps)
+    return out
+
+
+def _tied_run(mesh) -> dict:
+    """A noise-free FSDP2 run of the tied head: the union of the ranks' batches of each
+    step (gathered) and the parameters after it."""
+    from torch.distributed.fsdp import fully_shard
+
+    from privlearn.torch import make_private
+
+    model = _TiedHead()
+    fully_shard(model.body, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    ds = torch.utils.data.TensorDataset(*_data().tensors, torch.arange(N))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(ds, batch_size=B),
+                     noise_multiplier=0.0, max_grad_norm=C, seed=11)
+    out = dict(batches=[], params=[_flat(model)])
+    for _, (x, y, idx) in zip(range(2), p.data_loader, strict=False):
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        gathered = [None] * WORLD
+        dist.all_gather_object(gathered, idx.tolist())
+        out["batches"].append(sorted(i for part in gathered for i in part))
+        out["params"].append(_flat(model))
+    out["expected"] = p.expected_batch_size
+    return out
+
+
+def _worker(rank: int, out_dir: str, cases=DDP) -> None:
+    init_gloo(rank, WORLD, out_dir)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (WORLD,)) if cases is not DDP else None
+        res = {case: _run(case, rank, mesh) for case in cases}
+        if cases is not DDP:
+            res["tied"] = _tied_run(mesh)
+        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        close_gloo()
+
+
+def _sharded_worker(rank: int, out_dir: str) -> None:
+    _worker(rank, out_dir, cases=(*SHARDED, "tied_used", *AT_SETUP))
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """The DDP cases (a hang fails after a minute)."""
+    return run_ranks(_worker, tmp_path_factory.mktemp("agree"), WORLD, timeout=60.0)
+
+
+@pytest.fixture(scope="module")
+def sharded_ranks(tmp_path_factory):
+    """The FSDP2 cases and those refused at make_private."""
+    pytest.importorskip("torch.distributed.fsdp")
+    return run_ranks(_sharded_worker, tmp_path_factory.mktemp("agree_sharded"), WORLD,
+                     timeout=90.0)
+
+
+def _refused_on_every_rank(ranks, case):
+    for rank in range(WORLD):
+        r = ranks[rank][case]
+        assert r["setup"] is None, (rank, r["setup"])
+        out = r["outcomes"]
+        assert [o is None for o in out] == [True, False, True], (rank, out)
+        kind, message, refused = out[BAD]
+        assert kind == ONE_RANK[case], (rank, message)
+        assert refused == [1] and "rank(s) [1]" in message and "rank 1:" in message
+        assert CAUSE[case] in message, message
+        # nothing released or accounted: the refused step leaves parameters and count
+        assert r["steps"] == [1, 1, 2]
+        assert torch.equal(r["params"][BAD + 1], r["params"][BAD])
+        assert not torch.equal(r["params"][BAD + 2], r["params"][BAD + 1])
+    for a, b in zip(ranks[0][case]["params"], ranks[1][case]["params"], strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", [c for c in DDP if c in ONE_RANK])
+def test_a_step_refused_on_one_rank_is_refused_on_every_rank(ranks, case):
+    _refused_on_every_rank(ranks, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SHARDED)
+def test_an_fsdp_step_refused_on_one_rank_is_refused_on_every_rank(sharded_ranks, case):
+    _refused_on_every_rank(sharded_ranks, case)
+
+
+def test_a_second_step_call_on_one_rank_is_refused_on_every_rank_then_out_of_step(ranks):
+    """Rank 1's second step() for one batch pairs with rank 0's next step: both refuse it
+    (no new batch on rank 1). Rank 1 then trains its draw 2 while rank 0 trains its
+    draw 3: refused on both as out of step, never summed together."""
+    for rank in range(WORLD):
+        r = ranks[rank]["twice"]
+        out = r["outcomes"]
+        assert len(out) == 4 and out[0] is None and out[1] is None, (rank, out)
+        kind, message, refused = out[2]
+        assert kind == "TrainingLoopError" and refused == [1], (rank, message)
+        assert "without a new batch" in message
+        kind, message, refused = out[3]
+        assert kind == "TrainingLoopError" and refused == [], (rank, message)
+        assert "not at the same step" in message
+        assert "training draw 2" in message and "training draw 3" in message
+        assert r["steps"][-1] == 2
+    assert torch.equal(ranks[0]["twice"]["params"][-1], ranks[1]["twice"]["params"][-1])
+
+
+@pytest.mark.slow
+def test_fsdp_tied_bias_used_by_its_own_module_is_refused_on_every_rank(sharded_ranks):
+    for rank in range(WORLD):
+        r = sharded_ranks[rank]["tied_used"]
+        assert r["setup"] is None
+        for outcome in r["outcomes"]:
+            kind, message, _ = outcome
+            assert kind == "UnsupportedModuleError", message
+            assert "'bias'" in message and "decoder.bias" in message
+        assert r["steps"] == [0, 0, 0]
+        assert all(torch.equal(q, r["params"][0]) for q in r["params"])
+
+
+@pytest.mark.slow
+def test_fsdp_tied_bias_equals_naive_loop(sharded_ranks):
+    r0, r1 = sharded_ranks[0]["tied"], sharded_ranks[1]["tied"]
+    assert r0["batches"] == r1["batches"]
+    x, y = _data().tensors
+    model = _TiedHead()
+    params = list(model.parameters())  # the tied bias once
+    for k, batch in enumerate(r0["batches"]):
+        total = [torch.zeros_like(q) for q in params]
+        for i in batch:
+            loss = nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
+            grads = torch.autograd.grad(loss, params)
+            norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+            for t, g in zip(total, grads, strict=True):
+                t += g * min(1.0, C / norm)
+        with torch.no_grad():
+            for q, t in zip(params, total, strict=True):
+                q -= LR * t / r0["expected"]
+        naive = torch.cat([q.detach().reshape(-1).double() for q in params])
+        assert float((naive - r0["params"][k]).abs().max()) > 1e-3  # it moved
+        torch.testing.assert_close(r0["params"][k + 1], naive, rtol=0, atol=1e-6)
+        assert torch.equal(r0["params"][k + 1], r1["params"][k + 1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", AT_SETUP)
+def test_ranks_built_apart_are_refused_at_make_private_on_every_rank(sharded_ranks, case):
+    for rank in range(WORLD):
+        kind, message = sharded_ranks[rank][case]["setup"]
+        assert kind == "ConfigurationError", message
+        assert "rank 1" in message
