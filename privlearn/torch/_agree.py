@@ -45,10 +45,21 @@ def _cpu_group(process_group):
         return process_group
     if not dist.is_gloo_available():
         return None
-    if process_group is None:
-        return dist.new_group(backend="gloo")
-    ranks = dist.get_process_group_ranks(process_group)
-    return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    ranks = tuple(dist.get_process_group_ranks(process_group or dist.group.WORLD))
+    default = _get_default_group()
+    made = _CPU_GROUPS.get(ranks)
+    if made is None or made[0] is not default:  # one per group and initialisation; every
+        group = (dist.new_group(backend="gloo") if process_group is None else  # rank asks
+                 dist.new_group(ranks=list(ranks), backend="gloo",           # in one order
+                                use_local_synchronization=True))
+        made = _CPU_GROUPS[ranks] = (default, group)
+    return made[1]
+
+
+#: the gloo groups made for the status of runs whose own group reduces no CPU tensor
+_CPU_GROUPS: dict = {}
 
 
 class Agreement:
@@ -94,11 +105,10 @@ class Agreement:
         import torch.distributed as dist
 
         w, r = self.world, self.rank
-        status = torch.zeros(4 * w, dtype=torch.int64, device=self.device)
-        status[r] = 1 if error is not None else 0
-        status[w + r] = steps
-        status[2 * w + r] = draw
-        status[3 * w + r] = 1 if flag else 0
+        mine = [0] * (4 * w)
+        mine[r], mine[w + r] = int(error is not None), steps
+        mine[2 * w + r], mine[3 * w + r] = draw, int(flag)
+        status = torch.tensor(mine, dtype=torch.int64, device=self.device)
         dist.all_reduce(status, op=dist.ReduceOp.SUM, group=self.group)
         seen = status.tolist()  # a CPU tensor: waits for the ranks, not for a device
         refused = [k for k in range(w) if seen[k]]

@@ -780,13 +780,11 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
             raise
 
     def _step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        scaler = self._amp_scaler()
-        final = self._final_chunk
+        loss, scaler, final = None, self._amp_scaler(), self._final_chunk
         try:
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
             self._sync_params()
             self._check_update_set()
             if not self._final_chunk:  # a physical chunk of a virtual batch
@@ -848,7 +846,8 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         if self.budget is not None:
             self.budget.check(cfg[0], cfg[1])
         if self.ledger is not None:
-            self._agree()  # a reservation is a collective of the ranks
+            if self._agreement is not None and not self.ledger.covered(cfg[0], cfg[1]):
+                self._agree()  # a reservation is a collective of the ranks
             self.ledger.ensure(cfg[0], cfg[1])
         return cfg
 

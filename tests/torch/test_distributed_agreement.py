@@ -12,7 +12,9 @@ ranks end with identical parameters. The whole group is killed after a minute, s
 hang fails the tests instead of holding the run.
 
 (a) DDP: a NaN in rank 1's batch; rank 1's forward run in eval mode (no per-example
-    gradient recorded); rank 1 training on twice the batch it drew;
+    gradient recorded); rank 1 training on twice the batch it drew; a NaN in one
+    physical chunk of rank 1's batch (``max_physical_batch_size``: the chunk is refused
+    on rank 1 alone, the batch on both ranks at its last chunk);
     rank 1 calling ``step()`` twice for one batch (its next draws then lag one behind
     rank 0's: the next step is refused on both ranks as out of step, not released with
     rank 0's draw 3 beside rank 1's draw 2).
@@ -54,7 +56,7 @@ ONE_RANK = {"nan": "NonFiniteInputError", "eval": "TrainingLoopError",
 CAUSE = {"nan": "not finite", "eval": "eval mode", "other_size": "saw 12 rows",
          "fsdp_nan": "not finite", "fsdp_discarded": "zero_grad() was called after"}
 AT_SETUP = ("sampling", "param_order", "param_shape", "dataset_length")
-DDP = ("nan", "eval", "other_size", "twice")
+DDP = ("nan", "eval", "other_size", "twice", "chunks")
 SHARDED = ("fsdp_nan", "fsdp_discarded")
 
 
@@ -174,6 +176,61 @@ def _run(case, rank, mesh) -> dict:
     return out
 
 
+def _run_chunks(rank) -> dict:
+    """An epoch in physical chunks of at most 2 examples (each rank its own number of
+    chunks per batch): rank 1's first chunk with examples from batch 1 on holds a NaN."""
+    from privlearn.torch import make_private
+
+    model = nn.parallel.DistributedDataParallel(_Mlp())
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(_data(), batch_size=B),
+                     noise_multiplier=0.0, max_grad_norm=C, seed=11,
+                     max_physical_batch_size=2)
+    out = dict(batches=[], local=[], params=[_flat(model)], steps=[])
+    planted = rank != 1
+    for x, y in p.data_loader:
+        if not planted and len(out["batches"]) >= BAD and len(x):
+            x, planted = x.clone(), len(out["batches"])
+            x[0, 0] = float("nan")
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        before = p.accountant.steps
+        try:
+            p.optimizer.step()
+        except Exception as exc:  # noqa: BLE001 - a loop that skips a bad chunk
+            if getattr(exc, "refused_ranks", None) is None:  # this rank's chunk alone
+                out["local"].append((len(out["batches"]), type(exc).__name__))
+                continue
+            out["batches"].append((type(exc).__name__, str(exc), exc.refused_ranks))
+        else:
+            if p.accountant.steps == before:  # a chunk before the batch's last
+                continue
+            out["batches"].append(None)
+        out["params"].append(_flat(model))
+        out["steps"].append(p.accountant.steps)
+    out["planted"] = planted
+    return out
+
+
+def _side_group(rank) -> dict:
+    """The status exchange of a run whose group reduces no CPU tensor (NCCL, here a gloo
+    group reported as "nccl"): made on a gloo group of its own, which refuses a step
+    refused on rank 1 on both ranks."""
+    from unittest import mock
+
+    from privlearn.torch._agree import Agreement
+
+    with mock.patch.object(dist, "get_backend", return_value="nccl"):
+        agreement = Agreement(None, WORLD)
+    out = dict(own_group=agreement.group is not None and agreement.group is not dist.group.WORLD,
+               passed=agreement.agree(None, 3, 5, flag=rank == 1))
+    try:
+        agreement.agree(ValueError("a bad batch") if rank == 1 else None, 3, 6)
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        out["refused"] = (type(exc).__name__, str(exc), exc.refused_ranks)
+    return out
+
+
 def _tied_run(mesh) -> dict:
     """A noise-free FSDP2 run of the tied head: the union of the ranks' batches of each
     step (gathered) and the parameters after it."""
@@ -207,9 +264,12 @@ def _worker(rank: int, out_dir: str, cases=DDP) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (WORLD,)) if cases is not DDP else None
-        res = {case: _run(case, rank, mesh) for case in cases}
+        res = {case: _run_chunks(rank) if case == "chunks" else _run(case, rank, mesh)
+               for case in cases}
         if cases is not DDP:
             res["tied"] = _tied_run(mesh)
+        else:
+            res["side_group"] = _side_group(rank)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
@@ -254,6 +314,39 @@ def _refused_on_every_rank(ranks, case):
 @pytest.mark.parametrize("case", [c for c in DDP if c in ONE_RANK])
 def test_a_step_refused_on_one_rank_is_refused_on_every_rank(ranks, case):
     _refused_on_every_rank(ranks, case)
+
+
+def test_a_chunk_refused_on_one_rank_refuses_its_batch_on_every_rank(ranks):
+    """max_physical_batch_size: rank 1's chunk with a NaN is refused there (the ranks'
+    chunk counts differ, so no rank waits on it); at its batch's last chunk every rank
+    refuses the batch together, nothing of it released, and the epoch goes on."""
+    r0, r1 = ranks[0]["chunks"], ranks[1]["chunks"]
+    bad = r1["planted"]
+    assert isinstance(bad, int) and bad >= BAD
+    assert len(r0["batches"]) == len(r1["batches"]) >= bad + 2
+    for r in (r0, r1):
+        for k, outcome in enumerate(r["batches"]):
+            if k != bad:
+                assert outcome is None, (k, outcome)
+                continue
+            kind, message, refused = outcome
+            assert kind == "NonFiniteInputError" and refused == [1], message
+            assert "not finite" in message
+            assert torch.equal(r["params"][k + 1], r["params"][k])  # nothing released
+        assert r["steps"][-1] == len(r["batches"]) - 1
+    # rank 1's batch has more than 2 examples (seed 11): its chunk with the NaN is not
+    # its last, and is refused there alone
+    assert r0["local"] == [] and r1["local"] == [(bad, "NonFiniteInputError")]
+    for a, b in zip(r0["params"], r1["params"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_status_of_an_nccl_run_is_exchanged_on_a_gloo_group(ranks):
+    for rank in range(WORLD):
+        r = ranks[rank]["side_group"]
+        assert r["own_group"] and r["passed"] is True  # rank 1's flag, seen on both
+        kind, message, refused = r["refused"]
+        assert kind == "ValueError" and refused == [1] and "a bad batch" in message
 
 
 @pytest.mark.slow
