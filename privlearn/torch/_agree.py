@@ -109,7 +109,10 @@ class Agreement:
         mine[r], mine[w + r] = int(error is not None), steps
         mine[2 * w + r], mine[3 * w + r] = draw, int(flag)
         status = torch.tensor(mine, dtype=torch.int64, device=self.device)
-        dist.all_reduce(status, op=dist.ReduceOp.SUM, group=self.group)
+        try:
+            dist.all_reduce(status, op=dist.ReduceOp.SUM, group=self.group)
+        except RuntimeError as exc:  # gloo: a rank that left the group fails it at once
+            raise _left(what, steps, exc) from exc
         seen = status.tolist()  # a CPU tensor: waits for the ranks, not for a device
         refused = [k for k in range(w) if seen[k]]
         steps_of, draws_of = seen[w:2 * w], seen[2 * w:3 * w]
@@ -136,6 +139,17 @@ class Agreement:
         if error is not None:
             raise exc from error
         raise exc
+
+
+def _left(what: str, steps: int, cause: BaseException) -> TrainingLoopError:
+    """The error of a status exchange that failed: another rank is gone."""
+    exc = TrainingLoopError(
+        f"{what} could not reach the other ranks after {steps} steps ({cause}): a rank left "
+        "the process group or failed, e.g. its loop ended while this one called step() "
+        "once more. Every rank must call step() as many times as the others, once per "
+        "batch of p.data_loader. Nothing of this step was released or accounted here")
+    exc.refused_ranks = []
+    return exc
 
 
 def _collective_error(causes: list, what: str, world: int) -> BaseException:

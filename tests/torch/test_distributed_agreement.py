@@ -17,7 +17,11 @@ hang fails the tests instead of holding the run.
     on rank 1 alone, the batch on both ranks at its last chunk);
     rank 1 calling ``step()`` twice for one batch (its next draws then lag one behind
     rank 0's: the next step is refused on both ranks as out of step, not released with
-    rank 0's draw 3 beside rank 1's draw 2).
+    rank 0's draw 3 beside rank 1's draw 2); rank 1's loop ending after two steps while
+    rank 0 calls ``step()`` a third time: once rank 1 has left the group, rank 0's step
+    fails within seconds, naming the cause (a rank that stopped stepping but stays in
+    the group cannot be told from a slow one). The status exchange of an NCCL run, on a
+    gloo group of its own.
 (b) FSDP2: a NaN in rank 1's batch (refused by the batch-independence probe, whose
     passes are collectives, or after the unshard, before the reduce-scatter); rank 1
     calling ``zero_grad()`` between ``backward()`` and ``step()`` (refused before the
@@ -212,6 +216,39 @@ def _run_chunks(rank) -> dict:
     return out
 
 
+def _ended(rank) -> dict:
+    """Rank 1's loop ends after 2 steps (and its process leaves the group); rank 0 calls
+    step() a third time. Last: the group is gone afterwards."""
+    import gc
+    import time
+
+    from privlearn.torch import make_private
+
+    model = nn.parallel.DistributedDataParallel(_Mlp())
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(_data(), batch_size=B),
+                     noise_multiplier=0.0, max_grad_norm=C, seed=11)
+    out = {}
+    for k, (x, y) in enumerate(p.data_loader):
+        if k == (3 if rank == 0 else 2):
+            break
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        start = time.monotonic()
+        try:
+            p.optimizer.step()
+        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+            out = dict(kind=type(exc).__name__, message=str(exc), at=k,
+                       seconds=time.monotonic() - start)
+    out["steps"] = p.accountant.steps
+    if rank == 1:  # its last all-reduce read on both ranks before it leaves
+        time.sleep(2.0)
+    del p, model
+    gc.collect()  # the DDP reducer holds the group
+    dist.destroy_process_group()  # close_gloo then finds no group to wait on
+    return out
+
+
 def _side_group(rank) -> dict:
     """The status exchange of a run whose group reduces no CPU tensor (NCCL, here a gloo
     group reported as "nccl"): made on a gloo group of its own, which refuses a step
@@ -270,6 +307,7 @@ def _worker(rank: int, out_dir: str, cases=DDP) -> None:
             res["tied"] = _tied_run(mesh)
         else:
             res["side_group"] = _side_group(rank)
+            res["ended"] = _ended(rank)  # last: the group is gone after it
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
@@ -339,6 +377,16 @@ def test_a_chunk_refused_on_one_rank_refuses_its_batch_on_every_rank(ranks):
     assert r0["local"] == [] and r1["local"] == [(bad, "NonFiniteInputError")]
     for a, b in zip(r0["params"], r1["params"], strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_step_after_another_rank_left_fails_at_once_with_the_cause(ranks):
+    """A rank that stopped stepping cannot be waited out, but once it has left the group
+    the extra step fails within seconds, saying why, before anything is released."""
+    r0, r1 = ranks[0]["ended"], ranks[1]["ended"]
+    assert "kind" not in r1 and r1["steps"] == 2
+    assert r0["kind"] == "TrainingLoopError" and r0["at"] == 2, r0
+    assert "left the process group" in r0["message"] and r0["seconds"] < 20
+    assert r0["steps"] == 2
 
 
 def test_the_status_of_an_nccl_run_is_exchanged_on_a_gloo_group(ranks):
