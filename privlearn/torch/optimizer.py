@@ -368,7 +368,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
     def _begin_logical_batch(self, why: str | None = None) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
         was left between its chunks, or ``why``) are discarded, never released."""
-        self._skipping, self._centred_count = False, 0.0  # nothing of a dropped batch
+        self._skipping, self._centred_count, self._chunk_refusal = False, 0.0, None
         if self._out is not None or self._carry:
             self._out, self._carry = None, {}
             warnings.warn(
