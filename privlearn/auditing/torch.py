@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from privlearn._validation import check_count, check_gaussian_delta, check_positive
+from privlearn._validation import check_count, check_gaussian_delta, check_positive, check_unit_ids
 from privlearn.auditing._planted import BUGS, planted_bug
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
@@ -420,6 +420,23 @@ def _default_data_canaries(dataset, m: int, rng: np.random.Generator):
     return inputs, targets
 
 
+def _canary_users(users, n_records: int) -> list[int] | None:
+    """``private["users"]`` (the user of each of your records) as user numbers below
+    ``n_records``, checked by the rule of ``make_private`` (a missing id or ids of two
+    kinds refused); the run then gives each included canary, which follows your records,
+    a number of its own from ``n_records`` on."""
+    if users is None:
+        return None
+    ids = check_unit_ids("private['users']", users)
+    if len(ids) != n_records:
+        raise ParameterValueError(
+            f"private['users'] must give the user of each of your {n_records} records "
+            f"(the dataset passed to audit_training), got {len(ids)}; the audit adds each "
+            "included canary as a user of its own")
+    number: dict = {}
+    return [number.setdefault(u, len(number)) for u in ids]
+
+
 class _GradientCanaryRecords(torch.utils.data.Dataset):
     """The user's records followed by the included gradient canaries, as
     ``(x, y, index, is_canary)``: data rows carry the spare index ``m``, canary rows a zero
@@ -508,9 +525,11 @@ def audit_training(
 
     Two ways to give the training:
 
-    * ``train(dataset) -> model``: your own loop. It receives your records plus the
-      included canaries (a map-style dataset of ``(input, label)`` records; build your
-      ``DataLoader`` and call :func:`~privlearn.torch.make_private` on it as usual) and
+    * ``train(dataset) -> model``: your own loop. It receives your records, in their
+      order, followed by the included canaries (a map-style dataset of ``(input, label)``
+      records; build your ``DataLoader`` and call :func:`~privlearn.torch.make_private` on
+      it as usual; a user-level run gives ``users=`` one id per record of this dataset,
+      e.g. your users' ids followed by a new id for each canary) and
       returns the trained model, or the :class:`~privlearn.torch.PrivateTraining` of
       ``make_private`` (then the claim is its ``epsilon(delta)``; otherwise pass
       ``claimed_epsilon``). Data canaries only.
@@ -519,7 +538,9 @@ def audit_training(
       ``epochs`` and ``private`` (the keyword arguments of ``make_private``, e.g.
       ``{"target_epsilon": 2.0, "max_grad_norm": 1.0}``; its ``target_delta`` defaults to
       ``delta``). The loop is DP-SGD's: for each batch of ``p.data_loader``, the summed
-      loss, ``backward``, ``step``. Data or gradient canaries.
+      loss, ``backward``, ``step``. Data or gradient canaries. With user-level privacy,
+      ``private["users"]`` gives the user of each of your records; each included canary
+      is added as a user of its own.
 
     Canaries:
 
@@ -626,6 +647,7 @@ def audit_training(
             if key in opts:
                 raise ConfigurationError(f"private must not set {key!r}: the audit's loop sums the "
                                  "per-example losses and runs epochs=epochs")
+        users = _canary_users(opts.get("users"), len(base))
         # the pieces run DP-SGD (Gaussian noise): no claim at delta = 0
         delta = check_gaussian_delta("delta", delta)
         opts.setdefault("target_delta", delta)
@@ -654,6 +676,8 @@ def audit_training(
             sel = torch.from_numpy(included)
             records = ConcatDataset([base, TensorDataset(c_inputs[sel], c_targets[sel])])
         optimizer = make_optimizer(model.parameters())
+        if users is not None:  # each included canary: a user of its own, after the records'
+            opts["users"] = users + list(range(len(base), len(base) + len(included)))
         p = make_private(model, optimizer, DataLoader(records, batch_size=int(batch_size)),
                          epochs=int(epochs), loss_reduction="sum", **opts)
         snaps = [model.canaries.coordinates()] if gradient else []

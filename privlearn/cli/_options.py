@@ -244,7 +244,9 @@ batch_opt = click.option(
 )
 dataset_opt = click.option(
     "--dataset-size", type=int, default=None,
-    help="Number of training examples N (a --delta of 1/N or more is warned about).",
+    help="Number of training examples N (a --delta of 1/N or more is warned about); for "
+    "a user-level run (make_private(..., users=...)), the number of users, with "
+    "--batch-size the expected users per batch.",
 )
 epochs_opt = click.option("--epochs", type=int, default=None, help="Number of epochs E.")
 delta_opt = click.option("--delta", type=float, required=True, help="Target delta in [0, 1).")

@@ -63,7 +63,10 @@ class NoisyGDPlan(LinearPlan):
 
 
 class NoisyGDRegressor(_PrivateLinearBase):
-    """Full-batch noisy gradient descent for least squares (the notebook), (epsilon, delta)-DP.
+    """Full-batch noisy gradient descent for least squares, (epsilon, delta)-DP, as in the
+    notebook (the reference comparison of SSP, AdaSSP and noisy gradient descent that
+    ``privlearn reproduce linear-regression`` reproduces; the documentation's provenance
+    page).
 
     ``theta_{t+1} = theta_t - lr (sum_i x_i (x_i^T theta_t - y_i) + GS_t sigma N(0, I))``
     with the theta-dependent sensitivity ``GS_t = x_bound^2 ||theta_t|| + x_bound Y``

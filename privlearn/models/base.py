@@ -39,17 +39,23 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import numbers
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import joblib
 import numpy as np
+import sklearn
 from sklearn.base import BaseEstimator, is_regressor
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
+import privlearn
 from privlearn.accounting import (
     Gaussian,
     Laplace,
@@ -60,6 +66,7 @@ from privlearn.accounting import (
     warn_if_delta_large,
 )
 from privlearn.errors import (
+    BudgetExceededError,
     NonFiniteInputError,
     ParameterTypeError,
     ParameterValueError,
@@ -140,6 +147,8 @@ class PrivateEstimator(BaseEstimator):
     #: what to try when a ledger budget cannot account this estimator's release (None:
     #: the budget's own error is enough)
     _ledger_advice: ClassVar[str | None] = None
+    #: what lowers this estimator's cost when a ledger budget refuses it as too large
+    _budget_advice: ClassVar[str] = "fit with a smaller epsilon"
     #: why this estimator cannot be a step of a PrivatePipeline or a PrivateSearchCV run,
     #: and what to do instead (None: it can); see :func:`refuse_as_step`
     _not_a_step: ClassVar[str | None] = None
@@ -168,6 +177,24 @@ class PrivateEstimator(BaseEstimator):
         """The mechanism recorded as ``mechanism_`` (the plan's, unless releases
         accumulate into one account, as PATE's do)."""
         return plan.mechanism
+
+    def set_params(self, **params: Any) -> PrivateEstimator:
+        """As scikit-learn's ``set_params``; a name the estimator does not take is a
+        :class:`~privlearn.errors.ParameterValueError` (a ``ValueError``, as before)
+        naming it and the parameters it takes, and nothing is set (scikit-learn sets the
+        valid names before the first invalid one)."""
+        valid = self.get_params(deep=False)
+        for key in params:
+            name = key.partition("__")[0]
+            if name not in valid:
+                hint = (" Each fit is a new release from scratch: there is no warm start "
+                        "(training on, from a released model, is a further release its "
+                        "mechanism_ would not cover)"
+                        if name in ("warm_start", "partial_fit") else "")
+                raise ParameterValueError(
+                    f"Invalid parameter {name!r} for estimator {type(self).__name__}: it "
+                    f"takes {', '.join(sorted(valid))}.{hint}")
+        return super().set_params(**params)
 
     # -- the pipeline ------------------------------------------------------------------
     def _validate_params(self) -> dict[str, Any]:
@@ -250,11 +277,16 @@ class PrivateEstimator(BaseEstimator):
             "users): pass a per-record budget, Ledger(path).budget(dataset), or, for a "
             "per-user guarantee, train with privlearn.torch.make_private(..., users=..., "
             "max_examples_per_user=...) on the per-user budget.")
-        if self._ledger_advice is None:
-            return handle.reserve(mechanism, label=label)
         try:
             return handle.reserve(mechanism, label=label)
+        except BudgetExceededError as e:
+            raise BudgetExceededError(
+                f"{e}. The whole {type(self).__name__} release is reserved before the data "
+                f"is read: {self._budget_advice}, or see what is left with "
+                f"Ledger(path).spent({handle.dataset!r})") from e
         except UnsupportedMechanismError as e:
+            if self._ledger_advice is None:
+                raise
             raise UnsupportedMechanismError(
                 f"the ledger budget cannot account this {type(self).__name__} ({e}). "
                 f"{self._ledger_advice}") from e
@@ -342,7 +374,11 @@ def _non_finite(value: Any) -> bool:
         try:
             arr = arr.astype(np.float64)
         except (TypeError, ValueError):
-            return False
+            # numbers with missing values of pandas' nullable dtypes (pandas.NA) or None
+            na = getattr(sys.modules.get("pandas"), "NA", None)
+            missing = [v is None or (na is not None and v is na) for v in arr.ravel()]
+            return any(missing) and all(m or isinstance(v, numbers.Real)
+                                        for m, v in zip(missing, arr.ravel(), strict=True))
     return not bool(np.all(np.isfinite(arr)))
 
 
@@ -444,6 +480,9 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
             f"{type(estimator).__name__}: y must be numeric (the target of a regressor), got "
             f"an array of dtype {y_out.dtype}; convert it with y.astype(float) if the strings "
             "are numbers, or use a classifier for class labels")
+    if kwargs.get("y_numeric") and _non_finite(y_out):
+        # scikit-learn converts an object y (a None, pandas.NA) to NaN without checking
+        raise _non_finite_error(type(estimator).__name__, "Input y contains NaN.", "y")
     return out
 
 
@@ -497,7 +536,27 @@ def warn_person_fitting(message: str, category: type[Warning], stacklevel: int) 
         if (category, message) in given:
             return
         given.add((category, message))
-    warnings.warn(message, category, stacklevel=stacklevel + 1)
+    warnings.warn(message, category, stacklevel=_past_library_frames(stacklevel + 1))
+
+
+#: the packages whose frames a warning to the person fitting passes over: a fit called
+#: by scikit-learn's Pipeline (through joblib's caching) or by privlearn's own pipeline
+#: or search is attributed to the code that called the pipeline, not to a library line
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
+                      for m in (sklearn, joblib, privlearn))
+
+
+def _past_library_frames(stacklevel: int) -> int:
+    """``stacklevel`` for ``warnings.warn`` called by the caller of this function, moved
+    up past the frames of scikit-learn and privlearn (never below the one given)."""
+    try:
+        frame = sys._getframe(stacklevel)  # the frame ``stacklevel`` names, seen from there
+    except ValueError:  # past the outermost frame: warnings.warn attributes it to sys
+        return stacklevel
+    while frame is not None and frame.f_back is not None and (
+            os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS)):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    return stacklevel
 
 
 def refuse_as_step(estimator: Any, where: str, name: str | None = None) -> None:

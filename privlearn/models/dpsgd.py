@@ -314,7 +314,12 @@ _DOC_PARAMS = """
         Number of steps ``T``.
     learning_rate : float
     max_grad_norm : float
-        Clipping norm ``C`` (L2 for Gaussian, L1 for Laplace noise).
+        Clipping norm ``C`` (L2 for Gaussian, L1 for Laplace noise). A vector of ``p``
+        coordinates has ``||g||_1 <= sqrt(p) ||g||_2``, so with ``noise="laplace"`` the
+        default of 1 clips far more: for rows in ``[0, 1]^d`` with an intercept the
+        logistic gradient has L1 norm up to ``d + 1`` and L2 norm up to ``sqrt(d + 1)``.
+        The L1 bound that clips like an L2 bound ``C`` is about ``sqrt(p) C``
+        (``p = d + 1`` with an intercept), chosen from the public shape, not the data.
     l2_regularization : float >= 0
         ``lambda`` in the update ``theta - lr (g + lambda theta)`` (the DP-SGD tutorial).
     fit_intercept : bool

@@ -129,6 +129,11 @@ class SSPRegressor(_PrivateLinearBase):
     Releases ``X^T X`` and ``X^T y`` with Gaussian noise and solves the normal equations
     built from the noisy statistics.
 
+    "The notebook" below is the reference comparison of SSP, AdaSSP and noisy gradient
+    descent on California housing that ``privlearn reproduce linear-regression``
+    reproduces (the documentation's provenance page); the defaults that differ from it
+    are noted parameter by parameter.
+
     Parameters
     ----------
     epsilon : float > 0

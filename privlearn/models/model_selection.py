@@ -298,7 +298,11 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     param_grid : dict or list of dicts
         As :class:`sklearn.model_selection.GridSearchCV`.
     method : {"random_stopping", "composition"}
-        See the module docstring.
+        ``"random_stopping"`` (default): a random number of runs ``K`` (mean
+        ``expected_runs``), each a random candidate; only the best is released and ``K``
+        stays hidden (Papernot & Steinke 2022, Theorem 2), at two to three times the
+        costliest candidate's epsilon. ``"composition"``: every candidate once, all fits
+        and scores composed. Details in the module docstring.
     expected_runs : float >= 1
         ``E[K]`` for random stopping (default: the number of candidates); refused with
         ``method="composition"``, which fits every candidate.
@@ -559,10 +563,14 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 f"estimator must be an estimator instance, e.g. SSPRegressor(), got "
                 f"{self.estimator!r}: {e}") from e
         try:
-            return est.set_params(**params)
+            # a copy of each value: ``{"step": [est], "step__param": [...]}`` would
+            # otherwise set every candidate's value on the grid's one ``est`` (each plan
+            # then reading the last value); a deep copy, not a clone, keeps a fitted
+            # public step fitted for the checks that refuse refitting it
+            return est.set_params(**{k: copy.deepcopy(v) for k, v in params.items()})
         except ValueError as e:
-            if isinstance(e, ParameterValueError):
-                raise
+            if isinstance(e, ParameterValueError) and str(e).startswith("param_grid"):
+                raise  # a nested search's, already naming its grid
             raise ParameterValueError(
                 f"param_grid has an entry {params} that {type(self.estimator).__name__} "
                 f"does not take: {e}") from e
@@ -615,6 +623,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 "validation data (held out by a public rule and never used privately), "
                 "or leave X_val=None to score each run privately on X")
 
+    _budget_advice = (
+        "lower expected_runs (random stopping's cost grows with it), the candidates' "
+        "epsilons or score_epsilon; for a small grid, method='composition' may cost less")
     _ledger_advice = (
         "Use method='composition' (every run composed with the budget's accountant), or a "
         "budget created with accountant='rdp' (privlearn budget init --accountant rdp)")
@@ -635,7 +646,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 f"PrivateSearchCV: {type(self.estimator).__name__} needs y; pass fit(X, y)")
         with quiet_data_checks():  # each run warns its caller when it is fitted
             for params, fit_plan in zip(plan.grid, plan.fit_plans, strict=False):
-                candidate = clone(self.estimator).set_params(**params)
+                candidate = self._candidate(params)
                 if fit_plan is not None:
                     candidate._check_data(X, y, fit_plan)
                 elif isinstance(candidate, PrivatePipeline):

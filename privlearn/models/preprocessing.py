@@ -392,7 +392,9 @@ def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) ->
         m = getattr(step, "mechanism_", None)
         if isinstance(m, Mechanism):
             mechs.append(m)
-        elif name in public_steps or not get_tags(step).requires_fit:
+            continue
+        _refuse_hidden_release(name, step)
+        if name in public_steps or not get_tags(step).requires_fit:
             continue
         else:
             raise ParameterValueError(
@@ -492,8 +494,10 @@ class PrivatePipeline(Pipeline):
                 yield name, step, placeholder, None, step.planned_mechanism(placeholder, y)
             elif _frozen_release(step) is not None:  # released before, held by the fit
                 yield name, step, placeholder, None, _frozen_release(step)
-            elif name not in public and get_tags(step).requires_fit:
-                raise _unplanned_step(name, step)
+            else:
+                _refuse_hidden_release(name, step)
+                if name not in public and get_tags(step).requires_fit:
+                    raise _unplanned_step(name, step)
             if last:
                 break
             if isinstance(step, OneToOneFeatureMixin) or (
@@ -656,6 +660,8 @@ class PrivatePipeline(Pipeline):
         parameter (its declared constraints), and ``step__param`` fit parameters that a
         private step's ``fit`` does not take (:func:`~privlearn.models.base.refuse_fit_params`)."""
         public = _check_public_steps(self.public_steps)
+        if "sample_weight" in params:  # scikit-learn's Pipeline refuses it untyped
+            refuse_fit_params(self, {"sample_weight": params["sample_weight"]})
         routed: dict[str, dict[str, Any]] = {}
         for key, value in params.items():
             name, sep, param = key.partition("__")
@@ -669,9 +675,11 @@ class PrivatePipeline(Pipeline):
                 taken = inspect.signature(type(step).fit).parameters
                 refuse_fit_params(step, {k: v for k, v in routed.get(name, {}).items()
                                          if k not in taken or k in ("self", "X", "y")})
-            elif not isinstance(step, PrivatePipeline) and name not in public and (
-                    _frozen_release(step) is None and get_tags(step).requires_fit):
-                raise _unplanned_step(name, step)
+            elif not isinstance(step, PrivatePipeline):
+                _refuse_hidden_release(name, step)
+                if name not in public and (
+                        _frozen_release(step) is None and get_tags(step).requires_fit):
+                    raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
 
 
@@ -829,6 +837,39 @@ def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:
         "sensitivity its noise is calibrated to. Use a row-wise transform (each output "
         "row a function of its input row only), or PrivateStandardScaler for centring "
         "and scaling")
+
+
+def _refuse_hidden_release(name: str, step: Any) -> None:
+    """Refuse (:class:`~privlearn.errors.ParameterTypeError`) a step that is neither a
+    private step nor a frozen private fit but holds one (a ``ColumnTransformer``,
+    ``FeatureUnion``, scikit-learn ``Pipeline`` or ``FrozenEstimator`` around a private
+    estimator): the pipeline accounts only its own private steps, so that release would
+    be missing from ``mechanism_`` and ``epsilon_`` (in ``public_steps`` too, which
+    only says that what a step learns reveals nothing)."""
+    if _frozen_release(step) is not None:
+        return
+    inner, todo = None, [("", step)]
+    while todo and inner is None:  # FrozenEstimator's get_params is not deep: walk it
+        prefix, outer = todo.pop()
+        for key, est in (outer.get_params(deep=True) if hasattr(outer, "get_params")
+                         else {}).items():
+            if isinstance(est, PrivateEstimator | PrivatePipeline):
+                inner = (prefix + key, est)
+                break
+            if hasattr(est, "get_params") and not isinstance(est, type):
+                todo.append((f"{prefix}{key}__", est))
+    if inner is None:
+        return
+    raise ParameterTypeError(
+        f"pipeline step {name!r} ({type(step).__name__}) holds the private estimator "
+        f"{inner[0]!r} ({type(inner[1]).__name__}), whose release a PrivatePipeline "
+        f"cannot account inside a {type(step).__name__}: it would be missing from the "
+        "pipeline's mechanism_ and epsilon_ (listing the step in public_steps does not "
+        "account it). Make each private estimator a step of the PrivatePipeline itself: "
+        "e.g. one PrivateStandardScaler over every column, with feature_range one "
+        "(lower, upper) row per column, after a public encoding step such as "
+        "ColumnTransformer([('cat', OneHotEncoder(categories=[...]), columns)], "
+        "remainder='passthrough') listed in public_steps")
 
 
 def _unplanned_step(name: str, step: Any) -> ParameterTypeError:

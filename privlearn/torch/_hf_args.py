@@ -287,19 +287,26 @@ def warn_unused_clipping(args, privacy: PrivacyArguments) -> None:
         UserWarning, stacklevel=3)
 
 
-def check_batch_size(args, privacy: PrivacyArguments, examples: int, world: int) -> None:
+def check_batch_size(args, privacy: PrivacyArguments, examples: int, world: int,
+                     accumulation: int = 1) -> None:
     """Refuse, in the Trainer's terms and before anything runs, a
     ``per_device_train_batch_size`` that is no count, or (Poisson or fixed-size sampling of
-    examples) whose global batch ``world * per_device_train_batch_size`` exceeds the
-    ``examples`` of the training set: the sampling rate ``q = W B / N`` would exceed 1."""
+    examples) whose global logical batch ``world * per_device_train_batch_size *
+    accumulation`` (``accumulation``: ``gradient_accumulation_steps``) exceeds the
+    ``examples`` of the training set: the sampling rate ``q = W B k / N`` would exceed 1."""
     b = check_count("per_device_train_batch_size", args.per_device_train_batch_size,
                     minimum=1, hint="the expected Poisson batch of each process, e.g. 64")
     if privacy.user_column is not None or str(privacy.sampling) not in ("poisson", "fixed"):
         return  # other units and samplings: make_private's own check
-    if world * b > examples:
+    total = world * b * accumulation
+    if total > examples:
+        acc = "" if accumulation == 1 else f" and gradient_accumulation_steps={accumulation}"
+        what = ("it" if accumulation == 1 else "per_device_train_batch_size * "
+                "gradient_accumulation_steps")
+        lower = ("per_device_train_batch_size" if accumulation == 1 else
+                 "per_device_train_batch_size or gradient_accumulation_steps")
         raise ConfigurationError(
-            f"per_device_train_batch_size={b} with {world} process(es) is a global batch of "
-            f"{world * b} (sampling rate q = {world * b}/{examples} > 1), more than the "
-            f"{examples} examples of the training set; it must be at most "
-            f"{examples // world}. Lower per_device_train_batch_size (or use a larger "
-            "training set)")
+            f"per_device_train_batch_size={b}{acc} with {world} process(es) is a global "
+            f"batch of {total} (sampling rate q = {total}/{examples} > 1), more than the "
+            f"{examples} examples of the training set; {what} must be at most "
+            f"{examples // world}. Lower {lower} (or use a larger training set)")

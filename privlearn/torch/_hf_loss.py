@@ -14,6 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from privlearn.errors import ConfigurationError, ParameterValueError
+from privlearn.torch._hf_accumulate import logical_loader
 
 __all__ = ["check_per_example_loss", "sequence_classification_loss",
            "warn_own_compute_loss"]
@@ -102,7 +103,7 @@ def check_per_example_loss(trainer, model, examples: int = PROBED_EXAMPLES) -> N
     ConfigurationError
         An example's share differs from ``1/k`` by more than 1%.
     """
-    loader = trainer.privacy_engine.data_loader
+    loader = logical_loader(trainer.privacy_engine.data_loader)
     n = min(examples, len(loader.dataset))
     if n < 2:
         return

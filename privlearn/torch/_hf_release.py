@@ -179,8 +179,10 @@ def refuse_encoder_decoder(model) -> None:
     which DPTrainer's per-example loss takes out of the batch; and these models compute
     tensors once for the whole batch that the engine cannot split per example (T5's
     relative attention bias embedding sees the ``(length, length)`` position grid, not
-    one row per example, and BART's learned positions fail to reshape), so no per-example
-    gradient, hence no clipping, exists for them."""
+    one row per example, and BART's decoder positions are one output shared by every
+    example), so no per-example gradient, hence no clipping, exists for those tables
+    (``make_private`` refuses them, trainable, naming them; with them frozen, or with LoRA
+    adapters only, it trains these models exactly)."""
     config = getattr(model, "config", None)
     if getattr(config, "is_encoder_decoder", False) is not True:
         return

@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from privlearn.errors import ConfigurationError, ParameterValueError, TrainingLoopError
+from privlearn.errors import (
+    BatchDependenceError,
+    ConfigurationError,
+    ParameterValueError,
+    TrainingLoopError,
+)
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims
 from privlearn.torch.grad_sample import DenseOuterProduct, Materialized, OuterProduct, Record
@@ -165,7 +170,18 @@ def record_batch(unit: Unit, rec: Record) -> int:
         return rec.examples
     if unit.rule.layout.batch_size is not None:
         return int(unit.rule.layout.batch_size(unit.module, rec))
-    x = rec.args[0] if rec.args else next(iter(rec.kwargs.values()))
+    x = next((t for t in (*rec.args, *rec.kwargs.values()) if isinstance(t, torch.Tensor)),
+             None)
+    if x is None:
+        raise BatchDependenceError(
+            f"layer {unit.name!r} ({type(unit.module).__name__}) owns trainable parameters "
+            "but was called without any tensor input, so its output is the same for every "
+            "example (a table computed from sizes alone, e.g. BEiT's relative position "
+            "bias) and broadcast over the batch afterwards: its gradient is summed over "
+            "the batch before any hook sees it, so it has no per-example gradient. Freeze "
+            "its parameters (requires_grad_(False)), or use a model whose position "
+            "parameters enter per example (ViT, DeiT, DINOv2). No step was taken and "
+            "nothing was accounted")
     d = 0 if unit.normalised else unit.batch_dim
     return x.shape[d]
 
@@ -269,7 +285,13 @@ def _mismatch_reason(unit: Unit, seen: int, examples: int, rec: Record | None = 
             "concatenated into one batch): each row would be clipped as an example of its "
             "own, so one example could move the update by several times max_grad_norm. "
             "Average or sum the views per example before the loss, or feed them through "
-            "separate forward passes of the same batch. Or " + elsewhere + ".")
+            "separate forward passes of the same batch. Or the model flattens each "
+            "example's tokens or windows into rows of their own before this layer "
+            "(x.reshape(-1, d): OPT's decoder layers, Swin's attention windows, "
+            "mixture-of-experts routers such as Mixtral's): no per-example grouping of "
+            "those rows is known, so such models are not supported; use one whose layers "
+            "keep the batch dimension (GPT-2, Llama, Mistral, Qwen2; ViT, DeiT or ConvNeXt "
+            "for images). Or " + elsewhere + ".")
     return base + (
         f"More rows ({seen}) than examples ({examples}); likely causes: " + elsewhere
         + "; or the layer receives the batch on another dimension (sequence-first "

@@ -148,11 +148,11 @@ _OTHER_SETTINGS = {
               "(num_train_epochs or max_steps)",
     "steps": "steps: a DPTrainer plans the run from its TrainingArguments "
              "(max_steps or num_train_epochs)",
-    "max_physical_batch_size": "max_physical_batch_size: a DPTrainer has no virtual "
-                               "batches (gradient_accumulation_steps must be 1): its "
-                               "expected Poisson batch is per_device_train_batch_size per "
-                               "process; for a logical batch larger than memory train with "
-                               "make_private(..., max_physical_batch_size=...)",
+    "max_physical_batch_size": "max_physical_batch_size: a DPTrainer trains its logical "
+                               "batch (expected per_device_train_batch_size * "
+                               "gradient_accumulation_steps per process) in physical chunks "
+                               "of per_device_train_batch_size rows: set "
+                               "TrainingArguments(gradient_accumulation_steps=...)",
     "users": "users: a DPTrainer reads the users from a column, user_column=",
     "optimizer": "optimizer: make_private's second argument (a DPTrainer builds it from "
                  "its TrainingArguments, or takes optimizers=)",
@@ -286,7 +286,8 @@ class DPConfig:
         ``max_examples_per_user`` of their examples, and each user's gradient (the
         ``user_reduction`` of their examples' gradients) is clipped as one.
     max_examples_per_user : int >= 1
-        k: a drawn user's examples in one batch at most (a uniform random subset).
+        k: a drawn user's examples in one batch at most (a uniform random subset). Only
+        with ``users``: without them a value other than 1 is refused.
     user_reduction : :class:`Reduction` or its string {"mean", "sum"}
         A user's gradient: the mean (default) or the sum of their examples' gradients.
     augmentation_multiplicity : int >= 1, optional
@@ -552,6 +553,13 @@ class DPConfig:
         put = object.__setattr__
         put(self, "max_examples_per_user",
             _v.check_count("max_examples_per_user", self.max_examples_per_user, minimum=1))
+        if self.max_examples_per_user != 1 and self.users is None:
+            raise ConfigurationError(
+                f"max_examples_per_user={self.max_examples_per_user} applies to user-level "
+                "privacy only, and no users are given: the run would be per example, one "
+                "example per privacy unit, whatever this says. Pass users=[the user of each "
+                "example] (DPTrainer: PrivacyArguments(user_column=...)) for a guarantee per "
+                "user, or drop max_examples_per_user")
         put(self, "user_reduction",
             Reduction(_v.check_choice("user_reduction", self.user_reduction, Reduction)))
         if self.augmentation_multiplicity is not None:

@@ -639,29 +639,47 @@ class VirtualBatchLoader(_LoaderView):
         self.optimizer = optimizer
 
     def __iter__(self):
+        for batch in self.loader:
+            for chunk, _ in self.split(batch):
+                yield chunk
+
+    def split(self, batch):
+        """The physical chunks of one logical ``batch`` of ``self.loader`` (the batch its
+        sampler delivered last), each as ``(chunk, final)``: the optimizer is told that a
+        new logical batch begins, and before each chunk is yielded, its size and whether
+        it ends the logical batch. The caller runs forward and backward on each chunk, then
+        ``optimizer.step()`` (which only accumulates until the final chunk). An empty
+        batch is one final chunk of no rows. What :meth:`__iter__` does for every batch;
+        a training loop that takes logical batches one at a time (Hugging Face's Trainer:
+        :mod:`privlearn.torch._hf_accumulate`) calls it itself.
+
+        Raises
+        ------
+        ParameterValueError
+            The batch's tensors have different leading sizes, or not the sampler's number
+            of examples (a collate function that does not keep one row per example).
+        """
         from torch.utils._pytree import tree_flatten, tree_unflatten
 
         m = self.max_physical_batch_size
-        sampler = self.loader.batch_sampler
-        for batch in self.loader:
-            flat, spec = tree_flatten(batch)
-            sizes = {t.shape[0] for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
-            if len(sizes) > 1:
-                raise ParameterValueError(
-                    f"batch tensors have different leading sizes {sorted(sizes)}")
-            n = sizes.pop() if sizes else 0
-            drawn = sampler.pending()
-            if drawn is not None and drawn.size != n:
-                raise ParameterValueError(
-                    f"the batch has {n} examples but the sampler drew {drawn.size}: "
-                    "max_physical_batch_size needs a collate function that keeps one row "
-                    "per example on the leading dimension")
-            self.optimizer._begin_logical_batch()
-            for lo, hi, groups, final in _chunks(n, m, None if drawn is None else drawn.groups):
-                part = [t[lo:hi] if isinstance(t, torch.Tensor) and t.dim() > 0
-                        else t for t in flat]
-                self.optimizer._expect_chunk(hi - lo, final=final, groups=groups)
-                yield tree_unflatten(part, spec)
+        flat, spec = tree_flatten(batch)
+        sizes = {t.shape[0] for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
+        if len(sizes) > 1:
+            raise ParameterValueError(
+                f"batch tensors have different leading sizes {sorted(sizes)}")
+        n = sizes.pop() if sizes else 0
+        drawn = self.loader.batch_sampler.pending()
+        if drawn is not None and drawn.size != n:
+            raise ParameterValueError(
+                f"the batch has {n} examples but the sampler drew {drawn.size}: "
+                "max_physical_batch_size needs a collate function that keeps one row "
+                "per example on the leading dimension")
+        self.optimizer._begin_logical_batch()
+        for lo, hi, groups, final in _chunks(n, m, None if drawn is None else drawn.groups):
+            part = [t[lo:hi] if isinstance(t, torch.Tensor) and t.dim() > 0
+                    else t for t in flat]
+            self.optimizer._expect_chunk(hi - lo, final=final, groups=groups)
+            yield tree_unflatten(part, spec), final
 
 
 def _chunks(n: int, m: int, groups):

@@ -73,7 +73,13 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         b, arg_dims, kw_dims, out_dims = dims
     if all(d is None for d in out_dims):
         raise UnsupportedModuleError(
-            f"cannot find the batch dimension of the outputs of {module!r}")
+            f"cannot find the batch dimension of the outputs of {module!r}: none of them "
+            f"has the batch's size ({b}) on dimension {record.batch_dim}. A layer whose "
+            "output is shared by every example (computed from positions alone, e.g. "
+            "BART's learned positional embedding called with position ids of shape (1, T), "
+            "and broadcast over the batch afterwards) has no per-example gradient: freeze "
+            "its parameters (requires_grad_(False)) or train adapters only. No step was "
+            "taken and nothing was accounted")
     gouts = [record.grad(i) for i in range(outputs_n)]
     args, kwargs = record.args, record.kwargs
     floats = [t for t in (*args, *kwargs.values(), *gouts)

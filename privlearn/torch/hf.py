@@ -4,8 +4,14 @@ The Trainer's loop, logging, evaluation and checkpointing stay; what DP-SGD need
 swapped in underneath through :func:`privlearn.torch.make_private`:
 
 * **sampling**: the Trainer's shuffled training loader is replaced by the loader
-  ``make_private`` returns (Poisson sampling at rate ``per_device_train_batch_size / N``
-  by default), so the accountant describes the batches actually trained on;
+  ``make_private`` returns (Poisson sampling at rate ``q = B k W / N`` by default: the
+  expected logical batch is the Trainer's effective batch, ``per_device_train_batch_size``
+  ``B`` times ``gradient_accumulation_steps`` ``k`` times the processes ``W``), so the
+  accountant describes the batches actually trained on, one step per logical batch;
+* **gradient accumulation**: with ``k > 1`` each logical batch is trained in physical
+  chunks of at most ``B`` rows (forward and backward per chunk, the clipped sums added,
+  the noise added once after the last chunk), so a step's peak memory is a chunk's; the
+  Trainer counts one step per logical batch (:mod:`privlearn.torch._hf_accumulate`);
 * **clipping and noise**: the Trainer's optimizer is wrapped by the DP optimizer
   (per-example clipping at :attr:`PrivacyArguments.dp_max_grad_norm`, Gaussian noise,
   division by the expected batch size); ``TrainingArguments.max_grad_norm`` (the Trainer's
@@ -62,9 +68,9 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
   ``make_private`` (on CPU processes too, where accelerate alone would fall back to DDP)
   and checkpoints hold the sharded model and optimizer (``privlearn.torch._hf_fsdp``).
 
-Refused, with the reason, before the first step: gradient accumulation
-(``gradient_accumulation_steps > 1``: the Trainer would clip each micro-batch's examples
-together), ``fp16`` *with a loss scaler* (on CUDA the Trainer's scaler runs through
+Refused, with the reason, before the first step: ``gradient_accumulation_steps > 1``
+under FSDP2 (each process would run its own number of chunks; FSDP2's collectives need
+the same), ``fp16`` *with a loss scaler* (on CUDA the Trainer's scaler runs through
 accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private`` with
 ``torch.amp.GradScaler``; on CPU accelerate runs fp16 autocast without a scaler, which
 trains as bf16 does: per-example norms and sums in float32), several GPUs in one process
@@ -78,19 +84,22 @@ subclass's ``compute_loss`` is checked when training starts:
 packs the batch into one row, which would be clipped as one example) and rows packing
 several sequences (``position_ids`` starting over in a row: at that batch, before its
 step), ``auto_find_batch_size`` (the expected Poisson batch
-sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error),
+sets the accounted sampling rate; the Trainer would halve it after an out-of-memory error:
+lower ``per_device_train_batch_size`` and raise ``gradient_accumulation_steps`` instead),
 ``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
 and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``),
 encoder-decoder models (T5, BART: ``privlearn.torch._hf_release.refuse_encoder_decoder``).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
-``log``, ``train`` and callbacks; ``_prepare_for_training``, which hands accelerate the
+``get_total_train_batch_size``, ``save_model``, ``log``, ``train`` and callbacks;
+``_prepare_for_training``, which hands accelerate the
 torch optimizer: ``privlearn.torch._hf_optim``; under FSDP2 also
 ``_save_optimizer_and_scheduler``: ``privlearn.torch._hf_fsdp.FSDP2Support``); the
 user's ``TrainingArguments`` are not modified (the trainer works on a copy with
 ``max_grad_norm=0``: per-example clipping replaces the Trainer's, and
-``ignore_data_skip=True``: the sampler resumes its own position).
+``ignore_data_skip=True``: the sampler resumes its own position; while it trains,
+``gradient_accumulation_steps=1``: one item of its loader is one logical batch).
 Tested with transformers 5.17 and 5.24 (the oldest 5.x it is measured on and the latest
 5.x), the range of the ``hf`` extra: ``transformers>=5.17,<6``.
 
@@ -128,7 +137,7 @@ import time
 import warnings
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 try:
     import transformers
@@ -146,6 +155,7 @@ from privlearn.errors import (
     PrivacyBudgetExceededError,
     PrivacyLeakWarning,
 )
+from privlearn.torch._hf_accumulate import LogicalBatches, logical_loader
 from privlearn.torch._hf_args import (  # noqa: F401
     _TASKS,
     _TRAINER_FIELDS,
@@ -162,19 +172,13 @@ from privlearn.torch._hf_collate import (
     refuse_packed_rows,
 )
 from privlearn.torch._hf_eval import EvaluationWarnings
-from privlearn.torch._hf_fsdp import (
-    FSDP2Support,
-    is_fsdp2,
-    refuse_parallelism,
-    shard_model,
-    stand_in_pass,
-)
+from privlearn.torch._hf_fsdp import FSDP2Support, is_fsdp2, shard_model, stand_in_pass
 from privlearn.torch._hf_loss import (
     check_per_example_loss,
     sequence_classification_loss,
     warn_own_compute_loss,
 )
-from privlearn.torch._hf_optim import OptimizerHandoff, refuse_updates_in_backward
+from privlearn.torch._hf_optim import OptimizerHandoff
 from privlearn.torch._hf_private import (
     PRIVATE_FORMAT,
     check_private_state_dir,
@@ -187,12 +191,8 @@ from privlearn.torch._hf_private import (
     secret_parts,
     split_users,
 )
-from privlearn.torch._hf_release import (
-    ReportOnSave,
-    refuse_encoder_decoder,
-    run_description,
-    spent_budget_error,
-)
+from privlearn.torch._hf_refuse import refuse_unsupported
+from privlearn.torch._hf_release import ReportOnSave, run_description, spent_budget_error
 from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
@@ -319,8 +319,8 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Support,
-                OptimizerHandoff, Trainer):
+class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate,
+                FSDP2Support, OptimizerHandoff, Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -357,6 +357,11 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
 
     Attributes
     ----------
+    gradient_accumulation_steps : int
+        ``TrainingArguments.gradient_accumulation_steps`` as given: physical chunks of at
+        most ``per_device_train_batch_size`` rows per logical batch (its expected size
+        ``per_device_train_batch_size * gradient_accumulation_steps`` per process, the
+        sampled and accounted batch: :mod:`privlearn.torch._hf_accumulate`).
     privacy_engine : PrivateTraining or None
         What ``make_private`` returned for the current run (set when training starts).
         Its ``epsilon()`` includes the earlier runs of this trainer, except that a run
@@ -402,75 +407,7 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         self.add_callback(_PrivacyCallback(self))
 
     def _refuse_unsupported(self) -> None:
-        a = self.args
-        if a.gradient_accumulation_steps != 1:
-            raise ConfigurationError(
-                "gradient_accumulation_steps must be 1 with DPTrainer, got "
-                f"{a.gradient_accumulation_steps}: accumulating micro-batches before one "
-                "step would clip example i of each micro-batch together, and the accounted "
-                "batch would not be the logical one. Use a larger per_device_train_batch_size "
-                "(the expected Poisson batch), more processes, or, for a logical batch larger "
-                "than memory, make_private(..., max_physical_batch_size=...) in your own loop")
-        if a.fp16 and getattr(self.accelerator, "scaler", None) is not None:
-            raise ConfigurationError(
-                "fp16=True with a loss scaler is not supported by DPTrainer: the Trainer's loss "
-                "scaler runs through accelerate, which is not wired to the DP optimizer yet. Use "
-                "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
-                "(the PyTorch guide, section 'Mixed precision')")
-        refuse_parallelism(self)
-        refuse_updates_in_backward(a, self.optimizer)
-        if self.model is not None:  # (model_init: the Trainer has built one)
-            refuse_encoder_decoder(_unwrap(self.model))
-        if getattr(a, "auto_find_batch_size", False):
-            raise ConfigurationError(
-                "auto_find_batch_size=True is not supported by DPTrainer: the Trainer halves "
-                "the batch size after an out-of-memory error, but the expected Poisson batch "
-                "(per_device_train_batch_size) sets the accounted sampling rate, and the DP "
-                "loader keeps it. Set per_device_train_batch_size yourself, or bound memory "
-                "with make_private(..., max_physical_batch_size=...) (virtual batches)")
-        strategy = str(getattr(a, "train_sampling_strategy", "random"))
-        if getattr(a, "group_by_length", False):  # the name before train_sampling_strategy
-            strategy = "group_by_length"
-        if strategy != "random":
-            raise ConfigurationError(
-                f"train_sampling_strategy={strategy!r} is not supported by DPTrainer: its "
-                "batches are drawn by the DP sampler (PrivacyArguments.sampling, Poisson by "
-                "default), which the accountant describes; batches grouped by length, "
-                "rebalanced or in order are not a sampling it can account, and the setting "
-                "would be silently replaced. Leave train_sampling_strategy='random' and choose "
-                "the sampling with PrivacyArguments(sampling=...)")
-        if a.label_smoothing_factor:
-            raise ConfigurationError(
-                "label_smoothing_factor must be 0 with DPTrainer, got "
-                f"{a.label_smoothing_factor!r}: "
-                "the Trainer's label smoother averages over every token of the batch, and "
-                "DPTrainer's per-example loss has no smoothing. Set label_smoothing_factor=0")
-        alpha = getattr(self, "neftune_noise_alpha", None)  # the Trainer's copy of the arg
-        if alpha is not None or getattr(a, "neftune_noise_alpha", None) is not None:
-            raise ConfigurationError(
-                f"neftune_noise_alpha={alpha or a.neftune_noise_alpha!r} is not supported by "
-                "DPTrainer: "
-                "NEFTune scales every example's embedding noise by the batch's padded length, "
-                "so the longest example of a batch moves the others' gradients, which "
-                "per-example clipping does not bound. Leave neftune_noise_alpha=None")
-        if self.compute_loss_func is not None:
-            raise ConfigurationError(
-                "compute_loss_func is not supported by DPTrainer: the loss must be a mean of "
-                "per-example losses; pass PrivacyArguments(task=...) instead")
-        if isinstance(self.train_dataset, IterableDataset) or (
-                self.train_dataset is not None and not hasattr(self.train_dataset, "__len__")):
-            raise ParameterValueError(
-                "DPTrainer needs a map-style train_dataset (len and indexing) to sample "
-                f"it; got {type(self.train_dataset).__name__}, "
-                + ("an IterableDataset" if isinstance(self.train_dataset, IterableDataset)
-                   else "which has no len()") + ". Pass a torch Dataset or datasets.Dataset")
-        flattening = getattr(transformers, "DataCollatorWithFlattening", None)
-        if flattening is not None and isinstance(self.data_collator, flattening):
-            raise ConfigurationError(
-                "DataCollatorWithFlattening packs the whole batch into one row, which per-example "
-                "clipping would clip as one example (the sensitivity would be the batch's, not "
-                "one example's). Use a padding collator (DataCollatorWithPadding, "
-                "DataCollatorForLanguageModeling, default_data_collator) with DPTrainer")
+        refuse_unsupported(self, transformers, _unwrap)
 
     # ------------------------------------------------------------------ wiring
     def _planned_steps(self, settings: dict, n: int, world: int) -> int:
@@ -484,29 +421,33 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
             hint="the run's length, which target_epsilon (or the sampling) is planned for: "
             "e.g. 3, or set max_steps > 0")
         per = epoch_steps(DPConfig(**{**settings, "steps": 1}), n,
-                          self.args.per_device_train_batch_size, world)
+                          self.logical_batch_size(), world)  # logical steps
         return int(epochs) * per if float(epochs).is_integer() else math.ceil(epochs * per)
 
     def get_train_dataloader(self) -> DataLoader:
-        """The DP sampler's loader (:func:`make_private` over the Trainer's own dataset
-        and collator, with its optimizer). A new run (the Trainer built a new model or
-        optimizer, e.g. ``model_init``) gets a new engine; the privacy cost of the earlier
-        runs is kept and composed."""
+        """The DP sampler's loader of logical batches (:func:`make_private` over the
+        Trainer's own dataset and collator, with its optimizer; expected batch
+        ``per_device_train_batch_size * gradient_accumulation_steps`` per process, trained
+        in chunks of ``per_device_train_batch_size``: :mod:`privlearn.torch._hf_accumulate`).
+        A new run (the Trainer built a new model or optimizer, e.g. ``model_init``) gets a
+        new engine; the privacy cost of the earlier runs is kept and composed."""
         p = self.privacy_engine
         if p is not None and p.model is self.model and self.optimizer is p.optimizer:
-            return p.data_loader
+            self._take_accumulation()
+            return logical_loader(p.data_loader)
         # again for each run: hyperparameter_search's trials (and a script) set
         # TrainingArguments after the trainer was built
         self._refuse_unsupported()
         warn_unused_clipping(self.args, self.privacy)  # set since (a trial): still not used
         _private_settings(self.args, stacklevel=4)
         check_batch_size(self.args, self.privacy, len(self.train_dataset),
-                         max(1, self.args.world_size))
+                         max(1, self.args.world_size), self.gradient_accumulation_steps)
+        k = self._take_accumulation()  # the Trainer steps once per logical batch
         if p is not None:  # a new run of this trainer on the same data
             self._settle_run(p)
             self.privacy_engine = None
         base = super().get_train_dataloader()  # the Trainer's dataset and collator
-        loader = DataLoader(base.dataset, batch_size=self.args.per_device_train_batch_size,
+        loader = DataLoader(base.dataset, batch_size=self.logical_batch_size(),
                             collate_fn=base.collate_fn, drop_last=self.args.dataloader_drop_last,
                             num_workers=self.args.dataloader_num_workers,
                             pin_memory=self.args.dataloader_pin_memory)
@@ -519,6 +460,9 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
                                      "pass the plain torch optimizer")
         pa = self.privacy
         kw = pa.engine_settings()
+        if k > 1:  # the logical batch in chunks of the per-device batch (its users' rows)
+            kw["max_physical_batch_size"] = self.args.per_device_train_batch_size * (
+                1 if pa.user_column is None else pa.max_examples_per_user)
         if pa.user_column is not None:
             # the one rule for unit ids, the column named (make_private checks it again)
             kw["users"] = check_unit_ids(f"user_column={pa.user_column!r}",
@@ -550,7 +494,7 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
                 raise
         self.privacy_engine = p
         self.optimizer = p.optimizer
-        return p.data_loader
+        return logical_loader(p.data_loader)
 
     def floating_point_ops(self, inputs) -> int:
         """0: the Trainer's FLOP count depends on the private batch's sequence lengths
@@ -627,9 +571,19 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """An empty Poisson batch trains on nothing (the step still adds its noise; under
-        FSDP2 the rank runs the collectives of a pass on a stand-in example, discarded)."""
+        """The forward and backward passes of one logical batch, in physical chunks of at
+        most ``per_device_train_batch_size`` rows when ``gradient_accumulation_steps > 1``
+        (:mod:`privlearn.torch._hf_accumulate`; the loss returned is the mean over its
+        examples). An empty Poisson batch trains on nothing (the step still adds its
+        noise; under FSDP2 the rank runs the collectives of a pass on a stand-in example,
+        discarded)."""
         refuse_packed_rows(inputs)  # several records in a row: not the accounted unit
+        p = self.privacy_engine
+        if p is not None and logical_loader(p.data_loader) is not p.data_loader:
+            return self._chunked_step(model, inputs, num_items_in_batch, self._train_rows)
+        return self._train_rows(model, inputs, num_items_in_batch)
+
+    def _train_rows(self, model, inputs, num_items_in_batch=None):
         if batch_rows(inputs) == 0:
             if "labels" in inputs:  # an undecidable task is refused here as well, not
                 self._task(model, inputs["labels"])  # after a noise step: whatever the draw
@@ -660,6 +614,7 @@ class DPTrainer(ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate, FSDP2Sup
             out = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._resume_state = None
+            self._give_back_accumulation()  # the arguments as given again
             if self.privacy_engine is not None:
                 self.privacy_engine.finish()  # the ledger's reservation: the steps that ran
         if self.privacy_engine is None:

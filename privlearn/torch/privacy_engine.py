@@ -89,7 +89,7 @@ from privlearn.torch.fsdp import (
 )
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
-from privlearn.torch.schedule import SAMPLINGS, NoisePlan, cycle_bands
+from privlearn.torch.schedule import SAMPLINGS, NoisePlan, cycle_bands, independent
 from privlearn.torch.tracker import GradSampleTracker, check_not_attached
 from privlearn.torch.validator import apply_fixers, check_model
 
@@ -584,13 +584,18 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
             "batch_size / len(dataset) is undefined and there is nothing to train on. Pass "
             "the loader of the training set")
     rank, world = world_info(process_group)
-    if world > 1 and (cfg.correlated or cfg.users is not None
-                      or not SAMPLINGS[cfg.sampling].distributed):
+    single = [what for what, refused in (
+        (f"sampling={cfg.sampling!r}", not SAMPLINGS[cfg.sampling].distributed),
+        (f"noise={cfg.noise!r} (correlated noise)", not independent(cfg.noise)),
+        ("users= (user-level privacy)", cfg.users is not None)) if refused] or (
+        [f"sampling={cfg.sampling!r} with noise={cfg.noise!r}"] if cfg.correlated else [])
+    if world > 1 and single:
         raise ConfigurationError(
-            f"sampling={cfg.sampling!r}, noise={cfg.noise!r} and user-level privacy run in "
-            "one process; distributed training supports sampling="
-            f"{' or '.join(repr(k) for k, v in SAMPLINGS.items() if v.distributed)} with "
-            "DP-SGD noise")
+            f"{' and '.join(single)} run{'s' if len(single) == 1 else ''} in one process "
+            f"only, and this is rank {rank} of {world}; distributed training supports "
+            f"sampling={' or '.join(repr(k) for k, v in SAMPLINGS.items() if v.distributed)}"
+            " with DP-SGD noise (noise='dpsgd') and one example per privacy unit. Run it in "
+            "one process, or leave those settings out under DDP/FSDP2")
     units = None
     if cfg.users is not None:
         if len(cfg.users) != len(data_loader.dataset):

@@ -260,7 +260,8 @@ def _as_rule(fn, options: dict, flat: dict) -> LayerRule:
 
 def register_rule(*layer_types: type, **options) -> Callable[[Rule], Rule]:
     """Decorator registering ``rule(module, record, params) -> Contribution`` for
-    ``layer_types`` (and their subclasses).
+    ``layer_types`` (and their subclasses that do not override the forward computation:
+    :func:`get_rule`).
 
     ``params`` are the module's trainable parameters (recursive, unless
     ``scope="direct"``), in ``named_parameters`` order; the contribution must cover exactly
@@ -304,8 +305,57 @@ def register_predicate_rule(predicate: Callable[[nn.Module], bool],
 
 def get_rule(module: nn.Module) -> LayerRule | None:
     """The rule registered for ``type(module)`` (exact type first, then MRO), else the
-    first predicate rule that matches."""
-    return RULES.lookup(module)
+    first predicate rule that matches.
+
+    A rule registered for a base class is not inherited by a subclass that overrides the
+    base's forward computation (:func:`overridden_forward`: Hugging Face's
+    ``GemmaTextScaledWordEmbedding`` scales the lookup, ``OPTLearnedPositionalEmbedding``
+    looks up positions computed from the attention mask, ``ConvNextLayerNorm`` permutes
+    channels first): the base's per-example formula describes the base's forward only.
+    Such a module gets the first predicate rule that matches it, else none (the generic
+    :mod:`torch.func` fallback, exact for any computation), unless a rule is registered
+    for its own class or a class between it and the base that overrides nothing."""
+    owner = RULES.owner(module)
+    if owner is not None and not overridden_forward(type(module), owner):
+        return RULES._table[owner]
+    for predicate, value in RULES.predicates:
+        if predicate(module):
+            return value
+    if owner is not None and any(p is not None and p.requires_grad
+                                 for p in module._parameters.values()):
+        _note_overridden(type(module), owner)
+    return None
+
+
+#: the methods of a layer whose override changes what it computes
+_FORWARD_METHODS = ("forward", "_conv_forward")
+_NOTED: set[type] = set()
+
+
+def overridden_forward(cls: type, owner: type) -> str | None:
+    """The qualified name of the first method of ``_FORWARD_METHODS`` that a class of
+    ``cls``'s MRO before ``owner`` (a base of ``cls`` with a registered rule) defines
+    itself, else None: that subclass computes something else than ``owner``."""
+    for c in cls.__mro__:
+        if c is owner:
+            return None
+        for name in _FORWARD_METHODS:
+            if name in vars(c):
+                return f"{c.__qualname__}.{name}"
+    return None
+
+
+def _note_overridden(cls: type, owner: type) -> None:
+    if cls in _NOTED:
+        return
+    _NOTED.add(cls)
+    warnings.warn(
+        f"{cls.__qualname__} subclasses {owner.__qualname__} and overrides "
+        f"{overridden_forward(cls, owner)}, so privlearn's rule for {owner.__qualname__} "
+        "does not describe it; its per-example gradients are computed by the generic "
+        "torch.func rule instead (exact, slower). Register a rule for "
+        f"{cls.__qualname__} (privlearn.torch.register_rule) for a faster one",
+        RuntimeWarning, stacklevel=3)
 
 
 #: Layouts of container modules: ``fn(module) -> int``, the batch dimension of the

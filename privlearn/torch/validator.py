@@ -159,6 +159,8 @@ def _problems(model: nn.Module) -> list[str]:
         for check in _checks_for(m):
             out.extend(f"{label}: {msg}" for msg in check(m, trainable))
         out.extend(f"{label}: {msg}" for msg in _rule_problems(m, trainable))
+        out.extend(f"{label}: {msg}" for msg in _position_tables(m))
+        out.extend(f"{label}: {msg}" for msg in _spec_augment(m))
         lazy = [n for n, q in m.named_parameters(recurse=False)
                 if isinstance(q, nn.parameter.UninitializedParameter)]
         if lazy:
@@ -172,6 +174,61 @@ def _problems(model: nn.Module) -> list[str]:
                        "gradient cannot be clipped per example; use "
                        f"torch.nn.utils.parametrizations.{legacy} instead (supported)")
     return out
+
+
+def _trainable(m) -> bool:
+    return isinstance(m, nn.Module) and any(p.requires_grad for p in m.parameters())
+
+
+def _position_tables(m: nn.Module) -> list[str]:
+    """Hugging Face attention layers that run a trainable layer on a relative-position
+    table once for the whole batch and broadcast (or repeat) the result over the
+    examples: the gradient of that use is summed over the batch before any hook sees
+    it, so no per-example gradient exists (recognised by class attributes; the library
+    is not imported)."""
+    bias = getattr(m, "relative_attention_bias", None)
+    if getattr(m, "has_relative_attention_bias", False) is True and _trainable(bias):
+        return ["its relative attention bias (T5-style: the nn.Embedding "
+                "relative_attention_bias) is looked up on the (query, key) position grid once "
+                "for the whole batch and broadcast over the examples, so its per-example "
+                "gradient is never formed. Freeze it (relative_attention_bias."
+                "requires_grad_(False), or train LoRA adapters only: the rest of the model "
+                "is supported), or train a decoder-only model (GPT-2, Llama, ...) on source "
+                "and target concatenated"]
+    if getattr(m, "relative_attention", False) is True and hasattr(m, "pos_att_type"):
+        shared = ("query_proj", "key_proj") if getattr(m, "share_att_key", False) else (
+            "pos_key_proj", "pos_query_proj")
+        used = [n for n in shared if _trainable(getattr(m, n, None))]
+        if used:
+            return [f"its disentangled relative attention (DeBERTa) runs {' and '.join(used)} "
+                    "on the relative-position embedding table once for the whole batch and "
+                    "repeats the result per example, so the per-example gradients of "
+                    f"{' and '.join(used)} cannot be separated. Use relative_attention=False "
+                    "in the config, or an encoder with absolute positions (BERT, RoBERTa, "
+                    "ELECTRA); freezing these projections also works"]
+    return []
+
+
+def _spec_augment(m: nn.Module) -> list[str]:
+    """A Hugging Face speech model (Wav2Vec2, HuBERT, WavLM, ...: it owns
+    ``masked_spec_embed``) whose forward applies SpecAugment in training: the time and
+    feature masks are drawn from NumPy's global generator for the whole batch inside the
+    model's forward, which neither the batch-independence probe nor a per-example
+    recomputation can replay."""
+    cfg = getattr(m, "config", None)
+    if not hasattr(m, "masked_spec_embed") or cfg is None \
+            or getattr(cfg, "apply_spec_augment", True) is False:
+        return []
+    probs = {k: getattr(cfg, k, 0.0) or 0.0 for k in ("mask_time_prob", "mask_feature_prob")}
+    on = {k: v for k, v in probs.items() if v > 0}
+    if not on:
+        return []
+    return [f"SpecAugment is on ({', '.join(f'{k}={v}' for k, v in on.items())}): its masks "
+            "are drawn from NumPy's global generator inside the model's forward, for the "
+            "whole batch, which per-example gradients cannot replay. Set "
+            "config.apply_spec_augment=False (or mask_time_prob=0.0 and "
+            "mask_feature_prob=0.0) before make_private, and augment each example in the "
+            "data pipeline instead"]
 
 
 def _hook_reparametrization(m: nn.Module) -> str | None:

@@ -115,3 +115,32 @@ def test_bad_input_is_refused_before_training(digits, kwargs, err, match):
 def test_a_model_without_a_claim_is_refused(digits):
     with pytest.raises(ValueError, match="claimed_epsilon"):
         audit_training(digits, lambda d: _model(), n_canaries=20, seed=0)
+
+
+@pytest.mark.filterwarnings("ignore:no outcome of this audit")
+@pytest.mark.parametrize("canaries", ["data", "gradient"])
+def test_a_user_level_run_gives_each_canary_a_user_of_its_own(digits, canaries):
+    """``private["users"]`` names the user of each of the caller's records; the audit
+    appends the included canaries, each a user of its own, so the run is accounted over
+    ``users + included`` units: the claim is DP-SGD's epsilon at ``q = B / units``."""
+    from privlearn.accounting import Gaussian, compose, planned_steps, subsample
+
+    X, y = digits
+    users = np.repeat(np.arange(300), 2)                 # 300 users of 2 records each
+    r = audit_training(digits, **PIECES, canaries=canaries, n_canaries=40, delta=1e-5, seed=0,
+                       private={"noise_multiplier": 1.5, "users": users,
+                                "max_examples_per_user": 2})
+    units = 300 + len(r.in_scores)
+    q = 60 / units
+    steps = planned_steps(q, epochs=2)
+    expected = compose(subsample(Gaussian(noise_multiplier=1.5), rate=q), steps=steps)
+    assert r.claimed_epsilon == pytest.approx(expected.epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("users,match", [
+    (np.arange(599), "each of your 600 records"),
+    (np.r_[np.arange(599), np.nan], "missing id"),
+])
+def test_users_that_do_not_name_each_record_are_refused(digits, users, match):
+    with pytest.raises(ValueError, match=match):
+        audit_training(digits, **PIECES, n_canaries=20, seed=0, private={"users": users})

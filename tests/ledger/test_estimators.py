@@ -85,6 +85,24 @@ def test_over_budget_fit_is_refused_before_reading_the_data(make, tmp_path):
     assert led.spent("d").entries == 0
 
 
+def test_an_over_budget_refusal_says_what_lowers_the_cost(tmp_path):
+    """The refusal names what to lower: an estimator's epsilon; a search's expected runs,
+    candidates' epsilons and score epsilon (its cost is not one fit's)."""
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=0.5, delta=1e-5)
+    X, y = np.zeros((300, 3)), np.zeros(300)
+    with pytest.raises(BudgetExceededError, match="smaller epsilon") as err:
+        SSPRegressor(epsilon=1.0, delta=1e-6, y_bound=3.0, ledger=led.budget("d")).fit(X, y)
+    assert "spent('d')" in str(err.value)
+    search = PrivateSearchCV(SSPRegressor(delta=1e-7, y_bound=3.0),
+                             {"epsilon": [0.2, 0.4]}, loss_bound=9.0, delta=1e-6,
+                             ledger=led.budget("d"))
+    with pytest.raises(BudgetExceededError, match="expected_runs") as err:
+        search.fit(Untouchable(300), y)
+    assert "score_epsilon" in str(err.value)
+    assert led.spent("d").entries == 0
+
+
 def test_label_releases_spend_each_call(ledger):
     rng = np.random.default_rng(0)
     p = PATE(epsilon=1.0, delta=1e-6, random_state=0, ledger=ledger.budget("d"))

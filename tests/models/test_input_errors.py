@@ -254,6 +254,51 @@ def test_sample_weight_is_a_typed_refusal_before_anything_is_spent(name, tmp_pat
         assert not has_fit_parameter(est, "sample_weight")
 
 
+def test_a_pipeline_refuses_an_unrouted_sample_weight_typed_before_any_step_fits(tmp_path):
+    """``pipe.fit(X, y, sample_weight=w)``, as a scikit-learn user writes it, is the same
+    typed refusal as the steps' own (scikit-learn's Pipeline raised a bare ValueError),
+    before the first step is fitted."""
+    ledger, scaler = _ledger_scaler(tmp_path)
+    pipe = M.PrivatePipeline([("scale", scaler), ("ssp", M.SSPRegressor(random_state=0))])
+    X, y = _data()
+    with pytest.raises(ParameterTypeError, match="PrivatePipeline.fit does not support "
+                                                 "sample_weight"):
+        pipe.fit(X, y, sample_weight=np.ones(len(y)))
+    assert ledger.spent("d").epsilon_spent == 0.0 and not hasattr(scaler, "mean_")
+
+
+@pytest.mark.parametrize("name", ["SSPRegressor", "AdaSSPRegressor", "NoisyGDRegressor",
+                                  "DPSGDRegressor", "PrivateSearchCV", "PrivatePipeline"])
+def test_a_missing_target_stored_as_an_object_is_refused_before_the_release(name, tmp_path):
+    """A target read as objects with a missing value (``None``, ``pandas.NA``): scikit-learn's
+    ``y_numeric`` converts it to NaN without a check, and the regressors released (and
+    spent) before failing on non-finite coefficients, or, DP-SGD, fitted a NaN label (the
+    pipeline, which checks y first, already refused it)."""
+    ledger = Ledger(tmp_path / "l.json", create=True)
+    ledger.create_budget("d", epsilon=10.0, delta=1e-5)
+    est = CASES[name]()
+    first = est.steps[0][1] if name == "PrivatePipeline" else est
+    first.set_params(ledger=ledger.budget("d"))
+    X, y = _data()
+    y = y.astype(object)
+    y[2] = None
+    with pytest.raises(NonFiniteInputError, match="y contains"):
+        est.fit(X, y)
+    assert ledger.spent("d").epsilon_spent == 0.0 and ledger.pending("d") == []
+
+
+def test_a_missing_value_of_a_nullable_pandas_column_is_named_as_missing():
+    """A ``pandas.NA`` of a nullable integer column in X is a missing value (the
+    NonFiniteInputError's advice), not text to encode."""
+    pd = pytest.importorskip("pandas")
+    X, y = _data()
+    df = pd.DataFrame(X, columns=["a", "b", "c"])
+    df["d"] = pd.array([1] * (len(y) - 1) + [None], dtype="Int64")
+    with pytest.raises(NonFiniteInputError, match="X contains a NaN") as info:
+        M.SSPRegressor(random_state=0).fit(df, y)
+    assert "encode text" not in str(info.value)
+
+
 def test_an_unknown_fit_keyword_is_typed_and_names_what_fit_takes():
     X, y = _data()
     with pytest.raises(ParameterTypeError, match=r"'n_jobs'.*X, y"):

@@ -321,6 +321,24 @@ def test_estimators_in_the_grid_are_not_fitted_in_place():
             Gaussian(1.0), Gaussian(3.0)}
 
 
+def test_a_grid_setting_an_estimator_and_its_parameter_plans_each_candidate():
+    """``{"model": [est], "model__noise_multiplier": [1, 3]}`` (the scikit-learn way to
+    search a replaced step's parameter): each candidate is the step set to a copy of
+    ``est`` with its own value. Planning must not write the value into the grid's shared
+    object, which would leave every candidate's plan with the last value (the runs then
+    refused as not running their planned mechanism) and the grid changed."""
+    X = np.zeros((200, 1))
+    y = np.random.default_rng(0).uniform(-1, 1, 200)
+    model = NoisyMeanRegressor(noise_multiplier=2.0)
+    pipe = PrivatePipeline([("scale", "passthrough"), ("model", NoisyMeanRegressor())])
+    grid = {"model": [model], "model__noise_multiplier": [1.0, 3.0]}
+    s = PrivateSearchCV(pipe, grid, method="composition", loss_bound=4.0,
+                        random_state=0).fit(X, y)
+    assert [m.epsilon(1e-5) for m in s.fit_mechanisms_] == pytest.approx(
+        [Gaussian(1.0).epsilon(1e-5), Gaussian(3.0).epsilon(1e-5)])
+    assert model.noise_multiplier == 2.0           # the grid's object is left as given
+
+
 def test_the_score_noise_has_the_accounted_scale():
     """Zero losses on ``n`` rows: a run's score is ``-Z / (n + Z')`` with ``Z`` the
     clipped-loss sum's Laplace noise, accounted as ``Laplace(2 / score_epsilon)`` of a

@@ -169,3 +169,19 @@ def test_infinite_epsilon_is_refused_with_the_non_private_alternative(cls):
         X, y = np.zeros((4, 2)), np.array([0.0, 1.0, 0.0, 1.0])
         with pytest.raises(ValueError, match="non-private"):
             SSPRegressor(epsilon=math.inf).fit(X, y)
+
+
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=lambda c: c.__name__)
+def test_an_unknown_set_params_name_is_typed_and_sets_nothing(cls):
+    """``set_params(warm_start=True)``, as for a scikit-learn estimator: a
+    ParameterValueError (still a ValueError) naming it and saying why there is no warm
+    start, and the valid names before it in the call are not set either (scikit-learn's
+    set_params raised a plain ValueError after setting them)."""
+    from privlearn.errors import ParameterValueError
+
+    est = _instance(cls)
+    before = est.get_params(deep=False)
+    first = "delta"
+    with pytest.raises(ParameterValueError, match=r"'warm_start'.*no warm start"):
+        est.set_params(**{first: 0.5e-6, "warm_start": True})
+    assert est.get_params(deep=False)[first] == before[first]

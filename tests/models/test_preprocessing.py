@@ -53,6 +53,28 @@ def test_scaler_is_randomised_and_reproducible():
     assert np.array_equal(a.mean_, b.mean_) and not np.array_equal(a.mean_, c.mean_)
 
 
+def test_a_pipeline_steps_clipping_warning_points_at_the_caller_of_fit():
+    """Inside a pipeline the steps' fits are called by scikit-learn's ``Pipeline``: their
+    warnings to the person fitting are attributed to the line that called the pipeline's
+    ``fit``, not to a line of scikit-learn or privlearn."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1.0, 1.0, size=(300, 2))
+    X[:5, 0] = 4.0                                     # outside feature_range
+    y = rng.uniform(-1.0, 1.0, 300)
+    y[:3] = 9.0                                        # outside y_bound
+    pipe = PrivatePipeline([
+        ("scale", PrivateStandardScaler(epsilon=0.5, delta=1e-7, feature_range=(-1, 1),
+                                        random_state=0)),
+        ("rows", Normalizer()),
+        ("model", AdaSSPRegressor(epsilon=0.5, delta=1e-7, y_bound=1.0, random_state=1)),
+    ])
+    with pytest.warns(DataClippedWarning) as record:
+        pipe.fit(X, y)
+    clipped = [r for r in record if issubclass(r.category, DataClippedWarning)]
+    assert len(clipped) == 2                           # the scaler's and the model's
+    assert all(r.filename == __file__ for r in clipped), [r.filename for r in clipped]
+
+
 @pytest.mark.parametrize("quantile", [None, 0.01])
 def test_scaler_warns_that_values_outside_feature_range_are_clipped(quantile):
     """Values outside the declared public range are clipped (the fit equals that on the
@@ -556,3 +578,53 @@ def test_a_frozen_private_step_is_planned_as_it_is_accounted():
     for run, ran in zip(search.runs_, search.fit_mechanisms_, strict=True):
         assert ran == clone(pipe).set_params(**run).planned_mechanism(X, y)
         assert ran.parts[0] == scaler.mechanism_.parts[0]  # the frozen release, counted
+
+
+def _wrapped_scaler(kind, scaler):
+    """``scaler`` inside a container a scikit-learn user reaches for."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.frozen import FrozenEstimator
+    from sklearn.pipeline import FeatureUnion
+
+    if kind == "ColumnTransformer":
+        return ColumnTransformer([("num", scaler, [0, 1])], remainder="passthrough")
+    if kind == "FeatureUnion":
+        return FeatureUnion([("num", scaler)])
+    if kind == "Pipeline":
+        return Pipeline([("num", scaler)])
+    # a frozen fit of a scikit-learn Pipeline holding a private scaler
+    return FrozenEstimator(Pipeline([("num", scaler)]).fit(np.zeros((4, 3))))
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+@pytest.mark.parametrize("kind", ["ColumnTransformer", "FeatureUnion", "Pipeline",
+                                  "FrozenEstimator"])
+@pytest.mark.parametrize("public", [True, False])
+def test_a_private_step_inside_a_container_step_is_refused_not_left_out_of_epsilon(
+        kind, public, tmp_path):
+    """A PrivateStandardScaler inside a ColumnTransformer (or FeatureUnion, a scikit-learn
+    Pipeline, a FrozenEstimator of one) listed in public_steps was fitted on the private
+    data, and its release was missing from the pipeline's mechanism_: epsilon_ reported
+    the regression's 1.0 for a fit that also spent the scaler's 5.0. It is refused, naming
+    the private estimator, before any step releases; pipeline_mechanism refuses it too."""
+    from privlearn.errors import ParameterTypeError
+    from privlearn.ledger import Ledger
+    from privlearn.models import SSPRegressor
+
+    ledger = Ledger(tmp_path / "l.json", create=True)
+    ledger.create_budget("d", epsilon=20.0, delta=1e-5)
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(100, 3))
+    y = X @ [0.5, -0.2, 0.1]
+    scaler = PrivateStandardScaler(epsilon=5.0, feature_range=(-1, 1), random_state=0)
+    step = _wrapped_scaler(kind, scaler)
+    pipe = PrivatePipeline([("prep", step), ("ssp", SSPRegressor(
+        epsilon=1.0, random_state=1, ledger=ledger.budget("d")))],
+        public_steps=("prep",) if public else ())
+    for call in (pipe.fit, pipe.planned_mechanism):
+        with pytest.raises(ParameterTypeError, match=r"'prep'.*PrivateStandardScaler"):
+            call(X, y)
+    assert ledger.spent("d").epsilon_spent == 0.0
+    plain = Pipeline([("prep", step), ("ssp", SSPRegressor(epsilon=1.0))]).fit(X, y)
+    with pytest.raises(ParameterTypeError, match="PrivateStandardScaler"):
+        pipeline_mechanism(plain, public_steps=("prep",))

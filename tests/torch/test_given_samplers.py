@@ -120,3 +120,24 @@ def test_a_seeded_sampler_is_rebuilt_with_its_seed(build, sampling):
     with pytest.warns(UserWarning, match="rebuilt without its seed: secure_mode"):
         p = _private(build(7), sampling=sampling, epochs=1, secure_mode=True)
     assert p.data_loader.batch_sampler.secure
+
+
+@pytest.mark.parametrize("settings,named,not_named", [
+    (dict(users=list(range(N))), ["users="], ["sampling=", "noise="]),
+    (dict(noise="banded", bands=2, sampling="cyclic_poisson", cycle_length=2),
+     ["sampling='cyclic_poisson'", "noise='banded'"], ["users="]),
+    (dict(sampling="balls_in_bins", cycle_length=2), ["sampling='balls_in_bins'"],
+     ["noise=", "users="]),
+], ids=["users", "banded", "bins"])
+def test_a_single_process_setting_on_several_ranks_is_named_alone(monkeypatch, settings,
+                                                                   named, not_named):
+    """On rank 0 of 2, a setting that runs in one process only is refused, naming that
+    setting, not the supported ones (``sampling='poisson'`` blamed for ``users=``)."""
+    monkeypatch.setattr(pe, "world_info", lambda group=None: (0, 2))
+    model = nn.Linear(6, 3)
+    with pytest.raises(ConfigurationError, match="in one process only") as err:
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(toy_data(n=N), batch_size=4), noise_multiplier=1.0,
+                     epochs=1, **settings)
+    head = str(err.value).split(" in one process only")[0]
+    assert all(n in head for n in named) and not any(n in head for n in not_named)

@@ -51,14 +51,15 @@ def _flat(model):
 
 
 def _trainer(out, private_dir, sigma, steps, save=False, seed=3, per_rank=PER_RANK, clip=C,
-             ledger=None):
+             ledger=None, accumulation=1):
     from privlearn.torch.hf import DPTrainer, PrivacyArguments
 
     args = transformers.TrainingArguments(
         output_dir=out, per_device_train_batch_size=per_rank, max_steps=steps,
         learning_rate=LR, logging_steps=1, report_to=[], use_cpu=True, ddp_backend="gloo",
         lr_scheduler_type="constant", disable_tqdm=True, dataloader_pin_memory=False,
-        optim="sgd", save_strategy="steps" if save else "no", save_steps=2)
+        optim="sgd", save_strategy="steps" if save else "no", save_steps=2,
+        gradient_accumulation_steps=accumulation)
     model = _model()
     if seed != 3:  # other weights: a resumed run must load the checkpoint's
         with torch.no_grad():
@@ -82,6 +83,15 @@ def _worker(rank, tmp):
     tr = _trainer(os.path.join(tmp, "exact"), None, 0.0, 3)
     tr.train()
     res["exact"] = _flat(tr.model)
+    # the same logical batches (2 ranks x 2 x 2 = all 8 examples) in chunks of 2 rows
+    tr = _trainer(os.path.join(tmp, "chunks"), None, 0.0, 3, per_rank=2, accumulation=2)
+    tr.train()
+    res["chunks"] = _flat(tr.model)
+    # Poisson at q = 2 x 1 x 2 / 8: each rank trains its own number of chunks per step
+    tr = _trainer(os.path.join(tmp, "poisson"), None, SIGMA, 3, seed=4, per_rank=1,
+                  accumulation=2)
+    tr.train()
+    res["poisson"] = (_flat(tr.model), tr.epsilon(), tr.privacy_engine.accountant.steps)
     from privlearn.ledger import Ledger
 
     path = os.path.join(tmp, "privacy.db")
@@ -136,6 +146,22 @@ def test_ddp_trainer_equals_naive_loop(ranks, oracle):
     assert (naive - start).abs().max() > 1e-4
     torch.testing.assert_close(r0, r1, rtol=0, atol=0)
     torch.testing.assert_close(r0, naive, rtol=1e-4, atol=1e-6)
+
+
+def test_ddp_trainer_with_gradient_accumulation(ranks):
+    """gradient_accumulation_steps=2 with 2 rows per rank is the logical batch of 4 per
+    rank: the parameters of the run with 4 rows per rank (the naive loop's, above); with
+    Poisson batches (each rank its own number of chunks) both ranks stay identical, and
+    epsilon is that of 3 steps at the logical rate 2 x 1 x 2 / 8."""
+    from privlearn.accounting import Gaussian, compose, subsample
+
+    for r in ranks:
+        torch.testing.assert_close(r["chunks"], r["exact"], rtol=1e-5, atol=1e-7)
+    (p0, eps0, steps0), (p1, eps1, steps1) = ranks[0]["poisson"], ranks[1]["poisson"]
+    torch.testing.assert_close(p0, p1, rtol=0, atol=0)
+    want = compose(subsample(Gaussian(SIGMA), rate=WORLD * 2 / N), steps=3).epsilon(1e-5)
+    assert steps0 == steps1 == 3
+    assert eps0 == eps1 == pytest.approx(want, rel=1e-9)
 
 
 def test_ddp_trainer_epsilon_logs_and_resume(ranks):

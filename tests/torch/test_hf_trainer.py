@@ -377,8 +377,8 @@ def test_sequence_classification_with_adaptive_clipping(tmp_path):
 def test_refused_setups(tmp_path):
     ds = _TextSet()
     pa = PrivacyArguments(noise_multiplier=1.0)
-    with pytest.raises(ValueError, match="gradient_accumulation_steps must be 1"):
-        DPTrainer(model=_llama(), args=_args(tmp_path, gradient_accumulation_steps=2),
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be an integer >= 1"):
+        DPTrainer(model=_llama(), args=_args(tmp_path, gradient_accumulation_steps=0),
                   train_dataset=ds, privacy=pa)
     with pytest.raises(TypeError, match="PrivacyArguments"):
         DPTrainer(model=_llama(), args=_args(tmp_path), train_dataset=ds,
@@ -1093,7 +1093,7 @@ def test_auto_find_batch_size_is_refused(tmp_path):
     """The Trainer halves the batch size after an out-of-memory error, which the DP loader
     (whose expected Poisson batch sets the accounted rate) never followed: refused when
     the trainer is built, naming the setting and what bounds memory instead."""
-    _refused_at_build(tmp_path, r"auto_find_batch_size=True.*max_physical_batch_size",
+    _refused_at_build(tmp_path, r"auto_find_batch_size=True.*gradient_accumulation_steps",
                       auto_find_batch_size=True)
 
 

@@ -207,3 +207,83 @@ def test_registries_refuse_a_key_that_is_not_a_class():
         grad_sample.register_rule("Linear")
     with pytest.raises(ParameterTypeError, match="register_validator"):
         validator.register_validator(nn.Linear(2, 2))
+
+
+class _ScaledLookup(nn.Embedding):
+    """An Embedding whose forward scales the lookup (as Gemma's word embedding does)."""
+
+    def forward(self, ids):
+        return super().forward(ids) * 3.0
+
+
+class _ShiftedLookup(nn.Embedding):
+    """An Embedding looking up ids shifted by two (as OPT's learned positions do)."""
+
+    def forward(self, ids):
+        return super().forward(ids + 2)
+
+
+class _PlainSubclass(nn.Linear):
+    """A subclass overriding nothing that computes: the Linear rule still applies."""
+
+
+@pytest.mark.parametrize("layer", [_ScaledLookup, _ShiftedLookup])
+def test_a_subclass_overriding_forward_does_not_inherit_the_base_rule(layer, oracle):
+    """The base's rule describes the base's forward only: a subclass computing something
+    else gets the generic rule (with a warning) and the clipped sum of the naive loop."""
+    torch.manual_seed(0)
+    model = nn.Sequential(layer(12, 4, dtype=torch.float64), nn.Flatten(),
+                          nn.Linear(12, 3, dtype=torch.float64))
+    ids = torch.tensor([[1, 2, 3], [4, 4, 1], [0, 5, 9], [7, 7, 7]])
+    y = torch.tensor([0, 1, 2, 1])
+    rows = oracle.grads(lambda i: nn.functional.cross_entropy(model(ids[i:i + 1]), y[i:i + 1]),
+                        4, list(model.parameters()))
+    c = rows.norm(dim=1).median().item()
+    ref, ref_norms = oracle.clip_and_sum(rows, c)
+    with pytest.warns(RuntimeWarning, match="overrides .*forward"):
+        assert grad_sample.get_rule(model[0]) is None
+    tracker = GradSampleTracker(model, loss_reduction="mean")
+    try:
+        nn.functional.cross_entropy(model(ids), y).backward()
+        sums, _, norms = tracker.clipped_sum(c)
+    finally:
+        tracker.detach()
+    got = torch.cat([sums[id(p)].reshape(-1) for p in model.parameters()])
+    torch.testing.assert_close(norms.double(), ref_norms, rtol=1e-10, atol=0)
+    assert (got - ref).norm() <= 1e-10 * ref.norm()
+
+
+def test_a_subclass_overriding_nothing_keeps_the_base_rule():
+    assert grad_sample.get_rule(_PlainSubclass(2, 2)) is grad_sample.get_rule(nn.Linear(2, 2))
+
+
+class OddScaledWordEmbedding(nn.Embedding):
+    """Named like Hugging Face's scaled word embeddings, with an ``embed_scale``, but
+    adding it instead of multiplying by it: the class-name rule must notice."""
+
+    embed_scale = 2.0
+
+    def forward(self, ids):
+        return super().forward(ids) ** 2 + self.embed_scale
+
+
+def test_a_look_alike_scaled_embedding_is_checked_and_handed_to_the_generic_rule(oracle):
+    torch.manual_seed(0)
+    model = nn.Sequential(OddScaledWordEmbedding(12, 4, dtype=torch.float64), nn.Flatten(),
+                          nn.Linear(12, 3, dtype=torch.float64))
+    ids = torch.tensor([[1, 2, 3], [4, 4, 1], [0, 5, 9], [7, 7, 7]])
+    y = torch.tensor([0, 1, 2, 1])
+    rows = oracle.grads(lambda i: nn.functional.cross_entropy(model(ids[i:i + 1]), y[i:i + 1]),
+                        4, list(model.parameters()))
+    c = rows.norm(dim=1).median().item()
+    ref, _ = oracle.clip_and_sum(rows, c)
+    assert grad_sample.get_rule(model[0]).compute.__name__ == "scaled_embedding_rule"
+    tracker = GradSampleTracker(model, loss_reduction="mean")
+    try:
+        nn.functional.cross_entropy(model(ids), y).backward()
+        with pytest.warns(RuntimeWarning, match="does not behave as privlearn's rule"):
+            sums, _, _ = tracker.clipped_sum(c)
+    finally:
+        tracker.detach()
+    got = torch.cat([sums[id(p)].reshape(-1) for p in model.parameters()])
+    assert (got - ref).norm() <= 1e-10 * ref.norm()

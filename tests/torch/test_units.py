@@ -419,3 +419,22 @@ def test_an_example_rate_sampler_under_users_warns_of_the_user_rate_it_accounts(
                           DataLoader(ds, batch_size=1), noise_multiplier=1.0,
                           max_grad_norm=1.0, users=users, seed=3)
     assert p2.sampling_rate == pytest.approx(0.1)
+
+
+def test_max_examples_per_user_without_users_is_refused_before_any_step():
+    """``max_examples_per_user=k`` without ``users``: the run would be per example (the
+    setting ignored), which whoever wrote it did not mean; refused, naming ``users=``."""
+    from privlearn.errors import ConfigurationError
+
+    data = _data()
+    model = _mlp()
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(ConfigurationError, match="users="):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(data, batch_size=8), noise_multiplier=1.0,
+                     epochs=1, max_examples_per_user=4)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(data, batch_size=8), noise_multiplier=1.0,
+                     epochs=1, users=torch.arange(len(data)) // 4, max_examples_per_user=4)
+    assert p.config.privacy_unit == "user"

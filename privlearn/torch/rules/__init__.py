@@ -8,10 +8,11 @@ rules for PyTorch's ``Linear``, ``Conv1d``/``Conv2d``, ``Embedding`` and
 :mod:`privlearn.torch.rules.transformers` recognises layers of Hugging Face
 ``transformers`` (and look-alikes) by class name and attributes, without importing the
 library: ``Conv1D`` (GPT-2), Llama/Qwen/Mistral/T5-style ``*RMSNorm`` modules and
-``torch.nn.RMSNorm``, and ViT's embeddings (class token and position embedding
-parameters). Each class-name match is checked once per module instance against the
-generic :mod:`torch.func` fallback on two examples; a module whose behaviour differs from
-the rule's assumptions is then handled by the fallback instead (with a warning).
+``torch.nn.RMSNorm``, ``*ScaledWordEmbedding`` lookups (Gemma, BART), ``FalconLinear``
+and ViT's embeddings (class token and position embedding parameters). Each class-name
+match is checked once per module instance against the generic :mod:`torch.func` fallback
+on two examples; a module whose behaviour differs from the rule's assumptions is then
+handled by the fallback instead (with a warning).
 
 :mod:`privlearn.torch.rules.opacus` recognises Opacus's DP layers (``DPLSTM``,
 ``DPGRU``, ``DPRNN``, ``SequenceBias``, ``DPMultiheadAttention``) the same way, by class

@@ -4,11 +4,18 @@ is never imported here).
 * ``Conv1D`` (GPT-2, GPT): ``y = x W + b`` with ``W`` of shape ``(in, out)``, a
   Linear layer with a transposed weight; it reuses the Linear machinery (ghost norms or
   materialised outer products, :func:`privlearn.torch.grad_sample.linear_like`).
+* ``FalconLinear``: ``x @ W.T + b``, the Linear rule (an ``nn.Linear`` subclass
+  overriding its forward does not inherit the Linear rule otherwise).
 * RMSNorm (``torch.nn.RMSNorm`` and ``LlamaRMSNorm``-style modules: class name ending in
   ``RMSNorm``, one ``weight`` vector, an ``eps`` or ``variance_epsilon``): the
   per-example weight gradient is ``sum_t g_t * xhat_t`` with ``xhat`` the normalised
   input, computed in float32 and rounded to the input dtype as those modules do (Zhang &
   Sennrich 2019, "Root Mean Square Layer Normalization").
+* ``*ScaledWordEmbedding`` (Gemma, BART, M2M100, ...: an ``nn.Embedding`` whose
+  forward multiplies the lookup by ``embed_scale``): the Embedding rule with the output
+  gradient times the scale. (Other subclasses of ``nn.Embedding`` that override its
+  forward, as the learned positional embeddings of OPT and BART do, do not inherit the
+  Embedding rule: :func:`privlearn.torch.rule_registry.get_rule`.)
 * ``ViTEmbeddings``: the class token's per-example gradient is the output gradient at
   position 0, the position embedding's the whole output gradient (the patch projection
   is its own Conv2d unit).
@@ -34,9 +41,11 @@ from privlearn.torch.grad_sample import (
     register_predicate_rule,
     register_rule,
 )
+from privlearn.torch.rules.embedding import EmbeddingContribution
 from privlearn.torch.rules.linear import linear_like
 
-__all__ = ["conv1d_transposed_rule", "rmsnorm_rule", "vit_embeddings_rule", "verified"]
+__all__ = ["conv1d_transposed_rule", "falcon_linear_rule", "rmsnorm_rule", "scaled_embedding_rule",
+           "vit_embeddings_rule", "verified"]
 
 _CHECK_EXAMPLES = 2
 #: per module instance, whether its class-name rule was verified ("ok") or the module
@@ -110,6 +119,18 @@ def conv1d_transposed_rule(module: nn.Module, record: Record, params) -> Contrib
                        transposed=True)
 
 
+def _is_falcon_linear(m: nn.Module) -> bool:
+    return (type(m).__name__ == "FalconLinear" and isinstance(m, nn.Linear)
+            and not m._modules)
+
+
+@register_predicate_rule(_is_falcon_linear, casts_input=True)
+@verified
+def falcon_linear_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """Falcon's ``FalconLinear``: ``x @ W.T (+ b)``, ``nn.Linear``'s map written out."""
+    return linear_like(record.args[0], record.grad(0), module.weight, module.bias, params)
+
+
 # --------------------------------------------------------------------------- RMSNorm
 
 
@@ -150,6 +171,33 @@ def rmsnorm_rule(module: nn.Module, record: Record, params) -> Contribution:
     xf = x.to(torch.float32)  # as the module does, whatever the input dtype
     xhat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return _rms_contribution(x, g, module.weight, params, xhat)
+
+
+# --------------------------------------------------------------------------- embeddings
+
+
+def _embed_scale(m: nn.Module) -> float | None:
+    """The ``embed_scale`` a scaled word embedding multiplies its lookup by (a float, or a
+    0-d buffer taken in the weight's dtype as the module does), else None."""
+    s = getattr(m, "embed_scale", None)
+    if isinstance(s, torch.Tensor) and s.dim() == 0 and s.is_floating_point():
+        return float(s.to(m.weight.dtype))
+    return float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else None
+
+
+def _is_scaled_embedding(m: nn.Module) -> bool:
+    return (isinstance(m, nn.Embedding) and type(m).__name__.endswith("ScaledWordEmbedding")
+            and set(m._parameters) == {"weight"} and not m._modules
+            and _embed_scale(m) is not None)
+
+
+@register_predicate_rule(_is_scaled_embedding)
+@verified
+def scaled_embedding_rule(module: nn.Module, record: Record, params) -> Contribution:
+    """``embedding(ids) * embed_scale``: the Embedding contribution of ``scale * g``."""
+    g = record.grad(0)
+    g = as_dtype(g, compute_dtype(g)) * _embed_scale(module)
+    return EmbeddingContribution(module.weight, record.args[0], g, module.padding_idx)
 
 
 # --------------------------------------------------------------------------- ViT
