@@ -109,13 +109,18 @@ class OptimizerDelegation(torch.optim.Optimizer):
         args = (self, *args)
         with torch.autograd.profiler.record_function(
                 f"Optimizer.step#{type(self).__name__}.step"):
-            for hook in self._optimizer_step_pre_hooks.values():
-                result = hook(self, args, kwargs)
-                if result is not None:
-                    if not (isinstance(result, tuple) and len(result) == 2):
-                        raise TrainingLoopError("a step pre-hook must return None or a tuple "
-                                           f"(new_args, new_kwargs), got {result!r}")
-                    args, kwargs = result
+            try:
+                for hook in self._optimizer_step_pre_hooks.values():
+                    result = hook(self, args, kwargs)
+                    if result is not None:
+                        if not (isinstance(result, tuple) and len(result) == 2):
+                            raise TrainingLoopError(
+                                "a step pre-hook must return None or a tuple (new_args, "
+                                f"new_kwargs), got {result!r}")
+                        args, kwargs = result
+            except Exception as exc:  # distributed: refused on every rank together
+                getattr(self, "_refuse_together", lambda _e: None)(exc)
+                raise
             out = step(*args[1:], **kwargs)
             self._optimizer_step_code()
             for hook in self._optimizer_step_post_hooks.values():

@@ -523,12 +523,19 @@ class LedgerLink:
         if whole and entry is not None:  # a planned run: what a checkpoint names
             self.lineage, self.plan_steps = [(entry.seq, entry.hash)], n
 
+    def covered(self, sigma: float, q: float) -> bool:
+        """Whether the next step of this configuration is covered by an open reservation
+        (every rank of a group gets the same answer: their reservations are the first
+        rank's)."""
+        if not self._open:
+            return False
+        last = self._open[-1]
+        return (last.sigma, last.q) == (sigma, q) and last.used < last.reserved
+
     def ensure(self, sigma: float, q: float) -> None:
         """Make sure the next step of this configuration is covered by a reservation."""
-        if self._open:
-            last = self._open[-1]
-            if (last.sigma, last.q) == (sigma, q) and last.used < last.reserved:
-                return
+        if self.covered(sigma, q):
+            return
         if self.run is not None and self._open:
             # the run's mechanism is not a composition of chunks: no step past the plan
             raise PrivacyBudgetExceededError(

@@ -182,6 +182,11 @@ class ShardedTracker(GradSampleTracker):
         # where each unit's parameters live in its modules, found while they are the
         # sharded DTensors (make_private's check); FSDP2 swaps the objects in those slots
         self._unit_slots = {id(u): _param_slots(u.module, u.params) for u in self.units}
+        names: dict[int, list] = {}
+        for n, v in self.model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(v), []).append(n)
+        #: the names of each parameter registered under several (a tied output bias)
+        self.tied_names = {k: v for k, v in names.items() if len(v) > 1}
 
     def _trainable_signature(self) -> tuple:
         return tuple(n for n, p in self.model.named_parameters() if p.requires_grad)
@@ -219,15 +224,20 @@ class ShardedTracker(GradSampleTracker):
         from privlearn.torch.probe import pad_passes, planned_passes
 
         inputs = self._probe_inputs
-        own = planned_passes(inputs, examples)
-        most = torch.tensor([own], dtype=torch.int64)
+        most = torch.tensor([planned_passes(inputs, examples)], dtype=torch.int64)
         dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.process_group)
-        super().check_independence(examples)
-        self._probing = True
+        self.probe_passes, error = 0, None  # counted by the probe: a refusal may stop it
         try:
-            pad_passes(self, inputs, examples, int(most.item()) - own)
+            super().check_independence(examples)
+        except Exception as exc:  # noqa: BLE001 - raised after the others' passes
+            error = exc
+        self._probing = True
+        try:  # as many passes as the rank that runs the most, also on a refusing rank
+            pad_passes(self, inputs, examples, int(most.item()) - self.probe_passes)
         finally:
             self._probing = False
+        if error is not None:  # the step then refuses on every rank (privlearn.torch._agree)
+            raise error
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
                     per_param: dict | None = None, **kwargs):
@@ -300,8 +310,9 @@ class ShardedGradients:
                     "after backward() and before anything unshards the model (a "
                     "summon_full_params or unshard() call). No step was taken")
             if p.grad is not None and p.grad is not self._given.get(id(p)):
-                names = {id(v): n for n, v in opt.tracker.model.named_parameters()}
                 opt.tracker.clear()
+                _refuse_tied_use(getattr(opt.tracker, "tied_names", {}).get(id(p)))
+                names = {id(v): n for n, v in opt.tracker.model.named_parameters()}
                 raise TrainingLoopError(
                     f"parameter {names.get(id(p), tuple(p.shape))!r} received a gradient "
                     "from autograd (FSDP reduced it): it is used outside its layers (a "
@@ -310,9 +321,11 @@ class ShardedGradients:
                     "taken and nothing was released")
         dev = params[0].to_local().device if params else torch.device("cpu")
         full = {id(p): torch.zeros(p.shape, dtype=p.dtype, device=dev) for p in params}
+        opt._agree()  # every rank unshards (a collective), or all refuse
         opt._clipped_sum(full, examples=examples, units=units)
         for k, a in opt._take_accumulated().items():  # earlier chunks (none under FSDP2)
             full[k].add_(a.to(full[k].dtype))
+        opt._agree()  # and every rank's clipping passed (a NaN refused on one rank only)
         if not params:
             return
         world = params[0].device_mesh.size()
@@ -356,6 +369,26 @@ class ShardedGradients:
                                       shape=p.shape, stride=p.stride())
             p.grad = grad
             self._given[id(p)] = grad
+
+
+def _refuse_tied_use(names: list | None) -> None:
+    """Refuse, as in one process (:func:`privlearn.torch._aliases.refuse_alias_uses`), a
+    gradient that autograd gave a parameter registered under two names (a tied output
+    bias): the enclosing module used it in its own forward, a use no rule covers (FSDP2
+    swaps the parameters in the modules' slots, so the alias guard sees no use there)."""
+    from privlearn.errors import UnsupportedModuleError
+
+    if not names:
+        return
+    raise UnsupportedModuleError(
+        f"parameter {names} is registered by a module that uses it in its own forward, "
+        "and by a submodule too (a tied parameter): the submodule's rule gives the "
+        "per-example gradient of its own use only, and the enclosing module's use has no "
+        "rule (autograd's gradient of it, reduced by FSDP, is neither per example nor "
+        "clipped). Register each such parameter on the module that uses it, route the use "
+        "through a submodule (e.g. an nn.Linear sharing the tensor), or register a rule "
+        "covering the whole enclosing module (privlearn.torch.register_rule(..., "
+        "scope='subtree')). No step was taken and nothing was released")
 
 
 def _mesh_group(model: nn.Module):

@@ -81,6 +81,7 @@ from privlearn.errors import (
     TrainingLoopError,
 )
 from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier, next_clip_bound
+from privlearn.torch._agree import StepAgreement
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
@@ -96,7 +97,7 @@ from privlearn.torch.units import RowUnits
 __all__ = ["AdaptiveClipping", "DPOptimizer", "gradient_noise_multiplier"]
 
 
-class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
+class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
     """Drop-in wrapper of a torch optimizer performing DP-SGD steps.
 
     Use ``zero_grad()``, ``step()``, ``param_groups``, ``state``, ``state_dict()`` as with
@@ -194,6 +195,8 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
         self.world_size = int(world_size)
         self.process_group = process_group
         self.sharded = sharded
+        self._init_agreement()  # ranks refuse a step together (privlearn.torch._agree)
+        self._chunk_refusal = None  # why a chunk of the open logical batch was refused
         #: the flat gradient buffers, one per device and dtype of the parameters (last
         #: step's, reused when nobody holds them any more)
         self._buffers: list[torch.Tensor] = []
@@ -373,7 +376,7 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
     def _begin_logical_batch(self, why: str | None = None) -> None:
         """A new logical batch begins: the clipped sums of an unfinished one (the loop
         was left between its chunks, or ``why``) are discarded, never released."""
-        self._skipping, self._centred_count = False, 0.0  # nothing of a dropped batch
+        self._skipping, self._centred_count, self._chunk_refusal = False, 0.0, None
         if self._out is not None or self._carry:
             self._out, self._carry = None, {}
             warnings.warn(
@@ -531,10 +534,18 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
             :meth:`clip_and_accumulate` has not added, or the batch has examples and
             nothing of it was added (noise alone, charged as a step of the batch, as
             ``step()`` refuses too). Nothing is released."""
-        drawn = self.sampler.take() if self.sampler is not None else None
-        self._check_accumulation(rows=False)
-        self._check_noise_only(drawn)
-        cfg = self._checked_cfg()
+        drawn = None
+        try:
+            drawn = self.sampler.take() if self.sampler is not None else None
+            self._check_accumulation(rows=False)
+            self._check_noise_only(drawn)
+            cfg = self._checked_cfg()
+            self._agree()  # distributed: every rank goes on, or all refuse
+        except Exception as exc:
+            if drawn is not None and hasattr(exc, "refused_ranks"):
+                self.sampler.refused(drawn)
+            self._refuse_together(exc)
+            raise
         carry = self._open_buffers(fill=False) if self._out is None else None
         try:
             self._noise_into(add=True)
@@ -554,6 +565,7 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
         carry = self._open_buffers(fill) if self._out is None else None
         try:
             self._clipped_sum(self._out, examples=examples, units=units)
+            self._agree()  # distributed: all ranks release, or none (before any noise drawn)
             if not fill:
                 self._noise_into(add=True)
         except BaseException:
@@ -747,10 +759,14 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
         with torch.enable_grad():
             loss = None if closure is None else closure()
         self.tracker.clear()
+        refusal = self._chunk_refusal if self._final_chunk else None
         self._skipping = not self._final_chunk
         self._final_chunk, self._chunk_size, self._chunk_groups = True, None, None
         if (scaler := self._amp_scaler()) is not None:
             self._report_found_inf(scaler, None)
+        if refusal is not None:  # the other ranks wait to release the batch: all refuse
+            self._chunk_refusal = None
+            self._refuse_together(refusal)
         return loss
 
     def _recorded_or_dropped(self, drawn, rows: int | None, then):
@@ -759,6 +775,8 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
         try:
             self._require_recorded(rows)
             self.tracker.check_outside_uses()
+            if self.sharded is not None and self._agree(self.tracker._probe_pending):
+                self.tracker._probe_pending = True  # FSDP2: its passes are collectives
             self.tracker.check_independence(rows)
             return then()
         except Exception:  # nothing was released: p.grad is set last, once all passed
@@ -770,12 +788,11 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
             raise
 
     def _step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        scaler = self._amp_scaler()
+        loss, scaler, final = None, self._amp_scaler(), self._final_chunk
         try:
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
             self._sync_params()
             self._check_update_set()
             if not self._final_chunk:  # a physical chunk of a virtual batch
@@ -792,6 +809,12 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
             cfg = self._recorded_or_dropped(drawn, examples, lambda: self._released(
                 examples, units))
             self._chunk_size, self._chunk_groups = None, None
+        except Exception as exc:  # distributed: refused on every rank, or kept for the
+            if final:             # last chunk (the ranks' chunk counts may differ)
+                self._refuse_together(exc)
+            elif self._agreement is not None:
+                self._chunk_refusal = exc
+            raise
         finally:
             self._dynamic_scale = 1.0
         found_inf = None
@@ -831,6 +854,8 @@ class DPOptimizer(StepChecks, LossScaling, OptimizerDelegation):
         if self.budget is not None:
             self.budget.check(cfg[0], cfg[1])
         if self.ledger is not None:
+            if self._agreement is not None and not self.ledger.covered(cfg[0], cfg[1]):
+                self._agree()  # a reservation is a collective of the ranks
             self.ledger.ensure(cfg[0], cfg[1])
         return cfg
 

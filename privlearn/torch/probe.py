@@ -355,6 +355,7 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
     forward already moved would otherwise read as constant), restored afterwards; returns
     the units' fingerprints, the output's and the buffers the pass wrote."""
     model = tracker.model
+    tracker.probe_passes = getattr(tracker, "probe_passes", 0) + 1  # FSDP2 pads to the most
     col = _Collector(tracker, examples)
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
                for i, u in enumerate(tracker.units)]

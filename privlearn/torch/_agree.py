@@ -1,0 +1,211 @@
+"""Ranks that refuse a step together: a refusal on one rank is a refusal on all.
+
+The ranks of a distributed run release one gradient per step: the all-reduce (or, under
+FSDP2, the unshard and reduce-scatter) of their noisy clipped sums. A rank whose step
+is refused before that collective (its batch holds a NaN, it called ``step()`` without a
+new batch, a check of its own state failed) raises, and the others would wait in the
+collective for it forever (gloo: until the group's timeout; NCCL: a watchdog abort after
+up to 30 minutes). So before each collective of a step every rank joins one small
+all-reduce of its status: whether its step was refused, its released steps and the draw
+of the loader it trains on. A rank that refused joins it from its error; when any rank
+refused, or the ranks are not at the same step and draw, every rank raises the same
+typed error naming the ranks and their causes, before anything is released, accounted
+or drawn from the noise.
+
+The status is a CPU tensor of ``4 W`` integers reduced over a CPU-capable group
+(the run's own group when its backend is gloo or MPI, else a gloo group of the same
+ranks made with the optimizer): reading it back waits for the other ranks, never for an
+accelerator, so a steady step gains one small host-side collective and no device read.
+Only a refusal gathers the ranks' messages (one ``all_gather_object``).
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import torch
+
+from privlearn import errors
+from privlearn.errors import TrainingLoopError
+
+__all__ = ["Agreement", "StepAgreement"]
+
+
+def _cpu_group(process_group):
+    """A group of the same ranks as ``process_group`` (None: the world) that reduces CPU
+    tensors: itself when its backend does, else a new gloo group (made collectively, by
+    every rank of the group, as make_private is called)."""
+    import torch.distributed as dist
+
+    try:
+        backend = str(dist.get_backend(process_group)).lower()
+    except Exception:  # noqa: BLE001 - an unknown group: try a gloo one below
+        backend = ""
+    if "gloo" in backend or backend == "mpi":
+        return process_group
+    if not dist.is_gloo_available():
+        return None
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    ranks = tuple(dist.get_process_group_ranks(process_group or dist.group.WORLD))
+    default = _get_default_group()
+    made = _CPU_GROUPS.get(ranks)
+    if made is None or made[0] is not default:  # one per group and initialisation; every
+        group = (dist.new_group(backend="gloo") if process_group is None else  # rank asks
+                 dist.new_group(ranks=list(ranks), backend="gloo",           # in one order
+                                use_local_synchronization=True))
+        made = _CPU_GROUPS[ranks] = (default, group)
+    return made[1]
+
+
+#: the gloo groups made for the status of runs whose own group reduces no CPU tensor
+_CPU_GROUPS: dict = {}
+
+
+class Agreement:
+    """The ranks' status exchange of one distributed DP optimizer (module docstring).
+
+    Parameters
+    ----------
+    process_group : optional
+        The run's torch.distributed group (None: the world).
+    world_size : int
+    """
+
+    def __init__(self, process_group, world_size: int):
+        import torch.distributed as dist
+
+        self.world = int(world_size)
+        self.rank = dist.get_rank(process_group)
+        self.group = _cpu_group(process_group)
+        #: where the status tensor lives: the CPU, or (no CPU-capable group) the
+        #: accelerator of the run's group, whose read then waits for the device
+        self.device = torch.device("cpu")
+        if self.group is None:
+            self.group = process_group
+            backend = str(dist.get_backend(process_group))
+            if "nccl" in backend and torch.cuda.is_available():
+                self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def agree(self, error: BaseException | None, steps: int, draw: int, flag: bool = False,
+              what: str = "optimizer.step()") -> bool:
+        """Join the ranks' status exchange with this rank's ``error`` (None: its step may
+        go on), its released ``steps``, the ``draw`` it trains on (-1: none) and a
+        ``flag``. Returns, when every rank may go on, whether any rank raised its flag;
+        otherwise raises on every rank (from ``error`` here).
+
+        Raises
+        ------
+        Exception
+            Some rank refused: the refusing ranks' error type when they share one of
+            privlearn's (or a built-in) types, else :class:`TrainingLoopError`, naming
+            every refusing rank and its cause; the ranks at different steps or draws:
+            :class:`TrainingLoopError` naming each rank's.
+        """
+        import torch.distributed as dist
+
+        w, r = self.world, self.rank
+        mine = [0] * (4 * w)
+        mine[r], mine[w + r] = int(error is not None), steps
+        mine[2 * w + r], mine[3 * w + r] = draw, int(flag)
+        status = torch.tensor(mine, dtype=torch.int64, device=self.device)
+        try:
+            dist.all_reduce(status, op=dist.ReduceOp.SUM, group=self.group)
+        except RuntimeError as exc:  # gloo: a rank that left the group fails it at once
+            raise _left(what, steps, exc) from exc
+        seen = status.tolist()  # a CPU tensor: waits for the ranks, not for a device
+        refused = [k for k in range(w) if seen[k]]
+        steps_of, draws_of = seen[w:2 * w], seen[2 * w:3 * w]
+        if not refused and len(set(steps_of)) == 1 and len(set(draws_of)) == 1:
+            return any(seen[3 * w:])
+        if not refused:
+            where = ", ".join(f"rank {k}: {s} steps taken, training draw {d}"
+                              for k, (s, d) in enumerate(zip(steps_of, draws_of, strict=True)))
+            exc = TrainingLoopError(
+                f"{what} was refused on every rank: the {w} ranks are not at the same step "
+                f"({where}). "
+                "Every rank must call step() once per batch of p.data_loader, all together: "
+                "a rank that skipped a step (after catching an error raised on it alone, "
+                "outside step()) or called it an extra time would add its gradient to "
+                "another step of the other ranks. Nothing was released or accounted on any "
+                "rank; each rank's batch stays pending until its loader delivers the next")
+            exc.refused_ranks = []
+            raise exc
+        mine = None if error is None else (type(error).__name__, str(error))
+        gathered: list = [None] * w
+        dist.all_gather_object(gathered, mine, group=self.group)
+        causes = [(k, gathered[k]) for k in refused if gathered[k] is not None]
+        exc = _collective_error(causes, what, w)
+        if error is not None:
+            raise exc from error
+        raise exc
+
+
+def _left(what: str, steps: int, cause: BaseException) -> TrainingLoopError:
+    """The error of a status exchange that failed: another rank is gone."""
+    exc = TrainingLoopError(
+        f"{what} could not reach the other ranks after {steps} steps ({cause}): a rank left "
+        "the process group or failed, e.g. its loop ended while this one called step() "
+        "once more. Every rank must call step() as many times as the others, once per "
+        "batch of p.data_loader. Nothing of this step was released or accounted here")
+    exc.refused_ranks = []
+    return exc
+
+
+def _collective_error(causes: list, what: str, world: int) -> BaseException:
+    """The one error every rank raises for ``causes`` (``(rank, (type name, message))``)."""
+    names = {name for _, (name, _) in causes}
+    cls = TrainingLoopError
+    if len(names) == 1:
+        name = next(iter(names))
+        found = getattr(errors, name, None) or getattr(builtins, name, None)
+        if isinstance(found, type) and issubclass(found, Exception):
+            cls = found
+    ranks = [k for k, _ in causes]
+    shown = "; ".join(f"rank {k}: {name}: {msg[:800]}" for k, (name, msg) in causes)
+    message = (
+        f"{what} was refused on rank(s) {ranks} of {world}, so it is refused on every rank "
+        "(the ranks release one all-reduced gradient together; a rank going on alone would "
+        f"wait for the refusing one forever). {shown}. No rank released, drew noise for or "
+        "accounted this step; each rank's batch stays pending until its loader delivers "
+        "the next, so the ranks go on together from the next batch")
+    try:
+        exc = cls(message)
+    except Exception:  # noqa: BLE001 - a type that needs more than a message
+        exc = TrainingLoopError(message)
+    exc.refused_ranks = ranks
+    return exc
+
+
+class StepAgreement:
+    """The DP optimizer's side of the agreement (a mixin of
+    :class:`~privlearn.torch.optimizer.DPOptimizer`): it reads ``world_size``,
+    ``process_group``, ``accountant`` and ``sampler`` and keeps ``_agreement``."""
+
+    def _init_agreement(self) -> None:
+        self._agreement = (Agreement(self.process_group, self.world_size)
+                           if self.world_size > 1 else None)
+
+    def _status(self) -> tuple[int, int]:
+        drawn = self.sampler.pending() if self.sampler is not None else None
+        return self.accountant.steps, -1 if drawn is None else drawn.index
+
+    def _agree(self, flag: bool = False) -> bool:
+        """Before a collective of the step: go on only if every rank goes on; returns
+        whether any rank raised ``flag`` (one process: ``flag``)."""
+        if self._agreement is None:
+            return flag
+        return self._agreement.agree(None, *self._status(), flag=flag)
+
+    def _refuse_together(self, error: BaseException) -> None:
+        """``error`` refused this rank's step before its collective: raise it on every
+        rank (the agreement's error; returns only in one process, or when ``error`` came
+        from the agreement itself, for the caller to re-raise)."""
+        if self._agreement is None or hasattr(error, "refused_ranks"):
+            return
+        import torch.distributed as dist
+
+        if not isinstance(error, Exception) or isinstance(  # an interrupt; a collective's
+                error, getattr(dist, "DistError", ())):   # own failure: as they are
+            return
+        self._agreement.agree(error, *self._status())
