@@ -79,6 +79,16 @@ class OptimizerDelegation(torch.optim.Optimizer):
     """``torch.optim.Optimizer`` whose groups, state and defaults are those of
     ``self.original_optimizer`` (set by the subclass before :meth:`_init_optimizer_api`)."""
 
+    def __new__(cls, *args, **kwargs):
+        # built by make_private; Opacus's DPOptimizer(optimizer, noise_multiplier=...,
+        # ...) (no tracker) says so, rather than "missing argument 'tracker'"
+        from privlearn.torch.tracker import GradSampleTracker
+
+        tracker = args[1] if len(args) > 1 else kwargs.get("tracker")
+        if (args or kwargs) and not isinstance(tracker, GradSampleTracker):
+            raise not_built_by_make_private(cls.__name__)
+        return super().__new__(cls)
+
     def __getattr__(self, name: str):  # only for missing attributes: Opacus's names
         if name in OPACUS_OPTIMIZER_METHODS:
             raise AttributeError(f"{type(self).__name__} has no {name} (of Opacus's "

@@ -85,7 +85,7 @@ from privlearn.torch._agree import StepAgreement
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
-from privlearn.torch._optimizer_api import OptimizerDelegation, not_built_by_make_private
+from privlearn.torch._optimizer_api import OptimizerDelegation
 from privlearn.torch._rows import flat_views
 from privlearn.torch._step_checks import StepChecks
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
@@ -151,14 +151,6 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
     sharded : ShardedGradients or None
         The FSDP2 gradient exchange (None: replicated parameters).
     """
-
-    def __new__(cls, *args, **kwargs):
-        # built by make_private; Opacus's DPOptimizer(optimizer, noise_multiplier=...,
-        # ...) (no tracker) says so, rather than "missing argument 'tracker'"
-        tracker = args[1] if len(args) > 1 else kwargs.get("tracker")
-        if (args or kwargs) and not isinstance(tracker, GradSampleTracker):
-            raise not_built_by_make_private(cls.__name__)
-        return super().__new__(cls)
 
     def __init__(self, optimizer: torch.optim.Optimizer, tracker: GradSampleTracker, *,
                  noise_multiplier: float, max_grad_norm: float, expected_batch_size: float,
