@@ -141,7 +141,17 @@ def _scores(name: str, x) -> np.ndarray:
         x = x.detach().cpu().numpy()
     if isinstance(x, (str, bytes)):
         raise ParameterTypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
-    raw = np.asarray(x)
+    try:
+        raw = np.asarray(x)
+    except ValueError:  # ragged nesting: NumPy's own message names no parameter
+        raise ParameterValueError(
+            f"{name} must be a flat array of real numbers (one score per canary), got a "
+            f"ragged {type(x).__name__} whose rows differ in length; pass one float per "
+            "canary") from None
+    if raw.dtype.kind in "mM":  # NumPy converts datetimes and durations to floats
+        raise ParameterTypeError(
+            f"{name} must be real numbers, got {raw.dtype} values; pass one float score "
+            "per canary (higher = more likely included)")
     if raw.dtype.kind in "c":
         raise ParameterTypeError(f"{name} must be real numbers, got complex values (dtype "
                         f"{raw.dtype}); pass the real scores, e.g. np.real(s) if that is meant")
@@ -563,6 +573,9 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
     outs = _scores("out_scores", out_scores)
     d = _check_delta(delta)
     c = _check_confidence(confidence)
+    if not isinstance(method, str):
+        raise ParameterTypeError(f"method must be a string, one of {METHODS}, got "
+                                 f"{type(method).__name__} {method!r}")
     if method not in METHODS:
         raise ParameterValueError(f"method must be one of {METHODS}, got {method!r}")
     if method in ("gdp", "one_run_fdp") and d == 0:

@@ -417,6 +417,24 @@ def test_bad_confidence(confidence):
         epsilon_lower_bound([1.0], [0.0], delta=1e-5, confidence=confidence)
 
 
+@pytest.mark.parametrize("ins,err,match", [
+    ([[1.0, 2.0], [3.0]], ValueError, "in_scores must be a flat array .* ragged"),
+    (np.array(["2020-01-01"], dtype="datetime64[D]"), TypeError,
+     "in_scores must be real numbers, got datetime64"),
+    (np.array([1, 2], dtype="timedelta64[s]"), TypeError, "in_scores must be real numbers")])
+def test_scores_numpy_would_misread_are_refused_naming_the_parameter(ins, err, match):
+    # a ragged list raised NumPy's own ValueError (no parameter named), and datetimes or
+    # durations were read as floats (days, seconds) and audited
+    with pytest.raises(err, match=match):
+        epsilon_lower_bound(ins, [0.0, 1.0], delta=1e-5)
+
+
+@pytest.mark.parametrize("method", [3, None, ["gdp"]])
+def test_a_method_that_is_not_a_string_is_a_type_error(method):
+    with pytest.raises(TypeError, match=r"method must be a string, one of .*one_run"):
+        epsilon_lower_bound([1.0], [0.0], delta=1e-5, method=method)
+
+
 def test_bad_method_and_types():
     with pytest.raises(ValueError, match="method must be one of"):
         epsilon_lower_bound([1.0], [0.0], delta=1e-5, method="bogus")
