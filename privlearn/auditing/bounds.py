@@ -129,7 +129,8 @@ METHODS = ("one_run", "one_run_fdp", "clopper_pearson", "gdp")
 _GRID_RATIO = 2.0
 _EPS_TOL = 1e-6
 #: Standard deviations below the binomial mean down to which the one-run p-value sums
-#: the pmf term by term (the mass further down is below 1e-300; see _one_run_p_value).
+#: the pmf term by term (the mass further down is bounded as a whole; see
+#: _one_run_p_value).
 _PMF_WINDOW = 40.0
 #: Share of ``1 - confidence`` that ``"gdp"`` spends (see the module docstring): its tests
 #: are exact at the true epsilon of a Gaussian mechanism, so at the full share the realised
@@ -250,8 +251,9 @@ def _one_run_p_value(m: int, k: int, v: int, eps: float, delta: float) -> float:
     # max over i = 1..v of P[v - i <= Bin < v] / i. Only the pmf from v - 1 down to
     # _PMF_WINDOW standard deviations below the mean is summed term by term (at 10^6
     # guesses the full sum cost 20 ms a call); every larger i is covered by the bound
-    # (P[v - iw <= Bin < v] + P[Bin < v - iw]) / (iw + 1), iw the window's last i: the
-    # same maximum to within the pmf's mass beyond the window (below 1e-300), never less.
+    # (P[v - iw <= Bin < v] + P[Bin < v - iw]) / (iw + 1), iw the window's last i: never
+    # below the full maximum, above it by at most P[Bin < v - iw] / (iw + 1) (a normal
+    # tail of 40 sd when k p (1 - p) is large; with p near 1, a Poisson-like tail).
     lo = max(0, int(k * p - _PMF_WINDOW * math.sqrt(k * p * (1.0 - p))) - 1)
     if lo >= v:  # v is far below the mean: P[Bin < v] bounds every term
         alpha = float(bdtr(v - 1, k, p))
