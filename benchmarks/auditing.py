@@ -15,6 +15,8 @@ Parts
                time of each call (calls interleaved, order alternating between reps).
 ``power``      median bound of the ideal attack by number of canaries (the table in
                docs/guides/auditing.md).
+``huge``       time of one call of each method at 10^6 canaries (delta = 1e-8): the
+               perfect attack, the ideal attack at true epsilon 2, and no signal.
 ``null``       validity under the null: scores independent of the labels (a (0, 0)-DP
                "mechanism", so every bound above 0 is a false refutation), the share of
                draws on which each library's 95% bound is above 0, with a Clopper-Pearson
@@ -38,6 +40,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -158,6 +161,26 @@ def engine(canaries: int, epsilon: float, reps: int) -> list[dict]:
     return rows
 
 
+def huge(m: int = 1_000_000, delta: float = 1e-8) -> list[dict]:
+    rows = []
+    rng = np.random.default_rng(2026)
+    lab = rng.random(m) < 0.5
+    cases = {"perfect": lab + 0.1 * rng.random(m),
+             "ideal eps 2": rng.normal(size=m) + gdp_mu(2.0, delta) * lab,
+             "no signal": rng.normal(size=m)}
+    for name, s in cases.items():
+        for meth in METHODS:
+            t = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                b = epsilon_lower_bound(s[lab], s[~lab], delta=delta, method=meth)
+            row = dict(scores=name, m=m, delta=delta, method=meth, bound=float(b),
+                       seconds=time.perf_counter() - t)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def _null_chunk(args):
     m, methods, seeds = args
     ja = load_jax()
@@ -228,7 +251,7 @@ def render(data: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("tightness", "power", "null", "engine", "all"),
+    ap.add_argument("--part", choices=("tightness", "power", "null", "engine", "huge", "all"),
                     default="all")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--canaries", type=int, default=1000)
@@ -253,6 +276,8 @@ def main() -> None:
         out["null"] = null(a.canaries, a.trials, tuple(a.methods.split(",")), a.workers)
     if a.part in ("engine", "all"):
         out["engine"] = engine(a.canaries, a.epsilon, reps=3)
+    if a.part in ("huge", "all"):
+        out["huge"] = huge()
     if a.json_out:
         with open(a.json_out, "w") as fh:
             json.dump(out, fh, indent=1)

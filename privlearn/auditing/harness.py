@@ -331,6 +331,8 @@ def one_run_audit(
     if hasattr(raw, "detach") and hasattr(raw, "cpu"):  # a torch tensor (grad, device)
         raw = raw.detach().cpu().numpy()
     try:
+        if np.asarray(raw).dtype.kind in "mM":  # NumPy would read them as floats
+            raise TypeError
         scores = np.asarray(raw, dtype=float)
     except (TypeError, ValueError):
         raise ParameterTypeError("train_and_score must return an array of real numbers, "

@@ -107,6 +107,22 @@ def test_one_run_p_value_matches_naive_formula(m, k, v, eps, delta):
     assert got == pytest.approx(_naive_one_run_p(m, k, v, eps, delta), rel=1e-9, abs=1e-15)
 
 
+@pytest.mark.parametrize("m,k,v,eps,delta", [
+    (10**6, 10**6, 10**6, 11.0, 1e-8), (10**6, 10**6, 999_990, 9.0, 1e-7),
+    (10**6, 500_000, 400_000, 1.2, 1e-8), (10**6, 10**6, 10**6, 0.0, 1e-8),
+    (10**5, 60_000, 20_000, 0.5, 1e-6), (2 * 10**5, 10**5, 99_000, 30.0, 1e-9)])
+def test_one_run_p_value_at_a_million_guesses_matches_the_full_sum(m, k, v, eps, delta):
+    # the p-value sums the pmf only down to 40 standard deviations below the mean (at
+    # 10^6 guesses the full sum made a perfect attack's audit take seconds): it must equal
+    # Theorem 3.1's maximum over every i = 1..v, summed in full here (vectorised)
+    p = 1 / (1 + math.exp(-eps))
+    pmf = stats.binom.pmf(np.arange(v - 1, -1, -1), k, p)  # j = v - i for i = 1..v
+    alpha = np.max(np.cumsum(pmf) / np.arange(1, v + 1))
+    full = min(1.0, stats.binom.sf(v - 1, k, p) + 2 * m * delta * alpha)
+    # (scipy's pmf and the log-gamma one round differently: 1e-9 relative over 10^6 terms)
+    assert B._one_run_p_value(m, k, v, eps, delta) == pytest.approx(full, rel=1e-8, abs=1e-300)
+
+
 @pytest.mark.parametrize("use_fdp", [False, True])
 def test_each_one_run_test_is_valid_at_its_own_level(use_fdp):
     # the grid's Bonferroni makes whole-bound coverage tests insensitive (a bound 2x too
@@ -415,6 +431,24 @@ def test_bad_delta(delta):
 def test_bad_confidence(confidence):
     with pytest.raises(ValueError, match=r"confidence must be in \(0, 1\)"):
         epsilon_lower_bound([1.0], [0.0], delta=1e-5, confidence=confidence)
+
+
+@pytest.mark.parametrize("ins,err,match", [
+    ([[1.0, 2.0], [3.0]], ValueError, "in_scores must be a flat array .* ragged"),
+    (np.array(["2020-01-01"], dtype="datetime64[D]"), TypeError,
+     "in_scores must be real numbers, got datetime64"),
+    (np.array([1, 2], dtype="timedelta64[s]"), TypeError, "in_scores must be real numbers")])
+def test_scores_numpy_would_misread_are_refused_naming_the_parameter(ins, err, match):
+    # a ragged list raised NumPy's own ValueError (no parameter named), and datetimes or
+    # durations were read as floats (days, seconds) and audited
+    with pytest.raises(err, match=match):
+        epsilon_lower_bound(ins, [0.0, 1.0], delta=1e-5)
+
+
+@pytest.mark.parametrize("method", [3, None, ["gdp"]])
+def test_a_method_that_is_not_a_string_is_a_type_error(method):
+    with pytest.raises(TypeError, match=r"method must be a string, one of .*one_run"):
+        epsilon_lower_bound([1.0], [0.0], delta=1e-5, method=method)
 
 
 def test_bad_method_and_types():

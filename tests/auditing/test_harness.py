@@ -217,6 +217,14 @@ def test_a_claim_no_outcome_can_refute_is_warned_about_before_training():
         assert one_run_audit(perfect, 200, claimed_epsilon=1.0, delta=1e-5, seed=0).violation
 
 
+@pytest.mark.parametrize("dtype", ["datetime64[D]", "timedelta64[s]"])
+def test_datetime_scores_are_a_type_error_not_read_as_floats(dtype):
+    # NumPy converts datetimes and durations to floats (days, seconds): they were audited
+    with pytest.raises(TypeError, match="array of real numbers"):
+        one_run_audit(lambda inc: np.zeros(inc.size).astype(dtype), 10, claimed_epsilon=1.0,
+                      delta=1e-5, seed=0)
+
+
 def test_none_scores_are_a_clear_error():
     with pytest.raises(TypeError, match="returned None"):
         one_run_audit(lambda inc: None, 10, claimed_epsilon=1.0, delta=1e-5, seed=0)
