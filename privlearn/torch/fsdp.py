@@ -216,10 +216,12 @@ class ShardedTracker(GradSampleTracker):
         # the probe's passes depend on this rank's rows (rows equal to the probed one give
         # nothing to compare, and fewer passes); every pass all-gathers, so every rank runs
         # as many as the rank with the most, padding with passes on its own inputs
+        from privlearn.torch import _flat_rows
         from privlearn.torch.probe import pad_passes, planned_passes
 
         inputs = self._probe_inputs
-        own = planned_passes(inputs, examples)
+        own = planned_passes(inputs, examples, every=bool(_flat_rows.candidates(
+            self, examples, peek=True)))
         most = torch.tensor([own], dtype=torch.int64)
         dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.process_group)
         super().check_independence(examples)

@@ -30,10 +30,9 @@ FAST = {"gpt_neox", "bloom", "falcon", "gemma", "phi3", "electra_mlm", "xlm_robe
         "beit", "whisper"}
 #: models refused before any release: the error and the words it says
 REFUSED = {
-    # each example's tokens flattened into rows of their own: no per-example grouping
-    "opt": (BatchDependenceError, "OPT's decoder layers"),
-    "swin": (BatchDependenceError, "Swin's attention windows"),
+    # tokens dispatched to experts by a router: rows not regrouped into examples
     "mixtral": (BatchDependenceError, "mixture-of-experts routers"),
+    "swin": (BatchDependenceError, "without any tensor input"),
     # layers run once on a position table for the whole batch
     "deberta_v2_mlm": (UnsupportedModuleError, "disentangled relative attention"),
     "deberta_v2_cls": (UnsupportedModuleError, "disentangled relative attention"),
