@@ -210,7 +210,9 @@ LORA = {"mistral_lora": ("mistral", ["q_proj", "v_proj", "o_proj"]),
         "gpt_neox_lora": ("gpt_neox", ["query_key_value", "dense"]),
         "phi3_lora": ("phi3", ["qkv_proj", "gate_up_proj"]),
         "t5_lora": ("t5", ["q", "v"]),
-        "bart_lora": ("bart", ["q_proj", "v_proj"])}
+        "bart_lora": ("bart", ["q_proj", "v_proj"]),
+        # fc1 and fc2 run on each example's tokens flattened into rows of their own
+        "opt_lora": ("opt", ["q_proj", "v_proj", "fc1", "fc2"])}
 
 
 #: models with the tables they compute once for the whole batch frozen

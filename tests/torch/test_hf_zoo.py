@@ -27,7 +27,7 @@ from privlearn.errors import (  # noqa: E402
 #: the models whose step is checked in the default suite (the rest are marked slow)
 FAST = {"gpt_neox", "bloom", "falcon", "gemma", "phi3", "electra_mlm", "xlm_roberta_mlm",
         "convnext", "bart_frozen_positions", "t5", "opt", "deberta_v2_cls", "mistral",
-        "beit", "whisper"}
+        "beit", "whisper", "opt_lora"}
 #: models refused before any release: the error and the words it says
 REFUSED = {
     # tokens dispatched to experts by a router: rows not regrouped into examples
