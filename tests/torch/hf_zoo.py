@@ -219,7 +219,9 @@ LORA = {"mistral_lora": ("mistral", ["q_proj", "v_proj", "o_proj"]),
 #: (what the refusal of the trainable ones advises): ``variant -> (model, frozen names)``
 FROZEN = {"bart_frozen_positions": ("bart", "embed_positions"),
           "t5_frozen_bias": ("t5", "relative_attention_bias"),
-          "beit_frozen_bias": ("beit", "relative_position_bias")}
+          "beit_frozen_bias": ("beit", "relative_position_bias"),
+          # and its attention's query, key and value run on windows, (B * windows, ...)
+          "swin_frozen_bias": ("swin", "relative_position_bias_table")}
 
 
 def base_of(name: str) -> str:
