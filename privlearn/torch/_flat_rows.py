@@ -19,9 +19,9 @@ expert) fail one of these and are refused before anything is released.
 
 Once verified, each call of such a unit hands its rules the ``(B, k, ...)`` view of its
 input and output gradient (a reshape, no copy, no host read; :func:`group_rows`). The
-verified shapes of the model's inputs are remembered: a forward on inputs of other shapes
-(another sequence length) re-arms the probe (:func:`rearm`), so every grouping in use
-has been checked at its shapes.
+verified shapes of the model's inputs (less the batch's size) are remembered: a forward
+on inputs of other shapes (another sequence length) re-arms the probe (:func:`rearm`),
+so every grouping in use has been checked at its shapes.
 """
 
 from __future__ import annotations
@@ -119,7 +119,10 @@ def check_inputs(tracker, flat: dict, examples: int, inputs) -> None:
 
 
 def _shapes(args, kwargs) -> tuple:
-    return tuple(tuple(v.shape) for v in (*args, *kwargs.values())
+    """The shapes of the model's tensor inputs less their leading (batch) dimension: the
+    probe verifies a grouping on a sub-batch of its own, whatever the batch's size (a
+    Poisson batch's size changes every step), so only the other sizes re-arm it."""
+    return tuple(tuple(v.shape[1:]) for v in (*args, *kwargs.values())
                  if isinstance(v, torch.Tensor))
 
 

@@ -67,23 +67,27 @@ def _step(oracle, model, tracker, ids, x, y):
     ref, norms = oracle.clip_and_sum(rows, c)
     assert (norms > c).any() and (norms < c).any()
     _loss(model, ids, x, y).backward()
+    probed = tracker._probe_pending
     sums, _, _ = tracker.clipped_sum(c, examples=len(y))
-    return oracle.flat(sums[id(p)] for p in params), ref
+    return oracle.flat(sums[id(p)] for p in params), ref, probed
 
 
 def test_example_major_rows_are_regrouped_exactly(oracle):
     """Rows ``h.reshape(-1, d)`` of a batch-first ``h``: clipped per example as the
     batch-of-one loop does, at the first step (probe) and at later ones (the rows
-    regrouped as recorded), and again after the sequence length changes (probe
-    re-armed)."""
+    regrouped as recorded), after the sequence length changes (probe re-armed) and the
+    batch size."""
     torch.manual_seed(0)
     model = Flattening().double()
     tracker = GradSampleTracker(model, loss_reduction="sum")
     try:
-        for b, t, seed in ((5, 4, 0), (5, 4, 1), (6, 3, 2), (6, 3, 3)):
-            got, ref = _step(oracle, model, tracker, *_batch(b, t, seed))
+        # the probe runs at the first step and at a new sequence length, not at a new
+        # batch size (it checks a sub-batch of its own)
+        for b, t, seed, probed in ((5, 4, 0, True), (5, 4, 1, False), (6, 3, 2, True),
+                                   (4, 3, 3, False), (6, 4, 4, False)):
+            got, ref, pending = _step(oracle, model, tracker, *_batch(b, t, seed))
             torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
-            assert not tracker._probe_pending
+            assert pending == probed
         assert set(tracker._flat) == {i for i, u in enumerate(tracker.units)
                                       if u.name in ("ln", "fc1", "fc2")}
     finally:
@@ -114,7 +118,7 @@ def test_an_order_that_changes_with_the_shapes_is_refused_when_it_does(oracle):
     model = Flattening(order=lambda t: "example" if t == 4 else "position").double()
     tracker = GradSampleTracker(model, loss_reduction="sum")
     try:
-        got, ref = _step(oracle, model, tracker, *_batch(5, 4))
+        got, ref, _ = _step(oracle, model, tracker, *_batch(5, 4))
         torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
         ids, x, y = _batch(5, 3, seed=1)
         _loss(model, ids, x, y).backward()
