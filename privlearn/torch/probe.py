@@ -41,7 +41,9 @@ the probe stores a few numbers per row, not the activations. It runs on the firs
 seven examples of the batch (a mixing operation shows among a few examples as among
 all; five or three if seven is the size of another input dimension, the whole batch if
 the model cannot run on part of it), so its cost is three forward passes over seven
-examples without gradients, once (see docs/benchmarks.md). What it cannot see: a loss that
+examples without gradients, once (see docs/benchmarks.md); one pass more per example of
+the sub-batch when a layer's rows are to be grouped per example (every example is then
+replaced in turn, :mod:`privlearn.torch._flat_rows`). What it cannot see: a loss that
 mixes examples after the model's output (a contrastive loss over the batch) -- the user
 promises that the loss is a sum or mean of per-example terms (docs/trust-model.md).
 
