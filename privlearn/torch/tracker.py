@@ -54,7 +54,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
-from privlearn.torch import _flat_rows
+from privlearn.torch import _flat_rows, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
@@ -730,7 +730,8 @@ class GradSampleTracker(ClippingMixin):
                 new_flat.append(o)
             return tree_unflatten(new_flat, spec) if changed else None
 
-        return _flat_rows.group_rows(self, index, hook)
+        return _shared_positions.expand_shared(self, index,
+                                               _flat_rows.group_rows(self, index, hook))
 
     def _grad_hook(self, rec: Record, j: int, move: int | None = None,
                    early: Unit | None = None):

@@ -37,7 +37,6 @@ REFUSED = {
     "deberta_v2_mlm": (UnsupportedModuleError, "disentangled relative attention"),
     "deberta_v2_cls": (UnsupportedModuleError, "disentangled relative attention"),
     "t5": (UnsupportedModuleError, "relative_attention_bias.requires_grad_"),
-    "bart": (UnsupportedModuleError, "shared by every example"),
     "beit": (BatchDependenceError, "without any tensor input"),
     # SpecAugment's masks drawn from NumPy inside the forward, for the whole batch
     "wav2vec2_specaugment": (UnsupportedModuleError, "apply_spec_augment=False"),
