@@ -179,10 +179,10 @@ def refuse_encoder_decoder(model) -> None:
     which DPTrainer's per-example loss takes out of the batch; and these models compute
     tensors once for the whole batch that the engine cannot split per example (T5's
     relative attention bias embedding sees the ``(length, length)`` position grid, not
-    one row per example, and BART's decoder positions are one output shared by every
-    example), so no per-example gradient, hence no clipping, exists for those tables
-    (``make_private`` refuses them, trainable, naming them; with them frozen, or with LoRA
-    adapters only, it trains these models exactly)."""
+    one row per example), so no per-example gradient, hence no clipping, exists for that
+    table (``make_private`` refuses it, trainable, naming it; with it frozen, or with LoRA
+    adapters only, it trains these models exactly; BART's decoder positions, one output
+    shared by every example, are expanded over the batch and train exactly)."""
     config = getattr(model, "config", None)
     if getattr(config, "is_encoder_decoder", False) is not True:
         return
@@ -190,9 +190,9 @@ def refuse_encoder_decoder(model) -> None:
         f"{type(model).__name__} is an encoder-decoder model (config.is_encoder_decoder="
         "True: T5, BART, ...), which DPTrainer does not support: no task of "
         "PrivacyArguments(task=...) feeds its decoder (the decoder_input_ids built from the "
-        "labels), and parts of it are computed once for the whole batch (T5's relative "
-        "attention bias, BART's learned positions), so per-example gradients, hence "
-        "per-example clipping, do not exist for them. For sequence-to-sequence training use "
+        "labels), and parts of it may be computed once for the whole batch (T5's "
+        "relative attention bias), so per-example gradients, hence per-example "
+        "clipping, do not exist for them. For sequence-to-sequence training use "
         "a decoder-only model (GPT-2, Llama, ...) with PrivacyArguments(task='causal_lm'), "
         "source and target concatenated into one sequence and the source's labels set to "
         "-100; for classification, an encoder-only model (BERT, RoBERTa, ...) with "

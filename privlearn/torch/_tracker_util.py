@@ -343,12 +343,14 @@ def _mismatch_reason(unit: Unit, seen: int, examples: int, rec: Record | None = 
             "own, so one example could move the update by several times max_grad_norm. "
             "Average or sum the views per example before the loss, or feed them through "
             "separate forward passes of the same batch. Or the model flattens each "
-            "example's tokens or windows into rows of their own before this layer "
-            "(x.reshape(-1, d): OPT's decoder layers, Swin's attention windows, "
-            "mixture-of-experts routers such as Mixtral's): no per-example grouping of "
-            "those rows is known, so such models are not supported; use one whose layers "
-            "keep the batch dimension (GPT-2, Llama, Mistral, Qwen2; ViT, DeiT or ConvNeXt "
-            "for images). Or " + elsewhere + ".")
+            "example's tokens into rows of their own before this layer: such rows are "
+            "regrouped into examples only in nn.Linear, Conv1D, nn.Embedding and "
+            "nn.LayerNorm layers, once the batch-independence probe has verified that "
+            "each example's rows are contiguous in the batch's order (OPT's decoder "
+            "layers); not otherwise (mixture-of-experts routers such as Mixtral's "
+            "dispatch tokens to experts); use a model whose layers "
+            "keep the batch dimension (GPT-2, Llama, Mistral, Qwen2, OPT; ViT, DeiT or "
+            "ConvNeXt for images). Or " + elsewhere + ".")
     return base + (
         f"More rows ({seen}) than examples ({examples}); likely causes: " + elsewhere
         + "; or the layer receives the batch on another dimension (sequence-first "

@@ -41,7 +41,9 @@ the probe stores a few numbers per row, not the activations. It runs on the firs
 seven examples of the batch (a mixing operation shows among a few examples as among
 all; five or three if seven is the size of another input dimension, the whole batch if
 the model cannot run on part of it), so its cost is three forward passes over seven
-examples without gradients, once (see docs/benchmarks.md). What it cannot see: a loss that
+examples without gradients, once (see docs/benchmarks.md); one pass more per example of
+the sub-batch when a layer's rows are to be grouped per example (every example is then
+replaced in turn, :mod:`privlearn.torch._flat_rows`). What it cannot see: a loss that
 mixes examples after the model's output (a contrastive loss over the batch) -- the user
 promises that the loss is a sum or mean of per-example terms (docs/trust-model.md).
 
@@ -63,6 +65,7 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
+from privlearn.torch import _flat_rows
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -129,12 +132,14 @@ def probe(tracker, inputs, examples: int) -> None:
     _probe_rows(tracker, leaves, batched, spec, autocast, examples)
 
 
-def planned_passes(inputs, examples: int) -> int:
+def planned_passes(inputs, examples: int, every: bool = False) -> int:
     """How many forward passes :func:`probe` will run on these inputs (without running
     any): it depends on the data (a batch whose rows all equal the probed row has nothing
     to compare), so under FSDP2, whose every forward pass is a collective, the ranks agree
     on the largest count and :func:`pad_passes` makes up the difference. A probe that
-    refuses the inputs (non-finite values, no batch dimension) counts as none."""
+    refuses the inputs (non-finite values, no batch dimension) counts as none. ``every``:
+    every example is replaced in turn (layers whose rows are grouped per example,
+    :mod:`privlearn.torch._flat_rows`)."""
     args, kwargs, _ = inputs
     leaves, _ = tree_flatten((args, kwargs))
     batched = [i for i, t in enumerate(leaves)
@@ -147,17 +152,23 @@ def planned_passes(inputs, examples: int) -> int:
         sub = list(leaves)
         for i in batched:
             sub[i] = leaves[i][:m]
-        n, complete = _planned_rows(sub, batched, m)
+        n, complete = _planned_rows(sub, batched, m, every)
         if complete:
             return n
         done = n
-    return done + _planned_rows(leaves, batched, examples)[0]
+    return done + _planned_rows(leaves, batched, examples, every)[0]
 
 
-def _planned_rows(leaves, batched, examples: int) -> tuple[int, bool]:
+def _replaced(examples: int, every: bool):
+    """The examples the probe replaces in turn: the first and the last, or (rows
+    grouped per example to verify) every one."""
+    return range(examples) if every else (0, examples - 1)
+
+
+def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[int, bool]:
     """``(passes, completed)`` of :func:`_probe_rows` on these rows."""
     n = 0
-    for j in (0, examples - 1):
+    for j in _replaced(examples, every):
         if _replace_row(leaves, batched, j) is None:
             return n, False
         n += 2 if n == 0 else 1
@@ -196,7 +207,8 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
     # direction (a mean over the others, a cumulative sum, the last row added to all)
     # reaches the other rows from one of them
     base, unmoved = None, None
-    for j in (0, examples - 1):
+    every = bool(getattr(tracker, "_flat_candidates", None))
+    for j in _replaced(examples, every):
         perturbed = _replace_row(leaves, batched, j)
         if perturbed is None:
             return False
@@ -302,7 +314,14 @@ class _Collector:
     def hook(self, index: int):
         unit = self.tracker.units[index]
 
+        flat = getattr(self.tracker, "_flat_candidates", None) or {}
+
         def fn(module, args, kwargs, output):
+            if index in flat:  # rows flattened per example: viewed example by example
+                self.calls.append((index, [dict(self._print(*v[:3]), grouped=v[3]) for v in
+                                           _flat_rows.views(args, output, self.examples,
+                                                            flat[index])]))
+                return None
             views = (unit.rule.observe(module, args, kwargs, output)
                      if unit.rule.observe is not None
                      else _default_views(args, kwargs, output, unit.batch_dim))
@@ -498,6 +517,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
     unmoved = set()
     if [i for i, _ in calls_a] != [i for i, _ in calls_b]:
         # data-dependent control flow: the runs are not comparable layer by layer
+        _flat_rows.calls_differ(tracker)
         _judge_buffers(tracker, written_a, written_b, j)
         return unmoved
     for c, ((index, views_a), (_, views_b)) in enumerate(zip(calls_a, calls_b, strict=True)):
@@ -505,6 +525,9 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
         label = f"{unit.name or '<model>'} ({type(unit.module).__name__})"
         for k, (pa, pb) in enumerate(zip(views_a, views_b, strict=True)):
             v = _verdict(pa, pb, j)
+            if "grouped" in pa:
+                _flat_rows.judge(tracker, index, pa, pb, v, j, examples)
+                continue
             if v == "same" and len(pa["shape"]) > pa["declared"] \
                     and pa["shape"][pa["declared"]] == examples:
                 unmoved.add((c, k))

@@ -50,11 +50,11 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import (
-    BatchDependenceError,
     ConfigurationError,
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch import _flat_rows, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
@@ -281,7 +281,7 @@ class GradSampleTracker(ClippingMixin):
         self.records: dict[int, list[Record]] = {}
         self._backward_passes = 0  # backward passes completed since the last clear()
         self._in_backward = False
-        self._handles = []
+        self._handles, self._flat, self._flat_shapes = [], {}, set()  # (_flat_rows)
         self._dummy = torch.zeros((), requires_grad=True)
         self._skip_param_grads = skip_param_grads
         self._instrument_attention = instrument_attention
@@ -355,6 +355,7 @@ class GradSampleTracker(ClippingMixin):
     def _install(self) -> None:
         """Discover the units and attach their hooks."""
         self.units = discover_units(self.model, self.batch_dims)
+        self._flat.clear()  # unit indices change: groupings are verified again
         self._signature = self._trainable_signature()
         seen: dict[int, int] = {}
         for u in self.units:
@@ -532,6 +533,7 @@ class GradSampleTracker(ClippingMixin):
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
             self._mixing_shape = shape
             self._probe_pending = self._probe_enabled
+        _flat_rows.rearm(self, args, kwargs)  # inputs of shapes a grouping was not checked at
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
                 self._batch_hint = v.shape[0]
@@ -722,7 +724,8 @@ class GradSampleTracker(ClippingMixin):
                 new_flat.append(o)
             return tree_unflatten(new_flat, spec) if changed else None
 
-        return hook
+        return _shared_positions.expand_shared(self, index,
+                                               _flat_rows.group_rows(self, index, hook))
 
     def _grad_hook(self, rec: Record, j: int, move: int | None = None,
                    early: Unit | None = None):
@@ -851,19 +854,14 @@ class GradSampleTracker(ClippingMixin):
         """
         if not self._probe_pending:
             return
-        if examples is not None:  # the rows each layer saw first: the clearest message
-            for i, recs in self.records.items():
-                unit = self.units[i]
-                for r in recs:
-                    n = record_batch(unit, r)
-                    if r.has_grad() and n != examples:
-                        self.clear()
-                        raise BatchDependenceError(_mismatch_message(unit, n, examples, r))
+        # the rows each layer saw first (the clearest message); rows flattened per example
+        flat = _flat_rows.candidates(self, examples)
         inputs, self._probe_inputs = self._step_inputs(examples), None
         if inputs is None or not self.records or examples is None or examples < 2:
-            return
+            return _flat_rows.adopt(self, flat, examples, inputs, verified=False)
         from privlearn.torch.probe import probe
 
+        _flat_rows.check_inputs(self, flat, examples, inputs)  # rows the probe can group
         self._probing = True
         try:
             for check in self.input_checks:  # what made the inputs (augment) first
@@ -875,6 +873,7 @@ class GradSampleTracker(ClippingMixin):
         finally:
             self._probing = False
             self._probe_buffers = None
+        _flat_rows.adopt(self, flat, examples, inputs, verified=True)
         self._probe_pending = False
 
 

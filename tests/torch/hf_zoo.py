@@ -210,14 +210,18 @@ LORA = {"mistral_lora": ("mistral", ["q_proj", "v_proj", "o_proj"]),
         "gpt_neox_lora": ("gpt_neox", ["query_key_value", "dense"]),
         "phi3_lora": ("phi3", ["qkv_proj", "gate_up_proj"]),
         "t5_lora": ("t5", ["q", "v"]),
-        "bart_lora": ("bart", ["q_proj", "v_proj"])}
+        "bart_lora": ("bart", ["q_proj", "v_proj"]),
+        # fc1 and fc2 run on each example's tokens flattened into rows of their own
+        "opt_lora": ("opt", ["q_proj", "v_proj", "fc1", "fc2"])}
 
 
 #: models with the tables they compute once for the whole batch frozen
 #: (what the refusal of the trainable ones advises): ``variant -> (model, frozen names)``
 FROZEN = {"bart_frozen_positions": ("bart", "embed_positions"),
           "t5_frozen_bias": ("t5", "relative_attention_bias"),
-          "beit_frozen_bias": ("beit", "relative_position_bias")}
+          "beit_frozen_bias": ("beit", "relative_position_bias"),
+          # and its attention's query, key and value run on windows, (B * windows, ...)
+          "swin_frozen_bias": ("swin", "relative_position_bias_table")}
 
 
 def base_of(name: str) -> str:

@@ -2,7 +2,7 @@
 OPT, GPT-Neo, GPT-NeoX, BLOOM, Falcon, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi, Phi-3,
 StableLM, MPT, GPT-J, GPTBigCode, Mixtral, ELECTRA, DeBERTa-v2, XLM-RoBERTa, MobileBERT,
 ConvBERT, DeiT, DINOv2, CLIP, BEiT, Swin, ConvNeXt, Wav2Vec2, Whisper, BART, T5, LoRA
-adapters on five of them) trained through ``make_private``: one noise-free step of plain
+adapters on six of them) trained through ``make_private``: one noise-free step of plain
 SGD moves the weights by the naive clipped sum (a loop of batch-of-one backward passes,
 each gradient clipped on its own) over the expected batch size, or ``make_private`` / the
 first step refuses the model with a typed error before anything is released."""
@@ -27,18 +27,16 @@ from privlearn.errors import (  # noqa: E402
 #: the models whose step is checked in the default suite (the rest are marked slow)
 FAST = {"gpt_neox", "bloom", "falcon", "gemma", "phi3", "electra_mlm", "xlm_roberta_mlm",
         "convnext", "bart_frozen_positions", "t5", "opt", "deberta_v2_cls", "mistral",
-        "beit", "whisper"}
+        "beit", "whisper", "opt_lora"}
 #: models refused before any release: the error and the words it says
 REFUSED = {
-    # each example's tokens flattened into rows of their own: no per-example grouping
-    "opt": (BatchDependenceError, "OPT's decoder layers"),
-    "swin": (BatchDependenceError, "Swin's attention windows"),
+    # tokens dispatched to experts by a router: rows not regrouped into examples
     "mixtral": (BatchDependenceError, "mixture-of-experts routers"),
+    "swin": (BatchDependenceError, "without any tensor input"),
     # layers run once on a position table for the whole batch
     "deberta_v2_mlm": (UnsupportedModuleError, "disentangled relative attention"),
     "deberta_v2_cls": (UnsupportedModuleError, "disentangled relative attention"),
     "t5": (UnsupportedModuleError, "relative_attention_bias.requires_grad_"),
-    "bart": (UnsupportedModuleError, "shared by every example"),
     "beit": (BatchDependenceError, "without any tensor input"),
     # SpecAugment's masks drawn from NumPy inside the forward, for the whole batch
     "wav2vec2_specaugment": (UnsupportedModuleError, "apply_spec_augment=False"),
