@@ -24,6 +24,7 @@ from enum import StrEnum
 import torch
 
 from privlearn import _validation as _v
+from privlearn._progress import check_show_progress
 from privlearn.accounting import Sampling, available_accountants, get_accountant
 from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.correlated.strategies import ToeplitzStrategy, check_stable
@@ -357,6 +358,12 @@ class DPConfig:
         (docs/trust-model.md). It also turns off make_private's check that the loader's
         collate function puts the examples on dimension 0 (it collates ``dataset[0]``
         once and twice).
+    show_progress : bool, optional
+        A progress bar on standard error while ``make_private`` optimises a correlated-
+        noise strategy (``noise="banded"``/``"blt"``; seconds to a minute for long
+        runs): None (default) when standard error is a terminal and the optimisation
+        lasts over a second, True always, False never. Changes nothing else (the same
+        strategy is computed once per process and reused).
     """
 
     noise_multiplier: float | None = None
@@ -389,6 +396,7 @@ class DPConfig:
     user_reduction: Reduction | str = Reduction.MEAN
     augmentation_multiplicity: int | None = None
     augment: object = field(default=None, hash=False, repr=False, compare=False)
+    show_progress: bool | None = field(default=None, compare=False)
 
     def __new__(cls, *args, **kwargs):
         # an unknown keyword is named with what to use (dataclass's __init__ would raise a
@@ -474,6 +482,7 @@ class DPConfig:
         if self.batch_dims is not None and not isinstance(self.batch_dims, dict):
             raise _v.ParameterTypeError(
                 f"batch_dims must be a dict {{layer name: 0 or 1}}, got {self.batch_dims!r}")
+        put(self, "show_progress", check_show_progress(self.show_progress))
         self._check_correlated()
         self._check_units()
 

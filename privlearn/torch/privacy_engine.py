@@ -635,7 +635,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
     run = NoisePlan.build(cfg.noise, cfg.sampling, n, q, cycle, planned, cfg.bands,
-                          cfg.buffers)
+                          cfg.buffers, show_progress=cfg.show_progress, stacklevel=4)
     nm = cfg.noise_multiplier
     if cfg.target_epsilon is not None:
         nm = calibrate(lambda s: run.mechanism(s, planned), cfg.target_epsilon,
@@ -665,7 +665,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
 #: settings that may differ between ranks: neither the mechanism nor its accounting
 #: depends on them (the physical chunking, the ledger's reservation size) or they are not
 #: comparable between processes (callables; per-example users are refused when distributed)
-_PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augment", "users"})
+_PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augment", "users",
+                                "show_progress"})
 
 
 def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,
