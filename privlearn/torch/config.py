@@ -163,7 +163,7 @@ _OTHER_SETTINGS = {
                       "task itself (task=)",
     **{k: f"{k}: not a DPTrainer setting; make_private with a training loop of your own "
           "takes it" for k in ("fix_model", "ledger_chunk", "augment",
-                               "augmentation_multiplicity")},
+                               "augmentation_multiplicity", "show_progress")},
 }
 
 def scalar_setting(value):
