@@ -361,7 +361,8 @@ class DPConfig:
     show_progress : bool, optional
         A progress bar on standard error while ``make_private`` optimises a correlated-
         noise strategy (``noise="banded"``/``"blt"``; seconds to a minute for long
-        runs): None (default) when standard error is a terminal and the optimisation
+        runs) and while it calibrates the noise to ``target_epsilon`` (seconds for
+        100,000 steps): None (default) when standard error is a terminal and the work
         lasts over a second, True always, False never. Changes nothing else (the same
         strategy is computed once per process and reused).
     """

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from privlearn.accounting import calibrate, warn_if_delta_large
+from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import (
     ConfigurationError,
     ParameterTypeError,
@@ -638,8 +638,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
                           cfg.buffers, show_progress=cfg.show_progress, stacklevel=4)
     nm = cfg.noise_multiplier
     if cfg.target_epsilon is not None:
-        nm = calibrate(lambda s: run.mechanism(s, planned), cfg.target_epsilon,
-                       cfg.target_delta, accountant=cfg.accountant)
+        nm = run.calibrate(cfg.target_epsilon, cfg.target_delta, cfg.accountant, planned,
+                           show_progress=cfg.show_progress)
     bounds, c = None, cfg.max_grad_norm
     if cfg.clipping == "per_layer":
         bounds = tuple(_per_layer_bounds(inner, cfg.max_grad_norm).items())

@@ -37,10 +37,11 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from privlearn.accounting import Gaussian, Mechanism, compose, subsample
+from privlearn._progress import progress
+from privlearn.accounting import Gaussian, Mechanism, calibrate, compose, subsample
 from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_blt
 from privlearn.correlated.accounting import correlated_mechanism, stated_under
-from privlearn.correlated.optimize import _pattern
+from privlearn.correlated.optimize import PROGRESS_DELAY, _pattern
 from privlearn.correlated.sampling import SAMPLINGS, CyclicPoissonSampler, SamplingLaw
 from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
 from privlearn.errors import ConfigurationError, StrategyAdjustedWarning
@@ -301,6 +302,21 @@ class NoisePlan:
         desc = law.describe(self.units, self.sampling_rate, steps, self.cycle)
         mech = correlated_mechanism(self.strategy, desc, noise_multiplier, steps=steps)
         return stated_under(mech, law.relation)
+
+    def calibrate(self, epsilon: float, delta: float, accountant: str, steps: int, *,
+                  show_progress: bool | None = None) -> float:
+        """The noise multiplier at which ``steps`` steps spend ``epsilon`` at ``delta``
+        (:func:`privlearn.accounting.calibrate` of :meth:`mechanism`). Each evaluation
+        advances a progress bar on standard error (``show_progress``: None, shown on a
+        terminal once it lasts over a second; True always; False never): thousands of
+        steps take seconds."""
+        with progress(desc=f"calibrating the noise for {steps} steps", unit="evaluation",
+                      enabled=show_progress, delay=PROGRESS_DELAY) as bar:
+            def mechanism(sigma: float) -> Mechanism:
+                bar.update(1)
+                return self.mechanism(sigma, steps)
+
+            return calibrate(mechanism, epsilon, delta, accountant=accountant)
 
     def composed(self, segments: Iterable, prior: Mechanism | None = None):
         """The mechanism of the steps taken (the accountant's segments, after ``prior``):

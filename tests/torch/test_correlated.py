@@ -408,6 +408,21 @@ def test_strategy_progress_goes_to_stderr_only_when_asked(capfd):
         attach(show_progress="on")
 
 
+def test_calibration_progress_goes_to_stderr_only_when_asked(capfd):
+    def attach(**kw):
+        model = nn.Linear(4, 3)
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(_indexed(), batch_size=6), target_epsilon=2.0,
+                            epochs=2, seed=0, **kw)
+
+    quiet = attach()
+    assert capfd.readouterr() == ("", "")
+    loud = attach(show_progress=True)
+    out, err = capfd.readouterr()
+    assert out == "" and "calibrating the noise for 20 steps" in err
+    assert loud.noise_multiplier == quiet.noise_multiplier
+
+
 # ---------------------------------------------------- shuffled epochs: replace-one only
 def _gaussian_delta(eps, sigma, sens):
     """The exact delta(eps) of the Gaussian mechanism of L2 sensitivity ``sens`` and
