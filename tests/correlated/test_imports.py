@@ -1,6 +1,6 @@
 """privlearn.correlated depends only on NumPy, SciPy and privlearn's accounting layer and
-shared leaves (validation, errors, the type registry, the progress bar; the PyTorch side builds on it,
-never the reverse)."""
+shared leaves (validation, errors, the type registry, the progress bar; the PyTorch side
+builds on it, never the reverse)."""
 
 from __future__ import annotations
 
