@@ -78,6 +78,7 @@ __all__ = [
     "DataFormatError",
     "DataClippedWarning",
     "PrivacyBudgetWarning",
+    "StrategyAdjustedWarning",
     "UntestedTorchWarning",
     "UnsupportedModuleError",
     "BatchDependenceError",
@@ -358,6 +359,13 @@ class DataClippedWarning(UserWarning):
 
 class PrivacyBudgetWarning(UserWarning):
     """Training went past the epsilon it was planned (calibrated) for."""
+
+
+class StrategyAdjustedWarning(UserWarning):
+    """A correlated-noise strategy uses less than it was asked for: bands past the
+    participation separation left at zero, more bands than steps, more BLT buffers than
+    the optimum uses. The message says what is used and why; the run is accounted for
+    what is used."""
 
 
 class UntestedTorchWarning(UserWarning):

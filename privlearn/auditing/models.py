@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from privlearn._progress import check_show_progress, stderr_is_terminal
 from privlearn._validation import check_positive
 from privlearn.auditing.bounds import _check_delta
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
@@ -31,7 +32,8 @@ __all__ = ["audit_estimator"]
 
 def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = None,
                     seed: int | None = None, method: str = "one_run",
-                    confidence: float = 0.95, canary_norm: float | None = None) -> AuditResult:
+                    confidence: float = 0.95, canary_norm: float | None = None,
+                    show_progress: bool | None = None) -> AuditResult:
     """Audit one fit of a linear DP estimator with ``n_canaries`` feature canaries.
 
     Parameters
@@ -57,6 +59,11 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     canary_norm : float, optional
         ``b``, the norm of a canary's feature vector (default: the estimator's
         ``x_bound``, or ``max_grad_norm`` for the DP-SGD estimators).
+    show_progress : bool, optional
+        The fit's progress bar on standard error, for an estimator that has one (a
+        ``verbose`` parameter, e.g. ``NoisyGDRegressor``: its iterations): None (default)
+        when standard error is a terminal, True always, False as the estimator's own
+        ``verbose`` says. Changes nothing else.
 
     Returns
     -------
@@ -65,6 +72,7 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     from sklearn.base import clone, is_classifier
 
     n_canaries = _check_n_canaries(n_canaries)
+    show_progress = check_show_progress(show_progress)
     seed = _check_seed(seed)  # one seed for the signs, the inclusion and the fit
     if not hasattr(estimator, "get_params") or "delta" not in estimator.get_params():
         raise ParameterTypeError(f"audit_estimator audits privlearn's linear DP estimators "
@@ -113,6 +121,9 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         est = clone(estimator)
         if "random_state" in est.get_params():
             est.set_params(random_state=seed + 1)
+        shown = stderr_is_terminal() if show_progress is None else show_progress
+        if shown and "verbose" in est.get_params():  # display only
+            est.set_params(verbose=1)
         est.fit(Xa, ya)
         if not hasattr(est, "epsilon_") or not hasattr(est, "coef_"):
             raise ParameterTypeError(f"{type(est).__name__} has no epsilon_ or coef_ after fit; "

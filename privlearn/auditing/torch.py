@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privlearn._progress import check_show_progress, progress
 from privlearn._validation import check_count, check_gaussian_delta, check_positive, check_unit_ids
 from privlearn.auditing._planted import BUGS, planted_bug
 from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
@@ -225,7 +226,8 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
                 n_features: int = 10, max_grad_norm: float = 1.0,
                 canary_gradient_norm: float | None = None, learning_rate: float = 0.5,
                 score: str = "trajectory", method: str = "one_run",
-                confidence: float = 0.95, seed: int | None = 0) -> DPSGDAudit:
+                confidence: float = 0.95, seed: int | None = 0,
+                show_progress: bool | None = None) -> DPSGDAudit:
     """Audit the real DP-SGD engine once with ``n_canaries`` Dirac canaries.
 
     Trains a logistic-regression model on synthetic data (``n_data`` records,
@@ -254,6 +256,9 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         Seeds the data, the inclusion draw, the sampler and the noise (None: one drawn
         from fresh entropy and recorded in ``result.seed``; rerunning with it repeats the
         run).
+    show_progress : bool, optional
+        A progress bar of the training steps on standard error: None (default) when
+        standard error is a terminal, True always, False never. Changes nothing else.
     """
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -261,6 +266,7 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
 
     if bug not in BUGS:
         raise ParameterValueError(f"bug must be one of {BUGS}, got {bug!r}")
+    show_progress = check_show_progress(show_progress)
     n_canaries = _check_n_canaries(n_canaries)
     seed = _check_torch_seed(seed)  # None: drawn here and recorded, so the run can be repeated
     if score not in ("trajectory", "final"):
@@ -318,7 +324,7 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         ce = nn.CrossEntropyLoss(reduction="none")
         snaps = [model.canaries.coordinates()]
         taken = 0
-        with planted_bug(bug, p):
+        with planted_bug(bug, p), _steps_bar(int(steps), show_progress) as bar:
             while taken < steps:
                 for xb, yb, ib, cb in p.data_loader:
                     p.optimizer.zero_grad()
@@ -328,6 +334,7 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
                     p.optimizer.step()
                     snaps.append(model.canaries.coordinates())
                     taken += 1
+                    bar.update(1)
                     if taken == steps:
                         break
         info.update(noise_multiplier=p.noise_multiplier, sampling_rate=p.sampling_rate,
@@ -346,6 +353,11 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     return DPSGDAudit(result=result, bug=bug, noise_multiplier=info["noise_multiplier"],
                       sampling_rate=info["sampling_rate"], steps=int(steps),
                       max_grad_norm=float(max_grad_norm), gradient_norm=G, score=score)
+
+
+def _steps_bar(steps: int | None, show_progress: bool | None):
+    """The progress bar of an audit's training steps (standard error)."""
+    return progress(total=steps, desc="audit: training", unit="step", enabled=show_progress)
 
 
 # ----------------------------------------------------------------------------------
@@ -512,6 +524,7 @@ def audit_training(
     method: str = "one_run",
     confidence: float = 0.95,
     seed: int | None = 0,
+    show_progress: bool | None = None,
 ) -> AuditResult:
     """Audit your own model and training run: canaries in, one training run, the
     empirical lower bound on epsilon beside the accountant's.
@@ -582,6 +595,10 @@ def audit_training(
         Seeds the canaries, the inclusion draw, the model's initialisation and (unless
         ``private`` has one) ``make_private``'s sampler and noise; None draws one,
         recorded in the result.
+    show_progress : bool, optional
+        With the pieces, a progress bar of the training steps on standard error (your
+        own ``train`` shows its own): None (default) when standard error is a terminal,
+        True always, False never. Changes nothing else.
 
     Returns
     -------
@@ -597,6 +614,7 @@ def audit_training(
     """
     from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
+    show_progress = check_show_progress(show_progress)
     if (train is None) == (make_model is None):
         raise ConfigurationError("give your training either as train(dataset) -> model (your loop) "
                          "or as its pieces, make_model=... (with make_optimizer, loss_fn, "
@@ -681,20 +699,23 @@ def audit_training(
         p = make_private(model, optimizer, DataLoader(records, batch_size=int(batch_size)),
                          epochs=int(epochs), loss_reduction="sum", **opts)
         snaps = [model.canaries.coordinates()] if gradient else []
-        for _ in range(int(epochs)):
-            for batch in p.data_loader:
-                p.optimizer.zero_grad()
-                if gradient:
-                    xb, yb, ib, cb = batch
-                    out, canary_term = p.model(xb, ib, cb)
-                    loss = (_per_example(loss_fn, out, yb) * (1 - cb)).sum() + canary_term.sum()
-                else:
-                    xb, yb = batch
-                    loss = _per_example(loss_fn, p.model(xb), yb).sum()
-                loss.backward()
-                p.optimizer.step()
-                if gradient:
-                    snaps.append(model.canaries.coordinates())
+        with _steps_bar(p.plan.planned_steps, show_progress) as bar:
+            for _ in range(int(epochs)):
+                for batch in p.data_loader:
+                    p.optimizer.zero_grad()
+                    if gradient:
+                        xb, yb, ib, cb = batch
+                        out, canary_term = p.model(xb, ib, cb)
+                        loss = ((_per_example(loss_fn, out, yb) * (1 - cb)).sum()
+                                + canary_term.sum())
+                    else:
+                        xb, yb = batch
+                        loss = _per_example(loss_fn, p.model(xb), yb).sum()
+                    loss.backward()
+                    p.optimizer.step()
+                    bar.update(1)
+                    if gradient:
+                        snaps.append(model.canaries.coordinates())
         claim["epsilon"] = p.epsilon(delta)
         if not gradient:
             return _data_scores(inner)

@@ -49,12 +49,16 @@ def audit() -> None:
 @click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
               help="Seed in [0, 2**64) (default: fresh entropy; the seed used is printed, so "
               "a run can be repeated).")
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="A progress bar of the training steps on standard error (default: when "
+              "standard error is a terminal).")
 @json_opt
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the ROC plot (PNG) and the scores (CSV).")
 def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str, method: str,
                     confidence: float, steps: int, sampling_rate: float, score: str,
-                    seed: int | None, as_json: bool, out_dir: str | None) -> None:
+                    seed: int | None, show_progress: bool | None, as_json: bool,
+                    out_dir: str | None) -> None:
     """Audit privlearn's DP-SGD engine in one training run.
 
     Trains logistic regression on synthetic data plus white-box Dirac-gradient canaries
@@ -90,7 +94,7 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
         warnings.simplefilter("default")
         run = audit_dpsgd(epsilon=eps, delta=d, n_canaries=m, bug=inject_bug, steps=steps,
                           sampling_rate=sampling_rate, score=score, method=method,
-                          confidence=confidence, seed=seed)
+                          confidence=confidence, seed=seed, show_progress=show_progress)
     for w in caught:
         click.echo(f"warning: {one_line(str(w.message))}", err=True)
     res = run.result

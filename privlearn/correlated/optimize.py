@@ -34,6 +34,14 @@ sensitivity is computed afresh by :func:`privlearn.correlated.sensitivity.sensit
 when used, never taken from the optimiser. A numerical failure raises
 :class:`StrategyOptimizationError`.
 
+Progress and reuse: an optimisation that lasts more than a second shows a progress bar of
+its L-BFGS iterations on standard error when that is a terminal (``show_progress=``:
+None, the default, so; True always; False never; :mod:`privlearn._progress`). The result
+depends only on public settings (steps, bands or buffers, the participation's separation
+and count, the workload, the reduction, the iteration cap), so the strategy of the same
+arguments is computed once per process and reused (a small memo of immutable
+strategies; ``optimize_banded_toeplitz.cache_clear()`` empties it).
+
 References
 ----------
 .. [CC23b] Choquette-Choo et al. (2023), (Amplified) Banded Matrix Factorization, NeurIPS.
@@ -51,10 +59,14 @@ References
 from __future__ import annotations
 
 import math
+import threading
+import warnings
+from collections import OrderedDict
 
 import numpy as np
 from scipy import optimize, special
 
+from privlearn._progress import check_show_progress, progress
 from privlearn._validation import check_choice, check_count
 from privlearn.correlated import _toeplitz
 from privlearn.correlated._objective import (
@@ -68,7 +80,13 @@ from privlearn.correlated._objective import (
     step_up_adjoint,
     weights,
 )
-from privlearn.correlated.error import REDUCTIONS, Workload, _workload
+from privlearn.correlated.error import (
+    REDUCTIONS,
+    MomentumPrefixSum,
+    PrefixSum,
+    Workload,
+    _workload,
+)
 from privlearn.correlated.participation import (
     FixedEpochs,
     MinSeparation,
@@ -79,11 +97,18 @@ from privlearn.correlated.strategies import (
     BandedToeplitz,
     BufferedToeplitz,
     blt_inverse_coefs,
+    nonzero_bands,
     square_root_coefs,
 )
-from privlearn.errors import ParameterTypeError, ParameterValueError, StrategyOptimizationError
+from privlearn.errors import (
+    ParameterTypeError,
+    ParameterValueError,
+    StrategyAdjustedWarning,
+    StrategyOptimizationError,
+)
 
-__all__ = ["optimize_banded_toeplitz", "optimize_blt", "StrategyOptimizationError"]
+__all__ = ["optimize_banded_toeplitz", "optimize_blt", "StrategyAdjustedWarning",
+           "StrategyOptimizationError"]
 
 
 def _pattern(participation: Participation | None, n: int) -> tuple[int, int]:
@@ -100,8 +125,72 @@ def _pattern(participation: Participation | None, n: int) -> tuple[int, int]:
     )
 
 
-def _minimize(fun, x0: np.ndarray, bounds, max_iterations: int) -> tuple[np.ndarray, float]:
-    """L-BFGS from ``x0``; the better of the end point and ``x0`` with its value."""
+#: seconds an optimisation runs before its automatic progress bar appears
+PROGRESS_DELAY = 1.0
+#: optimised strategies kept for reuse (each a few numbers)
+_MEMO_SIZE = 64
+
+
+class _Memo:
+    """The last :data:`_MEMO_SIZE` optimised strategies by the public settings that
+    determine them (the optimisers are deterministic; the strategies are immutable)."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        if key is None:
+            return None
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key, value) -> None:
+        if key is None:
+            return
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_MEMO = _Memo(_MEMO_SIZE)
+
+
+def _workload_key(workload: Workload | None):
+    """What determines the workload's coefficients, for the memo; None (no reuse) for a
+    workload type privlearn does not define (it may be mutable)."""
+    if workload is None or type(workload) is PrefixSum:
+        return ("prefix_sum",)
+    if type(workload) is MomentumPrefixSum:
+        return ("momentum_prefix_sum", float(workload.momentum))
+    return None
+
+
+def _memo_key(kind: str, n: int, size: int, pattern: tuple[int, int], workload,
+              reduction: str, max_iterations: int):
+    wk = _workload_key(workload)
+    return None if wk is None else (kind, n, size, pattern, wk, reduction, max_iterations)
+
+
+def _bar(desc: str, show_progress: bool | None):
+    """The progress bar of one optimisation: its L-BFGS iterations (a counter)."""
+    return progress(desc=desc, unit="it", enabled=show_progress, delay=PROGRESS_DELAY)
+
+
+def _minimize(fun, x0: np.ndarray, bounds, max_iterations: int, bar=None
+              ) -> tuple[np.ndarray, float]:
+    """L-BFGS from ``x0``; the better of the end point and ``x0`` with its value. Each
+    iteration advances ``bar`` (a progress bar) when given."""
     f0 = fun(x0)[0]
     if not math.isfinite(f0):
         raise StrategyOptimizationError(
@@ -113,6 +202,7 @@ def _minimize(fun, x0: np.ndarray, bounds, max_iterations: int) -> tuple[np.ndar
             fun, x0, jac=True, method="L-BFGS-B", bounds=bounds,
             options={"maxiter": max_iterations, "maxfun": 4 * max_iterations,
                      "ftol": 1e-15, "gtol": 1e-11, "maxcor": 20},
+            callback=None if bar is None else (lambda *_: bar.update(1)),
         )
     if math.isfinite(res.fun) and res.fun <= f0:
         return np.asarray(res.x), float(res.fun)
@@ -144,6 +234,7 @@ def optimize_banded_toeplitz(
     reduction: str = "mean",
     *,
     max_iterations: int = 500,
+    show_progress: bool | None = None,
 ) -> BandedToeplitz:
     """The ``bands``-banded Toeplitz strategy minimising the loss, normalised to
     ``||c|| = 1``.
@@ -163,6 +254,10 @@ def optimize_banded_toeplitz(
         Mean or largest per-query squared error.
     max_iterations : int
         L-BFGS iterations.
+    show_progress : bool, optional
+        A progress bar of the iterations on standard error: None (default) when standard
+        error is a terminal and the optimisation lasts over a second, True always, False
+        never.
 
     Returns
     -------
@@ -171,6 +266,19 @@ def optimize_banded_toeplitz(
         come from reflection coefficients in (-1, 1) (``bands <= min_sep``; every root of
         ``c`` outside the unit disk, so ``C^{-1}`` is bounded) or are non-negative and
         non-increasing (``bands > min_sep``; the closed-form sensitivity stays exact).
+        The same arguments in one process give the same object (computed once).
+
+    Warns
+    -----
+    StrategyAdjustedWarning
+        When the optimum leaves bands unused: with several participations at least
+        ``min_sep`` steps apart, bands past ``min_sep`` must keep non-negative,
+        non-increasing coefficients (the class whose sensitivity is exact, [KL24],
+        Theorem 2), and the optimum of that class has measured zero coefficients past
+        ``min_sep`` -- the ``bands``-banded result is then the ``min_sep``-banded one,
+        padded with zeros. The warning names the bands actually used
+        (:func:`~privlearn.correlated.strategies.nonzero_bands`); ask for at most
+        ``min_sep`` bands (or a longer separation) to avoid it.
 
     Raises
     ------
@@ -198,9 +306,38 @@ def optimize_banded_toeplitz(
             f"bands must be in [1, steps={n}], got {bands!r}; use at most as many bands "
             "as steps (bands=steps is a full lower-triangular strategy)")
     reduction = check_choice("reduction", reduction, REDUCTIONS)
+    show_progress = check_show_progress(show_progress)
     if b == 1:
         return BandedToeplitz((1.0,))
     sep, k = _pattern(participation, n)
+    key = _memo_key("banded", n, b, (sep, k), workload, reduction, max_iterations)
+    strategy = _MEMO.get(key)
+    if strategy is None:
+        with _bar(f"optimising {b} bands for {n} steps", show_progress) as bar:
+            strategy = _optimize_banded(n, b, sep, k, workload, reduction, max_iterations,
+                                        bar)
+        _MEMO.put(key, strategy)
+    _warn_unused_bands(strategy, b, sep, k)
+    return strategy
+
+
+def _warn_unused_bands(strategy: BandedToeplitz, b: int, sep: int, k: int) -> None:
+    used = nonzero_bands(strategy)
+    if used is None or used >= b:
+        return
+    warnings.warn(
+        f"bands={b}: the optimised strategy uses {used} bands; its coefficients past band "
+        f"{used} are 0. An example takes part up to {k} times at least {sep} steps apart, "
+        f"and bands past that separation keep the sensitivity exact only with "
+        "non-negative, non-increasing coefficients (Kalinin & Lampert 2024, Theorem 2), "
+        "whose optimum puts zero there: the noise is that of "
+        f"{used} bands. Ask for bands <= {sep} (or a longer separation: a larger "
+        "cycle_length / fewer steps per epoch) to use more bands",
+        StrategyAdjustedWarning, stacklevel=3)
+
+
+def _optimize_banded(n: int, b: int, sep: int, k: int, workload, reduction: str,
+                     max_iterations: int, bar) -> BandedToeplitz:
     obj = Objective(_workload(workload).coefs(n), weights(n, reduction), sep, k)
 
     def log_loss(c: np.ndarray) -> tuple[float, np.ndarray]:
@@ -219,7 +356,7 @@ def optimize_banded_toeplitz(
             return f, np.cumsum(g)
 
         x, _ = _minimize(_safe(fun), np.append(-np.diff(c0), c0[-1]), [(0.0, None)] * b,
-                         max_iterations)
+                         max_iterations, bar)
         c = np.cumsum(x[::-1])[::-1]
     else:
         # reflection coefficients tanh(u) in (-1, 1): every C^{-1} is stable
@@ -229,7 +366,7 @@ def optimize_banded_toeplitz(
             f, g = log_loss(a)
             return f, step_up_adjoint(kk, hist, g) * (1.0 - kk * kk)
 
-        u, _ = _minimize(_safe(fun), np.arctanh(kk0), None, max_iterations)
+        u, _ = _minimize(_safe(fun), np.arctanh(kk0), None, max_iterations, bar)
         c = step_up(np.tanh(u))[0]
     if not (np.all(np.isfinite(c)) and c[0] > 0):
         raise StrategyOptimizationError(f"the optimised coefficients are not finite: {c!r}")
@@ -354,6 +491,7 @@ def optimize_blt(
     reduction: str = "max",
     *,
     max_iterations: int = 1000,
+    show_progress: bool | None = None,
 ) -> BufferedToeplitz:
     """The BLT strategy with ``buffers`` buffers minimising the loss.
 
@@ -371,6 +509,14 @@ def optimize_blt(
         objective).
     max_iterations : int
         L-BFGS iterations per start point.
+    show_progress : bool, optional
+        As :func:`optimize_banded_toeplitz`: a bar of the iterations (and of the start
+        point being tried) on standard error.
+
+    Returns
+    -------
+    BufferedToeplitz
+        The same arguments in one process give the same object (computed once).
 
     Raises
     ------
@@ -397,7 +543,19 @@ def optimize_blt(
     m = check_count("buffers", buffers, minimum=1)
     max_iterations = check_count("max_iterations", max_iterations, minimum=1)
     reduction = check_choice("reduction", reduction, REDUCTIONS)
+    show_progress = check_show_progress(show_progress)
     sep, k = _pattern(participation, n)
+    key = _memo_key("blt", n, m, (sep, k), workload, reduction, max_iterations)
+    strategy = _MEMO.get(key)
+    if strategy is None:
+        with _bar(f"optimising a BLT of {m} buffers for {n} steps", show_progress) as bar:
+            strategy = _optimize_blt(n, m, sep, k, workload, reduction, max_iterations, bar)
+        _MEMO.put(key, strategy)
+    return strategy
+
+
+def _optimize_blt(n: int, m: int, sep: int, k: int, workload, reduction: str,
+                  max_iterations: int, bar) -> BufferedToeplitz:
     obj = Objective(_workload(workload).coefs(n), weights(n, reduction), sep, k)
     fun = _safe(_blt_objective(obj))
     # multi-start. Single participation: stop once another start confirms the best optimum
@@ -405,9 +563,11 @@ def optimize_blt(
     # optima that different starts reach (a decay at 1, or at the separation's time
     # scale), so every start is run.
     best_z, best_f, values = None, math.inf, []
-    for z0 in _blt_starts(n, m, sep):
+    starts = list(_blt_starts(n, m, sep))
+    for i, z0 in enumerate(starts):
+        bar.set_postfix_str(f"start point {i + 1} of at most {len(starts)}", refresh=False)
         try:
-            z, f = _minimize(fun, z0, None, max_iterations)
+            z, f = _minimize(fun, z0, None, max_iterations, bar)
         except StrategyOptimizationError:  # this start's loss is not finite: next one
             continue
         values.append(f)
@@ -427,9 +587,15 @@ def optimize_blt(
     raw = _safe(_raw_blt_objective(obj))
     x = _raw_from_interlaced(blt)
     if float(np.linalg.norm(raw(x)[1])) > 1e-6:
-        x, _ = _minimize(raw, x, None, max_iterations)
+        bar.set_postfix_str("polishing", refresh=False)
+        x, _ = _minimize(raw, x, None, max_iterations, bar)
     theta = special.expit(-x[:m])
     omega = special.softmax(x[m:])[:m]
     if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(omega))):
         raise StrategyOptimizationError(f"the optimised BLT is not finite: {theta}, {omega}")
     return BufferedToeplitz(tuple(theta), tuple(omega))
+
+
+#: empties the memo of optimised strategies (both optimisers share it)
+optimize_banded_toeplitz.cache_clear = _MEMO.clear  # type: ignore[attr-defined]
+optimize_blt.cache_clear = _MEMO.clear  # type: ignore[attr-defined]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from privlearn import _progress
 from privlearn.errors import ParameterValueError
 
 __all__ = [
@@ -86,12 +86,10 @@ def epsilon_log_axis(ax, epsilons) -> None:
 
 
 def progress(iterable=None, *, total=None, desc: str = "", enabled: bool | None = None):
-    """A tqdm progress bar, shown only on a terminal (or when ``enabled`` is True)."""
-    from tqdm.auto import tqdm
-
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    return tqdm(iterable, total=total, desc=desc, disable=not enabled, leave=False)
+    """A tqdm progress bar on standard error, shown only on a terminal (or when
+    ``enabled`` is True): :func:`privlearn._progress.progress`."""
+    return _progress.progress(iterable, total=total, desc=desc,
+                              enabled=None if enabled is None else bool(enabled))
 
 
 def format_table(rows: list[dict], columns: list[str], floatfmt: str = ".4f") -> str:

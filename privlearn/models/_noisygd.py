@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from privlearn import _validation as _v
+from privlearn._progress import progress
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
 from privlearn.errors import ParameterValueError, PrivacyLeakWarning
 from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
@@ -350,11 +350,8 @@ class NoisyGDRegressor(_PrivateLinearBase):
     def _progress(self, n_iter: int):
         """A tqdm bar over the ``n_iter`` iterations on standard error, shown when
         ``verbose`` is on (else disabled: it writes nothing)."""
-        from tqdm import tqdm
-
-        return tqdm(total=n_iter, desc=type(self).__name__, unit="it",
-                    disable=not VERBOSE.check("verbose", self.verbose), file=sys.stderr,
-                    dynamic_ncols=True)
+        return progress(total=n_iter, desc=type(self).__name__, unit="it",
+                        enabled=bool(VERBOSE.check("verbose", self.verbose)), leave=True)
 
     def fit(self, X, y, **fit_params):
         """Run noisy gradient descent from zero (``sample_weight`` is refused)."""

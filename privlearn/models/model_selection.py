@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +75,7 @@ from sklearn.utils import get_tags
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
+from privlearn._progress import progress
 from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.errors import (
@@ -236,10 +236,7 @@ def _fit_with_hidden_noise(est, X, y, rng: np.random.Generator) -> None:
 def _progress(runs: list[int], desc: str, enabled: bool):
     """``runs``, with a tqdm progress bar over them on standard error when ``enabled``
     (else nothing is written)."""
-    from tqdm import tqdm
-
-    return tqdm(runs, desc=desc, unit="fit", disable=not enabled, file=sys.stderr,
-                dynamic_ncols=True)
+    return progress(runs, desc=desc, unit="fit", enabled=enabled, leave=True)
 
 
 def _budget_reading_no_rdp(handle):

@@ -24,6 +24,7 @@ from enum import StrEnum
 import torch
 
 from privlearn import _validation as _v
+from privlearn._progress import check_show_progress
 from privlearn.accounting import Sampling, available_accountants, get_accountant
 from privlearn.correlated.sampling import SAMPLINGS
 from privlearn.correlated.strategies import ToeplitzStrategy, check_stable
@@ -162,7 +163,7 @@ _OTHER_SETTINGS = {
                       "task itself (task=)",
     **{k: f"{k}: not a DPTrainer setting; make_private with a training loop of your own "
           "takes it" for k in ("fix_model", "ledger_chunk", "augment",
-                               "augmentation_multiplicity")},
+                               "augmentation_multiplicity", "show_progress")},
 }
 
 def scalar_setting(value):
@@ -357,6 +358,13 @@ class DPConfig:
         (docs/trust-model.md). It also turns off make_private's check that the loader's
         collate function puts the examples on dimension 0 (it collates ``dataset[0]``
         once and twice).
+    show_progress : bool, optional
+        A progress bar on standard error while ``make_private`` optimises a correlated-
+        noise strategy (``noise="banded"``/``"blt"``; seconds to a minute for long
+        runs) and while it calibrates the noise to ``target_epsilon`` (seconds for
+        100,000 steps): None (default) when standard error is a terminal and the work
+        lasts over a second, True always, False never. Changes nothing else (the same
+        strategy is computed once per process and reused).
     """
 
     noise_multiplier: float | None = None
@@ -389,6 +397,7 @@ class DPConfig:
     user_reduction: Reduction | str = Reduction.MEAN
     augmentation_multiplicity: int | None = None
     augment: object = field(default=None, hash=False, repr=False, compare=False)
+    show_progress: bool | None = field(default=None, compare=False)
 
     def __new__(cls, *args, **kwargs):
         # an unknown keyword is named with what to use (dataclass's __init__ would raise a
@@ -474,6 +483,7 @@ class DPConfig:
         if self.batch_dims is not None and not isinstance(self.batch_dims, dict):
             raise _v.ParameterTypeError(
                 f"batch_dims must be a dict {{layer name: 0 or 1}}, got {self.batch_dims!r}")
+        put(self, "show_progress", check_show_progress(self.show_progress))
         self._check_correlated()
         self._check_units()
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from privlearn.accounting import calibrate, warn_if_delta_large
+from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import (
     ConfigurationError,
     ParameterTypeError,
@@ -637,11 +637,11 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
     run = NoisePlan.build(cfg.noise, cfg.sampling, n, q, cycle, planned, cfg.bands,
-                          cfg.buffers)
+                          cfg.buffers, show_progress=cfg.show_progress, stacklevel=4)
     nm = cfg.noise_multiplier
     if cfg.target_epsilon is not None:
-        nm = calibrate(lambda s: run.mechanism(s, planned), cfg.target_epsilon,
-                       cfg.target_delta, accountant=cfg.accountant)
+        nm = run.calibrate(cfg.target_epsilon, cfg.target_delta, cfg.accountant, planned,
+                           show_progress=cfg.show_progress)
     bounds, c = None, cfg.max_grad_norm
     if cfg.clipping == "per_layer":
         bounds = tuple(_per_layer_bounds(inner, cfg.max_grad_norm).items())
@@ -667,7 +667,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
 #: settings that may differ between ranks: neither the mechanism nor its accounting
 #: depends on them (the physical chunking, the ledger's reservation size) or they are not
 #: comparable between processes (callables; per-example users are refused when distributed)
-_PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augment", "users"})
+_PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augment", "users",
+                                "show_progress"})
 
 
 def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,

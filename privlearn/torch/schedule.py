@@ -33,15 +33,18 @@ here is of units.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from privlearn.accounting import Gaussian, Mechanism, compose, subsample
+from privlearn._progress import progress
+from privlearn.accounting import Gaussian, Mechanism, calibrate, compose, subsample
 from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_blt
 from privlearn.correlated.accounting import correlated_mechanism, stated_under
+from privlearn.correlated.optimize import PROGRESS_DELAY, _pattern
 from privlearn.correlated.sampling import SAMPLINGS, CyclicPoissonSampler, SamplingLaw
-from privlearn.correlated.strategies import ToeplitzStrategy
-from privlearn.errors import ConfigurationError
+from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
+from privlearn.errors import ConfigurationError, StrategyAdjustedWarning
 from privlearn.torch.correlated_noise import CorrelatedNoise
 
 __all__ = ["NoisePlan", "RunAccounting", "SamplingKind", "SAMPLINGS", "choose_strategy",
@@ -100,24 +103,77 @@ def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poi
 
 
 def choose_strategy(noise, planned: int, participation, bands: int | None,
-                    buffers: int | None, amplifying_cycle: int | None = None
+                    buffers: int | None, amplifying_cycle: int | None = None, *,
+                    show_progress: bool | None = None, stacklevel: int = 2
                     ) -> ToeplitzStrategy:
     """The strategy of ``noise``: the identity (DP-SGD), an optimised banded Toeplitz or
-    BLT for ``planned`` steps under ``participation``, or the strategy given. A banded
-    strategy has ``bands`` bands, at most ``planned`` (default 8, or ``amplifying_cycle``
-    when shorter: the cycle of a sampling that amplifies a strategy of at most that many
-    bands, cyclic Poisson; Choquette-Choo et al. 2023, Theorem 4)."""
+    BLT for ``planned`` steps under ``participation``, or the strategy given.
+
+    A banded strategy has ``bands`` bands (default 8, or ``amplifying_cycle`` when
+    shorter: the cycle of a sampling that amplifies a strategy of at most that many
+    bands, cyclic Poisson; Choquette-Choo et al. 2023, Theorem 4), at most ``planned``
+    (one band per step), and no more than the optimum uses: past the participation's
+    separation the optimum over the strategies whose sensitivity is exact (non-negative,
+    non-increasing coefficients; Kalinin & Lampert 2024, Theorem 2) leaves the bands at
+    zero: the strategy of the bands used is run (the same optimum; its noise keeps fewer
+    buffers). A BLT has
+    ``buffers`` buffers (default 4), at most ``planned - 1``: over ``n`` steps ``C`` has
+    ``n - 1`` coefficients below its diagonal, and a sum of any number of positive
+    exponentials there is one of at most ``n - 1`` of them (Caratheodory's theorem on
+    the cone they span), so more buffers cannot lower the error. A setting given and so
+    reduced gets a :class:`~privlearn.errors.StrategyAdjustedWarning` saying what is
+    used and why; a default is reduced silently. ``show_progress``: the optimiser's
+    progress bar (:func:`privlearn.correlated.optimize_banded_toeplitz`)."""
     if not isinstance(noise, str):
         return noise
     if independent(noise):
         return Identity()
     if sized_by(noise) == "bands":
         if bands is None:  # 8, or the cycle that amplifies the strategy when shorter
-            bands = _OPTIMISED["banded"][1]
+            b = _OPTIMISED["banded"][1]
             if amplifying_cycle is not None:
-                bands = min(bands, amplifying_cycle)
-        return optimize_banded_toeplitz(planned, min(bands, planned), participation)
-    return optimize_blt(planned, buffers or 4, participation)
+                b = min(b, amplifying_cycle)
+        else:
+            b = bands
+        if b > planned and bands is not None:
+            _adjusted(f"bands={bands} is more than the {planned} planned steps: a banded "
+                      f"strategy has at most one band per step, so {planned} are used "
+                      f"(pass bands <= {planned})", stacklevel)
+        b = min(b, planned)
+        with warnings.catch_warnings():  # said below in the settings' words
+            warnings.simplefilter("ignore", StrategyAdjustedWarning)
+            strategy = optimize_banded_toeplitz(planned, b, participation,
+                                                show_progress=show_progress)
+        used = nonzero_bands(strategy)
+        if used < b:
+            # the strategy of ``used`` bands: the same optimum, and the same object as
+            # asking for them (its optimiser is not restricted to non-negative bands)
+            strategy = optimize_banded_toeplitz(planned, used, participation,
+                                                show_progress=show_progress)
+            if bands is not None:
+                sep, k = _pattern(participation, planned)
+                _adjusted(
+                    f"bands={bands}: {used} bands are used. An example takes part up to "
+                    f"{k} times, at least {sep} steps apart (the sampling's cycle), and "
+                    f"bands past {sep} keep the sensitivity exact only with non-negative, "
+                    "non-increasing coefficients (Kalinin & Lampert 2024, Theorem 2), "
+                    f"whose optimum here is 0 past band {used}: the noise, its memory and "
+                    f"its accounting are those of {used} bands. Pass bands <= {sep}, or "
+                    f"cycle_length >= {b} (a longer separation) to use more", stacklevel)
+        return strategy
+    m = buffers or _OPTIMISED["blt"][1]
+    cap = max(1, planned - 1)
+    if m > cap and buffers is not None:
+        _adjusted(f"buffers={buffers} is more than a BLT over {planned} planned steps can "
+                  f"use: C has {planned - 1} coefficients below its diagonal, and a sum of "
+                  f"positive exponentials there is one of at most {cap} of them "
+                  f"(Caratheodory), so {cap} buffer{'s' if cap > 1 else ''} are used "
+                  f"(pass buffers <= {cap})", stacklevel)
+    return optimize_blt(planned, min(m, cap), participation, show_progress=show_progress)
+
+
+def _adjusted(message: str, stacklevel: int) -> None:
+    warnings.warn(message, StrategyAdjustedWarning, stacklevel=stacklevel + 1)
 
 
 def compose_steps(segments: Iterable, scheme: str, prior: Mechanism | None = None):
@@ -178,7 +234,8 @@ class NoisePlan:
     @classmethod
     def build(cls, noise, sampling: str, units: int, sampling_rate: float, cycle: int,
               planned: int | None, bands: int | None = None,
-              buffers: int | None = None) -> NoisePlan:
+              buffers: int | None = None, *, show_progress: bool | None = None,
+              stacklevel: int = 2) -> NoisePlan:
         """The plan of a run: its strategy optimised for ``planned`` steps under the
         sampling's participation when ``noise`` names one (Choquette-Choo et al. 2023,
         banded MF; McMahan et al. 2024, BLT), the identity for DP-SGD.
@@ -195,7 +252,14 @@ class NoisePlan:
             Planned steps (needed unless the run is accounted step by step).
         bands, buffers : int or None
             The size of ``"banded"`` (default 8, at most ``planned``) or ``"blt"``
-            (default 4).
+            (default 4); reduced to what the strategy can use, with a
+            :class:`~privlearn.errors.StrategyAdjustedWarning` when given
+            (:func:`choose_strategy`).
+        show_progress : bool or None
+            The strategy optimiser's progress bar on standard error (None: on a
+            terminal, when it lasts over a second).
+        stacklevel : int
+            Where the warnings point, counted from the caller of ``build``.
 
         Returns
         -------
@@ -206,7 +270,9 @@ class NoisePlan:
             desc = SAMPLINGS[sampling].describe(units, sampling_rate, planned, cycle)
             schema = getattr(desc, "participation", desc)
             amplifying = cycle if isinstance(desc, CyclicPoissonSampler) else None
-            strategy = choose_strategy(noise, planned, schema, bands, buffers, amplifying)
+            strategy = choose_strategy(noise, planned, schema, bands, buffers, amplifying,
+                                       show_progress=show_progress,
+                                       stacklevel=stacklevel + 1)
         return cls(sampling, units, sampling_rate, cycle, strategy)
 
     @property
@@ -236,6 +302,21 @@ class NoisePlan:
         desc = law.describe(self.units, self.sampling_rate, steps, self.cycle)
         mech = correlated_mechanism(self.strategy, desc, noise_multiplier, steps=steps)
         return stated_under(mech, law.relation)
+
+    def calibrate(self, epsilon: float, delta: float, accountant: str, steps: int, *,
+                  show_progress: bool | None = None) -> float:
+        """The noise multiplier at which ``steps`` steps spend ``epsilon`` at ``delta``
+        (:func:`privlearn.accounting.calibrate` of :meth:`mechanism`). Each evaluation
+        advances a progress bar on standard error (``show_progress``: None, shown on a
+        terminal once it lasts over a second; True always; False never): thousands of
+        steps take seconds."""
+        with progress(desc=f"calibrating the noise for {steps} steps", unit="evaluation",
+                      enabled=show_progress, delay=PROGRESS_DELAY) as bar:
+            def mechanism(sigma: float) -> Mechanism:
+                bar.update(1)
+                return self.mechanism(sigma, steps)
+
+            return calibrate(mechanism, epsilon, delta, accountant=accountant)
 
     def composed(self, segments: Iterable, prior: Mechanism | None = None):
         """The mechanism of the steps taken (the accountant's segments, after ``prior``):

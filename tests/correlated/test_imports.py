@@ -1,6 +1,6 @@
 """privlearn.correlated depends only on NumPy, SciPy and privlearn's accounting layer and
-shared leaves (validation, errors, the type registry; the PyTorch side builds on it,
-never the reverse)."""
+shared leaves (validation, errors, the type registry, the progress bar; the PyTorch side
+builds on it, never the reverse)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import privlearn.correlated
 
 PKG = Path(privlearn.correlated.__file__).parent
 ALLOWED = ("numpy", "scipy", "privlearn.accounting", "privlearn._validation", "privlearn.errors",
-           "privlearn._type_registry", "privlearn.correlated")
+           "privlearn._type_registry", "privlearn._progress", "privlearn.correlated")
 
 
 def test_imports_point_inward():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from privlearn.correlated import (  # noqa: E402
     MinSeparation,
 )
 from privlearn.correlated.sampling import check_participation  # noqa: E402
+from privlearn.errors import ParameterTypeError, StrategyAdjustedWarning  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 
 N = 60
@@ -304,9 +306,10 @@ def test_more_bands_than_steps_cycles_over_the_steps():
     groups, each example in at most one step, accounted as one Poisson-subsampled
     Gaussian of the column norm (Choquette-Choo et al. 2023, Theorem 4)."""
     model = nn.Linear(4, 3)
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(_indexed(), batch_size=6), noise_multiplier=1.5, steps=5,
-                     sampling="cyclic_poisson", noise="banded", bands=100, seed=0)
+    with pytest.warns(StrategyAdjustedWarning, match="bands=100 is more than the 5 planned"):
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.5, steps=5,
+                         sampling="cyclic_poisson", noise="banded", bands=100, seed=0)
     C = p.plan.run.strategy
     assert p.plan.run.cycle == 5 and C.bands == 5
     batches = _batches(p, 5)
@@ -345,6 +348,79 @@ def test_banded_noise_defaults_to_bands_its_cycle_amplifies():
     step = subsample(Gaussian(1.2 / float(np.linalg.norm(C.coefs))), rate=6 * 3 / N)
     assert p.plan.planned_epsilon == pytest.approx(
         compose(step, steps=3).epsilon(1e-5), rel=1e-9)
+
+
+def test_bands_past_the_cycle_are_dropped_with_a_warning_and_the_noise_is_unchanged():
+    """bands=6 with cycle_length=3: the optimum puts zero on bands 4-6 (participations 3
+    steps apart), so the run is that of 3 bands -- the same noise, bit for bit, 2 noise
+    buffers instead of 5, the same amplified epsilon -- and a warning says so."""
+    common = dict(noise="banded", sampling="cyclic_poisson", cycle_length=3, epochs=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StrategyAdjustedWarning)
+        want, p3 = _noises(9, bands=3, **common)
+    with pytest.warns(StrategyAdjustedWarning,
+                      match=r"bands=6: 3 bands are used.*at least 3 steps apart"):
+        got, p6 = _noises(9, bands=6, **common)
+    assert p6.plan.run.strategy == p3.plan.run.strategy
+    assert p6.plan.run.noise_transform().buffers == 2
+    np.testing.assert_array_equal(got, want)
+    assert p6.plan.planned_epsilon == p3.plan.planned_epsilon
+
+
+def test_blt_buffers_past_the_steps_are_reduced_with_a_warning():
+    """Over 4 steps C has 3 coefficients below its diagonal: a BLT of 6 buffers is one of
+    3 (Caratheodory), so 3 are used and a warning says so; the default (4) is reduced
+    silently."""
+    model = nn.Linear(4, 3)
+    kw = dict(noise_multiplier=1.0, steps=4, sampling="balls_in_bins", noise="blt",
+              seed=0)
+    with pytest.warns(StrategyAdjustedWarning, match="buffers=6 is more than a BLT over 4"):
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(_indexed(), batch_size=6), buffers=6, **kw)
+    assert p.plan.run.strategy.buffers == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StrategyAdjustedWarning)
+        other = nn.Linear(4, 3)
+        q = make_private(other, torch.optim.SGD(other.parameters(), lr=0.1),
+                         DataLoader(_indexed(), batch_size=6), **kw)
+    assert q.plan.run.strategy.buffers == 3
+
+
+def test_strategy_progress_goes_to_stderr_only_when_asked(capfd):
+    from privlearn.correlated import optimize_banded_toeplitz
+
+    def attach(**kw):
+        optimize_banded_toeplitz.cache_clear()  # optimised afresh: its bar shows
+        model = nn.Linear(4, 3)
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0,
+                            steps=30, sampling="balls_in_bins", noise="banded", bands=4,
+                            seed=0, **kw)
+
+    quiet = attach()  # default: not a terminal here, so silent
+    assert capfd.readouterr() == ("", "")
+    loud = attach(show_progress=True)
+    out, err = capfd.readouterr()
+    assert out == "" and "optimising 4 bands for 30 steps" in err
+    assert loud.plan.run.strategy == quiet.plan.run.strategy
+    assert loud.plan.planned_epsilon == quiet.plan.planned_epsilon
+    with pytest.raises(ParameterTypeError, match="show_progress"):
+        attach(show_progress="on")
+
+
+def test_calibration_progress_goes_to_stderr_only_when_asked(capfd):
+    def attach(**kw):
+        model = nn.Linear(4, 3)
+        return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            DataLoader(_indexed(), batch_size=6), target_epsilon=2.0,
+                            epochs=2, seed=0, **kw)
+
+    quiet = attach()
+    assert capfd.readouterr() == ("", "")
+    loud = attach(show_progress=True)
+    out, err = capfd.readouterr()
+    assert out == "" and "calibrating the noise for 20 steps" in err
+    assert loud.noise_multiplier == quiet.noise_multiplier
 
 
 # ---------------------------------------------------- shuffled epochs: replace-one only
