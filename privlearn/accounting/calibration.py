@@ -107,19 +107,71 @@ def calibrate(
         raise ParameterTypeError(
             f"integer must be True or False, got {integer!r} ({type(integer).__name__}); "
             "pass integer=True to search integers (a number of steps)")
+    return _calibrate(factory, target, delta, bounds, accountant, integer, rtol,
+                      max_evaluations, screen=True)
+
+
+def _screening_accountant(accountant: object) -> object | None:
+    """A coarser copy of the PLD accountant (relative gap 3%, accepted up to 10%) whose
+    certified bracket decides feasibility away from the root, or None for any other
+    accountant. Its first grid is the accountant's own; only the refinement that narrows
+    the bracket to ``rel_gap`` (most of the time of a query, e.g. 27 of 30 s at 5e7
+    steps) is skipped where the bracket already lies on one side of the target."""
+    from privlearn.accounting.accountants import get_accountant
+    from privlearn.accounting.pld import PLDAccountant
+
+    acc = get_accountant(accountant)
+    if type(acc) is not PLDAccountant:
+        return None
+    return PLDAccountant(n_target=acc.n_target, max_points=acc.max_points,
+                         tail_tol=acc.tail_tol, rel_gap=max(acc.rel_gap, 0.03),
+                         max_gap=max(acc.max_gap, 0.1), cache_size=4, fallback=acc.fallback)
+
+
+def _calibrate(factory, target: float, delta: float, bounds, accountant, integer: bool,
+               rtol: float, max_evaluations: int, screen: bool) -> float:
+    """:func:`calibrate` after validation. With ``screen``, a point whose coarse certified
+    bracket (:func:`_screening_accountant`) lies on one side of the target is decided by
+    it (a lower bound above the target is infeasible for every accountant; an upper bound
+    below it is feasible); the answer is then checked with ``accountant`` itself, and the
+    search is redone without screening in the (unexpected) case it fails."""
     cache: dict[float, float] = {}
+    screened: set[float] = set()
     n_eval = 0
+    coarse = _screening_accountant(accountant) if screen else None
+
+    def count() -> None:
+        nonlocal n_eval
+        n_eval += 1
+        if n_eval > max_evaluations:
+            raise CalibrationError(
+                f"calibration did not converge in {max_evaluations} evaluations"
+            )
+
+    def precise(x: float) -> float:
+        if x not in cache or x in screened:
+            count()
+            cache[x] = float(factory(int(x) if integer else x).epsilon(delta, accountant))
+            screened.discard(x)
+        return cache[x]
 
     def eps_of(x: float) -> float:
-        nonlocal n_eval
-        if x not in cache:
-            n_eval += 1
-            if n_eval > max_evaluations:
-                raise CalibrationError(
-                    f"calibration did not converge in {max_evaluations} evaluations"
-                )
-            cache[x] = float(factory(int(x) if integer else x).epsilon(delta, accountant))
-        return cache[x]
+        if x in cache:
+            return cache[x]
+        if coarse is not None:
+            fn = getattr(factory(int(x) if integer else x), "epsilon_bounds", None)
+            if callable(fn):
+                count()
+                b = fn(delta, coarse)
+                if b.upper <= target:
+                    cache[x] = float(b.upper)
+                    screened.add(x)
+                    return cache[x]
+                if b.lower is not None and b.lower > target:
+                    cache[x] = float(b.lower)
+                    screened.add(x)
+                    return cache[x]
+        return precise(x)
 
     def feasible(x: float) -> bool:
         return eps_of(x) <= target
@@ -222,6 +274,9 @@ def calibrate(
         else:
             lo = mid
     result = hi if decreasing else lo
+    if result in screened and precise(result) > target:  # pragma: no cover - see above
+        return _calibrate(factory, target, delta, bounds, accountant, integer, rtol,
+                          max_evaluations, screen=False)
     return int(result) if integer else float(result)
 
 

@@ -117,3 +117,39 @@ def test_approx_dp_composed_with_pure_dp_and_randomized_response_is_exact():
     assert float(_mp_delta(parts, b.upper)) <= 1e-5 * (1 + 1e-12)
     assert float(_mp_delta(parts, b.lower)) >= 1e-5 * (1 - 1e-12)
     assert b.upper - b.lower <= 1e-8 * b.upper
+
+
+def _small():
+    from hypothesis import HealthCheck, settings
+
+    return settings(max_examples=8, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def _hyp():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    part = st.tuples(st.floats(0.0, 2.0), st.floats(-10.0, -3.0).map(lambda x: 10.0 ** x),
+                     st.integers(1, 25))
+    return given(parts=st.lists(part, min_size=1, max_size=2),
+                 extra=st.floats(1e-3, 1.0))
+
+
+@_small()
+@_hyp()
+def test_approx_dp_bracket_holds_the_exact_profile(parts, extra):
+    """Any delta above the mass at infinity: the bracket holds the 60-digit epsilon,
+    the grid's bracket (with a negligible Gaussian part, so no closed form applies) is
+    never below its lower end, and epsilon and delta invert each other."""
+    mass = 1.0 - math.prod((1.0 - d) ** k for _, d, k in parts)
+    delta = min(mass * (1.0 + extra) + 1e-12, 0.5)
+    m = compose([ApproxDP(e, d) for e, d, _ in parts], steps=[k for *_, k in parts])
+    b = m.epsilon_bounds(delta)
+    assert math.isfinite(b.upper) and 0.0 <= b.lower <= b.upper
+    assert float(_mp_delta(parts, b.upper)) <= delta * (1 + 1e-12)
+    if b.lower > 0:
+        assert float(_mp_delta(parts, b.lower)) >= delta * (1 - 1e-12)
+    assert m.delta_bounds(b.upper).upper <= delta * (1 + 1e-9)
+    grid = compose([m, Gaussian(1e4)]).epsilon_bounds(delta)
+    assert grid.upper >= b.lower
