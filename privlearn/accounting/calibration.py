@@ -155,10 +155,21 @@ def _calibrate(factory, target: float, delta: float, bounds, accountant, integer
             screened.discard(x)
         return cache[x]
 
+    ambiguous: list[tuple[float, float]] = []  # (log x, relative gap) the coarse left open
+
+    def near_ambiguous(x: float) -> bool:
+        """Whether ``x`` is so close to a point whose coarse bracket held the target that
+        its own bracket will too (epsilon at least a square root in the parameter): the
+        accountant itself answers without a wasted coarse query."""
+        if x <= 0:
+            return False
+        lx = math.log(x)
+        return any(abs(lx - la) < 2.0 * g for la, g in ambiguous)
+
     def eps_of(x: float) -> float:
         if x in cache:
             return cache[x]
-        if coarse is not None:
+        if coarse is not None and not near_ambiguous(x):
             fn = getattr(factory(int(x) if integer else x), "epsilon_bounds", None)
             if callable(fn):
                 count()
@@ -171,6 +182,9 @@ def _calibrate(factory, target: float, delta: float, bounds, accountant, integer
                     cache[x] = float(b.lower)
                     screened.add(x)
                     return cache[x]
+                if x > 0 and b.upper > 0 and math.isfinite(b.upper):
+                    low = b.lower if b.lower is not None else 0.0
+                    ambiguous.append((math.log(x), (b.upper - low) / b.upper))
         return precise(x)
 
     def feasible(x: float) -> bool:
