@@ -156,6 +156,7 @@ def _calibrate(factory, target: float, delta: float, bounds, accountant, integer
         return cache[x]
 
     ambiguous: list[tuple[float, float]] = []  # (log x, relative gap) the coarse left open
+    brackets: dict[float, tuple[float, float]] = {}  # the coarse (lower, upper) of x
 
     def near_ambiguous(x: float) -> bool:
         """Whether ``x`` is so close to a point whose coarse bracket held the target that
@@ -174,6 +175,7 @@ def _calibrate(factory, target: float, delta: float, bounds, accountant, integer
             if callable(fn):
                 count()
                 b = fn(delta, coarse)
+                brackets[x] = (b.lower if b.lower is not None else 0.0, float(b.upper))
                 if b.upper <= target:
                     cache[x] = float(b.upper)
                     screened.add(x)
@@ -196,6 +198,13 @@ def _calibrate(factory, target: float, delta: float, bounds, accountant, integer
         the direction is read from ``delta`` at that epsilon, which still moves there;
         equal in both, the parameter is taken as a noise scale (decreasing)."""
         e_a, e_b = eps_of(a), eps_of(b)
+        if a in screened or b in screened:
+            # coarse brackets order the two points only when disjoint; else (a lower
+            # bound may be loose) the accountant itself answers at both
+            ba, bb = brackets.get(a), brackets.get(b)
+            if ba is not None and bb is not None and (ba[1] < bb[0] or bb[1] < ba[0]):
+                return ba[0] > bb[1]
+            e_a, e_b = precise(a), precise(b)
         if e_a != e_b or not math.isfinite(e_a):
             return e_a >= e_b
         try:  # delta at the common epsilon (<= the target delta for both)
