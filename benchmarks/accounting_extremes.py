@@ -315,6 +315,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-calibration", action="store_true")
+    ap.add_argument("--only-calibration", action="store_true")
+    ap.add_argument("--cal-timeout", type=float, default=600.0,
+                    help="wall-clock limit of one calibration (default 600 s)")
     ap.add_argument("--out")
     ap.add_argument("--from-log", help="rebuild the tables from the progress lines a run "
                     "wrote to stderr (e.g. a run stopped early: the rows it finished)")
@@ -335,11 +338,13 @@ def main() -> None:
     Gaussian(1.0).epsilon(1e-5)
     idx = QUICK if a.quick else range(len(CASES))
     t0 = time.perf_counter()
-    raw = run(METHODS, [(CASES[i][1], CASES[i][2]) for i in idx], a.repeats, a.timeout)
-    res = {i: raw[j] for j, i in enumerate(idx)}
+    res = {}
+    if not a.only_calibration:
+        raw = run(METHODS, [(CASES[i][1], CASES[i][2]) for i in idx], a.repeats, a.timeout)
+        res = {i: raw[j] for j, i in enumerate(idx)}
     cal = {}
     if not a.no_calibration and not a.quick:
-        cal = run(CAL_METHODS, CALIBRATIONS, 1, 2 * a.timeout)
+        cal = run(CAL_METHODS, CALIBRATIONS, 1, a.cal_timeout)
     lines = tables(res, cal)
     total = time.perf_counter() - t0
     head = [SECTION, "", f"Command: `{COMMAND}`", "",

@@ -107,87 +107,19 @@ def calibrate(
         raise ParameterTypeError(
             f"integer must be True or False, got {integer!r} ({type(integer).__name__}); "
             "pass integer=True to search integers (a number of steps)")
-    return _calibrate(factory, target, delta, bounds, accountant, integer, rtol,
-                      max_evaluations, screen=True)
-
-
-def _screening_accountant(accountant: object) -> object | None:
-    """A coarser copy of the PLD accountant (relative gap 3%, accepted up to 10%) whose
-    certified bracket decides feasibility away from the root, or None for any other
-    accountant. Its first grid is the accountant's own; only the refinement that narrows
-    the bracket to ``rel_gap`` (most of the time of a query, e.g. 27 of 30 s at 5e7
-    steps) is skipped where the bracket already lies on one side of the target."""
-    from privlearn.accounting.accountants import get_accountant
-    from privlearn.accounting.pld import PLDAccountant
-
-    acc = get_accountant(accountant)
-    if type(acc) is not PLDAccountant:
-        return None
-    return PLDAccountant(n_target=acc.n_target, max_points=acc.max_points,
-                         tail_tol=acc.tail_tol, rel_gap=max(acc.rel_gap, 0.03),
-                         max_gap=max(acc.max_gap, 0.1), cache_size=4, fallback=acc.fallback)
-
-
-def _calibrate(factory, target: float, delta: float, bounds, accountant, integer: bool,
-               rtol: float, max_evaluations: int, screen: bool) -> float:
-    """:func:`calibrate` after validation. With ``screen``, a point whose coarse certified
-    bracket (:func:`_screening_accountant`) lies on one side of the target is decided by
-    it (a lower bound above the target is infeasible for every accountant; an upper bound
-    below it is feasible); the answer is then checked with ``accountant`` itself, and the
-    search is redone without screening in the (unexpected) case it fails."""
     cache: dict[float, float] = {}
-    screened: set[float] = set()
     n_eval = 0
-    coarse = _screening_accountant(accountant) if screen else None
-
-    def count() -> None:
-        nonlocal n_eval
-        n_eval += 1
-        if n_eval > max_evaluations:
-            raise CalibrationError(
-                f"calibration did not converge in {max_evaluations} evaluations"
-            )
-
-    def precise(x: float) -> float:
-        if x not in cache or x in screened:
-            count()
-            cache[x] = float(factory(int(x) if integer else x).epsilon(delta, accountant))
-            screened.discard(x)
-        return cache[x]
-
-    ambiguous: list[tuple[float, float]] = []  # (log x, relative gap) the coarse left open
-    brackets: dict[float, tuple[float, float]] = {}  # the coarse (lower, upper) of x
-
-    def near_ambiguous(x: float) -> bool:
-        """Whether ``x`` is so close to a point whose coarse bracket held the target that
-        its own bracket will too (epsilon at least a square root in the parameter): the
-        accountant itself answers without a wasted coarse query."""
-        if x <= 0:
-            return False
-        lx = math.log(x)
-        return any(abs(lx - la) < 2.0 * g for la, g in ambiguous)
 
     def eps_of(x: float) -> float:
-        if x in cache:
-            return cache[x]
-        if coarse is not None and not near_ambiguous(x):
-            fn = getattr(factory(int(x) if integer else x), "epsilon_bounds", None)
-            if callable(fn):
-                count()
-                b = fn(delta, coarse)
-                brackets[x] = (b.lower if b.lower is not None else 0.0, float(b.upper))
-                if b.upper <= target:
-                    cache[x] = float(b.upper)
-                    screened.add(x)
-                    return cache[x]
-                if b.lower is not None and b.lower > target:
-                    cache[x] = float(b.lower)
-                    screened.add(x)
-                    return cache[x]
-                if x > 0 and b.upper > 0 and math.isfinite(b.upper):
-                    low = b.lower if b.lower is not None else 0.0
-                    ambiguous.append((math.log(x), (b.upper - low) / b.upper))
-        return precise(x)
+        nonlocal n_eval
+        if x not in cache:
+            n_eval += 1
+            if n_eval > max_evaluations:
+                raise CalibrationError(
+                    f"calibration did not converge in {max_evaluations} evaluations"
+                )
+            cache[x] = float(factory(int(x) if integer else x).epsilon(delta, accountant))
+        return cache[x]
 
     def feasible(x: float) -> bool:
         return eps_of(x) <= target
@@ -198,13 +130,6 @@ def _calibrate(factory, target: float, delta: float, bounds, accountant, integer
         the direction is read from ``delta`` at that epsilon, which still moves there;
         equal in both, the parameter is taken as a noise scale (decreasing)."""
         e_a, e_b = eps_of(a), eps_of(b)
-        if a in screened or b in screened:
-            # coarse brackets order the two points only when disjoint; else (a lower
-            # bound may be loose) the accountant itself answers at both
-            ba, bb = brackets.get(a), brackets.get(b)
-            if ba is not None and bb is not None and (ba[1] < bb[0] or bb[1] < ba[0]):
-                return ba[0] > bb[1]
-            e_a, e_b = precise(a), precise(b)
         if e_a != e_b or not math.isfinite(e_a):
             return e_a >= e_b
         try:  # delta at the common epsilon (<= the target delta for both)
@@ -297,9 +222,6 @@ def _calibrate(factory, target: float, delta: float, bounds, accountant, integer
         else:
             lo = mid
     result = hi if decreasing else lo
-    if result in screened and precise(result) > target:  # pragma: no cover - see above
-        return _calibrate(factory, target, delta, bounds, accountant, integer, rtol,
-                          max_evaluations, screen=False)
     return int(result) if integer else float(result)
 
 

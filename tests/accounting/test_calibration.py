@@ -176,23 +176,3 @@ def test_a_gaussian_at_delta_zero_is_refused_saying_it_has_no_pure_dp_guarantee(
     # a mechanism with a pure-DP guarantee calibrates at delta=0 (Laplace: b = 1 / epsilon)
     assert calibrate(Laplace, epsilon=1.0, delta=0.0) == pytest.approx(1.0, rel=1e-5)
 
-
-@pytest.mark.parametrize("integer", [False, True])
-def test_screened_search_finds_the_unscreened_answer(integer) -> None:
-    """The coarse certified brackets that decide points away from the root change how
-    many full queries are made, not the answer (a noise multiplier, decreasing; a
-    number of steps, increasing)."""
-    from privlearn.accounting import calibration
-
-    if integer:
-        def factory(k):
-            return compose(subsample(Gaussian(1.0), 0.01), k)
-        args = (factory, 2.0, 1e-6, (1, 10**5), "pld", True, 1e-6, 200)
-    else:
-        def factory(s):
-            return compose(subsample(Gaussian(s), 0.02), 500)
-        args = (factory, 1.5, 1e-6, None, "pld", False, 1e-6, 200)
-    screened = calibration._calibrate(*args, screen=True)
-    plain = calibration._calibrate(*args, screen=False)
-    assert screened == pytest.approx(plain, rel=2e-6)
-    assert factory(screened).epsilon(1e-6) <= args[1]
