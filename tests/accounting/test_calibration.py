@@ -175,4 +175,3 @@ def test_a_gaussian_at_delta_zero_is_refused_saying_it_has_no_pure_dp_guarantee(
         calibrate(Gaussian, epsilon=1.0, delta=0.0)
     # a mechanism with a pure-DP guarantee calibrates at delta=0 (Laplace: b = 1 / epsilon)
     assert calibrate(Laplace, epsilon=1.0, delta=0.0) == pytest.approx(1.0, rel=1e-5)
-
