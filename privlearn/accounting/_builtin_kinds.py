@@ -23,7 +23,8 @@ PureDP                 pure eps; binary randomized response with that epsilon (K
                        Viswanath 2015, Thm 2.1) for the pair, the atoms and RDP; group
                        privacy for scaling
 ApproxDP               pure eps ``inf``; the four-outcome (eps, delta) pair (Kairouz, Oh &
-                       Viswanath 2015, Thm 2.1); no RDP (delta > 0 bounds no Renyi divergence)
+                       Viswanath 2015, Thm 2.1; also as exact atoms); no RDP (delta > 0
+                       bounds no Renyi divergence)
 RDPMechanism           the declared pure eps and the user's RDP function (no PLD pair)
 =====================  =======================================================================
 """
@@ -231,6 +232,8 @@ register_mechanism(
     ApproxDP,
     pure_epsilon=lambda m: math.inf,  # delta > 0: no pure guarantee
     pld_pair=_approx_dp_pair,
+    # the same pair as exact atoms (closed-form composition with the other finite kinds)
+    pld_atoms=lambda m: closed_form.approx_dp_atoms(m.dp_epsilon, m.dp_delta),
     stated_dp=lambda m: (m.dp_epsilon, m.dp_delta),
 )
 

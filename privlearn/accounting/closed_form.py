@@ -11,6 +11,13 @@
   Viswanath (2015), Theorem 3.3; for heterogeneous pure-DP parts it is the exact
   computation of Murtagh & Vadhan (2016) (done through the PLD rather than their
   dynamic programme).
+* **Compositions that include (eps, delta)-DP steps** (:class:`ApproxDP`, not
+  subsampled): each is dominated by randomized response with mass ``delta`` moved to loss
+  ``+inf`` (Kairouz, Oh & Viswanath 2015, Theorem 2.1), so the composition is the pure-DP
+  composition of the finite parts, scaled by ``prod (1 - delta_i)^{k_i}``, plus the P-mass
+  ``1 - prod (1 - delta_i)^{k_i}`` at ``+inf``, which ``delta(eps)`` carries in full
+  (the optimal composition theorem, Kairouz, Oh & Viswanath 2015, Theorem 3.3, with its
+  ``1 - (1 - delta)^k`` term).
 * **A single Laplace mechanism** with scale ``b`` (``eps0 = 1/b``):
   ``delta(eps) = 1 - exp((eps - eps0) / 2)`` for ``0 <= eps < eps0``, hence
   ``eps(delta) = max(0, eps0 + 2 log(1 - delta))`` (integrate the Laplace PLD; e.g.
@@ -74,6 +81,7 @@ __all__ = [
     "pure_dp_composition_epsilon",
     "laplace_epsilon",
     "laplace_delta",
+    "approx_dp_atoms",
     "pure_dp_atoms",
     "randomized_response_atoms",
 ]
@@ -94,6 +102,9 @@ class Atoms:
     loss: tuple[float, ...]
     log_p: tuple[float, ...]
     log_q: tuple[float, ...]
+    #: P-mass at loss ``+inf`` (outcomes Q never produces, e.g. the delta of an
+    #: (eps, delta)-DP pair; the pair is then symmetric, with as much Q-mass at ``-inf``)
+    inf_mass: float = 0.0
 
 
 def _softplus(x: float) -> float:
@@ -108,6 +119,17 @@ def pure_dp_atoms(eps: float) -> Atoms:
     # log p = -softplus(-eps), log(1-p) = -softplus(eps)
     lp, lq = -_softplus(-eps), -_softplus(eps)
     return Atoms((eps, -eps), (lp, lq), (lq, lp))
+
+
+def approx_dp_atoms(eps: float, delta: float) -> Atoms:
+    """The dominating pair of every ``(eps, delta)``-DP mechanism (Kairouz, Oh &
+    Viswanath 2015, Theorem 2.1): P-mass ``delta`` at loss ``+inf``, the binary randomized
+    response of :func:`pure_dp_atoms` with the remaining ``1 - delta``, and the mirror
+    image under Q (mass ``delta`` at ``-inf``)."""
+    base = pure_dp_atoms(eps)
+    lf = math.log1p(-delta)
+    return Atoms(base.loss, tuple(x + lf for x in base.log_p),
+                 tuple(x + lf for x in base.log_q), inf_mass=float(delta))
 
 
 def randomized_response_atoms(p: float, k: int) -> Atoms:
@@ -154,7 +176,9 @@ def _step_directions(m: Mechanism) -> list[Atoms] | None:
             return None
         base = atoms(m.base)
         if m.rate >= 1.0:
-            return [base]
+            return None if _unrepresentable(base) else [base]
+        if base.inf_mass > 0.0:  # the subsampled pair of an (eps, delta) step: the grid
+            return None
         rem, add = _remove_atoms(base, m.rate), _add_atoms(base, m.rate)
         if nb is Neighbouring.REMOVE_ONLY:
             return [rem]
@@ -162,7 +186,16 @@ def _step_directions(m: Mechanism) -> list[Atoms] | None:
             return [add]
         return [rem, add]
     atoms = representation_of(m, "pld_atoms")
-    return None if atoms is None else [atoms(m)]
+    if atoms is None:
+        return None
+    a = atoms(m)
+    return None if _unrepresentable(a) else [a]
+
+
+def _unrepresentable(atoms: Atoms) -> bool:
+    """Atoms with mass at infinity whose finite losses exceed :data:`HUGE_PURE_EPSILON`
+    (their smallest masses underflow): left to the numerical accountant."""
+    return atoms.inf_mass > 0.0 and max(abs(x) for x in atoms.loss) > HUGE_PURE_EPSILON
 
 
 # ----------------------------------------------------------------------------------
@@ -189,6 +222,14 @@ class DiscretePLD:
     log_p: np.ndarray
     loss_err: float
     rel_err: float
+    inf_mass: float = 0.0
+    inf_rel_err: float = 0.0
+
+    def infinite_mass(self, upper: bool = True) -> float:
+        """The P-mass at loss ``+inf`` (``1 - prod_i (1 - delta_i)^{k_i}``), rounded up
+        (``upper``) or down: delta at every epsilon is at least this."""
+        s = 1.0 if upper else -1.0
+        return min(1.0, max(0.0, self.inf_mass * (1.0 + s * self.inf_rel_err)))
 
     def _shifted(self, upper: bool) -> tuple[np.ndarray, np.ndarray]:
         s = 1.0 if upper else -1.0
@@ -197,18 +238,29 @@ class DiscretePLD:
         return loss, log_p
 
     def delta(self, eps: float, upper: bool = True) -> float:
-        """``sum_{l > eps} P(l) (1 - e^{eps - l})`` with the allowances on the safe side."""
+        """``P(+inf) + sum_{l > eps} P(l) (1 - e^{eps - l})`` with the allowances on the
+        safe side."""
         loss, log_p = self._shifted(upper)
         sel = loss > eps
+        inf = self.infinite_mass(upper)
         if not np.any(sel):
-            return 0.0
+            return inf
         terms = np.exp(log_p[sel]) * -np.expm1(eps - loss[sel])
         val = math.fsum(terms.tolist())
+        if inf > 0.0:
+            val = (val + inf) * (1.0 + (2.0 * U if upper else -2.0 * U))
         return min(1.0, val) if upper else max(0.0, val)
 
     def epsilon(self, delta: float, upper: bool = True) -> float:
         """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` (closed form between atoms:
-        on ``(l_{j-1}, l_j]`` the profile is ``A_j - e^eps B_j``)."""
+        on ``(l_{j-1}, l_j]`` the profile is ``A_j - e^eps B_j``); the P-mass at ``+inf``
+        is taken off ``delta`` first (``inf`` when it is not below ``delta``)."""
+        inf = self.infinite_mass(upper)
+        if inf > 0.0:
+            # the finite atoms must bring delta(eps) down to delta - P(+inf)
+            delta = (delta - inf) * (1.0 - 2.0 * U if upper else 1.0 + 2.0 * U)
+            if delta <= 0.0:
+                return math.inf
         loss, log_p = self._shifted(upper)
         n = loss.size
         # suffix sums A_j = sum_{i >= j} P_i and B_j = sum_{i >= j} P_i e^{-l_i}, in logs
@@ -290,7 +342,12 @@ def _compose(parts: Sequence[tuple[Atoms, int]]) -> DiscretePLD | None:
     # exp of a log with absolute error e: relative error <= e^{e} - 1; plus summation
     rel_err = math.expm1(log_err + 4.0 * U) + 4.0 * (n + 8) * U
     loss_err += 4.0 * U * float(np.max(np.abs(loss)))
-    return DiscretePLD(loss, log_p, loss_err, rel_err)
+    # P-mass at +inf: 1 - prod (1 - m_i)^{k_i}; the log-sum of same-signed terms is
+    # relatively accurate to (parts + 2) u, which expm1 turns into (1 + |x|) times that
+    log_fin = math.fsum(k * math.log1p(-a.inf_mass) for a, k in parts)
+    inf_mass = -math.expm1(log_fin)
+    inf_rel = 2.0 * (len(parts) + 6) * U * (1.0 + abs(log_fin)) + 4.0 * U
+    return DiscretePLD(loss, log_p, loss_err, rel_err, inf_mass, inf_rel)
 
 
 def _parts(mechanism: Mechanism) -> list[tuple[Mechanism, int]]:
@@ -372,6 +429,7 @@ def _split_huge(mechanism: Mechanism) -> tuple[float, Mechanism | None] | None:
     parts = _parts(mechanism)
     eps = {m: _pure_epsilon(m) for m, _ in parts
            if representation_of(m, "pld_atoms") is not None}
+    eps = {m: e for m, e in eps.items() if math.isfinite(e)}  # (eps, delta) steps: no pure eps
     huge = [(m, k) for m, k in parts if eps.get(m, 0.0) > HUGE_PURE_EPSILON]
     if not huge:
         return None
@@ -389,6 +447,10 @@ def _pld_bounds(mechanism: Mechanism, what: str, at: float) -> tuple[float, floa
     discrete PLDs of :func:`discrete_pld` (the worst of its directions), or ``None``."""
     plds = discrete_pld(mechanism)
     if plds is None:
+        return None
+    if what == "epsilon" and max(p.infinite_mass(True) for p in plds) >= at * (1 - 1e-9):
+        # delta at (or within rounding of) the mass at infinity: the numerical
+        # accountant says why it cannot certify (or that epsilon is infinite)
         return None
     up = max(getattr(p, what)(at, upper=True) for p in plds)
     lo = max(getattr(p, what)(at, upper=False) for p in plds)

@@ -58,7 +58,8 @@ An accountant that needs a representation the kind lacks raises
     A Poisson-subsampled (add/remove) RDP bound tighter than Zhu & Wang's general one.
 ``pld_atoms(m) -> Atoms``
     The finitely many outcomes of one run's dominating pair, in the log domain
-    (:class:`privlearn.accounting.closed_form.Atoms`: losses, ``log P``, ``log Q``).
+    (:class:`privlearn.accounting.closed_form.Atoms`: losses, ``log P``, ``log Q``, and
+    the P-mass at loss ``+inf`` of an (eps, delta) pair, which only composes unsampled).
     Compositions of such kinds (bare or Poisson-subsampled under add/remove) are then
     evaluated exactly by :mod:`privlearn.accounting.closed_form` (Kairouz, Oh &
     Viswanath 2015; Murtagh & Vadhan 2016), which the ``"pld"`` accountant consults first.
