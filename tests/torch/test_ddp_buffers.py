@@ -95,7 +95,12 @@ def _make_private_run(seed):
         if len(x):
             loss_fn(p.model(x), y).backward()
         p.optimizer.step()
-    return sizes, start, _flat(p.model.module)
+    end = _flat(p.model.module)
+    # DDP's forward buffer broadcast is off for the run, and back after detach()
+    flags = [p.model.require_forward_param_sync]
+    p.detach()
+    flags.append(p.model.require_forward_param_sync)
+    return sizes, start, end, flags
 
 
 def _trainer_run(seed, out):
@@ -146,7 +151,9 @@ def ranks(tmp_path_factory):
 
 @pytest.mark.parametrize("run", ["make_private", "trainer"])
 def test_empty_first_batch_on_one_rank_under_ddp_with_buffers(ranks, run):
-    (sizes0, start0, end0), (sizes1, start1, end1) = ranks[0][run], ranks[1][run]
+    (sizes0, start0, end0, *flags), (sizes1, start1, end1, *_) = ranks[0][run], ranks[1][run]
+    if run == "make_private":
+        assert flags == [[False, True]]
     assert len(sizes0) == len(sizes1) == STEPS
     assert sizes0[0] > 0 and sizes1[0] == 0  # the case under test did happen
     torch.testing.assert_close(start0, start1, rtol=0, atol=0)
