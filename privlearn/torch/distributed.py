@@ -23,7 +23,11 @@ Wrapping in DDP is optional (the engine does its own all-reduce); with DDP,
 ``make_private`` switches DDP's gradient synchronisation off for the run
 (``require_backward_grad_sync = False``, as inside ``model.no_sync()``; restored by
 ``detach()``), so there is one all-reduce per step, of the noisy clipped sums, and no
-autograd weight gradients at all.
+autograd weight gradients at all. DDP's broadcast of the buffers from rank 0 in the first
+forward is done by ``make_private`` itself, on every rank, and then switched off
+(``require_forward_param_sync = False``): a rank whose Poisson batch is empty may skip
+its forward and call ``step()`` alone without leaving the other ranks' broadcast waiting
+(:mod:`privlearn.torch._ddp_quiet`).
 """
 
 from __future__ import annotations

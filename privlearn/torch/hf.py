@@ -155,6 +155,7 @@ from privlearn.errors import (
     PrivacyBudgetExceededError,
     PrivacyLeakWarning,
 )
+from privlearn.torch._ddp_quiet import quiet_ddp
 from privlearn.torch._hf_accumulate import LogicalBatches, logical_loader
 from privlearn.torch._hf_args import (  # noqa: F401
     _TASKS,
@@ -581,6 +582,7 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
         noise; under FSDP2 the rank runs the collectives of a pass on a stand-in example,
         discarded)."""
         refuse_packed_rows(inputs)  # several records in a row: not the accounted unit
+        quiet_ddp(model)  # on every rank, an empty batch's too: DDP's forwards run no collective
         p = self.privacy_engine
         if p is not None and logical_loader(p.data_loader) is not p.data_loader:
             return self._chunked_step(model, inputs, num_items_in_batch, self._train_rows)

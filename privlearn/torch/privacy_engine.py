@@ -39,6 +39,7 @@ from privlearn.errors import (
     ParameterTypeError,
     ParameterValueError,
 )
+from privlearn.torch._ddp_quiet import quiet_ddp
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _check_given_sampler,
@@ -700,10 +701,9 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     """The recording hooks (and a DDP model's synchronisation switched off: the engine
     all-reduces the noisy sums itself); each undone on failure and by ``detach()``.
     ``sharded``: an FSDP2 model (:mod:`privlearn.torch.fsdp`)."""
-    if hasattr(model, "require_backward_grad_sync"):  # DistributedDataParallel
-        before = model.require_backward_grad_sync
-        model.require_backward_grad_sync = False
-        undo(lambda: setattr(model, "require_backward_grad_sync", before), on_detach=True)
+    restore = quiet_ddp(model)  # DistributedDataParallel: no reduction, no buffer broadcast
+    if restore is not None:
+        undo(restore, on_detach=True)
     kwargs = dict(loss_reduction=cfg.loss_reduction, batch_dims=cfg.batch_dims,
                   check_independence=cfg.check_batch_independence)
     if sharded:
