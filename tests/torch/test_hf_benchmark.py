@@ -75,6 +75,9 @@ def test_summary_ratios():
     assert {line.count("|") for line in lines} == {10}  # 9 columns in every row
     assert lines[3].startswith("| privlearn | 100 | 2.50 | 1.00 | 1500 | 1.50 | 500 |")
     assert "fails: NotImplementedError: tied" in lines[-1]
+    # privlearn 2.5x non-private (target <= 1.3), hooks 2.5x slower (>= 1.3), 1.5x memory
+    row = torch_hf.targets({"gpt2 fp32": results}).splitlines()[-1]
+    assert row == "| gpt2 fp32 | 2.50 (missed) | 2.50 (met) | 1.50 (missed) |"
 
 
 def test_ratio_is_the_median_of_same_round_ratios():
@@ -137,6 +140,7 @@ def test_section_replaced_in_place(tmp_path):
     assert doc.read_text() == ("# B\n\n## Before\n\ntext\n\n" + head + "\n\nnew figures\n"
                                "\n## After\n\nkeep\n")
     assert torch_hf._section("cpu") == torch_hf.SECTION  # the CPU figures keep their place
+    assert torch_hf._section("cpu", "mini", 16) == torch_hf.SECTION[:-1] + ", batch 16)"
 
 
 def test_time_budget_reports_every_configuration_as_not_run(tmp_path):
