@@ -53,7 +53,8 @@ Measurement.
   in an order rotated by one every round (the batch drawn and moved to the device untimed;
   timed: ``zero_grad``, forward, loss, backward, ``step``), so that a change of the shared
   machine's load hits every mode alike. ms/step is the median; the ratios between two
-  modes are the medians over rounds of their same-round ratios. Then one more, untimed
+  modes are the medians over rounds of their same-round ratios; the CPU columns are the
+  same from ``time.process_time`` (less sensitive to other jobs). Then one more, untimed
   step of each mode gives its peak memory: on the CPU the peak of live tensor bytes during
   the step over those live before it, from ``torch.profiler``'s allocator events
   (``profile_memory=True``, ``step_memory._peak_cpu``; the CPU analogue of CUDA's
@@ -570,7 +571,7 @@ def run_grid(jobs: list[tuple], opts: dict, timeout: float, report) -> None:
 
 # ------------------------------------------------- every mode in one process, interleaved
 def interleave(steps: dict, rounds: int, warmup: int = 0, untimed: dict | None = None,
-               on_error=None) -> dict[str, list[float]]:
+               on_error=None, cpu: dict | None = None) -> dict[str, list[float]]:
     """Step times of several training setups in one process, interleaved round by round.
 
     ``steps`` maps a name to a callable running one step. ``warmup`` untimed rounds, then
@@ -579,10 +580,13 @@ def interleave(steps: dict, rounds: int, warmup: int = 0, untimed: dict | None =
     so that a change of the machine's load hits every setup alike. Returns each setup's
     ``rounds`` step times in seconds, aligned by round. A setup whose step (or draw) raises
     is dropped from then on and ``on_error(name, exc)`` called; only the setups that ran
-    every round are returned."""
+    every round are returned. ``cpu``, a dict, receives each setup's CPU times of the same
+    steps (``time.process_time``: the processor time of this process, which the other
+    processes of a loaded machine do not add to)."""
     names = list(steps)
     alive = list(names)
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu_times: dict[str, list[float]] = {n: [] for n in names}
     untimed = untimed or {}
     for r in range(warmup + rounds):
         k = r % len(names) if names else 0
@@ -592,9 +596,10 @@ def interleave(steps: dict, rounds: int, warmup: int = 0, untimed: dict | None =
             try:
                 if name in untimed:
                     untimed[name]()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 steps[name]()
                 dt = time.perf_counter() - t0
+                dc = time.process_time() - c0
             except Exception as exc:  # reported, the others go on
                 alive.remove(name)
                 if on_error is None:
@@ -603,6 +608,9 @@ def interleave(steps: dict, rounds: int, warmup: int = 0, untimed: dict | None =
                 continue
             if r >= warmup:
                 times[name].append(dt)
+                cpu_times[name].append(dc)
+    if cpu is not None:
+        cpu.update({n: cpu_times[n] for n in alive})
     return {n: times[n] for n in alive}
 
 
@@ -664,8 +672,9 @@ def measure_interleaved(model_name: str, modes: list[str], dtype: str, rounds: i
     def failed(mode, exc):
         errors[mode] = _error((model_name, dtype, mode), exc)
 
+    cpu: dict[str, list[float]] = {}
     times = interleave({m: f[1] for m, f in fns.items()}, rounds, warmup,
-                       untimed={m: f[0] for m, f in fns.items()}, on_error=failed)
+                       untimed={m: f[0] for m, f in fns.items()}, on_error=failed, cpu=cpu)
     print(f"{model_name}: {rounds} interleaved rounds timed, {len(times)} modes ran; "
           "measuring peak memory", flush=True)
     out = []
@@ -693,7 +702,8 @@ def measure_interleaved(model_name: str, modes: list[str], dtype: str, rounds: i
             continue
         out.append({"model": model_name, "mode": mode, "dtype": dtype, "batch": w.batch,
                     "steps": len(times[mode]), "times": times[mode],
-                    "step_s": statistics.median(times[mode]),
+                    "step_s": statistics.median(times[mode]), "cpu_times": cpu[mode],
+                    "cpu_step_s": statistics.median(cpu[mode]),
                     "mean_batch": statistics.fmean(sizes[mode]),
                     "min_batch": min(sizes[mode]), "peak_added_mb": peak / 2**20,
                     "peak": "allocator", "params": total, "trainable": trainable})
@@ -754,8 +764,10 @@ def combine_interleaved(repeats: list[dict]) -> dict:
     if not ok:
         return repeats[0]
     res = dict(ok[0])
-    res["times"] = [t for r in ok for t in r["times"]]
+    for key in ("times", "cpu_times"):
+        res[key] = [t for r in ok for t in r[key]]
     res["step_s"] = statistics.median(res["times"])
+    res["cpu_step_s"] = statistics.median(res["cpu_times"])
     res["steps"] = len(res["times"])
     res["rounds"] = len(ok)
     res["peak_added_mb"] = max(r["peak_added_mb"] for r in ok)
@@ -764,13 +776,16 @@ def combine_interleaved(repeats: list[dict]) -> dict:
 
 
 # --------------------------------------------------------------------------- report
-def ratio(a: dict, b: dict) -> float:
+def ratio(a: dict, b: dict, cpu: bool = False) -> float:
     """Step time of ``a`` over ``b``: the median over rounds of the ratio of the two
     modes' times in the same round where both ran the same interleaved rounds, else the
-    ratio of their median step times."""
-    ta, tb = a.get("times"), b.get("times")
+    ratio of their median step times. ``cpu``: of their CPU times (interleaved runs)."""
+    key = "cpu_times" if cpu else "times"
+    ta, tb = a.get(key), b.get(key)
     if ta and tb and len(ta) == len(tb):
         return statistics.median(x / y for x, y in zip(ta, tb, strict=True))
+    if cpu:
+        return a["cpu_step_s"] / b["cpu_step_s"]
     return a["step_s"] / b["step_s"]
 
 
@@ -779,17 +794,23 @@ def table(results: list[dict]) -> str:
     base = by.get("non-private", {})
     ours = by.get("privlearn", {})
     held = any("held_mb" in r for r in results)
-    lines = ["| mode | ms/step | x non-private | x privlearn | peak MB added | "
-             "x non-private's peak | " + ("held MB | " if held else "")
+    cpu = any("cpu_step_s" in r for r in results)
+    lines = ["| mode | ms/step | x non-private | x privlearn | "
+             + ("CPU ms/step | CPU x non-private | " if cpu else "")
+             + "peak MB added | x non-private's peak | " + ("held MB | " if held else "")
              + "timed steps | mean batch |",
-             "|---|---|---|---|---|---|---|---|" + ("---|" if held else "")]
+             "|---|---|---|---|---|---|---|---|" + ("---|" if held else "")
+             + ("---|---|" if cpu else "")]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['mode']} | fails: {r['error']} | | | | | | |"
-                         + (" |" if held else ""))
+                         + (" |" if held else "") + (" | |" if cpu else ""))
             continue
         rel = (f"{ratio(r, base):.2f}" if "step_s" in base else "")
         vs = (f"{ratio(r, ours):.2f}" if "step_s" in ours else "")
+        if cpu:
+            vs += (f" | {1000 * r['cpu_step_s']:.0f} | "
+                   + (f"{ratio(r, base, cpu=True):.2f}" if "cpu_step_s" in base else ""))
         mem = (f"{r['peak_added_mb'] / base['peak_added_mb']:.2f}"
                if base.get("peak_added_mb", 0) > 0 else "")
         ms = 1000 * r["step_s"]
@@ -801,10 +822,13 @@ def table(results: list[dict]) -> str:
 
 
 def summary(all_results: dict[str, list[dict]]) -> str:
-    rows = ["| model | privlearn x non-private | privlearn / fastest working Opacus | "
+    cpu = any("cpu_step_s" in r for rs in all_results.values() for r in rs)
+    rows = ["| model | privlearn x non-private | "
+            + ("privlearn x non-private, CPU time | " if cpu else "")
+            + "privlearn / fastest working Opacus | "
             "fastest Opacus mode | privlearn peak MB added (non-private) | "
             "peak added x non-private |",
-            "|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|" + ("---|" if cpu else "")]
     for model, results in all_results.items():
         ok = {r["mode"]: r for r in results if "error" not in r}
         base, ours = ok.get("non-private"), ok.get("privlearn")
@@ -813,6 +837,8 @@ def summary(all_results: dict[str, list[dict]]) -> str:
         rows.append(
             f"| {model} | "
             + (f"{ratio(ours, base):.2f}" if ours and base else "n/a") + " | "
+            + ((f"{ratio(ours, base, cpu=True):.2f}" if ours and base else "n/a") + " | "
+               if cpu else "")
             + (f"{ratio(ours, fast):.2f}" if ours and fast else "n/a") + " | "
             + (fast["mode"] if fast else "none works") + " | "
             + (f"{ours['peak_added_mb']:.0f} ({base['peak_added_mb']:.0f})"
@@ -848,7 +874,9 @@ def targets(all_results: dict[str, list[dict]]) -> str:
         h = ratio(hooks, ours) if ours and hooks else None
         m = (ours["peak_added_mb"] / base["peak_added_mb"]
              if ours and base and base["peak_added_mb"] > 0 else None)
-        rows.append(f"| {model} | {cell(x, lambda v: v <= t_np)} | "
+        xc = (f"; CPU time {ratio(ours, base, cpu=True):.2f}"
+              if ours and base and "cpu_step_s" in ours and "cpu_step_s" in base else "")
+        rows.append(f"| {model} | {cell(x, lambda v: v <= t_np)}{xc} | "
                     f"{cell(h, lambda v: v >= t_hooks)} | {cell(m, lambda v: v <= t_mem)} |")
     return "\n".join(rows)
 
@@ -955,7 +983,10 @@ def render(command: str, all_results: dict, args, seconds: float) -> str:
             "`step`)" + (f", the whole run repeated {args.rounds} times in fresh processes"
                          if args.rounds > 1 else "") + ". ms/step: the median step time; "
             "`x non-private` and `x privlearn`: the median over rounds of the ratio of the "
-            "two modes' step times in the same round (a change of load hits both). Peak "
+            "two modes' step times in the same round (a change of load hits both); "
+            "`CPU ms/step` and `CPU x non-private`: the same from the processor time the "
+            "process spent in the step (`time.process_time`), which the other jobs of the "
+            "machine do not inflate as they do wall time. Peak "
             "memory: one more step of each mode, untimed. The process has the default "
             "allocator settings (`privlearn.torch.retain_freed_memory` not called).")
     else:
