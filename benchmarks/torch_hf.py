@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import gc
 import json
 import math
@@ -872,12 +873,14 @@ def targets(all_results: dict[str, list[dict]]) -> str:
         base, ours, hooks = ok.get("non-private"), ok.get("privlearn"), ok.get("opacus-hooks")
         x = ratio(ours, base) if ours and base else None
         h = ratio(hooks, ours) if ours and hooks else None
+        hc = (f"; CPU time {ratio(hooks, ours, cpu=True):.2f}"
+              if ours and hooks and "cpu_step_s" in ours and "cpu_step_s" in hooks else "")
         m = (ours["peak_added_mb"] / base["peak_added_mb"]
              if ours and base and base["peak_added_mb"] > 0 else None)
         xc = (f"; CPU time {ratio(ours, base, cpu=True):.2f}"
               if ours and base and "cpu_step_s" in ours and "cpu_step_s" in base else "")
         rows.append(f"| {model} | {cell(x, lambda v: v <= t_np)}{xc} | "
-                    f"{cell(h, lambda v: v >= t_hooks)} | {cell(m, lambda v: v <= t_mem)} |")
+                    f"{cell(h, lambda v: v >= t_hooks)}{hc} | {cell(m, lambda v: v <= t_mem)} |")
     return "\n".join(rows)
 
 
@@ -999,7 +1002,8 @@ def render(command: str, all_results: dict, args, seconds: float) -> str:
                 "All configurations run in one process, each on a fresh copy of the model, "
                 "interleaved (every configuration once, then again)."))
     out = [_section(args.device, args.size, args.batch), "",
-           f"Command: `{command}` ({seconds:.0f} s). torch {torch.__version__}, transformers "
+           f"Command: `{command}` (run {datetime.date.today().isoformat()}, {seconds:.0f} s). "
+           f"torch {torch.__version__}, transformers "
            f"{transformers.__version__}, peft {peft.__version__}, opacus "
            f"{_version('opacus')}, Python {platform.python_version()}, {_where(args)}. "
            f"{_workloads(args, all_results)}. {timing} Position ids are passed expanded to "
@@ -1234,8 +1238,11 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         print(json.dumps(raw))
     if args.out is not None:
-        command = "python benchmarks/torch_hf.py " + " ".join(
-            argv if argv is not None else sys.argv[1:])
+        shown = list(argv if argv is not None else sys.argv[1:])
+        if "--json" in shown[:-1]:  # where the raw results went changes no figure
+            i = shown.index("--json")
+            del shown[i:i + 2]
+        command = "python benchmarks/torch_hf.py " + " ".join(shown)
         write_section(args.out, render(command.strip(), all_results, args, seconds),
                       args.device, args.size, args.batch)
         print(f"wrote section {_section(args.device, args.size, args.batch)!r} of "
