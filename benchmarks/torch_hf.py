@@ -855,9 +855,9 @@ CPU_TARGETS = (1.3, 1.3, 1.15)
 
 
 def targets(all_results: dict[str, list[dict]]) -> str:
-    """The measured figures against :data:`CPU_TARGETS`, one row per model (stated for
-    tied GPT-2 with vocabulary 8000, 16 x 64 tokens, 1 thread for the times, every model
-    for the memory)."""
+    """The measured figures against :data:`CPU_TARGETS`, one row per model. The time
+    targets are stated for tied GPT-2 (vocabulary 8000, 16 x 64 tokens, 1 thread): the
+    other models' times are shown without a verdict; the memory target holds for all."""
     t_np, t_hooks, t_mem = CPU_TARGETS
     rows = ["Against the CPU targets (time: stated for tied GPT-2, vocabulary 8000, "
             "batch 16, 64 tokens, 1 thread; memory: allocator peak, fixed-size batches):", "",
@@ -865,8 +865,11 @@ def targets(all_results: dict[str, list[dict]]) -> str:
             f"(>= {t_hooks}) | peak added x non-private (<= {t_mem}) |",
             "|---|---|---|---|"]
 
-    def cell(value, ok):
-        return "n/a" if value is None else f"{value:.2f} ({'met' if ok(value) else 'missed'})"
+    def cell(value, ok, judged=True):
+        if value is None:
+            return "n/a"
+        return f"{value:.2f} ({'met' if ok(value) else 'missed'})" if judged else (
+            f"{value:.2f} (no target)")
 
     for model, results in all_results.items():
         ok = {r["mode"]: r for r in results if "error" not in r}
@@ -879,8 +882,10 @@ def targets(all_results: dict[str, list[dict]]) -> str:
              if ours and base and base["peak_added_mb"] > 0 else None)
         xc = (f"; CPU time {ratio(ours, base, cpu=True):.2f}"
               if ours and base and "cpu_step_s" in ours and "cpu_step_s" in base else "")
-        rows.append(f"| {model} | {cell(x, lambda v: v <= t_np)}{xc} | "
-                    f"{cell(h, lambda v: v >= t_hooks)}{hc} | {cell(m, lambda v: v <= t_mem)} |")
+        timed = model.split()[0] == "gpt2"  # tied GPT-2: the time targets' model
+        rows.append(f"| {model} | {cell(x, lambda v: v <= t_np, timed)}{xc} | "
+                    f"{cell(h, lambda v: v >= t_hooks, timed)}{hc} | "
+                    f"{cell(m, lambda v: v <= t_mem)} |")
     return "\n".join(rows)
 
 

@@ -78,6 +78,9 @@ def test_summary_ratios():
     # privlearn 2.5x non-private (target <= 1.3), hooks 2.5x slower (>= 1.3), 1.5x memory
     row = torch_hf.targets({"gpt2 fp32": results}).splitlines()[-1]
     assert row == "| gpt2 fp32 | 2.50 (missed) | 2.50 (met) | 1.50 (missed) |"
+    bert = [dict(r, model="bert") for r in results]  # the time targets are GPT-2's
+    row = torch_hf.targets({"bert": bert}).splitlines()[-1]
+    assert row == "| bert | 2.50 (no target) | 2.50 (no target) | 1.50 (missed) |"
 
 
 def test_ratio_is_the_median_of_same_round_ratios():
