@@ -8,8 +8,9 @@ time is the median over steps of all rounds. Usage::
     python benchmarks/hf_engine.py --threads 1 --steps 10 --rounds 3
     python benchmarks/hf_engine.py --interleaved --threads 1 --steps 20
 
-The second form times both modes in one process, alternating step by step, so that a
-loaded machine slows both alike (no memory figures).
+The second form times both modes in one process, alternating step by step (the order
+rotated every round: ``torch_hf.interleave``), so that a loaded machine slows both alike
+(no memory figures).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's privlearn
+from torch_hf import interleave  # noqa: E402  (benchmarks/, this script's folder)
 
 
 def build(name: str):
@@ -145,22 +147,21 @@ def interleaved(name: str, steps: int, threads: int, batch: int, seq: int) -> di
     loader = DataLoader(TensorDataset(ids), batch_size=batch)  # rate 1: one batch a step
     retain_freed_memory()  # the opt-in CPU allocator setting (privlearn.torch)
     p = make_private(priv, opt_p, loader, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
-    tn, tp = [], []
-    for k in range(steps + 1):
-        t0 = time.perf_counter()
+
+    def nonprivate():
         opt_n.zero_grad()
         loss_fn(base(input_ids=ids, attention_mask=mask)).backward()
         opt_n.step()
-        t1 = time.perf_counter()
-        next(iter(p.data_loader))  # the private step consumes a batch of its sampler
-        t2 = time.perf_counter()
+
+    def private():
         p.optimizer.zero_grad()
         loss_fn(p.model(input_ids=ids, attention_mask=mask)).backward()
         p.optimizer.step()
-        t3 = time.perf_counter()
-        if k:  # the first step warms up
-            tn.append(t1 - t0)
-            tp.append(t3 - t2)
+
+    # the private step consumes a batch of its sampler, untimed; the first round warms up
+    times = interleave({"nonprivate": nonprivate, "private": private}, steps, warmup=1,
+                       untimed={"private": lambda: next(iter(p.data_loader))})
+    tn, tp = times["nonprivate"], times["private"]
     return {"nonprivate": tn, "private": tp}
 
 

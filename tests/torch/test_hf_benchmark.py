@@ -69,12 +69,70 @@ def test_summary_ratios():
                {"model": "gpt2", "dtype": "fp32", "mode": "opacus-ghost",
                 "error": "NotImplementedError: tied"}]
     row = torch_hf.summary({"gpt2 fp32": results}).splitlines()[2]
-    assert row == "| gpt2 fp32 | 2.50 | 0.50 | opacus-functorch | 1500 (1000) |"
+    assert row == "| gpt2 fp32 | 2.50 | 0.50 | opacus-functorch | 1500 (1000) | 1.50 |"
     lines = torch_hf.table(results).splitlines()
     assert "held MB" in lines[0]  # the CUDA column
     assert {line.count("|") for line in lines} == {10}  # 9 columns in every row
     assert lines[3].startswith("| privlearn | 100 | 2.50 | 1.00 | 1500 | 1.50 | 500 |")
     assert "fails: NotImplementedError: tied" in lines[-1]
+    # privlearn 2.5x non-private (target <= 1.3), hooks 2.5x slower (>= 1.3), 1.5x memory
+    row = torch_hf.targets({"gpt2 fp32": results}).splitlines()[-1]
+    assert row == "| gpt2 fp32 | 2.50 (missed) | 2.50 (met) | 1.50 (missed) |"
+    bert = [dict(r, model="bert") for r in results]  # the time targets are GPT-2's
+    row = torch_hf.targets({"bert": bert}).splitlines()[-1]
+    assert row == "| bert | 2.50 (no target) | 2.50 (no target) | 1.50 (missed) |"
+
+
+def test_ratio_is_the_median_of_same_round_ratios():
+    """Interleaved runs: the median over rounds of the two modes' time ratio in the same
+    round (here 2, 4, 3 -> 3, where the ratio of medians is 4 / 1); otherwise, or when the
+    rounds do not align, the ratio of the median step times."""
+    a = {"step_s": 4.0, "times": [2.0, 4.0, 9.0]}
+    b = {"step_s": 1.0, "times": [1.0, 1.0, 3.0]}
+    assert torch_hf.ratio(a, b) == 3.0
+    assert torch_hf.ratio({"step_s": 4.0}, b) == 4.0
+    assert torch_hf.ratio(a, {"step_s": 1.0, "times": [1.0, 1.0]}) == 4.0
+
+
+def test_interleave_rotates_times_only_the_step_and_drops_a_failing_setup(monkeypatch):
+    """A fake clock advanced by each callable: the times are exactly the steps' own (the
+    untimed draws and the warm-up rounds excluded), every round runs every live setup
+    once, starting one further each round, and a setup that raises is dropped and
+    reported while the others run on."""
+    clock = [0.0]
+    monkeypatch.setattr(torch_hf.time, "perf_counter", lambda: clock[0])
+    calls, errors = [], []
+
+    def step(name, cost):
+        def run():
+            calls.append(name)
+            if name == "c" and calls.count("c") == 3:
+                raise RuntimeError("boom")
+            clock[0] += cost
+        return run
+
+    def draw():
+        clock[0] += 100.0
+
+    steps = {"a": step("a", 1.0), "b": step("b", 2.0), "c": step("c", 3.0)}
+    times = torch_hf.interleave(steps, rounds=4, warmup=1, untimed={"a": draw},
+                                on_error=lambda name, exc: errors.append((name, str(exc))))
+    assert times == {"a": [1.0] * 4, "b": [2.0] * 4}
+    assert errors == [("c", "boom")]
+    assert calls[:9] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert calls[9:] == ["a", "b", "b", "a"]  # c gone after its failing third call
+
+
+@pytest.mark.slow
+def test_interleaved_modes_train_on_equal_fixed_size_batches():
+    """Every mode, privlearn and Opacus included, steps on batches of exactly B rows."""
+    pytest.importorskip("opacus")
+    res = torch_hf.measure_interleaved("bert", ["non-private", "privlearn", "opacus-hooks"],
+                                       "fp32", rounds=2, warmup=1, size="tiny", batch=6)
+    for r in res:
+        assert "error" not in r, r
+        assert r["steps"] == 2 and r["min_batch"] == 6 and r["mean_batch"] == 6.0
+        assert r["peak_added_mb"] > 0
 
 
 def test_section_replaced_in_place(tmp_path):
@@ -85,6 +143,7 @@ def test_section_replaced_in_place(tmp_path):
     assert doc.read_text() == ("# B\n\n## Before\n\ntext\n\n" + head + "\n\nnew figures\n"
                                "\n## After\n\nkeep\n")
     assert torch_hf._section("cpu") == torch_hf.SECTION  # the CPU figures keep their place
+    assert torch_hf._section("cpu", "mini", 16) == torch_hf.SECTION[:-1] + ", batch 16)"
 
 
 def test_time_budget_reports_every_configuration_as_not_run(tmp_path):
@@ -108,7 +167,7 @@ def test_bad_arguments_name_the_option():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("processes", ["one", "per-config"])
+@pytest.mark.parametrize("processes", ["interleaved", "one", "per-config"])
 def test_tiny_grid_runs_end_to_end(tmp_path, processes, monkeypatch):
     """The whole grid at the tiny size, fp32 and bf16 autocast, in both process layouts
     (``one`` is the layout used on CUDA): every model trains without and with privlearn,
