@@ -122,7 +122,7 @@ def test_approx_dp_composed_with_pure_dp_and_randomized_response_is_exact():
 def _small():
     from hypothesis import HealthCheck, settings
 
-    return settings(max_examples=8, deadline=None,
+    return settings(max_examples=5, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 

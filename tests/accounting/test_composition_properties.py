@@ -30,7 +30,7 @@ from privlearn.accounting import (
     subsample,
 )
 
-SMALL = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SMALL = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _log_uniform(lo: float, hi: float):
