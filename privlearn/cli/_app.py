@@ -148,6 +148,9 @@ def _ledger_message(err: BaseException) -> str:
         return f"no privacy ledger at {path}; check the path"
     if reason == "empty":
         return f"{path} is empty, not a privacy ledger"
+    if reason == "not_a_ledger":
+        return (f"{one_line(str(err)).split(';')[0]}; pass the path of a ledger, or create "
+                f"one with {_init_command(None)} at a path where no file exists")
     return str(err)
 
 
