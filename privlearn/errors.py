@@ -70,6 +70,7 @@ __all__ = [
     "BudgetExceededError",
     "LedgerIntegrityError",
     "LedgerNotFoundError",
+    "NotALedgerError",
     "UnknownBudgetError",
     "LedgerConflictError",
     "LedgerBusyError",
@@ -244,6 +245,30 @@ class LedgerNotFoundError(FileNotFoundError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class NotALedgerError(LedgerNotFoundError, LedgerIntegrityError):
+    """The file at the path is not a privacy ledger at all: not an SQLite database (a text
+    file, random bytes), or an SQLite database without the ledger's tables. No ledger is
+    at that path (a :class:`LedgerNotFoundError`, reason ``"not_a_ledger"``: pass the path
+    of a ledger, or create one at a path where no file exists); it is also a
+    :class:`LedgerIntegrityError`, which it was before it had its own type. A ledger whose
+    file is damaged or whose entries fail verification raises
+    :class:`LedgerIntegrityError` alone.
+
+    Attributes
+    ----------
+    path : str
+        The path given.
+    reason : str
+        ``"not_a_ledger"``.
+    problems : tuple of str
+        ``("not a privacy ledger",)``.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        LedgerNotFoundError.__init__(self, message, path=path, reason="not_a_ledger")
+        self.problems = ("not a privacy ledger",)
 
 
 class UnknownBudgetError(KeyError):

@@ -936,3 +936,42 @@ def test_audit_canaries_out_of_range_is_a_usage_error(runner: CliRunner, count) 
                             "--canaries", count])
     assert r.exit_code == 2, r.output
     assert "'--canaries'" in r.output and "2<=x<=1000000000" in r.output
+
+
+def test_ctrl_c_exits_130_with_one_line(runner: CliRunner, monkeypatch) -> None:
+    """Ctrl-C is an interruption, not a bug: status 130 (128 + SIGINT, what a shell reports
+    for an interrupted command) and one line, no traceback; status 1 stays for bugs."""
+    import privlearn.cli.accounting as cli_mod
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_mod, "build_mechanism", interrupted)
+    r = runner.invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5"])
+    assert r.exit_code == 130, r.output
+    assert r.stderr.strip() == "error: interrupted" and "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def test_sigint_in_a_running_command_exits_130() -> None:
+    """A real SIGINT delivered to ``python -m privlearn`` while a command runs."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import time, privlearn.cli.accounting as c\n"
+        "def slow(*a, **k):\n"
+        "    print('ready', flush=True)\n    time.sleep(60)\n"
+        "c.build_mechanism = slow\n"
+        "import privlearn.cli\n"
+        "privlearn.cli.main(['epsilon', '--noise-multiplier', '1', '--delta', '1e-5'])\n")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.strip() == "error: interrupted" and "Traceback" not in err

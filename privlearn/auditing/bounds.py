@@ -140,7 +140,7 @@ _GDP_ERROR_SHARE = 0.5
 
 
 # ---------------------------------------------------------------------------- input checks
-def _scores(name: str, x) -> np.ndarray:
+def _scores(name: str, x, *, allow_empty: bool = False) -> np.ndarray:
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor (possibly with grad)
         x = x.detach().cpu().numpy()
     if isinstance(x, (str, bytes)):
@@ -152,6 +152,13 @@ def _scores(name: str, x) -> np.ndarray:
             f"{name} must be a flat array of real numbers (one score per canary), got a "
             f"ragged {type(x).__name__} whose rows differ in length; pass one float per "
             "canary") from None
+    if raw.dtype.kind == "b":  # the inclusion mask or the guesses, not scores
+        raise ParameterTypeError(
+            f"{name} must be real-valued attack scores (one float per canary, higher = more "
+            f"likely included), got booleans (dtype {raw.dtype}); booleans are usually the "
+            "inclusion mask or the attack's guesses, which rank nothing: pass the scores "
+            "the guesses were thresholded from (e.g. the loss or the gradient alignment of "
+            "each canary), split by the inclusion mask")
     if raw.dtype.kind in "mM":  # NumPy converts datetimes and durations to floats
         raise ParameterTypeError(
             f"{name} must be real numbers, got {raw.dtype} values; pass one float score "
@@ -176,7 +183,7 @@ def _scores(name: str, x) -> np.ndarray:
         raise ParameterValueError(
             f"{name} must be one-dimensional (one score per canary), got shape "
             f"{a.shape}; flatten it with np.ravel if it holds one score each")
-    if a.size == 0:
+    if a.size == 0 and not allow_empty:
         raise ParameterValueError(f"{name} is empty; the audit needs at least one included and one "
                          "excluded canary (use more canaries)")
     bad = ~np.isfinite(a)
@@ -186,6 +193,25 @@ def _scores(name: str, x) -> np.ndarray:
                          f"({int(bad.sum())} non-finite scores); a scorer that diverged "
                          "cannot be audited")
     return a
+
+
+def _check_sides(n_in: int, n_out: int, method: str) -> None:
+    """One-run audits draw each canary's inclusion at random, so every canary on one side
+    is one of the outcomes their guarantee covers (the guessing game of Steinke, Nasr &
+    Jagielski 2023, Theorem 3.1, holds whatever the split); the independent-trials
+    methods compare the included runs' scores against the excluded runs' and need both."""
+    if n_in + n_out == 0:
+        raise ParameterValueError("in_scores and out_scores are both empty; the audit needs "
+                                  "at least one canary score (use more canaries)")
+    if method in ("one_run", "one_run_fdp"):
+        return
+    for name, n in (("in_scores", n_in), ("out_scores", n_out)):
+        if n == 0:
+            raise ParameterValueError(
+                f"{name} is empty; method={method!r} compares the scores of runs with the "
+                "canary against runs without it and needs at least one of each (run more "
+                "trials, or use method='one_run' for canaries inserted in one run, where "
+                "a side may be empty)")
 
 
 def _check_delta(delta) -> float:
@@ -535,9 +561,12 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
 
     Parameters
     ----------
-    in_scores, out_scores : array_like of finite floats, non-empty
+    in_scores, out_scores : array_like of finite floats
         Scores of the included and of the excluded canaries (higher = more likely
-        included).
+        included): real-valued attack scores, not booleans (the inclusion mask or the
+        guesses are refused). For the one-run methods one side may be empty (every
+        canary's inclusion is drawn at random, so every canary on one side is an outcome
+        the bound covers); ``"clopper_pearson"`` and ``"gdp"`` need both sides.
     delta : float in [0, 1)
         The delta of the privacy claim being audited (``"gdp"`` and ``"one_run_fdp"``
         need ``delta > 0``).
@@ -566,10 +595,11 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
     Raises
     ------
     ValueError
-        Empty or non-finite scores, ``delta`` outside ``[0, 1)``, ``confidence`` outside
+        Empty scores (both sides; either side for the independent-trials methods),
+        non-finite scores, ``delta`` outside ``[0, 1)``, ``confidence`` outside
         ``(0, 1)``, an unknown method.
     TypeError
-        Scores that are not arrays of numbers.
+        Scores that are not arrays of real numbers (booleans included).
 
     References
     ----------
@@ -585,8 +615,8 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
     >>> s = rng.normal(size=10_000) + 2.0 * lab
     >>> eps = epsilon_lower_bound(s[lab], s[~lab], delta=1e-5, method="one_run")
     """
-    ins = _scores("in_scores", in_scores)
-    outs = _scores("out_scores", out_scores)
+    ins = _scores("in_scores", in_scores, allow_empty=True)
+    outs = _scores("out_scores", out_scores, allow_empty=True)
     d = _check_delta(delta)
     c = _check_confidence(confidence)
     if not isinstance(method, str):
@@ -594,6 +624,7 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
                                  f"{type(method).__name__} {method!r}")
     if method not in METHODS:
         raise ParameterValueError(f"method must be one of {METHODS}, got {method!r}")
+    _check_sides(ins.size, outs.size, method)
     if method in ("gdp", "one_run_fdp") and d == 0:
         raise ConfigurationError(f"method={method!r} compares against Gaussian trade-off curves, "
                          "which satisfy no (epsilon, 0) guarantee: give delta in (0, 1), or "

@@ -199,6 +199,29 @@ _CANARIES_HINT = ("use hundreds to thousands of canaries (the guide 'auditing pr
                   "power each number buys)")
 
 
+#: The most DP-SGD steps :func:`privlearn.auditing.torch.audit_dpsgd` (``privlearn audit
+#: dpsgd --steps``) trains: its work is proportional to the steps (a few milliseconds each
+#: with a thousand canaries on one CPU core, after a noise calibration for that many
+#: steps) and it keeps every canary's coordinate after each step (``8 x steps x
+#: n_canaries`` bytes), so a larger count would run for hours; the one-run audits this
+#: harness reproduces train tens to thousands of steps.
+MAX_AUDIT_STEPS = 10_000
+
+
+def check_audit_steps(name: str, steps) -> int:
+    """``steps`` as an int in [1, :data:`MAX_AUDIT_STEPS`], or a clear error naming
+    ``name`` (``"steps"``, or ``"--steps"`` from the shell), before any calibration."""
+    v = check_count(name, steps, minimum=1, hint=f"pass a number of steps in [1, "
+                    f"{MAX_AUDIT_STEPS:_}], e.g. 50")
+    if v > MAX_AUDIT_STEPS:
+        raise ParameterValueError(
+            f"{name} must be an integer in [1, {MAX_AUDIT_STEPS:_}], got {v} (the audit "
+            "calibrates the noise for that many steps, trains every one and keeps each "
+            "canary's coordinate after each); audit a run of tens to thousands of steps, "
+            "or compute the epsilon of a longer run alone with `privlearn epsilon`")
+    return v
+
+
 def _check_n_canaries(n_canaries) -> int:
     """``n_canaries`` as an int in [2, :data:`MAX_CANARIES`], or a clear error (shared by
     every audit entry point, checked before any training)."""

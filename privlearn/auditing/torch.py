@@ -53,7 +53,13 @@ from torch import nn
 from privlearn._progress import check_show_progress, progress
 from privlearn._validation import check_count, check_gaussian_delta, check_positive, check_unit_ids
 from privlearn.auditing._planted import BUGS, planted_bug
-from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
+from privlearn.auditing.harness import (
+    AuditResult,
+    _check_n_canaries,
+    _check_seed,
+    check_audit_steps,
+    one_run_audit,
+)
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -246,7 +252,8 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         ``"none"`` (the engine as it is) or a planted defect.
     sampling_rate : float in (0, 0.1]
         ``q`` (at most 0.1 so that ``rate-x10`` stays a rate).
-    steps : int >= 1
+    steps : int in [1, :data:`~privlearn.auditing.harness.MAX_AUDIT_STEPS`]
+        DP-SGD steps (at most 10,000: the work is proportional to the steps).
     canary_gradient_norm : float, optional
         ``G`` (default ``100 * max_grad_norm``).
     score : {"trajectory", "final"}
@@ -273,8 +280,7 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         raise ParameterValueError(f"score must be 'trajectory' or 'final', got {score!r}")
     if not 0 < float(sampling_rate) <= 0.1:
         raise ParameterValueError(f"sampling_rate must be in (0, 0.1], got {sampling_rate!r}")
-    if int(steps) != steps or steps < 1:
-        raise ParameterValueError(f"steps must be an integer >= 1, got {steps!r}")
+    steps = check_audit_steps("steps", steps)
     if int(n_data) != n_data or n_data < 1:
         raise ParameterValueError(f"n_data must be an integer >= 1, got {n_data!r}")
     # every number the run depends on, checked before anything is calibrated or trained

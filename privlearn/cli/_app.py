@@ -49,6 +49,9 @@ class ExitStatus(IntEnum):
     LEDGER_TAMPERED = 4
     #: ``privlearn audit`` found a VIOLATION (an empirical lower bound above the claim)
     AUDIT_VIOLATION = 5
+    #: interrupted (Ctrl-C, SIGINT): 128 + SIGINT, the shell's status of an interrupted
+    #: command, with one line ``error: interrupted`` and no traceback
+    INTERRUPTED = 130
     #: the reader of the output closed the pipe (``privlearn budget history | head``):
     #: 128 + SIGPIPE, the status of a command killed by SIGPIPE, without a message
     BROKEN_PIPE = 141
@@ -145,6 +148,9 @@ def _ledger_message(err: BaseException) -> str:
         return f"no privacy ledger at {path}; check the path"
     if reason == "empty":
         return f"{path} is empty, not a privacy ledger"
+    if reason == "not_a_ledger":
+        return (f"{one_line(str(err)).split(';')[0]}; pass the path of a ledger, or create "
+                f"one with {_init_command(None)} at a path where no file exists")
     return str(err)
 
 
@@ -213,9 +219,12 @@ class _OneLineErrors(click.Group):
                 **extra,
             )
             code = rv if isinstance(rv, int) else 0
-        except click.exceptions.Abort:
-            click.echo("error: aborted", err=True)
-            code = 1
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            # click turns Ctrl-C (KeyboardInterrupt) during a command into Abort (after a
+            # blank line closing the terminal's ``^C``); no command of ours prompts, so an
+            # Abort is an interruption, never a bug
+            click.echo("error: interrupted", err=True)
+            code = ExitStatus.INTERRUPTED
         except _NO_ARGS_IS_HELP as e:  # a group without its command: its help, as written
             click.echo(e.format_message(), err=True)
             code = ExitStatus.USAGE
@@ -267,8 +276,8 @@ def cli() -> None:
     \b
     Exit status: 0 success; 2 bad usage or input, or a run that cannot be accounted;
     3 a ledger spend refused (budget exceeded); 4 a ledger that failed its integrity
-    check; 5 an audit VIOLATION; 141 the reader of the output closed the pipe (e.g.
-    `| head`); 1 an unexpected error (with a traceback).
+    check; 5 an audit VIOLATION; 130 interrupted (Ctrl-C); 141 the reader of the
+    output closed the pipe (e.g. `| head`); 1 an unexpected error (with a traceback).
     """
 
 

@@ -8,7 +8,7 @@ import warnings
 import click
 
 from privlearn._validation import check_count, check_delta, check_positive
-from privlearn.auditing.harness import MAX_CANARIES
+from privlearn.auditing.harness import MAX_AUDIT_STEPS, MAX_CANARIES, check_audit_steps
 from privlearn.cli._app import ExitStatus, cli, one_line
 from privlearn.cli._options import check_out_dir, json_opt
 
@@ -40,7 +40,8 @@ def audit() -> None:
               "one_run_fdp assumes a Gaussian trade-off curve.")
 @click.option("--confidence", type=float, default=0.95, show_default=True,
               help="Confidence level in (0, 1) of the empirical lower bound.")
-@click.option("--steps", type=int, default=50, show_default=True, help="DP-SGD steps.")
+@click.option("--steps", type=int, default=50, show_default=True,
+              help=f"DP-SGD steps, in [1, {MAX_AUDIT_STEPS:_}] (the audit trains each one).")
 @click.option("--sampling-rate", type=float, default=0.1, show_default=True,
               help="Poisson sampling rate q in (0, 0.1].")
 @click.option("--score", type=click.Choice(("trajectory", "final")), default="trajectory",
@@ -75,7 +76,7 @@ def audit_dpsgd_cmd(epsilon: float, delta: float, canaries: int, inject_bug: str
                                  f"{delta!r}; e.g. 1e-5", param_hint="'--delta'")
     d = check_delta("--delta", delta)
     m = check_count("--canaries", canaries, minimum=2)
-    check_count("--steps", steps, minimum=1)
+    steps = check_audit_steps("--steps", steps)
     if not 0 < confidence < 1:
         raise click.BadParameter(f"must be in (0, 1), got {confidence!r}",
                                  param_hint="'--confidence'")

@@ -76,6 +76,7 @@ from privlearn.errors import (
     LedgerIntegrityError,
     LedgerNotFoundError,
     LedgerStorageError,
+    NotALedgerError,
     UnknownBudgetError,
 )
 from privlearn.ledger._filter import default_filter_order, filter_epsilon
@@ -101,6 +102,7 @@ __all__ = [
     "LedgerIntegrityError",
     "LedgerNotFoundError",
     "LedgerStorageError",
+    "NotALedgerError",
     "UnknownBudgetError",
     "Reservation",
     "Spent",

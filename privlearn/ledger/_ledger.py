@@ -89,6 +89,7 @@ from privlearn.ledger._schema import (
     check_ledger_path,
     open_schema,
     read_only_uri,
+    unreadable_file_error,
 )
 
 __all__ = ["Budget", "BudgetHandle", "Entry", "Ledger", "Reservation", "Spent", "VerifyReport",
@@ -232,10 +233,7 @@ class Ledger:
                 path=self.path, reason="unopenable") from None
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise LedgerIntegrityError(
-                f"{self.path} is not a readable privacy ledger ({exc}); restore it from a "
-                "backup or pass the path of a ledger", (f"unreadable ledger: {exc}",)
-            ) from None
+            raise unreadable_file_error(self.path, self._abs, exc) from None
         except BaseException:
             conn.close()
             raise

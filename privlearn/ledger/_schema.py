@@ -12,6 +12,7 @@ from privlearn.errors import (
     LedgerConflictError,
     LedgerIntegrityError,
     LedgerNotFoundError,
+    NotALedgerError,
     ParameterValueError,
 )
 
@@ -118,6 +119,28 @@ def read_only_uri(path: str) -> str:
     return "file:" + urllib.parse.quote(path) + "?mode=ro"
 
 
+#: The first 16 bytes of every SQLite 3 database file (the file format's header string).
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def unreadable_file_error(path: str, abs_path: str, exc: BaseException) -> Exception:
+    """The error for a file SQLite cannot read as a database: without SQLite's header it
+    is not a ledger at all (:class:`NotALedgerError`: a text file, random bytes); with it,
+    a damaged database, possibly a ledger (:class:`LedgerIntegrityError`)."""
+    try:
+        with open(abs_path, "rb") as fh:
+            header = fh.read(len(_SQLITE_HEADER))
+    except OSError:
+        header = _SQLITE_HEADER  # cannot tell: the stricter answer
+    if header != _SQLITE_HEADER:
+        return NotALedgerError(
+            f"{path} is not a privacy ledger (not an SQLite database); pass the path of a "
+            "ledger, or create one at a path where no file exists", path=path)
+    return LedgerIntegrityError(
+        f"{path} is not a readable privacy ledger ({exc}); restore it from a backup or "
+        "pass the path of a ledger", (f"unreadable ledger: {exc}",))
+
+
 def open_schema(cur, path: str, keyed: bool, create: bool) -> None:
     """Inside a transaction on a new connection: create the ledger's tables in an empty
     file (``create``), or check that the file is a ledger this version reads, created
@@ -125,10 +148,10 @@ def open_schema(cur, path: str, keyed: bool, create: bool) -> None:
     tables = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if "meta" not in tables:
         if tables:
-            raise LedgerIntegrityError(
+            raise NotALedgerError(
                 f"{path} is an SQLite database but not a privacy ledger (tables "
-                f"{', '.join(sorted(tables))}); pass the path of a ledger",
-                ("not a privacy ledger",))
+                f"{', '.join(sorted(tables))}); pass the path of a ledger, or create one "
+                "at a path where no file exists", path=path)
         if not create:
             raise LedgerNotFoundError(
                 f"{path} is empty, not a privacy ledger; pass create=True to "

@@ -4,6 +4,7 @@ implementations, properties, and bad input."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from scipy import stats
 
 from privlearn.auditing import METHODS, auc, epsilon_lower_bound, roc_curve, tpr_at_fpr
 from privlearn.auditing import bounds as B
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 DELTA = 1e-5
 
@@ -413,12 +415,54 @@ def test_roc_and_tpr_at_fpr_match_gaussian_closed_form():
 
 # ---------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("ins,outs,match", [
-    ([], [1.0], "in_scores is empty"), ([1.0], [], "out_scores is empty"),
+    ([], [], "both empty"),
     ([1.0, np.nan], [0.0], "finite"), ([1.0], [np.inf], "finite"),
     ([[1.0, 2.0]], [0.0], "one-dimensional")])
 def test_bad_scores(ins, outs, match):
     with pytest.raises(ValueError, match=match):
         epsilon_lower_bound(ins, outs, delta=1e-5)
+
+
+@pytest.mark.parametrize("method", ["clopper_pearson", "gdp"])
+@pytest.mark.parametrize("ins,outs,side", [([], [1.0], "in_scores"), ([1.0], [], "out_scores")])
+def test_independent_trials_need_both_sides(ins, outs, side, method):
+    with pytest.raises(ParameterValueError, match=f"{side} is empty.*method='one_run'"):
+        epsilon_lower_bound(ins, outs, delta=1e-5, method=method)
+
+
+@pytest.mark.parametrize("method", ["one_run", "one_run_fdp"])
+def test_one_run_accepts_an_empty_side_like_one_run_audit(method):
+    """Every canary on one side is an outcome of the one-run game (inclusion is a fair
+    coin per canary): epsilon_lower_bound answers it, with the bound one_run_audit gives
+    the same draw. The bound's validity on such draws is checked exactly, over every
+    inclusion pattern, in test_validity_closed_forms."""
+    from privlearn.auditing.harness import one_run_audit
+
+    m = 6
+    seed = next(s for s in range(10_000)
+                if (np.random.default_rng(s).random(m) < 0.5).all())
+    scores = np.linspace(0.0, 1.0, m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # six canaries refute nothing: the point is the path
+        run = one_run_audit(lambda inc: scores, m, claimed_epsilon=1.0, delta=1e-5,
+                            seed=seed, method=method)
+        assert run.inclusion.all()
+        for ins, outs in ((scores, []), ([], scores)):
+            b = epsilon_lower_bound(ins, outs, delta=1e-5, method=method)
+            assert b == run.epsilon_lower_bound == 0.0
+
+
+@pytest.mark.parametrize("bools", [[True, False, True], np.array([1, 0, 1], bool)])
+@pytest.mark.parametrize("side", ["in_scores", "out_scores"])
+def test_boolean_scores_are_refused(bools, side):
+    """Booleans are the inclusion mask or the guesses, not scores: refused, not read as
+    0/1 (which would rank nothing and hide the mistake)."""
+    args = {"in_scores": [0.3, 0.2], "out_scores": [0.1, 0.0]}
+    args[side] = bools
+    with pytest.raises(ParameterTypeError, match=f"{side} must be real-valued attack "
+                       "scores.*booleans.*inclusion mask"):
+        epsilon_lower_bound(args["in_scores"], args["out_scores"], delta=1e-5,
+                            method="one_run")
 
 
 @pytest.mark.parametrize("delta", [-0.1, 1.0, 2.0, float("nan")])

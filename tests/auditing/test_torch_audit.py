@@ -285,3 +285,28 @@ def test_one_run_audit_takes_scores_as_a_tensor_that_requires_grad():
     ref = one_run_audit(lambda inc: inc.astype(float), 200, claimed_epsilon=1.0,
                         delta=1e-5, seed=0)
     assert res.epsilon_lower_bound == ref.epsilon_lower_bound > 0
+
+
+@pytest.mark.parametrize("steps", [10**14, 10_001])
+def test_a_step_count_above_the_maximum_is_refused_before_any_work(steps, monkeypatch):
+    """The audit's work is proportional to its steps (the calibration for that many, then
+    every step trained): a count above MAX_AUDIT_STEPS is refused at once, from the API
+    and from the shell (status 2 naming the option, the range and the value), not
+    calibrated and trained for hours."""
+    import privlearn.auditing.torch as audit_torch
+    from privlearn.errors import ParameterValueError
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("calibrated or trained before the steps were checked")
+
+    monkeypatch.setattr(audit_torch, "_calibrated_sigma", no_work)
+    monkeypatch.setattr(audit_torch, "one_run_audit", no_work)
+    with pytest.raises(ParameterValueError,
+                       match=rf"steps must be an integer in \[1, 10_000\], got {steps}"):
+        audit_dpsgd(epsilon=1.0, delta=1e-5, steps=steps)
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "1", "--delta", "1e-5",
+                                 "--steps", str(steps)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: --steps must be an integer in [1, 10_000], got "
+                               f"{steps} ") and "privlearn epsilon" in r.stderr
+    assert r.stderr.count("\n") == 1

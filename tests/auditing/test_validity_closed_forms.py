@@ -46,14 +46,14 @@ def _gaussian_epsilon(mu: float, delta: float) -> float:
 
 
 def _bound_of(ins, outs, delta, method, confidence) -> float:
-    """The public function's bound; a one-run draw with every canary on one side (which
-    it refuses as input) gets the harness's bound (one_run_audit accepts that outcome)."""
-    if ins.size and outs.size:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "no outcome can refute": tiny m is the point
-            return epsilon_lower_bound(ins, outs, delta=delta, method=method,
-                                       confidence=confidence)
-    return _bound(ins, outs, delta, method, confidence)
+    """The public function's bound (a one-run draw with every canary on one side is an
+    outcome it accepts, as one_run_audit does); the harness's bound must be the same."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no outcome can refute": tiny m is the point
+        public = epsilon_lower_bound(ins, outs, delta=delta, method=method,
+                                     confidence=confidence)
+    assert public == _bound(ins, outs, delta, method, confidence)
+    return public
 
 
 def _allowed(trials: int, rate: float) -> int:

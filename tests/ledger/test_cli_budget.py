@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -211,15 +213,45 @@ def test_bad_input_is_status_2(db, tmp_path):
     assert not (tmp_path / "missing.db").exists()  # reading never creates a ledger
 
 
-def test_a_file_that_is_not_a_ledger_is_status_4(tmp_path):
-    for path in non_ledger_files(tmp_path):
+def test_a_file_that_is_not_a_ledger_is_a_usage_error(tmp_path):
+    """A file that is no ledger at all (random bytes, text, an SQLite database of other
+    tables) is a wrong path, status 2, naming the path and what to do; it is left as it
+    was. Status 4 stays for a ledger that fails its integrity check."""
+    rand, text = tmp_path / "random.bin", tmp_path / "notes.txt"
+    rand.write_bytes(bytes(random.Random(0).getrandbits(8) for _ in range(4096)))
+    text.write_text("dataset,epsilon\nadult,1.0\n")
+    junk, other = non_ledger_files(tmp_path)
+    for path in (junk, other, rand, text):
+        before = path.read_bytes()
         for args in (["budget", "show", str(path), "--dataset", "adult"],
+                     ["budget", "history", str(path)], ["budget", "verify", str(path)],
                      ["budget", "init", str(path), "--dataset", "a", "--epsilon", "1",
                       "--delta", "1e-6"]):
             r = CliRunner().invoke(cli, args)
-            assert r.exit_code == 4, (args, r.output)
-            assert r.output.startswith("error: ") and "not a" in r.output
+            assert r.exit_code == 2, (args, r.output)
+            assert r.output.startswith(f"error: {path} is ") and "not a privacy ledger" in r.output
+            assert "pass the path of a ledger" in r.output and "budget init" in r.output
             assert r.output.count("\n") == 1
+        if path != other:  # the database's tables are checked below
+            assert path.read_bytes() == before
+    con = sqlite3.connect(other)
+    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["t"]
+    con.close()
+
+
+def test_a_damaged_ledger_file_stays_status_4(db):
+    """A real ledger whose pages were overwritten (its SQLite header intact) is a ledger
+    that fails its check, not a wrong path."""
+    con = sqlite3.connect(db)  # every entry into the main file first
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    size = os.path.getsize(db)
+    with open(db, "r+b") as fh:  # everything after SQLite's 100-byte file header
+        fh.seek(100)
+        fh.write(b"\xff" * (size - 100))
+    r = CliRunner().invoke(cli, ["budget", "verify", db])
+    assert r.exit_code == 4, r.output
+    assert r.output.startswith("error: ") and r.output.count("\n") == 1
 
 
 def test_verify_intact(db):

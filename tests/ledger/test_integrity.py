@@ -13,7 +13,7 @@ import pytest
 from _tampering import non_ledger_files, tamper
 
 from privlearn.accounting import Gaussian, compose
-from privlearn.errors import LedgerIntegrityError, LedgerNotFoundError
+from privlearn.errors import LedgerIntegrityError, LedgerNotFoundError, NotALedgerError
 from privlearn.ledger import Ledger
 
 
@@ -224,8 +224,13 @@ def test_a_file_that_is_not_a_ledger_is_refused(tmp_path):
     junk, other = non_ledger_files(tmp_path)
     for p in (junk, other):
         for create in (False, True):
-            with pytest.raises(LedgerIntegrityError, match="not a"):
+            # a NotALedgerError: a LedgerNotFoundError (no ledger there) that is still
+            # a LedgerIntegrityError, the type it had before
+            with pytest.raises(NotALedgerError, match="not a privacy ledger") as info:
                 Ledger(p, create=create)
+            assert isinstance(info.value, LedgerNotFoundError)
+            assert isinstance(info.value, LedgerIntegrityError)
+            assert info.value.reason == "not_a_ledger" and info.value.path == str(p)
     con = sqlite3.connect(other)  # untouched
     assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["t"]
     con.close()
