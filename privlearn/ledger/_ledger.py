@@ -136,7 +136,10 @@ class Ledger:
     total computed from a tampered file. The full check (re-hashing every entry, 10-20 ms
     per 1,000 entries) runs when the object first reads the file and again only when
     another connection has committed since (SQLite's ``PRAGMA data_version``); between
-    the object's own appends it costs one query.
+    the object's own appends it costs one query. The object keeps each budget's counted
+    releases merged into ``(mechanism, count)`` parts, with the chain head they cover, and
+    reads only the entries appended after it, so a spend costs what composing the
+    distinct mechanisms costs, whatever the number of entries.
 
     Raises
     ------
