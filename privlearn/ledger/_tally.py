@@ -149,7 +149,7 @@ def read_tally(tallies: dict, cur, dataset: str, unit: str, parse) -> Tally:
     verified in this transaction): the cached one extended by the later entries when the
     chain still holds its head, else rebuilt from every row."""
     count, h = cur.execute("SELECT count, hash FROM head WHERE id=1").fetchone()
-    t = tallies.get((dataset, unit))
+    t = tallies.pop((dataset, unit), None)  # put back once consistent (a parse may raise)
     if t is not None and t.head != (count, h):
         at = t.head[0]
         row = (cur.execute("SELECT hash FROM entries WHERE seq=?", (at,)).fetchone()
