@@ -39,7 +39,13 @@ from fractions import Fraction
 import numpy as np
 
 from privlearn._validation import check_delta, check_nonnegative, check_positive
-from privlearn.accounting import AccountingError, Mechanism, UnsupportedMechanismError, compose
+from privlearn.accounting import (
+    AccountingError,
+    Composed,
+    Mechanism,
+    UnsupportedMechanismError,
+    compose,
+)
 from privlearn.accounting.registry import representation_of
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
@@ -148,14 +154,21 @@ def _float_down(x: Fraction) -> float:
     return math.nextafter(f, -math.inf) if Fraction(f) > x else f
 
 
+def _merged(mechs: Sequence[Mechanism]) -> Composed:
+    """The releases merged into ``(mechanism, count)`` parts (the ledger's releases carry
+    theirs, kept up to date entry by entry)."""
+    composed = getattr(mechs, "composed", None)
+    return composed if composed is not None else compose(list(mechs))
+
+
 def _stated_delta(mechs: Sequence[Mechanism]) -> Fraction:
     """The sum of the deltas of the releases known through an ``(epsilon, delta)``
     statement (exactly)."""
     total = Fraction(0)
-    for m in mechs:
+    for m, k in _merged(mechs).parts:
         fn = representation_of(m, "stated_dp")
         if fn is not None:
-            total += Fraction(fn(m)[1])
+            total += Fraction(fn(m)[1]) * k
     return total
 
 
@@ -176,14 +189,18 @@ def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
     rational arithmetic and rounded up, is exact there. The rest is read at
     ``delta - sum delta_i`` (rounded down).
     """
-    stated, rest = [], []
-    for m in mechs:
+    stated, rest, rest_steps = [], [], []
+    for m, k in _merged(mechs).parts:  # exact sums: the same over parts as over releases
         fn = representation_of(m, "stated_dp")
-        (rest if fn is None else stated).append(m if fn is None else fn(m))
+        if fn is None:
+            rest.append(m)
+            rest_steps.append(k)
+        else:
+            stated.append((fn(m), k))
     if not stated:
         return None
-    eps = sum((Fraction(e) for e, _ in stated), Fraction(0))
-    spent_delta = sum((Fraction(d) for _, d in stated), Fraction(0))
+    eps = sum((Fraction(e) * k for (e, _), k in stated), Fraction(0))
+    spent_delta = sum((Fraction(d) * k for (_, d), k in stated), Fraction(0))
     left = Fraction(delta) - spent_delta
     if left < 0:
         return None
@@ -192,7 +209,8 @@ def basic_composition_epsilon(mechs: Sequence[Mechanism], delta: float,
         if left_f <= 0.0:
             return None
         try:
-            eps_rest = compose(rest).epsilon_bounds(left_f, accountant).upper
+            eps_rest = compose(rest, steps=rest_steps).epsilon_bounds(left_f,
+                                                                      accountant).upper
         except (AccountingError, UnsupportedMechanismError):
             return None
         if not math.isfinite(eps_rest):
@@ -215,7 +233,7 @@ def _rdp_fallback(mechs: Sequence[Mechanism], delta: float, basic: float | None,
     budget whose accountant cannot evaluate one of them; ``refusal`` (that accountant's
     error) is raised, with what to choose instead, when RDP cannot bound them either."""
     bounds = [] if basic is None else [basic]
-    for fn in (lambda: compose(list(mechs)).epsilon_bounds(delta, "rdp").upper,
+    for fn in (lambda: _merged(mechs).epsilon_bounds(delta, "rdp").upper,
                lambda: basic_composition_epsilon(mechs, delta, "rdp")):
         try:
             eps = fn()
@@ -264,7 +282,7 @@ def evaluate_budget(budget, mechs: Sequence[Mechanism]
         return 0.0, 0.0, (0.0 if budget.adaptive else None)
     basic = basic_composition_epsilon(mechs, budget.delta, budget.accountant)
     try:
-        b = compose(list(mechs)).epsilon_bounds(budget.delta, budget.accountant)
+        b = _merged(mechs).epsilon_bounds(budget.delta, budget.accountant)
     except UnsupportedMechanismError as exc:
         # a release the accountant has no representation for (e.g. an RDPMechanism,
         # known only by its RDP curve, on a PLD budget): every release composed under
@@ -284,8 +302,12 @@ def evaluate_budget(budget, mechs: Sequence[Mechanism]
             lower = None if lower is None else min(lower, upper)
     adaptive_eps = None
     if budget.adaptive:
-        adaptive_eps = filter_epsilon(
-            rdp_at_order(mechs, budget.adaptive_order), budget.adaptive_order, budget.delta)
+        total = getattr(mechs, "rdp_sums", {}).get(budget.adaptive_order)
+        if total is None or math.isnan(total):  # not kept (or a release without RDP)
+            total = rdp_at_order([m for m, k in _merged(mechs).parts for _ in range(k)]
+                                 if hasattr(mechs, "composed") else mechs,
+                                 budget.adaptive_order)
+        adaptive_eps = filter_epsilon(total, budget.adaptive_order, budget.delta)
     return upper, lower, adaptive_eps
 
 

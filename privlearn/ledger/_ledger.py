@@ -30,7 +30,6 @@ from privlearn.accounting import (
     Composed,
     Mechanism,
     Neighbouring,
-    compose,
     get_accountant,
 )
 from privlearn.accounting.serialization import loads
@@ -46,7 +45,7 @@ from privlearn.errors import (
     UnknownBudgetError,
 )
 from privlearn.ledger._busy import DEFAULT_TIMEOUT, as_busy_error, lock_file, lock_timeout_refused
-from privlearn.ledger._filter import evaluate_budget, filter_order, reported_floor, reported_payload
+from privlearn.ledger._filter import evaluate_budget, filter_order, reported_payload
 from privlearn.ledger._handles import (
     BudgetHandle,
     ClosedConnection,
@@ -77,7 +76,6 @@ from privlearn.ledger._relations import (
     _check_budget_relation,
     _check_relation,
     _covered,
-    _read_all,
     _relation,
     check_privacy_unit,
 )
@@ -91,6 +89,7 @@ from privlearn.ledger._schema import (
     read_only_uri,
     unreadable_file_error,
 )
+from privlearn.ledger._tally import Releases, read_releases, read_tally
 
 __all__ = ["Budget", "BudgetHandle", "Entry", "Ledger", "Reservation", "Spent", "VerifyReport",
            "check_privacy_unit"]
@@ -138,7 +137,10 @@ class Ledger:
     total computed from a tampered file. The full check (re-hashing every entry, 10-20 ms
     per 1,000 entries) runs when the object first reads the file and again only when
     another connection has committed since (SQLite's ``PRAGMA data_version``); between
-    the object's own appends it costs one query.
+    the object's own appends it costs one query. The object keeps each budget's counted
+    releases merged into ``(mechanism, count)`` parts, with the chain head they cover, and
+    reads only the entries appended after it, so a spend costs what composing the
+    distinct mechanisms costs, whatever the number of entries.
 
     Raises
     ------
@@ -181,6 +183,7 @@ class Ledger:
         self._timeout = check_positive("timeout", timeout)
         self._lock = threading.RLock()
         self._parsed: dict[str, Mechanism] = {}
+        self._tallies: dict = {}  # (dataset, unit) -> its Tally, see _tally
         # integrity state: the head last verified, the data_version it was verified at,
         # and the failure found (with its data_version) until the file verifies again
         self._seen: tuple[int, str] | None = None
@@ -282,7 +285,7 @@ class Ledger:
                 conn = MissingLedgerConnection(state["path"], exc.reason)
         self.path, self._key, self._timeout = state["path"], None, state["timeout"]
         self._abs = os.path.abspath(self.path)
-        self._lock, self._parsed = threading.RLock(), {}
+        self._lock, self._parsed, self._tallies = threading.RLock(), {}, {}
         self._seen = self._verified_version = self._failure = self._appended = None
         if head is not None:  # kept for a pickle of this copy (it never reads the file)
             self._seen = (int(head[0]), str(head[1]))
@@ -618,37 +621,14 @@ class Ledger:
 
     # -- accounting ------------------------------------------------------------------
     def _counted(self, cur, dataset: str, unit: str
-                 ) -> tuple[list[Mechanism], int, int, float | None]:
-        rows = cur.execute(
-            "SELECT seq, kind, mechanism, ref, payload FROM entries WHERE dataset=? AND "
-            "privacy_unit=? AND kind IN ('spend', 'reserve', 'settle') ORDER BY seq",
-            (dataset, unit),
-        ).fetchall()
-        floor, rows = reported_floor(r[4] for r in rows), [r[:4] for r in rows]
-        settled = {ref: text for _, kind, text, ref in rows if kind == "settle"}
-        mechs: list[Mechanism] = []
-        n = pending = 0
-        released: set[int] = set()  # runs (first reservation's seq) that released
-        run_of: dict[int, int] = {}  # reservation -> its run (through chains of extends)
-        for seq, kind, text, ref in rows:
-            if kind == "spend":
-                mechs.append(self._mech(text))
-                n += 1
-            elif kind == "reserve":
-                run = run_of[seq] = seq if ref is None else run_of.get(ref, ref)
-                if seq in settled:
-                    if settled[seq] is None:  # nothing ran (e.g. a fit that failed)
-                        continue
-                    mechs.append(self._mech(settled[seq]))
-                else:
-                    pending += 1
-                    mechs.append(self._mech(text))
-                released.add(run)
-        return mechs, n + len(released), pending, floor
+                 ) -> tuple[Releases, int, int, float | None]:
+        """The counted releases of a budget in entry order, the number of releases, of
+        pending reservations, and the last reported total (see ``_tally``)."""
+        return read_tally(self._tallies, cur, dataset, unit, self._mech).counted()
 
     def _summary(self, budget: Budget, mechs, n, pending, floor=None) -> Spent:
-        relation = _relation(budget, mechs)
-        upper, lower, aeps = evaluate_budget(budget, _read_all(budget, mechs, relation))
+        relation = _relation(budget, mechs.distinct)
+        upper, lower, aeps = evaluate_budget(budget, read_releases(budget, mechs, relation))
         upper = upper if floor is None else max(upper, floor)  # monotone in the spends
         binding = upper if aeps is None else max(upper, aeps)  # what the cap is checked on
         return Spent(
@@ -662,11 +642,11 @@ class Ledger:
     def _admit(self, cur, dataset: str, unit: str, mechanism: Mechanism, what: str) -> Spent:
         budget = self._get_budget(cur, dataset, unit)
         mechs, n, pending, floor = self._counted(cur, dataset, unit)
-        _check_relation(budget, mechs, mechanism, what)
+        _check_relation(budget, mechs.distinct, mechanism, what)
         try:
             if floor is None and mechs:  # first spend since a settle: what was reported
                 floor = self._summary(budget, mechs, n, pending).epsilon_spent
-            after = self._summary(budget, [*mechs, mechanism], n + 1, pending, floor)
+            after = self._summary(budget, mechs.plus(mechanism), n + 1, pending, floor)
         except AccountingError as exc:
             raise BudgetExceededError(  # e.g. the releases' deltas add up past the cap
                 f"{what} refused: dataset {dataset!r} would have no certified epsilon at "
@@ -848,7 +828,8 @@ class Ledger:
         with self._read() as cur:
             budget = self._get_budget(cur, dataset, unit)
             mechs, *_ = self._counted(cur, dataset, unit)
-        return compose(_read_all(budget, mechs, _relation(budget, mechs)))
+        relation = _relation(budget, mechs.distinct)
+        return read_releases(budget, mechs, relation).composed
 
     def history(self, dataset: str | None = None, *, privacy_unit: str | None = None
                 ) -> list[Entry]:
