@@ -87,6 +87,7 @@ from privlearn.ledger._schema import (
     check_ledger_path,
     open_schema,
     read_only_uri,
+    refuse_foreign_database,
     unreadable_file_error,
 )
 from privlearn.ledger._tally import Releases, read_releases, read_tally
@@ -242,11 +243,12 @@ class Ledger:
             raise
 
     def _open_schema(self, conn: sqlite3.Connection, create: bool) -> sqlite3.Connection:
+        # milliseconds in a C int: a longer wait (~25 days) wrapped to 0, i.e. no wait at all
+        conn.execute(f"PRAGMA busy_timeout={int(min(self._timeout * 1000, 2**31 - 1))}")
+        refuse_foreign_database(conn, self.path)  # before WAL, which rewrites the header
         if not self.read_only:  # a read-only connection reads the file's journal mode
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
-        # milliseconds in a C int: a longer wait (~25 days) wrapped to 0, i.e. no wait at all
-        conn.execute(f"PRAGMA busy_timeout={int(min(self._timeout * 1000, 2**31 - 1))}")
         opened = (self._read(conn, check=False) if self.read_only
                   else self._write(conn, check=False))
         with opened as cur:

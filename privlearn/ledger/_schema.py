@@ -141,17 +141,24 @@ def unreadable_file_error(path: str, abs_path: str, exc: BaseException) -> Excep
         "pass the path of a ledger", (f"unreadable ledger: {exc}",))
 
 
+def refuse_foreign_database(cur, path: str) -> set[str]:
+    """The names of the database's tables; :class:`NotALedgerError` if it has tables but
+    not the ledger's (someone else's SQLite database: nothing of it is changed)."""
+    tables = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if tables and "meta" not in tables:
+        raise NotALedgerError(
+            f"{path} is an SQLite database but not a privacy ledger (tables "
+            f"{', '.join(sorted(tables))}); pass the path of a ledger, or create one "
+            "at a path where no file exists", path=path)
+    return tables
+
+
 def open_schema(cur, path: str, keyed: bool, create: bool) -> None:
     """Inside a transaction on a new connection: create the ledger's tables in an empty
     file (``create``), or check that the file is a ledger this version reads, created
     with an HMAC key exactly when ``keyed``."""
-    tables = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    tables = refuse_foreign_database(cur, path)
     if "meta" not in tables:
-        if tables:
-            raise NotALedgerError(
-                f"{path} is an SQLite database but not a privacy ledger (tables "
-                f"{', '.join(sorted(tables))}); pass the path of a ledger, or create one "
-                "at a path where no file exists", path=path)
         if not create:
             raise LedgerNotFoundError(
                 f"{path} is empty, not a privacy ledger; pass create=True to "
