@@ -38,6 +38,20 @@ class TokenSet(torch.utils.data.Dataset):
                 "labels": self.ids[i]}
 
 
+class UserColumn(torch.utils.data.Dataset):
+    """The features of ``inner`` with a ``user`` column: users of ``per_user``
+    consecutive examples (example ``i`` belongs to user ``i // per_user``)."""
+
+    def __init__(self, inner, per_user: int):
+        self.inner, self.per_user = inner, per_user
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return {**self.inner[i], "user": i // self.per_user}
+
+
 class BatchSet(torch.utils.data.Dataset):
     """The ``n`` examples of :func:`make_batch` (``name``'s inputs, float32, from
     ``seed``) as Trainer features: ``input_ids``, ``attention_mask``, ``labels``."""
