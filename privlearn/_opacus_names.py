@@ -154,3 +154,16 @@ def missing_name(module: str, name: str, caller: types.FrameType | None) -> Exce
     if _importing_from(caller):
         return ImportError(msg, name=module)
     return AttributeError(msg)
+
+
+def missing_method(owner: str, name: str, methods: dict[str, str], whose: str
+                   ) -> AttributeError:
+    """The error for ``owner.name`` missing, for a class's ``__getattr__`` to raise.
+
+    For a name of ``methods`` (Opacus's name -> what to use instead), the message says
+    whose name it is (``whose``, e.g. "of Opacus's DPOptimizer") and what to use; any
+    other name gets Python's own wording.
+    """
+    if name in methods:
+        return AttributeError(f"{owner} has no {name} ({whose}): use {methods[name]}")
+    return AttributeError(f"{owner!r} object has no attribute {name!r}")

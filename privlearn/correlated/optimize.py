@@ -187,6 +187,17 @@ def _bar(desc: str, show_progress: bool | None):
     return progress(desc=desc, unit="it", enabled=show_progress, delay=PROGRESS_DELAY)
 
 
+def _memoised(key, desc: str, show_progress: bool | None, optimize):
+    """The memo's strategy for ``key``, else ``optimize(bar)`` run under the progress bar
+    ``desc`` (:func:`_bar`) and kept for reuse."""
+    strategy = _MEMO.get(key)
+    if strategy is None:
+        with _bar(desc, show_progress) as bar:
+            strategy = optimize(bar)
+        _MEMO.put(key, strategy)
+    return strategy
+
+
 def _minimize(fun, x0: np.ndarray, bounds, max_iterations: int, bar=None
               ) -> tuple[np.ndarray, float]:
     """L-BFGS from ``x0``; the better of the end point and ``x0`` with its value. Each
@@ -311,12 +322,9 @@ def optimize_banded_toeplitz(
         return BandedToeplitz((1.0,))
     sep, k = _pattern(participation, n)
     key = _memo_key("banded", n, b, (sep, k), workload, reduction, max_iterations)
-    strategy = _MEMO.get(key)
-    if strategy is None:
-        with _bar(f"optimising {b} bands for {n} steps", show_progress) as bar:
-            strategy = _optimize_banded(n, b, sep, k, workload, reduction, max_iterations,
-                                        bar)
-        _MEMO.put(key, strategy)
+    strategy = _memoised(key, f"optimising {b} bands for {n} steps", show_progress,
+                         lambda bar: _optimize_banded(n, b, sep, k, workload, reduction,
+                                                      max_iterations, bar))
     _warn_unused_bands(strategy, b, sep, k)
     return strategy
 
@@ -546,12 +554,9 @@ def optimize_blt(
     show_progress = check_show_progress(show_progress)
     sep, k = _pattern(participation, n)
     key = _memo_key("blt", n, m, (sep, k), workload, reduction, max_iterations)
-    strategy = _MEMO.get(key)
-    if strategy is None:
-        with _bar(f"optimising a BLT of {m} buffers for {n} steps", show_progress) as bar:
-            strategy = _optimize_blt(n, m, sep, k, workload, reduction, max_iterations, bar)
-        _MEMO.put(key, strategy)
-    return strategy
+    return _memoised(key, f"optimising a BLT of {m} buffers for {n} steps", show_progress,
+                     lambda bar: _optimize_blt(n, m, sep, k, workload, reduction,
+                                               max_iterations, bar))
 
 
 def _optimize_blt(n: int, m: int, sep: int, k: int, workload, reduction: str,

@@ -79,21 +79,23 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
     return link
 
 
+_PASS_THE_CHECKPOINT = (
+    "To resume a checkpoint of this run on this ledger, pass it: make_private(..., "
+    "resume=state) takes over its reservation, so the run is charged once")
+
+
 def _resume_advice(plan: Plan) -> str:
     """How to resume, on this ledger, a checkpoint of a run planned as ``plan`` whose
     first steps the ledger already counts (what a refusal of the whole plan says)."""
     if plan.run.stepwise:  # DP-SGD steps compose: the ledger takes the rest as it runs
-        return ("To resume a checkpoint of this run on this ledger, pass it: "
-                "make_private(..., resume=state) takes over its reservation, so the run is "
-                "charged once; or, for a checkpoint without that record, build the run "
+        return (_PASS_THE_CHECKPOINT + "; or, for a checkpoint without that record, "
+                "build the run "
                 f"with noise_multiplier={plan.noise_multiplier!r} (this plan's) and "
                 "no epochs/steps, so that its steps are reserved as they run, then "
                 "p.load_state_dict(...)")
     # one mechanism of the planned steps: its run reserved all of them (settled at the
     # plan when it stopped early), so the ledger already counts the steps left
-    return ("To resume a checkpoint of this run on this ledger, pass it: "
-            "make_private(..., resume=state) takes over its reservation, so the run is "
-            "charged once. For a checkpoint without that record: resume it (same "
+    return (_PASS_THE_CHECKPOINT + ". For a checkpoint without that record: resume it (same "
             "settings), whose run reserved this "
             "whole plan in the ledger (a run accounted as one mechanism, correlated noise "
             "or a sampling of bounded participation, is reserved whole and, stopped early, "
@@ -123,6 +125,11 @@ def replayable(state: dict) -> bool:
             and isinstance(sampler, dict) and sampler.get("key") is not None)
 
 
+def _malformed(record: object) -> LedgerConflictError:
+    return LedgerConflictError(f"the checkpoint's ledger record is malformed ({record!r}); "
+                               "pass the state PrivateTraining.state_dict() returned")
+
+
 def resume_record(state: object, link: LedgerLink, plan: Plan) -> dict | None:
     """The checkpoint's ledger record, checked, if this run takes it over: a planned run
     on one process (None otherwise, or for a checkpoint without one)."""
@@ -137,12 +144,9 @@ def resume_record(state: object, link: LedgerLink, plan: Plan) -> dict | None:
         taken, steps = int(record["taken"]), int(record["steps"])
         where = (str(record["dataset"]), str(record["privacy_unit"]))
     except (KeyError, TypeError, ValueError):
-        raise LedgerConflictError(f"the checkpoint's ledger record is malformed ({record!r}); "
-                                  "pass the state PrivateTraining.state_dict() returned"
-                                  ) from None
+        raise _malformed(record) from None
     if not pairs or taken < 0 or steps < 1:
-        raise LedgerConflictError(f"the checkpoint's ledger record is malformed ({record!r}); "
-                                  "pass the state PrivateTraining.state_dict() returned")
+        raise _malformed(record)
     if link.run is not None and steps != plan.planned_steps:
         return None  # another plan of one mechanism: reserved whole again (and warned)
     return {"reservations": pairs, "taken": taken, "steps": steps, "where": where}

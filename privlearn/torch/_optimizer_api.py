@@ -31,6 +31,7 @@ from collections import OrderedDict
 
 import torch
 
+from privlearn._opacus_names import missing_method
 from privlearn.errors import TrainingLoopError
 
 __all__ = ["OPACUS_OPTIMIZER_METHODS", "OptimizerDelegation", "not_built_by_make_private"]
@@ -90,10 +91,8 @@ class OptimizerDelegation(torch.optim.Optimizer):
         return super().__new__(cls)
 
     def __getattr__(self, name: str):  # only for missing attributes: Opacus's names
-        if name in OPACUS_OPTIMIZER_METHODS:
-            raise AttributeError(f"{type(self).__name__} has no {name} (of Opacus's "
-                                 f"DPOptimizer): use {OPACUS_OPTIMIZER_METHODS[name]}")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise missing_method(type(self).__name__, name, OPACUS_OPTIMIZER_METHODS,
+                             "of Opacus's DPOptimizer")
 
     def _init_optimizer_api(self) -> None:
         """The per-instance attributes ``Optimizer``'s own methods read (its ``__init__``,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from privlearn import _validation as _v
+from privlearn._opacus_names import missing_method
 from privlearn.accounting import Sampling, compose, get_accountant
 from privlearn.accounting.serialization import dumps, loads
 from privlearn.errors import (
@@ -77,10 +78,8 @@ OPACUS_METHODS = {
 def opacus_method_error(owner: str, name: str) -> AttributeError:
     """The AttributeError for ``owner.name``: with :data:`OPACUS_METHODS`'s counterpart
     when ``name`` is a method of Opacus's, else Python's own wording."""
-    if name in OPACUS_METHODS:
-        return AttributeError(f"{owner} has no {name} (a name of Opacus's PrivacyEngine "
-                              f"or accountants): use {OPACUS_METHODS[name]}")
-    return AttributeError(f"{owner!r} object has no attribute {name!r}")
+    return missing_method(owner, name, OPACUS_METHODS,
+                          "a name of Opacus's PrivacyEngine or accountants")
 
 
 def _checked_step(noise_multiplier, sampling_rate, max_grad_norm) -> tuple[float, ...]:

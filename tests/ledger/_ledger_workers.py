@@ -9,20 +9,30 @@ from privlearn.errors import BudgetExceededError
 from privlearn.ledger import Ledger
 
 
-def spend_many(path: str, worker: int, n: int, sigma: float) -> tuple[list[str], list[str]]:
-    """Try ``n`` spends; return the labels acknowledged and those refused."""
-    ledger = Ledger(path)
+def _each_try(ledger: Ledger, worker: int, n: int, attempt) -> tuple[list[str], list[str]]:
+    """Call ``attempt(label)`` for ``n`` labels of ``worker``, then close ``ledger``; the
+    labels acknowledged and those refused (BudgetExceededError)."""
     ok, refused = [], []
     for i in range(n):
         label = f"w{worker}-{i}"
         try:
-            ledger.spend("data", Gaussian(sigma), label=label, who=f"worker{worker}")
+            attempt(label)
         except BudgetExceededError:
             refused.append(label)
         else:
             ok.append(label)
     ledger.close()
     return ok, refused
+
+
+def spend_many(path: str, worker: int, n: int, sigma: float) -> tuple[list[str], list[str]]:
+    """Try ``n`` spends; return the labels acknowledged and those refused."""
+    ledger = Ledger(path)
+
+    def spend(label: str) -> None:
+        ledger.spend("data", Gaussian(sigma), label=label, who=f"worker{worker}")
+
+    return _each_try(ledger, worker, n, spend)
 
 
 def create_and_reserve(path: str, worker: int, n: int, sigma: float, start: float
@@ -37,18 +47,12 @@ def create_and_reserve(path: str, worker: int, n: int, sigma: float, start: floa
         pass
     ledger = Ledger(path, create=True)
     ledger.create_budget("data", 1.0, 1e-6, exist_ok=True)
-    ok, refused = [], []
-    for i in range(n):
-        label = f"w{worker}-{i}"
-        try:
-            with ledger.reserve("data", Gaussian(sigma), label=label):
-                pass
-        except BudgetExceededError:
-            refused.append(label)
-        else:
-            ok.append(label)
-    ledger.close()
-    return ok, refused
+
+    def reserve(label: str) -> None:
+        with ledger.reserve("data", Gaussian(sigma), label=label):
+            pass
+
+    return _each_try(ledger, worker, n, reserve)
 
 
 if __name__ == "__main__":  # crash test: spend forever, acknowledging each spend

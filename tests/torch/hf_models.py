@@ -38,6 +38,20 @@ class TokenSet(torch.utils.data.Dataset):
                 "labels": self.ids[i]}
 
 
+class UserColumn(torch.utils.data.Dataset):
+    """The features of ``inner`` with a ``user`` column: users of ``per_user``
+    consecutive examples (example ``i`` belongs to user ``i // per_user``)."""
+
+    def __init__(self, inner, per_user: int):
+        self.inner, self.per_user = inner, per_user
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return {**self.inner[i], "user": i // self.per_user}
+
+
 class BatchSet(torch.utils.data.Dataset):
     """The ``n`` examples of :func:`make_batch` (``name``'s inputs, float32, from
     ``seed``) as Trainer features: ``input_ids``, ``attention_mask``, ``labels``."""
@@ -128,17 +142,25 @@ def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
     return model
 
 
+def pad_every_other(ids: torch.Tensor) -> torch.Tensor:
+    """Right-pad every other example of the ``(b, t)`` token ids in place (example ``i``
+    keeps its first ``2 + i % (t - 2)`` tokens, the rest set to 0); the attention mask."""
+    b, t = ids.shape
+    mask = torch.ones(b, t, dtype=torch.long)
+    for i in range(0, b, 2):
+        n = 2 + (i % (t - 2))
+        mask[i, n:] = 0
+        ids[i, n:] = 0
+    return mask
+
+
 def make_batch(name: str, b: int = B, t: int = T, seed: int = 1, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     if name == "vit":
         return {"pixel_values": torch.randn(b, 3, 8, 8, generator=g, dtype=dtype)}, \
             torch.randint(0, 3, (b,), generator=g)
     ids = torch.randint(1, VOCAB, (b, t), generator=g)
-    mask = torch.ones(b, t, dtype=torch.long)
-    for i in range(0, b, 2):  # right padding on every other example
-        n = 2 + (i % (t - 2))
-        mask[i, n:] = 0
-        ids[i, n:] = 0
+    mask = pad_every_other(ids)
     if name == "bert":
         return {"input_ids": ids, "attention_mask": mask}, torch.randint(0, 3, (b,), generator=g)
     if name in MASKED_LM:  # about a third of the real tokens masked, the rest -100

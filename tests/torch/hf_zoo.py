@@ -21,7 +21,7 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from hf_models import MASK_ID, VOCAB, B, T
+from hf_models import MASK_ID, VOCAB, B, T, pad_every_other
 
 from privlearn.torch.losses import per_sequence_cross_entropy
 
@@ -286,11 +286,7 @@ def make_batch(name: str, b: int = B, t: int = T, seed: int = 1, dtype=torch.flo
         return ({"input_features": torch.randn(b, 8, 16, generator=g, dtype=dtype)},
                 torch.randint(0, 3, (b,), generator=g))
     ids = torch.randint(3, VOCAB - 1, (b, t), generator=g)
-    mask = torch.ones(b, t, dtype=torch.long)
-    for i in range(0, b, 2):  # right padding on every other example
-        n = 2 + (i % (t - 2))
-        mask[i, n:] = 0
-        ids[i, n:] = 0
+    mask = pad_every_other(ids)
     if k == "cls":
         return {"input_ids": ids, "attention_mask": mask}, torch.randint(0, 3, (b,), generator=g)
     if k == "mlm":

@@ -56,6 +56,23 @@ def _loss(model, ids, x, y):
     return nn.functional.cross_entropy(model(ids, x), y, reduction="sum")
 
 
+def _assert_first_step_refused(make_model, match: str) -> None:
+    """The model built by ``make_model`` (seed 0, float64) refuses its first step of 5
+    examples of 4 tokens with a BatchDependenceError matching ``match``, recording
+    nothing."""
+    torch.manual_seed(0)
+    model = make_model().double()
+    tracker = GradSampleTracker(model, loss_reduction="sum")
+    ids, x, y = _batch(5, 4)
+    try:
+        _loss(model, ids, x, y).backward()
+        with pytest.raises(BatchDependenceError, match=match):
+            tracker.clipped_sum(1.0, examples=5)
+        assert not tracker.records
+    finally:
+        tracker.detach()
+
+
 def _step(oracle, model, tracker, ids, x, y):
     """The tracker's clipped sum of one batch and the naive loop's (flat, float64), at
     the median norm (some examples clipped, some not)."""
@@ -98,17 +115,8 @@ def test_position_major_rows_are_refused(oracle):
     """Rows in another order than the examples' (``h.transpose(0, 1).reshape(-1, d)``:
     each run of ``T`` rows mixes examples) are refused at the first step, never
     regrouped by their count; the forward itself keeps examples apart."""
-    torch.manual_seed(0)
-    model = Flattening(order=lambda t: "position").double()
-    tracker = GradSampleTracker(model, loss_reduction="sum")
-    ids, x, y = _batch(5, 4)
-    try:
-        _loss(model, ids, x, y).backward()
-        with pytest.raises(BatchDependenceError, match="not grouped example by example"):
-            tracker.clipped_sum(1.0, examples=5)
-        assert not tracker.records
-    finally:
-        tracker.detach()
+    _assert_first_step_refused(lambda: Flattening(order=lambda t: "position"),
+                               "not grouped example by example")
 
 
 def test_an_order_that_changes_with_the_shapes_is_refused_when_it_does(oracle):
@@ -141,16 +149,7 @@ def test_rows_padded_to_a_multiple_of_the_batch_are_refused():
             out = self.fc1(rows)[:b * t]
             return self.head(self.fc2(out).reshape(b, t, D).mean(1))
 
-    torch.manual_seed(0)
-    model = Padded().double()
-    tracker = GradSampleTracker(model, loss_reduction="sum")
-    ids, x, y = _batch(5, 4)
-    try:
-        _loss(model, ids, x, y).backward()
-        with pytest.raises(BatchDependenceError, match="not grouped example by example"):
-            tracker.clipped_sum(1.0, examples=5)
-    finally:
-        tracker.detach()
+    _assert_first_step_refused(Padded, "not grouped example by example")
 
 
 def test_rows_of_two_middle_examples_swapped_are_refused():
@@ -167,13 +166,4 @@ def test_rows_of_two_middle_examples_swapped_are_refused():
             rows = rows + self.fc2(torch.tanh(self.fc1(self.ln(rows))))
             return self.head(torch.tanh(rows.reshape(b, t, d)[order]).mean(1))
 
-    torch.manual_seed(0)
-    model = Swapped().double()
-    tracker = GradSampleTracker(model, loss_reduction="sum")
-    ids, x, y = _batch(5, 4)
-    try:
-        _loss(model, ids, x, y).backward()
-        with pytest.raises(BatchDependenceError, match="replacing example 1 of the batch"):
-            tracker.clipped_sum(1.0, examples=5)
-    finally:
-        tracker.detach()
+    _assert_first_step_refused(Swapped, "replacing example 1 of the batch")

@@ -243,16 +243,7 @@ def test_user_level_chunks_hold_whole_users(tmp_path):
     """A user column, users of 3 sequences, all 3 trained on: chunks of at most
     B * max_examples_per_user = 6 rows (the most B users bring), each user's rows in one
     chunk (clipped together); the run equals the one with k = 1 and B k users."""
-    class Users(torch.utils.data.Dataset):
-        def __init__(self):
-            self.base = _data()
-
-        def __len__(self):
-            return len(self.base)
-
-        def __getitem__(self, i):
-            return {**self.base[i], "user": i // 3}
-
+    from hf_models import UserColumn
     from test_hf_trainer import _recording_collate
 
     runs, seen = [], []
@@ -260,7 +251,8 @@ def test_user_level_chunks_hold_whole_users(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tr = DPTrainer(model=_gpt2(), args=_args(tmp_path / str(k), b, k),
-                           train_dataset=Users(), data_collator=_recording_collate(seen),
+                           train_dataset=UserColumn(_data(), 3),
+                           data_collator=_recording_collate(seen),
                            privacy=PrivacyArguments(noise_multiplier=1.0, seed=2,
                                                     user_column="user",
                                                     max_examples_per_user=3))

@@ -112,17 +112,10 @@ def test_a_checkpoint_of_another_number_of_processes_is_refused_as_such(checkpoi
     assert tr.privacy_engine is None and tr.state.global_step == 0
 
 
-class _UserTextSet(torch.utils.data.Dataset):
+def _user_text_set():
     """The training set with a user column: 8 users of 4 sequences."""
-
-    def __init__(self):
-        self.inner = _text_set()
-
-    def __len__(self):
-        return len(self.inner)
-
-    def __getitem__(self, i):
-        return {**self.inner[i], "user": i // 4}
+    from hf_models import UserColumn
+    return UserColumn(_text_set(), 4)
 
 
 def test_the_grouping_into_users_is_kept_out_of_the_released_checkpoint(tmp_path):
@@ -136,7 +129,7 @@ def test_the_grouping_into_users_is_kept_out_of_the_released_checkpoint(tmp_path
 
     def trainer(out, private, privacy, steps):
         tr = _trainer(out, private, privacy, steps)
-        tr.train_dataset = _UserTextSet()
+        tr.train_dataset = _user_text_set()
         return tr
 
     trainer(tmp_path / "out", tmp_path / "private", users, 2).train()
@@ -155,7 +148,7 @@ def test_the_grouping_into_users_is_kept_out_of_the_released_checkpoint(tmp_path
         output_dir=str(tmp_path / "s"), per_device_train_batch_size=B, max_steps=2,
         save_strategy="steps", save_steps=2, report_to=[], use_cpu=True)
     with pytest.raises(ConfigurationError, match="private_state_dir is required.*users"):
-        DPTrainer(model=_gpt2(), args=args, train_dataset=_UserTextSet(), privacy=secure)
+        DPTrainer(model=_gpt2(), args=args, train_dataset=_user_text_set(), privacy=secure)
 
 
 @pytest.mark.parametrize("sampling", [

@@ -205,6 +205,17 @@ def test_a_resumed_whole_run_is_told_its_plan_is_already_counted(tmp_path, kw):
     assert resumed.epsilon(DELTA) <= counted * (1 + 1e-9)
     assert ledger.spent("tight").epsilon_spent == counted
 
+
+def _killed_after(p, n):
+    """Train ``p`` for ``n`` steps, then its process dies without settling: its
+    reservation stays pending in the ledger. Its checkpoint (``state_dict``)."""
+    _train(p, n)
+    state = p.state_dict()
+    p.ledger_link._open.clear()
+    p.detach()
+    return state
+
+
 def _build_on(ds, led, **kw):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
@@ -252,10 +263,7 @@ def test_a_killed_secure_mode_run_resumed_is_charged_its_new_steps_too(tmp_path)
     after the checkpoint are new releases, reserved on top (24 steps in all)."""
     ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
     first = _build_on(ds, ledger.budget("toy"), secure_mode=True, seed=None)
-    _train(first, 8)
-    state = first.state_dict()
-    first.ledger_link._open.clear()  # killed: its reservation stays pending
-    first.detach()
+    state = _killed_after(first, 8)
     resumed = _build_on(ds, ledger.budget("toy"), secure_mode=True, seed=None, resume=state)
     _train(resumed, 8)
     resumed.detach()
@@ -274,10 +282,7 @@ def test_a_run_resumed_twice_with_more_epochs_is_charged_once(tmp_path):
     state = first.state_dict()
     first.detach()
     second = _build_on(ds, ledger.budget("toy"), resume=state, epochs=3)
-    _train(second, 8)
-    state = second.state_dict()
-    second.ledger_link._open.clear()  # killed: its reservation stays pending
-    second.detach()
+    state = _killed_after(second, 8)
     third = _build_on(ds, ledger.budget("toy"), resume=state, epochs=3)
     _train(third, 12)
     third.detach()
@@ -293,10 +298,7 @@ def test_a_resume_loaded_after_make_private_gives_its_fresh_reservation_back(tmp
     once all the same."""
     ledger, ds, _ = _setup(tmp_path, epsilon=1e6)
     first = _build_on(ds, ledger.budget("toy"))
-    _train(first, 8)
-    state = first.state_dict()
-    first.ledger_link._open.clear()  # killed: its reservation stays pending
-    first.detach()
+    state = _killed_after(first, 8)
     resumed = _build_on(ds, ledger.budget("toy"))
     resumed.load_state_dict(state)
     _train(resumed, 8)

@@ -223,14 +223,10 @@ class _ShiftedLookup(nn.Embedding):
         return super().forward(ids + 2)
 
 
-class _PlainSubclass(nn.Linear):
-    """A subclass overriding nothing that computes: the Linear rule still applies."""
-
-
-@pytest.mark.parametrize("layer", [_ScaledLookup, _ShiftedLookup])
-def test_a_subclass_overriding_forward_does_not_inherit_the_base_rule(layer, oracle):
-    """The base's rule describes the base's forward only: a subclass computing something
-    else gets the generic rule (with a warning) and the clipped sum of the naive loop."""
+def _lookup_model_and_naive_sum(layer, oracle):
+    """A float64 model whose first layer is the lookup ``layer(12, 4)``, a batch of 4
+    examples of 3 tokens, the median per-example gradient norm as clipping bound, and
+    the naive loop's clipped sum and per-example norms at that bound."""
     torch.manual_seed(0)
     model = nn.Sequential(layer(12, 4, dtype=torch.float64), nn.Flatten(),
                           nn.Linear(12, 3, dtype=torch.float64))
@@ -240,6 +236,18 @@ def test_a_subclass_overriding_forward_does_not_inherit_the_base_rule(layer, ora
                         4, list(model.parameters()))
     c = rows.norm(dim=1).median().item()
     ref, ref_norms = oracle.clip_and_sum(rows, c)
+    return model, ids, y, c, ref, ref_norms
+
+
+class _PlainSubclass(nn.Linear):
+    """A subclass overriding nothing that computes: the Linear rule still applies."""
+
+
+@pytest.mark.parametrize("layer", [_ScaledLookup, _ShiftedLookup])
+def test_a_subclass_overriding_forward_does_not_inherit_the_base_rule(layer, oracle):
+    """The base's rule describes the base's forward only: a subclass computing something
+    else gets the generic rule (with a warning) and the clipped sum of the naive loop."""
+    model, ids, y, c, ref, ref_norms = _lookup_model_and_naive_sum(layer, oracle)
     with pytest.warns(RuntimeWarning, match="overrides .*forward"):
         assert grad_sample.get_rule(model[0]) is None
     tracker = GradSampleTracker(model, loss_reduction="mean")
@@ -268,15 +276,7 @@ class OddScaledWordEmbedding(nn.Embedding):
 
 
 def test_a_look_alike_scaled_embedding_is_checked_and_handed_to_the_generic_rule(oracle):
-    torch.manual_seed(0)
-    model = nn.Sequential(OddScaledWordEmbedding(12, 4, dtype=torch.float64), nn.Flatten(),
-                          nn.Linear(12, 3, dtype=torch.float64))
-    ids = torch.tensor([[1, 2, 3], [4, 4, 1], [0, 5, 9], [7, 7, 7]])
-    y = torch.tensor([0, 1, 2, 1])
-    rows = oracle.grads(lambda i: nn.functional.cross_entropy(model(ids[i:i + 1]), y[i:i + 1]),
-                        4, list(model.parameters()))
-    c = rows.norm(dim=1).median().item()
-    ref, _ = oracle.clip_and_sum(rows, c)
+    model, ids, y, c, ref, _ = _lookup_model_and_naive_sum(OddScaledWordEmbedding, oracle)
     assert grad_sample.get_rule(model[0]).compute.__name__ == "scaled_embedding_rule"
     tracker = GradSampleTracker(model, loss_reduction="mean")
     try:
