@@ -60,6 +60,7 @@ from privlearn.errors import (
     UnsupportedMechanismError,
 )
 from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
+from privlearn.models._public_width import public_output_width
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -481,6 +482,8 @@ class PrivatePipeline(Pipeline):
                 f"Expected 2D array, got an array of shape {shape} instead: X must be "
                 "(n_samples, n_features)")
         public = _check_public_steps(self.public_steps)
+        columns = getattr(X, "columns", None)  # a DataFrame's column names: its schema
+        names = [str(c) for c in columns] if columns is not None else None
         steps = [(n, s) for n, s in self.steps
                  if not (s is None or (isinstance(s, str) and s == "passthrough"))]
         for i, (name, step) in enumerate(steps):
@@ -505,19 +508,17 @@ class PrivatePipeline(Pipeline):
                 continue
             if _frozen(step):  # its fit (on public data) is kept: apply it to a zero row
                 width = np.asarray(step.transform(np.zeros((1, shape[1])))).shape
-                shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
+                shape, names = (shape[0], int(width[1]) if len(width) == 2 else 1), None
                 continue
-            if not get_tags(step).requires_fit:
-                width = np.asarray(clone(step).fit_transform(np.zeros((1, shape[1])))).shape
-                _refuse_row_mixing(name, step, shape[1])
-                shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
-                continue
-            if not strict:
-                return
-            raise ParameterTypeError(
-                f"pipeline step {name!r} ({type(step).__name__}) may change the number of "
-                "features, so the next steps' mechanisms cannot be planned from the shape "
-                "of X: put it last, or use a step that keeps the number of features")
+            # a public step fitted here, or one that needs no fitting: its width from its
+            # parameters and X's schema (never from the data it will be fitted on)
+            try:
+                width = public_output_width(name, step, shape[1], names, _probe_width)
+            except (ParameterTypeError, ParameterValueError):
+                if not strict:
+                    return
+                raise
+            shape, names = (shape[0], width), None
 
     def _check_before_fit(self, X, y, delta: float | None) -> None:
         """Refuse, before the first step is fitted, what a later step would refuse after
@@ -798,6 +799,14 @@ def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool
             hasattr(last, m) for m in methods):
         return True
     raise AttributeError(f"the final step {type(last).__name__} has none of {methods}")
+
+
+def _probe_width(name: str, step: Any, n_features: int) -> int:
+    """The output width of a step that needs no fitting, applied to one row of zeros
+    (data-independent); one that mixes rows is refused (:func:`_refuse_row_mixing`)."""
+    width = np.asarray(clone(step).fit_transform(np.zeros((1, n_features)))).shape
+    _refuse_row_mixing(name, step, n_features)
+    return int(width[1]) if len(width) == 2 else 1
 
 
 def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:
