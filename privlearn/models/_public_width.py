@@ -21,7 +21,7 @@ from sklearn.utils import get_tags
 
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
-__all__ = ["public_output_width"]
+__all__ = ["public_output_width", "refuse_learned_categories"]
 
 
 def _unplannable(name: str, step: Any, why: str) -> ParameterTypeError:
@@ -35,18 +35,19 @@ def _unplannable(name: str, step: Any, why: str) -> ParameterTypeError:
         "(FunctionTransformer), or one-to-one transformers; or put the step last")
 
 
-def _explicit_categories(name: str, step: Any, n: int) -> list:
+def _explicit_categories(name: str, step: Any, n: int | None) -> list:
     cats = step.categories
     if isinstance(cats, str):
         raise ParameterValueError(
             f"pipeline step {name!r} ({type(step).__name__}) has categories={cats!r}: it "
             "learns its categories from the values that occur in the data it is fitted on, "
-            "so what it outputs (and its fitted categories_) depends on the private data "
-            "and cannot be planned. Pass the public category lists, one per column, from "
-            "the schema or a data dictionary: "
-            f"{type(step).__name__}(categories=[[...], ...]) with {n} list(s)")
+            "so what it outputs and its fitted categories_ (released un-noised) depend on "
+            "the private data, and its cost cannot be planned. Pass the public category "
+            "lists, one per column, from the schema or a data dictionary: "
+            f"{type(step).__name__}(categories=[[...], ...]) with "
+            + (f"{n} list(s)" if n is not None else "one list per column"))
     cats = list(cats)
-    if len(cats) != n:
+    if n is not None and len(cats) != n:
         raise ParameterValueError(
             f"pipeline step {name!r} ({type(step).__name__}) is given {len(cats)} category "
             f"list(s) for {n} input column(s); pass one list per column")
@@ -173,3 +174,21 @@ def public_output_width(name: str, step: Any, n: int, names: list[str] | None = 
         return probe(name, step, n)
     raise _unplannable(name, step, "its output width would be learned from the data it is "
                        "fitted on")
+
+
+def refuse_learned_categories(name: str, step: Any) -> None:
+    """Refuse (:class:`~privlearn.errors.ParameterValueError`) a public step that a
+    pipeline fits on the data it is given and that holds an encoder learning its
+    categories there (``OneHotEncoder`` / ``OrdinalEncoder`` with ``categories="auto"``,
+    or grouping infrequent categories by ``min_frequency`` / ``max_categories``): its
+    fitted ``categories_`` (and the columns it outputs) list the values that occur in
+    the private data, a release that no mechanism covers and ``public_steps`` cannot
+    make public."""
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder
+
+    found = [(name, step)]
+    if hasattr(step, "get_params") and not isinstance(step, type):
+        found += [(f"{name}__{k}", v) for k, v in step.get_params(deep=True).items()]
+    for where, est in found:
+        if isinstance(est, OneHotEncoder | OrdinalEncoder):
+            _explicit_categories(where, est, None)

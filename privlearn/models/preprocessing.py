@@ -60,7 +60,7 @@ from privlearn.errors import (
     UnsupportedMechanismError,
 )
 from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
-from privlearn.models._public_width import public_output_width
+from privlearn.models._public_width import public_output_width, refuse_learned_categories
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -421,7 +421,9 @@ class PrivatePipeline(Pipeline):
         Names of steps whose fitted state may be released without noise (see
         :func:`pipeline_mechanism`). :meth:`fit` fits every step on the data it is given,
         these included: list a step it fits only if what the step learns reveals nothing
-        about the data (e.g. ``OneHotEncoder(categories=[...])``). A step fitted
+        about the data (e.g. ``OneHotEncoder(categories=[...])``; an encoder that would
+        learn its categories from the data, ``categories="auto"``, is refused with
+        ``ValueError`` before any step is fitted). A step fitted
         beforehand on public data is kept as it is when wrapped in
         ``sklearn.frozen.FrozenEstimator``; passed fitted without it, it is refused
         (:class:`~privlearn.errors.ConfigurationError`) rather than refitted on the
@@ -457,10 +459,13 @@ class PrivatePipeline(Pipeline):
         Each step plans on the shape its input will have: a step that keeps the number
         of features (``PrivateStandardScaler`` and every scikit-learn one-to-one
         transformer) passes the shape on; a step that needs no fitting is applied to one
-        row of zeros to learn its output width (data-independent). A fitted step that
-        changes the number of features before a later private step cannot be planned
-        and is refused with ``TypeError``; so is a step that learns from the data
-        without a planned mechanism (it could not be accounted before the fit).
+        row of zeros to learn its output width (data-independent); a public step that
+        the pipeline fits has its width read off its parameters and the schema of ``X``,
+        never off the data (``OneHotEncoder(categories=[[...], ...])``, a
+        ``ColumnTransformer`` of such encoders...: ``_public_width.public_output_width``).
+        One whose width would be learned from the data is refused (``categories="auto"``
+        with ``ValueError``: pass the category lists); so is a step that learns from the
+        data without a planned mechanism (it could not be accounted before the fit).
 
         Returns
         -------
@@ -682,6 +687,8 @@ class PrivatePipeline(Pipeline):
                         _frozen_release(step) is None and get_tags(step).requires_fit):
                     raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
+        for name, step in _refitted_public_steps(self).items():
+            refuse_learned_categories(name, step)
 
 
 def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:

@@ -98,3 +98,20 @@ def test_search_over_a_pipeline_with_a_public_encoder(adult):
     search.fit(X, y)
     assert planned == search.mechanism_
     assert np.isfinite(search.epsilon_)
+
+
+@pytest.mark.parametrize("encoder", [OneHotEncoder(sparse_output=False),
+                                     OneHotEncoder(categories=[["Male", "Female"]],
+                                                   min_frequency=5, sparse_output=False)])
+def test_fit_refuses_a_public_encoder_learning_categories_from_the_data(adult, encoder):
+    """categories_ learned from the private data would be released un-noised: the fit
+    refuses it before any step runs, whatever public_steps says."""
+    X, y = adult
+    pipe = _pipeline()
+    pipe.steps[0] = ("encode", ColumnTransformer([("cat", encoder, [3])],
+                                                 remainder="drop"))
+    with pytest.raises(ValueError, match="'encode__cat'") as e:
+        pipe.fit(X, y)
+    assert "categories=[[" in str(e.value) or "Leave min_frequency=None" in str(e.value)
+    assert not hasattr(pipe.named_steps["scale"], "mechanism_")
+    assert not hasattr(pipe, "mechanism_")
