@@ -95,7 +95,9 @@ def _column_indices(name: str, ct: Any, cols: Any, n: int,
         lo, hi = names.index(cols.start), names.index(cols.stop) + 1
         return list(range(lo, hi))
     seq = [cols] if isinstance(cols, str | numbers.Integral) else list(np.asarray(cols).ravel())
-    if seq and all(isinstance(c, bool | np.bool_) for c in seq):
+    if not seq:
+        return []
+    if all(isinstance(c, bool | np.bool_) for c in seq):
         if len(seq) != n:
             raise ParameterValueError(
                 f"pipeline step {name!r} (ColumnTransformer): a boolean column mask of "
@@ -155,6 +157,8 @@ def public_output_width(name: str, step: Any, n: int, names: list[str] | None = 
         for sub, trans, cols in step.transformers:
             idx = _column_indices(name, step, cols, n, names)
             used.update(idx)
+            if not idx:  # scikit-learn skips a transformer given no column
+                continue
             width += public_output_width(f"{name}__{sub}", trans, len(idx),
                                          [names[i] for i in idx] if names else None, probe)
         rest = [i for i in range(n) if i not in used]

@@ -4,6 +4,7 @@ and the plan is what the fit then accounts."""
 
 import numpy as np
 import pytest
+from sklearn.base import clone
 from sklearn.compose import ColumnTransformer
 from sklearn.preprocessing import FunctionTransformer, OneHotEncoder
 
@@ -115,3 +116,59 @@ def test_fit_refuses_a_public_encoder_learning_categories_from_the_data(adult, e
     assert "categories=[[" in str(e.value) or "Leave min_frequency=None" in str(e.value)
     assert not hasattr(pipe.named_steps["scale"], "mechanism_")
     assert not hasattr(pipe, "mechanism_")
+
+
+def _steps_and_data():
+    """Public encoding steps, and data holding every category, so that scikit-learn's own
+    fit gives the width each should have (the reference)."""
+    from sklearn.pipeline import FeatureUnion, Pipeline
+    from sklearn.preprocessing import MinMaxScaler, OrdinalEncoder
+
+    a, b = ["x", "y", "z"], ["u", "v"]
+    rng = np.random.default_rng(0)
+    X = np.column_stack([rng.choice(a, 40), rng.choice(b, 40), rng.random(40),
+                         rng.random(40)]).astype(object)
+    X[:3, 0], X[:2, 1] = a, b
+    cases = {
+        "drop if_binary": ColumnTransformer(
+            [("c", OneHotEncoder(categories=[a, b], drop="if_binary"), [0, 1])],
+            remainder="passthrough"),
+        "drop per column": ColumnTransformer(
+            [("c", OneHotEncoder(categories=[a, b], drop=["y", "v"]), [0, 1])],
+            remainder="drop"),
+        "mask, ordinal, remainder estimator": ColumnTransformer(
+            [("c", OrdinalEncoder(categories=[a]), [True, False, False, False]),
+             ("none", OneHotEncoder(categories=[]), [])],
+            remainder=Pipeline([("pick", ColumnTransformer([("b", "drop", [0])],
+                                                           remainder="passthrough")),
+                                ("scale", MinMaxScaler())])),
+        "negative positions and a union": Pipeline([
+            ("ct", ColumnTransformer([("c", OneHotEncoder(categories=[b, a]), [-3, 0])],
+                                     remainder="drop")),
+            ("union", FeatureUnion([("id", "passthrough"),
+                                    ("sq", FunctionTransformer(np.square))]))]),
+    }
+    return X, cases
+
+
+@pytest.mark.parametrize("case", list(_steps_and_data()[1]))
+def test_width_read_off_the_parameters_is_scikit_learns(case):
+    from privlearn.models._public_width import public_output_width
+    from privlearn.models.preprocessing import _probe_width
+
+    X, cases = _steps_and_data()
+    step = cases[case]
+    expected = clone(step).fit_transform(X).shape[1]  # dense or sparse
+    assert public_output_width("encode", step, X.shape[1], None, _probe_width) == expected
+
+
+def test_columns_by_name_in_a_dataframe():
+    pd = pytest.importorskip("pandas")
+    from privlearn.models._public_width import public_output_width
+
+    X = pd.DataFrame({"region": ["north", "south"], "age": [0.2, 0.4], "h": [0.1, 0.3]})
+    step = ColumnTransformer(
+        [("c", OneHotEncoder(categories=[["north", "south", "east", "west"]]), ["region"]),
+         ("n", "passthrough", slice("age", "age"))], remainder="drop")
+    width = public_output_width("encode", step, 3, list(X.columns))
+    assert width == clone(step).fit_transform(X).shape[1] == 5
