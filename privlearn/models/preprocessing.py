@@ -60,6 +60,7 @@ from privlearn.errors import (
     UnsupportedMechanismError,
 )
 from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
+from privlearn.models._public_width import public_output_width, refuse_learned_categories
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -420,7 +421,9 @@ class PrivatePipeline(Pipeline):
         Names of steps whose fitted state may be released without noise (see
         :func:`pipeline_mechanism`). :meth:`fit` fits every step on the data it is given,
         these included: list a step it fits only if what the step learns reveals nothing
-        about the data (e.g. ``OneHotEncoder(categories=[...])``). A step fitted
+        about the data (e.g. ``OneHotEncoder(categories=[...])``; an encoder that would
+        learn its categories from the data, ``categories="auto"``, is refused with
+        ``ValueError`` before any step is fitted). A step fitted
         beforehand on public data is kept as it is when wrapped in
         ``sklearn.frozen.FrozenEstimator``; passed fitted without it, it is refused
         (:class:`~privlearn.errors.ConfigurationError`) rather than refitted on the
@@ -456,10 +459,13 @@ class PrivatePipeline(Pipeline):
         Each step plans on the shape its input will have: a step that keeps the number
         of features (``PrivateStandardScaler`` and every scikit-learn one-to-one
         transformer) passes the shape on; a step that needs no fitting is applied to one
-        row of zeros to learn its output width (data-independent). A fitted step that
-        changes the number of features before a later private step cannot be planned
-        and is refused with ``TypeError``; so is a step that learns from the data
-        without a planned mechanism (it could not be accounted before the fit).
+        row of zeros to learn its output width (data-independent); a public step that
+        the pipeline fits has its width read off its parameters and the schema of ``X``,
+        never off the data (``OneHotEncoder(categories=[[...], ...])``, a
+        ``ColumnTransformer`` of such encoders...: ``_public_width.public_output_width``).
+        One whose width would be learned from the data is refused (``categories="auto"``
+        with ``ValueError``: pass the category lists); so is a step that learns from the
+        data without a planned mechanism (it could not be accounted before the fit).
 
         Returns
         -------
@@ -481,6 +487,8 @@ class PrivatePipeline(Pipeline):
                 f"Expected 2D array, got an array of shape {shape} instead: X must be "
                 "(n_samples, n_features)")
         public = _check_public_steps(self.public_steps)
+        columns = getattr(X, "columns", None)  # a DataFrame's column names: its schema
+        names = [str(c) for c in columns] if columns is not None else None
         steps = [(n, s) for n, s in self.steps
                  if not (s is None or (isinstance(s, str) and s == "passthrough"))]
         for i, (name, step) in enumerate(steps):
@@ -505,19 +513,17 @@ class PrivatePipeline(Pipeline):
                 continue
             if _frozen(step):  # its fit (on public data) is kept: apply it to a zero row
                 width = np.asarray(step.transform(np.zeros((1, shape[1])))).shape
-                shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
+                shape, names = (shape[0], int(width[1]) if len(width) == 2 else 1), None
                 continue
-            if not get_tags(step).requires_fit:
-                width = np.asarray(clone(step).fit_transform(np.zeros((1, shape[1])))).shape
-                _refuse_row_mixing(name, step, shape[1])
-                shape = (shape[0], int(width[1]) if len(width) == 2 else 1)
-                continue
-            if not strict:
-                return
-            raise ParameterTypeError(
-                f"pipeline step {name!r} ({type(step).__name__}) may change the number of "
-                "features, so the next steps' mechanisms cannot be planned from the shape "
-                "of X: put it last, or use a step that keeps the number of features")
+            # a public step fitted here, or one that needs no fitting: its width from its
+            # parameters and X's schema (never from the data it will be fitted on)
+            try:
+                width = public_output_width(name, step, shape[1], names, _probe_width)
+            except (ParameterTypeError, ParameterValueError):
+                if not strict:
+                    return
+                raise
+            shape, names = (shape[0], width), None
 
     def _check_before_fit(self, X, y, delta: float | None) -> None:
         """Refuse, before the first step is fitted, what a later step would refuse after
@@ -681,6 +687,8 @@ class PrivatePipeline(Pipeline):
                         _frozen_release(step) is None and get_tags(step).requires_fit):
                     raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
+        for name, step in _refitted_public_steps(self).items():
+            refuse_learned_categories(name, step)
 
 
 def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:
@@ -798,6 +806,14 @@ def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool
             hasattr(last, m) for m in methods):
         return True
     raise AttributeError(f"the final step {type(last).__name__} has none of {methods}")
+
+
+def _probe_width(name: str, step: Any, n_features: int) -> int:
+    """The output width of a step that needs no fitting, applied to one row of zeros
+    (data-independent); one that mixes rows is refused (:func:`_refuse_row_mixing`)."""
+    width = np.asarray(clone(step).fit_transform(np.zeros((1, n_features)))).shape
+    _refuse_row_mixing(name, step, n_features)
+    return int(width[1]) if len(width) == 2 else 1
 
 
 def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:

@@ -1,0 +1,174 @@
+"""Planning a PrivatePipeline whose public encoding step changes the number of columns
+before a private step: the width comes from the encoder's given categories and X's schema,
+and the plan is what the fit then accounts."""
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.compose import ColumnTransformer
+from sklearn.preprocessing import FunctionTransformer, OneHotEncoder
+
+from privlearn.datasets import ADULT_COLUMNS, _adult_categories, load_adult
+from privlearn.models import (
+    AdaSSPRegressor,
+    PrivatePipeline,
+    PrivateSearchCV,
+    PrivateStandardScaler,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+
+NUMERIC = ["age", "education-num", "hours-per-week"]
+CATEGORICAL = ["sex", "race", "relationship"]
+
+
+@pytest.fixture(scope="module")
+def adult():
+    """A small subset of the bundled Adult training split: three numeric columns (fixed
+    public scaling) and three text columns, as an object array."""
+    raw = load_adult(features="raw")
+    rows = raw.data[:300]
+    num = np.column_stack([rows[:, ADULT_COLUMNS.index(c)].astype(float) / 100.0
+                           for c in NUMERIC])
+    cat = np.column_stack([rows[:, ADULT_COLUMNS.index(c)] for c in CATEGORICAL])
+    X = np.column_stack([num.astype(object), cat])
+    return X, raw.target[:300].astype(float)
+
+
+def _pipeline(drop=None, categories=None):
+    cats = _adult_categories()
+    categories = categories or [cats[c] for c in CATEGORICAL]
+    encode = ColumnTransformer(
+        [("cat", OneHotEncoder(categories=categories, drop=drop, sparse_output=False,
+                               handle_unknown="ignore" if drop is None else "error"),
+          [3, 4, 5])],
+        remainder="passthrough")
+    return PrivatePipeline(
+        [("encode", encode),
+         ("scale", PrivateStandardScaler(epsilon=0.5, delta=1e-6, feature_range=(0, 1),
+                                         random_state=0)),
+         ("model", AdaSSPRegressor(epsilon=1.0, delta=1e-6, x_bound=5.0, y_bound=1.0,
+                                   random_state=1))],
+        public_steps=("encode",))
+
+
+@pytest.mark.parametrize("drop", [None, "first"])
+def test_plan_of_a_public_encoder_before_private_steps_is_the_fit_accounting(adult, drop):
+    X, y = adult
+    pipe = _pipeline(drop)
+    planned = pipe.planned_mechanism(X, y)
+    pipe.fit(X, y)
+    cats = _adult_categories()
+    width = len(NUMERIC) + sum(len(cats[c]) - (drop == "first") for c in CATEGORICAL)
+    assert pipe.named_steps["scale"].n_features_in_ == width
+    assert planned == pipe.mechanism_
+    assert planned.epsilon(pipe.delta_) == pytest.approx(pipe.epsilon_, rel=1e-9)
+    # the scaler is planned at the encoder's output width
+    scaler = PrivateStandardScaler(epsilon=0.5, delta=1e-6, feature_range=(0, 1))
+    assert scaler.planned_mechanism(np.zeros((300, width)), y) == \
+        pipe.named_steps["scale"].mechanism_
+
+
+def test_categories_learned_from_the_data_cannot_be_planned(adult):
+    X, y = adult
+    pipe = _pipeline()
+    pipe.steps[0] = ("encode", ColumnTransformer(
+        [("cat", OneHotEncoder(sparse_output=False), [3, 4, 5])], remainder="passthrough"))
+    with pytest.raises(ValueError, match=r"categories='auto'.*categories=\[\[") as e:
+        pipe.planned_mechanism(X, y)
+    assert "'encode__cat'" in str(e.value)
+
+
+def test_a_selector_reading_the_data_cannot_be_planned(adult):
+    from sklearn.compose import make_column_selector
+
+    X, y = adult
+    pipe = _pipeline()
+    pipe.steps[0] = ("encode", ColumnTransformer(
+        [("f", FunctionTransformer(), make_column_selector(dtype_include=object))]))
+    with pytest.raises(TypeError, match="callable column selector"):
+        pipe.planned_mechanism(X, y)
+
+
+def test_search_over_a_pipeline_with_a_public_encoder(adult):
+    X, y = adult
+    pipe = _pipeline()
+    search = PrivateSearchCV(pipe, {"model__epsilon": [0.5, 1.0]}, method="composition",
+                             score_epsilon=0.1, loss_bound=1.0, random_state=0)
+    planned = search.planned_mechanism(X, y)
+    search.fit(X, y)
+    assert planned == search.mechanism_
+    assert np.isfinite(search.epsilon_)
+
+
+@pytest.mark.parametrize("encoder", [OneHotEncoder(sparse_output=False),
+                                     OneHotEncoder(categories=[["Male", "Female"]],
+                                                   min_frequency=5, sparse_output=False)])
+def test_fit_refuses_a_public_encoder_learning_categories_from_the_data(adult, encoder):
+    """categories_ learned from the private data would be released un-noised: the fit
+    refuses it before any step runs, whatever public_steps says."""
+    X, y = adult
+    pipe = _pipeline()
+    pipe.steps[0] = ("encode", ColumnTransformer([("cat", encoder, [3])],
+                                                 remainder="drop"))
+    with pytest.raises(ValueError, match="'encode__cat'") as e:
+        pipe.fit(X, y)
+    assert "categories=[[" in str(e.value) or "Leave min_frequency=None" in str(e.value)
+    assert not hasattr(pipe.named_steps["scale"], "mechanism_")
+    assert not hasattr(pipe, "mechanism_")
+
+
+def _steps_and_data():
+    """Public encoding steps, and data holding every category, so that scikit-learn's own
+    fit gives the width each should have (the reference)."""
+    from sklearn.pipeline import FeatureUnion, Pipeline
+    from sklearn.preprocessing import MinMaxScaler, OrdinalEncoder
+
+    a, b = ["x", "y", "z"], ["u", "v"]
+    rng = np.random.default_rng(0)
+    X = np.column_stack([rng.choice(a, 40), rng.choice(b, 40), rng.random(40),
+                         rng.random(40)]).astype(object)
+    X[:3, 0], X[:2, 1] = a, b
+    cases = {
+        "drop if_binary": ColumnTransformer(
+            [("c", OneHotEncoder(categories=[a, b], drop="if_binary"), [0, 1])],
+            remainder="passthrough"),
+        "drop per column": ColumnTransformer(
+            [("c", OneHotEncoder(categories=[a, b], drop=["y", "v"]), [0, 1])],
+            remainder="drop"),
+        "mask, ordinal, remainder estimator": ColumnTransformer(
+            [("c", OrdinalEncoder(categories=[a]), [True, False, False, False]),
+             ("none", OneHotEncoder(categories=[]), [])],
+            remainder=Pipeline([("pick", ColumnTransformer([("b", "drop", [0])],
+                                                           remainder="passthrough")),
+                                ("scale", MinMaxScaler())])),
+        "negative positions and a union": Pipeline([
+            ("ct", ColumnTransformer([("c", OneHotEncoder(categories=[b, a]), [-3, 0])],
+                                     remainder="drop")),
+            ("union", FeatureUnion([("id", "passthrough"),
+                                    ("sq", FunctionTransformer(np.square))]))]),
+    }
+    return X, cases
+
+
+@pytest.mark.parametrize("case", list(_steps_and_data()[1]))
+def test_width_read_off_the_parameters_is_scikit_learns(case):
+    from privlearn.models._public_width import public_output_width
+    from privlearn.models.preprocessing import _probe_width
+
+    X, cases = _steps_and_data()
+    step = cases[case]
+    expected = clone(step).fit_transform(X).shape[1]  # dense or sparse
+    assert public_output_width("encode", step, X.shape[1], None, _probe_width) == expected
+
+
+def test_columns_by_name_in_a_dataframe():
+    pd = pytest.importorskip("pandas")
+    from privlearn.models._public_width import public_output_width
+
+    X = pd.DataFrame({"region": ["north", "south"], "age": [0.2, 0.4], "h": [0.1, 0.3]})
+    step = ColumnTransformer(
+        [("c", OneHotEncoder(categories=[["north", "south", "east", "west"]]), ["region"]),
+         ("n", "passthrough", slice("age", "age"))], remainder="drop")
+    width = public_output_width("encode", step, 3, list(X.columns))
+    assert width == clone(step).fit_transform(X).shape[1] == 5
