@@ -24,13 +24,14 @@ from torch import nn
 
 from privlearn.torch.fallback import FALLBACK
 from privlearn.torch.grad_sample import Contribution, Materialized, Record, register_predicate_rule
+from privlearn.torch.rules.transformers import looks_like_embedding as _looks_like_embedding
 
 __all__ = ["expand_shared", "shared_positions_rule"]
 
 
 def _is_learned_positions(m: nn.Module) -> bool:
-    return (isinstance(m, nn.Embedding)
-            and type(m).__name__.endswith("LearnedPositionalEmbedding")
+    return (type(m).__name__.endswith("LearnedPositionalEmbedding")
+            and _looks_like_embedding(m)
             and set(m._parameters) == {"weight"} and not m._modules)
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from privlearn._type_registry import TypeRegistry
+from privlearn._type_registry import TypeRegistry, first_in_mro
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 if TYPE_CHECKING:  # grad_sample imports this module
@@ -336,13 +336,11 @@ def overridden_forward(cls: type, owner: type) -> str | None:
     """The qualified name of the first method of ``_FORWARD_METHODS`` that a class of
     ``cls``'s MRO before ``owner`` (a base of ``cls`` with a registered rule) defines
     itself, else None: that subclass computes something else than ``owner``."""
-    for c in cls.__mro__:
-        if c is owner:
-            return None
-        for name in _FORWARD_METHODS:
-            if name in vars(c):
-                return f"{c.__qualname__}.{name}"
-    return None
+    c = first_in_mro(cls, lambda k: k is owner or any(n in vars(k) for n in _FORWARD_METHODS))
+    if c is None or c is owner:
+        return None
+    name = next(n for n in _FORWARD_METHODS if n in vars(c))
+    return f"{c.__qualname__}.{name}"
 
 
 def _note_overridden(cls: type, owner: type) -> None:

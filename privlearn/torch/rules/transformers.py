@@ -119,9 +119,17 @@ def conv1d_transposed_rule(module: nn.Module, record: Record, params) -> Contrib
                        transposed=True)
 
 
+def looks_like_embedding(m: nn.Module) -> bool:
+    """``m`` has ``nn.Embedding``'s interface (a class recognised by name is checked by
+    its attributes, not its type: the rules are chosen by the registries)."""
+    return all(hasattr(m, a) for a in ("num_embeddings", "embedding_dim", "padding_idx",
+                                       "max_norm", "scale_grad_by_freq", "sparse"))
+
+
 def _is_falcon_linear(m: nn.Module) -> bool:
-    return (type(m).__name__ == "FalconLinear" and isinstance(m, nn.Linear)
-            and not m._modules)
+    return (type(m).__name__ == "FalconLinear" and not m._modules
+            and all(hasattr(m, a) for a in ("in_features", "out_features"))
+            and set(m._parameters) <= {"weight", "bias"})
 
 
 @register_predicate_rule(_is_falcon_linear, casts_input=True)
@@ -186,7 +194,7 @@ def _embed_scale(m: nn.Module) -> float | None:
 
 
 def _is_scaled_embedding(m: nn.Module) -> bool:
-    return (isinstance(m, nn.Embedding) and type(m).__name__.endswith("ScaledWordEmbedding")
+    return (looks_like_embedding(m) and type(m).__name__.endswith("ScaledWordEmbedding")
             and set(m._parameters) == {"weight"} and not m._modules
             and _embed_scale(m) is not None)
 
