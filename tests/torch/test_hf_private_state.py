@@ -33,7 +33,7 @@ _PUBLIC = {"format", "mechanism", "noise_multiplier", "max_grad_norm", "accounta
 
 def _banded(**kw):
     return PrivacyArguments(noise_multiplier=2.0, noise="banded", bands=3,
-                            sampling="cyclic_poisson", cycle_length=2, seed=0, **kw)
+                            sampling="cyclic_poisson", cycle_length=3, seed=0, **kw)
 
 
 def _private_file(private, checkpoint) -> str:
