@@ -202,9 +202,9 @@ _CANARIES_HINT = ("use hundreds to thousands of canaries (the guide 'auditing pr
 #: The most DP-SGD steps :func:`privlearn.auditing.torch.audit_dpsgd` (``privlearn audit
 #: dpsgd --steps``) trains: its work is proportional to the steps (a few milliseconds each
 #: with a thousand canaries on one CPU core, after a noise calibration for that many
-#: steps) and it keeps every canary's coordinate after each step (``8 x steps x
-#: n_canaries`` bytes), so a larger count would run for hours; the one-run audits this
-#: harness reproduces train tens to thousands of steps.
+#: steps), so a larger count would run for hours; the one-run audits this harness
+#: reproduces train tens to thousands of steps. (Its memory does not grow with the
+#: steps: each canary's score is summed as the run goes.)
 MAX_AUDIT_STEPS = 10_000
 
 
@@ -216,9 +216,9 @@ def check_audit_steps(name: str, steps) -> int:
     if v > MAX_AUDIT_STEPS:
         raise ParameterValueError(
             f"{name} must be an integer in [1, {MAX_AUDIT_STEPS:_}], got {v} (the audit "
-            "calibrates the noise for that many steps, trains every one and keeps each "
-            "canary's coordinate after each); audit a run of tens to thousands of steps, "
-            "or compute the epsilon of a longer run alone with `privlearn epsilon`")
+            "calibrates the noise for that many steps and trains every one); audit a run "
+            "of tens to thousands of steps, or compute the epsilon of a longer run alone "
+            "with `privlearn epsilon`")
     return v
 
 
