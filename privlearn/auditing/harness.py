@@ -13,6 +13,7 @@ accountant claims, the claim is refuted at the stated confidence: the implementa
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -232,6 +233,35 @@ def _check_n_canaries(n_canaries) -> int:
             f"n_canaries must be an integer in [2, {MAX_CANARIES:_}], got {n_canaries!r}; "
             + _CANARIES_HINT)
     return n
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory this machine can give a new allocation now: ``MemAvailable`` of
+    ``/proc/meminfo`` (Linux), else the physical memory, else None (unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_audit_memory(needed: int, what: str, fix: str) -> None:
+    """Refuse, before any calibration or training, an audit whose arrays alone would
+    take more than the memory available now (:func:`_available_memory`): ``needed`` is
+    a lower bound on the bytes the request holds at once, ``what`` names the parameters
+    it grows with and ``fix`` says what to do. Raises :class:`ParameterValueError` (the
+    alternative was a MemoryError, or the kernel killing the process, after the work)."""
+    available = _available_memory()
+    if available is not None and needed > available:
+        raise ParameterValueError(
+            f"{what} needs at least {needed:,} bytes ({needed / 2**30:,.1f} GiB) of memory "
+            f"and {available:,} bytes ({available / 2**30:,.1f} GiB) are available; {fix}")
 
 
 def _warn_if_claim_unrefutable(claim: float, inclusion: np.ndarray, delta: float,

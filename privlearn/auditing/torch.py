@@ -57,6 +57,7 @@ from privlearn.auditing.harness import (
     AuditResult,
     _check_n_canaries,
     _check_seed,
+    check_audit_memory,
     check_audit_steps,
     one_run_audit,
 )
@@ -332,6 +333,15 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     G = (100.0 * max_grad_norm if canary_gradient_norm is None else check_positive(
         "canary_gradient_norm", canary_gradient_norm,
         hint="make it larger than max_grad_norm (default 100 * max_grad_norm)"))
+    # the arrays of the run, lower bound: the records and the expected m/2 included
+    # canaries (float32 features, labels, indices, flags), then per canary its parameter
+    # and gradient (float32), inclusion, score and the running scores' vectors
+    check_audit_memory(
+        (4 * n_features + 20) * (int(n_data) + n_canaries // 2) + 57 * n_canaries,
+        f"an audit of n_canaries={n_canaries:,} (--canaries from the shell) with "
+        f"n_data={int(n_data):,} and n_features={n_features:,}",
+        "use fewer canaries (hundreds to thousands give the audit its power: the guide "
+        "'auditing privacy empirically', section 'How many canaries buy how much power')")
     info: dict = {}
 
     def train_and_score(inclusion: np.ndarray) -> np.ndarray:

@@ -103,3 +103,52 @@ def test_dpsgd_audit_memory_does_not_grow_with_the_steps(how, monkeypatch):
         tracemalloc.stop()
     trajectory = 8 * (steps + 1) * m
     assert peak < trajectory / 3, (peak, trajectory)
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("calibrated, trained or fitted before the memory was checked")
+
+
+def test_an_estimator_audit_too_large_for_memory_is_refused_before_any_work(monkeypatch):
+    """One feature column per canary: 10**7 canaries on 100 rows is a dense matrix of
+    5 x 10**6 by 10**7 float64 (400 TB), refused at once, not allocated."""
+    import time
+
+    import privlearn.auditing.models as audit_models
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.errors import ParameterValueError
+    from privlearn.models import SSPRegressor
+
+    monkeypatch.setattr(audit_models, "one_run_audit", _no_work)
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(100, 3))
+    start = time.perf_counter()
+    with pytest.raises(ParameterValueError) as err:
+        audit_estimator(SSPRegressor(epsilon=1.0, delta=1e-5), X, X[:, 0], 10**7, seed=0)
+    assert time.perf_counter() - start < 1.0
+    msg = str(err.value)
+    needed = 8 * (100 + 5 * 10**6) * (3 + 10**7)
+    assert "n_canaries=10,000,000" in msg and f"{needed:,} bytes" in msg
+    assert "fewer canaries" in msg
+
+
+def test_a_dpsgd_audit_too_large_for_memory_is_refused_before_any_work(monkeypatch):
+    """From the API and from the shell (status 2, one line naming --canaries), against
+    the memory available (here set to 100 MB: 10**7 canaries need more than 800 MB)."""
+    from click.testing import CliRunner
+
+    import privlearn.auditing.harness as harness
+    from privlearn.cli import cli
+    from privlearn.errors import ParameterValueError
+
+    monkeypatch.setattr(harness, "_available_memory", lambda: 10**8)
+    monkeypatch.setattr(audit_torch, "_calibrated_sigma", _no_work)
+    monkeypatch.setattr(audit_torch, "one_run_audit", _no_work)
+    with pytest.raises(ParameterValueError, match=r"n_canaries=10,000,000 \(--canaries.*"
+                       r"needs at least [\d,]+ bytes .*100,000,000 bytes .* are available"):
+        audit_dpsgd(epsilon=1.0, delta=1e-5, n_canaries=10**7, steps=10_000)
+    r = CliRunner().invoke(cli, ["audit", "dpsgd", "--epsilon", "1", "--delta", "1e-5",
+                                 "--canaries", str(10**7), "--steps", "10000"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: ") and "--canaries" in r.stderr
+    assert "fewer canaries" in r.stderr and r.stderr.count("\n") == 1
