@@ -13,6 +13,7 @@ accountant claims, the claim is refuted at the stated confidence: the implementa
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -202,9 +203,9 @@ _CANARIES_HINT = ("use hundreds to thousands of canaries (the guide 'auditing pr
 #: The most DP-SGD steps :func:`privlearn.auditing.torch.audit_dpsgd` (``privlearn audit
 #: dpsgd --steps``) trains: its work is proportional to the steps (a few milliseconds each
 #: with a thousand canaries on one CPU core, after a noise calibration for that many
-#: steps) and it keeps every canary's coordinate after each step (``8 x steps x
-#: n_canaries`` bytes), so a larger count would run for hours; the one-run audits this
-#: harness reproduces train tens to thousands of steps.
+#: steps), so a larger count would run for hours; the one-run audits this harness
+#: reproduces train tens to thousands of steps. (Its memory does not grow with the
+#: steps: each canary's score is summed as the run goes.)
 MAX_AUDIT_STEPS = 10_000
 
 
@@ -216,9 +217,9 @@ def check_audit_steps(name: str, steps) -> int:
     if v > MAX_AUDIT_STEPS:
         raise ParameterValueError(
             f"{name} must be an integer in [1, {MAX_AUDIT_STEPS:_}], got {v} (the audit "
-            "calibrates the noise for that many steps, trains every one and keeps each "
-            "canary's coordinate after each); audit a run of tens to thousands of steps, "
-            "or compute the epsilon of a longer run alone with `privlearn epsilon`")
+            "calibrates the noise for that many steps and trains every one); audit a run "
+            "of tens to thousands of steps, or compute the epsilon of a longer run alone "
+            "with `privlearn epsilon`")
     return v
 
 
@@ -232,6 +233,35 @@ def _check_n_canaries(n_canaries) -> int:
             f"n_canaries must be an integer in [2, {MAX_CANARIES:_}], got {n_canaries!r}; "
             + _CANARIES_HINT)
     return n
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory this machine can give a new allocation now: ``MemAvailable`` of
+    ``/proc/meminfo`` (Linux), else the physical memory, else None (unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_audit_memory(needed: int, what: str, fix: str) -> None:
+    """Refuse, before any calibration or training, an audit whose arrays alone would
+    take more than the memory available now (:func:`_available_memory`): ``needed`` is
+    a lower bound on the bytes the request holds at once, ``what`` names the parameters
+    it grows with and ``fix`` says what to do. Raises :class:`ParameterValueError` (the
+    alternative was a MemoryError, or the kernel killing the process, after the work)."""
+    available = _available_memory()
+    if available is not None and needed > available:
+        raise ParameterValueError(
+            f"{what} needs at least {needed:,} bytes ({needed / 2**30:,.1f} GiB) of memory "
+            f"and {available:,} bytes ({available / 2**30:,.1f} GiB) are available; {fix}")
 
 
 def _warn_if_claim_unrefutable(claim: float, inclusion: np.ndarray, delta: float,

@@ -24,7 +24,13 @@ import numpy as np
 from privlearn._progress import check_show_progress, stderr_is_terminal
 from privlearn._validation import check_positive
 from privlearn.auditing.bounds import _check_delta
-from privlearn.auditing.harness import AuditResult, _check_n_canaries, _check_seed, one_run_audit
+from privlearn.auditing.harness import (
+    AuditResult,
+    _check_n_canaries,
+    _check_seed,
+    check_audit_memory,
+    one_run_audit,
+)
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["audit_estimator"]
@@ -85,6 +91,16 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     if X.ndim != 2 or y.shape != (X.shape[0],):
         raise ParameterValueError(f"X must be 2-D and y 1-D of the same length, got {X.shape} and "
                          f"{y.shape}")
+    # the augmented design matrix alone (float64): the records and the expected m/2
+    # included canaries, each with the data's columns and one column per canary
+    n_rows, n_cols = X.shape[0] + n_canaries // 2, X.shape[1] + n_canaries
+    check_audit_memory(
+        8 * n_rows * n_cols,
+        f"an audit of n_canaries={n_canaries:,} (one feature column per canary) on "
+        f"X of shape {X.shape} (a matrix of about {n_rows:,} x {n_cols:,} float64)",
+        "use fewer canaries (hundreds to thousands give the audit its power: the guide "
+        "'auditing privacy empirically', section 'How many canaries buy how much power')"
+        " or fewer rows of X")
     params = estimator.get_params()
     d = _check_delta(params["delta"] if delta is None else delta)
     if canary_norm is None:

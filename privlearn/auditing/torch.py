@@ -57,6 +57,7 @@ from privlearn.auditing.harness import (
     AuditResult,
     _check_n_canaries,
     _check_seed,
+    check_audit_memory,
     check_audit_steps,
     one_run_audit,
 )
@@ -133,13 +134,52 @@ def trajectory_scores(snapshots: np.ndarray, *, learning_rate: float, max_grad_n
         raise ParameterValueError(
             f"snapshots must have shape (T + 1, m) with T >= 1, got {s.shape}")
     x = -np.diff(s, axis=0) * expected_batch_size / (learning_rate * max_grad_norm)
-    sigma, q = float(noise_multiplier), float(sampling_rate)
+    return _step_terms(x, float(noise_multiplier), float(sampling_rate)).sum(axis=0)
+
+
+def _step_terms(x: np.ndarray, sigma: float, q: float) -> np.ndarray:
+    """The per-step terms of :func:`trajectory_scores` for normalised movements ``x``
+    (elementwise: one step's row or all steps at once give the same numbers)."""
     if sigma == 0:
-        return x.sum(axis=0)
+        return x
     a = (x - 0.5) / sigma ** 2
     if q >= 1:
-        return a.sum(axis=0)
-    return np.logaddexp(math.log1p(-q), math.log(q) + a).sum(axis=0)
+        return a
+    return np.logaddexp(math.log1p(-q), math.log(q) + a)
+
+
+class _RunningScores:
+    """The scores of :func:`final_scores` or :func:`trajectory_scores` built as the run
+    goes: ``update`` takes the canary coordinates after each step, and only the start,
+    the previous step's coordinates and the running sum are kept (``3 x 8 x m`` bytes
+    rather than ``8 x (T + 1) x m`` for every step's snapshot). The sum runs over the
+    steps in order, as NumPy's sum over the steps' axis does for ``m >= 2``, so the
+    scores are the same numbers."""
+
+    def __init__(self, start: np.ndarray, how: str, *, learning_rate: float,
+                 max_grad_norm: float, expected_batch_size: float, noise_multiplier: float,
+                 sampling_rate: float):
+        self.how, self.start = how, np.asarray(start, dtype=float)
+        self.prev, self.total, self.steps = self.start, np.zeros_like(self.start), 0
+        self.scale = (float(expected_batch_size), float(learning_rate) * float(max_grad_norm))
+        self.common = dict(learning_rate=learning_rate, max_grad_norm=max_grad_norm,
+                           expected_batch_size=expected_batch_size)
+        self.sigma, self.q = float(noise_multiplier), float(sampling_rate)
+
+    def update(self, coordinates: np.ndarray) -> None:
+        now = np.asarray(coordinates, dtype=float)
+        if self.how == "trajectory":
+            x = -(now - self.prev) * self.scale[0] / self.scale[1]
+            self.total += _step_terms(x, self.sigma, self.q)
+        self.prev, self.steps = now, self.steps + 1
+
+    def scores(self) -> np.ndarray:
+        if self.how == "final":
+            return final_scores(self.start, self.prev, **self.common)
+        if self.steps < 1:
+            raise ParameterValueError("snapshots must have shape (T + 1, m) with T >= 1, "
+                                      f"got ({self.steps + 1}, {self.start.size})")
+        return self.total.copy()
 
 
 def loss_scores(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
@@ -293,6 +333,15 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     G = (100.0 * max_grad_norm if canary_gradient_norm is None else check_positive(
         "canary_gradient_norm", canary_gradient_norm,
         hint="make it larger than max_grad_norm (default 100 * max_grad_norm)"))
+    # the arrays of the run, lower bound: the records and the expected m/2 included
+    # canaries (float32 features, labels, indices, flags), then per canary its parameter
+    # and gradient (float32), inclusion, score and the running scores' vectors
+    check_audit_memory(
+        (4 * n_features + 20) * (int(n_data) + n_canaries // 2) + 57 * n_canaries,
+        f"an audit of n_canaries={n_canaries:,} (--canaries from the shell) with "
+        f"n_data={int(n_data):,} and n_features={n_features:,}",
+        "use fewer canaries (hundreds to thousands give the audit its power: the guide "
+        "'auditing privacy empirically', section 'How many canaries buy how much power')")
     info: dict = {}
 
     def train_and_score(inclusion: np.ndarray) -> np.ndarray:
@@ -328,7 +377,11 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
                          noise_multiplier=sigma, max_grad_norm=max_grad_norm,
                          loss_reduction="sum", seed=seed)
         ce = nn.CrossEntropyLoss(reduction="none")
-        snaps = [model.canaries.coordinates()]
+        run = _RunningScores(model.canaries.coordinates(), score,
+                             learning_rate=learning_rate, max_grad_norm=max_grad_norm,
+                             expected_batch_size=p.expected_batch_size,
+                             noise_multiplier=p.noise_multiplier,
+                             sampling_rate=p.sampling_rate)
         taken = 0
         with planted_bug(bug, p), _steps_bar(int(steps), show_progress) as bar:
             while taken < steps:
@@ -338,7 +391,7 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
                     loss = (ce(logits, yb) * (1 - cb)).sum() + canary_term.sum()
                     loss.backward()
                     p.optimizer.step()
-                    snaps.append(model.canaries.coordinates())
+                    run.update(model.canaries.coordinates())
                     taken += 1
                     bar.update(1)
                     if taken == steps:
@@ -346,12 +399,7 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         info.update(noise_multiplier=p.noise_multiplier, sampling_rate=p.sampling_rate,
                     expected_batch_size=p.expected_batch_size,
                     claimed=p.accountant.epsilon(delta))
-        common = dict(learning_rate=learning_rate, max_grad_norm=max_grad_norm,
-                      expected_batch_size=p.expected_batch_size)
-        if score == "final":
-            return final_scores(snaps[0], snaps[-1], **common)
-        return trajectory_scores(np.stack(snaps), noise_multiplier=p.noise_multiplier,
-                                 sampling_rate=p.sampling_rate, **common)
+        return run.scores()
 
     result = one_run_audit(train_and_score, n_canaries,
                            claimed_epsilon=lambda: info["claimed"], delta=delta, seed=seed,
@@ -704,7 +752,20 @@ def audit_training(
             opts["users"] = users + list(range(len(base), len(base) + len(included)))
         p = make_private(model, optimizer, DataLoader(records, batch_size=int(batch_size)),
                          epochs=int(epochs), loss_reduction="sum", **opts)
-        snaps = [model.canaries.coordinates()] if gradient else []
+        run = None
+        if gradient:
+            lr = _plain_sgd_lr(optimizer, model.canaries.weight.weight)
+            how = score or ("trajectory" if lr is not None else "final")
+            if how == "trajectory" and lr is None:
+                raise ConfigurationError(
+                    "score='trajectory' is the likelihood ratio of plain SGD steps "
+                    "(no momentum or weight decay); use score='final' with this "
+                    "optimizer")
+            run = _RunningScores(
+                model.canaries.coordinates(), how, learning_rate=lr or 1.0,
+                max_grad_norm=float(C) if isinstance(C, int | float) else 1.0,
+                expected_batch_size=p.expected_batch_size,
+                noise_multiplier=p.noise_multiplier, sampling_rate=p.sampling_rate)
         with _steps_bar(p.plan.planned_steps, show_progress) as bar:
             for _ in range(int(epochs)):
                 for batch in p.data_loader:
@@ -721,23 +782,11 @@ def audit_training(
                     p.optimizer.step()
                     bar.update(1)
                     if gradient:
-                        snaps.append(model.canaries.coordinates())
+                        run.update(model.canaries.coordinates())
         claim["epsilon"] = p.epsilon(delta)
         if not gradient:
             return _data_scores(inner)
-        lr = _plain_sgd_lr(optimizer, model.canaries.weight.weight)
-        how = score or ("trajectory" if lr is not None else "final")
-        common = dict(learning_rate=lr or 1.0, max_grad_norm=float(C) if isinstance(
-            C, int | float) else 1.0, expected_batch_size=p.expected_batch_size)
-        if how == "final":
-            return final_scores(snaps[0], snaps[-1], **common)
-        if lr is None:
-            raise ConfigurationError(
-                "score='trajectory' is the likelihood ratio of plain SGD steps "
-                "(no momentum or weight decay); use score='final' with this "
-                "optimizer")
-        return trajectory_scores(np.stack(snaps), noise_multiplier=p.noise_multiplier,
-                                 sampling_rate=p.sampling_rate, **common)
+        return run.scores()
 
     def _data_scores(model: nn.Module):
         if score is not None:  # one_run_audit converts (a tensor too, with grad)
