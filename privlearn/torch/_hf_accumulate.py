@@ -24,8 +24,10 @@ The Trainer's own accumulation cannot do this: it steps after counting ``k`` bat
 its loader, each drawn alone, while the number of chunks of a Poisson batch varies from
 step to step. So the Trainer is given one item per logical batch: its own copy of the
 TrainingArguments says ``gradient_accumulation_steps=1`` while it trains (the given value
-is back after ``train()``, and is what checkpoints' ``training_args.bin`` and
-:meth:`LogicalBatches.get_total_train_batch_size` report), and ``training_step`` runs
+is back after ``train()``, and is what checkpoints' ``training_args.bin``,
+:meth:`LogicalBatches.get_total_train_batch_size` and the callbacks see: logging
+integrations record ``args.to_dict()`` or ``args.to_json_string()`` in
+``on_train_begin``), and ``training_step`` runs
 the forward and backward passes of the chunks itself, calling the DP optimizer's
 ``step()`` (which only accumulates) after every chunk but the last; the Trainer's
 optimizer step after the last adds the noise. The learning-rate scheduler, the global
@@ -118,6 +120,20 @@ class LogicalBatches:
         finally:
             self.args.gradient_accumulation_steps = before
             self._accumulation = k
+
+    def _callbacks_see_given(self) -> None:
+        """Call the callbacks with the arguments as given: for the time of each event the
+        trainer's arguments say the given ``gradient_accumulation_steps`` (what TensorBoard,
+        W&B, MLflow, Comet... record of them), and 1 again for the training loop."""
+        call = self.callback_handler.call_event
+
+        def call_event(event, args, state, control, **kwargs):
+            if args is not self.args:
+                return call(event, args, state, control, **kwargs)
+            with self._as_given():
+                return call(event, args, state, control, **kwargs)
+
+        self.callback_handler.call_event = call_event
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
         with self._as_given():

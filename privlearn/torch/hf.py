@@ -99,7 +99,8 @@ torch optimizer: ``privlearn.torch._hf_optim``; under FSDP2 also
 user's ``TrainingArguments`` are not modified (the trainer works on a copy with
 ``max_grad_norm=0``: per-example clipping replaces the Trainer's, and
 ``ignore_data_skip=True``: the sampler resumes its own position; while it trains,
-``gradient_accumulation_steps=1``: one item of its loader is one logical batch).
+``gradient_accumulation_steps=1``: one item of its loader is one logical batch; the
+callbacks see the given value).
 Tested with transformers 5.17 and 5.24 (the oldest 5.x it is measured on and the latest
 5.x), the range of the ``hf`` extra: ``transformers>=5.17,<6``.
 
@@ -389,6 +390,7 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
                 args = (args[0], a, *args[2:])
         super().__init__(*args, **kwargs)
         self.args = _private_copy(self.args) if a is None else self.args
+        self._callbacks_see_given()  # they log gradient_accumulation_steps as given
         self.privacy = privacy
         self.ledger = ledger  # checked by make_private, before any step
         self.privacy_engine: PrivateTraining | None = None

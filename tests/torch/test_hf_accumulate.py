@@ -164,6 +164,52 @@ def test_the_arguments_say_the_given_accumulation(pair, tmp_path):
     assert saved.gradient_accumulation_steps == 3
 
 
+class _Records(transformers.TrainerCallback):
+    """What a logging integration records of the arguments (TensorBoard writes
+    ``args.to_json_string()``; W&B, MLflow, Comet log ``args.to_dict()``), at each event."""
+
+    def __init__(self):
+        self.seen = []
+
+    def _record(self, event, args):
+        import json
+
+        self.seen.append((event, args.gradient_accumulation_steps,
+                          args.to_dict()["gradient_accumulation_steps"],
+                          args.to_sanitized_dict()["gradient_accumulation_steps"],
+                          json.loads(args.to_json_string())["gradient_accumulation_steps"]))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._record("on_train_begin", args)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._record("on_step_end", args)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self._record("on_log", args)
+
+
+def test_callbacks_record_the_given_accumulation(tmp_path):
+    """Experiment trackers record the arguments in their callbacks: every event of a run
+    with k = 3 sees gradient_accumulation_steps = 3 (in the attribute and in to_dict,
+    to_sanitized_dict and to_json_string), while the Trainer still steps once per
+    logical batch."""
+    rec = _Records()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = DPTrainer(model=_gpt2(), args=_args(tmp_path, 4, 3, max_steps=2),
+                       train_dataset=_data(), callbacks=[rec],
+                       privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5,
+                                                seed=3))
+        tr.train()
+    events = [e for e, *_ in rec.seen]
+    assert events[0] == "on_train_begin"
+    assert events.count("on_step_end") == 2 and "on_log" in events
+    assert all(v == [3, 3, 3, 3] for _, *v in rec.seen), rec.seen
+    assert tr.state.global_step == 2 and tr.privacy_engine.accountant.steps == 2
+    assert tr.args.gradient_accumulation_steps == 3
+
+
 @pytest.mark.parametrize("plan", ["epochs", "target_epsilon"])
 def test_epochs_and_target_epsilon_plan_logical_steps(tmp_path, plan):
     """num_train_epochs = 1 at q = B k / N = 8 / 32 is 4 logical steps (not 8 chunks);
