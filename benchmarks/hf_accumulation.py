@@ -33,23 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's privlearn
 
 
-def _peak(prof) -> int:
-    import torch
-
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]"
-                    and e.device_type() == torch.autograd.DeviceType.CPU)
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
 def measure(b: int, k: int, steps: int, width: int, layers: int, tokens: int) -> dict:
     import torch
     import transformers as tf
-    from torch.profiler import ProfilerActivity, profile
+    from step_memory import _peak_cpu  # benchmarks/, this script's folder
 
     from privlearn.torch.hf import DPTrainer, PrivacyArguments
 
@@ -75,10 +62,10 @@ def measure(b: int, k: int, steps: int, width: int, layers: int, tokens: int) ->
         def training_step(self, model, inputs, num_items_in_batch=None):
             if self.state.global_step < total - 1:
                 return super().training_step(model, inputs, num_items_in_batch)
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                out = super().training_step(model, inputs, num_items_in_batch)
-            peaks.append(_peak(prof))
-            return out
+            out = []
+            peaks.append(_peak_cpu(lambda: out.append(
+                super(Measured, self).training_step(model, inputs, num_items_in_batch))))
+            return out[0]
 
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
