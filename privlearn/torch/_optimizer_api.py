@@ -32,13 +32,23 @@ from collections import OrderedDict
 import torch
 
 from privlearn._opacus_names import missing_method
-from privlearn.errors import TrainingLoopError
+from privlearn.errors import ConfigurationError, TrainingLoopError
 
-__all__ = ["OPACUS_OPTIMIZER_METHODS", "OptimizerDelegation", "not_built_by_make_private"]
+__all__ = [
+    "ACCOUNTED_STEPS",
+    "OPACUS_OPTIMIZER_METHODS",
+    "OptimizerDelegation",
+    "not_built_by_make_private",
+]
 
-_CHUNKS = ("make_private(..., max_physical_batch_size=k): p.data_loader yields chunks of at "
-           "most k examples of each logical batch; call p.optimizer.step() after every "
-           "chunk (the noise and the update happen once per logical batch)")
+#: The entry of ``p.optimizer.state_dict()`` that records the private steps taken.
+ACCOUNTED_STEPS = "privlearn_accounted_steps"
+
+_CHUNKS = (
+    "make_private(..., max_physical_batch_size=k): p.data_loader yields chunks of at "
+    "most k examples of each logical batch; call p.optimizer.step() after every "
+    "chunk (the noise and the update happen once per logical batch)"
+)
 
 #: Methods and attributes of Opacus's ``DPOptimizer`` (``virtual_step``: of Opacus 0.x) that
 #: a user coming from Opacus reaches for on ``p.optimizer``, and what to use (an
@@ -46,20 +56,26 @@ _CHUNKS = ("make_private(..., max_physical_batch_size=k): p.data_loader yields c
 OPACUS_OPTIMIZER_METHODS = {
     "virtual_step": _CHUNKS,
     "signal_skip_step": _CHUNKS,
-    "attach_step_hook": ("p.optimizer.register_step_post_hook(hook), PyTorch's own, which "
-                         "fires once per parameter update; the accountant records every "
-                         "step itself"),
-    "grad_samples": ("p.optimizer.last_grad_norms, the last batch's per-example norms "
-                     "(the per-example gradients are not materialised)"),
+    "attach_step_hook": (
+        "p.optimizer.register_step_post_hook(hook), PyTorch's own, which "
+        "fires once per parameter update; the accountant records every "
+        "step itself"
+    ),
+    "grad_samples": (
+        "p.optimizer.last_grad_norms, the last batch's per-example norms "
+        "(the per-example gradients are not materialised)"
+    ),
     "params": "[q for group in p.optimizer.param_groups for q in group['params']]",
 }
 
 
 def _delegated(name: str) -> property:
     """A read-write property that reads and sets ``self.original_optimizer.<name>``."""
-    return property(lambda self: getattr(self.original_optimizer, name),
-                    lambda self, value: setattr(self.original_optimizer, name, value),
-                    doc=f"The wrapped optimizer's ``{name}``.")
+    return property(
+        lambda self: getattr(self.original_optimizer, name),
+        lambda self, value: setattr(self.original_optimizer, name, value),
+        doc=f"The wrapped optimizer's ``{name}``.",
+    )
 
 
 def not_built_by_make_private(name: str) -> TypeError:
@@ -73,7 +89,8 @@ def not_built_by_make_private(name: str) -> TypeError:
         "expected_batch_size=...)): p = make_private(model, optimizer, data_loader, "
         "noise_multiplier=..., max_grad_norm=...) hooks the model, replaces the loader's "
         "batching by Poisson sampling (expected batch size: the loader's batch_size) and "
-        "returns p.optimizer, which clips, adds the noise and is accounted by p.accountant")
+        "returns p.optimizer, which clips, adds the noise and is accounted by p.accountant"
+    )
 
 
 class OptimizerDelegation(torch.optim.Optimizer):
@@ -91,8 +108,9 @@ class OptimizerDelegation(torch.optim.Optimizer):
         return super().__new__(cls)
 
     def __getattr__(self, name: str):  # only for missing attributes: Opacus's names
-        raise missing_method(type(self).__name__, name, OPACUS_OPTIMIZER_METHODS,
-                             "of Opacus's DPOptimizer")
+        raise missing_method(
+            type(self).__name__, name, OPACUS_OPTIMIZER_METHODS, "of Opacus's DPOptimizer"
+        )
 
     def _init_optimizer_api(self) -> None:
         """The per-instance attributes ``Optimizer``'s own methods read (its ``__init__``,
@@ -116,8 +134,7 @@ class OptimizerDelegation(torch.optim.Optimizer):
         as ``Optimizer``'s wrapper runs them (a pre-hook may return new ``(args,
         kwargs)``), in the profiler's record of ``step``."""
         args = (self, *args)
-        with torch.autograd.profiler.record_function(
-                f"Optimizer.step#{type(self).__name__}.step"):
+        with torch.autograd.profiler.record_function(f"Optimizer.step#{type(self).__name__}.step"):
             try:
                 for hook in self._optimizer_step_pre_hooks.values():
                     result = hook(self, args, kwargs)
@@ -125,7 +142,8 @@ class OptimizerDelegation(torch.optim.Optimizer):
                         if not (isinstance(result, tuple) and len(result) == 2):
                             raise TrainingLoopError(
                                 "a step pre-hook must return None or a tuple (new_args, "
-                                f"new_kwargs), got {result!r}")
+                                f"new_kwargs), got {result!r}"
+                            )
                         args, kwargs = result
             except Exception as exc:  # distributed: refused on every rank together
                 getattr(self, "_refuse_together", lambda _e: None)(exc)
@@ -142,10 +160,14 @@ class OptimizerDelegation(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """The wrapped optimizer's ``state_dict()``, with this optimizer's state-dict hooks
-        (``register_state_dict_pre_hook``/``_post_hook``) run around it."""
+        (``register_state_dict_pre_hook``/``_post_hook``) run around it, and one entry
+        more, ``"privlearn_accounted_steps"``: the private steps the run had taken
+        (:meth:`load_state_dict` checks it; a plain optimizer's ``load_state_dict``
+        ignores it)."""
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
         state = self.original_optimizer.state_dict()
+        state[ACCOUNTED_STEPS] = self._accounted_steps()
         for hook in self._optimizer_state_dict_post_hooks.values():
             out = hook(self, state)
             if out is not None:
@@ -154,7 +176,16 @@ class OptimizerDelegation(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """The wrapped optimizer's ``load_state_dict``, with this optimizer's
-        load-state-dict hooks run around it."""
+        load-state-dict hooks run around it.
+
+        Raises
+        ------
+        ConfigurationError
+            ``state_dict`` is that of a DP optimizer after more private steps than this
+            run has accounted (an optimizer checkpoint loaded into a fresh run, which
+            would report an epsilon without those steps); nothing is loaded.
+        """
+        self._check_accounted_steps(state_dict)
         state_dict = dict(state_dict)
         for hook in self._optimizer_load_state_dict_pre_hooks.values():
             out = hook(self, state_dict)
@@ -163,6 +194,28 @@ class OptimizerDelegation(torch.optim.Optimizer):
         self.original_optimizer.load_state_dict(state_dict)
         for hook in self._optimizer_load_state_dict_post_hooks.values():
             hook(self)
+
+    def _accounted_steps(self) -> int:
+        accountant = getattr(self, "accountant", None)
+        return 0 if accountant is None else int(accountant.steps)
+
+    def _check_accounted_steps(self, state_dict) -> None:
+        """Refuse the state of a DP optimizer that took more private steps than this run
+        has accounted: continuing from it here would leave those steps out of epsilon."""
+        saved = state_dict.get(ACCOUNTED_STEPS) if isinstance(state_dict, dict) else None
+        here = self._accounted_steps()
+        if saved is None or saved <= here:
+            return
+        raise ConfigurationError(
+            f"p.optimizer.load_state_dict: the state is that of a DP optimizer after "
+            f"{saved} private step(s), and this run has accounted {here}: continuing from "
+            "it here would report an epsilon that leaves out the steps taken before it was "
+            "saved. To resume, save p.state_dict() (it holds the optimizer, the model and "
+            "the accountant's history) and load it with p.load_state_dict(state) right "
+            "after make_private (or make_private(..., resume=state)). To start a new run "
+            f"from this state on purpose, delete its {ACCOUNTED_STEPS!r} entry and account "
+            "the earlier run yourself (e.g. both charged to one privlearn Ledger budget)"
+        )
 
     def train(self) -> None:
         """The wrapped optimizer's ``train()``, if it has one (schedule-free optimizers:

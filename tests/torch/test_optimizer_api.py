@@ -23,8 +23,9 @@ STEPS = 6
 
 def _get_scheduler(name):
     transformers = pytest.importorskip("transformers")
-    return lambda opt: transformers.get_scheduler(name, opt, num_warmup_steps=2,
-                                                  num_training_steps=STEPS)
+    return lambda opt: transformers.get_scheduler(
+        name, opt, num_warmup_steps=2, num_training_steps=STEPS
+    )
 
 
 SCHEDULERS = {
@@ -33,10 +34,13 @@ SCHEDULERS = {
     "OneCycleLR": lambda opt: sched.OneCycleLR(opt, max_lr=0.8, total_steps=STEPS),
     "CosineAnnealingLR": lambda opt: sched.CosineAnnealingLR(opt, T_max=STEPS),
     "SequentialLR": lambda opt: sched.SequentialLR(
-        opt, [sched.ConstantLR(opt, factor=0.25, total_iters=2),
-              sched.ExponentialLR(opt, gamma=0.7)], milestones=[2]),
+        opt,
+        [sched.ConstantLR(opt, factor=0.25, total_iters=2), sched.ExponentialLR(opt, gamma=0.7)],
+        milestones=[2],
+    ),
     "ChainedScheduler": lambda opt: sched.ChainedScheduler(
-        [sched.StepLR(opt, step_size=2, gamma=0.5), sched.ExponentialLR(opt, gamma=0.9)]),
+        [sched.StepLR(opt, step_size=2, gamma=0.5), sched.ExponentialLR(opt, gamma=0.9)]
+    ),
     "ReduceLROnPlateau": lambda opt: sched.ReduceLROnPlateau(opt, factor=0.5, patience=0),
     "SWALR": lambda opt: torch.optim.swa_utils.SWALR(opt, swa_lr=0.05, anneal_epochs=3),
     "hf_cosine": _get_scheduler("cosine"),
@@ -52,16 +56,23 @@ def _scheduler_step(s, i):
 
 
 @pytest.mark.parametrize("name", list(SCHEDULERS))
-def test_scheduler_on_p_optimizer_drives_the_learning_rate_of_the_dp_step(name, make_data,
-                                                                           make_mlp):
+def test_scheduler_on_p_optimizer_drives_the_learning_rate_of_the_dp_step(
+    name, make_data, make_mlp
+):
     """With no noise and no clipping, the DP step is SGD on ``sum_i grad_i / (q N)``: a
     plain loop over the same batches, its scheduler on a plain optimizer, must end at the
     same parameters, and no scheduler warns that it stepped before the optimizer."""
     model = make_mlp()
     ref = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.4, momentum=0.9)
-    p = make_private(model, opt, DataLoader(make_data(), batch_size=8), noise_multiplier=0.0,
-                     max_grad_norm=math.inf, seed=0)
+    p = make_private(
+        model,
+        opt,
+        DataLoader(make_data(), batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=math.inf,
+        seed=0,
+    )
     assert isinstance(p.optimizer, torch.optim.Optimizer)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -97,16 +108,25 @@ def test_scheduler_on_p_optimizer_drives_the_learning_rate_of_the_dp_step(name, 
 def test_optimizer_hooks_run_around_the_dp_step(make_data, make_mlp):
     """Step pre/post hooks on ``p.optimizer`` see the DP step (the post hook the noisy,
     clipped update); state-dict hooks run around the wrapped optimizer's state dict,
-    which round-trips into a fresh run."""
+    which round-trips into a fresh run once its record of the steps taken is removed
+    (test_optimizer_checkpoint.py: kept, it is refused there)."""
     model = make_mlp()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    p = make_private(model, opt, DataLoader(make_data(), batch_size=16),
-                     noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
+    p = make_private(
+        model,
+        opt,
+        DataLoader(make_data(), batch_size=16),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
     seen = []
     p.optimizer.register_step_pre_hook(
-        lambda o, a, k: seen.append(("pre", o is p.optimizer, p.accountant.steps)))
+        lambda o, a, k: seen.append(("pre", o is p.optimizer, p.accountant.steps))
+    )
     p.optimizer.register_step_post_hook(
-        lambda o, a, k: seen.append(("post", o is p.optimizer, p.accountant.steps)))
+        lambda o, a, k: seen.append(("post", o is p.optimizer, p.accountant.steps))
+    )
     p.optimizer.register_state_dict_post_hook(lambda o, sd: {**sd, "tag": o is p.optimizer})
     loaded = []
     p.optimizer.register_load_state_dict_post_hook(lambda o: loaded.append(o))
@@ -117,11 +137,18 @@ def test_optimizer_hooks_run_around_the_dp_step(make_data, make_mlp):
     assert seen == [("pre", True, 0), ("post", True, 1)]
     sd = p.optimizer.state_dict()
     assert sd["tag"] is True and sd["state"] == opt.state_dict()["state"] != {}
+    assert sd.pop("privlearn_accounted_steps") == 1  # a new run from it, on purpose
 
     model2 = make_mlp(seed=1)
     opt2 = torch.optim.Adam(model2.parameters(), lr=0.5)
-    p2 = make_private(model2, opt2, DataLoader(make_data(), batch_size=16),
-                      noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
+    p2 = make_private(
+        model2,
+        opt2,
+        DataLoader(make_data(), batch_size=16),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
     p2.optimizer.register_load_state_dict_post_hook(lambda o: loaded.append(o))
     sd.pop("tag")
     p2.optimizer.load_state_dict(sd)
@@ -145,21 +172,31 @@ def test_step_hooks_fire_once_per_logical_step(physical, make_data, make_mlp):
 
     model = make_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    p = make_private(model, opt, DataLoader(make_data(n=40), batch_size=10),
-                     noise_multiplier=1.0, max_grad_norm=1.0, seed=0, sampling="fixed",
-                     max_physical_batch_size=physical)
+    p = make_private(
+        model,
+        opt,
+        DataLoader(make_data(n=40), batch_size=10),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+        sampling="fixed",
+        max_physical_batch_size=physical,
+    )
     seen = []
     first = next(model.parameters())
 
     def record(kind):
         return lambda o, a, k: seen.append(
-            (kind, o, p.accountant.steps, None if first.grad is None else first.grad.clone()))
+            (kind, o, p.accountant.steps, None if first.grad is None else first.grad.clone())
+        )
 
-    handles = [register_optimizer_step_pre_hook(record("global pre")),
-               register_optimizer_step_post_hook(record("global post")),
-               p.optimizer.register_step_pre_hook(record("pre")),
-               p.optimizer.register_step_post_hook(record("post")),
-               opt.register_step_post_hook(record("given post"))]
+    handles = [
+        register_optimizer_step_pre_hook(record("global pre")),
+        register_optimizer_step_post_hook(record("global post")),
+        p.optimizer.register_step_pre_hook(record("pre")),
+        p.optimizer.register_step_post_hook(record("post")),
+        opt.register_step_post_hook(record("given post")),
+    ]
     try:
         calls = 0
         for _, (x, y) in zip(range(2 * (4 if physical else 1)), p.data_loader, strict=False):
@@ -187,9 +224,14 @@ def test_a_step_pre_hook_may_replace_the_step_arguments(make_data, make_mlp):
     from privlearn.errors import TrainingLoopError
 
     model = make_mlp()
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                     DataLoader(make_data(), batch_size=16), noise_multiplier=1.0,
-                     max_grad_norm=1.0, seed=0)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(make_data(), batch_size=16),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
     x, y = next(iter(p.data_loader))
     ran = []
 
@@ -201,7 +243,8 @@ def test_a_step_pre_hook_may_replace_the_step_arguments(make_data, make_mlp):
         return loss
 
     handle = p.optimizer.register_step_pre_hook(
-        lambda o, args, kwargs: (args, {"closure": closure}))
+        lambda o, args, kwargs: (args, {"closure": closure})
+    )
     loss = p.optimizer.step()
     handle.remove()
     assert ran == [True] and loss is not None and p.accountant.steps == 1
