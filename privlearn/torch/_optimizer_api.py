@@ -201,10 +201,12 @@ class OptimizerDelegation(torch.optim.Optimizer):
 
     def _check_accounted_steps(self, state_dict) -> None:
         """Refuse the state of a DP optimizer that took more private steps than this run
-        has accounted: continuing from it here would leave those steps out of epsilon."""
+        has accounted: continuing from it here would leave those steps out of epsilon. A
+        run composed after earlier ones (``p.compose_after``) accounts them already."""
         saved = state_dict.get(ACCOUNTED_STEPS) if isinstance(state_dict, dict) else None
         here = self._accounted_steps()
-        if saved is None or saved <= here:
+        prior = getattr(getattr(self, "accountant", None), "prior", None)
+        if saved is None or saved <= here or prior is not None:
             return
         raise ConfigurationError(
             f"p.optimizer.load_state_dict: the state is that of a DP optimizer after "
@@ -212,9 +214,11 @@ class OptimizerDelegation(torch.optim.Optimizer):
             "it here would report an epsilon that leaves out the steps taken before it was "
             "saved. To resume, save p.state_dict() (it holds the optimizer, the model and "
             "the accountant's history) and load it with p.load_state_dict(state) right "
-            "after make_private (or make_private(..., resume=state)). To start a new run "
-            f"from this state on purpose, delete its {ACCOUNTED_STEPS!r} entry and account "
-            "the earlier run yourself (e.g. both charged to one privlearn Ledger budget)"
+            "after make_private (or make_private(..., resume=state)). To go on in a new "
+            "run on purpose (another batch size, say), compose the earlier run into its "
+            "epsilon first, p.compose_after(earlier_p.accountant.mechanism()); if the new "
+            "run trains on other data, delete the state's "
+            f"{ACCOUNTED_STEPS!r} entry instead"
         )
 
     def train(self) -> None:

@@ -73,10 +73,15 @@ def test_an_optimizer_checkpoint_of_a_private_run_is_not_a_fresh_start(make_mlp,
     again.optimizer.load_state_dict(ckpt["optimizer"])
 
 
-def test_a_new_run_from_an_optimizer_state_on_purpose_drops_the_entry(make_mlp, make_data):
+def test_a_new_run_from_an_optimizer_state_on_purpose(make_mlp, make_data):
+    """Composed after the earlier run (its steps are then in epsilon), the state loads;
+    on other data, the entry is deleted, as the message says."""
     first = _run(make_mlp, make_data)
     _train(first, 2)
     state = first.optimizer.state_dict()
+    composed = _run(make_mlp, make_data, seed=1)
+    composed.compose_after(first.accountant.mechanism())
+    composed.optimizer.load_state_dict(state)
     state.pop("privlearn_accounted_steps")  # the message's way to start a new run on purpose
     fresh = _run(make_mlp, make_data, seed=1)
     fresh.optimizer.load_state_dict(state)
