@@ -268,3 +268,32 @@ def test_blt_within_the_peer_tolerance_of_mathias_bound(n, buffers, rtol):
     # loss) against 1 + ln(n) / pi (Mathias 1993, Cor. 3.5), the peer's tolerances
     root = math.sqrt(loss(optimize_blt(n, buffers), n, reduction="max"))
     assert root <= rtol * (1 + math.log(n) / math.pi)
+
+
+@pytest.mark.parametrize(
+    "n,sep,cap,want",
+    [
+        (1, 1, None, 1),
+        (1, 2, 3, 1),
+        (5, 1, None, 5),
+        (5, 2, None, 3),
+        (5, 3, None, 2),
+        (5, 4, None, 2),
+        (5, 5, None, 1),
+        (5, 6, None, 1),
+        (5, 1, 2, 2),
+        (5, 2, 2, 2),
+        (5, 2, 4, 3),
+        (4, 1, None, 4),
+        (4, 2, None, 2),
+        (4, 3, None, 2),
+        (4, 4, None, 1),
+    ],
+)
+def test_most_participations_under_min_separation(n, sep, cap, want):
+    # sensitivity_test.test_minsep_true_max_participations, and the identity's
+    # sensitivity is its square root
+    p = MinSeparation(sep, cap)
+    assert p.participations(n) == want
+    s = sensitivity(BandedToeplitz((1.0,)), p, n)
+    assert s.exact and math.sqrt(want) <= s.value <= math.sqrt(want) * (1 + 1e-12)
