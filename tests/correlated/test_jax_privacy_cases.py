@@ -297,3 +297,16 @@ def test_most_participations_under_min_separation(n, sep, cap, want):
     assert p.participations(n) == want
     s = sensitivity(BandedToeplitz((1.0,)), p, n)
     assert s.exact and math.sqrt(want) <= s.value <= math.sqrt(want) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("n,buffers,rtol", [(100, 3, 1.001), (1000, 4, 1.001), (1000, 3, 1.005)])
+def test_blt_approaches_the_square_root_max_loss(n, buffers, rtol):
+    # the square root of the prefix sums (jax_privacy's optimal_max_error_strategy_coefs;
+    # Fichtenberger et al. 2023) has max loss (sum_k r_k^2)^2: its column norm and its
+    # last query's error are both sum_k r_k^2. A few buffers come within a fraction of a
+    # percent of it (Dvijotham et al. 2024, Section 5)
+    r = np.array([math.comb(2 * k, k) / 4**k for k in range(n)])
+    want = float(np.sum(r * r)) ** 2
+    sqrt = BandedToeplitz(tuple(square_root_coefs(n)))
+    assert loss(sqrt, n, reduction="max") == pytest.approx(want, rel=1e-12)
+    assert loss(optimize_blt(n, buffers), n, reduction="max") <= rtol * want
