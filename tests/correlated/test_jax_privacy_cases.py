@@ -25,8 +25,8 @@ from privlearn.correlated import (
     sensitivity,
 )
 from privlearn.correlated.accounting import correlated_mechanism
-from privlearn.correlated.sensitivity import MAX_DENSE_STEPS
-from privlearn.correlated.strategies import square_root_coefs
+from privlearn.correlated.sensitivity import MAX_DENSE_STEPS, gram_sensitivity_upper_bound
+from privlearn.correlated.strategies import ToeplitzStrategy, square_root_coefs
 from privlearn.errors import ParameterTypeError
 
 
@@ -310,3 +310,37 @@ def test_blt_approaches_the_square_root_max_loss(n, buffers, rtol):
     sqrt = BandedToeplitz(tuple(square_root_coefs(n)))
     assert loss(sqrt, n, reduction="max") == pytest.approx(want, rel=1e-12)
     assert loss(optimize_blt(n, buffers), n, reduction="max") <= rtol * want
+
+
+class _BandedInverse(ToeplitzStrategy):
+    """A strategy given by its banded inverse ``C^{-1}`` (jax_privacy's banded inverse
+    Toeplitz strategies): a user-defined subclass of the public base class."""
+
+    __slots__ = ("noise",)
+
+    def __init__(self, noise):
+        self.noise = np.asarray(noise, dtype=float)
+
+    @property
+    def bands(self) -> None:
+        return None
+
+    def toeplitz_coefs(self, n: int) -> np.ndarray:
+        e0 = np.zeros(n)
+        e0[0] = 1.0
+        return np.linalg.solve(_toeplitz(self.noise, n), e0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8, 16])
+def test_banded_inverse_square_root_min_sep_sensitivity(k):
+    # toeplitz_test.test_banded_inverse_sensitivity_squared_matches_toeplitz: C^{-1} the
+    # first 8 coefficients of sqrt(1 - x), -binom(2j, j) / (4^j (2j - 1)); C is then
+    # non-negative and non-increasing, and the exact rule agrees with [CC23b] Alg. 4 on
+    # the dense C^T C (exact for such C), up to the latter's rounding allowance
+    n, sep = 128, 128 // k
+    noise = [-math.comb(2 * j, j) / (4**j * (2 * j - 1)) for j in range(8)]
+    assert noise[:5] == [1, -1 / 2, -1 / 8, -1 / 16, -5 / 128]
+    strategy = _BandedInverse(noise)
+    s = sensitivity(strategy, MinSeparation(sep, k), n)
+    dense = gram_sensitivity_upper_bound(_toeplitz(strategy.toeplitz_coefs(n), n), sep, k)
+    assert s.exact and s.value == pytest.approx(dense, rel=1e-10)
