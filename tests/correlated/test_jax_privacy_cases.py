@@ -17,6 +17,7 @@ from privlearn.correlated import (
     BufferedToeplitz,
     FixedEpochs,
     MinSeparation,
+    MomentumPrefixSum,
     SingleParticipation,
     Workload,
     loss,
@@ -344,3 +345,29 @@ def test_banded_inverse_square_root_min_sep_sensitivity(k):
     s = sensitivity(strategy, MinSeparation(sep, k), n)
     dense = gram_sensitivity_upper_bound(_toeplitz(strategy.toeplitz_coefs(n), n), sep, k)
     assert s.exact and s.value == pytest.approx(dense, rel=1e-10)
+
+
+def _momentum_sgd_matrix(n: int, momentum: float) -> np.ndarray:
+    """The iterates of heavy-ball SGD at a constant learning rate as a matrix, by running
+    the recursion of jax_privacy's ``momentum_sgd_matrix`` on each unit gradient:
+    ``buf <- momentum * buf + g_t``, ``x_t = x_{t-1} + buf``."""
+    out = np.zeros((n, n))
+    for u in range(n):
+        buf = x = 0.0
+        for t in range(n):
+            buf = momentum * buf + (t == u)
+            x += buf
+            out[t, u] = x
+    return out
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+def test_momentum_workload_is_the_momentum_recursion(momentum):
+    # streaming_matrix_test.test_momentum_cooldown_integration at a constant learning rate
+    n = 12
+    a = _momentum_sgd_matrix(n, momentum)
+    w = MomentumPrefixSum(momentum)
+    np.testing.assert_allclose(_toeplitz(w.coefs(n), n), a, rtol=1e-13)
+    blt = BufferedToeplitz((0.9, 0.5), (0.2, 0.1))
+    want = _dense_error(blt.materialize(n), a)
+    np.testing.assert_allclose(per_query_error(blt, n, w), want, rtol=1e-10)
