@@ -103,7 +103,7 @@ def correlated_mechanism(
     if not isinstance(strategy, ToeplitzStrategy):
         raise ParameterTypeError(
             f"strategy must be a privlearn.correlated strategy (BandedToeplitz, "
-            f"BufferedLinearToeplitz, ...), got {strategy!r}; build one with "
+            f"BufferedToeplitz, ...), got {strategy!r}; build one with "
             "optimize_banded_toeplitz or BandedToeplitz.square_root")
     sigma = check_positive("noise_multiplier", noise_multiplier)
     if isinstance(sampler, Participation):

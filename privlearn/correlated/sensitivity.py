@@ -22,8 +22,11 @@ and says whether it is exact:
   contributions are worst and ``sens^2 = max_j 1^T (C^T C)[pi_j, pi_j] 1`` (exact;
   [CC23] Section 2, [CC23b] Eq. (5));
 * otherwise: ``max_pi sum_{i, i' in pi} |(C^T C)_{i i'}|``, bounded above by the
-  row-then-column dynamic programme of [CC23b] Algorithm 4 for min-separation (a
-  certified upper bound, ``exact=False``).
+  row-then-column dynamic programme of [CC23b] Algorithm 4 for min-separation (up to
+  :data:`MAX_DENSE_STEPS` steps) and by the exact rule above applied to the smallest
+  non-negative, non-increasing majorant of ``|c|`` (any number of steps; the projection
+  of jax_privacy's ``toeplitz.minsep_sensitivity_squared``): the smaller of the two, a
+  certified upper bound, ``exact=False``.
 
 References
 ----------
@@ -55,7 +58,7 @@ from privlearn.correlated.participation import (
     SingleParticipation,
 )
 from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import ParameterTypeError
 
 __all__ = [
     "Sensitivity",
@@ -266,7 +269,7 @@ def sensitivity(
     if not isinstance(strategy, ToeplitzStrategy):
         raise ParameterTypeError(
             f"strategy must be a privlearn.correlated strategy (BandedToeplitz, "
-            f"BufferedLinearToeplitz, ...), got {strategy!r}")
+            f"BufferedToeplitz, ...), got {strategy!r}")
     steps = check_count("steps", steps, minimum=1)
     rule = _RULES.lookup(participation)
     if rule is not None:
@@ -328,16 +331,37 @@ def _spaced_sum(c: np.ndarray, n: int, sep: int, k: int) -> np.ndarray:
     return _window_sums(a, k).reshape(-1)[:n]
 
 
-def _dense_upper_bound(
-    strategy: ToeplitzStrategy, n: int, sep: int, k: int, what: str
-) -> Sensitivity:
+def _majorant_bound(strategy: ToeplitzStrategy, n: int, sep: int, k: int) -> float:
+    """Upper bound on the sensitivity of any Toeplitz ``C = T(c)`` under ``k``
+    participations at least ``sep`` apart, in ``O(n)``.
+
+    ``M = T(m)`` with ``m_j = max_{i >= j} |c_i|`` (the smallest non-negative,
+    non-increasing majorant of ``|c|``) has ``|C| <= M`` entrywise, so for every pattern
+    ``pi`` and unit contributions ``sum_{i, i' in pi} (C^T C)_{i i'} <g_i, g_i'> <=
+    sum_{i, i' in pi} (M^T M)_{i i'} = ||M 1_pi||^2``, at most ``M``'s exact sensitivity:
+    ``k`` participations ``sep`` apart from step 0 ([KL24], Theorem 2). Fixed-epoch
+    patterns are min-separation patterns of ``epochs`` participations, so it bounds
+    those too."""
+    c = np.abs(_leading_coefs(strategy, n))
+    majorant = np.maximum.accumulate(c[::-1])[::-1]
+    return _certified_norm(_spaced_sum(majorant, n, sep, k), 4 * k * _U)
+
+
+def _dense_upper_bound(strategy: ToeplitzStrategy, n: int, sep: int, k: int) -> Sensitivity:
+    """The general rule: the majorant bound (any ``n``) and, for ``n <=``
+    :data:`MAX_DENSE_STEPS`, [CC23b] Algorithm 4 on ``|C^T C|``; the smaller of the two
+    (both certified upper bounds)."""
+    majorant = Sensitivity(
+        _majorant_bound(strategy, n, sep, k),
+        False,
+        f"upper bound: non-increasing majorant of |c|, {k} participations {sep} apart "
+        "([KL24] Thm. 2)",
+    )
     if n > MAX_DENSE_STEPS:
-        raise ParameterValueError(
-            f"steps must be at most {MAX_DENSE_STEPS} for the general sensitivity bound of "
-            f"{type(strategy).__name__} under {what}, got {n}; use a strategy with "
-            "non-negative, non-increasing coefficients or one with at most min_sep bands"
-        )
+        return majorant
     value = _abs_gram_bound(_toeplitz_abs_gram(strategy.toeplitz_coefs(n), n), sep, k)
+    if majorant.value < value:
+        return majorant
     return Sensitivity(
         value, False, "upper bound: row-then-column dynamic programme on |C^T C| ([CC23b] Alg. 4)"
     )
@@ -371,7 +395,7 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
             _certified_norm(w, 4 * k * _U), True,
             f"non-negative non-increasing Toeplitz: {k} participations {sep} apart ([KL24] Thm. 2)",
         )
-    return _dense_upper_bound(strategy, n, sep, k, f"MinSeparation({sep})")
+    return _dense_upper_bound(strategy, n, sep, k)
 
 
 def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: int) -> Sensitivity:
@@ -401,7 +425,8 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
             f"C >= 0 entrywise, {k} epochs of {per_epoch} steps ([CC23] Sec. 2)",
         )
     if n > MAX_DENSE_STEPS:
-        return _dense_upper_bound(strategy, n, per_epoch, k, f"FixedEpochs({k})")
+        # the fixed-epoch patterns are min-separation patterns of k participations
+        return _dense_upper_bound(strategy, n, per_epoch, k)
     x = np.zeros((k * per_epoch, k * per_epoch))  # a last epoch cut short: the steps
     x[:n, :n] = _toeplitz_abs_gram(c, n)  # past n take no part (zero rows and columns)
     idx = np.arange(k * per_epoch).reshape(k, per_epoch)  # column j: j, j + b, ...
