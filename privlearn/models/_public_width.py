@@ -21,7 +21,7 @@ from sklearn.utils import get_tags
 
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
-__all__ = ["public_output_width", "refuse_learned_categories"]
+__all__ = ["public_output_width", "refuse_data_dependent_fits", "refuse_learned_categories"]
 
 
 def _unplannable(name: str, step: Any, why: str) -> ParameterTypeError:
@@ -196,3 +196,50 @@ def refuse_learned_categories(name: str, step: Any) -> None:
     for where, est in found:
         if isinstance(est, OneHotEncoder | OrdinalEncoder):
             _explicit_categories(where, est, None)
+
+
+def refuse_data_dependent_fits(name: str, step: Any) -> None:
+    """Refuse (:class:`~privlearn.errors.ParameterValueError`) a public step that a
+    pipeline fits on the data it is given when what it learns there follows the private
+    values: an encoder learning its categories (:func:`refuse_learned_categories`), or a
+    ``ColumnTransformer`` whose choice between sparse and dense output would (see
+    :func:`_refuse_data_dependent_sparsity`)."""
+    refuse_learned_categories(name, step)
+    _refuse_data_dependent_sparsity(name, step)
+
+
+def _refuse_data_dependent_sparsity(name: str, step: Any) -> None:
+    """A fitted ``ColumnTransformer`` with a sparse block returns a sparse matrix (and
+    records ``sparse_output_ = True``) when the density of its output, the non-zero
+    entries of its sparse blocks over all entries, is below ``sparse_threshold``. A
+    ``OneHotEncoder`` with ``sparse_output=True`` has one non-zero per row and column
+    only with ``drop=None`` and ``handle_unknown="error"``; otherwise a record in the
+    dropped category or with an unknown value has none, so the density counts private
+    values and one record can move it across the threshold: ``sparse_output_`` (in the
+    released pipeline) and the type of matrix the next step gets (a private step refusing
+    a sparse one) then differ between neighbouring data sets, a release that no
+    mechanism covers. Refused unless the output format is fixed by the parameters."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.preprocessing import OneHotEncoder
+
+    found = [(name, step)]
+    if hasattr(step, "get_params") and not isinstance(step, type):
+        found += [(f"{name}__{k}", v) for k, v in step.get_params(deep=True).items()]
+    for where, ct in found:
+        if not isinstance(ct, ColumnTransformer) or not ct.sparse_threshold > 0:
+            continue
+        for key, est in ct.get_params(deep=True).items():
+            if (isinstance(est, OneHotEncoder) and est.sparse_output
+                    and (est.drop is not None or est.handle_unknown != "error")):
+                setting = (f"drop={est.drop!r}" if est.drop is not None
+                           else f"handle_unknown={est.handle_unknown!r}")
+                raise ParameterValueError(
+                    f"pipeline step {where!r} (ColumnTransformer) has sparse_threshold="
+                    f"{ct.sparse_threshold!r} and its encoder {where}__{key} "
+                    f"(OneHotEncoder, sparse_output=True, {setting}) outputs a number of "
+                    "non-zero entries that depends on the values (rows in the dropped "
+                    "category or with an unknown value have none): whether the step "
+                    "returns a sparse or a dense matrix, and its fitted sparse_output_, "
+                    "would follow the private data. Pass sparse_threshold=0 (always "
+                    "dense), or OneHotEncoder(sparse_output=False), or drop=None with "
+                    "handle_unknown='error'")

@@ -60,7 +60,7 @@ from privlearn.errors import (
     UnsupportedMechanismError,
 )
 from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
-from privlearn.models._public_width import public_output_width, refuse_learned_categories
+from privlearn.models._public_width import public_output_width, refuse_data_dependent_fits
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -688,7 +688,7 @@ class PrivatePipeline(Pipeline):
                     raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
         for name, step in _refitted_public_steps(self).items():
-            refuse_learned_categories(name, step)
+            refuse_data_dependent_fits(name, step)
 
 
 def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:

@@ -172,3 +172,76 @@ def test_columns_by_name_in_a_dataframe():
          ("n", "passthrough", slice("age", "age"))], remainder="drop")
     width = public_output_width("encode", step, 3, list(X.columns))
     assert width == clone(step).fit_transform(X).shape[1] == 5
+
+
+def _sparse_case(drop=None, handle_unknown="error", sparse_threshold=0.3):
+    """Two neighbouring data sets (one row's category changed) and a pipeline fitting a
+    public ColumnTransformer that one-hot encodes column 0 (categories 0..3) and passes
+    column 1 through, before a private scaler and a private model. With ``drop="first"``
+    the neighbour moves one row to the dropped category; with ``handle_unknown="ignore"``
+    to a value outside the categories: either way it has one fewer non-zero one-hot
+    entry, and the data sets sit on either side of the density threshold."""
+    rng = np.random.default_rng(0)
+    n = 200
+    if drop is not None:  # density = (#rows not in category 0 + n) / (4 n): < 0.3 below 40
+        cat = np.zeros(n)
+        cat[:40] = rng.integers(1, 4, 40)
+        changed = 0.0
+    else:  # density = (#rows with a known category + n) / (5 n): < 0.3 below 100
+        cat = rng.integers(0, 4, n).astype(float)
+        cat[:100] = 9.0
+        changed = 9.0
+    X = np.column_stack([cat, rng.uniform(-1, 1, n)])
+    X_neighbour = X.copy()
+    X_neighbour[150 if drop is None else 0, 0] = changed
+    y = rng.uniform(-1, 1, n)
+    width = 3 if drop is not None else 4
+    encode = ColumnTransformer(
+        [("cat", OneHotEncoder(categories=[[0.0, 1.0, 2.0, 3.0]], drop=drop,
+                               handle_unknown=handle_unknown), [0])],
+        remainder="passthrough", sparse_threshold=sparse_threshold)
+    pipe = PrivatePipeline(
+        [("encode", encode),
+         ("scale", PrivateStandardScaler(feature_range=[(0, 1)] * width + [(-1, 1)],
+                                         random_state=0)),
+         ("model", AdaSSPRegressor(x_bound=3.0, y_bound=1.0, random_state=1))],
+        public_steps=("encode",))
+    return pipe, X, X_neighbour, y
+
+
+@pytest.mark.parametrize("encoder", [{"drop": "first"}, {"handle_unknown": "ignore"}])
+def test_public_encoder_whose_output_sparsity_follows_the_data_is_refused(encoder):
+    """A public ColumnTransformer chooses sparse or dense output by comparing the density
+    of its output with sparse_threshold; when an encoder's number of non-zero entries
+    depends on the values (a dropped category, ignored unknown values), one record
+    decides it: on one data set the pipeline fits and releases, on its neighbour its
+    scaler gets a sparse matrix (and the fitted sparse_output_ differs). Refused before
+    any step is fitted, on both, naming sparse_threshold."""
+    pipe, X, X_neighbour, y = _sparse_case(**encoder)
+    # the premise, by scikit-learn alone: the neighbours fall on either side
+    flags = [clone(pipe.steps[0][1]).fit(D).sparse_output_ for D in (X, X_neighbour)]
+    assert flags == [False, True]
+    for D in (X, X_neighbour):
+        with pytest.raises(ValueError, match=r"sparse_threshold=0\.3.*sparse_threshold=0"):
+            clone(pipe).fit(D, y)
+        with pytest.raises(ValueError, match="sparse_threshold"):
+            PrivateSearchCV(clone(pipe), {"model__epsilon": [0.5, 1.0]}, loss_bound=4.0,
+                            random_state=0).fit(D, y)
+    assert not hasattr(pipe.steps[0][1], "sparse_output_")  # nothing was fitted
+
+
+@pytest.mark.parametrize("fix", [{"sparse_threshold": 0.0}, {"handle_unknown": "error"}])
+def test_public_encoder_with_a_fixed_output_format_fits_alike_on_neighbours(fix):
+    """What the refusal asks for: dense output whatever the data (sparse_threshold=0), or
+    an encoder with one non-zero per row and column (no drop, unknown values refused), so
+    the density is fixed by the parameters; both neighbours then fit, with the same
+    sparse_output_."""
+    if "handle_unknown" in fix:
+        pipe, X, X_neighbour, y = _sparse_case(handle_unknown="error")
+        X, X_neighbour = (np.column_stack([np.arange(len(D)) % 4, D[:, 1]])
+                          for D in (X, X_neighbour))
+        X_neighbour[0, 0] = 2.0
+    else:
+        pipe, X, X_neighbour, y = _sparse_case(drop="first", **fix)
+    flags = [clone(pipe).fit(D, y).steps[0][1].sparse_output_ for D in (X, X_neighbour)]
+    assert flags[0] == flags[1]
