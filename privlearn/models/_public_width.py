@@ -218,9 +218,14 @@ def _refuse_data_dependent_sparsity(name: str, step: Any) -> None:
     values and one record can move it across the threshold: ``sparse_output_`` (in the
     released pipeline) and the type of matrix the next step gets (a private step refusing
     a sparse one) then differ between neighbouring data sets, a release that no
-    mechanism covers. Refused unless the output format is fixed by the parameters."""
+    mechanism covers. With ``sparse_threshold > 0`` every transformer it holds must
+    therefore have a fixed output format: dense (``OrdinalEncoder``, one-to-one
+    transformers, ``OneHotEncoder(sparse_output=False)``) or that one-hot encoding; any
+    other (a ``FunctionTransformer``, whose function may return a sparse matrix of the
+    values) is refused too."""
     from sklearn.compose import ColumnTransformer
-    from sklearn.preprocessing import OneHotEncoder
+    from sklearn.pipeline import FeatureUnion, Pipeline
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder
 
     found = [(name, step)]
     if hasattr(step, "get_params") and not isinstance(step, type):
@@ -229,17 +234,28 @@ def _refuse_data_dependent_sparsity(name: str, step: Any) -> None:
         if not isinstance(ct, ColumnTransformer) or not ct.sparse_threshold > 0:
             continue
         for key, est in ct.get_params(deep=True).items():
-            if (isinstance(est, OneHotEncoder) and est.sparse_output
-                    and (est.drop is not None or est.handle_unknown != "error")):
-                setting = (f"drop={est.drop!r}" if est.drop is not None
+            if isinstance(est, type) or not hasattr(est, "fit"):
+                continue  # a parameter value, "drop" or "passthrough"
+            if isinstance(est, ColumnTransformer | FeatureUnion | Pipeline):
+                continue  # a container: its transformers are among the items
+            if isinstance(est, OneHotEncoder):
+                if not est.sparse_output or (est.drop is None
+                                             and est.handle_unknown == "error"):
+                    continue
+                what = ("OneHotEncoder, sparse_output=True, "
+                        + (f"drop={est.drop!r}" if est.drop is not None
                            else f"handle_unknown={est.handle_unknown!r}")
-                raise ParameterValueError(
-                    f"pipeline step {where!r} (ColumnTransformer) has sparse_threshold="
-                    f"{ct.sparse_threshold!r} and its encoder {where}__{key} "
-                    f"(OneHotEncoder, sparse_output=True, {setting}) outputs a number of "
-                    "non-zero entries that depends on the values (rows in the dropped "
-                    "category or with an unknown value have none): whether the step "
-                    "returns a sparse or a dense matrix, and its fitted sparse_output_, "
-                    "would follow the private data. Pass sparse_threshold=0 (always "
-                    "dense), or OneHotEncoder(sparse_output=False), or drop=None with "
-                    "handle_unknown='error'")
+                        + "), whose number of non-zero entries depends on the values "
+                        "(rows in the dropped category or with an unknown value have none")
+            elif isinstance(est, OrdinalEncoder | OneToOneFeatureMixin):
+                continue  # dense output for the dense X a pipeline is given
+            else:
+                what = (f"{type(est).__name__}), which may return a sparse matrix whose "
+                        "number of non-zero entries depends on the values")
+            raise ParameterValueError(
+                f"pipeline step {where!r} (ColumnTransformer) has sparse_threshold="
+                f"{ct.sparse_threshold!r} and holds {where}__{key} ({what}): whether the "
+                "step returns a sparse or a dense matrix, and its fitted sparse_output_, "
+                "would follow the private data. Pass sparse_threshold=0 (always dense); "
+                "or use OneHotEncoder(sparse_output=False), or drop=None with "
+                "handle_unknown='error'")

@@ -4,6 +4,7 @@ and the plan is what the fit then accounts."""
 
 import numpy as np
 import pytest
+from scipy.sparse import csr_matrix
 from sklearn.base import clone
 from sklearn.compose import ColumnTransformer
 from sklearn.preprocessing import FunctionTransformer, OneHotEncoder
@@ -174,50 +175,63 @@ def test_columns_by_name_in_a_dataframe():
     assert width == clone(step).fit_transform(X).shape[1] == 5
 
 
-def _sparse_case(drop=None, handle_unknown="error", sparse_threshold=0.3):
-    """Two neighbouring data sets (one row's category changed) and a pipeline fitting a
-    public ColumnTransformer that one-hot encodes column 0 (categories 0..3) and passes
-    column 1 through, before a private scaler and a private model. With ``drop="first"``
-    the neighbour moves one row to the dropped category; with ``handle_unknown="ignore"``
-    to a value outside the categories: either way it has one fewer non-zero one-hot
-    entry, and the data sets sit on either side of the density threshold."""
+def _sparse_case(drop=None, handle_unknown="error", sparse_threshold=0.3, function=False):
+    """Two neighbouring data sets (one row's value changed) and a pipeline fitting a public
+    ColumnTransformer that one-hot encodes column 0 (categories 0..3) and passes column 1
+    through, before a private scaler and a private model. With ``drop="first"`` the
+    neighbour moves one row to the dropped category; with ``handle_unknown="ignore"`` to
+    a value outside the categories; with ``function`` the transformer is a
+    FunctionTransformer returning column 1 as a sparse matrix and the neighbour sets one
+    of its values to 0: either way the neighbour has one fewer non-zero entry, and the
+    data sets sit on either side of the density threshold."""
     rng = np.random.default_rng(0)
     n = 200
-    if drop is not None:  # density = (#rows not in category 0 + n) / (4 n): < 0.3 below 40
+    if function:  # density = #non-zero values / n: < 0.3 below 60
+        cat = rng.integers(0, 4, n).astype(float)
+        value = np.where(np.arange(n) < 60, rng.uniform(0.1, 1, n), 0.0)
+    else:
+        value = rng.uniform(-1, 1, n)
+    if function:
+        changed = (0, 1, 0.0)
+    elif drop is not None:  # density = (#rows not in category 0 + n) / (4 n): < 0.3 below 40
         cat = np.zeros(n)
         cat[:40] = rng.integers(1, 4, 40)
-        changed = 0.0
+        changed = (0, 0, 0.0)
     else:  # density = (#rows with a known category + n) / (5 n): < 0.3 below 100
         cat = rng.integers(0, 4, n).astype(float)
         cat[:100] = 9.0
-        changed = 9.0
-    X = np.column_stack([cat, rng.uniform(-1, 1, n)])
+        changed = (150, 0, 9.0)
+    X = np.column_stack([cat, value])
     X_neighbour = X.copy()
-    X_neighbour[150 if drop is None else 0, 0] = changed
+    X_neighbour[changed[0], changed[1]] = changed[2]
     y = rng.uniform(-1, 1, n)
-    width = 3 if drop is not None else 4
-    encode = ColumnTransformer(
-        [("cat", OneHotEncoder(categories=[[0.0, 1.0, 2.0, 3.0]], drop=drop,
-                               handle_unknown=handle_unknown), [0])],
-        remainder="passthrough", sparse_threshold=sparse_threshold)
+    if function:
+        block = ("f", FunctionTransformer(csr_matrix, accept_sparse=True), [1])
+        width, rest = 1, "drop"
+    else:
+        block = ("cat", OneHotEncoder(categories=[[0.0, 1.0, 2.0, 3.0]], drop=drop,
+                                      handle_unknown=handle_unknown), [0])
+        width, rest = (3 if drop is not None else 4) + 1, "passthrough"
+    encode = ColumnTransformer([block], remainder=rest, sparse_threshold=sparse_threshold)
     pipe = PrivatePipeline(
         [("encode", encode),
-         ("scale", PrivateStandardScaler(feature_range=[(0, 1)] * width + [(-1, 1)],
-                                         random_state=0)),
+         ("scale", PrivateStandardScaler(feature_range=[(-1, 1)] * width, random_state=0)),
          ("model", AdaSSPRegressor(x_bound=3.0, y_bound=1.0, random_state=1))],
         public_steps=("encode",))
     return pipe, X, X_neighbour, y
 
 
-@pytest.mark.parametrize("encoder", [{"drop": "first"}, {"handle_unknown": "ignore"}])
-def test_public_encoder_whose_output_sparsity_follows_the_data_is_refused(encoder):
+@pytest.mark.parametrize("case", [{"drop": "first"}, {"handle_unknown": "ignore"},
+                                  {"function": True}])
+def test_public_encoder_whose_output_sparsity_follows_the_data_is_refused(case):
     """A public ColumnTransformer chooses sparse or dense output by comparing the density
-    of its output with sparse_threshold; when an encoder's number of non-zero entries
-    depends on the values (a dropped category, ignored unknown values), one record
-    decides it: on one data set the pipeline fits and releases, on its neighbour its
-    scaler gets a sparse matrix (and the fitted sparse_output_ differs). Refused before
-    any step is fitted, on both, naming sparse_threshold."""
-    pipe, X, X_neighbour, y = _sparse_case(**encoder)
+    of its output with sparse_threshold; when a block's number of non-zero entries
+    depends on the values (a dropped category, ignored unknown values, a function
+    returning the values as a sparse matrix), one record decides it: on one data set the
+    pipeline fits and releases, on its neighbour its scaler gets a sparse matrix (and the
+    fitted sparse_output_ differs). Refused before any step is fitted, on both, naming
+    sparse_threshold."""
+    pipe, X, X_neighbour, y = _sparse_case(**case)
     # the premise, by scikit-learn alone: the neighbours fall on either side
     flags = [clone(pipe.steps[0][1]).fit(D).sparse_output_ for D in (X, X_neighbour)]
     assert flags == [False, True]
