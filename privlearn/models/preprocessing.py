@@ -811,7 +811,8 @@ def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool
 def _probe_width(name: str, step: Any, n_features: int) -> int:
     """The output width of a step that needs no fitting, applied to one row of zeros
     (data-independent); one that mixes rows is refused (:func:`_refuse_row_mixing`)."""
-    width = np.asarray(clone(step).fit_transform(np.zeros((1, n_features)))).shape
+    out = clone(step).fit_transform(np.zeros((1, n_features)))  # a sparse matrix too
+    width = out.shape if hasattr(out, "shape") else np.asarray(out).shape
     _refuse_row_mixing(name, step, n_features)
     return int(width[1]) if len(width) == 2 else 1
 

@@ -259,3 +259,25 @@ def test_public_encoder_with_a_fixed_output_format_fits_alike_on_neighbours(fix)
         pipe, X, X_neighbour, y = _sparse_case(drop="first", **fix)
     flags = [clone(pipe).fit(D, y).steps[0][1].sparse_output_ for D in (X, X_neighbour)]
     assert flags[0] == flags[1]
+
+
+def test_width_of_a_step_returning_a_sparse_matrix_is_its_number_of_columns():
+    """A step that needs no fitting and returns a scipy sparse matrix (probed on a row of
+    zeros) hands on as many columns as the matrix has, as scikit-learn's own fit shows;
+    the plan of the pipeline around it is then the fit's accounting."""
+    from privlearn.models._public_width import public_output_width
+    from privlearn.models.preprocessing import _probe_width
+
+    X = np.random.default_rng(0).uniform(-1, 1, size=(60, 3))
+    step = ColumnTransformer(
+        [("f", FunctionTransformer(csr_matrix, accept_sparse=True), [1, 2])],
+        remainder="passthrough", sparse_threshold=0)
+    expected = clone(step).fit_transform(X).shape[1]
+    assert public_output_width("encode", step, 3, None, _probe_width) == expected == 3
+    pipe = PrivatePipeline(
+        [("encode", step),
+         ("scale", PrivateStandardScaler(feature_range=[(-1, 1)] * 3, random_state=0)),
+         ("model", AdaSSPRegressor(x_bound=3.0, y_bound=1.0, random_state=1))],
+        public_steps=("encode",))
+    planned = pipe.planned_mechanism(X, X[:, 0])
+    assert planned == pipe.fit(X, X[:, 0]).mechanism_
