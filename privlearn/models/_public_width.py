@@ -205,7 +205,43 @@ def refuse_data_dependent_fits(name: str, step: Any) -> None:
     ``ColumnTransformer`` whose choice between sparse and dense output would (see
     :func:`_refuse_data_dependent_sparsity`)."""
     refuse_learned_categories(name, step)
+    _refuse_learned_imputation(name, step)
     _refuse_data_dependent_sparsity(name, step)
+
+
+def _refuse_learned_imputation(name: str, step: Any) -> None:
+    """An imputer that the pipeline fits learns from the private values: a
+    ``SimpleImputer`` with a ``strategy`` other than ``"constant"`` its exact column
+    means, medians or most frequent values (``statistics_``); a ``MissingIndicator``
+    (or ``SimpleImputer(add_indicator=True)``) with ``features="missing-only"`` which
+    columns hold a missing value (``features_``, and so the number of columns it
+    outputs); a ``KNNImputer`` keeps the rows themselves. Refused with what to pass."""
+    from sklearn.impute import KNNImputer, MissingIndicator, SimpleImputer
+
+    found = [(name, step)]
+    if hasattr(step, "get_params") and not isinstance(step, type):
+        found += [(f"{name}__{k}", v) for k, v in step.get_params(deep=True).items()]
+    for where, est in found:
+        why = None
+        if isinstance(est, KNNImputer):
+            why = ("keeps the rows it is fitted on to impute from (the private data, in "
+                   "the released pipeline). Impute with SimpleImputer(strategy='constant', "
+                   "fill_value=<a public value>) instead")
+        elif isinstance(est, SimpleImputer) and est.strategy != "constant":
+            why = (f"has strategy={est.strategy!r}: its statistics_ are the exact "
+                   f"{est.strategy} values of the private columns. Pass "
+                   "strategy='constant' with a public fill_value")
+        elif (isinstance(est, MissingIndicator) and est.features == "missing-only") or (
+                isinstance(est, SimpleImputer) and est.add_indicator):
+            why = ("learns which columns hold a missing value in the private data (its "
+                   "indicator's features_, and so its number of output columns). Pass "
+                   "MissingIndicator(features='all') (one indicator per column), or "
+                   "add_indicator=False")
+        if why is not None:
+            raise ParameterValueError(
+                f"pipeline step {where!r} ({type(est).__name__}) is fitted by the pipeline "
+                f"on the data it is given and {why}; listing it in public_steps does not "
+                "make what it learns public")
 
 
 def _refuse_data_dependent_sparsity(name: str, step: Any) -> None:

@@ -281,3 +281,65 @@ def test_width_of_a_step_returning_a_sparse_matrix_is_its_number_of_columns():
         public_steps=("encode",))
     planned = pipe.planned_mechanism(X, X[:, 0])
     assert planned == pipe.fit(X, X[:, 0]).mechanism_
+
+
+def _imputers() -> dict:
+    from sklearn.impute import KNNImputer, MissingIndicator, SimpleImputer
+
+    return {"add_indicator": SimpleImputer(strategy="constant", fill_value=0.0,
+                                           add_indicator=True),
+            "mean": SimpleImputer(strategy="mean"),
+            "indicator": MissingIndicator(),
+            "knn": KNNImputer(n_neighbors=2)}
+
+
+@pytest.mark.parametrize("imputer", list(_imputers()))
+def test_public_imputer_learning_from_the_data_is_refused(imputer):
+    """A public imputing step that the pipeline fits: on a data set without a missing
+    value and on its neighbour with one, scikit-learn's own fit differs (the indicator's
+    columns and output width, the column mean, the stored rows), a release no mechanism
+    covers; the pipeline refuses it on both before any step is fitted."""
+    from sklearn.impute import MissingIndicator, SimpleImputer
+    from sklearn.pipeline import FeatureUnion
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(60, 2))
+    X_neighbour = X.copy()
+    X_neighbour[0, 0] = np.nan
+    y = rng.uniform(-1, 1, 60)
+    step = _imputers()[imputer]
+    fits = [clone(step).fit(D) for D in (X, X_neighbour)]
+    assert (fits[0].transform(X).shape != fits[1].transform(X).shape
+            or not np.array_equal(fits[0].transform(X_neighbour[:1]),
+                                  fits[1].transform(X_neighbour[:1]), equal_nan=True)
+            or getattr(fits[1], "_fit_X", np.zeros(0)).size > 0)
+    if isinstance(step, MissingIndicator):  # keep the values next to their indicators
+        step = FeatureUnion([("fill", SimpleImputer(strategy="constant", fill_value=0.0)),
+                             ("missing", step)])
+    pipe = PrivatePipeline(
+        [("impute", step),
+         ("scale", PrivateStandardScaler(feature_range=(-1, 1), random_state=0))],
+        public_steps=("impute",))
+    for D in (X, X_neighbour):
+        with pytest.raises(ValueError, match=r"'impute.*public_steps does not"):
+            clone(pipe).fit(D, y)
+
+
+def test_public_constant_imputer_is_fitted_alike_on_neighbours():
+    """What the refusal asks for fits, and learns nothing from the values: a constant
+    fill and one indicator per column."""
+    from sklearn.impute import MissingIndicator, SimpleImputer
+    from sklearn.pipeline import FeatureUnion
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(60, 2))
+    X_neighbour = X.copy()
+    X_neighbour[0, 0] = np.nan
+    step = FeatureUnion([("fill", SimpleImputer(strategy="constant", fill_value=0.0)),
+                         ("missing", MissingIndicator(features="all"))])
+    pipe = PrivatePipeline(
+        [("impute", step),
+         ("scale", PrivateStandardScaler(feature_range=(-1, 1), random_state=0))],
+        public_steps=("impute",))
+    fits = [clone(pipe).fit(D).steps[0][1] for D in (X, X_neighbour)]
+    assert np.array_equal(fits[0].transform(X_neighbour), fits[1].transform(X_neighbour))
