@@ -21,7 +21,7 @@ from sklearn.utils import get_tags
 
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
-__all__ = ["public_output_width", "refuse_learned_categories"]
+__all__ = ["public_output_width", "refuse_data_dependent_fits", "refuse_learned_categories"]
 
 
 def _unplannable(name: str, step: Any, why: str) -> ParameterTypeError:
@@ -196,3 +196,102 @@ def refuse_learned_categories(name: str, step: Any) -> None:
     for where, est in found:
         if isinstance(est, OneHotEncoder | OrdinalEncoder):
             _explicit_categories(where, est, None)
+
+
+def refuse_data_dependent_fits(name: str, step: Any) -> None:
+    """Refuse (:class:`~privlearn.errors.ParameterValueError`) a public step that a
+    pipeline fits on the data it is given when what it learns there follows the private
+    values: an encoder learning its categories (:func:`refuse_learned_categories`), or a
+    ``ColumnTransformer`` whose choice between sparse and dense output would (see
+    :func:`_refuse_data_dependent_sparsity`)."""
+    refuse_learned_categories(name, step)
+    _refuse_learned_imputation(name, step)
+    _refuse_data_dependent_sparsity(name, step)
+
+
+def _refuse_learned_imputation(name: str, step: Any) -> None:
+    """An imputer that the pipeline fits learns from the private values: a
+    ``SimpleImputer`` with a ``strategy`` other than ``"constant"`` its exact column
+    means, medians or most frequent values (``statistics_``); a ``MissingIndicator``
+    (or ``SimpleImputer(add_indicator=True)``) with ``features="missing-only"`` which
+    columns hold a missing value (``features_``, and so the number of columns it
+    outputs); a ``KNNImputer`` keeps the rows themselves. Refused with what to pass."""
+    from sklearn.impute import KNNImputer, MissingIndicator, SimpleImputer
+
+    found = [(name, step)]
+    if hasattr(step, "get_params") and not isinstance(step, type):
+        found += [(f"{name}__{k}", v) for k, v in step.get_params(deep=True).items()]
+    for where, est in found:
+        why = None
+        if isinstance(est, KNNImputer):
+            why = ("keeps the rows it is fitted on to impute from (the private data, in "
+                   "the released pipeline). Impute with SimpleImputer(strategy='constant', "
+                   "fill_value=<a public value>) instead")
+        elif isinstance(est, SimpleImputer) and est.strategy != "constant":
+            why = (f"has strategy={est.strategy!r}: its statistics_ are the exact "
+                   f"{est.strategy} values of the private columns. Pass "
+                   "strategy='constant' with a public fill_value")
+        elif (isinstance(est, MissingIndicator) and est.features == "missing-only") or (
+                isinstance(est, SimpleImputer) and est.add_indicator):
+            why = ("learns which columns hold a missing value in the private data (its "
+                   "indicator's features_, and so its number of output columns). Pass "
+                   "MissingIndicator(features='all') (one indicator per column), or "
+                   "add_indicator=False")
+        if why is not None:
+            raise ParameterValueError(
+                f"pipeline step {where!r} ({type(est).__name__}) is fitted by the pipeline "
+                f"on the data it is given and {why}; listing it in public_steps does not "
+                "make what it learns public")
+
+
+def _refuse_data_dependent_sparsity(name: str, step: Any) -> None:
+    """A fitted ``ColumnTransformer`` with a sparse block returns a sparse matrix (and
+    records ``sparse_output_ = True``) when the density of its output, the non-zero
+    entries of its sparse blocks over all entries, is below ``sparse_threshold``. A
+    ``OneHotEncoder`` with ``sparse_output=True`` has one non-zero per row and column
+    only with ``drop=None`` and ``handle_unknown="error"``; otherwise a record in the
+    dropped category or with an unknown value has none, so the density counts private
+    values and one record can move it across the threshold: ``sparse_output_`` (in the
+    released pipeline) and the type of matrix the next step gets (a private step refusing
+    a sparse one) then differ between neighbouring data sets, a release that no
+    mechanism covers. With ``sparse_threshold > 0`` every transformer it holds must
+    therefore have a fixed output format: dense (``OrdinalEncoder``, one-to-one
+    transformers, ``OneHotEncoder(sparse_output=False)``) or that one-hot encoding; any
+    other (a ``FunctionTransformer``, whose function may return a sparse matrix of the
+    values) is refused too."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.pipeline import FeatureUnion, Pipeline
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder
+
+    found = [(name, step)]
+    if hasattr(step, "get_params") and not isinstance(step, type):
+        found += [(f"{name}__{k}", v) for k, v in step.get_params(deep=True).items()]
+    for where, ct in found:
+        if not isinstance(ct, ColumnTransformer) or not ct.sparse_threshold > 0:
+            continue
+        for key, est in ct.get_params(deep=True).items():
+            if isinstance(est, type) or not hasattr(est, "fit"):
+                continue  # a parameter value, "drop" or "passthrough"
+            if isinstance(est, ColumnTransformer | FeatureUnion | Pipeline):
+                continue  # a container: its transformers are among the items
+            if isinstance(est, OneHotEncoder):
+                if not est.sparse_output or (est.drop is None
+                                             and est.handle_unknown == "error"):
+                    continue
+                what = ("OneHotEncoder, sparse_output=True, "
+                        + (f"drop={est.drop!r}" if est.drop is not None
+                           else f"handle_unknown={est.handle_unknown!r}")
+                        + "), whose number of non-zero entries depends on the values "
+                        "(rows in the dropped category or with an unknown value have none")
+            elif isinstance(est, OrdinalEncoder | OneToOneFeatureMixin):
+                continue  # dense output for the dense X a pipeline is given
+            else:
+                what = (f"{type(est).__name__}), which may return a sparse matrix whose "
+                        "number of non-zero entries depends on the values")
+            raise ParameterValueError(
+                f"pipeline step {where!r} (ColumnTransformer) has sparse_threshold="
+                f"{ct.sparse_threshold!r} and holds {where}__{key} ({what}): whether the "
+                "step returns a sparse or a dense matrix, and its fitted sparse_output_, "
+                "would follow the private data. Pass sparse_threshold=0 (always dense); "
+                "or use OneHotEncoder(sparse_output=False), or drop=None with "
+                "handle_unknown='error'")

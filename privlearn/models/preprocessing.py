@@ -60,7 +60,7 @@ from privlearn.errors import (
     UnsupportedMechanismError,
 )
 from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
-from privlearn.models._public_width import public_output_width, refuse_learned_categories
+from privlearn.models._public_width import public_output_width, refuse_data_dependent_fits
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -688,7 +688,7 @@ class PrivatePipeline(Pipeline):
                     raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
         for name, step in _refitted_public_steps(self).items():
-            refuse_learned_categories(name, step)
+            refuse_data_dependent_fits(name, step)
 
 
 def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:
@@ -811,7 +811,8 @@ def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool
 def _probe_width(name: str, step: Any, n_features: int) -> int:
     """The output width of a step that needs no fitting, applied to one row of zeros
     (data-independent); one that mixes rows is refused (:func:`_refuse_row_mixing`)."""
-    width = np.asarray(clone(step).fit_transform(np.zeros((1, n_features)))).shape
+    out = clone(step).fit_transform(np.zeros((1, n_features)))  # a sparse matrix too
+    width = out.shape if hasattr(out, "shape") else np.asarray(out).shape
     _refuse_row_mixing(name, step, n_features)
     return int(width[1]) if len(width) == 2 else 1
 
