@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import unicodedata
@@ -230,13 +231,52 @@ def budget_init(path: str, key_file: str | None, timeout: float, dataset: str,
                f"({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
 
 
+def _spend_noise_multiplier(kind: str, noise_multiplier: float | None,
+                            pure_epsilon: float | None) -> float:
+    """The noise multiplier of ``budget spend``: ``--noise-multiplier``, or for a Laplace
+    release ``--epsilon E``: the Laplace mechanism of scale ``b`` (in units of the L1
+    sensitivity) is ``1/b``-DP (Dwork, McSherry, Nissim & Smith 2006, Proposition 1), so
+    ``b = 1/E``, rounded down to the largest float whose ``1/b`` is at least ``E`` (the
+    ledger never records more noise than was added)."""
+    if noise_multiplier is not None and pure_epsilon is not None:
+        raise ParameterValueError(
+            f"give one of --noise-multiplier and --epsilon, got --noise-multiplier "
+            f"{noise_multiplier:g} and --epsilon {pure_epsilon:g}; with --mechanism laplace "
+            "--epsilon E is --noise-multiplier 1/E")
+    if pure_epsilon is None:
+        if noise_multiplier is None:
+            raise click.UsageError(
+                "Missing option '--noise-multiplier': the noise standard deviation "
+                "(gaussian) or scale (laplace) of the release over its sensitivity; a "
+                "Laplace release at epsilon E is --mechanism laplace --epsilon E")
+        return check_positive("--noise-multiplier", noise_multiplier)
+    if kind != "laplace":
+        raise ParameterValueError(
+            f"--epsilon {pure_epsilon:g} describes a pure-DP Laplace release (--mechanism "
+            f"laplace), got --mechanism {kind}; a Gaussian release is recorded by its "
+            "--noise-multiplier: `privlearn calibrate --target-epsilon E --delta D` prints "
+            "the one that is (E, D)-DP")
+    eps = check_positive("--epsilon", pure_epsilon,
+                         hint="pass the epsilon of the Laplace release, e.g. --epsilon 0.5")
+    b = 1.0 / eps
+    while 1.0 / b < eps:  # conservative: never a larger scale than 1/eps
+        b = math.nextafter(b, 0.0)
+    return b
+
+
 @budget.command(name="spend")
 @click.argument("path", type=click.Path(dir_okay=False))
 @_key_file_opt
 @_timeout_opt
 @_ledger_dataset_opt
 @mechanism_opt
-@click.option("--noise-multiplier", type=float, required=True, help="Noise multiplier (> 0).")
+@click.option("--noise-multiplier", type=float, default=None,
+              help="Noise multiplier (> 0). Required, unless --epsilon describes a Laplace "
+              "release.")
+@click.option("--epsilon", "pure_epsilon", type=float, default=None,
+              help="With --mechanism laplace, the epsilon of each step instead of its noise "
+              "multiplier (a Laplace release at epsilon E, noise scale = L1 sensitivity / "
+              "E, is --noise-multiplier 1/E).")
 @rate_opt
 @sampling_opt
 @steps_opt
@@ -246,7 +286,7 @@ def budget_init(path: str, key_file: str | None, timeout: float, dataset: str,
 @json_opt
 def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
                  mechanism: str,
-                 noise_multiplier: float,
+                 noise_multiplier: float | None, pure_epsilon: float | None,
                  sampling_rate: float | None, sampling: str, steps: int | None,
                  label: str | None, who: str | None, privacy_unit: str | None,
                  as_json: bool) -> None:
@@ -258,7 +298,7 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
     check_sampling_has_rate(click.get_current_context(), rate)
     t = check_count("--steps", 1 if steps is None else steps, minimum=1)
     kind, samp = mechanism.lower(), sampling.lower()
-    nm = check_positive("--noise-multiplier", noise_multiplier)
+    nm = _spend_noise_multiplier(kind, noise_multiplier, pure_epsilon)
     mech = build_mechanism(kind, nm, rate, samp, t)
     led = _open_ledger(path, key_file, timeout=timeout)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import math
+import numbers
 import operator
 import os
 import socket
@@ -214,9 +215,15 @@ def _check_who(name: str, value: object) -> str | None:
 
 def _check_mechanism(mechanism: object) -> tuple[Mechanism, str]:
     if not isinstance(mechanism, Mechanism):
+        number = isinstance(mechanism, numbers.Real) and not isinstance(mechanism, bool)
         raise ParameterTypeError(
             f"mechanism must be a privlearn Mechanism, got {mechanism!r}; describe the "
-            "release with privlearn.accounting (e.g. Gaussian(noise_multiplier))")
+            "release with privlearn.accounting (e.g. Gaussian(noise_multiplier))"
+            + (f"; an epsilon alone does not say what ran: a pure-DP release at epsilon "
+               f"{mechanism!r} is PureDP({mechanism!r}) (Laplace(noise_multiplier=b), which "
+               f"composes more tightly, if it added Laplace noise of scale b times its L1 "
+               f"sensitivity), an (epsilon, delta)-DP one ApproxDP({mechanism!r}, delta)"
+               if number else ""))
     return mechanism, dumps(mechanism)
 
 

@@ -133,3 +133,28 @@ def choose_y_bound(
     mb = _v.check_positive("max_bound", max_bound)
     b, m = private_quantile(np.abs(y), quantile, epsilon, 0.0, mb, random_state=random_state)
     return max(b, mb / 1024), m
+
+
+def feature_ranges(feature_range: object, d: int) -> np.ndarray:
+    """``feature_range`` as a ``(d, 2)`` array of public ``(lower, upper)`` rows (one pair
+    for every column when given as ``(lower, upper)``), or a
+    :class:`~privlearn.errors.ParameterValueError` that names the shape received or the
+    first bad row."""
+    try:
+        fr = np.asarray(feature_range, dtype=float)
+    except (TypeError, ValueError):
+        fr = np.full((0,), np.nan)  # refused below, with the expected shape
+    if fr.shape == (2,):
+        fr = np.tile(fr, (d, 1))
+    if fr.shape == (d, 2):
+        ok = np.isfinite(fr).all(axis=1) & (fr[:, 0] < fr[:, 1])
+        if ok.all():
+            return fr
+        bad = int(np.flatnonzero(~ok)[0])
+        what = f"row {bad} (column {bad} of X) is ({fr[bad, 0]:g}, {fr[bad, 1]:g})"
+    else:
+        what = f"an array of shape {fr.shape}" if fr.size else "not an array of numbers"
+    raise ParameterValueError(
+        f"feature_range must be (lower, upper) or an array of shape ({d}, 2), one "
+        "(lower, upper) row per column of X in its order (after any encoding step), with "
+        f"finite lower < upper; {what}: got {feature_range!r}")

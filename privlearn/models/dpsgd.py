@@ -40,6 +40,7 @@ from scipy.special import expit
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
+from privlearn._progress import progress
 from privlearn.accounting import get_accountant
 from privlearn.errors import (
     ParameterValueError,
@@ -65,6 +66,7 @@ from privlearn.models.constraints import (
     LEDGER,
     NOISE_MULTIPLIER,
     RANDOM_STATE,
+    VERBOSE,
     Boolean,
     Delta,
     Integer,
@@ -132,6 +134,7 @@ class _DPSGDBase(PrivateEstimator):
         record_path: bool = False,
         random_state=None,
         ledger=None,
+        verbose: int = 0,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -149,6 +152,7 @@ class _DPSGDBase(PrivateEstimator):
         self.record_path = record_path
         self.random_state = random_state
         self.ledger = ledger
+        self.verbose = verbose
 
     # -- validation ------------------------------------------------------------------
     _parameter_constraints = {
@@ -170,6 +174,7 @@ class _DPSGDBase(PrivateEstimator):
         "record_path": Boolean(),
         "random_state": RANDOM_STATE,
         "ledger": LEDGER,
+        "verbose": VERBOSE,
     }
 
     def fit(self, X, y, **fit_params):
@@ -234,7 +239,9 @@ class _DPSGDBase(PrivateEstimator):
         # its largest entry, u_i = z_i / s_i), so its gradient is clipped to norm C in its
         # own direction, u_i / ||u_i||, not to zero (the rows clip_rows scales the same way)
         U, scale, unorm = _scaled_design(Z, ord_)
-        for t in range(steps):
+        bar = progress(range(steps), desc=type(self).__name__, unit="it",
+                       enabled=bool(VERBOSE.check("verbose", self.verbose)), leave=True)
+        for t in bar:
             # 1. sample (Poisson)
             if q < 1.0:
                 idx = np.flatnonzero(rng.random(n) < q)
@@ -344,6 +351,10 @@ _DOC_PARAMS = """
         reserved on it before the data is read (over budget,
         ``BudgetExceededError`` is raised and nothing is recorded or released) and
         settled when the fit is done.
+    verbose : int >= 0 or bool
+        0 (default): silent. 1 or more: a progress bar on standard error over the
+        ``n_iter`` steps of ``fit`` (``tqdm``: steps done, their total, elapsed time and
+        rate). It never changes the result at a fixed ``random_state``.
 
     Attributes
     ----------
@@ -397,6 +408,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         random_state=None,
         classes=None,
         ledger=None,
+        verbose: int = 0,
     ):
         super().__init__(
             epsilon=epsilon,
@@ -415,6 +427,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             record_path=record_path,
             random_state=random_state,
             ledger=ledger,
+            verbose=verbose,
         )
         self.classes = classes
 

@@ -59,7 +59,12 @@ from privlearn.errors import (
     PrivacyLeakWarning,
     UnsupportedMechanismError,
 )
-from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
+from privlearn.models._bounds import (
+    choose_x_bound,
+    choose_y_bound,
+    feature_ranges,
+    private_quantile,
+)
 from privlearn.models._public_width import public_output_width, refuse_data_dependent_fits
 from privlearn.models.base import (
     PrivateEstimator,
@@ -232,18 +237,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
                 "feature_range is required: the public (lower, upper) range of the features "
                 "(a data-derived range would leak); e.g. feature_range=(0, 100)"
             )
-        try:
-            fr = np.asarray(self.feature_range, dtype=float)
-        except (TypeError, ValueError):
-            fr = np.full((0,), np.nan)  # refused below, with the expected shape
-        if fr.shape == (2,):
-            fr = np.tile(fr, (d, 1))
-        if fr.shape != (d, 2) or not np.all(np.isfinite(fr)) or not np.all(fr[:, 0] < fr[:, 1]):
-            raise ParameterValueError(
-                f"feature_range must be (lower, upper) or an array of shape ({d}, 2) with "
-                f"finite lower < upper, got {self.feature_range!r}"
-            )
-        return fr
+        return feature_ranges(self.feature_range, d)
 
     _parameter_constraints = {
         "epsilon": EPSILON,

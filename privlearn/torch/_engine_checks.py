@@ -168,6 +168,11 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
     batch_size = data_loader.batch_size
     if batch_size is None:
         bs = data_loader.batch_sampler
+        if bs is None:  # DataLoader(batch_size=None): automatic batching turned off
+            raise ConfigurationError(
+                "data_loader has batch_size=None and no batch_sampler (automatic batching "
+                "turned off: it yields one example at a time), so there is no batch size "
+                f"to sample batches at. {_SAMPLING_HELP}")
         raise ConfigurationError(
             f"data_loader uses batch_sampler={type(bs).__name__}, which is not "
             f"{sampling!r} sampling, so the accountant could not describe the batches it "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import sqlite3
@@ -628,3 +629,43 @@ def test_a_blank_who_is_refused_not_replaced_by_user_at_host(db, who):
     assert r.stderr.startswith("error: --who must name who makes the entry"), r.stderr
     assert json.loads(run("budget", "show", db, "--dataset", "adult",
                           "--json").output)["entries"] == 3  # nothing recorded
+
+
+@pytest.mark.parametrize("eps", [0.3, 0.9, 0.45, 2.0])
+def test_spend_a_laplace_release_by_its_epsilon(tmp_path, eps):
+    """A Laplace release made at epsilon E (scale = L1 sensitivity / E) is recorded with
+    `--mechanism laplace --epsilon E`: a Laplace mechanism of noise multiplier b with
+    1/b >= E (never more noise than was added; for 0.9 and 0.45, 1/(1/E) < E in floats)
+    and b no further than one float below 1/E."""
+    db = str(tmp_path / "l.db")
+    assert run("budget", "init", db, "--dataset", "adult", "--epsilon", "5", "--delta",
+               "1e-6").exit_code == 0
+    r = run("budget", "spend", db, "--dataset", "adult", "--mechanism", "laplace",
+            "--epsilon", str(eps), "--label", "histogram")
+    assert r.exit_code == 0, r.output
+    entry = json.loads(run("budget", "history", db, "--dataset", "adult", "--json").output)[-1]
+    assert entry["label"] == "histogram"
+    (part,) = entry["mechanism"]["parts"]
+    assert part["count"] == 1 and part["mechanism"]["kind"] == "laplace"
+    b = part["mechanism"]["noise_multiplier"]
+    assert 1.0 / b >= eps
+    assert b <= 1.0 / eps and math.nextafter(b, math.inf) >= 1.0 / eps
+
+
+def test_spend_by_epsilon_is_refused_where_it_cannot_describe_the_release(db):
+    """--epsilon is for Laplace releases only; with --noise-multiplier it is ambiguous;
+    without either the command names both. Nothing is recorded."""
+    before = json.loads(run("budget", "show", db, "--dataset", "adult", "--json").output)
+    cases = [
+        (["--epsilon", "0.3"], ["--mechanism laplace", "privlearn calibrate"]),
+        (["--mechanism", "laplace", "--epsilon", "0.3", "--noise-multiplier", "2"],
+         ["one of --noise-multiplier and --epsilon"]),
+        ([], ["--noise-multiplier", "--epsilon"]),
+        (["--mechanism", "laplace", "--epsilon", "-1"], ["--epsilon", "(0, inf)", "-1"]),
+    ]
+    for extra, said in cases:
+        r = CliRunner().invoke(cli, ["budget", "spend", db, "--dataset", "adult", *extra])
+        assert r.exit_code == 2, (extra, r.output)
+        assert all(s in r.output for s in said), (extra, r.output)
+    after = json.loads(run("budget", "show", db, "--dataset", "adult", "--json").output)
+    assert after == before

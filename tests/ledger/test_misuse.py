@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from privlearn.accounting import ApproxDP, Gaussian, compose, subsample
+from privlearn.accounting import ApproxDP, Gaussian, PureDP, compose, subsample
 from privlearn.errors import (
     BudgetExceededError,
     LedgerConflictError,
@@ -316,3 +316,23 @@ def test_an_unpickled_handle_refuses_its_ledger_rolled_back(tmp_path):
     with Ledger(path) as led:
         assert led.spent("a").entries == 0
     h.ledger.close()
+
+
+@pytest.mark.parametrize("method", ["spend", "reserve"])
+def test_an_epsilon_given_for_the_mechanism_is_refused_naming_the_mechanisms_to_use(
+        ledger, method):
+    """ledger.spend("adult", 0.3) -- an epsilon where the mechanism goes -- is refused
+    with the mechanisms that describe such a release (pure DP, Laplace, (eps, delta)),
+    and they are accepted as said; nothing is recorded by the refusal."""
+    with pytest.raises(ParameterTypeError) as info:
+        getattr(ledger, method)("adult", 0.3)
+    msg = str(info.value)
+    assert "got 0.3" in msg and "PureDP(0.3)" in msg and "ApproxDP(0.3, delta)" in msg
+    assert "Laplace(noise_multiplier=b)" in msg
+    assert ledger.spent("adult").entries == 0
+    with pytest.raises(ParameterTypeError) as info:
+        ledger.spend("adult", "gaussian")
+    assert "PureDP" not in str(info.value)  # only a number is read as an epsilon
+    ledger.spend("adult", PureDP(0.3))
+    ledger.spend("adult", ApproxDP(0.3, 1e-7))
+    assert ledger.spent("adult").entries == 2

@@ -218,3 +218,28 @@ def test_a_row_whose_norm_overflows_is_clipped_in_its_own_direction(noise):
     got = np.append(b.coef_ - a.coef_, b.intercept_ - a.intercept_)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
     assert np.linalg.norm(got[:2]) > 0  # the extreme row moves the model along itself
+
+
+@pytest.mark.parametrize("cls", [DPSGDClassifier, DPSGDRegressor])
+def test_verbose_shows_the_steps_and_changes_nothing(cls, synth, capfd):
+    """A long fit (the default n_iter=1000 full-batch steps on Adult takes about a minute)
+    can show its progress: verbose=1 is a bar on standard error over the n_iter steps; the
+    default writes nothing, and the fit is the same either way at a fixed seed."""
+    from sklearn.base import clone
+
+    X, y = synth.X_train[:300], synth.y_train[:300]
+    kw = dict(epsilon=1.0, delta=1e-5, sampling_rate=0.1, n_iter=37, random_state=3)
+    if cls is DPSGDClassifier:
+        kw["classes"] = [0, 1]
+    quiet = cls(**kw).fit(X, y)
+    out, err = capfd.readouterr()
+    assert out == err == ""
+    loud = clone(cls(verbose=1, **kw))
+    assert loud.get_params()["verbose"] == 1
+    loud.fit(X, y)
+    out, err = capfd.readouterr()
+    assert out == "" and cls.__name__ in err and "37/37" in err
+    np.testing.assert_array_equal(loud.coef_, quiet.coef_)
+    assert loud.epsilon_ == quiet.epsilon_
+    with pytest.raises(ValueError, match="verbose"):
+        cls(verbose=-1, **kw).fit(X, y)

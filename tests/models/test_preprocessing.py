@@ -11,7 +11,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 
 from privlearn.accounting import Gaussian, PureDP, compose
 from privlearn.datasets import load_california_housing
-from privlearn.errors import DataClippedWarning
+from privlearn.errors import DataClippedWarning, ParameterValueError
 from privlearn.models import AdaSSPRegressor
 from privlearn.models.preprocessing import (
     PrivatePipeline,
@@ -110,6 +110,25 @@ def test_scaler_rejects_bad_parameters():
         PrivateStandardScaler(feature_range=(0, 1), quantile=0.7).fit(X)
     with pytest.raises(ValueError, match="delta"):
         PrivateStandardScaler(feature_range=(0, 1), delta=0.0).fit(X)
+
+
+def test_a_bad_feature_range_is_refused_naming_what_is_wrong():
+    """A feature_range with a row too few (a column forgotten, e.g. one one-hot column of
+    an encoding step) names the shape it has beside the one X needs; an inverted or
+    infinite row is named by its index, the column of X it bounds."""
+    X = np.ones((10, 3))
+    cases = [
+        ([(0, 1), (0, 1)], ["shape (3, 2)", "an array of shape (2, 2)", "per column of X"]),
+        ([(0, 1), (5, 2), (0, 1)], ["row 1 (column 1 of X) is (5, 2)"]),
+        ([(0, 1), (0, 1), (0, np.inf)], ["row 2 (column 2 of X) is (0, inf)"]),
+        ("wide", ["not an array of numbers"]),
+    ]
+    for feature_range, said in cases:
+        with pytest.raises(ParameterValueError) as info:
+            PrivateStandardScaler(feature_range=feature_range).fit(X)
+        assert all(s in str(info.value) for s in said), str(info.value)
+    sc = PrivateStandardScaler(feature_range=[(0, 1), (0, 2), (-1, 1)], random_state=0).fit(X)
+    np.testing.assert_array_equal(sc._ranges(3), [(0, 1), (0, 2), (-1, 1)])
 
 
 def test_private_quantile_and_bounds():

@@ -1028,3 +1028,16 @@ def test_a_run_composed_after_earlier_runs_takes_its_planned_steps_and_no_more(s
     assert steps == p.accountant.steps == p.plan.planned_steps
     assert p.epsilon() == pytest.approx(
         compose([run, run], steps=[1, 1]).epsilon(1e-5), rel=1e-9)
+
+
+def test_a_loader_without_batching_is_refused_in_its_own_terms():
+    """DataLoader(ds, batch_size=None) turns batching off (one example at a time): the
+    refusal says so, rather than naming a batch_sampler the user never passed."""
+    ds = toy_data()
+    model = _mlp()
+    with pytest.raises(ConfigurationError) as info:
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=None), noise_multiplier=1.0)
+    msg = str(info.value)
+    assert "batch_size=None" in msg and "NoneType" not in msg
+    assert "DataLoader(dataset, batch_size=B)" in msg
