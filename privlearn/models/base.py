@@ -56,6 +56,7 @@ from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
 import privlearn
+from privlearn import _validation as _v
 from privlearn.accounting import (
     Gaussian,
     Laplace,
@@ -627,8 +628,13 @@ def row_norms(X: np.ndarray, ord: int | float = 2) -> np.ndarray:
     """The ``ord``-norm of every row of ``X``, without overflow in the squares: a row
     whose plain norm overflows (entries beyond about ``1e154``) is scaled by its largest
     entry first, ``s ||x / s||``, which is ``inf`` only when the norm itself exceeds the
-    largest float (and says nothing). Every other row's norm is ``np.linalg.norm``'s."""
+    largest float (and says nothing). Every other row's norm is ``np.linalg.norm``'s.
+    ``X`` must be 2-D (:class:`~privlearn.errors.ParameterValueError` otherwise)."""
     X = np.asarray(X, dtype=float)
+    if X.ndim != 2:
+        raise ParameterValueError(
+            f"X must be a 2-D array of rows (n_samples, n_features), got shape {X.shape}; "
+            "reshape one row with X.reshape(1, -1)")
     with np.errstate(over="ignore", invalid="ignore"):
         norms = np.linalg.norm(X, ord=ord, axis=1)
     big = ~np.isfinite(norms) & np.all(np.isfinite(X), axis=1)
@@ -654,7 +660,12 @@ def clip_rows(X: np.ndarray, bound: float, ord: int | float = 2) -> tuple[np.nda
     of extreme finite entries (near ``1e308``, whose squares overflow) is scaled by its
     largest entry first, ``bound (x / s) / ||x / s||``: no overflow warning, and the row
     clipped to norm ``bound`` in its own direction (not to zero).
+
+    ``bound`` must be a finite number > 0: a NaN bound would clip nothing and a negative
+    one flip every row, both silently, so either is a
+    :class:`~privlearn.errors.ParameterValueError` naming it.
     """
+    bound = _v.check_positive("bound", bound, hint="the public bound on a row's norm")
     norms = row_norms(X, ord)
     over = norms > bound
     if not np.any(over):

@@ -346,3 +346,34 @@ def test_a_budget_for_one_fit_refuses_the_second_and_keeps_the_first(name, tmp_p
         est.fit(X0, target)
     np.testing.assert_array_equal(_released(est), first)
     assert led.spent("d").entries == spent.entries
+
+
+# -- the clipping building block (diffprivlib's test_clip_to_norm) ---------------------
+
+
+@pytest.mark.parametrize("bound", [0.0, -1.0, float("nan"), float("inf")])
+def test_clip_rows_refuses_a_bound_that_is_not_a_finite_positive_number(bound):
+    """A NaN bound clipped nothing and a negative one flipped every row, silently."""
+    from privlearn.models.base import clip_rows
+
+    with pytest.raises(ParameterValueError, match="bound must be in"):
+        clip_rows(X0 * 10.0, bound)
+
+
+def test_clip_rows_refuses_a_single_row_typed_and_clips_every_row_to_the_bound():
+    from privlearn.models.base import clip_rows
+
+    with pytest.raises(ParameterValueError, match="2-D"):
+        clip_rows(X0[0], 1.0)
+    X = np.random.default_rng(4).normal(size=(500, 4)) * 3.0
+    for ord_ in (1, 2, np.inf):
+        clipped, n = clip_rows(X, 2.0, ord=ord_)
+        norms, before = np.linalg.norm(clipped, ord_, axis=1), np.linalg.norm(X, ord_, axis=1)
+        assert np.all(norms <= 2.0 * (1 + 1e-12))
+        assert n == np.count_nonzero(before > 2.0)
+        inside = before <= 2.0
+        np.testing.assert_array_equal(clipped[inside], X[inside])
+        # clipped rows keep their direction
+        np.testing.assert_allclose(
+            clipped[~inside] / norms[~inside, None], X[~inside] / before[~inside, None]
+        )
