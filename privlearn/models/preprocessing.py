@@ -59,7 +59,12 @@ from privlearn.errors import (
     PrivacyLeakWarning,
     UnsupportedMechanismError,
 )
-from privlearn.models._bounds import choose_x_bound, choose_y_bound, private_quantile
+from privlearn.models._bounds import (
+    check_public_ranges,
+    choose_x_bound,
+    choose_y_bound,
+    private_quantile,
+)
 from privlearn.models._public_width import public_output_width, refuse_learned_categories
 from privlearn.models.base import (
     PrivateEstimator,
@@ -238,11 +243,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
             fr = np.full((0,), np.nan)  # refused below, with the expected shape
         if fr.shape == (2,):
             fr = np.tile(fr, (d, 1))
-        if fr.shape != (d, 2) or not np.all(np.isfinite(fr)) or not np.all(fr[:, 0] < fr[:, 1]):
-            raise ParameterValueError(
-                f"feature_range must be (lower, upper) or an array of shape ({d}, 2) with "
-                f"finite lower < upper, got {self.feature_range!r}"
-            )
+        check_public_ranges("feature_range", fr, d, self.feature_range)
         return fr
 
     _parameter_constraints = {

@@ -377,3 +377,33 @@ def test_clip_rows_refuses_a_single_row_typed_and_clips_every_row_to_the_bound()
         np.testing.assert_allclose(
             clipped[~inside] / norms[~inside, None], X[~inside] / before[~inside, None]
         )
+
+
+# -- public bounds whose square overflows (extreme but finite parameters) ---------------
+
+
+@pytest.mark.parametrize("cls", [SSPRegressor, AdaSSPRegressor, NoisyGDRegressor])
+def test_an_x_bound_whose_square_overflows_is_refused_before_spending(cls, tmp_path):
+    """x_bound=1e160 made the release raise a bare OverflowError (its square is the
+    sensitivity of X^T X) after the reservation, so the budget was spent for nothing."""
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=5.0, delta=1e-4)
+    est = cls(epsilon=1.0, delta=1e-5, x_bound=1e160, ledger=led.budget("d"))
+    with pytest.raises(ParameterValueError, match=r"x_bound=1e\+160 is too large"):
+        est.fit(X0, Y_REG)
+    assert led.spent("d").entries == 0
+    # a huge bound whose square is finite still fits (and clips nothing)
+    big = cls(epsilon=1.0, delta=1e-5, x_bound=1e100, fit_intercept=False, random_state=0)
+    assert np.all(np.isfinite(big.fit(X0, Y_REG).predict(X0)))
+
+
+def test_a_feature_range_whose_variance_overflows_is_refused_naming_the_features():
+    """A range of half-width 1e160 gave var_ = inf, scale_ = inf and a transform of all
+    zeros, silently."""
+    ranges = [(-1.0, 1.0), (-1e160, 1e160), (0.0, 1.0)]
+    with pytest.raises(ParameterValueError, match=r"feature_range is too wide for features \[1\]"):
+        PrivateStandardScaler(epsilon=1.0, delta=1e-5, feature_range=ranges).fit(X0)
+    with pytest.raises(ParameterValueError, match="too wide"):
+        PrivateStandardScaler(feature_range=(-1e300, 1e300), quantile=None).fit(X0)
+    sc = PrivateStandardScaler(feature_range=(-1e100, 1e100), quantile=None, random_state=0)
+    assert np.all(np.isfinite(sc.fit(X0).scale_))
