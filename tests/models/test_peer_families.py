@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 from sklearn.base import clone
 from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from privlearn.datasets import load_california_housing, make_logistic_data
@@ -29,9 +30,11 @@ from privlearn.models import (
     DPSGDClassifier,
     DPSGDRegressor,
     NoisyGDRegressor,
+    PrivatePipeline,
     PrivateStandardScaler,
     SSPRegressor,
 )
+from privlearn.models.base import clip_rows
 
 RNG = np.random.default_rng(0)
 X0 = RNG.uniform(-1.0, 1.0, size=(200, 3)) / np.sqrt(3.0)  # rows of norm <= 1
@@ -354,15 +357,11 @@ def test_a_budget_for_one_fit_refuses_the_second_and_keeps_the_first(name, tmp_p
 @pytest.mark.parametrize("bound", [0.0, -1.0, float("nan"), float("inf")])
 def test_clip_rows_refuses_a_bound_that_is_not_a_finite_positive_number(bound):
     """A NaN bound clipped nothing and a negative one flipped every row, silently."""
-    from privlearn.models.base import clip_rows
-
     with pytest.raises(ParameterValueError, match="bound must be in"):
         clip_rows(X0 * 10.0, bound)
 
 
 def test_clip_rows_refuses_a_single_row_typed_and_clips_every_row_to_the_bound():
-    from privlearn.models.base import clip_rows
-
     with pytest.raises(ParameterValueError, match="2-D"):
         clip_rows(X0[0], 1.0)
     X = np.random.default_rng(4).normal(size=(500, 4)) * 3.0
@@ -407,3 +406,35 @@ def test_a_feature_range_whose_variance_overflows_is_refused_naming_the_features
         PrivateStandardScaler(feature_range=(-1e300, 1e300), quantile=None).fit(X0)
     sc = PrivateStandardScaler(feature_range=(-1e100, 1e100), quantile=None, random_state=0)
     assert np.all(np.isfinite(sc.fit(X0).scale_))
+
+
+# -- pipelines and searches at a huge epsilon ------------------------------------------
+
+
+def test_private_pipeline_at_a_huge_epsilon_predicts_as_scikit_learn_s_pipeline():
+    """PrivateStandardScaler (public range as bounds) then AdaSSP, each at epsilon 1e6,
+    against StandardScaler then LinearRegression; the pipeline's epsilon_ is the tight
+    composition of its steps (below their sum)."""
+    rng = np.random.default_rng(5)
+    X = rng.normal([3.0, -1.0, 0.0], [1.0, 2.0, 0.5], size=(4000, 3))
+    y = X @ [0.5, -0.25, 1.0] + 0.1 * rng.normal(size=4000)
+    ref = make_pipeline(StandardScaler(), LinearRegression()).fit(X, y)
+    pipe = PrivatePipeline(
+        [
+            (
+                "scale",
+                PrivateStandardScaler(
+                    epsilon=1e6, delta=1e-7, feature_range=(-10, 10), quantile=None, random_state=0
+                ),
+            ),
+            (
+                "model",
+                AdaSSPRegressor(
+                    epsilon=1e6, delta=1e-7, x_bound=15.0, y_bound=(-10.0, 10.0), random_state=1
+                ),
+            ),
+        ]
+    ).fit(X, y)
+    assert pipe.epsilon_ <= 2e6
+    assert pipe.delta_ == pytest.approx(2e-7)
+    np.testing.assert_allclose(pipe.predict(X), ref.predict(X), atol=0.02)
