@@ -17,7 +17,7 @@ import numpy as np
 from privlearn import _validation as _v
 from privlearn._progress import progress
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
-from privlearn.errors import ParameterValueError, PrivacyLeakWarning
+from privlearn.errors import ParameterValueError, PrivacyLeakWarning, PrivacyLossOverflowError
 from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._ssp import ADASSP_Z
@@ -252,7 +252,11 @@ class NoisyGDRegressor(_PrivateLinearBase):
             return _noisy_gd_mechanism(s, int(k), sigma_l)
 
         if n_iter is None:
-            if mech(sigma, 1).epsilon(delta, acc) > eps:
+            try:
+                one_step = mech(sigma, 1).epsilon(delta, acc)
+            except PrivacyLossOverflowError:  # above 1e12 or unrepresentable
+                one_step = math.inf
+            if one_step > eps:
                 raise ParameterValueError(
                     f"noise_multiplier={sigma} is too small for epsilon={eps} at "
                     f"delta={delta}: even one iteration exceeds the budget; use a larger "

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import math
 import numbers
 import os
 import sys
@@ -71,6 +72,7 @@ from privlearn.errors import (
     NonFiniteInputError,
     ParameterTypeError,
     ParameterValueError,
+    PrivacyLossOverflowError,
     UnsupportedMechanismError,
 )
 from privlearn.ledger import check_privacy_unit
@@ -712,10 +714,14 @@ def resolve_noise_multiplier(
     """
     if noise_multiplier is not None:
         sigma = float(noise_multiplier)
-        spent = float(mechanism_of(sigma).epsilon(delta, accountant))
+        try:
+            spent = float(mechanism_of(sigma).epsilon(delta, accountant))
+        except PrivacyLossOverflowError:  # above 1e12 or unrepresentable: over any budget
+            spent = math.inf
         if spent > epsilon:
+            shown = f"{spent:.6g}" if math.isfinite(spent) else "above 1e12 (unrepresentable)"
             raise ParameterValueError(
-                f"noise_multiplier={sigma} spends epsilon={spent:.6g} > epsilon={epsilon} "
+                f"noise_multiplier={sigma} spends epsilon={shown} > epsilon={epsilon} "
                 f"at delta={delta}{' ' + describe if describe else ''}; leave "
                 "noise_multiplier=None to calibrate it, or raise epsilon")
         return sigma

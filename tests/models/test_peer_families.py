@@ -22,8 +22,9 @@ from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from privlearn.accounting import Gaussian, calibrate, compose, subsample
 from privlearn.datasets import load_california_housing, make_logistic_data
-from privlearn.errors import BudgetExceededError, ParameterValueError
+from privlearn.errors import BudgetExceededError, ParameterValueError, PrivacyLossOverflowError
 from privlearn.ledger import Ledger
 from privlearn.models import (
     AdaSSPRegressor,
@@ -194,6 +195,29 @@ def test_tiny_and_huge_epsilons_fit_within_their_budget(name, eps):
     est = _fit(name, X0, eps=eps, random_state=0)
     assert 0.0 <= est.epsilon_ <= eps
     assert np.all(np.isfinite(np.asarray(_output(est, X0), dtype=float)))
+
+
+@pytest.mark.parametrize("name", sorted(MAKERS))
+def test_an_epsilon_beyond_what_can_be_certified_spends_the_largest_certifiable(name):
+    """epsilon=1e300 (or 1e13) raised an AccountingError (an ArithmeticError) from the
+    calibration, whose search met noise so small that its privacy loss cannot be
+    represented. Such a parameter is now infeasible for the search, which settles on the
+    smallest noise whose epsilon is certified (at most about 1e12 <= the budget)."""
+    for eps in (1e13, 1e300):
+        est = _fit(name, X0, eps=eps, random_state=0)
+        assert 0.0 < est.epsilon_ <= eps and np.isfinite(est.epsilon_)
+        assert est.epsilon_ == pytest.approx(est.mechanism_.epsilon(est.delta_))
+        assert np.all(np.isfinite(np.asarray(_output(est, X0), dtype=float)))
+
+
+def test_calibrate_meets_a_target_above_the_representable_epsilons_on_the_safe_side():
+    sigma = calibrate(lambda s: Gaussian(s), 1e13, 1e-5)
+    assert Gaussian(sigma).epsilon(1e-5) <= 1e13
+    # a smaller multiplier is not certifiable: never chosen
+    with pytest.raises(PrivacyLossOverflowError):
+        Gaussian(sigma / 4).epsilon(1e-5)
+    q = calibrate(lambda s: compose(subsample(Gaussian(s), 0.01), steps=100), 1e300, 1e-5)
+    assert compose(subsample(Gaussian(q), 0.01), steps=100).epsilon(1e-5) <= 1e300
 
 
 # -- random_state (test_random_state, test_same_results, test_different_results) -------
@@ -438,3 +462,21 @@ def test_private_pipeline_at_a_huge_epsilon_predicts_as_scikit_learn_s_pipeline(
     assert pipe.epsilon_ <= 2e6
     assert pipe.delta_ == pytest.approx(2e-7)
     np.testing.assert_allclose(pipe.predict(X), ref.predict(X), atol=0.02)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DPSGDRegressor(n_iter=10, noise_multiplier=1e-9),
+        lambda: DPSGDClassifier(n_iter=10, noise_multiplier=1e-9, classes=[0, 1]),
+        lambda: NoisyGDRegressor(noise_multiplier=1e-9, n_iter=10),
+        lambda: NoisyGDRegressor(noise_multiplier=1e-9),
+    ],
+)
+def test_a_given_noise_multiplier_too_small_to_account_is_refused_naming_it(make):
+    """A noise_multiplier whose epsilon cannot be represented raised the accountant's
+    AccountingError (an ArithmeticError about its internal multiplier); it is over any
+    budget: the estimator's own ParameterValueError, naming noise_multiplier."""
+    est = make()
+    with pytest.raises(ParameterValueError, match="noise_multiplier=1e-09"):
+        est.fit(X0, Y_CLF if isinstance(est, DPSGDClassifier) else Y_REG)
