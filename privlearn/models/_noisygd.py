@@ -270,11 +270,10 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 raise ParameterValueError(
                     f"epsilon={eps} at delta={delta} with noise_multiplier={sigma} and "
                     f"n_iter=None would run more than {MAX_CALIBRATED_ITERATIONS:,} "
-                    "iterations (the count grows with the square of noise_multiplier and, "
-                    "for a large epsilon, roughly of epsilon), a fit of hours; nothing was "
-                    "spent. Pass n_iter (e.g. n_iter=1000 with noise_multiplier=None, which "
-                    "then calibrates the noise to the budget), or a smaller "
-                    "noise_multiplier")
+                    "iterations (the count grows with the square of noise_multiplier and "
+                    "with epsilon), a fit of hours; nothing was spent. Pass n_iter (e.g. "
+                    "n_iter=1000 with noise_multiplier=None, which then calibrates the "
+                    "noise to the budget), or a smaller noise_multiplier")
         else:  # the one "use the given noise or calibrate" path of the estimators
             extra = (
                 " (including the private smoothness release; smoothness=<float> or "
