@@ -18,7 +18,12 @@ import numpy as np
 
 from privlearn._validation import check_count, check_delta, check_positive, check_real
 from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
-from privlearn.errors import CalibrationError, ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    CalibrationError,
+    ParameterTypeError,
+    ParameterValueError,
+    PrivacyLossOverflowError,
+)
 
 __all__ = ["calibrate", "CalibrationError"]
 
@@ -118,7 +123,14 @@ def calibrate(
                 raise CalibrationError(
                     f"calibration did not converge in {max_evaluations} evaluations"
                 )
-            cache[x] = float(factory(int(x) if integer else x).epsilon(delta, accountant))
+            try:
+                cache[x] = float(factory(int(x) if integer else x).epsilon(delta, accountant))
+            except PrivacyLossOverflowError:
+                # a privacy loss too large to represent (an epsilon above 1e12, or
+                # infinite): counted as infeasible, so the search moves to more noise; a
+                # huge target is then met by the largest epsilon that can be certified
+                # (never by a parameter whose epsilon is unknown)
+                cache[x] = math.inf
         return cache[x]
 
     def feasible(x: float) -> bool:

@@ -36,6 +36,27 @@ def _check_range(lower: object, upper: object) -> tuple[float, float]:
     return float(lower), float(upper)
 
 
+def check_public_ranges(name: str, ranges: np.ndarray, d: int, given: object) -> None:
+    """Refuse (:class:`~privlearn.errors.ParameterValueError`, naming ``name`` and the
+    value ``given``) public ranges that are not ``(d, 2)`` finite ``lower < upper`` rows,
+    or whose half-width squared overflows float64: a variance over such a range is
+    ``inf`` (a scaler's ``var_``, and a ``transform`` of all zeros)."""
+    if ranges.shape != (d, 2) or not np.all(np.isfinite(ranges)) or not np.all(
+            ranges[:, 0] < ranges[:, 1]):
+        raise ParameterValueError(
+            f"{name} must be (lower, upper) or an array of shape ({d}, 2) with finite "
+            f"lower < upper, got {given!r}")
+    with np.errstate(over="ignore"):
+        half = 0.5 * ranges[:, 1] - 0.5 * ranges[:, 0]
+        wide = ~np.isfinite(half * half)
+    if np.any(wide):
+        raise ParameterValueError(
+            f"{name} is too wide for features {np.flatnonzero(wide)[:10].tolist()}: the "
+            "variance of a feature spanning it, ((upper - lower) / 2)^2, overflows float64 "
+            f"(got {given!r}). Divide those features by a public constant first and give "
+            "the range of the rescaled values")
+
+
 def _em_quantile(
     values: np.ndarray, q: float, epsilon: float, lower: float, upper: float,
     n_candidates: int, rng: np.random.Generator,
@@ -149,6 +170,7 @@ def feature_ranges(feature_range: object, d: int) -> np.ndarray:
     if fr.shape == (d, 2):
         ok = np.isfinite(fr).all(axis=1) & (fr[:, 0] < fr[:, 1])
         if ok.all():
+            check_public_ranges("feature_range", fr, d, feature_range)  # overflow
             return fr
         bad = int(np.flatnonzero(~ok)[0])
         what = f"row {bad} (column {bad} of X) is ({fr[bad, 0]:g}, {fr[bad, 1]:g})"

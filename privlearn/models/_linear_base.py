@@ -11,6 +11,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
+from privlearn.errors import ParameterValueError
 from privlearn.models._release import DataClippedWarning
 from privlearn.models._ssp import check_label_range
 from privlearn.models.base import (
@@ -71,6 +72,18 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
         """The plan's common fields from the validated parameters; Gaussian noise needs
         ``delta > 0``."""
         require_delta_for_gaussian(params["delta"], type(self).__name__, laplace=False)
+        xb = params["x_bound"]
+        xb_eff = math.sqrt(2.0) * xb if self.fit_intercept else xb
+        if not math.isfinite(xb_eff * xb_eff):
+            # the sensitivities use its square: refused now, not once the release has
+            # spent (an overflow there would fail the fit after the reservation)
+            column = " (sqrt(2) x_bound with the intercept column)" if self.fit_intercept else ""
+            raise ParameterValueError(
+                f"{type(self).__name__}: x_bound={xb!r} is too large: the sensitivity of "
+                f"X^T X is the square of the rows' bound{column}, which overflows float64 "
+                "(x_bound must stay below about 1e154). Divide X by a public constant so "
+                "that its rows have norms of order 1, and pass the bound of the rescaled "
+                "rows")
         lo, hi = check_label_range(self.y_bound)
         return dict(delta=params["delta"], accountant=params["accountant"],
                     x_bound=params["x_bound"],

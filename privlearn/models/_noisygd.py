@@ -17,7 +17,7 @@ import numpy as np
 from privlearn import _validation as _v
 from privlearn._progress import progress
 from privlearn.accounting import Gaussian, Mechanism, calibrate, compose
-from privlearn.errors import ParameterValueError, PrivacyLeakWarning
+from privlearn.errors import ParameterValueError, PrivacyLeakWarning, PrivacyLossOverflowError
 from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._ssp import ADASSP_Z
@@ -26,6 +26,11 @@ from privlearn.models.constraints import VERBOSE, Integer, Real, Unchecked
 
 #: Smoothness modes of :class:`NoisyGDRegressor` (besides a float).
 SMOOTHNESS_MODES = ("private", "public", "data")
+
+#: The most iterations ``n_iter=None`` calibrates to the budget: above it (about half an
+#: hour of fitting or more; a huge epsilon at the default ``noise_multiplier`` asks for
+#: billions) the fit is refused before anything is spent, with what to pass instead.
+MAX_CALIBRATED_ITERATIONS = 10**8
 
 #: Fraction of NoisyGD's budget, in ``1 / sigma^2`` (Gaussian-DP ``mu^2``), spent on the
 #: private smoothness release. Fixed in advance (not tuned on any data set).
@@ -112,7 +117,11 @@ class NoisyGDRegressor(_PrivateLinearBase):
         at 5 and 2,590,718 at 20 (fits of about 0.6 s, 5 s and 30-70 s on 1,000 x 10
         data on one shared CPU core; ``docs/benchmarks.md``). A smaller
         ``noise_multiplier`` runs fewer iterations (``sigma=50``: 100 times fewer);
-        ``verbose=1`` shows the progress.
+        ``verbose=1`` shows the progress. A budget that would run more than
+        :data:`MAX_CALIBRATED_ITERATIONS` (10^8) iterations, e.g. epsilon 1e4 at the
+        default ``sigma``, is refused with ``ParameterValueError`` before anything is
+        spent: pass ``n_iter`` (``noise_multiplier=None`` then calibrates the noise) or
+        a smaller ``noise_multiplier``.
     learning_rate : "theory" or float > 0
         ``"theory"`` (default): the notebook's choice, see :func:`theoretical_learning_rate`.
         A float is used as given (then no smoothness is released and no budget spent on it).
@@ -243,14 +252,28 @@ class NoisyGDRegressor(_PrivateLinearBase):
             return _noisy_gd_mechanism(s, int(k), sigma_l)
 
         if n_iter is None:
-            if mech(sigma, 1).epsilon(delta, acc) > eps:
+            try:
+                one_step = mech(sigma, 1).epsilon(delta, acc)
+            except PrivacyLossOverflowError:  # above 1e12 or unrepresentable
+                one_step = math.inf
+            if one_step > eps:
                 raise ParameterValueError(
                     f"noise_multiplier={sigma} is too small for epsilon={eps} at "
                     f"delta={delta}: even one iteration exceeds the budget; use a larger "
                     "noise_multiplier"
                 )
-            n_iter = int(calibrate(lambda k: mech(sigma, k), eps, delta, bounds=(1, 10**9),
-                                   integer=True, accountant=acc))
+            # one above the ceiling: a count the search returns there exceeds it
+            n_iter = int(calibrate(lambda k: mech(sigma, k), eps, delta,
+                                   bounds=(1, MAX_CALIBRATED_ITERATIONS + 1), integer=True,
+                                   accountant=acc))
+            if n_iter > MAX_CALIBRATED_ITERATIONS:
+                raise ParameterValueError(
+                    f"epsilon={eps} at delta={delta} with noise_multiplier={sigma} and "
+                    f"n_iter=None would run more than {MAX_CALIBRATED_ITERATIONS:,} "
+                    "iterations (the count grows with the square of noise_multiplier and "
+                    "with epsilon), a fit of hours; nothing was spent. Pass n_iter (e.g. "
+                    "n_iter=1000 with noise_multiplier=None, which then calibrates the "
+                    "noise to the budget), or a smaller noise_multiplier")
         else:  # the one "use the given noise or calibrate" path of the estimators
             extra = (
                 " (including the private smoothness release; smoothness=<float> or "

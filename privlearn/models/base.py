@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import math
 import numbers
 import os
 import sys
@@ -56,6 +57,7 @@ from sklearn.utils import get_tags
 from sklearn.utils.validation import validate_data
 
 import privlearn
+from privlearn import _validation as _v
 from privlearn.accounting import (
     Gaussian,
     Laplace,
@@ -70,6 +72,7 @@ from privlearn.errors import (
     NonFiniteInputError,
     ParameterTypeError,
     ParameterValueError,
+    PrivacyLossOverflowError,
     UnsupportedMechanismError,
 )
 from privlearn.ledger import check_privacy_unit
@@ -627,8 +630,13 @@ def row_norms(X: np.ndarray, ord: int | float = 2) -> np.ndarray:
     """The ``ord``-norm of every row of ``X``, without overflow in the squares: a row
     whose plain norm overflows (entries beyond about ``1e154``) is scaled by its largest
     entry first, ``s ||x / s||``, which is ``inf`` only when the norm itself exceeds the
-    largest float (and says nothing). Every other row's norm is ``np.linalg.norm``'s."""
+    largest float (and says nothing). Every other row's norm is ``np.linalg.norm``'s.
+    ``X`` must be 2-D (:class:`~privlearn.errors.ParameterValueError` otherwise)."""
     X = np.asarray(X, dtype=float)
+    if X.ndim != 2:
+        raise ParameterValueError(
+            f"X must be a 2-D array of rows (n_samples, n_features), got shape {X.shape}; "
+            "reshape one row with X.reshape(1, -1)")
     with np.errstate(over="ignore", invalid="ignore"):
         norms = np.linalg.norm(X, ord=ord, axis=1)
     big = ~np.isfinite(norms) & np.all(np.isfinite(X), axis=1)
@@ -654,7 +662,12 @@ def clip_rows(X: np.ndarray, bound: float, ord: int | float = 2) -> tuple[np.nda
     of extreme finite entries (near ``1e308``, whose squares overflow) is scaled by its
     largest entry first, ``bound (x / s) / ||x / s||``: no overflow warning, and the row
     clipped to norm ``bound`` in its own direction (not to zero).
+
+    ``bound`` must be a finite number > 0: a NaN bound would clip nothing and a negative
+    one flip every row, both silently, so either is a
+    :class:`~privlearn.errors.ParameterValueError` naming it.
     """
+    bound = _v.check_positive("bound", bound, hint="the public bound on a row's norm")
     norms = row_norms(X, ord)
     over = norms > bound
     if not np.any(over):
@@ -701,10 +714,14 @@ def resolve_noise_multiplier(
     """
     if noise_multiplier is not None:
         sigma = float(noise_multiplier)
-        spent = float(mechanism_of(sigma).epsilon(delta, accountant))
+        try:
+            spent = float(mechanism_of(sigma).epsilon(delta, accountant))
+        except PrivacyLossOverflowError:  # above 1e12 or unrepresentable: over any budget
+            spent = math.inf
         if spent > epsilon:
+            shown = f"{spent:.6g}" if math.isfinite(spent) else "above 1e12 (unrepresentable)"
             raise ParameterValueError(
-                f"noise_multiplier={sigma} spends epsilon={spent:.6g} > epsilon={epsilon} "
+                f"noise_multiplier={sigma} spends epsilon={shown} > epsilon={epsilon} "
                 f"at delta={delta}{' ' + describe if describe else ''}; leave "
                 "noise_multiplier=None to calibrate it, or raise epsilon")
         return sigma

@@ -67,6 +67,7 @@ import numpy as np
 from privlearn.accounting import compose
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._noisygd import (
+    MAX_CALIBRATED_ITERATIONS,
     SMOOTHNESS_BUDGET_FRACTION,
     NoisyGDRegressor,
     noisy_gd_paths,
@@ -109,6 +110,7 @@ __all__ = [
     "SSP_BUDGET_SPLIT",
     "ADASSP_BUDGET_SPLIT",
     "SMOOTHNESS_BUDGET_FRACTION",
+    "MAX_CALIBRATED_ITERATIONS",
     "check_label_range",
 ]
 
