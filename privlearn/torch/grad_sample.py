@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from privlearn.torch._ghost_norms import ghost_sq, round_up
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _GHOST_DEFER,
     _LOW,
@@ -553,16 +554,12 @@ class OuterProduct(Contribution):
             a2 = self.a.float() if self._low else self.a
             g2 = self.g.float() if self._low else self.g
             w = (a2.pow(2).sum(-1) * g2.pow(2).sum(-1)).reshape(b, -1).sum(1)
-        elif self._low:  # Gram matrices in half precision, float32 accumulation
-            a3 = self.a.reshape(b * G, t, d)
-            g3 = self.g.reshape(b * G, t, p)
-            aa = mm32(a3, a3.transpose(1, 2))
-            gg = mm32(g3, g3.transpose(1, 2))
-            w = (aa * gg).reshape(b, -1).sum(1)
-        else:
-            aa = torch.matmul(self.a, self.a.transpose(-1, -2))  # (B, G, T, T)
-            gg = torch.matmul(self.g, self.g.transpose(-1, -2))
-            w = (aa * gg).reshape(b, -1).sum(1)
+        else:  # ghost norms, never below the exact ones whatever the rounding
+            # (half precision: Gram matrices with float32 accumulation)
+            sq = ghost_sq(self.a.reshape(b * G, t, d), self.g.reshape(b * G, t, p),
+                          mm32 if self._low else torch.matmul)
+            w = round_up(sq.view(b, G).sum(1) * (1 + 2 * G * 2.0 ** -53),
+                         torch.float32 if self._low else self._dtype)
         self._wsq = w
         return w
 

@@ -1,0 +1,145 @@
+"""Ghost squared norms of outer-product layers that never understate the exact norm.
+
+The weight gradient of one example of an outer-product layer (Linear, Conv via its
+patches, transformers' Conv1D) is ``G = sum_t g_t a_t^T`` and its squared norm the ghost
+norm ``sum_{t,s} (a_t . a_s)(g_t . g_s)`` (Li, Tramer, Liang & Hashimoto 2022, "Large
+Language Models Can Be Strong Differentially Private Learners", Sec. 4). When an example's
+per-position terms cancel, the terms of that sum are far larger than the result, and the
+rounding of the Gram matrices can make it any value, 0 included: the example then entered
+the clipped sum unclipped. So :func:`ghost_sq` returns the computed value plus a rigorous
+bound on its rounding error, never below the exact squared norm.
+
+With ``gamma_n = n u / (1 - n u)`` (Higham 2002, "Accuracy and Stability of Numerical
+Algorithms", Lemma 3.1 and Sec. 3.1: an inner product of length ``n`` formed in any order
+with unit roundoff ``u`` is within ``gamma_n |x| |y|`` of the exact one), each Gram entry is
+within ``gamma |a_t| |a_s|`` (resp. ``|g_t| |g_s|``), the products and sums over ``s`` (in
+the Gram dtype) and over ``t`` (in float64) add their own ``gamma``, so the computed value
+is within ``total * U`` of the exact squared norm, ``U = (sum_t |a_t| |g_t|)^2`` (bounded
+from the Gram diagonals; ``U`` itself bounds the exact value, by the triangle inequality,
+and caps the result). For an ordinary example ``U`` is about ``T`` times its squared norm,
+so the bound over-states it (clips it more, never less) by a relative ``~ total * T``.
+
+To keep ``total`` small the Gram matrices are accumulated over blocks of the feature
+dimension (:func:`gram_block`): a block of ``k`` features rounds within ``gamma_k``, and
+adding ``m`` blocks within ``gamma_m`` more, where one product of the full length ``n``
+would round within ``gamma_n`` (a vocabulary-wide language-model head: ``n = 50,257``, an
+over-statement of ~80% at ``T = 256``, against ~3% in blocks of 512). The same float32
+products (no wider copy of the records, nothing read back from the device); with TF32 or
+bfloat16 float32 products (``torch.get_float32_matmul_precision()``) the rounding of the
+inputs, ``2^-11`` or ``2^-8`` per factor, is added and cannot be blocked away: about
+``4 * 2^-11 * T`` relative under TF32 (~25% of a squared norm at ``T = 256``); the
+``"highest"`` precision keeps it out. Float64 records round within ``2^-53``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ghost_sq", "gram_block", "round_up"]
+
+_U64 = 2.0**-53
+_U32 = 2.0**-24
+#: unit roundoff of the inputs of a float32 matrix product, by
+#: ``torch.get_float32_matmul_precision()`` (TF32: 10 explicit mantissa bits; bfloat16: 7)
+_INPUT_ROUNDING = {"highest": 0.0, "high": 2.0**-11, "medium": 2.0**-8}
+
+
+def _gamma(n: int, u: float) -> float:
+    """``n u / (1 - n u)`` (infinite when ``n u >= 1``: no bound)."""
+    nu = n * u
+    return float("inf") if nu >= 1 else nu / (1 - nu)
+
+
+def _entry_gamma(k: int, dtype: torch.dtype, low: bool, blocks: int = 1) -> float:
+    """Relative bound (to ``|x| |y|``) on the error of one Gram entry accumulated over
+    ``blocks`` products of length ``k``: each within ``gamma_k``, their sum within
+    ``gamma_(blocks - 1)`` more (in the Gram dtype; Cauchy-Schwarz bounds the sum of the blocks'
+    ``|x_j| |y_j|`` by ``|x| |y|``)."""
+    if dtype == torch.float64:
+        return (1 + _gamma(k, _U64)) * (1 + _gamma(blocks - 1, _U64)) - 1
+    acc = (1 + _gamma(k, _U32)) * (1 + _gamma(blocks - 1, _U32)) - 1
+    if low:  # half-precision operands: products exact in float32, float32 accumulation
+        return acc
+    u_in = _INPUT_ROUNDING.get(torch.get_float32_matmul_precision(), 2.0**-8)
+    return (1 + u_in) ** 2 * (1 + acc) - 1
+
+
+def gram_block(t: int, n: int, u: float) -> int:
+    """Features per block of a Gram matrix of ``T = t`` positions and ``n`` features at unit
+    roundoff ``u``: as many as keep the block's ``gamma`` near ``0.01 / T`` (so its part of
+    the over-statement, ``~ gamma T``, near 1%), at least 256, at most ``n``."""
+    k = int(0.01 / (max(t, 1) * u))
+    return max(1, min(n, max(256, k)))
+
+
+def _gram(x: torch.Tensor, mm, k: int) -> torch.Tensor:
+    """``x x^T`` per row of ``(N, T, n)`` ``x``, accumulated over blocks of ``k`` features
+    (one product where ``k >= n``). Each block's product is formed apart and then added (a
+    fused ``baddbmm`` may add the running sum inside the product's own reduction, where
+    its rounding is not bounded by the block's length)."""
+    n = x.shape[-1]
+    out = mm(x[..., :k], x[..., :k].transpose(1, 2))
+    for j in range(k, n, k):
+        xj = x[..., j : j + k]
+        out.add_(mm(xj, xj.transpose(1, 2)))
+    return out
+
+
+def ghost_sq(
+    a: torch.Tensor, g: torch.Tensor, mm=torch.matmul, widen: bool = False
+) -> torch.Tensor:
+    """Squared Frobenius norms of ``sum_t g_t a_t^T`` per row, never below the exact ones.
+
+    Parameters
+    ----------
+    a : tensor ``(N, T, d)``
+        Inputs (working dtype, or half precision with ``mm`` accumulating in float32).
+    g : tensor ``(N, T, p)``
+        Output gradients, same dtype as ``a``.
+    mm : callable
+        The batched matrix product of the working precision (``torch.matmul``, or
+        :func:`~privlearn.torch._rows.mm32` for half-precision operands).
+    widen : bool
+        Form the Gram matrices in float64 (a wider copy of the records; the tightest
+        bound, at the cost of float64 products).
+
+    Returns
+    -------
+    tensor ``(N,)``
+        Float64: the sum of the Gram products plus the bound on its rounding error (see
+        the module docstring).
+    """
+    n, t, d = a.shape
+    p = g.shape[-1]
+    low = a.dtype in (torch.float16, torch.bfloat16)
+    if widen and a.dtype != torch.float64:
+        a, g, mm, low = a.double(), g.double(), torch.matmul, False
+    u = _U64 if a.dtype == torch.float64 else _U32
+    ka, kg = gram_block(t, d, u), gram_block(t, p, u)
+    ga = _entry_gamma(ka, a.dtype, low, -(-d // ka))
+    gp = _entry_gamma(kg, g.dtype, low, -(-p // kg))
+    if ga >= 0.5 or gp >= 0.5:  # no useful bound in this precision: float64
+        return ghost_sq(a.double(), g.double(), widen=True)
+    aa = _gram(a, mm, ka)  # (N, T, T)
+    gg = _gram(g, mm, kg)
+    u_w = _U64 if aa.dtype == torch.float64 else _U32
+    # |a_t|^2 <= diag / (1 - gamma_d): the diagonals bound the row norms from above
+    # (copies: the products below are formed in place)
+    da = aa.diagonal(dim1=1, dim2=2).double().clamp_min(0)
+    dg = gg.diagonal(dim1=1, dim2=2).double().clamp_min(0)
+    cap = (da * dg).sqrt().sum(1).square() * ((1 + _gamma(t + 4, _U64)) / ((1 - ga) * (1 - gp)))
+    # products and the sums over s in the Gram dtype (in place: no other T x T buffer),
+    # the sum over t in float64
+    sq = aa.mul_(gg).sum(2).double().sum(1)
+    sums = (1 + u_w) * (1 + _gamma(t, u_w)) * (1 + _gamma(t, _U64)) - 1
+    total = ga + gp + ga * gp + sums * (1 + ga) * (1 + gp)
+    bound = (sq + total * cap) * (1 + 4 * _U64)
+    return torch.minimum(bound, cap)  # the exact value is at most (sum_t |a_t||g_t|)^2
+
+
+def round_up(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Non-negative float64 ``x`` in ``dtype``, rounded so as never to decrease."""
+    if dtype == torch.float64:
+        return x
+    y = x.to(dtype)
+    return torch.where(y.double() < x, torch.nextafter(y, torch.full_like(y, float("inf"))), y)
