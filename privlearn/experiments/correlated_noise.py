@@ -78,6 +78,7 @@ from privlearn.experiments._common import (
     prepare_out_dir,
     progress,
     pyplot,
+    save_figure,
     write_csv,
 )
 
@@ -566,6 +567,4 @@ def _plot(rows: list[dict], cfg: StudyConfig, reps: int, path, reference=None):
     ax2.set_ylim(0, max(1.2, math.ceil(10 * max(r["noise_rmse_vs_dpsgd"] for r in rows)) / 10))
     ax2.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

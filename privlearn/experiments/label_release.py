@@ -22,9 +22,11 @@ from privlearn.experiments._common import (
     ExperimentResult,
     epsilon_log_axis,
     format_table,
+    median_errorbar,
     prepare_out_dir,
     progress,
     pyplot,
+    save_figure,
     write_csv,
 )
 from privlearn.models.label_release import PATE, PrivateKNN
@@ -133,9 +135,8 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for m, name in enumerate(("PATE", "Private kNN")):
-            med = np.median(acc[m], axis=1)
-            ax.errorbar(epsilons, med, yerr=[med - acc[m].min(1), acc[m].max(1) - med],
-                        fmt="o-", capsize=3, label=f"{name} (median of {reps})")
+            median_errorbar(ax, epsilons, acc[m], fmt="o-", capsize=3,
+                            label=f"{name} (median of {reps})")
         ax.axhline(acc_pate_clean, color="k", ls="--", label="teacher ensemble, no noise")
         epsilon_log_axis(ax, epsilons)
         ax.set_xlabel(f"epsilon ({n_queries} queries, delta={delta:g})")
@@ -143,9 +144,7 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
         ax.grid(alpha=0.3)
         ax.set_title("MNIST label release")
         ax.legend()
-        png = out / "label_release.png"
-        fig.savefig(png, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        png = save_figure(fig, out / "label_release.png")
     if verbose:
         print(format_table(rows, ["method", "epsilon", "median_accuracy", "epsilon_spent"]))
     return ExperimentResult("label-release", csv_path, png, rows=rows)
