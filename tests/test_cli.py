@@ -382,25 +382,31 @@ def test_python_dash_m() -> None:
     assert __version__ in p.stdout
 
 
-def test_reproduce_forwards_options(runner: CliRunner, monkeypatch, tmp_path) -> None:
+@pytest.fixture()
+def runs(monkeypatch, tmp_path) -> list[tuple[str, dict]]:
+    """The (name, options) of each call of ``privlearn.experiments.run_experiment``,
+    replaced by a recorder whose result lists the one file ``tmp_path / "x.csv"``."""
     experiments = pytest.importorskip("privlearn.experiments")
-    calls = []
+    calls: list[tuple[str, dict]] = []
 
     class Result:
         paths = [tmp_path / "x.csv"]
 
-    def fake(name, **kwargs):
-        calls.append((name, kwargs))
-        return Result()
+    monkeypatch.setattr(experiments, "run_experiment",
+                        lambda name, **kw: calls.append((name, kw)) or Result())
+    return calls
 
-    monkeypatch.setattr(experiments, "run_experiment", fake)
+
+def test_reproduce_forwards_options(runner: CliRunner, runs, tmp_path) -> None:
+    import privlearn.experiments as experiments
+
     name = sorted(experiments.EXPERIMENTS)[0]
     r = invoke(runner, ["reproduce", name, "--out", str(tmp_path), "--reps", "3", "--seed", "7"])
     assert r.exit_code == 0, r.output
-    assert calls == [(name, {"out_dir": str(tmp_path), "reps": 3, "seed": 7})]
+    assert runs == [(name, {"out_dir": str(tmp_path), "reps": 3, "seed": 7})]
     assert f"wrote {tmp_path / 'x.csv'}" in r.stdout
     r = invoke(runner, ["reproduce", name])
-    assert calls[-1] == (name, {})
+    assert runs[-1] == (name, {})
 
 
 # -- --batch-size / --dataset-size / --epochs ------------------------------------------
@@ -738,40 +744,24 @@ def test_reproduce_missing_data_is_one_line(runner: CliRunner, tmp_path, monkeyp
         assert "Traceback" not in r.output
 
 
-def test_reproduce_data_options_forwarded(runner: CliRunner, monkeypatch, tmp_path) -> None:
-    experiments = pytest.importorskip("privlearn.experiments")
-    calls = []
-
-    class Result:
-        paths: list = []
-
-    monkeypatch.setattr(experiments, "run_experiment",
-                        lambda name, **kw: calls.append((name, kw)) or Result())
+def test_reproduce_data_options_forwarded(runner: CliRunner, runs, tmp_path) -> None:
     r = invoke(runner, ["reproduce", "label-release", "--data-home", str(tmp_path),
                         "--download"])
     assert r.exit_code == 0, r.output
-    assert calls == [("label-release", {"data_home": str(tmp_path), "download": True})]
+    assert runs == [("label-release", {"data_home": str(tmp_path), "download": True})]
     r = runner.invoke(cli, ["reproduce", "adult", "--data-home", str(tmp_path)])
     assert r.exit_code == 2 and "apply only to " in r.stderr
     assert "label-release" in r.stderr and "correlated-noise" in r.stderr
 
 
-def test_reproduce_quick_forwarded_where_the_experiment_has_one(runner: CliRunner, monkeypatch,
+def test_reproduce_quick_forwarded_where_the_experiment_has_one(runner: CliRunner, runs,
                                                                 tmp_path) -> None:
-    experiments = pytest.importorskip("privlearn.experiments")
-    calls = []
-
-    class Result:
-        paths: list = []
-
-    monkeypatch.setattr(experiments, "run_experiment",
-                        lambda name, **kw: calls.append((name, kw)) or Result())
     r = invoke(runner, ["reproduce", "correlated-noise", "--quick", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert calls == [("correlated-noise", {"out_dir": str(tmp_path), "quick": True})]
+    assert runs == [("correlated-noise", {"out_dir": str(tmp_path), "quick": True})]
     r = runner.invoke(cli, ["reproduce", "adult", "--quick"])
     assert r.exit_code == 2 and "--quick applies only to correlated-noise" in r.stderr
-    assert len(calls) == 1
+    assert len(runs) == 1
 
 
 def test_reproduce_missing_extra_is_one_line(runner: CliRunner, monkeypatch) -> None:
