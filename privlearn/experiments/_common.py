@@ -18,6 +18,7 @@ __all__ = [
     "pyplot",
     "epsilon_log_axis",
     "median_errorbar",
+    "accuracy_spread",
     "save_figure",
     "DEFAULT_OUT_DIR",
 ]
@@ -85,6 +86,16 @@ def epsilon_log_axis(ax, epsilons) -> None:
     ax.xaxis.set_major_locator(FixedLocator(sorted(float(e) for e in epsilons)))
     ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def accuracy_spread(accuracies) -> dict[str, float]:
+    """The median, minimum and maximum of the repetitions' ``accuracies``, as the
+    ``median_accuracy``, ``min_accuracy`` and ``max_accuracy`` columns of a table row."""
+    import numpy as np
+
+    a = np.asarray(accuracies, dtype=float)
+    return {"median_accuracy": float(np.median(a)), "min_accuracy": float(a.min()),
+            "max_accuracy": float(a.max())}
 
 
 def median_errorbar(ax, x, values, **kwargs):

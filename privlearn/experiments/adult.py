@@ -18,6 +18,7 @@ import numpy as np
 from privlearn.datasets import load_adult
 from privlearn.experiments._common import (
     ExperimentResult,
+    accuracy_spread,
     epsilon_log_axis,
     format_table,
     median_errorbar,
@@ -68,8 +69,7 @@ def run_adult(out_dir=None, reps: int | None = None, seed: int = 0, *,
         acc[i, r] = clf.score(test.data, test.target)
         spent[i], sig[i] = clf.epsilon_, clf.noise_multiplier_
     rows = [dict(method="DP-SGD", epsilon=float(e), delta=delta, epsilon_spent=float(spent[i]),
-                 noise_multiplier=float(sig[i]), median_accuracy=float(np.median(acc[i])),
-                 min_accuracy=float(acc[i].min()), max_accuracy=float(acc[i].max()),
+                 noise_multiplier=float(sig[i]), **accuracy_spread(acc[i]),
                  nonprivate_accuracy=base, gap_points=100 * (base - float(np.median(acc[i]))),
                  reps=reps)
             for i, e in enumerate(epsilons)]

@@ -20,6 +20,7 @@ import numpy as np
 from privlearn.datasets import load_mnist
 from privlearn.experiments._common import (
     ExperimentResult,
+    accuracy_spread,
     epsilon_log_axis,
     format_table,
     median_errorbar,
@@ -122,9 +123,7 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
         for i, e in enumerate(epsilons):
             rows.append(dict(method=name, epsilon=float(e), delta=delta, noise=noise,
                              epsilon_spent=float(spent[m, i]),
-                             median_accuracy=float(np.median(acc[m, i])),
-                             min_accuracy=float(acc[m, i].min()),
-                             max_accuracy=float(acc[m, i].max()), n_queries=n_queries,
+                             **accuracy_spread(acc[m, i]), n_queries=n_queries,
                              reps=reps))
     rows.append(dict(method="PATE (no noise)", epsilon=float("inf"),
                      median_accuracy=acc_pate_clean, n_queries=n_queries))
