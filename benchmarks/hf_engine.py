@@ -165,14 +165,21 @@ def interleaved(name: str, steps: int, threads: int, batch: int, seq: int) -> di
     return {"nonprivate": tn, "private": tp}
 
 
-def main() -> None:
+def model_parser(*, steps: int, rounds: int) -> argparse.ArgumentParser:
+    """The options of the scripts that time :func:`build`'s models: which models, threads,
+    steps per round, rounds, batch size and sequence length."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2,gpt2_untied,bert,llama,gpt2_lora")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=64)
+    return ap
+
+
+def main() -> None:
+    ap = model_parser(steps=8, rounds=2)
     ap.add_argument("--worker", nargs=2)
     ap.add_argument("--interleaved", action="store_true",
                     help="time both modes in one process, alternating steps (no memory)")

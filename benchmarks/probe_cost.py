@@ -14,7 +14,6 @@ the module tree, training flags and hooks, compared with the last one). Usage::
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's privlearn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hf_engine import build, make_batch  # noqa: E402
+from hf_engine import build, make_batch, model_parser  # noqa: E402
 
 
 def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
@@ -88,14 +87,7 @@ def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
 def main() -> None:
     import torch
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="gpt2,gpt2_untied,bert,llama,gpt2_lora")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=64)
-    a = ap.parse_args()
+    a = model_parser(steps=6, rounds=3).parse_args()
     torch.set_num_threads(a.threads)
     print("| model | probe (ms) | private step (ms) | probe / step | check on later steps (us) "
           "| re-arm check per forward (us) | modules |")

@@ -97,7 +97,9 @@ Reading the numbers:
 # --------------------------------------------------------------------------- worker
 
 
-def _proc_status_kb(field: str) -> int:
+def proc_status_kb(field: str) -> int:
+    """``field`` of ``/proc/self/status`` in kB (``VmRSS``: resident now, ``VmHWM``: its
+    peak since the last :func:`reset_peak_rss`)."""
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith(field + ":"):
@@ -105,7 +107,8 @@ def _proc_status_kb(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def _reset_peak_rss() -> None:
+def reset_peak_rss() -> None:
+    """Reset the peak resident set size (``VmHWM``) to the current one."""
     # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")
@@ -182,8 +185,8 @@ def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: flo
 
     model.train()
     batches = _cycle(loader)
-    baseline_kb = _proc_status_kb("VmRSS")
-    _reset_peak_rss()
+    baseline_kb = proc_status_kb("VmRSS")
+    reset_peak_rss()
     times = []
     sizes = []
     for i in range(warmup + steps):
@@ -202,7 +205,7 @@ def worker(model_name: str, mode: str, steps: int, warmup: int, max_seconds: flo
     value = float(loss.detach() if isinstance(loss, torch.Tensor) else loss.item())
     if not math.isfinite(value):
         raise RuntimeError(f"non-finite loss {value}")
-    peak_kb = _proc_status_kb("VmHWM")
+    peak_kb = proc_status_kb("VmHWM")
     step = statistics.median(times)
     return {
         "model": model_name,

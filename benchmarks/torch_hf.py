@@ -108,7 +108,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's privlearn
-from torch_dpsgd import combine_rounds  # benchmarks/, this script's folder  # noqa: E402
+from torch_dpsgd import (  # benchmarks/, this script's folder  # noqa: E402
+    combine_rounds,
+    proc_status_kb,
+    reset_peak_rss,
+)
 
 ALL_MODELS = ["gpt2", "bert", "llama", "gpt2-lora"]
 MODES = ["non-private", "privlearn", "opacus-hooks", "opacus-ew", "opacus-functorch",
@@ -261,19 +265,6 @@ def _param_counts(model) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------- one configuration
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
-
-
 def train_step(model, optimizer, criterion, model_name: str, xb, yb, bf16: bool):
     """One training step on the token ids ``xb`` and targets ``yb`` (on the model's
     device), under bf16 autocast with ``bf16``; returns the loss."""
@@ -361,8 +352,8 @@ def measure(model, w: Workload, mode: str, dtype: str, steps: int, warmup: int,
     it = _cycle(loader)
     bf16 = dtype == "bf16"
     if not cuda:
-        base_kb = _status_kb("VmRSS")
-        _reset_peak()
+        base_kb = proc_status_kb("VmRSS")
+        reset_peak_rss()
     times, sizes, peaks = [], [], []
     loss = None
     for i in range(warmup + steps):
@@ -394,7 +385,7 @@ def measure(model, w: Workload, mode: str, dtype: str, steps: int, warmup: int,
         res["peak_added_mb"] = max(peaks)
         res["held_mb"] = (torch.cuda.memory_allocated() - held_from) / 2**20
     else:
-        res["peak_added_mb"] = (_status_kb("VmHWM") - base_kb) / 1024
+        res["peak_added_mb"] = (proc_status_kb("VmHWM") - base_kb) / 1024
         res["baseline_mb"] = base_kb / 1024
     return res
 

@@ -6,8 +6,8 @@ import contextlib
 import math
 import os
 import warnings
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, TypeVar
 
 import click
 
@@ -30,7 +30,10 @@ from privlearn.cli._app import one_line
 from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
 __all__ = ["build_mechanism", "explain_unsupported", "unsupported", "MECHANISMS",
-           "SAMPLINGS", "check_sampling_has_rate"]
+           "SAMPLINGS", "check_sampling_has_rate", "stacked", "schedule_opts", "RunOptions",
+           "run_options"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 MECHANISMS = ("gaussian", "laplace")
 SAMPLINGS = ("poisson", "fixed")
@@ -264,6 +267,55 @@ accountant_opt = click.option(
                    for name in _accountant_names()) + ".",
 )
 json_opt = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def stacked(*decorators: Callable[[_F], _F]) -> Callable[[_F], _F]:
+    """One decorator applying ``decorators`` as if stacked above a function in this
+    order (the first one outermost), so that a group of options shared by several
+    commands is written once and lists in ``--help`` in the same order everywhere."""
+
+    def apply(f: _F) -> _F:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+#: The run's schedule: ``--sampling-rate``, ``--sampling`` and ``--steps``, or
+#: ``--batch-size``, ``--dataset-size`` and ``--epochs`` (read by :func:`run_options`).
+schedule_opts = stacked(rate_opt, sampling_opt, steps_opt, batch_opt, dataset_opt, epochs_opt)
+
+
+class RunOptions(NamedTuple):
+    """The run the mechanism and schedule options describe, checked (:func:`run_options`)."""
+
+    mechanism: str
+    sampling_rate: float | None
+    sampling: str
+    steps: int
+    note: str
+
+
+def run_options(
+    mechanism: str,
+    sampling: str,
+    sampling_rate: float | None,
+    steps: int | None,
+    batch_size: int | None = None,
+    dataset_size: int | None = None,
+    epochs: int | None = None,
+    *,
+    epoch_form: bool,
+) -> RunOptions:
+    """``--mechanism``, ``--sampling`` and the schedule options checked as every command
+    that builds a mechanism from them checks them: the rate and steps by
+    :func:`schedule`, then ``--sampling`` refused without a rate
+    (:func:`check_sampling_has_rate`; ``epoch_form``: the command also takes the rate as
+    ``--batch-size``/``--dataset-size``/``--epochs``); names in lower case."""
+    rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
+    check_sampling_has_rate(click.get_current_context(), rate, epoch_form=epoch_form)
+    return RunOptions(mechanism.lower(), rate, sampling.lower(), t, note)
 
 
 def check_mechanism_delta(mechanism: str, delta: float, dataset_size: int | None) -> float:

@@ -12,23 +12,17 @@ from privlearn.accounting import Mechanism, calibrate
 from privlearn.cli._app import cli, one_line
 from privlearn.cli._options import (
     accountant_opt,
-    batch_opt,
     build_mechanism,
     check_mechanism_delta,
-    check_sampling_has_rate,
-    dataset_opt,
     delta_opt,
     describe,
-    epochs_opt,
     explain_unsupported,
     json_opt,
     mechanism_opt,
     none_if_inf,
-    rate_opt,
     run_json,
-    sampling_opt,
-    schedule,
-    steps_opt,
+    run_options,
+    schedule_opts,
 )
 from privlearn.errors import AccountingError, CalibrationError, PrivacyLossOverflowError
 
@@ -38,12 +32,7 @@ __all__ = ["epsilon", "calibrate_cmd"]
 @cli.command()
 @mechanism_opt
 @click.option("--noise-multiplier", type=float, required=True, help="Noise multiplier (> 0).")
-@rate_opt
-@sampling_opt
-@steps_opt
-@batch_opt
-@dataset_opt
-@epochs_opt
+@schedule_opts
 @delta_opt
 @accountant_opt
 @json_opt
@@ -68,9 +57,9 @@ def epsilon(
     mechanism's parameters.
     """
     nm = check_positive("--noise-multiplier", noise_multiplier)
-    rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
-    check_sampling_has_rate(click.get_current_context(), rate, epoch_form=True)
-    kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
+    kind, rate, samp, t, note = run_options(mechanism, sampling, sampling_rate, steps,
+                                            batch_size, dataset_size, epochs, epoch_form=True)
+    acc = accountant.lower()
     d = check_mechanism_delta(kind, delta, dataset_size)
     m = build_mechanism(kind, nm, rate, samp, t)
     try:
@@ -113,12 +102,7 @@ def epsilon(
 @mechanism_opt
 @click.option("--target-epsilon", type=float, required=True, help="Target epsilon (> 0).")
 @delta_opt
-@rate_opt
-@sampling_opt
-@steps_opt
-@batch_opt
-@dataset_opt
-@epochs_opt
+@schedule_opts
 @accountant_opt
 @json_opt
 def calibrate_cmd(
@@ -140,9 +124,9 @@ def calibrate_cmd(
     and --epochs.
     """
     target = check_positive("--target-epsilon", target_epsilon)
-    rate, t, note = schedule(sampling_rate, steps, batch_size, dataset_size, epochs)
-    check_sampling_has_rate(click.get_current_context(), rate, epoch_form=True)
-    kind, samp, acc = mechanism.lower(), sampling.lower(), accountant.lower()
+    kind, rate, samp, t, note = run_options(mechanism, sampling, sampling_rate, steps,
+                                            batch_size, dataset_size, epochs, epoch_form=True)
+    acc = accountant.lower()
     d = check_mechanism_delta(kind, delta, dataset_size)
 
     def factory(x: float) -> Mechanism:

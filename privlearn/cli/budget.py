@@ -11,18 +11,19 @@ from typing import Any
 
 import click
 
-from privlearn._validation import check_count, check_delta, check_positive, check_rate
+from privlearn._validation import check_delta, check_positive
 from privlearn.accounting import Mechanism
 from privlearn.cli._app import ExitStatus, cli
 from privlearn.cli._options import (
     accountant_opt,
     build_mechanism,
-    check_sampling_has_rate,
     json_opt,
     mechanism_opt,
     none_if_inf,
     rate_opt,
+    run_options,
     sampling_opt,
+    stacked,
     steps_opt,
     unsupported,
 )
@@ -49,6 +50,10 @@ _timeout_opt = click.option(
     metavar="SECONDS",
     help="Seconds to wait while another writer holds the ledger's write lock; past them "
     "the command gives up (status 2, nothing recorded). Must be > 0.")
+
+#: The ledger every budget command opens: PATH, ``--key-file`` and ``--timeout``.
+_ledger_file_opts = stacked(click.argument("path", type=click.Path(dir_okay=False)),
+                            _key_file_opt, _timeout_opt)
 
 
 def _check_timeout(timeout: float) -> float:
@@ -188,9 +193,7 @@ _unit_opt = click.option("--privacy-unit", default=None,
 
 
 @budget.command(name="init")
-@click.argument("path", type=click.Path(dir_okay=False))
-@_key_file_opt
-@_timeout_opt
+@_ledger_file_opts
 @_ledger_dataset_opt
 @click.option("--epsilon", type=float, required=True, help="Budget epsilon (> 0).")
 @click.option("--delta", type=float, required=True, help="Budget delta in [0, 1).")
@@ -265,9 +268,7 @@ def _spend_noise_multiplier(kind: str, noise_multiplier: float | None,
 
 
 @budget.command(name="spend")
-@click.argument("path", type=click.Path(dir_okay=False))
-@_key_file_opt
-@_timeout_opt
+@_ledger_file_opts
 @_ledger_dataset_opt
 @mechanism_opt
 @click.option("--noise-multiplier", type=float, default=None,
@@ -294,10 +295,8 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
     exceed the budget."""
     _check_names(dataset, privacy_unit)
     label, who = _check_opt_str("--label", label), _check_who("--who", who)
-    rate = None if sampling_rate is None else check_rate("--sampling-rate", sampling_rate)
-    check_sampling_has_rate(click.get_current_context(), rate)
-    t = check_count("--steps", 1 if steps is None else steps, minimum=1)
-    kind, samp = mechanism.lower(), sampling.lower()
+    kind, rate, samp, t, _ = run_options(mechanism, sampling, sampling_rate, steps,
+                                         epoch_form=False)
     nm = _spend_noise_multiplier(kind, noise_multiplier, pure_epsilon)
     mech = build_mechanism(kind, nm, rate, samp, t)
     led = _open_ledger(path, key_file, timeout=timeout)
@@ -317,9 +316,7 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
 
 
 @budget.command(name="show")
-@click.argument("path", type=click.Path(dir_okay=False))
-@_key_file_opt
-@_timeout_opt
+@_ledger_file_opts
 @click.option("--dataset", default=None,
               help="Dataset name (default: every budget of the ledger).")
 @_unit_opt
@@ -353,9 +350,7 @@ def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | 
 
 
 @budget.command(name="history")
-@click.argument("path", type=click.Path(dir_okay=False))
-@_key_file_opt
-@_timeout_opt
+@_ledger_file_opts
 @click.option("--dataset", default=None,
               help="Dataset name (default: the entries of every budget, each line naming "
                    "its dataset).")
@@ -420,9 +415,7 @@ def _describe_mechanism(m: Mechanism) -> str:
 
 
 @budget.command(name="verify")
-@click.argument("path", type=click.Path(dir_okay=False))
-@_key_file_opt
-@_timeout_opt
+@_ledger_file_opts
 @click.option("--expect-head", default=None, metavar="COUNT:HASH",
               help="A head printed earlier by `verify` (kept outside the file): also fail "
               "unless the ledger extends it (detects truncation with the head rewritten).")

@@ -13,6 +13,21 @@ from privlearn.cli._options import check_out_dir
 __all__ = ["demo", "reproduce"]
 
 
+def _only_for(options: str, names, name: str, why: str) -> None:
+    """Refuse ``options`` (e.g. ``"--quick applies"``) for the experiment ``name`` unless
+    it is one of ``names``, saying which experiments take them and ``why`` ``name`` does
+    not."""
+    if name not in names:
+        raise click.UsageError(f"{options} only to {', '.join(sorted(names))}; {name} {why}")
+
+
+def _bad_input(message: str) -> click.ClickException:
+    """A one-line error about the input (status 2, :data:`ExitStatus.USAGE`)."""
+    error = click.ClickException(message)
+    error.exit_code = ExitStatus.USAGE
+    return error
+
+
 @cli.command()
 @click.option(
     "--no-experiment", is_flag=True, help="Print only the accounting table (skip the experiment)."
@@ -103,11 +118,8 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
     if seed is not None:
         kwargs["seed"] = seed
     if data_home is not None or download:
-        if name not in DATA_EXPERIMENTS:
-            raise click.UsageError(
-                f"--data-home/--download apply only to {', '.join(sorted(DATA_EXPERIMENTS))}; "
-                f"{name} uses data bundled with privlearn, so drop them"
-            )
+        _only_for("--data-home/--download apply", DATA_EXPERIMENTS, name,
+                  "uses data bundled with privlearn, so drop them")
         if data_home is not None:
             kwargs["data_home"] = data_home
         if download:
@@ -115,21 +127,15 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
     if quick:
         from privlearn.experiments import get_experiment
 
-        if not get_experiment(name).quick:
-            with_quick = sorted(n for n in EXPERIMENTS if get_experiment(n).quick)
-            raise click.UsageError(
-                f"--quick applies only to {', '.join(with_quick)}; {name} has no small "
-                "configuration, so drop it (or use --reps 1)")
+        _only_for("--quick applies", [n for n in EXPERIMENTS if get_experiment(n).quick], name,
+                  "has no small configuration, so drop it (or use --reps 1)")
         kwargs["quick"] = True
     if variant is not None:
         from privlearn.experiments import get_experiment
 
+        _only_for("--variant applies", [n for n in EXPERIMENTS if get_experiment(n).variants],
+                  name, "has one version, so drop it")
         variants = get_experiment(name).variants
-        if not variants:
-            with_variants = sorted(n for n in EXPERIMENTS if get_experiment(n).variants)
-            raise click.UsageError(
-                f"--variant applies only to {', '.join(with_variants)}; {name} has one "
-                "version, so drop it")
         if variant not in variants:
             raise click.BadParameter(
                 f"{name} has the variants {', '.join(variants)}, got {variant!r}",
@@ -140,9 +146,7 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
     try:
         result = run_experiment(name, **kwargs)
     except ImportError as e:  # an experiment that needs an optional extra (torch)
-        missing = click.ClickException(f"{name}: {one_line(str(e))}")
-        missing.exit_code = ExitStatus.USAGE
-        raise missing from None
+        raise _bad_input(f"{name}: {one_line(str(e))}") from None
     except FileNotFoundError as e:
         from privlearn.datasets import DATA_ENV
 
@@ -150,11 +154,9 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
         said = (f"{e.what} not found in {', '.join(searched)} (--data-home, "  # type: ignore
                 f"${DATA_ENV}, the user cache)" if searched and getattr(e, "what", None)
                 else one_line(str(e)).rstrip("."))  # in the shell's words, not Python's
-        missing = click.ClickException(
+        raise _bad_input(  # missing data is bad input (status 2)
             f"{name}: {said}; run again with --data-home DIR (a directory holding the "
-            "files) or --download")
-        missing.exit_code = ExitStatus.USAGE  # missing data is bad input (status 2)
-        raise missing from None
+            "files) or --download") from None
     for path in getattr(result, "paths", None) or ():
         click.echo(f"wrote {path}")
 

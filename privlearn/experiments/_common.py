@@ -17,6 +17,9 @@ __all__ = [
     "format_table",
     "pyplot",
     "epsilon_log_axis",
+    "median_errorbar",
+    "accuracy_spread",
+    "save_figure",
     "DEFAULT_OUT_DIR",
 ]
 
@@ -83,6 +86,34 @@ def epsilon_log_axis(ax, epsilons) -> None:
     ax.xaxis.set_major_locator(FixedLocator(sorted(float(e) for e in epsilons)))
     ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def accuracy_spread(accuracies) -> dict[str, float]:
+    """The median, minimum and maximum of the repetitions' ``accuracies``, as the
+    ``median_accuracy``, ``min_accuracy`` and ``max_accuracy`` columns of a table row."""
+    import numpy as np
+
+    a = np.asarray(accuracies, dtype=float)
+    return {"median_accuracy": float(np.median(a)), "min_accuracy": float(a.min()),
+            "max_accuracy": float(a.max())}
+
+
+def median_errorbar(ax, x, values, **kwargs):
+    """Plot the median of each row of ``values`` against ``x``, with error bars from the
+    row's minimum to its maximum (the repetitions' spread); ``kwargs`` go to
+    ``ax.errorbar``."""
+    import numpy as np
+
+    med = np.median(values, axis=1)
+    return ax.errorbar(x, med, yerr=[med - values.min(1), values.max(1) - med], **kwargs)
+
+
+def save_figure(fig, path: Path, *, tight: bool = True) -> Path:
+    """Write ``fig`` to ``path`` at 100 dpi (cropped to its content with ``tight``) and
+    close it; returns ``path``."""
+    fig.savefig(path, dpi=100, **({"bbox_inches": "tight"} if tight else {}))
+    pyplot().close(fig)
+    return path
 
 
 def progress(iterable=None, *, total=None, desc: str = "", enabled: bool | None = None):

@@ -18,11 +18,14 @@ import numpy as np
 from privlearn.datasets import load_adult
 from privlearn.experiments._common import (
     ExperimentResult,
+    accuracy_spread,
     epsilon_log_axis,
     format_table,
+    median_errorbar,
     prepare_out_dir,
     progress,
     pyplot,
+    save_figure,
     write_csv,
 )
 from privlearn.models.dpsgd import DPSGDClassifier
@@ -66,8 +69,7 @@ def run_adult(out_dir=None, reps: int | None = None, seed: int = 0, *,
         acc[i, r] = clf.score(test.data, test.target)
         spent[i], sig[i] = clf.epsilon_, clf.noise_multiplier_
     rows = [dict(method="DP-SGD", epsilon=float(e), delta=delta, epsilon_spent=float(spent[i]),
-                 noise_multiplier=float(sig[i]), median_accuracy=float(np.median(acc[i])),
-                 min_accuracy=float(acc[i].min()), max_accuracy=float(acc[i].max()),
+                 noise_multiplier=float(sig[i]), **accuracy_spread(acc[i]),
                  nonprivate_accuracy=base, gap_points=100 * (base - float(np.median(acc[i]))),
                  reps=reps)
             for i, e in enumerate(epsilons)]
@@ -79,18 +81,14 @@ def run_adult(out_dir=None, reps: int | None = None, seed: int = 0, *,
         plt = pyplot()
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        med = np.median(acc, axis=1)
-        ax.errorbar(epsilons, med, yerr=[med - acc.min(1), acc.max(1) - med], fmt="o-",
-                    label=f"DP-SGD (delta={delta:g})")
+        median_errorbar(ax, epsilons, acc, fmt="o-", label=f"DP-SGD (delta={delta:g})")
         ax.axhline(base, color="k", ls="--", label="non-private")
         epsilon_log_axis(ax, epsilons)
         ax.set_xlabel("epsilon")
         ax.set_ylabel("test accuracy")
         ax.set_title("UCI Adult, logistic regression")
         ax.legend()
-        png = out / "adult.png"
-        fig.savefig(png, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        png = save_figure(fig, out / "adult.png")
     if verbose:
         print(format_table(rows, ["method", "epsilon", "median_accuracy", "nonprivate_accuracy",
                                   "gap_points"]))

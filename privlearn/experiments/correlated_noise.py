@@ -73,11 +73,13 @@ from privlearn import _validation as _v
 from privlearn.errors import ParameterValueError
 from privlearn.experiments._common import (
     ExperimentResult,
+    accuracy_spread,
     epsilon_log_axis,
     format_table,
     prepare_out_dir,
     progress,
     pyplot,
+    save_figure,
     write_csv,
 )
 
@@ -366,8 +368,7 @@ def run_correlated_noise(out_dir=None, reps: int | None = None, seed: int = 0, *
                     expected_batch_size=plan.expected_batch_size,
                     noise_rmse=plan.noise_rmse, noise_rmse_vs_dpsgd=plan.noise_rmse / base_rmse,
                     learning_rate=best, val_accuracy=val[best],
-                    median_accuracy=float(np.median(acc)), min_accuracy=float(min(acc)),
-                    max_accuracy=float(max(acc)), epsilon_spent=float(max(spent)),
+                    **accuracy_spread(acc), epsilon_spent=float(max(spent)),
                     reps=reps, tuning_runs=len(cfg.learning_rates),
                     tuning_seconds=t_tune, final_seconds=t_final,
                     plan_seconds=plan_seconds / len(STRATEGIES)))
@@ -421,9 +422,8 @@ def _reference(split, cfg: StudyConfig, model: dict, reps: int, seed: int, runs:
         write_csv(runs_path, runs)
         bar.update(1)
     seconds = sum(r["seconds"] for r in runs if r["method"] == NONPRIVATE.name)
-    return dict(learning_rate=best, val_accuracy=val[best],
-                median_accuracy=float(np.median(acc)), min_accuracy=float(min(acc)),
-                max_accuracy=float(max(acc)), seconds=float(seconds))
+    return dict(learning_rate=best, val_accuracy=val[best], **accuracy_spread(acc),
+                seconds=float(seconds))
 
 
 def run_correlated_noise_adult_bert(out_dir=None, reps: int | None = None, seed: int = 0,
@@ -566,6 +566,4 @@ def _plot(rows: list[dict], cfg: StudyConfig, reps: int, path, reference=None):
     ax2.set_ylim(0, max(1.2, math.ceil(10 * max(r["noise_rmse_vs_dpsgd"] for r in rows)) / 10))
     ax2.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

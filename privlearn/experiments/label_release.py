@@ -20,11 +20,14 @@ import numpy as np
 from privlearn.datasets import load_mnist
 from privlearn.experiments._common import (
     ExperimentResult,
+    accuracy_spread,
     epsilon_log_axis,
     format_table,
+    median_errorbar,
     prepare_out_dir,
     progress,
     pyplot,
+    save_figure,
     write_csv,
 )
 from privlearn.models.label_release import PATE, PrivateKNN
@@ -120,9 +123,7 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
         for i, e in enumerate(epsilons):
             rows.append(dict(method=name, epsilon=float(e), delta=delta, noise=noise,
                              epsilon_spent=float(spent[m, i]),
-                             median_accuracy=float(np.median(acc[m, i])),
-                             min_accuracy=float(acc[m, i].min()),
-                             max_accuracy=float(acc[m, i].max()), n_queries=n_queries,
+                             **accuracy_spread(acc[m, i]), n_queries=n_queries,
                              reps=reps))
     rows.append(dict(method="PATE (no noise)", epsilon=float("inf"),
                      median_accuracy=acc_pate_clean, n_queries=n_queries))
@@ -133,9 +134,8 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for m, name in enumerate(("PATE", "Private kNN")):
-            med = np.median(acc[m], axis=1)
-            ax.errorbar(epsilons, med, yerr=[med - acc[m].min(1), acc[m].max(1) - med],
-                        fmt="o-", capsize=3, label=f"{name} (median of {reps})")
+            median_errorbar(ax, epsilons, acc[m], fmt="o-", capsize=3,
+                            label=f"{name} (median of {reps})")
         ax.axhline(acc_pate_clean, color="k", ls="--", label="teacher ensemble, no noise")
         epsilon_log_axis(ax, epsilons)
         ax.set_xlabel(f"epsilon ({n_queries} queries, delta={delta:g})")
@@ -143,9 +143,7 @@ def run_label_release(out_dir=None, reps: int | None = None, seed: int = 0, *,
         ax.grid(alpha=0.3)
         ax.set_title("MNIST label release")
         ax.legend()
-        png = out / "label_release.png"
-        fig.savefig(png, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        png = save_figure(fig, out / "label_release.png")
     if verbose:
         print(format_table(rows, ["method", "epsilon", "median_accuracy", "epsilon_spent"]))
     return ExperimentResult("label-release", csv_path, png, rows=rows)

@@ -34,6 +34,7 @@ from privlearn.experiments._common import (
     prepare_out_dir,
     progress,
     pyplot,
+    save_figure,
     write_csv,
 )
 from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
@@ -264,9 +265,7 @@ def _plot(res: dict, path: Path, *, include_gd: bool = True) -> Path:
                     f"{chains} run{'s' if chains != 1 else ''})")
     _mse_axis(ax, P, f"California housing, delta={DELTA:g}",
               f"median training MSE ({reps} repetitions)")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def summary_table(res: dict, epsilons=(0.1, 0.5, 1.0, 2.0)) -> list[dict]:
@@ -352,9 +351,7 @@ def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int =
                     label=f"{label} (lr={g['lr']:.3g}, T={g['n_iter']})")
         _mse_axis(ax, P, f"NoisyGD learning rate, sigma={sigma:g}, delta={DELTA:g}",
                   f"median training MSE ({reps} runs)")
-        png = out / "noisygd_learning_rate.png"
-        fig.savefig(png, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        png = save_figure(fig, out / "noisygd_learning_rate.png")
     if verbose:
         print(format_table(table, ["method", "lr", "n_iter", "epsilon", "median_mse"], ".4g"))
     return ExperimentResult("noisygd-learning-rate", csv_path, png, rows=table)

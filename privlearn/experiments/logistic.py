@@ -29,6 +29,7 @@ from privlearn.experiments._common import (
     prepare_out_dir,
     progress,
     pyplot,
+    save_figure,
     write_csv,
 )
 from privlearn.models.dpsgd import DPSGDClassifier
@@ -163,9 +164,7 @@ def run_logistic_regression(out_dir=None, reps: int | None = None, seed: int = 0
         ax1.legend(fontsize=7, ncol=2, loc="center right", bbox_to_anchor=(1.0, 0.6))
         fig.suptitle(f"DP-SGD logistic regression, synthetic data (n={n_train}, d={dim})")
         fig.tight_layout()
-        png = out / "logistic_regression.png"
-        fig.savefig(png, dpi=100)
-        plt.close(fig)
+        png = save_figure(fig, out / "logistic_regression.png", tight=False)
     if verbose:
         print(format_table(rows, ["scenario", "epsilon", "delta", "sampling_rate", "T",
                                   "median_accuracy", "q25_accuracy", "q75_accuracy"]))

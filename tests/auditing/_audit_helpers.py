@@ -17,6 +17,27 @@ def ideal_scores(true_epsilon: float, delta: float, m: int, rng: np.random.Gener
     return s[lab], s[~lab]
 
 
+def unit_ball_regression(n: int, coef, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` standard normal rows of ``len(coef)`` features, scaled into the unit ball, and
+    targets ``X @ coef`` clipped to [-1, 1] (the estimators' bounded-data setting)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, len(coef)))
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
+    return X, np.clip(X @ np.asarray(coef, dtype=float), -1.0, 1.0)
+
+
+def recording_release():
+    """A ``train_and_score`` that scores each canary by its inclusion bit, and the list
+    it appends ``0, 1, ...`` to on each call (whether, and how often, training ran)."""
+    calls: list[int] = []
+
+    def train_and_score(inclusion: np.ndarray) -> np.ndarray:
+        calls.append(len(calls))
+        return inclusion.astype(float)
+
+    return train_and_score, calls
+
+
 def cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
     """One-sided Clopper-Pearson upper bound on p from k successes in n trials."""
     k = np.asarray(k, dtype=float)

@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _audit_helpers import recording_release, unit_ball_regression
 
 from privlearn.accounting.fdp import gdp_mu
 from privlearn.auditing import AuditResult, one_run_audit
@@ -76,12 +77,7 @@ def test_wrong_scores_are_refused(returned, match):
 
 
 def test_bad_arguments_are_refused_before_training():
-    calls = []
-
-    def f(inc):
-        calls.append(1)
-        return inc.astype(float)
-
+    f, calls = recording_release()
     for kwargs, exc, match in [
         (dict(n_canaries=1), ValueError, "n_canaries must be an integer >= 2, got 1"),
         (dict(n_canaries=-3), ValueError, "n_canaries must be an integer >= 2, got -3"),
@@ -111,10 +107,7 @@ def test_numpy_estimators_pass_their_audit_and_leak_detectably():
     from privlearn.auditing.models import audit_estimator
     from privlearn.models import DPSGDRegressor, NoisyGDRegressor
 
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(1000, 4))
-    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
-    y = np.clip(X @ np.array([0.5, -0.3, 0.2, 0.1]), -1, 1)
+    X, y = unit_ball_regression(1000, [0.5, -0.3, 0.2, 0.1])
     for est in (NoisyGDRegressor(epsilon=8.0, delta=1e-5, noise_multiplier=None, n_iter=30),
                 DPSGDRegressor(epsilon=8.0, delta=1e-5, n_iter=100, sampling_rate=0.2)):
         res = audit_estimator(est, X, y, 200, seed=1)
@@ -135,10 +128,7 @@ def test_audit_estimator_covers_ssp_adassp_and_the_classifier():
     from privlearn.auditing.models import audit_estimator
     from privlearn.models import AdaSSPRegressor, DPSGDClassifier, SSPRegressor
 
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(600, 3))
-    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
-    y = np.clip(X @ np.array([0.6, -0.4, 0.2]), -1, 1)
+    X, y = unit_ball_regression(600, [0.6, -0.4, 0.2], seed=1)
     yc = (X[:, 0] > 0).astype(int)
     for est, target in ((SSPRegressor(epsilon=4.0, delta=1e-5), y),
                         (AdaSSPRegressor(epsilon=4.0, delta=1e-5), y),
@@ -180,12 +170,7 @@ def test_every_canary_on_one_side_is_a_valid_outcome(side):
 
 
 def test_an_audit_that_cannot_refute_anything_warns_before_training():
-    calls = []
-
-    def f(inc):
-        calls.append(len(calls))
-        return inc.astype(float)
-
+    f, calls = recording_release()
     with pytest.warns(UserWarning, match="no outcome") as rec:  # 4 right of 4: p = 1/16
         one_run_audit(f, 4, claimed_epsilon=1.0, delta=1e-5, seed=0)
     assert calls == [0] and rec[0].filename == __file__  # points at the caller
@@ -196,12 +181,7 @@ def test_an_audit_that_cannot_refute_anything_warns_before_training():
 def test_a_claim_no_outcome_can_refute_is_warned_about_before_training():
     # with 200 canaries no outcome of the one-run audit bounds epsilon above ~3.5, so a
     # claim of 6 always passed, silently, even when every canary was recognised
-    calls = []
-
-    def perfect(inc):
-        calls.append(1)
-        return inc.astype(float)
-
+    perfect, calls = recording_release()
     with pytest.warns(UserWarning, match="no outcome of this audit can refute the claim "
                       "epsilon=6") as rec:
         res = one_run_audit(perfect, 200, claimed_epsilon=6.0, delta=1e-5, seed=0)
@@ -237,10 +217,7 @@ def test_estimator_canary_signs_are_independent_of_inclusion():
     from privlearn.auditing.models import audit_estimator
     from privlearn.models import NoisyGDRegressor
 
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(200, 3))
-    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
-    y = np.clip(X @ np.array([0.5, -0.3, 0.2]), -1, 1)
+    X, y = unit_ball_regression(200, [0.5, -0.3, 0.2])
     seen = {}
     import privlearn.auditing.models as models_mod
 
@@ -374,10 +351,7 @@ def test_audit_estimator_warns_for_laplace_dpsgd_with_one_run_fdp():
     from privlearn.auditing.models import audit_estimator
     from privlearn.models import DPSGDRegressor
 
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(300, 3))
-    X /= np.maximum(1, np.linalg.norm(X, axis=1, keepdims=True))
-    y = np.clip(X @ np.array([0.5, -0.3, 0.2]), -1, 1)
+    X, y = unit_ball_regression(300, [0.5, -0.3, 0.2])
     est = DPSGDRegressor(epsilon=4.0, delta=1e-5, n_iter=20, sampling_rate=0.2,
                          noise="laplace")
     with pytest.warns(UserWarning, match="Laplace.*method='one_run'"):

@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _audit_helpers import unit_ball_regression
 from scipy.optimize import brentq
 from scipy.stats import norm
 
@@ -55,10 +56,7 @@ class GaussianSumRegressor(BaseEstimator, RegressorMixin):
 
 @pytest.fixture
 def data():
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(100, 3))
-    X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
-    return X, np.clip(X @ np.array([0.3, -0.2, 0.1]), -1.0, 1.0)
+    return unit_ball_regression(100, [0.3, -0.2, 0.1])
 
 
 def test_an_audit_at_a_smaller_delta_compares_with_the_epsilon_at_that_delta(data):

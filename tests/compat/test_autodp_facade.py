@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _seed_code_warnings import SEED_CODE_WARNINGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,16 +28,7 @@ from privlearn.accounting.analytic import (
 from privlearn.compat.autodp import calibrator_zoo, mechanism_zoo, transformer_zoo
 from privlearn.compat.autodp.autodp_core import Mechanism, RenyiDPFunction
 
-#: the seeds' autodp code asks for improved_bound_flag=True, which the facade notes it
-#: does not need (the notice is tested in test_conformance_autodp_tests); autodp's
-#: own scalar optimiser (the peer) divides by zero on its search's flat stretches
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore:AmplificationBySampling. improved_bound_flag=True has no effect"
-        ":privlearn.errors.AutodpArgumentWarning"),
-    pytest.mark.filterwarnings(
-        "ignore:invalid value encountered in scalar divide:RuntimeWarning:scipy.optimize"),
-]
+pytestmark = SEED_CODE_WARNINGS
 
 DELTA = 1e-6
 

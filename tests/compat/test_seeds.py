@@ -24,20 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _seed_code_warnings import SEED_CODE_WARNINGS
 from closed_forms import exact_gaussian_delta, exact_gaussian_epsilon
 
 from privlearn.accounting import Gaussian, Laplace, compose, subsample
 
-#: the seeds' autodp code asks for improved_bound_flag=True, which the facade notes it
-#: does not need (the notice is tested in test_conformance_autodp_tests); autodp's
-#: own scalar optimiser (the peer) divides by zero on its search's flat stretches
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore:AmplificationBySampling. improved_bound_flag=True has no effect"
-        ":privlearn.errors.AutodpArgumentWarning"),
-    pytest.mark.filterwarnings(
-        "ignore:invalid value encountered in scalar divide:RuntimeWarning:scipy.optimize"),
-]
+pytestmark = SEED_CODE_WARNINGS
 
 SEEDS = Path("/work/shared/seeds")
 DELTA = 1e-6
