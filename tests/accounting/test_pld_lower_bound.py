@@ -6,8 +6,11 @@ dp_accounting's optimistic estimate, never 0 while the peer's value is far above
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from privlearn.accounting import Gaussian, compose, subsample
 
@@ -46,3 +49,48 @@ def test_lower_bound_is_informative_at_a_tiny_rate(scheme: str, sigma: float) ->
     assert d.lower <= d.upper
     assert d.lower <= up.get_delta_for_epsilon(EPS)
     assert d.lower >= 0.9 * low.get_delta_for_epsilon(EPS)
+
+
+def _log_uniform(lo: float, hi: float):
+    return st.floats(math.log(lo), math.log(hi)).map(math.exp)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sigma=_log_uniform(0.3, 3.0),
+    q=_log_uniform(1e-5, 1e-2),
+    steps=st.integers(1, 200),
+    delta=_log_uniform(1e-10, 1e-3),
+    relation=st.sampled_from(["add_remove", "replace_one"]),
+)
+def test_certified_bracket_holds_the_peers_value(sigma, q, steps, delta, relation) -> None:
+    # randomized: the certified bracket [lower, upper] contains the exact epsilon, so it
+    # meets dp_accounting's [optimistic, pessimistic] interval, and the lower end is a
+    # real bound (at least half the peer's optimistic value), never the vacuous 0
+    pytest.importorskip("dp_accounting")
+    from dp_accounting import privacy_accountant as pa
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    rel = (
+        pa.NeighboringRelation.ADD_OR_REMOVE_ONE
+        if relation == "add_remove"
+        else pa.NeighboringRelation.REPLACE_ONE
+    )
+    peer = [
+        pld.from_gaussian_mechanism(
+            sigma,
+            sampling_prob=q,
+            neighboring_relation=rel,
+            value_discretization_interval=1e-3,
+            pessimistic_estimate=p,
+            use_connect_dots=p,
+        )
+        .self_compose(steps)
+        .get_epsilon_for_delta(delta)
+        for p in (False, True)
+    ]
+    b = compose(subsample(Gaussian(sigma), q, neighbouring=relation), steps).epsilon_bounds(delta)
+    assert b.lower <= b.upper
+    assert b.upper >= peer[0] * (1 - 2e-3) - 1e-9, (b, peer)
+    assert b.lower <= peer[1] * (1 + 2e-3) + 1e-9, (b, peer)
+    assert b.lower >= 0.5 * peer[0], (b, peer)
