@@ -127,6 +127,7 @@ import numpy as np
 
 from privlearn.accounting import _pld_discrete as dsc
 from privlearn.accounting import closed_form
+from privlearn.accounting._pld_lower import binary_lower
 from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
 from privlearn.accounting._pld_profile import PLDResult as _Result
 from privlearn.accounting._pld_profile import delta_at as _delta_at
@@ -303,6 +304,10 @@ class PLDAccountant:
     # -- public API --------------------------------------------------------------------
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta."""
+        return binary_lower(self._epsilon(mechanism, delta), _parts(mechanism), _step,
+                            "epsilon", delta)
+
+    def _epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
         parts = _parts(mechanism)
         sigma = equivalent_gaussian(mechanism)
         if sigma is not None:  # exact curve, bracketed by its floating-point error
@@ -382,6 +387,10 @@ class PLDAccountant:
 
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon."""
+        return binary_lower(self._delta(mechanism, epsilon), _parts(mechanism), _step,
+                            "delta", epsilon)
+
+    def _delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         parts = _parts(mechanism)
         sigma = equivalent_gaussian(mechanism)
         if sigma is not None:
