@@ -114,7 +114,7 @@ class ClippingMixin:
         for cs in per_unit:
             contribs.extend(cs)
         for c in contribs:
-            n = c.sq_norms().shape[0]
+            n = c.sq_terms()[0].shape[0]
             if batch is None:
                 batch = n
             elif n != batch:

@@ -215,6 +215,12 @@ class Contribution:
     def sq_norms(self) -> torch.Tensor:  # (B,)
         raise NotImplementedError
 
+    def sq_terms(self) -> list[torch.Tensor]:
+        """Per-example vectors ``(B,)`` whose sum is :meth:`sq_norms` (e.g. one a
+        parameter): the step sums every layer's terms in one stacked reduction instead of
+        adding them layer by layer. Default: ``[self.sq_norms()]``."""
+        return [self.sq_norms()]
+
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         """``sum_i c_i grad_i`` for each parameter, aligned with ``params``."""
         raise NotImplementedError
@@ -313,24 +319,30 @@ class Materialized(Contribution):
         self.params = tuple(params)
         self.grads = list(grads)
         self._sq = None
+        self._terms = None
 
-    def sq_norms(self) -> torch.Tensor:
-        if self._sq is None:
-            out = None
-            for g in self.grads:
-                s = row_sq_norms(g.reshape(g.shape[0], -1))
-                out = s if out is None else out + s
-            self._sq = out
+    def sq_terms(self) -> list[torch.Tensor]:
+        """Each parameter's per-example squared norms (not yet added together)."""
+        if self._terms is None:
             # the (n, B) views the clipped sum multiplies by the weights, made with the
             # norms (during backward for a rule evaluated then)
             self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
                           for g in self.grads]
             self._cols = [r.t() for r in self._rows]
+            self._terms = [row_sq_norms(r) for r in self._rows]
+        return self._terms
+
+    def sq_norms(self) -> torch.Tensor:
+        if self._sq is None:
+            out = None
+            for s in self.sq_terms():
+                out = s if out is None else out + s
+            self._sq = out
         return self._sq
 
     def mv_rows(self) -> list[torch.Tensor]:
         if getattr(self, "_rows", None) is None:
-            self.sq_norms()
+            self.sq_terms()
         return self._rows
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -343,13 +355,13 @@ class Materialized(Contribution):
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         cols = getattr(self, "_cols", None)
         if cols is None:
-            self.sq_norms()
+            self.sq_terms()
             cols = self._cols
         for o, g in zip(outs, cols, strict=True):
             _addmv_cols(o, g, c)
 
     def param_sq_norms(self) -> list[torch.Tensor]:
-        return [row_sq_norms(g.reshape(g.shape[0], -1)) for g in self.grads]
+        return list(self.sq_terms())
 
     def factor(self, j: int):
         return ("dense", self.grads[j])
@@ -369,6 +381,9 @@ class Compound(Contribution):
             s = part.sq_norms()
             out = s if out is None else out + s
         return out
+
+    def sq_terms(self) -> list[torch.Tensor]:
+        return [t for part in self.parts for t in part.sq_terms()]
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         return [w for part in self.parts for w in part.weighted_sum(c)]
@@ -454,6 +469,7 @@ class OuterProduct(Contribution):
         self.ghost = ghost
         self._ps = None
         self._sq = None
+        self._terms = None
         self._wsq = None
         self._bias_cache = None
         self._bias_t = None
@@ -525,21 +541,24 @@ class OuterProduct(Contribution):
             self._bias_t = self._bias_ps().t()
         return self._bias_t
 
+    def sq_terms(self) -> list[torch.Tensor]:
+        """The weight's per-example squared norms, then the bias's (not yet added)."""
+        if self._terms is None:
+            terms = [self._weight_sq()]
+            if self.bias is not None:
+                terms.append(row_sq_norms(self._bias_ps()))
+                self._bias_cols()
+            self._terms = terms
+        return self._terms
+
     def sq_norms(self) -> torch.Tensor:
         if self._sq is None:
-            w = self._weight_sq()
-            if self.bias is not None:
-                self._sq = w + row_sq_norms(self._bias_ps())
-                self._bias_cols()
-            else:
-                self._sq = w
+            terms = self.sq_terms()
+            self._sq = terms[0] if len(terms) == 1 else terms[0] + terms[1]
         return self._sq
 
     def param_sq_norms(self) -> list[torch.Tensor]:
-        out = [self._weight_sq()]
-        if self.bias is not None:
-            out.append(row_sq_norms(self._bias_ps()))
-        return out
+        return list(self.sq_terms())
 
     def _weight_sq(self) -> torch.Tensor:
         if self._wsq is not None:
@@ -559,10 +578,12 @@ class OuterProduct(Contribution):
             aa = mm32(a3, a3.transpose(1, 2))
             gg = mm32(g3, g3.transpose(1, 2))
             w = (aa * gg).reshape(b, -1).sum(1)
-        else:
-            aa = torch.matmul(self.a, self.a.transpose(-1, -2))  # (B, G, T, T)
-            gg = torch.matmul(self.g, self.g.transpose(-1, -2))
-            w = (aa * gg).reshape(b, -1).sum(1)
+        else:  # (B G, T, T) Gram matrices: bmm of 3-D views, as matmul would run it
+            a3 = self.a.reshape(b * G, t, d)
+            g3 = self.g.reshape(b * G, t, p)
+            aa = torch.bmm(a3, a3.transpose(1, 2))
+            gg = torch.bmm(g3, g3.transpose(1, 2))
+            w = (aa * gg).view(b, -1).sum(1)
         self._wsq = w
         return w
 
