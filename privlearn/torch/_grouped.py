@@ -187,8 +187,9 @@ def _spans(members: list, sums: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     ``buffer[positions[j]]`` by one ``index_add_`` (every position once: the same single
     rounding as one addition a run), else None."""
     base = members[0][0]._base
-    if base is None or base.dim() != 1 or base.dtype != sums.dtype \
-            or base.device != sums.device:
+    # plain tensors only (a tensor subclass, e.g. a sharded one, keeps its own additions)
+    if type(base) is not torch.Tensor or type(sums) is not torch.Tensor \
+            or base.dim() != 1 or base.dtype != sums.dtype or base.device != sums.device:
         return None
     runs: list = []
     for o, r in members:
