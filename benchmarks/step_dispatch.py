@@ -14,7 +14,7 @@ Usage::
     python benchmarks/step_dispatch.py [--models gpt2,bert,llama,gpt2_lora] [--json FILE]
         [--dtype float32|bfloat16|float16] [--autocast bfloat16|float16] [--secure]
         [--sites N] [--ghost] [--half-matmul auto|never|always] [--cuda-products]
-        [--device-masking]
+        [--device-masking] [--whole] [--size test|small] [--batch B] [--seq T]
 
 ``--dtype`` sets the parameters' dtype (the gradient buffers follow it); ``--autocast``
 keeps float32 parameters and runs the forward passes under CPU autocast to that dtype
@@ -26,7 +26,19 @@ the outer-product rules as on an accelerator (``grad_sample.LOW_PRECISION_MATMUL
 emulates the float32 accumulation by two casts a product that a GPU does not dispatch;
 ``--cuda-products`` counts each such product as the one operation CUDA dispatches, see
 ``tests/torch/cuda_dispatch.py``). ``--device-masking`` finds non-finite examples as on an
-accelerator (a mask on the device, no flag read back).
+accelerator (a mask on the device, no flag read back) and skips the CPU-only check of
+dead positions (``_rows.live_positions``, which reads a count back a layer) as an
+accelerator does.
+
+``--whole`` also counts the whole steady training step (``zero_grad``, forward, loss,
+backward, ``optimizer.step()``) of each side, plain SGD (its second step) and private (its
+third), and makes ``--sites`` break that whole private step down by call site (the
+operations of no privlearn frame, the model's forward and autograd's backward, under
+``?``). ``--size small`` counts the realistic structures of ``benchmarks/torch_hf.py``
+(GPT-2 small, BERT-base, a ~150M Llama, GPT-2 small + LoRA r16) on a short batch
+(``--batch`` x ``--seq``, default 2 x 16: the operations dispatched do not depend on the
+batch, only the layers the budget puts in ghost form do, see ``--ghost``); the default
+``--size test`` is the tiny models of ``tests/torch/hf_models.py`` (batch 6 x 7).
 """
 
 from __future__ import annotations
@@ -58,6 +70,18 @@ def _site() -> str:
     return optim or "?"
 
 
+#: operations that launch no kernel on an accelerator besides views (``is_view``)
+NO_KERNEL = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh", "empty",
+                       "empty_like", "new_empty", "empty_strided", "new_empty_strided",
+                       "_record_function_enter_new", "_record_function_exit"})
+
+
+def launches(func) -> bool:
+    """Whether the dispatched operation ``func`` runs a kernel on an accelerator (not a
+    view, an allocation or a profiler mark)."""
+    return not func.is_view and func.overloadpacket.__name__ not in NO_KERNEL
+
+
 def _counter(sites: bool = False):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -65,13 +89,18 @@ def _counter(sites: bool = False):
         def __init__(self):
             super().__init__()
             self.ops = collections.Counter()
+            self.kernels = 0  # the operations that launch a kernel on an accelerator
             self.sites = collections.Counter()  # (call site, operation)
+            self.site_kernels = collections.Counter()  # call site: kernels launched
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = str(func.overloadpacket.__name__)
             self.ops[name] += 1
+            self.kernels += launches(func)
             if sites:
-                self.sites[(_site(), name)] += 1
+                site = _site()
+                self.sites[(site, name)] += 1
+                self.site_kernels[site] += launches(func)
             return func(*args, **(kwargs or {}))
 
     return Count
@@ -83,64 +112,117 @@ def _loss(name, model, ids, mask, labels):
     return loss_of(name, model(input_ids=ids, attention_mask=mask), labels)
 
 
-def count(name: str, steps: int = 2, dtype: str = "float32", secure: bool = False,
-          autocast: str | None = None, sites: bool = False) -> dict:
-    """Dispatched operations of plain SGD's step and of the private step (and of the
-    private backward pass's hooks) on the tiny ``name`` model, its parameters in
-    ``dtype``, the forward passes under CPU autocast to ``autocast`` when given, the
-    noise in secure mode when ``secure``; with ``sites``, the private step's operations
-    by call site too."""
+def _workload(name: str, size: str, batch: int, seq: int):
+    """``(build(dtype), data(n), loss(model, ids, mask, labels))`` of ``name`` at
+    ``size``: the tiny models of ``tests/torch/hf_models.py`` (``"test"``, batch 6 x 7;
+    ``batch`` and ``seq`` unused) or the realistic structures of
+    ``benchmarks/torch_hf.py`` (``"small"``) on ``batch`` x ``seq`` tokens."""
     import torch
-    from hf_models import build
-    from test_host_reads import _data
+
+    if size == "test":
+        from hf_models import build
+        from test_host_reads import _data
+
+        return (lambda dtype: build(name, dtype=dtype)), (lambda n: _data(name, n)), \
+            (lambda model, ids, mask, labels: _loss(name, model, ids, mask, labels))
+    import torch_hf
+
+    hf_name = name.replace("_", "-")
+    w = torch_hf.workload(hf_name, "small")
+    criterion = torch_hf._criterion(w.task)
+
+    def build(dtype):
+        return torch_hf.build(hf_name, "small")[0].to(dtype)
+
+    def data(n):
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, w.vocab, (n, seq), generator=g)
+        labels = ids.clone() if w.task == "lm" else torch.randint(0, 2, (n,), generator=g)
+        return torch.utils.data.TensorDataset(ids, torch.ones_like(ids), labels)
+
+    def loss(model, ids, mask, labels):
+        b, t = ids.shape
+        kw = {"attention_mask": mask,
+              "position_ids": torch.arange(t).expand(b, t).contiguous()}
+        if hf_name == "bert":
+            kw["token_type_ids"] = torch.zeros_like(ids)
+        return criterion(model(ids, **kw).logits, labels)
+
+    return build, data, loss
+
+
+def count(name: str, steps: int = 2, dtype: str = "float32", secure: bool = False,
+          autocast: str | None = None, sites: bool = False, whole: bool = False,
+          size: str = "test", batch: int = 2, seq: int = 16) -> dict:
+    """Dispatched operations of plain SGD's step and of the private step (and of the
+    private backward pass's hooks) on the ``name`` model at ``size`` (see
+    :func:`_workload`), its parameters in ``dtype``, the forward passes under CPU
+    autocast to ``autocast`` when given, the noise in secure mode when ``secure``; with
+    ``whole``, of the whole steady training step of each side too (``zero_grad``,
+    forward, loss, backward, step); with ``sites``, the private step's (with ``whole``,
+    the whole private step's) operations by call site too."""
+    import contextlib
+
+    import torch
     from torch.utils.data import DataLoader
 
     from privlearn.torch import make_private
 
-    Count = _counter(sites)
+    Count = _counter(False)
+    build, data, loss_fn = _workload(name, size, batch, seq)
+    b = 6 if size == "test" else batch
     cast = torch.autocast("cpu", dtype=getattr(torch, autocast or "bfloat16"),
                           enabled=autocast is not None)
-    # plain SGD (foreach, torch's default) on the same model and batch
-    model = build(name, dtype=getattr(torch, dtype))
-    params = [q for q in model.parameters() if q.requires_grad]
-    opt = torch.optim.SGD(params, lr=0.01)
-    ids, mask, labels = next(iter(DataLoader(_data(name, 6), batch_size=6)))
-    with cast:
-        loss = _loss(name, model, ids, mask, labels)
-    plain_backward = Count()
-    with plain_backward:
-        loss.backward()
-    sgd = Count()
-    with sgd:
-        opt.step()
 
-    model = build(name, dtype=getattr(torch, dtype))
+    def train(model, opt, loader, backward, step, total):
+        """``steps`` steps, the last one's backward, step and whole step counted."""
+        for i, (ids, mask, labels) in enumerate(loader):
+            steady = i == steps - 1
+            with total if steady and whole else contextlib.nullcontext():
+                opt.zero_grad()
+                with cast:
+                    loss = loss_fn(model, ids, mask, labels)
+                with backward if steady else contextlib.nullcontext():
+                    loss.backward()
+                with step if steady else contextlib.nullcontext():
+                    opt.step()
+
+    # plain SGD (foreach on an accelerator, torch's default) on the same model and data
+    model = build(getattr(torch, dtype))
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.01)
+    plain_backward, sgd, plain_whole = Count(), Count(), Count()
+    train(model, opt, DataLoader(data(b * steps), batch_size=b), plain_backward, sgd,
+          plain_whole)
+
+    model = build(getattr(torch, dtype))
     params = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(params, lr=0.01)
-    loader = DataLoader(_data(name, 6 * steps), batch_size=6)
-    p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
-                     sampling="fixed", secure_mode=secure, seed=None if secure else 0)
-    private, hooks = Count(), Count()
-    for i, (ids, mask, labels) in enumerate(p.data_loader):
-        steady = i == steps - 1
-        p.optimizer.zero_grad()
-        with cast:
-            loss = _loss(name, p.model, ids, mask, labels)
-        if steady:
-            with hooks:
-                loss.backward()
-            with private:
-                p.optimizer.step()
-        else:
-            loss.backward()
-            p.optimizer.step()
-    return {"model": name, "parameters": len(params),
-            "sgd_step": sum(sgd.ops.values()), "private_step": sum(private.ops.values()),
-            "ratio": round(sum(private.ops.values()) / max(1, sum(sgd.ops.values())), 2),
-            "step_ops": dict(private.ops.most_common()),
-            "step_sites": [[site, op, n] for (site, op), n in private.sites.most_common()],
-            "backward_plain": sum(plain_backward.ops.values()),
-            "backward_private": sum(hooks.ops.values())}
+    p = make_private(model, opt, DataLoader(data(b * steps), batch_size=b),
+                     noise_multiplier=1.0, max_grad_norm=1.0, sampling="fixed",
+                     secure_mode=secure, seed=None if secure else 0)
+    hooks = Count()
+    private = _counter(sites and not whole)()
+    private_whole = _counter(sites and whole)()
+    train(p.model, p.optimizer, p.data_loader, hooks, private, private_whole)
+    by_site = private_whole if whole else private
+    row = {"model": name, "parameters": len(params),
+           "sgd_step": sum(sgd.ops.values()), "private_step": sum(private.ops.values()),
+           "ratio": round(sum(private.ops.values()) / max(1, sum(sgd.ops.values())), 2),
+           "step_ops": dict(private.ops.most_common()),
+           "step_sites": [[site, op, n] for (site, op), n in by_site.sites.most_common()],
+           "site_kernels": dict(by_site.site_kernels),
+           "backward_plain": sum(plain_backward.ops.values()),
+           "backward_private": sum(hooks.ops.values())}
+    if whole:
+        row.update(whole_plain=sum(plain_whole.ops.values()),
+                   whole_private=sum(private_whole.ops.values()),
+                   whole_ratio=round(sum(private_whole.ops.values())
+                                     / max(1, sum(plain_whole.ops.values())), 2),
+                   kernels_plain=plain_whole.kernels, kernels_private=private_whole.kernels,
+                   kernels_ratio=round(private_whole.kernels / max(1, plain_whole.kernels),
+                                       2),
+                   whole_ops=dict(private_whole.ops.most_common()))
+    return row
 
 
 def main(argv=None) -> int:
@@ -161,7 +243,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device-masking", action="store_true",
                     help="non-finite examples masked on the device, as on an accelerator")
     ap.add_argument("--sites", type=int, default=0,
-                    help="call sites dispatching most of the private step shown")
+                    help="call sites dispatching most of the private step shown (with "
+                         "--whole: of the whole private step)")
+    ap.add_argument("--whole", action="store_true",
+                    help="count the whole steady training step of each side too")
+    ap.add_argument("--size", default="test", choices=("test", "small"),
+                    help="test: tests/torch/hf_models.py's tiny models; small: "
+                         "benchmarks/torch_hf.py's realistic structures")
+    ap.add_argument("--batch", type=int, default=2, help="--size small: sequences")
+    ap.add_argument("--seq", type=int, default=16, help="--size small: tokens")
     a = ap.parse_args(argv)
     import torch
 
@@ -177,23 +267,34 @@ def main(argv=None) -> int:
 
     stand_in = (cuda_products(a.device_masking) if a.cuda_products or a.device_masking
                 else contextlib.nullcontext())
+    if a.device_masking:  # as on an accelerator: no CPU-only dead-position check
+        from privlearn.torch import _rows
+
+        _rows._MIN_CHECK_ELEMENTS = float("inf")
     with stand_in:
         rows = [count(m, dtype=a.dtype, secure=a.secure, autocast=a.autocast,
-                      sites=a.sites > 0) for m in a.models.split(",")]
+                      sites=a.sites > 0, whole=a.whole, size=a.size, batch=a.batch,
+                      seq=a.seq) for m in a.models.split(",")]
+    whole = (f" {'whole plain':>12} {'private':>8} {'ratio':>6} {'non-view plain':>15} "
+             f"{'private':>8} {'ratio':>6}" if a.whole else "")
     print(f"{'model':<10} {'params':>6} {'SGD step':>9} {'private step':>13} {'ratio':>6} "
-          f"{'backward plain':>15} {'private':>8}")
+          f"{'backward plain':>15} {'private':>8}{whole}")
     for r in rows:
+        whole = (f" {r['whole_plain']:>12} {r['whole_private']:>8} {r['whole_ratio']:>6}"
+                 f" {r['kernels_plain']:>15} {r['kernels_private']:>8} "
+                 f"{r['kernels_ratio']:>6}" if a.whole else "")
         print(f"{r['model']:<10} {r['parameters']:>6} {r['sgd_step']:>9} "
               f"{r['private_step']:>13} {r['ratio']:>6} {r['backward_plain']:>15} "
-              f"{r['backward_private']:>8}")
-        top = list(r["step_ops"].items())[:a.top]
+              f"{r['backward_private']:>8}{whole}")
+        top = list(r["whole_ops" if a.whole else "step_ops"].items())[:a.top]
         print("    " + ", ".join(f"{k} {v}" for k, v in top))
         by_site = collections.Counter()
         for site, _op, n in r["step_sites"]:
             by_site[site] += n
         for site, n in by_site.most_common(a.sites):
             ops = ", ".join(f"{op} {k}" for s, op, k in r["step_sites"] if s == site)
-            print(f"      {n:>4}  {site}: {ops}")
+            print(f"      {n:>4} ({r['site_kernels'].get(site, 0):>4} non-view)  {site}: "
+                  f"{ops}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ghost_sq", "gram_block", "round_up"]
+__all__ = ["ghost_sq", "gram_block", "round_up", "sum_up"]
 
 _U64 = 2.0**-53
 _U32 = 2.0**-24
@@ -78,6 +78,8 @@ def _gram(x: torch.Tensor, mm, k: int) -> torch.Tensor:
     fused ``baddbmm`` may add the running sum inside the product's own reduction, where
     its rounding is not bounded by the block's length)."""
     n = x.shape[-1]
+    if k >= n:
+        return mm(x, x.transpose(1, 2))
     out = mm(x[..., :k], x[..., :k].transpose(1, 2))
     for j in range(k, n, k):
         xj = x[..., j : j + k]
@@ -106,35 +108,40 @@ def ghost_sq(
     Returns
     -------
     tensor ``(N,)``
-        Float64: the sum of the Gram products plus the bound on its rounding error (see
-        the module docstring).
+        In the Gram dtype (float32 for half-precision operands): the sum of the Gram
+        products plus the bound on its rounding error (see the module docstring).
     """
     n, t, d = a.shape
     p = g.shape[-1]
     low = a.dtype in (torch.float16, torch.bfloat16)
     if widen and a.dtype != torch.float64:
-        a, g, mm, low = a.double(), g.double(), torch.matmul, False
+        a, g, mm, low = a.double(), g.double(), torch.bmm, False
     u = _U64 if a.dtype == torch.float64 else _U32
     ka, kg = gram_block(t, d, u), gram_block(t, p, u)
     ga = _entry_gamma(ka, a.dtype, low, -(-d // ka))
     gp = _entry_gamma(kg, g.dtype, low, -(-p // kg))
-    if ga >= 0.5 or gp >= 0.5:  # no useful bound in this precision: float64
-        return ghost_sq(a.double(), g.double(), widen=True)
-    aa = _gram(a, mm, ka)  # (N, T, T)
+    if ga >= 0.25 or gp >= 0.25 or (2 * t + 8) * u >= 0.25:  # no useful bound here:
+        # float64, rounded up into the Gram dtype
+        return round_up(
+            ghost_sq(a.double(), g.double(), widen=True), torch.float32 if low else a.dtype
+        )
+    aa = _gram(a, mm, ka)  # (N, T, T), float32 for half-precision operands
     gg = _gram(g, mm, kg)
-    u_w = _U64 if aa.dtype == torch.float64 else _U32
-    # |a_t|^2 <= diag / (1 - gamma_d): the diagonals bound the row norms from above
-    # (copies: the products below are formed in place)
-    da = aa.diagonal(dim1=1, dim2=2).double().clamp_min(0)
-    dg = gg.diagonal(dim1=1, dim2=2).double().clamp_min(0)
-    cap = (da * dg).sqrt().sum(1).square() * ((1 + _gamma(t + 4, _U64)) / ((1 - ga) * (1 - gp)))
-    # products and the sums over s in the Gram dtype (in place: no other T x T buffer),
-    # the sum over t in float64
-    sq = aa.mul_(gg).sum(2).double().sum(1)
-    sums = (1 + u_w) * (1 + _gamma(t, u_w)) * (1 + _gamma(t, _U64)) - 1
-    total = ga + gp + ga * gp + sums * (1 + ga) * (1 + gp)
-    bound = (sq + total * cap) * (1 + 4 * _U64)
-    return torch.minimum(bound, cap)  # the exact value is at most (sum_t |a_t||g_t|)^2
+    w = _U64 if aa.dtype == torch.float64 else _U32  # the Gram dtype's roundoff
+    # cap = root^2 = (sum_t sqrt(diag_a diag_g))^2 in the Gram dtype (within gamma_(2T+4) of its
+    # value on the computed diagonals, whose entries are at least (1 - gamma) |a_t|^2,
+    # resp. |g_t|^2): cap * f >= (sum_t |a_t| |g_t|)^2, which is at least the exact
+    # squared norm (triangle inequality)
+    root = (aa.diagonal(dim1=1, dim2=2) * gg.diagonal(dim1=1, dim2=2)).sqrt_().sum(1)
+    f = 1.0 / ((1 - _gamma(2 * t + 4, w)) * (1 - ga) * (1 - gp))
+    # the products and the sums over s, then over t, in the Gram dtype (in place: no
+    # other T x T buffer), within gamma_(2T+1) of sum |aa . gg| <= (1 + ga)(1 + gp) cap
+    sq = aa.mul_(gg).sum(2).sum(1)
+    sums = _gamma(2 * t + 1, w) * (1 + ga) * (1 + gp)
+    # sq + alpha cap, cap = root^2, in one operation: its scaling and addition round
+    # within 4 w cap f (|sq| and the term are at most ~cap f; the square's rounding is in f)
+    alpha = (ga + gp + ga * gp + sums + 4 * w) * f
+    return torch.addcmul(sq, root, root, value=alpha)
 
 
 def round_up(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -143,3 +150,11 @@ def round_up(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return x
     y = x.to(dtype)
     return torch.where(y.double() < x, torch.nextafter(y, torch.full_like(y, float("inf"))), y)
+
+
+def sum_up(x: torch.Tensor) -> torch.Tensor:
+    """Row sums of non-negative ``(N, G)`` ``x``, never below the exact ones: the sum of
+    ``G`` non-negative terms in ``x``'s dtype is within ``gamma_(G-1)`` of the exact one,
+    the scaling within one more rounding."""
+    u = _U64 if x.dtype == torch.float64 else _U32 if x.dtype == torch.float32 else 2.0**-8
+    return x.sum(1).mul_(1.0 / (1.0 - _gamma(x.shape[1] + 1, u)))

@@ -160,11 +160,56 @@ def _add_group(members: list, c: torch.Tensor) -> None:
     if not _ROWS_FINITE.get():
         rows.nan_to_num_(0.0, 0.0, 0.0)
     w = c if c.dtype == rows.dtype else c.to(rows.dtype)
-    runs = _runs(members)
     sums = torch.mv(rows.t(), w)
+    spread = _spans(members, sums)
+    if spread is not None:  # the pieces of one flat buffer of the sums' dtype
+        base, index = spread
+        base.index_add_(0, index, sums)  # each entry once: base[i] + piece[j], as add_
+        return
+    runs = _runs(members)
     pieces = [sums] if len(runs) == 1 else sums.split([n for _, n in runs])
     for (target, _), piece in zip(runs, pieces, strict=True):
         target.add_(piece)
+
+
+#: Fewest runs of adjacent pieces added by one ``index_add_`` instead of one addition each
+_MIN_SPANS = 3
+
+#: positions in a flat buffer of the runs of pieces of a group, by (device, runs): the
+#: same parameters meet in the same group every step, so the index is made once
+_SPAN_INDEX: dict = {}
+
+
+def _spans(members: list, sums: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(buffer, positions)`` when every member (sorted by :func:`_place`) is a
+    contiguous view of one flat buffer of the dtype and device of ``sums`` and their
+    pieces form at least :data:`_MIN_SPANS` runs: ``sums[j]`` is then added to
+    ``buffer[positions[j]]`` by one ``index_add_`` (every position once: the same single
+    rounding as one addition a run), else None."""
+    base = members[0][0]._base
+    # plain tensors only (a tensor subclass, e.g. a sharded one, keeps its own additions)
+    if type(base) is not torch.Tensor or type(sums) is not torch.Tensor \
+            or base.dim() != 1 or base.dtype != sums.dtype or base.device != sums.device:
+        return None
+    runs: list = []
+    for o, r in members:
+        if o._base is not base or not o.is_contiguous() or o.numel() != r.shape[1]:
+            return None
+        off = o.storage_offset() - base.storage_offset()
+        if runs and runs[-1][0] + runs[-1][1] == off:
+            runs[-1][1] += o.numel()
+        else:
+            runs.append([off, o.numel()])
+    if len(runs) < _MIN_SPANS:
+        return None
+    key = (base.device, tuple((off, n) for off, n in runs))
+    index = _SPAN_INDEX.get(key)
+    if index is None:
+        if len(_SPAN_INDEX) >= 64:  # layouts of earlier models: not kept for ever
+            _SPAN_INDEX.clear()
+        index = _SPAN_INDEX[key] = torch.cat(
+            [torch.arange(off, off + n, device=base.device) for off, n in runs])
+    return base, index
 
 
 def _place(member) -> tuple:

@@ -83,8 +83,9 @@ def _recomputed_outputs(output, dummy: torch.Tensor):
 
 def _flat_sq(contribs) -> torch.Tensor:
     """Per-example squared norms over all parameters (a sum of per-example terms: no
-    reduction over examples)."""
-    return _sum_rows([c.sq_norms() for c in contribs])
+    reduction over examples): every contribution's terms (one a parameter where a rule
+    gives them apart) summed by one stacked reduction."""
+    return _sum_rows([t for c in contribs for t in c.sq_terms()])
 
 
 def _sum_rows(terms: list) -> torch.Tensor | None:

@@ -114,7 +114,8 @@ class ClippingMixin:
         for cs in per_unit:
             contribs.extend(cs)
         for c in contribs:
-            n = c.sq_norms().shape[0]
+            terms = c.sq_terms()  # (not added together: the step sums them all)
+            n = (terms[0] if terms else c.sq_norms()).shape[0]
             if batch is None:
                 batch = n
             elif n != batch:

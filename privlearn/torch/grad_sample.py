@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from privlearn.torch._ghost_norms import ghost_sq, round_up
+from privlearn.torch._ghost_norms import ghost_sq, sum_up
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _GHOST_DEFER,
     _LOW,
@@ -216,6 +216,12 @@ class Contribution:
     def sq_norms(self) -> torch.Tensor:  # (B,)
         raise NotImplementedError
 
+    def sq_terms(self) -> list[torch.Tensor]:
+        """Per-example vectors ``(B,)`` whose sum is :meth:`sq_norms` (e.g. one a
+        parameter): the step sums every layer's terms in one stacked reduction instead of
+        adding them layer by layer. Default: ``[self.sq_norms()]``."""
+        return [self.sq_norms()]
+
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         """``sum_i c_i grad_i`` for each parameter, aligned with ``params``."""
         raise NotImplementedError
@@ -314,24 +320,30 @@ class Materialized(Contribution):
         self.params = tuple(params)
         self.grads = list(grads)
         self._sq = None
+        self._terms = None
 
-    def sq_norms(self) -> torch.Tensor:
-        if self._sq is None:
-            out = None
-            for g in self.grads:
-                s = row_sq_norms(g.reshape(g.shape[0], -1))
-                out = s if out is None else out + s
-            self._sq = out
+    def sq_terms(self) -> list[torch.Tensor]:
+        """Each parameter's per-example squared norms (not yet added together)."""
+        if self._terms is None:
             # the (n, B) views the clipped sum multiplies by the weights, made with the
             # norms (during backward for a rule evaluated then)
             self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
                           for g in self.grads]
             self._cols = [r.t() for r in self._rows]
+            self._terms = [row_sq_norms(r) for r in self._rows]
+        return self._terms
+
+    def sq_norms(self) -> torch.Tensor:
+        if self._sq is None:
+            out = None
+            for s in self.sq_terms():
+                out = s if out is None else out + s
+            self._sq = out
         return self._sq
 
     def mv_rows(self) -> list[torch.Tensor]:
         if getattr(self, "_rows", None) is None:
-            self.sq_norms()
+            self.sq_terms()
         return self._rows
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -344,13 +356,13 @@ class Materialized(Contribution):
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         cols = getattr(self, "_cols", None)
         if cols is None:
-            self.sq_norms()
+            self.sq_terms()
             cols = self._cols
         for o, g in zip(outs, cols, strict=True):
             _addmv_cols(o, g, c)
 
     def param_sq_norms(self) -> list[torch.Tensor]:
-        return [row_sq_norms(g.reshape(g.shape[0], -1)) for g in self.grads]
+        return list(self.sq_terms())
 
     def factor(self, j: int):
         return ("dense", self.grads[j])
@@ -370,6 +382,9 @@ class Compound(Contribution):
             s = part.sq_norms()
             out = s if out is None else out + s
         return out
+
+    def sq_terms(self) -> list[torch.Tensor]:
+        return [t for part in self.parts for t in part.sq_terms()]
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
         return [w for part in self.parts for w in part.weighted_sum(c)]
@@ -455,6 +470,7 @@ class OuterProduct(Contribution):
         self.ghost = ghost
         self._ps = None
         self._sq = None
+        self._terms = None
         self._wsq = None
         self._bias_cache = None
         self._bias_t = None
@@ -526,21 +542,24 @@ class OuterProduct(Contribution):
             self._bias_t = self._bias_ps().t()
         return self._bias_t
 
+    def sq_terms(self) -> list[torch.Tensor]:
+        """The weight's per-example squared norms, then the bias's (not yet added)."""
+        if self._terms is None:
+            terms = [self._weight_sq()]
+            if self.bias is not None:
+                terms.append(row_sq_norms(self._bias_ps()))
+                self._bias_cols()
+            self._terms = terms
+        return self._terms
+
     def sq_norms(self) -> torch.Tensor:
         if self._sq is None:
-            w = self._weight_sq()
-            if self.bias is not None:
-                self._sq = w + row_sq_norms(self._bias_ps())
-                self._bias_cols()
-            else:
-                self._sq = w
+            terms = self.sq_terms()
+            self._sq = terms[0] if len(terms) == 1 else terms[0] + terms[1]
         return self._sq
 
     def param_sq_norms(self) -> list[torch.Tensor]:
-        out = [self._weight_sq()]
-        if self.bias is not None:
-            out.append(row_sq_norms(self._bias_ps()))
-        return out
+        return list(self.sq_terms())
 
     def _weight_sq(self) -> torch.Tensor:
         if self._wsq is not None:
@@ -556,10 +575,9 @@ class OuterProduct(Contribution):
             w = (a2.pow(2).sum(-1) * g2.pow(2).sum(-1)).reshape(b, -1).sum(1)
         else:  # ghost norms, never below the exact ones whatever the rounding
             # (half precision: Gram matrices with float32 accumulation)
-            sq = ghost_sq(self.a.reshape(b * G, t, d), self.g.reshape(b * G, t, p),
-                          mm32 if self._low else torch.matmul)
-            w = round_up(sq.view(b, G).sum(1) * (1 + 2 * G * 2.0 ** -53),
-                         torch.float32 if self._low else self._dtype)
+            w = ghost_sq(self.a.reshape(b * G, t, d), self.g.reshape(b * G, t, p),
+                         mm32 if self._low else torch.bmm)
+            w = w if G == 1 else sum_up(w.view(b, G))
         self._wsq = w
         return w
 

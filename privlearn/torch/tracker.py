@@ -771,7 +771,7 @@ class GradSampleTracker(ClippingMixin):
                 if not unit.rule.early:
                     self._not_early.add(id(unit))  # not tried again
                 return  # kept as recorded: evaluated at the step as usual
-            c.sq_norms()  # cached: the step sums them
+            c.sq_terms()  # cached: the step sums them
         rec.early, rec.examples = c, examples
         rec.args, rec.kwargs = (), {}
         rec.grad_outputs = [None] * len(rec.grad_outputs)

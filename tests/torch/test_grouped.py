@@ -267,3 +267,52 @@ def test_ghost_products_grouped_are_the_layers_own_and_drop_a_zero_weight(monkey
         want = torch.einsum("b,b...->...", cw, r[keep])
         bound = tol * torch.einsum("b,b...->...", cw, mag[keep])
         assert ((got.double() - want).abs() <= bound).all()
+
+
+def test_pieces_apart_in_a_float32_buffer_added_by_one_index_add():
+    """Grouped parameters whose pieces of one float32 flat buffer are apart (other
+    parameters' entries between them: four runs) receive their sums by one
+    ``index_add_`` instead of one addition a run: each entry is its prefilled value plus
+    the float32 product's entry (rounded once, bitwise what one addition a run gives),
+    the entries between them are untouched, and the positions are made once."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(7)
+    shapes = [(6,), (3, 2), (4,), (5,)]
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    grads = [torch.randn(5, *s, generator=g) for s in shapes]
+    c = torch.rand(5, generator=g)
+    flat = torch.randn(sum(p.numel() + 3 for p in params), generator=g)  # 3 apart
+    before = flat.clone()
+    out, at, where = {}, 0, []
+    for p in params:
+        out[id(p)] = flat[at + 3:at + 3 + p.numel()].view(p.shape)
+        where.append(torch.arange(at + 3, at + 3 + p.numel()))
+        at += 3 + p.numel()
+    where = torch.cat(where)
+    rows = torch.cat([x.reshape(5, -1) for x in grads], 1)
+    want = before.clone()
+    want[where] = before[where] + torch.mv(rows.t(), c)  # one addition a piece
+    for step in range(2):
+        contribs = [Materialized([p], [x]) for p, x in zip(params, grads, strict=True)]
+        for k in contribs:
+            k.sq_norms()
+        flat.copy_(before)
+        ops = Ops()
+        with gs.rows_finite(False), ops:
+            accumulate_all(contribs, c, out)
+        assert ops.names.count("index_add_") == 1 and ops.names.count("add_") == 0
+        assert ops.names.count("arange") == (len(shapes) if step == 0 else 0)
+        assert torch.equal(flat, want)
+        ref = torch.einsum("b,bn->n", c.double(), rows.double())
+        torch.testing.assert_close(flat[where].double(), before[where].double() + ref,
+                                   rtol=1e-6, atol=1e-6)
