@@ -264,7 +264,7 @@ class RandomizedResponse(Mechanism):
         return math.log(p * (k - 1) / (1.0 - p))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class PureDP(Mechanism):
     """A generic (epsilon, 0)-DP mechanism, analysed through its worst-case pair
     (randomized response with the same epsilon, which dominates every epsilon-DP
@@ -273,14 +273,24 @@ class PureDP(Mechanism):
     Parameters
     ----------
     pure_epsilon : float > 0
+        The field holding epsilon (``epsilon`` is the name of the evaluation method).
+    epsilon : float > 0, keyword-only
+        The same value under its usual name: ``PureDP(epsilon=0.3) == PureDP(0.3) ==
+        PureDP(pure_epsilon=0.3)``. Give one of the two.
+
+    Examples
+    --------
+    >>> from privlearn.accounting import PureDP
+    >>> PureDP(epsilon=0.3)
+    PureDP(pure_epsilon=0.3)
     """
 
     pure_epsilon: float
 
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "pure_epsilon", check_positive("pure_epsilon", self.pure_epsilon)
-        )
+    def __init__(self, pure_epsilon: float | None = None, *,
+                 epsilon: float | None = None) -> None:
+        name, value = _one_spelling("PureDP", "pure_epsilon", pure_epsilon, "epsilon", epsilon)
+        object.__setattr__(self, "pure_epsilon", check_positive(name, value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,22 +315,52 @@ class ApproxDP(Mechanism):
     Parameters
     ----------
     dp_epsilon : float >= 0
+        The field holding epsilon (``epsilon`` and ``delta`` are the names of the
+        evaluation methods).
     dp_delta : float in (0, 1)
         (``delta = 0`` is :class:`PureDP`.)
+    epsilon, delta : float, keyword-only
+        The same values under their usual names: ``ApproxDP(epsilon=1.0, delta=1e-6) ==
+        ApproxDP(1.0, 1e-6)``. Give one spelling of each.
+
+    Examples
+    --------
+    >>> from privlearn.accounting import ApproxDP
+    >>> ApproxDP(epsilon=1.0, delta=1e-6)
+    ApproxDP(dp_epsilon=1.0, dp_delta=1e-06)
     """
 
     dp_epsilon: float
     dp_delta: float
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dp_epsilon", check_epsilon("dp_epsilon", self.dp_epsilon))
-        d = check_delta("dp_delta", self.dp_delta,
-                        hint="a delta in (0, 1); for delta = 0 use PureDP(epsilon)")
+    def __init__(self, dp_epsilon: float | None = None, dp_delta: float | None = None, *,
+                 epsilon: float | None = None, delta: float | None = None) -> None:
+        e_name, e = _one_spelling("ApproxDP", "dp_epsilon", dp_epsilon, "epsilon", epsilon)
+        d_name, d = _one_spelling("ApproxDP", "dp_delta", dp_delta, "delta", delta)
+        object.__setattr__(self, "dp_epsilon", check_epsilon(e_name, e))
+        d = check_delta(d_name, d, hint="a delta in (0, 1); for delta = 0 use PureDP(epsilon)")
         if d == 0.0:
             raise ParameterValueError(
-                "dp_delta must be in (0, 1), got 0.0: use PureDP(epsilon) for a pure "
+                f"{d_name} must be in (0, 1), got 0.0: use PureDP(epsilon) for a pure "
                 "(epsilon, 0)-DP mechanism")
         object.__setattr__(self, "dp_delta", d)
+
+
+def _one_spelling(cls: str, field_name: str, field_value: object, alias: str,
+                  alias_value: object) -> tuple[str, object]:
+    """The one value given for a field that also has a keyword alias, with the name it was
+    given under; a :class:`~privlearn.errors.ParameterTypeError` naming both spellings
+    when both or neither were given."""
+    if field_value is not None and alias_value is not None:
+        raise ParameterTypeError(
+            f"{cls}() got both {field_name}={field_value!r} and {alias}={alias_value!r}, "
+            f"two spellings of the same parameter; give one of them, e.g. "
+            f"{cls}({alias}={alias_value!r})")
+    if field_value is None and alias_value is None:
+        raise ParameterTypeError(
+            f"{cls}() missing the parameter {alias} (also spelled {field_name}); "
+            f"give one of them, e.g. {cls}({alias}=1.0)")
+    return (field_name, field_value) if alias_value is None else (alias, alias_value)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import textwrap
 import unicodedata
 from typing import Any
 
@@ -151,7 +152,21 @@ def _spent_json(s) -> dict[str, Any]:
 
 def _relation(r) -> str:
     """A budget's neighbouring relation as the budget commands print it."""
-    return "relation not fixed yet" if r is None else r.value
+    return UNSET_RELATION if r is None else r.value
+
+
+#: What ``budget init`` prints in place of the relation of a budget created without one.
+UNSET_RELATION = "neighbouring relation to be fixed by the first release"
+
+#: The lines ``budget init`` adds for a budget created without ``--neighbouring``.
+UNSET_RELATION_NOTE = textwrap.fill(
+    "The neighbouring relation says which two datasets differ by one record: add_remove "
+    "(a record added or removed) or replace_one (a record replaced, as with fixed-size "
+    "batches). The first release recorded fixes it; to fix it when a budget is created, "
+    "pass --neighbouring add_remove or --neighbouring replace_one to budget init (a "
+    "budget never changes afterwards).",
+    width=88, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False,
+    break_long_words=False)
 
 
 def _print_spent(s) -> None:
@@ -204,8 +219,11 @@ _unit_opt = click.option("--privacy-unit", default=None,
               "of releases; admits less than the tight total).")
 @click.option("--neighbouring", type=click.Choice(["add_remove", "replace_one"]),
               default=None,
-              help="Neighbouring relation of the cap (default: that of the first release). "
-              "replace_one also takes add/remove releases, at their replace-one cost.")
+              help="Neighbouring relation of the cap: which two datasets count as "
+              "differing in one record, add_remove (one record added or removed) or "
+              "replace_one (one record replaced). Default: fixed by the first release "
+              "recorded. replace_one also takes add/remove releases, at their replace-one "
+              "cost.")
 @click.option("--exist-ok", is_flag=True,
               help="A budget DATASET already has with these same settings is not an error "
               "(a script that runs more than once); other settings still are.")
@@ -232,6 +250,8 @@ def budget_init(path: str, key_file: str | None, timeout: float, dataset: str,
     click.echo(f"budget for {b.dataset} ({b.privacy_unit}, {_relation(b.neighbouring)}): "
                f"epsilon {b.epsilon:g}, delta {b.delta:g} "
                f"({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
+    if b.neighbouring is None:
+        click.echo(UNSET_RELATION_NOTE)
 
 
 def _spend_noise_multiplier(kind: str, noise_multiplier: float | None,

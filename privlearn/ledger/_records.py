@@ -132,7 +132,8 @@ class Spent:
         """The summary ``privlearn budget show`` prints: the total with its certified
         lower bound, the cap, the number of releases (and the Renyi filter's epsilon for
         an adaptive budget)."""
-        relation = ("relation not fixed yet" if self.neighbouring is None
+        relation = ("neighbouring relation to be fixed by the first release"
+                    if self.neighbouring is None
                     else self.neighbouring.value)
         lower = ("" if self.epsilon_lower is None
                  else f" (certified lower bound {self.epsilon_lower:.6g})")

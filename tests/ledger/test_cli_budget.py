@@ -194,7 +194,8 @@ def test_the_budget_commands_show_the_neighbouring_relation(db, tmp_path):
             "--neighbouring", "replace_one")
     assert r.output.startswith("budget for d (record, replace_one): epsilon 10")
     r = run("budget", "init", path, "--dataset", "e", "--epsilon", "10", "--delta", "1e-6")
-    assert r.output.startswith("budget for e (record, relation not fixed yet)")
+    assert r.output.startswith(
+        "budget for e (record, neighbouring relation to be fixed by the first release)")
     r = run("budget", "spend", path, "--dataset", "d", "--noise-multiplier", "4", "--json")
     out = json.loads(r.output)
     assert out["neighbouring"] == "replace_one"
