@@ -2,7 +2,7 @@
 ``buffered_toeplitz_test``, ``dense_test``, ``sensitivity_test``), ported to privlearn's
 public API with their configurations and checked against closed forms, dense matrix
 products and the values those tests state (no jax needed). The families already ported
-are in ``test_peer_families.py``."""
+are in ``test_jax_privacy_families.py``."""
 
 from __future__ import annotations
 
