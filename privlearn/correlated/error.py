@@ -56,15 +56,22 @@ class PrefixSum(Workload):
 @dataclass(frozen=True)
 class MomentumPrefixSum(Workload):
     """The iterates of SGD with heavy-ball momentum ``beta`` and a constant learning
-    rate: ``A[t, s] = sum_{j <= t - s} beta^j = (1 - beta^(t-s+1)) / (1 - beta)``."""
+    rate (``m_t = beta m_{t-1} + g_t``, ``x_t = x_{t-1} + m_t``):
+    ``A[t, s] = sum_{j <= t - s} beta^j``, i.e. ``(1 - beta^(t-s+1)) / (1 - beta)`` for
+    ``beta < 1`` and ``t - s + 1`` for ``beta = 1`` (the double prefix sum: the cumulative
+    sum is exact at every ``beta`` in ``[0, 1]``, and the error, the optimisers and the
+    strategies only use these coefficients, [DPFTRL]).
+
+    ``momentum`` above 1 is refused: the coefficients then grow geometrically.
+    """
 
     momentum: float
 
     def __post_init__(self) -> None:
         beta = check_real("momentum", self.momentum)
-        if not 0.0 <= beta < 1.0:
+        if not 0.0 <= beta <= 1.0:
             raise ParameterValueError(
-                f"momentum must be in [0, 1), got {self.momentum!r}; use 0.9 for typical "
+                f"momentum must be in [0, 1], got {self.momentum!r}; use 0.9 for typical "
                 "heavy-ball momentum, or PrefixSum() for plain SGD")
         object.__setattr__(self, "momentum", beta)
 

@@ -48,6 +48,7 @@ __all__ = [
     "Delta",
     "Seed",
     "Unchecked",
+    "PublicClasses",
     "Verbosity",
     "EPSILON",
     "ACCOUNTANT",
@@ -201,6 +202,51 @@ class Unchecked(Constraint):
 
     def check(self, name: str, value: object) -> object:
         return value
+
+
+@dataclass(frozen=True)
+class PublicClasses(Constraint):
+    """A classifier's public label set: ``None`` (inferred from ``y``, with a warning) or
+    a 1-D sequence of distinct labels, none of them NaN or infinite (no ``y`` can hold
+    such a label: ``y`` with NaN or inf is refused), of exactly ``size`` labels (``None``:
+    at least 2). :meth:`check` returns it as an array."""
+
+    allow_none: bool = True
+    size: int | None = None
+
+    def check(self, name: str, value: object) -> np.ndarray:
+        want = f"exactly {self.size}" if self.size is not None else "at least 2"
+        example = "classes=[0, 1]" if self.size == 2 else "classes=[0, 1] or classes=range(10)"
+        hint = f"pass the public label set, e.g. {example}"
+        if isinstance(value, str | bytes | dict | set | frozenset) or not (
+                hasattr(value, "__len__") or hasattr(value, "__iter__")):
+            raise _v.ParameterTypeError(
+                f"{name} must be None or a sequence of {want} distinct labels, got "
+                f"{value!r} ({type(value).__name__}); {hint}")
+        try:
+            cl = np.asarray(value if isinstance(value, np.ndarray) else list(value))
+        except (TypeError, ValueError):  # ragged nested sequences
+            cl = None
+        if cl is None or cl.ndim != 1 or cl.size < 2 or (
+                self.size is not None and cl.size != self.size):
+            raise ParameterValueError(_v._msg(
+                name, f"a 1-D sequence of {want} distinct labels", value, hint))
+        labels = cl.tolist()
+        bad = [v for v in labels if isinstance(v, numbers.Real)
+               and not isinstance(v, numbers.Integral) and not math.isfinite(float(v))]
+        if bad:
+            raise ParameterValueError(_v._msg(
+                name, "labels that are not NaN or infinite (no y holds one: a y with NaN "
+                "or inf is refused)", value, f"{hint}, without {bad[0]!r}"))
+        seen: set = set()
+        for v in labels:
+            if v in seen:
+                raise ParameterValueError(_v._msg(
+                    name, f"{want} distinct labels", value,
+                    f"pass the public label set with each label once ({v!r} appears "
+                    f"more than once), e.g. {example}"))
+            seen.add(v)
+        return cl
 
 
 #: Constraints shared by most estimators.

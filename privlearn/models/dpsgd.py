@@ -71,6 +71,7 @@ from privlearn.models.constraints import (
     Delta,
     Integer,
     Options,
+    PublicClasses,
     Real,
     Unchecked,
 )
@@ -386,7 +387,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
 
     _parameter_constraints = {
         **_DPSGDBase._parameter_constraints,
-        "classes": Unchecked("a public pair of labels, checked by _public_classes"),
+        "classes": PublicClasses(size=2),
     }
 
     def __init__(
@@ -432,15 +433,8 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         self.classes = classes
 
     def _public_classes(self) -> np.ndarray | None:
-        if self.classes is None:
-            return None
-        cl = np.asarray(self.classes)
-        if cl.ndim != 1 or cl.size != 2 or cl[0] == cl[1]:
-            raise ParameterValueError(
-                "classes must be a sequence of exactly 2 distinct labels (negative, "
-                f"positive), got {self.classes!r}; e.g. classes=[0, 1]"
-            )
-        return cl
+        """The public ``(negative, positive)`` labels, or None (inferred from ``y``)."""
+        return self._parameter_constraints["classes"]("classes", self.classes)
 
     def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
         self._public_classes()  # a wrong classes parameter is refused before anything

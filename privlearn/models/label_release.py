@@ -79,8 +79,8 @@ from privlearn.models.constraints import (
     Delta,
     Integer,
     Options,
+    PublicClasses,
     Real,
-    Unchecked,
 )
 
 __all__ = ["PATE", "PrivateKNN", "LabelRelease", "label_release_mechanism"]
@@ -488,7 +488,7 @@ class PrivateKNN(_LabelReleaseBase):
         "n_neighbors": Integer(1),
         "sampling_rate": Real(0, 1, low_open=True,
                               hint="the Poisson rate at which training records are sampled"),
-        "classes": Unchecked("the public label set, checked when the labels are read"),
+        "classes": PublicClasses(),
     }
 
     def __init__(
@@ -525,6 +525,7 @@ class PrivateKNN(_LabelReleaseBase):
         if y is None:
             raise ParameterValueError(
                 "PrivateKNN.fit needs the private labels: fit(X_private, y_private)")
+        public = self._parameter_constraints["classes"]("classes", self.classes)
         with self._refit():
             X, y = validate_input(self, X, y, dtype=np.float64)
             kind = check_class_labels(type(self).__name__, y)
@@ -537,7 +538,7 @@ class PrivateKNN(_LabelReleaseBase):
                     "released in classes_. PrivateKNN releases class labels: map y to "
                     "public classes (e.g. np.digitize(y, bins) with public bins) or pass "
                     "the public label set, classes=[...]")
-            classes, y_idx = _encode_classes(self.classes, y, type(self).__name__)
+            classes, y_idx = _encode_classes(public, y, type(self).__name__)
         self.__dict__.pop("_releases", None)  # the new data is a new account
         self.classes_ = classes
         self._X = X

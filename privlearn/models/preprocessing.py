@@ -65,6 +65,7 @@ from privlearn.models._bounds import (
     feature_ranges,
     private_quantile,
 )
+from privlearn.models._pipeline_steps import check_steps
 from privlearn.models._public_width import public_output_width, refuse_data_dependent_fits
 from privlearn.models.base import (
     PrivateEstimator,
@@ -407,7 +408,7 @@ class PrivatePipeline(Pipeline):
 
     Parameters
     ----------
-    steps : list of (name, estimator)
+    steps : non-empty list of (name, estimator), checked when fitted or planned
     delta : float in (0, 1), optional
         The delta at which ``epsilon_`` is reported. Default: the sum of the steps'
         ``delta_`` (each step's own target).
@@ -475,6 +476,7 @@ class PrivatePipeline(Pipeline):
         ``planned_mechanism``. A fitted step that may change the number of features
         before the last step ends the plan: refused with ``TypeError`` when ``strict``,
         else the steps after it are not yielded."""
+        check_steps(type(self).__name__, self.steps)
         shape = data_shape(X)
         if len(shape) != 2:
             raise ParameterValueError(
@@ -608,6 +610,7 @@ class PrivatePipeline(Pipeline):
         :meth:`fit`); returns the validated ``delta`` (None: the steps' sum).
         ``budgets``: also check that the steps' ledger budgets can hold their planned
         mechanisms (False when the steps' ledgers will not be charged)."""
+        check_steps(type(self).__name__, self.steps)
         check_finite_target(type(self).__name__, y)
         delta = (None if self.delta is None
                  else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))

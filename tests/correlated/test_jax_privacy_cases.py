@@ -361,7 +361,7 @@ def _momentum_sgd_matrix(n: int, momentum: float) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9, 1.0])
 def test_momentum_workload_is_the_momentum_recursion(momentum):
     # streaming_matrix_test.test_momentum_cooldown_integration at a constant learning rate
     n = 12

@@ -24,6 +24,7 @@ from privlearn.models.constraints import (
     Delta,
     Integer,
     Options,
+    PublicClasses,
     Real,
     Seed,
     Unchecked,
@@ -70,6 +71,8 @@ def _bad_values(c):
         return "abc", 1.5
     if isinstance(c, Seed):
         return "abc", -1
+    if isinstance(c, PublicClasses):
+        return 3, [0, math.nan]
     return None, None
 
 

@@ -1,0 +1,48 @@
+"""The ``steps`` parameter of :class:`~privlearn.models.PrivatePipeline`, checked when it
+is fitted or planned (private helper of :mod:`privlearn.models.preprocessing`).
+
+scikit-learn's ``Pipeline`` checks its steps only when fitted, with a plain
+``ValueError`` (an empty list) or an unpacking error (a step that is not a pair); the
+constructor only stores them, so that ``clone`` and ``get_params`` work. The pipeline
+keeps that convention and refuses a malformed ``steps`` with a typed error before any
+step is planned or fitted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from privlearn.errors import ParameterTypeError, ParameterValueError
+
+__all__ = ["check_steps"]
+
+_EXAMPLE = "e.g. steps=[('scale', PrivateStandardScaler(...)), ('model', DPSGDClassifier(...))]"
+
+
+def check_steps(owner: str, steps: Any) -> None:
+    """Refuse ``steps`` unless it is a non-empty list (or tuple) of ``(name, estimator)``
+    pairs with string names.
+
+    Raises
+    ------
+    ParameterTypeError
+        ``steps`` is not a list or tuple, or an entry is not a ``(str, estimator)`` pair.
+    ParameterValueError
+        ``steps`` is empty.
+    """
+    if not isinstance(steps, list | tuple):
+        raise ParameterTypeError(
+            f"{owner}: steps must be a list of (name, estimator) pairs, got {steps!r} "
+            f"({type(steps).__name__}); {_EXAMPLE}"
+        )
+    if len(steps) == 0:
+        raise ParameterValueError(
+            f"{owner}: steps must be a non-empty list of (name, estimator) pairs, got "
+            f"{steps!r}; pass at least one step, {_EXAMPLE}"
+        )
+    for i, step in enumerate(steps):
+        if not (isinstance(step, list | tuple) and len(step) == 2 and isinstance(step[0], str)):
+            raise ParameterTypeError(
+                f"{owner}: steps[{i}] must be a (name, estimator) pair with a str name, "
+                f"got {step!r} in steps={steps!r}; {_EXAMPLE}"
+            )
