@@ -25,7 +25,7 @@ adding ``m`` blocks within ``gamma_m`` more, where one product of the full lengt
 would round within ``gamma_n`` (a vocabulary-wide language-model head: ``n = 50,257``, an
 over-statement of ~80% at ``T = 256``, against ~3% in blocks of 512). The same float32
 products (no wider copy of the records, nothing read back from the device); with TF32 or
-bfloat16 float32 products (``torch.get_float32_matmul_precision()``) the rounding of the
+bfloat16 float32 products (:func:`input_rounding`) the rounding of the
 inputs, ``2^-11`` or ``2^-8`` per factor, is added and cannot be blocked away: about
 ``4 * 2^-11 * T`` relative under TF32 (~25% of a squared norm at ``T = 256``); the
 ``"highest"`` precision keeps it out. Float64 records round within ``2^-53``.
@@ -35,13 +35,33 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ghost_sq", "gram_block", "round_up", "sum_up"]
+__all__ = ["ghost_sq", "gram_block", "input_rounding", "round_up", "sum_up"]
 
 _U64 = 2.0**-53
 _U32 = 2.0**-24
 #: unit roundoff of the inputs of a float32 matrix product, by
 #: ``torch.get_float32_matmul_precision()`` (TF32: 10 explicit mantissa bits; bfloat16: 7)
 _INPUT_ROUNDING = {"highest": 0.0, "high": 2.0**-11, "medium": 2.0**-8}
+#: the same by a backend's own ``fp32_precision`` ("none": the generic setting holds)
+_BACKEND_ROUNDING = {"ieee": 0.0, "tf32": 2.0**-11, "bf16": 2.0**-8}
+
+
+def input_rounding(device_type: str) -> float:
+    """Unit roundoff of the inputs of a float32 matrix product on ``device_type``: the
+    backend's own setting (``torch.backends.cuda.matmul.fp32_precision`` on CUDA,
+    ``torch.backends.mkldnn.matmul.fp32_precision`` on the CPU) where it is set, else the
+    generic one; bfloat16's ``2^-8`` (the widest) where neither can be read (PyTorch
+    refuses to read the generic setting once the legacy and the new settings are mixed)."""
+    backend = {"cuda": "cuda", "cpu": "mkldnn"}.get(device_type)
+    matmul = getattr(getattr(torch.backends, backend, None), "matmul", None) if backend else None
+    own = getattr(matmul, "fp32_precision", "none")
+    if own in _BACKEND_ROUNDING:
+        return _BACKEND_ROUNDING[own]
+    try:
+        generic = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return 2.0**-8
+    return _INPUT_ROUNDING.get(generic, 2.0**-8)
 
 
 def _gamma(n: int, u: float) -> float:
@@ -50,7 +70,9 @@ def _gamma(n: int, u: float) -> float:
     return float("inf") if nu >= 1 else nu / (1 - nu)
 
 
-def _entry_gamma(k: int, dtype: torch.dtype, low: bool, blocks: int = 1) -> float:
+def _entry_gamma(
+    k: int, dtype: torch.dtype, low: bool, blocks: int = 1, device_type: str = "cpu"
+) -> float:
     """Relative bound (to ``|x| |y|``) on the error of one Gram entry accumulated over
     ``blocks`` products of length ``k``: each within ``gamma_k``, their sum within
     ``gamma_(blocks - 1)`` more (in the Gram dtype; Cauchy-Schwarz bounds the sum of the blocks'
@@ -60,8 +82,7 @@ def _entry_gamma(k: int, dtype: torch.dtype, low: bool, blocks: int = 1) -> floa
     acc = (1 + _gamma(k, _U32)) * (1 + _gamma(blocks - 1, _U32)) - 1
     if low:  # half-precision operands: products exact in float32, float32 accumulation
         return acc
-    u_in = _INPUT_ROUNDING.get(torch.get_float32_matmul_precision(), 2.0**-8)
-    return (1 + u_in) ** 2 * (1 + acc) - 1
+    return (1 + input_rounding(device_type)) ** 2 * (1 + acc) - 1
 
 
 def gram_block(t: int, n: int, u: float) -> int:
@@ -118,8 +139,9 @@ def ghost_sq(
         a, g, mm, low = a.double(), g.double(), torch.bmm, False
     u = _U64 if a.dtype == torch.float64 else _U32
     ka, kg = gram_block(t, d, u), gram_block(t, p, u)
-    ga = _entry_gamma(ka, a.dtype, low, -(-d // ka))
-    gp = _entry_gamma(kg, g.dtype, low, -(-p // kg))
+    dev = a.device.type
+    ga = _entry_gamma(ka, a.dtype, low, -(-d // ka), dev)
+    gp = _entry_gamma(kg, g.dtype, low, -(-p // kg), dev)
     if ga >= 0.25 or gp >= 0.25 or (2 * t + 8) * u >= 0.25:  # no useful bound here:
         # float64, rounded up into the Gram dtype
         return round_up(

@@ -168,3 +168,30 @@ def test_a_vocabulary_wide_layer_is_not_over_clipped():
     got = ghost_sq(x, y).double()
     assert (got >= exact).all()
     assert (got <= exact * 1.05).all()
+
+
+def test_mixed_precision_settings_never_break_or_loosen_the_bound():
+    """PyTorch refuses to read ``torch.get_float32_matmul_precision()`` once a backend's
+    own ``fp32_precision`` and the generic setting disagree (a RuntimeError in the
+    backward hook, where users mix ``allow_tf32`` and the new settings). The backend's own
+    setting is read instead; an unreadable one counts as bfloat16 products (the widest
+    input rounding): still never below the exact squared norm."""
+    from privlearn.torch._ghost_norms import ghost_sq, input_rounding
+
+    mk = torch.backends.mkldnn.matmul
+    cu = torch.backends.cuda.matmul
+    before = (mk.fp32_precision, cu.fp32_precision)
+    try:
+        mk.fp32_precision = "none"
+        cu.fp32_precision = "tf32"
+        assert input_rounding("cuda") == 2.0**-11
+        with pytest.raises(RuntimeError):
+            torch.get_float32_matmul_precision()  # what the hook used to read
+        assert input_rounding("cpu") == 2.0**-8  # unreadable: the widest
+        x, y = _cancelling(n=3, t=4, d=24, p=20)
+        got = ghost_sq(x, y)
+        assert (got.double() >= _exact_sq(x, y)).all()
+        mk.fp32_precision = "ieee"
+        assert input_rounding("cpu") == 0.0
+    finally:
+        mk.fp32_precision, cu.fp32_precision = before
