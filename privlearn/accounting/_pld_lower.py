@@ -66,7 +66,11 @@ def binary_lower(
         return bound
     best = lo
     fracs = np.geomspace(1e-4, 1.0, _THRESHOLDS)
-    for pairs in _directions(parts, step):
+    try:
+        directions = _directions(parts, step)
+    except (ArithmeticError, ValueError, AccountingError):
+        return bound  # a part without such pairs (a huge pure-DP epsilon): lower end kept
+    for pairs in directions:
         try:
             his = [loss_range(pair, 1e-18)[1] for pair, _ in pairs]
         except (ArithmeticError, ValueError, AccountingError):
