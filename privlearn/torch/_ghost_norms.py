@@ -27,11 +27,13 @@ over-statement of ~80% at ``T = 256``, against ~3% in blocks of 512). The same f
 products (no wider copy of the records, nothing read back from the device); with TF32 or
 bfloat16 float32 products (:func:`input_rounding`) the rounding of the
 inputs, ``2^-11`` or ``2^-8`` per factor, is added and cannot be blocked away: about
-``4 * 2^-11 * T`` relative under TF32 (~25% of a squared norm at ``T = 256``); the
+``4 * 2^-11 * T`` relative under TF32 (~50% of a squared norm at ``T = 256``); the
 ``"highest"`` precision keeps it out. Float64 records round within ``2^-53``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -157,13 +159,40 @@ def ghost_sq(
     root = (aa.diagonal(dim1=1, dim2=2) * gg.diagonal(dim1=1, dim2=2)).sqrt_().sum(1)
     f = 1.0 / ((1 - _gamma(2 * t + 4, w)) * (1 - ga) * (1 - gp))
     # the products and the sums over s, then over t, in the Gram dtype (in place: no
-    # other T x T buffer), within gamma_(2T+1) of sum |aa . gg| <= (1 + ga)(1 + gp) cap
-    sq = aa.mul_(gg).sum(2).sum(1)
-    sums = _gamma(2 * t + 1, w) * (1 + ga) * (1 + gp)
+    # other T x T buffer; a long row summed in two stages of about sqrt(T) each), within
+    # `sums` of sum |aa . gg| <= (1 + ga)(1 + gp) cap
+    k = _split(t)
+    prod = aa.mul_(gg)
+    sq = _sum_last(_sum_last(prod, k), k)
+    stage = (1 + _gamma(k, w)) * (1 + _gamma(t // k, w))
+    sums = ((1 + w) * stage * stage - 1) * (1 + ga) * (1 + gp)
     # sq + alpha cap, cap = root^2, in one operation: its scaling and addition round
     # within 4 w cap f (|sq| and the term are at most ~cap f; the square's rounding is in f)
     alpha = (ga + gp + ga * gp + sums + 4 * w) * f
     return torch.addcmul(sq, root, root, value=alpha)
+
+
+def _split(t: int) -> int:
+    """A divisor ``k`` of ``t`` between ``sqrt(t) / 2`` and ``sqrt(t)`` to sum a row of
+    ``t`` in two stages (``k`` then ``t / k`` terms: each sum within ``gamma_k`` and
+    ``gamma_(t/k)``, where one sum of ``t`` terms is within ``gamma_t``); 1 (one sum) for
+    rows of at most 128 or without such a divisor."""
+    if t <= 128:
+        return 1
+    for k in range(math.isqrt(t), 1, -1):
+        if 4 * k * k < t:
+            break
+        if t % k == 0:
+            return k
+    return 1
+
+
+def _sum_last(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Sum over the last dimension, in two stages of ``k`` and ``n / k`` terms (one where
+    ``k == 1``)."""
+    if k == 1:
+        return x.sum(-1)
+    return x.view(*x.shape[:-1], x.shape[-1] // k, k).sum(-1).sum(-1)
 
 
 def round_up(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
