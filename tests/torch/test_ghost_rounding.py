@@ -195,3 +195,19 @@ def test_mixed_precision_settings_never_break_or_loosen_the_bound():
         assert input_rounding("cpu") == 0.0
     finally:
         mk.fp32_precision, cu.fp32_precision = before
+
+
+@pytest.mark.parametrize("t", [256, 250, 131])
+def test_long_rows_summed_in_two_stages_never_understate(t):
+    """Rows of more than 128 positions are summed in two stages (a divisor near sqrt(T);
+    131 is prime: one sum): never below the exact squared norm, cancelling or not, and
+    ordinary examples over-stated by at most a few percent."""
+    from privlearn.torch._ghost_norms import ghost_sq
+
+    x, y = _cancelling(n=2, t=t - t % 2, d=16, p=12)
+    assert (ghost_sq(x, y).double() >= _exact_sq(x, y)).all()
+    gen = torch.Generator().manual_seed(t)
+    x, y = torch.randn(2, t, 16, generator=gen), torch.randn(2, t, 12, generator=gen)
+    exact = _exact_sq(x, y)
+    got = ghost_sq(x, y).double()
+    assert (got >= exact).all() and (got <= exact * 1.05).all()
