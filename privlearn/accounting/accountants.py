@@ -25,7 +25,12 @@ from __future__ import annotations
 import importlib
 
 from privlearn.accounting._types import Accountant, PrivacyBound
-from privlearn.errors import ParameterTypeError, ParameterValueError, PlanMismatchError
+from privlearn.errors import (
+    ConfigurationError,
+    ParameterTypeError,
+    ParameterValueError,
+    PlanMismatchError,
+)
 
 __all__ = [
     "PrivacyBound",
@@ -46,12 +51,24 @@ BUILTIN_ACCOUNTANTS: dict[str, str] = {
 _REGISTRY: dict[str, Accountant] = {}
 
 
-def register_accountant(accountant: Accountant) -> Accountant:
-    """Register an accountant under ``accountant.name`` (replacing any previous one; names
-    are case-insensitive: ``get_accountant("Basic")`` finds one named ``"basic"``).
+def register_accountant(accountant: Accountant, *, force: bool = False) -> Accountant:
+    """Register an accountant under ``accountant.name`` (names are case-insensitive:
+    ``get_accountant("Basic")`` finds one named ``"basic"``).
 
     ``accountant`` must have a string ``name`` and ``epsilon(mechanism, delta)`` and
-    ``delta(mechanism, epsilon)`` methods (:class:`Accountant`).
+    ``delta(mechanism, epsilon)`` methods (:class:`Accountant`). A name of your own may
+    be registered again (the new accountant replaces the old). The name of a built-in
+    accountant (:data:`BUILTIN_ACCOUNTANTS`: the certified accountants every epsilon and
+    calibration uses by default) is refused unless ``force=True``, as Opacus's
+    ``register_accountant`` refuses an existing name; a forced one stays registered when
+    the built-in's module is imported later.
+
+    Raises
+    ------
+    ParameterTypeError
+        ``accountant`` is not an accountant.
+    ConfigurationError
+        Its name is a built-in accountant's and ``force`` is False.
     """
     if not isinstance(accountant, Accountant) or not isinstance(accountant.name, str) or (
             not accountant.name.strip()):
@@ -60,7 +77,18 @@ def register_accountant(accountant: Accountant) -> Accountant:
             f"and delta(mechanism, epsilon) methods, got {accountant!r} "
             f"({type(accountant).__name__}); see privlearn.accounting.accountants.Accountant")
     # looked up case-insensitively (get_accountant), so stored under the same key
-    _REGISTRY[accountant.name.strip().lower()] = accountant
+    key = accountant.name.strip().lower()
+    if key in BUILTIN_ACCOUNTANTS and type(accountant).__module__ != BUILTIN_ACCOUNTANTS[key]:
+        if not force:
+            raise ConfigurationError(
+                f"accountant name {accountant.name!r} is privlearn's built-in {key!r} "
+                "accountant, which every epsilon and calibration asking for it uses; "
+                "register yours under another name, or pass force=True to replace it")
+        _load_builtin(key)  # imported now, so that its import cannot replace yours later
+    elif key in BUILTIN_ACCOUNTANTS and key in _REGISTRY and type(_REGISTRY[key]).__module__ \
+            != BUILTIN_ACCOUNTANTS[key]:
+        return _REGISTRY[key]  # the built-in's module imported after a forced replacement
+    _REGISTRY[key] = accountant
     return accountant
 
 

@@ -222,12 +222,24 @@ class PrivacyAccountant:
         return self.mechanism(extra).epsilon(delta, accountant=accountant or self.accountant)
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        """The history (plain Python types)."""
-        return {"format": _STATE_FORMAT, "scheme": self.scheme, "accountant": self.accountant,
-                "segments": [[s.noise_multiplier, s.sampling_rate, s.max_grad_norm, s.steps]
-                             for s in self._segments],
-                "prior": None if self._prior is None else dumps(self._prior)}
+    def state_dict(self, destination: dict | None = None) -> dict:
+        """The history (plain Python types, a new copy at every call).
+
+        ``destination``, as in Opacus's accountants and PyTorch's modules: a dict that
+        receives the entries (its other keys are kept) and is returned; a new dict when
+        None.
+        """
+        if destination is not None and not isinstance(destination, dict):
+            raise ParameterTypeError(
+                f"destination must be a dict (or None for a new one), got "
+                f"{type(destination).__name__}")
+        out = {} if destination is None else destination
+        out.update({"format": _STATE_FORMAT, "scheme": self.scheme,
+                    "accountant": self.accountant,
+                    "segments": [[s.noise_multiplier, s.sampling_rate, s.max_grad_norm,
+                                  s.steps] for s in self._segments],
+                    "prior": None if self._prior is None else dumps(self._prior)})
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a history saved by :meth:`state_dict` (same scheme and accountant)
