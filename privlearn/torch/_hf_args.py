@@ -108,12 +108,13 @@ class PrivacyArguments:
         token cross-entropy), ``"masked_lm"`` / ``"token_classification"`` (unshifted),
         ``"sequence_classification"`` (labels of shape ``(B,)``, or floating-point
         targets), ``"seq2seq_lm"`` (an encoder-decoder's target tokens, unshifted: each
-        example's loss is the mean over its own target tokens; ``decoder_input_ids``, when
-        the batch has none, built from the labels as the model builds them). Default: the
+        example's loss is the mean over its own target tokens, a trailing run of the pad
+        token ignored; ``decoder_input_ids``, when the batch has none, built from the
+        labels as the model builds them). Default: the
         model's task in transformers' auto-model mappings
         (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, ``..._MASKED_LM_...``,
         ``..._TOKEN_CLASSIFICATION_...``, ``..._SEQUENCE_CLASSIFICATION_...``,
-        ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``) of its class
+        ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES`` and the speech one) of its class
         or nearest transformers base class, a peft wrapper unwrapped; for a model in none
         of them, ``"sequence_classification"`` when the labels are one per example
         (shape ``(B,)`` or floating point). Anything else (a custom class with per-token

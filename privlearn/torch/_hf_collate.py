@@ -12,7 +12,7 @@ import torch
 from privlearn.errors import ConfigurationError, ParameterValueError
 
 __all__ = ["batch_rows", "column_of", "decoder_inputs", "expand_position_ids", "own_labels",
-           "positions_of_left_padding", "refuse_packed_rows"]
+           "own_target_labels", "positions_of_left_padding", "refuse_packed_rows"]
 
 
 def expand_position_ids(collator):
@@ -96,6 +96,29 @@ def decoder_inputs(model, inputs: dict, labels: torch.Tensor) -> dict:
     shifted = labels.new_full(labels.shape, start)
     shifted[:, 1:] = labels[:, :-1].masked_fill(labels[:, :-1] == -100, pad)
     return {**inputs, "decoder_input_ids": shifted}
+
+
+def own_target_labels(model, labels: torch.Tensor, inputs: dict) -> torch.Tensor:
+    """An encoder-decoder's target ``labels`` with ``-100`` (ignored) on the padding after
+    each example's end: where the batch's ``decoder_attention_mask`` is 0 if it has one,
+    else on the trailing run of ``config.pad_token_id`` of each row (all of it; when the
+    pad token is also the end-of-sequence token, all but its first, the end).
+
+    A collator padding the targets with the pad token instead of ``-100`` (a tokenizer's
+    ``text_target=`` with ``padding=True``) gives each example as many pad targets as the
+    batch's longest target is longer than its own: terms of its loss that exist only next
+    to a longer example. Without them its loss is the one it has alone, unpadded."""
+    if isinstance(inputs.get("decoder_attention_mask"), torch.Tensor):
+        return own_labels(labels, inputs, False)
+    config = getattr(model, "config", None)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None or labels.dim() != 2 or not bool((labels[:, -1] == pad).any()):
+        return labels
+    trailing = (labels == pad).flip(1).long().cumprod(1).flip(1).bool()
+    if pad == getattr(config, "eos_token_id", None):  # the first of the run is the end
+        trailing[:, 1:] &= trailing[:, :-1].clone()
+        trailing[:, 0] = False
+    return labels.masked_fill(trailing, -100)
 
 
 def own_labels(labels: torch.Tensor, inputs: dict, shift: bool) -> torch.Tensor:

@@ -174,6 +174,7 @@ from privlearn.torch._hf_collate import (
     decoder_inputs,
     expand_position_ids,
     own_labels,
+    own_target_labels,
     positions_of_left_padding,
     refuse_packed_rows,
 )
@@ -221,6 +222,8 @@ _TASK_MAPPINGS = {
     "sequence_classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
     "seq2seq_lm": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
 }
+#: Further mappings of those tasks: speech-to-text models (Whisper) are seq2seq LMs too.
+_MORE_MAPPINGS = (("seq2seq_lm", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),)
 
 
 #: Keys of the logs, returned metrics and checkpoint states a DPTrainer releases (plus
@@ -575,13 +578,16 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
             model.require_backward_grad_sync = False
         task = self._task(model, labels)
         if task == "seq2seq_lm":  # the decoder's inputs, as the model builds them from labels
-            inputs = decoder_inputs(_unwrap(self.accelerator.unwrap_model(model)), inputs,
-                                    labels)
+            inner = _unwrap(self.accelerator.unwrap_model(model))
+            inputs = decoder_inputs(inner, inputs, labels)
+            labels = own_target_labels(inner, labels, inputs)  # and without padding's terms
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         if task == "causal_lm":  # (own_labels: no term that exists only next to a longer one)
             loss = per_sequence_cross_entropy(logits, own_labels(labels, inputs, True), shift=True)
-        elif task in ("masked_lm", "token_classification", "seq2seq_lm"):
+        elif task == "seq2seq_lm":
+            loss = per_sequence_cross_entropy(logits, labels)
+        elif task in ("masked_lm", "token_classification"):
             loss = per_sequence_cross_entropy(logits, own_labels(labels, inputs, False))
         else:
             loss = sequence_classification_loss(model, logits, labels)
@@ -811,7 +817,7 @@ def _tasks_by_class_name() -> dict[str, frozenset[str]]:
     from transformers.models.auto import modeling_auto
 
     out: dict[str, set[str]] = {}
-    for task, mapping in _TASK_MAPPINGS.items():
+    for task, mapping in (*_TASK_MAPPINGS.items(), *_MORE_MAPPINGS):
         for names in getattr(modeling_auto, mapping).values():
             for name in (names,) if isinstance(names, str) else names:
                 out.setdefault(name, set()).add(task)

@@ -192,3 +192,108 @@ def test_encoder_decoder_of_another_task_is_refused_when_built(tmp_path, make, t
             privacy=PrivacyArguments(noise_multiplier=1.0, task=task),
         )
     assert not calls
+
+
+class _PadTargets(_Pairs):
+    """Targets padded with the model's pad token (a tokenizer's ``text_target=`` with
+    ``padding=True``), not ``-100``."""
+
+    def __init__(self, pad):
+        super().__init__()
+        self.own = [int((row != -100).sum()) for row in self.labels]
+        self.labels = self.labels.masked_fill(self.labels == -100, pad)
+
+
+def test_targets_padded_with_the_pad_token_are_each_examples_own(oracle, tmp_path):
+    """The pad targets after an example's end exist only next to a longer example: the
+    step is the clipped sum of each example's loss alone with its target unpadded."""
+    model = build("bart")
+    data = _PadTargets(model.config.pad_token_id)
+    ref_model = copy.deepcopy(model)
+    params = oracle.trainable(model)
+    before = oracle.flat(params)
+    seen = []
+    DPTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=1, per_device_train_batch_size=B),
+        train_dataset=data,
+        data_collator=_recording(seen),
+        optimizers=(torch.optim.SGD(params, lr=1.0), None),
+        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=2.0, seed=1),
+    ).train()
+    batch = seen[-1]
+    rows = torch.tensor(
+        [i for i in range(N) if any(torch.equal(data.src[i], s) for s in batch["input_ids"])]
+    )
+    assert len(rows) == batch["input_ids"].shape[0] >= 2
+    trimmed = copy.deepcopy(ref_model)
+
+    def loss(j):
+        i = int(rows[j])
+        return trimmed(
+            input_ids=data.src[i : i + 1],
+            attention_mask=data.mask[i : i + 1],
+            labels=data.labels[i : i + 1, : data.own[i]],
+        ).loss
+
+    ref, _ = oracle.clip_and_sum(oracle.grads(loss, len(rows), oracle.trainable(trimmed)), 2.0)
+    moved = (before - oracle.flat(params)) * B
+    assert (moved - ref).norm() <= 1e-9 * ref.norm(), (moved - ref).norm() / ref.norm()
+
+
+def test_trailing_pad_targets_are_ignored_but_an_end_token_equal_to_pad():
+    from types import SimpleNamespace
+
+    from privlearn.torch._hf_collate import own_target_labels
+
+    labels = torch.tensor([[5, 6, 0, 0], [5, 0, 6, 0], [5, 6, 7, 8]])
+    model = SimpleNamespace(config=SimpleNamespace(pad_token_id=0, eos_token_id=2))
+    want = torch.tensor([[5, 6, -100, -100], [5, 0, 6, -100], [5, 6, 7, 8]])
+    assert torch.equal(own_target_labels(model, labels, {}), want)
+    model.config.eos_token_id = 0  # the first pad of the run is the end
+    want = torch.tensor([[5, 6, 0, -100], [5, 0, 6, 0], [5, 6, 7, 8]])
+    assert torch.equal(own_target_labels(model, labels, {}), want)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]])  # its own mask decides
+    got = own_target_labels(model, labels, {"decoder_attention_mask": mask})
+    assert torch.equal(got, torch.tensor([[5, 6, 0, -100], [5, 0, 6, 0], [5, 6, 7, 8]]))
+
+
+class _Speech(torch.utils.data.Dataset):
+    """Whisper's mel features and target labels (-100 after each end)."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(2)
+        self.features = torch.randn(N, 8, 16, generator=g, dtype=torch.float64)
+        self.labels = _Pairs().labels
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return {"input_features": self.features[i], "labels": self.labels[i]}
+
+
+@pytest.mark.filterwarnings("ignore:WhisperPositionalEmbedding subclasses Embedding")
+def test_whisper_decoder_inputs_are_shifted_from_the_config(oracle, tmp_path):
+    """Whisper has no prepare_decoder_input_ids_from_labels: its decoder inputs are the
+    labels shifted right behind config.decoder_start_token_id (-100 read as padding), as
+    its forward builds them from labels=."""
+    model = build("whisper")
+    assert not hasattr(model, "prepare_decoder_input_ids_from_labels")
+    ref_model = copy.deepcopy(model)
+    params = oracle.trainable(model)
+    before = oracle.flat(params)
+    seen = []
+    DPTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=1, per_device_train_batch_size=B),
+        train_dataset=_Speech(),
+        data_collator=_recording(seen),
+        optimizers=(torch.optim.SGD(params, lr=1.0), None),
+        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=1.0, seed=1),
+    ).train()
+    rows = _own_loss_grads(oracle, ref_model, seen[-1])
+    ref, _ = oracle.clip_and_sum(rows, 1.0)
+    moved = (before - oracle.flat(params)) * B
+    assert moved.abs().sum() > 0
+    assert (moved - ref).norm() <= 1e-9 * ref.norm(), (moved - ref).norm() / ref.norm()
