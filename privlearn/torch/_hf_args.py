@@ -40,7 +40,8 @@ from privlearn.torch.config import (
 
 __all__ = ["PrivacyArguments", "check_batch_size", "warn_unused_clipping"]
 
-_TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classification")
+_TASKS = ("causal_lm", "masked_lm", "token_classification", "sequence_classification",
+          "seq2seq_lm")
 
 #: The fields named differently from their DPConfig setting (TrainingArguments has a
 #: ``max_grad_norm`` and a ``seed`` of its own: one parser cannot hold both), and the
@@ -106,9 +107,14 @@ class PrivacyArguments:
         How the per-example loss is computed: ``"causal_lm"`` (shifted per-sequence
         token cross-entropy), ``"masked_lm"`` / ``"token_classification"`` (unshifted),
         ``"sequence_classification"`` (labels of shape ``(B,)``, or floating-point
-        targets). Default: the model's task in transformers' auto-model mappings
+        targets), ``"seq2seq_lm"`` (an encoder-decoder's target tokens, unshifted: each
+        example's loss is the mean over its own target tokens, a trailing run of the pad
+        token ignored; ``decoder_input_ids``, when the batch has none, built from the
+        labels as the model builds them). Default: the
+        model's task in transformers' auto-model mappings
         (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, ``..._MASKED_LM_...``,
-        ``..._TOKEN_CLASSIFICATION_...``, ``..._SEQUENCE_CLASSIFICATION_...``) of its class
+        ``..._TOKEN_CLASSIFICATION_...``, ``..._SEQUENCE_CLASSIFICATION_...``,
+        ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES`` and the speech one) of its class
         or nearest transformers base class, a peft wrapper unwrapped; for a model in none
         of them, ``"sequence_classification"`` when the labels are one per example
         (shape ``(B,)`` or floating point). Anything else (a custom class with per-token
@@ -162,8 +168,8 @@ class PrivacyArguments:
     user_reduction: Reduction | str = _arg(
         Reduction.MEAN, "A user's gradient: the mean or the sum of their examples'.")
     task: str | None = _arg(
-        None, "causal_lm, masked_lm, token_classification or sequence_classification "
-        "(default: the model's).")
+        None, "causal_lm, masked_lm, token_classification, sequence_classification or "
+        "seq2seq_lm (default: the model's).")
     log_training_loss: bool = _arg(
         False, "Log the training loss (not covered by the accounting: a warning).")
 

@@ -11,8 +11,8 @@ import torch
 
 from privlearn.errors import ConfigurationError, ParameterValueError
 
-__all__ = ["batch_rows", "column_of", "expand_position_ids", "own_labels",
-           "positions_of_left_padding", "refuse_packed_rows"]
+__all__ = ["batch_rows", "column_of", "decoder_inputs", "expand_position_ids", "own_labels",
+           "own_target_labels", "positions_of_left_padding", "refuse_packed_rows"]
 
 
 def expand_position_ids(collator):
@@ -66,6 +66,59 @@ def positions_of_left_padding(model, inputs: dict) -> dict:
             "follow the batch's longest example, so one example's gradient would depend on "
             "another's length. Pad on the right (tokenizer.padding_side='right')")
     return {**inputs, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
+
+
+def decoder_inputs(model, inputs: dict, labels: torch.Tensor) -> dict:
+    """``inputs`` of an encoder-decoder ``model`` (BART, mBART, Marian, T5, ...) with the
+    ``decoder_input_ids`` it would build from ``labels`` itself (the labels shifted right
+    behind the decoder's start token, ``-100`` read as padding), when the batch has no
+    decoder inputs of its own (``DataCollatorForSeq2Seq`` without ``model=``).
+
+    The model builds them only when it is given ``labels``, and then returns its own loss,
+    a token-level mean over the batch; DPTrainer takes the labels out and computes each
+    example's loss over its own target tokens. Each row of the shifted labels is its
+    example's alone, so the decoder sees what it sees with that example alone."""
+    if "decoder_input_ids" in inputs or "decoder_inputs_embeds" in inputs:
+        return inputs
+    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    if callable(prepare):
+        return {**inputs, "decoder_input_ids": prepare(labels=labels)}
+    config = getattr(model, "config", None)
+    start = getattr(config, "decoder_start_token_id", None)
+    pad = getattr(config, "pad_token_id", None)
+    if start is None or pad is None or labels.dim() != 2:
+        raise ParameterValueError(
+            f"the batch has no decoder_input_ids, and {type(model).__name__} has no "
+            "prepare_decoder_input_ids_from_labels, nor both config.decoder_start_token_id "
+            f"({start!r}) and config.pad_token_id ({pad!r}) to shift the labels (shape "
+            f"{tuple(labels.shape)}) right. Give the batches decoder_input_ids (e.g. "
+            "DataCollatorForSeq2Seq(tokenizer, model=model)), or set those config fields")
+    shifted = labels.new_full(labels.shape, start)
+    shifted[:, 1:] = labels[:, :-1].masked_fill(labels[:, :-1] == -100, pad)
+    return {**inputs, "decoder_input_ids": shifted}
+
+
+def own_target_labels(model, labels: torch.Tensor, inputs: dict) -> torch.Tensor:
+    """An encoder-decoder's target ``labels`` with ``-100`` (ignored) on the padding after
+    each example's end: where the batch's ``decoder_attention_mask`` is 0 if it has one,
+    else on the trailing run of ``config.pad_token_id`` of each row (all of it; when the
+    pad token is also the end-of-sequence token, all but its first, the end).
+
+    A collator padding the targets with the pad token instead of ``-100`` (a tokenizer's
+    ``text_target=`` with ``padding=True``) gives each example as many pad targets as the
+    batch's longest target is longer than its own: terms of its loss that exist only next
+    to a longer example. Without them its loss is the one it has alone, unpadded."""
+    if isinstance(inputs.get("decoder_attention_mask"), torch.Tensor):
+        return own_labels(labels, inputs, False)
+    config = getattr(model, "config", None)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None or labels.dim() != 2 or not bool((labels[:, -1] == pad).any()):
+        return labels
+    trailing = (labels == pad).flip(1).long().cumprod(1).flip(1).bool()
+    if pad == getattr(config, "eos_token_id", None):  # the first of the run is the end
+        trailing[:, 1:] &= trailing[:, :-1].clone()
+        trailing[:, 0] = False
+    return labels.masked_fill(trailing, -100)
 
 
 def own_labels(labels: torch.Tensor, inputs: dict, shift: bool) -> torch.Tensor:

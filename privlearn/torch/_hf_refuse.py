@@ -13,12 +13,13 @@ from privlearn.torch._hf_release import refuse_encoder_decoder
 __all__ = ["refuse_unsupported"]
 
 
-def refuse_unsupported(trainer, transformers, unwrap) -> None:
+def refuse_unsupported(trainer, transformers, unwrap, model_tasks) -> None:
     """Refuse the settings of ``trainer`` (a DPTrainer: its TrainingArguments, model,
     collator, training set) that DP-SGD cannot train or account as configured; called
     when it is built and again when each run starts (a script or a hyperparameter
     search's trial may set TrainingArguments in between). ``transformers``: the module;
-    ``unwrap``: the model inside compile and peft wrappers."""
+    ``unwrap``: the model inside compile and peft wrappers; ``model_tasks``: a model
+    class's tasks in transformers' auto-model mappings."""
     a = trainer.args
     trainer._refuse_accumulation(is_fsdp2(trainer))
     if a.fp16 and getattr(trainer.accelerator, "scaler", None) is not None:
@@ -30,7 +31,8 @@ def refuse_unsupported(trainer, transformers, unwrap) -> None:
     refuse_parallelism(trainer)
     refuse_updates_in_backward(a, trainer.optimizer)
     if trainer.model is not None:  # (model_init: the Trainer has built one)
-        refuse_encoder_decoder(unwrap(trainer.model))
+        inner = unwrap(trainer.model)
+        refuse_encoder_decoder(inner, trainer.privacy.task, model_tasks(type(inner)))
     if getattr(a, "auto_find_batch_size", False):
         raise ConfigurationError(
             "auto_find_batch_size=True is not supported by DPTrainer: the Trainer halves "

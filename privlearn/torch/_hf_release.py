@@ -1,7 +1,7 @@
 """What :class:`~privlearn.torch.hf.DPTrainer` releases with a model, and what it refuses
 before a run: the public privacy report written next to saved weights
-(:data:`REPORT_NAME`), the error for a budget already spent, and the refusal of
-encoder-decoder models.
+(:data:`REPORT_NAME`), the error for a budget already spent, and the refusal of the
+encoder-decoder models it cannot train exactly.
 
 The report states the guarantee of the weights it sits next to: epsilon at the
 accounted delta (:meth:`DPTrainer.epsilon`, every run of the trainer composed), the
@@ -18,7 +18,11 @@ import json
 import math
 import os
 
-from privlearn.errors import ConfigurationError, PrivacyBudgetExceededError
+from privlearn.errors import (
+    ConfigurationError,
+    PrivacyBudgetExceededError,
+    UnsupportedModuleError,
+)
 
 __all__ = ["REPORT_FORMAT", "REPORT_NAME", "ReportOnSave", "privacy_report",
            "refuse_encoder_decoder", "report_segments", "run_description",
@@ -171,29 +175,47 @@ def spent_budget_error(p, epsilon: float) -> PrivacyBudgetExceededError:
         "planned before the run's first step")
 
 
-def refuse_encoder_decoder(model) -> None:
-    """Refuse an encoder-decoder model (``config.is_encoder_decoder``: T5, BART,
-    ``EncoderDecoderModel``, ...), before any step, saying what to use instead.
+def refuse_encoder_decoder(model, task: str | None, model_tasks: frozenset) -> None:
+    """Refuse an encoder-decoder model (``config.is_encoder_decoder``: BART, T5, ...)
+    that DPTrainer cannot train exactly, before any step, saying what to do instead.
 
-    Its decoder is fed from the labels (``decoder_input_ids``, the labels shifted right),
-    which DPTrainer's per-example loss takes out of the batch; and these models compute
-    tensors once for the whole batch that the engine cannot split per example (T5's
-    relative attention bias embedding sees the ``(length, length)`` position grid, not
-    one row per example), so no per-example gradient, hence no clipping, exists for that
-    table (``make_private`` refuses it, trainable, naming it; with it frozen, or with LoRA
-    adapters only, it trains these models exactly; BART's decoder positions, one output
-    shared by every example, are expanded over the batch and train exactly)."""
+    Supported: a sequence-to-sequence LM (``task="seq2seq_lm"``, given or read from
+    ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``: BART, mBART, Marian, T5, ...), its
+    decoder fed with the labels shifted right and each example's loss the mean over its
+    own target tokens. Refused: another task (``BartForSequenceClassification``, a
+    seq2seq model trained as ``masked_lm``), and a trainable T5-style relative attention
+    bias (the ``nn.Embedding`` ``relative_attention_bias``, looked up once on the
+    ``(query, key)`` position grid for the whole batch and broadcast over its examples, so
+    no per-example gradient of it is ever formed, hence no clipping). With it frozen
+    (or LoRA adapters only) the rest of T5 trains with exact per-example gradients."""
     config = getattr(model, "config", None)
     if getattr(config, "is_encoder_decoder", False) is not True:
         return
-    raise ConfigurationError(
-        f"{type(model).__name__} is an encoder-decoder model (config.is_encoder_decoder="
-        "True: T5, BART, ...), which DPTrainer does not support: no task of "
-        "PrivacyArguments(task=...) feeds its decoder (the decoder_input_ids built from the "
-        "labels), and parts of it may be computed once for the whole batch (T5's "
-        "relative attention bias), so per-example gradients, hence per-example "
-        "clipping, do not exist for them. For sequence-to-sequence training use "
-        "a decoder-only model (GPT-2, Llama, ...) with PrivacyArguments(task='causal_lm'), "
-        "source and target concatenated into one sequence and the source's labels set to "
-        "-100; for classification, an encoder-only model (BERT, RoBERTa, ...) with "
-        "task='sequence_classification'")
+    name = type(model).__name__
+    if task != "seq2seq_lm" and not (task is None and "seq2seq_lm" in model_tasks):
+        raise ConfigurationError(
+            f"{name} is an encoder-decoder model (config.is_encoder_decoder=True), which "
+            "DPTrainer trains only as a sequence-to-sequence LM, task='seq2seq_lm' (BART, "
+            "mBART, Marian, T5 ...ForConditionalGeneration: each example's loss the mean "
+            f"over its own target tokens); got task={task!r}"
+            + ("" if task is not None else f" ({name} is no seq2seq LM of transformers' "
+               "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)")
+            + ". Use a ...ForConditionalGeneration model with task='seq2seq_lm' (or None); "
+            "for classification, an encoder-only model (BERT, RoBERTa, ...) with "
+            "task='sequence_classification'")
+    biased = sorted(n for n, m in model.named_modules()
+                    if getattr(m, "has_relative_attention_bias", False) is True
+                    and any(p.requires_grad for p in
+                            getattr(getattr(m, "relative_attention_bias", None),
+                                    "parameters", tuple)()))
+    if biased:
+        raise UnsupportedModuleError(
+            f"{name} has a trainable relative attention bias ({len(biased)} table(s): "
+            f"{', '.join(n + '.relative_attention_bias' for n in biased)}): each is looked "
+            "up once on the (query, key) position grid for the whole batch and broadcast "
+            "over its examples, so its per-example gradient is never formed and cannot be "
+            "clipped. Freeze it before building the trainer (for m in model.modules(): "
+            "if hasattr(m, 'relative_attention_bias'): "
+            "m.relative_attention_bias.requires_grad_(False)); the rest of the model then "
+            "trains with exact per-example gradients. Or train LoRA adapters only (peft), "
+            "or use a model with absolute positions (BART, mBART, Marian)")

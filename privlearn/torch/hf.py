@@ -56,7 +56,9 @@ swapped in underneath through :func:`privlearn.torch.make_private`:
 * **task**: the per-example loss follows the model's task, read from transformers' auto
   classes (the class, or its nearest transformers base class, under
   ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and the masked-LM, token- and
-  sequence-classification mappings; peft wrappers unwrapped). A model in none of them
+  sequence-classification and seq2seq-LM mappings; peft wrappers unwrapped; an
+  encoder-decoder's ``decoder_input_ids``, when the batch has none, built from the labels
+  as the model builds them). A model in none of them
   (a custom class) with per-token labels, or in two of them, is refused until
   ``PrivacyArguments(task=...)`` names the task;
 * **several processes** (``torchrun``/``accelerate launch``, DistributedDataParallel):
@@ -88,7 +90,8 @@ sets the accounted sampling rate; the Trainer would halve it after an out-of-mem
 lower ``per_device_train_batch_size`` and raise ``gradient_accumulation_steps`` instead),
 ``neftune_noise_alpha`` (NEFTune's noise scale follows the batch's padded length), LOMO
 and layer-wise optimizers (``privlearn.torch._hf_optim.refuse_updates_in_backward``),
-encoder-decoder models (T5, BART: ``privlearn.torch._hf_release.refuse_encoder_decoder``).
+encoder-decoder models other than sequence-to-sequence LMs, and T5's trainable relative
+attention bias (``privlearn.torch._hf_release.refuse_encoder_decoder``: freeze it).
 
 The Trainer is used through its public API (``get_train_dataloader``,
 ``create_scheduler``, ``compute_loss``, ``training_step``, ``floating_point_ops``,
@@ -168,8 +171,10 @@ from privlearn.torch._hf_args import (  # noqa: F401
 from privlearn.torch._hf_collate import (
     batch_rows,
     column_of,
+    decoder_inputs,
     expand_position_ids,
     own_labels,
+    own_target_labels,
     positions_of_left_padding,
     refuse_packed_rows,
 )
@@ -215,7 +220,10 @@ _TASK_MAPPINGS = {
     "masked_lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
     "token_classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
     "sequence_classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "seq2seq_lm": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
 }
+#: Further mappings of those tasks: speech-to-text models (Whisper) are seq2seq LMs too.
+_MORE_MAPPINGS = (("seq2seq_lm", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),)
 
 
 #: Keys of the logs, returned metrics and checkpoint states a DPTrainer releases (plus
@@ -410,7 +418,7 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
         self.add_callback(_PrivacyCallback(self))
 
     def _refuse_unsupported(self) -> None:
-        refuse_unsupported(self, transformers, _unwrap)
+        refuse_unsupported(self, transformers, _unwrap, _model_tasks)
 
     # ------------------------------------------------------------------ wiring
     def _planned_steps(self, settings: dict, n: int, world: int) -> int:
@@ -529,6 +537,8 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
             return self.privacy.task
         inner = _unwrap(self.accelerator.unwrap_model(model))
         tasks = _model_tasks(type(inner))
+        if "seq2seq_lm" in tasks and getattr(inner.config, "is_encoder_decoder", False):
+            tasks = frozenset({"seq2seq_lm"})  # (BART is a masked LM too: of its decoder)
         per_example = labels.dim() == 1 or labels.is_floating_point()
         if len(tasks) == 1:
             (task,) = tasks
@@ -543,13 +553,14 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
             return "sequence_classification"  # one target per example: no other reading
         found = (f"is in several of transformers' task mappings ({', '.join(sorted(tasks))})"
                  if tasks else "is not a transformers model class of a known task "
-                 "(causal LM, masked LM, token or sequence classification)")
+                 "(causal LM, masked LM, token or sequence classification, seq2seq LM)")
         raise ParameterValueError(
             f"DPTrainer cannot tell how to compute the per-example loss: the model class "
             f"{type(inner).__name__} {found}, and its labels (shape {tuple(labels.shape)}) are "
             "per token. Pass PrivacyArguments(task=...): 'causal_lm' (next-token prediction, "
             "the labels shifted), 'masked_lm' or 'token_classification' (one label per "
-            "position, not shifted), or 'sequence_classification'")
+            "position, not shifted), 'sequence_classification', or 'seq2seq_lm' (an "
+            "encoder-decoder's target tokens)")
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean over examples of per-example losses (never the token-level mean)."""
@@ -565,11 +576,17 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
             # DistributedDataParallel (wrapped by the Trainer after make_private): the
             # engine all-reduces the noisy clipped sums itself, DDP must not reduce
             model.require_backward_grad_sync = False
+        task = self._task(model, labels)
+        if task == "seq2seq_lm":  # the decoder's inputs, as the model builds them from labels
+            inner = _unwrap(self.accelerator.unwrap_model(model))
+            inputs = decoder_inputs(inner, inputs, labels)
+            labels = own_target_labels(inner, labels, inputs)  # and without padding's terms
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        task = self._task(model, labels)
         if task == "causal_lm":  # (own_labels: no term that exists only next to a longer one)
             loss = per_sequence_cross_entropy(logits, own_labels(labels, inputs, True), shift=True)
+        elif task == "seq2seq_lm":
+            loss = per_sequence_cross_entropy(logits, labels)
         elif task in ("masked_lm", "token_classification"):
             loss = per_sequence_cross_entropy(logits, own_labels(labels, inputs, False))
         else:
@@ -800,7 +817,7 @@ def _tasks_by_class_name() -> dict[str, frozenset[str]]:
     from transformers.models.auto import modeling_auto
 
     out: dict[str, set[str]] = {}
-    for task, mapping in _TASK_MAPPINGS.items():
+    for task, mapping in (*_TASK_MAPPINGS.items(), *_MORE_MAPPINGS):
         for names in getattr(modeling_auto, mapping).values():
             for name in (names,) if isinstance(names, str) else names:
                 out.setdefault(name, set()).add(task)

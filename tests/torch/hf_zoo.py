@@ -189,6 +189,23 @@ ZOO = {
                  decoder_layerdrop=0.0, scale_embedding=True, pad_token_id=1, bos_token_id=0,
                  eos_token_id=2,
                  decoder_start_token_id=2))),
+    # learned positions offset by 2 (as BART's), pre-norm layers, the language id wrapped
+    # to the front of the decoder's inputs
+    "mbart": ("seq2seq", "MBartForConditionalGeneration",
+              lambda tf: tf.MBartForConditionalGeneration(tf.MBartConfig(
+                  vocab_size=VOCAB, d_model=H, encoder_layers=2, decoder_layers=2,
+                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                  decoder_ffn_dim=32, max_position_embeddings=32, dropout=0.0,
+                  attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0,
+                  decoder_layerdrop=0.0, scale_embedding=True, pad_token_id=1,
+                  bos_token_id=0, eos_token_id=2, decoder_start_token_id=2))),
+    # sinusoidal positions (not trained), a final logits bias buffer
+    "marian": ("seq2seq", "MarianMTModel", lambda tf: tf.MarianMTModel(tf.MarianConfig(
+        vocab_size=VOCAB, d_model=H, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, max_position_embeddings=32, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+        pad_token_id=1, eos_token_id=2, decoder_start_token_id=1))),
     "whisper": ("seq2seq_audio", "WhisperForConditionalGeneration",
                 lambda tf: tf.WhisperForConditionalGeneration(tf.WhisperConfig(
                     vocab_size=VOCAB, num_mel_bins=8, d_model=H, encoder_layers=2,

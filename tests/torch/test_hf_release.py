@@ -1,6 +1,6 @@
 """DPTrainer's releases and refusals around them: the privacy report saved next to the
-weights, a spent budget refused before any batch is drawn, encoder-decoder models refused
-up front."""
+weights, a spent budget refused before any batch is drawn (encoder-decoder models:
+test_hf_seq2seq.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from test_hf_trainer import B, N, _args, _eps, _TextSet  # noqa: E402
 
 import privlearn  # noqa: E402
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
-from privlearn.errors import ConfigurationError, PrivacyBudgetExceededError  # noqa: E402
+from privlearn.errors import PrivacyBudgetExceededError  # noqa: E402
 from privlearn.torch.accountant import PrivacyBudgetWarning  # noqa: E402
 from privlearn.torch.hf import DPTrainer, PrivacyArguments  # noqa: E402
 
@@ -57,48 +57,6 @@ def test_train_after_the_budget_is_spent_is_refused_before_any_batch(tmp_path):
         tr.train()
     assert len(drawn) == n_drawn and not forwards  # no batch drawn, no forward
     assert tr.privacy_engine.accountant.steps == 2 and tr.epsilon() == eps
-
-
-def _t5():
-    torch.manual_seed(0)
-    return transformers.T5ForConditionalGeneration(transformers.T5Config(
-        d_model=32, d_ff=64, num_layers=1, num_heads=2, vocab_size=64, d_kv=16,
-        decoder_start_token_id=0, pad_token_id=0))
-
-
-def _bart(cls=transformers.BartForConditionalGeneration):
-    torch.manual_seed(0)
-    return cls(transformers.BartConfig(
-        d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=64,
-        max_position_embeddings=32, pad_token_id=1, decoder_start_token_id=2))
-
-
-@pytest.mark.parametrize("make", [_t5, lambda: _bart(),
-                                  lambda: _bart(transformers.BartForSequenceClassification)],
-                         ids=["t5", "bart", "bart-classification"])
-def test_encoder_decoder_models_are_refused_when_built(tmp_path, make):
-    """T5 and BART failed in the first forward (labels taken out, so no decoder inputs:
-    'You must specify exactly one of input_ids...'; with decoder_input_ids and
-    task='masked_lm', T5's relative attention bias has no per-example rows and BART's
-    positions fail to reshape): refused when the trainer is built, saying what to use."""
-    model = make()
-    forwards = _count_forwards(model)
-    with pytest.raises(ConfigurationError, match="encoder-decoder.*task='causal_lm'"):
-        DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
-                  privacy=PrivacyArguments(noise_multiplier=1.0, task="masked_lm"))
-    with pytest.raises(ConfigurationError, match="encoder-decoder"):  # model_init too
-        DPTrainer(model_init=make, args=_args(tmp_path, max_steps=1),
-                  train_dataset=_TextSet(), privacy=PrivacyArguments(noise_multiplier=1.0))
-    assert not forwards
-
-
-def test_peft_wrapped_encoder_decoder_is_refused(tmp_path):
-    peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(_t5(), peft.LoraConfig(r=2, target_modules=["q", "v"]))
-    with pytest.raises(ConfigurationError, match="T5ForConditionalGeneration is an encoder"):
-        DPTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_TextSet(),
-                  privacy=PrivacyArguments(noise_multiplier=1.0))
 
 
 def _strict_json(path):

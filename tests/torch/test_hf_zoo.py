@@ -1,11 +1,12 @@
 """Hugging Face architectures users fine-tune (tests/torch/hf_zoo.py: tiny configs of
 OPT, GPT-Neo, GPT-NeoX, BLOOM, Falcon, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi, Phi-3,
 StableLM, MPT, GPT-J, GPTBigCode, Mixtral, ELECTRA, DeBERTa-v2, XLM-RoBERTa, MobileBERT,
-ConvBERT, DeiT, DINOv2, CLIP, BEiT, Swin, ConvNeXt, Wav2Vec2, Whisper, BART, T5, LoRA
-adapters on six of them) trained through ``make_private``: one noise-free step of plain
-SGD moves the weights by the naive clipped sum (a loop of batch-of-one backward passes,
-each gradient clipped on its own) over the expected batch size, or ``make_private`` / the
-first step refuses the model with a typed error before anything is released."""
+ConvBERT, DeiT, DINOv2, CLIP, BEiT, Swin, ConvNeXt, Wav2Vec2, Whisper, BART, mBART,
+Marian, T5, LoRA adapters on six of them) trained through ``make_private``: one
+noise-free step of plain SGD moves the weights by the naive clipped sum (a loop of
+batch-of-one backward passes, each gradient clipped on its own) over the expected batch
+size, or ``make_private`` / the first step refuses the model with a typed error before
+anything is released."""
 
 from __future__ import annotations
 
