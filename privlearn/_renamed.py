@@ -35,20 +35,24 @@ def renamed_keywords(where: str, **renamed: str) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            for old, new in renamed.items():
-                if old not in kwargs:
-                    continue
+            used = [(old, new) for old, new in renamed.items() if old in kwargs]
+            for old, new in used:
                 if new in kwargs or len(args) > position[new]:
                     raise ParameterTypeError(
                         f"{where} got both {new} and {old} (its former name, deprecated); "
                         f"pass {new} alone"
                     )
+                kwargs[new] = kwargs.pop(old)
+            if used:
+                olds = ", ".join(old for old, _ in used)
+                news = ", ".join(new for _, new in used)
                 warnings.warn(
-                    f"{where}: the keyword {old} is deprecated; pass {new} (the same value)",
+                    f"{where}: the keyword{'s' * (len(used) > 1)} {olds} "
+                    f"{'are' if len(used) > 1 else 'is'} deprecated; pass {news} "
+                    "(the same value)",
                     DeprecationWarning,
                     stacklevel=2,
                 )
-                kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
