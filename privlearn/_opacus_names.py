@@ -61,7 +61,7 @@ OPACUS_NAMES: dict[str, str] = {
         "sampling (sampling='poisson', the default; pass a DataLoader without "
         "shuffle=True or a sampler)"),
     "UniformWithReplacementSampler": (
-        "privlearn.torch.PoissonBatchSampler(num_samples, sample_rate, seed=...) for a "
+        "privlearn.torch.PoissonBatchSampler(num_samples, sampling_rate, seed=...) for a "
         "sampler of your own; make_private builds it for you"),
     "get_noise_multiplier": (
         "privlearn.accounting.calibrate(lambda s: compose(subsample(Gaussian("

@@ -32,6 +32,7 @@ import math
 import numpy as np
 from scipy import special
 
+from privlearn._renamed import renamed_keywords
 from privlearn.errors import ParameterValueError
 
 Tails = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -70,9 +71,11 @@ class Pair:
     def tails(self, x: np.ndarray) -> Tails:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def delta(self, eps: np.ndarray) -> np.ndarray:
-        """Exact hockey-stick divergence ``P(L > eps) - e^eps Q(L > eps)``."""
-        eps = np.asarray(eps, dtype=float)
+    @renamed_keywords("Pair.delta", eps="epsilon")
+    def delta(self, epsilon: np.ndarray) -> np.ndarray:
+        """Exact hockey-stick divergence ``P(L > eps) - e^eps Q(L > eps)`` at
+        ``eps = epsilon`` (``eps=``, the former keyword, is deprecated)."""
+        eps = np.asarray(epsilon, dtype=float)
         pg, _, qg, _ = self.tails(eps)
         with np.errstate(over="ignore", invalid="ignore"):
             d = pg - np.exp(eps) * qg
@@ -156,9 +159,12 @@ def randomized_response_pair(p: float, k: int) -> DiscretePair:
     return DiscretePair(np.array(ps), np.array(qs))
 
 
-def pure_dp_pair(eps: float) -> DiscretePair:
-    """Binary randomized response with parameter eps, which dominates every
-    (eps, 0)-DP mechanism (Kairouz, Oh & Viswanath 2015, Theorem 2.1)."""
+@renamed_keywords("pure_dp_pair", eps="epsilon")
+def pure_dp_pair(epsilon: float) -> DiscretePair:
+    """Binary randomized response with parameter eps = ``epsilon``, which dominates every
+    (eps, 0)-DP mechanism (Kairouz, Oh & Viswanath 2015, Theorem 2.1). ``eps=``, the
+    former keyword, is deprecated."""
+    eps = epsilon
     p = 1.0 / (1.0 + math.exp(-eps))  # e^eps / (1 + e^eps)
     r = math.exp(-eps) / (1.0 + math.exp(-eps))  # 1 - p without cancellation (eps > 37)
     return DiscretePair(np.array([p, r]), np.array([r, p]))

@@ -17,6 +17,7 @@ import math
 import numpy as np
 from scipy import special
 
+from privlearn._renamed import renamed_keywords
 from privlearn.accounting._rdp_math import (
     _ULP,
     MAX_FRACTIONAL_SERIES_ORDER,
@@ -35,7 +36,10 @@ from privlearn.accounting._rdp_math import (
 __all__ = ["subsampled_gaussian_rdp", "clear_cache"]
 
 
-def subsampled_gaussian_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
+@renamed_keywords("subsampled_gaussian_rdp", q="sampling_rate", sigma="noise_multiplier",
+                  alphas="orders")
+def subsampled_gaussian_rdp(sampling_rate: float, noise_multiplier: float,
+                            orders: np.ndarray) -> np.ndarray:
     """RDP of the Poisson-subsampled Gaussian mechanism (add/remove neighbouring).
 
     ``eps(alpha) = log(A_alpha) / (alpha - 1)`` with ``A_alpha`` the alpha-th moment of the
@@ -54,9 +58,11 @@ def subsampled_gaussian_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.nd
     * larger fractional alpha: linear interpolation of ``(alpha-1) eps(alpha)`` between
       neighbouring integers (valid by convexity, van Erven & Harremoes 2014 Thm 11).
 
-    Results are rounded up by a bound on the floating-point error of the sums.
+    Results are rounded up by a bound on the floating-point error of the sums. ``q``,
+    ``sigma`` and ``alphas`` (the keywords' former names, the paper's) are deprecated.
     """
-    alphas = np.asarray(alphas, dtype=float)
+    q, sigma = sampling_rate, noise_multiplier  # the paper's notation
+    alphas = np.asarray(orders, dtype=float)
     out = np.empty_like(alphas)
     is_int = alphas == np.round(alphas)
     if is_int.any():

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privlearn._renamed import renamed_keywords
 from privlearn.accounting.mechanisms import (
     Composed,
     Mechanism,
@@ -112,21 +113,25 @@ def _softplus(x: float) -> float:
     return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
 
 
-def pure_dp_atoms(eps: float) -> Atoms:
-    """The dominating pair of every ``eps``-DP mechanism: binary randomized response with
-    parameter ``eps`` (Kairouz, Oh & Viswanath 2015, Theorem 2.1), ``P = (p, 1-p)``,
-    ``Q = (1-p, p)``, ``p = e^eps / (1 + e^eps)``, in the log domain (any ``eps``)."""
-    # log p = -softplus(-eps), log(1-p) = -softplus(eps)
-    lp, lq = -_softplus(-eps), -_softplus(eps)
-    return Atoms((eps, -eps), (lp, lq), (lq, lp))
+@renamed_keywords("pure_dp_atoms", eps="epsilon")
+def pure_dp_atoms(epsilon: float) -> Atoms:
+    """The dominating pair of every ``epsilon``-DP mechanism: binary randomized response
+    with parameter ``epsilon`` (Kairouz, Oh & Viswanath 2015, Theorem 2.1),
+    ``P = (p, 1-p)``, ``Q = (1-p, p)``, ``p = e^epsilon / (1 + e^epsilon)``, in the log
+    domain (any ``epsilon``). ``eps=``, the former keyword, is deprecated."""
+    # log p = -softplus(-epsilon), log(1-p) = -softplus(epsilon)
+    lp, lq = -_softplus(-epsilon), -_softplus(epsilon)
+    return Atoms((epsilon, -epsilon), (lp, lq), (lq, lp))
 
 
-def approx_dp_atoms(eps: float, delta: float) -> Atoms:
-    """The dominating pair of every ``(eps, delta)``-DP mechanism (Kairouz, Oh &
+@renamed_keywords("approx_dp_atoms", eps="epsilon")
+def approx_dp_atoms(epsilon: float, delta: float) -> Atoms:
+    """The dominating pair of every ``(epsilon, delta)``-DP mechanism (Kairouz, Oh &
     Viswanath 2015, Theorem 2.1): P-mass ``delta`` at loss ``+inf``, the binary randomized
     response of :func:`pure_dp_atoms` with the remaining ``1 - delta``, and the mirror
-    image under Q (mass ``delta`` at ``-inf``)."""
-    base = pure_dp_atoms(eps)
+    image under Q (mass ``delta`` at ``-inf``). ``eps=``, the former keyword, is
+    deprecated."""
+    base = pure_dp_atoms(epsilon)
     lf = math.log1p(-delta)
     return Atoms(base.loss, tuple(x + lf for x in base.log_p),
                  tuple(x + lf for x in base.log_q), inf_mass=float(delta))
@@ -237,15 +242,16 @@ class DiscretePLD:
         log_p = self.log_p + math.log1p(s * self.rel_err)
         return loss, log_p
 
-    def delta(self, eps: float, upper: bool = True) -> float:
-        """``P(+inf) + sum_{l > eps} P(l) (1 - e^{eps - l})`` with the allowances on the
-        safe side."""
+    @renamed_keywords("DiscretePLD.delta", eps="epsilon")
+    def delta(self, epsilon: float, upper: bool = True) -> float:
+        """``P(+inf) + sum_{l > epsilon} P(l) (1 - e^{epsilon - l})`` with the allowances
+        on the safe side. ``eps=``, the former keyword, is deprecated."""
         loss, log_p = self._shifted(upper)
-        sel = loss > eps
+        sel = loss > epsilon
         inf = self.infinite_mass(upper)
         if not np.any(sel):
             return inf
-        terms = np.exp(log_p[sel]) * -np.expm1(eps - loss[sel])
+        terms = np.exp(log_p[sel]) * -np.expm1(epsilon - loss[sel])
         val = math.fsum(terms.tolist())
         if inf > 0.0:
             val = (val + inf) * (1.0 + (2.0 * U if upper else -2.0 * U))
@@ -390,14 +396,16 @@ def laplace_epsilon(noise_multiplier: float, delta: float) -> tuple[float, float
     return max(0.0, val - slack), min(eps0 * (1 + 2 * U), max(0.0, val + slack))
 
 
-def laplace_delta(noise_multiplier: float, eps: float) -> tuple[float, float]:
-    """``(lower, upper)`` on the exact ``delta(eps) = 1 - exp((eps - 1/b) / 2)`` (0 for
-    ``eps >= 1/b``) of one Laplace mechanism."""
+@renamed_keywords("laplace_delta", eps="epsilon")
+def laplace_delta(noise_multiplier: float, epsilon: float) -> tuple[float, float]:
+    """``(lower, upper)`` on the exact ``delta(epsilon) = 1 - exp((epsilon - 1/b) / 2)``
+    (0 for ``epsilon >= 1/b``) of one Laplace mechanism. ``eps=``, the former keyword, is
+    deprecated."""
     eps0 = 1.0 / noise_multiplier
-    if eps >= eps0:
+    if epsilon >= eps0:
         return 0.0, 0.0
-    val = -math.expm1((eps - eps0) / 2.0)
-    slack = 4.0 * U * (val + abs(eps - eps0) + U)
+    val = -math.expm1((epsilon - eps0) / 2.0)
+    slack = 4.0 * U * (val + abs(epsilon - eps0) + U)
     return max(0.0, val - slack), min(1.0, val + slack)
 
 

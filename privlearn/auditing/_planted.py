@@ -63,7 +63,7 @@ def _boosted_rate(sampler, factor: float):
     (``_draw(seed)``, called by an ``__iter__`` that does the bookkeeping), else
     ``__iter__`` itself."""
     base = type(sampler)
-    rate = min(1.0, factor * float(sampler.sample_rate))
+    rate = min(1.0, factor * float(sampler.sampling_rate))
 
     def draw(self, seed=None) -> list[int]:
         n = self.num_samples if self.indices is None else len(self.indices)

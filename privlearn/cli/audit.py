@@ -120,7 +120,8 @@ def _print_audit(run, inject_bug: str, method: str, d: float, m: int, paths: lis
     verdict = "VIOLATION" if res.violation else "no violation"
     click.echo(f"planted bug:            {inject_bug}")
     click.echo(f"claimed epsilon:        {res.claimed_epsilon:.4f}  (accountant, delta={d:g}, "
-               f"sigma={run.noise_multiplier:.4f}, q={run.sampling_rate:.4f}, "
+               f"noise_multiplier={run.noise_multiplier:.4f}, "
+               f"sampling_rate={run.sampling_rate:.4f}, "
                f"{run.steps} steps)")
     click.echo(f"epsilon lower bound:    {res.epsilon_lower_bound:.4f}  ({method}, "
                f"{res.confidence:.0%} confidence, {m} canaries, AUC {res.auc:.3f})")

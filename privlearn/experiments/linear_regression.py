@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from privlearn._renamed import renamed_keywords
 from privlearn.accounting import Gaussian, calibrate, compose
 from privlearn.datasets import load_california_housing
 from privlearn.errors import ParameterValueError
@@ -95,13 +96,15 @@ class SeedProblem:
         out = (self.yty - 2.0 * theta @ self.XTy + quad) / self.n
         return np.maximum(out, 0.0)
 
-    def noisy_gd(self, sigma: float, epsilon: float, delta: float, rng, reps: int,
+    @renamed_keywords("SeedProblem.noisy_gd", sigma="noise_multiplier")
+    def noisy_gd(self, noise_multiplier: float, epsilon: float, delta: float, rng, reps: int,
                  log_every: int, lr_factor: float = 1.0, n_iter: int | None = None):
         """The study's NoisyGD run: niter calibrated (rounded down) unless given, the
         theoretical learning rate with the data's exact lambda_max (as the study; not
         private -- NoisyGDRegressor's default releases it with noise, accounted, see
         docs/trust-model.md), epsilon logged at each log point; ``reps`` independent
-        chains."""
+        chains. ``sigma=``, the former keyword, is deprecated."""
+        sigma = noise_multiplier  # the study's notation
         if n_iter is None:
             n_iter = int(calibrate(lambda k: compose(Gaussian(sigma), steps=int(k)), epsilon,
                                    delta, bounds=(1, 10**7), integer=True))
@@ -312,15 +315,18 @@ def run_linear_regression(out_dir=None, reps: int | None = None, seed: int = 0, 
                             summary=dict(compute_seconds=elapsed, raw=res))
 
 
+@renamed_keywords("run_noisygd_learning_rate", sigma="noise_multiplier")
 def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int = 0, *,
-                              n_iter: int = 50000, sigma: float = 500.0, log_every: int = 100,
+                              n_iter: int = 50000, noise_multiplier: float = 500.0,
+                              log_every: int = 100,
                               factors=(1.0, 10.0, 0.1), plot: bool = True,
                               show_progress: bool | None = None,
                               verbose: bool = False) -> ExperimentResult:
-    """The learning-rate sensitivity figure: NoisyGD (sigma = 500) with the
+    """The learning-rate sensitivity figure: NoisyGD (noise multiplier 500) with the
     calibrated number of iterations at the theoretical learning rate, and with
     ``n_iter = 50000`` at 10x and 0.1x that rate (as the study). Median over ``reps``
-    chains (default 5; the study runs one)."""
+    chains (default 5; the study runs one). ``sigma=``, the former name of
+    ``noise_multiplier``, is deprecated."""
     out = prepare_out_dir(out_dir)
     P = SeedProblem()
     rng = np.random.default_rng(seed)
@@ -328,7 +334,8 @@ def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int =
     runs = {}
     for f in progress(factors, desc="NoisyGD lr", enabled=show_progress):
         label = "NoisyGD" if f == 1.0 else f"NoisyGD-lr*{f:g}"
-        runs[label] = P.noisy_gd(sigma, 2.0, DELTA, rng, reps, log_every, lr_factor=f,
+        runs[label] = P.noisy_gd(noise_multiplier, 2.0, DELTA, rng, reps, log_every,
+                                 lr_factor=f,
                                  n_iter=None if f == 1.0 else n_iter)
     rows, table = [], []
     for label, g in runs.items():
@@ -349,7 +356,8 @@ def run_noisygd_learning_rate(out_dir=None, reps: int | None = None, seed: int =
         for (label, g), st in zip(runs.items(), ("g.-", "c--", "m:"), strict=False):
             ax.plot(g["eps"], np.median(g["mse"], axis=1), st,
                     label=f"{label} (lr={g['lr']:.3g}, T={g['n_iter']})")
-        _mse_axis(ax, P, f"NoisyGD learning rate, sigma={sigma:g}, delta={DELTA:g}",
+        _mse_axis(ax, P, f"NoisyGD learning rate, noise multiplier {noise_multiplier:g}, "
+                  f"delta={DELTA:g}",
                   f"median training MSE ({reps} runs)")
         png = save_figure(fig, out / "noisygd_learning_rate.png")
     if verbose:

@@ -259,16 +259,25 @@ def _check_head(value: object) -> tuple[int, str] | None:
     return int(count), h.lower()
 
 
+#: How :func:`budget_conflict` names a setting a budget was created without.
+_UNSET_SETTING = {"neighbouring": "to be fixed by the first release",
+                  "adaptive_order": "not set"}
+
+
 def budget_conflict(path: str, existing: Budget, asked: Budget, exist_ok: bool) -> str:
     """The message of :meth:`Ledger.create_budget` refusing a budget already set: the
     settings that differ, and what to do instead."""
-    def shown(b: Budget, name: str) -> str:
-        value = getattr(b, name)
-        return getattr(value, "value", value) if value is not None else "None"
+    def shown(value: object) -> str:
+        return "none" if value is None else repr(getattr(value, "value", value))
+
+    def setting(name: str) -> str:  # a setting left unset reads as words, not 'None'
+        value, wanted = getattr(existing, name), getattr(asked, name)
+        if value is None:
+            return f"{name} {_UNSET_SETTING.get(name, 'not set')} (asked {shown(wanted)})"
+        return f"{name}={shown(value)} (asked {shown(wanted)})"
 
     names = ("epsilon", "delta", "accountant", "adaptive", "adaptive_order", "neighbouring")
-    differ = [f"{n}={shown(existing, n)!r} (asked {shown(asked, n)!r})"
-              for n in names if getattr(existing, n) != getattr(asked, n)]
+    differ = [setting(n) for n in names if getattr(existing, n) != getattr(asked, n)]
     head = (f"dataset {existing.dataset!r} (privacy unit {existing.privacy_unit!r}) already "
             f"has a budget in {path}")
     if exist_ok:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from privlearn._renamed import renamed_keywords
+
 __all__ = ["theoretical_learning_rate", "noisy_gd_paths"]
 
 
@@ -28,10 +30,11 @@ def theoretical_learning_rate(
     return float(min(1.0 / smoothness, 4.0 / math.sqrt(dim * noise_std * smoothness * n_iter)))
 
 
+@renamed_keywords("noisy_gd_paths", sigma="noise_multiplier")
 def noisy_gd_paths(
     XTX: np.ndarray,
     XTy: np.ndarray,
-    sigma: float,
+    noise_multiplier: float,
     lr: float | np.ndarray,
     n_iter: int,
     x_bound: float,
@@ -45,8 +48,9 @@ def noisy_gd_paths(
     """Run ``reps`` independent NoisyGD chains at once (the notebook).
 
     ``theta_{t+1} = theta_t - lr (X^T X theta_t - X^T y + GS_t sigma N(0, I))`` with
-    ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound``, from ``theta_0 = 0``. ``lr`` is
-    one learning rate for all chains or one per chain, shape (reps,).
+    ``GS_t = x_bound^2 ||theta_t|| + x_bound y_bound`` and ``sigma = noise_multiplier``,
+    from ``theta_0 = 0``. ``lr`` is one learning rate for all chains or one per chain,
+    shape (reps,).
 
     Returns
     -------
@@ -57,8 +61,10 @@ def noisy_gd_paths(
 
     ``progress``, if given, is called with the number of iterations of each block of
     ``chunk`` iterations once it is done (a progress bar's ``update``); it never changes
-    the iterates or the random draws.
+    the iterates or the random draws. ``sigma=``, the former name of
+    ``noise_multiplier``, is deprecated.
     """
+    sigma = noise_multiplier  # the notebook's notation
     dim = XTX.shape[0]
     lr_arr = np.broadcast_to(np.asarray(lr, dtype=float), (reps,))
     if reps == 1 and log_every is None:

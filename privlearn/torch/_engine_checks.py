@@ -213,7 +213,7 @@ def _given_dp_sampling(data_loader: DataLoader, sampling: str, cycle_length: int
             f"was given cycle_length={cycle_length}: pass make_private(..., {settings}) "
             "(or leave cycle_length out, which takes the sampler's), or build the sampler "
             f"with cycle_length={cycle_length}. Nothing was changed")
-    rate = float(bs.sample_rate)
+    rate = float(bs.sampling_rate)
     if isinstance(bs, FixedSizeBatchSampler):
         return float(bs.batch_size), cycle, rate
     return law.expected_batch(rate, n, cycle or 1) / world, cycle, rate
@@ -274,14 +274,14 @@ def _warn_user_rate(data_loader: DataLoader, n_examples: int, n_users: int,
                     rate: float, stacklevel: int) -> None:
     """With ``users=``, a ``PoissonBatchSampler`` given as the loader's ``batch_sampler``
     states an inclusion probability of *examples*; make_private keeps its expected batch
-    size, ``sample_rate * len(dataset)``, as the expected number of *users* per batch
+    size, ``sampling_rate * len(dataset)``, as the expected number of *users* per batch
     (the meaning of ``batch_size`` under user-level privacy), so each user is drawn with
     probability ``rate`` -- the rate accounted, and the one the rebuilt sampler draws at
-    -- not the ``sample_rate`` written: say so, and what to pass instead."""
+    -- not the ``sampling_rate`` written: say so, and what to pass instead."""
     bs = data_loader.batch_sampler
     if data_loader.batch_size is not None or not isinstance(bs, PoissonBatchSampler):
         return
-    given = float(bs.sample_rate)
+    given = float(bs.sampling_rate)
     if math.isclose(rate, given, rel_tol=1e-12, abs_tol=0.0):
         return
     b = given * n_users  # the expected users per batch that draws each with prob. given
@@ -294,9 +294,9 @@ def _warn_user_rate(data_loader: DataLoader, n_examples: int, n_users: int,
                    f"{min(1.0, lo / n_users):g}"
                    + (f", {hi} with {min(1.0, hi / n_users):g}" if hi != lo else "") + ")")
     warnings.warn(
-        f"data_loader's batch_sampler=PoissonBatchSampler(sample_rate={given:g}) samples "
+        f"data_loader's batch_sampler=PoissonBatchSampler(sampling_rate={given:g}) samples "
         f"examples, but with users= make_private samples users: it keeps the expected "
-        f"batch size sample_rate * len(dataset) = {given * n_examples:g} as the expected "
+        f"batch size sampling_rate * len(dataset) = {given * n_examples:g} as the expected "
         f"number of users per batch, so each of the {n_users} users joins a batch with "
         f"probability {rate:g}, the rate accounted (not {given:g}). To draw each user with "
         f"probability {given:g}, pass {instead}: under users= a loader's batch_size is the "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from privlearn import _validation as _v
 from privlearn._opacus_names import missing_method
+from privlearn._renamed import renamed_keywords
 from privlearn.accounting import Sampling, compose, get_accountant
 from privlearn.accounting.serialization import dumps, loads
 from privlearn.errors import (
@@ -510,10 +511,14 @@ class LedgerLink:
             return self.run.mechanism(sigma, k)
         return compose(dpsgd_step(sigma, q, self.scheme), steps=k)
 
-    def reserve(self, sigma: float, q: float, steps: int, *, whole: bool = False) -> None:
+    @renamed_keywords("LedgerLink.reserve", sigma="noise_multiplier", q="sampling_rate")
+    def reserve(self, noise_multiplier: float, sampling_rate: float, steps: int, *,
+                whole: bool = False) -> None:
         """Reserve ``steps`` steps (fewer, down to one, if the budget cannot hold them;
         ``whole``: all of them or :class:`~privlearn.errors.BudgetExceededError`, for a
-        planned run, refused before it starts rather than stopped part-way)."""
+        planned run, refused before it starts rather than stopped part-way). ``sigma=``
+        and ``q=``, the former keywords (here and in the methods below), are deprecated."""
+        sigma, q = noise_multiplier, sampling_rate
         made = []
 
         def reserve() -> int:  # on the writing rank: the steps reserved
@@ -534,17 +539,21 @@ class LedgerLink:
         if whole and entry is not None:  # a planned run: what a checkpoint names
             self.lineage, self.plan_steps = [(entry.seq, entry.hash)], n
 
-    def covered(self, sigma: float, q: float) -> bool:
+    @renamed_keywords("LedgerLink.covered", sigma="noise_multiplier", q="sampling_rate")
+    def covered(self, noise_multiplier: float, sampling_rate: float) -> bool:
         """Whether the next step of this configuration is covered by an open reservation
         (every rank of a group gets the same answer: their reservations are the first
         rank's)."""
+        sigma, q = noise_multiplier, sampling_rate
         if not self._open:
             return False
         last = self._open[-1]
         return (last.sigma, last.q) == (sigma, q) and last.used < last.reserved
 
-    def ensure(self, sigma: float, q: float) -> None:
+    @renamed_keywords("LedgerLink.ensure", sigma="noise_multiplier", q="sampling_rate")
+    def ensure(self, noise_multiplier: float, sampling_rate: float) -> None:
         """Make sure the next step of this configuration is covered by a reservation."""
+        sigma, q = noise_multiplier, sampling_rate
         if self.covered(sigma, q):
             return
         if self.run is not None and self._open:
@@ -554,7 +563,8 @@ class LedgerLink:
                 "steps in the ledger, and they are all taken; plan a longer run")
         self.reserve(sigma, q, self.chunk)
 
-    def used(self, sigma: float, q: float) -> None:
+    @renamed_keywords("LedgerLink.used", sigma="noise_multiplier", q="sampling_rate")
+    def used(self, noise_multiplier: float, sampling_rate: float) -> None:
         """One step of this configuration ran (it was covered by :meth:`ensure`)."""
         last = self._open[-1]
         self._open[-1] = replace(last, used=last.used + 1)

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
+from privlearn._renamed import renamed_keywords
 from privlearn.errors import (
     BatchDependenceError,
     ParameterTypeError,
@@ -306,11 +307,12 @@ def loading_options(data_loader: DataLoader, stacklevel: int = 2) -> dict:
     return out
 
 
-def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float,
+@renamed_keywords("make_dp_loader", sample_rate="sampling_rate")
+def make_dp_loader(data_loader: DataLoader, *, sampling: str, sampling_rate: float,
                    batch_size: int, steps: int | None, seed: int | None,
                    rank: int = 0, world_size: int = 1, secure: bool = False,
                    shared_seed: int | None = None, cycle_length: int | None = None,
-                   units: UnitIndex | None = None, stacklevel: int = 2) -> DataLoader:
+                   units: UnitIndex | None = None, stacklevel: int = 3) -> DataLoader:
     """A loader over the same dataset with the DP batch sampler (keeps the collate
     function and every loading option of ``data_loader``: workers, pinning, prefetching,
     persistent workers, ...; :func:`loading_options`).
@@ -320,12 +322,14 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sample_rate: float
     ``.dataset``), which yields the same batches with one gather per tensor.
     ``shared_seed`` seeds the fixed-size sampler when ``world_size > 1`` (it must be the
     same on every rank). ``units``: the sampler draws these privacy units (users) and
-    each batch lists the drawn units' examples together.
+    each batch lists the drawn units' examples together. ``sample_rate=``, the former
+    name of ``sampling_rate``, is deprecated; ``stacklevel`` counts the frame of the
+    wrapper that renames it.
     """
     ds = data_loader.dataset
     check_map_style(ds)
     n = len(ds) if units is None else units.n_units
-    bs = dp_batch_sampler(sampling, n, sample_rate=sample_rate, batch_size=batch_size,
+    bs = dp_batch_sampler(sampling, n, sampling_rate=sampling_rate, batch_size=batch_size,
                           steps=steps, seed=seed, rank=rank, world_size=world_size,
                           secure=secure, shared_seed=shared_seed, cycle_length=cycle_length)
     bs.units = units

@@ -175,7 +175,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         self._expected_batch_size = float(expected_batch_size)
         self.accountant = accountant
         self._sampler = sampler
-        self._sampling_rate = float(sampler.sample_rate)
+        self._sampling_rate = float(sampler.sampling_rate)
         self.budget = budget
         self.ledger = ledger
         #: turns each step's draw into ``(C^{-1} z)_t`` (None: independent noise)

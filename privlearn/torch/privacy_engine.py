@@ -728,12 +728,12 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
     shared = (_shared_seed(cfg.seed, process_group)
               if cfg.sampling == "fixed" and plan.world_size > 1 else None)
     loader = make_dp_loader(data_loader, sampling=cfg.sampling,
-                            sample_rate=plan.sampling_rate, batch_size=int(plan.batch_size),
+                            sampling_rate=plan.sampling_rate, batch_size=int(plan.batch_size),
                             steps=plan.steps_per_epoch, rank=plan.rank,
                             seed=given_sampler_seed(data_loader, cfg, seed, plan.world_size, 4),
                             world_size=plan.world_size, secure=cfg.secure_mode,
                             shared_seed=shared, cycle_length=plan.run.cycle,
-                            units=plan.units, stacklevel=4)
+                            units=plan.units, stacklevel=5)  # (+1: its renaming wrapper)
     acct = PrivacyAccountant(scheme=SAMPLINGS[cfg.sampling].scheme or cfg.sampling,
                              accountant=cfg.accountant, run=plan.run)
     if plan.planned_epsilon is None and plan.run.stepwise and plan.noise_multiplier > 0:

@@ -23,6 +23,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from privlearn import _validation as _v
+from privlearn._renamed import renamed_attribute, renamed_keywords
 from privlearn.accounting import steps_per_epoch
 from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw, unit_subset
 from privlearn.errors import (
@@ -32,6 +33,7 @@ from privlearn.errors import (
     TrainingLoopError,
 )
 from privlearn.torch._layout_state import saved_layout
+from privlearn.torch._sampler_fields import _law_field_error, _read_only
 
 __all__ = [
     "PoissonBatchSampler",
@@ -126,6 +128,8 @@ class _AccountedSampler(Sampler[list[int]]):
     #: the registry entry whose draw and law this sampler wraps
     law: SamplingLaw | None = None
     _by_law: dict[str, type] = {}
+    #: ``sampling_rate``'s former name (Opacus's), read with a DeprecationWarning
+    sample_rate = renamed_attribute("sampler", "sample_rate", "sampling_rate")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -141,7 +145,7 @@ class _AccountedSampler(Sampler[list[int]]):
     #: the fields that define the sampling law the accountant describes (and their
     #: backing fields): set while the sampler is built, read-only afterwards
     _LAW_FIELDS = frozenset({
-        "num_samples", "sample_rate", "_sample_rate", "steps", "secure", "indices",
+        "num_samples", "sampling_rate", "_sampling_rate", "steps", "secure", "indices",
         "rank", "world_size", "cycle_length", "batch_size", "_batch_size", "law", "_law"})
 
     def __setattr__(self, name: str, value) -> None:
@@ -305,7 +309,8 @@ class _AccountedSampler(Sampler[list[int]]):
         if not isinstance(state, dict) or state.get("format") != _SAMPLER_FORMAT:
             raise ParameterValueError("state is not a privlearn sampler state; pass what "
                              "state_dict() returned")
-        saved = {**state["params"]}
+        saved = {("sampling_rate" if k == "sample_rate" else k): v  # (a state saved
+                 for k, v in state["params"].items()}  # before the rename) as it is now
         if "secure" in self._params():  # saved before the sampler had a secure mode
             saved.setdefault("secure", False)
         if state["kind"] != type(self).__name__ or saved != self._params():
@@ -333,29 +338,9 @@ def _check_secure(secure: bool, seed: int | None) -> None:  # OS CSPRNG: no seed
         raise ConfigurationError(f"seed must be None when secure=True, got {seed!r}")
 
 
-def _law_field_error(name: str) -> AttributeError:
-    """The refusal to change a field of a built sampler's sampling law."""
-    name = name.lstrip("_")
-    return AttributeError(
-        f"{name} cannot be changed after the sampler is built: it is part of the sampling "
-        f"law the batches are drawn with and the accountant describes (dataset size, "
-        "sampling rate, batch size, steps per epoch, shard, privacy units). Build a new "
-        f"sampler, or a new private training run (make_private), with the new {name}")
-
-
-def _read_only(name: str):
-    def getter(self):
-        return getattr(self, "_" + name)
-
-    def setter(self, value):
-        raise _law_field_error(name)
-
-    return property(getter, setter, doc=f"{name} (read-only)")
-
-
 class PoissonBatchSampler(_AccountedSampler):
     """Batches in which each index is included independently with probability
-    ``sample_rate`` (the ``"poisson"`` entry of the sampling registry:
+    ``sampling_rate`` (the ``"poisson"`` entry of the sampling registry:
     :func:`privlearn.correlated.sampling.poisson_subset`, drawn by geometric skips
     between included indices, so an index's inclusion never depends on the dataset
     size: adding an example leaves every other example's batches as they were).
@@ -365,12 +350,13 @@ class PoissonBatchSampler(_AccountedSampler):
     num_samples : int
         Size of the (global) dataset; ``indices`` restricts sampling to a shard (used
         per rank in distributed training; every example still has inclusion probability
-        ``sample_rate``).
-    sample_rate : float in (0, 1]
-        Read-only after construction (the accountant records it).
+        ``sampling_rate``).
+    sampling_rate : float in (0, 1]
+        Read-only after construction (the accountant records it). ``sample_rate``, its
+        former name (Opacus's), still works, keyword and attribute, with a warning.
     steps : int, optional
         Batches per epoch; default :func:`privlearn.accounting.steps_per_epoch`
-        (``round(1 / sample_rate)``).
+        (``round(1 / sampling_rate)``).
     seed : int, optional
         Seed of the key chain the batches are drawn from (default: fresh OS entropy).
     secure : bool
@@ -378,40 +364,40 @@ class PoissonBatchSampler(_AccountedSampler):
         seeded generator.
     """
 
-    sample_rate = _read_only("sample_rate")
+    sampling_rate = _read_only("sampling_rate")
     law = SAMPLINGS["poisson"]
 
     @classmethod
     def _for_run(cls, n: int, run: dict) -> PoissonBatchSampler:
         world = run["world_size"]
         if world == 1:
-            return cls(n, run["sample_rate"], steps=run["steps"], seed=run["seed"],
+            return cls(n, run["sampling_rate"], steps=run["steps"], seed=run["seed"],
                        secure=run["secure"])
         # each rank samples its own part
-        return DistributedPoissonBatchSampler(n, run["sample_rate"], run["rank"], world,
+        return DistributedPoissonBatchSampler(n, run["sampling_rate"], run["rank"], world,
                                               steps=run["steps"], seed=run["seed"],
                                               secure=run["secure"])
 
-    def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
+    def __init__(self, num_samples: int, sampling_rate: float, steps: int | None = None,
                  seed: int | None = None, indices=None, secure: bool = False):
-        sample_rate = _v.check_rate("sample_rate", sample_rate)
+        sampling_rate = _v.check_rate("sampling_rate", sampling_rate)
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1,
                                           hint="pass the number of examples of the dataset")
-        self._sample_rate = float(sample_rate)
-        self.steps = steps_per_epoch(sample_rate) if steps is None else _check_steps(steps)
+        self._sampling_rate = float(sampling_rate)
+        self.steps = steps_per_epoch(sampling_rate) if steps is None else _check_steps(steps)
         self.indices = None if indices is None else np.asarray(list(indices), dtype=np.int64)
         _check_secure(secure, seed)
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
 
     def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "sample_rate": self.sample_rate,
+        return {"num_samples": self.num_samples, "sampling_rate": self.sampling_rate,
                 "steps": self.steps, "secure": self.secure,
                 "shard": None if self.indices is None else len(self.indices)}
 
     def _draw(self, seed: int | None) -> list[int]:
         n = self.num_samples if self.indices is None else len(self.indices)
-        idx = self.law.batch(n, self.sample_rate, None, None, self._step, self._rng(seed))
+        idx = self.law.batch(n, self.sampling_rate, None, None, self._step, self._rng(seed))
         return (idx if self.indices is None else self.indices[idx]).tolist()
 
 
@@ -442,7 +428,7 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
     ----------
     num_samples : int
         Size of the whole dataset.
-    sample_rate : float in (0, 1]
+    sampling_rate : float in (0, 1]
         q, the global rate (``world_size * batch_size / num_samples`` in
         :func:`~privlearn.torch.make_private`).
     rank, world_size : int
@@ -451,11 +437,11 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         between ranks (``make_private`` derives it from its ``seed`` and the rank).
     """
 
-    def __init__(self, num_samples: int, sample_rate: float, rank: int, world_size: int,
+    def __init__(self, num_samples: int, sampling_rate: float, rank: int, world_size: int,
                  steps: int | None = None, seed: int | None = None, secure: bool = False):
         part = rank_partition(num_samples, rank, world_size)
         self.rank, self.world_size = rank, world_size
-        super().__init__(num_samples, sample_rate, steps=steps, seed=seed,
+        super().__init__(num_samples, sampling_rate, steps=steps, seed=seed,
                          indices=None if world_size == 1 else part, secure=secure)
 
     def load_state_dict(self, state: dict) -> None:
@@ -509,8 +495,8 @@ class FixedSizeBatchSampler(_AccountedSampler):
         self.num_samples, self._batch_size = int(num_samples), int(batch_size)
         self.rank, self.world_size = int(rank), int(world_size)
         global_batch = self.batch_size * self.world_size
-        self._sample_rate = global_batch / num_samples
-        self.steps = (steps_per_epoch(self._sample_rate) if steps is None
+        self._sampling_rate = global_batch / num_samples
+        self.steps = (steps_per_epoch(self._sampling_rate) if steps is None
                       else _check_steps(steps))
         _check_secure(secure, seed)
         if secure and world_size > 1:
@@ -522,9 +508,9 @@ class FixedSizeBatchSampler(_AccountedSampler):
         self._init_bookkeeping(seed)
 
     @property
-    def sample_rate(self) -> float:
+    def sampling_rate(self) -> float:
         """``world_size * batch_size / num_samples`` (read-only)."""
-        return self._sample_rate
+        return self._sampling_rate
 
     def _params(self) -> dict:
         return {"num_samples": self.num_samples, "batch_size": self.batch_size,
@@ -533,7 +519,7 @@ class FixedSizeBatchSampler(_AccountedSampler):
 
     def _draw(self, seed: int | None) -> list[int]:
         global_batch = self.batch_size * self.world_size
-        chosen = self.law.batch(self.num_samples, self.sample_rate, global_batch, None,
+        chosen = self.law.batch(self.num_samples, self.sampling_rate, global_batch, None,
                                 self._step, self._rng(seed))
         return chosen[self.rank::self.world_size].tolist()
 
@@ -628,7 +614,7 @@ class _ScheduledSampler(_AccountedSampler):
                                None if seed is None else np.random.default_rng(seed))
 
     def _draw(self, seed: int | None) -> list[int]:
-        return self.law.batch(self.num_samples, self.sample_rate, None, self.parts(),
+        return self.law.batch(self.num_samples, self.sampling_rate, None, self.parts(),
                               self._step, self._rng(seed)).tolist()
 
     def _pass_must_end(self) -> bool:
@@ -675,43 +661,43 @@ class CyclicPoissonBatchSampler(_ScheduledSampler):
     """Cyclic Poisson sampling (Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
     Factorization", NeurIPS, Algorithm 2): every example is put in one of
     ``cycle_length`` groups uniformly at random, once for the run; step ``t``
-    Poisson-samples group ``t mod cycle_length`` at rate ``sample_rate``. An example
+    Poisson-samples group ``t mod cycle_length`` at rate ``sampling_rate``. An example
     therefore takes part only in steps ``j, j + b, j + 2b, ...`` (``b`` the cycle length),
-    each independently with probability ``sample_rate``: the b-min-separation banded
+    each independently with probability ``sampling_rate``: the b-min-separation banded
     matrix factorization needs, with amplification by sampling. ``cycle_length=1`` is
     Poisson sampling. The Poisson draws come from the key chain.
 
     Parameters
     ----------
     num_samples : int
-    sample_rate : float in (0, 1]
+    sampling_rate : float in (0, 1]
         Inclusion probability in the steps where an example's group is sampled; the
-        expected batch is ``sample_rate * num_samples / cycle_length``.
+        expected batch is ``sampling_rate * num_samples / cycle_length``.
     cycle_length : int >= 1
     steps : int, optional
         Batches per epoch; default
-        :func:`privlearn.accounting.steps_per_epoch` ``(sample_rate, cycle_length)``,
-        ``round(cycle_length / sample_rate)`` (every example
+        :func:`privlearn.accounting.steps_per_epoch` ``(sampling_rate, cycle_length)``,
+        ``round(cycle_length / sampling_rate)`` (every example
         once in expectation per epoch).
     seed : int, optional
     secure : bool
     """
 
-    sample_rate = _read_only("sample_rate")
+    sampling_rate = _read_only("sampling_rate")
     _label = b"privlearn.groups"
     law = SAMPLINGS["cyclic_poisson"]
 
     @classmethod
     def _for_run(cls, n: int, run: dict) -> CyclicPoissonBatchSampler:
-        return cls(n, run["sample_rate"], run["cycle_length"], steps=run["steps"],
+        return cls(n, run["sampling_rate"], run["cycle_length"], steps=run["steps"],
                    seed=run["seed"], secure=run["secure"])
 
-    def __init__(self, num_samples: int, sample_rate: float, cycle_length: int,
+    def __init__(self, num_samples: int, sampling_rate: float, cycle_length: int,
                  steps: int | None = None, seed: int | None = None, secure: bool = False):
-        self._sample_rate = _v.check_rate("sample_rate", sample_rate)
+        self._sampling_rate = _v.check_rate("sampling_rate", sampling_rate)
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
-        self.steps = (self.law.per_epoch(self._sample_rate, self.cycle_length) if steps is None
+        self.steps = (self.law.per_epoch(self._sampling_rate, self.cycle_length) if steps is None
                       else _check_steps(steps))
         _check_secure(secure, seed)
         self.secure = bool(secure)
@@ -719,7 +705,7 @@ class CyclicPoissonBatchSampler(_ScheduledSampler):
         self._init_layout(seed)
 
     def _params(self) -> dict:
-        return {"num_samples": self.num_samples, "sample_rate": self.sample_rate,
+        return {"num_samples": self.num_samples, "sampling_rate": self.sampling_rate,
                 "cycle_length": self.cycle_length, "steps": self.steps,
                 "secure": self.secure}
 
@@ -753,16 +739,16 @@ class BallsInBinsBatchSampler(_ScheduledSampler):
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.steps = self.cycle_length
-        self._sample_rate = 1.0 / self.cycle_length
+        self._sampling_rate = 1.0 / self.cycle_length
         _check_secure(secure, seed)
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
         self._init_layout(seed)
 
     @property
-    def sample_rate(self) -> float:
+    def sampling_rate(self) -> float:
         """``1 / cycle_length``: the fraction of the data in each batch (read-only)."""
-        return self._sample_rate
+        return self._sampling_rate
 
     def _params(self) -> dict:
         return {"num_samples": self.num_samples, "cycle_length": self.cycle_length,
@@ -800,7 +786,6 @@ class ShuffledEpochsBatchSampler(BallsInBinsBatchSampler):
         super().__init__(num_samples, cycle_length, seed, secure)
 
 
-
 class RegisteredBatchSampler(_ScheduledSampler):
     """The torch sampler of a registered sampling that has no class of its own: the
     entry's layout (if any) drawn once, and its batch of each step from the key chain.
@@ -809,7 +794,7 @@ class RegisteredBatchSampler(_ScheduledSampler):
     ----------
     law : SamplingLaw
     num_samples : int
-    sample_rate : float in (0, 1]
+    sampling_rate : float in (0, 1]
     cycle_length : int >= 1
     steps : int
         Batches per epoch.
@@ -819,7 +804,7 @@ class RegisteredBatchSampler(_ScheduledSampler):
     secure : bool
     """
 
-    def __init__(self, law: SamplingLaw, num_samples: int, sample_rate: float,
+    def __init__(self, law: SamplingLaw, num_samples: int, sampling_rate: float,
                  cycle_length: int = 1, steps: int | None = None,
                  batch_size: int | None = None, seed: int | None = None,
                  secure: bool = False):
@@ -827,10 +812,10 @@ class RegisteredBatchSampler(_ScheduledSampler):
             raise ParameterTypeError(f"law must be a SamplingLaw, got {law!r}")
         self._law = law
         self.num_samples = _v.check_count("num_samples", num_samples, minimum=1)
-        self._sample_rate = _v.check_rate("sample_rate", sample_rate)
+        self._sampling_rate = _v.check_rate("sampling_rate", sampling_rate)
         self.cycle_length = _v.check_count("cycle_length", cycle_length, minimum=1)
         self.batch_size = batch_size
-        self.steps = (law.per_epoch(self._sample_rate, self.cycle_length) if steps is None
+        self.steps = (law.per_epoch(self._sampling_rate, self.cycle_length) if steps is None
                       else _check_steps(steps))
         _check_secure(secure, seed)
         if secure and not law.secure:
@@ -849,17 +834,17 @@ class RegisteredBatchSampler(_ScheduledSampler):
         return self._law
 
     @property
-    def sample_rate(self) -> float:
-        return self._sample_rate
+    def sampling_rate(self) -> float:
+        return self._sampling_rate
 
     @classmethod
     def _for_run(cls, n: int, run: dict, law: SamplingLaw | None = None):
-        return cls(law, n, run["sample_rate"], run["cycle_length"] or 1, steps=run["steps"],
+        return cls(law, n, run["sampling_rate"], run["cycle_length"] or 1, steps=run["steps"],
                    batch_size=run["batch_size"], seed=run["seed"], secure=run["secure"])
 
     def _params(self) -> dict:
         return {"sampling": self.law.name, "num_samples": self.num_samples,
-                "sample_rate": self.sample_rate, "cycle_length": self.cycle_length,
+                "sampling_rate": self.sampling_rate, "cycle_length": self.cycle_length,
                 "steps": self.steps, "secure": self.secure}
 
     def _make_parts(self, seed: int) -> list[np.ndarray]:
@@ -869,11 +854,11 @@ class RegisteredBatchSampler(_ScheduledSampler):
 
     def _draw(self, seed: int | None) -> list[int]:
         parts = None if self.law.layout is None else self.parts()
-        return np.asarray(self.law.batch(self.num_samples, self.sample_rate, self.batch_size,
+        return np.asarray(self.law.batch(self.num_samples, self.sampling_rate, self.batch_size,
                                          parts, self._step, self._rng(seed))).tolist()
 
-
-def dp_batch_sampler(sampling: str, num_samples: int, *, sample_rate: float,
+@renamed_keywords("dp_batch_sampler", sample_rate="sampling_rate")
+def dp_batch_sampler(sampling: str, num_samples: int, *, sampling_rate: float,
                      batch_size: int, steps: int | None, seed: int | None, rank: int = 0,
                      world_size: int = 1, secure: bool = False,
                      shared_seed: int | None = None,
@@ -888,10 +873,15 @@ def dp_batch_sampler(sampling: str, num_samples: int, *, sample_rate: float,
         raise ConfigurationError(f"sampling={sampling!r} draws its batches in one process; "
                          "distributed training supports "
                          f"{sorted(k for k, v in SAMPLINGS.items() if v.distributed)}")
-    run = {"sample_rate": sample_rate, "batch_size": batch_size, "steps": steps,
+    run = {"sampling_rate": sampling_rate, "batch_size": batch_size, "steps": steps,
            "seed": seed, "rank": rank, "world_size": world_size, "secure": secure,
            "shared_seed": shared_seed, "cycle_length": cycle_length}
     cls = _AccountedSampler._by_law.get(sampling)
     if cls is None or cls.law is not law:  # an entry registered (or replaced) later
         return RegisteredBatchSampler._for_run(num_samples, run, law)
     return cls._for_run(num_samples, run)
+
+
+for _cls in (PoissonBatchSampler, DistributedPoissonBatchSampler, CyclicPoissonBatchSampler,
+             RegisteredBatchSampler):  # sample_rate=: sampling_rate's former name (Opacus's)
+    _cls.__init__ = renamed_keywords(_cls.__name__, sample_rate="sampling_rate")(_cls.__init__)

@@ -120,7 +120,7 @@ def test_demo_writes_to_default_directory(tmp_path, monkeypatch, capsys):
 
 
 def test_noisygd_learning_rate_reduced(tmp_path):
-    res = run_experiment("noisygd-learning-rate", tmp_path, reps=3, seed=0, sigma=50.0,
+    res = run_experiment("noisygd-learning-rate", tmp_path, reps=3, seed=0, noise_multiplier=50.0,
                          n_iter=500, log_every=10, verbose=False)
     assert res.png_path.exists()
     final = {r["method"]: r["median_mse"] for r in res.rows}

@@ -53,3 +53,24 @@ def test_init_with_a_relation_prints_no_note(tmp_path):
     assert r.output.splitlines() == [
         "budget for a (record, replace_one): epsilon 3, delta 1e-06 (pld)"
     ]
+
+
+def test_init_again_with_another_relation_names_the_unset_one_in_words(tmp_path):
+    # a budget created without --neighbouring, asked again with one: the conflict says the
+    # relation is still to be fixed, not "neighbouring='None'"; the other way round the
+    # relation asked for is "none", never the string 'None'
+    path = str(tmp_path / "l.db")
+    args = ["budget", "init", path, "--dataset", "a", "--epsilon", "3", "--delta", "1e-6"]
+    _invoke(*args)
+    r = CliRunner().invoke(cli, [*args, "--neighbouring", "replace_one", "--exist-ok"])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert "'None'" not in out and "None" not in out
+    assert "neighbouring to be fixed by the first release (asked 'replace_one')" in out
+    other = str(tmp_path / "m.db")
+    fixed = ["budget", "init", other, "--dataset", "a", "--epsilon", "3", "--delta", "1e-6"]
+    _invoke(*fixed, "--neighbouring", "add_remove")
+    r = CliRunner().invoke(cli, [*fixed, "--exist-ok"])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert "None" not in out and "neighbouring='add_remove' (asked none)" in out

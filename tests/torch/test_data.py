@@ -140,7 +140,7 @@ def test_fixed_size_sampler():
     assert counts.min() > 0
     with pytest.raises(ValueError, match="batch_size"):
         FixedSizeBatchSampler(5, 6)
-    with pytest.raises(ValueError, match="sample_rate"):
+    with pytest.raises(ValueError, match="sampling_rate"):
         PoissonBatchSampler(5, 0.0)
 
 
@@ -184,7 +184,7 @@ def test_tensor_gather_equals_per_example_fetch_and_collate(wrap):
     if wrap == "subset_of_subset":
         ds = Subset(ds, torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)))
     loader = make_dp_loader(DataLoader(ds, batch_size=6), sampling="poisson",
-                            sample_rate=0.1, batch_size=6, steps=40, seed=3)
+                            sampling_rate=0.1, batch_size=6, steps=40, seed=3)
     assert isinstance(loader.dataset, TensorBatchGather) and loader.dataset.dataset is ds
     assert len(loader.dataset) == len(ds)
     batches = list(loader)
@@ -212,12 +212,12 @@ def test_gather_not_used_with_custom_collate_or_dataset_subclass():
 
     ds = Doubled(torch.ones(20, 2), torch.arange(20))
     loader = make_dp_loader(DataLoader(ds, batch_size=5), sampling="poisson",
-                            sample_rate=0.5, batch_size=5, steps=3, seed=0)
+                            sampling_rate=0.5, batch_size=5, steps=3, seed=0)
     assert loader.dataset is ds
     assert all((x == 2).all() for x, _ in loader)
     plain = TensorDataset(torch.ones(20, 2), torch.arange(20))
     loader = make_dp_loader(DataLoader(plain, batch_size=5, collate_fn=lambda b: b),
-                            sampling="poisson", sample_rate=0.5, batch_size=5, steps=3, seed=0)
+                            sampling="poisson", sampling_rate=0.5, batch_size=5, steps=3, seed=0)
     assert not isinstance(loader.dataset, TensorBatchGather)
 
 
@@ -227,7 +227,7 @@ def test_fixed_size_sampler_split_across_ranks():
     n, b, world, steps = 40, 3, 2, 3000
     ranks = [FixedSizeBatchSampler(n, b, steps=steps, seed=9, rank=r, world_size=world)
              for r in range(world)]
-    assert ranks[0].sample_rate == world * b / n
+    assert ranks[0].sampling_rate == world * b / n
     counts = torch.zeros(n)
     for b0, b1 in zip(*ranks, strict=True):
         assert len(b0) == len(b1) == b and not set(b0) & set(b1)
@@ -392,7 +392,7 @@ def _one_run(sampling, n, seed, epochs=2, b=5, cycle=4):
     c = cycle if law.cycled else 1
     q = law.rate(b, 40, c)
     loader = make_dp_loader(DataLoader(TensorDataset(torch.arange(n)), batch_size=b),
-                            sampling=sampling, sample_rate=q, batch_size=b,
+                            sampling=sampling, sampling_rate=q, batch_size=b,
                             steps=law.per_epoch(q, c), seed=seed, cycle_length=c)
     bs = loader.batch_sampler
     out = []
@@ -440,7 +440,7 @@ def _user_run(sampling, users, seed, k=2, b=3, cycle=3):
     c = cycle if law.cycled else 1
     q = law.rate(b, 12, c)
     loader = make_dp_loader(DataLoader(TensorDataset(torch.arange(len(users))), batch_size=b),
-                            sampling=sampling, sample_rate=q, batch_size=b,
+                            sampling=sampling, sampling_rate=q, batch_size=b,
                             steps=law.per_epoch(q, c), seed=seed, cycle_length=c, units=units)
     out, t = set(), 0
     for _ in range(2):
@@ -594,7 +594,7 @@ def test_samplers_refuse_counts_that_are_not_counts(make, name):
         make()
 
 
-_LAW_FIELDS = {"num_samples": 10, "sample_rate": 0.9, "steps": 1, "secure": True,
+_LAW_FIELDS = {"num_samples": 10, "sampling_rate": 0.9, "steps": 1, "secure": True,
                "indices": [0, 1], "rank": 1, "world_size": 4, "cycle_length": 7,
                "batch_size": 1, "law": None}
 
@@ -610,7 +610,7 @@ def test_sampling_law_fields_are_read_only_after_make_private(sampling):
     p = _private_linear(_indexed(), sampling=sampling, **kw)
     bs = p.data_loader.batch_sampler
     before = {f: getattr(bs, f) for f in _LAW_FIELDS if hasattr(bs, f)}
-    assert {"num_samples", "sample_rate", "steps"} <= set(before)
+    assert {"num_samples", "sampling_rate", "steps"} <= set(before)
     _train(p, 2, [])
     eps = p.epsilon(1e-5)
     for field, value in _LAW_FIELDS.items():

@@ -47,7 +47,7 @@ def test_each_dp_sampler_runs_as_given_and_is_accounted_so(build, sampling):
     p = _private(given, sampling=sampling, epochs=1)
     ran = p.data_loader.batch_sampler
     assert ran.law is given.law
-    assert ran.sample_rate == given.sample_rate == p.sampling_rate
+    assert ran.sampling_rate == given.sampling_rate == p.sampling_rate
     assert len(p.data_loader) == given.steps == ran.steps
     assert getattr(ran, "cycle_length", None) == getattr(given, "cycle_length", None)
     assert p.plan.run.cycle == getattr(given, "cycle_length", 1)

@@ -174,8 +174,8 @@ def test_max_grad_norm_change_recorded_and_sampling_rate_refused():
     p.optimizer.max_grad_norm = 0.5
     _train(p, 1)
     assert [(s.max_grad_norm, s.steps) for s in p.accountant.segments] == [(1.0, 2), (0.5, 1)]
-    with pytest.raises(AttributeError, match="sample_rate cannot be changed"):
-        p.data_loader.batch_sampler.sample_rate = 0.5
+    with pytest.raises(AttributeError, match="sampling_rate cannot be changed"):
+        p.data_loader.batch_sampler.sampling_rate = 0.5
     with pytest.raises(AttributeError, match="sampling_rate cannot be changed"):
         p.sampling_rate = 0.5
     with pytest.raises(ValueError, match="noise_multiplier"):

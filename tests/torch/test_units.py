@@ -378,7 +378,7 @@ def test_a_checkpoint_loads_only_into_a_run_of_the_same_users():
 
 
 def test_an_example_rate_sampler_under_users_warns_of_the_user_rate_it_accounts():
-    """A PoissonBatchSampler(sample_rate=0.1) over 40 examples of 10 users: make_private
+    """A PoissonBatchSampler(sampling_rate=0.1) over 40 examples of 10 users: make_private
     samples users at the same expected batch size (4 users), i.e. each user with
     probability 0.4. It warns, naming both rates and what to pass; the rebuilt sampler
     draws users at 0.4 (measured) and the epsilon is that of rate 0.4."""
@@ -389,8 +389,8 @@ def test_an_example_rate_sampler_under_users_warns_of_the_user_rate_it_accounts(
     ds = _data(n=40)
     users = torch.arange(40) // 4
     model = _Feat(_mlp(d=4))
-    loader = DataLoader(ds, batch_sampler=PoissonBatchSampler(40, sample_rate=0.1, steps=2))
-    with pytest.warns(UserWarning, match=r"PoissonBatchSampler\(sample_rate=0.1\)") as rec:
+    loader = DataLoader(ds, batch_sampler=PoissonBatchSampler(40, sampling_rate=0.1, steps=2))
+    with pytest.warns(UserWarning, match=r"PoissonBatchSampler\(sampling_rate=0.1\)") as rec:
         p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
                          noise_multiplier=1.0, max_grad_norm=1.0, users=users, seed=3)
     msg = " ".join(str(w.message) for w in rec if "users=" in str(w.message))
