@@ -322,10 +322,15 @@ def _cross_terms(contribs: list[Contribution]) -> list[Contribution]:
             q = torch.add(q, x, alpha=k / k0) if y is None else torch.addcmul(
                 q, x, y, value=k / k0)
         v = (cmax / 2 + _gamma(terms, w) + 8 * w) * k0**2 / (1 - delta) ** 2
+        owns = [_own_gamma(f, w) for f in factors]
+        trivial = k0**2 * (1 + 4 * w) / (1 - delta) ** 2
+        if not (v < trivial and max(owns) < 0.25):  # no useful bound (lengths ~ 1 / u):
+            # the triangle inequality's Q^2, which the non-negative own terms only raise
+            out.append(CrossTerm(occ[0][2], torch.mul(q, q).mul_(trivial)))
+            continue
         sq = torch.addcmul(total, q, q, value=v / 2).mul_(2.0)
-        for f, (x, y, k, _) in zip(factors, own_scales, strict=True):
-            own = _own_gamma(f, w)  # own squared norms not rounded up: their own S^2
-            if own > 0:
+        for own, (x, y, k, _) in zip(owns, own_scales, strict=True):
+            if own > 0:  # own squared norms not rounded up: their own S^2
                 s = x if y is None else x * y
                 sq = torch.addcmul(sq, s, s, value=(own + 4 * w) * k**2 / (1 - delta) ** 2)
         out.append(CrossTerm(occ[0][2], sq))
