@@ -46,7 +46,8 @@ S_u^2`` each; ghost norms are rounded up already, and the embedding rule's own s
 norm is taken as it rounds for an unshared embedding. For an ordinary example ``Q^2`` is
 about ``4 T`` times its squared norm, so the over-statement is a relative ``~ 2 c T``
 (about 1% for a tied embedding and head at 512 positions in float32, on top of the own
-ghost norms'; more under TF32 products).
+ghost norms'; more under TF32 products). Where a length makes the bound useless (``n u``
+near 1) the CrossTerm is the triangle inequality's ``Q^2`` instead.
 """
 
 from __future__ import annotations
