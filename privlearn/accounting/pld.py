@@ -586,13 +586,31 @@ class PLDAccountant:
         h_scale = 1.0
         while (up > 0 and (up - lo) > scale * self.rel_gap * up and h_scale > min_h_scale
                and not self._out_of_reach(up, lo, allow, scale)):
-            h_scale /= 2.0
+            # a halving leaves about allow + grid gap / 4 (second order in h): while that
+            # is still above max_gap, skip the level (its grid is a third of the next
+            # one's cost, and the next one's bracket is the tighter); a finer grid that is
+            # too large falls back to the halving
+            step = 4.0 if (h_scale / 4.0 >= min_h_scale and allow + (up - lo - allow) / 4.0
+                           > 2.0 * scale * self.max_gap * up) else 2.0
             try:
-                res2 = self._composed(mechanism, parts, h_scale, accurate, tilt_at=tilt_at,
-                                      tilt_delta=tilt_delta, check_gain=check_gain)
+                res2 = self._composed(mechanism, parts, h_scale / step, accurate,
+                                      tilt_at=tilt_at, tilt_delta=tilt_delta,
+                                      check_gain=check_gain)
+            except _TooLarge:
+                if step == 2.0:
+                    break
+                step, res2 = 2.0, None
+            except (AccountingError, OverflowError):
+                break
+            try:
+                if res2 is None:
+                    res2 = self._composed(mechanism, parts, h_scale / 2.0, accurate,
+                                          tilt_at=tilt_at, tilt_delta=tilt_delta,
+                                          check_gain=check_gain)
                 up2, lo2, allow = bracket(res2)
             except (_TooLarge, AccountingError, OverflowError):
                 break
+            h_scale /= step
             gap_before = up - lo
             up, lo = min(up, up2), max(lo, lo2)
             if up - lo > 0.8 * gap_before:
