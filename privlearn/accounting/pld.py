@@ -17,7 +17,8 @@ Method
 1. Compositions of kinds with an equivalent Gaussian are evaluated exactly in constant time by
    the analytic curve (:mod:`privlearn.accounting.analytic`; Dong, Roth & Su 2022,
    Corollary 3.3 and Balle & Wang 2018, Theorem 8); upper and lower bounds bracket the
-   exact value by the certified floating-point error of its evaluation.
+   exact value by the certified floating-point error of its evaluation. One subsampled
+   Gaussian step is evaluated from its pair's exact profile (:mod:`._pld_single`).
 2. ``delta = 0`` is answered exactly (rounded up) from the description
    (:func:`privlearn.accounting.registry.pure_epsilon`): the pure epsilon of each step
    (Laplace ``1/b``, randomized response ``log(p (k-1) / (1-p))``, PureDP ``eps``,
