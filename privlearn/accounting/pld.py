@@ -17,7 +17,8 @@ Method
 1. Compositions of kinds with an equivalent Gaussian are evaluated exactly in constant time by
    the analytic curve (:mod:`privlearn.accounting.analytic`; Dong, Roth & Su 2022,
    Corollary 3.3 and Balle & Wang 2018, Theorem 8); upper and lower bounds bracket the
-   exact value by the certified floating-point error of its evaluation.
+   exact value by the certified floating-point error of its evaluation. One subsampled
+   Gaussian step is evaluated from its pair's exact profile (:mod:`._pld_single`).
 2. ``delta = 0`` is answered exactly (rounded up) from the description
    (:func:`privlearn.accounting.registry.pure_epsilon`): the pure epsilon of each step
    (Laplace ``1/b``, randomized response ``log(p (k-1) / (1-p))``, PureDP ``eps``,
@@ -134,6 +135,8 @@ from privlearn.accounting._pld_profile import delta_at as _delta_at
 from privlearn.accounting._pld_profile import delta_upper as _delta_upper
 from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
+from privlearn.accounting._pld_single import single_step_gaussian
+from privlearn.accounting._pld_surrogates import _as_fixed_size, _via_add_remove
 from privlearn.accounting._pld_tails import chernoff_theta
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant, register_accountant
@@ -146,7 +149,6 @@ from privlearn.accounting.mechanisms import (
     Subsampled,
 )
 from privlearn.accounting.registry import (
-    doubles_on_replace_one,
     equivalent_gaussian,
     lookup,
     relation_base,
@@ -316,6 +318,9 @@ class PLDAccountant:
         exact = closed_form.epsilon_bounds(mechanism, delta) if delta > 0.0 else None
         if exact is not None:  # exact finite PLD / Laplace closed form
             return PrivacyBound(exact[1], exact[0], self.name)
+        one = self._single(parts, "epsilon", delta)
+        if one is not None:  # one subsampled Gaussian step: its pair, no grid
+            return PrivacyBound(min(one[1], pure_epsilon(mechanism)), one[0], self.name)
         if delta <= 0.0:
             e = pure_epsilon(mechanism)
             if math.isinf(e):
@@ -399,6 +404,9 @@ class PLDAccountant:
         exact = closed_form.delta_bounds(mechanism, epsilon)
         if exact is not None:  # exact finite PLD / Laplace closed form
             return PrivacyBound(exact[1], exact[0], self.name)
+        one = self._single(parts, "delta", epsilon)
+        if one is not None:  # one subsampled Gaussian step: its pair, no grid
+            return PrivacyBound(one[1], one[0], self.name)
         pe = pure_epsilon(mechanism)
         if epsilon >= pe * (1.0 + 4.0 * dsc.U):  # beyond the largest privacy loss
             return PrivacyBound(0.0, 0.0, self.name)
@@ -448,6 +456,12 @@ class PLDAccountant:
         return PrivacyBound(up, min(lo, up), who)
 
     # -- internals ---------------------------------------------------------------------
+    def _single(self, parts, what: str, at: float) -> tuple[float, float] | None:
+        """One step of subsampled Gaussian pairs (:mod:`._pld_single`), else None."""
+        if len(parts) != 1 or parts[0][1] != 1:
+            return None
+        return single_step_gaussian(_step(parts[0][0]), what, at, self.rel_gap)
+
     def _fallback_epsilon(
         self, mechanism: Mechanism, delta: float, pe: float, err: AccountingError
     ) -> PrivacyBound:
@@ -573,13 +587,31 @@ class PLDAccountant:
         h_scale = 1.0
         while (up > 0 and (up - lo) > scale * self.rel_gap * up and h_scale > min_h_scale
                and not self._out_of_reach(up, lo, allow, scale)):
-            h_scale /= 2.0
+            # a halving leaves about allow + grid gap / 4 (second order in h): while that
+            # is still above max_gap, skip the level (its grid is a third of the next
+            # one's cost, and the next one's bracket is the tighter); a finer grid that is
+            # too large falls back to the halving
+            step = 4.0 if (h_scale / 4.0 >= min_h_scale and allow + (up - lo - allow) / 4.0
+                           > 2.0 * scale * self.max_gap * up) else 2.0
             try:
-                res2 = self._composed(mechanism, parts, h_scale, accurate, tilt_at=tilt_at,
-                                      tilt_delta=tilt_delta, check_gain=check_gain)
+                res2 = self._composed(mechanism, parts, h_scale / step, accurate,
+                                      tilt_at=tilt_at, tilt_delta=tilt_delta,
+                                      check_gain=check_gain)
+            except _TooLarge:
+                if step == 2.0:
+                    break
+                step, res2 = 2.0, None
+            except (AccountingError, OverflowError):
+                break
+            try:
+                if res2 is None:
+                    res2 = self._composed(mechanism, parts, h_scale / 2.0, accurate,
+                                          tilt_at=tilt_at, tilt_delta=tilt_delta,
+                                          check_gain=check_gain)
                 up2, lo2, allow = bracket(res2)
             except (_TooLarge, AccountingError, OverflowError):
                 break
+            h_scale /= step
             gap_before = up - lo
             up, lo = min(up, up2), max(lo, lo2)
             if up - lo > 0.8 * gap_before:
@@ -832,49 +864,6 @@ def _rdp_guess(mechanism: Mechanism, parts, delta: float) -> list[float]:
         except (UnsupportedMechanismError, AccountingError):
             pass
     return out
-
-
-def _poisson_replace_one(m: Mechanism) -> bool:
-    return (isinstance(m, Subsampled) and m.scheme is Sampling.POISSON
-            and m.neighbouring is Neighbouring.REPLACE_ONE and m.rate < 1.0)
-
-
-def _as_fixed_size(m: Mechanism) -> Mechanism | None:
-    """A Poisson replace-one step as fixed-size sampling (see :func:`_rdp_guess`)."""
-    if not _poisson_replace_one(m):
-        return None
-    return Subsampled(m.base, m.rate, Sampling.FIXED, Neighbouring.REPLACE_ONE)
-
-
-def _via_add_remove(m: Mechanism) -> Mechanism | None:
-    """A Poisson replace-one step of a kind whose noise is relative to the add/remove
-    bound (``replace_one_doubles_sensitivity``) as the RDP curve
-
-        eps_RO(alpha) <= (alpha - 1/2) / (alpha - 1) eps_AR(2 alpha) + eps_AR(2 alpha - 1)
-
-    from its add/remove curve ``eps_AR``: the dataset with the record and the one with
-    its replacement are each an add/remove neighbour of the dataset with neither, and the
-    Renyi divergence obeys the weak triangle inequality ``D_a(P||R) <= (a - 1/p) / (a - 1)
-    D_{pa}(P||Q) + D_{(qa - 1)/(q - 1)}(Q||R)`` (Mironov 2017, Renyi Differential Privacy,
-    Proposition 11, with p = q = 2). None for any other step (a kind stating its own
-    epsilon states nothing about add/remove)."""
-    if not (_poisson_replace_one(m) and doubles_on_replace_one(m.base)):
-        return None
-    from privlearn.accounting.mechanisms import RDPMechanism
-    from privlearn.accounting.rdp import rdp_epsilon
-
-    add_remove = Subsampled(m.base, m.rate, Sampling.POISSON, Neighbouring.ADD_REMOVE)
-    # capped by the base at twice the sensitivity (both outputs are mixtures with the
-    # same weights: joint quasi-convexity, van Erven & Harremoes 2014, Theorem 13)
-    whole = relation_base(m, accountant="pld")
-
-    def curve(alpha: float) -> float:
-        via = ((alpha - 0.5) / (alpha - 1.0) * float(rdp_epsilon(add_remove, 2.0 * alpha))
-               + float(rdp_epsilon(add_remove, 2.0 * alpha - 1.0)))
-        return min(via, float(rdp_epsilon(whole, alpha)))
-
-    return RDPMechanism(curve, name="replace-one through add/remove",
-                        pure_epsilon=pure_epsilon(m))
 
 
 def _points(res: _Result) -> int:
