@@ -128,6 +128,7 @@ import numpy as np
 from privlearn.accounting import _pld_discrete as dsc
 from privlearn.accounting import closed_form
 from privlearn.accounting._pld_lower import binary_lower
+from privlearn.accounting._pld_mass import mass_at_infinity, refuse_below_mass_at_infinity
 from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
 from privlearn.accounting._pld_profile import PLDResult as _Result
 from privlearn.accounting._pld_profile import delta_at as _delta_at
@@ -304,6 +305,7 @@ class PLDAccountant:
     # -- public API --------------------------------------------------------------------
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta."""
+        refuse_below_mass_at_infinity(_parts(mechanism), _step, delta)
         return binary_lower(self._epsilon(mechanism, delta), _parts(mechanism), _step,
                             "epsilon", delta)
 
@@ -444,7 +446,7 @@ class PLDAccountant:
             # epsilon this beats the grid, whose atoms sit up to h above the true loss
             up = min(up, max(0.0, pe * (1.0 + 16.0 * dsc.U) - epsilon))
         # the grid's lower pairs drop the mass at infinity, which delta never falls below
-        lo = max(lo, _mass_at_infinity(parts))
+        lo = max(lo, mass_at_infinity(parts, _step))
         return PrivacyBound(up, min(lo, up), who)
 
     # -- internals ---------------------------------------------------------------------
@@ -792,20 +794,6 @@ class PLDAccountant:
         if directional:
             out.append((add_up, add_low))
         return out
-
-
-def _mass_at_infinity(parts) -> float:
-    """A lower bound on delta at every epsilon: the composed P-mass at loss ``+inf`` of
-    each direction's pairs (``1 - prod (1 - m_i)^k_i``, rounded down), the larger."""
-    out = 0.0
-    for direction in (0, 1):
-        log_finite = 0.0
-        for m, k in parts:
-            s = _step(m)
-            pair = s.a if direction == 0 or s.b is None else s.b
-            log_finite += k * math.log1p(-min(pair.mass_at_infinity, 1.0))
-        out = max(out, -math.expm1(log_finite) * (1.0 - 1e-12))
-    return out
 
 
 def _rdp_guess(mechanism: Mechanism, parts, delta: float) -> list[float]:
