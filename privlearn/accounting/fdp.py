@@ -297,7 +297,9 @@ def tradeoff_curve(mechanism: Mechanism, alphas, *, epsilons=None,
         False positive rates.
     epsilons : array_like, optional
         Grid of epsilons (default: 0 and 200 points up to ``epsilon(1e-12)``, denser
-        near 0).
+        near 0; where delta 1e-12 is below what the accountant certifies, e.g. below the
+        mass at infinity of an ``ApproxDP`` part, up to where ``delta(eps)`` stops
+        decreasing).
     accountant : str
         Accountant used for ``delta(eps)`` (default ``"pld"``).
 
