@@ -412,7 +412,8 @@ class PLDAccountant:
         if accurate:  # small delta: recompute the low frequencies without FFT error
             res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up = min(up, _delta_upper(res, epsilon))  # both certified
-        lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
+        lo = max(mass_at_infinity(parts, _step), *(_delta_at(low, epsilon, False)
+                                                     for _, low in res.directions))
         allow = max(0.0, (up - lo) - _grid_gap(res, epsilon))
         # delta is far more sensitive than epsilon to the grid: the targets are 10 x
         # rel_gap and 10 x max_gap, and at most two halvings
