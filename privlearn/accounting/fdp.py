@@ -39,7 +39,12 @@ from scipy.special import ndtr, ndtri
 from privlearn._validation import check_delta, check_nonnegative
 from privlearn.accounting.mechanisms import Mechanism
 from privlearn.accounting.registry import equivalent_gaussian, upper_float
-from privlearn.errors import AccountingError, ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    AccountingError,
+    CertificationError,
+    ParameterTypeError,
+    ParameterValueError,
+)
 
 __all__ = [
     "gaussian_tradeoff",
@@ -253,6 +258,27 @@ def tradeoff_from_profile(epsilons, deltas, alphas) -> np.ndarray:
     return np.maximum(f.max(axis=1), 0.0).reshape(a.shape)
 
 
+def _default_top_epsilon(mechanism: Mechanism, accountant: str) -> float:
+    """Top of the default epsilon grid: ``epsilon(1e-12)``, or, where the accountant
+    cannot certify that delta (privacy-loss mass at infinity at or above it, e.g. an
+    :class:`~privlearn.accounting.ApproxDP` part), the first of ``1, 2, 4, ...`` at
+    which the certified ``delta(eps)`` stops decreasing: the profile is flat (the mass
+    at infinity) beyond it. Any top gives a valid curve (the envelope of certified
+    points); this one also keeps it tight."""
+    try:
+        return mechanism.epsilon(1e-12, accountant=accountant)
+    except CertificationError:
+        pass
+    top, last = 1.0, mechanism.delta(1.0, accountant=accountant)
+    for _ in range(64):
+        nxt = mechanism.delta(2.0 * top, accountant=accountant)
+        top *= 2.0
+        if not nxt < last * (1.0 - 1e-9):
+            break
+        last = nxt
+    return top
+
+
 def tradeoff_curve(mechanism: Mechanism, alphas, *, epsilons=None,
                    accountant: str = "pld") -> np.ndarray:
     """Trade-off curve ``f(alpha)`` that ``mechanism`` is certified to satisfy.
@@ -271,7 +297,9 @@ def tradeoff_curve(mechanism: Mechanism, alphas, *, epsilons=None,
         False positive rates.
     epsilons : array_like, optional
         Grid of epsilons (default: 0 and 200 points up to ``epsilon(1e-12)``, denser
-        near 0).
+        near 0; where delta 1e-12 is below what the accountant certifies, e.g. below the
+        mass at infinity of an ``ApproxDP`` part, up to where ``delta(eps)`` stops
+        decreasing).
     accountant : str
         Accountant used for ``delta(eps)`` (default ``"pld"``).
 
@@ -289,7 +317,7 @@ def tradeoff_curve(mechanism: Mechanism, alphas, *, epsilons=None,
     if mu is not None:
         return gaussian_tradeoff(mu, a)
     if epsilons is None:
-        top = mechanism.epsilon(1e-12, accountant=accountant)
+        top = _default_top_epsilon(mechanism, accountant)
         if not math.isfinite(top):
             raise ParameterValueError("the mechanism has no finite epsilon at delta=1e-12; give an "
                              "explicit grid of epsilons")

@@ -129,6 +129,7 @@ import numpy as np
 from privlearn.accounting import _pld_discrete as dsc
 from privlearn.accounting import closed_form
 from privlearn.accounting._pld_lower import binary_lower
+from privlearn.accounting._pld_mass import mass_at_infinity, refuse_below_mass_at_infinity
 from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
 from privlearn.accounting._pld_profile import PLDResult as _Result
 from privlearn.accounting._pld_profile import delta_at as _delta_at
@@ -306,6 +307,7 @@ class PLDAccountant:
     # -- public API --------------------------------------------------------------------
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta."""
+        refuse_below_mass_at_infinity(_parts(mechanism), _step, delta)
         return binary_lower(self._epsilon(mechanism, delta), _parts(mechanism), _step,
                             "epsilon", delta)
 
@@ -418,7 +420,8 @@ class PLDAccountant:
         if accurate:  # small delta: recompute the low frequencies without FFT error
             res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
             up = min(up, _delta_upper(res, epsilon))  # both certified
-        lo = max(_delta_at(low, epsilon, False) for _, low in res.directions)
+        lo = max(mass_at_infinity(parts, _step), *(_delta_at(low, epsilon, False)
+                                                     for _, low in res.directions))
         allow = max(0.0, (up - lo) - _grid_gap(res, epsilon))
         # delta is far more sensitive than epsilon to the grid: the targets are 10 x
         # rel_gap and 10 x max_gap, and at most two halvings
@@ -452,7 +455,7 @@ class PLDAccountant:
             # epsilon this beats the grid, whose atoms sit up to h above the true loss
             up = min(up, max(0.0, pe * (1.0 + 16.0 * dsc.U) - epsilon))
         # the grid's lower pairs drop the mass at infinity, which delta never falls below
-        lo = max(lo, _mass_at_infinity(parts))
+        lo = max(lo, mass_at_infinity(parts, _step))
         return PrivacyBound(up, min(lo, up), who)
 
     # -- internals ---------------------------------------------------------------------
@@ -824,20 +827,6 @@ class PLDAccountant:
         if directional:
             out.append((add_up, add_low))
         return out
-
-
-def _mass_at_infinity(parts) -> float:
-    """A lower bound on delta at every epsilon: the composed P-mass at loss ``+inf`` of
-    each direction's pairs (``1 - prod (1 - m_i)^k_i``, rounded down), the larger."""
-    out = 0.0
-    for direction in (0, 1):
-        log_finite = 0.0
-        for m, k in parts:
-            s = _step(m)
-            pair = s.a if direction == 0 or s.b is None else s.b
-            log_finite += k * math.log1p(-min(pair.mass_at_infinity, 1.0))
-        out = max(out, -math.expm1(log_finite) * (1.0 - 1e-12))
-    return out
 
 
 def _rdp_guess(mechanism: Mechanism, parts, delta: float) -> list[float]:
