@@ -35,6 +35,30 @@ def _decoder_cfg(**kw):
                 eos_token_id=0, pad_token_id=0, **kw)
 
 
+def _bert2bert(tf):
+    """transformers' generic EncoderDecoderModel: a BertModel encoder and a BertLMHeadModel
+    decoder with cross-attention."""
+    bert = dict(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=32, max_position_embeddings=32, pad_token_id=1, **_DROP)
+    config = tf.EncoderDecoderConfig.from_encoder_decoder_configs(
+        tf.BertConfig(**bert), tf.BertConfig(**bert, is_decoder=True, add_cross_attention=True))
+    config.decoder_start_token_id, config.pad_token_id = 2, 1
+    return tf.EncoderDecoderModel(config=config)
+
+
+def _wav2vec2_bert(tf):
+    """transformers' SpeechEncoderDecoderModel: a Wav2Vec2 encoder (SpecAugment off) and a
+    BertLMHeadModel decoder with cross-attention."""
+    encoder = _wav2vec2(tf, 0.0).config
+    decoder = tf.BertConfig(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=32,
+                            max_position_embeddings=32, pad_token_id=1, is_decoder=True,
+                            add_cross_attention=True, **_DROP)
+    config = tf.SpeechEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id, config.pad_token_id = 2, 1
+    return tf.SpeechEncoderDecoderModel(config=config)
+
+
 def _bert_like(**kw):
     return dict(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
                 intermediate_size=32, max_position_embeddings=40, **_DROP, **kw)
@@ -214,6 +238,8 @@ ZOO = {
                     max_target_positions=16, dropout=0.0, attention_dropout=0.0,
                     activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                     decoder_start_token_id=1))),
+    "bert2bert": ("seq2seq", "EncoderDecoderModel", _bert2bert),
+    "wav2vec2_bert": ("seq2seq_wave", "SpeechEncoderDecoderModel", _wav2vec2_bert),
     "t5": ("seq2seq", "T5ForConditionalGeneration", lambda tf: tf.T5ForConditionalGeneration(
         tf.T5Config(vocab_size=VOCAB, d_model=H, d_kv=8, d_ff=32, num_layers=2,
                     num_decoder_layers=2, num_heads=2, relative_attention_num_buckets=8,
@@ -298,6 +324,11 @@ def make_batch(name: str, b: int = B, t: int = T, seed: int = 1, dtype=torch.flo
         target = torch.randint(3, VOCAB - 1, (b, t - 2), generator=g)
         dec = torch.cat([torch.full((b, 1), 1), target[:, :-1]], dim=1)
         return ({"input_features": torch.randn(b, 8, 16, generator=g, dtype=dtype),
+                 "decoder_input_ids": dec}, target)
+    if k == "seq2seq_wave":
+        target = torch.randint(3, VOCAB - 1, (b, t - 2), generator=g)
+        dec = torch.cat([torch.full((b, 1), 2), target[:, :-1]], dim=1)
+        return ({"input_values": torch.randn(b, 400, generator=g, dtype=dtype),
                  "decoder_input_ids": dec}, target)
     if k == "features":
         return ({"input_features": torch.randn(b, 8, 16, generator=g, dtype=dtype)},

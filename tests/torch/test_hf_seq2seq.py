@@ -1,10 +1,11 @@
-"""DPTrainer on encoder-decoder models (BART, mBART, Marian, T5 with its relative attention
-bias frozen): each example's loss is the mean over its own target tokens, the decoder
-fed with its labels shifted right as the model does it, and one noise-free step moves the
-weights by the naive clipped sum (a loop of batch-of-one passes, each loss the model's
-own ``labels=`` loss of that example alone) over the expected batch size. T5 with a
-trainable relative attention bias, and encoder-decoders trained as another task, are
-refused when the trainer is built."""
+"""DPTrainer on encoder-decoder models (BART, mBART, Marian, T5 with its relative
+attention bias frozen, transformers' generic EncoderDecoderModel as BERT2BERT and
+SpeechEncoderDecoderModel as Wav2Vec2 with a BERT decoder): each example's loss is the
+mean over its own target tokens, the decoder fed with its labels shifted right as the
+model does it, and one noise-free step moves the weights by the naive clipped sum (a loop
+of batch-of-one passes, each loss the model's own ``labels=`` loss of that example alone)
+over the expected batch size. T5 with a trainable relative attention bias, and
+encoder-decoders trained as another task, are refused when the trainer is built."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def _own_loss_grads(oracle, model, batch):
     return oracle.grads(loss, batch["labels"].shape[0], oracle.trainable(model))
 
 
-@pytest.mark.parametrize("name", ["bart", "mbart", "marian", "t5_frozen_bias"])
+@pytest.mark.parametrize("name", ["bart", "mbart", "marian", "t5_frozen_bias", "bert2bert"])
+@pytest.mark.filterwarnings("ignore:Version v4.12.0 introduces")  # EncoderDecoderModel's labels=
 def test_step_is_the_naive_clipped_sum_of_per_example_losses(name, oracle, tmp_path):
     model = build(name)  # float64, norms and biases off their initial values
     data = _Pairs()
@@ -294,6 +296,46 @@ def test_whisper_decoder_inputs_are_shifted_from_the_config(oracle, tmp_path):
     ).train()
     rows = _own_loss_grads(oracle, ref_model, seen[-1])
     ref, _ = oracle.clip_and_sum(rows, 1.0)
+    moved = (before - oracle.flat(params)) * B
+    assert moved.abs().sum() > 0
+    assert (moved - ref).norm() <= 1e-9 * ref.norm(), (moved - ref).norm() / ref.norm()
+
+
+class _Waves(_Speech):
+    """Raw waveforms (a Wav2Vec2 encoder's input_values) and target labels."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.features = torch.randn(N, 400, generator=g, dtype=torch.float64)
+
+    def __getitem__(self, i):
+        return {"input_values": self.features[i], "labels": self.labels[i]}
+
+
+@pytest.mark.filterwarnings("ignore:.*batching rule for aten")
+def test_speech_encoder_decoder_step_is_the_naive_clipped_sum(oracle, tmp_path):
+    """transformers' generic SpeechEncoderDecoderModel (a Wav2Vec2 encoder, a BERT decoder
+    with cross-attention): each example's clipped gradient is that of its own loss."""
+    model = build("wav2vec2_bert")
+    data = _Waves()
+    everything = {"input_values": data.features, "labels": data.labels}
+    c = _own_loss_grads(oracle, model, everything).norm(dim=1).median().item()
+    ref_model = copy.deepcopy(model)
+    params = oracle.trainable(model)
+    before = oracle.flat(params)
+    seen = []
+    DPTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=1, per_device_train_batch_size=B),
+        train_dataset=data,
+        data_collator=_recording(seen),
+        optimizers=(torch.optim.SGD(params, lr=1.0), None),
+        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=1),
+    ).train()
+    rows = _own_loss_grads(oracle, ref_model, seen[-1])
+    assert (rows.norm(dim=1) > c).any() and (rows.norm(dim=1) <= c).any()
+    ref, _ = oracle.clip_and_sum(rows, c)
     moved = (before - oracle.flat(params)) * B
     assert moved.abs().sum() > 0
     assert (moved - ref).norm() <= 1e-9 * ref.norm(), (moved - ref).norm() / ref.norm()

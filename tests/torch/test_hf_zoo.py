@@ -2,11 +2,12 @@
 OPT, GPT-Neo, GPT-NeoX, BLOOM, Falcon, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi, Phi-3,
 StableLM, MPT, GPT-J, GPTBigCode, Mixtral, ELECTRA, DeBERTa-v2, XLM-RoBERTa, MobileBERT,
 ConvBERT, DeiT, DINOv2, CLIP, BEiT, Swin, ConvNeXt, Wav2Vec2, Whisper, BART, mBART,
-Marian, T5, LoRA adapters on six of them) trained through ``make_private``: one
-noise-free step of plain SGD moves the weights by the naive clipped sum (a loop of
-batch-of-one backward passes, each gradient clipped on its own) over the expected batch
-size, or ``make_private`` / the first step refuses the model with a typed error before
-anything is released."""
+Marian, T5, BERT2BERT and Wav2Vec2-to-BERT (EncoderDecoderModel,
+SpeechEncoderDecoderModel), LoRA adapters on six of them) trained through
+``make_private``: one noise-free step of plain SGD moves the weights by the naive
+clipped sum (a loop of batch-of-one backward passes, each gradient clipped on its own)
+over the expected batch size, or ``make_private`` / the first step refuses the model
+with a typed error before anything is released."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from privlearn.errors import (  # noqa: E402
 #: the models whose step is checked in the default suite (the rest are marked slow)
 FAST = {"gpt_neox", "bloom", "falcon", "gemma", "phi3", "electra_mlm", "xlm_roberta_mlm",
         "convnext", "bart_frozen_positions", "t5", "opt", "deberta_v2_cls", "mistral",
-        "beit", "whisper", "opt_lora"}
+        "beit", "whisper", "opt_lora", "bert2bert", "wav2vec2_bert"}
 #: models refused before any release: the error and the words it says
 REFUSED = {
     # tokens dispatched to experts by a router: rows not regrouped into examples
