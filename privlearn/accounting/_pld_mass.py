@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from privlearn.errors import CertificationError
+from privlearn.errors import AccountingError, CertificationError
 
 __all__ = ["mass_at_infinity", "refuse_below_mass_at_infinity"]
 
@@ -23,11 +23,19 @@ def mass_at_infinity(parts, step: Callable) -> float:
 
     ``parts`` are ``(mechanism, count)`` pairs; ``step`` maps a mechanism to its PLD step
     (``.a``, and ``.b`` or None: the pairs of the two directions)."""
+    steps = []
+    for m, k in parts:
+        try:
+            steps.append((step(m), k))
+        except (ArithmeticError, ValueError, AccountingError):
+            # no pair to read (a pure-DP part whose epsilon is too large to form one):
+            # its mass is not counted, a smaller lower bound (the accountant's own path
+            # answers or refuses such a part as before)
+            continue
     out = 0.0
     for direction in (0, 1):
         log_finite = 0.0
-        for m, k in parts:
-            s = step(m)
+        for s, k in steps:
             pair = s.a if direction == 0 or s.b is None else s.b
             log_finite += k * math.log1p(-min(pair.mass_at_infinity, 1.0))
         out = max(out, -math.expm1(log_finite) * (1.0 - 1e-12))
