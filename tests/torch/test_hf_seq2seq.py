@@ -68,14 +68,10 @@ def _own_loss_grads(oracle, model, batch):
     return oracle.grads(loss, batch["labels"].shape[0], oracle.trainable(model))
 
 
-@pytest.mark.parametrize("name", ["bart", "mbart", "marian", "t5_frozen_bias", "bert2bert"])
-@pytest.mark.filterwarnings("ignore:Version v4.12.0 introduces")  # EncoderDecoderModel's labels=
-def test_step_is_the_naive_clipped_sum_of_per_example_losses(name, oracle, tmp_path):
-    model = build(name)  # float64, norms and biases off their initial values
-    data = _Pairs()
-    everything = {"input_ids": data.src, "attention_mask": data.mask, "labels": data.labels}
-    norms = _own_loss_grads(oracle, model, everything).norm(dim=1)
-    c = norms.median().item()  # clips about half the examples
+def _noiseless_step(oracle, tmp_path, model, data, max_grad_norm):
+    """One DPTrainer step without noise (SGD, learning rate 1) on ``data``: a copy of the
+    model before it, its trainable parameters, their values before it, and the batches
+    the trainer drew (the last is the step's)."""
     ref_model = copy.deepcopy(model)
     params = oracle.trainable(model)
     before = oracle.flat(params)
@@ -86,8 +82,20 @@ def test_step_is_the_naive_clipped_sum_of_per_example_losses(name, oracle, tmp_p
         train_dataset=data,
         data_collator=_recording(seen),
         optimizers=(torch.optim.SGD(params, lr=1.0), None),
-        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=1),
+        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=max_grad_norm, seed=1),
     ).train()
+    return ref_model, params, before, seen
+
+
+@pytest.mark.parametrize("name", ["bart", "mbart", "marian", "t5_frozen_bias", "bert2bert"])
+@pytest.mark.filterwarnings("ignore:Version v4.12.0 introduces")  # EncoderDecoderModel's labels=
+def test_step_is_the_naive_clipped_sum_of_per_example_losses(name, oracle, tmp_path):
+    model = build(name)  # float64, norms and biases off their initial values
+    data = _Pairs()
+    everything = {"input_ids": data.src, "attention_mask": data.mask, "labels": data.labels}
+    norms = _own_loss_grads(oracle, model, everything).norm(dim=1)
+    c = norms.median().item()  # clips about half the examples
+    ref_model, params, before, seen = _noiseless_step(oracle, tmp_path, model, data, c)
     batch = seen[-1]  # the batch drawn (after make_private's collations of example 0)
     assert batch["labels"].shape[0] >= 2
     rows = _own_loss_grads(oracle, ref_model, batch)
@@ -211,18 +219,7 @@ def test_targets_padded_with_the_pad_token_are_each_examples_own(oracle, tmp_pat
     step is the clipped sum of each example's loss alone with its target unpadded."""
     model = build("bart")
     data = _PadTargets(model.config.pad_token_id)
-    ref_model = copy.deepcopy(model)
-    params = oracle.trainable(model)
-    before = oracle.flat(params)
-    seen = []
-    DPTrainer(
-        model=model,
-        args=_args(tmp_path, max_steps=1, per_device_train_batch_size=B),
-        train_dataset=data,
-        data_collator=_recording(seen),
-        optimizers=(torch.optim.SGD(params, lr=1.0), None),
-        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=2.0, seed=1),
-    ).train()
+    ref_model, params, before, seen = _noiseless_step(oracle, tmp_path, model, data, 2.0)
     batch = seen[-1]
     rows = torch.tensor(
         [i for i in range(N) if any(torch.equal(data.src[i], s) for s in batch["input_ids"])]
@@ -282,18 +279,7 @@ def test_whisper_decoder_inputs_are_shifted_from_the_config(oracle, tmp_path):
     its forward builds them from labels=."""
     model = build("whisper")
     assert not hasattr(model, "prepare_decoder_input_ids_from_labels")
-    ref_model = copy.deepcopy(model)
-    params = oracle.trainable(model)
-    before = oracle.flat(params)
-    seen = []
-    DPTrainer(
-        model=model,
-        args=_args(tmp_path, max_steps=1, per_device_train_batch_size=B),
-        train_dataset=_Speech(),
-        data_collator=_recording(seen),
-        optimizers=(torch.optim.SGD(params, lr=1.0), None),
-        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=1.0, seed=1),
-    ).train()
+    ref_model, params, before, seen = _noiseless_step(oracle, tmp_path, model, _Speech(), 1.0)
     rows = _own_loss_grads(oracle, ref_model, seen[-1])
     ref, _ = oracle.clip_and_sum(rows, 1.0)
     moved = (before - oracle.flat(params)) * B
@@ -321,18 +307,7 @@ def test_speech_encoder_decoder_step_is_the_naive_clipped_sum(oracle, tmp_path):
     data = _Waves()
     everything = {"input_values": data.features, "labels": data.labels}
     c = _own_loss_grads(oracle, model, everything).norm(dim=1).median().item()
-    ref_model = copy.deepcopy(model)
-    params = oracle.trainable(model)
-    before = oracle.flat(params)
-    seen = []
-    DPTrainer(
-        model=model,
-        args=_args(tmp_path, max_steps=1, per_device_train_batch_size=B),
-        train_dataset=data,
-        data_collator=_recording(seen),
-        optimizers=(torch.optim.SGD(params, lr=1.0), None),
-        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=1),
-    ).train()
+    ref_model, params, before, seen = _noiseless_step(oracle, tmp_path, model, data, c)
     rows = _own_loss_grads(oracle, ref_model, seen[-1])
     assert (rows.norm(dim=1) > c).any() and (rows.norm(dim=1) <= c).any()
     ref, _ = oracle.clip_and_sum(rows, c)
