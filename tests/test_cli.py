@@ -855,11 +855,14 @@ def test_ctrl_c_exits_130_with_one_line(runner: CliRunner, monkeypatch) -> None:
 
 
 def test_sigint_in_a_running_command_exits_130() -> None:
-    """A real SIGINT delivered to ``python -m privlearn`` while a command runs."""
+    """A real SIGINT delivered to ``python -m privlearn`` while a command runs. (The child
+    restores Python's own SIGINT handler first: a process started by one that ignores
+    SIGINT, as a test worker may, inherits the ignoring and would sleep through it.)"""
     import signal
     import time
 
     proc = subprocess.Popen([sys.executable, "-c", (
+        "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "import time, privlearn.cli.accounting as c\n"
         "def slow(*a, **k):\n"
         "    print('ready', flush=True)\n    time.sleep(60)\n"
