@@ -792,7 +792,8 @@ class GradSampleTracker(ClippingMixin):
                 "step() once per chunk; the noise is added once per logical batch), and "
                 "call optimizer.step() after every backward(). Several losses of one "
                 "batch (a GAN discriminator's real and fake terms): add them and call "
-                "backward() once")
+                "backward() once. A gradient penalty (torch.autograd.grad through the "
+                "model, then backward()) is such a second pass: not supported")
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)

@@ -927,3 +927,23 @@ def test_attention_dropout_with_the_probe_trains():
     after = model.state_dict()
     assert not torch.equal(before["0.self_attn.in_proj_weight"],
                            after["0.self_attn.in_proj_weight"])
+
+
+def test_a_gradient_penalty_is_refused_naming_it():
+    """``torch.autograd.grad`` through the model and then ``backward()`` (a gradient
+    penalty) is a second backward pass before the step: refused, the message naming the
+    gradient penalty rather than only gradient accumulation."""
+    from privlearn.errors import TrainingLoopError
+
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 4), torch.randn(32, 1)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=1.0,
+                     max_grad_norm=1.0, sampling="fixed", seed=0)
+    xb, yb = next(iter(p.data_loader))
+    xb.requires_grad_(True)
+    loss = ((p.model(xb) - yb) ** 2).mean()
+    (g,) = torch.autograd.grad(loss, xb, create_graph=True)
+    with pytest.raises(TrainingLoopError, match="gradient penalty"):
+        (loss + g.pow(2).sum()).backward()
