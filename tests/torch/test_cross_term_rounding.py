@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import noiseless_sum_step  # noqa: E402
 
-from privlearn.torch import GradSampleTracker, make_private  # noqa: E402
+from privlearn.torch import GradSampleTracker  # noqa: E402
 from privlearn.torch import grad_sample as _gs  # noqa: E402
 
 MODES = ["auto", "ghost", "materialise"]
@@ -85,20 +85,7 @@ def test_a_cancelling_shared_layer_is_clipped_in_the_private_step(t, mode, monke
     xx, y = _twice_data(n=n, t=t)
     torch.manual_seed(1)
     model = _Twice(64, 64)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        DataLoader(TensorDataset(xx, y), batch_size=n),
-        noise_multiplier=0.0,
-        max_grad_norm=C,
-        sampling="fixed",
-        loss_reduction="sum",
-        seed=0,
-    )
-    xb, yb = next(iter(p.data_loader))
-    p.optimizer.zero_grad()
-    (p.model(xb) * yb).sum().backward()
-    p.optimizer.step()
+    xb, yb = noiseless_sum_step(model, xx, y, C)
     assert (_twice_true(xb, yb) > 1e3 * C).all()  # every example far above the bound
     got = torch.cat([q.grad.reshape(-1) for q in model.parameters()]).double() * n
     assert got.norm() <= n * C * (1 + 1e-3)

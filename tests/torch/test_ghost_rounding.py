@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import noiseless_sum_step  # noqa: E402
 
-from privlearn.torch import GradSampleTracker, make_private  # noqa: E402
+from privlearn.torch import GradSampleTracker  # noqa: E402
 from privlearn.torch import grad_sample as _gs  # noqa: E402
 
 
@@ -74,20 +74,7 @@ def test_a_cancelling_example_is_clipped_in_the_private_step(oracle):
     ref = nn.Linear(64, 64).double()
     ref.load_state_dict(model.state_dict())
     C = 1e-3
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        DataLoader(TensorDataset(x, y), batch_size=8),
-        noise_multiplier=0.0,
-        max_grad_norm=C,
-        sampling="fixed",
-        loss_reduction="sum",
-        seed=0,
-    )
-    xb, yb = next(iter(p.data_loader))
-    p.optimizer.zero_grad()
-    (p.model(xb) * yb).sum().backward()
-    p.optimizer.step()
+    xb, yb = noiseless_sum_step(model, x, y, C)
     got = oracle.flat(q.grad for q in model.parameters()) * 8  # / expected batch size
     rows = oracle.grads(
         lambda i: (ref(xb[i : i + 1].double()) * yb[i : i + 1].double()).sum(),

@@ -41,3 +41,28 @@ def toy_mlp(d: int = 6, k: int = 3, hidden: int = 8, seed: int = 0, act=None, dt
               *([nn.LayerNorm(hidden)] if norm else []), nn.Linear(hidden, k)]
     model = nn.Sequential(*layers)
     return model if dtype is None else model.to(dtype)
+
+
+def noiseless_sum_step(model, x, y, max_grad_norm: float):
+    """One ``make_private`` step without noise (SGD at learning rate 0, so the clipped sum
+    stays in ``.grad``) on one fixed-size batch of all of ``x, y`` with the loss
+    ``sum(model(x) * y)``: the batch drawn."""
+    from torch.utils.data import DataLoader
+
+    from privlearn.torch import make_private
+
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, y), batch_size=len(x)),
+        noise_multiplier=0.0,
+        max_grad_norm=max_grad_norm,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    (p.model(xb) * yb).sum().backward()
+    p.optimizer.step()
+    return xb, yb
