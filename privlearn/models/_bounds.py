@@ -92,6 +92,23 @@ def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
     return arr
 
 
+def _one_value_per_record(owner: str, name: str, values: Any) -> np.ndarray:
+    """``values`` as a 1-D float array of one value per record: a 1-D array, or a single
+    column ``(n, 1)``. Any other shape is refused (:class:`~privlearn.errors.
+    ParameterValueError`): flattening ``(n, k)`` would let one record move ``k``
+    entries, so the count utility would change by ``k``, not 1, and the release would be
+    ``k epsilon``-DP, not ``epsilon``-DP (McSherry & Talwar 2007, Theorem 6)."""
+    arr = _finite_numbers(owner, name, values)
+    if arr.ndim > 1 and not (arr.ndim == 2 and arr.shape[1] == 1):
+        raise ParameterValueError(
+            f"{owner}: {name} must hold one value per record (a 1-D array, or one column "
+            f"of shape (n, 1)), got shape {arr.shape}: flattened, one record would move "
+            f"{int(np.prod(arr.shape[1:]))} of the values and the release would not be "
+            "epsilon-DP. Pass one column at a time (each call costs epsilon; compose their "
+            "mechanisms), or a per-record summary such as the row norms (choose_x_bound)")
+    return arr.ravel()
+
+
 def private_quantile(
     values,
     q: float,
@@ -115,6 +132,11 @@ def private_quantile(
     (float, Mechanism)
         The released quantile and what ran, ``PureDP(epsilon)``.
     """
+    if np.ndim(q) != 0 and not isinstance(q, str):
+        raise ParameterTypeError(
+            f"q must be one number in [0, 1], got {q!r}: each quantile is its own release "
+            "of epsilon; call private_quantile once per quantile and compose their "
+            "mechanisms (privlearn.accounting.compose)")
     if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
         raise ParameterValueError(f"q must be in [0, 1], got {q!r}")
     eps = _v.check_positive("epsilon", epsilon)
@@ -123,7 +145,7 @@ def private_quantile(
         n_candidates < 2
     ):
         raise ParameterValueError(f"n_candidates must be an integer >= 2, got {n_candidates!r}")
-    v = _finite_numbers("private_quantile", "values", values).ravel()
+    v = _one_value_per_record("private_quantile", "values", values)
     rng = make_rng(random_state)
     return _em_quantile(v, float(q), eps, lower, upper, int(n_candidates), rng), PureDP(eps)
 
@@ -150,7 +172,7 @@ def choose_y_bound(
 ) -> tuple[float, Mechanism]:
     """A private ``y_bound``: the ``quantile`` of ``|y|``, in ``(0, max_bound]``.
     ``(epsilon, 0)``-DP; returns ``(y_bound, PureDP(epsilon))``."""
-    y = _finite_numbers("choose_y_bound", "y", y).ravel()
+    y = _one_value_per_record("choose_y_bound", "y", y)
     mb = _v.check_positive("max_bound", max_bound)
     b, m = private_quantile(np.abs(y), quantile, epsilon, 0.0, mb, random_state=random_state)
     return max(b, mb / 1024), m

@@ -147,6 +147,34 @@ def test_private_quantile_and_bounds():
         private_quantile(v, 1.5, 1.0, 0.0, 1.0)
 
 
+def test_private_quantile_refuses_several_values_per_record():
+    """One record is one row: a 2-D ``values`` (or ``y``) of k > 1 columns was flattened,
+    so removing one row moved k entries, the count utility changed by k and the release
+    was k epsilon-DP while PureDP(epsilon) was reported. The exact output law of the
+    flattened mechanism on two neighbours shows it; a column (n, 1) is one value per
+    record and still accepted."""
+    from privlearn.errors import ParameterTypeError
+
+    def law(values, eps, grid):  # the exponential mechanism's output law, by hand
+        u = -np.abs((values[:, None] <= grid).sum(0) - 0.5 * values.size)
+        p = np.exp(0.5 * eps * (u - u.max()))
+        return p / p.sum()
+
+    grid = np.linspace(0.0, 1.0, 1024)
+    rows = np.tile(np.r_[np.zeros(4), np.ones(5)][:, None], (1, 3))  # 9 rows of 3
+    ratio = law(rows.ravel(), 1.0, grid) / law(rows[1:].ravel(), 1.0, grid)
+    assert np.abs(np.log(ratio)).max() > 1.4  # the flattened release is not 1.0-DP
+    for call in (lambda v: private_quantile(v, 0.5, 1.0, 0.0, 1.0),
+                 lambda v: choose_y_bound(v, 1.0, 1.0)):
+        with pytest.raises(ParameterValueError, match=r"one value per record.*\(9, 3\)"):
+            call(rows)
+    col = rows[:, :1]
+    assert (private_quantile(col, 0.5, 1.0, 0.0, 1.0, random_state=3)[0]
+            == private_quantile(col.ravel(), 0.5, 1.0, 0.0, 1.0, random_state=3)[0])
+    with pytest.raises(ParameterTypeError, match="once per quantile"):
+        private_quantile(col, [0.25, 0.75], 1.0, 0.0, 1.0)
+
+
 @pytest.mark.parametrize("call, name", [
     (lambda v: private_quantile(v, 0.5, 1.0, 0.0, 1.0), "values"),
     (lambda v: choose_x_bound(v.reshape(-1, 2), 1.0, 2.0), "X"),
