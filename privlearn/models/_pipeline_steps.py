@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sklearn.pipeline import Pipeline
+
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
-__all__ = ["check_steps"]
+__all__ = ["check_steps", "pipeline_getitem"]
 
 _EXAMPLE = "e.g. steps=[('scale', PrivateStandardScaler(...)), ('model', DPSGDClassifier(...))]"
 
@@ -46,3 +48,24 @@ def check_steps(owner: str, steps: Any) -> None:
                 f"{owner}: steps[{i}] must be a (name, estimator) pair with a str name, "
                 f"got {step!r} in steps={steps!r}; {_EXAMPLE}"
             )
+
+
+def pipeline_getitem(pipe: Any, ind: Any) -> Any:
+    """``PrivatePipeline.__getitem__``: a step (by position or name), or, for a slice, a
+    sub-pipeline of the same class with the pipeline's parameters.
+
+    scikit-learn's ``Pipeline.__getitem__`` builds the slice from ``steps``, ``memory``
+    and ``verbose`` only, so ``pipe[:-1]`` lost ``delta``, ``public_steps`` and
+    ``accountant`` (a refit refused a public step, and accounted with another
+    accountant) and had no ``epsilon_``. Slicing a fitted pipeline accounts the slice:
+    its ``mechanism_`` is the composition of the sliced steps' mechanisms, at the
+    pipeline's ``delta`` (or the sum of the sliced steps' ``delta_``).
+    """
+    got = Pipeline.__getitem__(pipe, ind)
+    if not isinstance(ind, slice):
+        return got
+    params = {k: v for k, v in pipe.get_params(deep=False).items() if k != "steps"}
+    sub = type(pipe)(got.steps, **params)
+    if hasattr(pipe, "mechanism_"):
+        sub._account(None if pipe.delta is None else pipe.delta_)
+    return sub

@@ -65,7 +65,7 @@ from privlearn.models._bounds import (
     feature_ranges,
     private_quantile,
 )
-from privlearn.models._pipeline_steps import check_steps
+from privlearn.models._pipeline_steps import check_steps, pipeline_getitem
 from privlearn.models._public_width import public_output_width, refuse_data_dependent_fits
 from privlearn.models.base import (
     PrivateEstimator,
@@ -442,6 +442,8 @@ class PrivatePipeline(Pipeline):
         self.delta = delta
         self.public_steps = public_steps
         self.accountant = accountant
+
+    __getitem__ = pipeline_getitem  # a slice keeps delta, public_steps, accountant
 
     def planned_mechanism(self, X, y=None) -> Mechanism:
         """The mechanism :meth:`fit` will run, from the steps' parameters and the shape

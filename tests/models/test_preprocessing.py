@@ -675,3 +675,31 @@ def test_a_private_step_inside_a_container_step_is_refused_not_left_out_of_epsil
     plain = Pipeline([("prep", step), ("ssp", SSPRegressor(epsilon=1.0))]).fit(X, y)
     with pytest.raises(ParameterTypeError, match="PrivateStandardScaler"):
         pipeline_mechanism(plain, public_steps=("prep",))
+
+
+@pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+def test_a_slice_of_a_pipeline_keeps_its_parameters_and_is_accounted():
+    """scikit-learn's ``Pipeline.__getitem__`` rebuilt a slice from its steps, memory and
+    verbose only: ``pipe[:-1]`` lost delta, public_steps and accountant, and had no
+    epsilon_. A slice keeps them; a slice of a fitted pipeline is the account of its
+    steps, by the pipeline's accountant at its delta."""
+    from privlearn.models import SSPRegressor
+
+    X = np.random.default_rng(0).uniform(-0.5, 0.5, (200, 3))
+    y = X @ np.array([0.5, -0.2, 0.1])
+    pipe = PrivatePipeline(
+        [("scale", PrivateStandardScaler(feature_range=(-1, 1), random_state=1)),
+         ("model", SSPRegressor(x_bound=3.0, random_state=2))],
+        delta=1e-4, public_steps=("encode",), accountant="rdp")
+    head = pipe[:-1]
+    assert isinstance(head, PrivatePipeline) and not hasattr(head, "epsilon_")
+    assert (head.delta, head.public_steps, head.accountant) == (1e-4, ("encode",), "rdp")
+    pipe.fit(X, y)
+    head, scaler = pipe[:-1], pipe.named_steps["scale"]
+    assert head.mechanism_ == scaler.mechanism_ and head.delta_ == 1e-4
+    assert head.epsilon_ == scaler.mechanism_.epsilon(1e-4, "rdp")
+    np.testing.assert_array_equal(head.transform(X[:5]), scaler.transform(X[:5]))
+    assert pipe[-1] is pipe.named_steps["model"] and pipe["scale"] is scaler
+    tail = PrivatePipeline(pipe.steps).fit(X, y)[1:]  # delta=None: the slice's own
+    assert tail.delta_ == pipe.named_steps["model"].delta_
+    assert tail.mechanism_ == pipe.named_steps["model"].mechanism_
