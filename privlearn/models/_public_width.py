@@ -47,6 +47,13 @@ def _explicit_categories(name: str, step: Any, n: int | None) -> list:
             f"{type(step).__name__}(categories=[[...], ...]) with "
             + (f"{n} list(s)" if n is not None else "one list per column"))
     cats = list(cats)
+    bad = [i for i, c in enumerate(cats) if isinstance(c, str) or np.ndim(c) != 1]
+    if bad:
+        raise ParameterValueError(
+            f"pipeline step {name!r} ({type(step).__name__}) has categories with entry "
+            f"{bad[0]} = {cats[bad[0]]!r}: each entry must be the list of the public "
+            "categories of one input column, e.g. categories=[['a', 'b'], [0, 1, 2]]; "
+            "give every column its list (from the schema, not from the data)")
     if n is not None and len(cats) != n:
         raise ParameterValueError(
             f"pipeline step {name!r} ({type(step).__name__}) is given {len(cats)} category "

@@ -343,3 +343,19 @@ def test_public_constant_imputer_is_fitted_alike_on_neighbours():
         public_steps=("impute",))
     fits = [clone(pipe).fit(D).steps[0][1] for D in (X, X_neighbour)]
     assert np.array_equal(fits[0].transform(X_neighbour), fits[1].transform(X_neighbour))
+
+
+def test_a_category_list_that_is_not_a_list_is_refused_naming_its_entry():
+    """``categories=[[...], None]`` (a column left to the data) crashed the planning with
+    a bare ``TypeError: object of type 'NoneType' has no len()`` (scikit-learn's own fit
+    an ``IndexError``); it is a ParameterValueError naming the entry and what to pass."""
+    from privlearn.errors import ParameterValueError
+
+    X = np.zeros((20, 2))
+    for bad in (None, "ab", 3):
+        pipe = PrivatePipeline(
+            [("encode", OneHotEncoder(categories=[[0.0, 1.0], bad], sparse_output=False)),
+             ("model", AdaSSPRegressor(random_state=0))], public_steps=("encode",))
+        with pytest.raises(ParameterValueError,
+                           match=rf"'encode'.*entry 1 = {bad!r}.*one input column"):
+            pipe.planned_mechanism(X, np.zeros(20))
