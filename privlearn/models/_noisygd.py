@@ -347,10 +347,13 @@ class NoisyGDRegressor(_PrivateLinearBase):
                 log_every=plan.log_every, progress=bar.update,
             )
         if not np.all(np.isfinite(theta)):
+            advice = "use a smaller learning_rate"
+            if plan.learning_rate is None and not isinstance(sm, str):
+                advice = (f"it was set from smoothness={sm!r}, too small if below the "
+                          "largest eigenvalue of X^T X: pass a larger public smoothness, "
+                          "leave smoothness='private', or pass a smaller learning_rate")
             raise FloatingPointError(
-                f"NoisyGD diverged (learning_rate={float(np.max(lr)):.3g}); use a smaller "
-                "learning_rate"
-            )
+                f"NoisyGD diverged (learning_rate={float(np.max(lr)):.3g}); {advice}")
         fitted = self._coefficients(theta, plan)
         if plan.reps is not None:
             return fitted

@@ -805,3 +805,20 @@ def test_choose_x_bound_of_extreme_finite_rows_is_quiet():
         warnings.simplefilter("error", RuntimeWarning)
         got = choose_x_bound(np.ldexp(X, 1020), 1.0, 10.0, random_state=0)[0]
     assert got == choose_x_bound(np.ldexp(X, 8), 1.0, 10.0, random_state=0)[0]
+
+
+def test_noisygd_divergence_from_a_given_smoothness_names_it():
+    """A public ``smoothness`` below lambda_max(X^T X) sets too large a learning rate;
+    the divergence said "use a smaller learning_rate", a parameter the user had not set.
+    It names the smoothness it came from and what to pass; an explicit learning rate is
+    still the one named."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, (300, 3))
+    y = X @ np.array([0.5, -0.2, 0.1])
+    assert np.linalg.eigvalsh(X.T @ X)[-1] > 1e-3  # the given smoothness is below it
+    with pytest.raises(FloatingPointError, match=r"smoothness=0\.001.*larger public smoothness"):
+        NoisyGDRegressor(smoothness=1e-3, noise_multiplier=None, n_iter=200,
+                         random_state=0).fit(X, y)
+    with pytest.raises(FloatingPointError, match=r"learning_rate=10\); use a smaller"):
+        NoisyGDRegressor(learning_rate=10.0, noise_multiplier=None, n_iter=200,
+                         random_state=0).fit(X, y)
