@@ -102,7 +102,10 @@ def eps_for_delta(c: dsc.ComposedPLD, delta: float, upper: bool) -> float:
         if extra >= delta:
             raise CertificationError(
                 f"pld: cannot certify delta={delta:g}: the certified error terms already sum "
-                f"to {extra:.3g} (mass at infinity + window tails + roundoff)"
+                f"to {extra:.3g} (mass at infinity + window tails + roundoff); pass a delta "
+                f"above {extra:.3g} (an (epsilon, delta)-DP part is certified only above "
+                "its own delta, e.g. ApproxDP(1.0, 1e-6) at delta 2e-6), or use "
+                "accountant='rdp' where the mechanism has an RDP curve"
             )
     else:
         extra = -c.slack_low

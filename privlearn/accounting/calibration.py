@@ -123,8 +123,15 @@ def calibrate(
                 raise CalibrationError(
                     f"calibration did not converge in {max_evaluations} evaluations"
                 )
+            mechanism = factory(int(x) if integer else x)
+            if not callable(getattr(mechanism, "epsilon", None)):
+                raise ParameterTypeError(
+                    f"factory must return a privlearn Mechanism (an object with an "
+                    f"epsilon(delta, accountant) method), got {mechanism!r} "
+                    f"({type(mechanism).__name__}) for the parameter {x!r}; return e.g. "
+                    "compose(subsample(Gaussian(x), rate=q), steps=T)")
             try:
-                cache[x] = float(factory(int(x) if integer else x).epsilon(delta, accountant))
+                cache[x] = float(mechanism.epsilon(delta, accountant))
             except PrivacyLossOverflowError:
                 # a privacy loss too large to represent (an epsilon above 1e12, or
                 # infinite): counted as infeasible, so the search moves to more noise; a
@@ -191,10 +198,18 @@ def calibrate(
                     raise CalibrationError(_unreachable_message(target, delta, hi / 2.0,
                                                                 eps_of(hi / 2.0)))
             lo = hi / 2.0
-            while feasible(lo):
+            floor = 1.0 if integer else 1e-12
+            while lo >= floor and feasible(lo):
                 lo /= 2.0
-                if lo < (1.0 if integer else 1e-12):
-                    return lo if not integer else max(1, int(lo))
+            if lo < floor:
+                # every parameter halved down to the floor is feasible. Only a checked
+                # one is returned: epsilon decreases in the parameter, so the halved,
+                # unchecked lo can exceed the target
+                if integer:
+                    return 1  # 2 lo = 1 was checked (hi, or in the loop)
+                if feasible(lo):
+                    return lo
+                # else lo (infeasible) and hi (feasible) bracket the target: bisect
         else:
             lo = 1.0
             if not feasible(lo):

@@ -63,6 +63,7 @@ from privlearn.errors import (
     ParameterTypeError,
     ParameterValueError,
     PrivacyLossOverflowError,
+    UnsupportedMechanismError,
 )
 
 __all__ = [
@@ -146,8 +147,9 @@ class Mechanism:
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
-        with _numerical_failure(acc.name, self):
-            return acc.epsilon(self, delta)
+        m = _one_relation(self)
+        with _numerical_failure(acc.name, m), _read_under_replace_one(acc.name, m is not self):
+            return acc.epsilon(m, delta)
 
     def delta_bounds(self, epsilon: float, accountant: str = DEFAULT_ACCOUNTANT) -> PrivacyBound:
         """Upper bound and (where the accountant has one) lower bound on delta(epsilon)."""
@@ -155,15 +157,16 @@ class Mechanism:
         acc = get_accountant(accountant)
         if isinstance(self, Composed) and not self.parts:  # nothing ran: exactly 0-DP
             return PrivacyBound(upper=0.0, lower=0.0, accountant=acc.name)
-        with _numerical_failure(acc.name, self):
-            return acc.delta(self, epsilon)
+        m = _one_relation(self)
+        with _numerical_failure(acc.name, m), _read_under_replace_one(acc.name, m is not self):
+            return acc.delta(m, epsilon)
 
     def rdp(self, orders: float | Sequence[float]):
         """Renyi-DP upper bound ``eps_RDP(alpha)`` at the given order(s) alpha > 1.
 
         Returns a float for a scalar order, else a NumPy array.
         """
-        return get_accountant("rdp").rdp(self, orders)  # type: ignore[attr-defined]
+        return get_accountant("rdp").rdp(_one_relation(self), orders)  # type: ignore[attr-defined]
 
     # -- convenience ------------------------------------------------------------------
     def compose(self, steps: int) -> Composed:
@@ -565,6 +568,71 @@ def subsample(
             "(subsample(m, rate) composed T times)"
         )
     return Subsampled(mechanism, rate, scheme, neighbouring)
+
+
+def _one_relation(mechanism: Mechanism) -> Mechanism:
+    """``mechanism`` with its subsampled parts read under one neighbouring relation.
+
+    A composition of a replace-one part (fixed-size sampling) with a subsampled part
+    stated under add/remove (Poisson sampling) has no guarantee when each part is
+    evaluated under its own relation: a replace-one guarantee says nothing about
+    add/remove neighbours, and the add/remove part costs more under replace-one. The
+    add/remove subsampled parts are read under replace-one
+    (:func:`~privlearn.accounting.registry.as_replace_one`: the same sampling analysed
+    under replace-one; Balle, Barthe & Gaboardi 2018, Section 5), as the ledger counts
+    such releases. Parts that are not subsampled are evaluated as they are (they are how
+    :func:`~privlearn.accounting.as_replace_one` states its own replace-one readings).
+
+    Raises
+    ------
+    UnsupportedMechanismError
+        Subsampled parts under add-only and under remove-only neighbouring (opposite
+        directions: no common guarantee), or a one-sided subsampled part with a
+        replace-one part (a one-sided bound implies nothing about a replacement).
+    """
+    if not isinstance(mechanism, Composed) or len(mechanism.parts) < 2:
+        return mechanism
+    relations = {m.neighbouring for m, _ in mechanism.parts if isinstance(m, Subsampled)}
+    if len(relations) < 2:
+        return mechanism
+    if {Neighbouring.ADD_ONLY, Neighbouring.REMOVE_ONLY} <= relations:
+        raise UnsupportedMechanismError(
+            "this composition mixes subsampled parts under add-only and under remove-only "
+            "neighbouring, which bound opposite directions: its total holds under no "
+            "relation; describe every part under 'add_remove' (or all under one one-sided "
+            "relation)")
+    if Neighbouring.REPLACE_ONE not in relations:
+        return mechanism  # add/remove with one one-sided relation: holds under the latter
+    one_sided = relations & {Neighbouring.ADD_ONLY, Neighbouring.REMOVE_ONLY}
+    if one_sided:
+        raise UnsupportedMechanismError(
+            "this composition mixes replace-one parts (e.g. fixed-size sampling) with "
+            f"subsampled parts under {', '.join(sorted(r.value for r in one_sided))} "
+            "neighbouring, which bound one direction only and imply nothing about a "
+            "replacement: its total holds under no relation; describe those parts under "
+            "'add_remove' or 'replace_one'")
+    from privlearn.accounting.registry import as_replace_one
+
+    return compose(
+        [as_replace_one(m) if isinstance(m, Subsampled)
+         and m.neighbouring is Neighbouring.ADD_REMOVE else m for m, _ in mechanism.parts],
+        steps=[k for _, k in mechanism.parts])
+
+
+@contextlib.contextmanager
+def _read_under_replace_one(accountant: str, converted: bool) -> Iterator[None]:
+    """An accountant's refusal of the replace-one reading of a mixed composition
+    (:func:`_one_relation`) says that the reading is ours, not the caller's."""
+    try:
+        yield
+    except UnsupportedMechanismError as err:
+        if not converted:
+            raise
+        raise UnsupportedMechanismError(
+            "this composition mixes fixed-size (replace-one) and Poisson (add/remove) "
+            "subsampled parts, so its Poisson parts are read under replace-one, which "
+            f"accountant {accountant!r} cannot evaluate ({err}); use accountant='pld', or "
+            "describe every part with one sampling scheme") from err
 
 
 @contextlib.contextmanager

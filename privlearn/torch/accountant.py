@@ -617,7 +617,8 @@ class _Reservation:
 
 def _largest_within(f: Callable[[int], float], cap: float, start: int = 64) -> int:
     """Largest ``k >= 0`` with ``f(k) <= cap`` for non-decreasing ``f``; ``-1`` when even
-    ``f(0) > cap``, ``2**40`` for "unbounded". ``start`` is a guess of the answer (the
+    ``f(0) > cap``; past ``2**40`` steps the last one checked (at least ``2**39``:
+    "unbounded", yet within ``cap``). ``start`` is a guess of the answer (the
     planned number of steps): when it is right, three evaluations settle it."""
     if f(0) > cap:
         return -1
@@ -629,7 +630,7 @@ def _largest_within(f: Callable[[int], float], cap: float, start: int = 64) -> i
         while f(hi) <= cap:
             lo, hi = hi, hi * 2
             if hi > 2**40:
-                return 2**40
+                return lo  # checked within cap (2**40 itself was never evaluated)
     else:
         lo, hi = 0, start
     while hi - lo > 1:

@@ -153,3 +153,13 @@ def test_approx_dp_bracket_holds_the_exact_profile(parts, extra):
     assert m.delta_bounds(b.upper).upper <= delta * (1 + 1e-9)
     grid = compose([m, Gaussian(1e4)]).epsilon_bounds(delta)
     assert grid.upper >= b.lower
+
+
+def test_refusal_at_its_own_delta_says_which_delta_to_pass():
+    from privlearn.errors import CertificationError
+
+    with pytest.raises(CertificationError, match="pass a delta above 1e-06") as info:
+        ApproxDP(1.0, 1e-6).epsilon(1e-6)
+    assert "accountant='rdp'" in str(info.value)
+    # the advice works: just above its own delta the epsilon is (close to) its own
+    assert ApproxDP(1.0, 1e-6).epsilon(2e-6) == pytest.approx(1.0, abs=1e-5)

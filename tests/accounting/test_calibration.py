@@ -175,3 +175,34 @@ def test_a_gaussian_at_delta_zero_is_refused_saying_it_has_no_pure_dp_guarantee(
         calibrate(Gaussian, epsilon=1.0, delta=0.0)
     # a mechanism with a pure-DP guarantee calibrates at delta=0 (Laplace: b = 1 / epsilon)
     assert calibrate(Laplace, epsilon=1.0, delta=0.0) == pytest.approx(1.0, rel=1e-5)
+
+
+@pytest.mark.parametrize("true_sigma", [1.2, 1.7])
+def test_noise_scale_below_the_search_floor_is_checked_not_halved_blindly(true_sigma):
+    # A noise std in absolute units with a tiny sensitivity (1e-12): the feasible stds
+    # reach below the search floor 1e-12. The result must meet the target (the exact
+    # analytic Gaussian epsilon, Balle & Wang 2018) and be tight, not a halved value
+    # that was never evaluated (it returned 9.09e-13, i.e. noise multiplier 0.909).
+    sens, delta = 1e-12, 1e-5
+    target = gaussian_epsilon(true_sigma, delta)
+    std = calibrate(lambda s: Gaussian(s / sens), target, delta, accountant="analytic")
+    assert gaussian_epsilon(std / sens, delta) <= target
+    assert std / sens == pytest.approx(true_sigma, rel=1e-4)
+
+
+def test_constant_feasible_family_returns_a_checked_parameter():
+    seen = []
+
+    def factory(s):
+        seen.append(s)
+        return Gaussian(10.0)
+
+    x = calibrate(factory, 1.0, 1e-5)
+    assert x in seen
+
+
+def test_factory_that_returns_no_mechanism_is_a_typed_error():
+    from privlearn.errors import ParameterTypeError
+
+    with pytest.raises(ParameterTypeError, match="factory must return"):
+        calibrate(lambda s: 1.0 / s, 1.0, 1e-5)

@@ -137,3 +137,16 @@ def test_epsilon_refuses_a_bad_delta_whatever_the_history(history, delta, error)
                          sampling_rate=0.1, max_grad_norm=1.0)
     with pytest.raises(error, match="delta"):
         acct.epsilon(delta)
+
+
+def test_room_past_2_to_the_40_steps_is_a_checked_count():
+    # the doubling search stops past 2**40 steps: what it returns must itself be within
+    # the cap (it returned 2**40, never evaluated, with f(2**40) = 2**0.4 > 1 here)
+    from privlearn.torch.accountant import _largest_within
+
+    def f(k):
+        return k / 2**39.6
+
+    room = _largest_within(f, 1.0)
+    assert f(room) <= 1.0
+    assert room >= 2**39

@@ -34,7 +34,7 @@ from privlearn.accounting import (
 )
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float
-from privlearn.errors import AutodpCalibrationError
+from privlearn.errors import AutodpCalibrationError, ParameterValueError
 
 __all__ = [
     "subsample_epsdelta",
@@ -60,32 +60,87 @@ def _check(eps: Any, delta: Any, *, delta_zero: bool = False) -> tuple[float, fl
     return e, d
 
 
+_U = 2.0**-52  # the float spacing at 1 (twice the unit roundoff)
+
+
+def _log_expm1(x: float) -> float:
+    """``log(e^x - 1)`` for ``x > 0`` without overflow (``-inf`` at 0)."""
+    return x + math.log(-math.expm1(-x)) if x > 0 else -math.inf
+
+
+def _amplified_upper(eps: float, prob: float) -> float:
+    """``log(1 + prob (e^eps - 1))`` rounded up: at least the exact value (plain floats
+    carry a relative error of a few ulps, the log-space form for ``eps > 700`` an
+    absolute one of a few ulps of its terms)."""
+    if prob == 0 or eps == 0:
+        return 0.0
+    if eps <= 700.0:
+        return math.log1p(prob * math.expm1(eps)) * (1.0 + 8.0 * _U)
+    big = math.log(prob) + _log_expm1(eps)  # log(prob (e^eps - 1))
+    val = big + math.log1p(math.exp(-big)) if big > 0 else math.log1p(math.exp(big))
+    return val * (1.0 + 16.0 * _U * (abs(math.log(prob)) + eps + abs(big) + 2.0))
+
+
+def _check_prob(prob: Any, name: str = "prob") -> float:
+    q = as_float(name, prob)
+    if not 0 < q <= 1:
+        raise ParameterValueError(
+            f"{name} must be in (0, 1], got {prob!r}; pass the sampling probability "
+            "(batch size / dataset size)")
+    return q
+
+
 def subsample_epsdelta(eps: Any, delta: Any, prob: Any) -> tuple[float, float]:
     """``(log(1 + prob (e^eps - 1)), prob delta)``: an (eps, delta)-DP mechanism on a
-    Poisson subsample of rate ``prob`` (Li, Qardaji & Su 2012, Theorem 1)."""
+    Poisson subsample of rate ``prob`` (Li, Qardaji & Su 2012, Theorem 1), both rounded
+    up (the guarantee is never understated by floating point)."""
     e, d, q = as_float("eps", eps), as_float("delta", delta), as_float("prob", prob)
     if q == 0:
         return 0.0, 0.0
-    return math.log1p(q * math.expm1(e)), q * d
+    return _amplified_upper(e, q), min(1.0, q * d * (1.0 + 2.0 * _U))
 
 
 def subsample_epsdelta_inverse(eps: Any, delta: Any, prob: Any) -> tuple[float, float]:
-    """The base ``(eps0, delta0)`` whose subsampled guarantee is ``(eps, delta)``."""
-    e, d, q = as_float("eps", eps), as_float("delta", delta), as_float("prob", prob)
-    if not 0 < q <= 1:
-        raise ValueError(f"prob must be in (0, 1], got {prob!r}")
-    return math.log1p(math.expm1(e) / q), min(d / q, 1.0)
+    """The base ``(eps0, delta0)`` whose subsampled guarantee is ``(eps, delta)``, rounded
+    down: ``subsample_epsdelta(eps0, delta0, prob)`` is exactly at most ``(eps, delta)``
+    (Li, Qardaji & Su 2012, Theorem 1, inverted)."""
+    e, d = as_float("eps", eps), as_float("delta", delta)
+    q = _check_prob(prob)
+    if not e > 0:
+        return 0.0, min(d / q * (1.0 - 2.0 * _U), 1.0)
+    ratio = math.expm1(e) / q if e <= 700.0 else math.inf
+    if math.isfinite(ratio):
+        e0 = math.log1p(ratio) * (1.0 - 8.0 * _U)
+    else:  # log space: log((e^eps - 1) / prob) overflows floats
+        big = _log_expm1(e) - math.log(q)
+        e0 = big + math.log1p(math.exp(-big))
+        e0 = max(0.0, e0 - 8.0 * _U * (e0 + abs(math.log(q)) + e + 2.0))
+    for _ in range(4096):  # certified: the amplified value, rounded up, meets eps
+        if _amplified_upper(e0, q) <= e:
+            break
+        e0 = math.nextafter(e0, 0.0)
+    return e0, min(d / q * (1.0 - 2.0 * _U), 1.0)
 
 
 def subsample_epsdelta_get_prob(eps_target: Any, delta_target: Any, eps_base: Any,
                                 delta_base: Any) -> float:
-    """The largest rate at which ``(eps_base, delta_base)`` amplifies to the target."""
+    """The largest rate at which ``(eps_base, delta_base)`` amplifies to the target,
+    rounded down (the amplified guarantee is exactly within the target)."""
     et, dt = as_float("eps_target", eps_target), as_float("delta_target", delta_target)
     eb, db = as_float("eps_base", eps_base), as_float("delta_base", delta_base)
-    q = math.expm1(et) / math.expm1(eb)
+    if not et > 0 or not eb > 0:
+        raise ParameterValueError(
+            f"eps_target and eps_base must be > 0, got eps_target={eps_target!r}, "
+            f"eps_base={eps_base!r}; pass the privacy parameters of the target and of "
+            "the base mechanism")
+    q = min(1.0, math.exp(_log_expm1(et) - _log_expm1(eb)))
     if db > 0:
-        q = min(q, dt / db)
-    return min(1.0, q)
+        q = min(q, dt / db * (1.0 - 2.0 * _U))
+    for _ in range(4096):  # certified: the amplified value, rounded up, meets eps_target
+        if q <= 0 or _amplified_upper(eb, q) <= et:
+            break
+        q = math.nextafter(q, 0.0)
+    return q
 
 
 _MIN_PROB = 1e-12
