@@ -20,9 +20,10 @@ absolute sum). Hence ``|x_v| <= |s_v| + g E_v`` and, as ``|s_v| <= (1 + g) E_v``
 :func:`sum_sq_bound` returns the computed ``|s_v|^2`` plus ``alpha`` times the computed
 ``E_v^2``, with ``alpha`` (:func:`spread_alpha`) covering that term, the rounding of the
 computed ``|s_v|^2`` and ``E_v`` (sums of non-negative terms, a square root) and of the
-bound's own operations: never below ``|x_v|^2``. For an ordinary example (no token
-repeated, rows that do not cancel) ``E_v`` is ``|s_v|``, so the bound over-states the
-squared norm by a relative ``~ 2 (m + 1) u`` (``~ 3 10^-5`` at ``m = 256`` in float32).
+bound's own operations: never below ``|x_v|^2``. A row summed alone (a token used
+once) has ``E_v = |s_v|``: the bound over-states its square by a relative ``~ 2 (m + 1)
+u`` (``~ 3 10^-5`` at ``m = 256`` in float32); ``k`` rows that do not cancel, by about
+``k`` times that; rows that cancel are clipped as if as large as ``E_v``, never less.
 """
 
 from __future__ import annotations

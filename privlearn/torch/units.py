@@ -96,6 +96,7 @@ def group_factor(f, u: RowUnits):
         a, g = f[1], f[2]  # (R, T, d), (R, T, p)
         r, t = a.shape[:2]
         g = as_dtype(g, compute_dtype(g))  # weighted in float32 at least
+        a = as_dtype(a, g.dtype)
         w = u.weight.to(device=g.device, dtype=g.dtype)
         slot = (u.unit_of_row * u.width + u.position).to(a.device)
         A = a.new_zeros(u.units * u.width, t, a.shape[2]).index_copy_(0, slot, a)

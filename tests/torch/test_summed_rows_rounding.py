@@ -145,7 +145,8 @@ def _unit_true(model, x, y, sizes):
 
 @pytest.mark.parametrize("form", ["ghost", "materialise", "embedding"])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
-def test_a_unit_whose_rows_cancel_never_understates(form, reduction, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_unit_whose_rows_cancel_never_understates(form, reduction, dtype, monkeypatch):
     """User-level units: the outer-product layer in ghost form (the rows of a unit laid
     end to end: their Gram matrices), materialised (dense per-row gradients summed per
     unit) and an embedding (the unit's rows of one token summed): never below the
@@ -162,7 +163,9 @@ def test_a_unit_whose_rows_cancel_never_understates(form, reduction, monkeypatch
         sizes = [3, 3, 3]
     monkeypatch.setattr(_gs, "use_ghost", lambda *a, **k: form == "ghost")
     torch.manual_seed(1)
-    model = nn.Embedding(10, 64) if form == "embedding" else _Lin(64, 64)
+    model = (nn.Embedding(10, 64) if form == "embedding" else _Lin(64, 64)).to(dtype)
+    x = x if form == "embedding" else x.to(dtype)
+    y = y.to(dtype)
     weights = torch.tensor(
         [1.0 / k if reduction == "mean" else 1.0 for k in sizes for _ in range(k)]
     )
@@ -183,3 +186,43 @@ def _clone(model):
     import copy
 
     return copy.deepcopy(model)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_ordinary_long_sequences_are_over_stated_by_little(shared):
+    """256 positions over a vocabulary of 50 (tokens repeated ~5 times an example), rows
+    that do not cancel: the bound over-states the squared norm by a relative ~2 (T + 1) u k
+    for a token repeated k times (~3e-4 here)."""
+    v, t, n = 50, 256, 4
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, v, (n, t), generator=gen)
+    if shared:
+        ids = ids[0].expand(n, t)
+    y = torch.randn(n, t, 32, generator=gen)
+    true = _embedding_true(ids, y, v)
+    emb = nn.Embedding(v, 32)
+    tracker = GradSampleTracker(emb, loss_reduction="sum")
+    (emb(ids) * y).sum().backward()
+    _, _, norms = tracker.clipped_sum(1.0)
+    tracker.detach()
+    ratio = norms.double().square() / true.square()
+    assert (ratio >= 1).all() and (ratio <= 1 + 1e-3).all(), ratio
+
+
+@pytest.mark.parametrize("p, d", [(64, 64), (16, 64), (64, 16)])
+@pytest.mark.parametrize("mode", ["ghost", "materialise"])
+def test_a_bias_whose_positions_cancel_adds_what_it_norms(p, d, mode, monkeypatch):
+    """A Linear on sequences: its per-example bias gradient is the sum of the output
+    gradients over the positions, normed as computed. Inputs of zeros (the weight's
+    gradient 0), the positions cancelling: the clipped sum adds those same computed sums,
+    scaled, and so holds at most ``C`` per example (in ghost form with ``p <= d`` it added
+    the scaled positions, which round otherwise: ~9 per example at ``C = 1``)."""
+    monkeypatch.setattr(_gs, "use_ghost", lambda *a, **k: mode == "ghost")
+    x = torch.zeros(2, 3, d)
+    y = torch.stack([_cancelling_rows(p, seed=s) for s in (0, 1)])
+    assert (y.double().sum(1).norm(dim=1) > 5.0).all()
+    torch.manual_seed(1)
+    lin = nn.Linear(d, p)
+    noiseless_sum_step(lin, x, y, 1.0)
+    got = lin.bias.grad.double().norm() * 2  # / expected batch size
+    assert got <= 2 * 1.0 * (1 + 1e-3), got
