@@ -124,11 +124,10 @@ def unit_sq(f, grouped, u: RowUnits) -> torch.Tensor:
     layer's factored per-row gradient ``f`` and its :func:`group_factor` ``grouped``
     (None for a dense ``f``), never below the exact ones: a unit's rows may cancel, and
     the rounding of the sums that form ``G_u`` is bounded (Higham 2002, Lemma 3.1) as an
-    example's own is --
-    outer products by the ghost norm of the rows laid end to end
+    example's own is -- outer products by the ghost norm of the rows laid end to end
     (:func:`~privlearn.torch._ghost_norms.ghost_sq`, the weights' two roundings of each
-    ``w_r g_r`` entry added), embedding rows and dense per-row gradients by the bound
-    on a sum of rows (:mod:`privlearn.torch._summed_rows`)."""
+    ``w_r g_r`` entry added), embedding rows and dense per-row gradients by the bound on
+    a sum of rows (:mod:`privlearn.torch._summed_rows`)."""
     kind = "dense" if grouped is None else grouped[0]
     if kind == "outer":
         a, g = grouped[1], grouped[2]
