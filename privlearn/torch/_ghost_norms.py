@@ -111,7 +111,7 @@ def _gram(x: torch.Tensor, mm, k: int) -> torch.Tensor:
 
 
 def ghost_sq(
-    a: torch.Tensor, g: torch.Tensor, mm=torch.matmul, widen: bool = False
+    a: torch.Tensor, g: torch.Tensor, mm=torch.matmul, widen: bool = False, spread: float = 0.0
 ) -> torch.Tensor:
     """Squared Frobenius norms of ``sum_t g_t a_t^T`` per row, never below the exact ones.
 
@@ -127,6 +127,11 @@ def ghost_sq(
     widen : bool
         Form the Gram matrices in float64 (a wider copy of the records; the tightest
         bound, at the cost of float64 products).
+    spread : float
+        Relative rounding already in the entries of ``g`` (a weight multiplied into them,
+        as a privacy unit's ``w_r g_r``): the exact gradient is then within ``e sum_t |a_t|
+        |g_t|``, ``e = spread / (1 - spread)``, of the one formed from ``g``, and ``(2 e +
+        e^2) U`` is added (``U`` of the module docstring).
 
     Returns
     -------
@@ -147,7 +152,8 @@ def ghost_sq(
     if ga >= 0.25 or gp >= 0.25 or (2 * t + 8) * u >= 0.25:  # no useful bound here:
         # float64, rounded up into the Gram dtype
         return round_up(
-            ghost_sq(a.double(), g.double(), widen=True), torch.float32 if low else a.dtype
+            ghost_sq(a.double(), g.double(), widen=True, spread=spread),
+            torch.float32 if low else a.dtype,
         )
     aa = _gram(a, mm, ka)  # (N, T, T), float32 for half-precision operands
     gg = _gram(g, mm, kg)
@@ -168,7 +174,8 @@ def ghost_sq(
     sums = ((1 + w) * stage * stage - 1) * (1 + ga) * (1 + gp)
     # sq + alpha cap, cap = root^2, in one operation: its scaling and addition round
     # within 4 w cap f (|sq| and the term are at most ~cap f; the square's rounding is in f)
-    alpha = (ga + gp + ga * gp + sums + 4 * w) * f
+    e = spread / (1 - spread)
+    alpha = (ga + gp + ga * gp + sums + 4 * w + (2 * e + e * e) * (1 + 4 * w)) * f
     return torch.addcmul(sq, root, root, value=alpha)
 
 

@@ -24,7 +24,8 @@ sides the layers scale), cleaned in one pass and split into the operands of each
 layer's product (views, in the layouts the products read): three operations a layer
 (scale, clean, copy) become seven for the group, each layer keeping its one product.
 The products and their operands are those of the layers alone (the same values), and
-the biases are summed from the same scaled rows.
+the biases are added from the per-example sums their norms are of (as each layer alone
+adds them).
 """
 
 from __future__ import annotations
@@ -308,9 +309,6 @@ class _Products:
             add_product_(outs[0], left, right, low, dt)
             if k.bias is None:
                 continue
-            if p > d:  # the inputs were scaled: the bias from its per-example rows
-                c0 = c if low else _IN_DTYPE.get(c, dt, lambda c=c: c.to(dt))
-                _addmv_rows_cols(outs[1], k._bias_ps(), k._bias_cols(), c0)
-            else:  # the scaled output gradients, summed as autograd's Linear sums them
-                gs = cols[at[ig]]
-                outs[1].add_(gs.sum(0, dtype=torch.float32) if low else gs.sum(0))
+            # the bias from the per-example sums its norms are of (as the layer alone)
+            c0 = c if low else _IN_DTYPE.get(c, dt, lambda c=c: c.to(dt))
+            _addmv_rows_cols(outs[1], k._bias_ps(), k._bias_cols(), c0)

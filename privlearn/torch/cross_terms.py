@@ -42,8 +42,8 @@ delta)`` of the exact ones (divided out), as ``S_u <= ||a|| ||g||`` for an outer
 and ``S_u <= sqrt(T) ||e||`` for rows (Cauchy-Schwarz: one norm a tensor). The own
 squared norms that are not rounded up (``|g|^2 |a|^2`` of one position, a materialised
 gradient's sum of squares: within ``gamma_L`` of their length ``L``) add ``gamma_L
-S_u^2`` each; ghost norms are rounded up already, and the embedding rule's own squared
-norm is taken as it rounds for an unshared embedding. For an ordinary example ``Q^2`` is
+S_u^2`` each; ghost norms are rounded up already, and so is the embedding rule's own
+squared norm (:mod:`privlearn.torch._summed_rows`). For an ordinary example ``Q^2`` is
 about ``4 T`` times its squared norm, so the over-statement is a relative ``~ 2 c T``
 (about 1% for a tied embedding and head at 512 positions in float32, on top of the own
 ghost norms'; more under TF32 products). Where a length makes the bound useless (``n u``
@@ -223,14 +223,14 @@ def _own_gamma(f, u: float) -> float:
     value from this factor's contribution may be, where ``S`` is tight: ``|g|^2 |a|^2``
     of one position and a materialised gradient's sum of squares, within ``gamma`` of
     their lengths; 0 for an outer factor over several positions (a ghost norm, rounded
-    up) and for embedding rows (their rule's own rounding, as for an unshared
-    embedding)."""
+    up) and for embedding rows over several positions (their rule's own squared norm,
+    rounded up too)."""
     f = _orient(f)
     if f[0] == "outer":
         t = f[1].shape[1]
         return 0.0 if t > 1 else _gamma(f[1].shape[2] + f[2].shape[2] + 2, u)
-    if f[0] == "rows":
-        return 0.0
+    if f[0] == "rows":  # one position: a plain sum of squares
+        return 0.0 if f[1].shape[1] > 1 else _gamma(f[2].shape[2] + 1, u)
     return _gamma(_numel(f[1]) + 1, u)
 
 

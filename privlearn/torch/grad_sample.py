@@ -603,11 +603,8 @@ class OuterProduct(Contribution):
             else:
                 w = torch.einsum("bgtp,bgtd->gpd", gc, a).reshape(G * p, d)
         out = [w.reshape(self.weight.shape)]
-        if self.bias is not None:
-            if gc is not None and G == 1:  # same summation order as autograd's Linear
-                out.append(gc.reshape(b * t, p).sum(0).view(self.bias.shape))
-            else:
-                out.append(row_scaled(self._bias_ps(), c).sum(0).view(self.bias.shape))
+        if self.bias is not None:  # the per-example sums it norms (see accumulate_into)
+            out.append(row_scaled(self._bias_ps(), c).sum(0).view(self.bias.shape))
         return out
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
@@ -634,23 +631,17 @@ class OuterProduct(Contribution):
         c = c.to(self._dtype)
         shape = (d, p) if self.transposed else (p, d)
         o = o if o.shape == shape else o.view(shape)
-        if k >= b:  # one chunk: the weights on the narrower side, the bias from its rows
-            g2 = self._add_weighted_(o, self.g, self.a, c, p, d)
-            if self.bias is not None:
-                if p > d:
-                    _addmv_cols(outs[1], self._bias_cols(), c)
-                else:
-                    outs[1].add_(g2.sum(0))
-            return
-        for s in range(0, b, k):
-            cs = c[s:s + k]
-            g2 = self._add_weighted_(o, as_dtype(self._g[s:s + k], self._dtype),
-                                     as_dtype(self._a[s:s + k], self._dtype), cs, p, d)
-            if self.bias is not None:
-                if p > d:
-                    outs[1].view(p).add_(cs @ g2.reshape(cs.shape[0], t, p).sum(1))
-                else:
-                    outs[1].view(p).add_(g2.sum(0))
+        # the bias from the per-example sums over positions its norms are of (the scaled
+        # positions summed instead round otherwise: rows built to cancel then added more
+        # than the clipping bound)
+        if k >= b:  # one chunk: the weights on the narrower side
+            self._add_weighted_(o, self.g, self.a, c, p, d)
+        else:
+            for s in range(0, b, k):
+                self._add_weighted_(o, as_dtype(self._g[s:s + k], self._dtype),
+                                    as_dtype(self._a[s:s + k], self._dtype), c[s:s + k], p, d)
+        if self.bias is not None:
+            _addmv_cols(outs[1], self._bias_cols(), c)
 
     def _accumulate_flat(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         """:meth:`accumulate_into` of a ghost layer (one group, one chunk) from the 2-D
@@ -668,24 +659,18 @@ class OuterProduct(Contribution):
         dt = self._dtype
         c0 = c if self._low else c.to(dt)
         c = low_factors(c, dt) if self._low else c0
-        gs = gst = None
         if p > d:  # the inputs are the narrower side
             # in dt (the factors' dtype); scaled as the transpose the matmul reads
             left, right = ((token_scaled_t(st, c, t), _finite(as_dtype(g2, dt)))
                            if self.transposed
                            else (_finite(as_dtype(lt, dt)), token_scaled(a2, c, t)))
         elif self.transposed:
-            left, right = _finite(as_dtype(lt, dt)), (gs := token_scaled(g2, c, t))
+            left, right = _finite(as_dtype(lt, dt)), token_scaled(g2, c, t)
         else:
-            left, right = (gst := token_scaled_t(st, c, t)), _finite(as_dtype(a2, dt))
+            left, right = token_scaled_t(st, c, t), _finite(as_dtype(a2, dt))
         add_product_(outs[0], left, right, self._low, dt)
-        if self.bias is None:
-            return
-        if gs is None and gst is None:
+        if self.bias is not None:  # the per-example sums it norms (see accumulate_into)
             _addmv_rows_cols(outs[1], self._bias_ps(), self._bias_cols(), c0)
-        else:  # same summation as autograd's Linear
-            k, gs = (0, gs) if gst is None else (1, gst)
-            outs[1].add_(gs.sum(k, dtype=torch.float32) if self._low else gs.sum(k))
 
     def _add_weighted_(self, o: torch.Tensor, g: torch.Tensor, a: torch.Tensor,
                        c: torch.Tensor, p: int, d: int) -> torch.Tensor:

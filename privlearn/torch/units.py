@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from privlearn.torch.cross_terms import _dense, _orient, cross_term
-from privlearn.torch.grad_sample import Contribution
+from privlearn.torch._ghost_norms import _U32, _U64, _gamma, ghost_sq
+from privlearn.torch._summed_rows import dense_sum_sq, rows_sq
+from privlearn.torch.cross_terms import _dense, _orient
+from privlearn.torch.grad_sample import Contribution, as_dtype, compute_dtype
 
 __all__ = ["RowUnits", "Grouped"]
 
@@ -93,6 +95,8 @@ def group_factor(f, u: RowUnits):
     if kind == "outer":
         a, g = f[1], f[2]  # (R, T, d), (R, T, p)
         r, t = a.shape[:2]
+        g = as_dtype(g, compute_dtype(g))  # weighted in float32 at least
+        a = as_dtype(a, g.dtype)
         w = u.weight.to(device=g.device, dtype=g.dtype)
         slot = (u.unit_of_row * u.width + u.position).to(a.device)
         A = a.new_zeros(u.units * u.width, t, a.shape[2]).index_copy_(0, slot, a)
@@ -102,6 +106,7 @@ def group_factor(f, u: RowUnits):
     if kind == "rows":
         ids, e, v = f[1], f[2], f[3]
         r, t = ids.shape
+        e = as_dtype(e, compute_dtype(e))
         w = u.weight.to(device=e.device, dtype=e.dtype)
         slot = (u.unit_of_row * u.width + u.position).to(ids.device)
         I = ids.new_zeros(u.units * u.width, t).index_copy_(0, slot, ids)
@@ -112,6 +117,28 @@ def group_factor(f, u: RowUnits):
     w = u.weight.to(device=d.device, dtype=d.dtype).view(-1, *[1] * (d.dim() - 1))
     return ("dense", d.new_zeros(u.units, *d.shape[1:]).index_add_(
         0, u.unit_of_row.to(d.device), d * w))
+
+
+def unit_sq(f, grouped, u: RowUnits) -> torch.Tensor:
+    """Squared norms of the units' gradients ``G_u = sum_{r in u} w_r g_r`` from a
+    layer's factored per-row gradient ``f`` and its :func:`group_factor` ``grouped``
+    (None for a dense ``f``), never below the exact ones: a unit's rows may cancel, and
+    the rounding of the sums that form ``G_u`` is bounded (Higham 2002, Lemma 3.1) as an
+    example's own is -- outer products by the ghost norm of the rows laid end to end
+    (:func:`~privlearn.torch._ghost_norms.ghost_sq`, the weights' two roundings of each
+    ``w_r g_r`` entry added), embedding rows and dense per-row gradients by the bound on
+    a sum of rows (:mod:`privlearn.torch._summed_rows`)."""
+    kind = "dense" if grouped is None else grouped[0]
+    if kind == "outer":
+        a, g = grouped[1], grouped[2]
+        wide = _U64 if g.dtype == torch.float64 else _U32
+        return ghost_sq(as_dtype(a, g.dtype), g, torch.bmm, spread=_gamma(2, wide))
+    if kind == "rows":
+        return rows_sq(grouped[1], grouped[2], grouped[3])
+    d = _dense(_orient(f))
+    d = as_dtype(d, compute_dtype(d))
+    w = u.weight.to(device=d.device, dtype=d.dtype).view(-1, *[1] * (d.dim() - 1))
+    return dense_sum_sq(d * w, u.unit_of_row.to(d.device), u.units, max(u.width, 1))
 
 
 class Grouped(Contribution):
@@ -131,7 +158,15 @@ class Grouped(Contribution):
         return self._factors[j]
 
     def param_sq_norms(self) -> list[torch.Tensor]:
-        return [cross_term(self.factor(j), self.factor(j)) for j in range(len(self.params))]
+        """The units' squared norms per parameter, never below the exact ones (the rows
+        of a unit may cancel: see :func:`unit_sq`)."""
+        out = []
+        for j in range(len(self.params)):
+            f = self.inner.factor(j)
+            # a dense form is summed over the unit's rows there (with its norms)
+            grouped = self.factor(j) if _orient(f)[0] in ("outer", "rows") else None
+            out.append(unit_sq(f, grouped, self.units))
+        return out
 
     def sq_norms(self) -> torch.Tensor:
         if self._sq is None:

@@ -10,6 +10,8 @@ import math
 import torch
 from torch import nn
 
+from privlearn.torch._summed_rows import rows_sq, spread_alpha, sum_sq_bound, unit_roundoff
+from privlearn.torch._summed_rows import segments as _segments
 from privlearn.torch.grad_sample import (
     Contribution,
     Layout,
@@ -58,27 +60,26 @@ class EmbeddingContribution(Contribution):
         return self._sq
 
     def _compute_sq_norms(self) -> torch.Tensor:
+        """Never below the exact squared norms: the rows of a token an example repeats
+        are summed before squaring, and their sum's rounding is bounded
+        (:mod:`privlearn.torch._summed_rows`)."""
         b, ids, g = self.b, self.ids, self.g
         V, D = self.weight.shape
         if b == 0:
             return g.new_zeros(0)
         if ids.shape[1] == 1:
             return g.pow(2).sum((1, 2))
-        if self._shared_ids():  # one id row for every example (position ids, token types)
-            # the positions holding equal ids summed first (distinct ids: a copy of g)
+        t = ids.shape[1]
+        alpha = spread_alpha(t, D, D + t, t, unit_roundoff(g.dtype))
+        if self._shared_ids() and alpha < float("inf"):
+            # one id row for every example (position ids, token types): the positions
+            # holding equal ids summed first (distinct ids: a copy of g), and their norms
             seg = _segments(ids[0])
-            agg = g.new_zeros(b, ids.shape[1], D).index_add_(1, seg, g)
-            return row_sq_norms(agg.reshape(b, -1))
-        n = ids.numel()
-        keys = (torch.arange(b, device=ids.device) * V).unsqueeze(1) + ids
-        seg = _segments(keys.reshape(-1))  # one segment per distinct (example, id)
-        # segment sums by the (sort-based) kernel autograd uses for Embedding: several
-        # times faster on CPU than index_add_; n segments at most (a static bound: the
-        # unused ones stay zero)
-        sq = row_sq_norms(segment_sum(g.reshape(-1, D), seg, n))
-        example = torch.arange(n, device=ids.device) // ids.shape[1]
-        owner = torch.zeros_like(seg).scatter_(0, seg, example)  # example of each segment
-        return g.new_zeros(b).index_add_(0, owner, sq)
+            agg = g.new_zeros(b, t, D).index_add_(1, seg, g)
+            spread = g.new_zeros(b, t).index_add_(1, seg, torch.linalg.vector_norm(g, dim=2))
+            sq = row_sq_norms(agg.reshape(b * t, D)).view(b, t)
+            return sum_sq_bound(sq, spread, alpha).sum(1)
+        return rows_sq(ids, g, V)
 
     def _shared_ids(self) -> bool:
         """Whether every example looked up the same ids: an id row broadcast over the
@@ -113,20 +114,6 @@ class EmbeddingContribution(Contribution):
         keys = (torch.arange(b, device=ids.device).unsqueeze(1) * V + ids).reshape(-1)
         out.index_add_(0, keys, g.reshape(-1, D))
         return [out.view(b, V, D)]
-
-
-def _segments(keys: torch.Tensor) -> torch.Tensor:
-    """Segment index of each entry of the 1-D ``keys``: equal keys share one, numbered
-    from 0 in sorted order (what ``torch.unique(return_inverse=True)`` returns as the
-    inverse), computed with fixed-size operations only, so nothing is read back from the
-    device (the number of distinct keys is never needed: ``len(keys)`` bounds it)."""
-    if keys.numel() == 0:
-        return keys
-    sorted_keys, order = torch.sort(keys)
-    new = torch.cat([torch.ones(1, dtype=torch.long, device=keys.device),
-                     (sorted_keys[1:] != sorted_keys[:-1]).long()])
-    seg = torch.cumsum(new, 0) - 1
-    return torch.empty_like(seg).scatter_(0, order, seg)
 
 
 @register_rule(nn.Embedding)
