@@ -67,6 +67,7 @@ from privlearn.models._bounds import (
 )
 from privlearn.models._pipeline_steps import check_steps, pipeline_getitem
 from privlearn.models._public_width import public_output_width, refuse_data_dependent_fits
+from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -545,6 +546,7 @@ class PrivatePipeline(Pipeline):
                 state = dict(vars(step))
                 try:
                     with quiet_data_checks():  # the step warns when it is fitted
+                        refuse_bad_schema(step, placeholder, y)
                         step._check_data(placeholder, y, plan)
                 finally:
                     step.__dict__.clear()
