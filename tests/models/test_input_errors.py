@@ -197,12 +197,14 @@ def test_a_later_step_s_refusal_comes_before_the_first_step_releases(bad, tmp_pa
 def test_a_pipeline_that_cannot_be_planned_past_a_public_step_still_fits():
     """A public step that changes the number of features ends the checks before the
     fit (the next step's input shape is unknown): the pipeline fits as before."""
-    from sklearn.decomposition import PCA
+    from sklearn.preprocessing import SplineTransformer
 
     X, y = _data()
-    pipe = M.PrivatePipeline([("pca", PCA(2)), ("ssp", M.SSPRegressor(random_state=0))],
-                             public_steps=("pca",)).fit(X, y)
-    assert pipe.named_steps["ssp"].coef_.shape == (2,)
+    knots = np.linspace(-1.0, 1.0, 3)[:, None] * np.ones((1, 3))  # public knots
+    pipe = M.PrivatePipeline([("spline", SplineTransformer(knots=knots, degree=1)),
+                              ("ssp", M.SSPRegressor(random_state=0))],
+                             public_steps=("spline",)).fit(X, y)
+    assert pipe.named_steps["ssp"].coef_.shape == (9,)
 
 
 @pytest.mark.parametrize("make, attr", [
