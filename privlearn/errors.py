@@ -411,7 +411,9 @@ class NonFiniteInputError(ValueError):
     """An example's input (or, with no loss scaler in use, its per-example gradient) is
     not finite (NaN or inf); raised before the step, nothing released, naming the input
     and the example. The estimators of :mod:`privlearn.models` raise it for a NaN or an
-    infinity in ``X`` or ``y``, before anything is released (nothing spent on a ledger)."""
+    infinity in ``X`` or ``y``, before anything is released (a ledger reservation made
+    before the data was read is still charged in full: whether the data is refused
+    depends on its values, which a cancelled entry would reveal)."""
 
 
 class TrainingLoopError(RuntimeError):

@@ -16,12 +16,12 @@ import numbers
 from typing import Any
 
 import numpy as np
-from sklearn.base import OneToOneFeatureMixin
+from sklearn.base import OneToOneFeatureMixin, clone
 from sklearn.utils import get_tags
 
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import BatchDependenceError, ParameterTypeError, ParameterValueError
 
-__all__ = ["public_output_width", "refuse_data_dependent_fits", "refuse_learned_categories"]
+__all__ = ["probe_width", "public_output_width"]
 
 
 def _unplannable(name: str, step: Any, why: str) -> ParameterTypeError:
@@ -32,7 +32,8 @@ def _unplannable(name: str, step: Any, why: str) -> ParameterTypeError:
         "output is fixed by their parameters: OneHotEncoder(categories=[[...], ...]) with "
         "the category lists of the schema (not learned from the data), a ColumnTransformer "
         "of them with columns given by position or name, steps that need no fitting "
-        "(FunctionTransformer), or one-to-one transformers; or put the step last")
+        "(FunctionTransformer), constant imputation, polynomial features or random "
+        "projections with an integer n_components; or put the step last")
 
 
 def _explicit_categories(name: str, step: Any, n: int | None) -> list:
@@ -129,6 +130,28 @@ def _column_indices(name: str, ct: Any, cols: Any, n: int,
     return out
 
 
+def _shape_only_width(step: Any, n: int) -> int | None:
+    """The width of a step whose fit reads the number of columns only (the allow-list of
+    :mod:`privlearn.models._public_fits`): a constant imputation and one indicator per
+    column keep ``n``; a random projection outputs ``n_components``; polynomial features,
+    fitted on one row of zeros (its fit reads the shape only), give their count. None for
+    any other step."""
+    from sklearn.impute import MissingIndicator, SimpleImputer
+    from sklearn.preprocessing import PolynomialFeatures
+    from sklearn.random_projection import BaseRandomProjection
+
+    if (type(step) is SimpleImputer and step.strategy == "constant"
+            and not step.add_indicator) or (
+            type(step) is MissingIndicator and step.features == "all"):
+        return n
+    if isinstance(step, BaseRandomProjection) and isinstance(step.n_components,
+                                                             numbers.Integral):
+        return int(step.n_components)
+    if type(step) is PolynomialFeatures:
+        return int(clone(step).fit(np.zeros((1, n))).n_output_features_)
+    return None
+
+
 def public_output_width(name: str, step: Any, n: int, names: list[str] | None = None,
                         probe: Any = None) -> int:
     """The number of columns ``step`` outputs for an input of ``n`` columns (named
@@ -137,8 +160,9 @@ def public_output_width(name: str, step: Any, n: int, names: list[str] | None = 
     ``probe(step, n)`` gives the width of a step that needs no fitting (applied to public,
     data-independent rows). Handled: ``"passthrough"``/``None`` and ``"drop"``,
     one-to-one transformers, ``OneHotEncoder`` / ``OrdinalEncoder`` with explicit
-    categories, ``ColumnTransformer``, ``FeatureUnion`` and scikit-learn ``Pipeline`` of
-    these, and steps that need no fitting. Anything else raises
+    categories, the steps of :func:`_shape_only_width`, ``ColumnTransformer``,
+    ``FeatureUnion`` and scikit-learn ``Pipeline`` of these, and steps that need no
+    fitting. Anything else raises
     :class:`~privlearn.errors.ParameterTypeError` (its width would come from its fit on
     the data); ``categories="auto"`` raises :class:`~privlearn.errors.ParameterValueError`
     saying to pass the category lists.
@@ -158,6 +182,9 @@ def public_output_width(name: str, step: Any, n: int, names: list[str] | None = 
         return n
     if isinstance(step, OneToOneFeatureMixin):
         return n
+    shape_only = _shape_only_width(step, n)
+    if shape_only is not None:
+        return shape_only
     if isinstance(step, ColumnTransformer):
         used: set[int] = set()
         width = 0
@@ -187,118 +214,49 @@ def public_output_width(name: str, step: Any, n: int, names: list[str] | None = 
                        "fitted on")
 
 
-def refuse_learned_categories(name: str, step: Any) -> None:
-    """Refuse (:class:`~privlearn.errors.ParameterValueError`) a public step that a
-    pipeline fits on the data it is given and that holds an encoder learning its
-    categories there (``OneHotEncoder`` / ``OrdinalEncoder`` with ``categories="auto"``,
-    or grouping infrequent categories by ``min_frequency`` / ``max_categories``): its
-    fitted ``categories_`` (and the columns it outputs) list the values that occur in
-    the private data, a release that no mechanism covers and ``public_steps`` cannot
-    make public."""
-    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder
-
-    found = [(name, step)]
-    if hasattr(step, "get_params") and not isinstance(step, type):
-        found += [(f"{name}__{k}", v) for k, v in step.get_params(deep=True).items()]
-    for where, est in found:
-        if isinstance(est, OneHotEncoder | OrdinalEncoder):
-            _explicit_categories(where, est, None)
+def probe_width(name: str, step: Any, n_features: int) -> int:
+    """The output width of a step that needs no fitting, applied to one row of zeros
+    (data-independent); one that mixes rows is refused (:func:`_refuse_row_mixing`)."""
+    out = clone(step).fit_transform(np.zeros((1, n_features)))  # a sparse matrix too
+    width = out.shape if hasattr(out, "shape") else np.asarray(out).shape
+    _refuse_row_mixing(name, step, n_features)
+    return int(width[1]) if len(width) == 2 else 1
 
 
-def refuse_data_dependent_fits(name: str, step: Any) -> None:
-    """Refuse (:class:`~privlearn.errors.ParameterValueError`) a public step that a
-    pipeline fits on the data it is given when what it learns there follows the private
-    values: an encoder learning its categories (:func:`refuse_learned_categories`), or a
-    ``ColumnTransformer`` whose choice between sparse and dense output would (see
-    :func:`_refuse_data_dependent_sparsity`)."""
-    refuse_learned_categories(name, step)
-    _refuse_learned_imputation(name, step)
-    _refuse_data_dependent_sparsity(name, step)
+def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:
+    """Refuse a step that needs no fitting but whose output row depends on other rows
+    (e.g. ``FunctionTransformer(lambda X: X - X.mean(0))``) before a private step.
 
-
-def _refuse_learned_imputation(name: str, step: Any) -> None:
-    """An imputer that the pipeline fits learns from the private values: a
-    ``SimpleImputer`` with a ``strategy`` other than ``"constant"`` its exact column
-    means, medians or most frequent values (``statistics_``); a ``MissingIndicator``
-    (or ``SimpleImputer(add_indicator=True)``) with ``features="missing-only"`` which
-    columns hold a missing value (``features_``, and so the number of columns it
-    outputs); a ``KNNImputer`` keeps the rows themselves. Refused with what to pass."""
-    from sklearn.impute import KNNImputer, MissingIndicator, SimpleImputer
-
-    found = [(name, step)]
-    if hasattr(step, "get_params") and not isinstance(step, type):
-        found += [(f"{name}__{k}", v) for k, v in step.get_params(deep=True).items()]
-    for where, est in found:
-        why = None
-        if isinstance(est, KNNImputer):
-            why = ("keeps the rows it is fitted on to impute from (the private data, in "
-                   "the released pipeline). Impute with SimpleImputer(strategy='constant', "
-                   "fill_value=<a public value>) instead")
-        elif isinstance(est, SimpleImputer) and est.strategy != "constant":
-            why = (f"has strategy={est.strategy!r}: its statistics_ are the exact "
-                   f"{est.strategy} values of the private columns. Pass "
-                   "strategy='constant' with a public fill_value")
-        elif (isinstance(est, MissingIndicator) and est.features == "missing-only") or (
-                isinstance(est, SimpleImputer) and est.add_indicator):
-            why = ("learns which columns hold a missing value in the private data (its "
-                   "indicator's features_, and so its number of output columns). Pass "
-                   "MissingIndicator(features='all') (one indicator per column), or "
-                   "add_indicator=False")
-        if why is not None:
-            raise ParameterValueError(
-                f"pipeline step {where!r} ({type(est).__name__}) is fitted by the pipeline "
-                f"on the data it is given and {why}; listing it in public_steps does not "
-                "make what it learns public")
-
-
-def _refuse_data_dependent_sparsity(name: str, step: Any) -> None:
-    """A fitted ``ColumnTransformer`` with a sparse block returns a sparse matrix (and
-    records ``sparse_output_ = True``) when the density of its output, the non-zero
-    entries of its sparse blocks over all entries, is below ``sparse_threshold``. A
-    ``OneHotEncoder`` with ``sparse_output=True`` has one non-zero per row and column
-    only with ``drop=None`` and ``handle_unknown="error"``; otherwise a record in the
-    dropped category or with an unknown value has none, so the density counts private
-    values and one record can move it across the threshold: ``sparse_output_`` (in the
-    released pipeline) and the type of matrix the next step gets (a private step refusing
-    a sparse one) then differ between neighbouring data sets, a release that no
-    mechanism covers. With ``sparse_threshold > 0`` every transformer it holds must
-    therefore have a fixed output format: dense (``OrdinalEncoder``, one-to-one
-    transformers, ``OneHotEncoder(sparse_output=False)``) or that one-hot encoding; any
-    other (a ``FunctionTransformer``, whose function may return a sparse matrix of the
-    values) is refused too."""
-    from sklearn.compose import ColumnTransformer
-    from sklearn.pipeline import FeatureUnion, Pipeline
-    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder
-
-    found = [(name, step)]
-    if hasattr(step, "get_params") and not isinstance(step, type):
-        found += [(f"{name}__{k}", v) for k, v in step.get_params(deep=True).items()]
-    for where, ct in found:
-        if not isinstance(ct, ColumnTransformer) or not ct.sparse_threshold > 0:
-            continue
-        for key, est in ct.get_params(deep=True).items():
-            if isinstance(est, type) or not hasattr(est, "fit"):
-                continue  # a parameter value, "drop" or "passthrough"
-            if isinstance(est, ColumnTransformer | FeatureUnion | Pipeline):
-                continue  # a container: its transformers are among the items
-            if isinstance(est, OneHotEncoder):
-                if not est.sparse_output or (est.drop is None
-                                             and est.handle_unknown == "error"):
-                    continue
-                what = ("OneHotEncoder, sparse_output=True, "
-                        + (f"drop={est.drop!r}" if est.drop is not None
-                           else f"handle_unknown={est.handle_unknown!r}")
-                        + "), whose number of non-zero entries depends on the values "
-                        "(rows in the dropped category or with an unknown value have none")
-            elif isinstance(est, OrdinalEncoder | OneToOneFeatureMixin):
-                continue  # dense output for the dense X a pipeline is given
-            else:
-                what = (f"{type(est).__name__}), which may return a sparse matrix whose "
-                        "number of non-zero entries depends on the values")
-            raise ParameterValueError(
-                f"pipeline step {where!r} (ColumnTransformer) has sparse_threshold="
-                f"{ct.sparse_threshold!r} and holds {where}__{key} ({what}): whether the "
-                "step returns a sparse or a dense matrix, and its fitted sparse_output_, "
-                "would follow the private data. Pass sparse_threshold=0 (always dense); "
-                "or use OneHotEncoder(sparse_output=False), or drop=None with "
-                "handle_unknown='error'")
+    The private steps' sensitivities assume that adding or removing one record changes
+    one row of their input; a transform that mixes rows changes every row, so the
+    accounted noise would not cover the release. Probed on public, data-independent rows
+    (uniform on [0, 1), so logarithms and square roots stay defined): each row
+    transformed alone must equal its row of the transformed block. A step the probe
+    cannot run is not refused here (its fit on the data says why it fails).
+    """
+    probe = np.random.default_rng(0).uniform(size=(5, n_features))
+    try:
+        with np.errstate(all="ignore"):  # a NaN from the probe is compared, not warned
+            block = np.asarray(clone(step).fit_transform(probe), dtype=float)
+            again = np.asarray(clone(step).fit_transform(probe), dtype=float)
+            alone = [np.asarray(clone(step).fit_transform(probe[i : i + 1]), dtype=float)
+                     for i in range(probe.shape[0])]
+    except Exception:  # noqa: BLE001 - not probed; the pipeline's own fit reports it
+        return
+    if block.ndim == 0 or block.shape[0] != probe.shape[0] or not np.array_equal(
+            block, again, equal_nan=True):
+        # not one output row per input row, or random (a jitter): nothing to compare
+        return
+    rows = block.reshape(probe.shape[0], -1)
+    if all(a.size == rows.shape[1] and np.allclose(a.ravel(), r, rtol=1e-9, atol=1e-12,
+                                                   equal_nan=True)
+           for a, r in zip(alone, rows, strict=True)):
+        return
+    raise BatchDependenceError(
+        f"pipeline step {name!r} ({type(step).__name__}) needs no fitting but transforms "
+        "each row using the other rows (a row transformed alone differs from the same row "
+        "transformed with others, e.g. centring by the column means): adding or removing "
+        "one record would then change every row the next private step sees, beyond the "
+        "sensitivity its noise is calibrated to. Use a row-wise transform (each output "
+        "row a function of its input row only), or PrivateStandardScaler for centring "
+        "and scaling")

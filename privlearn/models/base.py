@@ -15,11 +15,15 @@ scikit-learn's ``_fit_context`` owns validation:
    :class:`~privlearn.errors.BudgetExceededError` and records nothing); a budget per
    another privacy unit than the record is refused first
    (:func:`privlearn.ledger.check_privacy_unit`);
-4. **check the data** (``_check_data``): it reads the data but releases nothing, so if it
-   raises the reservation is settled as "nothing ran";
+4. **check the data** (``_check_data``): it reads the data and releases nothing, but
+   from the reservation on the plan counts as spent in full, whether the checks and the
+   release succeed or raise: a refusal of the data (a NaN, a label outside ``classes``)
+   may depend on one record's values, and a reservation settled as "nothing ran" would
+   tell the ledger's readers so. Mistakes that the data's shape and type decide alone
+   are refused before the reservation and record nothing
+   (:func:`~privlearn.models._schema_gate.refuse_bad_schema`);
 5. **release** (``_release``, the estimator's part): draw the noise and compute the
-   fitted attributes; from here on the plan counts as spent in full, whether it
-   succeeds or raises (an error could depend on the data);
+   fitted attributes;
 6. **settle** the reservation and **record** the fitted attributes with ``mechanism_``,
    ``epsilon_`` (certified, by the plan's accountant) and ``delta_``, all at once.
 
@@ -76,6 +80,7 @@ from privlearn.errors import (
     UnsupportedMechanismError,
 )
 from privlearn.ledger import check_privacy_unit
+from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
 __all__ = [
@@ -235,21 +240,35 @@ class PrivateEstimator(BaseEstimator):
 
     def _run(self, plan: ReleasePlan, X: Any, y: Any, *, label: str | None = None,
              **context: Any) -> dict[str, Any]:
-        """Reserve ``plan`` on the ledger, check the data (cancelling the reservation if
-        that fails), release, and settle the plan in full (also if the release raises).
-        Returns the fitted attributes; sets nothing."""
+        """Refuse data whose schema no fit accepts, reserve ``plan`` on the ledger, check
+        the data, release, and settle the plan in full. Returns the fitted attributes;
+        sets nothing.
+
+        Once reserved, the plan is charged in full whatever happens, a refusal by the data
+        checks included: such a refusal (a NaN, a label outside ``classes``, a clipping
+        warning turned into an error) may depend on the values of one record, and a
+        reservation settled as "nothing ran" would tell every reader of the ledger so.
+        The mistakes that the data's shape and type decide alone are refused before the
+        reservation (:func:`~privlearn.models._schema_gate.refuse_bad_schema`) and
+        record nothing."""
+        refuse_bad_schema(self, X, y)
+        n = self._n_records(X, y)  # from the shape: public, as delta
+        if n is not None and n > 0:
+            # before the reservation: raised as an error, it records nothing
+            warn_if_delta_large(plan.delta, n, stacklevel=5)
         reservation = self._reserve(plan.mechanism, label or type(self).__name__)
         try:
-            X, y = self._check_data(X, y, plan)
-            n = self._n_records(X, y)
-            if n is not None and n > 0:
-                # inside: a warning filtered into an error must cancel the reservation
-                warn_if_delta_large(plan.delta, n, stacklevel=5)
-        except BaseException:
-            if reservation is not None:  # the data was only validated: nothing ran
-                reservation.settle(compose([]))
-            raise
-        try:
+            try:
+                X, y = self._check_data(X, y, plan)
+            except Exception as e:
+                if reservation is not None:
+                    e.add_note(
+                        f"The ledger reservation of this {type(self).__name__} was charged "
+                        "in full: the data was refused after the reservation, and whether "
+                        "it is refused may depend on its values, which the ledger's "
+                        "readers must not learn from a cancelled entry. Check the data "
+                        "before fitting with a ledger.")
+                raise
             return self._release(X, y, plan, **context)
         finally:
             if reservation is not None:

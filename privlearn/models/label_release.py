@@ -366,6 +366,13 @@ class PATE(_LabelReleaseBase):
                           n_teachers=n_teachers)
         return self._release_call(plan, teacher_outputs, "PATE.release")
 
+    _data_name = "teacher_outputs"  # what the refusals of the data call it
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.three_d_array = True  # soft votes (n_teachers, n_queries, C)
+        return tags
+
     def _plan(self, params: dict[str, Any], X, y, *, n_classes: int | None = None,
               n_teachers: int | None = None) -> LabelReleasePlan:
         """Check the votes' shape (orientation, number of classes) and calibrate."""

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.base import MetaEstimatorMixin, clone, is_classifier
+from sklearn.base import MetaEstimatorMixin, clone, is_classifier, is_regressor
 from sklearn.model_selection import ParameterGrid
 from sklearn.utils import get_tags
 from sklearn.utils.metaestimators import available_if
@@ -460,6 +460,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 "give X_val with y_val: without public validation features the search "
                 "scores its runs privately on the training data and would ignore y_val")
         refuse_as_step(self.estimator, "PrivateSearchCV")
+        if y is None and (get_tags(self.estimator).target_tags.required or is_regressor(
+                self.estimator) or is_classifier(self.estimator)):
+            raise ParameterValueError(  # before the reservation: it records nothing
+                f"PrivateSearchCV: {type(self.estimator).__name__} needs y; pass fit(X, y)")
         if params["method"] == "composition" and params["expected_runs"] is not None:
             raise ConfigurationError(
                 f"expected_runs={params['expected_runs']!r} applies to "
@@ -634,13 +638,11 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
 
     def _check_data(self, X, y, plan: SearchPlan):
         """Check ``X`` and ``y`` with the search's and every candidate's own data checks
-        (they read the data and release nothing: a refusal here cancels the search's
-        reservation, where a candidate refusing inside the release would charge the
-        whole search); the candidates get the data as given."""
+        before the release (a refusal here still charges the search's reservation in
+        full, as any refusal of the data after the reservation does: it may depend on
+        the values; the mistakes of shape and type are refused before the reservation);
+        the candidates get the data as given."""
         validate_input(self, X, y, dtype=None)
-        if y is None and get_tags(self.estimator).target_tags.required:
-            raise ParameterValueError(
-                f"PrivateSearchCV: {type(self.estimator).__name__} needs y; pass fit(X, y)")
         with quiet_data_checks():  # each run warns its caller when it is fitted
             for params, fit_plan in zip(plan.grid, plan.fit_plans, strict=False):
                 candidate = self._candidate(params)

@@ -26,7 +26,6 @@ References
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import math
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.base import OneToOneFeatureMixin, TransformerMixin, clone
+from sklearn.base import OneToOneFeatureMixin, TransformerMixin
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
 from sklearn.utils.metaestimators import available_if
@@ -51,7 +50,6 @@ from privlearn.accounting import (
 )
 from privlearn.accounting.registry import pure_epsilon
 from privlearn.errors import (
-    BatchDependenceError,
     ConfigurationError,
     DataClippedWarning,
     ParameterTypeError,
@@ -66,7 +64,10 @@ from privlearn.models._bounds import (
     private_quantile,
 )
 from privlearn.models._pipeline_steps import check_steps, pipeline_getitem
-from privlearn.models._public_width import public_output_width, refuse_data_dependent_fits
+from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
+from privlearn.models._public_width import probe_width as _probe_width
+from privlearn.models._public_width import public_output_width
+from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -390,9 +391,7 @@ def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) ->
             mechs.append(m)
             continue
         _refuse_hidden_release(name, step)
-        if name in public_steps or not get_tags(step).requires_fit:
-            continue
-        else:
+        if name not in public_steps and get_tags(step).requires_fit:
             raise ParameterValueError(
                 f"pipeline step {name!r} ({type(step).__name__}) learned from the data but "
                 "has no mechanism_: it releases exact statistics. Use a private "
@@ -415,14 +414,15 @@ class PrivatePipeline(Pipeline):
     public_steps : tuple of str
         Names of steps whose fitted state may be released without noise (see
         :func:`pipeline_mechanism`). :meth:`fit` fits every step on the data it is given,
-        these included: list a step it fits only if what the step learns reveals nothing
-        about the data (e.g. ``OneHotEncoder(categories=[...])``; an encoder that would
-        learn its categories from the data, ``categories="auto"``, is refused with
-        ``ValueError`` before any step is fitted). A step fitted
-        beforehand on public data is kept as it is when wrapped in
-        ``sklearn.frozen.FrozenEstimator``; passed fitted without it, it is refused
-        (:class:`~privlearn.errors.ConfigurationError`) rather than refitted on the
-        private data.
+        these included, so a public step it fits must provably learn nothing from the
+        values: it must be on the allow-list of :mod:`privlearn.models._public_fits`
+        (``OneHotEncoder(categories=[...])``, ``SimpleImputer(strategy="constant")``,
+        stateless steps, containers of them, ...). Any other (a ``StandardScaler``,
+        ``PCA``, ``TargetEncoder``, an encoder with ``categories="auto"``) is refused
+        with :class:`~privlearn.errors.ConfigurationError` before any step is fitted or
+        any budget reserved. A step fitted beforehand on public data is kept as it is
+        when wrapped in ``sklearn.frozen.FrozenEstimator``; passed fitted without it, it
+        is refused rather than refitted on the private data.
     accountant : str
         Accountant composing the steps (default ``"pld"``: tight composition, so the
         total is at most, and usually below, the sum of the steps' epsilons).
@@ -502,7 +502,9 @@ class PrivatePipeline(Pipeline):
                 yield name, step, placeholder, None, _frozen_release(step)
             else:
                 _refuse_hidden_release(name, step)
-                if name not in public and get_tags(step).requires_fit:
+                if name in public:
+                    refuse_learning_public_fit(name, step)
+                elif get_tags(step).requires_fit:
                     raise _unplanned_step(name, step)
             if last:
                 break
@@ -545,6 +547,7 @@ class PrivatePipeline(Pipeline):
                 state = dict(vars(step))
                 try:
                     with quiet_data_checks():  # the step warns when it is fitted
+                        refuse_bad_schema(step, placeholder, y)
                         step._check_data(placeholder, y, plan)
                 finally:
                     step.__dict__.clear()
@@ -626,10 +629,6 @@ class PrivatePipeline(Pipeline):
         # them if a later step fails (set only once every step is fitted)
         for name in ("mechanism_", "epsilon_", "delta_"):
             self.__dict__.pop(name, None)
-        for step in _refitted_public_steps(self).values():
-            # fitted here from now on: a later fit of this pipeline may refit it
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(step, _FITTED_HERE, True)
         return delta
 
     def _check_budgets(self, X, y) -> None:
@@ -687,7 +686,7 @@ class PrivatePipeline(Pipeline):
                     raise _unplanned_step(name, step)
         refuse_refitting_public_fits(self)
         for name, step in _refitted_public_steps(self).items():
-            refuse_data_dependent_fits(name, step)
+            refuse_learning_public_fit(name, step)
 
 
 def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:
@@ -738,10 +737,6 @@ def _frozen_release(step: Any) -> Mechanism | None:
     return m if isinstance(m, Mechanism) else None
 
 
-#: set on a public step when a PrivatePipeline is about to fit it (on the data it is given)
-_FITTED_HERE = "_privlearn_fitted_by_pipeline"
-
-
 def _refitted_public_steps(pipe: Pipeline) -> dict[str, Any]:
     """``{name: step}`` of the public steps that ``pipe.fit`` fits on the data it is given:
     those that learn from data, other than a ``FrozenEstimator`` (whose ``fit`` keeps the
@@ -755,14 +750,16 @@ def _refitted_public_steps(pipe: Pipeline) -> dict[str, Any]:
 
 def refuse_refitting_public_fits(pipe: Pipeline) -> None:
     """Refuse (:class:`~privlearn.errors.ConfigurationError`) a public step that is
-    already fitted, but not by a pipeline: ``public_steps`` names steps fitted on public
-    data, and the pipeline's ``fit`` would refit it on the private data it is given,
-    releasing what it learns there un-noised (a scaler's exact means). Wrapping it in
-    ``sklearn.frozen.FrozenEstimator`` keeps its public fit."""
+    already fitted and whose fit learns from the data's values: ``public_steps`` named
+    steps fitted on public data, and the pipeline's ``fit`` would refit it on the
+    private data it is given, releasing what it learns there un-noised (a scaler's
+    exact means). Wrapping it in ``sklearn.frozen.FrozenEstimator`` keeps its public
+    fit. A step that learns nothing from the values
+    (:func:`~privlearn.models._public_fits.public_fit_refusal`) is refitted alike."""
     from sklearn.exceptions import NotFittedError
 
     for name, step in _refitted_public_steps(pipe).items():
-        if getattr(step, _FITTED_HERE, False):
+        if public_fit_refusal(name, step) is None:
             continue
         try:
             check_is_fitted(step)
@@ -773,9 +770,7 @@ def refuse_refitting_public_fits(pipe: Pipeline) -> None:
             f"{type(pipe).__name__}.fit fits every step on the data it is given: it would "
             "be refitted on the private data, and what it learns there released "
             "un-noised. To keep its fit on public data, wrap it: "
-            f"({name!r}, sklearn.frozen.FrozenEstimator(step)); to have the pipeline fit "
-            "it (only if what it learns reveals nothing about the data, e.g. "
-            "OneHotEncoder(categories=[...])), pass it unfitted: sklearn.base.clone(step)")
+            f"({name!r}, sklearn.frozen.FrozenEstimator(step))")
 
 
 def _check_public_steps(public_steps: Any) -> tuple[str, ...]:
@@ -805,54 +800,6 @@ def _final_has(pipe: Pipeline, *methods: str, passthrough: bool = False) -> bool
             hasattr(last, m) for m in methods):
         return True
     raise AttributeError(f"the final step {type(last).__name__} has none of {methods}")
-
-
-def _probe_width(name: str, step: Any, n_features: int) -> int:
-    """The output width of a step that needs no fitting, applied to one row of zeros
-    (data-independent); one that mixes rows is refused (:func:`_refuse_row_mixing`)."""
-    out = clone(step).fit_transform(np.zeros((1, n_features)))  # a sparse matrix too
-    width = out.shape if hasattr(out, "shape") else np.asarray(out).shape
-    _refuse_row_mixing(name, step, n_features)
-    return int(width[1]) if len(width) == 2 else 1
-
-
-def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:
-    """Refuse a step that needs no fitting but whose output row depends on other rows
-    (e.g. ``FunctionTransformer(lambda X: X - X.mean(0))``) before a private step.
-
-    The private steps' sensitivities assume that adding or removing one record changes
-    one row of their input; a transform that mixes rows changes every row, so the
-    accounted noise would not cover the release. Probed on public, data-independent rows
-    (uniform on [0, 1), so logarithms and square roots stay defined): each row
-    transformed alone must equal its row of the transformed block. A step the probe
-    cannot run is not refused here (its fit on the data says why it fails).
-    """
-    probe = np.random.default_rng(0).uniform(size=(5, n_features))
-    try:
-        with np.errstate(all="ignore"):  # a NaN from the probe is compared, not warned
-            block = np.asarray(clone(step).fit_transform(probe), dtype=float)
-            again = np.asarray(clone(step).fit_transform(probe), dtype=float)
-            alone = [np.asarray(clone(step).fit_transform(probe[i : i + 1]), dtype=float)
-                     for i in range(probe.shape[0])]
-    except Exception:  # noqa: BLE001 - not probed; the pipeline's own fit reports it
-        return
-    if block.ndim == 0 or block.shape[0] != probe.shape[0] or not np.array_equal(
-            block, again, equal_nan=True):
-        # not one output row per input row, or random (a jitter): nothing to compare
-        return
-    rows = block.reshape(probe.shape[0], -1)
-    if all(a.size == rows.shape[1] and np.allclose(a.ravel(), r, rtol=1e-9, atol=1e-12,
-                                                   equal_nan=True)
-           for a, r in zip(alone, rows, strict=True)):
-        return
-    raise BatchDependenceError(
-        f"pipeline step {name!r} ({type(step).__name__}) needs no fitting but transforms "
-        "each row using the other rows (a row transformed alone differs from the same row "
-        "transformed with others, e.g. centring by the column means): adding or removing "
-        "one record would then change every row the next private step sees, beyond the "
-        "sensitivity its noise is calibrated to. Use a row-wise transform (each output "
-        "row a function of its input row only), or PrivateStandardScaler for centring "
-        "and scaling")
 
 
 def _refuse_hidden_release(name: str, step: Any) -> None:
@@ -894,5 +841,6 @@ def _unplanned_step(name: str, step: Any) -> ParameterTypeError:
         f"pipeline step {name!r} ({type(step).__name__}) learns from the data but has no "
         "planned mechanism: it would release exact statistics, and the pipeline's cost "
         "cannot be known before fitting. Use a privlearn.models.PrivateEstimator step "
-        "(e.g. PrivateStandardScaler for StandardScaler), or list it in public_steps if it "
-        "is fitted on public data")
+        "(e.g. PrivateStandardScaler for StandardScaler), or fit it on public data and "
+        "pass sklearn.frozen.FrozenEstimator(fitted step); public_steps lists only steps "
+        "whose fit learns nothing from the values (privlearn.models._public_fits)")

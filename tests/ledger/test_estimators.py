@@ -124,16 +124,31 @@ def test_label_releases_spend_each_call(ledger):
     assert ledger.history("d") == before and not hasattr(over, "labels_")
 
 
-def test_invalid_input_after_the_reservation_releases_nothing(data, ledger):
-    """Validation reads the data but releases nothing: the reservation is settled as
-    "nothing ran" and the budget is not consumed."""
+def test_a_shape_mistake_is_refused_before_the_reservation(data, ledger):
+    """Lengths that differ are a mistake of the data's public shape: refused before
+    anything is reserved, so the ledger records nothing."""
     X, y = data
     est = AdaSSPRegressor(epsilon=1.0, delta=1e-6, y_bound=3.0, ledger=ledger.budget("d"))
-    with pytest.raises(ValueError):
-        est.fit(X, y[:10])  # inconsistent lengths
-    assert ledger.spent("d").epsilon_spent == 0.0
-    assert ledger.pending("d") == []
-    assert [e.kind for e in ledger.history("d")] == ["budget", "reserve", "settle"]
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        est.fit(X, y[:10])
+    assert [e.kind for e in ledger.history("d")] == ["budget"]
+
+
+def test_invalid_values_after_the_reservation_are_charged_in_full(data, ledger):
+    """A NaN is a refusal of one record's value, after the reservation: the plan is
+    charged in full, so the ledger reads as for a fit that ran (a reservation settled as
+    "nothing ran" would tell its readers that the data held a NaN)."""
+    X, y = data
+    X = X.copy()
+    X[3, 0] = np.nan
+    est = AdaSSPRegressor(epsilon=1.0, delta=1e-6, y_bound=3.0, ledger=ledger.budget("d"))
+    with pytest.raises(ValueError, match="NaN") as e:
+        est.fit(X, y)
+    assert any("charged in full" in note for note in e.value.__notes__)
+    plan = est.planned_mechanism(X, y)
+    assert [(k.kind, k.mechanism) for k in ledger.history("d")[1:]] == [
+        ("reserve", plan), ("settle", plan)]
+    assert ledger.pending("d") == [] and not hasattr(est, "coef_")
 
 
 def test_plain_grid_search_records_every_fit(data, tmp_path):

@@ -83,13 +83,77 @@ def test_a_release_that_raises_is_counted_in_full(tmp_path):
     assert not hasattr(m, "mechanism_")
 
 
-def test_invalid_data_cancels_the_reservation(tmp_path):
+def _spends(led):
+    """What the ledger's readers see of the spends: every entry but the budget's."""
+    return [(e.kind, e.mechanism, e.label) for e in led.history("d") if e.kind != "budget"]
+
+
+@pytest.mark.parametrize("bad", ["y length", "1-D X", "no rows", "sparse X", "y strings"])
+def test_a_mistake_of_shape_or_type_is_refused_before_the_reservation(bad, tmp_path):
+    """The shape and the type of the data are public, the same for every data set of
+    that schema: such a mistake is refused before anything is reserved, and the ledger
+    records nothing (it used to reserve, then settle as "nothing ran")."""
+    from scipy import sparse
+
     X, y = _data()
+    X, y = {"y length": (X, y[:10]), "1-D X": (X[:, 0], y), "no rows": (X[:0], y[:0]),
+            "sparse X": (sparse.csr_matrix(X), y), "y strings": (X, y.astype(str))}[bad]
     led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=5.0, delta=1e-5)
-    with pytest.raises(ValueError):
-        SSPRegressor(y_bound=3.0, ledger=led.budget("d")).fit(X, y[:10])
-    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
+    with pytest.raises(ValueError, match="before anything was reserved"):
+        SSPRegressor(y_bound=3.0, ledger=led.budget("d")).fit(X, y)
+    assert _spends(led) == []
+
+
+def _refused_values(case):
+    """``(estimator factory, X, y, X', y')``: a clean data set and its neighbour that the
+    data checks refuse for one record's value."""
+    X, y = _data()
+    if case == "nan in X":
+        bad_X = X.copy()
+        bad_X[7, 1] = np.nan
+        return lambda: SSPRegressor(y_bound=3.0, random_state=0), X, y, bad_X, y
+    if case == "label outside classes":
+        labels = (y > 0).astype(int)
+        bad = labels.copy()
+        bad[7] = 2
+        return (lambda: M.DPSGDClassifier(n_iter=5, classes=[0, 1], random_state=0), X,
+                labels, X, bad)
+    bad_y = y.copy()  # clipping configured to raise: a label outside y_bound
+    bad_y[7] = 100.0
+    bound = float(np.abs(y).max())
+    return lambda: SSPRegressor(y_bound=bound, random_state=0), X, y, X, bad_y
+
+
+@pytest.mark.parametrize("case", ["nan in X", "label outside classes", "clipping raises"])
+def test_a_refusal_of_the_data_values_is_charged_as_the_release_would_be(case, tmp_path):
+    """Whether a fit is refused after its reservation can depend on one record (a NaN, a
+    label outside ``classes``, a clipped label with clipping warnings turned into
+    errors). The reservation used to be settled as "nothing ran" then, so a reader of
+    the ledger learned that the data held such a record. The ledger now records the
+    same for the refused neighbour as for the clean data set: the plan, charged in
+    full; the curator is told so in the error."""
+    from privlearn.errors import DataClippedWarning
+
+    make, X, y, bad_X, bad_y = _refused_values(case)
+    spends = {}
+    for which, (A, b) in {"clean": (X, y), "refused": (bad_X, bad_y)}.items():
+        led = Ledger(tmp_path / f"{which}.db", create=True)
+        led.create_budget("d", epsilon=50.0, delta=1e-5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DataClippedWarning)
+            est = make().set_params(ledger=led.budget("d"))
+            if which == "clean":
+                est.fit(A, b)
+            else:
+                with pytest.raises((ValueError, DataClippedWarning)) as e:
+                    est.fit(A, b)
+                assert any("charged in full" in n for n in getattr(e.value, "__notes__", []))
+                assert not hasattr(est, "mechanism_")
+        assert led.pending("d") == []
+        spends[which] = _spends(led)
+    assert spends["refused"] == spends["clean"]
+    assert [k for k, *_ in spends["clean"]] == ["reserve", "settle"]
 
 
 def test_delta_at_least_one_over_n_warns():
@@ -199,8 +263,9 @@ def test_a_delta_warning_raised_as_an_error_cancels_the_reservation(tmp_path):
     """With warnings turned into errors (``-W error``, a strict CI), the large-delta
     warning raised after the data checks but outside the reservation's clean-up: the fit
     failed with nothing released and a reservation left pending on the ledger for ever.
-    It is now cancelled like any other refusal of the data; the warning still points at
-    the caller's line."""
+    It depends on delta and the number of rows only (public), so it is now given before
+    the reservation, and raised it records nothing; the warning still points at the
+    caller's line."""
     X, y = _data(n=20)
     led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=50.0, delta=0.5)

@@ -12,6 +12,7 @@ from estimators import assert_covers
 from sklearn.preprocessing import Normalizer
 
 import privlearn.models as M
+from privlearn.accounting import compose
 from privlearn.errors import NonFiniteInputError, ParameterTypeError, ParameterValueError
 from privlearn.ledger import Ledger
 
@@ -101,14 +102,19 @@ def test_text_in_x_says_how_to_encode_it_without_a_release(name):
     CASES[name]().fit(_data()[0].astype(object), y)
 
 
-def test_non_finite_data_spends_nothing(tmp_path):
+def test_non_finite_data_is_charged_as_its_release_would_be(tmp_path):
+    """A NaN in X is refused before anything is released, but after the reservation:
+    whether it is refused depends on one record's value, so the plan is charged in full
+    (a cancelled reservation would tell the ledger's readers that the data held one)."""
     ledger = Ledger(tmp_path / "l.json", create=True)
     ledger.create_budget("d", epsilon=1.0, delta=1e-5)
     X, y = _data()
     X[0, 0] = np.nan
+    est = M.SSPRegressor(epsilon=0.5, random_state=0, ledger=ledger.budget("d"))
     with pytest.raises(NonFiniteInputError):
-        M.SSPRegressor(epsilon=0.5, random_state=0, ledger=ledger.budget("d")).fit(X, y)
-    assert ledger.spent("d").epsilon_spent == 0.0
+        est.fit(X, y)
+    assert ledger.pending("d") == [] and not hasattr(est, "coef_")
+    assert ledger.mechanism("d") == compose([est.planned_mechanism(X, y)])
 
 
 def test_pipeline_refuses_a_non_finite_y_before_any_step_releases(tmp_path):
@@ -191,12 +197,14 @@ def test_a_later_step_s_refusal_comes_before_the_first_step_releases(bad, tmp_pa
 def test_a_pipeline_that_cannot_be_planned_past_a_public_step_still_fits():
     """A public step that changes the number of features ends the checks before the
     fit (the next step's input shape is unknown): the pipeline fits as before."""
-    from sklearn.decomposition import PCA
+    from sklearn.preprocessing import SplineTransformer
 
     X, y = _data()
-    pipe = M.PrivatePipeline([("pca", PCA(2)), ("ssp", M.SSPRegressor(random_state=0))],
-                             public_steps=("pca",)).fit(X, y)
-    assert pipe.named_steps["ssp"].coef_.shape == (2,)
+    knots = np.linspace(-1.0, 1.0, 3)[:, None] * np.ones((1, 3))  # public knots
+    pipe = M.PrivatePipeline([("spline", SplineTransformer(knots=knots, degree=1)),
+                              ("ssp", M.SSPRegressor(random_state=0))],
+                             public_steps=("spline",)).fit(X, y)
+    assert pipe.named_steps["ssp"].coef_.shape == (9,)
 
 
 @pytest.mark.parametrize("make, attr", [
@@ -284,7 +292,9 @@ def test_a_missing_target_stored_as_an_object_is_refused_before_the_release(name
     y[2] = None
     with pytest.raises(NonFiniteInputError, match="y contains"):
         est.fit(X, y)
-    assert ledger.spent("d").epsilon_spent == 0.0 and ledger.pending("d") == []
+    # refused after the reservation (charged in full: it depends on a value), but for
+    # the pipeline, which checks y before its first step reserves
+    assert ledger.spent("d").entries == (name != "PrivatePipeline") and ledger.pending("d") == []
 
 
 def test_a_missing_value_of_a_nullable_pandas_column_is_named_as_missing():
@@ -380,7 +390,10 @@ def test_labels_of_mixed_types_are_a_typed_refusal(make, bad, tmp_path):
     est = make().set_params(ledger=led.budget("d"))
     with pytest.raises(ParameterValueError, match="all numbers or all strings"):
         est.fit(X, y)
-    assert led.spent("d").entries == 0 and led.pending("d") == []
+    # a value among the labels: DP-SGD's reservation is charged (PrivateKNN.fit spends
+    # nothing)
+    assert led.spent("d").entries == isinstance(est, M.DPSGDClassifier)
+    assert led.pending("d") == []
 
 
 @pytest.mark.parametrize("call, name", [

@@ -398,7 +398,8 @@ def test_public_release_names_the_accountant_that_certified_its_epsilon():
 def test_non_finite_or_fractional_teacher_votes_are_refused_with_what_to_do(tmp_path):
     """A NaN or an infinity among the teachers' votes is a NonFiniteInputError (as a NaN
     in an estimator's X), a fractional hard vote a ParameterValueError naming the vote
-    and the two accepted shapes; either is refused before anything is spent."""
+    and the two accepted shapes; either is refused before anything is released (a
+    release with a ledger is charged in full: the refusal depends on the votes' values)."""
     from privlearn.errors import NonFiniteInputError, ParameterValueError
     from privlearn.ledger import Ledger
 
@@ -418,4 +419,5 @@ def test_non_finite_or_fractional_teacher_votes_are_refused_with_what_to_do(tmp_
             p.release(s, n_teachers=10)
     with pytest.raises(ParameterValueError, match=r"non-integer vote 0\.5.*soft votes"):
         p.release(np.where(hard == 1, 0.5, hard), 3, n_teachers=10)
-    assert budget.spent().epsilon_spent == 0.0 and not hasattr(p, "mechanism_")
+    assert budget.spent().entries == 5 and ledger.pending("d") == []
+    assert not hasattr(p, "mechanism_")

@@ -249,10 +249,10 @@ def test_a_public_scikit_learn_step_keeps_its_seed_in_a_searched_pipeline(data):
     """The hidden child streams replace the private steps' seeds only: a scikit-learn
     step's ``random_state`` draws no privacy noise and its validation refuses a numpy
     Generator, which failed every run of the search (after the search was charged)."""
-    from sklearn.preprocessing import QuantileTransformer
+    from sklearn.random_projection import GaussianRandomProjection
 
     X, y = data
-    pipe = PrivatePipeline([("rank", QuantileTransformer(n_quantiles=20, random_state=3)),
+    pipe = PrivatePipeline([("rank", GaussianRandomProjection(3, random_state=3)),
                             ("ada", AdaSSPRegressor(epsilon=0.5, delta=1e-7, x_bound=2.0,
                                                     y_bound=3.0))],
                            public_steps=("rank",))
@@ -374,15 +374,30 @@ def test_random_stopping_on_a_budget_with_a_smaller_delta_is_charged_below_it(da
     assert spent.epsilon_spent == pytest.approx(s.mechanism_.dp_epsilon, abs=1e-3)
 
 
+def _assert_charged_as_released(led, search, X, y):
+    """A refused search recorded what its release would have (the planned search, in
+    full) when the labels were refused, and nothing for a mistake of type."""
+    assert led.pending("d") == [] and not hasattr(search, "best_estimator_")
+    history = [e for e in led.history("d") if e.kind in ("reserve", "settle")]
+    if y is not None and y.dtype.kind in "iu":  # a label outside classes: charged
+        planned = search.planned_mechanism(X, np.where(y == 2, 0, y))
+        assert [(e.kind, e.mechanism) for e in history] == [("reserve", planned),
+                                                             ("settle", planned)]
+    else:
+        assert history == []
+
 @pytest.mark.parametrize("estimator, y_of", [
     (lambda: AdaSSPRegressor(y_bound=3.0), lambda y: y.astype(str)),
     (lambda: AdaSSPRegressor(y_bound=3.0), lambda y: None),
     (lambda: DPSGDClassifier(n_iter=5, classes=[0, 1]), lambda y: np.where(y > 0, 1, 2)),
 ], ids=["string-target", "no-target", "label-outside-classes"])
-def test_data_a_candidate_refuses_cancels_the_search_reservation(estimator, y_of, tmp_path):
-    """A candidate's data check reads the data and releases nothing: the search runs
-    every candidate's checks before its release, so a refusal cancels the reservation
-    (the candidate used to refuse inside the release, charging the whole search)."""
+def test_data_a_candidate_refuses_is_refused_before_the_search_runs(estimator, y_of, tmp_path):
+    """The search runs every candidate's data checks before its release (a candidate used
+    to refuse inside a run). A mistake of type (a regressor's target of strings) or a
+    missing target is refused before the reservation and records nothing; a label
+    outside ``classes`` depends on the values, so the reservation is charged in full,
+    as a release would be (a cancelled entry would tell the ledger's readers that the
+    data held such a label)."""
     led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=50.0, delta=1e-5)
     rng = np.random.default_rng(0)
@@ -391,8 +406,7 @@ def test_data_a_candidate_refuses_cancels_the_search_reservation(estimator, y_of
                              ledger=led.budget("d"), random_state=0)
     with pytest.raises(ValueError):
         search.fit(X, y_of(X[:, 0]))
-    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
-    assert not hasattr(search, "best_estimator_")
+    _assert_charged_as_released(led, search, X, y_of(X[:, 0]))
 
 
 
@@ -512,10 +526,11 @@ def _pipe_of(model):
     (lambda: _pipe_of(DPSGDClassifier(n_iter=5, classes=[0, 1])),
      lambda y: np.where(y > 0, 1, 2)),
 ], ids=["string-target", "no-target", "label-outside-classes"])
-def test_data_a_pipeline_step_refuses_cancels_the_search_reservation(estimator, y_of,
-                                                                      tmp_path):
+def test_data_a_pipeline_step_refuses_is_refused_before_the_search_runs(estimator, y_of,
+                                                                         tmp_path):
     """As for an estimator: a pipeline candidate's steps check the data before the
-    search's release (they used to refuse inside a run, charging the whole search)."""
+    search's release (they used to refuse inside a run); a refusal of the values is
+    charged in full, one of the type or a missing target records nothing."""
     led = Ledger(tmp_path / "l.db", create=True)
     led.create_budget("d", epsilon=50.0, delta=1e-5)
     X = np.random.default_rng(0).uniform(-0.5, 0.5, size=(100, 2))
@@ -523,8 +538,7 @@ def test_data_a_pipeline_step_refuses_cancels_the_search_reservation(estimator, 
                              ledger=led.budget("d"), random_state=0)
     with pytest.raises(ValueError):
         search.fit(X, y_of(X[:, 0]))
-    assert led.spent("d").epsilon_spent == 0.0 and led.pending("d") == []
-    assert not hasattr(search, "best_estimator_")
+    _assert_charged_as_released(led, search, X, y_of(X[:, 0]))
 
 
 # -- verbose: a progress bar over the runs, counts and times only ---------------------------

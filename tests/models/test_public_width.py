@@ -86,7 +86,8 @@ def test_a_selector_reading_the_data_cannot_be_planned(adult):
     X, y = adult
     pipe = _pipeline()
     pipe.steps[0] = ("encode", ColumnTransformer(
-        [("f", FunctionTransformer(), make_column_selector(dtype_include=object))]))
+        [("f", FunctionTransformer(), make_column_selector(dtype_include=object))],
+        sparse_threshold=0))
     with pytest.raises(TypeError, match="callable column selector"):
         pipe.planned_mechanism(X, y)
 

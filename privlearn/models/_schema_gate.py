@@ -1,0 +1,120 @@
+"""The refusals of an estimator's data that its public schema alone decides, made before
+anything is reserved on a ledger (private helper of :mod:`privlearn.models.base`).
+
+A ledger is read by everyone who spends from its budgets, so what it records about a fit
+must not depend on the values of the private data. Once a fit has reserved its plan, the
+plan is charged in full whatever happens next (:meth:`PrivateEstimator._run
+<privlearn.models.base.PrivateEstimator._run>`): a refusal by the data checks after the
+reservation (a NaN, a label outside ``classes``, a clipping warning turned into an
+error) may depend on one record, and a cancelled entry would tell the ledger's readers
+so. The mistakes that the shape and the type of the data decide -- the same for every
+data set of that schema -- are refused here instead, before the reservation, so that
+they record nothing: ``X`` that is not a table of rows and columns, ``X`` and ``y`` of
+different lengths, a sparse ``X`` for an estimator that takes dense data, a regressor's
+``y`` of strings. These checks read shapes, container types and dtypes only, never a
+value, so refusing here reveals nothing about the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sklearn.base import is_classifier, is_regressor
+from sklearn.utils import get_tags
+
+from privlearn.errors import ParameterTypeError, ParameterValueError
+
+__all__ = ["refuse_bad_schema"]
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of ``value`` (its ``shape`` attribute, else that of ``np.asarray``),
+    None when it has none (ragged rows: the data checks say why)."""
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return tuple(shape)
+    try:
+        return tuple(np.asarray(value, dtype=object).shape)
+    except (ValueError, TypeError):
+        return None
+
+
+def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
+    """Refuse, before the ledger reservation, data whose schema no fit can accept.
+
+    Parameters
+    ----------
+    estimator : PrivateEstimator
+        Its scikit-learn tags say which inputs it takes (``input_tags.sparse``,
+        ``input_tags.three_d_array``); a regressor needs a numeric ``y``.
+    X, y
+        The data as given to ``fit`` (``y`` may be None). Only shapes, the sparse
+        container and, for an array ``y``, its dtype are read.
+
+    Raises
+    ------
+    ParameterValueError
+        ``X`` is not 2-D (3-D where the tags allow it), has no row or no column, or its
+        number of rows differs from ``y``'s; ``y`` has several columns (one target).
+    ParameterTypeError
+        A sparse ``X`` for an estimator that takes dense data; a regressor's ``y`` of
+        strings.
+    """
+    from scipy import sparse
+
+    owner = type(estimator).__name__
+    name = getattr(estimator, "_data_name", "X")  # what the public method calls X
+    tags = get_tags(estimator)
+    if sparse.issparse(X) and not tags.input_tags.sparse:
+        raise ParameterTypeError(
+            f"{owner}: Sparse data was passed for {name}, but dense data is required; "
+            f"convert it with {name}.toarray() (refused before anything was reserved on a "
+            "ledger)"
+        )
+    shape = _shape(X)
+    if shape is None:
+        return
+    dims = (2, 3) if tags.input_tags.three_d_array else (2,)
+    if len(shape) not in dims:
+        raise ParameterValueError(
+            f"{owner}: Expected 2D array, got {len(shape)}D array instead (shape "
+            f"{shape}): {name} must be (n_samples, n_features); reshape a single feature "
+            f"with {name}.reshape(-1, 1) (refused before anything was reserved on a "
+            "ledger)"
+        )
+    if shape[0] < 1 or shape[1] < 1:
+        what = "sample" if shape[0] < 1 else "feature"
+        raise ParameterValueError(
+            f"{owner}: Found array with 0 {what}(s) (shape={shape}) while a minimum of 1 "
+            "is required (refused before anything was reserved on a ledger)"
+        )
+    if y is None or not (
+        tags.target_tags.required or is_regressor(estimator) or is_classifier(estimator)
+    ):
+        return  # a transformer ignores y (scikit-learn's convention)
+    y_shape = _shape(y)
+    if (
+        y_shape is not None
+        and not tags.target_tags.multi_output
+        and (len(y_shape) > 2 or (len(y_shape) == 2 and y_shape[1] != 1))
+    ):
+        raise ParameterValueError(
+            f"{owner}: y should be a 1d array, got an array of shape {y_shape} instead: "
+            f"{owner} fits one target, y of shape (n_samples,) (refused before anything "
+            "was reserved on a ledger)"
+        )
+    if y_shape is not None and len(y_shape) >= 1 and y_shape[0] != shape[0]:
+        raise ParameterValueError(
+            f"{owner}: Found input variables with inconsistent numbers of samples: "
+            f"[{shape[0]}, {y_shape[0]}]; X and y need one row per record (refused before "
+            "anything was reserved on a ledger)"
+        )
+    kind = getattr(getattr(y, "dtype", None), "kind", None)
+    if is_regressor(estimator) and kind is not None and kind in "USV":
+        raise ParameterTypeError(
+            f"{owner}: y must be numeric (the target of a regressor), got an array of dtype "
+            f"{y.dtype}; convert it with y.astype(float) if the strings are numbers, or use "
+            "a classifier for class labels (refused before anything was reserved on a "
+            "ledger)"
+        )
