@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence, check_stable
-from privlearn.errors import ParameterTypeError
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["CorrelatedNoise"]
 
@@ -56,8 +56,21 @@ class CorrelatedNoise:
         self.steps = 0
 
     def step(self, z: np.ndarray) -> np.ndarray:
-        """The noise of the next step from the current draw ``z`` (shape ``shape``)."""
+        """The noise of the next step from the current draw ``z`` (shape ``shape``).
+
+        Raises
+        ------
+        ParameterValueError
+            ``z`` does not have the shape ``shape``: refused before the state moves, so
+            the next draws still get the rows of ``C^{-1} z``.
+        """
         z = np.asarray(z, dtype=float)
+        if z.shape != self.shape:
+            raise ParameterValueError(
+                f"z must have the generator's shape {self.shape}, got shape {z.shape}; "
+                "draw each step's Gaussian in the shape the generator was made with (a "
+                "draw of another shape would be broadcast into, or corrupt, the noise "
+                "state)")
         rec = self.recurrence
         if isinstance(rec, BandedRecurrence):
             c = rec.coefs

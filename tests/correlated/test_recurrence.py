@@ -127,3 +127,22 @@ def test_an_overflowing_inverse_raises_instead_of_nan(strategy):
     np.testing.assert_allclose(strategy.inverse_toeplitz_coefs(n), dense, rtol=1e-6)
     with pytest.raises(AccountingError, match="not finite"):
         strategy.inverse_toeplitz_coefs(10_000)
+
+
+@pytest.mark.parametrize("strategy", [BandedToeplitz((1.0, 0.5, 0.2)),
+                                      BufferedToeplitz((0.9,), (0.2,)), Identity()])
+def test_a_draw_of_another_shape_is_refused_and_leaves_the_noise_state_alone(strategy):
+    """A draw that is not of the generator's shape is refused with a typed error before
+    the state moves (it was broadcast into the buffers, or half-applied to a BLT's
+    buffers before numpy failed), and the later draws still get the rows of C^{-1} z."""
+    from privlearn.errors import ParameterValueError
+
+    z = np.random.default_rng(1).normal(size=(6, 3))
+    gen = CorrelatedNoise(strategy.recurrence(), (3,))
+    got = [gen.step(z[0]), gen.step(z[1])]
+    for bad in (np.ones(4), np.ones((2, 3)), np.ones(())):
+        with pytest.raises(ParameterValueError, match=r"shape \(3,\)"):
+            gen.step(bad)
+    got += [gen.step(zt) for zt in z[2:]]
+    want = np.linalg.solve(strategy.materialize(6), z)
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-12, atol=1e-12)
