@@ -2,7 +2,8 @@
 before any step, ranks given different privacy settings: each rank's accountant
 describes one global mechanism, so a rank with less noise, a larger clipping bound, its
 own seed (under fixed-size sampling two seeds draw overlapping global samples), its own
-batch size or dataset would be accounted with the other ranks' values. Ranks given the
+batch size or dataset would be accounted with the other ranks' values; a checkpoint
+resumed on one rank only would leave that rank loading it while the others step. Ranks given the
 same settings run, and each rank's epsilon is the single-process epsilon of the global
 sampling rate."""
 
@@ -35,6 +36,9 @@ CASES = {
     "epochs": ({"epochs": 1}, {"epochs": 5}),
     "target_epsilon": ({"noise_multiplier": None, "target_epsilon": 3.0, "epochs": 1},
                        {"noise_multiplier": None, "target_epsilon": 8.0, "epochs": 1}),
+    # a checkpoint found by rank 0 only (saved on rank 0 alone): rank 0 would load it (a
+    # collective) while rank 1 steps, both waiting in their own collective for ever
+    "resume": ({"resume": {"format": -1}}, {}),
 }
 
 
