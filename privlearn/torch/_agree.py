@@ -6,13 +6,15 @@ is refused before that collective (its batch holds a NaN, it called ``step()`` w
 new batch, a check of its own state failed) raises, and the others would wait in the
 collective for it forever (gloo: until the group's timeout; NCCL: a watchdog abort after
 up to 30 minutes). So before each collective of a step every rank joins one small
-all-reduce of its status: whether its step was refused, its released steps and the draw
-of the loader it trains on. A rank that refused joins it from its error; when any rank
-refused, or the ranks are not at the same step and draw, every rank raises the same
-typed error naming the ranks and their causes, before anything is released, accounted
-or drawn from the noise.
+all-reduce of its status: whether its step was refused, its released steps, the draw
+of the loader it trains on and the phase of the run it is in (``load_state_dict`` joins
+the same exchange first: a rank loading a state while another steps, each in its own
+collective, would wait for the other for ever). A rank that refused joins it from its
+error; when any rank refused, or the ranks are not at the same step, draw and phase,
+every rank raises the same typed error naming the ranks and their causes, before
+anything is released, accounted or drawn from the noise.
 
-The status is a CPU tensor of ``4 W`` integers reduced over a CPU-capable group
+The status is a CPU tensor of ``5 W`` integers reduced over a CPU-capable group
 (the run's own group when its backend is gloo or MPI, else a gloo group of the same
 ranks made with the optimizer): reading it back waits for the other ranks, never for an
 accelerator, so a steady step gains one small host-side collective and no device read.
@@ -28,7 +30,10 @@ import torch
 from privlearn import errors
 from privlearn.errors import TrainingLoopError
 
-__all__ = ["Agreement", "StepAgreement"]
+__all__ = ["Agreement", "StepAgreement", "PHASES"]
+
+#: the phases of a run the ranks' status names (each rank's, summed into its own slot)
+PHASES = {0: "optimizer.step()", 1: "load_state_dict"}
 
 
 def _cpu_group(process_group):
@@ -88,26 +93,29 @@ class Agreement:
                 self.device = torch.device("cuda", torch.cuda.current_device())
 
     def agree(self, error: BaseException | None, steps: int, draw: int, flag: bool = False,
-              what: str = "optimizer.step()") -> bool:
+              what: str = "optimizer.step()", phase: int = 0) -> bool:
         """Join the ranks' status exchange with this rank's ``error`` (None: its step may
-        go on), its released ``steps``, the ``draw`` it trains on (-1: none) and a
-        ``flag``. Returns, when every rank may go on, whether any rank raised its flag;
-        otherwise raises on every rank (from ``error`` here).
+        go on), its released ``steps``, the ``draw`` it trains on (-1: none), a ``flag``
+        and the ``phase`` of the run it is in (:data:`PHASES`: 0 a step, 1 a
+        ``load_state_dict``). Returns, when every rank may go on, whether any rank raised
+        its flag; otherwise raises on every rank (from ``error`` here).
 
         Raises
         ------
         Exception
             Some rank refused: the refusing ranks' error type when they share one of
             privlearn's (or a built-in) types, else :class:`TrainingLoopError`, naming
-            every refusing rank and its cause; the ranks at different steps or draws:
-            :class:`TrainingLoopError` naming each rank's.
+            every refusing rank and its cause; the ranks at different steps or draws, or
+            in different phases (a rank loading a state while another steps, each in its
+            own collective, would wait for the other for ever): :class:`TrainingLoopError`
+            naming each rank's.
         """
         import torch.distributed as dist
 
         w, r = self.world, self.rank
-        mine = [0] * (4 * w)
+        mine = [0] * (5 * w)
         mine[r], mine[w + r] = int(error is not None), steps
-        mine[2 * w + r], mine[3 * w + r] = draw, int(flag)
+        mine[2 * w + r], mine[3 * w + r], mine[4 * w + r] = draw, int(flag), phase
         status = torch.tensor(mine, dtype=torch.int64, device=self.device)
         try:
             dist.all_reduce(status, op=dist.ReduceOp.SUM, group=self.group)
@@ -116,8 +124,10 @@ class Agreement:
         seen = status.tolist()  # a CPU tensor: waits for the ranks, not for a device
         refused = [k for k in range(w) if seen[k]]
         steps_of, draws_of = seen[w:2 * w], seen[2 * w:3 * w]
+        if len(set(seen[4 * w:])) > 1:
+            raise _apart(what, [PHASES.get(k, str(k)) for k in seen[4 * w:]])
         if not refused and len(set(steps_of)) == 1 and len(set(draws_of)) == 1:
-            return any(seen[3 * w:])
+            return any(seen[3 * w:4 * w])
         if not refused:
             where = ", ".join(f"rank {k}: {s} steps taken, training draw {d}"
                               for k, (s, d) in enumerate(zip(steps_of, draws_of, strict=True)))
@@ -139,6 +149,19 @@ class Agreement:
         if error is not None:
             raise exc from error
         raise exc
+
+
+def _apart(what: str, phases: list) -> TrainingLoopError:
+    """The error of ranks in different phases of the run (each rank's ``phases``)."""
+    where = ", ".join(f"rank {k}: {p}" for k, p in enumerate(phases))
+    exc = TrainingLoopError(
+        f"{what} was refused on every rank: the ranks are not at the same point of the run "
+        f"({where}). A distributed run's ranks load a state together and step together: "
+        "call p.load_state_dict (or make_private(resume=...)) on every rank, each with "
+        "the state its own rank saved (p.state_dict() on every rank, one file per rank), "
+        "before the first step. Nothing was loaded, released or accounted on any rank")
+    exc.refused_ranks = []
+    return exc
 
 
 def _left(what: str, steps: int, cause: BaseException) -> TrainingLoopError:
@@ -196,6 +219,16 @@ class StepAgreement:
         if self._agreement is None:
             return flag
         return self._agreement.agree(None, *self._status(), flag=flag)
+
+    def _agree_on_load(self, error: BaseException | None) -> None:
+        """``load_state_dict``'s exchange: every rank loads (a rank stepping meanwhile is
+        refused with this one, not left waiting in its own collective), then any rank's
+        refusal of its state (``error``) is raised on every rank."""
+        from privlearn.torch.distributed import refuse_on_every_rank
+
+        if self._agreement is not None:
+            self._agreement.agree(None, 0, -1, what="load_state_dict", phase=1)
+        refuse_on_every_rank(error, "load_state_dict", self.process_group)
 
     def _refuse_together(self, error: BaseException) -> None:
         """``error`` refused this rank's step before its collective: raise it on every

@@ -81,7 +81,6 @@ from privlearn.torch.distributed import (
     check_ddp_wrapper,
     check_same_on_ranks,
     dataset_digest,
-    refuse_on_every_rank,
     sync_replicas,
     unwrap,
     world_info,
@@ -336,7 +335,7 @@ class PrivateTraining:
         else:
             error = None
         if self.plan.world_size > 1:
-            refuse_on_every_rank(error, "load_state_dict", self.optimizer.process_group)
+            self.optimizer._agree_on_load(error)  # every rank loads, or none
         elif error is not None:
             raise error
         # the live values before the history (a run of one mechanism refuses a new noise

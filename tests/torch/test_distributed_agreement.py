@@ -21,7 +21,9 @@ hang fails the tests instead of holding the run.
     rank 0 calls ``step()`` a third time: once rank 1 has left the group, rank 0's step
     fails within seconds, naming the cause (a rank that stopped stepping but stays in
     the group cannot be told from a slow one). The status exchange of an NCCL run, on a
-    gloo group of its own.
+    gloo group of its own. Rank 0 calling ``load_state_dict`` alone while rank 1 steps:
+    both refuse at once (the load joins the step's status exchange), then each loads
+    its own rank's state and both step.
 (b) FSDP2: a NaN in rank 1's batch (refused by the batch-independence probe, whose
     passes are collectives, or after the unshard, before the reduce-scatter); rank 1
     calling ``zero_grad()`` between ``backward()`` and ``step()`` (refused before the
@@ -249,6 +251,56 @@ def _ended(rank) -> dict:
     return out
 
 
+def _load_alone(rank) -> dict:
+    """Rank 0 loads a checkpoint alone (``load_state_dict`` behind ``if rank == 0``) while
+    rank 1 steps: each would wait in its own collective for ever. Both refuse at once,
+    nothing loaded or released; then each loads the state its own rank saved and both
+    step together."""
+    import io
+    import time
+
+    from privlearn.torch import make_private
+
+    def fresh():
+        model = nn.parallel.DistributedDataParallel(_Mlp())
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                         torch.utils.data.DataLoader(_data(), batch_size=B),
+                         noise_multiplier=1.0, max_grad_norm=C, seed=11)
+        return p, iter(p.data_loader)
+
+    def step(p, it):
+        x, y = next(it)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+
+    p, it = fresh()
+    step(p, it)
+    buf = io.BytesIO()
+    torch.save(p.state_dict(), buf)
+    p.detach()
+    p, it = fresh()
+    before = _flat(p.model.module)
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            p.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=False))
+        else:
+            step(p, it)
+        out = dict(refused=None)
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        out = dict(refused=type(exc).__name__, message=str(exc))
+    out.update(seconds=time.monotonic() - start, steps=[p.accountant.steps],
+               unchanged=torch.equal(before, _flat(p.model.module)))
+    p.detach()
+    p, it = fresh()
+    p.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=False))
+    out["steps"].append(p.accountant.steps)
+    step(p, it)
+    out["steps"].append(p.accountant.steps)
+    return out
+
+
 def _side_group(rank) -> dict:
     """The status exchange of a run whose group reduces no CPU tensor (NCCL, here a gloo
     group reported as "nccl"): made on a gloo group of its own, which refuses a step
@@ -307,6 +359,7 @@ def _worker(rank: int, out_dir: str, cases=DDP) -> None:
             res["tied"] = _tied_run(mesh)
         else:
             res["side_group"] = _side_group(rank)
+            res["load_alone"] = _load_alone(rank)
             res["ended"] = _ended(rank)  # last: the group is gone after it
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -387,6 +440,16 @@ def test_a_step_after_another_rank_left_fails_at_once_with_the_cause(ranks):
     assert r0["kind"] == "TrainingLoopError" and r0["at"] == 2, r0
     assert "left the process group" in r0["message"] and r0["seconds"] < 20
     assert r0["steps"] == 2
+
+
+def test_a_state_loaded_on_one_rank_while_another_steps_is_refused_on_both(ranks):
+    for rank in range(WORLD):
+        r = ranks[rank]["load_alone"]
+        assert r["refused"] == "TrainingLoopError", (rank, r)
+        assert "rank 0: load_state_dict" in r["message"], r["message"]
+        assert "rank 1: optimizer.step()" in r["message"] and r["seconds"] < 20
+        # nothing loaded or released; each rank's own state then loads, and both step
+        assert r["unchanged"] and r["steps"] == [0, 1, 2], (rank, r)
 
 
 def test_the_status_of_an_nccl_run_is_exchanged_on_a_gloo_group(ranks):
