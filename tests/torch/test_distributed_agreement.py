@@ -23,7 +23,9 @@ hang fails the tests instead of holding the run.
     the group cannot be told from a slow one). The status exchange of an NCCL run, on a
     gloo group of its own. Rank 0 calling ``load_state_dict`` alone while rank 1 steps:
     both refuse at once (the load joins the step's status exchange), then each loads
-    its own rank's state and both step.
+    its own rank's state and both step. Rank 0 alone changing its noise multiplier, or
+    its clipping bound, mid-run: each such step is refused on both ranks (each rank's
+    accountant would record its own value while the released sum mixes both).
 (b) FSDP2: a NaN in rank 1's batch (refused by the batch-independence probe, whose
     passes are collectives, or after the unshard, before the reduce-scatter); rank 1
     calling ``zero_grad()`` between ``backward()`` and ``step()`` (refused before the
@@ -301,6 +303,37 @@ def _load_alone(rank) -> dict:
     return out
 
 
+def _mixed(rank) -> dict:
+    """After one step, rank 0 alone changes its noise multiplier (then, restored, its
+    clipping bound), as a schedule run under ``if rank == 0:`` would: each rank's
+    accountant would record its own value while the released sum mixes both (rank 0
+    reporting sigma 3 over noise of std sqrt((9 + 1) / 2) C). Each such step is refused
+    on both ranks, nothing released or accounted; restored, the ranks step on."""
+    from privlearn.torch import make_private
+
+    model = nn.parallel.DistributedDataParallel(_Mlp())
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(_data(), batch_size=B),
+                     noise_multiplier=1.0, max_grad_norm=C, seed=11)
+    out = dict(outcomes=[], steps=[], params=[])
+    changes = [None, ("noise_multiplier", 3.0), ("max_grad_norm", 5 * C), None]
+    for change, (x, y) in zip(changes, p.data_loader, strict=False):
+        if rank == 0:
+            p.optimizer.noise_multiplier, p.optimizer.max_grad_norm = 1.0, C
+            if change is not None:
+                setattr(p.optimizer, *change)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        try:
+            p.optimizer.step()
+            out["outcomes"].append(None)
+        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+            out["outcomes"].append((type(exc).__name__, str(exc)))
+        out["steps"].append(p.accountant.steps)
+        out["params"].append(_flat(model.module))
+    return out
+
+
 def _side_group(rank) -> dict:
     """The status exchange of a run whose group reduces no CPU tensor (NCCL, here a gloo
     group reported as "nccl"): made on a gloo group of its own, which refuses a step
@@ -360,6 +393,7 @@ def _worker(rank: int, out_dir: str, cases=DDP) -> None:
         else:
             res["side_group"] = _side_group(rank)
             res["load_alone"] = _load_alone(rank)
+            res["mixed"] = _mixed(rank)
             res["ended"] = _ended(rank)  # last: the group is gone after it
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -450,6 +484,21 @@ def test_a_state_loaded_on_one_rank_while_another_steps_is_refused_on_both(ranks
         assert "rank 1: optimizer.step()" in r["message"] and r["seconds"] < 20
         # nothing loaded or released; each rank's own state then loads, and both step
         assert r["unchanged"] and r["steps"] == [0, 1, 2], (rank, r)
+
+
+def test_a_noise_multiplier_or_bound_changed_on_one_rank_is_refused_on_both(ranks):
+    for rank in range(WORLD):
+        r = ranks[rank]["mixed"]
+        out = r["outcomes"]
+        assert out[0] is None and out[3] is None, (rank, out)
+        for k, shown in ((1, "rank 0: noise_multiplier 3.0"),
+                         (2, f"rank 0: noise_multiplier 1.0, max_grad_norm {5 * C!r}")):
+            kind, message = out[k]
+            assert kind == "TrainingLoopError" and shown in message, (rank, message)
+            assert f"rank 1: noise_multiplier 1.0, max_grad_norm {C!r}" in message
+            assert torch.equal(r["params"][k], r["params"][0])  # nothing released
+        assert r["steps"] == [1, 1, 1, 2], (rank, r["steps"])
+    assert torch.equal(ranks[0]["mixed"]["params"][3], ranks[1]["mixed"]["params"][3])
 
 
 def test_the_status_of_an_nccl_run_is_exchanged_on_a_gloo_group(ranks):
