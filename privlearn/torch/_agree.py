@@ -11,12 +11,13 @@ of the loader it trains on, the phase of the run it is in (``load_state_dict`` j
 the same exchange first: a rank loading a state while another steps, each in its own
 collective, would wait for the other for ever) and its step's noise multiplier and
 clipping bound (changed on one rank only, each rank's accountant would record its own
-values while the released sum mixes them). A rank that refused joins it from its
+values while the released sum mixes them), and a code of its gradient buffers' dtypes
+and lengths. A rank that refused joins it from its
 error; when any rank refused, or the ranks differ in step, draw, phase or mechanism,
 every rank raises the same typed error naming the ranks and their causes, before
 anything is released, accounted or drawn from the noise.
 
-The status is a CPU tensor of ``7 W`` integers reduced over a CPU-capable group
+The status is a CPU tensor of ``8 W`` integers reduced over a CPU-capable group
 (the run's own group when its backend is gloo or MPI, else a gloo group of the same
 ranks made with the optimizer): reading it back waits for the other ranks, never for an
 accelerator, so a steady step gains one small host-side collective and no device read.
@@ -32,7 +33,7 @@ import torch
 from privlearn import errors
 from privlearn.errors import TrainingLoopError
 
-__all__ = ["Agreement", "StepAgreement", "PHASES"]
+__all__ = ["Agreement", "StepAgreement", "PHASES", "layout_code"]
 
 #: the phases of a run the ranks' status names (each rank's, summed into its own slot)
 PHASES = {0: "optimizer.step()", 1: "load_state_dict"}
@@ -96,12 +97,13 @@ class Agreement:
 
     def agree(self, error: BaseException | None, steps: int, draw: int, flag: bool = False,
               what: str = "optimizer.step()", phase: int = 0,
-              mechanism: tuple[float, float] | None = None) -> bool:
+              mechanism: tuple[float, float] | None = None, layout: int = 0) -> bool:
         """Join the ranks' status exchange with this rank's ``error`` (None: its step may
         go on), its released ``steps``, the ``draw`` it trains on (-1: none), a ``flag``,
         the ``phase`` of the run it is in (:data:`PHASES`: 0 a step, 1 a
-        ``load_state_dict``) and the ``mechanism`` of its step (noise multiplier,
-        clipping bound; compared bit for bit). Returns, when every rank may go on,
+        ``load_state_dict``), the ``mechanism`` of its step (noise multiplier,
+        clipping bound; compared bit for bit) and a code of its gradient buffers'
+        ``layout`` (:func:`layout_code`). Returns, when every rank may go on,
         whether any rank raised its flag; otherwise raises on every rank (from ``error``
         here).
 
@@ -113,13 +115,16 @@ class Agreement:
             every refusing rank and its cause; the ranks at different steps or draws, or
             in different phases (a rank loading a state while another steps, each in its
             own collective, would wait for the other for ever), or with different noise
-            multipliers or clipping bounds (one changed on some ranks only):
-            :class:`TrainingLoopError` naming each rank's.
+            multipliers or clipping bounds (one changed on some ranks only), or with
+            gradient buffers of different layouts (a parameter frozen, or the model
+            cast, on some ranks only: the all-reduce of the buffers would fail or
+            abort): :class:`TrainingLoopError` naming each rank's.
         """
         import torch.distributed as dist
 
         w, r = self.world, self.rank
-        mine = [0] * (7 * w)
+        mine = [0] * (8 * w)
+        mine[7 * w + r] = layout
         mine[r], mine[w + r] = int(error is not None), steps
         mine[2 * w + r], mine[3 * w + r], mine[4 * w + r] = draw, int(flag), phase
         if mechanism is not None:  # each float's 64 bits, summed into its own slot
@@ -136,8 +141,10 @@ class Agreement:
         apart = None
         if len(set(seen[4 * w:5 * w])) > 1:
             apart = _apart(what, [PHASES.get(k, str(k)) for k in seen[4 * w:5 * w]])
-        elif len(set(zip(seen[5 * w:6 * w], seen[6 * w:], strict=True))) > 1:
-            apart = _mixed(what, seen[5 * w:6 * w], seen[6 * w:])
+        elif len(set(zip(seen[5 * w:6 * w], seen[6 * w:7 * w], strict=True))) > 1:
+            apart = _mixed(what, seen[5 * w:6 * w], seen[6 * w:7 * w])
+        elif len(set(seen[7 * w:])) > 1:
+            apart = _reshaped(what)
         if apart is not None:
             if error is not None:
                 raise apart from error
@@ -201,6 +208,30 @@ def _mixed(what: str, sigmas: list, bounds: list) -> TrainingLoopError:
     return exc
 
 
+def layout_code(groups, numels) -> int:
+    """A 32-bit code of the gradient buffers a step all-reduces: each buffer's dtype and
+    length (``groups``: ``(device, dtype, indices)``; ``numels``: each parameter's
+    number of elements), the same on every rank of a run whose ranks train the same
+    parameters at the same dtypes (devices are left out: each rank has its own)."""
+    import zlib
+
+    return zlib.crc32(repr([(str(dt), sum(numels[j] for j in ix))
+                            for _, dt, ix in groups]).encode())
+
+
+def _reshaped(what: str) -> TrainingLoopError:
+    """The error of ranks whose gradient buffers differ in dtype or length."""
+    exc = TrainingLoopError(
+        f"{what} was refused on every rank: the ranks' trainable parameters differ (their "
+        "gradient buffers have other dtypes or lengths): a parameter was frozen or "
+        "unfrozen, or the model cast to another dtype, on some ranks only (under an if "
+        "rank == 0: block), after make_private. The all-reduce of the noisy sums would "
+        "fail or abort the process. Make the same change on every rank. Nothing was "
+        "released or accounted on any rank")
+    exc.refused_ranks = []
+    return exc
+
+
 def _left(what: str, steps: int, cause: BaseException) -> TrainingLoopError:
     """The error of a status exchange that failed: another rank is gone."""
     exc = TrainingLoopError(
@@ -240,8 +271,8 @@ def _collective_error(causes: list, what: str, world: int) -> BaseException:
 class StepAgreement:
     """The DP optimizer's side of the agreement (a mixin of
     :class:`~privlearn.torch.optimizer.DPOptimizer`): it reads ``world_size``,
-    ``process_group``, ``accountant``, ``sampler``, ``noise_multiplier`` and
-    ``max_grad_norm`` and keeps ``_agreement``."""
+    ``process_group``, ``accountant``, ``sampler``, ``noise_multiplier``,
+    ``max_grad_norm``, ``_groups`` and ``_numels`` and keeps ``_agreement``."""
 
     def _init_agreement(self) -> None:
         self._agreement = (Agreement(self.process_group, self.world_size)
@@ -257,7 +288,8 @@ class StepAgreement:
         if self._agreement is None:
             return flag
         return self._agreement.agree(None, *self._status(), flag=flag,
-                                     mechanism=(self.noise_multiplier, self.max_grad_norm))
+                                     mechanism=(self.noise_multiplier, self.max_grad_norm),
+                                     layout=layout_code(self._groups, self._numels))
 
     def _agree_on_load(self, error: BaseException | None) -> None:
         """``load_state_dict``'s exchange: every rank loads (a rank stepping meanwhile is
@@ -281,4 +313,5 @@ class StepAgreement:
                 error, getattr(dist, "DistError", ())):   # own failure: as they are
             return
         self._agreement.agree(error, *self._status(),
-                              mechanism=(self.noise_multiplier, self.max_grad_norm))
+                              mechanism=(self.noise_multiplier, self.max_grad_norm),
+                              layout=layout_code(self._groups, self._numels))

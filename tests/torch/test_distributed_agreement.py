@@ -24,8 +24,9 @@ hang fails the tests instead of holding the run.
     gloo group of its own. Rank 0 calling ``load_state_dict`` alone while rank 1 steps:
     both refuse at once (the load joins the step's status exchange), then each loads
     its own rank's state and both step. Rank 0 alone changing its noise multiplier, or
-    its clipping bound, mid-run: each such step is refused on both ranks (each rank's
-    accountant would record its own value while the released sum mixes both).
+    its clipping bound, or freezing a bias, mid-run: each such step is refused on both
+    ranks (each rank's accountant would record its own value while the released sum
+    mixes both; the frozen bias leaves rank 0's gradient buffer shorter than rank 1's).
 (b) FSDP2: a NaN in rank 1's batch (refused by the batch-independence probe, whose
     passes are collectives, or after the unshard, before the reduce-scatter); rank 1
     calling ``zero_grad()`` between ``backward()`` and ``step()`` (refused before the
@@ -307,8 +308,10 @@ def _mixed(rank) -> dict:
     """After one step, rank 0 alone changes its noise multiplier (then, restored, its
     clipping bound), as a schedule run under ``if rank == 0:`` would: each rank's
     accountant would record its own value while the released sum mixes both (rank 0
-    reporting sigma 3 over noise of std sqrt((9 + 1) / 2) C). Each such step is refused
-    on both ranks, nothing released or accounted; restored, the ranks step on."""
+    reporting sigma 3 over noise of std sqrt((9 + 1) / 2) C). Then rank 0 alone freezes a
+    bias (its gradient buffer shorter than rank 1's: the all-reduce would abort). Each
+    such step is refused on both ranks, nothing released or accounted; restored, the
+    ranks step on."""
     from privlearn.torch import make_private
 
     model = nn.parallel.DistributedDataParallel(_Mlp())
@@ -316,11 +319,13 @@ def _mixed(rank) -> dict:
                      torch.utils.data.DataLoader(_data(), batch_size=B),
                      noise_multiplier=1.0, max_grad_norm=C, seed=11)
     out = dict(outcomes=[], steps=[], params=[])
-    changes = [None, ("noise_multiplier", 3.0), ("max_grad_norm", 5 * C), None]
-    for change, (x, y) in zip(changes, p.data_loader, strict=False):
+    changes = [None, ("noise_multiplier", 3.0), ("max_grad_norm", 5 * C), "freeze", None]
+    batches = (batch for _ in range(2) for batch in p.data_loader)  # 4 a epoch
+    for change, (x, y) in zip(changes, batches, strict=False):
         if rank == 0:
             p.optimizer.noise_multiplier, p.optimizer.max_grad_norm = 1.0, C
-            if change is not None:
+            model.module.fc1.bias.requires_grad_(change != "freeze")
+            if isinstance(change, tuple):
                 setattr(p.optimizer, *change)
         p.optimizer.zero_grad()
         nn.functional.cross_entropy(p.model(x), y).backward()
@@ -490,15 +495,18 @@ def test_a_noise_multiplier_or_bound_changed_on_one_rank_is_refused_on_both(rank
     for rank in range(WORLD):
         r = ranks[rank]["mixed"]
         out = r["outcomes"]
-        assert out[0] is None and out[3] is None, (rank, out)
+        assert out[0] is None and out[4] is None, (rank, out)
         for k, shown in ((1, "rank 0: noise_multiplier 3.0"),
                          (2, f"rank 0: noise_multiplier 1.0, max_grad_norm {5 * C!r}")):
             kind, message = out[k]
             assert kind == "TrainingLoopError" and shown in message, (rank, message)
             assert f"rank 1: noise_multiplier 1.0, max_grad_norm {C!r}" in message
             assert torch.equal(r["params"][k], r["params"][0])  # nothing released
-        assert r["steps"] == [1, 1, 1, 2], (rank, r["steps"])
-    assert torch.equal(ranks[0]["mixed"]["params"][3], ranks[1]["mixed"]["params"][3])
+        kind, message = out[3]
+        assert kind == "TrainingLoopError" and "frozen or unfrozen" in message, message
+        assert torch.equal(r["params"][3], r["params"][0])
+        assert r["steps"] == [1, 1, 1, 1, 2], (rank, r["steps"])
+    assert torch.equal(ranks[0]["mixed"]["params"][4], ranks[1]["mixed"]["params"][4])
 
 
 def test_the_status_of_an_nccl_run_is_exchanged_on_a_gloo_group(ranks):
