@@ -6,13 +6,18 @@ is refused before that collective (its batch holds a NaN, it called ``step()`` w
 new batch, a check of its own state failed) raises, and the others would wait in the
 collective for it forever (gloo: until the group's timeout; NCCL: a watchdog abort after
 up to 30 minutes). So before each collective of a step every rank joins one small
-all-reduce of its status: whether its step was refused, its released steps and the draw
-of the loader it trains on. A rank that refused joins it from its error; when any rank
-refused, or the ranks are not at the same step and draw, every rank raises the same
-typed error naming the ranks and their causes, before anything is released, accounted
-or drawn from the noise.
+all-reduce of its status: whether its step was refused, its released steps, the draw
+of the loader it trains on, the phase of the run it is in (``load_state_dict`` joins
+the same exchange first: a rank loading a state while another steps, each in its own
+collective, would wait for the other for ever) and its step's noise multiplier and
+clipping bound (changed on one rank only, each rank's accountant would record its own
+values while the released sum mixes them), and a code of its gradient buffers' dtypes
+and lengths. A rank that refused joins it from its
+error; when any rank refused, or the ranks differ in step, draw, phase or mechanism,
+every rank raises the same typed error naming the ranks and their causes, before
+anything is released, accounted or drawn from the noise.
 
-The status is a CPU tensor of ``4 W`` integers reduced over a CPU-capable group
+The status is a CPU tensor of ``8 W`` integers reduced over a CPU-capable group
 (the run's own group when its backend is gloo or MPI, else a gloo group of the same
 ranks made with the optimizer): reading it back waits for the other ranks, never for an
 accelerator, so a steady step gains one small host-side collective and no device read.
@@ -28,7 +33,10 @@ import torch
 from privlearn import errors
 from privlearn.errors import TrainingLoopError
 
-__all__ = ["Agreement", "StepAgreement"]
+__all__ = ["Agreement", "StepAgreement", "PHASES", "layout_code"]
+
+#: the phases of a run the ranks' status names (each rank's, summed into its own slot)
+PHASES = {0: "optimizer.step()", 1: "load_state_dict"}
 
 
 def _cpu_group(process_group):
@@ -88,26 +96,40 @@ class Agreement:
                 self.device = torch.device("cuda", torch.cuda.current_device())
 
     def agree(self, error: BaseException | None, steps: int, draw: int, flag: bool = False,
-              what: str = "optimizer.step()") -> bool:
+              what: str = "optimizer.step()", phase: int = 0,
+              mechanism: tuple[float, float] | None = None, layout: int = 0) -> bool:
         """Join the ranks' status exchange with this rank's ``error`` (None: its step may
-        go on), its released ``steps``, the ``draw`` it trains on (-1: none) and a
-        ``flag``. Returns, when every rank may go on, whether any rank raised its flag;
-        otherwise raises on every rank (from ``error`` here).
+        go on), its released ``steps``, the ``draw`` it trains on (-1: none), a ``flag``,
+        the ``phase`` of the run it is in (:data:`PHASES`: 0 a step, 1 a
+        ``load_state_dict``), the ``mechanism`` of its step (noise multiplier,
+        clipping bound; compared bit for bit) and a code of its gradient buffers'
+        ``layout`` (:func:`layout_code`). Returns, when every rank may go on,
+        whether any rank raised its flag; otherwise raises on every rank (from ``error``
+        here).
 
         Raises
         ------
         Exception
             Some rank refused: the refusing ranks' error type when they share one of
             privlearn's (or a built-in) types, else :class:`TrainingLoopError`, naming
-            every refusing rank and its cause; the ranks at different steps or draws:
-            :class:`TrainingLoopError` naming each rank's.
+            every refusing rank and its cause; the ranks at different steps or draws, or
+            in different phases (a rank loading a state while another steps, each in its
+            own collective, would wait for the other for ever), or with different noise
+            multipliers or clipping bounds (one changed on some ranks only), or with
+            gradient buffers of different layouts (a parameter frozen, or the model
+            cast, on some ranks only: the all-reduce of the buffers would fail or
+            abort): :class:`TrainingLoopError` naming each rank's.
         """
         import torch.distributed as dist
 
         w, r = self.world, self.rank
-        mine = [0] * (4 * w)
+        mine = [0] * (8 * w)
+        mine[7 * w + r] = layout
         mine[r], mine[w + r] = int(error is not None), steps
-        mine[2 * w + r], mine[3 * w + r] = draw, int(flag)
+        mine[2 * w + r], mine[3 * w + r], mine[4 * w + r] = draw, int(flag), phase
+        if mechanism is not None:  # each float's 64 bits, summed into its own slot
+            bits = torch.tensor([float(v) for v in mechanism], dtype=torch.float64)
+            mine[5 * w + r], mine[6 * w + r] = bits.view(torch.int64).tolist()
         status = torch.tensor(mine, dtype=torch.int64, device=self.device)
         try:
             dist.all_reduce(status, op=dist.ReduceOp.SUM, group=self.group)
@@ -116,8 +138,19 @@ class Agreement:
         seen = status.tolist()  # a CPU tensor: waits for the ranks, not for a device
         refused = [k for k in range(w) if seen[k]]
         steps_of, draws_of = seen[w:2 * w], seen[2 * w:3 * w]
+        apart = None
+        if len(set(seen[4 * w:5 * w])) > 1:
+            apart = _apart(what, [PHASES.get(k, str(k)) for k in seen[4 * w:5 * w]])
+        elif len(set(zip(seen[5 * w:6 * w], seen[6 * w:7 * w], strict=True))) > 1:
+            apart = _mixed(what, seen[5 * w:6 * w], seen[6 * w:7 * w])
+        elif len(set(seen[7 * w:])) > 1:
+            apart = _reshaped(what)
+        if apart is not None:
+            if error is not None:
+                raise apart from error
+            raise apart
         if not refused and len(set(steps_of)) == 1 and len(set(draws_of)) == 1:
-            return any(seen[3 * w:])
+            return any(seen[3 * w:4 * w])
         if not refused:
             where = ", ".join(f"rank {k}: {s} steps taken, training draw {d}"
                               for k, (s, d) in enumerate(zip(steps_of, draws_of, strict=True)))
@@ -139,6 +172,64 @@ class Agreement:
         if error is not None:
             raise exc from error
         raise exc
+
+
+def _apart(what: str, phases: list) -> TrainingLoopError:
+    """The error of ranks in different phases of the run (each rank's ``phases``)."""
+    where = ", ".join(f"rank {k}: {p}" for k, p in enumerate(phases))
+    exc = TrainingLoopError(
+        f"{what} was refused on every rank: the ranks are not at the same point of the run "
+        f"({where}). A distributed run's ranks load a state together and step together: "
+        "call p.load_state_dict (or make_private(resume=...)) on every rank, each with "
+        "the state its own rank saved (p.state_dict() on every rank, one file per rank), "
+        "before the first step. Nothing was loaded, released or accounted on any rank")
+    exc.refused_ranks = []
+    return exc
+
+
+def _mixed(what: str, sigmas: list, bounds: list) -> TrainingLoopError:
+    """The error of ranks whose steps have different noise multipliers or clipping bounds
+    (each rank's, as the bits of a float64)."""
+    def floats(bits):
+        return torch.tensor(bits, dtype=torch.int64).view(torch.float64).tolist()
+
+    where = ", ".join(f"rank {k}: noise_multiplier {s!r}, max_grad_norm {c!r}" for k, (s, c)
+                      in enumerate(zip(floats(sigmas), floats(bounds), strict=True)))
+    exc = TrainingLoopError(
+        f"{what} was refused on every rank: the ranks' steps have different noise "
+        f"multipliers or clipping bounds ({where}). Each rank adds its share of the noise "
+        "at its own noise multiplier and clips at its own bound, and its accountant records "
+        "its own values, while the released sum mixes them: a rank that raised its noise "
+        "multiplier, or lowered its bound, alone would report an epsilon the run does not "
+        "have. Set p.optimizer.noise_multiplier and p.optimizer.max_grad_norm on every "
+        "rank alike (not inside an if rank == 0: block). Nothing was released or accounted "
+        "on any rank")
+    exc.refused_ranks = []
+    return exc
+
+
+def layout_code(groups, numels) -> int:
+    """A 32-bit code of the gradient buffers a step all-reduces: each buffer's dtype and
+    length (``groups``: ``(device, dtype, indices)``; ``numels``: each parameter's
+    number of elements), the same on every rank of a run whose ranks train the same
+    parameters at the same dtypes (devices are left out: each rank has its own)."""
+    import zlib
+
+    return zlib.crc32(repr([(str(dt), sum(numels[j] for j in ix))
+                            for _, dt, ix in groups]).encode())
+
+
+def _reshaped(what: str) -> TrainingLoopError:
+    """The error of ranks whose gradient buffers differ in dtype or length."""
+    exc = TrainingLoopError(
+        f"{what} was refused on every rank: the ranks' trainable parameters differ (their "
+        "gradient buffers have other dtypes or lengths): a parameter was frozen or "
+        "unfrozen, or the model cast to another dtype, on some ranks only (under an if "
+        "rank == 0: block), after make_private. The all-reduce of the noisy sums would "
+        "fail or abort the process. Make the same change on every rank. Nothing was "
+        "released or accounted on any rank")
+    exc.refused_ranks = []
+    return exc
 
 
 def _left(what: str, steps: int, cause: BaseException) -> TrainingLoopError:
@@ -180,7 +271,8 @@ def _collective_error(causes: list, what: str, world: int) -> BaseException:
 class StepAgreement:
     """The DP optimizer's side of the agreement (a mixin of
     :class:`~privlearn.torch.optimizer.DPOptimizer`): it reads ``world_size``,
-    ``process_group``, ``accountant`` and ``sampler`` and keeps ``_agreement``."""
+    ``process_group``, ``accountant``, ``sampler``, ``noise_multiplier``,
+    ``max_grad_norm``, ``_groups`` and ``_numels`` and keeps ``_agreement``."""
 
     def _init_agreement(self) -> None:
         self._agreement = (Agreement(self.process_group, self.world_size)
@@ -195,7 +287,19 @@ class StepAgreement:
         whether any rank raised ``flag`` (one process: ``flag``)."""
         if self._agreement is None:
             return flag
-        return self._agreement.agree(None, *self._status(), flag=flag)
+        return self._agreement.agree(None, *self._status(), flag=flag,
+                                     mechanism=(self.noise_multiplier, self.max_grad_norm),
+                                     layout=layout_code(self._groups, self._numels))
+
+    def _agree_on_load(self, error: BaseException | None) -> None:
+        """``load_state_dict``'s exchange: every rank loads (a rank stepping meanwhile is
+        refused with this one, not left waiting in its own collective), then any rank's
+        refusal of its state (``error``) is raised on every rank."""
+        from privlearn.torch.distributed import refuse_on_every_rank
+
+        if self._agreement is not None:
+            self._agreement.agree(None, 0, -1, what="load_state_dict", phase=1)
+        refuse_on_every_rank(error, "load_state_dict", self.process_group)
 
     def _refuse_together(self, error: BaseException) -> None:
         """``error`` refused this rank's step before its collective: raise it on every
@@ -208,4 +312,6 @@ class StepAgreement:
         if not isinstance(error, Exception) or isinstance(  # an interrupt; a collective's
                 error, getattr(dist, "DistError", ())):   # own failure: as they are
             return
-        self._agreement.agree(error, *self._status())
+        self._agreement.agree(error, *self._status(),
+                              mechanism=(self.noise_multiplier, self.max_grad_norm),
+                              layout=layout_code(self._groups, self._numels))

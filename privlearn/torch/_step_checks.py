@@ -21,6 +21,30 @@ __all__ = ["StepChecks"]
 class StepChecks:
     """The DP optimizer's checks of what a step is about to update and add."""
 
+    def _check_held(self) -> None:
+        """When the trained parameters change (checked with the layout): the wrapped
+        optimizer must hold some of them. A model whose parameters were all replaced after
+        make_private (``fully_shard`` applied to it then, a layer swapped for a new one,
+        ``load_state_dict(..., assign=True)``) leaves the optimizer over the old tensors:
+        every step would be released and accounted while nothing updated the model."""
+        params = self.tracker.params
+        held = {id(q) for g in self.original_optimizer.param_groups for q in g["params"]}
+        if not params or any(id(q) in held for q in params):
+            return
+        names = {id(v): n for n, v in self.tracker.model.named_parameters()}
+        shown = [names.get(id(q), tuple(q.shape)) for q in params]
+        self.tracker.clear()
+        self._layout_version = None  # checked again at the next step
+        raise TrainingLoopError(
+            "optimizer.step() refused: the wrapped optimizer holds none of the model's "
+            f"{len(params)} trainable parameters ({shown[:4]}{', ...' if len(shown) > 4 else ''}"
+            "): they were replaced after make_private (fully_shard or "
+            "DistributedDataParallel's module swapped, a layer replaced, load_state_dict "
+            "with assign=True), so the step would be accounted while the optimizer updated "
+            "the old tensors only. Apply fully_shard (and any change that replaces "
+            "parameters) before building the optimizer and calling make_private. Nothing "
+            "was released and no step was taken")
+
     def _check_update_set(self) -> None:
         """The one gate for updates: every parameter the wrapped optimizer will update
         this step (each one holding a gradient) must be one the engine clips and noises.

@@ -43,7 +43,8 @@ from privlearn.torch.samplers import DistributedPoissonBatchSampler, rank_partit
 __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
            "dataset_digest", "first_rank_decides", "ledger_on_first_rank",
-           "refuse_on_every_rank", "parameters_digest", "sync_replicas"]
+           "refuse_on_every_rank", "parameters_digest", "sync_replicas",
+           "optimizer_settings"]
 
 
 def unwrap(model):
@@ -116,6 +117,30 @@ def dataset_digest(dataset) -> str | None:
             h.update(part.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:16]
     return None
+
+
+def optimizer_settings(optimizer) -> tuple:
+    """The optimizer's type and its param groups' hyperparameters (``lr``, momentum,
+    weight decay, betas, ...), to compare between ranks.
+
+    Each rank applies the one all-reduced noisy gradient with its own optimizer, so ranks
+    given another learning rate (one computed from the rank, or from a per-rank batch
+    size) would train apart, each replica (or each FSDP2 shard) a different model, without
+    any error. Values that print the same on every rank are kept: numbers, strings,
+    booleans, ``None``, tuples and lists of them, and a one-element tensor as its number
+    (its device may differ between ranks); others (callables, objects) are left out.
+    """
+    def plain(v):
+        if torch.is_tensor(v):
+            return float(v) if v.numel() == 1 else None
+        if isinstance(v, tuple | list):
+            kept = [plain(x) for x in v]
+            return None if any(k is None and x is not None for k, x in zip(kept, v,
+                                                                          strict=True)) else kept
+        return v if v is None or isinstance(v, bool | int | float | str) else None
+
+    return (type(optimizer).__name__,
+            [{k: plain(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups])
 
 
 def parameters_digest(model, rows: int = 1024) -> str:
@@ -255,8 +280,10 @@ def check_same_on_ranks(values: dict[str, object], process_group=None) -> None:
             f"({shown}{f'; and {len(differ) - 6} more' if len(differ) > 6 else ''}). "
             "Every rank's accountant describes one global mechanism, so the privacy "
             "settings (noise_multiplier or target_epsilon, max_grad_norm, sampling, seed, "
-            "epochs/steps, target_delta, ...), the loader's batch_size, the dataset and "
-            "the model's trainable parameters must be the same on every rank (make_private "
+            "epochs/steps, target_delta, ...), the loader's batch_size, the dataset, "
+            "the model's trainable parameters and the optimizer's hyperparameters (lr, "
+            "momentum, ...: each rank applies the update with its own) must be the same "
+            "on every rank (make_private "
             "derives each rank's sampling and noise streams from the one seed). No step "
             "was taken and nothing was released")
 

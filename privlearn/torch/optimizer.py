@@ -395,6 +395,9 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
                    tuple((q.device, q.dtype) for q in self.tracker.params))
         if self._layout_version == version:
             return
+        if self._layout_version != -1:  # parameters replaced since: nothing would train
+            self._layout_version = version
+            self._check_held()
         self._layout_version = version
         self._numels = [p.numel() for p in self.tracker.params]
         self._numel = sum(self._numels)

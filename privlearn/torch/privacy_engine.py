@@ -81,7 +81,7 @@ from privlearn.torch.distributed import (
     check_ddp_wrapper,
     check_same_on_ranks,
     dataset_digest,
-    refuse_on_every_rank,
+    optimizer_settings,
     sync_replicas,
     unwrap,
     world_info,
@@ -336,7 +336,7 @@ class PrivateTraining:
         else:
             error = None
         if self.plan.world_size > 1:
-            refuse_on_every_rank(error, "load_state_dict", self.optimizer.process_group)
+            self.optimizer._agree_on_load(error)  # every rank loads, or none
         elif error is not None:
             raise error
         # the live values before the history (a run of one mechanism refuses a new noise
@@ -672,10 +672,9 @@ _PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augm
                                 "show_progress"})
 
 
-def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,
-                     data_loader: DataLoader) -> dict:
-    """What every rank of a distributed run must agree on: the settings, the plan's
-    mechanism (after calibration), the dataset's size and the trainable parameters."""
+def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module, data_loader: DataLoader,
+                     resume: dict | None, optimizer) -> dict:
+    """What the ranks must agree on: settings, mechanism, data, model, optimizer, resume."""
     from dataclasses import fields
 
     out = {f.name: getattr(cfg, f.name) for f in fields(cfg)
@@ -685,7 +684,8 @@ def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module,
         "sampling rate": plan.sampling_rate, "planned noise multiplier": plan.noise_multiplier,
         "planned clipping bound": plan.max_grad_norm, "steps per epoch": plan.steps_per_epoch,
         "planned steps": plan.planned_steps, "planned epsilon": plan.planned_epsilon,
-        "expected batch size": plan.expected_batch_size})
+        "expected batch size": plan.expected_batch_size, "resume given": resume is not None,
+        "optimizer": optimizer_settings(optimizer)})
     # the whole dataset on every rank (not each rank's own shard): its contents where
     # they can be read cheaply
     out["dataset"] = (type(data_loader.dataset).__name__, len(data_loader.dataset),
@@ -837,8 +837,8 @@ def make_private(
         inner = prepare_model(model, optimizer, cfg, undo)
         plan = plan_run(cfg, inner, data_loader, process_group)
         if plan.world_size > 1:  # one global mechanism: the same settings on every rank
-            check_same_on_ranks(_run_fingerprint(cfg, plan, inner, data_loader),
-                                process_group)
+            check_same_on_ranks(_run_fingerprint(cfg, plan, inner, data_loader, resume,
+                                                 optimizer), process_group)
         sharded = is_sharded(inner)
         if sharded:  # FSDP2: refused up front unless the sharded step is exact
             check_sharded_model(inner, cfg, plan.world_size, optimizer)

@@ -21,7 +21,12 @@ hang fails the tests instead of holding the run.
     rank 0 calls ``step()`` a third time: once rank 1 has left the group, rank 0's step
     fails within seconds, naming the cause (a rank that stopped stepping but stays in
     the group cannot be told from a slow one). The status exchange of an NCCL run, on a
-    gloo group of its own.
+    gloo group of its own. Rank 0 calling ``load_state_dict`` alone while rank 1 steps:
+    both refuse at once (the load joins the step's status exchange), then each loads
+    its own rank's state and both step. Rank 0 alone changing its noise multiplier, or
+    its clipping bound, or freezing a bias, mid-run: each such step is refused on both
+    ranks (each rank's accountant would record its own value while the released sum
+    mixes both; the frozen bias leaves rank 0's gradient buffer shorter than rank 1's).
 (b) FSDP2: a NaN in rank 1's batch (refused by the batch-independence probe, whose
     passes are collectives, or after the unshard, before the reduce-scatter); rank 1
     calling ``zero_grad()`` between ``backward()`` and ``step()`` (refused before the
@@ -249,6 +254,91 @@ def _ended(rank) -> dict:
     return out
 
 
+def _load_alone(rank) -> dict:
+    """Rank 0 loads a checkpoint alone (``load_state_dict`` behind ``if rank == 0``) while
+    rank 1 steps: each would wait in its own collective for ever. Both refuse at once,
+    nothing loaded or released; then each loads the state its own rank saved and both
+    step together."""
+    import io
+    import time
+
+    from privlearn.torch import make_private
+
+    def fresh():
+        model = nn.parallel.DistributedDataParallel(_Mlp())
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                         torch.utils.data.DataLoader(_data(), batch_size=B),
+                         noise_multiplier=1.0, max_grad_norm=C, seed=11)
+        return p, iter(p.data_loader)
+
+    def step(p, it):
+        x, y = next(it)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+
+    p, it = fresh()
+    step(p, it)
+    buf = io.BytesIO()
+    torch.save(p.state_dict(), buf)
+    p.detach()
+    p, it = fresh()
+    before = _flat(p.model.module)
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            p.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=False))
+        else:
+            step(p, it)
+        out = dict(refused=None)
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        out = dict(refused=type(exc).__name__, message=str(exc))
+    out.update(seconds=time.monotonic() - start, steps=[p.accountant.steps],
+               unchanged=torch.equal(before, _flat(p.model.module)))
+    p.detach()
+    p, it = fresh()
+    p.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=False))
+    out["steps"].append(p.accountant.steps)
+    step(p, it)
+    out["steps"].append(p.accountant.steps)
+    return out
+
+
+def _mixed(rank) -> dict:
+    """After one step, rank 0 alone changes its noise multiplier (then, restored, its
+    clipping bound), as a schedule run under ``if rank == 0:`` would: each rank's
+    accountant would record its own value while the released sum mixes both (rank 0
+    reporting sigma 3 over noise of std sqrt((9 + 1) / 2) C). Then rank 0 alone freezes a
+    bias (its gradient buffer shorter than rank 1's: the all-reduce would abort). Each
+    such step is refused on both ranks, nothing released or accounted; restored, the
+    ranks step on."""
+    from privlearn.torch import make_private
+
+    model = nn.parallel.DistributedDataParallel(_Mlp())
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(_data(), batch_size=B),
+                     noise_multiplier=1.0, max_grad_norm=C, seed=11)
+    out = dict(outcomes=[], steps=[], params=[])
+    changes = [None, ("noise_multiplier", 3.0), ("max_grad_norm", 5 * C), "freeze", None]
+    batches = (batch for _ in range(2) for batch in p.data_loader)  # 4 a epoch
+    for change, (x, y) in zip(changes, batches, strict=False):
+        if rank == 0:
+            p.optimizer.noise_multiplier, p.optimizer.max_grad_norm = 1.0, C
+            model.module.fc1.bias.requires_grad_(change != "freeze")
+            if isinstance(change, tuple):
+                setattr(p.optimizer, *change)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        try:
+            p.optimizer.step()
+            out["outcomes"].append(None)
+        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+            out["outcomes"].append((type(exc).__name__, str(exc)))
+        out["steps"].append(p.accountant.steps)
+        out["params"].append(_flat(model.module))
+    return out
+
+
 def _side_group(rank) -> dict:
     """The status exchange of a run whose group reduces no CPU tensor (NCCL, here a gloo
     group reported as "nccl"): made on a gloo group of its own, which refuses a step
@@ -307,6 +397,8 @@ def _worker(rank: int, out_dir: str, cases=DDP) -> None:
             res["tied"] = _tied_run(mesh)
         else:
             res["side_group"] = _side_group(rank)
+            res["load_alone"] = _load_alone(rank)
+            res["mixed"] = _mixed(rank)
             res["ended"] = _ended(rank)  # last: the group is gone after it
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -387,6 +479,34 @@ def test_a_step_after_another_rank_left_fails_at_once_with_the_cause(ranks):
     assert r0["kind"] == "TrainingLoopError" and r0["at"] == 2, r0
     assert "left the process group" in r0["message"] and r0["seconds"] < 20
     assert r0["steps"] == 2
+
+
+def test_a_state_loaded_on_one_rank_while_another_steps_is_refused_on_both(ranks):
+    for rank in range(WORLD):
+        r = ranks[rank]["load_alone"]
+        assert r["refused"] == "TrainingLoopError", (rank, r)
+        assert "rank 0: load_state_dict" in r["message"], r["message"]
+        assert "rank 1: optimizer.step()" in r["message"] and r["seconds"] < 20
+        # nothing loaded or released; each rank's own state then loads, and both step
+        assert r["unchanged"] and r["steps"] == [0, 1, 2], (rank, r)
+
+
+def test_a_noise_multiplier_or_bound_changed_on_one_rank_is_refused_on_both(ranks):
+    for rank in range(WORLD):
+        r = ranks[rank]["mixed"]
+        out = r["outcomes"]
+        assert out[0] is None and out[4] is None, (rank, out)
+        for k, shown in ((1, "rank 0: noise_multiplier 3.0"),
+                         (2, f"rank 0: noise_multiplier 1.0, max_grad_norm {5 * C!r}")):
+            kind, message = out[k]
+            assert kind == "TrainingLoopError" and shown in message, (rank, message)
+            assert f"rank 1: noise_multiplier 1.0, max_grad_norm {C!r}" in message
+            assert torch.equal(r["params"][k], r["params"][0])  # nothing released
+        kind, message = out[3]
+        assert kind == "TrainingLoopError" and "frozen or unfrozen" in message, message
+        assert torch.equal(r["params"][3], r["params"][0])
+        assert r["steps"] == [1, 1, 1, 1, 2], (rank, r["steps"])
+    assert torch.equal(ranks[0]["mixed"]["params"][4], ranks[1]["mixed"]["params"][4])
 
 
 def test_the_status_of_an_nccl_run_is_exchanged_on_a_gloo_group(ranks):

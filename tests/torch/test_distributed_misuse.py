@@ -20,7 +20,9 @@ expected global batch q N).
     each shard unsampled and account the shard's size as the dataset's; a
     ``DistributedSampler``; a parameter frozen on one rank only; the legacy
     ``FullyShardedDataParallel`` (FSDP1: flat parameters no layer owns, or each rank's
-    slice of them) with either ``use_orig_params``; gradient accumulation
+    slice of them) with either ``use_orig_params``; ``fully_shard`` applied after
+    make_private (at the first step: the optimizer holds the replaced tensors, so every
+    step would be accounted and none would train); gradient accumulation
     over two backward passes; a checkpoint of the two-rank run resumed in one process;
     rank 0's checkpoint loaded on both ranks (rank 1 refuses it, and rank 0 with it).
 """
@@ -163,6 +165,11 @@ def _train(case, rank, mesh) -> dict:
                              seed=11)
     except Exception as exc:  # noqa: BLE001 - the test reads the type and message
         return dict(refused=type(exc).__name__, message=str(exc))
+    if case == "fsdp_after":  # sharded after make_private: the optimizer holds the old tensors
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (p.model[0], p.model[2], p.model):
+            fully_shard(layer, mesh=mesh)
     run = nn.parallel.DistributedDataParallel(p.model) if case == "ddp_after" else p.model
     inner = getattr(run, "module", run)
     out = dict(refused=None, batches=[], params=[], expected=p.expected_batch_size,
@@ -182,7 +189,8 @@ def _train(case, rank, mesh) -> dict:
                     nn.functional.cross_entropy(run(x), y).backward()
             p.optimizer.step()
         except Exception as exc:  # noqa: BLE001
-            return dict(refused=type(exc).__name__, message=str(exc), at_step=True)
+            return dict(refused=type(exc).__name__, message=str(exc), at_step=True,
+                        steps=p.accountant.steps)
         gathered = [None] * WORLD
         dist.all_gather_object(gathered, idx.tolist())
         out["batches"].append(sorted(i for part in gathered for i in part))
@@ -200,7 +208,8 @@ REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "Configurat
            "own_subset_shard": "ConfigurationError",
            "distributed_sampler": "ConfigurationError",
            "frozen_one_rank": "ConfigurationError", "accumulate": "TrainingLoopError",
-           "fsdp1": "ConfigurationError", "fsdp1_orig_params": "ConfigurationError"}
+           "fsdp1": "ConfigurationError", "fsdp1_orig_params": "ConfigurationError",
+           "fsdp_after": "TrainingLoopError"}
 
 
 def _planted_bf16(mesh) -> list[float]:
@@ -329,13 +338,17 @@ def test_misuse_is_refused_on_every_rank_before_any_step(ranks, case):
     for rank in range(WORLD):
         r = ranks[rank][case]
         assert r["refused"] == REFUSED[case], (rank, r)
-        # before any step: at make_private (gradient accumulation: at its 2nd backward)
-        assert "at_step" not in r or case == "accumulate", (rank, r)
+        # before any step: at make_private (gradient accumulation: at its 2nd backward;
+        # fully_shard applied after make_private: at the first step, none accounted)
+        assert "at_step" not in r or case in ("accumulate", "fsdp_after"), (rank, r)
+        assert r.get("steps", 0) == 0, (rank, r)
     if case == "static_graph":
         assert "static_graph" in ranks[0][case]["message"]
     elif case.startswith("fsdp1"):  # named as the cause, with FSDP2 as the way out
         assert "legacy FullyShardedDataParallel" in ranks[0][case]["message"]
         assert "fully_shard" in ranks[0][case]["message"]
+    elif case == "fsdp_after":  # the optimizer would update the replaced tensors only
+        assert "replaced after make_private" in ranks[0][case]["message"]
     elif case.startswith("own_"):
         assert "dataset" in ranks[0][case]["message"] and "rank 1" in ranks[0][case]["message"]
 

@@ -2,9 +2,11 @@
 before any step, ranks given different privacy settings: each rank's accountant
 describes one global mechanism, so a rank with less noise, a larger clipping bound, its
 own seed (under fixed-size sampling two seeds draw overlapping global samples), its own
-batch size or dataset would be accounted with the other ranks' values. Ranks given the
-same settings run, and each rank's epsilon is the single-process epsilon of the global
-sampling rate."""
+batch size or dataset would be accounted with the other ranks' values; a checkpoint
+resumed on one rank only would leave that rank loading it while the others step; an
+optimizer with another learning rate or weight decay would train the replicas apart.
+Ranks given the same settings run, and each rank's epsilon is the single-process epsilon
+of the global sampling rate."""
 
 from __future__ import annotations
 
@@ -35,22 +37,31 @@ CASES = {
     "epochs": ({"epochs": 1}, {"epochs": 5}),
     "target_epsilon": ({"noise_multiplier": None, "target_epsilon": 3.0, "epochs": 1},
                        {"noise_multiplier": None, "target_epsilon": 8.0, "epochs": 1}),
+    # a checkpoint found by rank 0 only (saved on rank 0 alone): rank 0 would load it (a
+    # collective) while rank 1 steps, both waiting in their own collective for ever
+    "resume": ({"resume": {"format": -1}}, {}),
+    # each rank applies the all-reduced update with its own optimizer: another learning
+    # rate (one scaled by the rank's batch) trains each replica into another model
+    "lr": ({}, {"lr": 0.5}),
+    "weight_decay": ({}, {"weight_decay": 1e-2}),
 }
 
 
 def _attempt(rank: int, settings: dict):
     from privlearn.torch import make_private
 
-    kw = dict(noise_multiplier=1.0, max_grad_norm=1.0, seed=3, batch_size=B, n=N)
+    kw = dict(noise_multiplier=1.0, max_grad_norm=1.0, seed=3, batch_size=B, n=N, lr=0.1,
+              weight_decay=0.0)
     kw.update(settings)
     n, b = kw.pop("n"), kw.pop("batch_size")
+    lr, decay = kw.pop("lr"), kw.pop("weight_decay")
     g = torch.Generator().manual_seed(0)
     ds = torch.utils.data.TensorDataset(torch.randn(n, 4, generator=g),
                                         torch.randint(0, 2, (n,), generator=g))
     torch.manual_seed(1)
     model = nn.Linear(4, 2)
     before = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=decay)
     try:
         p = make_private(model, opt, torch.utils.data.DataLoader(ds, batch_size=b), **kw)
     except Exception as exc:  # noqa: BLE001 - the test reads the type and message

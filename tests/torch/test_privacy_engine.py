@@ -806,6 +806,22 @@ def test_an_optimizer_over_another_models_parameters_is_refused():
     assert dict(model._forward_hooks) == {} and dict(model._forward_pre_hooks) == {}
 
 
+def test_parameters_replaced_after_make_private_are_refused_at_the_step():
+    """The model's parameters replaced after make_private (here ``load_state_dict(...,
+    assign=True)``; under torch.distributed, ``fully_shard`` applied then): the wrapped
+    optimizer still holds the old tensors, so each step was accounted while nothing
+    trained. The first step is refused, naming the cause; nothing is accounted and the
+    model is unchanged."""
+    model = _mlp()
+    p = _private(model, seed=0)
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(TrainingLoopError, match="none of the model's 4 trainable parameters"):
+        _train(p, 1)
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+
+
 def test_trainable_parameters_the_optimizer_does_not_hold_are_named():
     """An optimizer over the head of a model whose backbone still requires gradients
     (a fine-tuning loop that forgot to freeze it): the engine clips over every trainable
