@@ -1,0 +1,180 @@
+"""Models from problems Opacus users reported, through one noise-free make_private step.
+
+Each case is a model shape that broke Opacus's per-sample gradients (a layer called twice
+on inputs of different shapes, a custom layer using its parameter twice, a norm module
+shared by two places, attention with ``is_causal``, activation checkpointing of a
+sequence of layers, layers without an Opacus grad sampler). The engine's clipped sum must
+equal the definition: a float64 loop of batch-of-one backward passes, each example's
+gradient clipped on its own, summed (the ``oracle`` of conftest.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.torch import make_private  # noqa: E402
+
+# torch.func has no batching rule for Bilinear's trilinear product (a slower loop)
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+
+B = 5
+
+
+class _Word2Vec(nn.Module):
+    """Skip-gram with negative sampling: the context embedding is called on the positive
+    word (B, 1) and on the negatives (B, 3) in the same step."""
+
+    def __init__(self):
+        super().__init__()
+        self.target = nn.Embedding(10, 4)
+        self.context = nn.Embedding(10, 4)
+
+    def forward(self, word, ctx, neg):
+        e = self.target(word)
+        pos = (e * self.context(ctx)[:, 0]).sum(-1, keepdim=True)
+        negs = (self.context(neg) * e[:, None]).sum(-1)
+        return torch.cat([pos, negs], 1)
+
+
+class _LinearLike(nn.Module):
+    """A custom layer (no registered rule) that uses its weight twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 4) * 0.3)
+        self.b = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        return x @ self.w.t() + torch.tanh(x @ self.w.t()) + self.b
+
+
+class _ScaledLinear(nn.Module):
+    """A custom layer with a parameter of its own and a child Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+        self.inner = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.inner(x * self.scale)
+
+
+class _SharedNorm(nn.Module):
+    """One LayerNorm module applied at two places of the forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        self.b = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.norm(self.a(x))
+        return self.b(self.norm(h + torch.relu(self.a(h))))
+
+
+class _CausalAttention(nn.Module):
+    """Batch-first self-attention called with a causal mask and ``is_causal=True``."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, x):
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        out = self.attn(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)[0]
+        return out.flatten(1)
+
+
+class _Checkpointed(nn.Module):
+    """Non-reentrant activation checkpointing of a Sequential in two segments."""
+
+    def __init__(self):
+        super().__init__()
+        self.seq = nn.Sequential(
+            nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)
+        )
+
+    def forward(self, x):
+        return checkpoint_sequential(self.seq, 2, x, use_reentrant=False)
+
+
+class _Bilinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bilinear = nn.Bilinear(3, 4, 3)
+
+    def forward(self, a, b):
+        return self.bilinear(a, b)
+
+
+def _cases():
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    def ints(high, *shape):
+        return torch.randint(0, high, shape, generator=g)
+
+    return {
+        "embedding twice, two shapes": (_Word2Vec, (ints(10, B), ints(10, B, 1), ints(10, B, 3))),
+        "custom layers": (
+            lambda: nn.Sequential(_LinearLike(), nn.Tanh(), nn.Linear(3, 4), _ScaledLinear()),
+            (randn(B, 4),),
+        ),
+        "one norm at two places": (_SharedNorm, (randn(B, 4),)),
+        "causal attention": (_CausalAttention, (randn(B, 3, 4),)),
+        "checkpoint_sequential": (_Checkpointed, (randn(B, 4),)),
+        "bilinear": (_Bilinear, (randn(B, 3), randn(B, 4))),
+        "prelu": (
+            lambda: nn.Sequential(nn.Linear(4, 3), nn.PReLU(3), nn.Linear(3, 3)),
+            (randn(B, 4),),
+        ),
+    }
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_clipped_sum_is_the_batch_of_one_definition(name, oracle):
+    build, inputs = CASES[name]
+    torch.manual_seed(1)
+    model = build().double()
+    with torch.no_grad():
+        out_dim = model(*(t[:1] for t in inputs)).shape[1]
+    target = torch.randn(
+        B, out_dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64
+    )
+
+    def loss_of(i):
+        return ((model(*(t[i : i + 1] for t in inputs)) - target[i : i + 1]) ** 2).sum()
+
+    params = oracle.trainable(model)
+    rows = oracle.grads(loss_of, B, params)
+    bound = float(rows.norm(dim=1).median())  # some examples clipped, some not
+    ref, _ = oracle.clip_and_sum(rows, bound)
+
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(*inputs, target), batch_size=B),
+        noise_multiplier=0.0,
+        max_grad_norm=bound,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    *xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    ((p.model(*xb) - yb) ** 2).sum().backward()
+    p.optimizer.step()
+    got = oracle.flat(q.grad for q in params) * B  # the step divides by B
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
