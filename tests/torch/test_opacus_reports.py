@@ -178,3 +178,82 @@ def test_clipped_sum_is_the_batch_of_one_definition(name, oracle):
     p.optimizer.step()
     got = oracle.flat(q.grad for q in params) * B  # the step divides by B
     torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
+
+
+class _Mask(nn.Module):
+    """The parametrization that keeps a pruning mask: ``weight = original * mask``."""
+
+    def __init__(self, mask):
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, w):
+        return w * self.mask
+
+
+def _pruned_mlp():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+
+
+def test_torch_prune_is_refused_before_anything_naming_the_parametrization():
+    """torch.nn.utils.prune recomputes ``weight = weight_orig * weight_mask`` in a forward
+    pre-hook, outside the layer: make_private refuses it up front (it used to accept it
+    and refuse the first step as a parameter used in a functional call)."""
+    from torch.nn.utils import prune
+
+    from privlearn.errors import UnsupportedModuleError
+
+    model = _pruned_mlp()
+    prune.l1_unstructured(model[0], "weight", amount=0.5)
+    prune.random_unstructured(model[2], "bias", amount=0.5)
+    prune.l1_unstructured(model[2], "bias", amount=0.2)  # iterative: a PruningContainer
+    loader = DataLoader(TensorDataset(torch.randn(8, 4, dtype=torch.float64)), batch_size=2)
+    with pytest.raises(UnsupportedModuleError) as info:
+        make_private(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), loader, noise_multiplier=1.0
+        )
+    msg = str(info.value)
+    assert "'weight'" in msg and "'bias'" in msg and "register_parametrization" in msg
+    assert model[0]._forward_pre_hooks  # the user's model is left as it was
+
+    frozen = _pruned_mlp()
+    prune.l1_unstructured(frozen[0], "weight", amount=0.5)
+    frozen[0].requires_grad_(False)  # a frozen pruned layer is a fixed map: accepted
+    p = make_private(
+        frozen, torch.optim.SGD(frozen[2].parameters(), lr=0.1), loader, noise_multiplier=1.0
+    )
+    p.detach()
+
+
+def test_a_pruning_mask_kept_as_a_parametrization_clips_the_definition(oracle):
+    """What the refusal recommends trains the masked weight exactly."""
+    from torch.nn.utils import parametrize
+
+    model = _pruned_mlp()
+    mask = (torch.rand(5, 4, generator=torch.Generator().manual_seed(3)) > 0.5).double()
+    parametrize.register_parametrization(model[0], "weight", _Mask(mask))
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(B, 4, generator=g, dtype=torch.float64)
+    target = torch.randn(B, 3, generator=g, dtype=torch.float64)
+    params = oracle.trainable(model)
+    rows = oracle.grads(lambda i: ((model(x[i : i + 1]) - target[i : i + 1]) ** 2).sum(), B, params)
+    bound = float(rows.norm(dim=1).median())
+    ref, _ = oracle.clip_and_sum(rows, bound)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, target), batch_size=B),
+        noise_multiplier=0.0,
+        max_grad_norm=bound,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    ((p.model(xb) - yb) ** 2).sum().backward()
+    p.optimizer.step()
+    torch.testing.assert_close(oracle.flat(q.grad for q in params) * B, ref, rtol=1e-9, atol=1e-12)
+    original = model[0].parametrizations.weight.original
+    assert (original.grad[mask == 0] == 0).all() and (original.grad[mask == 1] != 0).all()
