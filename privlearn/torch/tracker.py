@@ -376,7 +376,9 @@ class GradSampleTracker(ClippingMixin):
                 h = u.module.register_forward_pre_hook(_eager(self._expand_pre_hook),
                                                        with_kwargs=True)
                 self._handles.append(h)
-            h = u.module.register_forward_hook(_eager(self._make_hook(i)), with_kwargs=True)
+            # first: the output forward returned, before user hooks that change it
+            h = u.module.register_forward_hook(_eager(self._make_hook(i)), with_kwargs=True,
+                                               prepend=True)
             self._handles.append(h)
         # attention layers whose projections are captured during forward: a side table
         # of what each call captured (keyed by module identity, emptied by the record

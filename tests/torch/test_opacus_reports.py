@@ -257,3 +257,75 @@ def test_a_pruning_mask_kept_as_a_parametrization_clips_the_definition(oracle):
     torch.testing.assert_close(oracle.flat(q.grad for q in params) * B, ref, rtol=1e-9, atol=1e-12)
     original = model[0].parametrizations.weight.original
     assert (original.grad[mask == 0] == 0).all() and (original.grad[mask == 1] != 0).all()
+
+
+def _hooked_gru():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(4, 3, batch_first=True)
+            self.head = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    model = Model()
+    model.rnn.register_forward_hook(lambda m, args, out: (out[0] * 2.0, out[1]))
+    return model
+
+
+def _hooked(first, hook):
+    def build():
+        model = nn.Sequential(first(), nn.Flatten(), nn.LazyLinear(3))
+        model[0].register_forward_hook(hook)
+        return model
+
+    return build
+
+
+HOOKED = {
+    # a forward hook registered before make_private that replaces or changes a layer's
+    # output: the layer's rule needs the gradient of the output forward returned
+    "linear, out * 3": (_hooked(lambda: nn.Linear(4, 3), lambda m, a, out: out * 3.0), (B, 4)),
+    "linear, in place": (_hooked(lambda: nn.Linear(4, 3), lambda m, a, out: out.mul_(3.0)), (B, 4)),
+    "conv, relu * 2": (
+        _hooked(lambda: nn.Conv2d(2, 3, 3), lambda m, a, out: torch.relu(out) * 2),
+        (B, 2, 5, 5),
+    ),
+    "layernorm, squared": (_hooked(lambda: nn.LayerNorm(4), lambda m, a, out: out**2), (B, 4)),
+    "gru, first output * 2": (_hooked_gru, (B, 3, 4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOOKED))
+def test_a_forward_hook_that_changes_a_layer_output_keeps_the_definition(name, oracle):
+    """The engine records each layer's output before the user's forward hooks: a hook
+    registered first (``out * 3``) made it record the gradient of the hooked output,
+    off by the hook's derivative."""
+    build, shape = HOOKED[name]
+    torch.manual_seed(1)
+    model = build().double()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        model(x[:1])  # a LazyLinear takes its size
+    target = torch.randn(B, 3, generator=g, dtype=torch.float64)
+    params = oracle.trainable(model)
+    rows = oracle.grads(lambda i: ((model(x[i : i + 1]) - target[i : i + 1]) ** 2).sum(), B, params)
+    bound = float(rows.norm(dim=1).median())
+    ref, _ = oracle.clip_and_sum(rows, bound)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, target), batch_size=B),
+        noise_multiplier=0.0,
+        max_grad_norm=bound,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    ((p.model(xb) - yb) ** 2).sum().backward()
+    p.optimizer.step()
+    torch.testing.assert_close(oracle.flat(q.grad for q in params) * B, ref, rtol=1e-9, atol=1e-12)
