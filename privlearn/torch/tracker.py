@@ -535,6 +535,8 @@ class GradSampleTracker(ClippingMixin):
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
             self._mixing_shape = shape
             self._probe_pending = self._probe_enabled
+            if any(u.rule is not FALLBACK and _gs.replaced_forward(u.module) for u in self.units):
+                self._rediscover()  # a layer's forward replaced since: its rule no longer holds
         _flat_rows.rearm(self, args, kwargs)  # inputs of shapes a grouping was not checked at
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:

@@ -20,7 +20,10 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 
 # torch.func has no batching rule for Bilinear's trilinear product (a slower loop)
-pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning"),
+    pytest.mark.filterwarnings("ignore:a Linear's forward is replaced:RuntimeWarning"),
+]
 
 B = 5
 
@@ -329,3 +332,79 @@ def test_a_forward_hook_that_changes_a_layer_output_keeps_the_definition(name, o
     ((p.model(xb) - yb) ** 2).sum().backward()
     p.optimizer.step()
     torch.testing.assert_close(oracle.flat(q.grad for q in params) * B, ref, rtol=1e-9, atol=1e-12)
+
+
+def _times_three(layer):
+    """``layer.forward`` replaced on the instance by a wrapper of the original."""
+    original = layer.forward
+    layer.forward = lambda inp: original(inp) * 3.0
+
+
+def _monkeypatched_lora():
+    """A LoRA added by monkeypatching: two parameters on a frozen Linear and its forward
+    replaced on the instance."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 3))
+    lin = model[0]
+    lin.weight.requires_grad_(False)
+    lin.lora_a = nn.Parameter(torch.randn(2, 4) * 0.3)
+    lin.lora_b = nn.Parameter(torch.randn(3, 2) * 0.3)
+    lin.forward = lambda inp: (
+        nn.functional.linear(inp, lin.weight, lin.bias) + inp @ lin.lora_a.t() @ lin.lora_b.t()
+    )
+    return model
+
+
+def _wrapped_mlp():
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 3))
+    _times_three(model[0])
+    return model
+
+
+@pytest.mark.parametrize("when", ["before make_private", "after a step", "lora"])
+def test_a_forward_replaced_on_the_instance_keeps_the_definition(when, oracle):
+    """A layer whose ``forward`` is replaced on the instance (``layer.forward = f``: a
+    wrapper, a monkeypatched LoRA) computes what ``f`` does: it is differentiated as it
+    runs (it kept its class's rule, the gradients of a Linear's own formula, and a
+    monkeypatched LoRA's parameters got none)."""
+    build = {"before make_private": _wrapped_mlp, "lora": _monkeypatched_lora}.get(
+        when, lambda: nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 3))
+    )
+    torch.manual_seed(1)
+    reference = build().double()  # the same model, never attached
+    if when == "after a step":
+        _times_three(reference[0])
+    torch.manual_seed(1)
+    model = build().double()
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(B, 4, generator=g, dtype=torch.float64)
+    target = torch.randn(B, 3, generator=g, dtype=torch.float64)
+    rows = oracle.grads(
+        lambda i: ((reference(x[i : i + 1]) - target[i : i + 1]) ** 2).sum(),
+        B,
+        oracle.trainable(reference),
+    )
+    bound = float(rows.norm(dim=1).median())
+    ref, _ = oracle.clip_and_sum(rows, bound)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, target), batch_size=B),
+        noise_multiplier=0.0,
+        max_grad_norm=bound,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+
+    def step():
+        xb, yb = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        ((p.model(xb) - yb) ** 2).sum().backward()
+        p.optimizer.step()
+
+    if when == "after a step":
+        step()  # (at learning rate 0 the parameters stay the reference's)
+        _times_three(model[0])
+    step()
+    got = oracle.flat(q.grad for q in oracle.trainable(model)) * B
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
