@@ -445,7 +445,8 @@ class GradSampleTracker(ClippingMixin):
                 "set its probability to 0). No step was taken and nothing was released")
         raise TrainingLoopError(
             f"parameter(s) {used} are used outside their layers as well (a functional call "
-            "such as F.linear(h, self.emb.weight) or x @ self.lin.weight in forward): the "
+            "such as F.linear(h, self.emb.weight) or x @ self.lin.weight in forward, or a "
+            "layer called as layer.forward(x), which skips its hooks: call layer(x)): the "
             "engine computes per-example gradients layer by layer, so the gradient of that "
             "use is neither per example nor clipped. Route every use through a module: "
             "e.g. a tied output head as an nn.Linear whose weight is the embedding's "

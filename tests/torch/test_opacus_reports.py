@@ -408,3 +408,33 @@ def test_a_forward_replaced_on_the_instance_keeps_the_definition(when, oracle):
     step()
     got = oracle.flat(q.grad for q in oracle.trainable(model)) * B
     torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_a_layer_called_through_its_forward_method_is_refused_saying_so():
+    """``self.fc.forward(x)`` skips the layer's hooks, so its parameters get autograd's
+    batch gradient: refused (as any use outside the layer), and the error says to call
+    the layer itself."""
+    from privlearn.errors import TrainingLoopError
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc.forward(x)
+
+    model = Model()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 3)), batch_size=8),
+        noise_multiplier=1.0,
+        sampling="fixed",
+    )
+    xb, yb = next(iter(p.data_loader))
+    before = model.fc.weight.detach().clone()
+    ((p.model(xb) - yb) ** 2).sum().backward()
+    with pytest.raises(TrainingLoopError, match=r"layer\.forward\(x\).*call layer\(x\)"):
+        p.optimizer.step()
+    assert torch.equal(model.fc.weight, before) and p.accountant.steps == 0
