@@ -69,6 +69,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _meta,
     _mismatch_message,
     _nonfinite,
+    _on_final_grad,
     _param_slots,
     _per_param_sq,
     _recomputed_outputs,
@@ -708,7 +709,7 @@ class GradSampleTracker(ClippingMixin):
                 if not output.is_floating_point():
                     return None
                 hooked = _hookable(output, dummy, own_node=False)
-                hooked.register_hook(grad_hook(rec, 0, move, early))
+                _on_final_grad(hooked, grad_hook(rec, 0, move, early))
                 return hooked if hooked is not output else None
             flat, spec = tree_flatten(output)
             rec.out_spec = spec
@@ -725,7 +726,7 @@ class GradSampleTracker(ClippingMixin):
                         # (y, f(y)), would otherwise bring f's share in twice)
                         o = _hookable(o, dummy, own_node=True)
                         changed = True
-                        o.register_hook(grad_hook(rec, j, move))
+                        _on_final_grad(o, grad_hook(rec, j, move))
                 new_flat.append(o)
             return tree_unflatten(new_flat, spec) if changed else None
 

@@ -108,6 +108,22 @@ class _Checkpointed(nn.Module):
         return checkpoint_sequential(self.seq, 2, x, use_reentrant=False)
 
 
+class _ScaledGradient(nn.Module):
+    """A gradient hook on a layer's output in forward (``h.register_hook``): the layer's
+    parameters receive the scaled gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.requires_grad:
+            h.register_hook(lambda g: -2.0 * g)
+        return self.b(torch.tanh(h))
+
+
 class _Bilinear(nn.Module):
     def __init__(self):
         super().__init__()
@@ -136,6 +152,7 @@ def _cases():
         "causal attention": (_CausalAttention, (randn(B, 3, 4),)),
         "checkpoint_sequential": (_Checkpointed, (randn(B, 4),)),
         "bilinear": (_Bilinear, (randn(B, 3), randn(B, 4))),
+        "gradient hook in forward": (_ScaledGradient, (randn(B, 4),)),
         "prelu": (
             lambda: nn.Sequential(nn.Linear(4, 3), nn.PReLU(3), nn.Linear(3, 3)),
             (randn(B, 4),),
@@ -296,6 +313,16 @@ HOOKED = {
         (B, 2, 5, 5),
     ),
     "layernorm, squared": (_hooked(lambda: nn.LayerNorm(4), lambda m, a, out: out**2), (B, 4)),
+    # ... or that registers a tensor hook scaling the output's gradient
+    "linear, tensor hook": (
+        _hooked(
+            lambda: nn.Linear(4, 3),
+            lambda m, a, out: (
+                (out.register_hook(lambda g: 3 * g) and None) if out.requires_grad else None
+            ),
+        ),
+        (B, 4),
+    ),
     "gru, first output * 2": (_hooked_gru, (B, 3, 4)),
 }
 
