@@ -324,7 +324,28 @@ HOOKED = {
         (B, 4),
     ),
     "gru, first output * 2": (_hooked_gru, (B, 3, 4)),
+    # a layer without a rule (the generic torch.func one) called again by the rule: its
+    # own hooks must not run a second time
+    "custom layer, out * 3": (_hooked(_LinearLike, lambda m, a, out: out * 3.0), (B, 4)),
+    "custom layer, tensor hook": (
+        _hooked(
+            _LinearLike,
+            lambda m, a, out: (
+                (out.register_hook(lambda g: 3 * g) and None) if out.requires_grad else None
+            ),
+        ),
+        (B, 4),
+    ),
 }
+
+
+def _pre_hooked_custom():
+    model = nn.Sequential(_LinearLike(), nn.Tanh(), nn.Linear(3, 3))
+    model[0].register_forward_pre_hook(lambda m, args: (args[0] * 2.0 + 1.0,))
+    return model
+
+
+HOOKED["custom layer, pre-hook"] = (_pre_hooked_custom, (B, 4))
 
 
 @pytest.mark.parametrize("name", sorted(HOOKED))
