@@ -63,6 +63,26 @@ def _hookable(output: torch.Tensor, dummy: torch.Tensor, own_node: bool) -> torc
     return _OutputAlias.apply(output) if output._is_view() else output
 
 
+def _on_final_grad(t: torch.Tensor, fn) -> None:
+    """Call ``fn`` with the gradient of ``t`` that its node receives: after every hook
+    registered on ``t`` itself (``t.register_hook(lambda g: 3 * g)``, registered before or
+    after this), as autograd applies them before the node runs; a tensor hook of ours
+    would see the gradient only as far as the hooks registered before it had changed it.
+    The node is the one ``t`` has now (an in-place op on ``t`` later gives it another)."""
+    node = t.grad_fn
+    if node is None:  # a leaf: no node to run
+        t.register_hook(fn)
+        return
+    i = t.output_nr
+
+    def pre(grad_outputs):
+        g = grad_outputs[i]
+        if g is not None:
+            fn(g)
+
+    node.register_prehook(pre)
+
+
 def _recomputed_outputs(output, dummy: torch.Tensor):
     """A layer's outputs in a forward recomputed during backward (activation
     checkpointing), given the nodes the recording hook gave them in the first forward

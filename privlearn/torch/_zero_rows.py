@@ -70,6 +70,13 @@ class _Restore:
                 self.module.forward = self.installed.previous
 
 
+def own_forward(module: nn.Module):
+    """The ``forward`` set on ``module`` itself (an instance attribute) other than the
+    engine's zero-row one (the forward that one replaced, if any), else None."""
+    f = module.__dict__.get("forward")
+    return f.previous if isinstance(f, _ZeroRowForward) else f
+
+
 def install_zero_row_forwards(model: nn.Module) -> list[_Restore]:
     """Give each layer of ``model`` of a type in :data:`ZERO_ROW_FORWARDS` its zero-row
     forward; the handles (``remove()``) put the layers back."""

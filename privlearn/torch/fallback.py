@@ -4,6 +4,8 @@ functional call) for layers without a dedicated rule (:data:`FALLBACK`).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -127,7 +129,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     # the math attention kernel has vmap batching rules (the fused CPU kernels do not)
     dev = next(iter(pvals.values())).device.type if pvals else "cpu"
     with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]), \
-            torch.autocast(dev, enabled=False):
+            torch.autocast(dev, enabled=False), _own_hooks_off(module):
         flat_in = (*args, *kw_vals, *gouts)
         try:
             grads = vmap(per_example, in_dims=in_dims)(pvals, *flat_in)
@@ -143,6 +145,29 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
+
+
+#: the hook tables of a module that its own call runs (forward and backward)
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                "_backward_pre_hooks", "_backward_hooks")
+
+
+@contextlib.contextmanager
+def _own_hooks_off(module: nn.Module):
+    """``module``'s own hooks switched off while the rule calls it: the record holds its
+    inputs after its forward pre-hooks and the gradient of what its forward returned,
+    before its forward hooks (and after its backward ones), so running them again would
+    apply a user's hook twice or differentiate the hooked output instead (its children's
+    hooks, part of its computation, still run)."""
+    saved = {k: vars(module)[k] for k in _HOOK_TABLES if k in vars(module)}
+    try:
+        for k, v in saved.items():
+            setattr(module, k, type(v)())
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
 
 
 def _random_forward(module: nn.Module) -> str:

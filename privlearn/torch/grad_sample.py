@@ -94,6 +94,7 @@ from privlearn.torch.rule_registry import (  # noqa: F401  (re-exported)
     register_predicate_layout,
     register_predicate_rule,
     register_rule,
+    replaced_forward,
 )
 
 __all__ = [

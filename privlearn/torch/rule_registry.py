@@ -314,8 +314,13 @@ def get_rule(module: nn.Module) -> LayerRule | None:
     channels first): the base's per-example formula describes the base's forward only.
     Such a module gets the first predicate rule that matches it, else none (the generic
     :mod:`torch.func` fallback, exact for any computation), unless a rule is registered
-    for its own class or a class between it and the base that overrides nothing."""
+    for its own class or a class between it and the base that overrides nothing. A module
+    whose ``forward`` is replaced on the instance (:func:`replaced_forward`) gets none."""
     owner = RULES.owner(module)
+    if replaced_forward(module):  # module.forward = ...: no formula describes it
+        if owner is not None or any(pred(module) for pred, _ in RULES.predicates):
+            _note_replaced(type(module))
+        return None
     if owner is not None and not overridden_forward(type(module), owner):
         return RULES._table[owner]
     for predicate, value in RULES.predicates:
@@ -327,9 +332,31 @@ def get_rule(module: nn.Module) -> LayerRule | None:
     return None
 
 
+def replaced_forward(module: nn.Module) -> bool:
+    """Whether ``module``'s ``forward`` is replaced on the instance (``module.forward =
+    f``, a wrapper such as accelerate's hooks or a monkeypatched LoRA): what it computes
+    is then whatever ``f`` does, which no layer's per-example formula describes. The
+    engine's own zero-row forward (:mod:`privlearn.torch._zero_rows`) calls the one it
+    replaced and does not count."""
+    from privlearn.torch._zero_rows import own_forward
+
+    return own_forward(module) is not None
+
+
+def _note_replaced(cls: type) -> None:
+    if ("instance", cls) in _NOTED:
+        return
+    _NOTED.add(("instance", cls))
+    warnings.warn(
+        f"a {cls.__qualname__}'s forward is replaced on the instance (module.forward = "
+        "...), so privlearn's rule for its class does not describe it; its per-example "
+        "gradients are computed by the generic torch.func rule instead (exact, slower)",
+        RuntimeWarning, stacklevel=4)
+
+
 #: the methods of a layer whose override changes what it computes
 _FORWARD_METHODS = ("forward", "_conv_forward")
-_NOTED: set[type] = set()
+_NOTED: set = set()
 
 
 def overridden_forward(cls: type, owner: type) -> str | None:

@@ -69,6 +69,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _meta,
     _mismatch_message,
     _nonfinite,
+    _on_final_grad,
     _param_slots,
     _per_param_sq,
     _recomputed_outputs,
@@ -376,7 +377,9 @@ class GradSampleTracker(ClippingMixin):
                 h = u.module.register_forward_pre_hook(_eager(self._expand_pre_hook),
                                                        with_kwargs=True)
                 self._handles.append(h)
-            h = u.module.register_forward_hook(_eager(self._make_hook(i)), with_kwargs=True)
+            # first: the output forward returned, before user hooks that change it
+            h = u.module.register_forward_hook(_eager(self._make_hook(i)), with_kwargs=True,
+                                               prepend=True)
             self._handles.append(h)
         # attention layers whose projections are captured during forward: a side table
         # of what each call captured (keyed by module identity, emptied by the record
@@ -443,7 +446,8 @@ class GradSampleTracker(ClippingMixin):
                 "set its probability to 0). No step was taken and nothing was released")
         raise TrainingLoopError(
             f"parameter(s) {used} are used outside their layers as well (a functional call "
-            "such as F.linear(h, self.emb.weight) or x @ self.lin.weight in forward): the "
+            "such as F.linear(h, self.emb.weight) or x @ self.lin.weight in forward, or a "
+            "layer called as layer.forward(x), which skips its hooks: call layer(x)): the "
             "engine computes per-example gradients layer by layer, so the gradient of that "
             "use is neither per example nor clipped. Route every use through a module: "
             "e.g. a tied output head as an nn.Linear whose weight is the embedding's "
@@ -533,6 +537,8 @@ class GradSampleTracker(ClippingMixin):
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
             self._mixing_shape = shape
             self._probe_pending = self._probe_enabled
+            if any(u.rule is not FALLBACK and _gs.replaced_forward(u.module) for u in self.units):
+                self._rediscover()  # a layer's forward replaced since: its rule no longer holds
         _flat_rows.rearm(self, args, kwargs)  # inputs of shapes a grouping was not checked at
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
@@ -703,7 +709,7 @@ class GradSampleTracker(ClippingMixin):
                 if not output.is_floating_point():
                     return None
                 hooked = _hookable(output, dummy, own_node=False)
-                hooked.register_hook(grad_hook(rec, 0, move, early))
+                _on_final_grad(hooked, grad_hook(rec, 0, move, early))
                 return hooked if hooked is not output else None
             flat, spec = tree_flatten(output)
             rec.out_spec = spec
@@ -720,7 +726,7 @@ class GradSampleTracker(ClippingMixin):
                         # (y, f(y)), would otherwise bring f's share in twice)
                         o = _hookable(o, dummy, own_node=True)
                         changed = True
-                        o.register_hook(grad_hook(rec, j, move))
+                        _on_final_grad(o, grad_hook(rec, j, move))
                 new_flat.append(o)
             return tree_unflatten(new_flat, spec) if changed else None
 

@@ -173,6 +173,32 @@ def _problems(model: nn.Module) -> list[str]:
                        "pre-hook) computes the weight outside the layer's forward, so its "
                        "gradient cannot be clipped per example; use "
                        f"torch.nn.utils.parametrizations.{legacy} instead (supported)")
+        out.extend(f"{label}: {msg}" for msg in _pruned(m))
+    return out
+
+
+def _pruned(m: nn.Module) -> list[str]:
+    """``torch.nn.utils.prune`` on a trainable tensor of ``m``: its forward pre-hook
+    recomputes ``name = name_orig * name_mask`` before each forward, outside the layer,
+    so the gradient of ``name_orig`` reaches it through that product, not through the
+    layer (refused here, before anything, rather than at the first step as a parameter
+    used outside its layer)."""
+    from torch.nn.utils.prune import BasePruningMethod
+
+    out = []
+    for hook in m._forward_pre_hooks.values():
+        name = getattr(hook, "_tensor_name", None)
+        orig = getattr(m, f"{name}_orig", None) if isinstance(hook, BasePruningMethod) else None
+        if isinstance(orig, nn.Parameter) and orig.requires_grad:
+            out.append(
+                f"torch.nn.utils.prune masks {name!r} with a forward pre-hook that computes "
+                f"{name} = {name}_orig * {name}_mask outside the layer's forward, so the "
+                f"gradient of {name}_orig cannot be clipped per example. Keep the mask as a "
+                "parametrization instead (supported): prune.remove(module, "
+                f"{name!r}) to drop the hook, then torch.nn.utils.parametrize."
+                f"register_parametrization(module, {name!r}, M) with an nn.Module M whose "
+                "forward(w) returns w * mask (pruned entries stay zero); or freeze "
+                f"{name}_orig (requires_grad_(False))")
     return out
 
 
