@@ -203,3 +203,32 @@ def test_a_search_whose_validation_data_equals_x_is_charged_as_its_neighbour(tmp
         records[which] = _records(led)
     assert records["equal"] == records["neighbour"]
     assert [r[0] for r in records["equal"]] == ["budget", "reserve", "settle"]
+
+
+def test_a_step_with_a_ledger_that_cannot_be_planned_is_refused_before_reserving(tmp_path):
+    """A step after a public step whose output width its parameters do not give could
+    not be reserved before a value is read (the spline's fit or transform may refuse a
+    value first): refused, nothing recorded; without a ledger it still fits."""
+    from sklearn.preprocessing import SplineTransformer
+
+    from privlearn.errors import ConfigurationError
+
+    _, X, y, _, _ = _case("nan in y")
+    led = _ledger(tmp_path / "l.db")
+    knots = np.linspace(-1.0, 1.0, 3)[:, None] * np.ones((1, 2))  # public knots
+
+    def pipe(ledger):
+        return PrivatePipeline(
+            [
+                ("spline", SplineTransformer(knots=knots, degree=1)),
+                ("ssp", SSPRegressor(y_bound=1.0, random_state=0, ledger=ledger)),
+            ],
+            public_steps=("spline",),
+        )
+
+    with pytest.raises(ConfigurationError, match="cannot be planned before the fit"):
+        pipe(led.budget("d")).fit(X, y)
+    assert [e.kind for e in led.history("d")] == ["budget"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert pipe(None).fit(X, y).named_steps["ssp"].coef_.shape == (6,)
