@@ -15,8 +15,9 @@ from typing import Any
 from sklearn.pipeline import Pipeline
 
 from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.models.base import quiet_data_checks
 
-__all__ = ["check_steps", "pipeline_getitem"]
+__all__ = ["check_step_data", "check_steps", "pipeline_getitem"]
 
 _EXAMPLE = "e.g. steps=[('scale', PrivateStandardScaler(...)), ('model', DPSGDClassifier(...))]"
 
@@ -69,3 +70,18 @@ def pipeline_getitem(pipe: Any, ind: Any) -> Any:
     if hasattr(pipe, "mechanism_"):
         sub._account(None if pipe.delta is None else pipe.delta_)
     return sub
+
+
+def check_step_data(step: Any, placeholder: Any, y: Any, plan: Any) -> None:
+    """A private step's own data checks (``_check_data``, which releases nothing) on
+    zeros of its input's shape and ``y``. The checks set what they validate
+    (``n_features_in_``, a classifier's ``classes_`` read off ``y``): the step's state
+    is put back, so that a pipeline whose fit fails later leaves no step looking
+    fitted."""
+    state = dict(vars(step))
+    try:
+        with quiet_data_checks():  # the step warns when it is fitted
+            step._check_data(placeholder, y, plan)
+    finally:
+        step.__dict__.clear()
+        step.__dict__.update(state)

@@ -80,6 +80,7 @@ from privlearn.errors import (
     UnsupportedMechanismError,
 )
 from privlearn.ledger import check_privacy_unit
+from privlearn.models._charge import charged_note, is_held, settle_in_full
 from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
@@ -262,17 +263,11 @@ class PrivateEstimator(BaseEstimator):
                 X, y = self._check_data(X, y, plan)
             except Exception as e:
                 if reservation is not None:
-                    e.add_note(
-                        f"The ledger reservation of this {type(self).__name__} was charged "
-                        "in full: the data was refused after the reservation, and whether "
-                        "it is refused may depend on its values, which the ledger's "
-                        "readers must not learn from a cancelled entry. Check the data "
-                        "before fitting with a ledger.")
+                    e.add_note(charged_note(type(self).__name__))
                 raise
             return self._release(X, y, plan, **context)
         finally:
-            if reservation is not None:
-                reservation.settle()
+            settle_in_full([reservation])
 
     def _record(self, plan: ReleasePlan, fitted: Mapping[str, Any],
                 account: tuple[Mechanism, float] | None = None) -> None:
@@ -287,8 +282,8 @@ class PrivateEstimator(BaseEstimator):
 
     def _reserve(self, mechanism: Mechanism, label: str):
         handle = getattr(self, "ledger", None)
-        if handle is None:
-            return None
+        if handle is None or is_held(self, mechanism):
+            return None  # no budget, or a PrivatePipeline reserved it and settles it
         if not callable(getattr(handle, "reserve", None)) or not hasattr(handle, "dataset"):
             raise ParameterTypeError(
                 f"ledger must be a budget handle, e.g. Ledger(path).budget('dataset'), got "

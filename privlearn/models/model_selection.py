@@ -612,17 +612,14 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
             raise ParameterValueError(
                 f"X_val's columns {names_val()} differ from X's {names()} (names or "
                 "order): the runs could not be scored on it; pass X_val[X.columns]")
-        X_arr, X_val_arr = (None if hasattr(a, "tocsr") else np.asarray(a)
-                            for a in (X, X_val_given))
-        if X_arr is not None and X_val_arr is not None and (
-                np.shares_memory(X_arr, X_val_arr) or (
-                    X_arr.shape == X_val_arr.shape and np.array_equal(X_arr, X_val_arr))):
-            raise ParameterValueError(
-                "X_val is the private training data X (or a view of it): its scores are "
-                "exact statistics of the private data, and best_params_ / best_score_ "
-                "chosen on them are not covered by the search's epsilon_. Pass public "
-                "validation data (held out by a public rule and never used privately), "
-                "or leave X_val=None to score each run privately on X")
+        _refuse_private_validation(X, X_val_given, values=False)
+
+    def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:
+        """Fit the runs (every candidate, or ``K`` random ones), score them, keep the
+        best."""
+        if X_val is not None:  # reads the values: after the reservation, charged in full
+            _refuse_private_validation(X, X_val, values=True)
+        return self._search(X, y, plan, X_val=X_val, y_val=y_val)
 
     _budget_advice = (
         "lower expected_runs (random stopping's cost grows with it), the candidates' "
@@ -652,11 +649,11 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                     # what the pipeline's fit refuses before its first step (each private
                     # step's own data checks, a non-finite y): refused here, not in a run
                     candidate._check_fit(X, y, {}, budgets=False)  # not charged
+                    candidate._check_values(X, y)
         return X, y
 
-    def _release(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:
-        """Fit the runs (every candidate, or ``K`` random ones), score them, keep the
-        best."""
+    def _search(self, X, y, plan: SearchPlan, *, X_val=None, y_val=None) -> dict[str, Any]:
+        """:meth:`_release` once ``X_val`` is checked."""
         # the search's own generator, seeded by a fixed number of draws from the declared
         # one: a Generator passed as ``random_state`` stays on the search (get_params, the
         # pickle), and how far it advanced (or how many child streams it spawned) would
@@ -782,3 +779,19 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         """``best_estimator_.classes_``."""
         check_is_fitted(self)
         return self.best_estimator_.classes_
+
+
+def _refuse_private_validation(X, X_val, *, values: bool) -> None:
+    """Refuse ``X_val`` that is ``X``: a view of its memory (``values=False``, before the
+    reservation: the arrays' identity, not their values) or equal values (``values=True``,
+    after it: whether one record differs is the data's)."""
+    X_arr, X_val_arr = (None if hasattr(a, "tocsr") else np.asarray(a) for a in (X, X_val))
+    if X_arr is not None and X_val_arr is not None and (
+            np.shares_memory(X_arr, X_val_arr) if not values else (
+                X_arr.shape == X_val_arr.shape and np.array_equal(X_arr, X_val_arr))):
+        raise ParameterValueError(
+            "X_val is the private training data X (or a view of it): its scores are "
+            "exact statistics of the private data, and best_params_ / best_score_ "
+            "chosen on them are not covered by the search's epsilon_. Pass public "
+            "validation data (held out by a public rule and never used privately), "
+            "or leave X_val=None to score each run privately on X")

@@ -26,6 +26,7 @@ References
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -63,7 +64,8 @@ from privlearn.models._bounds import (
     feature_ranges,
     private_quantile,
 )
-from privlearn.models._pipeline_steps import check_steps, pipeline_getitem
+from privlearn.models._charge import reserved_in_full
+from privlearn.models._pipeline_steps import check_step_data, check_steps, pipeline_getitem
 from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
 from privlearn.models._public_width import probe_width as _probe_width
 from privlearn.models._public_width import public_output_width
@@ -74,7 +76,6 @@ from privlearn.models.base import (
     check_finite_target,
     data_shape,
     make_rng,
-    quiet_data_checks,
     refuse_as_step,
     refuse_fit_params,
     require_delta_for_gaussian,
@@ -535,23 +536,15 @@ class PrivatePipeline(Pipeline):
         guarantee), and a composition of the steps' planned mechanisms that ``accountant``
         cannot evaluate (the account after the fit would fail once every step has spent).
         Steps after one that may change the number of features are checked when they are
-        fitted."""
+        fitted. The checks that read values (of ``y``) are :meth:`_check_values`."""
         mechs, deltas = [], []
         for name, step, placeholder, plan, mech in self._planned_steps(X, y, strict=False):
             mechs.append(mech)
             deltas.append(plan.delta if plan is not None else 0.0)
             if plan is not None:
-                # the checks set what they validate (n_features_in_, a classifier's
-                # classes_ read off y): put the step's state back, so that a pipeline
-                # whose fit fails later leaves no step looking fitted
-                state = dict(vars(step))
-                try:
-                    with quiet_data_checks():  # the step warns when it is fitted
-                        refuse_bad_schema(step, placeholder, y)
-                        step._check_data(placeholder, y, plan)
-                finally:
-                    step.__dict__.clear()
-                    step.__dict__.update(state)
+                refuse_bad_schema(step, placeholder, y)
+                if y is None:  # zeros and no y: no value read, so checked before reserving
+                    check_step_data(step, placeholder, y, plan)
             if delta == 0.0 and math.isinf(pure_epsilon(mech)):
                 require_delta_for_gaussian(
                     delta, f"pipeline step {name!r} ({type(step).__name__})", laplace=False,
@@ -568,6 +561,46 @@ class PrivatePipeline(Pipeline):
                 "step, e.g. accountant='rdp' for a PrivateSearchCV step with "
                 "method='random_stopping' (an RDP curve)") from e
 
+    def _check_values(self, X, y) -> None:
+        """The refusals before the first step is fitted that read values, made once the
+        steps' plans are reserved (:meth:`_charged`): a numeric ``y`` with a NaN or an
+        infinity, and each private step's own data checks (``_check_data``, which
+        releases nothing) on ``y`` and on zeros of the shape of its input."""
+        check_finite_target(type(self).__name__, y)
+        for _name, step, placeholder, plan, _mech in self._planned_steps(X, y, strict=False):
+            if plan is not None and y is not None:
+                check_step_data(step, placeholder, y, plan)
+
+    def _ledger_steps(self, X, y):
+        """``(estimator, planned mechanism)`` of every private estimator the fit runs,
+        those of nested pipelines included, in order (as far as the plan reaches)."""
+        for _name, step, placeholder, plan, mech in self._planned_steps(X, y, strict=False):
+            if plan is not None:
+                yield step, mech
+            elif isinstance(step, PrivatePipeline):
+                yield from step._ledger_steps(placeholder, y)
+
+    def _private_steps(self):
+        """Every private estimator among the steps, those of nested pipelines included."""
+        for _name, step in self.steps:
+            if isinstance(step, PrivatePipeline):
+                yield from step._private_steps()
+            elif isinstance(step, PrivateEstimator):
+                yield step
+
+    @contextlib.contextmanager
+    def _charged(self, X, y):
+        """Reserve every private step's planned mechanism on its ledger before any value
+        is read, check the values, and run the block; the reservations are charged in
+        full however it ends (:func:`~privlearn.models._charge.reserved_in_full`, the
+        rule of :meth:`PrivateEstimator._run <privlearn.models.base.PrivateEstimator._run>`):
+        whether the data is refused may depend on one record, and a missing entry
+        would tell the ledger's readers so."""
+        with reserved_in_full(type(self).__name__, self._ledger_steps(X, y),
+                              self._private_steps()):
+            self._check_values(X, y)
+            yield
+
     def fit(self, X, y=None, **params):
         """Fit every step, then account the whole pipeline.
 
@@ -581,11 +614,18 @@ class PrivatePipeline(Pipeline):
         (:class:`~privlearn.errors.BatchDependenceError`: one record would change every
         row the private step sees), a fit parameter a private step cannot account
         (``model__sample_weight``), and a step whose ledger budget cannot hold its
-        planned mechanism (``BudgetExceededError``, see :meth:`_check_budgets`)."""
+        planned mechanism (``BudgetExceededError``, see :meth:`_check_budgets`).
+
+        With ledgers on the steps, every private step's planned mechanism is reserved
+        once the checks that public information decides have passed (the shapes, the
+        parameters, the budgets' room: these record nothing) and before any value is
+        read; from then on it is charged in full whatever happens (a NaN in ``y``, a
+        label outside a step's ``classes``, a public step's fit refusing a value), as
+        an estimator's own reservation is."""
         delta = self._check_fit(X, y, params)
-        with warnings_once_per_fit():  # each step's clipping once in a search
+        with self._charged(X, y), warnings_once_per_fit():  # clipping once in a search
             super().fit(X, y, **params)
-        self._account(delta)
+            self._account(delta)
         return self
 
     @available_if(lambda self: _final_has(self, "transform", "fit_transform",
@@ -594,9 +634,9 @@ class PrivatePipeline(Pipeline):
         """Fit every step and transform with the final one, accounted and refused as
         :meth:`fit` (scikit-learn's ``Pipeline.fit_transform`` does not call ``fit``)."""
         delta = self._check_fit(X, y, params)
-        with warnings_once_per_fit():  # each step's clipping once in a search
+        with self._charged(X, y), warnings_once_per_fit():  # clipping once in a search
             Xt = super().fit_transform(X, y, **params)
-        self._account(delta)
+            self._account(delta)
         return Xt
 
     @available_if(lambda self: _final_has(self, "fit_predict"))
@@ -604,19 +644,19 @@ class PrivatePipeline(Pipeline):
         """Fit every step and ``fit_predict`` with the final one, accounted and refused
         as :meth:`fit` (scikit-learn's ``Pipeline.fit_predict`` does not call ``fit``)."""
         delta = self._check_fit(X, y, params)
-        with warnings_once_per_fit():  # each step's clipping once in a search
+        with self._charged(X, y), warnings_once_per_fit():  # clipping once in a search
             y_pred = super().fit_predict(X, y, **params)
-        self._account(delta)
+            self._account(delta)
         return y_pred
 
     def _check_fit(self, X, y, params: dict[str, Any], *, budgets: bool = True
                    ) -> float | None:
         """What every fitting method refuses before the first step is fitted (see
-        :meth:`fit`); returns the validated ``delta`` (None: the steps' sum).
+        :meth:`fit`) and that public information alone decides (the values are checked
+        by :meth:`_check_values`); returns the validated ``delta`` (None: the steps' sum).
         ``budgets``: also check that the steps' ledger budgets can hold their planned
         mechanisms (False when the steps' ledgers will not be charged)."""
         check_steps(type(self).__name__, self.steps)
-        check_finite_target(type(self).__name__, y)
         delta = (None if self.delta is None
                  else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))
         get_accountant(self.accountant)

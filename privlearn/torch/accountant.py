@@ -490,6 +490,7 @@ class LedgerLink:
         #: a run accounted as one mechanism (correlated noise): reserved whole, once
         self.run = run
         self._open: list[_Reservation] = []  # the reservations not settled yet
+        self._refused = False  # a step was refused after a reservation (see refused)
         #: the ledger reservations (seq, hash) of the planned run, in a checkpoint's
         #: privacy state so that a resume recognises them; its planned steps; and the
         #: steps of the checkpoint a resume took them over from (None: a fresh run)
@@ -569,19 +570,30 @@ class LedgerLink:
         last = self._open[-1]
         self._open[-1] = replace(last, used=last.used + 1)
 
+    def refused(self) -> None:
+        """A step was refused after the run's reservation was made, by a check that may
+        depend on the data's values (a non-finite input or per-example gradient, the
+        batch-independence probe, the user's loss): :meth:`settle` then charges every
+        open reservation at its plan, in full. Settled at the steps that ran, the entry
+        would show the ledger's readers whether (and when) a record failed the check;
+        the plan covers every step that ran (charging more is safe, less is not)."""
+        self._refused = True
+
     def settle(self) -> None:
-        """Record how many steps of each open reservation ran (idempotent).
+        """Record how many steps of each open reservation ran (idempotent); after
+        :meth:`refused`, each open reservation at its plan.
 
         A run accounted as one matrix-factorization mechanism and stopped early (early
         stopping, an interrupted loop) settles at its plan: its first ``k`` steps are a
         prefix of the planned mechanism's outputs (post-processing of it, so the plan
         covers them), but not a sub-composition the ledger can check, as
         ``run.mechanism(sigma, k)`` has another sensitivity."""
+        refused, self._refused = self._refused, False
         while self._open:
             o = self._open.pop(0)
             if o.reservation is None:  # a rank that follows the writing one
                 continue
-            if self.run is not None and 0 < o.used < o.reserved:
+            if refused or (self.run is not None and 0 < o.used < o.reserved):
                 o.reservation.settle(None)  # the plan
             else:
                 n = max(0, o.used - o.replayed)  # (a resumed run's replayed steps)

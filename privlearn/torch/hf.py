@@ -636,6 +636,11 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
             self._resume_state = self._read_privacy_state(resume_from_checkpoint)
         try:
             out = super().train(resume_from_checkpoint, *args, **kwargs)
+        except Exception as exc:  # may depend on the data: the reservation in full
+            link = getattr(self.privacy_engine, "ledger_link", None)
+            if link is not None and not isinstance(exc, PrivacyBudgetExceededError):
+                link.refused()
+            raise
         finally:
             self._resume_state = None
             self._give_back_accumulation()  # the arguments as given again

@@ -118,6 +118,9 @@ def test_non_finite_data_is_charged_as_its_release_would_be(tmp_path):
 
 
 def test_pipeline_refuses_a_non_finite_y_before_any_step_releases(tmp_path):
+    """Refused before any step is fitted; the steps' plans, reserved before any value
+    is read, are charged in full (a NaN is one record's value: a cancelled entry would
+    tell the ledger's readers)."""
     ledger = Ledger(tmp_path / "l.json", create=True)
     ledger.create_budget("d", epsilon=2.0, delta=1e-5)
     scaler = M.PrivateStandardScaler(feature_range=(-1, 1), random_state=0,
@@ -127,8 +130,8 @@ def test_pipeline_refuses_a_non_finite_y_before_any_step_releases(tmp_path):
     y[5] = np.nan
     with pytest.raises(NonFiniteInputError, match="y contains"):
         pipe.fit(X, y)
-    assert ledger.spent("d").epsilon_spent == 0.0
-    assert not hasattr(scaler, "mean_")
+    assert ledger.mechanism("d") == compose([scaler.planned_mechanism(X)])
+    assert ledger.pending("d") == [] and not hasattr(scaler, "mean_")
 
 
 def _ledger_scaler(tmp_path):
@@ -174,7 +177,8 @@ def test_a_later_step_s_refusal_comes_before_the_first_step_releases(bad, tmp_pa
     """The final step's invalid parameters (``y_bound`` is checked when it plans) and its
     checks of ``y``'s shape and type ran only after the scaler had been fitted and
     charged; they are now run (each step's own checks, on zeros of its input's shape)
-    before any step is fitted."""
+    before any step is fitted. Those that read values (continuous labels for a
+    classifier) come after the steps' plans are reserved, and charge them in full."""
     ledger, scaler = _ledger_scaler(tmp_path)
     X, y = _data()
     model = M.SSPRegressor(random_state=0, y_bound=-1.0 if bad == "y_bound" else 1.0)
@@ -185,7 +189,8 @@ def test_a_later_step_s_refusal_comes_before_the_first_step_releases(bad, tmp_pa
     pipe = M.PrivatePipeline([("scale", scaler), ("model", model)])
     with pytest.raises((ParameterValueError, ParameterTypeError)) as before:
         pipe.fit(X, y)
-    assert ledger.spent("d").epsilon_spent == 0.0 and ledger.pending("d") == []
+    charged = [scaler.planned_mechanism(X)] if bad == "classes" else []
+    assert ledger.mechanism("d") == compose(charged) and ledger.pending("d") == []
     assert not hasattr(scaler, "mean_")
     # the same refusal as the step's own, on the data it would have seen
     Z = M.PrivateStandardScaler(feature_range=(-1, 1), random_state=0).fit_transform(X)
@@ -281,7 +286,7 @@ def test_a_missing_target_stored_as_an_object_is_refused_before_the_release(name
     """A target read as objects with a missing value (``None``, ``pandas.NA``): scikit-learn's
     ``y_numeric`` converts it to NaN without a check, and the regressors released (and
     spent) before failing on non-finite coefficients, or, DP-SGD, fitted a NaN label (the
-    pipeline, which checks y first, already refused it)."""
+    pipeline, which checks y before its first step is fitted, already refused it)."""
     ledger = Ledger(tmp_path / "l.json", create=True)
     ledger.create_budget("d", epsilon=10.0, delta=1e-5)
     est = CASES[name]()
@@ -292,9 +297,8 @@ def test_a_missing_target_stored_as_an_object_is_refused_before_the_release(name
     y[2] = None
     with pytest.raises(NonFiniteInputError, match="y contains"):
         est.fit(X, y)
-    # refused after the reservation (charged in full: it depends on a value), but for
-    # the pipeline, which checks y before its first step reserves
-    assert ledger.spent("d").entries == (name != "PrivatePipeline") and ledger.pending("d") == []
+    # refused after the reservation (charged in full: it depends on a value)
+    assert ledger.spent("d").entries == 1 and ledger.pending("d") == []
 
 
 def test_a_missing_value_of_a_nullable_pandas_column_is_named_as_missing():
