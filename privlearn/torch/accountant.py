@@ -570,14 +570,17 @@ class LedgerLink:
         last = self._open[-1]
         self._open[-1] = replace(last, used=last.used + 1)
 
-    def refused(self) -> None:
-        """A step was refused after the run's reservation was made, by a check that may
-        depend on the data's values (a non-finite input or per-example gradient, the
-        batch-independence probe, the user's loss): :meth:`settle` then charges every
+    def refused(self, exc: BaseException) -> None:
+        """A step was refused by ``exc`` after the run's reservation was made, by a check
+        that may depend on the data's values (a non-finite input or per-example gradient,
+        the batch-independence probe, the user's loss): :meth:`settle` then charges every
         open reservation at its plan, in full. Settled at the steps that ran, the entry
         would show the ledger's readers whether (and when) a record failed the check;
-        the plan covers every step that ran (charging more is safe, less is not)."""
-        self._refused = True
+        the plan covers every step that ran (charging more is safe, less is not). Running
+        out of budget (:class:`PrivacyBudgetExceededError`) depends on the budget alone
+        and settles at the steps that ran."""
+        if not isinstance(exc, PrivacyBudgetExceededError):
+            self._refused = True
 
     def settle(self) -> None:
         """Record how many steps of each open reservation ran (idempotent); after

@@ -638,8 +638,8 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
             out = super().train(resume_from_checkpoint, *args, **kwargs)
         except Exception as exc:  # may depend on the data: the reservation in full
             link = getattr(self.privacy_engine, "ledger_link", None)
-            if link is not None and not isinstance(exc, PrivacyBudgetExceededError):
-                link.refused()
+            if link is not None:
+                link.refused(exc)
             raise
         finally:
             self._resume_state = None

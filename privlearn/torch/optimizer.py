@@ -78,7 +78,6 @@ from privlearn import _validation as _v
 from privlearn.errors import (
     ConfigurationError,
     ParameterValueError,
-    PrivacyBudgetExceededError,
     TrainingLoopError,
 )
 from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier, next_clip_bound
@@ -806,8 +805,8 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
                 examples, units))
             self._chunk_size, self._chunk_groups = None, None
         except Exception as exc:  # distributed: refused on every rank, or kept for the
-            if self.ledger is not None and not isinstance(exc, PrivacyBudgetExceededError):
-                self.ledger.refused()  # may depend on the data: charged at the plan
+            if self.ledger is not None:
+                self.ledger.refused(exc)  # may depend on the data: charged at the plan
             if final:             # last chunk (the ranks' chunk counts may differ)
                 self._refuse_together(exc)
             elif self._agreement is not None:
