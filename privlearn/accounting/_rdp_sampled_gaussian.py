@@ -61,7 +61,18 @@ def subsampled_gaussian_rdp(sampling_rate: float, noise_multiplier: float,
     Results are rounded up by a bound on the floating-point error of the sums. ``q``,
     ``sigma`` and ``alphas`` (the keywords' former names, the paper's) are deprecated.
     """
-    q, sigma = sampling_rate, noise_multiplier  # the paper's notation
+    alphas = np.asarray(orders, dtype=float)
+    flat = alphas.ravel()
+    # memoised per (rate, sigma, orders): a composition's parts, an accountant's history
+    # and the PLD accountant's order guess ask for the same curves again
+    out = np.array(_subsampled_gaussian_curve(float(sampling_rate), float(noise_multiplier),
+                                              tuple(flat.tolist())), dtype=float)
+    return out.reshape(alphas.shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _subsampled_gaussian_curve(q: float, sigma: float, orders: tuple[float, ...]) -> tuple:
+    """:func:`subsampled_gaussian_rdp` at the flat ``orders`` (memoised; a tuple)."""
     alphas = np.asarray(orders, dtype=float)
     out = np.empty_like(alphas)
     is_int = alphas == np.round(alphas)
@@ -85,7 +96,7 @@ def subsampled_gaussian_rdp(sampling_rate: float, noise_multiplier: float,
         if interp_needed:
             idx = np.array(interp_needed)
             out[idx] = _interpolate_integer_bound(alphas[idx], lambda ns: _sg_int(q, sigma, ns))
-    return out
+    return tuple(out.tolist())
 
 
 def _sg_int(q: float, sigma: float, ns: np.ndarray) -> np.ndarray:
@@ -326,3 +337,4 @@ def _sg_frac_absolute(q: float, sigma: float, alpha: float) -> float | None:
 def clear_cache() -> None:
     """Clear the memoised integer-order curves (for honest cold-start timings)."""
     _subsampled_gaussian_int.cache_clear()
+    _subsampled_gaussian_curve.cache_clear()
