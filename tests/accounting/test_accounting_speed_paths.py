@@ -83,3 +83,47 @@ def test_schedule_rdp_is_no_looser_than_dp_accounting() -> None:
     ours = get_accountant("rdp").epsilon(_schedule(8), 1e-5).upper
     assert ours <= theirs * (1 + 1e-9)
     assert ours >= 0.9 * theirs
+
+
+def test_binary_lower_bound_window_keeps_the_full_enumeration_value() -> None:
+    # one step thresholded: a binary pair (p, q) composed k times; the windowed
+    # enumeration (lower bounds only) gives the full enumeration's bounds, and the full
+    # enumeration's lower bound is below the exact binomial value computed directly
+    from privlearn.accounting import closed_form
+    from privlearn.accounting._pld_lower import _window
+
+    p, q, k = 3e-3, 1e-3, 4000
+    lp, lq, lp1, lq1 = math.log(p), math.log(q), math.log1p(-p), math.log1p(-q)
+    atoms = closed_form.Atoms((lp - lq, lp1 - lq1), (lp, lp1), (lq, lq1))
+    window = _window(atoms, k)
+    assert window[1] - window[0] + 1 < k // 2  # fewer count vectors than k + 1
+    full = closed_form._compose([(atoms, k)])
+    cut = closed_form._compose([(atoms, k)], [window])
+    from scipy import stats
+
+    for eps in (0.0, 1.0, 3.0):
+        # exact hockey-stick of Binomial(k, p) vs Binomial(k, q): sum (P_i - e^eps Q_i)_+
+        i = np.arange(k + 1)
+        exact = float(
+            np.sum(
+                np.maximum(stats.binom.pmf(i, k, p) - math.exp(eps) * stats.binom.pmf(i, k, q), 0.0)
+            )
+        )
+        lo_full, lo_cut = full.delta(eps, False), cut.delta(eps, False)
+        assert lo_cut <= exact * (1 + 1e-9)
+        assert lo_cut == pytest.approx(lo_full, rel=1e-10)  # the allowances of n atoms
+    for delta in (1e-3, 1e-5):
+        assert cut.epsilon(delta, False) == pytest.approx(full.epsilon(delta, False), rel=1e-10)
+        assert cut.epsilon(delta, False) <= full.epsilon(delta, True)
+
+
+@pytest.mark.slow
+def test_tiny_rate_million_steps_bracket_below_the_peer_estimate() -> None:
+    # q = 1e-6 over 10^6 steps: dp_accounting's pessimistic PLD estimate (0.0306 at its
+    # default discretisation, 0.0121 at 1e-5) is above our certified lower end
+    pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
+    theirs = pld.from_gaussian_mechanism(0.6, sampling_prob=1e-6).self_compose(10**6)
+    ref = theirs.get_epsilon_for_delta(1e-5)
+    b = get_accountant("pld").epsilon(compose(subsample(Gaussian(0.6), 1e-6), steps=10**6), 1e-5)
+    assert 0.0 < b.lower <= b.upper <= ref
+    assert b.upper < 2.0 * b.lower
