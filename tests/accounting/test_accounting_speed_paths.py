@@ -127,3 +127,18 @@ def test_tiny_rate_million_steps_bracket_below_the_peer_estimate() -> None:
     b = get_accountant("pld").epsilon(compose(subsample(Gaussian(0.6), 1e-6), steps=10**6), 1e-5)
     assert 0.0 < b.lower <= b.upper <= ref
     assert b.upper < 2.0 * b.lower
+
+
+def test_memoised_subsampled_gaussian_curve_is_not_aliased() -> None:
+    # the returned array is the caller's: writing to it leaves the memoised curve intact
+    from privlearn.accounting.rdp import clear_caches, subsampled_gaussian_rdp
+
+    clear_caches()
+    orders = np.array([1.5, 2.0, 3.25, 8.0])
+    first = subsampled_gaussian_rdp(0.02, 1.1, orders)
+    kept = first.copy()
+    first[:] = -1.0
+    again = subsampled_gaussian_rdp(0.02, 1.1, orders)
+    np.testing.assert_array_equal(again, kept)
+    # the Gaussian cap a / (2 sigma^2) is never exceeded, and each value is positive
+    assert np.all(again <= orders / (2 * 1.1**2)) and np.all(again > 0)
