@@ -11,8 +11,10 @@ post-processing, so thresholding each step's loss at ``t`` gives the binary pair
 ``P(L > t)`` and growing ``Q(L > t)`` keeps it dominated (its trade-off curve is the
 convex hull of points on or above the true one), which absorbs the rounding of the tails.
 The composition of binary pairs is enumerated exactly
-(:func:`privlearn.accounting.closed_form._compose`, with its rounding allowances), so its
-rounded-down profile is a certified lower bound on the mechanism's (Dong, Roth & Su 2022,
+(:func:`privlearn.accounting.closed_form._compose`, with its rounding allowances) within a
+window of counts around the binomial mean (the dropped counts, of mass below ``2 e^-400``,
+only lower the profile), so its rounded-down profile is a certified lower bound on the
+mechanism's (Dong, Roth & Su 2022,
 Lemma 2.9 with Theorem 3.2: composition preserves the order of trade-off functions).
 """
 
@@ -43,6 +45,18 @@ def _atoms(pair, t: float) -> closed_form.Atoms | None:
         return None
     lp, lq, lp1, lq1 = math.log(p), math.log(q), math.log1p(-p), math.log1p(-q)
     return closed_form.Atoms((lp - lq, lp1 - lq1), (lp, lp1), (lq, lq1))
+
+
+def _window(atoms: closed_form.Atoms, k: int) -> tuple[int, int]:
+    """Counts of the second atom (``L <= t``) kept for ``k`` steps: its binomial mean
+    ``+-`` (40 standard deviations + 600). By Bernstein's inequality the dropped count
+    vectors hold mass below ``2 e^-400``; dropping mass only lowers the composed profile,
+    so every lower bound read from it stays a lower bound (all ``10^6`` steps' counts
+    cost a second a threshold)."""
+    p = math.exp(atoms.log_p[1])
+    mean, sd = k * p, math.sqrt(k * p * (1.0 - p))
+    return (max(0, math.floor(mean - 40.0 * sd - 600.0)),
+            min(k, math.ceil(mean + 40.0 * sd + 600.0)))
 
 
 def _directions(parts, step) -> list[list[tuple[object, int]]]:
@@ -79,7 +93,8 @@ def binary_lower(
             atoms = [(_atoms(pair, f * hi), k) for (pair, k), hi in zip(pairs, his, strict=True)]
             if any(a is None for a, _ in atoms):
                 continue
-            pld = closed_form._compose(atoms)  # type: ignore[arg-type]
+            windows = [_window(a, k) for a, k in atoms]
+            pld = closed_form._compose(atoms, windows)  # type: ignore[arg-type]
             if pld is None:  # too many atoms
                 break
             best = max(best, getattr(pld, what)(at, False))

@@ -61,7 +61,18 @@ def subsampled_gaussian_rdp(sampling_rate: float, noise_multiplier: float,
     Results are rounded up by a bound on the floating-point error of the sums. ``q``,
     ``sigma`` and ``alphas`` (the keywords' former names, the paper's) are deprecated.
     """
-    q, sigma = sampling_rate, noise_multiplier  # the paper's notation
+    alphas = np.asarray(orders, dtype=float)
+    flat = alphas.ravel()
+    # memoised per (rate, sigma, orders): a composition's parts, an accountant's history
+    # and the PLD accountant's order guess ask for the same curves again
+    out = np.array(_subsampled_gaussian_curve(float(sampling_rate), float(noise_multiplier),
+                                              tuple(flat.tolist())), dtype=float)
+    return out.reshape(alphas.shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _subsampled_gaussian_curve(q: float, sigma: float, orders: tuple[float, ...]) -> tuple:
+    """:func:`subsampled_gaussian_rdp` at the flat ``orders`` (memoised; a tuple)."""
     alphas = np.asarray(orders, dtype=float)
     out = np.empty_like(alphas)
     is_int = alphas == np.round(alphas)
@@ -85,7 +96,7 @@ def subsampled_gaussian_rdp(sampling_rate: float, noise_multiplier: float,
         if interp_needed:
             idx = np.array(interp_needed)
             out[idx] = _interpolate_integer_bound(alphas[idx], lambda ns: _sg_int(q, sigma, ns))
-    return out
+    return tuple(out.tolist())
 
 
 def _sg_int(q: float, sigma: float, ns: np.ndarray) -> np.ndarray:
@@ -175,16 +186,7 @@ def _sg_frac_pass(q: float, sigma: float, alphas: np.ndarray, n_terms: int,
     al = alphas[:, None]
     i = np.arange(n_terms + 1, dtype=float)[None, :]
     j = al - i
-    lgam_a = special.gammaln(al + 1.0)
-    g_i, g_j = special.gammaln(i + 1.0), special.gammaln(j + 1.0)
-    log_c = lgam_a - g_i - g_j
-    # log |binom(alpha, i)| for i <= 2 without the cancellation of the gammaln difference
-    log_c[:, 0] = 0.0
-    log_c[:, 1] = np.log(alphas)
-    log_c[:, 2] = np.log(alphas * (alphas - 1.0) / 2.0)
-    err_c = np.abs(lgam_a) + np.abs(g_i) + np.abs(g_j)
-    err_c[:, :3] = np.abs(log_c[:, :3])
-    sign = special.gammasgn(j + 1.0)  # sign of binom(alpha, i)
+    log_c, err_c, sign = _binomial_table(alphas, n_terms)
     t_q, t_1q = i * log_q, j * log_1q
     c = (i * i - i) / (2 * s2)
     a_i = (z0 - i) / sigma
@@ -192,7 +194,14 @@ def _sg_frac_pass(q: float, sigma: float, alphas: np.ndarray, n_terms: int,
     direct = ~split & (i >= 1)
     lphi_a, lphic_a = special.log_ndtr(a_i), special.log_ndtr(-a_i)
     log_w = log_c + t_q + t_1q
-    w_parts = (err_c, t_q, t_1q)
+    # the error allowance of the weight parts, shared by the terms below (the additions of
+    # _term_margin in its order: 1 + |err_c| + |t_q| + |t_1q| + ...)
+    mag_w = 1.0 + _fin_abs(err_c) + _fin_abs(t_q) + _fin_abs(t_1q)
+    # columns of the split (i <= z0) and direct (i > z0) terms, the tail column excluded:
+    # each piece is formed on its own columns only (elsewhere it is zero)
+    cols_s = np.flatnonzero(split[0, :-1])
+    cols_d = np.flatnonzero(direct[0, :-1])
+    cols_s2 = cols_s[cols_s >= 2]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         t_e = _log_expm1(c)
         x = c + lphic_a
@@ -202,31 +211,40 @@ def _sg_frac_pass(q: float, sigma: float, alphas: np.ndarray, n_terms: int,
         parts1 = (j * log_q, i * log_1q, (j * j - j) / (2 * s2),
                   special.log_ndtr((j - z0) / sigma))
         ls1 = log_c + sum(parts1)
-        # (log |term|, error bound, sign of the term relative to binom(alpha, i))
+
+        def margin(cols, *extra):
+            mag = mag_w[:, cols]
+            for p in extra:
+                p = p[:, cols]
+                mag = mag + np.where(np.isfinite(p), np.abs(p), 0.0)
+            return 16.0 * _ULP * mag
+
+        lw_s, lw_d = log_w[:, cols_s], log_w[:, cols_d]
+        lw_s2 = log_w[:, cols_s2]
+        # (log |term|, error bound, sign of the term relative to binom(alpha, i), columns)
         pieces = [
-            (np.where(split & (i >= 2), log_w + t_e, -np.inf),
-             _term_margin(*w_parts, c, t_e), 1),
-            (np.where(split, log_w + bracket, -np.inf),
-             _term_margin(*w_parts, c, lphic_a, lphic_b) * (1.0 + rho) / (1.0 - rho), -1),
-            (np.where(direct, log_w + c + lphi_a, -np.inf),
-             _term_margin(*w_parts, c, lphi_a), 1),
-            (np.where(direct, log_w + lphi_b, -np.inf), _term_margin(*w_parts, lphi_b), -1),
-            (ls1, _term_margin(err_c, *parts1), 1),
+            (lw_s2 + t_e[:, cols_s2], margin(cols_s2, c, t_e), 1, cols_s2),
+            (lw_s + bracket[:, cols_s], margin(cols_s, c, lphic_a, lphic_b + 0.0 * c)
+             * ((1.0 + rho) / (1.0 - rho))[:, cols_s], -1, cols_s),
+            (lw_d + c[:, cols_d] + lphi_a[:, cols_d], margin(cols_d, c, lphi_a), 1, cols_d),
+            (lw_d + lphi_b, margin(cols_d, lphi_b + 0.0 * c), -1, cols_d),
+            (ls1[:, :-1], _term_margin(err_c, *parts1)[:, :-1], 1, slice(0, -1)),
         ]
         # tail bound: the first omitted terms of the two alternating series
-        ls0 = log_w + c + lphi_a
-        tail = np.logaddexp(np.logaddexp(ls0[:, -1], ls1[:, -1]), log_w[:, -1] + lphi_b)
+        ls0_end = log_w[:, -3:] + c[:, -3:] + lphi_a[:, -3:]
+        tail = np.logaddexp(np.logaddexp(ls0_end[:, -1], ls1[:, -1]), log_w[:, -1] + lphi_b)
         tail = tail + _term_margin(err_c[:, -1], t_q[:, -1], t_1q[:, -1], c[:, -1],
                                    lphi_a[:, -1], *(p[:, -1] for p in parts1))
-        lc_orig = np.logaddexp(ls0, ls1)  # log |term| of the plain series
+        lc_orig = np.logaddexp(ls0_end, ls1[:, -3:])  # log |term| of the plain series
         decreasing = (lc_orig[:, -1] <= lc_orig[:, -2]) & (lc_orig[:, -2] <= lc_orig[:, -3])
         pos_l, neg_l = [tail[:, None]], [np.full((alphas.size, 1), lphic_b - 16 * _ULP * (
             1.0 + abs(lphic_b)))]
         bad = np.zeros(alphas.size, dtype=bool)
-        for lv, err, rel_sign in pieces:
-            lv = np.broadcast_to(lv, sign.shape)[:, :-1]
-            err = np.broadcast_to(err, sign.shape)[:, :-1]
-            sg = rel_sign * sign[:, :-1]
+        for lv, err, rel_sign, cols in pieces:
+            shape = (alphas.size, sign[:, cols].shape[1])
+            lv = np.broadcast_to(lv, shape)
+            err = np.broadcast_to(err, shape)
+            sg = rel_sign * sign[:, cols]
             bad |= np.isnan(lv).any(axis=1) | np.isposinf(lv).any(axis=1)
             live = np.isfinite(lv)
             pos_l.append(np.where(live & (sg > 0), lv + err, -np.inf))
@@ -245,6 +263,49 @@ def _sg_frac_pass(q: float, sigma: float, alphas: np.ndarray, n_terms: int,
     bad |= ~np.isfinite(val) | (last & ~decreasing)
     val = np.where(bad, np.nan, val)
     return val, bad | converged | last
+
+
+def _fin_abs(p: np.ndarray) -> np.ndarray:
+    """``|p|`` where finite, else 0 (a part's share of :func:`_term_margin`)."""
+    return np.where(np.isfinite(p), np.abs(p), 0.0)
+
+
+#: Largest table (orders x terms) of :func:`_binomial_table` kept in its memo.
+_MEMO_TABLE_SIZE = 1 << 18
+
+
+def _binomial_table(alphas: np.ndarray, n_terms: int) -> tuple[np.ndarray, ...]:
+    """``log |binom(alpha, i)|``, its error allowance and its sign for ``i = 0..n_terms``
+    (rows: ``alphas``). They depend on the orders alone, so the parts of a composition
+    share them (memoised for tables up to :data:`_MEMO_TABLE_SIZE` entries)."""
+    if alphas.size * (n_terms + 1) <= _MEMO_TABLE_SIZE:
+        return _binomial_table_memo(tuple(alphas.tolist()), n_terms)
+    return _binomial_table_compute(alphas, n_terms)
+
+
+@functools.lru_cache(maxsize=8)
+def _binomial_table_memo(alphas: tuple[float, ...], n_terms: int) -> tuple[np.ndarray, ...]:
+    out = _binomial_table_compute(np.asarray(alphas, dtype=float), n_terms)
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
+def _binomial_table_compute(alphas: np.ndarray, n_terms: int) -> tuple[np.ndarray, ...]:
+    al = alphas[:, None]
+    i = np.arange(n_terms + 1, dtype=float)[None, :]
+    j = al - i
+    lgam_a = special.gammaln(al + 1.0)
+    g_i, g_j = special.gammaln(i + 1.0), special.gammaln(j + 1.0)
+    log_c = lgam_a - g_i - g_j
+    # log |binom(alpha, i)| for i <= 2 without the cancellation of the gammaln difference
+    log_c[:, 0] = 0.0
+    log_c[:, 1] = np.log(alphas)
+    log_c[:, 2] = np.log(alphas * (alphas - 1.0) / 2.0)
+    err_c = np.abs(lgam_a) + np.abs(g_i) + np.abs(g_j)
+    err_c[:, :3] = np.abs(log_c[:, :3])
+    sign = special.gammasgn(j + 1.0)  # sign of binom(alpha, i)
+    return log_c, err_c, sign
 
 
 def _sg_frac_absolute(q: float, sigma: float, alpha: float) -> float | None:
@@ -326,3 +387,5 @@ def _sg_frac_absolute(q: float, sigma: float, alpha: float) -> float | None:
 def clear_cache() -> None:
     """Clear the memoised integer-order curves (for honest cold-start timings)."""
     _subsampled_gaussian_int.cache_clear()
+    _subsampled_gaussian_curve.cache_clear()
+    _binomial_table_memo.cache_clear()

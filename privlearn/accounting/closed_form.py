@@ -294,14 +294,16 @@ class DiscretePLD:
         return max(0.0, eps)
 
 
-def _log_multinomial_part(atoms: Atoms, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All count vectors of ``k`` draws over the atoms of one step: (counts, log P, loss)."""
+def _log_multinomial_part(atoms: Atoms, k: int, window: tuple[int, int] | None = None
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All count vectors of ``k`` draws over the atoms of one step: (counts, log P, loss);
+    for two atoms, ``window = (lo, hi)`` keeps the second atom's counts ``lo..hi`` only."""
     r = len(atoms.loss)
     lg = math.lgamma(k + 1)
     if r == 1:
         counts = np.array([[k]])
     elif r == 2:
-        i = np.arange(k + 1)
+        i = np.arange(k + 1) if window is None else np.arange(window[0], window[1] + 1)
         counts = np.stack([k - i, i], axis=1)
     else:
         i, j = np.meshgrid(np.arange(k + 1), np.arange(k + 1), indexing="ij")
@@ -323,16 +325,24 @@ def _part_size(atoms: Atoms, k: int) -> int:
     return 1 if r == 1 else (k + 1 if r == 2 else (k + 1) * (k + 2) // 2)
 
 
-def _compose(parts: Sequence[tuple[Atoms, int]]) -> DiscretePLD | None:
-    sizes = [_part_size(a, k) for a, k in parts]
+def _compose(parts: Sequence[tuple[Atoms, int]],
+             windows: Sequence[tuple[int, int] | None] | None = None) -> DiscretePLD | None:
+    """The exact composition of ``parts`` (None beyond :data:`MAX_ATOMS` atoms). With
+    ``windows`` (one per part, for two-atom parts), only the count vectors inside them are
+    kept: a sub-probability whose profile is below the composition's, for lower bounds
+    only."""
+    if windows is None:
+        windows = [None] * len(parts)
+    sizes = [_part_size(a, k) if w is None else w[1] - w[0] + 1
+             for (a, k), w in zip(parts, windows, strict=True)]
     if math.prod(sizes) > MAX_ATOMS:
         return None
     loss = np.zeros(1)
     log_p = np.zeros(1)
     loss_err = 0.0
     log_err = 0.0
-    for atoms, k in parts:
-        _, lp, ls = _log_multinomial_part(atoms, k)
+    for (atoms, k), window in zip(parts, windows, strict=True):
+        _, lp, ls = _log_multinomial_part(atoms, k, window)
         loss = (loss[:, None] + ls[None, :]).ravel()
         log_p = (log_p[:, None] + lp[None, :]).ravel()
         mag_l = k * max(abs(x) for x in atoms.loss)
