@@ -69,7 +69,7 @@ from privlearn.accounting.mechanisms import (
     Subsampled,
 )
 from privlearn.accounting.registry import pure_epsilon as _pure_epsilon
-from privlearn.accounting.registry import relation_base, representation_of
+from privlearn.accounting.registry import read_relation, relation_base, representation_of
 from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
 __all__ = [
@@ -370,8 +370,10 @@ def _compose(parts: Sequence[tuple[Atoms, int]]) -> DiscretePLD | None:
 
 
 def _parts(mechanism: Mechanism) -> list[tuple[Mechanism, int]]:
+    """The parts of ``mechanism`` read under one neighbouring relation
+    (:func:`~privlearn.accounting.registry.read_relation`)."""
     if isinstance(mechanism, Composed):
-        return list(mechanism.parts)
+        return list(read_relation(mechanism).parts)
     return [(mechanism, 1)]
 
 

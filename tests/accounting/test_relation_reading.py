@@ -22,6 +22,7 @@ from privlearn.accounting import (
     PureDP,
     RandomizedResponse,
     as_replace_one,
+    closed_form,
     compose,
     get_accountant,
     subsample,
@@ -72,16 +73,19 @@ def test_direct_accountant_calls_read_the_relation_as_the_mechanism_does(account
     # the same release stated under one relation: two Gaussians at sensitivity 2 C
     explicit = compose([Gaussian(1.0), Gaussian(1.5)])
     assert acc.epsilon(MIXED_GAUSSIANS, delta).upper == pytest.approx(
-        acc.epsilon(explicit, delta).upper, rel=1e-9)
+        acc.epsilon(explicit, delta).upper, rel=1e-9
+    )
     assert acc.delta(MIXED_GAUSSIANS, 1.0).upper == pytest.approx(
-        acc.delta(explicit, 1.0).upper, rel=1e-9)
+        acc.delta(explicit, 1.0).upper, rel=1e-9
+    )
     assert acc.epsilon(MIXED_GAUSSIANS, delta).upper == MIXED_GAUSSIANS.epsilon(delta, accountant)
 
 
 def test_direct_pld_call_on_a_poisson_and_fixed_size_composition_reads_it():
     mixed = compose(
         [subsample(Gaussian(1.0), 0.01), subsample(Gaussian(100.0), 0.001, scheme="fixed")],
-        steps=[100, 1])
+        steps=[100, 1],
+    )
     acc = get_accountant("pld")
     assert acc.epsilon(mixed, 1e-5).upper == mixed.epsilon(1e-5)
     assert acc.epsilon(mixed, 1e-5).upper == acc.epsilon(as_replace_one(mixed), 1e-5).upper
@@ -93,14 +97,18 @@ def test_rdp_of_a_mixed_composition_is_the_replace_one_curve():
     alphas = np.array([2.0, 8.0, 32.0])
     expected = alphas * 2 / 2.0**2 + alphas * 2 / 3.0**2
     np.testing.assert_allclose(MIXED_GAUSSIANS.rdp(alphas), expected, rtol=1e-12)
-    np.testing.assert_allclose(get_accountant("rdp").rdp(MIXED_GAUSSIANS, alphas), expected,
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        get_accountant("rdp").rdp(MIXED_GAUSSIANS, alphas), expected, rtol=1e-12
+    )
 
 
 def test_tradeoff_curve_of_a_mixed_composition_is_the_replace_one_curve():
     alphas = np.linspace(0.0, 1.0, 11)
-    np.testing.assert_allclose(tradeoff_curve(MIXED_GAUSSIANS, alphas),
-                               gaussian_tradeoff(MU_REPLACE_ONE, alphas), atol=1e-12)
+    np.testing.assert_allclose(
+        tradeoff_curve(MIXED_GAUSSIANS, alphas),
+        gaussian_tradeoff(MU_REPLACE_ONE, alphas),
+        atol=1e-12,
+    )
 
 
 def _rr_pair(eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -128,6 +136,7 @@ def test_bare_pure_dp_next_to_a_fixed_size_part_matches_brute_force():
         exact = _brute_force_delta([1.0, 1.0, 1.0, 0.4], eps)
         got = mixed.delta(eps)
         assert got >= exact * (1 - 1e-9)
+        assert closed_form.delta_bounds(mixed, eps)[1] >= exact * (1 - 1e-9)
         assert got <= exact * (1 + 1e-6) + 1e-15
 
 
@@ -137,30 +146,47 @@ def test_poisson_and_bare_parts_next_to_a_fixed_size_part_match_dp_accounting():
 
     sigma_bare, sigma, q, steps, delta = 4.0, 1.0, 0.01, 100, 1e-5
     mixed = compose(
-        [Gaussian(sigma_bare), subsample(Gaussian(sigma), q),
-         subsample(Gaussian(100.0), 0.001, scheme="fixed")],
-        steps=[1, steps, 1])
+        [
+            Gaussian(sigma_bare),
+            subsample(Gaussian(sigma), q),
+            subsample(Gaussian(100.0), 0.001, scheme="fixed"),
+        ],
+        steps=[1, steps, 1],
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         acc = pld_privacy_accountant.PLDAccountant(
             neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE,
-            value_discretization_interval=1e-3)
+            value_discretization_interval=1e-3,
+        )
         acc.compose(dpa.GaussianDpEvent(sigma_bare))
-        acc.compose(dpa.SelfComposedDpEvent(
-            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps))
+        acc.compose(
+            dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+        )
         reference = acc.get_epsilon(delta)
     # the fixed-size part is nearly free: the total is the reference, a little above
     got = mixed.epsilon(delta)
     assert reference * (1 - 1e-3) <= got <= reference * 1.02
 
 
-@pytest.mark.parametrize("m", [
-    Gaussian(1.3), Laplace(2.0), PureDP(0.7), RandomizedResponse(0.8, 3),
-    subsample(Gaussian(1.0), 0.01), subsample(PureDP(1.0), 0.05, scheme="fixed",
-                                              neighbouring="add_remove"),
-    compose([Gaussian(2.0), subsample(Laplace(3.0), 0.1), subsample(Gaussian(1.0), 0.2,
-                                                                    scheme="fixed")]),
-])
+@pytest.mark.parametrize(
+    "m",
+    [
+        Gaussian(1.3),
+        Laplace(2.0),
+        PureDP(0.7),
+        RandomizedResponse(0.8, 3),
+        subsample(Gaussian(1.0), 0.01),
+        subsample(PureDP(1.0), 0.05, scheme="fixed", neighbouring="add_remove"),
+        compose(
+            [
+                Gaussian(2.0),
+                subsample(Laplace(3.0), 0.1),
+                subsample(Gaussian(1.0), 0.2, scheme="fixed"),
+            ]
+        ),
+    ],
+)
 def test_as_replace_one_states_replace_one_and_is_idempotent(m):
     r = as_replace_one(m)
     assert stated_relations(r) == {RO}
@@ -170,12 +196,18 @@ def test_as_replace_one_states_replace_one_and_is_idempotent(m):
     assert stated_under(m, RO) == r
 
 
-@pytest.mark.parametrize(("bare", "doubled"), [
-    (Gaussian(1.3), Gaussian(0.65)), (Laplace(2.0), Laplace(1.0)), (PureDP(0.7), PureDP(1.4)),
-])
+@pytest.mark.parametrize(
+    ("bare", "doubled"),
+    [
+        (Gaussian(1.3), Gaussian(0.65)),
+        (Laplace(2.0), Laplace(1.0)),
+        (PureDP(0.7), PureDP(1.4)),
+    ],
+)
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
 def test_replace_one_reading_of_a_bare_part_costs_the_part_at_twice_its_sensitivity(
-        bare, doubled, accountant):
+    bare, doubled, accountant
+):
     # (group privacy of 2, exact for these kinds: the pair at twice the shift / epsilon)
     for steps in (1, 5):
         r, d = compose(as_replace_one(bare), steps), compose(doubled, steps)
@@ -197,7 +229,13 @@ def test_stated_under_reads_a_pure_dp_part_under_replace_one():
 
 
 def test_one_relation_compositions_are_not_read():
-    for m in (compose([Gaussian(1.0), subsample(Gaussian(1.0), 0.1)]),
-              compose([subsample(Gaussian(1.0), 0.1, scheme="fixed"),
-                       subsample(PureDP(1.0), 1.0, scheme="fixed")])):
+    for m in (
+        compose([Gaussian(1.0), subsample(Gaussian(1.0), 0.1)]),
+        compose(
+            [
+                subsample(Gaussian(1.0), 0.1, scheme="fixed"),
+                subsample(PureDP(1.0), 1.0, scheme="fixed"),
+            ]
+        ),
+    ):
         assert read_relation(m) is m
