@@ -239,3 +239,30 @@ def test_one_relation_compositions_are_not_read():
         ),
     ):
         assert read_relation(m) is m
+
+
+def test_bare_and_fixed_size_parts_match_dp_accounting_rdp_replace_one():
+    # dp_accounting's RDP accountant under REPLACE_ONE takes a noise multiplier relative
+    # to the replace-one sensitivity (2 C here): Gaussian(s) is its GaussianDpEvent(s / 2)
+    dpa = pytest.importorskip("dp_accounting")
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    orders = [2.0, 4.0, 8.0, 16.0, 32.0]
+    n, b = 10_000, 100
+    mixed = compose(
+        [Gaussian(4.0), subsample(Gaussian(2.0), b / n, scheme="fixed")], steps=[1, 100]
+    )
+    acc = rdp_privacy_accountant.RdpAccountant(
+        orders=orders, neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE
+    )
+    acc.compose(dpa.GaussianDpEvent(2.0))
+    acc.compose(
+        dpa.SelfComposedDpEvent(
+            dpa.SampledWithoutReplacementDpEvent(n, b, dpa.GaussianDpEvent(1.0)), 100
+        )
+    )
+    reference = np.asarray(acc._rdp)
+    ours = mixed.rdp(orders)
+    assert np.all(ours >= reference * (1 - 1e-9))
+    np.testing.assert_allclose(ours, reference, rtol=1e-6)
+    assert mixed.epsilon(1e-5, "rdp") >= acc.get_epsilon(1e-5) * (1 - 1e-9)
