@@ -14,6 +14,14 @@ Accountants are looked up by name (:func:`get_accountant`); new ones are added w
 accountant evaluates each *kind* of mechanism is looked up in
 :mod:`privlearn.accounting.registry`.
 
+A composition is evaluated under one neighbouring relation:
+:func:`privlearn.accounting.registry.read_relation` reads it (a composition that mixes
+replace-one and add/remove parts is read under replace-one). ``Mechanism.epsilon`` and
+``Mechanism.delta`` read it before calling any accountant, and the built-in accountants'
+``epsilon``, ``delta`` and ``rdp`` read it too, so calling one directly gives the same
+answer; an accountant of your own that may be called directly should call it first
+(reading twice changes nothing).
+
 Built-in accountants are listed in a lazy name-to-module table (:data:`BUILTIN_ACCOUNTANTS`):
 the module is imported on first use (so ``import privlearn.accounting`` stays light) and
 registers its accountant. An error while importing it propagates -- a broken module is

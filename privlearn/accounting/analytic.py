@@ -33,7 +33,7 @@ from privlearn._validation import check_delta, check_nonnegative
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.mechanisms import Composed, Mechanism
-from privlearn.accounting.registry import equivalent_gaussian
+from privlearn.accounting.registry import equivalent_gaussian, read_relation
 from privlearn.errors import (
     CertificationError,
     ParameterTypeError,
@@ -269,6 +269,8 @@ class AnalyticGaussianAccountant:
     name = "analytic"
 
     def _sigma(self, mechanism: Mechanism) -> float:
+        # read under one neighbouring relation (the registry's reading, as every accountant)
+        mechanism = read_relation(mechanism)
         sigma = equivalent_gaussian(mechanism)
         if sigma is None:
             parts = mechanism.parts if isinstance(mechanism, Composed) else ((mechanism, 1),)

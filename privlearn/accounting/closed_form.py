@@ -69,8 +69,8 @@ from privlearn.accounting.mechanisms import (
     Subsampled,
 )
 from privlearn.accounting.registry import pure_epsilon as _pure_epsilon
-from privlearn.accounting.registry import representation_of
-from privlearn.errors import ParameterValueError
+from privlearn.accounting.registry import read_relation, relation_base, representation_of
+from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
 __all__ = [
     "Atoms",
@@ -171,9 +171,22 @@ def _add_atoms(base: Atoms, q: float) -> Atoms:
     return Atoms(tuple(-x for x in rem.loss), rem.log_q, rem.log_p)
 
 
+def _one_run(m: Mechanism) -> Mechanism:
+    """A subsampled step at rate 1 as the one run of its base it is, at the sensitivity
+    its relation implies (:func:`~privlearn.accounting.registry.relation_base`, as the
+    PLD accountant models it); any other step unchanged."""
+    if isinstance(m, Subsampled) and m.rate >= 1.0:
+        try:
+            return relation_base(m)
+        except UnsupportedMechanismError:  # no scaled base: no closed form here
+            return m
+    return m
+
+
 def _step_directions(m: Mechanism) -> list[Atoms] | None:
     """Atoms of one step per direction (one entry: symmetric; two: remove, add), or None
     if this step has no finite closed form here (same modelling as the PLD accountant)."""
+    m = _one_run(m)
     if isinstance(m, Subsampled):
         atoms = representation_of(m.base, "pld_atoms")
         nb = m.neighbouring
@@ -367,8 +380,10 @@ def _compose(parts: Sequence[tuple[Atoms, int]],
 
 
 def _parts(mechanism: Mechanism) -> list[tuple[Mechanism, int]]:
+    """The parts of ``mechanism`` read under one neighbouring relation
+    (:func:`~privlearn.accounting.registry.read_relation`)."""
     if isinstance(mechanism, Composed):
-        return list(mechanism.parts)
+        return list(read_relation(mechanism).parts)
     return [(mechanism, 1)]
 
 
@@ -424,7 +439,7 @@ def _single_run(mechanism: Mechanism, representation: str):
     ``mechanism`` is one run of a kind that registers it, else None."""
     parts = _parts(mechanism)
     if len(parts) == 1 and parts[0][1] == 1:
-        m = parts[0][0]
+        m = _one_run(parts[0][0])
         fn = representation_of(m, representation)
         if fn is not None:
             return lambda x: fn(m, x)
@@ -446,7 +461,7 @@ def _split_huge(mechanism: Mechanism) -> tuple[float, Mechanism | None] | None:
     no closed form; else None."""
     parts = _parts(mechanism)
     eps = {m: _pure_epsilon(m) for m, _ in parts
-           if representation_of(m, "pld_atoms") is not None}
+           if representation_of(_one_run(m), "pld_atoms") is not None}
     eps = {m: e for m, e in eps.items() if math.isfinite(e)}  # (eps, delta) steps: no pure eps
     huge = [(m, k) for m, k in parts if eps.get(m, 0.0) > HUGE_PURE_EPSILON]
     if not huge:

@@ -571,52 +571,11 @@ def subsample(
 
 
 def _one_relation(mechanism: Mechanism) -> Mechanism:
-    """``mechanism`` with its subsampled parts read under one neighbouring relation.
+    """:func:`privlearn.accounting.registry.read_relation` (the registry owns the reading;
+    imported here at call time: the registry imports this module)."""
+    from privlearn.accounting.registry import read_relation
 
-    A composition of a replace-one part (fixed-size sampling) with a subsampled part
-    stated under add/remove (Poisson sampling) has no guarantee when each part is
-    evaluated under its own relation: a replace-one guarantee says nothing about
-    add/remove neighbours, and the add/remove part costs more under replace-one. The
-    add/remove subsampled parts are read under replace-one
-    (:func:`~privlearn.accounting.registry.as_replace_one`: the same sampling analysed
-    under replace-one; Balle, Barthe & Gaboardi 2018, Section 5), as the ledger counts
-    such releases. Parts that are not subsampled are evaluated as they are (they are how
-    :func:`~privlearn.accounting.as_replace_one` states its own replace-one readings).
-
-    Raises
-    ------
-    UnsupportedMechanismError
-        Subsampled parts under add-only and under remove-only neighbouring (opposite
-        directions: no common guarantee), or a one-sided subsampled part with a
-        replace-one part (a one-sided bound implies nothing about a replacement).
-    """
-    if not isinstance(mechanism, Composed) or len(mechanism.parts) < 2:
-        return mechanism
-    relations = {m.neighbouring for m, _ in mechanism.parts if isinstance(m, Subsampled)}
-    if len(relations) < 2:
-        return mechanism
-    if {Neighbouring.ADD_ONLY, Neighbouring.REMOVE_ONLY} <= relations:
-        raise UnsupportedMechanismError(
-            "this composition mixes subsampled parts under add-only and under remove-only "
-            "neighbouring, which bound opposite directions: its total holds under no "
-            "relation; describe every part under 'add_remove' (or all under one one-sided "
-            "relation)")
-    if Neighbouring.REPLACE_ONE not in relations:
-        return mechanism  # add/remove with one one-sided relation: holds under the latter
-    one_sided = relations & {Neighbouring.ADD_ONLY, Neighbouring.REMOVE_ONLY}
-    if one_sided:
-        raise UnsupportedMechanismError(
-            "this composition mixes replace-one parts (e.g. fixed-size sampling) with "
-            f"subsampled parts under {', '.join(sorted(r.value for r in one_sided))} "
-            "neighbouring, which bound one direction only and imply nothing about a "
-            "replacement: its total holds under no relation; describe those parts under "
-            "'add_remove' or 'replace_one'")
-    from privlearn.accounting.registry import as_replace_one
-
-    return compose(
-        [as_replace_one(m) if isinstance(m, Subsampled)
-         and m.neighbouring is Neighbouring.ADD_REMOVE else m for m, _ in mechanism.parts],
-        steps=[k for _, k in mechanism.parts])
+    return read_relation(mechanism)
 
 
 @contextlib.contextmanager
@@ -629,10 +588,11 @@ def _read_under_replace_one(accountant: str, converted: bool) -> Iterator[None]:
         if not converted:
             raise
         raise UnsupportedMechanismError(
-            "this composition mixes fixed-size (replace-one) and Poisson (add/remove) "
-            "subsampled parts, so its Poisson parts are read under replace-one, which "
-            f"accountant {accountant!r} cannot evaluate ({err}); use accountant='pld', or "
-            "describe every part with one sampling scheme") from err
+            "this composition mixes replace-one parts (e.g. fixed-size sampling) and "
+            "add/remove parts (Poisson sampling, or parts that are not subsampled), so its "
+            "add/remove parts are read under replace-one, which accountant "
+            f"{accountant!r} cannot evaluate ({err}); use accountant='pld', or describe "
+            "every part under one relation") from err
 
 
 @contextlib.contextmanager

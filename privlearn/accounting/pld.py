@@ -152,6 +152,7 @@ from privlearn.accounting.mechanisms import (
 from privlearn.accounting.registry import (
     equivalent_gaussian,
     lookup,
+    read_relation,
     relation_base,
     representation_of,
 )
@@ -306,7 +307,10 @@ class PLDAccountant:
 
     # -- public API --------------------------------------------------------------------
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
-        """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta."""
+        """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta (of
+        ``mechanism`` read under one neighbouring relation:
+        :func:`privlearn.accounting.registry.read_relation`)."""
+        mechanism = read_relation(mechanism)
         refuse_below_mass_at_infinity(_parts(mechanism), _step, delta)
         return binary_lower(self._epsilon(mechanism, delta), _parts(mechanism), _step,
                             "epsilon", delta)
@@ -393,7 +397,9 @@ class PLDAccountant:
         return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
 
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
-        """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon."""
+        """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon (of
+        ``mechanism`` read under one neighbouring relation, as :meth:`epsilon`)."""
+        mechanism = read_relation(mechanism)
         return binary_lower(self._delta(mechanism, epsilon), _parts(mechanism), _step,
                             "delta", epsilon)
 

@@ -104,6 +104,7 @@ from privlearn.accounting.mechanisms import (
 from privlearn.accounting.registry import (
     equivalent_gaussian,
     lookup,
+    read_relation,
     relation_base,
     representation_of,
 )
@@ -215,9 +216,10 @@ def clear_caches() -> None:
 # ----------------------------------------------------------------------------------------
 def _composed_rdp(mechanism: Composed, alphas: np.ndarray) -> np.ndarray:
     """Adaptive composition adds RDP (Mironov 2017, Proposition 1); ``count`` identical
-    parts contribute ``count * rdp``."""
+    parts contribute ``count * rdp``, every part read under one neighbouring relation
+    (:func:`privlearn.accounting.registry.read_relation`)."""
     total = np.zeros_like(alphas)
-    for m, k in mechanism.parts:
+    for m, k in read_relation(mechanism).parts:
         with np.errstate(invalid="ignore"):
             total = total + k * _rdp(m, alphas)
     return total

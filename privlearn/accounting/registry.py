@@ -140,6 +140,7 @@ __all__ = [
     "relation_base",
     "stated_relations",
     "as_replace_one",
+    "read_relation",
     "scaled",
     "upper_float",
 ]
@@ -412,7 +413,7 @@ _ONLY = {r: frozenset({r}) for r in Neighbouring}
 def as_replace_one(mechanism: Mechanism) -> Mechanism:
     """``mechanism`` read under replace-one neighbouring: a description whose guarantee
     under replace-one covers the release that ``mechanism`` describes under the relations
-    it states (:func:`stated_relations`).
+    it states (:func:`stated_relations`), and that states replace-one for every part.
 
     Replacing a record is removing it and adding another, so a replace-one pair of
     datasets is two add/remove steps apart (group privacy of size 2; Dwork & Roth 2014,
@@ -425,16 +426,25 @@ def as_replace_one(mechanism: Mechanism) -> Mechanism:
       a replacement as twice the add/remove bound itself
       (``replace_one_doubles_sensitivity``), else the base at twice its sensitivity
       (``scale_sensitivity``: ``2 eps`` for a pure-DP mechanism);
-    * any other part at twice its sensitivity: a replacement moves a contribution by at
-      most twice the add/remove bound (triangle inequality), e.g. ``Gaussian(s)`` becomes
-      ``Gaussian(s / 2)``.
+    * any other part ``m`` (read as add/remove) likewise, stated as
+      ``subsample(m', 1.0, scheme="fixed", neighbouring="replace_one")`` (the whole
+      dataset, replace-one): a replacement moves a contribution by at most twice the
+      add/remove bound (triangle inequality), e.g. ``Gaussian(s)`` costs what
+      ``Gaussian(s / 2)`` does under add/remove, and ``PureDP(e)`` becomes
+      ``PureDP(2 e)`` stated under replace-one. The accountants evaluate a part at rate
+      1 exactly as its base at the sensitivity its relation implies
+      (:func:`relation_base`).
+
+    Every part of the result states replace-one, so the reading is idempotent:
+    ``as_replace_one(as_replace_one(m)) == as_replace_one(m)``, and a composition of the
+    result with other replace-one parts is never read again (:func:`read_relation`).
 
     Raises
     ------
     UnsupportedMechanismError
         For a one-sided part (add-only or remove-only bound one direction only, which
         implies nothing about a replacement) or a kind without ``scale_sensitivity``
-        (e.g. an ``RDPMechanism``).
+        whose parameters do not double on replace-one (e.g. an ``RDPMechanism``).
     """
     if not isinstance(mechanism, Mechanism):
         raise ParameterTypeError(
@@ -444,7 +454,7 @@ def as_replace_one(mechanism: Mechanism) -> Mechanism:
         return compose([as_replace_one(m) for m, _ in mechanism.parts],
                        steps=[k for _, k in mechanism.parts])
     if not isinstance(mechanism, Subsampled):
-        return _doubled(mechanism)
+        mechanism = Subsampled(mechanism, 1.0, Sampling.FIXED, Neighbouring.ADD_REMOVE)
     if mechanism.neighbouring is Neighbouring.REPLACE_ONE:
         return mechanism
     if mechanism.neighbouring is not Neighbouring.ADD_REMOVE:
@@ -455,6 +465,64 @@ def as_replace_one(mechanism: Mechanism) -> Mechanism:
             "'replace_one'")
     base = mechanism.base if doubles_on_replace_one(mechanism.base) else _doubled(mechanism.base)
     return Subsampled(base, mechanism.rate, mechanism.scheme, Neighbouring.REPLACE_ONE)
+
+
+def read_relation(mechanism: Mechanism) -> Mechanism:
+    """``mechanism`` with every part read under one neighbouring relation: the description
+    every accountant evaluates (:meth:`Mechanism.epsilon
+    <privlearn.accounting.Mechanism.epsilon>` and the built-in accountants' ``epsilon``,
+    ``delta`` and ``rdp`` call this first, so a direct ``get_accountant("pld").epsilon(m,
+    delta)`` reads ``m`` the same way).
+
+    Each part states its relation (:func:`stated_relations`: a subsampled part its
+    ``neighbouring``, any other part add/remove). A composition whose parts state one
+    relation holds under it and is returned unchanged, as is one that mixes add/remove
+    with one one-sided relation (add/remove implies both one-sided bounds). A
+    composition that mixes replace-one parts (e.g. fixed-size sampling) with add/remove
+    parts (Poisson sampling, or a bare Gaussian, Laplace or PureDP) has no guarantee when
+    each part is evaluated under its own relation -- a replace-one guarantee says nothing
+    about add/remove neighbours, and an add/remove part costs more under replace-one --
+    so it is read under replace-one: :func:`as_replace_one` (group privacy of size 2;
+    Balle, Barthe & Gaboardi 2018, Section 5 for subsampled parts), which states every
+    part under replace-one, so reading the result again changes nothing.
+
+    Raises
+    ------
+    UnsupportedMechanismError
+        Parts under add-only and under remove-only neighbouring (opposite directions: no
+        common guarantee); a one-sided part with a replace-one part (a one-sided bound
+        implies nothing about a replacement); or a mixed composition with an add/remove
+        part that has no replace-one reading (:func:`as_replace_one`).
+    """
+    if not isinstance(mechanism, Composed) or len(mechanism.parts) < 2:
+        return mechanism
+    relations = {_stated(m) for m, _ in mechanism.parts}
+    if len(relations) < 2:
+        return mechanism
+    if {Neighbouring.ADD_ONLY, Neighbouring.REMOVE_ONLY} <= relations:
+        raise UnsupportedMechanismError(
+            "this composition mixes subsampled parts under add-only and under remove-only "
+            "neighbouring, which bound opposite directions: its total holds under no "
+            "relation; describe every part under 'add_remove' (or all under one one-sided "
+            "relation)")
+    if Neighbouring.REPLACE_ONE not in relations:
+        return mechanism  # add/remove with one one-sided relation: holds under the latter
+    one_sided = relations & {Neighbouring.ADD_ONLY, Neighbouring.REMOVE_ONLY}
+    if one_sided:
+        raise UnsupportedMechanismError(
+            "this composition mixes replace-one parts (e.g. fixed-size sampling) with "
+            f"subsampled parts under {', '.join(sorted(r.value for r in one_sided))} "
+            "neighbouring, which bound one direction only and imply nothing about a "
+            "replacement: its total holds under no relation; describe those parts under "
+            "'add_remove' or 'replace_one'")
+    try:
+        return as_replace_one(mechanism)
+    except UnsupportedMechanismError as err:
+        raise UnsupportedMechanismError(
+            "this composition mixes replace-one parts (e.g. fixed-size sampling) with "
+            "add/remove parts (Poisson sampling, or a part that is not subsampled), so it "
+            f"is read under replace-one, and a part has no replace-one reading ({err})"
+        ) from err
 
 
 def _doubled(m: Mechanism) -> Mechanism:
@@ -517,8 +585,8 @@ def _step_pure_epsilon(m: Mechanism) -> float:
         except UnsupportedMechanismError:  # no scaled version of the base is known:
             return math.inf  # claim no pure-DP guarantee (conservative)
         e = _step_pure_epsilon(base)
-        if math.isinf(e):
-            return math.inf
+        if math.isinf(e) or m.rate >= 1.0:  # rate 1: one run of the base, exactly
+            return e
         # Balle, Barthe & Gaboardi 2018, Theorems 8 and 9: log(1 + q (e^eps - 1))
         return _amplified(e, m.rate) * (1.0 + _RATE_ULPS)
     return float(lookup("pure_epsilon", m)(m))
@@ -532,12 +600,14 @@ def pure_epsilon(mechanism: Mechanism) -> float:
     neighbouring relation (:func:`relation_base`; Balle, Barthe & Gaboardi 2018,
     Theorems 8 and 9), or, for Poisson sampling under replace-one, the supremum of the
     privacy loss of the kind's ``pld_replace_one_pair`` where it has one, each rounded up
-    by 4 ulps; the exact sum
+    by 4 ulps (at rate 1: the base's own epsilon); the exact sum
     ``sum_i k_i eps_i`` over a composition (basic composition, Dwork & Roth 2014,
-    Theorem 3.14, attained by the dominating pairs), rounded up to a float.
+    Theorem 3.14, attained by the dominating pairs), rounded up to a float, read under
+    one relation first (:func:`read_relation`).
     """
     if not isinstance(mechanism, Mechanism):
         raise ParameterTypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+    mechanism = read_relation(mechanism)
     if isinstance(mechanism, Composed):
         terms = [(k, _step_pure_epsilon(m)) for m, k in mechanism.parts]
         if any(math.isinf(e) for _, e in terms):
@@ -582,7 +652,10 @@ def equivalent_gaussian(mechanism: Mechanism) -> float | None:
     """Noise multiplier of one Gaussian with exactly the privacy curve of ``mechanism``
     (every part's kind has an ``equivalent_gaussian``; no subsampling, or sampling at
     rate 1, which runs the base at the sensitivity its relation implies:
-    :func:`relation_base`), else None."""
+    :func:`relation_base`), else None. A composition is read under one relation first
+    (:func:`read_relation`)."""
+    if isinstance(mechanism, Composed):
+        mechanism = read_relation(mechanism)
     parts = mechanism.parts if isinstance(mechanism, Composed) else ((mechanism, 1),)
     pairs = []
     for m, k in parts:

@@ -39,7 +39,6 @@ import math
 from privlearn._validation import check_count, check_positive
 from privlearn.accounting import Mechanism, Neighbouring, as_replace_one, compose, subsample
 from privlearn.accounting.matrix_mechanism import MatrixMechanism
-from privlearn.accounting.mechanisms import Composed, Subsampled
 from privlearn.accounting.montecarlo import BallsInBinsMatrixMechanism
 from privlearn.correlated.participation import MinSeparation, Participation
 from privlearn.correlated.sampling import BallsInBinsSampler, CyclicPoissonSampler
@@ -131,12 +130,12 @@ def correlated_mechanism(
 
 def stated_under(mechanism: Mechanism, relation: Neighbouring) -> Mechanism:
     """``mechanism`` (an add/remove description) stated under ``relation``: itself for
-    add/remove; for replace-one, each part read under replace-one and stated so
-    (:func:`~privlearn.accounting.as_replace_one` for a subsampled part, ``subsample(m,
-    1.0, scheme="fixed")`` for any other, which the accountants evaluate at twice the
-    add/remove sensitivity: a replaced record's contribution moves by up to ``2 C``), so
-    that every accountant, calibration and the ledger read the relation the sampling
-    holds under (:func:`privlearn.accounting.registry.stated_relations`)."""
+    add/remove; for replace-one, :func:`~privlearn.accounting.as_replace_one`, which
+    states every part under replace-one (a part that is not subsampled as ``subsample(m,
+    1.0, scheme="fixed", neighbouring="replace_one")``, which the accountants evaluate at
+    twice the add/remove sensitivity: a replaced record's contribution moves by up to
+    ``2 C``), so that every accountant, calibration and the ledger read the relation the
+    sampling holds under (:func:`privlearn.accounting.registry.stated_relations`)."""
     relation = Neighbouring(relation)
     if relation is Neighbouring.ADD_REMOVE:
         return mechanism
@@ -144,9 +143,4 @@ def stated_under(mechanism: Mechanism, relation: Neighbouring) -> Mechanism:
         raise ParameterValueError(
             f"relation must be add_remove or replace_one, got {relation.value!r}; "
             "state the mechanism under one of these neighbouring relations")
-    if isinstance(mechanism, Composed):
-        return compose([stated_under(m, relation) for m, _ in mechanism.parts],
-                       steps=[k for _, k in mechanism.parts])
-    if isinstance(mechanism, Subsampled):
-        return as_replace_one(mechanism)
-    return subsample(mechanism, 1.0, scheme="fixed", neighbouring="replace_one")
+    return as_replace_one(mechanism)

@@ -824,8 +824,8 @@ class Ledger:
         budget's neighbouring relation (:attr:`Spent.neighbouring`), to re-account it with
         any accountant: ``ledger.mechanism("adult").epsilon(1e-6, "rdp")``. Under
         replace-one the add/remove releases are in their replace-one reading
-        (:func:`~privlearn.accounting.as_replace_one`), so the result is for
-        evaluation, not to be read again as add/remove."""
+        (:func:`~privlearn.accounting.as_replace_one`), which states replace-one for
+        every part, so the result reads the same wherever it is evaluated."""
         unit = _check_unit(privacy_unit)
         with self._read() as cur:
             budget = self._get_budget(cur, dataset, unit)

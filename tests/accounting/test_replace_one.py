@@ -75,8 +75,12 @@ def test_replace_one_parts_are_unchanged_and_compositions_part_by_part():
     fixed = subsample(Gaussian(1.0), 0.1, scheme="fixed")
     assert as_replace_one(fixed) is fixed
     m = compose([Gaussian(3.0), fixed, subsample(PureDP(0.5), 0.2)], steps=[1, 4, 2])
+    # a part that is not subsampled is stated under replace-one too (the whole dataset,
+    # which the accountants evaluate at twice the add/remove sensitivity), so that the
+    # reading holds wherever the result is evaluated
     assert as_replace_one(m) == compose(
-        [Gaussian(1.5), fixed, subsample(PureDP(1.0), 0.2, neighbouring="replace_one")],
+        [subsample(Gaussian(3.0), 1.0, scheme="fixed"), fixed,
+         subsample(PureDP(1.0), 0.2, neighbouring="replace_one")],
         steps=[1, 4, 2])
 
 

@@ -12,6 +12,7 @@ from scipy.stats import norm
 
 from privlearn.accounting import Gaussian, Laplace, PureDP, RandomizedResponse, compose, subsample
 from privlearn.compat.autodp import dp_bank, fdp_bank, mechanism_zoo, rdp_acct, rdp_bank
+from privlearn.errors import UnsupportedMechanismError
 
 ORDERS = [1.0, 1.5, 2.0, 10.0, 64.5, math.inf]
 
@@ -142,9 +143,17 @@ def test_ana_rdp_acct() -> None:
     assert acct2.get_eps(1e-6) == pytest.approx(
         Gaussian(5.0 / math.sqrt(2.5)).epsilon(1e-6, "rdp"), rel=1e-6
     )
+    # a curve of the whole dataset (add/remove) with one of a subsample drawn without
+    # replacement (replace-one): their total holds under neither relation, and an opaque
+    # RDP curve has no replace-one reading, so it is refused
     with pytest.warns(UserWarning, match="rounded up"):
         acct2.compose_subsampled_mechanism(f, 0.1, coeff=2.5)
-    assert math.isfinite(acct2.get_delta(1.0))
+    with pytest.raises(UnsupportedMechanismError, match="no replace-one reading"):
+        acct2.get_delta(1.0)
+    acct3 = rdp_acct.anaRDPacct()
+    with pytest.warns(UserWarning, match="rounded up"):
+        acct3.compose_subsampled_mechanism(f, 0.1, coeff=2.5)
+    assert math.isfinite(acct3.get_delta(1.0))
 
 
 def test_new_zoo_classes() -> None:
