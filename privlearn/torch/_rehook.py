@@ -52,9 +52,12 @@ def run_new_pre_hooks(module: nn.Module, handles, args, kwargs):
     """Run the forward pre-hooks among ``handles`` placed on ``module`` during its
     current call (torch's snapshot of that call's hooks does not hold them), as torch runs
     them. Returns the call's ``(args, kwargs)``, or None when no such hook exists."""
-    ours = {h.id for h in handles
-            if getattr(h, "hooks_dict_ref", None) is not None
-            and h.hooks_dict_ref() is module._forward_pre_hooks}
+    ours = {
+        h.id
+        for h in handles
+        if getattr(h, "hooks_dict_ref", None) is not None
+        and h.hooks_dict_ref() is module._forward_pre_hooks
+    }
     if not ours:
         return None
     with_kwargs = module._forward_pre_hooks_with_kwargs
@@ -90,8 +93,11 @@ def refuse_new_unheld(tracker, held: set) -> None:
     born = getattr(tracker, "born", None)
     if born is None:
         return
-    new = [q for q in tracker.params
-           if id(q) not in held and (born.get(id(q)) is None or born[id(q)]() is not q)]
+    new = [
+        q
+        for q in tracker.params
+        if id(q) not in held and (born.get(id(q)) is None or born[id(q)]() is not q)
+    ]
     if not new:
         return
     names = {id(v): n for n, v in tracker.model.named_parameters()}
@@ -106,4 +112,5 @@ def refuse_new_unheld(tracker, held: set) -> None:
         "while every step is released and accounted. Change the model first, then build "
         "the optimizer over its parameters and call make_private (to load weights, use "
         "load_state_dict without assign=True: it copies them into the tracked "
-        "parameters). Nothing was released and no step was taken")
+        "parameters). Nothing was released and no step was taken"
+    )

@@ -18,8 +18,9 @@ from privlearn.torch import make_private  # noqa: E402
 
 def _data(d=5, k=3, n=48):
     g = torch.Generator().manual_seed(1)
-    return TensorDataset(torch.randn(n, d, generator=g, dtype=torch.float64),
-                         torch.randint(0, k, (n,), generator=g))
+    return TensorDataset(
+        torch.randn(n, d, generator=g, dtype=torch.float64), torch.randint(0, k, (n,), generator=g)
+    )
 
 
 def _bare(d=5, k=3):
@@ -44,9 +45,15 @@ def test_freezing_and_unfreezing_mid_run_matches_batch_of_one(build, oracle):
     again, it trains again. Every step is accounted once."""
     model, C, lr = build(), 0.05, 0.5
     ref = copy.deepcopy(model)
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=lr),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=0.0,
-                     max_grad_norm=C, sampling="fixed", seed=0)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=lr),
+        DataLoader(_data(), batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        sampling="fixed",
+        seed=0,
+    )
     batches = iter(p.data_loader)
     for frozen in (False, True, False):
         _last_bias(model).requires_grad_(not frozen)
@@ -57,8 +64,9 @@ def test_freezing_and_unfreezing_mid_run_matches_batch_of_one(build, oracle):
         nn.functional.cross_entropy(p.model(x), y).backward()
         p.optimizer.step()
         oracle.step(ref, x, y, C, lr=lr, expected_batch=p.optimizer.expected_batch_size)
-        torch.testing.assert_close(oracle.flat(model.parameters()),
-                                   oracle.flat(ref.parameters()), rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(
+            oracle.flat(model.parameters()), oracle.flat(ref.parameters()), rtol=1e-9, atol=1e-12
+        )
         assert torch.equal(_last_bias(model), before) == frozen
     assert p.accountant.steps == 3
 
@@ -67,9 +75,14 @@ def test_a_frozen_parameter_of_a_bare_layer_gets_no_noise():
     """With noise, the frozen bias of a bare nn.Linear stays exactly as it was while the
     weight moves; the step is accounted as any other."""
     model = _bare()
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
-                     max_grad_norm=1.0, seed=0)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        DataLoader(_data(), batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
     batches = iter(p.data_loader)
     for _ in range(2):
         x, y = next(batches)
@@ -91,9 +104,14 @@ def _replace_head(model):
 
 
 def _assign_head(model):
-    model.load_state_dict({"2.weight": torch.zeros(3, 4, dtype=torch.float64),
-                           "2.bias": torch.zeros(3, dtype=torch.float64)},
-                          strict=False, assign=True)
+    model.load_state_dict(
+        {
+            "2.weight": torch.zeros(3, 4, dtype=torch.float64),
+            "2.bias": torch.zeros(3, dtype=torch.float64),
+        },
+        strict=False,
+        assign=True,
+    )
 
 
 @pytest.mark.parametrize("change", [_replace_head, _assign_head], ids=["setattr", "assign"])
@@ -103,9 +121,14 @@ def test_a_layer_replaced_after_make_private_is_refused(change, steps_before):
     parameters the optimizer does not hold: the step is refused, naming them, before
     anything is released or accounted, and the model is left unchanged."""
     model = _stack()
-    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                     DataLoader(_data(), batch_size=8), noise_multiplier=1.0,
-                     max_grad_norm=1.0, seed=0)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        DataLoader(_data(), batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
     batches = iter(p.data_loader)
 
     def step():
@@ -132,8 +155,15 @@ def test_a_replaced_layer_added_to_the_optimizer_trains_clipped(oracle):
     the naive clipped step over the model as it now is."""
     model, C, lr = _stack(), 0.05, 0.5
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    p = make_private(model, opt, DataLoader(_data(), batch_size=8), noise_multiplier=0.0,
-                     max_grad_norm=C, sampling="fixed", seed=0)
+    p = make_private(
+        model,
+        opt,
+        DataLoader(_data(), batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        sampling="fixed",
+        seed=0,
+    )
     _replace_head(model)
     opt.add_param_group({"params": list(model[2].parameters())})
     ref = copy.deepcopy(model)
@@ -142,5 +172,6 @@ def test_a_replaced_layer_added_to_the_optimizer_trains_clipped(oracle):
     nn.functional.cross_entropy(p.model(x), y).backward()
     p.optimizer.step()
     oracle.step(ref, x, y, C, lr=lr, expected_batch=p.optimizer.expected_batch_size)
-    torch.testing.assert_close(oracle.flat(model.parameters()),
-                               oracle.flat(ref.parameters()), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        oracle.flat(model.parameters()), oracle.flat(ref.parameters()), rtol=1e-9, atol=1e-12
+    )
