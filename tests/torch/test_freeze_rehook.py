@@ -175,3 +175,43 @@ def test_a_replaced_layer_added_to_the_optimizer_trains_clipped(oracle):
     torch.testing.assert_close(
         oracle.flat(model.parameters()), oracle.flat(ref.parameters()), rtol=1e-9, atol=1e-12
     )
+
+
+class _TiedHead(nn.Module):
+    """A head registering its decoder's bias as its own too (as Hugging Face's masked-LM
+    heads do): the engine guards that second slot with a pre-hook of the head itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = nn.Linear(5, 3).double()
+        self.bias = self.decoder.bias
+
+    def forward(self, x):
+        return self.decoder(x)
+
+
+def test_freezing_mid_run_leaves_a_root_modules_guarded_slot_as_it_was():
+    """Freezing a parameter of a model whose own module holds a guarded second slot: the
+    slot holds the parameter after the step (no watched alias left behind by a guard hook
+    that the rediscovery removed during the model's call)."""
+    torch.manual_seed(0)
+    model = _TiedHead()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        DataLoader(_data(), batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        sampling="fixed",
+        seed=0,
+    )
+    batches = iter(p.data_loader)
+    for freeze in (False, True, False):
+        if freeze:
+            model.decoder.weight.requires_grad_(False)
+        x, y = next(batches)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        assert model._parameters["bias"] is model.decoder.bias
+    assert p.accountant.steps == 3
