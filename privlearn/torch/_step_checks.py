@@ -27,7 +27,9 @@ class StepChecks:
         optimizer must hold some of them. A model whose parameters were all replaced after
         make_private (``fully_shard`` applied to it then, a layer swapped for a new one,
         ``load_state_dict(..., assign=True)``) leaves the optimizer over the old tensors:
-        every step would be released and accounted while nothing updated the model."""
+        every step would be released and accounted while nothing updated the model. With
+        some held, a parameter new since make_private (a layer replaced) must be held
+        too (:func:`~privlearn.torch._rehook.refuse_new_unheld`)."""
         params = self.tracker.params
         held = {id(q) for g in self.original_optimizer.param_groups for q in g["params"]}
         if not params or any(id(q) in held for q in params):
