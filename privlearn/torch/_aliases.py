@@ -79,6 +79,8 @@ def _swap_in(tracker, slots, stack):
     from privlearn.torch.grad_sample import _IN_RULE
 
     def pre(module, args):
+        if getattr(pre, "retired", False):  # removed during this call (_rehook.retire)
+            return None
         if _IN_RULE.get() or not module.training or not torch.is_grad_enabled():
             stack.append(())
             return None

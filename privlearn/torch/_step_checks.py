@@ -14,6 +14,7 @@ the chunk announced by the loader (``_chunk_size``, ``_chunk_serial``) and keeps
 from __future__ import annotations
 
 from privlearn.errors import TrainingLoopError
+from privlearn.torch._rehook import refuse_new_unheld
 
 __all__ = ["StepChecks"]
 
@@ -26,10 +27,17 @@ class StepChecks:
         optimizer must hold some of them. A model whose parameters were all replaced after
         make_private (``fully_shard`` applied to it then, a layer swapped for a new one,
         ``load_state_dict(..., assign=True)``) leaves the optimizer over the old tensors:
-        every step would be released and accounted while nothing updated the model."""
+        every step would be released and accounted while nothing updated the model. With
+        some held, a parameter new since make_private (a layer replaced) must be held
+        too (:func:`~privlearn.torch._rehook.refuse_new_unheld`)."""
         params = self.tracker.params
         held = {id(q) for g in self.original_optimizer.param_groups for q in g["params"]}
         if not params or any(id(q) in held for q in params):
+            try:  # some held: a new parameter (a layer replaced) must be held too
+                refuse_new_unheld(self.tracker, held)
+            except TrainingLoopError:
+                self._layout_version = None  # checked again at the next step
+                raise
             return
         names = {id(v): n for n, v in self.tracker.model.named_parameters()}
         shown = [names.get(id(q), tuple(q.shape)) for q in params]

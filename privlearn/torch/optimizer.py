@@ -395,7 +395,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
                    tuple((q.device, q.dtype) for q in self.tracker.params))
         if self._layout_version == version:
             return
-        if self._layout_version != -1:  # parameters replaced since: nothing would train
+        if self._layout_version != -1 or self.tracker.version:  # parameters replaced?
             self._layout_version = version
             self._check_held()
         self._layout_version = version

@@ -58,6 +58,7 @@ from privlearn.torch import _flat_rows, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
+from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
@@ -337,6 +338,7 @@ class GradSampleTracker(ClippingMixin):
             self._uninstall()
             self._root_handle.remove()
             raise
+        self.born = snapshot(model)  # the parameters at make_private (_rehook)
         me = weakref.ref(self)
         for module in model.modules():
             _ATTACHED[module] = me
@@ -459,6 +461,7 @@ class GradSampleTracker(ClippingMixin):
             "data). No step was taken and nothing was released")
 
     def _uninstall(self) -> None:
+        retire(self._handles)  # a call running now may still hold them (_rehook)
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -531,7 +534,8 @@ class GradSampleTracker(ClippingMixin):
                 self.unrecorded_forward = "eval"
             return None
         self.unrecorded_forward = None
-        if self._trainable_signature() != self._signature:
+        rehooked = self._trainable_signature() != self._signature
+        if rehooked:
             self._rediscover()
         shape = _mixing_fingerprint(self.model)
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
@@ -560,7 +564,8 @@ class GradSampleTracker(ClippingMixin):
                 self._probe_inputs, self._probe_buffers, self._probe_later = seen, buffers, []
             else:
                 self._probe_later.append((seen, buffers))
-        return None
+        # hooks placed on this module by the rediscovery: not in this call's snapshot
+        return run_new_pre_hooks(module, self._handles, args, kwargs) if rehooked else None
 
     def _step_inputs(self, examples: int | None):
         """The inputs the probe runs on: those of the first forward since the last step
