@@ -31,6 +31,8 @@ never silently dropped from the list.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 from privlearn.accounting._types import Accountant, PrivacyBound
 from privlearn.errors import (
@@ -57,6 +59,29 @@ BUILTIN_ACCOUNTANTS: dict[str, str] = {
 }
 
 _REGISTRY: dict[str, Accountant] = {}
+
+#: :func:`privlearn.accounting.registry.read_relation`, installed by that module when it is
+#: imported (which ``import privlearn.accounting`` always does): the registry imports the
+#: mechanism classes, which read a description's relation before calling an accountant,
+#: so they reach it through this slot rather than importing the registry (no import cycle)
+_RELATION_READER: list[Callable[[Any], Any]] = []
+
+
+def install_relation_reader(reader: Callable[[Any], Any]) -> None:
+    """Install the function every description is read through before an accountant
+    evaluates it (:func:`privlearn.accounting.registry.read_relation`; called once, by
+    that module)."""
+    _RELATION_READER[:] = [reader]
+
+
+def read_relation(mechanism: Any) -> Any:
+    """``mechanism`` read under one neighbouring relation by the installed reader
+    (:func:`privlearn.accounting.registry.read_relation`)."""
+    if not _RELATION_READER:  # pragma: no cover - the package's __init__ installs it
+        raise ConfigurationError(
+            "privlearn.accounting.registry has not been imported, so no relation reader is "
+            "installed; import privlearn.accounting (which imports it) first")
+    return _RELATION_READER[0](mechanism)
 
 
 def register_accountant(accountant: Accountant, *, force: bool = False) -> Accountant:

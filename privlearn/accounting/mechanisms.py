@@ -57,7 +57,7 @@ from privlearn._validation import (
     check_rate,
 )
 from privlearn.accounting._types import PrivacyBound
-from privlearn.accounting.accountants import get_accountant
+from privlearn.accounting.accountants import get_accountant, read_relation
 from privlearn.errors import (
     AccountingError,
     ParameterTypeError,
@@ -571,10 +571,8 @@ def subsample(
 
 
 def _one_relation(mechanism: Mechanism) -> Mechanism:
-    """:func:`privlearn.accounting.registry.read_relation` (the registry owns the reading;
-    imported here at call time: the registry imports this module)."""
-    from privlearn.accounting.registry import read_relation
-
+    """:func:`privlearn.accounting.registry.read_relation` (the registry owns the reading
+    and installs it in :mod:`~privlearn.accounting.accountants`: it imports this module)."""
     return read_relation(mechanism)
 
 

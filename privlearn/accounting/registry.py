@@ -112,6 +112,7 @@ from types import MappingProxyType
 from typing import Any
 
 from privlearn._type_registry import TypeRegistry
+from privlearn.accounting.accountants import install_relation_reader
 from privlearn.accounting.mechanisms import (
     Composed,
     Mechanism,
@@ -672,3 +673,6 @@ def equivalent_gaussian(mechanism: Mechanism) -> float | None:
     if not pairs:
         return None
     return combine_gaussians(pairs)
+
+
+install_relation_reader(read_relation)

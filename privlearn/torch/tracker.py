@@ -49,11 +49,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from privlearn.errors import (
-    ConfigurationError,
-    ParameterValueError,
-    TrainingLoopError,
-)
+from privlearn.errors import ConfigurationError, ParameterValueError, TrainingLoopError
 from privlearn.torch import _flat_rows, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
