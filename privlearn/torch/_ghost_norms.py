@@ -156,7 +156,6 @@ def ghost_sq(
     # value on the computed diagonals, whose entries are at least (1 - gamma) |a_t|^2,
     # resp. |g_t|^2): cap * f >= (sum_t |a_t| |g_t|)^2, which is at least the exact
     # squared norm (triangle inequality)
-    root = (aa.diagonal(dim1=1, dim2=2) * gg.diagonal(dim1=1, dim2=2)).sqrt_().sum(1)
     f = 1.0 / ((1 - _gamma(2 * t + 4, w)) * (1 - ga) * (1 - gp))
     # the products and the sums over s, then over t, in the Gram dtype (in place: no
     # other T x T buffer; a long row summed in two stages of about sqrt(T) each), within
@@ -164,6 +163,9 @@ def ghost_sq(
     k = _split(t)
     prod = aa.mul_(gg)
     sq = _sum_last(_sum_last(prod, k), k)
+    # the diagonal of the products is diag_a * diag_g (the same single rounding): the
+    # root from it, in place once the products are summed (no product of the diagonals)
+    root = prod.diagonal(dim1=1, dim2=2).sqrt_().sum(1)
     stage = (1 + _gamma(k, w)) * (1 + _gamma(t // k, w))
     sums = ((1 + w) * stage * stage - 1) * (1 + ga) * (1 + gp)
     # sq + alpha cap, cap = root^2, in one operation: its scaling and addition round

@@ -18,6 +18,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch._row_norms import flat_terms
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims
 from privlearn.torch.grad_sample import (
@@ -85,7 +86,7 @@ def _flat_sq(contribs) -> torch.Tensor:
     """Per-example squared norms over all parameters (a sum of per-example terms: no
     reduction over examples): every contribution's terms (one a parameter where a rule
     gives them apart) summed by one stacked reduction."""
-    return _sum_rows([t for c in contribs for t in c.sq_terms()])
+    return _sum_rows(flat_terms(contribs))
 
 
 def _sum_rows(terms: list) -> torch.Tensor | None:

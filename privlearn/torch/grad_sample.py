@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from privlearn.torch._ghost_norms import ghost_sq, sum_up
+from privlearn.torch._row_norms import materialized_rows, outer_rows
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _GHOST_DEFER,
     _LOW,
@@ -322,6 +323,8 @@ class Materialized(Contribution):
         self._sq = None
         self._terms = None
 
+    deferred_rows = materialized_rows  # the step forms the norms of many at once
+
     def sq_terms(self) -> list[torch.Tensor]:
         """Each parameter's per-example squared norms (not yet added together)."""
         if self._terms is None:
@@ -541,6 +544,8 @@ class OuterProduct(Contribution):
         if self._bias_t is None:
             self._bias_t = self._bias_ps().t()
         return self._bias_t
+
+    deferred_rows = outer_rows  # the bias's norms: with many others at the step
 
     def sq_terms(self) -> list[torch.Tensor]:
         """The weight's per-example squared norms, then the bias's (not yet added)."""

@@ -58,6 +58,7 @@ from privlearn.torch import _flat_rows, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
+from privlearn.torch._row_norms import prepare
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
@@ -771,7 +772,7 @@ class GradSampleTracker(ClippingMixin):
                 if not unit.rule.early:
                     self._not_early.add(id(unit))  # not tried again
                 return  # kept as recorded: evaluated at the step as usual
-            c.sq_terms()  # cached: the step sums them
+            prepare(c)  # cached: the step sums them (and forms the rows' norms)
         rec.early, rec.examples = c, examples
         rec.args, rec.kwargs = (), {}
         rec.grad_outputs = [None] * len(rec.grad_outputs)
