@@ -99,13 +99,8 @@ def _group_sq(rows: list[torch.Tensor]) -> torch.Tensor:
 
 def materialized_rows(c) -> tuple[list, list] | None:
     """``Materialized.deferred_rows``: its per-example gradients as ``(B, n)`` rows (the
-    views the clipped sum multiplies, made here), None once its terms are formed."""
-    if c._terms is not None:
-        return None
-    if getattr(c, "_rows", None) is None:
-        c._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1) for g in c.grads]
-        c._cols = [r.t() for r in c._rows]
-    return [], c._rows
+    views the clipped sum multiplies), None once its terms are formed."""
+    return None if c._terms is not None else ([], c.mv_rows())
 
 
 def outer_rows(c) -> tuple[list, list] | None:
@@ -120,6 +115,5 @@ def outer_rows(c) -> tuple[list, list] | None:
     else:
         terms.append(c._weight_sq())
     if c.bias is not None:
-        rows.append(c._bias_ps())
-        c._bias_cols()
+        rows.append(c._bias_ps())  # (its transposed view made where a product reads it)
     return terms, rows

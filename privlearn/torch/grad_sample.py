@@ -328,12 +328,7 @@ class Materialized(Contribution):
     def sq_terms(self) -> list[torch.Tensor]:
         """Each parameter's per-example squared norms (not yet added together)."""
         if self._terms is None:
-            # the (n, B) views the clipped sum multiplies by the weights, made with the
-            # norms (during backward for a rule evaluated then)
-            self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
-                          for g in self.grads]
-            self._cols = [r.t() for r in self._rows]
-            self._terms = [row_sq_norms(r) for r in self._rows]
+            self._terms = [row_sq_norms(r) for r in self.mv_rows()]
         return self._terms
 
     def sq_norms(self) -> torch.Tensor:
@@ -345,8 +340,10 @@ class Materialized(Contribution):
         return self._sq
 
     def mv_rows(self) -> list[torch.Tensor]:
+        """The ``(B, n)`` views the clipped sum multiplies by the weights (made once)."""
         if getattr(self, "_rows", None) is None:
-            self.sq_terms()
+            self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
+                          for g in self.grads]
         return self._rows
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -357,12 +354,8 @@ class Materialized(Contribution):
         return self.grads
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        cols = getattr(self, "_cols", None)
-        if cols is None:
-            self.sq_terms()
-            cols = self._cols
-        for o, g in zip(outs, cols, strict=True):
-            _addmv_cols(o, g, c)
+        for o, r in zip(outs, self.mv_rows(), strict=True):
+            _addmv_cols(o, r.t(), c)
 
     def param_sq_norms(self) -> list[torch.Tensor]:
         return list(self.sq_terms())
