@@ -34,7 +34,9 @@ _HALF = (torch.float16, torch.bfloat16)
 
 def _parts(c) -> tuple[list, list] | None:
     get = getattr(c, "deferred_rows", None)
-    return None if get is None else get()
+    if get is None or type(c).sq_terms.__qualname__ != _OWNERS.get(get.__func__):
+        return None  # (a subclass forming its own terms keeps them)
+    return get()
 
 
 def prepare(c) -> None:
@@ -100,7 +102,7 @@ def _group_sq(rows: list[torch.Tensor]) -> torch.Tensor:
 def materialized_rows(c) -> tuple[list, list] | None:
     """``Materialized.deferred_rows``: its per-example gradients as ``(B, n)`` rows (the
     views the clipped sum multiplies), None once its terms are formed."""
-    return None if c._terms is not None else ([], c.mv_rows())
+    return None if c._terms is not None else ([], c._row_views())
 
 
 def outer_rows(c) -> tuple[list, list] | None:
@@ -115,5 +117,11 @@ def outer_rows(c) -> tuple[list, list] | None:
     else:
         terms.append(c._weight_sq())
     if c.bias is not None:
-        rows.append(c._bias_ps())  # (its transposed view made where a product reads it)
+        rows.append(c._bias_ps())
+        c._bias_cols()  # (the view a product may read, made during backward with it)
     return terms, rows
+
+
+#: the ``sq_terms`` each ``deferred_rows`` stands for (by qualified name: a subclass that
+#: forms its own terms is not deferred)
+_OWNERS = {materialized_rows: "Materialized.sq_terms", outer_rows: "OuterProduct.sq_terms"}

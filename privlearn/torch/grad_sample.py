@@ -328,7 +328,7 @@ class Materialized(Contribution):
     def sq_terms(self) -> list[torch.Tensor]:
         """Each parameter's per-example squared norms (not yet added together)."""
         if self._terms is None:
-            self._terms = [row_sq_norms(r) for r in self.mv_rows()]
+            self._terms = [row_sq_norms(r) for r in self._row_views()]
         return self._terms
 
     def sq_norms(self) -> torch.Tensor:
@@ -340,6 +340,9 @@ class Materialized(Contribution):
         return self._sq
 
     def mv_rows(self) -> list[torch.Tensor]:
+        return self._row_views()
+
+    def _row_views(self) -> list[torch.Tensor]:
         """The ``(B, n)`` views the clipped sum multiplies by the weights (made once)."""
         if getattr(self, "_rows", None) is None:
             self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
@@ -354,7 +357,7 @@ class Materialized(Contribution):
         return self.grads
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        for o, r in zip(outs, self.mv_rows(), strict=True):
+        for o, r in zip(outs, self._row_views(), strict=True):
             _addmv_cols(o, r.t(), c)
 
     def param_sq_norms(self) -> list[torch.Tensor]:
