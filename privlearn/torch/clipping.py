@@ -227,7 +227,7 @@ class ClippingMixin:
             if bad is not None and masked:
                 self.last_overflow_count = bad.sum()
         elif contribs:
-            sq = _flat_sq(contribs)
+            sq = _flat_sq(contribs, getattr(self, "_settled", None))
             bad = self._find_nonfinite(sq, masked, refuse_nonfinite, scaled=ls != 1.0)
             if bad is not None and not masked:
                 contribs = self._drop_examples(bad)

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from privlearn.torch._ghost_norms import ghost_sq, sum_up
+from privlearn.torch._ghost_norms import finish_parts, ghost_sq, sum_up
 from privlearn.torch._row_norms import materialized_rows, outer_rows
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _GHOST_DEFER,
@@ -566,7 +566,9 @@ class OuterProduct(Contribution):
         if self._wsq is not None:
             return self._wsq
         b, G, t, d, p = self.dims
-        if self._ps is not None:
+        if getattr(self, "_gparts", None) is not None:  # formed to be finished in a group
+            w = finish_parts([self._gparts])
+        elif self._ps is not None:
             w = row_sq_norms(self._ps_rows)
         elif t == 1 and G == 1:  # |a|^2 |g|^2
             w = row_sq_norms(self.g.reshape(b, p)) * row_sq_norms(self.a.reshape(b, d))

@@ -58,7 +58,7 @@ from privlearn.torch import _flat_rows, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
-from privlearn.torch._row_norms import prepare
+from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
@@ -797,11 +797,16 @@ class GradSampleTracker(ClippingMixin):
                 "model, then backward()) is such a second pass: not supported")
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
+        self._settled = None
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
         self._in_backward = False
         self._backward_passes += 1
+        # the norms of the layers evaluated during backward formed by groups (the step
+        # uses them where it sees the same contributions)
+        self._settled = settle([r.early for recs in self.records.values() for r in recs
+                                if r.early is not None])
 
     def has_gradients(self) -> bool:
         """Whether a backward pass reached a recorded layer since the last clear."""
@@ -816,7 +821,7 @@ class GradSampleTracker(ClippingMixin):
         pending = {i: [r for r in recs if not r.has_grad()]
                    for i, recs in self.records.items()}
         self.records = {i: recs for i, recs in pending.items() if recs}
-        self.outside_uses = set()
+        self.outside_uses, self._settled = set(), None
         self._backward_passes = 0
         self._in_backward = False
         if not self.records:
@@ -825,7 +830,7 @@ class GradSampleTracker(ClippingMixin):
             self._probe_later = []
 
     def clear(self) -> None:
-        self.outside_uses = set()
+        self.outside_uses, self._settled = set(), None
         self.records = {}
         self._captured = {}
         self._backward_passes = 0
