@@ -23,8 +23,9 @@ layers read it, are put side by side in one copy, scaled in one multiplication (
 sides the layers scale), cleaned in one pass and split into the operands of each
 layer's product (views, in the layouts the products read): three operations a layer
 (scale, clean, copy) become seven for the group, each layer keeping its one product.
-The products and their operands are those of the layers alone (the same values), and
-the biases are summed from the same scaled rows.
+The products and their operands are those of the layers alone (the same values); the
+biases are weighed from their per-example rows (held for their norms) with the other
+small rows, as a layer alone weighs them.
 """
 
 from __future__ import annotations
@@ -313,15 +314,12 @@ class _Products:
         lefts = rows.t().split(widths, 0)  # (n, B T) each: a left side
         for k, c, outs, (ia, ig) in members:
             read_elsewhere(*k._flat2[:2])
-            b, _, t, d, p = k.dims
             il, ir = (ia, ig) if k.transposed else (ig, ia)
             left, right = lefts[at[il]], cols[at[ir]]
             add_product_(outs[0], left, right, low, dt)
             if k.bias is None:
                 continue
-            if p > d:  # the inputs were scaled: the bias from its per-example rows
-                c0 = c if low else _IN_DTYPE.get(c, dt, lambda c=c: c.to(dt))
-                _addmv_rows_cols(outs[1], k._bias_ps(), k._bias_cols(), c0)
-            else:  # the scaled output gradients, summed as autograd's Linear sums them
-                gs = cols[at[ig]]
-                outs[1].add_(gs.sum(0, dtype=torch.float32) if low else gs.sum(0))
+            # the bias from its per-example rows (held for its norms; grouped with the
+            # other small rows' products)
+            c0 = c if low else _IN_DTYPE.get(c, dt, lambda c=c: c.to(dt))
+            _addmv_rows_cols(outs[1], k._bias_ps(), k._bias_cols(), c0)

@@ -671,24 +671,18 @@ class OuterProduct(Contribution):
         dt = self._dtype
         c0 = c if self._low else c.to(dt)
         c = low_factors(c, dt) if self._low else c0
-        gs = gst = None
         if p > d:  # the inputs are the narrower side
             # in dt (the factors' dtype); scaled as the transpose the matmul reads
             left, right = ((token_scaled_t(st, c, t), _finite(as_dtype(g2, dt)))
                            if self.transposed
                            else (_finite(as_dtype(lt, dt)), token_scaled(a2, c, t)))
         elif self.transposed:
-            left, right = _finite(as_dtype(lt, dt)), (gs := token_scaled(g2, c, t))
+            left, right = _finite(as_dtype(lt, dt)), token_scaled(g2, c, t)
         else:
-            left, right = (gst := token_scaled_t(st, c, t)), _finite(as_dtype(a2, dt))
+            left, right = token_scaled_t(st, c, t), _finite(as_dtype(a2, dt))
         add_product_(outs[0], left, right, self._low, dt)
-        if self.bias is None:
-            return
-        if gs is None and gst is None:
+        if self.bias is not None:  # from its per-example rows (held for its norms)
             _addmv_rows_cols(outs[1], self._bias_ps(), self._bias_cols(), c0)
-        else:  # same summation as autograd's Linear
-            k, gs = (0, gs) if gst is None else (1, gst)
-            outs[1].add_(gs.sum(k, dtype=torch.float32) if self._low else gs.sum(k))
 
     def _add_weighted_(self, o: torch.Tensor, g: torch.Tensor, a: torch.Tensor,
                        c: torch.Tensor, p: int, d: int) -> torch.Tensor:

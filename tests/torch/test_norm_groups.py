@@ -64,9 +64,10 @@ def _model():
 def test_grouped_norms_give_the_batch_of_one_clipped_sum(oracle, monkeypatch):
     """Ghost norms in every Linear (four of one shape) and three LayerNorms: the backward
     pass of a steady step finishes the four ghost norms by one ``addcmul`` (one a layer
-    before) and the seven held rows' norms (biases, LayerNorm weights and biases) by one
-    ``vector_norm`` (one a parameter before); the clipped sum (noise-free, SGD at rate 0)
-    is the float64 batch-of-one definition's, some examples clipped, some not."""
+    before) and the ten held rows' norms (biases, LayerNorm weights and biases) by one
+    ``vector_norm`` (one a parameter before), the step adds each bias by one product; the
+    clipped sum (noise-free, SGD at rate 0) is the float64 batch-of-one definition's,
+    some examples clipped, some not."""
     monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
     n, t = 6, 5
     gen = torch.Generator().manual_seed(4)
@@ -88,13 +89,19 @@ def test_grouped_norms_give_the_batch_of_one_clipped_sum(oracle, monkeypatch):
         xb, yb = next(iter(p.data_loader))
         p.optimizer.zero_grad()
         loss = (p.model(xb) * yb).sum()
-        ops = _Ops()
+        ops, step_ops = _Ops(), _Ops()
         with ops:
             loss.backward()
-        p.optimizer.step()
+        with step_ops:
+            p.optimizer.step()
     assert ops.ops["bmm"] >= 8  # the ghost form: two Gram products a layer
     assert ops.ops["addcmul"] == 1
     assert ops.ops["linalg_vector_norm"] == 1
+    # the step weighs each bias's per-example rows by one product (a sum of the scaled
+    # output gradients and an addition before): its additions are plain SGD's alone, one
+    # a parameter
+    n_params = sum(1 for _ in model.parameters())
+    assert step_ops.ops["add_"] == n_params and step_ops.ops["sum"] <= 2
     want, norms = oracle.clipped_sum(ref, xb, yb, 55.0, loss_fn=lambda o, v: (o * v).sum())
     assert (norms > 55.0).any() and (norms < 55.0).any()
     got = oracle.flat(q.grad for q in model.parameters()) * n  # / expected batch size
