@@ -343,10 +343,12 @@ class Materialized(Contribution):
         return self._row_views()
 
     def _row_views(self) -> list[torch.Tensor]:
-        """The ``(B, n)`` views the clipped sum multiplies by the weights (made once)."""
+        """The ``(B, n)`` views the clipped sum multiplies by the weights and their
+        transposes (made once, during backward for a rule evaluated then)."""
         if getattr(self, "_rows", None) is None:
             self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
                           for g in self.grads]
+            self._cols = [r.t() for r in self._rows]
         return self._rows
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -357,8 +359,9 @@ class Materialized(Contribution):
         return self.grads
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        for o, r in zip(outs, self._row_views(), strict=True):
-            _addmv_cols(o, r.t(), c)
+        self._row_views()
+        for o, col in zip(outs, self._cols, strict=True):
+            _addmv_cols(o, col, c)
 
     def param_sq_norms(self) -> list[torch.Tensor]:
         return list(self.sq_terms())
