@@ -9,7 +9,7 @@ factors), so their squared norms are formed at once: the rows of up to
 :data:`GROUP_BYTES` put side by side (one concatenation), one ``vector_norm`` and one
 square per group. The squared norm of an example's concatenated rows is the sum of its
 parameters' squared norms (a float32 sum of the same squares, in another order). Rows
-larger than the budget keep their own norm (no copy of them).
+larger than :data:`SMALL_ROW_BYTES` keep their own norm (no copy of them).
 
 Likewise a ghost layer forms its Gram product during backward (the Gram matrices are
 released there) but leaves its last sums, ``(N, T)`` row sums and roots of the diagonal
@@ -37,6 +37,7 @@ from privlearn.torch._rows import mm32, row_sq_norms
 
 __all__ = [
     "GROUP_BYTES",
+    "SMALL_ROW_BYTES",
     "Settled",
     "batch_of",
     "flat_sq",
@@ -48,6 +49,9 @@ __all__ = [
 
 #: Bytes of rows concatenated at once (a copy alive while their norms are formed).
 GROUP_BYTES = 4 * 2**20
+#: Largest rows concatenated (larger ones, e.g. materialised weight gradients, keep their
+#: own norm: their two operations cost little next to a copy of them).
+SMALL_ROW_BYTES = 2**18
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -177,7 +181,7 @@ def rows_sq(rows: list[torch.Tensor]) -> list[torch.Tensor]:
     groups: dict = {}
     for r in rows:
         nbytes = r.numel() * r.element_size()
-        if nbytes > GROUP_BYTES:
+        if nbytes > SMALL_ROW_BYTES:
             out.append(row_sq_norms(r))
             continue
         wide = torch.float32 if r.dtype in _HALF else r.dtype
