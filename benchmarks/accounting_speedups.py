@@ -59,10 +59,11 @@ def _heterogeneous(name: str) -> None:
         parts = []
         for part in _schedule(40):
             parts.append(part)
-            up = acc.epsilon(compose(parts, steps=10), 1e-5)
+            b = acc.epsilon(compose(parts, steps=10), 1e-5)
     else:
-        up = acc.epsilon(compose(_schedule(100), steps=10), 1e-5)
-    print(json.dumps({"up": up, "lo": float("nan"), "cpu": time.process_time() - t}))
+        b = acc.epsilon(compose(_schedule(100), steps=10), 1e-5)
+    lo = float("nan") if b.lower is None else b.lower
+    print(json.dumps({"up": b.upper, "lo": lo, "cpu": time.process_time() - t}))
 
 
 def _query(name: str) -> None:
@@ -114,6 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", help="folder holding an older privlearn/ (required)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--only", default="", help="run only the cases whose name contains this")
     ap.add_argument("--query", help=argparse.SUPPRESS)
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--interval", type=float, default=1e-4, help=argparse.SUPPRESS)
@@ -126,7 +128,7 @@ def main() -> None:
         ap.error("--baseline is required")
     print("| case | before [lower] (CPU s) | after [lower] (CPU s) | dp_accounting |")
     print("|---|---|---|---|")
-    for name in [*CASES, *HETEROGENEOUS]:
+    for name in [n for n in [*CASES, *HETEROGENEOUS] if a.only in n]:
         rows = []
         for _ in range(a.repeats):
             rows.append((_run(["--query", name], a.baseline), _run(["--query", name], str(ROOT))))

@@ -34,10 +34,12 @@ inputs, ``2^-11`` or ``2^-8`` per factor, is added and cannot be blocked away: a
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["ghost_sq", "gram_block", "input_rounding", "round_up", "sum_up"]
+__all__ = ["GhostParts", "finish_parts", "ghost_parts", "ghost_sq", "gram_block",
+           "input_rounding", "round_up", "sum_up"]
 
 _U64 = 2.0**-53
 _U32 = 2.0**-24
@@ -110,6 +112,18 @@ def _gram(x: torch.Tensor, mm, k: int) -> torch.Tensor:
     return out
 
 
+class GhostParts(NamedTuple):
+    """A ghost squared norm before its last sums (:func:`ghost_parts`): the per-position
+    row sums of the Gram product (the first of two stages for long rows), the square
+    roots of its diagonal, the two-stage split ``k`` and the bound's factor ``alpha``;
+    :func:`finish_parts` forms the norms of many such layers (of one shape) at once."""
+
+    rows: torch.Tensor  # (N, T)
+    roots: torch.Tensor  # (N, T)
+    k: int
+    alpha: float
+
+
 def ghost_sq(
     a: torch.Tensor, g: torch.Tensor, mm=torch.matmul, widen: bool = False, spread: float = 0.0
 ) -> torch.Tensor:
@@ -139,6 +153,16 @@ def ghost_sq(
         In the Gram dtype (float32 for half-precision operands): the sum of the Gram
         products plus the bound on its rounding error (see the module docstring).
     """
+    parts = ghost_parts(a, g, mm, widen, spread)
+    return parts if isinstance(parts, torch.Tensor) else finish_parts([parts])
+
+
+def ghost_parts(
+    a: torch.Tensor, g: torch.Tensor, mm=torch.matmul, widen: bool = False, spread: float = 0.0
+) -> GhostParts | torch.Tensor:
+    """:func:`ghost_sq` up to its last sums (its arguments): :class:`GhostParts`, or the
+    norms themselves where no useful bound holds in the working precision (formed in
+    float64 then)."""
     n, t, d = a.shape
     p = g.shape[-1]
     low = a.dtype in (torch.float16, torch.bfloat16)
@@ -162,21 +186,38 @@ def ghost_sq(
     # value on the computed diagonals, whose entries are at least (1 - gamma) |a_t|^2,
     # resp. |g_t|^2): cap * f >= (sum_t |a_t| |g_t|)^2, which is at least the exact
     # squared norm (triangle inequality)
-    root = (aa.diagonal(dim1=1, dim2=2) * gg.diagonal(dim1=1, dim2=2)).sqrt_().sum(1)
     f = 1.0 / ((1 - _gamma(2 * t + 4, w)) * (1 - ga) * (1 - gp))
     # the products and the sums over s, then over t, in the Gram dtype (in place: no
     # other T x T buffer; a long row summed in two stages of about sqrt(T) each), within
     # `sums` of sum |aa . gg| <= (1 + ga)(1 + gp) cap
     k = _split(t)
     prod = aa.mul_(gg)
-    sq = _sum_last(_sum_last(prod, k), k)
+    rows = _sum_last(prod, k)
+    # the diagonal of the products is diag_a * diag_g (the same single rounding): the
+    # root's terms from it (no product of the diagonals)
+    roots = prod.diagonal(dim1=1, dim2=2).sqrt()
     stage = (1 + _gamma(k, w)) * (1 + _gamma(t // k, w))
     sums = ((1 + w) * stage * stage - 1) * (1 + ga) * (1 + gp)
     # sq + alpha cap, cap = root^2, in one operation: its scaling and addition round
     # within 4 w cap f (|sq| and the term are at most ~cap f; the square's rounding is in f)
     e = spread / (1 - spread)
     alpha = (ga + gp + ga * gp + sums + 4 * w + (2 * e + e * e) * (1 + 4 * w)) * f
-    return torch.addcmul(sq, root, root, value=alpha)
+    return GhostParts(rows, roots, k, alpha)
+
+
+def finish_parts(parts: list[GhostParts]) -> torch.Tensor:
+    """The ghost squared norms of layers of one shape (the same ``k`` and ``alpha``; the
+    same dtype, device and ``(N, T)``): ``(N,)`` for one, ``(L, N)`` for ``L`` of them,
+    their rows and roots summed by one stacked reduction and the bound added by one
+    ``addcmul`` (the same sums a row as one layer alone; the root of a long row in two
+    stages, within the one sum's ``gamma_T`` the bound allows)."""
+    p0 = parts[0]
+    if len(parts) == 1:
+        sq, root = _sum_last(p0.rows, p0.k), p0.roots.sum(-1)
+        return torch.addcmul(sq, root, root, value=p0.alpha)
+    n = len(parts)
+    s = _sum_last(torch.stack([p.rows for p in parts] + [p.roots for p in parts]), p0.k)
+    return torch.addcmul(s[:n], s[n:], s[n:], value=p0.alpha)
 
 
 def _split(t: int) -> int:

@@ -23,9 +23,9 @@ layers read it, are put side by side in one copy, scaled in one multiplication (
 sides the layers scale), cleaned in one pass and split into the operands of each
 layer's product (views, in the layouts the products read): three operations a layer
 (scale, clean, copy) become seven for the group, each layer keeping its one product.
-The products and their operands are those of the layers alone (the same values), and
-the biases are added from the per-example sums their norms are of (as each layer alone
-adds them).
+The products and their operands are those of the layers alone (the same values); the
+biases are weighed from their per-example rows (held for their norms) with the other
+small rows, as a layer alone weighs them.
 """
 
 from __future__ import annotations
@@ -163,9 +163,13 @@ def _add_group(members: list, c: torch.Tensor) -> None:
     w = c if c.dtype == rows.dtype else c.to(rows.dtype)
     sums = torch.mv(rows.t(), w)
     spread = _spans(members, sums)
-    if spread is not None:  # the pieces of one flat buffer of the sums' dtype
+    if spread is not None:  # the pieces of one flat buffer
         base, index = spread
-        base.index_add_(0, index, sums)  # each entry once: base[i] + piece[j], as add_
+        if base.dtype == sums.dtype:
+            base.index_add_(0, index, sums)  # each entry once: base[i] + piece[j], as add_
+        else:  # a half-precision buffer: base[i] + piece[j] in float32, rounded once
+            # (as add_ of the float32 piece), written back in place
+            base.index_copy_(0, index, sums.add(base.index_select(0, index)).to(base.dtype))
         return
     runs = _runs(members)
     pieces = [sums] if len(runs) == 1 else sums.split([n for _, n in runs])
@@ -175,6 +179,9 @@ def _add_group(members: list, c: torch.Tensor) -> None:
 
 #: Fewest runs of adjacent pieces added by one ``index_add_`` instead of one addition each
 _MIN_SPANS = 3
+#: ... into a half-precision buffer (four operations: the entries read, added in float32,
+#: rounded, written back)
+_MIN_HALF_SPANS = 5
 
 #: positions in a flat buffer of the runs of pieces of a group, by (device, runs): the
 #: same parameters meet in the same group every step, so the index is made once
@@ -186,11 +193,15 @@ def _spans(members: list, sums: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     contiguous view of one flat buffer of the dtype and device of ``sums`` and their
     pieces form at least :data:`_MIN_SPANS` runs: ``sums[j]`` is then added to
     ``buffer[positions[j]]`` by one ``index_add_`` (every position once: the same single
-    rounding as one addition a run), else None."""
+    rounding as one addition a run), else None. A half-precision buffer of float32 sums
+    takes at least :data:`_MIN_HALF_SPANS` runs."""
     base = members[0][0]._base
     # plain tensors only (a tensor subclass, e.g. a sharded one, keeps its own additions)
     if type(base) is not torch.Tensor or type(sums) is not torch.Tensor \
-            or base.dim() != 1 or base.dtype != sums.dtype or base.device != sums.device:
+            or base.dim() != 1 or base.device != sums.device:
+        return None
+    half = base.dtype in (torch.float16, torch.bfloat16) and sums.dtype == torch.float32
+    if base.dtype != sums.dtype and not half:
         return None
     runs: list = []
     for o, r in members:
@@ -201,7 +212,7 @@ def _spans(members: list, sums: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
             runs[-1][1] += o.numel()
         else:
             runs.append([off, o.numel()])
-    if len(runs) < _MIN_SPANS:
+    if len(runs) < (_MIN_HALF_SPANS if half else _MIN_SPANS):
         return None
     key = (base.device, tuple((off, n) for off, n in runs))
     index = _SPAN_INDEX.get(key)
@@ -303,12 +314,12 @@ class _Products:
         lefts = rows.t().split(widths, 0)  # (n, B T) each: a left side
         for k, c, outs, (ia, ig) in members:
             read_elsewhere(*k._flat2[:2])
-            b, _, t, d, p = k.dims
             il, ir = (ia, ig) if k.transposed else (ig, ia)
             left, right = lefts[at[il]], cols[at[ir]]
             add_product_(outs[0], left, right, low, dt)
             if k.bias is None:
                 continue
-            # the bias from the per-example sums its norms are of (as the layer alone)
+            # the bias from its per-example rows (held for its norms; grouped with the
+            # other small rows' products)
             c0 = c if low else _IN_DTYPE.get(c, dt, lambda c=c: c.to(dt))
             _addmv_rows_cols(outs[1], k._bias_ps(), k._bias_cols(), c0)

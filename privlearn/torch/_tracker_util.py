@@ -18,6 +18,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch._row_norms import flat_sq
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims
 from privlearn.torch.grad_sample import (
@@ -101,28 +102,11 @@ def _recomputed_outputs(output, dummy: torch.Tensor):
                            if isinstance(o, torch.Tensor) and o.is_floating_point() else o
                            for o in flat], spec)
 
-def _flat_sq(contribs) -> torch.Tensor:
+def _flat_sq(contribs, settled=None) -> torch.Tensor:
     """Per-example squared norms over all parameters (a sum of per-example terms: no
     reduction over examples): every contribution's terms (one a parameter where a rule
     gives them apart) summed by one stacked reduction."""
-    return _sum_rows([t for c in contribs for t in c.sq_terms()])
-
-
-def _sum_rows(terms: list) -> torch.Tensor | None:
-    """The sum of per-example vectors ``(B,)``: one stacked reduction when they share a
-    dtype and device (two operations whatever their number), else added one by one."""
-    if not terms:
-        return None
-    if len(terms) == 1:
-        return terms[0]
-    t0 = terms[0]
-    if all(t.dtype == t0.dtype and t.device == t0.device and t.shape == t0.shape
-           for t in terms):
-        return torch.stack(terms).sum(0)
-    sq = None
-    for s in terms:
-        sq = s if sq is None else sq + s
-    return sq
+    return flat_sq(contribs, settled)
 
 
 def _per_param_sq(contribs):

@@ -19,6 +19,7 @@ import torch
 from privlearn.errors import BatchDependenceError, TrainingLoopError
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch._grouped import accumulate_all
+from privlearn.torch._row_norms import batch_of
 from privlearn.torch._rows import shared_rows
 from privlearn.torch._tracker_util import (
     _flat_sq,
@@ -114,8 +115,7 @@ class ClippingMixin:
         for cs in per_unit:
             contribs.extend(cs)
         for c in contribs:
-            terms = c.sq_terms()  # (not added together: the step sums them all)
-            n = (terms[0] if terms else c.sq_norms()).shape[0]
+            n = batch_of(c)  # (its terms not added together: the step sums them all)
             if batch is None:
                 batch = n
             elif n != batch:
@@ -227,7 +227,7 @@ class ClippingMixin:
             if bad is not None and masked:
                 self.last_overflow_count = bad.sum()
         elif contribs:
-            sq = _flat_sq(contribs)
+            sq = _flat_sq(contribs, getattr(self, "_settled", None))
             bad = self._find_nonfinite(sq, masked, refuse_nonfinite, scaled=ls != 1.0)
             if bad is not None and not masked:
                 contribs = self._drop_examples(bad)

@@ -52,7 +52,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from privlearn.torch._ghost_norms import ghost_sq, sum_up
+from privlearn.torch._ghost_norms import finish_parts, ghost_sq, sum_up
+from privlearn.torch._row_norms import materialized_rows, outer_rows
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _GHOST_DEFER,
     _LOW,
@@ -323,15 +324,12 @@ class Materialized(Contribution):
         self._sq = None
         self._terms = None
 
+    deferred_rows = materialized_rows  # the step forms the norms of many at once
+
     def sq_terms(self) -> list[torch.Tensor]:
         """Each parameter's per-example squared norms (not yet added together)."""
         if self._terms is None:
-            # the (n, B) views the clipped sum multiplies by the weights, made with the
-            # norms (during backward for a rule evaluated then)
-            self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
-                          for g in self.grads]
-            self._cols = [r.t() for r in self._rows]
-            self._terms = [row_sq_norms(r) for r in self._rows]
+            self._terms = [row_sq_norms(r) for r in self._row_views()]
         return self._terms
 
     def sq_norms(self) -> torch.Tensor:
@@ -343,8 +341,15 @@ class Materialized(Contribution):
         return self._sq
 
     def mv_rows(self) -> list[torch.Tensor]:
+        return self._row_views()
+
+    def _row_views(self) -> list[torch.Tensor]:
+        """The ``(B, n)`` views the clipped sum multiplies by the weights and their
+        transposes (made once, during backward for a rule evaluated then)."""
         if getattr(self, "_rows", None) is None:
-            self.sq_terms()
+            self._rows = [g if g.dim() == 2 else g.reshape(g.shape[0], -1)
+                          for g in self.grads]
+            self._cols = [r.t() for r in self._rows]
         return self._rows
 
     def weighted_sum(self, c: torch.Tensor) -> list[torch.Tensor]:
@@ -355,12 +360,9 @@ class Materialized(Contribution):
         return self.grads
 
     def accumulate_into(self, c: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        cols = getattr(self, "_cols", None)
-        if cols is None:
-            self.sq_terms()
-            cols = self._cols
-        for o, g in zip(outs, cols, strict=True):
-            _addmv_cols(o, g, c)
+        self._row_views()
+        for o, col in zip(outs, self._cols, strict=True):
+            _addmv_cols(o, col, c)
 
     def param_sq_norms(self) -> list[torch.Tensor]:
         return list(self.sq_terms())
@@ -543,6 +545,8 @@ class OuterProduct(Contribution):
             self._bias_t = self._bias_ps().t()
         return self._bias_t
 
+    deferred_rows = outer_rows  # the bias's norms: with many others at the step
+
     def sq_terms(self) -> list[torch.Tensor]:
         """The weight's per-example squared norms, then the bias's (not yet added)."""
         if self._terms is None:
@@ -566,7 +570,9 @@ class OuterProduct(Contribution):
         if self._wsq is not None:
             return self._wsq
         b, G, t, d, p = self.dims
-        if self._ps is not None:
+        if getattr(self, "_gparts", None) is not None:  # formed to be finished in a group
+            w = finish_parts([self._gparts])
+        elif self._ps is not None:
             w = row_sq_norms(self._ps_rows)
         elif t == 1 and G == 1:  # |a|^2 |g|^2
             w = row_sq_norms(self.g.reshape(b, p)) * row_sq_norms(self.a.reshape(b, d))
@@ -670,7 +676,7 @@ class OuterProduct(Contribution):
         else:
             left, right = token_scaled_t(st, c, t), _finite(as_dtype(a2, dt))
         add_product_(outs[0], left, right, self._low, dt)
-        if self.bias is not None:  # the per-example sums it norms (see accumulate_into)
+        if self.bias is not None:  # from its per-example rows (held for its norms)
             _addmv_rows_cols(outs[1], self._bias_ps(), self._bias_cols(), c0)
 
     def _add_weighted_(self, o: torch.Tensor, g: torch.Tensor, a: torch.Tensor,

@@ -49,12 +49,14 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from privlearn.errors import ConfigurationError, ParameterValueError, TrainingLoopError
+from privlearn.errors import ParameterValueError, TrainingLoopError
 from privlearn.torch import _flat_rows, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
+from privlearn.torch._attached import _ATTACHED, check_not_attached
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
+from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
@@ -190,38 +192,6 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
             "the qualified names of the layers (model.named_modules()) whose inputs carry "
             f"the batch on another dimension, e.g. {[u.name for u in units][:3]}")
     return units
-
-
-#: ``module -> weak reference to the tracker whose hooks are on it`` (every module of an
-#: attached tracker's model, until :meth:`GradSampleTracker.detach`)
-_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def check_not_attached(model: nn.Module) -> None:
-    """Refuse a model any of whose modules already carries a tracker's hooks (a model
-    given to :func:`~privlearn.torch.make_private` twice, or containing, or contained in,
-    one already made private): a second engine would record every forward twice, and
-    each would find the other's records at its step.
-
-    Raises
-    ------
-    ConfigurationError
-    """
-    names = {m: n for n, m in model.named_modules()}
-    for module, name in names.items():
-        ref = _ATTACHED.get(module)
-        if ref is not None and ref() is not None:
-            where = "the model" if not name else f"its submodule {name!r}"
-            raise ConfigurationError(
-                f"{where} is already attached to a private training run (an earlier "
-                "make_private, or a GradSampleTracker, on this model or on a model "
-                "containing it): a second engine on the same layers would record every "
-                "forward pass twice and neither step could clip what it recorded. Keep "
-                "training with the earlier run's p.optimizer and p.data_loader, or call "
-                "p.detach() on it first (a DPTrainer's: trainer.privacy_engine.detach(); "
-                "it removes its hooks and returns the model), then make_private again: "
-                "the new run's epsilon covers its own steps only, so compose it with the "
-                "earlier run's. Nothing was changed")
 
 
 class GradSampleTracker(ClippingMixin):
@@ -778,7 +748,7 @@ class GradSampleTracker(ClippingMixin):
                 if not unit.rule.early:
                     self._not_early.add(id(unit))  # not tried again
                 return  # kept as recorded: evaluated at the step as usual
-            c.sq_terms()  # cached: the step sums them
+            prepare(c)  # cached: the step sums them (and forms the rows' norms)
         rec.early, rec.examples = c, examples
         rec.args, rec.kwargs = (), {}
         rec.grad_outputs = [None] * len(rec.grad_outputs)
@@ -803,11 +773,16 @@ class GradSampleTracker(ClippingMixin):
                 "model, then backward()) is such a second pass: not supported")
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
+        self._settled = None
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
         self._in_backward = False
         self._backward_passes += 1
+        # the norms of the layers evaluated during backward formed by groups (the step
+        # uses them where it sees the same contributions)
+        self._settled = settle([r.early for recs in self.records.values() for r in recs
+                                if r.early is not None])
 
     def has_gradients(self) -> bool:
         """Whether a backward pass reached a recorded layer since the last clear."""
@@ -822,7 +797,7 @@ class GradSampleTracker(ClippingMixin):
         pending = {i: [r for r in recs if not r.has_grad()]
                    for i, recs in self.records.items()}
         self.records = {i: recs for i, recs in pending.items() if recs}
-        self.outside_uses = set()
+        self.outside_uses, self._settled = set(), None
         self._backward_passes = 0
         self._in_backward = False
         if not self.records:
@@ -831,7 +806,7 @@ class GradSampleTracker(ClippingMixin):
             self._probe_later = []
 
     def clear(self) -> None:
-        self.outside_uses = set()
+        self.outside_uses, self._settled = set(), None
         self.records = {}
         self._captured = {}
         self._backward_passes = 0

@@ -1,5 +1,7 @@
-"""Few launches: a steady private ``optimizer.step()`` dispatches at most five times the
-operations of plain SGD's step on the same model.
+"""Few launches: a steady private ``optimizer.step()`` dispatches at most a few times the
+operations of plain SGD's step on the same model (:data:`RATIO`: 4.6 for GPT-2, 3.6 for
+BERT, 4.5 for Llama, 5 for GPT-2 + LoRA, each a few operations above the most any of its
+configurations dispatches).
 
 Every aten operation reaching the dispatcher (one kernel launch each on an accelerator,
 views included) is counted by a ``TorchDispatchMode`` during the second step (the first
@@ -35,8 +37,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from privlearn.torch import make_private  # noqa: E402
 
-#: the bound of the private step, in plain SGD steps
-RATIO = 5
+#: the bound of the private step, in plain SGD steps, by model: the most of its
+#: configurations below (GPT-2 131/30 ops with bfloat16 parameters masked on the device,
+#: 149 before the per-layer norms were grouped and the biases weighed from their rows;
+#: BERT 146/43; Llama 97/23; GPT-2 + LoRA 66/14) and a few operations more
+RATIO = {"gpt2": 4.6, "bert": 3.6, "llama": 4.5, "gpt2_lora": 5.0}
 
 
 class Dispatched(TorchDispatchMode):
@@ -108,7 +113,7 @@ def dispatch_counts(name: str, autocast=None, dtype=torch.float32, secure: bool 
                                                  (None, torch.float32, True)],
                          ids=["float32", "bf16_autocast", "bf16_params", "float32_ghost"])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
-def test_private_step_dispatches_at_most_five_sgd_steps(name, autocast, dtype, ghost,
+def test_private_step_dispatches_a_few_sgd_steps(name, autocast, dtype, ghost,
                                                         monkeypatch):
     """... and with ghost norms in every layer (no per-example gradient materialised),
     as layers of realistic width choose."""
@@ -127,19 +132,19 @@ def test_private_step_dispatches_at_most_five_sgd_steps(name, autocast, dtype, g
           f"backward plain {plain_backward.total}, private (with the hooks) "
           f"{private_backward.total}; most frequent in the private step: "
           f"{private_step.ops.most_common(6)}")
-    assert private_step.total <= RATIO * plain_step.total, private_step.ops.most_common()
+    assert private_step.total <= RATIO[name] * plain_step.total, private_step.ops.most_common()
 
 
 def _check(name, plain_step, private_step, label):
     assert sum(1 for _ in plain_step.ops.elements()) > 0  # the counter sees the plain step
     print(f"\n{name} {label}: SGD step {plain_step.total}, private step "
           f"{private_step.total}; most frequent: {private_step.ops.most_common(6)}")
-    assert private_step.total <= RATIO * plain_step.total, private_step.ops.most_common()
+    assert private_step.total <= RATIO[name] * plain_step.total, private_step.ops.most_common()
 
 
 @pytest.mark.parametrize("ghost", [False, True], ids=["held", "ghost"])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
-def test_half_precision_step_as_on_cuda_dispatches_at_most_five_sgd_steps(name, ghost,
+def test_half_precision_step_as_on_cuda_dispatches_a_few_sgd_steps(name, ghost,
                                                                           monkeypatch):
     """bfloat16 parameters on the path CUDA takes: half-precision operands kept
     (``LOW_PRECISION_MATMUL = "always"``), each float32-accumulated product counted as the
@@ -165,7 +170,7 @@ def test_half_precision_step_as_on_cuda_dispatches_at_most_five_sgd_steps(name, 
                                             (torch.bfloat16, torch.float32)],
                          ids=["float32", "bf16_params", "bf16_autocast"])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
-def test_ghost_step_masking_on_the_device_dispatches_at_most_five_sgd_steps(name, autocast,
+def test_ghost_step_masking_on_the_device_dispatches_a_few_sgd_steps(name, autocast,
                                                                              dtype,
                                                                              monkeypatch):
     """Ghost norms in every layer (as wide layers choose on a GPU), the non-finite
@@ -193,7 +198,7 @@ def test_ghost_step_masking_on_the_device_dispatches_at_most_five_sgd_steps(name
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
-def test_secure_bf16_step_dispatches_at_most_five_sgd_steps(name):
+def test_secure_bf16_step_dispatches_a_few_sgd_steps(name):
     """Secure-mode noise (the CPU's draw) with bfloat16 parameters."""
     if name == "gpt2_lora":
         pytest.importorskip("peft")
@@ -202,8 +207,10 @@ def test_secure_bf16_step_dispatches_at_most_five_sgd_steps(name):
     _check(name, plain_step, private_step, "bfloat16 secure")
 
 
-#: the bound of the whole private training step, in whole plain steps (see below)
-WHOLE_RATIO = 2.25
+#: the bound of the whole private training step, in whole plain steps, by model (see
+#: below): the most of float32 and bfloat16 autocast (GPT-2 703/368, BERT 782/403, Llama
+#: 929/607, GPT-2 + LoRA 655/454 ops) and a few percent more
+WHOLE_RATIO = {"gpt2": 2.0, "bert": 2.0, "llama": 1.6, "gpt2_lora": 1.5}
 
 
 def whole_step_counts(name: str, autocast=None) -> tuple[Dispatched, Dispatched]:
@@ -239,20 +246,23 @@ def whole_step_counts(name: str, autocast=None) -> tuple[Dispatched, Dispatched]
 
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["float32", "bf16_autocast"])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gpt2_lora"])
-def test_whole_private_step_dispatches_at_most_2_25_plain_steps(name, autocast, monkeypatch):
+def test_whole_private_step_dispatches_at_most_twice_plain_steps(name, autocast, monkeypatch):
     """The whole training step on the path an accelerator takes, where every dispatched
     operation but a view is a kernel launch: ghost norms in every layer (as layers of
     realistic width choose), the non-finite examples masked on the device
     (``cuda_products(device_masking=True)``), under bfloat16 autocast the half-precision
     operands kept with each float32-accumulated product one operation. The private step
     (the tracker's forward hooks, the per-example norms in the backward hooks, the clipped
-    sum and the noise) dispatches at most 2.25 times the plain step's operations (the
-    forward, autograd's backward with the weight gradients, SGD). Each layer's weight and
-    bias norms once went through a per-layer addition and each ghost layer's Gram matrices
-    through ``matmul``'s reshaping views: GPT-2 2.22x, BERT 2.36x then (1.9-2.0x after);
-    the rigorous bound on a ghost norm's rounding (``_ghost_norms.ghost_sq``: the
-    triangle-inequality cap and the sums in two stages) adds five operations per ghost
-    layer: BERT 2.21x."""
+    sum and the noise) dispatches at most :data:`WHOLE_RATIO` times the plain step's
+    operations (the forward, autograd's backward with the weight gradients, SGD): twice
+    for GPT-2 and BERT, 1.6 times for Llama, 1.5 times for GPT-2 + LoRA. Each layer's
+    weight and bias norms once went through a per-layer addition and each ghost layer's
+    Gram matrices through ``matmul``'s reshaping views: GPT-2 2.22x, BERT 2.36x then
+    (1.9-2.0x after); the rigorous bound on a ghost norm's rounding
+    (``_ghost_norms.ghost_sq``: the triangle-inequality cap and the sums in two stages)
+    added five operations per ghost layer: BERT 2.21x; the ghost norms of one shape
+    finished together and the held rows' norms concatenated (``_row_norms``), the biases
+    weighed from their rows: GPT-2 1.91x, BERT 1.94x, Llama 1.53x, LoRA 1.44x."""
     from cuda_dispatch import cuda_products
 
     from privlearn.torch import grad_sample
@@ -268,4 +278,4 @@ def test_whole_private_step_dispatches_at_most_2_25_plain_steps(name, autocast, 
     print(f"\n{name} {autocast or 'float32'} whole step: plain {plain.total}, private "
           f"{private.total} ({private.total / plain.total:.2f}x); most frequent in the "
           f"private step: {private.ops.most_common(6)}")
-    assert private.total <= WHOLE_RATIO * plain.total, private.ops.most_common()
+    assert private.total <= WHOLE_RATIO[name] * plain.total, private.ops.most_common()

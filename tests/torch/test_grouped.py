@@ -316,3 +316,46 @@ def test_pieces_apart_in_a_float32_buffer_added_by_one_index_add():
         ref = torch.einsum("b,bn->n", c.double(), rows.double())
         torch.testing.assert_close(flat[where].double(), before[where].double() + ref,
                                    rtol=1e-6, atol=1e-6)
+
+
+def test_pieces_apart_in_a_bfloat16_buffer_written_back_rounded_once():
+    """Into a bfloat16 flat buffer, grouped parameters whose pieces are apart (five runs)
+    receive the float32 product's entries by one read, one float32 addition, one rounding
+    and one ``index_copy_`` instead of one addition a run: bitwise what ``add_`` of each
+    float32 piece gives (the entry plus the piece in float32, rounded once), the entries
+    between them untouched."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(11)
+    shapes = [(6,), (3, 2), (4,), (5,), (7,)]
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.bfloat16)) for s in shapes]
+    grads = [torch.randn(5, *s, generator=g) for s in shapes]
+    c = torch.rand(5, generator=g)
+    flat = torch.randn(sum(p.numel() + 2 for p in params), generator=g).to(torch.bfloat16)
+    before = flat.clone()
+    out, at, pieces = {}, 0, []
+    for p in params:
+        out[id(p)] = flat[at + 2:at + 2 + p.numel()].view(p.shape)
+        pieces.append((at + 2, p.numel()))
+        at += 2 + p.numel()
+    sums = torch.mv(torch.cat([x.reshape(5, -1) for x in grads], 1).t(), c)
+    want = before.clone()  # one float32 addition a piece, as before the grouping
+    for (off, n), piece in zip(pieces, sums.split([n for _, n in pieces]), strict=True):
+        want[off:off + n].add_(piece)
+    contribs = [Materialized([p], [x]) for p, x in zip(params, grads, strict=True)]
+    for k in contribs:
+        k.sq_norms()
+    ops = Ops()
+    with gs.rows_finite(True), ops:
+        accumulate_all(contribs, c, out)
+    assert ops.names.count("index_copy_") == 1 and ops.names.count("add_") == 0
+    assert torch.equal(flat, want)
