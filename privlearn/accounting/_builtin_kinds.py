@@ -24,7 +24,7 @@ PureDP                 pure eps; binary randomized response with that epsilon (K
                        privacy for scaling
 ApproxDP               pure eps ``inf``; the four-outcome (eps, delta) pair (Kairouz, Oh &
                        Viswanath 2015, Thm 2.1; also as exact atoms); no RDP (delta > 0
-                       bounds no Renyi divergence)
+                       bounds no Renyi divergence); group privacy for scaling
 RDPMechanism           the declared pure eps and the user's RDP function (no PLD pair)
 =====================  =======================================================================
 """
@@ -47,7 +47,11 @@ from privlearn.accounting.mechanisms import (
     RDPMechanism,
 )
 from privlearn.accounting.registry import register_mechanism, upper_float
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    ParameterTypeError,
+    ParameterValueError,
+    UnsupportedMechanismError,
+)
 
 __all__: list[str] = []
 
@@ -228,10 +232,46 @@ def _approx_dp_pair(m: ApproxDP):
     return ApproxDPPair(m.dp_epsilon, m.dp_delta)
 
 
+def _approx_dp_group(m: ApproxDP, factor: float) -> ApproxDP:
+    """``m`` for inputs up to ``factor`` records apart: group privacy of size
+    ``k = ceil(factor)``, ``(k eps, delta (1 + e^eps + ... + e^((k-1) eps)))``, e.g.
+    ``(2 eps, (1 + e^eps) delta)`` for a replacement (two add/remove steps).
+
+    Group privacy (Dwork & Roth 2014, Section 2.3; Vadhan 2017, Lemma 2.2), by the
+    chaining argument those proofs use: applying ``P[M(x_{i-1}) in S] <= e^eps
+    P[M(x_i) in S] + delta`` along ``x_0, ..., x_k`` (each step one add/remove) gives
+    ``P[M(x_0) in S] <= e^(k eps) P[M(x_k) in S] + sum_{i<k} e^(i eps) delta``, at most
+    the ``k e^((k-1) eps) delta`` of the textbook statement. Both terms are rounded up.
+    ``factor <= 1`` returns ``m`` (its own guarantee covers one record).
+
+    Raises
+    ------
+    UnsupportedMechanismError
+        When the group delta is not below 1 (no guarantee is left to state).
+    """
+    if factor <= 1.0:
+        return m
+    k = math.ceil(factor)
+    eps, delta = m.dp_epsilon, m.dp_delta
+    group_eps = math.nextafter(k * eps, math.inf) if k != 2 else 2.0 * eps  # 2 eps: exact
+    growth = math.fsum(math.exp(i * eps) for i in range(k))
+    group_delta = delta * growth * (1.0 + 8.0 * k * _ULP)  # exp, sum and product rounding
+    if not group_delta < 1.0:
+        raise UnsupportedMechanismError(
+            f"{m!r} read for inputs {k} records apart (group privacy, e.g. a replacement "
+            f"under add/remove) has delta = {group_delta!r}, which must be below 1: no "
+            "guarantee is left; state the release's guarantee under the relation in use "
+            "(e.g. subsample(ApproxDP(...), 1.0, scheme='fixed') for replace-one)"
+        )
+    return ApproxDP(group_eps, group_delta)
+
+
 register_mechanism(
     ApproxDP,
     pure_epsilon=lambda m: math.inf,  # delta > 0: no pure guarantee
     pld_pair=_approx_dp_pair,
+    # group privacy: (k eps, (1 + ... + e^((k-1) eps)) delta) for inputs k records apart
+    scale_sensitivity=_approx_dp_group,
     # the same pair as exact atoms (closed-form composition with the other finite kinds)
     pld_atoms=lambda m: closed_form.approx_dp_atoms(m.dp_epsilon, m.dp_delta),
     stated_dp=lambda m: (m.dp_epsilon, m.dp_delta),

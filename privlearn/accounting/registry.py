@@ -46,7 +46,8 @@ An accountant that needs a representation the kind lacks raises
 ``scale_sensitivity(m, factor) -> Mechanism``
     The same mechanism when one record can move its output ``factor`` times further than
     the parameters assume (noise multiplier ``/ factor``; ``factor * epsilon`` for a
-    generic pure-DP mechanism by group privacy; unchanged for a local randomiser). Needed
+    generic pure-DP mechanism by group privacy, and ``(2 eps, (1 + e^eps) delta)`` at
+    ``factor = 2`` for an (eps, delta)-DP one; unchanged for a local randomiser). Needed
     for fixed-size sampling under add/remove and, when ``replace_one_doubles_sensitivity``,
     for replace-one neighbouring.
 ``pld_replace_one_pair(m, rate) -> Pair``
@@ -426,13 +427,15 @@ def as_replace_one(mechanism: Mechanism) -> Mechanism:
       (Balle, Barthe & Gaboardi 2018, Section 5): the base as it is when its kind counts
       a replacement as twice the add/remove bound itself
       (``replace_one_doubles_sensitivity``), else the base at twice its sensitivity
-      (``scale_sensitivity``: ``2 eps`` for a pure-DP mechanism);
+      (``scale_sensitivity``: ``2 eps`` for a pure-DP mechanism, ``(2 eps, (1 + e^eps)
+      delta)`` for an :class:`~privlearn.accounting.ApproxDP`);
     * any other part ``m`` (read as add/remove) likewise, stated as
       ``subsample(m', 1.0, scheme="fixed", neighbouring="replace_one")`` (the whole
       dataset, replace-one): a replacement moves a contribution by at most twice the
       add/remove bound (triangle inequality), e.g. ``Gaussian(s)`` costs what
-      ``Gaussian(s / 2)`` does under add/remove, and ``PureDP(e)`` becomes
-      ``PureDP(2 e)`` stated under replace-one. The accountants evaluate a part at rate
+      ``Gaussian(s / 2)`` does under add/remove, ``PureDP(e)`` becomes
+      ``PureDP(2 e)`` and ``ApproxDP(e, d)`` becomes ``ApproxDP(2 e, (1 + e^e) d)``
+      stated under replace-one. The accountants evaluate a part at rate
       1 exactly as its base at the sensitivity its relation implies
       (:func:`relation_base`).
 
@@ -480,9 +483,10 @@ def read_relation(mechanism: Mechanism) -> Mechanism:
     relation holds under it and is returned unchanged, as is one that mixes add/remove
     with one one-sided relation (add/remove implies both one-sided bounds). A
     composition that mixes replace-one parts (e.g. fixed-size sampling) with add/remove
-    parts (Poisson sampling, or a bare Gaussian, Laplace or PureDP) has no guarantee when
-    each part is evaluated under its own relation -- a replace-one guarantee says nothing
-    about add/remove neighbours, and an add/remove part costs more under replace-one --
+    parts (Poisson sampling, or a bare Gaussian, Laplace, PureDP or ApproxDP) has no
+    guarantee when each part is evaluated under its own relation -- a replace-one
+    guarantee says nothing about add/remove neighbours, and an add/remove part costs more
+    under replace-one --
     so it is read under replace-one: :func:`as_replace_one` (group privacy of size 2;
     Balle, Barthe & Gaboardi 2018, Section 5 for subsampled parts), which states every
     part under replace-one, so reading the result again changes nothing.

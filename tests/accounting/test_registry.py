@@ -25,7 +25,8 @@ def test_builtin_kinds_have_their_representations():
                                  "pld_atoms"},
         acc.PureDP: {"pure_epsilon", "pld_pair", "rdp", "scale_sensitivity", "pld_atoms",
                      "stated_dp"},
-        acc.ApproxDP: {"pure_epsilon", "pld_pair", "stated_dp", "pld_atoms"},
+        acc.ApproxDP: {"pure_epsilon", "pld_pair", "stated_dp", "pld_atoms",
+                       "scale_sensitivity"},
         acc.RDPMechanism: {"pure_epsilon", "rdp"},
     }
     for cls, reps in expect.items():

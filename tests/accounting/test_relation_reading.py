@@ -21,6 +21,7 @@ from privlearn.accounting import (
     Neighbouring,
     PureDP,
     RandomizedResponse,
+    RDPMechanism,
     as_replace_one,
     closed_form,
     compose,
@@ -215,12 +216,55 @@ def test_replace_one_reading_of_a_bare_part_costs_the_part_at_twice_its_sensitiv
         assert r.delta_bounds(0.5, accountant) == d.delta_bounds(0.5, accountant)
 
 
-def test_bare_part_without_a_replace_one_reading_next_to_a_fixed_size_part_is_refused():
-    mixed = compose([ApproxDP(0.5, 1e-7), subsample(Gaussian(1.0), 0.1, scheme="fixed")])
+def _approx_dp_and_gaussian_delta(e: float, d: float, mu: float, eps: float) -> float:
+    """Exact delta(eps) of the (e, d) four-outcome pair (Kairouz, Oh & Viswanath 2015,
+    Theorem 2.1) composed with mu-GDP: sum over the pair's outcomes i of
+    ``p_i * delta_G(eps - loss_i)`` (the hockey-stick of a product pair), the outcome of
+    loss +inf contributing its whole mass ``d``."""
+    w = (1 - d) / (1 + math.exp(e))
+    return d + w * math.exp(e) * _gdp_delta(mu, eps - e) + w * _gdp_delta(mu, eps + e)
+
+
+def test_approx_dp_part_next_to_a_fixed_size_part_is_read_by_group_privacy():
+    # ApproxDP(1, 1e-6) states add/remove; a replacement is two add/remove steps, so it
+    # is (2, (1 + e) 1e-6)-DP under replace-one (group privacy of 2); the fixed-size
+    # Gaussian(3) at rate 1 is mu = 2/3 GDP under replace-one. Before the ApproxDP kind had
+    # a replace-one reading this composition was refused.
+    e, d = 1.0, 1e-6
+    mixed = compose([ApproxDP(e, d), subsample(Gaussian(3.0), 1.0, scheme="fixed")])
+    base = as_replace_one(ApproxDP(e, d)).base
+    assert base.dp_epsilon == 2 * e
+    group_delta = (1 + math.exp(e)) * d
+    assert group_delta <= base.dp_delta <= group_delta * (1 + 1e-12)
+    for eps in (0.5, 2.5, 4.0):
+        exact = _approx_dp_and_gaussian_delta(2 * e, group_delta, 2 / 3, eps)
+        b = mixed.delta_bounds(eps, "pld")
+        assert exact <= b.upper <= exact * (1 + 1e-2) + 1e-12
+        assert get_accountant("pld").delta(mixed, eps).upper >= exact
+    # the certified epsilon: at least the stated reading's exact one, at most basic
+    # composition of (2, (1 + e) 1e-6) with the Gaussian's exact epsilon at the rest
+    target = 1e-5
+    got = mixed.epsilon(target)
+    assert _approx_dp_and_gaussian_delta(2 * e, group_delta, 2 / 3, got) <= target
+    basic = 2 * e + _gdp_epsilon(2 / 3, target - group_delta * (1 + 1e-12))
+    assert got <= basic
+    # and never below what the Gaussian part alone costs under replace-one
+    assert got >= _gdp_epsilon(2 / 3, target)
+
+
+def test_rdp_mechanism_next_to_a_fixed_size_part_is_still_refused():
+    # an opaque RDP curve has no certified replace-one reading in privlearn
+    rdp_only = RDPMechanism(lambda a: a / 8.0, name="custom")
+    mixed = compose([rdp_only, subsample(Gaussian(1.0), 0.1, scheme="fixed")])
     with pytest.raises(UnsupportedMechanismError, match="no replace-one reading"):
-        mixed.epsilon(1e-5)
-    with pytest.raises(UnsupportedMechanismError, match="no replace-one reading"):
-        get_accountant("pld").delta(mixed, 1.0)
+        mixed.epsilon(1e-5, "rdp")
+
+
+def test_approx_dp_group_reading_beyond_delta_one_is_refused():
+    # (5, 0.01) for a replacement: (1 + e^5) 0.01 > 1 leaves no guarantee to state
+    mixed = compose([ApproxDP(5.0, 0.01), subsample(Gaussian(1.0), 0.1, scheme="fixed")])
+    with pytest.raises(UnsupportedMechanismError, match="must be below 1"):
+        mixed.epsilon(0.5)
 
 
 def test_stated_under_reads_a_pure_dp_part_under_replace_one():
