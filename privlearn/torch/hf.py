@@ -180,6 +180,7 @@ from privlearn.torch._hf_collate import (
 )
 from privlearn.torch._hf_eval import EvaluationWarnings
 from privlearn.torch._hf_fsdp import FSDP2Support, is_fsdp2, shard_model, stand_in_pass
+from privlearn.torch._hf_generate import GenerationPredictions, use_generation_config
 from privlearn.torch._hf_loss import (
     check_per_example_loss,
     sequence_classification_loss,
@@ -329,8 +330,8 @@ def _exhausted(p: PrivateTraining) -> bool:
                                                                    p.sampling_rate)
 
 
-class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptPrivate,
-                FSDP2Support, OptimizerHandoff, Trainer):
+class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPredictions,
+                RngStatesKeptPrivate, FSDP2Support, OptimizerHandoff, Trainer):
     """``transformers.Trainer`` training with DP-SGD (see the module documentation).
 
     Parameters
@@ -413,6 +414,7 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, RngStatesKeptP
                           "checkpoints) without noise; it is not covered by the accounted "
                           "mechanism", PrivacyLeakWarning, stacklevel=2)
         self._refuse_unsupported()
+        use_generation_config(self)  # Seq2SeqTrainingArguments.generation_config
         warn_own_compute_loss(type(self), DPTrainer)
         self.private_state_dir = check_private_state_dir(private_state_dir, self.args, privacy)
         self.add_callback(_PrivacyCallback(self))
