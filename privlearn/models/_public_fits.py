@@ -266,14 +266,14 @@ _LEARNS = {
 }
 
 
-def _refusal(where: str, step: Any, why: str) -> ConfigurationError:
+def _refusal(where: str, step: Any, why: str, instead: str = "") -> ConfigurationError:
     return ConfigurationError(
         f"public step {where!r} ({type(step).__name__}) is fitted by the PrivatePipeline on "
-        f"the private data it is given, and {why}; its fitted attributes are released "
-        "with the pipeline un-noised, and listing it in public_steps does not make them "
-        "public (nothing was fitted). A step fitted on public data is kept as it is when "
-        f"wrapped: sklearn.frozen.FrozenEstimator({type(step).__name__}(...)"
-        ".fit(X_public))"
+        f"the private data it is given, and {why}; its fitted attributes would be "
+        "released with the pipeline un-noised, and listing it in public_steps does not "
+        f"make them public (nothing was fitted).{instead} A step fitted on public data is "
+        f"kept as it is when wrapped: sklearn.frozen.FrozenEstimator("
+        f"{type(step).__name__}(...).fit(X_public))"
     )
 
 
@@ -288,12 +288,14 @@ def _unlisted(where: str, step: Any) -> ConfigurationError:
         "the category lists given, constant imputation, polynomial features, random "
         "projections, stateless transformers and containers of them)"
     )
+    instead = ""
     if kind in ("StandardScaler", "MinMaxScaler", "MaxAbsScaler", "RobustScaler"):
-        why += (
-            ". Use its private counterpart instead: a PrivateStandardScaler step with "
-            "feature_range=(lower, upper) per column from public knowledge"
+        instead = (
+            " Use its private counterpart instead: a PrivateStandardScaler step (not in "
+            "public_steps) with feature_range=(lower, upper) per column from public "
+            "knowledge."
         )
-    return _refusal(where, step, why)
+    return _refusal(where, step, why, instead)
 
 
 def public_fit_refusal(name: str, step: Any) -> ConfigurationError | None:

@@ -167,8 +167,11 @@ def test_the_refusal_names_what_the_step_learns_and_its_private_counterpart():
     )
     with pytest.raises(
         ConfigurationError,
-        match=r"exact mean and variance.*"
-        r"PrivateStandardScaler step with feature_range",
+        # what is released un-noised is the refused step's fit, said before the
+        # counterpart is named (after it, "its fitted attributes" read as the counterpart's)
+        match=r"exact mean and variance.*its fitted attributes would be released.*un-noised"
+        r".*Use its private counterpart instead: a PrivateStandardScaler step "
+        r"\(not in public_steps\) with feature_range",
     ):
         pipe.fit(X, y)
     target = PrivatePipeline(
