@@ -25,12 +25,13 @@ __all__ = ["refuse_global_hooks", "refuse_untrainable"]
 #: torch's dictionary of global module hooks -> how they are registered, what to use instead
 _GLOBAL_HOOKS = (
     ("_global_forward_hooks", "register_module_forward_hook", "register_forward_hook"),
-    ("_global_forward_pre_hooks", "register_module_forward_pre_hook",
-     "register_forward_pre_hook"),
-    ("_global_backward_hooks", "register_module_full_backward_hook",
-     "register_full_backward_hook"),
-    ("_global_backward_pre_hooks", "register_module_full_backward_pre_hook",
-     "register_full_backward_pre_hook"),
+    ("_global_forward_pre_hooks", "register_module_forward_pre_hook", "register_forward_pre_hook"),
+    ("_global_backward_hooks", "register_module_full_backward_hook", "register_full_backward_hook"),
+    (
+        "_global_backward_pre_hooks",
+        "register_module_full_backward_pre_hook",
+        "register_full_backward_pre_hook",
+    ),
 )
 
 
@@ -78,4 +79,5 @@ def refuse_untrainable(model: nn.Module) -> None:
         f"the model has no trainable parameter (all {len(params)} parameters have "
         "requires_grad=False): no step would update it while every step would be "
         "accounted. Unfreeze the parameters to train (requires_grad_(True)) before "
-        "make_private")
+        "make_private"
+    )
