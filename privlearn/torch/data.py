@@ -629,7 +629,10 @@ class VirtualBatchLoader(_LoaderView):
     optimizer then only accumulates clipped sums on the other chunks, and adds noise,
     updates the parameters and counts one privacy step after the last one. Peak memory is
     bounded by the physical size; the result equals one step on the whole logical batch.
-    ``len()`` is the number of logical steps. A logical batch left unfinished (the loop
+    ``len()`` is the number of logical steps an epoch, by design (the unit of a
+    learning-rate schedule and of a trainer's step count), not the number of chunks
+    iterating yields, which is larger and random under Poisson sampling (Opacus's
+    ``BatchMemoryManager`` counts physical batches). A logical batch left unfinished (the loop
     was left between its chunks) is discarded when the next one begins: the clipped sums
     of its chunks are dropped, never released.
     """

@@ -34,11 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privlearn.accounting import warn_if_delta_large
-from privlearn.errors import (
-    ConfigurationError,
-    ParameterTypeError,
-    ParameterValueError,
-)
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch._ddp_quiet import quiet_ddp
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
@@ -62,6 +58,7 @@ from privlearn.torch._ledger_reserve import (
     reserve_budget,
     take_over_on_load,
 )
+from privlearn.torch._model_refusals import refuse_global_hooks, refuse_untrainable
 from privlearn.torch.accountant import (
     BudgetCap,
     PrivacyAccountant,
@@ -504,6 +501,8 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     _check_optimizer_step(optimizer)
     check_not_attached(inner)
     _warn_unoptimised(inner, optimizer)
+    refuse_untrainable(inner)
+    refuse_global_hooks("make_private")
     if not model.training:
         raise ParameterValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")

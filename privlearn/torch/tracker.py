@@ -55,6 +55,7 @@ from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
+from privlearn.torch._model_refusals import refuse_global_hooks
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
@@ -500,6 +501,7 @@ class GradSampleTracker(ClippingMixin):
                 self.unrecorded_forward = "eval"
             return None
         self.unrecorded_forward = None
+        refuse_global_hooks("a training forward (registered after make_private)")
         rehooked = self._trainable_signature() != self._signature
         if rehooked:
             self._rediscover()

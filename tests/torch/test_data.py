@@ -760,3 +760,27 @@ def test_in_order_false_is_not_kept_and_says_so():
                          noise_multiplier=1.0)
     assert p.data_loader.in_order is True
     assert [w.filename for w in rec if "in_order" in str(w.message)] == [__file__]
+
+
+def test_len_of_a_virtual_batch_loader_counts_logical_steps_not_the_chunks_it_yields():
+    """``len(p.data_loader)`` with ``max_physical_batch_size`` is the number of logical
+    batches (privacy steps) an epoch, the unit of a learning-rate schedule, not the
+    number of physical chunks iterating yields (Opacus's ``BatchMemoryManager`` counts
+    those): counted here over one epoch of fixed-size batches of 10 in chunks of 3."""
+    from torch import nn
+
+    from privlearn.torch import make_private
+
+    ds = TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+    model = nn.Linear(4, 2)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=10), noise_multiplier=1.0,
+                     max_physical_batch_size=3, sampling="fixed", seed=0)
+    chunks = 0
+    for x, y in p.data_loader:
+        chunks += 1
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        p.optimizer.step()
+    assert chunks == 4 * math.ceil(10 / 3)  # 4 logical batches of 10 examples
+    assert len(p.data_loader) == p.accountant.steps == 40 // 10

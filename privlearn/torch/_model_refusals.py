@@ -1,0 +1,83 @@
+"""Models the engine refuses before a step: one with no trainable parameter, and any
+model while torch's global module hooks are registered.
+
+Torch runs its global hooks (``torch.nn.modules.module.register_module_forward_hook``,
+``register_module_forward_pre_hook``, ``register_module_full_backward_hook``,
+``register_module_full_backward_pre_hook``) on every module's call, before the module's
+own hooks: a global forward hook that changes a layer's output runs before the engine's
+hook of that layer, which then records the changed output instead of what the layer
+computed, and per-example gradients come out wrong (clipped and accounted as if they were
+right). A layer without a per-example rule is run again by the engine, its own hooks
+switched off but not the global ones, which would apply a global hook twice. Hooks
+registered on the modules themselves (``module.register_forward_hook(hook)``, before or
+after ``make_private``) run after the engine's, which it places first. The check reads
+the lengths of torch's hook dictionaries only (no device access).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from privlearn.errors import ConfigurationError, TrainingLoopError
+
+__all__ = ["refuse_global_hooks", "refuse_untrainable"]
+
+#: torch's dictionary of global module hooks -> how they are registered, what to use instead
+_GLOBAL_HOOKS = (
+    ("_global_forward_hooks", "register_module_forward_hook", "register_forward_hook"),
+    ("_global_forward_pre_hooks", "register_module_forward_pre_hook", "register_forward_pre_hook"),
+    ("_global_backward_hooks", "register_module_full_backward_hook", "register_full_backward_hook"),
+    (
+        "_global_backward_pre_hooks",
+        "register_module_full_backward_pre_hook",
+        "register_full_backward_pre_hook",
+    ),
+)
+
+
+def refuse_global_hooks(when: str) -> None:
+    """Refuse while any of torch's global module hooks is registered.
+
+    Parameters
+    ----------
+    when : str
+        ``"make_private"`` (raises :class:`ConfigurationError`) or where in the training
+        loop the check runs (raises :class:`TrainingLoopError`: one registered later).
+    """
+    module = nn.modules.module
+    found = [(reg, own) for table, reg, own in _GLOBAL_HOOKS if len(getattr(module, table, ()))]
+    if not found:
+        return
+    kinds = ", ".join(f"torch.nn.modules.module.{reg}" for reg, _ in found)
+    own = ", ".join(f"module.{o}(hook)" for _, o in found)
+    text = (
+        f"global module hooks are registered ({kinds}) at {when}: torch runs them on every "
+        "layer before the DP engine's own hooks, so a hook that changes a layer's inputs, "
+        "outputs or gradients makes the engine record something else than the layer "
+        "computed and the per-example gradients wrong (the engine cannot tell a hook that "
+        "changes nothing). Remove them (handle.remove()) and register the hooks on the "
+        f"modules instead ({own}, before or after make_private: the engine's run first)"
+    )
+    if when == "make_private":
+        raise ConfigurationError(text)
+    raise TrainingLoopError(text)
+
+
+def refuse_untrainable(model: nn.Module) -> None:
+    """Refuse a model none of whose parameters requires a gradient: nothing would be
+    trained while every step is accounted.
+
+    Raises
+    ------
+    ConfigurationError
+        No parameter of ``model`` has ``requires_grad``.
+    """
+    params = list(model.parameters())
+    if any(p.requires_grad for p in params):
+        return
+    raise ConfigurationError(
+        f"the model has no trainable parameter (all {len(params)} parameters have "
+        "requires_grad=False): no step would update it while every step would be "
+        "accounted. Unfreeze the parameters to train (requires_grad_(True)) before "
+        "make_private"
+    )
