@@ -5,8 +5,9 @@
 (b) Rank 2 skips make_private (it sleeps past the timeout instead): ranks 0 and 1, which
     wait for it, raise ``RanksNotArrivedError`` within seconds, rank 0 naming rank 2,
     instead of waiting for gloo's own 30-minute timeout. Before the bounded wait they
-    waited in make_private's first collective, and the group is killed by the test's
-    time limit (``run_ranks(timeout=...)``), failing the test.
+    waited in make_private's first collective until rank 2 left the group (then a bare
+    gloo RuntimeError, "Connection closed by peer") or gloo's timeout (a group still
+    waiting is killed by the test's time limit, ``run_ranks(timeout=...)``).
 """
 
 from __future__ import annotations
