@@ -85,6 +85,7 @@ __all__ = [
     "BatchDependenceError",
     "NonFiniteInputError",
     "TrainingLoopError",
+    "RanksNotArrivedError",
 ]
 
 
@@ -423,3 +424,11 @@ class TrainingLoopError(RuntimeError):
     parameters changed mid-step, pickling the model while the engine is attached: save
     ``p.state_dict()`` or ``p.detach()`` first); raised before the step, nothing
     released. A ``RuntimeError``: a refusal caused by the loop's state, not by a parameter."""
+
+
+class RanksNotArrivedError(TrainingLoopError, TimeoutError):
+    """Some ranks of a distributed run did not reach ``make_private`` within its
+    ``agreement_timeout`` (seconds; a rank that skipped it, or failed or stopped before
+    it): raised on the ranks that were waiting, naming the ranks that did not arrive
+    where the backend says (gloo), before anything is released. Both a
+    :class:`TrainingLoopError` and a ``TimeoutError``."""

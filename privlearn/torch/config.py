@@ -163,7 +163,8 @@ _OTHER_SETTINGS = {
                       "task itself (task=)",
     **{k: f"{k}: not a DPTrainer setting; make_private with a training loop of your own "
           "takes it" for k in ("fix_model", "ledger_chunk", "augment",
-                               "augmentation_multiplicity", "show_progress")},
+                               "augmentation_multiplicity", "show_progress",
+                               "agreement_timeout")},
 }
 
 def scalar_setting(value):
@@ -365,6 +366,13 @@ class DPConfig:
         100,000 steps): None (default) when standard error is a terminal and the work
         lasts over a second, True always, False never. Changes nothing else (the same
         strategy is computed once per process and reused).
+    agreement_timeout : float > 0
+        Seconds ``make_private`` waits, on a distributed run under gloo, for every rank
+        to call it (default 300): past it, the waiting ranks raise
+        :class:`~privlearn.errors.RanksNotArrivedError` naming the ranks that did not
+        arrive, instead of waiting for the process group's own timeout (30 minutes).
+        Raise it when some rank is slow to get there (loading data, compiling). NCCL
+        has no such bounded wait (its group's timeout applies). May differ between ranks.
     """
 
     noise_multiplier: float | None = None
@@ -398,6 +406,7 @@ class DPConfig:
     augmentation_multiplicity: int | None = None
     augment: object = field(default=None, hash=False, repr=False, compare=False)
     show_progress: bool | None = field(default=None, compare=False)
+    agreement_timeout: float = field(default=300.0, compare=False)
 
     def __new__(cls, *args, **kwargs):
         # an unknown keyword is named with what to use (dataclass's __init__ would raise a
@@ -474,6 +483,9 @@ class DPConfig:
                 hint='a cap on epsilon at target_delta, or float("inf") for none'))
         elif self.target_epsilon is not None:  # the target is a stop unless said otherwise
             put(self, "max_epsilon", self.target_epsilon)
+        put(self, "agreement_timeout", _v.check_positive(
+            "agreement_timeout", self.agreement_timeout,
+            hint="seconds make_private waits for every rank, e.g. 300"))
         if self.max_physical_batch_size is not None:
             put(self, "max_physical_batch_size",
                 _v.check_count("max_physical_batch_size", self.max_physical_batch_size,

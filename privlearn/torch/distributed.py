@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from privlearn.errors import ConfigurationError
+from privlearn.torch._arrival import wait_for_ranks
 
 # the rank-partitioned Poisson sampler lives with the other samplers; its names stay
 # importable from here
@@ -233,7 +234,8 @@ def all_reduce_sum(tensors: list[torch.Tensor], process_group=None) -> list[torc
     return out
 
 
-def check_same_on_ranks(values: dict[str, object], process_group=None) -> None:
+def check_same_on_ranks(values: dict[str, object], process_group=None,
+                        timeout: float | None = None) -> None:
     """Refuse, on every rank, a run whose ranks disagree on any of ``values``.
 
     The accountant of each rank describes one global mechanism (one noise multiplier,
@@ -251,18 +253,25 @@ def check_same_on_ranks(values: dict[str, object], process_group=None) -> None:
         Setting name -> value; compared by ``repr`` (so any printable value works).
     process_group : optional
         The torch.distributed group (default: the world).
+    timeout : float, optional
+        Seconds to wait for every rank to arrive first (gloo's monitored barrier; None:
+        no bounded wait), :func:`privlearn.torch._arrival.wait_for_ranks`.
 
     Raises
     ------
     ConfigurationError
         Some setting differs between ranks; the message names each one with every
         rank's value.
+    RanksNotArrivedError
+        Some rank did not arrive within ``timeout``.
     """
     import torch.distributed as dist
 
     _, world = world_info(process_group)
     if world == 1:
         return
+    if timeout is not None:
+        wait_for_ranks(process_group, timeout)
     mine = {k: repr(v) for k, v in values.items()}
     gathered: list = [None] * world
     dist.all_gather_object(gathered, mine, group=process_group)

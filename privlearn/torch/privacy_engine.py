@@ -668,7 +668,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
 #: depends on them (the physical chunking, the ledger's reservation size) or they are not
 #: comparable between processes (callables; per-example users are refused when distributed)
 _PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augment", "users",
-                                "show_progress"})
+                                "show_progress", "agreement_timeout"})
 
 
 def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module, data_loader: DataLoader,
@@ -837,7 +837,7 @@ def make_private(
         plan = plan_run(cfg, inner, data_loader, process_group)
         if plan.world_size > 1:  # one global mechanism: the same settings on every rank
             check_same_on_ranks(_run_fingerprint(cfg, plan, inner, data_loader, resume,
-                                                 optimizer), process_group)
+                                                 optimizer), process_group, cfg.agreement_timeout)
         sharded = is_sharded(inner)
         if sharded:  # FSDP2: refused up front unless the sharded step is exact
             check_sharded_model(inner, cfg, plan.world_size, optimizer)
