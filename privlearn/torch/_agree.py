@@ -154,7 +154,7 @@ class Agreement:
         if not refused:
             where = ", ".join(f"rank {k}: {s} steps taken, training draw {d}"
                               for k, (s, d) in enumerate(zip(steps_of, draws_of, strict=True)))
-            exc = TrainingLoopError(
+            raise _everywhere(
                 f"{what} was refused on every rank: the {w} ranks are not at the same step "
                 f"({where}). "
                 "Every rank must call step() once per batch of p.data_loader, all together: "
@@ -162,8 +162,6 @@ class Agreement:
                 "outside step()) or called it an extra time would add its gradient to "
                 "another step of the other ranks. Nothing was released or accounted on any "
                 "rank; each rank's batch stays pending until its loader delivers the next")
-            exc.refused_ranks = []
-            raise exc
         mine = None if error is None else (type(error).__name__, str(error))
         gathered: list = [None] * w
         dist.all_gather_object(gathered, mine, group=self.group)
@@ -174,17 +172,22 @@ class Agreement:
         raise exc
 
 
+def _everywhere(message: str) -> TrainingLoopError:
+    """A refusal every rank raises alike (no rank refused first: ``refused_ranks`` empty)."""
+    exc = TrainingLoopError(message)
+    exc.refused_ranks = []
+    return exc
+
+
 def _apart(what: str, phases: list) -> TrainingLoopError:
     """The error of ranks in different phases of the run (each rank's ``phases``)."""
     where = ", ".join(f"rank {k}: {p}" for k, p in enumerate(phases))
-    exc = TrainingLoopError(
+    return _everywhere(
         f"{what} was refused on every rank: the ranks are not at the same point of the run "
         f"({where}). A distributed run's ranks load a state together and step together: "
         "call p.load_state_dict (or make_private(resume=...)) on every rank, each with "
         "the state its own rank saved (p.state_dict() on every rank, one file per rank), "
         "before the first step. Nothing was loaded, released or accounted on any rank")
-    exc.refused_ranks = []
-    return exc
 
 
 def _mixed(what: str, sigmas: list, bounds: list) -> TrainingLoopError:
@@ -195,7 +198,7 @@ def _mixed(what: str, sigmas: list, bounds: list) -> TrainingLoopError:
 
     where = ", ".join(f"rank {k}: noise_multiplier {s!r}, max_grad_norm {c!r}" for k, (s, c)
                       in enumerate(zip(floats(sigmas), floats(bounds), strict=True)))
-    exc = TrainingLoopError(
+    return _everywhere(
         f"{what} was refused on every rank: the ranks' steps have different noise "
         f"multipliers or clipping bounds ({where}). Each rank adds its share of the noise "
         "at its own noise multiplier and clips at its own bound, and its accountant records "
@@ -204,8 +207,6 @@ def _mixed(what: str, sigmas: list, bounds: list) -> TrainingLoopError:
         "have. Set p.optimizer.noise_multiplier and p.optimizer.max_grad_norm on every "
         "rank alike (not inside an if rank == 0: block). Nothing was released or accounted "
         "on any rank")
-    exc.refused_ranks = []
-    return exc
 
 
 def layout_code(groups, numels) -> int:
@@ -221,26 +222,22 @@ def layout_code(groups, numels) -> int:
 
 def _reshaped(what: str) -> TrainingLoopError:
     """The error of ranks whose gradient buffers differ in dtype or length."""
-    exc = TrainingLoopError(
+    return _everywhere(
         f"{what} was refused on every rank: the ranks' trainable parameters differ (their "
         "gradient buffers have other dtypes or lengths): a parameter was frozen or "
         "unfrozen, or the model cast to another dtype, on some ranks only (under an if "
         "rank == 0: block), after make_private. The all-reduce of the noisy sums would "
         "fail or abort the process. Make the same change on every rank. Nothing was "
         "released or accounted on any rank")
-    exc.refused_ranks = []
-    return exc
 
 
 def _left(what: str, steps: int, cause: BaseException) -> TrainingLoopError:
     """The error of a status exchange that failed: another rank is gone."""
-    exc = TrainingLoopError(
+    return _everywhere(
         f"{what} could not reach the other ranks after {steps} steps ({cause}): a rank left "
         "the process group or failed, e.g. its loop ended while this one called step() "
         "once more. Every rank must call step() as many times as the others, once per "
         "batch of p.data_loader. Nothing of this step was released or accounted here")
-    exc.refused_ranks = []
-    return exc
 
 
 def _collective_error(causes: list, what: str, world: int) -> BaseException:

@@ -211,6 +211,30 @@ class _Mask(nn.Module):
         return w * self.mask
 
 
+def _step_matches_the_loop(model, x, target, oracle):
+    """One noise-free private step of ``model`` on ``(x, target)`` (squared error, sum)
+    equals the batch-of-one clipped sum, clipped at the median per-example norm."""
+    params = oracle.trainable(model)
+    rows = oracle.grads(lambda i: ((model(x[i : i + 1]) - target[i : i + 1]) ** 2).sum(), B, params)
+    bound = float(rows.norm(dim=1).median())
+    ref, _ = oracle.clip_and_sum(rows, bound)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, target), batch_size=B),
+        noise_multiplier=0.0,
+        max_grad_norm=bound,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    ((p.model(xb) - yb) ** 2).sum().backward()
+    p.optimizer.step()
+    torch.testing.assert_close(oracle.flat(q.grad for q in params) * B, ref, rtol=1e-9, atol=1e-12)
+
+
 def _pruned_mlp():
     torch.manual_seed(1)
     return nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
@@ -256,25 +280,7 @@ def test_a_pruning_mask_kept_as_a_parametrization_clips_the_definition(oracle):
     g = torch.Generator().manual_seed(4)
     x = torch.randn(B, 4, generator=g, dtype=torch.float64)
     target = torch.randn(B, 3, generator=g, dtype=torch.float64)
-    params = oracle.trainable(model)
-    rows = oracle.grads(lambda i: ((model(x[i : i + 1]) - target[i : i + 1]) ** 2).sum(), B, params)
-    bound = float(rows.norm(dim=1).median())
-    ref, _ = oracle.clip_and_sum(rows, bound)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        DataLoader(TensorDataset(x, target), batch_size=B),
-        noise_multiplier=0.0,
-        max_grad_norm=bound,
-        sampling="fixed",
-        loss_reduction="sum",
-        seed=0,
-    )
-    xb, yb = next(iter(p.data_loader))
-    p.optimizer.zero_grad()
-    ((p.model(xb) - yb) ** 2).sum().backward()
-    p.optimizer.step()
-    torch.testing.assert_close(oracle.flat(q.grad for q in params) * B, ref, rtol=1e-9, atol=1e-12)
+    _step_matches_the_loop(model, x, target, oracle)
     original = model[0].parametrizations.weight.original
     assert (original.grad[mask == 0] == 0).all() and (original.grad[mask == 1] != 0).all()
 
@@ -361,25 +367,7 @@ def test_a_forward_hook_that_changes_a_layer_output_keeps_the_definition(name, o
     with torch.no_grad():
         model(x[:1])  # a LazyLinear takes its size
     target = torch.randn(B, 3, generator=g, dtype=torch.float64)
-    params = oracle.trainable(model)
-    rows = oracle.grads(lambda i: ((model(x[i : i + 1]) - target[i : i + 1]) ** 2).sum(), B, params)
-    bound = float(rows.norm(dim=1).median())
-    ref, _ = oracle.clip_and_sum(rows, bound)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        DataLoader(TensorDataset(x, target), batch_size=B),
-        noise_multiplier=0.0,
-        max_grad_norm=bound,
-        sampling="fixed",
-        loss_reduction="sum",
-        seed=0,
-    )
-    xb, yb = next(iter(p.data_loader))
-    p.optimizer.zero_grad()
-    ((p.model(xb) - yb) ** 2).sum().backward()
-    p.optimizer.step()
-    torch.testing.assert_close(oracle.flat(q.grad for q in params) * B, ref, rtol=1e-9, atol=1e-12)
+    _step_matches_the_loop(model, x, target, oracle)
 
 
 def _times_three(layer):
