@@ -434,3 +434,94 @@ def test_gaussian_zcdp_to_epsilon() -> None:
     exact = _exact_gaussian_epsilon(math.sqrt(2 * 0.81), 1e-10)
     assert exact <= m.epsilon(1e-10) <= exact * (1 + 1e-9)
     assert exact < rdp <= 8.92 + 0.01
+
+
+# ----------------------------------------------------------------------------------------
+# rdp_accountant_test.py (TF Privacy's RDP accountant before it moved to dp_accounting;
+# tensorflow_privacy/privacy/analysis/rdp_accountant_test.py at the parent of commit
+# bb1b7a6 "Remove deprecated rdp_accountant")
+# ----------------------------------------------------------------------------------------
+def test_rdp_sample_without_replacement_sequence() -> None:
+    # test_compute_rdp_sequence_without_replacement: q 0.01, sigma 2.5, 50 steps (Wang,
+    # Balle & Kasiviswanathan 2019, Theorem 27), rtol 1e-4. TF Privacy's noise multiplier
+    # is relative to the replace-one sensitivity, privlearn's to the add/remove one (a
+    # replacement moves a contribution by 2 C): the same noise is Gaussian(2 x 2.5)
+    orders = [1.001, 1.5, 2.5, 5, 50, 100, 256, 512, 1024, np.inf]
+    expected = [
+        3.4701e-3,
+        3.4701e-3,
+        4.6386e-3,
+        8.7634e-3,
+        9.8474e-2,
+        1.6776e2,
+        7.9297e2,
+        1.8174e3,
+        3.8656e3,
+        np.inf,
+    ]
+    m = compose(subsample(Gaussian(5.0), 0.01, scheme="fixed"), 50)
+    np.testing.assert_allclose(np.asarray(m.rdp(orders)), expected, rtol=1e-4)
+
+
+def test_rdp_poisson_values() -> None:
+    # test_compute_rdp_scalar and test_compute_rdp_sequence (5 places / rtol 1e-4)
+    assert compose(subsample(Gaussian(2.0), 0.1), 10).rdp(5) == pytest.approx(0.07737, abs=5e-6)
+    orders = [1.5, 2.5, 5, 50, 100, np.inf]
+    expected = [6.5007e-04, 1.0854e-03, 2.1808e-03, 2.3846e-02, 1.6742e02, np.inf]
+    m = compose(subsample(Gaussian(2.5), 0.01), 50)
+    np.testing.assert_allclose(np.asarray(m.rdp(orders)), expected, rtol=1e-4)
+    # test_compute_rdp_no_sampling: q = 1 is alpha / (2 sigma^2)
+    assert subsample(Gaussian(10.0), 1.0).rdp(20) == pytest.approx(0.1, rel=1e-12)
+
+
+def test_rdp_conversion_values() -> None:
+    from privlearn.accounting.conversion import epsilon_from_rdp
+
+    # test_get_privacy_spent_check_target_delta: a constant RDP curve 1.1 on orders 2..32
+    # is best at 32, 1.32783806176 by hand
+    eps = epsilon_from_rdp(np.arange(2, 33), np.full(31, 1.1), 1e-5)
+    assert int(np.argmin(eps)) == 30
+    assert eps[30] == pytest.approx(1.32783806176, abs=5e-8)
+    # the Gaussian with sigma 4.530877117 is exactly (1, 1e-6)-DP by RDP on a fine grid;
+    # privlearn's refined order reaches it
+    g = Gaussian(4.530877117)
+    assert g.epsilon(1e-6, "rdp") == pytest.approx(1.0, abs=5e-8)
+    assert g.delta(1.0, "rdp") == pytest.approx(1e-6, abs=5e-8)
+    # test_check_composition: a heterogeneous composition is at most 8.509656 (the old
+    # conversion's value)
+    m = compose(
+        [
+            compose(subsample(Gaussian(0.4), 1e-4), 40000),
+            compose(subsample(Gaussian(2.0), 0.1), 100),
+        ]
+    )
+    assert m.epsilon_bounds(1e-5).upper <= m.epsilon(1e-5, "rdp") <= 8.509656
+
+
+def test_rdp_delta_of_the_gaussian_between_exact_and_standard() -> None:
+    # test_get_privacy_spent_gaussian: sigma 1, eps 0 to 49.9: the RDP delta is at least
+    # the exact delta (Balle & Wang 2018, Theorem 8) and at most the standard bound
+    # exp(-(eps - 1/2)^2 / 2)
+    g = Gaussian(1.0)
+    for eps in [0.1 * x for x in range(0, 500, 7)]:
+        delta = g.delta(eps, "rdp")
+        exact = math.erfc((eps - 0.5) / math.sqrt(2)) / 2
+        exact -= math.exp(eps) * math.erfc((eps + 0.5) / math.sqrt(2)) / 2
+        assert exact <= delta + 1e-300
+        standard = math.exp(-0.5 * (eps - 0.5) ** 2) if eps >= 0.5 else 1.0
+        assert delta <= standard + 1e-300
+
+
+@pytest.mark.parametrize("q", [0.01, 0.1, 0.8, 1.0])
+def test_rdp_epsilon_delta_round_trip(q: float) -> None:
+    # test_get_privacy_spent_consistency: delta -> epsilon -> delta comes back (up to the
+    # rounding up of each direction); where epsilon is 0 the delta only has to be below
+    # (TF Privacy's grid, every other delta)
+    for sigma in [0.1, 1.0, 3.0, 10.0, 100.0]:
+        m = subsample(Gaussian(sigma), q)
+        for delta in [0.9, 0.1, 1e-3, 1e-5, 1e-9]:
+            eps = m.epsilon(delta, "rdp")
+            back = m.delta(eps, "rdp")
+            assert back <= delta * (1 + 1e-9)
+            if eps > 0:
+                assert back == pytest.approx(delta, rel=1e-6)
