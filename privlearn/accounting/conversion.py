@@ -135,8 +135,25 @@ def _check_refine(refine: object) -> bool:
 _DELTA_HINT = "typical values are 1e-5 or 1/dataset size"
 
 
-def _clean(rdp: np.ndarray) -> np.ndarray:
-    rdp = np.asarray(rdp, dtype=float)
+def _clean(rdp: np.ndarray, orders: np.ndarray | None = None) -> np.ndarray:
+    """RDP values as floats, NaN read as ``inf`` (no guarantee). A negative value is
+    refused: a Renyi divergence is never negative, and one would make the conversion
+    optimistic. With ``orders``, one value per order is required (or a single one)."""
+    try:
+        rdp = np.asarray(rdp, dtype=float)
+    except (TypeError, ValueError):
+        raise ParameterTypeError(
+            f"RDP values must be real numbers, got {rdp!r}; pass one RDP value per "
+            "order") from None
+    if orders is not None and rdp.size != 1 and rdp.shape != np.shape(orders):
+        raise ParameterValueError(
+            f"rdp must have one value per order: orders has shape {np.shape(orders)}, rdp "
+            f"shape {rdp.shape}; pass the RDP curve evaluated at these orders")
+    if np.any(rdp < 0):
+        raise ParameterValueError(
+            f"RDP values must be >= 0 (a Renyi divergence is never negative), got "
+            f"{float(rdp[rdp < 0].flat[0])!r}; check the RDP curve (an upper bound on "
+            "the divergence at each order)")
     return np.where(np.isnan(rdp), np.inf, rdp)
 
 
@@ -152,7 +169,7 @@ def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.nd
         raise ParameterValueError(
             "delta must be in (0, 1] for the per-order conversion, got 0; pass a positive "
             "delta (rdp_to_epsilon answers delta 0 with the pure epsilon)")
-    tau = _clean(rdp)
+    tau = _clean(rdp, a)
     t1 = np.log1p(-1.0 / a)
     t2 = (math.log(delta) + np.log(a)) / (a - 1.0)
     with np.errstate(invalid="ignore"):
@@ -182,6 +199,7 @@ def delta_from_rdp(orders: np.ndarray, rdp: np.ndarray, epsilon: float) -> np.nd
     otherwise)."""
     orders = _check_orders(orders)
     epsilon = _check_eps(epsilon)
+    rdp = _clean(rdp, orders)
     with np.errstate(over="ignore"):
         return np.minimum(1.0, np.exp(_log_delta_from_rdp(orders, rdp, epsilon)))
 

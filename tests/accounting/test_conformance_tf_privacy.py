@@ -525,3 +525,33 @@ def test_rdp_epsilon_delta_round_trip(q: float) -> None:
             assert back <= delta * (1 + 1e-9)
             if eps > 0:
                 assert back == pytest.approx(delta, rel=1e-6)
+
+
+def test_rdp_conversion_input_validation() -> None:
+    # get_privacy_spent (and dp_accounting's compute_epsilon / compute_delta) refuse
+    # order and RDP lists of different lengths ("Input lists must have the same
+    # length"): privlearn raised NumPy's broadcasting error, or broadcast a shorter list.
+    # A negative RDP value (no Renyi divergence is negative) gave an optimistic answer:
+    # rdp_to_epsilon(lambda a: -a, 1e-5) was 0
+    from privlearn.accounting.conversion import (
+        delta_from_rdp,
+        epsilon_from_rdp,
+        rdp_to_delta,
+        rdp_to_epsilon,
+    )
+
+    with pytest.raises(ParameterValueError, match="one value per order"):
+        epsilon_from_rdp(np.array([2.0, 3.0]), np.array([0.1, 0.2, 0.3]), 1e-5)
+    with pytest.raises(ParameterValueError, match="one value per order"):
+        delta_from_rdp(np.array([2.0, 3.0, 4.0]), np.array([0.1, 0.2]), 1.0)
+    with pytest.raises(ParameterValueError, match="must be >= 0"):
+        epsilon_from_rdp(np.array([2.0, 3.0]), np.array([-1.0, 0.1]), 1e-5)
+    with pytest.raises(ParameterValueError, match="must be >= 0"):
+        delta_from_rdp(np.array([2.0, 3.0]), np.array([-1.0, -0.1]), 0.5)
+    with pytest.raises(ParameterValueError, match="must be >= 0"):
+        rdp_to_epsilon(lambda a: -a, 1e-5)
+    with pytest.raises(ParameterValueError, match="must be >= 0"):
+        rdp_to_delta(lambda a: -a, 1.0)
+    # a NaN is no guarantee (inf), a single value is a constant curve
+    assert epsilon_from_rdp(np.array([2.0, 3.0]), np.array([np.nan, 0.1]), 1e-5)[0] == np.inf
+    assert delta_from_rdp(np.array([2.0, 3.0]), 0.1, 0.5).shape == (2,)
