@@ -555,3 +555,50 @@ def test_rdp_conversion_input_validation() -> None:
     # a NaN is no guarantee (inf), a single value is a constant curve
     assert epsilon_from_rdp(np.array([2.0, 3.0]), np.array([np.nan, 0.1]), 1e-5)[0] == np.inf
     assert delta_from_rdp(np.array([2.0, 3.0]), 0.1, 0.5).shape == (2,)
+
+
+@pytest.mark.parametrize("sigma", [0.2, 0.1, 0.02])
+def test_rdp_sample_without_replacement_small_noise(sigma: float) -> None:
+    # the Theorem 27 moments e^(i (i - 1) / (2 sigma^2)) at i <= 258 pass 10^999999, the
+    # default decimal context's largest exponent: below a noise multiplier of about 0.24
+    # the RDP accountant raised decimal.Overflow for fixed-size sampling (and the PLD
+    # accountant too, where it falls back to that RDP bound). It is a valid bound: at
+    # least the certified PLD lower bound, at most the base mechanism's own RDP bound
+    m = compose(subsample(Gaussian(sigma), 0.01, scheme="fixed"), 100)
+    rdp = m.epsilon(1e-5, "rdp")
+    assert math.isfinite(rdp)
+    base = compose(Gaussian(sigma / 2), 100).epsilon(1e-5, "rdp")  # sensitivity 2 C
+    assert rdp <= base * (1 + 1e-9)
+    if sigma >= 0.1:
+        assert m.epsilon_bounds(1e-5).lower <= rdp
+
+
+def test_replace_one_poisson_tiny_noise_falls_back() -> None:
+    # the PLD accountant's fallback for a step whose loss exceeds floats reads Poisson
+    # replace-one through the fixed-size RDP bound: it raised decimal.Overflow
+    m = compose(subsample(Gaussian(0.02), 0.1, neighbouring="replace_one"), 100)
+    b = m.epsilon_bounds(1e-5)
+    assert b.accountant == "rdp" and math.isfinite(b.upper)
+    assert b.lower <= b.upper
+
+
+@pytest.mark.parametrize("sigma, orders", [(50.0, (14, 15, 17, 40)), (10.0, (33, 38, 100))])
+def test_wor_forward_differences_are_certified(sigma: float, orders: tuple) -> None:
+    # the forward differences D_k of the Gaussian's moments (Wang, Balle & Kasiviswanathan
+    # 2019, Theorem 27) against 600-digit mpmath sums: the negated terms went through the
+    # default 28-digit decimal context, so where D_k cancels beyond 28 digits the
+    # "certified" bound was below the true value (sigma 10, k = 100: D_k <= 0 claimed,
+    # e^13 true)
+    mpmath = pytest.importorskip("mpmath")
+    from privlearn.accounting._rdp_wor_gaussian import gaussian_log_forward_differences
+
+    got = gaussian_log_forward_differences(sigma)
+    with mpmath.workdps(600):
+        s2 = 2 * mpmath.mpf(sigma) ** 2
+        for k in orders:
+            d = mpmath.fsum(
+                (-1) ** (k - i) * mpmath.binomial(k, i) * mpmath.exp(mpmath.mpf(i * (i - 1)) / s2)
+                for i in range(k + 1)
+            )
+            exact = float(mpmath.log(d))
+            assert exact <= got[k] <= exact + 1e-9 * max(1.0, abs(exact))
