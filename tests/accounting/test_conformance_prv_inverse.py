@@ -38,3 +38,21 @@ def test_inverse_privacy_curve(mechanism: str, delta: float) -> None:
     # its estimate)
     assert at_upper.upper == pytest.approx(delta, rel=1e-3)
     assert at_lower.lower == pytest.approx(delta, rel=1e-3)
+
+
+def test_inverse_privacy_curve_beyond_the_loss_grid() -> None:
+    # a step whose privacy loss exceeds the grid's floating-point range (noise 0.02):
+    # epsilon falls back to the RDP accountant's certified value; delta at that epsilon
+    # raised PrivacyLossOverflowError instead of doing the same
+    m = compose(subsample(Gaussian(0.02), 0.1), 100)
+    eps = m.epsilon(1e-5)
+    b = m.delta_bounds(eps)
+    assert b.accountant == "rdp"
+    assert b.lower <= b.upper <= 1e-5 * (1 + 1e-9)
+    assert b.upper == m.delta(eps, "rdp")
+    # with the fallback off, the refusal stays
+    from privlearn.accounting.pld import PLDAccountant
+    from privlearn.errors import PrivacyLossOverflowError
+
+    with pytest.raises(PrivacyLossOverflowError):
+        PLDAccountant(fallback=False).delta(m, eps)
