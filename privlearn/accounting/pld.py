@@ -285,7 +285,9 @@ class PLDAccountant:
     fallback : bool
         When the grid cannot certify ``delta`` (tiny delta, long compositions), answer
         with the smaller of the pure epsilon and the RDP accountant's epsilon, named in
-        ``PrivacyBound.accountant`` (default); ``False`` raises :class:`AccountingError`.
+        ``PrivacyBound.accountant`` (default; ``delta`` likewise answers with the RDP
+        accountant's delta where no loss grid holds a step); ``False`` raises
+        :class:`AccountingError`.
     """
 
     name = "pld"
