@@ -556,12 +556,11 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
                     "batch_first=True on the layers that produce it). No step was taken "
                     "and nothing was released")
     for pa, pb in zip(root_a, root_b, strict=True):
-        dims = pa["dims"]
-        if not dims:
-            continue
-        rows = [r for r in (_changed(fa, pb["dims"][d]) for d, fa in dims.items())
-                if r is not None]
-        if rows and any(r for r in rows) and not any(r == {j} for r in rows):
+        # as for a layer (_verdict): when no row of the output's batch dimension moved
+        # beyond rounding, a dimension of the same size that moved (the classes of a
+        # batch of as many examples) is a feature dimension carrying example j's change;
+        # a row confined to one position of any dimension is a layout, not mixing
+        if pa["dims"] and _verdict(pa, pb, j) == "mixed":
             raise BatchDependenceError(
                 f"examples are mixed after the model's last trainable layer: replacing "
                 f"example {j} changed other examples' rows of the model's output (shape "
