@@ -28,6 +28,9 @@ or per parameter), summed, divided by the batch size. The configurations:
   batch-of-one loop under the same autocast; its ``AttentionModel`` feeds a batch-first
   tensor to sequence-first attention (attending across the batch), which must be refused.
 
+* empty batches (every grad-sample test runs one): Poisson batches drawn empty before
+  and after a step with data, in families ``test_engine.py`` does not cover.
+
 And the probe's verdict on a model output with as many features as the batch has
 examples (a regression test, below).
 """
@@ -787,3 +790,133 @@ def test_opacus_attention_model_attending_across_the_batch_is_refused():
         p.optimizer.step()
     assert p.accountant.steps == 0
     assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+
+
+# --------------------------------------------------------------------------- empty batches
+
+
+class _Head(nn.Module):
+    """A layer (run by ``run(layer, x)``), flattened into a Linear head."""
+
+    def __init__(self, layer, width, run=None):
+        super().__init__()
+        self.layer, self.head, self.run = layer, nn.Linear(width, 3), run
+
+    def forward(self, x):
+        h = self.layer(x) if self.run is None else self.run(self.layer, x)
+        return self.head((h[0] if isinstance(h, tuple) else h).flatten(1))
+
+
+def _sequence_first(layer, x):
+    y = layer(x.transpose(0, 1))
+    return (y[0] if isinstance(y, tuple) else y).transpose(0, 1)
+
+
+def _bags_with_offsets(layer, ids):
+    return layer(ids.reshape(-1), torch.arange(0, ids.numel(), ids.shape[1]))
+
+
+def _opacus_layer(name, *args, **kw):
+    return lambda: getattr(pytest.importorskip("opacus.layers"), name)(*args, **kw)
+
+
+#: name -> (layer, input of n examples, width of the flattened output, how it runs)
+EMPTY = {
+    "conv2d": (lambda: nn.Conv2d(2, 3, 3), lambda n: torch.randn(n, 2, 5, 5), 27, None),
+    "conv-transpose1d": (
+        lambda: nn.ConvTranspose1d(2, 3, 3, stride=2),
+        lambda n: torch.randn(n, 2, 4),
+        27,
+        None,
+    ),
+    "rms-norm": (lambda: nn.RMSNorm(6), lambda n: torch.randn(n, 6), 6, None),
+    "attention-bias-kv-zero-attn": (
+        lambda: nn.MultiheadAttention(4, 2, batch_first=True, add_bias_kv=True, add_zero_attn=True),
+        lambda n: torch.randn(n, 3, 4),
+        12,
+        lambda a, x: a(x, x, x),
+    ),
+    "lstm-bidirectional": (
+        lambda: nn.LSTM(4, 3, num_layers=2, bidirectional=True, batch_first=True),
+        lambda n: torch.randn(n, 3, 4),
+        18,
+        None,
+    ),
+    "gru-sequence-first": (
+        lambda: nn.GRU(4, 3),
+        lambda n: torch.randn(n, 3, 4),
+        9,
+        _sequence_first,
+    ),
+    "embedding-bag-2d": (
+        lambda: nn.EmbeddingBag(10, 4),
+        lambda n: torch.randint(0, 10, (n, 5)),
+        4,
+        None,
+    ),
+    "embedding-bag-offsets": (
+        lambda: nn.EmbeddingBag(10, 4, mode="sum"),
+        lambda n: torch.randint(0, 10, (n, 5)),
+        4,
+        _bags_with_offsets,
+    ),
+    "transformer-encoder": (
+        lambda: nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, batch_first=True),
+        lambda n: torch.randn(n, 3, 4),
+        12,
+        None,
+    ),
+    "opacus-dp-lstm": (
+        _opacus_layer("DPLSTM", 4, 3, batch_first=True),
+        lambda n: torch.randn(n, 3, 4),
+        9,
+        None,
+    ),
+    "opacus-dp-gru-sequence-first": (
+        _opacus_layer("DPGRU", 4, 3),
+        lambda n: torch.randn(n, 3, 4),
+        9,
+        _sequence_first,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY))
+def test_empty_poisson_batches_in_more_families(name, monkeypatch):
+    """Opacus's grad-sample tests run each layer on an empty batch. Here the first and
+    third Poisson batches are empty: the step before any data (the first, when the probe
+    has not run) and one after a step with data leave the weights as they were without
+    noise, and all four steps are accounted."""
+    from privlearn.torch.samplers import PoissonBatchSampler
+
+    draw = PoissonBatchSampler._draw
+    monkeypatch.setattr(
+        PoissonBatchSampler,
+        "_draw",
+        lambda self, seed: [] if self.draws in (0, 2) else draw(self, seed),
+    )
+    make, inputs, width, run = EMPTY[name]
+    torch.manual_seed(0)
+    model = _Head(make(), width, run)
+    ds = TensorDataset(inputs(32), torch.randint(0, 3, (32,)))
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        DataLoader(ds, batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        loss_reduction="sum",
+        seed=0,
+    )
+    weights = [torch.cat([q.detach().reshape(-1).clone() for q in model.parameters()])]
+    sizes = []
+    for x, y in p.data_loader:  # 4 steps
+        p.optimizer.zero_grad()
+        F.cross_entropy(p.model(x), y, reduction="sum").backward()
+        p.optimizer.step()
+        sizes.append(len(y))
+        weights.append(torch.cat([q.detach().reshape(-1).clone() for q in model.parameters()]))
+    assert sizes[0] == sizes[2] == 0 and sizes[1] > 0 and sizes[3] > 0
+    assert torch.equal(weights[1], weights[0]) and torch.equal(weights[3], weights[2])
+    assert not torch.equal(weights[2], weights[1])
+    assert p.accountant.steps == 4
