@@ -28,6 +28,9 @@ or per parameter), summed, divided by the batch size. The configurations:
   batch-of-one loop under the same autocast; its ``AttentionModel`` feeds a batch-first
   tensor to sequence-first attention (attending across the batch), which must be refused.
 
+* ``privacy_engine_test.py``'s ``test_validator_weight_update_check``: ``fix`` after the
+  optimizer was built (Opacus refuses; privlearn's GroupNorm shares the BatchNorm's
+  parameters, which then train).
 * empty batches (every grad-sample test runs one): Poisson batches drawn empty before
   and after a step with data, in families ``test_engine.py`` does not cover.
 
@@ -920,3 +923,28 @@ def test_empty_poisson_batches_in_more_families(name, monkeypatch):
     assert torch.equal(weights[1], weights[0]) and torch.equal(weights[3], weights[2])
     assert not torch.equal(weights[2], weights[1])
     assert p.accountant.steps == 4
+
+
+# --------------------------------------------------------------------------- validators
+
+
+def test_fix_after_the_optimizer_was_built_trains_the_batch_norm_parameters(oracle):
+    """``test_validator_weight_update_check``: Opacus refuses an optimizer built before
+    ``ModuleValidator.fix`` (its GroupNorm has new parameters). privlearn's ``fix`` gives
+    the GroupNorm the BatchNorm's own affine parameters, so that optimizer trains them:
+    the step equals the definition on the fixed model, the GroupNorm's weight moved."""
+    from privlearn.torch import fix, validate
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(36, 3)
+    ).double()
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 1.5)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    assert validate(model)
+    model = fix(model)
+    assert validate(model) == [] and isinstance(model[1], nn.GroupNorm)
+    weight = model[1].weight.detach().clone()
+    assert step_error(oracle, model, [_x(2, 5, 5)], optimizer=opt) < TOL
+    assert not torch.equal(model[1].weight, weight)
