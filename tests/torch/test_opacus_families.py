@@ -155,36 +155,43 @@ def _same_fingerprint_rows() -> torch.Tensor:
     return torch.stack(rows)
 
 
-class _Centred(nn.Module):
-    """An identity Linear, then (``centre``) the batch mean subtracted: mixing."""
+class _Identity(nn.Module):
+    """An identity Linear, then (``mix``) the batch mean subtracted, or a trace of the
+    mirrored example added (1e-12 of it: below the float64 fingerprint's tolerance)."""
 
-    def __init__(self, centre: bool):
+    def __init__(self, mix: str | None = None):
         super().__init__()
         self.lin = nn.Linear(4, 4).double()
         with torch.no_grad():
             self.lin.weight.copy_(torch.eye(4))
             self.lin.bias.zero_()
-        self.centre = centre
+        self.mix = mix
 
     def forward(self, x):
         out = self.lin(x)
-        return out - out.mean(0) if self.centre else out
+        if self.mix == "centre":
+            return out - out.mean(0)
+        if self.mix == "trace":
+            return out + 1e-12 * out.flip(0)
+        return out
 
 
 def test_an_output_with_as_many_features_as_examples_is_not_read_as_mixing(oracle):
     """The probe compares the model's output row by row along every dimension of the
     batch's size. With 4 examples and 4 output features, replacing example j by an
     example whose output row has the same fingerprint (norm and weighted sum, here exactly;
-    under bfloat16 autocast, within the tolerance, as Opacus's mixed-precision RNN model
-    with 4 classes and batches of 4 does) left the batch dimension unmoved while the
-    feature dimension moved, and the output check called that mixing (the check of each
-    layer already read it as a feature dimension carrying example j's change). The model
-    is per-example: its step equals the definition. Subtracting the batch mean is still
-    refused on the same data."""
+    under bfloat16 autocast, within the tolerance, as Opacus's mixed-precision models
+    with 4 classes and batches of 4 do) left the batch dimension unmoved while the
+    feature dimension moved, and the output check called that mixing although no other
+    example's row had changed at all. The model is per-example: its step equals the
+    definition. Mixing is still refused on the same data: the batch mean subtracted, and
+    a trace of another example too small for the fingerprint's tolerance (the other rows
+    are then not bit-identical)."""
     x = _same_fingerprint_rows()
-    assert step_error(oracle, _Centred(False), [x]) < TOL
-    with pytest.raises(BatchDependenceError, match="examples are mixed"):
-        step_error(oracle, _Centred(True), [x])
+    assert step_error(oracle, _Identity(), [x]) < TOL
+    for mix in ("centre", "trace"):
+        with pytest.raises(BatchDependenceError, match="examples are mixed"):
+            step_error(oracle, _Identity(mix), [x])
 
 
 # --------------------------------------------------------------------------- grad_samples
