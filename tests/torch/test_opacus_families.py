@@ -31,6 +31,8 @@ or per parameter), summed, divided by the batch size. The configurations:
 * ``privacy_engine_test.py``'s ``test_validator_weight_update_check``: ``fix`` after the
   optimizer was built (Opacus refuses; privlearn's GroupNorm shares the BatchNorm's
   parameters, which then train).
+* ``poisson_test.py`` / ``distributed_poisson_test.py``: the public samplers' length,
+  batch-size law, seeding and (two ranks) disjoint shards.
 * empty batches (every grad-sample test runs one): Poisson batches drawn empty before
   and after a step with data, in families ``test_engine.py`` does not cover.
 
@@ -41,6 +43,7 @@ examples (a regression test, below).
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 
@@ -955,3 +958,51 @@ def test_fix_after_the_optimizer_was_built_trains_the_batch_norm_parameters(orac
     weight = model[1].weight.detach().clone()
     assert step_error(oracle, model, [_x(2, 5, 5)], optimizer=opt) < TOL
     assert not torch.equal(model[1].weight, weight)
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+def _sizes(sampler, epochs=1):
+    return [len(b) for _ in range(epochs) for b in sampler]
+
+
+def test_poisson_sampler_as_opacus_poisson_test():
+    """``poisson_test.py`` on ``PoissonBatchSampler`` (Opacus's
+    ``UniformWithReplacementSampler``): 100 examples at rate 0.1 give 10 batches per
+    epoch, of varying sizes whose mean over 50 epochs is 10 within 4 standard errors
+    (sd 3 / sqrt(500)); the same seed draws the same batches, another seed others; a
+    DataLoader with it as ``batch_sampler`` yields those batches."""
+    from privlearn.torch import PoissonBatchSampler
+
+    sampler = PoissonBatchSampler(100, 0.1, seed=7)
+    assert len(sampler) == 10
+    sizes = _sizes(sampler, 50)
+    assert len(sizes) == 500 and len(set(sizes)) > 1
+    assert abs(sum(sizes) / 500 - 10) < 4 * 3 / math.sqrt(500)
+    first = [list(b) for b in PoissonBatchSampler(100, 0.1, seed=7)]
+    assert first == [list(b) for b in PoissonBatchSampler(100, 0.1, seed=7)]
+    assert first != [list(b) for b in PoissonBatchSampler(100, 0.1, seed=8)]
+    ds = TensorDataset(torch.arange(100))
+    loader = DataLoader(ds, batch_sampler=PoissonBatchSampler(100, 0.1, seed=7))
+    assert [x.tolist() for (x,) in loader] == first
+
+
+def test_distributed_poisson_sampler_as_opacus_distributed_poisson_test():
+    """``distributed_poisson_test.py``: two ranks' samplers over 100 examples at the
+    global rate 0.1 give 10 batches each, of mean size 5 per rank (over 50 epochs, 4
+    standard errors), on disjoint examples."""
+    from privlearn.torch import DistributedPoissonBatchSampler
+
+    samplers = [
+        DistributedPoissonBatchSampler(100, 0.1, rank, 2, seed=7 + rank) for rank in range(2)
+    ]
+    indices = []
+    for s in samplers:
+        assert len(s) == 10
+        sizes = _sizes(s, 50)
+        assert len(set(sizes)) > 1
+        assert abs(sum(sizes) / 500 - 5) < 4 * math.sqrt(5 * 0.9) / math.sqrt(500)
+        indices.append({i for b in s for i in b})
+    assert not indices[0] & indices[1]
+    assert indices[0] | indices[1] <= set(range(100))
