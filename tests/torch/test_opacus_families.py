@@ -33,6 +33,8 @@ or per parameter), summed, divided by the batch size. The configurations:
   parameters, which then train).
 * ``poisson_test.py`` / ``distributed_poisson_test.py``: the public samplers' length,
   batch-size law, seeding and (two ranks) disjoint shards.
+* ``randomness_test.py``: a seed repeats a run, another seed, no seed and secure mode
+  do not; torch's, Python's and NumPy's global generators are left alone.
 * empty batches (every grad-sample test runs one): Poisson batches drawn empty before
   and after a step with data, in families ``test_engine.py`` does not cover.
 
@@ -1006,3 +1008,82 @@ def test_distributed_poisson_sampler_as_opacus_distributed_poisson_test():
         indices.append({i for b in s for i in b})
     assert not indices[0] & indices[1]
     assert indices[0] | indices[1] <= set(range(100))
+
+
+# --------------------------------------------------------------------------- randomness
+
+
+def _seeded_run(seed, *, secure=False, sampling="poisson"):
+    """An epoch of a small model with dropout (noise 1): its final parameters. torch's
+    global generator is seeded the same way before every run."""
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(64, 3, generator=g), torch.randint(0, 2, (64,), generator=g))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.2), nn.Linear(4, 2))
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(ds, batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=seed,
+        secure_mode=secure,
+        sampling=sampling,
+    )
+    torch.manual_seed(123)
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        F.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    return _flat(model.parameters())
+
+
+def _flat(params) -> torch.Tensor:
+    """The parameters, flattened into one vector."""
+    return torch.cat([q.detach().reshape(-1) for q in params])
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_runs_repeat_with_a_seed_and_differ_without(sampling):
+    """``randomness_test.py``: the same seed repeats a run (batches, noise; the dropout
+    masks from torch's generator, seeded alike); another seed, no seed (the OS's entropy,
+    whatever torch's global seed) and secure mode each give another run."""
+    ref = _seeded_run(1, sampling=sampling)
+    assert torch.equal(ref, _seeded_run(1, sampling=sampling))
+    assert not torch.equal(ref, _seeded_run(2, sampling=sampling))
+    assert not torch.equal(
+        _seeded_run(None, sampling=sampling), _seeded_run(None, sampling=sampling)
+    )
+    assert not torch.equal(
+        _seeded_run(None, secure=True, sampling=sampling),
+        _seeded_run(None, secure=True, sampling=sampling),
+    )
+
+
+def test_training_leaves_the_global_generators_alone():
+    """privlearn draws batches and noise from its own generators (and the probe restores
+    what it uses): an epoch without dropout leaves torch's, Python's and NumPy's global
+    random states as they were."""
+    import random
+
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(64, 3, generator=g), torch.randint(0, 2, (64,), generator=g))
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(ds, batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad()
+        F.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    assert p.accountant.steps == 8
+    assert torch.equal(states[0], torch.get_rng_state())
+    assert states[1] == random.getstate()
+    assert (states[2] == np.random.get_state()[1]).all()
