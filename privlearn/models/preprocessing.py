@@ -170,7 +170,9 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
     Parameters
     ----------
     epsilon : float > 0
+        The budget of one fit (bounds and moments); ``epsilon_`` is what it spent.
     delta : float in (0, 1)
+        Chosen well below ``1 / n_samples``, e.g. 1e-6.
     feature_range : (lower, upper) or array (n_features, 2)
         Public range of each feature (known without looking at the data). Required.
         Values outside it are clipped to it (a ``DataClippedWarning`` says how many).

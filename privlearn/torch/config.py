@@ -448,8 +448,7 @@ class DPConfig:
                     "noise scale is private; it is only allowed with noise_multiplier=0 "
                     "(non-private testing). Give a finite max_grad_norm > 0")
         self._check_accountant()
-        delta = _v.check_delta("target_delta", self.target_delta,
-                               hint="typical values are 1e-5 or below 1/dataset size")
+        delta = _v.check_delta("target_delta", self.target_delta, hint=_v.DELTA_HINT)
         if delta == 0:
             raise ParameterValueError(
                 "target_delta must be in (0, 1), got 0: the Gaussian mechanism "

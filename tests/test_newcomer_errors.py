@@ -1,0 +1,72 @@
+"""The refusals a newcomer meets first say what to do instead, and what they suggest is
+what the documentation teaches.
+
+A delta of ``1 / n`` or more is no guarantee at all (publishing one random record of
+``n`` in the clear is ``(0, 1/n)``-DP; Dwork & Roth 2014, Section 2.3), so a refused delta
+must not be pointed at ``1 / dataset size``: every public entry point that checks a delta
+suggests a value well below it. A classifier given labels outside its public ``classes``
+(string labels against the default-looking ``[0, 1]``) says how to list them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from privlearn.accounting import Gaussian, compose
+from privlearn.cli import cli
+from privlearn.errors import ParameterValueError
+from privlearn.models import DPSGDClassifier
+
+
+def _assert_delta_hint(message: str) -> None:
+    assert "well below 1 / dataset size" in message, message
+    assert "or 1/dataset size" not in message, message
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp", "analytic"])
+def test_accounting_delta_refusal_suggests_well_below_one_over_n(accountant: str) -> None:
+    with pytest.raises(ParameterValueError) as err:
+        compose(Gaussian(1.0), steps=3).epsilon(2.0, accountant=accountant)
+    assert "got 2.0" in str(err.value)
+    _assert_delta_hint(str(err.value))
+
+
+def test_cli_delta_refusal_suggests_well_below_one_over_n() -> None:
+    r = CliRunner().invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "2"])
+    assert r.exit_code == 2
+    assert "--delta must be in [0, 1), got 2.0" in r.output
+    _assert_delta_hint(r.output)
+
+
+def test_make_private_target_delta_refusal_suggests_well_below_one_over_n() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    model = torch.nn.Linear(3, 2)
+    loader = DataLoader(
+        TensorDataset(torch.zeros(10, 3), torch.zeros(10, dtype=torch.long)), batch_size=2
+    )
+    with pytest.raises(ParameterValueError) as err:
+        make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader,
+            noise_multiplier=1.0,
+            target_delta=2.0,
+        )
+    assert "target_delta" in str(err.value)
+    _assert_delta_hint(str(err.value))
+
+
+def test_classifier_with_text_labels_says_how_to_list_them() -> None:
+    X = np.random.default_rng(0).random((20, 2))
+    y = np.array(["no", "yes"] * 10)
+    with pytest.raises(ParameterValueError) as err:
+        DPSGDClassifier(epsilon=1.0, delta=1e-5, n_iter=5, classes=[0, 1], random_state=0).fit(X, y)
+    message = str(err.value)
+    assert "classes=[0, 1]" in message and "['no', 'yes']" in message  # given and received
+    assert "classes=['no', 'yes']" in message  # what to try
