@@ -70,3 +70,21 @@ def test_classifier_with_text_labels_says_how_to_list_them() -> None:
     message = str(err.value)
     assert "classes=[0, 1]" in message and "['no', 'yes']" in message  # given and received
     assert "classes=['no', 'yes']" in message  # what to try
+
+
+@pytest.mark.parametrize(
+    "factory, bounds, integer",
+    [
+        (lambda s: Gaussian(s), (1.0, 10.0), False),  # noise: the upper bound is too small
+        (lambda k: compose(Gaussian(1.0), steps=int(k)), (1, 10), True),  # steps: too many
+        (lambda k: compose(Gaussian(1.0), steps=int(k)), None, True),  # even one step
+    ],
+)
+def test_unreachable_calibration_says_what_to_change(factory, bounds, integer) -> None:
+    from privlearn.accounting import CalibrationError, calibrate
+
+    with pytest.raises(CalibrationError) as err:
+        calibrate(factory, epsilon=0.001, delta=1e-9, bounds=bounds, integer=integer)
+    message = str(err.value)
+    assert "target epsilon=0.001 unreachable" in message and "delta=1e-09" in message
+    assert "loosen the target (a larger epsilon or delta)" in message

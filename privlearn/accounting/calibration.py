@@ -175,7 +175,8 @@ def calibrate(
             if not feasible(hi):
                 raise CalibrationError(
                     f"target epsilon={target} unreachable: epsilon at the upper bound "
-                    f"{hi} is {e_hi}"
+                    f"{hi} is {e_hi} (delta={delta:g}); raise the upper bound of "
+                    "bounds, or loosen the target (a larger epsilon or delta)"
                 )
             if feasible(lo):
                 return lo
@@ -183,7 +184,8 @@ def calibrate(
             if not feasible(lo):
                 raise CalibrationError(
                     f"target epsilon={target} unreachable: epsilon at the lower bound "
-                    f"{lo} is {e_lo}"
+                    f"{lo} is {e_lo} (delta={delta:g}); lower the lower bound of bounds, "
+                    "or loosen the target (a larger epsilon or delta)"
                 )
             if feasible(hi):
                 return hi
@@ -218,6 +220,9 @@ def calibrate(
                     if lo < (1.0 if integer else 1e-12):
                         raise CalibrationError(
                             f"target epsilon={target} unreachable for any positive parameter"
+                            f" (delta={delta:g}): epsilon grows with the parameter and is "
+                            f"still {eps_of(lo * 2.0):g} at {lo * 2.0:g}; loosen the target "
+                            "(a larger epsilon or delta)"
                         )
                 hi = lo * 2.0
             else:
