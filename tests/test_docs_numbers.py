@@ -241,3 +241,28 @@ def test_auditing_guide_table_is_what_the_audits_give() -> None:
     assert [f"{g:.2f}" for g in got] == list(seeds)
     # the transcript at the top of the page: the same run, seed 0, to four places
     assert f"epsilon lower bound:    {got[0]:.4f}" in (DOCS / "guides/auditing.md").read_text()
+
+
+# -- figures of the guides computed by the accountants alone -------------------------------
+def test_guides_accounting_figures() -> None:
+    from privlearn.accounting import ApproxDP
+
+    # cli: counting ceil(E N / B) = 2930 steps instead of 2940
+    (ceil_steps, eps) = _quoted(
+        "guides/cli.md", r"= (\d+)\$ steps instead would .*? give ([\d.]+)\)"
+    )
+    got = _sgd_run(1.0, 512 / 50000, int(ceil_steps)).epsilon(1e-5)
+    assert f"{got:.4f}" == eps
+    # pytorch: fixed-size against Poisson batches at q = 0.01, sigma = 1, 1,000 steps
+    fixed, poisson = _quoted("guides/pytorch.md", r"e\.g\. ([\d.]+) against Poisson's ([\d.]+)")
+    run_fixed = compose(subsample(Gaussian(1.0), rate=0.01, scheme="fixed"), steps=1000)
+    assert f"{run_fixed.epsilon(1e-5):.1f}" == fixed
+    assert f"{_sgd_run(1.0, 0.01, 1000).epsilon(1e-5):.2f}" == poisson
+    # ledger: ApproxDP releases composed by the optimal composition theorem
+    two, ten = _quoted(
+        "guides/ledger.md",
+        r"`ApproxDP\(0\.5, 4e-6\)` twice costs ([\d.]+) of a `\(1, 1e-5\)` budget, and ten "
+        r"`ApproxDP\(0\.1, 1e-6\)` cost ([\d.]+) of it",
+    )
+    assert compose([ApproxDP(0.5, 4e-6)] * 2).epsilon(1e-5) == pytest.approx(float(two), abs=5e-7)
+    assert compose([ApproxDP(0.1, 1e-6)] * 10).epsilon(1e-5) == pytest.approx(float(ten), abs=5e-9)
