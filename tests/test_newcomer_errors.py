@@ -88,3 +88,30 @@ def test_unreachable_calibration_says_what_to_change(factory, bounds, integer) -
     message = str(err.value)
     assert "target epsilon=0.001 unreachable" in message and "delta=1e-09" in message
     assert "loosen the target (a larger epsilon or delta)" in message
+
+
+def test_pipeline_encoding_step_not_listed_public_says_how_to_list_it() -> None:
+    """The usual first try: a ColumnTransformer over public category lists, forgotten in
+    public_steps. The refusal names the setting to add, with the step's own name."""
+    pd = pytest.importorskip("pandas")
+    from sklearn.compose import ColumnTransformer
+    from sklearn.preprocessing import OneHotEncoder
+
+    from privlearn.errors import ParameterTypeError
+    from privlearn.models import PrivatePipeline
+
+    X = pd.DataFrame({"sex": ["Female", "Male"] * 10, "age": np.linspace(0.1, 0.9, 20)})
+    y = np.array([0, 1] * 10)
+    encode = ColumnTransformer(
+        [("text", OneHotEncoder(categories=[["Female", "Male"]], sparse_output=False), ["sex"])],
+        remainder="passthrough",
+    )
+    pipe = PrivatePipeline(
+        [("encode", encode), ("clf", DPSGDClassifier(delta=1e-5, n_iter=5, classes=[0, 1]))]
+    )
+    with pytest.raises(ParameterTypeError) as err:
+        pipe.fit(X, y)
+    assert "public_steps=('encode',)" in str(err.value)
+    assert "_public_fits" not in str(err.value)  # a private module is no advice
+    pipe.set_params(public_steps=("encode",)).fit(X, y)  # and the advice works
+    assert pipe.epsilon_ <= 1.0
