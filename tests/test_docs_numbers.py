@@ -243,6 +243,21 @@ def test_auditing_guide_table_is_what_the_audits_give() -> None:
     assert f"epsilon lower bound:    {got[0]:.4f}" in (DOCS / "guides/auditing.md").read_text()
 
 
+@pytest.mark.slow
+def test_auditing_guide_transcript_is_what_the_command_prints(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    block = next(
+        b
+        for b in _console_blocks("guides/auditing.md")
+        if b[0].startswith("$ privlearn audit dpsgd")
+    )
+    args = block[0].removeprefix("$ privlearn ").split()
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == block[1:]
+
+
 # -- figures of the guides computed by the accountants alone -------------------------------
 def test_guides_accounting_figures() -> None:
     from privlearn.accounting import ApproxDP
