@@ -115,3 +115,19 @@ def test_pipeline_encoding_step_not_listed_public_says_how_to_list_it() -> None:
     assert "_public_fits" not in str(err.value)  # a private module is no advice
     pipe.set_params(public_steps=("encode",)).fit(X, y)  # and the advice works
     assert pipe.epsilon_ <= 1.0
+
+
+def test_calibrating_a_rate_without_bounds_says_to_pass_them() -> None:
+    """The search without bounds probes the parameters 1 and 2: a sampling rate of 2 is
+    refused by the factory, which used to surface as 'rate must be in (0, 1], got 2.0', a
+    value the user never passed. The refusal now says which bounds to give, and they work."""
+    from privlearn.accounting import CalibrationError, calibrate, subsample
+
+    def factory(q):
+        return compose(subsample(Gaussian(1.1), rate=q), steps=14040)
+
+    with pytest.raises(CalibrationError) as err:
+        calibrate(factory, epsilon=3.0, delta=1e-5)
+    assert "bounds=(1e-9, 1.0) for a sampling rate" in str(err.value)
+    rate = calibrate(factory, epsilon=3.0, delta=1e-5, bounds=(1e-9, 1.0))
+    assert factory(rate).epsilon(1e-5) <= 3.0 < factory(rate * 1.01).epsilon(1e-5)

@@ -123,7 +123,16 @@ def calibrate(
                 raise CalibrationError(
                     f"calibration did not converge in {max_evaluations} evaluations"
                 )
-            mechanism = factory(int(x) if integer else x)
+            try:
+                mechanism = factory(int(x) if integer else x)
+            except ParameterValueError as err:
+                if bounds is not None:
+                    raise
+                raise CalibrationError(
+                    f"the factory refuses the parameter {x:g}, which the search without "
+                    f"bounds tries (it starts at 1 and 2 and moves geometrically): {err}. "
+                    "Pass bounds=(lower, upper) inside the range the factory accepts, "
+                    "e.g. bounds=(1e-9, 1.0) for a sampling rate") from err
             if not callable(getattr(mechanism, "epsilon", None)):
                 raise ParameterTypeError(
                     f"factory must return a privlearn Mechanism (an object with an "
