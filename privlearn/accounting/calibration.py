@@ -126,7 +126,16 @@ def calibrate(
                 raise CalibrationError(
                     f"calibration did not converge in {max_evaluations} evaluations"
                 )
-            mechanism = factory(int(x) if integer else x)
+            try:
+                mechanism = factory(int(x) if integer else x)
+            except ParameterValueError as err:
+                if bounds is not None:
+                    raise
+                raise CalibrationError(
+                    f"the factory refuses the parameter {x:g}, which the search without "
+                    f"bounds tries (it starts at 1 and 2 and moves geometrically): {err}. "
+                    "Pass bounds=(lower, upper) inside the range the factory accepts, "
+                    "e.g. bounds=(1e-9, 1.0) for a sampling rate") from err
             if not callable(getattr(mechanism, "epsilon", None)):
                 raise ParameterTypeError(
                     f"factory must return a privlearn Mechanism (an object with an "
@@ -195,7 +204,8 @@ def calibrate(
             if not feasible(hi):
                 raise unreachable(
                     f"target epsilon={target} unreachable: epsilon at the upper bound "
-                    f"{hi} is {e_hi}"
+                    f"{hi} is {e_hi} (delta={delta:g}); raise the upper bound of "
+                    "bounds, or loosen the target (a larger epsilon or delta)"
                 )
             if feasible(lo):
                 return lo
@@ -203,7 +213,8 @@ def calibrate(
             if not feasible(lo):
                 raise unreachable(
                     f"target epsilon={target} unreachable: epsilon at the lower bound "
-                    f"{lo} is {e_lo}"
+                    f"{lo} is {e_lo} (delta={delta:g}); lower the lower bound of bounds, "
+                    "or loosen the target (a larger epsilon or delta)"
                 )
             if feasible(hi):
                 return hi
@@ -238,6 +249,9 @@ def calibrate(
                     if lo < (1.0 if integer else 1e-12):
                         raise unreachable(
                             f"target epsilon={target} unreachable for any positive parameter"
+                            f" (delta={delta:g}): epsilon grows with the parameter and is "
+                            f"still {eps_of(lo * 2.0):g} at {lo * 2.0:g}; loosen the target "
+                            "(a larger epsilon or delta)"
                         )
                 hi = lo * 2.0
             else:

@@ -55,7 +55,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy import optimize
 
-from privlearn._validation import check_callable, check_delta, check_nonnegative
+from privlearn._validation import DELTA_HINT, check_callable, check_delta, check_nonnegative
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -132,9 +132,6 @@ def _check_refine(refine: object) -> bool:
     return bool(refine)
 
 
-_DELTA_HINT = "typical values are 1e-5 or 1/dataset size"
-
-
 def _clean(rdp: np.ndarray, orders: np.ndarray | None = None) -> np.ndarray:
     """RDP values as floats, NaN read as ``inf`` (no guarantee). A negative value is
     refused: a Renyi divergence is never negative, and one would make the conversion
@@ -164,7 +161,7 @@ def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.nd
     real numbers > 1 and ``delta`` in (0, 1] (typed errors otherwise).
     """
     a = _check_orders(orders)
-    delta = check_delta("delta", delta, allow_one=True, hint=_DELTA_HINT)
+    delta = check_delta("delta", delta, allow_one=True, hint=DELTA_HINT)
     if delta == 0.0:
         raise ParameterValueError(
             "delta must be in (0, 1] for the per-order conversion, got 0; pass a positive "
@@ -344,7 +341,7 @@ def rdp_to_epsilon(
         ``pure_epsilon`` outside [0, inf] or a ``refine`` that is not a bool.
     """
     _check_rdp_fn(rdp_fn)
-    delta = check_delta("delta", delta, allow_one=True, hint=_DELTA_HINT)
+    delta = check_delta("delta", delta, allow_one=True, hint=DELTA_HINT)
     pure_epsilon = _check_pure(pure_epsilon)
     refine = _check_refine(refine)
     if delta <= 0.0:
