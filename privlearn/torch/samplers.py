@@ -466,10 +466,12 @@ class FixedSizeBatchSampler(_AccountedSampler):
 
     Distributed (``world_size > 1``): every rank draws the same global sample of
     ``world_size * batch_size`` distinct indices (the seed must be the same on all
-    ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
-    batches are disjoint and their union is one uniform fixed-size sample of the dataset.
-    ``batch_size`` is read-only after construction. ``secure=True`` draws every batch
-    from the OS CSPRNG (one process only).
+    ranks: ``None`` or per-rank seeds draw overlapping samples; ``make_private`` rebuilds
+    a given sampler with one seed shared by the ranks) and keeps positions ``rank,
+    rank + world_size, ...`` of it, so the ranks' batches are disjoint and their union is
+    one uniform fixed-size sample of the dataset. ``batch_size`` is read-only after
+    construction. ``secure=True`` draws every batch from the OS CSPRNG (one process
+    only).
     """
 
     batch_size = _read_only("batch_size")
