@@ -440,7 +440,7 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
     rank, world_size : int
     steps, seed, secure
         As for :class:`PoissonBatchSampler`; the same ``seed`` on every rank is safe
-        (the rank is mixed into every draw: :mod:`privlearn.torch._shard_stream`).
+        (the rank is mixed into the seed of every draw).
     """
 
     def __init__(self, num_samples: int, sampling_rate: float, rank: int, world_size: int,
