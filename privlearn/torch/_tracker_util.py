@@ -283,6 +283,21 @@ def _trainable_signature(model: nn.Module) -> tuple:
     return tuple(id(p) for p in model.parameters() if p.requires_grad)
 
 
+def _distinct_calls(calls: list) -> list:
+    """The ``((args, kwargs, autocast), buffers)`` of forward calls less those whose
+    inputs repeat an earlier call's (the same tensor objects, the same other values by
+    identity, the same autocast state): the probe's verdict on them is the one it gave."""
+    out, keys = [], []
+    for call in calls:
+        (args, kwargs, autocast), _ = call
+        leaves, spec = tree_flatten((args, kwargs))
+        key = (spec, autocast, [id(v) for v in leaves])
+        if key not in keys:
+            keys.append(key)
+            out.append(call)
+    return out
+
+
 def _autocast_state() -> tuple:
     """Autocast settings in force (the probe re-runs the forward under the same)."""
     out = []

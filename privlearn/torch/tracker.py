@@ -61,6 +61,7 @@ from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
+    _distinct_calls,
     _eager,
     _flat_sq,
     _hookable,
@@ -272,6 +273,7 @@ class GradSampleTracker(ClippingMixin):
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
         self._probe_buffers = None  # the model's buffers before that forward
         self._probe_later: list = []  # (inputs, buffers) of later forwards (the first may be stray)
+        self._probe_others: list = []  # those of the batch the probe runs on too
         #: what is left of the step's budget of materialised per-example gradients
         #: (:data:`~privlearn.torch.grad_sample.STEP_MATERIALISE_BUDGET_BYTES`), shared by
         #: the rules evaluated during backward and those evaluated at the step
@@ -539,16 +541,21 @@ class GradSampleTracker(ClippingMixin):
         """The inputs the probe runs on: those of the first forward since the last step
         whose batched inputs hold the step's ``examples`` rows (an earlier forward with
         gradients may be a stray one, a shape check on a few examples before training,
-        that no backward used), else the first forward's."""
+        that no backward used), else the first forward's. The later forwards of the batch
+        on other inputs (a second view, other keywords) are kept in ``_probe_others``:
+        the probe runs on each, since a path only they take may mix examples."""
         first, later, self._probe_later = self._probe_inputs, self._probe_later, []
+        self._probe_others = []
         if first is None:
             return None
-        for seen, buffers in ((first, self._probe_buffers), *later):
-            if any(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples
-                   for t in tree_flatten((seen[0], seen[1]))[0]):
-                self._probe_buffers = buffers
-                return seen
-        return first
+        batch = [(s, b) for s, b in ((first, self._probe_buffers), *later)
+                 if any(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples
+                        for t in tree_flatten((s[0], s[1]))[0])]
+        if not batch:
+            return first
+        self._probe_buffers = batch[0][1]
+        self._probe_others = _distinct_calls(batch)[1:]
+        return batch[0][0]
 
     @contextlib.contextmanager
     def forward_batch_size(self, examples: int):
@@ -805,7 +812,7 @@ class GradSampleTracker(ClippingMixin):
         if not self.records:
             self._captured = {}
             self._probe_inputs = self._probe_buffers = None
-            self._probe_later = []
+            self._probe_later, self._probe_others = [], []
 
     def clear(self) -> None:
         self.outside_uses, self._settled = set(), None
@@ -814,7 +821,7 @@ class GradSampleTracker(ClippingMixin):
         self._backward_passes = 0
         self._in_backward = False
         self._probe_inputs = self._probe_buffers = None
-        self._probe_later = []
+        self._probe_later, self._probe_others = [], []
 
     def detach(self) -> None:
         """Remove the hooks and put the handled parameters back."""
@@ -842,6 +849,7 @@ class GradSampleTracker(ClippingMixin):
         # the rows each layer saw first (the clearest message); rows flattened per example
         flat = _flat_rows.candidates(self, examples)
         inputs, self._probe_inputs = self._step_inputs(examples), None
+        others, self._probe_others = self._probe_others, []
         if inputs is None or not self.records or examples is None or examples < 2:
             return _flat_rows.adopt(self, flat, examples, inputs, verified=False)
         from privlearn.torch.probe import probe
@@ -852,6 +860,9 @@ class GradSampleTracker(ClippingMixin):
             for check in self.input_checks:  # what made the inputs (augment) first
                 check()
             probe(self, inputs, examples)
+            for seen, buffers in others:  # the batch's other forwards (_step_inputs)
+                self._probe_buffers = buffers
+                probe(self, seen, examples)
         except BaseException:
             self.clear()
             raise
