@@ -55,7 +55,7 @@ from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
-from privlearn.torch._model_refusals import refuse_global_hooks
+from privlearn.torch._model_refusals import refuse_global_hooks, refuse_substituted_parameters
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
@@ -506,6 +506,7 @@ class GradSampleTracker(ClippingMixin):
         refuse_global_hooks("a training forward (registered after make_private)")
         rehooked = self._trainable_signature() != self._signature
         if rehooked:
+            refuse_substituted_parameters(self.model)  # functional_call's tensors
             self._rediscover()
         shape = _mixing_fingerprint(self.model)
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
@@ -779,7 +780,12 @@ class GradSampleTracker(ClippingMixin):
                 "call optimizer.step() after every backward(). Several losses of one "
                 "batch (a GAN discriminator's real and fake terms): add them and call "
                 "backward() once. A gradient penalty (torch.autograd.grad through the "
-                "model, then backward()) is such a second pass: not supported")
+                "model, then backward()) is such a second pass: not supported. An earlier "
+                "pass through the model for another purpose (a GAN generator's loss "
+                "backpropagated through this discriminator, torch.autograd.grad of the "
+                "inputs for adversarial examples): call p.optimizer.zero_grad() after it, "
+                "before this step's forward pass (model.zero_grad() leaves the engine's "
+                "records)")
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         self._settled = None

@@ -4,7 +4,9 @@ refused before anything is released.
 
 The model called twice per step on one batch: the batch-independence probe replayed only
 the step's first forward, so an operation that mixes examples on a path only a later
-call takes (other keywords, another view) trained unchecked."""
+call takes (other keywords, another view) trained unchecked. ``torch.func.functional_call``
+on the private model silently ran on the model's own parameters. A GAN loop that clears
+the discriminator with ``netD.zero_grad()`` was refused without naming the way out."""
 
 from __future__ import annotations
 
@@ -37,9 +39,15 @@ class _TwoPaths(nn.Module):
 
 
 def _private(model):
-    return make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                        DataLoader(toy_data(n=32, dtype=torch.float64), batch_size=B),
-                        noise_multiplier=0.0, max_grad_norm=C, seed=0, sampling="fixed")
+    return make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        DataLoader(toy_data(n=32, dtype=torch.float64), batch_size=B),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        seed=0,
+        sampling="fixed",
+    )
 
 
 def _flat(params):
@@ -99,7 +107,142 @@ def test_two_per_example_views_of_the_batch_train_as_the_loop_of_batches_of_one(
     p.optimizer.zero_grad()
     loss(p.model, x, y).backward()
     p.optimizer.step()
-    want = _naive_sum(ref, lambda m, i: loss(m, x[i:i + 1], y[i:i + 1]), len(y))
-    torch.testing.assert_close((before - _flat(model.parameters())) * B, want,
-                               rtol=1e-10, atol=1e-12)
+    want = _naive_sum(ref, lambda m, i: loss(m, x[i : i + 1], y[i : i + 1]), len(y))
+    torch.testing.assert_close(
+        (before - _flat(model.parameters())) * B, want, rtol=1e-10, atol=1e-12
+    )
     assert p.accountant.steps == 1
+
+
+def test_functional_call_with_gradients_is_refused_and_the_run_goes_on():
+    """``torch.func.functional_call(p.model, tensors, x)`` in a training forward ran on the
+    model's own parameters (the engine put them back in the slots), not on the tensors
+    given: outputs and per-example gradients silently of another function. Now refused;
+    under ``no_grad`` it runs on the tensors given, and the loop then trains as the naive
+    loop of batches of one."""
+    import copy
+
+    from torch.func import functional_call
+
+    from privlearn.errors import TrainingLoopError
+
+    torch.manual_seed(0)
+    model = _TwoPaths().double()
+    ref = copy.deepcopy(model)
+    p = _private(model)
+    x, y = next(iter(p.data_loader))
+    zeros = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
+    with torch.no_grad():
+        assert torch.equal(
+            functional_call(p.model, zeros, (x,)), torch.zeros(len(x), 3, dtype=x.dtype)
+        )
+    fast = {k: v - 0.1 * torch.ones_like(v) for k, v in model.named_parameters()}
+    with pytest.raises(TrainingLoopError, match="functional_call"):
+        functional_call(p.model, fast, (x,))
+    before = _flat(model.parameters())
+    p.optimizer.zero_grad()
+    F.cross_entropy(p.model(x), y).backward()
+    p.optimizer.step()
+    want = _naive_sum(ref, lambda m, i: F.cross_entropy(m(x[i : i + 1]), y[i : i + 1]), len(y))
+    torch.testing.assert_close(
+        (before - _flat(model.parameters())) * B, want, rtol=1e-10, atol=1e-12
+    )
+    assert p.accountant.steps == 1
+
+
+def _gan_step(p, gen, opt_g, x, z, zero_grad):
+    """One iteration of the PyTorch DCGAN tutorial's loop: the private discriminator's
+    step on real and generated rows (one summed loss), then the generator's step through
+    the discriminator. Returns the discriminator's released update times B and its
+    parameters after its step."""
+    bce = nn.BCEWithLogitsLoss()
+    ones, zeros = torch.ones(len(x), 1, dtype=x.dtype), torch.zeros(len(x), 1, dtype=x.dtype)
+    before = _flat(p.model.parameters())
+    zero_grad()
+    fake = gen(z)
+    (bce(p.model(x), ones) + bce(p.model(fake.detach()), zeros)).backward()
+    p.optimizer.step()
+    update = (before - _flat(p.model.parameters())) * B
+    stepped = {k: v.detach().clone() for k, v in p.model.state_dict().items()}
+    opt_g.zero_grad()
+    bce(p.model(fake), ones).backward()
+    opt_g.step()
+    return update, stepped
+
+
+@pytest.mark.parametrize("zero_grad", ["model", "optimizer"])
+def test_a_gan_loop_trains_with_the_optimizer_s_zero_grad_and_names_it_otherwise(zero_grad):
+    """The generator's backward pass through the private discriminator is recorded; with
+    the tutorial's ``netD.zero_grad()`` the next discriminator backward is refused as
+    gradient accumulation, naming no way out. The message now names
+    ``p.optimizer.zero_grad()``, with which each discriminator step is the naive clipped
+    sum of its rows' real-plus-fake losses and the generator's gradient is autograd's
+    through the discriminator."""
+    import copy
+
+    from privlearn.errors import TrainingLoopError
+
+    torch.manual_seed(0)
+    disc = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 1)).double()
+    gen = nn.Linear(3, 6).double()
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.1)
+    p = _private(disc)
+    clear = p.model.zero_grad if zero_grad == "model" else p.optimizer.zero_grad
+    bce = nn.BCEWithLogitsLoss()
+    for k, (x, _) in enumerate(p.data_loader):
+        z = torch.randn(len(x), 3, dtype=x.dtype)
+        ref_d, ref_g = copy.deepcopy(disc), copy.deepcopy(gen)
+        if zero_grad == "model" and k == 1:
+            with pytest.raises(
+                TrainingLoopError, match=r"call p\.optimizer\.zero_grad\(\) after it"
+            ):
+                _gan_step(p, gen, opt_g, x, z, clear)
+            return
+        update, stepped = _gan_step(p, gen, opt_g, x, z, clear)
+        fake = ref_g(z).detach()
+
+        def loss(m, i, x=x, fake=fake):
+            one = torch.ones(1, 1, dtype=x.dtype)
+            return bce(m(x[i : i + 1]), one) + bce(m(fake[i : i + 1]), 0 * one)
+
+        torch.testing.assert_close(update, _naive_sum(ref_d, loss, len(x)), rtol=1e-10, atol=1e-12)
+        ref_d.load_state_dict(stepped)
+        bce(ref_d(ref_g(z)), torch.ones(len(x), 1, dtype=x.dtype)).backward()
+        for a, b in zip(gen.parameters(), ref_g.parameters(), strict=True):
+            torch.testing.assert_close(a, b.detach() - 0.1 * b.grad, rtol=1e-12, atol=1e-12)
+        if k == 2:
+            break
+    assert p.accountant.steps == 3
+
+
+def test_adversarial_inputs_from_the_private_model_train_on_them():
+    """FGSM adversarial training: ``torch.autograd.grad`` of the loss with respect to the
+    inputs through ``p.model``, ``p.optimizer.zero_grad()``, then the step on the perturbed
+    inputs equals the naive loop (each example's perturbation from its own gradient)."""
+    import copy
+
+    torch.manual_seed(0)
+    model = _TwoPaths().double()
+    ref = copy.deepcopy(model)
+    p = _private(model)
+    x, y = next(iter(p.data_loader))
+
+    def attack(m, xb, yb):
+        xa = xb.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(F.cross_entropy(m(xa), yb, reduction="sum"), xa)
+        return (xb + 0.3 * g.sign()).detach()
+
+    before = _flat(model.parameters())
+    xa = attack(p.model, x, y)
+    p.optimizer.zero_grad()
+    F.cross_entropy(p.model(xa), y).backward()
+    p.optimizer.step()
+
+    def loss(m, i):
+        xi, yi = x[i : i + 1], y[i : i + 1]
+        return F.cross_entropy(m(attack(m, xi, yi)), yi)
+
+    want = _naive_sum(ref, loss, len(y))
+    torch.testing.assert_close(
+        (before - _flat(model.parameters())) * B, want, rtol=1e-10, atol=1e-12
+    )
