@@ -6,7 +6,8 @@ The model called twice per step on one batch: the batch-independence probe repla
 the step's first forward, so an operation that mixes examples on a path only a later
 call takes (other keywords, another view) trained unchecked. ``torch.func.functional_call``
 on the private model silently ran on the model's own parameters. A GAN loop that clears
-the discriminator with ``netD.zero_grad()`` was refused without naming the way out."""
+the discriminator with ``netD.zero_grad()``, or one that hands ``p.data_loader`` to
+``Accelerator.prepare``, was refused without naming the way out."""
 
 from __future__ import annotations
 
@@ -246,3 +247,37 @@ def test_adversarial_inputs_from_the_private_model_train_on_them():
     torch.testing.assert_close(
         (before - _flat(model.parameters())) * B, want, rtol=1e-10, atol=1e-12
     )
+
+
+def test_accelerate_prepared_loader_is_refused_naming_what_to_prepare():
+    """``Accelerator.prepare(p.model, p.optimizer, p.data_loader)`` builds a loader of its
+    own from the private loader's dataset and sampler, whose batches the engine cannot
+    follow: the step is refused (nothing released), and the message says to prepare the
+    model and optimizer only; iterating ``p.data_loader`` then trains as the naive loop."""
+    import copy
+
+    accelerate = pytest.importorskip("accelerate")
+    from privlearn.errors import TrainingLoopError
+
+    torch.manual_seed(0)
+    model = _TwoPaths().double()
+    ref = copy.deepcopy(model)
+    p = _private(model)
+    acc = accelerate.Accelerator(cpu=True)
+    m, opt, loader = acc.prepare(p.model, p.optimizer, p.data_loader)
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    acc.backward(F.cross_entropy(m(x), y))
+    with pytest.raises(TrainingLoopError, match=r"Accelerator\.prepare\(p\.data_loader\)"):
+        opt.step()
+    assert p.accountant.steps == 0
+    p.optimizer.zero_grad()
+    x, y = next(iter(p.data_loader))
+    before = _flat(model.parameters())
+    F.cross_entropy(m(x), y).backward()
+    opt.step()
+    want = _naive_sum(ref, lambda m, i: F.cross_entropy(m(x[i : i + 1]), y[i : i + 1]), len(y))
+    torch.testing.assert_close(
+        (before - _flat(model.parameters())) * B, want, rtol=1e-10, atol=1e-12
+    )
+    assert p.accountant.steps == 1
