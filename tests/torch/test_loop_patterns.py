@@ -281,3 +281,25 @@ def test_accelerate_prepared_loader_is_refused_naming_what_to_prepare():
         (before - _flat(model.parameters())) * B, want, rtol=1e-10, atol=1e-12
     )
     assert p.accountant.steps == 1
+
+
+def test_autograd_grad_of_the_parameters_instead_of_backward_is_refused_naming_backward():
+    """``torch.autograd.grad(loss, model.parameters(), allow_unused=True)`` then ``step()``:
+    no per-example gradient exists (the layers run on detached aliases, so every
+    gradient is None); the step is refused before any noise is added, and the message
+    now names ``loss.backward()`` as what to call."""
+    from privlearn.errors import TrainingLoopError
+
+    torch.manual_seed(0)
+    model = _TwoPaths().double()
+    p = _private(model)
+    x, y = next(iter(p.data_loader))
+    before = _flat(model.parameters())
+    p.optimizer.zero_grad()
+    loss = F.cross_entropy(p.model(x), y)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    assert all(g is None for g in grads)
+    with pytest.raises(TrainingLoopError, match=r"autograd\.grad.*call loss\.backward\(\)"):
+        p.optimizer.step()
+    assert torch.equal(_flat(model.parameters()), before)
+    assert p.accountant.steps == 0
