@@ -61,6 +61,7 @@ from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
+    _call_signature,
     _distinct_calls,
     _eager,
     _flat_sq,
@@ -282,6 +283,7 @@ class GradSampleTracker(ClippingMixin):
         #: the model's tree, training flags and hooks at the last forward
         #: (:func:`_mixing_fingerprint`): a change re-arms the probe
         self._mixing_shape: tuple | None = None
+        self._calls: set = set()  # the forwards' signatures seen (_call_signature)
         #: checks of the step's inputs run with the probe (the loader's ``augment``)
         self.input_checks: list = []
         self._last_inputs: list = []  # (name, weak reference) of the last forward's inputs
@@ -514,6 +516,9 @@ class GradSampleTracker(ClippingMixin):
             self._probe_pending = self._probe_enabled
             if any(u.rule is not FALLBACK and _gs.replaced_forward(u.module) for u in self.units):
                 self._rediscover()  # a layer's forward replaced since: its rule no longer holds
+        if (sig := _call_signature(args, kwargs)) not in self._calls:  # other flags: a path
+            self._calls.add(sig)  # that may mix examples (model(x, centre=True) later on)
+            self._probe_pending = self._probe_enabled
         _flat_rows.rearm(self, args, kwargs)  # inputs of shapes a grouping was not checked at
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:

@@ -4,7 +4,8 @@ refused before anything is released.
 
 The model called twice per step on one batch: the batch-independence probe replayed only
 the step's first forward, so an operation that mixes examples on a path only a later
-call takes (other keywords, another view) trained unchecked. ``torch.func.functional_call``
+call takes (other keywords, another view), or one first made after some steps, trained
+unchecked. ``torch.func.functional_call``
 on the private model silently ran on the model's own parameters. A GAN loop that clears
 the discriminator with ``netD.zero_grad()``, or one that hands ``p.data_loader`` to
 ``Accelerator.prepare``, was refused without naming the way out."""
@@ -75,6 +76,31 @@ def test_a_later_call_that_mixes_examples_is_refused_before_any_release(centred_
         p.optimizer.step()
     assert torch.equal(_flat(model.parameters()), before)
     assert p.accountant.steps == 0
+
+
+def test_a_mixing_call_first_made_after_some_steps_is_refused():
+    """The probe ran at the first step only (and after changes of the modules): a call
+    with other flags first made later (a consistency term switched on after warm-up,
+    ``model(x, centre=True)``) trained unchecked. A forward of a new signature re-arms the
+    probe: refused, that step released nothing and was not accounted."""
+    torch.manual_seed(0)
+    model = _TwoPaths().double()
+    p = _private(model)
+    for k, (x, y) in enumerate(p.data_loader):
+        p.optimizer.zero_grad()
+        loss = F.cross_entropy(p.model(x), y)
+        if k == 2:
+            loss = loss + F.cross_entropy(p.model(x, centre=True), y)
+        loss.backward()
+        if k < 2:
+            p.optimizer.step()
+            continue
+        before = _flat(model.parameters())
+        with pytest.raises(BatchDependenceError, match="examples are mixed"):
+            p.optimizer.step()
+        assert torch.equal(_flat(model.parameters()), before)
+        break
+    assert p.accountant.steps == 2
 
 
 def _naive_sum(model, loss_of, n):
