@@ -329,3 +329,32 @@ def test_autograd_grad_of_the_parameters_instead_of_backward_is_refused_naming_b
         p.optimizer.step()
     assert torch.equal(_flat(model.parameters()), before)
     assert p.accountant.steps == 0
+
+
+def test_a_collated_tensor_not_per_example_under_virtual_batches_is_named():
+    """A collate function returning class weights (one row per class, not per example)
+    next to the batch: with ``max_physical_batch_size`` the batch cannot be split, refused
+    before any step with a message that now says what to do with such a tensor."""
+    from privlearn.errors import ParameterValueError
+
+    weights = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+
+    def collate(items):
+        x = torch.stack([a for a, _ in items])
+        return x, torch.stack([b for _, b in items]), weights
+
+    torch.manual_seed(0)
+    model = _TwoPaths().double()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        DataLoader(toy_data(n=32, dtype=torch.float64), batch_size=B, collate_fn=collate),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        seed=0,
+        sampling="fixed",
+        max_physical_batch_size=4,
+    )
+    with pytest.raises(ParameterValueError, match="not per example"):
+        next(iter(p.data_loader))
+    assert p.accountant.steps == 0
