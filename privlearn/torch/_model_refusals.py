@@ -21,7 +21,8 @@ from torch import nn
 
 from privlearn.errors import ConfigurationError, TrainingLoopError
 
-__all__ = ["refuse_global_hooks", "refuse_substituted_parameters", "refuse_untrainable"]
+__all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_substituted_parameters",
+           "refuse_untrainable"]
 
 #: torch's dictionary of global module hooks -> how they are registered, what to use instead
 _GLOBAL_HOOKS = (
@@ -113,3 +114,30 @@ def refuse_substituted_parameters(model: nn.Module) -> None:
         "(evaluation) or on a copy of the model that is not private. Nothing was recorded "
         "and nothing released"
     )
+
+
+def alias_of_slot(cur, name: str, open_calls: list):
+    """The detached alias a unit's forward runs on in place of ``cur``, the tensor its
+    parameter slot ``name`` holds (the parameter, or FSDP2's unsharded parameter).
+    Refuses a plain tensor the engine did not put there itself (``open_calls``: the
+    unit's calls in progress, each ``(owner, name, tensor, alias)``): a tensor derived
+    from the parameter and passed by ``torch.func.functional_call(layer, {name: w}, x)``
+    (``w = layer.weight * mask``) would have its gradient clipped as the parameter's,
+    the transform's part of the chain rule left out.
+
+    Raises
+    ------
+    TrainingLoopError
+        The slot holds a plain tensor (not an ``nn.Parameter``) of the caller's.
+    """
+    if not isinstance(cur, nn.Parameter) and not any(
+            cur is done[3] for call in open_calls for done in call):
+        raise TrainingLoopError(
+            f"a layer ran with a plain tensor in its trainable parameter slot {name!r} "
+            "(torch.func.functional_call(layer, {...}, x) or torch.nn.utils.stateless "
+            "inside the model's forward): its per-example gradient would be clipped as the "
+            "parameter's own, leaving out how the tensor was derived from it (a mask, a "
+            "scale, a hypernetwork). Call the layer itself, or write the transform as a "
+            "parametrization (torch.nn.utils.parametrize.register_parametrization), which "
+            "the engine differentiates. Nothing was recorded and nothing released")
+    return cur.detach()

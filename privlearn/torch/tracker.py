@@ -50,12 +50,12 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import ParameterValueError, TrainingLoopError
-from privlearn.torch import _flat_rows, _shared_positions
+from privlearn.torch import _flat_rows, _model_refusals, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
-from privlearn.torch._model_refusals import refuse_global_hooks, refuse_substituted_parameters
+from privlearn.torch._model_refusals import refuse_global_hooks
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
@@ -508,7 +508,7 @@ class GradSampleTracker(ClippingMixin):
         refuse_global_hooks("a training forward (registered after make_private)")
         rehooked = self._trainable_signature() != self._signature
         if rehooked:
-            refuse_substituted_parameters(self.model)  # functional_call's tensors
+            _model_refusals.refuse_substituted_parameters(self.model)  # functional_call
             self._rediscover()
         shape = _mixing_fingerprint(self.model)
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
@@ -618,8 +618,8 @@ class GradSampleTracker(ClippingMixin):
             done = []
             for owner, name, _ in slots:
                 cur = owner._parameters.get(name)
-                if cur is not None:
-                    alias = cur.detach()
+                if cur is not None:  # (functional_call's own tensors refused)
+                    alias = _model_refusals.alias_of_slot(cur, name, swapped)
                     owner._parameters[name] = alias
                     done.append((owner, name, cur, alias))
             swapped.append(tuple(done))

@@ -5,10 +5,12 @@ refused before anything is released.
 The model called twice per step on one batch: the batch-independence probe replayed only
 the step's first forward, so an operation that mixes examples on a path only a later
 call takes (other keywords, another view), or one first made after some steps, trained
-unchecked. ``torch.func.functional_call``
-on the private model silently ran on the model's own parameters. A GAN loop that clears
-the discriminator with ``netD.zero_grad()``, or one that hands ``p.data_loader`` to
-``Accelerator.prepare``, was refused without naming the way out."""
+unchecked. ``torch.func.functional_call`` on the private model silently ran on the
+model's own parameters, and on a layer inside it with a weight derived from its own left
+the derivation out of the chain rule. A GAN loop that clears the discriminator with
+``netD.zero_grad()``, or one that hands ``p.data_loader`` to ``Accelerator.prepare``, was
+refused without naming the way out, as were ``torch.autograd.grad`` of the parameters in
+place of ``backward()`` and a collated tensor not per example under virtual batches."""
 
 from __future__ import annotations
 
@@ -358,3 +360,66 @@ def test_a_collated_tensor_not_per_example_under_virtual_batches_is_named():
     with pytest.raises(ParameterValueError, match="not per example"):
         next(iter(p.data_loader))
     assert p.accountant.steps == 0
+
+
+class _Masked(nn.Module):
+    """A layer called through ``functional_call`` on a weight derived from its own
+    (``w * 0.5``, a fixed drop-connect mask), or with that transform registered as a
+    parametrization (``parametrize=True``)."""
+
+    def __init__(self, parametrize=False):
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 5), nn.Linear(5, 3)
+        self.parametrize = parametrize
+        if parametrize:
+            from torch.nn.utils.parametrize import register_parametrization
+
+            register_parametrization(self.fc, "weight", _Half())
+
+    def forward(self, x):
+        if self.parametrize:
+            h = self.fc(x)
+        else:
+            from torch.func import functional_call
+
+            w = {"weight": self.fc.weight * 0.5, "bias": self.fc.bias}
+            h = functional_call(self.fc, w, (x,))
+        return self.head(torch.tanh(h))
+
+
+class _Half(nn.Module):
+    def forward(self, w):
+        return w * 0.5
+
+
+@pytest.mark.parametrize("parametrize", [False, True])
+def test_a_layer_run_on_a_tensor_derived_from_its_weight_is_refused_or_differentiated(
+    parametrize,
+):
+    """``functional_call(self.fc, {"weight": self.fc.weight * 0.5, ...}, x)`` inside the
+    forward: the per-example gradient was clipped as the weight's own, the mask's factor
+    0.5 of the chain rule left out (0.18 off the loop of batches of one). Now refused,
+    nothing released; the same transform as a parametrization trains as that loop."""
+    import copy
+
+    from privlearn.errors import TrainingLoopError
+
+    torch.manual_seed(0)
+    model = _Masked(parametrize).double()
+    ref = copy.deepcopy(model)
+    p = _private(model)
+    x, y = next(iter(p.data_loader))
+    before = _flat(model.parameters())
+    p.optimizer.zero_grad()
+    if not parametrize:
+        with pytest.raises(TrainingLoopError, match="functional_call"):
+            p.model(x)
+        assert all(type(q) is nn.Parameter for q in model.fc._parameters.values())
+        assert p.accountant.steps == 0
+        return
+    F.cross_entropy(p.model(x), y).backward()
+    p.optimizer.step()
+    want = _naive_sum(ref, lambda m, i: F.cross_entropy(m(x[i : i + 1]), y[i : i + 1]), len(y))
+    torch.testing.assert_close(
+        (before - _flat(model.parameters())) * B, want, rtol=1e-10, atol=1e-12
+    )
