@@ -7,9 +7,12 @@ model mix examples (the trainable set; any module's ``training`` flag, e.g. a mo
 computing ``F.batch_norm(..., training=self.training)`` put back in training mode by
 ``model.eval(); model.train()``; the module tree; forward hooks or pre-hooks added or
 removed: :func:`privlearn.torch.tracker._mixing_fingerprint`, Python attributes only, read
-at every forward), the forward pass that produced the step is run three more times
-without gradients, on the first few examples of the batch: once on their own inputs and
-once with example ``j`` replaced by another example ``k`` of the batch, for ``j`` the first
+at every forward; a forward called with a signature not seen before, other keywords or
+flags: :func:`privlearn.torch._tracker_util._call_signature`), the forward pass that
+produced the step is run three more times without gradients (each forward of the batch
+on other inputs too, when the step calls the model more than once: a second view, other
+keywords), on the first few examples of the batch: once on their own inputs and once
+with example ``j`` replaced by another example ``k`` of the batch, for ``j`` the first
 and then the last example (an operation accumulating over the batch in either direction
 reaches the others from one of them; every input tensor whose leading dimension is the
 batch; same random state for all runs, so dropout masks agree; each run starts from the

@@ -262,7 +262,10 @@ class _AccountedSampler(Sampler[list[int]]):
                 "Every step must train on the next batch of p.data_loader (the accountant "
                 "describes its sampling); do not train on batches of another loader, and "
                 "call step() once per batch (use max_physical_batch_size for batches that "
-                "do not fit in memory)")
+                "do not fit in memory). A wrapper that builds its own loader from "
+                "p.data_loader's dataset and sampler (accelerate's Accelerator.prepare("
+                "p.data_loader)) is such another loader: prepare the model and optimizer "
+                "only and iterate p.data_loader")
         if n > 1:
             raise TrainingLoopError(
                 f"{n} batches of p.data_loader were drawn since the last optimizer.step(): "
