@@ -120,7 +120,7 @@ NOT_YET_TYPED: set[str] = set()
 
 def test_public_refusals_are_typed_errors():
     """No plain ``raise ValueError``/``TypeError``/``RuntimeError`` in the typed layers
-    (the rest of privlearn.compat mirrors its peers' own errors): a caller catches
+    (the autodp facade's subclass the errors autodp raises): a caller catches
     privlearn's refusals by type (each typed error still subclasses the built-in)."""
     plain = []
     for layer in TYPED_LAYERS:
