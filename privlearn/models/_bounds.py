@@ -88,7 +88,7 @@ def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
             f"{owner}: {name} must be numbers, got {type(values).__name__} that cannot be "
             f"converted to float ({e}); encode text columns before choosing bounds") from e
     if not np.all(np.isfinite(arr)):
-        raise _non_finite_error(owner, "the input", name)
+        raise _non_finite_error(owner, name, arr)
     return arr
 
 

@@ -363,10 +363,10 @@ def data_shape(X: Any, name: str = "X") -> tuple[int, ...]:
 
 #: What to do about missing or infinite values without a data-dependent release.
 _NON_FINITE_ADVICE = (
-    "The private estimators need finite numbers. Replace them with a public constant "
-    "(e.g. a value inside the public bounds, chosen without looking at the data) or drop "
-    "those rows before fitting; an imputation statistic computed from the private data "
-    "(its mean or median) would be a release that nothing accounts"
+    "the private estimators need finite numbers: replace each such value with a public "
+    "constant (e.g. a value inside the public bounds, chosen without looking at the data) "
+    "or drop those rows before fitting; an imputation statistic computed from the private "
+    "data (its mean or median) would be a release that nothing accounts"
 )
 
 
@@ -423,16 +423,33 @@ def _non_numeric(value: Any) -> bool:
     return False
 
 
-def _non_finite_error(owner: str, lead: str, name: str) -> NonFiniteInputError:
-    """The refusal of a NaN or an infinity in the input ``name``, with what to do."""
+def _non_finite_found(value: Any) -> str:
+    """What ``value`` holds that is not a finite number: ``"NaN"``, ``"infinity"``,
+    ``"NaN and infinity"`` or a missing value (None, ``pandas.NA``)."""
+    arr = _dense_array(value)
+    if arr is None:
+        return "NaN or infinity"
+    try:
+        arr = arr.astype(np.float64)
+    except (TypeError, ValueError):
+        return "a missing value (None or pandas.NA)"
+    found = [w for w, hit in (("NaN", np.isnan(arr).any()), ("infinity", np.isinf(arr).any()))
+             if hit]
+    return " and ".join(found) or "NaN or infinity"
+
+
+def _non_finite_error(owner: str, name: str, value: Any) -> NonFiniteInputError:
+    """The refusal of a NaN or an infinity in the input ``name`` (holding ``value``): one
+    sentence naming the input, what it holds and what to do."""
     return NonFiniteInputError(
-        f"{owner}: {lead} {name} contains a NaN or an infinity. {_NON_FINITE_ADVICE}.")
+        f"{owner}: Input {name} contains {_non_finite_found(value)}, but "
+        f"{_NON_FINITE_ADVICE}.")
 
 
 def check_finite_target(owner: str, y: Any) -> None:
     """Refuse a numeric ``y`` holding NaN or infinity (:class:`NonFiniteInputError`)."""
     if _non_finite(y):
-        raise _non_finite_error(owner, "Input y contains NaN or infinity:", "y")
+        raise _non_finite_error(owner, "y", y)
 
 
 def check_class_labels(owner: str, y: np.ndarray) -> str:
@@ -461,7 +478,8 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
     typed errors (reads the data, releases nothing).
 
     A NaN or an infinity in ``X`` or ``y`` is a :class:`~privlearn.errors.NonFiniteInputError`
-    that names the input and says what to do without a data-dependent release (never
+    that names the input ("Input X contains NaN", as scikit-learn begins), what it holds
+    and what to do without a data-dependent release (never
     scikit-learn's advice of a non-private estimator); any other refusal (no rows, a 1-D
     ``X``, a feature count that differs from the fit's, text in ``X``, with how to encode
     it without a data-dependent release) is a
@@ -481,7 +499,7 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
         first = str(e).split("\n")[0]
         for name, value in (("X", X), ("y", y)):
             if not (isinstance(value, str) and value == "no_validation") and _non_finite(value):
-                raise _non_finite_error(owner, first, name) from e
+                raise _non_finite_error(owner, name, value) from e
         if isinstance(e, TypeError):
             raise ParameterTypeError(f"{owner}: {e}") from e
         if not (isinstance(X, str) and X == "no_validation") and _non_numeric(X):
@@ -499,7 +517,7 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
             "are numbers, or use a classifier for class labels")
     if kwargs.get("y_numeric") and _non_finite(y_out):
         # scikit-learn converts an object y (a None, pandas.NA) to NaN without checking
-        raise _non_finite_error(type(estimator).__name__, "Input y contains NaN.", "y")
+        raise _non_finite_error(type(estimator).__name__, "y", y_out)
     return out
 
 

@@ -378,15 +378,20 @@ def given_sampler_seed(data_loader: DataLoader, cfg, seed: int | None, world: in
     own ``seed=`` and the rank): one of privlearn's DP samplers given as the loader's
     ``batch_sampler`` with a ``seed`` of its own is rebuilt with that seed, so the run
     draws the batches (and the layout) the sampler was built to draw. Secure mode (the OS
-    CSPRNG), a distributed fixed-size run (one generator shared by the ranks) and a
-    different ``seed=`` given to make_private are said in a warning."""
+    CSPRNG), a distributed fixed-size run (one generator shared by the ranks, seeded from
+    make_private's ``seed=``: said unless it is the sampler's) and a ``seed=`` given to
+    make_private are said in a warning. Whether to warn depends on the sampler's seed and
+    make_private's ``seed=`` only, never on the rank's derived ``seed``, so every rank
+    warns alike."""
     bs = data_loader.batch_sampler
     own = getattr(bs, "seed", None)
     if data_loader.batch_size is not None or not isinstance(bs, _AccountedSampler) \
-            or own is None or own == seed:
+            or own is None:
         return seed
     name = f"{type(bs).__name__}(seed={own})"
     if cfg.secure_mode or (cfg.sampling == "fixed" and world > 1):
+        if own == cfg.seed:  # (not secure) the shared generator is seeded from it
+            return seed
         why = ("secure_mode draws every batch from the OS CSPRNG" if cfg.secure_mode else
                "the ranks of a distributed fixed-size run share one generator, seeded from "
                "make_private's seed=")

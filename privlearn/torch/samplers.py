@@ -32,6 +32,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch._fixed_seed import check_shared_generator
 from privlearn.torch._layout_state import saved_layout
 from privlearn.torch._sampler_fields import _law_field_error, _read_only
 from privlearn.torch._shard_stream import shard_seed
@@ -469,12 +470,12 @@ class FixedSizeBatchSampler(_AccountedSampler):
 
     Distributed (``world_size > 1``): every rank draws the same global sample of
     ``world_size * batch_size`` distinct indices (the seed must be the same on all
-    ranks: ``None`` or per-rank seeds draw overlapping samples; ``make_private`` rebuilds
-    a given sampler with one seed shared by the ranks) and keeps positions ``rank,
-    rank + world_size, ...`` of it, so the ranks' batches are disjoint and their union is
-    one uniform fixed-size sample of the dataset. ``batch_size`` is read-only after
-    construction. ``secure=True`` draws every batch from the OS CSPRNG (one process
-    only).
+    ranks: ``seed=None`` is refused, per-rank seeds draw overlapping samples;
+    ``make_private`` rebuilds a given sampler with one seed shared by the ranks) and keeps
+    positions ``rank, rank + world_size, ...`` of it, so the ranks' batches are disjoint
+    and their union is one uniform fixed-size sample of the dataset. ``batch_size`` is
+    read-only after construction. ``secure=True`` draws every batch from the OS CSPRNG
+    (one process only).
     """
 
     batch_size = _read_only("batch_size")
@@ -510,11 +511,7 @@ class FixedSizeBatchSampler(_AccountedSampler):
         self.steps = (steps_per_epoch(self._sampling_rate) if steps is None
                       else _check_steps(steps))
         _check_secure(secure, seed)
-        if secure and world_size > 1:
-            raise ConfigurationError(
-                f"secure=True with world_size={world_size}: the ranks draw one global fixed-size "
-                "sample with one shared generator, which the OS CSPRNG cannot be. Use "
-                "sampling='poisson' (each rank draws its own part) in secure mode")
+        check_shared_generator(seed, world_size, secure)  # one global sample for all ranks
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
 

@@ -67,6 +67,23 @@ def test_non_finite_input_is_a_typed_error_with_private_advice(name, where, bad)
     assert "HistGradientBoosting" not in msg
 
 
+@pytest.mark.parametrize("where", ["X", "y"])
+@pytest.mark.parametrize("bad,found", [([np.nan], "NaN"), ([np.inf], "infinity"),
+                                       ([-np.inf, np.nan], "NaN and infinity")])
+def test_non_finite_message_is_one_sentence_naming_the_input_and_what_it_holds(
+        where, bad, found):
+    X, y = _data()
+    for i, v in enumerate(bad):
+        (X if where == "X" else y)[3 + i] = v
+    with pytest.raises(NonFiniteInputError) as info:
+        M.SSPRegressor(random_state=0).fit(X, y)
+    msg = str(info.value)
+    assert msg.startswith(f"SSPRegressor: Input {where} contains {found}, but ")
+    assert msg.count("contains") == 1 and msg.count(f" {where} ") == 1  # said once
+    assert "public constant" in msg and msg.endswith("accounts.")
+    assert not re.search(r"[a-z]\. [A-Z]", msg)  # one sentence
+
+
 def test_non_finite_predict_input_is_typed():
     X, y = _data()
     m = M.SSPRegressor(random_state=0).fit(X, y)
@@ -308,7 +325,7 @@ def test_a_missing_value_of_a_nullable_pandas_column_is_named_as_missing():
     X, y = _data()
     df = pd.DataFrame(X, columns=["a", "b", "c"])
     df["d"] = pd.array([1] * (len(y) - 1) + [None], dtype="Int64")
-    with pytest.raises(NonFiniteInputError, match="X contains a NaN") as info:
+    with pytest.raises(NonFiniteInputError, match="X contains a missing value") as info:
         M.SSPRegressor(random_state=0).fit(df, y)
     assert "encode text" not in str(info.value)
 

@@ -141,3 +141,46 @@ def test_a_single_process_setting_on_several_ranks_is_named_alone(monkeypatch, s
                      epochs=1, **settings)
     head = str(err.value).split(" in one process only")[0]
     assert all(n in head for n in named) and not any(n in head for n in not_named)
+
+
+@pytest.mark.parametrize("derived", [7, 12345], ids=["rank0", "other-rank"])
+def test_every_rank_warns_alike_about_a_samplers_own_seed(derived):
+    """make_private(seed=7) on a rank whose sampler has its own seed: rank 0's derived
+    seed is make_private's seed itself (7), another rank's differs; both are told the
+    sampler draws from its own seed (rank 0 was not)."""
+    from privlearn.torch._engine_checks import given_sampler_seed
+
+    cfg = DPConfig(noise_multiplier=1.0, epochs=1, seed=7)
+    for own in (7, 9):
+        loader = DataLoader(toy_data(n=N),
+                            batch_sampler=DistributedPoissonBatchSampler(N, 0.25, 0, 2, seed=own))
+        with pytest.warns(UserWarning, match="draws its batches from its own seed"):
+            assert given_sampler_seed(loader, cfg, derived, 2, 1) == own
+
+
+@pytest.mark.parametrize("derived", [7, 12345], ids=["rank0", "other-rank"])
+def test_every_fixed_size_rank_warns_alike_when_its_seed_is_not_the_shared_one(derived):
+    """A distributed fixed-size run seeds one shared generator from make_private's seed=:
+    a sampler built with that seed draws what it was built to draw (no rank warns); one
+    built with another seed is rebuilt without it (every rank warns)."""
+    import warnings
+
+    from privlearn.torch._engine_checks import given_sampler_seed
+
+    cfg = DPConfig(noise_multiplier=1.0, epochs=1, seed=7, sampling="fixed")
+
+    def loader(own):
+        return DataLoader(toy_data(n=N), batch_sampler=FixedSizeBatchSampler(
+            N, 8, seed=own, rank=0, world_size=2))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert given_sampler_seed(loader(7), cfg, derived, 2, 1) == derived
+    with pytest.warns(UserWarning, match="rebuilt without its seed: the ranks"):
+        assert given_sampler_seed(loader(9), cfg, derived, 2, 1) == derived
+
+
+def test_one_process_warns_about_the_samplers_seed_even_when_it_is_make_privates():
+    with pytest.warns(UserWarning, match="draws its batches from its own seed"):
+        p = _private(PoissonBatchSampler(N, 0.25, seed=7), epochs=1, seed=7)
+    assert p.data_loader.batch_sampler.seed == 7

@@ -66,7 +66,11 @@ from privlearn.accounting.registry import (
     pure_epsilon,
     supports,
 )
-from privlearn.errors import AutodpArgumentWarning
+from privlearn.errors import (
+    AutodpArgumentWarning,
+    ParameterTypeError,
+    ParameterValueError,
+)
 
 __all__ = [
     "Mechanism",
@@ -111,7 +115,10 @@ def as_float(name: str, value: object) -> float:
     """
     if isinstance(value, np.ndarray):
         if value.size != 1:
-            raise ValueError(f"{name} must be a scalar, got an array of shape {value.shape}")
+            raise ParameterValueError(
+                f"{name} must be a scalar, got an array of shape {value.shape}: pass one "
+                "number (e.g. float(x) or x.item())"
+            )
         value = value.reshape(()).item()
     elif isinstance(value, np.generic):
         value = value.item()
@@ -235,7 +242,10 @@ def _epsilon_grid(mech: PrivlearnMechanism, accountant: str) -> np.ndarray | Non
             # (epsilons above 700 only matter at fpr < e^-700; e^eps would overflow)
             top = min(top, 700.0)
             return np.concatenate([[0.0], top * np.linspace(0.0, 1.0, 201)[1:] ** 1.5])
-    raise ValueError(f"no finite certified epsilon at delta >= 1e-6 for {mech!r}") from err
+    raise UnsupportedMechanismError(
+        f"no finite certified epsilon at delta >= 1e-6 for {mech!r}: its privacy curve cannot "
+        "be tabulated; give the mechanism more noise or an RDP or approxDP description"
+    ) from err
 
 
 class RenyiDPFunction:
@@ -363,7 +373,10 @@ class Mechanism:
         """A facade mechanism wrapping a privlearn description (e.g. to hand a mechanism
         built with :mod:`privlearn.accounting` to autodp-style code)."""
         if not isinstance(mechanism, PrivlearnMechanism):
-            raise TypeError(f"mechanism must be a privlearn Mechanism, got {mechanism!r}")
+            raise ParameterTypeError(
+                f"mechanism must be a privlearn Mechanism, got {mechanism!r}: build it with "
+                "privlearn.accounting (e.g. Gaussian(sigma))"
+            )
         out = cls()
         out.name = name
         out._set_description(mechanism)
@@ -380,7 +393,10 @@ class Mechanism:
         """Internal: make ``mech`` the description (used by the zoo and transformers)."""
         if mech is not None and mech is not NO_PRIVACY_LOSS:
             if not isinstance(mech, PrivlearnMechanism):
-                raise TypeError(f"description must be a privlearn Mechanism, got {mech!r}")
+                raise ParameterTypeError(
+                    f"description must be a privlearn Mechanism, got {mech!r}: build it "
+                    "with privlearn.accounting (e.g. Gaussian(sigma))"
+                )
         self._mechanism = mech
 
     def _tighten_description(self, mech: Description) -> None:
@@ -435,7 +451,10 @@ class Mechanism:
     def eps_pureDP(self, value: float) -> None:  # noqa: N802
         v = as_float("eps_pureDP", value)
         if math.isnan(v) or v < 0:
-            raise ValueError(f"eps_pureDP must be in [0, inf], got {value!r}")
+            raise ParameterValueError(
+                f"eps_pureDP must be in [0, inf], got {value!r}: pass a non-negative "
+                "epsilon (inf: no pure-DP bound)"
+            )
         self._pure_eps_bound = v
 
     @property
@@ -468,8 +487,10 @@ class Mechanism:
         for f in self._approxdp_bounds:
             v = float(f(delta))
             if math.isnan(v):
-                raise ValueError(
-                    f"an approxDP bound of {self.name!r} returned nan at delta={delta}"
+                raise ParameterValueError(
+                    f"func (an approxDP bound of {self.name!r}) must return a number in "
+                    f"[0, inf], got nan at delta={delta}: fix the function, or return inf "
+                    "where it has no bound"
                 )
             bounds.append(v)
         return float(min(bounds))
@@ -516,7 +537,10 @@ class Mechanism:
         scalar = np.ndim(fpr) == 0
         a = np.asarray(fpr, dtype=float).reshape(-1)
         if a.size == 0 or not np.all((a >= 0) & (a <= 1)):
-            raise ValueError(f"fpr must be in [0, 1], got {fpr!r}")
+            raise ParameterValueError(
+                f"fpr must be in [0, 1] (false positive rates), got {fpr!r}: pass values "
+                "in [0, 1], e.g. np.linspace(0, 1, 101)"
+            )
         f = self._tradeoff(a)
         return float(f[0]) if scalar else f.reshape(np.shape(fpr))
 
@@ -608,7 +632,10 @@ class Mechanism:
             elif callable(func):
                 self._tighten_description(RDPMechanism(func, name=str(self.name)))
             else:
-                raise TypeError(f"func must be callable for type_of_update='RDP', got {func!r}")
+                raise ParameterTypeError(
+                    f"func must be callable for type_of_update='RDP', got {func!r}: pass "
+                    "a function alpha -> RDP epsilon"
+                )
         elif type_of_update == "pureDP":
             eps = check_epsilon("eps", as_float("eps", func))
             self._pure_eps_bound = min(self._pure_eps_bound, eps)
@@ -619,8 +646,10 @@ class Mechanism:
             try:
                 eps_raw, delta_raw = func
             except (TypeError, ValueError):
-                raise ValueError(
-                    f"func must be a pair (eps, delta) for type_of_update='approxDP', got {func!r}"
+                raise ParameterValueError(
+                    f"func must be a pair (eps, delta) for type_of_update='approxDP', got "
+                    f"{func!r}: pass e.g. (1.0, 1e-5), or type_of_update='approxDP_func' "
+                    "for a function delta -> eps"
                 ) from None
             eps = check_epsilon("eps", as_float("eps", eps_raw))
             dlt = check_delta("delta", as_float("delta", delta_raw))
@@ -628,7 +657,11 @@ class Mechanism:
             self.delta0 = min(self.delta0, dlt)
         elif type_of_update == "approxDP_func":
             if not callable(func):
-                raise TypeError(f"func must be callable for 'approxDP_func', got {func!r}")
+                raise ParameterTypeError(
+                    f"func must be callable for type_of_update='approxDP_func', got "
+                    f"{func!r}: pass a function delta -> eps, or type_of_update='approxDP' "
+                    "with a pair (eps, delta)"
+                )
             self._approxdp_bounds.append(func)
             self.delta0 = min(self.delta0, float(delta0))
         else:
@@ -640,9 +673,10 @@ class Mechanism:
     def set_all_representation(self, mech: Mechanism) -> None:
         """Copy every privacy representation of ``mech`` (not its name or params)."""
         if not isinstance(mech, Mechanism):
-            raise TypeError(
-                "set_all_representation expects a privlearn.compat.autodp Mechanism, got "
-                f"{type(mech).__name__}"
+            raise ParameterTypeError(
+                "mech: set_all_representation expects a privlearn.compat.autodp Mechanism, "
+                f"got {type(mech).__name__}: pass a mechanism of mechanism_zoo (e.g. "
+                "GaussianMechanism(sigma))"
             )
         self._mechanism = mech._mechanism
         self._approxdp_bounds = list(mech._approxdp_bounds)

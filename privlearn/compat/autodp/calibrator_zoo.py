@@ -17,7 +17,12 @@ from privlearn._validation import check_delta, check_positive
 from privlearn.accounting import calibrate as _calibrate
 from privlearn.accounting.analytic import gaussian_epsilon
 from privlearn.compat.autodp.autodp_core import Calibrator, Mechanism, as_float
-from privlearn.errors import AutodpCalibrationError, CalibrationError
+from privlearn.errors import (
+    AutodpCalibrationError,
+    CalibrationError,
+    ParameterTypeError,
+    ParameterValueError,
+)
 
 __all__ = ["eps_delta_calibrator", "generalized_eps_delta_calibrator", "ana_gaussian_calibrator"]
 
@@ -30,9 +35,10 @@ class _Evaluated:
 
     def __init__(self, mech: Any) -> None:
         if not isinstance(mech, Mechanism):
-            raise TypeError(
+            raise ParameterTypeError(
                 "mech_class must return a privlearn.compat.autodp Mechanism, got "
-                f"{type(mech).__name__}"
+                f"{type(mech).__name__}: pass a class of mechanism_zoo (e.g. "
+                "GaussianMechanism) or a function params -> Mechanism"
             )
         self.mech = mech
 
@@ -44,10 +50,15 @@ def _bounds(bounds: Any) -> tuple[float, float]:
     try:
         lo_raw, hi_raw = bounds
     except (TypeError, ValueError):
-        raise ValueError(f"bounds must be a pair [lower, upper], got {bounds!r}") from None
+        raise ParameterValueError(
+            f"bounds must be a pair [lower, upper], got {bounds!r}: pass e.g. [0, 100]"
+        ) from None
     lo, hi = as_float("bounds[0]", lo_raw), as_float("bounds[1]", hi_raw)
     if not (math.isfinite(lo) and math.isfinite(hi) and 0.0 <= lo < hi):
-        raise ValueError(f"bounds must satisfy 0 <= lower < upper < inf, got {bounds!r}")
+        raise ParameterValueError(
+            f"bounds must satisfy 0 <= lower < upper < inf, got {bounds!r}: pass finite "
+            "bounds, e.g. [0, 100]"
+        )
     return lo, hi
 
 
@@ -155,7 +166,10 @@ class generalized_eps_delta_calibrator(eps_delta_calibrator):  # noqa: N801 (aut
         if params is None:
             return eps_delta_calibrator(self.rtol)(mech_class, eps, delta, bounds, name=name)
         if para_name is None:
-            raise ValueError("para_name must name the entry of params to calibrate, got None")
+            raise ParameterValueError(
+                "para_name must name the entry of params to calibrate, got None: pass "
+                "e.g. para_name='sigma'"
+            )
 
         def build(x: float) -> Mechanism:
             return mech_class({**params, para_name: x})

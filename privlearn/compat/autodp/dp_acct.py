@@ -23,6 +23,7 @@ from privlearn.accounting import PureDP, compose
 from privlearn.accounting.closed_form import pure_dp_composition_epsilon
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float
+from privlearn.errors import ParameterValueError
 
 __all__ = ["DP_acct"]
 
@@ -47,7 +48,10 @@ class DP_acct:  # noqa: N801 (autodp's name)
         e = as_float("eps", eps)
         d = as_float("delta", delta)
         if not (e >= 0 and 0 <= d <= 1):
-            raise ValueError(f"need eps >= 0 and delta in [0, 1], got ({eps!r}, {delta!r})")
+            raise ParameterValueError(
+                f"eps must be in [0, inf] and delta in [0, 1], got eps={eps!r}, "
+                f"delta={delta!r}: pass the (eps, delta) of one mechanism"
+            )
         self.DPlosses.append([e, d])
         self._log_keep += math.log1p(-d) if d < 1 else -math.inf
 
@@ -65,7 +69,10 @@ class DP_acct:  # noqa: N801 (autodp's name)
         the minimum delta, 0 for pure steps, the sum of the epsilons)."""
         d = as_float("delta", delta)
         if d < 0:
-            raise ValueError(f"delta must be >= 0, got {delta!r}")
+            raise ParameterValueError(
+                f"delta must be in [0, inf) (>= 1: no bound needed), got {delta!r}: pass "
+                "a small positive delta, e.g. 1e-5"
+            )
         if d >= 1:
             return 0.0
         # 1 - delta = (1 - delta~) prod (1 - delta_i)  =>  delta~ for the pure part

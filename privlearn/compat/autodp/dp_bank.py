@@ -18,6 +18,7 @@ from privlearn.accounting import Laplace, RandomizedResponse, RDPMechanism, subs
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float
+from privlearn.errors import ParameterValueError
 
 __all__ = [
     "get_eps_rdp",
@@ -49,7 +50,10 @@ def get_eps_rdp_subsampled(func: Callable[[float], float], delta: Any, prob: Any
     autodp's ``compose_subsampled_mechanism``."""
     d, q = _delta(delta), as_float("prob", prob)
     if not 0.0 <= q <= 1.0:
-        raise ValueError(f"prob must be in [0, 1], got {prob!r}")
+        raise ParameterValueError(
+            f"prob must be in [0, 1] (the sampling probability), got {prob!r}: pass "
+            "batch size / dataset size"
+        )
     if q == 0.0 or d == 1.0:
         return 0.0
     if q == 1.0:
@@ -94,7 +98,9 @@ def get_eps_randresp(p: Any, delta: Any) -> float:
     (``p < 1/2`` is the same mechanism as ``1 - p``)."""
     q = as_float("p", p)
     if not 0.0 <= q <= 1.0:
-        raise ValueError(f"p must be in [0, 1], got {p!r}")
+        raise ParameterValueError(
+            f"p must be in [0, 1] (the probability of a truthful answer), got {p!r}"
+        )
     q = max(q, 1.0 - q)
     d = _delta(delta)
     if q == 1.0:
@@ -127,7 +133,10 @@ def get_eps_gaussian_svt(params: dict[str, Any], delta: Any) -> float:
     c = int(as_float("c", params.get("c", 1)))
     c_tilde = int(as_float("c_tilde", params.get("c_tilde", int(math.sqrt(c)))))
     if not (sigma > 0 and k >= 1 and c >= 1 and c_tilde >= 1):
-        raise ValueError(f"need sigma > 0 and k, c, c_tilde >= 1, got {params!r}")
+        raise ParameterValueError(
+            "params must have sigma in (0, inf) and k, c, c_tilde >= 1, got "
+            f"{params!r}: pass e.g. {{'sigma': 1.0, 'k': 10, 'c': 1}}"
+        )
     coeff = float(comb(k, c_tilde))
 
     def composed(x: float) -> float:

@@ -15,6 +15,7 @@ from scipy.special import log_ndtr, ndtr, ndtri
 
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float
+from privlearn.errors import ParameterValueError
 
 __all__ = [
     "fDP_gaussian",
@@ -29,7 +30,10 @@ __all__ = [
 def _fpr(fpr: Any) -> np.ndarray:
     a = np.asarray(fpr, dtype=float)
     if np.any(np.isnan(a)) or np.any((a < 0) | (a > 1)):
-        raise ValueError(f"fpr must be in [0, 1], got {fpr!r}")
+        raise ParameterValueError(
+            f"fpr must be in [0, 1] (false positive rates), got {fpr!r}: pass values in "
+            "[0, 1], e.g. np.linspace(0, 1, 101)"
+        )
     return a
 
 
@@ -40,7 +44,10 @@ def _out(x: np.ndarray) -> Any:
 def _mu(params: dict[str, Any]) -> float:
     s = as_float("sigma", params["sigma"])
     if s < 0 or math.isnan(s):
-        raise ValueError(f"sigma must be >= 0, got {s!r}")
+        raise ParameterValueError(
+            f"sigma must be in [0, inf] (the noise multiplier), got {s!r}: pass the "
+            "Gaussian noise's standard deviation over the sensitivity"
+        )
     return math.inf if s == 0 else 1.0 / s
 
 

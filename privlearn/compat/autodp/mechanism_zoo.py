@@ -40,6 +40,7 @@ from privlearn.compat.autodp.autodp_core import (
     non_default,
     warn_no_effect,
 )
+from privlearn.errors import ParameterValueError
 
 _EXACT_REASON = (
     "privlearn always evaluates {what} with its exact privacy curve ({how}), which is at "
@@ -143,7 +144,10 @@ class ExactGaussianMechanism(Mechanism):
     def __init__(self, sigma: Any = None, name: str = "Gaussian") -> None:
         Mechanism.__init__(self)
         if sigma is None:
-            raise ValueError("sigma must be in (0, inf) and finite, got None")
+            raise ParameterValueError(
+                "sigma must be in (0, inf) and finite, got None: pass the noise "
+                "multiplier, e.g. ExactGaussianMechanism(sigma=1.0)"
+            )
         self.name = name
         self.params = {"sigma": sigma}
         self.delta0 = 0
@@ -176,7 +180,10 @@ class LaplaceMechanism(Mechanism):
     ) -> None:
         Mechanism.__init__(self)
         if b is None:
-            raise ValueError("b must be in (0, inf) and finite, got None")
+            raise ParameterValueError(
+                "b must be in (0, inf) and finite, got None: pass the Laplace scale over "
+                "the sensitivity, e.g. LaplaceMechanism(b=1.0)"
+            )
         self.name = name
         self.params = {"b": b}
         self.delta0 = 0
@@ -220,7 +227,10 @@ class RandresponseMechanism(Mechanism):
     ) -> None:
         Mechanism.__init__(self)
         if p is None:
-            raise ValueError("p must be in [0.5, 1), got None")
+            raise ParameterValueError(
+                "p must be in [0.5, 1), got None: pass the probability of a truthful "
+                "answer, e.g. RandresponseMechanism(p=0.75)"
+            )
         self.name = name
         self.params = {"p": p}
         self.delta0 = 0
@@ -326,8 +336,9 @@ class SubsampleGaussianMechanism(Mechanism):
         steps = check_count("coeff", math.ceil(check_nonnegative("coeff", coeff)))
         prob = check_nonnegative("prob", as_float("prob", params["prob"]))
         if neighboring not in ("remove_only", "add_only"):
-            raise ValueError(
-                f"neighboring must be 'remove_only' or 'add_only', got {neighboring!r}"
+            raise ParameterValueError(
+                f"neighboring must be 'remove_only' or 'add_only', got {neighboring!r}: "
+                "pass one of them (one mechanism per side)"
             )
         ignored: dict[str, Any] = {"RDP_off": True} if RDP_off else {}
         if phi_off and neighboring != "remove_only":
@@ -504,8 +515,9 @@ class NoisyGD_Mechanism(GaussianMechanism):  # noqa: N801 (autodp's name)
     def __init__(self, sigma_list: Any, name: str = "NoisyGD") -> None:
         sig = np.asarray(sigma_list, dtype=float).reshape(-1)
         if sig.size == 0 or not np.all(np.isfinite(sig)) or np.any(sig <= 0):
-            raise ValueError(
-                f"sigma_list must be a non-empty list of finite values > 0, got {sigma_list!r}"
+            raise ParameterValueError(
+                f"sigma_list must be a non-empty list of finite values in (0, inf), got "
+                f"{sigma_list!r}: pass one positive noise multiplier per query"
             )
         GaussianMechanism.__init__(
             self, sigma=equivalent_gaussian_sigma([(float(x), 1.0) for x in sig]), name=name

@@ -34,7 +34,7 @@ from privlearn.accounting import (
 )
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float
-from privlearn.errors import AutodpCalibrationError, ParameterValueError
+from privlearn.errors import AutodpCalibrationError, CalibrationError, ParameterValueError
 
 __all__ = [
     "subsample_epsdelta",
@@ -53,10 +53,14 @@ __all__ = [
 def _check(eps: Any, delta: Any, *, delta_zero: bool = False) -> tuple[float, float]:
     e, d = as_float("eps", eps), as_float("delta", delta)
     if not e > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
+        raise ParameterValueError(
+            f"eps must be in (0, inf), got {eps!r}: pass a positive target epsilon"
+        )
     if not (0 <= d <= 1) or (d == 0 and not delta_zero):
         rng = "[0, 1]" if delta_zero else "(0, 1]"
-        raise ValueError(f"delta must be in {rng}, got {delta!r}")
+        raise ParameterValueError(
+            f"delta must be in {rng}, got {delta!r}: pass a small positive delta, e.g. 1e-5"
+        )
     return e, d
 
 
@@ -201,8 +205,10 @@ def RDP_mech(rdp_func: Callable, eps: Any, delta: Any, param_name: str, params: 
             break
         a, b = max(a / 2, lo_b), min(b * 2, hi_b)
     else:
-        raise ValueError("infeasible privacy parameters for this RDP function and bounds; "
-                         "widen bounds or raise eps/delta")
+        raise CalibrationError(
+            f"infeasible privacy parameters: no {param_name} in bounds ({lo_b}, {hi_b}) makes "
+            "this RDP function (eps, delta)-DP; widen bounds or raise eps/delta"
+        )
     root = _feasible_root(f, a, b)
     params[param_name] = root
     return params
@@ -298,8 +304,10 @@ def classical_gaussian_mech(eps: Any, delta: Any) -> dict | float:
     for ``0 < eps <= 1``). For comparisons only: :func:`ana_gaussian_mech` is smaller."""
     e, d = as_float("eps", eps), as_float("delta", delta)
     if not 0 < e <= 1:
-        raise ValueError("the classical Gaussian mechanism needs 0 < eps <= 1, got "
-                         f"{eps!r}; use gaussian_mech or ana_gaussian_mech")
+        raise ParameterValueError(
+            f"eps must satisfy 0 < eps <= 1 for the classical Gaussian mechanism, got {eps!r}; "
+            "use gaussian_mech or ana_gaussian_mech"
+        )
     if d <= 0:
         return math.inf
     if d >= 1:

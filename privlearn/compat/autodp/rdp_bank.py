@@ -29,6 +29,7 @@ from privlearn.accounting import Gaussian, Laplace, PureDP, RandomizedResponse, 
 from privlearn.accounting import Mechanism as PrivlearnMechanism
 from privlearn.compat.autodp._missing import missing
 from privlearn.compat.autodp.autodp_core import as_float
+from privlearn.errors import ParameterValueError
 
 __all__ = [
     "RDP_gaussian",
@@ -48,7 +49,9 @@ __all__ = [
 def _orders(alpha: Any) -> tuple[np.ndarray, bool]:
     a = np.asarray(alpha, dtype=float)
     if np.any(np.isnan(a)) or np.any(a < 1):
-        raise ValueError(f"alpha must be in [1, inf], got {alpha!r}")
+        raise ParameterValueError(
+            f"alpha must be in [1, inf] (Renyi orders), got {alpha!r}: pass orders >= 1"
+        )
     return a.reshape(-1), a.ndim == 0
 
 
@@ -83,7 +86,9 @@ def RDP_randresponse(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802
     is the same mechanism as ``1 - p``)."""
     p = as_float("p", params["p"])
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p must be in [0, 1], got {p!r}")
+        raise ParameterValueError(
+            f"params['p'] must be in [0, 1] (the probability of a truthful answer), got {p!r}"
+        )
     p = max(p, 1.0 - p)
     if p == 1.0:
         a, scalar = _orders(alpha)
@@ -130,7 +135,9 @@ def RDP_subsampled_pureDP(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N
     epsilon). autodp's optional ``eps2`` is not needed (the exact pure-DP RDP is used)."""
     e, q = as_float("eps", params["eps"]), as_float("prob", params["prob"])
     if not 0.0 <= q <= 1.0:
-        raise ValueError(f"prob must be in [0, 1], got {q!r}")
+        raise ParameterValueError(
+            f"params['prob'] must be in [0, 1] (the sampling probability), got {q!r}"
+        )
     if q == 0.0 or e == 0.0:
         a, scalar = _orders(alpha)
         return 0.0 if scalar else np.zeros(a.shape)
@@ -165,7 +172,10 @@ def RDP_svt_laplace(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802
     k = as_float("k", params["k"])
     c = max(as_float("c", params.get("c", 1)), 1.0)
     if not b > 0:
-        raise ValueError(f"b must be > 0, got {b!r}")
+        raise ParameterValueError(
+            f"b must be > 0 (params['b'], the Laplace scale over the sensitivity), "
+            f"got {b!r}"
+        )
 
     def f(a: float) -> float:
         e_inf = 1.0 / b
@@ -244,7 +254,7 @@ def RDP_gaussian_svt_c1(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N80
     k = as_float("k", params["k"]) if has_k else None
     prop10 = s2 >= math.sqrt(gamma + 1.0) * s1
     if not prop10 and not has_k:
-        raise ValueError("params['k'] (the largest number of queries) is required: "
+        raise ParameterValueError("params['k'] (the largest number of queries) is required: "
                          f"sigma2={s2!r} < sqrt(gamma + 1) sigma={math.sqrt(gamma + 1) * s1!r}, "
                          "so the k-free bound (Zhu & Wang 2020, Proposition 10) does not apply")
 
@@ -272,8 +282,10 @@ def RDP_noisy_screen(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802
     logp = as_float("logp", params["logp"])
     logq = as_float("logq", params["logq"])
     if logp > 0 or logq > 0:
-        raise ValueError(f"logp and logq must be <= 0 (log-probabilities), got {logp!r}, "
-                         f"{logq!r}")
+        raise ParameterValueError(
+            f"logp and logq (params['logp'], params['logq']) must be <= 0 (log-probabilities), "
+            f"got {logp!r}, {logq!r}: pass math.log of probabilities"
+        )
 
     def log1mexp(x: float) -> float:
         return math.log(-math.expm1(x)) if x > -0.693 else math.log1p(-math.exp(x))

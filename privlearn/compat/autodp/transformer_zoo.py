@@ -37,6 +37,7 @@ from privlearn.compat.autodp.autodp_core import (
     warn_no_effect,
 )
 from privlearn.compat.autodp.mechanism_zoo import ExactGaussianMechanism
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 _COMPOSE_DEFAULTS = {
     "RDP_compose_only": True,
@@ -66,15 +67,15 @@ __all__ = [
 def _check_lists(mechanism_list: Sequence[Any], coeff_list: Sequence[Any]) -> list[float]:
     mechanism_list, coeff_list = list(mechanism_list), list(coeff_list)
     if len(mechanism_list) != len(coeff_list):
-        raise ValueError(
+        raise ParameterValueError(
             f"coeff_list must have one entry per mechanism ({len(mechanism_list)}), "
-            f"got {len(coeff_list)}"
+            f"got {len(coeff_list)}: pass one composition count per mechanism"
         )
     for i, m in enumerate(mechanism_list):
         if not isinstance(m, Mechanism):
-            raise TypeError(
+            raise ParameterTypeError(
                 f"mechanism_list[{i}] must be a privlearn.compat.autodp Mechanism, "
-                f"got {type(m).__name__}"
+                f"got {type(m).__name__}: pass mechanisms of mechanism_zoo"
             )
     return [
         check_nonnegative(f"coeff_list[{i}]", as_float(f"coeff_list[{i}]", c))
@@ -234,7 +235,7 @@ class ComposeGaussian(Composition):
                 continue
             sigma = equivalent_gaussian(d)
             if sigma is None:
-                raise TypeError(
+                raise ParameterTypeError(
                     f"ComposeGaussian composes only Gaussian mechanisms; mechanism_list[{i}] "
                     f"({m.name!r}) is {d!r}. Use Composition()."
                 )
@@ -310,15 +311,15 @@ class AmplificationBySampling(Transformer):
 
     def _amplify(self, mechanism: Mechanism, prob: Any, one_sided: str | None) -> Mechanism:
         if not isinstance(mechanism, Mechanism):
-            raise TypeError(
+            raise ParameterTypeError(
                 "mechanism must be a privlearn.compat.autodp Mechanism, got "
-                f"{type(mechanism).__name__}"
+                f"{type(mechanism).__name__}: pass a mechanism of mechanism_zoo"
             )
         rate = as_float("prob", prob)
         if rate != 0.0:
             rate = check_rate("prob", rate)
         if self.PoissonSampling and mechanism.neighboring == "replace_one":
-            raise ValueError(
+            raise ParameterValueError(
                 "mechanism.neighboring must be 'add_remove' for Poisson sampling, got "
                 "'replace_one' (no conversion exists without a dummy record)"
             )
@@ -380,12 +381,12 @@ class AmplificationBySampling_pld(AmplificationBySampling):  # noqa: N801 (autod
 
     def __init__(self, PoissonSampling: bool = True, neighboring: str = "add_only") -> None:  # noqa: N803
         if neighboring not in ("add_only", "remove_only"):
-            raise ValueError(
+            raise ParameterValueError(
                 f"neighboring must be 'add_only' or 'remove_only', got {neighboring!r}; use "
                 "AmplificationBySampling for add/remove"
             )
         if not PoissonSampling:
-            raise ValueError(
+            raise ParameterValueError(
                 "PoissonSampling must be True for AmplificationBySampling_pld (one-sided "
                 "relations are defined for Poisson sampling); use "
                 "AmplificationBySampling(PoissonSampling=False) for sampling without "
@@ -397,8 +398,9 @@ class AmplificationBySampling_pld(AmplificationBySampling):  # noqa: N801 (autod
     def amplify(self, mechanism: Mechanism, prob: Any) -> Mechanism:  # type: ignore[override]
         opposite = "remove_only" if self.neighboring == "add_only" else "add_only"
         if isinstance(mechanism, Mechanism) and mechanism.neighboring == opposite:
-            raise ValueError(
+            raise ParameterValueError(
                 f"mechanism.neighboring is {opposite!r}, incompatible with "
-                f"neighboring={self.neighboring!r}"
+                f"neighboring={self.neighboring!r}: build the transformer with "
+                f"neighboring={opposite!r}"
             )
         return self._amplify(mechanism, prob, self.neighboring)
