@@ -61,7 +61,12 @@ def _em_quantile(
     values: np.ndarray, q: float, epsilon: float, lower: float, upper: float,
     n_candidates: int, rng: np.random.Generator,
 ) -> float:
-    grid = np.linspace(lower, upper, n_candidates)
+    # (1 - t) lower + t upper, not np.linspace: its step (upper - lower) / (n - 1)
+    # overflows to inf on a range wider than the largest float (lower=-1e308,
+    # upper=1e308), and the grid, so the released quantile, was inf or NaN
+    t = np.linspace(0.0, 1.0, n_candidates)
+    grid = (1.0 - t) * lower + t * upper
+    grid[0], grid[-1] = lower, upper
     v = np.clip(np.sort(values), lower, upper)
     below = np.searchsorted(v, grid, side="right")
     utility = -np.abs(below - q * v.size)

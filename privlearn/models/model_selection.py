@@ -412,7 +412,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         score clipped (for the person fitting only)."""
         pred = est.predict(X)
         if is_classifier(est):
-            loss = (np.asarray(pred) != np.asarray(y)).astype(float)
+            # flat, as the regressors' losses: a column y (n, 1) against the flat
+            # predictions would broadcast to an (n, n) table, whose sum one record moves
+            # by up to 2n - 1, far above the sensitivity 1 the score's noise is scaled to
+            loss = (np.asarray(pred).ravel() != np.asarray(y).ravel()).astype(float)
         else:
             loss = (np.asarray(pred, float).ravel() - np.asarray(y, float).ravel()) ** 2
         if public:
@@ -770,7 +773,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         check_is_fitted(self)
         pred = self.best_estimator_.predict(X)
         if is_classifier(self.best_estimator_):
-            return float(np.mean(np.asarray(pred) == np.asarray(y)))
+            return float(np.mean(np.asarray(pred).ravel() == np.asarray(y).ravel()))
         return -float(np.mean((np.asarray(pred, float).ravel()
                                - np.asarray(y, float).ravel()) ** 2))
 

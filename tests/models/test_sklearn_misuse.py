@@ -1,0 +1,106 @@
+"""Real misuse of the estimators by data scientists, reproduced on the public API: a
+target passed as a column, a label pair given in another order than scikit-learn's, a
+public range as wide as the floats allow. Each case compares against scikit-learn's own
+behaviour or a naive ground truth."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import cross_val_score
+
+from privlearn.models import DPSGDClassifier, PrivateSearchCV
+from privlearn.models.preprocessing import private_quantile
+
+RNG = np.random.default_rng(11)
+X = RNG.uniform(-1.0, 1.0, size=(200, 3))
+Y = (X @ np.array([2.0, -1.0, 0.5]) > 0).astype(int)
+
+
+def _search(**params):
+    return PrivateSearchCV(
+        DPSGDClassifier(n_iter=10, classes=[0, 1]),
+        {"epsilon": [0.5, 1.0]},
+        method="composition",
+        random_state=0,
+        **params,
+    )
+
+
+@pytest.mark.parametrize(
+    "column", [lambda y: y[:, None], lambda y: __import__("pandas").DataFrame({"t": y})]
+)
+def test_a_search_scores_a_column_target_as_the_flat_one(column):
+    """The private score of a classifier's run is a noisy sum of 0-1 losses, one per
+    record (sensitivity 1). A column y (n, 1) against the flat predictions broadcast to
+    an (n, n) table: its sum moved by up to 2n - 1 per record under the same noise (and
+    every score was about 0)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flat = _search().fit(X, Y)
+        col = _search().fit(X, column(Y))
+    assert col.scores_ == flat.scores_
+    assert col.best_score_ == flat.best_score_ > 0.5
+    # the released model's score on held-out data, too
+    assert col.score(X, column(Y)) == flat.score(X, Y) == np.mean(flat.predict(X) == Y)
+
+
+def test_public_validation_scores_a_column_target_as_the_flat_one():
+    X_val = RNG.uniform(-1.0, 1.0, size=(50, 3))
+    y_val = (X_val @ np.array([2.0, -1.0, 0.5]) > 0).astype(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flat = _search().fit(X, Y, X_val=X_val, y_val=y_val)
+        col = _search().fit(X, Y, X_val=X_val, y_val=y_val[:, None])
+    truth = [np.mean(m.predict(X_val) == y_val) for m in (flat.best_estimator_,)]
+    assert col.scores_ == flat.scores_
+    assert flat.best_score_ == pytest.approx(truth[0])
+
+
+@pytest.mark.parametrize("scoring", ["roc_auc", "neg_log_loss"])
+def test_a_label_pair_given_in_reverse_scores_as_scikit_learn_s_sorted_pair(scoring):
+    """scikit-learn's scorers read predict_proba's columns in sorted label order (its
+    classifiers' classes_ is np.unique(y)); a public pair given as [1, 0] was kept in
+    that order, and a near-perfect model scored an AUC of 0."""
+    Xs = 4 * X
+    kw = dict(epsilon=1e3, delta=1e-5, n_iter=200, random_state=0)
+    ours = [
+        cross_val_score(DPSGDClassifier(classes=c, **kw), Xs, Y, scoring=scoring, cv=2)
+        for c in ([0, 1], [1, 0])
+    ]
+    np.testing.assert_array_equal(ours[1], ours[0])
+    peer = cross_val_score(LogisticRegression(C=1e3), Xs, Y, scoring=scoring, cv=2)
+    if scoring == "roc_auc":
+        assert np.all(ours[1] > 0.95) and np.all(peer > 0.95)
+    clf = DPSGDClassifier(classes=["yes", "no"], **kw).fit(Xs, np.where(Y == 1, "yes", "no"))
+    assert clf.classes_.tolist() == sorted(["yes", "no"])
+    proba = clf.predict_proba(Xs)
+    # column j is the probability of classes_[j], as scikit-learn's
+    assert np.mean(clf.classes_[np.argmax(proba, axis=1)] == clf.predict(Xs)) == 1.0
+
+
+def test_a_label_pair_that_cannot_be_ordered_is_refused_before_anything():
+    mixed = np.array([1, "a"], dtype=object)
+    with pytest.raises(ValueError, match="classes must be two labels of one kind"):
+        DPSGDClassifier(n_iter=2, classes=mixed).planned_mechanism(X, Y)
+
+
+@pytest.mark.parametrize(
+    "lower, upper",
+    [(-1e308, 1e308), (-np.finfo(float).max, np.finfo(float).max), (0.0, np.finfo(float).max)],
+)
+def test_private_quantile_on_the_widest_finite_range_releases_a_candidate_inside_it(lower, upper):
+    """The candidates were np.linspace(lower, upper): its step overflowed to inf on a
+    range wider than the largest float, and the release was inf or NaN."""
+    values = RNG.uniform(0.0, 10.0, 100)
+    for seed in range(5):
+        q, _ = private_quantile(values, 0.5, 1.0, lower, upper, random_state=seed)
+        assert np.isfinite(q) and lower <= q <= upper
+    # at a huge epsilon on a small range the candidates are those of np.linspace
+    q, _ = private_quantile(values, 0.5, 1e6, 0.0, 10.0, n_candidates=11, random_state=0)
+    grid = np.linspace(0.0, 10.0, 11)
+    best = grid[np.argmin(np.abs((values[:, None] <= grid).sum(0) - 50))]
+    assert q == best
