@@ -417,8 +417,9 @@ class PrivatePipeline(Pipeline):
         :func:`pipeline_mechanism`). :meth:`fit` fits every step on the data it is given,
         these included, so a public step it fits must provably learn nothing from the
         values: it must be on the allow-list of :mod:`privlearn.models._public_fits`
-        (``OneHotEncoder(categories=[...])``, ``SimpleImputer(strategy="constant")``,
-        stateless steps, containers of them, ...). Any other (a ``StandardScaler``,
+        (``OneHotEncoder(categories=[...])``,
+        ``SimpleImputer(strategy="constant", keep_empty_features=True)``, stateless
+        steps, containers of them, ...). Any other (a ``StandardScaler``,
         ``PCA``, ``TargetEncoder``, an encoder with ``categories="auto"``) is refused
         with :class:`~privlearn.errors.ConfigurationError` before any step is fitted or
         any budget reserved. A step fitted beforehand on public data is kept as it is

@@ -104,3 +104,45 @@ def test_private_quantile_on_the_widest_finite_range_releases_a_candidate_inside
     grid = np.linspace(0.0, 10.0, 11)
     best = grid[np.argmin(np.abs((values[:, None] <= grid).sum(0) - 50))]
     assert q == best
+
+
+def test_a_public_constant_imputer_dropping_an_empty_column_is_refused():
+    """scikit-learn's SimpleImputer(strategy="constant") drops a column with no observed
+    value (keep_empty_features=False, its default): on a data set whose column 1 is all
+    missing and on its neighbour with one value there, the fitted imputer (statistics_
+    NaN or not) and the model's number of coefficients differ, un-noised. The pipeline
+    refuses it on both before anything is fitted, and fits keep_empty_features=True alike
+    on both."""
+    from sklearn.base import clone
+    from sklearn.impute import SimpleImputer
+
+    from privlearn.errors import ConfigurationError
+    from privlearn.models import PrivatePipeline, SSPRegressor
+
+    X0 = RNG.uniform(-0.5, 0.5, size=(50, 3))
+    X0[:, 1] = np.nan
+    X1 = X0.copy()
+    X1[0, 1] = 0.3  # the neighbour: one record has a value in column 1
+    y = RNG.uniform(-1.0, 1.0, 50)
+    default = SimpleImputer(strategy="constant", fill_value=0.0)
+    widths = {clone(default).fit(D).transform(X1).shape[1] for D in (X0, X1)}
+    assert widths == {2, 3}  # scikit-learn's own fit follows the record
+
+    def pipe(imputer):
+        return PrivatePipeline(
+            [("impute", imputer), ("model", SSPRegressor(random_state=0))],
+            public_steps=("impute",),
+        )
+
+    for D in (X0, X1):
+        est = pipe(clone(default))
+        with pytest.raises(ConfigurationError, match="keep_empty_features=True"):
+            est.fit(D, y)
+        assert not hasattr(est[-1], "coef_")
+    kept = [
+        pipe(SimpleImputer(strategy="constant", fill_value=0.0, keep_empty_features=True)).fit(D, y)
+        for D in (X0, X1)
+    ]
+    assert [k[0].statistics_.tolist() for k in kept] == [[0.0] * 3] * 2
+    assert [k[-1].coef_.shape for k in kept] == [(3,), (3,)]
+    assert kept[0].planned_mechanism(X0, y) == kept[0].mechanism_
