@@ -86,6 +86,10 @@ def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
         raise ParameterTypeError(
             f"{owner}: {name} must be a dense array, got a sparse matrix; convert it with "
             f"{name}.toarray()")
+    if np.iscomplexobj(values):  # float() would drop the imaginary parts silently
+        raise ParameterTypeError(
+            f"{owner}: {name} must be real numbers, got complex values; pass their real "
+            f"parts ({name}.real) or magnitudes (abs({name})) if that is what you mean")
     try:
         arr = np.asarray(values, dtype=float)
     except (TypeError, ValueError) as e:

@@ -146,3 +146,21 @@ def test_a_public_constant_imputer_dropping_an_empty_column_is_refused():
     assert [k[0].statistics_.tolist() for k in kept] == [[0.0] * 3] * 2
     assert [k[-1].coef_.shape for k in kept] == [(3,), (3,)]
     assert kept[0].planned_mechanism(X0, y) == kept[0].mechanism_
+
+
+def test_complex_values_are_refused_by_the_private_bounds_not_truncated():
+    """np.asarray(values, dtype=float) dropped the imaginary parts (with a NumPy
+    ComplexWarning only): the quantile of the real parts was released as if they were
+    the values. The estimators refuse complex data (scikit-learn's check); so do the
+    bounds."""
+    from privlearn.errors import ParameterTypeError
+    from privlearn.models.preprocessing import choose_x_bound, choose_y_bound
+
+    z = RNG.uniform(0.0, 1.0, 20) + 1j * RNG.uniform(0.0, 1.0, 20)
+    for call, name in (
+        (lambda: private_quantile(z, 0.5, 1.0, 0.0, 2.0), "values"),
+        (lambda: choose_y_bound(list(z), 1.0, 2.0), "y"),
+        (lambda: choose_x_bound(z.reshape(-1, 2), 1.0, 2.0), "X"),
+    ):
+        with pytest.raises(ParameterTypeError, match=rf"{name} must be real numbers"):
+            call()
