@@ -70,8 +70,11 @@ def _em_quantile(
     v = np.clip(np.sort(values), lower, upper)
     below = np.searchsorted(v, grid, side="right")
     utility = -np.abs(below - q * v.size)
-    logits = 0.5 * epsilon * utility
-    logits -= logits.max()
+    # the largest utility subtracted before scaling: 0.5 epsilon utility overflows to
+    # -inf for every candidate at an epsilon near the largest float, and -inf - (-inf)
+    # made every probability NaN; this way the best candidates keep logit 0
+    with np.errstate(over="ignore"):
+        logits = 0.5 * epsilon * (utility - utility.max())
     p = np.exp(logits)
     p /= p.sum()
     return float(grid[rng.choice(n_candidates, p=p)])

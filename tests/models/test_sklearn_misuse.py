@@ -164,3 +164,20 @@ def test_complex_values_are_refused_by_the_private_bounds_not_truncated():
     ):
         with pytest.raises(ParameterTypeError, match=rf"{name} must be real numbers"):
             call()
+
+
+@pytest.mark.parametrize("epsilon", [1e307, float(np.finfo(float).max)])
+def test_private_quantile_at_the_largest_finite_epsilons_draws_a_best_candidate(epsilon):
+    """0.5 epsilon utility overflowed to -inf for every candidate, and subtracting the
+    largest (-inf) made every probability NaN: NumPy's bare "probabilities contain NaN".
+    At such an epsilon the mechanism picks a candidate of the largest utility, and its
+    PureDP(epsilon) is accounted."""
+    values = np.arange(100.0)
+    grid = np.linspace(0.0, 100.0, 1024)
+    utility = -np.abs((values[:, None] <= grid).sum(0) - 30.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seed in range(3):
+            got, mech = private_quantile(values, 0.3, epsilon, 0.0, 100.0, random_state=seed)
+            assert -abs(np.sum(values <= got) - 30.0) == utility.max()
+    assert mech.epsilon(0.0) == epsilon
