@@ -181,3 +181,26 @@ def test_private_quantile_at_the_largest_finite_epsilons_draws_a_best_candidate(
             got, mech = private_quantile(values, 0.3, epsilon, 0.0, 100.0, random_state=seed)
             assert -abs(np.sum(values <= got) - 30.0) == utility.max()
     assert mech.epsilon(0.0) == epsilon
+
+
+def test_teacher_votes_in_pandas_nullable_columns_are_numbers():
+    """Teachers' predicted labels kept in a DataFrame of pandas' nullable Int64 columns
+    (NumPy sees an object array) were refused as "got an array of dtype object"; they are
+    the same release as the plain integer votes, and a missing vote is refused as
+    missing."""
+    import pandas as pd
+
+    from privlearn.errors import NonFiniteInputError
+    from privlearn.models import PATE
+
+    votes = RNG.integers(0, 3, size=(7, 40))
+    plain = PATE(epsilon=2.0, random_state=0).release(votes, n_classes=3)
+    for frame in (pd.DataFrame(votes).astype("Int64"), pd.DataFrame(votes).astype("Float64")):
+        pate = PATE(epsilon=2.0, random_state=0)
+        np.testing.assert_array_equal(pate.release(frame, n_classes=3), plain)
+    missing = pd.DataFrame(votes).astype("Int64")
+    missing.iloc[2, 5] = pd.NA
+    with pytest.raises(NonFiniteInputError, match="NaN"):
+        PATE(epsilon=2.0).release(missing, n_classes=3)
+    with pytest.raises(TypeError, match="must be numbers"):
+        PATE(epsilon=2.0).release(votes.astype(str).astype(object), n_classes=3)
