@@ -40,6 +40,16 @@ def _shape(value: Any) -> tuple[int, ...] | None:
         return None
 
 
+def _sparse_frame(X: Any) -> bool:
+    """Whether ``X`` is a pandas DataFrame with a column of ``pandas.SparseDtype`` (its
+    schema): scikit-learn's validation turns it into a SciPy sparse matrix (or refuses
+    a mix of sparse and dense columns), so it is sparse data."""
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is None or not hasattr(X, "columns"):
+        return False
+    return any(type(dt).__name__ == "SparseDtype" for dt in dtypes)
+
+
 def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
     """Refuse, before the ledger reservation, data whose schema no fit can accept.
 
@@ -66,10 +76,11 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
     owner = type(estimator).__name__
     name = getattr(estimator, "_data_name", "X")  # what the public method calls X
     tags = get_tags(estimator)
-    if sparse.issparse(X) and not tags.input_tags.sparse:
+    if (sparse.issparse(X) or _sparse_frame(X)) and not tags.input_tags.sparse:
+        dense = "toarray()" if sparse.issparse(X) else "sparse.to_dense()"
         raise ParameterTypeError(
             f"{owner}: Sparse data was passed for {name}, but dense data is required; "
-            f"convert it with {name}.toarray() (refused before anything was reserved on a "
+            f"convert it with {name}.{dense} (refused before anything was reserved on a "
             "ledger)"
         )
     shape = _shape(X)

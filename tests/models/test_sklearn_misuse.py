@@ -204,3 +204,29 @@ def test_teacher_votes_in_pandas_nullable_columns_are_numbers():
         PATE(epsilon=2.0).release(missing, n_classes=3)
     with pytest.raises(TypeError, match="must be numbers"):
         PATE(epsilon=2.0).release(votes.astype(str).astype(object), n_classes=3)
+
+
+@pytest.mark.parametrize("all_sparse", [True, False])
+def test_a_frame_of_sparse_columns_is_refused_before_the_ledger_is_charged(all_sparse, tmp_path):
+    """A DataFrame of pandas.SparseDtype columns is sparse data by its schema
+    (scikit-learn's validation turns it into a SciPy sparse matrix): refused before the
+    reservation, as a SciPy sparse X is, not after it (which charged the budget in
+    full for a mistake of type)."""
+    import pandas as pd
+
+    from privlearn.errors import ParameterTypeError
+    from privlearn.ledger import Ledger
+    from privlearn.models import PrivateStandardScaler, SSPRegressor
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)
+    frame = pd.DataFrame(X)
+    cols = list(frame.columns) if all_sparse else [1]
+    frame[cols] = frame[cols].astype(pd.SparseDtype(float, 0.0))
+    for est in (
+        SSPRegressor(ledger=led.budget("d")),
+        PrivateStandardScaler(feature_range=(-1.0, 1.0), ledger=led.budget("d")),
+    ):
+        with pytest.raises(ParameterTypeError, match=r"X.sparse.to_dense\(\).*before anything"):
+            est.fit(frame, X[:, 0])
+    assert [e for e in led.history("d") if e.kind != "budget"] == []
