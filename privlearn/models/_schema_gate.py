@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sklearn.base import is_classifier, is_regressor
+from sklearn.base import MetaEstimatorMixin, is_classifier, is_regressor
 from sklearn.utils import get_tags
 
 from privlearn.errors import ParameterTypeError, ParameterValueError
@@ -48,6 +48,34 @@ def _sparse_frame(X: Any) -> bool:
     if dtypes is None or not hasattr(X, "columns"):
         return False
     return any(type(dt).__name__ == "SparseDtype" for dt in dtypes)
+
+
+def _dtype_kinds(value: Any) -> set[str]:
+    """The NumPy kinds of the dtypes of ``value`` (an array's, or a DataFrame's / a
+    Series' columns'); empty for a list (its values would have to be read)."""
+    dtypes = getattr(value, "dtypes", None)
+    if dtypes is not None and hasattr(value, "columns"):
+        return {str(getattr(dt, "kind", "O")) for dt in dtypes}
+    dtype = getattr(value, "dtype", None)
+    return {str(getattr(dtype, "kind", "O"))} if dtype is not None else set()
+
+
+def _refuse_non_real_dtypes(owner: str, name: str, value: Any) -> None:
+    """Refuse complex numbers and dates or durations (``datetime64``, ``timedelta64``),
+    which no fit takes whatever their values: by the dtype alone."""
+    kinds = _dtype_kinds(value)
+    if "c" in kinds:
+        raise ParameterValueError(
+            f"{owner}: Complex data not supported: {name} has a complex dtype; pass the "
+            f"real parts ({name}.real) or the magnitudes (abs({name})) if that is what you "
+            "mean (refused before anything was reserved on a ledger)"
+        )
+    if kinds & {"M", "m"}:
+        raise ParameterTypeError(
+            f"{owner}: {name} has dates or durations (a datetime64 or timedelta64 "
+            "column); convert them to numbers by a public rule first, e.g. days since a "
+            "public reference date (refused before anything was reserved on a ledger)"
+        )
 
 
 def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
@@ -100,6 +128,8 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
             f"{owner}: Found array with 0 {what}(s) (shape={shape}) while a minimum of 1 "
             "is required (refused before anything was reserved on a ledger)"
         )
+    if not isinstance(estimator, MetaEstimatorMixin):  # a search hands X to its runs
+        _refuse_non_real_dtypes(owner, name, X)
     if y is None or not (
         tags.target_tags.required or is_regressor(estimator) or is_classifier(estimator)
     ):
@@ -121,6 +151,8 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
             f"[{shape[0]}, {y_shape[0]}]; X and y need one row per record (refused before "
             "anything was reserved on a ledger)"
         )
+    if is_regressor(estimator) and not isinstance(estimator, MetaEstimatorMixin):
+        _refuse_non_real_dtypes(owner, "y", y)
     kind = getattr(getattr(y, "dtype", None), "kind", None)
     if is_regressor(estimator) and kind is not None and kind in "USV":
         raise ParameterTypeError(

@@ -230,3 +230,72 @@ def test_a_frame_of_sparse_columns_is_refused_before_the_ledger_is_charged(all_s
         with pytest.raises(ParameterTypeError, match=r"X.sparse.to_dense\(\).*before anything"):
             est.fit(frame, X[:, 0])
     assert [e for e in led.history("d") if e.kind != "budget"] == []
+
+
+@pytest.mark.parametrize(
+    "column, error",
+    [
+        (lambda n: np.arange(n) + 0j, ValueError),
+        (lambda n: __import__("pandas").date_range("2020-01-01", periods=n), TypeError),
+        (lambda n: __import__("pandas").to_timedelta(np.arange(n), unit="s"), TypeError),
+    ],
+    ids=["complex", "datetime", "timedelta"],
+)
+def test_columns_no_fit_takes_are_refused_by_their_dtype_before_the_ledger(column, error, tmp_path):
+    """A complex, datetime or timedelta column is refused by every fit whatever its
+    values (scikit-learn: "Complex data not supported", a failed dtype promotion): the
+    refusal is decided by the dtype, the schema, so it comes before the reservation,
+    and the budget is not charged."""
+    import pandas as pd
+
+    from privlearn.ledger import Ledger
+    from privlearn.models import PrivateStandardScaler, SSPRegressor
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)
+    frame = pd.DataFrame({"a": X[:, 0], "b": column(len(X))})
+    for est in (
+        SSPRegressor(ledger=led.budget("d")),
+        PrivateStandardScaler(feature_range=(-1.0, 1.0), ledger=led.budget("d")),
+    ):
+        with pytest.raises(error, match="before anything was reserved"):
+            est.fit(frame, X[:, 0])
+    with pytest.raises(ValueError, match="Complex data not supported.*before anything"):
+        SSPRegressor(ledger=led.budget("d")).fit(X, X[:, 0] + 0j)
+    assert [e for e in led.history("d") if e.kind != "budget"] == []
+
+
+def test_a_search_over_a_pipeline_that_imputes_takes_the_missing_values_it_imputes():
+    """The refusal of a NaN says to replace it with a public constant; a PrivatePipeline
+    whose public SimpleImputer does so fits the data, but PrivateSearchCV over that very
+    pipeline refused it (its own check of X as a private estimator's), on the training
+    data and on public validation data alike. A pipeline whose first step is private
+    still has the data refused by the search, before anything is reserved or fitted."""
+    from sklearn.impute import SimpleImputer
+
+    from privlearn.errors import NonFiniteInputError
+    from privlearn.models import PrivatePipeline, SSPRegressor
+
+    Xn = X.copy()
+    Xn[3, 1] = np.nan
+    y = X[:, 0]
+    imputing = PrivatePipeline(
+        [
+            (
+                "impute",
+                SimpleImputer(strategy="constant", fill_value=0.0, keep_empty_features=True),
+            ),
+            ("model", SSPRegressor(x_bound=2.0, random_state=0)),
+        ],
+        public_steps=("impute",),
+    )
+    grid = {"model__epsilon": [0.5, 1.0]}
+    alone = imputing.fit(Xn, y)
+    assert alone[-1].n_features_in_ == X.shape[1]
+    search = PrivateSearchCV(imputing, grid, loss_bound=4.0, random_state=0).fit(Xn, y)
+    assert search.n_features_in_ == X.shape[1] and np.isfinite(search.predict(Xn)).all()
+    public = PrivateSearchCV(imputing, grid, random_state=0).fit(Xn, y, X_val=Xn + 1.0, y_val=y)
+    assert np.isfinite(public.best_score_)
+    direct = PrivatePipeline([("model", SSPRegressor(x_bound=2.0))])
+    with pytest.raises(NonFiniteInputError, match="PrivateSearchCV: Input X contains NaN"):
+        PrivateSearchCV(direct, grid, loss_bound=4.0).fit(Xn, y)
