@@ -67,6 +67,11 @@ from privlearn.models._bounds import (
 from privlearn.models._charge import reserved_in_full
 from privlearn.models._pipeline_steps import check_step_data, check_steps, pipeline_getitem
 from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
+from privlearn.models._public_sparsity import (
+    input_is_sparse,
+    output_is_sparse,
+    refuse_sparse_input,
+)
 from privlearn.models._public_width import probe_width as _probe_width
 from privlearn.models._public_width import public_output_width
 from privlearn.models._schema_gate import refuse_bad_schema
@@ -491,11 +496,13 @@ class PrivatePipeline(Pipeline):
         names = [str(c) for c in columns] if columns is not None else None
         steps = [(n, s) for n, s in self.steps
                  if not (s is None or (isinstance(s, str) and s == "passthrough"))]
+        is_sparse, previous = input_is_sparse(X), None  # of the next step's input
         for i, (name, step) in enumerate(steps):
             last = i == len(steps) - 1
             placeholder = np.broadcast_to(np.float64(0.0), shape)
             if isinstance(step, PrivateEstimator):  # its mechanism_ counts
                 refuse_as_step(step, type(self).__name__, name)
+                refuse_sparse_input(type(self).__name__, name, step, is_sparse, previous)
                 plan = step._plan(step._validate_params(), placeholder, y)
                 yield name, step, placeholder, plan, plan.mechanism
             elif isinstance(step, PrivatePipeline):
@@ -510,6 +517,9 @@ class PrivatePipeline(Pipeline):
                     raise _unplanned_step(name, step)
             if last:
                 break
+            previous = (name, step)
+            is_sparse = output_is_sparse(name, step, shape[1], names, is_sparse, private=(
+                isinstance(step, PrivateEstimator | PrivatePipeline)))
             if isinstance(step, OneToOneFeatureMixin) or (
                     _frozen(step) and isinstance(step.estimator, OneToOneFeatureMixin)):
                 continue

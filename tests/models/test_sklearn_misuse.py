@@ -299,3 +299,61 @@ def test_a_search_over_a_pipeline_that_imputes_takes_the_missing_values_it_imput
     direct = PrivatePipeline([("model", SSPRegressor(x_bound=2.0))])
     with pytest.raises(NonFiniteInputError, match="PrivateSearchCV: Input X contains NaN"):
         PrivateSearchCV(direct, grid, loss_bound=4.0).fit(Xn, y)
+
+
+@pytest.mark.parametrize("n_categories", [3, 9, 40])
+@pytest.mark.parametrize("threshold", [0.1, 0.3])
+def test_a_public_encoding_that_outputs_sparse_data_is_refused_before_the_ledger(
+    n_categories, threshold, tmp_path
+):
+    """scikit-learn's default OneHotEncoder(sparse_output=True) in a ColumnTransformer
+    hands on a sparse matrix when the output's density is below sparse_threshold, which
+    the private step after it refuses whatever the values: that refusal came after the
+    pipeline's reservation, charged in full. It is now decided from the parameters and
+    refused before; the ground truth is scikit-learn's own fitted sparse_output_."""
+    import scipy.sparse as sp
+    from sklearn.base import clone
+    from sklearn.compose import ColumnTransformer
+    from sklearn.preprocessing import OneHotEncoder
+
+    from privlearn.errors import ParameterTypeError
+    from privlearn.ledger import Ledger
+    from privlearn.models import PrivatePipeline, SSPRegressor
+
+    cats = list(range(n_categories))
+    data = np.column_stack([RNG.integers(0, n_categories, 60), RNG.uniform(-1, 1, (60, 2))])
+    y = RNG.uniform(-1.0, 1.0, 60)
+    encode = ColumnTransformer(
+        [("cat", OneHotEncoder(categories=[cats]), [0])],
+        remainder="passthrough",
+        sparse_threshold=threshold,
+    )
+    is_sparse = clone(encode).fit(data).sparse_output_
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)
+    pipe = PrivatePipeline(
+        [("encode", encode), ("model", SSPRegressor(x_bound=2.0, ledger=led.budget("d")))],
+        public_steps=("encode",),
+    )
+    if is_sparse:
+        with pytest.raises(ParameterTypeError, match="'encode'.*sparse.*before anything"):
+            pipe.fit(data, y)
+        assert [e.kind for e in led.history("d") if e.kind != "budget"] == []
+    else:
+        assert pipe.fit(data, y).mechanism_ == pipe[-1].mechanism_
+    # a bare encoder with its default sparse output, and a sparse X, likewise
+    bare = PrivatePipeline(
+        [
+            ("encode", OneHotEncoder(categories=[cats])),
+            ("model", SSPRegressor(ledger=led.budget("d"))),
+        ],
+        public_steps=("encode",),
+    )
+    with pytest.raises(ParameterTypeError, match="sparse_output=False"):
+        bare.fit(data[:, :1], y)
+    direct = PrivatePipeline([("model", SSPRegressor(ledger=led.budget("d")))])
+    with pytest.raises(ParameterTypeError, match="X is sparse"):
+        direct.fit(sp.csr_matrix(data), y)
+    assert [e.kind for e in led.history("d") if e.kind != "budget"] == (
+        [] if is_sparse else ["reserve", "settle"]
+    )
