@@ -58,6 +58,7 @@ from privlearn.errors import (
     PrivacyLeakWarning,
     UnsupportedMechanismError,
 )
+from privlearn.models import _public_sparsity as _sparsity
 from privlearn.models._bounds import (
     choose_x_bound,
     choose_y_bound,
@@ -65,13 +66,13 @@ from privlearn.models._bounds import (
     private_quantile,
 )
 from privlearn.models._charge import reserved_in_full
-from privlearn.models._pipeline_steps import check_step_data, check_steps, pipeline_getitem
-from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
-from privlearn.models._public_sparsity import (
-    input_is_sparse,
-    output_is_sparse,
-    refuse_sparse_input,
+from privlearn.models._pipeline_steps import (
+    check_step_data,
+    check_steps,
+    pipeline_getitem,
+    restoring_fits,
 )
+from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
 from privlearn.models._public_width import probe_width as _probe_width
 from privlearn.models._public_width import public_output_width
 from privlearn.models._schema_gate import refuse_bad_schema
@@ -496,13 +497,14 @@ class PrivatePipeline(Pipeline):
         names = [str(c) for c in columns] if columns is not None else None
         steps = [(n, s) for n, s in self.steps
                  if not (s is None or (isinstance(s, str) and s == "passthrough"))]
-        is_sparse, previous = input_is_sparse(X), None  # of the next step's input
+        is_sparse, previous = _sparsity.input_is_sparse(X), None  # of the next step's input
         for i, (name, step) in enumerate(steps):
             last = i == len(steps) - 1
             placeholder = np.broadcast_to(np.float64(0.0), shape)
             if isinstance(step, PrivateEstimator):  # its mechanism_ counts
                 refuse_as_step(step, type(self).__name__, name)
-                refuse_sparse_input(type(self).__name__, name, step, is_sparse, previous)
+                _sparsity.refuse_sparse_input(type(self).__name__, name, step, is_sparse,
+                                              previous)
                 plan = step._plan(step._validate_params(), placeholder, y)
                 yield name, step, placeholder, plan, plan.mechanism
             elif isinstance(step, PrivatePipeline):
@@ -518,8 +520,9 @@ class PrivatePipeline(Pipeline):
             if last:
                 break
             previous = (name, step)
-            is_sparse = output_is_sparse(name, step, shape[1], names, is_sparse, private=(
-                isinstance(step, PrivateEstimator | PrivatePipeline)))
+            is_sparse = _sparsity.output_is_sparse(name, step, shape[1], names, is_sparse,
+                                                   private=isinstance(step, PrivateEstimator
+                                                                      | PrivatePipeline))
             if isinstance(step, OneToOneFeatureMixin) or (
                     _frozen(step) and isinstance(step.estimator, OneToOneFeatureMixin)):
                 continue
@@ -607,8 +610,10 @@ class PrivatePipeline(Pipeline):
         rule of :meth:`PrivateEstimator._run <privlearn.models.base.PrivateEstimator._run>`):
         whether the data is refused may depend on one record, and a missing entry
         would tell the ledger's readers so."""
-        with reserved_in_full(type(self).__name__, self._ledger_steps(X, y),
-                              self._private_steps()):
+        with restoring_fits(self), reserved_in_full(
+                type(self).__name__, self._ledger_steps(X, y), self._private_steps()):
+            for name in ("mechanism_", "epsilon_", "delta_"):  # set once all are fitted
+                self.__dict__.pop(name, None)
             self._check_values(X, y)
             yield
 
@@ -676,10 +681,6 @@ class PrivatePipeline(Pipeline):
         _warn_shared_seeds(self)
         if budgets:
             self._check_budgets(X, y)
-        # the steps are about to be refitted: the previous account would not describe
-        # them if a later step fails (set only once every step is fitted)
-        for name in ("mechanism_", "epsilon_", "delta_"):
-            self.__dict__.pop(name, None)
         return delta
 
     def _check_budgets(self, X, y) -> None:

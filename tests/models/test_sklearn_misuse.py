@@ -357,3 +357,28 @@ def test_a_public_encoding_that_outputs_sparse_data_is_refused_before_the_ledger
     assert [e.kind for e in led.history("d") if e.kind != "budget"] == (
         [] if is_sparse else ["reserve", "settle"]
     )
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_a_failed_refit_of_a_nested_or_cached_pipeline_leaves_it_as_it_was(memory, tmp_path):
+    """A refit that fails in its last step has refitted the steps before it (with
+    memory=, scikit-learn puts fitted clones in steps); the pipeline, its nested
+    pipeline and their steps are put back as they were, so predict does not combine a
+    new scaler with the model fitted after the old one."""
+    from privlearn.models import DPSGDRegressor, PrivatePipeline, PrivateStandardScaler
+
+    y = X[:, 0]
+    inner = PrivatePipeline(
+        [("scale", PrivateStandardScaler(feature_range=(-1.0, 1.0), random_state=0))]
+    )
+    pipe = PrivatePipeline(
+        [("pre", inner), ("model", DPSGDRegressor(n_iter=20, random_state=1))],
+        memory=str(tmp_path) if memory else None,
+    ).fit(X, y)
+    before = (pipe.predict(X), pipe.epsilon_, [id(s) for _, s in pipe.steps])
+    pipe.set_params(pre__scale__random_state=5, model__learning_rate=1e200)
+    with pytest.raises(FloatingPointError, match="diverged"):
+        pipe.fit(0.5 * X, y)
+    np.testing.assert_array_equal(pipe.predict(X), before[0])
+    assert pipe.epsilon_ == before[1] and [id(s) for _, s in pipe.steps] == before[2]
+    assert pipe[0].epsilon_ == pipe[0][0].epsilon_
