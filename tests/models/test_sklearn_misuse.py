@@ -31,7 +31,9 @@ def _search(**params):
 
 
 @pytest.mark.parametrize(
-    "column", [lambda y: y[:, None], lambda y: __import__("pandas").DataFrame({"t": y})]
+    "column",
+    [lambda y: y[:, None], lambda y: __import__("pandas").DataFrame({"t": y})],
+    ids=["array", "frame"],
 )
 def test_a_search_scores_a_column_target_as_the_flat_one(column):
     """The private score of a classifier's run is a noisy sum of 0-1 losses, one per
