@@ -101,7 +101,8 @@ def restoring_fits(pipe: Any) -> Iterator[None]:
     (:meth:`PrivateEstimator._refit <privlearn.models.base.PrivateEstimator._refit>`), the
     pipeline is left as it was: the previous fit and the account that describes it. What
     the failed fit released was charged on the ledgers all the same."""
-    steps = list(pipe.steps)
+    original = pipe.steps  # scikit-learn puts fitted clones in it when memory= is set
+    entries = list(original)
     held = {id(pipe): pipe}
     for value in pipe.get_params(deep=True).values():
         if hasattr(value, "fit") and hasattr(value, "__dict__") and not isinstance(value, type):
@@ -111,7 +112,9 @@ def restoring_fits(pipe: Any) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        pipe.steps = steps
+        if isinstance(original, list):
+            original[:] = entries
+        pipe.steps = original
         for est, attrs in saved:
             for k in [k for k in vars(est) if _is_fitted_name(k)]:
                 delattr(est, k)
