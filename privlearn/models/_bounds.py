@@ -89,16 +89,17 @@ def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
         raise ParameterTypeError(
             f"{owner}: {name} must be a dense array, got a sparse matrix; convert it with "
             f"{name}.toarray()")
-    if np.iscomplexobj(values):  # float() would drop the imaginary parts silently
-        raise ParameterTypeError(
-            f"{owner}: {name} must be real numbers, got complex values; pass their real "
-            f"parts ({name}.real) or magnitudes (abs({name})) if that is what you mean")
     try:
-        arr = np.asarray(values, dtype=float)
+        is_complex = np.iscomplexobj(values)  # float() would drop the imaginary parts
+        arr = None if is_complex else np.asarray(values, dtype=float)
     except (TypeError, ValueError) as e:
         raise ParameterTypeError(
             f"{owner}: {name} must be numbers, got {type(values).__name__} that cannot be "
             f"converted to float ({e}); encode text columns before choosing bounds") from e
+    if arr is None:
+        raise ParameterTypeError(
+            f"{owner}: {name} must be real numbers, got complex values; pass their real "
+            f"parts ({name}.real) or magnitudes (abs({name})) if that is what you mean")
     if not np.all(np.isfinite(arr)):
         raise _non_finite_error(owner, "the input", name)
     return arr

@@ -166,6 +166,8 @@ def test_complex_values_are_refused_by_the_private_bounds_not_truncated():
     ):
         with pytest.raises(ParameterTypeError, match=rf"{name} must be real numbers"):
             call()
+    with pytest.raises(ParameterTypeError, match="values must be numbers"):  # still typed
+        private_quantile([[1.0, 2.0], [3.0]], 0.5, 1.0, 0.0, 2.0)
 
 
 @pytest.mark.parametrize("epsilon", [1e307, float(np.finfo(float).max)])
