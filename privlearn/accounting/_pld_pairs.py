@@ -124,16 +124,29 @@ class LaplacePair(Pair):
 
 
 class DiscretePair(Pair):
-    """A pair on finitely many outcomes, given by atoms ``(loss_j, p_j, q_j)``."""
+    """A pair on finitely many outcomes, given by atoms ``(loss_j, p_j, q_j)``.
 
-    def __init__(self, p: np.ndarray, q: np.ndarray) -> None:
+    ``loss`` (optional) gives the atoms' privacy losses ``log(p_j / q_j)`` when a mass
+    underflows to 0 (binary randomized response at ``epsilon`` above about 745: ``q``
+    of the ``+epsilon`` atom is ``e^-epsilon / (1 + e^-epsilon)``); such a mass counts
+    as 0 in the tails, which overstates ``P(L > x) - e^x Q(L > x)``: delta is never
+    understated."""
+
+    def __init__(self, p: np.ndarray, q: np.ndarray, loss: np.ndarray | None = None) -> None:
         p = np.asarray(p, dtype=float)
         q = np.asarray(q, dtype=float)
+        if loss is not None:
+            loss = np.asarray(loss, dtype=float)
+            if loss.shape != p.shape or not np.all(np.isfinite(loss)):
+                raise ParameterValueError("DiscretePair needs one finite loss per atom")
         keep = (p > 0) | (q > 0)
         p, q = p[keep], q[keep]
-        if np.any(q <= 0) or np.any(p <= 0):
-            raise ParameterValueError("DiscretePair needs atoms with p > 0 and q > 0")
-        loss = np.log(p) - np.log(q)
+        if loss is None:
+            if np.any(q <= 0) or np.any(p <= 0):
+                raise ParameterValueError("DiscretePair needs atoms with p > 0 and q > 0")
+            loss = np.log(p) - np.log(q)
+        else:
+            loss = loss[keep]
         order = np.argsort(loss)
         self.loss, self.p, self.q = loss[order], p[order], q[order]
         self.loss_min, self.loss_max = float(self.loss[0]), float(self.loss[-1])
@@ -167,7 +180,9 @@ def pure_dp_pair(epsilon: float) -> DiscretePair:
     eps = epsilon
     p = 1.0 / (1.0 + math.exp(-eps))  # e^eps / (1 + e^eps)
     r = math.exp(-eps) / (1.0 + math.exp(-eps))  # 1 - p without cancellation (eps > 37)
-    return DiscretePair(np.array([p, r]), np.array([r, p]))
+    # above about 745 r underflows to 0: the losses +-eps are then given, not log(p / r)
+    loss = None if r > 0.0 else np.array([eps, -eps])
+    return DiscretePair(np.array([p, r]), np.array([r, p]), loss=loss)
 
 
 class ApproxDPPair(Pair):

@@ -61,12 +61,20 @@ def _em_quantile(
     values: np.ndarray, q: float, epsilon: float, lower: float, upper: float,
     n_candidates: int, rng: np.random.Generator,
 ) -> float:
-    grid = np.linspace(lower, upper, n_candidates)
+    # (1 - t) lower + t upper, not np.linspace: its step (upper - lower) / (n - 1)
+    # overflows to inf on a range wider than the largest float (lower=-1e308,
+    # upper=1e308), and the grid, so the released quantile, was inf or NaN
+    t = np.linspace(0.0, 1.0, n_candidates)
+    grid = (1.0 - t) * lower + t * upper
+    grid[0], grid[-1] = lower, upper
     v = np.clip(np.sort(values), lower, upper)
     below = np.searchsorted(v, grid, side="right")
     utility = -np.abs(below - q * v.size)
-    logits = 0.5 * epsilon * utility
-    logits -= logits.max()
+    # the largest utility subtracted before scaling: 0.5 epsilon utility overflows to
+    # -inf for every candidate at an epsilon near the largest float, and -inf - (-inf)
+    # made every probability NaN; this way the best candidates keep logit 0
+    with np.errstate(over="ignore"):
+        logits = 0.5 * epsilon * (utility - utility.max())
     p = np.exp(logits)
     p /= p.sum()
     return float(grid[rng.choice(n_candidates, p=p)])
@@ -82,11 +90,16 @@ def _finite_numbers(owner: str, name: str, values: Any) -> np.ndarray:
             f"{owner}: {name} must be a dense array, got a sparse matrix; convert it with "
             f"{name}.toarray()")
     try:
-        arr = np.asarray(values, dtype=float)
+        is_complex = np.iscomplexobj(values)  # float() would drop the imaginary parts
+        arr = None if is_complex else np.asarray(values, dtype=float)
     except (TypeError, ValueError) as e:
         raise ParameterTypeError(
             f"{owner}: {name} must be numbers, got {type(values).__name__} that cannot be "
             f"converted to float ({e}); encode text columns before choosing bounds") from e
+    if arr is None:
+        raise ParameterTypeError(
+            f"{owner}: {name} must be real numbers, got complex values; pass their real "
+            f"parts ({name}.real) or magnitudes (abs({name})) if that is what you mean")
     if not np.all(np.isfinite(arr)):
         raise _non_finite_error(owner, name, arr)
     return arr

@@ -10,14 +10,16 @@ step is planned or fitted.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from sklearn.pipeline import Pipeline
 
 from privlearn.errors import ParameterTypeError, ParameterValueError
-from privlearn.models.base import quiet_data_checks
+from privlearn.models.base import _is_fitted_name, quiet_data_checks
 
-__all__ = ["check_step_data", "check_steps", "pipeline_getitem"]
+__all__ = ["check_step_data", "check_steps", "pipeline_getitem", "restoring_fits"]
 
 _EXAMPLE = "e.g. steps=[('scale', PrivateStandardScaler(...)), ('model', DPSGDClassifier(...))]"
 
@@ -85,3 +87,36 @@ def check_step_data(step: Any, placeholder: Any, y: Any, plan: Any) -> None:
     finally:
         step.__dict__.clear()
         step.__dict__.update(state)
+
+
+@contextlib.contextmanager
+def restoring_fits(pipe: Any) -> Iterator[None]:
+    """Run a pipeline's fit; if it raises, put back the fitted state of the pipeline and
+    of every estimator it holds (its steps, nested ones included) as it was before.
+
+    A refit that fails part-way has refitted the steps before the failure and not those
+    after it: the pipeline held a mix of two fits, which nothing describes (its account
+    is dropped), and ``predict`` combined them -- a new scaler before a model fitted on
+    the old one's output. As an estimator's failed fit does
+    (:meth:`PrivateEstimator._refit <privlearn.models.base.PrivateEstimator._refit>`), the
+    pipeline is left as it was: the previous fit and the account that describes it. What
+    the failed fit released was charged on the ledgers all the same."""
+    original = pipe.steps  # scikit-learn puts fitted clones in it when memory= is set
+    entries = list(original)
+    held = {id(pipe): pipe}
+    for value in pipe.get_params(deep=True).values():
+        if hasattr(value, "fit") and hasattr(value, "__dict__") and not isinstance(value, type):
+            held.setdefault(id(value), value)
+    saved = [(est, {k: v for k, v in vars(est).items() if _is_fitted_name(k)})
+             for est in held.values()]
+    try:
+        yield
+    except BaseException:
+        if isinstance(original, list):
+            original[:] = entries
+        pipe.steps = original
+        for est, attrs in saved:
+            for k in [k for k in vars(est) if _is_fitted_name(k)]:
+                delattr(est, k)
+            est.__dict__.update(attrs)
+        raise

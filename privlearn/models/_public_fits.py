@@ -92,7 +92,15 @@ def _imputation(step: Any) -> str | None:
         return (
             f"has strategy={step.strategy!r}: its statistics_ are the exact "
             f"{step.strategy} values of the private columns. Pass strategy='constant' "
-            "with a public fill_value"
+            "with a public fill_value and keep_empty_features=True"
+        )
+    if not step.keep_empty_features:
+        return (
+            "has keep_empty_features=False: it drops every column without an observed "
+            "value in the private data (its statistics_ hold NaN there, and it outputs "
+            "one column fewer), so one record, the only value of a column, decides its "
+            "fit and the width the next step sees. Pass keep_empty_features=True (the "
+            "fill_value then fills such a column too)"
         )
     if step.add_indicator:
         return (

@@ -141,7 +141,7 @@ def _shape_only_width(step: Any, n: int) -> int | None:
     from sklearn.random_projection import BaseRandomProjection
 
     if (type(step) is SimpleImputer and step.strategy == "constant"
-            and not step.add_indicator) or (
+            and step.keep_empty_features and not step.add_indicator) or (
             type(step) is MissingIndicator and step.features == "all"):
         return n
     if isinstance(step, BaseRandomProjection) and isinstance(step.n_components,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sklearn.base import is_classifier, is_regressor
+from sklearn.base import MetaEstimatorMixin, is_classifier, is_regressor
 from sklearn.utils import get_tags
 
 from privlearn.errors import ParameterTypeError, ParameterValueError
@@ -38,6 +38,44 @@ def _shape(value: Any) -> tuple[int, ...] | None:
         return tuple(np.asarray(value, dtype=object).shape)
     except (ValueError, TypeError):
         return None
+
+
+def _sparse_frame(X: Any) -> bool:
+    """Whether ``X`` is a pandas DataFrame with a column of ``pandas.SparseDtype`` (its
+    schema): scikit-learn's validation turns it into a SciPy sparse matrix (or refuses
+    a mix of sparse and dense columns), so it is sparse data."""
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is None or not hasattr(X, "columns"):
+        return False
+    return any(type(dt).__name__ == "SparseDtype" for dt in dtypes)
+
+
+def _dtype_kinds(value: Any) -> set[str]:
+    """The NumPy kinds of the dtypes of ``value`` (an array's, or a DataFrame's / a
+    Series' columns'); empty for a list (its values would have to be read)."""
+    dtypes = getattr(value, "dtypes", None)
+    if dtypes is not None and hasattr(value, "columns"):
+        return {str(getattr(dt, "kind", "O")) for dt in dtypes}
+    dtype = getattr(value, "dtype", None)
+    return {str(getattr(dtype, "kind", "O"))} if dtype is not None else set()
+
+
+def _refuse_non_real_dtypes(owner: str, name: str, value: Any) -> None:
+    """Refuse complex numbers and dates or durations (``datetime64``, ``timedelta64``),
+    which no fit takes whatever their values: by the dtype alone."""
+    kinds = _dtype_kinds(value)
+    if "c" in kinds:
+        raise ParameterValueError(
+            f"{owner}: Complex data not supported: {name} has a complex dtype; pass the "
+            f"real parts ({name}.real) or the magnitudes (abs({name})) if that is what you "
+            "mean (refused before anything was reserved on a ledger)"
+        )
+    if kinds & {"M", "m"}:
+        raise ParameterTypeError(
+            f"{owner}: {name} has dates or durations (a datetime64 or timedelta64 "
+            "column); convert them to numbers by a public rule first, e.g. days since a "
+            "public reference date (refused before anything was reserved on a ledger)"
+        )
 
 
 def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
@@ -66,10 +104,11 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
     owner = type(estimator).__name__
     name = getattr(estimator, "_data_name", "X")  # what the public method calls X
     tags = get_tags(estimator)
-    if sparse.issparse(X) and not tags.input_tags.sparse:
+    if (sparse.issparse(X) or _sparse_frame(X)) and not tags.input_tags.sparse:
+        dense = "toarray()" if sparse.issparse(X) else "sparse.to_dense()"
         raise ParameterTypeError(
             f"{owner}: Sparse data was passed for {name}, but dense data is required; "
-            f"convert it with {name}.toarray() (refused before anything was reserved on a "
+            f"convert it with {name}.{dense} (refused before anything was reserved on a "
             "ledger)"
         )
     shape = _shape(X)
@@ -89,6 +128,8 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
             f"{owner}: Found array with 0 {what}(s) (shape={shape}) while a minimum of 1 "
             "is required (refused before anything was reserved on a ledger)"
         )
+    if not isinstance(estimator, MetaEstimatorMixin):  # a search hands X to its runs
+        _refuse_non_real_dtypes(owner, name, X)
     if y is None or not (
         tags.target_tags.required or is_regressor(estimator) or is_classifier(estimator)
     ):
@@ -110,6 +151,8 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
             f"[{shape[0]}, {y_shape[0]}]; X and y need one row per record (refused before "
             "anything was reserved on a ledger)"
         )
+    if is_regressor(estimator) and not isinstance(estimator, MetaEstimatorMixin):
+        _refuse_non_real_dtypes(owner, "y", y)
     kind = getattr(getattr(y, "dtype", None), "kind", None)
     if is_regressor(estimator) and kind is not None and kind in "USV":
         raise ParameterTypeError(

@@ -381,7 +381,9 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
     Notes
     -----
     ``classes`` (keyword, last parameter): the public pair of labels, e.g.
-    ``classes=[0, 1]``; ``classes_[1]`` is the positive class. None (default) infers
+    ``classes=[0, 1]``. ``classes_`` is the pair sorted, as scikit-learn's classifiers
+    have it (its scorers read ``predict_proba``'s columns in sorted label order), and
+    ``classes_[1]`` is the positive class. None (default) infers
     them from ``y``, which releases which labels occur in the private data (through
     ``classes_`` and ``predict``), so a :class:`~privlearn.errors.PrivacyLeakWarning` is
     emitted. With ``classes`` given, ``y`` may contain only one of them.
@@ -438,8 +440,20 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         self.classes = classes
 
     def _public_classes(self) -> np.ndarray | None:
-        """The public ``(negative, positive)`` labels, or None (inferred from ``y``)."""
-        return self._parameter_constraints["classes"]("classes", self.classes)
+        """The public ``(negative, positive)`` labels, sorted, or None (inferred from
+        ``y``). Sorted as ``np.unique`` sorts an inferred pair: scikit-learn's scorers
+        (``roc_auc``, ``neg_log_loss``) read ``predict_proba``'s columns in sorted label
+        order, so a pair kept as given, ``[1, 0]``, turned every such score upside down."""
+        public = self._parameter_constraints["classes"]("classes", self.classes)
+        if public is None:
+            return None
+        try:
+            return np.sort(public)
+        except TypeError as e:
+            raise ParameterValueError(
+                f"classes must be two labels of one kind (both numbers or both strings), "
+                f"got {self.classes!r}; pass the public label pair, e.g. classes=[0, 1]"
+            ) from e
 
     def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
         self._public_classes()  # a wrong classes parameter is refused before anything

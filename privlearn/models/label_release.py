@@ -42,6 +42,8 @@ References
 from __future__ import annotations
 
 import math
+import numbers
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +88,20 @@ from privlearn.models.constraints import (
 __all__ = ["PATE", "PrivateKNN", "LabelRelease", "label_release_mechanism"]
 
 _SQRT2 = math.sqrt(2.0)
+
+
+def _object_numbers(T: np.ndarray) -> np.ndarray:
+    """An object array of numbers (a DataFrame of pandas' nullable ``Int64`` /
+    ``Float64`` columns) as floats, its missing values (``None``, ``pandas.NA``) as NaN,
+    which the vote checks refuse as missing; any other object array unchanged (refused
+    as not numbers)."""
+    na = getattr(sys.modules.get("pandas"), "NA", None)
+    flat = T.ravel()
+    missing = [v is None or (na is not None and v is na) for v in flat]
+    if not all(m or isinstance(v, numbers.Real) for m, v in zip(missing, flat, strict=True)):
+        return T
+    return np.array([np.nan if m else float(v) for m, v in zip(missing, flat, strict=True)],
+                    dtype=float).reshape(T.shape)
 
 
 def label_release_mechanism(
@@ -286,6 +302,8 @@ class PATE(_LabelReleaseBase):
         teacher moves the sum by at most sqrt(2) in L2 and 2 in L1).
         """
         T = np.asarray(teacher_outputs)
+        if T.dtype.kind == "O":
+            T = _object_numbers(T)
         if T.dtype.kind not in "biuf":
             raise ParameterTypeError(
                 "teacher_outputs must be numbers: integer class labels 0..n_classes-1 "

@@ -412,7 +412,10 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         score clipped (for the person fitting only)."""
         pred = est.predict(X)
         if is_classifier(est):
-            loss = (np.asarray(pred) != np.asarray(y)).astype(float)
+            # flat, as the regressors' losses: a column y (n, 1) against the flat
+            # predictions would broadcast to an (n, n) table, whose sum one record moves
+            # by up to 2n - 1, far above the sensitivity 1 the score's noise is scaled to
+            loss = (np.asarray(pred).ravel() != np.asarray(y).ravel()).astype(float)
         else:
             loss = (np.asarray(pred, float).ravel() - np.asarray(y, float).ravel()) ** 2
         if public:
@@ -598,13 +601,14 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         X_val_given = X_val
         try:
             # on a copy: this search is not fitted yet (its own X is checked later)
-            X_val, _ = validate_input(clone(self), X_val, y_val, dtype=None)
+            X_val, _ = validate_input(clone(self), X_val, y_val, **self._own_checks())
         except ValueError as e:  # the typed errors of validate_input, named for X_val
             raise type(e)(f"public validation data (X_val, y_val): {e}") from e
         width = data_shape(X)
-        if len(width) == 2 and X_val.shape[1] != width[1]:
+        width_val = data_shape(X_val, "X_val")
+        if len(width) == 2 and len(width_val) == 2 and width_val[1] != width[1]:
             raise ParameterValueError(
-                f"X_val has {X_val.shape[1]} features but X has {width[1]}: the public "
+                f"X_val has {width_val[1]} features but X has {width[1]}: the public "
                 "validation data must have the training data's columns")
         names, names_val = (getattr(getattr(a, "columns", None), "tolist", None)
                             for a in (X, X_val_given))
@@ -633,13 +637,24 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         ``sample_weight`` is refused."""
         return self._fit(X, y, fit_params=fit_params, X_val=X_val, y_val=y_val)
 
+    def _own_checks(self) -> dict[str, Any]:
+        """How the search validates the data it hands to its runs: as a private
+        estimator does (finite numbers), except for a pipeline, whose public steps may
+        take what its private steps refuse (a NaN imputed with a public constant, text
+        encoded over public categories, dates turned into numbers): then its schema
+        only (the number of columns, their names), and each run's steps check the
+        rest."""
+        if isinstance(self.estimator, PrivatePipeline) and not _private_first(self.estimator):
+            return {"skip_check_array": True}
+        return {"dtype": None}
+
     def _check_data(self, X, y, plan: SearchPlan):
         """Check ``X`` and ``y`` with the search's and every candidate's own data checks
         before the release (a refusal here still charges the search's reservation in
         full, as any refusal of the data after the reservation does: it may depend on
         the values; the mistakes of shape and type are refused before the reservation);
         the candidates get the data as given."""
-        validate_input(self, X, y, dtype=None)
+        validate_input(self, X, y, **self._own_checks())
         with quiet_data_checks():  # each run warns its caller when it is fitted
             for params, fit_plan in zip(plan.grid, plan.fit_plans, strict=False):
                 candidate = self._candidate(params)
@@ -770,7 +785,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         check_is_fitted(self)
         pred = self.best_estimator_.predict(X)
         if is_classifier(self.best_estimator_):
-            return float(np.mean(np.asarray(pred) == np.asarray(y)))
+            return float(np.mean(np.asarray(pred).ravel() == np.asarray(y).ravel()))
         return -float(np.mean((np.asarray(pred, float).ravel()
                                - np.asarray(y, float).ravel()) ** 2))
 
@@ -779,6 +794,18 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         """``best_estimator_.classes_``."""
         check_is_fitted(self)
         return self.best_estimator_.classes_
+
+
+def _private_first(pipe: PrivatePipeline) -> bool:
+    """Whether the first step that ``pipe`` fits (past ``"passthrough"``, into nested
+    pipelines) is a private estimator: it then checks the data as given."""
+    for _name, step in pipe.steps:
+        if step is None or (isinstance(step, str) and step == "passthrough"):
+            continue
+        if isinstance(step, PrivatePipeline):
+            return _private_first(step)
+        return isinstance(step, PrivateEstimator)
+    return False
 
 
 def _refuse_private_validation(X, X_val, *, values: bool) -> None:

@@ -58,6 +58,7 @@ from privlearn.errors import (
     PrivacyLeakWarning,
     UnsupportedMechanismError,
 )
+from privlearn.models import _public_sparsity as _sparsity
 from privlearn.models._bounds import (
     choose_x_bound,
     choose_y_bound,
@@ -65,7 +66,12 @@ from privlearn.models._bounds import (
     private_quantile,
 )
 from privlearn.models._charge import reserved_in_full
-from privlearn.models._pipeline_steps import check_step_data, check_steps, pipeline_getitem
+from privlearn.models._pipeline_steps import (
+    check_step_data,
+    check_steps,
+    pipeline_getitem,
+    restoring_fits,
+)
 from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
 from privlearn.models._public_width import probe_width as _probe_width
 from privlearn.models._public_width import public_output_width
@@ -419,8 +425,9 @@ class PrivatePipeline(Pipeline):
         :func:`pipeline_mechanism`). :meth:`fit` fits every step on the data it is given,
         these included, so a public step it fits must provably learn nothing from the
         values: it must be on the allow-list of :mod:`privlearn.models._public_fits`
-        (``OneHotEncoder(categories=[...])``, ``SimpleImputer(strategy="constant")``,
-        stateless steps, containers of them, ...). Any other (a ``StandardScaler``,
+        (``OneHotEncoder(categories=[...])``,
+        ``SimpleImputer(strategy="constant", keep_empty_features=True)``, stateless
+        steps, containers of them, ...). Any other (a ``StandardScaler``,
         ``PCA``, ``TargetEncoder``, an encoder with ``categories="auto"``) is refused
         with :class:`~privlearn.errors.ConfigurationError` before any step is fitted or
         any budget reserved. A step fitted beforehand on public data is kept as it is
@@ -492,11 +499,14 @@ class PrivatePipeline(Pipeline):
         names = [str(c) for c in columns] if columns is not None else None
         steps = [(n, s) for n, s in self.steps
                  if not (s is None or (isinstance(s, str) and s == "passthrough"))]
+        is_sparse, previous = _sparsity.input_is_sparse(X), None  # of the next step's input
         for i, (name, step) in enumerate(steps):
             last = i == len(steps) - 1
             placeholder = np.broadcast_to(np.float64(0.0), shape)
             if isinstance(step, PrivateEstimator):  # its mechanism_ counts
                 refuse_as_step(step, type(self).__name__, name)
+                _sparsity.refuse_sparse_input(type(self).__name__, name, step, is_sparse,
+                                              previous)
                 plan = step._plan(step._validate_params(), placeholder, y)
                 yield name, step, placeholder, plan, plan.mechanism
             elif isinstance(step, PrivatePipeline):
@@ -511,6 +521,10 @@ class PrivatePipeline(Pipeline):
                     raise _unplanned_step(name, step)
             if last:
                 break
+            previous = (name, step)
+            is_sparse = _sparsity.output_is_sparse(name, step, shape[1], names, is_sparse,
+                                                   private=isinstance(step, PrivateEstimator
+                                                                      | PrivatePipeline))
             if isinstance(step, OneToOneFeatureMixin) or (
                     _frozen(step) and isinstance(step.estimator, OneToOneFeatureMixin)):
                 continue
@@ -598,8 +612,10 @@ class PrivatePipeline(Pipeline):
         rule of :meth:`PrivateEstimator._run <privlearn.models.base.PrivateEstimator._run>`):
         whether the data is refused may depend on one record, and a missing entry
         would tell the ledger's readers so."""
-        with reserved_in_full(type(self).__name__, self._ledger_steps(X, y),
-                              self._private_steps()):
+        with restoring_fits(self), reserved_in_full(
+                type(self).__name__, self._ledger_steps(X, y), self._private_steps()):
+            for name in ("mechanism_", "epsilon_", "delta_"):  # set once all are fitted
+                self.__dict__.pop(name, None)
             self._check_values(X, y)
             yield
 
@@ -667,10 +683,6 @@ class PrivatePipeline(Pipeline):
         _warn_shared_seeds(self)
         if budgets:
             self._check_budgets(X, y)
-        # the steps are about to be refitted: the previous account would not describe
-        # them if a later step fails (set only once every step is fitted)
-        for name in ("mechanism_", "epsilon_", "delta_"):
-            self.__dict__.pop(name, None)
         return delta
 
     def _check_budgets(self, X, y) -> None:

@@ -390,11 +390,13 @@ def test_public_steps_as_a_single_string_is_refused():
     assert pipeline_mechanism(plain, public_steps=["scale"]) == plain[-1].mechanism_
 
 
-def test_a_pipeline_refit_that_fails_after_a_step_released_keeps_no_stale_account():
+def test_a_pipeline_refit_that_fails_after_a_step_released_is_left_as_it_was():
     """A refit whose second step fails (here it diverges, an error that depends on the
     data and so comes after its release) after the first step released at a new
-    epsilon: the pipeline must not keep reporting the previous account, which
-    describes releases its steps no longer hold."""
+    epsilon: the pipeline must not report an account that describes releases its steps
+    no longer hold, nor hold a mix of the two fits (the new scaler before the model
+    fitted on the old one's output, which predict combined). As an estimator's failed
+    fit, it is left as it was: the previous fit of every step and its account."""
     from privlearn.models import NoisyGDRegressor
 
     rng = np.random.default_rng(0)
@@ -404,11 +406,15 @@ def test_a_pipeline_refit_that_fails_after_a_step_released_keeps_no_stale_accoun
         ("scale", PrivateStandardScaler(epsilon=0.5, feature_range=(-1, 1))),
         ("model", NoisyGDRegressor(noise_multiplier=None, n_iter=20, x_bound=10.0,
                                    learning_rate=1e-3))]).fit(X, y)
+    before = (pipe.predict(X), pipe.mechanism_, pipe.epsilon_, pipe[0].mean_.copy())
     pipe.set_params(scale__epsilon=3.0, model__learning_rate=1e6)
     with pytest.raises(FloatingPointError, match="diverged"):
         pipe.fit(X, y)
-    assert pipe.named_steps["scale"].epsilon_ > 2.0  # the first step did release
-    assert not hasattr(pipe, "mechanism_") and not hasattr(pipe, "epsilon_")
+    assert pipe.named_steps["scale"].epsilon_ < 0.6  # the previous fit, not the new one
+    np.testing.assert_array_equal(pipe[0].mean_, before[3])
+    assert (pipe.mechanism_, pipe.epsilon_) == before[1:3]
+    assert pipe.mechanism_ == compose([pipe[0].mechanism_, pipe[1].mechanism_])
+    np.testing.assert_array_equal(pipe.predict(X), before[0])
 
 
 def test_a_budget_that_cannot_hold_a_later_step_is_refused_before_the_first_releases(

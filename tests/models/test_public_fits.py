@@ -198,7 +198,7 @@ _ALLOWED = {
     ),
     "constant imputation": lambda: FeatureUnion(
         [
-            ("fill", SimpleImputer(strategy="constant", fill_value=0.0)),
+            ("fill", SimpleImputer(strategy="constant", fill_value=0.0, keep_empty_features=True)),
             ("missing", MissingIndicator(features="all")),
         ]
     ),

@@ -315,7 +315,8 @@ def test_public_imputer_learning_from_the_data_is_refused(imputer):
                                   fits[1].transform(X_neighbour[:1]), equal_nan=True)
             or getattr(fits[1], "_fit_X", np.zeros(0)).size > 0)
     if isinstance(step, MissingIndicator):  # keep the values next to their indicators
-        step = FeatureUnion([("fill", SimpleImputer(strategy="constant", fill_value=0.0)),
+        step = FeatureUnion([("fill", SimpleImputer(strategy="constant", fill_value=0.0,
+                                                   keep_empty_features=True)),
                              ("missing", step)])
     pipe = PrivatePipeline(
         [("impute", step),
@@ -336,7 +337,8 @@ def test_public_constant_imputer_is_fitted_alike_on_neighbours():
     X = rng.uniform(-1, 1, size=(60, 2))
     X_neighbour = X.copy()
     X_neighbour[0, 0] = np.nan
-    step = FeatureUnion([("fill", SimpleImputer(strategy="constant", fill_value=0.0)),
+    step = FeatureUnion([("fill", SimpleImputer(strategy="constant", fill_value=0.0,
+                                               keep_empty_features=True)),
                          ("missing", MissingIndicator(features="all"))])
     pipe = PrivatePipeline(
         [("impute", step),
