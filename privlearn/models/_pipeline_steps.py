@@ -120,3 +120,16 @@ def restoring_fits(pipe: Any) -> Iterator[None]:
                 delattr(est, k)
             est.__dict__.update(attrs)
         raise
+
+
+def unplanned_step(name: str, step: Any) -> ParameterTypeError:
+    """The refusal of a pipeline step that learns from the data without a mechanism."""
+    return ParameterTypeError(
+        f"pipeline step {name!r} ({type(step).__name__}) learns from the data but has no "
+        "planned mechanism: it would release exact statistics, and the pipeline's cost "
+        "cannot be known before fitting. Use a privlearn.models.PrivateEstimator step "
+        "(e.g. PrivateStandardScaler for StandardScaler), or fit it on public data and "
+        "pass sklearn.frozen.FrozenEstimator(fitted step). If its fit learns nothing from "
+        "the values (an encoder given its category lists, a FunctionTransformer; the "
+        "estimators guide, 'A DataFrame with text columns', lists such steps), name it: "
+        f"PrivatePipeline(steps, public_steps=({name!r},))")

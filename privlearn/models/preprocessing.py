@@ -71,6 +71,7 @@ from privlearn.models._pipeline_steps import (
     check_steps,
     pipeline_getitem,
     restoring_fits,
+    unplanned_step,
 )
 from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
 from privlearn.models._public_width import probe_width as _probe_width
@@ -518,7 +519,7 @@ class PrivatePipeline(Pipeline):
                 if name in public:
                     refuse_learning_public_fit(name, step)
                 elif get_tags(step).requires_fit:
-                    raise _unplanned_step(name, step)
+                    raise unplanned_step(name, step)
             if last:
                 break
             previous = (name, step)
@@ -737,7 +738,7 @@ class PrivatePipeline(Pipeline):
                 _refuse_hidden_release(name, step)
                 if name not in public and (
                         _frozen_release(step) is None and get_tags(step).requires_fit):
-                    raise _unplanned_step(name, step)
+                    raise unplanned_step(name, step)
         refuse_refitting_public_fits(self)
         for name, step in _refitted_public_steps(self).items():
             refuse_learning_public_fit(name, step)
@@ -888,15 +889,3 @@ def _refuse_hidden_release(name: str, step: Any) -> None:
         "ColumnTransformer([('cat', OneHotEncoder(categories=[...]), columns)], "
         "remainder='passthrough') listed in public_steps")
 
-
-def _unplanned_step(name: str, step: Any) -> ParameterTypeError:
-    """The refusal of a pipeline step that learns from the data without a mechanism."""
-    return ParameterTypeError(
-        f"pipeline step {name!r} ({type(step).__name__}) learns from the data but has no "
-        "planned mechanism: it would release exact statistics, and the pipeline's cost "
-        "cannot be known before fitting. Use a privlearn.models.PrivateEstimator step "
-        "(e.g. PrivateStandardScaler for StandardScaler), or fit it on public data and "
-        "pass sklearn.frozen.FrozenEstimator(fitted step). If its fit learns nothing from "
-        "the values (an encoder given its category lists, a FunctionTransformer; the "
-        "estimators guide, 'A DataFrame with text columns', lists such steps), name it: "
-        f"PrivatePipeline(steps, public_steps=({name!r},))")
