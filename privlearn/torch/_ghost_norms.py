@@ -33,13 +33,24 @@ inputs, ``2^-11`` or ``2^-8`` per factor, is added and cannot be blocked away: a
 
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["GhostParts", "finish_parts", "ghost_parts", "ghost_sq", "gram_block",
-           "input_rounding", "round_up", "sum_up"]
+__all__ = ["SHARED_GRAM", "GhostParts", "finish_parts", "ghost_parts", "ghost_sq",
+           "gram_block", "input_rounding", "round_up", "sum_up"]
+
+#: A one-entry store of the last input Gram matrix formed (``[key, inputs, gram]``, empty
+#: when none), set by whoever forms the ghost norms of consecutive layers (the tracker,
+#: during backward): layers that read the same input tensor (a transformer's query, key
+#: and value projections; a gated MLP's gate and up projections) share one Gram matrix
+#: ``a a^T`` instead of forming it once each. The same matrix bit for bit: the key is the
+#: input's memory, layout, dtype and version counter (the inputs are held with it, so
+#: their memory is not reused while it is kept), and the product and block length.
+SHARED_GRAM: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "privlearn_shared_gram", default=None)
 
 _U64 = 2.0**-53
 _U32 = 2.0**-24
@@ -112,6 +123,18 @@ def _gram(x: torch.Tensor, mm, k: int) -> torch.Tensor:
     return out
 
 
+def _gram_key(a: torch.Tensor, mm, k: int) -> tuple | None:
+    """What identifies the Gram matrix of ``a`` (see :data:`SHARED_GRAM`), None for a
+    tensor whose memory cannot be told (a tensor subclass, no storage)."""
+    if type(a) is not torch.Tensor or a.is_meta:
+        return None
+    try:
+        return (a.data_ptr(), a.device, a.dtype, tuple(a.shape), a.stride(), a._version,
+                mm, k)
+    except RuntimeError:  # pragma: no cover - a tensor without accessible storage
+        return None
+
+
 class GhostParts(NamedTuple):
     """A ghost squared norm before its last sums (:func:`ghost_parts`): the per-position
     row sums of the Gram product (the first of two stages for long rows), the square
@@ -179,7 +202,16 @@ def ghost_parts(
             ghost_sq(a.double(), g.double(), widen=True, spread=spread),
             torch.float32 if low else a.dtype,
         )
-    aa = _gram(a, mm, ka)  # (N, T, T), float32 for half-precision operands
+    slot = SHARED_GRAM.get()
+    key = _gram_key(a, mm, ka) if slot is not None else None
+    if key is not None and slot and slot[0] == key:
+        aa = slot[2]  # the same input's Gram matrix, formed for a layer before
+    else:
+        aa = _gram(a, mm, ka)  # (N, T, T), float32 for half-precision operands
+        if key is not None:
+            slot[:] = [key, a, aa]
+        elif slot:
+            slot.clear()
     gg = _gram(g, mm, kg)
     w = _U64 if aa.dtype == torch.float64 else _U32  # the Gram dtype's roundoff
     # cap = root^2 = (sum_t sqrt(diag_a diag_g))^2 in the Gram dtype (within gamma_(2T+4) of its
@@ -191,7 +223,9 @@ def ghost_parts(
     # other T x T buffer; a long row summed in two stages of about sqrt(T) each), within
     # `sums` of sum |aa . gg| <= (1 + ga)(1 + gp) cap
     k = _split(t)
-    prod = aa.mul_(gg)
+    # (the product formed in the output gradients' Gram where the input's is kept for
+    # other layers: the same products, multiplication commutes)
+    prod = gg.mul_(aa) if key is not None else aa.mul_(gg)
     rows = _sum_last(prod, k)
     # the diagonal of the products is diag_a * diag_g (the same single rounding): the
     # root's terms from it (no product of the diagonals)

@@ -55,6 +55,7 @@ from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
+from privlearn.torch._ghost_norms import SHARED_GRAM
 from privlearn.torch._model_refusals import refuse_global_hooks
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
@@ -277,6 +278,12 @@ class GradSampleTracker(ClippingMixin):
         #: the rules evaluated during backward and those evaluated at the step
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         self._not_early: set[int] = set()  # units whose rule gave another contribution
+        #: the last input Gram matrix formed during backward (``_ghost_norms.SHARED_GRAM``:
+        #: shared by the layers that read one input), emptied when the pass ends
+        self._gram_slot: list = []
+        #: the last autocast copy of a layer input (``_tracker_util._autocast_input``:
+        #: shared by the layers that read one input), weakly held
+        self._cast_slot: list = []
         #: the model's tree, training flags and hooks at the last forward
         #: (:func:`_mixing_fingerprint`): a change re-arms the probe
         self._mixing_shape: tuple | None = None
@@ -656,11 +663,13 @@ class GradSampleTracker(ClippingMixin):
                 if not self.records.get(index):
                     self._recompute_unrecorded = unit.name
                 return _recomputed_outputs(output, dummy)
+            x0 = args[0] if args else None
             args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
             if move is not None and args and isinstance(args[0], Tensor):
                 args = (_to_front(args[0], move), *args[1:])
             if casts_input and args and not self._probe_pending:
-                args = _autocast_input(args, output)
+                args = _autocast_input(args, output, x0 if move is None else None,
+                                       self._cast_slot)
             rec = Record(
                 args=args,
                 kwargs={k: (v.detach() if isinstance(v, Tensor) else v)
@@ -750,7 +759,11 @@ class GradSampleTracker(ClippingMixin):
                 if not unit.rule.early:
                     self._not_early.add(id(unit))  # not tried again
                 return  # kept as recorded: evaluated at the step as usual
-            prepare(c)  # cached: the step sums them (and forms the rows' norms)
+            token = SHARED_GRAM.set(self._gram_slot)
+            try:
+                prepare(c)  # cached: the step sums them (and forms the rows' norms)
+            finally:
+                SHARED_GRAM.reset(token)
         rec.early, rec.examples = c, examples
         rec.args, rec.kwargs = (), {}
         rec.grad_outputs = [None] * len(rec.grad_outputs)
@@ -776,10 +789,12 @@ class GradSampleTracker(ClippingMixin):
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         self._settled = None
+        self._gram_slot.clear()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
         self._in_backward = False
+        self._gram_slot.clear()
         self._backward_passes += 1
         # the norms of the layers evaluated during backward formed by groups (the step
         # uses them where it sees the same contributions)
@@ -809,6 +824,7 @@ class GradSampleTracker(ClippingMixin):
 
     def clear(self) -> None:
         self.outside_uses, self._settled = set(), None
+        self._gram_slot.clear()
         self.records = {}
         self._captured = {}
         self._backward_passes = 0

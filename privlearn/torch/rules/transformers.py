@@ -177,8 +177,25 @@ def rmsnorm_rule(module: nn.Module, record: Record, params) -> Contribution:
     x, g = record.args[0], record.grad(0)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     xf = x.to(torch.float32)  # as the module does, whatever the input dtype
-    xhat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return _rms_contribution(x, g, module.weight, params, xhat)
+    return _rms_contribution(x, g, module.weight, params, _rms_normalised(xf, eps).to(x.dtype))
+
+
+#: one fused kernel forming ``x * rsqrt(mean(x^2) + eps)`` over the last dimension where
+#: this torch has it (on the CPU and CUDA), instead of five operations
+_FUSED_RMS = getattr(torch.ops.aten, "_fused_rms_norm", None)
+
+
+def _rms_normalised(xf: torch.Tensor, eps: float) -> torch.Tensor:
+    """``xf * rsqrt(mean(xf^2, -1) + eps)`` of float32 ``xf`` (the same values up to the
+    order of the mean's float32 sum): one fused operation where torch has it for the
+    device, else the module's own five."""
+    if _FUSED_RMS is not None and type(xf) is torch.Tensor \
+            and xf.device.type in ("cpu", "cuda"):
+        try:
+            return _FUSED_RMS(xf, [xf.shape[-1]], None, eps)[0]
+        except NotImplementedError:  # no kernel for this device in this build
+            pass
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
 # --------------------------------------------------------------------------- embeddings
