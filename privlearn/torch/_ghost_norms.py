@@ -39,6 +39,8 @@ from typing import NamedTuple
 
 import torch
 
+from privlearn.torch._ghost_pending import PENDING
+
 __all__ = ["SHARED_GRAM", "GhostParts", "finish_parts", "ghost_parts", "ghost_sq",
            "gram_block", "input_rounding", "round_up", "sum_up"]
 
@@ -181,11 +183,18 @@ def ghost_sq(
 
 
 def ghost_parts(
-    a: torch.Tensor, g: torch.Tensor, mm=torch.matmul, widen: bool = False, spread: float = 0.0
+    a: torch.Tensor,
+    g: torch.Tensor,
+    mm=torch.matmul,
+    widen: bool = False,
+    spread: float = 0.0,
+    defer: bool = False,
 ) -> GhostParts | torch.Tensor:
     """:func:`ghost_sq` up to its last sums (its arguments): :class:`GhostParts`, or the
     norms themselves where no useful bound holds in the working precision (formed in
-    float64 then)."""
+    float64 then). With ``defer``, while a
+    :class:`~privlearn.torch._ghost_pending.PendingProducts` is in force, the parts' rows
+    and roots are formed with other layers' when it flushes (not to be read before)."""
     n, t, d = a.shape
     p = g.shape[-1]
     low = a.dtype in (torch.float16, torch.bfloat16)
@@ -223,13 +232,18 @@ def ghost_parts(
     # other T x T buffer; a long row summed in two stages of about sqrt(T) each), within
     # `sums` of sum |aa . gg| <= (1 + ga)(1 + gp) cap
     k = _split(t)
-    # (the product formed in the output gradients' Gram where the input's is kept for
-    # other layers: the same products, multiplication commutes)
-    prod = gg.mul_(aa) if key is not None else aa.mul_(gg)
-    rows = _sum_last(prod, k)
-    # the diagonal of the products is diag_a * diag_g (the same single rounding): the
-    # root's terms from it (no product of the diagonals)
-    roots = prod.diagonal(dim1=1, dim2=2).sqrt()
+    pending = PENDING.get() if defer else None
+    held = pending.take(aa, gg, k) if pending is not None else None
+    if held is not None:  # the same products and reductions, with other layers'
+        rows, roots = held
+    else:
+        # (the product formed in the output gradients' Gram where the input's is kept
+        # for other layers: the same products, multiplication commutes)
+        prod = gg.mul_(aa) if key is not None else aa.mul_(gg)
+        rows = _sum_last(prod, k)
+        # the diagonal of the products is diag_a * diag_g (the same single rounding):
+        # the root's terms from it (no product of the diagonals)
+        roots = prod.diagonal(dim1=1, dim2=2).sqrt()
     stage = (1 + _gamma(k, w)) * (1 + _gamma(t // k, w))
     sums = ((1 + w) * stage * stage - 1) * (1 + ga) * (1 + gp)
     # sq + alpha cap, cap = root^2, in one operation: its scaling and addition round

@@ -56,6 +56,7 @@ from privlearn.torch import rules as _rules  # noqa: F401  (registers every buil
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
 from privlearn.torch._ghost_norms import SHARED_GRAM
+from privlearn.torch._ghost_pending import PENDING, PendingProducts
 from privlearn.torch._model_refusals import refuse_global_hooks
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
@@ -278,12 +279,10 @@ class GradSampleTracker(ClippingMixin):
         #: the rules evaluated during backward and those evaluated at the step
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         self._not_early: set[int] = set()  # units whose rule gave another contribution
-        #: the last input Gram matrix formed during backward (``_ghost_norms.SHARED_GRAM``:
-        #: shared by the layers that read one input), emptied when the pass ends
-        self._gram_slot: list = []
-        #: the last autocast copy of a layer input (``_tracker_util._autocast_input``:
-        #: shared by the layers that read one input), weakly held
-        self._cast_slot: list = []
+        #: during backward, the last input Gram matrix (shared by the layers of one input,
+        #: ``_ghost_norms.SHARED_GRAM``) and the Gram products reduced by groups
+        #: (``_ghost_pending``); the last autocast copy of an input (shared likewise)
+        self._gram_slot, self._pending, self._cast_slot = [], PendingProducts(), []
         #: the model's tree, training flags and hooks at the last forward
         #: (:func:`_mixing_fingerprint`): a change re-arms the probe
         self._mixing_shape: tuple | None = None
@@ -759,11 +758,12 @@ class GradSampleTracker(ClippingMixin):
                 if not unit.rule.early:
                     self._not_early.add(id(unit))  # not tried again
                 return  # kept as recorded: evaluated at the step as usual
-            token = SHARED_GRAM.set(self._gram_slot)
+            token, held = SHARED_GRAM.set(self._gram_slot), PENDING.set(self._pending)
             try:
                 prepare(c)  # cached: the step sums them (and forms the rows' norms)
             finally:
                 SHARED_GRAM.reset(token)
+                PENDING.reset(held)
         rec.early, rec.examples = c, examples
         rec.args, rec.kwargs = (), {}
         rec.grad_outputs = [None] * len(rec.grad_outputs)
@@ -790,11 +790,13 @@ class GradSampleTracker(ClippingMixin):
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         self._settled = None
         self._gram_slot.clear()
+        self._pending.flush()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
         self._in_backward = False
         self._gram_slot.clear()
+        self._pending.flush()  # (before the groups' norms below)
         self._backward_passes += 1
         # the norms of the layers evaluated during backward formed by groups (the step
         # uses them where it sees the same contributions)
@@ -825,6 +827,7 @@ class GradSampleTracker(ClippingMixin):
     def clear(self) -> None:
         self.outside_uses, self._settled = set(), None
         self._gram_slot.clear()
+        self._pending.flush()
         self.records = {}
         self._captured = {}
         self._backward_passes = 0

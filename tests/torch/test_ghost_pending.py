@@ -1,0 +1,102 @@
+"""Ghost layers' last per-layer reductions formed for many layers at once
+(``_ghost_pending``): the row sums and roots of the Gram products of layers of one shape,
+by one reduction and one square root a group during backward, bitwise each layer's own;
+the clipped sum is still the batch-of-one definition's."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.torch import _ghost_pending, make_private  # noqa: E402
+from privlearn.torch import grad_sample as _gs  # noqa: E402
+from privlearn.torch._ghost_norms import ghost_parts  # noqa: E402
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("t", [7, 144])  # one-stage rows; two stages (k = 12)
+def test_pending_parts_are_each_layer_alone_once_flushed(t, monkeypatch):
+    """Five layers of one shape, at most two a buffer: NaN until their group is flushed
+    (a full buffer at once, the rest by ``flush``), then bitwise each layer's own parts;
+    one product, and per group one row reduction and one square root."""
+    monkeypatch.setattr(_ghost_pending, "MAX_LAYERS", 2)
+    gen = torch.Generator().manual_seed(t)
+    xs = [
+        (torch.randn(3, t, 16, generator=gen), torch.randn(3, t, 10, generator=gen))
+        for _ in range(5)
+    ]
+    alone = [ghost_parts(a, g, torch.bmm) for a, g in xs]
+    pending = _ghost_pending.PendingProducts()
+    token = _ghost_pending.PENDING.set(pending)
+    try:
+        ops = _Ops()
+        with ops:
+            held = [ghost_parts(a, g, torch.bmm, defer=True) for a, g in xs]
+        not_deferred = ghost_parts(*xs[0], torch.bmm)  # (defer=False: its own)
+    finally:
+        _ghost_pending.PENDING.reset(token)
+    assert ops.ops["mul"] == 5 and ops.ops["sqrt"] == 2  # two full groups of two
+    assert torch.isnan(held[4].rows).all() and torch.isnan(held[4].roots).all()
+    assert torch.equal(not_deferred.rows, alone[0].rows)
+    ops = _Ops()
+    with ops:
+        pending.flush()
+    assert ops.ops["sqrt"] == 1
+    for h, o in zip(held, alone, strict=True):
+        assert torch.equal(h.rows, o.rows) and torch.equal(h.roots, o.roots)
+        assert h.k == o.k and h.alpha == o.alpha
+
+
+def _model():
+    torch.manual_seed(8)
+    return nn.Sequential(*(nn.Linear(10, 10) for _ in range(5)))
+
+
+def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monkeypatch):
+    """Five ghost layers of one shape: the steady backward pass takes one square root
+    (five before: one a layer) and the clipped sum (noise-free, some examples clipped,
+    some not) is the float64 batch-of-one definition's."""
+    monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
+    n, t = 6, 4
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(n, t, 10, generator=gen) * torch.linspace(0.05, 2.0, n)[:, None, None]
+    y = torch.randn(n, t, 10, generator=gen)
+    model, ref = _model(), _model()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, y), batch_size=n),
+        noise_multiplier=0.0,
+        max_grad_norm=12.0,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    for _ in range(3):
+        xb, yb = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        loss = (p.model(xb) * yb).sum()
+        ops = _Ops()
+        with ops:
+            loss.backward()
+        p.optimizer.step()
+    assert ops.ops["bmm"] == 10 and ops.ops["sqrt"] == 1
+    want, norms = oracle.clipped_sum(ref, xb, yb, 12.0, loss_fn=lambda o, v: (o * v).sum())
+    assert (norms > 12.0).any() and (norms < 12.0).any()
+    got = oracle.flat(q.grad for q in model.parameters()) * n
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
