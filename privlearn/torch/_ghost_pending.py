@@ -9,7 +9,9 @@ the tracker around the rules it evaluates during backward), the products of laye
 ``(N, T)``, dtype, device and two-stage split are written side by side into one buffer of
 at most :data:`PENDING_BYTES` (:data:`MAX_LAYERS` layers) instead, and their row sums and
 roots are formed by one reduction and one square root for all of them when the buffer is
-full or the backward pass ends (:meth:`PendingProducts.flush`).
+full or the backward pass ends (:meth:`PendingProducts.flush`). Likewise the sums over positions
+of the output gradients of layers of one shape (their biases' per-example gradients,
+:meth:`PendingProducts.take_sum`): one stacked copy and one sum instead of a sum a layer.
 
 The same products (one rounding each, written where the layer's own buffer would have
 held them) and the same sums of each row (``T`` terms, or the two stages the bound
@@ -69,6 +71,32 @@ class _Group:
         torch.sqrt(p.diagonal(dim1=-2, dim2=-1), out=self.out[1, :n])
 
 
+class _Sums:
+    """Output gradients ``(N, T, p)`` of up to ``cap`` layers whose sums over positions
+    (a bias's per-example gradients) are formed by one stacked sum (NaN until
+    :meth:`flush`)."""
+
+    def __init__(self, g: torch.Tensor, dtype: torch.dtype | None, cap: int) -> None:
+        n, _, p = g.shape
+        self.out = torch.full((cap, n, p), float("nan"), dtype=dtype or g.dtype, device=g.device)
+        self.dtype, self.cap = dtype, cap
+        self.held: list = []
+        self._views = self.out.unbind(0)
+
+    @property
+    def used(self) -> int:
+        return len(self.held)
+
+    def add(self, g: torch.Tensor) -> torch.Tensor:
+        self.held.append(g)
+        return self._views[len(self.held) - 1]
+
+    def flush(self) -> None:
+        held, self.held, self._views = self.held, [], None
+        if held:
+            torch.sum(torch.stack(held), 2, dtype=self.dtype, out=self.out[: len(held)])
+
+
 class PendingProducts:
     """Ghost layers' Gram products whose reductions wait for their group (see the module
     docstring)."""
@@ -95,17 +123,34 @@ class PendingProducts:
         if cap < 2:
             return None
         key = (aa.device, aa.dtype, n, t, k)
+        return self._hold(key, lambda: _Group(aa, k, cap), lambda grp: grp.add(aa, gg))
+
+    def take_sum(self, g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """Hold the output gradients ``(N, T, p)`` ``g`` with others of their shape: returns
+        the view ``(N, p)`` that will hold ``g.sum(1, dtype=dtype)`` once flushed (the
+        layers' sums by one stacked sum: a copy of at most :data:`PENDING_BYTES`), or None
+        where it is not held."""
+        if type(g) is not torch.Tensor or g.dim() != 3:
+            return None
+        cap = min(MAX_LAYERS, PENDING_BYTES // max(1, g.numel() * g.element_size()))
+        if cap < 2:
+            return None
+        key = ("sum", g.device, g.dtype, dtype, tuple(g.shape))
+        return self._hold(key, lambda: _Sums(g, dtype, cap), lambda grp: grp.add(g))
+
+    def _hold(self, key, make, add):
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(aa, k, cap)
-        out = group.add(aa, gg)
+            group = self._groups[key] = make()
+        out = add(group)
         if group.used == group.cap:
             group.flush()
             del self._groups[key]
         return out
 
     def flush(self) -> None:
-        """Form the row sums and roots of every product held."""
+        """Form the row sums and roots of every product held, the sums of every output
+        gradient held."""
         groups, self._groups = self._groups, {}
         for g in groups.values():
             g.flush()

@@ -247,7 +247,7 @@ def outer_rows(c) -> tuple[list, list] | None:
     else:
         terms.append(c._weight_sq())
     if c.bias is not None:
-        rows.append(c._bias_ps())
+        rows.append(c._bias_ps(defer=True))  # (flushed with the products)
         c._bias_cols()  # (the view a product may read, made during backward with it)
     return terms, rows
 

@@ -62,6 +62,28 @@ def test_pending_parts_are_each_layer_alone_once_flushed(t, monkeypatch):
         assert h.k == o.k and h.alpha == o.alpha
 
 
+@pytest.mark.parametrize("low", [False, True], ids=["float32", "bf16_to_float32"])
+def test_pending_sums_are_each_layer_alone_once_flushed(low, monkeypatch):
+    """Output gradients of five layers of one shape, at most two a buffer: their sums over
+    positions (float32 sums of bfloat16 ones with ``low``) NaN until their group is
+    flushed, then each layer's own sum."""
+    monkeypatch.setattr(_ghost_pending, "MAX_LAYERS", 2)
+    gen = torch.Generator().manual_seed(11)
+    dtype = torch.bfloat16 if low else torch.float32
+    gs = [torch.randn(3, 9, 7, generator=gen).to(dtype) for _ in range(5)]
+    wide = torch.float32 if low else None
+    pending = _ghost_pending.PendingProducts()
+    ops = _Ops()
+    with ops:
+        held = [pending.take_sum(g, wide) for g in gs]
+    assert ops.ops["sum"] == 2 and ops.ops["stack"] == 2  # two full groups
+    assert torch.isnan(held[4]).all()
+    pending.flush()
+    for h, g in zip(held, gs, strict=True):
+        assert h.dtype == torch.float32
+        torch.testing.assert_close(h, g.sum(1, dtype=wide), rtol=1e-6, atol=1e-6)
+
+
 def _model():
     torch.manual_seed(8)
     return nn.Sequential(*(nn.Linear(10, 10) for _ in range(5)))
@@ -69,7 +91,8 @@ def _model():
 
 def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monkeypatch):
     """Five ghost layers of one shape: the steady backward pass takes one square root
-    (five before: one a layer) and the clipped sum (noise-free, some examples clipped,
+    (five before: one a layer), sums the biases' output gradients over positions by one
+    stacked sum (one a layer before) and the clipped sum (noise-free, some examples clipped,
     some not) is the float64 batch-of-one definition's."""
     monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
     n, t = 6, 4
@@ -96,6 +119,9 @@ def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monke
             loss.backward()
         p.optimizer.step()
     assert ops.ops["bmm"] == 10 and ops.ops["sqrt"] == 1
+    # the products' row sums, the five biases' sums over positions (one stacked sum;
+    # five before) and the finished norms
+    assert ops.ops["sum"] == 3
     want, norms = oracle.clipped_sum(ref, xb, yb, 12.0, loss_fn=lambda o, v: (o * v).sum())
     assert (norms > 12.0).any() and (norms < 12.0).any()
     got = oracle.flat(q.grad for q in model.parameters()) * n
