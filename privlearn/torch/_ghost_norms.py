@@ -33,26 +33,16 @@ inputs, ``2^-11`` or ``2^-8`` per factor, is added and cannot be blocked away: a
 
 from __future__ import annotations
 
-import contextvars
 import math
 from typing import NamedTuple
 
 import torch
 
-from privlearn.torch._ghost_pending import PENDING
+from privlearn.torch._ghost_pending import PENDING, SHARED_GRAM
 
 __all__ = ["SHARED_GRAM", "GhostParts", "finish_parts", "ghost_parts", "ghost_sq",
            "gram_block", "input_rounding", "round_up", "sum_up"]
 
-#: A one-entry store of the last input Gram matrix formed (``[key, inputs, gram]``, empty
-#: when none), set by whoever forms the ghost norms of consecutive layers (the tracker,
-#: during backward): layers that read the same input tensor (a transformer's query, key
-#: and value projections; a gated MLP's gate and up projections) share one Gram matrix
-#: ``a a^T`` instead of forming it once each. The same matrix bit for bit: the key is the
-#: input's memory, layout, dtype and version counter (the inputs are held with it, so
-#: their memory is not reused while it is kept), and the product and block length.
-SHARED_GRAM: contextvars.ContextVar[list | None] = contextvars.ContextVar(
-    "privlearn_shared_gram", default=None)
 
 _U64 = 2.0**-53
 _U32 = 2.0**-24
@@ -131,8 +121,7 @@ def _gram_key(a: torch.Tensor, mm, k: int) -> tuple | None:
     if type(a) is not torch.Tensor or a.is_meta:
         return None
     try:
-        return (a.data_ptr(), a.device, a.dtype, tuple(a.shape), a.stride(), a._version,
-                mm, k)
+        return (a.data_ptr(), a.device, a.dtype, tuple(a.shape), a.stride(), a._version, mm, k)
     except RuntimeError:  # pragma: no cover - a tensor without accessible storage
         return None
 

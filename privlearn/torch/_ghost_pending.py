@@ -23,11 +23,12 @@ non-finite (its example dropped), never a wrong finite value.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 
 import torch
 
-__all__ = ["MAX_LAYERS", "PENDING", "PENDING_BYTES", "PendingProducts"]
+__all__ = ["MAX_LAYERS", "PENDING", "PENDING_BYTES", "SHARED_GRAM", "PendingProducts", "batched"]
 
 #: Bytes of Gram products held side by side before their reductions (a buffer alive
 #: during backward; layers whose product alone is larger keep their own reductions).
@@ -160,3 +161,26 @@ class PendingProducts:
 PENDING: contextvars.ContextVar[PendingProducts | None] = contextvars.ContextVar(
     "privlearn_pending_products", default=None
 )
+
+#: A one-entry store of the last input Gram matrix formed (``[key, inputs, gram]``, empty
+#: when none), set by whoever forms the ghost norms of consecutive layers (the tracker,
+#: during backward): layers that read the same input tensor (a transformer's query, key
+#: and value projections; a gated MLP's gate and up projections) share one Gram matrix
+#: ``a a^T`` instead of forming it once each. The same matrix bit for bit: the key is the
+#: input's memory, layout, dtype and version counter (the inputs are held with it, so
+#: their memory is not reused while it is kept), and the product and block length.
+SHARED_GRAM: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "privlearn_shared_gram", default=None
+)
+
+
+@contextlib.contextmanager
+def batched(pending: PendingProducts, gram_slot: list):
+    """:data:`PENDING` and :data:`SHARED_GRAM` in force (the tracker's, around the rules
+    it evaluates during backward)."""
+    token, held = SHARED_GRAM.set(gram_slot), PENDING.set(pending)
+    try:
+        yield
+    finally:
+        SHARED_GRAM.reset(token)
+        PENDING.reset(held)

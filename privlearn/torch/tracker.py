@@ -55,8 +55,7 @@ from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
-from privlearn.torch._ghost_norms import SHARED_GRAM
-from privlearn.torch._ghost_pending import PENDING, PendingProducts
+from privlearn.torch._ghost_pending import PendingProducts, batched
 from privlearn.torch._model_refusals import refuse_global_hooks
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
@@ -751,19 +750,14 @@ class GradSampleTracker(ClippingMixin):
         examples = record_batch(unit, rec)
         if examples == 0:
             return  # an empty Poisson batch: nothing to clip (the step sees no rows)
-        with torch.no_grad(), rule_evaluation(), \
+        with torch.no_grad(), rule_evaluation(), batched(self._pending, self._gram_slot), \
                 _gs.materialise_budget(0, left=self._budget_left, share=_EARLY_SHARE):
             c = unit.rule(unit.module, rec, unit.params)
             if not isinstance(c, _EARLY_TYPES):
                 if not unit.rule.early:
                     self._not_early.add(id(unit))  # not tried again
                 return  # kept as recorded: evaluated at the step as usual
-            token, held = SHARED_GRAM.set(self._gram_slot), PENDING.set(self._pending)
-            try:
-                prepare(c)  # cached: the step sums them (and forms the rows' norms)
-            finally:
-                SHARED_GRAM.reset(token)
-                PENDING.reset(held)
+            prepare(c)  # cached: the step sums them (and forms the rows' norms)
         rec.early, rec.examples = c, examples
         rec.args, rec.kwargs = (), {}
         rec.grad_outputs = [None] * len(rec.grad_outputs)

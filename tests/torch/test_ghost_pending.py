@@ -126,3 +126,59 @@ def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monke
     assert (norms > 12.0).any() and (norms < 12.0).any()
     got = oracle.flat(q.grad for q in model.parameters()) * n
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def _ln_model():
+    torch.manual_seed(10)
+    layers = []
+    for _ in range(3):
+        layers += [nn.Linear(10, 10), nn.LayerNorm(10)]
+    return nn.Sequential(*layers)
+
+
+def test_layernorms_sum_over_positions_together(oracle, monkeypatch):
+    """Three LayerNorms evaluated during backward: their weights' and biases' sums over
+    positions by one stacked sum with the Linear biases' of their shape (two a LayerNorm
+    before), and the
+    clipped sum (noise-free, some examples clipped, some not) is the float64 batch-of-one
+    definition's."""
+    monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
+    n, t = 6, 4
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(n, t, 10, generator=gen) * torch.linspace(0.05, 2.0, n)[:, None, None]
+    y = torch.randn(n, t, 10, generator=gen)
+    model, ref = _ln_model(), _ln_model()
+    with torch.no_grad():
+        for m in model:
+            if isinstance(m, nn.LayerNorm):
+                m.weight.add_(0.3 * torch.randn(10, generator=gen))
+        ref.load_state_dict(model.state_dict())
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, y), batch_size=n),
+        noise_multiplier=0.0,
+        max_grad_norm=_LN_C,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    for _ in range(3):
+        xb, yb = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        loss = (p.model(xb) * yb).sum()
+        ops = _Ops()
+        with ops:
+            loss.backward()
+        p.optimizer.step()
+    # the products' row sums; the sums over positions of the three Linear biases' and the
+    # LayerNorms' weights' and biases' rows, all of one shape, by one stacked sum (seven
+    # sums before: the Linear biases' one and two a LayerNorm); the finished ghost norms
+    assert ops.ops["sum"] == 3
+    want, norms = oracle.clipped_sum(ref, xb, yb, _LN_C, loss_fn=lambda o, v: (o * v).sum())
+    assert (norms > _LN_C).any() and (norms < _LN_C).any()
+    got = oracle.flat(q.grad for q in model.parameters()) * n
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+_LN_C = 60.0
