@@ -182,3 +182,51 @@ def test_layernorms_sum_over_positions_together(oracle, monkeypatch):
 
 
 _LN_C = 60.0
+
+
+class _TinyRMSNorm(nn.Module):
+    """A Llama-style RMSNorm (the class-name rule's shape)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        xf = x.to(torch.float32)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * xf.to(x.dtype)
+
+
+def test_rmsnorm_rule_first_checked_while_sums_are_held():
+    """The RMSNorm rule's sums over positions are held with other layers' during backward;
+    its first call on a module (checked against the generic fallback on rows formed at
+    once) agrees (no fallback, no warning), and the held rows, once flushed, are the
+    sums."""
+    import warnings
+
+    from privlearn.torch.grad_sample import Record
+    from privlearn.torch.rules import transformers
+
+    gen = torch.Generator().manual_seed(13)
+    m = _TinyRMSNorm(8)
+    x, g = torch.randn(4, 5, 8, generator=gen), torch.randn(4, 5, 8, generator=gen)
+    rec = Record(
+        args=(x,), kwargs={}, grad_outputs=[g], outputs_meta=[(tuple(g.shape), g.dtype, g.device)]
+    )
+    pending = _ghost_pending.PendingProducts()
+    token = _ghost_pending.PENDING.set(pending)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            c = transformers.rmsnorm_rule(m, rec, [m.weight])
+    finally:
+        _ghost_pending.PENDING.reset(token)
+    assert transformers._RULE_STATE.get(m) == "ok"
+    # the check's rows formed at once (a NaN held for it would compare as agreeing), the
+    # rule's own held until the flush
+    assert sum(grp.used for grp in pending._groups.values()) == 1
+    assert torch.isnan(c.grads[0]).all()
+    pending.flush()
+    xhat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(c.grads[0], (g * xhat).sum(1))
