@@ -38,8 +38,11 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["GhostParts", "finish_parts", "ghost_parts", "ghost_sq", "gram_block",
-           "input_rounding", "round_up", "sum_up"]
+from privlearn.torch._ghost_pending import PENDING, SHARED_GRAM
+
+__all__ = ["SHARED_GRAM", "GhostParts", "finish_parts", "ghost_parts", "ghost_sq",
+           "gram_block", "input_rounding", "round_up", "sum_up"]
+
 
 _U64 = 2.0**-53
 _U32 = 2.0**-24
@@ -112,6 +115,17 @@ def _gram(x: torch.Tensor, mm, k: int) -> torch.Tensor:
     return out
 
 
+def _gram_key(a: torch.Tensor, mm, k: int) -> tuple | None:
+    """What identifies the Gram matrix of ``a`` (see :data:`SHARED_GRAM`), None for a
+    tensor whose memory cannot be told (a tensor subclass, no storage)."""
+    if type(a) is not torch.Tensor or a.is_meta:
+        return None
+    try:
+        return (a.data_ptr(), a.device, a.dtype, tuple(a.shape), a.stride(), a._version, mm, k)
+    except RuntimeError:  # pragma: no cover - a tensor without accessible storage
+        return None
+
+
 class GhostParts(NamedTuple):
     """A ghost squared norm before its last sums (:func:`ghost_parts`): the per-position
     row sums of the Gram product (the first of two stages for long rows), the square
@@ -158,11 +172,18 @@ def ghost_sq(
 
 
 def ghost_parts(
-    a: torch.Tensor, g: torch.Tensor, mm=torch.matmul, widen: bool = False, spread: float = 0.0
+    a: torch.Tensor,
+    g: torch.Tensor,
+    mm=torch.matmul,
+    widen: bool = False,
+    spread: float = 0.0,
+    defer: bool = False,
 ) -> GhostParts | torch.Tensor:
     """:func:`ghost_sq` up to its last sums (its arguments): :class:`GhostParts`, or the
     norms themselves where no useful bound holds in the working precision (formed in
-    float64 then)."""
+    float64 then). With ``defer``, while a
+    :class:`~privlearn.torch._ghost_pending.PendingProducts` is in force, the parts' rows
+    and roots are formed with other layers' when it flushes (not to be read before)."""
     n, t, d = a.shape
     p = g.shape[-1]
     low = a.dtype in (torch.float16, torch.bfloat16)
@@ -179,7 +200,16 @@ def ghost_parts(
             ghost_sq(a.double(), g.double(), widen=True, spread=spread),
             torch.float32 if low else a.dtype,
         )
-    aa = _gram(a, mm, ka)  # (N, T, T), float32 for half-precision operands
+    slot = SHARED_GRAM.get()
+    key = _gram_key(a, mm, ka) if slot is not None else None
+    if key is not None and slot and slot[0] == key:
+        aa = slot[2]  # the same input's Gram matrix, formed for a layer before
+    else:
+        aa = _gram(a, mm, ka)  # (N, T, T), float32 for half-precision operands
+        if key is not None:
+            slot[:] = [key, a, aa]
+        elif slot:
+            slot.clear()
     gg = _gram(g, mm, kg)
     w = _U64 if aa.dtype == torch.float64 else _U32  # the Gram dtype's roundoff
     # cap = root^2 = (sum_t sqrt(diag_a diag_g))^2 in the Gram dtype (within gamma_(2T+4) of its
@@ -191,11 +221,18 @@ def ghost_parts(
     # other T x T buffer; a long row summed in two stages of about sqrt(T) each), within
     # `sums` of sum |aa . gg| <= (1 + ga)(1 + gp) cap
     k = _split(t)
-    prod = aa.mul_(gg)
-    rows = _sum_last(prod, k)
-    # the diagonal of the products is diag_a * diag_g (the same single rounding): the
-    # root's terms from it (no product of the diagonals)
-    roots = prod.diagonal(dim1=1, dim2=2).sqrt()
+    pending = PENDING.get() if defer else None
+    held = pending.take(aa, gg, k) if pending is not None else None
+    if held is not None:  # the same products and reductions, with other layers'
+        rows, roots = held
+    else:
+        # (the product formed in the output gradients' Gram where the input's is kept
+        # for other layers: the same products, multiplication commutes)
+        prod = gg.mul_(aa) if key is not None else aa.mul_(gg)
+        rows = _sum_last(prod, k)
+        # the diagonal of the products is diag_a * diag_g (the same single rounding):
+        # the root's terms from it (no product of the diagonals)
+        roots = prod.diagonal(dim1=1, dim2=2).sqrt()
     stage = (1 + _gamma(k, w)) * (1 + _gamma(t // k, w))
     sums = ((1 + w) * stage * stage - 1) * (1 + ga) * (1 + gp)
     # sq + alpha cap, cap = root^2, in one operation: its scaling and addition round

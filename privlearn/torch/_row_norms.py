@@ -234,7 +234,10 @@ def outer_rows(c) -> tuple[list, list] | None:
         x = getattr(c, "_gparts", None)
         if x is None:
             x = ghost_parts(
-                c.a.reshape(b, t, d), c.g.reshape(b, t, p), mm32 if c._low else torch.bmm
+                c.a.reshape(b, t, d),
+                c.g.reshape(b, t, p),
+                mm32 if c._low else torch.bmm,
+                defer=True,  # (the tracker flushes at the end of backward)
             )
             if isinstance(x, torch.Tensor):  # formed in float64 (no useful bound)
                 c._wsq = x
@@ -244,7 +247,7 @@ def outer_rows(c) -> tuple[list, list] | None:
     else:
         terms.append(c._weight_sq())
     if c.bias is not None:
-        rows.append(c._bias_ps())
+        rows.append(c._bias_ps(defer=True))  # (flushed with the products)
         c._bias_cols()  # (the view a product may read, made during backward with it)
     return terms, rows
 

@@ -96,13 +96,9 @@ def segments(keys: torch.Tensor) -> torch.Tensor:
     if keys.numel() == 0:
         return keys
     sorted_keys, order = torch.sort(keys)
-    new = torch.cat(
-        [
-            torch.ones(1, dtype=torch.long, device=keys.device),
-            (sorted_keys[1:] != sorted_keys[:-1]).long(),
-        ]
-    )
-    seg = torch.cumsum(new, 0) - 1
+    # the count of key changes before each sorted entry (the cumulative sum of a bool
+    # is int64), 0 put in front for the first
+    seg = torch.nn.functional.pad(torch.cumsum(sorted_keys[1:] != sorted_keys[:-1], 0), (1, 0))
     return torch.empty_like(seg).scatter_(0, order, seg)
 
 
@@ -119,13 +115,14 @@ def rows_sq(ids: torch.Tensor, e: torch.Tensor, v: int) -> torch.Tensor:
     if alpha == float("inf"):  # lengths ~ 1 / u: float64, rounded up
         return round_up(rows_sq(ids, e.double(), v), e.dtype)
     n = ids.numel()
-    keys = (torch.arange(b, device=ids.device) * v).unsqueeze(1) + ids
+    # (B, T) keys example * v + id, distinct per (example, id) (0 <= id < v)
+    keys = torch.arange(0, b * v, max(v, 1), device=ids.device).unsqueeze(1) + ids
     seg = segments(keys.reshape(-1))
     flat = e.reshape(n, d)
     sq = row_sq_norms(segment_sum(flat, seg, n))
     spread = segment_sum(torch.linalg.vector_norm(flat, dim=1, keepdim=True), seg, n)
     bound = sum_sq_bound(sq, spread.view(n), alpha)
-    example = torch.arange(n, device=ids.device) // t
+    example = keys.reshape(-1) // max(v, 1)  # the example of each entry
     owner = torch.zeros_like(seg).scatter_(0, seg, example)  # example of each segment
     return e.new_zeros(b).index_add_(0, owner, bound)
 

@@ -6,6 +6,7 @@ re-exports :func:`record_batch`).
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -260,10 +261,16 @@ def _meta(o: torch.Tensor, move: int | None):
     return (shape, o.dtype, o.device)
 
 
-def _autocast_input(args: tuple, output) -> tuple:
+def _autocast_input(args: tuple, output, source=None, slot: list | None = None) -> tuple:
     """``args`` with the first (float32) input cast to the autocast dtype, when autocast
     is on for its device and the layer's output has that dtype (the layer computed from
-    that cast: see ``LayerRule.casts_input``); else unchanged."""
+    that cast: see ``LayerRule.casts_input``); else unchanged.
+
+    With ``source`` (the layer's own input tensor, before ``args`` detached it) and
+    ``slot`` (a list kept by the caller), the copy is shared with the layer called last
+    on the same tensor, unchanged since (its version counter), as a transformer's query,
+    key and value projections read one input: one cast instead of one a layer (the same
+    values). The slot holds both weakly: the copy lives as long as a record holds it."""
     x = args[0]
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 \
             or not isinstance(output, torch.Tensor):
@@ -274,7 +281,16 @@ def _autocast_input(args: tuple, output) -> tuple:
             return args
     except (RuntimeError, TypeError, AttributeError):  # pragma: no cover - old torch
         return args
-    return (x.to(output.dtype), *args[1:])
+    if slot is None or type(source) is not torch.Tensor:
+        return (x.to(output.dtype), *args[1:])
+    if slot and slot[0]() is source and slot[1] == source._version \
+            and slot[2] == output.dtype:
+        y = slot[3]()
+        if y is not None:
+            return (y, *args[1:])
+    y = x.to(output.dtype)
+    slot[:] = [weakref.ref(source), source._version, output.dtype, weakref.ref(y)]
+    return (y, *args[1:])
 
 
 def _trainable_signature(model: nn.Module) -> tuple:

@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from privlearn.torch._ghost_norms import finish_parts, ghost_sq, sum_up
+from privlearn.torch._ghost_pending import PENDING
 from privlearn.torch._row_norms import materialized_rows, outer_rows
 from privlearn.torch._rows import (  # noqa: F401  (re-exported)
     _GHOST_DEFER,
@@ -528,14 +529,15 @@ class OuterProduct(Contribution):
     def g(self, value) -> None:
         self._g = value
 
-    def _bias_ps(self) -> torch.Tensor:
-        if self._bias_cache is None:
+    def _bias_ps(self, defer: bool = False) -> torch.Tensor:
+        if self._bias_cache is None:  # (defer: with other layers' during backward)
             b, G, t, d, p = self.dims
-            if self._low:
-                g = self.g.float().reshape(b, G * p) if t == 1 else \
-                    self.g.sum(2, dtype=torch.float32).reshape(b, G * p)
-            else:
-                g = self.g.reshape(b, G * p) if t == 1 else self.g.sum(2).reshape(b, G * p)
+            x, wide = self.g, (torch.float32 if self._low else None)
+            pend = PENDING.get() if defer and G == 1 and t > 1 and x.is_contiguous() else None
+            g = None if pend is None else pend.take_sum(x.view(b, t, p), wide)
+            if g is None:
+                x = x.float() if self._low and t == 1 else x
+                g = x.reshape(b, G * p) if t == 1 else x.sum(2, dtype=wide).reshape(b, G * p)
             self._bias_cache = g
         return self._bias_cache
 

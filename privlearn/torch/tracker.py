@@ -55,6 +55,7 @@ from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
+from privlearn.torch._ghost_pending import PendingProducts, batched
 from privlearn.torch._model_refusals import refuse_global_hooks
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
@@ -280,6 +281,10 @@ class GradSampleTracker(ClippingMixin):
         #: the rules evaluated during backward and those evaluated at the step
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         self._not_early: set[int] = set()  # units whose rule gave another contribution
+        #: during backward, the last input Gram matrix (shared by the layers of one input,
+        #: ``_ghost_norms.SHARED_GRAM``) and the Gram products reduced by groups
+        #: (``_ghost_pending``); the last autocast copy of an input (shared likewise)
+        self._gram_slot, self._pending, self._cast_slot = [], PendingProducts(), []
         #: the model's tree, training flags and hooks at the last forward
         #: (:func:`_mixing_fingerprint`): a change re-arms the probe
         self._mixing_shape: tuple | None = None
@@ -669,11 +674,13 @@ class GradSampleTracker(ClippingMixin):
                 if not self.records.get(index):
                     self._recompute_unrecorded = unit.name
                 return _recomputed_outputs(output, dummy)
+            x0 = args[0] if args else None
             args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
             if move is not None and args and isinstance(args[0], Tensor):
                 args = (_to_front(args[0], move), *args[1:])
             if casts_input and args and not self._probe_pending:
-                args = _autocast_input(args, output)
+                args = _autocast_input(args, output, x0 if move is None else None,
+                                       self._cast_slot)
             rec = Record(
                 args=args,
                 kwargs={k: (v.detach() if isinstance(v, Tensor) else v)
@@ -756,7 +763,7 @@ class GradSampleTracker(ClippingMixin):
         examples = record_batch(unit, rec)
         if examples == 0:
             return  # an empty Poisson batch: nothing to clip (the step sees no rows)
-        with torch.no_grad(), rule_evaluation(), \
+        with torch.no_grad(), rule_evaluation(), batched(self._pending, self._gram_slot), \
                 _gs.materialise_budget(0, left=self._budget_left, share=_EARLY_SHARE):
             c = unit.rule(unit.module, rec, unit.params)
             if not isinstance(c, _EARLY_TYPES):
@@ -794,10 +801,14 @@ class GradSampleTracker(ClippingMixin):
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         self._settled = None
+        self._gram_slot.clear()
+        self._pending.flush()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
         self._in_backward = False
+        self._gram_slot.clear()
+        self._pending.flush()  # (before the groups' norms below)
         self._backward_passes += 1
         # the norms of the layers evaluated during backward formed by groups (the step
         # uses them where it sees the same contributions)
@@ -827,6 +838,8 @@ class GradSampleTracker(ClippingMixin):
 
     def clear(self) -> None:
         self.outside_uses, self._settled = set(), None
+        self._gram_slot.clear()
+        self._pending.flush()
         self.records = {}
         self._captured = {}
         self._backward_passes = 0

@@ -9,6 +9,9 @@ active, by custom operators (``privlearn_test::mm32`` and ``privlearn_test::addm
 whose kernels run exactly the emulation (same values) but which reach the dispatcher as
 one operation each, as the CUDA product does: a ``TorchDispatchMode`` sees the custom
 operator, and the casts and the matmul inside its kernel run with the mode set aside.
+Likewise ``aten._fused_rms_norm`` (the RMSNorm rule's normalisation,
+``rules.transformers._rms_normalised``), one CUDA kernel, is composite off CUDA (five
+operations): a custom operator ``privlearn_test::fused_rms_norm`` runs it as one.
 
 With ``device_masking=True`` the non-finite examples are also found as on an
 accelerator (``ClippingMixin._find_nonfinite``'s device branch: a mask computed on the
@@ -42,7 +45,15 @@ def _ops():
         def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
             _EMULATED["addmm32_"](o, a, b)
 
-        _OPS["mm32"], _OPS["addmm32_"] = mm32, addmm32_
+        @torch.library.custom_op("privlearn_test::fused_rms_norm", mutates_args=())
+        def fused_rms_norm(x: torch.Tensor, n: int, eps: float) -> torch.Tensor:
+            return _EMULATED["rms"](x, [n], None, eps)[0]
+
+        @fused_rms_norm.register_fake
+        def _(x, n, eps):
+            return torch.empty_like(x)
+
+        _OPS["mm32"], _OPS["addmm32_"], _OPS["rms"] = mm32, addmm32_, fused_rms_norm
     return _OPS
 
 
@@ -55,10 +66,16 @@ def cuda_products(device_masking: bool = False):
     """While active, each float32-accumulated product of half-precision operands
     dispatches one operation, as on CUDA (see the module docstring); with
     ``device_masking``, non-finite examples are masked as on an accelerator."""
+    from privlearn.torch.rules import transformers
+
     ops = _ops()
     saved = _rows._emulated_mm32, _rows._emulated_addmm32_
     _EMULATED["mm32"], _EMULATED["addmm32_"] = saved
     _rows._emulated_mm32, _rows._emulated_addmm32_ = ops["mm32"], ops["addmm32_"]
+    saved_rms = transformers._FUSED_RMS
+    if saved_rms is not None:
+        _EMULATED["rms"] = saved_rms
+        transformers._FUSED_RMS = lambda x, shape, w, eps: (ops["rms"](x, shape[-1], eps), None)
     restore = None
     if device_masking:
         from privlearn.torch import clipping
@@ -71,5 +88,6 @@ def cuda_products(device_masking: bool = False):
         yield
     finally:
         _rows._emulated_mm32, _rows._emulated_addmm32_ = saved
+        transformers._FUSED_RMS = saved_rms
         if restore is not None:
             cls._find_nonfinite = restore

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from privlearn.errors import BatchDependenceError
+from privlearn.torch._ghost_pending import PENDING
 from privlearn.torch.grad_sample import (
     Contribution,
     Layout,
@@ -28,11 +29,24 @@ def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
     out_p, out_g = [], []
     if module.weight is not None and module.weight in ps:
         out_p.append(module.weight)
-        out_g.append((g * xhat).sum(reduce_dims) if reduce_dims else g * xhat)
+        out_g.append(_summed(g * xhat, reduce_dims) if reduce_dims else g * xhat)
     if module.bias is not None and module.bias in ps:
         out_p.append(module.bias)
-        out_g.append(g.sum(reduce_dims) if reduce_dims else g)
+        out_g.append(_summed(g, reduce_dims) if reduce_dims else g)
     return Materialized(out_p, out_g)
+
+
+def _summed(x, reduce_dims):
+    """``x.sum(reduce_dims)``; during backward (the tracker's
+    :class:`~privlearn.torch._ghost_pending.PendingProducts` in force), a ``(B, T, n)``
+    ``x`` summed over positions with the other layers' of its shape (one stacked sum for
+    all the LayerNorms of a transformer: the same sums, read once the pass ends)."""
+    pending = PENDING.get()
+    if pending is not None and reduce_dims == (1,) and x.dim() == 3 and x.is_contiguous():
+        held = pending.take_sum(x)
+        if held is not None:
+            return held
+    return x.sum(reduce_dims)
 
 
 @register_rule(nn.LayerNorm, early=True)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privlearn.torch._ghost_pending import PENDING
 from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     Contribution,
@@ -43,6 +44,7 @@ from privlearn.torch.grad_sample import (
 )
 from privlearn.torch.rules.embedding import EmbeddingContribution
 from privlearn.torch.rules.linear import linear_like
+from privlearn.torch.rules.norm import _summed
 
 __all__ = ["conv1d_transposed_rule", "falcon_linear_rule", "rmsnorm_rule", "scaled_embedding_rule",
            "vit_embeddings_rule", "verified"]
@@ -88,7 +90,11 @@ def _agrees(rule, module, record: Record, params) -> bool:
     small = Record(args=(x[:k], *record.args[1:]), kwargs=dict(record.kwargs),
                    grad_outputs=[g[:k]],
                    outputs_meta=[((k, *g.shape[1:]), g.dtype, g.device)])
-    mine = rule(module, small, params).per_sample()
+    token = PENDING.set(None)  # (read at once: no sum held for the end of backward)
+    try:
+        mine = rule(module, small, params).per_sample()
+    finally:
+        PENDING.reset(token)
     ref = fallback_rule(module, small, params).per_sample()
     for a, b in zip(mine, ref, strict=True):
         a, b = a.double(), b.double()
@@ -158,7 +164,7 @@ def _rms_contribution(x, g, weight, params, xhat) -> Contribution:
     k = weight.dim()
     reduce_dims = tuple(range(1, x.dim() - k))
     gx = as_dtype(g, dt) * as_dtype(xhat, dt)
-    return Materialized([weight], [gx.sum(reduce_dims) if reduce_dims else gx])
+    return Materialized([weight], [_summed(gx, reduce_dims) if reduce_dims else gx])
 
 
 @register_rule(nn.RMSNorm, early=True)
@@ -177,8 +183,25 @@ def rmsnorm_rule(module: nn.Module, record: Record, params) -> Contribution:
     x, g = record.args[0], record.grad(0)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     xf = x.to(torch.float32)  # as the module does, whatever the input dtype
-    xhat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return _rms_contribution(x, g, module.weight, params, xhat)
+    return _rms_contribution(x, g, module.weight, params, _rms_normalised(xf, eps).to(x.dtype))
+
+
+#: one fused kernel forming ``x * rsqrt(mean(x^2) + eps)`` over the last dimension where
+#: this torch has it (on the CPU and CUDA), instead of five operations
+_FUSED_RMS = getattr(torch.ops.aten, "_fused_rms_norm", None)
+
+
+def _rms_normalised(xf: torch.Tensor, eps: float) -> torch.Tensor:
+    """``xf * rsqrt(mean(xf^2, -1) + eps)`` of float32 ``xf`` (the same values up to the
+    order of the mean's float32 sum): one fused operation where torch has it for the
+    device, else the module's own five."""
+    if _FUSED_RMS is not None and type(xf) is torch.Tensor \
+            and xf.device.type in ("cpu", "cuda"):
+        try:
+            return _FUSED_RMS(xf, [xf.shape[-1]], None, eps)[0]
+        except NotImplementedError:  # no kernel for this device in this build
+            pass
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
 # --------------------------------------------------------------------------- embeddings

@@ -1,0 +1,231 @@
+"""Ghost layers' last per-layer reductions formed for many layers at once
+(``_ghost_pending``): the row sums and roots of the Gram products of layers of one shape,
+by one reduction and one square root a group during backward, bitwise each layer's own;
+the clipped sum is still the batch-of-one definition's."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.torch import _ghost_pending, make_private  # noqa: E402
+from privlearn.torch import grad_sample as _gs  # noqa: E402
+from privlearn.torch._ghost_norms import ghost_parts  # noqa: E402
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("t", [7, 144])  # one-stage rows; two stages (k = 12)
+def test_pending_parts_are_each_layer_alone_once_flushed(t, monkeypatch):
+    """Five layers of one shape, at most two a buffer: NaN until their group is flushed
+    (a full buffer at once, the rest by ``flush``), then bitwise each layer's own parts;
+    one product, and per group one row reduction and one square root."""
+    monkeypatch.setattr(_ghost_pending, "MAX_LAYERS", 2)
+    gen = torch.Generator().manual_seed(t)
+    xs = [
+        (torch.randn(3, t, 16, generator=gen), torch.randn(3, t, 10, generator=gen))
+        for _ in range(5)
+    ]
+    alone = [ghost_parts(a, g, torch.bmm) for a, g in xs]
+    pending = _ghost_pending.PendingProducts()
+    token = _ghost_pending.PENDING.set(pending)
+    try:
+        ops = _Ops()
+        with ops:
+            held = [ghost_parts(a, g, torch.bmm, defer=True) for a, g in xs]
+        not_deferred = ghost_parts(*xs[0], torch.bmm)  # (defer=False: its own)
+    finally:
+        _ghost_pending.PENDING.reset(token)
+    assert ops.ops["mul"] == 5 and ops.ops["sqrt"] == 2  # two full groups of two
+    assert torch.isnan(held[4].rows).all() and torch.isnan(held[4].roots).all()
+    assert torch.equal(not_deferred.rows, alone[0].rows)
+    ops = _Ops()
+    with ops:
+        pending.flush()
+    assert ops.ops["sqrt"] == 1
+    for h, o in zip(held, alone, strict=True):
+        assert torch.equal(h.rows, o.rows) and torch.equal(h.roots, o.roots)
+        assert h.k == o.k and h.alpha == o.alpha
+
+
+@pytest.mark.parametrize("low", [False, True], ids=["float32", "bf16_to_float32"])
+def test_pending_sums_are_each_layer_alone_once_flushed(low, monkeypatch):
+    """Output gradients of five layers of one shape, at most two a buffer: their sums over
+    positions (float32 sums of bfloat16 ones with ``low``) NaN until their group is
+    flushed, then each layer's own sum."""
+    monkeypatch.setattr(_ghost_pending, "MAX_LAYERS", 2)
+    gen = torch.Generator().manual_seed(11)
+    dtype = torch.bfloat16 if low else torch.float32
+    gs = [torch.randn(3, 9, 7, generator=gen).to(dtype) for _ in range(5)]
+    wide = torch.float32 if low else None
+    pending = _ghost_pending.PendingProducts()
+    ops = _Ops()
+    with ops:
+        held = [pending.take_sum(g, wide) for g in gs]
+    assert ops.ops["sum"] == 2 and ops.ops["stack"] == 2  # two full groups
+    assert torch.isnan(held[4]).all()
+    pending.flush()
+    for h, g in zip(held, gs, strict=True):
+        assert h.dtype == torch.float32
+        torch.testing.assert_close(h, g.sum(1, dtype=wide), rtol=1e-6, atol=1e-6)
+
+
+def _model():
+    torch.manual_seed(8)
+    return nn.Sequential(*(nn.Linear(10, 10) for _ in range(5)))
+
+
+def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monkeypatch):
+    """Five ghost layers of one shape: the steady backward pass takes one square root
+    (five before: one a layer), sums the biases' output gradients over positions by one
+    stacked sum (one a layer before) and the clipped sum (noise-free, some examples clipped,
+    some not) is the float64 batch-of-one definition's."""
+    monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
+    n, t = 6, 4
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(n, t, 10, generator=gen) * torch.linspace(0.05, 2.0, n)[:, None, None]
+    y = torch.randn(n, t, 10, generator=gen)
+    model, ref = _model(), _model()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, y), batch_size=n),
+        noise_multiplier=0.0,
+        max_grad_norm=12.0,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    for _ in range(3):
+        xb, yb = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        loss = (p.model(xb) * yb).sum()
+        ops = _Ops()
+        with ops:
+            loss.backward()
+        p.optimizer.step()
+    assert ops.ops["bmm"] == 10 and ops.ops["sqrt"] == 1
+    # the products' row sums, the five biases' sums over positions (one stacked sum;
+    # five before) and the finished norms
+    assert ops.ops["sum"] == 3
+    want, norms = oracle.clipped_sum(ref, xb, yb, 12.0, loss_fn=lambda o, v: (o * v).sum())
+    assert (norms > 12.0).any() and (norms < 12.0).any()
+    got = oracle.flat(q.grad for q in model.parameters()) * n
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def _ln_model():
+    torch.manual_seed(10)
+    layers = []
+    for _ in range(3):
+        layers += [nn.Linear(10, 10), nn.LayerNorm(10)]
+    return nn.Sequential(*layers)
+
+
+def test_layernorms_sum_over_positions_together(oracle, monkeypatch):
+    """Three LayerNorms evaluated during backward: their weights' and biases' sums over
+    positions by one stacked sum with the Linear biases' of their shape (two a LayerNorm
+    before), and the
+    clipped sum (noise-free, some examples clipped, some not) is the float64 batch-of-one
+    definition's."""
+    monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
+    n, t = 6, 4
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(n, t, 10, generator=gen) * torch.linspace(0.05, 2.0, n)[:, None, None]
+    y = torch.randn(n, t, 10, generator=gen)
+    model, ref = _ln_model(), _ln_model()
+    with torch.no_grad():
+        for m in model[1::2]:  # the LayerNorms
+            m.weight.add_(0.3 * torch.randn(10, generator=gen))
+        ref.load_state_dict(model.state_dict())
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, y), batch_size=n),
+        noise_multiplier=0.0,
+        max_grad_norm=_LN_C,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    for _ in range(3):
+        xb, yb = next(iter(p.data_loader))
+        p.optimizer.zero_grad()
+        loss = (p.model(xb) * yb).sum()
+        ops = _Ops()
+        with ops:
+            loss.backward()
+        p.optimizer.step()
+    # the products' row sums; the sums over positions of the three Linear biases' and the
+    # LayerNorms' weights' and biases' rows, all of one shape, by one stacked sum (seven
+    # sums before: the Linear biases' one and two a LayerNorm); the finished ghost norms
+    assert ops.ops["sum"] == 3
+    want, norms = oracle.clipped_sum(ref, xb, yb, _LN_C, loss_fn=lambda o, v: (o * v).sum())
+    assert (norms > _LN_C).any() and (norms < _LN_C).any()
+    got = oracle.flat(q.grad for q in model.parameters()) * n
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+_LN_C = 60.0
+
+
+class _TinyRMSNorm(nn.Module):
+    """A Llama-style RMSNorm (the class-name rule's shape)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        xf = x.to(torch.float32)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * xf.to(x.dtype)
+
+
+def test_rmsnorm_rule_first_checked_while_sums_are_held():
+    """The RMSNorm rule's sums over positions are held with other layers' during backward;
+    its first call on a module (checked against the generic fallback on rows formed at
+    once) agrees (no fallback, no warning), and the held rows, once flushed, are the
+    sums."""
+    import warnings
+
+    from privlearn.torch.grad_sample import Record
+    from privlearn.torch.rules import transformers
+
+    gen = torch.Generator().manual_seed(13)
+    m = _TinyRMSNorm(8)
+    x, g = torch.randn(4, 5, 8, generator=gen), torch.randn(4, 5, 8, generator=gen)
+    rec = Record(
+        args=(x,), kwargs={}, grad_outputs=[g], outputs_meta=[(tuple(g.shape), g.dtype, g.device)]
+    )
+    pending = _ghost_pending.PendingProducts()
+    token = _ghost_pending.PENDING.set(pending)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            c = transformers.rmsnorm_rule(m, rec, [m.weight])
+    finally:
+        _ghost_pending.PENDING.reset(token)
+    assert transformers._RULE_STATE.get(m) == "ok"
+    # the check's rows formed at once (a NaN held for it would compare as agreeing), the
+    # rule's own held until the flush
+    assert sum(grp.used for grp in pending._groups.values()) == 1
+    assert torch.isnan(c.grads[0]).all()
+    pending.flush()
+    xhat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(c.grads[0], (g * xhat).sum(1))
