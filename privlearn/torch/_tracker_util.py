@@ -526,3 +526,18 @@ def _resolve_dim(name, module, rule, batch_dims, inherited) -> int:
     if declared is not None:
         return int(declared)
     return 0 if inherited is None else int(inherited)
+
+
+def mixing_fingerprint(model: nn.Module) -> tuple:
+    """What can switch on an operation that mixes examples without changing the trainable
+    set, read from Python attributes only (no device access): every module of the tree
+    and its class (a ``__class__`` swapped for one whose ``forward`` mixes), its
+    ``training`` flag (``F.batch_norm(..., training=self.training)``), its forward
+    hooks and pre-hooks (handle ids), an instance-level ``forward`` override, and the
+    global module hooks. Compared at every forward; a change re-arms the probe."""
+    out = [(id(m), type(m), m.training, tuple(m._forward_hooks),
+            tuple(m._forward_pre_hooks), id(m.__dict__.get("forward")))
+           for m in model.modules()]
+    g = nn.modules.module
+    out.append((tuple(g._global_forward_hooks), tuple(g._global_forward_pre_hooks)))
+    return tuple(out)

@@ -6,7 +6,7 @@ Before the first step, and again at the first step after any change that could m
 model mix examples (the trainable set; any module's ``training`` flag, e.g. a module
 computing ``F.batch_norm(..., training=self.training)`` put back in training mode by
 ``model.eval(); model.train()``; the module tree; forward hooks or pre-hooks added or
-removed: :func:`privlearn.torch.tracker._mixing_fingerprint`, Python attributes only, read
+removed: :func:`privlearn.torch._tracker_util.mixing_fingerprint`, Python attributes only, read
 at every forward; a forward called with a signature not seen before, other keywords or
 flags: :func:`privlearn.torch._tracker_util._call_signature`), the forward pass that
 produced the step is run three more times without gradients (each forward of the batch

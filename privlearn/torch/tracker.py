@@ -25,7 +25,7 @@ Layouts: each unit has a batch dimension (:func:`discover_units`: the user's
 sequence-first layers are stored batch-first (a view with the batch moved to dimension
 0), so rules see one layout. On the first step the batch-independence probe
 (:mod:`privlearn.torch.probe`) checks those dimensions and that no operation mixes
-examples, and again after a change that could mix them (:func:`_mixing_fingerprint`).
+examples, and again after a change that could mix them (``mixing_fingerprint``).
 When the set of trainable parameters changes (a layer unfrozen or frozen after
 ``make_private``), the units are discovered again at the next forward pass. Forwards
 recomputed during backward (non-reentrant activation checkpointing) are not recorded.
@@ -81,6 +81,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _sanitize_record,
     _to_front,
     _trainable_signature,
+    mixing_fingerprint,
     record_batch,
     record_dims,
 )
@@ -224,7 +225,7 @@ class GradSampleTracker(ClippingMixin):
     check_independence : bool
         Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
         and after any change that could mix examples (the trainable set, a module's
-        ``training`` flag, the module tree, forward hooks: :func:`_mixing_fingerprint`),
+        ``training`` flag, the module tree, forward hooks: ``mixing_fingerprint``),
         with the checks in :attr:`input_checks` (the loader's ``augment``). A tracker
         used on its own runs it at the start of :meth:`clipped_sum` (a model mixing
         examples raises :class:`~privlearn.errors.BatchDependenceError` there); False
@@ -286,7 +287,7 @@ class GradSampleTracker(ClippingMixin):
         #: (``_ghost_pending``); the last autocast copy of an input (shared likewise)
         self._gram_slot, self._pending, self._cast_slot = [], PendingProducts(), []
         #: the model's tree, training flags and hooks at the last forward
-        #: (:func:`_mixing_fingerprint`): a change re-arms the probe
+        #: (``mixing_fingerprint``): a change re-arms the probe
         self._mixing_shape: tuple | None = None
         self._calls: set = set()  # the forwards' signatures seen (_call_signature)
         #: checks of the step's inputs run with the probe (the loader's ``augment``)
@@ -515,7 +516,7 @@ class GradSampleTracker(ClippingMixin):
         if rehooked:
             _model_refusals.refuse_substituted_parameters(self.model)  # functional_call
             self._rediscover()
-        shape = _mixing_fingerprint(self.model)
+        shape = mixing_fingerprint(self.model)
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
             self._mixing_shape = shape
             self._probe_pending = self._probe_enabled
@@ -896,17 +897,3 @@ class GradSampleTracker(ClippingMixin):
         _flat_rows.adopt(self, flat, examples, inputs, verified=True)
         self._probe_pending = False
 
-
-def _mixing_fingerprint(model: nn.Module) -> tuple:
-    """What can switch on an operation that mixes examples without changing the trainable
-    set, read from Python attributes only (no device access): every module of the tree
-    and its class (a ``__class__`` swapped for one whose ``forward`` mixes), its
-    ``training`` flag (``F.batch_norm(..., training=self.training)``), its forward
-    hooks and pre-hooks (handle ids), an instance-level ``forward`` override, and the
-    global module hooks. Compared at every forward; a change re-arms the probe."""
-    out = [(id(m), type(m), m.training, tuple(m._forward_hooks),
-            tuple(m._forward_pre_hooks), id(m.__dict__.get("forward")))
-           for m in model.modules()]
-    g = nn.modules.module
-    out.append((tuple(g._global_forward_hooks), tuple(g._global_forward_pre_hooks)))
-    return tuple(out)

@@ -66,6 +66,8 @@ def verified(rule):
             return fallback_rule(module, record, params)
         if state is None:
             ok = _agrees(rule, module, record, params)
+            if ok is None:  # non-finite values decide nothing: checked again next call
+                return fallback_rule(module, record, params)
             _RULE_STATE[module] = "ok" if ok else "fallback"
             if not ok:
                 warnings.warn(
@@ -81,7 +83,10 @@ def verified(rule):
     return wrapped
 
 
-def _agrees(rule, module, record: Record, params) -> bool:
+def _agrees(rule, module, record: Record, params) -> bool | None:
+    """Whether the rule gives the fallback's per-example gradients on the batch's first
+    examples; None when either holds a non-finite value (a NaN difference would compare
+    as agreeing, and a wrong rule would then be trusted for the rest of the run)."""
     x = record.args[0]
     k = min(_CHECK_EXAMPLES, x.shape[0])
     if k == 0 or len(record.grad_outputs) != 1:
@@ -98,6 +103,8 @@ def _agrees(rule, module, record: Record, params) -> bool:
     ref = fallback_rule(module, small, params).per_sample()
     for a, b in zip(mine, ref, strict=True):
         a, b = a.double(), b.double()
+        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+            return None
         scale = b.abs().max().item() + 1e-30
         # a different formula differs at O(1); rounding (float32 inside the module,
         # half-precision inputs) at most at these levels
