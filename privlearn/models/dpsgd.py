@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import expit
+from scipy.special import expit, log_expit
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
@@ -503,8 +503,17 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         return self._decision(X)
 
     def predict_proba(self, X) -> np.ndarray:
-        p = expit(self._decision(X))
-        return np.column_stack([1.0 - p, p])
+        """Probabilities of ``classes_[0]`` and ``classes_[1]`` (logistic of the score;
+        each column computed directly, so a probability near 1 keeps its small
+        complement)."""
+        s = self._decision(X)
+        return np.column_stack([expit(-s), expit(s)])
+
+    def predict_log_proba(self, X) -> np.ndarray:
+        """Logarithms of :meth:`predict_proba`, computed without underflow (a score of
+        -800 has log-probability -800, not ``-inf``)."""
+        s = self._decision(X)
+        return np.column_stack([log_expit(-s), log_expit(s)])
 
     def predict(self, X) -> np.ndarray:
         scores = self._decision(X)
