@@ -65,7 +65,7 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
-from privlearn.torch import _flat_rows
+from privlearn.torch import _flat_rows, _probe_exact
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -171,7 +171,7 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
     for j in _replaced(examples, every):
         if _replace_row(leaves, batched, j) is None:
             return n, False
-        n += 2 if n == 0 else 1
+        n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
     return n, True
 
 
@@ -206,7 +206,7 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
     # the first and the last row: an operation accumulating over the batch in either
     # direction (a mean over the others, a cumulative sum, the last row added to all)
     # reaches the other rows from one of them
-    base, unmoved = None, None
+    base, unmoved, exact = None, None, None
     every = bool(getattr(tracker, "_flat_candidates", None))
     for j in _replaced(examples, every):
         perturbed = _replace_row(leaves, batched, j)
@@ -218,11 +218,38 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
             run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
         except Exception as e:  # noqa: BLE001 - ran on the batch, not on this one
             raise _unrunnable(leaves, batched, e) from e
-        same = _judge(tracker, base, run, examples, j)
+        if exact is None:
+            exact = _exactly(tracker, base, run, examples, j, lambda: _observe_run(
+                tracker, *tree_unflatten(leaves, spec), autocast, examples))
+        same = _judge(tracker, base, run, examples, j, exact)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:
         _check_rows_follow(tracker, leaves, batched, spec, autocast, examples, base, unmoved)
     return True
+
+
+def _exactly(tracker, base, run, examples: int, j: int, rerun) -> bool:
+    """Whether this probe compares rows bit for bit (:mod:`._probe_exact`): when the rows
+    moved bitwise where the tolerance of the tensors' precision sees no move, one more run
+    on the unchanged batch (``rerun``) tells rounding noise of nondeterministic kernels
+    (the rerun differs: the tolerance judges) from a move too small for the tolerance
+    (the rerun is bitwise the same: the move is real, and refused with that said)."""
+    try:
+        _judge(tracker, base, run, examples, j, exact=True)
+        return True
+    except BatchDependenceError as moved:
+        _judge(tracker, base, run, examples, j)  # beyond the tolerance: refused as it was
+        if not _probe_exact.reproducible(base, rerun()):
+            # GPU: such a model is judged within the dtype's tolerance, as before; a GPU
+            # run must check that the model zoo's other rows are bitwise reproducible there
+            return False
+        raise BatchDependenceError(
+            f"{moved} (The other examples' values moved by less than the rounding "
+            "tolerance of their precision, but the forward pass is bitwise reproducible on "
+            "the unchanged batch, so the move comes from the replaced example. If this "
+            "model does process each example on its own and only its rounding depends on "
+            "the other rows, pass check_batch_independence=False, which promises it.)"
+        ) from moved
 
 
 def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, base,
@@ -344,7 +371,7 @@ class _Collector:
             f32 = torch.float32 if x.dtype != torch.float64 else torch.float64
             norm = torch.linalg.vector_norm(x, dim=1, dtype=f32)  # also the scale
             dims[d] = ("float", torch.stack([norm, (x @ w).to(f32)]), norm,
-                       _RTOL.get(t.dtype, 1e-5))
+                       _RTOL.get(t.dtype, 1e-5), _probe_exact.digest(x))
         return {"declared": declared, "shape": tuple(t.shape), "dims": dims, "label": label}
 
     def _weight(self, n: int, dtype, device) -> torch.Tensor:
@@ -420,9 +447,10 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
     return col.calls, root, written
 
 
-def _changed(fa, fb) -> set[int] | None:
+def _changed(fa, fb, exact: bool = False) -> set[int] | None:
     """Rows that differ between two fingerprints of one dimension (None: not
-    comparable)."""
+    comparable); ``exact``: any row whose bits changed (:mod:`._probe_exact`), else a row
+    that moved beyond the rounding of a row of its norm."""
     if fa[0] != fb[0]:
         return None
     if fa[0] == "exact":
@@ -430,10 +458,12 @@ def _changed(fa, fb) -> set[int] | None:
         if a.shape != b.shape:
             return None
         return set((a != b).any(1).nonzero().flatten().tolist())
-    _, sa, ca, rtol = fa
-    _, sb, cb, _ = fb
+    _, sa, ca, rtol, da = fa
+    _, sb, cb, _, db = fb
     if sa.shape != sb.shape:
         return None
+    if exact:
+        return set((da != db).any(0).nonzero().flatten().tolist())
     # a row changed when its norm or its weighted sum moved by more than the rounding of a
     # row of that norm: both computations round like a sum of the row's entries, whose
     # error grows like eps * ||row||_2 (a few times that for the weighted sum)
@@ -445,18 +475,19 @@ def _changed(fa, fb) -> set[int] | None:
     return set(rows.nonzero().flatten().tolist())
 
 
-def _verdict(pa, pb, j: int):
+def _verdict(pa, pb, j: int, exact: bool = False):
     """``("same" | "ok" | ("layout", dim) | "mixed")`` for one observed tensor."""
     if pa["shape"] != pb["shape"]:
         return "same"  # data-dependent shape: nothing to compare
     declared = pa["dims"].get(pa["declared"])
-    if declared is not None and _changed(declared, pb["dims"][pa["declared"]]) == set():
+    if declared is not None and _changed(declared, pb["dims"][pa["declared"]],
+                                         exact) == set():
         # no example's row moved beyond rounding: a dimension of the same size that did
         # move is a feature dimension carrying example j's change
         return "same"
     confining, any_change = [], False
     for d, fa in pa["dims"].items():
-        rows = _changed(fa, pb["dims"][d])
+        rows = _changed(fa, pb["dims"][d], exact)
         if rows is None:
             continue
         if rows:
@@ -480,14 +511,18 @@ def _buffer_slots(model) -> list[tuple[str, str]]:
             for name, b in mod._buffers.items() if b is not None]
 
 
-def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int) -> None:
+def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int,
+                   exact: bool = False) -> None:
     """Refuse a buffer the forward pass writes from the batch's data: it came out
     differently when example ``j`` was replaced. It would be a function of the training
     examples kept in the model (and in its ``state_dict``) without noise."""
     for i in sorted(set(written_a) | set(written_b)):
         a, b = written_a.get(i), written_b.get(i)
         if a is not None and b is not None and a.shape == b.shape:
-            if a.is_floating_point() or a.is_complex():
+            if exact:
+                if _probe_exact.bitwise_equal(a, b):
+                    continue
+            elif a.is_floating_point() or a.is_complex():
                 rtol = _RTOL.get(a.dtype, 1e-5)
                 scale = float(torch.nan_to_num(a.abs(), posinf=0.0).amax()) if a.numel() else 0
                 if torch.allclose(a, b, rtol=rtol, atol=rtol * scale, equal_nan=True):
@@ -508,7 +543,7 @@ def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int) -> None:
             "and nothing was released")
 
 
-def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
+def _judge(tracker, run_a, run_b, examples: int, j: int, exact: bool = False) -> set:
     """Refuse what the two runs show (module docstring); returns the ``(call, view)``
     positions whose rows on the batch dimension are as many as the examples and none of
     which moved."""
@@ -518,13 +553,13 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
     if [i for i, _ in calls_a] != [i for i, _ in calls_b]:
         # data-dependent control flow: the runs are not comparable layer by layer
         _flat_rows.calls_differ(tracker)
-        _judge_buffers(tracker, written_a, written_b, j)
+        _judge_buffers(tracker, written_a, written_b, j, exact)
         return unmoved
     for c, ((index, views_a), (_, views_b)) in enumerate(zip(calls_a, calls_b, strict=True)):
         unit = tracker.units[index]
         label = f"{unit.name or '<model>'} ({type(unit.module).__name__})"
         for k, (pa, pb) in enumerate(zip(views_a, views_b, strict=True)):
-            v = _verdict(pa, pb, j)
+            v = _verdict(pa, pb, j, exact)
             if "grouped" in pa:
                 _flat_rows.judge(tracker, index, pa, pb, v, j, examples)
                 continue
@@ -559,7 +594,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
         dims = pa["dims"]
         if not dims:
             continue
-        rows = [r for r in (_changed(fa, pb["dims"][d]) for d, fa in dims.items())
+        rows = [r for r in (_changed(fa, pb["dims"][d], exact) for d, fa in dims.items())
                 if r is not None]
         if rows and any(r for r in rows) and not any(r == {j} for r in rows):
             raise BatchDependenceError(
@@ -568,7 +603,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
                 f"{pa['shape']}). An operation on the output combines examples (e.g. "
                 "subtracting the batch mean), so per-example clipping no longer bounds one "
                 "example's influence. No step was taken and nothing was released")
-    _judge_buffers(tracker, written_a, written_b, j)
+    _judge_buffers(tracker, written_a, written_b, j, exact)
     return unmoved
 
 
