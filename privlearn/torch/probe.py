@@ -206,7 +206,7 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
     # the first and the last row: an operation accumulating over the batch in either
     # direction (a mean over the others, a cumulative sum, the last row added to all)
     # reaches the other rows from one of them
-    base, unmoved, exact = None, None, None
+    base, unmoved, mode, rerun = None, None, "bits", []
     every = bool(getattr(tracker, "_flat_candidates", None))
     for j in _replaced(examples, every):
         perturbed = _replace_row(leaves, batched, j)
@@ -218,38 +218,75 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
             run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
         except Exception as e:  # noqa: BLE001 - ran on the batch, not on this one
             raise _unrunnable(leaves, batched, e) from e
-        if exact is not False:  # until a rerun showed the forward is not reproducible
-            exact = _exactly(tracker, base, run, examples, j, lambda: _observe_run(
-                tracker, *tree_unflatten(leaves, spec), autocast, examples))
-        same = _judge(tracker, base, run, examples, j, exact)
+        if mode != "tolerance":  # until a rerun showed the forward is not reproducible
+
+            def again():
+                if not rerun:
+                    rerun.append(_observe_run(tracker, *tree_unflatten(leaves, spec),
+                                              autocast, examples))
+                return rerun[0]
+
+            # integer inputs (lengths, masks, ids) that changed with the example may
+            # change the layout the kernels see (a packed sequence's time steps)
+            ints = any(not leaves[i].is_floating_point()
+                       and not torch.equal(leaves[i][j], perturbed[i][j]) for i in batched)
+            mode = _exactly(tracker, base, run, examples, j, again,
+                            ints or _reshaped(base, run))
+        same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:
         _check_rows_follow(tracker, leaves, batched, spec, autocast, examples, base, unmoved)
     return True
 
 
-def _exactly(tracker, base, run, examples: int, j: int, rerun) -> bool:
-    """Whether this probe compares rows bit for bit (:mod:`._probe_exact`): when the rows
-    moved bitwise where the tolerance of the tensors' precision sees no move, one more run
-    on the unchanged batch (``rerun``) tells rounding noise of nondeterministic kernels
-    (the rerun differs: the tolerance judges) from a move too small for the tolerance
-    (the rerun is bitwise the same: the move is real, and refused with that said)."""
-    try:
-        _judge(tracker, base, run, examples, j, exact=True)
+def _reshaped(run_a, run_b) -> bool:
+    """Whether some layer saw tensors of other shapes, or other layers ran, in the two
+    runs (a packed sequence whose lengths follow the replaced example: the kernels' row
+    counts, and so the rounding of the other rows, may change with it)."""
+    calls_a, calls_b = run_a[0], run_b[0]
+    if [i for i, _ in calls_a] != [i for i, _ in calls_b]:
         return True
-    except BatchDependenceError as moved:
-        _judge(tracker, base, run, examples, j)  # beyond the tolerance: refused as it was
-        if not _probe_exact.reproducible(base, rerun()):
-            # GPU: such a model is judged within the dtype's tolerance, as before; a GPU
-            # run must check that the model zoo's other rows are bitwise reproducible there
-            return False
-        raise BatchDependenceError(
-            f"{moved} (The other examples' values moved by less than the rounding "
-            "tolerance of their precision, but the forward pass is bitwise reproducible on "
-            "the unchanged batch, so the move comes from the replaced example. If this "
-            "model does process each example on its own and only its rounding depends on "
-            "the other rows, pass check_batch_independence=False, which promises it.)"
-        ) from moved
+    return any(len(va) != len(vb) or any(pa["shape"] != pb["shape"] for pa, pb in
+                                         zip(va, vb, strict=False))
+               for (_, va), (_, vb) in zip(calls_a, calls_b, strict=True))
+
+
+def _exactly(tracker, base, run, examples: int, j: int, rerun, reshaped: bool) -> str:
+    """How this replacement's rows are compared (:mod:`._probe_exact`): ``"bits"``
+    when no other row moved in any bit. Else, if no row moved beyond the tolerance of
+    the tensors' precision, one more run on the unchanged batch (``rerun``) tells
+    rounding noise of nondeterministic kernels (the rerun differs: ``"tolerance"``, as
+    before; on a GPU such a model keeps that tolerance) from a move of the replaced
+    example's making (the rerun is bitwise the same): refused when only floating inputs
+    changed and every layer saw tensors of the same shapes in both runs (same shapes,
+    same kernels, same rounding of each row), else (``reshaped``: an integer input
+    changed, and a packed sequence's layout follows the replaced example's length, so
+    the rounding of the other rows may follow it) ``"tight"``: a move beyond an ulp of
+    the row's norm is refused. A GPU run must check that the model zoo gives bitwise the
+    same other rows there (and the rerun the same bits) in float32 and under fp16/bf16
+    autocast."""
+    try:
+        _judge(tracker, base, run, examples, j, "bits")
+        return "bits"
+    except BatchDependenceError as bits:
+        moved = bits
+    _judge(tracker, base, run, examples, j)  # beyond the tolerance: refused as it was
+    if not _probe_exact.reproducible(base, rerun()):
+        return "tolerance"
+    if reshaped:
+        try:
+            _judge(tracker, base, run, examples, j, "tight")
+            return "tight"
+        except BatchDependenceError as beyond:
+            moved = beyond
+    raise BatchDependenceError(
+        f"{moved}. The other examples' values moved by less than the rounding "
+        "tolerance of their precision, but the forward pass is bitwise reproducible "
+        "on the unchanged batch, so the move comes from the replaced example. If this "
+        "model does process each example on its own and only its rounding depends on "
+        "the other rows (a kernel whose result depends on the whole batch's values), "
+        "pass check_batch_independence=False, which promises it"
+    ) from moved
 
 
 def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, base,
@@ -367,11 +404,13 @@ class _Collector:
             if not x.is_floating_point():
                 dims[d] = ("exact", x.clone())
                 continue
-            w = self._weight(x.shape[1], x.dtype, x.device)
             f32 = torch.float32 if x.dtype != torch.float64 else torch.float64
+            w = self._weight(x.shape[1], f32, x.device)
             norm = torch.linalg.vector_norm(x, dim=1, dtype=f32)  # also the scale
-            dims[d] = ("float", torch.stack([norm, (x @ w).to(f32)]), norm,
-                       _RTOL.get(t.dtype, 1e-5), _probe_exact.digest(x))
+            # "tight": an ulp of the row's dtype, or a few of the fingerprints' own
+            tight = max(torch.finfo(x.dtype).eps, 4 * torch.finfo(f32).eps)
+            dims[d] = ("float", torch.stack([norm, x.to(f32) @ w]), norm,
+                       _RTOL.get(t.dtype, 1e-5), _probe_exact.digest(x), tight)
         return {"declared": declared, "shape": tuple(t.shape), "dims": dims, "label": label}
 
     def _weight(self, n: int, dtype, device) -> torch.Tensor:
@@ -447,10 +486,11 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
     return col.calls, root, written
 
 
-def _changed(fa, fb, exact: bool = False) -> set[int] | None:
+def _changed(fa, fb, mode: str = "tolerance") -> set[int] | None:
     """Rows that differ between two fingerprints of one dimension (None: not
-    comparable); ``exact``: any row whose bits changed (:mod:`._probe_exact`), else a row
-    that moved beyond the rounding of a row of its norm."""
+    comparable): ``mode`` ``"bits"``: any row whose bits changed (:mod:`._probe_exact`);
+    ``"tight"``: a row that moved by an ulp of its norm; ``"tolerance"``: beyond the
+    rounding of a row of its norm."""
     if fa[0] != fb[0]:
         return None
     if fa[0] == "exact":
@@ -458,12 +498,16 @@ def _changed(fa, fb, exact: bool = False) -> set[int] | None:
         if a.shape != b.shape:
             return None
         return set((a != b).any(1).nonzero().flatten().tolist())
-    _, sa, ca, rtol, da = fa
-    _, sb, cb, _, db = fb
+    _, sa, ca, rtol, da, tight = fa
+    _, sb, cb, _, db, _ = fb
     if sa.shape != sb.shape:
         return None
-    if exact:
+    if mode == "bits":
         return set((da != db).any(0).nonzero().flatten().tolist())
+    if mode == "tight":
+        rows = ((sa - sb).abs() > tight * (ca + cb)).any(0) | (da != db).any(0) & (
+            ~torch.isfinite(sa) | ~torch.isfinite(sb)).any(0)
+        return set(rows.nonzero().flatten().tolist())
     # a row changed when its norm or its weighted sum moved by more than the rounding of a
     # row of that norm: both computations round like a sum of the row's entries, whose
     # error grows like eps * ||row||_2 (a few times that for the weighted sum)
@@ -475,19 +519,19 @@ def _changed(fa, fb, exact: bool = False) -> set[int] | None:
     return set(rows.nonzero().flatten().tolist())
 
 
-def _verdict(pa, pb, j: int, exact: bool = False):
+def _verdict(pa, pb, j: int, mode: str = "tolerance"):
     """``("same" | "ok" | ("layout", dim) | "mixed")`` for one observed tensor."""
     if pa["shape"] != pb["shape"]:
         return "same"  # data-dependent shape: nothing to compare
     declared = pa["dims"].get(pa["declared"])
     if declared is not None and _changed(declared, pb["dims"][pa["declared"]],
-                                         exact) == set():
+                                         mode) == set():
         # no example's row moved beyond rounding: a dimension of the same size that did
         # move is a feature dimension carrying example j's change
         return "same"
     confining, any_change = [], False
     for d, fa in pa["dims"].items():
-        rows = _changed(fa, pb["dims"][d], exact)
+        rows = _changed(fa, pb["dims"][d], mode)
         if rows is None:
             continue
         if rows:
@@ -543,7 +587,7 @@ def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int,
             "and nothing was released")
 
 
-def _judge(tracker, run_a, run_b, examples: int, j: int, exact: bool = False) -> set:
+def _judge(tracker, run_a, run_b, examples: int, j: int, mode: str = "tolerance") -> set:
     """Refuse what the two runs show (module docstring); returns the ``(call, view)``
     positions whose rows on the batch dimension are as many as the examples and none of
     which moved."""
@@ -553,13 +597,13 @@ def _judge(tracker, run_a, run_b, examples: int, j: int, exact: bool = False) ->
     if [i for i, _ in calls_a] != [i for i, _ in calls_b]:
         # data-dependent control flow: the runs are not comparable layer by layer
         _flat_rows.calls_differ(tracker)
-        _judge_buffers(tracker, written_a, written_b, j, exact)
+        _judge_buffers(tracker, written_a, written_b, j, mode == "bits")
         return unmoved
     for c, ((index, views_a), (_, views_b)) in enumerate(zip(calls_a, calls_b, strict=True)):
         unit = tracker.units[index]
         label = f"{unit.name or '<model>'} ({type(unit.module).__name__})"
         for k, (pa, pb) in enumerate(zip(views_a, views_b, strict=True)):
-            v = _verdict(pa, pb, j, exact)
+            v = _verdict(pa, pb, j, mode)
             if "grouped" in pa:
                 _flat_rows.judge(tracker, index, pa, pb, v, j, examples)
                 continue
@@ -594,7 +638,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int, exact: bool = False) ->
         dims = pa["dims"]
         if not dims:
             continue
-        rows = [r for r in (_changed(fa, pb["dims"][d], exact) for d, fa in dims.items())
+        rows = [r for r in (_changed(fa, pb["dims"][d], mode) for d, fa in dims.items())
                 if r is not None]
         if rows and any(r for r in rows) and not any(r == {j} for r in rows):
             raise BatchDependenceError(
@@ -603,7 +647,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int, exact: bool = False) ->
                 f"{pa['shape']}). An operation on the output combines examples (e.g. "
                 "subtracting the batch mean), so per-example clipping no longer bounds one "
                 "example's influence. No step was taken and nothing was released")
-    _judge_buffers(tracker, written_a, written_b, j, exact)
+    _judge_buffers(tracker, written_a, written_b, j, mode == "bits")
     return unmoved
 
 
@@ -762,25 +806,33 @@ def probe_augment(augment, batch) -> None:
         if len(base) != len(leaves):
             return  # AugmentedLoader refuses a changed structure
         rng.replay()
-        replayable = _moved_rows(base, run(leaves), batched, n, skip=None) is None
+        again = run(leaves)
+        replayable = _moved_rows(base, again, batched, n, skip=None) is None
+        # bit for bit when the rerun is (a per-example transform's other rows do not move
+        # at all; a tolerance of the dtype's precision passed a small mix), else the
+        # tolerance (nondeterministic kernels on an accelerator)
+        exact = replayable and all(_probe_exact.bitwise_equal(base[i], again[i])
+                                   for i in batched if isinstance(base[i], torch.Tensor)
+                                   and isinstance(again[i], torch.Tensor))
         for seed in (None, *_AUGMENT_SEEDS) if replayable else (None,):
             if seed is not None:
                 rng.seed(seed)
                 rng.replay()
                 base = run(leaves)
-            _augment_rows(run, rng, leaves, batched, paths, base, n, replayable)
+            _augment_rows(run, rng, leaves, batched, paths, base, n, replayable, exact)
 
 
-def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bool) -> None:
+def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bool,
+                  exact: bool = False) -> None:
     """One random state of :func:`probe_augment`: example ``j`` replaced, ``j`` the
-    first and the last example."""
+    first and the last example (``exact``: other rows compared bit for bit)."""
     for j in (0, n - 1):
         perturbed = _replace_row(leaves, batched, j)
         if perturbed is None:
             return
         rng.replay()
         if replayable:
-            moved = _moved_rows(base, run(perturbed), batched, n, skip=j)
+            moved = _moved_rows(base, run(perturbed), batched, n, skip=j, exact=exact)
         else:  # state of its own: one call on the batch followed by the perturbed one
             both = [torch.cat([t, perturbed[i]]) if i in batched else t
                     for i, t in enumerate(leaves)]
@@ -820,9 +872,10 @@ def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bo
                 "image). No step was taken and nothing was released")
 
 
-def _moved_rows(a_leaves, b_leaves, batched, n: int, skip: int | None):
+def _moved_rows(a_leaves, b_leaves, batched, n: int, skip: int | None,
+                exact: bool = False):
     """``(leaf index, rows)`` of the first per-example output tensor whose rows other
-    than ``skip`` differ between two runs, or None."""
+    than ``skip`` differ between two runs (``exact``: in any bit), or None."""
     for i in batched:
         a, b = a_leaves[i], b_leaves[i]
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
@@ -832,7 +885,9 @@ def _moved_rows(a_leaves, b_leaves, batched, n: int, skip: int | None):
                 return i, list(range(n))
             continue
         x, y = a.detach().reshape(n, -1), b.detach().reshape(n, -1)
-        if x.is_floating_point() or x.is_complex():
+        if exact and x.is_floating_point():
+            same = (_probe_exact.digest(x) == _probe_exact.digest(y)).all(0)
+        elif x.is_floating_point() or x.is_complex():
             rtol = _RTOL.get(x.dtype, 1e-5)
             scale = float(torch.nan_to_num(x.abs(), posinf=0.0).amax()) if x.numel() else 0.0
             same = torch.isclose(x, y, rtol=rtol, atol=rtol * scale, equal_nan=True).all(1)
