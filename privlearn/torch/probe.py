@@ -35,9 +35,16 @@ batch's size are compared between the two runs (and so are the buffers the runs 
   has no batch dimension (``emb(torch.arange(T))`` with a batch of exactly ``T``) is
   refused, since each of its rows sums every example's gradient.
 
-The comparison uses per-row fingerprints (the sum, the squared norm and a fixed weighted
-sum of each row, accumulated in float32) with a tolerance of the tensor's precision, so
-the probe stores a few numbers per row, not the activations. It runs on the first
+The comparison uses per-row fingerprints (the norm and a fixed weighted sum of each row,
+accumulated in float32, and an integer digest of the row's bits), so the probe stores a
+few numbers per row, not the activations. Rows are compared bit for bit: a per-example
+model's other rows do not move at all when one example is replaced (same inputs,
+parameters, shapes and kernels). A move within the rounding tolerance of the tensor's
+precision is checked by one more pass on the unchanged batch, only then: if that pass is
+not bitwise reproducible (nondeterministic kernels) the tolerance judges, as before; if it
+is, the move is refused, or, when an integer input changed with the example (a packed
+sequence's lengths: the kernels' layout and the rounding of the other rows follow them),
+refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`). It runs on the first
 seven examples of the batch (a mixing operation shows among a few examples as among
 all; five or three if seven is the size of another input dimension, the whole batch if
 the model cannot run on part of it), so its cost is three forward passes over seven
@@ -230,63 +237,14 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
             # change the layout the kernels see (a packed sequence's time steps)
             ints = any(not leaves[i].is_floating_point()
                        and not torch.equal(leaves[i][j], perturbed[i][j]) for i in batched)
-            mode = _exactly(tracker, base, run, examples, j, again,
-                            ints or _reshaped(base, run))
+            mode = _probe_exact.mode(
+                lambda m, b=base, r=run, j=j: _judge(tracker, b, r, examples, j, m),
+                base, again, ints or _probe_exact.reshaped(base, run))
         same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:
         _check_rows_follow(tracker, leaves, batched, spec, autocast, examples, base, unmoved)
     return True
-
-
-def _reshaped(run_a, run_b) -> bool:
-    """Whether some layer saw tensors of other shapes, or other layers ran, in the two
-    runs (a packed sequence whose lengths follow the replaced example: the kernels' row
-    counts, and so the rounding of the other rows, may change with it)."""
-    calls_a, calls_b = run_a[0], run_b[0]
-    if [i for i, _ in calls_a] != [i for i, _ in calls_b]:
-        return True
-    return any(len(va) != len(vb) or any(pa["shape"] != pb["shape"] for pa, pb in
-                                         zip(va, vb, strict=False))
-               for (_, va), (_, vb) in zip(calls_a, calls_b, strict=True))
-
-
-def _exactly(tracker, base, run, examples: int, j: int, rerun, reshaped: bool) -> str:
-    """How this replacement's rows are compared (:mod:`._probe_exact`): ``"bits"``
-    when no other row moved in any bit. Else, if no row moved beyond the tolerance of
-    the tensors' precision, one more run on the unchanged batch (``rerun``) tells
-    rounding noise of nondeterministic kernels (the rerun differs: ``"tolerance"``, as
-    before; on a GPU such a model keeps that tolerance) from a move of the replaced
-    example's making (the rerun is bitwise the same): refused when only floating inputs
-    changed and every layer saw tensors of the same shapes in both runs (same shapes,
-    same kernels, same rounding of each row), else (``reshaped``: an integer input
-    changed, and a packed sequence's layout follows the replaced example's length, so
-    the rounding of the other rows may follow it) ``"tight"``: a move beyond an ulp of
-    the row's norm is refused. A GPU run must check that the model zoo gives bitwise the
-    same other rows there (and the rerun the same bits) in float32 and under fp16/bf16
-    autocast."""
-    try:
-        _judge(tracker, base, run, examples, j, "bits")
-        return "bits"
-    except BatchDependenceError as bits:
-        moved = bits
-    _judge(tracker, base, run, examples, j)  # beyond the tolerance: refused as it was
-    if not _probe_exact.reproducible(base, rerun()):
-        return "tolerance"
-    if reshaped:
-        try:
-            _judge(tracker, base, run, examples, j, "tight")
-            return "tight"
-        except BatchDependenceError as beyond:
-            moved = beyond
-    raise BatchDependenceError(
-        f"{moved}. The other examples' values moved by less than the rounding "
-        "tolerance of their precision, but the forward pass is bitwise reproducible "
-        "on the unchanged batch, so the move comes from the replaced example. If this "
-        "model does process each example on its own and only its rounding depends on "
-        "the other rows (a kernel whose result depends on the whole batch's values), "
-        "pass check_batch_independence=False, which promises it"
-    ) from moved
 
 
 def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, base,
