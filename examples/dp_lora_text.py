@@ -75,7 +75,8 @@ def load_model(name: str, offline: bool, block: int):
             print(f"could not load {name!r} ({type(exc).__name__}); using a config-"
                   "initialised model (pass --offline to skip the attempt)")
     cfg = transformers.GPT2Config(vocab_size=256, n_positions=block, n_embd=64, n_layer=2,
-                                  n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                                  n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)  # inside the byte vocabulary
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg)
     return model, lambda s: list(s.encode("utf-8")), "config-initialised GPT-2 (bytes)"

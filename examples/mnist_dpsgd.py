@@ -14,8 +14,9 @@ Usage::
     python examples/mnist_dpsgd.py --quick                # 1 epoch on 10k examples
     python examples/mnist_dpsgd.py --epochs 40 --out /tmp/mnist.json
 
-Data: ``privlearn.datasets.load_mnist`` (IDX files in ``../shared/data/mnist`` or
-``--data-home``).
+Data: ``privlearn.datasets.load_mnist``: the four MNIST ``.gz`` files in ``--data-home DIR``,
+else ``$PRIVLEARN_DATA/mnist``, else the user cache ``~/.cache/privlearn/mnist``;
+``--download`` fetches them there (checksums verified) when they are not found.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from privlearn.datasets import load_mnist
+from privlearn.errors import DataNotFoundError
 from privlearn.torch import make_private
 from privlearn.torch.models import mnist_cnn
 
@@ -77,7 +79,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--accountant", default="pld", help="privlearn accountant name")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-home", default=None)
+    parser.add_argument(
+        "--data-home",
+        default=None,
+        help="directory holding the four MNIST .gz files (default: $PRIVLEARN_DATA/mnist, "
+        "then ~/.cache/privlearn/mnist)",
+    )
+    parser.add_argument(
+        "--download",
+        action="store_true",
+        help="download the MNIST files (checksums verified) when they are not found",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -88,8 +100,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    x_train, y_train = to_tensors(load_mnist("train", data_home=args.data_home))
-    x_test, y_test = to_tensors(load_mnist("test", data_home=args.data_home))
+    try:
+        x_train, y_train = to_tensors(
+            load_mnist("train", data_home=args.data_home, download=args.download))
+        x_test, y_test = to_tensors(
+            load_mnist("test", data_home=args.data_home, download=args.download))
+    except DataNotFoundError as err:
+        sys.exit(f"error: {err}. With this script: --data-home DIR or --download")
     if args.quick:
         args.epochs = 1
         x_train, y_train = x_train[:10_000], y_train[:10_000]

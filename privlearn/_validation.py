@@ -127,6 +127,12 @@ def check_nonnegative(
     return x
 
 
+#: What a refusal of a delta suggests: the common choices, and the rule that a delta of
+#: 1 / n or more is no guarantee (publishing one random record of n in the clear is
+#: (0, 1/n)-DP), so a delta is chosen well below it.
+DELTA_HINT = "typical values are 1e-5 or smaller, well below 1 / dataset size"
+
+
 def check_delta(
     name: str, value: object, *, allow_one: bool = False, hint: str | None = None
 ) -> float:
@@ -135,7 +141,7 @@ def check_delta(
     if math.isnan(x) or not (0.0 <= x < 1.0 or (allow_one and x == 1.0)):
         rng = "in [0, 1]" if allow_one else "in [0, 1)"
         raise ParameterValueError(
-            _msg(name, rng, value, hint or "typical values are 1e-5 or 1/dataset size")
+            _msg(name, rng, value, hint or DELTA_HINT)
         )
     return x
 

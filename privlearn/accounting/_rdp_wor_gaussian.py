@@ -54,7 +54,9 @@ def gaussian_log_forward_differences(sigma: float) -> tuple[float, ...]:
         # each term: the exponent's rounding (relative 10^(1-p), times the exponent
         # <= max_arg inside the exponential), the exponential's and the product's
         # (10^(1-p) each); the running sums add at most k + 1 roundings of magnitude at
-        # most the sum of |terms|. Everything doubled for safety.
+        # most the sum of |terms|. Everything doubled for safety. Every operation on the
+        # moments goes through ``ctx``: its exponent range holds e^(n^2 / (2 sigma^2))
+        # for a small sigma, which the default context's overflows.
         unit = decimal.Decimal(10) ** (1 - digits)
         still = []
         for k in pending:
@@ -63,13 +65,13 @@ def gaussian_log_forward_differences(sigma: float) -> tuple[float, ...]:
             for i in range(k + 1):
                 term = ctx.multiply(decimal.Decimal(math.comb(k, i)), moments[i])
                 magnitude = ctx.add(magnitude, term)
-                total = ctx.add(total, term if (k - i) % 2 == 0 else -term)
+                total = (ctx.add if (k - i) % 2 == 0 else ctx.subtract)(total, term)
             rel = 2 * unit * (decimal.Decimal(max_arg) + 4 + (k + 2))
             err = ctx.multiply(magnitude, rel)
             upper = ctx.add(total, err)
             if upper <= 0:
                 out[k] = -math.inf
-            elif err <= upper * decimal.Decimal("1e-9"):
+            elif err <= ctx.multiply(upper, decimal.Decimal("1e-9")):
                 value = float(upper.ln(ctx))  # float rounding << the 1e-12 added
                 out[k] = value + 1e-12 * max(1.0, abs(value))
             else:

@@ -29,7 +29,7 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from privlearn._validation import check_delta, check_nonnegative
+from privlearn._validation import DELTA_HINT, check_delta, check_nonnegative
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.mechanisms import Composed, Mechanism
@@ -178,8 +178,7 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
     :class:`~privlearn.errors.ParameterValueError`.
     """
     noise_multiplier = _check_sigma(noise_multiplier)
-    delta = check_delta("delta", delta, allow_one=True,
-                        hint="typical values are 1e-5 or 1/dataset size")
+    delta = check_delta("delta", delta, allow_one=True, hint=DELTA_HINT)
     if delta <= 0.0:
         return math.inf, math.inf
     if not noise_multiplier >= 1e-300:  # 1 / sigma^2 is beyond floats (or no noise)

@@ -20,6 +20,7 @@ from privlearn._validation import check_count, check_delta, check_positive, chec
 from privlearn.accounting.mechanisms import DEFAULT_ACCOUNTANT, Mechanism
 from privlearn.errors import (
     CalibrationError,
+    CertificationError,
     ParameterTypeError,
     ParameterValueError,
     PrivacyLossOverflowError,
@@ -89,7 +90,9 @@ def calibrate(
     Raises
     ------
     CalibrationError
-        If no value in ``bounds`` meets the target.
+        If no value in ``bounds`` meets the target (a parameter at which no epsilon can
+        be certified, e.g. ``delta`` below the mass at infinity of its
+        :class:`ApproxDP` parts, counts as missing it; the message then says why).
 
     Examples
     --------
@@ -123,7 +126,16 @@ def calibrate(
                 raise CalibrationError(
                     f"calibration did not converge in {max_evaluations} evaluations"
                 )
-            mechanism = factory(int(x) if integer else x)
+            try:
+                mechanism = factory(int(x) if integer else x)
+            except ParameterValueError as err:
+                if bounds is not None:
+                    raise
+                raise CalibrationError(
+                    f"the factory refuses the parameter {x:g}, which the search without "
+                    f"bounds tries (it starts at 1 and 2 and moves geometrically): {err}. "
+                    "Pass bounds=(lower, upper) inside the range the factory accepts, "
+                    "e.g. bounds=(1e-9, 1.0) for a sampling rate") from err
             if not callable(getattr(mechanism, "epsilon", None)):
                 raise ParameterTypeError(
                     f"factory must return a privlearn Mechanism (an object with an "
@@ -138,7 +150,24 @@ def calibrate(
                 # huge target is then met by the largest epsilon that can be certified
                 # (never by a parameter whose epsilon is unknown)
                 cache[x] = math.inf
+            except CertificationError as err:
+                # no finite epsilon is certified at this parameter (e.g. delta at or below
+                # the mass at infinity of the (epsilon, delta)-DP parts, which a sampling
+                # rate moves): infeasible too, so that the search goes on to parameters
+                # that can be certified; kept to say why if none can
+                cache[x] = math.inf
+                refusal[:] = [err]
         return cache[x]
+
+    refusal: list[CertificationError] = []
+
+    def unreachable(message: str) -> CalibrationError:
+        if not refusal:
+            return CalibrationError(message)
+        err = CalibrationError(f"{message} (the accountant could not certify it: "
+                               f"{refusal[0]})")
+        err.__cause__ = refusal[0]  # as ``raise ... from``: the cause says what to try
+        return err
 
     def feasible(x: float) -> bool:
         return eps_of(x) <= target
@@ -173,17 +202,19 @@ def calibrate(
         decreasing = decreases(lo, hi)
         if decreasing:
             if not feasible(hi):
-                raise CalibrationError(
+                raise unreachable(
                     f"target epsilon={target} unreachable: epsilon at the upper bound "
-                    f"{hi} is {e_hi}"
+                    f"{hi} is {e_hi} (delta={delta:g}); raise the upper bound of "
+                    "bounds, or loosen the target (a larger epsilon or delta)"
                 )
             if feasible(lo):
                 return lo
         else:
             if not feasible(lo):
-                raise CalibrationError(
+                raise unreachable(
                     f"target epsilon={target} unreachable: epsilon at the lower bound "
-                    f"{lo} is {e_lo}"
+                    f"{lo} is {e_lo} (delta={delta:g}); lower the lower bound of bounds, "
+                    "or loosen the target (a larger epsilon or delta)"
                 )
             if feasible(hi):
                 return hi
@@ -195,7 +226,7 @@ def calibrate(
             while not feasible(hi):
                 hi *= 2.0
                 if hi > 1e12:
-                    raise CalibrationError(_unreachable_message(target, delta, hi / 2.0,
+                    raise unreachable(_unreachable_message(target, delta, hi / 2.0,
                                                                 eps_of(hi / 2.0)))
             lo = hi / 2.0
             floor = 1.0 if integer else 1e-12
@@ -216,8 +247,11 @@ def calibrate(
                 while not feasible(lo):
                     lo /= 2.0
                     if lo < (1.0 if integer else 1e-12):
-                        raise CalibrationError(
+                        raise unreachable(
                             f"target epsilon={target} unreachable for any positive parameter"
+                            f" (delta={delta:g}): epsilon grows with the parameter and is "
+                            f"still {eps_of(lo * 2.0):g} at {lo * 2.0:g}; loosen the target "
+                            "(a larger epsilon or delta)"
                         )
                 hi = lo * 2.0
             else:

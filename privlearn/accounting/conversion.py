@@ -55,7 +55,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy import optimize
 
-from privlearn._validation import check_callable, check_delta, check_nonnegative
+from privlearn._validation import DELTA_HINT, check_callable, check_delta, check_nonnegative
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -132,11 +132,25 @@ def _check_refine(refine: object) -> bool:
     return bool(refine)
 
 
-_DELTA_HINT = "typical values are 1e-5 or 1/dataset size"
-
-
-def _clean(rdp: np.ndarray) -> np.ndarray:
-    rdp = np.asarray(rdp, dtype=float)
+def _clean(rdp: np.ndarray, orders: np.ndarray | None = None) -> np.ndarray:
+    """RDP values as floats, NaN read as ``inf`` (no guarantee). A negative value is
+    refused: a Renyi divergence is never negative, and one would make the conversion
+    optimistic. With ``orders``, one value per order is required (or a single one)."""
+    try:
+        rdp = np.asarray(rdp, dtype=float)
+    except (TypeError, ValueError):
+        raise ParameterTypeError(
+            f"RDP values must be real numbers, got {rdp!r}; pass one RDP value per "
+            "order") from None
+    if orders is not None and rdp.size != 1 and rdp.shape != np.shape(orders):
+        raise ParameterValueError(
+            f"rdp must have one value per order: orders has shape {np.shape(orders)}, rdp "
+            f"shape {rdp.shape}; pass the RDP curve evaluated at these orders")
+    if np.any(rdp < 0):
+        raise ParameterValueError(
+            f"RDP values must be >= 0 (a Renyi divergence is never negative), got "
+            f"{float(rdp[rdp < 0].flat[0])!r}; check the RDP curve (an upper bound on "
+            "the divergence at each order)")
     return np.where(np.isnan(rdp), np.inf, rdp)
 
 
@@ -147,12 +161,12 @@ def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.nd
     real numbers > 1 and ``delta`` in (0, 1] (typed errors otherwise).
     """
     a = _check_orders(orders)
-    delta = check_delta("delta", delta, allow_one=True, hint=_DELTA_HINT)
+    delta = check_delta("delta", delta, allow_one=True, hint=DELTA_HINT)
     if delta == 0.0:
         raise ParameterValueError(
             "delta must be in (0, 1] for the per-order conversion, got 0; pass a positive "
             "delta (rdp_to_epsilon answers delta 0 with the pure epsilon)")
-    tau = _clean(rdp)
+    tau = _clean(rdp, a)
     t1 = np.log1p(-1.0 / a)
     t2 = (math.log(delta) + np.log(a)) / (a - 1.0)
     with np.errstate(invalid="ignore"):
@@ -182,6 +196,7 @@ def delta_from_rdp(orders: np.ndarray, rdp: np.ndarray, epsilon: float) -> np.nd
     otherwise)."""
     orders = _check_orders(orders)
     epsilon = _check_eps(epsilon)
+    rdp = _clean(rdp, orders)
     with np.errstate(over="ignore"):
         return np.minimum(1.0, np.exp(_log_delta_from_rdp(orders, rdp, epsilon)))
 
@@ -326,7 +341,7 @@ def rdp_to_epsilon(
         ``pure_epsilon`` outside [0, inf] or a ``refine`` that is not a bool.
     """
     _check_rdp_fn(rdp_fn)
-    delta = check_delta("delta", delta, allow_one=True, hint=_DELTA_HINT)
+    delta = check_delta("delta", delta, allow_one=True, hint=DELTA_HINT)
     pure_epsilon = _check_pure(pure_epsilon)
     refine = _check_refine(refine)
     if delta <= 0.0:

@@ -128,6 +128,7 @@ import numpy as np
 
 from privlearn.accounting import _pld_discrete as dsc
 from privlearn.accounting import closed_form
+from privlearn.accounting._pld_fallback import fallback_delta
 from privlearn.accounting._pld_lower import binary_lower
 from privlearn.accounting._pld_mass import mass_at_infinity, refuse_below_mass_at_infinity
 from privlearn.accounting._pld_pairs import AddPair, Pair, RemovePair
@@ -157,7 +158,12 @@ from privlearn.accounting.registry import (
     representation_of,
 )
 from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
-from privlearn.errors import AccountingError, CertificationError, UnsupportedMechanismError
+from privlearn.errors import (
+    AccountingError,
+    CertificationError,
+    PrivacyLossOverflowError,
+    UnsupportedMechanismError,
+)
 
 __all__ = ["PLDAccountant", "pure_epsilon"]
 
@@ -279,7 +285,9 @@ class PLDAccountant:
     fallback : bool
         When the grid cannot certify ``delta`` (tiny delta, long compositions), answer
         with the smaller of the pure epsilon and the RDP accountant's epsilon, named in
-        ``PrivacyBound.accountant`` (default); ``False`` raises :class:`AccountingError`.
+        ``PrivacyBound.accountant`` (default; ``delta`` likewise answers with the RDP
+        accountant's delta where no loss grid holds a step); ``False`` raises
+        :class:`AccountingError`.
     """
 
     name = "pld"
@@ -418,7 +426,12 @@ class PLDAccountant:
         pe = pure_epsilon(mechanism)
         if epsilon >= pe * (1.0 + 4.0 * dsc.U):  # beyond the largest privacy loss
             return PrivacyBound(0.0, 0.0, self.name)
-        res = self._composed(mechanism, parts, h_scale=1.0)
+        try:
+            res = self._composed(mechanism, parts, h_scale=1.0)
+        except PrivacyLossOverflowError as err:  # no grid holds a step: RDP, as epsilon
+            if not self.fallback:
+                raise
+            return fallback_delta(mechanism, epsilon, pe, mass_at_infinity(parts, _step), err)
         up = _delta_upper(res, epsilon)
         # (also when a Chernoff bound already took delta below the FFT allowance: the
         # accurate allowance can be far smaller -- q=1e-5: 2e-10 instead of 1.7e-6)

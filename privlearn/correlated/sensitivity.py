@@ -58,7 +58,7 @@ from privlearn.correlated.participation import (
     SingleParticipation,
 )
 from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
-from privlearn.errors import ParameterTypeError
+from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
     "Sensitivity",
@@ -155,11 +155,52 @@ def _certified_norm(v: np.ndarray, relative_error: float = 0.0) -> float:
     return root
 
 
+def _finite_array(name: str, value: object, ndims: tuple[int, ...], what: str) -> np.ndarray:
+    """``value`` as a float array of one of ``ndims`` dimensions with finite entries
+    (``what`` says what to pass instead)."""
+    try:
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ParameterTypeError(
+            f"{name} must be a real {' or '.join(f'{d}-D' for d in ndims)} array, got "
+            f"{type(value).__name__}; pass a NumPy array of floats") from None
+    if arr.ndim not in ndims or arr.size == 0:
+        raise ParameterValueError(
+            f"{name} must be a non-empty {' or '.join(f'{d}-D' for d in ndims)} array, got "
+            f"shape {arr.shape}; pass {what}")
+    if not np.isfinite(arr).all():
+        raise ParameterValueError(
+            f"{name} must have finite entries, got {int((~np.isfinite(arr)).sum())} "
+            "NaN or infinite; check the strategy for overflow")
+    return arr
+
+
+def _pattern_counts(min_sep: object, max_participations: object) -> tuple[int, int]:
+    """``min_sep`` and ``max_participations`` checked as integers >= 1 (as
+    :class:`~privlearn.correlated.participation.MinSeparation` requires)."""
+    return (check_count("min_sep", min_sep, minimum=1,
+                        hint="steps between two participations, at least 1 (consecutive)"),
+            check_count("max_participations", max_participations, minimum=1,
+                        hint="participations of one record, at least 1"))
+
+
 def vector_sensitivity(x: np.ndarray, min_sep: int, max_participations: int) -> float:
     """``max_pi sum_{i in pi} x_i`` over index sets ``pi`` of at most
     ``max_participations`` indices pairwise at least ``min_sep`` apart ([CC23b],
-    Algorithm 3, VecSens). ``x`` may be a 2-D array: one maximum per row (vectorised)."""
-    x = np.asarray(x, dtype=float)
+    Algorithm 3, VecSens). ``x`` may be a 2-D array: one maximum per row (vectorised).
+
+    Raises
+    ------
+    ParameterValueError
+        If ``x`` is not a finite 1-D or 2-D array, or ``min_sep`` or
+        ``max_participations`` is not an integer >= 1.
+    """
+    x = _finite_array("x", x, (1, 2), "one value per step (2-D: one row of them per maximum)")
+    return _vector_sensitivity(x, *_pattern_counts(min_sep, max_participations))
+
+
+def _vector_sensitivity(x: np.ndarray, min_sep: int, max_participations: int) -> float:
+    """:func:`vector_sensitivity` on arguments already checked."""
     squeeze = x.ndim == 1
     x = np.atleast_2d(x)
     rows, n = x.shape
@@ -190,8 +231,16 @@ def gram_sensitivity_upper_bound(
     Algorithm 4): ``X = |C^T C|``, the best pattern of each row, then of the row maxima.
 
     The bound drops the requirement that rows and columns use the same pattern, so it is
-    valid for every ``C``; it is exact for ``b``-banded ``C`` with ``b <= min_sep``."""
-    c_matrix = np.asarray(c_matrix, dtype=float)
+    valid for every ``C``; it is exact for ``b``-banded ``C`` with ``b <= min_sep``.
+
+    Raises
+    ------
+    ParameterValueError
+        If ``c_matrix`` is not a finite 2-D array, or ``min_sep`` or
+        ``max_participations`` is not an integer >= 1.
+    """
+    c_matrix = _finite_array("c_matrix", c_matrix, (2,), "the strategy matrix (rows x steps)")
+    min_sep, max_participations = _pattern_counts(min_sep, max_participations)
     return _abs_gram_bound(np.abs(c_matrix.T @ c_matrix), min_sep, max_participations)
 
 
@@ -200,8 +249,8 @@ def _abs_gram_bound(x: np.ndarray, min_sep: int, max_participations: int) -> flo
     row maxima, rounded up."""
     n = x.shape[1]
     # x is symmetric: its transpose is the column-major layout the dynamic programme reads
-    rows = vector_sensitivity(x.T, min_sep, max_participations)
-    total = vector_sensitivity(rows, min_sep, max_participations)
+    rows = _vector_sensitivity(x.T, min_sep, max_participations)
+    total = _vector_sensitivity(rows, min_sep, max_participations)
     return _certified_sqrt(total, n * n + n)
 
 

@@ -312,8 +312,13 @@ _DOC_PARAMS = """
     Parameters
     ----------
     epsilon : float > 0
+        The privacy budget of one fit: the noise multiplier is calibrated so that the
+        ``n_iter`` steps are ``(epsilon, delta)``-DP. With ``noise_multiplier`` given, the
+        most the fit may spend (a fit that would spend more is refused). ``epsilon_``
+        after ``fit`` is what it spent.
     delta : float in [0, 1)
-        Must be > 0 with Gaussian noise; 0 with ``noise="laplace"`` gives pure DP.
+        Must be > 0 with Gaussian noise; 0 with ``noise="laplace"`` gives pure DP. Chosen
+        well below ``1 / n_samples`` (a ``PrivacyLeakWarning`` otherwise), e.g. 1e-6.
     noise : {"gaussian", "laplace"}
         Gaussian noise with L2 clipping, or Laplace noise with L1 clipping.
     sampling_rate : float in (0, 1]
@@ -451,7 +456,10 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             if np.any(bad):
                 raise ParameterValueError(
                     f"y contains labels not in classes={public.tolist()}: "
-                    f"{np.unique(y[bad])[:5].tolist()}; DPSGDClassifier is binary"
+                    f"{np.unique(y[bad])[:5].tolist()}; DPSGDClassifier is binary and "
+                    "classes is the public pair of labels y is written in: pass the two "
+                    "labels of your schema (e.g. classes=['no', 'yes'] for text labels), or "
+                    "map y onto the labels of classes before fitting"
                 )
             classes = public
         else:

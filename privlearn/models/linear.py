@@ -139,7 +139,11 @@ class SSPRegressor(_PrivateLinearBase):
     Parameters
     ----------
     epsilon : float > 0
+        The privacy budget of one fit: the noise is calibrated so that the fit is
+        ``(epsilon, delta)``-DP; ``epsilon_`` after ``fit`` is what it spent (at most this).
     delta : float in (0, 1)
+        Chosen well below ``1 / n_samples`` (a
+        :class:`~privlearn.errors.PrivacyLeakWarning` otherwise), e.g. 1e-6.
     x_bound : float > 0
         Bound on the L2 norm of a feature row; rows above it are scaled down to it.
     y_bound : float > 0 or pair (y_min, y_max)

@@ -170,7 +170,9 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
     Parameters
     ----------
     epsilon : float > 0
+        The budget of one fit (bounds and moments); ``epsilon_`` is what it spent.
     delta : float in (0, 1)
+        Chosen well below ``1 / n_samples``, e.g. 1e-6.
     feature_range : (lower, upper) or array (n_features, 2)
         Public range of each feature (known without looking at the data). Required.
         Values outside it are clipped to it (a ``DataClippedWarning`` says how many).
@@ -882,5 +884,7 @@ def _unplanned_step(name: str, step: Any) -> ParameterTypeError:
         "planned mechanism: it would release exact statistics, and the pipeline's cost "
         "cannot be known before fitting. Use a privlearn.models.PrivateEstimator step "
         "(e.g. PrivateStandardScaler for StandardScaler), or fit it on public data and "
-        "pass sklearn.frozen.FrozenEstimator(fitted step); public_steps lists only steps "
-        "whose fit learns nothing from the values (privlearn.models._public_fits)")
+        "pass sklearn.frozen.FrozenEstimator(fitted step). If its fit learns nothing from "
+        "the values (an encoder given its category lists, a FunctionTransformer; the "
+        "estimators guide, 'A DataFrame with text columns', lists such steps), name it: "
+        f"PrivatePipeline(steps, public_steps=({name!r},))")

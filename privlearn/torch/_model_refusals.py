@@ -1,5 +1,6 @@
-"""Models the engine refuses before a step: one with no trainable parameter, and any
-model while torch's global module hooks are registered.
+"""Models the engine refuses before a step: one with no trainable parameter, any model
+while torch's global module hooks are registered, and a training forward run on tensors
+put in the parameters' place (``torch.func.functional_call``).
 
 Torch runs its global hooks (``torch.nn.modules.module.register_module_forward_hook``,
 ``register_module_forward_pre_hook``, ``register_module_full_backward_hook``,
@@ -20,7 +21,8 @@ from torch import nn
 
 from privlearn.errors import ConfigurationError, TrainingLoopError
 
-__all__ = ["refuse_global_hooks", "refuse_untrainable"]
+__all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_substituted_parameters",
+           "refuse_untrainable"]
 
 #: torch's dictionary of global module hooks -> how they are registered, what to use instead
 _GLOBAL_HOOKS = (
@@ -81,3 +83,61 @@ def refuse_untrainable(model: nn.Module) -> None:
         "accounted. Unfreeze the parameters to train (requires_grad_(True)) before "
         "make_private"
     )
+
+
+def refuse_substituted_parameters(model: nn.Module) -> None:
+    """Refuse a training forward with gradients while ``model``'s parameter slots hold
+    tensors that are not parameters: ``torch.func.functional_call(p.model, tensors, x)``
+    (``torch.nn.utils.stateless``) puts them there for the call. The engine would put its
+    own parameters back (the forward silently ran on them, not on the tensors given), and
+    the gradient of tensors derived from the parameters (a meta-learning inner step) is not
+    one it can clip per example. Read when the trainable set changed only (Python
+    attributes, no device access).
+
+    Raises
+    ------
+    TrainingLoopError
+        A parameter slot holds a plain tensor.
+    """
+    held = [f"{mod_name}.{name}" if mod_name else name
+            for mod_name, mod in model.named_modules()
+            for name, v in mod._parameters.items()
+            if v is not None and not isinstance(v, nn.Parameter)]
+    if not held:
+        return
+    raise TrainingLoopError(
+        f"a training forward of p.model ran with plain tensors in place of its parameters "
+        f"{held[:5]}{' ...' if len(held) > 5 else ''} (torch.func.functional_call or "
+        "torch.nn.utils.stateless): per-example gradients are clipped for the model's own "
+        "parameters only, so the forward would run on them instead of the tensors given. "
+        "Call p.model(...) itself to train; run functional_call under torch.no_grad() "
+        "(evaluation) or on a copy of the model that is not private. Nothing was recorded "
+        "and nothing released"
+    )
+
+
+def alias_of_slot(cur, name: str, open_calls: list):
+    """The detached alias a unit's forward runs on in place of ``cur``, the tensor its
+    parameter slot ``name`` holds (the parameter, or FSDP2's unsharded parameter).
+    Refuses a plain tensor the engine did not put there itself (``open_calls``: the
+    unit's calls in progress, each ``(owner, name, tensor, alias)``): a tensor derived
+    from the parameter and passed by ``torch.func.functional_call(layer, {name: w}, x)``
+    (``w = layer.weight * mask``) would have its gradient clipped as the parameter's,
+    the transform's part of the chain rule left out.
+
+    Raises
+    ------
+    TrainingLoopError
+        The slot holds a plain tensor (not an ``nn.Parameter``) of the caller's.
+    """
+    if not isinstance(cur, nn.Parameter) and not any(
+            cur is done[3] for call in open_calls for done in call):
+        raise TrainingLoopError(
+            f"a layer ran with a plain tensor in its trainable parameter slot {name!r} "
+            "(torch.func.functional_call(layer, {...}, x) or torch.nn.utils.stateless "
+            "inside the model's forward): its per-example gradient would be clipped as the "
+            "parameter's own, leaving out how the tensor was derived from it (a mask, a "
+            "scale, a hypernetwork). Call the layer itself, or write the transform as a "
+            "parametrization (torch.nn.utils.parametrize.register_parametrization), which "
+            "the engine differentiates. Nothing was recorded and nothing released")
+    return cur.detach()

@@ -283,6 +283,33 @@ def _trainable_signature(model: nn.Module) -> tuple:
     return tuple(id(p) for p in model.parameters() if p.requires_grad)
 
 
+def _call_signature(args: tuple, kwargs: dict) -> tuple:
+    """What selects a forward's code path besides its tensors: its positional arguments
+    and keyword names, with the flags among their values (booleans, None, strings) and
+    the type of any other value. A forward of a signature not seen before re-arms the
+    batch-independence probe (``model(x, centre=True)`` first called after some steps)."""
+    def flag(v):
+        return v if v is None or isinstance(v, bool | str) else type(v)
+
+    return (tuple(flag(a) for a in args),
+            tuple(sorted((k, flag(v)) for k, v in kwargs.items())))
+
+
+def _distinct_calls(calls: list) -> list:
+    """The ``((args, kwargs, autocast), buffers)`` of forward calls less those whose
+    inputs repeat an earlier call's (the same tensor objects, the same other values by
+    identity, the same autocast state): the probe's verdict on them is the one it gave."""
+    out, keys = [], []
+    for call in calls:
+        (args, kwargs, autocast), _ = call
+        leaves, spec = tree_flatten((args, kwargs))
+        key = (spec, autocast, [id(v) for v in leaves])
+        if key not in keys:
+            keys.append(key)
+            out.append(call)
+    return out
+
+
 def _autocast_state() -> tuple:
     """Autocast settings in force (the probe re-runs the forward under the same)."""
     out = []

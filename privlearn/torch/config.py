@@ -222,7 +222,9 @@ class DPConfig:
         :func:`privlearn.accounting.steps_per_epoch`) is (target_epsilon,
         target_delta)-DP.
     target_delta : float in (0, 1)
-        delta of the calibration, of ``max_epsilon`` and of the planned epsilon.
+        delta of the calibration, of ``max_epsilon`` and of the planned epsilon, and of
+        ``p.epsilon()`` without an argument (default 1e-5). Choose it well below
+        ``1 / len(dataset)`` (a :class:`~privlearn.errors.PrivacyLeakWarning` otherwise).
     epochs, steps : int >= 1, optional
         Length of the planned run (one of them with ``target_epsilon``).
     max_grad_norm : float > 0, or list / dict of floats with ``clipping="per_layer"``
@@ -448,8 +450,7 @@ class DPConfig:
                     "noise scale is private; it is only allowed with noise_multiplier=0 "
                     "(non-private testing). Give a finite max_grad_norm > 0")
         self._check_accountant()
-        delta = _v.check_delta("target_delta", self.target_delta,
-                               hint="typical values are 1e-5 or below 1/dataset size")
+        delta = _v.check_delta("target_delta", self.target_delta, hint=_v.DELTA_HINT)
         if delta == 0:
             raise ParameterValueError(
                 "target_delta must be in (0, 1), got 0: the Gaussian mechanism "

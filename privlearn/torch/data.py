@@ -673,7 +673,11 @@ class VirtualBatchLoader(_LoaderView):
         sizes = {t.shape[0] for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
         if len(sizes) > 1:
             raise ParameterValueError(
-                f"batch tensors have different leading sizes {sorted(sizes)}")
+                f"batch tensors have different leading sizes {sorted(sizes)}: "
+                "max_physical_batch_size splits every tensor of the collated batch into "
+                "chunks of rows, so each must hold one row per example. Keep a tensor "
+                "that is not per example (class weights, a vocabulary table) out of the "
+                "collate function's output and pass it to the loss or model directly")
         n = sizes.pop() if sizes else 0
         drawn = self.loader.batch_sampler.pending()
         if drawn is not None and drawn.size != n:

@@ -34,6 +34,7 @@ from privlearn.errors import (
 )
 from privlearn.torch._layout_state import saved_layout
 from privlearn.torch._sampler_fields import _law_field_error, _read_only
+from privlearn.torch._shard_stream import shard_seed
 
 __all__ = [
     "PoissonBatchSampler",
@@ -189,6 +190,7 @@ class _AccountedSampler(Sampler[list[int]]):
         return self._iterate(fifo)
 
     units = None  # UnitIndex: privacy units of several examples (users)
+    _shard = None  # a Poisson shard's smallest index: its own stream (_shard_stream)
 
     def _iterate(self, fifo):
         # the resumed position is taken when the pass draws its first batch, not when
@@ -200,7 +202,7 @@ class _AccountedSampler(Sampler[list[int]]):
             if self.secure:
                 seed = None
             else:
-                seed = int.from_bytes(self._key[:8], "little") >> 1
+                seed = shard_seed(int.from_bytes(self._key[:8], "little") >> 1, self._shard)
                 self._key = _next_key(self._key)
             batch = self._draw(seed)
             groups = None
@@ -260,7 +262,10 @@ class _AccountedSampler(Sampler[list[int]]):
                 "Every step must train on the next batch of p.data_loader (the accountant "
                 "describes its sampling); do not train on batches of another loader, and "
                 "call step() once per batch (use max_physical_batch_size for batches that "
-                "do not fit in memory)")
+                "do not fit in memory). A wrapper that builds its own loader from "
+                "p.data_loader's dataset and sampler (accelerate's Accelerator.prepare("
+                "p.data_loader)) is such another loader: prepare the model and optimizer "
+                "only and iterate p.data_loader")
         if n > 1:
             raise TrainingLoopError(
                 f"{n} batches of p.data_loader were drawn since the last optimizer.step(): "
@@ -358,7 +363,8 @@ class PoissonBatchSampler(_AccountedSampler):
         Batches per epoch; default :func:`privlearn.accounting.steps_per_epoch`
         (``round(1 / sampling_rate)``).
     seed : int, optional
-        Seed of the key chain the batches are drawn from (default: fresh OS entropy).
+        Seed of the key chain the batches are drawn from (default: fresh OS entropy). A
+        shard draws from (seed, its smallest index): disjoint shards are independent.
     secure : bool
         Draw the inclusion decisions from the OS CSPRNG (``os.urandom``) instead of a
         seeded generator.
@@ -386,6 +392,8 @@ class PoissonBatchSampler(_AccountedSampler):
         self._sampling_rate = float(sampling_rate)
         self.steps = steps_per_epoch(sampling_rate) if steps is None else _check_steps(steps)
         self.indices = None if indices is None else np.asarray(list(indices), dtype=np.int64)
+        if self.indices is not None and self.indices.size:
+            self._shard = int(self.indices.min())
         _check_secure(secure, seed)
         self.secure = bool(secure)
         self._init_bookkeeping(seed)
@@ -416,8 +424,9 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
 
     Each rank considers only its own part of the indices (``rank, rank + world_size,
     ...``) and
-    includes each of them independently with probability ``q`` (its own key chain: the
-    ranks' draws are independent). Every example is considered exactly once per step, by
+    includes each of them independently with probability ``q`` (each draw seeded from
+    the key chain *and* the rank, so the ranks' draws are independent even when every
+    rank is given the same ``seed``). Every example is considered exactly once per step, by
     one rank, so the union of the ranks' batches includes every example of the dataset
     independently with probability ``q``: it *is* a Poisson sample of the dataset at rate
     ``q`` (Abadi et al. 2016, Sec. 3.1, the sampling the subsampled Gaussian accountant
@@ -433,8 +442,8 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         :func:`~privlearn.torch.make_private`).
     rank, world_size : int
     steps, seed, secure
-        As for :class:`PoissonBatchSampler`; ``seed`` must differ
-        between ranks (``make_private`` derives it from its ``seed`` and the rank).
+        As for :class:`PoissonBatchSampler`; the same ``seed`` on every rank is safe
+        (the rank is mixed into the seed of every draw).
     """
 
     def __init__(self, num_samples: int, sampling_rate: float, rank: int, world_size: int,
@@ -460,10 +469,12 @@ class FixedSizeBatchSampler(_AccountedSampler):
 
     Distributed (``world_size > 1``): every rank draws the same global sample of
     ``world_size * batch_size`` distinct indices (the seed must be the same on all
-    ranks) and keeps positions ``rank, rank + world_size, ...`` of it, so the ranks'
-    batches are disjoint and their union is one uniform fixed-size sample of the dataset.
-    ``batch_size`` is read-only after construction. ``secure=True`` draws every batch
-    from the OS CSPRNG (one process only).
+    ranks: ``None`` or per-rank seeds draw overlapping samples; ``make_private`` rebuilds
+    a given sampler with one seed shared by the ranks) and keeps positions ``rank,
+    rank + world_size, ...`` of it, so the ranks' batches are disjoint and their union is
+    one uniform fixed-size sample of the dataset. ``batch_size`` is read-only after
+    construction. ``secure=True`` draws every batch from the OS CSPRNG (one process
+    only).
     """
 
     batch_size = _read_only("batch_size")

@@ -50,7 +50,7 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import ParameterValueError, TrainingLoopError
-from privlearn.torch import _flat_rows, _shared_positions
+from privlearn.torch import _flat_rows, _model_refusals, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
@@ -61,6 +61,8 @@ from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
+    _call_signature,
+    _distinct_calls,
     _eager,
     _flat_sq,
     _hookable,
@@ -272,6 +274,7 @@ class GradSampleTracker(ClippingMixin):
         self._probe_inputs = None  # (args, kwargs, autocast state) of the step's forward
         self._probe_buffers = None  # the model's buffers before that forward
         self._probe_later: list = []  # (inputs, buffers) of later forwards (the first may be stray)
+        self._probe_others: list = []  # those of the batch the probe runs on too
         #: what is left of the step's budget of materialised per-example gradients
         #: (:data:`~privlearn.torch.grad_sample.STEP_MATERIALISE_BUDGET_BYTES`), shared by
         #: the rules evaluated during backward and those evaluated at the step
@@ -280,6 +283,7 @@ class GradSampleTracker(ClippingMixin):
         #: the model's tree, training flags and hooks at the last forward
         #: (:func:`_mixing_fingerprint`): a change re-arms the probe
         self._mixing_shape: tuple | None = None
+        self._calls: set = set()  # the forwards' signatures seen (_call_signature)
         #: checks of the step's inputs run with the probe (the loader's ``augment``)
         self.input_checks: list = []
         self._last_inputs: list = []  # (name, weak reference) of the last forward's inputs
@@ -504,6 +508,7 @@ class GradSampleTracker(ClippingMixin):
         refuse_global_hooks("a training forward (registered after make_private)")
         rehooked = self._trainable_signature() != self._signature
         if rehooked:
+            _model_refusals.refuse_substituted_parameters(self.model)  # functional_call
             self._rediscover()
         shape = _mixing_fingerprint(self.model)
         if shape != self._mixing_shape:  # first forward, or a change that can mix examples
@@ -511,6 +516,9 @@ class GradSampleTracker(ClippingMixin):
             self._probe_pending = self._probe_enabled
             if any(u.rule is not FALLBACK and _gs.replaced_forward(u.module) for u in self.units):
                 self._rediscover()  # a layer's forward replaced since: its rule no longer holds
+        if (sig := _call_signature(args, kwargs)) not in self._calls:  # other flags: a path
+            self._calls.add(sig)  # that may mix examples (model(x, centre=True) later on)
+            self._probe_pending = self._probe_enabled
         _flat_rows.rearm(self, args, kwargs)  # inputs of shapes a grouping was not checked at
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
@@ -539,16 +547,21 @@ class GradSampleTracker(ClippingMixin):
         """The inputs the probe runs on: those of the first forward since the last step
         whose batched inputs hold the step's ``examples`` rows (an earlier forward with
         gradients may be a stray one, a shape check on a few examples before training,
-        that no backward used), else the first forward's."""
+        that no backward used), else the first forward's. The later forwards of the batch
+        on other inputs (a second view, other keywords) are kept in ``_probe_others``:
+        the probe runs on each, since a path only they take may mix examples."""
         first, later, self._probe_later = self._probe_inputs, self._probe_later, []
+        self._probe_others = []
         if first is None:
             return None
-        for seen, buffers in ((first, self._probe_buffers), *later):
-            if any(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples
-                   for t in tree_flatten((seen[0], seen[1]))[0]):
-                self._probe_buffers = buffers
-                return seen
-        return first
+        batch = [(s, b) for s, b in ((first, self._probe_buffers), *later)
+                 if any(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == examples
+                        for t in tree_flatten((s[0], s[1]))[0])]
+        if not batch:
+            return first
+        self._probe_buffers = batch[0][1]
+        self._probe_others = _distinct_calls(batch)[1:]
+        return batch[0][0]
 
     @contextlib.contextmanager
     def forward_batch_size(self, examples: int):
@@ -605,8 +618,8 @@ class GradSampleTracker(ClippingMixin):
             done = []
             for owner, name, _ in slots:
                 cur = owner._parameters.get(name)
-                if cur is not None:
-                    alias = cur.detach()
+                if cur is not None:  # (functional_call's own tensors refused)
+                    alias = _model_refusals.alias_of_slot(cur, name, swapped)
                     owner._parameters[name] = alias
                     done.append((owner, name, cur, alias))
             swapped.append(tuple(done))
@@ -772,7 +785,12 @@ class GradSampleTracker(ClippingMixin):
                 "call optimizer.step() after every backward(). Several losses of one "
                 "batch (a GAN discriminator's real and fake terms): add them and call "
                 "backward() once. A gradient penalty (torch.autograd.grad through the "
-                "model, then backward()) is such a second pass: not supported")
+                "model, then backward()) is such a second pass: not supported. An earlier "
+                "pass through the model for another purpose (a GAN generator's loss "
+                "backpropagated through this discriminator, torch.autograd.grad of the "
+                "inputs for adversarial examples): call p.optimizer.zero_grad() after it, "
+                "before this step's forward pass (model.zero_grad() leaves the engine's "
+                "records)")
         self._in_backward = True
         self._budget_left = [_gs.STEP_MATERIALISE_BUDGET_BYTES]
         self._settled = None
@@ -805,7 +823,7 @@ class GradSampleTracker(ClippingMixin):
         if not self.records:
             self._captured = {}
             self._probe_inputs = self._probe_buffers = None
-            self._probe_later = []
+            self._probe_later, self._probe_others = [], []
 
     def clear(self) -> None:
         self.outside_uses, self._settled = set(), None
@@ -814,7 +832,7 @@ class GradSampleTracker(ClippingMixin):
         self._backward_passes = 0
         self._in_backward = False
         self._probe_inputs = self._probe_buffers = None
-        self._probe_later = []
+        self._probe_later, self._probe_others = [], []
 
     def detach(self) -> None:
         """Remove the hooks and put the handled parameters back."""
@@ -842,6 +860,7 @@ class GradSampleTracker(ClippingMixin):
         # the rows each layer saw first (the clearest message); rows flattened per example
         flat = _flat_rows.candidates(self, examples)
         inputs, self._probe_inputs = self._step_inputs(examples), None
+        others, self._probe_others = self._probe_others, []
         if inputs is None or not self.records or examples is None or examples < 2:
             return _flat_rows.adopt(self, flat, examples, inputs, verified=False)
         from privlearn.torch.probe import probe
@@ -852,6 +871,9 @@ class GradSampleTracker(ClippingMixin):
             for check in self.input_checks:  # what made the inputs (augment) first
                 check()
             probe(self, inputs, examples)
+            for seen, buffers in others:  # the batch's other forwards (_step_inputs)
+                self._probe_buffers = buffers
+                probe(self, seen, examples)
         except BaseException:
             self.clear()
             raise

@@ -33,3 +33,15 @@ def test_dp_lora_text_example_offline():
                   steps=3).epsilon(1e-5)
     assert res["epsilon"] == pytest.approx(eps, rel=1e-9) and res["epsilon"] <= 4.0 + 1e-9
     assert math.isfinite(res["heldout_loss_after"])
+
+
+def test_dp_lora_text_offline_model_has_its_special_tokens_in_the_byte_vocabulary():
+    """The offline model reads bytes (a vocabulary of 256): GPT-2's default special tokens
+    (50256) would lie outside it, which transformers reports on every run."""
+    spec = importlib.util.spec_from_file_location("dp_lora_text", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, encode, _ = mod.load_model("gpt2", offline=True, block=16)
+    cfg = model.config
+    assert max(encode("any text")) < cfg.vocab_size == 256
+    assert 0 <= cfg.bos_token_id < cfg.vocab_size and 0 <= cfg.eos_token_id < cfg.vocab_size

@@ -1,0 +1,133 @@
+"""The refusals a newcomer meets first say what to do instead, and what they suggest is
+what the documentation teaches.
+
+A delta of ``1 / n`` or more is no guarantee at all (publishing one random record of
+``n`` in the clear is ``(0, 1/n)``-DP; Dwork & Roth 2014, Section 2.3), so a refused delta
+must not be pointed at ``1 / dataset size``: every public entry point that checks a delta
+suggests a value well below it. A classifier given labels outside its public ``classes``
+(string labels against the default-looking ``[0, 1]``) says how to list them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from privlearn.accounting import Gaussian, compose
+from privlearn.cli import cli
+from privlearn.errors import ParameterValueError
+from privlearn.models import DPSGDClassifier
+
+
+def _assert_delta_hint(message: str) -> None:
+    assert "well below 1 / dataset size" in message, message
+    assert "or 1/dataset size" not in message, message
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp", "analytic"])
+def test_accounting_delta_refusal_suggests_well_below_one_over_n(accountant: str) -> None:
+    with pytest.raises(ParameterValueError) as err:
+        compose(Gaussian(1.0), steps=3).epsilon(2.0, accountant=accountant)
+    assert "got 2.0" in str(err.value)
+    _assert_delta_hint(str(err.value))
+
+
+def test_cli_delta_refusal_suggests_well_below_one_over_n() -> None:
+    r = CliRunner().invoke(cli, ["epsilon", "--noise-multiplier", "1", "--delta", "2"])
+    assert r.exit_code == 2
+    assert "--delta must be in [0, 1), got 2.0" in r.output
+    _assert_delta_hint(r.output)
+
+
+def test_make_private_target_delta_refusal_suggests_well_below_one_over_n() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    model = torch.nn.Linear(3, 2)
+    loader = DataLoader(
+        TensorDataset(torch.zeros(10, 3), torch.zeros(10, dtype=torch.long)), batch_size=2
+    )
+    with pytest.raises(ParameterValueError) as err:
+        make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader,
+            noise_multiplier=1.0,
+            target_delta=2.0,
+        )
+    assert "target_delta" in str(err.value)
+    _assert_delta_hint(str(err.value))
+
+
+def test_classifier_with_text_labels_says_how_to_list_them() -> None:
+    X = np.random.default_rng(0).random((20, 2))
+    y = np.array(["no", "yes"] * 10)
+    with pytest.raises(ParameterValueError) as err:
+        DPSGDClassifier(epsilon=1.0, delta=1e-5, n_iter=5, classes=[0, 1], random_state=0).fit(X, y)
+    message = str(err.value)
+    assert "classes=[0, 1]" in message and "['no', 'yes']" in message  # given and received
+    assert "classes=['no', 'yes']" in message  # what to try
+
+
+@pytest.mark.parametrize(
+    "factory, bounds, integer",
+    [
+        (lambda s: Gaussian(s), (1.0, 10.0), False),  # noise: the upper bound is too small
+        (lambda k: compose(Gaussian(1.0), steps=int(k)), (1, 10), True),  # steps: too many
+        (lambda k: compose(Gaussian(1.0), steps=int(k)), None, True),  # even one step
+    ],
+)
+def test_unreachable_calibration_says_what_to_change(factory, bounds, integer) -> None:
+    from privlearn.accounting import CalibrationError, calibrate
+
+    with pytest.raises(CalibrationError) as err:
+        calibrate(factory, epsilon=0.001, delta=1e-9, bounds=bounds, integer=integer)
+    message = str(err.value)
+    assert "target epsilon=0.001 unreachable" in message and "delta=1e-09" in message
+    assert "loosen the target (a larger epsilon or delta)" in message
+
+
+def test_pipeline_encoding_step_not_listed_public_says_how_to_list_it() -> None:
+    """The usual first try: a ColumnTransformer over public category lists, forgotten in
+    public_steps. The refusal names the setting to add, with the step's own name."""
+    pd = pytest.importorskip("pandas")
+    from sklearn.compose import ColumnTransformer
+    from sklearn.preprocessing import OneHotEncoder
+
+    from privlearn.errors import ParameterTypeError
+    from privlearn.models import PrivatePipeline
+
+    X = pd.DataFrame({"sex": ["Female", "Male"] * 10, "age": np.linspace(0.1, 0.9, 20)})
+    y = np.array([0, 1] * 10)
+    encode = ColumnTransformer(
+        [("text", OneHotEncoder(categories=[["Female", "Male"]], sparse_output=False), ["sex"])],
+        remainder="passthrough",
+    )
+    pipe = PrivatePipeline(
+        [("encode", encode), ("clf", DPSGDClassifier(delta=1e-5, n_iter=5, classes=[0, 1]))]
+    )
+    with pytest.raises(ParameterTypeError) as err:
+        pipe.fit(X, y)
+    assert "public_steps=('encode',)" in str(err.value)
+    assert "_public_fits" not in str(err.value)  # a private module is no advice
+    pipe.set_params(public_steps=("encode",)).fit(X, y)  # and the advice works
+    assert pipe.epsilon_ <= 1.0
+
+
+def test_calibrating_a_rate_without_bounds_says_to_pass_them() -> None:
+    """The search without bounds probes the parameters 1 and 2: a sampling rate of 2 is
+    refused by the factory, which used to surface as 'rate must be in (0, 1], got 2.0', a
+    value the user never passed. The refusal now says which bounds to give, and they work."""
+    from privlearn.accounting import CalibrationError, calibrate, subsample
+
+    def factory(q):
+        return compose(subsample(Gaussian(1.1), rate=q), steps=14040)
+
+    with pytest.raises(CalibrationError) as err:
+        calibrate(factory, epsilon=3.0, delta=1e-5)
+    assert "bounds=(1e-9, 1.0) for a sampling rate" in str(err.value)
+    rate = calibrate(factory, epsilon=3.0, delta=1e-5, bounds=(1e-9, 1.0))
+    assert factory(rate).epsilon(1e-5) <= 3.0 < factory(rate * 1.01).epsilon(1e-5)
