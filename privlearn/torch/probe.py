@@ -47,8 +47,8 @@ precision is checked by one more pass on the unchanged batch, only then: if that
 not bitwise reproducible (nondeterministic kernels) the tolerance judges, as before; if it
 is, the move is refused, or, when an integer input changed with the example (a packed
 sequence's lengths: the kernels' layout and the rounding of the other rows follow them),
-refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`). It runs on the first
-seven examples of the batch (a mixing operation shows among a few examples as among
+refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`). It runs
+on the first seven examples of the batch (a mixing operation shows among a few examples as among
 all; five or three if seven is the size of another input dimension, the whole batch if
 the model cannot run on part of it), so its cost is three forward passes over seven
 examples without gradients, once (see docs/benchmarks.md); one pass more per example of
