@@ -38,10 +38,17 @@ batch's size are compared between the two runs (and so are the buffers the runs 
   has no batch dimension (``emb(torch.arange(T))`` with a batch of exactly ``T``) is
   refused, since each of its rows sums every example's gradient.
 
-The comparison uses per-row fingerprints (the sum, the squared norm and a fixed weighted
-sum of each row, accumulated in float32) with a tolerance of the tensor's precision, so
-the probe stores a few numbers per row, not the activations. It runs on the first
-seven examples of the batch (a mixing operation shows among a few examples as among
+The comparison uses per-row fingerprints (the norm and a fixed weighted sum of each row,
+accumulated in float32, and an integer digest of the row's bits), so the probe stores a
+few numbers per row, not the activations. Rows are compared bit for bit: a per-example
+model's other rows do not move at all when one example is replaced (same inputs,
+parameters, shapes and kernels). A move within the rounding tolerance of the tensor's
+precision is checked by one more pass on the unchanged batch, only then: if that pass is
+not bitwise reproducible (nondeterministic kernels) the tolerance judges, as before; if it
+is, the move is refused, or, when an integer input changed with the example (a packed
+sequence's lengths: the kernels' layout and the rounding of the other rows follow them),
+refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`). It runs
+on the first seven examples of the batch (a mixing operation shows among a few examples as among
 all; five or three if seven is the size of another input dimension, the whole batch if
 the model cannot run on part of it), so its cost is three forward passes over seven
 examples without gradients, once (see docs/benchmarks.md); one pass more per example of
@@ -68,7 +75,7 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
-from privlearn.torch import _flat_rows
+from privlearn.torch import _flat_rows, _probe_exact
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -174,7 +181,7 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
     for j in _replaced(examples, every):
         if _replace_row(leaves, batched, j) is None:
             return n, False
-        n += 2 if n == 0 else 1
+        n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
     return n, True
 
 
@@ -209,7 +216,7 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
     # the first and the last row: an operation accumulating over the batch in either
     # direction (a mean over the others, a cumulative sum, the last row added to all)
     # reaches the other rows from one of them
-    base, unmoved = None, None
+    base, unmoved, mode, rerun = None, None, "bits", []
     every = bool(getattr(tracker, "_flat_candidates", None))
     for j in _replaced(examples, every):
         perturbed = _replace_row(leaves, batched, j)
@@ -221,7 +228,22 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
             run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
         except Exception as e:  # noqa: BLE001 - ran on the batch, not on this one
             raise _unrunnable(leaves, batched, e) from e
-        same = _judge(tracker, base, run, examples, j)
+        if mode != "tolerance":  # until a rerun showed the forward is not reproducible
+
+            def again():
+                if not rerun:
+                    rerun.append(_observe_run(tracker, *tree_unflatten(leaves, spec),
+                                              autocast, examples))
+                return rerun[0]
+
+            # integer inputs (lengths, masks, ids) that changed with the example may
+            # change the layout the kernels see (a packed sequence's time steps)
+            ints = any(not leaves[i].is_floating_point()
+                       and not torch.equal(leaves[i][j], perturbed[i][j]) for i in batched)
+            mode = _probe_exact.mode(
+                lambda m, b=base, r=run, j=j: _judge(tracker, b, r, examples, j, m),
+                base, again, ints or _probe_exact.reshaped(base, run))
+        same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:
         _check_rows_follow(tracker, leaves, batched, spec, autocast, examples, base, unmoved)
@@ -343,11 +365,13 @@ class _Collector:
             if not x.is_floating_point():
                 dims[d] = ("exact", x.clone())
                 continue
-            w = self._weight(x.shape[1], x.dtype, x.device)
             f32 = torch.float32 if x.dtype != torch.float64 else torch.float64
+            w = self._weight(x.shape[1], f32, x.device)
             norm = torch.linalg.vector_norm(x, dim=1, dtype=f32)  # also the scale
-            dims[d] = ("float", torch.stack([norm, (x @ w).to(f32)]), norm,
-                       _RTOL.get(t.dtype, 1e-5))
+            # "tight": an ulp of the row's dtype, or a few of the fingerprints' own
+            tight = max(torch.finfo(x.dtype).eps, 4 * torch.finfo(f32).eps)
+            dims[d] = ("float", torch.stack([norm, x.to(f32) @ w]), norm,
+                       _RTOL.get(t.dtype, 1e-5), _probe_exact.digest(x), tight)
         return {"declared": declared, "shape": tuple(t.shape), "dims": dims, "label": label}
 
     def _weight(self, n: int, dtype, device) -> torch.Tensor:
@@ -423,9 +447,11 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
     return col.calls, root, written
 
 
-def _changed(fa, fb) -> set[int] | None:
+def _changed(fa, fb, mode: str = "tolerance") -> set[int] | None:
     """Rows that differ between two fingerprints of one dimension (None: not
-    comparable)."""
+    comparable): ``mode`` ``"bits"``: any row whose bits changed (:mod:`._probe_exact`);
+    ``"tight"``: a row that moved by an ulp of its norm; ``"tolerance"``: beyond the
+    rounding of a row of its norm."""
     if fa[0] != fb[0]:
         return None
     if fa[0] == "exact":
@@ -433,10 +459,16 @@ def _changed(fa, fb) -> set[int] | None:
         if a.shape != b.shape:
             return None
         return set((a != b).any(1).nonzero().flatten().tolist())
-    _, sa, ca, rtol = fa
-    _, sb, cb, _ = fb
+    _, sa, ca, rtol, da, tight = fa
+    _, sb, cb, _, db, _ = fb
     if sa.shape != sb.shape:
         return None
+    if mode == "bits":
+        return set((da != db).any(0).nonzero().flatten().tolist())
+    if mode == "tight":
+        rows = ((sa - sb).abs() > tight * (ca + cb)).any(0) | (da != db).any(0) & (
+            ~torch.isfinite(sa) | ~torch.isfinite(sb)).any(0)
+        return set(rows.nonzero().flatten().tolist())
     # a row changed when its norm or its weighted sum moved by more than the rounding of a
     # row of that norm: both computations round like a sum of the row's entries, whose
     # error grows like eps * ||row||_2 (a few times that for the weighted sum)
@@ -460,22 +492,24 @@ def _only_row_moved(pa, pb, j: int) -> bool:
     fb = pb["dims"][pa["declared"]]
     if fa[0] == "exact":
         return (fa[1] != fb[1]).any(1).nonzero().flatten().tolist() in ([], [j])
-    same = (fa[1] == fb[1]) | (torch.isnan(fa[1]) & torch.isnan(fb[1]))
-    return set((~same).any(0).nonzero().flatten().tolist()) <= {j}
+    same = ((fa[1] == fb[1]) | (torch.isnan(fa[1]) & torch.isnan(fb[1]))).all(0)
+    same &= (fa[4] == fb[4]).all(0)  # and the bits (:mod:`._probe_exact`)
+    return set((~same).nonzero().flatten().tolist()) <= {j}
 
 
-def _verdict(pa, pb, j: int):
+def _verdict(pa, pb, j: int, mode: str = "tolerance"):
     """``("same" | "ok" | ("layout", dim) | "mixed")`` for one observed tensor."""
     if pa["shape"] != pb["shape"]:
         return "same"  # data-dependent shape: nothing to compare
     declared = pa["dims"].get(pa["declared"])
-    if declared is not None and _changed(declared, pb["dims"][pa["declared"]]) == set():
+    if declared is not None and _changed(declared, pb["dims"][pa["declared"]],
+                                         mode) == set():
         # no example's row moved beyond rounding: a dimension of the same size that did
         # move is a feature dimension carrying example j's change
         return "same"
     confining, any_change = [], False
     for d, fa in pa["dims"].items():
-        rows = _changed(fa, pb["dims"][d])
+        rows = _changed(fa, pb["dims"][d], mode)
         if rows is None:
             continue
         if rows:
@@ -499,14 +533,18 @@ def _buffer_slots(model) -> list[tuple[str, str]]:
             for name, b in mod._buffers.items() if b is not None]
 
 
-def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int) -> None:
+def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int,
+                   exact: bool = False) -> None:
     """Refuse a buffer the forward pass writes from the batch's data: it came out
     differently when example ``j`` was replaced. It would be a function of the training
     examples kept in the model (and in its ``state_dict``) without noise."""
     for i in sorted(set(written_a) | set(written_b)):
         a, b = written_a.get(i), written_b.get(i)
         if a is not None and b is not None and a.shape == b.shape:
-            if a.is_floating_point() or a.is_complex():
+            if exact:
+                if _probe_exact.bitwise_equal(a, b):
+                    continue
+            elif a.is_floating_point() or a.is_complex():
                 rtol = _RTOL.get(a.dtype, 1e-5)
                 scale = float(torch.nan_to_num(a.abs(), posinf=0.0).amax()) if a.numel() else 0
                 if torch.allclose(a, b, rtol=rtol, atol=rtol * scale, equal_nan=True):
@@ -527,7 +565,7 @@ def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int) -> None:
             "and nothing was released")
 
 
-def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
+def _judge(tracker, run_a, run_b, examples: int, j: int, mode: str = "tolerance") -> set:
     """Refuse what the two runs show (module docstring); returns the ``(call, view)``
     positions whose rows on the batch dimension are as many as the examples and none of
     which moved."""
@@ -537,13 +575,13 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
     if [i for i, _ in calls_a] != [i for i, _ in calls_b]:
         # data-dependent control flow: the runs are not comparable layer by layer
         _flat_rows.calls_differ(tracker)
-        _judge_buffers(tracker, written_a, written_b, j)
+        _judge_buffers(tracker, written_a, written_b, j, mode == "bits")
         return unmoved
     for c, ((index, views_a), (_, views_b)) in enumerate(zip(calls_a, calls_b, strict=True)):
         unit = tracker.units[index]
         label = f"{unit.name or '<model>'} ({type(unit.module).__name__})"
         for k, (pa, pb) in enumerate(zip(views_a, views_b, strict=True)):
-            v = _verdict(pa, pb, j)
+            v = _verdict(pa, pb, j, mode)
             if "grouped" in pa:
                 _flat_rows.judge(tracker, index, pa, pb, v, j, examples)
                 continue
@@ -578,7 +616,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
         dims = pa["dims"]
         if not dims:
             continue
-        rows = [r for r in (_changed(fa, pb["dims"][d]) for d, fa in dims.items())
+        rows = [r for r in (_changed(fa, pb["dims"][d], mode) for d, fa in dims.items())
                 if r is not None]
         if rows and any(r for r in rows) and not any(r == {j} for r in rows) \
                 and not _only_row_moved(pa, pb, j):
@@ -588,7 +626,7 @@ def _judge(tracker, run_a, run_b, examples: int, j: int) -> set:
                 f"{pa['shape']}). An operation on the output combines examples (e.g. "
                 "subtracting the batch mean), so per-example clipping no longer bounds one "
                 "example's influence. No step was taken and nothing was released")
-    _judge_buffers(tracker, written_a, written_b, j)
+    _judge_buffers(tracker, written_a, written_b, j, mode == "bits")
     return unmoved
 
 
@@ -747,25 +785,33 @@ def probe_augment(augment, batch) -> None:
         if len(base) != len(leaves):
             return  # AugmentedLoader refuses a changed structure
         rng.replay()
-        replayable = _moved_rows(base, run(leaves), batched, n, skip=None) is None
+        again = run(leaves)
+        replayable = _moved_rows(base, again, batched, n, skip=None) is None
+        # bit for bit when the rerun is (a per-example transform's other rows do not move
+        # at all; a tolerance of the dtype's precision passed a small mix), else the
+        # tolerance (nondeterministic kernels on an accelerator)
+        exact = replayable and all(_probe_exact.bitwise_equal(base[i], again[i])
+                                   for i in batched if isinstance(base[i], torch.Tensor)
+                                   and isinstance(again[i], torch.Tensor))
         for seed in (None, *_AUGMENT_SEEDS) if replayable else (None,):
             if seed is not None:
                 rng.seed(seed)
                 rng.replay()
                 base = run(leaves)
-            _augment_rows(run, rng, leaves, batched, paths, base, n, replayable)
+            _augment_rows(run, rng, leaves, batched, paths, base, n, replayable, exact)
 
 
-def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bool) -> None:
+def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bool,
+                  exact: bool = False) -> None:
     """One random state of :func:`probe_augment`: example ``j`` replaced, ``j`` the
-    first and the last example."""
+    first and the last example (``exact``: other rows compared bit for bit)."""
     for j in (0, n - 1):
         perturbed = _replace_row(leaves, batched, j)
         if perturbed is None:
             return
         rng.replay()
         if replayable:
-            moved = _moved_rows(base, run(perturbed), batched, n, skip=j)
+            moved = _moved_rows(base, run(perturbed), batched, n, skip=j, exact=exact)
         else:  # state of its own: one call on the batch followed by the perturbed one
             both = [torch.cat([t, perturbed[i]]) if i in batched else t
                     for i, t in enumerate(leaves)]
@@ -805,9 +851,10 @@ def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bo
                 "image). No step was taken and nothing was released")
 
 
-def _moved_rows(a_leaves, b_leaves, batched, n: int, skip: int | None):
+def _moved_rows(a_leaves, b_leaves, batched, n: int, skip: int | None,
+                exact: bool = False):
     """``(leaf index, rows)`` of the first per-example output tensor whose rows other
-    than ``skip`` differ between two runs, or None."""
+    than ``skip`` differ between two runs (``exact``: in any bit), or None."""
     for i in batched:
         a, b = a_leaves[i], b_leaves[i]
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
@@ -817,7 +864,9 @@ def _moved_rows(a_leaves, b_leaves, batched, n: int, skip: int | None):
                 return i, list(range(n))
             continue
         x, y = a.detach().reshape(n, -1), b.detach().reshape(n, -1)
-        if x.is_floating_point() or x.is_complex():
+        if exact and x.is_floating_point():
+            same = (_probe_exact.digest(x) == _probe_exact.digest(y)).all(0)
+        elif x.is_floating_point() or x.is_complex():
             rtol = _RTOL.get(x.dtype, 1e-5)
             scale = float(torch.nan_to_num(x.abs(), posinf=0.0).amax()) if x.numel() else 0.0
             same = torch.isclose(x, y, rtol=rtol, atol=rtol * scale, equal_nan=True).all(1)
