@@ -6,6 +6,8 @@ re-exports :func:`record_batch`).
 
 from __future__ import annotations
 
+import enum
+import warnings
 import weakref
 from typing import TYPE_CHECKING
 
@@ -299,16 +301,49 @@ def _trainable_signature(model: nn.Module) -> tuple:
     return tuple(id(p) for p in model.parameters() if p.requires_grad)
 
 
-def _call_signature(args: tuple, kwargs: dict) -> tuple:
+#: distinct signatures whose numbers (int, float, Enum values) are told apart; past
+#: this many (a forward taking ``step=i``), numbers count by their type only
+NUMERIC_CALLS = 16
+
+
+def _call_signature(args: tuple, kwargs: dict, numbers: bool = True) -> tuple:
     """What selects a forward's code path besides its tensors: its positional arguments
-    and keyword names, with the flags among their values (booleans, None, strings) and
-    the type of any other value. A forward of a signature not seen before re-arms the
-    batch-independence probe (``model(x, centre=True)`` first called after some steps)."""
+    and keyword names, with the flags among their values (booleans, None, strings and,
+    with ``numbers``, ints, floats and Enum members: ``mode=1``) and the type of any
+    other value (a tensor flag is not read: that would wait for the device). A forward
+    of a signature not seen before re-arms the batch-independence probe
+    (``model(x, centre=True)`` or ``model(x, mode=1)`` first called after some steps)."""
+    kinds = (bool, str, int, float, enum.Enum) if numbers else (bool, str)
+
     def flag(v):
-        return v if v is None or isinstance(v, bool | str) else type(v)
+        return v if v is None or isinstance(v, kinds) else type(v)
 
     return (tuple(flag(a) for a in args),
             tuple(sorted((k, flag(v)) for k, v in kwargs.items())))
+
+
+def new_call(calls: set, args: tuple, kwargs: dict) -> bool:
+    """Whether a forward's signature (:func:`_call_signature`) is new to ``calls`` (then
+    added): the probe re-runs on it. Numbers are told apart for the first
+    :data:`NUMERIC_CALLS` signatures; past them a new number counts once by its type (a
+    warning says the probe no longer re-runs for new numeric values)."""
+    exact = _call_signature(args, kwargs)
+    if exact in calls:
+        return False
+    if len(calls) < NUMERIC_CALLS:
+        calls.add(exact)
+        return True
+    coarse = _call_signature(args, kwargs, numbers=False)
+    if coarse in calls:
+        return False
+    calls.add(coarse)
+    if exact != coarse:
+        warnings.warn(
+            f"the model's forward has been called with {NUMERIC_CALLS} distinct "
+            "signatures (numeric arguments such as a step counter): later numeric values "
+            "no longer re-run the batch-independence probe; pass a flag that selects a "
+            "code path as a bool or str", RuntimeWarning, stacklevel=4)
+    return True
 
 
 def _distinct_calls(calls: list) -> list:

@@ -62,7 +62,6 @@ from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
     _autocast_input,
     _autocast_state,
-    _call_signature,
     _distinct_calls,
     _eager,
     _flat_sq,
@@ -82,6 +81,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _to_front,
     _trainable_signature,
     mixing_fingerprint,
+    new_call,
     record_batch,
     record_dims,
 )
@@ -522,9 +522,8 @@ class GradSampleTracker(ClippingMixin):
             self._probe_pending = self._probe_enabled
             if any(u.rule is not FALLBACK and _gs.replaced_forward(u.module) for u in self.units):
                 self._rediscover()  # a layer's forward replaced since: its rule no longer holds
-        if (sig := _call_signature(args, kwargs)) not in self._calls:  # other flags: a path
-            self._calls.add(sig)  # that may mix examples (model(x, centre=True) later on)
-            self._probe_pending = self._probe_enabled
+        if new_call(self._calls, args, kwargs):  # other flags: a path that may mix
+            self._probe_pending = self._probe_enabled  # examples (model(x, centre=True))
         _flat_rows.rearm(self, args, kwargs)  # inputs of shapes a grouping was not checked at
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:
