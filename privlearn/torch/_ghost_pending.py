@@ -98,6 +98,38 @@ class _Sums:
             torch.sum(torch.stack(held), 2, dtype=self.dtype, out=self.out[: len(held)])
 
 
+class _NormSums:
+    """Inputs and output gradients ``(N, T, p)`` of up to ``cap`` normalisation layers of
+    one shape whose weights' per-example gradients ``sum_t g_t * norm(x)_t`` are formed
+    at once (NaN until :meth:`flush`): one stacked normalisation, one product and one sum
+    instead of a normalisation and a product a layer (the same values: each row
+    normalised alone, the same products, the same sums)."""
+
+    def __init__(self, g: torch.Tensor, norm, cap: int) -> None:
+        n, _, p = g.shape
+        self.out = torch.full((cap, n, p), float("nan"), dtype=g.dtype, device=g.device)
+        self.norm, self.cap = norm, cap
+        self.xs: list = []
+        self.gs: list = []
+        self._views = self.out.unbind(0)
+
+    @property
+    def used(self) -> int:
+        return len(self.xs)
+
+    def add(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        self.xs.append(x)
+        self.gs.append(g)
+        return self._views[len(self.xs) - 1]
+
+    def flush(self) -> None:
+        xs, gs, self.xs, self.gs, self._views = self.xs, self.gs, [], [], None
+        if xs:
+            prod = self.norm(torch.stack(xs))
+            prod.mul_(torch.stack(gs))
+            torch.sum(prod, 2, out=self.out[: len(xs)])
+
+
 class PendingProducts:
     """Ghost layers' Gram products whose reductions wait for their group (see the module
     docstring)."""
@@ -138,6 +170,24 @@ class PendingProducts:
             return None
         key = ("sum", g.device, g.dtype, dtype, tuple(g.shape))
         return self._hold(key, lambda: _Sums(g, dtype, cap), lambda grp: grp.add(g))
+
+    def take_norm_sum(
+        self, x: torch.Tensor, g: torch.Tensor, norm, norm_key
+    ) -> torch.Tensor | None:
+        """Hold a normalisation layer's input ``x`` and output gradient ``g`` (``(N, T,
+        p)``) with others of their shape and ``norm_key``: returns the view
+        ``(N, p)`` that will hold ``(g * norm(x)).sum(1)`` once flushed (``norm`` a fresh
+        tensor of ``x``'s shape in ``g``'s dtype from each row of ``x`` alone; identified
+        by the hashable ``norm_key``), or None where it is not held."""
+        if (type(x) is not torch.Tensor or type(g) is not torch.Tensor or x.dim() != 3
+                or g.shape != x.shape or g.device != x.device):
+            return None
+        size = max(x.element_size(), g.element_size())
+        cap = min(MAX_LAYERS, PENDING_BYTES // max(1, x.numel() * size))
+        if cap < 2:
+            return None
+        key = ("norm", norm_key, x.device, x.dtype, g.dtype, tuple(x.shape))
+        return self._hold(key, lambda: _NormSums(g, norm, cap), lambda grp: grp.add(x, g))
 
     def _hold(self, key, make, add):
         group = self._groups.get(key)

@@ -171,9 +171,11 @@ def test_layernorms_sum_over_positions_together(oracle, monkeypatch):
             loss.backward()
         p.optimizer.step()
     # the products' row sums; the sums over positions of the three Linear biases' and the
-    # LayerNorms' weights' and biases' rows, all of one shape, by one stacked sum (seven
-    # sums before: the Linear biases' one and two a LayerNorm); the finished ghost norms
-    assert ops.ops["sum"] == 3
+    # LayerNorms' biases' rows, all of one shape, by one stacked sum (seven sums before:
+    # the Linear biases' one and two a LayerNorm); the LayerNorms' weights' rows by one
+    # stacked normalisation, product and sum; the finished ghost norms
+    assert ops.ops["sum"] == 4
+    assert ops.ops["native_layer_norm"] == 1
     want, norms = oracle.clipped_sum(ref, xb, yb, _LN_C, loss_fn=lambda o, v: (o * v).sum())
     assert (norms > _LN_C).any() and (norms < _LN_C).any()
     got = oracle.flat(q.grad for q in model.parameters()) * n
@@ -229,3 +231,24 @@ def test_rmsnorm_rule_first_checked_while_sums_are_held():
     pending.flush()
     xhat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(c.grads[0], (g * xhat).sum(1))
+
+
+def test_norm_sums_bitwise_each_layer_alone(monkeypatch):
+    """Held LayerNorm weight rows (two a buffer, five layers): NaN until flushed, then
+    bitwise ``(g * layer_norm(x)).sum(1)`` of each layer alone."""
+    import functools
+
+    import torch.nn.functional as F
+
+    monkeypatch.setattr(_ghost_pending, "MAX_LAYERS", 2)
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(3, 5, 8, generator=gen) * (i + 1) for i in range(5)]
+    gs = [torch.randn(3, 5, 8, generator=gen) for _ in range(5)]
+    norm = functools.partial(F.layer_norm, normalized_shape=(8,), eps=1e-5)
+    pending = _ghost_pending.PendingProducts()
+    key = ("layer_norm", (8,), 1e-5)
+    held = [pending.take_norm_sum(x, g, norm, key) for x, g in zip(xs, gs, strict=True)]
+    assert torch.isnan(held[4]).all()
+    pending.flush()
+    for x, g, h in zip(xs, gs, held, strict=True):
+        assert torch.equal(h, (g * F.layer_norm(x, (8,), None, None, 1e-5)).sum(1))
