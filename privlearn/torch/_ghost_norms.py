@@ -40,7 +40,7 @@ import torch
 
 from privlearn.torch._ghost_pending import PENDING, SHARED_GRAM
 
-__all__ = ["SHARED_GRAM", "GhostParts", "finish_parts", "ghost_parts", "ghost_sq",
+__all__ = ["SHARED_GRAM", "GhostParts", "finish_groups", "finish_parts", "ghost_parts", "ghost_sq",
            "gram_block", "input_rounding", "round_up", "sum_up"]
 
 
@@ -255,6 +255,24 @@ def finish_parts(parts: list[GhostParts]) -> torch.Tensor:
     n = len(parts)
     s = _sum_last(torch.stack([p.rows for p in parts] + [p.roots for p in parts]), p0.k)
     return torch.addcmul(s[:n], s[n:], s[n:], value=p0.alpha)
+
+
+def finish_groups(groups: list[list[GhostParts]]) -> list[torch.Tensor]:
+    """:func:`finish_parts` of several groups whose parts share ``k``, dtype, device and
+    ``(N, T)`` (their ``alpha`` differing: layers of other widths), their rows and roots
+    summed by one stacked reduction for all of them and each group's bound added by its
+    own ``addcmul``: ``(N,)`` for a group of one, ``(L, N)`` for ``L`` (the same sums a row
+    as :func:`finish_parts` of two or more)."""
+    parts = [p for g in groups for p in g]
+    n = len(parts)
+    s = _sum_last(torch.stack([p.rows for p in parts] + [p.roots for p in parts]), parts[0].k)
+    out, i = [], 0
+    for g in groups:
+        j = i + len(g)
+        sq, root = (s[i], s[n + i]) if len(g) == 1 else (s[i:j], s[n + i : n + j])
+        out.append(torch.addcmul(sq, root, root, value=g[0].alpha))
+        i = j
+    return out
 
 
 def _split(t: int) -> int:

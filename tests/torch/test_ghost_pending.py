@@ -252,3 +252,32 @@ def test_norm_sums_bitwise_each_layer_alone(monkeypatch):
     pending.flush()
     for x, g, h in zip(xs, gs, held, strict=True):
         assert torch.equal(h, (g * F.layer_norm(x, (8,), None, None, 1e-5)).sum(1))
+
+
+@pytest.mark.parametrize("t", [7, 144])  # one-stage rows; two stages
+def test_ghost_norms_of_several_widths_finished_by_one_stacked_sum(t):
+    """Ghost parts of three widths (three ``alpha``) and one ``(N, T)``: their rows and
+    roots summed by one stacked sum for all of them, each width's bound by its own
+    ``addcmul``; every norm equal to a float64 ``sum |aa * gg| + alpha root^2`` (its bound
+    on top) up to float32 rounding, and the groups of two or more bitwise the per-width
+    finish."""
+    from privlearn.torch._ghost_norms import finish_parts
+    from privlearn.torch._row_norms import ghost_sq_blocks
+
+    gen = torch.Generator().manual_seed(5)
+    parts, ref = [], []
+    for d, p in [(6, 4), (6, 4), (9, 5), (3, 8), (3, 8), (3, 8)]:
+        a = torch.randn(3, t, d, generator=gen)
+        g = torch.randn(3, t, p, generator=gen)
+        parts.append(ghost_parts(a, g))
+        aa, gg = a.double() @ a.double().transpose(1, 2), g.double() @ g.double().transpose(1, 2)
+        root = (aa.diagonal(dim1=1, dim2=2) * gg.diagonal(dim1=1, dim2=2)).sqrt().sum(-1)
+        ref.append((aa * gg).sum((1, 2)) + parts[-1].alpha * root * root)
+    ops = _Ops()
+    with ops:
+        blocks = ghost_sq_blocks(parts)
+    assert ops.ops["stack"] == 1 and ops.ops["addcmul"] == 3
+    got = torch.cat([b.reshape(-1, 3) for b in blocks])
+    torch.testing.assert_close(got.double(), torch.stack(ref), rtol=1e-5, atol=0)
+    assert torch.equal(blocks[0], finish_parts(parts[:2]))
+    assert torch.equal(blocks[2], finish_parts(parts[3:]))
