@@ -9,7 +9,12 @@ the tracker around the rules it evaluates during backward), the products of laye
 ``(N, T)``, dtype, device and two-stage split are written side by side into one buffer of
 at most :data:`PENDING_BYTES` (:data:`MAX_LAYERS` layers) instead, and their row sums and
 roots are formed by one reduction and one square root for all of them when the buffer is
-full or the backward pass ends (:meth:`PendingProducts.flush`). Likewise the sums over positions
+full or the backward pass ends (:meth:`PendingProducts.flush`). Where the output
+gradients' Gram matrix can be written into the buffer (:meth:`PendingProducts.take_gram`:
+``torch.matmul``, ``torch.bmm`` or ``mm32``), it is formed there and multiplied by the
+inputs' for the whole group by one ``_foreach_mul_`` when it flushes (the inputs' Gram
+matrices held until then: at most as many bytes again as the buffer, fewer where layers
+share one). Likewise the sums over positions
 of the output gradients of layers of one shape (their biases' per-example gradients,
 :meth:`PendingProducts.take_sum`): one stacked copy and one sum instead of a sum a layer.
 
@@ -49,10 +54,21 @@ class _Group:
         # each layer's slices, made at once (one operation each, not one a layer)
         rows, roots = self.out.unbind(0)
         self._slots = list(zip(self.prods.unbind(0), rows.unbind(0), roots.unbind(0), strict=True))
+        # (slot, input Gram) of the layers whose output gradients' Gram matrix is in its
+        # slot: multiplied together when flushed
+        self._waiting: tuple[list, list] = ([], [])
 
     def add(self, aa: torch.Tensor, gg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         prod, rows, roots = self._slots[self.used]
         torch.mul(aa, gg, out=prod)
+        self.used += 1
+        return rows, roots
+
+    def add_gram(self, aa: torch.Tensor, form) -> tuple[torch.Tensor, torch.Tensor]:
+        prod, rows, roots = self._slots[self.used]
+        form(prod)
+        self._waiting[0].append(prod)
+        self._waiting[1].append(aa)
         self.used += 1
         return rows, roots
 
@@ -63,6 +79,10 @@ class _Group:
         self.prods = self._slots = None
         if p is None or n == 0:
             return
+        prods, grams = self._waiting
+        self._waiting = ([], [])
+        if prods:  # gg * aa, the same single rounding as aa * gg: one operation for all
+            torch._foreach_mul_(prods, grams)
         p = p[:n]
         if self.k == 1:
             torch.sum(p, -1, out=self.out[0, :n])
@@ -157,6 +177,20 @@ class PendingProducts:
             return None
         key = (aa.device, aa.dtype, n, t, k)
         return self._hold(key, lambda: _Group(aa, k, cap), lambda grp: grp.add(aa, gg))
+
+    def take_gram(self, aa: torch.Tensor, k: int, form) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`take` of ``aa * gg`` where ``form(out)`` writes ``gg`` into ``out`` (a
+        contiguous ``(N, T, T)`` of ``aa``'s dtype and device): ``gg`` formed in the
+        group's buffer, multiplied by ``aa`` (held until then) with the other layers' of
+        the group by one operation when it flushes. None where it is not held."""
+        if type(aa) is not torch.Tensor or aa.dim() != 3:
+            return None
+        n, t, _ = aa.shape
+        cap = min(MAX_LAYERS, PENDING_BYTES // max(1, n * t * t * aa.element_size()))
+        if cap < 2:
+            return None
+        key = (aa.device, aa.dtype, n, t, k)
+        return self._hold(key, lambda: _Group(aa, k, cap), lambda grp: grp.add_gram(aa, form))
 
     def take_sum(self, g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
         """Hold the output gradients ``(N, T, p)`` ``g`` with others of their shape: returns

@@ -50,13 +50,15 @@ def test_pending_parts_are_each_layer_alone_once_flushed(t, monkeypatch):
         not_deferred = ghost_parts(*xs[0], torch.bmm)  # (defer=False: its own)
     finally:
         _ghost_pending.PENDING.reset(token)
-    assert ops.ops["mul"] == 5 and ops.ops["sqrt"] == 2  # two full groups of two
+    # each output gradients' Gram matrix formed in its group's buffer, multiplied by the
+    # input's with the group's other layers' (one operation a group): two full groups of two
+    assert ops.ops["mul"] == 0 and ops.ops["_foreach_mul_"] == 2 and ops.ops["sqrt"] == 2
     assert torch.isnan(held[4].rows).all() and torch.isnan(held[4].roots).all()
     assert torch.equal(not_deferred.rows, alone[0].rows)
     ops = _Ops()
     with ops:
         pending.flush()
-    assert ops.ops["sqrt"] == 1
+    assert ops.ops["sqrt"] == 1 and ops.ops["_foreach_mul_"] == 1
     for h, o in zip(held, alone, strict=True):
         assert torch.equal(h.rows, o.rows) and torch.equal(h.roots, o.roots)
         assert h.k == o.k and h.alpha == o.alpha
@@ -281,3 +283,32 @@ def test_ghost_norms_of_several_widths_finished_by_one_stacked_sum(t):
     torch.testing.assert_close(got.double(), torch.stack(ref), rtol=1e-5, atol=0)
     assert torch.equal(blocks[0], finish_parts(parts[:2]))
     assert torch.equal(blocks[2], finish_parts(parts[3:]))
+
+
+def test_pending_half_precision_grams_are_each_layer_alone_once_flushed(monkeypatch):
+    """bfloat16 operands (float32 Gram matrices by ``mm32``): the output gradients' Gram
+    matrix formed in the group's buffer and multiplied when it flushes, bitwise each
+    layer's own parts."""
+    from privlearn.torch._rows import mm32
+
+    monkeypatch.setattr(_ghost_pending, "MAX_LAYERS", 2)
+    gen = torch.Generator().manual_seed(9)
+    xs = [
+        (torch.randn(3, 7, 16, generator=gen).bfloat16(),
+         torch.randn(3, 7, 10, generator=gen).bfloat16())
+        for _ in range(3)
+    ]
+    alone = [ghost_parts(a, g, mm32) for a, g in xs]
+    pending = _ghost_pending.PendingProducts()
+    token = _ghost_pending.PENDING.set(pending)
+    try:
+        ops = _Ops()
+        with ops:
+            held = [ghost_parts(a, g, mm32, defer=True) for a, g in xs]
+    finally:
+        _ghost_pending.PENDING.reset(token)
+    assert ops.ops["mul"] == 0 and ops.ops["_foreach_mul_"] == 1
+    pending.flush()
+    for h, o in zip(held, alone, strict=True):
+        assert h.rows.dtype == torch.float32
+        assert torch.equal(h.rows, o.rows) and torch.equal(h.roots, o.roots)
