@@ -39,8 +39,9 @@ from typing import NamedTuple
 import torch
 
 from privlearn.torch._ghost_pending import PENDING, SHARED_GRAM
+from privlearn.torch._rows import mm32
 
-__all__ = ["SHARED_GRAM", "GhostParts", "finish_parts", "ghost_parts", "ghost_sq",
+__all__ = ["SHARED_GRAM", "GhostParts", "finish_groups", "finish_parts", "ghost_parts", "ghost_sq",
            "gram_block", "input_rounding", "round_up", "sum_up"]
 
 
@@ -100,15 +101,17 @@ def gram_block(t: int, n: int, u: float) -> int:
     return max(1, min(n, max(256, k)))
 
 
-def _gram(x: torch.Tensor, mm, k: int) -> torch.Tensor:
+def _gram(x: torch.Tensor, mm, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x x^T`` per row of ``(N, T, n)`` ``x``, accumulated over blocks of ``k`` features
     (one product where ``k >= n``). Each block's product is formed apart and then added (a
     fused ``baddbmm`` may add the running sum inside the product's own reduction, where
-    its rounding is not bounded by the block's length)."""
+    its rounding is not bounded by the block's length). With ``out`` (``mm`` then
+    ``torch.matmul``, ``torch.bmm`` or ``mm32``), the first product is written there."""
     n = x.shape[-1]
+    kw = {} if out is None else {"out": out}
     if k >= n:
-        return mm(x, x.transpose(1, 2))
-    out = mm(x[..., :k], x[..., :k].transpose(1, 2))
+        return mm(x, x.transpose(1, 2), **kw)
+    out = mm(x[..., :k], x[..., :k].transpose(1, 2), **kw)
     for j in range(k, n, k):
         xj = x[..., j : j + k]
         out.add_(mm(xj, xj.transpose(1, 2)))
@@ -210,7 +213,18 @@ def ghost_parts(
             slot[:] = [key, a, aa]
         elif slot:
             slot.clear()
-    gg = _gram(g, mm, kg)
+    k = _split(t)
+    pending = PENDING.get() if defer else None
+    if pending is not None and (
+        (mm in (torch.matmul, torch.bmm) and g.dtype == aa.dtype)
+        or (mm is mm32 and aa.dtype == torch.float32)
+    ):
+        # the output gradients' Gram matrix formed in the group's buffer, multiplied by
+        # the input's with the other layers' (one multiplication for the group)
+        held = pending.take_gram(aa, k, lambda out: _gram(g, mm, kg, out))
+    else:
+        held = None
+    gg = _gram(g, mm, kg) if held is None else None
     w = _U64 if aa.dtype == torch.float64 else _U32  # the Gram dtype's roundoff
     # cap = root^2 = (sum_t sqrt(diag_a diag_g))^2 in the Gram dtype (within gamma_(2T+4) of its
     # value on the computed diagonals, whose entries are at least (1 - gamma) |a_t|^2,
@@ -220,9 +234,8 @@ def ghost_parts(
     # the products and the sums over s, then over t, in the Gram dtype (in place: no
     # other T x T buffer; a long row summed in two stages of about sqrt(T) each), within
     # `sums` of sum |aa . gg| <= (1 + ga)(1 + gp) cap
-    k = _split(t)
-    pending = PENDING.get() if defer else None
-    held = pending.take(aa, gg, k) if pending is not None else None
+    if held is None and pending is not None:
+        held = pending.take(aa, gg, k)
     if held is not None:  # the same products and reductions, with other layers'
         rows, roots = held
     else:
@@ -255,6 +268,24 @@ def finish_parts(parts: list[GhostParts]) -> torch.Tensor:
     n = len(parts)
     s = _sum_last(torch.stack([p.rows for p in parts] + [p.roots for p in parts]), p0.k)
     return torch.addcmul(s[:n], s[n:], s[n:], value=p0.alpha)
+
+
+def finish_groups(groups: list[list[GhostParts]]) -> list[torch.Tensor]:
+    """:func:`finish_parts` of several groups whose parts share ``k``, dtype, device and
+    ``(N, T)`` (their ``alpha`` differing: layers of other widths), their rows and roots
+    summed by one stacked reduction for all of them and each group's bound added by its
+    own ``addcmul``: ``(N,)`` for a group of one, ``(L, N)`` for ``L`` (the same sums a row
+    as :func:`finish_parts` of two or more)."""
+    parts = [p for g in groups for p in g]
+    n = len(parts)
+    s = _sum_last(torch.stack([p.rows for p in parts] + [p.roots for p in parts]), parts[0].k)
+    out, i = [], 0
+    for g in groups:
+        j = i + len(g)
+        sq, root = (s[i], s[n + i]) if len(g) == 1 else (s[i:j], s[n + i : n + j])
+        out.append(torch.addcmul(sq, root, root, value=g[0].alpha))
+        i = j
+    return out
 
 
 def _split(t: int) -> int:

@@ -9,7 +9,12 @@ the tracker around the rules it evaluates during backward), the products of laye
 ``(N, T)``, dtype, device and two-stage split are written side by side into one buffer of
 at most :data:`PENDING_BYTES` (:data:`MAX_LAYERS` layers) instead, and their row sums and
 roots are formed by one reduction and one square root for all of them when the buffer is
-full or the backward pass ends (:meth:`PendingProducts.flush`). Likewise the sums over positions
+full or the backward pass ends (:meth:`PendingProducts.flush`). Where the output
+gradients' Gram matrix can be written into the buffer (:meth:`PendingProducts.take_gram`:
+``torch.matmul``, ``torch.bmm`` or ``mm32``), it is formed there and multiplied by the
+inputs' for the whole group by one ``_foreach_mul_`` when it flushes (the inputs' Gram
+matrices held until then: at most as many bytes again as the buffer, fewer where layers
+share one). Likewise the sums over positions
 of the output gradients of layers of one shape (their biases' per-example gradients,
 :meth:`PendingProducts.take_sum`): one stacked copy and one sum instead of a sum a layer.
 
@@ -49,10 +54,21 @@ class _Group:
         # each layer's slices, made at once (one operation each, not one a layer)
         rows, roots = self.out.unbind(0)
         self._slots = list(zip(self.prods.unbind(0), rows.unbind(0), roots.unbind(0), strict=True))
+        # (slot, input Gram) of the layers whose output gradients' Gram matrix is in its
+        # slot: multiplied together when flushed
+        self._waiting: tuple[list, list] = ([], [])
 
     def add(self, aa: torch.Tensor, gg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         prod, rows, roots = self._slots[self.used]
         torch.mul(aa, gg, out=prod)
+        self.used += 1
+        return rows, roots
+
+    def add_gram(self, aa: torch.Tensor, form) -> tuple[torch.Tensor, torch.Tensor]:
+        prod, rows, roots = self._slots[self.used]
+        form(prod)
+        self._waiting[0].append(prod)
+        self._waiting[1].append(aa)
         self.used += 1
         return rows, roots
 
@@ -63,6 +79,10 @@ class _Group:
         self.prods = self._slots = None
         if p is None or n == 0:
             return
+        prods, grams = self._waiting
+        self._waiting = ([], [])
+        if prods:  # gg * aa, the same single rounding as aa * gg: one operation for all
+            torch._foreach_mul_(prods, grams)
         p = p[:n]
         if self.k == 1:
             torch.sum(p, -1, out=self.out[0, :n])
@@ -98,6 +118,38 @@ class _Sums:
             torch.sum(torch.stack(held), 2, dtype=self.dtype, out=self.out[: len(held)])
 
 
+class _NormSums:
+    """Inputs and output gradients ``(N, T, p)`` of up to ``cap`` normalisation layers of
+    one shape whose weights' per-example gradients ``sum_t g_t * norm(x)_t`` are formed
+    at once (NaN until :meth:`flush`): one stacked normalisation, one product and one sum
+    instead of a normalisation and a product a layer (the same values: each row
+    normalised alone, the same products, the same sums)."""
+
+    def __init__(self, g: torch.Tensor, norm, cap: int) -> None:
+        n, _, p = g.shape
+        self.out = torch.full((cap, n, p), float("nan"), dtype=g.dtype, device=g.device)
+        self.norm, self.cap = norm, cap
+        self.xs: list = []
+        self.gs: list = []
+        self._views = self.out.unbind(0)
+
+    @property
+    def used(self) -> int:
+        return len(self.xs)
+
+    def add(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        self.xs.append(x)
+        self.gs.append(g)
+        return self._views[len(self.xs) - 1]
+
+    def flush(self) -> None:
+        xs, gs, self.xs, self.gs, self._views = self.xs, self.gs, [], [], None
+        if xs:
+            prod = self.norm(torch.stack(xs))
+            prod.mul_(torch.stack(gs))
+            torch.sum(prod, 2, out=self.out[: len(xs)])
+
+
 class PendingProducts:
     """Ghost layers' Gram products whose reductions wait for their group (see the module
     docstring)."""
@@ -126,6 +178,20 @@ class PendingProducts:
         key = (aa.device, aa.dtype, n, t, k)
         return self._hold(key, lambda: _Group(aa, k, cap), lambda grp: grp.add(aa, gg))
 
+    def take_gram(self, aa: torch.Tensor, k: int, form) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`take` of ``aa * gg`` where ``form(out)`` writes ``gg`` into ``out`` (a
+        contiguous ``(N, T, T)`` of ``aa``'s dtype and device): ``gg`` formed in the
+        group's buffer, multiplied by ``aa`` (held until then) with the other layers' of
+        the group by one operation when it flushes. None where it is not held."""
+        if type(aa) is not torch.Tensor or aa.dim() != 3:
+            return None
+        n, t, _ = aa.shape
+        cap = min(MAX_LAYERS, PENDING_BYTES // max(1, n * t * t * aa.element_size()))
+        if cap < 2:
+            return None
+        key = (aa.device, aa.dtype, n, t, k)
+        return self._hold(key, lambda: _Group(aa, k, cap), lambda grp: grp.add_gram(aa, form))
+
     def take_sum(self, g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
         """Hold the output gradients ``(N, T, p)`` ``g`` with others of their shape: returns
         the view ``(N, p)`` that will hold ``g.sum(1, dtype=dtype)`` once flushed (the
@@ -138,6 +204,24 @@ class PendingProducts:
             return None
         key = ("sum", g.device, g.dtype, dtype, tuple(g.shape))
         return self._hold(key, lambda: _Sums(g, dtype, cap), lambda grp: grp.add(g))
+
+    def take_norm_sum(
+        self, x: torch.Tensor, g: torch.Tensor, norm, norm_key
+    ) -> torch.Tensor | None:
+        """Hold a normalisation layer's input ``x`` and output gradient ``g`` (``(N, T,
+        p)``) with others of their shape and ``norm_key``: returns the view
+        ``(N, p)`` that will hold ``(g * norm(x)).sum(1)`` once flushed (``norm`` a fresh
+        tensor of ``x``'s shape in ``g``'s dtype from each row of ``x`` alone; identified
+        by the hashable ``norm_key``), or None where it is not held."""
+        if (type(x) is not torch.Tensor or type(g) is not torch.Tensor or x.dim() != 3
+                or g.shape != x.shape or g.device != x.device):
+            return None
+        size = max(x.element_size(), g.element_size())
+        cap = min(MAX_LAYERS, PENDING_BYTES // max(1, x.numel() * size))
+        if cap < 2:
+            return None
+        key = ("norm", norm_key, x.device, x.dtype, g.dtype, tuple(x.shape))
+        return self._hold(key, lambda: _NormSums(g, norm, cap), lambda grp: grp.add(x, g))
 
     def _hold(self, key, make, add):
         group = self._groups.get(key)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from privlearn.torch._ghost_norms import GhostParts, finish_parts, ghost_parts
+from privlearn.torch._ghost_norms import GhostParts, finish_groups, finish_parts, ghost_parts
 from privlearn.torch._rows import mm32, row_sq_norms
 
 __all__ = [
@@ -203,12 +203,21 @@ def _group_sq(rows: list[torch.Tensor]) -> torch.Tensor:
 
 def ghost_sq_blocks(ghosts: list[GhostParts]) -> list[torch.Tensor]:
     """The ghost squared norms of ``ghosts``, finished by groups of one shape and bound
-    (:func:`~privlearn.torch._ghost_norms.finish_parts`): ``(N,)`` or ``(L, N)`` each."""
+    (:func:`~privlearn.torch._ghost_norms.finish_parts`; the groups of one ``(N, T)``
+    summed together, :func:`~privlearn.torch._ghost_norms.finish_groups`): ``(N,)`` or
+    ``(L, N)`` each."""
     groups: dict = {}
     for x in ghosts:
         r = x.rows
-        groups.setdefault((r.device, r.dtype, tuple(r.shape), x.k, x.alpha), []).append(x)
-    return [finish_parts(g) for g in groups.values()]
+        groups.setdefault((r.device, r.dtype, tuple(r.shape), x.k), {}).setdefault(
+            x.alpha, []).append(x)
+    out = []
+    for by_alpha in groups.values():  # the shapes of one (N, T): one stacked sum
+        if len(by_alpha) == 1:
+            out.append(finish_parts(next(iter(by_alpha.values()))))
+        else:
+            out.extend(finish_groups(list(by_alpha.values())))
+    return out
 
 
 def materialized_rows(c) -> tuple[list, list] | None:

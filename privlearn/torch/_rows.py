@@ -252,14 +252,25 @@ def _out_dtype_matmul() -> bool:
     return _OUT_DTYPE
 
 
-def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def mm32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b`` (2-D, or batched 3-D) of half-precision operands with float32
-    accumulation and result."""
+    accumulation and result (written into the float32 ``out`` where given)."""
     if a.device.type == "cuda":
-        if a.dim() == 2:
-            return torch.mm(a, b, out_dtype=torch.float32)
-        return torch.bmm(a, b, out_dtype=torch.float32)
+        mm = torch.mm if a.dim() == 2 else torch.bmm
+        if out is None:
+            return mm(a, b, out_dtype=torch.float32)
+        try:
+            return mm(a, b, out_dtype=torch.float32, out=out)
+        except (NotImplementedError, RuntimeError):  # no out= kernel in this build
+            return out.copy_(mm(a, b, out_dtype=torch.float32))
+    if out is not None:
+        return _emulated_mm32_out(a, b, out)
     return _emulated_mm32(a, b)
+
+
+def _emulated_mm32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """:func:`_emulated_mm32` written into ``out`` (one ``bmm`` with ``out=`` on CUDA)."""
+    return torch.matmul(a.float(), b.float(), out=out)
 
 
 def _emulated_mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,10 @@ def _ops():
         def _(a, b):
             return a.new_empty((*a.shape[:-1], b.shape[-1]), dtype=torch.float32)
 
+        @torch.library.custom_op("privlearn_test::mm32_out", mutates_args=("out",))
+        def mm32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+            _EMULATED["mm32_out"](a, b, out)
+
         @torch.library.custom_op("privlearn_test::addmm32_", mutates_args=("o",))
         def addmm32_(o: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
             _EMULATED["addmm32_"](o, a, b)
@@ -54,6 +58,7 @@ def _ops():
             return torch.empty_like(x)
 
         _OPS["mm32"], _OPS["addmm32_"], _OPS["rms"] = mm32, addmm32_, fused_rms_norm
+        _OPS["mm32_out"] = mm32_out
     return _OPS
 
 
@@ -72,6 +77,8 @@ def cuda_products(device_masking: bool = False):
     saved = _rows._emulated_mm32, _rows._emulated_addmm32_
     _EMULATED["mm32"], _EMULATED["addmm32_"] = saved
     _rows._emulated_mm32, _rows._emulated_addmm32_ = ops["mm32"], ops["addmm32_"]
+    saved_out = _EMULATED["mm32_out"] = _rows._emulated_mm32_out
+    _rows._emulated_mm32_out = lambda a, b, out: (ops["mm32_out"](a, b, out), out)[1]
     saved_rms = transformers._FUSED_RMS
     if saved_rms is not None:
         _EMULATED["rms"] = saved_rms
@@ -88,6 +95,7 @@ def cuda_products(device_masking: bool = False):
         yield
     finally:
         _rows._emulated_mm32, _rows._emulated_addmm32_ = saved
+        _rows._emulated_mm32_out = saved_out
         transformers._FUSED_RMS = saved_rms
         if restore is not None:
             cls._find_nonfinite = restore

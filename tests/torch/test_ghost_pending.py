@@ -50,13 +50,15 @@ def test_pending_parts_are_each_layer_alone_once_flushed(t, monkeypatch):
         not_deferred = ghost_parts(*xs[0], torch.bmm)  # (defer=False: its own)
     finally:
         _ghost_pending.PENDING.reset(token)
-    assert ops.ops["mul"] == 5 and ops.ops["sqrt"] == 2  # two full groups of two
+    # each output gradients' Gram matrix formed in its group's buffer, multiplied by the
+    # input's with the group's other layers' (one operation a group): two full groups of two
+    assert ops.ops["mul"] == 0 and ops.ops["_foreach_mul_"] == 2 and ops.ops["sqrt"] == 2
     assert torch.isnan(held[4].rows).all() and torch.isnan(held[4].roots).all()
     assert torch.equal(not_deferred.rows, alone[0].rows)
     ops = _Ops()
     with ops:
         pending.flush()
-    assert ops.ops["sqrt"] == 1
+    assert ops.ops["sqrt"] == 1 and ops.ops["_foreach_mul_"] == 1
     for h, o in zip(held, alone, strict=True):
         assert torch.equal(h.rows, o.rows) and torch.equal(h.roots, o.roots)
         assert h.k == o.k and h.alpha == o.alpha
@@ -171,9 +173,11 @@ def test_layernorms_sum_over_positions_together(oracle, monkeypatch):
             loss.backward()
         p.optimizer.step()
     # the products' row sums; the sums over positions of the three Linear biases' and the
-    # LayerNorms' weights' and biases' rows, all of one shape, by one stacked sum (seven
-    # sums before: the Linear biases' one and two a LayerNorm); the finished ghost norms
-    assert ops.ops["sum"] == 3
+    # LayerNorms' biases' rows, all of one shape, by one stacked sum (seven sums before:
+    # the Linear biases' one and two a LayerNorm); the LayerNorms' weights' rows by one
+    # stacked normalisation, product and sum; the finished ghost norms
+    assert ops.ops["sum"] == 4
+    assert ops.ops["native_layer_norm"] == 1
     want, norms = oracle.clipped_sum(ref, xb, yb, _LN_C, loss_fn=lambda o, v: (o * v).sum())
     assert (norms > _LN_C).any() and (norms < _LN_C).any()
     got = oracle.flat(q.grad for q in model.parameters()) * n
@@ -229,3 +233,82 @@ def test_rmsnorm_rule_first_checked_while_sums_are_held():
     pending.flush()
     xhat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(c.grads[0], (g * xhat).sum(1))
+
+
+def test_norm_sums_bitwise_each_layer_alone(monkeypatch):
+    """Held LayerNorm weight rows (two a buffer, five layers): NaN until flushed, then
+    bitwise ``(g * layer_norm(x)).sum(1)`` of each layer alone."""
+    import functools
+
+    import torch.nn.functional as F
+
+    monkeypatch.setattr(_ghost_pending, "MAX_LAYERS", 2)
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(3, 5, 8, generator=gen) * (i + 1) for i in range(5)]
+    gs = [torch.randn(3, 5, 8, generator=gen) for _ in range(5)]
+    norm = functools.partial(F.layer_norm, normalized_shape=(8,), eps=1e-5)
+    pending = _ghost_pending.PendingProducts()
+    key = ("layer_norm", (8,), 1e-5)
+    held = [pending.take_norm_sum(x, g, norm, key) for x, g in zip(xs, gs, strict=True)]
+    assert torch.isnan(held[4]).all()
+    pending.flush()
+    for x, g, h in zip(xs, gs, held, strict=True):
+        assert torch.equal(h, (g * F.layer_norm(x, (8,), None, None, 1e-5)).sum(1))
+
+
+@pytest.mark.parametrize("t", [7, 144])  # one-stage rows; two stages
+def test_ghost_norms_of_several_widths_finished_by_one_stacked_sum(t):
+    """Ghost parts of three widths (three ``alpha``) and one ``(N, T)``: their rows and
+    roots summed by one stacked sum for all of them, each width's bound by its own
+    ``addcmul``; every norm equal to a float64 ``sum |aa * gg| + alpha root^2`` (its bound
+    on top) up to float32 rounding, and the groups of two or more bitwise the per-width
+    finish."""
+    from privlearn.torch._ghost_norms import finish_parts
+    from privlearn.torch._row_norms import ghost_sq_blocks
+
+    gen = torch.Generator().manual_seed(5)
+    parts, ref = [], []
+    for d, p in [(6, 4), (6, 4), (9, 5), (3, 8), (3, 8), (3, 8)]:
+        a = torch.randn(3, t, d, generator=gen)
+        g = torch.randn(3, t, p, generator=gen)
+        parts.append(ghost_parts(a, g))
+        aa, gg = a.double() @ a.double().transpose(1, 2), g.double() @ g.double().transpose(1, 2)
+        root = (aa.diagonal(dim1=1, dim2=2) * gg.diagonal(dim1=1, dim2=2)).sqrt().sum(-1)
+        ref.append((aa * gg).sum((1, 2)) + parts[-1].alpha * root * root)
+    ops = _Ops()
+    with ops:
+        blocks = ghost_sq_blocks(parts)
+    assert ops.ops["stack"] == 1 and ops.ops["addcmul"] == 3
+    got = torch.cat([b.reshape(-1, 3) for b in blocks])
+    torch.testing.assert_close(got.double(), torch.stack(ref), rtol=1e-5, atol=0)
+    assert torch.equal(blocks[0], finish_parts(parts[:2]))
+    assert torch.equal(blocks[2], finish_parts(parts[3:]))
+
+
+def test_pending_half_precision_grams_are_each_layer_alone_once_flushed(monkeypatch):
+    """bfloat16 operands (float32 Gram matrices by ``mm32``): the output gradients' Gram
+    matrix formed in the group's buffer and multiplied when it flushes, bitwise each
+    layer's own parts."""
+    from privlearn.torch._rows import mm32
+
+    monkeypatch.setattr(_ghost_pending, "MAX_LAYERS", 2)
+    gen = torch.Generator().manual_seed(9)
+    xs = [
+        (torch.randn(3, 7, 16, generator=gen).bfloat16(),
+         torch.randn(3, 7, 10, generator=gen).bfloat16())
+        for _ in range(3)
+    ]
+    alone = [ghost_parts(a, g, mm32) for a, g in xs]
+    pending = _ghost_pending.PendingProducts()
+    token = _ghost_pending.PENDING.set(pending)
+    try:
+        ops = _Ops()
+        with ops:
+            held = [ghost_parts(a, g, mm32, defer=True) for a, g in xs]
+    finally:
+        _ghost_pending.PENDING.reset(token)
+    assert ops.ops["mul"] == 0 and ops.ops["_foreach_mul_"] == 1
+    pending.flush()
+    for h, o in zip(held, alone, strict=True):
+        assert h.rows.dtype == torch.float32
+        assert torch.equal(h.rows, o.rows) and torch.equal(h.roots, o.roots)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch.nn.functional as F
 from torch import nn
 
@@ -24,12 +26,16 @@ from privlearn.torch.grad_sample import (
 __all__ = ['layernorm_rule', 'groupnorm_rule', 'instancenorm_rule']
 
 
-def _affine_norm_rule(module, record, params, xhat, g, reduce_dims):
+def _affine_norm_rule(module, record, params, xhat, g, reduce_dims, held=None):
+    """``held``: the weight's rows already held by the pending sums (``xhat`` unused)."""
     ps = set(params)
     out_p, out_g = [], []
     if module.weight is not None and module.weight in ps:
         out_p.append(module.weight)
-        out_g.append(_summed(g * xhat, reduce_dims) if reduce_dims else g * xhat)
+        if held is not None:
+            out_g.append(held)
+        else:
+            out_g.append(_summed(g * xhat, reduce_dims) if reduce_dims else g * xhat)
     if module.bias is not None and module.bias in ps:
         out_p.append(module.bias)
         out_g.append(_summed(g, reduce_dims) if reduce_dims else g)
@@ -59,8 +65,19 @@ def layernorm_rule(module: nn.LayerNorm, record: Record, params) -> Contribution
         live = live_positions(g.reshape(g.shape[0], 1, g.shape[1], -1))
         if live is not None:
             x, g = x.index_select(1, live), g.index_select(1, live)
-    xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
     reduce_dims = tuple(range(1, x.dim() - k))
+    pending = PENDING.get()
+    if (pending is not None and reduce_dims == (1,) and module.weight is not None
+            and any(q is module.weight for q in params)):
+        # during backward: the normalisation, product and sum over positions formed with
+        # the other LayerNorms' of this shape (one each for all of them)
+        shape, eps = tuple(module.normalized_shape), module.eps
+        held = pending.take_norm_sum(
+            x, g, functools.partial(F.layer_norm, normalized_shape=shape, eps=eps),
+            ("layer_norm", shape, eps))
+        if held is not None:
+            return _affine_norm_rule(module, record, params, None, g, reduce_dims, held)
+    xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
     return _affine_norm_rule(module, record, params, xhat, g, reduce_dims)
 
 

@@ -23,6 +23,7 @@ is never imported here).
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 
@@ -164,23 +165,42 @@ def _is_hf_rmsnorm(m: nn.Module) -> bool:
             and isinstance(eps, float) and not m._modules)
 
 
-def _rms_contribution(x, g, weight, params, xhat) -> Contribution:
+def _rms_contribution(x, g, weight, params, norm, norm_key) -> Contribution:
+    """The weight's rows ``g * norm(x)`` (``norm(x)`` in the working dtype, each row of
+    ``x`` normalised alone; ``norm_key`` identifies it), summed over positions; during
+    backward the normalisation, product and sum formed with the other RMSNorms' of their
+    shape (one operation each for all of them)."""
     if not any(q is weight for q in params):
         return Materialized([], [])
     dt = compute_dtype(x, g)
     k = weight.dim()
     reduce_dims = tuple(range(1, x.dim() - k))
-    gx = as_dtype(g, dt) * as_dtype(xhat, dt)
+    pending = PENDING.get()
+    if pending is not None and reduce_dims == (1,):
+        held = pending.take_norm_sum(x, as_dtype(g, dt), norm, norm_key)
+        if held is not None:
+            return Materialized([weight], [held])
+    gx = as_dtype(g, dt) * norm(x)
     return Materialized([weight], [_summed(gx, reduce_dims) if reduce_dims else gx])
+
+
+def _torch_rms(x, shape, eps, dt):
+    return F.rms_norm(as_dtype(x, dt), shape, None, eps)
+
+
+def _hf_rms(x, eps, dt):
+    # as the module does, whatever the input dtype
+    return as_dtype(_rms_normalised(x.to(torch.float32), eps).to(x.dtype), dt)
 
 
 @register_rule(nn.RMSNorm, early=True)
 def torch_rmsnorm_rule(module: nn.RMSNorm, record: Record, params) -> Contribution:
     """``torch.nn.RMSNorm``: ``grad_w = sum_t g_t * x_t / rms(x_t)``."""
     x, g = record.args[0], record.grad(0)
-    dt = compute_dtype(x, g)
-    xhat = F.rms_norm(as_dtype(x, dt), module.normalized_shape, None, module.eps)
-    return _rms_contribution(x, g, module.weight, params, xhat)
+    dt, shape = compute_dtype(x, g), tuple(module.normalized_shape)
+    norm = functools.partial(_torch_rms, shape=shape, eps=module.eps, dt=dt)
+    return _rms_contribution(x, g, module.weight, params, norm,
+                             ("rms_norm", shape, module.eps, dt))
 
 
 @register_predicate_rule(_is_hf_rmsnorm, early=True)
@@ -189,8 +209,9 @@ def rmsnorm_rule(module: nn.Module, record: Record, params) -> Contribution:
     """Llama-style RMSNorm: ``w * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)``."""
     x, g = record.args[0], record.grad(0)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    xf = x.to(torch.float32)  # as the module does, whatever the input dtype
-    return _rms_contribution(x, g, module.weight, params, _rms_normalised(xf, eps).to(x.dtype))
+    dt = compute_dtype(x, g)
+    norm = functools.partial(_hf_rms, eps=eps, dt=dt)
+    return _rms_contribution(x, g, module.weight, params, norm, ("hf_rms_norm", eps, dt))
 
 
 #: one fused kernel forming ``x * rsqrt(mean(x^2) + eps)`` over the last dimension where
