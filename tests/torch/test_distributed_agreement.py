@@ -62,7 +62,7 @@ BAD = 1  # the iteration at which rank 1 misbehaves
 ONE_RANK = {"nan": "NonFiniteInputError", "eval": "TrainingLoopError",
             "other_size": "BatchDependenceError", "fsdp_nan": "NonFiniteInputError",
             "fsdp_discarded": "TrainingLoopError"}
-CAUSE = {"nan": "not finite", "eval": "eval mode", "other_size": "saw 12 rows",
+CAUSE = {"nan": "not finite", "eval": "eval mode", "other_size": "saw 2 rows per example",
          "fsdp_nan": "not finite", "fsdp_discarded": "zero_grad() was called after"}
 AT_SETUP = ("sampling", "param_order", "param_shape", "dataset_length")
 DDP = ("nan", "eval", "other_size", "twice", "chunks")
@@ -193,7 +193,7 @@ def _run_chunks(rank) -> dict:
     model = nn.parallel.DistributedDataParallel(_Mlp())
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
                      torch.utils.data.DataLoader(_data(), batch_size=B),
-                     noise_multiplier=0.0, max_grad_norm=C, seed=11,
+                     noise_multiplier=0.0, max_grad_norm=C, seed=12,
                      max_physical_batch_size=2)
     out = dict(batches=[], local=[], params=[_flat(model)], steps=[])
     planted = rank != 1
@@ -464,7 +464,7 @@ def test_a_chunk_refused_on_one_rank_refuses_its_batch_on_every_rank(ranks):
             assert "not finite" in message
             assert torch.equal(r["params"][k + 1], r["params"][k])  # nothing released
         assert r["steps"][-1] == len(r["batches"]) - 1
-    # rank 1's batch has more than 2 examples (seed 11): its chunk with the NaN is not
+    # rank 1's batch has more than 2 examples (seed 12: 4): its chunk with the NaN is not
     # its last, and is refused there alone
     assert r0["local"] == [] and r1["local"] == [(bad, "NonFiniteInputError")]
     for a, b in zip(r0["params"], r1["params"], strict=True):
