@@ -150,6 +150,14 @@ class _NormSums:
             torch.sum(prod, 2, out=self.out[: len(xs)])
 
 
+def _place(aa: torch.Tensor, k: int) -> tuple[tuple, int] | None:
+    """The group key of an ``(N, T, T)`` product and how many such products its buffer
+    holds, or None where fewer than two fit (not held)."""
+    n, t, _ = aa.shape
+    cap = min(MAX_LAYERS, PENDING_BYTES // max(1, n * t * t * aa.element_size()))
+    return None if cap < 2 else ((aa.device, aa.dtype, n, t, k), cap)
+
+
 class PendingProducts:
     """Ghost layers' Gram products whose reductions wait for their group (see the module
     docstring)."""
@@ -171,11 +179,9 @@ class PendingProducts:
             or aa.dtype != gg.dtype
         ):
             return None
-        n, t, _ = aa.shape
-        cap = min(MAX_LAYERS, PENDING_BYTES // max(1, n * t * t * aa.element_size()))
-        if cap < 2:
+        if (place := _place(aa, k)) is None:
             return None
-        key = (aa.device, aa.dtype, n, t, k)
+        key, cap = place
         return self._hold(key, lambda: _Group(aa, k, cap), lambda grp: grp.add(aa, gg))
 
     def take_gram(self, aa: torch.Tensor, k: int, form) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -185,11 +191,9 @@ class PendingProducts:
         the group by one operation when it flushes. None where it is not held."""
         if type(aa) is not torch.Tensor or aa.dim() != 3:
             return None
-        n, t, _ = aa.shape
-        cap = min(MAX_LAYERS, PENDING_BYTES // max(1, n * t * t * aa.element_size()))
-        if cap < 2:
+        if (place := _place(aa, k)) is None:
             return None
-        key = (aa.device, aa.dtype, n, t, k)
+        key, cap = place
         return self._hold(key, lambda: _Group(aa, k, cap), lambda grp: grp.add_gram(aa, form))
 
     def take_sum(self, g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
