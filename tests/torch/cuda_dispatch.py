@@ -21,11 +21,26 @@ the count includes what that branch dispatches.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from privlearn.torch import _rows
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operations dispatched while active, by name (``ops``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
 
 _OPS: dict = {}
 

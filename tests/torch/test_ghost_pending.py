@@ -5,28 +5,16 @@ the clipped sum is still the batch-of-one definition's."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 
 torch = pytest.importorskip("torch")
+from cuda_dispatch import OpCounter  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privlearn.torch import _ghost_pending, make_private  # noqa: E402
 from privlearn.torch import grad_sample as _gs  # noqa: E402
 from privlearn.torch._ghost_norms import ghost_parts  # noqa: E402
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("t", [7, 144])  # one-stage rows; two stages (k = 12)
@@ -44,7 +32,7 @@ def test_pending_parts_are_each_layer_alone_once_flushed(t, monkeypatch):
     pending = _ghost_pending.PendingProducts()
     token = _ghost_pending.PENDING.set(pending)
     try:
-        ops = _Ops()
+        ops = OpCounter()
         with ops:
             held = [ghost_parts(a, g, torch.bmm, defer=True) for a, g in xs]
         not_deferred = ghost_parts(*xs[0], torch.bmm)  # (defer=False: its own)
@@ -55,7 +43,7 @@ def test_pending_parts_are_each_layer_alone_once_flushed(t, monkeypatch):
     assert ops.ops["mul"] == 0 and ops.ops["_foreach_mul_"] == 2 and ops.ops["sqrt"] == 2
     assert torch.isnan(held[4].rows).all() and torch.isnan(held[4].roots).all()
     assert torch.equal(not_deferred.rows, alone[0].rows)
-    ops = _Ops()
+    ops = OpCounter()
     with ops:
         pending.flush()
     assert ops.ops["sqrt"] == 1 and ops.ops["_foreach_mul_"] == 1
@@ -75,7 +63,7 @@ def test_pending_sums_are_each_layer_alone_once_flushed(low, monkeypatch):
     gs = [torch.randn(3, 9, 7, generator=gen).to(dtype) for _ in range(5)]
     wide = torch.float32 if low else None
     pending = _ghost_pending.PendingProducts()
-    ops = _Ops()
+    ops = OpCounter()
     with ops:
         held = [pending.take_sum(g, wide) for g in gs]
     assert ops.ops["sum"] == 2 and ops.ops["stack"] == 2  # two full groups
@@ -116,7 +104,7 @@ def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monke
         xb, yb = next(iter(p.data_loader))
         p.optimizer.zero_grad()
         loss = (p.model(xb) * yb).sum()
-        ops = _Ops()
+        ops = OpCounter()
         with ops:
             loss.backward()
         p.optimizer.step()
@@ -168,7 +156,7 @@ def test_layernorms_sum_over_positions_together(oracle, monkeypatch):
         xb, yb = next(iter(p.data_loader))
         p.optimizer.zero_grad()
         loss = (p.model(xb) * yb).sum()
-        ops = _Ops()
+        ops = OpCounter()
         with ops:
             loss.backward()
         p.optimizer.step()
@@ -275,7 +263,7 @@ def test_ghost_norms_of_several_widths_finished_by_one_stacked_sum(t):
         aa, gg = a.double() @ a.double().transpose(1, 2), g.double() @ g.double().transpose(1, 2)
         root = (aa.diagonal(dim1=1, dim2=2) * gg.diagonal(dim1=1, dim2=2)).sqrt().sum(-1)
         ref.append((aa * gg).sum((1, 2)) + parts[-1].alpha * root * root)
-    ops = _Ops()
+    ops = OpCounter()
     with ops:
         blocks = ghost_sq_blocks(parts)
     assert ops.ops["stack"] == 1 and ops.ops["addcmul"] == 3
@@ -302,7 +290,7 @@ def test_pending_half_precision_grams_are_each_layer_alone_once_flushed(monkeypa
     pending = _ghost_pending.PendingProducts()
     token = _ghost_pending.PENDING.set(pending)
     try:
-        ops = _Ops()
+        ops = OpCounter()
         with ops:
             held = [ghost_parts(a, g, mm32, defer=True) for a, g in xs]
     finally:

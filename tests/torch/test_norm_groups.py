@@ -4,28 +4,16 @@ backward pass; the clipped sum is still the float64 batch-of-one definition's.""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 
 torch = pytest.importorskip("torch")
+from cuda_dispatch import OpCounter  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privlearn.torch import grad_sample as _gs  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 from privlearn.torch._ghost_norms import finish_parts, ghost_parts, ghost_sq  # noqa: E402
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _exact_sq(a, g):
@@ -89,7 +77,7 @@ def test_grouped_norms_give_the_batch_of_one_clipped_sum(oracle, monkeypatch):
         xb, yb = next(iter(p.data_loader))
         p.optimizer.zero_grad()
         loss = (p.model(xb) * yb).sum()
-        ops, step_ops = _Ops(), _Ops()
+        ops, step_ops = OpCounter(), OpCounter()
         with ops:
             loss.backward()
         with step_ops:

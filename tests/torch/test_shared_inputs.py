@@ -6,28 +6,16 @@ clipped sum is still the batch-of-one definition's."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 
 torch = pytest.importorskip("torch")
+from cuda_dispatch import OpCounter  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privlearn.torch import grad_sample as _gs  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 from privlearn.torch._ghost_norms import SHARED_GRAM, ghost_parts  # noqa: E402
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 class _QKV(nn.Module):
@@ -58,11 +46,11 @@ def _train(model, x, y, steps=3, autocast=None, before_step=None):
     )
     if before_step is not None:
         before_step(p)
-    forward, backward = _Ops(), _Ops()
+    forward, backward = OpCounter(), OpCounter()
     for _ in range(steps):
         xb, yb = next(iter(p.data_loader))
         p.optimizer.zero_grad()
-        forward, backward = _Ops(), _Ops()
+        forward, backward = OpCounter(), OpCounter()
         with forward, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
             loss = (p.model(xb).float() * yb).sum()
         with backward:
@@ -104,7 +92,7 @@ def test_shared_gram_matrix_is_the_one_formed_alone():
     slot: list = []
     token = SHARED_GRAM.set(slot)
     try:
-        ops = _Ops()
+        ops = OpCounter()
         with ops:
             shared = [ghost_parts(a, g, torch.bmm) for g in gs]
         assert ops.ops["bmm"] == 4
@@ -126,7 +114,7 @@ def test_autocast_copy_of_a_shared_input_is_made_once(monkeypatch):
     monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
     x, y = _data()
     plain = _QKV()
-    forward_plain = _Ops()
+    forward_plain = OpCounter()
     with forward_plain, torch.autocast("cpu", dtype=torch.bfloat16):
         plain(x).float()
     model = _QKV()
