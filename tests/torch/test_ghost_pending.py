@@ -79,23 +79,15 @@ def _model():
     return nn.Sequential(*(nn.Linear(10, 10) for _ in range(5)))
 
 
-def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monkeypatch):
-    """Five ghost layers of one shape: the steady backward pass takes one square root
-    (five before: one a layer), sums the biases' output gradients over positions by one
-    stacked sum (one a layer before) and the clipped sum (noise-free, some examples clipped,
-    some not) is the float64 batch-of-one definition's."""
-    monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
-    n, t = 6, 4
-    gen = torch.Generator().manual_seed(9)
-    x = torch.randn(n, t, 10, generator=gen) * torch.linspace(0.05, 2.0, n)[:, None, None]
-    y = torch.randn(n, t, 10, generator=gen)
-    model, ref = _model(), _model()
+def _steady_backward(model, x, y, c):
+    """Three noise-free private steps on all of ``(x, y)`` (loss ``(out * y).sum()``):
+    the operations of the last backward pass and the last batch."""
     p = make_private(
         model,
         torch.optim.SGD(model.parameters(), lr=0.0),
-        DataLoader(TensorDataset(x, y), batch_size=n),
+        DataLoader(TensorDataset(x, y), batch_size=x.shape[0]),
         noise_multiplier=0.0,
-        max_grad_norm=12.0,
+        max_grad_norm=c,
         sampling="fixed",
         loss_reduction="sum",
         seed=0,
@@ -108,6 +100,21 @@ def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monke
         with ops:
             loss.backward()
         p.optimizer.step()
+    return ops, xb, yb
+
+
+def test_backward_reduces_the_ghost_products_of_one_shape_together(oracle, monkeypatch):
+    """Five ghost layers of one shape: the steady backward pass takes one square root
+    (five before: one a layer), sums the biases' output gradients over positions by one
+    stacked sum (one a layer before) and the clipped sum (noise-free, some examples clipped,
+    some not) is the float64 batch-of-one definition's."""
+    monkeypatch.setattr(_gs, "GHOST_MEMORY_BUDGET_BYTES", 0)
+    n, t = 6, 4
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(n, t, 10, generator=gen) * torch.linspace(0.05, 2.0, n)[:, None, None]
+    y = torch.randn(n, t, 10, generator=gen)
+    model, ref = _model(), _model()
+    ops, xb, yb = _steady_backward(model, x, y, 12.0)
     assert ops.ops["bmm"] == 10 and ops.ops["sqrt"] == 1
     # the products' row sums, the five biases' sums over positions (one stacked sum;
     # five before) and the finished norms
@@ -142,24 +149,7 @@ def test_layernorms_sum_over_positions_together(oracle, monkeypatch):
         for m in model[1::2]:  # the LayerNorms
             m.weight.add_(0.3 * torch.randn(10, generator=gen))
         ref.load_state_dict(model.state_dict())
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        DataLoader(TensorDataset(x, y), batch_size=n),
-        noise_multiplier=0.0,
-        max_grad_norm=_LN_C,
-        sampling="fixed",
-        loss_reduction="sum",
-        seed=0,
-    )
-    for _ in range(3):
-        xb, yb = next(iter(p.data_loader))
-        p.optimizer.zero_grad()
-        loss = (p.model(xb) * yb).sum()
-        ops = OpCounter()
-        with ops:
-            loss.backward()
-        p.optimizer.step()
+    ops, xb, yb = _steady_backward(model, x, y, _LN_C)
     # the products' row sums; the sums over positions of the three Linear biases' and the
     # LayerNorms' biases' rows, all of one shape, by one stacked sum (seven sums before:
     # the Linear biases' one and two a LayerNorm); the LayerNorms' weights' rows by one
