@@ -571,14 +571,19 @@ def test_step_with_a_closure(clipping, oracle):
 # --------------------------------------------------------------------------- BatchMemoryManager
 
 
+def _bmm_setting():
+    """Opacus's ``BatchMemoryManagerTest`` data (256 examples of 5 features) and model."""
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(256, 5, generator=g), torch.randn(256, generator=g))
+    torch.manual_seed(1)
+    return ds, nn.Linear(5, 1)
+
+
 def _bmm_run(physical, *, sampling="poisson", workers=0, pin=False, noise=1.0, seed=3):
     """Opacus's ``BatchMemoryManagerTest`` setting (256 examples of 5 features, Linear(5,
     1), mean squared loss, logical batches of 16): the final weight, the chunk sizes, at
     which chunks the weight moved, and the run's accounted steps."""
-    g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.randn(256, 5, generator=g), torch.randn(256, generator=g))
-    torch.manual_seed(1)
-    model = nn.Linear(5, 1)
+    ds, model = _bmm_setting()
     p = make_private(
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
@@ -634,10 +639,7 @@ def test_virtual_batches_equal_one_batch_noise_included(sampling):
 def test_an_empty_poisson_batch_moves_nothing_without_noise():
     """``test_empty_batch``: batches of expected size 2 cut into chunks of 10, noise 0:
     an empty batch leaves the weight as it was and is still one accounted step."""
-    g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.randn(256, 5, generator=g), torch.randn(256, generator=g))
-    torch.manual_seed(1)
-    model = nn.Linear(5, 1)
+    ds, model = _bmm_setting()
     p = make_private(
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
