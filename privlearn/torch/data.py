@@ -45,6 +45,7 @@ from privlearn.errors import (
     PlanMismatchError,
 )
 from privlearn.torch._empty_batch import collated_pair, empty_batch
+from privlearn.torch._repeated_examples import check_distinct_examples
 
 # the samplers live in privlearn.torch.samplers (wrapping the registered samplings of
 # privlearn.correlated.sampling); their names stay importable from here
@@ -232,9 +233,12 @@ class TensorBatchGather(Dataset):
         return [t[idx] for t in self._tensors]
 
 
-def check_map_style(ds) -> None:
+def check_map_style(ds, users=None) -> None:
     """Refuse a dataset the DP samplers cannot draw from: one without random access by
-    index or without a length (the sampling rate is ``batch_size / len(dataset)``)."""
+    index or without a length (the sampling rate is ``batch_size / len(dataset)``), or
+    one that puts an example at several positions through ``Subset`` or
+    ``ConcatDataset``, unless ``users`` (an id per position, or a :class:`UnitIndex`)
+    makes them one privacy unit (:mod:`privlearn.torch._repeated_examples`)."""
     if isinstance(ds, IterableDataset):
         raise ParameterValueError(
             f"data_loader wraps an IterableDataset ({type(ds).__name__}); DP sampling "
@@ -248,6 +252,7 @@ def check_map_style(ds) -> None:
             f"data_loader's dataset ({type(ds).__name__}) has no len(): the sampling rate "
             "is batch_size / len(dataset), so DP sampling needs a map-style dataset with "
             "__len__ and __getitem__") from None
+    check_distinct_examples(ds, users)
 
 
 #: The DataLoader options that say how batches are loaded, not which examples form them:
@@ -308,7 +313,7 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sampling_rate: flo
     wrapper that renames it.
     """
     ds = data_loader.dataset
-    check_map_style(ds)
+    check_map_style(ds, units)
     n = len(ds) if units is None else units.n_units
     bs = dp_batch_sampler(sampling, n, sampling_rate=sampling_rate, batch_size=batch_size,
                           steps=steps, seed=seed, rank=rank, world_size=world_size,

@@ -579,7 +579,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     if not isinstance(data_loader, DataLoader):
         raise ParameterTypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
-    check_map_style(data_loader.dataset)
+    check_map_style(data_loader.dataset, cfg.users)
     if len(data_loader.dataset) == 0:
         raise ParameterValueError(
             "data_loader's dataset is empty (len(dataset) == 0): the sampling rate "
