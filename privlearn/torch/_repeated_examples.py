@@ -43,12 +43,7 @@ def _walk(ds, local: np.ndarray, positions: np.ndarray, depth: int, out: dict) -
     """Map the indices ``local`` of ``ds`` (at the top-level ``positions``) to their
     holders: ``out[key] = [(holder indices, positions), ...]``."""
     if isinstance(ds, Subset) and depth < _MAX_DEPTH:
-        inner = ds.indices
-        inner = (
-            np.arange(inner.start, inner.stop, inner.step)
-            if isinstance(inner, range)
-            else np.asarray(inner, dtype=np.int64).reshape(-1)
-        )
+        inner = _indices(ds.indices)
         idx = inner[local]
         if idx.size and idx.min() < 0:  # counted from the end
             idx = np.where(idx < 0, idx + len(ds.dataset), idx)
@@ -66,24 +61,41 @@ def _walk(ds, local: np.ndarray, positions: np.ndarray, depth: int, out: dict) -
     out.setdefault(_holder_key(ds), []).append((local, positions))
 
 
+def _indices(inner) -> np.ndarray:
+    """A ``Subset``'s indices (a range, a sequence, an array, a tensor) as int64."""
+    if isinstance(inner, range):
+        return np.arange(inner.start, inner.stop, inner.step)
+    if hasattr(inner, "detach"):  # a tensor, on any device
+        inner = inner.detach().cpu().numpy()
+    return np.asarray(inner, dtype=np.int64).reshape(-1)
+
+
 def repeated_positions(dataset) -> list[np.ndarray]:
     """The groups of positions of ``dataset`` that reach one example (each group sorted,
-    groups in order of their first position); empty when every position holds its own."""
+    groups in order of their first position); empty when every position holds its own,
+    or when an index is out of range (reading that position fails in the loader)."""
     if not isinstance(dataset, Subset | ConcatDataset):
         return []
     n = len(dataset)
     out: dict = {}
-    _walk(dataset, np.arange(n), np.arange(n), 0, out)
+    try:
+        _walk(dataset, np.arange(n), np.arange(n), 0, out)
+    except IndexError:
+        return []
     groups = []
     for parts in out.values():
         idx = np.concatenate([p[0] for p in parts])
         pos = np.concatenate([p[1] for p in parts])
-        _, inverse, counts = np.unique(idx, return_inverse=True, return_counts=True)
-        repeated = counts[inverse] > 1
+        if idx.size and idx.min() >= 0 and idx.max() < 4 * idx.size + 1024:
+            repeated = np.bincount(idx)[idx] > 1  # (linear: indices of the holder)
+        else:
+            _, inverse, counts = np.unique(idx, return_inverse=True, return_counts=True)
+            repeated = counts[inverse] > 1
         if not repeated.any():
             continue
-        order = np.lexsort((pos[repeated], inverse[repeated]))
-        inv, p = inverse[repeated][order], pos[repeated][order]
+        _, inverse = np.unique(idx[repeated], return_inverse=True)
+        order = np.lexsort((pos[repeated], inverse))
+        inv, p = inverse[order], pos[repeated][order]
         groups += np.split(p, np.flatnonzero(np.diff(inv)) + 1)
     return sorted(groups, key=lambda g: int(g[0]))
 
