@@ -7,8 +7,8 @@ every per-example entry must have no rows. What is which is read from the collat
 function itself, by collating example 0 once and twice and other examples once:
 
 * an entry whose shape changes from one example to two holds the examples' rows (or
-  their tokens, concatenated): it is cut to zero rows on the dimension that grew (the
-  one that went from 1 to 2 where there is one);
+  their tokens, concatenated): it is cut to zero rows on the dimension that went from 1
+  to 2 (dimension 0 where none did);
 * a sequence whose length changes (a column of strings) holds one entry per example:
   it is emptied;
 * an entry of the same shape and value whatever the examples is not per example: it is
@@ -79,14 +79,12 @@ def _collate(collate_fn, items):
 
 def _rows_dim(one, two) -> int:
     """The dimension of a per-example entry that holds the examples: the one that goes
-    from 1 (one example) to 2 (two), else the first that changes (0 if the number of
-    dimensions changes)."""
+    from 1 (one example) to 2 (two), else 0 (examples concatenated, packed or flattened:
+    the engine reads rows on dimension 0)."""
     if one.ndim != two.ndim:
         return 0
     grows = [d for d in range(one.ndim) if one.shape[d] == 1 and two.shape[d] == 2]
-    if grows:
-        return grows[0]
-    return next(d for d in range(one.ndim) if one.shape[d] != two.shape[d])
+    return grows[0] if grows else 0
 
 
 def _same(a, b) -> bool:
