@@ -68,3 +68,34 @@ def test_workers_reseeding_and_a_users_generator_draw_the_engines_batches():
         )
     )
     assert got == want
+
+
+def test_a_sequential_sampler_over_fewer_positions_is_refused_not_widened():
+    """sampler=SequentialSampler(range(10)) over 24 examples reads the first 10; the
+    private loader samples all 24, so 14 examples the loader left out were trained on
+    (silently). A sequential sampler over the whole dataset (or over another object of
+    its length) is what make_private replaces."""
+    from torch.utils.data import SequentialSampler
+
+    from privlearn.errors import ConfigurationError
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with pytest.raises(ConfigurationError, match=r"reads 10 positions.*range\(10\)"):
+        make_private(
+            model,
+            opt,
+            DataLoader(_Rows(), batch_size=2, sampler=SequentialSampler(range(10))),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            seed=0,
+        )
+    for source in (_Rows(), range(N)):
+        make_private(
+            model,
+            opt,
+            DataLoader(_Rows(), batch_size=2, sampler=SequentialSampler(source)),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            seed=0,
+        ).detach()
