@@ -4,22 +4,23 @@ A collated batch can hold more than one row per example: a global tensor the col
 function adds to every batch (a vocabulary mask, a ``(num_classes,)`` tensor of class
 weights, a scalar temperature) is not per example and must be passed on as it is, while
 every per-example entry must have no rows. What is which is read from the collate
-function itself, by collating example 0 once and twice and other examples once:
+function itself, by collating example 0 once and twice (each call from the same random
+state, so a collate function's random draws are the same in both):
 
 * an entry whose shape changes from one example to two holds the examples' rows (or
   their tokens, concatenated): it is cut to zero rows on the dimension that went from 1
   to 2 (dimension 0 where none did);
 * a sequence whose length changes (a column of strings) holds one entry per example:
   it is emptied;
-* an entry of the same shape and value whatever the examples is not per example: it is
-  kept (the collate function's random draws are replayed from one random state, so a
-  random global tensor counts as the same);
-* an entry of the same shape whose value depends on the examples (a count, a batch
-  mean) cannot be built from what the collate function showed: a collate function that
-  takes an empty list answers it (its own empty batch is used when its per-example
-  entries have no rows), otherwise the run is refused before its first step, naming
-  the entry. (It is asked only then: an empty batch built from the collate function's
-  batches of examples is the same whatever it answers.)
+* an entry that is the same for one example and for two is not per example: it is kept
+  as for example 0 (a global mask or weights; a padding length, as the per-example
+  entries keep example 0's padding);
+* an entry of the same shape whose value changes with the number of examples (a count,
+  a sum of token counts) has a value for no example that none of this shows: a collate
+  function that takes an empty list answers it (its own empty batch is used when its
+  per-example entries have no rows), otherwise the run is refused before its first
+  step, naming the entry. (It is asked only then: an empty batch built from the
+  collate function's batches of examples is the same whatever it answers.)
 
 The empty batch carries no example's data either way: the per-example entries have no
 rows, so the step's clipped sum is zero and it releases the noise alone (Abadi et al.
@@ -44,8 +45,8 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 
 
 class _Unknown:
-    """An entry of the same shape whose value depends on the examples (see the module
-    docstring): nothing sound to put in an empty batch."""
+    """An entry of the same shape whose value changes with the number of examples (see
+    the module docstring): nothing sound to put in an empty batch."""
 
     def __init__(self, path: str):
         self.path = path
@@ -102,10 +103,9 @@ def _same(a, b) -> bool:
     return False
 
 
-def _template(one, two, others: list, path: str):
+def _template(one, two, path: str):
     """The empty counterpart of ``one`` (a batch of example 0) from ``two`` (example 0
-    twice) and ``others`` (other examples, once each), with :class:`_Rows` and
-    :class:`_Unknown` markers (see the module docstring)."""
+    twice), with :class:`_Rows` and :class:`_Unknown` markers (module docstring)."""
     if isinstance(one, _ARRAY):
         if not isinstance(two, _ARRAY):  # another structure for two examples
             return _Unknown(path)
@@ -113,47 +113,25 @@ def _template(one, two, others: list, path: str):
             dim = _rows_dim(one, two)
             cut = two[(slice(None),) * dim + (slice(0, 0),)]
             return _Rows(cut.clone() if isinstance(cut, torch.Tensor) else cut.copy(), dim)
-        if all(_same(one, o) for o in others):
+        if _same(one, two):
             return one.clone() if isinstance(one, torch.Tensor) else one.copy()
         return _Unknown(path)
-    if isinstance(one, Mapping | list | tuple) and not (
-        isinstance(one, Mapping) == isinstance(two, Mapping)
-        and isinstance(one, list | tuple) == isinstance(two, list | tuple)
-    ):
-        return _Unknown(path)  # another structure for two examples
     if isinstance(one, Mapping):
-        return _Node(
-            {
-                k: _template(
-                    v,
-                    two.get(k),
-                    [o.get(k) if isinstance(o, Mapping) else None for o in others],
-                    f"{path}[{k!r}]",
-                )
-                for k, v in one.items()
-            },
-            type(one),
-        )
+        if not isinstance(two, Mapping):
+            return _Unknown(path)
+        items = {k: _template(v, two.get(k), f"{path}[{k!r}]") for k, v in one.items()}
+        return _Node(items, type(one))
     if isinstance(one, list | tuple):
+        if not isinstance(two, list | tuple):
+            return _Unknown(path)
         if len(one) != len(two):  # one entry per example: a column
             return _Rows(type(one)() if type(one) in (list, tuple) else [], 0)
         entries = [
-            _template(
-                v,
-                t,
-                [
-                    o[i] if isinstance(o, list | tuple) and len(o) == len(one) else None
-                    for o in others
-                ],
-                f"{path}[{i}]",
-            )
-            for i, (v, t) in enumerate(zip(one, two, strict=True))
+            _template(v, t, f"{path}[{i}]") for i, (v, t) in enumerate(zip(one, two, strict=True))
         ]
         return _Node(entries, type(one))
     if isinstance(one, _PLAIN):
-        if _same(one, two) and all(_same(one, o) for o in others):
-            return one
-        return _Unknown(path)
+        return one if _same(one, two) else _Unknown(path)
     if one is two:  # the same object whatever the batch (a tokenizer, a config)
         return one
     return _Unknown(path)
@@ -213,18 +191,6 @@ def _fits(own, node) -> bool:
     return True  # not per example: the collate function's own value
 
 
-def _has_fixed(one, two) -> bool:
-    """Whether ``one`` holds an entry that does not grow from one example to two (the
-    only kind whose value the other examples are read for)."""
-    if isinstance(one, _ARRAY):
-        return not isinstance(two, _ARRAY) or tuple(one.shape) == tuple(two.shape)
-    if isinstance(one, Mapping) and isinstance(two, Mapping):
-        return any(_has_fixed(v, two.get(k)) for k, v in one.items())
-    if isinstance(one, list | tuple) and isinstance(two, list | tuple):
-        return len(one) == len(two) and any(_has_fixed(v, t) for v, t in zip(one, two, strict=True))
-    return isinstance(one, _PLAIN)
-
-
 def collated_pair(dataset, collate_fn) -> tuple[object, object]:
     """``collate_fn`` of ``[dataset[0]]`` and of ``[dataset[0], dataset[0]]``: the same
     example once and twice, so that the only dimension of a tensor that grows from 1 to 2
@@ -249,17 +215,13 @@ def empty_batch(dataset, collate_fn=None, pair: tuple | None = None):
     Raises
     ------
     ConfigurationError
-        An entry of the collated batch depends on the examples without holding a row per
-        example (a count, a batch statistic), and ``collate_fn`` does not build an
-        empty batch itself from an empty list.
+        An entry of the collated batch changes with the number of examples without
+        holding a row per example (a count), and ``collate_fn`` does not build an empty
+        batch itself from an empty list.
     """
     collate_fn = collate_fn or default_collate
     one, two = collated_pair(dataset, collate_fn) if pair is None else pair
-    others = []
-    if _has_fixed(one, two):  # constant, or depends on the examples: read two others
-        n = len(dataset)
-        others = [_collate(collate_fn, [dataset[i]]) for i in sorted({1, n - 1} - {0})]
-    node = _template(one, two, others, "batch")
+    node = _template(one, two, "batch")
     unknown = _unknowns(node)
     if not unknown:
         return _build(node)
@@ -271,13 +233,12 @@ def empty_batch(dataset, collate_fn=None, pair: tuple | None = None):
         if own is not None and _fits(own, node):
             return own
     raise ConfigurationError(
-        f"data_loader's collate_fn returns {', '.join(unknown)}, which depends on the "
-        "examples of the batch without holding one row per example (its shape stays "
-        "the same from one example to two, its value changes with the examples: a "
-        "count, a batch statistic), so its value in an empty batch (which Poisson "
-        "sampling draws, and whose step must still run) cannot be known. Make the "
-        "collate_fn accept an empty list and return the empty batch itself (tensors "
-        "of zero rows, and that entry's value for no example, with the structure of a "
-        "batch), or compute that entry in the model or loss from the batch's rows. No "
-        "step was taken"
+        f"data_loader's collate_fn returns {', '.join(unknown)}, which changes with the "
+        "number of examples without holding one row per example (its shape is the same "
+        "for one example and for two, its value is not: a count, a sum), so its value "
+        "in an empty batch (which Poisson sampling draws, and whose step must still "
+        "run) cannot be known. Make the collate_fn accept an empty list and return the "
+        "empty batch itself (tensors of zero rows, and that entry's value for no "
+        "example, with the structure of a batch), or compute that entry in the model or "
+        "loss from the batch's rows. No step was taken"
     )

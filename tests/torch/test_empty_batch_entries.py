@@ -1,8 +1,8 @@
 """The empty batch of a Poisson run keeps what is not per example: a collate function's
 global entries (a vocabulary mask, class weights, a scalar) as the collate function
-returns them, per-example entries with no rows, and an entry that depends on the
-examples without one row per example (a count) from the collate function's own empty
-batch, or refused before the first step."""
+returns them, per-example entries with no rows, and an entry that changes with the
+number of examples without one row per example (a count) from the collate function's
+own empty batch, or refused before the first step."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def _counted(rows):
     }
 
 
-def test_an_entry_that_depends_on_the_examples_comes_from_the_collates_empty_batch():
+def test_a_count_of_the_examples_comes_from_the_collates_empty_batch():
     """A count of the batch's examples was kept at its value for example 0 (1) in the
     empty batch. A collate function that takes an empty list gives the empty batch
     itself (n == 0, the collate function's own answer); one that does not is refused by
@@ -135,7 +135,8 @@ def test_a_collates_own_empty_batch_is_used_only_when_it_has_no_rows():
     """A collate function whose answer to an empty list still holds a row (a padding
     row of example 0) is not taken at its word: with a count that cannot be known
     otherwise, the empty batch is refused (it kept example 0's count, 1). Entries the
-    batches of examples show (rows, a global mask) never ask it."""
+    batches of examples show (rows, a global mask, a padded length: as for example 0,
+    whose padding the rows keep) never ask it."""
 
     def padded_row(rows):
         n = len(rows)
@@ -147,7 +148,12 @@ def test_a_collates_own_empty_batch_is_used_only_when_it_has_no_rows():
 
     def masked(rows):
         assert rows, "an empty list is never asked for"
-        return torch.stack([torch.full((2,), float(i)) for i in rows]), torch.ones(4)
+        longest = max(rows) + 1  # the same for one example and for two: kept
+        return (
+            torch.stack([torch.full((longest,), float(i)) for i in rows]),
+            torch.ones(4),
+            longest,
+        )
 
-    x, keep = EmptyAwareCollate(list(range(5)), masked)([])
-    assert x.shape == (0, 2) and torch.equal(keep, torch.ones(4))
+    x, keep, longest = EmptyAwareCollate(list(range(3, 8)), masked)([])
+    assert x.shape == (0, 4) and torch.equal(keep, torch.ones(4)) and longest == 4
