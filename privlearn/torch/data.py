@@ -11,8 +11,10 @@ batch sampler (:mod:`privlearn.torch.samplers`), empty-batch collation, and virt
   (sampling without replacement), accounted with ``scheme="fixed"`` under the
   replace-one relation (Wang, Balle & Kasiviswanathan 2019).
 * An empty Poisson batch is collated into tensors with a leading dimension of 0 (same
-  trailing shapes and dtypes as a real batch), so the user's loop runs unchanged; the
-  optimizer still adds noise and steps (the mechanism releases a noisy zero sum).
+  trailing shapes and dtypes as a real batch; what the collate function adds to every
+  batch that is not per example kept whole: :mod:`privlearn.torch._empty_batch`), so the
+  user's loop runs unchanged; the optimizer still adds noise and steps (the mechanism
+  releases a noisy zero sum).
 * A :class:`~torch.utils.data.TensorDataset` (or a chain of ``Subset`` of one) with the
   default collate function is read through :class:`TensorBatchGather`: one indexing op
   per tensor per batch instead of one ``__getitem__`` per example and a ``torch.stack``
@@ -102,8 +104,8 @@ class EmptyAwareCollate:
         Raises
         ------
         ConfigurationError
-            An entry of the batch depends on the examples without one row per example
-            and the collate function does not take an empty list.
+            An entry of the batch changes with the number of examples without one row
+            per example, and the collate function does not take an empty list.
         """
         if self._empty is None:
             self._empty = empty_batch(self.dataset, self.collate_fn)
