@@ -467,3 +467,31 @@ def test_no_clipping_with_noise_is_refused():
     )
     _loop(p, steps=1)
     assert p.epsilon(DELTA) == math.inf
+
+
+def test_the_noise_is_calibrated_to_the_sum_and_divided_with_it():
+    """google-deepmind/jax_privacy#383 (noise calibrated to the clipped sum's
+    sensitivity but added to the mean, i.e. ``B`` times too little). With zero
+    gradients the update is the noise alone: ``lr * N(0, (sigma C)^2) / B`` per
+    coordinate, B the expected batch size; the sample standard deviation of 20,000
+    coordinates is checked against ``sigma C / B`` (its relative standard error is 0.5%)."""
+    sigma, bound, b = 1.5, 0.7, 10
+    layer = nn.Linear(400, 50, bias=False)
+    with torch.no_grad():
+        layer.weight.zero_()
+    data = TensorDataset(torch.randn(100, 400), torch.zeros(100))
+    p = make_private(
+        layer,
+        torch.optim.SGD(layer.parameters(), lr=1.0),
+        DataLoader(data, batch_size=b),
+        noise_multiplier=sigma,
+        max_grad_norm=bound,
+        seed=7,
+    )
+    x, _ = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    (p.model(x) * 0.0).sum().backward()
+    p.optimizer.step()
+    std = layer.weight.detach().double().std().item()
+    assert abs(std / (sigma * bound / b) - 1) < 0.03
+    assert p.accountant.segments[0].noise_multiplier == sigma
