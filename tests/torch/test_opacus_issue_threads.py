@@ -22,7 +22,7 @@ from scipy.optimize import brentq  # noqa: E402
 from scipy.stats import norm  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler  # noqa: E402
 from toys import toy_data, toy_mlp, trainable  # noqa: E402
 
 from privlearn.errors import ConfigurationError, TrainingLoopError  # noqa: E402
@@ -495,3 +495,78 @@ def test_the_noise_is_calibrated_to_the_sum_and_divided_with_it():
     std = layer.weight.detach().double().std().item()
     assert abs(std / (sigma * bound / b) - 1) < 0.03
     assert p.accountant.segments[0].noise_multiplier == sigma
+
+
+# --------------------------------------------------------------------------- loop misuse
+def test_a_sampler_that_cannot_be_accounted_is_refused_not_dropped():
+    """pytorch/opacus#600: a ``WeightedRandomSampler`` on the loader was silently
+    replaced by make_private. Here a sampler the accountant cannot describe (weighted
+    with replacement, shuffled permutations) is refused, naming it, before anything is
+    built."""
+    data = toy_data(64)
+    for loader, name in [
+        (
+            DataLoader(data, batch_size=8, sampler=WeightedRandomSampler(torch.rand(64), 64)),
+            "WeightedRandomSampler",
+        ),
+        (DataLoader(data, batch_size=8, shuffle=True), "RandomSampler"),
+    ]:
+        model = toy_mlp()
+        with pytest.raises(ConfigurationError, match=name):
+            make_private(
+                model,
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                loader,
+                noise_multiplier=1.0,
+                max_grad_norm=1.0,
+            )
+
+
+def test_training_on_the_loader_given_instead_of_p_data_loader_is_refused():
+    """pytorch/opacus#308 (the tutorial iterated the data loader it had passed in, not
+    the one make_private returned, so its batches were not the Poisson batches
+    accounted). Here a step on a batch that did not come from ``p.data_loader`` is
+    refused before anything is released or accounted."""
+    model = toy_mlp()
+    before = [q.detach().clone() for q in model.parameters()]
+    loader = DataLoader(toy_data(64), batch_size=8)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loader,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
+    x, y = next(iter(loader))
+    p.optimizer.zero_grad()
+    F.cross_entropy(p.model(x), y).backward()
+    with pytest.raises(TrainingLoopError, match="p.data_loader"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_forward_through_another_copy_of_the_model_is_refused():
+    """pytorch/opacus#313 (the Lightning example ran its forward pass through the
+    non-private model, so max_grad_norm and noise_multiplier had no effect). Here a
+    step whose loss came from another model than ``p.model`` has no per-example
+    gradients and is refused before anything is released."""
+    model = toy_mlp()
+    other = copy.deepcopy(model)
+    before = [q.detach().clone() for q in model.parameters()]
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(toy_data(64), batch_size=16),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
+    x, y = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    F.cross_entropy(other(x), y).backward()
+    with pytest.raises(TrainingLoopError, match="another model than p.model"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
