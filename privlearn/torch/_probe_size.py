@@ -10,9 +10,9 @@ every batch the steps use is independent (Abadi et al. 2016, Sec. 3.1: the sensi
 of the clipped sum), so the probe runs on the whole batch whenever the batch is at least
 as large as any it checked whole (the first probe included), and a forward on a batch
 larger than any seen so far re-arms it: with Poisson batches a new largest size comes
-about ``ln T`` times in ``T`` steps, with fixed-size batches once. Re-armed probes on
-batches no larger than one already checked whole (a module's ``training`` flag, new
-flags) keep running on a few examples.
+about ``ln T`` times in ``T`` steps, with fixed-size batches once. Probes re-armed
+otherwise (a module's ``training`` flag, new flags) on a batch smaller than one already
+checked whole keep running on a few examples.
 """
 
 from __future__ import annotations
