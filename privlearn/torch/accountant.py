@@ -166,6 +166,12 @@ class PrivacyAccountant:
         """Number of logical steps recorded."""
         return self._steps
 
+    def __len__(self) -> int:
+        """The number of logical steps recorded (:attr:`steps`), as ``len()`` of an
+        Opacus accountant is documented to be; the number of runs of identical steps is
+        ``len(accountant.segments)``."""
+        return self._steps
+
     @property
     def noise_multiplier(self) -> float | None:
         """sigma of the last step taken (None before any; read-only: the optimizer's

@@ -221,12 +221,13 @@ class ShardedTracker(GradSampleTracker):
         # the probe's passes depend on this rank's rows (rows equal to the probed one give
         # nothing to compare, and fewer passes); every pass all-gathers, so every rank runs
         # as many as the rank with the most, padding with passes on its own inputs
-        from privlearn.torch import _flat_rows
+        from privlearn.torch import _flat_rows, _probe_size
         from privlearn.torch.probe import pad_passes, planned_passes
 
         inputs = self._probe_inputs
         most = torch.tensor([planned_passes(inputs, examples, every=bool(
-            _flat_rows.candidates(self, examples, peek=True)))], dtype=torch.int64)
+            _flat_rows.candidates(self, examples, peek=True)),
+            whole=_probe_size.due(self, examples))], dtype=torch.int64)
         dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.process_group)
         self.probe_passes, error = 0, None  # counted by the probe: a refusal may stop it
         try:
