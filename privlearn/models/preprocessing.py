@@ -30,7 +30,6 @@ import contextlib
 import functools
 import inspect
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +76,7 @@ from privlearn.models._public_fits import public_fit_refusal, refuse_learning_pu
 from privlearn.models._public_width import probe_width as _probe_width
 from privlearn.models._public_width import public_output_width
 from privlearn.models._schema_gate import refuse_bad_schema
+from privlearn.models._shared_noise import shared_noise_groups
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -744,33 +744,31 @@ class PrivatePipeline(Pipeline):
             refuse_learning_public_fit(name, step)
 
 
-def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:
-    """``{seed: [step names]}`` of the private steps (nested pipelines' too) whose
-    ``random_state`` is an integer."""
-    seeds: dict[int, list[str]] = {}
+def _private_seeds(pipe: Pipeline, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(name, random_state)`` of the private steps, nested pipelines' included."""
+    seeds: list[tuple[str, Any]] = []
     for name, step in pipe.steps:
         if isinstance(step, PrivatePipeline):
-            for seed, names in _private_seeds(step, f"{prefix}{name}__").items():
-                seeds.setdefault(seed, []).extend(names)
+            seeds.extend(_private_seeds(step, f"{prefix}{name}__"))
         elif isinstance(step, PrivateEstimator):
-            seed = getattr(step, "random_state", None)
-            if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-                seeds.setdefault(int(seed), []).append(prefix + name)
+            seeds.append((prefix + name, getattr(step, "random_state", None)))
     return seeds
 
 
 def _warn_shared_seeds(pipe: Pipeline) -> None:
-    """Warn (:class:`~privlearn.errors.PrivacyLeakWarning`) when private steps share an
-    integer ``random_state``: they draw the same normals, so a combination of their
-    releases cancels the noise, and ``mechanism_`` composes them as independent."""
-    for seed, names in _private_seeds(pipe).items():
-        if len(names) > 1:
-            warn_person_fitting(
-                f"{type(pipe).__name__}: steps {names} share random_state={seed}: they "
-                "draw the same noise, so their releases can be combined to cancel it, "
-                "which mechanism_ (the composition of independent noise draws) does not "
-                "cover. Give each private step its own seed, or leave random_state=None.",
-                PrivacyLeakWarning, stacklevel=4)
+    """Warn (:class:`~privlearn.errors.PrivacyLeakWarning`) when private steps' noise
+    starts alike (one integer ``random_state``, or generators in one state, e.g. copied by
+    ``clone``: :mod:`~privlearn.models._shared_noise`): they draw the same normals, so a
+    combination of their releases cancels the noise, and ``mechanism_`` composes them as
+    independent."""
+    for label, names in shared_noise_groups(_private_seeds(pipe)):
+        warn_person_fitting(
+            f"{type(pipe).__name__}: steps {names} share {label}: they "
+            "draw the same noise, so their releases can be combined to cancel it, "
+            "which mechanism_ (the composition of independent noise draws) does not "
+            "cover. Give each private step its own seed (or one Generator object, drawn "
+            "from in turn), or leave random_state=None.",
+            PrivacyLeakWarning, stacklevel=4)
 
 
 def _frozen(step: Any) -> bool:
