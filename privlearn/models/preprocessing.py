@@ -73,8 +73,8 @@ from privlearn.models._pipeline_steps import (
     unplanned_step,
 )
 from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
+from privlearn.models._public_width import frozen_width, public_output_width
 from privlearn.models._public_width import probe_width as _probe_width
-from privlearn.models._public_width import public_output_width
 from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models._shared_noise import shared_noise_groups
 from privlearn.models.base import (
@@ -529,9 +529,8 @@ class PrivatePipeline(Pipeline):
             if isinstance(step, OneToOneFeatureMixin) or (
                     _frozen(step) and isinstance(step.estimator, OneToOneFeatureMixin)):
                 continue
-            if _frozen(step):  # its fit (on public data) is kept: apply it to a zero row
-                width = np.asarray(step.transform(np.zeros((1, shape[1])))).shape
-                shape, names = (shape[0], int(width[1]) if len(width) == 2 else 1), None
+            if _frozen(step):  # its fit (on public data) is kept: probe its transform
+                shape, names = (shape[0], frozen_width(name, step, shape[1])), None
                 continue
             # a public step fitted here, or one that needs no fitting: its width from its
             # parameters and X's schema (never from the data it will be fitted on)

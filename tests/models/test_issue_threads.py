@@ -83,3 +83,85 @@ def test_one_generator_object_shared_by_the_steps_draws_independent_noise():
         twin = PrivatePipeline([("a", _scaler(g)), ("b", _scaler(g))]).fit(X)
     a, b = _leaves(twin)
     assert a.n_samples_seen_ != b.n_samples_seen_
+
+
+def _moment_sums(scaler: PrivateStandardScaler) -> np.ndarray:
+    """The released noisy sums ``(S_1, S_2, N)`` of the scaled values ``u`` in [-1, 1],
+    read back from the fitted attributes (``quantile=None``, no clipping of ``m_1, m_2``
+    and no variance floor on the data used here)."""
+    lo, hi = scaler.bounds_[:, 0], scaler.bounds_[:, 1]
+    c, r = (lo + hi) / 2, (hi - lo) / 2
+    n = scaler.n_samples_seen_
+    m1 = (scaler.mean_ - c) / r
+    m2 = scaler.var_ / r**2 + m1**2
+    return np.concatenate([m1 * n, m2 * n, [n]])
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["stateless", "frozen"])
+@pytest.mark.parametrize(
+    "step",
+    [
+        lambda A: np.vstack([A, 0.9 * A]),  # augmentation: a scaled copy of every record
+        lambda A: np.repeat(A, 2, axis=0),  # oversampling: every record twice
+        lambda A: A[::2],  # every second row: a record shifts the others' positions
+    ],
+    ids=["augment", "repeat", "every-second-row"],
+)
+def test_a_step_that_turns_records_into_several_rows_is_refused(step, frozen):
+    """meta-pytorch/opacus#455 and awslabs/fast-differential-privacy#29 (augmentation
+    multiplicity: each record must still contribute one row, its augmentations averaged),
+    uber-archive/sql-differential-privacy#1 (a transformation that duplicates a record's
+    rows multiplies its sensitivity). A FunctionTransformer before a private step passed
+    the row-mixing probe when it changed the number of rows ("nothing to compare"), and
+    one fitted beforehand (FrozenEstimator) was not probed at all: the scaler's noise,
+    calibrated to one row per record, covered half the change or less.
+
+    Brute force: the scaler fitted with one seed on the data and on the data without the
+    record at the corner of the range releases sums that differ by exactly what the
+    removed rows contributed (the noise is the same). One row per record moves them by
+    the accounted sensitivity sqrt(2 d + 1); the augmented pipelines moved them by about
+    twice that, and taking every second row by seven times. Such a step is now refused
+    before anything is fitted; a filter by a rule on each row alone still passes."""
+    from sklearn.frozen import FrozenEstimator
+    from sklearn.preprocessing import FunctionTransformer
+
+    from privlearn.errors import BatchDependenceError
+
+    D = RNG.uniform(-0.5, 0.5, size=(400, 2))
+    D[0] = 1.0  # u = (1, 1): the largest contribution, sqrt(2 d + 1)
+    d = D.shape[1]
+
+    def fit(data, transform):
+        steps = [("s", _scaler(7))]
+        if transform is not None:
+            t = FunctionTransformer(transform)
+            steps.insert(0, ("t", FrozenEstimator(t.fit(D[:5])) if frozen else t))
+        return PrivatePipeline(steps).fit(data)[-1]
+
+    moved = np.linalg.norm(_moment_sums(fit(D, None)) - _moment_sums(fit(D[1:], None)))
+    assert moved == pytest.approx(np.sqrt(2 * d + 1), rel=1e-6)
+    with pytest.raises(BatchDependenceError, match="'t'.*one row per record"):
+        fit(D, step)
+    # a filter by a rule on each row alone keeps at most one row per record
+    kept = fit(D, lambda A: A[A[:, 0] > -0.4])
+    assert kept.n_samples_seen_ != D.shape[0]
+
+
+def test_a_frozen_step_that_mixes_rows_is_refused_as_a_stateless_one_is():
+    """A FrozenEstimator's transform was applied to one row of zeros for its width and
+    never probed: a frozen FunctionTransformer centring by the batch's means (each row
+    then depends on every other) reached the private step, as the same step unfrozen is
+    refused for doing."""
+    from sklearn.frozen import FrozenEstimator
+    from sklearn.preprocessing import FunctionTransformer
+
+    from privlearn.errors import BatchDependenceError
+
+    centre = FrozenEstimator(FunctionTransformer(lambda A: A - A.mean(axis=0)).fit(X[:5]))
+    pipe = PrivatePipeline([("centre", centre), ("m", SSPRegressor(random_state=0))])
+    with pytest.raises(BatchDependenceError, match="'centre'.*row-wise"):
+        pipe.fit(X, Y)
+    assert not hasattr(pipe[-1], "coef_")
+    rowwise = FrozenEstimator(FunctionTransformer(np.tanh).fit(X[:5]))
+    fitted = PrivatePipeline([("rows", rowwise), ("m", SSPRegressor(random_state=0))]).fit(X, Y)
+    assert fitted.mechanism_ == fitted[-1].mechanism_
