@@ -165,3 +165,37 @@ def test_a_frozen_step_that_mixes_rows_is_refused_as_a_stateless_one_is():
     rowwise = FrozenEstimator(FunctionTransformer(np.tanh).fit(X[:5]))
     fitted = PrivatePipeline([("rows", rowwise), ("m", SSPRegressor(random_state=0))]).fit(X, Y)
     assert fitted.mechanism_ == fitted[-1].mechanism_
+
+
+def test_removing_the_only_record_of_a_class_changes_no_public_label_set():
+    """IBM/differential-privacy-library#106 ("domain inference via the label set":
+    classes = np.unique(y) differs between a data set whose only record of a label is
+    removed and the data set itself). Brute force on that pair: with the public label set
+    given, classes_ and the released vote vectors' width are the same on both (and no
+    warning); inferred from y, they differ, and a PrivacyLeakWarning says so."""
+    from privlearn.models import DPSGDClassifier, PrivateKNN
+
+    y = (X[:, 0] > 0).astype(int)
+    y[0] = 2  # the only record labelled 2
+    D, neighbour = (X, y), (X[1:], y[1:])
+
+    def fits(classes):
+        out = []
+        for Xd, yd in (D, neighbour):
+            knn = PrivateKNN(n_neighbors=5, classes=classes, random_state=0).fit(Xd, yd)
+            knn.release(X[:4])
+            out.append((knn.classes_.tolist(), knn.public_release().noisy_votes.shape))
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        public = fits([0, 1, 2])
+        clf = [
+            DPSGDClassifier(n_iter=5, classes=[0, 1], random_state=0).fit(Xd, yd == 1).classes_
+            for Xd, yd in (D, neighbour)
+        ]
+    assert public[0] == public[1] == ([0, 1, 2], (4, 3))
+    assert clf[0].tolist() == clf[1].tolist() == [0, 1]
+    with pytest.warns(PrivacyLeakWarning, match="classes=None infers"):
+        inferred = fits(None)
+    assert inferred[0] != inferred[1]  # what the label set would have released
