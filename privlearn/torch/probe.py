@@ -47,7 +47,8 @@ precision is checked by one more pass on the unchanged batch, only then: if that
 not bitwise reproducible (nondeterministic kernels) the tolerance judges, as before; if it
 is, the move is refused, or, when an integer input changed with the example (a packed
 sequence's lengths: the kernels' layout and the rounding of the other rows follow them),
-refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`). It runs
+refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`), and then
+run again with the integer inputs held, bit for bit (:mod:`._probe_held`). It runs
 on the first seven examples of the batch (a mixing operation shows among a few examples as among
 all; five or three if seven is the size of another input dimension, the whole batch if
 the model cannot run on part of it), so its cost is three forward passes over seven
@@ -75,7 +76,7 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
-from privlearn.torch import _flat_rows, _probe_exact
+from privlearn.torch import _flat_rows, _probe_exact, _probe_held
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -179,9 +180,11 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
     """``(passes, completed)`` of :func:`_probe_rows` on these rows."""
     n = 0
     for j in _replaced(examples, every):
-        if _replace_row(leaves, batched, j) is None:
+        perturbed = _replace_row(leaves, batched, j)
+        if perturbed is None:
             return n, False
         n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
+        n += _probe_held.planned(leaves, perturbed, batched, j)  # integer inputs held
     return n, True
 
 
@@ -243,6 +246,10 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
             mode = _probe_exact.mode(
                 lambda m, b=base, r=run, j=j: _judge(tracker, b, r, examples, j, m),
                 base, again, ints or _probe_exact.reshaped(base, run))
+            if mode == "tight" and ints:  # then with the integer inputs held, bit for bit
+                _probe_held.check(tracker, lambda lv: _observe_run(
+                    tracker, *tree_unflatten(lv, spec), autocast, examples), leaves,
+                    batched, spec, autocast, examples, j, base, again)
         same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:
