@@ -8,7 +8,9 @@ computing ``F.batch_norm(..., training=self.training)`` put back in training mod
 ``model.eval(); model.train()``; the module tree; forward hooks or pre-hooks added or
 removed: :func:`privlearn.torch._tracker_util.mixing_fingerprint`, Python attributes only, read
 at every forward; a forward called with a signature not seen before, other keywords or
-flags: :func:`privlearn.torch._tracker_util._call_signature`), the forward pass that
+flags: :func:`privlearn.torch._tracker_util._call_signature`; a module attribute given a
+flag's value not seen before, ``model.mix = True``, or a new 0-d tensor argument:
+:mod:`privlearn.torch._rearm`), the forward pass that
 produced the step is run three more times without gradients (each forward of the batch
 on other inputs too, when the step calls the model more than once: a second view, other
 keywords), on the first few examples of the batch: once on their own inputs and once
