@@ -16,12 +16,14 @@ training forward, besides the trainable set and the module tree, flags and hooks
   modules and 377 such attributes, on a busy CPU, where ``mixing_fingerprint`` takes
   about 500). An attribute a forward sets itself (a call counter, a cache's length; the
   probe's own passes run the forward too) is the model's state, not a switch: it is
-  watched no longer once a forward changed it. A number set between forwards is told apart
-  for its first :data:`ATTRIBUTE_NUMBERS` values; past them (a schedule written at every
-  step) it counts by its type only, with a warning. Not seen: a forward reading an
-  attribute it also sets itself (``if self.calls > 100``), an attribute that held another
-  object (a tensor, a function) and is given a flag's value later without the module's
-  attribute count changing, and state kept outside modules (a global, a closure).
+  watched no longer once a forward in training mode changed it. A number set between
+  forwards is told apart for its first :data:`ATTRIBUTE_NUMBERS` values; past them (a
+  schedule written at every step) it counts by its type only, with a warning. What an
+  eval-mode forward sets itself counts as set between forwards. Not seen: a forward
+  reading an attribute it also sets itself (``if self.calls > 100``), an attribute that
+  held another object (a tensor, a function) and is given a flag's value later without
+  the module's attribute count changing, and state kept outside modules (a global, a
+  closure).
 * **0-d tensor arguments** (``model(x, mix=torch.tensor(True))``, top-level positional or
   keyword arguments). On the CPU their value is read (no device wait) and counts as the
   Python value in the call's signature (bools always told apart, numbers as
@@ -44,7 +46,7 @@ from itertools import chain
 
 import torch
 
-from privlearn.torch._tracker_util import NUMERIC_CALLS, new_call
+from privlearn.torch._tracker_util import NUMERIC_CALLS, _eager, new_call
 
 __all__ = ["ATTRIBUTE_NUMBERS", "changed"]
 
@@ -267,17 +269,19 @@ def _state(tracker) -> tuple:
 
 def install(tracker) -> list:
     """The root module's hooks that tell the attributes a forward sets itself from those
-    set between forwards (:meth:`_Attributes.forward_post`); their handles."""
-    from privlearn.torch._tracker_util import _eager
-
+    set between forwards (:meth:`_Attributes.forward_post`); their handles. Forwards in
+    eval mode (validation, ``generate``) are left alone: what they set themselves counts as
+    set between forwards."""
+    if not tracker._probe_enabled:
+        return []
     attributes = _state(tracker)[0]
 
     def pre(module, args):
-        if tracker._probe_enabled:
+        if module.training:
             attributes.forward_pre(tracker.model, tracker._mixing_shape)
 
     def post(module, args, output):
-        if tracker._probe_enabled:
+        if module.training:
             attributes.forward_post(tracker.model, tracker._mixing_shape)
 
     model = tracker.model

@@ -52,7 +52,7 @@ class _Packed(nn.Module):
         return self.head(h + self.c * h.flip(0) if self.c else h)
 
 
-def _step(model, inputs, y, autocast: bool = False):
+def _step(model, inputs, y, autocast: bool = False, seen: list | None = None):
     p = make_private(
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
@@ -62,6 +62,8 @@ def _step(model, inputs, y, autocast: bool = False):
         sampling="fixed",
     )
     *xb, yb = next(iter(p.data_loader))
+    if seen is not None:
+        seen.append(xb)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out = p.model(*xb)
     nn.functional.cross_entropy(out.float(), yb).backward()
@@ -122,3 +124,17 @@ def test_token_ids_on_their_own_still_pass(seed):
     torch.manual_seed(seed)
     ids, y = _ids(seed)
     assert _step(_Ids(0.0), (ids,), y, autocast=True).accountant.steps == 1
+
+
+def test_the_passes_planned_for_sharded_models_cover_the_runs_with_integers_held():
+    """Under FSDP2 every rank runs as many probe passes as the rank planning the most
+    (each pass all-gathers): the plan counts the runs with the integer inputs held."""
+    from privlearn.torch.probe import planned_passes
+
+    torch.manual_seed(1)
+    x, lengths, y = _sequences(1)
+    seen: list = []
+    p = _step(_Packed(0.0), (x, lengths), y, seen=seen)
+    tracker = p.optimizer.tracker
+    assert tracker.probe_passes > 4  # base, two replacements, a rerun: and held runs
+    assert planned_passes((tuple(seen[0]), {}, ()), 8) >= tracker.probe_passes
