@@ -111,12 +111,10 @@ class _RowSwap:
         return fn
 
 
-def check(
-    tracker, observe, leaves, batched, spec, autocast, examples: int, j: int, base, again
-) -> None:
+def check(tracker, observe, leaves, batched, examples: int, j: int, base, again) -> None:
     """Run the replacement of example ``j`` with the integer inputs held (module
     docstring) and judge each run against ``base`` (the unchanged batch's run;
-    ``again()``: its rerun). ``observe(leaves, spec)`` runs the probe's pass.
+    ``again()``: its rerun). ``observe(leaves)`` runs the probe's pass on these leaves.
 
     Raises
     ------

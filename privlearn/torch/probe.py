@@ -251,7 +251,7 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
             if mode == "tight" and ints:  # then with the integer inputs held, bit for bit
                 _probe_held.check(tracker, lambda lv: _observe_run(
                     tracker, *tree_unflatten(lv, spec), autocast, examples), leaves,
-                    batched, spec, autocast, examples, j, base, again)
+                    batched, examples, j, base, again)
         same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:
