@@ -111,21 +111,21 @@ class _RowSwap:
         return fn
 
 
-def check(tracker, observe, leaves, batched, examples: int, j: int, base, again) -> None:
+def check(tracker, observe, judge, leaves, batched, examples: int, j: int, base, again) -> None:
     """Run the replacement of example ``j`` with the integer inputs held (module
     docstring) and judge each run against ``base`` (the unchanged batch's run;
-    ``again()``: its rerun). ``observe(leaves)`` runs the probe's pass on these leaves.
+    ``again()``: its rerun). ``observe(leaves)`` runs the probe's pass on these leaves,
+    ``judge(run, mode)`` is the probe's judgement of ``base`` against ``run``.
 
     Raises
     ------
     BatchDependenceError
         Another example's rows moved.
     """
-    from privlearn.torch.probe import _judge
 
     def judged(run) -> None:
         _probe_exact.mode(
-            lambda m: _judge(tracker, base, run, examples, j, m),
+            lambda m: judge(run, m),
             base,
             again,
             _probe_exact.reshaped(base, run),

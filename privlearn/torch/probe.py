@@ -250,8 +250,9 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
                 base, again, ints or _probe_exact.reshaped(base, run))
             if mode == "tight" and ints:  # then with the integer inputs held, bit for bit
                 _probe_held.check(tracker, lambda lv: _observe_run(
-                    tracker, *tree_unflatten(lv, spec), autocast, examples), leaves,
-                    batched, examples, j, base, again)
+                    tracker, *tree_unflatten(lv, spec), autocast, examples),
+                    lambda r, m, b=base, j=j: _judge(tracker, b, r, examples, j, m),
+                    leaves, batched, examples, j, base, again)
         same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:
