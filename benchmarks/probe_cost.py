@@ -83,7 +83,7 @@ def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
         assert mixing_fingerprint(model) == tracker._mixing_shape
         rearm.append(time.perf_counter() - t0)
         t0 = time.perf_counter()  # and the module attributes, before and after it
-        assert not attributes.changed(model, tracker._mixing_shape)
+        assert not attributes.changed(model, tracker._mixing_shape, True)
         attributes.forward_pre(model, tracker._mixing_shape)
         attributes.forward_post(model, tracker._mixing_shape)
         attrs.append(time.perf_counter() - t0)

@@ -73,7 +73,7 @@ class _Attributes:
     stay)."""
 
     def __init__(self):
-        self.shape = self.last = self.before = None
+        self.shape = self.last = self.before = self.current = None
         self.checked = self.warned = False
         self.dicts: list = []
         self.lens: list = []
@@ -82,6 +82,7 @@ class _Attributes:
         self.owners: list = []
         self.internal: set = set()  # (module id, name) that the forward itself sets
         self.seen: set = set()  # combinations of values the probe ran on
+        # (self.current: the combination of the last training forward)
         self.numbers: dict = {}  # (module id, name) -> numeric values seen
         self.coarse: set = set()  # (module id, name) counted by type only
 
@@ -133,24 +134,25 @@ class _Attributes:
                     self.shape = None
         return out
 
-    def changed(self, model, shape) -> bool:
+    def changed(self, model, shape, probed: bool) -> bool:
         """At a training forward: whether the attributes hold a combination of values the
-        probe has not run on (recorded now). ``shape``: the tracker's mixing fingerprint
-        (a new object when the module tree changed)."""
+        probe has not run on. ``shape``: the tracker's mixing fingerprint (a new object
+        when the module tree changed); ``probed``: no probe is pending, so the
+        combination of the last forward was probed (only then is it taken as seen: one
+        left pending, then replaced before the probe ran, was not)."""
+        if probed and self.current is not None:
+            self.seen.add(self.current)
         now = self.snapshot(model, shape)
         self.before, self.checked = now, True
         last, self.last = self.last, now
         if last is not None and self._same(now, last):
             return False
-        key = tuple(
+        self.current = tuple(
             (s, self._canonical(s, v))
             for s, v in self._slots(now).items()
             if s not in self.internal
         )
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        return True
+        return self.current not in self.seen
 
     def forward_pre(self, model, shape) -> None:
         """At any forward of the model: what the attributes hold before it runs."""
@@ -177,6 +179,8 @@ class _Attributes:
         if moved:
             self.internal |= moved
             self.seen = {tuple(e for e in key if e[0] not in moved) for key in self.seen}
+            if self.current is not None:
+                self.current = tuple(e for e in self.current if e[0] not in moved)
             self.shape = None  # listed again, without them
 
     def _canonical(self, slot, v):
@@ -298,5 +302,5 @@ def changed(tracker, args: tuple, kwargs: dict) -> bool:
     tracker; every check runs (no short cut), so each records what it saw."""
     attributes, device = _state(tracker)
     calls = new_call(tracker._calls, *_read_flags(args, kwargs))
-    moved = attributes.changed(tracker.model, tracker._mixing_shape)
+    moved = attributes.changed(tracker.model, tracker._mixing_shape, not tracker._probe_pending)
     return calls | moved | device.changed(args, kwargs)

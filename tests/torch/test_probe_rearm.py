@@ -210,3 +210,22 @@ def test_a_zero_dim_tensor_off_the_cpu_is_not_read_and_counted_by_identity():
 def test_a_zero_dim_tensor_on_the_cpu_counts_by_its_value():
     args, kwargs = _rearm._read_flags((torch.tensor(2),), {"mix": torch.tensor(True)})
     assert args == (2,) and kwargs == {"mix": True} and type(kwargs["mix"]) is bool
+
+
+def test_a_combination_left_pending_and_replaced_before_the_probe_ran_is_not_taken_as_seen():
+    """The probe runs at the step; a step that does not run it (a batch too small to
+    compare examples) leaves it pending, and the forward after may bring other values:
+    the combination of the first was never probed, so it re-arms the probe when it
+    comes back."""
+    m, shape = Switched(), object()
+    a = _rearm._Attributes()
+    assert a.changed(m, shape, probed=True)  # the first forward: pending from now
+    m.block.mix = True
+    assert a.changed(m, shape, probed=False)  # the probe did not run in between
+    m.block.mix = False
+    a.changed(m, shape, probed=False)  # the probe runs after this one, on mix=False
+    m.block.mix = True
+    assert a.changed(m, shape, probed=True)  # mix=True was never probed
+    assert not a.changed(m, shape, probed=False)  # (unchanged since: pending already)
+    m.block.mix = False
+    assert not a.changed(m, shape, probed=True)  # mix=False was
