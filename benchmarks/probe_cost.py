@@ -7,7 +7,8 @@ on its own, then ``--steps`` more steps; reported are the probe's time, the medi
 private step of the same round and their ratio (the target: the probe costs less than
 one step), the time ``check_independence`` takes on the later steps, and the time of
 the check every forward pass makes for changes that re-arm the probe (a fingerprint of
-the module tree, training flags and hooks, compared with the last one). Usage::
+the module tree, training flags and hooks, compared with the last one; and the modules'
+plain attributes, read before and after the forward: ``privlearn.torch._rearm``). Usage::
 
     python benchmarks/probe_cost.py --threads 1 --rounds 3
 """
@@ -71,17 +72,24 @@ def one_round(name: str, steps: int, batch: int, seq: int) -> dict:
     finally:
         probe_mod.probe = original
     assert len(spent) == 1, spent  # once, on the first step
-    from privlearn.torch.tracker import _mixing_fingerprint
+    from privlearn.torch import _rearm
+    from privlearn.torch._tracker_util import mixing_fingerprint
 
     tracker = p.optimizer.tracker
-    rearm = []
+    attributes = _rearm._state(tracker)[0]
+    model, rearm, attrs = tracker.model, [], []
     for _ in range(200):  # what each forward adds: the fingerprint and its comparison
         t0 = time.perf_counter()
-        assert _mixing_fingerprint(tracker.model) == tracker._mixing_shape
+        assert mixing_fingerprint(model) == tracker._mixing_shape
         rearm.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()  # and the module attributes, before and after it
+        assert not attributes.changed(model, tracker._mixing_shape, True)
+        attributes.forward_pre(model, tracker._mixing_shape)
+        attributes.forward_post(model, tracker._mixing_shape)
+        attrs.append(time.perf_counter() - t0)
     return {"probe": spent[0], "first": times[0], "step": statistics.median(times[1:]),
             "later": statistics.median(later), "rearm": statistics.median(rearm),
-            "modules": sum(1 for _ in tracker.model.modules())}
+            "attrs": statistics.median(attrs), "modules": sum(1 for _ in model.modules())}
 
 
 def main() -> None:
@@ -90,8 +98,8 @@ def main() -> None:
     a = model_parser(steps=6, rounds=3).parse_args()
     torch.set_num_threads(a.threads)
     print("| model | probe (ms) | private step (ms) | probe / step | check on later steps (us) "
-          "| re-arm check per forward (us) | modules |")
-    print("|---|---|---|---|---|---|---|")
+          "| re-arm check per forward (us) | attribute check per forward (us) | modules |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
         rs = [one_round(name, a.steps, a.batch, a.seq) for _ in range(a.rounds)]
         probe = statistics.median(r["probe"] for r in rs)
@@ -99,9 +107,11 @@ def main() -> None:
         ratios = [r["probe"] / r["step"] for r in rs]
         later = statistics.median(r["later"] for r in rs)
         rearm = statistics.median(r["rearm"] for r in rs)
+        attrs = statistics.median(r["attrs"] for r in rs)
         print(f"| {name} | {probe * 1e3:.1f} | {step * 1e3:.1f} | "
               f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
-              f"{later * 1e6:.1f} | {rearm * 1e6:.1f} | {rs[0]['modules']} |", flush=True)
+              f"{later * 1e6:.1f} | {rearm * 1e6:.1f} | {attrs * 1e6:.1f} | "
+              f"{rs[0]['modules']} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ check, and the probe then falls back to the tolerance for this model, as before.
 integer input changed with the replaced example, the kernels' layout may have changed
 with it (a packed sequence sorted by the lengths: each time step's matrix product has
 other rows, and the other examples' rows round differently by an ulp, seen on CPU in
-float32 and float64), so such a move is refused only beyond an ulp of the row's norm.
+float32 and float64), so such a move is refused only beyond an ulp of the row's norm, and
+the replacement is run again with the integer inputs held and judged bit for bit
+(:mod:`privlearn.torch._probe_held`).
 
 Measured on CPU (fp32, fp16 and bf16 autocast, bf16 parameters): every model of the
 Hugging Face zoo (tests/torch/hf_zoo.py, 48 of them including LoRA and frozen variants)

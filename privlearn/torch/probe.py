@@ -8,7 +8,9 @@ computing ``F.batch_norm(..., training=self.training)`` put back in training mod
 ``model.eval(); model.train()``; the module tree; forward hooks or pre-hooks added or
 removed: :func:`privlearn.torch._tracker_util.mixing_fingerprint`, Python attributes only, read
 at every forward; a forward called with a signature not seen before, other keywords or
-flags: :func:`privlearn.torch._tracker_util._call_signature`), the forward pass that
+flags: :func:`privlearn.torch._tracker_util._call_signature`; a module attribute given a
+flag's value not seen before, ``model.mix = True``, or a new 0-d tensor argument:
+:mod:`privlearn.torch._rearm`), the forward pass that
 produced the step is run three more times without gradients (each forward of the batch
 on other inputs too, when the step calls the model more than once: a second view, other
 keywords), on the first few examples of the batch: once on their own inputs and once
@@ -47,7 +49,8 @@ precision is checked by one more pass on the unchanged batch, only then: if that
 not bitwise reproducible (nondeterministic kernels) the tolerance judges, as before; if it
 is, the move is refused, or, when an integer input changed with the example (a packed
 sequence's lengths: the kernels' layout and the rounding of the other rows follow them),
-refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`). It runs
+refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`), and then
+run again with the integer inputs held, bit for bit (:mod:`._probe_held`). It runs
 on the whole batch when the batch is at least as large as any probed whole before (the
 first probe, and a batch larger than any seen, which re-arms it: a path that mixes
 examples only from some batch size on, :mod:`privlearn.torch._probe_size`), otherwise on
@@ -77,7 +80,7 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
-from privlearn.torch import _flat_rows, _probe_exact, _probe_size
+from privlearn.torch import _flat_rows, _probe_exact, _probe_held, _probe_size
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -183,9 +186,11 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
     """``(passes, completed)`` of :func:`_probe_rows` on these rows."""
     n = 0
     for j in _replaced(examples, every):
-        if _replace_row(leaves, batched, j) is None:
+        perturbed = _replace_row(leaves, batched, j)
+        if perturbed is None:
             return n, False
         n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
+        n += _probe_held.planned(leaves, perturbed, batched, j)  # integer inputs held
     return n, True
 
 
@@ -248,6 +253,11 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
             mode = _probe_exact.mode(
                 lambda m, b=base, r=run, j=j: _judge(tracker, b, r, examples, j, m),
                 base, again, ints or _probe_exact.reshaped(base, run))
+            if mode == "tight" and ints:  # then with the integer inputs held, bit for bit
+                _probe_held.check(tracker, lambda lv: _observe_run(
+                    tracker, *tree_unflatten(lv, spec), autocast, examples),
+                    lambda r, m, b=base, j=j: _judge(tracker, b, r, examples, j, m),
+                    leaves, batched, examples, j, base, again)
         same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
     if unmoved:

@@ -50,7 +50,7 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import ParameterValueError, TrainingLoopError
-from privlearn.torch import _flat_rows, _model_refusals, _probe_size, _shared_positions
+from privlearn.torch import _flat_rows, _model_refusals, _rearm, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
@@ -81,7 +81,6 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _to_front,
     _trainable_signature,
     mixing_fingerprint,
-    new_call,
     record_batch,
     record_dims,
 )
@@ -225,8 +224,9 @@ class GradSampleTracker(ClippingMixin):
     check_independence : bool
         Run the batch-independence probe (:mod:`privlearn.torch.probe`) on the first step
         and after any change that could mix examples (the trainable set, a module's
-        ``training`` flag, the module tree, forward hooks: ``mixing_fingerprint``),
-        with the checks in :attr:`input_checks` (the loader's ``augment``). A tracker
+        ``training`` flag, the module tree, forward hooks: ``mixing_fingerprint``; call
+        signatures, module attributes, 0-d tensor arguments: :mod:`._rearm`), with the
+        checks in :attr:`input_checks` (the loader's ``augment``). A tracker
         used on its own runs it at the start of :meth:`clipped_sum` (a model mixing
         examples raises :class:`~privlearn.errors.BatchDependenceError` there); False
         only for a model whose examples are known to stay apart.
@@ -389,6 +389,7 @@ class GradSampleTracker(ClippingMixin):
             for p in watched.values():
                 self._handles.append(p.register_hook(self._make_outside_hook(p)))
         self._handles.extend(guard_alias_slots(self))  # a tensor registered a second time
+        self._handles.extend(_rearm.install(self))  # attributes a forward sets itself
 
     def _trainable_signature(self) -> tuple:
         """Fingerprint of the trainable set, compared at every forward (a subclass for
@@ -522,9 +523,8 @@ class GradSampleTracker(ClippingMixin):
             self._probe_pending = self._probe_enabled
             if any(u.rule is not FALLBACK and _gs.replaced_forward(u.module) for u in self.units):
                 self._rediscover()  # a layer's forward replaced since: its rule no longer holds
-        # other flags (model(x, centre=True)) or a larger batch: a path that may mix examples
-        if new_call(self._calls, args, kwargs) | _probe_size.larger_batch(self, args, kwargs):
-            self._probe_pending = self._probe_enabled
+        if self._probe_enabled and _rearm.changed(self, args, kwargs):  # other flags, attri-
+            self._probe_pending = True  # butes, 0-d tensors, a larger batch: a path that may mix
         _flat_rows.rearm(self, args, kwargs)  # inputs of shapes a grouping was not checked at
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:

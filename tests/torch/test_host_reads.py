@@ -42,7 +42,7 @@ READS = {T.item, T.__bool__, T.__int__, T.__float__, T.__index__, T.tolist, T.nu
          torch.allclose, T.allclose}
 #: privlearn functions that read only CPU tensors (gated on the device type; on an
 #: accelerator they return before any read, see test_cpu_only_reads_stay_on_the_cpu)
-CPU_ONLY = {"live_positions", "_find_nonfinite"}
+CPU_ONLY = {"live_positions", "_find_nonfinite", "_cpu_value"}
 
 
 def _privlearn_caller() -> str | None:
