@@ -41,7 +41,9 @@ run it through the model as any other). Refused up front, with the reason:
 ``max_physical_batch_size`` (the ranks' chunk counts differ), correlated noise, a
 ``GradScaler``, and parameters that are not ``Shard(0)`` on one 1-D mesh of all the
 ranks (tensor parallelism, HSDP). The batch-independence probe runs on all ranks at the
-same step (the first at which every rank has two examples or more).
+same step (the first at which every rank has two examples or more), on every forward of
+that step as in one process (a second call on other inputs or keywords too), with as
+many forward passes on every rank: the most that any rank's probe may run.
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ class ShardedTracker(GradSampleTracker):
 
     def __init__(self, *args, process_group=None, **kwargs):
         self.process_group = process_group
+        self._agreed_inputs = None  # (inputs, other forwards) the ranks' count was of
         super().__init__(*args, **kwargs)
 
     def _install(self) -> None:
@@ -204,35 +207,53 @@ class ShardedTracker(GradSampleTracker):
         (records kept until the step)."""
         return None
 
+    def _step_inputs(self, examples: int | None):
+        """The step's probed inputs as :meth:`check_independence` took them (with the
+        step's other forwards, ``_probe_others``) once it has, else as in one process."""
+        agreed, self._agreed_inputs = self._agreed_inputs, None
+        if agreed is None:
+            return super()._step_inputs(examples)
+        inputs, self._probe_others = agreed
+        return inputs
+
     def check_independence(self, examples: int | None) -> None:
+        """As in one process, every forward of the step probed (its first and each later
+        one on other inputs: a second view, other keywords), on every rank at the same
+        step and with as many forward passes on every rank (each is an all-gather)."""
         if not self._probe_pending:
             return
         import torch.distributed as dist
 
-        self._probe_inputs = self._step_inputs(examples)
-        ready = (examples is not None and examples >= 2 and self._probe_inputs is not None
+        inputs = self._step_inputs(examples)
+        others = list(self._probe_others)
+        ready = (examples is not None and examples >= 2 and inputs is not None
                  and bool(self.records))
         flag = torch.tensor([1 if ready else 0], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
         if not int(flag.item()):  # not every rank can probe: all wait for a later step
-            self._probe_inputs = None
+            self._probe_inputs, self._probe_others = None, []
             super().check_independence(examples)
             return
         # the probe's passes depend on this rank's rows (rows equal to the probed one give
-        # nothing to compare, and fewer passes); every pass all-gathers, so every rank runs
-        # as many as the rank with the most, padding with passes on its own inputs
+        # nothing to compare, and fewer passes) and on its step's other forwards; every
+        # pass all-gathers, so every rank runs as many as the rank with the most, padding
+        # with passes on its own inputs
         from privlearn.torch import _flat_rows
         from privlearn.torch.probe import pad_passes, planned_passes
 
-        inputs = self._probe_inputs
-        most = torch.tensor([planned_passes(inputs, examples, every=bool(
-            _flat_rows.candidates(self, examples, peek=True)))], dtype=torch.int64)
+        every = bool(_flat_rows.candidates(self, examples, peek=True))
+        planned = sum(planned_passes(seen, examples, every=every)
+                      for seen in (inputs, *(s for s, _ in others)))
+        most = torch.tensor([planned], dtype=torch.int64)
         dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.process_group)
         self.probe_passes, error = 0, None  # counted by the probe: a refusal may stop it
+        self._agreed_inputs = (inputs, others)  # the probe runs on what was counted
         try:
             super().check_independence(examples)
         except Exception as exc:  # noqa: BLE001 - raised after the others' passes
             error = exc
+        finally:
+            self._agreed_inputs = None
         self._probing = True
         try:  # as many passes as the rank that runs the most, also on a refusing rank
             pad_passes(self, inputs, examples, int(most.item()) - self.probe_passes)

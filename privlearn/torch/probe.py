@@ -143,10 +143,12 @@ def probe(tracker, inputs, examples: int) -> None:
 
 
 def planned_passes(inputs, examples: int, every: bool = False) -> int:
-    """How many forward passes :func:`probe` will run on these inputs (without running
-    any): it depends on the data (a batch whose rows all equal the probed row has nothing
-    to compare), so under FSDP2, whose every forward pass is a collective, the ranks agree
-    on the largest count and :func:`pad_passes` makes up the difference. A probe that
+    """How many forward passes :func:`probe` will run on these inputs, at most (without
+    running any): it depends on the data (a batch whose rows all equal the probed row has
+    nothing to compare; a rerun of the batch, or a pass on one example fewer when some
+    layer's rows did not move, only when the rows call for it), so under FSDP2, whose
+    every forward pass is a collective, the ranks agree on the largest count and
+    :func:`pad_passes` makes up the difference. A probe that
     refuses the inputs (non-finite values, no batch dimension) counts as none. ``every``:
     every example is replaced in turn (layers whose rows are grouped per example,
     :mod:`privlearn.torch._flat_rows`)."""
@@ -176,13 +178,13 @@ def _replaced(examples: int, every: bool):
 
 
 def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[int, bool]:
-    """``(passes, completed)`` of :func:`_probe_rows` on these rows."""
+    """``(passes, completed)`` of :func:`_probe_rows` on these rows, at most."""
     n = 0
     for j in _replaced(examples, every):
         if _replace_row(leaves, batched, j) is None:
             return n, False
         n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
-    return n, True
+    return n + 1, True  # and one on a row fewer if a layer's rows did not move
 
 
 def pad_passes(tracker, inputs, examples: int, count: int) -> None:
