@@ -77,7 +77,9 @@ accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private``
 ``torch.amp.GradScaler``; on CPU accelerate runs fp16 autocast without a scaler, which
 trains as bf16 does: per-example norms and sums in float32), several GPUs in one process
 (``nn.DataParallel``), FSDP1, DeepSpeed or tensor parallelism through the Trainer (FSDP2's
-own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
+own refusals: ``privlearn.torch._hf_fsdp``), ``ddp_static_graph=True`` on several
+processes (a static-graph DDP reduces the first backward's weight gradients, which the
+engine never produces: it fails inside DDP), an iterable training set (it cannot be
 Poisson-sampled), ``train_sampling_strategy`` other than ``"random"`` (length-grouped,
 rebalanced or sequential batches: the DP sampler draws the batches),
 ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example; a
