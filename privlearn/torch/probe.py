@@ -188,12 +188,12 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
 
 
 def pad_passes(tracker, inputs, examples: int, count: int) -> None:
-    """``count`` more forward passes of the probe's kind on the step's own inputs, their
-    results discarded: under FSDP2 every rank must run as many passes as the rank whose
-    probe runs the most (:func:`planned_passes`)."""
+    """``count`` more forward passes of the probe's kind on the step's own inputs (or
+    the rank's last training forward's), nothing observed: under FSDP2 every rank must
+    run as many passes as the rank whose probe runs the most (:func:`planned_passes`)."""
     args, kwargs, autocast = inputs
     for _ in range(count):
-        _observe_run(tracker, args, kwargs, autocast, examples)
+        _observe_run(tracker, args, kwargs, autocast, examples, collect=False)
 
 
 def _sub_batch(leaves, batched, examples: int) -> int:
@@ -397,16 +397,17 @@ def _default_views(args, kwargs, output, dim: int) -> list:
     return views
 
 
-def _observe_run(tracker, args, kwargs, autocast, examples: int):
+def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool = True):
     """One forward pass without gradients, same random state as the other run, from the
     buffers as the tracker kept them before the step's forward (a running maximum that
     forward already moved would otherwise read as constant), restored afterwards; returns
-    the units' fingerprints, the output's and the buffers the pass wrote."""
+    the units' fingerprints, the output's and the buffers the pass wrote (``collect``
+    False: the pass alone, FSDP2's padding, which returns nothing)."""
     model = tracker.model
     tracker.probe_passes = getattr(tracker, "probe_passes", 0) + 1  # FSDP2 pads to the most
     col = _Collector(tracker, examples)
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
-               for i, u in enumerate(tracker.units)]
+               for i, u in enumerate(tracker.units)] if collect else []
     # by slot: a forward may assign a new tensor to a buffer's name as well as update it
     saved = [(mod, name, b, b.detach().clone()) for mod in model.modules()
              for name, b in mod._buffers.items() if b is not None]
@@ -432,6 +433,8 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
                     mod._buffers[name] = v.clone()
             torch.manual_seed(0x5EED)
             out = model(*args, **kwargs)
+        if not collect:
+            return None
         flat, _ = tree_flatten(out)
         outs = [o for o in flat if isinstance(o, torch.Tensor) and o.is_floating_point()]
         root = [col._print(o, 0) for o in outs[:1]]
