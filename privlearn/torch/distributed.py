@@ -147,6 +147,8 @@ def _items_digest(dataset) -> str | None:
 
 def _encode(value, h, depth: int = 0) -> bool:
     """Feed ``value`` into the hash ``h`` (False: a type with no canonical bytes)."""
+    from collections.abc import Mapping
+
     import numpy as np
 
     if depth > 8:
@@ -166,7 +168,7 @@ def _encode(value, h, depth: int = 0) -> bool:
     if value is None or isinstance(value, bool | int | float | complex | str | bytes):
         h.update(repr(("value", value)).encode())
         return True
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # a dict, or a UserDict (transformers' BatchEncoding)
         h.update(repr(("dict", len(value))).encode())
         return all(_encode(k, h, depth + 1) and _encode(v, h, depth + 1)
                    for k, v in value.items())

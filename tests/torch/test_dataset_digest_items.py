@@ -5,6 +5,8 @@ for items that read differently each time or have no canonical bytes."""
 
 from __future__ import annotations
 
+from collections import UserDict
+
 import numpy as np
 import pytest
 
@@ -16,12 +18,13 @@ N = 9
 
 class _Rows(torch.utils.data.Dataset):
     """Items of every kind a loader meets: a dict of a tensor, an array, numbers, a
-    string and a list; in ``order``."""
+    string, a list and another mapping; in ``order``."""
 
-    def __init__(self, order=None):
+    def __init__(self, order=None, encoded=0):
         g = torch.Generator().manual_seed(1)
         self.x = torch.randn(N, 3, generator=g)
         self.order = list(range(N)) if order is None else list(order)
+        self.encoded = encoded
 
     def __len__(self):
         return N
@@ -35,6 +38,8 @@ class _Rows(torch.utils.data.Dataset):
             "w": 0.5 * k,
             "text": f"row {k}",
             "ids": [k, k + 1],
+            # a mapping that is not a dict, as transformers' BatchEncoding
+            "encoded": UserDict(ids=torch.tensor([k + self.encoded])),
         }
 
 
@@ -48,6 +53,8 @@ def test_two_copies_digest_alike_and_another_order_or_item_differs():
     changed.x = changed.x.clone()
     changed.x[0, 0] += 1.0
     assert dataset_digest(changed) != ours
+    # a mapping that is not a dict is read by its items too
+    assert dataset_digest(_Rows(encoded=1)) not in (None, ours)
     assert dataset_digest(torch.utils.data.Subset(_Rows(), [0, 2])) != dataset_digest(
         torch.utils.data.Subset(_Rows(), [0, 3])
     )
