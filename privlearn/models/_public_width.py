@@ -223,34 +223,64 @@ def probe_width(name: str, step: Any, n_features: int) -> int:
     return int(width[1]) if len(width) == 2 else 1
 
 
-def _refuse_row_mixing(name: str, step: Any, n_features: int) -> None:
-    """Refuse a step that needs no fitting but whose output row depends on other rows
-    (e.g. ``FunctionTransformer(lambda X: X - X.mean(0))``) before a private step.
+def frozen_width(name: str, step: Any, n_features: int) -> int:
+    """The output width of a step fitted beforehand on public data (a
+    ``sklearn.frozen.FrozenEstimator``, whose fit is kept), from its transform of one row
+    of zeros; one whose transform mixes rows or changes their number is refused
+    (:func:`_refuse_row_mixing`)."""
+    width = np.asarray(step.transform(np.zeros((1, n_features)))).shape
+    _refuse_row_mixing(name, step, n_features, frozen=True)
+    return int(width[1]) if len(width) == 2 else 1
+
+
+def _refuse_row_mixing(name: str, step: Any, n_features: int, *, frozen: bool = False
+                       ) -> None:
+    """Refuse a step that needs no fitting but whose output rows are not each a function
+    of one input row (e.g. ``FunctionTransformer(lambda X: X - X.mean(0))``) before a
+    private step.
 
     The private steps' sensitivities assume that adding or removing one record changes
-    one row of their input; a transform that mixes rows changes every row, so the
-    accounted noise would not cover the release. Probed on public, data-independent rows
-    (uniform on [0, 1), so logarithms and square roots stay defined): each row
-    transformed alone must equal its row of the transformed block. A step the probe
-    cannot run is not refused here (its fit on the data says why it fails).
+    one row of their input; a transform that mixes rows changes every row, and one that
+    turns a record into several rows (augmentation, oversampling:
+    ``np.vstack([X, X + jitter])``) or selects rows by their position (``X[::2]``) changes
+    several, so the accounted noise would not cover the release. Probed on public,
+    data-independent rows (uniform on [0, 1), so logarithms and square roots stay
+    defined): each row transformed alone must give at most one row, the block as many
+    rows as the rows alone together, and (for a deterministic step) the same rows. A step
+    the probe cannot run is not refused here (its fit on the data says why it fails).
+    ``frozen``: the step keeps a fit made beforehand, and its ``transform`` is probed.
     """
     probe = np.random.default_rng(0).uniform(size=(5, n_features))
+
+    def run(rows: np.ndarray) -> np.ndarray:
+        out = step.transform(rows) if frozen else clone(step).fit_transform(rows)
+        return np.asarray(out, dtype=float)
+
     try:
         with np.errstate(all="ignore"):  # a NaN from the probe is compared, not warned
-            block = np.asarray(clone(step).fit_transform(probe), dtype=float)
-            again = np.asarray(clone(step).fit_transform(probe), dtype=float)
-            alone = [np.asarray(clone(step).fit_transform(probe[i : i + 1]), dtype=float)
-                     for i in range(probe.shape[0])]
+            block, again = run(probe), run(probe)
+            alone = [run(probe[i : i + 1]) for i in range(probe.shape[0])]
     except Exception:  # noqa: BLE001 - not probed; the pipeline's own fit reports it
         return
-    if block.ndim == 0 or block.shape[0] != probe.shape[0] or not np.array_equal(
-            block, again, equal_nan=True):
-        # not one output row per input row, or random (a jitter): nothing to compare
-        return
-    rows = block.reshape(probe.shape[0], -1)
-    if all(a.size == rows.shape[1] and np.allclose(a.ravel(), r, rtol=1e-9, atol=1e-12,
-                                                   equal_nan=True)
-           for a, r in zip(alone, rows, strict=True)):
+    if block.ndim == 0:
+        return  # not a table of rows: nothing to compare
+    counts = [a.shape[0] if a.ndim else 1 for a in alone]
+    if max(counts) > 1 or block.shape[0] != sum(counts):
+        raise BatchDependenceError(
+            f"pipeline step {name!r} ({type(step).__name__}) needs no fitting but does not "
+            "return each record's row on its own: on 5 public probe rows it returned "
+            f"{block.shape[0]} rows, and rows transformed alone gave {counts} (a record "
+            "repeated or augmented into several rows, or rows selected by their position "
+            "or by the other rows): adding or removing one record would then change "
+            "several rows the next private step sees, beyond the sensitivity its noise is "
+            "calibrated to. Keep one row per record (average a record's augmentations "
+            "into its row), or filter rows by a rule on each row alone")
+    if not np.array_equal(block, again, equal_nan=True):
+        return  # random (a jitter): the row counts above are all that can be compared
+    kept = [a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1) for a in alone]
+    rows = block.reshape(block.shape[0], -1)
+    if all(a.shape[1] == rows.shape[1] for a in kept) and np.allclose(
+            np.concatenate(kept), rows, rtol=1e-9, atol=1e-12, equal_nan=True):
         return
     raise BatchDependenceError(
         f"pipeline step {name!r} ({type(step).__name__}) needs no fitting but transforms "

@@ -30,7 +30,6 @@ import contextlib
 import functools
 import inspect
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +73,10 @@ from privlearn.models._pipeline_steps import (
     unplanned_step,
 )
 from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
+from privlearn.models._public_width import frozen_width, public_output_width
 from privlearn.models._public_width import probe_width as _probe_width
-from privlearn.models._public_width import public_output_width
 from privlearn.models._schema_gate import refuse_bad_schema
+from privlearn.models._shared_noise import shared_noise_groups
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -529,9 +529,8 @@ class PrivatePipeline(Pipeline):
             if isinstance(step, OneToOneFeatureMixin) or (
                     _frozen(step) and isinstance(step.estimator, OneToOneFeatureMixin)):
                 continue
-            if _frozen(step):  # its fit (on public data) is kept: apply it to a zero row
-                width = np.asarray(step.transform(np.zeros((1, shape[1])))).shape
-                shape, names = (shape[0], int(width[1]) if len(width) == 2 else 1), None
+            if _frozen(step):  # its fit (on public data) is kept: probe its transform
+                shape, names = (shape[0], frozen_width(name, step, shape[1])), None
                 continue
             # a public step fitted here, or one that needs no fitting: its width from its
             # parameters and X's schema (never from the data it will be fitted on)
@@ -744,33 +743,31 @@ class PrivatePipeline(Pipeline):
             refuse_learning_public_fit(name, step)
 
 
-def _private_seeds(pipe: Pipeline, prefix: str = "") -> dict[int, list[str]]:
-    """``{seed: [step names]}`` of the private steps (nested pipelines' too) whose
-    ``random_state`` is an integer."""
-    seeds: dict[int, list[str]] = {}
+def _private_seeds(pipe: Pipeline, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(name, random_state)`` of the private steps, nested pipelines' included."""
+    seeds: list[tuple[str, Any]] = []
     for name, step in pipe.steps:
         if isinstance(step, PrivatePipeline):
-            for seed, names in _private_seeds(step, f"{prefix}{name}__").items():
-                seeds.setdefault(seed, []).extend(names)
+            seeds.extend(_private_seeds(step, f"{prefix}{name}__"))
         elif isinstance(step, PrivateEstimator):
-            seed = getattr(step, "random_state", None)
-            if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-                seeds.setdefault(int(seed), []).append(prefix + name)
+            seeds.append((prefix + name, getattr(step, "random_state", None)))
     return seeds
 
 
 def _warn_shared_seeds(pipe: Pipeline) -> None:
-    """Warn (:class:`~privlearn.errors.PrivacyLeakWarning`) when private steps share an
-    integer ``random_state``: they draw the same normals, so a combination of their
-    releases cancels the noise, and ``mechanism_`` composes them as independent."""
-    for seed, names in _private_seeds(pipe).items():
-        if len(names) > 1:
-            warn_person_fitting(
-                f"{type(pipe).__name__}: steps {names} share random_state={seed}: they "
-                "draw the same noise, so their releases can be combined to cancel it, "
-                "which mechanism_ (the composition of independent noise draws) does not "
-                "cover. Give each private step its own seed, or leave random_state=None.",
-                PrivacyLeakWarning, stacklevel=4)
+    """Warn (:class:`~privlearn.errors.PrivacyLeakWarning`) when private steps' noise
+    starts alike (one integer ``random_state``, or generators in one state, e.g. copied by
+    ``clone``: :mod:`~privlearn.models._shared_noise`): they draw the same normals, so a
+    combination of their releases cancels the noise, and ``mechanism_`` composes them as
+    independent."""
+    for label, names in shared_noise_groups(_private_seeds(pipe)):
+        warn_person_fitting(
+            f"{type(pipe).__name__}: steps {names} share {label}: they "
+            "draw the same noise, so their releases can be combined to cancel it, "
+            "which mechanism_ (the composition of independent noise draws) does not "
+            "cover. Give each private step its own seed (or one Generator object, drawn "
+            "from in turn), or leave random_state=None.",
+            PrivacyLeakWarning, stacklevel=4)
 
 
 def _frozen(step: Any) -> bool:

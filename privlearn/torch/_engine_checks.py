@@ -183,7 +183,26 @@ def _accountable_batch_size(data_loader: DataLoader, sampling: str, n: int,
             f"data_loader uses {_sampler_in_words(smp)}, a sampling privlearn cannot "
             "account: its batches are not Poisson or uniformly fixed-size samples, and "
             f"accounting them as such would overstate privacy. {_SAMPLING_HELP}")
+    _check_sequential_source(smp, n)
     return batch_size
+
+
+def _check_sequential_source(smp, n: int) -> None:
+    """A ``SequentialSampler`` over a data source of another length than the loader's
+    dataset (``sampler=SequentialSampler(range(k))``: the first ``k`` examples) reads
+    other positions than make_private's sampler, which draws from the whole dataset:
+    refuse it rather than train on examples the loader left out."""
+    try:
+        k = len(smp)
+    except TypeError:
+        return
+    if k != n:
+        raise ConfigurationError(
+            f"data_loader's sampler=SequentialSampler reads {k} positions, but its dataset "
+            f"has {n} examples: make_private replaces the sampler by its own over the whole "
+            "dataset, so the examples the sampler leaves out would be trained on. Pass "
+            f"DataLoader(torch.utils.data.Subset(dataset, range({k})), batch_size=B) to "
+            "train on those positions only, or leave sampler= out. Nothing was changed")
 
 
 def _given_dp_sampling(data_loader: DataLoader, sampling: str, cycle_length: int | None,

@@ -166,6 +166,12 @@ class PrivacyAccountant:
         """Number of logical steps recorded."""
         return self._steps
 
+    def __len__(self) -> int:
+        """The number of logical steps recorded (:attr:`steps`), as ``len()`` of an
+        Opacus accountant is documented to be; the number of runs of identical steps is
+        ``len(accountant.segments)``."""
+        return self._steps
+
     @property
     def noise_multiplier(self) -> float | None:
         """sigma of the last step taken (None before any; read-only: the optimizer's
@@ -558,10 +564,23 @@ class LedgerLink:
         if self.covered(sigma, q):
             return
         if self.run is not None and self._open:
-            # the run's mechanism is not a composition of chunks: no step past the plan
+            # the run's mechanism is not a composition of chunks: no step past the plan,
+            # and none at another configuration than the one its reservation describes
+            last = self._open[-1]
+            if last.used < last.reserved:
+                raise PrivacyBudgetExceededError(
+                    "a run accounted as one matrix-factorization mechanism reserved its "
+                    f"planned {last.reserved} steps in the ledger at noise_multiplier="
+                    f"{last.sigma:g} (sampling_rate {last.q:g}), and {last.used} of them "
+                    f"ran; the next step would run at noise_multiplier={sigma:g} "
+                    f"(sampling_rate {q:g}), which that reservation does not describe (the "
+                    "run is one mechanism of one noise multiplier). The step was not "
+                    f"taken: set p.optimizer.noise_multiplier back to {last.sigma:g}, or "
+                    "plan another run with make_private at the noise multiplier wanted")
             raise PrivacyBudgetExceededError(
                 "a run accounted as one matrix-factorization mechanism reserved its planned "
-                "steps in the ledger, and they are all taken; plan a longer run")
+                f"{last.reserved} steps in the ledger, and they are all taken; plan a "
+                "longer run")
         self.reserve(sigma, q, self.chunk)
 
     @renamed_keywords("LedgerLink.used", sigma="noise_multiplier", q="sampling_rate")

@@ -29,6 +29,14 @@ continue and its state advances (the noise is not applied), so if it is unfrozen
 its noise is the rows of the full ``C^{-1} Z`` -- a fresh stream there would not be
 post-processing, since its column of ``X`` is no longer zero before the restart.
 
+**Precision.** The recurrence runs in the parameters' dtype. A stable recurrence
+(spectral radius below 1, as every optimised strategy's) contracts its own rounding
+errors, so in float32 the noise stays within ``1e-5`` of the float64 ``(C^{-1} z)_t`` at
+every step, however long the run (measured: about ``3e-7`` for BLTs, ``3e-6`` for 64
+bands, the same after ``10^4`` and ``10^5`` steps). At spectral radius exactly 1
+(``C^{-1}`` a prefix sum) the error grows like the noise itself, as a random walk: below
+``1e-4`` of the noise's rms over ``10^5`` steps.
+
 Memory is ``(b - 1)`` or ``m`` buffers of the size of every parameter trained so far,
 never ``O(steps)``. The state is
 part of :meth:`privlearn.torch.PrivateTraining.state_dict`, so a resumed run continues the

@@ -11,8 +11,10 @@ batch sampler (:mod:`privlearn.torch.samplers`), empty-batch collation, and virt
   (sampling without replacement), accounted with ``scheme="fixed"`` under the
   replace-one relation (Wang, Balle & Kasiviswanathan 2019).
 * An empty Poisson batch is collated into tensors with a leading dimension of 0 (same
-  trailing shapes and dtypes as a real batch), so the user's loop runs unchanged; the
-  optimizer still adds noise and steps (the mechanism releases a noisy zero sum).
+  trailing shapes and dtypes as a real batch; what the collate function adds to every
+  batch that is not per example kept whole: :mod:`privlearn.torch._empty_batch`), so the
+  user's loop runs unchanged; the optimizer still adds noise and steps (the mechanism
+  releases a noisy zero sum).
 * A :class:`~torch.utils.data.TensorDataset` (or a chain of ``Subset`` of one) with the
   default collate function is read through :class:`TensorBatchGather`: one indexing op
   per tensor per batch instead of one ``__getitem__`` per example and a ``torch.stack``
@@ -36,12 +38,16 @@ from torch.utils.data.dataloader import default_collate
 from torch.utils.data.dataset import IterableDataset
 
 from privlearn._renamed import renamed_keywords
+from privlearn.accounting import Neighbouring
 from privlearn.errors import (
     BatchDependenceError,
+    ConfigurationError,
     ParameterTypeError,
     ParameterValueError,
     PlanMismatchError,
 )
+from privlearn.torch._empty_batch import collated_pair, empty_batch
+from privlearn.torch._repeated_examples import check_distinct_examples
 
 # the samplers live in privlearn.torch.samplers (wrapping the registered samplings of
 # privlearn.correlated.sampling); their names stay importable from here
@@ -76,9 +82,11 @@ __all__ = [
 
 
 class EmptyAwareCollate:
-    """Wraps a collate function so that an empty batch becomes zero-length tensors shaped
-    like a real batch (built once from ``dataset[0]``: each tensor cut to zero rows on the
-    dimension the collate function stacks the examples on, see :func:`collated_pair`)."""
+    """Wraps a collate function so that an empty batch is the batch of no example it
+    stands for (built once, from ``dataset``: :func:`privlearn.torch._empty_batch.
+    empty_batch`): every per-example entry with zero rows on the dimension that holds the
+    examples, entries that are not per example (a vocabulary mask, class weights, a
+    scalar) as the collate function returns them."""
 
     def __init__(self, dataset, collate_fn=None):
         self.dataset = dataset
@@ -88,27 +96,20 @@ class EmptyAwareCollate:
     def __call__(self, batch):
         if len(batch) > 0:
             return self.collate_fn(batch)
+        return self.prepare()
+
+    def prepare(self):
+        """The empty batch (built on the first call).
+
+        Raises
+        ------
+        ConfigurationError
+            An entry of the batch changes with the number of examples without one row
+            per example, and the collate function does not take an empty list.
+        """
         if self._empty is None:
-            self._empty = _no_rows(*collated_pair(self.dataset, self.collate_fn))
+            self._empty = empty_batch(self.dataset, self.collate_fn)
         return self._empty
-
-
-def collated_pair(dataset, collate_fn) -> tuple[object, object]:
-    """``collate_fn`` of ``[dataset[0]]`` and of ``[dataset[0], dataset[0]]``: the same
-    example once and twice, so that the only dimension of a tensor that grows from 1 to 2
-    is the one the examples are stacked on (padding lengths stay the same). The global
-    RNGs (torch CPU, NumPy, ``random``) are left as they were, for a collate function that
-    draws (masking)."""
-    import random
-
-    item = dataset[0]
-    np_state, py_state = np.random.get_state(), random.getstate()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            return collate_fn([item]), collate_fn([item, item])
-    finally:
-        np.random.set_state(np_state)
-        random.setstate(py_state)
 
 
 def _batch_dim(one, two) -> int | None:
@@ -135,13 +136,18 @@ def batch_dims_of(one, two, path: str = "batch"):
             yield from batch_dims_of(u, v, f"{path}[{i}]")
 
 
-def check_batch_first(data_loader: DataLoader) -> None:
+def check_batch_first(data_loader: DataLoader, law=None) -> None:
     """Refuse a collate function that stacks the examples on another dimension than the
     first (a sequence-first batch, e.g. one that transposes it): the engine's loader
     (empty Poisson batches, physical batches) and its check of the model's inputs cut
     and read batches on dimension 0. Collates ``dataset[0]`` once and twice
     (:func:`collated_pair`); nothing is checked for a dataset without random access, or
-    where that collation fails (the first step's check of the inputs still runs)."""
+    where that collation fails (the first step's check of the inputs still runs).
+
+    ``law``: the run's sampling (a registry entry); one of random batch sizes (add/remove
+    neighbours: the Poisson family) draws empty batches, so the collate function's empty
+    batch is built too (:func:`privlearn.torch._empty_batch.empty_batch`), and one that
+    cannot be known is refused before the first step, not when an empty batch comes."""
     ds = data_loader.dataset
     if isinstance(ds, IterableDataset) or (
             data_loader.collate_fn is default_collate and _gatherable(ds)):
@@ -161,36 +167,14 @@ def check_batch_first(data_loader: DataLoader) -> None:
                 "collate_fn yield batch-first tensors and transpose inside the model's "
                 "forward (batch_dims={layer name: 1} then names the layers that see "
                 "sequence-first activations)")
-
-
-def _no_rows(value, two=None):
-    """A collated batch of one example with its example removed: tensors and arrays cut
-    to zero rows, mappings of any type (a Hugging Face ``BatchEncoding`` too) and
-    sequences of such entries entered, and a sequence of plain values (a column of
-    strings, one per example) emptied, so nothing of that example is left. ``two``: the
-    same example collated twice (:func:`collated_pair`); each tensor is then cut on the
-    dimension that holds the examples (dimension 0 where none does)."""
-    if isinstance(value, torch.Tensor | np.ndarray):
-        dim = 0 if two is None or not isinstance(two, torch.Tensor | np.ndarray) else (
-            _batch_dim(value, two) or 0)
-        cut = value[(slice(None),) * dim + (slice(0, 0),)]
-        return cut.clone() if isinstance(cut, torch.Tensor) else cut.copy()
-    if isinstance(value, Mapping):
-        items = {k: _no_rows(v, None if not isinstance(two, Mapping) else two.get(k))
-                 for k, v in value.items()}
+    if (law is not None and law.relation is Neighbouring.ADD_REMOVE
+            and data_loader.collate_fn is not default_collate):
         try:
-            return type(value)(items)
-        except TypeError:
-            return items
-    if isinstance(value, list | tuple):
-        if not all(isinstance(v, torch.Tensor | np.ndarray | Mapping | list | tuple)
-                   for v in value):
-            return type(value)() if not hasattr(value, "_fields") else value
-        pair = (two if isinstance(two, list | tuple) and len(two) == len(value)
-                else [None] * len(value))
-        entries = [_no_rows(v, t) for v, t in zip(value, pair, strict=True)]
-        return type(value)(*entries) if hasattr(value, "_fields") else type(value)(entries)
-    return value
+            empty_batch(ds, data_loader.collate_fn, (one, two))
+        except ConfigurationError:
+            raise
+        except Exception:  # noqa: BLE001 - built again when an empty batch is drawn
+            return
 
 
 def _subset_chain(ds) -> tuple[object, list[Subset]]:
@@ -251,9 +235,12 @@ class TensorBatchGather(Dataset):
         return [t[idx] for t in self._tensors]
 
 
-def check_map_style(ds) -> None:
+def check_map_style(ds, users=None) -> None:
     """Refuse a dataset the DP samplers cannot draw from: one without random access by
-    index or without a length (the sampling rate is ``batch_size / len(dataset)``)."""
+    index or without a length (the sampling rate is ``batch_size / len(dataset)``), or
+    one that puts an example at several positions through ``Subset`` or
+    ``ConcatDataset``, unless ``users`` (an id per position, or a :class:`UnitIndex`)
+    makes them one privacy unit (:mod:`privlearn.torch._repeated_examples`)."""
     if isinstance(ds, IterableDataset):
         raise ParameterValueError(
             f"data_loader wraps an IterableDataset ({type(ds).__name__}); DP sampling "
@@ -267,6 +254,7 @@ def check_map_style(ds) -> None:
             f"data_loader's dataset ({type(ds).__name__}) has no len(): the sampling rate "
             "is batch_size / len(dataset), so DP sampling needs a map-style dataset with "
             "__len__ and __getitem__") from None
+    check_distinct_examples(ds, users)
 
 
 #: The DataLoader options that say how batches are loaded, not which examples form them:
@@ -327,7 +315,7 @@ def make_dp_loader(data_loader: DataLoader, *, sampling: str, sampling_rate: flo
     wrapper that renames it.
     """
     ds = data_loader.dataset
-    check_map_style(ds)
+    check_map_style(ds, units)
     n = len(ds) if units is None else units.n_units
     bs = dp_batch_sampler(sampling, n, sampling_rate=sampling_rate, batch_size=batch_size,
                           steps=steps, seed=seed, rank=rank, world_size=world_size,

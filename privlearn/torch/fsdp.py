@@ -254,7 +254,7 @@ class ShardedTracker(GradSampleTracker):
             return
         import torch.distributed as dist
 
-        from privlearn.torch import _flat_rows
+        from privlearn.torch import _flat_rows, _probe_size
         from privlearn.torch.probe import pad_passes, planned_passes
 
         inputs = self._step_inputs(examples)
@@ -265,7 +265,8 @@ class ShardedTracker(GradSampleTracker):
         if can:  # depends on this rank's rows (rows equal to the probed one give nothing
             # to compare, and fewer passes) and on its step's other forwards
             every = bool(_flat_rows.candidates(self, examples, peek=True))
-            planned = sum(planned_passes(seen, examples, every=every)
+            whole = _probe_size.due(self, examples)
+            planned = sum(planned_passes(seen, examples, every=every, whole=whole)
                           for seen in (inputs, *(s for s, _ in others)))
         # a rank whose step left no inputs recorded (not pending at its forward: another
         # rank re-armed the probe; its records cleared: an empty batch's stand-in) pads

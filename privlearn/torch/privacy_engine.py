@@ -579,7 +579,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     if not isinstance(data_loader, DataLoader):
         raise ParameterTypeError(f"data_loader must be a torch DataLoader, got "
                         f"{type(data_loader).__name__}")
-    check_map_style(data_loader.dataset)
+    check_map_style(data_loader.dataset, cfg.users)
     if len(data_loader.dataset) == 0:
         raise ParameterValueError(
             "data_loader's dataset is empty (len(dataset) == 0): the sampling rate "
@@ -628,7 +628,7 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
         _warn_user_rate(data_loader, len(data_loader.dataset), n, q, stacklevel=3)
     warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
     if cfg.check_batch_independence:  # the examples on dimension 0 of every batch
-        check_batch_first(data_loader)
+        check_batch_first(data_loader, law)
     _warn_drop_last(data_loader, law, stacklevel=3)
     _warn_loader_generator(data_loader, cfg, stacklevel=3)
     per_epoch = law.per_epoch(q, cycle)

@@ -48,10 +48,12 @@ not bitwise reproducible (nondeterministic kernels) the tolerance judges, as bef
 is, the move is refused, or, when an integer input changed with the example (a packed
 sequence's lengths: the kernels' layout and the rounding of the other rows follow them),
 refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`). It runs
-on the first seven examples of the batch (a mixing operation shows among a few examples as among
-all; five or three if seven is the size of another input dimension, the whole batch if
-the model cannot run on part of it), so its cost is three forward passes over seven
-examples without gradients, once (see docs/benchmarks.md); one pass more per example of
+on the whole batch when the batch is at least as large as any probed whole before (the
+first probe, and a batch larger than any seen, which re-arms it: a path that mixes
+examples only from some batch size on, :mod:`privlearn.torch._probe_size`), otherwise on
+the first seven examples of the batch (five or three if seven is the size of another
+input dimension, the whole batch if the model cannot run on part of it): three forward
+passes without gradients (see docs/benchmarks.md); one pass more per example of
 the sub-batch when a layer's rows are to be grouped per example (every example is then
 replaced in turn, :mod:`privlearn.torch._flat_rows`). What it cannot see: a loss that
 mixes examples after the model's output (a contrastive loss over the batch) -- the user
@@ -75,7 +77,7 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
-from privlearn.torch import _flat_rows, _probe_exact
+from privlearn.torch import _flat_rows, _probe_exact, _probe_size
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -127,7 +129,7 @@ def probe(tracker, inputs, examples: int) -> None:
             "as p.data_loader yields it (one row per example; a packed or flattened batch "
             "would be clipped as one example)")
     m = _sub_batch(leaves, batched, examples)
-    if m < examples:
+    if m < examples and not _probe_size.due(tracker, examples):  # sizes checked whole
         sub = list(leaves)
         for i in batched:
             sub[i] = leaves[i][:m]
@@ -139,10 +141,11 @@ def probe(tracker, inputs, examples: int) -> None:
                 raise
         except Exception:  # noqa: BLE001 - the model needs the whole batch: probe that
             pass
-    _probe_rows(tracker, leaves, batched, spec, autocast, examples)
+    if _probe_rows(tracker, leaves, batched, spec, autocast, examples):
+        _probe_size.probed(tracker, examples)
 
 
-def planned_passes(inputs, examples: int, every: bool = False) -> int:
+def planned_passes(inputs, examples: int, every: bool = False, whole: bool = False) -> int:
     """How many forward passes :func:`probe` will run on these inputs, at most (without
     running any): it depends on the data (a batch whose rows all equal the probed row has
     nothing to compare; a rerun of the batch, or a pass on one example fewer when some
@@ -151,7 +154,8 @@ def planned_passes(inputs, examples: int, every: bool = False) -> int:
     :func:`pad_passes` makes up the difference. A probe that
     refuses the inputs (non-finite values, no batch dimension) counts as none. ``every``:
     every example is replaced in turn (layers whose rows are grouped per example,
-    :mod:`privlearn.torch._flat_rows`)."""
+    :mod:`privlearn.torch._flat_rows`); ``whole``: the probe runs on the whole batch
+    (:func:`privlearn.torch._probe_size.due`)."""
     args, kwargs, _ = inputs
     leaves, _ = tree_flatten((args, kwargs))
     batched = [i for i, t in enumerate(leaves)
@@ -160,7 +164,7 @@ def planned_passes(inputs, examples: int, every: bool = False) -> int:
         return 0
     m = _sub_batch(leaves, batched, examples)
     done = 0
-    if m < examples:
+    if m < examples and not whole:
         sub = list(leaves)
         for i in batched:
             sub[i] = leaves[i][:m]
@@ -197,10 +201,11 @@ def pad_passes(tracker, inputs, examples: int, count: int) -> None:
 
 
 def _sub_batch(leaves, batched, examples: int) -> int:
-    """How many of the batch's examples the probe runs on: seven (a mixing operation
-    shows among a few examples as among all, at a fraction of the cost), or five or
-    three if seven is the size of another dimension of the inputs, so that no sequence
-    or feature dimension is mistaken for the batch."""
+    """How many of the batch's examples the probe runs on once a batch at least as large
+    was probed whole (:func:`privlearn.torch._probe_size.due`): seven (a mixing
+    operation of that batch size shows among a few examples as among all, at a fraction
+    of the cost), or five or three if seven is the size of another dimension of the
+    inputs, so that no sequence or feature dimension is mistaken for the batch."""
     if examples <= _SUB_BATCHES[0]:
         return examples
     other = {s for t in leaves if isinstance(t, torch.Tensor) for s in t.shape[1:]}

@@ -50,7 +50,7 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import ParameterValueError, TrainingLoopError
-from privlearn.torch import _flat_rows, _model_refusals, _shared_positions
+from privlearn.torch import _flat_rows, _model_refusals, _probe_size, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
@@ -522,8 +522,9 @@ class GradSampleTracker(ClippingMixin):
             self._probe_pending = self._probe_enabled
             if any(u.rule is not FALLBACK and _gs.replaced_forward(u.module) for u in self.units):
                 self._rediscover()  # a layer's forward replaced since: its rule no longer holds
-        if new_call(self._calls, args, kwargs):  # other flags: a path that may mix
-            self._probe_pending = self._probe_enabled  # examples (model(x, centre=True))
+        # other flags (model(x, centre=True)) or a larger batch: a path that may mix examples
+        if new_call(self._calls, args, kwargs) | _probe_size.larger_batch(self, args, kwargs):
+            self._probe_pending = self._probe_enabled
         _flat_rows.rearm(self, args, kwargs)  # inputs of shapes a grouping was not checked at
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor) and v.dim() >= 1:

@@ -531,19 +531,21 @@ class _Ragged(torch.utils.data.Dataset):
 def test_empty_batch_has_the_collates_own_shape_with_no_examples(collate, dataset):
     """An empty batch is what the collate function builds, with zero examples on the
     dimension that holds them (a sequence-first collate got shape ``(0, 1)``, not
-    ``(T, 0)``). Ground truth: that dimension is the one of length 3 in a batch of three
-    copies of one example."""
+    ``(T, 0)``), and an entry that is not per example whole (a vocabulary mask was cut to
+    ``(0,)``). Ground truth: that dimension is the one of length 3 in a batch of three
+    copies of one example; the whole entry is the one of a batch of two other examples."""
     fn = collate or torch.utils.data.default_collate
     three = fn([dataset[0]] * 3)
     empty = EmptyAwareCollate(dataset, collate)([])
     flat = lambda b: list(b.values()) if isinstance(b, dict) else list(b)  # noqa: E731
-    for full, got in zip(flat(three), flat(empty), strict=True):
+    other = fn([dataset[1], dataset[2]])
+    for full, two, got in zip(flat(three), flat(other), flat(empty), strict=True):
         dims = [d for d in range(full.dim()) if full.shape[d] == 3]
         want = list(full.shape)
         if dims:
             want[dims[0]] = 0
-        else:  # not per example: cut on dimension 0 as before
-            want[0] = 0
+        else:  # not per example (a vocabulary mask): kept whole
+            assert torch.equal(got, two)
         assert list(got.shape) == want and got.dtype == full.dtype
 
 

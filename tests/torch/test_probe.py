@@ -257,12 +257,37 @@ class _Sizes(nn.Module):
         return self.head(self.norm(self.lin(x.mean(1))))
 
 
-def test_probe_runs_on_seven_examples_of_a_large_batch():
-    """Three passes over 7 rows (not the batch of 32): the probe's cost stays a fraction
-    of a step however large the batch; a hidden size of 7 is not taken for the batch."""
+def _rearmed_smaller_batch(model, ds):
+    """Poisson batches of expected size 32: the steps until one smaller than the largest
+    before it, whose forward runs with a forward hook added (which re-arms the probe).
+    Returns that batch's size and the rows of the forwards of its step."""
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=32), noise_multiplier=1.0, seed=0)
+    largest = 0
+    for x, y in p.data_loader:
+        smaller = 0 < len(x) < largest
+        largest = max(largest, len(x))
+        handle = p.model.norm.register_forward_hook(lambda *a: None) if smaller else None
+        first = len(model.rows)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        if handle is not None:
+            handle.remove()
+            return len(x), model.rows[first:]
+    raise AssertionError("no batch smaller than an earlier one")
+
+
+def test_probe_runs_on_the_whole_batch_first_and_on_seven_examples_of_a_smaller_one():
+    """The first probe runs on the whole batch; a re-armed probe of a batch smaller than
+    one probed whole, three passes over 7 rows: its cost stays a fraction of a step
+    however large the batch; a hidden size of 7 is not taken for the batch."""
     model = _Sizes(hidden=7)
     _first_step(model, _seqs(64), batch_size=32, sampling="fixed")
-    assert model.rows == [32, 7, 7, 7]
+    assert model.rows == [32, 32, 32, 32]
+    model = _Sizes(hidden=7)
+    size, rows = _rearmed_smaller_batch(model, _seqs(64))
+    assert rows == [size, 7, 7, 7]
 
 
 def test_probe_avoids_a_sub_batch_that_is_another_input_dimension():
@@ -270,9 +295,47 @@ def test_probe_avoids_a_sub_batch_that_is_another_input_dimension():
     g = torch.Generator().manual_seed(0)
     ds = TensorDataset(torch.randn(64, 7, E, generator=g), torch.randint(0, 3, (64,),
                                                                          generator=g))
-    model = _Sizes()
-    _first_step(model, ds, batch_size=32, sampling="fixed")
-    assert model.rows == [32, 5, 5, 5]
+    size, rows = _rearmed_smaller_batch(_Sizes(), ds)
+    assert rows == [size, 5, 5, 5]
+
+
+class _MixesLargeBatches(nn.Module):
+    """Centres its hidden layer over the batch only from ``threshold`` examples on: at
+    the few examples of a sub-batch it is per example, at the batches trained on not."""
+
+    def __init__(self, threshold):
+        super().__init__()
+        self.threshold = threshold
+        self.a, self.b = nn.Linear(E, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.a(x.mean(1))
+        if h.shape[0] >= self.threshold:
+            h = h - h.mean(0)
+        return self.b(torch.relu(h))
+
+
+@pytest.mark.parametrize(("sampling", "batch"), [("fixed", 16), ("poisson", 10)])
+def test_a_forward_that_mixes_only_large_batches_is_refused(sampling, batch):
+    """The probe ran on seven examples of the batch, at which this model keeps examples
+    apart, so it trained every batch of 12 or more with their mean subtracted (each
+    example moving every other's gradient) unrefused. The first probe now runs on the
+    whole batch (fixed batches of 16: refused at the first step), and a batch larger than
+    any before re-arms it (Poisson batches of expected size 10: sizes 7 and 5 first with
+    this seed, then 16, refused before its step)."""
+    model = _MixesLargeBatches(12)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     DataLoader(_seqs(200), batch_size=batch), noise_multiplier=1.0, seed=0,
+                     sampling=sampling)
+    sizes = []
+    with pytest.raises(BatchDependenceError, match="examples are mixed"):
+        for x, y in p.data_loader:
+            sizes.append(len(x))
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            p.optimizer.step()
+    assert sizes[0] < 12 <= sizes[-1] if sampling == "poisson" else sizes == [16]
+    assert p.accountant.steps == len(sizes) - 1
 
 
 class _WholeBatchOnly(nn.Module):
