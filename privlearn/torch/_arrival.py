@@ -26,10 +26,12 @@ from privlearn.errors import RanksNotArrivedError
 __all__ = ["wait_for_ranks"]
 
 
-def wait_for_ranks(process_group, timeout: float, what: str = "make_private") -> bool:
+def wait_for_ranks(process_group, timeout: float, what: str = "make_private",
+                   given_to: str | None = None) -> bool:
     """Wait at most ``timeout`` seconds for every rank of ``process_group`` (None: the
     world) to reach this point of ``what``. Returns whether the wait was checked (False:
-    a backend without a monitored barrier, such as NCCL, or one rank).
+    a backend without a monitored barrier, such as NCCL, or one rank). ``given_to``:
+    where the caller sets ``agreement_timeout``, for the message (default ``what``).
 
     Raises
     ------
@@ -65,7 +67,7 @@ def wait_for_ranks(process_group, timeout: float, what: str = "make_private") ->
             f"reach {what}: every rank of a distributed run must call {what} (with the "
             "same arguments). Check that no rank skipped it, or failed or stopped before "
             "it (see that rank's own error), and that no rank is still busy (loading "
-            f"data, compiling): if so, pass a larger agreement_timeout to {what}. "
+            f"data, compiling): if so, pass a larger agreement_timeout to {given_to or what}. "
             "Nothing was released; the process group cannot be used after this wait "
             "(destroy it and start again) (backend: "
             f"{said.strip()[:300]})"

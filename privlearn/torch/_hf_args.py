@@ -97,6 +97,14 @@ class PrivacyArguments:
         Stop training before the step that would take epsilon (of all this trainer's
         runs) past this; default ``target_epsilon``, if given (as in
         :func:`~privlearn.torch.make_private`); ``float("inf")`` trains past it.
+    agreement_timeout : float
+        ``DPConfig.agreement_timeout``: on a distributed run (gloo), the seconds each
+        process waits, when training starts, for every process to get there (default
+        300, a number > 0): past it the waiting processes raise
+        :class:`~privlearn.errors.RanksNotArrivedError` naming those that did not arrive,
+        instead of waiting for the process group's own timeout (30 minutes). Raise it
+        when some process is slow to start training (loading data, compiling). May
+        differ between processes, and between a run and its resumption.
     log_training_loss : bool
         The Trainer's ``loss`` / ``train_loss`` logs are means over private training
         batches without noise, and they are saved in every checkpoint's
@@ -172,6 +180,9 @@ class PrivacyArguments:
         "seq2seq_lm (default: the model's).")
     log_training_loss: bool = _arg(
         False, "Log the training loss (not covered by the accounting: a warning).")
+    agreement_timeout: float = _arg(
+        300.0, "Seconds each process waits, when training starts, for every process of a "
+        "distributed run to get there (gloo) before raising RanksNotArrivedError.")
 
     def __new__(cls, *args, **kwargs):  # an unknown keyword: what to use (DPConfig's table)
         names = (*(f.name for f in fields(cls)), *_ALIASES)

@@ -29,6 +29,14 @@ def refuse_unsupported(trainer, transformers, unwrap, model_tasks) -> None:
             "bf16=True or float32, or fp16 with make_private and torch.amp.GradScaler "
             "(the PyTorch guide, section 'Mixed precision')")
     refuse_parallelism(trainer)
+    if getattr(a, "ddp_static_graph", False) and a.world_size > 1 and not is_fsdp2(trainer):
+        raise ConfigurationError(
+            "ddp_static_graph=True is not supported by DPTrainer on several processes: the "
+            "engine switches DistributedDataParallel's gradient synchronisation off and "
+            "all-reduces the noisy clipped sums itself, but a static-graph DDP still runs "
+            "its own all-reduce after the first backward, which fails inside DDP (no "
+            "autograd weight gradient exists to reduce). Leave ddp_static_graph unset "
+            "(False): DDP's graph options change nothing under DPTrainer")
     refuse_updates_in_backward(a, trainer.optimizer)
     if trainer.model is not None:  # (model_init: the Trainer has built one)
         inner = unwrap(trainer.model)

@@ -29,9 +29,9 @@ __all__ = ["MAY_CHANGE", "check_resumed_settings", "recorded_settings"]
 #: PrivacyArguments fields a resumed run may change: they change neither the mechanism,
 #: nor its accounting, nor when it stops (the seed of a new run's streams, a probe, the
 #: layout of the model's inputs, the reading of the model's task, whether the un-noised
-#: loss is logged). They are not recorded.
+#: loss is logged, how long the processes wait for each other). They are not recorded.
 MAY_CHANGE = ("dp_seed", "check_batch_independence", "batch_dims", "task",
-              "log_training_loss")
+              "log_training_loss", "agreement_timeout")
 
 
 def _plain(value):

@@ -163,8 +163,7 @@ _OTHER_SETTINGS = {
                       "task itself (task=)",
     **{k: f"{k}: not a DPTrainer setting; make_private with a training loop of your own "
           "takes it" for k in ("fix_model", "ledger_chunk", "augment",
-                               "augmentation_multiplicity", "show_progress",
-                               "agreement_timeout")},
+                               "augmentation_multiplicity", "show_progress")},
 }
 
 def scalar_setting(value):
@@ -375,6 +374,7 @@ class DPConfig:
         arrive, instead of waiting for the process group's own timeout (30 minutes).
         Raise it when some rank is slow to get there (loading data, compiling). NCCL
         has no such bounded wait (its group's timeout applies). May differ between ranks.
+        A ``DPTrainer`` takes it as ``PrivacyArguments(agreement_timeout=...)``.
     """
 
     noise_multiplier: float | None = None

@@ -90,9 +90,15 @@ def dataset_digest(dataset) -> str | None:
     Every rank must be given the whole dataset (the engine samples each rank's part of
     it); a rank given its own shard of the same size would sample only the examples of
     its shard that fall in its part, leaving the rest unused, and would account the
-    shard's size as the dataset's. A ``TensorDataset`` is digested from three of its
-    rows (first, middle, last), a ``Subset`` from its indices and its dataset's digest;
-    other datasets (whose items may be computed, or random) give ``None``.
+    shard's size as the dataset's. In the same order, too: a rank whose copy was
+    shuffled apart (``dataset.shuffle()`` without a common seed) samples its part of its
+    own order, so one example can sit in two ranks' parts and be drawn twice in a step
+    (twice the sensitivity the accountant assumes). A ``TensorDataset`` is digested
+    from three of its rows (first, middle, last), a ``Subset`` from its indices and its
+    dataset's digest; any other map-style dataset from its items at those positions,
+    each read twice, when they are tensors, arrays, numbers, strings and containers of
+    them and read the same both times (``None`` otherwise: items computed at random, an
+    image object, an item that cannot be read).
     """
     import hashlib
 
@@ -117,7 +123,59 @@ def dataset_digest(dataset) -> str | None:
             h.update(repr((str(part.dtype), tuple(t.shape))).encode())
             h.update(part.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:16]
-    return None
+    return _items_digest(dataset)
+
+
+def _items_digest(dataset) -> str | None:
+    """:func:`dataset_digest` of a map-style dataset read item by item (None: not
+    readable, or not the same at a second read)."""
+    import hashlib
+
+    try:
+        n = len(dataset)
+        seen = []
+        for _ in range(2):  # an item computed at random reads differently the second time
+            h = hashlib.sha256()
+            for i in sorted({0, n // 2, n - 1}) if n else ():
+                if not _encode(dataset[i], h):
+                    return None
+            seen.append(h.hexdigest()[:16])
+    except Exception:  # noqa: BLE001 - an item that cannot be read: nothing to compare
+        return None
+    return seen[0] if seen[0] == seen[1] else None
+
+
+def _encode(value, h, depth: int = 0) -> bool:
+    """Feed ``value`` into the hash ``h`` (False: a type with no canonical bytes)."""
+    from collections.abc import Mapping
+
+    import numpy as np
+
+    if depth > 8:
+        return False
+    if torch.is_tensor(value):
+        t = value.detach().cpu().contiguous()
+        h.update(repr(("tensor", str(t.dtype), tuple(t.shape))).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return True
+    if isinstance(value, np.ndarray | np.generic):
+        a = np.asarray(value)
+        if a.dtype.hasobject:
+            return False
+        h.update(repr(("array", a.dtype.str, a.shape)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+        return True
+    if value is None or isinstance(value, bool | int | float | complex | str | bytes):
+        h.update(repr(("value", value)).encode())
+        return True
+    if isinstance(value, Mapping):  # a dict, or a UserDict (transformers' BatchEncoding)
+        h.update(repr(("dict", len(value))).encode())
+        return all(_encode(k, h, depth + 1) and _encode(v, h, depth + 1)
+                   for k, v in value.items())
+    if isinstance(value, list | tuple):
+        h.update(repr((type(value).__name__, len(value))).encode())
+        return all(_encode(v, h, depth + 1) for v in value)
+    return False
 
 
 def optimizer_settings(optimizer) -> tuple:
@@ -289,7 +347,8 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
             f"({shown}{f'; and {len(differ) - 6} more' if len(differ) > 6 else ''}). "
             "Every rank's accountant describes one global mechanism, so the privacy "
             "settings (noise_multiplier or target_epsilon, max_grad_norm, sampling, seed, "
-            "epochs/steps, target_delta, ...), the loader's batch_size, the dataset, "
+            "epochs/steps, target_delta, ...), the loader's batch_size, the dataset (its "
+            "examples in one order: shuffle it, if at all, with one seed on every rank), "
             "the model's trainable parameters and the optimizer's hyperparameters (lr, "
             "momentum, ...: each rank applies the update with its own) must be the same "
             "on every rank (make_private "

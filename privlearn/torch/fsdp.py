@@ -41,7 +41,11 @@ run it through the model as any other). Refused up front, with the reason:
 ``max_physical_batch_size`` (the ranks' chunk counts differ), correlated noise, a
 ``GradScaler``, and parameters that are not ``Shard(0)`` on one 1-D mesh of all the
 ranks (tensor parallelism, HSDP). The batch-independence probe runs on all ranks at the
-same step (the first at which every rank has two examples or more).
+same step, each rank with two examples or more probing its own batch (every forward of
+the step, as in one process: a second call on other inputs or keywords too), with as many
+forward passes on every rank: the most that any rank's probe may run (the others pad,
+on their step's inputs or, when their step recorded none, on their last training
+forward's). It runs again at each step until every rank's batch was probed at one step.
 """
 
 from __future__ import annotations
@@ -175,7 +179,10 @@ class ShardedTracker(GradSampleTracker):
 
     def __init__(self, *args, process_group=None, **kwargs):
         self.process_group = process_group
+        self._agreed_inputs = None  # (inputs, other forwards) the ranks' count was of
         super().__init__(*args, **kwargs)
+        self._probed_calls: set = set()  # the forwards' signatures seen at the last probe
+        self._pad_inputs = None  # (args, kwargs, autocast) of the last training forward
 
     def _install(self) -> None:
         super()._install()
@@ -204,43 +211,112 @@ class ShardedTracker(GradSampleTracker):
         (records kept until the step)."""
         return None
 
+    def _root_pre_hook(self, module, args, kwargs):
+        """As in one process, and the inputs of this rank's last training forward kept
+        (a reference, nothing copied): the probe's passes of another rank's probe are
+        padded with passes on them when this rank's own step left none recorded (the
+        probe re-armed on that rank only, or this rank's empty batch)."""
+        from privlearn.torch._tracker_util import _autocast_state, _in_backward
+        from privlearn.torch.grad_sample import _IN_RULE
+
+        got = super()._root_pre_hook(module, args, kwargs)
+        if not (_IN_RULE.get() or self._probing or not module.training or _in_backward()
+                or not torch.is_grad_enabled()):
+            self._pad_inputs = (args, dict(kwargs), _autocast_state())
+        return got
+
+    def _step_inputs(self, examples: int | None):
+        """The step's probed inputs as :meth:`check_independence` took them (with the
+        step's other forwards, ``_probe_others``) once it has, else as in one process."""
+        agreed, self._agreed_inputs = self._agreed_inputs, None
+        if agreed is None:
+            return super()._step_inputs(examples)
+        inputs, self._probe_others = agreed
+        return inputs
+
     def check_independence(self, examples: int | None) -> None:
+        """As in one process, every forward of the step probed (its first and each later
+        one on other inputs: a second view, other keywords), at the same step on every
+        rank: each rank with two examples or more probes its own batch, and every rank
+        runs as many forward passes (each is an all-gather), padding with passes on its
+        own inputs. A rank that holds the probe pending stays so (all probe again at the
+        next step) until its own batch could be probed.
+
+        Raises
+        ------
+        BatchDependenceError
+            This rank's batch showed examples mixed (the step is then refused on every
+            rank, :mod:`privlearn.torch._agree`).
+        TrainingLoopError
+            Some rank has no training forward's inputs to run the probe's passes on.
+        """
         if not self._probe_pending:
             return
         import torch.distributed as dist
 
-        self._probe_inputs = self._step_inputs(examples)
-        ready = (examples is not None and examples >= 2 and self._probe_inputs is not None
-                 and bool(self.records))
-        flag = torch.tensor([1 if ready else 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
-        if not int(flag.item()):  # not every rank can probe: all wait for a later step
-            self._probe_inputs = None
-            super().check_independence(examples)
-            return
-        # the probe's passes depend on this rank's rows (rows equal to the probed one give
-        # nothing to compare, and fewer passes); every pass all-gathers, so every rank runs
-        # as many as the rank with the most, padding with passes on its own inputs
         from privlearn.torch import _flat_rows, _probe_size
         from privlearn.torch.probe import pad_passes, planned_passes
 
-        inputs = self._probe_inputs
-        most = torch.tensor([planned_passes(inputs, examples, every=bool(
-            _flat_rows.candidates(self, examples, peek=True)),
-            whole=_probe_size.due(self, examples))], dtype=torch.int64)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.process_group)
+        inputs = self._step_inputs(examples)
+        others = list(self._probe_others)
+        can = (examples is not None and examples >= 2 and inputs is not None
+               and bool(self.records))
+        planned = 0
+        if can:  # depends on this rank's rows (rows equal to the probed one give nothing
+            # to compare, and fewer passes) and on its step's other forwards
+            every = bool(_flat_rows.candidates(self, examples, peek=True))
+            whole = _probe_size.due(self, examples)
+            planned = sum(planned_passes(seen, examples, every=every, whole=whole)
+                          for seen in (inputs, *(s for s, _ in others)))
+        # a rank whose step left no inputs recorded (not pending at its forward: another
+        # rank re-armed the probe; its records cleared: an empty batch's stand-in) pads
+        # with passes on its last training forward's inputs
+        pad, rows = inputs, examples
+        if pad is None:
+            pad = self._pad_inputs
+            rows = next((t.shape[0] for t in (*pad[0], *pad[1].values())
+                         if isinstance(t, torch.Tensor) and t.dim()), 1) if pad else None
+        status = torch.tensor([int(pad is None), planned], dtype=torch.int64)
+        dist.all_reduce(status, op=dist.ReduceOp.MAX, group=self.process_group)
+        unrecorded, most = (int(v) for v in status.tolist())
+        if unrecorded and most:  # a rank with no inputs cannot run the probe's passes
+            self._refuse_unrecorded()
         self.probe_passes, error = 0, None  # counted by the probe: a refusal may stop it
+        self._agreed_inputs = (inputs, others)  # the probe runs on what was counted
         try:
-            super().check_independence(examples)
+            super().check_independence(examples)  # (no pass where it cannot probe)
         except Exception as exc:  # noqa: BLE001 - raised after the others' passes
             error = exc
-        self._probing = True
-        try:  # as many passes as the rank that runs the most, also on a refusing rank
-            pad_passes(self, inputs, examples, int(most.item()) - self.probe_passes)
         finally:
-            self._probing = False
+            self._agreed_inputs = None
+        if most:
+            self._probing = True
+            try:  # as many passes as the rank that runs the most, also on a refusing rank
+                pad_passes(self, pad, rows, most - self.probe_passes)
+            finally:
+                self._probing = False
         if error is not None:  # the step then refuses on every rank (privlearn.torch._agree)
             raise error
+        if not self._probe_pending:  # the signatures the probe has seen through
+            self._probed_calls = set(self._calls)
+
+    def _refuse_unrecorded(self) -> None:
+        """Refuse, on every rank alike, a step whose forward some rank did not record for
+        the probe (see :meth:`check_independence`); the forwards' signatures seen since
+        the last probe are forgotten, so a call first made in this step re-arms the probe
+        when it is made again."""
+        self._calls.clear()
+        self._calls.update(self._probed_calls)
+        self.clear()
+        exc = TrainingLoopError(
+            "optimizer.step() was refused on every rank: the batch-independence probe runs "
+            "at this step, and some rank ran no training forward of the model since "
+            "make_private (none whose inputs it could run the probe's passes on). Under "
+            "FSDP2 the probe's forward passes are collectives that every rank runs. "
+            "Nothing was released or accounted on any rank; run each batch of "
+            "p.data_loader through the model on every rank, an empty one too")
+        exc.refused_ranks = []  # raised by every rank alike: no further exchange
+        raise exc
 
     def clipped_sum(self, max_grad_norm: float, multiplier: float = 1.0, out=None,
                     per_param: dict | None = None, **kwargs):

@@ -77,7 +77,9 @@ accelerate, not yet wired to the DP optimizer: use ``bf16``, or ``make_private``
 ``torch.amp.GradScaler``; on CPU accelerate runs fp16 autocast without a scaler, which
 trains as bf16 does: per-example norms and sums in float32), several GPUs in one process
 (``nn.DataParallel``), FSDP1, DeepSpeed or tensor parallelism through the Trainer (FSDP2's
-own refusals: ``privlearn.torch._hf_fsdp``), an iterable training set (it cannot be
+own refusals: ``privlearn.torch._hf_fsdp``), ``ddp_static_graph=True`` on several
+processes (a static-graph DDP reduces the first backward's weight gradients, which the
+engine never produces: it fails inside DDP), an iterable training set (it cannot be
 Poisson-sampled), ``train_sampling_strategy`` other than ``"random"`` (length-grouped,
 rebalanced or sequential batches: the DP sampler draws the batches),
 ``label_smoothing_factor`` and ``compute_loss_func`` (the loss must be per example; a
@@ -159,6 +161,7 @@ from privlearn.errors import (
     PrivacyBudgetExceededError,
     PrivacyLeakWarning,
 )
+from privlearn.torch._arrival import wait_for_ranks
 from privlearn.torch._ddp_quiet import quiet_ddp
 from privlearn.torch._hf_accumulate import LogicalBatches, logical_loader
 from privlearn.torch._hf_args import (  # noqa: F401
@@ -205,7 +208,7 @@ from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS, DPConfig
-from privlearn.torch.distributed import ledger_on_first_rank
+from privlearn.torch.distributed import ledger_on_first_rank, world_info
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, epoch_steps, make_private
@@ -459,6 +462,9 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPred
         if p is not None:  # a new run of this trainer on the same data
             self._settle_run(p)
             self.privacy_engine = None
+        if world_info()[1] > 1:  # every process here before the first collective, in time
+            wait_for_ranks(None, self.privacy.agreement_timeout, what="DPTrainer.train",
+                           given_to="PrivacyArguments")
         base = super().get_train_dataloader()  # the Trainer's dataset and collator
         loader = DataLoader(base.dataset, batch_size=self.logical_batch_size(),
                             collate_fn=base.collate_fn, drop_last=self.args.dataloader_drop_last,

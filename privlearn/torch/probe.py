@@ -149,10 +149,12 @@ def probe(tracker, inputs, examples: int) -> None:
 
 
 def planned_passes(inputs, examples: int, every: bool = False, whole: bool = False) -> int:
-    """How many forward passes :func:`probe` will run on these inputs (without running
-    any): it depends on the data (a batch whose rows all equal the probed row has nothing
-    to compare), so under FSDP2, whose every forward pass is a collective, the ranks agree
-    on the largest count and :func:`pad_passes` makes up the difference. A probe that
+    """How many forward passes :func:`probe` will run on these inputs, at most (without
+    running any): it depends on the data (a batch whose rows all equal the probed row has
+    nothing to compare; a rerun of the batch, or a pass on one example fewer when some
+    layer's rows did not move, only when the rows call for it), so under FSDP2, whose
+    every forward pass is a collective, the ranks agree on the largest count and
+    :func:`pad_passes` makes up the difference. A probe that
     refuses the inputs (non-finite values, no batch dimension) counts as none. ``every``:
     every example is replaced in turn (layers whose rows are grouped per example,
     :mod:`privlearn.torch._flat_rows`); ``whole``: the probe runs on the whole batch
@@ -183,7 +185,7 @@ def _replaced(examples: int, every: bool):
 
 
 def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[int, bool]:
-    """``(passes, completed)`` of :func:`_probe_rows` on these rows."""
+    """``(passes, completed)`` of :func:`_probe_rows` on these rows, at most."""
     n = 0
     for j in _replaced(examples, every):
         perturbed = _replace_row(leaves, batched, j)
@@ -191,16 +193,16 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
             return n, False
         n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
         n += _probe_held.planned(leaves, perturbed, batched, j)  # integer inputs held
-    return n, True
+    return n + 1, True  # and one on a row fewer if a layer's rows did not move
 
 
 def pad_passes(tracker, inputs, examples: int, count: int) -> None:
-    """``count`` more forward passes of the probe's kind on the step's own inputs, their
-    results discarded: under FSDP2 every rank must run as many passes as the rank whose
-    probe runs the most (:func:`planned_passes`)."""
+    """``count`` more forward passes of the probe's kind on the step's own inputs (or
+    the rank's last training forward's), nothing observed: under FSDP2 every rank must
+    run as many passes as the rank whose probe runs the most (:func:`planned_passes`)."""
     args, kwargs, autocast = inputs
     for _ in range(count):
-        _observe_run(tracker, args, kwargs, autocast, examples)
+        _observe_run(tracker, args, kwargs, autocast, examples, collect=False)
 
 
 def _sub_batch(leaves, batched, examples: int) -> int:
@@ -410,16 +412,17 @@ def _default_views(args, kwargs, output, dim: int) -> list:
     return views
 
 
-def _observe_run(tracker, args, kwargs, autocast, examples: int):
+def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool = True):
     """One forward pass without gradients, same random state as the other run, from the
     buffers as the tracker kept them before the step's forward (a running maximum that
     forward already moved would otherwise read as constant), restored afterwards; returns
-    the units' fingerprints, the output's and the buffers the pass wrote."""
+    the units' fingerprints, the output's and the buffers the pass wrote (``collect``
+    False: the pass alone, FSDP2's padding, which returns nothing)."""
     model = tracker.model
     tracker.probe_passes = getattr(tracker, "probe_passes", 0) + 1  # FSDP2 pads to the most
     col = _Collector(tracker, examples)
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
-               for i, u in enumerate(tracker.units)]
+               for i, u in enumerate(tracker.units)] if collect else []
     # by slot: a forward may assign a new tensor to a buffer's name as well as update it
     saved = [(mod, name, b, b.detach().clone()) for mod in model.modules()
              for name, b in mod._buffers.items() if b is not None]
@@ -445,6 +448,8 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int):
                     mod._buffers[name] = v.clone()
             torch.manual_seed(0x5EED)
             out = model(*args, **kwargs)
+        if not collect:
+            return None
         flat, _ = tree_flatten(out)
         outs = [o for o in flat if isinstance(o, torch.Tensor) and o.is_floating_point()]
         root = [col._print(o, 0) for o in outs[:1]]

@@ -112,6 +112,7 @@ _FROM_COMMAND_LINE = {
     "user_reduction": (["--user_reduction", "sum"], {"user_reduction": "sum"}),
     "task": (["--task", "causal_lm"], {"task": "causal_lm"}),
     "log_training_loss": (["--log_training_loss", "true"], {"log_training_loss": True}),
+    "agreement_timeout": (["--agreement_timeout", "42.5"], {"agreement_timeout": 42.5}),
 }
 
 
@@ -302,3 +303,45 @@ def test_batch_and_length_are_refused_in_the_trainers_terms(tmp_path, setting, e
     with pytest.raises(getattr(errors, error), match=match):
         tr.train()
     assert tr.privacy_engine is None and tr.state.global_step == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "soon"])
+def test_a_bad_agreement_timeout_is_refused_as_make_private_refuses_it(bad):
+    """PrivacyArguments(agreement_timeout=...) is make_private's setting: validated by the
+    same rule, with the same typed error naming it, its range and the value given."""
+    from privlearn.torch import DPConfig
+
+    kind = ParameterTypeError if isinstance(bad, str) else ParameterValueError
+    with pytest.raises(kind) as theirs:
+        PrivacyArguments(noise_multiplier=1.0, agreement_timeout=bad)
+    with pytest.raises(kind) as ours:
+        DPConfig(noise_multiplier=1.0, agreement_timeout=bad)
+    assert str(theirs.value) == str(ours.value)
+    said = str(theirs.value)
+    assert "agreement_timeout" in said and repr(bad) in said and "e.g. 300" in said
+    if kind is ParameterValueError:
+        assert "(0, inf)" in said
+
+
+def test_a_dptrainer_hands_its_agreement_timeout_to_make_private(tmp_path):
+    args = transformers.TrainingArguments(str(tmp_path), report_to=[], use_cpu=True,
+                                          save_strategy="no", max_steps=1,
+                                          per_device_train_batch_size=4)
+    for given, expected in ((None, 300.0), (12.5, 12.5)):
+        extra = {} if given is None else {"agreement_timeout": given}
+        trainer = DPTrainer(model=_Model(), args=args, train_dataset=_Set(),
+                            privacy=PrivacyArguments(noise_multiplier=1.0, **extra))
+        trainer.get_train_dataloader()
+        assert trainer.privacy_engine.config.agreement_timeout == expected
+
+
+def test_a_resumed_run_may_wait_another_time_for_its_processes():
+    """How long the processes wait for each other changes neither the mechanism nor its
+    accounting: not recorded in a checkpoint, so a resumption (or a checkpoint written
+    before the setting existed) may give another."""
+    from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
+
+    saved = recorded_settings(PrivacyArguments(noise_multiplier=1.0))
+    assert "agreement_timeout" not in saved
+    check_resumed_settings("checkpoint-2", saved,
+                           PrivacyArguments(noise_multiplier=1.0, agreement_timeout=900.0))

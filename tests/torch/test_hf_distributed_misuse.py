@@ -1,0 +1,144 @@
+"""DPTrainer misused on several processes (2 gloo processes, as torchrun starts them):
+refused on every process with a typed error, before any step, never a hang.
+
+(a) ``TrainingArguments(ddp_static_graph=True)``: refused when the trainer is built (the
+    Trainer wraps the model in a static-graph DDP after make_private, whose first
+    backward failed inside DDP with an internal assertion).
+(b) Another ``dp_seed`` on each process: refused when training starts, naming both seeds
+    (each process's sampler and noise streams derive from the one seed).
+(c) One process never starts training: the other waits
+    ``PrivacyArguments(agreement_timeout=...)`` seconds, then raises
+    ``RanksNotArrivedError`` saying where the setting is given, instead of waiting in the
+    trainer's first collective until the group's own timeout (30 minutes) or until the
+    missing process exits (a bare gloo error).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import torch.distributed as dist  # noqa: E402
+from _ranks import init_gloo, one_worker, run_ranks  # noqa: E402
+
+pytestmark = [one_worker(__name__), pytest.mark.slow]
+WORLD = 2
+TIMEOUT = 4.0  # seconds rank 0 waits for rank 1
+ABSENT = 1  # the rank that never calls train()
+
+
+class _Set(torch.utils.data.Dataset):
+    def __init__(self, n=16):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 6, generator=g)
+        self.y = (self.x[:, 0] > 0).long()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(6, 2)
+
+    def forward(self, x, labels=None):
+        logits = self.fc(x)
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+        return {"loss": loss, "logits": logits}
+
+
+def _worker(rank: int, tmp: str) -> None:
+    # accelerate asks for MASTER_ADDR/PORT, but uses the group initialised below
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="1",
+    )
+    init_gloo(rank, WORLD, tmp)
+    warnings.simplefilter("ignore")
+    try:
+        from privlearn.torch.hf import DPTrainer, PrivacyArguments
+
+        def trainer(name, privacy, **kw):
+            args = transformers.TrainingArguments(
+                output_dir=os.path.join(tmp, name),
+                per_device_train_batch_size=2,
+                max_steps=1,
+                report_to=[],
+                use_cpu=True,
+                ddp_backend="gloo",
+                disable_tqdm=True,
+                dataloader_pin_memory=False,
+                save_strategy="no",
+                **kw,
+            )
+            return DPTrainer(model=_Model(), args=args, train_dataset=_Set(), privacy=privacy)
+
+        out = {}
+        sigma = PrivacyArguments(noise_multiplier=1.0, seed=1)
+        try:
+            trainer("static", sigma, ddp_static_graph=True)
+            out["static"] = ("no error", "")
+        except Exception as exc:  # noqa: BLE001 - the type is what the test checks
+            out["static"] = (type(exc).__name__, str(exc))
+        try:
+            trainer("seed", PrivacyArguments(noise_multiplier=1.0, seed=1 + rank)).train()
+            out["seed"] = ("no error", "")
+        except Exception as exc:  # noqa: BLE001
+            out["seed"] = (type(exc).__name__, str(exc))
+        late = trainer("late", PrivacyArguments(noise_multiplier=1.0, agreement_timeout=TIMEOUT))
+        if rank == ABSENT:
+            time.sleep(2.5 * TIMEOUT)  # busy elsewhere: never calls train()
+            out["late"] = None
+        else:
+            start = time.monotonic()
+            try:
+                late.train()
+                out["late"] = ("no error", "", time.monotonic() - start)
+            except Exception as exc:  # noqa: BLE001
+                out["late"] = (type(exc).__name__, str(exc), time.monotonic() - start)
+        torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
+    finally:  # a monitored barrier that timed out closes the group's pairs: no
+        gc.collect()  # closing barrier, the group is destroyed as it is
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_ranks(_worker, tmp_path_factory.mktemp("hf_misuse"), WORLD, timeout=180.0)
+
+
+def test_a_trainer_waits_its_agreement_timeout_for_a_process_that_never_trains(ranks):
+    kind, said, waited = ranks[0]["late"]
+    assert kind == "RanksNotArrivedError", (kind, said)
+    assert waited < TIMEOUT + 30, waited  # bounded by the timeout, not gloo's 30 minutes
+    assert f"agreement_timeout={TIMEOUT:g} s on rank 0" in said
+    assert f"rank {ABSENT} of {WORLD} did not reach DPTrainer.train" in said
+    assert "pass a larger agreement_timeout to PrivacyArguments" in said
+
+
+def test_a_static_graph_ddp_is_refused_when_the_trainer_is_built(ranks):
+    for r in ranks:
+        kind, said = r["static"]
+        assert kind == "ConfigurationError", (kind, said)
+        assert "ddp_static_graph=True is not supported by DPTrainer" in said
+
+
+def test_another_seed_on_each_process_is_refused_on_every_process(ranks):
+    for r in ranks:
+        kind, said = r["seed"]
+        assert kind == "ConfigurationError", (kind, said)
+        assert "seed: rank 0: 1, rank 1: 2" in said
