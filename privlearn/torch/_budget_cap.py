@@ -21,18 +21,28 @@ def budget_cap(cfg, plan, acct: PrivacyAccountant) -> BudgetCap:
     if whole:
         cap = plan.planned_epsilon if cap is None else min(cap, plan.planned_epsilon)
     if cap is not None and not plan.run.stepwise and cap == plan.planned_epsilon:
-        beyond = ("a run accounted as one matrix-factorization mechanism cannot go past its "
-                  "plan (beyond it, its strategy and sensitivity no longer describe the "
-                  "steps): plan more steps (epochs or steps) and a larger target_epsilon")
+        beyond = (
+            "a run accounted as one matrix-factorization mechanism cannot go past its "
+            "plan (beyond it, its strategy and sensitivity no longer describe the "
+            "steps): plan more steps (epochs or steps) and a larger target_epsilon"
+        )
     elif cfg.target_epsilon is not None and cap == cfg.target_epsilon:
-        beyond = ("target_epsilon is a stop: the loop ran longer than the planned "
-                  f"{plan.planned_steps} steps (epochs/steps given to make_private). To "
-                  "train past it, accepting the larger epsilon, pass max_epsilon="
-                  "float('inf') (or a larger max_epsilon); or plan the run's real length")
+        beyond = (
+            "target_epsilon is a stop: the loop ran longer than the planned "
+            f"{plan.planned_steps} steps (epochs/steps given to make_private). To "
+            "train past it, accepting the larger epsilon, pass max_epsilon="
+            "float('inf') (or a larger max_epsilon); or plan the run's real length"
+        )
     else:
-        beyond = ("stop training here, or plan a larger budget (or more noise) before "
-                  "training")
-    return BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cap,
-                     planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps,
-                     beyond=beyond, planned_noise_multiplier=plan.noise_multiplier,
-                     capped_at_plan=whole, given_max_epsilon=given)
+        beyond = "stop training here, or plan a larger budget (or more noise) before training"
+    return BudgetCap(
+        acct,
+        delta=cfg.target_delta,
+        max_epsilon=cap,
+        planned_epsilon=plan.planned_epsilon,
+        planned_steps=plan.planned_steps,
+        beyond=beyond,
+        planned_noise_multiplier=plan.noise_multiplier,
+        capped_at_plan=whole,
+        given_max_epsilon=given,
+    )

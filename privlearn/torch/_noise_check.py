@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 
 from privlearn.correlated.error import per_query_error
+from privlearn.correlated.strategies import nonzero_bands
 from privlearn.torch.schedule import SAMPLINGS, NoisePlan
 
 __all__: list[str] = []
@@ -38,14 +39,17 @@ def _reference(cfg, plan, given_cycle: int | None) -> NoisePlan:
     cycle = run.cycle
     if cfg.cycle_length is None and given_cycle is None:
         cycle = law.cycle_for(plan.dataset_size, plan.batch_size, None)
-    q = run.sampling_rate if cycle == run.cycle else law.rate(
-        plan.world_size * plan.batch_size, plan.dataset_size, cycle)
-    return NoisePlan.build("dpsgd", cfg.sampling, plan.dataset_size, q, cycle,
-                           plan.planned_steps)
+    q = (
+        run.sampling_rate
+        if cycle == run.cycle
+        else law.rate(plan.world_size * plan.batch_size, plan.dataset_size, cycle)
+    )
+    return NoisePlan.build("dpsgd", cfg.sampling, plan.dataset_size, q, cycle, plan.planned_steps)
 
 
-def warn_if_dpsgd_better(cfg, plan, given_cycle: int | None = None, *,
-                         stacklevel: int = 2) -> tuple[float, float, float] | None:
+def warn_if_dpsgd_better(
+    cfg, plan, given_cycle: int | None = None, *, stacklevel: int = 2
+) -> tuple[float, float, float] | None:
     """Warn (a ``UserWarning``) when the run's correlated noise is accounted at a larger
     epsilon than DP-SGD's independent noise of the same expected error with the same
     sampling, batch size and steps (see the module docstring).
@@ -65,13 +69,12 @@ def warn_if_dpsgd_better(cfg, plan, given_cycle: int | None = None, *,
     tuple or None
         ``(dpsgd_noise_multiplier, dpsgd_epsilon, epsilon)`` when compared (warned or
         not; ``dpsgd_epsilon`` is that of DP-SGD's first step alone when it already
-        reaches ``epsilon``), None when there is nothing to compare (independent noise, no planned steps
-        or epsilon, no noise).
+        reaches ``epsilon``), None when there is nothing to compare (independent noise,
+        no planned steps or epsilon, no noise).
     """
     run, steps, eps = plan.run, plan.planned_steps, plan.planned_epsilon
     sigma = plan.noise_multiplier
-    if (not run.correlates or not steps or eps is None or not math.isfinite(eps)
-            or sigma <= 0):
+    if not run.correlates or not steps or eps is None or not math.isfinite(eps) or sigma <= 0:
         return None
     ratio = math.sqrt(float(np.max(per_query_error(run.strategy, steps))) / steps)
     ref = _reference(cfg, plan, given_cycle)
@@ -79,28 +82,43 @@ def warn_if_dpsgd_better(cfg, plan, given_cycle: int | None = None, *,
     # DP-SGD's epsilon only grows with its steps: its first step's (cheap) at or above
     # the run's epsilon settles it without accounting all of them (slow at a small sigma')
     for k in (1, steps):
-        eps_ref = ref.mechanism(sigma_ref, k).epsilon(cfg.target_delta,
-                                                      accountant=cfg.accountant)
+        eps_ref = ref.mechanism(sigma_ref, k).epsilon(cfg.target_delta, accountant=cfg.accountant)
         if eps_ref >= eps:
             break
     if eps_ref < eps:
-        noise = str(cfg.noise) if isinstance(cfg.noise, str) else type(cfg.noise).__name__
-        fix = ("pass noise='dpsgd' (the DP-SGD run compared), or plan a larger budget, "
-               "where correlated noise pays off (it is accounted without amplification by "
-               "sampling unless banded with bands <= the cycle)")
+        noise = (
+            repr(str(cfg.noise))
+            if isinstance(cfg.noise, str)
+            else f"{type(cfg.noise).__name__}(...)"
+        )
+        fix = (
+            "pass noise='dpsgd' (the DP-SGD run compared), or plan a larger budget, "
+            "where correlated noise pays off (it is accounted without amplification by "
+            "sampling unless banded with bands <= the cycle)"
+        )
         epoch = max(1, int(plan.dataset_size // plan.batch_size))
-        if SAMPLINGS[cfg.sampling].default_cycle is not None and run.cycle < epoch:
-            fix += (f"; with a cycle of {run.cycle} group(s) an example may take part every "
-                    f"{run.cycle} steps: cycle_length={epoch} (an epoch's batches) lets it "
-                    "take part once per epoch, the participation correlated noise is "
-                    "designed for")
+        bands = nonzero_bands(run.strategy)  # a banded C of bands <= cycle is amplified
+        if (
+            SAMPLINGS[cfg.sampling].default_cycle is not None
+            and run.cycle < epoch
+            and (bands is None or bands > run.cycle)
+        ):
+            fix += (
+                f"; with {run.cycle} group(s) an example may take part every "
+                f"{run.cycle} step(s): cycle_length={epoch} (an epoch's batches) lets it "
+                "take part once per epoch, the participation correlated noise is "
+                "designed for"
+            )
         warnings.warn(
-            f"noise={noise!r} with sampling={cfg.sampling!r} (cycle {run.cycle}) is "
+            f"noise={noise} with sampling={cfg.sampling!r} (cycle {run.cycle}) is "
             f"accounted at epsilon={eps:.4g} (delta={cfg.target_delta:g}) at "
-            f"noise_multiplier={sigma:.4g}, while independent DP-SGD noise with the same "
-            f"sampling, batch size and {steps} steps adds the same expected error (the "
-            "largest noise of the summed updates) at noise_multiplier="
-            f"{sigma_ref:.4g} and is accounted at epsilon={eps_ref:.4g}: this correlated "
+            f"noise_multiplier={sigma:.4g}, while independent DP-SGD noise (noise='dpsgd' "
+            f"in the same call: sampling={cfg.sampling!r} with cycle {ref.cycle}, the same "
+            f"batch size and {steps} steps) adds the same expected error (the largest "
+            f"noise of the summed updates) at noise_multiplier={sigma_ref:.4g} and is "
+            f"accounted at epsilon={eps_ref:.4g}: this correlated "
             f"noise costs more privacy for no less noise. To change: {fix}",
-            UserWarning, stacklevel=stacklevel + 1)
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
     return sigma_ref, eps_ref, eps
