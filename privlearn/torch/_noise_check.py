@@ -91,17 +91,19 @@ def warn_if_dpsgd_better(
             if isinstance(cfg.noise, str)
             else f"{type(cfg.noise).__name__}(...)"
         )
-        fix = (
-            "pass noise='dpsgd' (the DP-SGD run compared), or plan a larger budget, "
-            "where correlated noise pays off (it is accounted without amplification by "
-            "sampling unless banded with bands <= the cycle)"
+        bands = nonzero_bands(run.strategy)  # a banded C of bands <= cycle is amplified
+        amplified = cfg.sampling == "cyclic_poisson" and bands is not None and bands <= run.cycle
+        fix = "pass noise='dpsgd' (the DP-SGD run compared), or plan a larger budget" + (
+            ""
+            if amplified
+            else ", where correlated noise pays off (it is accounted without amplification "
+            "by sampling: only a banded one with bands <= the cycle of cyclic Poisson is)"
         )
         epoch = max(1, int(plan.dataset_size // plan.batch_size))
-        bands = nonzero_bands(run.strategy)  # a banded C of bands <= cycle is amplified
         if (
             SAMPLINGS[cfg.sampling].default_cycle is not None
             and run.cycle < epoch
-            and (bands is None or bands > run.cycle)
+            and not amplified
         ):
             fix += (
                 f"; with {run.cycle} group(s) an example may take part every "
