@@ -281,3 +281,35 @@ def test_guides_accounting_figures() -> None:
     )
     assert compose([ApproxDP(0.5, 4e-6)] * 2).epsilon(1e-5) == pytest.approx(float(two), abs=5e-7)
     assert compose([ApproxDP(0.1, 1e-6)] * 10).epsilon(1e-5) == pytest.approx(float(ten), abs=5e-9)
+
+
+@pytest.mark.slow
+def test_correlated_noise_default_cycle_figures():
+    """The small run the correlated-noise guide quotes (N = 1000, B = 64, one epoch,
+    sigma = 1): DP-SGD's epsilon from the subsampled Gaussian, and the BLT's with one group
+    and with an epoch's groups from the engine's plan (each optimises a BLT: seconds)."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch.config import DPConfig
+    from privlearn.torch.privacy_engine import plan_run
+
+    one, dpsgd, epoch = _quoted(
+        "guides/correlated-noise.md",
+        r"accounted at epsilon ([\d.]+) where DP-SGD's is ([\d.]+); with the epoch cycle "
+        r"it is ([\d.]+)",
+    )
+    assert f"{_sgd_run(1.0, 64 / 1000, 16).epsilon(1e-5):.2f}" == dpsgd
+
+    def planned(**kw):
+        cfg = DPConfig(noise_multiplier=1.0, epochs=1, sampling="cyclic_poisson", noise="blt", **kw)
+        loader = DataLoader(TensorDataset(torch.zeros(1000, 1)), batch_size=64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return plan_run(cfg, nn.Linear(1, 1), loader).planned_epsilon
+
+    assert f"{planned(cycle_length=1):.1f}" == one
+    assert f"{planned():.2f}" == epoch

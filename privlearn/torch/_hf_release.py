@@ -165,7 +165,7 @@ def spent_budget_error(p, epsilon: float) -> PrivacyBudgetExceededError:
     checkpoint it resumes, spent it); raised before the run draws a batch."""
     b = p.budget
     return PrivacyBudgetExceededError(
-        f"max_epsilon={b.max_epsilon:g} at delta={b.delta:g} is spent: "
+        f"{b.cap_name} at delta={b.delta:g} is spent: "
         f"{p.accountant.steps} step(s) were already taken (epsilon {epsilon:.4g}: an "
         "earlier train() of this trainer, or the run of the checkpoint resumed), and one "
         "more step "

@@ -312,13 +312,24 @@ class BudgetCap:
         noise multiplier, is told its own cause).
     planned_noise_multiplier : float, optional
         The noise multiplier the run was planned with.
+    capped_at_plan : bool
+        Whether ``max_epsilon`` is the smaller of the ``max_epsilon`` the user gave
+        (``given_max_epsilon``, None: none) and the plan's epsilon (a run accounted as one
+        mechanism cannot go past its plan): messages then name which number the cap is
+        (:attr:`cap_name`).
+    given_max_epsilon : float, optional
     """
 
     def __init__(self, accountant: PrivacyAccountant, *, delta: float,
                  max_epsilon: float | None = None, planned_epsilon: float | None = None,
                  planned_steps: int | None = None, beyond: str | None = None,
-                 planned_noise_multiplier: float | None = None):
+                 planned_noise_multiplier: float | None = None,
+                 capped_at_plan: bool = False, given_max_epsilon: float | None = None):
         self.accountant = accountant
+        self.capped_at_plan = capped_at_plan
+        self.given_max_epsilon = (None if given_max_epsilon is None
+                                  or math.isinf(given_max_epsilon)
+                                  else float(given_max_epsilon))
         self.planned_steps = planned_steps
         self.planned_noise_multiplier = planned_noise_multiplier
         self.delta = float(delta)
@@ -333,6 +344,19 @@ class BudgetCap:
         self._room = _Room()
         self._config: tuple[float, float] | None = None
         self._warned = False
+
+    @property
+    def cap_name(self) -> str:
+        """The cap in words for a message: ``max_epsilon=<value>`` when it is the value
+        the user gave, else the plan's epsilon, naming the ``max_epsilon`` given (if
+        any) apart from it."""
+        cap, given = self.max_epsilon, self.given_max_epsilon
+        if cap is None or not self.capped_at_plan or (given is not None and cap >= given):
+            return f"max_epsilon={cap:g}"
+        return (f"the planned epsilon {cap:g} (a run accounted as one matrix-factorization "
+                "mechanism is capped at its plan; "
+                + ("no max_epsilon was given" if given is None else
+                   f"max_epsilon={given:g} is larger") + ")")
 
     def rebase(self, *, max_epsilon: float | None, planned_epsilon: float | None) -> None:
         """New caps for a run whose history changed before its first step (a prior
@@ -370,7 +394,7 @@ class BudgetCap:
         if self._room.cap < 1:
             acct = self.accountant
             raise PrivacyBudgetExceededError(
-                f"the next step would exceed max_epsilon={self.max_epsilon:g} at "
+                f"the next step would exceed {self.cap_name} at "
                 f"delta={self.delta:g} (spent so far: {acct.epsilon(self.delta):.6g} after "
                 f"{acct.steps} steps); the step was not taken: {self._cause(*cfg)}")
 

@@ -276,9 +276,15 @@ class DPConfig:
         Buffers of ``noise="blt"`` (default 4).
     cycle_length : int >= 1, optional
         Groups of ``cyclic_poisson`` (default: the bands of ``noise="banded"`` or of a
-        banded strategy given, or 1), bins of ``balls_in_bins``
-        and batches per epoch of ``shuffled_epochs`` (default: dataset size / batch
-        size).
+        banded strategy given, which the sampling then amplifies; with ``noise="blt"``
+        or another strategy without bands, an epoch's batches, ``dataset size //
+        batch size``, so that an example takes part once per epoch, the min-separation
+        participation the BLT is optimised and accounted for, Choquette-Choo et al.
+        2023, "Multi-Epoch Matrix Factorization Mechanisms"; with ``noise="dpsgd"``,
+        1: Poisson sampling), bins of ``balls_in_bins`` and batches per epoch of
+        ``shuffled_epochs`` (default: dataset size / batch size). A correlated run
+        accounted at a larger epsilon than DP-SGD noise of the same expected error
+        under the same call gets a ``UserWarning`` naming both epsilons.
     users : sequence, optional
         The user (privacy unit) of every example of the dataset: privacy is then per
         *user*. Ids must be present and of one kind (numbers, or strings, ...): a missing

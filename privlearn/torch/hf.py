@@ -255,14 +255,14 @@ class _PrivacyCallback(TrainerCallback):
         p = self.trainer.privacy_engine
         if p is not None and self.trainer._unbounded and p.budget.max_epsilon is not None:
             raise PrivacyBudgetExceededError(
-                f"max_epsilon={p.budget.max_epsilon:g}: an earlier run of this trainer took "
+                f"{p.budget.cap_name}: an earlier run of this trainer took "
                 "steps without noise (noise_multiplier=0), so the epsilon of its runs is "
                 "already infinite; no step was taken. Build a new DPTrainer")
         if p is not None and p.accountant.steps > 0 and _exhausted(p):
             raise spent_budget_error(p, self.trainer.epsilon(p.budget.delta))  # no batch drawn
         if p is not None and p.accountant.steps == 0 and _exhausted(p):
             raise PrivacyBudgetExceededError(
-                f"max_epsilon={p.budget.max_epsilon:g} at delta={p.budget.delta:g} "
+                f"{p.budget.cap_name} at delta={p.budget.delta:g} "
                 f"does not cover even one step (noise_multiplier={p.noise_multiplier:.4g}, "
                 f"sampling rate {p.sampling_rate:.4g}"
                 + (", after the earlier runs of this trainer" if p.accountant.prior else "")
@@ -284,7 +284,7 @@ class _PrivacyCallback(TrainerCallback):
         if state.global_step < state.max_steps:  # not the planned end: say why it stopped
             warnings.warn(
                 f"DPTrainer stopped after step {state.global_step} of {state.max_steps}: the "
-                f"next step would take epsilon past max_epsilon={p.budget.max_epsilon:g} "
+                f"next step would take epsilon past {p.budget.cap_name} "
                 f"(epsilon now {self.trainer.epsilon():.4g} at delta="
                 f"{self.trainer.privacy.target_delta:g})", PrivacyBudgetWarning,
                 stacklevel=2)

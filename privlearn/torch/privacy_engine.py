@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 
 from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.torch._budget_cap import budget_cap
 from privlearn.torch._ddp_quiet import quiet_ddp
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
@@ -59,8 +60,8 @@ from privlearn.torch._ledger_reserve import (
     take_over_on_load,
 )
 from privlearn.torch._model_refusals import refuse_global_hooks, refuse_untrainable
+from privlearn.torch._noise_check import warn_if_dpsgd_better
 from privlearn.torch.accountant import (
-    BudgetCap,
     PrivacyAccountant,
     Segment,
     opacus_method_error,
@@ -93,7 +94,7 @@ from privlearn.torch.fsdp import (
 )
 from privlearn.torch.noise import NoiseSource
 from privlearn.torch.optimizer import AdaptiveClipping, DPOptimizer, gradient_noise_multiplier
-from privlearn.torch.schedule import SAMPLINGS, NoisePlan, cycle_bands, independent
+from privlearn.torch.schedule import SAMPLINGS, NoisePlan, cycle_bands, default_cycle, independent
 from privlearn.torch.tracker import GradSampleTracker, check_not_attached
 from privlearn.torch.validator import apply_fixers, check_model
 
@@ -550,7 +551,7 @@ def _cycle_and_rate(cfg: DPConfig, n: int, b: float, world: int, steps: int | No
     sampling rate checked to be in (0, 1]."""
     law = SAMPLINGS[cfg.sampling]
     held = cycle_bands(cfg.noise, cfg.bands, steps)
-    cycle = cfg.cycle_length or given_cycle or law.cycle_for(n, b, held)
+    cycle = cfg.cycle_length or given_cycle or default_cycle(cfg.noise, law, n, b, held)
     q = law.rate(world * b, n, cycle)
     if not 0 < q <= 1:
         source = ("" if cfg.cycle_length is not None or held is None or cycle != held
@@ -658,10 +659,12 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     elif eps is None and planned:
         eps = math.inf  # steps without noise release their gradients as they are
     expected = (world * b if not law.cycled else law.expected_batch(q, n, cycle))
-    return Plan(rank=rank, world_size=world, dataset_size=n, batch_size=b, sampling_rate=q,
+    plan = Plan(rank=rank, world_size=world, dataset_size=n, batch_size=b, sampling_rate=q,
                 steps_per_epoch=per_epoch, planned_steps=planned, noise_multiplier=float(nm),
                 planned_epsilon=eps, max_grad_norm=float(c), per_layer_bounds=bounds,
                 adaptive=adaptive, run=run, expected_batch_size=float(expected), units=units)
+    warn_if_dpsgd_better(cfg, plan, given[1] if given else None, stacklevel=3)
+    return plan
 
 
 #: settings that may differ between ranks: neither the mechanism nor its accounting
@@ -740,26 +743,7 @@ def build_optimizer(optimizer, tracker: GradSampleTracker, data_loader: DataLoad
         # describe this run's steps is refused before training, not at the first epsilon()
         acct.epsilon(cfg.target_delta, extra=Segment(plan.noise_multiplier,
                                                      plan.sampling_rate, 1.0, 1))
-    # a run accounted as one mechanism is capped at its plan (beyond it, the plan's
-    # strategy and sensitivity no longer describe the steps)
-    cap = None if cfg.max_epsilon is None or math.isinf(cfg.max_epsilon) else cfg.max_epsilon
-    if not plan.run.stepwise and plan.planned_epsilon is not None:
-        cap = plan.planned_epsilon if cap is None else min(cap, plan.planned_epsilon)
-    if cap is not None and not plan.run.stepwise and cap == plan.planned_epsilon:
-        beyond = ("a run accounted as one matrix-factorization mechanism cannot go past its "
-                  "plan (beyond it, its strategy and sensitivity no longer describe the "
-                  "steps): plan more steps (epochs or steps) and a larger target_epsilon")
-    elif cfg.target_epsilon is not None and cap == cfg.target_epsilon:
-        beyond = ("target_epsilon is a stop: the loop ran longer than the planned "
-                  f"{plan.planned_steps} steps (epochs/steps given to make_private). To "
-                  "train past it, accepting the larger epsilon, pass max_epsilon="
-                  "float('inf') (or a larger max_epsilon); or plan the run's real length")
-    else:
-        beyond = ("stop training here, or plan a larger budget (or more noise) before "
-                  "training")
-    budget = BudgetCap(acct, delta=cfg.target_delta, max_epsilon=cap,
-                       planned_epsilon=plan.planned_epsilon, planned_steps=plan.planned_steps,
-                       beyond=beyond, planned_noise_multiplier=plan.noise_multiplier)
+    budget = budget_cap(cfg, plan, acct)
     noise = NoiseSource(secure_mode=cfg.secure_mode, seed=None if seed is None else seed + 7)
     per_param = None
     if plan.per_layer_bounds is not None:

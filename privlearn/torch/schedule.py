@@ -48,7 +48,7 @@ from privlearn.errors import ConfigurationError, StrategyAdjustedWarning
 from privlearn.torch.correlated_noise import CorrelatedNoise
 
 __all__ = ["NoisePlan", "RunAccounting", "SamplingKind", "SAMPLINGS", "choose_strategy",
-           "compose_steps", "dpsgd_step", "independent", "whole_run"]
+           "compose_steps", "default_cycle", "dpsgd_step", "independent", "whole_run"]
 
 
 #: The former name of a registry entry (:class:`privlearn.correlated.sampling.SamplingLaw`,
@@ -93,6 +93,23 @@ def cycle_bands(noise, bands: int | None, steps: int | None = None) -> int | Non
     else:
         return None
     return held if steps is None else min(held, steps)
+
+
+def default_cycle(noise, law: SamplingLaw, n: int, b: float, held: int | None) -> int:
+    """The cycle length of a run that gives none: :meth:`SamplingLaw.cycle_for`, except
+    for correlated noise that no sampling amplifies (a BLT, any strategy without bands:
+    ``held`` None) under a sampling whose own default is not an epoch (cyclic Poisson,
+    whose default is 1 group, every example eligible at every step). There the cycle is
+    an epoch's batches, ``max(1, floor(n / b))`` groups (at most ``n / b``, so that the
+    rate ``b c / n`` stays at most 1): each example takes part about once per epoch, at
+    least a cycle apart, the min-separation participation the strategy is optimised and
+    accounted for (Choquette-Choo et al. 2023a, Sec. 2, ``b`` = steps per epoch; McMahan
+    et al. 2024). With one group the strategy is optimised for participation in every
+    step (it comes out close to the identity) and is accounted without amplification,
+    at a far larger epsilon than DP-SGD's at the same noise multiplier."""
+    if held is None and not independent(noise) and law.default_cycle is not None:
+        return max(1, int(n // b))
+    return law.cycle_for(n, b, held)
 
 
 def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poisson"):
