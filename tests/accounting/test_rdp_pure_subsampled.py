@@ -348,3 +348,34 @@ def test_extreme_inputs_never_optimistic():
     assert not np.any(np.isnan(tiny)) and np.all(tiny > 0)
     big = subsample(PureDP(800.0), 0.1).rdp([2.0, 1e6])
     assert np.all(np.isfinite(big) & (big > 0) & (big <= PureDP(800.0).rdp([2.0, 1e6])))
+
+
+def _eps_of_pair(x0, x1, delta):
+    """Exact epsilon(delta) of one release of the pair (x0, x1), both directions."""
+
+    def dmax(e):
+        return max(
+            float(np.sum(np.maximum(x0 - math.exp(e) * x1, 0.0))),
+            float(np.sum(np.maximum(x1 - math.exp(e) * x0, 0.0))),
+        )
+
+    lo, hi = 0.0, 50.0
+    if dmax(0.0) <= delta:
+        return 0.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if dmax(mid) <= delta else (mid, hi)
+    return lo
+
+
+@pytest.mark.parametrize(
+    ("eps", "q", "delta"),
+    [(0.1, 0.5, 1e-3), (0.5, 0.01, 1e-5), (2.0, 0.1, 1e-5), (2.0, 0.001, 1e-3)],
+)
+def test_fixed_size_one_step_epsilon_is_above_every_instance(eps, q, delta):
+    """One fixed-size step: the RDP-derived epsilon is at least the exact epsilon(delta)
+    of each explicit instance (A, B, B'), which the subsampled mechanism can be."""
+    got = subsample(PureDP(eps), q, scheme="fixed").epsilon(delta, accountant="rdp")
+    for a, b, b2 in _vertex_triples(eps):
+        x0, x1 = (1 - q) * a + q * b, (1 - q) * a + q * b2
+        assert got >= _eps_of_pair(x0, x1, delta) - 1e-12
