@@ -3,7 +3,10 @@ Zhu-Wang / Wang-Balle-Kasiviswanathan bounds and against our PLD accountant.
 
 Usage::
 
-    python benchmarks/rdp_pure_subsampled.py [--before CHECKOUT] [--scheme poisson|fixed]
+    PYTHONPATH=. python benchmarks/rdp_pure_subsampled.py [--before CHECKOUT] \
+        [--scheme poisson|fixed]
+
+(from the checkout to measure: ``PYTHONPATH`` makes it the one imported).
 
 For Laplace (b in {0.5, 1, 2, 5}), PureDP (eps in {0.1, 0.5, 1, 2}) and binary randomized
 response (p in {0.6, 0.75, 0.9}), each subsampled at q in {0.001, 0.01, 0.1, 0.5} and
