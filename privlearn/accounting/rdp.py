@@ -39,11 +39,11 @@ Every subsampled bound is also capped by the base mechanism's RDP (Renyi diverge
 jointly quasi-convex, van Erven & Harremoes 2014 Theorem 13) and, when the base has a pure
 epsilon, by the exact RDP of the same subsampling applied to randomized response with that
 epsilon, which dominates every such base (Kairouz, Oh & Viswanath 2015, Theorem 2.1, and
-the data-processing inequality; :mod:`privlearn.accounting._rdp_pure_subsampled`). Bounds computed at integer
-orders are extended to real orders with the convexity of ``(alpha - 1) D_alpha`` in alpha
-(van Erven & Harremoes 2014, Theorem 11) -- linear interpolation of the cumulant between
-neighbouring integers is a valid upper bound -- and with monotonicity in alpha (their
-Theorem 3) on (1, 2].
+the data-processing inequality; :mod:`privlearn.accounting._rdp_pure_subsampled`).
+Bounds computed at integer orders are extended to real orders with the convexity of
+``(alpha - 1) D_alpha`` in alpha (van Erven & Harremoes 2014, Theorem 11) -- linear
+interpolation of the cumulant between neighbouring integers is a valid upper bound -- and
+with monotonicity in alpha (their Theorem 3) on (1, 2].
 
 All sums run in log space (log-sum-exp with the maximum factored out) over exact
 log-binomials; a Renyi moment ``A >= 1`` is summed as its excess ``A - 1`` over
