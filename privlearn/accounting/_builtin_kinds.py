@@ -18,10 +18,11 @@ Laplace                pure eps ``1/b``; pair ``Lap(1/b, 1)`` vs ``Lap(0, 1)``; 
                        Prop. 6; replace-one pair ``ReplaceLaplacePair``; Poisson RDP Zhu &
                        Wang 2019 Thm 8; closed-form profile of one run
 RandomizedResponse     pure eps ``log(p (k-1) / (1-p))``; its three-outcome pair (also as exact
-                       atoms); exact RDP; a local randomiser (same pair at any sensitivity)
+                       atoms); exact RDP, also Poisson-subsampled; a local randomiser (same
+                       pair at any sensitivity)
 PureDP                 pure eps; binary randomized response with that epsilon (Kairouz, Oh &
-                       Viswanath 2015, Thm 2.1) for the pair, the atoms and RDP; group
-                       privacy for scaling
+                       Viswanath 2015, Thm 2.1) for the pair, the atoms and RDP (also
+                       Poisson-subsampled); group privacy for scaling
 ApproxDP               pure eps ``inf``; the four-outcome (eps, delta) pair (Kairouz, Oh &
                        Viswanath 2015, Thm 2.1; also as exact atoms); no RDP (delta > 0
                        bounds no Renyi divergence); group privacy for scaling
@@ -170,6 +171,22 @@ def _randomized_response_rdp(mechanism: RandomizedResponse, alphas: np.ndarray) 
     return np.minimum(val, _randomized_response_pure_epsilon(mechanism))
 
 
+def _randomized_response_poisson_rdp(mechanism: RandomizedResponse, rate: float,
+                                     alphas: np.ndarray) -> np.ndarray:
+    """Exact RDP of Poisson-subsampled k-ary randomized response (add/remove): the larger
+    Renyi divergence, in either direction, between the three-outcome pair ``P = (p, r,
+    (k-2) r)``, ``Q = (r, p, (k-2) r)`` and its mixture ``(1 - q) P + q Q``, at every
+    real order (see :mod:`._rdp_pure_subsampled`; at integer orders the binomial
+    expansion of Zhu & Wang 2019, Section 3, attained by this pair)."""
+    from privlearn.accounting._rdp_pure_subsampled import poisson_randomized_response_rdp
+
+    p, k = mechanism.truth_probability, mechanism.num_categories
+    r = (1.0 - p) / (k - 1)
+    p_minus_r = float((Fraction(k) * Fraction(p) - 1) / (k - 1))  # no cancellation
+    out = poisson_randomized_response_rdp(p, r, p_minus_r, (k - 2) * r, rate, alphas)
+    return np.minimum(out, _randomized_response_rdp(mechanism, alphas))
+
+
 def _randomized_response_pair(m: RandomizedResponse):
     from privlearn.accounting._pld_pairs import randomized_response_pair
 
@@ -191,6 +208,7 @@ register_mechanism(
     # a local randomiser: any change of one record's input changes one output, whatever
     # the relation, so the same pair dominates at any sensitivity
     scale_sensitivity=lambda m, factor: m,
+    rdp_poisson_subsampled=_randomized_response_poisson_rdp,
     pld_atoms=lambda m: closed_form.randomized_response_atoms(m.truth_probability,
                                                               m.num_categories),
 )
@@ -206,6 +224,15 @@ def _pure_dp_rdp(mechanism: PureDP, alphas: np.ndarray) -> np.ndarray:
 
 
 
+def _pure_dp_poisson_rdp(mechanism: PureDP, rate: float, alphas: np.ndarray) -> np.ndarray:
+    """Exact RDP of Poisson-subsampled binary randomized response with the same epsilon,
+    which dominates every Poisson-subsampled epsilon-DP mechanism (Kairouz, Oh &
+    Viswanath 2015, Thm 2.1, and data processing; see :mod:`._rdp_pure_subsampled`)."""
+    from privlearn.accounting._rdp_pure_subsampled import poisson_pure_dp_rdp
+
+    return poisson_pure_dp_rdp(mechanism.pure_epsilon, rate, alphas)
+
+
 def _pure_dp_pair(m: PureDP):
     from privlearn.accounting._pld_pairs import pure_dp_pair
 
@@ -217,6 +244,7 @@ register_mechanism(
     pure_epsilon=lambda m: m.pure_epsilon,
     pld_pair=_pure_dp_pair,
     rdp=_pure_dp_rdp,
+    rdp_poisson_subsampled=_pure_dp_poisson_rdp,
     # group privacy: an eps-DP mechanism is (factor * eps)-DP for records that move its
     # input factor times as far (Dwork & Roth 2014, Section 2.3)
     scale_sensitivity=lambda m, factor: PureDP(factor * m.pure_epsilon),

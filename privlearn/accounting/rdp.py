@@ -21,8 +21,10 @@ RDPMechanism               the user's function (NaN -> inf), capped by its pure 
 Composed                   sum of the parts, ``count * rdp`` for repeated parts
 Poisson x Gaussian         Mironov, Talwar & Zhang 2019 (exact; integer and fractional)
 Poisson x Laplace          Zhu & Wang 2019 Theorem 8 (the bound autodp uses)
+Poisson x PureDP / RR      exact divergences of subsampled randomized response
 Poisson x other            Zhu & Wang 2019 Theorem 6 (general upper bound)
 fixed-size x any           Wang, Balle & Kasiviswanathan 2019 Theorem 9 (replace-one)
+fixed-size x pure DP       exact worst case over pairwise eps-close triples
 =========================  ============================================================
 
 Neighbouring convention (as Google dp_accounting): Gaussian and Laplace noise multipliers
@@ -34,12 +36,14 @@ PureDP and randomized response state their guarantee for the stated relation. Po
 sampling under replace-one is not supported by this accountant (use ``"pld"``).
 
 Every subsampled bound is also capped by the base mechanism's RDP (Renyi divergence is
-jointly quasi-convex, van Erven & Harremoes 2014 Theorem 13) and by the RDP of randomized
-response with the amplified pure epsilon when the base has one. Bounds computed at integer
-orders are extended to real orders with the convexity of ``(alpha - 1) D_alpha`` in alpha
-(van Erven & Harremoes 2014, Theorem 11) -- linear interpolation of the cumulant between
-neighbouring integers is a valid upper bound -- and with monotonicity in alpha (their
-Theorem 3) on (1, 2].
+jointly quasi-convex, van Erven & Harremoes 2014 Theorem 13) and, when the base has a pure
+epsilon, by the exact RDP of the same subsampling applied to randomized response with that
+epsilon, which dominates every such base (Kairouz, Oh & Viswanath 2015, Theorem 2.1, and
+the data-processing inequality; :mod:`privlearn.accounting._rdp_pure_subsampled`).
+Bounds computed at integer orders are extended to real orders with the convexity of
+``(alpha - 1) D_alpha`` in alpha (van Erven & Harremoes 2014, Theorem 11) -- linear
+interpolation of the cumulant between neighbouring integers is a valid upper bound -- and
+with monotonicity in alpha (their Theorem 3) on (1, 2].
 
 All sums run in log space (log-sum-exp with the maximum factored out) over exact
 log-binomials; a Renyi moment ``A >= 1`` is summed as its excess ``A - 1`` over
@@ -87,6 +91,10 @@ from privlearn.accounting._rdp_math import (
     _segments,
     _sum_margin,
     _term_margin,
+)
+from privlearn.accounting._rdp_pure_subsampled import (
+    fixed_pure_dp_rdp,
+    poisson_pure_dp_rdp,
 )
 from privlearn.accounting._rdp_sampled_gaussian import clear_cache as _clear_sg_cache
 from privlearn.accounting._rdp_sampled_gaussian import subsampled_gaussian_rdp
@@ -256,8 +264,11 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
     * other combinations raise :class:`UnsupportedMechanismError`.
 
     All are capped by the base RDP (joint quasi-convexity of the Renyi divergence, van
-    Erven & Harremoes 2014, Thm 13) and, when the mechanism is pure DP, by the RDP of
-    randomized response with its pure epsilon. ``rate == 1`` gives the base mechanism.
+    Erven & Harremoes 2014, Thm 13) and, when the base has a pure epsilon, by the exact
+    RDP of the subsampled randomized-response pair with that epsilon
+    (:func:`._rdp_pure_subsampled.poisson_pure_dp_rdp` /
+    :func:`._rdp_pure_subsampled.fixed_pure_dp_rdp`), which dominates the subsampled base.
+    ``rate == 1`` gives the base mechanism.
     """
     if mechanism.rate == 1.0:  # every scheme runs the base at its relation's sensitivity
         return _rdp(relation_base(mechanism, accountant="rdp"), alphas)
@@ -285,6 +296,14 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
         out = _interpolate_integer_bound(
             alphas, functools.partial(_fixed_generic_int, base, q, log_pv=log_pv))
     out = np.minimum(out, base_rdp)
+    eps_base = pure_epsilon(base)
+    if math.isfinite(eps_base):
+        # the base is a post-processing of randomized response with its pure epsilon:
+        # the exact divergences of that pair, subsampled (tighter than randomized
+        # response with the amplified epsilon, which it implies)
+        pure_fn = (poisson_pure_dp_rdp if mechanism.scheme is Sampling.POISSON
+                   else fixed_pure_dp_rdp)
+        out = np.minimum(out, pure_fn(eps_base, q, alphas))
     eps_pure = pure_epsilon(mechanism)
     if math.isfinite(eps_pure):
         out = np.minimum(out, _rr_rdp(eps_pure, alphas))
