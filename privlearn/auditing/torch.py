@@ -658,7 +658,9 @@ def audit_training(
       records. Scored by how far the coordinate moved along its canary's gradient:
       ``"trajectory"`` (default with plain SGD: the per-step likelihood ratio,
       :func:`trajectory_scores`) or ``"final"`` (the total movement,
-      :func:`final_scores`; the default with any other optimizer). White-box: the
+      :func:`final_scores`; the default with any other optimizer), or
+      ``"increments"`` (plain SGD; :func:`increment_scores`: catches noise reused across
+      steps, which the likelihood ratio misses). White-box: the
       strongest test of the engine's clipping, noise and sampling as your configuration
       uses them.
 
@@ -721,10 +723,10 @@ def audit_training(
             "they run with the pieces of your training: pass make_model=..., "
             "make_optimizer=..., loss_fn=..., batch_size=..., epochs=..., private={...} "
             "instead of train, or use canaries='data' with your own loop")
-    if gradient and score is not None and score not in ("trajectory", "final"):
+    if gradient and score is not None and score not in ("trajectory", "final", "increments"):
         raise ConfigurationError(
-            f"score must be 'trajectory' or 'final' for gradient canaries, got "
-            f"{score!r}")
+            f"score must be 'trajectory', 'final' or 'increments' for gradient canaries, "
+            f"got {score!r}")
     if not gradient and score is not None and not callable(score):
         raise ParameterTypeError("score must be callable for data canaries: score(model, inputs, "
                         f"targets) -> one score per canary, got {score!r}")
@@ -790,9 +792,9 @@ def audit_training(
         if gradient:
             lr = _plain_sgd_lr(optimizer, model.canaries.weight.weight)
             how = score or ("trajectory" if lr is not None else "final")
-            if how == "trajectory" and lr is None:
+            if how != "final" and lr is None:
                 raise ConfigurationError(
-                    "score='trajectory' is the likelihood ratio of plain SGD steps "
+                    f"score={how!r} reads the per-step movements of plain SGD steps "
                     "(no momentum or weight decay); use score='final' with this "
                     "optimizer")
             run = _RunningScores(

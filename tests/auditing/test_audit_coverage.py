@@ -21,6 +21,7 @@ import pytest
 from scipy import optimize, stats
 
 from privlearn.auditing import epsilon_lower_bound
+from privlearn.errors import ConfigurationError
 
 CONFIDENCE = 0.95
 
@@ -237,3 +238,52 @@ def test_noise_reused_draws_the_same_noise_each_step_and_is_undone():
     assert "advance" not in vars(src)
     a, b = two_steps()
     assert not torch.equal(a, b)
+
+
+def test_audit_training_takes_the_increments_score(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from privlearn.auditing.torch import DiracCanaries, audit_training, increment_scores
+
+    snaps = []
+    coordinates = DiracCanaries.coordinates
+
+    def record(self):
+        out = coordinates(self)
+        snaps.append(out.copy())
+        return out
+
+    monkeypatch.setattr(DiracCanaries, "coordinates", record)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 5)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    common = dict(
+        make_model=lambda: torch.nn.Linear(5, 2),
+        batch_size=20,
+        epochs=1,
+        private={"noise_multiplier": 0.8, "max_grad_norm": 1.0},
+        canaries="gradient",
+        n_canaries=40,
+        score="increments",
+        claimed_epsilon=1.0,
+        seed=1,
+        show_progress=False,
+    )
+    r = audit_training((X, y), make_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.4), **common)
+    assert len(snaps) > 3
+    expected_batch = 20.0  # q N of the run: batch_size records a step
+    np.testing.assert_allclose(
+        r.scores,
+        increment_scores(
+            np.array(snaps),
+            learning_rate=0.4,
+            max_grad_norm=1.0,
+            expected_batch_size=expected_batch,
+        ),
+        rtol=1e-9,
+    )
+    with pytest.raises(ConfigurationError, match="score='increments' reads the per-step"):
+        audit_training(
+            (X, y),
+            make_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.4, momentum=0.9),
+            **common,
+        )
