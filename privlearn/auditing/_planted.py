@@ -12,7 +12,12 @@ accountant keeps reporting the epsilon of the *intended* configuration:
 ``no-clipping``  the tracker clips at ``max_grad_norm = inf`` (``GradSampleTracker.
                  clipped_sum``) while the noise stays ``sigma * C``;
 ``rate-x10``     the Poisson batch sampler of ``p.data_loader`` includes every record with
-                 probability ``min(1, 10 q)`` while the accountant uses ``q``.
+                 probability ``min(1, 10 q)`` while the accountant uses ``q``;
+``noise-reused`` the noise source (``DPOptimizer.noise``) goes back to its starting state
+                 after every step instead of moving on (``NoiseSource.advance``), so every
+                 step adds the same noise draw. Each step's noise still
+                 has the intended law, so the per-step likelihood-ratio score
+                 (``score="trajectory"``) misses it: audit it with ``score="increments"``.
 
 This module is the only place that knows these internals; adapt it when they change.
 Imports torch only through the objects it is given.
@@ -29,7 +34,7 @@ from privlearn.errors import ConfigurationError, ParameterValueError
 
 __all__ = ["BUGS", "planted_bug"]
 
-BUGS = ("none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10")
+BUGS = ("none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10", "noise-reused")
 
 
 @contextlib.contextmanager
@@ -88,6 +93,24 @@ def _boosted_rate(sampler, factor: float):
 
 
 @contextlib.contextmanager
+def _frozen_noise(source):
+    """Make ``source.advance()`` (called after every step) restore the noise state the
+    run started from (:meth:`NoiseSource.state_dict`), so every step draws the same
+    noise."""
+    if getattr(source, "_secure", False):
+        raise ConfigurationError(
+            "noise-reused needs the seeded noise source (secure_mode=False): the secure "
+            "source draws fresh noise whatever its state")
+    start = source.state_dict()
+
+    def rewind() -> None:
+        source.load_state_dict(start)
+
+    with _patch_attr(source, "advance", rewind):
+        yield
+
+
+@contextlib.contextmanager
 def planted_bug(bug: str, private):
     """Plant ``bug`` (one of :data:`BUGS`) in the training ``private`` (what
     :func:`privlearn.torch.make_private` returned) for the duration of the block."""
@@ -109,6 +132,9 @@ def planted_bug(bug: str, private):
             return clipped_sum(math.inf, *args, **kwargs)
 
         with _patch_attr(tracker, "clipped_sum", unclipped):
+            yield
+    elif bug == "noise-reused":
+        with _frozen_noise(opt.noise):
             yield
     else:  # rate-x10
         with _boosted_rate(_batch_sampler(private), 10.0):

@@ -13,11 +13,15 @@ White-box gradient canaries (:class:`DiracCanaries`)
     per-step movement ``x_t = -(w_i(t+1) - w_i(t)) q N / (lr C)`` is exactly one draw of
     the subsampled Gaussian mechanism the accountant analyses: ``N(1, sigma^2)`` with
     probability ``q`` (``N(0, sigma^2)`` otherwise) if the canary is in, ``N(0, sigma^2)``
-    if it is out. Two scores: ``"final"``, the movement over the whole run (the sum of
-    the ``x_t``), and ``"trajectory"``, the Neyman-Pearson log-likelihood ratio of the
+    if it is out. Three scores: ``"final"``, the movement over the whole run (the sum of
+    the ``x_t``), ``"trajectory"``, the Neyman-Pearson log-likelihood ratio of the
     per-step movements, ``sum_t log(1 - q + q exp((x_t - 1/2) / sigma^2))`` (the optimal
     test when every intermediate model is released, which is what DP-SGD accounting
-    assumes). This is the "Dirac canary" of Nasr et al. (2023), "Tight Auditing of
+    assumes), and ``"increments"``, ``sum_t (x_t - x_{t-1})^2`` (:func:`increment_scores`:
+    weak on a correct run, it catches noise that is correlated across steps, e.g. one draw
+    reused at every step, which leaves each step's law intact and so fools the likelihood
+    ratio: a reused draw looks like a persistent movement of the canary). This is the
+    "Dirac canary" of Nasr et al. (2023), "Tight Auditing of
     Differentially Private Machine Learning", in the one-run setting of
     Steinke, Nasr & Jagielski (2023), with one coordinate per canary so that the
     canaries do not interfere.
@@ -69,6 +73,7 @@ __all__ = [
     "audit_dpsgd",
     "audit_training",
     "final_scores",
+    "increment_scores",
     "loss_scores",
     "trajectory_scores",
 ]
@@ -137,6 +142,25 @@ def trajectory_scores(snapshots: np.ndarray, *, learning_rate: float, max_grad_n
     return _step_terms(x, float(noise_multiplier), float(sampling_rate)).sum(axis=0)
 
 
+def increment_scores(snapshots: np.ndarray, *, learning_rate: float, max_grad_norm: float,
+                     expected_batch_size: float) -> np.ndarray:
+    """Sum of the squared changes of each canary's normalised per-step movement.
+
+    ``snapshots`` has shape ``(T + 1, m)`` as in :func:`trajectory_scores`; returns
+    ``sum_{t >= 2} (x_t - x_{t-1})^2`` (0 when ``T = 1``). A noise draw reused at every
+    step cancels in ``x_t - x_{t-1}``, which then is the change of the canary's own
+    clipped contribution (0 for an excluded canary): the score that detects such noise.
+    Any score gives a valid audit (Steinke, Nasr & Jagielski 2023, Theorem 3.1, holds for
+    every attacker); this one is weak when the noise is independent across steps.
+    """
+    s = np.asarray(snapshots, dtype=float)
+    if s.ndim != 2 or s.shape[0] < 2:
+        raise ParameterValueError(
+            f"snapshots must have shape (T + 1, m) with T >= 1, got {s.shape}")
+    x = -np.diff(s, axis=0) * expected_batch_size / (learning_rate * max_grad_norm)
+    return (np.diff(x, axis=0) ** 2).sum(axis=0)
+
+
 def _step_terms(x: np.ndarray, sigma: float, q: float) -> np.ndarray:
     """The per-step terms of :func:`trajectory_scores` for normalised movements ``x``
     (elementwise: one step's row or all steps at once give the same numbers)."""
@@ -149,18 +173,20 @@ def _step_terms(x: np.ndarray, sigma: float, q: float) -> np.ndarray:
 
 
 class _RunningScores:
-    """The scores of :func:`final_scores` or :func:`trajectory_scores` built as the run
-    goes: ``update`` takes the canary coordinates after each step, and only the start,
-    the previous step's coordinates and the running sum are kept (``3 x 8 x m`` bytes
-    rather than ``8 x (T + 1) x m`` for every step's snapshot). The sum runs over the
-    steps in order, as NumPy's sum over the steps' axis does for ``m >= 2``, so the
-    scores are the same numbers."""
+    """The scores of :func:`final_scores`, :func:`trajectory_scores` or
+    :func:`increment_scores` built as the run goes: ``update`` takes the canary
+    coordinates after each step, and only the start, the previous step's coordinates and
+    the running sum are kept (``3 x 8 x m`` bytes, plus the previous movement for
+    ``"increments"``, rather than ``8 x (T + 1) x m`` for every step's snapshot). The
+    sum runs over the steps in order, as NumPy's sum over the steps' axis does for
+    ``m >= 2``, so the scores are the same numbers."""
 
     def __init__(self, start: np.ndarray, how: str, *, learning_rate: float,
                  max_grad_norm: float, expected_batch_size: float, noise_multiplier: float,
                  sampling_rate: float):
         self.how, self.start = how, np.asarray(start, dtype=float)
         self.prev, self.total, self.steps = self.start, np.zeros_like(self.start), 0
+        self.last = self.start
         self.scale = (float(expected_batch_size), float(learning_rate) * float(max_grad_norm))
         self.common = dict(learning_rate=learning_rate, max_grad_norm=max_grad_norm,
                            expected_batch_size=expected_batch_size)
@@ -168,9 +194,14 @@ class _RunningScores:
 
     def update(self, coordinates: np.ndarray) -> None:
         now = np.asarray(coordinates, dtype=float)
-        if self.how == "trajectory":
+        if self.how != "final":
             x = -(now - self.prev) * self.scale[0] / self.scale[1]
-            self.total += _step_terms(x, self.sigma, self.q)
+            if self.how == "trajectory":
+                self.total += _step_terms(x, self.sigma, self.q)
+            else:  # increments: the previous step's movement is kept too
+                if self.steps:
+                    self.total += (x - self.last) ** 2
+                self.last = x
         self.prev, self.steps = now, self.steps + 1
 
     def scores(self) -> np.ndarray:
@@ -296,7 +327,9 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
         DP-SGD steps (at most 10,000: the work is proportional to the steps).
     canary_gradient_norm : float, optional
         ``G`` (default ``100 * max_grad_norm``).
-    score : {"trajectory", "final"}
+    score : {"trajectory", "final", "increments"}
+        ``"increments"`` (:func:`increment_scores`) for noise reused across steps
+        (``bug="noise-reused"``), which the default misses.
     method, confidence : see :func:`privlearn.auditing.one_run_audit` ("one_run" or
         "one_run_fdp").
     seed : int >= 0 or None
@@ -316,8 +349,9 @@ def audit_dpsgd(*, epsilon: float, delta: float, n_canaries: int = 1000, bug: st
     show_progress = check_show_progress(show_progress)
     n_canaries = _check_n_canaries(n_canaries)
     seed = _check_torch_seed(seed)  # None: drawn here and recorded, so the run can be repeated
-    if score not in ("trajectory", "final"):
-        raise ParameterValueError(f"score must be 'trajectory' or 'final', got {score!r}")
+    if score not in ("trajectory", "final", "increments"):
+        raise ParameterValueError(f"score must be 'trajectory', 'final' or 'increments', got "
+                                  f"{score!r}")
     if not 0 < float(sampling_rate) <= 0.1:
         raise ParameterValueError(f"sampling_rate must be in (0, 0.1], got {sampling_rate!r}")
     steps = check_audit_steps("steps", steps)
@@ -624,7 +658,9 @@ def audit_training(
       records. Scored by how far the coordinate moved along its canary's gradient:
       ``"trajectory"`` (default with plain SGD: the per-step likelihood ratio,
       :func:`trajectory_scores`) or ``"final"`` (the total movement,
-      :func:`final_scores`; the default with any other optimizer). White-box: the
+      :func:`final_scores`; the default with any other optimizer), or
+      ``"increments"`` (plain SGD; :func:`increment_scores`: catches noise reused across
+      steps, which the likelihood ratio misses). White-box: the
       strongest test of the engine's clipping, noise and sampling as your configuration
       uses them.
 
@@ -687,10 +723,10 @@ def audit_training(
             "they run with the pieces of your training: pass make_model=..., "
             "make_optimizer=..., loss_fn=..., batch_size=..., epochs=..., private={...} "
             "instead of train, or use canaries='data' with your own loop")
-    if gradient and score is not None and score not in ("trajectory", "final"):
+    if gradient and score is not None and score not in ("trajectory", "final", "increments"):
         raise ConfigurationError(
-            f"score must be 'trajectory' or 'final' for gradient canaries, got "
-            f"{score!r}")
+            f"score must be 'trajectory', 'final' or 'increments' for gradient canaries, "
+            f"got {score!r}")
     if not gradient and score is not None and not callable(score):
         raise ParameterTypeError("score must be callable for data canaries: score(model, inputs, "
                         f"targets) -> one score per canary, got {score!r}")
@@ -756,9 +792,9 @@ def audit_training(
         if gradient:
             lr = _plain_sgd_lr(optimizer, model.canaries.weight.weight)
             how = score or ("trajectory" if lr is not None else "final")
-            if how == "trajectory" and lr is None:
+            if how != "final" and lr is None:
                 raise ConfigurationError(
-                    "score='trajectory' is the likelihood ratio of plain SGD steps "
+                    f"score={how!r} reads the per-step movements of plain SGD steps "
                     "(no momentum or weight decay); use score='final' with this "
                     "optimizer")
             run = _RunningScores(

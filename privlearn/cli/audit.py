@@ -15,7 +15,8 @@ from privlearn.cli._options import check_out_dir, json_opt
 __all__ = ["audit"]
 
 
-_AUDIT_BUGS = ("none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10")
+_AUDIT_BUGS = ("none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10",
+               "noise-reused")
 _AUDIT_METHODS = ("one_run", "one_run_fdp")
 
 
@@ -44,9 +45,10 @@ def audit() -> None:
               help=f"DP-SGD steps, in [1, {MAX_AUDIT_STEPS:_}] (the audit trains each one).")
 @click.option("--sampling-rate", type=float, default=0.1, show_default=True,
               help="Poisson sampling rate q in (0, 0.1].")
-@click.option("--score", type=click.Choice(("trajectory", "final")), default="trajectory",
-              show_default=True, help="Canary score: per-step likelihood ratio or final "
-              "movement.")
+@click.option("--score", type=click.Choice(("trajectory", "final", "increments")),
+              default="trajectory", show_default=True,
+              help="Canary score: per-step likelihood ratio, final movement, or squared "
+              "changes of the per-step movement (catches noise reused across steps).")
 @click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
               help="Seed in [0, 2**64) (default: fresh entropy; the seed used is printed, so "
               "a run can be repeated).")
