@@ -31,6 +31,18 @@ from privlearn.torch import PrivacyAccountant, make_private  # noqa: E402
 DELTA = 1e-5
 
 
+def _private(model, loader, lr=0.1, max_grad_norm=1.0, **kwargs):
+    """``make_private`` of ``model`` trained by SGD at ``lr`` on ``loader``, clipping at
+    ``max_grad_norm`` (1 unless given)."""
+    return make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=lr),
+        loader,
+        max_grad_norm=max_grad_norm,
+        **kwargs,
+    )
+
+
 def _loop(p, loss_fn=F.cross_entropy, steps=None):
     """The ordinary loop over ``p.data_loader`` (at most ``steps`` batches)."""
     for k, (x, y) in enumerate(p.data_loader):
@@ -66,14 +78,7 @@ def test_len_of_the_accountant_is_the_number_of_steps():
     steps). Here ``len(p.accountant)`` is the logical steps recorded: 0 before any,
     and it counts every step whether or not the noise changed."""
     model = toy_mlp()
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(toy_data(32), batch_size=8),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        seed=0,
-    )
+    p = _private(model, DataLoader(toy_data(32), batch_size=8), noise_multiplier=1.0, seed=0)
     assert len(p.accountant) == 0
     _loop(p, steps=3)
     p.noise_multiplier = 2.0
@@ -94,14 +99,7 @@ def test_sampling_rate_one_is_the_composed_gaussian_and_a_larger_batch_is_refuse
     is refused, naming it."""
     sigma, epochs = 2.0, 6
     model = toy_mlp()
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(toy_data(32), batch_size=32),
-        noise_multiplier=sigma,
-        max_grad_norm=1.0,
-        seed=0,
-    )
+    p = _private(model, DataLoader(toy_data(32), batch_size=32), noise_multiplier=sigma, seed=0)
     assert p.sampling_rate == 1.0
     for _ in range(epochs):
         _loop(p)
@@ -115,13 +113,7 @@ def test_sampling_rate_one_is_the_composed_gaussian_and_a_larger_batch_is_refuse
     assert exact <= p.epsilon(DELTA) <= exact * (1 + 1e-6)
     other = toy_mlp()
     with pytest.raises(ConfigurationError, match="batch size 40, 32 examples"):
-        make_private(
-            other,
-            torch.optim.SGD(other.parameters(), lr=0.1),
-            DataLoader(toy_data(32), batch_size=40),
-            noise_multiplier=sigma,
-            max_grad_norm=1.0,
-        )
+        _private(other, DataLoader(toy_data(32), batch_size=40), noise_multiplier=sigma)
 
 
 def test_the_calibrated_noise_does_not_overshoot_the_target_epsilon():
@@ -132,14 +124,12 @@ def test_the_calibrated_noise_does_not_overshoot_the_target_epsilon():
     the step after its plan."""
     dp_accounting = pytest.importorskip("dp_accounting")
     model = toy_mlp()
-    p = make_private(
+    p = _private(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
         DataLoader(toy_data(200), batch_size=20),
         target_epsilon=2.0,
         target_delta=DELTA,
         epochs=2,
-        max_grad_norm=1.0,
         seed=0,
     )
     for _ in range(2):
@@ -167,14 +157,7 @@ def test_noise_changed_during_training_is_accounted_step_by_step():
     discretisation of it."""
     dp_accounting = pytest.importorskip("dp_accounting")
     model = toy_mlp()
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(toy_data(64), batch_size=8),
-        noise_multiplier=0.8,
-        max_grad_norm=1.0,
-        seed=0,
-    )
+    p = _private(model, DataLoader(toy_data(64), batch_size=8), noise_multiplier=0.8, seed=0)
     _loop(p, steps=5)
     p.noise_multiplier = 1.6
     _loop(p, steps=7)
@@ -201,14 +184,8 @@ def test_fixed_size_batches_are_not_accounted_as_poisson():
     dp_accounting = pytest.importorskip("dp_accounting")
     model = toy_mlp()
     n, b = 64, 8
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(toy_data(n), batch_size=b),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        sampling="fixed",
-        seed=0,
+    p = _private(
+        model, DataLoader(toy_data(n), batch_size=b), noise_multiplier=1.0, sampling="fixed", seed=0
     )
     sizes = []
     for x, y in p.data_loader:
@@ -229,14 +206,7 @@ def test_asking_for_epsilon_leaves_the_history_alone():
     asking twice (e.g. logging every epoch) changed the answer. Here asking, with any
     accountant, leaves the state and the answer as they were."""
     model = toy_mlp()
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(toy_data(32), batch_size=8),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        seed=0,
-    )
+    p = _private(model, DataLoader(toy_data(32), batch_size=8), noise_multiplier=1.0, seed=0)
     _loop(p)
     state = p.accountant.state_dict()
     first = p.epsilon(DELTA)
@@ -255,10 +225,10 @@ def test_the_update_divides_by_the_public_batch_size_not_the_data():
         ds = toy_data(n, spread=True)
         model = toy_mlp().double()
         ref = copy.deepcopy(model)
-        p = make_private(
+        p = _private(
             model,
-            torch.optim.SGD(model.parameters(), lr=0.0),
             DataLoader(ds, batch_size=3),
+            lr=0.0,
             noise_multiplier=0.0,
             max_grad_norm=0.5,
             seed=n,
@@ -299,10 +269,10 @@ def test_zero_grad_between_forward_and_backward_with_a_frozen_first_layer(oracle
     for q in model[0].parameters():
         q.requires_grad_(False)
     ref = copy.deepcopy(model)
-    p = make_private(
+    p = _private(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
         DataLoader(ds, batch_size=16),
+        lr=0.0,
         noise_multiplier=0.0,
         max_grad_norm=0.3,
         sampling="fixed",
@@ -326,14 +296,7 @@ def test_a_second_backward_before_the_step_is_refused_before_any_release():
     refused, naming max_physical_batch_size; no step is taken or accounted."""
     model = toy_mlp()
     before = [q.detach().clone() for q in model.parameters()]
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(toy_data(64), batch_size=8),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        seed=0,
-    )
+    p = _private(model, DataLoader(toy_data(64), batch_size=8), noise_multiplier=1.0, seed=0)
     batches = iter(p.data_loader)
     x, y = next(batches)
     F.cross_entropy(p.model(x), y).backward()
@@ -352,12 +315,10 @@ def test_a_gradient_penalty_through_the_private_model_is_refused():
     torch.manual_seed(0)
     real, fake, mix = torch.randn(8, 3), torch.randn(8, 3), torch.rand(8, 1)
     critic = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 1))
-    p = make_private(
+    p = _private(
         critic,
-        torch.optim.SGD(critic.parameters(), lr=0.1),
         DataLoader(TensorDataset(real, fake, mix), batch_size=8),
         noise_multiplier=1.0,
-        max_grad_norm=1.0,
         sampling="fixed",
     )
     for r, f, a in p.data_loader:
@@ -384,10 +345,10 @@ def test_a_teacher_model_in_the_loss_keeps_the_definition(oracle):
             soft = teacher(x).softmax(-1)
         return F.kl_div(out.log_softmax(-1), soft, reduction="batchmean") + F.cross_entropy(out, y)
 
-    p = make_private(
+    p = _private(
         student,
-        torch.optim.SGD(student.parameters(), lr=0.0),
         DataLoader(ds, batch_size=16),
+        lr=0.0,
         noise_multiplier=0.0,
         max_grad_norm=0.3,
         sampling="fixed",
@@ -413,34 +374,14 @@ def test_a_second_engine_on_the_same_model_is_refused_and_rounds_detach():
     round's run accounting its own steps."""
     model = toy_mlp()
     loader = DataLoader(toy_data(32), batch_size=8)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        loader,
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        seed=0,
-    )
+    p = _private(model, loader, noise_multiplier=1.0, seed=0)
     with pytest.raises(ConfigurationError, match="detach"):
-        make_private(
-            model,
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            loader,
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-        )
+        _private(model, loader, noise_multiplier=1.0)
     for round_ in range(2):
         _loop(p)
         assert p.accountant.steps == len(p.data_loader)
         model = p.detach()
-        p = make_private(
-            model,
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            loader,
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-            seed=round_ + 1,
-        )
+        p = _private(model, loader, noise_multiplier=1.0, seed=round_ + 1)
         assert p.accountant.steps == 0
 
 
@@ -450,16 +391,14 @@ def test_no_clipping_with_noise_is_refused():
     recorded with epsilon inf when the run adds none."""
     model = toy_mlp()
     with pytest.raises(ConfigurationError, match="max_grad_norm=inf"):
-        make_private(
+        _private(
             model,
-            torch.optim.SGD(model.parameters(), lr=0.1),
             DataLoader(toy_data(32), batch_size=8),
             noise_multiplier=1.0,
             max_grad_norm=math.inf,
         )
-    p = make_private(
+    p = _private(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
         DataLoader(toy_data(32), batch_size=8),
         noise_multiplier=0.0,
         max_grad_norm=math.inf,
@@ -480,10 +419,10 @@ def test_the_noise_is_calibrated_to_the_sum_and_divided_with_it():
     with torch.no_grad():
         layer.weight.zero_()
     data = TensorDataset(torch.randn(100, 400), torch.zeros(100))
-    p = make_private(
+    p = _private(
         layer,
-        torch.optim.SGD(layer.parameters(), lr=1.0),
         DataLoader(data, batch_size=b),
+        lr=1.0,
         noise_multiplier=sigma,
         max_grad_norm=bound,
         seed=7,
@@ -513,13 +452,7 @@ def test_a_sampler_that_cannot_be_accounted_is_refused_not_dropped():
     ]:
         model = toy_mlp()
         with pytest.raises(ConfigurationError, match=name):
-            make_private(
-                model,
-                torch.optim.SGD(model.parameters(), lr=0.1),
-                loader,
-                noise_multiplier=1.0,
-                max_grad_norm=1.0,
-            )
+            _private(model, loader, noise_multiplier=1.0)
 
 
 def test_training_on_the_loader_given_instead_of_p_data_loader_is_refused():
@@ -530,14 +463,7 @@ def test_training_on_the_loader_given_instead_of_p_data_loader_is_refused():
     model = toy_mlp()
     before = [q.detach().clone() for q in model.parameters()]
     loader = DataLoader(toy_data(64), batch_size=8)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        loader,
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        seed=0,
-    )
+    p = _private(model, loader, noise_multiplier=1.0, seed=0)
     x, y = next(iter(loader))
     p.optimizer.zero_grad()
     F.cross_entropy(p.model(x), y).backward()
@@ -555,14 +481,7 @@ def test_a_forward_through_another_copy_of_the_model_is_refused():
     model = toy_mlp()
     other = copy.deepcopy(model)
     before = [q.detach().clone() for q in model.parameters()]
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(toy_data(64), batch_size=16),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        seed=0,
-    )
+    p = _private(model, DataLoader(toy_data(64), batch_size=16), noise_multiplier=1.0, seed=0)
     x, y = next(iter(p.data_loader))
     p.optimizer.zero_grad()
     F.cross_entropy(other(x), y).backward()
