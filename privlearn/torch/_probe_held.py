@@ -34,9 +34,9 @@ import torch
 
 from privlearn.torch import _probe_exact
 
-__all__ = ["check", "planned"]
+__all__ = ["check", "planned", "replace_row"]
 
-_MAX_SOURCES = 8  # as the probe's: examples tried as the donor of example j's rows
+_MAX_SOURCES = 8  # examples tried as the donor of example j's rows
 
 
 def _floats_of_donor(leaves, batched, j: int):
@@ -44,14 +44,20 @@ def _floats_of_donor(leaves, batched, j: int):
     row ``k`` of it, for the first ``k`` whose floating rows differ from row ``j``; the
     integer tensors unchanged (None when no floating input differs from example ``j``)."""
     floats = [i for i in batched if leaves[i].is_floating_point()]
-    if not floats:
-        return None
-    n = leaves[floats[0]].shape[0]
+    return replace_row(leaves, floats, j) if floats else None
+
+
+def replace_row(leaves, batched, j: int):
+    """Copies of the leaves with row ``j`` of every batched tensor replaced by row ``k``
+    of the same tensor, for the first ``k`` whose rows differ from row ``j`` somewhere
+    (None if no example differs from example ``j``): the probe's replacement of example
+    ``j``, and with only the floating tensors given, :func:`_floats_of_donor`'s."""
+    n = leaves[batched[0]].shape[0]
     for k in range(min(n, 1 + _MAX_SOURCES)):
-        if k == j or all(torch.equal(leaves[i][j], leaves[i][k]) for i in floats):
+        if k == j or all(torch.equal(leaves[i][j], leaves[i][k]) for i in batched):
             continue
         out = list(leaves)
-        for i in floats:
+        for i in batched:
             t = leaves[i].clone()
             t[j] = leaves[i][k]
             out[i] = t

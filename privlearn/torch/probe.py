@@ -88,7 +88,6 @@ __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
 
 _RTOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 4e-3,
          torch.bfloat16: 2e-2}
-_MAX_SOURCES = 8  # examples tried as the replacement of example j
 # how many examples the probe runs on: a prime, since hidden sizes, heads and sequence
 # lengths are mostly powers of two and their multiples (a dimension of the batch's size
 # is compared row by row too), then the next candidates
@@ -188,7 +187,7 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
     """``(passes, completed)`` of :func:`_probe_rows` on these rows, at most."""
     n = 0
     for j in _replaced(examples, every):
-        perturbed = _replace_row(leaves, batched, j)
+        perturbed = _probe_held.replace_row(leaves, batched, j)
         if perturbed is None:
             return n, False
         n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
@@ -231,7 +230,7 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool
     base, unmoved, mode, rerun = None, None, "bits", []
     every = bool(getattr(tracker, "_flat_candidates", None))
     for j in _replaced(examples, every):
-        perturbed = _replace_row(leaves, batched, j)
+        perturbed = _probe_held.replace_row(leaves, batched, j)
         if perturbed is None:
             return False
         if base is None:
@@ -323,25 +322,6 @@ def _unrunnable(leaves, batched, error: Exception) -> BatchDependenceError:
         "was taken and nothing was released")
     err.unrunnable = True
     return err
-
-
-def _replace_row(leaves, batched, j):
-    """Copies of the leaves with row ``j`` of every batched tensor replaced by row ``k``
-    of the same tensor, for the first ``k`` whose rows differ from row ``j`` somewhere
-    (None if no example differs from example ``j``)."""
-    n = leaves[batched[0]].shape[0]
-    for k in range(min(n, 1 + _MAX_SOURCES)):
-        if k == j:
-            continue
-        if all(torch.equal(leaves[i][j], leaves[i][k]) for i in batched):
-            continue
-        out = list(leaves)
-        for i in batched:
-            t = leaves[i].clone()
-            t[j] = leaves[i][k]
-            out[i] = t
-        return out
-    return None
 
 
 class _Collector:
@@ -826,7 +806,7 @@ def _augment_rows(run, rng, leaves, batched, paths, base, n: int, replayable: bo
     """One random state of :func:`probe_augment`: example ``j`` replaced, ``j`` the
     first and the last example (``exact``: other rows compared bit for bit)."""
     for j in (0, n - 1):
-        perturbed = _replace_row(leaves, batched, j)
+        perturbed = _probe_held.replace_row(leaves, batched, j)
         if perturbed is None:
             return
         rng.replay()
