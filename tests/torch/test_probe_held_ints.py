@@ -14,25 +14,9 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import MixedIds  # noqa: E402
 
 from privlearn.torch import BatchDependenceError, make_private  # noqa: E402
-
-D = 8
-
-
-class _Ids(nn.Module):
-    """Token ids through an embedding, then ``h + c * h.flip(0)`` (mixes examples)."""
-
-    def __init__(self, c: float):
-        super().__init__()
-        self.emb = nn.Embedding(50, D)
-        self.a = nn.Linear(D, 16)
-        self.b = nn.Linear(16, 3)
-        self.c = c
-
-    def forward(self, ids):
-        h = self.a(self.emb(ids).mean(1))
-        return self.b(h + self.c * h.flip(0))
 
 
 class _Packed(nn.Module):
@@ -82,7 +66,7 @@ def test_a_mix_of_token_ids_below_an_ulp_of_bfloat16_is_refused():
     torch.manual_seed(3)
     ids, y = _ids(3)
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
-        _step(_Ids(0.1), (ids,), y, autocast=True)
+        _step(MixedIds(0.1), (ids,), y, autocast=True)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -92,7 +76,7 @@ def test_a_mix_of_token_ids_below_an_ulp_of_float32_is_refused(seed):
     torch.manual_seed(seed)
     ids, y = _ids(seed)
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
-        _step(_Ids(2e-7), (ids,), y)
+        _step(MixedIds(2e-7), (ids,), y)
 
 
 def _sequences(seed: int):
@@ -123,7 +107,7 @@ def test_a_packed_recurrent_layer_on_its_own_still_passes(seed):
 def test_token_ids_on_their_own_still_pass(seed):
     torch.manual_seed(seed)
     ids, y = _ids(seed)
-    assert _step(_Ids(0.0), (ids,), y, autocast=True).accountant.steps == 1
+    assert _step(MixedIds(0.0), (ids,), y, autocast=True).accountant.steps == 1
 
 
 def test_the_passes_planned_for_sharded_models_cover_the_runs_with_integers_held():

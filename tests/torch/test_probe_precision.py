@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import MixedIds  # noqa: E402
 
 from privlearn.torch import BatchDependenceError, make_private  # noqa: E402
 
@@ -141,34 +142,19 @@ def test_a_move_below_the_tolerance_is_refused_with_the_escape_hatch_named():
     assert "bitwise reproducible" in str(e.value)
 
 
-class _Ids(nn.Module):
-    """Token ids through an embedding, mixed as ``h + c * h.flip(0)``: an integer input
-    changes with the replaced example, so the probe cannot rely on bit-exact rows for that
-    replacement (a packed sequence's layout, and so its rounding, follows the lengths): it
-    judges moves beyond an ulp of the row's norm, and runs it again with the ids held."""
-
-    def __init__(self, c: float):
-        super().__init__()
-        self.emb = nn.Embedding(50, D)
-        self.a = nn.Linear(D, 16)
-        self.b = nn.Linear(16, 3)
-        self.c = c
-
-    def forward(self, ids):
-        h = self.a(self.emb(ids).mean(1))
-        return self.b(h + self.c * h.flip(0))
-
-
 @pytest.mark.parametrize("mode", ["float32", "bfloat16-autocast"])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_small_mixing_of_integer_inputs_is_refused(mode, seed):
     """Seed 0 in bfloat16 passed the old tolerance; seed 3 in bfloat16 mixes by 0.6%,
     below an ulp of the row's norm, and is seen with the integer inputs held
-    (tests/torch/test_probe_held_ints.py)."""
+    (tests/torch/test_probe_held_ints.py). An integer input changes with the replaced
+    example, so the probe cannot rely on bit-exact rows for that replacement (a packed
+    sequence's layout, and so its rounding, follows the lengths): it judges moves beyond
+    an ulp of the row's norm, and runs it again with the ids held."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     ids, y = torch.randint(0, 50, (32, 6), generator=g), torch.randint(0, 3, (32,), generator=g)
-    model = _Ids(0.1 if mode != "float32" else 0.01)
+    model = MixedIds(0.1 if mode != "float32" else 0.01)
     p = make_private(
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),

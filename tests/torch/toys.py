@@ -43,6 +43,24 @@ def toy_mlp(d: int = 6, k: int = 3, hidden: int = 8, seed: int = 0, act=None, dt
     return model if dtype is None else model.to(dtype)
 
 
+class MixedIds(nn.Module):
+    """Token ids (vocabulary 50) through an ``Embedding(50, 8)``, averaged over the
+    sequence, ``Linear(8, 16)``, then ``h + c * h.flip(0)`` (mixes examples unless
+    ``c = 0``) and ``Linear(16, 3)``: a model whose only input is an integer one, so the
+    input changes with the replaced example."""
+
+    def __init__(self, c: float):
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 3)
+        self.c = c
+
+    def forward(self, ids):
+        h = self.a(self.emb(ids).mean(1))
+        return self.b(h + self.c * h.flip(0))
+
+
 def noiseless_sum_step(model, x, y, max_grad_norm: float):
     """One ``make_private`` step without noise (SGD at learning rate 0, so the clipped sum
     stays in ``.grad``) on one fixed-size batch of all of ``x, y`` with the loss
