@@ -68,6 +68,36 @@ class BatchSet(torch.utils.data.Dataset):
                 "labels": self.labels[i]}
 
 
+class FeatureSet(torch.utils.data.Dataset):
+    """``n`` examples of six standard normal features (from seed 0) labelled by the sign
+    of the first, as Trainer features ``x``, ``labels``: for :class:`FeatureModel`."""
+
+    def __init__(self, n: int = 32):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 6, generator=g)
+        self.y = (self.x[:, 0] > 0).long()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class FeatureModel(torch.nn.Module):
+    """``Linear(6, 2)`` answering the Trainer's ``{"loss", "logits"}`` (the loss, the
+    cross-entropy, only when given ``labels``): the smallest model a DPTrainer trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 2)
+
+    def forward(self, x, labels=None):
+        logits = self.fc(x)
+        loss = None if labels is None else F.cross_entropy(logits, labels)
+        return {"loss": loss, "logits": logits}
+
+
 def build(name: str, dtype=torch.float64, seed: int = 0, vocab: int = VOCAB):
     import transformers as tf
 

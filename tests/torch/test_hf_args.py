@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_models import FeatureModel, FeatureSet  # noqa: E402
+
 from privlearn.errors import ParameterTypeError, ParameterValueError  # noqa: E402
 from privlearn.torch.config import Clipping, Noise  # noqa: E402
 from privlearn.torch.hf import DPTrainer, PrivacyArguments  # noqa: E402
@@ -197,30 +199,6 @@ def test_a_pickle_of_the_former_field_names_loads():
     assert b == a and (b.max_grad_norm, b.seed) == (0.5, 3)
 
 
-class _Set(torch.utils.data.Dataset):
-    def __init__(self, n=32):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, 6, generator=g)
-        self.y = (self.x[:, 0] > 0).long()
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
-class _Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(6, 2)
-
-    def forward(self, x, labels=None):
-        logits = self.fc(x)
-        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
-        return {"loss": loss, "logits": logits}
-
-
 def test_a_parsed_command_line_trains_with_the_parsed_bound_and_seed(parser, tmp_path):
     argv = ["--output_dir", str(tmp_path), "--per_device_train_batch_size", "8",
             "--max_steps", "2", "--report_to", "none", "--use_cpu", "--save_strategy", "no",
@@ -230,9 +208,9 @@ def test_a_parsed_command_line_trains_with_the_parsed_bound_and_seed(parser, tmp
     for _ in range(2):
         training, privacy = parser.parse_args_into_dataclasses(argv)
         torch.manual_seed(0)
-        model = _Model()
+        model = FeatureModel()
         before = model.fc.weight.detach().clone()
-        trainer = DPTrainer(model=model, args=training, train_dataset=_Set(), privacy=privacy)
+        trainer = DPTrainer(model=model, args=training, train_dataset=FeatureSet(), privacy=privacy)
         trainer.train()
         p = trainer.privacy_engine
         assert p.max_grad_norm == 0.25 and p.noise_multiplier == 1.3
@@ -247,7 +225,7 @@ def test_an_unused_trainer_clipping_bound_is_said(tmp_path):
                                           use_cpu=True, save_strategy="no")
     with pytest.warns(UserWarning, match=r"max_grad_norm=0\.1 .*not used by DPTrainer"
                                          r".*dp_max_grad_norm=1\.0"):
-        DPTrainer(model=_Model(), args=args, train_dataset=_Set(),
+        DPTrainer(model=FeatureModel(), args=args, train_dataset=FeatureSet(),
                   privacy=PrivacyArguments(noise_multiplier=1.0))
     import warnings
 
@@ -257,7 +235,7 @@ def test_an_unused_trainer_clipping_bound_is_said(tmp_path):
             a = transformers.TrainingArguments(str(tmp_path), max_grad_norm=given,
                                                report_to=[], use_cpu=True,
                                                save_strategy="no")
-            DPTrainer(model=_Model(), args=a, train_dataset=_Set(),
+            DPTrainer(model=FeatureModel(), args=a, train_dataset=FeatureSet(),
                       privacy=PrivacyArguments(noise_multiplier=1.0, max_grad_norm=0.5))
 
 
@@ -268,7 +246,7 @@ def test_a_trainer_clipping_bound_set_after_the_trainer_was_built_is_said(tmp_pa
     args = transformers.TrainingArguments(str(tmp_path), max_steps=1, report_to=[],
                                           use_cpu=True, save_strategy="no",
                                           per_device_train_batch_size=8)
-    tr = DPTrainer(model=_Model(), args=args, train_dataset=_Set(),
+    tr = DPTrainer(model=FeatureModel(), args=args, train_dataset=FeatureSet(),
                    privacy=PrivacyArguments(noise_multiplier=1.0, seed=0))
     tr.args.max_grad_norm = 0.3
     with pytest.warns(UserWarning, match=r"max_grad_norm=0\.3 .*not used by DPTrainer"):
@@ -329,7 +307,7 @@ def test_a_dptrainer_hands_its_agreement_timeout_to_make_private(tmp_path):
                                           per_device_train_batch_size=4)
     for given, expected in ((None, 300.0), (12.5, 12.5)):
         extra = {} if given is None else {"agreement_timeout": given}
-        trainer = DPTrainer(model=_Model(), args=args, train_dataset=_Set(),
+        trainer = DPTrainer(model=FeatureModel(), args=args, train_dataset=FeatureSet(),
                             privacy=PrivacyArguments(noise_multiplier=1.0, **extra))
         trainer.get_train_dataloader()
         assert trainer.privacy_engine.config.agreement_timeout == expected

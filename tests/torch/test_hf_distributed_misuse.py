@@ -26,36 +26,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import torch.distributed as dist  # noqa: E402
 from _ranks import init_gloo, one_worker, run_ranks  # noqa: E402
+from hf_models import FeatureModel, FeatureSet  # noqa: E402
 
 pytestmark = [one_worker(__name__), pytest.mark.slow]
 WORLD = 2
 TIMEOUT = 4.0  # seconds rank 0 waits for rank 1
 ABSENT = 1  # the rank that never calls train()
-
-
-class _Set(torch.utils.data.Dataset):
-    def __init__(self, n=16):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, 6, generator=g)
-        self.y = (self.x[:, 0] > 0).long()
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
-class _Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.fc = torch.nn.Linear(6, 2)
-
-    def forward(self, x, labels=None):
-        logits = self.fc(x)
-        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
-        return {"loss": loss, "logits": logits}
 
 
 def _worker(rank: int, tmp: str) -> None:
@@ -85,7 +61,10 @@ def _worker(rank: int, tmp: str) -> None:
                 save_strategy="no",
                 **kw,
             )
-            return DPTrainer(model=_Model(), args=args, train_dataset=_Set(), privacy=privacy)
+            torch.manual_seed(0)
+            return DPTrainer(
+                model=FeatureModel(), args=args, train_dataset=FeatureSet(16), privacy=privacy
+            )
 
         out = {}
         sigma = PrivacyArguments(noise_multiplier=1.0, seed=1)
