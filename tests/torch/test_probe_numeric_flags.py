@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import regression_engine, regression_step  # noqa: E402
 
-from privlearn.torch import BatchDependenceError, make_private  # noqa: E402
+from privlearn.torch import BatchDependenceError  # noqa: E402
 from privlearn.torch._tracker_util import NUMERIC_CALLS  # noqa: E402
 
 
@@ -37,24 +37,7 @@ class Switched(nn.Module):
 
 def _private():
     torch.manual_seed(0)
-    m = Switched()
-    data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
-    return make_private(
-        m,
-        torch.optim.SGD(m.parameters(), lr=0.1),
-        DataLoader(data, batch_size=4),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        sampling="fixed",
-        seed=0,
-    )
-
-
-def _step(p, **kw):
-    xb, yb = next(iter(p.data_loader))
-    p.optimizer.zero_grad()
-    ((p.model(xb, **kw) - yb) ** 2).mean().backward()
-    p.optimizer.step()
+    return regression_engine(Switched())
 
 
 @pytest.mark.parametrize(
@@ -62,10 +45,10 @@ def _step(p, **kw):
 )
 def test_a_numeric_flag_selecting_a_mixing_path_later_is_refused(plain, mixing):
     p = _private()
-    _step(p, mode=plain)
-    _step(p, mode=plain)
+    regression_step(p, mode=plain)
+    regression_step(p, mode=plain)
     with pytest.raises(BatchDependenceError):
-        _step(p, mode=mixing)
+        regression_step(p, mode=mixing)
 
 
 def test_a_step_counter_argument_warns_once_past_the_bound_and_keeps_training():
@@ -73,7 +56,7 @@ def test_a_step_counter_argument_warns_once_past_the_bound_and_keeps_training():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for i in range(NUMERIC_CALLS + 4):
-            _step(p, step=i)
+            regression_step(p, step=i)
     said = [w for w in seen if "distinct signatures" in str(w.message)]
     assert len(said) == 1
     assert p.accountant.steps == NUMERIC_CALLS + 4

@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import regression_engine, regression_step  # noqa: E402
 
-from privlearn.torch import BatchDependenceError, _rearm, make_private  # noqa: E402
+from privlearn.torch import BatchDependenceError, _rearm  # noqa: E402
 from privlearn.torch._tracker_util import NUMERIC_CALLS  # noqa: E402
 
 
@@ -65,24 +65,7 @@ class Switched(nn.Module):
 def _private():
     torch.manual_seed(0)
     m = Switched()
-    data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
-    p = make_private(
-        m,
-        torch.optim.SGD(m.parameters(), lr=0.1),
-        DataLoader(data, batch_size=4),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        sampling="fixed",
-        seed=0,
-    )
-    return p, m
-
-
-def _step(p, **kw):
-    xb, yb = next(iter(p.data_loader))
-    p.optimizer.zero_grad()
-    ((p.model(xb, **kw) - yb) ** 2).mean().backward()
-    p.optimizer.step()
+    return regression_engine(m), m
 
 
 @pytest.mark.parametrize(
@@ -96,17 +79,17 @@ def _step(p, **kw):
 )
 def test_an_attribute_switching_on_a_mixing_path_later_is_refused(where, name, value):
     p, m = _private()
-    _step(p)
-    _step(p)
+    regression_step(p)
+    regression_step(p)
     setattr(m.block if where == "block" else m, name, value)
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
-        _step(p)
+        regression_step(p)
 
 
 def test_an_attribute_switched_before_a_forward_without_gradients_is_still_seen():
     """An evaluation forward between the switch and the next step does not hide it."""
     p, m = _private()
-    _step(p)
+    regression_step(p)
     m.block.mix = True
     with torch.no_grad():
         p.model(torch.randn(4, 3))
@@ -114,7 +97,7 @@ def test_an_attribute_switched_before_a_forward_without_gradients_is_still_seen(
     p.model(torch.randn(4, 3))
     m.train()
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
-        _step(p)
+        regression_step(p)
 
 
 def test_a_call_counter_does_not_rerun_the_probe():
@@ -124,17 +107,17 @@ def test_a_call_counter_does_not_rerun_the_probe():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(4):
-            _step(p)
+            regression_step(p)
     assert m.calls == 1 + 3 + 3
 
 
 def test_a_flag_set_back_to_a_value_already_probed_does_not_rerun_it():
     p, m = _private()
-    _step(p)
+    regression_step(p)
     m.scale = 2.0
-    _step(p)  # probed again: 1 + 3
+    regression_step(p)  # probed again: 1 + 3
     m.scale = 1.0
-    _step(p)
+    regression_step(p)
     assert m.calls == (1 + 3) * 2 + 1
 
 
@@ -145,7 +128,7 @@ def test_a_number_set_at_every_step_warns_once_and_keeps_training():
         warnings.simplefilter("always")
         for i in range(steps):
             m.scale = 1.0 + i / 10
-            _step(p)
+            regression_step(p)
     said = [w for w in seen if "numeric values between forwards" in str(w.message)]
     assert len(said) == 1 and "'scale'" in str(said[0].message)
     assert p.accountant.steps == steps
@@ -157,18 +140,18 @@ def test_a_number_set_at_every_step_warns_once_and_keeps_training():
 def test_a_zero_dim_tensor_flag_switching_on_a_mixing_path_is_refused(in_place):
     p, m = _private()
     flag = torch.tensor(False)
-    _step(p, mix=flag)
-    _step(p, mix=flag if in_place else torch.tensor(False))
+    regression_step(p, mix=flag)
+    regression_step(p, mix=flag if in_place else torch.tensor(False))
     if in_place:
         flag.fill_(True)
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
-        _step(p, mix=flag if in_place else torch.tensor(True))
+        regression_step(p, mix=flag if in_place else torch.tensor(True))
 
 
 def test_an_unchanged_zero_dim_tensor_flag_does_not_rerun_the_probe():
     p, m = _private()
     for _ in range(3):
-        _step(p, mix=torch.tensor(False))
+        regression_step(p, mix=torch.tensor(False))
     assert m.calls == 1 + 3 + 2
 
 

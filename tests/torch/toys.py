@@ -84,3 +84,33 @@ def noiseless_sum_step(model, x, y, max_grad_norm: float):
     (p.model(xb) * yb).sum().backward()
     p.optimizer.step()
     return xb, yb
+
+
+def regression_engine(model):
+    """``make_private`` of ``model`` (three features in, one out) trained by SGD at 0.1 on
+    16 rows of standard normal features and targets drawn from the global generator
+    (after ``model`` was built): fixed-size batches of 4, noise multiplier 1, clipping
+    at 1, seed 0."""
+    from torch.utils.data import DataLoader
+
+    from privlearn.torch import make_private
+
+    data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+    return make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(data, batch_size=4),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sampling="fixed",
+        seed=0,
+    )
+
+
+def regression_step(p, **kwargs):
+    """One step of :func:`regression_engine`'s ``p`` on its next batch: the mean squared
+    error of ``p.model(x, **kwargs)``."""
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    ((p.model(xb, **kwargs) - yb) ** 2).mean().backward()
+    p.optimizer.step()
