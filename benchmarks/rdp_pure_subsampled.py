@@ -53,16 +53,21 @@ def _convert(curve: list[float], pure: float, steps: int) -> float:
     return max(best, 0.0)
 
 
-def _ours(scheme: str) -> dict[str, list[float]]:
+def _mechanisms(scheme: str):
+    """``(key, mechanism)``: each base subsampled at each rate by privlearn."""
     from privlearn.accounting import Laplace, PureDP, RandomizedResponse, subsample
 
     make = {"lap": Laplace, "pure": PureDP, "rr": lambda p: RandomizedResponse(p, 2)}
-    out = {}
     for name, kind, v in BASES:
         for q in RATES:
-            m = subsample(make[kind](v), q, scheme=scheme)
-            curve = [float(x) for x in m.rdp(ORDERS)]
-            out[f"{name}|{q}"] = [_convert(curve, m.rdp(math.inf), s) for s in STEPS]
+            yield f"{name}|{q}", subsample(make[kind](v), q, scheme=scheme)
+
+
+def _ours(scheme: str) -> dict[str, list[float]]:
+    out = {}
+    for key, m in _mechanisms(scheme):
+        curve = [float(x) for x in m.rdp(ORDERS)]
+        out[key] = [_convert(curve, m.rdp(math.inf), s) for s in STEPS]
     return out
 
 
@@ -93,15 +98,12 @@ def _autodp(scheme: str) -> dict[str, list[float]]:
 
 
 def _pld(scheme: str) -> dict[str, list[float]]:
-    from privlearn.accounting import Laplace, PureDP, RandomizedResponse, compose, subsample
+    from privlearn.accounting import compose
 
-    make = {"lap": Laplace, "pure": PureDP, "rr": lambda p: RandomizedResponse(p, 2)}
-    out = {}
-    for name, kind, v in BASES:
-        for q in RATES:
-            m = subsample(make[kind](v), q, scheme=scheme)
-            out[f"{name}|{q}"] = [compose(m, s).epsilon(DELTA, accountant="pld") for s in STEPS]
-    return out
+    return {
+        key: [compose(m, s).epsilon(DELTA, accountant="pld") for s in STEPS]
+        for key, m in _mechanisms(scheme)
+    }
 
 
 def main() -> None:
