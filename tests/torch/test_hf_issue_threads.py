@@ -1,0 +1,82 @@
+"""Scenarios of users' reports on DP fine-tuning of Hugging Face models, rebuilt on
+config-initialised tiny models (no downloads) and checked against a ground truth: a
+naive loop of batches of one, each example's gradient clipped and summed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from test_hf_trainer import B, _args, _llama, _recording_collate, _TextSet  # noqa: E402
+
+from privlearn.torch import per_sequence_cross_entropy  # noqa: E402
+from privlearn.torch.hf import DPTrainer, PrivacyArguments  # noqa: E402
+
+
+def _naive_clipped_sum(ref, batch, params, c):
+    """The sum over the batch's examples of each one's gradient (a batch of one),
+    clipped to norm ``c``."""
+    total = [torch.zeros_like(q) for q in params]
+    for i in range(batch["input_ids"].shape[0]):
+        out = ref(
+            input_ids=batch["input_ids"][i : i + 1],
+            attention_mask=batch["attention_mask"][i : i + 1],
+        )
+        loss = per_sequence_cross_entropy(out.logits, batch["labels"][i : i + 1], shift=True)
+        g = torch.autograd.grad(loss, params)
+        norm = torch.sqrt(sum((x.double() ** 2).sum() for x in g)).item()
+        assert norm > c  # every example clipped: the bound is what is compared
+        for t, x in zip(total, g, strict=True):
+            t += (c / norm) * x
+    return total
+
+
+def test_dora_adapters_train_as_the_naive_clipped_loop(tmp_path):
+    """microsoft/dp-transformers#30 (peft's LoRA in DP fine-tuning) and
+    meta-pytorch/opacus#820 (peft adapters silently mis-updated), with peft's DoRA
+    (``LoraConfig(use_dora=True)``): DoRA calls the adapters' ``lora_A``/``lora_B`` a
+    second time on an identity matrix to form the weight norm, and the step died inside
+    the clipped sum (a RuntimeError: an in-place add into a view of the gradient
+    buffer, made without autograd, while the Trainer's ``optimizer.step()`` ran with
+    it). sigma = 0, a bound below every example's norm, SGD: the step is the naive
+    clipped loop's, the magnitude vectors included."""
+    model = peft.get_peft_model(
+        _llama(),
+        peft.LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj"],
+            lora_dropout=0.0,
+            use_dora=True,
+            task_type="CAUSAL_LM",
+        ),
+    )
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for q in model.parameters():
+            if q.requires_grad:
+                q.add_(torch.randn_like(q) * 0.1)
+    ref = copy.deepcopy(model)
+    seen = []
+    c, lr = 1e-3, 1.0
+    params = [q for q in model.parameters() if q.requires_grad]
+    assert any("magnitude" in n for n, q in model.named_parameters() if q.requires_grad)
+    tr = DPTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=1, learning_rate=lr),
+        train_dataset=_TextSet(),
+        data_collator=_recording_collate(seen),
+        optimizers=(torch.optim.SGD(params, lr=lr), None),
+        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3),
+    )
+    tr.train()
+    mine = [q for q in ref.parameters() if q.requires_grad]
+    total = _naive_clipped_sum(ref, seen[-1], mine, c)
+    for a, b, t in zip(params, mine, total, strict=True):
+        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
+    assert tr.privacy_engine.accountant.steps == 1
