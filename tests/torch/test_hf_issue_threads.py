@@ -80,3 +80,74 @@ def test_dora_adapters_train_as_the_naive_clipped_loop(tmp_path):
     for a, b, t in zip(params, mine, total, strict=True):
         torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
     assert tr.privacy_engine.accountant.steps == 1
+
+
+def _perturbed(model, seed=1):
+    """``model`` with its trainable parameters moved off their initial values."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for q in model.parameters():
+            if q.requires_grad:
+                q.add_(torch.randn_like(q) * 0.1)
+    return model
+
+
+def test_prefix_tuning_trains_as_the_naive_clipped_loop(tmp_path):
+    """microsoft/dp-transformers#30 (peft methods in DP fine-tuning): peft's prefix
+    tuning (a learned key/value prefix in every layer, computed per example) is what the
+    refusal of soft prompts points to. sigma = 0, a bound below every example's norm,
+    SGD: the step is the naive clipped loop's."""
+    model = _perturbed(
+        peft.get_peft_model(
+            _llama(), peft.PrefixTuningConfig(num_virtual_tokens=3, task_type="CAUSAL_LM")
+        )
+    )
+    ref = copy.deepcopy(model)
+    seen = []
+    c, lr = 1e-3, 1.0
+    params = [q for q in model.parameters() if q.requires_grad]
+    tr = DPTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=1, learning_rate=lr),
+        train_dataset=_TextSet(),
+        data_collator=_recording_collate(seen),
+        optimizers=(torch.optim.SGD(params, lr=lr), None),
+        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3),
+    )
+    tr.train()
+    mine = [q for q in ref.parameters() if q.requires_grad]
+    total = _naive_clipped_sum(ref, seen[-1], mine, c)
+    for a, b, t in zip(params, mine, total, strict=True):
+        assert t.abs().max() > 0
+        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["prompt_tuning", "p_tuning"])
+def test_soft_prompts_repeated_over_the_batch_are_refused_before_training(tmp_path, kind):
+    """microsoft/dp-transformers#30 (peft methods in DP fine-tuning): peft's prompt
+    tuning and P-tuning compute the soft prompt for one row and ``repeat`` it over the
+    batch, so its gradient is the batch's sum. The first step died with a RuntimeError
+    inside peft's forward (the engine's one-row-to-batch widening, repeated again by
+    peft); it is now refused with a ConfigurationError naming peft_type and the methods
+    that train, before any batch is drawn."""
+    from privlearn.errors import ConfigurationError
+
+    cfg = (
+        peft.PromptTuningConfig(num_virtual_tokens=3, task_type="CAUSAL_LM")
+        if kind == "prompt_tuning"
+        else peft.PromptEncoderConfig(
+            num_virtual_tokens=3, encoder_hidden_size=8, task_type="CAUSAL_LM"
+        )
+    )
+    model = peft.get_peft_model(_llama(), cfg)
+    seen = []
+    with pytest.raises(ConfigurationError, match=r"peft_type='(PROMPT_TUNING|P_TUNING)'.*Prefix"):
+        tr = DPTrainer(
+            model=model,
+            args=_args(tmp_path, max_steps=1),
+            train_dataset=_TextSet(),
+            data_collator=_recording_collate(seen),
+            privacy=PrivacyArguments(noise_multiplier=1.0, seed=3),
+        )
+        tr.train()
+    assert len(seen) <= 2  # at most make_private's collation of example 0: no batch drawn
