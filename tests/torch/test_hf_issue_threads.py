@@ -151,3 +151,40 @@ def test_soft_prompts_repeated_over_the_batch_are_refused_before_training(tmp_pa
         )
         tr.train()
     assert len(seen) <= 2  # at most make_private's collation of example 0: no batch drawn
+
+
+@pytest.mark.parametrize(("accumulate", "chunk"), [(1, 8), (4, 4)])
+def test_noise_of_a_step_is_once_per_logical_batch_at_the_accounted_scale(
+    tmp_path, accumulate, chunk
+):
+    """huggingface/transformers#12920 and meta-pytorch/opacus#143 (Opacus' virtual
+    steps under the Trainer's gradient accumulation: noise is to be drawn once per
+    logical batch, not per micro-batch). One step of ``optim="sgd"``, lr = 1, a bound so
+    small that the clipped mean is negligible next to the noise: the parameters move by
+    Gaussian noise of standard deviation sigma * C / (expected logical batch) -- twice
+    that if the noise were drawn per micro-batch of four, four times if it were scaled
+    by the micro-batch."""
+    sigma, c = 4.0, 1e-4
+    model = _llama()
+    before = [q.detach().clone() for q in model.parameters()]
+    tr = DPTrainer(
+        model=model,
+        args=_args(
+            tmp_path,
+            max_steps=1,
+            learning_rate=1.0,
+            optim="sgd",
+            gradient_accumulation_steps=accumulate,
+            per_device_train_batch_size=chunk,
+        ),
+        train_dataset=_TextSet(),
+        privacy=PrivacyArguments(noise_multiplier=sigma, max_grad_norm=c, seed=5),
+    )
+    tr.train()
+    moved = torch.cat(
+        [(q.detach() - b).flatten() for q, b in zip(model.parameters(), before, strict=True)]
+    ).double()
+    assert moved.numel() > 5000  # the standard error of the ratio is about 1%
+    ratio = moved.std().item() / (sigma * c / (accumulate * chunk))
+    assert abs(ratio - 1) < 0.05
+    assert tr.privacy_engine.accountant.steps == 1
