@@ -188,3 +188,50 @@ def test_noise_of_a_step_is_once_per_logical_batch_at_the_accounted_scale(
     ratio = moved.std().item() / (sigma * c / (accumulate * chunk))
     assert abs(ratio - 1) < 0.05
     assert tr.privacy_engine.accountant.steps == 1
+
+
+def _container_adapter(kind):
+    """A peft adapter whose trained tensors sit in ``nn.ParameterDict`` entries read by
+    the adapter layer's own forward."""
+    if kind == "lora_embedding":  # LoRA on the input embedding (new-token recipes)
+        cfg = peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"], task_type="CAUSAL_LM"
+        )
+    elif kind == "ia3":
+        cfg = peft.IA3Config(
+            target_modules=["k_proj", "v_proj", "down_proj"],
+            feedforward_modules=["down_proj"],
+            task_type="CAUSAL_LM",
+        )
+    else:
+        cfg = peft.VeraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    return _perturbed(peft.get_peft_model(_llama(), cfg))
+
+
+@pytest.mark.parametrize("kind", ["lora_embedding", "ia3", "vera"])
+def test_adapters_kept_in_parameter_dicts_train_as_the_naive_clipped_loop(tmp_path, kind):
+    """microsoft/dp-transformers#30 and awslabs/fast-differential-privacy#28 (peft
+    adapters under DP: 'attach the DP engine to the peft model'): LoRA on an embedding,
+    IA3 and VeRA keep their tensors in ``nn.ParameterDict`` entries that the adapter
+    layer reads in its forward; the first step was refused ('used outside their
+    layers'). The adapter layer's unit now holds them: sigma = 0, a bound below every
+    example's norm, SGD: the step is the naive clipped loop's."""
+    model = _container_adapter(kind)
+    ref = copy.deepcopy(model)
+    seen = []
+    c, lr = 1e-3, 1.0
+    params = [q for q in model.parameters() if q.requires_grad]
+    tr = DPTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=1, learning_rate=lr),
+        train_dataset=_TextSet(),
+        data_collator=_recording_collate(seen),
+        optimizers=(torch.optim.SGD(params, lr=lr), None),
+        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3),
+    )
+    tr.train()
+    mine = [q for q in ref.parameters() if q.requires_grad]
+    total = _naive_clipped_sum(ref, seen[-1], mine, c)
+    for a, b, t in zip(params, mine, total, strict=True):
+        assert t.abs().max() > 0
+        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
