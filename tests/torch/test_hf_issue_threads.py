@@ -203,23 +203,31 @@ def _container_adapter(kind):
             feedforward_modules=["down_proj"],
             task_type="CAUSAL_LM",
         )
+    elif kind == "trainable_tokens":  # a few rows of the embedding trained (new tokens)
+        cfg = peft.LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj"],
+            trainable_token_indices={"embed_tokens": [1, 2, 3]},
+            task_type="CAUSAL_LM",
+        )
     else:
         cfg = peft.VeraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     return _perturbed(peft.get_peft_model(_llama(), cfg))
 
 
-@pytest.mark.parametrize("kind", ["lora_embedding", "ia3", "vera"])
+@pytest.mark.parametrize("kind", ["lora_embedding", "trainable_tokens", "ia3", "vera"])
 def test_adapters_kept_in_parameter_dicts_train_as_the_naive_clipped_loop(tmp_path, kind):
     """microsoft/dp-transformers#30 and awslabs/fast-differential-privacy#28 (peft
     adapters under DP: 'attach the DP engine to the peft model'): LoRA on an embedding,
-    IA3 and VeRA keep their tensors in ``nn.ParameterDict`` entries that the adapter
-    layer reads in its forward; the first step was refused ('used outside their
-    layers'). The adapter layer's unit now holds them: sigma = 0, a bound below every
-    example's norm, SGD: the step is the naive clipped loop's."""
+    trainable token rows, IA3 and VeRA keep their tensors in ``nn.ParameterDict``
+    entries that the adapter layer reads in its forward; the first step was refused
+    ('used outside their layers'). The adapter layer's unit now holds them: sigma = 0,
+    a bound below every example's norm, SGD: the step is the naive clipped loop's."""
     model = _container_adapter(kind)
     ref = copy.deepcopy(model)
     seen = []
-    c, lr = 1e-3, 1.0
+    c, lr = 1e-4, 1.0
     params = [q for q in model.parameters() if q.requires_grad]
     tr = DPTrainer(
         model=model,
