@@ -21,8 +21,12 @@ from torch import nn
 
 from privlearn.errors import ConfigurationError, TrainingLoopError
 
-__all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_substituted_parameters",
-           "refuse_untrainable"]
+__all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_repeated_prompt",
+           "refuse_substituted_parameters", "refuse_untrainable"]
+
+#: peft's soft-prompt methods whose trained prompt is computed once, from a batch of one
+#: row of virtual-token ids, and then copied to every example with ``Tensor.repeat``
+_REPEATED_PROMPTS = ("PROMPT_TUNING", "P_TUNING")
 
 #: torch's dictionary of global module hooks -> how they are registered, what to use instead
 _GLOBAL_HOOKS = (
@@ -67,21 +71,54 @@ def refuse_global_hooks(when: str) -> None:
 
 def refuse_untrainable(model: nn.Module) -> None:
     """Refuse a model none of whose parameters requires a gradient: nothing would be
-    trained while every step is accounted.
+    trained while every step is accounted; and a model whose trained parameters cannot
+    have per-example gradients (:func:`refuse_repeated_prompt`).
 
     Raises
     ------
     ConfigurationError
-        No parameter of ``model`` has ``requires_grad``.
+        No parameter of ``model`` has ``requires_grad``, or
+        :func:`refuse_repeated_prompt` refuses it.
     """
     params = list(model.parameters())
     if any(p.requires_grad for p in params):
+        refuse_repeated_prompt(model)
         return
     raise ConfigurationError(
         f"the model has no trainable parameter (all {len(params)} parameters have "
         "requires_grad=False): no step would update it while every step would be "
         "accounted. Unfreeze the parameters to train (requires_grad_(True)) before "
         "make_private"
+    )
+
+
+def refuse_repeated_prompt(model: nn.Module) -> None:
+    """Refuse a peft model (read by its ``peft_config`` and ``active_adapter``, duck
+    typed) training a soft prompt of ``peft_type`` ``PROMPT_TUNING`` or ``P_TUNING``:
+    peft computes the prompt from a batch of one row (``prompt_tokens[:1]``) and copies
+    it to every example with ``prompts.repeat(batch_size, 1, 1)``. The gradient reaching
+    the prompt encoder is then the batch's sum, which cannot be clipped per example, and
+    the engine's widening of a one-row input to the batch (its way to keep that gradient
+    per example, exact when the result is broadcast) is repeated again by peft: the
+    forward fails on mismatched batch sizes.
+
+    Raises
+    ------
+    ConfigurationError
+        The active adapter's ``peft_type`` is one of those, not in inference mode.
+    """
+    configs = getattr(model, "peft_config", None)
+    active = getattr(model, "active_adapter", None)
+    cfg = configs.get(active) if isinstance(configs, dict) and isinstance(active, str) else None
+    kind = getattr(getattr(cfg, "peft_type", None), "value", getattr(cfg, "peft_type", None))
+    if str(kind) not in _REPEATED_PROMPTS or getattr(cfg, "inference_mode", False):
+        return
+    raise ConfigurationError(
+        f"peft_type={str(kind)!r} (adapter {active!r}) is not supported by make_private: "
+        "peft computes the soft prompt once, for a batch of one, and repeats it over the "
+        "examples, so its gradient is the batch's sum, which cannot be clipped per example. "
+        "Use peft's PrefixTuningConfig (a prefix per example's keys and values) or a "
+        "LoraConfig, which train with per-example gradients"
     )
 
 

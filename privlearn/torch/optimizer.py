@@ -491,8 +491,8 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         ``1 / expected_batch_size`` (added into ``out`` in place when given), with the
         step's bookkeeping: overflow count, last norms, adaptive clipping's count.
         ``examples``: how many examples the sampler delivered for this batch (the layers
-        must have seen exactly these)."""
-        with flat_views(self._flat_views if out is self._out else None):
+        must have seen exactly these). In no_grad: a Trainer steps in grad mode."""
+        with flat_views(self._flat_views if out is self._out else None), torch.no_grad():
             sums, _, norms = self.tracker.clipped_sum(
                 self.max_grad_norm, 1.0 / self.expected_batch_size, out=out,
                 per_param=self.per_param_clipping, loss_scale=self._loss_scale(),

@@ -56,6 +56,7 @@ from privlearn.torch import rules as _rules  # noqa: F401  (registers every buil
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
 from privlearn.torch._ghost_pending import PendingProducts, batched
+from privlearn.torch._held_parameters import held_parameters
 from privlearn.torch._model_refusals import refuse_global_hooks
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
@@ -183,7 +184,7 @@ def discover_units(model: nn.Module, batch_dims: dict[str, int] | None = None) -
             covered.add(name)
             params = tuple(p for p in mod.parameters() if p.requires_grad)
         else:  # (less a tensor a submodule registers too: its unit covers it, _aliases)
-            params = own_parameters(mod)
+            params = held_parameters(mod, name, covered) if rule is None else own_parameters(mod)
         if not params:
             continue
         rule = rule if rule is not None else FALLBACK
