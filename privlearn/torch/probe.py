@@ -170,14 +170,14 @@ def planned_passes(inputs, examples: int, every: bool = False, whole: bool = Fal
         return 0
     m = _sub_batch(leaves, batched, examples)
     done = 0
-    if m < examples and (every or not whole):  # as probe() runs them
-        sub = list(leaves)
-        for i in batched:
+    if m < examples and (every or not whole):  # as probe() runs them; then the whole
+        sub = list(leaves)  # batch as if every example were replaced (the part may not
+        for i in batched:  # run: the model needs the whole batch), an upper bound
             sub[i] = leaves[i][:m]
         n, complete = _planned_rows(sub, batched, m, every)
         if complete and not whole:
             return n
-        done, every = n, every and not complete
+        done = n
     return done + _planned_rows(leaves, batched, examples, every)[0]
 
 

@@ -84,3 +84,25 @@ def test_grouped_rows_that_mix_only_large_batches_are_still_refused():
     """The whole batch still runs: a model mixing examples only from 12 on is refused."""
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
         _step(_Flat(threshold=12))
+
+
+class _WholeOnly(_Flat):
+    """As :class:`_Flat`, but runs on a batch of ``B`` examples only (a size built in)."""
+
+    def forward(self, x):
+        if x.shape[0] != B:
+            raise RuntimeError(f"this model runs on batches of {B}")
+        return super().forward(x)
+
+
+def test_a_model_that_needs_the_whole_batch_is_probed_within_the_planned_passes():
+    """The part cannot run, so every example of the whole batch is replaced; FSDP2's plan
+    counts that (a rank running more passes than planned would wait for ever)."""
+    model = _WholeOnly()
+    p = _step(model)
+    assert p.accountant.steps == 1 and p.optimizer.tracker._flat
+    assert p.optimizer.tracker.probe_passes >= B
+    assert (
+        planned_passes(((model.seen[0],), {}, ()), B, every=True, whole=True)
+        >= p.optimizer.tracker.probe_passes
+    )
