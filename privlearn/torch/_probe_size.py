@@ -34,7 +34,9 @@ def grouping(tracker) -> bool:
     example, so on a batch due whole the probe runs it on the first few examples (each
     group checked there), then the whole batch with its first and last example replaced
     (a path that mixes examples only from some batch size on): about ``m + 6`` passes,
-    not one per example of the batch."""
+    not one per example of the batch. (FSDP2's plan, which every rank pads to, still
+    counts one per example: the part fails on a model that needs the whole batch, and
+    then every example of the whole batch is replaced.)"""
     return bool(getattr(tracker, "_flat_candidates", None))
 
 
