@@ -19,13 +19,25 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["due", "larger_batch", "probed"]
+__all__ = ["due", "grouping", "larger_batch", "probed"]
 
 
 def due(tracker, examples: int) -> bool:
     """Whether the probe of a batch of ``examples`` must run on the whole batch: none
     of at least its size was checked whole yet."""
     return examples >= getattr(tracker, "_probed_whole", 0)
+
+
+def grouping(tracker) -> bool:
+    """Whether the probe replaces every example in turn (layers whose rows are to be
+    grouped per example, :mod:`privlearn.torch._flat_rows`). That costs a pass per
+    example, so on a batch due whole the probe runs it on the first few examples (each
+    group checked there), then the whole batch with its first and last example replaced
+    (a path that mixes examples only from some batch size on): about ``m + 6`` passes,
+    not one per example of the batch. (FSDP2's plan, which every rank pads to, still
+    counts one per example: the part fails on a model that needs the whole batch, and
+    then every example of the whole batch is replaced.)"""
+    return bool(getattr(tracker, "_flat_candidates", None))
 
 
 def probed(tracker, examples: int) -> None:

@@ -599,7 +599,7 @@ class LedgerLink:
                     f"ran; the next step would run at noise_multiplier={sigma:g} "
                     f"(sampling_rate {q:g}), which that reservation does not describe (the "
                     "run is one mechanism of one noise multiplier). The step was not "
-                    f"taken: set p.optimizer.noise_multiplier back to {last.sigma:g}, or "
+                    f"taken: set p.optimizer.noise_multiplier back to {last.sigma!r}, or "
                     "plan another run with make_private at the noise multiplier wanted")
             raise PrivacyBudgetExceededError(
                 "a run accounted as one matrix-factorization mechanism reserved its planned "

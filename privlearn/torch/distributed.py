@@ -45,7 +45,7 @@ __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
            "dataset_digest", "first_rank_decides", "ledger_on_first_rank",
            "refuse_on_every_rank", "parameters_digest", "sync_replicas",
-           "optimizer_settings"]
+           "optimizer_settings", "Unshown"]
 
 
 def unwrap(model):
@@ -292,6 +292,32 @@ def all_reduce_sum(tensors: list[torch.Tensor], process_group=None) -> list[torc
     return out
 
 
+class Unshown:
+    """A value :func:`check_same_on_ranks` compares (by ``repr``) but does not print when
+    it differs: a digest of the dataset's examples (:func:`dataset_digest`, an unsalted
+    hash of a few records, which enumeration inverts when the records take few values;
+    an error message ends up in logs and bug reports). The ranks' values are named by
+    the order in which they first occur instead (``contents #1``, ``contents #2``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _shown(key: str, gathered: list, hidden: set) -> str:
+    """Every rank's value of ``key`` for the message (one of ``hidden``: by its order of
+    first occurrence, see :class:`Unshown`)."""
+    values = [g.get(key, "<absent>") for g in gathered]
+    if key in hidden:
+        first = list(dict.fromkeys(values))
+        values = [f"contents #{first.index(v) + 1}" for v in values]
+    return f"{key}: " + ", ".join(f"rank {r}: {str(v)[:80]}" for r, v in enumerate(values))
+
+
 def check_same_on_ranks(values: dict[str, object], process_group=None,
                         timeout: float | None = None) -> None:
     """Refuse, on every rank, a run whose ranks disagree on any of ``values``.
@@ -338,10 +364,8 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
         keys += [k for k in other if k not in keys]
     differ = [k for k in keys if len({g.get(k, "<absent>") for g in gathered}) > 1]
     if differ:
-        shown = "; ".join(
-            f"{k}: " + ", ".join(f"rank {r}: {str(g.get(k, '<absent>'))[:80]}"
-                                  for r, g in enumerate(gathered))
-            for k in differ[:6])
+        hidden = {k for k, v in values.items() if isinstance(v, Unshown)}
+        shown = "; ".join(_shown(k, gathered, hidden) for k in differ[:6])
         raise ConfigurationError(
             f"make_private was called with different settings on the {world} ranks "
             f"({shown}{f'; and {len(differ) - 6} more' if len(differ) > 6 else ''}). "

@@ -76,6 +76,7 @@ from privlearn.torch.data import (
     make_dp_loader,
 )
 from privlearn.torch.distributed import (
+    Unshown,
     check_ddp_wrapper,
     check_same_on_ranks,
     dataset_digest,
@@ -688,10 +689,9 @@ def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module, data_loader: D
         "planned steps": plan.planned_steps, "planned epsilon": plan.planned_epsilon,
         "expected batch size": plan.expected_batch_size, "resume given": resume is not None,
         "optimizer": optimizer_settings(optimizer)})
-    # the whole dataset on every rank (not each rank's own shard): its contents where
-    # they can be read cheaply
-    out["dataset"] = (type(data_loader.dataset).__name__, len(data_loader.dataset),
-                      dataset_digest(data_loader.dataset))
+    # the whole dataset on every rank (not a shard of its own); its contents if cheap to read
+    out["dataset"] = (type(data_loader.dataset).__name__, len(data_loader.dataset))
+    out["dataset contents"] = Unshown(dataset_digest(data_loader.dataset))  # a hash of data
     out["trainable parameters"] = [(n, tuple(p.shape)) for n, p in inner.named_parameters()
                                    if p.requires_grad]
     out["parameters"] = [(n, tuple(p.shape), str(p.dtype)) for n, p in inner.named_parameters()]

@@ -130,20 +130,23 @@ def probe(tracker, inputs, examples: int) -> None:
             "check that each example is processed on its own." + where + " Pass the batch "
             "as p.data_loader yields it (one row per example; a packed or flattened batch "
             "would be clipped as one example)")
-    m = _sub_batch(leaves, batched, examples)
-    if m < examples and not _probe_size.due(tracker, examples):  # sizes checked whole
+    m, grouped = _sub_batch(leaves, batched, examples), None
+    whole = _probe_size.due(tracker, examples)  # sizes checked whole
+    if m < examples and (_probe_size.grouping(tracker) or not whole):  # groupings on m rows
         sub = list(leaves)
         for i in batched:
             sub[i] = leaves[i][:m]
         try:
-            if _probe_rows(tracker, sub, batched, spec, autocast, m):
+            if _probe_rows(tracker, sub, batched, spec, autocast, m):  # then, if whole,
+                grouped = False  # the whole batch with its first and last example replaced
+            if grouped is False and not whole:
                 return
         except BatchDependenceError as e:
             if not getattr(e, "unrunnable", False):  # failed on a part: try the whole
                 raise
         except Exception:  # noqa: BLE001 - the model needs the whole batch: probe that
             pass
-    if _probe_rows(tracker, leaves, batched, spec, autocast, examples):
+    if _probe_rows(tracker, leaves, batched, spec, autocast, examples, grouped):
         _probe_size.probed(tracker, examples)
 
 
@@ -166,12 +169,12 @@ def planned_passes(inputs, examples: int, every: bool = False, whole: bool = Fal
         return 0
     m = _sub_batch(leaves, batched, examples)
     done = 0
-    if m < examples and not whole:
-        sub = list(leaves)
-        for i in batched:
+    if m < examples and (every or not whole):  # as probe() runs them; then the whole
+        sub = list(leaves)  # batch as if every example were replaced (the part may not
+        for i in batched:  # run: the model needs the whole batch), an upper bound
             sub[i] = leaves[i][:m]
         n, complete = _planned_rows(sub, batched, m, every)
-        if complete:
+        if complete and not whole:
             return n
         done = n
     return done + _planned_rows(leaves, batched, examples, every)[0]
@@ -221,14 +224,13 @@ def _sub_batch(leaves, batched, examples: int) -> int:
     return examples
 
 
-def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int) -> bool:
+def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int, every=None) -> bool:
     """Run the two passes on these rows and judge them; False if every example equals
-    the first (nothing can tell them apart)."""
-    # the first and the last row: an operation accumulating over the batch in either
-    # direction (a mean over the others, a cumulative sum, the last row added to all)
-    # reaches the other rows from one of them
+    the first (nothing can tell them apart). ``every`` False: first and last replaced."""
+    # the first and the last row: an operation accumulating over the batch either way
+    # (a mean over the others, a cumsum, the last row added to all) reaches the others
     base, unmoved, mode, rerun = None, None, "bits", []
-    every = bool(getattr(tracker, "_flat_candidates", None))
+    every = _probe_size.grouping(tracker) if every is None else every
     for j in _replaced(examples, every):
         perturbed = _probe_held.replace_row(leaves, batched, j)
         if perturbed is None:

@@ -414,3 +414,24 @@ def test_resuming_with_a_longer_plan_accounts_every_step_taken():
     short = _private(epochs=4)
     _train(short, 3)
     assert q.epsilon(1e-5) > short.epsilon(1e-5)
+
+
+def test_the_noise_multiplier_the_refusal_names_can_be_set_back(tmp_path):
+    """The refusal says to set the noise multiplier back to the reserved one; a
+    calibrated multiplier is not round, and the value it printed (6 significant digits)
+    was not the reserved one, so setting it was refused again. It names the exact value."""
+    import re
+
+    from privlearn.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("b", epsilon=50.0, delta=1e-5)
+    sigma = 1.0734527183
+    p = _private(ledger=led.budget("b"), noise_multiplier=sigma)
+    p.optimizer.noise_multiplier = 2.0
+    with pytest.raises(PrivacyBudgetExceededError) as info:
+        _train(p, 1)
+    said = re.search(r"set p\.optimizer\.noise_multiplier back to (\S+?),", str(info.value))
+    p.optimizer.noise_multiplier = float(said.group(1))
+    _train(p, 1)
+    assert p.accountant.steps == 1
