@@ -97,6 +97,11 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         gouts = [up(t) for t in gouts]
         pvals = {k: up(v) for k, v in pvals.items()}
         others = {k: up(v) for k, v in others.items()}
+        # layers passed to the forward as arguments (peft's DoRA gets its lora_A, lora_B
+        # and base layer so): their tensors are constants here, in float32 with the rest
+        extra = _module_args(module, (*args, *kwargs.values()), up)
+    else:
+        extra = {}
     kw_keys = list(kwargs)
     kw_vals = [kwargs[k] for k in kw_keys]
     kw_in = [kw_dims[k] for k in kw_keys]
@@ -111,7 +116,10 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         g_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(g_i, out_dims, strict=True)]
 
         def f(p):
-            out = functional_call(module, {**others, **p}, tuple(a_i),
+            target = module if not extra else _WithModuleArgs(module, extra["mods"])
+            pre = "inner." if extra else ""
+            values = {pre + k: v for k, v in {**others, **p}.items()}
+            out = functional_call(target, {**values, **extra.get("values", {})}, tuple(a_i),
                                   dict(zip(kw_keys, k_i, strict=True)))
             flat_out, _ = tree_flatten(out)
             return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
@@ -145,6 +153,41 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
+
+
+class _WithModuleArgs(nn.Module):
+    """``inner`` with the layers it is called with as arguments registered beside it (as
+    ``mods.<i>``), so that one ``functional_call`` replaces the tensors of all of them."""
+
+    def __init__(self, inner: nn.Module, mods: list):
+        super().__init__()
+        self.inner = inner
+        self.mods = nn.ModuleList(mods)
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+def _module_args(module: nn.Module, values, up) -> dict:
+    """The layers among a recorded call's arguments ``values`` (other than ``module``)
+    and their floating tensors converted by ``up`` (the rule's compute dtype), keyed for
+    :class:`_WithModuleArgs`; tensors ``module`` holds itself are left to its own entries
+    (``{}`` when no argument is a layer). Under mixed precision the rule redoes the layer
+    in float32: a layer argument left in bfloat16 (peft's DoRA calls ``lora_A(x)`` on
+    it) fails on the float32 input."""
+    mods = [v for v in values
+            if callable(getattr(v, "named_parameters", None)) and v is not module]
+    if not mods:
+        return {}
+    seen = {id(t) for t in (*module.parameters(), *module.buffers())}
+    out = {}
+    for i, m in enumerate(mods):
+        for kind in (m.named_parameters, m.named_buffers):
+            for n, t in kind():
+                if id(t) not in seen and t.is_floating_point():
+                    seen.add(id(t))
+                    out[f"mods.{i}.{n}"] = up(t.detach())
+    return {"mods": mods, "values": out}
 
 
 #: the hook tables of a module that its own call runs (forward and backward)
