@@ -101,7 +101,15 @@ Methods
     about 1.5% realised), which moved its bound by 0.01-0.1 on the benchmark.
 
 The independent-trials tests use the grid ``c`` in ``{0} + counts`` on each side (``2K``
-tests in all, each at ``(1 - confidence) / (2K)``; half that for ``"gdp"``).
+tests in all, each at ``0.9 (1 - confidence) / (2K)``; half that for ``"gdp"``). A grid
+index inside a tie of the reference scores counts the tie as if its scores were distinct
+(about twice the false positive rate on randomized response), so the remaining tenth is
+spread over every index ``c`` of each side, ``0.1 / (2 (c + 1) (1 + log n_ref))`` each,
+fixed in advance; the tests evaluated with it are those at the first reference score of
+each tied value (the event ``score >= v``), at most 32 per side. The bound is the largest
+over a subset of a union-bounded family, hence valid. Only the orientation given is tested
+(higher = included); a zero bound whose negated scores would refute ``epsilon = 0`` draws
+a ``UserWarning`` (see :func:`epsilon_lower_bound`).
 """
 
 from __future__ import annotations
@@ -687,18 +695,22 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
 def _warn_if_reversed(ins: np.ndarray, outs: np.ndarray, delta: float, method: str,
                       confidence: float, bound: float, stacklevel: int = 2) -> bool:
     """Warn (:class:`UserWarning`) and return True when the bound is 0 but the negated
-    scores would have refuted ``epsilon = 0`` at ``confidence``: the scores are probably
-    oriented the wrong way (losses, where lower means included). The bound returned stays
-    the one of the scores as given; the flipped one is *not* valid at ``confidence``
-    (choosing the orientation after seeing both runs two tests on one budget), so the
-    advice is to fix the orientation and audit again on fresh canaries or runs."""
+    scores refute ``epsilon = 0`` clearly (at the stricter confidence ``1 - (1 -
+    confidence) / 10``, so that scores carrying nothing draw the warning in at most a
+    tenth of the audit's error rate): the scores are probably oriented the wrong way
+    (losses, where lower means included). The bound returned stays the one of the scores
+    as given; the flipped one is *not* valid at ``confidence`` (choosing the orientation
+    after seeing both runs two tests on one budget), so the advice is to fix the
+    orientation and audit again on fresh canaries or runs."""
     if bound > 0 or ins.size + outs.size == 0:
         return False
-    flipped = _bound(-ins, -outs, delta, method, confidence)
+    strict = 1.0 - (1.0 - confidence) / 10.0
+    flipped = _bound(-ins, -outs, delta, method, strict)
     if not flipped > 0:
         return False
     warnings.warn(
-        f"the {method!r} bound is 0, but the same scores negated would give {flipped:.3g}: "
+        f"the {method!r} bound is 0, but the same scores negated would give {flipped:.3g} "
+        f"(at confidence {strict:g}): "
         "the scores look reversed (the audit reads a HIGHER score as 'more likely "
         "included'; a loss is lower for included canaries, so pass -loss). The negated "
         "bound is not valid at this confidence (picking the orientation after seeing the "

@@ -53,15 +53,16 @@ def test_clopper_pearson_power_on_randomized_response_matches_the_textbook_audit
     assert max(ours) <= 1.0
 
 
-def test_gdp_power_on_tied_scores_improves_on_the_grid():
-    # a Gaussian score rounded to integers: the grid alone gave about half of the bound
+def test_gdp_stays_tight_on_rounded_gaussian_scores():
+    # many tied values: the tie thresholds' share of the budget must not cost the grid
+    # much (measured median 1.919 with them, 1.923 without; truth at most 2.32)
     rng = np.random.default_rng(1)
+    truth = _gaussian_epsilon(1.0, 1e-2)  # rounding is post-processing: an upper bound
     b = [
         _bound(np.round(1.0 + rng.normal(size=2000)), np.round(rng.normal(size=2000)), 1e-2, "gdp")
         for _ in range(5)
     ]
-    # the rounded Gaussian is post-processing of mu = 1: its epsilon is at most the truth
-    assert 0.6 * _gaussian_epsilon(1.0, 1e-2) < np.median(b) <= _gaussian_epsilon(1.0, 1e-2)
+    assert 0.7 * truth < np.median(b) <= truth
 
 
 @pytest.mark.slow
@@ -136,3 +137,19 @@ def test_one_run_audit_warns_on_losses():
     with pytest.warns(UserWarning, match="scores look reversed"):
         r = one_run_audit(losses, 1000, claimed_epsilon=1.0, delta=1e-5, seed=0)
     assert r.epsilon_lower_bound == 0.0
+
+
+@pytest.mark.slow
+def test_reversal_warning_is_rare_on_scores_that_carry_nothing():
+    # the warning asks for the negated bound at confidence 0.995: at most ~0.5% of null
+    # audits draw it (measured 0 of 100)
+    rng = np.random.default_rng(5)
+    warned = 0
+    for _ in range(100):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            epsilon_lower_bound(
+                rng.normal(size=100), rng.normal(size=100), delta=0.0, method="clopper_pearson"
+            )
+        warned += any("look reversed" in str(x.message) for x in w)
+    assert warned <= _allowed(100, 0.005)
