@@ -101,7 +101,15 @@ Methods
     about 1.5% realised), which moved its bound by 0.01-0.1 on the benchmark.
 
 The independent-trials tests use the grid ``c`` in ``{0} + counts`` on each side (``2K``
-tests in all, each at ``(1 - confidence) / (2K)``; half that for ``"gdp"``).
+tests in all, each at ``0.9 (1 - confidence) / (2K)``; half that for ``"gdp"``). A grid
+index inside a tie of the reference scores counts the tie as if its scores were distinct
+(about twice the false positive rate on randomized response), so the remaining tenth is
+spread over every index ``c`` of each side, ``0.1 / (2 (c + 1) (1 + log n_ref))`` each,
+fixed in advance; the tests evaluated with it are those at the first reference score of
+each tied value (the event ``score >= v``), at most 32 per side. The bound is the largest
+over a subset of a union-bounded family, hence valid. Only the orientation given is tested
+(higher = included); a zero bound whose negated scores would refute ``epsilon = 0`` draws
+a ``UserWarning`` (see :func:`epsilon_lower_bound`).
 """
 
 from __future__ import annotations
@@ -137,6 +145,11 @@ _PMF_WINDOW = 40.0
 #: exceedance rate sits near the nominal one (2-3% measured at 95%) and a short series of
 #: audits shows more than 5% by chance; at half it stays near 1.5%.
 _GDP_ERROR_SHARE = 0.5
+#: Share of the independent-trials audits' error budget spread over the thresholds at
+#: tied score values (see _threshold_tests); the geometric grid keeps the rest.
+_TIE_SHARE = 0.1
+#: Most tied-value thresholds evaluated per side (those with the most raw evidence).
+_MAX_TIE_TESTS = 32
 
 
 # ---------------------------------------------------------------------------- input checks
@@ -237,15 +250,17 @@ def _count_grid(lo: int, hi: int) -> np.ndarray:
     return g[(g >= lo) & (g <= hi)]
 
 
-def _ranked_labels(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:
+def _ranked(in_scores: np.ndarray, out_scores: np.ndarray,
+            ) -> tuple[np.ndarray, np.ndarray]:
     """Labels (True = included) of all canaries sorted by decreasing score, ties broken
     against the auditor: among equal scores the excluded canaries first (see the module
     docstring; the "in" guesses at the top and the "out" guesses at the bottom then get
-    the fewest right a tie allows, and a threshold counts only scores strictly beyond)."""
+    the fewest right a tie allows, and a threshold counts only scores strictly beyond);
+    and the scores in that order."""
     s = np.concatenate([in_scores, out_scores])
     lab = np.concatenate([np.ones(in_scores.size, bool), np.zeros(out_scores.size, bool)])
     order = np.lexsort((lab, -s))  # primary key: score (descending), then excluded first
-    return lab[order]
+    return lab[order], s[order]
 
 
 # ---------------------------------------------------------------------------- one run
@@ -461,10 +476,11 @@ def _beta_quantiles_above(a: float, b: float) -> np.ndarray:
 class _ThresholdTest:
     """The test at one threshold of the independent-trials audit (see
     :func:`_joint_p_value`): ``c`` *reference* scores above the threshold (it is the
-    ``(c+1)``-th highest of ``n_ref``), ``v`` of the ``n_cnt`` *counted* scores above it."""
+    ``(c+1)``-th highest of ``n_ref``), ``v`` of the ``n_cnt`` *counted* scores above it,
+    run at ``level`` times the audit's significance (its share of the error budget)."""
 
-    def __init__(self, c: int, n_ref: int, v: int, n_cnt: int):
-        self.c, self.n_ref, self.v, self.n_cnt = c, n_ref, v, n_cnt
+    def __init__(self, c: int, n_ref: int, v: int, n_cnt: int, level: float = 1.0):
+        self.c, self.n_ref, self.v, self.n_cnt, self.level = c, n_ref, v, n_cnt, level
         self._f = None
 
     def p_value(self, rate_bound) -> float:
@@ -492,36 +508,69 @@ def _joint_p_value(f_quantiles: np.ndarray, v: int, n_cnt: int, rate_bound) -> f
     return min(1.0, total * (1.0 + _PVALUE_SLACK))
 
 
-def _threshold_tests(labels: np.ndarray) -> list[_ThresholdTest]:
-    """The tests of the independent-trials audit, on a grid fixed before the labels are
-    seen: on the *upper* side, the threshold "the ``c+1``-th highest excluded score" and
-    the included scores above it (the event ``score > t``); on the *lower* side, by
-    symmetry, "the ``c+1``-th lowest included score" and the excluded scores below it (the
-    event ``score < t``, bounded by the same DP inequality with the neighbours swapped).
-    ``c`` runs over 0 and the geometric grid of counts."""
-    tests = []
-    for lab in (labels, ~labels[::-1]):  # upper side; lower side (reversed, roles swapped)
+def _threshold_tests(labels: np.ndarray, ranked_scores: np.ndarray | None = None,
+                     ) -> list[_ThresholdTest]:
+    """The tests of the independent-trials audit, each with its share of the error budget
+    (the shares sum to at most 1). On the *upper* side, the threshold "the ``c+1``-th
+    highest excluded score" and the included scores above it (the event ``score > t``);
+    on the *lower* side, by symmetry, "the ``c+1``-th lowest included score" and the
+    excluded scores below it (the event ``score < t``, bounded by the same DP inequality
+    with the neighbours swapped).
+
+    Every index ``c`` of every side carries a share fixed before the labels are seen:
+    ``(1 - _TIE_SHARE) / K`` on the geometric grid (``c`` in 0 and the counts; ``K``
+    grid tests on both sides together), plus ``_TIE_SHARE / (2 (c + 1) (1 + log n_ref))``
+    at every index (a harmonic spread, summing to at most ``_TIE_SHARE``: ``H_n <= 1 +
+    log n``). Reporting the largest bound over any *subset* of these tests is valid (a
+    union bound over all of them), so which indices are evaluated may depend on the
+    data: the grid, and, with ``ranked_scores``, the first reference index of each tied
+    value (the threshold that puts the whole tie on the right side; the grid's index
+    inside a tie counts its reference rate as if the tie's scores were distinct, which
+    on discrete scores overstates the rate about twofold), at most
+    ``_MAX_TIE_TESTS`` per side, those with the most raw evidence."""
+    sides = []
+    for lab, sc in ((labels, ranked_scores),  # upper side
+                    (~labels[::-1], None if ranked_scores is None else ranked_scores[::-1])):
         n_cnt = int(lab.sum())
         n_ref = lab.size - n_cnt
         if n_cnt == 0 or n_ref == 0:
             continue
-        cs = np.concatenate([[0], _count_grid(1, n_ref - 1)]).astype(np.int64)
+        sides.append((lab, sc, n_cnt, n_ref,
+                      np.concatenate([[0], _count_grid(1, n_ref - 1)]).astype(np.int64)))
+    if not sides:
+        return []
+    grid_level = (1.0 - _TIE_SHARE) / sum(s[-1].size for s in sides)
+    tests = []
+    for lab, sc, n_cnt, n_ref, grid in sides:
         ref_pos = np.flatnonzero(~lab)  # ranks of the reference scores, best first
-        above = np.cumsum(lab)[ref_pos[cs]]  # counted scores ranked above the threshold
-        tests += [_ThresholdTest(int(c), n_ref, int(v), n_cnt)
-                  for c, v in zip(cs, above, strict=True)]
+        above_all = np.cumsum(lab)[ref_pos]  # counted scores ranked above each reference
+        levels = {int(c): grid_level for c in grid}
+        if sc is not None and _TIE_SHARE > 0:
+            ref_sc = sc[ref_pos]
+            start = np.r_[True, ref_sc[1:] != ref_sc[:-1]]  # first reference of its value
+            values, counts = np.unique(sc, return_counts=True)
+            tied = counts[np.searchsorted(values, ref_sc)] > 1
+            cand = np.flatnonzero(start & tied & (above_all > 0))
+            if cand.size > _MAX_TIE_TESTS:
+                evidence = (above_all[cand] / n_cnt) / ((cand + 1.0) / n_ref)
+                cand = cand[np.argsort(-evidence, kind="stable")[:_MAX_TIE_TESTS]]
+            spread = _TIE_SHARE / (len(sides) * (1.0 + math.log(n_ref)))
+            for c in cand:
+                levels[int(c)] = levels.get(int(c), 0.0) + spread / (c + 1.0)
+        tests += [_ThresholdTest(c, n_ref, int(above_all[c]), n_cnt, lev)
+                  for c, lev in levels.items()]
     return tests
 
 
 def _independent_trials_bound(labels: np.ndarray, significance: float, rate_bound_at,
-                              ) -> float:
-    """Largest parameter refuted at one of the grid's thresholds at ``significance / K``
-    (Bonferroni over the ``K`` tests), where ``rate_bound_at(x)`` is the largest
-    counted-side rate the hypothesis "parameter ``x``" allows at reference rate ``F``."""
-    tests = _threshold_tests(labels)
+                              ranked_scores: np.ndarray | None = None) -> float:
+    """Largest parameter refuted at one of the tests of :func:`_threshold_tests`, each at
+    its share of ``significance`` (a weighted Bonferroni correction), where
+    ``rate_bound_at(x)`` is the largest counted-side rate the hypothesis "parameter
+    ``x``" allows at reference rate ``F``."""
+    tests = _threshold_tests(labels, ranked_scores)
     if not tests:
         return 0.0
-    alpha = significance / len(tests)
     # best raw evidence first: most counted scores above the fewest reference ones
     tests.sort(key=lambda t: -(t.v / t.n_cnt) / ((t.c + 1.0) / t.n_ref))
     best = 0.0
@@ -530,7 +579,7 @@ def _independent_trials_bound(labels: np.ndarray, significance: float, rate_boun
             continue
 
         def refutes(x, t=t):
-            return t.p_value(rate_bound_at(x)) <= alpha
+            return t.p_value(rate_bound_at(x)) <= significance * t.level
 
         if not refutes(best):
             continue
@@ -538,20 +587,23 @@ def _independent_trials_bound(labels: np.ndarray, significance: float, rate_boun
     return best
 
 
-def _clopper_pearson_bound(labels: np.ndarray, delta: float, significance: float) -> float:
+def _clopper_pearson_bound(labels: np.ndarray, delta: float, significance: float,
+                           ranked_scores: np.ndarray | None = None) -> float:
     def rate_bound_at(eps):
         factor = math.exp(eps)
         return lambda f: factor * f + delta
 
-    return _independent_trials_bound(labels, significance, rate_bound_at)
+    return _independent_trials_bound(labels, significance, rate_bound_at, ranked_scores)
 
 
-def _gdp_bound(labels: np.ndarray, delta: float, significance: float) -> float:
+def _gdp_bound(labels: np.ndarray, delta: float, significance: float,
+               ranked_scores: np.ndarray | None = None) -> float:
     def rate_bound_at(eps):
         mu = gdp_mu_interval(eps, delta)[1]  # the less private end: never refutes more
         return lambda f: ndtr(ndtri(f) + mu)
 
-    return _independent_trials_bound(labels, significance * _GDP_ERROR_SHARE, rate_bound_at)
+    return _independent_trials_bound(labels, significance * _GDP_ERROR_SHARE, rate_bound_at,
+                                     ranked_scores)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -590,7 +642,11 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
     Returns
     -------
     float
-        The bound (>= 0; 0 when the scores refute nothing).
+        The bound (>= 0; 0 when the scores refute nothing). Only the orientation given is
+        tested (higher = included); when the bound is 0 and the negated scores would have
+        refuted ``epsilon = 0``, a ``UserWarning`` says the scores look reversed (the
+        negated bound is not returned: choosing the orientation after looking would spend
+        the error budget twice).
 
     Raises
     ------
@@ -631,7 +687,36 @@ def epsilon_lower_bound(in_scores, out_scores, *, delta: float, method: str = "o
                          "use method='one_run' or 'clopper_pearson' for delta=0")
     if method in ("one_run", "one_run_fdp"):
         _warn_if_unrefutable(ins.size + outs.size, d, c, method, stacklevel=3)
-    return _bound(ins, outs, d, method, c)
+    bound = _bound(ins, outs, d, method, c)
+    _warn_if_reversed(ins, outs, d, method, c, bound, stacklevel=3)
+    return bound
+
+
+def _warn_if_reversed(ins: np.ndarray, outs: np.ndarray, delta: float, method: str,
+                      confidence: float, bound: float, stacklevel: int = 2) -> bool:
+    """Warn (:class:`UserWarning`) and return True when the bound is 0 but the negated
+    scores refute ``epsilon = 0`` clearly (at the stricter confidence ``1 - (1 -
+    confidence) / 10``, so that scores carrying nothing draw the warning in at most a
+    tenth of the audit's error rate): the scores are probably oriented the wrong way
+    (losses, where lower means included). The bound returned stays the one of the scores
+    as given; the flipped one is *not* valid at ``confidence`` (choosing the orientation
+    after seeing both runs two tests on one budget), so the advice is to fix the
+    orientation and audit again on fresh canaries or runs."""
+    if bound > 0 or ins.size + outs.size == 0:
+        return False
+    strict = 1.0 - (1.0 - confidence) / 10.0
+    flipped = _bound(-ins, -outs, delta, method, strict)
+    if not flipped > 0:
+        return False
+    warnings.warn(
+        f"the {method!r} bound is 0, but the same scores negated would give {flipped:.3g} "
+        f"(at confidence {strict:g}): "
+        "the scores look reversed (the audit reads a HIGHER score as 'more likely "
+        "included'; a loss is lower for included canaries, so pass -loss). The negated "
+        "bound is not valid at this confidence (picking the orientation after seeing the "
+        "results makes two tests of one error budget): fix the orientation and audit again "
+        "on fresh canaries or training runs", UserWarning, stacklevel=stacklevel)
+    return True
 
 
 def _warn_if_unrefutable(m: int, delta: float, confidence: float, method: str,
@@ -658,15 +743,15 @@ def _warn_if_unrefutable(m: int, delta: float, confidence: float, method: str,
 def _bound(ins: np.ndarray, outs: np.ndarray, d: float, method: str, c: float) -> float:
     """The bound from validated scores (the one-run methods accept an empty side: a run in
     which every canary was included, or none, is a valid outcome of the guessing game)."""
-    labels = _ranked_labels(ins, outs)
+    labels, ranked_scores = _ranked(ins, outs)
     significance = 1.0 - c
     if method == "one_run":
         return _one_run_bound(labels, d, significance, use_fdp=False)
     if method == "one_run_fdp":
         return _one_run_bound(labels, d, significance, use_fdp=True)
     if method == "clopper_pearson":
-        return _clopper_pearson_bound(labels, d, significance)
-    return _gdp_bound(labels, d, significance)
+        return _clopper_pearson_bound(labels, d, significance, ranked_scores)
+    return _gdp_bound(labels, d, significance, ranked_scores)
 
 
 def roc_curve(in_scores, out_scores) -> tuple[np.ndarray, np.ndarray]:

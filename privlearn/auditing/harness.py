@@ -36,6 +36,7 @@ from privlearn.auditing.bounds import (
     _check_confidence,
     _check_delta,
     _one_run_refutable,
+    _warn_if_reversed,
     _warn_if_unrefutable,
     auc,
 )
@@ -405,6 +406,8 @@ def one_run_audit(
         _warn_if_not_gaussian(mechanism(), method, d, stacklevel=2)
     # an empty side (every canary in, or none) is a valid outcome of the guessing game
     bound = _bound(scores[inclusion], scores[~inclusion], d, method, c)
+    _warn_if_reversed(scores[inclusion], scores[~inclusion], d, method, c, bound,
+                      stacklevel=3)
     return AuditResult(epsilon_lower_bound=float(bound), claimed_epsilon=claim, delta=d,
                        violation=bool(bound > claim), method=method, confidence=c,
                        scores=_frozen(scores), inclusion=_frozen(inclusion), seed=seed)
