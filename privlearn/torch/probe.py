@@ -240,6 +240,8 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int, every=N
             base = _observe_run(tracker, *tree_unflatten(leaves, spec), autocast, examples)
         try:
             run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
+        except _probe_held.NOT_REFUSED:  # out of memory: no answer about these inputs
+            raise
         except Exception as e:  # noqa: BLE001 - ran on the batch, not on this one
             raise _unrunnable(leaves, batched, e) from e
         if mode != "tolerance":  # until a rerun showed the forward is not reproducible
