@@ -151,3 +151,30 @@ def test_the_added_probes_are_rare_on_poisson_batches(seed):
     sizes, probed = _train(_PerExample(), 1280, 64, 200, seed=seed)
     assert len(sizes) == 200 and probed == _records(sizes)
     assert len(probed) <= 16, probed
+
+
+@pytest.mark.parametrize("after", [(), (5, 4)], ids=["first-step", "after-a-smaller-batch"])
+def test_a_row_of_another_example_beside_a_batch_of_one_is_refused(after):
+    """A step of one example whose forward also ran on another example's row (kept from
+    elsewhere): while the probe was pending (the first step; a forward of fewer rows than
+    any seen) the extra row was taken as the example's own and clipped with it, so the
+    other example's data reached the release in a step that did not sample it."""
+    from privlearn.torch import GradSampleTracker
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    tracker = GradSampleTracker(model, loss_reduction="sum")
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+
+    def step(rows, examples):
+        nn.functional.cross_entropy(model(x[rows]), y[rows], reduction="sum").backward()
+        try:
+            tracker.clipped_sum(1.0, examples=examples)
+        finally:
+            model.zero_grad()
+
+    for n in after:
+        step(list(range(n)), n)
+    with pytest.raises(BatchDependenceError, match="saw 2 rows per example"):
+        step([0, 7], 1)
+    step([0], 1)  # the example on its own trains
