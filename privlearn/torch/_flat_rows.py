@@ -129,8 +129,10 @@ def _shapes(args, kwargs) -> tuple:
 def adopt(tracker, flat: dict, examples: int | None, inputs, verified: bool) -> None:
     """After the probe: regroup the step's records of the candidate units (``flat``) and
     use the grouping from now on (``verified``: the probe checked it on ``inputs``). A
-    batch of one example needs no check (its rows are all its own); otherwise an
-    unverified grouping is refused.
+    batch of one example needs no check (its rows are all its own) if the model's input
+    has that one row (:func:`check_inputs`: rows concatenated before the model, a second
+    view or rows of another batch, are not its own); otherwise an unverified grouping is
+    refused.
 
     Raises
     ------
@@ -138,6 +140,8 @@ def adopt(tracker, flat: dict, examples: int | None, inputs, verified: bool) -> 
     """
     if not flat:
         return
+    if examples == 1 and inputs is not None:
+        check_inputs(tracker, flat, examples, inputs)
     missed = [i for i in flat if i not in tracker._flat_moved]
     if (not verified or missed) and examples != 1:
         i = missed[0] if missed else next(iter(flat))

@@ -22,8 +22,13 @@ the unchanged batch: same inputs of every integer kind, same shapes, same kernel
 
 Each is judged as the probe's other replacements (:func:`privlearn.torch._probe_exact.mode`:
 bit for bit on a reproducible forward, the tolerance where a rerun differs). A run the
-model cannot make (an exception: the combination is not one it accepts) is no evidence
-and is skipped. What it cannot see: a mixing operation that moves the other rows by less
+model refuses (a shape, type, value, index or assertion error: the combination is not one
+it accepts, e.g. a check that the padding past each length is zero) leaves the case
+unchecked: the one-ulp rule alone is known to pass a mix below it, so the probe refuses
+the model (:class:`~privlearn.errors.BatchDependenceError`, naming
+``check_batch_independence=False``) rather than pass it. Running out of memory, an
+accelerator's error and an interrupt are no answer of the model's and propagate as they
+are. What it cannot see: a mixing operation that moves the other rows by less
 than an ulp of their norm *and* acts only on what the integer inputs give before the first
 recorded layer (e.g. ``ids.float()`` mixed before any trainable layer).
 """
@@ -32,11 +37,18 @@ from __future__ import annotations
 
 import torch
 
+from privlearn.errors import BatchDependenceError
 from privlearn.torch import _probe_exact
 
-__all__ = ["check", "planned", "replace_row"]
+__all__ = ["NOT_REFUSED", "check", "planned", "replace_row"]
 
 _MAX_SOURCES = 8  # examples tried as the donor of example j's rows
+#: what a model raises on inputs it does not accept (shapes, types, values, checks)
+_REFUSED = (RuntimeError, TypeError, ValueError, IndexError, AssertionError)
+#: no answer of the model's about the inputs it was given: propagate from every probe run
+NOT_REFUSED = (MemoryError, *(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                          getattr(torch, "AcceleratorError", None))
+                              if t is not None))
 
 
 def _floats_of_donor(leaves, batched, j: int):
@@ -126,7 +138,8 @@ def check(tracker, observe, judge, leaves, batched, examples: int, j: int, base,
     Raises
     ------
     BatchDependenceError
-        Another example's rows moved.
+        Another example's rows moved, or the model refuses a run with the integer inputs
+        held (module docstring).
     """
 
     def judged(run) -> None:
@@ -139,20 +152,38 @@ def check(tracker, observe, judge, leaves, batched, examples: int, j: int, base,
 
     donor = _floats_of_donor(leaves, batched, j)
     if donor is not None:
-        try:
-            run = observe(donor)
-        except Exception:  # noqa: BLE001 - a combination the model refuses: no evidence
-            run = None
-        if run is not None:
-            judged(run)
+        judged(_run(observe, donor, j, "its floating inputs replaced by another example's"))
     swap = _RowSwap(tracker, examples, j)
     handles = [u.module.register_forward_hook(swap.hook(u), prepend=True) for u in tracker.units]
     try:
-        run = observe(leaves)
-    except Exception:  # noqa: BLE001 - as above
-        run = None
+        run = _run(observe, leaves, j, "its row of the first layer output replaced by another "
+                   "example's")
     finally:
         for h in handles:
             h.remove()
-    if run is not None and swap.done:
+    if swap.done:
         judged(run)
+
+
+def _run(observe, leaves, j: int, what: str):
+    """``observe(leaves)``; a model's refusal of these inputs (:data:`_REFUSED`) refused in
+    turn, naming the escape hatch (module docstring); out of memory and the like raised."""
+    try:
+        return observe(leaves)
+    except NOT_REFUSED:
+        raise
+    except _REFUSED as e:
+        if type(e).__module__.startswith("privlearn"):  # the probe's own verdict or refusal
+            raise
+        said = (str(e).strip().splitlines() or [""])[0][:200]
+        err = BatchDependenceError(
+            f"the model runs on this batch and on it with example {j} replaced, but fails on "
+            f"the batch with example {j}'s integer inputs (lengths, ids, masks) kept and "
+            f"{what}: {type(e).__name__}: {said}. privlearn needs that run to check that "
+            "each example is processed on its own beyond what the integer inputs change in "
+            "the kernels' layout (a mix of examples below an ulp of a row's norm would "
+            "otherwise pass). Make the model accept that combination, or, if each example is "
+            "processed on its own, pass check_batch_independence=False (the guide 'Trust "
+            "model: who sees what'). No step was taken and nothing was released")
+        err.unrunnable = True  # on a part of the batch: the probe tries the whole batch
+        raise err from e

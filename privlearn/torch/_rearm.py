@@ -46,7 +46,7 @@ from itertools import chain
 
 import torch
 
-from privlearn.torch._probe_size import larger_batch
+from privlearn.torch._probe_size import new_batch_size
 from privlearn.torch._tracker_util import NUMERIC_CALLS, _eager, new_call
 
 __all__ = ["ATTRIBUTE_NUMBERS", "changed"]
@@ -299,10 +299,11 @@ def install(tracker) -> list:
 def changed(tracker, args: tuple, kwargs: dict) -> bool:
     """Whether this training forward may take a path the batch-independence probe has not
     checked: a new call signature (0-d CPU tensors by value), new module attribute values,
-    a new 0-d tensor argument on an accelerator (module docstring), a batch larger than any
-    seen (:mod:`privlearn.torch._probe_size`). State is kept on the tracker; every check
-    runs (no short cut), so each records what it saw."""
+    a new 0-d tensor argument on an accelerator (module docstring), a batch larger or
+    smaller than any seen (:mod:`privlearn.torch._probe_size`). State is kept on the
+    tracker; every check runs (no short cut), so each records what it saw."""
     attributes, device = _state(tracker)
     calls = new_call(tracker._calls, *_read_flags(args, kwargs))
     moved = attributes.changed(tracker.model, tracker._mixing_shape, not tracker._probe_pending)
-    return calls | moved | device.changed(args, kwargs) | larger_batch(tracker, args, kwargs)
+    return calls | moved | device.changed(args, kwargs) | new_batch_size(
+        tracker, args, kwargs)

@@ -32,6 +32,8 @@ its forward and call ``step()`` alone without leaving the other ranks' broadcast
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from privlearn.errors import ConfigurationError
@@ -131,18 +133,48 @@ def _items_digest(dataset) -> str | None:
     readable, or not the same at a second read)."""
     import hashlib
 
-    try:
-        n = len(dataset)
-        seen = []
-        for _ in range(2):  # an item computed at random reads differently the second time
-            h = hashlib.sha256()
-            for i in sorted({0, n // 2, n - 1}) if n else ():
-                if not _encode(dataset[i], h):
-                    return None
-            seen.append(h.hexdigest()[:16])
-    except Exception:  # noqa: BLE001 - an item that cannot be read: nothing to compare
-        return None
+    with _global_rng_kept():  # a random transform's draws leave the run's streams as they were
+        try:
+            return _read_items(dataset, hashlib)
+        except Exception:  # noqa: BLE001 - an item that cannot be read: nothing to compare
+            return None
+
+
+def _read_items(dataset, hashlib) -> str | None:
+    """The reads of :func:`_items_digest` (None: an item with no canonical bytes, or one
+    that reads differently the second time)."""
+    n = len(dataset)
+    seen = []
+    for _ in range(2):  # an item computed at random reads differently the second time
+        h = hashlib.sha256()
+        for i in sorted({0, n // 2, n - 1}) if n else ():
+            if not _encode(dataset[i], h):
+                return None
+        seen.append(h.hexdigest()[:16])
     return seen[0] if seen[0] == seen[1] else None
+
+
+@contextlib.contextmanager
+def _global_rng_kept():
+    """Restore the global generators (Python's ``random``, NumPy's, torch's CPU one and,
+    when CUDA is initialised, every CUDA device's) after the block: the digest reads
+    dataset items on a distributed run only, and a dataset whose items draw random
+    numbers (a random transform) would otherwise start training from other states under
+    DDP than in one process."""
+    import random
+
+    import numpy as np
+
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.random.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _encode(value, h, depth: int = 0) -> bool:

@@ -51,9 +51,10 @@ is, the move is refused, or, when an integer input changed with the example (a p
 sequence's lengths: the kernels' layout and the rounding of the other rows follow them),
 refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`), and then
 run again with the integer inputs held, bit for bit (:mod:`._probe_held`). It runs
-on the whole batch when the batch is at least as large as any probed whole before (the
-first probe, and a batch larger than any seen, which re-arms it: a path that mixes
-examples only from some batch size on, :mod:`privlearn.torch._probe_size`), otherwise on
+on the whole batch when the batch is at least as large as, or smaller than, any probed whole
+before (the first probe, and a batch larger or smaller than any seen, which re-arms it: a
+path that mixes examples only from or below some batch size,
+:mod:`privlearn.torch._probe_size`), otherwise on
 the first seven examples of the batch (five or three if seven is the size of another
 input dimension, the whole batch if the model cannot run on part of it): three forward
 passes without gradients (see docs/benchmarks.md); one pass more per example of
@@ -239,6 +240,8 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int, every=N
             base = _observe_run(tracker, *tree_unflatten(leaves, spec), autocast, examples)
         try:
             run = _observe_run(tracker, *tree_unflatten(perturbed, spec), autocast, examples)
+        except _probe_held.NOT_REFUSED:  # out of memory: no answer about these inputs
+            raise
         except Exception as e:  # noqa: BLE001 - ran on the batch, not on this one
             raise _unrunnable(leaves, batched, e) from e
         if mode != "tolerance":  # until a rerun showed the forward is not reproducible

@@ -85,3 +85,30 @@ def test_items_that_cannot_be_compared_give_no_digest():
     for ds in (Random(), Objects(), Failing()):
         assert dataset_digest(ds) is None
         assert dataset_digest(torch.utils.data.Subset(ds, [0])) is None
+
+
+def test_reading_items_leaves_the_global_random_streams_as_they_were():
+    """A dataset whose items draw from the global generators (a random transform): the
+    digest, computed on distributed runs only, must not shift the streams the run trains
+    from (else a run under DDP starts from other states than the same run in one
+    process)."""
+    import random
+
+    class Augmented(torch.utils.data.Dataset):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            noise = torch.rand(1).item() + np.random.rand() + random.random()
+            return torch.tensor([float(i)]), noise > 10.0  # the draws do not show in the item
+
+    def streams(read: bool):
+        torch.manual_seed(3)
+        np.random.seed(3)
+        random.seed(3)
+        if read:
+            assert dataset_digest(Augmented()) is not None
+        py = [random.random() for _ in range(4)]
+        return torch.rand(4).tolist(), np.random.rand(4).tolist(), py
+
+    assert streams(True) == streams(False)

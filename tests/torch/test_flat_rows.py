@@ -98,10 +98,10 @@ def test_example_major_rows_are_regrouped_exactly(oracle):
     model = Flattening().double()
     tracker = GradSampleTracker(model, loss_reduction="sum")
     try:
-        # the probe runs at the first step and at a new sequence length, not at a new
-        # batch size (it checks a sub-batch of its own)
+        # the probe runs at the first step, at a new sequence length and at a batch
+        # smaller or larger than any seen, not at a batch size between them
         for b, t, seed, probed in ((5, 4, 0, True), (5, 4, 1, False), (6, 3, 2, True),
-                                   (4, 3, 3, False), (6, 4, 4, False)):
+                                   (4, 3, 3, True), (6, 4, 4, False), (5, 3, 5, False)):
             got, ref, pending = _step(oracle, model, tracker, *_batch(b, t, seed))
             torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
             assert pending == probed

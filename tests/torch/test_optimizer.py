@@ -300,7 +300,14 @@ def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch, make_data
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(make_data(), batch_size=8), noise_multiplier=1.0, seed=5)
     it = iter(p.data_loader)
-    _step(p, *next(it))  # the first step runs the probe (documented, once)
+    x, y = next(it)
+    _step(p, x, y)  # the first step runs the probe (documented, once)
+    seen = [len(x)]
+    for x, y in it:  # and so does a batch larger or smaller than any before
+        if min(n for n in seen if n >= 2) < len(x) < max(seen):
+            break
+        seen.append(len(x))
+        _step(p, x, y)
     reads = []
     for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"):
         orig = getattr(torch.Tensor, name)
@@ -310,7 +317,6 @@ def test_a_steady_step_reads_nothing_back_from_the_device(monkeypatch, make_data
             return _orig(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    x, y = next(it)
     p.optimizer.zero_grad()
     out = nn.functional.cross_entropy(p.model(x), y)
     out.backward()

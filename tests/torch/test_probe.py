@@ -259,14 +259,16 @@ class _Sizes(nn.Module):
 
 def _rearmed_smaller_batch(model, ds):
     """Poisson batches of expected size 32: the steps until one smaller than the largest
-    before it, whose forward runs with a forward hook added (which re-arms the probe).
-    Returns that batch's size and the rows of the forwards of its step."""
+    before it and larger than the smallest (a new smallest is probed whole), whose
+    forward runs with a forward hook added (which re-arms the probe). Returns that
+    batch's size and the rows of the forwards of its step."""
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(ds, batch_size=32), noise_multiplier=1.0, seed=0)
-    largest = 0
-    for x, y in p.data_loader:
-        smaller = 0 < len(x) < largest
+    largest, least = 0, None
+    for x, y in (b for _ in range(20) for b in p.data_loader):
+        smaller = least is not None and least < len(x) < largest
         largest = max(largest, len(x))
+        least = len(x) if least is None or 2 <= len(x) < least else least
         handle = p.model.norm.register_forward_hook(lambda *a: None) if smaller else None
         first = len(model.rows)
         p.optimizer.zero_grad()
