@@ -88,10 +88,13 @@ def _sequences(seed: int):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_mix_after_a_packed_recurrent_layer_below_an_ulp_is_refused(seed):
+    """``3e-7 * h.flip(0)`` after a packed LSTM: below the one-ulp bound (passed on five
+    of six seeds before the held runs). At ``2e-7`` on the whole batch of seed 1 the mix
+    changes no bit of any row, which no probe of forward values can see."""
     torch.manual_seed(seed)
     x, lengths, y = _sequences(seed)
     with pytest.raises(BatchDependenceError, match="examples are mixed"):
-        _step(_Packed(2e-7), (x, lengths), y)
+        _step(_Packed(3e-7), (x, lengths), y)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
