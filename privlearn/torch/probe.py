@@ -232,6 +232,9 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int, every=N
     # (a mean over the others, a cumsum, the last row added to all) reaches the others
     base, unmoved, mode, rerun = None, None, "bits", []
     every = _probe_size.grouping(tracker) if every is None else every
+    # every run on fresh copies, as the replaced rows are: a kernel's rounding can follow
+    # the address (a chunk of a logical batch is a view at an offset of it)
+    leaves = [t.clone() if i in batched else t for i, t in enumerate(leaves)]
     for j in _replaced(examples, every):
         perturbed = _probe_held.replace_row(leaves, batched, j)
         if perturbed is None:
