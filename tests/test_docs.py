@@ -125,7 +125,16 @@ def _runnable(page: Path):
 PAGES = [p for p in _doc_pages() if any(b.lang in ("python", "bash") for b in _runnable(p))]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+#: Pages run only with ``-m slow``: the multi-GPU tutorial's two forked gloo processes
+#: print their result and then, about one run in ten on this machine, hang in torch's
+#: ``ProcessGroupGloo`` destructor (joining a worker thread after ``destroy_process_group``)
+#: until the page's timeout; the same code is run by the distributed tests under timeouts.
+SLOW_PAGES = {"multi-gpu.md"}
+
+
+@pytest.mark.parametrize(
+    "page", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p
+             for p in PAGES], ids=[str(p.relative_to(DOCS)) for p in PAGES])
 def test_page_code_runs(page: Path, tmp_path: Path) -> None:
     blocks = _runnable(page)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
