@@ -36,6 +36,33 @@ def _naive_clipped_sum(ref, batch, params, c):
     return total
 
 
+def _one_step_is_the_naive_clipped_loop(tmp_path, model, c: float, nonzero: bool = True):
+    """One DPTrainer step of ``model`` (sigma = 0, bound ``c``, SGD at learning rate 1)
+    equals the step of the naive clipped loop (batch-of-one passes, each gradient clipped
+    to ``c``, summed, divided by B) on the batch the trainer drew; ``nonzero``: every
+    trainable tensor's clipped sum is non-zero. Returns the trainer."""
+    ref = copy.deepcopy(model)
+    seen = []
+    lr = 1.0
+    params = [q for q in model.parameters() if q.requires_grad]
+    tr = DPTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=1, learning_rate=lr),
+        train_dataset=_TextSet(),
+        data_collator=_recording_collate(seen),
+        optimizers=(torch.optim.SGD(params, lr=lr), None),
+        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3),
+    )
+    tr.train()
+    mine = [q for q in ref.parameters() if q.requires_grad]
+    total = _naive_clipped_sum(ref, seen[-1], mine, c)
+    for a, b, t in zip(params, mine, total, strict=True):
+        if nonzero:
+            assert t.abs().max() > 0
+        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
+    return tr
+
+
 def test_dora_adapters_train_as_the_naive_clipped_loop(tmp_path):
     """microsoft/dp-transformers#30 (peft's LoRA in DP fine-tuning) and
     meta-pytorch/opacus#820 (peft adapters silently mis-updated), with peft's DoRA
@@ -61,24 +88,8 @@ def test_dora_adapters_train_as_the_naive_clipped_loop(tmp_path):
         for q in model.parameters():
             if q.requires_grad:
                 q.add_(torch.randn_like(q) * 0.1)
-    ref = copy.deepcopy(model)
-    seen = []
-    c, lr = 1e-3, 1.0
-    params = [q for q in model.parameters() if q.requires_grad]
     assert any("magnitude" in n for n, q in model.named_parameters() if q.requires_grad)
-    tr = DPTrainer(
-        model=model,
-        args=_args(tmp_path, max_steps=1, learning_rate=lr),
-        train_dataset=_TextSet(),
-        data_collator=_recording_collate(seen),
-        optimizers=(torch.optim.SGD(params, lr=lr), None),
-        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3),
-    )
-    tr.train()
-    mine = [q for q in ref.parameters() if q.requires_grad]
-    total = _naive_clipped_sum(ref, seen[-1], mine, c)
-    for a, b, t in zip(params, mine, total, strict=True):
-        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
+    tr = _one_step_is_the_naive_clipped_loop(tmp_path, model, 1e-3, nonzero=False)
     assert tr.privacy_engine.accountant.steps == 1
 
 
@@ -102,24 +113,7 @@ def test_prefix_tuning_trains_as_the_naive_clipped_loop(tmp_path):
             _llama(), peft.PrefixTuningConfig(num_virtual_tokens=3, task_type="CAUSAL_LM")
         )
     )
-    ref = copy.deepcopy(model)
-    seen = []
-    c, lr = 1e-3, 1.0
-    params = [q for q in model.parameters() if q.requires_grad]
-    tr = DPTrainer(
-        model=model,
-        args=_args(tmp_path, max_steps=1, learning_rate=lr),
-        train_dataset=_TextSet(),
-        data_collator=_recording_collate(seen),
-        optimizers=(torch.optim.SGD(params, lr=lr), None),
-        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3),
-    )
-    tr.train()
-    mine = [q for q in ref.parameters() if q.requires_grad]
-    total = _naive_clipped_sum(ref, seen[-1], mine, c)
-    for a, b, t in zip(params, mine, total, strict=True):
-        assert t.abs().max() > 0
-        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
+    _one_step_is_the_naive_clipped_loop(tmp_path, model, 1e-3)
 
 
 @pytest.mark.parametrize("kind", ["prompt_tuning", "p_tuning"])
@@ -225,21 +219,4 @@ def test_adapters_kept_in_parameter_dicts_train_as_the_naive_clipped_loop(tmp_pa
     ('used outside their layers'). The adapter layer's unit now holds them: sigma = 0,
     a bound below every example's norm, SGD: the step is the naive clipped loop's."""
     model = _container_adapter(kind)
-    ref = copy.deepcopy(model)
-    seen = []
-    c, lr = 1e-4, 1.0
-    params = [q for q in model.parameters() if q.requires_grad]
-    tr = DPTrainer(
-        model=model,
-        args=_args(tmp_path, max_steps=1, learning_rate=lr),
-        train_dataset=_TextSet(),
-        data_collator=_recording_collate(seen),
-        optimizers=(torch.optim.SGD(params, lr=lr), None),
-        privacy=PrivacyArguments(noise_multiplier=0.0, max_grad_norm=c, seed=3),
-    )
-    tr.train()
-    mine = [q for q in ref.parameters() if q.requires_grad]
-    total = _naive_clipped_sum(ref, seen[-1], mine, c)
-    for a, b, t in zip(params, mine, total, strict=True):
-        assert t.abs().max() > 0
-        torch.testing.assert_close(a.detach(), b.detach() - lr * t / B, rtol=1e-4, atol=1e-8)
+    _one_step_is_the_naive_clipped_loop(tmp_path, model, 1e-4)
